@@ -1,0 +1,143 @@
+/* module.h: the module tree. A module has a name, children, parameters and buffers, an
+ * explicit forward and backward, and four hook points where tensor parallelism and FSDP
+ * attach. There is no general autograd: backward runs the modules in reverse and each one
+ * accumulates (+=) its parameter gradients and writes the gradient of its input.
+ *
+ * Ownership: a module owns its parameters, buffers, children (added with
+ * fsdp_module_add_child) and the output and input-gradient buffers it hands back. Those
+ * buffers stay valid until the module's next forward (output) or backward (input gradient),
+ * or until it is freed; copy them to keep them longer. A module keeps a pointer to its
+ * forward input for backward: the input must stay alive and unchanged until then. */
+#ifndef FSDP_MODULE_H
+#define FSDP_MODULE_H
+
+#include <stdbool.h>
+
+#include "fsdp/rng.h"
+#include "fsdp/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsdp_module fsdp_module;
+typedef struct fsdp_param fsdp_param;
+
+/* What a module kind implements. Module authors fill one static instance. */
+typedef struct fsdp_module_ops {
+    const char *kind; /* "Linear", "Sequential", ... */
+    /* Computes this module's output from `in`; *out is a buffer the module owns. */
+    fsdp_status (*forward)(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                           const fsdp_tensor **out);
+    /* Given the gradient of the last output, accumulates parameter gradients and, when din
+     * is not NULL, sets *din to the gradient of the last input (a buffer the module owns).
+     * din == NULL means nobody needs the input gradient: skip computing it. */
+    fsdp_status (*backward)(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                            const fsdp_tensor **din);
+    void (*free_impl)(void *impl); /* (optional) releases the impl pointer */
+} fsdp_module_ops;
+
+/* Creates a module of a kind described by ops; impl is the kind's private state, owned by the
+ * module from now on (released with ops->free_impl). The module has no name until it is
+ * added to a parent; a root module's name is "". */
+fsdp_status fsdp_module_create(fsdp_ctx *ctx, const fsdp_module_ops *ops, void *impl,
+                               fsdp_module **out);
+/* Frees the module, its subtree, hooks, parameters and buffers. NULL does nothing. Do not
+ * free a module that has a parent: free the root. */
+void fsdp_module_free(fsdp_module *m);
+
+void *fsdp_module_impl(const fsdp_module *m);
+const char *fsdp_module_kind(const fsdp_module *m);
+const char *fsdp_module_name(const fsdp_module *m);
+/* Fully qualified name from the root: "layers.0.net1" ("" for the root). */
+const char *fsdp_module_fqn(const fsdp_module *m);
+fsdp_module *fsdp_module_parent(const fsdp_module *m);
+
+/* Adds child under `name` (unique among m's children; letters, digits and '_', no '.').
+ * m takes ownership of child, also on failure. */
+fsdp_status fsdp_module_add_child(fsdp_ctx *ctx, fsdp_module *m, const char *name,
+                                  fsdp_module *child);
+int fsdp_module_num_children(const fsdp_module *m);
+fsdp_module *fsdp_module_child(const fsdp_module *m, int i);
+/* The descendant at a dotted path relative to m ("layers.0.net1"; "" is m), or NULL. */
+fsdp_module *fsdp_module_find(const fsdp_module *m, const char *path);
+
+/* Registers a parameter of the given shape, f32 on the ctx's CPU, filled by `init` with the
+ * stream of its fully qualified name (see fsdp_module_reset_parameters). Its gradient is
+ * allocated zeroed. *out (may be NULL) stays owned by m. */
+fsdp_status fsdp_module_add_param(fsdp_ctx *ctx, fsdp_module *m, const char *name, int ndim,
+                                  const int64_t *shape, fsdp_init init, fsdp_param **out);
+/* Registers a buffer: state that is not trained (no gradient). *out stays owned by m. */
+fsdp_status fsdp_module_add_buffer(fsdp_ctx *ctx, fsdp_module *m, const char *name, int ndim,
+                                   const int64_t *shape, fsdp_init init, fsdp_tensor **out);
+int fsdp_module_num_params(const fsdp_module *m); /* m's own, in registration order */
+fsdp_param *fsdp_module_param(const fsdp_module *m, int i);
+int fsdp_module_num_buffers(const fsdp_module *m);
+fsdp_tensor *fsdp_module_buffer(const fsdp_module *m, int i);
+const char *fsdp_module_buffer_name(const fsdp_module *m, int i);
+/* The parameter at a dotted path relative to m ("net1.weight"), or NULL. */
+fsdp_param *fsdp_module_get_param(const fsdp_module *m, const char *path);
+
+const char *fsdp_param_name(const fsdp_param *p); /* local name: "weight" */
+fsdp_module *fsdp_param_module(const fsdp_param *p);
+fsdp_tensor *fsdp_param_data(const fsdp_param *p);
+fsdp_tensor *fsdp_param_grad(const fsdp_param *p);
+bool fsdp_param_requires_grad(const fsdp_param *p);
+void fsdp_param_set_requires_grad(fsdp_param *p, bool requires_grad);
+const fsdp_init *fsdp_param_init(const fsdp_param *p);
+
+/* Visits m and its descendants in pre-order (a module before its children, children in
+ * registration order). A non-OK return from fn stops the walk and is returned. */
+typedef fsdp_status (*fsdp_module_visit_fn)(fsdp_ctx *ctx, fsdp_module *m, void *user);
+fsdp_status fsdp_module_visit(fsdp_ctx *ctx, fsdp_module *m, fsdp_module_visit_fn fn, void *user);
+/* Visits every parameter of the subtree in the order PyTorch's named_parameters() gives:
+ * pre-order over modules, registration order within one. `name` is relative to m. */
+typedef fsdp_status (*fsdp_param_visit_fn)(fsdp_ctx *ctx, fsdp_param *p, const char *name,
+                                           void *user);
+fsdp_status fsdp_module_visit_params(fsdp_ctx *ctx, fsdp_module *m, fsdp_param_visit_fn fn,
+                                     void *user);
+int64_t fsdp_module_param_count(const fsdp_module *m); /* elements, whole subtree */
+
+/* Re-initialises every parameter and buffer of the subtree from `seed`: each one is drawn
+ * with its own init rule from the stream of its fully qualified name, so the values depend
+ * on the model and seed only, not on how the tree was built or will be sharded. */
+fsdp_status fsdp_module_reset_parameters(fsdp_ctx *ctx, fsdp_module *m, uint64_t seed);
+/* Sets every parameter gradient of the subtree to zero. */
+fsdp_status fsdp_module_zero_grad(fsdp_ctx *ctx, fsdp_module *m);
+
+/* Runs m's forward (with its hooks): *out is owned by the module (or by a hook). */
+fsdp_status fsdp_module_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                const fsdp_tensor **out);
+/* Runs m's backward (with its hooks) for the output of its last forward. Pass din = NULL
+ * when the input gradient is not needed (a model's input): it is then not computed, and
+ * containers skip it for their first child too. */
+fsdp_status fsdp_module_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                 const fsdp_tensor **din);
+
+/* Hooks. Each sees the tensor passing its point: the input (pre-forward), the output
+ * (post-forward), the output gradient (pre-backward) or the input gradient (post-backward;
+ * *io is NULL when it is not computed). A hook may replace that tensor by pointing *io at one it owns,
+ * which must stay valid until the module's next call at the same point. Hooks at a point
+ * run in the order they were added. */
+typedef enum fsdp_hook_point {
+    FSDP_HOOK_PRE_FORWARD = 0,
+    FSDP_HOOK_POST_FORWARD,
+    FSDP_HOOK_PRE_BACKWARD,
+    FSDP_HOOK_POST_BACKWARD,
+    FSDP_HOOK_POINT_COUNT
+} fsdp_hook_point;
+
+typedef fsdp_status (*fsdp_hook_fn)(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                    const fsdp_tensor **io, void *user);
+
+/* Adds a hook; free_user (optional) releases user when the hook is removed or m freed.
+ * *id (may be NULL) identifies the hook for fsdp_module_remove_hook. */
+fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                 fsdp_hook_fn fn, void *user, void (*free_user)(void *),
+                                 int *id);
+fsdp_status fsdp_module_remove_hook(fsdp_ctx *ctx, fsdp_module *m, int id);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

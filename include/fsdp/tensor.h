@@ -1,0 +1,91 @@
+/* tensor.h: fsdp_tensor, a contiguous n-d array (up to 4 dims) of f32 or bf16 on one device.
+ *
+ * Ownership: every fsdp_tensor handle is owned by whoever created it and released with
+ * fsdp_tensor_free. Handles share reference-counted storage: a view keeps its storage alive
+ * after its base is freed, and the storage is released with the last handle. A tensor made
+ * by fsdp_tensor_from_blob never frees the caller's memory, which must outlive it. */
+#ifndef FSDP_TENSOR_H
+#define FSDP_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsdp/ctx.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FSDP_MAX_DIMS 4
+
+typedef enum fsdp_dtype {
+    FSDP_DTYPE_F32 = 0,
+    FSDP_DTYPE_BF16 = 1, /* storage type: kernels compute in f32 */
+    FSDP_DTYPE_COUNT
+} fsdp_dtype;
+
+typedef enum fsdp_device_type { FSDP_DEVICE_CPU = 0, FSDP_DEVICE_CUDA = 1 } fsdp_device_type;
+
+typedef struct fsdp_device {
+    fsdp_device_type type;
+    int index; /* GPU ordinal; 0 for the CPU */
+} fsdp_device;
+
+#define FSDP_CPU ((fsdp_device){FSDP_DEVICE_CPU, 0})
+
+typedef uint16_t fsdp_bf16;
+
+typedef struct fsdp_tensor fsdp_tensor;
+
+size_t fsdp_dtype_size(fsdp_dtype dtype);           /* bytes per element; 0 if unknown */
+const char *fsdp_dtype_to_string(fsdp_dtype dtype); /* "f32", "bf16" */
+const char *fsdp_device_to_string(fsdp_device device); /* "cpu", "cuda" */
+
+/* bf16 <-> f32, round to nearest even; NaN stays NaN. */
+fsdp_bf16 fsdp_bf16_from_f32(float x);
+float fsdp_bf16_to_f32(fsdp_bf16 x);
+
+/* A new zero-filled tensor. shape has ndim entries, each >= 0 (0 makes an empty tensor);
+ * ndim is 0 (a scalar) to FSDP_MAX_DIMS. */
+fsdp_status fsdp_tensor_create(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device, int ndim,
+                               const int64_t *shape, fsdp_tensor **out);
+/* A new zero-filled tensor with src's dtype, device and shape. */
+fsdp_status fsdp_tensor_create_like(fsdp_ctx *ctx, const fsdp_tensor *src, fsdp_tensor **out);
+/* Wraps caller memory (not copied, never freed by libfsdp). */
+fsdp_status fsdp_tensor_from_blob(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, fsdp_device device,
+                                  int ndim, const int64_t *shape, fsdp_tensor **out);
+/* A view of numel(shape) elements of base starting at element `offset`; shares base's storage. */
+fsdp_status fsdp_tensor_view(fsdp_ctx *ctx, const fsdp_tensor *base, int64_t offset, int ndim,
+                             const int64_t *shape, fsdp_tensor **out);
+/* Changes the shape of an existing handle. Storage is kept when it is large enough;
+ * otherwise new zeroed storage is allocated, which only an owning tensor that shares its
+ * storage with no other handle may do (FSDP_ERR_STATE otherwise). Module buffers are
+ * resized this way, so steady-state steps allocate nothing. */
+fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const int64_t *shape);
+void fsdp_tensor_free(fsdp_tensor *t); /* NULL does nothing */
+
+fsdp_dtype fsdp_tensor_dtype(const fsdp_tensor *t);
+fsdp_device fsdp_tensor_device(const fsdp_tensor *t);
+int fsdp_tensor_ndim(const fsdp_tensor *t);
+/* Size of dimension `dim`; negative dims count from the end (-1 is the last). */
+int64_t fsdp_tensor_dim(const fsdp_tensor *t, int dim);
+const int64_t *fsdp_tensor_shape(const fsdp_tensor *t);
+int64_t fsdp_tensor_numel(const fsdp_tensor *t);
+size_t fsdp_tensor_nbytes(const fsdp_tensor *t);
+/* First element. The memory belongs to the tensor's storage. */
+void *fsdp_tensor_data(const fsdp_tensor *t);
+/* First element as float*, or NULL when the tensor is not f32. */
+float *fsdp_tensor_f32(const fsdp_tensor *t);
+bool fsdp_tensor_same_shape(const fsdp_tensor *a, const fsdp_tensor *b);
+/* Formats the shape as "(12, 10)" into buf; returns buf. */
+const char *fsdp_tensor_shape_string(const fsdp_tensor *t, char *buf, size_t size);
+
+/* dst <- src. Same numel; dtypes may differ (f32 <-> bf16 conversion). */
+fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor *src);
+fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

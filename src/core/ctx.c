@@ -1,0 +1,125 @@
+/* ctx.c: the per-rank context: creation, last error, logging and the module scope stack. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/ctx_impl.h"
+#include "core/error.h"
+
+static const char *const level_names[] = {"default", "debug", "info", "warn", "error", "off"};
+
+const char *fsdp_log_level_to_string(fsdp_log_level level) {
+    if ((int)level < 0 || level > FSDP_LOG_OFF) return "unknown";
+    return level_names[level];
+}
+
+fsdp_status fsdp_log_level_parse(const char *text, fsdp_log_level *out) {
+    for (int l = FSDP_LOG_DEBUG; l <= FSDP_LOG_OFF; l++) {
+        if (text && strcasecmp(text, level_names[l]) == 0) {
+            *out = (fsdp_log_level)l;
+            return FSDP_OK;
+        }
+    }
+    return FSDP_ERR_INVALID_ARGUMENT;
+}
+
+static fsdp_log_level level_from_env(void) {
+    fsdp_log_level level = FSDP_LOG_WARN;
+    const char *env = getenv("FSDP_LOG_LEVEL");
+    if (env && fsdp_log_level_parse(env, &level) != FSDP_OK) level = FSDP_LOG_WARN;
+    return level;
+}
+
+static void log_to_stderr(void *user, fsdp_log_level level, const char *message) {
+    const fsdp_ctx *ctx = user;
+    fprintf(stderr, "[fsdp r%d %s] %s\n", ctx->rank, fsdp_log_level_to_string(level), message);
+}
+
+fsdp_status fsdp_ctx_create(const fsdp_ctx_options *opts, fsdp_ctx **out) {
+    if (!out) return FSDP_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    fsdp_ctx_options o = opts ? *opts : (fsdp_ctx_options){0};
+    if ((int)o.log_level < 0 || o.log_level > FSDP_LOG_OFF) return FSDP_ERR_INVALID_ARGUMENT;
+    fsdp_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return FSDP_ERR_OUT_OF_MEMORY;
+    ctx->seed = o.seed;
+    ctx->rank = o.rank;
+    ctx->device = FSDP_CPU;
+    ctx->log_level = o.log_level == FSDP_LOG_DEFAULT ? level_from_env() : o.log_level;
+    ctx->log_fn = o.log_fn ? o.log_fn : log_to_stderr;
+    ctx->log_user = o.log_fn ? o.log_user : ctx;
+    *out = ctx;
+    return FSDP_OK;
+}
+
+void fsdp_ctx_free(fsdp_ctx *ctx) { free(ctx); }
+
+uint64_t fsdp_ctx_seed(const fsdp_ctx *ctx) { return ctx->seed; }
+int fsdp_ctx_rank(const fsdp_ctx *ctx) { return ctx->rank; }
+
+const char *fsdp_last_error(const fsdp_ctx *ctx) { return ctx ? ctx->last_error : ""; }
+fsdp_status fsdp_last_status(const fsdp_ctx *ctx) { return ctx ? ctx->last_status : FSDP_OK; }
+const char *fsdp_last_error_origin(const fsdp_ctx *ctx) { return ctx ? ctx->last_origin : ""; }
+
+void fsdp_clear_error(fsdp_ctx *ctx) {
+    ctx->last_status = FSDP_OK;
+    ctx->last_error[0] = '\0';
+    ctx->last_origin[0] = '\0';
+}
+
+/* "src/core/tensor.c" from whatever absolute path the compiler saw. */
+static const char *source_relative(const char *file) {
+    const char *s = strstr(file, "src/");
+    return s ? s : file;
+}
+
+fsdp_status fsdp_error_set(fsdp_ctx *ctx, fsdp_status status, const char *file, int line,
+                           const char *fmt, ...) {
+    if (!ctx) return status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
+    va_end(ap);
+    snprintf(ctx->last_origin, sizeof ctx->last_origin, "%s:%d", source_relative(file), line);
+    ctx->last_status = status;
+    fsdp_log(ctx, FSDP_LOG_DEBUG, "%s at %s: %s", fsdp_status_to_string(status), ctx->last_origin,
+             ctx->last_error);
+    return status;
+}
+
+void fsdp_ctx_set_log_level(fsdp_ctx *ctx, fsdp_log_level level) {
+    ctx->log_level = level == FSDP_LOG_DEFAULT ? level_from_env() : level;
+}
+
+fsdp_log_level fsdp_ctx_log_level(const fsdp_ctx *ctx) { return ctx->log_level; }
+
+void fsdp_vlog(fsdp_ctx *ctx, fsdp_log_level level, const char *fmt, va_list ap) {
+    if (!ctx || level < ctx->log_level || level >= FSDP_LOG_OFF) return;
+    char message[2048];
+    vsnprintf(message, sizeof message, fmt, ap);
+    ctx->log_fn(ctx->log_user, level, message);
+}
+
+void fsdp_log(fsdp_ctx *ctx, fsdp_log_level level, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fsdp_vlog(ctx, level, fmt, ap);
+    va_end(ap);
+}
+
+void fsdp_ctx_scope_push(fsdp_ctx *ctx, const char *name) {
+    if (ctx->scope_depth < FSDP_SCOPE_MAX) ctx->scope[ctx->scope_depth] = name;
+    ctx->scope_depth++;
+}
+
+void fsdp_ctx_scope_pop(fsdp_ctx *ctx) {
+    FSDP_ASSERT(ctx->scope_depth > 0);
+    ctx->scope_depth--;
+}
+
+const char *fsdp_ctx_scope_top(const fsdp_ctx *ctx) {
+    if (ctx->scope_depth == 0) return "";
+    int top = ctx->scope_depth < FSDP_SCOPE_MAX ? ctx->scope_depth : FSDP_SCOPE_MAX;
+    return ctx->scope[top - 1];
+}

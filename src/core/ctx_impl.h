@@ -1,0 +1,40 @@
+/* ctx_impl.h: the body of fsdp_ctx, for libfsdp's own layers. Holds the per-rank state that
+ * must not be global: seed, logging, last error, and the stack of running modules that the
+ * comm-debug layer reads to attribute collectives. */
+#ifndef FSDP_CORE_CTX_IMPL_H
+#define FSDP_CORE_CTX_IMPL_H
+
+#include "fsdp/ctx.h"
+#include "fsdp/tensor.h"
+
+#define FSDP_ERROR_MAX 1024
+#define FSDP_SCOPE_MAX 64
+
+/* Which pass is running; set by the module layer, read by comm-debug. */
+typedef enum fsdp_phase { FSDP_PHASE_NONE = 0, FSDP_PHASE_FORWARD, FSDP_PHASE_BACKWARD } fsdp_phase;
+
+struct fsdp_ctx {
+    uint64_t seed;
+    int rank;
+    fsdp_device device;
+    fsdp_log_level log_level;
+    fsdp_log_fn log_fn;
+    void *log_user;
+
+    fsdp_status last_status;
+    char last_error[FSDP_ERROR_MAX];
+    char last_origin[128];
+
+    const char *scope[FSDP_SCOPE_MAX]; /* fully qualified names of the running modules */
+    int scope_depth;
+    fsdp_phase phase;
+};
+
+/* Pushes a running module's name (not copied: it must outlive the scope). Deeper nesting
+ * than FSDP_SCOPE_MAX is counted but not recorded. */
+void fsdp_ctx_scope_push(fsdp_ctx *ctx, const char *name);
+void fsdp_ctx_scope_pop(fsdp_ctx *ctx);
+/* The innermost running module's name, or "" outside any module. */
+const char *fsdp_ctx_scope_top(const fsdp_ctx *ctx);
+
+#endif

@@ -1,0 +1,73 @@
+/* kernels.h: the operator table of one device. Callers never branch on the device: they
+ * fetch the table for a tensor's device and call through it. Pointers are that device's
+ * memory; sizes are element counts; all math is f32, row-major, contiguous.
+ * Conventions (llm.c style): outputs first, then saved state, then inputs, then sizes.
+ * "+=" marks entries that accumulate into their output; all others overwrite it.
+ * No entry allocates memory. */
+#ifndef FSDP_KERNELS_H
+#define FSDP_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fsdp/tensor.h"
+
+typedef struct fsdp_kernels_i {
+    const char *name; /* "cpu" */
+
+    /* C (M, N) = alpha * op(A) op(B) + beta * C, op(X) = X or X^T. op(A) is (M, K), op(B)
+     * (K, N); lda/ldb/ldc are the row strides of A, B, C as stored. */
+    void (*gemm)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                 int64_t ldc);
+    /* out (rows, cols) += bias (cols) broadcast over rows */
+    void (*bias_add)(float *out, const float *bias, int64_t rows, int64_t cols);
+    /* dbias (cols) += sum over rows of dout (rows, cols) */
+    void (*bias_backward)(float *dbias, const float *dout, int64_t rows, int64_t cols);
+
+    void (*relu_forward)(float *out, const float *inp, int64_t n);
+    /* dinp = dout * (inp > 0) */
+    void (*relu_backward)(float *dinp, const float *inp, const float *dout, int64_t n);
+    void (*sigmoid_forward)(float *out, const float *inp, int64_t n);
+    /* dinp = dout * out * (1 - out), from the forward output */
+    void (*sigmoid_backward)(float *dinp, const float *out, const float *dout, int64_t n);
+    /* GELU, tanh approximation */
+    void (*gelu_forward)(float *out, const float *inp, int64_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, int64_t n);
+
+    /* out (rows, cols) = inp * rstd[row] * weight; rstd (rows) = 1/sqrt(mean(inp^2) + eps) */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
+                            float eps, int64_t rows, int64_t cols);
+    /* dinp (rows, cols) = written; dweight (cols) += */
+    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int64_t rows, int64_t cols);
+
+    void (*add)(float *out, const float *a, const float *b, int64_t n); /* out = a + b */
+    void (*axpy)(float *y, float alpha, const float *x, int64_t n);      /* y += alpha * x */
+    void (*scale)(float *out, const float *inp, float alpha, int64_t n); /* out = alpha * inp */
+    void (*copy)(float *dst, const float *src, int64_t n);
+    void (*fill)(float *out, float value, int64_t n);
+
+    /* Reductions, accumulated in double and returned to the host. */
+    double (*sum)(const float *x, int64_t n);
+    double (*sum_squares)(const float *x, int64_t n);
+    double (*max_abs)(const float *x, int64_t n);
+
+    /* Losses: the scalar to *loss (host); dout (may be NULL) = d(loss)/d(out), written. */
+    void (*mse_loss)(float *loss, float *dout, const float *out, const float *target, int64_t n);
+    /* logits (rows, classes), targets (rows) in [0, classes); mean over rows */
+    void (*cross_entropy)(float *loss, float *dlogits, const float *logits,
+                          const int32_t *targets, int64_t rows, int64_t classes);
+
+    /* dtype conversion, round to nearest even */
+    void (*f32_to_bf16)(fsdp_bf16 *dst, const float *src, int64_t n);
+    void (*bf16_to_f32)(float *dst, const fsdp_bf16 *src, int64_t n);
+} fsdp_kernels_i;
+
+/* The table for a device, or NULL when this build has none for it. */
+const fsdp_kernels_i *fsdp_kernels_for(fsdp_device device);
+
+/* The CPU table (src/kernels/cpu/). */
+const fsdp_kernels_i *fsdp_kernels_cpu(void);
+
+#endif

@@ -1,0 +1,446 @@
+/* module.c: the module tree: names, children, parameters, buffers, hooks, and the forward
+ * and backward wrappers that run hooks and keep the context's module scope. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/ctx_impl.h"
+#include "core/error.h"
+#include "core/tensor_impl.h"
+#include "nn/module_impl.h"
+
+/* Grows *arr (of *cap elements of `size` bytes) so that it holds at least n + 1. */
+static bool grow(void **arr, int *cap, int n, size_t size) {
+    if (n < *cap) return true;
+    int new_cap = *cap ? *cap * 2 : 4;
+    void *p = realloc(*arr, (size_t)new_cap * size);
+    if (!p) return false;
+    *arr = p;
+    *cap = new_cap;
+    return true;
+}
+
+static char *dup_string(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+fsdp_status fsdp_module_create(fsdp_ctx *ctx, const fsdp_module_ops *ops, void *impl,
+                               fsdp_module **out) {
+    if (!ops || !ops->forward || !ops->backward || !ops->kind || !out) {
+        if (ops && ops->free_impl) ops->free_impl(impl);
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_module_create: ops needs kind, forward and backward, and out must "
+                         "not be NULL");
+    }
+    fsdp_module *m = calloc(1, sizeof *m);
+    if (m) {
+        m->name = dup_string("");
+        m->fqn = dup_string("");
+    }
+    if (!m || !m->name || !m->fqn) {
+        if (m) {
+            free(m->name);
+            free(m->fqn);
+        }
+        free(m);
+        if (ops->free_impl) ops->free_impl(impl);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a %s module", ops->kind);
+    }
+    m->ops = ops;
+    m->impl = impl;
+    *out = m;
+    return FSDP_OK;
+}
+
+static void param_free(fsdp_param *p) {
+    if (!p) return;
+    if (p->free_dist) p->free_dist(p->dist);
+    fsdp_tensor_free(p->data);
+    fsdp_tensor_free(p->grad);
+    free(p->name);
+    free(p);
+}
+
+void fsdp_module_free(fsdp_module *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_children; i++) fsdp_module_free(m->children[i]);
+    for (int i = 0; i < m->n_params; i++) param_free(m->params[i]);
+    for (int i = 0; i < m->n_buffers; i++) {
+        fsdp_tensor_free(m->buffers[i].data);
+        free(m->buffers[i].name);
+    }
+    for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++) {
+        for (int i = 0; i < m->n_hooks[p]; i++)
+            if (m->hooks[p][i].free_user) m->hooks[p][i].free_user(m->hooks[p][i].user);
+        free(m->hooks[p]);
+    }
+    if (m->ops->free_impl) m->ops->free_impl(m->impl);
+    free(m->children);
+    free(m->params);
+    free(m->buffers);
+    free(m->name);
+    free(m->fqn);
+    free(m);
+}
+
+void *fsdp_module_impl(const fsdp_module *m) { return m->impl; }
+const char *fsdp_module_kind(const fsdp_module *m) { return m->ops->kind; }
+const char *fsdp_module_name(const fsdp_module *m) { return m->name; }
+const char *fsdp_module_fqn(const fsdp_module *m) { return m->fqn; }
+fsdp_module *fsdp_module_parent(const fsdp_module *m) { return m->parent; }
+int fsdp_module_num_children(const fsdp_module *m) { return m->n_children; }
+fsdp_module *fsdp_module_child(const fsdp_module *m, int i) {
+    return i >= 0 && i < m->n_children ? m->children[i] : NULL;
+}
+
+const char *fsdp_nn_describe(const fsdp_module *m, char *buf, size_t size) {
+    if (m->fqn[0]) snprintf(buf, size, "%s '%s'", m->ops->kind, m->fqn);
+    else snprintf(buf, size, "%s (root)", m->ops->kind);
+    return buf;
+}
+
+/* Recomputes the fully qualified names of m's subtree after m got a parent. */
+static fsdp_status update_fqn(fsdp_ctx *ctx, fsdp_module *m) {
+    const char *pfqn = m->parent ? m->parent->fqn : "";
+    size_t n = strlen(pfqn) + strlen(m->name) + 2;
+    char *fqn = malloc(n);
+    if (!fqn) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a module name");
+    snprintf(fqn, n, "%s%s%s", pfqn, pfqn[0] ? "." : "", m->name);
+    free(m->fqn);
+    m->fqn = fqn;
+    for (int i = 0; i < m->n_children; i++) FSDP_TRY(update_fqn(ctx, m->children[i]));
+    return FSDP_OK;
+}
+
+static bool valid_name(const char *name) {
+    if (!name || !name[0]) return false;
+    for (const char *c = name; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '_'))
+            return false;
+    return true;
+}
+
+/* Whether `name` is taken among m's children, parameters and buffers. */
+static bool name_taken(const fsdp_module *m, const char *name) {
+    for (int i = 0; i < m->n_children; i++)
+        if (strcmp(m->children[i]->name, name) == 0) return true;
+    for (int i = 0; i < m->n_params; i++)
+        if (strcmp(m->params[i]->name, name) == 0) return true;
+    for (int i = 0; i < m->n_buffers; i++)
+        if (strcmp(m->buffers[i].name, name) == 0) return true;
+    return false;
+}
+
+static fsdp_status check_new_name(fsdp_ctx *ctx, const fsdp_module *m, const char *name,
+                                  const char *what) {
+    char desc[160];
+    if (!valid_name(name))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "%s name '%s' under %s: use letters, digits and '_' only", what,
+                         name ? name : "(null)", fsdp_nn_describe(m, desc, sizeof desc));
+    if (name_taken(m, name))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "%s name '%s' is already taken in %s; names must be unique", what, name,
+                         fsdp_nn_describe(m, desc, sizeof desc));
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_module_add_child(fsdp_ctx *ctx, fsdp_module *m, const char *name,
+                                  fsdp_module *child) {
+    if (!child) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_module_add_child: child is NULL");
+    fsdp_status st = FSDP_OK;
+    if (child->parent || child == m)
+        st = FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                       "fsdp_module_add_child: module '%s' already has a parent", child->fqn);
+    if (st == FSDP_OK) st = check_new_name(ctx, m, name, "child");
+    char *copy = st == FSDP_OK ? dup_string(name) : NULL;
+    if (st == FSDP_OK &&
+        (!copy || !grow((void **)&m->children, &m->cap_children, m->n_children, sizeof *m->children)))
+        st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add child '%s'", name);
+    if (st != FSDP_OK) {
+        free(copy);
+        if (!child->parent && child != m) fsdp_module_free(child);
+        return st;
+    }
+    free(child->name);
+    child->name = copy;
+    child->parent = m;
+    m->children[m->n_children++] = child;
+    return update_fqn(ctx, child);
+}
+
+fsdp_module *fsdp_module_find(const fsdp_module *m, const char *path) {
+    const fsdp_module *cur = m;
+    const char *seg = path;
+    while (cur && *seg) {
+        const char *dot = strchr(seg, '.');
+        size_t len = dot ? (size_t)(dot - seg) : strlen(seg);
+        const fsdp_module *next = NULL;
+        for (int i = 0; i < cur->n_children && !next; i++)
+            if (strlen(cur->children[i]->name) == len && strncmp(cur->children[i]->name, seg, len) == 0)
+                next = cur->children[i];
+        cur = next;
+        seg = dot ? dot + 1 : seg + len;
+    }
+    return (fsdp_module *)cur;
+}
+
+fsdp_param *fsdp_module_get_param(const fsdp_module *m, const char *path) {
+    const char *dot = strrchr(path, '.');
+    const fsdp_module *owner = m;
+    if (dot) {
+        size_t len = (size_t)(dot - path);
+        char prefix[512];
+        if (len >= sizeof prefix) return NULL;
+        memcpy(prefix, path, len);
+        prefix[len] = '\0';
+        owner = fsdp_module_find(m, prefix);
+    }
+    const char *leaf = dot ? dot + 1 : path;
+    for (int i = 0; owner && i < owner->n_params; i++)
+        if (strcmp(owner->params[i]->name, leaf) == 0) return owner->params[i];
+    return NULL;
+}
+
+/* The fully qualified name of a parameter or buffer of m: "net1.weight". */
+static void member_fqn(const fsdp_module *m, const char *name, char *buf, size_t size) {
+    snprintf(buf, size, "%s%s%s", m->fqn, m->fqn[0] ? "." : "", name);
+}
+
+fsdp_status fsdp_module_add_param(fsdp_ctx *ctx, fsdp_module *m, const char *name, int ndim,
+                                  const int64_t *shape, fsdp_init init, fsdp_param **out) {
+    FSDP_TRY(check_new_name(ctx, m, name, "parameter"));
+    fsdp_param *p = calloc(1, sizeof *p);
+    if (!p || !(p->name = dup_string(name)) ||
+        !grow((void **)&m->params, &m->cap_params, m->n_params, sizeof *m->params)) {
+        param_free(p);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add parameter '%s'", name);
+    }
+    p->module = m;
+    p->requires_grad = true;
+    p->init = init;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, ndim, shape, &p->data);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, ndim, shape, &p->grad);
+    char fqn[512];
+    member_fqn(m, name, fqn, sizeof fqn);
+    if (st == FSDP_OK)
+        st = fsdp_init_tensor(ctx, p->data, &init, ctx->seed, fsdp_rng_stream(fqn));
+    if (st != FSDP_OK) {
+        param_free(p);
+        return st;
+    }
+    m->params[m->n_params++] = p;
+    if (out) *out = p;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_module_add_buffer(fsdp_ctx *ctx, fsdp_module *m, const char *name, int ndim,
+                                   const int64_t *shape, fsdp_init init, fsdp_tensor **out) {
+    FSDP_TRY(check_new_name(ctx, m, name, "buffer"));
+    fsdp_buffer b = {.name = dup_string(name), .init = init};
+    if (!b.name || !grow((void **)&m->buffers, &m->cap_buffers, m->n_buffers, sizeof *m->buffers)) {
+        free(b.name);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add buffer '%s'", name);
+    }
+    char fqn[512];
+    member_fqn(m, name, fqn, sizeof fqn);
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, ndim, shape, &b.data);
+    if (st == FSDP_OK) st = fsdp_init_tensor(ctx, b.data, &init, ctx->seed, fsdp_rng_stream(fqn));
+    if (st != FSDP_OK) {
+        fsdp_tensor_free(b.data);
+        free(b.name);
+        return st;
+    }
+    m->buffers[m->n_buffers++] = b;
+    if (out) *out = b.data;
+    return FSDP_OK;
+}
+
+int fsdp_module_num_params(const fsdp_module *m) { return m->n_params; }
+fsdp_param *fsdp_module_param(const fsdp_module *m, int i) {
+    return i >= 0 && i < m->n_params ? m->params[i] : NULL;
+}
+int fsdp_module_num_buffers(const fsdp_module *m) { return m->n_buffers; }
+fsdp_tensor *fsdp_module_buffer(const fsdp_module *m, int i) {
+    return i >= 0 && i < m->n_buffers ? m->buffers[i].data : NULL;
+}
+const char *fsdp_module_buffer_name(const fsdp_module *m, int i) {
+    return i >= 0 && i < m->n_buffers ? m->buffers[i].name : NULL;
+}
+
+const char *fsdp_param_name(const fsdp_param *p) { return p->name; }
+fsdp_module *fsdp_param_module(const fsdp_param *p) { return p->module; }
+fsdp_tensor *fsdp_param_data(const fsdp_param *p) { return p->data; }
+fsdp_tensor *fsdp_param_grad(const fsdp_param *p) { return p->grad; }
+bool fsdp_param_requires_grad(const fsdp_param *p) { return p->requires_grad; }
+void fsdp_param_set_requires_grad(fsdp_param *p, bool requires_grad) { p->requires_grad = requires_grad; }
+const fsdp_init *fsdp_param_init(const fsdp_param *p) { return &p->init; }
+
+fsdp_status fsdp_module_visit(fsdp_ctx *ctx, fsdp_module *m, fsdp_module_visit_fn fn, void *user) {
+    FSDP_TRY(fn(ctx, m, user));
+    for (int i = 0; i < m->n_children; i++) FSDP_TRY(fsdp_module_visit(ctx, m->children[i], fn, user));
+    return FSDP_OK;
+}
+
+typedef struct param_walk {
+    fsdp_param_visit_fn fn;
+    void *user;
+    size_t root_len; /* characters of the root's fqn (plus its dot) to strip */
+} param_walk;
+
+static fsdp_status visit_module_params(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    param_walk *w = user;
+    char fqn[512];
+    for (int i = 0; i < m->n_params; i++) {
+        member_fqn(m, m->params[i]->name, fqn, sizeof fqn);
+        FSDP_TRY(w->fn(ctx, m->params[i], fqn + w->root_len, w->user));
+    }
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_module_visit_params(fsdp_ctx *ctx, fsdp_module *m, fsdp_param_visit_fn fn,
+                                     void *user) {
+    param_walk w = {.fn = fn, .user = user, .root_len = m->fqn[0] ? strlen(m->fqn) + 1 : 0};
+    return fsdp_module_visit(ctx, m, visit_module_params, &w);
+}
+
+int64_t fsdp_module_param_count(const fsdp_module *m) {
+    int64_t n = 0;
+    for (int i = 0; i < m->n_params; i++) n += fsdp_tensor_numel(m->params[i]->data);
+    for (int i = 0; i < m->n_children; i++) n += fsdp_module_param_count(m->children[i]);
+    return n;
+}
+
+static fsdp_status reset_module(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    uint64_t seed = *(const uint64_t *)user;
+    char fqn[512];
+    for (int i = 0; i < m->n_params; i++) {
+        fsdp_param *p = m->params[i];
+        member_fqn(m, p->name, fqn, sizeof fqn);
+        FSDP_TRY(fsdp_init_tensor(ctx, p->data, &p->init, seed, fsdp_rng_stream(fqn)));
+    }
+    for (int i = 0; i < m->n_buffers; i++) {
+        member_fqn(m, m->buffers[i].name, fqn, sizeof fqn);
+        FSDP_TRY(fsdp_init_tensor(ctx, m->buffers[i].data, &m->buffers[i].init, seed,
+                                  fsdp_rng_stream(fqn)));
+    }
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_module_reset_parameters(fsdp_ctx *ctx, fsdp_module *m, uint64_t seed) {
+    return fsdp_module_visit(ctx, m, reset_module, &seed);
+}
+
+static fsdp_status zero_module_grads(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    (void)user;
+    for (int i = 0; i < m->n_params; i++) FSDP_TRY(fsdp_tensor_fill(ctx, m->params[i]->grad, 0.0f));
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_module_zero_grad(fsdp_ctx *ctx, fsdp_module *m) {
+    return fsdp_module_visit(ctx, m, zero_module_grads, NULL);
+}
+
+/* ---- hooks and the forward / backward wrappers ---- */
+
+fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                 fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id) {
+    if ((int)point < 0 || point >= FSDP_HOOK_POINT_COUNT || !fn) {
+        if (free_user) free_user(user);
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_module_add_hook: hook point %d or function invalid", (int)point);
+    }
+    if (!grow((void **)&m->hooks[point], &m->cap_hooks[point], m->n_hooks[point], sizeof(fsdp_hook))) {
+        if (free_user) free_user(user);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add a hook");
+    }
+    int hook_id = ++m->next_hook_id;
+    m->hooks[point][m->n_hooks[point]++] =
+        (fsdp_hook){.id = hook_id, .fn = fn, .user = user, .free_user = free_user};
+    if (id) *id = hook_id;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_module_remove_hook(fsdp_ctx *ctx, fsdp_module *m, int id) {
+    for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++) {
+        for (int i = 0; i < m->n_hooks[p]; i++) {
+            if (m->hooks[p][i].id != id) continue;
+            if (m->hooks[p][i].free_user) m->hooks[p][i].free_user(m->hooks[p][i].user);
+            memmove(&m->hooks[p][i], &m->hooks[p][i + 1],
+                    (size_t)(m->n_hooks[p] - i - 1) * sizeof(fsdp_hook));
+            m->n_hooks[p]--;
+            return FSDP_OK;
+        }
+    }
+    char desc[160];
+    return FSDP_FAIL(ctx, FSDP_ERR_NOT_FOUND, "no hook with id %d on %s", id,
+                     fsdp_nn_describe(m, desc, sizeof desc));
+}
+
+static fsdp_status run_hooks(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                             const fsdp_tensor **io) {
+    for (int i = 0; i < m->n_hooks[point]; i++)
+        FSDP_TRY(m->hooks[point][i].fn(ctx, m, point, io, m->hooks[point][i].user));
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_module_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                const fsdp_tensor **out) {
+    if (!m || !in || !out)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_module_forward: NULL argument");
+    fsdp_phase outer = ctx->phase;
+    ctx->phase = FSDP_PHASE_FORWARD;
+    fsdp_ctx_scope_push(ctx, m->fqn);
+    const fsdp_tensor *x = in, *y = NULL;
+    fsdp_status st = run_hooks(ctx, m, FSDP_HOOK_PRE_FORWARD, &x);
+    if (st == FSDP_OK) st = m->ops->forward(ctx, m, x, &y);
+    if (st == FSDP_OK) st = run_hooks(ctx, m, FSDP_HOOK_POST_FORWARD, &y);
+    fsdp_ctx_scope_pop(ctx);
+    ctx->phase = outer;
+    if (st == FSDP_OK) *out = y;
+    return st;
+}
+
+fsdp_status fsdp_module_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                 const fsdp_tensor **din) {
+    if (!m || !dout)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_module_backward: NULL argument");
+    fsdp_phase outer = ctx->phase;
+    ctx->phase = FSDP_PHASE_BACKWARD;
+    fsdp_ctx_scope_push(ctx, m->fqn);
+    const fsdp_tensor *dy = dout, *dx = NULL;
+    fsdp_status st = run_hooks(ctx, m, FSDP_HOOK_PRE_BACKWARD, &dy);
+    if (st == FSDP_OK) st = m->ops->backward(ctx, m, dy, din ? &dx : NULL);
+    if (st == FSDP_OK) st = run_hooks(ctx, m, FSDP_HOOK_POST_BACKWARD, &dx);
+    fsdp_ctx_scope_pop(ctx);
+    ctx->phase = outer;
+    if (st == FSDP_OK && din) *din = dx;
+    return st;
+}
+
+/* ---- helpers for layers ---- */
+
+fsdp_status fsdp_nn_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, int ndim,
+                           const int64_t *shape) {
+    if (*t) return fsdp_tensor_resize(ctx, *t, ndim, shape);
+    return fsdp_tensor_create(ctx, FSDP_DTYPE_F32, device, ndim, shape, t);
+}
+
+fsdp_status fsdp_nn_check_input(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tensor *in,
+                                int64_t features) {
+    char desc[160], shape[64];
+    if (fsdp_tensor_dtype(in) != FSDP_DTYPE_F32)
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "%s: input is %s; layers compute on f32 tensors",
+                         fsdp_nn_describe(m, desc, sizeof desc),
+                         fsdp_dtype_to_string(fsdp_tensor_dtype(in)));
+    if (features >= 0 && (fsdp_tensor_ndim(in) < 1 || fsdp_tensor_dim(in, -1) != features))
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                         "%s: input %s must have %lld features in its last dimension",
+                         fsdp_nn_describe(m, desc, sizeof desc),
+                         fsdp_tensor_shape_string(in, shape, sizeof shape), (long long)features);
+    return FSDP_OK;
+}

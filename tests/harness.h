@@ -1,0 +1,58 @@
+/* harness.h: what every CUnit suite of libfsdp shares: a main that runs one suite in CUnit's
+ * basic mode, a context per test, status checks that print the library's message, and
+ * tensor comparison that prints the max absolute and relative difference. */
+#ifndef FSDP_TEST_HARNESS_H
+#define FSDP_TEST_HARNESS_H
+
+#include <CUnit/Basic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fsdp/fsdp.h"
+
+typedef struct fsdp_test_case {
+    const char *name;
+    void (*fn)(void);
+} fsdp_test_case;
+
+/* Runs the cases as one CUnit suite; returns the process exit status (0 when all pass).
+ * argv[1], when given, runs only the case of that name. */
+int fsdp_test_run(int argc, char **argv, const char *suite, const fsdp_test_case *cases, int n);
+
+/* The context of the running test (created before, freed after each case; seed 1234). */
+fsdp_ctx *fsdp_test_ctx(void);
+
+/* Asserts that expr returns FSDP_OK; otherwise fails the test with the library's message. */
+#define FSDP_TEST_OK(expr)                                                                    \
+    do {                                                                                      \
+        fsdp_status st_ = (expr);                                                             \
+        if (st_ != FSDP_OK)                                                                   \
+            fprintf(stderr, "\n  %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,           \
+                    fsdp_status_to_string(st_), fsdp_last_error(fsdp_test_ctx()));            \
+        CU_ASSERT_EQUAL_FATAL(st_, FSDP_OK);                                                  \
+    } while (0)
+
+/* Asserts that expr fails with `want`, and that the message names every string in the
+ * NULL-terminated list that follows. */
+#define FSDP_TEST_FAILS(expr, want, ...)                                                      \
+    do {                                                                                      \
+        fsdp_status st_ = (expr);                                                             \
+        CU_ASSERT_EQUAL(st_, (want));                                                         \
+        const char *needles_[] = {__VA_ARGS__, NULL};                                         \
+        CU_ASSERT_TRUE(fsdp_test_message_has(fsdp_last_error(fsdp_test_ctx()), needles_));    \
+    } while (0)
+
+bool fsdp_test_message_has(const char *message, const char *const *needles);
+
+/* Compares n floats; prints "name: max abs diff A, max rel diff R (n elements)" and
+ * returns true when every element satisfies |got - want| <= atol + rtol * |want|. */
+bool fsdp_test_close(const char *name, const float *got, const float *want, int64_t n,
+                     double rtol, double atol);
+#define FSDP_TEST_CLOSE(name, got, want, n, rtol, atol)                                       \
+    CU_ASSERT_TRUE(fsdp_test_close((name), (got), (want), (n), (rtol), (atol)))
+
+/* A tensor of the given shape filled from the counter RNG: uniform in [lo, hi). */
+fsdp_tensor *fsdp_test_random(int ndim, const int64_t *shape, float lo, float hi,
+                              uint64_t stream);
+
+#endif
