@@ -1,0 +1,445 @@
+/* test_modules.c: the module tree (names, fully qualified names, PyTorch's parameter order),
+ * hooks (order, replacement, scope and phase), backward against finite differences,
+ * gradient accumulation, layout-independent initialisation, buffer reuse across steps, and
+ * SGD's update equations. Layer numerics against PyTorch live in test_fixtures.c. */
+#include <math.h>
+#include <string.h>
+
+#include "core/ctx_impl.h"
+#include "core/error.h"
+#include "harness.h"
+
+typedef struct names {
+    int n;
+    char list[32][64];
+} names;
+
+static fsdp_status collect_name(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)ctx, (void)p;
+    names *ns = user;
+    snprintf(ns->list[ns->n++], sizeof ns->list[0], "%s", name);
+    return FSDP_OK;
+}
+
+static void expect_names(fsdp_module *m, const char *const *want, int n) {
+    names got = {0};
+    FSDP_TEST_OK(fsdp_module_visit_params(fsdp_test_ctx(), m, collect_name, &got));
+    CU_ASSERT_EQUAL_FATAL(got.n, n);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(got.list[i], want[i]) != 0)
+            fprintf(stderr, "\n  parameter %d: got %s want %s", i, got.list[i], want[i]);
+        CU_ASSERT_STRING_EQUAL(got.list[i], want[i]);
+    }
+}
+
+static void test_seed_model_names(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m;
+    FSDP_TEST_OK(fsdp_model_mlp_stacked(ctx, 2, &m));
+    static const char *const stacked[] = {
+        "layers.0.net1.weight", "layers.0.net1.bias", "layers.0.net2.weight", "layers.0.net2.bias",
+        "layers.1.net1.weight", "layers.1.net1.bias", "layers.1.net2.weight", "layers.1.net2.bias"};
+    expect_names(m, stacked, 8);
+    fsdp_module *net1 = fsdp_module_find(m, "layers.1.net1");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(net1);
+    CU_ASSERT_STRING_EQUAL(fsdp_module_fqn(net1), "layers.1.net1");
+    CU_ASSERT_STRING_EQUAL(fsdp_module_name(net1), "net1");
+    CU_ASSERT_STRING_EQUAL(fsdp_module_kind(net1), "Linear");
+    CU_ASSERT_STRING_EQUAL(fsdp_module_kind(fsdp_module_find(m, "layers.0.relu")), "ReLU");
+    CU_ASSERT_PTR_NULL(fsdp_module_find(m, "layers.2"));
+    CU_ASSERT_PTR_EQUAL(fsdp_module_find(m, ""), m);
+    CU_ASSERT_EQUAL(fsdp_module_param_count(m), 2 * (10 * 16 + 16 + 16 * 10 + 10));
+    /* names relative to a subtree */
+    static const char *const sub[] = {"net1.weight", "net1.bias", "net2.weight", "net2.bias"};
+    expect_names(fsdp_module_find(m, "layers.1"), sub, 4);
+    fsdp_param *p = fsdp_module_get_param(m, "layers.0.net2.weight");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    CU_ASSERT_EQUAL(fsdp_tensor_dim(fsdp_param_data(p), 0), 10);
+    CU_ASSERT_EQUAL(fsdp_tensor_dim(fsdp_param_data(p), 1), 16);
+    CU_ASSERT_PTR_NULL(fsdp_module_get_param(m, "layers.0.net3.weight"));
+    fsdp_module_free(m);
+
+    FSDP_TEST_OK(fsdp_model_simple_model(ctx, &m));
+    static const char *const simple[] = {"net1.weight", "net1.bias", "net2.weight",
+                                         "net2.bias",   "net3.weight", "net3.bias"};
+    expect_names(m, simple, 6);
+    fsdp_module_free(m);
+    FSDP_TEST_OK(fsdp_model_net(ctx, 8, &m));
+    static const char *const net[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
+                                      "fc3.weight", "fc3.bias", "fc4.weight", "fc4.bias"};
+    expect_names(m, net, 8);
+    fsdp_module_free(m);
+    FSDP_TEST_OK(fsdp_model_simple_mlp(ctx, &m));
+    CU_ASSERT_STRING_EQUAL(fsdp_module_kind(m), "SimpleMLP");
+    CU_ASSERT_EQUAL(fsdp_module_param_count(m), 50 * 32 + 32 + 32 * 8 + 8);
+    fsdp_module_free(m);
+    FSDP_TEST_OK(fsdp_model_mlp(ctx, 3, (int64_t[]){4, 6, 2}, FSDP_ACT_GELU, &m));
+    static const char *const mlp[] = {"0.weight", "0.bias", "2.weight", "2.bias"};
+    expect_names(m, mlp, 4);
+    CU_ASSERT_STRING_EQUAL(fsdp_module_kind(fsdp_module_child(m, 1)), "GELU");
+    fsdp_module_free(m);
+}
+
+static void test_tree_errors(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *root, *a, *b, *c;
+    FSDP_TEST_OK(fsdp_sequential_create(ctx, &root));
+    FSDP_TEST_OK(fsdp_relu_create(ctx, &a));
+    FSDP_TEST_OK(fsdp_module_add_child(ctx, root, "act", a));
+    FSDP_TEST_OK(fsdp_relu_create(ctx, &b));
+    FSDP_TEST_FAILS(fsdp_module_add_child(ctx, root, "act", b), FSDP_ERR_INVALID_ARGUMENT,
+                    "'act'", "already taken");
+    FSDP_TEST_OK(fsdp_relu_create(ctx, &c));
+    FSDP_TEST_FAILS(fsdp_module_add_child(ctx, root, "a.b", c), FSDP_ERR_INVALID_ARGUMENT, "a.b",
+                    "letters, digits");
+    FSDP_TEST_FAILS(fsdp_module_add_child(ctx, root, "again", a), FSDP_ERR_INVALID_ARGUMENT,
+                    "already has a parent");
+    CU_ASSERT_EQUAL(fsdp_module_num_children(root), 1); /* failed adds changed nothing */
+    fsdp_module *lin;
+    FSDP_TEST_FAILS(fsdp_linear_create(ctx, 0, 3, true, &lin), FSDP_ERR_INVALID_ARGUMENT,
+                    "Linear(0, 3)");
+    fsdp_module_free(root); /* b and c were freed by the failing calls: ASan checks */
+}
+
+static void test_input_shape_error_names_module(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m;
+    FSDP_TEST_OK(fsdp_model_mlp_module(ctx, &m));
+    fsdp_tensor *x = fsdp_test_random(2, (int64_t[]){3, 7}, -1, 1, 1);
+    const fsdp_tensor *y;
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, m, x, &y), FSDP_ERR_SHAPE, "Linear 'net1'", "(3, 7)",
+                    "10 features");
+    CU_ASSERT_EQUAL(ctx->scope_depth, 0); /* the scope unwinds on failure */
+    CU_ASSERT_EQUAL(ctx->phase, FSDP_PHASE_NONE);
+    fsdp_tensor_free(x);
+    fsdp_module_free(m);
+}
+
+/* ---- hooks ---- */
+
+typedef struct hook_log {
+    int n;
+    char events[32][96];
+    fsdp_tensor *replacement; /* when set, a pre-forward hook swaps the input for it */
+} hook_log;
+
+static fsdp_status record_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                               const fsdp_tensor **io, void *user) {
+    static const char *const point_names[] = {"pre_fwd", "post_fwd", "pre_bwd", "post_bwd"};
+    hook_log *log = user;
+    snprintf(log->events[log->n++], sizeof log->events[0], "%s:%s scope=%s phase=%d io=%s",
+             point_names[point], fsdp_module_fqn(m), fsdp_ctx_scope_top(ctx), (int)ctx->phase,
+             *io ? "set" : "null");
+    if (point == FSDP_HOOK_PRE_FORWARD && log->replacement) *io = log->replacement;
+    return FSDP_OK;
+}
+
+static void test_hooks_order_scope_and_replacement(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m;
+    FSDP_TEST_OK(fsdp_model_mlp_module(ctx, &m));
+    hook_log log = {0};
+    fsdp_module *net1 = fsdp_module_find(m, "net1"), *net2 = fsdp_module_find(m, "net2");
+    int ids[4];
+    for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++) {
+        FSDP_TEST_OK(fsdp_module_add_hook(ctx, net1, (fsdp_hook_point)p, record_hook, &log, NULL, &ids[p]));
+        FSDP_TEST_OK(fsdp_module_add_hook(ctx, net2, (fsdp_hook_point)p, record_hook, &log, NULL, NULL));
+    }
+    fsdp_tensor *x = fsdp_test_random(2, (int64_t[]){4, 10}, -1, 1, 2);
+    fsdp_tensor *dy = fsdp_test_random(2, (int64_t[]){4, 10}, -1, 1, 3);
+    const fsdp_tensor *y;
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y));
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dy, NULL)); /* no input grad wanted */
+    static const char *const want[] = {
+        "pre_fwd:net1 scope=net1 phase=1 io=set",  "post_fwd:net1 scope=net1 phase=1 io=set",
+        "pre_fwd:net2 scope=net2 phase=1 io=set",  "post_fwd:net2 scope=net2 phase=1 io=set",
+        "pre_bwd:net2 scope=net2 phase=2 io=set",  "post_bwd:net2 scope=net2 phase=2 io=set",
+        "pre_bwd:net1 scope=net1 phase=2 io=set",  "post_bwd:net1 scope=net1 phase=2 io=null",
+    };
+    CU_ASSERT_EQUAL_FATAL(log.n, 8);
+    for (int i = 0; i < 8; i++) CU_ASSERT_STRING_EQUAL(log.events[i], want[i]);
+    CU_ASSERT_EQUAL(ctx->scope_depth, 0);
+
+    /* A pre-forward hook that replaces the input: the layer computes on the replacement. */
+    for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++) FSDP_TEST_OK(fsdp_module_remove_hook(ctx, net1, ids[p]));
+    FSDP_TEST_FAILS(fsdp_module_remove_hook(ctx, net1, ids[0]), FSDP_ERR_NOT_FOUND, "no hook");
+    fsdp_tensor *zeros;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){4, 10}, &zeros));
+    hook_log swap = {.replacement = zeros};
+    FSDP_TEST_OK(fsdp_module_add_hook(ctx, net1, FSDP_HOOK_PRE_FORWARD, record_hook, &swap, NULL, NULL));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y));
+    /* net1(0) = bias1, so y = net2(relu(bias1)) whatever x was */
+    const float *b1 = fsdp_tensor_f32(fsdp_param_data(fsdp_module_get_param(m, "net1.bias")));
+    const float *w2 = fsdp_tensor_f32(fsdp_param_data(fsdp_module_get_param(m, "net2.weight")));
+    const float *b2 = fsdp_tensor_f32(fsdp_param_data(fsdp_module_get_param(m, "net2.bias")));
+    for (int o = 0; o < 10; o++) {
+        double acc = b2[o];
+        for (int i = 0; i < 16; i++) acc += (double)w2[o * 16 + i] * fmax(b1[i], 0.0);
+        CU_ASSERT_DOUBLE_EQUAL(fsdp_tensor_f32(y)[3 * 10 + o], acc, 1e-5);
+    }
+    fsdp_tensor_free(zeros);
+    fsdp_tensor_free(x);
+    fsdp_tensor_free(dy);
+    fsdp_module_free(m);
+}
+
+static int freed_count;
+static void count_free(void *user) {
+    (void)user;
+    freed_count++;
+}
+
+static fsdp_status failing_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                const fsdp_tensor **io, void *user) {
+    (void)m, (void)point, (void)io, (void)user;
+    return FSDP_FAIL(ctx, FSDP_ERR_COMM, "hook says no");
+}
+
+static void test_hook_failure_and_free(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m;
+    FSDP_TEST_OK(fsdp_model_mlp_module(ctx, &m));
+    freed_count = 0;
+    FSDP_TEST_OK(fsdp_module_add_hook(ctx, fsdp_module_find(m, "net2"), FSDP_HOOK_PRE_FORWARD,
+                                      failing_hook, NULL, count_free, NULL));
+    fsdp_tensor *x = fsdp_test_random(2, (int64_t[]){2, 10}, -1, 1, 2);
+    const fsdp_tensor *y = NULL;
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, m, x, &y), FSDP_ERR_COMM, "hook says no");
+    CU_ASSERT_PTR_NULL(y);
+    CU_ASSERT_EQUAL(ctx->scope_depth, 0);
+    fsdp_module_free(m);
+    CU_ASSERT_EQUAL(freed_count, 1);
+    fsdp_tensor_free(x);
+}
+
+/* ---- gradients ---- */
+
+/* loss = sum(model(x) * r) in double over f32 forward outputs */
+static double probe_loss(fsdp_module *m, const fsdp_tensor *x, const fsdp_tensor *r) {
+    const fsdp_tensor *y;
+    if (fsdp_module_forward(fsdp_test_ctx(), m, x, &y) != FSDP_OK) return NAN;
+    double s = 0;
+    for (int64_t i = 0; i < fsdp_tensor_numel(y); i++)
+        s += (double)fsdp_tensor_f32(y)[i] * fsdp_tensor_f32(r)[i];
+    return s;
+}
+
+/* Central differences of probe_loss with respect to n elements of v; h = 1e-2 in f32 gives
+ * about 1e-3 relative error on these smooth models. */
+static bool check_fd(const char *name, fsdp_module *m, const fsdp_tensor *x, const fsdp_tensor *r,
+                     float *v, const float *analytic, int64_t n) {
+    const float h = 1e-2f;
+    float numeric[256];
+    for (int64_t i = 0; i < n && i < 256; i++) {
+        float keep = v[i];
+        v[i] = keep + h;
+        double lp = probe_loss(m, x, r);
+        v[i] = keep - h;
+        double lm = probe_loss(m, x, r);
+        v[i] = keep;
+        numeric[i] = (float)((lp - lm) / (2.0 * h));
+    }
+    return fsdp_test_close(name, analytic, numeric, n < 256 ? n : 256, 2e-2, 2e-3);
+}
+
+static void test_backward_matches_finite_differences(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m, *layer;
+    FSDP_TEST_OK(fsdp_sequential_create(ctx, &m));
+    FSDP_TEST_OK(fsdp_rmsnorm_create(ctx, 5, 1e-6f, &layer));
+    FSDP_TEST_OK(fsdp_sequential_append(ctx, m, layer));
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 5, 7, true, &layer));
+    FSDP_TEST_OK(fsdp_sequential_append(ctx, m, layer));
+    FSDP_TEST_OK(fsdp_gelu_create(ctx, &layer));
+    FSDP_TEST_OK(fsdp_sequential_append(ctx, m, layer));
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 7, 3, true, &layer));
+    FSDP_TEST_OK(fsdp_sequential_append(ctx, m, layer));
+    FSDP_TEST_OK(fsdp_sigmoid_create(ctx, &layer));
+    FSDP_TEST_OK(fsdp_sequential_append(ctx, m, layer));
+    FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, m, 5));
+    /* a norm weight that is not all ones, so its gradient is a real test */
+    fsdp_init nw = {.kind = FSDP_INIT_UNIFORM, .a = 0.5f, .b = 1.5f};
+    FSDP_TEST_OK(fsdp_init_tensor(ctx, fsdp_param_data(fsdp_module_get_param(m, "0.weight")), &nw, 5, 1));
+
+    fsdp_tensor *x = fsdp_test_random(3, (int64_t[]){2, 3, 5}, -2, 2, 10);
+    fsdp_tensor *r = fsdp_test_random(3, (int64_t[]){2, 3, 3}, -1, 1, 11);
+    const fsdp_tensor *y, *dx;
+    FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y));
+    CU_ASSERT_EQUAL(fsdp_tensor_ndim(y), 3);
+    CU_ASSERT_EQUAL(fsdp_tensor_dim(y, -1), 3);
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, r, &dx));
+    float dx_copy[30];
+    memcpy(dx_copy, fsdp_tensor_f32(dx), sizeof dx_copy);
+    CU_ASSERT_TRUE(check_fd("dx", m, x, r, fsdp_tensor_f32(x), dx_copy, 30));
+    static const char *const params[] = {"0.weight", "1.weight", "1.bias", "3.weight", "3.bias"};
+    for (int i = 0; i < 5; i++) {
+        fsdp_param *p = fsdp_module_get_param(m, params[i]);
+        CU_ASSERT_TRUE(check_fd(params[i], m, x, r, fsdp_tensor_f32(fsdp_param_data(p)),
+                                fsdp_tensor_f32(fsdp_param_grad(p)), fsdp_tensor_numel(fsdp_param_data(p))));
+    }
+    fsdp_tensor_free(x);
+    fsdp_tensor_free(r);
+    fsdp_module_free(m);
+}
+
+static void test_gradients_accumulate_and_frozen_params(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m;
+    FSDP_TEST_OK(fsdp_model_simple_model(ctx, &m));
+    fsdp_tensor *x = fsdp_test_random(2, (int64_t[]){6, 5}, -1, 1, 20);
+    fsdp_tensor *dy = fsdp_test_random(2, (int64_t[]){6, 12}, -1, 1, 21);
+    const fsdp_tensor *y;
+    fsdp_param *w = fsdp_module_get_param(m, "net2.weight");
+    fsdp_param *frozen = fsdp_module_get_param(m, "net3.bias");
+    fsdp_param_set_requires_grad(frozen, false);
+    CU_ASSERT_FALSE(fsdp_param_requires_grad(frozen));
+    FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y));
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dy, NULL));
+    float once[32];
+    memcpy(once, fsdp_tensor_f32(fsdp_param_grad(w)), sizeof once);
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y));
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dy, NULL));
+    float twice[32];
+    for (int i = 0; i < 32; i++) twice[i] = 2.0f * once[i];
+    FSDP_TEST_CLOSE("net2.weight grad after two backwards", fsdp_tensor_f32(fsdp_param_grad(w)), twice,
+                    32, 1e-6, 0);
+    const float *fg = fsdp_tensor_f32(fsdp_param_grad(frozen));
+    for (int i = 0; i < 12; i++) CU_ASSERT_EQUAL(fg[i], 0.0f);
+    FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
+    CU_ASSERT_EQUAL(fsdp_tensor_f32(fsdp_param_grad(w))[0], 0.0f);
+    fsdp_tensor_free(x);
+    fsdp_tensor_free(dy);
+    fsdp_module_free(m);
+}
+
+/* Outputs and gradients live in buffers reused step after step: same addresses. */
+static void test_buffers_reused_across_steps(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m;
+    FSDP_TEST_OK(fsdp_model_mlp_stacked(ctx, 2, &m));
+    fsdp_tensor *x = fsdp_test_random(2, (int64_t[]){8, 10}, -1, 1, 30);
+    fsdp_tensor *dy = fsdp_test_random(2, (int64_t[]){8, 10}, -1, 1, 31);
+    const fsdp_tensor *y1, *dx1, *y2, *dx2;
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y1));
+    void *y1_data = fsdp_tensor_data(y1);
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dy, &dx1));
+    void *dx1_data = fsdp_tensor_data(dx1);
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y2));
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dy, &dx2));
+    CU_ASSERT_PTR_EQUAL(y1, y2);
+    CU_ASSERT_PTR_EQUAL(fsdp_tensor_data(y2), y1_data);
+    CU_ASSERT_PTR_EQUAL(fsdp_tensor_data(dx2), dx1_data);
+    /* a smaller batch reuses the same storage too */
+    fsdp_tensor *xs = fsdp_test_random(2, (int64_t[]){3, 10}, -1, 1, 32);
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, xs, &y2));
+    CU_ASSERT_PTR_EQUAL(fsdp_tensor_data(y2), y1_data);
+    CU_ASSERT_EQUAL(fsdp_tensor_dim(y2, 0), 3);
+    fsdp_tensor_free(xs);
+    fsdp_tensor_free(x);
+    fsdp_tensor_free(dy);
+    fsdp_module_free(m);
+}
+
+/* Initialisation depends on (seed, fully qualified name) only. */
+static void test_init_is_layout_independent(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *a, *b, *c;
+    FSDP_TEST_OK(fsdp_model_mlp_stacked(ctx, 2, &a));
+    FSDP_TEST_OK(fsdp_model_mlp_stacked(ctx, 2, &b));
+    const fsdp_tensor *wa = fsdp_param_data(fsdp_module_get_param(a, "layers.1.net2.weight"));
+    const fsdp_tensor *wb = fsdp_param_data(fsdp_module_get_param(b, "layers.1.net2.weight"));
+    CU_ASSERT_EQUAL(memcmp(fsdp_tensor_data(wa), fsdp_tensor_data(wb), fsdp_tensor_nbytes(wa)), 0);
+    /* resetting only the subtree layers.1 with the same seed gives the same values */
+    FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, fsdp_module_find(b, "layers.1"), fsdp_ctx_seed(ctx)));
+    CU_ASSERT_EQUAL(memcmp(fsdp_tensor_data(wa), fsdp_tensor_data(wb), fsdp_tensor_nbytes(wa)), 0);
+    /* different parameters and different seeds differ */
+    const fsdp_tensor *w0 = fsdp_param_data(fsdp_module_get_param(a, "layers.0.net2.weight"));
+    CU_ASSERT_NOT_EQUAL(memcmp(fsdp_tensor_data(wa), fsdp_tensor_data(w0), fsdp_tensor_nbytes(wa)), 0);
+    FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, b, 777));
+    CU_ASSERT_NOT_EQUAL(memcmp(fsdp_tensor_data(wa), fsdp_tensor_data(wb), fsdp_tensor_nbytes(wa)), 0);
+    /* Linear's bound is 1/sqrt(in_features) = 1/4 for net2 (16 inputs) */
+    const float *v = fsdp_tensor_f32(wa);
+    float lo = 1, hi = -1;
+    for (int i = 0; i < 160; i++) lo = fminf(lo, v[i]), hi = fmaxf(hi, v[i]);
+    CU_ASSERT_TRUE(lo >= -0.25f && hi < 0.25f && hi - lo > 0.4f);
+    /* RMSNorm's weight starts at ones */
+    FSDP_TEST_OK(fsdp_rmsnorm_create(ctx, 4, 1e-6f, &c));
+    CU_ASSERT_EQUAL(fsdp_tensor_f32(fsdp_param_data(fsdp_module_param(c, 0)))[3], 1.0f);
+    fsdp_module_free(a);
+    fsdp_module_free(b);
+    fsdp_module_free(c);
+}
+
+/* ---- SGD ---- */
+
+/* The update rule of REFERENCE section 7, written out per element in double. */
+static void sgd_reference(double *p, double *buf, const double *g, int n, int step,
+                          const fsdp_sgd_options *o) {
+    for (int i = 0; i < n; i++) {
+        double d = (o->maximize ? -g[i] : g[i]) + o->weight_decay * p[i];
+        if (o->momentum > 0) {
+            buf[i] = step == 0 ? d : o->momentum * buf[i] + (1 - o->dampening) * d;
+            d = o->nesterov ? d + o->momentum * buf[i] : buf[i];
+        }
+        p[i] -= o->lr * d;
+    }
+}
+
+static void test_sgd_update_equations(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    const fsdp_sgd_options configs[] = {
+        {.lr = 0.1f},
+        {.lr = 0.1f, .momentum = 0.9f},
+        {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.3f, .weight_decay = 0.01f},
+        {.lr = 0.05f, .momentum = 0.8f, .nesterov = true, .weight_decay = 0.1f},
+        {.lr = 0.02f, .momentum = 0.5f, .maximize = true},
+    };
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        fsdp_module *m;
+        FSDP_TEST_OK(fsdp_linear_create(ctx, 3, 2, true, &m));
+        fsdp_optimizer *opt;
+        FSDP_TEST_OK(fsdp_sgd_create(ctx, m, &configs[c], &opt));
+        fsdp_param *w = fsdp_module_get_param(m, "weight");
+        float *pw = fsdp_tensor_f32(fsdp_param_data(w)), *gw = fsdp_tensor_f32(fsdp_param_grad(w));
+        double p[6], buf[6] = {0}, g[6];
+        for (int i = 0; i < 6; i++) p[i] = pw[i];
+        for (int step = 0; step < 4; step++) {
+            for (int i = 0; i < 6; i++) g[i] = gw[i] = (float)(0.3 * (i - 2.5) + 0.1 * step);
+            sgd_reference(p, buf, g, 6, step, &configs[c]);
+            FSDP_TEST_OK(fsdp_optimizer_step(ctx, opt));
+        }
+        float want[6];
+        for (int i = 0; i < 6; i++) want[i] = (float)p[i];
+        FSDP_TEST_CLOSE("sgd weight after 4 steps", pw, want, 6, 1e-6, 1e-7);
+        FSDP_TEST_OK(fsdp_optimizer_zero_grad(ctx, opt));
+        CU_ASSERT_EQUAL(gw[5], 0.0f);
+        fsdp_optimizer_free(opt);
+        fsdp_module_free(m);
+    }
+    fsdp_module *m;
+    fsdp_optimizer *opt;
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 3, 2, true, &m));
+    FSDP_TEST_FAILS(fsdp_sgd_create(ctx, m, &(fsdp_sgd_options){.lr = 0.1f, .nesterov = true}, &opt),
+                    FSDP_ERR_INVALID_ARGUMENT, "nesterov needs momentum > 0");
+    FSDP_TEST_FAILS(fsdp_sgd_create(ctx, m, &(fsdp_sgd_options){.lr = 0}, &opt),
+                    FSDP_ERR_INVALID_ARGUMENT, "lr is 0");
+    fsdp_module_free(m);
+}
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"seed_model_names", test_seed_model_names},
+        {"tree_errors", test_tree_errors},
+        {"input_shape_error_names_module", test_input_shape_error_names_module},
+        {"hooks_order_scope_and_replacement", test_hooks_order_scope_and_replacement},
+        {"hook_failure_and_free", test_hook_failure_and_free},
+        {"backward_matches_finite_differences", test_backward_matches_finite_differences},
+        {"gradients_accumulate_and_frozen_params", test_gradients_accumulate_and_frozen_params},
+        {"buffers_reused_across_steps", test_buffers_reused_across_steps},
+        {"init_is_layout_independent", test_init_is_layout_independent},
+        {"sgd_update_equations", test_sgd_update_equations},
+    };
+    return fsdp_test_run(argc, argv, "modules", cases, sizeof cases / sizeof cases[0]);
+}
