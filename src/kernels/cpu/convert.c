@@ -1,0 +1,22 @@
+/* convert.c: f32 <-> bf16 on the CPU. bf16 is the top 16 bits of an f32; narrowing rounds to
+ * nearest even and keeps NaN a (quiet) NaN, the same rule as fsdp_bf16_from_f32. */
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+void fsdp_cpu_f32_to_bf16(fsdp_bf16 *restrict dst, const float *restrict src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &src[i], sizeof bits);
+        uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+        uint32_t nan = (bits >> 16) | 0x40u;
+        dst[i] = (fsdp_bf16)((bits & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+    }
+}
+
+void fsdp_cpu_bf16_to_f32(float *restrict dst, const fsdp_bf16 *restrict src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &bits, sizeof bits);
+    }
+}

@@ -1,0 +1,57 @@
+/* cpu.h: the CPU kernels behind fsdp_kernels_cpu(), one function per table entry
+ * (semantics in kernels/kernels.h). Internal: callers go through the table. */
+#ifndef FSDP_KERNELS_CPU_H
+#define FSDP_KERNELS_CPU_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fsdp/tensor.h"
+
+/* gemm.c */
+void fsdp_cpu_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                   int64_t ldc);
+void fsdp_cpu_bias_add(float *out, const float *bias, int64_t rows, int64_t cols);
+void fsdp_cpu_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols);
+
+/* activation.c */
+void fsdp_cpu_relu_forward(float *out, const float *inp, int64_t n);
+void fsdp_cpu_relu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
+void fsdp_cpu_sigmoid_forward(float *out, const float *inp, int64_t n);
+void fsdp_cpu_sigmoid_backward(float *dinp, const float *out, const float *dout, int64_t n);
+void fsdp_cpu_gelu_forward(float *out, const float *inp, int64_t n);
+void fsdp_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
+
+/* norm.c */
+void fsdp_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                              float eps, int64_t rows, int64_t cols);
+void fsdp_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                               const float *weight, const float *rstd, int64_t rows, int64_t cols);
+
+/* elementwise.c */
+void fsdp_cpu_add(float *out, const float *a, const float *b, int64_t n);
+void fsdp_cpu_axpy(float *y, float alpha, const float *x, int64_t n);
+void fsdp_cpu_scale(float *out, const float *inp, float alpha, int64_t n);
+void fsdp_cpu_copy(float *dst, const float *src, int64_t n);
+void fsdp_cpu_fill(float *out, float value, int64_t n);
+
+/* reduce.c */
+double fsdp_cpu_sum(const float *x, int64_t n);
+double fsdp_cpu_sum_squares(const float *x, int64_t n);
+double fsdp_cpu_max_abs(const float *x, int64_t n);
+/* dst (cols) += sum over rows r of a[r, c] * b[r, c] * scale[r], summed in double; b and
+ * scale may be NULL (read as 1). a, b (rows, cols). Serves bias and RMSNorm weight grads. */
+void fsdp_cpu_column_sum(float *dst, const float *a, const float *b, const float *scale,
+                         int64_t rows, int64_t cols);
+
+/* loss.c */
+void fsdp_cpu_mse_loss(float *loss, float *dout, const float *out, const float *target, int64_t n);
+void fsdp_cpu_cross_entropy(float *loss, float *dlogits, const float *logits,
+                            const int32_t *targets, int64_t rows, int64_t classes);
+
+/* convert.c */
+void fsdp_cpu_f32_to_bf16(fsdp_bf16 *dst, const float *src, int64_t n);
+void fsdp_cpu_bf16_to_f32(float *dst, const fsdp_bf16 *src, int64_t n);
+
+#endif

@@ -1,0 +1,34 @@
+/* table.c: the CPU operator table, fsdp_kernels_cpu(). */
+#include "kernels/cpu/cpu.h"
+#include "kernels/kernels.h"
+
+static const fsdp_kernels_i cpu_kernels = {
+    .name = "cpu",
+    .gemm = fsdp_cpu_gemm,
+    .bias_add = fsdp_cpu_bias_add,
+    .bias_backward = fsdp_cpu_bias_backward,
+    .relu_forward = fsdp_cpu_relu_forward,
+    .relu_backward = fsdp_cpu_relu_backward,
+    .sigmoid_forward = fsdp_cpu_sigmoid_forward,
+    .sigmoid_backward = fsdp_cpu_sigmoid_backward,
+    .gelu_forward = fsdp_cpu_gelu_forward,
+    .gelu_backward = fsdp_cpu_gelu_backward,
+    .rmsnorm_forward = fsdp_cpu_rmsnorm_forward,
+    .rmsnorm_backward = fsdp_cpu_rmsnorm_backward,
+    .add = fsdp_cpu_add,
+    .axpy = fsdp_cpu_axpy,
+    .scale = fsdp_cpu_scale,
+    .copy = fsdp_cpu_copy,
+    .fill = fsdp_cpu_fill,
+    .sum = fsdp_cpu_sum,
+    .sum_squares = fsdp_cpu_sum_squares,
+    .max_abs = fsdp_cpu_max_abs,
+    .mse_loss = fsdp_cpu_mse_loss,
+    .cross_entropy = fsdp_cpu_cross_entropy,
+    .f32_to_bf16 = fsdp_cpu_f32_to_bf16,
+    .bf16_to_f32 = fsdp_cpu_bf16_to_f32,
+};
+
+const fsdp_kernels_i *fsdp_kernels_cpu(void) {
+    return &cpu_kernels;
+}
