@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Generate the PyTorch reference fixtures that tests/test_fixtures.c checks libfsdp against.
+
+Each case builds a layer, seed model or loss in PyTorch (float32, CPU), runs it forward and
+backward on deterministic random data, and writes every tensor the C test needs to one
+binary file, tests/fixtures/<case>.bin, in the format described in tests/fixtures/README.md.
+The outputs are committed, so building and testing libfsdp never needs PyTorch.
+
+Rerun (from the repository root) after changing a case, then commit the .bin files:
+
+    python3 tools/gen_fixtures.py                 # writes tests/fixtures/*.bin
+    python3 tools/gen_fixtures.py --out build/fx  # somewhere else
+    python3 tools/gen_fixtures.py --only linear   # one case
+
+Every case calls torch.manual_seed with a seed derived from its name (CRC-32), so the
+files do not depend on which other cases exist or run. Layer and model cases store:
+
+    x            the input
+    <param>      every parameter under its PyTorch name, in named_parameters() order
+    dout         a random upstream gradient, shaped like the output
+    y            the output
+    dx           d(sum(y * dout))/dx
+    grad.<param> d(sum(y * dout))/d<param>, in the same order as the parameters
+
+Loss cases store the input(s), `loss` (0-d) and `dx` = d(loss)/dx.
+"""
+
+import argparse
+import os
+import struct
+import sys
+import warnings
+import zlib
+
+# torch warns at import when numpy is missing; this script does not use numpy.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+MAGIC = b"FSDPFX01"
+DTYPE_CODES = {torch.float32: 0, torch.int32: 1}
+PACK_CHARS = {torch.float32: "f", torch.int32: "i"}
+MAX_DIMS = 4
+# Keep the committed fixtures small; a case over this is a mistake in the case.
+MAX_FILE_BYTES = 512 * 1024
+
+
+def write_fixture(path, tensors):
+    """Writes [(name, tensor)] in order to path; returns the number of bytes written."""
+    out = bytearray(MAGIC)
+    out += struct.pack("<I", len(tensors))
+    seen = set()
+    for name, t in tensors:
+        if name in seen:
+            raise ValueError(f"{path}: tensor '{name}' stored twice")
+        seen.add(name)
+        t = t.detach().contiguous().cpu()
+        if t.dtype not in DTYPE_CODES:
+            raise ValueError(f"{path}: tensor '{name}' has unsupported dtype {t.dtype}")
+        if t.dim() > MAX_DIMS:
+            raise ValueError(f"{path}: tensor '{name}' has {t.dim()} dims (max {MAX_DIMS})")
+        encoded = name.encode("utf-8")
+        out += struct.pack("<I", len(encoded)) + encoded
+        out += struct.pack("<II", DTYPE_CODES[t.dtype], t.dim())
+        out += struct.pack(f"<{t.dim()}q", *t.shape)
+        # No numpy needed: float32 -> Python float -> float32 is exact.
+        values = t.reshape(-1).tolist()
+        out += struct.pack(f"<{len(values)}{PACK_CHARS[t.dtype]}", *values)
+    if len(out) > MAX_FILE_BYTES:
+        raise ValueError(f"{path}: {len(out)} bytes, over the {MAX_FILE_BYTES} byte limit")
+    with open(path, "wb") as f:
+        f.write(out)
+    return len(out)
+
+
+# The seed models, with the module and parameter names of the seed scenarios.
+
+
+class MLPModule(nn.Module):
+    """torch.testing._internal.distributed._tensor.common_dtensor.MLPModule."""
+
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(10, 16)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+class MLPStacked(nn.Module):
+    """common_dtensor.MLPStacked: layers.0 ... layers.<n-1>, each an MLPModule."""
+
+    def __init__(self, n_layers=2):
+        super().__init__()
+        self.layers = nn.ModuleList([MLPModule() for _ in range(n_layers)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class SimpleMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(50, 32)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(32, 8)
+
+    def forward(self, x):
+        return torch.sigmoid(self.net2(self.relu(self.net1(x))))
+
+
+class SimpleModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(5, 8)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(8, 4)
+        self.net3 = nn.Linear(4, 12)
+
+    def forward(self, x):
+        return self.net3(self.net2(self.relu(self.net1(x))))
+
+
+class Net(nn.Module):
+    """The seed's Net (fc1 ... fc4, no activations) at a small width."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, dim)
+        self.fc2 = nn.Linear(dim, dim)
+        self.fc3 = nn.Linear(dim, dim)
+        self.fc4 = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.fc4(self.fc3(self.fc2(self.fc1(x))))
+
+
+# Cases. Each returns the ordered [(name, tensor)] list of its file.
+
+
+def module_case(module, x, extra=()):
+    """Forward and backward of module on x with a random dout; the layer/model layout."""
+    x = x.detach().clone().requires_grad_(True)
+    y = module(x)
+    dout = torch.randn_like(y)
+    (y * dout).sum().backward()
+    params = list(module.named_parameters())
+    tensors = [("x", x)]
+    tensors += [(name, p) for name, p in params]
+    tensors += [("dout", dout), ("y", y), ("dx", x.grad)]
+    tensors += [("grad." + name, p.grad) for name, p in params]
+    tensors += list(extra)
+    return tensors
+
+
+def case_linear():
+    return module_case(nn.Linear(7, 5), torch.randn(6, 7))
+
+
+def case_linear_3d():
+    return module_case(nn.Linear(7, 5), torch.randn(2, 3, 7))
+
+
+def case_linear_nobias():
+    return module_case(nn.Linear(7, 5, bias=False), torch.randn(6, 7))
+
+
+def case_relu():
+    x = torch.randn(4, 9)
+    # PyTorch's ReLU gradient at exactly 0 is 0 (threshold_backward passes x > 0).
+    x[0, 0] = 0.0
+    x[2, 5] = 0.0
+    x[3, 8] = -0.0
+    return module_case(nn.ReLU(), x)
+
+
+def case_sigmoid():
+    x = torch.randn(4, 8) * 3
+    # Saturated values: exp(-x) overflows float32 for x < -88.7 in a naive formula.
+    x[0] = torch.tensor([-100.0, -90.0, -50.0, -20.0, 20.0, 50.0, 90.0, 100.0])
+    x[1, :4] = torch.tensor([-15.0, -10.0, 10.0, 15.0])
+    return module_case(nn.Sigmoid(), x)
+
+
+def case_gelu():
+    x = torch.randn(5, 11) * 2
+    x[0, :6] = torch.tensor([-12.0, -6.0, -3.0, 3.0, 6.0, 12.0])
+    x[1, 0] = 0.0
+    return module_case(nn.GELU(approximate="tanh"), x)
+
+
+def case_rmsnorm():
+    eps = 1e-6
+    norm = nn.RMSNorm(10, eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(10))
+    x = torch.randn(3, 4, 10)
+    return module_case(norm, x, extra=[("eps", torch.tensor(eps, dtype=torch.float32))])
+
+
+def case_sequential():
+    seq = nn.Sequential(nn.Linear(6, 9), nn.GELU(approximate="tanh"), nn.Linear(9, 4))
+    return module_case(seq, torch.randn(5, 6))
+
+
+def case_mlp_module():
+    return module_case(MLPModule(), torch.randn(12, 10))
+
+
+def case_mlp_stacked():
+    return module_case(MLPStacked(n_layers=2), torch.randn(12, 10))
+
+
+def case_simple_mlp():
+    return module_case(SimpleMLP(), torch.randn(8, 50))
+
+
+def case_simple_model():
+    return module_case(SimpleModel(), torch.randn(6, 5))
+
+
+def case_net_small():
+    return module_case(Net(64), torch.randn(4, 64))
+
+
+def loss_tensors(inputs, loss, x):
+    loss.backward()
+    return inputs + [("loss", loss), ("dx", x.grad)]
+
+
+def case_loss_sum():
+    x = torch.randn(4, 6, requires_grad=True)
+    return loss_tensors([("x", x)], x.sum(), x)
+
+
+def case_loss_mse():
+    x = torch.randn(4, 6, requires_grad=True)
+    target = torch.randn(4, 6)
+    loss = nn.functional.mse_loss(x, target, reduction="mean")
+    return loss_tensors([("x", x), ("target", target)], loss, x)
+
+
+def case_loss_cross_entropy():
+    logits = torch.randn(5, 7) * 2
+    # Large logits: a softmax without the max subtraction overflows float32.
+    logits[0, 3] = 100.0
+    logits[1, :] = torch.tensor([-40.0, 90.0, 5.0, 89.0, 0.0, -90.0, 1.0])
+    logits[2, 6] = -100.0
+    logits.requires_grad_(True)
+    targets = torch.tensor([3, 3, 6, 0, 2], dtype=torch.int32)
+    loss = nn.functional.cross_entropy(logits, targets.long(), reduction="mean")
+    return loss_tensors([("x", logits), ("targets", targets)], loss, logits)
+
+
+CASES = {
+    "linear": case_linear,
+    "linear_3d": case_linear_3d,
+    "linear_nobias": case_linear_nobias,
+    "relu": case_relu,
+    "sigmoid": case_sigmoid,
+    "gelu": case_gelu,
+    "rmsnorm": case_rmsnorm,
+    "sequential": case_sequential,
+    "mlp_module": case_mlp_module,
+    "mlp_stacked": case_mlp_stacked,
+    "simple_mlp": case_simple_mlp,
+    "simple_model": case_simple_model,
+    "net_small": case_net_small,
+    "loss_sum": case_loss_sum,
+    "loss_mse": case_loss_mse,
+    "loss_cross_entropy": case_loss_cross_entropy,
+}
+
+
+def check_finite(case, tensors):
+    for name, t in tensors:
+        if t.dtype == torch.float32 and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{case}: tensor '{name}' is not finite")
+
+
+def case_seed(case):
+    """A seed from the case's name alone, so adding a case changes no other file."""
+    return zlib.crc32(case.encode("utf-8"))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                               "fixtures")
+    parser.add_argument("--out", default=os.path.normpath(default_out),
+                        help="output folder (default: tests/fixtures of this repository)")
+    parser.add_argument("--only", action="append", choices=sorted(CASES),
+                        help="generate only this case (repeatable)")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)  # one summation order, run to run
+    os.makedirs(args.out, exist_ok=True)
+    total = 0
+    for case, make in CASES.items():
+        if args.only and case not in args.only:
+            continue
+        torch.manual_seed(case_seed(case))
+        tensors = make()
+        check_finite(case, tensors)
+        size = write_fixture(os.path.join(args.out, case + ".bin"), tensors)
+        total += size
+        print(f"{case + '.bin':28s} {size:8d} bytes  {len(tensors):3d} tensors")
+    print(f"{'total':28s} {total:8d} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
