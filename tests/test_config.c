@@ -1,0 +1,418 @@
+/* test_config.c: fsdp-train's configuration (tools/train_config.c): defaults, a good file,
+ * every class of error with the file, line and allowed values in its message, --set and the
+ * command line, and --help generated from the same key table as the parser. */
+#include <stdio.h>
+#include <string.h>
+
+#include "harness.h"
+#include "train_config.h" // defines: train_config_load, train_config_set, train_cli_parse
+
+static train_config g_cfg; /* large: keep it off the stack */
+
+/* Writes text to a fresh file under the build directory; returns its path (static buffer). */
+static const char *write_config(const char *name, const char *text) {
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/test_config_%s.ini", FSDP_BINARY_DIR, name);
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+/* Loads text (after the defaults) and asserts that it fails with `want` and a message that
+ * names the file, "name.ini:LINE:" and every needle. */
+static void load_fails(const char *name, const char *text, int line, fsdp_status want,
+                       const char *const *needles) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    const char *path = write_config(name, text);
+    train_config_init(&g_cfg);
+    CU_ASSERT_EQUAL(train_config_load(&g_cfg, path, err, sizeof err), want);
+    char where[1100];
+    snprintf(where, sizeof where, "%s:%d: ", path, line);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(strncmp(err, where, strlen(where)) == 0);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, needles));
+    remove(path);
+}
+
+#define NEEDLES(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static void test_defaults(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    CU_ASSERT_EQUAL(g_cfg.model.widths.n, 4);
+    CU_ASSERT_EQUAL(g_cfg.model.widths.v[0], 32);
+    CU_ASSERT_EQUAL(g_cfg.model.widths.v[3], 8);
+    CU_ASSERT_EQUAL(g_cfg.model.activation, FSDP_ACT_RELU);
+    CU_ASSERT_EQUAL(g_cfg.data.samples, 4096);
+    CU_ASSERT_EQUAL(g_cfg.data.batch_size, 64);
+    CU_ASSERT_EQUAL(g_cfg.data.teacher_widths.n, 1);
+    CU_ASSERT_EQUAL(g_cfg.data.noise, 0.0);
+    CU_ASSERT_DOUBLE_EQUAL(g_cfg.optim.lr, 0.2, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(g_cfg.optim.momentum, 0.9, 1e-12);
+    CU_ASSERT_FALSE(g_cfg.optim.nesterov);
+    CU_ASSERT_EQUAL(g_cfg.train.steps, 5000);
+    CU_ASSERT_EQUAL(g_cfg.log.level, FSDP_LOG_INFO);
+    CU_ASSERT_STRING_EQUAL(g_cfg.log.metrics, "");
+    CU_ASSERT_STRING_EQUAL(train_config_origin(&g_cfg, "optim", "lr"), "default");
+    CU_ASSERT_PTR_NULL(train_config_origin(&g_cfg, "optim", "nope"));
+    CU_ASSERT_EQUAL(train_config_check(&g_cfg, err, sizeof err), FSDP_OK);
+    fsdp_ctx_options opts = train_config_ctx_options(&g_cfg);
+    CU_ASSERT_EQUAL(opts.seed, 0);
+    CU_ASSERT_EQUAL(opts.log_level, FSDP_LOG_INFO);
+}
+
+static void test_good_file(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    const char *path = write_config("good", "; a comment\n"
+                                            "# another\n"
+                                            "[model]\n"
+                                            "widths = 16, 32 ,4\n"
+                                            "activation = gelu ; inline comment\n"
+                                            "\n"
+                                            "[data]\n"
+                                            "samples = 100\n"
+                                            "batch_size = 10\n"
+                                            "seed = 7\n"
+                                            "teacher_widths =\n"
+                                            "noise = 0.01\n"
+                                            "[optim]\n"
+                                            "lr = 0.5\n"
+                                            "momentum = 0.5\n"
+                                            "weight_decay = 1e-4\n"
+                                            "nesterov = yes\n"
+                                            "[train]\n"
+                                            "steps = 10\n"
+                                            "seed = 3\n"
+                                            "log_every = 5\n"
+                                            "[log]\n"
+                                            "level = debug\n"
+                                            "metrics = out/metrics.jsonl\n");
+    train_config_init(&g_cfg);
+    FSDP_TEST_OK(train_config_load(&g_cfg, path, err, sizeof err));
+    CU_ASSERT_STRING_EQUAL(err, "");
+    CU_ASSERT_EQUAL(g_cfg.model.widths.n, 3);
+    CU_ASSERT_EQUAL(g_cfg.model.widths.v[0], 16);
+    CU_ASSERT_EQUAL(g_cfg.model.widths.v[1], 32);
+    CU_ASSERT_EQUAL(g_cfg.model.widths.v[2], 4);
+    CU_ASSERT_EQUAL(g_cfg.model.activation, FSDP_ACT_GELU);
+    CU_ASSERT_EQUAL(g_cfg.data.samples, 100);
+    CU_ASSERT_EQUAL(g_cfg.data.batch_size, 10);
+    CU_ASSERT_EQUAL(g_cfg.data.seed, 7);
+    CU_ASSERT_EQUAL(g_cfg.data.teacher_widths.n, 0);
+    CU_ASSERT_DOUBLE_EQUAL(g_cfg.data.noise, 0.01, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(g_cfg.optim.lr, 0.5, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(g_cfg.optim.weight_decay, 1e-4, 1e-12);
+    CU_ASSERT_TRUE(g_cfg.optim.nesterov);
+    CU_ASSERT_EQUAL(g_cfg.train.steps, 10);
+    CU_ASSERT_EQUAL(g_cfg.train.seed, 3);
+    CU_ASSERT_EQUAL(g_cfg.train.log_every, 5);
+    CU_ASSERT_EQUAL(g_cfg.log.level, FSDP_LOG_DEBUG);
+    CU_ASSERT_STRING_EQUAL(g_cfg.log.metrics, "out/metrics.jsonl");
+    char want[1100];
+    snprintf(want, sizeof want, "%s:14", path);
+    CU_ASSERT_STRING_EQUAL(train_config_origin(&g_cfg, "optim", "lr"), want);
+    CU_ASSERT_EQUAL(train_config_check(&g_cfg, err, sizeof err), FSDP_OK);
+    remove(path);
+}
+
+static void test_unknown_key(void) {
+    load_fails("unknown_key", "[model]\nwidths = 4,4\nlr = 0.1\n", 3, FSDP_ERR_CONFIG,
+               NEEDLES("unknown key 'lr' in section [model]", "allowed keys: widths, activation"));
+}
+
+static void test_unknown_section(void) {
+    const char *const *sections =
+        NEEDLES("allowed sections: [model], [data], [optim], [train], [log]");
+    load_fails("unknown_section", "[optim]\nlr = 0.1\n\n[parallel]\ndp = 2\n", 4, FSDP_ERR_CONFIG,
+               NEEDLES("unknown section [parallel]", sections[0]));
+    /* an empty section is caught too, though libinih never shows it to the handler */
+    load_fails("empty_section", "[checkpoint]\n", 1, FSDP_ERR_CONFIG,
+               NEEDLES("unknown section [checkpoint]", sections[0]));
+    load_fails("no_section", "lr = 0.1\n", 1, FSDP_ERR_CONFIG,
+               NEEDLES("key 'lr' is outside any section", sections[0]));
+}
+
+static void test_bad_int(void) {
+    load_fails("bad_int", "[data]\nsamples = 12x\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value '12x' for [data] samples", "an integer in [1, 100000000]"));
+    load_fails("bad_int_empty", "[train]\nsteps =\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value '' for [train] steps", "expected an integer >= 1"));
+    load_fails("bad_float", "[optim]\n\nlr = fast\n", 3, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'fast' for [optim] lr", "expected a float > 0"));
+    load_fails("bad_bool", "[optim]\nnesterov = maybe\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'maybe' for [optim] nesterov", "true or false"));
+}
+
+static void test_out_of_range(void) {
+    load_fails("range_int", "[data]\nbatch_size = 0\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value '0' for [data] batch_size", "out of range",
+                       "an integer in [1, 10000000]"));
+    load_fails("range_overflow", "[train]\nseed = 99999999999999999999\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[train] seed", "out of range", "an integer >= 0"));
+    load_fails("range_float", "[optim]\nlr = 0\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value '0' for [optim] lr", "out of range", "a float > 0"));
+    load_fails("range_momentum", "[optim]\nmomentum = 1.0\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[optim] momentum", "out of range", "a float >= 0 and < 1"));
+    load_fails("range_noise", "[data]\nnoise = -0.1\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[data] noise", "a float >= 0"));
+    load_fails("range_nan", "[data]\nnoise = nan\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[data] noise", "a float >= 0"));
+}
+
+static void test_bad_enum(void) {
+    load_fails("bad_activation", "[model]\nactivation = tanh\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'tanh' for [model] activation", "one of relu, gelu, sigmoid"));
+    load_fails(
+        "bad_level", "[log]\nlevel = verbose\n", 2, FSDP_ERR_CONFIG,
+        NEEDLES("bad value 'verbose' for [log] level", "one of debug, info, warn, error, off"));
+}
+
+static void test_bad_list(void) {
+    const char *allowed = "a comma-separated list of 2 to 16 integers in [1, 1048576]";
+    load_fails(
+        "list_item", "[model]\nwidths = 32,x,8\n", 2, FSDP_ERR_CONFIG,
+        NEEDLES("bad value '32,x,8' for [model] widths", "entry 2 'x' is not an integer", allowed));
+    load_fails("list_range", "[model]\nwidths = 32,0,8\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("entry 2 (0) is out of range", allowed));
+    load_fails("list_short", "[model]\nwidths = 32\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("1 entry", allowed));
+    load_fails("list_comma", "[model]\nwidths = 32,8,\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("trailing comma", allowed));
+    load_fails("list_empty_item", "[model]\nwidths = 32,,8\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("entry 2 '' is not an integer", allowed));
+    load_fails("list_long", "[model]\nwidths = 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17\n", 2,
+               FSDP_ERR_CONFIG, NEEDLES("more than 16 entries", allowed));
+}
+
+static void test_file_structure_errors(void) {
+    load_fails("duplicate", "[optim]\nlr = 0.1\nmomentum = 0\nlr = 0.2\n", 4, FSDP_ERR_CONFIG,
+               NEEDLES("[optim] lr is set twice (first on line 2)"));
+    load_fails(
+        "continuation", "[optim]\n  lr = 0.1\n  momentum = 0.5\n", 3, FSDP_ERR_CONFIG,
+        NEEDLES("indented line continues the value of [optim] lr", "remove the indentation"));
+    load_fails("syntax", "[optim]\nlr = 0.1\nthis is not a key\n", 3, FSDP_ERR_CONFIG,
+               NEEDLES("syntax error", "'key = value'"));
+    load_fails("syntax_section", "[optim\nlr = 0.1\n", 1, FSDP_ERR_CONFIG,
+               NEEDLES("syntax error", "'[section]'"));
+    char longline[400];
+    snprintf(longline, sizeof longline, "[log]\nmetrics = %0300d\n", 0);
+    load_fails("long_line", longline, 2, FSDP_ERR_CONFIG, NEEDLES("line is longer than"));
+}
+
+static void test_missing_file(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    const char *path = FSDP_BINARY_DIR "/test_config_no_such_file.ini";
+    remove(path);
+    train_config_init(&g_cfg);
+    CU_ASSERT_EQUAL(train_config_load(&g_cfg, path, err, sizeof err), FSDP_ERR_IO);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, NEEDLES("cannot open config", path, "No such file or directory")));
+    CU_ASSERT_EQUAL(train_config_load(&g_cfg, FSDP_BINARY_DIR, err, sizeof err), FSDP_ERR_IO);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("cannot read config", FSDP_BINARY_DIR)));
+}
+
+static void test_set_override(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    const char *path = write_config("set", "[optim]\nlr = 0.1\n");
+    train_config_init(&g_cfg);
+    FSDP_TEST_OK(train_config_load(&g_cfg, path, err, sizeof err));
+    FSDP_TEST_OK(train_config_set(&g_cfg, "optim.lr=0.3", err, sizeof err));
+    CU_ASSERT_DOUBLE_EQUAL(g_cfg.optim.lr, 0.3, 1e-12);
+    CU_ASSERT_STRING_EQUAL(train_config_origin(&g_cfg, "optim", "lr"), "--set optim.lr=0.3");
+    FSDP_TEST_OK(train_config_set(&g_cfg, " model.widths = 8, 8 ", err, sizeof err));
+    CU_ASSERT_EQUAL(g_cfg.model.widths.n, 2);
+    FSDP_TEST_OK(train_config_set(&g_cfg, "log.metrics=a=b.jsonl", err, sizeof err));
+    CU_ASSERT_STRING_EQUAL(g_cfg.log.metrics, "a=b.jsonl");
+    /* a value error names the --set argument, the key and the allowed values */
+    CU_ASSERT_EQUAL(train_config_set(&g_cfg, "optim.lr=abc", err, sizeof err), FSDP_ERR_CONFIG);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, NEEDLES("--set optim.lr=abc: bad value 'abc' for [optim] lr", "a float > 0")));
+    CU_ASSERT_DOUBLE_EQUAL(g_cfg.optim.lr, 0.3, 1e-12);
+    CU_ASSERT_EQUAL(train_config_set(&g_cfg, "optim.foo=1", err, sizeof err), FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(
+        fsdp_test_message_has(err, NEEDLES("--set optim.foo=1", "unknown key 'foo'",
+                                           "allowed keys: lr, momentum, weight_decay, nesterov")));
+    CU_ASSERT_EQUAL(train_config_set(&g_cfg, "parallel.dp=2", err, sizeof err), FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, NEEDLES("--set parallel.dp=2", "unknown section [parallel]", "allowed sections")));
+    remove(path);
+}
+
+static void test_bad_set_syntax(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    const char *bad[] = {"optim.lr", "lr=0.1", "=0.1", ""};
+    train_config_init(&g_cfg);
+    for (int i = 0; i < 4; i++) {
+        CU_ASSERT_EQUAL(train_config_set(&g_cfg, bad[i], err, sizeof err), FSDP_ERR_CONFIG);
+        char want[64];
+        snprintf(want, sizeof want, "bad --set '%s'", bad[i]);
+        CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES(want, "expected section.key=value")));
+    }
+    printf("\n    %s", err);
+}
+
+static void test_check(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    FSDP_TEST_OK(train_config_set(&g_cfg, "optim.nesterov=true", err, sizeof err));
+    FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+    FSDP_TEST_OK(train_config_set(&g_cfg, "optim.momentum=0", err, sizeof err));
+    CU_ASSERT_EQUAL(train_config_check(&g_cfg, err, sizeof err), FSDP_ERR_CONFIG);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, NEEDLES("[optim] nesterov = true (--set optim.nesterov=true)",
+                     "needs [optim] momentum > 0", "(--set optim.momentum=0)")));
+}
+
+/* Runs train_cli_parse on a NULL-terminated argument list (argv[0] added). */
+static fsdp_status cli(train_cli_action *action, char *err, const char *const *args) {
+    char *argv[16] = {"fsdp-train"};
+    int argc = 1;
+    while (args[argc - 1]) argv[argc] = (char *)args[argc - 1], argc++;
+    return train_cli_parse(argc, argv, &g_cfg, action, err, TRAIN_ERROR_SIZE);
+}
+
+static void test_cli(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_cli_action action;
+    const char *path = write_config("cli", "[optim]\nlr = 0.1\n[train]\nsteps = 7\n");
+    /* --set is applied after the file, in order, wherever it stands */
+    FSDP_TEST_OK(cli(&action, err,
+                     NEEDLES("--set", "optim.lr=0.4", "--config", path, "--set=optim.lr=0.5",
+                             "--set", "train.log_every=2")));
+    CU_ASSERT_EQUAL(action, TRAIN_CLI_RUN);
+    CU_ASSERT_DOUBLE_EQUAL(g_cfg.optim.lr, 0.5, 1e-12);
+    CU_ASSERT_EQUAL(g_cfg.train.steps, 7);
+    CU_ASSERT_EQUAL(g_cfg.train.log_every, 2);
+    FSDP_TEST_OK(cli(&action, err, NEEDLES("--config", path, "--help")));
+    CU_ASSERT_EQUAL(action, TRAIN_CLI_HELP);
+    FSDP_TEST_OK(cli(&action, err, NEEDLES("--version")));
+    CU_ASSERT_EQUAL(action, TRAIN_CLI_VERSION);
+
+    CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--set", "optim.lr=1")), FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("missing --config FILE")));
+    CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path, "--frobnicate")), FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("unknown argument '--frobnicate'")));
+    CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path, "--set")), FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("--set needs a value")));
+    CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path, "--config", path)),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("--config given twice")));
+    CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path, "--set", "optim.lr=-1")),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("--set optim.lr=-1", "a float > 0")));
+    CU_ASSERT_EQUAL(
+        cli(&action, err,
+            NEEDLES("--config", path, "--set", "optim.momentum=0", "--set", "optim.nesterov=on")),
+        FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("needs [optim] momentum > 0")));
+    remove(path);
+    CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path)), FSDP_ERR_IO);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("cannot open config", path)));
+}
+
+/* Reads a whole stream that was written to (rewinds it first). */
+static void slurp(FILE *f, char *buf, size_t size) {
+    rewind(f);
+    size_t n = fread(buf, 1, size - 1, f);
+    buf[n] = '\0';
+}
+
+/* --help and train_config_write come from the same table: every written key is in the help,
+ * with its default, and the written file loads back to the same values. */
+static void test_help_and_write(void) {
+    static char help[16384], written[8192], again[8192];
+    char err[TRAIN_ERROR_SIZE] = "";
+    FILE *f = tmpfile();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    train_config_print_help(f);
+    slurp(f, help, sizeof help);
+    fclose(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(help, "usage: fsdp-train --config FILE"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(help, "--set section.key=value"));
+
+    train_config_init(&g_cfg);
+    f = tmpfile();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    train_config_write(&g_cfg, f);
+    slurp(f, written, sizeof written);
+    fclose(f);
+    int keys = 0;
+    for (char *line = strtok(written, "\n"); line; line = strtok(NULL, "\n")) {
+        char entry[256], *comment = strstr(line, "  ; ");
+        if (comment) *comment = '\0';
+        if (line[0] == '[')
+            snprintf(entry, sizeof entry, "\n%s: ", line);
+        else if (line[strlen(line) - 1] == ' ')
+            snprintf(entry, sizeof entry, "  %s (", line);
+        else
+            snprintf(entry, sizeof entry, "  %s  (", line), keys++;
+        if (!strstr(help, entry)) fprintf(stderr, "\n  --help lacks \"%s\"", entry);
+        CU_ASSERT_PTR_NOT_NULL(strstr(help, entry));
+    }
+    CU_ASSERT_EQUAL(keys, 15); /* every key but the empty-by-default log.metrics */
+
+    /* round trip through a file, with values different from the defaults */
+    FSDP_TEST_OK(train_config_set(&g_cfg, "model.widths=3,5,7", err, sizeof err));
+    FSDP_TEST_OK(train_config_set(&g_cfg, "optim.lr=0.125", err, sizeof err));
+    FSDP_TEST_OK(train_config_set(&g_cfg, "data.teacher_widths=", err, sizeof err));
+    FSDP_TEST_OK(train_config_set(&g_cfg, "log.level=warn", err, sizeof err));
+    char path[1024];
+    snprintf(path, sizeof path, "%s/test_config_written.ini", FSDP_BINARY_DIR);
+    f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    train_config_write(&g_cfg, f);
+    fclose(f);
+    static train_config loaded;
+    train_config_init(&loaded);
+    FSDP_TEST_OK(train_config_load(&loaded, path, err, sizeof err));
+    CU_ASSERT_EQUAL(loaded.model.widths.n, 3);
+    CU_ASSERT_EQUAL(loaded.model.widths.v[2], 7);
+    CU_ASSERT_EQUAL(loaded.optim.lr, 0.125);
+    CU_ASSERT_EQUAL(loaded.data.teacher_widths.n, 0);
+    CU_ASSERT_EQUAL(loaded.log.level, FSDP_LOG_WARN);
+    f = tmpfile();
+    train_config_write(&loaded, f);
+    slurp(f, again, sizeof again);
+    fclose(f);
+    f = tmpfile();
+    train_config_write(&g_cfg, f);
+    slurp(f, written, sizeof written);
+    fclose(f);
+    /* the same lines up to the origin comments */
+    char *a = written, *b = again;
+    while (*a && *b) {
+        size_t la = strcspn(a, ";\n"), lb = strcspn(b, ";\n");
+        CU_ASSERT_TRUE(la == lb && strncmp(a, b, la) == 0);
+        a = strchr(a, '\n'), b = strchr(b, '\n');
+        if (!a || !b) break;
+        a++, b++;
+    }
+    CU_ASSERT_TRUE(a && b && *a == *b);
+    remove(path);
+}
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"defaults", test_defaults},
+        {"good_file", test_good_file},
+        {"unknown_key", test_unknown_key},
+        {"unknown_section", test_unknown_section},
+        {"bad_int", test_bad_int},
+        {"out_of_range", test_out_of_range},
+        {"bad_enum", test_bad_enum},
+        {"bad_list", test_bad_list},
+        {"file_structure_errors", test_file_structure_errors},
+        {"missing_file", test_missing_file},
+        {"set_override", test_set_override},
+        {"bad_set_syntax", test_bad_set_syntax},
+        {"check", test_check},
+        {"cli", test_cli},
+        {"help_and_write", test_help_and_write},
+    };
+    return fsdp_test_run(argc, argv, "config", cases, (int)(sizeof cases / sizeof cases[0]));
+}

@@ -1,0 +1,766 @@
+/* train_config.c: fsdp-train's key table and everything it drives: defaults, the INI parser,
+ * --set, validation, --help and the command line. */
+#define _POSIX_C_SOURCE 200809L // strdup, fileno
+
+#include "train_config.h"
+
+#include <errno.h>
+#include <ini.h> // defines: ini_parse_stream, ini_reader, ini_handler
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef FSDP_VERSION
+#define FSDP_VERSION FSDP_VERSION_STRING
+#endif
+
+/* ---- the key table ------------------------------------------------------------------------ */
+
+typedef enum key_type { KEY_INT, KEY_FLOAT, KEY_BOOL, KEY_STRING, KEY_ENUM, KEY_INT_LIST } key_type;
+
+typedef struct key_def {
+    const char *section;
+    const char *name;
+    key_type type;
+    size_t offset;   /* of the value in train_config */
+    const char *def; /* the default, parsed like a value from a file */
+    int64_t imin;    /* int, int-list entries: inclusive range */
+    int64_t imax;
+    double fmin; /* float: range; fmin excluded when fmin_open, fmax when fmax_open */
+    double fmax;
+    bool fmin_open;
+    bool fmax_open;
+    int min_count; /* int-list: number of entries */
+    int max_count;
+    const char *const *names;                /* enum: allowed values, NULL-terminated */
+    bool (*parse_enum)(const char *, int *); /* enum: text (one of names) -> value */
+    const char *help;
+} key_def;
+
+typedef struct section_def {
+    const char *name;
+    const char *help;
+} section_def;
+
+static const section_def g_sections[] = {
+    {"model", "the model, an MLP of Linear layers with an activation between them"},
+    {"data", "the synthetic regression dataset, inputs drawn from the counter RNG, targets "
+             "computed by a fixed random teacher MLP"},
+    {"optim", "the optimizer, SGD as in PyTorch"},
+    {"train", "the training loop"},
+    {"log", "progress lines and the metrics file"},
+};
+#define N_SECTIONS ((int)(sizeof g_sections / sizeof g_sections[0]))
+
+static const char *const g_activation_names[] = {"relu", "gelu", "sigmoid", NULL};
+static const char *const g_level_names[] = {"debug", "info", "warn", "error", "off", NULL};
+
+static bool parse_activation(const char *text, int *value) {
+    fsdp_activation act;
+    if (fsdp_activation_parse(text, &act) != FSDP_OK) return false;
+    *value = (int)act;
+    return true;
+}
+
+static bool parse_level(const char *text, int *value) {
+    fsdp_log_level level;
+    if (fsdp_log_level_parse(text, &level) != FSDP_OK) return false;
+    *value = (int)level;
+    return true;
+}
+
+_Static_assert(sizeof(fsdp_activation) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(fsdp_log_level) == sizeof(int), "enum keys are stored as int");
+
+#define OFF(field) offsetof(train_config, field)
+#define BIG        INT64_MAX
+#define WIDTH_MAX  (INT64_C(1) << 20)
+#define INCL       false /* a float range includes its bound */
+#define EXCL       true  /* a float range excludes its bound */
+
+/* One constructor per type; the int ranges are inclusive. */
+#define INT_KEY(sec, key, field, dflt, lo, hi, text)                                               \
+    {                                                                                              \
+        .section = sec, .name = key, .type = KEY_INT, .offset = OFF(field), .def = dflt,           \
+        .imin = lo, .imax = hi, .help = text                                                       \
+    }
+#define FLOAT_KEY(sec, key, field, dflt, lo, lo_open, hi, hi_open, text)                           \
+    {                                                                                              \
+        .section = sec, .name = key, .type = KEY_FLOAT, .offset = OFF(field), .def = dflt,         \
+        .fmin = lo, .fmin_open = lo_open, .fmax = hi, .fmax_open = hi_open, .help = text           \
+    }
+#define BOOL_KEY(sec, key, field, dflt, text)                                                      \
+    {                                                                                              \
+        .section = sec, .name = key, .type = KEY_BOOL, .offset = OFF(field), .def = dflt,          \
+        .help = text                                                                               \
+    }
+#define STRING_KEY(sec, key, field, dflt, text)                                                    \
+    {                                                                                              \
+        .section = sec, .name = key, .type = KEY_STRING, .offset = OFF(field), .def = dflt,        \
+        .help = text                                                                               \
+    }
+#define ENUM_KEY(sec, key, field, dflt, allowed, parse, text)                                      \
+    {                                                                                              \
+        .section = sec, .name = key, .type = KEY_ENUM, .offset = OFF(field), .def = dflt,          \
+        .names = allowed, .parse_enum = parse, .help = text                                        \
+    }
+#define LIST_KEY(sec, key, field, dflt, n_min, n_max, lo, hi, text)                                \
+    {                                                                                              \
+        .section = sec, .name = key, .type = KEY_INT_LIST, .offset = OFF(field), .def = dflt,      \
+        .min_count = n_min, .max_count = n_max, .imin = lo, .imax = hi, .help = text               \
+    }
+
+static const key_def g_keys[] = {
+    LIST_KEY("model", "widths", model.widths, "32,64,64,8", 2, TRAIN_MAX_LIST, 1, WIDTH_MAX,
+             "layer widths of the MLP, input first and output last: 32,64,8 is Linear(32, 64), "
+             "activation, Linear(64, 8)"),
+    ENUM_KEY("model", "activation", model.activation, "relu", g_activation_names, parse_activation,
+             "activation between the Linear layers (the teacher uses it too)"),
+
+    INT_KEY("data", "samples", data.samples, "4096", 1, 100000000,
+            "number of samples in the dataset; the batches cycle through them"),
+    INT_KEY("data", "batch_size", data.batch_size, "64", 1, 10000000, "samples per step"),
+    INT_KEY("data", "seed", data.seed, "1", 0, BIG,
+            "seed of the inputs, the teacher's parameters and the label noise"),
+    LIST_KEY("data", "teacher_widths", data.teacher_widths, "64", 0, TRAIN_MAX_LIST - 2, 1,
+             WIDTH_MAX,
+             "hidden widths of the teacher MLP (its input and output widths are the model's); "
+             "empty for a linear teacher"),
+    FLOAT_KEY("data", "noise", data.noise, "0", 0, INCL, HUGE_VAL, INCL,
+              "standard deviation of Gaussian noise added to the targets"),
+
+    FLOAT_KEY("optim", "lr", optim.lr, "0.2", 0, EXCL, HUGE_VAL, INCL, "learning rate"),
+    FLOAT_KEY("optim", "momentum", optim.momentum, "0.9", 0, INCL, 1, EXCL,
+              "momentum factor (0: none)"),
+    FLOAT_KEY("optim", "weight_decay", optim.weight_decay, "0", 0, INCL, HUGE_VAL, INCL,
+              "L2 penalty added to the gradient (weight_decay * parameter)"),
+    BOOL_KEY("optim", "nesterov", optim.nesterov, "false",
+             "Nesterov momentum (needs momentum > 0)"),
+
+    INT_KEY("train", "steps", train.steps, "5000", 1, BIG, "optimizer steps to run"),
+    INT_KEY("train", "seed", train.seed, "0", 0, BIG,
+            "seed of the model's parameter initialisation"),
+    INT_KEY("train", "log_every", train.log_every, "500", 1, BIG,
+            "steps between progress lines and metrics records (the last step is always "
+            "logged)"),
+
+    ENUM_KEY("log", "level", log.level, "info", g_level_names, parse_level,
+             "debug and info print progress lines (debug also the effective config); warn, "
+             "error and off print only problems"),
+    STRING_KEY("log", "metrics", log.metrics, "",
+               "path of a JSON-lines file to append one record per logged step to; empty for "
+               "none"),
+};
+#define N_KEYS ((int)(sizeof g_keys / sizeof g_keys[0]))
+_Static_assert(sizeof g_keys / sizeof g_keys[0] <= TRAIN_MAX_KEYS, "raise TRAIN_MAX_KEYS");
+
+static int find_section(const char *name) {
+    for (int i = 0; i < N_SECTIONS; i++)
+        if (strcmp(g_sections[i].name, name) == 0) return i;
+    return -1;
+}
+
+static int find_key(const char *section, const char *name) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (strcmp(g_keys[i].section, section) == 0 && strcmp(g_keys[i].name, name) == 0) return i;
+    return -1;
+}
+
+/* ---- describing keys: one text serves --help and the error messages ---------------------- */
+
+/* Appends printf-style text to buf (size bytes), keeping it NUL-terminated. */
+void train_append(char *buf, size_t size, const char *fmt, ...) {
+    size_t len = strlen(buf);
+    if (len + 1 >= size) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, size - len, fmt, ap);
+    va_end(ap);
+}
+
+static void describe_int_range(const key_def *k, char *buf, size_t size) {
+    if (k->imax == BIG)
+        train_append(buf, size, ">= %lld", (long long)k->imin);
+    else
+        train_append(buf, size, "in [%lld, %lld]", (long long)k->imin, (long long)k->imax);
+}
+
+/* What a value of key k must be: "a float > 0", "one of relu, gelu, sigmoid", ... */
+static void describe_expected(const key_def *k, char *buf, size_t size) {
+    buf[0] = '\0';
+    switch (k->type) {
+    case KEY_INT:
+        train_append(buf, size, "an integer ");
+        describe_int_range(k, buf, size);
+        break;
+    case KEY_FLOAT:
+        train_append(buf, size, "a float %s %g", k->fmin_open ? ">" : ">=", k->fmin);
+        if (isfinite(k->fmax)) train_append(buf, size, " and %s %g", k->fmax_open ? "<" : "<=", k->fmax);
+        break;
+    case KEY_BOOL:
+        train_append(buf, size, "true or false (or yes/no, on/off, 1/0)");
+        break;
+    case KEY_STRING:
+        train_append(buf, size, "a string of at most %d characters", TRAIN_MAX_STRING - 1);
+        break;
+    case KEY_ENUM:
+        train_append(buf, size, "one of ");
+        for (int i = 0; k->names[i]; i++) train_append(buf, size, "%s%s", i ? ", " : "", k->names[i]);
+        break;
+    case KEY_INT_LIST:
+        if (k->min_count == 0)
+            train_append(buf, size, "a comma-separated list of up to %d integers ", k->max_count);
+        else
+            train_append(buf, size, "a comma-separated list of %d to %d integers ", k->min_count,
+                   k->max_count);
+        describe_int_range(k, buf, size);
+        if (k->min_count == 0) train_append(buf, size, ", or nothing");
+        break;
+    }
+}
+
+static const char *type_name(const key_def *k) {
+    switch (k->type) {
+    case KEY_INT:
+        return "int";
+    case KEY_FLOAT:
+        return "float";
+    case KEY_BOOL:
+        return "bool";
+    case KEY_STRING:
+        return "string";
+    case KEY_ENUM:
+        return "enum";
+    case KEY_INT_LIST:
+        return "int list";
+    }
+    return "?";
+}
+
+static void list_keys(const char *section, char *buf, size_t size) {
+    int n = 0;
+    for (int i = 0; i < N_KEYS; i++)
+        if (strcmp(g_keys[i].section, section) == 0)
+            train_append(buf, size, "%s%s", n++ ? ", " : "", g_keys[i].name);
+}
+
+static void list_sections(char *buf, size_t size) {
+    for (int i = 0; i < N_SECTIONS; i++)
+        train_append(buf, size, "%s[%s]", i ? ", " : "", g_sections[i].name);
+}
+
+/* ---- parsing values ----------------------------------------------------------------------- */
+
+/* Parses a decimal integer: returns 0, or 1 when text is not one, or 2 when it overflows. */
+static int parse_int(const char *text, int64_t *out) {
+    if (!*text) return 1;
+    errno = 0;
+    char *end;
+    long long v = strtoll(text, &end, 10);
+    if (*end) return 1;
+    if (errno == ERANGE) return 2;
+    *out = (int64_t)v;
+    return 0;
+}
+
+static bool parse_bool(const char *text, bool *out) {
+    static const char *const yes[] = {"true", "yes", "on", "1"};
+    static const char *const no[] = {"false", "no", "off", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(text, yes[i]) == 0) return *out = true, true;
+        if (strcmp(text, no[i]) == 0) return *out = false, true;
+    }
+    return false;
+}
+
+/* Parses text as a value of key k into cfg; on failure writes what is wrong after "bad value
+ * 'text' for [section] key: " into why. */
+static bool parse_value(const key_def *k, const char *text, train_config *cfg, char *why,
+                        size_t why_size) {
+    char expected[256];
+    describe_expected(k, expected, sizeof expected);
+    void *field = (char *)cfg + k->offset;
+    why[0] = '\0';
+    switch (k->type) {
+    case KEY_INT: {
+        int64_t v;
+        int bad = parse_int(text, &v);
+        if (bad == 1) break;
+        if (bad || v < k->imin || v > k->imax) {
+            snprintf(why, why_size, "out of range; expected %s", expected);
+            return false;
+        }
+        *(int64_t *)field = v;
+        return true;
+    }
+    case KEY_FLOAT: {
+        char *end;
+        double v = strtod(text, &end);
+        if (!*text || *end || !isfinite(v)) break;
+        bool low = k->fmin_open ? v <= k->fmin : v < k->fmin;
+        bool high = k->fmax_open ? v >= k->fmax : v > k->fmax;
+        if (low || high) {
+            snprintf(why, why_size, "out of range; expected %s", expected);
+            return false;
+        }
+        *(double *)field = v;
+        return true;
+    }
+    case KEY_BOOL: {
+        bool v;
+        if (!parse_bool(text, &v)) break;
+        *(bool *)field = v;
+        return true;
+    }
+    case KEY_STRING:
+        if (strlen(text) >= TRAIN_MAX_STRING) break;
+        memcpy(field, text, strlen(text) + 1);
+        return true;
+    case KEY_ENUM:
+        for (int i = 0; k->names[i]; i++) {
+            int v;
+            if (strcmp(text, k->names[i]) == 0 && k->parse_enum(text, &v)) {
+                memcpy(field, &v, sizeof v);
+                return true;
+            }
+        }
+        break;
+    case KEY_INT_LIST: {
+        train_int_list list = {0};
+        const char *p = text;
+        while (*p == ' ' || *p == '\t') p++;
+        while (*p) {
+            char item[64];
+            size_t len = strcspn(p, ",");
+            if (list.n == k->max_count) {
+                snprintf(why, why_size, "more than %d entries; expected %s", k->max_count,
+                         expected);
+                return false;
+            }
+            size_t b = 0, e = len;
+            while (b < e && (p[b] == ' ' || p[b] == '\t')) b++;
+            while (e > b && (p[e - 1] == ' ' || p[e - 1] == '\t')) e--;
+            snprintf(item, sizeof item, "%.*s", (int)(e - b), p + b);
+            int64_t v;
+            int bad = e - b >= sizeof item ? 2 : parse_int(item, &v);
+            if (bad == 1) {
+                snprintf(why, why_size, "entry %d '%s' is not an integer; expected %s", list.n + 1,
+                         item, expected);
+                return false;
+            }
+            if (bad || v < k->imin || v > k->imax) {
+                snprintf(why, why_size, "entry %d (%s) is out of range; expected %s", list.n + 1,
+                         item, expected);
+                return false;
+            }
+            list.v[list.n++] = v;
+            p += len;
+            if (*p == ',') {
+                p++;
+                if (!*p) {
+                    snprintf(why, why_size, "trailing comma; expected %s", expected);
+                    return false;
+                }
+            }
+        }
+        if (list.n < k->min_count) {
+            snprintf(why, why_size, "%d entr%s; expected %s", list.n, list.n == 1 ? "y" : "ies",
+                     expected);
+            return false;
+        }
+        *(train_int_list *)field = list;
+        return true;
+    }
+    }
+    snprintf(why, why_size, "expected %s", expected);
+    return false;
+}
+
+/* Writes key k's current value as it would appear in a file. */
+static void format_value(const train_config *cfg, const key_def *k, char *buf, size_t size) {
+    const void *field = (const char *)cfg + k->offset;
+    buf[0] = '\0';
+    switch (k->type) {
+    case KEY_INT:
+        train_append(buf, size, "%lld", (long long)*(const int64_t *)field);
+        break;
+    case KEY_FLOAT:
+        train_append(buf, size, "%.15g", *(const double *)field);
+        break;
+    case KEY_BOOL:
+        train_append(buf, size, "%s", *(const bool *)field ? "true" : "false");
+        break;
+    case KEY_STRING:
+        train_append(buf, size, "%s", (const char *)field);
+        break;
+    case KEY_ENUM: {
+        int v, want;
+        memcpy(&want, field, sizeof want);
+        for (int i = 0; k->names[i]; i++)
+            if (k->parse_enum(k->names[i], &v) && v == want) train_append(buf, size, "%s", k->names[i]);
+        break;
+    }
+    case KEY_INT_LIST: {
+        const train_int_list *list = field;
+        for (int i = 0; i < list->n; i++)
+            train_append(buf, size, "%s%lld", i ? "," : "", (long long)list->v[i]);
+        break;
+    }
+    }
+}
+
+/* Sets key `idx` from text; on failure writes "<where>: bad value ..." into err. */
+static bool set_key(train_config *cfg, int idx, const char *text, const char *where, char *err,
+                    size_t err_size) {
+    const key_def *k = &g_keys[idx];
+    char why[512];
+    if (!parse_value(k, text, cfg, why, sizeof why)) {
+        snprintf(err, err_size, "%s: bad value '%s' for [%s] %s: %s", where, text, k->section,
+                 k->name, why);
+        return false;
+    }
+    /* keep the end of an overlong origin: it holds the line number */
+    size_t n = strlen(where), keep = TRAIN_MAX_ORIGIN - 4;
+    if (n < TRAIN_MAX_ORIGIN) {
+        memcpy(cfg->origin[idx], where, n + 1);
+    } else {
+        memcpy(cfg->origin[idx], "...", 3);
+        memcpy(cfg->origin[idx] + 3, where + n - keep, keep + 1);
+    }
+    return true;
+}
+
+/* Resolves [section] name; on failure writes "<where>: unknown ..." into err. */
+static int lookup(const char *section, const char *name, const char *where, char *err,
+                  size_t err_size) {
+    char allowed[512] = "";
+    if (find_section(section) < 0) {
+        list_sections(allowed, sizeof allowed);
+        if (!*section)
+            snprintf(err, err_size, "%s: key '%s' is outside any section; allowed sections: %s",
+                     where, name, allowed);
+        else
+            snprintf(err, err_size, "%s: unknown section [%s]; allowed sections: %s", where,
+                     section, allowed);
+        return -1;
+    }
+    int idx = find_key(section, name);
+    if (idx < 0) {
+        list_keys(section, allowed, sizeof allowed);
+        snprintf(err, err_size, "%s: unknown key '%s' in section [%s]; allowed keys: %s", where,
+                 name, section, allowed);
+    }
+    return idx;
+}
+
+void train_config_init(train_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    for (int i = 0; i < N_KEYS; i++) {
+        char err[TRAIN_ERROR_SIZE];
+        if (!set_key(cfg, i, g_keys[i].def, "default", err, sizeof err)) {
+            fprintf(stderr, "fsdp-train: broken default in the key table: %s\n", err);
+            abort();
+        }
+    }
+}
+
+const char *train_config_origin(const train_config *cfg, const char *section, const char *name) {
+    int idx = find_key(section, name);
+    return idx < 0 ? NULL : cfg->origin[idx];
+}
+
+/* ---- the INI file ------------------------------------------------------------------------- */
+
+typedef struct ini_state {
+    train_config *cfg;
+    const char *path;
+    FILE *file;
+    int line;      /* lines handed to libinih so far: the one it is parsing */
+    bool indented; /* that line starts with white space */
+    int last_key;  /* key set by the previous handler call, -1 after a section line */
+    int key_line[TRAIN_MAX_KEYS]; /* line that set each key in this file, 0 if none */
+    int err_line;                 /* line of the first error, 0 while none */
+    char *err;
+    size_t err_size;
+} ini_state;
+
+static void ini_fail(ini_state *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void ini_fail(ini_state *st, const char *fmt, ...) {
+    int n = snprintf(st->err, st->err_size, "%s:%d: ", st->path, st->line);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n >= 0 && (size_t)n < st->err_size) vsnprintf(st->err + n, st->err_size - n, fmt, ap);
+    va_end(ap);
+    st->err_line = st->line;
+}
+
+/* libinih's reader (fgets-like). Counts lines as libinih does, catches overlong lines and
+ * checks section headers, which libinih never shows the handler when the section is empty. */
+static char *ini_read(char *str, int num, void *stream) {
+    ini_state *st = stream;
+    if (st->err_line) return NULL; /* stop at the first error */
+    char *s = fgets(str, num, st->file);
+    if (!s) return NULL;
+    st->line++;
+    size_t len = strlen(s);
+    if (len == (size_t)num - 1 && s[len - 1] != '\n') {
+        int c = getc(st->file);
+        if (c != EOF) {
+            ini_fail(st, "line is longer than %d characters", num - 3);
+            return NULL;
+        }
+    }
+    if (st->line == 1 && strncmp(s, "\xEF\xBB\xBF", 3) == 0) s += 3; /* UTF-8 BOM */
+    st->indented = s[0] == ' ' || s[0] == '\t';
+    if (s[0] == '[') {
+        st->last_key = -1;
+        const char *end = strchr(s, ']');
+        if (end) {
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)(end - s - 1), s + 1);
+            if (find_section(name) < 0) {
+                char allowed[256] = "";
+                list_sections(allowed, sizeof allowed);
+                ini_fail(st, "unknown section [%s]; allowed sections: %s", name, allowed);
+                return NULL;
+            }
+        }
+    }
+    return str;
+}
+
+static int ini_handle(void *user, const char *section, const char *name, const char *value) {
+    ini_state *st = user;
+    if (st->err_line) return 0;
+    char where[1024]; /* origins keep TRAIN_MAX_ORIGIN bytes of it */
+    snprintf(where, sizeof where, "%s:%d", st->path, st->line);
+    if (st->indented && st->last_key >= 0 && strcmp(g_keys[st->last_key].section, section) == 0 &&
+        strcmp(g_keys[st->last_key].name, name) == 0) {
+        ini_fail(st,
+                 "indented line continues the value of [%s] %s (a multi-line value, which is "
+                 "not supported); remove the indentation",
+                 section, name);
+        return 0;
+    }
+    int idx = lookup(section, name, where, st->err, st->err_size);
+    if (idx < 0) {
+        st->err_line = st->line;
+        return 0;
+    }
+    if (st->key_line[idx]) {
+        ini_fail(st, "[%s] %s is set twice (first on line %d)", section, name, st->key_line[idx]);
+        return 0;
+    }
+    if (!set_key(st->cfg, idx, value, where, st->err, st->err_size)) {
+        st->err_line = st->line;
+        return 0;
+    }
+    st->key_line[idx] = st->line;
+    st->last_key = idx;
+    return 1;
+}
+
+fsdp_status train_config_load(train_config *cfg, const char *path, char *err, size_t err_size) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, err_size, "cannot open config '%s': %s", path, strerror(errno));
+        return FSDP_ERR_IO;
+    }
+    ini_state st = {
+        .cfg = cfg, .path = path, .file = f, .last_key = -1, .err = err, .err_size = err_size};
+    int rc = ini_parse_stream(ini_read, &st, ini_handle, &st);
+    bool read_error = ferror(f) != 0;
+    int read_errno = errno;
+    fclose(f);
+    if (read_error) {
+        snprintf(err, err_size, "cannot read config '%s': %s", path, strerror(read_errno));
+        return FSDP_ERR_IO;
+    }
+    if (rc > 0 && (st.err_line == 0 || rc < st.err_line)) {
+        snprintf(err, err_size,
+                 "%s:%d: syntax error: expected '[section]', 'key = value' or a comment "
+                 "(starting with ; or #)",
+                 path, rc);
+        return FSDP_ERR_CONFIG;
+    }
+    if (rc < 0) {
+        snprintf(err, err_size, "cannot parse config '%s': out of memory", path);
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    return st.err_line ? FSDP_ERR_CONFIG : FSDP_OK;
+}
+
+/* ---- --set, checks, help ------------------------------------------------------------------ */
+
+/* Copies s[0, n) without surrounding white space into buf. */
+static void copy_trimmed(char *buf, size_t size, const char *s, size_t n) {
+    while (n && (*s == ' ' || *s == '\t')) s++, n--;
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t')) n--;
+    snprintf(buf, size, "%.*s", (int)n, s);
+}
+
+fsdp_status train_config_set(train_config *cfg, const char *assignment, char *err,
+                             size_t err_size) {
+    char where[1024]; /* origins keep TRAIN_MAX_ORIGIN bytes of it */
+    snprintf(where, sizeof where, "--set %s", assignment);
+    const char *eq = strchr(assignment, '=');
+    const char *dot = eq ? memchr(assignment, '.', (size_t)(eq - assignment)) : NULL;
+    if (!eq || !dot) {
+        snprintf(err, err_size, "bad --set '%s': expected section.key=value, e.g. optim.lr=0.1",
+                 assignment);
+        return FSDP_ERR_CONFIG;
+    }
+    char section[64], name[64], value[TRAIN_MAX_STRING + 1];
+    copy_trimmed(section, sizeof section, assignment, (size_t)(dot - assignment));
+    copy_trimmed(name, sizeof name, dot + 1, (size_t)(eq - dot - 1));
+    copy_trimmed(value, sizeof value, eq + 1, strlen(eq + 1));
+    int idx = lookup(section, name, where, err, err_size);
+    if (idx < 0) return FSDP_ERR_CONFIG;
+    return set_key(cfg, idx, value, where, err, err_size) ? FSDP_OK : FSDP_ERR_CONFIG;
+}
+
+fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_size) {
+    if (cfg->optim.nesterov && cfg->optim.momentum <= 0) {
+        snprintf(err, err_size,
+                 "[optim] nesterov = true (%s) needs [optim] momentum > 0, but momentum is %g "
+                 "(%s)",
+                 train_config_origin(cfg, "optim", "nesterov"), cfg->optim.momentum,
+                 train_config_origin(cfg, "optim", "momentum"));
+        return FSDP_ERR_CONFIG;
+    }
+    return FSDP_OK;
+}
+
+/* Writes text word-wrapped to 80 columns: the first line indented by `first` spaces, the others
+ * by `rest`. */
+static void print_wrapped(FILE *f, int first, int rest, const char *text) {
+    int col = fprintf(f, "%*s", first, ""), start = col;
+    while (*text) {
+        size_t word = strcspn(text, " ");
+        if (col > start && col + 1 + (int)word > 80) {
+            fputc('\n', f);
+            col = start = fprintf(f, "%*s", rest, "");
+        } else if (col > start) {
+            col += fprintf(f, " ");
+        }
+        col += fprintf(f, "%.*s", (int)word, text);
+        text += word;
+        while (*text == ' ') text++;
+    }
+    fputc('\n', f);
+}
+
+void train_config_print_help(FILE *f) {
+    fprintf(f, "usage: fsdp-train --config FILE [--set section.key=value ...]\n"
+               "       fsdp-train --help | --version\n\n"
+               "Trains the model a config file describes and prints its progress.\n\n"
+               "options:\n"
+               "  --config FILE            the run's configuration, an INI file\n"
+               "  --set section.key=value  overrides one key after the file is read;\n"
+               "                           repeatable, applied in order\n"
+               "  --help                   prints this help\n"
+               "  --version                prints the version\n\n"
+               "exit status: 0 success, 1 the run failed, 2 bad command line or config\n\n"
+               "config keys, by section (key = default (type), meaning, allowed values):\n");
+    for (int s = 0; s < N_SECTIONS; s++) {
+        char text[512];
+        snprintf(text, sizeof text, "[%s]: %s", g_sections[s].name, g_sections[s].help);
+        fputc('\n', f);
+        print_wrapped(f, 0, 4, text);
+        for (int i = 0; i < N_KEYS; i++) {
+            const key_def *k = &g_keys[i];
+            if (strcmp(k->section, g_sections[s].name) != 0) continue;
+            if (*k->def)
+                fprintf(f, "  %s = %s  (%s)\n", k->name, k->def, type_name(k));
+            else
+                fprintf(f, "  %s =  (%s, empty by default)\n", k->name, type_name(k));
+            print_wrapped(f, 6, 6, k->help);
+            snprintf(text, sizeof text, "allowed: ");
+            describe_expected(k, text + strlen(text), sizeof text - strlen(text));
+            print_wrapped(f, 6, 6, text);
+        }
+    }
+}
+
+void train_config_write(const train_config *cfg, FILE *f) {
+    for (int s = 0; s < N_SECTIONS; s++) {
+        fprintf(f, "%s[%s]\n", s ? "\n" : "", g_sections[s].name);
+        for (int i = 0; i < N_KEYS; i++) {
+            if (strcmp(g_keys[i].section, g_sections[s].name) != 0) continue;
+            char value[TRAIN_MAX_STRING + 64];
+            format_value(cfg, &g_keys[i], value, sizeof value);
+            fprintf(f, "%s = %s  ; %s\n", g_keys[i].name, value, cfg->origin[i]);
+        }
+    }
+}
+
+/* ---- the command line ----------------------------------------------------------------------- */
+
+/* The option's value: "--opt=VALUE" or the next argument. NULL (and err) when missing. */
+static const char *option_value(int argc, char **argv, int *i, const char *opt, char *err,
+                                size_t err_size) {
+    size_t n = strlen(opt);
+    if (argv[*i][n] == '=') return argv[*i] + n + 1;
+    if (*i + 1 < argc) return argv[++*i];
+    snprintf(err, err_size, "%s needs a value; see fsdp-train --help", opt);
+    return NULL;
+}
+
+static bool is_option(const char *arg, const char *opt) {
+    size_t n = strlen(opt);
+    return strncmp(arg, opt, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
+}
+
+fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_action *action,
+                            char *err, size_t err_size) {
+    *action = TRAIN_CLI_RUN;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            *action = TRAIN_CLI_HELP;
+            return FSDP_OK;
+        }
+        if (strcmp(argv[i], "--version") == 0) *action = TRAIN_CLI_VERSION;
+    }
+    if (*action == TRAIN_CLI_VERSION) return FSDP_OK;
+
+    const char *config = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (is_option(argv[i], "--config")) {
+            const char *v = option_value(argc, argv, &i, "--config", err, err_size);
+            if (!v) return FSDP_ERR_CONFIG;
+            if (config) {
+                snprintf(err, err_size, "--config given twice ('%s' and '%s')", config, v);
+                return FSDP_ERR_CONFIG;
+            }
+            config = v;
+        } else if (is_option(argv[i], "--set")) {
+            if (!option_value(argc, argv, &i, "--set", err, err_size)) return FSDP_ERR_CONFIG;
+        } else {
+            snprintf(err, err_size, "unknown argument '%s'; see fsdp-train --help", argv[i]);
+            return FSDP_ERR_CONFIG;
+        }
+    }
+    if (!config) {
+        snprintf(err, err_size, "missing --config FILE; see fsdp-train --help");
+        return FSDP_ERR_CONFIG;
+    }
+    train_config_init(cfg);
+    fsdp_status st = train_config_load(cfg, config, err, err_size);
+    if (st != FSDP_OK) return st;
+    for (int i = 1; i < argc; i++) {
+        if (is_option(argv[i], "--config")) {
+            option_value(argc, argv, &i, "--config", err, err_size);
+        } else if (is_option(argv[i], "--set")) {
+            const char *v = option_value(argc, argv, &i, "--set", err, err_size);
+            st = train_config_set(cfg, v, err, err_size);
+            if (st != FSDP_OK) return st;
+        }
+    }
+    return train_config_check(cfg, err, err_size);
+}
+
+fsdp_ctx_options train_config_ctx_options(const train_config *cfg) {
+    return (fsdp_ctx_options){.seed = (uint64_t)cfg->train.seed, .log_level = cfg->log.level};
+}
