@@ -6,14 +6,14 @@
 
 #include <fsdp/fsdp.h>
 
-#define CHECK(ctx, expr)                                                                      \
-    do {                                                                                      \
-        fsdp_status st_ = (expr);                                                             \
-        if (st_ != FSDP_OK) {                                                                 \
-            fprintf(stderr, "%s failed: %s: %s\n", #expr, fsdp_status_to_string(st_),          \
-                    fsdp_last_error(ctx));                                                    \
-            return 1;                                                                         \
-        }                                                                                     \
+#define CHECK(ctx, expr)                                                                           \
+    do {                                                                                           \
+        fsdp_status st_ = (expr);                                                                  \
+        if (st_ != FSDP_OK) {                                                                      \
+            fprintf(stderr, "%s failed: %s: %s\n", #expr, fsdp_status_to_string(st_),              \
+                    fsdp_last_error(ctx));                                                         \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
 int main(void) {
@@ -23,7 +23,8 @@ int main(void) {
     fsdp_module *model; /* MLPModule: net1 Linear(10, 16), relu, net2 Linear(16, 10) */
     CHECK(ctx, fsdp_model_mlp_module(ctx, &model));
     fsdp_optimizer *sgd;
-    CHECK(ctx, fsdp_sgd_create(ctx, model, &(fsdp_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &sgd));
+    CHECK(ctx,
+          fsdp_sgd_create(ctx, model, &(fsdp_sgd_options){.lr = 0.05f, .momentum = 0.9f}, &sgd));
 
     /* Learn y = 0.5 * x on 32 fixed random samples. */
     const int64_t shape[2] = {32, 10};

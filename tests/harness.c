@@ -7,7 +7,9 @@
 
 static fsdp_ctx *g_ctx;
 
-fsdp_ctx *fsdp_test_ctx(void) { return g_ctx; }
+fsdp_ctx *fsdp_test_ctx(void) {
+    return g_ctx;
+}
 
 static int setup_case(void) {
     fsdp_ctx_options opts = {.seed = 1234};
@@ -22,9 +24,8 @@ static int teardown_case(void) {
 
 int fsdp_test_run(int argc, char **argv, const char *suite, const fsdp_test_case *cases, int n) {
     if (CU_initialize_registry() != CUE_SUCCESS) return 2;
-    CU_pSuite s = CU_add_suite_with_setup_and_teardown(suite, NULL, NULL,
-                                                        (CU_SetUpFunc)setup_case,
-                                                        (CU_TearDownFunc)teardown_case);
+    CU_pSuite s = CU_add_suite_with_setup_and_teardown(suite, NULL, NULL, (CU_SetUpFunc)setup_case,
+                                                       (CU_TearDownFunc)teardown_case);
     if (!s) return 2;
     const char *only = argc > 1 ? argv[1] : NULL;
     int added = 0;
@@ -57,8 +58,8 @@ bool fsdp_test_message_has(const char *message, const char *const *needles) {
     return ok;
 }
 
-bool fsdp_test_close(const char *name, const float *got, const float *want, int64_t n,
-                     double rtol, double atol) {
+bool fsdp_test_close(const char *name, const float *got, const float *want, int64_t n, double rtol,
+                     double atol) {
     double max_abs = 0, max_rel = 0;
     int64_t bad = 0, first_bad = -1;
     for (int64_t i = 0; i < n; i++) {
@@ -79,8 +80,7 @@ bool fsdp_test_close(const char *name, const float *got, const float *want, int6
     return bad == 0;
 }
 
-fsdp_tensor *fsdp_test_random(int ndim, const int64_t *shape, float lo, float hi,
-                              uint64_t stream) {
+fsdp_tensor *fsdp_test_random(int ndim, const int64_t *shape, float lo, float hi, uint64_t stream) {
     fsdp_tensor *t = NULL;
     if (fsdp_tensor_create(g_ctx, FSDP_DTYPE_F32, FSDP_CPU, ndim, shape, &t) != FSDP_OK)
         return NULL;

@@ -23,36 +23,35 @@ int fsdp_test_run(int argc, char **argv, const char *suite, const fsdp_test_case
 fsdp_ctx *fsdp_test_ctx(void);
 
 /* Asserts that expr returns FSDP_OK; otherwise fails the test with the library's message. */
-#define FSDP_TEST_OK(expr)                                                                    \
-    do {                                                                                      \
-        fsdp_status st_ = (expr);                                                             \
-        if (st_ != FSDP_OK)                                                                   \
-            fprintf(stderr, "\n  %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,           \
-                    fsdp_status_to_string(st_), fsdp_last_error(fsdp_test_ctx()));            \
-        CU_ASSERT_EQUAL_FATAL(st_, FSDP_OK);                                                  \
+#define FSDP_TEST_OK(expr)                                                                         \
+    do {                                                                                           \
+        fsdp_status st_ = (expr);                                                                  \
+        if (st_ != FSDP_OK)                                                                        \
+            fprintf(stderr, "\n  %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,                \
+                    fsdp_status_to_string(st_), fsdp_last_error(fsdp_test_ctx()));                 \
+        CU_ASSERT_EQUAL_FATAL(st_, FSDP_OK);                                                       \
     } while (0)
 
 /* Asserts that expr fails with `want`, and that the message names every string in the
  * NULL-terminated list that follows. */
-#define FSDP_TEST_FAILS(expr, want, ...)                                                      \
-    do {                                                                                      \
-        fsdp_status st_ = (expr);                                                             \
-        CU_ASSERT_EQUAL(st_, (want));                                                         \
-        const char *needles_[] = {__VA_ARGS__, NULL};                                         \
-        CU_ASSERT_TRUE(fsdp_test_message_has(fsdp_last_error(fsdp_test_ctx()), needles_));    \
+#define FSDP_TEST_FAILS(expr, want, ...)                                                           \
+    do {                                                                                           \
+        fsdp_status st_ = (expr);                                                                  \
+        CU_ASSERT_EQUAL(st_, (want));                                                              \
+        const char *needles_[] = {__VA_ARGS__, NULL};                                              \
+        CU_ASSERT_TRUE(fsdp_test_message_has(fsdp_last_error(fsdp_test_ctx()), needles_));         \
     } while (0)
 
 bool fsdp_test_message_has(const char *message, const char *const *needles);
 
 /* Compares n floats; prints "name: max abs diff A, max rel diff R (n elements)" and
  * returns true when every element satisfies |got - want| <= atol + rtol * |want|. */
-bool fsdp_test_close(const char *name, const float *got, const float *want, int64_t n,
-                     double rtol, double atol);
-#define FSDP_TEST_CLOSE(name, got, want, n, rtol, atol)                                       \
+bool fsdp_test_close(const char *name, const float *got, const float *want, int64_t n, double rtol,
+                     double atol);
+#define FSDP_TEST_CLOSE(name, got, want, n, rtol, atol)                                            \
     CU_ASSERT_TRUE(fsdp_test_close((name), (got), (want), (n), (rtol), (atol)))
 
 /* A tensor of the given shape filled from the counter RNG: uniform in [lo, hi). */
-fsdp_tensor *fsdp_test_random(int ndim, const int64_t *shape, float lo, float hi,
-                              uint64_t stream);
+fsdp_tensor *fsdp_test_random(int ndim, const int64_t *shape, float lo, float hi, uint64_t stream);
 
 #endif

@@ -60,7 +60,7 @@ static void test_seed_model_names(void) {
     fsdp_module_free(m);
 
     FSDP_TEST_OK(fsdp_model_simple_model(ctx, &m));
-    static const char *const simple[] = {"net1.weight", "net1.bias", "net2.weight",
+    static const char *const simple[] = {"net1.weight", "net1.bias",   "net2.weight",
                                          "net2.bias",   "net3.weight", "net3.bias"};
     expect_names(m, simple, 6);
     fsdp_module_free(m);
@@ -87,8 +87,8 @@ static void test_tree_errors(void) {
     FSDP_TEST_OK(fsdp_relu_create(ctx, &a));
     FSDP_TEST_OK(fsdp_module_add_child(ctx, root, "act", a));
     FSDP_TEST_OK(fsdp_relu_create(ctx, &b));
-    FSDP_TEST_FAILS(fsdp_module_add_child(ctx, root, "act", b), FSDP_ERR_INVALID_ARGUMENT,
-                    "'act'", "already taken");
+    FSDP_TEST_FAILS(fsdp_module_add_child(ctx, root, "act", b), FSDP_ERR_INVALID_ARGUMENT, "'act'",
+                    "already taken");
     FSDP_TEST_OK(fsdp_relu_create(ctx, &c));
     FSDP_TEST_FAILS(fsdp_module_add_child(ctx, root, "a.b", c), FSDP_ERR_INVALID_ARGUMENT, "a.b",
                     "letters, digits");
@@ -142,8 +142,10 @@ static void test_hooks_order_scope_and_replacement(void) {
     fsdp_module *net1 = fsdp_module_find(m, "net1"), *net2 = fsdp_module_find(m, "net2");
     int ids[4];
     for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++) {
-        FSDP_TEST_OK(fsdp_module_add_hook(ctx, net1, (fsdp_hook_point)p, record_hook, &log, NULL, &ids[p]));
-        FSDP_TEST_OK(fsdp_module_add_hook(ctx, net2, (fsdp_hook_point)p, record_hook, &log, NULL, NULL));
+        FSDP_TEST_OK(
+            fsdp_module_add_hook(ctx, net1, (fsdp_hook_point)p, record_hook, &log, NULL, &ids[p]));
+        FSDP_TEST_OK(
+            fsdp_module_add_hook(ctx, net2, (fsdp_hook_point)p, record_hook, &log, NULL, NULL));
     }
     fsdp_tensor *x = fsdp_test_random(2, (int64_t[]){4, 10}, -1, 1, 2);
     fsdp_tensor *dy = fsdp_test_random(2, (int64_t[]){4, 10}, -1, 1, 3);
@@ -151,22 +153,24 @@ static void test_hooks_order_scope_and_replacement(void) {
     FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y));
     FSDP_TEST_OK(fsdp_module_backward(ctx, m, dy, NULL)); /* no input grad wanted */
     static const char *const want[] = {
-        "pre_fwd:net1 scope=net1 phase=1 io=set",  "post_fwd:net1 scope=net1 phase=1 io=set",
-        "pre_fwd:net2 scope=net2 phase=1 io=set",  "post_fwd:net2 scope=net2 phase=1 io=set",
-        "pre_bwd:net2 scope=net2 phase=2 io=set",  "post_bwd:net2 scope=net2 phase=2 io=set",
-        "pre_bwd:net1 scope=net1 phase=2 io=set",  "post_bwd:net1 scope=net1 phase=2 io=null",
+        "pre_fwd:net1 scope=net1 phase=1 io=set", "post_fwd:net1 scope=net1 phase=1 io=set",
+        "pre_fwd:net2 scope=net2 phase=1 io=set", "post_fwd:net2 scope=net2 phase=1 io=set",
+        "pre_bwd:net2 scope=net2 phase=2 io=set", "post_bwd:net2 scope=net2 phase=2 io=set",
+        "pre_bwd:net1 scope=net1 phase=2 io=set", "post_bwd:net1 scope=net1 phase=2 io=null",
     };
     CU_ASSERT_EQUAL_FATAL(log.n, 8);
     for (int i = 0; i < 8; i++) CU_ASSERT_STRING_EQUAL(log.events[i], want[i]);
     CU_ASSERT_EQUAL(ctx->scope_depth, 0);
 
     /* A pre-forward hook that replaces the input: the layer computes on the replacement. */
-    for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++) FSDP_TEST_OK(fsdp_module_remove_hook(ctx, net1, ids[p]));
+    for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++)
+        FSDP_TEST_OK(fsdp_module_remove_hook(ctx, net1, ids[p]));
     FSDP_TEST_FAILS(fsdp_module_remove_hook(ctx, net1, ids[0]), FSDP_ERR_NOT_FOUND, "no hook");
     fsdp_tensor *zeros;
     FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){4, 10}, &zeros));
     hook_log swap = {.replacement = zeros};
-    FSDP_TEST_OK(fsdp_module_add_hook(ctx, net1, FSDP_HOOK_PRE_FORWARD, record_hook, &swap, NULL, NULL));
+    FSDP_TEST_OK(
+        fsdp_module_add_hook(ctx, net1, FSDP_HOOK_PRE_FORWARD, record_hook, &swap, NULL, NULL));
     FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y));
     /* net1(0) = bias1, so y = net2(relu(bias1)) whatever x was */
     const float *b1 = fsdp_tensor_f32(fsdp_param_data(fsdp_module_get_param(m, "net1.bias")));
@@ -259,7 +263,8 @@ static void test_backward_matches_finite_differences(void) {
     FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, m, 5));
     /* a norm weight that is not all ones, so its gradient is a real test */
     fsdp_init nw = {.kind = FSDP_INIT_UNIFORM, .a = 0.5f, .b = 1.5f};
-    FSDP_TEST_OK(fsdp_init_tensor(ctx, fsdp_param_data(fsdp_module_get_param(m, "0.weight")), &nw, 5, 1));
+    FSDP_TEST_OK(
+        fsdp_init_tensor(ctx, fsdp_param_data(fsdp_module_get_param(m, "0.weight")), &nw, 5, 1));
 
     fsdp_tensor *x = fsdp_test_random(3, (int64_t[]){2, 3, 5}, -2, 2, 10);
     fsdp_tensor *r = fsdp_test_random(3, (int64_t[]){2, 3, 3}, -1, 1, 11);
@@ -276,7 +281,8 @@ static void test_backward_matches_finite_differences(void) {
     for (int i = 0; i < 5; i++) {
         fsdp_param *p = fsdp_module_get_param(m, params[i]);
         CU_ASSERT_TRUE(check_fd(params[i], m, x, r, fsdp_tensor_f32(fsdp_param_data(p)),
-                                fsdp_tensor_f32(fsdp_param_grad(p)), fsdp_tensor_numel(fsdp_param_data(p))));
+                                fsdp_tensor_f32(fsdp_param_grad(p)),
+                                fsdp_tensor_numel(fsdp_param_data(p))));
     }
     fsdp_tensor_free(x);
     fsdp_tensor_free(r);
@@ -303,8 +309,8 @@ static void test_gradients_accumulate_and_frozen_params(void) {
     FSDP_TEST_OK(fsdp_module_backward(ctx, m, dy, NULL));
     float twice[32];
     for (int i = 0; i < 32; i++) twice[i] = 2.0f * once[i];
-    FSDP_TEST_CLOSE("net2.weight grad after two backwards", fsdp_tensor_f32(fsdp_param_grad(w)), twice,
-                    32, 1e-6, 0);
+    FSDP_TEST_CLOSE("net2.weight grad after two backwards", fsdp_tensor_f32(fsdp_param_grad(w)),
+                    twice, 32, 1e-6, 0);
     const float *fg = fsdp_tensor_f32(fsdp_param_grad(frozen));
     for (int i = 0; i < 12; i++) CU_ASSERT_EQUAL(fg[i], 0.0f);
     FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
@@ -352,13 +358,16 @@ static void test_init_is_layout_independent(void) {
     const fsdp_tensor *wb = fsdp_param_data(fsdp_module_get_param(b, "layers.1.net2.weight"));
     CU_ASSERT_EQUAL(memcmp(fsdp_tensor_data(wa), fsdp_tensor_data(wb), fsdp_tensor_nbytes(wa)), 0);
     /* resetting only the subtree layers.1 with the same seed gives the same values */
-    FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, fsdp_module_find(b, "layers.1"), fsdp_ctx_seed(ctx)));
+    FSDP_TEST_OK(
+        fsdp_module_reset_parameters(ctx, fsdp_module_find(b, "layers.1"), fsdp_ctx_seed(ctx)));
     CU_ASSERT_EQUAL(memcmp(fsdp_tensor_data(wa), fsdp_tensor_data(wb), fsdp_tensor_nbytes(wa)), 0);
     /* different parameters and different seeds differ */
     const fsdp_tensor *w0 = fsdp_param_data(fsdp_module_get_param(a, "layers.0.net2.weight"));
-    CU_ASSERT_NOT_EQUAL(memcmp(fsdp_tensor_data(wa), fsdp_tensor_data(w0), fsdp_tensor_nbytes(wa)), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(fsdp_tensor_data(wa), fsdp_tensor_data(w0), fsdp_tensor_nbytes(wa)),
+                        0);
     FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, b, 777));
-    CU_ASSERT_NOT_EQUAL(memcmp(fsdp_tensor_data(wa), fsdp_tensor_data(wb), fsdp_tensor_nbytes(wa)), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(fsdp_tensor_data(wa), fsdp_tensor_data(wb), fsdp_tensor_nbytes(wa)),
+                        0);
     /* Linear's bound is 1/sqrt(in_features) = 1/4 for net2 (16 inputs) */
     const float *v = fsdp_tensor_f32(wa);
     float lo = 1, hi = -1;
@@ -421,8 +430,9 @@ static void test_sgd_update_equations(void) {
     fsdp_module *m;
     fsdp_optimizer *opt;
     FSDP_TEST_OK(fsdp_linear_create(ctx, 3, 2, true, &m));
-    FSDP_TEST_FAILS(fsdp_sgd_create(ctx, m, &(fsdp_sgd_options){.lr = 0.1f, .nesterov = true}, &opt),
-                    FSDP_ERR_INVALID_ARGUMENT, "nesterov needs momentum > 0");
+    FSDP_TEST_FAILS(
+        fsdp_sgd_create(ctx, m, &(fsdp_sgd_options){.lr = 0.1f, .nesterov = true}, &opt),
+        FSDP_ERR_INVALID_ARGUMENT, "nesterov needs momentum > 0");
     FSDP_TEST_FAILS(fsdp_sgd_create(ctx, m, &(fsdp_sgd_options){.lr = 0}, &opt),
                     FSDP_ERR_INVALID_ARGUMENT, "lr is 0");
     fsdp_module_free(m);

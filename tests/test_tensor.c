@@ -20,7 +20,7 @@ static void test_create_shapes(void) {
     CU_ASSERT_STRING_EQUAL(fsdp_tensor_shape_string(t, buf, sizeof buf), "(2, 3, 4)");
     const float *d = fsdp_tensor_f32(t);
     for (int i = 0; i < 24; i++) CU_ASSERT_EQUAL(d[i], 0.0f); /* zero-filled */
-    CU_ASSERT_EQUAL((uintptr_t)d % 64, 0);                      /* aligned for SIMD */
+    CU_ASSERT_EQUAL((uintptr_t)d % 64, 0);                    /* aligned for SIMD */
     fsdp_tensor_free(t);
 
     fsdp_tensor *scalar, *empty;
@@ -39,8 +39,9 @@ static void test_create_shapes(void) {
 static void test_bad_input(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_tensor *t = (fsdp_tensor *)1;
-    FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 5, (int64_t[]){1, 1, 1, 1, 1}, &t),
-                    FSDP_ERR_SHAPE, "5 dimensions", "0 to 4");
+    FSDP_TEST_FAILS(
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 5, (int64_t[]){1, 1, 1, 1, 1}, &t),
+        FSDP_ERR_SHAPE, "5 dimensions", "0 to 4");
     CU_ASSERT_PTR_NULL(t);
     FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){3, -1}, &t),
                     FSDP_ERR_SHAPE, "dimension 1", "-1");
@@ -149,7 +150,8 @@ static void test_from_blob(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     float mine[4] = {1, 2, 3, 4};
     fsdp_tensor *t;
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, mine, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){2, 2}, &t));
+    FSDP_TEST_OK(
+        fsdp_tensor_from_blob(ctx, mine, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){2, 2}, &t));
     CU_ASSERT_PTR_EQUAL(fsdp_tensor_data(t), mine);
     FSDP_TEST_OK(fsdp_tensor_fill(ctx, t, 7.0f));
     CU_ASSERT_EQUAL(mine[3], 7.0f);

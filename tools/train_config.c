@@ -197,7 +197,8 @@ static void describe_expected(const key_def *k, char *buf, size_t size) {
         break;
     case KEY_FLOAT:
         train_append(buf, size, "a float %s %g", k->fmin_open ? ">" : ">=", k->fmin);
-        if (isfinite(k->fmax)) train_append(buf, size, " and %s %g", k->fmax_open ? "<" : "<=", k->fmax);
+        if (isfinite(k->fmax))
+            train_append(buf, size, " and %s %g", k->fmax_open ? "<" : "<=", k->fmax);
         break;
     case KEY_BOOL:
         train_append(buf, size, "true or false (or yes/no, on/off, 1/0)");
@@ -207,14 +208,15 @@ static void describe_expected(const key_def *k, char *buf, size_t size) {
         break;
     case KEY_ENUM:
         train_append(buf, size, "one of ");
-        for (int i = 0; k->names[i]; i++) train_append(buf, size, "%s%s", i ? ", " : "", k->names[i]);
+        for (int i = 0; k->names[i]; i++)
+            train_append(buf, size, "%s%s", i ? ", " : "", k->names[i]);
         break;
     case KEY_INT_LIST:
         if (k->min_count == 0)
             train_append(buf, size, "a comma-separated list of up to %d integers ", k->max_count);
         else
             train_append(buf, size, "a comma-separated list of %d to %d integers ", k->min_count,
-                   k->max_count);
+                         k->max_count);
         describe_int_range(k, buf, size);
         if (k->min_count == 0) train_append(buf, size, ", or nothing");
         break;
@@ -399,7 +401,8 @@ static void format_value(const train_config *cfg, const key_def *k, char *buf, s
         int v, want;
         memcpy(&want, field, sizeof want);
         for (int i = 0; k->names[i]; i++)
-            if (k->parse_enum(k->names[i], &v) && v == want) train_append(buf, size, "%s", k->names[i]);
+            if (k->parse_enum(k->names[i], &v) && v == want)
+                train_append(buf, size, "%s", k->names[i]);
         break;
     }
     case KEY_INT_LIST: {

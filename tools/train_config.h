@@ -95,7 +95,8 @@ fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_
                             char *err, size_t err_size);
 
 /* Appends printf-style text to the NUL-terminated buf of `size` bytes, truncating. */
-void train_append(char *buf, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void train_append(char *buf, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Context options for a run: seed = train.seed, log level = log.level. */
 fsdp_ctx_options train_config_ctx_options(const train_config *cfg);

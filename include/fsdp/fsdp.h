@@ -2,9 +2,9 @@
 #ifndef FSDP_FSDP_H
 #define FSDP_FSDP_H
 
-#define FSDP_VERSION_MAJOR 0
-#define FSDP_VERSION_MINOR 1
-#define FSDP_VERSION_PATCH 0
+#define FSDP_VERSION_MAJOR  0
+#define FSDP_VERSION_MINOR  1
+#define FSDP_VERSION_PATCH  0
 #define FSDP_VERSION_STRING "0.1.0"
 
 #include "fsdp/ctx.h"

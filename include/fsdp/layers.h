@@ -12,8 +12,8 @@ extern "C" {
 
 /* y = x W^T + b. Parameters "weight" (out_features, in_features) and "bias" (out_features),
  * both uniform in +-1/sqrt(in_features) as PyTorch initialises nn.Linear. */
-fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_features,
-                               bool bias, fsdp_module **out);
+fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_features, bool bias,
+                               fsdp_module **out);
 fsdp_status fsdp_relu_create(fsdp_ctx *ctx, fsdp_module **out);
 fsdp_status fsdp_sigmoid_create(fsdp_ctx *ctx, fsdp_module **out);
 /* GELU with the tanh approximation (PyTorch's approximate="tanh"). */

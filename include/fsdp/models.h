@@ -34,8 +34,8 @@ fsdp_status fsdp_activation_parse(const char *text, fsdp_activation *out);
 /* A Sequential MLP over widths[0] -> widths[1] -> ... -> widths[n_widths-1] (n_widths >= 2):
  * Linear layers with `act` between them (not after the last), named as nn.Sequential names
  * them ("0", "1", ...). */
-fsdp_status fsdp_model_mlp(fsdp_ctx *ctx, int n_widths, const int64_t *widths,
-                           fsdp_activation act, fsdp_module **out);
+fsdp_status fsdp_model_mlp(fsdp_ctx *ctx, int n_widths, const int64_t *widths, fsdp_activation act,
+                           fsdp_module **out);
 
 #ifdef __cplusplus
 }

@@ -116,9 +116,9 @@ fsdp_status fsdp_module_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
 
 /* Hooks. Each sees the tensor passing its point: the input (pre-forward), the output
  * (post-forward), the output gradient (pre-backward) or the input gradient (post-backward;
- * *io is NULL when it is not computed). A hook may replace that tensor by pointing *io at one it owns,
- * which must stay valid until the module's next call at the same point. Hooks at a point
- * run in the order they were added. */
+ * *io is NULL when it is not computed). A hook may replace that tensor by pointing *io at one it
+ * owns, which must stay valid until the module's next call at the same point. Hooks at a point run
+ * in the order they were added. */
 typedef enum fsdp_hook_point {
     FSDP_HOOK_PRE_FORWARD = 0,
     FSDP_HOOK_POST_FORWARD,
@@ -133,8 +133,7 @@ typedef fsdp_status (*fsdp_hook_fn)(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
 /* Adds a hook; free_user (optional) releases user when the hook is removed or m freed.
  * *id (may be NULL) identifies the hook for fsdp_module_remove_hook. */
 fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
-                                 fsdp_hook_fn fn, void *user, void (*free_user)(void *),
-                                 int *id);
+                                 fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id);
 fsdp_status fsdp_module_remove_hook(fsdp_ctx *ctx, fsdp_module *m, int id);
 
 #ifdef __cplusplus

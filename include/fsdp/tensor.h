@@ -38,8 +38,8 @@ typedef uint16_t fsdp_bf16;
 
 typedef struct fsdp_tensor fsdp_tensor;
 
-size_t fsdp_dtype_size(fsdp_dtype dtype);           /* bytes per element; 0 if unknown */
-const char *fsdp_dtype_to_string(fsdp_dtype dtype); /* "f32", "bf16" */
+size_t fsdp_dtype_size(fsdp_dtype dtype);              /* bytes per element; 0 if unknown */
+const char *fsdp_dtype_to_string(fsdp_dtype dtype);    /* "f32", "bf16" */
 const char *fsdp_device_to_string(fsdp_device device); /* "cpu", "cuda" */
 
 /* bf16 <-> f32, round to nearest even; NaN stays NaN. */

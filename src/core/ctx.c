@@ -53,14 +53,26 @@ fsdp_status fsdp_ctx_create(const fsdp_ctx_options *opts, fsdp_ctx **out) {
     return FSDP_OK;
 }
 
-void fsdp_ctx_free(fsdp_ctx *ctx) { free(ctx); }
+void fsdp_ctx_free(fsdp_ctx *ctx) {
+    free(ctx);
+}
 
-uint64_t fsdp_ctx_seed(const fsdp_ctx *ctx) { return ctx->seed; }
-int fsdp_ctx_rank(const fsdp_ctx *ctx) { return ctx->rank; }
+uint64_t fsdp_ctx_seed(const fsdp_ctx *ctx) {
+    return ctx->seed;
+}
+int fsdp_ctx_rank(const fsdp_ctx *ctx) {
+    return ctx->rank;
+}
 
-const char *fsdp_last_error(const fsdp_ctx *ctx) { return ctx ? ctx->last_error : ""; }
-fsdp_status fsdp_last_status(const fsdp_ctx *ctx) { return ctx ? ctx->last_status : FSDP_OK; }
-const char *fsdp_last_error_origin(const fsdp_ctx *ctx) { return ctx ? ctx->last_origin : ""; }
+const char *fsdp_last_error(const fsdp_ctx *ctx) {
+    return ctx ? ctx->last_error : "";
+}
+fsdp_status fsdp_last_status(const fsdp_ctx *ctx) {
+    return ctx ? ctx->last_status : FSDP_OK;
+}
+const char *fsdp_last_error_origin(const fsdp_ctx *ctx) {
+    return ctx ? ctx->last_origin : "";
+}
 
 void fsdp_clear_error(fsdp_ctx *ctx) {
     ctx->last_status = FSDP_OK;
@@ -92,7 +104,9 @@ void fsdp_ctx_set_log_level(fsdp_ctx *ctx, fsdp_log_level level) {
     ctx->log_level = level == FSDP_LOG_DEFAULT ? level_from_env() : level;
 }
 
-fsdp_log_level fsdp_ctx_log_level(const fsdp_ctx *ctx) { return ctx->log_level; }
+fsdp_log_level fsdp_ctx_log_level(const fsdp_ctx *ctx) {
+    return ctx->log_level;
+}
 
 void fsdp_vlog(fsdp_ctx *ctx, fsdp_log_level level, const char *fmt, va_list ap) {
     if (!ctx || level < ctx->log_level || level >= FSDP_LOG_OFF) return;

@@ -15,19 +15,19 @@ fsdp_status fsdp_error_set(fsdp_ctx *ctx, fsdp_status status, const char *file, 
 
 #define FSDP_FAIL(ctx, status, ...) fsdp_error_set((ctx), (status), __FILE__, __LINE__, __VA_ARGS__)
 
-#define FSDP_TRY(expr)                                                                         \
-    do {                                                                                       \
-        fsdp_status fsdp_try_st_ = (expr);                                                     \
-        if (fsdp_try_st_ != FSDP_OK) return fsdp_try_st_;                                      \
+#define FSDP_TRY(expr)                                                                             \
+    do {                                                                                           \
+        fsdp_status fsdp_try_st_ = (expr);                                                         \
+        if (fsdp_try_st_ != FSDP_OK) return fsdp_try_st_;                                          \
     } while (0)
 
-#define FSDP_ASSERT(cond)                                                                      \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "libfsdp: internal invariant broken at %s:%d: %s\n", __FILE__,     \
-                    __LINE__, #cond);                                                          \
-            abort();                                                                           \
-        }                                                                                      \
+#define FSDP_ASSERT(cond)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "libfsdp: internal invariant broken at %s:%d: %s\n", __FILE__,         \
+                    __LINE__, #cond);                                                              \
+            abort();                                                                               \
+        }                                                                                          \
     } while (0)
 
 #endif

@@ -7,11 +7,11 @@
 #include "core/tensor_impl.h"
 #include "fsdp/rng.h"
 
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
-#define TWO_PI 6.283185307179586476925286766559
+#define PHILOX_M0        0xD2511F53u
+#define PHILOX_M1        0xCD9E8D57u
+#define PHILOX_W0        0x9E3779B9u
+#define PHILOX_W1        0xBB67AE85u
+#define TWO_PI           6.283185307179586476925286766559
 #define NORMAL_KEY_TWEAK 0x4E4F524Du /* separates normal draws from uniform ones */
 
 void fsdp_philox4x32(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
@@ -65,18 +65,25 @@ float fsdp_rng_normal(uint64_t seed, uint64_t stream, uint64_t index) {
 
 static float init_value(const fsdp_init *init, uint64_t seed, uint64_t stream, uint64_t g) {
     switch (init->kind) {
-    case FSDP_INIT_ZEROS: return 0.0f;
-    case FSDP_INIT_ONES: return 1.0f;
-    case FSDP_INIT_CONSTANT: return init->a;
-    case FSDP_INIT_UNIFORM: return init->a + (init->b - init->a) * fsdp_rng_uniform(seed, stream, g);
-    case FSDP_INIT_NORMAL: return init->a + init->b * fsdp_rng_normal(seed, stream, g);
+    case FSDP_INIT_ZEROS:
+        return 0.0f;
+    case FSDP_INIT_ONES:
+        return 1.0f;
+    case FSDP_INIT_CONSTANT:
+        return init->a;
+    case FSDP_INIT_UNIFORM:
+        return init->a + (init->b - init->a) * fsdp_rng_uniform(seed, stream, g);
+    case FSDP_INIT_NORMAL:
+        return init->a + init->b * fsdp_rng_normal(seed, stream, g);
     }
     return 0.0f;
 }
 
 static void store(fsdp_tensor *t, int64_t i, float v) {
-    if (t->dtype == FSDP_DTYPE_F32) ((float *)fsdp_tensor_data(t))[i] = v;
-    else ((fsdp_bf16 *)fsdp_tensor_data(t))[i] = fsdp_bf16_from_f32(v);
+    if (t->dtype == FSDP_DTYPE_F32)
+        ((float *)fsdp_tensor_data(t))[i] = v;
+    else
+        ((fsdp_bf16 *)fsdp_tensor_data(t))[i] = fsdp_bf16_from_f32(v);
 }
 
 fsdp_status fsdp_init_block(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init, uint64_t seed,
@@ -97,8 +104,8 @@ fsdp_status fsdp_init_block(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init
             return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
                              "fsdp_init_block: dim %d: block [%lld, %lld) is outside the global "
                              "size %lld",
-                             d, (long long)block_start[d], (long long)(block_start[d] + t->shape[d]),
-                             (long long)global_shape[d]);
+                             d, (long long)block_start[d],
+                             (long long)(block_start[d] + t->shape[d]), (long long)global_shape[d]);
         gstride[d] = stride;
         stride *= global_shape[d];
     }
@@ -109,7 +116,8 @@ fsdp_status fsdp_init_block(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init
     for (int64_t i = 0; i < t->numel; i += row) {
         uint64_t g = 0;
         for (int d = 0; d < t->ndim; d++) g += (uint64_t)((block_start[d] + idx[d]) * gstride[d]);
-        for (int64_t j = 0; j < row; j++) store(t, i + j, init_value(init, seed, stream, g + (uint64_t)j));
+        for (int64_t j = 0; j < row; j++)
+            store(t, i + j, init_value(init, seed, stream, g + (uint64_t)j));
         for (int d = last - 1; d >= 0; d--) { /* next row: odometer over the leading dims */
             if (++idx[d] < t->shape[d]) break;
             idx[d] = 0;

@@ -12,22 +12,30 @@
 
 size_t fsdp_dtype_size(fsdp_dtype dtype) {
     switch (dtype) {
-    case FSDP_DTYPE_F32: return 4;
-    case FSDP_DTYPE_BF16: return 2;
-    default: return 0;
+    case FSDP_DTYPE_F32:
+        return 4;
+    case FSDP_DTYPE_BF16:
+        return 2;
+    default:
+        return 0;
     }
 }
 
 const char *fsdp_dtype_to_string(fsdp_dtype dtype) {
     switch (dtype) {
-    case FSDP_DTYPE_F32: return "f32";
-    case FSDP_DTYPE_BF16: return "bf16";
-    default: return "unknown";
+    case FSDP_DTYPE_F32:
+        return "f32";
+    case FSDP_DTYPE_BF16:
+        return "bf16";
+    default:
+        return "unknown";
     }
 }
 
 const char *fsdp_device_to_string(fsdp_device device) {
-    return device.type == FSDP_DEVICE_CPU ? "cpu" : device.type == FSDP_DEVICE_CUDA ? "cuda" : "unknown";
+    return device.type == FSDP_DEVICE_CPU    ? "cpu"
+           : device.type == FSDP_DEVICE_CUDA ? "cuda"
+                                             : "unknown";
 }
 
 fsdp_bf16 fsdp_bf16_from_f32(float x) {
@@ -59,18 +67,19 @@ static fsdp_status check_shape(fsdp_ctx *ctx, int ndim, const int64_t *shape, co
     if (ndim < 0 || ndim > FSDP_MAX_DIMS)
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: %d dimensions; tensors have 0 to %d", what, ndim,
                          FSDP_MAX_DIMS);
-    if (ndim > 0 && !shape) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: shape is NULL", what);
+    if (ndim > 0 && !shape)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: shape is NULL", what);
     for (int i = 0; i < ndim; i++)
         if (shape[i] < 0)
-            return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: dimension %d has negative size %lld", what, i,
-                             (long long)shape[i]);
+            return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: dimension %d has negative size %lld", what,
+                             i, (long long)shape[i]);
     return FSDP_OK;
 }
 
 static fsdp_status check_dtype_device(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device) {
     if (fsdp_dtype_size(dtype) == 0)
-        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "unknown dtype %d; use FSDP_DTYPE_F32 or FSDP_DTYPE_BF16",
-                         (int)dtype);
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "unknown dtype %d; use FSDP_DTYPE_F32 or FSDP_DTYPE_BF16", (int)dtype);
     if (!fsdp_kernels_for(device))
         return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
                          "device %s:%d is not available in this build (it has: cpu)",
@@ -78,14 +87,16 @@ static fsdp_status check_dtype_device(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_devi
     return FSDP_OK;
 }
 
-static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device, fsdp_storage **out) {
+static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device,
+                               fsdp_storage **out) {
     fsdp_storage *s = calloc(1, sizeof *s);
     size_t padded = (nbytes + STORAGE_ALIGN - 1) / STORAGE_ALIGN * STORAGE_ALIGN;
     if (padded == 0) padded = STORAGE_ALIGN; /* never a NULL data pointer */
     void *data = s ? aligned_alloc(STORAGE_ALIGN, padded) : NULL;
     if (!data) {
         free(s);
-        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a tensor", nbytes);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a tensor",
+                         nbytes);
     }
     memset(data, 0, padded);
     s->data = data;
@@ -128,7 +139,8 @@ fsdp_status fsdp_tensor_create(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device devi
     FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_create"));
     FSDP_TRY(check_dtype_device(ctx, dtype, device));
     fsdp_storage *s;
-    FSDP_TRY(storage_new(ctx, (size_t)fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype), device, &s));
+    FSDP_TRY(storage_new(ctx, (size_t)fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype),
+                         device, &s));
     fsdp_status st = tensor_new(ctx, s, 0, dtype, ndim, shape, out);
     if (st != FSDP_OK) storage_release(s);
     return st;
@@ -140,7 +152,8 @@ fsdp_status fsdp_tensor_create_like(fsdp_ctx *ctx, const fsdp_tensor *src, fsdp_
 
 fsdp_status fsdp_tensor_from_blob(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, fsdp_device device,
                                   int ndim, const int64_t *shape, fsdp_tensor **out) {
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tensor_from_blob: out is NULL");
+    if (!out)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tensor_from_blob: out is NULL");
     *out = NULL;
     FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_from_blob"));
     FSDP_TRY(check_dtype_device(ctx, dtype, device));
@@ -167,7 +180,8 @@ static bool fits(const fsdp_storage *s, fsdp_dtype dtype, int64_t offset, int64_
 
 fsdp_status fsdp_tensor_view(fsdp_ctx *ctx, const fsdp_tensor *base, int64_t offset, int ndim,
                              const int64_t *shape, fsdp_tensor **out) {
-    if (!out || !base) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tensor_view: NULL argument");
+    if (!out || !base)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tensor_view: NULL argument");
     *out = NULL;
     FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_view"));
     int64_t numel = fsdp_shape_numel(ndim, shape);
@@ -184,14 +198,16 @@ fsdp_status fsdp_tensor_view(fsdp_ctx *ctx, const fsdp_tensor *base, int64_t off
     return FSDP_OK;
 }
 
-fsdp_status fsdp_tensor_rebind(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_tensor *base, int64_t offset) {
+fsdp_status fsdp_tensor_rebind(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_tensor *base,
+                               int64_t offset) {
     if (base->dtype != t->dtype)
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "fsdp_tensor_rebind: dtype %s onto a %s base",
                          fsdp_dtype_to_string(t->dtype), fsdp_dtype_to_string(base->dtype));
     if (offset < 0 || offset + t->numel > base->numel)
-        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
-                         "fsdp_tensor_rebind: elements [%lld, %lld) are outside the base (%lld elements)",
-                         (long long)offset, (long long)(offset + t->numel), (long long)base->numel);
+        return FSDP_FAIL(
+            ctx, FSDP_ERR_SHAPE,
+            "fsdp_tensor_rebind: elements [%lld, %lld) are outside the base (%lld elements)",
+            (long long)offset, (long long)(offset + t->numel), (long long)base->numel);
     if (t->storage == base->storage && t->offset == base->offset + offset) return FSDP_OK;
     atomic_fetch_add(&base->storage->refs, 1);
     storage_release(t->storage);
@@ -208,10 +224,11 @@ fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const in
         return FSDP_OK;
     }
     if (!t->storage->owned || atomic_load(&t->storage->refs) != 1)
-        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
-                         "fsdp_tensor_resize: %lld elements do not fit, and the storage is shared or "
-                         "not owned, so it cannot be reallocated; resize the owner instead",
-                         (long long)numel);
+        return FSDP_FAIL(
+            ctx, FSDP_ERR_STATE,
+            "fsdp_tensor_resize: %lld elements do not fit, and the storage is shared or "
+            "not owned, so it cannot be reallocated; resize the owner instead",
+            (long long)numel);
     fsdp_storage *s;
     FSDP_TRY(storage_new(ctx, (size_t)numel * fsdp_dtype_size(t->dtype), t->storage->device, &s));
     storage_release(t->storage);
@@ -227,12 +244,24 @@ void fsdp_tensor_free(fsdp_tensor *t) {
     free(t);
 }
 
-fsdp_dtype fsdp_tensor_dtype(const fsdp_tensor *t) { return t->dtype; }
-fsdp_device fsdp_tensor_device(const fsdp_tensor *t) { return t->storage->device; }
-int fsdp_tensor_ndim(const fsdp_tensor *t) { return t->ndim; }
-const int64_t *fsdp_tensor_shape(const fsdp_tensor *t) { return t->shape; }
-int64_t fsdp_tensor_numel(const fsdp_tensor *t) { return t->numel; }
-size_t fsdp_tensor_nbytes(const fsdp_tensor *t) { return (size_t)t->numel * fsdp_dtype_size(t->dtype); }
+fsdp_dtype fsdp_tensor_dtype(const fsdp_tensor *t) {
+    return t->dtype;
+}
+fsdp_device fsdp_tensor_device(const fsdp_tensor *t) {
+    return t->storage->device;
+}
+int fsdp_tensor_ndim(const fsdp_tensor *t) {
+    return t->ndim;
+}
+const int64_t *fsdp_tensor_shape(const fsdp_tensor *t) {
+    return t->shape;
+}
+int64_t fsdp_tensor_numel(const fsdp_tensor *t) {
+    return t->numel;
+}
+size_t fsdp_tensor_nbytes(const fsdp_tensor *t) {
+    return (size_t)t->numel * fsdp_dtype_size(t->dtype);
+}
 
 int64_t fsdp_tensor_dim(const fsdp_tensor *t, int dim) {
     if (dim < 0) dim += t->ndim;
@@ -257,7 +286,8 @@ bool fsdp_tensor_same_shape(const fsdp_tensor *a, const fsdp_tensor *b) {
 const char *fsdp_tensor_shape_string(const fsdp_tensor *t, char *buf, size_t size) {
     size_t used = (size_t)snprintf(buf, size, "(");
     for (int i = 0; i < t->ndim && used < size; i++)
-        used += (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+        used += (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld",
+                                 (long long)t->shape[i]);
     if (used < size) snprintf(buf + used, size - used, t->ndim == 1 ? ",)" : ")");
     return buf;
 }
@@ -271,15 +301,19 @@ fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor 
     }
     fsdp_device dd = dst->storage->device, sd = src->storage->device;
     if (dd.type != sd.type || dd.index != sd.index)
-        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE, "fsdp_tensor_copy: %s to %s copies are not supported",
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "fsdp_tensor_copy: %s to %s copies are not supported",
                          fsdp_device_to_string(sd), fsdp_device_to_string(dd));
     const fsdp_kernels_i *k = fsdp_kernels_for(dd);
     void *d = fsdp_tensor_data(dst);
     const void *s = fsdp_tensor_data(src);
     if (d == s && dst->dtype == src->dtype) return FSDP_OK;
-    if (dst->dtype == src->dtype) memmove(d, s, fsdp_tensor_nbytes(src));
-    else if (dst->dtype == FSDP_DTYPE_BF16) k->f32_to_bf16(d, s, src->numel);
-    else k->bf16_to_f32(d, s, src->numel);
+    if (dst->dtype == src->dtype)
+        memmove(d, s, fsdp_tensor_nbytes(src));
+    else if (dst->dtype == FSDP_DTYPE_BF16)
+        k->f32_to_bf16(d, s, src->numel);
+    else
+        k->bf16_to_f32(d, s, src->numel);
     return FSDP_OK;
 }
 

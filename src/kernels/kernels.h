@@ -42,7 +42,7 @@ typedef struct fsdp_kernels_i {
     void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int64_t rows, int64_t cols);
 
-    void (*add)(float *out, const float *a, const float *b, int64_t n); /* out = a + b */
+    void (*add)(float *out, const float *a, const float *b, int64_t n);  /* out = a + b */
     void (*axpy)(float *y, float alpha, const float *x, int64_t n);      /* y += alpha * x */
     void (*scale)(float *out, const float *inp, float alpha, int64_t n); /* out = alpha * inp */
     void (*copy)(float *dst, const float *src, int64_t n);
@@ -56,8 +56,8 @@ typedef struct fsdp_kernels_i {
     /* Losses: the scalar to *loss (host); dout (may be NULL) = d(loss)/d(out), written. */
     void (*mse_loss)(float *loss, float *dout, const float *out, const float *target, int64_t n);
     /* logits (rows, classes), targets (rows) in [0, classes); mean over rows */
-    void (*cross_entropy)(float *loss, float *dlogits, const float *logits,
-                          const int32_t *targets, int64_t rows, int64_t classes);
+    void (*cross_entropy)(float *loss, float *dlogits, const float *logits, const int32_t *targets,
+                          int64_t rows, int64_t classes);
 
     /* dtype conversion, round to nearest even */
     void (*f32_to_bf16)(fsdp_bf16 *dst, const float *src, int64_t n);

@@ -35,9 +35,15 @@ static fsdp_status pointwise_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
     const float *x = fsdp_tensor_f32(in);
     int64_t n = fsdp_tensor_numel(in);
     switch (p->kind) {
-    case ACT_RELU: k->relu_forward(y, x, n); break;
-    case ACT_SIGMOID: k->sigmoid_forward(y, x, n); break;
-    case ACT_GELU: k->gelu_forward(y, x, n); break;
+    case ACT_RELU:
+        k->relu_forward(y, x, n);
+        break;
+    case ACT_SIGMOID:
+        k->sigmoid_forward(y, x, n);
+        break;
+    case ACT_GELU:
+        k->gelu_forward(y, x, n);
+        break;
     }
     p->input = in;
     *out = p->output;
@@ -51,7 +57,8 @@ static fsdp_status pointwise_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
         char desc[160];
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "%s: backward needs a forward first, and an output gradient of the "
-                         "output's shape", fsdp_nn_describe(m, desc, sizeof desc));
+                         "output's shape",
+                         fsdp_nn_describe(m, desc, sizeof desc));
     }
     if (!din) return FSDP_OK; /* no parameters: nothing else to do */
     fsdp_device dev = fsdp_tensor_device(dout);
@@ -61,20 +68,32 @@ static fsdp_status pointwise_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
     const float *dy = fsdp_tensor_f32(dout);
     int64_t n = fsdp_tensor_numel(dout);
     switch (p->kind) {
-    case ACT_RELU: k->relu_backward(dx, fsdp_tensor_f32(p->input), dy, n); break;
-    case ACT_SIGMOID: k->sigmoid_backward(dx, fsdp_tensor_f32(p->output), dy, n); break;
-    case ACT_GELU: k->gelu_backward(dx, fsdp_tensor_f32(p->input), dy, n); break;
+    case ACT_RELU:
+        k->relu_backward(dx, fsdp_tensor_f32(p->input), dy, n);
+        break;
+    case ACT_SIGMOID:
+        k->sigmoid_backward(dx, fsdp_tensor_f32(p->output), dy, n);
+        break;
+    case ACT_GELU:
+        k->gelu_backward(dx, fsdp_tensor_f32(p->input), dy, n);
+        break;
     }
     *din = p->dinput;
     return FSDP_OK;
 }
 
-static const fsdp_module_ops relu_ops = {
-    .kind = "ReLU", .forward = pointwise_forward, .backward = pointwise_backward, .free_impl = pointwise_free};
-static const fsdp_module_ops sigmoid_ops = {
-    .kind = "Sigmoid", .forward = pointwise_forward, .backward = pointwise_backward, .free_impl = pointwise_free};
-static const fsdp_module_ops gelu_ops = {
-    .kind = "GELU", .forward = pointwise_forward, .backward = pointwise_backward, .free_impl = pointwise_free};
+static const fsdp_module_ops relu_ops = {.kind = "ReLU",
+                                         .forward = pointwise_forward,
+                                         .backward = pointwise_backward,
+                                         .free_impl = pointwise_free};
+static const fsdp_module_ops sigmoid_ops = {.kind = "Sigmoid",
+                                            .forward = pointwise_forward,
+                                            .backward = pointwise_backward,
+                                            .free_impl = pointwise_free};
+static const fsdp_module_ops gelu_ops = {.kind = "GELU",
+                                         .forward = pointwise_forward,
+                                         .backward = pointwise_backward,
+                                         .free_impl = pointwise_free};
 
 static fsdp_status pointwise_create(fsdp_ctx *ctx, act_kind kind, const fsdp_module_ops *ops,
                                     fsdp_module **out) {

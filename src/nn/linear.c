@@ -9,8 +9,8 @@
 #include "nn/module_impl.h"
 
 typedef struct linear {
-    fsdp_param *weight; /* (out, in) */
-    fsdp_param *bias;   /* (out), or NULL */
+    fsdp_param *weight;       /* (out, in) */
+    fsdp_param *bias;         /* (out), or NULL */
     const fsdp_tensor *input; /* (rows, in), kept for backward */
     fsdp_tensor *output;      /* (rows, out) */
     fsdp_tensor *dinput;      /* (rows, in) */
@@ -38,7 +38,8 @@ static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tens
     FSDP_TRY(fsdp_nn_buffer(ctx, &l->output, dev, nd, shape));
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     float *y = fsdp_tensor_f32(l->output);
-    k->gemm(false, true, rows, OC, C, 1.0f, fsdp_tensor_f32(in), C, fsdp_tensor_f32(w), C, 0.0f, y, OC);
+    k->gemm(false, true, rows, OC, C, 1.0f, fsdp_tensor_f32(in), C, fsdp_tensor_f32(w), C, 0.0f, y,
+            OC);
     if (l->bias) k->bias_add(y, fsdp_tensor_f32(l->bias->data), rows, OC);
     l->input = in;
     *out = l->output;
@@ -54,18 +55,20 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
         char desc[160];
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "%s: backward needs a forward first, and an output gradient of the "
-                         "output's shape", fsdp_nn_describe(m, desc, sizeof desc));
+                         "output's shape",
+                         fsdp_nn_describe(m, desc, sizeof desc));
     }
     int64_t rows = fsdp_tensor_numel(dout) / (OC ? OC : 1);
     const fsdp_kernels_i *k = fsdp_kernels_for(fsdp_tensor_device(dout));
     const float *dy = fsdp_tensor_f32(dout), *x = fsdp_tensor_f32(l->input);
     if (l->weight->requires_grad) /* dW (OC, C) += dy^T (OC, rows) @ x (rows, C) */
-        k->gemm(true, false, OC, C, rows, 1.0f, dy, OC, x, C, 1.0f, fsdp_tensor_f32(l->weight->grad), C);
+        k->gemm(true, false, OC, C, rows, 1.0f, dy, OC, x, C, 1.0f,
+                fsdp_tensor_f32(l->weight->grad), C);
     if (l->bias && l->bias->requires_grad)
         k->bias_backward(fsdp_tensor_f32(l->bias->grad), dy, rows, OC);
     if (din) { /* dx (rows, C) = dy (rows, OC) @ W (OC, C) */
-        FSDP_TRY(fsdp_nn_buffer(ctx, &l->dinput, fsdp_tensor_device(dout), fsdp_tensor_ndim(l->input),
-                                fsdp_tensor_shape(l->input)));
+        FSDP_TRY(fsdp_nn_buffer(ctx, &l->dinput, fsdp_tensor_device(dout),
+                                fsdp_tensor_ndim(l->input), fsdp_tensor_shape(l->input)));
         k->gemm(false, false, rows, C, OC, 1.0f, dy, OC, fsdp_tensor_f32(w), C, 0.0f,
                 fsdp_tensor_f32(l->dinput), C);
         *din = l->dinput;
@@ -73,8 +76,10 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
     return FSDP_OK;
 }
 
-static const fsdp_module_ops linear_ops = {
-    .kind = "Linear", .forward = linear_forward, .backward = linear_backward, .free_impl = linear_free};
+static const fsdp_module_ops linear_ops = {.kind = "Linear",
+                                           .forward = linear_forward,
+                                           .backward = linear_backward,
+                                           .free_impl = linear_free};
 
 fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_features, bool bias,
                                fsdp_module **out) {
@@ -88,8 +93,8 @@ fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_f
     FSDP_TRY(fsdp_module_create(ctx, &linear_ops, l, &m));
     float bound = 1.0f / sqrtf((float)in_features); /* PyTorch's nn.Linear default */
     fsdp_init init = {.kind = FSDP_INIT_UNIFORM, .a = -bound, .b = bound};
-    fsdp_status st = fsdp_module_add_param(ctx, m, "weight", 2, (int64_t[]){out_features, in_features},
-                                           init, &l->weight);
+    fsdp_status st = fsdp_module_add_param(
+        ctx, m, "weight", 2, (int64_t[]){out_features, in_features}, init, &l->weight);
     if (st == FSDP_OK && bias)
         st = fsdp_module_add_param(ctx, m, "bias", 1, (int64_t[]){out_features}, init, &l->bias);
     if (st != FSDP_OK) {

@@ -1,6 +1,6 @@
 /* loss.c: sum, mean-squared-error and cross-entropy losses with their gradients. */
-#include "core/error.h"
 #include "fsdp/loss.h"
+#include "core/error.h"
 #include "kernels/kernels.h"
 
 /* Checks out is f32 and dout (when given) is an f32 tensor of out's shape on its device. */
@@ -12,10 +12,11 @@ static fsdp_status check_grad_target(fsdp_ctx *ctx, const char *loss, const fsdp
                          fsdp_dtype_to_string(fsdp_tensor_dtype(out)));
     if (dout && (!fsdp_tensor_same_shape(out, dout) || fsdp_tensor_dtype(dout) != FSDP_DTYPE_F32 ||
                  fsdp_tensor_device(dout).type != fsdp_tensor_device(out).type))
-        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
-                         "%s: the gradient tensor %s must be f32 of the output's shape %s on its device",
-                         loss, fsdp_tensor_shape_string(dout, a, sizeof a),
-                         fsdp_tensor_shape_string(out, b, sizeof b));
+        return FSDP_FAIL(
+            ctx, FSDP_ERR_SHAPE,
+            "%s: the gradient tensor %s must be f32 of the output's shape %s on its device", loss,
+            fsdp_tensor_shape_string(dout, a, sizeof a),
+            fsdp_tensor_shape_string(out, b, sizeof b));
     return FSDP_OK;
 }
 
@@ -32,7 +33,8 @@ fsdp_status fsdp_loss_mse(fsdp_ctx *ctx, const fsdp_tensor *out, const fsdp_tens
     FSDP_TRY(check_grad_target(ctx, "MSE loss", out, dout));
     if (!fsdp_tensor_same_shape(out, target) || fsdp_tensor_dtype(target) != FSDP_DTYPE_F32) {
         char a[64], b[64];
-        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "MSE loss: target %s must be f32 of the output's shape %s",
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                         "MSE loss: target %s must be f32 of the output's shape %s",
                          fsdp_tensor_shape_string(target, a, sizeof a),
                          fsdp_tensor_shape_string(out, b, sizeof b));
     }
@@ -56,9 +58,10 @@ fsdp_status fsdp_loss_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,
     int64_t rows = fsdp_tensor_dim(logits, 0), classes = fsdp_tensor_dim(logits, 1);
     for (int64_t i = 0; i < rows; i++)
         if (targets[i] < 0 || targets[i] >= classes)
-            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                             "cross-entropy loss: target %d of row %lld is not a class in [0, %lld)",
-                             targets[i], (long long)i, (long long)classes);
+            return FSDP_FAIL(
+                ctx, FSDP_ERR_INVALID_ARGUMENT,
+                "cross-entropy loss: target %d of row %lld is not a class in [0, %lld)", targets[i],
+                (long long)i, (long long)classes);
     fsdp_kernels_for(fsdp_tensor_device(logits))
         ->cross_entropy(loss, dlogits ? fsdp_tensor_f32(dlogits) : NULL, fsdp_tensor_f32(logits),
                         targets, rows, classes);

@@ -65,8 +65,8 @@ static fsdp_status build_mlp_stacked(fsdp_ctx *ctx, fsdp_module *m, int n_layers
 
 fsdp_status fsdp_model_mlp_stacked(fsdp_ctx *ctx, int n_layers, fsdp_module **out) {
     if (n_layers < 1)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "MLPStacked: n_layers is %d; it must be >= 1",
-                         n_layers);
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "MLPStacked: n_layers is %d; it must be >= 1", n_layers);
     fsdp_module *m;
     FSDP_TRY(fsdp_sequential_create(ctx, &m));
     return finish(ctx, m, build_mlp_stacked(ctx, m, n_layers), out);
@@ -106,7 +106,8 @@ static fsdp_status simple_mlp_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp
                          "SimpleMLP: backward needs a forward first, and an output gradient of the "
                          "output's shape");
     fsdp_device dev = fsdp_tensor_device(dout);
-    FSDP_TRY(fsdp_nn_buffer(ctx, &s->dlogits, dev, fsdp_tensor_ndim(dout), fsdp_tensor_shape(dout)));
+    FSDP_TRY(
+        fsdp_nn_buffer(ctx, &s->dlogits, dev, fsdp_tensor_ndim(dout), fsdp_tensor_shape(dout)));
     fsdp_kernels_for(dev)->sigmoid_backward(fsdp_tensor_f32(s->dlogits), fsdp_tensor_f32(s->output),
                                             fsdp_tensor_f32(dout), fsdp_tensor_numel(dout));
     return fsdp_nn_chain_backward(ctx, m->children, m->n_children, s->dlogits, din);
@@ -172,10 +173,17 @@ fsdp_status fsdp_activation_parse(const char *text, fsdp_activation *out) {
 static fsdp_status append_activation(fsdp_ctx *ctx, fsdp_module *seq, fsdp_activation act) {
     fsdp_module *a = NULL;
     switch (act) {
-    case FSDP_ACT_RELU: FSDP_TRY(fsdp_relu_create(ctx, &a)); break;
-    case FSDP_ACT_GELU: FSDP_TRY(fsdp_gelu_create(ctx, &a)); break;
-    case FSDP_ACT_SIGMOID: FSDP_TRY(fsdp_sigmoid_create(ctx, &a)); break;
-    case FSDP_ACT_NONE: return FSDP_OK;
+    case FSDP_ACT_RELU:
+        FSDP_TRY(fsdp_relu_create(ctx, &a));
+        break;
+    case FSDP_ACT_GELU:
+        FSDP_TRY(fsdp_gelu_create(ctx, &a));
+        break;
+    case FSDP_ACT_SIGMOID:
+        FSDP_TRY(fsdp_sigmoid_create(ctx, &a));
+        break;
+    case FSDP_ACT_NONE:
+        return FSDP_OK;
     }
     return fsdp_sequential_append(ctx, seq, a);
 }

@@ -86,19 +86,33 @@ void fsdp_module_free(fsdp_module *m) {
     free(m);
 }
 
-void *fsdp_module_impl(const fsdp_module *m) { return m->impl; }
-const char *fsdp_module_kind(const fsdp_module *m) { return m->ops->kind; }
-const char *fsdp_module_name(const fsdp_module *m) { return m->name; }
-const char *fsdp_module_fqn(const fsdp_module *m) { return m->fqn; }
-fsdp_module *fsdp_module_parent(const fsdp_module *m) { return m->parent; }
-int fsdp_module_num_children(const fsdp_module *m) { return m->n_children; }
+void *fsdp_module_impl(const fsdp_module *m) {
+    return m->impl;
+}
+const char *fsdp_module_kind(const fsdp_module *m) {
+    return m->ops->kind;
+}
+const char *fsdp_module_name(const fsdp_module *m) {
+    return m->name;
+}
+const char *fsdp_module_fqn(const fsdp_module *m) {
+    return m->fqn;
+}
+fsdp_module *fsdp_module_parent(const fsdp_module *m) {
+    return m->parent;
+}
+int fsdp_module_num_children(const fsdp_module *m) {
+    return m->n_children;
+}
 fsdp_module *fsdp_module_child(const fsdp_module *m, int i) {
     return i >= 0 && i < m->n_children ? m->children[i] : NULL;
 }
 
 const char *fsdp_nn_describe(const fsdp_module *m, char *buf, size_t size) {
-    if (m->fqn[0]) snprintf(buf, size, "%s '%s'", m->ops->kind, m->fqn);
-    else snprintf(buf, size, "%s (root)", m->ops->kind);
+    if (m->fqn[0])
+        snprintf(buf, size, "%s '%s'", m->ops->kind, m->fqn);
+    else
+        snprintf(buf, size, "%s (root)", m->ops->kind);
     return buf;
 }
 
@@ -151,15 +165,16 @@ static fsdp_status check_new_name(fsdp_ctx *ctx, const fsdp_module *m, const cha
 
 fsdp_status fsdp_module_add_child(fsdp_ctx *ctx, fsdp_module *m, const char *name,
                                   fsdp_module *child) {
-    if (!child) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_module_add_child: child is NULL");
+    if (!child)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_module_add_child: child is NULL");
     fsdp_status st = FSDP_OK;
     if (child->parent || child == m)
         st = FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                        "fsdp_module_add_child: module '%s' already has a parent", child->fqn);
     if (st == FSDP_OK) st = check_new_name(ctx, m, name, "child");
     char *copy = st == FSDP_OK ? dup_string(name) : NULL;
-    if (st == FSDP_OK &&
-        (!copy || !grow((void **)&m->children, &m->cap_children, m->n_children, sizeof *m->children)))
+    if (st == FSDP_OK && (!copy || !grow((void **)&m->children, &m->cap_children, m->n_children,
+                                         sizeof *m->children)))
         st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add child '%s'", name);
     if (st != FSDP_OK) {
         free(copy);
@@ -181,7 +196,8 @@ fsdp_module *fsdp_module_find(const fsdp_module *m, const char *path) {
         size_t len = dot ? (size_t)(dot - seg) : strlen(seg);
         const fsdp_module *next = NULL;
         for (int i = 0; i < cur->n_children && !next; i++)
-            if (strlen(cur->children[i]->name) == len && strncmp(cur->children[i]->name, seg, len) == 0)
+            if (strlen(cur->children[i]->name) == len &&
+                strncmp(cur->children[i]->name, seg, len) == 0)
                 next = cur->children[i];
         cur = next;
         seg = dot ? dot + 1 : seg + len;
@@ -224,11 +240,11 @@ fsdp_status fsdp_module_add_param(fsdp_ctx *ctx, fsdp_module *m, const char *nam
     p->requires_grad = true;
     p->init = init;
     fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, ndim, shape, &p->data);
-    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, ndim, shape, &p->grad);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, ndim, shape, &p->grad);
     char fqn[512];
     member_fqn(m, name, fqn, sizeof fqn);
-    if (st == FSDP_OK)
-        st = fsdp_init_tensor(ctx, p->data, &init, ctx->seed, fsdp_rng_stream(fqn));
+    if (st == FSDP_OK) st = fsdp_init_tensor(ctx, p->data, &init, ctx->seed, fsdp_rng_stream(fqn));
     if (st != FSDP_OK) {
         param_free(p);
         return st;
@@ -260,11 +276,15 @@ fsdp_status fsdp_module_add_buffer(fsdp_ctx *ctx, fsdp_module *m, const char *na
     return FSDP_OK;
 }
 
-int fsdp_module_num_params(const fsdp_module *m) { return m->n_params; }
+int fsdp_module_num_params(const fsdp_module *m) {
+    return m->n_params;
+}
 fsdp_param *fsdp_module_param(const fsdp_module *m, int i) {
     return i >= 0 && i < m->n_params ? m->params[i] : NULL;
 }
-int fsdp_module_num_buffers(const fsdp_module *m) { return m->n_buffers; }
+int fsdp_module_num_buffers(const fsdp_module *m) {
+    return m->n_buffers;
+}
 fsdp_tensor *fsdp_module_buffer(const fsdp_module *m, int i) {
     return i >= 0 && i < m->n_buffers ? m->buffers[i].data : NULL;
 }
@@ -272,17 +292,32 @@ const char *fsdp_module_buffer_name(const fsdp_module *m, int i) {
     return i >= 0 && i < m->n_buffers ? m->buffers[i].name : NULL;
 }
 
-const char *fsdp_param_name(const fsdp_param *p) { return p->name; }
-fsdp_module *fsdp_param_module(const fsdp_param *p) { return p->module; }
-fsdp_tensor *fsdp_param_data(const fsdp_param *p) { return p->data; }
-fsdp_tensor *fsdp_param_grad(const fsdp_param *p) { return p->grad; }
-bool fsdp_param_requires_grad(const fsdp_param *p) { return p->requires_grad; }
-void fsdp_param_set_requires_grad(fsdp_param *p, bool requires_grad) { p->requires_grad = requires_grad; }
-const fsdp_init *fsdp_param_init(const fsdp_param *p) { return &p->init; }
+const char *fsdp_param_name(const fsdp_param *p) {
+    return p->name;
+}
+fsdp_module *fsdp_param_module(const fsdp_param *p) {
+    return p->module;
+}
+fsdp_tensor *fsdp_param_data(const fsdp_param *p) {
+    return p->data;
+}
+fsdp_tensor *fsdp_param_grad(const fsdp_param *p) {
+    return p->grad;
+}
+bool fsdp_param_requires_grad(const fsdp_param *p) {
+    return p->requires_grad;
+}
+void fsdp_param_set_requires_grad(fsdp_param *p, bool requires_grad) {
+    p->requires_grad = requires_grad;
+}
+const fsdp_init *fsdp_param_init(const fsdp_param *p) {
+    return &p->init;
+}
 
 fsdp_status fsdp_module_visit(fsdp_ctx *ctx, fsdp_module *m, fsdp_module_visit_fn fn, void *user) {
     FSDP_TRY(fn(ctx, m, user));
-    for (int i = 0; i < m->n_children; i++) FSDP_TRY(fsdp_module_visit(ctx, m->children[i], fn, user));
+    for (int i = 0; i < m->n_children; i++)
+        FSDP_TRY(fsdp_module_visit(ctx, m->children[i], fn, user));
     return FSDP_OK;
 }
 
@@ -354,7 +389,8 @@ fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_module_add_hook: hook point %d or function invalid", (int)point);
     }
-    if (!grow((void **)&m->hooks[point], &m->cap_hooks[point], m->n_hooks[point], sizeof(fsdp_hook))) {
+    if (!grow((void **)&m->hooks[point], &m->cap_hooks[point], m->n_hooks[point],
+              sizeof(fsdp_hook))) {
         if (free_user) free_user(user);
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add a hook");
     }

@@ -6,14 +6,14 @@
 #include "fsdp/module.h"
 
 struct fsdp_param {
-    char *name;           /* local name: "weight" */
-    fsdp_module *module;  /* owner */
-    fsdp_tensor *data;    /* local values: the whole tensor, a TP shard, or a flat-buffer view */
-    fsdp_tensor *grad;    /* same shape as data; backward accumulates into it */
+    char *name;          /* local name: "weight" */
+    fsdp_module *module; /* owner */
+    fsdp_tensor *data;   /* local values: the whole tensor, a TP shard, or a flat-buffer view */
+    fsdp_tensor *grad;   /* same shape as data; backward accumulates into it */
     bool requires_grad;
     fsdp_init init;
-    void *dist;                 /* placement spec set by tensor parallelism; NULL when plain */
-    void (*free_dist)(void *);  /* (optional) releases dist */
+    void *dist;                /* placement spec set by tensor parallelism; NULL when plain */
+    void (*free_dist)(void *); /* (optional) releases dist */
 };
 
 typedef struct fsdp_buffer {

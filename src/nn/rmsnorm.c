@@ -8,11 +8,11 @@
 
 typedef struct rmsnorm {
     float eps;
-    fsdp_param *weight;       /* (C) */
-    const fsdp_tensor *input; /* (rows, C) */
-    fsdp_tensor *output;      /* (rows, C) */
-    fsdp_tensor *rstd;        /* (rows) */
-    fsdp_tensor *dinput;      /* (rows, C) */
+    fsdp_param *weight;        /* (C) */
+    const fsdp_tensor *input;  /* (rows, C) */
+    fsdp_tensor *output;       /* (rows, C) */
+    fsdp_tensor *rstd;         /* (rows) */
+    fsdp_tensor *dinput;       /* (rows, C) */
     fsdp_tensor *dweight_sink; /* (C): where the weight grad goes when it is not wanted */
 } rmsnorm;
 
@@ -49,7 +49,8 @@ static fsdp_status rmsnorm_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_te
         char desc[160];
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "%s: backward needs a forward first, and an output gradient of the "
-                         "output's shape", fsdp_nn_describe(m, desc, sizeof desc));
+                         "output's shape",
+                         fsdp_nn_describe(m, desc, sizeof desc));
     }
     int64_t C = fsdp_tensor_numel(r->weight->data), rows = fsdp_tensor_numel(dout) / C;
     fsdp_device dev = fsdp_tensor_device(dout);
@@ -62,15 +63,17 @@ static fsdp_status rmsnorm_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_te
         dweight = r->dweight_sink;
     }
     fsdp_kernels_for(dev)->rmsnorm_backward(fsdp_tensor_f32(r->dinput), fsdp_tensor_f32(dweight),
-                                            fsdp_tensor_f32(dout),
-                                            fsdp_tensor_f32(r->input), fsdp_tensor_f32(r->weight->data),
+                                            fsdp_tensor_f32(dout), fsdp_tensor_f32(r->input),
+                                            fsdp_tensor_f32(r->weight->data),
                                             fsdp_tensor_f32(r->rstd), rows, C);
     if (din) *din = r->dinput;
     return FSDP_OK;
 }
 
-static const fsdp_module_ops rmsnorm_ops = {
-    .kind = "RMSNorm", .forward = rmsnorm_forward, .backward = rmsnorm_backward, .free_impl = rmsnorm_free};
+static const fsdp_module_ops rmsnorm_ops = {.kind = "RMSNorm",
+                                            .forward = rmsnorm_forward,
+                                            .backward = rmsnorm_backward,
+                                            .free_impl = rmsnorm_free};
 
 fsdp_status fsdp_rmsnorm_create(fsdp_ctx *ctx, int64_t dim, float eps, fsdp_module **out) {
     if (dim <= 0 || !(eps >= 0.0f))

@@ -14,7 +14,7 @@ fsdp_status fsdp_nn_chain_forward(fsdp_ctx *ctx, fsdp_module *const *children, i
 }
 
 fsdp_status fsdp_nn_chain_backward(fsdp_ctx *ctx, fsdp_module *const *children, int n,
-                                  const fsdp_tensor *dout, const fsdp_tensor **din) {
+                                   const fsdp_tensor *dout, const fsdp_tensor **din) {
     const fsdp_tensor *d = dout;
     for (int i = n - 1; i >= 0; i--)
         FSDP_TRY(fsdp_module_backward(ctx, children[i], d, (i > 0 || din) ? &d : NULL));

@@ -47,7 +47,8 @@ static fsdp_status collect_param(fsdp_ctx *ctx, fsdp_param *p, const char *name,
 
 static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_sgd_options *o) {
     if (!(o->lr > 0.0f))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "SGD: lr is %g; it must be > 0", (double)o->lr);
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "SGD: lr is %g; it must be > 0",
+                         (double)o->lr);
     if (!(o->momentum >= 0.0f) || !(o->weight_decay >= 0.0f) || !(o->dampening >= 0.0f))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "SGD: momentum %g, dampening %g and weight_decay %g must be >= 0",
@@ -82,7 +83,8 @@ fsdp_status fsdp_sgd_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_sgd_option
             opt->slots[i].momentum_buffer = calloc(numel ? numel : 1, sizeof(float));
             if (!opt->slots[i].momentum_buffer) {
                 fsdp_optimizer_free(opt);
-                return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate SGD momentum buffers");
+                return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
+                                 "cannot allocate SGD momentum buffers");
             }
         }
     }
@@ -97,20 +99,25 @@ fsdp_status fsdp_optimizer_step(fsdp_ctx *ctx, fsdp_optimizer *opt) {
         if (!data || !grad || fsdp_tensor_device(p->data).type != FSDP_DEVICE_CPU)
             return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                              "SGD: parameter '%s' must be an f32 CPU tensor", p->name);
-        sgd_update(data, grad, opt->slots[i].momentum_buffer, fsdp_tensor_numel(p->data), &opt->opts,
-                   opt->steps == 0);
+        sgd_update(data, grad, opt->slots[i].momentum_buffer, fsdp_tensor_numel(p->data),
+                   &opt->opts, opt->steps == 0);
     }
     opt->steps++;
     return FSDP_OK;
 }
 
 fsdp_status fsdp_optimizer_zero_grad(fsdp_ctx *ctx, fsdp_optimizer *opt) {
-    for (int i = 0; i < opt->n_slots; i++) FSDP_TRY(fsdp_tensor_fill(ctx, opt->slots[i].param->grad, 0.0f));
+    for (int i = 0; i < opt->n_slots; i++)
+        FSDP_TRY(fsdp_tensor_fill(ctx, opt->slots[i].param->grad, 0.0f));
     return FSDP_OK;
 }
 
-void fsdp_optimizer_set_lr(fsdp_optimizer *opt, float lr) { opt->opts.lr = lr; }
-float fsdp_optimizer_lr(const fsdp_optimizer *opt) { return opt->opts.lr; }
+void fsdp_optimizer_set_lr(fsdp_optimizer *opt, float lr) {
+    opt->opts.lr = lr;
+}
+float fsdp_optimizer_lr(const fsdp_optimizer *opt) {
+    return opt->opts.lr;
+}
 
 void fsdp_optimizer_free(fsdp_optimizer *opt) {
     if (!opt) return;
