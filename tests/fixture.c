@@ -144,9 +144,9 @@ static int read_header(reader *r, fixture_tensor *t) {
     uint32_t dtype = reader_u32(r, "dtype");
     uint32_t ndim = reader_u32(r, "ndim");
     if (r->failed) return 1;
-    if (dtype != FIXTURE_F32 && dtype != FIXTURE_I32) {
-        snprintf(msg, sizeof msg, "tensor '%s': unknown dtype %u (0 = f32, 1 = i32)", t->name,
-                 dtype);
+    if (dtype != FIXTURE_F32 && dtype != FIXTURE_I32 && dtype != FIXTURE_F64) {
+        snprintf(msg, sizeof msg, "tensor '%s': unknown dtype %u (0 = f32, 1 = i32, 2 = f64)",
+                 t->name, dtype);
         reader_fail(r, msg);
         return 1;
     }
@@ -177,29 +177,26 @@ static int read_header(reader *r, fixture_tensor *t) {
 }
 
 static int read_data(reader *r, fixture_tensor *t) {
-    size_t n = (size_t)t->numel;
-    if (n > (r->size - r->pos) / 4) {
+    size_t n = (size_t)t->numel, es = t->dtype == FIXTURE_F64 ? 8 : 4;
+    if (n > (r->size - r->pos) / es) {
         char msg[FIXTURE_MAX_NAME + 128];
         snprintf(msg, sizeof msg, "truncated: the data of tensor '%s' needs %lld bytes, %zu left",
-                 t->name, (long long)t->numel * 4, r->size - r->pos);
+                 t->name, (long long)(t->numel * (int64_t)es), r->size - r->pos);
         reader_fail(r, msg);
         return 1;
     }
-    const unsigned char *p = reader_take(r, n * 4, "data");
-    if (!(t->data = malloc(n > 0 ? n * 4 : 1))) {
+    const unsigned char *p = reader_take(r, n * es, "data");
+    if (!(t->data = malloc(n > 0 ? n * es : 1))) {
         reader_fail(r, "out of memory");
         return 1;
     }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t word = le_u32(p + 4 * i);
-        if (t->dtype == FIXTURE_F32) {
-            float v;
-            memcpy(&v, &word, sizeof v);
-            ((float *)t->data)[i] = v;
+    for (size_t i = 0; i < n; i++) { /* little-endian words into host order; same bits */
+        if (es == 8) {
+            uint64_t word = le_u64(p + 8 * i);
+            memcpy((double *)t->data + i, &word, sizeof word);
         } else {
-            int32_t v;
-            memcpy(&v, &word, sizeof v);
-            ((int32_t *)t->data)[i] = v;
+            uint32_t word = le_u32(p + 4 * i);
+            memcpy((uint32_t *)t->data + i, &word, sizeof word);
         }
     }
     return 0;

@@ -10,7 +10,7 @@
 
 #define FIXTURE_MAX_DIMS 4
 
-typedef enum fixture_dtype { FIXTURE_F32 = 0, FIXTURE_I32 = 1 } fixture_dtype;
+typedef enum fixture_dtype { FIXTURE_F32 = 0, FIXTURE_I32 = 1, FIXTURE_F64 = 2 } fixture_dtype;
 
 typedef struct fixture_tensor {
     char *name; /* NUL-terminated */
@@ -18,7 +18,7 @@ typedef struct fixture_tensor {
     int ndim;   /* 0 (a scalar) .. FIXTURE_MAX_DIMS */
     int64_t shape[FIXTURE_MAX_DIMS];
     int64_t numel;
-    void *data; /* numel floats or int32s */
+    void *data; /* numel floats, int32s or doubles */
 } fixture_tensor;
 
 typedef struct fixture {

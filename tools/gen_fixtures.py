@@ -38,8 +38,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 MAGIC = b"FSDPFX01"
-DTYPE_CODES = {torch.float32: 0, torch.int32: 1}
-PACK_CHARS = {torch.float32: "f", torch.int32: "i"}
+DTYPE_CODES = {torch.float32: 0, torch.int32: 1, torch.float64: 2}
+PACK_CHARS = {torch.float32: "f", torch.int32: "i", torch.float64: "d"}
 MAX_DIMS = 4
 # Keep the committed fixtures small; a case over this is a mistake in the case.
 MAX_FILE_BYTES = 512 * 1024
@@ -256,6 +256,60 @@ def case_loss_cross_entropy():
     return loss_tensors([("x", logits), ("targets", targets)], loss, logits)
 
 
+# Optimizer trajectories: two parameters (a (4, 3) weight and a (4,) bias) updated for
+# OPTIM_STEPS steps from stored gradients, so the C test checks the update rule alone.
+# `options` (float64, PyTorch's own Python floats) is
+# [kind (0 SGD, 1 Adam, 2 AdamW), lr, momentum, dampening, weight_decay, nesterov, maximize,
+#  beta1, beta2, eps, amsgrad].
+OPTIM_STEPS = 20
+OPTIM_CONFIGS = {
+    "sgd": ("sgd", dict(lr=0.1)),
+    "sgd_momentum": ("sgd", dict(lr=0.1, momentum=0.9)),
+    "sgd_dampening": ("sgd", dict(lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.01)),
+    "sgd_nesterov": ("sgd", dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.1)),
+    "sgd_maximize": ("sgd", dict(lr=0.02, momentum=0.5, maximize=True)),
+    "adam": ("adam", dict(lr=0.01)),
+    "adam_weight_decay": ("adam", dict(lr=0.01, weight_decay=0.1)),
+    "adam_amsgrad": ("adam", dict(lr=0.02, betas=(0.8, 0.95), eps=1e-6, amsgrad=True)),
+    "adam_maximize": ("adam", dict(lr=0.01, maximize=True, weight_decay=0.05)),
+    "adamw": ("adamw", dict(lr=0.01, weight_decay=0.1)),
+    "adamw_amsgrad": ("adamw", dict(lr=0.005, weight_decay=0.2, amsgrad=True)),
+}
+
+
+def optim_case(kind, kw):
+    weight = nn.Parameter(torch.randn(4, 3))
+    bias = nn.Parameter(torch.randn(4))
+    params = [("weight", weight), ("bias", bias)]
+    make = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
+    # foreach=False: the single-tensor update, whose operation order the C code follows.
+    opt = make([weight, bias], foreach=False, **kw)
+    group = opt.param_groups[0]
+    betas = group.get("betas", (0.0, 0.0))
+    options = [
+        {"sgd": 0, "adam": 1, "adamw": 2}[kind], group["lr"], group.get("momentum", 0.0),
+        group.get("dampening", 0.0), group["weight_decay"], float(group.get("nesterov", False)),
+        float(group["maximize"]), betas[0], betas[1], group.get("eps", 0.0),
+        float(group.get("amsgrad", False)),
+    ]
+    tensors = [("options", torch.tensor(options, dtype=torch.float64))]
+    tensors += [(f"init.{n}", p.detach().clone()) for n, p in params]
+    for step in range(OPTIM_STEPS):
+        # Large gradients first, small later, so amsgrad's running max differs from v.
+        scale = 2.0 if step < 5 else 0.3
+        for n, p in params:
+            p.grad = torch.randn_like(p) * scale
+            tensors.append((f"grad.{step}.{n}", p.grad.clone()))
+        opt.step()
+        tensors += [(f"param.{step}.{n}", p.detach().clone()) for n, p in params]
+    return tensors
+
+
+def optim_cases():
+    return {f"optim_{name}": (lambda k=kind, kw=kw: optim_case(k, kw))
+            for name, (kind, kw) in OPTIM_CONFIGS.items()}
+
+
 CASES = {
     "linear": case_linear,
     "linear_3d": case_linear_3d,
@@ -274,6 +328,7 @@ CASES = {
     "loss_mse": case_loss_mse,
     "loss_cross_entropy": case_loss_cross_entropy,
 }
+CASES.update(optim_cases())
 
 
 def check_finite(case, tensors):

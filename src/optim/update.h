@@ -1,0 +1,22 @@
+/* update.h: the fused update rules, as pure functions over arrays: one pass reads param,
+ * grad and state once and writes them once. The per-parameter optimizers use them now; FSDP's
+ * flat shards (and host-offloaded shards) will call the same functions. */
+#ifndef FSDP_OPTIM_UPDATE_H
+#define FSDP_OPTIM_UPDATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fsdp/optim.h"
+
+/* SGD over n elements. buf is the momentum buffer (n floats) or NULL without momentum; on the
+ * first step it takes the gradient as is. */
+void fsdp_sgd_update(float *p, const float *g, float *buf, int64_t n, const fsdp_sgd_options *o,
+                     bool first);
+
+/* Adam or AdamW (decoupled) over n elements at step `step` (1 for the first update). m, v
+ * (and vmax with amsgrad, else NULL) hold n floats each. o has its defaults filled in. */
+void fsdp_adam_update(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
+                      const fsdp_adam_options *o, bool decoupled, int64_t step);
+
+#endif
