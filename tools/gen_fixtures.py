@@ -305,6 +305,23 @@ def optim_case(kind, kw):
     return tensors
 
 
+def clip_case(max_norm, norm_type):
+    """torch.nn.utils.clip_grad_norm_ over a Linear(3, 4)'s gradients."""
+    layer = nn.Linear(3, 4)
+    for p in layer.parameters():
+        p.grad = torch.randn_like(p) * 3.0
+    tensors = [("options", torch.tensor([max_norm, norm_type], dtype=torch.float64))]
+    tensors += [(f"grad.{n}", p.grad.clone()) for n, p in layer.named_parameters()]
+    total = torch.nn.utils.clip_grad_norm_(layer.parameters(), max_norm, norm_type=norm_type)
+    tensors.append(("total_norm", total.detach().clone()))
+    tensors += [(f"clipped.{n}", p.grad.clone()) for n, p in layer.named_parameters()]
+    return tensors
+
+
+CLIP_CONFIGS = {"clip_norm2": (1.5, 2.0), "clip_norm_inf": (0.7, float("inf")),
+                "clip_norm2_unclipped": (100.0, 2.0)}
+
+
 def optim_cases():
     return {f"optim_{name}": (lambda k=kind, kw=kw: optim_case(k, kw))
             for name, (kind, kw) in OPTIM_CONFIGS.items()}
@@ -329,6 +346,7 @@ CASES = {
     "loss_cross_entropy": case_loss_cross_entropy,
 }
 CASES.update(optim_cases())
+CASES.update({name: (lambda a=a: clip_case(*a)) for name, a in CLIP_CONFIGS.items()})
 
 
 def check_finite(case, tensors):

@@ -58,6 +58,35 @@ void fsdp_optimizer_set_lr(fsdp_optimizer *opt, double lr);
 double fsdp_optimizer_lr(const fsdp_optimizer *opt);
 void fsdp_optimizer_free(fsdp_optimizer *opt); /* NULL does nothing */
 
+/* Clips the gradients of m's trainable parameters by their global norm, as PyTorch's
+ * clip_grad_norm_: total = (sum |g|^p)^(1/p) over every element (p = 2.0, or INFINITY for the
+ * max norm), then, when total > max_norm, every gradient is scaled by
+ * max_norm / (total + 1e-6). *total_norm (may be NULL) receives the norm before clipping. This
+ * is the single-rank form; the sharded form reduces the local sums over the mesh first. */
+fsdp_status fsdp_clip_grad_norm(fsdp_ctx *ctx, fsdp_module *m, double max_norm, double norm_type,
+                                double *total_norm);
+
+typedef enum fsdp_lr_schedule_kind {
+    FSDP_LR_CONSTANT = 0,  /* base_lr throughout */
+    FSDP_LR_LINEAR_WARMUP, /* base_lr * step / warmup_steps, then base_lr */
+    FSDP_LR_COSINE         /* linear warmup, then cosine from base_lr to min_lr at total_steps */
+} fsdp_lr_schedule_kind;
+
+/* A learning-rate schedule; steps count from 0, and the lr of step s is used for update s. */
+typedef struct fsdp_lr_schedule {
+    fsdp_lr_schedule_kind kind;
+    double base_lr;       /* the peak learning rate, > 0 */
+    int64_t warmup_steps; /* default 0: no warmup */
+    int64_t total_steps;  /* FSDP_LR_COSINE: the step where min_lr is reached (> warmup_steps) */
+    double min_lr;        /* FSDP_LR_COSINE: the floor, in [0, base_lr]; default 0 */
+} fsdp_lr_schedule;
+
+/* Checks a schedule's fields; the message names the bad field. */
+fsdp_status fsdp_lr_schedule_check(fsdp_ctx *ctx, const fsdp_lr_schedule *s);
+/* The learning rate at `step` (>= 0) of a checked schedule. After total_steps the cosine
+ * schedule stays at min_lr. */
+double fsdp_lr_at(const fsdp_lr_schedule *s, int64_t step);
+
 #ifdef __cplusplus
 }
 #endif
