@@ -36,6 +36,7 @@ test-sanitize: deps
 
 bench: build
 	$(BUILD)/bench/bench_gemm
+	$(BUILD)/bench/bench_adam
 
 install: build
 	cmake --install $(BUILD)
