@@ -5,27 +5,13 @@
 #define _POSIX_C_SOURCE 200809L // clock_gettime
 
 #include <stdio.h>
+
+#include "bench_util.h" // defines: bench_now, bench_median
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "optim/update.h" // defines: fsdp_adam_update
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 static float *alloc_filled(size_t n, float value) {
     float *p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
@@ -64,17 +50,18 @@ int main(int argc, char **argv) {
     double t_adam[100], t_copy[100], t_triad[100];
     fsdp_adam_update(p, g, m, v, NULL, n, &o, true, 1); /* warm-up: pages touched */
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_now();
         fsdp_adam_update(p, g, m, v, NULL, n, &o, true, r + 2);
-        t_adam[r] = now_s() - t0;
-        t0 = now_s();
+        t_adam[r] = bench_now() - t0;
+        t0 = bench_now();
         memcpy(m, g, N * sizeof(float)); /* 4 B read + 4 B written per element */
-        t_copy[r] = now_s() - t0;
-        t0 = now_s();
+        t_copy[r] = bench_now() - t0;
+        t0 = bench_now();
         for (size_t i = 0; i < N; i++) v[i] = g[i] + 0.5f * p[i]; /* 8 B read + 4 B written */
-        t_triad[r] = now_s() - t0;
+        t_triad[r] = bench_now() - t0;
     }
-    double adam = median(t_adam, reps), copy = median(t_copy, reps), triad = median(t_triad, reps);
+    double adam = bench_median(t_adam, reps), copy = bench_median(t_copy, reps),
+           triad = bench_median(t_triad, reps);
     double bw_adam = 28.0 * (double)n / adam, bw_copy = 8.0 * (double)n / copy;
     double bw_triad = 12.0 * (double)n / triad;
     double best = bw_copy > bw_triad ? bw_copy : bw_triad;

@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+
+#include "bench_util.h" // defines: bench_now, bench_median
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -36,27 +38,11 @@ static void run_cblas(const gemm_shape *s, const operands *o) {
                 o->C, (int)o->ldc);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Seconds per call, averaged over `inner` back-to-back calls. */
 static double time_calls(gemm_runner run, const gemm_shape *s, const operands *o, int inner) {
-    double t0 = now_s();
+    double t0 = bench_now();
     for (int i = 0; i < inner; i++) run(s, o);
-    return (now_s() - t0) / inner;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    return (bench_now() - t0) / inner;
 }
 
 static float *new_random(int64_t n, unsigned *seed) {
@@ -101,8 +87,8 @@ static void bench_shape(const gemm_shape *s, int reps) {
         if (!(r % 2)) t_direct[r] = time_calls(run_cblas, s, &o, inner);
     }
     double flop = 2.0 * (double)s->M * (double)s->N * (double)s->K;
-    double g_table = flop / median(t_table, reps) * 1e-9;
-    double g_direct = flop / median(t_direct, reps) * 1e-9;
+    double g_table = flop / bench_median(t_table, reps) * 1e-9;
+    double g_direct = flop / bench_median(t_direct, reps) * 1e-9;
 
     run_table(s, &o);
     operands od = o;
@@ -112,7 +98,7 @@ static void bench_shape(const gemm_shape *s, int reps) {
 
     printf("%c%c  %5lld %5lld %5lld  %12.1f %12.1f  %6.3f  %9.3f  %8.2g\n", s->ta ? 'T' : 'N',
            s->tb ? 'T' : 'N', (long long)s->M, (long long)s->N, (long long)s->K, g_table, g_direct,
-           g_table / g_direct, 1e3 * median(t_direct, reps), diff);
+           g_table / g_direct, 1e3 * bench_median(t_direct, reps), diff);
     free(o.A), free(o.B), free(o.C), free(C_direct), free(t_table);
 }
 
