@@ -7,6 +7,7 @@
 #define FSDP_VERSION_PATCH  0
 #define FSDP_VERSION_STRING "0.1.0"
 
+#include "fsdp/comm.h"
 #include "fsdp/ctx.h"
 #include "fsdp/layers.h"
 #include "fsdp/loss.h"

@@ -28,6 +28,11 @@ struct fsdp_ctx {
     const char *scope[FSDP_SCOPE_MAX]; /* fully qualified names of the running modules */
     int scope_depth;
     fsdp_phase phase;
+
+    /* The rank's binding to its world (src/comm), opaque to core; NULL outside
+     * fsdp_world_run. comm_release (set with it) frees it with the context. */
+    void *comm;
+    void (*comm_release)(void *comm);
 };
 
 /* Pushes a running module's name (not copied: it must outlive the scope). Deeper nesting

@@ -1,0 +1,274 @@
+/* comm.h: the communication layer: a world of ranks, process groups, collectives on f32 and
+ * bf16 tensors, the N-d device mesh, and the comm-debug counters every collective passes.
+ *
+ * A world is created once per process and runs one function per rank (fsdp_world_run); each
+ * rank gets its own fsdp_ctx bound to the world, and every call below takes that context.
+ * Backends: `local` (the ranks are threads of this process sharing memory; the embedded
+ * default) is built; `mpi` and `nccl` are planned and refused with FSDP_ERR_UNSUPPORTED.
+ *
+ * Ownership: the caller owns a world (fsdp_world_free), groups made by fsdp_group_split and
+ * fsdp_group_new (fsdp_group_free) and meshes (fsdp_mesh_free). Handles returned by accessors
+ * (the world group of a context, a mesh's groups and sub-meshes) are borrowed: they belong to
+ * the context or mesh they came from. A group or mesh handle belongs to the rank that made it
+ * and is used only on that rank's context, inside its fsdp_world_run function. */
+#ifndef FSDP_COMM_H
+#define FSDP_COMM_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "fsdp/ctx.h"
+#include "fsdp/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsdp_world fsdp_world;
+typedef struct fsdp_group fsdp_group;
+typedef struct fsdp_mesh fsdp_mesh;
+
+/* ---- world ---- */
+
+typedef enum fsdp_backend {
+    FSDP_BACKEND_LOCAL = 0, /* ranks are threads of this process; CPU tensors */
+    FSDP_BACKEND_MPI,       /* planned: one process per rank under mpirun */
+    FSDP_BACKEND_NCCL,      /* planned: GPU tensors, one GPU per rank */
+    FSDP_BACKEND_COUNT
+} fsdp_backend;
+
+#define FSDP_COMM_DEFAULT_TIMEOUT_MS 300000 /* 5 minutes */
+
+typedef struct fsdp_world_options {
+    fsdp_backend backend; /* default FSDP_BACKEND_LOCAL */
+    int nranks;           /* local: the number of rank threads; default 1 */
+    /* Longest wait inside a collective, in milliseconds, before it fails with
+     * FSDP_ERR_TIMEOUT; default FSDP_COMM_DEFAULT_TIMEOUT_MS. */
+    int timeout_ms;
+    /* Template of every rank's context; .rank is set to the rank. Default: all defaults. */
+    fsdp_ctx_options ctx;
+} fsdp_world_options;
+
+/* Creates a world. opts may be NULL for all defaults. ctx (may be NULL) receives the message
+ * of a failure. On success the caller owns *out (fsdp_world_free). A backend this build does
+ * not have fails with FSDP_ERR_UNSUPPORTED. */
+fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsdp_world **out);
+/* Frees the world and every group's shared state. Not while fsdp_world_run runs. NULL does
+ * nothing. */
+void fsdp_world_free(fsdp_world *world);
+
+/* The function each rank runs: ctx is this rank's context (bound to the world, rank set,
+ * log lines tagged "r<rank>"), valid until fn returns. */
+typedef fsdp_status (*fsdp_rank_fn)(fsdp_ctx *ctx, int rank, void *user);
+
+/* Runs fn once for every rank this process hosts (local: all of them, rank 0 on the calling
+ * thread and the others on new threads) and waits for all of them. Returns FSDP_OK when every
+ * rank returned FSDP_OK; otherwise the status of the rank that failed first in time, with its
+ * message prefixed "rank R: " recorded in ctx (may be NULL). When a rank returns, peers
+ * waiting for it in a collective fail at once (FSDP_ERR_COMM) instead of waiting out the
+ * timeout. Groups start fresh on every run (earlier failures are forgotten); group handles
+ * from an earlier run must not be used. */
+fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, void *user);
+
+int fsdp_world_size(const fsdp_world *world);
+fsdp_backend fsdp_world_backend(const fsdp_world *world);
+const char *fsdp_backend_to_string(fsdp_backend backend); /* "local", "mpi", "nccl" */
+/* After fsdp_world_run: what rank `rank` returned, and its message ("" when FSDP_OK). */
+fsdp_status fsdp_world_rank_status(const fsdp_world *world, int rank);
+const char *fsdp_world_rank_error(const fsdp_world *world, int rank);
+
+/* The world a rank's context is bound to, or NULL outside fsdp_world_run. */
+fsdp_world *fsdp_ctx_world(const fsdp_ctx *ctx);
+/* This rank's handle on the group of all ranks (label "world"), owned by ctx; NULL when ctx
+ * is not bound to a world. */
+fsdp_group *fsdp_ctx_world_group(const fsdp_ctx *ctx);
+
+/* ---- groups ---- */
+
+#define FSDP_GROUP_LABEL_MAX 32 /* bytes, with the terminating NUL */
+#define FSDP_GROUP_NO_COLOR  (-1)
+
+/* Splits `parent` (NULL: the world group) into sub-groups, like MPI_Comm_split. Every rank
+ * of parent calls it; ranks passing the same color >= 0 form one group, ordered by
+ * (key, parent rank); a rank passing FSDP_GROUP_NO_COLOR gets *out = NULL. label (NULL:
+ * "group") names the group in messages and comm-debug, e.g. a mesh dim name; at most
+ * FSDP_GROUP_LABEL_MAX - 1 bytes. The caller owns *out (fsdp_group_free). */
+fsdp_status fsdp_group_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
+                             const char *label, fsdp_group **out);
+/* The group of the given world ranks, in that order (torch.distributed.new_group). Every
+ * rank of parent calls it with the same list; ranks not in it get *out = NULL. */
+fsdp_status fsdp_group_new(fsdp_ctx *ctx, fsdp_group *parent, int nranks, const int *ranks,
+                           const char *label, fsdp_group **out);
+/* NULL, and the borrowed handles of contexts and meshes, do nothing. */
+void fsdp_group_free(fsdp_group *group);
+
+int fsdp_group_size(const fsdp_group *group);
+int fsdp_group_rank(const fsdp_group *group); /* this rank's index in the group */
+/* The world rank of the group's member `group_rank`, or -1 when out of range. */
+int fsdp_group_world_rank(const fsdp_group *group, int group_rank);
+const char *fsdp_group_label(const fsdp_group *group);
+
+/* torch.chunk sizes: `n` elements in `parts` chunks of ceil(n / parts); chunk `index` is
+ * [offset, offset + length) = [index * chunk, min(n, (index + 1) * chunk)), possibly empty.
+ * This is how every collective below splits a dimension among the ranks of a group. */
+void fsdp_chunk_range(int64_t n, int parts, int index, int64_t *offset, int64_t *length);
+
+/* ---- collectives ----
+ * Every rank of the group calls the same collective with the same global shape, dtype and
+ * parameters, in the same order. group NULL means the world group. Tensors are CPU, f32 or
+ * bf16, the same dtype for input and output; dims may be negative (counted from the end).
+ * Reductions run in rank order 0..W-1 in f32 (bf16 is widened, reduced, then rounded once),
+ * so results are deterministic and replicated results are bitwise equal on every rank.
+ * Mismatches between ranks (op, dtype, shape, dim, root, reduction) are reported on every
+ * rank with each rank's value; a rank whose own arguments are invalid fails with its message
+ * and its peers fail at once naming it. A wait longer than the world's timeout fails with
+ * FSDP_ERR_TIMEOUT naming the group, the op and the ranks that did not arrive; the group is
+ * then unusable (every later call fails at once). */
+
+typedef enum fsdp_reduce_op {
+    FSDP_REDUCE_SUM = 0,
+    FSDP_REDUCE_AVG, /* the sum in rank order, divided by the group size */
+    FSDP_REDUCE_MAX, /* NaN wins */
+    FSDP_REDUCE_OP_COUNT
+} fsdp_reduce_op;
+
+const char *fsdp_reduce_op_to_string(fsdp_reduce_op op); /* "sum", "avg", "max" */
+
+/* out = the concatenation along `dim` of every rank's `in`, in group-rank order. out has the
+ * full shape on every rank; rank r's in has out's shape with dim `dim` replaced by its
+ * fsdp_chunk_range(out dim, W, r) length (possibly 0). in may be exactly rank r's chunk of
+ * out itself (in-place) when that chunk is contiguous; any other overlap is refused. */
+fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                            const fsdp_tensor *in, int dim);
+/* out = rank r's chunk along `dim` of the reduction over ranks of `in` (full shape on every
+ * rank). out has in's shape with `dim` replaced by its chunk length. out must not overlap in. */
+fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                const fsdp_tensor *in, int dim, fsdp_reduce_op op);
+/* t = the reduction over ranks of t, in place. */
+fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op);
+/* t = group rank `root`'s t, on every rank. */
+fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root);
+/* The exchange behind Shard(concat_dim) -> Shard(split_dim): every rank splits its `in`
+ * along split_dim into W torch.chunk pieces and sends piece s to rank s; out is the
+ * concatenation along concat_dim of the pieces received from ranks 0..W-1.
+ * With split_dim != concat_dim, in and out are rank r's chunks of one global shape G: in is G
+ * with concat_dim cut to chunk r, out is G with split_dim cut to chunk r.
+ * With split_dim == concat_dim, in and out have one shape whose dim is a multiple of W
+ * (torch's all_to_all_single with equal splits). out must not overlap in. */
+fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                            const fsdp_tensor *in, int split_dim, int concat_dim);
+/* Returns once every rank of the group has entered it. */
+fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group);
+
+/* ---- device mesh ---- */
+
+#define FSDP_MESH_MAX_DIMS 4
+
+/* An N-d mesh over the world (ndim 1..FSDP_MESH_MAX_DIMS): world rank = the row-major index
+ * of its coordinate, so with shape (dp 4, tp 2) the tp groups are [0,1] [2,3] [4,5] [6,7] and
+ * the dp groups [0,2,4,6] [1,3,5,7]. The product of shape must be the world size. names are
+ * distinct, non-empty, letters, digits and '_', each at most FSDP_GROUP_LABEL_MAX - 1 bytes;
+ * each dim's group is labelled with its name. Every rank calls it (it splits the world once
+ * per dim). The caller owns *out (fsdp_mesh_free). */
+fsdp_status fsdp_mesh_create(fsdp_ctx *ctx, int ndim, const int *shape, const char *const *names,
+                             fsdp_mesh **out);
+/* Frees a mesh made by fsdp_mesh_create with its groups and sub-meshes. NULL and sub-meshes
+ * do nothing. */
+void fsdp_mesh_free(fsdp_mesh *mesh);
+
+int fsdp_mesh_ndim(const fsdp_mesh *mesh);
+int fsdp_mesh_size(const fsdp_mesh *mesh, int dim);               /* 0 when dim is out of range */
+const char *fsdp_mesh_dim_name(const fsdp_mesh *mesh, int dim);   /* NULL when out of range */
+int fsdp_mesh_dim_index(const fsdp_mesh *mesh, const char *name); /* -1 when there is none */
+/* This rank's coordinate along dim (-1 when dim is out of range). */
+int fsdp_mesh_coordinate(const fsdp_mesh *mesh, int dim);
+/* The world rank at a coordinate (ndim entries), or -1 when it is outside the mesh. */
+int fsdp_mesh_rank_at(const fsdp_mesh *mesh, const int *coord);
+/* mesh["name"]: the 1-d mesh of this rank along dimension `name`, owned by mesh (freeing it
+ * does nothing). */
+fsdp_status fsdp_mesh_dim(fsdp_ctx *ctx, const fsdp_mesh *mesh, const char *name, fsdp_mesh **out);
+/* The group of this rank along dimension `name` (NULL: the only dim of a 1-d mesh), owned by
+ * mesh. */
+fsdp_status fsdp_mesh_get_group(fsdp_ctx *ctx, const fsdp_mesh *mesh, const char *name,
+                                fsdp_group **out);
+
+/* ---- comm-debug ----
+ * Between fsdp_comm_debug_begin and _end, every collective on this rank's context is counted
+ * once its arguments are valid (before it communicates): calls and bytes per op, per group
+ * label (a mesh dim name, "world", or a split's label), per running module (the fully
+ * qualified name of the innermost module in forward or backward, "" outside any module) and
+ * per phase. Bytes: all_gather counts its output, reduce_scatter and all_to_all their input,
+ * all_reduce and broadcast their tensor. Barriers are counted as op FSDP_COMM_BARRIER with 0
+ * bytes and are left out of FSDP_COMM_ANY and the totals, so pinned counts of a training step
+ * do not change when a barrier is added. Counters are per rank. */
+
+typedef enum fsdp_comm_op {
+    FSDP_COMM_ANY = 0, /* in queries: every op but the barrier */
+    FSDP_COMM_ALL_GATHER,
+    FSDP_COMM_REDUCE_SCATTER,
+    FSDP_COMM_ALL_REDUCE,
+    FSDP_COMM_BROADCAST,
+    FSDP_COMM_ALL_TO_ALL,
+    FSDP_COMM_BARRIER,
+    FSDP_COMM_OP_COUNT
+} fsdp_comm_op;
+
+/* "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier", "any" */
+const char *fsdp_comm_op_to_string(fsdp_comm_op op);
+
+typedef enum fsdp_comm_phase {
+    FSDP_COMM_PHASE_ANY = 0, /* in queries */
+    FSDP_COMM_PHASE_NONE,    /* outside forward and backward */
+    FSDP_COMM_PHASE_FORWARD,
+    FSDP_COMM_PHASE_BACKWARD
+} fsdp_comm_phase;
+
+const char *fsdp_comm_phase_to_string(fsdp_comm_phase phase); /* "none", "forward", ... */
+
+typedef struct fsdp_comm_count {
+    int64_t calls;
+    int64_t bytes;
+} fsdp_comm_count;
+
+/* Which counts a query adds up; zero fields match everything. */
+typedef struct fsdp_comm_filter {
+    fsdp_comm_op op;       /* default FSDP_COMM_ANY */
+    const char *group;     /* group label or mesh dim name; default NULL: any */
+    const char *module;    /* fully qualified module name, "" outside modules; NULL: any */
+    fsdp_comm_phase phase; /* default FSDP_COMM_PHASE_ANY */
+} fsdp_comm_filter;
+
+/* One row of the counters: the calls of one (op, group, module, phase). Strings belong to
+ * the context and stay valid until the next fsdp_comm_debug_begin. */
+typedef struct fsdp_comm_record {
+    fsdp_comm_op op;
+    const char *group;
+    const char *module;
+    fsdp_comm_phase phase;
+    fsdp_comm_count count;
+} fsdp_comm_record;
+
+/* Clears the counters and starts counting. FSDP_ERR_STATE when already counting or when ctx
+ * is not bound to a world. */
+fsdp_status fsdp_comm_debug_begin(fsdp_ctx *ctx);
+/* Stops counting; the counters stay readable. FSDP_ERR_STATE when not counting. */
+fsdp_status fsdp_comm_debug_end(fsdp_ctx *ctx);
+
+/* Sums of the records the filter matches (NULL: every op but barriers). */
+fsdp_comm_count fsdp_comm_debug_query(const fsdp_ctx *ctx, const fsdp_comm_filter *filter);
+/* Shorthands: one op on one group label (NULL: any group); every op but barriers. */
+fsdp_comm_count fsdp_comm_debug_count(const fsdp_ctx *ctx, fsdp_comm_op op, const char *group);
+fsdp_comm_count fsdp_comm_debug_total(const fsdp_ctx *ctx);
+/* The records in the order their first call happened. */
+int fsdp_comm_debug_num_records(const fsdp_ctx *ctx);
+fsdp_status fsdp_comm_debug_record(fsdp_ctx *ctx, int i, fsdp_comm_record *out);
+/* Writes the records as an aligned table with a total line. */
+fsdp_status fsdp_comm_debug_print(fsdp_ctx *ctx, FILE *f);
+/* Writes {"rank":R,"total":{"calls":C,"bytes":B},"records":[{"op":..,"group":..,"module":..,
+ * "phase":..,"calls":..,"bytes":..},...]} and a newline. */
+fsdp_status fsdp_comm_debug_write_json(fsdp_ctx *ctx, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,82 @@
+/* box.c: the data movement of the local backend: copying an n-d box between contiguous
+ * row-major tensors in as few memcpy runs as the shapes allow, and reducing one run of
+ * elements over the ranks in rank order, in f32. */
+#include <string.h>
+
+#include "comm/comm_impl.h"
+#include "kernels/kernels.h"
+
+void fsdp_box_copy(void *dst, const int64_t *dst_shape, const int64_t *dst_at, const void *src,
+                   const int64_t *src_shape, const int64_t *src_at, const int64_t *box, int ndim,
+                   size_t esize) {
+    for (int j = 0; j < ndim; j++)
+        if (box[j] == 0) return;
+    if (ndim == 0) {
+        if (dst != src) memcpy(dst, src, esize);
+        return;
+    }
+    int64_t dst_stride[FSDP_MAX_DIMS], src_stride[FSDP_MAX_DIMS];
+    dst_stride[ndim - 1] = src_stride[ndim - 1] = 1;
+    for (int j = ndim - 2; j >= 0; j--) {
+        dst_stride[j] = dst_stride[j + 1] * dst_shape[j + 1];
+        src_stride[j] = src_stride[j + 1] * src_shape[j + 1];
+    }
+    /* Trailing dims the box covers whole in both tensors join the run of dim k. */
+    int k = ndim - 1;
+    int64_t run = 1;
+    while (k > 0 && box[k] == dst_shape[k] && box[k] == src_shape[k]) run *= box[k--];
+    run *= box[k];
+    size_t run_bytes = (size_t)run * esize;
+
+    int64_t idx[FSDP_MAX_DIMS] = {0};
+    for (;;) {
+        int64_t d = dst_at[k] * dst_stride[k], s = src_at[k] * src_stride[k];
+        for (int j = 0; j < k; j++) {
+            d += (dst_at[j] + idx[j]) * dst_stride[j];
+            s += (src_at[j] + idx[j]) * src_stride[j];
+        }
+        char *dp = (char *)dst + (size_t)d * esize;
+        const char *sp = (const char *)src + (size_t)s * esize;
+        if (dp != sp) memcpy(dp, sp, run_bytes);
+        int j = k - 1;
+        while (j >= 0 && ++idx[j] == box[j]) idx[j--] = 0;
+        if (j < 0) return;
+    }
+}
+
+#define REDUCE_BLOCK 256
+
+static void load_f32(float *acc, const void *src, int64_t offset, int64_t n, fsdp_dtype dtype) {
+    if (dtype == FSDP_DTYPE_F32)
+        memcpy(acc, (const float *)src + offset, (size_t)n * sizeof(float));
+    else
+        fsdp_kernels_cpu()->bf16_to_f32(acc, (const fsdp_bf16 *)src + offset, n);
+}
+
+static void combine(float *restrict acc, const float *restrict x, int64_t n, fsdp_reduce_op op) {
+    if (op == FSDP_REDUCE_MAX) {
+        for (int64_t i = 0; i < n; i++)
+            acc[i] = (acc[i] != acc[i] || acc[i] >= x[i]) ? acc[i] : x[i]; /* NaN wins */
+    } else {
+        for (int64_t i = 0; i < n; i++) acc[i] += x[i];
+    }
+}
+
+void fsdp_reduce_run(void *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
+                     fsdp_dtype dtype, fsdp_reduce_op op) {
+    float acc[REDUCE_BLOCK], x[REDUCE_BLOCK];
+    for (int64_t i = 0; i < n; i += REDUCE_BLOCK) {
+        int64_t m = n - i < REDUCE_BLOCK ? n - i : REDUCE_BLOCK;
+        load_f32(acc, srcs[0], offset + i, m, dtype);
+        for (int r = 1; r < nsrc; r++) {
+            load_f32(x, srcs[r], offset + i, m, dtype);
+            combine(acc, x, m, op);
+        }
+        if (op == FSDP_REDUCE_AVG)
+            for (int64_t j = 0; j < m; j++) acc[j] /= (float)nsrc;
+        if (dtype == FSDP_DTYPE_F32)
+            memcpy((float *)dst + i, acc, (size_t)m * sizeof(float));
+        else
+            fsdp_kernels_cpu()->f32_to_bf16((fsdp_bf16 *)dst + i, acc, m);
+    }
+}

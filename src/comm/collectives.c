@@ -1,0 +1,285 @@
+/* collectives.c: the public collectives. Each checks this rank's own arguments, counts the
+ * call in comm-debug, then hands it to the backend, so nothing reaches a backend uncounted.
+ * A rank whose arguments are wrong tells its peers through the backend's reject entry so
+ * they fail at once instead of waiting for it. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "comm/comm_impl.h"
+#include "core/error.h"
+#include "core/tensor_impl.h"
+
+const char *fsdp_comm_op_to_string(fsdp_comm_op op) {
+    static const char *const names[FSDP_COMM_OP_COUNT] = {
+        "any", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier"};
+    return (int)op >= 0 && op < FSDP_COMM_OP_COUNT ? names[op] : "unknown";
+}
+
+const char *fsdp_reduce_op_to_string(fsdp_reduce_op op) {
+    static const char *const names[FSDP_REDUCE_OP_COUNT] = {"sum", "avg", "max"};
+    return (int)op >= 0 && op < FSDP_REDUCE_OP_COUNT ? names[op] : "unknown";
+}
+
+/* Finds the group (NULL: the world group) and checks that it is this rank's handle. */
+static fsdp_status resolve(fsdp_ctx *ctx, fsdp_group **g, fsdp_comm_op op) {
+    const char *name = fsdp_comm_op_to_string(op);
+    if (!ctx) return FSDP_ERR_INVALID_ARGUMENT;
+    fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    if (!b)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "%s: this context is not bound to a world; make collectives inside "
+                         "fsdp_world_run, on the context passed to the rank's function",
+                         name);
+    if (!*g) *g = b->world_group;
+    const fsdp_group *grp = *g;
+    if (grp->world != b->world || grp->ranks[grp->rank] != ctx->rank)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "%s: group %s is a handle of another rank or world than this context "
+                         "(rank %d); use the handles made on this rank",
+                         name, grp->desc, ctx->rank);
+    return FSDP_OK;
+}
+
+/* This rank will not make the call: let the peers know, keeping this rank's own message. */
+static fsdp_status reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op, fsdp_status st) {
+    if (!g->world->backend.iface.reject) return st;
+    char message[FSDP_ERROR_MAX], origin[sizeof ctx->last_origin];
+    memcpy(message, ctx->last_error, sizeof message);
+    memcpy(origin, ctx->last_origin, sizeof origin);
+    g->world->backend.iface.reject(ctx, g, op);
+    memcpy(ctx->last_error, message, sizeof message);
+    memcpy(ctx->last_origin, origin, sizeof origin);
+    ctx->last_status = st;
+    return st;
+}
+
+static fsdp_status check_tensor(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
+                                const fsdp_tensor *t, const char *what) {
+    const char *name = fsdp_comm_op_to_string(op);
+    if (!t)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s on group %s: the %s tensor is NULL",
+                         name, g->desc, what);
+    if (t->dtype != FSDP_DTYPE_F32 && t->dtype != FSDP_DTYPE_BF16)
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "%s on group %s: the %s tensor is %s; use f32 or bf16", name, g->desc,
+                         what, fsdp_dtype_to_string(t->dtype));
+    fsdp_device dev = fsdp_tensor_device(t);
+    const fsdp_comm_backend_i *be = &g->world->backend.iface;
+    if (dev.type != be->device)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "%s on group %s: the %s tensor is on %s:%d; the %s backend moves %s "
+                         "tensors",
+                         name, g->desc, what, fsdp_device_to_string(dev), dev.index, be->name,
+                         fsdp_device_to_string((fsdp_device){be->device, 0}));
+    return FSDP_OK;
+}
+
+static fsdp_status check_pair(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
+                              const fsdp_tensor *out, const fsdp_tensor *in) {
+    FSDP_TRY(check_tensor(ctx, g, op, out, "output"));
+    FSDP_TRY(check_tensor(ctx, g, op, in, "input"));
+    const char *name = fsdp_comm_op_to_string(op);
+    if (out->dtype != in->dtype)
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "%s on group %s: the input is %s and the output %s; both must have one "
+                         "dtype",
+                         name, g->desc, fsdp_dtype_to_string(in->dtype),
+                         fsdp_dtype_to_string(out->dtype));
+    if (out->ndim != in->ndim || out->ndim == 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                         "%s on group %s: the input has %d dims and the output %d; both need the "
+                         "same number, at least 1",
+                         name, g->desc, in->ndim, out->ndim);
+    return FSDP_OK;
+}
+
+/* Normalises a dim of an ndim-d tensor (negative counts from the end). */
+static fsdp_status check_dim(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op, int ndim,
+                             int *dim, const char *what) {
+    int d = *dim < 0 ? *dim + ndim : *dim;
+    if (d < 0 || d >= ndim)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "%s on group %s: %s %d is out of range for %d-d tensors (use %d..%d)",
+                         fsdp_comm_op_to_string(op), g->desc, what, *dim, ndim, -ndim, ndim - 1);
+    *dim = d;
+    return FSDP_OK;
+}
+
+static const char *shape_text(int ndim, const int64_t *shape, char *buf, size_t size) {
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int i = 0; i < ndim && used < size; i++)
+        used +=
+            (size_t)snprintf(buf + used, size - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (used < size) snprintf(buf + used, size - used, ")");
+    return buf;
+}
+
+/* Checks that `t` is this rank's chunk of `global` along `dim`: global's shape with that dim
+ * cut to its torch.chunk piece. `t_what` and `global_what` name the two in the message. */
+static fsdp_status expect_chunk(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
+                                const fsdp_tensor *t, const char *t_what, const int64_t *global,
+                                int dim, const char *global_what) {
+    int64_t off, len;
+    fsdp_chunk_range(global[dim], g->size, g->rank, &off, &len);
+    bool same = true;
+    for (int i = 0; i < t->ndim; i++) same &= t->shape[i] == (i == dim ? len : global[i]);
+    if (same) return FSDP_OK;
+    int64_t want[FSDP_MAX_DIMS];
+    memcpy(want, global, sizeof want);
+    want[dim] = len;
+    char got_s[96], want_s[96], global_s[96];
+    return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                     "%s on group %s: the %s is %s but must be %s: %s %s with dim %d cut to "
+                     "group rank %d's torch.chunk piece [%lld, %lld) of %lld split among %d ranks",
+                     fsdp_comm_op_to_string(op), g->desc, t_what,
+                     shape_text(t->ndim, t->shape, got_s, sizeof got_s),
+                     shape_text(t->ndim, want, want_s, sizeof want_s), global_what,
+                     shape_text(t->ndim, global, global_s, sizeof global_s), dim, g->rank,
+                     (long long)off, (long long)(off + len), (long long)global[dim], g->size);
+}
+
+static bool overlap(const fsdp_tensor *a, const fsdp_tensor *b) {
+    uintptr_t pa = (uintptr_t)fsdp_tensor_data(a), pb = (uintptr_t)fsdp_tensor_data(b);
+    size_t na = fsdp_tensor_nbytes(a), nb = fsdp_tensor_nbytes(b);
+    return na && nb && pa < pb + nb && pb < pa + na;
+}
+
+static fsdp_status no_overlap(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
+                              const fsdp_tensor *out, const fsdp_tensor *in) {
+    if (!overlap(out, in)) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                     "%s on group %s: the output overlaps the input; use separate buffers",
+                     fsdp_comm_op_to_string(op), g->desc);
+}
+
+static fsdp_status check_reduce_op(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
+                                   fsdp_reduce_op rop) {
+    if ((int)rop >= 0 && rop < FSDP_REDUCE_OP_COUNT) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                     "%s on group %s: unknown reduction %d; use FSDP_REDUCE_SUM, _AVG or _MAX",
+                     fsdp_comm_op_to_string(op), g->desc, (int)rop);
+}
+
+/* ---- the collectives ---- */
+
+static fsdp_status check_all_gather(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_tensor *out,
+                                    const fsdp_tensor *in, int *dim) {
+    const fsdp_comm_op op = FSDP_COMM_ALL_GATHER;
+    FSDP_TRY(check_pair(ctx, g, op, out, in));
+    FSDP_TRY(check_dim(ctx, g, op, out->ndim, dim, "dim"));
+    FSDP_TRY(expect_chunk(ctx, g, op, in, "input", out->shape, *dim, "the output"));
+    if (!overlap(out, in)) return FSDP_OK;
+    /* In place: the input must be exactly this rank's chunk of the output, contiguous. */
+    int64_t outer = 1, inner = 1, off;
+    for (int i = 0; i < *dim; i++) outer *= out->shape[i];
+    for (int i = *dim + 1; i < out->ndim; i++) inner *= out->shape[i];
+    fsdp_chunk_range(out->shape[*dim], g->size, g->rank, &off, NULL);
+    const char *chunk =
+        (const char *)fsdp_tensor_data(out) + (size_t)(off * inner) * fsdp_dtype_size(out->dtype);
+    if ((outer == 1 || g->size == 1) && fsdp_tensor_data(in) == chunk) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                     "all_gather on group %s: the input overlaps the output without being "
+                     "exactly this rank's chunk of it (in place works when dim %d is the "
+                     "outermost dim of size > 1); use separate buffers",
+                     g->desc, *dim);
+}
+
+fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                            const fsdp_tensor *in, int dim) {
+    const fsdp_comm_op op = FSDP_COMM_ALL_GATHER;
+    FSDP_TRY(resolve(ctx, &group, op));
+    fsdp_status st = check_all_gather(ctx, group, out, in, &dim);
+    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(out));
+    if (st != FSDP_OK) return reject(ctx, group, op, st);
+    return group->world->backend.iface.all_gather(ctx, group, out, in, dim);
+}
+
+static fsdp_status check_reduce_scatter(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_tensor *out,
+                                        const fsdp_tensor *in, int *dim, fsdp_reduce_op rop) {
+    const fsdp_comm_op op = FSDP_COMM_REDUCE_SCATTER;
+    FSDP_TRY(check_reduce_op(ctx, g, op, rop));
+    FSDP_TRY(check_pair(ctx, g, op, out, in));
+    FSDP_TRY(check_dim(ctx, g, op, in->ndim, dim, "dim"));
+    FSDP_TRY(expect_chunk(ctx, g, op, out, "output", in->shape, *dim, "the input"));
+    return no_overlap(ctx, g, op, out, in);
+}
+
+fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                const fsdp_tensor *in, int dim, fsdp_reduce_op op) {
+    const fsdp_comm_op cop = FSDP_COMM_REDUCE_SCATTER;
+    FSDP_TRY(resolve(ctx, &group, cop));
+    fsdp_status st = check_reduce_scatter(ctx, group, out, in, &dim, op);
+    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(in));
+    if (st != FSDP_OK) return reject(ctx, group, cop, st);
+    return group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op);
+}
+
+fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op) {
+    const fsdp_comm_op cop = FSDP_COMM_ALL_REDUCE;
+    FSDP_TRY(resolve(ctx, &group, cop));
+    fsdp_status st = check_reduce_op(ctx, group, cop, op);
+    if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
+    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
+    if (st != FSDP_OK) return reject(ctx, group, cop, st);
+    return group->world->backend.iface.all_reduce(ctx, group, t, op);
+}
+
+fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root) {
+    const fsdp_comm_op op = FSDP_COMM_BROADCAST;
+    FSDP_TRY(resolve(ctx, &group, op));
+    fsdp_status st = check_tensor(ctx, group, op, t, "given");
+    if (st == FSDP_OK && (root < 0 || root >= group->size))
+        st = FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                       "broadcast on group %s: root %d is not a group rank (use 0..%d)",
+                       group->desc, root, group->size - 1);
+    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(t));
+    if (st != FSDP_OK) return reject(ctx, group, op, st);
+    return group->world->backend.iface.broadcast(ctx, group, t, root);
+}
+
+static fsdp_status check_all_to_all(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_tensor *out,
+                                    const fsdp_tensor *in, int *split_dim, int *concat_dim) {
+    const fsdp_comm_op op = FSDP_COMM_ALL_TO_ALL;
+    FSDP_TRY(check_pair(ctx, g, op, out, in));
+    FSDP_TRY(check_dim(ctx, g, op, in->ndim, split_dim, "split_dim"));
+    FSDP_TRY(check_dim(ctx, g, op, in->ndim, concat_dim, "concat_dim"));
+    FSDP_TRY(no_overlap(ctx, g, op, out, in));
+    int s = *split_dim, c = *concat_dim;
+    char a[96], b[96];
+    if (s == c) {
+        if (in->shape[s] % g->size == 0 && fsdp_tensor_same_shape(out, in)) return FSDP_OK;
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                         "all_to_all on group %s: with split_dim == concat_dim (%d) the input "
+                         "and output have one shape whose dim %d divides into %d equal pieces; "
+                         "they are %s and %s",
+                         g->desc, s, s, g->size, shape_text(in->ndim, in->shape, a, sizeof a),
+                         shape_text(out->ndim, out->shape, b, sizeof b));
+    }
+    /* Both are this rank's chunks of one global shape: in along concat_dim, out along
+     * split_dim. */
+    int64_t global[FSDP_MAX_DIMS];
+    memcpy(global, in->shape, sizeof global);
+    global[c] = out->shape[c];
+    FSDP_TRY(expect_chunk(ctx, g, op, in, "input", global, c,
+                          "the global shape (the input's, with the output's concat_dim size)"));
+    return expect_chunk(ctx, g, op, out, "output", global, s, "the global shape");
+}
+
+fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                            const fsdp_tensor *in, int split_dim, int concat_dim) {
+    const fsdp_comm_op op = FSDP_COMM_ALL_TO_ALL;
+    FSDP_TRY(resolve(ctx, &group, op));
+    fsdp_status st = check_all_to_all(ctx, group, out, in, &split_dim, &concat_dim);
+    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(in));
+    if (st != FSDP_OK) return reject(ctx, group, op, st);
+    return group->world->backend.iface.all_to_all(ctx, group, out, in, split_dim, concat_dim);
+}
+
+fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group) {
+    const fsdp_comm_op op = FSDP_COMM_BARRIER;
+    FSDP_TRY(resolve(ctx, &group, op));
+    fsdp_status st = fsdp_comm_debug_note(ctx, group, op, 0);
+    if (st != FSDP_OK) return reject(ctx, group, op, st);
+    return group->world->backend.iface.barrier(ctx, group);
+}

@@ -1,0 +1,230 @@
+/* comm_debug.c: the comm-debug counters of one rank: calls and bytes per (op, group label,
+ * running module, phase), kept in the rank's context while counting is on; queried through
+ * filters, printed as a table and written as JSON. */
+#define _POSIX_C_SOURCE 200809L /* strdup */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_impl.h"
+#include "core/error.h"
+
+const char *fsdp_comm_phase_to_string(fsdp_comm_phase phase) {
+    switch (phase) {
+    case FSDP_COMM_PHASE_ANY:
+        return "any";
+    case FSDP_COMM_PHASE_NONE:
+        return "none";
+    case FSDP_COMM_PHASE_FORWARD:
+        return "forward";
+    case FSDP_COMM_PHASE_BACKWARD:
+        return "backward";
+    default:
+        return "unknown";
+    }
+}
+
+static fsdp_comm_phase phase_of(const fsdp_ctx *ctx) {
+    switch (ctx->phase) {
+    case FSDP_PHASE_FORWARD:
+        return FSDP_COMM_PHASE_FORWARD;
+    case FSDP_PHASE_BACKWARD:
+        return FSDP_COMM_PHASE_BACKWARD;
+    default:
+        return FSDP_COMM_PHASE_NONE;
+    }
+}
+
+static void clear_rows(fsdp_comm_debug *d) {
+    for (int i = 0; i < d->n_rows; i++) free(d->rows[i].module);
+    d->n_rows = 0;
+}
+
+void fsdp_comm_debug_release(fsdp_comm_debug *d) {
+    clear_rows(d);
+    free(d->rows);
+    *d = (fsdp_comm_debug){0};
+}
+
+fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
+                                 int64_t bytes) {
+    fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    if (!b || !b->debug.active) return FSDP_OK;
+    fsdp_comm_debug *d = &b->debug;
+    const char *module = fsdp_ctx_scope_top(ctx);
+    fsdp_comm_phase phase = phase_of(ctx);
+    fsdp_comm_debug_row *row = NULL;
+    for (int i = 0; i < d->n_rows && !row; i++) {
+        fsdp_comm_debug_row *r = &d->rows[i];
+        if (r->op == op && r->phase == phase && strcmp(r->group, g->label) == 0 &&
+            strcmp(r->module, module) == 0)
+            row = r;
+    }
+    if (!row) {
+        if (d->n_rows == d->cap_rows) {
+            int cap = d->cap_rows ? 2 * d->cap_rows : 16;
+            fsdp_comm_debug_row *rows = realloc(d->rows, (size_t)cap * sizeof *rows);
+            if (!rows)
+                return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "comm-debug: cannot grow to %d rows",
+                                 cap);
+            d->rows = rows;
+            d->cap_rows = cap;
+        }
+        char *name = strdup(module);
+        if (!name)
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "comm-debug: cannot copy a module name");
+        row = &d->rows[d->n_rows++];
+        *row = (fsdp_comm_debug_row){.op = op, .phase = phase, .module = name};
+        snprintf(row->group, sizeof row->group, "%s", g->label);
+    }
+    row->count.calls++;
+    row->count.bytes += bytes;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_comm_debug_begin(fsdp_ctx *ctx) {
+    fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    if (!b)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "fsdp_comm_debug_begin: this context is not bound to a world; count "
+                         "inside fsdp_world_run, on the context passed to the rank's function");
+    if (b->debug.active)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "fsdp_comm_debug_begin: already counting; call fsdp_comm_debug_end first");
+    clear_rows(&b->debug);
+    b->debug.active = true;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_comm_debug_end(fsdp_ctx *ctx) {
+    fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    if (!b || !b->debug.active)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "fsdp_comm_debug_end: not counting; call fsdp_comm_debug_begin first");
+    b->debug.active = false;
+    return FSDP_OK;
+}
+
+static bool matches(const fsdp_comm_debug_row *r, const fsdp_comm_filter *f) {
+    if (f->op == FSDP_COMM_ANY ? r->op == FSDP_COMM_BARRIER : r->op != f->op) return false;
+    if (f->group && strcmp(f->group, r->group) != 0) return false;
+    if (f->module && strcmp(f->module, r->module) != 0) return false;
+    return f->phase == FSDP_COMM_PHASE_ANY || f->phase == r->phase;
+}
+
+fsdp_comm_count fsdp_comm_debug_query(const fsdp_ctx *ctx, const fsdp_comm_filter *filter) {
+    fsdp_comm_count sum = {0, 0};
+    const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    if (!b) return sum;
+    const fsdp_comm_filter all = {0};
+    for (int i = 0; i < b->debug.n_rows; i++) {
+        const fsdp_comm_debug_row *r = &b->debug.rows[i];
+        if (!matches(r, filter ? filter : &all)) continue;
+        sum.calls += r->count.calls;
+        sum.bytes += r->count.bytes;
+    }
+    return sum;
+}
+
+fsdp_comm_count fsdp_comm_debug_count(const fsdp_ctx *ctx, fsdp_comm_op op, const char *group) {
+    return fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = op, .group = group});
+}
+
+fsdp_comm_count fsdp_comm_debug_total(const fsdp_ctx *ctx) {
+    return fsdp_comm_debug_query(ctx, NULL);
+}
+
+int fsdp_comm_debug_num_records(const fsdp_ctx *ctx) {
+    const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    return b ? b->debug.n_rows : 0;
+}
+
+fsdp_status fsdp_comm_debug_record(fsdp_ctx *ctx, int i, fsdp_comm_record *out) {
+    const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    int n = b ? b->debug.n_rows : 0;
+    if (!out || i < 0 || i >= n)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_comm_debug_record: record %d does not exist (there are %d)%s", i, n,
+                         out ? "" : ", and out is NULL");
+    const fsdp_comm_debug_row *r = &b->debug.rows[i];
+    *out = (fsdp_comm_record){
+        .op = r->op, .group = r->group, .module = r->module, .phase = r->phase, .count = r->count};
+    return FSDP_OK;
+}
+
+static fsdp_status check_written(fsdp_ctx *ctx, FILE *f, const char *what) {
+    if (!ferror(f)) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_IO, "%s: writing failed", what);
+}
+
+/* The module column: its name; "(root)" for the root module, whose name is ""; "-" outside
+ * any module (the module layer sets a phase only while a module runs). */
+static const char *module_column(const fsdp_comm_debug_row *r) {
+    if (r->module[0]) return r->module;
+    return r->phase == FSDP_COMM_PHASE_NONE ? "-" : "(root)";
+}
+
+fsdp_status fsdp_comm_debug_print(fsdp_ctx *ctx, FILE *f) {
+    if (!f) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_debug_print: f is NULL");
+    const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    int n = b ? b->debug.n_rows : 0;
+    int group_w = 5;
+    for (int i = 0; i < n; i++) {
+        int w = (int)strlen(b->debug.rows[i].group);
+        if (w > group_w) group_w = w;
+    }
+    fsdp_comm_count total = fsdp_comm_debug_total(ctx);
+    fsdp_comm_count barriers = fsdp_comm_debug_count(ctx, FSDP_COMM_BARRIER, NULL);
+    fprintf(f, "comm-debug, rank %d: %lld collectives, %lld bytes; barriers: %lld\n",
+            ctx ? ctx->rank : 0, (long long)total.calls, (long long)total.bytes,
+            (long long)barriers.calls);
+    fprintf(f, "%-14s  %-*s  %-8s  %8s  %14s  %s\n", "op", group_w, "group", "phase", "calls",
+            "bytes", "module");
+    for (int i = 0; i < n; i++) {
+        const fsdp_comm_debug_row *r = &b->debug.rows[i];
+        fprintf(f, "%-14s  %-*s  %-8s  %8lld  %14lld  %s\n", fsdp_comm_op_to_string(r->op), group_w,
+                r->group, fsdp_comm_phase_to_string(r->phase), (long long)r->count.calls,
+                (long long)r->count.bytes, module_column(r));
+    }
+    return check_written(ctx, f, "fsdp_comm_debug_print");
+}
+
+/* Writes s as a JSON string: quotes, backslashes and control characters escaped. */
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20 || *p == 0x7f)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+fsdp_status fsdp_comm_debug_write_json(fsdp_ctx *ctx, FILE *f) {
+    if (!f)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_debug_write_json: f is NULL");
+    const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    int n = b ? b->debug.n_rows : 0;
+    fsdp_comm_count total = fsdp_comm_debug_total(ctx);
+    fprintf(f, "{\"rank\":%d,\"total\":{\"calls\":%lld,\"bytes\":%lld},\"records\":[",
+            ctx ? ctx->rank : 0, (long long)total.calls, (long long)total.bytes);
+    for (int i = 0; i < n; i++) {
+        const fsdp_comm_debug_row *r = &b->debug.rows[i];
+        fprintf(f, "%s{\"op\":\"%s\",\"group\":", i ? "," : "", fsdp_comm_op_to_string(r->op));
+        json_string(f, r->group);
+        fputs(",\"module\":", f);
+        json_string(f, r->module);
+        fprintf(f, ",\"phase\":\"%s\",\"calls\":%lld,\"bytes\":%lld}",
+                fsdp_comm_phase_to_string(r->phase), (long long)r->count.calls,
+                (long long)r->count.bytes);
+    }
+    fputs("]}\n", f);
+    return check_written(ctx, f, "fsdp_comm_debug_write_json");
+}

@@ -1,0 +1,168 @@
+/* comm_impl.h: the bodies of fsdp_world, fsdp_group and fsdp_mesh, the backend vtable
+ * (fsdp_comm_backend_i) and the per-rank binding a context carries while it runs inside
+ * fsdp_world_run. Internal to src/comm. */
+#ifndef FSDP_COMM_IMPL_H
+#define FSDP_COMM_IMPL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "core/ctx_impl.h"
+#include "fsdp/comm.h"
+
+#define FSDP_GROUP_DESC_MAX 160
+
+/* What a backend reports about one rank's membership of a group. */
+typedef struct fsdp_group_info {
+    void *state;      /* the backend's state of the group (shared or per rank) */
+    int size;         /* members */
+    int rank;         /* this rank's index */
+    const int *ranks; /* world ranks of the members, in group order (copied by the caller) */
+} fsdp_group_info;
+
+/* A communication backend: one instance per world. Entries receive this rank's context and
+ * its group handle (the backend's state is group->state, its world context is
+ * group->world->backend.context). Collective entries run after collectives.c has validated
+ * this rank's arguments (dims are normalised to 0..ndim-1) and counted the call; they check
+ * what only the backend can see (other ranks' arguments), move the data and report timeouts.
+ * Entries marked (optional) may be NULL. */
+typedef struct fsdp_comm_backend_i {
+    const char *name;
+    fsdp_device_type device; /* whose tensors it moves */
+
+    /* The ranks this process hosts: [*first, *first + *count). */
+    void (*hosted_ranks)(void *context, int *first, int *count);
+    /* Rank `rank`'s membership of the group of all ranks. */
+    void (*world_group)(void *context, int rank, fsdp_group_info *out);
+    /* Collective over parent: ranks passing the same color >= 0 form a group ordered by
+     * (key, parent rank); FSDP_GROUP_NO_COLOR gives out->state = NULL. `agree` (may be NULL)
+     * is text every rank must pass identically (a mesh shape, a rank list). */
+    fsdp_status (*split)(fsdp_ctx *ctx, fsdp_group *parent, int color, int key, const char *agree,
+                         fsdp_group_info *out);
+
+    fsdp_status (*all_gather)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, const fsdp_tensor *in,
+                              int dim);
+    fsdp_status (*reduce_scatter)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                  const fsdp_tensor *in, int dim, fsdp_reduce_op op);
+    fsdp_status (*all_reduce)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op);
+    fsdp_status (*broadcast)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root);
+    fsdp_status (*all_to_all)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, const fsdp_tensor *in,
+                              int split_dim, int concat_dim);
+    fsdp_status (*barrier)(fsdp_ctx *ctx, fsdp_group *g);
+
+    /* (optional) This rank will not make collective `op` on g because its arguments were
+     * invalid (the message is in ctx): let the peers fail at once naming this rank instead
+     * of timing out. */
+    void (*reject)(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op);
+    /* (optional) Called before fsdp_world_run starts the ranks: forget earlier failures. */
+    void (*reset)(void *context);
+    /* (optional) Rank `rank` has returned from its function (its result is recorded in the
+     * world): wake peers that wait for it. */
+    void (*rank_exited)(void *context, int rank);
+    /* (optional) Releases the context and every group state. */
+    void (*free)(void *context);
+} fsdp_comm_backend_i;
+
+typedef struct fsdp_comm_backend {
+    fsdp_comm_backend_i iface;
+    void *context;
+} fsdp_comm_backend;
+
+/* What one rank's function returned, kept for fsdp_world_run's answer and for peers that
+ * wait for a rank that has gone. */
+typedef struct fsdp_rank_result {
+    atomic_bool exited; /* set (release) after the fields below are written */
+    fsdp_status status;
+    int failure_order; /* 1 for the first rank to fail in time, 2 for the next, ... */
+    char message[FSDP_ERROR_MAX];
+    char origin[128];
+} fsdp_rank_result;
+
+struct fsdp_world {
+    fsdp_backend kind;
+    fsdp_comm_backend backend;
+    int size;
+    int timeout_ms;
+    fsdp_ctx_options ctx_options;
+    atomic_bool running;
+    atomic_int failures;
+    fsdp_rank_result *results; /* one per world rank */
+};
+
+struct fsdp_group {
+    fsdp_world *world;
+    void *state; /* the backend's */
+    int rank;
+    int size;
+    int *ranks;    /* world ranks, group order */
+    bool borrowed; /* owned by a context or a mesh: fsdp_group_free leaves it alone */
+    char label[FSDP_GROUP_LABEL_MAX];
+    char desc[FSDP_GROUP_DESC_MAX]; /* "'tp' (world ranks 0,1)", for messages */
+};
+
+/* One row of the comm-debug counters. */
+typedef struct fsdp_comm_debug_row {
+    fsdp_comm_op op;
+    fsdp_comm_phase phase;
+    char group[FSDP_GROUP_LABEL_MAX];
+    char *module;
+    fsdp_comm_count count;
+} fsdp_comm_debug_row;
+
+typedef struct fsdp_comm_debug {
+    bool active;
+    fsdp_comm_debug_row *rows;
+    int n_rows, cap_rows;
+} fsdp_comm_debug;
+
+/* What ctx->comm points at while a rank runs. */
+typedef struct fsdp_comm_binding {
+    fsdp_world *world;
+    fsdp_group *world_group;
+    fsdp_comm_debug debug;
+} fsdp_comm_binding;
+
+/* ctx's binding, or NULL when ctx runs outside fsdp_world_run. */
+static inline fsdp_comm_binding *fsdp_comm_binding_of(const fsdp_ctx *ctx) {
+    return ctx ? (fsdp_comm_binding *)ctx->comm : NULL;
+}
+
+/* group.c: a handle for this rank from a backend's membership info (copies info->ranks). */
+fsdp_status fsdp_group_make(fsdp_ctx *ctx, fsdp_world *world, const fsdp_group_info *info,
+                            const char *label, fsdp_group **out);
+/* Frees a handle whatever its owner (fsdp_group_free skips borrowed ones). */
+void fsdp_group_destroy(fsdp_group *g);
+/* The parent of a split (NULL: ctx's world group), checked to be this rank's handle; `what`
+ * names the caller in messages. */
+fsdp_status fsdp_group_resolve_parent(fsdp_ctx *ctx, fsdp_group **parent, const char *what);
+/* fsdp_group_split on a resolved parent, with `agree`: text every rank must pass
+ * identically (the backend compares it where it can). */
+fsdp_status fsdp_group_split_agreed(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
+                                    const char *label, const char *agree, fsdp_group **out);
+/* Checks a label: non-empty, shorter than FSDP_GROUP_LABEL_MAX. */
+fsdp_status fsdp_group_check_label(fsdp_ctx *ctx, const char *label, const char *what);
+
+/* comm_debug.c: counts one call of g's collective `op` moving `bytes`, attributed to the
+ * running module and phase of ctx; a no-op while counting is off. Fails only when a new row
+ * cannot be allocated. */
+fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
+                                 int64_t bytes);
+void fsdp_comm_debug_release(fsdp_comm_debug *d);
+
+/* local.c: fills world->backend with the local (threads, shared memory) backend. */
+fsdp_status fsdp_local_backend_create(fsdp_ctx *ctx, fsdp_world *world);
+
+/* box.c: the data movement the local backend does, over contiguous row-major tensors. */
+/* Copies a box of `box` elements per dim from src (shape src_shape, box at src_at) into dst
+ * (shape dst_shape, box at dst_at); all four arrays have ndim entries. Runs that are
+ * contiguous in both are copied with one memcpy; a run whose source is its destination is
+ * skipped (in-place all_gather). */
+void fsdp_box_copy(void *dst, const int64_t *dst_shape, const int64_t *dst_at, const void *src,
+                   const int64_t *src_shape, const int64_t *src_at, const int64_t *box, int ndim,
+                   size_t esize);
+/* dst[i] = reduce over r = 0..nsrc-1 (in that order) of srcs[r][offset + i], i < n, computed
+ * in f32 and stored once in dtype. */
+void fsdp_reduce_run(void *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
+                     fsdp_dtype dtype, fsdp_reduce_op op);
+
+#endif

@@ -1,0 +1,640 @@
+/* local.c: the local backend: the ranks are threads of one process. Each group has a shared
+ * rendezvous (mutex, condition variable, stage counter) where every rank posts its call; the
+ * last to arrive checks that the calls agree, then each rank reads its peers' buffers
+ * directly and a second stage waits until nobody reads them any more. Reductions run in
+ * rank order, so every rank gets bitwise the same result. Every wait has a deadline. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/comm_impl.h"
+#include "core/error.h"
+#include "core/tensor_impl.h"
+
+#define LOCAL_MAX_RANKS 1024
+#define OP_SPLIT        FSDP_COMM_OP_COUNT /* a group split, beside the collectives */
+
+/* What one rank posts for the call it is making. */
+typedef struct local_call {
+    int op;                 /* fsdp_comm_op, or OP_SPLIT */
+    fsdp_status rejected;   /* not FSDP_OK: this rank's arguments were invalid... */
+    const char *reject_msg; /* ...and why */
+    fsdp_dtype dtype;       /* the fields below must agree on every rank */
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS]; /* the global shape of the call */
+    int dim, dim2, root;
+    fsdp_reduce_op reduce;
+    const char *agree;     /* split: text every rank must pass identically (may be NULL) */
+    const fsdp_tensor *in; /* these need not agree */
+    fsdp_tensor *out;
+    int color, key;
+} local_call;
+
+typedef struct local_group local_group;
+
+typedef struct local_world {
+    fsdp_world *world;
+    int size;
+    local_group *world_group;
+    _Atomic(local_group *) groups; /* every group state, newest first; freed with the world */
+} local_world;
+
+struct local_group {
+    local_world *lw;
+    local_group *next;
+    int size;
+    int *ranks; /* world ranks of the members */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* The rendezvous, under mu. */
+    uint64_t stage;           /* stages every member has completed */
+    int waiting;              /* members in the current stage */
+    uint64_t *entered;        /* per member: stages entered */
+    const local_call **calls; /* per member: its current call, on its stack */
+    fsdp_status verdict;      /* the judgement of the current call */
+    char verdict_msg[FSDP_ERROR_MAX];
+    bool poisoned; /* a wait failed: the group is unusable */
+    fsdp_status poison_status;
+    char poison_msg[FSDP_ERROR_MAX];
+    /* Set by the judge for the current call, read by every member. */
+    const void **srcs; /* per member: its input data */
+    void *scratch;     /* all_reduce result */
+    size_t scratch_cap;
+    local_group **split_group; /* split: per member, its new group (NULL for no color) */
+    int *split_rank;
+};
+
+static const char *op_name(int op) {
+    return op == OP_SPLIT ? "group split" : fsdp_comm_op_to_string((fsdp_comm_op)op);
+}
+
+/* ---- group states ---- */
+
+static void group_state_free(local_group *lg) {
+    pthread_mutex_destroy(&lg->mu);
+    pthread_cond_destroy(&lg->cv);
+    free(lg->ranks);
+    free(lg->entered);
+    free(lg->calls);
+    free(lg->srcs);
+    free(lg->scratch);
+    free(lg->split_group);
+    free(lg->split_rank);
+    free(lg);
+}
+
+/* A new group state over `size` world ranks, added to the world's list. NULL when out of
+ * memory. */
+static local_group *group_state_new(local_world *lw, int size, const int *ranks) {
+    local_group *lg = calloc(1, sizeof *lg);
+    if (!lg) return NULL;
+    size_t n = (size_t)size;
+    lg->ranks = malloc(n * sizeof *lg->ranks);
+    lg->entered = calloc(n, sizeof *lg->entered);
+    lg->calls = calloc(n, sizeof *lg->calls);
+    lg->srcs = calloc(n, sizeof *lg->srcs);
+    lg->split_group = calloc(n, sizeof *lg->split_group);
+    lg->split_rank = calloc(n, sizeof *lg->split_rank);
+    pthread_condattr_t attr;
+    bool sync_ok = pthread_condattr_init(&attr) == 0;
+    sync_ok = sync_ok && pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) == 0 &&
+              pthread_cond_init(&lg->cv, &attr) == 0;
+    pthread_condattr_destroy(&attr);
+    if (sync_ok && pthread_mutex_init(&lg->mu, NULL) != 0) {
+        pthread_cond_destroy(&lg->cv);
+        sync_ok = false;
+    }
+    if (!sync_ok || !lg->ranks || !lg->entered || !lg->calls || !lg->srcs || !lg->split_group ||
+        !lg->split_rank) {
+        if (sync_ok) {
+            group_state_free(lg);
+        } else {
+            free(lg->ranks), free(lg->entered), free(lg->calls), free(lg->srcs);
+            free(lg->split_group), free(lg->split_rank), free(lg);
+        }
+        return NULL;
+    }
+    memcpy(lg->ranks, ranks, n * sizeof *lg->ranks);
+    lg->size = size;
+    lg->lw = lw;
+    local_group *head = atomic_load(&lw->groups);
+    do lg->next = head;
+    while (!atomic_compare_exchange_weak(&lw->groups, &head, lg));
+    return lg;
+}
+
+/* ---- judging a call: do the ranks agree? ---- */
+
+typedef void (*show_fn)(const local_call *c, char *buf, size_t size);
+
+static void show_op(const local_call *c, char *buf, size_t size) {
+    snprintf(buf, size, "%s", op_name(c->op));
+}
+static void show_agree(const local_call *c, char *buf, size_t size) {
+    snprintf(buf, size, "'%s'", c->agree ? c->agree : "");
+}
+static void show_dtype(const local_call *c, char *buf, size_t size) {
+    snprintf(buf, size, "%s", fsdp_dtype_to_string(c->dtype));
+}
+static void show_shape(const local_call *c, char *buf, size_t size) {
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int i = 0; i < c->ndim && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%lld", i ? ", " : "",
+                                 (long long)c->shape[i]);
+    if (used < size) snprintf(buf + used, size - used, ")");
+}
+static void show_dims(const local_call *c, char *buf, size_t size) {
+    if (c->op == FSDP_COMM_ALL_TO_ALL)
+        snprintf(buf, size, "split %d concat %d", c->dim, c->dim2);
+    else
+        snprintf(buf, size, "%d", c->dim);
+}
+static void show_root(const local_call *c, char *buf, size_t size) {
+    snprintf(buf, size, "%d", c->root);
+}
+static void show_reduce(const local_call *c, char *buf, size_t size) {
+    snprintf(buf, size, "%s", fsdp_reduce_op_to_string(c->reduce));
+}
+
+static bool same_op(const local_call *a, const local_call *b) {
+    return a->op == b->op;
+}
+static bool same_agree(const local_call *a, const local_call *b) {
+    return strcmp(a->agree ? a->agree : "", b->agree ? b->agree : "") == 0;
+}
+static bool same_dtype(const local_call *a, const local_call *b) {
+    return a->dtype == b->dtype;
+}
+static bool same_shape(const local_call *a, const local_call *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
+}
+static bool same_dims(const local_call *a, const local_call *b) {
+    return a->dim == b->dim && a->dim2 == b->dim2;
+}
+static bool same_root(const local_call *a, const local_call *b) {
+    return a->root == b->root;
+}
+static bool same_reduce(const local_call *a, const local_call *b) {
+    return a->reduce == b->reduce;
+}
+
+/* What every rank's call must agree on, in the order it is checked. */
+static const struct agreement {
+    const char *what;
+    fsdp_status status;
+    bool (*same)(const local_call *a, const local_call *b);
+    show_fn show;
+} agreements[] = {
+    {"which collective to make (every rank of a group must make the same collectives in the "
+     "same order)",
+     FSDP_ERR_COMM, same_op, show_op},
+    {"the group to make", FSDP_ERR_INVALID_ARGUMENT, same_agree, show_agree},
+    {"the dtype", FSDP_ERR_DTYPE, same_dtype, show_dtype},
+    {"the global shape (all_gather: the output; reduce_scatter: the input; all_to_all: the "
+     "shape both are chunks of)",
+     FSDP_ERR_SHAPE, same_shape, show_shape},
+    {"the dim", FSDP_ERR_INVALID_ARGUMENT, same_dims, show_dims},
+    {"the root", FSDP_ERR_INVALID_ARGUMENT, same_root, show_root},
+    {"the reduction", FSDP_ERR_INVALID_ARGUMENT, same_reduce, show_reduce},
+};
+
+/* Sets the verdict to `status` with a printf-style message. */
+static void set_verdict(local_group *lg, fsdp_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_verdict(local_group *lg, fsdp_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(lg->verdict_msg, sizeof lg->verdict_msg, fmt, ap);
+    va_end(ap);
+    lg->verdict = status;
+}
+
+/* "rank 0 (8, 13), rank 1 (8, 12)" */
+static void list_values(char *buf, size_t size, const local_group *lg, show_fn show) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < lg->size && used < size; r++) {
+        char value[160];
+        show(lg->calls[r], value, sizeof value);
+        used += (size_t)snprintf(buf + used, size - used, "%srank %d %s", r ? ", " : "",
+                                 lg->ranks[r], value);
+    }
+}
+
+static void make_split_groups(local_group *lg, const fsdp_group *g) {
+    int n = lg->size;
+    int *order = malloc((size_t)n * sizeof *order);
+    for (int r = 0; r < n; r++) lg->split_group[r] = NULL, lg->split_rank[r] = -1;
+    for (int first = 0; order && first < n; first++) {
+        int color = lg->calls[first]->color;
+        if (color < 0 || lg->split_rank[first] >= 0) continue;
+        int m = 0; /* members of this color, sorted by (key, parent rank) */
+        for (int r = first; r < n; r++) {
+            if (lg->calls[r]->color != color) continue;
+            int key = lg->calls[r]->key, at = m++;
+            while (at > 0 && lg->calls[order[at - 1]]->key > key) order[at] = order[at - 1], at--;
+            order[at] = r;
+        }
+        int world_ranks[LOCAL_MAX_RANKS];
+        for (int i = 0; i < m; i++) world_ranks[i] = lg->ranks[order[i]];
+        local_group *child = group_state_new(lg->lw, m, world_ranks);
+        if (!child) break;
+        for (int i = 0; i < m; i++) lg->split_group[order[i]] = child, lg->split_rank[order[i]] = i;
+    }
+    for (int r = 0; r < n; r++) {
+        if (lg->calls[r]->color >= 0 && !lg->split_group[r]) {
+            set_verdict(lg, FSDP_ERR_OUT_OF_MEMORY, "group split of %s: out of memory", g->desc);
+            break;
+        }
+    }
+    free(order);
+}
+
+/* Run by the last rank to arrive, under the lock, with every call posted: decides whether
+ * the call goes ahead and prepares what the ranks share for it. */
+static void judge(local_group *lg, const fsdp_group *g) {
+    lg->verdict = FSDP_OK;
+    const local_call *mine = lg->calls[g->rank];
+    const char *name = op_name(mine->op);
+    for (int r = 0; r < lg->size; r++) {
+        const local_call *c = lg->calls[r];
+        if (c->rejected != FSDP_OK) {
+            set_verdict(lg, c->rejected, "%s on group %s: rank %d rejected its arguments: %s",
+                        op_name(c->op), g->desc, lg->ranks[r], c->reject_msg);
+            return;
+        }
+    }
+    for (size_t k = 0; k < sizeof agreements / sizeof agreements[0]; k++) {
+        const struct agreement *a = &agreements[k];
+        for (int r = 1; r < lg->size; r++) {
+            if (a->same(lg->calls[0], lg->calls[r])) continue;
+            char values[FSDP_ERROR_MAX / 2];
+            list_values(values, sizeof values, lg, a->show);
+            set_verdict(lg, a->status, "%s on group %s: the ranks disagree on %s: %s", name,
+                        g->desc, a->what, values);
+            return;
+        }
+    }
+    if (mine->op == OP_SPLIT) {
+        make_split_groups(lg, g);
+        return;
+    }
+    if (mine->op == FSDP_COMM_REDUCE_SCATTER || mine->op == FSDP_COMM_ALL_REDUCE) {
+        for (int r = 0; r < lg->size; r++)
+            lg->srcs[r] = fsdp_tensor_data(mine->op == FSDP_COMM_ALL_REDUCE ? lg->calls[r]->out
+                                                                            : lg->calls[r]->in);
+    }
+    if (mine->op == FSDP_COMM_ALL_REDUCE) {
+        size_t need = fsdp_tensor_nbytes(mine->out);
+        if (need > lg->scratch_cap) {
+            size_t cap = lg->scratch_cap ? lg->scratch_cap : 4096;
+            while (cap < need) cap *= 2;
+            void *p = realloc(lg->scratch, cap);
+            if (!p) {
+                set_verdict(lg, FSDP_ERR_OUT_OF_MEMORY,
+                            "all_reduce on group %s: cannot allocate %zu bytes of shared scratch",
+                            g->desc, cap);
+                return;
+            }
+            lg->scratch = p;
+            lg->scratch_cap = cap;
+        }
+    }
+}
+
+/* ---- waiting ---- */
+
+static void poison(local_group *lg, fsdp_status status, const char *msg) {
+    lg->poisoned = true;
+    lg->poison_status = status;
+    snprintf(lg->poison_msg, sizeof lg->poison_msg, "%s", msg);
+    pthread_cond_broadcast(&lg->cv);
+}
+
+static fsdp_status fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const local_group *lg,
+                                 int op) {
+    return FSDP_FAIL(ctx, lg->poison_status,
+                     "%s on group %s refused: the group failed earlier and cannot be used "
+                     "(create a new world); the failure: %s",
+                     op_name(op), g->desc, lg->poison_msg);
+}
+
+/* The first member that has not entered stage `target` and whose function has returned, or
+ * -1. */
+static int gone_member(const local_group *lg, uint64_t target) {
+    for (int r = 0; r < lg->size; r++) {
+        if (lg->entered[r] >= target) continue;
+        if (atomic_load(&lg->lw->world->results[lg->ranks[r]].exited)) return r;
+    }
+    return -1;
+}
+
+static fsdp_status fail_gone(fsdp_ctx *ctx, const fsdp_group *g, local_group *lg, int op,
+                             int member) {
+    const fsdp_rank_result *res = &lg->lw->world->results[lg->ranks[member]];
+    char msg[FSDP_ERROR_MAX];
+    snprintf(msg, sizeof msg,
+             "%s on group %s: rank %d will never arrive: its function returned %s%s%.600s%s "
+             "without making this call",
+             op_name(op), g->desc, lg->ranks[member], fsdp_status_to_string(res->status),
+             res->status != FSDP_OK ? " (\"" : "", res->status != FSDP_OK ? res->message : "",
+             res->status != FSDP_OK ? "\")" : "");
+    poison(lg, FSDP_ERR_COMM, msg);
+    return FSDP_FAIL(ctx, FSDP_ERR_COMM, "%s", msg);
+}
+
+static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, local_group *lg, int op,
+                                uint64_t target) {
+    char missing[256] = "", arrived[256] = "";
+    size_t nm = 0, na = 0;
+    int n_missing = 0;
+    for (int r = 0; r < lg->size; r++) {
+        bool in = lg->entered[r] >= target;
+        char *buf = in ? arrived : missing;
+        size_t *used = in ? &na : &nm;
+        if (*used < sizeof missing)
+            *used += (size_t)snprintf(buf + *used, sizeof missing - *used, "%s%d", *used ? "," : "",
+                                      lg->ranks[r]);
+        n_missing += !in;
+    }
+    char msg[FSDP_ERROR_MAX];
+    snprintf(msg, sizeof msg,
+             "%s on group %s timed out after %d ms: rank%s %s did not arrive (arrived: %s). "
+             "Every rank of a group must make the same collectives in the same order; a rank "
+             "that skipped this one, failed before it or is busy elsewhere never arrives. If "
+             "the wait is expected, raise fsdp_world_options.timeout_ms",
+             op_name(op), g->desc, lg->lw->world->timeout_ms, n_missing > 1 ? "s" : "", missing,
+             arrived);
+    poison(lg, FSDP_ERR_TIMEOUT, msg);
+    return FSDP_FAIL(ctx, FSDP_ERR_TIMEOUT, "%s", msg);
+}
+
+static struct timespec deadline_after(int ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+    return t;
+}
+
+/* Waits (holding lg->mu) until every member has entered stage `target`. */
+static fsdp_status wait_stage(fsdp_ctx *ctx, const fsdp_group *g, local_group *lg, int op,
+                              uint64_t target) {
+    struct timespec deadline = deadline_after(lg->lw->world->timeout_ms);
+    bool timed_out = false;
+    for (;;) {
+        if (lg->stage >= target) return FSDP_OK;
+        if (lg->poisoned) return fail_poisoned(ctx, g, lg, op);
+        int gone = gone_member(lg, target);
+        if (gone >= 0) return fail_gone(ctx, g, lg, op, gone);
+        if (timed_out) return fail_timeout(ctx, g, lg, op, target);
+        timed_out = pthread_cond_timedwait(&lg->cv, &lg->mu, &deadline) == ETIMEDOUT;
+    }
+}
+
+/* Enters the next stage of g's rendezvous and waits for every member. The first stage of a
+ * call posts it (`post`); the last rank to post judges the call, and every rank returns the
+ * verdict. */
+static fsdp_status rendezvous(fsdp_ctx *ctx, const fsdp_group *g, int op, const local_call *post) {
+    local_group *lg = g->state;
+    pthread_mutex_lock(&lg->mu);
+    fsdp_status st = FSDP_OK;
+    if (lg->poisoned) {
+        st = fail_poisoned(ctx, g, lg, op);
+    } else {
+        if (post) lg->calls[g->rank] = post;
+        uint64_t target = ++lg->entered[g->rank];
+        if (++lg->waiting == lg->size) {
+            lg->waiting = 0;
+            if (post) judge(lg, g);
+            lg->stage = target;
+            pthread_cond_broadcast(&lg->cv);
+        } else {
+            st = wait_stage(ctx, g, lg, op, target);
+        }
+        if (st == FSDP_OK && post && lg->verdict != FSDP_OK)
+            st = FSDP_FAIL(ctx, lg->verdict, "%s", lg->verdict_msg);
+    }
+    pthread_mutex_unlock(&lg->mu);
+    return st;
+}
+
+/* ---- the collectives ---- */
+
+static void set_global_shape(local_call *c, const fsdp_tensor *t) {
+    c->dtype = t->dtype;
+    c->ndim = t->ndim;
+    memcpy(c->shape, t->shape, sizeof c->shape);
+}
+
+static const int64_t zeros[FSDP_MAX_DIMS] = {0};
+
+static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                    const fsdp_tensor *in, int dim) {
+    local_call c = {.op = FSDP_COMM_ALL_GATHER, .dim = dim, .in = in, .out = out};
+    set_global_shape(&c, out);
+    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    const local_group *lg = g->state;
+    int64_t at[FSDP_MAX_DIMS] = {0};
+    for (int r = 0; r < g->size; r++) {
+        const fsdp_tensor *src = lg->calls[r]->in;
+        fsdp_chunk_range(out->shape[dim], g->size, r, &at[dim], NULL);
+        fsdp_box_copy(fsdp_tensor_data(out), out->shape, at, fsdp_tensor_data(src), src->shape,
+                      zeros, src->shape, out->ndim, fsdp_dtype_size(out->dtype));
+    }
+    return rendezvous(ctx, g, c.op, NULL);
+}
+
+static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                        const fsdp_tensor *in, int dim, fsdp_reduce_op op) {
+    local_call c = {.op = FSDP_COMM_REDUCE_SCATTER, .dim = dim, .reduce = op, .in = in, .out = out};
+    set_global_shape(&c, in);
+    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    const local_group *lg = g->state;
+    int64_t outer = 1, inner = 1, n = in->shape[dim], begin, len;
+    for (int i = 0; i < dim; i++) outer *= in->shape[i];
+    for (int i = dim + 1; i < in->ndim; i++) inner *= in->shape[i];
+    fsdp_chunk_range(n, g->size, g->rank, &begin, &len);
+    char *dst = fsdp_tensor_data(out);
+    size_t esize = fsdp_dtype_size(in->dtype);
+    for (int64_t o = 0; o < outer && len > 0; o++)
+        fsdp_reduce_run(dst + (size_t)(o * len * inner) * esize, lg->srcs, g->size,
+                        (o * n + begin) * inner, len * inner, in->dtype, op);
+    return rendezvous(ctx, g, c.op, NULL);
+}
+
+static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
+                                    fsdp_reduce_op op) {
+    local_call c = {.op = FSDP_COMM_ALL_REDUCE, .reduce = op, .out = t};
+    set_global_shape(&c, t);
+    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    const local_group *lg = g->state;
+    /* Each rank reduces its chunk of the elements into the shared scratch... */
+    int64_t begin, len;
+    fsdp_chunk_range(t->numel, g->size, g->rank, &begin, &len);
+    size_t esize = fsdp_dtype_size(t->dtype);
+    fsdp_reduce_run((char *)lg->scratch + (size_t)begin * esize, lg->srcs, g->size, begin, len,
+                    t->dtype, op);
+    FSDP_TRY(rendezvous(ctx, g, c.op, NULL));
+    /* ...and once all are written (and nobody reads the inputs), every rank copies the whole.
+     * The scratch is not touched again before every rank has arrived at its next call. */
+    memcpy(fsdp_tensor_data(t), lg->scratch, fsdp_tensor_nbytes(t));
+    return FSDP_OK;
+}
+
+static fsdp_status local_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
+    local_call c = {.op = FSDP_COMM_BROADCAST, .root = root, .out = t};
+    set_global_shape(&c, t);
+    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    const local_group *lg = g->state;
+    if (g->rank != root)
+        memcpy(fsdp_tensor_data(t), fsdp_tensor_data(lg->calls[root]->out), fsdp_tensor_nbytes(t));
+    return rendezvous(ctx, g, c.op, NULL);
+}
+
+static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                    const fsdp_tensor *in, int split_dim, int concat_dim) {
+    local_call c = {
+        .op = FSDP_COMM_ALL_TO_ALL, .dim = split_dim, .dim2 = concat_dim, .in = in, .out = out};
+    set_global_shape(&c, in);
+    if (split_dim != concat_dim) c.shape[concat_dim] = out->shape[concat_dim];
+    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    const local_group *lg = g->state;
+    int64_t at = 0; /* where along concat_dim the next rank's piece goes */
+    for (int r = 0; r < g->size; r++) {
+        const fsdp_tensor *src = lg->calls[r]->in;
+        int64_t box[FSDP_MAX_DIMS], src_at[FSDP_MAX_DIMS] = {0}, dst_at[FSDP_MAX_DIMS] = {0};
+        memcpy(box, src->shape, sizeof box);
+        fsdp_chunk_range(src->shape[split_dim], g->size, g->rank, &src_at[split_dim],
+                         &box[split_dim]);
+        dst_at[concat_dim] = at;
+        fsdp_box_copy(fsdp_tensor_data(out), out->shape, dst_at, fsdp_tensor_data(src), src->shape,
+                      src_at, box, out->ndim, fsdp_dtype_size(out->dtype));
+        at += box[concat_dim];
+    }
+    return rendezvous(ctx, g, c.op, NULL);
+}
+
+static fsdp_status local_barrier(fsdp_ctx *ctx, fsdp_group *g) {
+    local_call c = {.op = FSDP_COMM_BARRIER};
+    return rendezvous(ctx, g, c.op, &c);
+}
+
+static void local_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
+    local_call c = {.op = op, .rejected = ctx->last_status, .reject_msg = ctx->last_error};
+    (void)rendezvous(ctx, g, op, &c);
+}
+
+static fsdp_status local_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
+                               const char *agree, fsdp_group_info *out) {
+    local_call c = {.op = OP_SPLIT, .color = color, .key = key, .agree = agree};
+    FSDP_TRY(rendezvous(ctx, parent, c.op, &c));
+    const local_group *lg = parent->state;
+    local_group *child = lg->split_group[parent->rank];
+    *out = (fsdp_group_info){0};
+    if (child)
+        *out = (fsdp_group_info){.state = child,
+                                 .size = child->size,
+                                 .rank = lg->split_rank[parent->rank],
+                                 .ranks = child->ranks};
+    return FSDP_OK;
+}
+
+/* ---- the world ---- */
+
+static void local_hosted_ranks(void *context, int *first, int *count) {
+    const local_world *lw = context;
+    *first = 0;
+    *count = lw->size;
+}
+
+static void local_world_group(void *context, int rank, fsdp_group_info *out) {
+    const local_world *lw = context;
+    *out = (fsdp_group_info){
+        .state = lw->world_group, .size = lw->size, .rank = rank, .ranks = lw->world_group->ranks};
+}
+
+static void local_reset(void *context) {
+    local_world *lw = context;
+    for (local_group *lg = atomic_load(&lw->groups); lg; lg = lg->next) {
+        pthread_mutex_lock(&lg->mu);
+        lg->stage = 0;
+        lg->waiting = 0;
+        memset(lg->entered, 0, (size_t)lg->size * sizeof *lg->entered);
+        lg->poisoned = false;
+        lg->verdict = FSDP_OK;
+        pthread_mutex_unlock(&lg->mu);
+    }
+}
+
+static void local_rank_exited(void *context, int rank) {
+    local_world *lw = context;
+    (void)rank; /* waiters check every missing member; wake them all */
+    for (local_group *lg = atomic_load(&lw->groups); lg; lg = lg->next) {
+        pthread_mutex_lock(&lg->mu);
+        pthread_cond_broadcast(&lg->cv);
+        pthread_mutex_unlock(&lg->mu);
+    }
+}
+
+static void local_free(void *context) {
+    local_world *lw = context;
+    if (!lw) return;
+    local_group *lg = atomic_load(&lw->groups);
+    while (lg) {
+        local_group *next = lg->next;
+        group_state_free(lg);
+        lg = next;
+    }
+    free(lw);
+}
+
+static const fsdp_comm_backend_i local_iface = {
+    .name = "local",
+    .device = FSDP_DEVICE_CPU,
+    .hosted_ranks = local_hosted_ranks,
+    .world_group = local_world_group,
+    .split = local_split,
+    .all_gather = local_all_gather,
+    .reduce_scatter = local_reduce_scatter,
+    .all_reduce = local_all_reduce,
+    .broadcast = local_broadcast,
+    .all_to_all = local_all_to_all,
+    .barrier = local_barrier,
+    .reject = local_reject,
+    .reset = local_reset,
+    .rank_exited = local_rank_exited,
+    .free = local_free,
+};
+
+fsdp_status fsdp_local_backend_create(fsdp_ctx *ctx, fsdp_world *world) {
+    if (world->size > LOCAL_MAX_RANKS)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "the local backend runs at most %d rank threads; %d were asked for",
+                         LOCAL_MAX_RANKS, world->size);
+    local_world *lw = calloc(1, sizeof *lw);
+    int *ranks = malloc((size_t)world->size * sizeof *ranks);
+    if (lw && ranks) {
+        lw->world = world;
+        lw->size = world->size;
+        atomic_init(&lw->groups, NULL);
+        for (int r = 0; r < world->size; r++) ranks[r] = r;
+        lw->world_group = group_state_new(lw, world->size, ranks);
+    }
+    free(ranks);
+    if (!lw || !lw->world_group) {
+        free(lw);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
+                         "cannot allocate the local backend for %d ranks", world->size);
+    }
+    world->backend = (fsdp_comm_backend){.iface = local_iface, .context = lw};
+    return FSDP_OK;
+}

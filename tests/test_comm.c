@@ -1,0 +1,817 @@
+/* test_comm.c: the world, groups and every collective of the local backend on 1, 2, 3, 4 and
+ * 8 rank threads, f32 and bf16, with uneven and empty chunks: each result is compared
+ * bitwise with a serial computation in rank order, and replicated results with every other
+ * rank's. Then the failures: mismatches across ranks, a rank rejecting its arguments, a rank
+ * that never arrives (timeout), a rank that has returned, and bad arguments. Rank bodies
+ * never call CUnit (it is not thread-safe): they return a status with a message, which
+ * fsdp_world_run hands to the main thread. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/error.h"
+#include "harness.h"
+
+#define RANK_CHECK(ctx, cond, ...)                                                                 \
+    do {                                                                                           \
+        if (!(cond)) return FSDP_FAIL((ctx), FSDP_ERR_INTERNAL, __VA_ARGS__);                      \
+    } while (0)
+
+static const int world_sizes[] = {1, 2, 3, 4, 8};
+#define N_WORLD_SIZES ((int)(sizeof world_sizes / sizeof world_sizes[0]))
+#define MAX_RANKS     8
+#define MAX_CASES     96
+
+/* What the ranks of one run leave for the main thread: a hash of each replicated result. */
+typedef struct shared {
+    int ncases;
+    uint64_t hash[MAX_CASES][MAX_RANKS];
+} shared;
+
+/* Runs fn on n rank threads with a fresh world; the first failure's message lands in the
+ * test context. */
+static fsdp_status run_world(int n, int timeout_ms, fsdp_rank_fn fn, void *user) {
+    fsdp_world *w = NULL;
+    fsdp_world_options o = {.nranks = n, .timeout_ms = timeout_ms};
+    fsdp_status st = fsdp_world_create(fsdp_test_ctx(), &o, &w);
+    if (st == FSDP_OK) st = fsdp_world_run(fsdp_test_ctx(), w, fn, user);
+    fsdp_world_free(w);
+    return st;
+}
+
+/* Runs fn on every world size and checks that replicated results agree bitwise. */
+static void run_all_sizes(fsdp_rank_fn fn, bool replicated) {
+    for (int i = 0; i < N_WORLD_SIZES; i++) {
+        shared sh = {0};
+        FSDP_TEST_OK(run_world(world_sizes[i], 0, fn, &sh));
+        CU_ASSERT_TRUE(sh.ncases > 0);
+        for (int c = 0; replicated && c < sh.ncases; c++)
+            for (int r = 1; r < world_sizes[i]; r++) {
+                if (sh.hash[c][r] != sh.hash[c][0])
+                    fprintf(stderr, "\n  world %d, case %d: rank %d's result differs from rank 0's",
+                            world_sizes[i], c, r);
+                CU_ASSERT_EQUAL(sh.hash[c][r], sh.hash[c][0]);
+            }
+    }
+}
+
+/* ---- values, shapes and references ---- */
+
+/* A value in [-1, 1) with 24 significant bits, so sums round and their order matters. */
+static float value(uint64_t salt, int64_t i) {
+    uint64_t x = (salt + 1) * 0x9E3779B97F4A7C15u ^ (uint64_t)(i + 1) * 0xBF58476D1CE4E5B9u;
+    x ^= x >> 31;
+    x *= 0x94D049BB133111EBu;
+    x ^= x >> 29;
+    return (float)((double)(x >> 40) / (double)(1u << 23) - 1.0);
+}
+
+/* v as a tensor of `dtype` stores it. */
+static float stored(fsdp_dtype dtype, float v) {
+    return dtype == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(fsdp_bf16_from_f32(v)) : v;
+}
+
+static float get(const fsdp_tensor *t, int64_t i) {
+    if (fsdp_tensor_dtype(t) == FSDP_DTYPE_F32) return ((const float *)fsdp_tensor_data(t))[i];
+    return fsdp_bf16_to_f32(((const fsdp_bf16 *)fsdp_tensor_data(t))[i]);
+}
+
+static void set(fsdp_tensor *t, int64_t i, float v) {
+    if (fsdp_tensor_dtype(t) == FSDP_DTYPE_F32)
+        ((float *)fsdp_tensor_data(t))[i] = v;
+    else
+        ((fsdp_bf16 *)fsdp_tensor_data(t))[i] = fsdp_bf16_from_f32(v);
+}
+
+static bool same_bits(float a, float b) {
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* The flat index in `global` of element i of a box of shape `local` placed at `at`. */
+static int64_t to_global(int64_t i, int ndim, const int64_t *local, const int64_t *at,
+                         const int64_t *global) {
+    int64_t idx[FSDP_MAX_DIMS], flat = 0;
+    for (int k = ndim - 1; k >= 0; k--) {
+        idx[k] = local[k] ? i % local[k] + at[k] : 0;
+        i = local[k] ? i / local[k] : 0;
+    }
+    for (int k = 0; k < ndim; k++) flat = flat * global[k] + idx[k];
+    return flat;
+}
+
+/* Fills t, the box at `at` of a tensor of shape `global`, with value(salt, global index). */
+static void fill_box(fsdp_tensor *t, const int64_t *global, const int64_t *at, uint64_t salt) {
+    for (int64_t i = 0; i < fsdp_tensor_numel(t); i++)
+        set(t, i, value(salt, to_global(i, fsdp_tensor_ndim(t), fsdp_tensor_shape(t), at, global)));
+}
+
+/* The serial reduction over ranks 0..W-1 of element e, where rank r holds value(r + 1, e). */
+static float serial_reduce(int64_t e, int W, fsdp_reduce_op op, fsdp_dtype dtype) {
+    float acc = stored(dtype, value(1, e));
+    for (int r = 1; r < W; r++) {
+        float x = stored(dtype, value((uint64_t)r + 1, e));
+        if (op == FSDP_REDUCE_MAX)
+            acc = (acc != acc || acc >= x) ? acc : x;
+        else
+            acc += x;
+    }
+    if (op == FSDP_REDUCE_AVG) acc /= (float)W;
+    return stored(dtype, acc);
+}
+
+static uint64_t hash_bytes(const fsdp_tensor *t) {
+    uint64_t h = 0xcbf29ce484222325u;
+    const unsigned char *p = fsdp_tensor_data(t);
+    for (size_t i = 0; i < fsdp_tensor_nbytes(t); i++) h = (h ^ p[i]) * 0x100000001b3u;
+    return h;
+}
+
+typedef struct spec {
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int dim;  /* the sharded dim (all_to_all: concat_dim, the one the input is sharded on) */
+    int dim2; /* all_to_all: split_dim */
+} spec;
+
+/* Uneven (13 on 4 ranks), smaller than W (empty chunks), inner and negative dims, 1-d,
+ * empty tensors. */
+static const spec shard_specs[] = {
+    {2, {13, 3}, 0, 1}, {2, {2, 3}, 0, 1},       {2, {4, 13}, 1, 0}, {3, {2, 5, 3}, 1, 2},
+    {1, {3}, 0, 0},     {2, {4, 7}, -1, -2},     {2, {0, 4}, 0, 1},  {3, {3, 9, 2}, 2, 1},
+    {2, {1, 1}, 0, 1},  {4, {2, 3, 5, 2}, 2, 0},
+};
+#define N_SHARD_SPECS ((int)(sizeof shard_specs / sizeof shard_specs[0]))
+
+static int norm_dim(int dim, int ndim) {
+    return dim < 0 ? dim + ndim : dim;
+}
+
+static const fsdp_dtype dtypes[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16};
+
+/* ---- the collectives against serial computations ---- */
+
+static fsdp_status gather_case(fsdp_ctx *ctx, int rank, int W, fsdp_dtype dtype, const spec *sp,
+                               uint64_t *hash) {
+    int d = norm_dim(sp->dim, sp->ndim);
+    int64_t at[FSDP_MAX_DIMS] = {0}, local[FSDP_MAX_DIMS];
+    memcpy(local, sp->shape, sizeof local);
+    fsdp_chunk_range(sp->shape[d], W, rank, &at[d], &local[d]);
+    fsdp_tensor *in = NULL, *out = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, local, &in);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, sp->shape, &out);
+    if (st == FSDP_OK) {
+        fill_box(in, sp->shape, at, 0);
+        st = fsdp_all_gather(ctx, NULL, out, in, sp->dim);
+    }
+    for (int64_t e = 0; st == FSDP_OK && e < fsdp_tensor_numel(out); e++)
+        if (!same_bits(get(out, e), stored(dtype, value(0, e))))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                           "all_gather %s dim %d: element %lld is %.9g, "
+                           "want %.9g",
+                           fsdp_dtype_to_string(dtype), sp->dim, (long long)e, get(out, e),
+                           stored(dtype, value(0, e)));
+    if (st == FSDP_OK) *hash = hash_bytes(out);
+    fsdp_tensor_free(in);
+    fsdp_tensor_free(out);
+    return st;
+}
+
+static fsdp_status gather_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx)), c = 0;
+    for (int t = 0; t < 2; t++)
+        for (int s = 0; s < N_SHARD_SPECS; s++, c++)
+            FSDP_TRY(gather_case(ctx, rank, W, dtypes[t], &shard_specs[s], &sh->hash[c][rank]));
+    if (rank == 0) sh->ncases = c;
+    return FSDP_OK;
+}
+
+static void test_all_gather(void) {
+    run_all_sizes(gather_body, true);
+}
+
+static fsdp_status reduce_scatter_case(fsdp_ctx *ctx, int rank, int W, fsdp_dtype dtype,
+                                       const spec *sp, fsdp_reduce_op op) {
+    int d = norm_dim(sp->dim, sp->ndim);
+    int64_t at[FSDP_MAX_DIMS] = {0}, zero[FSDP_MAX_DIMS] = {0}, local[FSDP_MAX_DIMS];
+    memcpy(local, sp->shape, sizeof local);
+    fsdp_chunk_range(sp->shape[d], W, rank, &at[d], &local[d]);
+    fsdp_tensor *in = NULL, *out = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, sp->shape, &in);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, local, &out);
+    if (st == FSDP_OK) {
+        fill_box(in, sp->shape, zero, (uint64_t)rank + 1);
+        st = fsdp_reduce_scatter(ctx, NULL, out, in, sp->dim, op);
+    }
+    for (int64_t i = 0; st == FSDP_OK && i < fsdp_tensor_numel(out); i++) {
+        int64_t e = to_global(i, sp->ndim, local, at, sp->shape);
+        float want = serial_reduce(e, W, op, dtype);
+        if (!same_bits(get(out, i), want))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                           "reduce_scatter %s %s dim %d: element %lld (global %lld) is %.9g, "
+                           "want %.9g",
+                           fsdp_reduce_op_to_string(op), fsdp_dtype_to_string(dtype), sp->dim,
+                           (long long)i, (long long)e, get(out, i), want);
+    }
+    fsdp_tensor_free(in);
+    fsdp_tensor_free(out);
+    return st;
+}
+
+static fsdp_status reduce_scatter_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    for (int t = 0; t < 2; t++)
+        for (int s = 0; s < N_SHARD_SPECS; s++)
+            for (int op = 0; op < FSDP_REDUCE_OP_COUNT; op++)
+                FSDP_TRY(reduce_scatter_case(ctx, rank, W, dtypes[t], &shard_specs[s],
+                                             (fsdp_reduce_op)op));
+    if (rank == 0) sh->ncases = 1;
+    return FSDP_OK;
+}
+
+static void test_reduce_scatter(void) {
+    run_all_sizes(reduce_scatter_body, false);
+}
+
+static const spec whole_specs[] = {
+    {2, {13, 3}, 0, 0}, {1, {5}, 0, 0}, {0, {0}, 0, 0},    {3, {2, 3, 4}, 0, 0},
+    {1, {0}, 0, 0},     {1, {1}, 0, 0}, {1, {1000}, 0, 0},
+};
+#define N_WHOLE_SPECS ((int)(sizeof whole_specs / sizeof whole_specs[0]))
+
+static fsdp_status all_reduce_case(fsdp_ctx *ctx, int rank, int W, fsdp_dtype dtype, const spec *sp,
+                                   fsdp_reduce_op op, uint64_t *hash) {
+    int64_t zero[FSDP_MAX_DIMS] = {0};
+    fsdp_tensor *t = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, sp->shape, &t);
+    if (st == FSDP_OK) {
+        fill_box(t, sp->shape, zero, (uint64_t)rank + 1);
+        st = fsdp_all_reduce(ctx, NULL, t, op);
+    }
+    for (int64_t e = 0; st == FSDP_OK && e < fsdp_tensor_numel(t); e++) {
+        float want = serial_reduce(e, W, op, dtype);
+        if (!same_bits(get(t, e), want))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                           "all_reduce %s %s: element %lld is %.9g, want %.9g",
+                           fsdp_reduce_op_to_string(op), fsdp_dtype_to_string(dtype), (long long)e,
+                           get(t, e), want);
+    }
+    if (st == FSDP_OK) *hash = hash_bytes(t);
+    fsdp_tensor_free(t);
+    return st;
+}
+
+static fsdp_status all_reduce_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx)), c = 0;
+    for (int t = 0; t < 2; t++)
+        for (int s = 0; s < N_WHOLE_SPECS; s++)
+            for (int op = 0; op < FSDP_REDUCE_OP_COUNT; op++, c++)
+                FSDP_TRY(all_reduce_case(ctx, rank, W, dtypes[t], &whole_specs[s],
+                                         (fsdp_reduce_op)op, &sh->hash[c][rank]));
+    if (rank == 0) sh->ncases = c;
+    return FSDP_OK;
+}
+
+static void test_all_reduce(void) {
+    run_all_sizes(all_reduce_body, true);
+}
+
+static fsdp_status broadcast_case(fsdp_ctx *ctx, int rank, fsdp_dtype dtype, const spec *sp,
+                                  int root, uint64_t *hash) {
+    int64_t zero[FSDP_MAX_DIMS] = {0};
+    fsdp_tensor *t = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, sp->shape, &t);
+    if (st == FSDP_OK) {
+        fill_box(t, sp->shape, zero, (uint64_t)rank + 1);
+        st = fsdp_broadcast(ctx, NULL, t, root);
+    }
+    for (int64_t e = 0; st == FSDP_OK && e < fsdp_tensor_numel(t); e++) {
+        float want = stored(dtype, value((uint64_t)root + 1, e));
+        if (!same_bits(get(t, e), want))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                           "broadcast %s from %d: element %lld is %.9g, want %.9g",
+                           fsdp_dtype_to_string(dtype), root, (long long)e, get(t, e), want);
+    }
+    if (st == FSDP_OK) *hash = hash_bytes(t);
+    fsdp_tensor_free(t);
+    return st;
+}
+
+static fsdp_status broadcast_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx)), c = 0;
+    const int roots[] = {0, W - 1, W / 2};
+    for (int t = 0; t < 2; t++)
+        for (int s = 0; s < N_WHOLE_SPECS; s++)
+            for (int k = 0; k < 3; k++, c++)
+                FSDP_TRY(broadcast_case(ctx, rank, dtypes[t], &whole_specs[s], roots[k],
+                                        &sh->hash[c][rank]));
+    if (rank == 0) sh->ncases = c;
+    return FSDP_OK;
+}
+
+static void test_broadcast(void) {
+    run_all_sizes(broadcast_body, true);
+}
+
+/* Shard(concat) -> Shard(split) of a global tensor filled with value(0, e). */
+static fsdp_status all_to_all_case(fsdp_ctx *ctx, int rank, int W, fsdp_dtype dtype,
+                                   const spec *sp) {
+    int c = norm_dim(sp->dim, sp->ndim), s = norm_dim(sp->dim2, sp->ndim);
+    int64_t in_at[FSDP_MAX_DIMS] = {0}, out_at[FSDP_MAX_DIMS] = {0};
+    int64_t in_shape[FSDP_MAX_DIMS], out_shape[FSDP_MAX_DIMS];
+    memcpy(in_shape, sp->shape, sizeof in_shape);
+    memcpy(out_shape, sp->shape, sizeof out_shape);
+    fsdp_chunk_range(sp->shape[c], W, rank, &in_at[c], &in_shape[c]);
+    fsdp_chunk_range(sp->shape[s], W, rank, &out_at[s], &out_shape[s]);
+    fsdp_tensor *in = NULL, *out = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, in_shape, &in);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, out_shape, &out);
+    if (st == FSDP_OK) {
+        fill_box(in, sp->shape, in_at, 0);
+        st = fsdp_all_to_all(ctx, NULL, out, in, sp->dim2, sp->dim);
+    }
+    for (int64_t i = 0; st == FSDP_OK && i < fsdp_tensor_numel(out); i++) {
+        int64_t e = to_global(i, sp->ndim, out_shape, out_at, sp->shape);
+        float want = stored(dtype, value(0, e));
+        if (!same_bits(get(out, i), want))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                           "all_to_all %s split %d concat %d: element %lld is %.9g, want %.9g",
+                           fsdp_dtype_to_string(dtype), s, c, (long long)i, get(out, i), want);
+    }
+    fsdp_tensor_free(in);
+    fsdp_tensor_free(out);
+    return st;
+}
+
+/* split_dim == concat_dim: equal pieces of a (W * 3, 2) tensor, torch's all_to_all_single. */
+static fsdp_status all_to_all_equal_case(fsdp_ctx *ctx, int rank, int W, fsdp_dtype dtype) {
+    const int64_t k = 3, shape[2] = {W * k, 2}, zero[2] = {0, 0};
+    fsdp_tensor *in = NULL, *out = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, 2, shape, &in);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, 2, shape, &out);
+    if (st == FSDP_OK) {
+        fill_box(in, shape, zero, (uint64_t)rank + 1);
+        st = fsdp_all_to_all(ctx, NULL, out, in, 0, 0);
+    }
+    for (int64_t i = 0; st == FSDP_OK && i < fsdp_tensor_numel(out); i++) {
+        int64_t row = i / 2, col = i % 2, from = row / k, j = row % k;
+        float want = stored(dtype, value((uint64_t)from + 1, (rank * k + j) * 2 + col));
+        if (!same_bits(get(out, i), want))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                           "all_to_all (equal pieces) %s: element %lld is %.9g, want %.9g",
+                           fsdp_dtype_to_string(dtype), (long long)i, get(out, i), want);
+    }
+    fsdp_tensor_free(in);
+    fsdp_tensor_free(out);
+    return st;
+}
+
+static fsdp_status all_to_all_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    for (int t = 0; t < 2; t++) {
+        for (int s = 0; s < N_SHARD_SPECS; s++)
+            if (norm_dim(shard_specs[s].dim, shard_specs[s].ndim) !=
+                norm_dim(shard_specs[s].dim2, shard_specs[s].ndim))
+                FSDP_TRY(all_to_all_case(ctx, rank, W, dtypes[t], &shard_specs[s]));
+        FSDP_TRY(all_to_all_equal_case(ctx, rank, W, dtypes[t]));
+    }
+    if (rank == 0) sh->ncases = 1;
+    return FSDP_OK;
+}
+
+static void test_all_to_all(void) {
+    run_all_sizes(all_to_all_body, false);
+}
+
+/* No rank leaves a barrier before every rank has entered it. */
+typedef struct barrier_state {
+    shared sh;
+    atomic_int entered;
+} barrier_state;
+
+static fsdp_status barrier_body(fsdp_ctx *ctx, int rank, void *user) {
+    barrier_state *b = user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    for (int i = 0; i < 20; i++) {
+        atomic_fetch_add(&b->entered, 1);
+        FSDP_TRY(fsdp_barrier(ctx, NULL));
+        int seen = atomic_load(&b->entered);
+        RANK_CHECK(ctx, seen >= (i + 1) * W, "round %d: left the barrier with %d entries, want %d",
+                   i, seen, (i + 1) * W);
+        FSDP_TRY(fsdp_barrier(ctx, NULL)); /* nobody enters round i + 1 before all checked */
+    }
+    if (rank == 0) b->sh.ncases = 1;
+    return FSDP_OK;
+}
+
+static void test_barrier(void) {
+    for (int i = 0; i < N_WORLD_SIZES; i++) {
+        barrier_state b = {0};
+        atomic_init(&b.entered, 0);
+        FSDP_TEST_OK(run_world(world_sizes[i], 0, barrier_body, &b));
+        CU_ASSERT_EQUAL(atomic_load(&b.entered), 20 * world_sizes[i]);
+    }
+}
+
+/* In place: the input is this rank's chunk of the output (the FSDP flat-parameter case). */
+static fsdp_status in_place_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    const int64_t shape[2] = {13, 2};
+    int64_t at[2] = {0, 0}, local[2] = {13, 2};
+    fsdp_chunk_range(13, W, rank, &at[0], &local[0]);
+    fsdp_tensor *out = NULL, *in = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, &out));
+    fsdp_status st = fsdp_tensor_view(ctx, out, at[0] * 2, 2, local, &in);
+    if (st == FSDP_OK) {
+        fill_box(in, shape, at, 0);
+        st = fsdp_all_gather(ctx, NULL, out, in, 0);
+    }
+    for (int64_t e = 0; st == FSDP_OK && e < 26; e++)
+        if (!same_bits(get(out, e), value(0, e)))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "in-place all_gather: element %lld wrong",
+                           (long long)e);
+    fsdp_tensor_free(in);
+    fsdp_tensor_free(out);
+    return st;
+}
+
+static void test_all_gather_in_place(void) {
+    for (int i = 0; i < N_WORLD_SIZES; i++)
+        FSDP_TEST_OK(run_world(world_sizes[i], 0, in_place_body, NULL));
+}
+
+/* ---- groups ---- */
+
+static fsdp_status sum_of_world_ranks(fsdp_ctx *ctx, fsdp_group *g, float *out) {
+    fsdp_tensor *t = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 0, NULL, &t));
+    fsdp_tensor_f32(t)[0] = (float)fsdp_ctx_rank(ctx);
+    fsdp_status st = fsdp_all_reduce(ctx, g, t, FSDP_REDUCE_SUM);
+    *out = fsdp_tensor_f32(t)[0];
+    fsdp_tensor_free(t);
+    return st;
+}
+
+static fsdp_status groups_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_group *world = fsdp_ctx_world_group(ctx), *parity = NULL, *listed = NULL, *none = NULL;
+    RANK_CHECK(ctx, fsdp_group_size(world) == 4 && fsdp_group_rank(world) == rank,
+               "world group: size %d rank %d", fsdp_group_size(world), fsdp_group_rank(world));
+    RANK_CHECK(ctx, strcmp(fsdp_group_label(world), "world") == 0, "world label %s",
+               fsdp_group_label(world));
+    /* Parity groups, ordered by descending world rank through the key. */
+    fsdp_status st = fsdp_group_split(ctx, NULL, rank % 2, -rank, "parity", &parity);
+    if (st == FSDP_OK) st = fsdp_group_new(ctx, NULL, 3, (const int[]){3, 0, 1}, "listed", &listed);
+    if (st == FSDP_OK)
+        st = fsdp_group_split(ctx, NULL, rank == 2 ? 0 : FSDP_GROUP_NO_COLOR, 0, NULL, &none);
+    float sum = 0;
+    if (st == FSDP_OK) {
+        int want_rank = rank < 2 ? 1 : 0; /* [2, 0] and [3, 1] */
+        if (fsdp_group_size(parity) != 2 || fsdp_group_rank(parity) != want_rank ||
+            fsdp_group_world_rank(parity, 0) != 2 + rank % 2 ||
+            fsdp_group_world_rank(parity, 1) != rank % 2 ||
+            strcmp(fsdp_group_label(parity), "parity") != 0)
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "parity group: size %d rank %d members %d %d",
+                           fsdp_group_size(parity), fsdp_group_rank(parity),
+                           fsdp_group_world_rank(parity, 0), fsdp_group_world_rank(parity, 1));
+    }
+    if (st == FSDP_OK) st = sum_of_world_ranks(ctx, parity, &sum);
+    if (st == FSDP_OK && sum != (rank % 2 ? 4.0f : 2.0f))
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "sum over the parity group is %g", sum);
+    if (st == FSDP_OK && (rank == 2) != (listed == NULL))
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "rank %d %s a listed group", rank,
+                       listed ? "got" : "did not get");
+    if (st == FSDP_OK && listed) {
+        const int want[] = {3, 0, 1};
+        for (int i = 0; i < 3; i++)
+            if (fsdp_group_world_rank(listed, i) != want[i])
+                st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "listed member %d is %d", i,
+                               fsdp_group_world_rank(listed, i));
+        if (st == FSDP_OK) st = sum_of_world_ranks(ctx, listed, &sum);
+        if (st == FSDP_OK && sum != 4.0f)
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "sum over the listed group is %g", sum);
+    }
+    if (st == FSDP_OK && (rank == 2) != (none != NULL))
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "rank %d: no-color split gave %p", rank,
+                       (void *)none);
+    if (st == FSDP_OK && none && (fsdp_group_size(none) != 1 || fsdp_group_rank(none) != 0))
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "singleton group size %d", fsdp_group_size(none));
+    fsdp_group_free(parity);
+    fsdp_group_free(listed);
+    fsdp_group_free(none);
+    fsdp_group_free(world); /* borrowed: does nothing */
+    return st;
+}
+
+static void test_groups(void) {
+    FSDP_TEST_OK(run_world(4, 0, groups_body, NULL));
+}
+
+static void test_chunk_range(void) {
+    int64_t off, len;
+    const int64_t want13[4][2] = {{0, 4}, {4, 4}, {8, 4}, {12, 1}};
+    for (int r = 0; r < 4; r++) {
+        fsdp_chunk_range(13, 4, r, &off, &len);
+        CU_ASSERT_EQUAL(off, want13[r][0]);
+        CU_ASSERT_EQUAL(len, want13[r][1]);
+    }
+    /* 5 on 4 ranks: torch.chunk gives 2, 2, 1 and the fourth rank nothing */
+    const int64_t want5[4][2] = {{0, 2}, {2, 2}, {4, 1}, {5, 0}};
+    for (int r = 0; r < 4; r++) {
+        fsdp_chunk_range(5, 4, r, &off, &len);
+        CU_ASSERT_EQUAL(off, want5[r][0]);
+        CU_ASSERT_EQUAL(len, want5[r][1]);
+    }
+    fsdp_chunk_range(2, 8, 7, &off, &len);
+    CU_ASSERT_EQUAL(off, 2);
+    CU_ASSERT_EQUAL(len, 0);
+    fsdp_chunk_range(0, 3, 1, &off, &len);
+    CU_ASSERT_EQUAL(len, 0);
+}
+
+/* ---- failures ---- */
+
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static fsdp_status expect_failure(fsdp_ctx *ctx, fsdp_status got, fsdp_status want,
+                                  const char *const *needles) {
+    char msg[1024]; /* a copy: a failing check rewrites the context's message */
+    snprintf(msg, sizeof msg, "%s", fsdp_last_error(ctx));
+    RANK_CHECK(ctx, got == want, "got %s, want %s (message: %s)", fsdp_status_to_string(got),
+               fsdp_status_to_string(want), msg);
+    for (int i = 0; needles[i]; i++)
+        RANK_CHECK(ctx, strstr(msg, needles[i]), "message \"%s\" does not name \"%s\"", msg,
+                   needles[i]);
+    fsdp_clear_error(ctx);
+    return FSDP_OK;
+}
+
+/* Ranks disagree on shape, then dtype, then the op: every rank fails with a message listing
+ * each rank's value, and the group stays usable. */
+static fsdp_status mismatch_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_tensor *a = NULL, *b = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2,
+                                (const int64_t[]){4, rank == 1 ? 5 : 4}, &a));
+    fsdp_status st = fsdp_tensor_create(ctx, rank == 0 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32, FSDP_CPU,
+                                        1, (const int64_t[]){6}, &b);
+    if (st == FSDP_OK)
+        st = expect_failure(ctx, fsdp_all_reduce(ctx, NULL, a, FSDP_REDUCE_SUM), FSDP_ERR_SHAPE,
+                            (const char *[]){"all_reduce", "'world' (world ranks 0,1,2)",
+                                             "rank 0 (4, 4), rank 1 (4, 5), rank 2 (4, 4)", NULL});
+    if (st == FSDP_OK)
+        st = expect_failure(ctx, fsdp_broadcast(ctx, NULL, b, 0), FSDP_ERR_DTYPE,
+                            (const char *[]){"rank 0 bf16, rank 1 f32, rank 2 f32", NULL});
+    if (st == FSDP_OK)
+        st = expect_failure(ctx, fsdp_broadcast(ctx, NULL, b, rank == 2 ? 1 : 0), FSDP_ERR_DTYPE,
+                            (const char *[]){"dtype", NULL});
+    if (st == FSDP_OK) {
+        fsdp_status got =
+            rank == 1 ? fsdp_barrier(ctx, NULL) : fsdp_all_reduce(ctx, NULL, b, FSDP_REDUCE_MAX);
+        st = expect_failure(ctx, got, FSDP_ERR_COMM,
+                            (const char *[]){"rank 0 all_reduce, rank 1 barrier, rank 2 "
+                                             "all_reduce",
+                                             "same collectives in the same order", NULL});
+    }
+    fsdp_tensor_free(b);
+    b = NULL;
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){6}, &b);
+    if (st == FSDP_OK)
+        st = expect_failure(ctx, fsdp_broadcast(ctx, NULL, b, rank == 2 ? 1 : 0),
+                            FSDP_ERR_INVALID_ARGUMENT,
+                            (const char *[]){"the root", "rank 0 0, rank 1 0, rank 2 1", NULL});
+    /* The group still works. */
+    if (st == FSDP_OK) {
+        fsdp_tensor_f32(b)[0] = (float)rank;
+        st = fsdp_all_reduce(ctx, NULL, b, FSDP_REDUCE_SUM);
+    }
+    if (st == FSDP_OK && fsdp_tensor_f32(b)[0] != 3.0f)
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "all_reduce after the failures gave %g",
+                       fsdp_tensor_f32(b)[0]);
+    fsdp_tensor_free(a);
+    fsdp_tensor_free(b);
+    return st;
+}
+
+static void test_mismatch_across_ranks(void) {
+    FSDP_TEST_OK(run_world(3, 10000, mismatch_body, NULL));
+}
+
+/* Rank 2 passes a wrong input shape: it fails with its own message, the others fail at
+ * once naming it (not after the 20 s timeout). */
+static fsdp_status reject_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_tensor *in = NULL, *out = NULL;
+    int64_t rows;
+    fsdp_chunk_range(13, 4, rank, NULL, &rows);
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2,
+                                (const int64_t[]){rank == 2 ? rows - 1 : rows, 2}, &in));
+    fsdp_status st =
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){13, 2}, &out);
+    double t0 = seconds_now();
+    if (st == FSDP_OK) {
+        fsdp_status got = fsdp_all_gather(ctx, NULL, out, in, 0);
+        if (rank == 2)
+            st = expect_failure(ctx, got, FSDP_ERR_SHAPE,
+                                (const char *[]){"the input is (3, 2) but must be (4, 2)",
+                                                 "[8, 12) of 13 split among 4 ranks", NULL});
+        else
+            st = expect_failure(ctx, got, FSDP_ERR_SHAPE,
+                                (const char *[]){"rank 2 rejected its arguments",
+                                                 "(3, 2) but must be (4, 2)", NULL});
+    }
+    double waited = seconds_now() - t0;
+    if (st == FSDP_OK && waited > 10.0)
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "the failure took %.1f s: it waited for a timeout",
+                       waited);
+    fsdp_tensor_free(in);
+    fsdp_tensor_free(out);
+    return st;
+}
+
+static void test_rank_rejects_arguments(void) {
+    FSDP_TEST_OK(run_world(4, 20000, reject_body, NULL));
+}
+
+/* Rank 3 skips an all_reduce (busy elsewhere for longer than the timeout): ranks 0-2 fail
+ * with FSDP_ERR_TIMEOUT naming it, and the poisoned group then fails at once for rank 3. */
+static fsdp_status skip_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_tensor *t = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){8}, &t));
+    fsdp_status st = FSDP_OK;
+    if (rank == 3) {
+        nanosleep(&(struct timespec){.tv_nsec = 500 * 1000000L}, NULL);
+        st = expect_failure(ctx, fsdp_barrier(ctx, NULL), FSDP_ERR_TIMEOUT,
+                            (const char *[]){"barrier", "failed earlier", "timed out after 100 ms",
+                                             "rank 3 did not arrive", NULL});
+    } else {
+        st = expect_failure(ctx, fsdp_all_reduce(ctx, NULL, t, FSDP_REDUCE_SUM), FSDP_ERR_TIMEOUT,
+                            (const char *[]){"all_reduce on group 'world' (world ranks 0,1,2,3)",
+                                             "timed out after 100 ms", "rank 3 did not arrive",
+                                             "arrived: 0,1,2", "timeout_ms", NULL});
+    }
+    fsdp_tensor_free(t);
+    return st;
+}
+
+static void test_timeout_names_missing_rank(void) {
+    FSDP_TEST_OK(run_world(4, 100, skip_body, NULL));
+}
+
+/* Rank 2 returns without making the barrier: the others fail at once (FSDP_ERR_COMM) instead
+ * of waiting out the 60 s timeout; a rank that returns an error is named with its message. */
+static fsdp_status leave_body(fsdp_ctx *ctx, int rank, void *user) {
+    const bool fail = user != NULL;
+    if (rank == 2)
+        return fail ? FSDP_FAIL(ctx, FSDP_ERR_CONFIG, "rank two's own trouble") : FSDP_OK;
+    double t0 = seconds_now();
+    fsdp_status st = expect_failure(
+        ctx, fsdp_barrier(ctx, NULL), FSDP_ERR_COMM,
+        fail ? (const char *[]){"rank 2 will never arrive", "FSDP_ERR_CONFIG",
+                                "rank two's own trouble", NULL}
+             : (const char *[]){"barrier on group 'world'", "rank 2 will never arrive",
+                                "returned FSDP_OK without making this call", NULL});
+    RANK_CHECK(ctx, seconds_now() - t0 < 10.0, "waited %.1f s", seconds_now() - t0);
+    return st;
+}
+
+static void test_returned_rank_fails_peers(void) {
+    FSDP_TEST_OK(run_world(3, 60000, leave_body, NULL));
+    /* When rank 2 fails, fsdp_world_run reports its failure (the first) with its rank. */
+    FSDP_TEST_FAILS(run_world(3, 60000, leave_body, (void *)1), FSDP_ERR_CONFIG,
+                    "rank 2: rank two's own trouble");
+}
+
+/* Bad arguments on one rank: each is refused with its message, and the group stays usable. */
+static fsdp_status bad_args_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)rank, (void)user;
+    fsdp_tensor *a = NULL, *b = NULL, *h = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){4, 3}, &a));
+    fsdp_status st =
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){4, 3}, &b);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 2, (const int64_t[]){4, 3}, &h);
+#define EXPECT(call, want, needle)                                                                 \
+    if (st == FSDP_OK) st = expect_failure(ctx, (call), (want), (const char *[]){(needle), NULL})
+    EXPECT(fsdp_all_gather(ctx, NULL, a, b, 2), FSDP_ERR_INVALID_ARGUMENT, "dim 2 is out of range");
+    EXPECT(fsdp_all_gather(ctx, NULL, a, h, 0), FSDP_ERR_DTYPE,
+           "the input is bf16 and the output f32");
+    EXPECT(fsdp_all_gather(ctx, NULL, a, NULL, 0), FSDP_ERR_INVALID_ARGUMENT,
+           "input tensor is NULL");
+    EXPECT(fsdp_reduce_scatter(ctx, NULL, a, a, 0, FSDP_REDUCE_SUM), FSDP_ERR_INVALID_ARGUMENT,
+           "overlaps");
+    EXPECT(fsdp_reduce_scatter(ctx, NULL, a, b, 0, (fsdp_reduce_op)7), FSDP_ERR_INVALID_ARGUMENT,
+           "unknown reduction 7");
+    EXPECT(fsdp_broadcast(ctx, NULL, a, 1), FSDP_ERR_INVALID_ARGUMENT,
+           "root 1 is not a group rank");
+    EXPECT(fsdp_all_to_all(ctx, NULL, a, b, 0, -3), FSDP_ERR_INVALID_ARGUMENT, "concat_dim -3");
+    EXPECT(fsdp_tensor_resize(ctx, b, 2, (const int64_t[]){4, 4}) == FSDP_OK
+               ? fsdp_all_to_all(ctx, NULL, b, a, 1, 0)
+               : FSDP_ERR_INTERNAL,
+           FSDP_ERR_SHAPE, "the output is (4, 4) but must be (4, 3)");
+    EXPECT(fsdp_reduce_scatter(ctx, NULL, b, a, 1, FSDP_REDUCE_AVG), FSDP_ERR_SHAPE,
+           "the output is (4, 4) but must be (4, 3): the input (4, 3) with dim 1 cut");
+    EXPECT(fsdp_tensor_resize(ctx, b, 2, (const int64_t[]){4, 3}) == FSDP_OK
+               ? fsdp_all_to_all(ctx, NULL, b, a, 0, 0)
+               : FSDP_ERR_INTERNAL,
+           FSDP_OK, "");
+#undef EXPECT
+    if (st == FSDP_OK) st = fsdp_all_gather(ctx, NULL, a, b, 0); /* still usable */
+    fsdp_tensor_free(a);
+    fsdp_tensor_free(b);
+    fsdp_tensor_free(h);
+    return st;
+}
+
+static void test_bad_arguments(void) {
+    FSDP_TEST_OK(run_world(1, 5000, bad_args_body, NULL));
+}
+
+static void test_world_errors(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_world *w = NULL;
+    FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_MPI}, &w),
+                    FSDP_ERR_UNSUPPORTED, "'mpi' backend is not part of this build",
+                    "FSDP_BACKEND_LOCAL");
+    FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_NCCL}, &w),
+                    FSDP_ERR_UNSUPPORTED, "'nccl'");
+    FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.nranks = -2}, &w),
+                    FSDP_ERR_INVALID_ARGUMENT, "nranks is -2");
+    FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.nranks = 5000}, &w),
+                    FSDP_ERR_INVALID_ARGUMENT, "at most 1024 rank threads");
+    CU_ASSERT_PTR_NULL(w);
+    /* Collectives need a context bound to a world. */
+    fsdp_tensor *t = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){2}, &t));
+    FSDP_TEST_FAILS(fsdp_all_reduce(ctx, NULL, t, FSDP_REDUCE_SUM), FSDP_ERR_STATE,
+                    "not bound to a world", "fsdp_world_run");
+    fsdp_tensor_free(t);
+    CU_ASSERT_PTR_NULL(fsdp_ctx_world(ctx));
+    CU_ASSERT_PTR_NULL(fsdp_ctx_world_group(ctx));
+    /* Defaults: one rank, the local backend. */
+    FSDP_TEST_OK(fsdp_world_create(ctx, NULL, &w));
+    CU_ASSERT_EQUAL(fsdp_world_size(w), 1);
+    CU_ASSERT_EQUAL(fsdp_world_backend(w), FSDP_BACKEND_LOCAL);
+    CU_ASSERT_STRING_EQUAL(fsdp_backend_to_string(fsdp_world_backend(w)), "local");
+    fsdp_world_free(w);
+    fsdp_world_free(NULL);
+}
+
+/* Runs of one world follow each other; each rank sees its rank and world, and a world's
+ * per-rank results are kept. */
+static fsdp_status identity_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    RANK_CHECK(ctx, fsdp_ctx_rank(ctx) == rank, "ctx rank %d, want %d", fsdp_ctx_rank(ctx), rank);
+    RANK_CHECK(ctx, fsdp_ctx_world(ctx) && fsdp_world_size(fsdp_ctx_world(ctx)) == 3, "world size");
+    if (rank == 1) return FSDP_FAIL(ctx, FSDP_ERR_NOT_FOUND, "rank one looked for nothing");
+    return fsdp_barrier(ctx, NULL) == FSDP_ERR_COMM ? FSDP_OK : FSDP_ERR_INTERNAL;
+}
+
+static void test_world_runs(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_world *w = NULL;
+    FSDP_TEST_OK(fsdp_world_create(ctx, &(fsdp_world_options){.nranks = 3}, &w));
+    for (int run = 0; run < 3; run++) {
+        FSDP_TEST_FAILS(fsdp_world_run(ctx, w, identity_body, NULL), FSDP_ERR_NOT_FOUND,
+                        "rank 1: rank one looked for nothing");
+        CU_ASSERT_EQUAL(fsdp_world_rank_status(w, 0), FSDP_OK);
+        CU_ASSERT_EQUAL(fsdp_world_rank_status(w, 1), FSDP_ERR_NOT_FOUND);
+        CU_ASSERT_STRING_EQUAL(fsdp_world_rank_error(w, 1), "rank one looked for nothing");
+        CU_ASSERT_STRING_EQUAL(fsdp_world_rank_error(w, 2), "");
+    }
+    fsdp_world_free(w);
+}
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"chunk_range", test_chunk_range},
+        {"all_gather", test_all_gather},
+        {"all_gather_in_place", test_all_gather_in_place},
+        {"reduce_scatter", test_reduce_scatter},
+        {"all_reduce", test_all_reduce},
+        {"broadcast", test_broadcast},
+        {"all_to_all", test_all_to_all},
+        {"barrier", test_barrier},
+        {"groups", test_groups},
+        {"mismatch_across_ranks", test_mismatch_across_ranks},
+        {"rank_rejects_arguments", test_rank_rejects_arguments},
+        {"timeout_names_missing_rank", test_timeout_names_missing_rank},
+        {"returned_rank_fails_peers", test_returned_rank_fails_peers},
+        {"bad_arguments", test_bad_arguments},
+        {"world_errors", test_world_errors},
+        {"world_runs", test_world_runs},
+    };
+    return fsdp_test_run(argc, argv, "comm", cases, sizeof cases / sizeof cases[0]);
+}
