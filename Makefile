@@ -37,6 +37,7 @@ test-sanitize: deps
 bench: build
 	$(BUILD)/bench/bench_gemm
 	$(BUILD)/bench/bench_adam
+	$(BUILD)/bench/bench_comm
 
 install: build
 	cmake --install $(BUILD)

@@ -1,0 +1,135 @@
+/* bench_comm.c: the collectives of the local backend (rank threads) from 1 KiB to 256 MiB,
+ * reported as nccl-tests does: algbw = bytes / time, busbw = algbw * 2(n-1)/n for all_reduce
+ * and * (n-1)/n for all_gather and reduce_scatter, where bytes is the full tensor (all_reduce:
+ * each rank's buffer; all_gather: the gathered output; reduce_scatter: the input). The
+ * ceiling is this machine's memcpy bandwidth, measured in the same run. */
+#define _POSIX_C_SOURCE 200809L // clock_gettime
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h" // defines: bench_now, bench_median
+#include "fsdp/fsdp.h"
+
+typedef enum bench_op { OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_COUNT } bench_op;
+static const char *const op_names[OP_COUNT] = {"all_reduce", "all_gather", "reduce_scatter"};
+
+typedef struct bench_run {
+    bench_op op;
+    int64_t bytes; /* the full tensor */
+    int iters;
+    double seconds; /* per call, measured on rank 0 */
+} bench_run;
+
+/* Repetitions for a size: enough work to time (about 64 MiB moved), at least 3. */
+static int iters_for(int64_t bytes) {
+    int64_t n = (64ll << 20) / bytes;
+    return n < 3 ? 3 : n > 200 ? 200 : (int)n;
+}
+
+static fsdp_status one_call(fsdp_ctx *ctx, fsdp_group *g, bench_op op, fsdp_tensor *full,
+                            fsdp_tensor *chunk) {
+    switch (op) {
+    case OP_ALL_REDUCE:
+        return fsdp_all_reduce(ctx, g, full, FSDP_REDUCE_SUM);
+    case OP_ALL_GATHER:
+        return fsdp_all_gather(ctx, g, full, chunk, 0);
+    default:
+        return fsdp_reduce_scatter(ctx, g, chunk, full, 0, FSDP_REDUCE_SUM);
+    }
+}
+
+static fsdp_status run_rank(fsdp_ctx *ctx, int rank, void *user) {
+    bench_run *r = user;
+    fsdp_group *g = fsdp_ctx_world_group(ctx);
+    int W = fsdp_group_size(g);
+    int64_t n = r->bytes / 4, off, len;
+    fsdp_chunk_range(n, W, rank, &off, &len);
+    fsdp_tensor *full = NULL, *chunk = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &full);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &len, &chunk);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, full, 1e-3f);   /* pages touched, finite sums */
+    if (st == FSDP_OK) st = one_call(ctx, g, r->op, full, chunk); /* warm-up */
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, g);
+    double t0 = bench_now();
+    for (int i = 0; i < r->iters && st == FSDP_OK; i++) st = one_call(ctx, g, r->op, full, chunk);
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, g);
+    if (rank == 0) r->seconds = (bench_now() - t0) / r->iters;
+    fsdp_tensor_free(full);
+    fsdp_tensor_free(chunk);
+    return st;
+}
+
+/* memcpy GB/s over a buffer of `bytes`, median of 5. */
+static double memcpy_bandwidth(size_t bytes) {
+    char *a = malloc(bytes), *b = malloc(bytes);
+    if (!a || !b) {
+        free(a), free(b);
+        return 0;
+    }
+    memset(a, 1, bytes), memset(b, 2, bytes);
+    double t[5];
+    for (int i = 0; i < 5; i++) {
+        double t0 = bench_now();
+        memcpy(b, a, bytes);
+        t[i] = bench_now() - t0;
+    }
+    volatile char sink = b[bytes / 2];
+    (void)sink;
+    free(a), free(b);
+    return (double)bytes / bench_median(t, 5) / 1e9;
+}
+
+int main(int argc, char **argv) {
+    int ranks = 4;
+    long long max_bytes = 256ll << 20;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--ranks") == 0 && i + 1 < argc)
+            ranks = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc)
+            max_bytes = atoll(argv[++i]);
+        else {
+            fprintf(stderr, "usage: bench_comm [--ranks N (default 4)] [--max-bytes B (default "
+                            "268435456)]\n");
+            return 2;
+        }
+    }
+    if (ranks < 1 || ranks > 64 || max_bytes < 1024) {
+        fprintf(stderr, "bench_comm: --ranks must be in [1, 64] and --max-bytes >= 1024\n");
+        return 2;
+    }
+    fsdp_ctx *ctx;
+    fsdp_world *world;
+    if (fsdp_ctx_create(NULL, &ctx) != FSDP_OK) return 1;
+    if (fsdp_world_create(ctx, &(fsdp_world_options){.nranks = ranks}, &world) != FSDP_OK) {
+        fprintf(stderr, "bench_comm: %s\n", fsdp_last_error(ctx));
+        return 1;
+    }
+    double ceiling =
+        memcpy_bandwidth((size_t)(max_bytes < (64ll << 20) ? (64ll << 20) : max_bytes));
+    printf("bench_comm: local backend, %d rank threads on this machine; memcpy %.2f GB/s (the "
+           "ceiling)\n\n",
+           ranks, ceiling);
+    printf("%-15s %12s %7s %12s %12s %12s %10s\n", "op", "bytes", "iters", "time us", "algbw GB/s",
+           "busbw GB/s", "of memcpy");
+    const double factor[OP_COUNT] = {2.0 * (ranks - 1) / ranks, (double)(ranks - 1) / ranks,
+                                     (double)(ranks - 1) / ranks};
+    int rc = 0;
+    for (int op = 0; op < OP_COUNT && rc == 0; op++) {
+        for (long long bytes = 1024; bytes <= max_bytes; bytes *= 4) {
+            bench_run r = {.op = (bench_op)op, .bytes = bytes, .iters = iters_for(bytes)};
+            if (fsdp_world_run(ctx, world, run_rank, &r) != FSDP_OK) {
+                fprintf(stderr, "bench_comm: %s\n", fsdp_last_error(ctx));
+                rc = 1;
+                break;
+            }
+            double algbw = (double)bytes / r.seconds / 1e9, busbw = algbw * factor[op];
+            printf("%-15s %12lld %7d %12.1f %12.2f %12.2f %9.0f%%\n", op_names[op], bytes, r.iters,
+                   r.seconds * 1e6, algbw, busbw, 100 * busbw / ceiling);
+        }
+    }
+    fsdp_world_free(world);
+    fsdp_ctx_free(ctx);
+    return rc;
+}
