@@ -91,3 +91,12 @@ fsdp_tensor *fsdp_test_random(int ndim, const int64_t *shape, float lo, float hi
     }
     return t;
 }
+
+fsdp_status fsdp_test_run_world(int n, int timeout_ms, fsdp_rank_fn fn, void *user) {
+    fsdp_world *w = NULL;
+    fsdp_world_options o = {.nranks = n, .timeout_ms = timeout_ms};
+    fsdp_status st = fsdp_world_create(g_ctx, &o, &w);
+    if (st == FSDP_OK) st = fsdp_world_run(g_ctx, w, fn, user);
+    fsdp_world_free(w);
+    return st;
+}

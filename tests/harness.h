@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/error.h" // defines: FSDP_FAIL
 #include "fsdp/fsdp.h"
 
 typedef struct fsdp_test_case {
@@ -50,6 +51,16 @@ bool fsdp_test_close(const char *name, const float *got, const float *want, int6
                      double atol);
 #define FSDP_TEST_CLOSE(name, got, want, n, rtol, atol)                                            \
     CU_ASSERT_TRUE(fsdp_test_close((name), (got), (want), (n), (rtol), (atol)))
+
+/* Runs fn on n rank threads of a fresh local world (timeout_ms per collective wait; 0 for the
+ * default); the first failing rank's message lands in the test context. */
+fsdp_status fsdp_test_run_world(int n, int timeout_ms, fsdp_rank_fn fn, void *user);
+
+/* Inside a rank function: fails the rank with a message when cond does not hold. */
+#define FSDP_RANK_CHECK(ctx, cond, ...)                                                            \
+    do {                                                                                           \
+        if (!(cond)) return FSDP_FAIL((ctx), FSDP_ERR_INTERNAL, __VA_ARGS__);                      \
+    } while (0)
 
 /* A tensor of the given shape filled from the counter RNG: uniform in [lo, hi). */
 fsdp_tensor *fsdp_test_random(int ndim, const int64_t *shape, float lo, float hi, uint64_t stream);

@@ -13,11 +13,6 @@
 #include "core/error.h"
 #include "harness.h"
 
-#define RANK_CHECK(ctx, cond, ...)                                                                 \
-    do {                                                                                           \
-        if (!(cond)) return FSDP_FAIL((ctx), FSDP_ERR_INTERNAL, __VA_ARGS__);                      \
-    } while (0)
-
 static const int world_sizes[] = {1, 2, 3, 4, 8};
 #define N_WORLD_SIZES ((int)(sizeof world_sizes / sizeof world_sizes[0]))
 #define MAX_RANKS     8
@@ -29,22 +24,11 @@ typedef struct shared {
     uint64_t hash[MAX_CASES][MAX_RANKS];
 } shared;
 
-/* Runs fn on n rank threads with a fresh world; the first failure's message lands in the
- * test context. */
-static fsdp_status run_world(int n, int timeout_ms, fsdp_rank_fn fn, void *user) {
-    fsdp_world *w = NULL;
-    fsdp_world_options o = {.nranks = n, .timeout_ms = timeout_ms};
-    fsdp_status st = fsdp_world_create(fsdp_test_ctx(), &o, &w);
-    if (st == FSDP_OK) st = fsdp_world_run(fsdp_test_ctx(), w, fn, user);
-    fsdp_world_free(w);
-    return st;
-}
-
 /* Runs fn on every world size and checks that replicated results agree bitwise. */
 static void run_all_sizes(fsdp_rank_fn fn, bool replicated) {
     for (int i = 0; i < N_WORLD_SIZES; i++) {
         shared sh = {0};
-        FSDP_TEST_OK(run_world(world_sizes[i], 0, fn, &sh));
+        FSDP_TEST_OK(fsdp_test_run_world(world_sizes[i], 0, fn, &sh));
         CU_ASSERT_TRUE(sh.ncases > 0);
         for (int c = 0; replicated && c < sh.ncases; c++)
             for (int r = 1; r < world_sizes[i]; r++) {
@@ -401,8 +385,9 @@ static fsdp_status barrier_body(fsdp_ctx *ctx, int rank, void *user) {
         atomic_fetch_add(&b->entered, 1);
         FSDP_TRY(fsdp_barrier(ctx, NULL));
         int seen = atomic_load(&b->entered);
-        RANK_CHECK(ctx, seen >= (i + 1) * W, "round %d: left the barrier with %d entries, want %d",
-                   i, seen, (i + 1) * W);
+        FSDP_RANK_CHECK(ctx, seen >= (i + 1) * W,
+                        "round %d: left the barrier with %d entries, want %d", i, seen,
+                        (i + 1) * W);
         FSDP_TRY(fsdp_barrier(ctx, NULL)); /* nobody enters round i + 1 before all checked */
     }
     if (rank == 0) b->sh.ncases = 1;
@@ -413,7 +398,7 @@ static void test_barrier(void) {
     for (int i = 0; i < N_WORLD_SIZES; i++) {
         barrier_state b = {0};
         atomic_init(&b.entered, 0);
-        FSDP_TEST_OK(run_world(world_sizes[i], 0, barrier_body, &b));
+        FSDP_TEST_OK(fsdp_test_run_world(world_sizes[i], 0, barrier_body, &b));
         CU_ASSERT_EQUAL(atomic_load(&b.entered), 20 * world_sizes[i]);
     }
 }
@@ -443,7 +428,7 @@ static fsdp_status in_place_body(fsdp_ctx *ctx, int rank, void *user) {
 
 static void test_all_gather_in_place(void) {
     for (int i = 0; i < N_WORLD_SIZES; i++)
-        FSDP_TEST_OK(run_world(world_sizes[i], 0, in_place_body, NULL));
+        FSDP_TEST_OK(fsdp_test_run_world(world_sizes[i], 0, in_place_body, NULL));
 }
 
 /* ---- groups ---- */
@@ -461,10 +446,10 @@ static fsdp_status sum_of_world_ranks(fsdp_ctx *ctx, fsdp_group *g, float *out) 
 static fsdp_status groups_body(fsdp_ctx *ctx, int rank, void *user) {
     (void)user;
     fsdp_group *world = fsdp_ctx_world_group(ctx), *parity = NULL, *listed = NULL, *none = NULL;
-    RANK_CHECK(ctx, fsdp_group_size(world) == 4 && fsdp_group_rank(world) == rank,
-               "world group: size %d rank %d", fsdp_group_size(world), fsdp_group_rank(world));
-    RANK_CHECK(ctx, strcmp(fsdp_group_label(world), "world") == 0, "world label %s",
-               fsdp_group_label(world));
+    FSDP_RANK_CHECK(ctx, fsdp_group_size(world) == 4 && fsdp_group_rank(world) == rank,
+                    "world group: size %d rank %d", fsdp_group_size(world), fsdp_group_rank(world));
+    FSDP_RANK_CHECK(ctx, strcmp(fsdp_group_label(world), "world") == 0, "world label %s",
+                    fsdp_group_label(world));
     /* Parity groups, ordered by descending world rank through the key. */
     fsdp_status st = fsdp_group_split(ctx, NULL, rank % 2, -rank, "parity", &parity);
     if (st == FSDP_OK) st = fsdp_group_new(ctx, NULL, 3, (const int[]){3, 0, 1}, "listed", &listed);
@@ -510,7 +495,7 @@ static fsdp_status groups_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_groups(void) {
-    FSDP_TEST_OK(run_world(4, 0, groups_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 0, groups_body, NULL));
 }
 
 static void test_chunk_range(void) {
@@ -547,11 +532,11 @@ static fsdp_status expect_failure(fsdp_ctx *ctx, fsdp_status got, fsdp_status wa
                                   const char *const *needles) {
     char msg[1024]; /* a copy: a failing check rewrites the context's message */
     snprintf(msg, sizeof msg, "%s", fsdp_last_error(ctx));
-    RANK_CHECK(ctx, got == want, "got %s, want %s (message: %s)", fsdp_status_to_string(got),
-               fsdp_status_to_string(want), msg);
+    FSDP_RANK_CHECK(ctx, got == want, "got %s, want %s (message: %s)", fsdp_status_to_string(got),
+                    fsdp_status_to_string(want), msg);
     for (int i = 0; needles[i]; i++)
-        RANK_CHECK(ctx, strstr(msg, needles[i]), "message \"%s\" does not name \"%s\"", msg,
-                   needles[i]);
+        FSDP_RANK_CHECK(ctx, strstr(msg, needles[i]), "message \"%s\" does not name \"%s\"", msg,
+                        needles[i]);
     fsdp_clear_error(ctx);
     return FSDP_OK;
 }
@@ -605,7 +590,7 @@ static fsdp_status mismatch_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_mismatch_across_ranks(void) {
-    FSDP_TEST_OK(run_world(3, 10000, mismatch_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(3, 10000, mismatch_body, NULL));
 }
 
 /* Rank 2 passes a wrong input shape: it fails with its own message, the others fail at
@@ -641,7 +626,7 @@ static fsdp_status reject_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_rank_rejects_arguments(void) {
-    FSDP_TEST_OK(run_world(4, 20000, reject_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 20000, reject_body, NULL));
 }
 
 /* Rank 3 skips an all_reduce (busy elsewhere for longer than the timeout): ranks 0-2 fail
@@ -667,7 +652,7 @@ static fsdp_status skip_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_timeout_names_missing_rank(void) {
-    FSDP_TEST_OK(run_world(4, 100, skip_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 100, skip_body, NULL));
 }
 
 /* Rank 2 returns without making the barrier: the others fail at once (FSDP_ERR_COMM) instead
@@ -683,14 +668,14 @@ static fsdp_status leave_body(fsdp_ctx *ctx, int rank, void *user) {
                                 "rank two's own trouble", NULL}
              : (const char *[]){"barrier on group 'world'", "rank 2 will never arrive",
                                 "returned FSDP_OK without making this call", NULL});
-    RANK_CHECK(ctx, seconds_now() - t0 < 10.0, "waited %.1f s", seconds_now() - t0);
+    FSDP_RANK_CHECK(ctx, seconds_now() - t0 < 10.0, "waited %.1f s", seconds_now() - t0);
     return st;
 }
 
 static void test_returned_rank_fails_peers(void) {
-    FSDP_TEST_OK(run_world(3, 60000, leave_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(3, 60000, leave_body, NULL));
     /* When rank 2 fails, fsdp_world_run reports its failure (the first) with its rank. */
-    FSDP_TEST_FAILS(run_world(3, 60000, leave_body, (void *)1), FSDP_ERR_CONFIG,
+    FSDP_TEST_FAILS(fsdp_test_run_world(3, 60000, leave_body, (void *)1), FSDP_ERR_CONFIG,
                     "rank 2: rank two's own trouble");
 }
 
@@ -736,7 +721,7 @@ static fsdp_status bad_args_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_bad_arguments(void) {
-    FSDP_TEST_OK(run_world(1, 5000, bad_args_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(1, 5000, bad_args_body, NULL));
 }
 
 static void test_world_errors(void) {
@@ -773,8 +758,10 @@ static void test_world_errors(void) {
  * per-rank results are kept. */
 static fsdp_status identity_body(fsdp_ctx *ctx, int rank, void *user) {
     (void)user;
-    RANK_CHECK(ctx, fsdp_ctx_rank(ctx) == rank, "ctx rank %d, want %d", fsdp_ctx_rank(ctx), rank);
-    RANK_CHECK(ctx, fsdp_ctx_world(ctx) && fsdp_world_size(fsdp_ctx_world(ctx)) == 3, "world size");
+    FSDP_RANK_CHECK(ctx, fsdp_ctx_rank(ctx) == rank, "ctx rank %d, want %d", fsdp_ctx_rank(ctx),
+                    rank);
+    FSDP_RANK_CHECK(ctx, fsdp_ctx_world(ctx) && fsdp_world_size(fsdp_ctx_world(ctx)) == 3,
+                    "world size");
     if (rank == 1) return FSDP_FAIL(ctx, FSDP_ERR_NOT_FOUND, "rank one looked for nothing");
     return fsdp_barrier(ctx, NULL) == FSDP_ERR_COMM ? FSDP_OK : FSDP_ERR_INTERNAL;
 }

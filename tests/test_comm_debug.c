@@ -13,20 +13,6 @@
 #include "core/error.h"
 #include "harness.h"
 
-#define RANK_CHECK(ctx, cond, ...)                                                                 \
-    do {                                                                                           \
-        if (!(cond)) return FSDP_FAIL((ctx), FSDP_ERR_INTERNAL, __VA_ARGS__);                      \
-    } while (0)
-
-static fsdp_status run_world(int n, fsdp_rank_fn fn, void *user) {
-    fsdp_world *w = NULL;
-    fsdp_world_options o = {.nranks = n, .timeout_ms = 20000};
-    fsdp_status st = fsdp_world_create(fsdp_test_ctx(), &o, &w);
-    if (st == FSDP_OK) st = fsdp_world_run(fsdp_test_ctx(), w, fn, user);
-    fsdp_world_free(w);
-    return st;
-}
-
 /* ---- the tiny model ---- */
 
 typedef struct groups {
@@ -180,9 +166,9 @@ static fsdp_status build_model(fsdp_ctx *ctx, const groups *g, fsdp_module **out
 
 static fsdp_status expect(fsdp_ctx *ctx, fsdp_comm_count got, int64_t calls, int64_t bytes,
                           const char *what) {
-    RANK_CHECK(ctx, got.calls == calls && got.bytes == bytes,
-               "%s: %lld calls and %lld bytes, want %lld and %lld", what, (long long)got.calls,
-               (long long)got.bytes, (long long)calls, (long long)bytes);
+    FSDP_RANK_CHECK(ctx, got.calls == calls && got.bytes == bytes,
+                    "%s: %lld calls and %lld bytes, want %lld and %lld", what, (long long)got.calls,
+                    (long long)got.bytes, (long long)calls, (long long)bytes);
     return FSDP_OK;
 }
 
@@ -294,23 +280,23 @@ static fsdp_status check_counts(fsdp_ctx *ctx) {
 
 static fsdp_status check_records(fsdp_ctx *ctx) {
     int n = fsdp_comm_debug_num_records(ctx);
-    RANK_CHECK(ctx, n == N_WANT_RECORDS, "%d records, want %d", n, N_WANT_RECORDS);
+    FSDP_RANK_CHECK(ctx, n == N_WANT_RECORDS, "%d records, want %d", n, N_WANT_RECORDS);
     for (int i = 0; i < n; i++) {
         fsdp_comm_record r;
         FSDP_TRY(fsdp_comm_debug_record(ctx, i, &r));
         const fsdp_comm_record *w = &want_records[i];
-        RANK_CHECK(ctx,
-                   r.op == w->op && strcmp(r.group, w->group) == 0 &&
-                       strcmp(r.module, w->module) == 0 && r.phase == w->phase &&
-                       r.count.calls == w->count.calls && r.count.bytes == w->count.bytes,
-                   "record %d: %s %s '%s' %s %lld calls %lld bytes", i,
-                   fsdp_comm_op_to_string(r.op), r.group, r.module,
-                   fsdp_comm_phase_to_string(r.phase), (long long)r.count.calls,
-                   (long long)r.count.bytes);
+        FSDP_RANK_CHECK(ctx,
+                        r.op == w->op && strcmp(r.group, w->group) == 0 &&
+                            strcmp(r.module, w->module) == 0 && r.phase == w->phase &&
+                            r.count.calls == w->count.calls && r.count.bytes == w->count.bytes,
+                        "record %d: %s %s '%s' %s %lld calls %lld bytes", i,
+                        fsdp_comm_op_to_string(r.op), r.group, r.module,
+                        fsdp_comm_phase_to_string(r.phase), (long long)r.count.calls,
+                        (long long)r.count.bytes);
     }
     fsdp_comm_record r;
     fsdp_status st = fsdp_comm_debug_record(ctx, n, &r);
-    RANK_CHECK(ctx, st == FSDP_ERR_INVALID_ARGUMENT, "record %d exists", n);
+    FSDP_RANK_CHECK(ctx, st == FSDP_ERR_INVALID_ARGUMENT, "record %d exists", n);
     fsdp_clear_error(ctx);
     return FSDP_OK;
 }
@@ -320,7 +306,7 @@ static fsdp_status capture(fsdp_ctx *ctx, fsdp_status (*fn)(fsdp_ctx *, FILE *),
     size_t size = 0;
     *text = NULL;
     FILE *f = open_memstream(text, &size);
-    RANK_CHECK(ctx, f != NULL, "open_memstream failed");
+    FSDP_RANK_CHECK(ctx, f != NULL, "open_memstream failed");
     fsdp_status st = fn(ctx, f);
     fclose(f);
     return st;
@@ -377,19 +363,19 @@ static fsdp_status scripted_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_scripted_counts(void) {
-    FSDP_TEST_OK(run_world(4, scripted_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 20000, scripted_body, NULL));
 }
 
 /* Refused calls are not counted; begin and end misuse; JSON escaping of labels. */
 static fsdp_status misc_body(fsdp_ctx *ctx, int rank, void *user) {
     (void)rank, (void)user;
     fsdp_status st = fsdp_comm_debug_end(ctx);
-    RANK_CHECK(ctx, st == FSDP_ERR_STATE && strstr(fsdp_last_error(ctx), "not counting"),
-               "end before begin: %s", fsdp_status_to_string(st));
+    FSDP_RANK_CHECK(ctx, st == FSDP_ERR_STATE && strstr(fsdp_last_error(ctx), "not counting"),
+                    "end before begin: %s", fsdp_status_to_string(st));
     FSDP_TRY(fsdp_comm_debug_begin(ctx));
     st = fsdp_comm_debug_begin(ctx);
-    RANK_CHECK(ctx, st == FSDP_ERR_STATE && strstr(fsdp_last_error(ctx), "already counting"),
-               "begin twice: %s", fsdp_status_to_string(st));
+    FSDP_RANK_CHECK(ctx, st == FSDP_ERR_STATE && strstr(fsdp_last_error(ctx), "already counting"),
+                    "begin twice: %s", fsdp_status_to_string(st));
     fsdp_tensor *t = NULL;
     fsdp_group *odd = NULL;
     FSDP_TRY(tensor(ctx, FSDP_DTYPE_F32, 6, 0, &t));
@@ -416,7 +402,7 @@ static fsdp_status misc_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_misc(void) {
-    FSDP_TEST_OK(run_world(1, misc_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(1, 20000, misc_body, NULL));
     fsdp_ctx *ctx = fsdp_test_ctx();
     FSDP_TEST_FAILS(fsdp_comm_debug_begin(ctx), FSDP_ERR_STATE, "not bound to a world");
     fsdp_comm_count c = fsdp_comm_debug_total(ctx);

@@ -8,20 +8,6 @@
 #include "core/error.h"
 #include "harness.h"
 
-#define RANK_CHECK(ctx, cond, ...)                                                                 \
-    do {                                                                                           \
-        if (!(cond)) return FSDP_FAIL((ctx), FSDP_ERR_INTERNAL, __VA_ARGS__);                      \
-    } while (0)
-
-static fsdp_status run_world(int n, fsdp_rank_fn fn, void *user) {
-    fsdp_world *w = NULL;
-    fsdp_world_options o = {.nranks = n, .timeout_ms = 20000};
-    fsdp_status st = fsdp_world_create(fsdp_test_ctx(), &o, &w);
-    if (st == FSDP_OK) st = fsdp_world_run(fsdp_test_ctx(), w, fn, user);
-    fsdp_world_free(w);
-    return st;
-}
-
 typedef struct layout {
     int ndim;
     int shape[FSDP_MESH_MAX_DIMS];
@@ -47,11 +33,11 @@ static fsdp_status check_dim(fsdp_ctx *ctx, fsdp_mesh *m, const layout *L, const
     fsdp_mesh *sub = NULL;
     FSDP_TRY(fsdp_mesh_get_group(ctx, m, name, &g));
     FSDP_TRY(fsdp_mesh_dim(ctx, m, name, &sub));
-    RANK_CHECK(ctx, fsdp_group_size(g) == L->shape[k] && fsdp_group_rank(g) == coord[k],
-               "dim %s: group size %d rank %d, want %d %d", name, fsdp_group_size(g),
-               fsdp_group_rank(g), L->shape[k], coord[k]);
-    RANK_CHECK(ctx, strcmp(fsdp_group_label(g), name) == 0, "dim %s: label %s", name,
-               fsdp_group_label(g));
+    FSDP_RANK_CHECK(ctx, fsdp_group_size(g) == L->shape[k] && fsdp_group_rank(g) == coord[k],
+                    "dim %s: group size %d rank %d, want %d %d", name, fsdp_group_size(g),
+                    fsdp_group_rank(g), L->shape[k], coord[k]);
+    FSDP_RANK_CHECK(ctx, strcmp(fsdp_group_label(g), name) == 0, "dim %s: label %s", name,
+                    fsdp_group_label(g));
     /* Members: this rank's coordinate with dim k running over 0..size-1, in that order. */
     float want_sum = 0;
     for (int i = 0; i < L->shape[k]; i++) {
@@ -59,26 +45,26 @@ static fsdp_status check_dim(fsdp_ctx *ctx, fsdp_mesh *m, const layout *L, const
         memcpy(c, coord, sizeof c);
         c[k] = i;
         for (int j = 0; j < L->ndim; j++) want = want * L->shape[j] + c[j];
-        RANK_CHECK(ctx, fsdp_group_world_rank(g, i) == want,
-                   "dim %s: member %d is rank %d, want %d", name, i, fsdp_group_world_rank(g, i),
-                   want);
-        RANK_CHECK(ctx, fsdp_mesh_rank_at(sub, &i) == want, "sub-mesh %s: rank at %d is %d", name,
-                   i, fsdp_mesh_rank_at(sub, &i));
+        FSDP_RANK_CHECK(ctx, fsdp_group_world_rank(g, i) == want,
+                        "dim %s: member %d is rank %d, want %d", name, i,
+                        fsdp_group_world_rank(g, i), want);
+        FSDP_RANK_CHECK(ctx, fsdp_mesh_rank_at(sub, &i) == want, "sub-mesh %s: rank at %d is %d",
+                        name, i, fsdp_mesh_rank_at(sub, &i));
         want_sum += (float)want;
     }
     /* The sub-mesh is the 1-d mesh of this rank along the dim, sharing its group. */
     fsdp_group *sub_group = NULL;
     FSDP_TRY(fsdp_mesh_get_group(ctx, sub, NULL, &sub_group));
-    RANK_CHECK(ctx,
-               fsdp_mesh_ndim(sub) == 1 && fsdp_mesh_size(sub, 0) == L->shape[k] &&
-                   fsdp_mesh_coordinate(sub, 0) == coord[k] &&
-                   strcmp(fsdp_mesh_dim_name(sub, 0), name) == 0 && sub_group == g,
-               "sub-mesh %s: ndim %d size %d coordinate %d", name, fsdp_mesh_ndim(sub),
-               fsdp_mesh_size(sub, 0), fsdp_mesh_coordinate(sub, 0));
+    FSDP_RANK_CHECK(ctx,
+                    fsdp_mesh_ndim(sub) == 1 && fsdp_mesh_size(sub, 0) == L->shape[k] &&
+                        fsdp_mesh_coordinate(sub, 0) == coord[k] &&
+                        strcmp(fsdp_mesh_dim_name(sub, 0), name) == 0 && sub_group == g,
+                    "sub-mesh %s: ndim %d size %d coordinate %d", name, fsdp_mesh_ndim(sub),
+                    fsdp_mesh_size(sub, 0), fsdp_mesh_coordinate(sub, 0));
     float sum = 0;
     FSDP_TRY(group_sum(ctx, g, &sum));
-    RANK_CHECK(ctx, sum == want_sum, "dim %s: the sum over the group is %g, want %g", name, sum,
-               want_sum);
+    FSDP_RANK_CHECK(ctx, sum == want_sum, "dim %s: the sum over the group is %g, want %g", name,
+                    sum, want_sum);
     fsdp_group_free(g);  /* borrowed from the mesh: does nothing */
     fsdp_mesh_free(sub); /* a sub-mesh: does nothing */
     return FSDP_OK;
@@ -115,7 +101,7 @@ static fsdp_status layout_body(fsdp_ctx *ctx, int rank, void *user) {
 static void test_mesh_1d(void) {
     for (int n = 1; n <= 4; n *= 4) {
         layout L = {1, {n}, {"dp"}};
-        FSDP_TEST_OK(run_world(n, layout_body, &L));
+        FSDP_TEST_OK(fsdp_test_run_world(n, 20000, layout_body, &L));
     }
 }
 
@@ -127,13 +113,13 @@ static void test_mesh_2d(void) {
         {2, {1, 4}, {"dp", "tp"}},
     };
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++)
-        FSDP_TEST_OK(
-            run_world(layouts[i].shape[0] * layouts[i].shape[1], layout_body, (void *)&layouts[i]));
+        FSDP_TEST_OK(fsdp_test_run_world(layouts[i].shape[0] * layouts[i].shape[1], 20000,
+                                         layout_body, (void *)&layouts[i]));
 }
 
 static void test_mesh_3d(void) {
     layout L = {3, {2, 2, 2}, {"pp", "dp", "tp"}};
-    FSDP_TEST_OK(run_world(8, layout_body, &L));
+    FSDP_TEST_OK(fsdp_test_run_world(8, 20000, layout_body, &L));
 }
 
 /* The example spelled out: world 8 as (dp 4, tp 2). */
@@ -163,16 +149,16 @@ static fsdp_status example_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_mesh_example(void) {
-    FSDP_TEST_OK(run_world(8, example_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(8, 20000, example_body, NULL));
 }
 
 static fsdp_status expect_failure(fsdp_ctx *ctx, fsdp_status got, fsdp_status want,
                                   const char *needle) {
     char msg[1024]; /* a copy: a failing check rewrites the context's message */
     snprintf(msg, sizeof msg, "%s", fsdp_last_error(ctx));
-    RANK_CHECK(ctx, got == want && strstr(msg, needle),
-               "got %s (message \"%s\"), want %s naming \"%s\"", fsdp_status_to_string(got), msg,
-               fsdp_status_to_string(want), needle);
+    FSDP_RANK_CHECK(ctx, got == want && strstr(msg, needle),
+                    "got %s (message \"%s\"), want %s naming \"%s\"", fsdp_status_to_string(got),
+                    msg, fsdp_status_to_string(want), needle);
     return FSDP_OK;
 }
 
@@ -194,7 +180,7 @@ static fsdp_status errors_body(fsdp_ctx *ctx, int rank, void *user) {
                             FSDP_ERR_INVALID_ARGUMENT, "5 dims; a mesh has 1 to 4"));
     FSDP_TRY(expect_failure(ctx, fsdp_mesh_create(ctx, 2, (const int[]){0, 4}, dp_tp, &m),
                             FSDP_ERR_INVALID_ARGUMENT, "dim 0 ('dp') has size 0"));
-    RANK_CHECK(ctx, m == NULL, "a failed create left a mesh");
+    FSDP_RANK_CHECK(ctx, m == NULL, "a failed create left a mesh");
     FSDP_TRY(fsdp_mesh_create(ctx, 2, (const int[]){2, 2}, dp_tp, &m));
     fsdp_mesh *sub = NULL;
     fsdp_group *g = NULL;
@@ -212,7 +198,7 @@ static fsdp_status errors_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_mesh_errors(void) {
-    FSDP_TEST_OK(run_world(4, errors_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 20000, errors_body, NULL));
     fsdp_mesh *m = NULL;
     FSDP_TEST_FAILS(
         fsdp_mesh_create(fsdp_test_ctx(), 1, (const int[]){1}, (const char *const[]){"dp"}, &m),
@@ -233,7 +219,7 @@ static fsdp_status disagree_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_mesh_disagreement(void) {
-    FSDP_TEST_OK(run_world(4, disagree_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 20000, disagree_body, NULL));
 }
 
 int main(int argc, char **argv) {
