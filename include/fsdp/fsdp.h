@@ -17,6 +17,7 @@
 #include "fsdp/rng.h"
 #include "fsdp/status.h"
 #include "fsdp/tensor.h"
+#include "fsdp/tp.h"
 
 #ifdef __cplusplus
 extern "C" {

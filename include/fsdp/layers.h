@@ -14,6 +14,8 @@ extern "C" {
  * both uniform in +-1/sqrt(in_features) as PyTorch initialises nn.Linear. */
 fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_features, bool bias,
                                fsdp_module **out);
+/* y = x: the output is the input tensor itself and the input gradient is the output gradient. */
+fsdp_status fsdp_identity_create(fsdp_ctx *ctx, fsdp_module **out);
 fsdp_status fsdp_relu_create(fsdp_ctx *ctx, fsdp_module **out);
 fsdp_status fsdp_sigmoid_create(fsdp_ctx *ctx, fsdp_module **out);
 /* GELU with the tanh approximation (PyTorch's approximate="tanh"). */

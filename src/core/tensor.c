@@ -216,6 +216,20 @@ fsdp_status fsdp_tensor_rebind(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_tensor 
     return FSDP_OK;
 }
 
+void fsdp_tensor_alias(fsdp_tensor *t, const fsdp_tensor *src) {
+    if (t == src) return;
+    atomic_fetch_add(&src->storage->refs, 1);
+    storage_release(t->storage);
+    t->storage = src->storage;
+    t->offset = src->offset;
+    t->dtype = src->dtype;
+    set_shape(t, src->ndim, src->shape);
+}
+
+int64_t fsdp_tensor_capacity(const fsdp_tensor *t) {
+    return (int64_t)(t->storage->nbytes / fsdp_dtype_size(t->dtype)) - t->offset;
+}
+
 fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const int64_t *shape) {
     FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_resize"));
     int64_t numel = fsdp_shape_numel(ndim, shape);

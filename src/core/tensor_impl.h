@@ -22,6 +22,10 @@ struct fsdp_tensor {
     int ndim;
     int64_t shape[FSDP_MAX_DIMS];
     int64_t numel;
+    /* The DTensor this tensor is the local part of (set by src/tp), or NULL: activations that
+     * flow between modules as DTensors are plain tensors carrying this back-pointer. Not
+     * owned; views and copies do not inherit it. */
+    void *dist;
 };
 
 /* Makes t a view of base's storage at element `offset`, keeping t's shape and dtype (which
@@ -29,6 +33,14 @@ struct fsdp_tensor {
  * its unit's gathered flat buffer and back. */
 fsdp_status fsdp_tensor_rebind(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_tensor *base,
                                int64_t offset);
+
+/* Makes t a view of the whole of src (its storage, offset, dtype and shape); t's old storage
+ * is released and t->dist is kept. No allocation: src/tp re-points its DTensor handles at
+ * each step's result this way. */
+void fsdp_tensor_alias(fsdp_tensor *t, const fsdp_tensor *src);
+
+/* Elements t can hold from its offset to the end of its storage. */
+int64_t fsdp_tensor_capacity(const fsdp_tensor *t);
 
 /* numel of a shape; -1 when a dim is negative or ndim out of range. */
 int64_t fsdp_shape_numel(int ndim, const int64_t *shape);

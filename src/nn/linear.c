@@ -40,7 +40,7 @@ static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tens
     float *y = fsdp_tensor_f32(l->output);
     k->gemm(false, true, rows, OC, C, 1.0f, fsdp_tensor_f32(in), C, fsdp_tensor_f32(w), C, 0.0f, y,
             OC);
-    if (l->bias) k->bias_add(y, fsdp_tensor_f32(l->bias->data), rows, OC);
+    if (l->bias && !l->bias->hook_applied) k->bias_add(y, fsdp_tensor_f32(l->bias->data), rows, OC);
     l->input = in;
     *out = l->output;
     return FSDP_OK;
@@ -64,7 +64,7 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
     if (l->weight->requires_grad) /* dW (OC, C) += dy^T (OC, rows) @ x (rows, C) */
         k->gemm(true, false, OC, C, rows, 1.0f, dy, OC, x, C, 1.0f,
                 fsdp_tensor_f32(l->weight->grad), C);
-    if (l->bias && l->bias->requires_grad)
+    if (l->bias && l->bias->requires_grad && !l->bias->hook_applied)
         k->bias_backward(fsdp_tensor_f32(l->bias->grad), dy, rows, OC);
     if (din) { /* dx (rows, C) = dy (rows, OC) @ W (OC, C) */
         FSDP_TRY(fsdp_nn_buffer(ctx, &l->dinput, fsdp_tensor_device(dout),

@@ -11,6 +11,9 @@ struct fsdp_param {
     fsdp_tensor *data;   /* local values: the whole tensor, a TP shard, or a flat-buffer view */
     fsdp_tensor *grad;   /* same shape as data; backward accumulates into it */
     bool requires_grad;
+    /* A hook applies this parameter and accumulates its gradient, so the layer leaves it out
+     * (TP: a RowwiseParallel bias, added once to the Partial sum, not once per rank). */
+    bool hook_applied;
     fsdp_init init;
     void *dist;                /* placement spec set by tensor parallelism; NULL when plain */
     void (*free_dist)(void *); /* (optional) releases dist */
