@@ -18,6 +18,7 @@
 #include "fsdp/status.h"
 #include "fsdp/tensor.h"
 #include "fsdp/tp.h"
+#include "fsdp/wrap.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -401,6 +401,17 @@ fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
     return FSDP_OK;
 }
 
+fsdp_status fsdp_nn_add_hook_front(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                   fsdp_hook_fn fn, void *user, void (*free_user)(void *),
+                                   int *id) {
+    FSDP_TRY(fsdp_module_add_hook(ctx, m, point, fn, user, free_user, id));
+    fsdp_hook *h = m->hooks[point];
+    fsdp_hook added = h[m->n_hooks[point] - 1];
+    memmove(&h[1], &h[0], (size_t)(m->n_hooks[point] - 1) * sizeof *h);
+    h[0] = added;
+    return FSDP_OK;
+}
+
 fsdp_status fsdp_module_remove_hook(fsdp_ctx *ctx, fsdp_module *m, int id) {
     for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++) {
         for (int i = 0; i < m->n_hooks[p]; i++) {

@@ -65,6 +65,11 @@ fsdp_status fsdp_nn_chain_forward(fsdp_ctx *ctx, fsdp_module *const *children, i
 fsdp_status fsdp_nn_chain_backward(fsdp_ctx *ctx, fsdp_module *const *children, int n,
                                    const fsdp_tensor *dout, const fsdp_tensor **din);
 
+/* fsdp_module_add_hook, but the hook runs before those already at the point: FSDP's pre-hooks
+ * run outside (before) TP's, so parameters are gathered before a style reads them. */
+fsdp_status fsdp_nn_add_hook_front(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                   fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id);
+
 /* The module's name for messages, written into buf: "Linear 'net1'" or "Linear (root)". */
 const char *fsdp_nn_describe(const fsdp_module *m, char *buf, size_t size);
 

@@ -490,7 +490,12 @@ fsdp_status fsdp_tp_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
     s->mesh = mesh;
     fsdp_status st = resolve_style(ctx, style, where, &s->style);
     if (st == FSDP_OK) st = setup(ctx, m, s, o.src_rank, where);
-    /* The first hook owns the state; the others borrow it. */
+    if (st != FSDP_OK) {
+        style_state_free(s);
+        return st;
+    }
+    /* The first hook owns the state (fsdp_module_add_hook frees it if it cannot add it); the
+     * others borrow it. */
     int ids[4] = {-1, -1, -1, -1};
     static const fsdp_hook_fn fns[4] = {pre_forward, post_forward, pre_backward, post_backward};
     static const fsdp_hook_point points[4] = {FSDP_HOOK_PRE_FORWARD, FSDP_HOOK_POST_FORWARD,
@@ -498,10 +503,8 @@ fsdp_status fsdp_tp_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
     for (int i = 0; st == FSDP_OK && i < 4; i++)
         st = fsdp_module_add_hook(ctx, m, points[i], fns[i], s, i == 0 ? style_state_free : NULL,
                                   &ids[i]);
-    if (st != FSDP_OK) {
+    if (st != FSDP_OK)
         for (int i = 3; i >= 0; i--)
             if (ids[i] >= 0) fsdp_module_remove_hook(ctx, m, ids[i]);
-        if (ids[0] < 0) style_state_free(s);
-    }
     return st;
 }
