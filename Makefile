@@ -6,7 +6,7 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 CONFIG     ?= examples/mlp.ini
 
-.PHONY: all deps configure build train test test-sanitize bench install format clean
+.PHONY: all deps configure build train test test-sanitize bench bench-mpi install format clean
 
 all: build
 
@@ -38,6 +38,12 @@ bench: build
 	$(BUILD)/bench/bench_gemm
 	$(BUILD)/bench/bench_adam
 	$(BUILD)/bench/bench_comm
+
+# The collective benchmark on the MPI backend: NP processes (as root: MPIRUN_FLAGS=--allow-run-as-root).
+NP          ?= 4
+MPIRUN_FLAGS ?=
+bench-mpi: build
+	mpirun -np $(NP) --oversubscribe $(MPIRUN_FLAGS) $(BUILD)/bench/bench_comm
 
 install: build
 	cmake --install $(BUILD)

@@ -1,10 +1,12 @@
-/* bench_comm.c: the collectives of the local backend (rank threads) from 1 KiB to 256 MiB,
- * reported as nccl-tests does: algbw = bytes / time, busbw = algbw * 2(n-1)/n for all_reduce
- * and * (n-1)/n for all_gather and reduce_scatter, where bytes is the full tensor (all_reduce:
- * each rank's buffer; all_gather: the gathered output; reduce_scatter: the input). The
- * ceiling is this machine's memcpy bandwidth, measured in the same run. */
+/* bench_comm.c: the collectives from 1 KiB to 256 MiB on the local backend (rank threads) or,
+ * run under mpirun, on the MPI backend (one rank per process), reported as nccl-tests does:
+ * algbw = bytes / time, busbw = algbw * 2(n-1)/n for all_reduce and * (n-1)/n for all_gather
+ * and reduce_scatter, where bytes is the full tensor (all_reduce: each rank's buffer;
+ * all_gather: the gathered output; reduce_scatter: the input). The ceiling is this machine's
+ * memcpy bandwidth, measured in the same run. */
 #define _POSIX_C_SOURCE 200809L // clock_gettime
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,17 +83,29 @@ static double memcpy_bandwidth(size_t bytes) {
     return (double)bytes / bench_median(t, 5) / 1e9;
 }
 
+static fsdp_status tell_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)ctx;
+    *(int *)user = rank;
+    return FSDP_OK;
+}
+
 int main(int argc, char **argv) {
     int ranks = 4;
     long long max_bytes = 256ll << 20;
+    /* Under mpirun (or with --mpi): the MPI backend, one rank per process. */
+    bool mpi = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--ranks") == 0 && i + 1 < argc)
             ranks = atoi(argv[++i]);
         else if (strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc)
             max_bytes = atoll(argv[++i]);
+        else if (strcmp(argv[i], "--mpi") == 0)
+            mpi = true;
         else {
             fprintf(stderr, "usage: bench_comm [--ranks N (default 4)] [--max-bytes B (default "
-                            "268435456)]\n");
+                            "268435456)] [--mpi]\n"
+                            "       mpirun -np N bench_comm [--max-bytes B]   (the MPI backend; "
+                            "--ranks is the process count)\n");
             return 2;
         }
     }
@@ -102,17 +116,29 @@ int main(int argc, char **argv) {
     fsdp_ctx *ctx;
     fsdp_world *world;
     if (fsdp_ctx_create(NULL, &ctx) != FSDP_OK) return 1;
-    if (fsdp_world_create(ctx, &(fsdp_world_options){.nranks = ranks}, &world) != FSDP_OK) {
+    fsdp_world_options o = {.backend = mpi ? FSDP_BACKEND_MPI : FSDP_BACKEND_LOCAL,
+                            .nranks = mpi ? 0 : ranks};
+    int rank = 0;
+    if (fsdp_world_create(ctx, &o, &world) != FSDP_OK ||
+        (mpi && fsdp_world_run(ctx, world, tell_rank, &rank) != FSDP_OK)) {
         fprintf(stderr, "bench_comm: %s\n", fsdp_last_error(ctx));
         return 1;
     }
-    double ceiling =
-        memcpy_bandwidth((size_t)(max_bytes < (64ll << 20) ? (64ll << 20) : max_bytes));
-    printf("bench_comm: local backend, %d rank threads on this machine; memcpy %.2f GB/s (the "
-           "ceiling)\n\n",
-           ranks, ceiling);
-    printf("%-15s %12s %7s %12s %12s %12s %10s\n", "op", "bytes", "iters", "time us", "algbw GB/s",
-           "busbw GB/s", "of memcpy");
+    ranks = fsdp_world_size(world);
+    double ceiling = 0;
+    if (rank == 0) {
+        ceiling = memcpy_bandwidth((size_t)(max_bytes < (64ll << 20) ? (64ll << 20) : max_bytes));
+        if (mpi)
+            printf("bench_comm: mpi backend, %d processes (one rank each) on this machine; "
+                   "memcpy %.2f GB/s (the ceiling, measured by rank 0)\n\n",
+                   ranks, ceiling);
+        else
+            printf("bench_comm: local backend, %d rank threads on this machine; memcpy %.2f GB/s "
+                   "(the ceiling)\n\n",
+                   ranks, ceiling);
+        printf("%-15s %12s %7s %12s %12s %12s %10s\n", "op", "bytes", "iters", "time us",
+               "algbw GB/s", "busbw GB/s", "of memcpy");
+    }
     const double factor[OP_COUNT] = {2.0 * (ranks - 1) / ranks, (double)(ranks - 1) / ranks,
                                      (double)(ranks - 1) / ranks};
     int rc = 0;
@@ -124,9 +150,11 @@ int main(int argc, char **argv) {
                 rc = 1;
                 break;
             }
+            if (rank != 0) continue; /* rank 0 timed the calls */
             double algbw = (double)bytes / r.seconds / 1e9, busbw = algbw * factor[op];
             printf("%-15s %12lld %7d %12.1f %12.2f %12.2f %9.0f%%\n", op_names[op], bytes, r.iters,
                    r.seconds * 1e6, algbw, busbw, 100 * busbw / ceiling);
+            fflush(stdout);
         }
     }
     fsdp_world_free(world);

@@ -1,28 +1,139 @@
-/* harness.c: the shared CUnit main, per-test context and tensor comparison. */
+/* harness.c: the shared CUnit main, per-test context, tensor comparison, and the multi-rank
+ * runner: rank threads of a local world, or under mpirun one rank per process of an MPI
+ * world, with the processes agreeing on every case's result. */
 #include "harness.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static fsdp_ctx *g_ctx;
+
+/* Under MPI: this process's rank, the job's size, a world to agree on results, the failure
+ * records before the running case, and the runs skipped for their size. */
+static struct {
+    bool on;
+    int rank, size;
+    fsdp_world *world;
+    unsigned records_before;
+    int skipped;
+} g_mpi;
 
 fsdp_ctx *fsdp_test_ctx(void) {
     return g_ctx;
 }
 
+bool fsdp_test_mpi(void) {
+    return g_mpi.on;
+}
+
 static int setup_case(void) {
     fsdp_ctx_options opts = {.seed = 1234};
+    g_mpi.records_before = CU_get_number_of_failure_records();
     return fsdp_ctx_create(&opts, &g_ctx) == FSDP_OK ? 0 : 1;
 }
 
+static fsdp_status tell_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)ctx;
+    *(int *)user = rank;
+    return FSDP_OK;
+}
+
+/* counts[r] = the failure records of the running case on rank r, for every r. */
+static fsdp_status share_counts(fsdp_ctx *ctx, int rank, void *user) {
+    float *counts = user;
+    fsdp_tensor *t = NULL;
+    int64_t n = g_mpi.size;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &t));
+    memset(fsdp_tensor_data(t), 0, fsdp_tensor_nbytes(t));
+    fsdp_tensor_f32(t)[rank] = counts[rank];
+    fsdp_status st = fsdp_all_reduce(ctx, NULL, t, FSDP_REDUCE_SUM);
+    if (st == FSDP_OK) memcpy(counts, fsdp_tensor_data(t), fsdp_tensor_nbytes(t));
+    fsdp_tensor_free(t);
+    return st;
+}
+
+/* Under MPI, after each case: rank R's failures are printed by that process, and a case that
+ * failed on another rank fails here too, naming it. */
+static void agree_on_case(void) {
+    unsigned mine = CU_get_number_of_failure_records() - g_mpi.records_before;
+    if (g_mpi.rank != 0) {
+        CU_pFailureRecord f = CU_get_failure_list();
+        for (unsigned i = 0; f; f = f->pNext, i++)
+            if (i >= g_mpi.records_before)
+                fprintf(stderr, "\n  [rank %d] %s:%u: %s", g_mpi.rank,
+                        f->strFileName ? f->strFileName : "", f->uiLineNumber,
+                        f->strCondition ? f->strCondition : "");
+    }
+    float *counts = calloc((size_t)g_mpi.size, sizeof *counts);
+    static char message[512];
+    if (!counts) {
+        CU_assertImplementation(CU_FALSE, __LINE__, "out of memory agreeing on the result",
+                                __FILE__, "", CU_FALSE);
+        return;
+    }
+    counts[g_mpi.rank] = (float)mine;
+    fsdp_status st = fsdp_world_run(g_ctx, g_mpi.world, share_counts, counts);
+    size_t used = 0;
+    message[0] = '\0';
+    for (int r = 0; st == FSDP_OK && r < g_mpi.size && used < sizeof message; r++)
+        if (r != g_mpi.rank && counts[r] > 0)
+            used += (size_t)snprintf(message + used, sizeof message - used, "%s%d",
+                                     used ? "," : "the case failed on rank ", r);
+    if (st == FSDP_OK && used > 0 && used < sizeof message)
+        snprintf(message + used, sizeof message - used, " (its failures are tagged [rank R])");
+    if (st != FSDP_OK)
+        snprintf(message, sizeof message, "the processes could not agree on the result: %s",
+                 fsdp_last_error(g_ctx));
+    if (message[0] && (mine == 0 || st != FSDP_OK))
+        CU_assertImplementation(CU_FALSE, __LINE__, message, __FILE__, "", CU_FALSE);
+    free(counts);
+}
+
 static int teardown_case(void) {
+    if (g_mpi.on) agree_on_case();
     fsdp_ctx_free(g_ctx);
     g_ctx = NULL;
     return 0;
 }
 
+/* Whether to run under MPI: `--mpi` (removed from argv) or an MPI launcher's environment. */
+static bool wants_mpi(int *argc, char **argv) {
+    bool flag = false;
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--mpi") != 0) continue;
+        flag = true;
+        memmove(&argv[i], &argv[i + 1], (size_t)(*argc - i) * sizeof *argv);
+        (*argc)--, i--;
+    }
+    return flag || getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+/* Joins the MPI job: a world for the agreements, this process's rank and the job's size. */
+static int start_mpi(const char *suite) {
+    fsdp_ctx *ctx = NULL;
+    if (fsdp_ctx_create(NULL, &ctx) != FSDP_OK) return 2;
+    fsdp_world_options o = {.backend = FSDP_BACKEND_MPI, .timeout_ms = 120000};
+    fsdp_status st = fsdp_world_create(ctx, &o, &g_mpi.world);
+    if (st == FSDP_OK) st = fsdp_world_run(ctx, g_mpi.world, tell_rank, &g_mpi.rank);
+    if (st != FSDP_OK) {
+        fprintf(stderr, "%s: cannot run under MPI: %s\n", suite, fsdp_last_error(ctx));
+        fsdp_ctx_free(ctx);
+        return 2;
+    }
+    fsdp_ctx_free(ctx);
+    g_mpi.on = true;
+    g_mpi.size = fsdp_world_size(g_mpi.world);
+    if (g_mpi.rank == 0)
+        printf("%s: under MPI, %d processes, one rank each; multi-rank runs of another size are "
+               "skipped\n",
+               suite, g_mpi.size);
+    return 0;
+}
+
 int fsdp_test_run(int argc, char **argv, const char *suite, const fsdp_test_case *cases, int n) {
+    if (wants_mpi(&argc, argv) && start_mpi(suite) != 0) return 2;
     if (CU_initialize_registry() != CUE_SUCCESS) return 2;
     CU_pSuite s = CU_add_suite_with_setup_and_teardown(suite, NULL, NULL, (CU_SetUpFunc)setup_case,
                                                        (CU_TearDownFunc)teardown_case);
@@ -39,11 +150,20 @@ int fsdp_test_run(int argc, char **argv, const char *suite, const fsdp_test_case
         CU_cleanup_registry();
         return 2;
     }
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
+    if (g_mpi.rank == 0) { /* under MPI the other ranks run quietly and report failures */
+        CU_basic_set_mode(CU_BRM_VERBOSE);
+        CU_basic_run_tests();
+    } else {
+        CU_run_all_tests();
+    }
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
     unsigned run = CU_get_number_of_tests_run();
     CU_cleanup_registry();
+    if (g_mpi.on && g_mpi.rank == 0)
+        printf("%s under MPI (%d processes): %d multi-rank runs skipped (they need another "
+               "number of processes)\n",
+               suite, g_mpi.size, g_mpi.skipped);
+    fsdp_world_free(g_mpi.world);
     return (failed == 0 && run == (unsigned)added) ? 0 : 1;
 }
 
@@ -92,9 +212,24 @@ fsdp_tensor *fsdp_test_random(int ndim, const int64_t *shape, float lo, float hi
     return t;
 }
 
+int fsdp_test_hosted_ranks(int n, int *first) {
+    *first = g_mpi.on ? g_mpi.rank : 0;
+    if (!g_mpi.on) return n;
+    return n == g_mpi.size ? 1 : 0;
+}
+
 fsdp_status fsdp_test_run_world(int n, int timeout_ms, fsdp_rank_fn fn, void *user) {
+    if (g_mpi.on && n != g_mpi.size) {
+        g_mpi.skipped++;
+        if (g_mpi.rank == 0)
+            printf("\n    skipped: a run on %d ranks (this MPI job has %d processes)", n,
+                   g_mpi.size);
+        return FSDP_OK;
+    }
     fsdp_world *w = NULL;
-    fsdp_world_options o = {.nranks = n, .timeout_ms = timeout_ms};
+    fsdp_world_options o = {.backend = g_mpi.on ? FSDP_BACKEND_MPI : FSDP_BACKEND_LOCAL,
+                            .nranks = n,
+                            .timeout_ms = timeout_ms};
     fsdp_status st = fsdp_world_create(g_ctx, &o, &w);
     if (st == FSDP_OK) st = fsdp_world_run(g_ctx, w, fn, user);
     fsdp_world_free(w);

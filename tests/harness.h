@@ -1,6 +1,7 @@
 /* harness.h: what every CUnit suite of libfsdp shares: a main that runs one suite in CUnit's
- * basic mode, a context per test, status checks that print the library's message, and
- * tensor comparison that prints the max absolute and relative difference. */
+ * basic mode, a context per test, status checks that print the library's message, tensor
+ * comparison that prints the max absolute and relative difference, and the multi-rank runner
+ * that uses rank threads, or MPI processes when the suite runs under mpirun. */
 #ifndef FSDP_TEST_HARNESS_H
 #define FSDP_TEST_HARNESS_H
 
@@ -17,7 +18,12 @@ typedef struct fsdp_test_case {
 } fsdp_test_case;
 
 /* Runs the cases as one CUnit suite; returns the process exit status (0 when all pass).
- * argv[1], when given, runs only the case of that name. */
+ * argv[1], when given, runs only the case of that name. With `--mpi` among the arguments, or
+ * under mpirun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK set), the suite runs in every
+ * process of the MPI job: fsdp_test_run_world then runs each process's rank of an MPI world,
+ * after each case the processes agree on its result (a case that failed on any rank fails
+ * on all, naming the ranks), rank 0 prints the CUnit report and every process exits non-zero
+ * when a case failed. */
 int fsdp_test_run(int argc, char **argv, const char *suite, const fsdp_test_case *cases, int n);
 
 /* The context of the running test (created before, freed after each case; seed 1234). */
@@ -52,9 +58,20 @@ bool fsdp_test_close(const char *name, const float *got, const float *want, int6
 #define FSDP_TEST_CLOSE(name, got, want, n, rtol, atol)                                            \
     CU_ASSERT_TRUE(fsdp_test_close((name), (got), (want), (n), (rtol), (atol)))
 
-/* Runs fn on n rank threads of a fresh local world (timeout_ms per collective wait; 0 for the
- * default); the first failing rank's message lands in the test context. */
+/* Runs fn on the n ranks of a fresh world (timeout_ms per collective wait; 0 for the
+ * default); the first failing rank's message lands in the test context. Locally the ranks are
+ * n threads of this process. Under MPI this process runs its own rank of an MPI world when
+ * the job has n processes; otherwise the run is skipped (a line says so) and returns FSDP_OK.
+ * So a rank function must check its own results: under MPI, `user` is this process's copy,
+ * and what other ranks write to theirs never reaches it. */
 fsdp_status fsdp_test_run_world(int n, int timeout_ms, fsdp_rank_fn fn, void *user);
+
+/* The ranks of a world of n that this process runs, [*first, *first + count): all n locally,
+ * under MPI its own rank, or none (0) when the job does not have n processes. */
+int fsdp_test_hosted_ranks(int n, int *first);
+
+/* Whether the suite runs under MPI (one process per rank). */
+bool fsdp_test_mpi(void);
 
 /* Inside a rank function: fails the rank with a message when cond does not hold. */
 #define FSDP_RANK_CHECK(ctx, cond, ...)                                                            \

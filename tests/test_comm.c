@@ -1,12 +1,14 @@
-/* test_comm.c: the world, groups and every collective of the local backend on 1, 2, 3, 4 and
- * 8 rank threads, f32 and bf16, with uneven and empty chunks: each result is compared
- * bitwise with a serial computation in rank order, and replicated results with every other
- * rank's. Then the failures: mismatches across ranks, a rank rejecting its arguments, a rank
- * that never arrives (timeout), a rank that has returned, and bad arguments. Rank bodies
- * never call CUnit (it is not thread-safe): they return a status with a message, which
- * fsdp_world_run hands to the main thread. */
+/* test_comm.c: the world, groups and every collective on 1, 2, 3, 4 and 8 ranks (rank threads,
+ * or under mpirun the processes of an MPI job), f32 and bf16, with uneven and empty chunks:
+ * each result is compared bitwise with a serial computation in rank order, and replicated
+ * results with every other rank's. Then the failures: mismatches across ranks, a rank
+ * rejecting its arguments, a rank that never arrives (timeout), a rank that has returned, and
+ * bad arguments. Rank bodies never call CUnit (it is not thread-safe): they return a status
+ * with a message, which fsdp_world_run hands to the main thread. What a body leaves for the
+ * main thread is about its own rank only, since under MPI each process has its own copy. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -18,26 +20,58 @@ static const int world_sizes[] = {1, 2, 3, 4, 8};
 #define MAX_RANKS     8
 #define MAX_CASES     96
 
-/* What the ranks of one run leave for the main thread: a hash of each replicated result. */
+/* What each rank of a run leaves for the main thread, in its own slot: the cases it ran, and
+ * for replicated results, every rank's hash of each, as gathered from them by this rank. */
 typedef struct shared {
-    int ncases;
-    uint64_t hash[MAX_CASES][MAX_RANKS];
+    int ncases[MAX_RANKS];
+    uint64_t hash[MAX_RANKS][MAX_CASES][MAX_RANKS]; /* [this rank][case][from rank] */
 } shared;
 
-/* Runs fn on every world size and checks that replicated results agree bitwise. */
-static void run_all_sizes(fsdp_rank_fn fn, bool replicated) {
-    for (int i = 0; i < N_WORLD_SIZES; i++) {
-        shared sh = {0};
-        FSDP_TEST_OK(fsdp_test_run_world(world_sizes[i], 0, fn, &sh));
-        CU_ASSERT_TRUE(sh.ncases > 0);
-        for (int c = 0; replicated && c < sh.ncases; c++)
-            for (int r = 1; r < world_sizes[i]; r++) {
-                if (sh.hash[c][r] != sh.hash[c][0])
-                    fprintf(stderr, "\n  world %d, case %d: rank %d's result differs from rank 0's",
-                            world_sizes[i], c, r);
-                CU_ASSERT_EQUAL(sh.hash[c][r], sh.hash[c][0]);
-            }
+/* Gathers every rank's hashes of its n replicated results into sh->hash[rank] (the hashes
+ * travel as the bits of f32 pairs; all_gather copies bytes). */
+static fsdp_status share_hashes(fsdp_ctx *ctx, int rank, int W, int n, const uint64_t *mine,
+                                shared *sh) {
+    fsdp_tensor *in = NULL, *out = NULL;
+    FSDP_TRY(
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){1, 2 * n}, &in));
+    fsdp_status st =
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){W, 2 * n}, &out);
+    if (st == FSDP_OK) {
+        memcpy(fsdp_tensor_data(in), mine, (size_t)n * sizeof *mine);
+        st = fsdp_all_gather(ctx, NULL, out, in, 0);
     }
+    const uint64_t *all = st == FSDP_OK ? fsdp_tensor_data(out) : NULL;
+    for (int q = 0; all && q < W; q++)
+        for (int c = 0; c < n; c++) sh->hash[rank][c][q] = all[q * n + c];
+    fsdp_tensor_free(in);
+    fsdp_tensor_free(out);
+    return st;
+}
+
+/* Runs fn on every world size and checks, for each rank this process ran, that it ran its
+ * cases and that replicated results agree bitwise with every other rank's. */
+static void run_all_sizes(fsdp_rank_fn fn, bool replicated) {
+    shared *sh = malloc(sizeof *sh);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(sh);
+    for (int i = 0; i < N_WORLD_SIZES; i++) {
+        const int W = world_sizes[i];
+        memset(sh, 0, sizeof *sh);
+        FSDP_TEST_OK(fsdp_test_run_world(W, 0, fn, sh));
+        int first = 0, count = fsdp_test_hosted_ranks(W, &first);
+        for (int me = first; me < first + count; me++) {
+            CU_ASSERT_TRUE(sh->ncases[me] > 0);
+            for (int c = 0; replicated && c < sh->ncases[me]; c++)
+                for (int r = 1; r < W; r++) {
+                    if (sh->hash[me][c][r] != sh->hash[me][c][0])
+                        fprintf(stderr,
+                                "\n  world %d, case %d: rank %d's result differs from rank 0's "
+                                "(seen by rank %d)",
+                                W, c, r, me);
+                    CU_ASSERT_EQUAL(sh->hash[me][c][r], sh->hash[me][c][0]);
+                }
+        }
+    }
+    free(sh);
 }
 
 /* ---- values, shapes and references ---- */
@@ -164,11 +198,12 @@ static fsdp_status gather_case(fsdp_ctx *ctx, int rank, int W, fsdp_dtype dtype,
 static fsdp_status gather_body(fsdp_ctx *ctx, int rank, void *user) {
     shared *sh = user;
     int W = fsdp_world_size(fsdp_ctx_world(ctx)), c = 0;
+    uint64_t hash[MAX_CASES];
     for (int t = 0; t < 2; t++)
         for (int s = 0; s < N_SHARD_SPECS; s++, c++)
-            FSDP_TRY(gather_case(ctx, rank, W, dtypes[t], &shard_specs[s], &sh->hash[c][rank]));
-    if (rank == 0) sh->ncases = c;
-    return FSDP_OK;
+            FSDP_TRY(gather_case(ctx, rank, W, dtypes[t], &shard_specs[s], &hash[c]));
+    sh->ncases[rank] = c;
+    return share_hashes(ctx, rank, W, c, hash, sh);
 }
 
 static void test_all_gather(void) {
@@ -211,7 +246,7 @@ static fsdp_status reduce_scatter_body(fsdp_ctx *ctx, int rank, void *user) {
             for (int op = 0; op < FSDP_REDUCE_OP_COUNT; op++)
                 FSDP_TRY(reduce_scatter_case(ctx, rank, W, dtypes[t], &shard_specs[s],
                                              (fsdp_reduce_op)op));
-    if (rank == 0) sh->ncases = 1;
+    sh->ncases[rank] = 1;
     return FSDP_OK;
 }
 
@@ -250,13 +285,14 @@ static fsdp_status all_reduce_case(fsdp_ctx *ctx, int rank, int W, fsdp_dtype dt
 static fsdp_status all_reduce_body(fsdp_ctx *ctx, int rank, void *user) {
     shared *sh = user;
     int W = fsdp_world_size(fsdp_ctx_world(ctx)), c = 0;
+    uint64_t hash[MAX_CASES];
     for (int t = 0; t < 2; t++)
         for (int s = 0; s < N_WHOLE_SPECS; s++)
             for (int op = 0; op < FSDP_REDUCE_OP_COUNT; op++, c++)
                 FSDP_TRY(all_reduce_case(ctx, rank, W, dtypes[t], &whole_specs[s],
-                                         (fsdp_reduce_op)op, &sh->hash[c][rank]));
-    if (rank == 0) sh->ncases = c;
-    return FSDP_OK;
+                                         (fsdp_reduce_op)op, &hash[c]));
+    sh->ncases[rank] = c;
+    return share_hashes(ctx, rank, W, c, hash, sh);
 }
 
 static void test_all_reduce(void) {
@@ -288,13 +324,13 @@ static fsdp_status broadcast_body(fsdp_ctx *ctx, int rank, void *user) {
     shared *sh = user;
     int W = fsdp_world_size(fsdp_ctx_world(ctx)), c = 0;
     const int roots[] = {0, W - 1, W / 2};
+    uint64_t hash[MAX_CASES];
     for (int t = 0; t < 2; t++)
         for (int s = 0; s < N_WHOLE_SPECS; s++)
             for (int k = 0; k < 3; k++, c++)
-                FSDP_TRY(broadcast_case(ctx, rank, dtypes[t], &whole_specs[s], roots[k],
-                                        &sh->hash[c][rank]));
-    if (rank == 0) sh->ncases = c;
-    return FSDP_OK;
+                FSDP_TRY(broadcast_case(ctx, rank, dtypes[t], &whole_specs[s], roots[k], &hash[c]));
+    sh->ncases[rank] = c;
+    return share_hashes(ctx, rank, W, c, hash, sh);
 }
 
 static void test_broadcast(void) {
@@ -364,7 +400,7 @@ static fsdp_status all_to_all_body(fsdp_ctx *ctx, int rank, void *user) {
                 FSDP_TRY(all_to_all_case(ctx, rank, W, dtypes[t], &shard_specs[s]));
         FSDP_TRY(all_to_all_equal_case(ctx, rank, W, dtypes[t]));
     }
-    if (rank == 0) sh->ncases = 1;
+    sh->ncases[rank] = 1;
     return FSDP_OK;
 }
 
@@ -372,34 +408,72 @@ static void test_all_to_all(void) {
     run_all_sizes(all_to_all_body, false);
 }
 
-/* No rank leaves a barrier before every rank has entered it. */
+/* No rank leaves a barrier before every rank has entered it. Two witnesses: a counter the
+ * ranks of this process share (every rank's entry, locally; under MPI only this rank's), and
+ * the monotonic clock, which every process of one machine shares: each rank's exit time of
+ * every round is checked against every rank's entry time, gathered afterwards. */
+#define BARRIER_ROUNDS 20
+
 typedef struct barrier_state {
-    shared sh;
+    int hosted; /* the ranks of this process that share `entered` */
     atomic_int entered;
+    int rounds[MAX_RANKS]; /* per rank: rounds it checked */
 } barrier_state;
+
+static double seconds_now(void);
+
+/* Checks that this rank left every round after every rank had entered it. */
+static fsdp_status check_barrier_times(fsdp_ctx *ctx, int W, const double *t_in,
+                                       const double *t_out) {
+    fsdp_tensor *in = NULL, *out = NULL;
+    const int64_t n = 2 * BARRIER_ROUNDS; /* the doubles as f32 pairs */
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){1, n}, &in));
+    fsdp_status st =
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){W, n}, &out);
+    if (st == FSDP_OK) {
+        memcpy(fsdp_tensor_data(in), t_in, BARRIER_ROUNDS * sizeof *t_in);
+        st = fsdp_all_gather(ctx, NULL, out, in, 0);
+    }
+    const double *all = st == FSDP_OK ? fsdp_tensor_data(out) : NULL;
+    for (int q = 0; all && q < W && st == FSDP_OK; q++)
+        for (int i = 0; i < BARRIER_ROUNDS && st == FSDP_OK; i++)
+            if (t_out[i] < all[q * BARRIER_ROUNDS + i])
+                st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                               "round %d: left the barrier %.6f s before rank %d entered it", i,
+                               all[q * BARRIER_ROUNDS + i] - t_out[i], q);
+    fsdp_tensor_free(in);
+    fsdp_tensor_free(out);
+    return st;
+}
 
 static fsdp_status barrier_body(fsdp_ctx *ctx, int rank, void *user) {
     barrier_state *b = user;
     int W = fsdp_world_size(fsdp_ctx_world(ctx));
-    for (int i = 0; i < 20; i++) {
+    double t_in[BARRIER_ROUNDS], t_out[BARRIER_ROUNDS];
+    for (int i = 0; i < BARRIER_ROUNDS; i++) {
         atomic_fetch_add(&b->entered, 1);
+        t_in[i] = seconds_now();
         FSDP_TRY(fsdp_barrier(ctx, NULL));
+        t_out[i] = seconds_now();
         int seen = atomic_load(&b->entered);
-        FSDP_RANK_CHECK(ctx, seen >= (i + 1) * W,
+        FSDP_RANK_CHECK(ctx, seen >= (i + 1) * b->hosted,
                         "round %d: left the barrier with %d entries, want %d", i, seen,
-                        (i + 1) * W);
+                        (i + 1) * b->hosted);
         FSDP_TRY(fsdp_barrier(ctx, NULL)); /* nobody enters round i + 1 before all checked */
+        b->rounds[rank]++;
     }
-    if (rank == 0) b->sh.ncases = 1;
-    return FSDP_OK;
+    return check_barrier_times(ctx, W, t_in, t_out);
 }
 
 static void test_barrier(void) {
     for (int i = 0; i < N_WORLD_SIZES; i++) {
         barrier_state b = {0};
+        int first = 0;
+        b.hosted = fsdp_test_hosted_ranks(world_sizes[i], &first);
         atomic_init(&b.entered, 0);
         FSDP_TEST_OK(fsdp_test_run_world(world_sizes[i], 0, barrier_body, &b));
-        CU_ASSERT_EQUAL(atomic_load(&b.entered), 20 * world_sizes[i]);
+        CU_ASSERT_EQUAL(atomic_load(&b.entered), BARRIER_ROUNDS * b.hosted);
+        for (int r = first; r < first + b.hosted; r++) CU_ASSERT_EQUAL(b.rounds[r], BARRIER_ROUNDS);
     }
 }
 
@@ -674,7 +748,10 @@ static fsdp_status leave_body(fsdp_ctx *ctx, int rank, void *user) {
 
 static void test_returned_rank_fails_peers(void) {
     FSDP_TEST_OK(fsdp_test_run_world(3, 60000, leave_body, NULL));
-    /* When rank 2 fails, fsdp_world_run reports its failure (the first) with its rank. */
+    /* When rank 2 fails, fsdp_world_run reports its failure (the first) with its rank (under
+     * MPI: in every process). */
+    int first = 0;
+    if (fsdp_test_hosted_ranks(3, &first) == 0) return;
     FSDP_TEST_FAILS(fsdp_test_run_world(3, 60000, leave_body, (void *)1), FSDP_ERR_CONFIG,
                     "rank 2: rank two's own trouble");
 }
@@ -727,9 +804,21 @@ static void test_bad_arguments(void) {
 static void test_world_errors(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_world *w = NULL;
-    FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_MPI}, &w),
-                    FSDP_ERR_UNSUPPORTED, "'mpi' backend is not part of this build",
-                    "FSDP_BACKEND_LOCAL");
+    if (!fsdp_backend_available(FSDP_BACKEND_MPI)) {
+        FSDP_TEST_FAILS(
+            fsdp_world_create(ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_MPI}, &w),
+            FSDP_ERR_UNSUPPORTED, "'mpi' backend is not part of this build", "FSDP_BACKEND_LOCAL");
+    } else if (fsdp_test_mpi()) {
+        /* (Only under mpirun: a plain run would start MPI as a singleton just for this.) */
+        FSDP_TEST_FAILS(
+            fsdp_world_create(
+                ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_MPI, .nranks = 5000}, &w),
+            FSDP_ERR_INVALID_ARGUMENT, "nranks is 5000", "the MPI world has", "mpirun -np 5000");
+    } else {
+        CU_ASSERT_TRUE(fsdp_backend_available(FSDP_BACKEND_MPI));
+    }
+    CU_ASSERT_TRUE(fsdp_backend_available(FSDP_BACKEND_LOCAL));
+    CU_ASSERT_FALSE(fsdp_backend_available(FSDP_BACKEND_NCCL));
     FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_NCCL}, &w),
                     FSDP_ERR_UNSUPPORTED, "'nccl'");
     FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.nranks = -2}, &w),

@@ -4,7 +4,9 @@
  * A world is created once per process and runs one function per rank (fsdp_world_run); each
  * rank gets its own fsdp_ctx bound to the world, and every call below takes that context.
  * Backends: `local` (the ranks are threads of this process sharing memory; the embedded
- * default) is built; `mpi` and `nccl` are planned and refused with FSDP_ERR_UNSUPPORTED.
+ * default) is always built; `mpi` (one process per rank under mpirun, CPU tensors) is built
+ * when CMake finds an MPI (fsdp_backend_available tells); `nccl` is planned and refused with
+ * FSDP_ERR_UNSUPPORTED. Both backends give bitwise the same results.
  *
  * Ownership: the caller owns a world (fsdp_world_free), groups made by fsdp_group_split and
  * fsdp_group_new (fsdp_group_free) and meshes (fsdp_mesh_free). Handles returned by accessors
@@ -14,6 +16,7 @@
 #ifndef FSDP_COMM_H
 #define FSDP_COMM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -32,7 +35,7 @@ typedef struct fsdp_mesh fsdp_mesh;
 
 typedef enum fsdp_backend {
     FSDP_BACKEND_LOCAL = 0, /* ranks are threads of this process; CPU tensors */
-    FSDP_BACKEND_MPI,       /* planned: one process per rank under mpirun */
+    FSDP_BACKEND_MPI,       /* one process per rank under mpirun; CPU tensors */
     FSDP_BACKEND_NCCL,      /* planned: GPU tensors, one GPU per rank */
     FSDP_BACKEND_COUNT
 } fsdp_backend;
@@ -41,7 +44,9 @@ typedef enum fsdp_backend {
 
 typedef struct fsdp_world_options {
     fsdp_backend backend; /* default FSDP_BACKEND_LOCAL */
-    int nranks;           /* local: the number of rank threads; default 1 */
+    /* local: the number of rank threads; default 1. mpi: 0 (the default) or the number of
+     * processes of the MPI job (MPI_COMM_WORLD's size), which is always the world size. */
+    int nranks;
     /* Longest wait inside a collective, in milliseconds, before it fails with
      * FSDP_ERR_TIMEOUT; default FSDP_COMM_DEFAULT_TIMEOUT_MS. */
     int timeout_ms;
@@ -51,23 +56,33 @@ typedef struct fsdp_world_options {
 
 /* Creates a world. opts may be NULL for all defaults. ctx (may be NULL) receives the message
  * of a failure. On success the caller owns *out (fsdp_world_free). A backend this build does
- * not have fails with FSDP_ERR_UNSUPPORTED. */
+ * not have fails with FSDP_ERR_UNSUPPORTED.
+ * mpi: every process of the job calls it (it duplicates MPI_COMM_WORLD, waiting at most
+ * timeout_ms for the others). It initialises MPI (MPI_Init_thread, MPI_THREAD_SERIALIZED)
+ * when nobody has, and then finalises it at process exit (atexit); MPI initialised by the
+ * program stays the program's to finalise, after the last fsdp_world_free. libfsdp calls MPI
+ * only inside fsdp_world_create, fsdp_world_run and fsdp_world_free. */
 fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsdp_world **out);
 /* Frees the world and every group's shared state. Not while fsdp_world_run runs. NULL does
  * nothing. */
 void fsdp_world_free(fsdp_world *world);
+/* Whether this build has the backend. */
+bool fsdp_backend_available(fsdp_backend backend);
 
 /* The function each rank runs: ctx is this rank's context (bound to the world, rank set,
  * log lines tagged "r<rank>"), valid until fn returns. */
 typedef fsdp_status (*fsdp_rank_fn)(fsdp_ctx *ctx, int rank, void *user);
 
 /* Runs fn once for every rank this process hosts (local: all of them, rank 0 on the calling
- * thread and the others on new threads) and waits for all of them. Returns FSDP_OK when every
- * rank returned FSDP_OK; otherwise the status of the rank that failed first in time, with its
- * message prefixed "rank R: " recorded in ctx (may be NULL). When a rank returns, peers
- * waiting for it in a collective fail at once (FSDP_ERR_COMM) instead of waiting out the
- * timeout. Groups start fresh on every run (earlier failures are forgotten); group handles
- * from an earlier run must not be used. */
+ * thread and the others on new threads; mpi: this process's rank, on the calling thread) and
+ * waits for all of them (mpi: for every process's rank, so every process gets the same
+ * answer; a warning is logged every timeout_ms while some rank is still running). Returns
+ * FSDP_OK when every rank returned FSDP_OK; otherwise the status of the rank that failed
+ * first in time, with its message prefixed "rank R: " recorded in ctx (may be NULL). When a
+ * rank returns, peers waiting for it in a collective fail at once (FSDP_ERR_COMM) instead of
+ * waiting out the timeout. Groups start fresh on every run (earlier failures are forgotten);
+ * group handles from an earlier run must not be used. mpi: every process calls it, with the
+ * same function. */
 fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, void *user);
 
 int fsdp_world_size(const fsdp_world *world);

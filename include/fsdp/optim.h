@@ -4,6 +4,7 @@
 #define FSDP_OPTIM_H
 
 #include "fsdp/module.h"
+#include "fsdp/tp.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -59,12 +60,56 @@ double fsdp_optimizer_lr(const fsdp_optimizer *opt);
 void fsdp_optimizer_free(fsdp_optimizer *opt); /* NULL does nothing */
 
 /* Clips the gradients of m's trainable parameters by their global norm, as PyTorch's
- * clip_grad_norm_: total = (sum |g|^p)^(1/p) over every element (p = 2.0, or INFINITY for the
- * max norm), then, when total > max_norm, every gradient is scaled by
- * max_norm / (total + 1e-6). *total_norm (may be NULL) receives the norm before clipping. This
- * is the single-rank form; the sharded form reduces the local sums over the mesh first. */
+ * clip_grad_norm_: total = (sum |g|^p)^(1/p) over every element of every parameter's global
+ * gradient (p = 2.0, or INFINITY for the max norm), then, when total > max_norm, every gradient
+ * is scaled by max_norm / (total + 1e-6). *total_norm (may be NULL) receives the norm before
+ * clipping. Distributed parameters count as their global tensors: for a TP parameter
+ * (fsdp_param_dtensor_spec) the local sums are added up (max for inf) over the group of each
+ * mesh dim where it is Shard, with one all_reduce per such group for the whole model, and a
+ * Replicate dim counts once; data-parallel replicas (fsdp_replicate_apply) hold equal gradients
+ * and count once. So every rank that holds part of the model must call it, and each gets the
+ * single-rank model's norm (to f32 rounding: sums cross ranks in f32). */
 fsdp_status fsdp_clip_grad_norm(fsdp_ctx *ctx, fsdp_module *m, double max_norm, double norm_type,
                                 double *total_norm);
+
+/* ---- optimizer state, by parameter (what a checkpoint saves and reloads) ---- */
+
+typedef enum fsdp_optim_state_kind {
+    FSDP_OPTIM_MOMENTUM_BUFFER = 0, /* SGD with momentum > 0 */
+    FSDP_OPTIM_EXP_AVG,             /* Adam, AdamW: the first moment m */
+    FSDP_OPTIM_EXP_AVG_SQ,          /* Adam, AdamW: the second moment v */
+    FSDP_OPTIM_MAX_EXP_AVG_SQ,      /* Adam, AdamW with amsgrad: the running max of v */
+    FSDP_OPTIM_STATE_KIND_COUNT
+} fsdp_optim_state_kind;
+
+/* PyTorch's state keys: "momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq". */
+const char *fsdp_optim_state_kind_to_string(fsdp_optim_state_kind kind);
+
+/* One state tensor of one parameter. Pointers are borrowed from the optimizer (name, value)
+ * and the parameter (spec) and stay valid while both live. */
+typedef struct fsdp_optim_state {
+    const char *param_name; /* fully qualified from the model's root: "net1.weight" */
+    fsdp_param *param;
+    fsdp_optim_state_kind kind;
+    /* The state of this rank's local block of the parameter, with the local data's shape.
+     * Writable: a checkpoint loads into it. */
+    fsdp_tensor *value;
+    /* Where that block lies in the global parameter: fsdp_param_dtensor_spec(param) (mesh,
+     * placements, global shape); NULL for a plain parameter, whose state is the whole tensor. */
+    const fsdp_dtensor_spec *spec;
+    int64_t step; /* updates taken (fsdp_optimizer_steps); PyTorch's "step" of Adam */
+} fsdp_optim_state;
+
+/* The number of state tensors: SGD 0 (no momentum) or 1 per trainable parameter; Adam and
+ * AdamW 2 (3 with amsgrad). */
+int fsdp_optimizer_num_states(const fsdp_optimizer *opt);
+/* State i, ordered by parameter (named_parameters() order) and then kind in the order of the
+ * enum above. FSDP_ERR_INVALID_ARGUMENT when i is out of range. */
+fsdp_status fsdp_optimizer_get_state(fsdp_ctx *ctx, const fsdp_optimizer *opt, int i,
+                                     fsdp_optim_state *out);
+/* Sets the step count, as loading a checkpoint does: the next update is step steps + 1 (Adam's
+ * bias corrections), and SGD's momentum buffer is used as it is when steps > 0. */
+void fsdp_optimizer_set_steps(fsdp_optimizer *opt, int64_t steps);
 
 typedef enum fsdp_lr_schedule_kind {
     FSDP_LR_CONSTANT = 0,  /* base_lr throughout */

@@ -59,6 +59,11 @@ typedef struct fsdp_comm_backend_i {
     /* (optional) Rank `rank` has returned from its function (its result is recorded in the
      * world): wake peers that wait for it. */
     void (*rank_exited)(void *context, int rank);
+    /* (optional) After this process's ranks have returned: wait until the ranks other
+     * processes host have returned too, and record their results in the world, with
+     * failure_order across all ranks, so that every process reports the same outcome. ctx
+     * (may be NULL) is fsdp_world_run's, for warnings while it waits. */
+    void (*collect_results)(fsdp_ctx *ctx, void *context);
     /* (optional) Releases the context and every group state. */
     void (*free)(void *context);
 } fsdp_comm_backend_i;
@@ -149,10 +154,56 @@ fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_o
                                  int64_t bytes);
 void fsdp_comm_debug_release(fsdp_comm_debug *d);
 
-/* local.c: fills world->backend with the local (threads, shared memory) backend. */
-fsdp_status fsdp_local_backend_create(fsdp_ctx *ctx, fsdp_world *world);
+/* The backends' constructors: each fills world->backend and sets world->size from
+ * `nranks` (fsdp_world_options.nranks, already checked to be >= 0). */
+/* local.c: the local backend (rank threads sharing memory): nranks threads, 0 meaning 1. */
+fsdp_status fsdp_local_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks);
+/* mpi.c (built with FSDP_HAVE_MPI): the MPI backend (one process per rank), initialising MPI
+ * when nobody has; nranks must be 0 or the MPI world size. */
+fsdp_status fsdp_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks);
 
-/* box.c: the data movement the local backend does, over contiguous row-major tensors. */
+/* ---- call.c: what a rank asks of a group, compared across the ranks ---- */
+
+#define FSDP_OP_SPLIT FSDP_COMM_OP_COUNT /* a group split, beside the collectives */
+
+/* One rank's call on a group. */
+typedef struct fsdp_call {
+    int op;                 /* fsdp_comm_op, or FSDP_OP_SPLIT */
+    fsdp_status rejected;   /* not FSDP_OK: this rank's arguments were invalid... */
+    const char *reject_msg; /* ...and why */
+    fsdp_dtype dtype;       /* the fields below must agree on every rank */
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS]; /* the global shape of the call */
+    int dim, dim2, root;
+    fsdp_reduce_op reduce;
+    const char *agree; /* split: text every rank must pass identically (may be NULL) */
+    int color, key;    /* split; these and the buffers need not agree */
+    const fsdp_tensor *in;
+    fsdp_tensor *out;
+} fsdp_call;
+
+/* "all_gather", ..., "group split" */
+const char *fsdp_call_op_name(int op);
+/* The calls of the collectives, with their global shape (all_gather: the output;
+ * reduce_scatter: the input; all_reduce, broadcast: the tensor; all_to_all: the shape in and
+ * out are chunks of, or their one shape when split_dim == concat_dim). Dims are normalised. */
+fsdp_call fsdp_call_all_gather(fsdp_tensor *out, const fsdp_tensor *in, int dim);
+fsdp_call fsdp_call_reduce_scatter(fsdp_tensor *out, const fsdp_tensor *in, int dim,
+                                   fsdp_reduce_op op);
+fsdp_call fsdp_call_all_reduce(fsdp_tensor *t, fsdp_reduce_op op);
+fsdp_call fsdp_call_broadcast(fsdp_tensor *t, int root);
+fsdp_call fsdp_call_all_to_all(fsdp_tensor *out, const fsdp_tensor *in, int split_dim,
+                               int concat_dim);
+/* Judges the calls of a group's n members (calls[i] is member i's, ranks[i] its world rank,
+ * `mine` the judging member): the first rank that rejected its arguments, else the first
+ * field the calls disagree on, in a fixed order. Returns FSDP_OK when they agree; otherwise
+ * the status, with a message in msg naming the op, the group (group_desc) and, for a
+ * disagreement, every rank's value. Every member judging the same calls gets the same
+ * verdict. */
+fsdp_status fsdp_call_judge(const fsdp_call *const *calls, int n, int mine, const int *ranks,
+                            const char *group_desc, char *msg, size_t size);
+
+/* box.c: the data movement of the backends, over contiguous row-major tensors. */
 /* Copies a box of `box` elements per dim from src (shape src_shape, box at src_at) into dst
  * (shape dst_shape, box at dst_at); all four arrays have ndim entries. Runs that are
  * contiguous in both are copied with one memcpy; a run whose source is its destination is

@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,23 +17,6 @@
 #include "core/tensor_impl.h"
 
 #define LOCAL_MAX_RANKS 1024
-#define OP_SPLIT        FSDP_COMM_OP_COUNT /* a group split, beside the collectives */
-
-/* What one rank posts for the call it is making. */
-typedef struct local_call {
-    int op;                 /* fsdp_comm_op, or OP_SPLIT */
-    fsdp_status rejected;   /* not FSDP_OK: this rank's arguments were invalid... */
-    const char *reject_msg; /* ...and why */
-    fsdp_dtype dtype;       /* the fields below must agree on every rank */
-    int ndim;
-    int64_t shape[FSDP_MAX_DIMS]; /* the global shape of the call */
-    int dim, dim2, root;
-    fsdp_reduce_op reduce;
-    const char *agree;     /* split: text every rank must pass identically (may be NULL) */
-    const fsdp_tensor *in; /* these need not agree */
-    fsdp_tensor *out;
-    int color, key;
-} local_call;
 
 typedef struct local_group local_group;
 
@@ -51,11 +35,11 @@ struct local_group {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* The rendezvous, under mu. */
-    uint64_t stage;           /* stages every member has completed */
-    int waiting;              /* members in the current stage */
-    uint64_t *entered;        /* per member: stages entered */
-    const local_call **calls; /* per member: its current call, on its stack */
-    fsdp_status verdict;      /* the judgement of the current call */
+    uint64_t stage;          /* stages every member has completed */
+    int waiting;             /* members in the current stage */
+    uint64_t *entered;       /* per member: stages entered */
+    const fsdp_call **calls; /* per member: its current call, on its stack */
+    fsdp_status verdict;     /* the judgement of the current call */
     char verdict_msg[FSDP_ERROR_MAX];
     bool poisoned; /* a wait failed: the group is unusable */
     fsdp_status poison_status;
@@ -67,10 +51,6 @@ struct local_group {
     local_group **split_group; /* split: per member, its new group (NULL for no color) */
     int *split_rank;
 };
-
-static const char *op_name(int op) {
-    return op == OP_SPLIT ? "group split" : fsdp_comm_op_to_string((fsdp_comm_op)op);
-}
 
 /* ---- group states ---- */
 
@@ -127,83 +107,7 @@ static local_group *group_state_new(local_world *lw, int size, const int *ranks)
     return lg;
 }
 
-/* ---- judging a call: do the ranks agree? ---- */
-
-typedef void (*show_fn)(const local_call *c, char *buf, size_t size);
-
-static void show_op(const local_call *c, char *buf, size_t size) {
-    snprintf(buf, size, "%s", op_name(c->op));
-}
-static void show_agree(const local_call *c, char *buf, size_t size) {
-    snprintf(buf, size, "'%s'", c->agree ? c->agree : "");
-}
-static void show_dtype(const local_call *c, char *buf, size_t size) {
-    snprintf(buf, size, "%s", fsdp_dtype_to_string(c->dtype));
-}
-static void show_shape(const local_call *c, char *buf, size_t size) {
-    size_t used = (size_t)snprintf(buf, size, "(");
-    for (int i = 0; i < c->ndim && used < size; i++)
-        used += (size_t)snprintf(buf + used, size - used, "%s%lld", i ? ", " : "",
-                                 (long long)c->shape[i]);
-    if (used < size) snprintf(buf + used, size - used, ")");
-}
-static void show_dims(const local_call *c, char *buf, size_t size) {
-    if (c->op == FSDP_COMM_ALL_TO_ALL)
-        snprintf(buf, size, "split %d concat %d", c->dim, c->dim2);
-    else
-        snprintf(buf, size, "%d", c->dim);
-}
-static void show_root(const local_call *c, char *buf, size_t size) {
-    snprintf(buf, size, "%d", c->root);
-}
-static void show_reduce(const local_call *c, char *buf, size_t size) {
-    snprintf(buf, size, "%s", fsdp_reduce_op_to_string(c->reduce));
-}
-
-static bool same_op(const local_call *a, const local_call *b) {
-    return a->op == b->op;
-}
-static bool same_agree(const local_call *a, const local_call *b) {
-    return strcmp(a->agree ? a->agree : "", b->agree ? b->agree : "") == 0;
-}
-static bool same_dtype(const local_call *a, const local_call *b) {
-    return a->dtype == b->dtype;
-}
-static bool same_shape(const local_call *a, const local_call *b) {
-    if (a->ndim != b->ndim) return false;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i]) return false;
-    return true;
-}
-static bool same_dims(const local_call *a, const local_call *b) {
-    return a->dim == b->dim && a->dim2 == b->dim2;
-}
-static bool same_root(const local_call *a, const local_call *b) {
-    return a->root == b->root;
-}
-static bool same_reduce(const local_call *a, const local_call *b) {
-    return a->reduce == b->reduce;
-}
-
-/* What every rank's call must agree on, in the order it is checked. */
-static const struct agreement {
-    const char *what;
-    fsdp_status status;
-    bool (*same)(const local_call *a, const local_call *b);
-    show_fn show;
-} agreements[] = {
-    {"which collective to make (every rank of a group must make the same collectives in the "
-     "same order)",
-     FSDP_ERR_COMM, same_op, show_op},
-    {"the group to make", FSDP_ERR_INVALID_ARGUMENT, same_agree, show_agree},
-    {"the dtype", FSDP_ERR_DTYPE, same_dtype, show_dtype},
-    {"the global shape (all_gather: the output; reduce_scatter: the input; all_to_all: the "
-     "shape both are chunks of)",
-     FSDP_ERR_SHAPE, same_shape, show_shape},
-    {"the dim", FSDP_ERR_INVALID_ARGUMENT, same_dims, show_dims},
-    {"the root", FSDP_ERR_INVALID_ARGUMENT, same_root, show_root},
-    {"the reduction", FSDP_ERR_INVALID_ARGUMENT, same_reduce, show_reduce},
-};
+/* ---- judging a call ---- */
 
 /* Sets the verdict to `status` with a printf-style message. */
 static void set_verdict(local_group *lg, fsdp_status status, const char *fmt, ...)
@@ -214,18 +118,6 @@ static void set_verdict(local_group *lg, fsdp_status status, const char *fmt, ..
     vsnprintf(lg->verdict_msg, sizeof lg->verdict_msg, fmt, ap);
     va_end(ap);
     lg->verdict = status;
-}
-
-/* "rank 0 (8, 13), rank 1 (8, 12)" */
-static void list_values(char *buf, size_t size, const local_group *lg, show_fn show) {
-    size_t used = 0;
-    buf[0] = '\0';
-    for (int r = 0; r < lg->size && used < size; r++) {
-        char value[160];
-        show(lg->calls[r], value, sizeof value);
-        used += (size_t)snprintf(buf + used, size - used, "%srank %d %s", r ? ", " : "",
-                                 lg->ranks[r], value);
-    }
 }
 
 static void make_split_groups(local_group *lg, const fsdp_group *g) {
@@ -260,29 +152,11 @@ static void make_split_groups(local_group *lg, const fsdp_group *g) {
 /* Run by the last rank to arrive, under the lock, with every call posted: decides whether
  * the call goes ahead and prepares what the ranks share for it. */
 static void judge(local_group *lg, const fsdp_group *g) {
-    lg->verdict = FSDP_OK;
-    const local_call *mine = lg->calls[g->rank];
-    const char *name = op_name(mine->op);
-    for (int r = 0; r < lg->size; r++) {
-        const local_call *c = lg->calls[r];
-        if (c->rejected != FSDP_OK) {
-            set_verdict(lg, c->rejected, "%s on group %s: rank %d rejected its arguments: %s",
-                        op_name(c->op), g->desc, lg->ranks[r], c->reject_msg);
-            return;
-        }
-    }
-    for (size_t k = 0; k < sizeof agreements / sizeof agreements[0]; k++) {
-        const struct agreement *a = &agreements[k];
-        for (int r = 1; r < lg->size; r++) {
-            if (a->same(lg->calls[0], lg->calls[r])) continue;
-            char values[FSDP_ERROR_MAX / 2];
-            list_values(values, sizeof values, lg, a->show);
-            set_verdict(lg, a->status, "%s on group %s: the ranks disagree on %s: %s", name,
-                        g->desc, a->what, values);
-            return;
-        }
-    }
-    if (mine->op == OP_SPLIT) {
+    const fsdp_call *mine = lg->calls[g->rank];
+    lg->verdict = fsdp_call_judge(lg->calls, lg->size, g->rank, lg->ranks, g->desc, lg->verdict_msg,
+                                  sizeof lg->verdict_msg);
+    if (lg->verdict != FSDP_OK) return;
+    if (mine->op == FSDP_OP_SPLIT) {
         make_split_groups(lg, g);
         return;
     }
@@ -323,7 +197,7 @@ static fsdp_status fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const local
     return FSDP_FAIL(ctx, lg->poison_status,
                      "%s on group %s refused: the group failed earlier and cannot be used "
                      "(create a new world); the failure: %s",
-                     op_name(op), g->desc, lg->poison_msg);
+                     fsdp_call_op_name(op), g->desc, lg->poison_msg);
 }
 
 /* The first member that has not entered stage `target` and whose function has returned, or
@@ -343,7 +217,7 @@ static fsdp_status fail_gone(fsdp_ctx *ctx, const fsdp_group *g, local_group *lg
     snprintf(msg, sizeof msg,
              "%s on group %s: rank %d will never arrive: its function returned %s%s%.600s%s "
              "without making this call",
-             op_name(op), g->desc, lg->ranks[member], fsdp_status_to_string(res->status),
+             fsdp_call_op_name(op), g->desc, lg->ranks[member], fsdp_status_to_string(res->status),
              res->status != FSDP_OK ? " (\"" : "", res->status != FSDP_OK ? res->message : "",
              res->status != FSDP_OK ? "\")" : "");
     poison(lg, FSDP_ERR_COMM, msg);
@@ -370,8 +244,8 @@ static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, local_group 
              "Every rank of a group must make the same collectives in the same order; a rank "
              "that skipped this one, failed before it or is busy elsewhere never arrives. If "
              "the wait is expected, raise fsdp_world_options.timeout_ms",
-             op_name(op), g->desc, lg->lw->world->timeout_ms, n_missing > 1 ? "s" : "", missing,
-             arrived);
+             fsdp_call_op_name(op), g->desc, lg->lw->world->timeout_ms, n_missing > 1 ? "s" : "",
+             missing, arrived);
     poison(lg, FSDP_ERR_TIMEOUT, msg);
     return FSDP_FAIL(ctx, FSDP_ERR_TIMEOUT, "%s", msg);
 }
@@ -403,7 +277,7 @@ static fsdp_status wait_stage(fsdp_ctx *ctx, const fsdp_group *g, local_group *l
 /* Enters the next stage of g's rendezvous and waits for every member. The first stage of a
  * call posts it (`post`); the last rank to post judges the call, and every rank returns the
  * verdict. */
-static fsdp_status rendezvous(fsdp_ctx *ctx, const fsdp_group *g, int op, const local_call *post) {
+static fsdp_status rendezvous(fsdp_ctx *ctx, const fsdp_group *g, int op, const fsdp_call *post) {
     local_group *lg = g->state;
     pthread_mutex_lock(&lg->mu);
     fsdp_status st = FSDP_OK;
@@ -429,18 +303,11 @@ static fsdp_status rendezvous(fsdp_ctx *ctx, const fsdp_group *g, int op, const 
 
 /* ---- the collectives ---- */
 
-static void set_global_shape(local_call *c, const fsdp_tensor *t) {
-    c->dtype = t->dtype;
-    c->ndim = t->ndim;
-    memcpy(c->shape, t->shape, sizeof c->shape);
-}
-
 static const int64_t zeros[FSDP_MAX_DIMS] = {0};
 
 static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int dim) {
-    local_call c = {.op = FSDP_COMM_ALL_GATHER, .dim = dim, .in = in, .out = out};
-    set_global_shape(&c, out);
+    fsdp_call c = fsdp_call_all_gather(out, in, dim);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     int64_t at[FSDP_MAX_DIMS] = {0};
@@ -455,8 +322,7 @@ static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
 
 static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                         const fsdp_tensor *in, int dim, fsdp_reduce_op op) {
-    local_call c = {.op = FSDP_COMM_REDUCE_SCATTER, .dim = dim, .reduce = op, .in = in, .out = out};
-    set_global_shape(&c, in);
+    fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     int64_t outer = 1, inner = 1, n = in->shape[dim], begin, len;
@@ -473,8 +339,7 @@ static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tenso
 
 static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
                                     fsdp_reduce_op op) {
-    local_call c = {.op = FSDP_COMM_ALL_REDUCE, .reduce = op, .out = t};
-    set_global_shape(&c, t);
+    fsdp_call c = fsdp_call_all_reduce(t, op);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     /* Each rank reduces its chunk of the elements into the shared scratch... */
@@ -491,8 +356,7 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
 }
 
 static fsdp_status local_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
-    local_call c = {.op = FSDP_COMM_BROADCAST, .root = root, .out = t};
-    set_global_shape(&c, t);
+    fsdp_call c = fsdp_call_broadcast(t, root);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     if (g->rank != root)
@@ -502,10 +366,7 @@ static fsdp_status local_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
 
 static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int split_dim, int concat_dim) {
-    local_call c = {
-        .op = FSDP_COMM_ALL_TO_ALL, .dim = split_dim, .dim2 = concat_dim, .in = in, .out = out};
-    set_global_shape(&c, in);
-    if (split_dim != concat_dim) c.shape[concat_dim] = out->shape[concat_dim];
+    fsdp_call c = fsdp_call_all_to_all(out, in, split_dim, concat_dim);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     int64_t at = 0; /* where along concat_dim the next rank's piece goes */
@@ -524,18 +385,18 @@ static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
 }
 
 static fsdp_status local_barrier(fsdp_ctx *ctx, fsdp_group *g) {
-    local_call c = {.op = FSDP_COMM_BARRIER};
+    fsdp_call c = {.op = FSDP_COMM_BARRIER};
     return rendezvous(ctx, g, c.op, &c);
 }
 
 static void local_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
-    local_call c = {.op = op, .rejected = ctx->last_status, .reject_msg = ctx->last_error};
+    fsdp_call c = {.op = op, .rejected = ctx->last_status, .reject_msg = ctx->last_error};
     (void)rendezvous(ctx, g, op, &c);
 }
 
 static fsdp_status local_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
                                const char *agree, fsdp_group_info *out) {
-    local_call c = {.op = OP_SPLIT, .color = color, .key = key, .agree = agree};
+    fsdp_call c = {.op = FSDP_OP_SPLIT, .color = color, .key = key, .agree = agree};
     FSDP_TRY(rendezvous(ctx, parent, c.op, &c));
     const local_group *lg = parent->state;
     local_group *child = lg->split_group[parent->rank];
@@ -615,7 +476,8 @@ static const fsdp_comm_backend_i local_iface = {
     .free = local_free,
 };
 
-fsdp_status fsdp_local_backend_create(fsdp_ctx *ctx, fsdp_world *world) {
+fsdp_status fsdp_local_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks) {
+    world->size = nranks ? nranks : 1;
     if (world->size > LOCAL_MAX_RANKS)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "the local backend runs at most %d rank threads; %d were asked for",

@@ -1,6 +1,6 @@
 /* world.c: the world: choosing a backend from the table of those built, running one function
- * per rank (each on its own context bound to the world), collecting what the ranks returned,
- * and the context accessors. */
+ * per rank this process hosts (each on its own context bound to the world), collecting what
+ * the ranks returned, and the context accessors. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>
@@ -13,10 +13,23 @@
 /* The backends this build has. One that is not listed is refused with a message. */
 static const struct backend_entry {
     fsdp_backend kind;
-    fsdp_status (*create)(fsdp_ctx *ctx, fsdp_world *world);
+    fsdp_status (*create)(fsdp_ctx *ctx, fsdp_world *world, int nranks);
 } backends[] = {
     {FSDP_BACKEND_LOCAL, fsdp_local_backend_create},
+#ifdef FSDP_HAVE_MPI
+    {FSDP_BACKEND_MPI, fsdp_mpi_backend_create},
+#endif
 };
+
+static const struct backend_entry *find_backend(fsdp_backend kind) {
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
+        if (backends[i].kind == kind) return &backends[i];
+    return NULL;
+}
+
+bool fsdp_backend_available(fsdp_backend backend) {
+    return find_backend(backend) != NULL;
+}
 
 const char *fsdp_backend_to_string(fsdp_backend backend) {
     switch (backend) {
@@ -39,9 +52,12 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_world_create: unknown backend %d; use FSDP_BACKEND_LOCAL",
                          (int)o.backend);
-    const struct backend_entry *entry = NULL;
-    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
-        if (backends[i].kind == o.backend) entry = &backends[i];
+    const struct backend_entry *entry = find_backend(o.backend);
+    if (!entry && o.backend == FSDP_BACKEND_MPI)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "fsdp_world_create: the 'mpi' backend is not part of this build (CMake "
+                         "found no MPI, or FSDP_WITH_MPI is OFF); install an MPI (Debian: "
+                         "libopenmpi-dev openmpi-bin) and reconfigure, or use FSDP_BACKEND_LOCAL");
     if (!entry)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                          "fsdp_world_create: the '%s' backend is not part of this build (it is "
@@ -49,7 +65,9 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
                          fsdp_backend_to_string(o.backend));
     if (o.nranks < 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_world_create: nranks is %d; use 1 or more (0 means 1)", o.nranks);
+                         "fsdp_world_create: nranks is %d; use 1 or more (0 means 1, or under MPI "
+                         "the MPI world size)",
+                         o.nranks);
     if (o.timeout_ms < 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_world_create: timeout_ms is %d; use a positive number of "
@@ -60,26 +78,24 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
                          "fsdp_world_create: unknown log level %d in the rank context options",
                          (int)o.ctx.log_level);
     fsdp_world *w = calloc(1, sizeof *w);
-    int size = o.nranks ? o.nranks : 1;
-    fsdp_rank_result *results = w ? calloc((size_t)size, sizeof *results) : NULL;
-    if (!results) {
-        free(w);
-        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a world of %d ranks", size);
-    }
+    if (!w) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a world");
     w->kind = o.backend;
-    w->size = size;
     w->timeout_ms = o.timeout_ms ? o.timeout_ms : FSDP_COMM_DEFAULT_TIMEOUT_MS;
     w->ctx_options = o.ctx;
-    w->results = results;
     atomic_init(&w->running, false);
     atomic_init(&w->failures, 0);
-    for (int r = 0; r < size; r++) atomic_init(&results[r].exited, false);
-    fsdp_status st = entry->create(ctx, w);
+    fsdp_status st = entry->create(ctx, w, o.nranks); /* sets w->size */
     if (st != FSDP_OK) {
-        free(results);
         free(w);
         return st;
     }
+    w->results = calloc((size_t)w->size, sizeof *w->results);
+    if (!w->results) {
+        int size = w->size;
+        fsdp_world_free(w);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a world of %d ranks", size);
+    }
+    for (int r = 0; r < w->size; r++) atomic_init(&w->results[r].exited, false);
     *out = w;
     return FSDP_OK;
 }
@@ -236,6 +252,8 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
     for (int i = 1; i < count; i++)
         if (started[i]) pthread_join(threads[i], NULL);
     free(jobs), free(threads), free(started);
+    if (world->backend.iface.collect_results)
+        world->backend.iface.collect_results(ctx, world->backend.context);
 
     const fsdp_rank_result *first_failure = NULL;
     int failed_rank = -1;

@@ -1,9 +1,11 @@
 /* optimizer.c: optimizers over a module's parameters. Each parameter that requires a gradient
- * gets a slot with its state arrays (momentum buffer; or exp_avg, exp_avg_sq and, with amsgrad,
+ * gets a slot with its state tensors (momentum buffer; or exp_avg, exp_avg_sq and, with amsgrad,
  * max_exp_avg_sq), allocated once at creation; a step runs the fused update of update.c over
- * every slot. */
+ * every slot. The states are enumerated by parameter name for checkpoints. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "nn/module_impl.h"
@@ -15,7 +17,8 @@ typedef enum optim_kind { OPTIM_SGD, OPTIM_ADAM, OPTIM_ADAMW } optim_kind;
 
 typedef struct optim_slot {
     fsdp_param *param;
-    float *state[MAX_STATE]; /* numel floats each, zeroed; NULL when unused */
+    char *name;                    /* fully qualified from the root */
+    fsdp_tensor *state[MAX_STATE]; /* the local data's shape, zeroed; NULL when unused */
 } optim_slot;
 
 struct fsdp_optimizer {
@@ -24,6 +27,7 @@ struct fsdp_optimizer {
     fsdp_adam_options adam;
     optim_slot *slots;
     int n_slots;
+    int n_state; /* state tensors per slot */
     int64_t steps;
 };
 
@@ -42,8 +46,10 @@ static fsdp_status collect_param(fsdp_ctx *ctx, fsdp_param *p, const char *name,
 
 void fsdp_optimizer_free(fsdp_optimizer *opt) {
     if (!opt) return;
-    for (int i = 0; i < opt->n_slots; i++)
-        for (int s = 0; s < MAX_STATE; s++) free(opt->slots[i].state[s]);
+    for (int i = 0; i < opt->n_slots; i++) {
+        free(opt->slots[i].name);
+        for (int s = 0; s < MAX_STATE; s++) fsdp_tensor_free(opt->slots[i].state[s]);
+    }
     free(opt->slots);
     free(opt);
 }
@@ -60,17 +66,24 @@ static fsdp_status optimizer_new(fsdp_ctx *ctx, fsdp_module *m, optim_kind kind,
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an optimizer");
     }
     opt->kind = kind;
+    opt->n_state = n_state;
     fsdp_module_visit_params(ctx, m, collect_param, opt); /* cannot fail */
-    for (int i = 0; i < opt->n_slots; i++) {
-        size_t numel = (size_t)fsdp_tensor_numel(opt->slots[i].param->data);
-        for (int s = 0; s < n_state; s++) {
-            opt->slots[i].state[s] = calloc(numel ? numel : 1, sizeof(float));
-            if (!opt->slots[i].state[s]) {
-                fsdp_optimizer_free(opt);
-                return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
-                                 "cannot allocate optimizer state for %zu elements", numel);
-            }
-        }
+    fsdp_status st = FSDP_OK;
+    for (int i = 0; st == FSDP_OK && i < opt->n_slots; i++) {
+        optim_slot *slot = &opt->slots[i];
+        const char *fqn = fsdp_module_fqn(slot->param->module);
+        size_t len = strlen(fqn) + strlen(slot->param->name) + 2;
+        slot->name = malloc(len);
+        if (!slot->name)
+            st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a parameter name");
+        else
+            snprintf(slot->name, len, "%s%s%s", fqn, *fqn ? "." : "", slot->param->name);
+        for (int s = 0; st == FSDP_OK && s < n_state; s++)
+            st = fsdp_tensor_create_like(ctx, slot->param->data, &slot->state[s]);
+    }
+    if (st != FSDP_OK) {
+        fsdp_optimizer_free(opt);
+        return st;
     }
     *out = opt;
     return FSDP_OK;
@@ -151,10 +164,19 @@ fsdp_status fsdp_optimizer_step(fsdp_ctx *ctx, fsdp_optimizer *opt) {
             return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                              "optimizer: parameter '%s' must be an f32 CPU tensor", s->param->name);
         int64_t n = fsdp_tensor_numel(s->param->data);
+        if (opt->n_state > 0 && fsdp_tensor_numel(s->state[0]) != n)
+            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                             "optimizer: parameter '%s' has %lld elements but its state was made "
+                             "for %lld; create the optimizer after parallelizing or sharding "
+                             "the model",
+                             s->name, (long long)n, (long long)fsdp_tensor_numel(s->state[0]));
+        float *st[MAX_STATE];
+        for (int k = 0; k < MAX_STATE; k++)
+            st[k] = s->state[k] ? fsdp_tensor_f32(s->state[k]) : NULL;
         if (opt->kind == OPTIM_SGD)
-            fsdp_sgd_update(data, grad, s->state[0], n, &opt->sgd, opt->steps == 0);
+            fsdp_sgd_update(data, grad, st[0], n, &opt->sgd, opt->steps == 0);
         else
-            fsdp_adam_update(data, grad, s->state[0], s->state[1], s->state[2], n, &opt->adam,
+            fsdp_adam_update(data, grad, st[0], st[1], st[2], n, &opt->adam,
                              opt->kind == OPTIM_ADAMW, opt->steps + 1);
     }
     opt->steps++;
@@ -180,4 +202,41 @@ void fsdp_optimizer_set_lr(fsdp_optimizer *opt, double lr) {
 
 double fsdp_optimizer_lr(const fsdp_optimizer *opt) {
     return opt->kind == OPTIM_SGD ? opt->sgd.lr : opt->adam.lr;
+}
+
+void fsdp_optimizer_set_steps(fsdp_optimizer *opt, int64_t steps) {
+    opt->steps = steps;
+}
+
+const char *fsdp_optim_state_kind_to_string(fsdp_optim_state_kind kind) {
+    static const char *const names[] = {"momentum_buffer", "exp_avg", "exp_avg_sq",
+                                        "max_exp_avg_sq"};
+    return (int)kind >= 0 && kind < FSDP_OPTIM_STATE_KIND_COUNT ? names[kind] : "unknown";
+}
+
+int fsdp_optimizer_num_states(const fsdp_optimizer *opt) {
+    return opt->n_slots * opt->n_state;
+}
+
+fsdp_status fsdp_optimizer_get_state(fsdp_ctx *ctx, const fsdp_optimizer *opt, int i,
+                                     fsdp_optim_state *out) {
+    if (!opt || !out)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_optimizer_get_state: NULL argument");
+    int n = fsdp_optimizer_num_states(opt);
+    if (i < 0 || i >= n)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "optimizer state %d does not exist; this optimizer has %d (0..%d)", i, n,
+                         n - 1);
+    const optim_slot *s = &opt->slots[i / opt->n_state];
+    int k = i % opt->n_state;
+    *out = (fsdp_optim_state){
+        .param_name = s->name,
+        .param = s->param,
+        .kind = opt->kind == OPTIM_SGD ? FSDP_OPTIM_MOMENTUM_BUFFER
+                                       : (fsdp_optim_state_kind)(FSDP_OPTIM_EXP_AVG + k),
+        .value = s->state[k],
+        .spec = fsdp_param_dtensor_spec(s->param),
+        .step = opt->steps,
+    };
+    return FSDP_OK;
 }

@@ -1,0 +1,94 @@
+/* replicate.h: replicated data parallelism (PyTorch's DistributedDataParallel, or the
+ * composable `replicate`): every rank of a data-parallel group holds the whole model (or its
+ * tensor-parallel shards), trains on its own slice of the global batch, and after each
+ * backward the gradients are averaged over the group with one all_reduce per bucket, so the
+ * replicas stay bitwise equal. Also the batch split by global sample index that every
+ * data-parallel mode uses.
+ *
+ * Ownership: the state fsdp_replicate_apply hands back belongs to the root module (it is freed
+ * with it); the group must outlive the module. Tensors returned through `fsdp_tensor **out`
+ * belong to the caller. */
+#ifndef FSDP_REPLICATE_H
+#define FSDP_REPLICATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fsdp/comm.h"
+#include "fsdp/module.h"
+#include "fsdp/tp.h" // defines: FSDP_NO_SRC_RANK
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsdp_replicate fsdp_replicate;
+
+#define FSDP_REPLICATE_DEFAULT_BUCKET_BYTES (25 * 1024 * 1024) /* DDP's bucket_cap_mb = 25 */
+
+typedef struct fsdp_replicate_options {
+    /* The data-parallel group (e.g. a mesh's "dp" group); NULL: the world group. */
+    fsdp_group *group;
+    /* Gradients are reduced in buckets of at least this many bytes, as DDP forms them: the
+     * trainable parameters in registration order, a bucket closing once it holds bucket_bytes
+     * or more (so one parameter larger than that is a bucket of its own). Default 0:
+     * FSDP_REPLICATE_DEFAULT_BUCKET_BYTES. */
+    int64_t bucket_bytes;
+    /* The group rank whose parameters and buffers every rank takes at setup (DDP's initial
+     * sync): one broadcast per bucket of parameters (all, trainable or not) and buffers, in
+     * registration order. Default 0; FSDP_NO_SRC_RANK keeps every rank's own values and
+     * makes no collective (when all ranks initialised from the same seed already). */
+    int src_rank;
+} fsdp_replicate_options;
+
+/* Makes root a replica over the group: broadcasts its parameters and buffers from src_rank
+ * (parameters distributed by tensor parallelism broadcast their local shards: apply TP first,
+ * then replicate over the other mesh dim), lays out the buckets and allocates the one flat
+ * buffer they share, and installs a post-backward hook on root. After every backward of root
+ * with sync on, that hook averages each trainable parameter's gradient over the group: per
+ * bucket, the gradients are copied into the flat buffer times 1/W (as DDP divides them), one
+ * all_reduce(sum) in the deterministic rank order, and copied back; buckets go last first, as
+ * DDP reduces them. A step allocates nothing. Every rank of the group calls it with the same
+ * model structure; opts may be NULL for all defaults. *out (may be NULL) is borrowed: it
+ * belongs to root. A group of one rank makes no collective. Gradients accumulate across
+ * backwards as usual; clear them (fsdp_optimizer_zero_grad) between steps. Buffers are
+ * synchronised at setup only (DDP also re-broadcasts them before every forward; no layer of
+ * libfsdp changes a buffer in forward). */
+fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
+                                 const fsdp_replicate_options *opts, fsdp_replicate **out);
+
+/* no_sync: with sync false, backward accumulates gradients locally without communicating;
+ * the first backward after sync is set true again averages everything accumulated. Default
+ * true. */
+void fsdp_replicate_set_sync(fsdp_replicate *r, bool sync);
+bool fsdp_replicate_sync(const fsdp_replicate *r);
+
+/* The buckets of the gradient reduction, in the order they were formed (parameter
+ * registration order; they are reduced last first): their number, how many parameters and
+ * elements bucket i holds. */
+int fsdp_replicate_num_buckets(const fsdp_replicate *r);
+int fsdp_replicate_bucket_num_params(const fsdp_replicate *r, int i);
+int64_t fsdp_replicate_bucket_numel(const fsdp_replicate *r, int i);
+fsdp_group *fsdp_replicate_group(const fsdp_replicate *r);
+
+/* ---- the batch split ---- */
+
+/* This rank's samples of a global batch of n samples: the torch.chunk split over the
+ * group's ranks (fsdp_chunk_range(n, W, group rank)), [*offset, *offset + *length), possibly
+ * empty. group NULL: ctx's world group (a context bound to no world is one rank). So a
+ * rank's samples follow from their global indices alone: generate or load exactly those. */
+void fsdp_batch_range(const fsdp_ctx *ctx, const fsdp_group *group, int64_t n, int64_t *offset,
+                      int64_t *length);
+
+/* Copies this rank's slice of a global batch along batch_dim (PyTorch's input_batch_dim;
+ * negative counts from the end): the samples fsdp_batch_range gives for that dim's length.
+ * global is a CPU tensor of any dtype. When *out is NULL a new tensor is made (the caller
+ * owns it); otherwise *out, of global's dtype, is resized and refilled, so a training loop
+ * allocates nothing once shapes are steady. */
+fsdp_status fsdp_batch_slice(fsdp_ctx *ctx, const fsdp_tensor *global, int batch_dim,
+                             const fsdp_group *group, fsdp_tensor **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

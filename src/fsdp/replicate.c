@@ -1,0 +1,365 @@
+/* replicate.c: replicated data parallelism (DDP): the initial broadcast of parameters and
+ * buffers, and the post-backward hook that averages gradients over the data-parallel group in
+ * buckets through one flat buffer allocated at setup. Also the batch split by sample index. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "fsdp/replicate.h"
+#include "kernels/kernels.h"
+#include "nn/module_impl.h"
+
+struct fsdp_replicate {
+    fsdp_group *group;
+    int world;
+    bool sync;
+    fsdp_param **params; /* trainable, registration order */
+    int64_t *numel;      /* each one's elements at setup */
+    int64_t *offset;     /* where it lies in its bucket */
+    int n_params;
+    int *bucket_start;    /* bucket b holds params [bucket_start[b], bucket_start[b + 1]) */
+    fsdp_tensor **bucket; /* views of stage, one per bucket, of the bucket's elements */
+    int n_buckets;
+    fsdp_tensor *stage; /* the flat buffer: as many elements as the largest bucket */
+};
+
+static void replicate_free(void *p) {
+    fsdp_replicate *r = p;
+    if (!r) return;
+    for (int b = 0; b < r->n_buckets; b++) fsdp_tensor_free(r->bucket[b]);
+    free(r->bucket);
+    free(r->bucket_start);
+    fsdp_tensor_free(r->stage);
+    free(r->params);
+    free(r->numel);
+    free(r->offset);
+    free(r);
+}
+
+/* ---- buckets ---- */
+
+/* Splits n tensors of numel[i] f32 elements, in order, into buckets as DDP's
+ * compute_bucket_assignment_by_size does: a bucket takes tensors until it holds at least cap
+ * bytes. starts receives n_buckets + 1 indices (n + 1 entries suffice) and offset (may be
+ * NULL) each tensor's place in its bucket; returns the number of buckets and the largest
+ * bucket's elements in *max_numel. */
+static int assign_buckets(const int64_t *numel, int n, int64_t cap, int *starts, int64_t *offset,
+                          int64_t *max_numel) {
+    int nb = 0;
+    int64_t fill = 0;
+    bool open = false;
+    *max_numel = 0;
+    for (int i = 0; i < n; i++) {
+        if (!open) {
+            starts[nb] = i;
+            open = true;
+        }
+        if (offset) offset[i] = fill;
+        fill += numel[i];
+        if (fill * (int64_t)sizeof(float) >= cap || i == n - 1) {
+            if (fill > *max_numel) *max_numel = fill;
+            nb++;
+            fill = 0;
+            open = false;
+        }
+    }
+    starts[nb] = n;
+    return nb;
+}
+
+/* ---- the initial broadcast ---- */
+
+typedef struct tensor_list {
+    fsdp_tensor **t;
+    int n, cap;
+    const char *bad; /* the first tensor that is not f32 on the CPU */
+} tensor_list;
+
+static fsdp_status list_push(fsdp_ctx *ctx, tensor_list *l, fsdp_tensor *t, const char *name) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        fsdp_tensor **grown = realloc(l->t, (size_t)cap * sizeof *grown);
+        if (!grown) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list tensors");
+        l->t = grown;
+        l->cap = cap;
+    }
+    if (!l->bad && (!fsdp_tensor_f32(t) || fsdp_tensor_device(t).type != FSDP_DEVICE_CPU))
+        l->bad = name;
+    l->t[l->n++] = t;
+    return FSDP_OK;
+}
+
+static fsdp_status list_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    return list_push(ctx, user, p->data, name);
+}
+
+static fsdp_status list_buffers(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    for (int i = 0; i < fsdp_module_num_buffers(m); i++)
+        FSDP_TRY(list_push(ctx, user, fsdp_module_buffer(m, i), fsdp_module_buffer_name(m, i)));
+    return FSDP_OK;
+}
+
+/* Broadcasts the listed tensors from src in buckets through stage (large enough). */
+static fsdp_status broadcast_buckets(fsdp_ctx *ctx, fsdp_replicate *r, const tensor_list *l,
+                                     const int *starts, int nb, int src) {
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    float *stage = fsdp_tensor_f32(r->stage);
+    bool is_src = fsdp_group_rank(r->group) == src;
+    for (int b = 0; b < nb; b++) {
+        int64_t fill = 0;
+        for (int i = starts[b]; i < starts[b + 1]; i++) {
+            int64_t n = fsdp_tensor_numel(l->t[i]);
+            if (is_src) k->copy(stage + fill, fsdp_tensor_f32(l->t[i]), n);
+            fill += n;
+        }
+        fsdp_tensor *view;
+        FSDP_TRY(fsdp_tensor_view(ctx, r->stage, 0, 1, &fill, &view));
+        fsdp_status st = fsdp_broadcast(ctx, r->group, view, src);
+        fsdp_tensor_free(view);
+        FSDP_TRY(st);
+        if (is_src) continue;
+        fill = 0;
+        for (int i = starts[b]; i < starts[b + 1]; i++) {
+            int64_t n = fsdp_tensor_numel(l->t[i]);
+            k->copy(fsdp_tensor_f32(l->t[i]), stage + fill, n);
+            fill += n;
+        }
+    }
+    return FSDP_OK;
+}
+
+/* Lists every parameter and buffer, forms their broadcast buckets and, when run, broadcasts
+ * them (stage must then be large enough: *max_numel from the dry run). */
+static fsdp_status sync_module_states(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
+                                      int64_t cap, int src, bool run, int64_t *max_numel) {
+    tensor_list l = {0};
+    int *starts = NULL;
+    int64_t *numel = NULL;
+    fsdp_status st = fsdp_module_visit_params(ctx, root, list_param, &l);
+    if (st == FSDP_OK) st = fsdp_module_visit(ctx, root, list_buffers, &l);
+    if (st == FSDP_OK && l.bad)
+        st = FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                       "replicate: '%s' is not an f32 CPU tensor; replicate supports those only",
+                       l.bad);
+    if (st == FSDP_OK) {
+        starts = malloc(((size_t)l.n + 1) * sizeof *starts);
+        numel = malloc(((size_t)l.n + 1) * sizeof *numel);
+        if (!starts || !numel)
+            st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate broadcast buckets");
+    }
+    if (st == FSDP_OK) {
+        for (int i = 0; i < l.n; i++) numel[i] = fsdp_tensor_numel(l.t[i]);
+        int nb = assign_buckets(numel, l.n, cap, starts, NULL, max_numel);
+        if (run) st = broadcast_buckets(ctx, r, &l, starts, nb, src);
+    }
+    free(starts);
+    free(numel);
+    free(l.t);
+    return st;
+}
+
+/* ---- the gradient buckets ---- */
+
+static fsdp_status count_trainable(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)ctx, (void)name;
+    if (p->requires_grad) ++*(int *)user;
+    return FSDP_OK;
+}
+
+static fsdp_status collect_trainable(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    fsdp_replicate *r = user;
+    if (!p->requires_grad) return FSDP_OK;
+    if (!fsdp_tensor_f32(p->grad) || fsdp_tensor_device(p->grad).type != FSDP_DEVICE_CPU)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "replicate: the gradient of '%s' is not an f32 CPU tensor", name);
+    r->numel[r->n_params] = fsdp_tensor_numel(p->grad);
+    r->params[r->n_params++] = p;
+    return FSDP_OK;
+}
+
+/* Lists the trainable parameters and forms their buckets; *max_numel: the largest. */
+static fsdp_status layout_buckets(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root, int64_t cap,
+                                  int64_t *max_numel) {
+    int n = 0;
+    FSDP_TRY(fsdp_module_visit_params(ctx, root, count_trainable, &n));
+    r->params = calloc((size_t)n + 1, sizeof *r->params);
+    r->numel = calloc((size_t)n + 1, sizeof *r->numel);
+    r->offset = calloc((size_t)n + 1, sizeof *r->offset);
+    r->bucket_start = calloc((size_t)n + 1, sizeof *r->bucket_start);
+    if (!r->params || !r->numel || !r->offset || !r->bucket_start)
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate replicate buckets");
+    FSDP_TRY(fsdp_module_visit_params(ctx, root, collect_trainable, r));
+    r->n_buckets =
+        assign_buckets(r->numel, r->n_params, cap, r->bucket_start, r->offset, max_numel);
+    r->bucket = calloc((size_t)r->n_buckets + 1, sizeof *r->bucket);
+    if (!r->bucket) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate buckets");
+    return FSDP_OK;
+}
+
+/* Averages bucket b's gradients over the group: in times 1/W, all_reduce(sum), out. */
+static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b) {
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    float *buf = fsdp_tensor_f32(r->bucket[b]);
+    float inv = 1.0f / (float)r->world;
+    for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++) {
+        fsdp_param *p = r->params[i];
+        if (fsdp_tensor_numel(p->grad) != r->numel[i] || !fsdp_tensor_f32(p->grad))
+            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                             "replicate: the gradient of '%s' of '%s' changed since setup (%lld "
+                             "elements, %lld then); apply tensor parallelism before replicate",
+                             p->name, fsdp_module_fqn(p->module),
+                             (long long)fsdp_tensor_numel(p->grad), (long long)r->numel[i]);
+        k->scale(buf + r->offset[i], fsdp_tensor_f32(p->grad), inv, r->numel[i]);
+    }
+    FSDP_TRY(fsdp_all_reduce(ctx, r->group, r->bucket[b], FSDP_REDUCE_SUM));
+    for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++)
+        k->copy(fsdp_tensor_f32(r->params[i]->grad), buf + r->offset[i], r->numel[i]);
+    return FSDP_OK;
+}
+
+static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                 const fsdp_tensor **io, void *user) {
+    (void)m, (void)point, (void)io;
+    fsdp_replicate *r = user;
+    if (!r->sync || r->world == 1) return FSDP_OK;
+    for (int b = r->n_buckets - 1; b >= 0; b--) FSDP_TRY(reduce_bucket(ctx, r, b));
+    return FSDP_OK;
+}
+
+/* ---- setup ---- */
+
+static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
+                         const fsdp_replicate_options *o) {
+    int64_t cap = o->bucket_bytes ? o->bucket_bytes : FSDP_REPLICATE_DEFAULT_BUCKET_BYTES;
+    bool bcast = o->src_rank != FSDP_NO_SRC_RANK && r->world > 1;
+    int64_t grad_max = 0, bcast_max = 0;
+    FSDP_TRY(layout_buckets(ctx, r, root, cap, &grad_max));
+    if (bcast) FSDP_TRY(sync_module_states(ctx, r, root, cap, o->src_rank, false, &bcast_max));
+    int64_t stage = grad_max > bcast_max ? grad_max : bcast_max;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &stage, &r->stage));
+    for (int b = 0; b < r->n_buckets; b++) {
+        int last = r->bucket_start[b + 1] - 1;
+        int64_t n = r->offset[last] + r->numel[last];
+        FSDP_TRY(fsdp_tensor_view(ctx, r->stage, 0, 1, &n, &r->bucket[b]));
+    }
+    if (bcast) FSDP_TRY(sync_module_states(ctx, r, root, cap, o->src_rank, true, &bcast_max));
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
+                                 const fsdp_replicate_options *opts, fsdp_replicate **out) {
+    if (out) *out = NULL;
+    if (!root)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_replicate_apply: root is NULL");
+    for (int i = 0; i < root->n_hooks[FSDP_HOOK_POST_BACKWARD]; i++)
+        if (root->hooks[FSDP_HOOK_POST_BACKWARD][i].fn == post_backward) {
+            char desc[160];
+            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                             "replicate: %s is replicated already; apply it once per model",
+                             fsdp_nn_describe(root, desc, sizeof desc));
+        }
+    fsdp_replicate_options o = opts ? *opts : (fsdp_replicate_options){0};
+    fsdp_group *group = o.group ? o.group : fsdp_ctx_world_group(ctx);
+    if (!group)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "replicate: no group given and the context is bound to no world; call "
+                         "it inside fsdp_world_run");
+    int world = fsdp_group_size(group);
+    if (o.bucket_bytes < 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "replicate: bucket_bytes is %lld; it must be >= 0 (0: 25 MiB)",
+                         (long long)o.bucket_bytes);
+    if (o.src_rank != FSDP_NO_SRC_RANK && (o.src_rank < 0 || o.src_rank >= world))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "replicate: src_rank %d is not a rank of group '%s' (size %d); use "
+                         "0..%d or FSDP_NO_SRC_RANK",
+                         o.src_rank, fsdp_group_label(group), world, world - 1);
+    fsdp_replicate *r = calloc(1, sizeof *r);
+    if (!r) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate replicate state");
+    r->group = group;
+    r->world = world;
+    r->sync = true;
+    fsdp_status st = setup(ctx, r, root, &o);
+    if (st != FSDP_OK) {
+        replicate_free(r);
+        return st;
+    }
+    /* The hook owns r from here (freed with root, or at once if it cannot be added). */
+    FSDP_TRY(fsdp_module_add_hook(ctx, root, FSDP_HOOK_POST_BACKWARD, post_backward, r,
+                                  replicate_free, NULL));
+    if (out) *out = r;
+    return FSDP_OK;
+}
+
+void fsdp_replicate_set_sync(fsdp_replicate *r, bool sync) {
+    r->sync = sync;
+}
+
+bool fsdp_replicate_sync(const fsdp_replicate *r) {
+    return r->sync;
+}
+
+int fsdp_replicate_num_buckets(const fsdp_replicate *r) {
+    return r->n_buckets;
+}
+
+int fsdp_replicate_bucket_num_params(const fsdp_replicate *r, int i) {
+    return i >= 0 && i < r->n_buckets ? r->bucket_start[i + 1] - r->bucket_start[i] : 0;
+}
+
+int64_t fsdp_replicate_bucket_numel(const fsdp_replicate *r, int i) {
+    return i >= 0 && i < r->n_buckets ? fsdp_tensor_numel(r->bucket[i]) : 0;
+}
+
+fsdp_group *fsdp_replicate_group(const fsdp_replicate *r) {
+    return r->group;
+}
+
+/* ---- the batch split ---- */
+
+void fsdp_batch_range(const fsdp_ctx *ctx, const fsdp_group *group, int64_t n, int64_t *offset,
+                      int64_t *length) {
+    if (!group) group = fsdp_ctx_world_group(ctx);
+    int parts = group ? fsdp_group_size(group) : 1, index = group ? fsdp_group_rank(group) : 0;
+    fsdp_chunk_range(n, parts, index, offset, length);
+}
+
+fsdp_status fsdp_batch_slice(fsdp_ctx *ctx, const fsdp_tensor *global, int batch_dim,
+                             const fsdp_group *group, fsdp_tensor **out) {
+    if (!global || !out)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_batch_slice: NULL argument");
+    int ndim = fsdp_tensor_ndim(global);
+    int d = batch_dim < 0 ? batch_dim + ndim : batch_dim;
+    if (d < 0 || d >= ndim)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_batch_slice: batch dim %d is outside a %d-d tensor", batch_dim,
+                         ndim);
+    if (fsdp_tensor_device(global).type != FSDP_DEVICE_CPU)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "fsdp_batch_slice: the batch must be on the CPU");
+    if (*out && fsdp_tensor_dtype(*out) != fsdp_tensor_dtype(global))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_batch_slice: *out is %s but the batch is %s",
+                         fsdp_dtype_to_string(fsdp_tensor_dtype(*out)),
+                         fsdp_dtype_to_string(fsdp_tensor_dtype(global)));
+    const int64_t *gshape = fsdp_tensor_shape(global);
+    int64_t off, len, shape[FSDP_MAX_DIMS], outer = 1, inner = 1;
+    fsdp_batch_range(ctx, group, gshape[d], &off, &len);
+    for (int i = 0; i < ndim; i++) {
+        shape[i] = i == d ? len : gshape[i];
+        if (i < d) outer *= gshape[i];
+        if (i > d) inner *= gshape[i];
+    }
+    if (*out)
+        FSDP_TRY(fsdp_tensor_resize(ctx, *out, ndim, shape));
+    else
+        FSDP_TRY(fsdp_tensor_create(ctx, fsdp_tensor_dtype(global), FSDP_CPU, ndim, shape, out));
+    size_t es = fsdp_dtype_size(fsdp_tensor_dtype(global));
+    const char *src = fsdp_tensor_data(global);
+    char *dst = fsdp_tensor_data(*out);
+    size_t row = (size_t)(len * inner) * es;
+    for (int64_t o = 0; o < outer && row > 0; o++)
+        memcpy(dst + (size_t)o * row, src + ((size_t)(o * gshape[d] + off) * (size_t)inner) * es,
+               row);
+    return FSDP_OK;
+}

@@ -1,0 +1,56 @@
+/* clip_impl.h: the global gradient norm over distributed gradients, in pieces. Each piece is
+ * a run of local gradient values with the groups over which its |g|^p sum must be added up
+ * (the mesh dims that shard it; none for a replicated value, which counts once). Pieces that
+ * share a group set share one accumulator, and fsdp_norm_acc_total makes one all_reduce per
+ * distinct group. fsdp_clip_grad_norm adds a module's parameters this way; FSDP's flat shards
+ * add their segments with the data-parallel group as well. Internal to libfsdp. */
+#ifndef FSDP_OPTIM_CLIP_IMPL_H
+#define FSDP_OPTIM_CLIP_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fsdp/comm.h"
+#include "fsdp/module.h"
+
+#define FSDP_NORM_MAX_GROUPS 8  /* groups per piece: mesh dims plus a data-parallel group */
+#define FSDP_NORM_MAX_KEYS   32 /* distinct group sets in one norm */
+
+typedef struct fsdp_norm_key {
+    fsdp_group *groups[FSDP_NORM_MAX_GROUPS]; /* in the order they were given */
+    int n_groups;
+    double acc; /* sum of |g|^p, or max |g| */
+} fsdp_norm_key;
+
+typedef struct fsdp_norm_acc {
+    bool inf; /* max |g| instead of the sum of |g|^2 */
+    fsdp_norm_key keys[FSDP_NORM_MAX_KEYS];
+    int n_keys;
+} fsdp_norm_acc;
+
+/* Starts a norm of type norm_type (2.0 or INFINITY; the caller has checked it). */
+void fsdp_norm_acc_init(fsdp_norm_acc *a, double norm_type);
+
+/* Adds n local gradient values (f32, in device memory) whose |g|^p sum (max |g| for inf) must be
+ * added up over every group of groups[0..n_groups): the groups that shard them. n_groups 0 (or only
+ * groups of size 1, which are dropped) means the values are replicated wherever they are, and
+ * count once. Every rank of a group must add pieces with the same group sets in the same order
+ * (n may differ, 0 included): pieces of the same model on every rank do. */
+fsdp_status fsdp_norm_acc_add(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_device device, const float *g,
+                              int64_t n, fsdp_group *const *groups, int n_groups);
+
+/* Adds every trainable parameter gradient of m: a plain parameter counts once; a TP parameter
+ * (fsdp_param_dtensor_spec) is summed over the group of each mesh dim where its placement is
+ * Shard, and counts once along its Replicate dims. */
+fsdp_status fsdp_norm_acc_add_module(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_module *m);
+
+/* Reduces the accumulators (one all_reduce, sum or max, per distinct group, in the order the
+ * groups first appeared, of the f32 vector of the accumulators that hold that group) and
+ * writes the global norm to *total: equal on every rank that added the same pieces. */
+fsdp_status fsdp_norm_acc_total(fsdp_ctx *ctx, fsdp_norm_acc *a, double *total);
+
+/* PyTorch's clip coefficient max_norm / (total + 1e-6); true when it is below 1 and gradients
+ * must be scaled by *coef. */
+bool fsdp_clip_coef(double max_norm, double total, float *coef);
+
+#endif

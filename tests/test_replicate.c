@@ -1,0 +1,752 @@
+/* test_replicate.c: replicated data parallelism (DDP) against the same model on one rank. The
+ * replicate half of PyTorch's test_data_parallel.py, ported: SimpleMLP (and the seed's
+ * transposing WrapperModule for input_batch_dim 1) trained with SGD and Adam on a global batch
+ * that each rank slices by sample index. Every rank also trains the single-rank reference on
+ * the whole batch with the loss divided by the data-parallel size (which is what DDP's gradient
+ * averaging computes), through the seed's sequence of steps, and compares all parameters after
+ * each step; replicas must stay bitwise equal, and the collectives of setup and of each step
+ * are pinned (one broadcast and one all_reduce per bucket). Also no_sync accumulation, the
+ * batch split, replicate over dp with TP over tp on a 2x2 mesh, and bad options. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define SEED      7
+#define DATA_SEED 11
+#define IN_DIM    50
+#define OUT_DIM   8
+
+typedef enum optim_kind { OPT_SGD, OPT_ADAM } optim_kind;
+
+typedef struct scenario {
+    const char *name;
+    int world;        /* ranks in all: dp * tp */
+    int tp;           /* 1, or 2: a (dp, tp) mesh with net1 Colwise and net2 Rowwise over tp */
+    int64_t batch;    /* global batch */
+    int batch_dim;    /* 0; 1: the seed's WrapperModule, input (50, batch), output (8, batch) */
+    optim_kind optim; /* SGD or Adam */
+    fsdp_sgd_options sgd;
+    fsdp_adam_options adam;
+    int64_t bucket_bytes; /* 0: the 25 MiB default */
+    int want_buckets;     /* gradient buckets = all_reduce calls per backward */
+    int want_broadcasts;  /* broadcast buckets at setup */
+} scenario;
+
+/* ---- the seed's WrapperModule for a non-0 batch dim: forward(x) = mlp(x.t()).t() ---- */
+
+typedef struct wrapper {
+    fsdp_tensor *xt, *out, *dyt, *dx;
+} wrapper;
+
+static void wrapper_free(void *impl) {
+    wrapper *w = impl;
+    fsdp_tensor_free(w->xt);
+    fsdp_tensor_free(w->out);
+    fsdp_tensor_free(w->dyt);
+    fsdp_tensor_free(w->dx);
+    free(w);
+}
+
+/* *out = in^T for a 2-d tensor, reusing *out. */
+static fsdp_status transpose(fsdp_ctx *ctx, const fsdp_tensor *in, fsdp_tensor **out) {
+    int64_t r = fsdp_tensor_dim(in, 0), c = fsdp_tensor_dim(in, 1), shape[2] = {c, r};
+    if (*out)
+        FSDP_TRY(fsdp_tensor_resize(ctx, *out, 2, shape));
+    else
+        FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, out));
+    const float *s = fsdp_tensor_f32(in);
+    float *d = fsdp_tensor_f32(*out);
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < c; j++) d[j * r + i] = s[i * c + j];
+    return FSDP_OK;
+}
+
+static fsdp_status wrapper_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                   const fsdp_tensor **out) {
+    wrapper *w = fsdp_module_impl(m);
+    const fsdp_tensor *y;
+    FSDP_TRY(transpose(ctx, in, &w->xt));
+    FSDP_TRY(fsdp_module_forward(ctx, fsdp_module_child(m, 0), w->xt, &y));
+    FSDP_TRY(transpose(ctx, y, &w->out));
+    *out = w->out;
+    return FSDP_OK;
+}
+
+static fsdp_status wrapper_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                    const fsdp_tensor **din) {
+    wrapper *w = fsdp_module_impl(m);
+    const fsdp_tensor *dx = NULL;
+    FSDP_TRY(transpose(ctx, dout, &w->dyt));
+    FSDP_TRY(fsdp_module_backward(ctx, fsdp_module_child(m, 0), w->dyt, din ? &dx : NULL));
+    if (!din) return FSDP_OK;
+    FSDP_TRY(transpose(ctx, dx, &w->dx));
+    *din = w->dx;
+    return FSDP_OK;
+}
+
+static const fsdp_module_ops wrapper_ops = {.kind = "WrapperModule",
+                                            .forward = wrapper_forward,
+                                            .backward = wrapper_backward,
+                                            .free_impl = wrapper_free};
+
+/* SimpleMLP, or WrapperModule around it (child "mlp") when batch_dim is 1. */
+static fsdp_status build_model(fsdp_ctx *ctx, int batch_dim, uint64_t seed, fsdp_module **out) {
+    fsdp_module *mlp;
+    FSDP_TRY(fsdp_model_simple_mlp(ctx, &mlp));
+    if (batch_dim == 0) {
+        *out = mlp;
+    } else {
+        wrapper *w = calloc(1, sizeof *w);
+        fsdp_status st = w ? fsdp_module_create(ctx, &wrapper_ops, w, out)
+                           : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "wrapper");
+        if (st != FSDP_OK) {
+            free(w);
+            fsdp_module_free(mlp);
+            return st;
+        }
+        FSDP_TRY(fsdp_module_add_child(ctx, *out, "mlp", mlp));
+    }
+    return fsdp_module_reset_parameters(ctx, *out, seed);
+}
+
+/* ---- data by global sample index ---- */
+
+/* Samples [off, off + len) of a global batch of `batch` samples with `features` each, laid out
+ * (batch, features) or, with batch_dim 1, (features, batch): standard normal values drawn from
+ * their global coordinates, so any rank makes exactly its own samples. */
+static fsdp_status batch_block(fsdp_ctx *ctx, int64_t batch, int64_t features, int batch_dim,
+                               int64_t off, int64_t len, uint64_t stream, fsdp_tensor **out) {
+    int64_t gshape[2] = {batch, features}, shape[2] = {len, features}, start[2] = {off, 0};
+    if (batch_dim == 1) {
+        gshape[0] = features, gshape[1] = batch;
+        shape[0] = features, shape[1] = len;
+        start[0] = 0, start[1] = off;
+    }
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, out));
+    fsdp_init init = {.kind = FSDP_INIT_NORMAL, .a = 0.0f, .b = 1.0f};
+    return fsdp_init_block(ctx, *out, &init, DATA_SEED, stream, 2, gshape, start);
+}
+
+/* Fails unless a and b hold the same bits. */
+static fsdp_status check_bitwise(fsdp_ctx *ctx, const char *what, const fsdp_tensor *a,
+                                 const fsdp_tensor *b) {
+    FSDP_RANK_CHECK(ctx, fsdp_tensor_same_shape(a, b), "%s: shapes differ", what);
+    FSDP_RANK_CHECK(ctx,
+                    memcmp(fsdp_tensor_data(a), fsdp_tensor_data(b), fsdp_tensor_nbytes(a)) == 0,
+                    "%s: values differ", what);
+    return FSDP_OK;
+}
+
+/* ---- one training step: the seed's loss (out - labels).sum() ---- */
+
+/* Forward, loss and backward of m on (x, labels), with every output gradient dscale (the loss
+ * times dscale). *dout is a buffer kept between steps. */
+static fsdp_status forward_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *x,
+                                    const fsdp_tensor *labels, float dscale, fsdp_tensor **dout,
+                                    double *loss) {
+    const fsdp_tensor *out;
+    FSDP_TRY(fsdp_module_forward(ctx, m, x, &out));
+    const float *o = fsdp_tensor_f32(out), *l = fsdp_tensor_f32(labels);
+    double sum = 0.0;
+    for (int64_t i = 0; i < fsdp_tensor_numel(out); i++) sum += (double)o[i] - l[i];
+    *loss = sum;
+    if (*dout)
+        FSDP_TRY(fsdp_tensor_resize(ctx, *dout, fsdp_tensor_ndim(out), fsdp_tensor_shape(out)));
+    else
+        FSDP_TRY(fsdp_tensor_create_like(ctx, out, dout));
+    FSDP_TRY(fsdp_tensor_fill(ctx, *dout, dscale));
+    return fsdp_module_backward(ctx, m, *dout, NULL);
+}
+
+/* ---- comparisons ---- */
+
+typedef struct param_cmp {
+    fsdp_module *dist;
+    bool grad;
+    double rtol, atol;
+    const char *stage;
+    double max_abs, max_val; /* the largest |difference| and |reference value| seen */
+} param_cmp;
+
+/* Compares a reference parameter (or gradient) with the dist model's, gathered over tp. */
+static fsdp_status compare_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    param_cmp *c = user;
+    fsdp_param *q = fsdp_module_get_param(c->dist, name);
+    FSDP_RANK_CHECK(ctx, q != NULL, "the replicated model has no parameter '%s'", name);
+    fsdp_tensor *full;
+    FSDP_TRY(fsdp_param_full_tensor(ctx, q, c->grad, &full));
+    const fsdp_tensor *want = c->grad ? fsdp_param_grad(p) : fsdp_param_data(p);
+    fsdp_status st = FSDP_OK;
+    if (!fsdp_tensor_same_shape(full, want))
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s %s: shapes differ", c->stage, name);
+    const float *g = fsdp_tensor_f32(full), *w = fsdp_tensor_f32(want);
+    for (int64_t i = 0; st == FSDP_OK && i < fsdp_tensor_numel(want); i++) {
+        double d = fabs((double)g[i] - w[i]);
+        if (d > c->max_abs) c->max_abs = d;
+        if (fabs((double)w[i]) > c->max_val) c->max_val = fabs((double)w[i]);
+        if (!(d <= c->atol + c->rtol * fabs((double)w[i])))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s %s%s: element %lld is %.9g, want %.9g",
+                           c->stage, name, c->grad ? ".grad" : "", (long long)i, g[i], w[i]);
+    }
+    fsdp_tensor_free(full);
+    return st;
+}
+
+/* All-gathers each local parameter (or gradient) of m over the group and checks that every
+ * rank's copy has the same bits as this rank's. */
+typedef struct replica_cmp {
+    fsdp_group *group;
+    bool grad;
+} replica_cmp;
+
+static fsdp_status replica_equal(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    const replica_cmp *c = user;
+    const fsdp_tensor *t = c->grad ? fsdp_param_grad(p) : fsdp_param_data(p);
+    int64_t n = fsdp_tensor_numel(t), all = n * fsdp_group_size(c->group);
+    fsdp_tensor *flat = NULL, *gathered = NULL;
+    fsdp_status st = fsdp_tensor_view(ctx, t, 0, 1, &n, &flat);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &all, &gathered);
+    if (st == FSDP_OK) st = fsdp_all_gather(ctx, c->group, gathered, flat, 0);
+    for (int r = 0; st == FSDP_OK && r < fsdp_group_size(c->group); r++)
+        if (memcmp(fsdp_tensor_f32(gathered) + r * n, fsdp_tensor_f32(t), (size_t)n * 4) != 0)
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s%s differs between dp ranks %d and %d", name,
+                           c->grad ? ".grad" : "", r, fsdp_group_rank(c->group));
+    fsdp_tensor_free(flat);
+    fsdp_tensor_free(gathered);
+    return st;
+}
+
+static int64_t calls(fsdp_ctx *ctx, fsdp_comm_op op, const char *group, fsdp_comm_phase phase) {
+    fsdp_comm_filter f = {.op = op, .group = group, .phase = phase};
+    return fsdp_comm_debug_query(ctx, &f).calls;
+}
+
+/* ---- the seed's _test_data_parallel ---- */
+
+typedef struct rank_state {
+    fsdp_mesh *mesh;
+    fsdp_group *dp;
+    fsdp_module *ref, *dist;
+    fsdp_replicate *rep; /* borrowed from dist */
+    fsdp_optimizer *ref_opt, *dist_opt;
+    fsdp_tensor *x, *labels, *x_local, *labels_local, *sliced, *dref, *ddist;
+} rank_state;
+
+static void rank_state_release(rank_state *rs) {
+    fsdp_optimizer_free(rs->ref_opt);
+    fsdp_optimizer_free(rs->dist_opt);
+    fsdp_module_free(rs->ref);
+    fsdp_module_free(rs->dist);
+    fsdp_mesh_free(rs->mesh);
+    fsdp_tensor *t[] = {rs->x,      rs->labels, rs->x_local, rs->labels_local,
+                        rs->sliced, rs->dref,   rs->ddist};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) fsdp_tensor_free(t[i]);
+}
+
+/* The mesh (dp) or (dp, tp), the reference and the replicated model: every rank initialises
+ * its replica from its own seed, so only the initial broadcast makes them equal. */
+static fsdp_status setup_models(fsdp_ctx *ctx, int rank, const scenario *s, rank_state *rs) {
+    int dp = s->world / s->tp;
+    if (s->tp > 1)
+        FSDP_TRY(
+            fsdp_mesh_create(ctx, 2, (int[]){dp, s->tp}, (const char *[]){"dp", "tp"}, &rs->mesh));
+    else
+        FSDP_TRY(fsdp_mesh_create(ctx, 1, (int[]){dp}, (const char *[]){"dp"}, &rs->mesh));
+    FSDP_TRY(fsdp_mesh_get_group(ctx, rs->mesh, "dp", &rs->dp));
+    FSDP_TRY(build_model(ctx, s->batch_dim, SEED, &rs->ref));
+    FSDP_TRY(build_model(ctx, s->batch_dim, SEED + (uint64_t)rank, &rs->dist));
+    if (s->tp > 1) {
+        fsdp_mesh *tp;
+        FSDP_TRY(fsdp_mesh_dim(ctx, rs->mesh, "tp", &tp));
+        const char *prefix = s->batch_dim ? "mlp." : "";
+        char k1[16], k2[16];
+        snprintf(k1, sizeof k1, "%snet1", prefix);
+        snprintf(k2, sizeof k2, "%snet2", prefix);
+        fsdp_tp_plan_entry plan[] = {{k1, FSDP_COLWISE()}, {k2, FSDP_ROWWISE()}};
+        FSDP_TRY(fsdp_tp_parallelize(ctx, rs->dist, tp, 2, plan, NULL));
+    }
+    /* DDP(model): the initial broadcast, one per bucket, and nothing else. */
+    FSDP_TRY(fsdp_comm_debug_begin(ctx));
+    FSDP_TRY(fsdp_replicate_apply(
+        ctx, rs->dist, &(fsdp_replicate_options){.group = rs->dp, .bucket_bytes = s->bucket_bytes},
+        &rs->rep));
+    FSDP_TRY(fsdp_comm_debug_end(ctx));
+    const fsdp_replicate *r = rs->rep;
+    int64_t b = calls(ctx, FSDP_COMM_BROADCAST, "dp", FSDP_COMM_PHASE_ANY);
+    int want_b = dp > 1 ? s->want_broadcasts : 0;
+    FSDP_RANK_CHECK(ctx, b == want_b && fsdp_comm_debug_total(ctx).calls == b,
+                    "%s: setup made %lld collectives (%lld broadcasts on dp), want %d broadcasts",
+                    s->name, (long long)fsdp_comm_debug_total(ctx).calls, (long long)b, want_b);
+    FSDP_RANK_CHECK(ctx, fsdp_replicate_num_buckets(r) == s->want_buckets,
+                    "%s: %d buckets, want %d", s->name, fsdp_replicate_num_buckets(r),
+                    s->want_buckets);
+    FSDP_RANK_CHECK(ctx, fsdp_replicate_group(r) == rs->dp && fsdp_replicate_sync(r),
+                    "%s: group or sync flag", s->name);
+    param_cmp c = {.dist = rs->dist, .stage = "after the broadcast"};
+    return fsdp_module_visit_params(ctx, rs->ref, compare_param, &c);
+}
+
+static fsdp_status make_optimizer(fsdp_ctx *ctx, const scenario *s, fsdp_module *m,
+                                  fsdp_optimizer **out) {
+    return s->optim == OPT_SGD ? fsdp_sgd_create(ctx, m, &s->sgd, out)
+                               : fsdp_adam_create(ctx, m, &s->adam, out);
+}
+
+/* The global batch for the reference and this rank's slice for the replica: generated from
+ * the global sample indices, and equal to fsdp_batch_slice of the global batch. */
+static fsdp_status setup_data(fsdp_ctx *ctx, const scenario *s, rank_state *rs) {
+    int64_t off, len;
+    fsdp_batch_range(ctx, rs->dp, s->batch, &off, &len);
+    FSDP_TRY(batch_block(ctx, s->batch, IN_DIM, s->batch_dim, 0, s->batch, 1, &rs->x));
+    FSDP_TRY(batch_block(ctx, s->batch, OUT_DIM, s->batch_dim, 0, s->batch, 2, &rs->labels));
+    FSDP_TRY(batch_block(ctx, s->batch, IN_DIM, s->batch_dim, off, len, 1, &rs->x_local));
+    FSDP_TRY(batch_block(ctx, s->batch, OUT_DIM, s->batch_dim, off, len, 2, &rs->labels_local));
+    FSDP_TRY(fsdp_batch_slice(ctx, rs->x, s->batch_dim, rs->dp, &rs->sliced));
+    FSDP_TRY(check_bitwise(ctx, "batch_slice(inputs)", rs->sliced, rs->x_local));
+    FSDP_TRY(fsdp_batch_slice(ctx, rs->labels, s->batch_dim, rs->dp, &rs->sliced)); /* reused */
+    return check_bitwise(ctx, "batch_slice(labels)", rs->sliced, rs->labels_local);
+}
+
+/* One of the seed's steps on both models (zero_grad, forward, backward, step), with the
+ * collectives of the replica's forward and backward pinned and its loss summed over dp
+ * checked against the reference's; then every parameter is compared. */
+static fsdp_status train_step(fsdp_ctx *ctx, const scenario *s, rank_state *rs, int step,
+                              param_cmp *cmp) {
+    int dp = s->world / s->tp;
+    double ref_loss, loss;
+    FSDP_TRY(fsdp_optimizer_zero_grad(ctx, rs->ref_opt));
+    FSDP_TRY(fsdp_optimizer_zero_grad(ctx, rs->dist_opt));
+    FSDP_TRY(
+        forward_backward(ctx, rs->ref, rs->x, rs->labels, (float)(1.0 / dp), &rs->dref, &ref_loss));
+    FSDP_TRY(fsdp_comm_debug_begin(ctx));
+    FSDP_TRY(
+        forward_backward(ctx, rs->dist, rs->x_local, rs->labels_local, 1.0f, &rs->ddist, &loss));
+    FSDP_TRY(fsdp_optimizer_step(ctx, rs->dist_opt));
+    FSDP_TRY(fsdp_comm_debug_end(ctx));
+    /* Backward: one all_reduce per bucket on dp, attributed to the root; TP adds its forward
+     * all_reduce (net2's Partial output) on tp; nothing else, the step included. */
+    int64_t ar = calls(ctx, FSDP_COMM_ALL_REDUCE, "dp", FSDP_COMM_PHASE_BACKWARD);
+    fsdp_comm_filter root = {.op = FSDP_COMM_ALL_REDUCE, .group = "dp", .module = ""};
+    int64_t tp_fwd = calls(ctx, FSDP_COMM_ALL_REDUCE, "tp", FSDP_COMM_PHASE_FORWARD);
+    int want_ar = dp > 1 ? s->want_buckets : 0, want_tp = s->tp > 1 ? 1 : 0;
+    FSDP_RANK_CHECK(ctx,
+                    ar == want_ar && fsdp_comm_debug_query(ctx, &root).calls == want_ar &&
+                        tp_fwd == want_tp && fsdp_comm_debug_total(ctx).calls == ar + tp_fwd,
+                    "%s step %d: %lld all_reduce on dp in backward (want %d), %lld on tp in "
+                    "forward (want %d), %lld collectives in all",
+                    s->name, step, (long long)ar, want_ar, (long long)tp_fwd, want_tp,
+                    (long long)fsdp_comm_debug_total(ctx).calls);
+    FSDP_TRY(fsdp_optimizer_step(ctx, rs->ref_opt));
+    /* The losses of the dp ranks add up to the reference's. */
+    float l = (float)loss;
+    fsdp_tensor *lt;
+    FSDP_TRY(fsdp_tensor_from_blob(ctx, &l, FSDP_DTYPE_F32, FSDP_CPU, 0, NULL, &lt));
+    fsdp_status st = fsdp_all_reduce(ctx, rs->dp, lt, FSDP_REDUCE_SUM);
+    fsdp_tensor_free(lt);
+    FSDP_TRY(st);
+    FSDP_RANK_CHECK(ctx, fabs(l - ref_loss) <= 1e-5 * fabs(ref_loss) + 1e-3,
+                    "%s step %d: loss %.7g summed over dp, reference %.7g", s->name, step, l,
+                    ref_loss);
+    char stage[64];
+    snprintf(stage, sizeof stage, "%s step %d", s->name, step);
+    cmp->stage = stage;
+    FSDP_TRY(fsdp_module_visit_params(ctx, rs->ref, compare_param, cmp));
+    replica_cmp rc = {.group = rs->dp};
+    return fsdp_module_visit_params(ctx, rs->dist, replica_equal, &rc);
+}
+
+static fsdp_status data_parallel_run(fsdp_ctx *ctx, int rank, const scenario *s, rank_state *rs) {
+    FSDP_TRY(setup_models(ctx, rank, s, rs));
+    FSDP_TRY(make_optimizer(ctx, s, rs->ref, &rs->ref_opt));
+    FSDP_TRY(make_optimizer(ctx, s, rs->dist, &rs->dist_opt));
+    FSDP_TRY(setup_data(ctx, s, rs));
+    /* The seed: train_step (the warm-up), then zero_grad and one more forward, backward and
+     * step, then the step under test; parameters are compared after each. */
+    param_cmp cmp = {.dist = rs->dist, .rtol = 1e-5, .atol = 1e-6};
+    for (int step = 1; step <= 3; step++) FSDP_TRY(train_step(ctx, s, rs, step, &cmp));
+    if (rank == 0)
+        printf("\n    %s (%d ranks, batch %lld): max abs diff %.3g (values up to %.3g)", s->name,
+               s->world, (long long)s->batch, cmp.max_abs, cmp.max_val);
+    return FSDP_OK;
+}
+
+static fsdp_status data_parallel_rank(fsdp_ctx *ctx, int rank, void *user) {
+    rank_state rs = {0};
+    fsdp_status st = data_parallel_run(ctx, rank, user, &rs);
+    rank_state_release(&rs);
+    return st;
+}
+
+static void run_scenario(const scenario *s) {
+    FSDP_TEST_OK(fsdp_test_run_world(s->world, 0, data_parallel_rank, (void *)s));
+}
+
+/* 2, 3 and 4 ranks: 128 samples split 64/64 and 43/43/42; on 4 ranks 127 samples (32/32/32/31)
+ * so that the split is uneven there too. Not 126: with it, one net1.weight gradient element of
+ * the non-0-batch-dim case cancels to 3e-8 of the sum of its terms, and Adam's first step
+ * (about lr * g / (|g| + eps)) turns the rounding of that near-zero value into a 0.06
+ * difference: an ill-conditioned comparison, not a replication error (SGD agrees there). */
+static scenario on_world(scenario s, int world) {
+    s.world = world;
+    s.batch = world == 4 ? 127 : 128;
+    return s;
+}
+
+/* SimpleMLP's parameters in registration order: net1.weight 6400 bytes, net1.bias 128,
+ * net2.weight 1024, net2.bias 32. Buckets close once they hold bucket_bytes: 25 MiB takes all
+ * four in one; 1024 bytes gives {net1.weight} {net1.bias, net2.weight} {net2.bias}; 1 byte one
+ * per parameter. With no buffers the broadcast buckets are the same. */
+static void test_replicate_sgd(void) {
+    /* The seed's three configs. foreach=True only changes how PyTorch groups its kernels (one
+     * multi-tensor launch instead of one per parameter); the update is the same math, which
+     * is the only SGD libfsdp has, so the third config differs from the second in buckets. */
+    static const scenario configs[] = {
+        {.name = "sgd{lr 0.1}", .sgd = {.lr = 0.1}, .want_buckets = 1, .want_broadcasts = 1},
+        {.name = "sgd{lr 0.1, momentum 0.9}",
+         .sgd = {.lr = 0.1, .momentum = 0.9},
+         .bucket_bytes = 1024,
+         .want_buckets = 3,
+         .want_broadcasts = 3},
+        {.name = "sgd{lr 0.1, momentum 0.9, foreach}",
+         .sgd = {.lr = 0.1, .momentum = 0.9},
+         .bucket_bytes = 1,
+         .want_buckets = 4,
+         .want_broadcasts = 4},
+    };
+    for (int c = 0; c < 3; c++) {
+        scenario s = configs[c];
+        s.tp = 1;
+        s.optim = OPT_SGD;
+        for (int w = 2; w <= 4; w++) {
+            scenario sw = on_world(s, w);
+            run_scenario(&sw);
+        }
+    }
+}
+
+static void test_replicate_adam_fused(void) {
+    /* fused=True: libfsdp's Adam is always one pass per parameter (src/optim/update.c). */
+    scenario s = {.name = "adam{lr 0.1, fused}",
+                  .tp = 1,
+                  .optim = OPT_ADAM,
+                  .adam = {.lr = 0.1},
+                  .want_buckets = 1,
+                  .want_broadcasts = 1};
+    for (int w = 2; w <= 4; w++) {
+        scenario sw = on_world(s, w);
+        run_scenario(&sw);
+    }
+}
+
+/* The seed's test_fully_shard_non_0_batch_dim under replicate: WrapperModule transposes its
+ * (50, batch) input, and each rank slices the batch along dim 1 (input_batch_dim = 1). */
+static void test_replicate_non_0_batch_dim(void) {
+    scenario s = {.name = "non_0_batch_dim adam{lr 0.1}",
+                  .tp = 1,
+                  .batch_dim = 1,
+                  .optim = OPT_ADAM,
+                  .adam = {.lr = 0.1},
+                  .want_buckets = 1,
+                  .want_broadcasts = 1};
+    for (int w = 2; w <= 4; w++) {
+        scenario sw = on_world(s, w);
+        run_scenario(&sw);
+    }
+}
+
+/* A global batch of 3 on 4 ranks: the last rank's slice is empty; it still joins every
+ * all_reduce with zero gradients, and the average is over all 4 ranks, as in DDP. */
+static void test_replicate_empty_slice(void) {
+    scenario s = {.name = "empty slice sgd{lr 0.1, momentum 0.9}",
+                  .world = 4,
+                  .tp = 1,
+                  .batch = 3,
+                  .optim = OPT_SGD,
+                  .sgd = {.lr = 0.1, .momentum = 0.9},
+                  .want_buckets = 1,
+                  .want_broadcasts = 1};
+    run_scenario(&s);
+}
+
+/* Mesh (dp 2, tp 2): net1 Colwise and net2 Rowwise over tp, then replicate over dp. Gradients
+ * of the TP parameters are local shards, averaged over dp all the same. Forward: net2's Partial
+ * output is one all_reduce on tp; backward: the model input needs no gradient, so nothing on
+ * tp; one all_reduce per bucket on dp. Setup: one broadcast on dp (the local shards). */
+static void test_replicate_tp_2x2(void) {
+    scenario sgd = {.name = "2x2 dp+tp sgd{lr 0.1, momentum 0.9}",
+                    .world = 4,
+                    .tp = 2,
+                    .batch = 128,
+                    .optim = OPT_SGD,
+                    .sgd = {.lr = 0.1, .momentum = 0.9},
+                    .want_buckets = 1,
+                    .want_broadcasts = 1};
+    run_scenario(&sgd);
+    scenario adam = {.name = "2x2 dp+tp adam{lr 0.1}",
+                     .world = 4,
+                     .tp = 2,
+                     .batch = 128,
+                     .optim = OPT_ADAM,
+                     .adam = {.lr = 0.1},
+                     .bucket_bytes = 1,
+                     .want_buckets = 4,
+                     .want_broadcasts = 4};
+    run_scenario(&adam);
+    scenario wrapped = {.name = "2x2 dp+tp non_0_batch_dim sgd{lr 0.1}",
+                        .world = 4,
+                        .tp = 2,
+                        .batch = 126,
+                        .batch_dim = 1,
+                        .optim = OPT_SGD,
+                        .sgd = {.lr = 0.1},
+                        .want_buckets = 1,
+                        .want_broadcasts = 1};
+    run_scenario(&wrapped);
+}
+
+/* ---- no_sync ---- */
+
+/* Two micro-batches of 64 (global samples 0..63, then 64..127), each split over 2 ranks: the
+ * first backward under no_sync communicates nothing, the second reduces what both
+ * accumulated; the gradients then equal the reference's over all 128 samples (loss / 2), and
+ * are bitwise equal on both ranks. */
+static fsdp_status no_sync_run(fsdp_ctx *ctx, int rank, rank_state *rs) {
+    scenario s = {.name = "no_sync",
+                  .world = 2,
+                  .tp = 1,
+                  .batch = 128,
+                  .want_buckets = 1,
+                  .want_broadcasts = 1};
+    FSDP_TRY(setup_models(ctx, rank, &s, rs));
+    FSDP_TRY(batch_block(ctx, 128, IN_DIM, 0, 0, 128, 1, &rs->x));
+    FSDP_TRY(batch_block(ctx, 128, OUT_DIM, 0, 0, 128, 2, &rs->labels));
+    double loss;
+    FSDP_TRY(forward_backward(ctx, rs->ref, rs->x, rs->labels, 0.5f, &rs->dref, &loss));
+    for (int micro = 0; micro < 2; micro++) {
+        int64_t off, len;
+        fsdp_batch_range(ctx, rs->dp, 64, &off, &len);
+        fsdp_tensor_free(rs->x_local);
+        fsdp_tensor_free(rs->labels_local);
+        rs->x_local = rs->labels_local = NULL;
+        FSDP_TRY(batch_block(ctx, 128, IN_DIM, 0, 64 * micro + off, len, 1, &rs->x_local));
+        FSDP_TRY(batch_block(ctx, 128, OUT_DIM, 0, 64 * micro + off, len, 2, &rs->labels_local));
+        fsdp_replicate_set_sync(rs->rep, micro == 1);
+        FSDP_TRY(fsdp_comm_debug_begin(ctx));
+        FSDP_TRY(forward_backward(ctx, rs->dist, rs->x_local, rs->labels_local, 1.0f, &rs->ddist,
+                                  &loss));
+        FSDP_TRY(fsdp_comm_debug_end(ctx));
+        int64_t total = fsdp_comm_debug_total(ctx).calls;
+        int64_t ar = calls(ctx, FSDP_COMM_ALL_REDUCE, "dp", FSDP_COMM_PHASE_BACKWARD);
+        FSDP_RANK_CHECK(ctx, micro == 0 ? total == 0 : (ar == 1 && total == 1),
+                        "no_sync micro-batch %d: %lld collectives (%lld all_reduce)", micro,
+                        (long long)total, (long long)ar);
+    }
+    param_cmp cmp = {
+        .dist = rs->dist, .grad = true, .rtol = 1e-5, .atol = 1e-6, .stage = "no_sync gradient"};
+    FSDP_TRY(fsdp_module_visit_params(ctx, rs->ref, compare_param, &cmp));
+    replica_cmp rc = {.group = rs->dp, .grad = true};
+    FSDP_TRY(fsdp_module_visit_params(ctx, rs->dist, replica_equal, &rc));
+    if (rank == 0)
+        printf("\n    no_sync gradients: max abs diff %.3g (values up to %.3g)", cmp.max_abs,
+               cmp.max_val);
+    return FSDP_OK;
+}
+
+static fsdp_status no_sync_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    rank_state rs = {0};
+    fsdp_status st = no_sync_run(ctx, rank, &rs);
+    rank_state_release(&rs);
+    return st;
+}
+
+static void test_replicate_no_sync(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, no_sync_rank, NULL));
+}
+
+/* ---- clip_grad_norm on (dp 2, tp 2) ---- */
+
+/* After a backward of the replicated TP model, clip_grad_norm gives the reference's norm
+ * (of its gradients over the whole batch, loss / 2) with one all_reduce on tp (the Shard
+ * parameters' sums) and none on dp (replicas hold equal gradients and count once), and the
+ * clipped gradients equal the reference's and stay bitwise equal across dp. */
+static fsdp_status clip_run(fsdp_ctx *ctx, int rank, double norm_type, rank_state *rs) {
+    scenario s = {.name = "clip 2x2",
+                  .world = 4,
+                  .tp = 2,
+                  .batch = 128,
+                  .want_buckets = 1,
+                  .want_broadcasts = 1};
+    FSDP_TRY(setup_models(ctx, rank, &s, rs));
+    FSDP_TRY(setup_data(ctx, &s, rs));
+    double loss, ref_norm, ref_again, norm;
+    FSDP_TRY(forward_backward(ctx, rs->ref, rs->x, rs->labels, 0.5f, &rs->dref, &loss));
+    FSDP_TRY(
+        forward_backward(ctx, rs->dist, rs->x_local, rs->labels_local, 1.0f, &rs->ddist, &loss));
+    FSDP_TRY(fsdp_clip_grad_norm(ctx, rs->ref, 1e30, norm_type, &ref_norm)); /* no clipping */
+    double max_norm = 0.25 * ref_norm;
+    FSDP_TRY(fsdp_clip_grad_norm(ctx, rs->ref, max_norm, norm_type, &ref_again));
+    FSDP_TRY(fsdp_comm_debug_begin(ctx));
+    FSDP_TRY(fsdp_clip_grad_norm(ctx, rs->dist, max_norm, norm_type, &norm));
+    FSDP_TRY(fsdp_comm_debug_end(ctx));
+    int64_t tp = calls(ctx, FSDP_COMM_ALL_REDUCE, "tp", FSDP_COMM_PHASE_ANY);
+    FSDP_RANK_CHECK(ctx, tp == 1 && fsdp_comm_debug_total(ctx).calls == 1,
+                    "clip made %lld collectives (%lld all_reduce on tp), want 1 on tp",
+                    (long long)fsdp_comm_debug_total(ctx).calls, (long long)tp);
+    FSDP_RANK_CHECK(ctx, fabs(norm - ref_norm) <= 1e-6 * ref_norm,
+                    "p = %g: norm %.9g, reference %.9g", norm_type, norm, ref_norm);
+    param_cmp cmp = {
+        .dist = rs->dist, .grad = true, .rtol = 1e-5, .atol = 1e-7, .stage = "clipped"};
+    FSDP_TRY(fsdp_module_visit_params(ctx, rs->ref, compare_param, &cmp));
+    replica_cmp rc = {.group = rs->dp, .grad = true};
+    FSDP_TRY(fsdp_module_visit_params(ctx, rs->dist, replica_equal, &rc));
+    if (rank == 0)
+        printf("\n    p = %g: norm %.9g vs %.9g, clipped grads max abs diff %.3g (up to %.3g)",
+               norm_type, norm, ref_norm, cmp.max_abs, cmp.max_val);
+    return FSDP_OK;
+}
+
+static fsdp_status clip_rank(fsdp_ctx *ctx, int rank, void *user) {
+    rank_state rs = {0};
+    fsdp_status st = clip_run(ctx, rank, *(const double *)user, &rs);
+    rank_state_release(&rs);
+    return st;
+}
+
+static void test_replicate_tp_clip(void) {
+    double p2 = 2.0, inf = INFINITY;
+    FSDP_TEST_OK(fsdp_test_run_world(4, 0, clip_rank, &p2));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 0, clip_rank, &inf));
+}
+
+/* ---- the batch split ---- */
+
+/* A (4, 7, 5) tensor whose element values are their flat indices, sliced over 3 ranks along
+ * each dim (7 rows: 3/3/1) and over 4 ranks along dim 0 (4: 1/1/1/1) and dim 2 (5: 2/2/1/0,
+ * an empty slice), f32 and bf16, with *out reused. */
+static fsdp_status batch_slice_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_group *world = fsdp_ctx_world_group(ctx);
+    int w = fsdp_group_size(world);
+    int64_t shape[3] = {4, 7, 5};
+    fsdp_tensor *g = NULL, *gb = NULL, *out = NULL, *outb = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, shape, &g);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 3, shape, &gb);
+    if (st == FSDP_OK) {
+        for (int i = 0; i < 140; i++) fsdp_tensor_f32(g)[i] = (float)i;
+        st = fsdp_tensor_copy(ctx, gb, g);
+    }
+    for (int dim = -1; st == FSDP_OK && dim < 3; dim++) {
+        int d = dim < 0 ? 2 : dim;
+        int64_t off, len;
+        fsdp_batch_range(ctx, NULL, shape[d], &off, &len);
+        int64_t chunk = (shape[d] + w - 1) / w, want_off = rank * chunk;
+        int64_t want_len = want_off >= shape[d]          ? 0
+                           : shape[d] - want_off < chunk ? shape[d] - want_off
+                                                         : chunk;
+        if (want_off > shape[d]) want_off = shape[d];
+        FSDP_RANK_CHECK(ctx, len == want_len && (len == 0 || off == want_off),
+                        "batch_range(%lld) on rank %d: [%lld, +%lld)", (long long)shape[d], rank,
+                        (long long)off, (long long)len);
+        st = fsdp_batch_slice(ctx, g, dim, NULL, &out);
+        if (st == FSDP_OK) st = fsdp_batch_slice(ctx, gb, dim, NULL, &outb);
+        if (st != FSDP_OK) break;
+        FSDP_RANK_CHECK(
+            ctx, fsdp_tensor_dim(out, d) == len && fsdp_tensor_numel(out) * shape[d] == 140 * len,
+            "slice shape along %d", dim);
+        const float *o = fsdp_tensor_f32(out);
+        int64_t k = 0;
+        for (int64_t a = 0; a < fsdp_tensor_dim(out, 0); a++)
+            for (int64_t b = 0; b < fsdp_tensor_dim(out, 1); b++)
+                for (int64_t c = 0; c < fsdp_tensor_dim(out, 2); c++, k++) {
+                    int64_t idx[3] = {a, b, c};
+                    idx[d] += off;
+                    float want = (float)((idx[0] * 7 + idx[1]) * 5 + idx[2]);
+                    FSDP_RANK_CHECK(ctx,
+                                    o[k] == want && fsdp_bf16_to_f32(
+                                                        ((fsdp_bf16 *)fsdp_tensor_data(outb))[k]) ==
+                                                        fsdp_bf16_to_f32(fsdp_bf16_from_f32(want)),
+                                    "slice along %d: element (%lld, %lld, %lld) is %g, want %g",
+                                    dim, (long long)a, (long long)b, (long long)c, o[k], want);
+                }
+    }
+    if (st == FSDP_OK) {
+        fsdp_status bad = fsdp_batch_slice(ctx, g, 3, NULL, &out);
+        FSDP_RANK_CHECK(
+            ctx, bad == FSDP_ERR_INVALID_ARGUMENT && strstr(fsdp_last_error(ctx), "batch dim 3"),
+            "bad dim: %s", fsdp_last_error(ctx));
+        bad = fsdp_batch_slice(ctx, gb, 0, NULL, &out);
+        FSDP_RANK_CHECK(ctx,
+                        bad == FSDP_ERR_INVALID_ARGUMENT && strstr(fsdp_last_error(ctx), "bf16"),
+                        "dtype mismatch: %s", fsdp_last_error(ctx));
+    }
+    fsdp_tensor_free(g);
+    fsdp_tensor_free(gb);
+    fsdp_tensor_free(out);
+    fsdp_tensor_free(outb);
+    return st;
+}
+
+static void test_batch_slice(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(3, 0, batch_slice_rank, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 0, batch_slice_rank, NULL));
+}
+
+/* ---- options ---- */
+
+static fsdp_status options_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)rank;
+    (void)user;
+    fsdp_module *m = NULL;
+    fsdp_status st = build_model(ctx, 0, SEED, &m);
+    if (st == FSDP_OK) {
+        fsdp_status bad =
+            fsdp_replicate_apply(ctx, m, &(fsdp_replicate_options){.src_rank = 2}, NULL);
+        FSDP_RANK_CHECK(
+            ctx, bad == FSDP_ERR_INVALID_ARGUMENT && strstr(fsdp_last_error(ctx), "src_rank 2"),
+            "src_rank: %s", fsdp_last_error(ctx));
+        bad = fsdp_replicate_apply(ctx, m, &(fsdp_replicate_options){.bucket_bytes = -1}, NULL);
+        FSDP_RANK_CHECK(
+            ctx, bad == FSDP_ERR_INVALID_ARGUMENT && strstr(fsdp_last_error(ctx), "bucket_bytes"),
+            "bucket_bytes: %s", fsdp_last_error(ctx));
+        /* FSDP_NO_SRC_RANK: no collective at setup. */
+        st = fsdp_comm_debug_begin(ctx);
+        if (st == FSDP_OK)
+            st = fsdp_replicate_apply(
+                ctx, m, &(fsdp_replicate_options){.src_rank = FSDP_NO_SRC_RANK}, NULL);
+        if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, fsdp_comm_debug_total(ctx).calls == 0,
+                            "FSDP_NO_SRC_RANK communicated");
+        /* Twice on one model would average twice. */
+        if (st == FSDP_OK) {
+            bad = fsdp_replicate_apply(ctx, m, NULL, NULL);
+            FSDP_RANK_CHECK(ctx, bad == FSDP_ERR_STATE && strstr(fsdp_last_error(ctx), "already"),
+                            "applied twice: %s", fsdp_last_error(ctx));
+        }
+    }
+    fsdp_module_free(m);
+    return st;
+}
+
+static void test_replicate_options(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, options_rank, NULL));
+}
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"replicate_sgd", test_replicate_sgd},
+        {"replicate_adam_fused", test_replicate_adam_fused},
+        {"replicate_non_0_batch_dim", test_replicate_non_0_batch_dim},
+        {"replicate_empty_slice", test_replicate_empty_slice},
+        {"replicate_tp_2x2", test_replicate_tp_2x2},
+        {"replicate_no_sync", test_replicate_no_sync},
+        {"replicate_tp_clip", test_replicate_tp_clip},
+        {"batch_slice", test_batch_slice},
+        {"replicate_options", test_replicate_options},
+    };
+    return fsdp_test_run(argc, argv, "replicate", cases, sizeof cases / sizeof cases[0]);
+}
