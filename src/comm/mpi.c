@@ -403,20 +403,28 @@ static bool grow_requests(mpi_group *mg, int need) {
 }
 
 /* Posts a receive (recv) or a send of `bytes` at buf with group member `member`, as
- * several messages when it is larger than SEGMENT_BYTES. Nothing for 0 bytes. */
+ * several messages when it is larger than SEGMENT_BYTES. Nothing for 0 bytes. A failure
+ * poisons the group: the peers must not wait for this rank's half of the step. */
 static fsdp_status post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, bool recv, int member,
                         int kind, void *buf, size_t bytes) {
     int tag = tag_of(mg->mw, kind);
     for (size_t at = 0; at < bytes; at += SEGMENT_BYTES) {
         int n = (int)(bytes - at < SEGMENT_BYTES ? bytes - at : SEGMENT_BYTES);
-        if (!grow_requests(mg, mg->n_reqs + 1))
-            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "group %s: cannot grow the requests",
-                             g->desc);
+        char msg[FSDP_ERROR_MAX];
+        if (!grow_requests(mg, mg->n_reqs + 1)) {
+            snprintf(msg, sizeof msg, "group %s: cannot grow the requests (out of memory)",
+                     g->desc);
+            return fail_and_poison(ctx, mg, FSDP_ERR_OUT_OF_MEMORY, msg);
+        }
         MPI_Request *req = &mg->reqs[mg->n_reqs];
         char *p = (char *)buf + at;
         int rc = recv ? MPI_Irecv(p, n, MPI_BYTE, member, tag, mg->comm, req)
                       : MPI_Isend(p, n, MPI_BYTE, member, tag, mg->comm, req);
-        if (rc != MPI_SUCCESS) return fail_mpi(ctx, rc, recv ? "MPI_Irecv" : "MPI_Isend", g->desc);
+        if (rc != MPI_SUCCESS) {
+            fail_mpi(ctx, rc, recv ? "MPI_Irecv" : "MPI_Isend", g->desc);
+            snprintf(msg, sizeof msg, "%s", fsdp_last_error(ctx));
+            return fail_and_poison(ctx, mg, FSDP_ERR_COMM, msg);
+        }
         mg->req_member[mg->n_reqs] = member;
         mg->req_recv[mg->n_reqs] = recv;
         mg->n_reqs++;
@@ -565,9 +573,12 @@ static fsdp_status scratch(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, si
         size_t cap = mg->scratch_cap ? mg->scratch_cap : 4096;
         while (cap < bytes) cap *= 2;
         void *p = realloc(mg->scratch, cap);
-        if (!p)
-            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
-                             "group %s: cannot allocate %zu bytes of scratch", g->desc, cap);
+        if (!p) {
+            char msg[FSDP_ERROR_MAX];
+            snprintf(msg, sizeof msg, "group %s: cannot allocate %zu bytes of scratch", g->desc,
+                     cap);
+            return fail_and_poison(ctx, mg, FSDP_ERR_OUT_OF_MEMORY, msg);
+        }
         mg->scratch = p;
         mg->scratch_cap = cap;
     }
