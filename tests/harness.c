@@ -235,3 +235,23 @@ fsdp_status fsdp_test_run_world(int n, int timeout_ms, fsdp_rank_fn fn, void *us
     fsdp_world_free(w);
     return st;
 }
+
+fsdp_status fsdp_test_rank_close(fsdp_ctx *ctx, const char *what, const fsdp_tensor *got,
+                                 const fsdp_tensor *want, double rtol, double atol,
+                                 double *max_abs) {
+    if (!fsdp_tensor_same_shape(got, want)) {
+        char a[64], b[64];
+        return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s: shape %s, want %s", what,
+                         fsdp_tensor_shape_string(got, a, sizeof a),
+                         fsdp_tensor_shape_string(want, b, sizeof b));
+    }
+    const float *g = fsdp_tensor_f32(got), *w = fsdp_tensor_f32(want);
+    for (int64_t i = 0; i < fsdp_tensor_numel(got); i++) {
+        double d = fabs((double)g[i] - w[i]);
+        if (max_abs && d > *max_abs) *max_abs = d;
+        if (!(d <= atol + rtol * fabs((double)w[i])))
+            return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s: element %lld is %.9g, want %.9g", what,
+                             (long long)i, g[i], w[i]);
+    }
+    return FSDP_OK;
+}

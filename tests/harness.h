@@ -79,6 +79,13 @@ bool fsdp_test_mpi(void);
         if (!(cond)) return FSDP_FAIL((ctx), FSDP_ERR_INTERNAL, __VA_ARGS__);                      \
     } while (0)
 
+/* Inside a rank function: fails the rank with "what: element i is g, want w" unless the shapes
+ * match and |got - want| <= atol + rtol |want| everywhere; *max_abs (may be NULL) is raised to
+ * the largest difference seen. */
+fsdp_status fsdp_test_rank_close(fsdp_ctx *ctx, const char *what, const fsdp_tensor *got,
+                                 const fsdp_tensor *want, double rtol, double atol,
+                                 double *max_abs);
+
 /* A tensor of the given shape filled from the counter RNG: uniform in [lo, hi). */
 fsdp_tensor *fsdp_test_random(int ndim, const int64_t *shape, float lo, float hi, uint64_t stream);
 

@@ -76,11 +76,10 @@ static fsdp_status compare_param(fsdp_ctx *ctx, fsdp_param *p, const char *name,
     const cmp *c = user;
     fsdp_param *q = fsdp_module_get_param(c->other, name);
     FSDP_RANK_CHECK(ctx, q != NULL, "no parameter %s", name);
-    const float *a = fsdp_tensor_f32(fsdp_param_data(q)), *b = fsdp_tensor_f32(fsdp_param_data(p));
-    for (int64_t i = 0; i < fsdp_tensor_numel(fsdp_param_data(p)); i++)
-        FSDP_RANK_CHECK(ctx, fabsf(a[i] - b[i]) <= 1e-6f + 1e-5f * fabsf(b[i]),
-                        "%s %s[%lld]: %.9g, want %.9g", c->stage, name, (long long)i, a[i], b[i]);
-    return FSDP_OK;
+    char what[160];
+    snprintf(what, sizeof what, "%s %s", c->stage, name);
+    return fsdp_test_rank_close(ctx, what, fsdp_param_data(q), fsdp_param_data(p), 1e-5, 1e-6,
+                                NULL);
 }
 
 static fsdp_status train_rank(fsdp_ctx *ctx, int rank, void *user) {

@@ -12,21 +12,6 @@
 
 #define SEED 3
 
-/* Fails unless |got - want| <= atol + rtol |want| everywhere; *max_abs tracks the largest
- * difference. */
-static fsdp_status check_close(fsdp_ctx *ctx, const char *what, const fsdp_tensor *got,
-                               const fsdp_tensor *want, double rtol, double atol, double *max_abs) {
-    FSDP_RANK_CHECK(ctx, fsdp_tensor_same_shape(got, want), "%s: shapes differ", what);
-    const float *g = fsdp_tensor_f32(got), *w = fsdp_tensor_f32(want);
-    for (int64_t i = 0; i < fsdp_tensor_numel(got); i++) {
-        double d = fabs((double)g[i] - w[i]);
-        if (max_abs && d > *max_abs) *max_abs = d;
-        FSDP_RANK_CHECK(ctx, d <= atol + rtol * fabs((double)w[i]),
-                        "%s: element %lld is %.9g, want %.9g", what, (long long)i, g[i], w[i]);
-    }
-    return FSDP_OK;
-}
-
 typedef struct grad_cmp {
     fsdp_module *tp;
     double max_abs;
@@ -39,7 +24,8 @@ static fsdp_status compare_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, 
     FSDP_RANK_CHECK(ctx, q != NULL, "no parameter '%s'", name);
     fsdp_tensor *full;
     FSDP_TRY(fsdp_param_full_tensor(ctx, q, true, &full));
-    fsdp_status st = check_close(ctx, name, full, fsdp_param_grad(p), 1e-5, 1e-7, &c->max_abs);
+    fsdp_status st =
+        fsdp_test_rank_close(ctx, name, full, fsdp_param_grad(p), 1e-5, 1e-7, &c->max_abs);
     fsdp_tensor_free(full);
     return st;
 }

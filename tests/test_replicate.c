@@ -395,6 +395,14 @@ static scenario on_world(scenario s, int world) {
     return s;
 }
 
+/* The seed's 2 ranks, and 3 and 4 for uneven batch slices. */
+static void run_on_worlds_2_to_4(scenario s) {
+    for (int w = 2; w <= 4; w++) {
+        scenario sw = on_world(s, w);
+        run_scenario(&sw);
+    }
+}
+
 /* SimpleMLP's parameters in registration order: net1.weight 6400 bytes, net1.bias 128,
  * net2.weight 1024, net2.bias 32. Buckets close once they hold bucket_bytes: 25 MiB takes all
  * four in one; 1024 bytes gives {net1.weight} {net1.bias, net2.weight} {net2.bias}; 1 byte one
@@ -420,10 +428,7 @@ static void test_replicate_sgd(void) {
         scenario s = configs[c];
         s.tp = 1;
         s.optim = OPT_SGD;
-        for (int w = 2; w <= 4; w++) {
-            scenario sw = on_world(s, w);
-            run_scenario(&sw);
-        }
+        run_on_worlds_2_to_4(s);
     }
 }
 
@@ -435,10 +440,7 @@ static void test_replicate_adam_fused(void) {
                   .adam = {.lr = 0.1},
                   .want_buckets = 1,
                   .want_broadcasts = 1};
-    for (int w = 2; w <= 4; w++) {
-        scenario sw = on_world(s, w);
-        run_scenario(&sw);
-    }
+    run_on_worlds_2_to_4(s);
 }
 
 /* The seed's test_fully_shard_non_0_batch_dim under replicate: WrapperModule transposes its
@@ -451,10 +453,7 @@ static void test_replicate_non_0_batch_dim(void) {
                   .adam = {.lr = 0.1},
                   .want_buckets = 1,
                   .want_broadcasts = 1};
-    for (int w = 2; w <= 4; w++) {
-        scenario sw = on_world(s, w);
-        run_scenario(&sw);
-    }
+    run_on_worlds_2_to_4(s);
 }
 
 /* A global batch of 3 on 4 ranks: the last rank's slice is empty; it still joins every

@@ -44,23 +44,6 @@ static fsdp_status chunk_of(fsdp_ctx *ctx, const fsdp_tensor *t, bool by_rows, i
     return FSDP_OK;
 }
 
-/* Fails with a message unless |got - want| <= atol + rtol |want| everywhere. */
-static fsdp_status check_close(fsdp_ctx *ctx, const char *what, const fsdp_tensor *got,
-                               const fsdp_tensor *want, double rtol, double atol) {
-    if (!fsdp_tensor_same_shape(got, want)) {
-        char a[64], b[64];
-        return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s: shape %s, want %s", what,
-                         fsdp_tensor_shape_string(got, a, sizeof a),
-                         fsdp_tensor_shape_string(want, b, sizeof b));
-    }
-    const float *g = fsdp_tensor_f32(got), *w = fsdp_tensor_f32(want);
-    for (int64_t i = 0; i < fsdp_tensor_numel(got); i++)
-        if (!(fabs((double)g[i] - w[i]) <= atol + rtol * fabs((double)w[i])))
-            return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s: element %lld is %.9g, want %.9g", what,
-                             (long long)i, g[i], w[i]);
-    return FSDP_OK;
-}
-
 typedef struct param_cmp {
     fsdp_module *tp;
     bool grad;
@@ -77,8 +60,8 @@ static fsdp_status compare_param(fsdp_ctx *ctx, fsdp_param *p, const char *name,
     FSDP_TRY(fsdp_param_full_tensor(ctx, q, c->grad, &full));
     char what[128];
     snprintf(what, sizeof what, "%s %s%s", c->stage, name, c->grad ? ".grad" : "");
-    fsdp_status st = check_close(ctx, what, full, c->grad ? fsdp_param_grad(p) : fsdp_param_data(p),
-                                 c->rtol, c->atol);
+    fsdp_status st = fsdp_test_rank_close(
+        ctx, what, full, c->grad ? fsdp_param_grad(p) : fsdp_param_data(p), c->rtol, c->atol, NULL);
     fsdp_tensor_free(full);
     return st;
 }
@@ -178,7 +161,7 @@ static fsdp_status compare_module_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, ref, inp, &ref_out);
     if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, tp, tp_inp ? tp_inp : inp, &tp_out);
-    if (st == FSDP_OK) st = check_close(ctx, s->name, tp_out, ref_out, 1e-5, 1e-6);
+    if (st == FSDP_OK) st = fsdp_test_rank_close(ctx, s->name, tp_out, ref_out, 1e-5, 1e-6, NULL);
     /* output.sum().backward(); the input needs no gradient. */
     if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, ref_out, &dref);
     if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, dref, 1.0f);
@@ -336,7 +319,8 @@ static fsdp_status prepare_input_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK)
         FSDP_RANK_CHECK(ctx, fsdp_comm_debug_total(ctx).calls == 0,
                         "Replicate -> Shard(0) is a local chunk");
-    if (st == FSDP_OK) st = check_close(ctx, "output", fsdp_dtensor_local(back), inp, 0, 0);
+    if (st == FSDP_OK)
+        st = fsdp_test_rank_close(ctx, "output", fsdp_dtensor_local(back), inp, 0, 0, NULL);
     fsdp_dtensor_free(back);
     fsdp_tensor_free(inp);
     fsdp_module_free(m);
@@ -376,7 +360,8 @@ static fsdp_status prepare_output_rank(fsdp_ctx *ctx, int rank, void *user) {
                         "use_local_output defaults to yes: a plain tensor");
         st = fsdp_dtensor_redistribute(ctx, dt, &FSDP_SHARD(0), &want);
     }
-    if (st == FSDP_OK) st = check_close(ctx, "output", out, fsdp_dtensor_local(want), 0, 0);
+    if (st == FSDP_OK)
+        st = fsdp_test_rank_close(ctx, "output", out, fsdp_dtensor_local(want), 0, 0, NULL);
     fsdp_dtensor_free(dt);
     fsdp_dtensor_free(want);
     fsdp_tensor_free(inp);
@@ -453,7 +438,8 @@ static fsdp_status chain_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, tp, tp_inp ? tp_inp : inp, &tp_out);
     if (st == FSDP_OK && c->sequence_parallel) st = chunk_of(ctx, ref_out, true, rank, &want);
-    if (st == FSDP_OK) st = check_close(ctx, "output", tp_out, want ? want : ref_out, 1e-5, 1e-6);
+    if (st == FSDP_OK)
+        st = fsdp_test_rank_close(ctx, "output", tp_out, want ? want : ref_out, 1e-5, 1e-6, NULL);
     /* A loss whose gradient differs per element: d(out) = out. */
     if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, ref_out, &dref);
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, dref, ref_out);
@@ -464,7 +450,8 @@ static fsdp_status chain_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
     if (st == FSDP_OK && c->sequence_parallel) st = chunk_of(ctx, ref_din, true, rank, &want_din);
     if (st == FSDP_OK)
-        st = check_close(ctx, "input gradient", tp_din, want_din ? want_din : ref_din, 1e-5, 1e-6);
+        st = fsdp_test_rank_close(ctx, "input gradient", tp_din, want_din ? want_din : ref_din,
+                                  1e-5, 1e-6, NULL);
     if (st == FSDP_OK) st = compare_params(ctx, ref, tp, true, 1e-5, "gradient");
     if (st == FSDP_OK) {
         want_comm w = {0};
