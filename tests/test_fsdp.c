@@ -106,11 +106,11 @@ static fsdp_status train_rank(fsdp_ctx *ctx, int rank, void *user) {
     for (int s = 0; st == FSDP_OK && s < c->steps; s++) {
         st = step(ctx, ref, ref_opt, s, 0, BATCH, 1);
         if (st == FSDP_OK) st = step(ctx, m, opt, s, off, len, c->world);
-        if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh);
+        if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh, NULL);
         char stage[32];
         snprintf(stage, sizeof stage, "after step %d", s + 1);
         if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, ref, compare_param, &(cmp){m, stage});
-        if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh, false);
+        if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
     }
     fsdp_optimizer_free(ref_opt);
     fsdp_optimizer_free(opt);
@@ -318,7 +318,7 @@ static fsdp_status twod_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, dref, 1.0f);
     if (st == FSDP_OK) st = fsdp_module_backward(ctx, ref, dref, NULL);
     if (st == FSDP_OK) st = fsdp_optimizer_step(ctx, ref_opt);
-    if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh);
+    if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh, NULL);
     for (int i = 0; st == FSDP_OK && i < 5; i++) {
         static const char *names[] = {"0.weight", "1.net1.weight", "1.net1.bias", "1.net2.weight",
                                       "1.net2.bias"};
@@ -334,7 +334,7 @@ static fsdp_status twod_rank(fsdp_ctx *ctx, int rank, void *user) {
         }
         fsdp_tensor_free(full);
     }
-    if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh, false);
+    if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
     fsdp_tensor_free(x);
     fsdp_tensor_free(xr);
     fsdp_tensor_free(dy);

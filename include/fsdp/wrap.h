@@ -30,9 +30,10 @@ typedef struct fsdp_sharded fsdp_sharded;
 typedef enum fsdp_sharding_strategy {
     FSDP_FULL_SHARD = 0, /* parameters, gradients (and optimizer state) sharded; non-root units
                             reshard after forward and gather again for backward */
-    FSDP_SHARD_GRAD_OP,  /* units keep full parameters from forward to backward */
+    FSDP_SHARD_GRAD_OP,  /* units keep full parameters from forward to the end of backward */
     FSDP_NO_SHARD,       /* DDP-like: full parameters everywhere, gradients all_reduced */
-    FSDP_HYBRID_SHARD,   /* planned: not in this build (refused with a message) */
+    FSDP_HYBRID_SHARD,   /* FULL_SHARD within `group`, replicated across `replicate_group`:
+                            gradients reduce_scatter on group, then all_reduce on replicate_group */
     FSDP_SHARDING_STRATEGY_COUNT
 } fsdp_sharding_strategy;
 
@@ -40,7 +41,13 @@ const char *fsdp_sharding_strategy_to_string(fsdp_sharding_strategy s); /* "FULL
 
 typedef struct fsdp_fully_shard_options {
     fsdp_sharding_strategy strategy; /* default FSDP_FULL_SHARD */
-    fsdp_group *group;               /* the data-parallel group; NULL: the world group */
+    /* The group that shards the parameters (the data-parallel group; with a device mesh,
+     * fsdp_mesh_get_group(mesh, "dp")). NULL: the world group. */
+    fsdp_group *group;
+    /* HYBRID_SHARD only (required there, NULL otherwise): the ranks that hold the same shard,
+     * e.g. mesh dim "replicate" of a (replicate, shard) mesh. The data-parallel size is
+     * size(group) * size(replicate_group). */
+    fsdp_group *replicate_group;
     /* Nested units (auto-wrap policy), decided bottom-up so a module's count excludes units
      * below it; the root is always a unit:
      * - every module whose kind is in wrap_kinds (e.g. "MLPModule");
@@ -52,44 +59,111 @@ typedef struct fsdp_fully_shard_options {
     const char *const *wrap_paths;
     int n_wrap_paths;
     int64_t min_num_params;
-    /* Debugging: when a unit reshards, fill the parts of its full flat parameter this rank
-     * does not own with NaN, so a computation that misses a gather cannot go unnoticed. */
+    /* CPU offload (PyTorch's CPUOffload(offload_params=True)): the flat shards and their
+     * gradients live in host memory and the optimizer steps them there; each gather copies the
+     * shard to the compute device first, and each reduced gradient shard is copied back and
+     * added to the host gradient (so no_sync accumulation works under offload too). */
+    bool offload_params;
+    /* Before flattening, broadcast every managed parameter (the local block of a TP parameter)
+     * and every buffer of the model from rank 0 of the group (and of replicate_group), so all
+     * replicas start equal whatever each rank initialised. */
+    bool sync_module_states;
+    /* The optimizer sees the original parameters (see fsdp_sharded_flat_params), so options
+     * can differ per parameter. Each parameter starts at a 16-byte aligned offset of the flat
+     * buffer. */
+    bool use_orig_params;
+    /* Debugging: fill every full-parameter buffer with NaN when it goes back to the pool, so a
+     * computation that reads a stale gathered value cannot go unnoticed. */
     bool poison_resharded;
 } fsdp_fully_shard_options;
 
 /* Wraps root: chooses the units, flattens and shards their parameters (local TP shards for
  * distributed parameters) and installs the hooks. Every rank of the group calls it with the
- * same model structure. opts may be NULL for all defaults. */
+ * same model structure. opts may be NULL for all defaults.
+ *
+ * While a unit is sharded its parameters have no storage (fsdp_tensor_has_storage is false,
+ * fsdp_tensor_data NULL), as PyTorch frees them: read them inside fsdp_summon_full_params.
+ * Gathered buffers come from a caching pool owned by *out: after the first step nothing is
+ * allocated, and FULL_SHARD holds only the units in flight. */
 fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_shard_options *opts,
                              fsdp_sharded **out);
-/* Removes the hooks and frees the flat buffers. The model's parameters keep the values of
- * their last gather. NULL does nothing. */
+/* Removes the hooks and frees the flat buffers. Each parameter gets storage of its own: its
+ * full value when its unit is unsharded (inside fsdp_summon_full_params, say), zeros
+ * otherwise. NULL does nothing. */
 void fsdp_sharded_free(fsdp_sharded *sh);
 
-/* The flat shard parameters, one per unit in pre-order ("_flat_param" for the root,
- * "<path with _ for .>_flat_param" for nested units): hand this module to an optimizer.
- * Owned by sh. */
+/* What the optimizer steps, owned by sh:
+ * - use_orig_params false: one flat shard parameter per unit in pre-order ("_flat_param" for
+ *   the root, "<path with _ for .>_flat_param" for nested units);
+ * - use_orig_params true: a module tree mirroring the model's, each original parameter under
+ *   its own name ("net1.weight") as a 1-D view of the part of it in this rank's shard (empty
+ *   when none is), its gradient a view of the shard's gradient.
+ * fsdp_clip_grad_norm on this module clips over all shards (see fsdp_sharded_clip_grad_norm). */
 fsdp_module *fsdp_sharded_flat_params(const fsdp_sharded *sh);
 
 int fsdp_sharded_num_units(const fsdp_sharded *sh);
-/* A unit's module path relative to the root ("" for the root), its number of parameter
- * elements (unpadded) and elements per shard. */
+/* A unit's module path relative to the root ("" for the root), its number of flat elements
+ * (parameters plus alignment gaps, before padding to the group size) and elements per shard. */
 const char *fsdp_sharded_unit_path(const fsdp_sharded *sh, int unit);
 int64_t fsdp_sharded_unit_numel(const fsdp_sharded *sh, int unit);
 int64_t fsdp_sharded_unit_shard_numel(const fsdp_sharded *sh, int unit);
 
+/* Where each original parameter lies: in its unit's flat buffer and in this rank's shard. */
+typedef struct fsdp_flat_segment {
+    const char *fqn;    /* relative to the root: "layers.0.net1.weight" */
+    fsdp_param *param;  /* the model's parameter (its local TP block when distributed) */
+    int unit;           /* index of the unit that owns it */
+    int64_t offset;     /* first element in the unit's flat buffer */
+    int64_t numel;      /* the parameter's local elements */
+    int64_t shard_begin; /* the first of its elements in this rank's shard (0 when none) */
+    int64_t shard_numel; /* how many of its elements this rank's shard holds (may be 0) */
+    int64_t shard_offset; /* where they start in the shard */
+} fsdp_flat_segment;
+int fsdp_sharded_num_segments(const fsdp_sharded *sh);
+/* Segment i, units in pre-order and parameters in flat order within each. */
+fsdp_status fsdp_sharded_segment(fsdp_ctx *ctx, const fsdp_sharded *sh, int i,
+                                 fsdp_flat_segment *out);
+
 /* no_sync: with sync false, backward accumulates gradients in the units' full gradient
- * buffers without communicating; the first backward after sync is set true again reduces
- * everything accumulated. */
+ * buffers without communicating (they stay allocated); the first backward after sync is set
+ * true again reduces everything accumulated. */
 void fsdp_sharded_set_sync(fsdp_sharded *sh, bool sync);
 
-/* summon_full_params: gathers every unit's full parameters so the model's parameters hold
- * their whole values (all ranks call it). Refused inside forward or backward. End it with
- * fsdp_sharded_release_full_params; with writeback, each rank then copies its own part of
- * every flat parameter back into its shard (edits outside that part are lost, as in
- * PyTorch). */
-fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh);
-fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh, bool writeback);
+/* summon_full_params. Every rank of the group calls it; refused inside forward or backward
+ * and while already summoned. opts NULL means PyTorch's defaults: writeback only. */
+typedef struct fsdp_summon_options {
+    bool writeback;      /* on release, each rank copies its own part of every flat parameter
+                            back into its shard (edits elsewhere are lost, as in PyTorch) */
+    bool rank0_only;     /* only rank 0 of the group keeps the full parameters; the others
+                            stay sharded. Not with writeback */
+    bool offload_to_cpu; /* the full parameters are copies in host memory */
+    bool with_grads;     /* gather the sharded gradients too: each parameter's gradient holds
+                            its full reduced gradient until release */
+} fsdp_summon_options;
+fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
+                                    const fsdp_summon_options *opts);
+fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh);
+
+/* Gradient clipping over every shard (PyTorch's FullyShardedDataParallel.clip_grad_norm_):
+ * the norm of the whole model's gradient, summed over the group for sharded units and over the
+ * TP mesh dims where a parameter is Shard, with one all_reduce per distinct group; then the
+ * shard gradients are scaled by max_norm / (total + 1e-6) when that is below 1. norm_type 2.0
+ * or INFINITY. Every rank calls it after backward; *total_norm may be NULL. */
+fsdp_status fsdp_sharded_clip_grad_norm(fsdp_ctx *ctx, fsdp_sharded *sh, double max_norm,
+                                        double norm_type, double *total_norm);
+
+/* Bytes FSDP holds on this rank (optimizer state is the optimizer's, not counted here). */
+typedef struct fsdp_memory_stats {
+    int64_t shard_bytes;       /* flat parameter shards and their gradients */
+    int64_t host_bytes;        /* of which in host memory (offload_params), plus staging */
+    int64_t full_bytes;        /* gathered parameters and full gradients in use now */
+    int64_t peak_full_bytes;   /* the most full_bytes since wrapping or the last reset */
+    int64_t reserved_bytes;    /* the caching pool: blocks held, in use or kept for reuse */
+    int64_t device_bytes;      /* on the compute device now: the pool plus on-device shards */
+    int64_t peak_device_bytes; /* the most device_bytes since wrapping or the last reset */
+} fsdp_memory_stats;
+void fsdp_sharded_memory(const fsdp_sharded *sh, fsdp_memory_stats *out);
+void fsdp_sharded_reset_peak(fsdp_sharded *sh);
 
 #ifdef __cplusplus
 }

@@ -44,6 +44,7 @@ struct fsdp_sharded {
     int n_units;
     bool sync;
     bool summoned;
+    fsdp_summon_options summon;
     bool *summon_was_unsharded;
 };
 
@@ -474,7 +475,9 @@ void fsdp_sharded_set_sync(fsdp_sharded *sh, bool sync) {
     sh->sync = sync;
 }
 
-fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
+fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
+                                    const fsdp_summon_options *opts) {
+    sh->summon = opts ? *opts : (fsdp_summon_options){.writeback = true};
     if (ctx->phase != FSDP_PHASE_NONE)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "summon_full_params inside %s: call it between steps, outside the "
@@ -489,7 +492,8 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
     return FSDP_OK;
 }
 
-fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh, bool writeback) {
+fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
+    bool writeback = sh->summon.writeback;
     if (!sh->summoned)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "release_full_params without summon_full_params first");
