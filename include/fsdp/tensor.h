@@ -73,8 +73,12 @@ int64_t fsdp_tensor_dim(const fsdp_tensor *t, int dim);
 const int64_t *fsdp_tensor_shape(const fsdp_tensor *t);
 int64_t fsdp_tensor_numel(const fsdp_tensor *t);
 size_t fsdp_tensor_nbytes(const fsdp_tensor *t);
-/* First element. The memory belongs to the tensor's storage. */
+/* First element. The memory belongs to the tensor's storage. NULL when the tensor has no
+ * storage (see fsdp_tensor_has_storage). */
 void *fsdp_tensor_data(const fsdp_tensor *t);
+/* False for a tensor that keeps its shape but holds no memory: the parameters (and
+ * gradients) of an FSDP unit while it is sharded. Copying or filling one is an error. */
+bool fsdp_tensor_has_storage(const fsdp_tensor *t);
 /* First element as float*, or NULL when the tensor is not f32. */
 float *fsdp_tensor_f32(const fsdp_tensor *t);
 bool fsdp_tensor_same_shape(const fsdp_tensor *a, const fsdp_tensor *b);

@@ -108,8 +108,33 @@ static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device,
     return FSDP_OK;
 }
 
+/* The storage of tensors without memory: one per device, never freed (refs is not counted). */
+#define NO_STORAGE_CUDA_DEVICES 16
+#define NO_STORAGE(type, index) {.device = {(type), (index)}}
+static fsdp_storage no_storage_cpu = NO_STORAGE(FSDP_DEVICE_CPU, 0);
+static fsdp_storage no_storage_cuda[NO_STORAGE_CUDA_DEVICES] = {
+    NO_STORAGE(FSDP_DEVICE_CUDA, 0),  NO_STORAGE(FSDP_DEVICE_CUDA, 1),
+    NO_STORAGE(FSDP_DEVICE_CUDA, 2),  NO_STORAGE(FSDP_DEVICE_CUDA, 3),
+    NO_STORAGE(FSDP_DEVICE_CUDA, 4),  NO_STORAGE(FSDP_DEVICE_CUDA, 5),
+    NO_STORAGE(FSDP_DEVICE_CUDA, 6),  NO_STORAGE(FSDP_DEVICE_CUDA, 7),
+    NO_STORAGE(FSDP_DEVICE_CUDA, 8),  NO_STORAGE(FSDP_DEVICE_CUDA, 9),
+    NO_STORAGE(FSDP_DEVICE_CUDA, 10), NO_STORAGE(FSDP_DEVICE_CUDA, 11),
+    NO_STORAGE(FSDP_DEVICE_CUDA, 12), NO_STORAGE(FSDP_DEVICE_CUDA, 13),
+    NO_STORAGE(FSDP_DEVICE_CUDA, 14), NO_STORAGE(FSDP_DEVICE_CUDA, 15)};
+
+static bool is_no_storage(const fsdp_storage *s) {
+    return s == &no_storage_cpu ||
+           (s >= no_storage_cuda && s < no_storage_cuda + NO_STORAGE_CUDA_DEVICES);
+}
+
+static fsdp_storage *no_storage_for(fsdp_device d) {
+    if (d.type == FSDP_DEVICE_CUDA && d.index >= 0 && d.index < NO_STORAGE_CUDA_DEVICES)
+        return &no_storage_cuda[d.index];
+    return &no_storage_cpu;
+}
+
 static void storage_release(fsdp_storage *s) {
-    if (!s || atomic_fetch_sub(&s->refs, 1) != 1) return;
+    if (!s || is_no_storage(s) || atomic_fetch_sub(&s->refs, 1) != 1) return;
     if (s->owned) free(s->data);
     free(s);
 }
@@ -194,7 +219,7 @@ fsdp_status fsdp_tensor_view(fsdp_ctx *ctx, const fsdp_tensor *base, int64_t off
                          fsdp_tensor_shape_string(base, buf, sizeof buf), (long long)base->numel);
     }
     FSDP_TRY(tensor_new(ctx, base->storage, base->offset + offset, base->dtype, ndim, shape, out));
-    atomic_fetch_add(&base->storage->refs, 1);
+    if (!is_no_storage(base->storage)) atomic_fetch_add(&base->storage->refs, 1);
     return FSDP_OK;
 }
 
@@ -209,7 +234,7 @@ fsdp_status fsdp_tensor_rebind(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_tensor 
             "fsdp_tensor_rebind: elements [%lld, %lld) are outside the base (%lld elements)",
             (long long)offset, (long long)(offset + t->numel), (long long)base->numel);
     if (t->storage == base->storage && t->offset == base->offset + offset) return FSDP_OK;
-    atomic_fetch_add(&base->storage->refs, 1);
+    if (!is_no_storage(base->storage)) atomic_fetch_add(&base->storage->refs, 1);
     storage_release(t->storage);
     t->storage = base->storage;
     t->offset = base->offset + offset;
@@ -218,12 +243,30 @@ fsdp_status fsdp_tensor_rebind(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_tensor 
 
 void fsdp_tensor_alias(fsdp_tensor *t, const fsdp_tensor *src) {
     if (t == src) return;
-    atomic_fetch_add(&src->storage->refs, 1);
+    if (!is_no_storage(src->storage)) atomic_fetch_add(&src->storage->refs, 1);
     storage_release(t->storage);
     t->storage = src->storage;
     t->offset = src->offset;
     t->dtype = src->dtype;
     set_shape(t, src->ndim, src->shape);
+}
+
+void fsdp_tensor_release_storage(fsdp_tensor *t) {
+    fsdp_storage *none = no_storage_for(t->storage->device);
+    storage_release(t->storage);
+    t->storage = none;
+    t->offset = 0;
+}
+
+fsdp_status fsdp_tensor_create_unbound(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device,
+                                       int ndim, const int64_t *shape, fsdp_tensor **out) {
+    FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_create_unbound"));
+    FSDP_TRY(check_dtype_device(ctx, dtype, device));
+    return tensor_new(ctx, no_storage_for(device), 0, dtype, ndim, shape, out);
+}
+
+bool fsdp_tensor_has_storage(const fsdp_tensor *t) {
+    return !is_no_storage(t->storage);
 }
 
 int64_t fsdp_tensor_capacity(const fsdp_tensor *t) {
@@ -283,6 +326,7 @@ int64_t fsdp_tensor_dim(const fsdp_tensor *t, int dim) {
 }
 
 void *fsdp_tensor_data(const fsdp_tensor *t) {
+    if (!t->storage->data) return NULL;
     return (char *)t->storage->data + (size_t)t->offset * fsdp_dtype_size(t->dtype);
 }
 
@@ -306,7 +350,18 @@ const char *fsdp_tensor_shape_string(const fsdp_tensor *t, char *buf, size_t siz
     return buf;
 }
 
+/* Copies and fills refuse tensors without memory with a message that says why they have none. */
+static fsdp_status check_storage(fsdp_ctx *ctx, const fsdp_tensor *t, const char *what) {
+    if (!is_no_storage(t->storage) || t->numel == 0) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                     "%s: the tensor has no storage (a parameter or gradient of an FSDP unit "
+                     "while it is sharded); read it inside fsdp_summon_full_params",
+                     what);
+}
+
 fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor *src) {
+    FSDP_TRY(check_storage(ctx, dst, "fsdp_tensor_copy"));
+    FSDP_TRY(check_storage(ctx, src, "fsdp_tensor_copy"));
     if (dst->numel != src->numel) {
         char a[64], b[64];
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "fsdp_tensor_copy: %s into %s: element counts differ",
@@ -332,6 +387,7 @@ fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor 
 }
 
 fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value) {
+    FSDP_TRY(check_storage(ctx, t, "fsdp_tensor_fill"));
     const fsdp_kernels_i *k = fsdp_kernels_for(t->storage->device);
     if (!k) return FSDP_FAIL(ctx, FSDP_ERR_DEVICE, "fsdp_tensor_fill: no kernels for this device");
     if (t->dtype == FSDP_DTYPE_F32) {

@@ -39,6 +39,15 @@ fsdp_status fsdp_tensor_rebind(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_tensor 
  * each step's result this way. */
 void fsdp_tensor_alias(fsdp_tensor *t, const fsdp_tensor *src);
 
+/* Leaves t without memory (fsdp_tensor_has_storage false, data NULL), keeping its shape, dtype
+ * and device, until the next fsdp_tensor_rebind. FSDP does this to a unit's parameters when it
+ * reshards, so their gathered buffer can go back to the pool. No allocation. */
+void fsdp_tensor_release_storage(fsdp_tensor *t);
+
+/* A tensor of the given shape without storage, for fsdp_tensor_rebind to bind later. */
+fsdp_status fsdp_tensor_create_unbound(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device,
+                                       int ndim, const int64_t *shape, fsdp_tensor **out);
+
 /* Elements t can hold from its offset to the end of its storage. */
 int64_t fsdp_tensor_capacity(const fsdp_tensor *t);
 

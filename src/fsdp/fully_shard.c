@@ -1,6 +1,7 @@
 /* fully_shard.c: FSDP units over flat parameters: choosing the units, flattening their
  * parameters into one padded buffer, sharding it, and the hooks that gather before forward and
- * backward, reshard after, and reduce-scatter the flat gradient into the shard. */
+ * backward, reshard after, and reduce the flat gradient into the shard. Gathered buffers come
+ * from a caching pool (pool_impl.h) and are bound only while a unit is unsharded. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -10,9 +11,19 @@
 #include "core/ctx_impl.h"
 #include "core/error.h"
 #include "core/tensor_impl.h"
+#include "fsdp/pool_impl.h"
+#include "fsdp/tp.h"
 #include "fsdp/wrap.h"
 #include "kernels/kernels.h"
 #include "nn/module_impl.h"
+#include "optim/clip_impl.h"
+
+/* With use_orig_params every parameter starts at a multiple of this many elements (16 bytes of
+ * f32), as PyTorch aligns them. */
+#define ORIG_PARAM_ALIGN 4
+/* sync_module_states broadcasts in buckets of at most this many bytes (PyTorch's
+ * PARAM_BROADCAST_BUCKET_SIZE). */
+#define SYNC_BUCKET_BYTES ((int64_t)250 * 1024 * 1024)
 
 typedef struct unit {
     fsdp_sharded *owner;
@@ -22,30 +33,45 @@ typedef struct unit {
     fsdp_param **params; /* pre-order, registration order, nested units' excluded */
     int64_t *offsets;    /* of each parameter in the flat buffer */
     int n_params;
-    int64_t numel;          /* N: the parameters' elements */
-    int64_t shard_numel;    /* S = ceil(N / W); the flat buffer has W * S */
-    fsdp_tensor *full;      /* (W*S) the gathered flat parameter; parameters view into it */
-    fsdp_tensor *full_grad; /* (W*S) parameter gradients view into it */
-    fsdp_tensor *reduced;   /* (S) reduce_scatter output, added to the shard's gradient */
-    fsdp_param *flat;       /* the shard (S) the optimizer steps; NO_SHARD: views full */
-    bool unsharded;         /* full holds the current parameters */
+    int64_t numel;       /* N: the flat elements (parameters and alignment gaps) */
+    int64_t shard_numel; /* S = ceil(N / W) when sharded, else N */
+    int64_t padded;      /* W * S when sharded, else N */
+    /* NO_SHARD (or a group of one) without offload: the full flat parameter is the optimizer's
+     * parameter itself, always bound; nothing to gather. */
+    bool resident;
+    fsdp_tensor *full;      /* (padded): bound to a pool block while unsharded */
+    fsdp_tensor *full_grad; /* (padded): bound from pre-backward to the reduction */
+    fsdp_tensor *reduced;   /* (S): reduce_scatter output, bound during the reduction */
+    fsdp_tensor *mine;      /* (S): this rank's chunk of a gather output, for offload */
+    fsdp_tensor *stage;     /* (S): view of the host staging buffer, for offload */
+    fsdp_tensor *summon_host; /* summon_full_params(offload_to_cpu): the host copy */
+    fsdp_param *flat;       /* the shard (S) the optimizer steps; resident: views full */
+    bool unsharded;         /* the parameters are bound to full, which holds current values */
+    bool grad_bound;        /* the parameter gradients are bound to full_grad */
     bool grad_pending;      /* full_grad holds gradients of no_sync backwards */
+    bool summon_was_unsharded;
     int hook_ids[4];
 } unit;
 
 struct fsdp_sharded {
     fsdp_fully_shard_options opts;
-    fsdp_group *group;
-    int world, rank;
+    fsdp_group *group;     /* shards the parameters */
+    fsdp_group *replicate; /* HYBRID_SHARD: holds copies of the same shard; else NULL */
+    int world, rank;       /* in group */
+    int dp_size;           /* world times the replicate group's size */
     double pre_factor, post_factor;
     fsdp_module *root;
-    fsdp_module *flat_params; /* owns the flat shard parameters */
-    unit **units;             /* pre-order; units[0] is the root */
+    fsdp_module *flat_store; /* owns the flat shard parameters (impl: this object) */
+    fsdp_module *orig;       /* use_orig_params: the mirror tree of shard views; else NULL */
+    unit **units;            /* pre-order; units[0] is the root */
     int n_units;
+    fsdp_flat_segment *segments;
+    int n_segments;
+    fsdp_pool pool;          /* gathered parameters and gradients, on the compute device */
+    fsdp_tensor *host_stage; /* offload: reduced gradient shards arrive here (max S) */
     bool sync;
     bool summoned;
     fsdp_summon_options summon;
-    bool *summon_was_unsharded;
 };
 
 const char *fsdp_sharding_strategy_to_string(fsdp_sharding_strategy s) {
@@ -53,35 +79,87 @@ const char *fsdp_sharding_strategy_to_string(fsdp_sharding_strategy s) {
     return (int)s >= 0 && s < FSDP_SHARDING_STRATEGY_COUNT ? names[s] : "unknown";
 }
 
-/* ---- gather, reshard, reduce ---- */
+/* ---- binding, gathering, resharding, reducing ---- */
 
 static bool sharded_strategy(const fsdp_sharded *sh) {
     return sh->opts.strategy != FSDP_NO_SHARD && sh->world > 1;
 }
 
-static fsdp_status unshard(fsdp_ctx *ctx, unit *u) {
-    if (u->unsharded || u->numel == 0) return FSDP_OK; /* a unit without parameters is silent */
+/* FULL_SHARD and HYBRID_SHARD free non-root parameters after forward and after every
+ * backward; the others keep them until the synchronising backward ends. */
+static bool reshard_after_forward(const fsdp_sharded *sh) {
+    return sh->opts.strategy == FSDP_FULL_SHARD || sh->opts.strategy == FSDP_HYBRID_SHARD;
+}
+
+static fsdp_status bind_params(fsdp_ctx *ctx, unit *u, const fsdp_tensor *base) {
+    for (int i = 0; i < u->n_params; i++)
+        FSDP_TRY(fsdp_tensor_rebind(ctx, u->params[i]->data, base, u->offsets[i]));
+    return FSDP_OK;
+}
+
+static void release_params(unit *u) {
+    for (int i = 0; i < u->n_params; i++) fsdp_tensor_release_storage(u->params[i]->data);
+}
+
+/* full <- the concatenation of every rank's shard. With offload the shard is in host memory:
+ * it is copied to the device first, into this rank's chunk of full, and gathered in place. */
+static fsdp_status gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const fsdp_tensor *shard) {
     fsdp_sharded *sh = u->owner;
-    /* The shard is rank r's chunk of full: gather in place. */
-    fsdp_tensor *mine;
-    FSDP_TRY(fsdp_tensor_view(ctx, u->full, (int64_t)sh->rank * u->shard_numel, 1, &u->shard_numel,
-                              &mine));
-    fsdp_status st = fsdp_tensor_copy(ctx, mine, u->flat->data);
-    if (st == FSDP_OK) st = fsdp_all_gather(ctx, sh->group, u->full, mine, 0);
-    fsdp_tensor_free(mine);
-    if (st == FSDP_OK) u->unsharded = true;
+    if (!sh->opts.offload_params) return fsdp_all_gather(ctx, sh->group, full, shard, 0);
+    FSDP_TRY(fsdp_tensor_rebind(ctx, u->mine, full, (int64_t)sh->rank * u->shard_numel));
+    fsdp_status st = fsdp_tensor_copy(ctx, u->mine, shard);
+    if (st == FSDP_OK) st = fsdp_all_gather(ctx, sh->group, full, u->mine, 0);
+    fsdp_tensor_release_storage(u->mine);
     return st;
 }
 
-static void reshard(unit *u) {
+/* Gathers the unit's full parameters into a pool block and points its parameters into it. */
+static fsdp_status unshard(fsdp_ctx *ctx, unit *u) {
+    if (u->unsharded || u->numel == 0) return FSDP_OK; /* a unit without parameters is silent */
     fsdp_sharded *sh = u->owner;
-    if (!u->unsharded || !sharded_strategy(sh)) return;
+    FSDP_TRY(fsdp_pool_take(ctx, &sh->pool, u->full));
+    fsdp_status st = sharded_strategy(sh) ? gather(ctx, u, u->full, u->flat->data)
+                                          : fsdp_tensor_copy(ctx, u->full, u->flat->data);
+    if (st == FSDP_OK) st = bind_params(ctx, u, u->full);
+    if (st != FSDP_OK) {
+        release_params(u);
+        fsdp_pool_give(&sh->pool, u->full);
+        return st;
+    }
+    u->unsharded = true;
+    return FSDP_OK;
+}
+
+/* Frees the gathered parameters: the parameters lose their storage, the block goes back to
+ * the pool. */
+static void reshard(unit *u) {
+    if (!u->unsharded || u->resident) return;
+    release_params(u);
+    fsdp_pool_give(&u->owner->pool, u->full);
     u->unsharded = false;
-    if (!sh->opts.poison_resharded) return;
-    float *f = fsdp_tensor_f32(u->full);
-    int64_t lo = (int64_t)sh->rank * u->shard_numel, hi = lo + u->shard_numel;
-    for (int64_t i = 0; i < fsdp_tensor_numel(u->full); i++)
-        if (i < lo || i >= hi) f[i] = NAN;
+}
+
+/* Binds the parameter gradients to a zeroed full gradient buffer. */
+static fsdp_status take_grads(fsdp_ctx *ctx, unit *u) {
+    if (u->grad_bound || u->numel == 0) return FSDP_OK;
+    FSDP_TRY(fsdp_pool_take(ctx, &u->owner->pool, u->full_grad));
+    fsdp_status st = fsdp_tensor_fill(ctx, u->full_grad, 0.0f);
+    for (int i = 0; st == FSDP_OK && i < u->n_params; i++)
+        st = fsdp_tensor_rebind(ctx, u->params[i]->grad, u->full_grad, u->offsets[i]);
+    if (st != FSDP_OK) {
+        for (int i = 0; i < u->n_params; i++) fsdp_tensor_release_storage(u->params[i]->grad);
+        fsdp_pool_give(&u->owner->pool, u->full_grad);
+        return st;
+    }
+    u->grad_bound = true;
+    return FSDP_OK;
+}
+
+static void give_grads(unit *u) {
+    if (!u->grad_bound) return;
+    for (int i = 0; i < u->n_params; i++) fsdp_tensor_release_storage(u->params[i]->grad);
+    fsdp_pool_give(&u->owner->pool, u->full_grad);
+    u->grad_bound = false;
 }
 
 static void scale(fsdp_tensor *t, double factor) {
@@ -91,29 +169,46 @@ static void scale(fsdp_tensor *t, double factor) {
                 fsdp_tensor_numel(t));
 }
 
-/* Averages the unit's full gradient over the group into its shard's gradient: divide by the
- * pre factor, reduce (reduce_scatter, or all_reduce for NO_SHARD), divide by the post factor,
- * add to the shard gradient. */
+/* shard gradient += src. With offload src is copied to the host first and added there. */
+static fsdp_status accumulate(fsdp_ctx *ctx, unit *u, const fsdp_tensor *src) {
+    fsdp_tensor *g = u->flat->grad;
+    if (u->owner->opts.offload_params) {
+        FSDP_TRY(fsdp_tensor_copy(ctx, u->stage, src));
+        src = u->stage;
+    }
+    fsdp_kernels_for(fsdp_tensor_device(g))
+        ->axpy(fsdp_tensor_f32(g), 1.0f, fsdp_tensor_f32(src), fsdp_tensor_numel(g));
+    return FSDP_OK;
+}
+
+/* Averages the unit's full gradient over the data-parallel ranks into its shard's gradient:
+ * divide by the pre factor; reduce_scatter over the group (all_reduce for NO_SHARD); all_reduce
+ * over the replicate group (HYBRID_SHARD); divide by the post factor; add to the shard's
+ * gradient. */
 static fsdp_status reduce_grad(fsdp_ctx *ctx, unit *u) {
     fsdp_sharded *sh = u->owner;
     if (u->numel == 0) return FSDP_OK;
-    const fsdp_kernels_i *k = fsdp_kernels_for(fsdp_tensor_device(u->full_grad));
-    const fsdp_tensor *src = u->full_grad;
-    if (sh->world > 1) {
-        scale(u->full_grad, sh->pre_factor);
-        if (sharded_strategy(sh)) {
-            FSDP_TRY(
-                fsdp_reduce_scatter(ctx, sh->group, u->reduced, u->full_grad, 0, FSDP_REDUCE_SUM));
-            src = u->reduced;
-        } else {
-            FSDP_TRY(fsdp_all_reduce(ctx, sh->group, u->full_grad, FSDP_REDUCE_SUM));
-        }
-        scale((fsdp_tensor *)src, sh->post_factor);
+    fsdp_tensor *src = u->full_grad;
+    bool sharded = sharded_strategy(sh);
+    if (sh->dp_size > 1) scale(u->full_grad, sh->pre_factor);
+    if (sharded) {
+        FSDP_TRY(fsdp_pool_take(ctx, &sh->pool, u->reduced));
+        src = u->reduced;
     }
-    k->axpy(fsdp_tensor_f32(u->flat->grad), 1.0f, fsdp_tensor_f32(src),
-            fsdp_tensor_numel(u->flat->grad));
-    u->grad_pending = false;
-    return FSDP_OK;
+    fsdp_status st = FSDP_OK;
+    if (sharded)
+        st = fsdp_reduce_scatter(ctx, sh->group, u->reduced, u->full_grad, 0, FSDP_REDUCE_SUM);
+    else if (sh->world > 1)
+        st = fsdp_all_reduce(ctx, sh->group, u->full_grad, FSDP_REDUCE_SUM);
+    if (st == FSDP_OK && sh->replicate)
+        st = fsdp_all_reduce(ctx, sh->replicate, src, FSDP_REDUCE_SUM);
+    if (st == FSDP_OK) {
+        if (sh->dp_size > 1) scale(src, sh->post_factor);
+        st = accumulate(ctx, u, src);
+    }
+    if (sharded) fsdp_pool_give(&sh->pool, u->reduced);
+    if (st == FSDP_OK) u->grad_pending = false;
+    return st;
 }
 
 /* ---- hooks ---- */
@@ -128,9 +223,8 @@ static fsdp_status post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
                                 const fsdp_tensor **io, void *user) {
     (void)ctx, (void)m, (void)point, (void)io;
     unit *u = user;
-    /* FULL_SHARD frees non-root parameters until backward; the root keeps them, since its
-     * backward starts right after forward. */
-    if (u->owner->opts.strategy == FSDP_FULL_SHARD && !u->is_root) reshard(u);
+    /* The root keeps its parameters: its backward starts right after forward. */
+    if (reshard_after_forward(u->owner) && !u->is_root) reshard(u);
     return FSDP_OK;
 }
 
@@ -139,8 +233,7 @@ static fsdp_status pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
     (void)m, (void)point, (void)io;
     unit *u = user;
     FSDP_TRY(unshard(ctx, u));
-    if (!u->grad_pending) FSDP_TRY(fsdp_tensor_fill(ctx, u->full_grad, 0.0f));
-    return FSDP_OK;
+    return take_grads(ctx, u); /* under no_sync, still bound with what was accumulated */
 }
 
 static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
@@ -148,10 +241,14 @@ static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
     (void)m, (void)point, (void)io;
     unit *u = user;
     if (!u->owner->sync) {
+        /* no_sync: the full gradient stays bound and accumulates; FULL_SHARD still frees the
+         * parameters (PyTorch's _should_free_in_backward). */
         u->grad_pending = true;
+        if (reshard_after_forward(u->owner)) reshard(u);
         return FSDP_OK;
     }
     FSDP_TRY(reduce_grad(ctx, u));
+    give_grads(u);
     reshard(u);
     return FSDP_OK;
 }
@@ -207,19 +304,27 @@ static fsdp_status choose(fsdp_ctx *ctx, chooser *c, fsdp_module *m, int64_t *le
     return FSDP_OK;
 }
 
-/* Pre-order over m's subtree, skipping other units: the unit's parameters. */
-static fsdp_status collect(fsdp_ctx *ctx, const chooser *c, unit *u, fsdp_module *m, bool count) {
-    if (m != u->module && is_unit_module(c, m)) return FSDP_OK;
+/* Pre-order over m's subtree, skipping other units: the unit's parameters, each at the next
+ * free offset (aligned with use_orig_params). */
+static void collect(const chooser *c, unit *u, fsdp_module *m, bool count) {
+    if (m != u->module && is_unit_module(c, m)) return;
+    int64_t align = c->sh->opts.use_orig_params ? ORIG_PARAM_ALIGN : 1;
     for (int i = 0; i < m->n_params; i++) {
+        int64_t at = (u->numel + align - 1) / align * align;
         if (!count) {
             u->params[u->n_params] = m->params[i];
-            u->offsets[u->n_params] = u->numel;
+            u->offsets[u->n_params] = at;
         }
         u->n_params++;
-        u->numel += fsdp_tensor_numel(m->params[i]->data);
+        u->numel = at + fsdp_tensor_numel(m->params[i]->data);
     }
-    for (int i = 0; i < m->n_children; i++) FSDP_TRY(collect(ctx, c, u, m->children[i], count));
-    return FSDP_OK;
+    for (int i = 0; i < m->n_children; i++) collect(c, u, m->children[i], count);
+}
+
+/* A module's path relative to the root ("" for the root). */
+static const char *rel_path(const fsdp_sharded *sh, const fsdp_module *m) {
+    if (m == sh->root) return "";
+    return m->fqn + strlen(sh->root->fqn) + (sh->root->fqn[0] ? 1 : 0);
 }
 
 /* ---- building a unit ---- */
@@ -229,82 +334,186 @@ static void unit_free(unit *u) {
     fsdp_tensor_free(u->full);
     fsdp_tensor_free(u->full_grad);
     fsdp_tensor_free(u->reduced);
+    fsdp_tensor_free(u->mine);
+    fsdp_tensor_free(u->stage);
+    fsdp_tensor_free(u->summon_host);
     free(u->params);
     free(u->offsets);
     free(u->path);
     free(u);
 }
 
-/* Flattens the unit's parameters into its full buffer, points them (and their gradients) into
- * it, and makes the shard parameter. */
-static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, const chooser *c, fsdp_module *m,
-                              unit **out) {
+/* A handle of n elements on the device that holds no memory until the pool binds it. */
+static fsdp_status empty_handle(fsdp_ctx *ctx, int64_t n, fsdp_tensor **out) {
+    return fsdp_tensor_create_unbound(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, out);
+}
+
+/* Collects the unit's parameters and checks them. */
+static fsdp_status unit_collect(fsdp_ctx *ctx, fsdp_sharded *sh, const chooser *c,
+                                fsdp_module *m, unit **out) {
     unit *u = calloc(1, sizeof *u);
     if (!u) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an FSDP unit");
     u->owner = sh;
     u->module = m;
     u->is_root = m == sh->root;
-    const char *rel = m->fqn + strlen(sh->root->fqn) + (sh->root->fqn[0] && !u->is_root ? 1 : 0);
-    u->path = strdup(rel);
-    fsdp_status st = u->path ? collect(ctx, c, u, m, true) : FSDP_ERR_OUT_OF_MEMORY;
-    int n = u->n_params;
-    u->params = calloc((size_t)n + 1, sizeof *u->params);
-    u->offsets = calloc((size_t)n + 1, sizeof *u->offsets);
-    if (st != FSDP_OK || !u->params || !u->offsets) {
+    for (int h = 0; h < 4; h++) u->hook_ids[h] = -1;
+    u->path = strdup(rel_path(sh, m));
+    if (u->path) collect(c, u, m, true);
+    u->params = calloc((size_t)u->n_params + 1, sizeof *u->params);
+    u->offsets = calloc((size_t)u->n_params + 1, sizeof *u->offsets);
+    if (!u->path || !u->params || !u->offsets) {
         unit_free(u);
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an FSDP unit");
     }
     u->n_params = 0;
     u->numel = 0;
-    collect(ctx, c, u, m, false);
-    int64_t W = sh->world;
-    u->shard_numel = sharded_strategy(sh) ? (u->numel + W - 1) / W : u->numel;
-    int64_t padded = sharded_strategy(sh) ? u->shard_numel * W : u->numel;
-    st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &padded, &u->full);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &padded, &u->full_grad);
-    if (st == FSDP_OK && sharded_strategy(sh))
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &u->shard_numel, &u->reduced);
-    for (int i = 0; st == FSDP_OK && i < u->n_params; i++) {
-        fsdp_param *p = u->params[i];
-        if (fsdp_tensor_dtype(p->data) != FSDP_DTYPE_F32) {
-            st = FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "FSDP flattens f32 parameters; '%s' of '%s' is %s",
-                           p->name, p->module->fqn,
-                           fsdp_dtype_to_string(fsdp_tensor_dtype(p->data)));
-            break;
-        }
-        memcpy(fsdp_tensor_f32(u->full) + u->offsets[i], fsdp_tensor_f32(p->data),
-               fsdp_tensor_nbytes(p->data));
-        memcpy(fsdp_tensor_f32(u->full_grad) + u->offsets[i], fsdp_tensor_f32(p->grad),
-               fsdp_tensor_nbytes(p->grad));
-        st = fsdp_tensor_rebind(ctx, p->data, u->full, u->offsets[i]);
-        if (st == FSDP_OK) st = fsdp_tensor_rebind(ctx, p->grad, u->full_grad, u->offsets[i]);
-    }
-    if (st != FSDP_OK) {
-        unit_free(u);
-        return st;
-    }
-    u->unsharded = true;
+    collect(c, u, m, false);
     *out = u;
+    for (int i = 0; i < u->n_params; i++) {
+        fsdp_param *p = u->params[i];
+        if (fsdp_tensor_dtype(p->data) != FSDP_DTYPE_F32)
+            return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "FSDP flattens f32 parameters; '%s' of '%s' is %s",
+                             p->name, p->module->fqn,
+                             fsdp_dtype_to_string(fsdp_tensor_dtype(p->data)));
+        if (!fsdp_tensor_has_storage(p->data))
+            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                             "fsdp_fully_shard: parameter '%s' of '%s' has no storage: is the "
+                             "model already wrapped by another fsdp_fully_shard?",
+                             p->name, p->module->fqn);
+        if (!sh->opts.use_orig_params && p->requires_grad != u->params[0]->requires_grad)
+            return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                             "FSDP unit '%s' mixes frozen and trainable parameters ('%s' of '%s' "
+                             "and '%s' of '%s'); set use_orig_params, or wrap them in separate "
+                             "units",
+                             u->path, u->params[0]->name, u->params[0]->module->fqn, p->name,
+                             p->module->fqn);
+    }
     return FSDP_OK;
 }
 
-/* The optimizer's view of the unit: a parameter of S elements holding this rank's chunk of
- * the flat buffer (NO_SHARD: the whole buffer itself). */
-static fsdp_status unit_flat_param(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
+/* Flattens the unit's parameters (zeros in the gaps and the padding), makes its shard
+ * parameter, and leaves the model's parameters views of the full buffer when resident, without
+ * storage otherwise. */
+static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
+    int64_t W = sh->world;
+    bool sharded = sharded_strategy(sh);
+    u->shard_numel = sharded ? (u->numel + W - 1) / W : u->numel;
+    u->padded = sharded ? u->shard_numel * W : u->numel;
+    u->resident = !sharded && !sh->opts.offload_params;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &u->padded, &u->full);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, u->full, 0.0f);
+    if (st == FSDP_OK) st = empty_handle(ctx, u->padded, &u->full_grad);
+    if (st == FSDP_OK && sharded) st = empty_handle(ctx, u->shard_numel, &u->reduced);
+    if (st == FSDP_OK && sharded) st = empty_handle(ctx, u->shard_numel, &u->mine);
+    float *f = st == FSDP_OK ? fsdp_tensor_f32(u->full) : NULL;
+    for (int i = 0; st == FSDP_OK && i < u->n_params; i++) {
+        fsdp_param *p = u->params[i];
+        memcpy(f + u->offsets[i], fsdp_tensor_f32(p->data), fsdp_tensor_nbytes(p->data));
+        st = fsdp_tensor_rebind(ctx, p->data, u->full, u->offsets[i]);
+        fsdp_tensor_release_storage(p->grad);
+    }
+    /* The optimizer's view: this rank's chunk (resident: the whole buffer itself). */
     char name[256];
     size_t len = 0;
     for (const char *s = u->path; *s && len + 12 < sizeof name; s++)
         name[len++] = *s == '.' ? '_' : *s;
     snprintf(name + len, sizeof name - len, "%s_flat_param", len ? "_" : "");
-    FSDP_TRY(fsdp_module_add_param(ctx, sh->flat_params, name, 1, &u->shard_numel,
-                                   (fsdp_init){.kind = FSDP_INIT_ZEROS}, &u->flat));
-    if (!sharded_strategy(sh)) return fsdp_tensor_rebind(ctx, u->flat->data, u->full, 0);
-    memcpy(fsdp_tensor_f32(u->flat->data),
-           fsdp_tensor_f32(u->full) + (int64_t)sh->rank * u->shard_numel,
+    if (st == FSDP_OK)
+        st = fsdp_module_add_param(ctx, sh->flat_store, name, 1, &u->shard_numel,
+                                   (fsdp_init){.kind = FSDP_INIT_ZEROS}, &u->flat);
+    if (st == FSDP_OK && u->n_params) u->flat->requires_grad = u->params[0]->requires_grad;
+    if (st != FSDP_OK) return st;
+    if (u->resident) {
+        u->unsharded = true;
+        return fsdp_tensor_rebind(ctx, u->flat->data, u->full, 0);
+    }
+    memcpy(fsdp_tensor_f32(u->flat->data), f + (int64_t)sh->rank * u->shard_numel,
            (size_t)u->shard_numel * sizeof(float));
+    /* Start sharded, as after a step: the flattening buffer is freed. */
+    release_params(u);
+    fsdp_tensor_release_storage(u->full);
     return FSDP_OK;
 }
+
+/* ---- sync_module_states ---- */
+
+typedef struct sync_list {
+    fsdp_tensor **t;
+    int n, cap;
+} sync_list;
+
+static fsdp_status sync_push(fsdp_ctx *ctx, sync_list *l, fsdp_tensor *t) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        fsdp_tensor **p = realloc(l->t, (size_t)cap * sizeof *p);
+        if (!p) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "sync_module_states: out of memory");
+        l->t = p;
+        l->cap = cap;
+    }
+    l->t[l->n++] = t;
+    return FSDP_OK;
+}
+
+static fsdp_status sync_collect(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    for (int i = 0; i < m->n_params; i++) FSDP_TRY(sync_push(ctx, user, m->params[i]->data));
+    for (int i = 0; i < m->n_buffers; i++) FSDP_TRY(sync_push(ctx, user, m->buffers[i].data));
+    return FSDP_OK;
+}
+
+/* Broadcasts every parameter and buffer of the model from rank 0 of group: f32 tensors packed
+ * into buckets (one broadcast each), others one by one. */
+static fsdp_status sync_states(fsdp_ctx *ctx, fsdp_module *root, fsdp_group *group) {
+    if (fsdp_group_size(group) == 1) return FSDP_OK;
+    sync_list l = {0};
+    fsdp_status st = fsdp_module_visit(ctx, root, sync_collect, &l);
+    int64_t total = 0;
+    for (int i = 0; st == FSDP_OK && i < l.n; i++)
+        if (fsdp_tensor_dtype(l.t[i]) == FSDP_DTYPE_F32) total += fsdp_tensor_numel(l.t[i]);
+        else st = fsdp_broadcast(ctx, group, l.t[i], 0);
+    int64_t cap = SYNC_BUCKET_BYTES / (int64_t)sizeof(float);
+    int64_t size = total < cap ? total : cap;
+    fsdp_tensor *bucket = NULL;
+    if (st == FSDP_OK && size > 0)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &size, &bucket);
+    /* Tensors in order; one bigger than a bucket is broadcast on its own. */
+    for (int i = 0; st == FSDP_OK && i < l.n;) {
+        if (fsdp_tensor_dtype(l.t[i]) != FSDP_DTYPE_F32) {
+            i++;
+            continue;
+        }
+        if (fsdp_tensor_numel(l.t[i]) > size) {
+            st = fsdp_broadcast(ctx, group, l.t[i], 0);
+            i++;
+            continue;
+        }
+        int first = i;
+        int64_t used = 0;
+        float *b = fsdp_tensor_f32(bucket);
+        for (; i < l.n; i++) {
+            if (fsdp_tensor_dtype(l.t[i]) != FSDP_DTYPE_F32) continue;
+            int64_t n = fsdp_tensor_numel(l.t[i]);
+            if (n > size || used + n > size) break;
+            memcpy(b + used, fsdp_tensor_f32(l.t[i]), (size_t)n * sizeof(float));
+            used += n;
+        }
+        fsdp_tensor *part = NULL;
+        st = fsdp_tensor_view(ctx, bucket, 0, 1, &used, &part);
+        if (st == FSDP_OK) st = fsdp_broadcast(ctx, group, part, 0);
+        fsdp_tensor_free(part);
+        used = 0;
+        for (int j = first; st == FSDP_OK && j < i; j++) {
+            if (fsdp_tensor_dtype(l.t[j]) != FSDP_DTYPE_F32) continue;
+            int64_t n = fsdp_tensor_numel(l.t[j]);
+            memcpy(fsdp_tensor_f32(l.t[j]), b + used, (size_t)n * sizeof(float));
+            used += n;
+        }
+    }
+    fsdp_tensor_free(bucket);
+    free(l.t);
+    return st;
+}
+
+/* ---- the optimizer's parameters ---- */
 
 static fsdp_status flat_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
                                 const fsdp_tensor **out) {
@@ -323,21 +532,175 @@ static fsdp_status flat_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
 static const fsdp_module_ops flat_ops = {
     .kind = "FlatParams", .forward = flat_forward, .backward = flat_backward};
 
+/* Every parameter's place in its unit's flat buffer and in this rank's shard. */
+static fsdp_status make_segments(fsdp_ctx *ctx, fsdp_sharded *sh) {
+    int n = 0;
+    for (int i = 0; i < sh->n_units; i++) n += sh->units[i]->n_params;
+    sh->segments = calloc((size_t)n + 1, sizeof *sh->segments);
+    if (!sh->segments) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list FSDP segments");
+    for (int i = 0; i < sh->n_units; i++) {
+        unit *u = sh->units[i];
+        int64_t lo_shard = sharded_strategy(sh) ? (int64_t)sh->rank * u->shard_numel : 0;
+        int64_t hi_shard = lo_shard + u->shard_numel;
+        for (int k = 0; k < u->n_params; k++) {
+            fsdp_flat_segment *s = &sh->segments[sh->n_segments];
+            fsdp_param *p = u->params[k];
+            const char *mod = rel_path(sh, p->module);
+            size_t len = strlen(mod) + strlen(p->name) + 2;
+            char *fqn = malloc(len);
+            if (!fqn) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot name a segment");
+            snprintf(fqn, len, "%s%s%s", mod, *mod ? "." : "", p->name);
+            s->fqn = fqn;
+            sh->n_segments++;
+            s->param = p;
+            s->unit = i;
+            s->offset = u->offsets[k];
+            s->numel = fsdp_tensor_numel(p->data);
+            int64_t lo = s->offset > lo_shard ? s->offset : lo_shard;
+            int64_t hi = s->offset + s->numel < hi_shard ? s->offset + s->numel : hi_shard;
+            if (hi > lo) {
+                s->shard_begin = lo - s->offset;
+                s->shard_numel = hi - lo;
+                s->shard_offset = lo - lo_shard;
+            }
+        }
+    }
+    return FSDP_OK;
+}
+
+/* use_orig_params: a module tree mirroring the model's, whose parameters are 1-D views of each
+ * original parameter's part of the shards, created in the model's named_parameters() order. */
+static fsdp_status mirror_module(fsdp_ctx *ctx, fsdp_sharded *sh, const fsdp_module *m,
+                                 fsdp_module **out) {
+    if (m == sh->root) {
+        *out = sh->orig;
+        return FSDP_OK;
+    }
+    fsdp_module *parent;
+    FSDP_TRY(mirror_module(ctx, sh, m->parent, &parent));
+    fsdp_module *child = fsdp_module_find(parent, m->name);
+    if (!child) {
+        FSDP_TRY(fsdp_module_create(ctx, &flat_ops, NULL, &child));
+        FSDP_TRY(fsdp_module_add_child(ctx, parent, m->name, child));
+    }
+    *out = child;
+    return FSDP_OK;
+}
+
+static fsdp_status mirror_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)name;
+    fsdp_sharded *sh = user;
+    const fsdp_flat_segment *s = NULL;
+    for (int i = 0; i < sh->n_segments && !s; i++)
+        if (sh->segments[i].param == p) s = &sh->segments[i];
+    if (!s) return FSDP_OK;
+    const unit *u = sh->units[s->unit];
+    fsdp_module *at;
+    fsdp_param *view;
+    FSDP_TRY(mirror_module(ctx, sh, p->module, &at));
+    FSDP_TRY(fsdp_module_add_param(ctx, at, p->name, 1, &s->shard_numel,
+                                   (fsdp_init){.kind = FSDP_INIT_ZEROS}, &view));
+    view->requires_grad = p->requires_grad;
+    FSDP_TRY(fsdp_tensor_rebind(ctx, view->data, u->flat->data, s->shard_offset));
+    return fsdp_tensor_rebind(ctx, view->grad, u->flat->grad, s->shard_offset);
+}
+
+/* ---- wrapping ---- */
+
+static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_fully_shard_options *o) {
+    if ((int)o->strategy < 0 || o->strategy >= FSDP_SHARDING_STRATEGY_COUNT)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_fully_shard: unknown strategy %d; use FSDP_FULL_SHARD, "
+                         "FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD or FSDP_HYBRID_SHARD",
+                         (int)o->strategy);
+    if (o->strategy == FSDP_HYBRID_SHARD && !o->replicate_group)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_fully_shard: HYBRID_SHARD needs replicate_group (the ranks that "
+                         "hold the same shard) besides group (the ranks that shard); with a "
+                         "(replicate, shard) mesh pass its two dims' groups");
+    if (o->strategy != FSDP_HYBRID_SHARD && o->replicate_group)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_fully_shard: replicate_group is only for HYBRID_SHARD; strategy "
+                         "is %s",
+                         fsdp_sharding_strategy_to_string(o->strategy));
+    if (o->min_num_params < 0 || o->n_wrap_kinds < 0 || o->n_wrap_paths < 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_fully_shard: negative min_num_params or list length");
+    return FSDP_OK;
+}
+
+/* The units' modules in pre-order: the root, then the picked modules as the tree visits them. */
+static fsdp_status order_units(fsdp_ctx *ctx, const chooser *c, fsdp_module *m, fsdp_module **order,
+                               int *n) {
+    if (m == c->sh->root || is_unit_module(c, m)) order[(*n)++] = m;
+    for (int i = 0; i < m->n_children; i++) FSDP_TRY(order_units(ctx, c, m->children[i], order, n));
+    return FSDP_OK;
+}
+
+static fsdp_status wrap(fsdp_ctx *ctx, fsdp_sharded *sh) {
+    const fsdp_fully_shard_options *o = &sh->opts;
+    /* Before flattening, as PyTorch: the shard group first, then across replicas. */
+    if (o->sync_module_states) {
+        FSDP_TRY(sync_states(ctx, sh->root, sh->group));
+        if (sh->replicate) FSDP_TRY(sync_states(ctx, sh->root, sh->replicate));
+    }
+    chooser c = {.sh = sh};
+    int64_t left;
+    fsdp_status st = choose(ctx, &c, sh->root, &left);
+    if (st == FSDP_OK) st = fsdp_module_create(ctx, &flat_ops, sh, &sh->flat_store);
+    fsdp_module **order = NULL;
+    int n_order = 0;
+    if (st == FSDP_OK) {
+        order = calloc((size_t)c.n_picked + 1, sizeof *order);
+        sh->units = calloc((size_t)c.n_picked + 1, sizeof *sh->units);
+        if (!order || !sh->units)
+            st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate FSDP units");
+    }
+    if (st == FSDP_OK) st = order_units(ctx, &c, sh->root, order, &n_order);
+    /* Every unit is checked before any parameter is moved. */
+    for (int i = 0; st == FSDP_OK && i < n_order; i++) {
+        st = unit_collect(ctx, sh, &c, order[i], &sh->units[i]);
+        if (sh->units[i]) sh->n_units++;
+    }
+    for (int i = 0; st == FSDP_OK && i < sh->n_units; i++) st = unit_build(ctx, sh, sh->units[i]);
+    free(order);
+    free(c.picked);
+    if (st == FSDP_OK) st = make_segments(ctx, sh);
+    if (st == FSDP_OK && o->use_orig_params) {
+        st = fsdp_module_create(ctx, &flat_ops, sh, &sh->orig);
+        if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, sh->root, mirror_param, sh);
+    }
+    if (st == FSDP_OK && o->offload_params) {
+        int64_t most = 1;
+        for (int i = 0; i < sh->n_units; i++)
+            if (sh->units[i]->shard_numel > most) most = sh->units[i]->shard_numel;
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &most, &sh->host_stage);
+        for (int i = 0; st == FSDP_OK && i < sh->n_units; i++)
+            st = fsdp_tensor_view(ctx, sh->host_stage, 0, 1, &sh->units[i]->shard_numel,
+                                  &sh->units[i]->stage);
+    }
+    static const fsdp_hook_fn fns[4] = {pre_forward, post_forward, pre_backward, post_backward};
+    for (int i = 0; st == FSDP_OK && i < sh->n_units; i++) {
+        unit *u = sh->units[i];
+        for (int h = 0; st == FSDP_OK && h < 4; h++) {
+            /* Pre-hooks run before TP's (parameters first), post-hooks after them. */
+            bool front = h == FSDP_HOOK_PRE_FORWARD || h == FSDP_HOOK_PRE_BACKWARD;
+            st = front ? fsdp_nn_add_hook_front(ctx, u->module, (fsdp_hook_point)h, fns[h], u, NULL,
+                                                &u->hook_ids[h])
+                       : fsdp_module_add_hook(ctx, u->module, (fsdp_hook_point)h, fns[h], u, NULL,
+                                              &u->hook_ids[h]);
+        }
+    }
+    return st;
+}
+
 fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_shard_options *opts,
                              fsdp_sharded **out) {
     if (!root || !out)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_fully_shard: NULL argument");
     *out = NULL;
     fsdp_fully_shard_options o = opts ? *opts : (fsdp_fully_shard_options){0};
-    if ((int)o.strategy < 0 || o.strategy >= FSDP_SHARDING_STRATEGY_COUNT)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_fully_shard: unknown strategy %d; use FSDP_FULL_SHARD, "
-                         "FSDP_SHARD_GRAD_OP or FSDP_NO_SHARD",
-                         (int)o.strategy);
-    if (o.strategy == FSDP_HYBRID_SHARD)
-        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "fsdp_fully_shard: HYBRID_SHARD is not written yet; use FULL_SHARD over "
-                         "the whole data-parallel group");
+    FSDP_TRY(check_options(ctx, &o));
     fsdp_group *group = o.group ? o.group : fsdp_ctx_world_group(ctx);
     if (!group)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
@@ -350,82 +713,37 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
     if (!sh) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate FSDP state");
     sh->opts = o;
     sh->group = group;
+    sh->replicate =
+        o.replicate_group && fsdp_group_size(o.replicate_group) > 1 ? o.replicate_group : NULL;
     sh->world = fsdp_group_size(group);
     sh->rank = fsdp_group_rank(group);
+    sh->dp_size = sh->world * (o.replicate_group ? fsdp_group_size(o.replicate_group) : 1);
     sh->root = root;
     sh->sync = true;
-    /* REFERENCE.md section 4: pre doubles while D % pre == 0 and D / pre > pre. */
+    sh->pool.device = FSDP_CPU;
+    sh->pool.poison = o.poison_resharded;
+    /* REFERENCE.md section 4, over the whole data-parallel size: pre doubles while
+     * D % pre == 0 and D / pre > pre. */
     int pre = 1;
-    while (sh->world % (pre * 2) == 0 && sh->world / pre > pre) pre *= 2;
+    while (sh->dp_size % (pre * 2) == 0 && sh->dp_size / pre > pre) pre *= 2;
     sh->pre_factor = pre;
-    sh->post_factor = (double)sh->world / pre;
-    chooser c = {.sh = sh};
-    int64_t left;
-    fsdp_status st = choose(ctx, &c, root, &left);
-    if (st == FSDP_OK) st = fsdp_module_create(ctx, &flat_ops, NULL, &sh->flat_params);
-    int n_units = c.n_picked + 1;
-    if (st == FSDP_OK) {
-        sh->units = calloc((size_t)n_units, sizeof *sh->units);
-        if (!sh->units) st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate FSDP units");
-    }
-    /* Units in pre-order: the root, then nested units as the tree visits them (picked is
-     * post-order; order them by walking the tree). */
-    fsdp_module **order = calloc((size_t)n_units, sizeof *order);
-    int n_order = 0;
-    if (st == FSDP_OK && !order) st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot order units");
-    if (st == FSDP_OK) {
-        order[n_order++] = root;
-        /* An explicit stack walk in pre-order. */
-        fsdp_module **stack = calloc(1024, sizeof *stack);
-        int top = 0;
-        if (!stack) st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot order units");
-        for (int i = root->n_children - 1; st == FSDP_OK && i >= 0 && top < 1024; i--)
-            stack[top++] = root->children[i];
-        while (st == FSDP_OK && top > 0) {
-            fsdp_module *m = stack[--top];
-            if (is_unit_module(&c, m)) order[n_order++] = m;
-            for (int i = m->n_children - 1; i >= 0; i--) {
-                if (top == 1024) {
-                    st = FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED, "model tree too wide or deep");
-                    break;
-                }
-                stack[top++] = m->children[i];
-            }
-        }
-        free(stack);
-    }
-    for (int i = 0; st == FSDP_OK && i < n_order; i++) {
-        st = unit_build(ctx, sh, &c, order[i], &sh->units[i]);
-        if (st == FSDP_OK) sh->n_units++;
-        if (st == FSDP_OK) st = unit_flat_param(ctx, sh, sh->units[i]);
-    }
-    free(order);
-    free(c.picked);
-    static const fsdp_hook_fn fns[4] = {pre_forward, post_forward, pre_backward, post_backward};
-    for (int i = 0; st == FSDP_OK && i < sh->n_units; i++) {
-        unit *u = sh->units[i];
-        for (int h = 0; h < 4; h++) u->hook_ids[h] = -1;
-        for (int h = 0; st == FSDP_OK && h < 4; h++) {
-            /* Pre-hooks run before TP's (parameters first), post-hooks after them. */
-            bool front = h == FSDP_HOOK_PRE_FORWARD || h == FSDP_HOOK_PRE_BACKWARD;
-            st = front ? fsdp_nn_add_hook_front(ctx, u->module, (fsdp_hook_point)h, fns[h], u, NULL,
-                                                &u->hook_ids[h])
-                       : fsdp_module_add_hook(ctx, u->module, (fsdp_hook_point)h, fns[h], u, NULL,
-                                              &u->hook_ids[h]);
-        }
-    }
-    if (st == FSDP_OK) {
-        sh->summon_was_unsharded = calloc((size_t)sh->n_units + 1, sizeof(bool));
-        if (!sh->summon_was_unsharded) st = FSDP_ERR_OUT_OF_MEMORY;
-    }
+    sh->post_factor = (double)sh->dp_size / pre;
+    fsdp_status st = wrap(ctx, sh);
     if (st != FSDP_OK) {
         fsdp_sharded_free(sh);
         return st;
     }
-    /* Start sharded, as after a step. */
-    for (int i = 0; i < sh->n_units; i++) reshard(sh->units[i]);
     *out = sh;
     return FSDP_OK;
+}
+
+/* Gives a tensor storage of its own: a copy of its current value, or zeros when it has none. */
+static void own_storage(fsdp_tensor *t) {
+    fsdp_tensor *mine;
+    if (fsdp_tensor_create_like(NULL, t, &mine) != FSDP_OK) return;
+    if (fsdp_tensor_has_storage(t)) fsdp_tensor_copy(NULL, mine, t);
+    fsdp_tensor_rebind(NULL, t, mine, 0);
+    fsdp_tensor_free(mine);
 }
 
 void fsdp_sharded_free(fsdp_sharded *sh) {
@@ -434,30 +752,25 @@ void fsdp_sharded_free(fsdp_sharded *sh) {
         unit *u = sh->units[i];
         for (int h = 0; h < 4; h++)
             if (u->hook_ids[h] > 0) fsdp_module_remove_hook(NULL, u->module, u->hook_ids[h]);
-        /* The parameters keep their last values in storage of their own. */
+        /* Parameters bound to a unit's buffers (or left without storage) get their own. */
         for (int p = 0; p < u->n_params; p++) {
-            fsdp_tensor *data = u->params[p]->data, *grad = u->params[p]->grad, *d2, *g2;
-            if (fsdp_tensor_create_like(NULL, data, &d2) == FSDP_OK) {
-                fsdp_tensor_copy(NULL, d2, data);
-                fsdp_tensor_rebind(NULL, data, d2, 0);
-                fsdp_tensor_free(d2);
-            }
-            if (fsdp_tensor_create_like(NULL, grad, &g2) == FSDP_OK) {
-                fsdp_tensor_copy(NULL, g2, grad);
-                fsdp_tensor_rebind(NULL, grad, g2, 0);
-                fsdp_tensor_free(g2);
-            }
+            own_storage(u->params[p]->data);
+            own_storage(u->params[p]->grad);
         }
         unit_free(u);
     }
     free(sh->units);
-    free(sh->summon_was_unsharded);
-    fsdp_module_free(sh->flat_params);
+    for (int i = 0; i < sh->n_segments; i++) free((char *)sh->segments[i].fqn);
+    free(sh->segments);
+    fsdp_tensor_free(sh->host_stage);
+    fsdp_pool_clear(&sh->pool);
+    fsdp_module_free(sh->orig);
+    fsdp_module_free(sh->flat_store);
     free(sh);
 }
 
 fsdp_module *fsdp_sharded_flat_params(const fsdp_sharded *sh) {
-    return sh->flat_params;
+    return sh->orig ? sh->orig : sh->flat_store;
 }
 int fsdp_sharded_num_units(const fsdp_sharded *sh) {
     return sh->n_units;
@@ -471,40 +784,193 @@ int64_t fsdp_sharded_unit_numel(const fsdp_sharded *sh, int unit_index) {
 int64_t fsdp_sharded_unit_shard_numel(const fsdp_sharded *sh, int unit_index) {
     return unit_index >= 0 && unit_index < sh->n_units ? sh->units[unit_index]->shard_numel : -1;
 }
+int fsdp_sharded_num_segments(const fsdp_sharded *sh) {
+    return sh->n_segments;
+}
+fsdp_status fsdp_sharded_segment(fsdp_ctx *ctx, const fsdp_sharded *sh, int i,
+                                 fsdp_flat_segment *out) {
+    if (i < 0 || i >= sh->n_segments)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_sharded_segment: index %d out of range [0, %d)", i, sh->n_segments);
+    *out = sh->segments[i];
+    return FSDP_OK;
+}
 void fsdp_sharded_set_sync(fsdp_sharded *sh, bool sync) {
     sh->sync = sync;
 }
 
+/* ---- summon_full_params ---- */
+
+/* Binds the parameter gradients to a full buffer holding the reduced gradient: the shards
+ * gathered (or, unsharded, copied). */
+static fsdp_status summon_grads(fsdp_ctx *ctx, unit *u) {
+    FSDP_TRY(take_grads(ctx, u));
+    if (sharded_strategy(u->owner)) return gather(ctx, u, u->full_grad, u->flat->grad);
+    fsdp_tensor *part;
+    FSDP_TRY(fsdp_tensor_view(ctx, u->full_grad, 0, 1, &u->numel, &part));
+    fsdp_status st = fsdp_tensor_copy(ctx, part, u->flat->grad);
+    fsdp_tensor_free(part);
+    return st;
+}
+
+/* Moves the unit's parameters to a host copy of the full buffer, freeing the device block
+ * when the unit was sharded before the summon. */
+static fsdp_status summon_to_host(fsdp_ctx *ctx, unit *u) {
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &u->padded, &u->summon_host));
+    FSDP_TRY(fsdp_tensor_copy(ctx, u->summon_host, u->full));
+    FSDP_TRY(bind_params(ctx, u, u->summon_host));
+    if (!u->summon_was_unsharded && !u->resident) {
+        fsdp_pool_give(&u->owner->pool, u->full);
+        u->unsharded = false;
+    }
+    return FSDP_OK;
+}
+
 fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
                                     const fsdp_summon_options *opts) {
-    sh->summon = opts ? *opts : (fsdp_summon_options){.writeback = true};
     if (ctx->phase != FSDP_PHASE_NONE)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "summon_full_params inside %s: call it between steps, outside the "
                          "model's forward and backward",
                          ctx->phase == FSDP_PHASE_FORWARD ? "forward" : "backward");
-    if (sh->summoned) return FSDP_FAIL(ctx, FSDP_ERR_STATE, "summon_full_params is already active");
-    for (int i = 0; i < sh->n_units; i++) {
-        sh->summon_was_unsharded[i] = sh->units[i]->unsharded;
-        FSDP_TRY(unshard(ctx, sh->units[i]));
+    if (sh->summoned)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "summon_full_params is already active; call fsdp_release_full_params "
+                         "first");
+    fsdp_summon_options o = opts ? *opts : (fsdp_summon_options){.writeback = true};
+    if (o.rank0_only && o.writeback)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "summon_full_params: rank0_only with writeback is not allowed (the "
+                         "other ranks have nothing to write back); set writeback false");
+    for (int i = 0; o.with_grads && i < sh->n_units; i++)
+        if (sh->units[i]->grad_pending)
+            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                             "summon_full_params(with_grads): gradients of no_sync backwards "
+                             "are not reduced yet; run a backward with sync on first");
+    sh->summon = o;
+    bool keep = !o.rank0_only || sh->rank == 0;
+    fsdp_status st = FSDP_OK;
+    for (int i = 0; st == FSDP_OK && i < sh->n_units; i++) {
+        unit *u = sh->units[i];
+        u->summon_was_unsharded = u->unsharded;
+        if (u->numel == 0) continue;
+        st = unshard(ctx, u);
+        if (st == FSDP_OK && o.with_grads) st = summon_grads(ctx, u);
+        if (st != FSDP_OK) break;
+        if (!keep) {
+            /* rank0_only: every rank gathers, the others free at once. */
+            give_grads(u);
+            if (!u->summon_was_unsharded) reshard(u);
+        } else if (o.offload_to_cpu) {
+            st = summon_to_host(ctx, u);
+        }
     }
-    sh->summoned = true;
-    return FSDP_OK;
+    sh->summoned = true; /* release undoes whatever was done, also after a failure */
+    if (st != FSDP_OK) fsdp_release_full_params(NULL, sh);
+    return st;
+}
+
+/* writeback: this rank's part of the full values goes back into its shard. */
+static fsdp_status write_back(fsdp_ctx *ctx, unit *u, const fsdp_tensor *full) {
+    fsdp_sharded *sh = u->owner;
+    if (full == u->full && u->resident) return FSDP_OK; /* the parameters are the flat param */
+    int64_t at = sharded_strategy(sh) ? (int64_t)sh->rank * u->shard_numel : 0;
+    fsdp_tensor *part;
+    FSDP_TRY(fsdp_tensor_view(ctx, full, at, 1, &u->shard_numel, &part));
+    fsdp_status st = fsdp_tensor_copy(ctx, u->flat->data, part);
+    fsdp_tensor_free(part);
+    return st;
 }
 
 fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
-    bool writeback = sh->summon.writeback;
     if (!sh->summoned)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "release_full_params without summon_full_params first");
+    fsdp_status st = FSDP_OK;
+    bool writeback = sh->summon.writeback && !sh->summon.rank0_only;
     for (int i = 0; i < sh->n_units; i++) {
         unit *u = sh->units[i];
-        if (writeback && sharded_strategy(sh))
-            memcpy(fsdp_tensor_f32(u->flat->data),
-                   fsdp_tensor_f32(u->full) + (int64_t)sh->rank * u->shard_numel,
-                   (size_t)u->shard_numel * sizeof(float));
-        if (!sh->summon_was_unsharded[i]) reshard(u);
+        fsdp_status s = FSDP_OK;
+        if (u->summon_host) {
+            if (writeback) s = write_back(ctx, u, u->summon_host);
+            if (u->unsharded) {
+                if (s == FSDP_OK) s = bind_params(ctx, u, u->full);
+                if (s == FSDP_OK && writeback && u->resident)
+                    s = fsdp_tensor_copy(ctx, u->full, u->summon_host);
+            } else {
+                release_params(u);
+            }
+            fsdp_tensor_free(u->summon_host);
+            u->summon_host = NULL;
+        } else if (u->unsharded && writeback) {
+            s = write_back(ctx, u, u->full);
+        }
+        if (sh->summon.with_grads) give_grads(u);
+        if (!u->summon_was_unsharded) reshard(u);
+        if (st == FSDP_OK) st = s;
     }
     sh->summoned = false;
+    return st;
+}
+
+/* ---- clipping ---- */
+
+fsdp_status fsdp_sharded_clip_grad_norm(fsdp_ctx *ctx, fsdp_sharded *sh, double max_norm,
+                                        double norm_type, double *total_norm) {
+    if (!(max_norm > 0.0))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "clip_grad_norm: max_norm is %g; it must be > 0", max_norm);
+    if (norm_type != 2.0 && !isinf(norm_type))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "clip_grad_norm: norm_type %g is not supported; use 2.0 or INFINITY",
+                         norm_type);
+    fsdp_norm_acc a;
+    fsdp_norm_acc_init(&a, norm_type);
+    /* Each parameter's part of the shard: summed over the group when sharded (replicas hold
+     * equal gradients and count once), and over the TP mesh dims that shard the parameter. */
+    for (int i = 0; i < sh->n_segments; i++) {
+        const fsdp_flat_segment *s = &sh->segments[i];
+        if (!s->param->requires_grad) continue;
+        const unit *u = sh->units[s->unit];
+        fsdp_group *groups[FSDP_NORM_MAX_GROUPS];
+        int n = 0;
+        if (sharded_strategy(sh)) groups[n++] = sh->group;
+        const fsdp_dtensor_spec *spec = fsdp_param_dtensor_spec(s->param);
+        int n_tp = 0;
+        if (spec) FSDP_TRY(fsdp_norm_spec_groups(ctx, s->param, spec, groups + n, &n_tp));
+        FSDP_TRY(fsdp_norm_acc_add(ctx, &a, fsdp_tensor_device(u->flat->grad),
+                                   fsdp_tensor_f32(u->flat->grad) + s->shard_offset,
+                                   s->shard_numel, groups, n + n_tp));
+    }
+    double total;
+    FSDP_TRY(fsdp_norm_acc_total(ctx, &a, &total));
+    if (total_norm) *total_norm = total;
+    float coef;
+    if (fsdp_clip_coef(max_norm, total, &coef))
+        for (int i = 0; i < sh->n_units; i++) {
+            fsdp_tensor *g = sh->units[i]->flat->grad;
+            fsdp_kernels_for(fsdp_tensor_device(g))
+                ->scale(fsdp_tensor_f32(g), fsdp_tensor_f32(g), coef, fsdp_tensor_numel(g));
+        }
     return FSDP_OK;
+}
+
+/* ---- memory ---- */
+
+void fsdp_sharded_memory(const fsdp_sharded *sh, fsdp_memory_stats *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < sh->n_units; i++)
+        out->shard_bytes += 2 * sh->units[i]->shard_numel * (int64_t)sizeof(float);
+    int64_t on_device = sh->opts.offload_params ? 0 : out->shard_bytes;
+    if (sh->opts.offload_params)
+        out->host_bytes = out->shard_bytes + (int64_t)fsdp_tensor_nbytes(sh->host_stage);
+    out->full_bytes = sh->pool.in_use_bytes;
+    out->peak_full_bytes = sh->pool.peak_in_use_bytes;
+    out->reserved_bytes = sh->pool.reserved_bytes;
+    out->device_bytes = sh->pool.reserved_bytes + on_device;
+    out->peak_device_bytes = sh->pool.peak_reserved_bytes + on_device;
+}
+
+void fsdp_sharded_reset_peak(fsdp_sharded *sh) {
+    fsdp_pool_reset_peak(&sh->pool);
 }

@@ -372,7 +372,10 @@ fsdp_status fsdp_module_reset_parameters(fsdp_ctx *ctx, fsdp_module *m, uint64_t
 
 static fsdp_status zero_module_grads(fsdp_ctx *ctx, fsdp_module *m, void *user) {
     (void)user;
-    for (int i = 0; i < m->n_params; i++) FSDP_TRY(fsdp_tensor_fill(ctx, m->params[i]->grad, 0.0f));
+    /* A gradient without storage (an FSDP unit's, while sharded) holds nothing to zero. */
+    for (int i = 0; i < m->n_params; i++)
+        if (fsdp_tensor_has_storage(m->params[i]->grad))
+            FSDP_TRY(fsdp_tensor_fill(ctx, m->params[i]->grad, 0.0f));
     return FSDP_OK;
 }
 

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "fsdp/optim.h"
 #include "fsdp/tp.h"
+#include "fsdp/wrap.h"
 #include "kernels/kernels.h"
 #include "nn/module_impl.h"
 #include "optim/clip_impl.h"
@@ -61,9 +62,8 @@ fsdp_status fsdp_norm_acc_add(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_device devic
     return FSDP_OK;
 }
 
-/* The groups of the mesh dims where spec shards the tensor. */
-static fsdp_status shard_groups(fsdp_ctx *ctx, const fsdp_param *p, const fsdp_dtensor_spec *spec,
-                                fsdp_group **groups, int *n) {
+fsdp_status fsdp_norm_spec_groups(fsdp_ctx *ctx, const fsdp_param *p,
+                                  const fsdp_dtensor_spec *spec, fsdp_group **groups, int *n) {
     *n = 0;
     for (int d = 0; d < spec->mesh_ndim; d++) {
         fsdp_placement_kind kind = spec->placements[d].kind;
@@ -82,12 +82,14 @@ static fsdp_status shard_groups(fsdp_ctx *ctx, const fsdp_param *p, const fsdp_d
 static fsdp_status add_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     (void)name;
     if (!p->requires_grad) return FSDP_OK;
-    /* FSDP's flat shards (fsdp_sharded_flat_params) need their segments summed over dp and,
-     * per original parameter, over tp: not built yet, so refuse rather than give a wrong norm.
-     * The FSDP layer will add them through fsdp_norm_acc_add. */
+    /* FSDP's shards are clipped through fsdp_sharded_clip_grad_norm, which knows which group
+     * shards each part of them; a part of its module tree cannot be clipped alone. */
     if (strcmp(fsdp_module_kind(p->module), "FlatParams") == 0)
-        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "clip_grad_norm over FSDP flat shards ('%s') is not built yet", p->name);
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "clip_grad_norm: '%s' is an FSDP shard inside the optimizer's module; "
+                         "pass the whole fsdp_sharded_flat_params(sh) module (or call "
+                         "fsdp_sharded_clip_grad_norm)",
+                         p->name);
     const float *g = fsdp_tensor_f32(p->grad);
     if (!g)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
@@ -96,7 +98,7 @@ static fsdp_status add_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, voi
     fsdp_group *groups[FSDP_MESH_MAX_DIMS];
     int n_groups = 0;
     const fsdp_dtensor_spec *spec = fsdp_param_dtensor_spec(p);
-    if (spec) FSDP_TRY(shard_groups(ctx, p, spec, groups, &n_groups));
+    if (spec) FSDP_TRY(fsdp_norm_spec_groups(ctx, p, spec, groups, &n_groups));
     return fsdp_norm_acc_add(ctx, user, fsdp_tensor_device(p->grad), g, fsdp_tensor_numel(p->grad),
                              groups, n_groups);
 }
@@ -164,6 +166,11 @@ fsdp_status fsdp_clip_grad_norm(fsdp_ctx *ctx, fsdp_module *m, double max_norm, 
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "clip_grad_norm: norm_type %g is not supported; use 2.0 or INFINITY",
                          norm_type);
+    /* The module FSDP hands the optimizer: its shards are summed over the groups that shard
+     * each part of them. */
+    if (strcmp(fsdp_module_kind(m), "FlatParams") == 0 && fsdp_module_impl(m))
+        return fsdp_sharded_clip_grad_norm(ctx, fsdp_module_impl(m), max_norm, norm_type,
+                                           total_norm);
     fsdp_norm_acc a;
     fsdp_norm_acc_init(&a, norm_type);
     FSDP_TRY(fsdp_norm_acc_add_module(ctx, &a, m));

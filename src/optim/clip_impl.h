@@ -12,6 +12,7 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/module.h"
+#include "fsdp/tp.h"
 
 #define FSDP_NORM_MAX_GROUPS 8  /* groups per piece: mesh dims plus a data-parallel group */
 #define FSDP_NORM_MAX_KEYS   32 /* distinct group sets in one norm */
@@ -38,6 +39,11 @@ void fsdp_norm_acc_init(fsdp_norm_acc *a, double norm_type);
  * (n may differ, 0 included): pieces of the same model on every rank do. */
 fsdp_status fsdp_norm_acc_add(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_device device, const float *g,
                               int64_t n, fsdp_group *const *groups, int n_groups);
+
+/* The groups of the mesh dims where spec (p's placement) shards it; *n of them. Refuses a
+ * placement that is neither Shard nor Replicate. */
+fsdp_status fsdp_norm_spec_groups(fsdp_ctx *ctx, const fsdp_param *p,
+                                  const fsdp_dtensor_spec *spec, fsdp_group **groups, int *n);
 
 /* Adds every trainable parameter gradient of m: a plain parameter counts once; a TP parameter
  * (fsdp_param_dtensor_spec) is summed over the group of each mesh dim where its placement is

@@ -1,0 +1,79 @@
+/* pool.c: the caching pool of pool_impl.h: a short list of blocks, best fit, no splitting (FSDP asks
+ * for the same few sizes in the same order every step). */
+#include "fsdp/pool_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "core/tensor_impl.h"
+#include "kernels/kernels.h"
+
+static fsdp_pool_block *block_of(const fsdp_pool *pool, const fsdp_tensor *t) {
+    for (int i = 0; i < pool->n_blocks; i++)
+        if (pool->blocks[i].used && pool->blocks[i].buf->storage == t->storage)
+            return &pool->blocks[i];
+    return NULL;
+}
+
+bool fsdp_pool_holds(const fsdp_pool *pool, const fsdp_tensor *t) {
+    return block_of(pool, t) != NULL;
+}
+
+fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
+    int64_t n = fsdp_tensor_numel(t);
+    fsdp_pool_block *best = NULL;
+    for (int i = 0; i < pool->n_blocks; i++) {
+        fsdp_pool_block *b = &pool->blocks[i];
+        if (!b->used && fsdp_tensor_numel(b->buf) >= n &&
+            (!best || fsdp_tensor_numel(b->buf) < fsdp_tensor_numel(best->buf)))
+            best = b;
+    }
+    if (!best) {
+        if (pool->n_blocks == pool->cap_blocks) {
+            int cap = pool->cap_blocks ? 2 * pool->cap_blocks : 8;
+            fsdp_pool_block *p = realloc(pool->blocks, (size_t)cap * sizeof *p);
+            if (!p) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "FSDP pool: cannot grow");
+            pool->blocks = p;
+            pool->cap_blocks = cap;
+        }
+        best = &pool->blocks[pool->n_blocks];
+        int64_t len = n > 0 ? n : 1;
+        fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, pool->device, 1, &len, &best->buf);
+        if (st != FSDP_OK) return st;
+        best->used = 0;
+        pool->n_blocks++;
+        pool->reserved_bytes += len * (int64_t)sizeof(float);
+        if (pool->reserved_bytes > pool->peak_reserved_bytes)
+            pool->peak_reserved_bytes = pool->reserved_bytes;
+    }
+    FSDP_TRY(fsdp_tensor_rebind(ctx, t, best->buf, 0));
+    best->used = n > 0 ? n : 1;
+    pool->in_use_bytes += n * (int64_t)sizeof(float);
+    if (pool->in_use_bytes > pool->peak_in_use_bytes) pool->peak_in_use_bytes = pool->in_use_bytes;
+    return FSDP_OK;
+}
+
+void fsdp_pool_give(fsdp_pool *pool, fsdp_tensor *t) {
+    fsdp_pool_block *b = block_of(pool, t);
+    if (!b) return;
+    pool->in_use_bytes -= fsdp_tensor_numel(t) * (int64_t)sizeof(float);
+    b->used = 0;
+    fsdp_tensor_release_storage(t);
+    if (pool->poison)
+        fsdp_kernels_for(pool->device)
+            ->fill(fsdp_tensor_f32(b->buf), NAN, fsdp_tensor_numel(b->buf));
+}
+
+void fsdp_pool_clear(fsdp_pool *pool) {
+    for (int i = 0; i < pool->n_blocks; i++) fsdp_tensor_free(pool->blocks[i].buf);
+    free(pool->blocks);
+    pool->blocks = NULL;
+    pool->n_blocks = pool->cap_blocks = 0;
+    pool->reserved_bytes = pool->in_use_bytes = 0;
+}
+
+void fsdp_pool_reset_peak(fsdp_pool *pool) {
+    pool->peak_in_use_bytes = pool->in_use_bytes;
+    pool->peak_reserved_bytes = pool->reserved_bytes;
+}

@@ -1,0 +1,42 @@
+/* pool_impl.h: the caching pool FSDP gathers into. A unit's full parameter, its full gradient and
+ * the reduce_scatter output are bound to a pool block only while they are in use, and the
+ * block goes back to the pool (not to the allocator) when they are not: after the first step
+ * every request finds a cached block, so nothing is allocated per step, and memory held is the
+ * most that was in use at once (what PyTorch's caching allocator gives FSDP). Internal. */
+#ifndef FSDP_FSDP_POOL_IMPL_H
+#define FSDP_FSDP_POOL_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fsdp/tensor.h"
+
+typedef struct fsdp_pool_block {
+    fsdp_tensor *buf; /* 1-D f32, the block's memory */
+    int64_t used;     /* elements of the tensor bound to it; 0 when free */
+} fsdp_pool_block;
+
+typedef struct fsdp_pool {
+    fsdp_device device;
+    bool poison; /* fill blocks with NaN when they come back */
+    fsdp_pool_block *blocks;
+    int n_blocks, cap_blocks;
+    int64_t in_use_bytes;   /* bytes of the tensors bound now */
+    int64_t peak_in_use_bytes;
+    int64_t reserved_bytes; /* bytes of all blocks */
+    int64_t peak_reserved_bytes;
+} fsdp_pool;
+
+/* Binds t (f32, any shape, without storage or not) to the smallest free block that holds it,
+ * allocating a block of exactly t's size when none does. */
+fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t);
+/* Unbinds t (it is left without storage) and frees its block for the next take. A tensor not
+ * bound to one of the pool's blocks is left alone. */
+void fsdp_pool_give(fsdp_pool *pool, fsdp_tensor *t);
+/* True when t is bound to a block of the pool. */
+bool fsdp_pool_holds(const fsdp_pool *pool, const fsdp_tensor *t);
+/* Frees every block (bound tensors must have been given back). */
+void fsdp_pool_clear(fsdp_pool *pool);
+void fsdp_pool_reset_peak(fsdp_pool *pool);
+
+#endif
