@@ -1,8 +1,11 @@
 /* test_fsdp.c: FSDP over flat parameters against the same model on one rank: SGD training
- * under FULL_SHARD, SHARD_GRAD_OP and NO_SHARD, with only a root unit and with nested units,
- * on 1, 2, 3 (padding) and 4 data-parallel ranks; the collectives of each strategy per phase;
- * summon_full_params writeback; no_sync accumulation; wrapping errors. Resharded parameters
- * are poisoned with NaN, so a missing gather shows up as NaN. */
+ * under FULL_SHARD, SHARD_GRAD_OP, NO_SHARD and HYBRID_SHARD, with only a root unit and with
+ * nested units, with and without CPU offload and use_orig_params, on 1, 2, 3 (padding) and 4
+ * data-parallel ranks; the collectives of each strategy per phase; memory held against the
+ * theoretical figure; summon_full_params and its options; no_sync accumulation (also under
+ * offload); use_orig_params views; sync_module_states; wrapping errors. Pool blocks are
+ * poisoned with NaN when given back, and sharded parameters have no storage, so a missing
+ * gather cannot pass unnoticed. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +21,28 @@ typedef struct fsdp_case {
     fsdp_sharding_strategy strategy;
     bool nested; /* layers.1 and layers.2 their own units; the root keeps layers.0 */
     int steps;
+    bool offload;
+    bool orig;     /* use_orig_params */
+    int replicate; /* HYBRID_SHARD: the replicate size of a (replicate, shard) mesh */
 } fsdp_case;
+
+/* The wrapping options of a case; HYBRID_SHARD makes *mesh (replicate, shard). */
+static fsdp_status case_options(fsdp_ctx *ctx, const fsdp_case *c, fsdp_mesh **mesh,
+                                fsdp_fully_shard_options *o) {
+    static const char *paths[] = {"layers.1", "layers.2"};
+    *o = (fsdp_fully_shard_options){.strategy = c->strategy,
+                                    .wrap_paths = c->nested ? paths : NULL,
+                                    .n_wrap_paths = c->nested ? 2 : 0,
+                                    .offload_params = c->offload,
+                                    .use_orig_params = c->orig,
+                                    .poison_resharded = true};
+    *mesh = NULL;
+    if (c->strategy != FSDP_HYBRID_SHARD) return FSDP_OK;
+    FSDP_TRY(fsdp_mesh_create(ctx, 2, (int[]){c->replicate, c->world / c->replicate},
+                              (const char *[]){"replicate", "shard"}, mesh));
+    FSDP_TRY(fsdp_mesh_get_group(ctx, *mesh, "shard", &o->group));
+    return fsdp_mesh_get_group(ctx, *mesh, "replicate", &o->replicate_group);
+}
 
 static fsdp_status build(fsdp_ctx *ctx, fsdp_module **m) {
     FSDP_TRY(fsdp_model_mlp_stacked(ctx, LAYERS, m));
@@ -88,12 +112,10 @@ static fsdp_status train_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_sharded *sh = NULL;
     fsdp_optimizer *ref_opt = NULL, *opt = NULL;
     fsdp_sgd_options sgd = {.lr = 0.1, .momentum = 0.9};
-    const char *paths[] = {"layers.1", "layers.2"};
-    fsdp_fully_shard_options o = {.strategy = c->strategy,
-                                  .wrap_paths = c->nested ? paths : NULL,
-                                  .n_wrap_paths = c->nested ? 2 : 0,
-                                  .poison_resharded = true};
-    fsdp_status st = build(ctx, &ref);
+    fsdp_mesh *mesh = NULL;
+    fsdp_fully_shard_options o;
+    fsdp_status st = case_options(ctx, c, &mesh, &o);
+    if (st == FSDP_OK) st = build(ctx, &ref);
     if (st == FSDP_OK) st = build(ctx, &m);
     if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &o, &sh);
     if (st == FSDP_OK)
@@ -117,18 +139,25 @@ static fsdp_status train_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_sharded_free(sh);
     fsdp_module_free(ref);
     fsdp_module_free(m);
+    fsdp_mesh_free(mesh);
     return st;
 }
 
+/* Every world size, with and without offload and use_orig_params. HYBRID_SHARD runs on a
+ * (2, 1) and a (2, 2) mesh. */
 static void run_training(fsdp_sharding_strategy strategy, bool nested) {
-    for (int world = 1; world <= 4; world++) {
-        fsdp_case c = {world, strategy, nested, 3};
-        fsdp_status st = fsdp_test_run_world(world, 0, train_rank, &c);
-        if (st != FSDP_OK)
-            fprintf(stderr, "\n  %s %s on %d ranks\n", fsdp_sharding_strategy_to_string(strategy),
-                    nested ? "nested" : "root only", world);
-        FSDP_TEST_OK(st);
-    }
+    for (int world = 1; world <= 4; world++)
+        for (int offload = 0; offload < 2; offload++)
+            for (int orig = 0; orig < 2; orig++) {
+                if (strategy == FSDP_HYBRID_SHARD && world % 2) continue;
+                fsdp_case c = {world, strategy, nested, 3, offload, orig, 2};
+                fsdp_status st = fsdp_test_run_world(world, 0, train_rank, &c);
+                if (st != FSDP_OK)
+                    fprintf(stderr, "\n  %s %s on %d ranks, offload %d, use_orig_params %d\n",
+                            fsdp_sharding_strategy_to_string(strategy),
+                            nested ? "nested" : "root only", world, offload, orig);
+                FSDP_TEST_OK(st);
+            }
 }
 
 static void test_train_full_shard_root(void) {
@@ -149,6 +178,12 @@ static void test_train_no_shard_root(void) {
 static void test_train_no_shard_nested(void) {
     run_training(FSDP_NO_SHARD, true);
 }
+static void test_train_hybrid_shard_root(void) {
+    run_training(FSDP_HYBRID_SHARD, false);
+}
+static void test_train_hybrid_shard_nested(void) {
+    run_training(FSDP_HYBRID_SHARD, true);
+}
 
 /* ---- collectives per strategy (REFERENCE.md section 4), 4 ranks, 1 or 3 units ---- */
 
@@ -157,12 +192,10 @@ static fsdp_status comm_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_module *m = NULL;
     fsdp_sharded *sh = NULL;
     fsdp_optimizer *opt = NULL;
-    const char *paths[] = {"layers.1", "layers.2"};
-    fsdp_fully_shard_options o = {.strategy = c->strategy,
-                                  .wrap_paths = c->nested ? paths : NULL,
-                                  .n_wrap_paths = c->nested ? 2 : 0,
-                                  .poison_resharded = true};
-    fsdp_status st = build(ctx, &m);
+    fsdp_mesh *mesh = NULL;
+    fsdp_fully_shard_options o;
+    fsdp_status st = case_options(ctx, c, &mesh, &o);
+    if (st == FSDP_OK) st = build(ctx, &m);
     if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &o, &sh);
     if (st == FSDP_OK)
         st = fsdp_sgd_create(ctx, fsdp_sharded_flat_params(sh), &(fsdp_sgd_options){.lr = 0.1},
@@ -183,6 +216,12 @@ static fsdp_status comm_rank(fsdp_ctx *ctx, int rank, void *user) {
             want[1][FSDP_COMM_ALL_GATHER] = nonroot;
             want[1][FSDP_COMM_REDUCE_SCATTER] = units;
             break;
+        case FSDP_HYBRID_SHARD: /* FULL_SHARD on "shard", then all_reduce on "replicate" */
+            want[0][FSDP_COMM_ALL_GATHER] = units;
+            want[1][FSDP_COMM_ALL_GATHER] = nonroot;
+            want[1][FSDP_COMM_REDUCE_SCATTER] = units;
+            want[1][FSDP_COMM_ALL_REDUCE] = units;
+            break;
         case FSDP_SHARD_GRAD_OP: /* full parameters kept from forward to backward */
             want[0][FSDP_COMM_ALL_GATHER] = units;
             want[1][FSDP_COMM_REDUCE_SCATTER] = units;
@@ -190,17 +229,28 @@ static fsdp_status comm_rank(fsdp_ctx *ctx, int rank, void *user) {
         default: /* NO_SHARD: only the gradient all_reduce */
             want[1][FSDP_COMM_ALL_REDUCE] = units;
         }
+        const char *where = c->strategy == FSDP_HYBRID_SHARD ? "shard" : NULL;
         for (int ph = 0; ph < 2; ph++)
             for (int op = FSDP_COMM_ALL_GATHER; op < FSDP_COMM_BARRIER; op++) {
+                /* HYBRID_SHARD: all_reduce on the replicate dim, the rest on the shard dim. */
+                const char *group =
+                    where && op == FSDP_COMM_ALL_REDUCE ? "replicate" : where;
                 fsdp_comm_filter f = {.op = (fsdp_comm_op)op,
+                                      .group = group,
                                       .phase =
                                           ph ? FSDP_COMM_PHASE_BACKWARD : FSDP_COMM_PHASE_FORWARD};
+                fsdp_comm_filter any = f;
+                any.group = NULL;
                 int64_t got = fsdp_comm_debug_query(ctx, &f).calls;
-                FSDP_RANK_CHECK(ctx, got == want[ph][op], "%s %s: %lld %s in %s, want %lld",
+                int64_t all = fsdp_comm_debug_query(ctx, &any).calls;
+                FSDP_RANK_CHECK(ctx, got == want[ph][op] && all == got,
+                                "%s %s offload %d: %lld %s in %s on %s (%lld on any group), "
+                                "want %lld",
                                 fsdp_sharding_strategy_to_string(c->strategy),
-                                c->nested ? "nested" : "root", (long long)got,
+                                c->nested ? "nested" : "root", c->offload, (long long)got,
                                 fsdp_comm_op_to_string((fsdp_comm_op)op),
-                                ph ? "backward" : "forward", (long long)want[ph][op]);
+                                ph ? "backward" : "forward", group ? group : "any group",
+                                (long long)all, (long long)want[ph][op]);
             }
         FSDP_RANK_CHECK(
             ctx,
@@ -211,16 +261,378 @@ static fsdp_status comm_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_optimizer_free(opt);
     fsdp_sharded_free(sh);
     fsdp_module_free(m);
+    fsdp_mesh_free(mesh);
     return st;
 }
 
 static void test_comm_counts(void) {
+    fsdp_sharding_strategy strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD,
+                                           FSDP_HYBRID_SHARD};
+    for (int s = 0; s < 4; s++)
+        for (int nested = 0; nested < 2; nested++)
+            for (int offload = 0; offload < 2; offload++) {
+                fsdp_case c = {4, strategies[s], nested, 0, offload, false, 2};
+                FSDP_TEST_OK(fsdp_test_run_world(4, 0, comm_rank, &c));
+            }
+}
+
+/* ---- memory: what is held against the theoretical figure (4 ranks, 3 units) ---- */
+
+/* Elements of a unit's full buffer (padded) and shard. */
+static int64_t padded_of(const fsdp_sharded *sh, int u, int world, bool sharded) {
+    return sharded ? fsdp_sharded_unit_shard_numel(sh, u) * world : fsdp_sharded_unit_numel(sh, u);
+}
+
+static fsdp_status memory_rank(fsdp_ctx *ctx, int rank, void *user) {
+    const fsdp_case *c = user;
+    fsdp_module *m = NULL;
+    fsdp_sharded *sh = NULL;
+    fsdp_optimizer *opt = NULL;
+    fsdp_mesh *mesh = NULL;
+    fsdp_fully_shard_options o;
+    fsdp_status st = case_options(ctx, c, &mesh, &o);
+    if (st == FSDP_OK) st = build(ctx, &m);
+    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &o, &sh);
+    if (st == FSDP_OK)
+        st = fsdp_sgd_create(ctx, fsdp_sharded_flat_params(sh), &(fsdp_sgd_options){.lr = 0.1},
+                             &opt);
+    int64_t off, len;
+    fsdp_chunk_range(BATCH, c->world, rank, &off, &len);
+    fsdp_memory_stats first, second;
+    if (st == FSDP_OK) st = step(ctx, m, opt, 0, off, len, c->world);
+    if (st == FSDP_OK) {
+        fsdp_sharded_memory(sh, &first);
+        fsdp_sharded_reset_peak(sh);
+        st = step(ctx, m, opt, 1, off, len, c->world);
+    }
+    if (st == FSDP_OK) {
+        fsdp_sharded_memory(sh, &second);
+        bool sharded = c->strategy != FSDP_NO_SHARD;
+        int n = fsdp_sharded_num_units(sh);
+        const int64_t f = (int64_t)sizeof(float);
+        int64_t shards = 0, root = padded_of(sh, 0, c->world, sharded), want_peak = 0;
+        for (int u = 0; u < n; u++) shards += 2 * fsdp_sharded_unit_shard_numel(sh, u) * f;
+        if (c->strategy == FSDP_FULL_SHARD) {
+            /* The root's parameters and gradient stay through backward; one nested unit's
+             * parameters, gradient and reduce_scatter output are alive at its reduction; the
+             * root's own reduction adds its reduce_scatter output. */
+            want_peak = 2 * root + fsdp_sharded_unit_shard_numel(sh, 0);
+            for (int u = 1; u < n; u++) {
+                int64_t at = 2 * root + 2 * padded_of(sh, u, c->world, true) +
+                             fsdp_sharded_unit_shard_numel(sh, u);
+                if (at > want_peak) want_peak = at;
+            }
+        } else {
+            /* NO_SHARD: parameters are the shards themselves; the root's full gradient and
+             * one nested unit's are alive at once (all_reduce works in place). Under offload
+             * every unit's parameters are copied to the device in forward and kept until its
+             * backward is over, as NO_SHARD never reshards after forward. */
+            want_peak = root;
+            for (int u = 1; u < n; u++)
+                if (root + padded_of(sh, u, c->world, false) > want_peak)
+                    want_peak = root + padded_of(sh, u, c->world, false);
+            for (int u = 0; c->offload && u < n; u++) want_peak += padded_of(sh, u, c->world, false);
+        }
+        want_peak *= f;
+        FSDP_RANK_CHECK(ctx, second.shard_bytes == shards, "%s: shard bytes %lld, want %lld",
+                        fsdp_sharding_strategy_to_string(c->strategy),
+                        (long long)second.shard_bytes, (long long)shards);
+        FSDP_RANK_CHECK(ctx, second.peak_full_bytes == want_peak,
+                        "%s: peak gathered bytes %lld, theory %lld",
+                        fsdp_sharding_strategy_to_string(c->strategy),
+                        (long long)second.peak_full_bytes, (long long)want_peak);
+        FSDP_RANK_CHECK(ctx, second.full_bytes == 0, "%lld gathered bytes held between steps",
+                        (long long)second.full_bytes);
+        /* The pool grows in the first step only, and holds what the peak needed. */
+        FSDP_RANK_CHECK(ctx, second.reserved_bytes == first.reserved_bytes,
+                        "the pool grew from %lld to %lld bytes in the second step",
+                        (long long)first.reserved_bytes, (long long)second.reserved_bytes);
+        FSDP_RANK_CHECK(ctx, second.reserved_bytes >= want_peak,
+                        "pool %lld bytes < peak %lld", (long long)second.reserved_bytes,
+                        (long long)want_peak);
+        FSDP_RANK_CHECK(ctx,
+                        second.device_bytes == second.reserved_bytes +
+                                                   (c->offload ? 0 : second.shard_bytes) &&
+                            second.host_bytes == (c->offload ? second.shard_bytes +
+                                                                   (int64_t)sizeof(float) *
+                                                                       fsdp_sharded_unit_shard_numel(sh, 0)
+                                                             : 0),
+                        "device %lld / host %lld bytes do not add up",
+                        (long long)second.device_bytes, (long long)second.host_bytes);
+        /* Parameters of a sharded (or offloaded) unit have no storage between steps. */
+        fsdp_param *p = fsdp_module_get_param(m, "layers.1.net1.weight");
+        bool resident = !sharded && !c->offload;
+        FSDP_RANK_CHECK(ctx, fsdp_tensor_has_storage(fsdp_param_data(p)) == resident,
+                        "a parameter of a %s unit (offload %d) %s storage between steps",
+                        fsdp_sharding_strategy_to_string(c->strategy), c->offload,
+                        resident ? "lost its" : "keeps");
+        FSDP_RANK_CHECK(ctx, !fsdp_tensor_has_storage(fsdp_param_grad(p)),
+                        "a gradient keeps its full buffer between steps");
+    }
+    fsdp_optimizer_free(opt);
+    fsdp_sharded_free(sh);
+    fsdp_module_free(m);
+    fsdp_mesh_free(mesh);
+    return st;
+}
+
+static void test_memory(void) {
+    fsdp_sharding_strategy strategies[] = {FSDP_FULL_SHARD, FSDP_NO_SHARD};
+    for (int s = 0; s < 2; s++)
+        for (int offload = 0; offload < 2; offload++) {
+            fsdp_case c = {4, strategies[s], true, 2, offload, false, 0};
+            FSDP_TEST_OK(fsdp_test_run_world(4, 0, memory_rank, &c));
+        }
+}
+
+/* ---- summon_full_params options, no_sync, use_orig_params views (3 ranks: padding) ---- */
+
+/* Compares every parameter of m (inside a summon) with ref's; gradients too when grads. */
+typedef struct cmp_grad {
+    fsdp_module *other;
+    bool grads;
+} cmp_grad;
+
+static fsdp_status compare_param_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    const cmp_grad *c = user;
+    fsdp_param *q = fsdp_module_get_param(c->other, name);
+    FSDP_RANK_CHECK(ctx, q != NULL, "no parameter %s", name);
+    char what[160];
+    snprintf(what, sizeof what, "%s %s", c->grads ? "gradient of" : "summoned", name);
+    return fsdp_test_rank_close(ctx, what, c->grads ? fsdp_param_grad(q) : fsdp_param_data(q),
+                                c->grads ? fsdp_param_grad(p) : fsdp_param_data(p), 1e-5, 1e-6,
+                                NULL);
+}
+
+/* Forward and backward without an optimizer step. */
+static fsdp_status fwd_bwd(fsdp_ctx *ctx, fsdp_module *m, int s, int64_t off, int64_t len,
+                           int world) {
+    fsdp_tensor *x = NULL, *y = NULL, *dy = NULL;
+    const fsdp_tensor *out;
+    fsdp_status st = batch_rows(ctx, 100 + 2 * (uint64_t)s, off, len, &x);
+    if (st == FSDP_OK) st = batch_rows(ctx, 101 + 2 * (uint64_t)s, off, len, &y);
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, x, &out);
+    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dy);
+    if (st == FSDP_OK) {
+        const float *o = fsdp_tensor_f32(out), *t = fsdp_tensor_f32(y);
+        float *d = fsdp_tensor_f32(dy);
+        for (int64_t i = 0; i < fsdp_tensor_numel(dy); i++)
+            d[i] = 2.0f * (o[i] - t[i]) * (float)world / (float)BATCH;
+        st = fsdp_module_backward(ctx, m, dy, NULL);
+    }
+    fsdp_tensor_free(x);
+    fsdp_tensor_free(y);
+    fsdp_tensor_free(dy);
+    return st;
+}
+
+static fsdp_status summon_rank(fsdp_ctx *ctx, int rank, void *user) {
+    const fsdp_case *c = user;
+    fsdp_module *ref = NULL, *m = NULL;
+    fsdp_sharded *sh = NULL;
+    fsdp_mesh *mesh = NULL;
+    fsdp_fully_shard_options o;
+    fsdp_status st = case_options(ctx, c, &mesh, &o);
+    if (st == FSDP_OK) st = build(ctx, &ref);
+    if (st == FSDP_OK) st = build(ctx, &m);
+    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &o, &sh);
+    int64_t off, len;
+    fsdp_chunk_range(BATCH, c->world, rank, &off, &len);
+    /* no_sync: two micro-batches (the halves of this rank's rows) accumulate without
+     * communication, then the sync backward of a third (empty of rows, the rest) reduces it
+     * all: the gradient of the whole batch. */
+    int64_t half = len / 2;
+    if (st == FSDP_OK) st = fwd_bwd(ctx, ref, 0, 0, BATCH, 1);
+    fsdp_sharded_set_sync(sh, false);
+    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
+    if (st == FSDP_OK) st = fwd_bwd(ctx, m, 0, off, half, c->world);
+    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx,
+                        fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_REDUCE_SCATTER})
+                                    .calls +
+                                fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_ALL_REDUCE})
+                                    .calls ==
+                            0,
+                        "a no_sync backward reduced gradients");
+    if (st == FSDP_OK) {
+        fsdp_status refused = fsdp_summon_full_params(
+            ctx, sh, &(fsdp_summon_options){.with_grads = true});
+        FSDP_RANK_CHECK(ctx, refused == FSDP_ERR_STATE,
+                        "summon with_grads while no_sync gradients are pending: %s",
+                        fsdp_status_to_string(refused));
+    }
+    fsdp_sharded_set_sync(sh, true);
+    if (st == FSDP_OK) st = fwd_bwd(ctx, m, 0, off + half, len - half, c->world);
+    /* with_grads: the reduced gradients, whole, equal the single-rank model's. */
+    if (st == FSDP_OK)
+        st = fsdp_summon_full_params(ctx, sh, &(fsdp_summon_options){.with_grads = true});
+    if (st == FSDP_OK)
+        st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, true});
+    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, false});
+    if (st == FSDP_OK) {
+        fsdp_status twice = fsdp_summon_full_params(ctx, sh, NULL);
+        FSDP_RANK_CHECK(ctx, twice == FSDP_ERR_STATE, "a second summon: %s",
+                        fsdp_status_to_string(twice));
+        st = fsdp_release_full_params(ctx, sh);
+    }
+    fsdp_param *w = fsdp_module_get_param(m, "layers.1.net1.weight");
+    /* writeback false: edits are dropped. */
+    if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh, &(fsdp_summon_options){0});
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, fsdp_param_data(w), 0.5f);
+    if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
+    if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh, NULL);
+    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, false});
+    /* writeback: every rank made the same edit, so after writing back its own chunk the whole
+     * parameter holds it. */
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, fsdp_param_data(w), 0.5f);
+    if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, fsdp_param_data(fsdp_module_get_param(ref, "layers.1.net1.weight")), 0.5f);
+    /* offload_to_cpu: the same values, in a host copy; the device holds no gathered buffer of
+     * a unit that was sharded. Writeback from the host copy. */
+    if (st == FSDP_OK)
+        st = fsdp_summon_full_params(
+            ctx, sh, &(fsdp_summon_options){.writeback = true, .offload_to_cpu = true});
+    if (st == FSDP_OK) {
+        fsdp_memory_stats ms;
+        fsdp_sharded_memory(sh, &ms);
+        bool sharded = c->strategy != FSDP_NO_SHARD && c->world > 1;
+        FSDP_RANK_CHECK(ctx, !sharded || ms.full_bytes == 0,
+                        "summon(offload_to_cpu) holds %lld gathered bytes on the device",
+                        (long long)ms.full_bytes);
+        st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, false});
+    }
+    fsdp_param *b = fsdp_module_get_param(m, "layers.2.net2.bias");
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, fsdp_param_data(b), -2.0f);
+    if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, fsdp_param_data(fsdp_module_get_param(ref, "layers.2.net2.bias")), -2.0f);
+    /* rank0_only: rank 0 sees everything, the others keep sharded units without storage. */
+    if (st == FSDP_OK) {
+        fsdp_status bad = fsdp_summon_full_params(
+            ctx, sh, &(fsdp_summon_options){.writeback = true, .rank0_only = true});
+        FSDP_RANK_CHECK(ctx, bad == FSDP_ERR_INVALID_ARGUMENT,
+                        "rank0_only with writeback: %s", fsdp_status_to_string(bad));
+        st = fsdp_summon_full_params(ctx, sh, &(fsdp_summon_options){.rank0_only = true});
+    }
+    if (st == FSDP_OK && rank == 0)
+        st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, false});
+    if (st == FSDP_OK && rank != 0)
+        FSDP_RANK_CHECK(ctx,
+                        fsdp_tensor_has_storage(fsdp_param_data(w)) ==
+                            (c->strategy == FSDP_NO_SHARD && !c->offload),
+                        "rank0_only: rank %d's parameter storage", rank);
+    if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
+    /* use_orig_params: each view is this rank's part of its parameter, aligned to 16 bytes. */
+    if (st == FSDP_OK && c->orig) {
+        st = fsdp_summon_full_params(ctx, sh, NULL);
+        fsdp_module *views = fsdp_sharded_flat_params(sh);
+        for (int i = 0; st == FSDP_OK && i < fsdp_sharded_num_segments(sh); i++) {
+            fsdp_flat_segment seg;
+            st = fsdp_sharded_segment(ctx, sh, i, &seg);
+            if (st != FSDP_OK) break;
+            fsdp_param *v = fsdp_module_get_param(views, seg.fqn);
+            FSDP_RANK_CHECK(ctx, v && seg.offset % 4 == 0, "segment %s: view %p, offset %lld",
+                            seg.fqn, (void *)v, (long long)seg.offset);
+            FSDP_RANK_CHECK(ctx, fsdp_tensor_numel(fsdp_param_data(v)) == seg.shard_numel,
+                            "view %s has %lld elements, its shard part %lld", seg.fqn,
+                            (long long)fsdp_tensor_numel(fsdp_param_data(v)),
+                            (long long)seg.shard_numel);
+            const float *full = fsdp_tensor_f32(fsdp_param_data(seg.param));
+            const float *part = fsdp_tensor_f32(fsdp_param_data(v));
+            for (int64_t k = 0; k < seg.shard_numel; k++)
+                FSDP_RANK_CHECK(ctx, part[k] == full[seg.shard_begin + k],
+                                "view %s[%lld] = %g, the parameter's element %lld is %g", seg.fqn,
+                                (long long)k, part[k], (long long)(seg.shard_begin + k),
+                                full[seg.shard_begin + k]);
+        }
+        if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
+    }
+    fsdp_sharded_free(sh);
+    fsdp_module_free(ref);
+    fsdp_module_free(m);
+    fsdp_mesh_free(mesh);
+    return st;
+}
+
+static void test_summon_and_no_sync(void) {
     fsdp_sharding_strategy strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD};
     for (int s = 0; s < 3; s++)
-        for (int nested = 0; nested < 2; nested++) {
-            fsdp_case c = {4, strategies[s], nested, 0};
-            FSDP_TEST_OK(fsdp_test_run_world(4, 0, comm_rank, &c));
+        for (int offload = 0; offload < 2; offload++)
+            for (int orig = 0; orig < 2; orig++) {
+                fsdp_case c = {3, strategies[s], true, 0, offload, orig, 0};
+                fsdp_status st = fsdp_test_run_world(3, 0, summon_rank, &c);
+                if (st != FSDP_OK)
+                    fprintf(stderr, "\n  %s offload %d use_orig_params %d\n",
+                            fsdp_sharding_strategy_to_string(strategies[s]), offload, orig);
+                FSDP_TEST_OK(st);
+            }
+}
+
+/* ---- sync_module_states, wrapping errors ---- */
+
+static fsdp_status sync_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_module *ref = NULL, *m = NULL;
+    fsdp_sharded *sh = NULL;
+    fsdp_status st = build(ctx, &ref);
+    /* Every rank initialises differently; rank 0's values must win. */
+    if (st == FSDP_OK) st = fsdp_model_mlp_stacked(ctx, LAYERS, &m);
+    if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, rank == 0 ? SEED : 1000 + (uint64_t)rank);
+    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
+    if (st == FSDP_OK)
+        st = fsdp_fully_shard(ctx, m,
+                              &(fsdp_fully_shard_options){.sync_module_states = true,
+                                                          .wrap_paths = (const char *[]){"layers.1"},
+                                                          .n_wrap_paths = 1},
+                              &sh);
+    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+    if (st == FSDP_OK) {
+        /* One bucket for the whole model. */
+        int64_t calls =
+            fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_BROADCAST}).calls;
+        int64_t all = fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){0}).calls;
+        FSDP_RANK_CHECK(ctx, calls == 1 && all == 1, "sync_module_states: %lld broadcasts, %lld collectives; want 1",
+                        (long long)calls, (long long)all);
+        st = fsdp_summon_full_params(ctx, sh, NULL);
+    }
+    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, false});
+    if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
+    fsdp_sharded_free(sh);
+    sh = NULL;
+    /* Errors: HYBRID_SHARD without its replicate group; a replicate group without it; wrapping
+     * twice. The model is left untouched by a refused wrap. */
+    fsdp_status e = fsdp_fully_shard(ctx, m, &(fsdp_fully_shard_options){.strategy = FSDP_HYBRID_SHARD}, &sh);
+    FSDP_RANK_CHECK(ctx, e == FSDP_ERR_INVALID_ARGUMENT && strstr(fsdp_last_error(ctx), "replicate_group"),
+                    "HYBRID_SHARD without replicate_group: %s", fsdp_last_error(ctx));
+    e = fsdp_fully_shard(ctx, m,
+                         &(fsdp_fully_shard_options){.replicate_group = fsdp_ctx_world_group(ctx)},
+                         &sh);
+    FSDP_RANK_CHECK(ctx, e == FSDP_ERR_INVALID_ARGUMENT, "replicate_group with FULL_SHARD: %s",
+                    fsdp_status_to_string(e));
+    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, NULL, &sh);
+    if (st == FSDP_OK) {
+        fsdp_sharded *again = NULL;
+        e = fsdp_fully_shard(ctx, m, NULL, &again);
+        FSDP_RANK_CHECK(ctx, e == FSDP_ERR_STATE && !again, "wrapping twice: %s",
+                        fsdp_status_to_string(e));
+        fsdp_param *w = fsdp_module_get_param(m, "layers.0.net1.weight");
+        fsdp_tensor *copy = NULL;
+        st = fsdp_tensor_create_like(ctx, fsdp_param_data(w), &copy);
+        if (st == FSDP_OK) {
+            e = fsdp_tensor_copy(ctx, copy, fsdp_param_data(w));
+            FSDP_RANK_CHECK(ctx, e == FSDP_ERR_STATE && strstr(fsdp_last_error(ctx), "summon"),
+                            "copying a sharded parameter: %s", fsdp_last_error(ctx));
         }
+        fsdp_tensor_free(copy);
+    }
+    fsdp_sharded_free(sh);
+    fsdp_module_free(ref);
+    fsdp_module_free(m);
+    return st;
+}
+
+static void test_sync_module_states_and_errors(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(3, 0, sync_rank, NULL));
 }
 
 /* ---- 2D: FSDP over dp wrapping a TP model on tp (seed test_fsdp_tp_extension_grad) ---- */
@@ -360,7 +772,12 @@ int main(int argc, char **argv) {
         {"train_shard_grad_op_nested", test_train_shard_grad_op_nested},
         {"train_no_shard_root", test_train_no_shard_root},
         {"train_no_shard_nested", test_train_no_shard_nested},
+        {"train_hybrid_shard_root", test_train_hybrid_shard_root},
+        {"train_hybrid_shard_nested", test_train_hybrid_shard_nested},
         {"comm_counts", test_comm_counts},
+        {"memory", test_memory},
+        {"summon_and_no_sync", test_summon_and_no_sync},
+        {"sync_module_states_and_errors", test_sync_module_states_and_errors},
         {"fsdp_tp_extension_grad", test_fsdp_tp_extension_grad},
     };
     return fsdp_test_run(argc, argv, "fsdp", cases, sizeof cases / sizeof cases[0]);

@@ -427,7 +427,7 @@ static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
         u->unsharded = true;
         return fsdp_tensor_rebind(ctx, u->flat->data, u->full, 0);
     }
-    memcpy(fsdp_tensor_f32(u->flat->data), f + (int64_t)sh->rank * u->shard_numel,
+    memcpy(fsdp_tensor_f32(u->flat->data), f + (sharded ? (int64_t)sh->rank * u->shard_numel : 0),
            (size_t)u->shard_numel * sizeof(float));
     /* Start sharded, as after a step: the flattening buffer is freed. */
     release_params(u);
@@ -814,7 +814,8 @@ static fsdp_status summon_grads(fsdp_ctx *ctx, unit *u) {
 }
 
 /* Moves the unit's parameters to a host copy of the full buffer, freeing the device block
- * when the unit was sharded before the summon. */
+ * when the unit was sharded before the summon (offload_to_cpu, or a resident unit summoned
+ * without writeback). */
 static fsdp_status summon_to_host(fsdp_ctx *ctx, unit *u) {
     FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &u->padded, &u->summon_host));
     FSDP_TRY(fsdp_tensor_copy(ctx, u->summon_host, u->full));
@@ -861,7 +862,9 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
             /* rank0_only: every rank gathers, the others free at once. */
             give_grads(u);
             if (!u->summon_was_unsharded) reshard(u);
-        } else if (o.offload_to_cpu) {
+        } else if (o.offload_to_cpu || (u->resident && !o.writeback)) {
+            /* A resident unit's parameters are the flat parameter itself: without writeback
+             * they are handed out as a copy, so edits are dropped as for the others. */
             st = summon_to_host(ctx, u);
         }
     }
