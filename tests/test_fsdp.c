@@ -11,9 +11,10 @@
 #include <string.h>
 
 #include "harness.h"
+#include "stacked_batches.h"
 
 #define SEED   7
-#define BATCH  8
+#define BATCH  STACKED_BATCH
 #define LAYERS 3
 
 typedef struct fsdp_case {
@@ -49,46 +50,12 @@ static fsdp_status build(fsdp_ctx *ctx, fsdp_module **m) {
     return fsdp_module_reset_parameters(ctx, *m, SEED);
 }
 
-/* Rows [off, off + len) of a (BATCH, 10) tensor made from `stream`. */
-static fsdp_status batch_rows(fsdp_ctx *ctx, uint64_t stream, int64_t off, int64_t len,
-                              fsdp_tensor **out) {
-    fsdp_tensor *all;
-    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){BATCH, 10}, &all));
-    fsdp_init init = {.kind = FSDP_INIT_UNIFORM, .a = -1.0f, .b = 1.0f};
-    fsdp_status st = fsdp_init_tensor(ctx, all, &init, 42, stream);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){len, 10}, out);
-    if (st == FSDP_OK)
-        memcpy(fsdp_tensor_f32(*out), fsdp_tensor_f32(all) + off * 10,
-               (size_t)(len * 10) * sizeof(float));
-    fsdp_tensor_free(all);
-    return st;
-}
-
-/* One step of loss = sum((out - target)^2) / BATCH over the global batch. A data-parallel rank
- * holds rows [off, off + len) and scales its gradient by the world size, which FSDP's
- * averaging divides out again. */
+/* One step: forward and backward on this rank's rows, then the optimizer. */
 static fsdp_status step(fsdp_ctx *ctx, fsdp_module *m, fsdp_optimizer *opt, int s, int64_t off,
                         int64_t len, int world) {
-    fsdp_tensor *x = NULL, *y = NULL, *dy = NULL;
-    const fsdp_tensor *out;
-    fsdp_status st = batch_rows(ctx, 100 + 2 * (uint64_t)s, off, len, &x);
-    if (st == FSDP_OK) st = batch_rows(ctx, 101 + 2 * (uint64_t)s, off, len, &y);
-    if (st == FSDP_OK) st = fsdp_optimizer_zero_grad(ctx, opt);
-    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, x, &out);
-    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dy);
-    if (st == FSDP_OK) {
-        const float *o = fsdp_tensor_f32(out), *t = fsdp_tensor_f32(y);
-        float *d = fsdp_tensor_f32(dy);
-        for (int64_t i = 0; i < fsdp_tensor_numel(dy); i++)
-            d[i] = 2.0f * (o[i] - t[i]) * (float)world / (float)BATCH;
-        st = fsdp_module_backward(ctx, m, dy, NULL);
-    }
-    if (st == FSDP_OK) st = fsdp_optimizer_step(ctx, opt);
-    fsdp_tensor_free(x);
-    fsdp_tensor_free(y);
-    fsdp_tensor_free(dy);
-    return st;
+    FSDP_TRY(fsdp_optimizer_zero_grad(ctx, opt));
+    FSDP_TRY(stacked_forward_backward(ctx, m, s, off, len, world));
+    return fsdp_optimizer_step(ctx, opt);
 }
 
 typedef struct cmp {
@@ -404,28 +371,6 @@ static fsdp_status compare_param_grad(fsdp_ctx *ctx, fsdp_param *p, const char *
                                 NULL);
 }
 
-/* Forward and backward without an optimizer step. */
-static fsdp_status fwd_bwd(fsdp_ctx *ctx, fsdp_module *m, int s, int64_t off, int64_t len,
-                           int world) {
-    fsdp_tensor *x = NULL, *y = NULL, *dy = NULL;
-    const fsdp_tensor *out;
-    fsdp_status st = batch_rows(ctx, 100 + 2 * (uint64_t)s, off, len, &x);
-    if (st == FSDP_OK) st = batch_rows(ctx, 101 + 2 * (uint64_t)s, off, len, &y);
-    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, x, &out);
-    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dy);
-    if (st == FSDP_OK) {
-        const float *o = fsdp_tensor_f32(out), *t = fsdp_tensor_f32(y);
-        float *d = fsdp_tensor_f32(dy);
-        for (int64_t i = 0; i < fsdp_tensor_numel(dy); i++)
-            d[i] = 2.0f * (o[i] - t[i]) * (float)world / (float)BATCH;
-        st = fsdp_module_backward(ctx, m, dy, NULL);
-    }
-    fsdp_tensor_free(x);
-    fsdp_tensor_free(y);
-    fsdp_tensor_free(dy);
-    return st;
-}
-
 static fsdp_status summon_rank(fsdp_ctx *ctx, int rank, void *user) {
     const fsdp_case *c = user;
     fsdp_module *ref = NULL, *m = NULL;
@@ -442,10 +387,10 @@ static fsdp_status summon_rank(fsdp_ctx *ctx, int rank, void *user) {
      * communication, then the sync backward of a third (empty of rows, the rest) reduces it
      * all: the gradient of the whole batch. */
     int64_t half = len / 2;
-    if (st == FSDP_OK) st = fwd_bwd(ctx, ref, 0, 0, BATCH, 1);
+    if (st == FSDP_OK) st = stacked_forward_backward(ctx, ref, 0, 0, BATCH, 1);
     fsdp_sharded_set_sync(sh, false);
     if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
-    if (st == FSDP_OK) st = fwd_bwd(ctx, m, 0, off, half, c->world);
+    if (st == FSDP_OK) st = stacked_forward_backward(ctx, m, 0, off, half, c->world);
     if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
     if (st == FSDP_OK)
         FSDP_RANK_CHECK(ctx,
@@ -463,7 +408,7 @@ static fsdp_status summon_rank(fsdp_ctx *ctx, int rank, void *user) {
                         fsdp_status_to_string(refused));
     }
     fsdp_sharded_set_sync(sh, true);
-    if (st == FSDP_OK) st = fwd_bwd(ctx, m, 0, off + half, len - half, c->world);
+    if (st == FSDP_OK) st = stacked_forward_backward(ctx, m, 0, off + half, len - half, c->world);
     /* with_grads: the reduced gradients, whole, equal the single-rank model's. */
     if (st == FSDP_OK)
         st = fsdp_summon_full_params(ctx, sh, &(fsdp_summon_options){.with_grads = true});
@@ -682,8 +627,8 @@ static fsdp_status twod_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = fsdp_sgd_create(ctx, ref, &sgd, &ref_opt);
     if (st == FSDP_OK) st = fsdp_sgd_create(ctx, fsdp_sharded_flat_params(sh), &sgd, &opt);
     int d = fsdp_mesh_coordinate(mesh, 0), t = fsdp_mesh_coordinate(mesh, 1);
-    if (st == FSDP_OK) st = batch_rows(ctx, 7, 4 * d + 2 * t, 2, &x);
-    if (st == FSDP_OK) st = batch_rows(ctx, 7, 0, BATCH, &xr);
+    if (st == FSDP_OK) st = stacked_batch_rows(ctx, 7, 4 * d + 2 * t, 2, &x);
+    if (st == FSDP_OK) st = stacked_batch_rows(ctx, 7, 0, BATCH, &xr);
     if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, x, &out);
     if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dy);

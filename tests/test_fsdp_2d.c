@@ -8,9 +8,10 @@
 #include <string.h>
 
 #include "harness.h"
+#include "stacked_batches.h"
 
 #define SEED   7
-#define BATCH  8
+#define BATCH  STACKED_BATCH
 #define LAYERS 3
 
 /* Like FSDP_RANK_CHECK, inside a chain of `st == FSDP_OK` steps that must reach its cleanup. */
@@ -77,20 +78,6 @@ static fsdp_status rand_tensor(fsdp_ctx *ctx, int ndim, const int64_t *shape, ui
     return fsdp_init_tensor(ctx, *out, &init, SEED, stream);
 }
 
-/* Rows [off, off + len) of a (BATCH, 10) tensor made from `stream`. */
-static fsdp_status batch_rows(fsdp_ctx *ctx, uint64_t stream, int64_t off, int64_t len,
-                              fsdp_tensor **out) {
-    fsdp_tensor *all = NULL;
-    fsdp_status st = rand_tensor(ctx, 2, (int64_t[]){BATCH, 10}, stream, &all);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){len, 10}, out);
-    if (st == FSDP_OK)
-        memcpy(fsdp_tensor_f32(*out), fsdp_tensor_f32(all) + off * 10,
-               (size_t)(len * 10) * sizeof(float));
-    fsdp_tensor_free(all);
-    return st;
-}
-
 /* MLPStacked(LAYERS); with a tp mesh, every layer's net1 Colwise and net2 Rowwise (default
  * layouts: Replicate in, Replicate out). */
 static fsdp_status build_stacked(fsdp_ctx *ctx, const fsdp_mesh *tp, fsdp_module **m) {
@@ -100,30 +87,6 @@ static fsdp_status build_stacked(fsdp_ctx *ctx, const fsdp_mesh *tp, fsdp_module
     fsdp_tp_plan_entry plan[] = {{"layers.*.net1", FSDP_COLWISE()},
                                  {"layers.*.net2", FSDP_ROWWISE()}};
     return fsdp_tp_parallelize(ctx, *m, tp, 2, plan, NULL);
-}
-
-/* Forward and backward of loss = sum((out - target)^2) / BATCH over global batch `s`. This
- * rank's replica holds rows [off, off + len) and scales its gradient by the data-parallel size
- * dp, which FSDP's averaging divides out again. */
-static fsdp_status forward_backward(fsdp_ctx *ctx, fsdp_module *m, int s, int64_t off, int64_t len,
-                                    int dp) {
-    fsdp_tensor *x = NULL, *y = NULL, *dy = NULL;
-    const fsdp_tensor *out;
-    fsdp_status st = batch_rows(ctx, 100 + 2 * (uint64_t)s, off, len, &x);
-    if (st == FSDP_OK) st = batch_rows(ctx, 101 + 2 * (uint64_t)s, off, len, &y);
-    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, x, &out);
-    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dy);
-    if (st == FSDP_OK) {
-        const float *o = fsdp_tensor_f32(out), *t = fsdp_tensor_f32(y);
-        float *d = fsdp_tensor_f32(dy);
-        for (int64_t i = 0; i < fsdp_tensor_numel(dy); i++)
-            d[i] = 2.0f * (o[i] - t[i]) * (float)dp / (float)BATCH;
-        st = fsdp_module_backward(ctx, m, dy, NULL);
-    }
-    fsdp_tensor_free(x);
-    fsdp_tensor_free(y);
-    fsdp_tensor_free(dy);
-    return st;
 }
 
 /* Compares every parameter (or gradient) of a reference model with the other model's, gathered
@@ -551,7 +514,7 @@ static fsdp_status comm_rank(fsdp_ctx *ctx, int rank, void *user) {
     for (int s = 0; st == FSDP_OK && s < 2; s++) { /* a warm-up step, then the counted one */
         if (s == 1) st = fsdp_comm_debug_begin(ctx);
         if (st == FSDP_OK) st = fsdp_optimizer_zero_grad(ctx, opt);
-        if (st == FSDP_OK) st = forward_backward(ctx, m, s, off, len, t.dp_size);
+        if (st == FSDP_OK) st = stacked_forward_backward(ctx, m, s, off, len, t.dp_size);
         if (st == FSDP_OK) st = fsdp_optimizer_step(ctx, opt);
         if (st == FSDP_OK && s == 1) st = fsdp_comm_debug_end(ctx);
     }
@@ -646,8 +609,8 @@ static fsdp_status clip_rank(fsdp_ctx *ctx, int rank, void *user) {
         double unclipped = 0, want = 0, got = 0;
         st = fsdp_optimizer_zero_grad(ctx, ref_opt);
         if (st == FSDP_OK) st = fsdp_optimizer_zero_grad(ctx, opt);
-        if (st == FSDP_OK) st = forward_backward(ctx, ref, s, 0, BATCH, 1);
-        if (st == FSDP_OK) st = forward_backward(ctx, m, s, off, len, t.dp_size);
+        if (st == FSDP_OK) st = stacked_forward_backward(ctx, ref, s, 0, BATCH, 1);
+        if (st == FSDP_OK) st = stacked_forward_backward(ctx, m, s, off, len, t.dp_size);
         if (st == FSDP_OK) st = fsdp_clip_grad_norm(ctx, ref, 1e30, c->norm_type, &unclipped);
         double max_norm = unclipped / 4;
         if (st == FSDP_OK) st = fsdp_clip_grad_norm(ctx, ref, max_norm, c->norm_type, &want);

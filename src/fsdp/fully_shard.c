@@ -920,13 +920,7 @@ fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
 
 fsdp_status fsdp_sharded_clip_grad_norm(fsdp_ctx *ctx, fsdp_sharded *sh, double max_norm,
                                         double norm_type, double *total_norm) {
-    if (!(max_norm > 0.0))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "clip_grad_norm: max_norm is %g; it must be > 0", max_norm);
-    if (norm_type != 2.0 && !isinf(norm_type))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "clip_grad_norm: norm_type %g is not supported; use 2.0 or INFINITY",
-                         norm_type);
+    FSDP_TRY(fsdp_clip_check(ctx, max_norm, norm_type));
     fsdp_norm_acc a;
     fsdp_norm_acc_init(&a, norm_type);
     /* Each parameter's part of the shard: summed over the group when sharded (replicas hold

@@ -142,6 +142,17 @@ fsdp_status fsdp_norm_acc_total(fsdp_ctx *ctx, fsdp_norm_acc *a, double *total) 
     return FSDP_OK;
 }
 
+fsdp_status fsdp_clip_check(fsdp_ctx *ctx, double max_norm, double norm_type) {
+    if (!(max_norm > 0.0))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "clip_grad_norm: max_norm is %g; it must be > 0", max_norm);
+    if (norm_type != 2.0 && !isinf(norm_type))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "clip_grad_norm: norm_type %g is not supported; use 2.0 or INFINITY",
+                         norm_type);
+    return FSDP_OK;
+}
+
 bool fsdp_clip_coef(double max_norm, double total, float *coef) {
     double c = max_norm / (total + 1e-6);
     *coef = (float)c;
@@ -159,13 +170,7 @@ static fsdp_status scale(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *u
 
 fsdp_status fsdp_clip_grad_norm(fsdp_ctx *ctx, fsdp_module *m, double max_norm, double norm_type,
                                 double *total_norm) {
-    if (!(max_norm > 0.0))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "clip_grad_norm: max_norm is %g; it must be > 0", max_norm);
-    if (norm_type != 2.0 && !isinf(norm_type))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "clip_grad_norm: norm_type %g is not supported; use 2.0 or INFINITY",
-                         norm_type);
+    FSDP_TRY(fsdp_clip_check(ctx, max_norm, norm_type));
     /* The module FSDP hands the optimizer: its shards are summed over the groups that shard
      * each part of them. */
     if (strcmp(fsdp_module_kind(m), "FlatParams") == 0 && fsdp_module_impl(m))

@@ -55,6 +55,9 @@ fsdp_status fsdp_norm_acc_add_module(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_modul
  * writes the global norm to *total: equal on every rank that added the same pieces. */
 fsdp_status fsdp_norm_acc_total(fsdp_ctx *ctx, fsdp_norm_acc *a, double *total);
 
+/* Checks clip_grad_norm's arguments: max_norm > 0, norm_type 2.0 or INFINITY. */
+fsdp_status fsdp_clip_check(fsdp_ctx *ctx, double max_norm, double norm_type);
+
 /* PyTorch's clip coefficient max_norm / (total + 1e-6); true when it is below 1 and gradients
  * must be scaled by *coef. */
 bool fsdp_clip_coef(double max_norm, double total, float *coef);
