@@ -12,12 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp_common.h" // defines: dp_build_model, dp_batch_block, dp_forward_backward
 #include "harness.h"
-
-#define SEED      7
-#define DATA_SEED 11
-#define IN_DIM    50
-#define OUT_DIM   8
 
 typedef enum optim_kind { OPT_SGD, OPT_ADAM } optim_kind;
 
@@ -35,101 +31,6 @@ typedef struct scenario {
     int want_broadcasts;  /* broadcast buckets at setup */
 } scenario;
 
-/* ---- the seed's WrapperModule for a non-0 batch dim: forward(x) = mlp(x.t()).t() ---- */
-
-typedef struct wrapper {
-    fsdp_tensor *xt, *out, *dyt, *dx;
-} wrapper;
-
-static void wrapper_free(void *impl) {
-    wrapper *w = impl;
-    fsdp_tensor_free(w->xt);
-    fsdp_tensor_free(w->out);
-    fsdp_tensor_free(w->dyt);
-    fsdp_tensor_free(w->dx);
-    free(w);
-}
-
-/* *out = in^T for a 2-d tensor, reusing *out. */
-static fsdp_status transpose(fsdp_ctx *ctx, const fsdp_tensor *in, fsdp_tensor **out) {
-    int64_t r = fsdp_tensor_dim(in, 0), c = fsdp_tensor_dim(in, 1), shape[2] = {c, r};
-    if (*out)
-        FSDP_TRY(fsdp_tensor_resize(ctx, *out, 2, shape));
-    else
-        FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, out));
-    const float *s = fsdp_tensor_f32(in);
-    float *d = fsdp_tensor_f32(*out);
-    for (int64_t i = 0; i < r; i++)
-        for (int64_t j = 0; j < c; j++) d[j * r + i] = s[i * c + j];
-    return FSDP_OK;
-}
-
-static fsdp_status wrapper_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
-                                   const fsdp_tensor **out) {
-    wrapper *w = fsdp_module_impl(m);
-    const fsdp_tensor *y;
-    FSDP_TRY(transpose(ctx, in, &w->xt));
-    FSDP_TRY(fsdp_module_forward(ctx, fsdp_module_child(m, 0), w->xt, &y));
-    FSDP_TRY(transpose(ctx, y, &w->out));
-    *out = w->out;
-    return FSDP_OK;
-}
-
-static fsdp_status wrapper_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
-                                    const fsdp_tensor **din) {
-    wrapper *w = fsdp_module_impl(m);
-    const fsdp_tensor *dx = NULL;
-    FSDP_TRY(transpose(ctx, dout, &w->dyt));
-    FSDP_TRY(fsdp_module_backward(ctx, fsdp_module_child(m, 0), w->dyt, din ? &dx : NULL));
-    if (!din) return FSDP_OK;
-    FSDP_TRY(transpose(ctx, dx, &w->dx));
-    *din = w->dx;
-    return FSDP_OK;
-}
-
-static const fsdp_module_ops wrapper_ops = {.kind = "WrapperModule",
-                                            .forward = wrapper_forward,
-                                            .backward = wrapper_backward,
-                                            .free_impl = wrapper_free};
-
-/* SimpleMLP, or WrapperModule around it (child "mlp") when batch_dim is 1. */
-static fsdp_status build_model(fsdp_ctx *ctx, int batch_dim, uint64_t seed, fsdp_module **out) {
-    fsdp_module *mlp;
-    FSDP_TRY(fsdp_model_simple_mlp(ctx, &mlp));
-    if (batch_dim == 0) {
-        *out = mlp;
-    } else {
-        wrapper *w = calloc(1, sizeof *w);
-        fsdp_status st = w ? fsdp_module_create(ctx, &wrapper_ops, w, out)
-                           : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "wrapper");
-        if (st != FSDP_OK) {
-            free(w);
-            fsdp_module_free(mlp);
-            return st;
-        }
-        FSDP_TRY(fsdp_module_add_child(ctx, *out, "mlp", mlp));
-    }
-    return fsdp_module_reset_parameters(ctx, *out, seed);
-}
-
-/* ---- data by global sample index ---- */
-
-/* Samples [off, off + len) of a global batch of `batch` samples with `features` each, laid out
- * (batch, features) or, with batch_dim 1, (features, batch): standard normal values drawn from
- * their global coordinates, so any rank makes exactly its own samples. */
-static fsdp_status batch_block(fsdp_ctx *ctx, int64_t batch, int64_t features, int batch_dim,
-                               int64_t off, int64_t len, uint64_t stream, fsdp_tensor **out) {
-    int64_t gshape[2] = {batch, features}, shape[2] = {len, features}, start[2] = {off, 0};
-    if (batch_dim == 1) {
-        gshape[0] = features, gshape[1] = batch;
-        shape[0] = features, shape[1] = len;
-        start[0] = 0, start[1] = off;
-    }
-    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, out));
-    fsdp_init init = {.kind = FSDP_INIT_NORMAL, .a = 0.0f, .b = 1.0f};
-    return fsdp_init_block(ctx, *out, &init, DATA_SEED, stream, 2, gshape, start);
-}
-
 /* Fails unless a and b hold the same bits. */
 static fsdp_status check_bitwise(fsdp_ctx *ctx, const char *what, const fsdp_tensor *a,
                                  const fsdp_tensor *b) {
@@ -138,27 +39,6 @@ static fsdp_status check_bitwise(fsdp_ctx *ctx, const char *what, const fsdp_ten
                     memcmp(fsdp_tensor_data(a), fsdp_tensor_data(b), fsdp_tensor_nbytes(a)) == 0,
                     "%s: values differ", what);
     return FSDP_OK;
-}
-
-/* ---- one training step: the seed's loss (out - labels).sum() ---- */
-
-/* Forward, loss and backward of m on (x, labels), with every output gradient dscale (the loss
- * times dscale). *dout is a buffer kept between steps. */
-static fsdp_status forward_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *x,
-                                    const fsdp_tensor *labels, float dscale, fsdp_tensor **dout,
-                                    double *loss) {
-    const fsdp_tensor *out;
-    FSDP_TRY(fsdp_module_forward(ctx, m, x, &out));
-    const float *o = fsdp_tensor_f32(out), *l = fsdp_tensor_f32(labels);
-    double sum = 0.0;
-    for (int64_t i = 0; i < fsdp_tensor_numel(out); i++) sum += (double)o[i] - l[i];
-    *loss = sum;
-    if (*dout)
-        FSDP_TRY(fsdp_tensor_resize(ctx, *dout, fsdp_tensor_ndim(out), fsdp_tensor_shape(out)));
-    else
-        FSDP_TRY(fsdp_tensor_create_like(ctx, out, dout));
-    FSDP_TRY(fsdp_tensor_fill(ctx, *dout, dscale));
-    return fsdp_module_backward(ctx, m, *dout, NULL);
 }
 
 /* ---- comparisons ---- */
@@ -256,8 +136,8 @@ static fsdp_status setup_models(fsdp_ctx *ctx, int rank, const scenario *s, rank
     else
         FSDP_TRY(fsdp_mesh_create(ctx, 1, (int[]){dp}, (const char *[]){"dp"}, &rs->mesh));
     FSDP_TRY(fsdp_mesh_get_group(ctx, rs->mesh, "dp", &rs->dp));
-    FSDP_TRY(build_model(ctx, s->batch_dim, SEED, &rs->ref));
-    FSDP_TRY(build_model(ctx, s->batch_dim, SEED + (uint64_t)rank, &rs->dist));
+    FSDP_TRY(dp_build_model(ctx, s->batch_dim, DP_SEED, &rs->ref));
+    FSDP_TRY(dp_build_model(ctx, s->batch_dim, DP_SEED + (uint64_t)rank, &rs->dist));
     if (s->tp > 1) {
         fsdp_mesh *tp;
         FSDP_TRY(fsdp_mesh_dim(ctx, rs->mesh, "tp", &tp));
@@ -300,10 +180,11 @@ static fsdp_status make_optimizer(fsdp_ctx *ctx, const scenario *s, fsdp_module 
 static fsdp_status setup_data(fsdp_ctx *ctx, const scenario *s, rank_state *rs) {
     int64_t off, len;
     fsdp_batch_range(ctx, rs->dp, s->batch, &off, &len);
-    FSDP_TRY(batch_block(ctx, s->batch, IN_DIM, s->batch_dim, 0, s->batch, 1, &rs->x));
-    FSDP_TRY(batch_block(ctx, s->batch, OUT_DIM, s->batch_dim, 0, s->batch, 2, &rs->labels));
-    FSDP_TRY(batch_block(ctx, s->batch, IN_DIM, s->batch_dim, off, len, 1, &rs->x_local));
-    FSDP_TRY(batch_block(ctx, s->batch, OUT_DIM, s->batch_dim, off, len, 2, &rs->labels_local));
+    FSDP_TRY(dp_batch_block(ctx, s->batch, DP_IN_DIM, s->batch_dim, 0, s->batch, 1, &rs->x));
+    FSDP_TRY(dp_batch_block(ctx, s->batch, DP_OUT_DIM, s->batch_dim, 0, s->batch, 2, &rs->labels));
+    FSDP_TRY(dp_batch_block(ctx, s->batch, DP_IN_DIM, s->batch_dim, off, len, 1, &rs->x_local));
+    FSDP_TRY(
+        dp_batch_block(ctx, s->batch, DP_OUT_DIM, s->batch_dim, off, len, 2, &rs->labels_local));
     FSDP_TRY(fsdp_batch_slice(ctx, rs->x, s->batch_dim, rs->dp, &rs->sliced));
     FSDP_TRY(check_bitwise(ctx, "batch_slice(inputs)", rs->sliced, rs->x_local));
     FSDP_TRY(fsdp_batch_slice(ctx, rs->labels, s->batch_dim, rs->dp, &rs->sliced)); /* reused */
@@ -319,11 +200,11 @@ static fsdp_status train_step(fsdp_ctx *ctx, const scenario *s, rank_state *rs, 
     double ref_loss, loss;
     FSDP_TRY(fsdp_optimizer_zero_grad(ctx, rs->ref_opt));
     FSDP_TRY(fsdp_optimizer_zero_grad(ctx, rs->dist_opt));
-    FSDP_TRY(
-        forward_backward(ctx, rs->ref, rs->x, rs->labels, (float)(1.0 / dp), &rs->dref, &ref_loss));
+    FSDP_TRY(dp_forward_backward(ctx, rs->ref, rs->x, rs->labels, (float)(1.0 / dp), &rs->dref,
+                                 &ref_loss));
     FSDP_TRY(fsdp_comm_debug_begin(ctx));
     FSDP_TRY(
-        forward_backward(ctx, rs->dist, rs->x_local, rs->labels_local, 1.0f, &rs->ddist, &loss));
+        dp_forward_backward(ctx, rs->dist, rs->x_local, rs->labels_local, 1.0f, &rs->ddist, &loss));
     FSDP_TRY(fsdp_optimizer_step(ctx, rs->dist_opt));
     FSDP_TRY(fsdp_comm_debug_end(ctx));
     /* Backward: one all_reduce per bucket on dp, attributed to the root; TP adds its forward
@@ -520,22 +401,23 @@ static fsdp_status no_sync_run(fsdp_ctx *ctx, int rank, rank_state *rs) {
                   .want_buckets = 1,
                   .want_broadcasts = 1};
     FSDP_TRY(setup_models(ctx, rank, &s, rs));
-    FSDP_TRY(batch_block(ctx, 128, IN_DIM, 0, 0, 128, 1, &rs->x));
-    FSDP_TRY(batch_block(ctx, 128, OUT_DIM, 0, 0, 128, 2, &rs->labels));
+    FSDP_TRY(dp_batch_block(ctx, 128, DP_IN_DIM, 0, 0, 128, 1, &rs->x));
+    FSDP_TRY(dp_batch_block(ctx, 128, DP_OUT_DIM, 0, 0, 128, 2, &rs->labels));
     double loss;
-    FSDP_TRY(forward_backward(ctx, rs->ref, rs->x, rs->labels, 0.5f, &rs->dref, &loss));
+    FSDP_TRY(dp_forward_backward(ctx, rs->ref, rs->x, rs->labels, 0.5f, &rs->dref, &loss));
     for (int micro = 0; micro < 2; micro++) {
         int64_t off, len;
         fsdp_batch_range(ctx, rs->dp, 64, &off, &len);
         fsdp_tensor_free(rs->x_local);
         fsdp_tensor_free(rs->labels_local);
         rs->x_local = rs->labels_local = NULL;
-        FSDP_TRY(batch_block(ctx, 128, IN_DIM, 0, 64 * micro + off, len, 1, &rs->x_local));
-        FSDP_TRY(batch_block(ctx, 128, OUT_DIM, 0, 64 * micro + off, len, 2, &rs->labels_local));
+        FSDP_TRY(dp_batch_block(ctx, 128, DP_IN_DIM, 0, 64 * micro + off, len, 1, &rs->x_local));
+        FSDP_TRY(
+            dp_batch_block(ctx, 128, DP_OUT_DIM, 0, 64 * micro + off, len, 2, &rs->labels_local));
         fsdp_replicate_set_sync(rs->rep, micro == 1);
         FSDP_TRY(fsdp_comm_debug_begin(ctx));
-        FSDP_TRY(forward_backward(ctx, rs->dist, rs->x_local, rs->labels_local, 1.0f, &rs->ddist,
-                                  &loss));
+        FSDP_TRY(dp_forward_backward(ctx, rs->dist, rs->x_local, rs->labels_local, 1.0f, &rs->ddist,
+                                     &loss));
         FSDP_TRY(fsdp_comm_debug_end(ctx));
         int64_t total = fsdp_comm_debug_total(ctx).calls;
         int64_t ar = calls(ctx, FSDP_COMM_ALL_REDUCE, "dp", FSDP_COMM_PHASE_BACKWARD);
@@ -582,9 +464,9 @@ static fsdp_status clip_run(fsdp_ctx *ctx, int rank, double norm_type, rank_stat
     FSDP_TRY(setup_models(ctx, rank, &s, rs));
     FSDP_TRY(setup_data(ctx, &s, rs));
     double loss, ref_norm, ref_again, norm;
-    FSDP_TRY(forward_backward(ctx, rs->ref, rs->x, rs->labels, 0.5f, &rs->dref, &loss));
+    FSDP_TRY(dp_forward_backward(ctx, rs->ref, rs->x, rs->labels, 0.5f, &rs->dref, &loss));
     FSDP_TRY(
-        forward_backward(ctx, rs->dist, rs->x_local, rs->labels_local, 1.0f, &rs->ddist, &loss));
+        dp_forward_backward(ctx, rs->dist, rs->x_local, rs->labels_local, 1.0f, &rs->ddist, &loss));
     FSDP_TRY(fsdp_clip_grad_norm(ctx, rs->ref, 1e30, norm_type, &ref_norm)); /* no clipping */
     double max_norm = 0.25 * ref_norm;
     FSDP_TRY(fsdp_clip_grad_norm(ctx, rs->ref, max_norm, norm_type, &ref_again));
@@ -700,7 +582,7 @@ static fsdp_status options_rank(fsdp_ctx *ctx, int rank, void *user) {
     (void)rank;
     (void)user;
     fsdp_module *m = NULL;
-    fsdp_status st = build_model(ctx, 0, SEED, &m);
+    fsdp_status st = dp_build_model(ctx, 0, DP_SEED, &m);
     if (st == FSDP_OK) {
         fsdp_status bad =
             fsdp_replicate_apply(ctx, m, &(fsdp_replicate_options){.src_rank = 2}, NULL);

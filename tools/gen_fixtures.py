@@ -305,6 +305,64 @@ def optim_case(kind, kw):
     return tensors
 
 
+# Option groups (PyTorch's param_groups): five parameters with module paths, net1 = Linear(3, 4),
+# norm.weight (4,), net2 = Linear(4, 2), each taking the first group whose fnmatch pattern
+# matches its name (libfsdp's fsdp_param_group rule; Python's fnmatch lets '*' match '.' as
+# POSIX fnmatch without flags does) and the optimizer's own options otherwise. The learning
+# rate follows LambdaLR(1 / (1 + 0.2 * step)), which scales every group's initial lr. Stored:
+# init.<p>, grad.<step>.<p>, param.<step>.<p> as in the trajectories above; group.<p> (i32, the
+# group index, -1 for none); lr.<step> (f64, the lr of the optimizer's own options and then of
+# each group, as PyTorch used it in that step). tests/test_optim.c holds the same options.
+GROUP_STEPS = 10
+GROUP_CONFIGS = {
+    "sgd": ("sgd", dict(lr=0.1, momentum=0.9, weight_decay=0.01),
+            [("*.bias", dict(weight_decay=0.0, momentum=0.0)),
+             ("norm.*", dict(lr=0.05, dampening=0.5, weight_decay=0.0))]),
+    "adamw": ("adamw", dict(lr=0.01, weight_decay=0.1),
+              [("*.bias", dict(weight_decay=0.0)),
+               ("norm.*", dict(lr=0.003, weight_decay=0.0)),
+               ("net2.*", dict(betas=(0.8, 0.95), eps=1e-6))]),
+}
+
+
+class GroupModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(3, 4)
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.randn(4))
+        self.net2 = nn.Linear(4, 2)
+
+
+def optim_groups_case(kind, defaults, groups):
+    import fnmatch
+    model = GroupModel()
+    params = list(model.named_parameters())
+    member = {}
+    for name, _ in params:
+        member[name] = next((i for i, (pat, _) in enumerate(groups)
+                             if fnmatch.fnmatchcase(name, pat)), -1)
+    param_groups = [{"params": [p for n, p in params if member[n] == -1]}]
+    for i, (_, kw) in enumerate(groups):
+        param_groups.append(dict(params=[p for n, p in params if member[n] == i], **kw))
+    make = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[kind]
+    opt = make(param_groups, foreach=False, **defaults)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1.0 + 0.2 * step))
+    tensors = [(f"group.{n}", torch.tensor(member[n], dtype=torch.int32)) for n, _ in params]
+    tensors += [(f"init.{n}", p.detach().clone()) for n, p in params]
+    for step in range(GROUP_STEPS):
+        scale = 2.0 if step < 3 else 0.3
+        for n, p in params:
+            p.grad = torch.randn_like(p) * scale
+            tensors.append((f"grad.{step}.{n}", p.grad.clone()))
+        lrs = [g["lr"] for g in opt.param_groups]
+        tensors.append((f"lr.{step}", torch.tensor(lrs, dtype=torch.float64)))
+        opt.step()
+        sched.step()
+        tensors += [(f"param.{step}.{n}", p.detach().clone()) for n, p in params]
+    return tensors
+
+
 def clip_case(max_norm, norm_type):
     """torch.nn.utils.clip_grad_norm_ over a Linear(3, 4)'s gradients."""
     layer = nn.Linear(3, 4)
@@ -346,6 +404,8 @@ CASES = {
     "loss_cross_entropy": case_loss_cross_entropy,
 }
 CASES.update(optim_cases())
+CASES.update({f"optim_groups_{name}": (lambda a=a: optim_groups_case(*a))
+              for name, a in GROUP_CONFIGS.items()})
 CASES.update({name: (lambda a=a: clip_case(*a)) for name, a in CLIP_CONFIGS.items()})
 
 

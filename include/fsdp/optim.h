@@ -12,6 +12,38 @@ extern "C" {
 
 typedef struct fsdp_optimizer fsdp_optimizer;
 
+/* ---- per-parameter options (PyTorch's param_groups) ---- */
+
+/* A hyperparameter that a group may override: set false (the zero value) keeps the
+ * optimizer's own option, so an override of 0 (weight_decay = 0 for biases) is unambiguous. */
+typedef struct fsdp_override {
+    bool set;
+    double value;
+} fsdp_override;
+/* In an initialiser: .weight_decay = FSDP_OVERRIDE(0.0). */
+#define FSDP_OVERRIDE(v)                                                                           \
+    { .set = true, .value = (v) }
+
+/* Options for the parameters whose fully qualified name ("net1.bias", "layers.0.norm.weight")
+ * matches `pattern`, a POSIX fnmatch(3) pattern with no flags ('*' also matches '.', so
+ * "*.bias" is every bias at any depth). A parameter takes the first group that matches it,
+ * in array order; a parameter no group matches takes the optimizer's own options. Every group
+ * must get at least one trainable parameter, or creation fails naming the pattern. A field
+ * left unset keeps the optimizer's value; a set field must suit the optimizer (momentum and
+ * dampening for SGD, beta1, beta2 and eps for Adam and AdamW) and lie in its range, where an
+ * explicit 0 is allowed for lr (a frozen group), weight_decay, momentum, dampening and the
+ * betas. Under FSDP, wrap with use_orig_params so the optimizer sees the original names. */
+typedef struct fsdp_param_group {
+    const char *pattern; /* required */
+    fsdp_override lr;    /* the group's initial lr; set_lr scales it (fsdp_optimizer_set_lr) */
+    fsdp_override weight_decay;
+    fsdp_override momentum;  /* SGD; a group with momentum 0 keeps no momentum buffer */
+    fsdp_override dampening; /* SGD */
+    fsdp_override beta1;     /* Adam, AdamW */
+    fsdp_override beta2;     /* Adam, AdamW */
+    fsdp_override eps;       /* Adam, AdamW; > 0 */
+} fsdp_param_group;
+
 /* PyTorch's SGD: g += weight_decay*p; with momentum, buf = g on the first step, then
  * buf = momentum*buf + (1-dampening)*g; g = nesterov ? g + momentum*buf : buf; p -= lr*g. */
 /* Hyperparameters are doubles, as PyTorch's are Python floats; each is rounded to f32 where
@@ -23,6 +55,9 @@ typedef struct fsdp_sgd_options {
     double weight_decay; /* default 0 */
     bool nesterov;       /* needs momentum > 0 and dampening == 0 */
     bool maximize;       /* ascend instead of descend */
+    /* Per-parameter overrides (see fsdp_param_group); read at creation only. */
+    const fsdp_param_group *param_groups;
+    int n_param_groups;
 } fsdp_sgd_options;
 
 /* An SGD optimizer over every parameter of m that requires a gradient. The caller owns
@@ -44,6 +79,9 @@ typedef struct fsdp_adam_options {
     double weight_decay; /* default 0 (Adam: L2 in the gradient; AdamW: decoupled) */
     bool amsgrad;        /* keep the running maximum of v */
     bool maximize;
+    /* Per-parameter overrides (see fsdp_param_group); read at creation only. */
+    const fsdp_param_group *param_groups;
+    int n_param_groups;
 } fsdp_adam_options;
 
 fsdp_status fsdp_adam_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_adam_options *opts,
@@ -55,8 +93,24 @@ fsdp_status fsdp_optimizer_step(fsdp_ctx *ctx, fsdp_optimizer *opt);
 /* Steps taken so far. */
 int64_t fsdp_optimizer_steps(const fsdp_optimizer *opt);
 fsdp_status fsdp_optimizer_zero_grad(fsdp_ctx *ctx, fsdp_optimizer *opt);
+/* Sets the learning rate of the optimizer's own options to lr and scales every group as
+ * PyTorch's LR schedulers do: a group whose lr was overridden gets
+ * group_initial_lr * (lr / initial_lr), where initial_lr is the options' lr at creation; a group
+ * that kept the optimizer's lr gets lr exactly. */
 void fsdp_optimizer_set_lr(fsdp_optimizer *opt, double lr);
+/* The learning rate of the optimizer's own options (what set_lr set last). */
 double fsdp_optimizer_lr(const fsdp_optimizer *opt);
+/* The number of parameter groups given at creation (0 without). */
+int fsdp_optimizer_num_groups(const fsdp_optimizer *opt);
+/* The learning rate group `group` (0 .. num_groups - 1) uses now; FSDP_OPTIM_NO_GROUP gives the
+ * optimizer's own (fsdp_optimizer_lr). NAN when group is out of range. */
+double fsdp_optimizer_group_lr(const fsdp_optimizer *opt, int group);
+#define FSDP_OPTIM_NO_GROUP (-1)
+/* The group that a parameter of the optimizer (by fully qualified name) takes, or
+ * FSDP_OPTIM_NO_GROUP when it takes the optimizer's own options. FSDP_ERR_INVALID_ARGUMENT
+ * naming fqn when the optimizer has no such parameter. */
+fsdp_status fsdp_optimizer_param_group(fsdp_ctx *ctx, const fsdp_optimizer *opt, const char *fqn,
+                                       int *group);
 void fsdp_optimizer_free(fsdp_optimizer *opt); /* NULL does nothing */
 
 /* Clips the gradients of m's trainable parameters by their global norm, as PyTorch's
@@ -100,8 +154,8 @@ typedef struct fsdp_optim_state {
     int64_t step; /* updates taken (fsdp_optimizer_steps); PyTorch's "step" of Adam */
 } fsdp_optim_state;
 
-/* The number of state tensors: SGD 0 (no momentum) or 1 per trainable parameter; Adam and
- * AdamW 2 (3 with amsgrad). */
+/* The number of state tensors: SGD 1 per trainable parameter whose momentum (its group's, or
+ * the optimizer's) is > 0; Adam and AdamW 2 per trainable parameter (3 with amsgrad). */
 int fsdp_optimizer_num_states(const fsdp_optimizer *opt);
 /* State i, ordered by parameter (named_parameters() order) and then kind in the order of the
  * enum above. FSDP_ERR_INVALID_ARGUMENT when i is out of range. */

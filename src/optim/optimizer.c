@@ -1,7 +1,12 @@
 /* optimizer.c: optimizers over a module's parameters. Each parameter that requires a gradient
- * gets a slot with its state tensors (momentum buffer; or exp_avg, exp_avg_sq and, with amsgrad,
- * max_exp_avg_sq), allocated once at creation; a step runs the fused update of update.c over
- * every slot. The states are enumerated by parameter name for checkpoints. */
+ * gets a slot with its option group (PyTorch's param_groups, chosen by fnmatch over its fully
+ * qualified name) and its state tensors (momentum buffer; or exp_avg, exp_avg_sq and, with
+ * amsgrad, max_exp_avg_sq), allocated once at creation; a step runs the fused update of
+ * update.c over every slot with its group's options. The states are enumerated by parameter
+ * name for checkpoints. */
+#define _POSIX_C_SOURCE 200809L /* strdup */
+
+#include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,23 +16,39 @@
 #include "nn/module_impl.h"
 #include "optim/update.h"
 
-#define MAX_STATE 3
+#define MAX_STATE    3
+#define NAMES_LISTED 8 /* parameter names an error message lists */
 
 typedef enum optim_kind { OPTIM_SGD, OPTIM_ADAM, OPTIM_ADAMW } optim_kind;
+
+static const char *const kind_names[] = {"SGD", "Adam", "AdamW"};
+
+/* A set of options: the optimizer's own (group 0) or one of param_groups (group 1 + i). */
+typedef struct optim_group {
+    char *pattern;          /* NULL for group 0 */
+    fsdp_sgd_options sgd;   /* the options in effect, overrides applied; lr follows set_lr */
+    fsdp_adam_options adam; /* (param_groups fields cleared: not owned) */
+    double initial_lr;
+    bool own_lr; /* lr overridden: set_lr scales initial_lr instead of copying */
+    int n_params;
+} optim_group;
 
 typedef struct optim_slot {
     fsdp_param *param;
     char *name;                    /* fully qualified from the root */
-    fsdp_tensor *state[MAX_STATE]; /* the local data's shape, zeroed; NULL when unused */
+    int group;                     /* index into groups */
+    int n_state;                   /* state tensors in use: state[0 .. n_state) */
+    int first_state;               /* index of state[0] in the enumeration */
+    fsdp_tensor *state[MAX_STATE]; /* the local data's shape, zeroed */
 } optim_slot;
 
 struct fsdp_optimizer {
     optim_kind kind;
-    fsdp_sgd_options sgd;
-    fsdp_adam_options adam;
+    optim_group *groups; /* [0] the optimizer's own options, then param_groups in order */
+    int n_groups;
     optim_slot *slots;
     int n_slots;
-    int n_state; /* state tensors per slot */
+    int n_states; /* state tensors over all slots */
     int64_t steps;
 };
 
@@ -50,37 +71,190 @@ void fsdp_optimizer_free(fsdp_optimizer *opt) {
         free(opt->slots[i].name);
         for (int s = 0; s < MAX_STATE; s++) fsdp_tensor_free(opt->slots[i].state[s]);
     }
+    for (int g = 0; g < opt->n_groups; g++) free(opt->groups[g].pattern);
+    free(opt->groups);
     free(opt->slots);
     free(opt);
 }
 
-/* An optimizer over m's trainable parameters with n_state zeroed state arrays per parameter. */
-static fsdp_status optimizer_new(fsdp_ctx *ctx, fsdp_module *m, optim_kind kind, int n_state,
-                                 fsdp_optimizer **out) {
-    int n = 0;
-    FSDP_TRY(fsdp_module_visit_params(ctx, m, count_param, &n));
-    fsdp_optimizer *opt = calloc(1, sizeof *opt);
-    if (opt) opt->slots = calloc((size_t)(n ? n : 1), sizeof *opt->slots);
-    if (!opt || !opt->slots) {
-        fsdp_optimizer_free(opt);
-        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an optimizer");
-    }
-    opt->kind = kind;
-    opt->n_state = n_state;
-    fsdp_module_visit_params(ctx, m, collect_param, opt); /* cannot fail */
-    fsdp_status st = FSDP_OK;
-    for (int i = 0; st == FSDP_OK && i < opt->n_slots; i++) {
+/* ---- checking options ---- */
+
+/* `what` names the options in messages: "SGD" or "SGD param_groups[0] ('*.bias')". An explicit
+ * group override may be 0 where the optimizer's own field uses 0 as "unset". */
+static fsdp_status check_sgd(fsdp_ctx *ctx, const char *what, const fsdp_sgd_options *o,
+                             bool group) {
+    if (group ? !(o->lr >= 0.0) : !(o->lr > 0.0))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: lr is %g; it must be %s", what, o->lr,
+                         group ? ">= 0" : "> 0");
+    if (!(o->momentum >= 0.0) || !(o->weight_decay >= 0.0) || !(o->dampening >= 0.0))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "%s: momentum %g, dampening %g and weight_decay %g must be >= 0", what,
+                         o->momentum, o->dampening, o->weight_decay);
+    if (o->nesterov && (o->momentum <= 0.0 || o->dampening != 0.0))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "%s: nesterov needs momentum > 0 and dampening 0 (got %g and %g)", what,
+                         o->momentum, o->dampening);
+    return FSDP_OK;
+}
+
+static fsdp_status check_adam(fsdp_ctx *ctx, const char *what, const fsdp_adam_options *o,
+                              bool group) {
+    if (group ? !(o->lr >= 0.0) : !(o->lr > 0.0))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: lr is %g; it must be %s", what, o->lr,
+                         group ? ">= 0" : "> 0");
+    if (!(o->beta1 >= 0.0 && o->beta1 < 1.0) || !(o->beta2 >= 0.0 && o->beta2 < 1.0))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: betas (%g, %g) must lie in [0, 1)%s",
+                         what, o->beta1, o->beta2, group ? "" : " (0 selects the default)");
+    if (!(o->eps > 0.0) || !(o->weight_decay >= 0.0))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "%s: eps %g must be > 0 and weight_decay %g >= 0", what, o->eps,
+                         o->weight_decay);
+    return FSDP_OK;
+}
+
+/* ---- groups ---- */
+
+/* Group g's options: the optimizer's own (groups[0], checked) with pg's overrides. */
+static fsdp_status group_options(fsdp_ctx *ctx, fsdp_optimizer *opt, int g,
+                                 const fsdp_param_group *pg) {
+    const char *kind = kind_names[opt->kind];
+    if (!pg->pattern)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s param_groups[%d]: pattern is NULL",
+                         kind, g - 1);
+    char what[160];
+    snprintf(what, sizeof what, "%s param_groups[%d] ('%s')", kind, g - 1, pg->pattern);
+    const bool sgd = opt->kind == OPTIM_SGD;
+    const struct {
+        const char *name;
+        bool set, fits;
+    } fields[] = {{"momentum", pg->momentum.set, sgd},
+                  {"dampening", pg->dampening.set, sgd},
+                  {"beta1", pg->beta1.set, !sgd},
+                  {"beta2", pg->beta2.set, !sgd},
+                  {"eps", pg->eps.set, !sgd}};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (fields[i].set && !fields[i].fits)
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: %s is not an option of %s", what,
+                             fields[i].name, kind);
+    optim_group *grp = &opt->groups[g];
+    grp->pattern = strdup(pg->pattern);
+    if (!grp->pattern) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    grp->sgd = opt->groups[0].sgd;
+    grp->adam = opt->groups[0].adam;
+#define APPLY(field, dst)                                                                          \
+    if (pg->field.set) (dst) = pg->field.value
+    APPLY(lr, grp->sgd.lr);
+    APPLY(lr, grp->adam.lr);
+    APPLY(weight_decay, grp->sgd.weight_decay);
+    APPLY(weight_decay, grp->adam.weight_decay);
+    APPLY(momentum, grp->sgd.momentum);
+    APPLY(dampening, grp->sgd.dampening);
+    APPLY(beta1, grp->adam.beta1);
+    APPLY(beta2, grp->adam.beta2);
+    APPLY(eps, grp->adam.eps);
+#undef APPLY
+    grp->own_lr = pg->lr.set;
+    grp->initial_lr = sgd ? grp->sgd.lr : grp->adam.lr;
+    return sgd ? check_sgd(ctx, what, &grp->sgd, true) : check_adam(ctx, what, &grp->adam, true);
+}
+
+/* "a, b, c, ... (N in all)": the first NAMES_LISTED parameter names, for messages. */
+static void list_names(const fsdp_optimizer *opt, char *buf, size_t size) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < opt->n_slots && i < NAMES_LISTED && len < size; i++)
+        len += (size_t)snprintf(buf + len, size - len, "%s%s", i ? ", " : "", opt->slots[i].name);
+    if (opt->n_slots > NAMES_LISTED && len < size)
+        snprintf(buf + len, size - len, ", ... (%d in all)", opt->n_slots);
+}
+
+/* A group that got no parameter: matches none, or only ones an earlier group took. */
+static fsdp_status empty_group(fsdp_ctx *ctx, const fsdp_optimizer *opt, int g) {
+    const char *kind = kind_names[opt->kind], *pattern = opt->groups[g].pattern;
+    for (int i = 0; i < opt->n_slots; i++)
+        if (fnmatch(pattern, opt->slots[i].name, 0) == 0)
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "%s param_groups[%d]: pattern '%s' gets no parameter: every one it "
+                             "matches ('%s', ...) takes an earlier group (param_groups[%d], "
+                             "'%s'); the first match wins",
+                             kind, g - 1, pattern, opt->slots[i].name, opt->slots[i].group - 1,
+                             opt->groups[opt->slots[i].group].pattern);
+    char names[512];
+    list_names(opt, names, sizeof names);
+    bool flat = false;
+    for (int i = 0; i < opt->n_slots; i++) flat = flat || strstr(opt->slots[i].name, "_flat_param");
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                     "%s param_groups[%d]: pattern '%s' matches no trainable parameter; the "
+                     "parameters are: %s%s",
+                     kind, g - 1, pattern, opt->n_slots ? names : "(none)",
+                     flat ? " (FSDP flat parameters: wrap with use_orig_params to see the "
+                            "original names)"
+                          : "");
+}
+
+/* Names every slot, puts it in its group (the first whose pattern matches) and allocates its
+ * state: n_state tensors, or none for an SGD group without momentum. */
+static fsdp_status assign_slots(fsdp_ctx *ctx, fsdp_optimizer *opt, int n_state) {
+    for (int i = 0; i < opt->n_slots; i++) {
         optim_slot *slot = &opt->slots[i];
         const char *fqn = fsdp_module_fqn(slot->param->module);
         size_t len = strlen(fqn) + strlen(slot->param->name) + 2;
         slot->name = malloc(len);
         if (!slot->name)
-            st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a parameter name");
-        else
-            snprintf(slot->name, len, "%s%s%s", fqn, *fqn ? "." : "", slot->param->name);
-        for (int s = 0; st == FSDP_OK && s < n_state; s++)
-            st = fsdp_tensor_create_like(ctx, slot->param->data, &slot->state[s]);
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a parameter name");
+        snprintf(slot->name, len, "%s%s%s", fqn, *fqn ? "." : "", slot->param->name);
+        for (int g = 1; g < opt->n_groups && slot->group == 0; g++)
+            if (fnmatch(opt->groups[g].pattern, slot->name, 0) == 0) slot->group = g;
+        opt->groups[slot->group].n_params++;
     }
+    for (int g = 1; g < opt->n_groups; g++)
+        if (opt->groups[g].n_params == 0) return empty_group(ctx, opt, g);
+    for (int i = 0; i < opt->n_slots; i++) {
+        optim_slot *slot = &opt->slots[i];
+        const optim_group *grp = &opt->groups[slot->group];
+        slot->n_state = opt->kind == OPTIM_SGD && grp->sgd.momentum <= 0.0 ? 0 : n_state;
+        slot->first_state = opt->n_states;
+        opt->n_states += slot->n_state;
+        for (int s = 0; s < slot->n_state; s++)
+            FSDP_TRY(fsdp_tensor_create_like(ctx, slot->param->data, &slot->state[s]));
+    }
+    return FSDP_OK;
+}
+
+/* An optimizer over m's trainable parameters: own holds its checked options (defaults filled
+ * in), groups/n_groups the param_groups, n_state the state tensors of a parameter. */
+static fsdp_status optimizer_new(fsdp_ctx *ctx, fsdp_module *m, optim_kind kind,
+                                 const fsdp_sgd_options *sgd, const fsdp_adam_options *adam,
+                                 const fsdp_param_group *groups, int n_groups, int n_state,
+                                 fsdp_optimizer **out) {
+    const char *name = kind_names[kind];
+    if (n_groups < 0 || (n_groups > 0 && !groups))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "%s: n_param_groups is %d with param_groups %s; give an array of "
+                         "n_param_groups groups",
+                         name, n_groups, groups ? "set" : "NULL");
+    int n = 0;
+    FSDP_TRY(fsdp_module_visit_params(ctx, m, count_param, &n));
+    fsdp_optimizer *opt = calloc(1, sizeof *opt);
+    if (opt) opt->slots = calloc((size_t)(n ? n : 1), sizeof *opt->slots);
+    if (opt) opt->groups = calloc((size_t)n_groups + 1, sizeof *opt->groups);
+    if (!opt || !opt->slots || !opt->groups) {
+        fsdp_optimizer_free(opt);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an optimizer");
+    }
+    opt->kind = kind;
+    opt->n_groups = n_groups + 1;
+    optim_group *own = &opt->groups[0];
+    if (sgd) own->sgd = *sgd;
+    if (adam) own->adam = *adam;
+    own->sgd.param_groups = own->adam.param_groups = NULL;
+    own->sgd.n_param_groups = own->adam.n_param_groups = 0;
+    own->initial_lr = kind == OPTIM_SGD ? own->sgd.lr : own->adam.lr;
+    fsdp_module_visit_params(ctx, m, collect_param, opt); /* cannot fail */
+    fsdp_status st = FSDP_OK;
+    for (int g = 1; st == FSDP_OK && g < opt->n_groups; g++)
+        st = group_options(ctx, opt, g, &groups[g - 1]);
+    if (st == FSDP_OK) st = assign_slots(ctx, opt, n_state);
     if (st != FSDP_OK) {
         fsdp_optimizer_free(opt);
         return st;
@@ -89,61 +263,27 @@ static fsdp_status optimizer_new(fsdp_ctx *ctx, fsdp_module *m, optim_kind kind,
     return FSDP_OK;
 }
 
-static fsdp_status check_sgd(fsdp_ctx *ctx, const fsdp_sgd_options *o) {
-    if (!(o->lr > 0.0))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "SGD: lr is %g; it must be > 0", o->lr);
-    if (!(o->momentum >= 0.0) || !(o->weight_decay >= 0.0) || !(o->dampening >= 0.0))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "SGD: momentum %g, dampening %g and weight_decay %g must be >= 0",
-                         o->momentum, o->dampening, o->weight_decay);
-    if (o->nesterov && (o->momentum <= 0.0 || o->dampening != 0.0))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "SGD: nesterov needs momentum > 0 and dampening 0 (got %g and %g)",
-                         o->momentum, o->dampening);
-    return FSDP_OK;
-}
-
 fsdp_status fsdp_sgd_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_sgd_options *opts,
                             fsdp_optimizer **out) {
     if (!m || !opts || !out)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_sgd_create: NULL argument");
-    FSDP_TRY(check_sgd(ctx, opts));
-    FSDP_TRY(optimizer_new(ctx, m, OPTIM_SGD, opts->momentum > 0.0 ? 1 : 0, out));
-    (*out)->sgd = *opts;
-    return FSDP_OK;
-}
-
-/* Fills PyTorch's defaults into the zero fields and checks the ranges. */
-static fsdp_status adam_options(fsdp_ctx *ctx, const char *name, const fsdp_adam_options *in,
-                                fsdp_adam_options *o) {
-    *o = *in;
-    if (o->beta1 == 0.0) o->beta1 = 0.9;
-    if (o->beta2 == 0.0) o->beta2 = 0.999;
-    if (o->eps == 0.0) o->eps = 1e-8;
-    if (!(o->lr > 0.0))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: lr is %g; it must be > 0", name,
-                         o->lr);
-    if (!(o->beta1 > 0.0 && o->beta1 < 1.0) || !(o->beta2 > 0.0 && o->beta2 < 1.0))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "%s: betas (%g, %g) must lie in [0, 1) (0 selects the default)", name,
-                         o->beta1, o->beta2);
-    if (!(o->eps > 0.0) || !(o->weight_decay >= 0.0))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "%s: eps %g must be > 0 and weight_decay %g >= 0", name, o->eps,
-                         o->weight_decay);
-    return FSDP_OK;
+    FSDP_TRY(check_sgd(ctx, "SGD", opts, false));
+    return optimizer_new(ctx, m, OPTIM_SGD, opts, NULL, opts->param_groups, opts->n_param_groups, 1,
+                         out);
 }
 
 static fsdp_status adam_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_adam_options *opts,
                                optim_kind kind, fsdp_optimizer **out) {
-    const char *name = kind == OPTIM_ADAMW ? "AdamW" : "Adam";
+    const char *name = kind_names[kind];
     if (!m || !opts || !out)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: NULL argument", name);
-    fsdp_adam_options o;
-    FSDP_TRY(adam_options(ctx, name, opts, &o));
-    FSDP_TRY(optimizer_new(ctx, m, kind, o.amsgrad ? 3 : 2, out));
-    (*out)->adam = o;
-    return FSDP_OK;
+    fsdp_adam_options o = *opts; /* PyTorch's defaults for the zero fields */
+    if (o.beta1 == 0.0) o.beta1 = 0.9;
+    if (o.beta2 == 0.0) o.beta2 = 0.999;
+    if (o.eps == 0.0) o.eps = 1e-8;
+    FSDP_TRY(check_adam(ctx, name, &o, false));
+    return optimizer_new(ctx, m, kind, NULL, &o, opts->param_groups, opts->n_param_groups,
+                         o.amsgrad ? 3 : 2, out);
 }
 
 fsdp_status fsdp_adam_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_adam_options *opts,
@@ -156,29 +296,35 @@ fsdp_status fsdp_adamw_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_adam_opt
     return adam_create(ctx, m, opts, OPTIM_ADAMW, out);
 }
 
+/* ---- stepping ---- */
+
+/* One fused pass over a slot's parameter with its group's options. */
+static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const optim_slot *s) {
+    int64_t n = fsdp_tensor_numel(s->param->data);
+    if (n == 0) return FSDP_OK; /* e.g. an FSDP shard view that holds none of the parameter */
+    float *data = fsdp_tensor_f32(s->param->data), *grad = fsdp_tensor_f32(s->param->grad);
+    if (!data || !grad || fsdp_tensor_device(s->param->data).type != FSDP_DEVICE_CPU)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "optimizer: parameter '%s' must be an f32 CPU tensor", s->name);
+    if (s->n_state > 0 && fsdp_tensor_numel(s->state[0]) != n)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "optimizer: parameter '%s' has %lld elements but its state was made "
+                         "for %lld; create the optimizer after parallelizing or sharding "
+                         "the model",
+                         s->name, (long long)n, (long long)fsdp_tensor_numel(s->state[0]));
+    float *st[MAX_STATE] = {NULL};
+    for (int k = 0; k < s->n_state; k++) st[k] = fsdp_tensor_f32(s->state[k]);
+    const optim_group *g = &opt->groups[s->group];
+    if (opt->kind == OPTIM_SGD)
+        fsdp_sgd_update(data, grad, st[0], n, &g->sgd, opt->steps == 0);
+    else
+        fsdp_adam_update(data, grad, st[0], st[1], st[2], n, &g->adam, opt->kind == OPTIM_ADAMW,
+                         opt->steps + 1);
+    return FSDP_OK;
+}
+
 fsdp_status fsdp_optimizer_step(fsdp_ctx *ctx, fsdp_optimizer *opt) {
-    for (int i = 0; i < opt->n_slots; i++) {
-        optim_slot *s = &opt->slots[i];
-        float *data = fsdp_tensor_f32(s->param->data), *grad = fsdp_tensor_f32(s->param->grad);
-        if (!data || !grad || fsdp_tensor_device(s->param->data).type != FSDP_DEVICE_CPU)
-            return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                             "optimizer: parameter '%s' must be an f32 CPU tensor", s->param->name);
-        int64_t n = fsdp_tensor_numel(s->param->data);
-        if (opt->n_state > 0 && fsdp_tensor_numel(s->state[0]) != n)
-            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
-                             "optimizer: parameter '%s' has %lld elements but its state was made "
-                             "for %lld; create the optimizer after parallelizing or sharding "
-                             "the model",
-                             s->name, (long long)n, (long long)fsdp_tensor_numel(s->state[0]));
-        float *st[MAX_STATE];
-        for (int k = 0; k < MAX_STATE; k++)
-            st[k] = s->state[k] ? fsdp_tensor_f32(s->state[k]) : NULL;
-        if (opt->kind == OPTIM_SGD)
-            fsdp_sgd_update(data, grad, st[0], n, &opt->sgd, opt->steps == 0);
-        else
-            fsdp_adam_update(data, grad, st[0], st[1], st[2], n, &opt->adam,
-                             opt->kind == OPTIM_ADAMW, opt->steps + 1);
-    }
+    for (int i = 0; i < opt->n_slots; i++) FSDP_TRY(step_slot(ctx, opt, &opt->slots[i]));
     opt->steps++;
     return FSDP_OK;
 }
@@ -193,20 +339,55 @@ int64_t fsdp_optimizer_steps(const fsdp_optimizer *opt) {
     return opt->steps;
 }
 
+/* ---- learning rates and groups ---- */
+
+static double *group_lr(optim_group *g, optim_kind kind) {
+    return kind == OPTIM_SGD ? &g->sgd.lr : &g->adam.lr;
+}
+
 void fsdp_optimizer_set_lr(fsdp_optimizer *opt, double lr) {
-    if (opt->kind == OPTIM_SGD)
-        opt->sgd.lr = lr;
-    else
-        opt->adam.lr = lr;
+    double factor = lr / opt->groups[0].initial_lr;
+    for (int g = 0; g < opt->n_groups; g++) {
+        optim_group *grp = &opt->groups[g];
+        *group_lr(grp, opt->kind) = grp->own_lr ? grp->initial_lr * factor : lr;
+    }
 }
 
 double fsdp_optimizer_lr(const fsdp_optimizer *opt) {
-    return opt->kind == OPTIM_SGD ? opt->sgd.lr : opt->adam.lr;
+    return fsdp_optimizer_group_lr(opt, FSDP_OPTIM_NO_GROUP);
+}
+
+int fsdp_optimizer_num_groups(const fsdp_optimizer *opt) {
+    return opt->n_groups - 1;
+}
+
+double fsdp_optimizer_group_lr(const fsdp_optimizer *opt, int group) {
+    if (group < FSDP_OPTIM_NO_GROUP || group + 1 >= opt->n_groups) return NAN;
+    return *group_lr(&opt->groups[group + 1], opt->kind);
+}
+
+fsdp_status fsdp_optimizer_param_group(fsdp_ctx *ctx, const fsdp_optimizer *opt, const char *fqn,
+                                       int *group) {
+    if (!opt || !fqn || !group)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_optimizer_param_group: NULL argument");
+    for (int i = 0; i < opt->n_slots; i++)
+        if (strcmp(opt->slots[i].name, fqn) == 0) {
+            *group = opt->slots[i].group - 1;
+            return FSDP_OK;
+        }
+    char names[512];
+    list_names(opt, names, sizeof names);
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                     "optimizer has no trainable parameter '%s'; it has: %s", fqn,
+                     opt->n_slots ? names : "(none)");
 }
 
 void fsdp_optimizer_set_steps(fsdp_optimizer *opt, int64_t steps) {
     opt->steps = steps;
 }
+
+/* ---- state enumeration ---- */
 
 const char *fsdp_optim_state_kind_to_string(fsdp_optim_state_kind kind) {
     static const char *const names[] = {"momentum_buffer", "exp_avg", "exp_avg_sq",
@@ -215,20 +396,30 @@ const char *fsdp_optim_state_kind_to_string(fsdp_optim_state_kind kind) {
 }
 
 int fsdp_optimizer_num_states(const fsdp_optimizer *opt) {
-    return opt->n_slots * opt->n_state;
+    return opt->n_states;
 }
 
 fsdp_status fsdp_optimizer_get_state(fsdp_ctx *ctx, const fsdp_optimizer *opt, int i,
                                      fsdp_optim_state *out) {
     if (!opt || !out)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_optimizer_get_state: NULL argument");
-    int n = fsdp_optimizer_num_states(opt);
+    int n = opt->n_states;
     if (i < 0 || i >= n)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "optimizer state %d does not exist; this optimizer has %d (0..%d)", i, n,
                          n - 1);
-    const optim_slot *s = &opt->slots[i / opt->n_state];
-    int k = i % opt->n_state;
+    /* The last slot whose first state is <= i (slots without state share first_state). */
+    int lo = 0, hi = opt->n_slots - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (opt->slots[mid].first_state <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const optim_slot *s = &opt->slots[lo];
+    int k = i - s->first_state;
+    FSDP_ASSERT(k >= 0 && k < s->n_state);
     *out = (fsdp_optim_state){
         .param_name = s->name,
         .param = s->param,
