@@ -1,9 +1,18 @@
-/* test_train.c: fsdp-train's training loop (train_run in tools/train_config.c, the one the tool
+/* test_train.c: fsdp-train's training run (train_run in tools/trainer.c, the one the tool
  * runs): examples/mlp.ini learns its teacher (loss > 10x lower); a run is deterministic and
- * independent of the context's seed, writes its metrics file and stops when the loss diverges. */
+ * independent of the context's seed, writes its metrics file and stops when the loss diverges.
+ * Distributed runs: every [parallel] mode and strategy on 2 and 4 rank threads, tp 2 x dp 2,
+ * uneven and empty batch slices, offload, hybrid_shard, use_orig_params and
+ * sync_module_states give the single-rank run's step losses to float32 rounding; the layout
+ * rules fail with messages naming the keys; and, when CTest's MPI entry asks for it,
+ * `mpirun -np 2 fsdp-train` writes the local backend's losses bitwise. */
+#define _POSIX_C_SOURCE 200809L // popen, pclose
+
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "harness.h"
 #include "train_config.h" // defines: train_config_init, train_config_set
@@ -135,6 +144,411 @@ static void test_divergence_is_an_error(void) {
         err, (const char *const[]){"the loss became", "lower [optim] lr", NULL}));
 }
 
+/* ---- distributed runs ---------------------------------------------------------------- */
+
+/* A small run: 3 Linear layers (an odd count: under tp the output Linear stays whole), 20
+ * steps of SGD with momentum, every step's loss kept. */
+static const char *const g_small[] = {
+    "model.widths=8,16,16,4", "data.samples=64",      "data.batch_size=8", "data.teacher_widths=16",
+    "optim.lr=0.1",           "train.steps=20",       "train.log_every=1", "log.level=warn",
+    "parallel.backend=local", "parallel.timeout_s=60"};
+#define N_SMALL ((int)(sizeof g_small / sizeof g_small[0]))
+
+/* train_run on g_small plus the NULL-terminated overrides; fails the test on error. */
+static bool run_small(train_result *res, const char *const *overrides) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    for (int i = 0; i < N_SMALL; i++) set(g_small[i]);
+    for (int i = 0; overrides[i]; i++) set(overrides[i]);
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, res, err, sizeof err);
+    if (st != FSDP_OK) printf("\n    train_run: %s", err);
+    CU_ASSERT_EQUAL(st, FSDP_OK);
+    return st == FSDP_OK;
+}
+
+#define SET(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* Step losses, the whole-dataset losses before and after: |got - want| <= rtol |want|. */
+static double g_worst; /* the largest relative difference seen in a case */
+static bool same_run(const char *what, const train_result *got, const train_result *want,
+                     double rtol) {
+    bool ok = got->steps == want->steps && got->n_step_losses == want->n_step_losses &&
+              got->n_step_losses > 0;
+    double worst = 0;
+    for (int64_t i = 0; ok && i <= got->n_step_losses + 1; i++) {
+        double g = i < got->n_step_losses    ? got->step_loss[i]
+                   : i == got->n_step_losses ? got->first_loss
+                                             : got->last_loss;
+        double w = i < got->n_step_losses    ? want->step_loss[i]
+                   : i == got->n_step_losses ? want->first_loss
+                                             : want->last_loss;
+        double rel = fabs(g - w) / fmax(fabs(w), 1e-30);
+        worst = fmax(worst, rel);
+        if (!(rel <= rtol)) {
+            printf("\n    %s: %s %lld is %.9g, want %.9g (rel %.2e)", what,
+                   i < got->n_step_losses ? "step" : "whole-dataset loss",
+                   (long long)(i < got->n_step_losses ? i + 1 : i - got->n_step_losses), g, w, rel);
+            ok = false;
+        }
+    }
+    g_worst = fmax(g_worst, worst);
+    printf("\n    %-52s max rel diff %.1e", what, worst);
+    return ok;
+}
+
+/* Runs g_small with the overrides on `ranks` rank threads and compares with *ref. */
+static void check_layout(const train_result *ref, int ranks, const char *const *overrides,
+                         int want_dp, int want_tp) {
+    char what[256] = "", r[32];
+    snprintf(r, sizeof r, "parallel.ranks=%d", ranks);
+    const char *all[16];
+    int n = 0;
+    all[n++] = r;
+    for (int i = 0; overrides[i] && n < 15; i++) all[n++] = overrides[i];
+    all[n] = NULL;
+    train_result res;
+    if (!run_small(&res, all)) return;
+    for (int i = 0; i < n; i++) /* "ranks=4 tp=2 data.batch_size=5" */
+        train_append(what, sizeof what, "%s%s", i ? " " : "",
+                     all[i] + (strncmp(all[i], "parallel.", 9) == 0 ? 9 : 0));
+    CU_ASSERT_EQUAL(res.layout.world, ranks);
+    CU_ASSERT_EQUAL(res.layout.dp, want_dp);
+    CU_ASSERT_EQUAL(res.layout.tp, want_tp);
+    CU_ASSERT_EQUAL(res.rank, 0);
+    CU_ASSERT_TRUE(same_run(what, &res, ref, 1e-5));
+}
+
+static train_result g_ref; /* g_small on one rank */
+
+static void reference(void) {
+    train_result plain;
+    run_small(&g_ref, SET("parallel.ranks=1"));
+    /* on one rank FSDP changes nothing: the same as the plain model (replicate of one) */
+    run_small(&plain, SET("parallel.ranks=1", "parallel.mode=replicate"));
+    CU_ASSERT_TRUE(same_run("1 rank: fsdp against the plain model", &g_ref, &plain, 0));
+    CU_ASSERT_EQUAL(g_ref.layout.world, 1);
+    CU_ASSERT_EQUAL(g_ref.n_step_losses, 20);
+    CU_ASSERT_TRUE(g_ref.last_loss < g_ref.first_loss);
+}
+
+/* Every mode and strategy on 2 and 4 ranks, and nested units, against one rank. */
+static void test_dp_matches_one_rank(void) {
+    g_worst = 0;
+    reference();
+    static const char *const modes[][3] = {
+        {"parallel.strategy=full_shard", NULL},
+        {"parallel.strategy=shard_grad_op", NULL},
+        {"parallel.strategy=no_shard", NULL},
+        {"parallel.mode=replicate", NULL},
+        {"parallel.strategy=full_shard", "parallel.wrap=layer", NULL},
+        {"parallel.strategy=shard_grad_op", "parallel.wrap=layer", NULL},
+    };
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++)
+        for (int ranks = 2; ranks <= 4; ranks += 2) check_layout(&g_ref, ranks, modes[m], ranks, 1);
+    printf("\n    worst %.1e", g_worst);
+}
+
+/* Tensor parallelism: tp 2 x dp 2 under each mode, tp 4 alone, and an even number of Linear
+ * layers (two Colwise/Rowwise pairs, nothing left whole). */
+static void test_tp_matches_one_rank(void) {
+    g_worst = 0;
+    reference();
+    check_layout(&g_ref, 4, SET("parallel.tp=2"), 2, 2);
+    check_layout(&g_ref, 4, SET("parallel.tp=2", "parallel.wrap=layer"), 2, 2);
+    check_layout(&g_ref, 4, SET("parallel.tp=2", "parallel.strategy=no_shard"), 2, 2);
+    check_layout(&g_ref, 4, SET("parallel.tp=2", "parallel.mode=replicate"), 2, 2);
+    check_layout(&g_ref, 4, SET("parallel.tp=4"), 1, 4);
+    check_layout(&g_ref, 2, SET("parallel.tp=2", "parallel.ranks=0"), 1, 2); /* ranks 0: tp */
+
+    train_result even;
+    run_small(&even, SET("model.widths=8,16,12,16,4"));
+    check_layout(&even, 4, SET("model.widths=8,16,12,16,4", "parallel.tp=2"), 2, 2);
+    check_layout(&even, 4, SET("model.widths=8,16,12,16,4", "parallel.tp=4"), 1, 4);
+    printf("\n    worst %.1e", g_worst);
+}
+
+/* Batches that do not split evenly: 8 samples on 3 ranks (3, 3, 2), 5 on 4 ranks (2, 2, 1
+ * and an empty slice), and on 3 ranks with tp 2 (6 ranks). */
+static void test_uneven_slices(void) {
+    g_worst = 0;
+    reference();
+    check_layout(&g_ref, 3, SET("parallel.strategy=full_shard"), 3, 1);
+    check_layout(&g_ref, 3, SET("parallel.mode=replicate"), 3, 1);
+    check_layout(&g_ref, 6, SET("parallel.tp=2"), 3, 2);
+    train_result five;
+    run_small(&five, SET("data.batch_size=5"));
+    check_layout(&five, 4, SET("data.batch_size=5"), 4, 1);
+    check_layout(&five, 4, SET("data.batch_size=5", "parallel.mode=replicate"), 4, 1);
+    printf("\n    worst %.1e", g_worst);
+}
+
+/* FSDP's options: CPU offload, hybrid_shard (replicas chosen and given), use_orig_params,
+ * sync_module_states, alone and together with tp. */
+static void test_fsdp_options_match_one_rank(void) {
+    g_worst = 0;
+    reference();
+    check_layout(&g_ref, 4, SET("parallel.offload=true"), 4, 1);
+    check_layout(&g_ref, 4, SET("parallel.offload=true", "parallel.wrap=layer"), 4, 1);
+    check_layout(&g_ref, 4, SET("parallel.use_orig_params=true"), 4, 1);
+    check_layout(&g_ref, 4, SET("parallel.use_orig_params=true", "parallel.wrap=layer"), 4, 1);
+    check_layout(&g_ref, 4, SET("parallel.sync_module_states=true", "parallel.tp=2"), 2, 2);
+    check_layout(&g_ref, 2, SET("parallel.sync_module_states=true", "parallel.mode=replicate"), 2,
+                 1);
+    check_layout(&g_ref, 4, SET("parallel.strategy=hybrid_shard"), 4, 1);
+    check_layout(&g_ref, 4, SET("parallel.strategy=hybrid_shard", "parallel.replicas=4"), 4, 1);
+    check_layout(&g_ref, 4,
+                 SET("parallel.strategy=hybrid_shard", "parallel.tp=2", "parallel.wrap=layer"), 2,
+                 2);
+    check_layout(&g_ref, 4,
+                 SET("parallel.strategy=hybrid_shard", "parallel.offload=true",
+                     "parallel.use_orig_params=true"),
+                 4, 1);
+    printf("\n    worst %.1e", g_worst);
+}
+
+/* examples/mlp-4ranks.ini is valid and, shortened, trains as its single-rank twin does. */
+static void test_example_4ranks(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_result four, one;
+    train_config_init(&g_cfg);
+    FSDP_TEST_OK(
+        train_config_load(&g_cfg, FSDP_SOURCE_DIR "/examples/mlp-4ranks.ini", err, sizeof err));
+    set("train.steps=30");
+    set("log.level=warn");
+    set("parallel.backend=local");
+    FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+    FSDP_TEST_OK(run(fsdp_test_ctx(), &four, err));
+    CU_ASSERT_TRUE(four.layout.world == 4 && four.layout.dp == 2 && four.layout.tp == 2);
+    set("parallel.ranks=1");
+    set("parallel.tp=1");
+    FSDP_TEST_OK(run(fsdp_test_ctx(), &one, err));
+    CU_ASSERT_TRUE(same_run("examples/mlp-4ranks.ini against 1 rank", &four, &one, 1e-5));
+}
+
+/* The split of hybrid_shard and the banner's description of a layout. */
+static void test_layout(void) {
+    char err[TRAIN_ERROR_SIZE] = "", text[256];
+    train_layout l;
+    train_config_init(&g_cfg);
+    set("parallel.strategy=hybrid_shard");
+    set("parallel.tp=2");
+    set("parallel.backend=local");
+    set("parallel.ranks=12");
+    FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+    FSDP_TEST_OK(train_layout_resolve(&g_cfg, 12, &l, err, sizeof err));
+    CU_ASSERT_TRUE(l.world == 12 && l.dp == 6 && l.tp == 2 && l.replicas == 2 && l.shard == 3);
+    FSDP_TEST_OK(train_layout_resolve(&g_cfg, 18, &l, err, sizeof err)); /* dp 9: 3 x 3 */
+    CU_ASSERT_TRUE(l.dp == 9 && l.replicas == 3 && l.shard == 3);
+    FSDP_TEST_OK(train_layout_resolve(&g_cfg, 14, &l, err, sizeof err)); /* dp 7: 7 x 1 */
+    CU_ASSERT_TRUE(l.dp == 7 && l.replicas == 7 && l.shard == 1);
+    set("parallel.replicas=3");
+    FSDP_TEST_OK(train_layout_resolve(&g_cfg, 12, &l, err, sizeof err));
+    CU_ASSERT_TRUE(l.replicas == 3 && l.shard == 2);
+    set("parallel.wrap=layer");
+    set("parallel.offload=true");
+    train_layout_describe(&g_cfg, &l, text, sizeof text);
+    printf("\n    %s", text);
+    CU_ASSERT_STRING_EQUAL(text, "12 ranks (local): dp 6 x tp 2, fsdp hybrid_shard (3 replicas x "
+                                 "shard 2), wrap layer, offload");
+    /* ranks 0 under local is tp: one dp rank */
+    train_config_init(&g_cfg);
+    set("parallel.backend=local");
+    set("parallel.tp=4");
+    CU_ASSERT_EQUAL(train_config_world_size(&g_cfg), 4);
+    set("parallel.backend=mpi");
+    if (fsdp_backend_available(FSDP_BACKEND_MPI))
+        CU_ASSERT_EQUAL(train_config_world_size(&g_cfg), 0); /* the job decides */
+}
+
+/* Asserts that train_config_check fails on g_small plus the overrides, naming the needles. */
+static void check_fails(const char *const *overrides, const char *const *needles) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    for (int i = 0; i < N_SMALL; i++) set(g_small[i]);
+    for (int i = 0; overrides[i]; i++) set(overrides[i]);
+    CU_ASSERT_EQUAL(train_config_check(&g_cfg, err, sizeof err), FSDP_ERR_CONFIG);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, needles));
+    /* train_run checks too, before it makes a world */
+    train_result res;
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_EQUAL(res.rank, -1);
+}
+
+static void test_parallel_config_errors(void) {
+    check_fails(SET("parallel.ranks=4", "parallel.tp=3", "model.widths=8,24,24,4"),
+                SET("[parallel] tp = 3 (--set parallel.tp=3) does not divide a world of 4 ranks",
+                    "[parallel] ranks = 4 (--set parallel.ranks=4)", "multiple of 3"));
+    check_fails(SET("parallel.ranks=6", "parallel.tp=3"),
+                SET("[parallel] tp = 3", "must divide the hidden width 16",
+                    "[model] widths = 8,16,16,4 (--set model.widths=8,16,16,4)",
+                    "Linear 0 (Colwise) and Linear 1 (Rowwise)"));
+    check_fails(SET("parallel.ranks=2", "parallel.tp=2", "model.widths=8,4"),
+                SET("needs at least two Linear layers", "set tp = 1"));
+    check_fails(SET("parallel.ranks=4", "data.batch_size=3"),
+                SET("[data] batch_size = 3 (--set data.batch_size=3) is smaller than the 4 "
+                    "data-parallel ranks",
+                    "at least 4"));
+    check_fails(SET("parallel.ranks=2", "parallel.tp=2", "parallel.strategy=hybrid_shard"),
+                SET("[parallel] strategy = hybrid_shard", "at least 2 data-parallel ranks",
+                    "dp = world / tp = 1"));
+    check_fails(SET("parallel.ranks=6", "parallel.strategy=hybrid_shard", "parallel.replicas=4"),
+                SET("[parallel] replicas = 4 (--set parallel.replicas=4) does not divide the 6 "
+                    "data-parallel ranks",
+                    "0 to pick one"));
+    check_fails(SET("parallel.ranks=4", "parallel.replicas=2"),
+                SET("[parallel] replicas = 2", "is for strategy = hybrid_shard",
+                    "[parallel] strategy = full_shard (default)"));
+    check_fails(SET("parallel.mode=replicate", "parallel.offload=true"),
+                SET("[parallel] offload = true (--set parallel.offload=true) applies to mode = "
+                    "fsdp",
+                    "[parallel] mode = replicate (--set parallel.mode=replicate)"));
+    check_fails(SET("parallel.mode=replicate", "parallel.wrap=layer"),
+                SET("[parallel] wrap = layer", "applies to mode = fsdp"));
+    check_fails(SET("parallel.mode=replicate", "parallel.strategy=no_shard"),
+                SET("[parallel] strategy = no_shard", "applies to mode = fsdp"));
+    if (!fsdp_backend_available(FSDP_BACKEND_MPI))
+        check_fails(SET("parallel.backend=mpi"), SET("this build has no MPI backend"));
+
+    /* bad values are caught by the parser, with the allowed ones */
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    CU_ASSERT_EQUAL(train_config_set(&g_cfg, "parallel.mode=ddp", err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, SET("one of fsdp, replicate")));
+    CU_ASSERT_EQUAL(train_config_set(&g_cfg, "parallel.strategy=FULL_SHARD", err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, SET("one of full_shard, shard_grad_op, no_shard, hybrid_shard")));
+    CU_ASSERT_EQUAL(train_config_set(&g_cfg, "parallel.tp=0", err, sizeof err), FSDP_ERR_CONFIG);
+    CU_ASSERT_EQUAL(train_config_set(&g_cfg, "parallel.backend=nccl", err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, SET("one of local, mpi, auto")));
+}
+
+/* Failures on several ranks: a diverging loss stops every rank at the same step (the loss is
+ * global), and rank 0's metrics file that cannot be opened fails the run with its message
+ * while the other ranks, waiting for rank 0, fail at once instead of timing out. */
+static void test_multi_rank_failures(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_result res;
+    train_config_init(&g_cfg);
+    for (int i = 0; i < N_SMALL; i++) set(g_small[i]);
+    set("parallel.ranks=4");
+    set("parallel.tp=2");
+    set("optim.lr=1000");
+    set("train.steps=100");
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err),
+                    FSDP_ERR_STATE);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, SET("the loss became", "lower [optim] lr")));
+    CU_ASSERT_TRUE(strncmp(err, "rank ", 5) == 0);
+    CU_ASSERT_EQUAL(res.rank, 0);
+    CU_ASSERT_TRUE(res.steps < 100);
+
+    train_config_init(&g_cfg);
+    for (int i = 0; i < N_SMALL; i++) set(g_small[i]);
+    set("parallel.ranks=2");
+    set("log.metrics=" FSDP_BINARY_DIR "/no-such-directory/metrics.jsonl");
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err), FSDP_ERR_IO);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, SET("rank 0: cannot open metrics file", "no-such-directory", "[log] metrics")));
+}
+
+/* Under mpirun, fsdp-train with the same configuration as a local run of 2 rank threads. The
+ * CTest entry test_train_mpi2 (label mpi) runs this case with FSDP_TRAIN_MPIRUN set to the
+ * mpirun command for 2 processes; without it the case does nothing. */
+#ifndef FSDP_TRAIN_EXE
+#define FSDP_TRAIN_EXE ""
+#endif
+
+/* Runs a shell command (with 2>&1 at its end); returns its exit status (-1 when it did not
+ * exit) and its output. */
+static int shell(const char *command, char *output, size_t size) {
+    FILE *p = popen(command, "r");
+    if (!p) return -1;
+    size_t n = fread(output, 1, size - 1, p);
+    output[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* fsdp-train under mpirun with g_small plus the overrides; its metrics are compared with
+ * train_run's losses for the same config with backend local on the same number of ranks. */
+static void mpi_matches_local(const char *mpirun, const char *const *overrides) {
+    char cmd[4096], metrics[1024], out[8192];
+    snprintf(metrics, sizeof metrics, "%s/test_train_mpi.jsonl", FSDP_BINARY_DIR);
+    remove(metrics);
+    snprintf(cmd, sizeof cmd, "%s '%s' --config '%s/examples/mlp.ini' --set log.metrics='%s'",
+             mpirun, FSDP_TRAIN_EXE, FSDP_SOURCE_DIR, metrics);
+    for (int i = 0; i < N_SMALL; i++)
+        if (strncmp(g_small[i], "parallel.backend", 16) != 0)
+            train_append(cmd, sizeof cmd, " --set %s", g_small[i]);
+    for (int i = 0; overrides[i]; i++) train_append(cmd, sizeof cmd, " --set %s", overrides[i]);
+    train_append(cmd, sizeof cmd, " 2>&1");
+    printf("\n    %s", cmd);
+    int status = shell(cmd, out, sizeof out);
+    if (status != 0) printf("\n    exit status %d:\n%s", status, out);
+    CU_ASSERT_EQUAL_FATAL(status, 0);
+
+    train_result local;
+    const char *all[8] = {"parallel.ranks=2"};
+    int n = 1;
+    for (int i = 0; overrides[i] && n < 7; i++) all[n++] = overrides[i];
+    all[n] = NULL;
+    if (!run_small(&local, all)) return;
+    FILE *f = fopen(metrics, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    char line[512];
+    int steps = 0, equal = 0;
+    while (fgets(line, sizeof line, f)) {
+        long long step = -1;
+        double loss = -1;
+        CU_ASSERT_EQUAL(sscanf(line, "{\"step\": %lld, \"loss\": %lf", &step, &loss), 2);
+        CU_ASSERT_EQUAL(step, steps + 1);
+        if (steps < local.n_step_losses) {
+            /* a float printed with %.9g reads back to the same float: the two backends
+             * compute the same bits */
+            bool same = (float)loss == (float)local.step_loss[steps];
+            if (!same)
+                printf("\n    step %d: %.9g, want %.9g", steps + 1, loss, local.step_loss[steps]);
+            CU_ASSERT_TRUE(same);
+            equal += same;
+        }
+        steps++;
+    }
+    fclose(f);
+    remove(metrics);
+    printf("\n    %d of %d step losses bitwise equal to the local backend's", equal, steps);
+    CU_ASSERT_EQUAL(steps, 20);
+}
+
+static void test_mpi_matches_local(void) {
+    const char *mpirun = getenv("FSDP_TRAIN_MPIRUN");
+    if (!mpirun || !*mpirun || !*FSDP_TRAIN_EXE) {
+        printf("\n    skipped: FSDP_TRAIN_MPIRUN is not set (CTest's test_train_mpi2 sets it)");
+        return;
+    }
+    mpi_matches_local(mpirun, SET("parallel.wrap=layer"));
+    mpi_matches_local(mpirun, SET("parallel.tp=2", "parallel.mode=replicate"));
+
+    /* under mpi the process count decides; a conflicting ranks is a config error (exit 2) */
+    char cmd[2048], out[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s '%s' --config '%s/examples/mlp.ini' --set parallel.ranks=4 --set "
+             "parallel.timeout_s=20 2>&1",
+             mpirun, FSDP_TRAIN_EXE, FSDP_SOURCE_DIR);
+    int status = shell(cmd, out, sizeof out);
+    printf("\n    exit status %d: %s", status, out);
+    CU_ASSERT_EQUAL(status, 2);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        out, SET("[parallel] ranks = 4 (--set parallel.ranks=4), but mpirun started 2 "
+                 "processes",
+                 "mpirun -np 4")));
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"example_learns", test_example_learns},
@@ -142,6 +556,15 @@ int main(int argc, char **argv) {
         {"variants", test_variants},
         {"metrics_file", test_metrics_file},
         {"divergence_is_an_error", test_divergence_is_an_error},
+        {"dp_matches_one_rank", test_dp_matches_one_rank},
+        {"tp_matches_one_rank", test_tp_matches_one_rank},
+        {"uneven_slices", test_uneven_slices},
+        {"fsdp_options_match_one_rank", test_fsdp_options_match_one_rank},
+        {"example_4ranks", test_example_4ranks},
+        {"layout", test_layout},
+        {"parallel_config_errors", test_parallel_config_errors},
+        {"multi_rank_failures", test_multi_rank_failures},
+        {"mpi_matches_local", test_mpi_matches_local},
     };
     return fsdp_test_run(argc, argv, "train", cases, (int)(sizeof cases / sizeof cases[0]));
 }

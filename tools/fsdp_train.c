@@ -1,5 +1,6 @@
 /* fsdp_train.c: fsdp-train, the config-file trainer. Parses the command line and the config
- * (tools/train_config.c), then runs the training it describes on one rank.
+ * (tools/train_config.c), then runs the training it describes (tools/trainer.c) on the ranks
+ * [parallel] asks for: rank threads, or this process's rank under mpirun.
  * Exit status: 0 success, 1 the run failed, 2 bad command line or config. */
 #include <stdio.h>
 #include <string.h>
@@ -42,8 +43,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsdp-train: cannot create the context (out of memory?)\n");
         return EXIT_RUN_FAILED;
     }
-    fsdp_status st = train_run(ctx, &cfg, stdout, NULL, err, sizeof err);
-    if (st != FSDP_OK) fprintf(stderr, "fsdp-train: %s (%s)\n", err, fsdp_status_to_string(st));
+    train_result res;
+    fsdp_status st = train_run(ctx, &cfg, stdout, &res, err, sizeof err);
+    /* Once the ranks have run, every process has the same outcome: rank 0 tells it. Before
+     * (res.rank -1: the world could not be made or laid out) each process does. */
+    if (st != FSDP_OK && res.rank <= 0)
+        fprintf(stderr, "fsdp-train: %s (%s)\n", err, fsdp_status_to_string(st));
     fsdp_ctx_free(ctx);
-    return st == FSDP_OK ? EXIT_OK : EXIT_RUN_FAILED;
+    if (st == FSDP_OK) return EXIT_OK;
+    return st == FSDP_ERR_CONFIG ? EXIT_USAGE : EXIT_RUN_FAILED;
 }

@@ -35,7 +35,8 @@ typedef struct key_def {
     int min_count; /* int-list: number of entries */
     int max_count;
     const char *const *names;                /* enum: allowed values, NULL-terminated */
-    bool (*parse_enum)(const char *, int *); /* enum: text (one of names) -> value */
+    bool (*parse_enum)(const char *, int *); /* enum: text (one of names) -> value; NULL: the
+                                                value is the name's index */
     const char *help;
 } key_def;
 
@@ -46,6 +47,8 @@ typedef struct section_def {
 
 static const section_def g_sections[] = {
     {"model", "the model, an MLP of Linear layers with an activation between them"},
+    {"parallel", "the ranks and how they share the work: data parallelism (FSDP or replicas) "
+                 "over dp ranks, tensor parallelism over tp ranks, world = dp * tp"},
     {"data", "the synthetic regression dataset, inputs drawn from the counter RNG, targets "
              "computed by a fixed random teacher MLP"},
     {"optim", "the optimizer, SGD as in PyTorch"},
@@ -56,6 +59,13 @@ static const section_def g_sections[] = {
 
 static const char *const g_activation_names[] = {"relu", "gelu", "sigmoid", NULL};
 static const char *const g_level_names[] = {"debug", "info", "warn", "error", "off", NULL};
+/* These enums are the index of the name: train_backend, train_mode, fsdp_sharding_strategy,
+ * train_wrap. */
+static const char *const g_backend_names[] = {"local", "mpi", "auto", NULL};
+static const char *const g_mode_names[] = {"fsdp", "replicate", NULL};
+static const char *const g_strategy_names[] = {"full_shard", "shard_grad_op", "no_shard",
+                                               "hybrid_shard", NULL};
+static const char *const g_wrap_names[] = {"none", "layer", NULL};
 
 static bool parse_activation(const char *text, int *value) {
     fsdp_activation act;
@@ -73,6 +83,13 @@ static bool parse_level(const char *text, int *value) {
 
 _Static_assert(sizeof(fsdp_activation) == sizeof(int), "enum keys are stored as int");
 _Static_assert(sizeof(fsdp_log_level) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(train_backend) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(train_mode) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(fsdp_sharding_strategy) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(train_wrap) == sizeof(int), "enum keys are stored as int");
+_Static_assert(TRAIN_BACKEND_AUTO == 2 && TRAIN_MODE_REPLICATE == 1 && TRAIN_WRAP_LAYER == 1 &&
+                   FSDP_HYBRID_SHARD == 3,
+               "the enums above are the index of their name");
 
 #define OFF(field) offsetof(train_config, field)
 #define BIG        INT64_MAX
@@ -118,6 +135,42 @@ static const key_def g_keys[] = {
              "activation, Linear(64, 8)"),
     ENUM_KEY("model", "activation", model.activation, "relu", g_activation_names, parse_activation,
              "activation between the Linear layers (the teacher uses it too)"),
+
+    ENUM_KEY("parallel", "backend", parallel.backend, "auto", g_backend_names, NULL,
+             "where the ranks run: local (rank threads in this process), mpi (one process per "
+             "rank, started by mpirun), auto (mpi when started by mpirun, else local)"),
+    INT_KEY("parallel", "ranks", parallel.ranks, "0", 0, 4096,
+            "number of ranks, dp * tp. local: the rank threads, 0 means tp (one dp rank). "
+            "mpi: the process count decides; 0 or that count"),
+    INT_KEY("parallel", "tp", parallel.tp, "1", 1, 4096,
+            "tensor-parallel size: the Linear layers in Colwise/Rowwise pairs over tp ranks "
+            "(with an odd count the output Linear stays whole on every tp rank); tp must "
+            "divide the hidden width each pair splits"),
+    ENUM_KEY("parallel", "mode", parallel.mode, "fsdp", g_mode_names, NULL,
+             "data parallelism over the dp = ranks / tp ranks: fsdp (fully sharded, see "
+             "strategy) or replicate (a whole replica per rank, gradients all_reduced, as DDP)"),
+    ENUM_KEY("parallel", "strategy", parallel.strategy, "full_shard", g_strategy_names, NULL,
+             "fsdp sharding strategy: full_shard, shard_grad_op (keep gathered parameters "
+             "from forward to backward), no_shard (DDP-like), hybrid_shard (full_shard within "
+             "a shard group, replicated across the replica groups)"),
+    INT_KEY("parallel", "replicas", parallel.replicas, "0", 0, 4096,
+            "hybrid_shard: number of replica groups, dividing dp; each shard group has dp / "
+            "replicas ranks. 0 picks the smallest prime factor of dp"),
+    BOOL_KEY("parallel", "offload", parallel.offload, "false",
+             "fsdp: keep the parameter shards, their gradients and the optimizer step in host "
+             "memory (CPUOffload(offload_params=True))"),
+    ENUM_KEY("parallel", "wrap", parallel.wrap, "none", g_wrap_names, NULL,
+             "fsdp units: none (the root only) or layer (one nested unit per hidden Linear; "
+             "the root keeps the output Linear)"),
+    BOOL_KEY("parallel", "use_orig_params", parallel.use_orig_params, "false",
+             "fsdp: the optimizer steps views of the original parameters instead of flat "
+             "shards"),
+    BOOL_KEY("parallel", "sync_module_states", parallel.sync_module_states, "false",
+             "broadcast the parameters from rank 0 at setup: tp shards from tp rank 0, then "
+             "fsdp or replicate from dp rank 0 (every rank initialises the same values from "
+             "train.seed anyway)"),
+    INT_KEY("parallel", "timeout_s", parallel.timeout_s, "300", 1, 86400,
+            "seconds a rank waits in a collective before the run fails with a timeout"),
 
     INT_KEY("data", "samples", data.samples, "4096", 1, 100000000,
             "number of samples in the dataset; the batches cycle through them"),
@@ -322,8 +375,8 @@ static bool parse_value(const key_def *k, const char *text, train_config *cfg, c
         return true;
     case KEY_ENUM:
         for (int i = 0; k->names[i]; i++) {
-            int v;
-            if (strcmp(text, k->names[i]) == 0 && k->parse_enum(text, &v)) {
+            int v = i;
+            if (strcmp(text, k->names[i]) == 0 && (!k->parse_enum || k->parse_enum(text, &v))) {
                 memcpy(field, &v, sizeof v);
                 return true;
             }
@@ -401,7 +454,7 @@ static void format_value(const train_config *cfg, const key_def *k, char *buf, s
         int v, want;
         memcpy(&want, field, sizeof want);
         for (int i = 0; k->names[i]; i++)
-            if (k->parse_enum(k->names[i], &v) && v == want)
+            if ((k->parse_enum ? k->parse_enum(k->names[i], &v) : (v = i, true)) && v == want)
                 train_append(buf, size, "%s", k->names[i]);
         break;
     }
@@ -624,6 +677,194 @@ fsdp_status train_config_set(train_config *cfg, const char *assignment, char *er
     return set_key(cfg, idx, value, where, err, err_size) ? FSDP_OK : FSDP_ERR_CONFIG;
 }
 
+#define KEY_TEXT_SIZE 768 /* enough for most; a longer one is truncated */
+
+/* "[section] name = value (origin)" for messages. */
+static const char *key_text(const train_config *cfg, const char *section, const char *name,
+                            char *buf, size_t size) {
+    int idx = find_key(section, name);
+    char value[TRAIN_MAX_STRING + 64];
+    format_value(cfg, &g_keys[idx], value, sizeof value);
+    buf[0] = '\0';
+    train_append(buf, size, "[%s] %s = %s (%s)", section, name, value, cfg->origin[idx]);
+    return buf;
+}
+
+/* Whether key [section] name holds a value other than its default. */
+static bool is_changed(const train_config *cfg, const char *section, const char *name) {
+    int idx = find_key(section, name);
+    char value[TRAIN_MAX_STRING + 64], def[TRAIN_MAX_STRING + 64];
+    format_value(cfg, &g_keys[idx], value, sizeof value);
+    train_config tmp;
+    memset(&tmp, 0, sizeof tmp);
+    char why[256];
+    if (!parse_value(&g_keys[idx], g_keys[idx].def, &tmp, why, sizeof why)) return true;
+    format_value(&tmp, &g_keys[idx], def, sizeof def);
+    return strcmp(value, def) != 0;
+}
+
+train_backend train_config_backend(const train_config *cfg) {
+    if (cfg->parallel.backend != TRAIN_BACKEND_AUTO) return cfg->parallel.backend;
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") ? TRAIN_BACKEND_MPI
+                                                                : TRAIN_BACKEND_LOCAL;
+}
+
+int train_config_world_size(const train_config *cfg) {
+    if (cfg->parallel.ranks > 0) return (int)cfg->parallel.ranks;
+    return train_config_backend(cfg) == TRAIN_BACKEND_LOCAL ? (int)cfg->parallel.tp : 0;
+}
+
+static int smallest_prime_factor(int n) {
+    for (int p = 2; p * p <= n; p++)
+        if (n % p == 0) return p;
+    return n;
+}
+
+/* Where the world size comes from, for messages. */
+static void describe_world(const train_config *cfg, int world, char *buf, size_t size) {
+    char k[KEY_TEXT_SIZE];
+    buf[0] = '\0';
+    if (cfg->parallel.ranks > 0)
+        train_append(buf, size, "a world of %d ranks (%s)", world,
+                     key_text(cfg, "parallel", "ranks", k, sizeof k));
+    else if (train_config_backend(cfg) == TRAIN_BACKEND_MPI)
+        train_append(buf, size, "a world of %d ranks (the processes of the MPI job)", world);
+    else
+        train_append(buf, size, "a world of %d ranks (%s: as many as tp)", world,
+                     key_text(cfg, "parallel", "ranks", k, sizeof k));
+}
+
+fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layout *out, char *err,
+                                 size_t err_size) {
+    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE], w[KEY_TEXT_SIZE + 64];
+    int tp = (int)cfg->parallel.tp;
+    describe_world(cfg, world, w, sizeof w);
+    if (world < 1 || world % tp != 0) {
+        snprintf(err, err_size,
+                 "%s does not divide %s; world = dp * tp: use a multiple of %d ranks or "
+                 "another tp",
+                 key_text(cfg, "parallel", "tp", a, sizeof a), w, tp);
+        return FSDP_ERR_CONFIG;
+    }
+    train_layout l = {.backend = train_config_backend(cfg),
+                      .world = world,
+                      .dp = world / tp,
+                      .tp = tp,
+                      .replicas = 1,
+                      .shard = world / tp};
+    if (cfg->data.batch_size < l.dp) {
+        snprintf(err, err_size,
+                 "%s is smaller than the %d data-parallel ranks (dp = world / tp, %s and tp "
+                 "%d); each dp rank trains on its slice of every batch: raise batch_size to at "
+                 "least %d, or use fewer ranks",
+                 key_text(cfg, "data", "batch_size", a, sizeof a), l.dp, w, tp, l.dp);
+        return FSDP_ERR_CONFIG;
+    }
+    bool hybrid =
+        cfg->parallel.mode == TRAIN_MODE_FSDP && cfg->parallel.strategy == FSDP_HYBRID_SHARD;
+    if (hybrid && l.dp < 2) {
+        snprintf(err, err_size,
+                 "%s needs at least 2 data-parallel ranks to split into replicas and shards, but "
+                 "dp = world / tp = 1 (%s and tp %d); add ranks or use full_shard",
+                 key_text(cfg, "parallel", "strategy", a, sizeof a), w, tp);
+        return FSDP_ERR_CONFIG;
+    }
+    if (hybrid) {
+        int r = cfg->parallel.replicas ? (int)cfg->parallel.replicas : smallest_prime_factor(l.dp);
+        if (l.dp % r != 0) {
+            snprintf(err, err_size,
+                     "%s does not divide the %d data-parallel ranks (dp = world / tp, %s and "
+                     "tp %d); hybrid_shard splits dp into replicas x shard: use a divisor of %d, "
+                     "or 0 to pick one",
+                     key_text(cfg, "parallel", "replicas", b, sizeof b), l.dp, w, tp, l.dp);
+            return FSDP_ERR_CONFIG;
+        }
+        l.replicas = r;
+        l.shard = l.dp / r;
+    }
+    if (out) *out = l;
+    return FSDP_OK;
+}
+
+void train_layout_describe(const train_config *cfg, const train_layout *l, char *buf, size_t size) {
+    buf[0] = '\0';
+    train_append(buf, size, "%d rank%s (%s): dp %d x tp %d, ", l->world, l->world == 1 ? "" : "s",
+                 l->backend == TRAIN_BACKEND_MPI ? "mpi" : "local", l->dp, l->tp);
+    if (cfg->parallel.mode == TRAIN_MODE_REPLICATE) {
+        train_append(buf, size, "replicate");
+    } else {
+        train_append(buf, size, "fsdp %s", g_strategy_names[cfg->parallel.strategy]);
+        if (cfg->parallel.strategy == FSDP_HYBRID_SHARD)
+            train_append(buf, size, " (%d replicas x shard %d)", l->replicas, l->shard);
+        if (cfg->parallel.wrap == TRAIN_WRAP_LAYER) train_append(buf, size, ", wrap layer");
+        if (cfg->parallel.offload) train_append(buf, size, ", offload");
+        if (cfg->parallel.use_orig_params) train_append(buf, size, ", use_orig_params");
+    }
+    if (cfg->parallel.sync_module_states) train_append(buf, size, ", sync_module_states");
+}
+
+/* The [parallel] rules that do not depend on the world size. */
+static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err_size) {
+    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE], c[KEY_TEXT_SIZE];
+    static const char *const fsdp_only[] = {"strategy", "offload", "wrap", "use_orig_params",
+                                            "replicas"};
+    if (cfg->parallel.mode == TRAIN_MODE_REPLICATE)
+        for (size_t i = 0; i < sizeof fsdp_only / sizeof fsdp_only[0]; i++)
+            if (is_changed(cfg, "parallel", fsdp_only[i])) {
+                snprintf(err, err_size,
+                         "%s applies to mode = fsdp, but %s; remove it or set mode = fsdp",
+                         key_text(cfg, "parallel", fsdp_only[i], a, sizeof a),
+                         key_text(cfg, "parallel", "mode", b, sizeof b));
+                return FSDP_ERR_CONFIG;
+            }
+    if (cfg->parallel.replicas && cfg->parallel.mode == TRAIN_MODE_FSDP &&
+        cfg->parallel.strategy != FSDP_HYBRID_SHARD) {
+        snprintf(err, err_size, "%s is for strategy = hybrid_shard, but %s; remove it",
+                 key_text(cfg, "parallel", "replicas", a, sizeof a),
+                 key_text(cfg, "parallel", "strategy", b, sizeof b));
+        return FSDP_ERR_CONFIG;
+    }
+    int64_t tp = cfg->parallel.tp;
+    int n_linear = cfg->model.widths.n - 1;
+    if (tp > 1 && n_linear < 2) {
+        snprintf(err, err_size,
+                 "%s needs at least two Linear layers to pair (Colwise, then Rowwise), but %s "
+                 "has one; add a hidden width or set tp = 1",
+                 key_text(cfg, "parallel", "tp", a, sizeof a),
+                 key_text(cfg, "model", "widths", c, sizeof c));
+        return FSDP_ERR_CONFIG;
+    }
+    for (int i = 0; tp > 1 && i + 1 < n_linear; i += 2) {
+        int64_t width = cfg->model.widths.v[i + 1];
+        if (width % tp != 0) {
+            snprintf(err, err_size,
+                     "%s must divide the hidden width %lld (entry %d of %s), which Linear %d "
+                     "(Colwise) and Linear %d (Rowwise) split over the tp ranks; use a tp that "
+                     "divides it or another width",
+                     key_text(cfg, "parallel", "tp", a, sizeof a), (long long)width, i + 2,
+                     key_text(cfg, "model", "widths", c, sizeof c), i, i + 1);
+            return FSDP_ERR_CONFIG;
+        }
+    }
+    if (train_config_backend(cfg) == TRAIN_BACKEND_MPI &&
+        !fsdp_backend_available(FSDP_BACKEND_MPI)) {
+        if (cfg->parallel.backend == TRAIN_BACKEND_MPI)
+            snprintf(err, err_size,
+                     "%s, but this build has no MPI backend (CMake found no MPI); use backend "
+                     "= local, or install an MPI (Debian: libopenmpi-dev openmpi-bin) and "
+                     "rebuild",
+                     key_text(cfg, "parallel", "backend", a, sizeof a));
+        else
+            snprintf(err, err_size,
+                     "started by mpirun (%s), but this build has no MPI backend (CMake found no "
+                     "MPI): every process would train alone; install an MPI and rebuild, or "
+                     "run without mpirun",
+                     key_text(cfg, "parallel", "backend", a, sizeof a));
+        return FSDP_ERR_CONFIG;
+    }
+    return FSDP_OK;
+}
+
 fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_size) {
     if (cfg->optim.nesterov && cfg->optim.momentum <= 0) {
         snprintf(err, err_size,
@@ -633,7 +874,10 @@ fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_si
                  train_config_origin(cfg, "optim", "momentum"));
         return FSDP_ERR_CONFIG;
     }
-    return FSDP_OK;
+    fsdp_status st = check_parallel(cfg, err, err_size);
+    if (st != FSDP_OK) return st;
+    int world = train_config_world_size(cfg);
+    return world > 0 ? train_layout_resolve(cfg, world, NULL, err, err_size) : FSDP_OK;
 }
 
 /* Writes text word-wrapped to 80 columns: the first line indented by `first` spaces, the others

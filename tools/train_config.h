@@ -15,7 +15,7 @@ extern "C" {
 
 #define TRAIN_MAX_LIST   16   /* entries of an int-list key */
 #define TRAIN_MAX_STRING 512  /* bytes of a string key, with its terminating NUL */
-#define TRAIN_MAX_KEYS   32   /* keys in the table */
+#define TRAIN_MAX_KEYS   40   /* keys in the table */
 #define TRAIN_MAX_ORIGIN 160  /* bytes of one origin text */
 #define TRAIN_ERROR_SIZE 1024 /* a good size for the err buffers below */
 
@@ -24,12 +24,44 @@ typedef struct train_int_list {
     int64_t v[TRAIN_MAX_LIST];
 } train_int_list;
 
+/* [parallel] backend: where the ranks run. */
+typedef enum train_backend {
+    TRAIN_BACKEND_LOCAL = 0, /* rank threads in this process */
+    TRAIN_BACKEND_MPI,       /* one process per rank under mpirun */
+    TRAIN_BACKEND_AUTO       /* mpi when started by mpirun, else local */
+} train_backend;
+
+/* [parallel] mode: how the data-parallel ranks hold the model. */
+typedef enum train_mode {
+    TRAIN_MODE_FSDP = 0,  /* fsdp_fully_shard with [parallel] strategy */
+    TRAIN_MODE_REPLICATE, /* fsdp_replicate_apply (DDP): a whole replica per dp rank */
+} train_mode;
+
+/* [parallel] wrap: the FSDP units. */
+typedef enum train_wrap {
+    TRAIN_WRAP_NONE = 0, /* one unit: the root */
+    TRAIN_WRAP_LAYER,    /* one nested unit per hidden Linear; the root keeps the output one */
+} train_wrap;
+
 /* The values of every key (see train_config_print_help for their meaning and defaults). */
 typedef struct train_config {
     struct {
         train_int_list widths; /* input, hidden..., output */
         fsdp_activation activation;
     } model;
+    struct {
+        train_backend backend;
+        int64_t ranks; /* 0: the MPI job's size under mpi, tp under local */
+        int64_t tp;
+        train_mode mode;
+        fsdp_sharding_strategy strategy;
+        int64_t replicas; /* hybrid_shard: replica groups; 0 picks one */
+        bool offload;
+        train_wrap wrap;
+        bool use_orig_params;
+        bool sync_module_states;
+        int64_t timeout_s;
+    } parallel;
     struct {
         int64_t samples;
         int64_t batch_size;
@@ -69,8 +101,42 @@ fsdp_status train_config_load(train_config *cfg, const char *path, char *err, si
  * names the argument. Returns FSDP_ERR_CONFIG on failure. */
 fsdp_status train_config_set(train_config *cfg, const char *assignment, char *err, size_t err_size);
 
-/* Checks rules that join several keys (nesterov needs momentum). FSDP_ERR_CONFIG on failure. */
+/* Checks rules that join several keys (nesterov needs momentum, tp must divide the sharded
+ * widths, FSDP-only keys need mode = fsdp, ...) and, when the world size follows from the
+ * configuration (train_config_world_size), the layout (train_layout_resolve).
+ * FSDP_ERR_CONFIG on failure. */
 fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_size);
+
+/* [parallel] backend with auto resolved: TRAIN_BACKEND_MPI when the process was started by
+ * mpirun (OMPI_COMM_WORLD_SIZE, or PMI_SIZE of MPICH's launchers, is set), else
+ * TRAIN_BACKEND_LOCAL. */
+train_backend train_config_backend(const train_config *cfg);
+
+/* The number of ranks the configuration asks for: ranks, or under local with ranks = 0, tp.
+ * 0 under mpi with ranks = 0: the job's size decides, known once the world exists. */
+int train_config_world_size(const train_config *cfg);
+
+/* How a world of ranks is laid out: world = dp * tp, world rank = row-major index of
+ * (dp index, tp index); with hybrid_shard dp = replicas * shard and the dp index is
+ * (replica, shard) row-major. */
+typedef struct train_layout {
+    train_backend backend; /* resolved: local or mpi */
+    int world;
+    int dp;
+    int tp;
+    int replicas; /* hybrid_shard: replica groups (mesh dim "replicate"); else 1 */
+    int shard;    /* hybrid_shard: ranks per shard group (mesh dim "shard"); else dp */
+} train_layout;
+
+/* Lays out a world of `world` ranks as cfg says and checks it: tp divides the world, each dp
+ * rank gets samples (batch_size >= dp), hybrid_shard has dp >= 2 and replicas dividing dp.
+ * FSDP_ERR_CONFIG with a message naming the keys and their origins on failure. */
+fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layout *out, char *err,
+                                 size_t err_size);
+
+/* "4 ranks (local): dp 2 x tp 2" and the mode: "fsdp full_shard, wrap layer". */
+void train_layout_describe(const train_config *cfg, const train_layout *layout, char *buf,
+                           size_t size);
 
 /* The origin text of a key ("default", "run.ini:12", ...), or NULL for an unknown key. */
 const char *train_config_origin(const train_config *cfg, const char *section, const char *name);

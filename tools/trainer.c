@@ -1,12 +1,14 @@
-/* trainer.c: fsdp-train's training loop: an MLP student fits a fixed random teacher network
+/* trainer.c: fsdp-train's training run: an MLP student fits a fixed random teacher network
  * on a synthetic dataset drawn from the counter RNG by global sample index, with SGD on the
- * MSE loss. The tool and tests/test_train.c share it. */
+ * MSE loss, on a world of ranks: tensor parallelism over tp, FSDP or replicas over dp, each
+ * dp rank on its slice of every batch. The tool and tests/test_train.c share it. */
 #define _POSIX_C_SOURCE 200809L // clock_gettime
 
 #include "trainer.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -14,6 +16,13 @@
 #ifndef FSDP_VERSION
 #define FSDP_VERSION FSDP_VERSION_STRING
 #endif
+
+/* Returns the status of expr when it fails. */
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        fsdp_status try_st_ = (expr);                                                              \
+        if (try_st_ != FSDP_OK) return try_st_;                                                    \
+    } while (0)
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -82,64 +91,209 @@ static void gather_rows(const fsdp_tensor *src, int64_t start, fsdp_tensor *dst)
     }
 }
 
-/* The loss of the model over the whole dataset (one forward, no gradients). */
-static fsdp_status dataset_loss(fsdp_ctx *ctx, fsdp_module *model, const fsdp_tensor *x,
-                                const fsdp_tensor *y, double *loss) {
-    const fsdp_tensor *pred = NULL;
-    float l = 0;
-    fsdp_status st = fsdp_module_forward(ctx, model, x, &pred);
-    if (st == FSDP_OK) st = fsdp_loss_mse(ctx, pred, y, &l, NULL);
-    *loss = l;
-    return st;
+/* Parameters of the MLP over widths (the whole model, whatever the layout). */
+static int64_t mlp_param_count(const train_int_list *w) {
+    int64_t n = 0;
+    for (int i = 0; i + 1 < w->n; i++) n += w->v[i] * w->v[i + 1] + w->v[i + 1];
+    return n;
 }
 
+/* What one rank holds. Linear i of the MLP is child "2i" of its Sequential. */
 typedef struct train_state {
+    train_layout layout;
+    fsdp_mesh *mesh;                /* (dp, tp), or (replicate, shard, tp) for hybrid_shard */
+    fsdp_group *dp;                 /* the data-parallel group: the mesh's, or dp_owned */
+    fsdp_group *dp_owned;           /* hybrid_shard: the replicate x shard ranks of this tp index */
+    int dp_rank;                    /* this rank's index in dp */
+    char paths[TRAIN_MAX_LIST][12]; /* module paths of the Linear layers, "0", "2", ... */
+    const char *path_ptrs[TRAIN_MAX_LIST];
+    fsdp_tp_plan_entry plan[TRAIN_MAX_LIST];
     fsdp_module *model;
+    fsdp_sharded *sh; /* mode fsdp */
     fsdp_optimizer *opt;
-    fsdp_tensor *x, *y;   /* the dataset: (samples, in), (samples, out) */
-    fsdp_tensor *xb, *yb; /* one batch: (batch, in), (batch, out) */
-    fsdp_tensor *dout;    /* d(loss)/d(prediction): (batch, out) */
+    fsdp_tensor *x, *y;   /* the dataset, on every rank: (samples, in), (samples, out) */
+    fsdp_tensor *xb, *yb; /* this rank's slice of a batch: (len, in), (len, out) */
+    fsdp_tensor *dout;    /* d(global loss)/d(prediction) * dp: (len, out) */
+    fsdp_tensor *loss;    /* (1): this rank's share of a loss, then the sum over dp */
+    int64_t off, len;     /* the slice: samples [off, off + len) of each batch */
     FILE *metrics;
 } train_state;
 
 static void train_state_free(train_state *s) {
     fsdp_optimizer_free(s->opt);
+    fsdp_sharded_free(s->sh);
     fsdp_module_free(s->model);
     fsdp_tensor_free(s->x);
     fsdp_tensor_free(s->y);
     fsdp_tensor_free(s->xb);
     fsdp_tensor_free(s->yb);
     fsdp_tensor_free(s->dout);
+    fsdp_tensor_free(s->loss);
+    fsdp_group_free(s->dp_owned);
+    fsdp_mesh_free(s->mesh);
     if (s->metrics) fclose(s->metrics);
 }
 
-/* Builds the model, optimizer, dataset and batch tensors; all allocation of a run is here. */
+/* The mesh and the dp group. hybrid_shard's mesh is (replicate, shard, tp) and its dp group
+ * the replicate x shard ranks sharing this tp index, in world-rank order (= dp index). */
+static fsdp_status setup_mesh(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
+    const train_layout *l = &s->layout;
+    bool hybrid =
+        cfg->parallel.mode == TRAIN_MODE_FSDP && cfg->parallel.strategy == FSDP_HYBRID_SHARD;
+    fsdp_status st;
+    if (hybrid) {
+        st = fsdp_mesh_create(ctx, 3, (int[]){l->replicas, l->shard, l->tp},
+                              (const char *[]){"replicate", "shard", "tp"}, &s->mesh);
+        if (st == FSDP_OK)
+            st = fsdp_group_split(ctx, NULL, fsdp_mesh_coordinate(s->mesh, 2), fsdp_ctx_rank(ctx),
+                                  "dp", &s->dp_owned);
+        s->dp = s->dp_owned;
+    } else {
+        st =
+            fsdp_mesh_create(ctx, 2, (int[]){l->dp, l->tp}, (const char *[]){"dp", "tp"}, &s->mesh);
+        if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, s->mesh, "dp", &s->dp);
+    }
+    if (st == FSDP_OK) s->dp_rank = fsdp_group_rank(s->dp);
+    return st;
+}
+
+/* Tensor parallelism: Linear 2k Colwise and Linear 2k+1 Rowwise over tp, so the hidden width
+ * between them is sharded and the pair's output is replicated again; with an odd number of
+ * Linear layers the last one stays whole on every tp rank. */
+static fsdp_status apply_tp(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
+    int n_linear = cfg->model.widths.n - 1, n = 0;
+    for (int i = 0; i + 1 < n_linear; i += 2) {
+        s->plan[n++] = (fsdp_tp_plan_entry){s->paths[i], FSDP_COLWISE()};
+        s->plan[n++] = (fsdp_tp_plan_entry){s->paths[i + 1], FSDP_ROWWISE()};
+    }
+    fsdp_mesh *tp = NULL;
+    TRY(fsdp_mesh_dim(ctx, s->mesh, "tp", &tp));
+    /* every rank initialised the same values from train.seed: no broadcast needed */
+    fsdp_tp_options o = {.src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK};
+    return fsdp_tp_parallelize(ctx, s->model, tp, n, s->plan, &o);
+}
+
+/* FSDP over dp (hybrid_shard: over shard, replicated over replicate), or replicas. */
+static fsdp_status apply_dp(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
+    if (cfg->parallel.mode == TRAIN_MODE_REPLICATE) {
+        fsdp_replicate_options o = {
+            .group = s->dp, .src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK};
+        return fsdp_replicate_apply(ctx, s->model, &o, NULL);
+    }
+    fsdp_fully_shard_options o = {.strategy = cfg->parallel.strategy,
+                                  .group = s->dp,
+                                  .offload_params = cfg->parallel.offload,
+                                  .sync_module_states = cfg->parallel.sync_module_states,
+                                  .use_orig_params = cfg->parallel.use_orig_params};
+    if (cfg->parallel.strategy == FSDP_HYBRID_SHARD) {
+        TRY(fsdp_mesh_get_group(ctx, s->mesh, "shard", &o.group));
+        TRY(fsdp_mesh_get_group(ctx, s->mesh, "replicate", &o.replicate_group));
+    }
+    if (cfg->parallel.wrap == TRAIN_WRAP_LAYER) { /* every Linear but the output one */
+        o.wrap_paths = s->path_ptrs;
+        o.n_wrap_paths = cfg->model.widths.n - 2;
+    }
+    return fsdp_fully_shard(ctx, s->model, &o, &s->sh);
+}
+
+static fsdp_status new_f32(fsdp_ctx *ctx, int64_t rows, int64_t cols, fsdp_tensor **out) {
+    return fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){rows, cols}, out);
+}
+
+/* Builds the mesh, the model with its parallelism, the optimizer, the dataset and this rank's
+ * batch tensors; all allocation of a run is here. */
 static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
                                const char **what) {
     const train_int_list *w = &cfg->model.widths;
     int64_t in = w->v[0], out = w->v[w->n - 1];
     int64_t n = cfg->data.samples, b = cfg->data.batch_size;
+    for (int i = 0; i + 1 < w->n; i++) {
+        snprintf(s->paths[i], sizeof s->paths[i], "%d", 2 * i);
+        s->path_ptrs[i] = s->paths[i];
+    }
     fsdp_status st;
+    *what = "creating the device mesh";
+    if ((st = setup_mesh(ctx, cfg, s))) return st;
     *what = "building the model";
     if ((st = fsdp_model_mlp(ctx, w->n, w->v, cfg->model.activation, &s->model))) return st;
     if (fsdp_ctx_seed(ctx) != (uint64_t)cfg->train.seed &&
         (st = fsdp_module_reset_parameters(ctx, s->model, (uint64_t)cfg->train.seed)))
         return st;
+    *what = "applying tensor parallelism";
+    if (s->layout.tp > 1 && (st = apply_tp(ctx, cfg, s))) return st;
+    *what = cfg->parallel.mode == TRAIN_MODE_FSDP ? "applying FSDP" : "making the replicas";
+    if ((st = apply_dp(ctx, cfg, s))) return st;
     *what = "creating the optimizer";
-    fsdp_sgd_options sgd = {.lr = (float)cfg->optim.lr,
-                            .momentum = (float)cfg->optim.momentum,
-                            .weight_decay = (float)cfg->optim.weight_decay,
+    fsdp_sgd_options sgd = {.lr = cfg->optim.lr,
+                            .momentum = cfg->optim.momentum,
+                            .weight_decay = cfg->optim.weight_decay,
                             .nesterov = cfg->optim.nesterov};
-    if ((st = fsdp_sgd_create(ctx, s->model, &sgd, &s->opt))) return st;
+    fsdp_module *params = s->sh ? fsdp_sharded_flat_params(s->sh) : s->model;
+    if ((st = fsdp_sgd_create(ctx, params, &sgd, &s->opt))) return st;
     *what = "allocating the dataset";
-    if ((st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){n, in}, &s->x)) ||
-        (st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){n, out}, &s->y)) ||
-        (st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){b, in}, &s->xb)) ||
-        (st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){b, out}, &s->yb)) ||
-        (st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){b, out}, &s->dout)))
+    fsdp_chunk_range(b, s->layout.dp, s->dp_rank, &s->off, &s->len);
+    if ((st = new_f32(ctx, n, in, &s->x)) || (st = new_f32(ctx, n, out, &s->y)) ||
+        (st = new_f32(ctx, s->len, in, &s->xb)) || (st = new_f32(ctx, s->len, out, &s->yb)) ||
+        (st = new_f32(ctx, s->len, out, &s->dout)) ||
+        (st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){1}, &s->loss)))
         return st;
     *what = "computing the teacher's targets";
     return make_dataset(ctx, cfg, s->x, s->y);
+}
+
+/* The sum over dp of each rank's `share` (the rank's loss weighted by its part of the
+ * samples): the global loss, the same on every rank. One rank: share itself. */
+static fsdp_status sum_over_dp(fsdp_ctx *ctx, train_state *s, double share, double *total) {
+    if (s->layout.dp == 1) {
+        *total = share;
+        return FSDP_OK;
+    }
+    fsdp_tensor_f32(s->loss)[0] = (float)share;
+    TRY(fsdp_all_reduce(ctx, s->dp, s->loss, FSDP_REDUCE_SUM));
+    *total = fsdp_tensor_f32(s->loss)[0];
+    return FSDP_OK;
+}
+
+/* The loss of the model over the whole dataset (one forward, no gradients): each dp rank
+ * takes its torch.chunk of the samples. */
+static fsdp_status dataset_loss(fsdp_ctx *ctx, train_state *s, double *loss) {
+    int64_t n = fsdp_tensor_dim(s->x, 0), off, len;
+    int64_t in = fsdp_tensor_dim(s->x, 1), out = fsdp_tensor_dim(s->y, 1);
+    fsdp_chunk_range(n, s->layout.dp, s->dp_rank, &off, &len);
+    fsdp_tensor *x = NULL, *y = NULL;
+    const fsdp_tensor *pred = NULL;
+    float l = 0;
+    fsdp_status st = fsdp_tensor_view(ctx, s->x, off * in, 2, (int64_t[]){len, in}, &x);
+    if (st == FSDP_OK) st = fsdp_tensor_view(ctx, s->y, off * out, 2, (int64_t[]){len, out}, &y);
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, s->model, x, &pred); /* every rank joins */
+    if (st == FSDP_OK && len > 0) st = fsdp_loss_mse(ctx, pred, y, &l, NULL);
+    if (st == FSDP_OK) st = sum_over_dp(ctx, s, (double)l * (double)len / (double)n, loss);
+    fsdp_tensor_free(x);
+    fsdp_tensor_free(y);
+    return st;
+}
+
+/* One training step on this rank's slice of the batch that starts at sample `start`; *loss is
+ * the global batch loss. The gradient of the mean over the slice is scaled by len * dp / B, so
+ * that dp's average (FSDP's and replicate's reductions divide by dp) is the gradient of the
+ * mean over the whole batch, also when the slices are uneven (or empty). */
+static fsdp_status train_step(fsdp_ctx *ctx, const train_config *cfg, train_state *s, int64_t start,
+                              double *loss) {
+    int64_t b = cfg->data.batch_size;
+    int64_t first = (start + s->off) % cfg->data.samples;
+    const fsdp_tensor *pred = NULL;
+    float l = 0;
+    gather_rows(s->x, first, s->xb);
+    gather_rows(s->y, first, s->yb);
+    TRY(fsdp_optimizer_zero_grad(ctx, s->opt));
+    TRY(fsdp_module_forward(ctx, s->model, s->xb, &pred));
+    if (s->len > 0) TRY(fsdp_loss_mse(ctx, pred, s->yb, &l, s->dout));
+    double scale = (double)s->len * s->layout.dp / (double)b;
+    if (scale != 1.0) {
+        float *d = fsdp_tensor_f32(s->dout);
+        for (int64_t i = 0; i < fsdp_tensor_numel(s->dout); i++) d[i] *= (float)scale;
+    }
+    return sum_over_dp(ctx, s, (double)l * (double)s->len / (double)b, loss);
 }
 
 /* One progress line and metrics record for the steps since the last one. */
@@ -159,14 +313,36 @@ static void report(const train_config *cfg, FILE *out, FILE *metrics, int64_t st
     }
 }
 
-fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_result *result,
-                      char *err, size_t err_size) {
-    train_state s = {0};
-    train_result res = {0};
+static void print_header(const train_config *cfg, const train_layout *layout, FILE *out,
+                         double first_loss) {
+    char mw[256], tw[256], lw[256];
+    int64_t w[TRAIN_MAX_LIST];
+    format_widths(cfg->model.widths.v, cfg->model.widths.n, mw, sizeof mw);
+    format_widths(w, teacher_widths(cfg, w), tw, sizeof tw);
+    train_layout_describe(cfg, layout, lw, sizeof lw);
+    fprintf(out,
+            "fsdp-train %s: MLP %s (%s, %lld parameters), teacher %s, %lld samples, batch %lld, "
+            "SGD lr %g momentum %g\n",
+            FSDP_VERSION, mw, fsdp_activation_to_string(cfg->model.activation),
+            (long long)mlp_param_count(&cfg->model.widths), tw, (long long)cfg->data.samples,
+            (long long)cfg->data.batch_size, cfg->optim.lr, cfg->optim.momentum);
+    fprintf(out, "parallel: %s\n", lw);
+    if (cfg->log.level == FSDP_LOG_DEBUG) train_config_write(cfg, out);
+    int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
+    fprintf(out, "step %*d/%lld  loss %.6f  (whole dataset, before training)\n", digits, 0,
+            (long long)cfg->train.steps, first_loss);
+}
+
+/* The run on one rank of the world (ctx bound to it). out: rank 0's progress stream or NULL;
+ * metrics are written by rank 0. */
+static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layout *layout,
+                              FILE *out, train_result *res, char *err, size_t err_size) {
+    train_state s = {.layout = *layout};
     const char *what = "";
-    if (cfg->log.level != FSDP_LOG_DEBUG && cfg->log.level != FSDP_LOG_INFO) out = NULL;
+    bool rank0 = fsdp_ctx_rank(ctx) == 0;
     fsdp_status st = train_setup(ctx, cfg, &s, &what);
-    if (st == FSDP_OK && cfg->log.metrics[0] && !(s.metrics = fopen(cfg->log.metrics, "a"))) {
+    if (st == FSDP_OK && rank0 && cfg->log.metrics[0] &&
+        !(s.metrics = fopen(cfg->log.metrics, "a"))) {
         snprintf(err, err_size, "cannot open metrics file '%s' ([log] metrics, %s): %s",
                  cfg->log.metrics, train_config_origin(cfg, "log", "metrics"), strerror(errno));
         train_state_free(&s);
@@ -174,42 +350,21 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
     }
     if (st == FSDP_OK) {
         what = "evaluating the initial loss";
-        st = dataset_loss(ctx, s.model, s.x, s.y, &res.first_loss);
+        st = dataset_loss(ctx, &s, &res->first_loss);
     }
-    if (st == FSDP_OK && out) {
-        char mw[256], tw[256];
-        int64_t w[TRAIN_MAX_LIST];
-        format_widths(cfg->model.widths.v, cfg->model.widths.n, mw, sizeof mw);
-        format_widths(w, teacher_widths(cfg, w), tw, sizeof tw);
-        fprintf(out,
-                "fsdp-train %s: MLP %s (%s, %lld parameters), teacher %s, %lld samples, "
-                "batch %lld, SGD lr %g momentum %g\n",
-                FSDP_VERSION, mw, fsdp_activation_to_string(cfg->model.activation),
-                (long long)fsdp_module_param_count(s.model), tw, (long long)cfg->data.samples,
-                (long long)cfg->data.batch_size, cfg->optim.lr, cfg->optim.momentum);
-        if (cfg->log.level == FSDP_LOG_DEBUG) train_config_write(cfg, out);
-        int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
-        fprintf(out, "step %*d/%lld  loss %.6f  (whole dataset, before training)\n", digits, 0,
-                (long long)cfg->train.steps, res.first_loss);
-    }
+    if (st == FSDP_OK && out && rank0) print_header(cfg, layout, out, res->first_loss);
 
     /* The loop: no allocation in here. */
     double t0 = now_seconds(), t_last = t0, loss_sum = 0;
     int64_t start = 0, since = 0;
+    what = "training";
     for (int64_t step = 1; st == FSDP_OK && step <= cfg->train.steps; step++) {
-        const fsdp_tensor *pred = NULL;
-        float loss = 0;
-        gather_rows(s.x, start, s.xb);
-        gather_rows(s.y, start, s.yb);
+        double loss = 0;
+        if ((st = train_step(ctx, cfg, &s, start, &loss))) break;
         start = (start + cfg->data.batch_size) % cfg->data.samples;
-        what = "training";
-        if ((st = fsdp_module_zero_grad(ctx, s.model)) ||
-            (st = fsdp_module_forward(ctx, s.model, s.xb, &pred)) ||
-            (st = fsdp_loss_mse(ctx, pred, s.yb, &loss, s.dout)))
-            break;
-        if (!isfinite(loss)) {
+        if (!isfinite(loss)) { /* the same global loss on every rank: all stop here */
             snprintf(err, err_size,
-                     "the loss became %g at step %lld; lower [optim] lr (now %g, %s)", (double)loss,
+                     "the loss became %g at step %lld; lower [optim] lr (now %g, %s)", loss,
                      (long long)step, cfg->optim.lr, train_config_origin(cfg, "optim", "lr"));
             train_state_free(&s);
             return FSDP_ERR_STATE;
@@ -217,35 +372,136 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
         if ((st = fsdp_module_backward(ctx, s.model, s.dout, NULL)) /* no input gradient */ ||
             (st = fsdp_optimizer_step(ctx, s.opt)))
             break;
-        res.steps = step;
+        res->steps = step;
+        if (step <= TRAIN_TRACE_STEPS) res->step_loss[res->n_step_losses++] = loss;
         loss_sum += loss;
         since++;
         if (step % cfg->train.log_every == 0 || step == cfg->train.steps) {
             double t = now_seconds();
             double rate = (double)(since * cfg->data.batch_size) / fmax(t - t_last, 1e-9);
-            report(cfg, out, s.metrics, step, loss_sum / (double)since, rate, t - t0);
+            if (rank0) report(cfg, out, s.metrics, step, loss_sum / (double)since, rate, t - t0);
             t_last = t;
             loss_sum = 0;
             since = 0;
         }
     }
-    res.seconds = now_seconds() - t0;
-    res.samples_per_s = (double)(res.steps * cfg->data.batch_size) / fmax(res.seconds, 1e-9);
+    res->seconds = now_seconds() - t0;
+    res->samples_per_s = (double)(res->steps * cfg->data.batch_size) / fmax(res->seconds, 1e-9);
     if (st == FSDP_OK) {
         what = "evaluating the final loss";
-        st = dataset_loss(ctx, s.model, s.x, s.y, &res.last_loss);
+        st = dataset_loss(ctx, &s, &res->last_loss);
     }
     if (st != FSDP_OK) {
         snprintf(err, err_size, "%s: %s", what, fsdp_last_error(ctx));
-    } else if (out) {
+    } else if (out && rank0) {
         fprintf(out,
                 "done: %lld steps in %.2fs (%.0f samples/s); whole-dataset loss %.6f -> %.6f, "
                 "%.1fx lower\n",
-                (long long)res.steps, res.seconds, res.samples_per_s, res.first_loss, res.last_loss,
-                res.first_loss / fmax(res.last_loss, 1e-30));
+                (long long)res->steps, res->seconds, res->samples_per_s, res->first_loss,
+                res->last_loss, res->first_loss / fmax(res->last_loss, 1e-30));
         fflush(out);
     }
     train_state_free(&s);
+    return st;
+}
+
+/* ---- the world ---------------------------------------------------------------------------- */
+
+typedef struct train_job {
+    const train_config *cfg;
+    train_layout layout;
+    FILE *out;
+    bool mpi;
+    train_result result; /* rank 0's; under mpi this process's rank's */
+    int my_rank;         /* the rank that wrote result */
+    fsdp_status my_status;
+    char *messages; /* world size x TRAIN_ERROR_SIZE: each hosted rank's message, "" if none */
+} train_job;
+
+static fsdp_status rank_main(fsdp_ctx *ctx, int rank, void *user) {
+    train_job *job = user;
+    train_result res = {.layout = job->layout, .rank = rank};
+    char *err = job->messages + (size_t)rank * TRAIN_ERROR_SIZE;
+    fsdp_status st = train_rank(ctx, job->cfg, &job->layout, rank == 0 ? job->out : NULL, &res, err,
+                                TRAIN_ERROR_SIZE);
+    if (rank == 0 || job->mpi) {
+        job->result = res;
+        job->my_rank = rank;
+        job->my_status = st;
+    }
+    return st;
+}
+
+/* The message of a failed run, from the ranks this process hosts: the rank that failed first
+ * (fsdp_world_run's choice) when it is here, else this process's own rank when it failed the
+ * same way (under mpi the other processes' tool messages do not travel), else the library's. */
+static void failure_message(fsdp_ctx *ctx, fsdp_world *world, const train_job *job, fsdp_status st,
+                            char *err, size_t err_size) {
+    const char *library = ctx ? fsdp_last_error(ctx) : "";
+    int size = fsdp_world_size(world), failed = -1;
+    for (int r = 0; r < size && failed < 0; r++) {
+        char text[TRAIN_ERROR_SIZE + 32];
+        snprintf(text, sizeof text, "rank %d: %s", r, fsdp_world_rank_error(world, r));
+        if (fsdp_world_rank_status(world, r) != FSDP_OK && strcmp(text, library) == 0) failed = r;
+    }
+    int pick = -1;
+    if (failed >= 0 && (!job->mpi || failed == job->my_rank) &&
+        job->messages[(size_t)failed * TRAIN_ERROR_SIZE])
+        pick = failed;
+    else if (job->my_rank >= 0 && job->my_status == st &&
+             job->messages[(size_t)job->my_rank * TRAIN_ERROR_SIZE])
+        pick = job->my_rank;
+    if (pick < 0)
+        snprintf(err, err_size, "%s", library);
+    else if (size == 1)
+        snprintf(err, err_size, "%s", job->messages + (size_t)pick * TRAIN_ERROR_SIZE);
+    else
+        snprintf(err, err_size, "rank %d: %s", pick,
+                 job->messages + (size_t)pick * TRAIN_ERROR_SIZE);
+}
+
+fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_result *result,
+                      char *err, size_t err_size) {
+    train_result res = {.rank = -1};
     if (result) *result = res;
+    err[0] = '\0';
+    if (cfg->log.level != FSDP_LOG_DEBUG && cfg->log.level != FSDP_LOG_INFO) out = NULL;
+    fsdp_status st = train_config_check(cfg, err, err_size);
+    if (st != FSDP_OK) return st;
+    bool mpi = train_config_backend(cfg) == TRAIN_BACKEND_MPI;
+    fsdp_world_options wo = {.backend = mpi ? FSDP_BACKEND_MPI : FSDP_BACKEND_LOCAL,
+                             .nranks = mpi ? 0 : train_config_world_size(cfg),
+                             .timeout_ms = (int)(cfg->parallel.timeout_s * 1000),
+                             .ctx = train_config_ctx_options(cfg)};
+    fsdp_world *world = NULL;
+    if ((st = fsdp_world_create(ctx, &wo, &world)) != FSDP_OK) {
+        snprintf(err, err_size, "creating the %s world: %s", mpi ? "mpi" : "local",
+                 ctx ? fsdp_last_error(ctx) : fsdp_status_to_string(st));
+        return st;
+    }
+    int size = fsdp_world_size(world);
+    train_job job = {.cfg = cfg, .out = out, .mpi = mpi, .my_rank = -1};
+    if (mpi && cfg->parallel.ranks > 0 && cfg->parallel.ranks != size) {
+        snprintf(err, err_size,
+                 "[parallel] ranks = %lld (%s), but mpirun started %d processes; under mpi the "
+                 "process count decides: set ranks = 0 (or %d), or start %lld processes "
+                 "(mpirun -np %lld)",
+                 (long long)cfg->parallel.ranks, train_config_origin(cfg, "parallel", "ranks"),
+                 size, size, (long long)cfg->parallel.ranks, (long long)cfg->parallel.ranks);
+        st = FSDP_ERR_CONFIG;
+    } else {
+        st = train_layout_resolve(cfg, size, &job.layout, err, err_size);
+    }
+    if (st == FSDP_OK && !(job.messages = calloc((size_t)size, TRAIN_ERROR_SIZE))) {
+        snprintf(err, err_size, "out of memory for the messages of %d ranks", size);
+        st = FSDP_ERR_OUT_OF_MEMORY;
+    }
+    if (st == FSDP_OK) {
+        st = fsdp_world_run(ctx, world, rank_main, &job);
+        if (st != FSDP_OK) failure_message(ctx, world, &job, st, err, err_size);
+        if (result) *result = job.result;
+    }
+    free(job.messages);
+    fsdp_world_free(world);
     return st;
 }

@@ -8,19 +8,34 @@
 extern "C" {
 #endif
 
+#define TRAIN_TRACE_STEPS 64 /* step losses kept in a train_result */
+
 typedef struct train_result {
     int64_t steps;        /* steps run */
     double first_loss;    /* loss over the whole dataset before the first step */
     double last_loss;     /* loss over the whole dataset after the last step */
     double seconds;       /* wall time of the training loop */
-    double samples_per_s; /* over the whole loop */
+    double samples_per_s; /* over the whole loop, global samples */
+    train_layout layout;  /* how the ranks were laid out */
+    /* The rank whose result this is: 0 under local; this process's rank under mpi (every rank
+     * computes the same global losses); -1 when no rank ran (the world could not be made). */
+    int rank;
+    /* The global batch loss of steps 1, 2, ..., step_loss[0] being step 1's: the mean over the
+     * whole batch, whatever the layout, for the first min(steps, TRAIN_TRACE_STEPS) steps. */
+    int64_t n_step_losses;
+    double step_loss[TRAIN_TRACE_STEPS];
 } train_result;
 
-/* Trains the model cfg describes on its synthetic teacher dataset. Progress and summary lines
- * go to `out` (NULL for none) when log.level is info or debug; JSON lines go to log.metrics
- * when set. If the ctx's seed differs from train.seed the model is re-initialised from
- * train.seed, so any ctx gives the same run. On failure returns the status and writes the
- * message (fsdp_last_error, or the tool's own) into err. */
+/* Trains the model cfg describes on its synthetic teacher dataset, on the ranks [parallel]
+ * asks for: it creates the world (local rank threads, or this process's rank of an MPI job),
+ * lays it out (train_layout_resolve), runs every rank and frees the world. Each dp rank trains
+ * on its slice of every batch; the losses are global. Rank 0 alone writes progress and
+ * summary lines to `out` (NULL for none; only when log.level is info or debug) and JSON lines
+ * to log.metrics. ctx (may be NULL) receives the library's message when the world cannot be
+ * made. Every rank's context is seeded with train.seed, so any ctx gives the same run. On
+ * failure returns the status and writes the message into err: the tool's own, or the
+ * library's (fsdp_last_error) with what the trainer was doing, prefixed "rank R: " when the
+ * world has several ranks. result (may be NULL) is filled on success and failure alike. */
 fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_result *result,
                       char *err, size_t err_size);
 

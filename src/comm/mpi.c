@@ -20,9 +20,10 @@
 
 /* Message kinds. A tag is (run % RUN_TAGS) * TAG_KINDS + kind: messages left over from an
  * earlier run of the world (after a timeout) never match a later run's. The largest tag,
- * 31999, is below 32767, the least MPI_TAG_UB the standard allows. */
-enum { TAG_DESC, TAG_DATA, TAG_POISON, TAG_EXIT, TAG_KINDS };
-#define RUN_TAGS 4000
+ * 29999, is below 32767, the least MPI_TAG_UB the standard allows. TAG_READY is the second
+ * round of the calls that must not end differently on different ranks (split, barrier). */
+enum { TAG_DESC, TAG_DATA, TAG_POISON, TAG_EXIT, TAG_READY, TAG_KINDS };
+#define RUN_TAGS 6000
 
 #define SEGMENT_BYTES (1 << 30) /* MPI counts are int: larger pieces go as several messages */
 #define GONE_GRACE_S  0.1   /* how long to wait for a message of a rank known to have returned */
@@ -79,6 +80,7 @@ struct mpi_group {
     fsdp_status poison_status;
     char poison_msg[FSDP_ERROR_MAX];
     mpi_desc *descs;  /* per member: the call it sent */
+    int32_t *ready;   /* per member: its confirmation (confirm) */
     fsdp_call *calls; /* per member: decoded */
     const fsdp_call **call_ptrs;
     const void **srcs; /* per member: its piece of a reduction */
@@ -192,7 +194,8 @@ static void send_note(mpi_world *mw, MPI_Comm comm, int dest, int kind, const mp
 static void group_state_free(mpi_group *mg) {
     if (!mg) return;
     if (mg->comm != MPI_COMM_NULL) MPI_Comm_free(&mg->comm);
-    free(mg->ranks), free(mg->descs), free(mg->calls), free(mg->call_ptrs), free(mg->srcs);
+    free(mg->ranks), free(mg->descs), free(mg->ready), free(mg->calls), free(mg->call_ptrs);
+    free(mg->srcs);
     free(mg->reqs), free(mg->req_member), free(mg->req_recv), free(mg->done_idx);
     free(mg->scratch);
     free(mg);
@@ -210,10 +213,11 @@ static mpi_group *group_state_new(mpi_world *mw, MPI_Comm comm, int size, int ra
     mg->rank = rank;
     mg->ranks = malloc(n * sizeof *mg->ranks);
     mg->descs = calloc(n, sizeof *mg->descs);
+    mg->ready = calloc(n, sizeof *mg->ready);
     mg->calls = calloc(n, sizeof *mg->calls);
     mg->call_ptrs = calloc(n, sizeof *mg->call_ptrs);
     mg->srcs = calloc(n, sizeof *mg->srcs);
-    if (!mg->ranks || !mg->descs || !mg->calls || !mg->call_ptrs || !mg->srcs) {
+    if (!mg->ranks || !mg->descs || !mg->ready || !mg->calls || !mg->call_ptrs || !mg->srcs) {
         group_state_free(mg);
         return NULL;
     }
@@ -286,6 +290,13 @@ static int list_missing(const fsdp_group *g, const mpi_group *mg, char *missing,
     free(open);
     return n_missing;
 }
+
+/* What a wait is for, which decides its deadline. */
+typedef enum wait_kind {
+    WAIT_ARRIVAL, /* the descriptor exchange: timeout_ms after it started */
+    WAIT_DATA,    /* a data step: timeout_ms without any request completing */
+    WAIT_CONFIRM, /* confirm's second round: none (see confirm) */
+} wait_kind;
 
 static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
                                 bool arrival) {
@@ -443,15 +454,15 @@ static void back_off(int polls, double waited) {
     nanosleep(&(struct timespec){.tv_nsec = ns}, NULL);
 }
 
-/* Waits until every posted request has completed. `arrival`: the descriptor exchange, whose
- * deadline is timeout_ms after the start; otherwise a data step, which fails after timeout_ms
- * without any request completing. Meanwhile: a poison note on the group fails the wait at
- * once, and so does a member it waits for whose function has returned. */
+/* Waits until every posted request has completed, with the deadline `kind` says. Meanwhile:
+ * a poison note on the group fails the wait at once, and so does a member it waits for whose
+ * function has returned. A confirmation round has no deadline: it warns every
+ * max(timeout_ms, WARN_EVERY_S) instead. */
 static fsdp_status wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
-                            bool arrival) {
+                            wait_kind kind) {
     mpi_world *mw = mg->mw;
     const double start = now_s(CLOCK_MONOTONIC), limit = 1e-3 * mw->world->timeout_ms;
-    double progress = start, next_check = start, gone_since = -1;
+    double progress = start, next_check = start, gone_since = -1, warned = start;
     int open = mg->n_reqs;
     for (int polls = 0; open > 0; polls++) {
         int done = 0;
@@ -485,8 +496,18 @@ static fsdp_status wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, i
                 gone_since = t;
             else if (t - gone_since > GONE_GRACE_S)
                 return fail_gone(ctx, g, mg, op, gone);
-            if (t - (arrival ? start : progress) >= limit)
-                return fail_timeout(ctx, g, mg, op, arrival);
+            if (kind == WAIT_CONFIRM && t - warned >= fmax(limit, WARN_EVERY_S)) {
+                char missing[256], arrived[256];
+                list_missing(g, mg, missing, arrived, sizeof missing);
+                warned = t;
+                fsdp_log(ctx, FSDP_LOG_WARN,
+                         "%s on group %s: every rank arrived, but rank(s) %s have not confirmed "
+                         "after %.0f s",
+                         fsdp_call_op_name(op), g->desc, missing, t - start);
+            } else if (kind != WAIT_CONFIRM &&
+                       t - (kind == WAIT_ARRIVAL ? start : progress) >= limit) {
+                return fail_timeout(ctx, g, mg, op, kind == WAIT_ARRIVAL);
+            }
         }
         back_off(polls, t - progress);
     }
@@ -550,16 +571,45 @@ static fsdp_status arrive(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_call *m
             FSDP_TRY(post(ctx, g, mg, true, m, TAG_DESC, &mg->descs[m], sizeof(mpi_desc)));
     for (int m = 0; m < g->size; m++)
         if (m != g->rank) FSDP_TRY(post(ctx, g, mg, false, m, TAG_DESC, &mg->descs[g->rank], len));
-    FSDP_TRY(wait_all(ctx, g, mg, mine->op, true));
+    FSDP_TRY(wait_all(ctx, g, mg, mine->op, WAIT_ARRIVAL));
     for (int m = 0; m < g->size; m++) decode(&mg->calls[m], &mg->descs[m]);
     fsdp_status st = fsdp_call_judge(mg->call_ptrs, g->size, g->rank, g->ranks, g->desc, mg->msg,
                                      sizeof mg->msg);
-    if (st == FSDP_OK) return FSDP_OK;
+    if (st == FSDP_OK) {
+        /* A member may have given up on this very call (timed out) after its descriptor had
+         * left: then ours matched its stale one. Its poison note usually is here by now; the
+         * data step must not start (a send of its still in flight could be read), and a call
+         * without one (barrier, split) is settled by confirm. */
+        for (int i = 0; i < ENTRY_PROBES && !mg->poisoned; i++) receive_poison(mg);
+        return mg->poisoned ? fail_poisoned(ctx, g, mg, mine->op) : FSDP_OK;
+    }
     /* Peers that gave up on an earlier call (timed out, then poisoned the group) left their
      * calls of it behind; their poison notes follow them. */
     for (double t0 = now_s(CLOCK_MONOTONIC); now_s(CLOCK_MONOTONIC) - t0 < SETTLE_S;)
         if (receive_poison(mg)) return fail_poisoned(ctx, g, mg, mine->op);
     return FSDP_FAIL(ctx, st, "%s", mg->msg);
+}
+
+/* The second round of a call that moves no data (barrier, split): once a rank has every
+ * member's descriptor it sends each a confirmation and waits for theirs, without a deadline.
+ * A member that timed out in the exchange (its deadline passed just before the last
+ * descriptor came, while the latecomer found every descriptor waiting) never confirms and
+ * has poisoned the group, so the others fail on its note instead of succeeding alone, or,
+ * for a split, entering MPI_Comm_split (which blocks) without it. A member confirms at once
+ * after its exchange, so the wait is short; and since every member that confirmed waits for
+ * all the others, either every member gets past confirm or none does. */
+static fsdp_status confirm(fsdp_ctx *ctx, const fsdp_group *g, int op) {
+    mpi_group *mg = g->state;
+    if (g->size == 1) return FSDP_OK;
+    mg->n_reqs = 0;
+    mg->ready[g->rank] = 1;
+    for (int m = 0; m < g->size; m++)
+        if (m != g->rank)
+            FSDP_TRY(post(ctx, g, mg, true, m, TAG_READY, &mg->ready[m], sizeof *mg->ready));
+    for (int m = 0; m < g->size; m++)
+        if (m != g->rank)
+            FSDP_TRY(post(ctx, g, mg, false, m, TAG_READY, &mg->ready[g->rank], sizeof *mg->ready));
+    return wait_all(ctx, g, mg, op, WAIT_CONFIRM);
 }
 
 /* ---- the collectives ---- */
@@ -626,7 +676,7 @@ static fsdp_status mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out
     fsdp_chunk_range(n, g->size, g->rank, &at[dim], NULL);
     fsdp_box_copy(o, out->shape, at, fsdp_tensor_data(in), in->shape, zeros, in->shape, out->ndim,
                   esize);
-    FSDP_TRY(wait_all(ctx, g, mg, c.op, false));
+    FSDP_TRY(wait_all(ctx, g, mg, c.op, WAIT_DATA));
     if (outer == 1) return FSDP_OK;
     int64_t shape[FSDP_MAX_DIMS];
     memcpy(shape, out->shape, sizeof shape);
@@ -682,7 +732,7 @@ static fsdp_status mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor 
         if (m != r)
             FSDP_TRY(
                 post(ctx, g, mg, true, m, TAG_DATA, (void *)mg->srcs[m], (size_t)mine * esize));
-    FSDP_TRY(wait_all(ctx, g, mg, c.op, false));
+    FSDP_TRY(wait_all(ctx, g, mg, c.op, WAIT_DATA));
     if (mine > 0) fsdp_reduce_run(fsdp_tensor_data(out), mg->srcs, W, 0, mine, in->dtype, op);
     return FSDP_OK;
 }
@@ -709,7 +759,7 @@ static fsdp_status mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, 
         fsdp_chunk_range(t->numel, W, m, &off, &n);
         FSDP_TRY(post(ctx, g, mg, false, m, TAG_DATA, x + (size_t)off * esize, (size_t)n * esize));
     }
-    FSDP_TRY(wait_all(ctx, g, mg, c.op, false));
+    FSDP_TRY(wait_all(ctx, g, mg, c.op, WAIT_DATA));
     if (len > 0) fsdp_reduce_run(x + (size_t)begin * esize, mg->srcs, W, 0, len, t->dtype, op);
     /* 2: ...then every rank sends its reduced chunk to all (an all_gather of the chunks). */
     for (int m = 0; m < W; m++) {
@@ -719,7 +769,7 @@ static fsdp_status mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, 
         FSDP_TRY(
             post(ctx, g, mg, false, m, TAG_DATA, x + (size_t)begin * esize, (size_t)len * esize));
     }
-    return wait_all(ctx, g, mg, c.op, false);
+    return wait_all(ctx, g, mg, c.op, WAIT_DATA);
 }
 
 static fsdp_status mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
@@ -731,7 +781,7 @@ static fsdp_status mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, i
         FSDP_TRY(post(ctx, g, mg, g->rank != root, m, TAG_DATA, fsdp_tensor_data(t),
                       fsdp_tensor_nbytes(t)));
     }
-    return wait_all(ctx, g, mg, c.op, false);
+    return wait_all(ctx, g, mg, c.op, WAIT_DATA);
 }
 
 static fsdp_status mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
@@ -775,7 +825,7 @@ static fsdp_status mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out
         sent += send_bytes;
         received += recv_bytes;
     }
-    FSDP_TRY(wait_all(ctx, g, mg, c.op, false));
+    FSDP_TRY(wait_all(ctx, g, mg, c.op, WAIT_DATA));
     received = 0;
     at = 0;
     for (int m = 0; m < W; m++) {
@@ -796,7 +846,8 @@ static fsdp_status mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out
 
 static fsdp_status mpi_barrier(fsdp_ctx *ctx, fsdp_group *g) {
     fsdp_call c = {.op = FSDP_COMM_BARRIER};
-    return arrive(ctx, g, &c);
+    FSDP_TRY(arrive(ctx, g, &c));
+    return confirm(ctx, g, c.op);
 }
 
 static void mpi_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
@@ -810,10 +861,12 @@ static fsdp_status mpi_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int k
                              const char *agree, fsdp_group_info *out) {
     fsdp_call c = {.op = FSDP_OP_SPLIT, .color = color, .key = key, .agree = agree};
     FSDP_TRY(arrive(ctx, parent, &c));
+    FSDP_TRY(confirm(ctx, parent, c.op));
     mpi_group *pg = parent->state;
     mpi_world *mw = pg->mw;
-    /* Every member has arrived, so MPI_Comm_split (which has no non-blocking form) cannot wait
-     * for an absent one. Members: the parent's of this color, by (key, parent rank). */
+    /* Every member has arrived and confirmed, so MPI_Comm_split (which has no non-blocking
+     * form) cannot wait for an absent one. Members: the parent's of this color, by (key,
+     * parent rank). */
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_TRY(ctx, MPI_Comm_split(pg->comm, color >= 0 ? color : MPI_UNDEFINED, key, &comm),
             "group split");
@@ -835,17 +888,22 @@ static fsdp_status mpi_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int k
     MPI_Comm_size(comm, &comm_size);
     MPI_Comm_rank(comm, &comm_rank);
     mpi_group *child = NULL;
-    if (order && comm_size == m && comm_rank == mine) {
+    bool allocated = order != NULL, agrees = allocated && comm_size == m && comm_rank == mine;
+    if (agrees) {
         MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
         child = group_state_new(mw, comm, m, mine, order);
     }
     free(order);
     if (!child) {
         MPI_Comm_free(&comm);
-        return FSDP_FAIL(ctx, order ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_INTERNAL,
-                         "group split of %s: cannot set up the new group (%d members, this rank "
-                         "%d; MPI says %d and %d)",
-                         parent->desc, m, mine, comm_size, comm_rank);
+        if (allocated && !agrees)
+            return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                             "group split of %s: MPI's new communicator has %d members and this "
+                             "rank at %d, but the descriptors say %d and %d",
+                             parent->desc, comm_size, comm_rank, m, mine);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
+                         "group split of %s: cannot allocate the new group of %d members",
+                         parent->desc, m);
     }
     child->next = mw->groups;
     mw->groups = child;
