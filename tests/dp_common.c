@@ -1,9 +1,11 @@
 /* dp_common.c: the seed 001 models, data and loss step shared by the data-parallel suites
  * (see dp_common.h). */
+#include <math.h>
 #include <stdlib.h>
 
 #include "core/error.h" // defines: FSDP_FAIL
 #include "dp_common.h"
+#include "harness.h"
 
 /* ---- the seed's WrapperModule for a non-0 batch dim: forward(x) = mlp(x.t()).t() ---- */
 
@@ -113,4 +115,17 @@ fsdp_status dp_forward_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor
         FSDP_TRY(fsdp_tensor_create_like(ctx, out, dout));
     FSDP_TRY(fsdp_tensor_fill(ctx, *dout, dscale));
     return fsdp_module_backward(ctx, m, *dout, NULL);
+}
+
+fsdp_status dp_check_loss_sum(fsdp_ctx *ctx, fsdp_group *group, double loss, double ref_loss,
+                              const char *what) {
+    float l = (float)loss;
+    fsdp_tensor *lt;
+    FSDP_TRY(fsdp_tensor_from_blob(ctx, &l, FSDP_DTYPE_F32, FSDP_CPU, 0, NULL, &lt));
+    fsdp_status st = fsdp_all_reduce(ctx, group, lt, FSDP_REDUCE_SUM);
+    fsdp_tensor_free(lt);
+    FSDP_TRY(st);
+    FSDP_RANK_CHECK(ctx, fabs(l - ref_loss) <= 1e-5 * fabs(ref_loss) + 1e-3,
+                    "%s: loss %.7g summed over the ranks, reference %.7g", what, l, ref_loss);
+    return FSDP_OK;
 }

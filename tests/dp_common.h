@@ -32,4 +32,9 @@ fsdp_status dp_forward_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor
                                 const fsdp_tensor *labels, float dscale, fsdp_tensor **dout,
                                 double *loss);
 
+/* Checks that the losses of the ranks of group add up to the reference's loss (every rank of the
+ * group calls it); `what` names the step in the message. */
+fsdp_status dp_check_loss_sum(fsdp_ctx *ctx, fsdp_group *group, double loss, double ref_loss,
+                              const char *what);
+
 #endif

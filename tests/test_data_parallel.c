@@ -164,17 +164,9 @@ static fsdp_status train_step(fsdp_ctx *ctx, const scenario *s, rank_state *rs, 
         (long long)total);
     FSDP_TRY(fsdp_optimizer_step(ctx, rs->ref_opt));
     /* The ranks' losses add up to the reference's. */
-    float l = (float)loss;
-    fsdp_tensor *lt;
-    FSDP_TRY(fsdp_tensor_from_blob(ctx, &l, FSDP_DTYPE_F32, FSDP_CPU, 0, NULL, &lt));
-    fsdp_status st = fsdp_all_reduce(ctx, rs->dp, lt, FSDP_REDUCE_SUM);
-    fsdp_tensor_free(lt);
-    FSDP_TRY(st);
-    FSDP_RANK_CHECK(ctx, fabs(l - ref_loss) <= 1e-5 * fabs(ref_loss) + 1e-3,
-                    "%s step %d: loss %.7g summed over the ranks, reference %.7g", s->name, step, l,
-                    ref_loss);
     char stage[96];
     snprintf(stage, sizeof stage, "%s step %d", s->name, step);
+    FSDP_TRY(dp_check_loss_sum(ctx, rs->dp, loss, ref_loss, stage));
     cmp->stage = stage;
     return compare_all(ctx, rs, cmp);
 }

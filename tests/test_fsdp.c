@@ -152,6 +152,17 @@ static void test_train_hybrid_shard_nested(void) {
     run_training(FSDP_HYBRID_SHARD, true);
 }
 
+/* The case's model, wrapped, with plain SGD (lr 0.1) over its shards. */
+static fsdp_status wrapped_sgd(fsdp_ctx *ctx, const fsdp_case *c, fsdp_mesh **mesh,
+                               fsdp_module **m, fsdp_sharded **sh, fsdp_optimizer **opt) {
+    fsdp_fully_shard_options o;
+    FSDP_TRY(case_options(ctx, c, mesh, &o));
+    FSDP_TRY(build(ctx, m));
+    FSDP_TRY(fsdp_fully_shard(ctx, *m, &o, sh));
+    return fsdp_sgd_create(ctx, fsdp_sharded_flat_params(*sh), &(fsdp_sgd_options){.lr = 0.1},
+                           opt);
+}
+
 /* ---- collectives per strategy (REFERENCE.md section 4), 4 ranks, 1 or 3 units ---- */
 
 static fsdp_status comm_rank(fsdp_ctx *ctx, int rank, void *user) {
@@ -160,13 +171,7 @@ static fsdp_status comm_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_sharded *sh = NULL;
     fsdp_optimizer *opt = NULL;
     fsdp_mesh *mesh = NULL;
-    fsdp_fully_shard_options o;
-    fsdp_status st = case_options(ctx, c, &mesh, &o);
-    if (st == FSDP_OK) st = build(ctx, &m);
-    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &o, &sh);
-    if (st == FSDP_OK)
-        st = fsdp_sgd_create(ctx, fsdp_sharded_flat_params(sh), &(fsdp_sgd_options){.lr = 0.1},
-                             &opt);
+    fsdp_status st = wrapped_sgd(ctx, c, &mesh, &m, &sh, &opt);
     int64_t off, len;
     fsdp_chunk_range(BATCH, c->world, rank, &off, &len);
     if (st == FSDP_OK) st = step(ctx, m, opt, 0, off, len, c->world); /* warm-up */
@@ -256,13 +261,7 @@ static fsdp_status memory_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_sharded *sh = NULL;
     fsdp_optimizer *opt = NULL;
     fsdp_mesh *mesh = NULL;
-    fsdp_fully_shard_options o;
-    fsdp_status st = case_options(ctx, c, &mesh, &o);
-    if (st == FSDP_OK) st = build(ctx, &m);
-    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &o, &sh);
-    if (st == FSDP_OK)
-        st = fsdp_sgd_create(ctx, fsdp_sharded_flat_params(sh), &(fsdp_sgd_options){.lr = 0.1},
-                             &opt);
+    fsdp_status st = wrapped_sgd(ctx, c, &mesh, &m, &sh, &opt);
     int64_t off, len;
     fsdp_chunk_range(BATCH, c->world, rank, &off, &len);
     fsdp_memory_stats first, second;

@@ -222,17 +222,9 @@ static fsdp_status train_step(fsdp_ctx *ctx, const scenario *s, rank_state *rs, 
                     (long long)fsdp_comm_debug_total(ctx).calls);
     FSDP_TRY(fsdp_optimizer_step(ctx, rs->ref_opt));
     /* The losses of the dp ranks add up to the reference's. */
-    float l = (float)loss;
-    fsdp_tensor *lt;
-    FSDP_TRY(fsdp_tensor_from_blob(ctx, &l, FSDP_DTYPE_F32, FSDP_CPU, 0, NULL, &lt));
-    fsdp_status st = fsdp_all_reduce(ctx, rs->dp, lt, FSDP_REDUCE_SUM);
-    fsdp_tensor_free(lt);
-    FSDP_TRY(st);
-    FSDP_RANK_CHECK(ctx, fabs(l - ref_loss) <= 1e-5 * fabs(ref_loss) + 1e-3,
-                    "%s step %d: loss %.7g summed over dp, reference %.7g", s->name, step, l,
-                    ref_loss);
     char stage[64];
     snprintf(stage, sizeof stage, "%s step %d", s->name, step);
+    FSDP_TRY(dp_check_loss_sum(ctx, rs->dp, loss, ref_loss, stage));
     cmp->stage = stage;
     FSDP_TRY(fsdp_module_visit_params(ctx, rs->ref, compare_param, cmp));
     replica_cmp rc = {.group = rs->dp};
