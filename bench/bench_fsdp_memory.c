@@ -78,7 +78,8 @@ static fsdp_status run_rank(fsdp_ctx *ctx, int rank, void *user) {
         int64_t most = 0;
         for (int u = 1; u < fsdp_sharded_num_units(sh); u++) {
             int64_t s_u = fsdp_sharded_unit_shard_numel(sh, u);
-            int64_t p_u = r->strategy == FSDP_NO_SHARD ? fsdp_sharded_unit_numel(sh, u) : s_u * world;
+            int64_t p_u =
+                r->strategy == FSDP_NO_SHARD ? fsdp_sharded_unit_numel(sh, u) : s_u * world;
             int64_t at = r->strategy == FSDP_FULL_SHARD ? 2 * p_u + s_u : p_u;
             if (at > most) most = at;
         }
@@ -131,8 +132,8 @@ int main(int argc, char **argv) {
     double params = (double)layers * (double)(width * width + width);
     printf("bench_fsdp_memory: %d rank threads, %d units of Linear(%lld, %lld) (%.1f M "
            "parameters, %.1f MiB f32), batch %lld; bytes per rank (rank 0), MiB\n\n",
-           ranks, layers, (long long)width, (long long)width, params / 1e6,
-           params * 4 / (1 << 20), (long long)batch);
+           ranks, layers, (long long)width, (long long)width, params / 1e6, params * 4 / (1 << 20),
+           (long long)batch);
     printf("%-14s %10s %12s %12s %12s %12s %10s %10s\n", "strategy", "shards", "peak gathered",
            "theory", "peak device", "vs NO_SHARD", "step ms", "vs NO_SHARD");
     fsdp_sharding_strategy order[] = {FSDP_NO_SHARD, FSDP_SHARD_GRAD_OP, FSDP_FULL_SHARD};
@@ -150,8 +151,8 @@ int main(int argc, char **argv) {
         printf("%-14s %10.2f %12.2f %12.2f %12.2f %11.2fx %10.1f %9.2fx\n",
                fsdp_sharding_strategy_to_string(r.strategy), r.mem.shard_bytes / mib,
                r.mem.peak_full_bytes / mib, r.theory / mib, r.mem.peak_device_bytes / mib,
-               (double)r.mem.peak_device_bytes / (double)base.mem.peak_device_bytes,
-               r.step_s * 1e3, r.step_s / base.step_s);
+               (double)r.mem.peak_device_bytes / (double)base.mem.peak_device_bytes, r.step_s * 1e3,
+               r.step_s / base.step_s);
     }
     fsdp_world_free(world);
     fsdp_ctx_free(ctx);

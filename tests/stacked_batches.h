@@ -17,8 +17,8 @@
 static inline fsdp_status stacked_batch_rows(fsdp_ctx *ctx, uint64_t stream, int64_t off,
                                              int64_t len, fsdp_tensor **out) {
     fsdp_tensor *all;
-    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2,
-                                (int64_t[]){STACKED_BATCH, 10}, &all));
+    FSDP_TRY(
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){STACKED_BATCH, 10}, &all));
     fsdp_init init = {.kind = FSDP_INIT_UNIFORM, .a = -1.0f, .b = 1.0f};
     fsdp_status st = fsdp_init_tensor(ctx, all, &init, 42, stream);
     if (st == FSDP_OK)

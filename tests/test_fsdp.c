@@ -153,14 +153,13 @@ static void test_train_hybrid_shard_nested(void) {
 }
 
 /* The case's model, wrapped, with plain SGD (lr 0.1) over its shards. */
-static fsdp_status wrapped_sgd(fsdp_ctx *ctx, const fsdp_case *c, fsdp_mesh **mesh,
-                               fsdp_module **m, fsdp_sharded **sh, fsdp_optimizer **opt) {
+static fsdp_status wrapped_sgd(fsdp_ctx *ctx, const fsdp_case *c, fsdp_mesh **mesh, fsdp_module **m,
+                               fsdp_sharded **sh, fsdp_optimizer **opt) {
     fsdp_fully_shard_options o;
     FSDP_TRY(case_options(ctx, c, mesh, &o));
     FSDP_TRY(build(ctx, m));
     FSDP_TRY(fsdp_fully_shard(ctx, *m, &o, sh));
-    return fsdp_sgd_create(ctx, fsdp_sharded_flat_params(*sh), &(fsdp_sgd_options){.lr = 0.1},
-                           opt);
+    return fsdp_sgd_create(ctx, fsdp_sharded_flat_params(*sh), &(fsdp_sgd_options){.lr = 0.1}, opt);
 }
 
 /* ---- collectives per strategy (REFERENCE.md section 4), 4 ranks, 1 or 3 units ---- */
@@ -205,8 +204,7 @@ static fsdp_status comm_rank(fsdp_ctx *ctx, int rank, void *user) {
         for (int ph = 0; ph < 2; ph++)
             for (int op = FSDP_COMM_ALL_GATHER; op < FSDP_COMM_BARRIER; op++) {
                 /* HYBRID_SHARD: all_reduce on the replicate dim, the rest on the shard dim. */
-                const char *group =
-                    where && op == FSDP_COMM_ALL_REDUCE ? "replicate" : where;
+                const char *group = where && op == FSDP_COMM_ALL_REDUCE ? "replicate" : where;
                 fsdp_comm_filter f = {.op = (fsdp_comm_op)op,
                                       .group = group,
                                       .phase =
@@ -297,7 +295,8 @@ static fsdp_status memory_rank(fsdp_ctx *ctx, int rank, void *user) {
             for (int u = 1; u < n; u++)
                 if (root + padded_of(sh, u, c->world, false) > want_peak)
                     want_peak = root + padded_of(sh, u, c->world, false);
-            for (int u = 0; c->offload && u < n; u++) want_peak += padded_of(sh, u, c->world, false);
+            for (int u = 0; c->offload && u < n; u++)
+                want_peak += padded_of(sh, u, c->world, false);
         }
         want_peak *= f;
         FSDP_RANK_CHECK(ctx, second.shard_bytes == shards, "%s: shard bytes %lld, want %lld",
@@ -313,18 +312,17 @@ static fsdp_status memory_rank(fsdp_ctx *ctx, int rank, void *user) {
         FSDP_RANK_CHECK(ctx, second.reserved_bytes == first.reserved_bytes,
                         "the pool grew from %lld to %lld bytes in the second step",
                         (long long)first.reserved_bytes, (long long)second.reserved_bytes);
-        FSDP_RANK_CHECK(ctx, second.reserved_bytes >= want_peak,
-                        "pool %lld bytes < peak %lld", (long long)second.reserved_bytes,
-                        (long long)want_peak);
-        FSDP_RANK_CHECK(ctx,
-                        second.device_bytes == second.reserved_bytes +
-                                                   (c->offload ? 0 : second.shard_bytes) &&
-                            second.host_bytes == (c->offload ? second.shard_bytes +
-                                                                   (int64_t)sizeof(float) *
-                                                                       fsdp_sharded_unit_shard_numel(sh, 0)
-                                                             : 0),
-                        "device %lld / host %lld bytes do not add up",
-                        (long long)second.device_bytes, (long long)second.host_bytes);
+        FSDP_RANK_CHECK(ctx, second.reserved_bytes >= want_peak, "pool %lld bytes < peak %lld",
+                        (long long)second.reserved_bytes, (long long)want_peak);
+        FSDP_RANK_CHECK(
+            ctx,
+            second.device_bytes == second.reserved_bytes + (c->offload ? 0 : second.shard_bytes) &&
+                second.host_bytes ==
+                    (c->offload ? second.shard_bytes +
+                                      (int64_t)sizeof(float) * fsdp_sharded_unit_shard_numel(sh, 0)
+                                : 0),
+            "device %lld / host %lld bytes do not add up", (long long)second.device_bytes,
+            (long long)second.host_bytes);
         /* Parameters of a sharded (or offloaded) unit have no storage between steps. */
         fsdp_param *p = fsdp_module_get_param(m, "layers.1.net1.weight");
         bool resident = !sharded && !c->offload;
@@ -392,16 +390,16 @@ static fsdp_status summon_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = stacked_forward_backward(ctx, m, 0, off, half, c->world);
     if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
     if (st == FSDP_OK)
-        FSDP_RANK_CHECK(ctx,
-                        fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_REDUCE_SCATTER})
-                                    .calls +
-                                fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_ALL_REDUCE})
-                                    .calls ==
-                            0,
-                        "a no_sync backward reduced gradients");
+        FSDP_RANK_CHECK(
+            ctx,
+            fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_REDUCE_SCATTER}).calls +
+                    fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_ALL_REDUCE})
+                        .calls ==
+                0,
+            "a no_sync backward reduced gradients");
     if (st == FSDP_OK) {
-        fsdp_status refused = fsdp_summon_full_params(
-            ctx, sh, &(fsdp_summon_options){.with_grads = true});
+        fsdp_status refused =
+            fsdp_summon_full_params(ctx, sh, &(fsdp_summon_options){.with_grads = true});
         FSDP_RANK_CHECK(ctx, refused == FSDP_ERR_STATE,
                         "summon with_grads while no_sync gradients are pending: %s",
                         fsdp_status_to_string(refused));
@@ -413,7 +411,8 @@ static fsdp_status summon_rank(fsdp_ctx *ctx, int rank, void *user) {
         st = fsdp_summon_full_params(ctx, sh, &(fsdp_summon_options){.with_grads = true});
     if (st == FSDP_OK)
         st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, true});
-    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, false});
+    if (st == FSDP_OK)
+        st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, false});
     if (st == FSDP_OK) {
         fsdp_status twice = fsdp_summon_full_params(ctx, sh, NULL);
         FSDP_RANK_CHECK(ctx, twice == FSDP_ERR_STATE, "a second summon: %s",
@@ -426,12 +425,15 @@ static fsdp_status summon_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, fsdp_param_data(w), 0.5f);
     if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
     if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh, NULL);
-    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, false});
+    if (st == FSDP_OK)
+        st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, false});
     /* writeback: every rank made the same edit, so after writing back its own chunk the whole
      * parameter holds it. */
     if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, fsdp_param_data(w), 0.5f);
     if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
-    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, fsdp_param_data(fsdp_module_get_param(ref, "layers.1.net1.weight")), 0.5f);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_fill(
+            ctx, fsdp_param_data(fsdp_module_get_param(ref, "layers.1.net1.weight")), 0.5f);
     /* offload_to_cpu: the same values, in a host copy; the device holds no gathered buffer of
      * a unit that was sharded. Writeback from the host copy. */
     if (st == FSDP_OK)
@@ -449,13 +451,15 @@ static fsdp_status summon_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_param *b = fsdp_module_get_param(m, "layers.2.net2.bias");
     if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, fsdp_param_data(b), -2.0f);
     if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
-    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, fsdp_param_data(fsdp_module_get_param(ref, "layers.2.net2.bias")), -2.0f);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_fill(
+            ctx, fsdp_param_data(fsdp_module_get_param(ref, "layers.2.net2.bias")), -2.0f);
     /* rank0_only: rank 0 sees everything, the others keep sharded units without storage. */
     if (st == FSDP_OK) {
         fsdp_status bad = fsdp_summon_full_params(
             ctx, sh, &(fsdp_summon_options){.writeback = true, .rank0_only = true});
-        FSDP_RANK_CHECK(ctx, bad == FSDP_ERR_INVALID_ARGUMENT,
-                        "rank0_only with writeback: %s", fsdp_status_to_string(bad));
+        FSDP_RANK_CHECK(ctx, bad == FSDP_ERR_INVALID_ARGUMENT, "rank0_only with writeback: %s",
+                        fsdp_status_to_string(bad));
         st = fsdp_summon_full_params(ctx, sh, &(fsdp_summon_options){.rank0_only = true});
     }
     if (st == FSDP_OK && rank == 0)
@@ -521,36 +525,41 @@ static fsdp_status sync_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_status st = build(ctx, &ref);
     /* Every rank initialises differently; rank 0's values must win. */
     if (st == FSDP_OK) st = fsdp_model_mlp_stacked(ctx, LAYERS, &m);
-    if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, rank == 0 ? SEED : 1000 + (uint64_t)rank);
+    if (st == FSDP_OK)
+        st = fsdp_module_reset_parameters(ctx, m, rank == 0 ? SEED : 1000 + (uint64_t)rank);
     if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
     if (st == FSDP_OK)
-        st = fsdp_fully_shard(ctx, m,
-                              &(fsdp_fully_shard_options){.sync_module_states = true,
-                                                          .wrap_paths = (const char *[]){"layers.1"},
-                                                          .n_wrap_paths = 1},
-                              &sh);
+        st =
+            fsdp_fully_shard(ctx, m,
+                             &(fsdp_fully_shard_options){.sync_module_states = true,
+                                                         .wrap_paths = (const char *[]){"layers.1"},
+                                                         .n_wrap_paths = 1},
+                             &sh);
     if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
     if (st == FSDP_OK) {
         /* One bucket for the whole model. */
         int64_t calls =
             fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_BROADCAST}).calls;
         int64_t all = fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){0}).calls;
-        FSDP_RANK_CHECK(ctx, calls == 1 && all == 1, "sync_module_states: %lld broadcasts, %lld collectives; want 1",
+        FSDP_RANK_CHECK(ctx, calls == 1 && all == 1,
+                        "sync_module_states: %lld broadcasts, %lld collectives; want 1",
                         (long long)calls, (long long)all);
         st = fsdp_summon_full_params(ctx, sh, NULL);
     }
-    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, false});
+    if (st == FSDP_OK)
+        st = fsdp_module_visit_params(ctx, ref, compare_param_grad, &(cmp_grad){m, false});
     if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
     fsdp_sharded_free(sh);
     sh = NULL;
     /* Errors: HYBRID_SHARD without its replicate group; a replicate group without it; wrapping
      * twice. The model is left untouched by a refused wrap. */
-    fsdp_status e = fsdp_fully_shard(ctx, m, &(fsdp_fully_shard_options){.strategy = FSDP_HYBRID_SHARD}, &sh);
-    FSDP_RANK_CHECK(ctx, e == FSDP_ERR_INVALID_ARGUMENT && strstr(fsdp_last_error(ctx), "replicate_group"),
-                    "HYBRID_SHARD without replicate_group: %s", fsdp_last_error(ctx));
-    e = fsdp_fully_shard(ctx, m,
-                         &(fsdp_fully_shard_options){.replicate_group = fsdp_ctx_world_group(ctx)},
-                         &sh);
+    fsdp_status e =
+        fsdp_fully_shard(ctx, m, &(fsdp_fully_shard_options){.strategy = FSDP_HYBRID_SHARD}, &sh);
+    FSDP_RANK_CHECK(
+        ctx, e == FSDP_ERR_INVALID_ARGUMENT && strstr(fsdp_last_error(ctx), "replicate_group"),
+        "HYBRID_SHARD without replicate_group: %s", fsdp_last_error(ctx));
+    e = fsdp_fully_shard(
+        ctx, m, &(fsdp_fully_shard_options){.replicate_group = fsdp_ctx_world_group(ctx)}, &sh);
     FSDP_RANK_CHECK(ctx, e == FSDP_ERR_INVALID_ARGUMENT, "replicate_group with FULL_SHARD: %s",
                     fsdp_status_to_string(e));
     if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, NULL, &sh);

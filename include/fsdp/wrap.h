@@ -110,13 +110,13 @@ int64_t fsdp_sharded_unit_shard_numel(const fsdp_sharded *sh, int unit);
 
 /* Where each original parameter lies: in its unit's flat buffer and in this rank's shard. */
 typedef struct fsdp_flat_segment {
-    const char *fqn;    /* relative to the root: "layers.0.net1.weight" */
-    fsdp_param *param;  /* the model's parameter (its local TP block when distributed) */
-    int unit;           /* index of the unit that owns it */
-    int64_t offset;     /* first element in the unit's flat buffer */
-    int64_t numel;      /* the parameter's local elements */
-    int64_t shard_begin; /* the first of its elements in this rank's shard (0 when none) */
-    int64_t shard_numel; /* how many of its elements this rank's shard holds (may be 0) */
+    const char *fqn;      /* relative to the root: "layers.0.net1.weight" */
+    fsdp_param *param;    /* the model's parameter (its local TP block when distributed) */
+    int unit;             /* index of the unit that owns it */
+    int64_t offset;       /* first element in the unit's flat buffer */
+    int64_t numel;        /* the parameter's local elements */
+    int64_t shard_begin;  /* the first of its elements in this rank's shard (0 when none) */
+    int64_t shard_numel;  /* how many of its elements this rank's shard holds (may be 0) */
     int64_t shard_offset; /* where they start in the shard */
 } fsdp_flat_segment;
 int fsdp_sharded_num_segments(const fsdp_sharded *sh);

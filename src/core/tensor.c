@@ -110,7 +110,10 @@ static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device,
 
 /* The storage of tensors without memory: one per device, never freed (refs is not counted). */
 #define NO_STORAGE_CUDA_DEVICES 16
-#define NO_STORAGE(type, index) {.device = {(type), (index)}}
+#define NO_STORAGE(type, index)                                                                    \
+    {                                                                                              \
+        .device = {(type), (index) }                                                               \
+    }
 static fsdp_storage no_storage_cpu = NO_STORAGE(FSDP_DEVICE_CPU, 0);
 static fsdp_storage no_storage_cuda[NO_STORAGE_CUDA_DEVICES] = {
     NO_STORAGE(FSDP_DEVICE_CUDA, 0),  NO_STORAGE(FSDP_DEVICE_CUDA, 1),

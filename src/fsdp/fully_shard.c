@@ -39,16 +39,16 @@ typedef struct unit {
     /* NO_SHARD (or a group of one) without offload: the full flat parameter is the optimizer's
      * parameter itself, always bound; nothing to gather. */
     bool resident;
-    fsdp_tensor *full;      /* (padded): bound to a pool block while unsharded */
-    fsdp_tensor *full_grad; /* (padded): bound from pre-backward to the reduction */
-    fsdp_tensor *reduced;   /* (S): reduce_scatter output, bound during the reduction */
-    fsdp_tensor *mine;      /* (S): this rank's chunk of a gather output, for offload */
-    fsdp_tensor *stage;     /* (S): view of the host staging buffer, for offload */
+    fsdp_tensor *full;        /* (padded): bound to a pool block while unsharded */
+    fsdp_tensor *full_grad;   /* (padded): bound from pre-backward to the reduction */
+    fsdp_tensor *reduced;     /* (S): reduce_scatter output, bound during the reduction */
+    fsdp_tensor *mine;        /* (S): this rank's chunk of a gather output, for offload */
+    fsdp_tensor *stage;       /* (S): view of the host staging buffer, for offload */
     fsdp_tensor *summon_host; /* summon_full_params(offload_to_cpu): the host copy */
-    fsdp_param *flat;       /* the shard (S) the optimizer steps; resident: views full */
-    bool unsharded;         /* the parameters are bound to full, which holds current values */
-    bool grad_bound;        /* the parameter gradients are bound to full_grad */
-    bool grad_pending;      /* full_grad holds gradients of no_sync backwards */
+    fsdp_param *flat;         /* the shard (S) the optimizer steps; resident: views full */
+    bool unsharded;           /* the parameters are bound to full, which holds current values */
+    bool grad_bound;          /* the parameter gradients are bound to full_grad */
+    bool grad_pending;        /* full_grad holds gradients of no_sync backwards */
     bool summon_was_unsharded;
     int hook_ids[4];
 } unit;
@@ -349,8 +349,8 @@ static fsdp_status empty_handle(fsdp_ctx *ctx, int64_t n, fsdp_tensor **out) {
 }
 
 /* Collects the unit's parameters and checks them. */
-static fsdp_status unit_collect(fsdp_ctx *ctx, fsdp_sharded *sh, const chooser *c,
-                                fsdp_module *m, unit **out) {
+static fsdp_status unit_collect(fsdp_ctx *ctx, fsdp_sharded *sh, const chooser *c, fsdp_module *m,
+                                unit **out) {
     unit *u = calloc(1, sizeof *u);
     if (!u) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an FSDP unit");
     u->owner = sh;
@@ -372,9 +372,9 @@ static fsdp_status unit_collect(fsdp_ctx *ctx, fsdp_sharded *sh, const chooser *
     for (int i = 0; i < u->n_params; i++) {
         fsdp_param *p = u->params[i];
         if (fsdp_tensor_dtype(p->data) != FSDP_DTYPE_F32)
-            return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "FSDP flattens f32 parameters; '%s' of '%s' is %s",
-                             p->name, p->module->fqn,
-                             fsdp_dtype_to_string(fsdp_tensor_dtype(p->data)));
+            return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                             "FSDP flattens f32 parameters; '%s' of '%s' is %s", p->name,
+                             p->module->fqn, fsdp_dtype_to_string(fsdp_tensor_dtype(p->data)));
         if (!fsdp_tensor_has_storage(p->data))
             return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                              "fsdp_fully_shard: parameter '%s' of '%s' has no storage: is the "
@@ -468,8 +468,10 @@ static fsdp_status sync_states(fsdp_ctx *ctx, fsdp_module *root, fsdp_group *gro
     fsdp_status st = fsdp_module_visit(ctx, root, sync_collect, &l);
     int64_t total = 0;
     for (int i = 0; st == FSDP_OK && i < l.n; i++)
-        if (fsdp_tensor_dtype(l.t[i]) == FSDP_DTYPE_F32) total += fsdp_tensor_numel(l.t[i]);
-        else st = fsdp_broadcast(ctx, group, l.t[i], 0);
+        if (fsdp_tensor_dtype(l.t[i]) == FSDP_DTYPE_F32)
+            total += fsdp_tensor_numel(l.t[i]);
+        else
+            st = fsdp_broadcast(ctx, group, l.t[i], 0);
     int64_t cap = SYNC_BUCKET_BYTES / (int64_t)sizeof(float);
     int64_t size = total < cap ? total : cap;
     fsdp_tensor *bucket = NULL;
@@ -936,8 +938,8 @@ fsdp_status fsdp_sharded_clip_grad_norm(fsdp_ctx *ctx, fsdp_sharded *sh, double 
         int n_tp = 0;
         if (spec) FSDP_TRY(fsdp_norm_spec_groups(ctx, s->param, spec, groups + n, &n_tp));
         FSDP_TRY(fsdp_norm_acc_add(ctx, &a, fsdp_tensor_device(u->flat->grad),
-                                   fsdp_tensor_f32(u->flat->grad) + s->shard_offset,
-                                   s->shard_numel, groups, n + n_tp));
+                                   fsdp_tensor_f32(u->flat->grad) + s->shard_offset, s->shard_numel,
+                                   groups, n + n_tp));
     }
     double total;
     FSDP_TRY(fsdp_norm_acc_total(ctx, &a, &total));

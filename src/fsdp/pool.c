@@ -1,5 +1,5 @@
-/* pool.c: the caching pool of pool_impl.h: a short list of blocks, best fit, no splitting (FSDP asks
- * for the same few sizes in the same order every step). */
+/* pool.c: the caching pool of pool_impl.h: a short list of blocks, best fit, no splitting (FSDP
+ * asks for the same few sizes in the same order every step). */
 #include "fsdp/pool_impl.h"
 
 #include <math.h>

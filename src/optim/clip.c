@@ -62,8 +62,8 @@ fsdp_status fsdp_norm_acc_add(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_device devic
     return FSDP_OK;
 }
 
-fsdp_status fsdp_norm_spec_groups(fsdp_ctx *ctx, const fsdp_param *p,
-                                  const fsdp_dtensor_spec *spec, fsdp_group **groups, int *n) {
+fsdp_status fsdp_norm_spec_groups(fsdp_ctx *ctx, const fsdp_param *p, const fsdp_dtensor_spec *spec,
+                                  fsdp_group **groups, int *n) {
     *n = 0;
     for (int d = 0; d < spec->mesh_ndim; d++) {
         fsdp_placement_kind kind = spec->placements[d].kind;

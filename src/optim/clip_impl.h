@@ -42,8 +42,8 @@ fsdp_status fsdp_norm_acc_add(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_device devic
 
 /* The groups of the mesh dims where spec (p's placement) shards it; *n of them. Refuses a
  * placement that is neither Shard nor Replicate. */
-fsdp_status fsdp_norm_spec_groups(fsdp_ctx *ctx, const fsdp_param *p,
-                                  const fsdp_dtensor_spec *spec, fsdp_group **groups, int *n);
+fsdp_status fsdp_norm_spec_groups(fsdp_ctx *ctx, const fsdp_param *p, const fsdp_dtensor_spec *spec,
+                                  fsdp_group **groups, int *n);
 
 /* Adds every trainable parameter gradient of m: a plain parameter counts once; a TP parameter
  * (fsdp_param_dtensor_spec) is summed over the group of each mesh dim where its placement is
