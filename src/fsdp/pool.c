@@ -11,13 +11,9 @@
 
 static fsdp_pool_block *block_of(const fsdp_pool *pool, const fsdp_tensor *t) {
     for (int i = 0; i < pool->n_blocks; i++)
-        if (pool->blocks[i].used && pool->blocks[i].buf->storage == t->storage)
+        if (pool->blocks[i].in_use && pool->blocks[i].buf->storage == t->storage)
             return &pool->blocks[i];
     return NULL;
-}
-
-bool fsdp_pool_holds(const fsdp_pool *pool, const fsdp_tensor *t) {
-    return block_of(pool, t) != NULL;
 }
 
 fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
@@ -25,7 +21,7 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
     fsdp_pool_block *best = NULL;
     for (int i = 0; i < pool->n_blocks; i++) {
         fsdp_pool_block *b = &pool->blocks[i];
-        if (!b->used && fsdp_tensor_numel(b->buf) >= n &&
+        if (!b->in_use && fsdp_tensor_numel(b->buf) >= n &&
             (!best || fsdp_tensor_numel(b->buf) < fsdp_tensor_numel(best->buf)))
             best = b;
     }
@@ -41,14 +37,14 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
         int64_t len = n > 0 ? n : 1;
         fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, pool->device, 1, &len, &best->buf);
         if (st != FSDP_OK) return st;
-        best->used = 0;
+        best->in_use = false;
         pool->n_blocks++;
         pool->reserved_bytes += len * (int64_t)sizeof(float);
         if (pool->reserved_bytes > pool->peak_reserved_bytes)
             pool->peak_reserved_bytes = pool->reserved_bytes;
     }
     FSDP_TRY(fsdp_tensor_rebind(ctx, t, best->buf, 0));
-    best->used = n > 0 ? n : 1;
+    best->in_use = true;
     pool->in_use_bytes += n * (int64_t)sizeof(float);
     if (pool->in_use_bytes > pool->peak_in_use_bytes) pool->peak_in_use_bytes = pool->in_use_bytes;
     return FSDP_OK;
@@ -58,7 +54,7 @@ void fsdp_pool_give(fsdp_pool *pool, fsdp_tensor *t) {
     fsdp_pool_block *b = block_of(pool, t);
     if (!b) return;
     pool->in_use_bytes -= fsdp_tensor_numel(t) * (int64_t)sizeof(float);
-    b->used = 0;
+    b->in_use = false;
     fsdp_tensor_release_storage(t);
     if (pool->poison)
         fsdp_kernels_for(pool->device)

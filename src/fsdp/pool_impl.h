@@ -13,7 +13,7 @@
 
 typedef struct fsdp_pool_block {
     fsdp_tensor *buf; /* 1-D f32, the block's memory */
-    int64_t used;     /* elements of the tensor bound to it; 0 when free */
+    bool in_use;      /* a tensor is bound to it */
 } fsdp_pool_block;
 
 typedef struct fsdp_pool {
@@ -33,8 +33,6 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t);
 /* Unbinds t (it is left without storage) and frees its block for the next take. A tensor not
  * bound to one of the pool's blocks is left alone. */
 void fsdp_pool_give(fsdp_pool *pool, fsdp_tensor *t);
-/* True when t is bound to a block of the pool. */
-bool fsdp_pool_holds(const fsdp_pool *pool, const fsdp_tensor *t);
 /* Frees every block (bound tensors must have been given back). */
 void fsdp_pool_clear(fsdp_pool *pool);
 void fsdp_pool_reset_peak(fsdp_pool *pool);
