@@ -5,10 +5,8 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/storage.h"
 #include "core/tensor_impl.h"
-#include "kernels/kernels.h"
-
-#define STORAGE_ALIGN 64
 
 size_t fsdp_dtype_size(fsdp_dtype dtype) {
     switch (dtype) {
@@ -80,26 +78,20 @@ static fsdp_status check_dtype_device(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_devi
     if (fsdp_dtype_size(dtype) == 0)
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
                          "unknown dtype %d; use FSDP_DTYPE_F32 or FSDP_DTYPE_BF16", (int)dtype);
-    if (!fsdp_kernels_for(device))
-        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
-                         "device %s:%d is not available in this build (it has: cpu)",
-                         fsdp_device_to_string(device), device.index);
-    return FSDP_OK;
+    return fsdp_storage_check_device(ctx, device);
 }
 
 static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device,
                                fsdp_storage **out) {
     fsdp_storage *s = calloc(1, sizeof *s);
-    size_t padded = (nbytes + STORAGE_ALIGN - 1) / STORAGE_ALIGN * STORAGE_ALIGN;
-    if (padded == 0) padded = STORAGE_ALIGN; /* never a NULL data pointer */
-    void *data = s ? aligned_alloc(STORAGE_ALIGN, padded) : NULL;
-    if (!data) {
+    if (!s) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a tensor handle");
+    /* never a NULL data pointer, even for an empty tensor */
+    fsdp_status st =
+        fsdp_storage_for(device.type)->alloc(ctx, device.index, nbytes ? nbytes : 1, &s->data);
+    if (st != FSDP_OK) {
         free(s);
-        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a tensor",
-                         nbytes);
+        return st;
     }
-    memset(data, 0, padded);
-    s->data = data;
     s->nbytes = nbytes;
     atomic_init(&s->refs, 1);
     s->owned = true;
@@ -138,7 +130,7 @@ static fsdp_storage *no_storage_for(fsdp_device d) {
 
 static void storage_release(fsdp_storage *s) {
     if (!s || is_no_storage(s) || atomic_fetch_sub(&s->refs, 1) != 1) return;
-    if (s->owned) free(s->data);
+    if (s->owned) fsdp_storage_for(s->device.type)->free(s->device.index, s->data);
     free(s);
 }
 
@@ -372,32 +364,33 @@ fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor 
                          fsdp_tensor_shape_string(dst, b, sizeof b));
     }
     fsdp_device dd = dst->storage->device, sd = src->storage->device;
-    if (dd.type != sd.type || dd.index != sd.index)
-        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
-                         "fsdp_tensor_copy: %s to %s copies are not supported",
-                         fsdp_device_to_string(sd), fsdp_device_to_string(dd));
-    const fsdp_kernels_i *k = fsdp_kernels_for(dd);
+    bool same_device = dd.type == sd.type && dd.index == sd.index;
     void *d = fsdp_tensor_data(dst);
     const void *s = fsdp_tensor_data(src);
-    if (d == s && dst->dtype == src->dtype) return FSDP_OK;
-    if (dst->dtype == src->dtype)
-        memmove(d, s, fsdp_tensor_nbytes(src));
-    else if (dst->dtype == FSDP_DTYPE_BF16)
-        k->f32_to_bf16(d, s, src->numel);
-    else
-        k->bf16_to_f32(d, s, src->numel);
-    return FSDP_OK;
+    if (dst->dtype == src->dtype) {
+        if (same_device && d == s) return FSDP_OK;
+        /* the device side's interface moves the bytes (either, when both are devices) */
+        fsdp_device_type via = dd.type != FSDP_DEVICE_CPU ? dd.type : sd.type;
+        return fsdp_storage_for(via)->copy(ctx, d, dd, s, sd, fsdp_tensor_nbytes(src));
+    }
+    if (!same_device)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "fsdp_tensor_copy: a %s tensor on %s into a %s tensor on %s: convert on "
+                         "one device, then copy between devices",
+                         fsdp_dtype_to_string(src->dtype), fsdp_device_to_string(sd),
+                         fsdp_dtype_to_string(dst->dtype), fsdp_device_to_string(dd));
+    return fsdp_storage_for(dd.type)->convert(ctx, dd.index, d, dst->dtype, s, src->dtype,
+                                              src->numel);
 }
 
 fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value) {
     FSDP_TRY(check_storage(ctx, t, "fsdp_tensor_fill"));
-    const fsdp_kernels_i *k = fsdp_kernels_for(t->storage->device);
-    if (!k) return FSDP_FAIL(ctx, FSDP_ERR_DEVICE, "fsdp_tensor_fill: no kernels for this device");
-    if (t->dtype == FSDP_DTYPE_F32) {
-        k->fill(fsdp_tensor_f32(t), value, t->numel);
-    } else {
-        fsdp_bf16 v = fsdp_bf16_from_f32(value), *p = fsdp_tensor_data(t);
-        for (int64_t i = 0; i < t->numel; i++) p[i] = v;
+    fsdp_device dev = t->storage->device;
+    if (t->dtype == FSDP_DTYPE_BF16) {
+        fsdp_bf16 v = fsdp_bf16_from_f32(value);
+        return fsdp_storage_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
+                                                t->numel);
     }
-    return FSDP_OK;
+    return fsdp_storage_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &value,
+                                            sizeof value, t->numel);
 }

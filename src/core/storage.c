@@ -1,0 +1,120 @@
+/* storage.c: the registry of device memory interfaces and the CPU's own: aligned host memory,
+ * memmove, element fill and the f32 <-> bf16 conversions. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/storage.h"
+
+#define CPU_ALIGN 64
+
+static int cpu_device_count(void) {
+    return 1;
+}
+
+static fsdp_status cpu_alloc(fsdp_ctx *ctx, int index, size_t nbytes, void **out) {
+    (void)index;
+    size_t padded = (nbytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    if (padded < nbytes)
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a tensor",
+                         nbytes);
+    void *p = aligned_alloc(CPU_ALIGN, padded ? padded : CPU_ALIGN);
+    if (!p)
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a tensor",
+                         nbytes);
+    memset(p, 0, padded ? padded : CPU_ALIGN);
+    *out = p;
+    return FSDP_OK;
+}
+
+static void cpu_free(int index, void *ptr) {
+    (void)index;
+    free(ptr);
+}
+
+static fsdp_status cpu_copy(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, const void *src,
+                            fsdp_device src_dev, size_t nbytes) {
+    (void)ctx, (void)dst_dev, (void)src_dev;
+    if (nbytes && dst != src) memmove(dst, src, nbytes);
+    return FSDP_OK;
+}
+
+static fsdp_status cpu_fill(fsdp_ctx *ctx, int index, void *dst, const void *value,
+                            size_t elem_size, int64_t n) {
+    (void)index;
+    if (elem_size == 4) {
+        uint32_t v, *p = dst;
+        memcpy(&v, value, sizeof v);
+        for (int64_t i = 0; i < n; i++) p[i] = v;
+    } else if (elem_size == 2) {
+        uint16_t v, *p = dst;
+        memcpy(&v, value, sizeof v);
+        for (int64_t i = 0; i < n; i++) p[i] = v;
+    } else {
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "fill: elements of %zu bytes are not supported",
+                         elem_size);
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status cpu_convert(fsdp_ctx *ctx, int index, void *dst, fsdp_dtype dst_dtype,
+                               const void *src, fsdp_dtype src_dtype, int64_t n) {
+    (void)index;
+    if (dst_dtype == FSDP_DTYPE_BF16 && src_dtype == FSDP_DTYPE_F32) {
+        fsdp_bf16 *d = dst;
+        const float *s = src;
+        for (int64_t i = 0; i < n; i++) d[i] = fsdp_bf16_from_f32(s[i]);
+    } else if (dst_dtype == FSDP_DTYPE_F32 && src_dtype == FSDP_DTYPE_BF16) {
+        float *d = dst;
+        const fsdp_bf16 *s = src;
+        for (int64_t i = 0; i < n; i++) d[i] = fsdp_bf16_to_f32(s[i]);
+    } else {
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "no conversion from %s to %s",
+                         fsdp_dtype_to_string(src_dtype), fsdp_dtype_to_string(dst_dtype));
+    }
+    return FSDP_OK;
+}
+
+static const fsdp_storage_i cpu_storage = {
+    .name = "cpu",
+    .device_count = cpu_device_count,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = cpu_copy,
+    .fill = cpu_fill,
+    .convert = cpu_convert,
+    .synchronize = NULL,
+};
+
+/* Written once per type while the library loads (before main or any rank thread), read after. */
+static _Atomic(const fsdp_storage_i *) registered[FSDP_DEVICE_CUDA + 1];
+
+const fsdp_storage_i *fsdp_storage_for(fsdp_device_type type) {
+    if (type == FSDP_DEVICE_CPU) return &cpu_storage;
+    if ((int)type < 0 || type > FSDP_DEVICE_CUDA) return NULL;
+    return atomic_load(&registered[type]);
+}
+
+void fsdp_storage_register(fsdp_device_type type, const fsdp_storage_i *iface) {
+    FSDP_ASSERT(type != FSDP_DEVICE_CPU && (int)type >= 0 && type <= FSDP_DEVICE_CUDA);
+    atomic_store(&registered[type], iface);
+}
+
+fsdp_status fsdp_storage_check_device(fsdp_ctx *ctx, fsdp_device device) {
+    const fsdp_storage_i *s = fsdp_storage_for(device.type);
+    if (!s)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "device %s:%d is not available: this build of libfsdp has no %s support "
+                         "(rebuild with the CUDA toolkit installed, or use the cpu)",
+                         fsdp_device_to_string(device), device.index,
+                         fsdp_device_to_string(device));
+    int count = s->device_count();
+    if (device.index < 0 || device.index >= count)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "device %s:%d is not available: this machine has %d %s device%s%s",
+                         fsdp_device_to_string(device), device.index, count,
+                         fsdp_device_to_string(device), count == 1 ? "" : "s",
+                         count ? "" : " (is the driver loaded and the device visible?)");
+    return FSDP_OK;
+}
