@@ -40,6 +40,18 @@ static fsdp_status cpu_copy(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, const
     return FSDP_OK;
 }
 
+static fsdp_status cpu_copy_2d(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, size_t dst_pitch,
+                               const void *src, fsdp_device src_dev, size_t src_pitch, size_t width,
+                               size_t rows) {
+    (void)ctx, (void)dst_dev, (void)src_dev;
+    for (size_t r = 0; r < rows; r++) {
+        char *d = (char *)dst + r * dst_pitch;
+        const char *s = (const char *)src + r * src_pitch;
+        if (d != s) memcpy(d, s, width);
+    }
+    return FSDP_OK;
+}
+
 static fsdp_status cpu_fill(fsdp_ctx *ctx, int index, void *dst, const void *value,
                             size_t elem_size, int64_t n) {
     (void)index;
@@ -82,6 +94,7 @@ static const fsdp_storage_i cpu_storage = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .copy = cpu_copy,
+    .copy_2d = cpu_copy_2d,
     .fill = cpu_fill,
     .convert = cpu_convert,
     .synchronize = NULL,
@@ -94,6 +107,10 @@ const fsdp_storage_i *fsdp_storage_for(fsdp_device_type type) {
     if (type == FSDP_DEVICE_CPU) return &cpu_storage;
     if ((int)type < 0 || type > FSDP_DEVICE_CUDA) return NULL;
     return atomic_load(&registered[type]);
+}
+
+const fsdp_storage_i *fsdp_storage_between(fsdp_device dst, fsdp_device src) {
+    return fsdp_storage_for(dst.type != FSDP_DEVICE_CPU ? dst.type : src.type);
 }
 
 void fsdp_storage_register(fsdp_device_type type, const fsdp_storage_i *iface) {

@@ -23,6 +23,11 @@ typedef struct fsdp_storage_i {
      * are on one device. */
     fsdp_status (*copy)(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, const void *src,
                         fsdp_device src_dev, size_t nbytes);
+    /* `rows` runs of `width` bytes: dst + r * dst_pitch <- src + r * src_pitch, with the sides
+     * placed as for copy. Runs do not overlap. */
+    fsdp_status (*copy_2d)(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, size_t dst_pitch,
+                           const void *src, fsdp_device src_dev, size_t src_pitch, size_t width,
+                           size_t rows);
     /* n elements of `elem_size` bytes (2 or 4) at dst, all set to the bytes at *value (host). */
     fsdp_status (*fill)(fsdp_ctx *ctx, int index, void *dst, const void *value, size_t elem_size,
                         int64_t n);
@@ -41,6 +46,10 @@ const fsdp_storage_i *fsdp_storage_for(fsdp_device_type type);
 /* Installs the interface of a device type (not the CPU's, which is fixed). Called once per type
  * when the library loads, before any tensor of that type exists. */
 void fsdp_storage_register(fsdp_device_type type, const fsdp_storage_i *iface);
+
+/* The interface that moves bytes between two devices: the non-CPU side's (dst's when both
+ * are devices). */
+const fsdp_storage_i *fsdp_storage_between(fsdp_device dst, fsdp_device src);
 
 /* FSDP_OK when device (type and index) can hold tensors in this build on this machine;
  * otherwise FSDP_ERR_DEVICE with a message naming the device and what the build has. */

@@ -369,9 +369,7 @@ fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor 
     const void *s = fsdp_tensor_data(src);
     if (dst->dtype == src->dtype) {
         if (same_device && d == s) return FSDP_OK;
-        /* the device side's interface moves the bytes (either, when both are devices) */
-        fsdp_device_type via = dd.type != FSDP_DEVICE_CPU ? dd.type : sd.type;
-        return fsdp_storage_for(via)->copy(ctx, d, dd, s, sd, fsdp_tensor_nbytes(src));
+        return fsdp_storage_between(dd, sd)->copy(ctx, d, dd, s, sd, fsdp_tensor_nbytes(src));
     }
     if (!same_device)
         return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
