@@ -7,6 +7,8 @@
 
 #include "core/ctx_impl.h"
 #include "core/error.h"
+#include "core/storage.h"
+#include "core/tensor_impl.h"
 #include "harness.h"
 
 typedef struct names {
@@ -438,6 +440,36 @@ static void test_sgd_update_equations(void) {
     fsdp_module_free(m);
 }
 
+/* fsdp_module_to: a move to where the model is changes nothing; a device that does not exist
+ * and a parameter whose storage another tensor shares are refused before anything moves. */
+static void test_module_to_refusals(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m;
+    FSDP_TEST_OK(fsdp_model_mlp_module(ctx, &m));
+    fsdp_param *w = fsdp_module_get_param(m, "net1.weight");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+    fsdp_tensor *data = fsdp_param_data(w);
+    void *before = fsdp_tensor_data(data);
+    FSDP_TEST_OK(fsdp_module_to(ctx, m, FSDP_CPU));
+    CU_ASSERT_PTR_EQUAL(fsdp_param_data(w), data);
+    CU_ASSERT_PTR_EQUAL(fsdp_tensor_data(data), before);
+    FSDP_TEST_FAILS(fsdp_module_to(ctx, m, (fsdp_device){FSDP_DEVICE_CUDA, 99}), FSDP_ERR_DEVICE,
+                    "cuda:99", "not available");
+    CU_ASSERT_PTR_EQUAL(fsdp_tensor_data(data), before);
+    fsdp_tensor *view;
+    FSDP_TEST_OK(fsdp_tensor_view(ctx, data, 0, 1, (int64_t[]){4}, &view));
+    FSDP_TEST_FAILS(fsdp_tensor_move(ctx, data, (fsdp_device){FSDP_DEVICE_CUDA, 0}),
+                    fsdp_storage_for(FSDP_DEVICE_CUDA) &&
+                            fsdp_storage_for(FSDP_DEVICE_CUDA)->device_count() > 0
+                        ? FSDP_ERR_STATE
+                        : FSDP_ERR_DEVICE,
+                    "cuda:0");
+    CU_ASSERT_PTR_EQUAL(fsdp_tensor_data(data), before);
+    fsdp_tensor_free(view);
+    FSDP_TEST_FAILS(fsdp_module_to(ctx, NULL, FSDP_CPU), FSDP_ERR_INVALID_ARGUMENT, "NULL");
+    fsdp_module_free(m);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"seed_model_names", test_seed_model_names},
@@ -450,6 +482,7 @@ int main(int argc, char **argv) {
         {"buffers_reused_across_steps", test_buffers_reused_across_steps},
         {"init_is_layout_independent", test_init_is_layout_independent},
         {"sgd_update_equations", test_sgd_update_equations},
+        {"module_to_refusals", test_module_to_refusals},
     };
     return fsdp_test_run(argc, argv, "modules", cases, sizeof cases / sizeof cases[0]);
 }

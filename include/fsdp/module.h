@@ -104,6 +104,12 @@ int64_t fsdp_module_param_count(const fsdp_module *m); /* elements, whole subtre
 fsdp_status fsdp_module_reset_parameters(fsdp_ctx *ctx, fsdp_module *m, uint64_t seed);
 /* Sets every parameter gradient of the subtree to zero. */
 fsdp_status fsdp_module_zero_grad(fsdp_ctx *ctx, fsdp_module *m);
+/* Moves every parameter, gradient and buffer of the subtree to `device` (PyTorch's
+ * `model.to(device)`): the parameter handles stay the same, their memory moves. Call it after
+ * building (and initialising) the model and before tensor parallelism, FSDP or replicate wrap
+ * it; a wrapped model is refused with FSDP_ERR_STATE. Inputs must then be on `device` too. On
+ * failure the tensors moved so far stay moved and the rest stay where they were. */
+fsdp_status fsdp_module_to(fsdp_ctx *ctx, fsdp_module *m, fsdp_device device);
 
 /* Runs m's forward (with its hooks): *out is owned by the module (or by a hook). */
 fsdp_status fsdp_module_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,

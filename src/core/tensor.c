@@ -290,6 +290,36 @@ fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const in
     return FSDP_OK;
 }
 
+fsdp_status fsdp_tensor_move(fsdp_ctx *ctx, fsdp_tensor *t, fsdp_device device) {
+    fsdp_device from = t->storage->device;
+    if (from.type == device.type && from.index == device.index) return FSDP_OK;
+    FSDP_TRY(fsdp_storage_check_device(ctx, device));
+    if (is_no_storage(t->storage))
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "moving a tensor to %s:%d: it has no storage (a sharded FSDP parameter); "
+                         "move the model before wrapping it",
+                         fsdp_device_to_string(device), device.index);
+    if (!t->storage->owned || atomic_load(&t->storage->refs) != 1)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "moving a tensor to %s:%d: its storage is shared with other tensors or "
+                         "wraps caller memory, which would be left behind; move the model "
+                         "before wrapping it with FSDP or replicate",
+                         fsdp_device_to_string(device), device.index);
+    fsdp_storage *s;
+    size_t nbytes = fsdp_tensor_nbytes(t);
+    FSDP_TRY(storage_new(ctx, nbytes, device, &s));
+    fsdp_status st = fsdp_storage_between(device, from)
+                         ->copy(ctx, s->data, device, fsdp_tensor_data(t), from, nbytes);
+    if (st != FSDP_OK) {
+        storage_release(s);
+        return st;
+    }
+    storage_release(t->storage);
+    t->storage = s;
+    t->offset = 0;
+    return FSDP_OK;
+}
+
 void fsdp_tensor_free(fsdp_tensor *t) {
     if (!t) return;
     storage_release(t->storage);

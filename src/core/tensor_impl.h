@@ -44,6 +44,12 @@ void fsdp_tensor_alias(fsdp_tensor *t, const fsdp_tensor *src);
  * reshards, so their gathered buffer can go back to the pool. No allocation. */
 void fsdp_tensor_release_storage(fsdp_tensor *t);
 
+/* Moves t's values to `device` in place: the handle stays the same and now points at new
+ * storage there. Refused (FSDP_ERR_STATE) when t shares its storage with another handle (a view,
+ * or a parameter inside an FSDP flat buffer) or wraps caller memory, since those would be left
+ * behind. Nothing happens when t is already on `device`. */
+fsdp_status fsdp_tensor_move(fsdp_ctx *ctx, fsdp_tensor *t, fsdp_device device);
+
 /* A tensor of the given shape without storage, for fsdp_tensor_rebind to bind later. */
 fsdp_status fsdp_tensor_create_unbound(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device,
                                        int ndim, const int64_t *shape, fsdp_tensor **out);
