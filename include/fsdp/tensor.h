@@ -38,6 +38,10 @@ typedef uint16_t fsdp_bf16;
 
 typedef struct fsdp_tensor fsdp_tensor;
 
+/* How many devices of a type this build can use on this machine: 1 for the CPU; for CUDA, the
+ * visible GPUs (0 when the build has no CUDA support or no GPU is usable). */
+int fsdp_device_count(fsdp_device_type type);
+
 size_t fsdp_dtype_size(fsdp_dtype dtype);              /* bytes per element; 0 if unknown */
 const char *fsdp_dtype_to_string(fsdp_dtype dtype);    /* "f32", "bf16" */
 const char *fsdp_device_to_string(fsdp_device device); /* "cpu", "cuda" */

@@ -118,6 +118,11 @@ void fsdp_storage_register(fsdp_device_type type, const fsdp_storage_i *iface) {
     atomic_store(&registered[type], iface);
 }
 
+int fsdp_device_count(fsdp_device_type type) {
+    const fsdp_storage_i *s = fsdp_storage_for(type);
+    return s ? s->device_count() : 0;
+}
+
 fsdp_status fsdp_storage_check_device(fsdp_ctx *ctx, fsdp_device device) {
     const fsdp_storage_i *s = fsdp_storage_for(device.type);
     if (!s)
