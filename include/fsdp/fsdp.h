@@ -9,6 +9,7 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/ctx.h"
+#include "fsdp/cuda.h"
 #include "fsdp/layers.h"
 #include "fsdp/loss.h"
 #include "fsdp/models.h"

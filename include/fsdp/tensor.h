@@ -42,6 +42,11 @@ typedef struct fsdp_tensor fsdp_tensor;
  * visible GPUs (0 when the build has no CUDA support or no GPU is usable). */
 int fsdp_device_count(fsdp_device_type type);
 
+/* Waits until `device` has finished the work the calling rank queued on it (kernels run
+ * asynchronously on a GPU; reading a value back to the host already waits). Nothing to do for
+ * the CPU. For timing and for handing device memory to code outside libfsdp. */
+fsdp_status fsdp_device_synchronize(fsdp_ctx *ctx, fsdp_device device);
+
 size_t fsdp_dtype_size(fsdp_dtype dtype);              /* bytes per element; 0 if unknown */
 const char *fsdp_dtype_to_string(fsdp_dtype dtype);    /* "f32", "bf16" */
 const char *fsdp_device_to_string(fsdp_device device); /* "cpu", "cuda" */

@@ -123,6 +123,12 @@ int fsdp_device_count(fsdp_device_type type) {
     return s ? s->device_count() : 0;
 }
 
+fsdp_status fsdp_device_synchronize(fsdp_ctx *ctx, fsdp_device device) {
+    FSDP_TRY(fsdp_storage_check_device(ctx, device));
+    const fsdp_storage_i *s = fsdp_storage_for(device.type);
+    return s->synchronize ? s->synchronize(ctx, device.index) : FSDP_OK;
+}
+
 fsdp_status fsdp_storage_check_device(fsdp_ctx *ctx, fsdp_device device) {
     const fsdp_storage_i *s = fsdp_storage_for(device.type);
     if (!s)
