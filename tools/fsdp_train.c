@@ -9,17 +9,13 @@
 #include "train_config.h" // defines: train_cli_parse, train_config_print_help
 #include "trainer.h"      // defines: train_run
 
-#ifndef FSDP_VERSION
-#define FSDP_VERSION FSDP_VERSION_STRING
-#endif
-
 enum { EXIT_OK = 0, EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
 static int print_version(void) {
-    if (strcmp(fsdp_version(), FSDP_VERSION) == 0)
-        printf("fsdp-train %s\n", FSDP_VERSION);
+    if (strcmp(fsdp_version(), FSDP_VERSION_STRING) == 0)
+        printf("fsdp-train %s\n", FSDP_VERSION_STRING);
     else
-        printf("fsdp-train %s (libfsdp %s)\n", FSDP_VERSION, fsdp_version());
+        printf("fsdp-train %s (libfsdp %s)\n", FSDP_VERSION_STRING, fsdp_version());
     return EXIT_OK;
 }
 

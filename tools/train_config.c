@@ -12,10 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef FSDP_VERSION
-#define FSDP_VERSION FSDP_VERSION_STRING
-#endif
-
 /* ---- the key table ------------------------------------------------------------------------ */
 
 typedef enum key_type { KEY_INT, KEY_FLOAT, KEY_BOOL, KEY_STRING, KEY_ENUM, KEY_INT_LIST } key_type;

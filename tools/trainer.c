@@ -13,9 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-#ifndef FSDP_VERSION
-#define FSDP_VERSION FSDP_VERSION_STRING
-#endif
+#include "fsdp/version.h" // defines: FSDP_VERSION_STRING
 
 /* Returns the status of expr when it fails. */
 #define TRY(expr)                                                                                  \
@@ -323,7 +321,7 @@ static void print_header(const train_config *cfg, const train_layout *layout, FI
     fprintf(out,
             "fsdp-train %s: MLP %s (%s, %lld parameters), teacher %s, %lld samples, batch %lld, "
             "SGD lr %g momentum %g\n",
-            FSDP_VERSION, mw, fsdp_activation_to_string(cfg->model.activation),
+            FSDP_VERSION_STRING, mw, fsdp_activation_to_string(cfg->model.activation),
             (long long)mlp_param_count(&cfg->model.widths), tw, (long long)cfg->data.samples,
             (long long)cfg->data.batch_size, cfg->optim.lr, cfg->optim.momentum);
     fprintf(out, "parallel: %s\n", lw);

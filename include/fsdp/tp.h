@@ -10,7 +10,7 @@
  *
  * The local tensor of a DTensor is an ordinary fsdp_tensor that remembers its DTensor
  * (fsdp_dtensor_of): that is how a DTensor passes through modules, whose forward takes plain
- * tensors (a style with use_local_output = FSDP_NO hands the next module such a tensor, and
+ * tensors (a style with use_local_output = FSDP_TP_NO hands the next module such a tensor, and
  * the next style reads its placements from it).
  *
  * Ownership: the caller owns every fsdp_dtensor returned here (fsdp_dtensor_free) and every

@@ -93,8 +93,9 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
 void fsdp_sharded_free(fsdp_sharded *sh);
 
 /* What the optimizer steps, owned by sh:
- * - use_orig_params false: one flat shard parameter per unit in pre-order ("_flat_param" for
- *   the root, "<path with _ for .>_flat_param" for nested units);
+ * - use_orig_params false: one flat shard parameter per unit in pre-order, named "_flat_param"
+ *   for the root and "<path with _ for .>_" + "_flat_param" for nested units (layers.1:
+ *   "layers_1__flat_param");
  * - use_orig_params true: a module tree mirroring the model's, each original parameter under
  *   its own name ("net1.weight") as a 1-D view of the part of it in this rank's shard (empty
  *   when none is), its gradient a view of the shard's gradient.

@@ -1,6 +1,6 @@
-/* version.c: the library's version string, as CMake configured it. */
-#include "fsdp/fsdp.h"
+/* version.c: the library's version string, from the generated fsdp/version.h. */
+#include "fsdp/version.h"
 
 const char *fsdp_version(void) {
-    return FSDP_VERSION;
+    return FSDP_VERSION_STRING;
 }
