@@ -204,11 +204,37 @@ static void test_log_levels(void) {
     fsdp_ctx_free(NULL);
 }
 
+/* Shapes whose element count overflows and views or rebinds past the end of their base are
+ * refused before any memory is touched (int64 arithmetic could otherwise wrap to a small size). */
+static void test_sizes_never_overflow(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *t = NULL, *v = NULL;
+    int64_t huge[2] = {((int64_t)1 << 62) + 1, 4};
+    FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, huge, &t), FSDP_ERR_SHAPE,
+                    "fsdp_tensor_create", "overflows");
+    CU_ASSERT_PTR_NULL(t);
+    int64_t wide[4] = {1 << 20, 1 << 20, 1 << 20, 1 << 20};
+    FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 4, wide, &t), FSDP_ERR_SHAPE,
+                    "overflows");
+    FSDP_TEST_FAILS(fsdp_tensor_from_blob(ctx, wide, FSDP_DTYPE_F32, FSDP_CPU, 2, huge, &t),
+                    FSDP_ERR_SHAPE, "overflows");
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){16}, &t));
+    FSDP_TEST_FAILS(fsdp_tensor_view(ctx, t, INT64_MAX - 2, 1, (int64_t[]){4}, &v), FSDP_ERR_SHAPE,
+                    "outside the base");
+    CU_ASSERT_PTR_NULL(v);
+    FSDP_TEST_FAILS(fsdp_tensor_view(ctx, t, 8, 1, (int64_t[]){INT64_MAX / 16}, &v), FSDP_ERR_SHAPE,
+                    "outside the base");
+    FSDP_TEST_FAILS(fsdp_tensor_resize(ctx, t, 2, huge), FSDP_ERR_SHAPE, "overflows");
+    CU_ASSERT_EQUAL(fsdp_tensor_numel(t), 16);
+    fsdp_tensor_free(t);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"create_shapes", test_create_shapes},
         {"bad_input", test_bad_input},
         {"views_share_storage", test_views_share_storage},
+        {"sizes_never_overflow", test_sizes_never_overflow},
         {"rebind", test_rebind},
         {"resize", test_resize},
         {"bf16_and_copy", test_bf16_and_copy},

@@ -51,11 +51,16 @@ float fsdp_bf16_to_f32(fsdp_bf16 x) {
     return f;
 }
 
+/* The most elements a tensor may have: its byte size must fit an int64_t for any dtype (up to
+ * 8 bytes), so element and byte arithmetic on it can never overflow. */
+#define MAX_NUMEL (INT64_MAX / 8)
+
 int64_t fsdp_shape_numel(int ndim, const int64_t *shape) {
     if (ndim < 0 || ndim > FSDP_MAX_DIMS) return -1;
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return -1;
+        if (shape[i] > 0 && n > MAX_NUMEL / shape[i]) return -1;
         n *= shape[i];
     }
     return n;
@@ -71,7 +76,22 @@ static fsdp_status check_shape(fsdp_ctx *ctx, int ndim, const int64_t *shape, co
         if (shape[i] < 0)
             return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: dimension %d has negative size %lld", what,
                              i, (long long)shape[i]);
+    if (fsdp_shape_numel(ndim, shape) < 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                         "%s: the shape has more than %lld elements (the product of its sizes "
+                         "overflows); check the sizes",
+                         what, (long long)MAX_NUMEL);
     return FSDP_OK;
+}
+
+/* offset + numel (numel >= 0) for messages, saturating at INT64_MAX instead of overflowing. */
+static int64_t range_end(int64_t offset, int64_t numel) {
+    return offset > 0 && numel > INT64_MAX - offset ? INT64_MAX : offset + numel;
+}
+
+/* Whether [offset, offset + numel) lies inside [0, limit), without overflowing. */
+static bool range_inside(int64_t offset, int64_t numel, int64_t limit) {
+    return offset >= 0 && numel >= 0 && numel <= limit && offset <= limit - numel;
 }
 
 static fsdp_status check_dtype_device(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device) {
@@ -194,8 +214,7 @@ fsdp_status fsdp_tensor_from_blob(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, f
 
 /* Whether numel elements starting at `offset` fit in base's storage. */
 static bool fits(const fsdp_storage *s, fsdp_dtype dtype, int64_t offset, int64_t numel) {
-    size_t es = fsdp_dtype_size(dtype);
-    return offset >= 0 && (size_t)(offset + numel) * es <= s->nbytes;
+    return range_inside(offset, numel, (int64_t)(s->nbytes / fsdp_dtype_size(dtype)));
 }
 
 fsdp_status fsdp_tensor_view(fsdp_ctx *ctx, const fsdp_tensor *base, int64_t offset, int ndim,
@@ -205,12 +224,12 @@ fsdp_status fsdp_tensor_view(fsdp_ctx *ctx, const fsdp_tensor *base, int64_t off
     *out = NULL;
     FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_view"));
     int64_t numel = fsdp_shape_numel(ndim, shape);
-    if (offset < 0 || offset + numel > base->numel) {
+    if (!range_inside(offset, numel, base->numel)) {
         char buf[64];
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
                          "fsdp_tensor_view: elements [%lld, %lld) are outside the base tensor %s "
                          "(%lld elements)",
-                         (long long)offset, (long long)(offset + numel),
+                         (long long)offset, (long long)range_end(offset, numel),
                          fsdp_tensor_shape_string(base, buf, sizeof buf), (long long)base->numel);
     }
     FSDP_TRY(tensor_new(ctx, base->storage, base->offset + offset, base->dtype, ndim, shape, out));
@@ -223,11 +242,11 @@ fsdp_status fsdp_tensor_rebind(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_tensor 
     if (base->dtype != t->dtype)
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "fsdp_tensor_rebind: dtype %s onto a %s base",
                          fsdp_dtype_to_string(t->dtype), fsdp_dtype_to_string(base->dtype));
-    if (offset < 0 || offset + t->numel > base->numel)
+    if (!range_inside(offset, t->numel, base->numel))
         return FSDP_FAIL(
             ctx, FSDP_ERR_SHAPE,
             "fsdp_tensor_rebind: elements [%lld, %lld) are outside the base (%lld elements)",
-            (long long)offset, (long long)(offset + t->numel), (long long)base->numel);
+            (long long)offset, (long long)range_end(offset, t->numel), (long long)base->numel);
     if (t->storage == base->storage && t->offset == base->offset + offset) return FSDP_OK;
     if (!is_no_storage(base->storage)) atomic_fetch_add(&base->storage->refs, 1);
     storage_release(t->storage);
