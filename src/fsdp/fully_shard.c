@@ -11,12 +11,13 @@
 #include "core/ctx_impl.h"
 #include "core/error.h"
 #include "core/tensor_impl.h"
+#include "fsdp/dp_impl.h"
+#include "fsdp/norm_impl.h"
 #include "fsdp/pool_impl.h"
 #include "fsdp/tp.h"
 #include "fsdp/wrap.h"
 #include "kernels/kernels.h"
 #include "nn/module_impl.h"
-#include "optim/clip_impl.h"
 
 /* With use_orig_params every parameter starts at a multiple of this many elements (16 bytes of
  * f32), as PyTorch aligns them. */
@@ -72,7 +73,44 @@ struct fsdp_sharded {
     bool sync;
     bool summoned;
     fsdp_summon_options summon;
+    /* Ownership: the state lives while the model (until fsdp_module_free) or the caller's
+     * handle (until fsdp_sharded_free) holds it; the last to let go frees it. */
+    bool model_held, handle_held;
+    bool unwrapping; /* fsdp_sharded_free is removing the hooks */
 };
+
+/* What a user who reaches a managed parameter is told (nn/nn.h). */
+static const char managed_advice[] =
+    "FSDP (fsdp_fully_shard) keeps it in flat shards: create the optimizer over "
+    "fsdp_sharded_flat_params(sh), zero gradients with fsdp_optimizer_zero_grad on that "
+    "optimizer (or fsdp_module_zero_grad on fsdp_sharded_flat_params(sh)), read values inside "
+    "fsdp_summon_full_params, and apply tensor parallelism before fsdp_fully_shard";
+
+static void sharded_destroy(fsdp_sharded *sh);
+
+/* The root unit's hook lets go of the model's hold when the model is freed: from then on
+ * nothing of the state points into the model. */
+static void model_released(void *user) {
+    fsdp_sharded *sh = ((unit *)user)->owner;
+    if (sh->unwrapping || !sh->model_held) return;
+    sh->model_held = false;
+    for (int i = 0; i < sh->n_units; i++) {
+        sh->units[i]->module = NULL;
+        sh->units[i]->n_params = 0;
+    }
+    for (int i = 0; i < sh->n_segments; i++) sh->segments[i].param = NULL;
+    sh->root = NULL;
+    if (!sh->handle_held) sharded_destroy(sh);
+}
+
+static fsdp_status check_model(fsdp_ctx *ctx, const fsdp_sharded *sh, const char *what) {
+    if (sh->model_held) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                     "%s: the model this FSDP state wrapped has been freed; only "
+                     "fsdp_sharded_flat_params and fsdp_sharded_free remain usable (free the "
+                     "model after fsdp_sharded_free to read it back)",
+                     what);
+}
 
 const char *fsdp_sharding_strategy_to_string(fsdp_sharding_strategy s) {
     static const char *names[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
@@ -435,86 +473,6 @@ static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
     return FSDP_OK;
 }
 
-/* ---- sync_module_states ---- */
-
-typedef struct sync_list {
-    fsdp_tensor **t;
-    int n, cap;
-} sync_list;
-
-static fsdp_status sync_push(fsdp_ctx *ctx, sync_list *l, fsdp_tensor *t) {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 64;
-        fsdp_tensor **p = realloc(l->t, (size_t)cap * sizeof *p);
-        if (!p) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "sync_module_states: out of memory");
-        l->t = p;
-        l->cap = cap;
-    }
-    l->t[l->n++] = t;
-    return FSDP_OK;
-}
-
-static fsdp_status sync_collect(fsdp_ctx *ctx, fsdp_module *m, void *user) {
-    for (int i = 0; i < m->n_params; i++) FSDP_TRY(sync_push(ctx, user, m->params[i]->data));
-    for (int i = 0; i < m->n_buffers; i++) FSDP_TRY(sync_push(ctx, user, m->buffers[i].data));
-    return FSDP_OK;
-}
-
-/* Broadcasts every parameter and buffer of the model from rank 0 of group: f32 tensors packed
- * into buckets (one broadcast each), others one by one. */
-static fsdp_status sync_states(fsdp_ctx *ctx, fsdp_module *root, fsdp_group *group) {
-    if (fsdp_group_size(group) == 1) return FSDP_OK;
-    sync_list l = {0};
-    fsdp_status st = fsdp_module_visit(ctx, root, sync_collect, &l);
-    int64_t total = 0;
-    for (int i = 0; st == FSDP_OK && i < l.n; i++)
-        if (fsdp_tensor_dtype(l.t[i]) == FSDP_DTYPE_F32)
-            total += fsdp_tensor_numel(l.t[i]);
-        else
-            st = fsdp_broadcast(ctx, group, l.t[i], 0);
-    int64_t cap = SYNC_BUCKET_BYTES / (int64_t)sizeof(float);
-    int64_t size = total < cap ? total : cap;
-    fsdp_tensor *bucket = NULL;
-    if (st == FSDP_OK && size > 0)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &size, &bucket);
-    /* Tensors in order; one bigger than a bucket is broadcast on its own. */
-    for (int i = 0; st == FSDP_OK && i < l.n;) {
-        if (fsdp_tensor_dtype(l.t[i]) != FSDP_DTYPE_F32) {
-            i++;
-            continue;
-        }
-        if (fsdp_tensor_numel(l.t[i]) > size) {
-            st = fsdp_broadcast(ctx, group, l.t[i], 0);
-            i++;
-            continue;
-        }
-        int first = i;
-        int64_t used = 0;
-        float *b = fsdp_tensor_f32(bucket);
-        for (; i < l.n; i++) {
-            if (fsdp_tensor_dtype(l.t[i]) != FSDP_DTYPE_F32) continue;
-            int64_t n = fsdp_tensor_numel(l.t[i]);
-            if (n > size || used + n > size) break;
-            memcpy(b + used, fsdp_tensor_f32(l.t[i]), (size_t)n * sizeof(float));
-            used += n;
-        }
-        fsdp_tensor *part = NULL;
-        st = fsdp_tensor_view(ctx, bucket, 0, 1, &used, &part);
-        if (st == FSDP_OK) st = fsdp_broadcast(ctx, group, part, 0);
-        fsdp_tensor_free(part);
-        used = 0;
-        for (int j = first; st == FSDP_OK && j < i; j++) {
-            if (fsdp_tensor_dtype(l.t[j]) != FSDP_DTYPE_F32) continue;
-            int64_t n = fsdp_tensor_numel(l.t[j]);
-            memcpy(fsdp_tensor_f32(l.t[j]), b + used, (size_t)n * sizeof(float));
-            used += n;
-        }
-    }
-    fsdp_tensor_free(bucket);
-    free(l.t);
-    return st;
-}
-
 /* ---- the optimizer's parameters ---- */
 
 static fsdp_status flat_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
@@ -643,8 +601,9 @@ static fsdp_status wrap(fsdp_ctx *ctx, fsdp_sharded *sh) {
     const fsdp_fully_shard_options *o = &sh->opts;
     /* Before flattening, as PyTorch: the shard group first, then across replicas. */
     if (o->sync_module_states) {
-        FSDP_TRY(sync_states(ctx, sh->root, sh->group));
-        if (sh->replicate) FSDP_TRY(sync_states(ctx, sh->root, sh->replicate));
+        fsdp_dp_sync_options so = {.bucket_bytes = SYNC_BUCKET_BYTES, .who = "sync_module_states"};
+        FSDP_TRY(fsdp_dp_sync_states(ctx, sh->root, sh->group, &so));
+        if (sh->replicate) FSDP_TRY(fsdp_dp_sync_states(ctx, sh->root, sh->replicate, &so));
     }
     chooser c = {.sh = sh};
     int64_t left;
@@ -685,14 +644,21 @@ static fsdp_status wrap(fsdp_ctx *ctx, fsdp_sharded *sh) {
     for (int i = 0; st == FSDP_OK && i < sh->n_units; i++) {
         unit *u = sh->units[i];
         for (int h = 0; st == FSDP_OK && h < 4; h++) {
-            /* Pre-hooks run before TP's (parameters first), post-hooks after them. */
+            /* Pre-hooks run before TP's (parameters first), post-hooks after them. The root's
+             * post-backward hook carries the model's hold on the state. */
             bool front = h == FSDP_HOOK_PRE_FORWARD || h == FSDP_HOOK_PRE_BACKWARD;
-            st = front ? fsdp_nn_add_hook_front(ctx, u->module, (fsdp_hook_point)h, fns[h], u, NULL,
-                                                &u->hook_ids[h])
-                       : fsdp_module_add_hook(ctx, u->module, (fsdp_hook_point)h, fns[h], u, NULL,
-                                              &u->hook_ids[h]);
+            void (*release)(void *) =
+                u->is_root && h == FSDP_HOOK_POST_BACKWARD ? model_released : NULL;
+            st = front ? fsdp_nn_add_hook_front(ctx, u->module, (fsdp_hook_point)h, fns[h], u,
+                                                release, &u->hook_ids[h])
+                       : fsdp_module_add_hook(ctx, u->module, (fsdp_hook_point)h, fns[h], u,
+                                              release, &u->hook_ids[h]);
+            if (st == FSDP_OK && release) sh->model_held = true;
         }
     }
+    for (int i = 0; st == FSDP_OK && i < sh->n_units; i++)
+        for (int p = 0; p < sh->units[i]->n_params; p++)
+            fsdp_nn_param_set_manager(sh->units[i]->params[p], managed_advice);
     return st;
 }
 
@@ -708,9 +674,13 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "fsdp_fully_shard: the context is not bound to a world; call it inside "
                          "fsdp_world_run");
-    for (int i = 0; i < root->n_hooks[FSDP_HOOK_PRE_FORWARD]; i++)
-        if (root->hooks[FSDP_HOOK_PRE_FORWARD][i].fn == pre_forward)
-            return FSDP_FAIL(ctx, FSDP_ERR_STATE, "fsdp_fully_shard: the model is already wrapped");
+    if (fsdp_nn_has_hook(root, FSDP_HOOK_PRE_FORWARD, pre_forward))
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE, "fsdp_fully_shard: the model is already wrapped");
+    /* Before anything changes: a group across TP shards would average different shards. */
+    FSDP_TRY(fsdp_dp_check_group(ctx, root, group, "fsdp_fully_shard", ".group", !o.group));
+    if (o.replicate_group)
+        FSDP_TRY(fsdp_dp_check_group(ctx, root, o.replicate_group, "fsdp_fully_shard",
+                                     ".replicate_group", false));
     fsdp_sharded *sh = calloc(1, sizeof *sh);
     if (!sh) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate FSDP state");
     sh->opts = o;
@@ -722,14 +692,11 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
     sh->dp_size = sh->world * (o.replicate_group ? fsdp_group_size(o.replicate_group) : 1);
     sh->root = root;
     sh->sync = true;
+    sh->handle_held = true;
     sh->pool.device = FSDP_CPU;
     sh->pool.poison = o.poison_resharded;
-    /* REFERENCE.md section 4, over the whole data-parallel size: pre doubles while
-     * D % pre == 0 and D / pre > pre. */
-    int pre = 1;
-    while (sh->dp_size % (pre * 2) == 0 && sh->dp_size / pre > pre) pre *= 2;
-    sh->pre_factor = pre;
-    sh->post_factor = (double)sh->dp_size / pre;
+    /* Over the whole data-parallel size, as PyTorch. */
+    fsdp_dp_divide_factors(sh->dp_size, &sh->pre_factor, &sh->post_factor);
     fsdp_status st = wrap(ctx, sh);
     if (st != FSDP_OK) {
         fsdp_sharded_free(sh);
@@ -748,19 +715,8 @@ static void own_storage(fsdp_tensor *t) {
     fsdp_tensor_free(mine);
 }
 
-void fsdp_sharded_free(fsdp_sharded *sh) {
-    if (!sh) return;
-    for (int i = 0; i < sh->n_units; i++) {
-        unit *u = sh->units[i];
-        for (int h = 0; h < 4; h++)
-            if (u->hook_ids[h] > 0) fsdp_module_remove_hook(NULL, u->module, u->hook_ids[h]);
-        /* Parameters bound to a unit's buffers (or left without storage) get their own. */
-        for (int p = 0; p < u->n_params; p++) {
-            own_storage(u->params[p]->data);
-            own_storage(u->params[p]->grad);
-        }
-        unit_free(u);
-    }
+static void sharded_destroy(fsdp_sharded *sh) {
+    for (int i = 0; i < sh->n_units; i++) unit_free(sh->units[i]);
     free(sh->units);
     for (int i = 0; i < sh->n_segments; i++) free((char *)sh->segments[i].fqn);
     free(sh->segments);
@@ -769,6 +725,27 @@ void fsdp_sharded_free(fsdp_sharded *sh) {
     fsdp_module_free(sh->orig);
     fsdp_module_free(sh->flat_store);
     free(sh);
+}
+
+void fsdp_sharded_free(fsdp_sharded *sh) {
+    if (!sh) return;
+    sh->handle_held = false;
+    /* The model is still there: unwrap it. Otherwise it let go already and nothing points
+     * into it. */
+    sh->unwrapping = true;
+    for (int i = 0; sh->root && i < sh->n_units; i++) {
+        unit *u = sh->units[i];
+        for (int h = 0; h < 4; h++)
+            if (u->hook_ids[h] > 0) fsdp_module_remove_hook(NULL, u->module, u->hook_ids[h]);
+        /* Parameters bound to a unit's buffers (or left without storage) get their own. */
+        for (int p = 0; p < u->n_params; p++) {
+            own_storage(fsdp_param_data(u->params[p]));
+            own_storage(fsdp_param_grad(u->params[p]));
+            fsdp_nn_param_set_manager(u->params[p], NULL);
+        }
+    }
+    sh->model_held = false;
+    sharded_destroy(sh);
 }
 
 fsdp_module *fsdp_sharded_flat_params(const fsdp_sharded *sh) {
@@ -831,6 +808,7 @@ static fsdp_status summon_to_host(fsdp_ctx *ctx, unit *u) {
 
 fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
                                     const fsdp_summon_options *opts) {
+    FSDP_TRY(check_model(ctx, sh, "fsdp_summon_full_params"));
     if (ctx->phase != FSDP_PHASE_NONE)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "summon_full_params inside %s: call it between steps, outside the "
@@ -888,6 +866,7 @@ static fsdp_status write_back(fsdp_ctx *ctx, unit *u, const fsdp_tensor *full) {
 }
 
 fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
+    FSDP_TRY(check_model(ctx, sh, "fsdp_release_full_params"));
     if (!sh->summoned)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "release_full_params without summon_full_params first");
@@ -923,6 +902,7 @@ fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
 fsdp_status fsdp_sharded_clip_grad_norm(fsdp_ctx *ctx, fsdp_sharded *sh, double max_norm,
                                         double norm_type, double *total_norm) {
     FSDP_TRY(fsdp_clip_check(ctx, max_norm, norm_type));
+    FSDP_TRY(check_model(ctx, sh, "fsdp_sharded_clip_grad_norm"));
     fsdp_norm_acc a;
     fsdp_norm_acc_init(&a, norm_type);
     /* Each parameter's part of the shard: summed over the group when sharded (replicas hold
