@@ -102,7 +102,9 @@ int64_t fsdp_module_param_count(const fsdp_module *m); /* elements, whole subtre
  * with its own init rule from the stream of its fully qualified name, so the values depend
  * on the model and seed only, not on how the tree was built or will be sharded. */
 fsdp_status fsdp_module_reset_parameters(fsdp_ctx *ctx, fsdp_module *m, uint64_t seed);
-/* Sets every parameter gradient of the subtree to zero. */
+/* Sets every parameter gradient of the subtree to zero. A parameter FSDP keeps in its flat
+ * shards is refused (FSDP_ERR_STATE, nothing zeroed): zero what the optimizer steps
+ * (fsdp_optimizer_zero_grad, or this function on fsdp_sharded_flat_params(sh)). */
 fsdp_status fsdp_module_zero_grad(fsdp_ctx *ctx, fsdp_module *m);
 /* Moves every parameter, gradient and buffer of the subtree to `device` (PyTorch's
  * `model.to(device)`): the parameter handles stay the same, their memory moves. Call it after

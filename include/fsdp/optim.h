@@ -61,7 +61,9 @@ typedef struct fsdp_sgd_options {
 } fsdp_sgd_options;
 
 /* An SGD optimizer over every parameter of m that requires a gradient. The caller owns
- * *out (release with fsdp_optimizer_free); m must outlive it. */
+ * *out (release with fsdp_optimizer_free); m must outlive it. A model wrapped by
+ * fsdp_fully_shard is refused (FSDP_ERR_STATE): FSDP steps its shards, so pass
+ * fsdp_sharded_flat_params(sh). The same holds for Adam and AdamW. */
 fsdp_status fsdp_sgd_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_sgd_options *opts,
                             fsdp_optimizer **out);
 

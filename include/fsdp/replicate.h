@@ -5,9 +5,15 @@
  * replicas stay bitwise equal. Also the batch split by global sample index that every
  * data-parallel mode uses.
  *
- * Ownership: the state fsdp_replicate_apply hands back belongs to the root module (it is freed
- * with it); the group must outlive the module. Tensors returned through `fsdp_tensor **out`
- * belong to the caller. */
+ * Ownership, the rule of wrap.h: a wrapper's state is held by the model it wraps and lives as
+ * long as something holds it. Here only the model holds it (the handle fsdp_replicate_apply
+ * hands back is borrowed, valid until fsdp_module_free(root), and there is nothing to free);
+ * so no order of frees can leave it dangling. The group must outlive the module. Tensors
+ * returned through `fsdp_tensor **out` belong to the caller.
+ *
+ * A group that holds ranks of different coordinates along a tensor-parallel mesh dim where a
+ * parameter is Shard or Partial is refused with the fix named, before anything changes (the
+ * default world group on a TP model too: pass the mesh's dp group). */
 #ifndef FSDP_REPLICATE_H
 #define FSDP_REPLICATE_H
 
@@ -27,7 +33,8 @@ typedef struct fsdp_replicate fsdp_replicate;
 #define FSDP_REPLICATE_DEFAULT_BUCKET_BYTES (25 * 1024 * 1024) /* DDP's bucket_cap_mb = 25 */
 
 typedef struct fsdp_replicate_options {
-    /* The data-parallel group (e.g. a mesh's "dp" group); NULL: the world group. */
+    /* The data-parallel group (e.g. a mesh's "dp" group); NULL: the world group, refused
+     * when a parameter is distributed by TP across the world's ranks. */
     fsdp_group *group;
     /* Gradients are reduced in buckets of at least this many bytes, as DDP forms them: the
      * trainable parameters in registration order, a bucket closing once it holds bucket_bytes

@@ -10,8 +10,20 @@
  * The model's own parameters are views into the gathered buffers; read them inside
  * fsdp_summon_full_params.
  *
- * Ownership: the caller owns *out (fsdp_sharded_free) and keeps the model alive while it
- * exists; freeing the model first is not allowed. */
+ * Ownership (the rule replicate.h follows too): a wrapper's state is held by the model it wraps
+ * and lives as long as something holds it. The model holds it until fsdp_module_free; here the
+ * caller's handle *out holds it too, until fsdp_sharded_free. Either order is safe: freeing the
+ * handle first unwraps the model (its parameters get storage of their own); freeing the model
+ * first detaches the state, which keeps the flat shards (fsdp_sharded_flat_params, so an
+ * optimizer over them stays valid) and refuses whatever needs the model, until
+ * fsdp_sharded_free.
+ *
+ * Misuse is refused with the fix named, and nothing changed: a group that holds ranks of
+ * different coordinates along a tensor-parallel mesh dim where a parameter is Shard or Partial
+ * (also the default world group on a TP model: there is no guessing; pass the mesh's dp
+ * group); fsdp_module_zero_grad, an optimizer, or fsdp_tp_parallelize on the wrapped model's
+ * own parameters (FSDP keeps them in its shards: use fsdp_sharded_flat_params(sh)); and
+ * fsdp_summon_full_params inside forward or backward. */
 #ifndef FSDP_WRAP_H
 #define FSDP_WRAP_H
 
@@ -42,7 +54,8 @@ const char *fsdp_sharding_strategy_to_string(fsdp_sharding_strategy s); /* "FULL
 typedef struct fsdp_fully_shard_options {
     fsdp_sharding_strategy strategy; /* default FSDP_FULL_SHARD */
     /* The group that shards the parameters (the data-parallel group; with a device mesh,
-     * fsdp_mesh_get_group(mesh, "dp")). NULL: the world group. */
+     * fsdp_mesh_get_group(mesh, "dp")). NULL: the world group, refused (not guessed) when a
+     * parameter is distributed by TP across the world's ranks. */
     fsdp_group *group;
     /* HYBRID_SHARD only (required there, NULL otherwise): the ranks that hold the same shard,
      * e.g. mesh dim "replicate" of a (replicate, shard) mesh. The data-parallel size is
@@ -87,9 +100,10 @@ typedef struct fsdp_fully_shard_options {
  * allocated, and FULL_SHARD holds only the units in flight. */
 fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_shard_options *opts,
                              fsdp_sharded **out);
-/* Removes the hooks and frees the flat buffers. Each parameter gets storage of its own: its
- * full value when its unit is unsharded (inside fsdp_summon_full_params, say), zeros
- * otherwise. NULL does nothing. */
+/* Lets go of the caller's hold. While the model lives: removes the hooks and frees the flat
+ * buffers, and each parameter gets storage of its own: its full value when its unit is
+ * unsharded (inside fsdp_summon_full_params, say), zeros otherwise. After the model was freed:
+ * frees what is left. NULL does nothing. */
 void fsdp_sharded_free(fsdp_sharded *sh);
 
 /* What the optimizer steps, owned by sh:

@@ -1,13 +1,15 @@
 /* replicate.c: replicated data parallelism (DDP): the initial broadcast of parameters and
- * buffers, and the post-backward hook that averages gradients over the data-parallel group in
- * buckets through one flat buffer allocated at setup. Also the batch split by sample index. */
+ * buffers (state_sync.c), and the post-backward hook that averages gradients over the data-parallel
+ * group in buckets through one flat buffer allocated at setup. Also the batch split by sample
+ * index. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "fsdp/dp_impl.h"
 #include "fsdp/replicate.h"
 #include "kernels/kernels.h"
-#include "nn/module_impl.h"
+#include "nn/nn.h"
 
 struct fsdp_replicate {
     fsdp_group *group;
@@ -67,112 +69,22 @@ static int assign_buckets(const int64_t *numel, int n, int64_t cap, int *starts,
     return nb;
 }
 
-/* ---- the initial broadcast ---- */
-
-typedef struct tensor_list {
-    fsdp_tensor **t;
-    int n, cap;
-    const char *bad; /* the first tensor that is not f32 on the CPU */
-} tensor_list;
-
-static fsdp_status list_push(fsdp_ctx *ctx, tensor_list *l, fsdp_tensor *t, const char *name) {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 16;
-        fsdp_tensor **grown = realloc(l->t, (size_t)cap * sizeof *grown);
-        if (!grown) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list tensors");
-        l->t = grown;
-        l->cap = cap;
-    }
-    if (!l->bad && (!fsdp_tensor_f32(t) || fsdp_tensor_device(t).type != FSDP_DEVICE_CPU))
-        l->bad = name;
-    l->t[l->n++] = t;
-    return FSDP_OK;
-}
-
-static fsdp_status list_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
-    return list_push(ctx, user, p->data, name);
-}
-
-static fsdp_status list_buffers(fsdp_ctx *ctx, fsdp_module *m, void *user) {
-    for (int i = 0; i < fsdp_module_num_buffers(m); i++)
-        FSDP_TRY(list_push(ctx, user, fsdp_module_buffer(m, i), fsdp_module_buffer_name(m, i)));
-    return FSDP_OK;
-}
-
-/* Broadcasts the listed tensors from src in buckets through stage (large enough). */
-static fsdp_status broadcast_buckets(fsdp_ctx *ctx, fsdp_replicate *r, const tensor_list *l,
-                                     const int *starts, int nb, int src) {
-    const fsdp_kernels_i *k = fsdp_kernels_cpu();
-    float *stage = fsdp_tensor_f32(r->stage);
-    bool is_src = fsdp_group_rank(r->group) == src;
-    for (int b = 0; b < nb; b++) {
-        int64_t fill = 0;
-        for (int i = starts[b]; i < starts[b + 1]; i++) {
-            int64_t n = fsdp_tensor_numel(l->t[i]);
-            if (is_src) k->copy(stage + fill, fsdp_tensor_f32(l->t[i]), n);
-            fill += n;
-        }
-        fsdp_tensor *view;
-        FSDP_TRY(fsdp_tensor_view(ctx, r->stage, 0, 1, &fill, &view));
-        fsdp_status st = fsdp_broadcast(ctx, r->group, view, src);
-        fsdp_tensor_free(view);
-        FSDP_TRY(st);
-        if (is_src) continue;
-        fill = 0;
-        for (int i = starts[b]; i < starts[b + 1]; i++) {
-            int64_t n = fsdp_tensor_numel(l->t[i]);
-            k->copy(fsdp_tensor_f32(l->t[i]), stage + fill, n);
-            fill += n;
-        }
-    }
-    return FSDP_OK;
-}
-
-/* Lists every parameter and buffer, forms their broadcast buckets and, when run, broadcasts
- * them (stage must then be large enough: *max_numel from the dry run). */
-static fsdp_status sync_module_states(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
-                                      int64_t cap, int src, bool run, int64_t *max_numel) {
-    tensor_list l = {0};
-    int *starts = NULL;
-    int64_t *numel = NULL;
-    fsdp_status st = fsdp_module_visit_params(ctx, root, list_param, &l);
-    if (st == FSDP_OK) st = fsdp_module_visit(ctx, root, list_buffers, &l);
-    if (st == FSDP_OK && l.bad)
-        st = FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                       "replicate: '%s' is not an f32 CPU tensor; replicate supports those only",
-                       l.bad);
-    if (st == FSDP_OK) {
-        starts = malloc(((size_t)l.n + 1) * sizeof *starts);
-        numel = malloc(((size_t)l.n + 1) * sizeof *numel);
-        if (!starts || !numel)
-            st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate broadcast buckets");
-    }
-    if (st == FSDP_OK) {
-        for (int i = 0; i < l.n; i++) numel[i] = fsdp_tensor_numel(l.t[i]);
-        int nb = assign_buckets(numel, l.n, cap, starts, NULL, max_numel);
-        if (run) st = broadcast_buckets(ctx, r, &l, starts, nb, src);
-    }
-    free(starts);
-    free(numel);
-    free(l.t);
-    return st;
-}
-
 /* ---- the gradient buckets ---- */
 
 static fsdp_status count_trainable(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     (void)ctx, (void)name;
-    if (p->requires_grad) ++*(int *)user;
+    if (fsdp_param_requires_grad(p)) ++*(int *)user;
     return FSDP_OK;
 }
 
 static fsdp_status collect_trainable(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     fsdp_replicate *r = user;
-    if (!p->requires_grad) return FSDP_OK;
-    if (!fsdp_tensor_f32(p->grad) || fsdp_tensor_device(p->grad).type != FSDP_DEVICE_CPU)
+    if (!fsdp_param_requires_grad(p)) return FSDP_OK;
+    fsdp_tensor *g = fsdp_param_grad(p);
+    if (!fsdp_tensor_f32(g) || fsdp_tensor_device(g).type != FSDP_DEVICE_CPU)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                          "replicate: the gradient of '%s' is not an f32 CPU tensor", name);
-    r->numel[r->n_params] = fsdp_tensor_numel(p->grad);
+    r->numel[r->n_params] = fsdp_tensor_numel(g);
     r->params[r->n_params++] = p;
     return FSDP_OK;
 }
@@ -203,17 +115,18 @@ static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b) {
     float inv = 1.0f / (float)r->world;
     for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++) {
         fsdp_param *p = r->params[i];
-        if (fsdp_tensor_numel(p->grad) != r->numel[i] || !fsdp_tensor_f32(p->grad))
+        fsdp_tensor *g = fsdp_param_grad(p);
+        if (fsdp_tensor_numel(g) != r->numel[i] || !fsdp_tensor_f32(g))
             return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                              "replicate: the gradient of '%s' of '%s' changed since setup (%lld "
                              "elements, %lld then); apply tensor parallelism before replicate",
-                             p->name, fsdp_module_fqn(p->module),
-                             (long long)fsdp_tensor_numel(p->grad), (long long)r->numel[i]);
-        k->scale(buf + r->offset[i], fsdp_tensor_f32(p->grad), inv, r->numel[i]);
+                             fsdp_param_name(p), fsdp_module_fqn(fsdp_param_module(p)),
+                             (long long)fsdp_tensor_numel(g), (long long)r->numel[i]);
+        k->scale(buf + r->offset[i], fsdp_tensor_f32(g), inv, r->numel[i]);
     }
     FSDP_TRY(fsdp_all_reduce(ctx, r->group, r->bucket[b], FSDP_REDUCE_SUM));
     for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++)
-        k->copy(fsdp_tensor_f32(r->params[i]->grad), buf + r->offset[i], r->numel[i]);
+        k->copy(fsdp_tensor_f32(fsdp_param_grad(r->params[i])), buf + r->offset[i], r->numel[i]);
     return FSDP_OK;
 }
 
@@ -231,19 +144,22 @@ static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
 static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
                          const fsdp_replicate_options *o) {
     int64_t cap = o->bucket_bytes ? o->bucket_bytes : FSDP_REPLICATE_DEFAULT_BUCKET_BYTES;
-    bool bcast = o->src_rank != FSDP_NO_SRC_RANK && r->world > 1;
-    int64_t grad_max = 0, bcast_max = 0;
+    int64_t grad_max = 0;
     FSDP_TRY(layout_buckets(ctx, r, root, cap, &grad_max));
-    if (bcast) FSDP_TRY(sync_module_states(ctx, r, root, cap, o->src_rank, false, &bcast_max));
-    int64_t stage = grad_max > bcast_max ? grad_max : bcast_max;
-    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &stage, &r->stage));
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &grad_max, &r->stage));
     for (int b = 0; b < r->n_buckets; b++) {
         int last = r->bucket_start[b + 1] - 1;
         int64_t n = r->offset[last] + r->numel[last];
         FSDP_TRY(fsdp_tensor_view(ctx, r->stage, 0, 1, &n, &r->bucket[b]));
     }
-    if (bcast) FSDP_TRY(sync_module_states(ctx, r, root, cap, o->src_rank, true, &bcast_max));
-    return FSDP_OK;
+    if (o->src_rank == FSDP_NO_SRC_RANK || r->world == 1) return FSDP_OK;
+    /* DDP's initial sync: buckets formed as the gradient buckets are. */
+    fsdp_dp_sync_options so = {.bucket_bytes = cap,
+                               .close_at_least = true,
+                               .src = o->src_rank,
+                               .who = "replicate",
+                               .f32_only = true};
+    return fsdp_dp_sync_states(ctx, root, r->group, &so);
 }
 
 fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
@@ -251,19 +167,19 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
     if (out) *out = NULL;
     if (!root)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_replicate_apply: root is NULL");
-    for (int i = 0; i < root->n_hooks[FSDP_HOOK_POST_BACKWARD]; i++)
-        if (root->hooks[FSDP_HOOK_POST_BACKWARD][i].fn == post_backward) {
-            char desc[160];
-            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
-                             "replicate: %s is replicated already; apply it once per model",
-                             fsdp_nn_describe(root, desc, sizeof desc));
-        }
+    if (fsdp_nn_has_hook(root, FSDP_HOOK_POST_BACKWARD, post_backward)) {
+        char desc[160];
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "replicate: %s is replicated already; apply it once per model",
+                         fsdp_nn_describe(root, desc, sizeof desc));
+    }
     fsdp_replicate_options o = opts ? *opts : (fsdp_replicate_options){0};
     fsdp_group *group = o.group ? o.group : fsdp_ctx_world_group(ctx);
     if (!group)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "replicate: no group given and the context is bound to no world; call "
                          "it inside fsdp_world_run");
+    FSDP_TRY(fsdp_dp_check_group(ctx, root, group, "fsdp_replicate_apply", ".group", !o.group));
     int world = fsdp_group_size(group);
     if (o.bucket_bytes < 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,

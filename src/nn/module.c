@@ -380,7 +380,63 @@ static fsdp_status zero_module_grads(fsdp_ctx *ctx, fsdp_module *m, void *user) 
 }
 
 fsdp_status fsdp_module_zero_grad(fsdp_ctx *ctx, fsdp_module *m) {
+    /* A wrapper (FSDP) keeps these gradients in its shards: zeroing the model would leave the
+     * ones the optimizer steps untouched. Refused before anything is zeroed. */
+    FSDP_TRY(fsdp_nn_check_unmanaged(ctx, m, "fsdp_module_zero_grad"));
     return fsdp_module_visit(ctx, m, zero_module_grads, NULL);
+}
+
+/* ---- what the layers above nn may do (nn/nn.h) ---- */
+
+void *fsdp_nn_param_dist(const fsdp_param *p) {
+    return p->dist;
+}
+
+void fsdp_nn_param_replace(fsdp_param *p, fsdp_tensor *data, fsdp_tensor *grad, void *dist,
+                           void (*free_dist)(void *)) {
+    if (p->free_dist && p->dist != dist) p->free_dist(p->dist);
+    if (p->data != data) fsdp_tensor_free(p->data);
+    if (p->grad != grad) fsdp_tensor_free(p->grad);
+    p->data = data;
+    p->grad = grad;
+    p->dist = dist;
+    p->free_dist = free_dist;
+}
+
+fsdp_tensor *fsdp_nn_param_swap_grad(fsdp_param *p, fsdp_tensor *g) {
+    fsdp_tensor *old = p->grad;
+    p->grad = g;
+    return old;
+}
+
+void fsdp_nn_param_set_hook_applied(fsdp_param *p, bool on) {
+    p->hook_applied = on;
+}
+
+void fsdp_nn_param_set_manager(fsdp_param *p, const char *manager) {
+    p->manager = manager;
+}
+
+const char *fsdp_nn_param_manager(const fsdp_param *p) {
+    return p->manager;
+}
+
+static fsdp_status find_managed(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)ctx, (void)name;
+    if (p->manager) {
+        *(fsdp_param **)user = p;
+        return FSDP_ERR_STATE; /* stops the walk; no message set */
+    }
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *what) {
+    fsdp_param *p = NULL;
+    if (fsdp_module_visit_params(ctx, m, find_managed, &p) == FSDP_OK || !p) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                     "%s: parameter '%s' of '%s' is managed by a wrapper that keeps its values "
+                     "and gradient elsewhere; %s",
+                     what, p->name, p->module->fqn, p->manager);
 }
 
 /* ---- hooks and the forward / backward wrappers ---- */
@@ -429,6 +485,13 @@ fsdp_status fsdp_module_remove_hook(fsdp_ctx *ctx, fsdp_module *m, int id) {
     char desc[160];
     return FSDP_FAIL(ctx, FSDP_ERR_NOT_FOUND, "no hook with id %d on %s", id,
                      fsdp_nn_describe(m, desc, sizeof desc));
+}
+
+bool fsdp_nn_has_hook(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn) {
+    if ((int)point < 0 || point >= FSDP_HOOK_POINT_COUNT) return false;
+    for (int i = 0; i < m->n_hooks[point]; i++)
+        if (m->hooks[point][i].fn == fn) return true;
+    return false;
 }
 
 static fsdp_status run_hooks(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,

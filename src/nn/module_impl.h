@@ -1,9 +1,10 @@
-/* module_impl.h: the bodies of fsdp_module and fsdp_param, for libfsdp's own layers (TP
- * attaches placement specs to parameters; FSDP re-points their data into flat buffers). */
+/* module_impl.h: the bodies of fsdp_module and fsdp_param, read only inside src/nn. Other
+ * layers (TP, FSDP, optimizers) use the functions of nn/nn.h. */
 #ifndef FSDP_NN_MODULE_IMPL_H
 #define FSDP_NN_MODULE_IMPL_H
 
 #include "fsdp/module.h"
+#include "nn/nn.h"
 
 struct fsdp_param {
     char *name;          /* local name: "weight" */
@@ -17,6 +18,7 @@ struct fsdp_param {
     fsdp_init init;
     void *dist;                /* placement spec set by tensor parallelism; NULL when plain */
     void (*free_dist)(void *); /* (optional) releases dist */
+    const char *manager;       /* a wrapper that holds the values elsewhere (FSDP); NULL */
 };
 
 typedef struct fsdp_buffer {
@@ -64,13 +66,5 @@ fsdp_status fsdp_nn_chain_forward(fsdp_ctx *ctx, fsdp_module *const *children, i
 /* Runs children[0..n) backward in reverse; the first child's input gradient only if din. */
 fsdp_status fsdp_nn_chain_backward(fsdp_ctx *ctx, fsdp_module *const *children, int n,
                                    const fsdp_tensor *dout, const fsdp_tensor **din);
-
-/* fsdp_module_add_hook, but the hook runs before those already at the point: FSDP's pre-hooks
- * run outside (before) TP's, so parameters are gathered before a style reads them. */
-fsdp_status fsdp_nn_add_hook_front(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
-                                   fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id);
-
-/* The module's name for messages, written into buf: "Linear 'net1'" or "Linear (root)". */
-const char *fsdp_nn_describe(const fsdp_module *m, char *buf, size_t size);
 
 #endif

@@ -1,170 +1,54 @@
 /* clip.c: gradient clipping by global norm over a module's trainable parameters, on one rank
  * or across the ranks that shard them: local |g|^p sums are kept apart by the groups that
- * shard them and added up over exactly those groups (clip_impl.h). */
+ * shard them and added up over exactly those groups (fsdp/norm_impl.h). */
 #include <math.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "fsdp/norm_impl.h"
 #include "fsdp/optim.h"
 #include "fsdp/tp.h"
 #include "fsdp/wrap.h"
 #include "kernels/kernels.h"
-#include "nn/module_impl.h"
-#include "optim/clip_impl.h"
-
-void fsdp_norm_acc_init(fsdp_norm_acc *a, double norm_type) {
-    memset(a, 0, sizeof *a);
-    a->inf = isinf(norm_type) != 0;
-}
-
-/* The accumulator of a group set, made when it is new. */
-static fsdp_status find_key(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_group *const *groups,
-                            int n_groups, fsdp_norm_key **out) {
-    for (int k = 0; k < a->n_keys; k++) {
-        fsdp_norm_key *key = &a->keys[k];
-        if (key->n_groups == n_groups &&
-            memcmp(key->groups, groups, (size_t)n_groups * sizeof *groups) == 0) {
-            *out = key;
-            return FSDP_OK;
-        }
-    }
-    if (a->n_keys == FSDP_NORM_MAX_KEYS)
-        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "clip_grad_norm: more than %d distinct sets of groups shard the "
-                         "gradients",
-                         FSDP_NORM_MAX_KEYS);
-    fsdp_norm_key *key = &a->keys[a->n_keys++];
-    memcpy(key->groups, groups, (size_t)n_groups * sizeof *groups);
-    key->n_groups = n_groups;
-    key->acc = 0.0;
-    *out = key;
-    return FSDP_OK;
-}
-
-fsdp_status fsdp_norm_acc_add(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_device device, const float *g,
-                              int64_t n, fsdp_group *const *groups, int n_groups) {
-    if (n_groups < 0 || n_groups > FSDP_NORM_MAX_GROUPS)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "clip_grad_norm: %d groups for one gradient; at most %d", n_groups,
-                         FSDP_NORM_MAX_GROUPS);
-    fsdp_group *used[FSDP_NORM_MAX_GROUPS];
-    int n_used = 0;
-    for (int i = 0; i < n_groups; i++)
-        if (groups[i] && fsdp_group_size(groups[i]) > 1) used[n_used++] = groups[i];
-    fsdp_norm_key *key = NULL;
-    FSDP_TRY(find_key(ctx, a, used, n_used, &key));
-    if (n <= 0) return FSDP_OK;
-    const fsdp_kernels_i *k = fsdp_kernels_for(device);
-    if (a->inf)
-        key->acc = fmax(key->acc, k->max_abs(g, n));
-    else
-        key->acc += k->sum_squares(g, n);
-    return FSDP_OK;
-}
-
-fsdp_status fsdp_norm_spec_groups(fsdp_ctx *ctx, const fsdp_param *p, const fsdp_dtensor_spec *spec,
-                                  fsdp_group **groups, int *n) {
-    *n = 0;
-    for (int d = 0; d < spec->mesh_ndim; d++) {
-        fsdp_placement_kind kind = spec->placements[d].kind;
-        if (kind == FSDP_PLACEMENT_REPLICATE) continue;
-        if (kind != FSDP_PLACEMENT_SHARD)
-            return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                             "clip_grad_norm: parameter '%s' of '%s' has a placement that is "
-                             "neither Shard nor Replicate on mesh dim %d",
-                             p->name, fsdp_module_fqn(p->module), d);
-        FSDP_TRY(fsdp_mesh_get_group(ctx, spec->mesh, fsdp_mesh_dim_name(spec->mesh, d),
-                                     &groups[(*n)++]));
-    }
-    return FSDP_OK;
-}
 
 static fsdp_status add_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     (void)name;
-    if (!p->requires_grad) return FSDP_OK;
+    if (!fsdp_param_requires_grad(p)) return FSDP_OK;
     /* FSDP's shards are clipped through fsdp_sharded_clip_grad_norm, which knows which group
      * shards each part of them; a part of its module tree cannot be clipped alone. */
-    if (strcmp(fsdp_module_kind(p->module), "FlatParams") == 0)
+    if (strcmp(fsdp_module_kind(fsdp_param_module(p)), "FlatParams") == 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "clip_grad_norm: '%s' is an FSDP shard inside the optimizer's module; "
                          "pass the whole fsdp_sharded_flat_params(sh) module (or call "
                          "fsdp_sharded_clip_grad_norm)",
-                         p->name);
-    const float *g = fsdp_tensor_f32(p->grad);
+                         fsdp_param_name(p));
+    fsdp_tensor *grad = fsdp_param_grad(p);
+    const float *g = fsdp_tensor_f32(grad);
     if (!g)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                          "clip_grad_norm: the gradient of '%s' of '%s' must be an f32 tensor",
-                         p->name, fsdp_module_fqn(p->module));
+                         fsdp_param_name(p), fsdp_module_fqn(fsdp_param_module(p)));
     fsdp_group *groups[FSDP_MESH_MAX_DIMS];
     int n_groups = 0;
     const fsdp_dtensor_spec *spec = fsdp_param_dtensor_spec(p);
     if (spec) FSDP_TRY(fsdp_norm_spec_groups(ctx, p, spec, groups, &n_groups));
-    return fsdp_norm_acc_add(ctx, user, fsdp_tensor_device(p->grad), g, fsdp_tensor_numel(p->grad),
+    return fsdp_norm_acc_add(ctx, user, fsdp_tensor_device(grad), g, fsdp_tensor_numel(grad),
                              groups, n_groups);
 }
 
-fsdp_status fsdp_norm_acc_add_module(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_module *m) {
+/* Adds every trainable parameter gradient of m: a plain parameter counts once; a TP parameter
+ * is summed over the group of each mesh dim where its placement is Shard. */
+static fsdp_status norm_acc_add_module(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_module *m) {
     return fsdp_module_visit_params(ctx, m, add_param, a);
-}
-
-fsdp_status fsdp_norm_acc_total(fsdp_ctx *ctx, fsdp_norm_acc *a, double *total) {
-    /* Each distinct group, in the order of first appearance, reduces the vector of the
-     * accumulators that hold it; a key with several groups is reduced over each in turn. */
-    fsdp_group *done[FSDP_NORM_MAX_KEYS * FSDP_NORM_MAX_GROUPS];
-    int n_done = 0;
-    float vec[FSDP_NORM_MAX_KEYS];
-    for (int k = 0; k < a->n_keys; k++) {
-        for (int i = 0; i < a->keys[k].n_groups; i++) {
-            fsdp_group *g = a->keys[k].groups[i];
-            bool seen = false;
-            for (int j = 0; j < n_done && !seen; j++) seen = done[j] == g;
-            if (seen) continue;
-            done[n_done++] = g;
-            int64_t len = 0;
-            for (int q = k; q < a->n_keys; q++)
-                for (int r = 0; r < a->keys[q].n_groups; r++)
-                    if (a->keys[q].groups[r] == g) vec[len++] = (float)a->keys[q].acc;
-            fsdp_tensor *t;
-            FSDP_TRY(fsdp_tensor_from_blob(ctx, vec, FSDP_DTYPE_F32, FSDP_CPU, 1, &len, &t));
-            fsdp_status st = fsdp_all_reduce(ctx, g, t, a->inf ? FSDP_REDUCE_MAX : FSDP_REDUCE_SUM);
-            fsdp_tensor_free(t);
-            FSDP_TRY(st);
-            len = 0;
-            for (int q = k; q < a->n_keys; q++)
-                for (int r = 0; r < a->keys[q].n_groups; r++)
-                    if (a->keys[q].groups[r] == g) a->keys[q].acc = vec[len++];
-        }
-    }
-    double acc = 0.0;
-    for (int k = 0; k < a->n_keys; k++)
-        acc = a->inf ? fmax(acc, a->keys[k].acc) : acc + a->keys[k].acc;
-    *total = a->inf ? acc : sqrt(acc);
-    return FSDP_OK;
-}
-
-fsdp_status fsdp_clip_check(fsdp_ctx *ctx, double max_norm, double norm_type) {
-    if (!(max_norm > 0.0))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "clip_grad_norm: max_norm is %g; it must be > 0", max_norm);
-    if (norm_type != 2.0 && !isinf(norm_type))
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "clip_grad_norm: norm_type %g is not supported; use 2.0 or INFINITY",
-                         norm_type);
-    return FSDP_OK;
-}
-
-bool fsdp_clip_coef(double max_norm, double total, float *coef) {
-    double c = max_norm / (total + 1e-6);
-    *coef = (float)c;
-    return c < 1.0;
 }
 
 static fsdp_status scale(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     (void)ctx, (void)name;
-    if (!p->requires_grad) return FSDP_OK;
-    float *g = fsdp_tensor_f32(p->grad);
-    fsdp_kernels_for(fsdp_tensor_device(p->grad))
-        ->scale(g, g, *(const float *)user, fsdp_tensor_numel(p->grad));
+    if (!fsdp_param_requires_grad(p)) return FSDP_OK;
+    fsdp_tensor *grad = fsdp_param_grad(p);
+    float *g = fsdp_tensor_f32(grad);
+    fsdp_kernels_for(fsdp_tensor_device(grad))
+        ->scale(g, g, *(const float *)user, fsdp_tensor_numel(grad));
     return FSDP_OK;
 }
 
@@ -178,7 +62,7 @@ fsdp_status fsdp_clip_grad_norm(fsdp_ctx *ctx, fsdp_module *m, double max_norm, 
                                            total_norm);
     fsdp_norm_acc a;
     fsdp_norm_acc_init(&a, norm_type);
-    FSDP_TRY(fsdp_norm_acc_add_module(ctx, &a, m));
+    FSDP_TRY(norm_acc_add_module(ctx, &a, m));
     double total;
     FSDP_TRY(fsdp_norm_acc_total(ctx, &a, &total));
     if (total_norm) *total_norm = total;

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "nn/module_impl.h"
+#include "nn/nn.h"
 #include "optim/update.h"
 
 #define MAX_STATE    3
@@ -54,14 +54,14 @@ struct fsdp_optimizer {
 
 static fsdp_status count_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     (void)ctx, (void)name;
-    if (p->requires_grad) (*(int *)user)++;
+    if (fsdp_param_requires_grad(p)) (*(int *)user)++;
     return FSDP_OK;
 }
 
 static fsdp_status collect_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     (void)ctx, (void)name;
     fsdp_optimizer *opt = user;
-    if (p->requires_grad) opt->slots[opt->n_slots++].param = p;
+    if (fsdp_param_requires_grad(p)) opt->slots[opt->n_slots++].param = p;
     return FSDP_OK;
 }
 
@@ -197,12 +197,13 @@ static fsdp_status empty_group(fsdp_ctx *ctx, const fsdp_optimizer *opt, int g) 
 static fsdp_status assign_slots(fsdp_ctx *ctx, fsdp_optimizer *opt, int n_state) {
     for (int i = 0; i < opt->n_slots; i++) {
         optim_slot *slot = &opt->slots[i];
-        const char *fqn = fsdp_module_fqn(slot->param->module);
-        size_t len = strlen(fqn) + strlen(slot->param->name) + 2;
+        const char *fqn = fsdp_module_fqn(fsdp_param_module(slot->param));
+        const char *pname = fsdp_param_name(slot->param);
+        size_t len = strlen(fqn) + strlen(pname) + 2;
         slot->name = malloc(len);
         if (!slot->name)
             return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a parameter name");
-        snprintf(slot->name, len, "%s%s%s", fqn, *fqn ? "." : "", slot->param->name);
+        snprintf(slot->name, len, "%s%s%s", fqn, *fqn ? "." : "", pname);
         for (int g = 1; g < opt->n_groups && slot->group == 0; g++)
             if (fnmatch(opt->groups[g].pattern, slot->name, 0) == 0) slot->group = g;
         opt->groups[slot->group].n_params++;
@@ -216,7 +217,7 @@ static fsdp_status assign_slots(fsdp_ctx *ctx, fsdp_optimizer *opt, int n_state)
         slot->first_state = opt->n_states;
         opt->n_states += slot->n_state;
         for (int s = 0; s < slot->n_state; s++)
-            FSDP_TRY(fsdp_tensor_create_like(ctx, slot->param->data, &slot->state[s]));
+            FSDP_TRY(fsdp_tensor_create_like(ctx, fsdp_param_data(slot->param), &slot->state[s]));
     }
     return FSDP_OK;
 }
@@ -233,6 +234,8 @@ static fsdp_status optimizer_new(fsdp_ctx *ctx, fsdp_module *m, optim_kind kind,
                          "%s: n_param_groups is %d with param_groups %s; give an array of "
                          "n_param_groups groups",
                          name, n_groups, groups ? "set" : "NULL");
+    /* A wrapped model's own parameters are not what is trained: FSDP steps its shards. */
+    FSDP_TRY(fsdp_nn_check_unmanaged(ctx, m, name));
     int n = 0;
     FSDP_TRY(fsdp_module_visit_params(ctx, m, count_param, &n));
     fsdp_optimizer *opt = calloc(1, sizeof *opt);
@@ -300,10 +303,11 @@ fsdp_status fsdp_adamw_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_adam_opt
 
 /* One fused pass over a slot's parameter with its group's options. */
 static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const optim_slot *s) {
-    int64_t n = fsdp_tensor_numel(s->param->data);
+    int64_t n = fsdp_tensor_numel(fsdp_param_data(s->param));
     if (n == 0) return FSDP_OK; /* e.g. an FSDP shard view that holds none of the parameter */
-    float *data = fsdp_tensor_f32(s->param->data), *grad = fsdp_tensor_f32(s->param->grad);
-    if (!data || !grad || fsdp_tensor_device(s->param->data).type != FSDP_DEVICE_CPU)
+    float *data = fsdp_tensor_f32(fsdp_param_data(s->param));
+    float *grad = fsdp_tensor_f32(fsdp_param_grad(s->param));
+    if (!data || !grad || fsdp_tensor_device(fsdp_param_data(s->param)).type != FSDP_DEVICE_CPU)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                          "optimizer: parameter '%s' must be an f32 CPU tensor", s->name);
     if (s->n_state > 0 && fsdp_tensor_numel(s->state[0]) != n)
@@ -331,7 +335,7 @@ fsdp_status fsdp_optimizer_step(fsdp_ctx *ctx, fsdp_optimizer *opt) {
 
 fsdp_status fsdp_optimizer_zero_grad(fsdp_ctx *ctx, fsdp_optimizer *opt) {
     for (int i = 0; i < opt->n_slots; i++)
-        FSDP_TRY(fsdp_tensor_fill(ctx, opt->slots[i].param->grad, 0.0f));
+        FSDP_TRY(fsdp_tensor_fill(ctx, fsdp_param_grad(opt->slots[i].param), 0.0f));
     return FSDP_OK;
 }
 

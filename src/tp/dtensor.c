@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "nn/module_impl.h"
+#include "nn/nn.h"
 #include "tp/tp_impl.h"
 
 fsdp_status tp_dtensor_wrap(fsdp_ctx *ctx, const fsdp_tensor *t, const fsdp_dtensor_spec *spec,
@@ -187,7 +187,7 @@ fsdp_status fsdp_dtensor_full_tensor(fsdp_ctx *ctx, const fsdp_dtensor *dt, fsdp
 }
 
 const fsdp_dtensor_spec *fsdp_param_dtensor_spec(const fsdp_param *p) {
-    return p ? p->dist : NULL;
+    return p ? fsdp_nn_param_dist(p) : NULL;
 }
 
 fsdp_status fsdp_param_full_tensor(fsdp_ctx *ctx, const fsdp_param *p, bool grad,
@@ -195,10 +195,11 @@ fsdp_status fsdp_param_full_tensor(fsdp_ctx *ctx, const fsdp_param *p, bool grad
     if (!p || !out)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_param_full_tensor: NULL argument");
     *out = NULL;
-    const fsdp_tensor *t = grad ? p->grad : p->data;
-    if (!p->dist) {
+    const fsdp_tensor *t = grad ? fsdp_param_grad(p) : fsdp_param_data(p);
+    const fsdp_dtensor_spec *spec = fsdp_nn_param_dist(p);
+    if (!spec) {
         FSDP_TRY(fsdp_tensor_create_like(ctx, t, out));
         return fsdp_tensor_copy(ctx, *out, t);
     }
-    return gather_full(ctx, p->dist, t, out);
+    return gather_full(ctx, spec, t, out);
 }

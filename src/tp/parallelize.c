@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "nn/module_impl.h"
+#include "nn/nn.h"
 #include "tp/tp_impl.h"
 
 #define KEY_MAX 256
@@ -33,12 +33,14 @@ static fsdp_status list_push(fsdp_ctx *ctx, module_list *l, fsdp_module *m) {
 static const char *child_names(const fsdp_module *m, char *buf, size_t size) {
     size_t used = 0;
     buf[0] = '\0';
-    for (int i = 0; i < m->n_children && used + 1 < size; i++) {
-        int w = snprintf(buf + used, size - used, "%s%s", i ? ", " : "", m->children[i]->name);
+    int n = fsdp_module_num_children(m);
+    for (int i = 0; i < n && used + 1 < size; i++) {
+        int w = snprintf(buf + used, size - used, "%s%s", i ? ", " : "",
+                         fsdp_module_name(fsdp_module_child(m, i)));
         if (w < 0) break;
         used += (size_t)w;
     }
-    if (m->n_children == 0) snprintf(buf, size, "none");
+    if (n == 0) snprintf(buf, size, "none");
     return buf;
 }
 
@@ -59,16 +61,19 @@ static fsdp_status match_key(fsdp_ctx *ctx, fsdp_module *root, const char *key, 
          seg = strtok_r(NULL, ".", &save)) {
         next.n = 0;
         for (int i = 0; st == FSDP_OK && i < cur.n; i++)
-            for (int c = 0; st == FSDP_OK && c < cur.items[i]->n_children; c++)
-                if (fnmatch(seg, cur.items[i]->children[c]->name, 0) == 0)
-                    st = list_push(ctx, &next, cur.items[i]->children[c]);
+            for (int c = 0; st == FSDP_OK && c < fsdp_module_num_children(cur.items[i]); c++) {
+                fsdp_module *child = fsdp_module_child(cur.items[i], c);
+                if (fnmatch(seg, fsdp_module_name(child), 0) == 0)
+                    st = list_push(ctx, &next, child);
+            }
         if (st == FSDP_OK && next.n == 0) {
             char names[512];
             const fsdp_module *at = cur.items[0];
             st = FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                            "plan key '%s' matches no module: segment '%s' matches no child of "
                            "%s (its children: %s)",
-                           key, seg, at->fqn[0] ? at->fqn : "the root module",
+                           key, seg,
+                           fsdp_module_fqn(at)[0] ? fsdp_module_fqn(at) : "the root module",
                            child_names(at, names, sizeof names));
         }
         module_list t = cur;
@@ -102,7 +107,8 @@ fsdp_status fsdp_tp_parallelize(fsdp_ctx *ctx, fsdp_module *root, const fsdp_mes
                         st = FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                                        "plan keys '%s' and '%s' both match module '%s'; a module "
                                        "takes one style",
-                                       plan[f].key, plan[e].key, matches[e].items[i]->fqn);
+                                       plan[f].key, plan[e].key,
+                                       fsdp_module_fqn(matches[e].items[i]));
     for (int e = 0; st == FSDP_OK && e < n; e++)
         for (int i = 0; st == FSDP_OK && i < matches[e].n; i++)
             st = tp_style_check(ctx, matches[e].items[i], &plan[e].style);

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "kernels/kernels.h"
-#include "nn/module_impl.h"
+#include "nn/nn.h"
 #include "tp/tp_impl.h"
 
 /* One place where a tensor is redistributed every step: its buffers, and the DTensor handle
@@ -174,7 +174,7 @@ static fsdp_status op_output_spec(fsdp_ctx *ctx, const style_state *s, const fsd
         int d = spec->placements[0].dim;
         /* Colwise: the Linear's global out_features; SequenceParallel: the input's dim. */
         spec->shape[d] = s->style.kind == FSDP_TP_COLWISE
-                             ? ((fsdp_dtensor_spec *)s->weight->dist)->shape[0]
+                             ? ((fsdp_dtensor_spec *)fsdp_nn_param_dist(s->weight))->shape[0]
                              : s->in_spec.shape[d];
     }
     return FSDP_OK;
@@ -191,9 +191,9 @@ static fsdp_status post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
     if (s->bias && fsdp_mesh_coordinate(s->mesh, 0) == 0) {
         /* Rowwise: the Replicate bias joins the Partial sum once, on coordinate 0. The output
          * is this module's own buffer (a Linear), so adding in place is safe. */
-        int64_t oc = fsdp_tensor_dim(s->bias->data, 0);
+        int64_t oc = fsdp_tensor_dim(fsdp_param_data(s->bias), 0);
         fsdp_kernels_for(fsdp_tensor_device(y))
-            ->bias_add(fsdp_tensor_f32(y), fsdp_tensor_f32(s->bias->data),
+            ->bias_add(fsdp_tensor_f32(y), fsdp_tensor_f32(fsdp_param_data(s->bias)),
                        fsdp_tensor_numel(y) / oc, oc);
     }
     fsdp_placement to = s->style.kind == FSDP_TP_PREPARE_OUTPUT ? s->style.desired_output_layouts
@@ -213,16 +213,17 @@ static fsdp_status sp_grads(fsdp_ctx *ctx, style_state *s, bool before) {
     for (int i = 0; i < s->n_params; i++) {
         fsdp_param *p = s->params[i];
         if (before) {
-            s->real[i] = p->grad;
+            s->real[i] = fsdp_param_grad(p);
             FSDP_TRY(fsdp_tensor_fill(ctx, s->scratch[i], 0.0f));
-            p->grad = s->scratch[i];
+            fsdp_nn_param_swap_grad(p, s->scratch[i]);
             continue;
         }
-        p->grad = s->real[i];
+        fsdp_nn_param_swap_grad(p, s->real[i]);
         if (partial) FSDP_TRY(fsdp_all_reduce(ctx, g, s->scratch[i], FSDP_REDUCE_SUM));
-        fsdp_kernels_for(fsdp_tensor_device(p->grad))
-            ->axpy(fsdp_tensor_f32(p->grad), 1.0f, fsdp_tensor_f32(s->scratch[i]),
-                   fsdp_tensor_numel(p->grad));
+        fsdp_tensor *grad = fsdp_param_grad(p);
+        fsdp_kernels_for(fsdp_tensor_device(grad))
+            ->axpy(fsdp_tensor_f32(grad), 1.0f, fsdp_tensor_f32(s->scratch[i]),
+                   fsdp_tensor_numel(grad));
     }
     return FSDP_OK;
 }
@@ -250,10 +251,10 @@ static fsdp_status pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
     bool as_dtensor =
         fsdp_dtensor_of(dy) && s->style.kind != FSDP_TP_COLWISE && s->style.kind != FSDP_TP_ROWWISE;
     FSDP_TRY(site_move(ctx, &s->out_bwd, &grad_spec, dy, to, as_dtensor, io, NULL));
-    if (s->bias && s->bias->requires_grad) { /* Rowwise: the gradient is Replicate now */
-        int64_t oc = fsdp_tensor_dim(s->bias->grad, 0);
+    if (s->bias && fsdp_param_requires_grad(s->bias)) { /* Rowwise: the gradient is Replicate now */
+        int64_t oc = fsdp_tensor_dim(fsdp_param_grad(s->bias), 0);
         fsdp_kernels_for(fsdp_tensor_device(*io))
-            ->bias_backward(fsdp_tensor_f32(s->bias->grad), fsdp_tensor_f32(*io),
+            ->bias_backward(fsdp_tensor_f32(fsdp_param_grad(s->bias)), fsdp_tensor_f32(*io),
                             fsdp_tensor_numel(*io) / oc, oc);
     }
     return FSDP_OK;
@@ -286,16 +287,17 @@ static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
 /* ---- applying a style ---- */
 
 /* Distributes parameter p over mesh with one placement: p's data becomes this rank's block
- * and its gradient a zeroed tensor of that shape; the spec goes into p->dist. */
+ * and its gradient a zeroed tensor of that shape; the spec goes into the parameter
+ * (fsdp_nn_param_dist). */
 static fsdp_status distribute_param(fsdp_ctx *ctx, fsdp_param *p, const fsdp_mesh *mesh,
                                     fsdp_placement placement, int src_rank) {
-    if (p->dist)
+    if (fsdp_nn_param_dist(p))
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "parameter '%s' of '%s' is already distributed; a module takes one TP "
                          "style",
-                         p->name, fsdp_module_fqn(p->module));
+                         fsdp_param_name(p), fsdp_module_fqn(fsdp_param_module(p)));
     fsdp_dtensor *dt;
-    FSDP_TRY(fsdp_distribute_tensor(ctx, p->data, mesh, &placement, src_rank, &dt));
+    FSDP_TRY(fsdp_distribute_tensor(ctx, fsdp_param_data(p), mesh, &placement, src_rank, &dt));
     fsdp_tensor *data = NULL, *grad = NULL;
     fsdp_dtensor_spec *spec = malloc(sizeof *spec);
     fsdp_status st = spec ? fsdp_tensor_create_like(ctx, dt->local, &data)
@@ -311,12 +313,7 @@ static fsdp_status distribute_param(fsdp_ctx *ctx, fsdp_param *p, const fsdp_mes
     }
     *spec = dt->spec;
     fsdp_dtensor_free(dt);
-    fsdp_tensor_free(p->data);
-    fsdp_tensor_free(p->grad);
-    p->data = data;
-    p->grad = grad;
-    p->dist = spec;
-    p->free_dist = free;
+    fsdp_nn_param_replace(p, data, grad, spec, free);
     return FSDP_OK;
 }
 
@@ -422,12 +419,14 @@ fsdp_status tp_style_check(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tp_st
         strcmp(fsdp_module_kind(m), "Linear") != 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s applies to Linear modules; %s is a %s",
                          fsdp_tp_style_kind_to_string(style->kind), where, fsdp_module_kind(m));
-    for (int i = 0; i < m->n_params; i++)
-        if (m->params[i]->dist)
+    for (int i = 0; i < fsdp_module_num_params(m); i++)
+        if (fsdp_nn_param_dist(fsdp_module_param(m, i)))
             return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                              "%s already has a TP style (its parameter '%s' is distributed); a "
                              "module takes one style",
-                             where, m->params[i]->name);
+                             where, fsdp_param_name(fsdp_module_param(m, i)));
+    /* TP after FSDP: the wrapper holds these parameters in its flat buffers. */
+    FSDP_TRY(fsdp_nn_check_unmanaged(ctx, (fsdp_module *)m, "fsdp_tp_parallelize"));
     return FSDP_OK;
 }
 
@@ -449,7 +448,7 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_
             FSDP_TRY(distribute_param(ctx, bias, s->mesh, col ? FSDP_SHARD(0) : FSDP_REPLICATE,
                                       src_rank));
             if (!col) {
-                bias->hook_applied = true;
+                fsdp_nn_param_set_hook_applied(bias, true);
                 s->bias = bias;
             }
         }
@@ -467,7 +466,7 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_
     FSDP_TRY(fsdp_module_visit_params(ctx, m, collect_param, s));
     for (int i = 0; i < s->n_params; i++) {
         FSDP_TRY(distribute_param(ctx, s->params[i], s->mesh, FSDP_REPLICATE, src_rank));
-        FSDP_TRY(fsdp_tensor_create_like(ctx, s->params[i]->grad, &s->scratch[i]));
+        FSDP_TRY(fsdp_tensor_create_like(ctx, fsdp_param_grad(s->params[i]), &s->scratch[i]));
     }
     return FSDP_OK;
 }

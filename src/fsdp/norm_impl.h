@@ -1,11 +1,12 @@
-/* clip_impl.h: the global gradient norm over distributed gradients, in pieces. Each piece is
+/* norm_impl.h: the global gradient norm over distributed gradients, in pieces. Each piece is
  * a run of local gradient values with the groups over which its |g|^p sum must be added up
  * (the mesh dims that shard it; none for a replicated value, which counts once). Pieces that
  * share a group set share one accumulator, and fsdp_norm_acc_total makes one all_reduce per
- * distinct group. fsdp_clip_grad_norm adds a module's parameters this way; FSDP's flat shards
- * add their segments with the data-parallel group as well. Internal to libfsdp. */
-#ifndef FSDP_OPTIM_CLIP_IMPL_H
-#define FSDP_OPTIM_CLIP_IMPL_H
+ * distinct group. The optimizers' fsdp_clip_grad_norm adds a module's parameters this way;
+ * FSDP's flat shards add their segments with the data-parallel group as well. It lives in
+ * src/fsdp, below both users (optim calls fsdp, never the reverse). Internal to libfsdp. */
+#ifndef FSDP_FSDP_NORM_IMPL_H
+#define FSDP_FSDP_NORM_IMPL_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -44,11 +45,6 @@ fsdp_status fsdp_norm_acc_add(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_device devic
  * placement that is neither Shard nor Replicate. */
 fsdp_status fsdp_norm_spec_groups(fsdp_ctx *ctx, const fsdp_param *p, const fsdp_dtensor_spec *spec,
                                   fsdp_group **groups, int *n);
-
-/* Adds every trainable parameter gradient of m: a plain parameter counts once; a TP parameter
- * (fsdp_param_dtensor_spec) is summed over the group of each mesh dim where its placement is
- * Shard, and counts once along its Replicate dims. */
-fsdp_status fsdp_norm_acc_add_module(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_module *m);
 
 /* Reduces the accumulators (one all_reduce, sum or max, per distinct group, in the order the
  * groups first appeared, of the f32 vector of the accumulators that hold that group) and

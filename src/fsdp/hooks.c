@@ -1,0 +1,183 @@
+/* hooks.c: what an FSDP unit does while the model runs: gather its flat parameter into a pool
+ * block before forward and backward, free it after, and after backward reduce the flat
+ * gradient over the data-parallel ranks into the shard the optimizer steps. */
+#include "core/error.h"
+#include "core/tensor_impl.h"
+#include "fsdp/shard_impl.h"
+#include "kernels/kernels.h"
+
+bool fsdp_shard_sharded_strategy(const fsdp_sharded *sh) {
+    return sh->opts.strategy != FSDP_NO_SHARD && sh->world > 1;
+}
+
+/* FULL_SHARD and HYBRID_SHARD free non-root parameters after forward and after every
+ * backward; the others keep them until the synchronising backward ends. */
+bool fsdp_shard_reshard_after_forward(const fsdp_sharded *sh) {
+    return sh->opts.strategy == FSDP_FULL_SHARD || sh->opts.strategy == FSDP_HYBRID_SHARD;
+}
+
+fsdp_status fsdp_shard_bind_params(fsdp_ctx *ctx, unit *u, const fsdp_tensor *base) {
+    for (int i = 0; i < u->n_params; i++)
+        FSDP_TRY(fsdp_tensor_rebind(ctx, fsdp_param_data(u->params[i]), base, u->offsets[i]));
+    return FSDP_OK;
+}
+
+void fsdp_shard_release_params(unit *u) {
+    for (int i = 0; i < u->n_params; i++)
+        fsdp_tensor_release_storage(fsdp_param_data(u->params[i]));
+}
+
+/* full <- the concatenation of every rank's shard. With offload the shard is in host memory:
+ * it is copied to the device first, into this rank's chunk of full, and gathered in place. */
+fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const fsdp_tensor *shard) {
+    fsdp_sharded *sh = u->owner;
+    if (!sh->opts.offload_params) return fsdp_all_gather(ctx, sh->group, full, shard, 0);
+    FSDP_TRY(fsdp_tensor_rebind(ctx, u->mine, full, (int64_t)sh->rank * u->shard_numel));
+    fsdp_status st = fsdp_tensor_copy(ctx, u->mine, shard);
+    if (st == FSDP_OK) st = fsdp_all_gather(ctx, sh->group, full, u->mine, 0);
+    fsdp_tensor_release_storage(u->mine);
+    return st;
+}
+
+/* Gathers the unit's full parameters into a pool block and points its parameters into it. */
+fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u) {
+    if (u->unsharded || u->numel == 0) return FSDP_OK; /* a unit without parameters is silent */
+    fsdp_sharded *sh = u->owner;
+    FSDP_TRY(fsdp_pool_take(ctx, &sh->pool, u->full));
+    fsdp_status st = fsdp_shard_sharded_strategy(sh)
+                         ? fsdp_shard_gather(ctx, u, u->full, fsdp_param_data(u->flat))
+                         : fsdp_tensor_copy(ctx, u->full, fsdp_param_data(u->flat));
+    if (st == FSDP_OK) st = fsdp_shard_bind_params(ctx, u, u->full);
+    if (st != FSDP_OK) {
+        fsdp_shard_release_params(u);
+        fsdp_pool_give(&sh->pool, u->full);
+        return st;
+    }
+    u->unsharded = true;
+    return FSDP_OK;
+}
+
+/* Frees the gathered parameters: the parameters lose their storage, the block goes back to
+ * the pool. */
+void fsdp_shard_reshard(unit *u) {
+    if (!u->unsharded || u->resident) return;
+    fsdp_shard_release_params(u);
+    fsdp_pool_give(&u->owner->pool, u->full);
+    u->unsharded = false;
+}
+
+/* Binds the parameter gradients to a zeroed full gradient buffer. */
+fsdp_status fsdp_shard_take_grads(fsdp_ctx *ctx, unit *u) {
+    if (u->grad_bound || u->numel == 0) return FSDP_OK;
+    FSDP_TRY(fsdp_pool_take(ctx, &u->owner->pool, u->full_grad));
+    fsdp_status st = fsdp_tensor_fill(ctx, u->full_grad, 0.0f);
+    for (int i = 0; st == FSDP_OK && i < u->n_params; i++)
+        st = fsdp_tensor_rebind(ctx, fsdp_param_grad(u->params[i]), u->full_grad, u->offsets[i]);
+    if (st != FSDP_OK) {
+        for (int i = 0; i < u->n_params; i++)
+            fsdp_tensor_release_storage(fsdp_param_grad(u->params[i]));
+        fsdp_pool_give(&u->owner->pool, u->full_grad);
+        return st;
+    }
+    u->grad_bound = true;
+    return FSDP_OK;
+}
+
+void fsdp_shard_give_grads(unit *u) {
+    if (!u->grad_bound) return;
+    for (int i = 0; i < u->n_params; i++)
+        fsdp_tensor_release_storage(fsdp_param_grad(u->params[i]));
+    fsdp_pool_give(&u->owner->pool, u->full_grad);
+    u->grad_bound = false;
+}
+
+static void scale(fsdp_tensor *t, double factor) {
+    if (factor == 1.0) return;
+    fsdp_kernels_for(fsdp_tensor_device(t))
+        ->scale(fsdp_tensor_f32(t), fsdp_tensor_f32(t), (float)(1.0 / factor),
+                fsdp_tensor_numel(t));
+}
+
+/* shard gradient += src. With offload src is copied to the host first and added there. */
+static fsdp_status accumulate(fsdp_ctx *ctx, unit *u, const fsdp_tensor *src) {
+    fsdp_tensor *g = fsdp_param_grad(u->flat);
+    if (u->owner->opts.offload_params) {
+        FSDP_TRY(fsdp_tensor_copy(ctx, u->stage, src));
+        src = u->stage;
+    }
+    fsdp_kernels_for(fsdp_tensor_device(g))
+        ->axpy(fsdp_tensor_f32(g), 1.0f, fsdp_tensor_f32(src), fsdp_tensor_numel(g));
+    return FSDP_OK;
+}
+
+/* Averages the unit's full gradient over the data-parallel ranks into its shard's gradient:
+ * divide by the pre factor; reduce_scatter over the group (all_reduce for NO_SHARD); all_reduce
+ * over the replicate group (HYBRID_SHARD); divide by the post factor; add to the shard's
+ * gradient. */
+static fsdp_status reduce_grad(fsdp_ctx *ctx, unit *u) {
+    fsdp_sharded *sh = u->owner;
+    if (u->numel == 0) return FSDP_OK;
+    fsdp_tensor *src = u->full_grad;
+    bool sharded = fsdp_shard_sharded_strategy(sh);
+    if (sh->dp_size > 1) scale(u->full_grad, sh->pre_factor);
+    if (sharded) {
+        FSDP_TRY(fsdp_pool_take(ctx, &sh->pool, u->reduced));
+        src = u->reduced;
+    }
+    fsdp_status st = FSDP_OK;
+    if (sharded)
+        st = fsdp_reduce_scatter(ctx, sh->group, u->reduced, u->full_grad, 0, FSDP_REDUCE_SUM);
+    else if (sh->world > 1)
+        st = fsdp_all_reduce(ctx, sh->group, u->full_grad, FSDP_REDUCE_SUM);
+    if (st == FSDP_OK && sh->replicate)
+        st = fsdp_all_reduce(ctx, sh->replicate, src, FSDP_REDUCE_SUM);
+    if (st == FSDP_OK) {
+        if (sh->dp_size > 1) scale(src, sh->post_factor);
+        st = accumulate(ctx, u, src);
+    }
+    if (sharded) fsdp_pool_give(&sh->pool, u->reduced);
+    if (st == FSDP_OK) u->grad_pending = false;
+    return st;
+}
+
+/* ---- hooks ---- */
+
+fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                   const fsdp_tensor **io, void *user) {
+    (void)m, (void)point, (void)io;
+    return fsdp_shard_unshard(ctx, user);
+}
+
+fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                    const fsdp_tensor **io, void *user) {
+    (void)ctx, (void)m, (void)point, (void)io;
+    unit *u = user;
+    /* The root keeps its parameters: its backward starts right after forward. */
+    if (fsdp_shard_reshard_after_forward(u->owner) && !u->is_root) fsdp_shard_reshard(u);
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                    const fsdp_tensor **io, void *user) {
+    (void)m, (void)point, (void)io;
+    unit *u = user;
+    FSDP_TRY(fsdp_shard_unshard(ctx, u));
+    return fsdp_shard_take_grads(ctx, u); /* under no_sync, still bound with what was accumulated */
+}
+
+fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                     const fsdp_tensor **io, void *user) {
+    (void)m, (void)point, (void)io;
+    unit *u = user;
+    if (!u->owner->sync) {
+        /* no_sync: the full gradient stays bound and accumulates; FULL_SHARD still frees the
+         * parameters (PyTorch's _should_free_in_backward). */
+        u->grad_pending = true;
+        if (fsdp_shard_reshard_after_forward(u->owner)) fsdp_shard_reshard(u);
+        return FSDP_OK;
+    }
+    FSDP_TRY(reduce_grad(ctx, u));
+    fsdp_shard_give_grads(u);
+    fsdp_shard_reshard(u);
+    return FSDP_OK;
+}

@@ -1,0 +1,125 @@
+/* summon.c: summon_full_params: every unit's full parameters (and optionally gradients)
+ * gathered between steps, handed out in place or as host copies, and on release written back
+ * into each rank's shard or dropped. */
+#include "core/ctx_impl.h"
+#include "core/error.h"
+#include "core/tensor_impl.h"
+#include "fsdp/shard_impl.h"
+
+/* Binds the parameter gradients to a full buffer holding the reduced gradient: the shards
+ * gathered (or, unsharded, copied). */
+static fsdp_status summon_grads(fsdp_ctx *ctx, unit *u) {
+    FSDP_TRY(fsdp_shard_take_grads(ctx, u));
+    if (fsdp_shard_sharded_strategy(u->owner))
+        return fsdp_shard_gather(ctx, u, u->full_grad, fsdp_param_grad(u->flat));
+    fsdp_tensor *part;
+    FSDP_TRY(fsdp_tensor_view(ctx, u->full_grad, 0, 1, &u->numel, &part));
+    fsdp_status st = fsdp_tensor_copy(ctx, part, fsdp_param_grad(u->flat));
+    fsdp_tensor_free(part);
+    return st;
+}
+
+/* Moves the unit's parameters to a host copy of the full buffer, freeing the device block
+ * when the unit was sharded before the summon (offload_to_cpu, or a resident unit summoned
+ * without writeback). */
+static fsdp_status summon_to_host(fsdp_ctx *ctx, unit *u) {
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &u->padded, &u->summon_host));
+    FSDP_TRY(fsdp_tensor_copy(ctx, u->summon_host, u->full));
+    FSDP_TRY(fsdp_shard_bind_params(ctx, u, u->summon_host));
+    if (!u->summon_was_unsharded && !u->resident) {
+        fsdp_pool_give(&u->owner->pool, u->full);
+        u->unsharded = false;
+    }
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
+                                    const fsdp_summon_options *opts) {
+    FSDP_TRY(fsdp_shard_check_model(ctx, sh, "fsdp_summon_full_params"));
+    if (ctx->phase != FSDP_PHASE_NONE)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "summon_full_params inside %s: call it between steps, outside the "
+                         "model's forward and backward",
+                         ctx->phase == FSDP_PHASE_FORWARD ? "forward" : "backward");
+    if (sh->summoned)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "summon_full_params is already active; call fsdp_release_full_params "
+                         "first");
+    fsdp_summon_options o = opts ? *opts : (fsdp_summon_options){.writeback = true};
+    if (o.rank0_only && o.writeback)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "summon_full_params: rank0_only with writeback is not allowed (the "
+                         "other ranks have nothing to write back); set writeback false");
+    for (int i = 0; o.with_grads && i < sh->n_units; i++)
+        if (sh->units[i]->grad_pending)
+            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                             "summon_full_params(with_grads): gradients of no_sync backwards "
+                             "are not reduced yet; run a backward with sync on first");
+    sh->summon = o;
+    bool keep = !o.rank0_only || sh->rank == 0;
+    fsdp_status st = FSDP_OK;
+    for (int i = 0; st == FSDP_OK && i < sh->n_units; i++) {
+        unit *u = sh->units[i];
+        u->summon_was_unsharded = u->unsharded;
+        if (u->numel == 0) continue;
+        st = fsdp_shard_unshard(ctx, u);
+        if (st == FSDP_OK && o.with_grads) st = summon_grads(ctx, u);
+        if (st != FSDP_OK) break;
+        if (!keep) {
+            /* rank0_only: every rank gathers, the others free at once. */
+            fsdp_shard_give_grads(u);
+            if (!u->summon_was_unsharded) fsdp_shard_reshard(u);
+        } else if (o.offload_to_cpu || (u->resident && !o.writeback)) {
+            /* A resident unit's parameters are the flat parameter itself: without writeback
+             * they are handed out as a copy, so edits are dropped as for the others. */
+            st = summon_to_host(ctx, u);
+        }
+    }
+    sh->summoned = true; /* release undoes whatever was done, also after a failure */
+    if (st != FSDP_OK) fsdp_release_full_params(NULL, sh);
+    return st;
+}
+
+/* writeback: this rank's part of the full values goes back into its shard. */
+static fsdp_status write_back(fsdp_ctx *ctx, unit *u, const fsdp_tensor *full) {
+    fsdp_sharded *sh = u->owner;
+    if (full == u->full && u->resident) return FSDP_OK; /* the parameters are the flat param */
+    int64_t at = fsdp_shard_sharded_strategy(sh) ? (int64_t)sh->rank * u->shard_numel : 0;
+    fsdp_tensor *part;
+    FSDP_TRY(fsdp_tensor_view(ctx, full, at, 1, &u->shard_numel, &part));
+    fsdp_status st = fsdp_tensor_copy(ctx, fsdp_param_data(u->flat), part);
+    fsdp_tensor_free(part);
+    return st;
+}
+
+fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
+    FSDP_TRY(fsdp_shard_check_model(ctx, sh, "fsdp_release_full_params"));
+    if (!sh->summoned)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "release_full_params without summon_full_params first");
+    fsdp_status st = FSDP_OK;
+    bool writeback = sh->summon.writeback && !sh->summon.rank0_only;
+    for (int i = 0; i < sh->n_units; i++) {
+        unit *u = sh->units[i];
+        fsdp_status s = FSDP_OK;
+        if (u->summon_host) {
+            if (writeback) s = write_back(ctx, u, u->summon_host);
+            if (u->unsharded) {
+                if (s == FSDP_OK) s = fsdp_shard_bind_params(ctx, u, u->full);
+                if (s == FSDP_OK && writeback && u->resident)
+                    s = fsdp_tensor_copy(ctx, u->full, u->summon_host);
+            } else {
+                fsdp_shard_release_params(u);
+            }
+            fsdp_tensor_free(u->summon_host);
+            u->summon_host = NULL;
+        } else if (u->unsharded && writeback) {
+            s = write_back(ctx, u, u->full);
+        }
+        if (sh->summon.with_grads) fsdp_shard_give_grads(u);
+        if (!u->summon_was_unsharded) fsdp_shard_reshard(u);
+        if (st == FSDP_OK) st = s;
+    }
+    sh->summoned = false;
+    return st;
+}

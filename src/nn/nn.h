@@ -1,0 +1,44 @@
+/* nn.h: what the layers above nn (TP, FSDP, optimizers) may do to modules and parameters
+ * beyond the public module.h: functions only; the struct bodies stay in nn/module_impl.h,
+ * which only src/nn reads. */
+#ifndef FSDP_NN_NN_H
+#define FSDP_NN_NN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "fsdp/module.h"
+
+/* fsdp_module_add_hook, but the hook runs before those already at the point: FSDP's pre-hooks
+ * run outside (before) TP's, so parameters are gathered before a style reads them. */
+fsdp_status fsdp_nn_add_hook_front(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                   fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id);
+/* Whether m has a hook running fn at point: how a wrapper recognises its own hooks. */
+bool fsdp_nn_has_hook(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn);
+
+/* The module's name for messages, written into buf: "Linear 'net1'" or "Linear (root)". */
+const char *fsdp_nn_describe(const fsdp_module *m, char *buf, size_t size);
+
+/* The placement spec tensor parallelism attached to p (NULL when plain). */
+void *fsdp_nn_param_dist(const fsdp_param *p);
+/* Replaces p's local values, gradient and spec (TP distributing it): the old tensors and spec
+ * are freed; p takes data, grad and dist (released with free_dist, may be NULL). */
+void fsdp_nn_param_replace(fsdp_param *p, fsdp_tensor *data, fsdp_tensor *grad, void *dist,
+                           void (*free_dist)(void *));
+/* Swaps p's gradient tensor for g and returns the previous one (a hook that collects the
+ * gradient elsewhere for a while; swap it back after). */
+fsdp_tensor *fsdp_nn_param_swap_grad(fsdp_param *p, fsdp_tensor *g);
+/* A hook applies p and accumulates its gradient, so the layer leaves it out. */
+void fsdp_nn_param_set_hook_applied(fsdp_param *p, bool on);
+
+/* A wrapper that keeps p's values and gradient elsewhere (FSDP's flat shards) marks it with
+ * the text that tells a user where to go instead ("FSDP: ..."); NULL clears the mark. A
+ * managed parameter's gradient is not zeroed by fsdp_module_zero_grad (refused, naming this
+ * text), optimizers refuse it, and TP refuses to distribute it. */
+void fsdp_nn_param_set_manager(fsdp_param *p, const char *manager);
+const char *fsdp_nn_param_manager(const fsdp_param *p);
+/* FSDP_ERR_STATE naming `what`, the first managed parameter of m's subtree and its manager's
+ * advice when there is one; FSDP_OK otherwise. Nothing is changed. */
+fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *what);
+
+#endif
