@@ -80,7 +80,8 @@ typedef struct fsdp_rank_result {
     fsdp_status status;
     int failure_order; /* 1 for the first rank to fail in time, 2 for the next, ... */
     char message[FSDP_ERROR_MAX];
-    char origin[128];
+    char origin[FSDP_ORIGIN_MAX];
+    char trail[FSDP_TRAIL_MAX];
 } fsdp_rank_result;
 
 struct fsdp_world {

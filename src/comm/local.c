@@ -390,7 +390,7 @@ static fsdp_status local_barrier(fsdp_ctx *ctx, fsdp_group *g) {
 }
 
 static void local_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
-    fsdp_call c = {.op = op, .rejected = ctx->last_status, .reject_msg = ctx->last_error};
+    fsdp_call c = {.op = op, .rejected = ctx->error.status, .reject_msg = ctx->error.message};
     (void)rendezvous(ctx, g, op, &c);
 }
 

@@ -46,7 +46,8 @@ typedef struct mpi_note {
     int32_t status, pad;
     double finished; /* CLOCK_REALTIME seconds */
     char message[FSDP_ERROR_MAX];
-    char origin[128];
+    char origin[FSDP_ORIGIN_MAX];
+    char trail[FSDP_TRAIL_MAX];
 } mpi_note;
 
 typedef struct mpi_group mpi_group;
@@ -355,8 +356,10 @@ static void receive_exit_notes(mpi_world *mw) {
         fsdp_rank_result *res = &mw->world->results[r];
         res->status = (fsdp_status)note.status;
         note.message[sizeof note.message - 1] = note.origin[sizeof note.origin - 1] = '\0';
+        note.trail[sizeof note.trail - 1] = '\0';
         snprintf(res->message, sizeof res->message, "%s", note.message);
         snprintf(res->origin, sizeof res->origin, "%s", note.origin);
+        snprintf(res->trail, sizeof res->trail, "%s", note.trail);
         mw->finished[r] = note.finished;
         mw->noted[r] = true;
         atomic_store(&res->exited, true);
@@ -851,7 +854,7 @@ static fsdp_status mpi_barrier(fsdp_ctx *ctx, fsdp_group *g) {
 }
 
 static void mpi_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
-    fsdp_call c = {.op = op, .rejected = ctx->last_status, .reject_msg = ctx->last_error};
+    fsdp_call c = {.op = op, .rejected = ctx->error.status, .reject_msg = ctx->error.message};
     (void)arrive(ctx, g, &c);
 }
 
@@ -950,6 +953,7 @@ static void mpi_rank_exited(void *context, int rank) {
     mpi_note note = {.status = res->status, .finished = now_s(CLOCK_REALTIME)};
     snprintf(note.message, sizeof note.message, "%s", res->message);
     snprintf(note.origin, sizeof note.origin, "%s", res->origin);
+    snprintf(note.trail, sizeof note.trail, "%s", res->trail);
     mw->finished[rank] = note.finished;
     mw->noted[rank] = true;
     for (int r = 0; r < mw->size; r++)
