@@ -10,17 +10,6 @@
 #include "core/error.h"
 #include "core/tensor_impl.h"
 
-const char *fsdp_comm_op_to_string(fsdp_comm_op op) {
-    static const char *const names[FSDP_COMM_OP_COUNT] = {
-        "any", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier"};
-    return (int)op >= 0 && op < FSDP_COMM_OP_COUNT ? names[op] : "unknown";
-}
-
-const char *fsdp_reduce_op_to_string(fsdp_reduce_op op) {
-    static const char *const names[FSDP_REDUCE_OP_COUNT] = {"sum", "avg", "max"};
-    return (int)op >= 0 && op < FSDP_REDUCE_OP_COUNT ? names[op] : "unknown";
-}
-
 /* Finds the group (NULL: the world group) and checks that it is this rank's handle. */
 static fsdp_status resolve(fsdp_ctx *ctx, fsdp_group **g, fsdp_comm_op op) {
     const char *name = fsdp_comm_op_to_string(op);
