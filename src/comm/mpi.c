@@ -230,10 +230,14 @@ static mpi_group *group_state_new(mpi_world *mw, MPI_Comm comm, int size, int ra
 /* ---- failing: poison, timeouts, ranks that have gone ---- */
 
 static fsdp_status fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, int op) {
-    return FSDP_FAIL(ctx, mg->poison_status,
-                     "%s on group %s refused: the group failed earlier and cannot be used "
-                     "(create a new world); the failure: %s",
-                     fsdp_call_op_name(op), g->desc, mg->poison_msg);
+    char msg[FSDP_ERROR_MAX];
+    fsdp_comm_failure f = {.kind = FSDP_FAILURE_POISONED,
+                           .op = op,
+                           .group_desc = g->desc,
+                           .poison_status = mg->poison_status,
+                           .poison_msg = mg->poison_msg};
+    fsdp_status st = fsdp_comm_failure_format(&f, msg, sizeof msg);
+    return FSDP_FAIL(ctx, st, "%s", msg);
 }
 
 /* Marks the group unusable and tells the other members, so that they fail at once. */
@@ -270,26 +274,13 @@ static fsdp_status fail_and_poison(fsdp_ctx *ctx, mpi_group *mg, fsdp_status sta
     return FSDP_FAIL(ctx, status, "%s", msg);
 }
 
-/* "1,3" and "0,2": the members with an open receive (they have not sent theirs) and the
- * others. */
-static int list_missing(const fsdp_group *g, const mpi_group *mg, char *missing, char *arrived,
-                        size_t size) {
+/* Per member: whether this rank still has an open receive from it (it has not sent its part
+ * of the step). Returns a calloc'd array, NULL when out of memory. */
+static bool *open_members(const mpi_group *mg) {
     bool *open = calloc((size_t)mg->size, sizeof *open);
     for (int i = 0; open && i < mg->n_reqs; i++)
         if (mg->reqs[i] != MPI_REQUEST_NULL && mg->req_recv[i]) open[mg->req_member[i]] = true;
-    size_t nm = 0, na = 0;
-    int n_missing = 0;
-    missing[0] = arrived[0] = '\0';
-    for (int m = 0; open && m < mg->size; m++) {
-        char *buf = open[m] ? missing : arrived;
-        size_t *used = open[m] ? &nm : &na;
-        if (*used < size)
-            *used +=
-                (size_t)snprintf(buf + *used, size - *used, "%s%d", *used ? "," : "", g->ranks[m]);
-        n_missing += open[m];
-    }
-    free(open);
-    return n_missing;
+    return open;
 }
 
 /* What a wait is for, which decides its deadline. */
@@ -299,44 +290,37 @@ typedef enum wait_kind {
     WAIT_CONFIRM, /* confirm's second round: none (see confirm) */
 } wait_kind;
 
+/* The wait failed (f: what went wrong): open requests are dropped and the group is
+ * poisoned, so that every member fails. */
+static fsdp_status fail_wait(fsdp_ctx *ctx, mpi_group *mg, const fsdp_comm_failure *f) {
+    char msg[FSDP_ERROR_MAX];
+    fsdp_status st = fsdp_comm_failure_format(f, msg, sizeof msg);
+    return fail_and_poison(ctx, mg, st, msg);
+}
+
 static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
                                 bool arrival) {
-    char missing[256], arrived[256], msg[FSDP_ERROR_MAX];
-    int n = list_missing(g, mg, missing, arrived, sizeof missing);
-    int ms = mg->mw->world->timeout_ms;
-    if (arrival)
-        snprintf(msg, sizeof msg,
-                 "%s on group %s timed out after %d ms: rank%s %s did not arrive (arrived: %s). "
-                 "Every rank of a group must make the same collectives in the same order; a "
-                 "rank that skipped this one, failed before it or is busy elsewhere never "
-                 "arrives. If the wait is expected, raise fsdp_world_options.timeout_ms",
-                 fsdp_call_op_name(op), g->desc, ms, n > 1 ? "s" : "", missing, arrived);
-    else if (n > 0)
-        snprintf(msg, sizeof msg,
-                 "%s on group %s timed out after %d ms without progress while moving data "
-                 "(every rank had arrived): nothing more came from rank%s %s. If a transfer may "
-                 "stall that long, raise fsdp_world_options.timeout_ms",
-                 fsdp_call_op_name(op), g->desc, ms, n > 1 ? "s" : "", missing);
-    else
-        snprintf(msg, sizeof msg,
-                 "%s on group %s timed out after %d ms without progress while moving data "
-                 "(every rank had arrived): the peers did not take this rank's data. If a "
-                 "transfer may stall that long, raise fsdp_world_options.timeout_ms",
-                 fsdp_call_op_name(op), g->desc, ms);
-    return fail_and_poison(ctx, mg, FSDP_ERR_TIMEOUT, msg);
+    bool *open = open_members(mg);
+    fsdp_comm_failure f = {.kind = arrival ? FSDP_FAILURE_ARRIVAL : FSDP_FAILURE_DATA,
+                           .op = op,
+                           .group_desc = g->desc,
+                           .timeout_ms = mg->mw->world->timeout_ms,
+                           .n_members = mg->size,
+                           .ranks = g->ranks,
+                           .missing = open};
+    fsdp_status st = fail_wait(ctx, mg, &f);
+    free(open);
+    return st;
 }
 
 static fsdp_status fail_gone(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
                              int world_rank) {
-    const fsdp_rank_result *res = &mg->mw->world->results[world_rank];
-    char msg[FSDP_ERROR_MAX];
-    snprintf(msg, sizeof msg,
-             "%s on group %s: rank %d will never arrive: its function returned %s%s%.600s%s "
-             "without making this call",
-             fsdp_call_op_name(op), g->desc, world_rank, fsdp_status_to_string(res->status),
-             res->status != FSDP_OK ? " (\"" : "", res->status != FSDP_OK ? res->message : "",
-             res->status != FSDP_OK ? "\")" : "");
-    return fail_and_poison(ctx, mg, FSDP_ERR_COMM, msg);
+    fsdp_comm_failure f = {.kind = FSDP_FAILURE_GONE,
+                           .op = op,
+                           .group_desc = g->desc,
+                           .gone_rank = world_rank,
+                           .gone = &mg->mw->world->results[world_rank]};
+    return fail_wait(ctx, mg, &f);
 }
 
 /* Receives the exit notes that have arrived: their ranks' results go into the world. */
@@ -500,8 +484,10 @@ static fsdp_status wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, i
             else if (t - gone_since > GONE_GRACE_S)
                 return fail_gone(ctx, g, mg, op, gone);
             if (kind == WAIT_CONFIRM && t - warned >= fmax(limit, WARN_EVERY_S)) {
-                char missing[256], arrived[256];
-                list_missing(g, mg, missing, arrived, sizeof missing);
+                char missing[256] = "";
+                bool *late = open_members(mg);
+                if (late) fsdp_comm_rank_list(g->ranks, late, mg->size, true, missing, 256);
+                free(late);
                 warned = t;
                 fsdp_log(ctx, FSDP_LOG_WARN,
                          "%s on group %s: every rank arrived, but rank(s) %s have not confirmed "
@@ -974,12 +960,8 @@ static void mpi_collect_results(fsdp_ctx *ctx, void *context) {
         double t = now_s(CLOCK_MONOTONIC);
         if (t - warned >= fmax(1e-3 * w->timeout_ms, WARN_EVERY_S)) {
             warned = t;
-            char list[256] = "";
-            size_t used = 0;
-            for (int r = 0; r < mw->size && used < sizeof list; r++)
-                if (!mw->noted[r])
-                    used += (size_t)snprintf(list + used, sizeof list - used, "%s%d",
-                                             used ? "," : "", r);
+            char list[256];
+            fsdp_comm_rank_list(NULL, mw->noted, mw->size, false, list, sizeof list);
             fsdp_log(ctx, FSDP_LOG_WARN,
                      "fsdp_world_run: rank %d has waited %.0f s for rank%s %s to return from "
                      "its function",
