@@ -159,8 +159,8 @@ void fsdp_comm_debug_release(fsdp_comm_debug *d);
  * `nranks` (fsdp_world_options.nranks, already checked to be >= 0). */
 /* local.c: the local backend (rank threads sharing memory): nranks threads, 0 meaning 1. */
 fsdp_status fsdp_local_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks);
-/* mpi.c (built with FSDP_HAVE_MPI): the MPI backend (one process per rank), initialising MPI
- * when nobody has; nranks must be 0 or the MPI world size. */
+/* mpi_world.c (built with FSDP_HAVE_MPI): the MPI backend (one process per rank),
+ * initialising MPI when nobody has; nranks must be 0 or the MPI world size. */
 fsdp_status fsdp_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks);
 
 /* ---- call.c: what a rank asks of a group, compared across the ranks ---- */
