@@ -870,6 +870,157 @@ static void test_world_runs(void) {
     fsdp_world_free(w);
 }
 
+/* ---- a rank's own message, and the trail of a failure ---- */
+
+/* The last rank fails with a message it sets through the public API; the others succeed. */
+static fsdp_status own_message_body(fsdp_ctx *ctx, int rank, void *user) {
+    const bool bare = user != NULL;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    if (rank != W - 1) return FSDP_OK;
+    if (bare) return FSDP_ERR_IO; /* a failure without a message */
+    fsdp_ctx_set_error(ctx, FSDP_ERR_IO, "a message cleared before it is seen");
+    fsdp_ctx_set_error(ctx, FSDP_OK, NULL);
+    FSDP_RANK_CHECK(ctx, fsdp_last_status(ctx) == FSDP_OK && !fsdp_last_error(ctx)[0],
+                    "fsdp_ctx_set_error(FSDP_OK) left %s \"%s\"",
+                    fsdp_status_to_string(fsdp_last_status(ctx)), fsdp_last_error(ctx));
+    return fsdp_ctx_set_error(ctx, FSDP_ERR_CONFIG, "rank %d cannot read shard-%05d.h5: %s", rank,
+                              rank, "the file ends at byte 12");
+}
+
+/* fsdp_world_run reports the message a rank function set, whichever rank it is and whichever
+ * backend runs it (under MPI the failing rank is another process). */
+static void test_rank_sets_own_message(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    for (int n = 2; n <= 3; n++) {
+        int first = 0;
+        if (fsdp_test_hosted_ranks(n, &first) == 0) continue; /* another MPI job size */
+        char want[128];
+        snprintf(want, sizeof want,
+                 "rank %d: rank %d cannot read shard-%05d.h5: the file ends "
+                 "at byte 12",
+                 n - 1, n - 1, n - 1);
+        CU_ASSERT_EQUAL(fsdp_test_run_world(n, 20000, own_message_body, NULL), FSDP_ERR_CONFIG);
+        CU_ASSERT_STRING_EQUAL(fsdp_last_error(ctx), want);
+        CU_ASSERT_EQUAL(fsdp_last_status(ctx), FSDP_ERR_CONFIG);
+        CU_ASSERT_STRING_EQUAL(fsdp_last_error_origin(ctx), ""); /* not raised in libfsdp */
+        CU_ASSERT_PTR_NOT_NULL(strstr(fsdp_last_error_trail(ctx), "src/comm/world.c:"));
+        snprintf(want, sizeof want, "rank %d: (the function set no message)", n - 1);
+        CU_ASSERT_EQUAL(fsdp_test_run_world(n, 20000, own_message_body, (void *)1), FSDP_ERR_IO);
+        CU_ASSERT_STRING_EQUAL(fsdp_last_error(ctx), want);
+    }
+    /* Outside a world, and with a NULL context. */
+    CU_ASSERT_EQUAL(fsdp_ctx_set_error(ctx, FSDP_ERR_STATE, "step %d of %d", 3, 4), FSDP_ERR_STATE);
+    CU_ASSERT_STRING_EQUAL(fsdp_last_error(ctx), "step 3 of 4");
+    CU_ASSERT_EQUAL(fsdp_last_status(ctx), FSDP_ERR_STATE);
+    CU_ASSERT_STRING_EQUAL(fsdp_last_error_trail(ctx), "");
+    CU_ASSERT_EQUAL(fsdp_ctx_set_error(NULL, FSDP_ERR_IO, "nowhere"), FSDP_ERR_IO);
+    fsdp_clear_error(ctx);
+}
+
+/* A failure three calls deep: raised at `origin_line`, passed up unchanged by a plain
+ * FSDP_TRY, with a hop by FSDP_TRY_AT and one with context by FSDP_TRYF. */
+static int origin_line, hop_line, context_line;
+
+static fsdp_status read_header(fsdp_ctx *ctx, int64_t bytes) {
+    origin_line = __LINE__ + 1;
+    return FSDP_FAIL(ctx, FSDP_ERR_IO, "the file ends at byte %lld", (long long)bytes);
+}
+static fsdp_status open_shard(fsdp_ctx *ctx) {
+    FSDP_TRY(read_header(ctx, 12)); /* adds nothing */
+    return FSDP_OK;
+}
+static fsdp_status load_piece(fsdp_ctx *ctx) {
+    hop_line = __LINE__ + 1;
+    FSDP_TRY_AT(ctx, open_shard(ctx));
+    return FSDP_OK;
+}
+static fsdp_status load_param(fsdp_ctx *ctx, const char *name) {
+    context_line = __LINE__ + 1;
+    FSDP_TRYF(ctx, load_piece(ctx), "loading '%s'", name);
+    return FSDP_OK;
+}
+/* depth hops of FSDP_TRY_AT above a failure; a status without a message at the bottom when
+ * bare. */
+static fsdp_status deep(fsdp_ctx *ctx, int depth, bool bare) {
+    if (depth == 0) return bare ? FSDP_ERR_INTERNAL : read_header(ctx, 7);
+    FSDP_TRY_AT(ctx, deep(ctx, depth - 1, bare));
+    return FSDP_OK;
+}
+
+static void check_trail_across_ranks(int n);
+
+static void test_error_trail(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    CU_ASSERT_EQUAL(load_param(ctx, "fc1.weight"), FSDP_ERR_IO);
+    /* The message: outermost context first; the origin and the trail: file:line. */
+    CU_ASSERT_STRING_EQUAL(fsdp_last_error(ctx), "loading 'fc1.weight': the file ends at byte 12");
+    char want[256];
+    snprintf(want, sizeof want, "tests/test_comm.c:%d", origin_line);
+    CU_ASSERT_STRING_EQUAL(fsdp_last_error_origin(ctx), want);
+    snprintf(want, sizeof want,
+             "tests/test_comm.c:%d -> tests/test_comm.c:%d -> tests/test_comm.c:%d", context_line,
+             hop_line, origin_line);
+    CU_ASSERT_STRING_EQUAL(fsdp_last_error_trail(ctx), want);
+    /* A callee that failed without a message: the status names it. */
+    fsdp_clear_error(ctx);
+    CU_ASSERT_EQUAL(deep(ctx, 2, true), FSDP_ERR_INTERNAL);
+    CU_ASSERT_STRING_EQUAL(fsdp_last_error(ctx), "FSDP_ERR_INTERNAL");
+    CU_ASSERT_STRING_EQUAL(fsdp_last_error_origin(ctx), "");
+    /* A trail longer than the context holds keeps its outermost hops and the origin. */
+    CU_ASSERT_EQUAL(deep(ctx, 60, false), FSDP_ERR_IO);
+    const char *trail = fsdp_last_error_trail(ctx), *origin = fsdp_last_error_origin(ctx);
+    size_t tl = strlen(trail), ol = strlen(origin);
+    CU_ASSERT_TRUE(tl > ol && strcmp(trail + tl - ol, origin) == 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(trail, " -> ... -> "));
+    CU_ASSERT_EQUAL(strncmp(trail, "tests/test_comm.c:", 18), 0);
+    CU_ASSERT_STRING_EQUAL(fsdp_last_error(ctx), "the file ends at byte 7");
+    fsdp_clear_error(ctx);
+    CU_ASSERT_STRING_EQUAL(fsdp_last_error_trail(ctx), "");
+    for (int n = 2; n <= 3; n++) {
+        int first = 0;
+        if (fsdp_test_hosted_ranks(n, &first) > 0) check_trail_across_ranks(n);
+    }
+}
+
+/* Ranks disagree on an all_reduce's dtype; each passes the failure up with context. */
+static fsdp_status step(fsdp_ctx *ctx, int rank, fsdp_tensor *t) {
+    (void)rank;
+    context_line = __LINE__ + 1;
+    FSDP_TRYF(ctx, fsdp_all_reduce(ctx, NULL, t, FSDP_REDUCE_SUM), "step %d", 3);
+    return FSDP_OK;
+}
+static fsdp_status trail_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_tensor *t = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, rank == 0 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                (const int64_t[]){4}, &t));
+    fsdp_status st = step(ctx, rank, t);
+    fsdp_tensor_free(t);
+    return st;
+}
+
+/* The trail crosses fsdp_world_run: world.c, the rank's hop with its context, the public
+ * collective, and the backend's origin last (on every backend: under MPI the failing rank
+ * may be another process). */
+static void check_trail_across_ranks(int n) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    CU_ASSERT_EQUAL(fsdp_test_run_world(n, 20000, trail_body, NULL), FSDP_ERR_DTYPE);
+    const char *msg = fsdp_last_error(ctx), *trail = fsdp_last_error_trail(ctx);
+    const char *origin = fsdp_last_error_origin(ctx);
+    CU_ASSERT_TRUE(strncmp(msg, "rank ", 5) == 0 && strstr(msg, ": step 3: ") &&
+                   strstr(msg, "rank 0 bf16, rank 1 f32"));
+    char hop[96];
+    snprintf(hop, sizeof hop, " -> tests/test_comm.c:%d -> src/comm/collectives.c:", context_line);
+    CU_ASSERT_EQUAL(strncmp(trail, "src/comm/world.c:", 17), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(trail, hop));
+    size_t tl = strlen(trail), ol = strlen(origin);
+    CU_ASSERT_TRUE(ol > 0 && tl > ol && strcmp(trail + tl - ol, origin) == 0);
+    CU_ASSERT_EQUAL(strncmp(origin, "src/comm/", 9), 0);
+    if (!strstr(trail, hop) || strncmp(origin, "src/comm/", 9) != 0)
+        fprintf(stderr, "\n  message: %s\n  trail: %s\n  origin: %s\n", msg, trail, origin);
+    fsdp_clear_error(ctx);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"chunk_range", test_chunk_range},
@@ -888,6 +1039,8 @@ int main(int argc, char **argv) {
         {"bad_arguments", test_bad_arguments},
         {"world_errors", test_world_errors},
         {"world_runs", test_world_runs},
+        {"rank_sets_own_message", test_rank_sets_own_message},
+        {"error_trail", test_error_trail},
     };
     return fsdp_test_run(argc, argv, "comm", cases, sizeof cases / sizeof cases[0]);
 }

@@ -1,11 +1,13 @@
-/* test_tp.c: tensor parallelism on 4 ranks against the same model on one rank. The seed tests
- * of PyTorch's test_parallelize_api.py, ported: each compares parameters before, the forward
+/* test_tp.c: tensor parallelism on 2, 3 and 4 ranks against the same model on one rank. The seed
+ * tests of PyTorch's test_parallelize_api.py, ported: each compares parameters before, the forward
  * output, every parameter gradient and the parameters after one SGD step (lr 0.25), and pins
  * the collectives of parallelize, forward, backward and the step per op (the counts were
  * cross-checked against PyTorch 2.x CommDebugMode on 4 gloo ranks, tools/tp_comm_counts.py).
  * Then: input gradients through Colwise -> Rowwise, SequenceParallel with sharded rows (the
  * tensor-parallel half of REFERENCE.md section 5), DTensor hand-over between styles, and plan
- * errors. Every rank builds the reference itself, so the bodies need no shared memory. */
+ * errors. Every rank builds the reference itself, so the bodies need no shared memory. The
+ * seed scenarios and the chains run on 2, 3 (uneven chunks) and 4 ranks; under MPI each
+ * runs at the job's size. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,10 +17,19 @@
 #define WORLD 4
 #define SEED  5
 
+/* The world sizes the seed scenarios and the chains run on. */
+static const int sizes[] = {2, 3, 4};
+#define N_SIZES ((int)(sizeof sizes / sizeof sizes[0]))
+
 /* ---- helpers ---- */
 
+static int world_size(const fsdp_ctx *ctx) {
+    return fsdp_world_size(fsdp_ctx_world(ctx));
+}
+
+/* A 1-d mesh "tp" over the whole world. */
 static fsdp_status make_mesh(fsdp_ctx *ctx, fsdp_mesh **mesh) {
-    return fsdp_mesh_create(ctx, 1, (int[]){WORLD}, (const char *[]){"tp"}, mesh);
+    return fsdp_mesh_create(ctx, 1, (int[]){world_size(ctx)}, (const char *[]){"tp"}, mesh);
 }
 
 /* A tensor of the given shape with values uniform in [0, 1) from `stream` (like torch.rand). */
@@ -33,7 +44,7 @@ static fsdp_status rand_tensor(fsdp_ctx *ctx, int ndim, const int64_t *shape, ui
 static fsdp_status chunk_of(fsdp_ctx *ctx, const fsdp_tensor *t, bool by_rows, int rank,
                             fsdp_tensor **out) {
     int64_t rows = fsdp_tensor_dim(t, 0), cols = fsdp_tensor_dim(t, 1), off, len;
-    fsdp_chunk_range(by_rows ? rows : cols, WORLD, rank, &off, &len);
+    fsdp_chunk_range(by_rows ? rows : cols, world_size(ctx), rank, &off, &len);
     int64_t shape[2] = {by_rows ? len : rows, by_rows ? cols : len};
     FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, out));
     const float *s = fsdp_tensor_f32(t);
@@ -86,14 +97,23 @@ typedef struct want_comm {
     int bwd[FSDP_COMM_OP_COUNT];
 } want_comm;
 
+/* Every op's calls on tp in the phase are want[op], and the phase's calls over every group
+ * and op (barriers included) total their sum: nothing else communicated. */
 static fsdp_status check_phase(fsdp_ctx *ctx, const int *want, fsdp_comm_phase phase,
                                const char *what) {
+    int64_t total = 0;
     for (int op = FSDP_COMM_ALL_GATHER; op < FSDP_COMM_BARRIER; op++) {
         int64_t got = calls(ctx, (fsdp_comm_op)op, phase);
         FSDP_RANK_CHECK(ctx, got == want[op], "%s: %lld %s in %s, want %d", what, (long long)got,
                         fsdp_comm_op_to_string((fsdp_comm_op)op), fsdp_comm_phase_to_string(phase),
                         want[op]);
+        total += want[op];
     }
+    fsdp_comm_filter any = {.phase = phase};
+    int64_t all = fsdp_comm_debug_query(ctx, &any).calls;
+    FSDP_RANK_CHECK(ctx, all == total,
+                    "%s: %lld collectives in %s over all groups and ops, want %lld (on tp)", what,
+                    (long long)all, fsdp_comm_phase_to_string(phase), (long long)total);
     return FSDP_OK;
 }
 
@@ -195,7 +215,8 @@ static fsdp_status compare_module_rank(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void run_scenario(const scenario *s) {
-    FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, compare_module_rank, (void *)s));
+    for (int i = 0; i < N_SIZES; i++)
+        FSDP_TEST_OK(fsdp_test_run_world(sizes[i], 0, compare_module_rank, (void *)s));
 }
 
 /* RowwiseParallel() on Linear(16, 10), input (9, 16) chunked along its last dim. Forward: the
@@ -282,7 +303,7 @@ static void test_parallelize_module_multi_wildcard(void) {
 /* ---- PrepareModuleInput / PrepareModuleOutput on an identity module ---- */
 
 /* PrepareModuleInput(Shard(0) -> Replicate): each rank's (5, 7) input is its shard of a
- * (20, 7) tensor; the module gets the gathered DTensor (one all_gather), and redistributing
+ * (5 W, 7) tensor; the module gets the gathered DTensor (one all_gather), and redistributing
  * its output back to Shard(0) (a local chunk, no collective) gives each rank its input. */
 static fsdp_status prepare_input_rank(fsdp_ctx *ctx, int rank, void *user) {
     (void)user;
@@ -305,7 +326,7 @@ static fsdp_status prepare_input_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) {
         FSDP_RANK_CHECK(ctx, fsdp_dtensor_of(out) != NULL,
                         "use_local_output defaults to no: the module gets a DTensor");
-        FSDP_RANK_CHECK(ctx, fsdp_tensor_dim(out, 0) == 20, "gathered rows: %lld",
+        FSDP_RANK_CHECK(ctx, fsdp_tensor_dim(out, 0) == 5 * world_size(ctx), "gathered rows: %lld",
                         (long long)fsdp_tensor_dim(out, 0));
         FSDP_RANK_CHECK(ctx,
                         fsdp_comm_debug_total(ctx).calls == 1 &&
@@ -329,11 +350,13 @@ static fsdp_status prepare_input_rank(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_prepare_module_input(void) {
-    FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, prepare_input_rank, NULL));
+    for (int i = 0; i < N_SIZES; i++)
+        FSDP_TEST_OK(fsdp_test_run_world(sizes[i], 0, prepare_input_rank, NULL));
 }
 
 /* PrepareModuleOutput(Replicate -> Shard(0)): a Replicate DTensor of (16, 7) goes through;
- * the output is this rank's (4, 7) chunk as a local tensor, with no collective. */
+ * the output is this rank's torch.chunk of its rows ((4, 7) on 4 ranks) as a local tensor,
+ * with no collective. */
 static fsdp_status prepare_output_rank(fsdp_ctx *ctx, int rank, void *user) {
     (void)rank;
     (void)user;
@@ -371,7 +394,8 @@ static fsdp_status prepare_output_rank(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_prepare_module_output(void) {
-    FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, prepare_output_rank, NULL));
+    for (int i = 0; i < N_SIZES; i++)
+        FSDP_TEST_OK(fsdp_test_run_world(sizes[i], 0, prepare_output_rank, NULL));
 }
 
 /* ---- beyond the seed: input gradients, sequence parallel, DTensor hand-over ---- */
@@ -383,8 +407,8 @@ typedef struct chain_case {
 
 /* Model: [RMSNorm(10)] then MLPModule (or, for the hand-over, Linear(10, 16) then
  * Linear(16, 10): a DTensor reaches only the module it is handed to, so nothing may sit
- * between the two styles); input (8, 10). With sequence_parallel the input rows
- * are sharded (Shard(0)): norm under SequenceParallel(Shard(0)), net1 Colwise(input Shard(0)),
+ * between the two styles); input (8, 10) ((9, 10) on 3 ranks). With sequence_parallel the input
+ * rows are sharded (Shard(0)): norm under SequenceParallel(Shard(0)), net1 Colwise(input Shard(0)),
  * net2 Rowwise(output Shard(0)); the output is this rank's rows. The model input's gradient
  * is asked for, so every adjoint runs. */
 static fsdp_status chain_rank(fsdp_ctx *ctx, int rank, void *user) {
@@ -431,7 +455,10 @@ static fsdp_status chain_rank(fsdp_ctx *ctx, int rank, void *user) {
         };
         st = fsdp_tp_parallelize(ctx, tp, mesh, 2, plan, NULL);
     }
-    if (st == FSDP_OK) st = rand_tensor(ctx, 2, (int64_t[]){8, 10}, 3, &inp);
+    /* Rows: 8, or on 3 ranks 9: a sharded input's global shape is its local shape times the
+     * ranks (DTensor.from_local without a shape), so the rows split evenly. */
+    const int64_t rows = 8 % world_size(ctx) == 0 ? 8 : 3 * world_size(ctx);
+    if (st == FSDP_OK) st = rand_tensor(ctx, 2, (int64_t[]){rows, 10}, 3, &inp);
     if (st == FSDP_OK)
         st = c->sequence_parallel ? chunk_of(ctx, inp, true, rank, &tp_inp) : FSDP_OK;
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, ref, inp, &ref_out);
@@ -492,17 +519,20 @@ static fsdp_status chain_rank(fsdp_ctx *ctx, int rank, void *user) {
 
 static void test_colwise_rowwise_input_grad(void) {
     chain_case c = {false, false};
-    FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, chain_rank, &c));
+    for (int i = 0; i < N_SIZES; i++)
+        FSDP_TEST_OK(fsdp_test_run_world(sizes[i], 0, chain_rank, &c));
 }
 
 static void test_dtensor_handover(void) {
     chain_case c = {false, true};
-    FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, chain_rank, &c));
+    for (int i = 0; i < N_SIZES; i++)
+        FSDP_TEST_OK(fsdp_test_run_world(sizes[i], 0, chain_rank, &c));
 }
 
 static void test_sequence_parallel(void) {
     chain_case c = {true, false};
-    FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, chain_rank, &c));
+    for (int i = 0; i < N_SIZES; i++)
+        FSDP_TEST_OK(fsdp_test_run_world(sizes[i], 0, chain_rank, &c));
 }
 
 /* ---- plan errors ---- */

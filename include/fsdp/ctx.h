@@ -48,9 +48,21 @@ int fsdp_ctx_rank(const fsdp_ctx *ctx);
 const char *fsdp_last_error(const fsdp_ctx *ctx);
 /* The status of the most recent failure (FSDP_OK if none). */
 fsdp_status fsdp_last_status(const fsdp_ctx *ctx);
-/* Where in libfsdp the most recent failure was raised ("src/core/tensor.c:88"), for bug reports. */
+/* Where in libfsdp the most recent failure was raised ("src/core/tensor.c:88"), for bug reports;
+ * "" for a failure recorded with fsdp_ctx_set_error. */
 const char *fsdp_last_error_origin(const fsdp_ctx *ctx);
+/* The way the most recent failure came up, outermost call first and its origin last:
+ * "src/comm/world.c:260 -> src/comm/collectives.c:190 -> src/comm/local.c:310". Calls that
+ * pass a failure on unchanged add nothing, so the trail may be the origin alone. */
+const char *fsdp_last_error_trail(const fsdp_ctx *ctx);
 void fsdp_clear_error(fsdp_ctx *ctx);
+/* Records a failure on ctx as libfsdp's own functions do: fsdp_last_status(ctx) becomes
+ * status and fsdp_last_error(ctx) the printf-style message (origin and trail ""). Returns
+ * status, so a function can end with `return fsdp_ctx_set_error(ctx, FSDP_ERR_CONFIG, ...)`.
+ * In a rank function, this is the message fsdp_world_run reports ("rank R: <message>") on
+ * every backend. status FSDP_OK clears the failure instead. ctx may be NULL. */
+fsdp_status fsdp_ctx_set_error(fsdp_ctx *ctx, fsdp_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 void fsdp_ctx_set_log_level(fsdp_ctx *ctx, fsdp_log_level level);
 fsdp_log_level fsdp_ctx_log_level(const fsdp_ctx *ctx);

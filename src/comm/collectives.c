@@ -10,17 +10,6 @@
 #include "core/error.h"
 #include "core/tensor_impl.h"
 
-const char *fsdp_comm_op_to_string(fsdp_comm_op op) {
-    static const char *const names[FSDP_COMM_OP_COUNT] = {
-        "any", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier"};
-    return (int)op >= 0 && op < FSDP_COMM_OP_COUNT ? names[op] : "unknown";
-}
-
-const char *fsdp_reduce_op_to_string(fsdp_reduce_op op) {
-    static const char *const names[FSDP_REDUCE_OP_COUNT] = {"sum", "avg", "max"};
-    return (int)op >= 0 && op < FSDP_REDUCE_OP_COUNT ? names[op] : "unknown";
-}
-
 /* Finds the group (NULL: the world group) and checks that it is this rank's handle. */
 static fsdp_status resolve(fsdp_ctx *ctx, fsdp_group **g, fsdp_comm_op op) {
     const char *name = fsdp_comm_op_to_string(op);
@@ -44,13 +33,11 @@ static fsdp_status resolve(fsdp_ctx *ctx, fsdp_group **g, fsdp_comm_op op) {
 /* This rank will not make the call: let the peers know, keeping this rank's own message. */
 static fsdp_status reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op, fsdp_status st) {
     if (!g->world->backend.iface.reject) return st;
-    char message[FSDP_ERROR_MAX], origin[sizeof ctx->last_origin];
-    memcpy(message, ctx->last_error, sizeof message);
-    memcpy(origin, ctx->last_origin, sizeof origin);
+    fsdp_error_record mine;
+    fsdp_error_save(ctx, &mine);
     g->world->backend.iface.reject(ctx, g, op);
-    memcpy(ctx->last_error, message, sizeof message);
-    memcpy(ctx->last_origin, origin, sizeof origin);
-    ctx->last_status = st;
+    fsdp_error_restore(ctx, &mine);
+    ctx->error.status = st;
     return st;
 }
 
@@ -192,7 +179,8 @@ fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     fsdp_status st = check_all_gather(ctx, group, out, in, &dim);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(out));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    return group->world->backend.iface.all_gather(ctx, group, out, in, dim);
+    FSDP_TRY_AT(ctx, group->world->backend.iface.all_gather(ctx, group, out, in, dim));
+    return FSDP_OK;
 }
 
 static fsdp_status check_reduce_scatter(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_tensor *out,
@@ -212,7 +200,8 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
     fsdp_status st = check_reduce_scatter(ctx, group, out, in, &dim, op);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(in));
     if (st != FSDP_OK) return reject(ctx, group, cop, st);
-    return group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op);
+    FSDP_TRY_AT(ctx, group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op));
+    return FSDP_OK;
 }
 
 fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op) {
@@ -222,7 +211,8 @@ fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fs
     if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, cop, st);
-    return group->world->backend.iface.all_reduce(ctx, group, t, op);
+    FSDP_TRY_AT(ctx, group->world->backend.iface.all_reduce(ctx, group, t, op));
+    return FSDP_OK;
 }
 
 fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root) {
@@ -235,7 +225,8 @@ fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int
                        group->desc, root, group->size - 1);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    return group->world->backend.iface.broadcast(ctx, group, t, root);
+    FSDP_TRY_AT(ctx, group->world->backend.iface.broadcast(ctx, group, t, root));
+    return FSDP_OK;
 }
 
 static fsdp_status check_all_to_all(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_tensor *out,
@@ -273,7 +264,9 @@ fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     fsdp_status st = check_all_to_all(ctx, group, out, in, &split_dim, &concat_dim);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(in));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    return group->world->backend.iface.all_to_all(ctx, group, out, in, split_dim, concat_dim);
+    FSDP_TRY_AT(ctx,
+                group->world->backend.iface.all_to_all(ctx, group, out, in, split_dim, concat_dim));
+    return FSDP_OK;
 }
 
 fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group) {
@@ -281,5 +274,6 @@ fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group) {
     FSDP_TRY(resolve(ctx, &group, op));
     fsdp_status st = fsdp_comm_debug_note(ctx, group, op, 0);
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    return group->world->backend.iface.barrier(ctx, group);
+    FSDP_TRY_AT(ctx, group->world->backend.iface.barrier(ctx, group));
+    return FSDP_OK;
 }

@@ -9,21 +9,6 @@
 #include "comm/comm_impl.h"
 #include "core/error.h"
 
-const char *fsdp_comm_phase_to_string(fsdp_comm_phase phase) {
-    switch (phase) {
-    case FSDP_COMM_PHASE_ANY:
-        return "any";
-    case FSDP_COMM_PHASE_NONE:
-        return "none";
-    case FSDP_COMM_PHASE_FORWARD:
-        return "forward";
-    case FSDP_COMM_PHASE_BACKWARD:
-        return "backward";
-    default:
-        return "unknown";
-    }
-}
-
 static fsdp_comm_phase phase_of(const fsdp_ctx *ctx) {
     switch (ctx->phase) {
     case FSDP_PHASE_FORWARD:

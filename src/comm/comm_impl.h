@@ -80,7 +80,8 @@ typedef struct fsdp_rank_result {
     fsdp_status status;
     int failure_order; /* 1 for the first rank to fail in time, 2 for the next, ... */
     char message[FSDP_ERROR_MAX];
-    char origin[128];
+    char origin[FSDP_ORIGIN_MAX];
+    char trail[FSDP_TRAIL_MAX];
 } fsdp_rank_result;
 
 struct fsdp_world {
@@ -158,8 +159,8 @@ void fsdp_comm_debug_release(fsdp_comm_debug *d);
  * `nranks` (fsdp_world_options.nranks, already checked to be >= 0). */
 /* local.c: the local backend (rank threads sharing memory): nranks threads, 0 meaning 1. */
 fsdp_status fsdp_local_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks);
-/* mpi.c (built with FSDP_HAVE_MPI): the MPI backend (one process per rank), initialising MPI
- * when nobody has; nranks must be 0 or the MPI world size. */
+/* mpi_world.c (built with FSDP_HAVE_MPI): the MPI backend (one process per rank),
+ * initialising MPI when nobody has; nranks must be 0 or the MPI world size. */
 fsdp_status fsdp_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks);
 
 /* ---- call.c: what a rank asks of a group, compared across the ranks ---- */
@@ -202,6 +203,39 @@ fsdp_call fsdp_call_all_to_all(fsdp_tensor *out, const fsdp_tensor *in, int spli
  * verdict. */
 fsdp_status fsdp_call_judge(const fsdp_call *const *calls, int n, int mine, const int *ranks,
                             const char *group_desc, char *msg, size_t size);
+
+/* ---- failure.c: the backends' failure messages ---- */
+
+typedef enum fsdp_comm_failure_kind {
+    FSDP_FAILURE_ARRIVAL,  /* members did not arrive by the deadline (missing: who) */
+    FSDP_FAILURE_DATA,     /* a data step made no progress (missing: who sent nothing more) */
+    FSDP_FAILURE_GONE,     /* a member's function returned without making the call */
+    FSDP_FAILURE_POISONED, /* the group failed earlier */
+} fsdp_comm_failure_kind;
+
+/* What went wrong in a wait of `op` (fsdp_comm_op or FSDP_OP_SPLIT) on a group. */
+typedef struct fsdp_comm_failure {
+    fsdp_comm_failure_kind kind;
+    int op;
+    const char *group_desc;       /* fsdp_group.desc */
+    int timeout_ms;               /* ARRIVAL, DATA */
+    int n_members;                /* ARRIVAL, DATA: the group's size, */
+    const int *ranks;             /* its world ranks, */
+    const bool *missing;          /* and per member whether it is missing (NULL: none) */
+    int gone_rank;                /* GONE: the world rank that returned, */
+    const fsdp_rank_result *gone; /* and its result */
+    fsdp_status poison_status;    /* POISONED: the earlier failure */
+    const char *poison_msg;
+} fsdp_comm_failure;
+
+/* Writes the message of f into msg ("all_reduce on group 'world' (world ranks 0,1,2,3) timed
+ * out after 100 ms: rank 3 did not arrive (arrived: 0,1,2). ..."); returns its status
+ * (FSDP_ERR_TIMEOUT, FSDP_ERR_COMM, or the poisoning failure's). */
+fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size_t size);
+/* "1,3": the members m < n with mask[m] == want, as world ranks (ranks[m]; ranks NULL: m
+ * itself), cut where buf is full; returns how many there are. */
+int fsdp_comm_rank_list(const int *ranks, const bool *mask, int n, bool want, char *buf,
+                        size_t size);
 
 /* box.c: the data movement of the backends, over contiguous row-major tensors. */
 /* Copies a box of `box` elements per dim from src (shape src_shape, box at src_at) into dst

@@ -94,7 +94,7 @@ fsdp_status fsdp_group_resolve_parent(fsdp_ctx *ctx, fsdp_group **parent, const 
 fsdp_status fsdp_group_split_agreed(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
                                     const char *label, const char *agree, fsdp_group **out) {
     fsdp_group_info info = {0};
-    FSDP_TRY(parent->world->backend.iface.split(ctx, parent, color, key, agree, &info));
+    FSDP_TRY_AT(ctx, parent->world->backend.iface.split(ctx, parent, color, key, agree, &info));
     if (!info.state) return FSDP_OK;
     return fsdp_group_make(ctx, parent->world, &info, label ? label : "group", out);
 }

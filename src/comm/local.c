@@ -194,10 +194,14 @@ static void poison(local_group *lg, fsdp_status status, const char *msg) {
 
 static fsdp_status fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const local_group *lg,
                                  int op) {
-    return FSDP_FAIL(ctx, lg->poison_status,
-                     "%s on group %s refused: the group failed earlier and cannot be used "
-                     "(create a new world); the failure: %s",
-                     fsdp_call_op_name(op), g->desc, lg->poison_msg);
+    char msg[FSDP_ERROR_MAX];
+    fsdp_comm_failure f = {.kind = FSDP_FAILURE_POISONED,
+                           .op = op,
+                           .group_desc = g->desc,
+                           .poison_status = lg->poison_status,
+                           .poison_msg = lg->poison_msg};
+    fsdp_status st = fsdp_comm_failure_format(&f, msg, sizeof msg);
+    return FSDP_FAIL(ctx, st, "%s", msg);
 }
 
 /* The first member that has not entered stage `target` and whose function has returned, or
@@ -210,44 +214,36 @@ static int gone_member(const local_group *lg, uint64_t target) {
     return -1;
 }
 
+/* The wait failed (f: what went wrong): the group is poisoned, so that every member fails. */
+static fsdp_status fail_and_poison(fsdp_ctx *ctx, local_group *lg, const fsdp_comm_failure *f) {
+    char msg[FSDP_ERROR_MAX];
+    fsdp_status st = fsdp_comm_failure_format(f, msg, sizeof msg);
+    poison(lg, st, msg);
+    return FSDP_FAIL(ctx, st, "%s", msg);
+}
+
 static fsdp_status fail_gone(fsdp_ctx *ctx, const fsdp_group *g, local_group *lg, int op,
                              int member) {
-    const fsdp_rank_result *res = &lg->lw->world->results[lg->ranks[member]];
-    char msg[FSDP_ERROR_MAX];
-    snprintf(msg, sizeof msg,
-             "%s on group %s: rank %d will never arrive: its function returned %s%s%.600s%s "
-             "without making this call",
-             fsdp_call_op_name(op), g->desc, lg->ranks[member], fsdp_status_to_string(res->status),
-             res->status != FSDP_OK ? " (\"" : "", res->status != FSDP_OK ? res->message : "",
-             res->status != FSDP_OK ? "\")" : "");
-    poison(lg, FSDP_ERR_COMM, msg);
-    return FSDP_FAIL(ctx, FSDP_ERR_COMM, "%s", msg);
+    fsdp_comm_failure f = {.kind = FSDP_FAILURE_GONE,
+                           .op = op,
+                           .group_desc = g->desc,
+                           .gone_rank = lg->ranks[member],
+                           .gone = &lg->lw->world->results[lg->ranks[member]]};
+    return fail_and_poison(ctx, lg, &f);
 }
 
 static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, local_group *lg, int op,
                                 uint64_t target) {
-    char missing[256] = "", arrived[256] = "";
-    size_t nm = 0, na = 0;
-    int n_missing = 0;
-    for (int r = 0; r < lg->size; r++) {
-        bool in = lg->entered[r] >= target;
-        char *buf = in ? arrived : missing;
-        size_t *used = in ? &na : &nm;
-        if (*used < sizeof missing)
-            *used += (size_t)snprintf(buf + *used, sizeof missing - *used, "%s%d", *used ? "," : "",
-                                      lg->ranks[r]);
-        n_missing += !in;
-    }
-    char msg[FSDP_ERROR_MAX];
-    snprintf(msg, sizeof msg,
-             "%s on group %s timed out after %d ms: rank%s %s did not arrive (arrived: %s). "
-             "Every rank of a group must make the same collectives in the same order; a rank "
-             "that skipped this one, failed before it or is busy elsewhere never arrives. If "
-             "the wait is expected, raise fsdp_world_options.timeout_ms",
-             fsdp_call_op_name(op), g->desc, lg->lw->world->timeout_ms, n_missing > 1 ? "s" : "",
-             missing, arrived);
-    poison(lg, FSDP_ERR_TIMEOUT, msg);
-    return FSDP_FAIL(ctx, FSDP_ERR_TIMEOUT, "%s", msg);
+    bool missing[LOCAL_MAX_RANKS];
+    for (int r = 0; r < lg->size; r++) missing[r] = lg->entered[r] < target;
+    fsdp_comm_failure f = {.kind = FSDP_FAILURE_ARRIVAL,
+                           .op = op,
+                           .group_desc = g->desc,
+                           .timeout_ms = lg->lw->world->timeout_ms,
+                           .n_members = lg->size,
+                           .ranks = lg->ranks,
+                           .missing = missing};
+    return fail_and_poison(ctx, lg, &f);
 }
 
 static struct timespec deadline_after(int ms) {
@@ -390,7 +386,7 @@ static fsdp_status local_barrier(fsdp_ctx *ctx, fsdp_group *g) {
 }
 
 static void local_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
-    fsdp_call c = {.op = op, .rejected = ctx->last_status, .reject_msg = ctx->last_error};
+    fsdp_call c = {.op = op, .rejected = ctx->error.status, .reject_msg = ctx->error.message};
     (void)rendezvous(ctx, g, op, &c);
 }
 

@@ -111,8 +111,8 @@ static fsdp_status build(fsdp_ctx *ctx, fsdp_mesh *m, const char *agree) {
         int color = 0;
         for (int j = 0; j < m->ndim; j++)
             if (j != k) color = color * m->shape[j] + m->coord[j];
-        FSDP_TRY(fsdp_group_split_agreed(ctx, world, color, m->coord[k], m->names[k], agree,
-                                         &m->groups[k]));
+        FSDP_TRY_AT(ctx, fsdp_group_split_agreed(ctx, world, color, m->coord[k], m->names[k], agree,
+                                                 &m->groups[k]));
         m->groups[k]->borrowed = true;
     }
     for (int k = 0; k < m->ndim; k++) FSDP_TRY(make_sub(ctx, m, k));

@@ -169,19 +169,30 @@ typedef struct rank_job {
     void *user;
 } rank_job;
 
-/* Records what a rank returned and tells the backend it has gone. */
-static void finish_rank(fsdp_world *w, int rank, fsdp_status st, const char *message,
-                        const char *origin) {
+/* Records what a rank returned (its context's failure, when it recorded one) and tells the
+ * backend it has gone. */
+static void finish_rank(fsdp_world *w, int rank, fsdp_status st, const fsdp_error_record *err) {
     fsdp_rank_result *res = &w->results[rank];
     res->status = st;
     if (st != FSDP_OK) {
         res->failure_order = atomic_fetch_add(&w->failures, 1) + 1;
+        const bool has = err && err->status != FSDP_OK && err->message[0];
         snprintf(res->message, sizeof res->message, "%s",
-                 message && message[0] ? message : "(the function set no message)");
-        snprintf(res->origin, sizeof res->origin, "%s", origin ? origin : "");
+                 has ? err->message : "(the function set no message)");
+        snprintf(res->origin, sizeof res->origin, "%s", err ? err->origin : "");
+        snprintf(res->trail, sizeof res->trail, "%s", err ? err->trail : "");
     }
     atomic_store(&res->exited, true);
     if (w->backend.iface.rank_exited) w->backend.iface.rank_exited(w->backend.context, rank);
+}
+
+/* A failure of the world's own, raised here, for finish_rank. */
+static fsdp_error_record world_failure(fsdp_status st, int line, const char *message) {
+    fsdp_error_record e = {.status = st};
+    snprintf(e.message, sizeof e.message, "%s", message);
+    snprintf(e.origin, sizeof e.origin, "src/comm/world.c:%d", line);
+    snprintf(e.trail, sizeof e.trail, "%s", e.origin);
+    return e;
 }
 
 static void run_rank(const rank_job *job) {
@@ -191,14 +202,13 @@ static void run_rank(const rank_job *job) {
     fsdp_ctx *ctx = NULL;
     fsdp_status st = fsdp_ctx_create(&o, &ctx);
     if (st != FSDP_OK) {
-        finish_rank(w, job->rank, st, "cannot create the rank's context", "");
+        fsdp_error_record e = world_failure(st, __LINE__, "cannot create the rank's context");
+        finish_rank(w, job->rank, st, &e);
         return;
     }
     st = bind(ctx, w, job->rank);
     if (st == FSDP_OK) st = job->fn(ctx, job->rank, job->user);
-    const bool has_message = st != FSDP_OK && fsdp_last_status(ctx) != FSDP_OK;
-    finish_rank(w, job->rank, st, has_message ? fsdp_last_error(ctx) : NULL,
-                has_message ? fsdp_last_error_origin(ctx) : NULL);
+    finish_rank(w, job->rank, st, st != FSDP_OK ? fsdp_error_of(ctx) : NULL);
     fsdp_ctx_free(ctx);
 }
 
@@ -245,7 +255,8 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
             char message[160];
             snprintf(message, sizeof message, "cannot start the thread of rank %d (%s)",
                      jobs[i].rank, strerror(err));
-            finish_rank(world, jobs[i].rank, FSDP_ERR_INTERNAL, message, "");
+            fsdp_error_record e = world_failure(FSDP_ERR_INTERNAL, __LINE__, message);
+            finish_rank(world, jobs[i].rank, FSDP_ERR_INTERNAL, &e);
         }
     }
     if (count > 0) run_rank(&jobs[0]);
@@ -265,9 +276,13 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
     }
     atomic_store(&world->running, false);
     if (!first_failure) return FSDP_OK;
-    fsdp_status st = fsdp_error_set(ctx, first_failure->status, __FILE__, __LINE__, "rank %d: %s",
-                                    failed_rank, first_failure->message);
-    if (ctx && first_failure->origin[0])
-        snprintf(ctx->last_origin, sizeof ctx->last_origin, "%s", first_failure->origin);
-    return st;
+    /* The rank's failure, crossing into the caller's context: "rank R: " in front, its
+     * origin kept, and this line in front of its trail. */
+    if (!ctx) return first_failure->status;
+    fsdp_error_record e = {.status = first_failure->status};
+    snprintf(e.message, sizeof e.message, "rank %d: %.1000s", failed_rank, first_failure->message);
+    snprintf(e.origin, sizeof e.origin, "%s", first_failure->origin);
+    snprintf(e.trail, sizeof e.trail, "%s", first_failure->trail);
+    fsdp_error_restore(ctx, &e);
+    return fsdp_error_hop(ctx, e.status, __FILE__, __LINE__, NULL);
 }

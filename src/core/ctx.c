@@ -1,4 +1,5 @@
-/* ctx.c: the per-rank context: creation, last error, logging and the module scope stack. */
+/* ctx.c: the per-rank context: creation, logging and the module scope stack (the failure a
+ * context records lives in status.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,42 +64,6 @@ uint64_t fsdp_ctx_seed(const fsdp_ctx *ctx) {
 }
 int fsdp_ctx_rank(const fsdp_ctx *ctx) {
     return ctx->rank;
-}
-
-const char *fsdp_last_error(const fsdp_ctx *ctx) {
-    return ctx ? ctx->last_error : "";
-}
-fsdp_status fsdp_last_status(const fsdp_ctx *ctx) {
-    return ctx ? ctx->last_status : FSDP_OK;
-}
-const char *fsdp_last_error_origin(const fsdp_ctx *ctx) {
-    return ctx ? ctx->last_origin : "";
-}
-
-void fsdp_clear_error(fsdp_ctx *ctx) {
-    ctx->last_status = FSDP_OK;
-    ctx->last_error[0] = '\0';
-    ctx->last_origin[0] = '\0';
-}
-
-/* "src/core/tensor.c" from whatever absolute path the compiler saw. */
-static const char *source_relative(const char *file) {
-    const char *s = strstr(file, "src/");
-    return s ? s : file;
-}
-
-fsdp_status fsdp_error_set(fsdp_ctx *ctx, fsdp_status status, const char *file, int line,
-                           const char *fmt, ...) {
-    if (!ctx) return status;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
-    va_end(ap);
-    snprintf(ctx->last_origin, sizeof ctx->last_origin, "%s:%d", source_relative(file), line);
-    ctx->last_status = status;
-    fsdp_log(ctx, FSDP_LOG_DEBUG, "%s at %s: %s", fsdp_status_to_string(status), ctx->last_origin,
-             ctx->last_error);
-    return status;
 }
 
 void fsdp_ctx_set_log_level(fsdp_ctx *ctx, fsdp_log_level level) {

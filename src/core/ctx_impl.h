@@ -4,10 +4,10 @@
 #ifndef FSDP_CORE_CTX_IMPL_H
 #define FSDP_CORE_CTX_IMPL_H
 
+#include "core/error.h"
 #include "fsdp/ctx.h"
 #include "fsdp/tensor.h"
 
-#define FSDP_ERROR_MAX 1024
 #define FSDP_SCOPE_MAX 64
 
 /* Which pass is running; set by the module layer, read by comm-debug. */
@@ -21,9 +21,7 @@ struct fsdp_ctx {
     fsdp_log_fn log_fn;
     void *log_user;
 
-    fsdp_status last_status;
-    char last_error[FSDP_ERROR_MAX];
-    char last_origin[128];
+    fsdp_error_record error; /* the most recent failure (core/error.h) */
 
     const char *scope[FSDP_SCOPE_MAX]; /* fully qualified names of the running modules */
     int scope_depth;

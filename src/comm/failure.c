@@ -1,0 +1,73 @@
+/* failure.c: the text of the failures both backends report when a wait ends badly (members
+ * that did not arrive by the deadline, a data step without progress, a member whose function
+ * returned, a group that failed earlier), so local and mpi say the same thing the same way. */
+#include <stdio.h>
+
+#include "comm/comm_impl.h"
+
+int fsdp_comm_rank_list(const int *ranks, const bool *mask, int n, bool want, char *buf,
+                        size_t size) {
+    size_t used = 0;
+    int count = 0;
+    buf[0] = '\0';
+    for (int m = 0; m < n; m++) {
+        if (mask[m] != want) continue;
+        count++;
+        if (used < size)
+            used += (size_t)snprintf(buf + used, size - used, "%s%d", used ? "," : "",
+                                     ranks ? ranks[m] : m);
+    }
+    return count;
+}
+
+fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size_t size) {
+    const char *op = fsdp_call_op_name(f->op);
+    char missing[256] = "", arrived[256] = "";
+    int n = 0;
+    if (f->missing) {
+        n = fsdp_comm_rank_list(f->ranks, f->missing, f->n_members, true, missing, sizeof missing);
+        fsdp_comm_rank_list(f->ranks, f->missing, f->n_members, false, arrived, sizeof arrived);
+    }
+    const char *s = n > 1 ? "s" : "";
+    switch (f->kind) {
+    case FSDP_FAILURE_ARRIVAL:
+        snprintf(msg, size,
+                 "%s on group %s timed out after %d ms: rank%s %s did not arrive (arrived: %s). "
+                 "Every rank of a group must make the same collectives in the same order; a "
+                 "rank that skipped this one, failed before it or is busy elsewhere never "
+                 "arrives. If the wait is expected, raise fsdp_world_options.timeout_ms",
+                 op, f->group_desc, f->timeout_ms, s, missing, arrived);
+        return FSDP_ERR_TIMEOUT;
+    case FSDP_FAILURE_DATA:
+        if (n > 0)
+            snprintf(msg, size,
+                     "%s on group %s timed out after %d ms without progress while moving data "
+                     "(every rank had arrived): nothing more came from rank%s %s. If a transfer "
+                     "may stall that long, raise fsdp_world_options.timeout_ms",
+                     op, f->group_desc, f->timeout_ms, s, missing);
+        else
+            snprintf(msg, size,
+                     "%s on group %s timed out after %d ms without progress while moving data "
+                     "(every rank had arrived): the peers did not take this rank's data. If a "
+                     "transfer may stall that long, raise fsdp_world_options.timeout_ms",
+                     op, f->group_desc, f->timeout_ms);
+        return FSDP_ERR_TIMEOUT;
+    case FSDP_FAILURE_GONE: {
+        const fsdp_rank_result *res = f->gone;
+        const bool failed = res->status != FSDP_OK;
+        snprintf(msg, size,
+                 "%s on group %s: rank %d will never arrive: its function returned %s%s%.600s%s "
+                 "without making this call",
+                 op, f->group_desc, f->gone_rank, fsdp_status_to_string(res->status),
+                 failed ? " (\"" : "", failed ? res->message : "", failed ? "\")" : "");
+        return FSDP_ERR_COMM;
+    }
+    case FSDP_FAILURE_POISONED:
+    default:
+        snprintf(msg, size,
+                 "%s on group %s refused: the group failed earlier and cannot be used (create a "
+                 "new world); the failure: %.800s",
+                 op, f->group_desc, f->poison_msg);
+        return f->poison_status;
+    }
+}

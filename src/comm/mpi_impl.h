@@ -1,0 +1,155 @@
+/* mpi_impl.h: what the MPI backend's files share: message tags, the descriptor and note that
+ * travel between ranks, the world and group states, and the entries of the waits
+ * (mpi_wait.c) and collectives (mpi_collectives.c) that the world (mpi_world.c) builds on.
+ * Internal to the MPI backend; included only by src/comm/mpi_*.c. */
+#ifndef FSDP_COMM_MPI_IMPL_H
+#define FSDP_COMM_MPI_IMPL_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "comm/comm_impl.h"
+
+/* Message kinds. A tag is (run % RUN_TAGS) * TAG_KINDS + kind: messages left over from an
+ * earlier run of the world (after a timeout) never match a later run's. The largest tag,
+ * 29999, is below 32767, the least MPI_TAG_UB the standard allows. TAG_READY is the second
+ * round of the calls that must not end differently on different ranks (split, barrier). */
+enum { TAG_DESC, TAG_DATA, TAG_POISON, TAG_EXIT, TAG_READY, TAG_KINDS };
+#define RUN_TAGS 6000
+
+#define SEGMENT_BYTES (1 << 30) /* MPI counts are int: larger pieces go as several messages */
+#define GONE_GRACE_S  0.1   /* how long to wait for a message of a rank known to have returned */
+#define ENTRY_PROBES  4     /* looks for a poison note as a call starts */
+#define SETTLE_S      0.005 /* before reporting a disagreement: time for a poison note to land */
+#define WARN_EVERY_S  10.0  /* at least, between warnings while a run waits for other ranks */
+
+/* A call as it travels: the fields of fsdp_call that must agree, then `text` (the reject
+ * message or the split's agree text), of which only the used part is sent. */
+typedef struct mpi_desc {
+    int32_t op, rejected, dtype, ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int32_t dim, dim2, root, reduce, color, key, has_text, pad;
+    char text[FSDP_ERROR_MAX];
+} mpi_desc;
+
+/* What a rank tells the others when its function returns (TAG_EXIT, on the world's
+ * communicator) and when a group fails on it (TAG_POISON, on the group's). */
+typedef struct mpi_note {
+    int32_t status, pad;
+    double finished; /* CLOCK_REALTIME seconds */
+    char message[FSDP_ERROR_MAX];
+    char origin[FSDP_ORIGIN_MAX];
+    char trail[FSDP_TRAIL_MAX];
+} mpi_note;
+
+typedef struct mpi_group mpi_group;
+
+/* A send still in flight whose buffer must outlive it (notes). */
+typedef struct pending_send {
+    struct pending_send *next;
+    MPI_Request req;
+    mpi_note note;
+} pending_send;
+
+typedef struct mpi_world {
+    fsdp_world *world;
+    MPI_Comm comm; /* a duplicate of MPI_COMM_WORLD: the world group's */
+    int rank, size;
+    int run; /* runs started: the tags' epoch */
+    mpi_group *world_group;
+    mpi_group *groups; /* groups split in the current run */
+    bool *noted;       /* per world rank: its exit note of this run has arrived */
+    double *finished;  /* per world rank: when its function returned */
+    pending_send *sends;
+} mpi_world;
+
+struct mpi_group {
+    mpi_world *mw;
+    mpi_group *next;
+    MPI_Comm comm; /* its rank in comm is its group rank */
+    int size, rank;
+    int *ranks; /* world ranks of the members */
+    bool poisoned;
+    fsdp_status poison_status;
+    char poison_msg[FSDP_ERROR_MAX];
+    mpi_desc *descs;  /* per member: the call it sent */
+    int32_t *ready;   /* per member: its confirmation (confirm) */
+    fsdp_call *calls; /* per member: decoded */
+    const fsdp_call **call_ptrs;
+    const void **srcs; /* per member: its piece of a reduction */
+    /* The requests of the current step, with the member each talks to. */
+    MPI_Request *reqs;
+    int *req_member;
+    bool *req_recv;
+    int *done_idx;
+    int n_reqs, cap_reqs;
+    void *scratch; /* received and packed pieces */
+    size_t scratch_cap;
+    char msg[FSDP_ERROR_MAX];
+};
+
+static inline double now_s(clockid_t clock) {
+    struct timespec t;
+    clock_gettime(clock, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static inline int tag_of(const mpi_world *mw, int kind) {
+    return (mw->run % RUN_TAGS) * TAG_KINDS + kind;
+}
+
+/* What a wait is for, which decides its deadline. */
+typedef enum wait_kind {
+    WAIT_ARRIVAL, /* the descriptor exchange: timeout_ms after it started */
+    WAIT_DATA,    /* a data step: timeout_ms without any request completing */
+    WAIT_CONFIRM, /* confirm's second round: none (see confirm) */
+} wait_kind;
+
+/* ---- mpi_wait.c ---- */
+
+/* "where: MPI_Comm_split failed: <MPI's text>"; `what` may be the call's text, of which the
+ * function's name is kept. */
+fsdp_status fsdp_mpi_fail(fsdp_ctx *ctx, int rc, const char *what, const char *where);
+#define MPI_TRY(ctx, call, where)                                                                  \
+    do {                                                                                           \
+        int mpi_rc_ = (call);                                                                      \
+        if (mpi_rc_ != MPI_SUCCESS) return fsdp_mpi_fail((ctx), mpi_rc_, #call, (where));          \
+    } while (0)
+/* Frees the notes whose sends have completed. */
+void fsdp_mpi_reap_sends(mpi_world *mw);
+/* Sends `note` to rank `dest` of comm without waiting for it. */
+void fsdp_mpi_send_note(mpi_world *mw, MPI_Comm comm, int dest, int kind, const mpi_note *note);
+/* Drops the open requests, poisons the group (telling its members) and fails with msg. */
+fsdp_status fsdp_mpi_fail_and_poison(fsdp_ctx *ctx, mpi_group *mg, fsdp_status status,
+                                     const char *msg);
+/* Receives the exit notes that have arrived: their ranks' results go into the world. */
+void fsdp_mpi_receive_exit_notes(mpi_world *mw);
+/* Posts a receive (recv) or send of `bytes` at buf with group member `member`. */
+fsdp_status fsdp_mpi_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, bool recv, int member,
+                          int kind, void *buf, size_t bytes);
+/* Between polls: spin, then yield, then sleep a little. */
+void fsdp_mpi_back_off(int polls, double waited);
+/* Waits until every posted request has completed, with the deadline `kind` says. */
+fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
+                              wait_kind kind);
+/* The descriptor exchange and judgement every call starts with. */
+fsdp_status fsdp_mpi_arrive(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_call *mine);
+/* The second round of a call that moves no data (barrier, split). */
+fsdp_status fsdp_mpi_confirm(fsdp_ctx *ctx, const fsdp_group *g, int op);
+
+/* ---- mpi_collectives.c: the backend's collective entries ---- */
+
+fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                const fsdp_tensor *in, int dim);
+fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                    const fsdp_tensor *in, int dim, fsdp_reduce_op op);
+fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op);
+fsdp_status fsdp_mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root);
+fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                const fsdp_tensor *in, int split_dim, int concat_dim);
+fsdp_status fsdp_mpi_barrier(fsdp_ctx *ctx, fsdp_group *g);
+void fsdp_mpi_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op);
+
+#endif

@@ -1,0 +1,430 @@
+/* mpi_wait.c: the MPI backend's waits: every call's descriptor exchange and judgement
+ * (arrive), the confirmation round (confirm), posting and polling requests against their
+ * deadlines, and failing: poison notes, timeouts, ranks that have returned. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <sched.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/mpi_impl.h"
+#include "core/error.h"
+
+/* "where: MPI_Comm_split failed: <MPI's text>"; `what` may be the call's text, of which the
+ * function's name is kept. */
+fsdp_status fsdp_mpi_fail(fsdp_ctx *ctx, int rc, const char *what, const char *where) {
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    return FSDP_FAIL(ctx, FSDP_ERR_COMM, "%s%s%.*s failed: %s", where ? where : "",
+                     where ? ": " : "", (int)strcspn(what, "("), what, text);
+}
+
+#define MPI_TRY(ctx, call, where)                                                                  \
+    do {                                                                                           \
+        int mpi_rc_ = (call);                                                                      \
+        if (mpi_rc_ != MPI_SUCCESS) return fsdp_mpi_fail((ctx), mpi_rc_, #call, (where));          \
+    } while (0)
+
+/* ---- sends that outlive their call ---- */
+
+void fsdp_mpi_reap_sends(mpi_world *mw) {
+    pending_send **p = &mw->sends;
+    while (*p) {
+        int done = 0;
+        if (MPI_Test(&(*p)->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1;
+        if (done) {
+            pending_send *d = *p;
+            *p = d->next;
+            free(d);
+        } else {
+            p = &(*p)->next;
+        }
+    }
+}
+
+/* Sends `note` to world rank `dest` on comm without waiting for it. */
+void fsdp_mpi_send_note(mpi_world *mw, MPI_Comm comm, int dest, int kind, const mpi_note *note) {
+    pending_send *s = malloc(sizeof *s);
+    if (!s) return; /* the peer will time out instead of failing at once */
+    s->note = *note;
+    if (MPI_Isend(&s->note, (int)sizeof s->note, MPI_BYTE, dest, tag_of(mw, kind), comm, &s->req) !=
+        MPI_SUCCESS) {
+        free(s);
+        return;
+    }
+    s->next = mw->sends;
+    mw->sends = s;
+}
+
+/* ---- failing: poison, timeouts, ranks that have gone ---- */
+
+static fsdp_status fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, int op) {
+    char msg[FSDP_ERROR_MAX];
+    fsdp_comm_failure f = {.kind = FSDP_FAILURE_POISONED,
+                           .op = op,
+                           .group_desc = g->desc,
+                           .poison_status = mg->poison_status,
+                           .poison_msg = mg->poison_msg};
+    fsdp_status st = fsdp_comm_failure_format(&f, msg, sizeof msg);
+    return FSDP_FAIL(ctx, st, "%s", msg);
+}
+
+/* Marks the group unusable and tells the other members, so that they fail at once. */
+static void poison(mpi_group *mg, fsdp_status status, const char *msg) {
+    if (mg->poisoned) return;
+    mg->poisoned = true;
+    mg->poison_status = status;
+    snprintf(mg->poison_msg, sizeof mg->poison_msg, "%s", msg);
+    mpi_note note = {.status = status};
+    snprintf(note.message, sizeof note.message, "%s", msg);
+    for (int m = 0; m < mg->size; m++)
+        if (m != mg->rank) fsdp_mpi_send_note(mg->mw, mg->comm, m, TAG_POISON, &note);
+}
+
+/* Drops the requests still open after a failed wait: receives are cancelled; sends are left
+ * to finish on their own (small ones already have). */
+static void abandon_requests(mpi_group *mg) {
+    for (int i = 0; i < mg->n_reqs; i++) {
+        if (mg->reqs[i] == MPI_REQUEST_NULL) continue;
+        if (mg->req_recv[i]) {
+            MPI_Cancel(&mg->reqs[i]);
+            MPI_Wait(&mg->reqs[i], MPI_STATUS_IGNORE);
+        } else {
+            MPI_Request_free(&mg->reqs[i]);
+        }
+    }
+    mg->n_reqs = 0;
+}
+
+fsdp_status fsdp_mpi_fail_and_poison(fsdp_ctx *ctx, mpi_group *mg, fsdp_status status,
+                                     const char *msg) {
+    abandon_requests(mg);
+    poison(mg, status, msg);
+    return FSDP_FAIL(ctx, status, "%s", msg);
+}
+
+/* Per member: whether this rank still has an open receive from it (it has not sent its part
+ * of the step). Returns a calloc'd array, NULL when out of memory. */
+static bool *open_members(const mpi_group *mg) {
+    bool *open = calloc((size_t)mg->size, sizeof *open);
+    for (int i = 0; open && i < mg->n_reqs; i++)
+        if (mg->reqs[i] != MPI_REQUEST_NULL && mg->req_recv[i]) open[mg->req_member[i]] = true;
+    return open;
+}
+
+/* The wait failed (f: what went wrong): open requests are dropped and the group is
+ * poisoned, so that every member fails. */
+static fsdp_status fail_wait(fsdp_ctx *ctx, mpi_group *mg, const fsdp_comm_failure *f) {
+    char msg[FSDP_ERROR_MAX];
+    fsdp_status st = fsdp_comm_failure_format(f, msg, sizeof msg);
+    return fsdp_mpi_fail_and_poison(ctx, mg, st, msg);
+}
+
+static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
+                                bool arrival) {
+    bool *open = open_members(mg);
+    fsdp_comm_failure f = {.kind = arrival ? FSDP_FAILURE_ARRIVAL : FSDP_FAILURE_DATA,
+                           .op = op,
+                           .group_desc = g->desc,
+                           .timeout_ms = mg->mw->world->timeout_ms,
+                           .n_members = mg->size,
+                           .ranks = g->ranks,
+                           .missing = open};
+    fsdp_status st = fail_wait(ctx, mg, &f);
+    free(open);
+    return st;
+}
+
+static fsdp_status fail_gone(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
+                             int world_rank) {
+    fsdp_comm_failure f = {.kind = FSDP_FAILURE_GONE,
+                           .op = op,
+                           .group_desc = g->desc,
+                           .gone_rank = world_rank,
+                           .gone = &mg->mw->world->results[world_rank]};
+    return fail_wait(ctx, mg, &f);
+}
+
+/* Receives the exit notes that have arrived: their ranks' results go into the world. */
+void fsdp_mpi_receive_exit_notes(mpi_world *mw) {
+    for (;;) {
+        int flag = 0;
+        MPI_Status status;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, tag_of(mw, TAG_EXIT), mw->comm, &flag, &status) !=
+                MPI_SUCCESS ||
+            !flag)
+            return;
+        mpi_note note;
+        if (MPI_Recv(&note, (int)sizeof note, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, mw->comm,
+                     MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return;
+        int r = status.MPI_SOURCE;
+        fsdp_rank_result *res = &mw->world->results[r];
+        res->status = (fsdp_status)note.status;
+        note.message[sizeof note.message - 1] = note.origin[sizeof note.origin - 1] = '\0';
+        note.trail[sizeof note.trail - 1] = '\0';
+        snprintf(res->message, sizeof res->message, "%s", note.message);
+        snprintf(res->origin, sizeof res->origin, "%s", note.origin);
+        snprintf(res->trail, sizeof res->trail, "%s", note.trail);
+        mw->finished[r] = note.finished;
+        mw->noted[r] = true;
+        atomic_store(&res->exited, true);
+    }
+}
+
+/* A poison note another member sent on this group, if one has arrived: the group fails. */
+static bool receive_poison(mpi_group *mg) {
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, tag_of(mg->mw, TAG_POISON), mg->comm, &flag, &status) !=
+            MPI_SUCCESS ||
+        !flag)
+        return false;
+    mpi_note note;
+    if (MPI_Recv(&note, (int)sizeof note, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, mg->comm,
+                 MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        return false;
+    note.message[sizeof note.message - 1] = '\0';
+    if (!mg->poisoned) {
+        mg->poisoned = true;
+        mg->poison_status = (fsdp_status)note.status;
+        snprintf(mg->poison_msg, sizeof mg->poison_msg, "%s", note.message);
+    }
+    return true;
+}
+
+/* The world rank of a member this rank still waits for whose function has returned, or -1. */
+static int gone_member(const fsdp_group *g, const mpi_group *mg) {
+    for (int i = 0; i < mg->n_reqs; i++) {
+        if (mg->reqs[i] == MPI_REQUEST_NULL || !mg->req_recv[i]) continue;
+        int r = g->ranks[mg->req_member[i]];
+        if (mg->mw->noted[r]) return r;
+    }
+    return -1;
+}
+
+/* ---- requests ---- */
+
+static bool grow_requests(mpi_group *mg, int need) {
+    if (need <= mg->cap_reqs) return true;
+    int cap = mg->cap_reqs ? mg->cap_reqs : 16;
+    while (cap < need) cap *= 2;
+    MPI_Request *reqs = realloc(mg->reqs, (size_t)cap * sizeof *reqs);
+    if (reqs) mg->reqs = reqs;
+    int *member = realloc(mg->req_member, (size_t)cap * sizeof *member);
+    if (member) mg->req_member = member;
+    bool *recv = realloc(mg->req_recv, (size_t)cap * sizeof *recv);
+    if (recv) mg->req_recv = recv;
+    int *idx = realloc(mg->done_idx, (size_t)cap * sizeof *idx);
+    if (idx) mg->done_idx = idx;
+    if (!reqs || !member || !recv || !idx) return false;
+    mg->cap_reqs = cap;
+    return true;
+}
+
+/* Posts a receive (recv) or a send of `bytes` at buf with group member `member`, as
+ * several messages when it is larger than SEGMENT_BYTES. Nothing for 0 bytes. A failure
+ * poisons the group: the peers must not wait for this rank's half of the step. */
+fsdp_status fsdp_mpi_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, bool recv, int member,
+                          int kind, void *buf, size_t bytes) {
+    int tag = tag_of(mg->mw, kind);
+    for (size_t at = 0; at < bytes; at += SEGMENT_BYTES) {
+        int n = (int)(bytes - at < SEGMENT_BYTES ? bytes - at : SEGMENT_BYTES);
+        char msg[FSDP_ERROR_MAX];
+        if (!grow_requests(mg, mg->n_reqs + 1)) {
+            snprintf(msg, sizeof msg, "group %s: cannot grow the requests (out of memory)",
+                     g->desc);
+            return fsdp_mpi_fail_and_poison(ctx, mg, FSDP_ERR_OUT_OF_MEMORY, msg);
+        }
+        MPI_Request *req = &mg->reqs[mg->n_reqs];
+        char *p = (char *)buf + at;
+        int rc = recv ? MPI_Irecv(p, n, MPI_BYTE, member, tag, mg->comm, req)
+                      : MPI_Isend(p, n, MPI_BYTE, member, tag, mg->comm, req);
+        if (rc != MPI_SUCCESS) {
+            fsdp_mpi_fail(ctx, rc, recv ? "MPI_Irecv" : "MPI_Isend", g->desc);
+            snprintf(msg, sizeof msg, "%s", fsdp_last_error(ctx));
+            return fsdp_mpi_fail_and_poison(ctx, mg, FSDP_ERR_COMM, msg);
+        }
+        mg->req_member[mg->n_reqs] = member;
+        mg->req_recv[mg->n_reqs] = recv;
+        mg->n_reqs++;
+    }
+    return FSDP_OK;
+}
+
+/* Between polls: spin first (latency), then yield the core, then sleep a little. */
+void fsdp_mpi_back_off(int polls, double waited) {
+    if (polls < 32) return;
+    if (waited < 0.002) {
+        sched_yield();
+        return;
+    }
+    long ns = waited < 0.05 ? 20000L : 200000L;
+    nanosleep(&(struct timespec){.tv_nsec = ns}, NULL);
+}
+
+/* Waits until every posted request has completed, with the deadline `kind` says. Meanwhile:
+ * a poison note on the group fails the wait at once, and so does a member it waits for whose
+ * function has returned. A confirmation round has no deadline: it warns every
+ * max(timeout_ms, WARN_EVERY_S) instead. */
+fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
+                              wait_kind kind) {
+    mpi_world *mw = mg->mw;
+    const double start = now_s(CLOCK_MONOTONIC), limit = 1e-3 * mw->world->timeout_ms;
+    double progress = start, next_check = start, gone_since = -1, warned = start;
+    int open = mg->n_reqs;
+    for (int polls = 0; open > 0; polls++) {
+        int done = 0;
+        int rc = MPI_Testsome(mg->n_reqs, mg->reqs, &done, mg->done_idx, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            char msg[FSDP_ERROR_MAX];
+            fsdp_mpi_fail(ctx, rc, "MPI_Testsome", g->desc);
+            snprintf(msg, sizeof msg, "%s on group %s: %s", fsdp_call_op_name(op), g->desc,
+                     fsdp_last_error(ctx));
+            return fsdp_mpi_fail_and_poison(ctx, mg, FSDP_ERR_COMM, msg);
+        }
+        double t = now_s(CLOCK_MONOTONIC);
+        if (done == MPI_UNDEFINED) break;
+        if (done > 0) {
+            open -= done;
+            progress = t;
+            polls = 0;
+            continue;
+        }
+        if (t >= next_check) {
+            next_check = t + 1e-3;
+            if (receive_poison(mg)) {
+                abandon_requests(mg);
+                return fail_poisoned(ctx, g, mg, op);
+            }
+            fsdp_mpi_receive_exit_notes(mw);
+            int gone = gone_member(g, mg);
+            if (gone < 0)
+                gone_since = -1;
+            else if (gone_since < 0)
+                gone_since = t;
+            else if (t - gone_since > GONE_GRACE_S)
+                return fail_gone(ctx, g, mg, op, gone);
+            if (kind == WAIT_CONFIRM && t - warned >= fmax(limit, WARN_EVERY_S)) {
+                char missing[256] = "";
+                bool *late = open_members(mg);
+                if (late) fsdp_comm_rank_list(g->ranks, late, mg->size, true, missing, 256);
+                free(late);
+                warned = t;
+                fsdp_log(ctx, FSDP_LOG_WARN,
+                         "%s on group %s: every rank arrived, but rank(s) %s have not confirmed "
+                         "after %.0f s",
+                         fsdp_call_op_name(op), g->desc, missing, t - start);
+            } else if (kind != WAIT_CONFIRM &&
+                       t - (kind == WAIT_ARRIVAL ? start : progress) >= limit) {
+                return fail_timeout(ctx, g, mg, op, kind == WAIT_ARRIVAL);
+            }
+        }
+        fsdp_mpi_back_off(polls, t - progress);
+    }
+    mg->n_reqs = 0;
+    return FSDP_OK;
+}
+
+/* ---- arriving: exchange the calls, judge them ---- */
+
+static size_t encode(mpi_desc *d, const fsdp_call *c) {
+    *d = (mpi_desc){.op = c->op,
+                    .rejected = c->rejected,
+                    .dtype = c->dtype,
+                    .ndim = c->ndim,
+                    .dim = c->dim,
+                    .dim2 = c->dim2,
+                    .root = c->root,
+                    .reduce = c->reduce,
+                    .color = c->color,
+                    .key = c->key};
+    memcpy(d->shape, c->shape, sizeof d->shape);
+    const char *text = c->rejected != FSDP_OK ? c->reject_msg : c->agree;
+    d->has_text = text != NULL;
+    snprintf(d->text, sizeof d->text, "%s", text ? text : "");
+    return offsetof(mpi_desc, text) + strlen(d->text) + 1;
+}
+
+static void decode(fsdp_call *c, mpi_desc *d) {
+    d->text[sizeof d->text - 1] = '\0';
+    int ndim = d->ndim < 0 ? 0 : d->ndim > FSDP_MAX_DIMS ? FSDP_MAX_DIMS : d->ndim;
+    *c = (fsdp_call){.op = d->op,
+                     .rejected = (fsdp_status)d->rejected,
+                     .dtype = (fsdp_dtype)d->dtype,
+                     .ndim = ndim,
+                     .dim = d->dim,
+                     .dim2 = d->dim2,
+                     .root = d->root,
+                     .reduce = (fsdp_reduce_op)d->reduce,
+                     .color = d->color,
+                     .key = d->key};
+    memcpy(c->shape, d->shape, sizeof c->shape);
+    const char *text = d->has_text ? d->text : NULL;
+    if (c->rejected != FSDP_OK)
+        c->reject_msg = text;
+    else
+        c->agree = text;
+}
+
+/* Sends this rank's call to every member and receives theirs; returns once all have arrived
+ * and the calls are judged (every member reaches the same verdict from the same calls). */
+fsdp_status fsdp_mpi_arrive(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_call *mine) {
+    mpi_group *mg = g->state;
+    /* A poison note that has arrived may need a few rounds of MPI's progress to be seen. */
+    for (int i = 0; i < ENTRY_PROBES && !mg->poisoned; i++) receive_poison(mg);
+    if (mg->poisoned) return fail_poisoned(ctx, g, mg, mine->op);
+    fsdp_mpi_reap_sends(mg->mw);
+    size_t len = encode(&mg->descs[g->rank], mine);
+    mg->n_reqs = 0;
+    for (int m = 0; m < g->size; m++)
+        if (m != g->rank)
+            FSDP_TRY(fsdp_mpi_post(ctx, g, mg, true, m, TAG_DESC, &mg->descs[m], sizeof(mpi_desc)));
+    for (int m = 0; m < g->size; m++)
+        if (m != g->rank)
+            FSDP_TRY(fsdp_mpi_post(ctx, g, mg, false, m, TAG_DESC, &mg->descs[g->rank], len));
+    FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, mine->op, WAIT_ARRIVAL));
+    for (int m = 0; m < g->size; m++) decode(&mg->calls[m], &mg->descs[m]);
+    fsdp_status st = fsdp_call_judge(mg->call_ptrs, g->size, g->rank, g->ranks, g->desc, mg->msg,
+                                     sizeof mg->msg);
+    if (st == FSDP_OK) {
+        /* A member may have given up on this very call (timed out) after its descriptor had
+         * left: then ours matched its stale one. Its poison note usually is here by now; the
+         * data step must not start (a send of its still in flight could be read), and a call
+         * without one (barrier, split) is settled by confirm. */
+        for (int i = 0; i < ENTRY_PROBES && !mg->poisoned; i++) receive_poison(mg);
+        return mg->poisoned ? fail_poisoned(ctx, g, mg, mine->op) : FSDP_OK;
+    }
+    /* Peers that gave up on an earlier call (timed out, then poisoned the group) left their
+     * calls of it behind; their poison notes follow them. */
+    for (double t0 = now_s(CLOCK_MONOTONIC); now_s(CLOCK_MONOTONIC) - t0 < SETTLE_S;)
+        if (receive_poison(mg)) return fail_poisoned(ctx, g, mg, mine->op);
+    return FSDP_FAIL(ctx, st, "%s", mg->msg);
+}
+
+/* The second round of a call that moves no data (barrier, split): once a rank has every
+ * member's descriptor it sends each a confirmation and waits for theirs, without a deadline.
+ * A member that timed out in the exchange (its deadline passed just before the last
+ * descriptor came, while the latecomer found every descriptor waiting) never confirms and
+ * has poisoned the group, so the others fail on its note instead of succeeding alone, or,
+ * for a split, entering MPI_Comm_split (which blocks) without it. A member confirms at once
+ * after its exchange, so the wait is short; and since every member that confirmed waits for
+ * all the others, either every member gets past confirm or none does. */
+fsdp_status fsdp_mpi_confirm(fsdp_ctx *ctx, const fsdp_group *g, int op) {
+    mpi_group *mg = g->state;
+    if (g->size == 1) return FSDP_OK;
+    mg->n_reqs = 0;
+    mg->ready[g->rank] = 1;
+    for (int m = 0; m < g->size; m++)
+        if (m != g->rank)
+            FSDP_TRY(
+                fsdp_mpi_post(ctx, g, mg, true, m, TAG_READY, &mg->ready[m], sizeof *mg->ready));
+    for (int m = 0; m < g->size; m++)
+        if (m != g->rank)
+            FSDP_TRY(fsdp_mpi_post(ctx, g, mg, false, m, TAG_READY, &mg->ready[g->rank],
+                                   sizeof *mg->ready));
+    return fsdp_mpi_wait_all(ctx, g, mg, op, WAIT_CONFIRM);
+}

@@ -1,0 +1,336 @@
+/* mpi_world.c: the MPI backend's world: initialising MPI, the world and group states (an
+ * MPI communicator each), group splits, the ranks' exit notes and results, and the backend's
+ * vtable. One process per rank under mpirun; CPU tensors. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/mpi_impl.h"
+#include "core/error.h"
+
+/* The process-wide state, under init_mu: MPI's initialisation, and the buffers of notes MPI
+ * may still send after their world was freed. */
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct pending_send *graveyard;
+
+/* ---- MPI itself ---- */
+
+static void finalise_at_exit(void) {
+    int finalised = 0;
+    MPI_Finalized(&finalised);
+    if (!finalised) MPI_Finalize();
+}
+
+static fsdp_status ensure_initialised(fsdp_ctx *ctx) {
+    pthread_mutex_lock(&init_mu);
+    int initialised = 0, finalised = 0;
+    MPI_Initialized(&initialised);
+    MPI_Finalized(&finalised);
+    fsdp_status st = FSDP_OK;
+    if (finalised) {
+        st = FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                       "fsdp_world_create: MPI has been finalised in this process; create MPI "
+                       "worlds before MPI_Finalize");
+    } else if (!initialised) {
+        int provided = 0;
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+        if (rc != MPI_SUCCESS) {
+            st = fsdp_mpi_fail(ctx, rc, "MPI_Init_thread", "fsdp_world_create");
+        } else {
+            if (atexit(finalise_at_exit) != 0)
+                fsdp_log(ctx, FSDP_LOG_WARN, "cannot register MPI_Finalize to run at exit");
+        }
+    }
+    pthread_mutex_unlock(&init_mu);
+    return st;
+}
+
+/* ---- group states ---- */
+
+static void group_state_free(mpi_group *mg) {
+    if (!mg) return;
+    if (mg->comm != MPI_COMM_NULL) MPI_Comm_free(&mg->comm);
+    free(mg->ranks), free(mg->descs), free(mg->ready), free(mg->calls), free(mg->call_ptrs);
+    free(mg->srcs);
+    free(mg->reqs), free(mg->req_member), free(mg->req_recv), free(mg->done_idx);
+    free(mg->scratch);
+    free(mg);
+}
+
+/* A group state over comm (taken over) whose members are the given world ranks. */
+static mpi_group *group_state_new(mpi_world *mw, MPI_Comm comm, int size, int rank,
+                                  const int *ranks) {
+    mpi_group *mg = calloc(1, sizeof *mg);
+    if (!mg) return NULL;
+    size_t n = (size_t)size;
+    mg->mw = mw;
+    mg->comm = comm;
+    mg->size = size;
+    mg->rank = rank;
+    mg->ranks = malloc(n * sizeof *mg->ranks);
+    mg->descs = calloc(n, sizeof *mg->descs);
+    mg->ready = calloc(n, sizeof *mg->ready);
+    mg->calls = calloc(n, sizeof *mg->calls);
+    mg->call_ptrs = calloc(n, sizeof *mg->call_ptrs);
+    mg->srcs = calloc(n, sizeof *mg->srcs);
+    if (!mg->ranks || !mg->descs || !mg->ready || !mg->calls || !mg->call_ptrs || !mg->srcs) {
+        group_state_free(mg);
+        return NULL;
+    }
+    memcpy(mg->ranks, ranks, n * sizeof *ranks);
+    for (int i = 0; i < size; i++) mg->call_ptrs[i] = &mg->calls[i];
+    return mg;
+}
+
+/* ---- groups ---- */
+
+static fsdp_status mpi_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
+                             const char *agree, fsdp_group_info *out) {
+    fsdp_call c = {.op = FSDP_OP_SPLIT, .color = color, .key = key, .agree = agree};
+    FSDP_TRY(fsdp_mpi_arrive(ctx, parent, &c));
+    FSDP_TRY(fsdp_mpi_confirm(ctx, parent, c.op));
+    mpi_group *pg = parent->state;
+    mpi_world *mw = pg->mw;
+    /* Every member has arrived and confirmed, so MPI_Comm_split (which has no non-blocking
+     * form) cannot wait for an absent one. Members: the parent's of this color, by (key,
+     * parent rank). */
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_TRY(ctx, MPI_Comm_split(pg->comm, color >= 0 ? color : MPI_UNDEFINED, key, &comm),
+            "group split");
+    *out = (fsdp_group_info){0};
+    if (color < 0) return FSDP_OK;
+    int *order = malloc((size_t)parent->size * sizeof *order), m = 0, mine = -1;
+    for (int p = 0; order && p < parent->size; p++) {
+        if (pg->calls[p].color != color) continue;
+        int at = m++;
+        while (at > 0 && pg->calls[order[at - 1]].key > pg->calls[p].key)
+            order[at] = order[at - 1], at--;
+        order[at] = p;
+    }
+    for (int i = 0; order && i < m; i++) {
+        if (order[i] == parent->rank) mine = i;
+        order[i] = parent->ranks[order[i]];
+    }
+    int comm_size = 0, comm_rank = -1;
+    MPI_Comm_size(comm, &comm_size);
+    MPI_Comm_rank(comm, &comm_rank);
+    mpi_group *child = NULL;
+    bool allocated = order != NULL, agrees = allocated && comm_size == m && comm_rank == mine;
+    if (agrees) {
+        MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+        child = group_state_new(mw, comm, m, mine, order);
+    }
+    free(order);
+    if (!child) {
+        MPI_Comm_free(&comm);
+        if (allocated && !agrees)
+            return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                             "group split of %s: MPI's new communicator has %d members and this "
+                             "rank at %d, but the descriptors say %d and %d",
+                             parent->desc, comm_size, comm_rank, m, mine);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
+                         "group split of %s: cannot allocate the new group of %d members",
+                         parent->desc, m);
+    }
+    child->next = mw->groups;
+    mw->groups = child;
+    *out = (fsdp_group_info){
+        .state = child, .size = child->size, .rank = child->rank, .ranks = child->ranks};
+    return FSDP_OK;
+}
+
+/* ---- the world ---- */
+
+static void mpi_hosted_ranks(void *context, int *first, int *count) {
+    const mpi_world *mw = context;
+    *first = mw->rank;
+    *count = 1;
+}
+
+static void mpi_world_group(void *context, int rank, fsdp_group_info *out) {
+    const mpi_world *mw = context;
+    *out = (fsdp_group_info){
+        .state = mw->world_group, .size = mw->size, .rank = rank, .ranks = mw->world_group->ranks};
+}
+
+static void free_run_groups(mpi_world *mw) {
+    while (mw->groups) {
+        mpi_group *next = mw->groups->next;
+        group_state_free(mw->groups);
+        mw->groups = next;
+    }
+}
+
+static void mpi_reset(void *context) {
+    mpi_world *mw = context;
+    mw->run++;
+    free_run_groups(mw);
+    mw->world_group->poisoned = false;
+    mw->world_group->n_reqs = 0;
+    for (int r = 0; r < mw->size; r++) mw->noted[r] = false, mw->finished[r] = 0;
+}
+
+/* This process's rank has returned: tell every other rank, with its result. */
+static void mpi_rank_exited(void *context, int rank) {
+    mpi_world *mw = context;
+    const fsdp_rank_result *res = &mw->world->results[rank];
+    mpi_note note = {.status = res->status, .finished = now_s(CLOCK_REALTIME)};
+    snprintf(note.message, sizeof note.message, "%s", res->message);
+    snprintf(note.origin, sizeof note.origin, "%s", res->origin);
+    snprintf(note.trail, sizeof note.trail, "%s", res->trail);
+    mw->finished[rank] = note.finished;
+    mw->noted[rank] = true;
+    for (int r = 0; r < mw->size; r++)
+        if (r != rank) fsdp_mpi_send_note(mw, mw->comm, r, TAG_EXIT, &note);
+}
+
+/* Waits for every other rank's exit note; orders the failures by the time they happened. */
+static void mpi_collect_results(fsdp_ctx *ctx, void *context) {
+    mpi_world *mw = context;
+    fsdp_world *w = mw->world;
+    double start = now_s(CLOCK_MONOTONIC), warned = start;
+    for (int polls = 0;; polls++) {
+        fsdp_mpi_receive_exit_notes(mw);
+        fsdp_mpi_reap_sends(mw);
+        int missing = 0;
+        for (int r = 0; r < mw->size; r++) missing += !mw->noted[r];
+        if (missing == 0) break;
+        double t = now_s(CLOCK_MONOTONIC);
+        if (t - warned >= fmax(1e-3 * w->timeout_ms, WARN_EVERY_S)) {
+            warned = t;
+            char list[256];
+            fsdp_comm_rank_list(NULL, mw->noted, mw->size, false, list, sizeof list);
+            fsdp_log(ctx, FSDP_LOG_WARN,
+                     "fsdp_world_run: rank %d has waited %.0f s for rank%s %s to return from "
+                     "its function",
+                     mw->rank, t - start, missing > 1 ? "s" : "", list);
+        }
+        fsdp_mpi_back_off(polls, t - start);
+    }
+    int failures = 0;
+    for (int r = 0; r < mw->size; r++) {
+        w->results[r].failure_order = 0;
+        failures += w->results[r].status != FSDP_OK;
+    }
+    for (int order = 1; order <= failures; order++) {
+        int first = -1;
+        for (int r = 0; r < mw->size; r++) {
+            if (w->results[r].status == FSDP_OK || w->results[r].failure_order) continue;
+            if (first < 0 || mw->finished[r] < mw->finished[first]) first = r;
+        }
+        w->results[first].failure_order = order;
+    }
+}
+
+static void mpi_free(void *context) {
+    mpi_world *mw = context;
+    if (!mw) return;
+    free_run_groups(mw);
+    group_state_free(mw->world_group);
+    /* A note still in flight (never, in practice: notes are small enough to be sent eagerly)
+     * is left to MPI, and its buffer to the graveyard. */
+    fsdp_mpi_reap_sends(mw);
+    for (pending_send *s = mw->sends, *next; s; s = next) {
+        next = s->next;
+        MPI_Request_free(&s->req);
+        pthread_mutex_lock(&init_mu);
+        s->next = graveyard;
+        graveyard = s;
+        pthread_mutex_unlock(&init_mu);
+    }
+    free(mw->noted);
+    free(mw->finished);
+    free(mw);
+}
+
+static const fsdp_comm_backend_i mpi_iface = {
+    .name = "mpi",
+    .device = FSDP_DEVICE_CPU,
+    .hosted_ranks = mpi_hosted_ranks,
+    .world_group = mpi_world_group,
+    .split = mpi_split,
+    .all_gather = fsdp_mpi_all_gather,
+    .reduce_scatter = fsdp_mpi_reduce_scatter,
+    .all_reduce = fsdp_mpi_all_reduce,
+    .broadcast = fsdp_mpi_broadcast,
+    .all_to_all = fsdp_mpi_all_to_all,
+    .barrier = fsdp_mpi_barrier,
+    .reject = fsdp_mpi_reject,
+    .reset = mpi_reset,
+    .rank_exited = mpi_rank_exited,
+    .collect_results = mpi_collect_results,
+    .free = mpi_free,
+};
+
+/* Duplicates MPI_COMM_WORLD, waiting at most timeout_ms for the other processes. */
+static fsdp_status dup_world(fsdp_ctx *ctx, int timeout_ms, MPI_Comm *comm) {
+    MPI_Request req;
+    MPI_TRY(ctx, MPI_Comm_idup(MPI_COMM_WORLD, comm, &req), "fsdp_world_create");
+    double start = now_s(CLOCK_MONOTONIC);
+    for (int polls = 0;; polls++) {
+        int done = 0;
+        MPI_TRY(ctx, MPI_Test(&req, &done, MPI_STATUS_IGNORE), "fsdp_world_create");
+        if (done) break;
+        double waited = now_s(CLOCK_MONOTONIC) - start;
+        if (waited * 1e3 >= timeout_ms)
+            return FSDP_FAIL(ctx, FSDP_ERR_TIMEOUT,
+                             "fsdp_world_create: timed out after %d ms waiting for the other "
+                             "processes of the MPI job to create the world; every process must "
+                             "call fsdp_world_create with the mpi backend, in the same order",
+                             timeout_ms);
+        fsdp_mpi_back_off(polls, waited);
+    }
+    MPI_TRY(ctx, MPI_Comm_set_errhandler(*comm, MPI_ERRORS_RETURN), "fsdp_world_create");
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks) {
+    FSDP_TRY(ensure_initialised(ctx));
+    int size = 0, rank = 0;
+    MPI_TRY(ctx, MPI_Comm_size(MPI_COMM_WORLD, &size), "fsdp_world_create");
+    MPI_TRY(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank), "fsdp_world_create");
+    if (nranks != 0 && nranks != size)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_world_create: nranks is %d but the MPI world has %d process%s; "
+                         "pass nranks 0 (the MPI world size) or %d, or start %d processes "
+                         "(mpirun -np %d)",
+                         nranks, size, size == 1 ? "" : "es", size, nranks, nranks);
+    mpi_world *mw = calloc(1, sizeof *mw);
+    int *ranks = malloc((size_t)size * sizeof *ranks);
+    if (mw) {
+        mw->noted = calloc((size_t)size, sizeof *mw->noted);
+        mw->finished = calloc((size_t)size, sizeof *mw->finished);
+    }
+    if (!mw || !ranks || !mw->noted || !mw->finished) {
+        free(ranks);
+        if (mw) free(mw->noted), free(mw->finished), free(mw);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
+                         "cannot allocate the MPI backend for %d ranks", size);
+    }
+    MPI_Comm comm = MPI_COMM_NULL;
+    fsdp_status st = dup_world(ctx, world->timeout_ms, &comm);
+    for (int r = 0; r < size; r++) ranks[r] = r;
+    if (st == FSDP_OK) {
+        mw->world_group = group_state_new(mw, comm, size, rank, ranks);
+        if (!mw->world_group) {
+            MPI_Comm_free(&comm);
+            st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
+                           "cannot allocate the MPI backend for %d ranks", size);
+        }
+    }
+    free(ranks);
+    if (st != FSDP_OK) {
+        free(mw->noted), free(mw->finished), free(mw);
+        return st;
+    }
+    mw->world = world;
+    mw->comm = comm;
+    mw->rank = rank;
+    mw->size = size;
+    world->size = size;
+    world->backend = (fsdp_comm_backend){.iface = mpi_iface, .context = mw};
+    return FSDP_OK;
+}
