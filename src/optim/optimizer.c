@@ -316,10 +316,11 @@ static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const opt
     for (int k = 0; k < s->n_state; k++) st[k] = fsdp_tensor_f32(s->state[k]);
     const optim_group *g = &opt->groups[s->group];
     if (opt->kind == OPTIM_SGD)
-        fsdp_sgd_update(data, grad, st[0], n, &g->sgd, opt->steps == 0);
+        fsdp_sgd_update(fsdp_tensor_device(s->param->data), data, grad, st[0], n, &g->sgd,
+                        opt->steps == 0);
     else
-        fsdp_adam_update(data, grad, st[0], st[1], st[2], n, &g->adam, opt->kind == OPTIM_ADAMW,
-                         opt->steps + 1);
+        fsdp_adam_update(fsdp_tensor_device(s->param->data), data, grad, st[0], st[1], st[2], n,
+                         &g->adam, opt->kind == OPTIM_ADAMW, opt->steps + 1);
     return FSDP_OK;
 }
 
