@@ -39,6 +39,61 @@ static bool have_gpu(void) {
         if (!have_gpu()) return;                                                                   \
     } while (0)
 
+/* ---- table and registration (no GPU needed) ---- */
+
+static void test_table(void) {
+    const fsdp_kernels_i *cpu = fsdp_kernels_for(FSDP_CPU);
+    CU_ASSERT_TRUE(cpu->sgd_update && cpu->adam_update);
+#ifdef FSDP_HAVE_CUDA
+    const fsdp_kernels_i *k = fsdp_kernels_for(CUDA0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k);
+    CU_ASSERT_PTR_EQUAL(k, fsdp_kernels_cuda());
+    CU_ASSERT_STRING_EQUAL(k->name, "cuda");
+    bool all = k->gemm && k->bias_add && k->bias_backward && k->relu_forward && k->relu_backward &&
+               k->sigmoid_forward && k->sigmoid_backward && k->gelu_forward && k->gelu_backward &&
+               k->rmsnorm_forward && k->rmsnorm_backward && k->add && k->axpy && k->scale &&
+               k->copy && k->fill && k->sum && k->sum_squares && k->max_abs && k->mse_loss &&
+               k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->sgd_update &&
+               k->adam_update;
+    CU_ASSERT_TRUE(all);
+    const fsdp_storage_i *s = fsdp_storage_for(FSDP_DEVICE_CUDA);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
+    CU_ASSERT_PTR_EQUAL(s, fsdp_fsdp_storage_for(FSDP_DEVICE_CUDA));
+    CU_ASSERT_STRING_EQUAL(s->name, "cuda");
+    CU_ASSERT_TRUE(s->alloc && s->free && s->copy && s->copy_2d && s->fill && s->convert &&
+                   s->synchronize && s->device_count);
+    CU_ASSERT_EQUAL(s->device_count(), fsdp_cuda_device_count(NULL, 0));
+#else
+    CU_ASSERT_PTR_NULL(fsdp_kernels_for(CUDA0));
+    printf("\n    (this build has no CUDA: only the CPU entries were checked)");
+#endif
+}
+
+/* A device index past the machine's devices is refused with a message naming the count (here
+ * too, where the count may be 0). */
+static void test_device_out_of_range(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    int64_t shape[1] = {4};
+    fsdp_tensor *t = NULL;
+#ifdef FSDP_HAVE_CUDA
+    int count = fsdp_cuda_device_count(NULL, 0);
+    char needle[64];
+    snprintf(needle, sizeof needle, "this machine has %d cuda device", count);
+    fsdp_device past = {FSDP_DEVICE_CUDA, count};
+    FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, past, 1, shape, &t), FSDP_ERR_DEVICE,
+                    needle);
+    void *p = NULL;
+    FSDP_TEST_FAILS(fsdp_storage_for(FSDP_DEVICE_CUDA)->alloc(ctx, count, 64, &p), FSDP_ERR_DEVICE,
+                    needle);
+    CU_ASSERT_PTR_NULL(p);
+#else
+    FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, CUDA0, 1, shape, &t), FSDP_ERR_DEVICE,
+                    "no cuda support");
+#endif
+    CU_ASSERT_PTR_NULL(t);
+}
+
+#ifdef FSDP_HAVE_CUDA
 /* ---- helpers: RNG, device buffers, comparisons ---- */
 
 static uint64_t rng_state;
@@ -110,62 +165,8 @@ static bool close_scalar(const char *name, double got, double want, double rtol)
 }
 #define CLOSE_S(name, got, want, rtol) CU_ASSERT_TRUE(close_scalar((name), (got), (want), (rtol)))
 
-/* ---- table and registration (no GPU needed) ---- */
-
-static void test_table(void) {
-    const fsdp_kernels_i *cpu = fsdp_kernels_for(FSDP_CPU);
-    CU_ASSERT_TRUE(cpu->sgd_update && cpu->adam_update);
-#ifdef FSDP_HAVE_CUDA
-    const fsdp_kernels_i *k = fsdp_kernels_for(CUDA0);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(k);
-    CU_ASSERT_PTR_EQUAL(k, fsdp_kernels_cuda());
-    CU_ASSERT_STRING_EQUAL(k->name, "cuda");
-    bool all = k->gemm && k->bias_add && k->bias_backward && k->relu_forward && k->relu_backward &&
-               k->sigmoid_forward && k->sigmoid_backward && k->gelu_forward && k->gelu_backward &&
-               k->rmsnorm_forward && k->rmsnorm_backward && k->add && k->axpy && k->scale &&
-               k->copy && k->fill && k->sum && k->sum_squares && k->max_abs && k->mse_loss &&
-               k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->sgd_update &&
-               k->adam_update;
-    CU_ASSERT_TRUE(all);
-    const fsdp_storage_i *s = cuda_storage();
-    CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
-    CU_ASSERT_PTR_EQUAL(s, fsdp_cuda_storage());
-    CU_ASSERT_STRING_EQUAL(s->name, "cuda");
-    CU_ASSERT_TRUE(s->alloc && s->free && s->copy && s->copy_2d && s->fill && s->convert &&
-                   s->synchronize && s->device_count);
-    CU_ASSERT_EQUAL(s->device_count(), fsdp_cuda_device_count(NULL, 0));
-#else
-    CU_ASSERT_PTR_NULL(fsdp_kernels_for(CUDA0));
-    printf("\n    (this build has no CUDA: only the CPU entries were checked)");
-#endif
-}
-
-/* A device index past the machine's devices is refused with a message naming the count (here
- * too, where the count may be 0). */
-static void test_device_out_of_range(void) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    int64_t shape[1] = {4};
-    fsdp_tensor *t = NULL;
-#ifdef FSDP_HAVE_CUDA
-    int count = fsdp_cuda_device_count(NULL, 0);
-    char needle[64];
-    snprintf(needle, sizeof needle, "this machine has %d cuda device", count);
-    fsdp_device past = {FSDP_DEVICE_CUDA, count};
-    FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, past, 1, shape, &t), FSDP_ERR_DEVICE,
-                    needle);
-    void *p = NULL;
-    FSDP_TEST_FAILS(cuda_storage()->alloc(ctx, count, 64, &p), FSDP_ERR_DEVICE, needle);
-    CU_ASSERT_PTR_NULL(p);
-#else
-    FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, CUDA0, 1, shape, &t), FSDP_ERR_DEVICE,
-                    "no cuda support");
-#endif
-    CU_ASSERT_PTR_NULL(t);
-}
-
 /* ---- storage ---- */
 
-#ifdef FSDP_HAVE_CUDA
 static void test_alloc_reuse(void) {
     NEED_GPU();
     fsdp_ctx *ctx = fsdp_test_ctx();
@@ -453,7 +454,6 @@ static void test_gemm(void) {
 
 static void test_gemm_tf32(void) {
     NEED_GPU();
-#ifdef FSDP_HAVE_CUDA
     rng_seed(11);
     gemm_case big = {512, 512, 1024, false, true, 0, 1, 0};
     CU_ASSERT_FALSE(fsdp_cuda_allow_tf32()); // off by default
@@ -464,7 +464,6 @@ static void test_gemm_tf32(void) {
     fsdp_cuda_set_allow_tf32(false);
     err = gemm_compare(&big, 1e-5, true); // exact f32 again
     CU_ASSERT_TRUE(err < 1e-5);
-#endif
 }
 
 static void test_bias(void) {
