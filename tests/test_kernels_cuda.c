@@ -58,7 +58,7 @@ static void test_table(void) {
     CU_ASSERT_TRUE(all);
     const fsdp_storage_i *s = fsdp_storage_for(FSDP_DEVICE_CUDA);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
-    CU_ASSERT_PTR_EQUAL(s, fsdp_fsdp_storage_for(FSDP_DEVICE_CUDA));
+    CU_ASSERT_PTR_EQUAL(s, fsdp_cuda_storage());
     CU_ASSERT_STRING_EQUAL(s->name, "cuda");
     CU_ASSERT_TRUE(s->alloc && s->free && s->copy && s->copy_2d && s->fill && s->convert &&
                    s->synchronize && s->device_count);
