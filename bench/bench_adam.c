@@ -70,7 +70,8 @@ static void run_job(job *j) {
         }
         break;
     default:
-        fsdp_adam_update(p + b, g + b, m + b, v + b, NULL, (int64_t)(e - b), j->o, true, j->step);
+        fsdp_adam_update(FSDP_CPU, p + b, g + b, m + b, v + b, NULL, (int64_t)(e - b), j->o, true,
+                         j->step);
     }
 }
 

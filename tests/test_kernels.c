@@ -95,7 +95,11 @@ static void test_dispatch(void) {
     const fsdp_kernels_i *k = fsdp_kernels_cpu();
     CU_ASSERT_PTR_NOT_NULL_FATAL(k);
     CU_ASSERT_PTR_EQUAL(fsdp_kernels_for(FSDP_CPU), k);
+#ifdef FSDP_HAVE_CUDA // the CUDA table's own tests are in test_kernels_cuda.c
+    CU_ASSERT_PTR_NOT_NULL(fsdp_kernels_for((fsdp_device){FSDP_DEVICE_CUDA, 0}));
+#else
     CU_ASSERT_PTR_NULL(fsdp_kernels_for((fsdp_device){FSDP_DEVICE_CUDA, 0}));
+#endif
     CU_ASSERT_STRING_EQUAL(k->name, "cpu");
     bool all = k->gemm && k->bias_add && k->bias_backward && k->relu_forward && k->relu_backward &&
                k->sigmoid_forward && k->sigmoid_backward && k->gelu_forward && k->gelu_backward &&

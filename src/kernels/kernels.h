@@ -3,7 +3,9 @@
  * memory; sizes are element counts; all math is f32, row-major, contiguous.
  * Conventions (llm.c style): outputs first, then saved state, then inputs, then sizes.
  * "+=" marks entries that accumulate into their output; all others overwrite it.
- * No entry allocates memory. */
+ * No entry allocates memory. On CUDA every entry runs on the calling thread's current device
+ * and default stream (the rank's compute stream); entries that return a value to the host
+ * (reductions, losses) wait for it. */
 #ifndef FSDP_KERNELS_H
 #define FSDP_KERNELS_H
 
@@ -12,8 +14,27 @@
 
 #include "fsdp/tensor.h"
 
+/* The scalars of one SGD step (src/optim/update.c computes them from the options, rounded to
+ * f32 where PyTorch rounds them). Per element, with d the update direction:
+ *   d = sign * g + weight_decay * p
+ *   with a buffer: buf = first ? d : buf * momentum + keep * d;
+ *                  d = nesterov ? d + momentum * buf : buf
+ *   p += neg_lr * d */
+typedef struct fsdp_sgd_step_args {
+    float sign, weight_decay, momentum, keep, neg_lr;
+    bool nesterov, first;
+} fsdp_sgd_step_args;
+
+/* The scalars of one Adam/AdamW step. Per element:
+ *   g' = sign * g + l2 * p;  p' = p * shrink;  m = m + w1 * (g' - m);
+ *   v = v * beta2 + w2 * g' * g';  vv = amsgrad ? (vmax = max(vmax, v)) : v
+ *   p = p' + neg_step_size * m / (sqrt(vv) / bc2_sqrt + eps) */
+typedef struct fsdp_adam_step_args {
+    float sign, l2, shrink, w1, beta2, w2, eps, neg_step_size, bc2_sqrt;
+} fsdp_adam_step_args;
+
 typedef struct fsdp_kernels_i {
-    const char *name; /* "cpu" */
+    const char *name; /* "cpu", "cuda" */
 
     /* C (M, N) = alpha * op(A) op(B) + beta * C, op(X) = X or X^T. op(A) is (M, K), op(B)
      * (K, N); lda/ldb/ldc are the row strides of A, B, C as stored. */
@@ -53,7 +74,8 @@ typedef struct fsdp_kernels_i {
     double (*sum_squares)(const float *x, int64_t n);
     double (*max_abs)(const float *x, int64_t n);
 
-    /* Losses: the scalar to *loss (host); dout (may be NULL) = d(loss)/d(out), written. */
+    /* Losses: the scalar to *loss (host); dout (may be NULL) = d(loss)/d(out), written.
+     * targets, like every other array, are this device's memory. */
     void (*mse_loss)(float *loss, float *dout, const float *out, const float *target, int64_t n);
     /* logits (rows, classes), targets (rows) in [0, classes); mean over rows */
     void (*cross_entropy)(float *loss, float *dlogits, const float *logits, const int32_t *targets,
@@ -62,12 +84,21 @@ typedef struct fsdp_kernels_i {
     /* dtype conversion, round to nearest even */
     void (*f32_to_bf16)(fsdp_bf16 *dst, const float *src, int64_t n);
     void (*bf16_to_f32)(float *dst, const fsdp_bf16 *src, int64_t n);
+
+    /* Fused optimizer steps over n elements of a flat shard, the loops of fsdp_sgd_step_args
+     * and fsdp_adam_step_args in that order of IEEE f32 operations (so every device gives the
+     * CPU's bits). p, g, state (n) each; buf and vmax may be NULL (no momentum, no amsgrad). */
+    void (*sgd_update)(float *p, const float *g, float *buf, int64_t n,
+                       const fsdp_sgd_step_args *args);
+    void (*adam_update)(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
+                        const fsdp_adam_step_args *args);
 } fsdp_kernels_i;
 
 /* The table for a device, or NULL when this build has none for it. */
 const fsdp_kernels_i *fsdp_kernels_for(fsdp_device device);
 
-/* The CPU table (src/kernels/cpu/). */
+/* The CPU table (src/kernels/cpu/). The CUDA table is fsdp_kernels_cuda() in
+ * kernels/cuda/cuda.h, in builds with CUDA. */
 const fsdp_kernels_i *fsdp_kernels_cpu(void);
 
 #endif

@@ -307,9 +307,16 @@ static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const opt
     if (n == 0) return FSDP_OK; /* e.g. an FSDP shard view that holds none of the parameter */
     float *data = fsdp_tensor_f32(fsdp_param_data(s->param));
     float *grad = fsdp_tensor_f32(fsdp_param_grad(s->param));
-    if (!data || !grad || fsdp_tensor_device(fsdp_param_data(s->param)).type != FSDP_DEVICE_CPU)
-        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "optimizer: parameter '%s' must be an f32 CPU tensor", s->name);
+    fsdp_device dev = fsdp_tensor_device(fsdp_param_data(s->param));
+    if (!data || !grad)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED, "optimizer: parameter '%s' must be f32",
+                         s->name);
+    fsdp_device gdev = fsdp_tensor_device(fsdp_param_grad(s->param));
+    if (gdev.type != dev.type || gdev.index != dev.index)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "optimizer: parameter '%s' is on %s:%d but its gradient on %s:%d", s->name,
+                         fsdp_device_to_string(dev), dev.index, fsdp_device_to_string(gdev),
+                         gdev.index);
     if (s->n_state > 0 && fsdp_tensor_numel(s->state[0]) != n)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "optimizer: parameter '%s' has %lld elements but its state was made "
@@ -320,10 +327,10 @@ static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const opt
     for (int k = 0; k < s->n_state; k++) st[k] = fsdp_tensor_f32(s->state[k]);
     const optim_group *g = &opt->groups[s->group];
     if (opt->kind == OPTIM_SGD)
-        fsdp_sgd_update(data, grad, st[0], n, &g->sgd, opt->steps == 0);
+        fsdp_sgd_update(dev, data, grad, st[0], n, &g->sgd, opt->steps == 0);
     else
-        fsdp_adam_update(data, grad, st[0], st[1], st[2], n, &g->adam, opt->kind == OPTIM_ADAMW,
-                         opt->steps + 1);
+        fsdp_adam_update(dev, data, grad, st[0], st[1], st[2], n, &g->adam,
+                         opt->kind == OPTIM_ADAMW, opt->steps + 1);
     return FSDP_OK;
 }
 

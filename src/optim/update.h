@@ -8,15 +8,18 @@
 #include <stdint.h>
 
 #include "fsdp/optim.h"
+#include "fsdp/tensor.h" // defines: fsdp_device
+
+/* The arrays are memory of `device`; the step runs there (its kernel table's loop). */
 
 /* SGD over n elements. buf is the momentum buffer (n floats) or NULL without momentum; on the
  * first step it takes the gradient as is. */
-void fsdp_sgd_update(float *p, const float *g, float *buf, int64_t n, const fsdp_sgd_options *o,
-                     bool first);
+void fsdp_sgd_update(fsdp_device device, float *p, const float *g, float *buf, int64_t n,
+                     const fsdp_sgd_options *o, bool first);
 
 /* Adam or AdamW (decoupled) over n elements at step `step` (1 for the first update). m, v
  * (and vmax with amsgrad, else NULL) hold n floats each. o has its defaults filled in. */
-void fsdp_adam_update(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
-                      const fsdp_adam_options *o, bool decoupled, int64_t step);
+void fsdp_adam_update(fsdp_device device, float *p, const float *g, float *m, float *v, float *vmax,
+                      int64_t n, const fsdp_adam_options *o, bool decoupled, int64_t step);
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "fsdp/tensor.h"
+#include "kernels/kernels.h" // defines: fsdp_sgd_step_args, fsdp_adam_step_args
 
 /* gemm.c */
 void fsdp_cpu_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -53,5 +54,11 @@ void fsdp_cpu_cross_entropy(float *loss, float *dlogits, const float *logits,
 /* convert.c */
 void fsdp_cpu_f32_to_bf16(fsdp_bf16 *dst, const float *src, int64_t n);
 void fsdp_cpu_bf16_to_f32(float *dst, const fsdp_bf16 *src, int64_t n);
+
+/* optim.c */
+void fsdp_cpu_sgd_update(float *p, const float *g, float *buf, int64_t n,
+                         const fsdp_sgd_step_args *a);
+void fsdp_cpu_adam_update(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
+                          const fsdp_adam_step_args *a);
 
 #endif

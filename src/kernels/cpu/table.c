@@ -27,6 +27,8 @@ static const fsdp_kernels_i cpu_kernels = {
     .cross_entropy = fsdp_cpu_cross_entropy,
     .f32_to_bf16 = fsdp_cpu_f32_to_bf16,
     .bf16_to_f32 = fsdp_cpu_bf16_to_f32,
+    .sgd_update = fsdp_cpu_sgd_update,
+    .adam_update = fsdp_cpu_adam_update,
 };
 
 const fsdp_kernels_i *fsdp_kernels_cpu(void) {

@@ -1,0 +1,52 @@
+/* optim.c: the fused SGD and Adam/AdamW element loops on the CPU, over the step's scalars
+ * (kernels.h: fsdp_sgd_step_args, fsdp_adam_step_args) in PyTorch's operation order. */
+#include <math.h>
+
+#include "kernels/cpu/cpu.h"
+
+/* On x86-64 each loop is also built for AVX2, picked at load time when the CPU has it: twice
+ * the lanes of the baseline's SSE2 for the square root and the divisions, which otherwise
+ * keep one core's Adam step below its memory bandwidth. AVX2 without FMA computes every
+ * element with the same IEEE operations, so both builds give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) /* ifunc: glibc */
+#define FSDP_UPDATE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FSDP_UPDATE_CLONES
+#endif
+
+/* The scalars are copied to locals: the arrays could alias the struct's floats, which would
+ * keep the compiler from hoisting them out of the loop. */
+FSDP_UPDATE_CLONES
+void fsdp_cpu_sgd_update(float *restrict p, const float *restrict g, float *restrict buf, int64_t n,
+                         const fsdp_sgd_step_args *a) {
+    const float sign = a->sign, wd = a->weight_decay, mom = a->momentum;
+    const float keep = a->keep, neg_lr = a->neg_lr;
+    const bool nesterov = a->nesterov, first = a->first;
+    for (int64_t i = 0; i < n; i++) {
+        float d = sign * g[i] + wd * p[i];
+        if (buf) {
+            buf[i] = first ? d : buf[i] * mom + keep * d;
+            d = nesterov ? d + mom * buf[i] : buf[i];
+        }
+        p[i] += neg_lr * d;
+    }
+}
+
+FSDP_UPDATE_CLONES
+void fsdp_cpu_adam_update(float *restrict p, const float *restrict g, float *restrict m,
+                          float *restrict v, float *restrict vmax, int64_t n,
+                          const fsdp_adam_step_args *a) {
+    const float sign = a->sign, l2 = a->l2, shrink = a->shrink, w1 = a->w1, beta2 = a->beta2;
+    const float w2 = a->w2, eps = a->eps, neg_step_size = a->neg_step_size;
+    const float bc2_sqrt = a->bc2_sqrt;
+    for (int64_t i = 0; i < n; i++) {
+        float gi = sign * g[i] + l2 * p[i];
+        float pi = p[i] * shrink;
+        m[i] = m[i] + w1 * (gi - m[i]); /* PyTorch's lerp for a weight below 0.5 */
+        v[i] = v[i] * beta2 + w2 * gi * gi;
+        float vv = v[i];
+        if (vmax) vv = vmax[i] = fmaxf(vmax[i], v[i]);
+        float denom = sqrtf(vv) / bc2_sqrt + eps;
+        p[i] = pi + neg_step_size * m[i] / denom;
+    }
+}

@@ -1,0 +1,123 @@
+/* common.cuh: what the .cu files share: launch sizes, block-wide sums in double and maxima,
+ * and elementwise map kernels (float4 loads when every array is 16-byte aligned). */
+#ifndef FSDP_KERNELS_CUDA_COMMON_CUH
+#define FSDP_KERNELS_CUDA_COMMON_CUH
+
+#include "kernels/cuda/cuda_impl.h"
+
+/* Blocks of FSDP_CUDA_THREADS for `work` items, each thread striding over the rest. */
+static inline unsigned fsdp_grid(int64_t work) {
+    int64_t b = (work + FSDP_CUDA_THREADS - 1) / FSDP_CUDA_THREADS;
+    if (b < 1) b = 1;
+    return (unsigned)(b < FSDP_CUDA_MAX_BLOCKS ? b : FSDP_CUDA_MAX_BLOCKS);
+}
+
+__device__ inline int64_t fsdp_tid() {
+    return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+__device__ inline int64_t fsdp_stride() {
+    return (int64_t)gridDim.x * blockDim.x;
+}
+
+/* The sum of v over the block (blockDim.x a multiple of 32, at most 1024), in a fixed order;
+ * valid in thread 0. */
+__device__ inline double fsdp_block_sum(double v) {
+    __shared__ double warp_sums[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __syncthreads(); // warp_sums may still be read by a previous call
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    v = 0.0;
+    if (warp == 0) {
+        int nw = (int)blockDim.x / 32;
+        v = lane < nw ? warp_sums[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+/* The sum of v over the block, in every thread. */
+__device__ inline double fsdp_block_sum_all(double v) {
+    __shared__ double total;
+    v = fsdp_block_sum(v);
+    if (threadIdx.x == 0) total = v;
+    __syncthreads();
+    return total;
+}
+
+/* The max of v over the block, in every thread (as x > m ? x : m). */
+__device__ inline float fsdp_block_max_all(float v) {
+    __shared__ float warp_max[32];
+    __shared__ float total;
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_down_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __syncthreads();
+    if (lane == 0) warp_max[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int nw = (int)blockDim.x / 32;
+        v = warp_max[lane < nw ? lane : 0];
+        for (int o = 16; o > 0; o >>= 1) {
+            float w = __shfl_down_sync(0xffffffffu, v, o);
+            v = w > v ? w : v;
+        }
+        if (lane == 0) total = v;
+    }
+    __syncthreads();
+    return total;
+}
+
+/* out[i] = f(a[i]) for i < n; out may be a. */
+template <class F>
+__global__ void fsdp_map1_kernel(float *out, const float *a, int64_t n, bool vec, F f) {
+    int64_t i = fsdp_tid(), stride = fsdp_stride(), done = 0;
+    if (vec) {
+        int64_t n4 = n / 4;
+        for (int64_t j = i; j < n4; j += stride) {
+            float4 x = reinterpret_cast<const float4 *>(a)[j];
+            reinterpret_cast<float4 *>(out)[j] = make_float4(f(x.x), f(x.y), f(x.z), f(x.w));
+        }
+        done = n4 * 4;
+    }
+    for (int64_t j = done + i; j < n; j += stride) out[j] = f(a[j]);
+}
+
+/* out[i] = f(a[i], b[i]) for i < n; out may be a or b. */
+template <class F>
+__global__ void fsdp_map2_kernel(float *out, const float *a, const float *b, int64_t n, bool vec,
+                                 F f) {
+    int64_t i = fsdp_tid(), stride = fsdp_stride(), done = 0;
+    if (vec) {
+        int64_t n4 = n / 4;
+        for (int64_t j = i; j < n4; j += stride) {
+            float4 x = reinterpret_cast<const float4 *>(a)[j];
+            float4 y = reinterpret_cast<const float4 *>(b)[j];
+            reinterpret_cast<float4 *>(out)[j] =
+                make_float4(f(x.x, y.x), f(x.y, y.y), f(x.z, y.z), f(x.w, y.w));
+        }
+        done = n4 * 4;
+    }
+    for (int64_t j = done + i; j < n; j += stride) out[j] = f(a[j], b[j]);
+}
+
+template <class F> void fsdp_map1(const char *name, float *out, const float *a, int64_t n, F f) {
+    if (n <= 0) return;
+    bool vec = FSDP_CUDA_ALIGNED16(out) && FSDP_CUDA_ALIGNED16(a);
+    fsdp_map1_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS>>>(out, a, n, vec, f);
+    FSDP_CUDA_LAUNCHED(name);
+}
+
+template <class F>
+void fsdp_map2(const char *name, float *out, const float *a, const float *b, int64_t n, F f) {
+    if (n <= 0) return;
+    bool vec = FSDP_CUDA_ALIGNED16(out) && FSDP_CUDA_ALIGNED16(a) && FSDP_CUDA_ALIGNED16(b);
+    fsdp_map2_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS>>>(out, a, b, n, vec, f);
+    FSDP_CUDA_LAUNCHED(name);
+}
+
+#endif

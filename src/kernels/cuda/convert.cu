@@ -1,0 +1,59 @@
+/* convert.cu: f32 <-> bf16 on the device with the CPU's integer rule (kernels/cpu/convert.c):
+ * round to nearest even, NaN stays a quiet NaN, so the bits equal fsdp_bf16_from_f32's. */
+#include "kernels/cuda/common.cuh"
+
+__device__ inline uint16_t bf16_from_bits(uint32_t bits) {
+    uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    uint32_t nan = (bits >> 16) | 0x40u;
+    return (uint16_t)((bits & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+/* vec: src 16-byte and dst 8-byte aligned, four elements a thread */
+__global__ void f32_to_bf16_kernel(uint16_t *dst, const float *src, int64_t n, bool vec) {
+    int64_t i = fsdp_tid(), stride = fsdp_stride(), done = 0;
+    if (vec) {
+        int64_t n4 = n / 4;
+        for (int64_t j = i; j < n4; j += stride) {
+            uint4 b = reinterpret_cast<const uint4 *>(src)[j];
+            ushort4 h = make_ushort4(bf16_from_bits(b.x), bf16_from_bits(b.y), bf16_from_bits(b.z),
+                                     bf16_from_bits(b.w));
+            reinterpret_cast<ushort4 *>(dst)[j] = h;
+        }
+        done = n4 * 4;
+    }
+    for (int64_t j = done + i; j < n; j += stride) dst[j] = bf16_from_bits(__float_as_uint(src[j]));
+}
+
+__global__ void bf16_to_f32_kernel(float *dst, const uint16_t *src, int64_t n, bool vec) {
+    int64_t i = fsdp_tid(), stride = fsdp_stride(), done = 0;
+    if (vec) {
+        int64_t n4 = n / 4;
+        for (int64_t j = i; j < n4; j += stride) {
+            ushort4 h = reinterpret_cast<const ushort4 *>(src)[j];
+            reinterpret_cast<uint4 *>(dst)[j] = make_uint4(
+                (uint32_t)h.x << 16, (uint32_t)h.y << 16, (uint32_t)h.z << 16, (uint32_t)h.w << 16);
+        }
+        done = n4 * 4;
+    }
+    for (int64_t j = done + i; j < n; j += stride) dst[j] = __uint_as_float((uint32_t)src[j] << 16);
+}
+
+static bool aligned8(const void *p) {
+    return ((uintptr_t)p & 7u) == 0;
+}
+
+extern "C" void fsdp_cuda_f32_to_bf16(fsdp_bf16 *dst, const float *src, int64_t n) {
+    if (n <= 0) return;
+    bool vec = FSDP_CUDA_ALIGNED16(src) && aligned8(dst);
+    f32_to_bf16_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS>>>((uint16_t *)dst, src, n,
+                                                                          vec);
+    FSDP_CUDA_LAUNCHED("f32_to_bf16");
+}
+
+extern "C" void fsdp_cuda_bf16_to_f32(float *dst, const fsdp_bf16 *src, int64_t n) {
+    if (n <= 0) return;
+    bool vec = FSDP_CUDA_ALIGNED16(dst) && aligned8(src);
+    bf16_to_f32_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS>>>(
+        dst, (const uint16_t *)src, n, vec);
+    FSDP_CUDA_LAUNCHED("bf16_to_f32");
+}

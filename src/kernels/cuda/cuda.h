@@ -1,0 +1,52 @@
+/* cuda.h: what the CUDA device offers beyond the storage interface and the operator table: the
+ * probe that tests skip on, the caching allocator's counters, TF32 for this thread's GEMMs and
+ * pinned host memory for staging. Internal to libfsdp (tests and benchmarks read it); it
+ * includes no CUDA header, so any C file can include it. */
+#ifndef FSDP_KERNELS_CUDA_H
+#define FSDP_KERNELS_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/storage.h"    // defines: fsdp_storage_i
+#include "kernels/kernels.h" // defines: fsdp_kernels_i
+
+/* The CUDA operator table and storage interface (the storage registers itself at load). */
+const fsdp_kernels_i *fsdp_kernels_cuda(void);
+const fsdp_storage_i *fsdp_cuda_storage(void);
+
+/* How many CUDA devices this process can use; when none, and why is not NULL, writes the
+ * reason (the runtime's error, e.g. "cudaGetDeviceCount: CUDA driver version is insufficient
+ * ...") to why. Asked once per process; leaves no CUDA error behind. */
+int fsdp_cuda_device_count(char *why, size_t why_size);
+
+/* The caching allocator of one device (all threads together). Sizes are of the rounded blocks:
+ * under 1 MiB a multiple of 512 bytes, from 1 MiB a multiple of 2 MiB. */
+typedef struct fsdp_cuda_memory_stats {
+    int64_t malloc_calls; /* cudaMalloc calls that succeeded */
+    int64_t cache_hits;   /* allocations served from the cache */
+    size_t reserved;      /* bytes held from cudaMalloc: in use plus cached */
+    size_t in_use;        /* bytes handed out and not yet freed */
+    size_t peak_in_use;   /* highest in_use so far */
+} fsdp_cuda_memory_stats;
+
+/* Zeroes when the device index is out of range or the device was never used. */
+fsdp_cuda_memory_stats fsdp_cuda_memory_stats_get(int device);
+
+/* Returns the cached (free) blocks of a device to CUDA, after the work that last used them. */
+void fsdp_cuda_empty_cache(int device);
+
+/* Whether this thread's f32 GEMMs may use TF32 tensor cores (10-bit mantissa inputs, f32
+ * accumulation; about 1e-3 relative). Off by default: GEMMs are exact f32. */
+void fsdp_cuda_thread_set_tf32(bool allow);
+bool fsdp_cuda_thread_tf32(void);
+
+/* Page-locked host memory (nbytes > 0, zeroed), for staging and offload: copies between it and
+ * a device are asynchronous. A copy from it to a device returns before the bytes are read, so
+ * the caller must not change them until the device's stream has passed the copy (synchronize).
+ * Free with fsdp_cuda_host_free (NULL does nothing). */
+fsdp_status fsdp_cuda_host_alloc(fsdp_ctx *ctx, size_t nbytes, void **out);
+void fsdp_cuda_host_free(void *ptr);
+
+#endif

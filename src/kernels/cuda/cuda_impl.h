@@ -1,0 +1,136 @@
+/* cuda_impl.h: what the files of src/kernels/cuda share and nothing outside reads: the kernel
+ * entries behind fsdp_kernels_cuda() (semantics in kernels/kernels.h), this thread's cuBLAS
+ * handle and scratch memory, and CUDA error handling. */
+#ifndef FSDP_KERNELS_CUDA_IMPL_H
+#define FSDP_KERNELS_CUDA_IMPL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "core/error.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/kernels.h"
+
+/* ---- errors ---- */
+
+/* A CUDA failure as a status: FSDP_ERR_OUT_OF_MEMORY for cudaErrorMemoryAllocation, else
+ * FSDP_ERR_DEVICE; the message names what failed and CUDA's own words. Clears the error. */
+fsdp_status fsdp_cuda_fail(fsdp_ctx *ctx, cudaError_t err, const char *file, int line,
+                           const char *what);
+#define FSDP_CUDA_TRY(ctx, call)                                                                   \
+    do {                                                                                           \
+        cudaError_t fsdp_cuda_err_ = (call);                                                       \
+        if (fsdp_cuda_err_ != cudaSuccess)                                                         \
+            return fsdp_cuda_fail((ctx), fsdp_cuda_err_, __FILE__, __LINE__, #call);               \
+    } while (0)
+
+/* Table entries return no status: a CUDA or cuBLAS failure inside one (a bad launch, a fault
+ * left by earlier work) is reported on stderr with CUDA's message and aborts, as FSDP_ASSERT. */
+void fsdp_cuda_check(cudaError_t err, const char *file, int line, const char *what);
+void fsdp_cuda_check_blas(cublasStatus_t st, const char *file, int line, const char *what);
+#define FSDP_CUDA_CHECK(call)      fsdp_cuda_check((call), __FILE__, __LINE__, #call)
+#define FSDP_CUDA_CHECK_BLAS(call) fsdp_cuda_check_blas((call), __FILE__, __LINE__, #call)
+/* After a kernel launch: checks that it was launched. */
+#define FSDP_CUDA_LAUNCHED(name) fsdp_cuda_check(cudaGetLastError(), __FILE__, __LINE__, (name))
+
+/* ---- this thread's state (thread.c) ---- */
+
+/* This thread's cuBLAS handle for its current device, on its default stream, with the math
+ * mode of fsdp_cuda_thread_set_tf32; created on first use, destroyed when the thread exits. */
+cublasHandle_t fsdp_cuda_blas(void);
+
+/* FSDP_CUDA_SCRATCH doubles of device memory on the current device, private to this thread:
+ * the block partials and results of the reductions and losses. */
+#define FSDP_CUDA_SCRATCH 2048
+double *fsdp_cuda_scratch(void);
+
+/* The value at a device address, after this thread's queued work (synchronizes). */
+double fsdp_cuda_fetch_double(const double *dev);
+
+/* A number for this thread, never reused within the process. */
+uint64_t fsdp_cuda_thread_serial(void);
+
+/* ---- the caching allocator (allocator.c) ---- */
+
+/* nbytes (> 0) on `device`, which is current; not zeroed. Freed with fsdp_cuda_block_free from
+ * any thread (NULL does nothing). */
+fsdp_status fsdp_cuda_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void **out);
+void fsdp_cuda_block_free(int device, void *ptr);
+
+/* ---- launch shapes ---- */
+
+#define FSDP_CUDA_THREADS    256
+#define FSDP_CUDA_MAX_BLOCKS 16384
+/* Whether p is aligned to 16 bytes (a float4). */
+#define FSDP_CUDA_ALIGNED16(p) ((((uintptr_t)(const void *)(p)) & 15u) == 0)
+
+/* ---- kernels: one function per table entry, then helpers ---- */
+
+/* gemm.c */
+void fsdp_cuda_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                    int64_t ldc);
+/* bias.cu */
+void fsdp_cuda_bias_add(float *out, const float *bias, int64_t rows, int64_t cols);
+void fsdp_cuda_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols);
+/* C (M, N), row stride ldc, = beta * C (0 when beta == 0): GEMM with K == 0 */
+void fsdp_cuda_scale_matrix(float *C, int64_t ldc, int64_t M, int64_t N, float beta);
+
+/* activation.cu */
+void fsdp_cuda_relu_forward(float *out, const float *inp, int64_t n);
+void fsdp_cuda_relu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
+void fsdp_cuda_sigmoid_forward(float *out, const float *inp, int64_t n);
+void fsdp_cuda_sigmoid_backward(float *dinp, const float *out, const float *dout, int64_t n);
+void fsdp_cuda_gelu_forward(float *out, const float *inp, int64_t n);
+void fsdp_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
+
+/* norm.cu */
+void fsdp_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                               float eps, int64_t rows, int64_t cols);
+void fsdp_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                const float *weight, const float *rstd, int64_t rows, int64_t cols);
+
+/* elementwise.cu */
+void fsdp_cuda_add(float *out, const float *a, const float *b, int64_t n);
+void fsdp_cuda_axpy(float *y, float alpha, const float *x, int64_t n);
+void fsdp_cuda_scale(float *out, const float *inp, float alpha, int64_t n);
+void fsdp_cuda_copy(float *dst, const float *src, int64_t n);
+void fsdp_cuda_fill(float *out, float value, int64_t n);
+/* n elements of elem_size (2 or 4) bytes at dst set to `bits`; returns the launch status */
+cudaError_t fsdp_cuda_fill_bits(void *dst, uint32_t bits, size_t elem_size, int64_t n);
+
+/* reduce.cu */
+double fsdp_cuda_sum(const float *x, int64_t n);
+double fsdp_cuda_sum_squares(const float *x, int64_t n);
+double fsdp_cuda_max_abs(const float *x, int64_t n);
+/* dst (cols) += sum over rows r of a[r, c] * b[r, c] * scale[r] in double, as
+ * fsdp_cpu_column_sum; b and scale may be NULL (read as 1). */
+void fsdp_cuda_column_sum(float *dst, const float *a, const float *b, const float *scale,
+                          int64_t rows, int64_t cols);
+
+/* loss.cu */
+void fsdp_cuda_mse_loss(float *loss, float *dout, const float *out, const float *target, int64_t n);
+void fsdp_cuda_cross_entropy(float *loss, float *dlogits, const float *logits,
+                             const int32_t *targets, int64_t rows, int64_t classes);
+
+/* convert.cu */
+void fsdp_cuda_f32_to_bf16(fsdp_bf16 *dst, const float *src, int64_t n);
+void fsdp_cuda_bf16_to_f32(float *dst, const fsdp_bf16 *src, int64_t n);
+
+/* optim.cu */
+void fsdp_cuda_sgd_update(float *p, const float *g, float *buf, int64_t n,
+                          const fsdp_sgd_step_args *a);
+void fsdp_cuda_adam_update(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
+                           const fsdp_adam_step_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,102 @@
+/* loss.cu: mean squared error and cross-entropy on the device, with the CPU's conventions
+ * (kernels/cpu/loss.c): sums in double, the loss to *loss on the host (these wait for the
+ * device), the gradient written on the device when it is not NULL. */
+#include "kernels/cuda/common.cuh"
+
+#define LOSS_BLOCKS 1024 // scratch: the block partials, then the total, then a flag
+
+/* partial[block] = sum of (out - target)^2; dout = 2 (out - target) / n when not NULL */
+__global__ void mse_kernel(double *partial, float *dout, const float *out, const float *target,
+                           int64_t n, double g) {
+    double acc = 0.0;
+    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
+        double d = (double)out[i] - (double)target[i];
+        acc += d * d;
+        if (dout) dout[i] = (float)(g * d);
+    }
+    acc = fsdp_block_sum(acc);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void total_kernel(double *out, const double *partial, int count) {
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+    acc = fsdp_block_sum(acc);
+    if (threadIdx.x == 0) out[0] = acc;
+}
+
+static unsigned loss_blocks(int64_t work) {
+    unsigned b = fsdp_grid(work);
+    return b < LOSS_BLOCKS ? b : LOSS_BLOCKS;
+}
+
+extern "C" void fsdp_cuda_mse_loss(float *loss, float *dout, const float *out, const float *target,
+                                   int64_t n) {
+    if (n <= 0) {
+        *loss = 0.0f;
+        return;
+    }
+    double *scratch = fsdp_cuda_scratch();
+    unsigned blocks = loss_blocks(n);
+    mse_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, dout, out, target, n, 2.0 / (double)n);
+    FSDP_CUDA_LAUNCHED("mse_loss");
+    total_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + LOSS_BLOCKS, scratch, (int)blocks);
+    FSDP_CUDA_LAUNCHED("mse_loss (total)");
+    *loss = (float)(fsdp_cuda_fetch_double(scratch + LOSS_BLOCKS) / (double)n);
+}
+
+/* One block per row (striding over rows): lse by the row's max, loss_r = lse - x[t],
+ * dlogits = (softmax - onehot(t)) / rows. Every read of a row is done before the block sums
+ * (which synchronize), so dlogits may be logits. A target outside [0, classes) sets *bad. */
+__global__ void cross_entropy_kernel(double *partial, double *bad, float *dlogits,
+                                     const float *logits, const int32_t *targets, int64_t rows,
+                                     int64_t classes) {
+    double acc = 0.0;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *x = logits + r * classes; // (classes)
+        int32_t t = targets[r];
+        if (t < 0 || t >= classes) {
+            if (threadIdx.x == 0) *bad = 1.0;
+            continue; // the same for every thread of the block
+        }
+        float m = -INFINITY;
+        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) m = x[c] > m ? x[c] : m;
+        m = fsdp_block_max_all(m);
+        double xt = (double)x[t], se = 0.0;
+        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+            se += exp((double)x[c] - (double)m);
+        se = fsdp_block_sum_all(se);
+        double lse = (double)m + log(se);
+        acc += lse - xt;
+        if (!dlogits) continue;
+        float *d = dlogits + r * classes; // (classes)
+        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+            d[c] = c == t ? (float)((exp(xt - lse) - 1.0) / (double)rows)
+                          : (float)(exp((double)x[c] - lse) / (double)rows);
+        __syncthreads(); // the row's writes before the next row's shared sums
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+extern "C" void fsdp_cuda_cross_entropy(float *loss, float *dlogits, const float *logits,
+                                        const int32_t *targets, int64_t rows, int64_t classes) {
+    if (rows <= 0) {
+        *loss = 0.0f;
+        return;
+    }
+    double *scratch = fsdp_cuda_scratch();
+    unsigned blocks = (unsigned)(rows < LOSS_BLOCKS ? rows : LOSS_BLOCKS);
+    FSDP_CUDA_CHECK(
+        cudaMemsetAsync(scratch + LOSS_BLOCKS + 1, 0, sizeof(double), cudaStreamPerThread));
+    cross_entropy_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, scratch + LOSS_BLOCKS + 1, dlogits,
+                                                        logits, targets, rows, classes);
+    FSDP_CUDA_LAUNCHED("cross_entropy");
+    total_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + LOSS_BLOCKS, scratch, (int)blocks);
+    FSDP_CUDA_LAUNCHED("cross_entropy (total)");
+    double host[2];
+    FSDP_CUDA_CHECK(cudaMemcpyAsync(host, scratch + LOSS_BLOCKS, sizeof host,
+                                    cudaMemcpyDeviceToHost, cudaStreamPerThread));
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+    FSDP_ASSERT(host[1] == 0.0); // a target outside [0, classes), as the CPU asserts
+    *loss = (float)(host[0] / (double)rows);
+}

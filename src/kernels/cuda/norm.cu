@@ -1,0 +1,60 @@
+/* norm.cu: RMSNorm on the device, one block per row with the row's sums in double, as the CPU
+ * (kernels/cpu/norm.c): rstd = 1/sqrt(mean(x^2) + eps), out = x * rstd * weight. */
+#include "kernels/cuda/common.cuh"
+
+#define NORM_MAX_BLOCKS 65535
+
+__global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp,
+                                       const float *weight, float eps, int64_t rows, int64_t cols) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *x = inp + r * cols; // (cols)
+        float *o = out + r * cols;       // (cols)
+        double ss = 0.0;
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += (double)x[c] * (double)x[c];
+        ss = fsdp_block_sum_all(ss);
+        double ms = cols > 0 ? ss / (double)cols : 0.0;
+        float s = (float)(1.0 / sqrt(ms + (double)eps));
+        if (threadIdx.x == 0) rstd[r] = s;
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) o[c] = x[c] * s * weight[c];
+    }
+}
+
+extern "C" void fsdp_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp,
+                                          const float *weight, float eps, int64_t rows,
+                                          int64_t cols) {
+    if (rows <= 0) return;
+    unsigned blocks = (unsigned)(rows < NORM_MAX_BLOCKS ? rows : NORM_MAX_BLOCKS);
+    rmsnorm_forward_kernel<<<blocks, FSDP_CUDA_THREADS>>>(out, rstd, inp, weight, eps, rows, cols);
+    FSDP_CUDA_LAUNCHED("rmsnorm_forward");
+}
+
+/* dinp_j = rstd w_j dy_j - (rstd^3 / cols) x_j sum_k dy_k w_k x_k */
+__global__ void rmsnorm_backward_kernel(float *dinp, const float *dout, const float *inp,
+                                        const float *weight, const float *rstd, int64_t rows,
+                                        int64_t cols) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *x = inp + r * cols;   // (cols)
+        const float *dy = dout + r * cols; // (cols)
+        float *dx = dinp + r * cols;       // (cols)
+        double dot = 0.0;
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+            dot += (double)dy[c] * (double)weight[c] * (double)x[c];
+        dot = fsdp_block_sum_all(dot);
+        double s = (double)rstd[r];
+        float coef = (float)(s * s * s * dot / (double)cols);
+        float sf = rstd[r];
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+            dx[c] = sf * weight[c] * dy[c] - coef * x[c];
+    }
+}
+
+extern "C" void fsdp_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
+                                           const float *inp, const float *weight, const float *rstd,
+                                           int64_t rows, int64_t cols) {
+    if (rows <= 0 || cols <= 0) return;
+    unsigned blocks = (unsigned)(rows < NORM_MAX_BLOCKS ? rows : NORM_MAX_BLOCKS);
+    rmsnorm_backward_kernel<<<blocks, FSDP_CUDA_THREADS>>>(dinp, dout, inp, weight, rstd, rows,
+                                                           cols);
+    FSDP_CUDA_LAUNCHED("rmsnorm_backward");
+    fsdp_cuda_column_sum(dweight, dout, inp, rstd, rows, cols);
+}

@@ -1,0 +1,114 @@
+/* reduce.cu: reductions on the device, summed in double: sum, sum of squares and max |x| of n
+ * floats (block partials, then one block over them: a fixed order, so the same bits every
+ * run), and the column sums behind the bias and RMSNorm weight gradients. */
+#include <string.h>
+
+#include "kernels/cuda/common.cuh"
+
+#define REDUCE_BLOCKS 1024 // partials in the scratch; the result after them
+
+__global__ void sum_partials_kernel(double *partial, const float *x, int64_t n, bool square) {
+    double acc = 0.0;
+    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
+        double v = (double)x[i];
+        acc += square ? v * v : v;
+    }
+    acc = fsdp_block_sum(acc);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+/* out[0] = sum of partial[0 .. count) */
+__global__ void sum_final_kernel(double *out, const double *partial, int count) {
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+    acc = fsdp_block_sum(acc);
+    if (threadIdx.x == 0) out[0] = acc;
+}
+
+static unsigned reduce_blocks(int64_t n) {
+    unsigned b = fsdp_grid(n);
+    return b < REDUCE_BLOCKS ? b : REDUCE_BLOCKS;
+}
+
+static double sum_of(const float *x, int64_t n, bool square) {
+    if (n <= 0) return 0.0;
+    double *scratch = fsdp_cuda_scratch();
+    unsigned blocks = reduce_blocks(n);
+    sum_partials_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, x, n, square);
+    FSDP_CUDA_LAUNCHED("sum (partials)");
+    sum_final_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + REDUCE_BLOCKS, scratch, (int)blocks);
+    FSDP_CUDA_LAUNCHED("sum (final)");
+    return fsdp_cuda_fetch_double(scratch + REDUCE_BLOCKS);
+}
+
+extern "C" double fsdp_cuda_sum(const float *x, int64_t n) {
+    return sum_of(x, n, false);
+}
+
+extern "C" double fsdp_cuda_sum_squares(const float *x, int64_t n) {
+    return sum_of(x, n, true);
+}
+
+/* With the sign cleared, f32 bit patterns order like the values and every NaN sorts above
+ * inf: an integer max gives max |x|, or NaN if any (as the CPU). */
+__global__ void max_abs_kernel(unsigned int *out, const float *x, int64_t n) {
+    unsigned int m = 0;
+    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride())
+        m = max(m, __float_as_uint(x[i]) & 0x7FFFFFFFu);
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, o));
+    if (threadIdx.x % 32 == 0) atomicMax(out, m); // max is order-free: still deterministic
+}
+
+extern "C" double fsdp_cuda_max_abs(const float *x, int64_t n) {
+    if (n <= 0) return 0.0;
+    double *scratch = fsdp_cuda_scratch();
+    unsigned int *bits = (unsigned int *)scratch;
+    FSDP_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof *bits, cudaStreamPerThread));
+    max_abs_kernel<<<reduce_blocks(n), FSDP_CUDA_THREADS>>>(bits, x, n);
+    FSDP_CUDA_LAUNCHED("max_abs");
+    unsigned int m = 0;
+    FSDP_CUDA_CHECK(
+        cudaMemcpyAsync(&m, bits, sizeof m, cudaMemcpyDeviceToHost, cudaStreamPerThread));
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+    float best;
+    memcpy(&best, &m, sizeof best);
+    return (double)best;
+}
+
+/* Column sums: a block takes 32 columns; its 8 rows of threads take every 8th row each, and
+ * their 8 partials are added in order. */
+#define COL_X 32
+#define COL_Y 8
+
+__global__ void column_sum_kernel(float *dst, const float *a, const float *b, const float *scale,
+                                  int64_t rows, int64_t cols) {
+    __shared__ double part[COL_Y][COL_X];
+    int64_t c = (int64_t)blockIdx.x * COL_X + threadIdx.x;
+    double acc = 0.0;
+    if (c < cols) {
+        for (int64_t r = threadIdx.y; r < rows; r += COL_Y) {
+            if (b) {
+                double s = scale ? (double)scale[r] : 1.0;
+                acc += (double)a[r * cols + c] * (double)b[r * cols + c] * s;
+            } else {
+                acc += (double)a[r * cols + c];
+            }
+        }
+    }
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        double total = 0.0;
+        for (int y = 0; y < COL_Y; y++) total += part[y][threadIdx.x];
+        dst[c] = (float)((double)dst[c] + total);
+    }
+}
+
+extern "C" void fsdp_cuda_column_sum(float *dst, const float *a, const float *b, const float *scale,
+                                     int64_t rows, int64_t cols) {
+    if (cols <= 0) return;
+    dim3 block(COL_X, COL_Y);
+    column_sum_kernel<<<(unsigned)((cols + COL_X - 1) / COL_X), block>>>(dst, a, b, scale, rows,
+                                                                         cols);
+    FSDP_CUDA_LAUNCHED("column_sum");
+}

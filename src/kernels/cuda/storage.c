@@ -1,0 +1,152 @@
+/* storage.c: the CUDA storage interface (core/storage.h): memory from the caching allocator,
+ * copies, fills and conversions queued on the calling thread's default stream (its rank's
+ * compute stream), and pinned host memory. Every CUDA failure becomes a status with CUDA's
+ * message. */
+#include <string.h>
+
+#include "kernels/cuda/cuda_impl.h"
+
+/* Makes `index` the calling thread's device, after checking that it exists. */
+static fsdp_status use_device(fsdp_ctx *ctx, int index) {
+    char why[160] = "";
+    int count = fsdp_cuda_device_count(why, sizeof why);
+    if (index < 0 || index >= count)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "device cuda:%d is not available: this machine has %d cuda device%s%s%s",
+                         index, count, count == 1 ? "" : "s", count ? "" : " ", why);
+    FSDP_CUDA_TRY(ctx, cudaSetDevice(index)); // cheap when it is current already
+    return FSDP_OK;
+}
+
+static int cuda_device_count(void) {
+    return fsdp_cuda_device_count(NULL, 0);
+}
+
+/* Zeroed on this thread's stream: the zeros come before any later work of the thread. */
+static fsdp_status cuda_alloc(fsdp_ctx *ctx, int index, size_t nbytes, void **out) {
+    FSDP_TRY(use_device(ctx, index));
+    void *p = NULL;
+    FSDP_TRY(fsdp_cuda_block_alloc(ctx, index, nbytes, &p));
+    cudaError_t err = cudaMemsetAsync(p, 0, nbytes, cudaStreamPerThread);
+    if (err != cudaSuccess) {
+        fsdp_cuda_block_free(index, p);
+        return fsdp_cuda_fail(ctx, err, __FILE__, __LINE__, "cudaMemsetAsync (zeroing)");
+    }
+    *out = p;
+    return FSDP_OK;
+}
+
+static void cuda_free(int index, void *ptr) {
+    fsdp_cuda_block_free(index, ptr);
+}
+
+/* The device whose stream a copy runs on: dst's when it is a CUDA device, else src's. */
+static int copy_device(fsdp_device dst_dev, fsdp_device src_dev) {
+    return dst_dev.type == FSDP_DEVICE_CUDA ? dst_dev.index : src_dev.index;
+}
+
+/* Device to host waits for the copy (the host reads right after). Host to device from pageable
+ * memory returns once the runtime has staged the bytes, so the caller may reuse its buffer at
+ * once; from pinned memory (fsdp_cuda_host_alloc) it is asynchronous (see cuda.h). Device to
+ * device is asynchronous, in stream order. */
+static fsdp_status cuda_copy(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, const void *src,
+                             fsdp_device src_dev, size_t nbytes) {
+    if (nbytes == 0 || dst == src) return FSDP_OK;
+    FSDP_TRY(use_device(ctx, copy_device(dst_dev, src_dev)));
+    FSDP_CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, cudaStreamPerThread));
+    if (dst_dev.type == FSDP_DEVICE_CPU)
+        FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(cudaStreamPerThread));
+    return FSDP_OK;
+}
+
+static fsdp_status cuda_copy_2d(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, size_t dst_pitch,
+                                const void *src, fsdp_device src_dev, size_t src_pitch,
+                                size_t width, size_t rows) {
+    if (width == 0 || rows == 0) return FSDP_OK;
+    FSDP_TRY(use_device(ctx, copy_device(dst_dev, src_dev)));
+    if (rows == 1)
+        FSDP_CUDA_TRY(ctx,
+                      cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, cudaStreamPerThread));
+    else
+        FSDP_CUDA_TRY(ctx, cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                             cudaMemcpyDefault, cudaStreamPerThread));
+    if (dst_dev.type == FSDP_DEVICE_CPU)
+        FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(cudaStreamPerThread));
+    return FSDP_OK;
+}
+
+static fsdp_status cuda_fill(fsdp_ctx *ctx, int index, void *dst, const void *value,
+                             size_t elem_size, int64_t n) {
+    uint32_t bits = 0;
+    if (elem_size == 4) {
+        memcpy(&bits, value, 4);
+    } else if (elem_size == 2) {
+        uint16_t h;
+        memcpy(&h, value, 2);
+        bits = h;
+    } else {
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "fill: elements of %zu bytes are not supported",
+                         elem_size);
+    }
+    if (n <= 0) return FSDP_OK;
+    FSDP_TRY(use_device(ctx, index));
+    FSDP_CUDA_TRY(ctx, fsdp_cuda_fill_bits(dst, bits, elem_size, n));
+    return FSDP_OK;
+}
+
+static fsdp_status cuda_convert(fsdp_ctx *ctx, int index, void *dst, fsdp_dtype dst_dtype,
+                                const void *src, fsdp_dtype src_dtype, int64_t n) {
+    bool narrow = dst_dtype == FSDP_DTYPE_BF16 && src_dtype == FSDP_DTYPE_F32;
+    bool widen = dst_dtype == FSDP_DTYPE_F32 && src_dtype == FSDP_DTYPE_BF16;
+    if (!narrow && !widen)
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "no conversion from %s to %s",
+                         fsdp_dtype_to_string(src_dtype), fsdp_dtype_to_string(dst_dtype));
+    if (n <= 0) return FSDP_OK;
+    FSDP_TRY(use_device(ctx, index));
+    FSDP_CUDA_TRY(ctx, cudaGetLastError()); // an earlier failure is not this conversion's
+    if (narrow)
+        fsdp_cuda_f32_to_bf16(dst, src, n);
+    else
+        fsdp_cuda_bf16_to_f32(dst, src, n);
+    return FSDP_OK;
+}
+
+static fsdp_status cuda_synchronize(fsdp_ctx *ctx, int index) {
+    FSDP_TRY(use_device(ctx, index));
+    FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(cudaStreamPerThread));
+    return FSDP_OK;
+}
+
+static const fsdp_storage_i cuda_storage = {
+    .name = "cuda",
+    .device_count = cuda_device_count,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .copy = cuda_copy,
+    .copy_2d = cuda_copy_2d,
+    .fill = cuda_fill,
+    .convert = cuda_convert,
+    .synchronize = cuda_synchronize,
+};
+
+const fsdp_storage_i *fsdp_cuda_storage(void) {
+    return &cuda_storage;
+}
+
+/* ---- pinned host memory ---- */
+
+fsdp_status fsdp_cuda_host_alloc(fsdp_ctx *ctx, size_t nbytes, void **out) {
+    char why[160] = "";
+    if (fsdp_cuda_device_count(why, sizeof why) == 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "pinned host memory needs a CUDA device, and there is none: %s", why);
+    void *p = NULL;
+    FSDP_CUDA_TRY(ctx, cudaHostAlloc(&p, nbytes ? nbytes : 1, cudaHostAllocPortable));
+    memset(p, 0, nbytes);
+    *out = p;
+    return FSDP_OK;
+}
+
+void fsdp_cuda_host_free(void *ptr) {
+    if (ptr && cudaFreeHost(ptr) != cudaSuccess) (void)cudaGetLastError();
+}

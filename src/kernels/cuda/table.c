@@ -1,0 +1,42 @@
+/* table.c: the CUDA operator table, fsdp_kernels_cuda(), and the registration of the CUDA
+ * storage when the library loads: whatever links the table (dispatch.c does) links the storage,
+ * in the static library too. */
+#include "kernels/cuda/cuda_impl.h"
+
+static const fsdp_kernels_i cuda_kernels = {
+    .name = "cuda",
+    .gemm = fsdp_cuda_gemm,
+    .bias_add = fsdp_cuda_bias_add,
+    .bias_backward = fsdp_cuda_bias_backward,
+    .relu_forward = fsdp_cuda_relu_forward,
+    .relu_backward = fsdp_cuda_relu_backward,
+    .sigmoid_forward = fsdp_cuda_sigmoid_forward,
+    .sigmoid_backward = fsdp_cuda_sigmoid_backward,
+    .gelu_forward = fsdp_cuda_gelu_forward,
+    .gelu_backward = fsdp_cuda_gelu_backward,
+    .rmsnorm_forward = fsdp_cuda_rmsnorm_forward,
+    .rmsnorm_backward = fsdp_cuda_rmsnorm_backward,
+    .add = fsdp_cuda_add,
+    .axpy = fsdp_cuda_axpy,
+    .scale = fsdp_cuda_scale,
+    .copy = fsdp_cuda_copy,
+    .fill = fsdp_cuda_fill,
+    .sum = fsdp_cuda_sum,
+    .sum_squares = fsdp_cuda_sum_squares,
+    .max_abs = fsdp_cuda_max_abs,
+    .mse_loss = fsdp_cuda_mse_loss,
+    .cross_entropy = fsdp_cuda_cross_entropy,
+    .f32_to_bf16 = fsdp_cuda_f32_to_bf16,
+    .bf16_to_f32 = fsdp_cuda_bf16_to_f32,
+    .sgd_update = fsdp_cuda_sgd_update,
+    .adam_update = fsdp_cuda_adam_update,
+};
+
+const fsdp_kernels_i *fsdp_kernels_cuda(void) {
+    return &cuda_kernels;
+}
+
+/* Only stores a pointer: no CUDA call runs before a CUDA tensor is made. */
+__attribute__((constructor)) static void register_cuda_storage(void) {
+    fsdp_storage_register(FSDP_DEVICE_CUDA, fsdp_cuda_storage());
+}

@@ -1,0 +1,182 @@
+/* thread.c: the CUDA state of a host thread (its cuBLAS handle, TF32 setting and scratch
+ * memory, freed when the thread exits), the process's device count, and CUDA errors turned
+ * into statuses or, inside table entries, into an abort with CUDA's message. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "fsdp/cuda.h"
+#include "kernels/cuda/cuda_impl.h"
+
+/* ---- errors ---- */
+
+fsdp_status fsdp_cuda_fail(fsdp_ctx *ctx, cudaError_t err, const char *file, int line,
+                           const char *what) {
+    (void)cudaGetLastError(); // a non-sticky error is not reported again by the next call
+    fsdp_status st = err == cudaErrorMemoryAllocation ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_DEVICE;
+    return fsdp_error_set(ctx, st, file, line, "CUDA: %s failed: %s (%s)", what,
+                          cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+void fsdp_cuda_check(cudaError_t err, const char *file, int line, const char *what) {
+    if (err == cudaSuccess) return;
+    fprintf(stderr, "libfsdp: CUDA error at %s:%d: %s failed: %s (%s)\n", file, line, what,
+            cudaGetErrorString(err), cudaGetErrorName(err));
+    abort();
+}
+
+void fsdp_cuda_check_blas(cublasStatus_t st, const char *file, int line, const char *what) {
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "libfsdp: cuBLAS error at %s:%d: %s failed: %s (%s)\n", file, line, what,
+            cublasGetStatusString(st), cublasGetStatusName(st));
+    abort();
+}
+
+/* ---- the device count, asked once ---- */
+
+static pthread_once_t count_once = PTHREAD_ONCE_INIT;
+static int count_value;
+static cudaError_t count_error;
+
+static void count_devices(void) {
+    int n = 0;
+    count_error = cudaGetDeviceCount(&n);
+    if (count_error != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    count_value = n;
+}
+
+int fsdp_cuda_device_count(char *why, size_t why_size) {
+    pthread_once(&count_once, count_devices);
+    if (count_value == 0 && why && why_size > 0) {
+        if (count_error != cudaSuccess)
+            snprintf(why, why_size, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(count_error),
+                     cudaGetErrorName(count_error));
+        else
+            snprintf(why, why_size, "cudaGetDeviceCount: 0 devices");
+    }
+    return count_value;
+}
+
+/* ---- this thread's state ---- */
+
+typedef struct cuda_thread {
+    uint64_t serial;
+    bool allow_tf32;
+    cublasHandle_t blas; // on blas_device, NULL until first use
+    int blas_device;
+    bool blas_tf32;  // the math mode blas was last set to
+    double *scratch; // FSDP_CUDA_SCRATCH doubles on scratch_device, NULL until first use
+    int scratch_device;
+} cuda_thread;
+
+static pthread_key_t thread_key;
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+static _Thread_local cuda_thread *current;
+static atomic_uint_fast64_t next_serial = 1;
+
+/* Frees what the thread holds on its devices (the thread's work there is finished or ends with
+ * it: cuBLAS and cudaFree wait for it). */
+static void thread_release(void *arg) {
+    cuda_thread *t = arg;
+    if (t->blas) {
+        cudaSetDevice(t->blas_device);
+        cublasDestroy(t->blas);
+    }
+    if (t->scratch) {
+        cudaSetDevice(t->scratch_device);
+        cudaFree(t->scratch);
+    }
+    (void)cudaGetLastError();
+    free(t);
+}
+
+static void make_key(void) {
+    FSDP_ASSERT(pthread_key_create(&thread_key, thread_release) == 0);
+}
+
+static cuda_thread *this_thread(void) {
+    if (current) return current;
+    pthread_once(&key_once, make_key);
+    cuda_thread *t = calloc(1, sizeof *t);
+    FSDP_ASSERT(t);
+    t->serial = atomic_fetch_add(&next_serial, 1);
+    FSDP_ASSERT(pthread_setspecific(thread_key, t) == 0);
+    current = t;
+    return t;
+}
+
+uint64_t fsdp_cuda_thread_serial(void) {
+    return this_thread()->serial;
+}
+
+void fsdp_cuda_thread_set_tf32(bool allow) {
+    this_thread()->allow_tf32 = allow;
+}
+
+bool fsdp_cuda_thread_tf32(void) {
+    return this_thread()->allow_tf32;
+}
+
+static int current_device(void) {
+    int dev = 0;
+    FSDP_CUDA_CHECK(cudaGetDevice(&dev));
+    return dev;
+}
+
+cublasHandle_t fsdp_cuda_blas(void) {
+    cuda_thread *t = this_thread();
+    int dev = current_device();
+    if (t->blas && t->blas_device != dev) { // the thread moved to another device
+        int keep = dev;
+        FSDP_CUDA_CHECK(cudaSetDevice(t->blas_device));
+        cublasDestroy(t->blas);
+        t->blas = NULL;
+        FSDP_CUDA_CHECK(cudaSetDevice(keep));
+    }
+    if (!t->blas) {
+        FSDP_CUDA_CHECK_BLAS(cublasCreate(&t->blas));
+        FSDP_CUDA_CHECK_BLAS(cublasSetStream(t->blas, cudaStreamPerThread));
+        t->blas_device = dev;
+        t->blas_tf32 = !t->allow_tf32; // forces the mode below
+    }
+    if (t->blas_tf32 != t->allow_tf32) {
+        FSDP_CUDA_CHECK_BLAS(cublasSetMathMode(t->blas, t->allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                      : CUBLAS_DEFAULT_MATH));
+        t->blas_tf32 = t->allow_tf32;
+    }
+    return t->blas;
+}
+
+double *fsdp_cuda_scratch(void) {
+    cuda_thread *t = this_thread();
+    int dev = current_device();
+    if (t->scratch && t->scratch_device != dev) {
+        FSDP_CUDA_CHECK(cudaSetDevice(t->scratch_device));
+        FSDP_CUDA_CHECK(cudaFree(t->scratch));
+        t->scratch = NULL;
+        FSDP_CUDA_CHECK(cudaSetDevice(dev));
+    }
+    if (!t->scratch) {
+        FSDP_CUDA_CHECK(cudaMalloc((void **)&t->scratch, FSDP_CUDA_SCRATCH * sizeof(double)));
+        t->scratch_device = dev;
+    }
+    return t->scratch;
+}
+
+double fsdp_cuda_fetch_double(const double *dev) {
+    double v = 0.0;
+    FSDP_CUDA_CHECK(
+        cudaMemcpyAsync(&v, dev, sizeof v, cudaMemcpyDeviceToHost, cudaStreamPerThread));
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+    return v;
+}
+
+fsdp_status fsdp_cuda_set_allow_tf32(fsdp_ctx *ctx, bool allow) {
+    (void)ctx;
+    fsdp_cuda_thread_set_tf32(allow);
+    return FSDP_OK;
+}

@@ -1,0 +1,820 @@
+/* test_kernels_cuda.c: the CUDA device against the CPU: every entry of the CUDA operator table
+ * on random inputs compared with the CPU table's results, the CUDA storage (caching allocator,
+ * copies, fills, conversions, pinned memory, tensors) and its errors. Without a usable GPU (or
+ * in a build without CUDA) every case that needs one prints why it skipped and passes. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/storage.h"    // defines: fsdp_storage_for, fsdp_storage_i
+#include "harness.h"         // defines: fsdp_test_run, fsdp_test_close, FSDP_TEST_OK
+#include "kernels/kernels.h" // defines: fsdp_kernels_i, fsdp_kernels_for
+#include "optim/update.h"    // defines: fsdp_sgd_update, fsdp_adam_update
+#ifdef FSDP_HAVE_CUDA
+#include "kernels/cuda/cuda.h" // defines: fsdp_cuda_device_count, fsdp_cuda_memory_stats_get
+#endif
+
+#define CUDA0 ((fsdp_device){FSDP_DEVICE_CUDA, 0})
+
+/* ---- skipping ---- */
+
+static char skip_reason[256];
+
+/* Whether device 0 can run the case; otherwise prints why the case skips. */
+static bool have_gpu(void) {
+#ifdef FSDP_HAVE_CUDA
+    char why[200] = "";
+    if (fsdp_cuda_device_count(why, sizeof why) > 0) return true;
+    snprintf(skip_reason, sizeof skip_reason, "no CUDA device (%s)", why);
+#else
+    snprintf(skip_reason, sizeof skip_reason,
+             "this build has no CUDA (configured with -DFSDP_CUDA=OFF or without the toolkit)");
+#endif
+    printf("\n    skipped: %s", skip_reason);
+    return false;
+}
+#define NEED_GPU()                                                                                 \
+    do {                                                                                           \
+        if (!have_gpu()) return;                                                                   \
+    } while (0)
+
+/* ---- table and registration (no GPU needed) ---- */
+
+static void test_table(void) {
+    const fsdp_kernels_i *cpu = fsdp_kernels_for(FSDP_CPU);
+    CU_ASSERT_TRUE(cpu->sgd_update && cpu->adam_update);
+#ifdef FSDP_HAVE_CUDA
+    const fsdp_kernels_i *k = fsdp_kernels_for(CUDA0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k);
+    CU_ASSERT_PTR_EQUAL(k, fsdp_kernels_cuda());
+    CU_ASSERT_STRING_EQUAL(k->name, "cuda");
+    bool all = k->gemm && k->bias_add && k->bias_backward && k->relu_forward && k->relu_backward &&
+               k->sigmoid_forward && k->sigmoid_backward && k->gelu_forward && k->gelu_backward &&
+               k->rmsnorm_forward && k->rmsnorm_backward && k->add && k->axpy && k->scale &&
+               k->copy && k->fill && k->sum && k->sum_squares && k->max_abs && k->mse_loss &&
+               k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->sgd_update &&
+               k->adam_update;
+    CU_ASSERT_TRUE(all);
+    const fsdp_storage_i *s = fsdp_storage_for(FSDP_DEVICE_CUDA);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
+    CU_ASSERT_PTR_EQUAL(s, fsdp_cuda_storage());
+    CU_ASSERT_STRING_EQUAL(s->name, "cuda");
+    CU_ASSERT_TRUE(s->alloc && s->free && s->copy && s->copy_2d && s->fill && s->convert &&
+                   s->synchronize && s->device_count);
+    CU_ASSERT_EQUAL(s->device_count(), fsdp_cuda_device_count(NULL, 0));
+#else
+    CU_ASSERT_PTR_NULL(fsdp_kernels_for(CUDA0));
+    printf("\n    (this build has no CUDA: only the CPU entries were checked)");
+#endif
+}
+
+/* A device index past the machine's devices is refused with a message naming the count (here
+ * too, where the count may be 0). */
+static void test_device_out_of_range(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    int64_t shape[1] = {4};
+    fsdp_tensor *t = NULL;
+#ifdef FSDP_HAVE_CUDA
+    int count = fsdp_cuda_device_count(NULL, 0);
+    char needle[64];
+    snprintf(needle, sizeof needle, "this machine has %d cuda device", count);
+    fsdp_device past = {FSDP_DEVICE_CUDA, count};
+    FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, past, 1, shape, &t), FSDP_ERR_DEVICE,
+                    needle);
+    void *p = NULL;
+    FSDP_TEST_FAILS(fsdp_storage_for(FSDP_DEVICE_CUDA)->alloc(ctx, count, 64, &p), FSDP_ERR_DEVICE,
+                    needle);
+    CU_ASSERT_PTR_NULL(p);
+#else
+    FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, CUDA0, 1, shape, &t), FSDP_ERR_DEVICE,
+                    "no cuda support");
+#endif
+    CU_ASSERT_PTR_NULL(t);
+}
+
+#ifdef FSDP_HAVE_CUDA
+/* ---- helpers: RNG, device buffers, comparisons ---- */
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t seed) {
+    rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
+}
+
+static uint32_t rng_u32(void) { // xorshift64*
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+static float rng_uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)rng_u32() / 4294967296.0);
+}
+
+static float *new_uniform(int64_t n, float lo, float hi) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    for (int64_t i = 0; i < n; i++) p[i] = rng_uniform(lo, hi);
+    return p;
+}
+
+static const fsdp_storage_i *cuda_storage(void) {
+    return fsdp_storage_for(FSDP_DEVICE_CUDA);
+}
+
+/* nbytes of device memory holding a copy of host (zeroed when host is NULL). */
+static void *dev_new(const void *host, size_t nbytes) {
+    void *d = NULL;
+    FSDP_TEST_OK(cuda_storage()->alloc(fsdp_test_ctx(), 0, nbytes ? nbytes : 4, &d));
+    if (host && nbytes)
+        FSDP_TEST_OK(cuda_storage()->copy(fsdp_test_ctx(), d, CUDA0, host, FSDP_CPU, nbytes));
+    return d;
+}
+
+static float *dev_floats(const float *host, int64_t n) {
+    return dev_new(host, (size_t)n * sizeof(float));
+}
+
+static void dev_get(void *host, const void *dev, size_t nbytes) {
+    if (nbytes)
+        FSDP_TEST_OK(cuda_storage()->copy(fsdp_test_ctx(), host, FSDP_CPU, dev, CUDA0, nbytes));
+}
+
+static void dev_free(void *d) {
+    cuda_storage()->free(0, d);
+}
+
+/* Device floats (n) against the CPU's result. */
+static bool dev_close(const char *name, const float *dev, const float *want, int64_t n, double rtol,
+                      double atol) {
+    float *got = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    dev_get(got, dev, (size_t)n * sizeof(float));
+    bool ok = fsdp_test_close(name, got, want, n, rtol, atol);
+    free(got);
+    return ok;
+}
+#define DEV_CLOSE(name, dev, want, n, rtol, atol)                                                  \
+    CU_ASSERT_TRUE(dev_close((name), (dev), (want), (n), (rtol), (atol)))
+
+static bool close_scalar(const char *name, double got, double want, double rtol) {
+    double d = fabs(got - want);
+    printf("\n    %-40s got %.17g want %.17g (abs diff %.3g)", name, got, want, d);
+    return d <= rtol * fabs(want) || (isnan(got) && isnan(want));
+}
+#define CLOSE_S(name, got, want, rtol) CU_ASSERT_TRUE(close_scalar((name), (got), (want), (rtol)))
+
+/* ---- storage ---- */
+
+static void test_alloc_reuse(void) {
+    NEED_GPU();
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    const size_t sizes[] = {1, 700, 4096, (1u << 20) + 1, 3u << 20};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        size_t n = sizes[k];
+        void *a = dev_new(NULL, n);
+        unsigned char *junk = malloc(n);
+        memset(junk, 0xAB, n);
+        FSDP_TEST_OK(cuda_storage()->copy(ctx, a, CUDA0, junk, FSDP_CPU, n));
+        dev_free(a);
+        fsdp_cuda_memory_stats before = fsdp_cuda_memory_stats_get(0);
+        void *b = dev_new(NULL, n); // the same size again: from the cache, zeroed
+        fsdp_cuda_memory_stats after = fsdp_cuda_memory_stats_get(0);
+        printf("\n    %zu bytes: cudaMalloc calls %lld -> %lld, cache hits %lld -> %lld", n,
+               (long long)before.malloc_calls, (long long)after.malloc_calls,
+               (long long)before.cache_hits, (long long)after.cache_hits);
+        CU_ASSERT_EQUAL(after.malloc_calls, before.malloc_calls);
+        CU_ASSERT_EQUAL(after.cache_hits, before.cache_hits + 1);
+        CU_ASSERT_PTR_EQUAL(b, a);
+        CU_ASSERT_TRUE(after.in_use >= n && after.reserved >= after.in_use);
+        CU_ASSERT_TRUE(after.peak_in_use >= after.in_use);
+        dev_get(junk, b, n);
+        bool zero = true;
+        for (size_t i = 0; i < n; i++) zero = zero && junk[i] == 0;
+        CU_ASSERT_TRUE(zero);
+        CU_ASSERT_EQUAL(((uintptr_t)b) % 64, 0);
+        dev_free(b);
+        free(junk);
+    }
+    fsdp_cuda_empty_cache(0);
+    fsdp_cuda_memory_stats s = fsdp_cuda_memory_stats_get(0);
+    CU_ASSERT_EQUAL(s.reserved, s.in_use);
+}
+
+static void test_alloc_errors(void) {
+    NEED_GPU();
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    void *p = NULL;
+    FSDP_TEST_FAILS(cuda_storage()->alloc(ctx, 0, (size_t)1 << 50, &p), FSDP_ERR_OUT_OF_MEMORY,
+                    "cuda:0", "cudaMalloc");
+    CU_ASSERT_PTR_NULL(p);
+    float x = 3.0f, y = 0.0f; // the failure leaves no error behind
+    float *d = dev_floats(&x, 1);
+    dev_get(&y, d, sizeof y);
+    CU_ASSERT_EQUAL(y, 3.0f);
+    dev_free(d);
+}
+
+static void test_copy(void) {
+    NEED_GPU();
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    const fsdp_storage_i *s = cuda_storage();
+    rng_seed(1);
+    int64_t n = 100003;
+    float *h = new_uniform(n, -1, 1), *back = new_uniform(n, 0, 0);
+    float *a = dev_floats(h, n), *b = dev_floats(NULL, n);
+    FSDP_TEST_OK(s->copy(ctx, b, CUDA0, a, CUDA0, (size_t)n * 4));           // D2D
+    FSDP_TEST_OK(s->copy(ctx, b + 1, CUDA0, b, CUDA0, (size_t)(n - 1) * 4)); // overlapping
+    dev_get(back, b, (size_t)n * 4);
+    CU_ASSERT_EQUAL(back[0], h[0]);
+    CU_ASSERT_EQUAL(memcmp(back + 1, h, (size_t)(n - 1) * 4), 0);
+    FSDP_TEST_OK(s->synchronize(ctx, 0));
+
+    /* copy_2d: a 5 x 7 box of a 9 x 11 host matrix into a 5 x 8 device one, out again */
+    float m[9 * 11], out[5 * 7] = {0};
+    for (int i = 0; i < 99; i++) m[i] = (float)i;
+    float *box = dev_floats(NULL, 5 * 8);
+    FSDP_TEST_OK(s->copy_2d(ctx, box, CUDA0, 8 * 4, m + 2 * 11 + 3, FSDP_CPU, 11 * 4, 7 * 4, 5));
+    float *box2 = dev_floats(NULL, 5 * 8);
+    FSDP_TEST_OK(s->copy_2d(ctx, box2, CUDA0, 8 * 4, box, CUDA0, 8 * 4, 7 * 4, 5));
+    FSDP_TEST_OK(s->copy_2d(ctx, out, FSDP_CPU, 7 * 4, box2, CUDA0, 8 * 4, 7 * 4, 5));
+    bool ok = true;
+    for (int r = 0; r < 5; r++)
+        for (int c = 0; c < 7; c++) ok = ok && out[r * 7 + c] == m[(r + 2) * 11 + c + 3];
+    CU_ASSERT_TRUE(ok);
+
+    /* pinned host memory: an asynchronous copy in, synchronize, out */
+    float *pinned = NULL;
+    FSDP_TEST_OK(fsdp_cuda_host_alloc(ctx, (size_t)n * 4, (void **)&pinned));
+    CU_ASSERT_EQUAL(pinned[n - 1], 0.0f);
+    memcpy(pinned, h, (size_t)n * 4);
+    FSDP_TEST_OK(s->copy(ctx, b, CUDA0, pinned, FSDP_CPU, (size_t)n * 4));
+    FSDP_TEST_OK(s->synchronize(ctx, 0));
+    memset(pinned, 0, (size_t)n * 4);
+    FSDP_TEST_OK(s->copy(ctx, pinned, FSDP_CPU, b, CUDA0, (size_t)n * 4));
+    CU_ASSERT_EQUAL(memcmp(pinned, h, (size_t)n * 4), 0);
+    fsdp_cuda_host_free(pinned);
+    fsdp_cuda_host_free(NULL);
+    dev_free(a), dev_free(b), dev_free(box), dev_free(box2);
+    free(h), free(back);
+}
+
+static void test_fill_convert(void) {
+    NEED_GPU();
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    const fsdp_storage_i *s = cuda_storage();
+    int64_t n = 1027;
+    float v = -2.5f, *got = new_uniform(n, 0, 0);
+    float *d = dev_floats(NULL, n + 1);
+    FSDP_TEST_OK(s->fill(ctx, 0, d + 1, &v, 4, n)); // unaligned start
+    dev_get(got, d + 1, (size_t)n * 4);
+    bool ok = true;
+    for (int64_t i = 0; i < n; i++) ok = ok && got[i] == v;
+    CU_ASSERT_TRUE(ok);
+    fsdp_bf16 hb = fsdp_bf16_from_f32(1.75f), bb[1027];
+    fsdp_bf16 *db = dev_new(NULL, (size_t)n * 2);
+    FSDP_TEST_OK(s->fill(ctx, 0, db, &hb, 2, n));
+    dev_get(bb, db, (size_t)n * 2);
+    ok = true;
+    for (int64_t i = 0; i < n; i++) ok = ok && bb[i] == hb;
+    CU_ASSERT_TRUE(ok);
+    FSDP_TEST_FAILS(s->fill(ctx, 0, d, &v, 8, n), FSDP_ERR_DTYPE, "8 bytes");
+
+    rng_seed(2);
+    float *h = new_uniform(n, -100, 100);
+    FSDP_TEST_OK(s->copy(ctx, d, CUDA0, h, FSDP_CPU, (size_t)n * 4));
+    FSDP_TEST_OK(s->convert(ctx, 0, db, FSDP_DTYPE_BF16, d, FSDP_DTYPE_F32, n));
+    dev_get(bb, db, (size_t)n * 2);
+    ok = true;
+    for (int64_t i = 0; i < n; i++) ok = ok && bb[i] == fsdp_bf16_from_f32(h[i]);
+    CU_ASSERT_TRUE(ok);
+    FSDP_TEST_OK(s->convert(ctx, 0, d, FSDP_DTYPE_F32, db, FSDP_DTYPE_BF16, n));
+    dev_get(got, d, (size_t)n * 4);
+    ok = true;
+    for (int64_t i = 0; i < n; i++) ok = ok && got[i] == fsdp_bf16_to_f32(bb[i]);
+    CU_ASSERT_TRUE(ok);
+    FSDP_TEST_FAILS(s->convert(ctx, 0, d, FSDP_DTYPE_F32, d, FSDP_DTYPE_F32, n), FSDP_ERR_DTYPE,
+                    "no conversion");
+    dev_free(d), dev_free(db);
+    free(got), free(h);
+}
+
+/* Tensors on the device through the public API: create, copy from and to the CPU, fill,
+ * convert by copying into a bf16 tensor on the same device. */
+static void test_tensor(void) {
+    NEED_GPU();
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    int64_t shape[2] = {33, 17}, n = 33 * 17;
+    fsdp_tensor *h = NULL, *d = NULL, *d2 = NULL, *db = NULL, *back = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, &h));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, CUDA0, 2, shape, &d));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, CUDA0, 2, shape, &d2));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, CUDA0, 2, shape, &db));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, &back));
+    CU_ASSERT_EQUAL(fsdp_tensor_device(d).type, FSDP_DEVICE_CUDA);
+    float *hp = fsdp_tensor_f32(h);
+    rng_seed(3);
+    for (int64_t i = 0; i < n; i++) hp[i] = rng_uniform(-3, 3);
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, d, h));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, d2, d));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, back, d2));
+    CU_ASSERT_EQUAL(memcmp(fsdp_tensor_data(back), hp, (size_t)n * 4), 0);
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, db, d)); // f32 -> bf16 on the device
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, d2, db));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, back, d2));
+    bool ok = true;
+    for (int64_t i = 0; i < n; i++)
+        ok = ok && fsdp_tensor_f32(back)[i] == fsdp_bf16_to_f32(fsdp_bf16_from_f32(hp[i]));
+    CU_ASSERT_TRUE(ok);
+    FSDP_TEST_OK(fsdp_tensor_fill(ctx, d, 0.5f));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, back, d));
+    ok = true;
+    for (int64_t i = 0; i < n; i++) ok = ok && fsdp_tensor_f32(back)[i] == 0.5f;
+    CU_ASSERT_TRUE(ok);
+    FSDP_TEST_FAILS(fsdp_tensor_copy(ctx, db, h), FSDP_ERR_DEVICE, "convert on one device");
+    fsdp_tensor_free(h), fsdp_tensor_free(d), fsdp_tensor_free(d2), fsdp_tensor_free(db);
+    fsdp_tensor_free(back);
+}
+
+/* Two threads (two streams) share the device: a block freed by one and taken from the cache
+ * by the other, each thread's GEMM against the CPU. */
+typedef struct thread_job {
+    fsdp_ctx *ctx;
+    float *block; // freed by the first thread, allocated again by the second
+    bool ok;
+} thread_job;
+
+static void *first_thread(void *arg) {
+    thread_job *j = arg;
+    int64_t n = 1 << 20;
+    j->ok = cuda_storage()->alloc(j->ctx, 0, (size_t)n * 4, (void **)&j->block) == FSDP_OK;
+    if (!j->ok) return NULL;
+    fsdp_kernels_for(CUDA0)->fill(j->block, 7.0f, n); // queued work still running at the free
+    cuda_storage()->free(0, j->block);
+    return NULL;
+}
+
+static void *second_thread(void *arg) {
+    thread_job *j = arg;
+    int64_t n = 1 << 20;
+    float *p = NULL, first = -1.0f;
+    j->ok = cuda_storage()->alloc(j->ctx, 0, (size_t)n * 4, (void **)&p) == FSDP_OK &&
+            cuda_storage()->copy(j->ctx, &first, FSDP_CPU, p, CUDA0, 4) == FSDP_OK;
+    j->ok = j->ok && p == j->block && first == 0.0f; // zeroed after the first thread's fill
+    printf("\n    reused the other thread's block: %s, first element %g",
+           p == j->block ? "yes" : "no", first);
+    /* this thread's own cuBLAS handle */
+    float A[6] = {1, 2, 3, 4, 5, 6}, B[6] = {1, 0, 0, 1, 1, 1}, C[4];
+    float *dA = NULL, *dB = NULL;
+    j->ok = j->ok && cuda_storage()->alloc(j->ctx, 0, 24, (void **)&dA) == FSDP_OK &&
+            cuda_storage()->alloc(j->ctx, 0, 24, (void **)&dB) == FSDP_OK &&
+            cuda_storage()->copy(j->ctx, dA, CUDA0, A, FSDP_CPU, 24) == FSDP_OK &&
+            cuda_storage()->copy(j->ctx, dB, CUDA0, B, FSDP_CPU, 24) == FSDP_OK;
+    if (j->ok) {
+        fsdp_kernels_for(CUDA0)->gemm(false, false, 2, 2, 3, 1.0f, dA, 3, dB, 2, 0.0f, p, 2);
+        j->ok = cuda_storage()->copy(j->ctx, C, FSDP_CPU, p, CUDA0, 16) == FSDP_OK;
+        j->ok = j->ok && C[0] == 4 && C[1] == 5 && C[2] == 10 && C[3] == 11;
+    }
+    cuda_storage()->free(0, dA), cuda_storage()->free(0, dB), cuda_storage()->free(0, p);
+    return NULL;
+}
+
+static void test_threads(void) {
+    NEED_GPU();
+    fsdp_cuda_empty_cache(0);
+    thread_job j = {.ctx = fsdp_test_ctx()};
+    pthread_t t;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, first_thread, &j), 0);
+    pthread_join(t, NULL);
+    CU_ASSERT_TRUE_FATAL(j.ok);
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, second_thread, &j), 0);
+    pthread_join(t, NULL);
+    CU_ASSERT_TRUE(j.ok);
+}
+
+/* ---- kernels against the CPU ---- */
+
+static const fsdp_kernels_i *K(void) {
+    return fsdp_kernels_for(CUDA0);
+}
+
+typedef struct gemm_case {
+    int64_t M, N, K;
+    bool ta, tb;
+    int64_t pad; // ld = cols + pad
+    float alpha, beta;
+} gemm_case;
+
+/* Runs one case on both tables; returns max |diff| / max |C| (the norm-wise error). */
+static double gemm_compare(const gemm_case *g, double rtol, bool check) {
+    int64_t ar = g->ta ? g->K : g->M, ac = g->ta ? g->M : g->K;
+    int64_t br = g->tb ? g->N : g->K, bc = g->tb ? g->K : g->N;
+    int64_t lda = ac + g->pad, ldb = bc + g->pad, ldc = g->N + g->pad;
+    float *A = new_uniform(ar * lda, -1, 1), *B = new_uniform(br * ldb, -1, 1);
+    float *C = new_uniform(g->M * ldc, -1, 1);
+    float *dA = dev_floats(A, ar * lda), *dB = dev_floats(B, br * ldb);
+    float *dC = dev_floats(C, g->M * ldc);
+    fsdp_kernels_for(FSDP_CPU)->gemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, A, lda, B, ldb,
+                                     g->beta, C, ldc);
+    K()->gemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, dA, lda, dB, ldb, g->beta, dC, ldc);
+    float *got = new_uniform(g->M * ldc, 0, 0);
+    dev_get(got, dC, (size_t)(g->M * ldc) * 4);
+    double maxd = 0, maxc = 0;
+    for (int64_t i = 0; i < g->M * ldc; i++) {
+        maxd = fmax(maxd, fabs((double)got[i] - C[i]));
+        maxc = fmax(maxc, fabs((double)C[i]));
+    }
+    if (check) {
+        char name[96];
+        snprintf(name, sizeof name, "gemm %lldx%lldx%lld%s%s ld+%lld", (long long)g->M,
+                 (long long)g->N, (long long)g->K, g->ta ? " A^T" : "", g->tb ? " B^T" : "",
+                 (long long)g->pad);
+        // f32 sums of K products in another order: 1e-5 relative, plus K roundings near 0
+        FSDP_TEST_CLOSE(name, got, C, g->M * ldc, rtol, 1e-6 * (double)(g->K + 1));
+    }
+    free(A), free(B), free(C), free(got);
+    dev_free(dA), dev_free(dB), dev_free(dC);
+    return maxc > 0 ? maxd / maxc : maxd;
+}
+
+static void test_gemm(void) {
+    NEED_GPU();
+    rng_seed(10);
+    const gemm_case cases[] = {
+        {1, 1, 1, false, false, 0, 1, 0},       {7, 5, 3, false, false, 0, 1, 0},
+        {7, 5, 3, true, false, 2, 1.5f, 0.5f},  {7, 5, 3, false, true, 1, 1, 1},
+        {7, 5, 3, true, true, 3, -1, 0.25f},    {64, 48, 33, false, false, 0, 1, 0},
+        {129, 65, 257, false, true, 0, 1, 0},   {129, 65, 257, true, false, 5, 0.5f, 2},
+        {256, 384, 512, false, false, 0, 1, 0}, {17, 9, 0, false, false, 1, 1, 0.5f},
+        {17, 9, 0, true, true, 0, 1, 0},        {0, 9, 4, false, false, 0, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) gemm_compare(&cases[i], 1e-5, true);
+}
+
+static void test_gemm_tf32(void) {
+    NEED_GPU();
+    rng_seed(11);
+    gemm_case big = {512, 512, 1024, false, true, 0, 1, 0};
+    CU_ASSERT_FALSE(fsdp_cuda_thread_tf32()); // off by default
+    fsdp_cuda_thread_set_tf32(true);
+    double err = gemm_compare(&big, 0, false);
+    printf("\n    TF32 GEMM 512x512x1024: max |diff| / max |C| = %.3g", err);
+    CU_ASSERT_TRUE(err < 3e-3);
+    fsdp_cuda_thread_set_tf32(false);
+    err = gemm_compare(&big, 1e-5, true); // exact f32 again
+    CU_ASSERT_TRUE(err < 1e-5);
+}
+
+static void test_bias(void) {
+    NEED_GPU();
+    rng_seed(12);
+    const int64_t shapes[][2] = {{37, 70}, {1000, 33}, {1, 1}};
+    for (int s = 0; s < 3; s++) {
+        int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+        float *out = new_uniform(n, -1, 1), *bias = new_uniform(cols, -1, 1);
+        float *db = new_uniform(cols, -1, 1);
+        float *d_out = dev_floats(out, n), *d_bias = dev_floats(bias, cols);
+        float *d_db = dev_floats(db, cols);
+        fsdp_kernels_for(FSDP_CPU)->bias_add(out, bias, rows, cols);
+        K()->bias_add(d_out, d_bias, rows, cols);
+        DEV_CLOSE("bias_add", d_out, out, n, 1e-6, 0);
+        fsdp_kernels_for(FSDP_CPU)->bias_backward(db, out, rows, cols);
+        K()->bias_backward(d_db, d_out, rows, cols);
+        DEV_CLOSE("bias_backward (+=)", d_db, db, cols, 1e-5, 1e-6);
+        free(out), free(bias), free(db);
+        dev_free(d_out), dev_free(d_bias), dev_free(d_db);
+    }
+}
+
+typedef void (*unary_fn)(float *out, const float *inp, int64_t n);
+typedef void (*binary_fn)(float *out, const float *a, const float *b, int64_t n);
+
+/* out = f(inp) on both tables, out of place at offset `off` floats and in place. */
+static void check_unary(const char *name, unary_fn cpu, unary_fn gpu, int64_t n, int64_t off,
+                        float lo, float hi) {
+    float *x = new_uniform(n + off, lo, hi), *want = new_uniform(n + off, 0, 0);
+    float *dx = dev_floats(x, n + off), *dy = dev_floats(NULL, n + off);
+    cpu(want + off, x + off, n);
+    gpu(dy + off, dx + off, n);
+    DEV_CLOSE(name, dy + off, want + off, n, 1e-5, 1e-6);
+    gpu(dx + off, dx + off, n); // in place
+    DEV_CLOSE(name, dx + off, want + off, n, 1e-5, 1e-6);
+    free(x), free(want);
+    dev_free(dx), dev_free(dy);
+}
+
+static void check_binary(const char *name, binary_fn cpu, binary_fn gpu, int64_t n, int64_t off,
+                         float lo, float hi) {
+    float *a = new_uniform(n + off, lo, hi), *b = new_uniform(n + off, -1, 1);
+    float *want = new_uniform(n + off, 0, 0);
+    float *da = dev_floats(a, n + off), *db = dev_floats(b, n + off);
+    float *dy = dev_floats(NULL, n + off);
+    cpu(want + off, a + off, b + off, n);
+    gpu(dy + off, da + off, db + off, n);
+    DEV_CLOSE(name, dy + off, want + off, n, 1e-5, 1e-6);
+    gpu(db + off, da + off, db + off, n); // in place over the second input
+    DEV_CLOSE(name, db + off, want + off, n, 1e-5, 1e-6);
+    free(a), free(b), free(want);
+    dev_free(da), dev_free(db), dev_free(dy);
+}
+
+static const int64_t sizes[] = {1, 3, 1001, 4099, 1 << 18};
+
+static void test_activations(void) {
+    NEED_GPU();
+    const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = K();
+    rng_seed(13);
+    for (int s = 0; s < 5; s++)
+        for (int64_t off = 0; off < 2; off++) {
+            int64_t n = sizes[s];
+            check_unary("relu_forward", c->relu_forward, g->relu_forward, n, off, -3, 3);
+            check_binary("relu_backward", c->relu_backward, g->relu_backward, n, off, -3, 3);
+            check_unary("sigmoid_forward", c->sigmoid_forward, g->sigmoid_forward, n, off, -30, 30);
+            check_binary("sigmoid_backward", c->sigmoid_backward, g->sigmoid_backward, n, off, 0,
+                         1);
+            check_unary("gelu_forward", c->gelu_forward, g->gelu_forward, n, off, -12, 12);
+            check_binary("gelu_backward", c->gelu_backward, g->gelu_backward, n, off, -12, 12);
+        }
+}
+
+/* the table's entries with other argument orders, as unary/binary functions */
+static void cpu_axpy(float *y, const float *a, const float *x, int64_t n) {
+    fsdp_kernels_for(FSDP_CPU)->copy(y, a, n);
+    fsdp_kernels_for(FSDP_CPU)->axpy(y, -0.75f, x, n);
+}
+static void gpu_axpy(float *y, const float *a, const float *x, int64_t n) {
+    K()->copy(y, a, n);
+    K()->axpy(y, -0.75f, x, n);
+}
+static void cpu_scale(float *out, const float *x, int64_t n) {
+    fsdp_kernels_for(FSDP_CPU)->scale(out, x, 1.25f, n);
+}
+static void gpu_scale(float *out, const float *x, int64_t n) {
+    K()->scale(out, x, 1.25f, n);
+}
+static void cpu_fill(float *out, const float *x, int64_t n) {
+    (void)x;
+    fsdp_kernels_for(FSDP_CPU)->fill(out, 0.3f, n);
+}
+static void gpu_fill(float *out, const float *x, int64_t n) {
+    (void)x;
+    K()->fill(out, 0.3f, n);
+}
+
+static void test_elementwise(void) {
+    NEED_GPU();
+    const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = K();
+    rng_seed(14);
+    for (int s = 0; s < 5; s++)
+        for (int64_t off = 0; off < 2; off++) {
+            int64_t n = sizes[s];
+            check_binary("add", c->add, g->add, n, off, -5, 5);
+            check_binary("axpy", cpu_axpy, gpu_axpy, n, off, -5, 5);
+            check_unary("scale", cpu_scale, gpu_scale, n, off, -5, 5);
+            check_unary("copy", c->copy, g->copy, n, off, -5, 5);
+            check_unary("fill", cpu_fill, gpu_fill, n, off, -5, 5);
+        }
+}
+
+static void test_rmsnorm(void) {
+    NEED_GPU();
+    rng_seed(15);
+    const int64_t shapes[][2] = {{17, 1000}, {3, 4097}, {300, 64}, {1, 1}};
+    for (int s = 0; s < 4; s++) {
+        int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+        float *x = new_uniform(n, -2, 2), *w = new_uniform(cols, 0.5f, 1.5f);
+        float *dy = new_uniform(n, -1, 1), *dw = new_uniform(cols, -1, 1);
+        float *out = new_uniform(n, 0, 0), *rstd = new_uniform(rows, 0, 0);
+        float *dx = new_uniform(n, 0, 0);
+        float *d_x = dev_floats(x, n), *d_w = dev_floats(w, cols), *d_dy = dev_floats(dy, n);
+        float *d_dw = dev_floats(dw, cols), *d_out = dev_floats(NULL, n);
+        float *d_rstd = dev_floats(NULL, rows), *d_dx = dev_floats(NULL, n);
+        const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU);
+        c->rmsnorm_forward(out, rstd, x, w, 1e-5f, rows, cols);
+        K()->rmsnorm_forward(d_out, d_rstd, d_x, d_w, 1e-5f, rows, cols);
+        DEV_CLOSE("rmsnorm_forward out", d_out, out, n, 1e-5, 1e-6);
+        DEV_CLOSE("rmsnorm_forward rstd", d_rstd, rstd, rows, 1e-5, 0);
+        c->rmsnorm_backward(dx, dw, dy, x, w, rstd, rows, cols);
+        K()->rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, d_rstd, rows, cols);
+        DEV_CLOSE("rmsnorm_backward dinp", d_dx, dx, n, 1e-5, 1e-6);
+        DEV_CLOSE("rmsnorm_backward dweight (+=)", d_dw, dw, cols, 1e-5, 1e-6);
+        free(x), free(w), free(dy), free(dw), free(out), free(rstd), free(dx);
+        dev_free(d_x), dev_free(d_w), dev_free(d_dy), dev_free(d_dw), dev_free(d_out);
+        dev_free(d_rstd), dev_free(d_dx);
+    }
+}
+
+static void test_reductions(void) {
+    NEED_GPU();
+    rng_seed(16);
+    const int64_t ns[] = {0, 1, 1000, (1 << 20) + 7};
+    for (int s = 0; s < 4; s++) {
+        int64_t n = ns[s];
+        float *x = new_uniform(n, -1, 1);
+        float *d = dev_floats(x, n);
+        const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU);
+        CLOSE_S("sum", K()->sum(d, n), c->sum(x, n), 1e-10);
+        CLOSE_S("sum_squares", K()->sum_squares(d, n), c->sum_squares(x, n), 1e-10);
+        CU_ASSERT_EQUAL(K()->max_abs(d, n), c->max_abs(x, n));
+        if (n > 1) { // max |x| at the end, then a NaN
+            float big = -3.5f, nan = NAN;
+            FSDP_TEST_OK(
+                cuda_storage()->copy(fsdp_test_ctx(), d + n - 1, CUDA0, &big, FSDP_CPU, 4));
+            CU_ASSERT_EQUAL(K()->max_abs(d, n), 3.5);
+            FSDP_TEST_OK(cuda_storage()->copy(fsdp_test_ctx(), d + 1, CUDA0, &nan, FSDP_CPU, 4));
+            CU_ASSERT_TRUE(isnan(K()->max_abs(d, n)));
+        }
+        free(x);
+        dev_free(d);
+    }
+}
+
+static void test_losses(void) {
+    NEED_GPU();
+    rng_seed(17);
+    const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU);
+    const int64_t ns[] = {1, 1001, 300000};
+    for (int s = 0; s < 3; s++) {
+        int64_t n = ns[s];
+        float *out = new_uniform(n, -2, 2), *tgt = new_uniform(n, -2, 2);
+        float *dout = new_uniform(n, 0, 0), loss = 0, dloss = 0;
+        float *d_out = dev_floats(out, n), *d_tgt = dev_floats(tgt, n);
+        float *d_dout = dev_floats(NULL, n);
+        c->mse_loss(&loss, dout, out, tgt, n);
+        K()->mse_loss(&dloss, d_dout, d_out, d_tgt, n);
+        CLOSE_S("mse_loss", dloss, loss, 1e-6);
+        DEV_CLOSE("mse_loss dout", d_dout, dout, n, 1e-6, 0);
+        K()->mse_loss(&dloss, NULL, d_out, d_tgt, n);
+        CLOSE_S("mse_loss (no gradient)", dloss, loss, 1e-6);
+        free(out), free(tgt), free(dout);
+        dev_free(d_out), dev_free(d_tgt), dev_free(d_dout);
+    }
+    const int64_t shapes[][2] = {{1, 1}, {7, 10}, {64, 1000}, {2000, 3}, {3, 50000}};
+    for (int s = 0; s < 5; s++) {
+        int64_t rows = shapes[s][0], classes = shapes[s][1], n = rows * classes;
+        float *x = new_uniform(n, -8, 8), *dx = new_uniform(n, 0, 0), loss = 0, dloss = 0;
+        if (s == 1) x[3] = 200.0f; // exp would overflow without the max shift
+        int32_t *t = malloc((size_t)rows * sizeof *t);
+        for (int64_t r = 0; r < rows; r++) t[r] = (int32_t)(rng_u32() % (uint32_t)classes);
+        float *d_x = dev_floats(x, n), *d_dx = dev_floats(NULL, n);
+        int32_t *d_t = dev_new(t, (size_t)rows * sizeof *t);
+        c->cross_entropy(&loss, dx, x, t, rows, classes);
+        K()->cross_entropy(&dloss, d_dx, d_x, d_t, rows, classes);
+        CLOSE_S("cross_entropy", dloss, loss, 1e-6);
+        DEV_CLOSE("cross_entropy dlogits", d_dx, dx, n, 1e-5, 1e-9);
+        K()->cross_entropy(&dloss, d_x, d_x, d_t, rows, classes); // in place
+        CLOSE_S("cross_entropy (in place)", dloss, loss, 1e-6);
+        DEV_CLOSE("cross_entropy dlogits (in place)", d_x, dx, n, 1e-5, 1e-9);
+        free(x), free(dx), free(t);
+        dev_free(d_x), dev_free(d_dx), dev_free(d_t);
+    }
+}
+
+static uint32_t f32_bits(float x) {
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    return b;
+}
+
+static float bits_f32(uint32_t b) {
+    float x;
+    memcpy(&x, &b, 4);
+    return x;
+}
+
+static void test_bf16(void) {
+    NEED_GPU();
+    const uint32_t special[] = {
+        0x3F808000u, 0x3F818000u, 0x3F80C000u, 0x3F807FFFu, // ties to even both ways, near ties
+        0x7F800001u, 0xFFC00001u, 0x7FFFFFFFu, 0x7F800000u, // NaNs (signalling too), inf
+        0xFF800000u, 0x80000000u, 0x00000001u, 0x007FFFFFu, // -inf, -0, denormals
+        0x7F7FFFFFu, 0x7F7F8000u, 0xFF7FFFFFu, 0x00008000u, // max (rounds to inf), ties at 0
+    };
+    int64_t nspec = sizeof special / sizeof *special, n = nspec + 100003;
+    float *x = new_uniform(n, 0, 0);
+    rng_seed(18);
+    for (int64_t i = 0; i < n; i++) x[i] = bits_f32(i < nspec ? special[i] : rng_u32());
+    fsdp_bf16 *want = malloc((size_t)n * 2), *got = malloc((size_t)n * 2);
+    fsdp_kernels_for(FSDP_CPU)->f32_to_bf16(want, x, n);
+    float *d = dev_floats(x, n + 4);
+    fsdp_bf16 *db = dev_new(NULL, (size_t)(n + 4) * 2);
+    for (int off = 0; off < 2; off++) { // aligned (vector) and unaligned (scalar) paths
+        K()->f32_to_bf16(db + off, d + off, n - off);
+        dev_get(got, db + off, (size_t)(n - off) * 2);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n - off; i++)
+            bad += got[i] != want[i + off] || got[i] != fsdp_bf16_from_f32(x[i + off]);
+        printf("\n    f32_to_bf16 (offset %d): %lld of %lld differ from the CPU", off,
+               (long long)bad, (long long)(n - off));
+        CU_ASSERT_EQUAL(bad, 0);
+        K()->bf16_to_f32(d + off, db + off, n - off);
+        float *back = new_uniform(n, 0, 0);
+        dev_get(back, d + off, (size_t)(n - off) * 4);
+        bad = 0;
+        for (int64_t i = 0; i < n - off; i++)
+            bad += f32_bits(back[i]) != (uint32_t)want[i + off] << 16;
+        CU_ASSERT_EQUAL(bad, 0);
+        free(back);
+        FSDP_TEST_OK(cuda_storage()->copy(fsdp_test_ctx(), d, CUDA0, x, FSDP_CPU, (size_t)n * 4));
+    }
+    free(x), free(want), free(got);
+    dev_free(d), dev_free(db);
+}
+
+/* Several optimizer steps through optim/update.h on both devices; within 1e-6 relative (the
+ * same IEEE operations: expected bitwise, and the count of differing elements is printed). */
+static void run_optim_case(const char *name, bool adam, bool decoupled, bool with_state, int64_t n,
+                           int64_t off) {
+    float *p = new_uniform(n + off, -1, 1), *s0 = new_uniform(n + off, 0, 0);
+    float *s1 = new_uniform(n + off, 0, 0), *s2 = new_uniform(n + off, 0, 0);
+    float *g = new_uniform(n + off, -1, 1);
+    float *dp = dev_floats(p, n + off), *dg = dev_floats(NULL, n + off);
+    float *d0 = dev_floats(NULL, n + off), *d1 = dev_floats(NULL, n + off);
+    float *d2 = dev_floats(NULL, n + off);
+    fsdp_sgd_options so = {
+        .lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01, .nesterov = true};
+    fsdp_adam_options ao = {.lr = 1e-3,
+                            .beta1 = 0.9,
+                            .beta2 = 0.999,
+                            .eps = 1e-8,
+                            .weight_decay = 0.1,
+                            .amsgrad = with_state,
+                            .maximize = decoupled};
+    for (int step = 1; step <= 4; step++) {
+        for (int64_t i = 0; i < n + off; i++) g[i] = rng_uniform(-1, 1);
+        FSDP_TEST_OK(
+            cuda_storage()->copy(fsdp_test_ctx(), dg, CUDA0, g, FSDP_CPU, (size_t)(n + off) * 4));
+        if (adam) {
+            fsdp_adam_update(FSDP_CPU, p + off, g + off, s0 + off, s1 + off,
+                             with_state ? s2 + off : NULL, n, &ao, decoupled, step);
+            fsdp_adam_update(CUDA0, dp + off, dg + off, d0 + off, d1 + off,
+                             with_state ? d2 + off : NULL, n, &ao, decoupled, step);
+        } else {
+            fsdp_sgd_update(FSDP_CPU, p + off, g + off, with_state ? s0 + off : NULL, n, &so,
+                            step == 1);
+            fsdp_sgd_update(CUDA0, dp + off, dg + off, with_state ? d0 + off : NULL, n, &so,
+                            step == 1);
+        }
+    }
+    float *got = new_uniform(n, 0, 0);
+    dev_get(got, dp + off, (size_t)n * 4);
+    int64_t diff = 0;
+    for (int64_t i = 0; i < n; i++) diff += f32_bits(got[i]) != f32_bits(p[off + i]);
+    printf("\n    %s (n %lld, offset %lld): %lld elements not bitwise equal", name, (long long)n,
+           (long long)off, (long long)diff);
+    FSDP_TEST_CLOSE(name, got, p + off, n, 1e-6, 0);
+    if (with_state || adam) DEV_CLOSE("  state 0", d0 + off, s0 + off, n, 1e-6, 0);
+    if (adam) DEV_CLOSE("  state 1", d1 + off, s1 + off, n, 1e-6, 0);
+    if (adam && with_state) DEV_CLOSE("  vmax", d2 + off, s2 + off, n, 1e-6, 0);
+    free(p), free(s0), free(s1), free(s2), free(g), free(got);
+    dev_free(dp), dev_free(dg), dev_free(d0), dev_free(d1), dev_free(d2);
+}
+
+static void test_optim(void) {
+    NEED_GPU();
+    rng_seed(19);
+    const int64_t ns[] = {1, 1003, 1 << 16};
+    for (int s = 0; s < 3; s++)
+        for (int64_t off = 0; off < 2; off++) {
+            run_optim_case("sgd momentum nesterov", false, false, true, ns[s], off);
+            run_optim_case("sgd plain", false, false, false, ns[s], off);
+            run_optim_case("adam", true, false, false, ns[s], off);
+            run_optim_case("adam amsgrad", true, false, true, ns[s], off);
+            run_optim_case("adamw", true, true, false, ns[s], off);
+        }
+}
+#else
+/* The device cases, in a build without CUDA. */
+static void test_device_cases(void) {
+    CU_ASSERT_FALSE(have_gpu()); // prints why they do not run
+}
+#endif // FSDP_HAVE_CUDA
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"table", test_table},
+        {"device_out_of_range", test_device_out_of_range},
+#ifdef FSDP_HAVE_CUDA
+        {"alloc_reuse", test_alloc_reuse},
+        {"alloc_errors", test_alloc_errors},
+        {"copy", test_copy},
+        {"fill_convert", test_fill_convert},
+        {"tensor", test_tensor},
+        {"threads", test_threads},
+        {"gemm", test_gemm},
+        {"gemm_tf32", test_gemm_tf32},
+        {"bias", test_bias},
+        {"activations", test_activations},
+        {"elementwise", test_elementwise},
+        {"rmsnorm", test_rmsnorm},
+        {"reductions", test_reductions},
+        {"losses", test_losses},
+        {"bf16", test_bf16},
+        {"optim", test_optim},
+#else
+        {"device_cases", test_device_cases},
+#endif
+    };
+    return fsdp_test_run(argc, argv, "kernels_cuda", cases, sizeof cases / sizeof *cases);
+}
