@@ -46,6 +46,22 @@ fsdp_status fsdp_loss_mse(fsdp_ctx *ctx, const fsdp_tensor *out, const fsdp_tens
     return FSDP_OK;
 }
 
+/* A copy of rows int32 targets on dev, held in a 4-byte tensor (the bits are moved, not read). */
+static fsdp_status stage_targets(fsdp_ctx *ctx, const int32_t *targets, int64_t rows,
+                                 fsdp_device dev, fsdp_tensor **out) {
+    fsdp_tensor *host;
+    FSDP_TRY(
+        fsdp_tensor_from_blob(ctx, (void *)targets, FSDP_DTYPE_F32, FSDP_CPU, 1, &rows, &host));
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 1, &rows, out);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, *out, host);
+    fsdp_tensor_free(host);
+    if (st != FSDP_OK) {
+        fsdp_tensor_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 fsdp_status fsdp_loss_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,
                                     const int32_t *targets, float *loss, fsdp_tensor *dlogits) {
     FSDP_TRY(check_grad_target(ctx, "cross-entropy loss", logits, dlogits));
@@ -62,8 +78,13 @@ fsdp_status fsdp_loss_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,
                 ctx, FSDP_ERR_INVALID_ARGUMENT,
                 "cross-entropy loss: target %d of row %lld is not a class in [0, %lld)", targets[i],
                 (long long)i, (long long)classes);
-    fsdp_kernels_for(fsdp_tensor_device(logits))
-        ->cross_entropy(loss, dlogits ? fsdp_tensor_f32(dlogits) : NULL, fsdp_tensor_f32(logits),
-                        targets, rows, classes);
+    fsdp_device dev = fsdp_tensor_device(logits);
+    fsdp_tensor *staged = NULL;
+    if (dev.type != FSDP_DEVICE_CPU) /* the kernel reads the targets where the logits are */
+        FSDP_TRY(stage_targets(ctx, targets, rows, dev, &staged));
+    fsdp_kernels_for(dev)->cross_entropy(
+        loss, dlogits ? fsdp_tensor_f32(dlogits) : NULL, fsdp_tensor_f32(logits),
+        staged ? fsdp_tensor_data(staged) : targets, rows, classes);
+    fsdp_tensor_free(staged);
     return FSDP_OK;
 }
