@@ -130,9 +130,10 @@ static fsdp_status compare_all(fsdp_ctx *ctx, rank_state *rs, param_cmp *cmp) {
 /* ---- the seed's _test_data_parallel ---- */
 
 /* One of the seed's steps on both models (zero_grad, forward, backward, step). The sharded
- * model's step makes exactly FULL_SHARD's collectives (REFERENCE.md section 4): one all_gather
- * per unit in forward, one more in backward for every unit but the root (which does not
- * reshard after forward), one reduce_scatter per unit, and nothing in the optimizer step;
+ * model's step makes exactly FULL_SHARD's collectives (as PyTorch's FSDP makes them; the table
+ * in docs/fsdp.md): one all_gather per unit in forward, one more in backward for every unit but
+ * the root (which does not reshard after forward), one reduce_scatter per unit, and nothing in
+ * the optimizer step;
  * a unit without parameters (the root of per-layer units) communicates nothing. */
 static fsdp_status train_step(fsdp_ctx *ctx, const scenario *s, rank_state *rs, int step,
                               param_cmp *cmp) {

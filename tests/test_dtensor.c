@@ -191,7 +191,8 @@ static void test_pairs_2d_3x2(void) {
     FSDP_TEST_OK(fsdp_test_run_world(6, 0, all_pairs_rank, &c));
 }
 
-/* ---- the collective of each 1-d redistribution (REFERENCE.md section 1) ---- */
+/* ---- the collective of each 1-d redistribution, as PyTorch's DTensor makes it (the table
+ * in docs/tp.md, "Redistribution") ---- */
 
 typedef struct comm_row {
     fsdp_placement from, to;

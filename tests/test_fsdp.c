@@ -162,7 +162,8 @@ static fsdp_status wrapped_sgd(fsdp_ctx *ctx, const fsdp_case *c, fsdp_mesh **me
     return fsdp_sgd_create(ctx, fsdp_sharded_flat_params(*sh), &(fsdp_sgd_options){.lr = 0.1}, opt);
 }
 
-/* ---- collectives per strategy (REFERENCE.md section 4), 4 ranks, 1 or 3 units ---- */
+/* ---- the collectives per strategy that PyTorch's FSDP makes (docs/fsdp.md, "Hooks and
+ * strategies"), 4 ranks, 1 or 3 units ---- */
 
 static fsdp_status comm_rank(fsdp_ctx *ctx, int rank, void *user) {
     const fsdp_case *c = user;
@@ -594,8 +595,8 @@ static void test_sync_module_states_and_errors(void) {
  * Colwise(input Shard(0)), net2 Rowwise(output Shard(0)); one root FULL_SHARD unit over dp.
  * World 4 = (dp 2, tp 2); the global batch of 8 rows: dp replica d takes rows [4d, 4d + 4),
  * and tp rank t its 2 of them. One forward and backward of sum(output) makes exactly the 7
- * collectives of REFERENCE.md section 5; one SGD step then matches the single-rank model
- * trained on all 8 rows. */
+ * collectives PyTorch's FSDP over TP makes here (docs/fsdp.md, "Verified"); one SGD step then
+ * matches the single-rank model trained on all 8 rows. */
 static fsdp_status twod_build(fsdp_ctx *ctx, fsdp_module **m) {
     fsdp_module *norm = NULL, *mlp = NULL;
     FSDP_TRY(fsdp_sequential_create(ctx, m));

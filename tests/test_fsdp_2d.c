@@ -414,17 +414,19 @@ typedef struct comm_want {
 
 /* One training step (zero_grad, forward, backward, SGD step) of MLPStacked(3) on 4 ranks, with
  * U units of which u = U - 1 are not the root (U = 1 root only, 3 nested):
- * - REFERENCE.md section 4, on FSDP's group ("dp", or "shard" for HYBRID_SHARD):
+ * - the collectives per strategy that PyTorch's FSDP makes (docs/fsdp.md, "Collectives per
+ *   strategy"), on FSDP's group ("dp", or "shard" for HYBRID_SHARD):
  *   FULL_SHARD and HYBRID_SHARD: forward U all_gather (every unit unshards); backward u
  *   all_gather (non-root units resharded after forward; the root kept its parameters) and U
  *   reduce_scatter (one per flat gradient);
  *   SHARD_GRAD_OP: forward U all_gather; backward U reduce_scatter (no reshard in between);
  *   NO_SHARD: backward U all_reduce;
  *   HYBRID_SHARD also all_reduces each reduced shard across "replicate": U in backward.
- * - 2-D (section 5's rules on the MLP plan: net1 Colwise, net2 Rowwise, default layouts), on
- *   "tp": forward one all_reduce per layer (Rowwise output Partial -> Replicate); backward one
- *   per layer but the first (Colwise input gradient Partial -> Replicate; the model's input
- *   gradient is not computed), so LAYERS - 1. Replicate -> Shard(-1) and back are local.
+ * - 2-D (the TP styles' redistributions of docs/tp.md on the MLP plan: net1 Colwise, net2
+ *   Rowwise, default layouts), on "tp": forward one all_reduce per layer (Rowwise output
+ *   Partial -> Replicate); backward one per layer but the first (Colwise input gradient
+ *   Partial -> Replicate; the model's input gradient is not computed), so LAYERS - 1.
+ *   Replicate -> Shard(-1) and back are local.
  * - Nothing outside forward and backward: the optimizer step and zero_grad never communicate.
  * Returns the number of entries written to w. */
 static int comm_expected(const comm_case *c, comm_want *w) {
@@ -557,9 +559,10 @@ typedef struct clip_case {
 } clip_case;
 
 /* The all_reduces of one sharded clip_grad_norm: one per distinct group that shards some
- * gradient (REFERENCE.md section 6): FSDP's group when it shards (not NO_SHARD; HYBRID_SHARD's
- * replicas hold equal shards and count once), and tp for the TP-sharded parameters (a
- * Replicate one, net2.bias, counts once over tp). */
+ * gradient (PyTorch's clip_grad_norm_ over FSDP shards and TP; docs/fsdp.md, "Clipping"):
+ * FSDP's group when it shards (not NO_SHARD; HYBRID_SHARD's replicas hold equal shards and
+ * count once), and tp for the TP-sharded parameters (a Replicate one, net2.bias, counts once
+ * over tp). */
 static fsdp_status clip_comm_check(fsdp_ctx *ctx, const clip_case *c, const fsdp_mesh *mesh) {
     const char *shard = c->layout == LAYOUT_HYBRID ? "shard" : "dp";
     int64_t total = 0;

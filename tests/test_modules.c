@@ -385,7 +385,8 @@ static void test_init_is_layout_independent(void) {
 
 /* ---- SGD ---- */
 
-/* The update rule of REFERENCE section 7, written out per element in double. */
+/* PyTorch's SGD update rule (as include/fsdp/optim.h and docs/optim.md give it), written out
+ * per element in double. */
 static void sgd_reference(double *p, double *buf, const double *g, int n, int step,
                           const fsdp_sgd_options *o) {
     for (int i = 0; i < n; i++) {
