@@ -468,6 +468,17 @@ static void test_module_to_refusals(void) {
     CU_ASSERT_PTR_EQUAL(fsdp_tensor_data(data), before);
     fsdp_tensor_free(view);
     FSDP_TEST_FAILS(fsdp_module_to(ctx, NULL, FSDP_CPU), FSDP_ERR_INVALID_ARGUMENT, "NULL");
+    /* a model with hooks is refused before anything moves (a no-op move is still fine) */
+    hook_log log = {0};
+    FSDP_TEST_OK(fsdp_module_add_hook(ctx, fsdp_module_find(m, "net1"), FSDP_HOOK_PRE_FORWARD,
+                                      record_hook, &log, NULL, NULL));
+    FSDP_TEST_OK(fsdp_module_to(ctx, m, FSDP_CPU));
+    if (fsdp_device_count(FSDP_DEVICE_CUDA) > 0) {
+        FSDP_TEST_FAILS(fsdp_module_to(ctx, m, (fsdp_device){FSDP_DEVICE_CUDA, 0}), FSDP_ERR_STATE,
+                        "net1", "has hooks", "move the model first");
+        CU_ASSERT_EQUAL(fsdp_tensor_device(data).type, FSDP_DEVICE_CPU);
+        CU_ASSERT_PTR_EQUAL(fsdp_tensor_data(data), before);
+    }
     fsdp_module_free(m);
 }
 

@@ -109,8 +109,9 @@ fsdp_status fsdp_module_zero_grad(fsdp_ctx *ctx, fsdp_module *m);
 /* Moves every parameter, gradient and buffer of the subtree to `device` (PyTorch's
  * `model.to(device)`): the parameter handles stay the same, their memory moves. Call it after
  * building (and initialising) the model and before tensor parallelism, FSDP or replicate wrap
- * it; a wrapped model is refused with FSDP_ERR_STATE. Inputs must then be on `device` too. On
- * failure the tensors moved so far stay moved and the rest stay where they were. */
+ * it or hooks are added: a subtree with hooks, tensor-parallel or FSDP-managed parameters is
+ * refused with FSDP_ERR_STATE before anything moves. Inputs must then be on `device` too. If a
+ * copy fails midway (out of device memory), the tensors moved so far stay moved. */
 fsdp_status fsdp_module_to(fsdp_ctx *ctx, fsdp_module *m, fsdp_device device);
 
 /* Runs m's forward (with its hooks): *out is owned by the module (or by a hook). */

@@ -1,6 +1,6 @@
 /* storage.h: the memory interface of a device type. Core allocates, frees, copies, fills and
  * converts tensor memory only through it, so no core code ever touches device memory with a
- * host instruction. The CPU fills it here (storage_cpu.c); a device built into the library
+ * host instruction. The CPU fills it here (storage.c); a device built into the library
  * (CUDA, in src/kernels/cuda) registers its own when the library loads. */
 #ifndef FSDP_CORE_STORAGE_H
 #define FSDP_CORE_STORAGE_H

@@ -1,24 +1,57 @@
 /* device.c: fsdp_module_to, moving a module tree's parameters, gradients and buffers to
- * another device before the model is parallelised. */
+ * another device before the model is parallelised or given hooks. */
 #include "core/error.h"
 #include "core/tensor_impl.h"
 #include "nn/module_impl.h"
+#include "nn/nn.h"
 
 typedef struct move_args {
     fsdp_device device;
 } move_args;
 
+/* Refuses a tree that anything has attached to (hooks: TP styles, FSDP, replicate or a
+ * user's; TP-distributed parameters): they hold tensors on the old device. Changes nothing. */
+static fsdp_status check_movable(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    (void)user;
+    char desc[160];
+    for (int point = 0; point < FSDP_HOOK_POINT_COUNT; point++)
+        if (m->n_hooks[point] > 0)
+            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                             "fsdp_module_to: %s has hooks (tensor parallelism, FSDP, replicate or "
+                             "your own), which may hold tensors on the old device; move the model "
+                             "first, then parallelise it and add hooks",
+                             fsdp_nn_describe(m, desc, sizeof desc));
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i]->dist)
+            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                             "fsdp_module_to: parameter '%s' of %s is already tensor-parallel; "
+                             "move the model to the device before parallelising it",
+                             m->params[i]->name, fsdp_nn_describe(m, desc, sizeof desc));
+    return FSDP_OK;
+}
+
+static bool on_device(const fsdp_tensor *t, fsdp_device d) {
+    fsdp_device at = fsdp_tensor_device(t);
+    return at.type == d.type && at.index == d.index;
+}
+
+/* FSDP_ERR_STATE (no message: a signal) when some tensor of m is not on the device yet. */
+static fsdp_status find_elsewhere(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    (void)ctx;
+    const move_args *a = user;
+    for (int i = 0; i < m->n_params; i++)
+        if (!on_device(m->params[i]->data, a->device) || !on_device(m->params[i]->grad, a->device))
+            return FSDP_ERR_STATE;
+    for (int i = 0; i < m->n_buffers; i++)
+        if (!on_device(m->buffers[i].data, a->device)) return FSDP_ERR_STATE;
+    return FSDP_OK;
+}
+
 static fsdp_status move_module(fsdp_ctx *ctx, fsdp_module *m, void *user) {
     const move_args *a = user;
     for (int i = 0; i < m->n_params; i++) {
-        fsdp_param *p = m->params[i];
-        if (p->dist)
-            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
-                             "fsdp_module_to: parameter '%s' is already tensor-parallel; move the "
-                             "model to the device before parallelising it",
-                             p->name);
-        FSDP_TRY(fsdp_tensor_move(ctx, p->data, a->device));
-        FSDP_TRY(fsdp_tensor_move(ctx, p->grad, a->device));
+        FSDP_TRY(fsdp_tensor_move(ctx, m->params[i]->data, a->device));
+        FSDP_TRY(fsdp_tensor_move(ctx, m->params[i]->grad, a->device));
     }
     for (int i = 0; i < m->n_buffers; i++)
         FSDP_TRY(fsdp_tensor_move(ctx, m->buffers[i].data, a->device));
@@ -27,5 +60,9 @@ static fsdp_status move_module(fsdp_ctx *ctx, fsdp_module *m, void *user) {
 
 fsdp_status fsdp_module_to(fsdp_ctx *ctx, fsdp_module *m, fsdp_device device) {
     if (!m) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_module_to: the module is NULL");
-    return fsdp_module_visit(ctx, m, move_module, &(move_args){device});
+    move_args a = {device};
+    if (fsdp_module_visit(ctx, m, find_elsewhere, &a) == FSDP_OK) return FSDP_OK; /* all there */
+    FSDP_TRY(fsdp_nn_check_unmanaged(ctx, m, "fsdp_module_to"));
+    FSDP_TRY(fsdp_module_visit(ctx, m, check_movable, NULL));
+    return fsdp_module_visit(ctx, m, move_module, &a);
 }
