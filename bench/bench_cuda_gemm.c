@@ -5,24 +5,14 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <cublas_v2.h>
-#include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "bench_util.h"        // defines: bench_now, bench_median
+#include "bench_cuda_util.h"   // defines: BENCH_CUDA_OK, bench_cuda_median
 #include "kernels/cuda/cuda.h" // defines: fsdp_cuda_thread_set_tf32
 #include "kernels/kernels.h"   // defines: fsdp_kernels_for
 
 #define REPS 20
-
-#define CUDA_OK(expr)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));                            \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 typedef struct shape {
     const char *what;
@@ -30,34 +20,27 @@ typedef struct shape {
     int m, n, k;
 } shape;
 
-/* Median seconds of REPS calls of one GEMM, on the per-thread stream, by events. */
-static double time_gemm(cublasHandle_t direct, const shape *s, bool tf32, const float *A,
-                        const float *B, float *C) {
-    const fsdp_kernels_i *k = fsdp_kernels_for((fsdp_device){FSDP_DEVICE_CUDA, 0});
+typedef struct gemm_call {
+    cublasHandle_t direct; /* NULL: the table's entry */
+    const shape *s;
+    bool tf32;
+    const float *A, *B;
+    float *C;
+} gemm_call;
+
+static void run_gemm(void *arg) {
+    const gemm_call *c = arg;
+    const shape *s = c->s;
     int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n, ldc = s->n;
     float one = 1.0f, zero = 0.0f;
-    double t[REPS];
-    cudaEvent_t e0, e1;
-    CUDA_OK(cudaEventCreate(&e0));
-    CUDA_OK(cudaEventCreate(&e1));
-    for (int r = -2; r < REPS; r++) {
-        CUDA_OK(cudaEventRecord(e0, cudaStreamPerThread));
-        if (direct)
-            cublasGemmEx(
-                direct, s->tb ? CUBLAS_OP_T : CUBLAS_OP_N, s->ta ? CUBLAS_OP_T : CUBLAS_OP_N, s->n,
-                s->m, s->k, &one, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &zero, C, CUDA_R_32F, ldc,
-                tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        else
-            k->gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
-        CUDA_OK(cudaEventRecord(e1, cudaStreamPerThread));
-        CUDA_OK(cudaEventSynchronize(e1));
-        float ms;
-        CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 0) t[r] = 1e-3 * ms;
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return bench_median(t, REPS);
+    if (c->direct)
+        cublasGemmEx(
+            c->direct, s->tb ? CUBLAS_OP_T : CUBLAS_OP_N, s->ta ? CUBLAS_OP_T : CUBLAS_OP_N, s->n,
+            s->m, s->k, &one, c->B, CUDA_R_32F, ldb, c->A, CUDA_R_32F, lda, &zero, c->C, CUDA_R_32F,
+            ldc, c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else
+        fsdp_kernels_for((fsdp_device){FSDP_DEVICE_CUDA, 0})
+            ->gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, c->A, lda, c->B, ldb, 0.0f, c->C, ldc);
 }
 
 int main(void) {
@@ -75,11 +58,11 @@ int main(void) {
     };
     size_t most = (size_t)8192 * 8192;
     float *A, *B, *C;
-    CUDA_OK(cudaMalloc((void **)&A, most * sizeof(float)));
-    CUDA_OK(cudaMalloc((void **)&B, most * sizeof(float)));
-    CUDA_OK(cudaMalloc((void **)&C, most * sizeof(float)));
-    CUDA_OK(cudaMemset(A, 0x3c, most * sizeof(float))); /* small positive values */
-    CUDA_OK(cudaMemset(B, 0x3c, most * sizeof(float)));
+    BENCH_CUDA_OK(cudaMalloc((void **)&A, most * sizeof(float)));
+    BENCH_CUDA_OK(cudaMalloc((void **)&B, most * sizeof(float)));
+    BENCH_CUDA_OK(cudaMalloc((void **)&C, most * sizeof(float)));
+    BENCH_CUDA_OK(cudaMemset(A, 0x3c, most * sizeof(float))); /* small positive values */
+    BENCH_CUDA_OK(cudaMemset(B, 0x3c, most * sizeof(float)));
     cublasHandle_t h;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(h, cudaStreamPerThread);
@@ -89,7 +72,9 @@ int main(void) {
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
             const shape *s = &shapes[i];
             double flop = 2.0 * s->m * s->n * (double)s->k;
-            double ours = time_gemm(NULL, s, tf, A, B, C), theirs = time_gemm(h, s, tf, A, B, C);
+            gemm_call ours_call = {NULL, s, tf, A, B, C}, theirs_call = {h, s, tf, A, B, C};
+            double ours = bench_cuda_median(run_gemm, &ours_call, REPS);
+            double theirs = bench_cuda_median(run_gemm, &theirs_call, REPS);
             printf("%-28s %5s %12.1f %12.1f %8.3f\n", s->what, tf ? "tf32" : "f32",
                    flop / ours / 1e12, flop / theirs / 1e12, theirs / ours);
         }
