@@ -6,26 +6,10 @@
 #include <string.h>
 
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_close, FSDP_TEST_CLOSE
+#include "kernel_rng.h"      // defines: rng_seed, rng_u32, rng_uniform
 #include "kernels/kernels.h" // defines: fsdp_kernels_i, fsdp_kernels_cpu, fsdp_kernels_for
 
 /* ---- helpers: a private RNG, allocation, double comparisons, finite differences ---- */
-
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t seed) {
-    rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
-}
-
-static uint32_t rng_u32(void) { // xorshift64*
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
-}
-
-static float rng_uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)rng_u32() / 4294967296.0);
-}
 
 static float *new_floats(int64_t n) {
     float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));

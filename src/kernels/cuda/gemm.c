@@ -1,6 +1,7 @@
 /* gemm.c: row-major C = alpha op(A) op(B) + beta C through cuBLAS (column-major): the
  * row-major C is the column-major C^T = op(B)^T op(A)^T, so cuBLAS gets B before A. f32, or
- * TF32 tensor cores when this thread allows them (fsdp_cuda_thread_set_tf32; public: fsdp_cuda_set_allow_tf32). */
+ * TF32 tensor cores when this thread allows them (fsdp_cuda_thread_set_tf32; public:
+ * fsdp_cuda_set_allow_tf32). */
 #include <limits.h>
 
 #include "kernels/cuda/cuda_impl.h"
