@@ -120,4 +120,24 @@ void fsdp_map2(const char *name, float *out, const float *a, const float *b, int
     FSDP_CUDA_LAUNCHED(name);
 }
 
+
+/* Two-pass reductions: each block writes its partial sum to scratch[blockIdx.x] (at most
+ * FSDP_CUDA_PARTIALS blocks), then one block adds them into scratch[FSDP_CUDA_PARTIALS]; the
+ * scratch slots after that are free for the caller's flags. */
+#define FSDP_CUDA_PARTIALS 1024
+
+/* The blocks a partial-sum pass over `work` items launches. */
+static inline unsigned fsdp_partial_blocks(int64_t work) {
+    unsigned b = fsdp_grid(work);
+    return b < FSDP_CUDA_PARTIALS ? b : FSDP_CUDA_PARTIALS;
+}
+
+/* out[0] = sum of partial[0 .. count), in a fixed order (one block). */
+static __global__ void fsdp_sum_partials_kernel(double *out, const double *partial, int count) {
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+    acc = fsdp_block_sum(acc);
+    if (threadIdx.x == 0) out[0] = acc;
+}
+
 #endif

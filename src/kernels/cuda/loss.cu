@@ -3,8 +3,6 @@
  * device), the gradient written on the device when it is not NULL. */
 #include "kernels/cuda/common.cuh"
 
-#define LOSS_BLOCKS 1024 // scratch: the block partials, then the total, then a flag
-
 /* partial[block] = sum of (out - target)^2; dout = 2 (out - target) / n when not NULL */
 __global__ void mse_kernel(double *partial, float *dout, const float *out, const float *target,
                            int64_t n, double g) {
@@ -18,18 +16,6 @@ __global__ void mse_kernel(double *partial, float *dout, const float *out, const
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-__global__ void total_kernel(double *out, const double *partial, int count) {
-    double acc = 0.0;
-    for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
-    acc = fsdp_block_sum(acc);
-    if (threadIdx.x == 0) out[0] = acc;
-}
-
-static unsigned loss_blocks(int64_t work) {
-    unsigned b = fsdp_grid(work);
-    return b < LOSS_BLOCKS ? b : LOSS_BLOCKS;
-}
-
 extern "C" void fsdp_cuda_mse_loss(float *loss, float *dout, const float *out, const float *target,
                                    int64_t n) {
     if (n <= 0) {
@@ -37,12 +23,12 @@ extern "C" void fsdp_cuda_mse_loss(float *loss, float *dout, const float *out, c
         return;
     }
     double *scratch = fsdp_cuda_scratch();
-    unsigned blocks = loss_blocks(n);
+    unsigned blocks = fsdp_partial_blocks(n);
     mse_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, dout, out, target, n, 2.0 / (double)n);
     FSDP_CUDA_LAUNCHED("mse_loss");
-    total_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + LOSS_BLOCKS, scratch, (int)blocks);
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch, (int)blocks);
     FSDP_CUDA_LAUNCHED("mse_loss (total)");
-    *loss = (float)(fsdp_cuda_fetch_double(scratch + LOSS_BLOCKS) / (double)n);
+    *loss = (float)(fsdp_cuda_fetch_double(scratch + FSDP_CUDA_PARTIALS) / (double)n);
 }
 
 /* One block per row (striding over rows): lse by the row's max, loss_r = lse - x[t],
@@ -85,16 +71,16 @@ extern "C" void fsdp_cuda_cross_entropy(float *loss, float *dlogits, const float
         return;
     }
     double *scratch = fsdp_cuda_scratch();
-    unsigned blocks = (unsigned)(rows < LOSS_BLOCKS ? rows : LOSS_BLOCKS);
+    unsigned blocks = (unsigned)(rows < FSDP_CUDA_PARTIALS ? rows : FSDP_CUDA_PARTIALS);
     FSDP_CUDA_CHECK(
-        cudaMemsetAsync(scratch + LOSS_BLOCKS + 1, 0, sizeof(double), cudaStreamPerThread));
-    cross_entropy_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, scratch + LOSS_BLOCKS + 1, dlogits,
+        cudaMemsetAsync(scratch + FSDP_CUDA_PARTIALS + 1, 0, sizeof(double), cudaStreamPerThread));
+    cross_entropy_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, scratch + FSDP_CUDA_PARTIALS + 1, dlogits,
                                                         logits, targets, rows, classes);
     FSDP_CUDA_LAUNCHED("cross_entropy");
-    total_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + LOSS_BLOCKS, scratch, (int)blocks);
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch, (int)blocks);
     FSDP_CUDA_LAUNCHED("cross_entropy (total)");
     double host[2];
-    FSDP_CUDA_CHECK(cudaMemcpyAsync(host, scratch + LOSS_BLOCKS, sizeof host,
+    FSDP_CUDA_CHECK(cudaMemcpyAsync(host, scratch + FSDP_CUDA_PARTIALS, sizeof host,
                                     cudaMemcpyDeviceToHost, cudaStreamPerThread));
     FSDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
     FSDP_ASSERT(host[1] == 0.0); // a target outside [0, classes), as the CPU asserts

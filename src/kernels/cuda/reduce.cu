@@ -5,8 +5,6 @@
 
 #include "kernels/cuda/common.cuh"
 
-#define REDUCE_BLOCKS 1024 // partials in the scratch; the result after them
-
 __global__ void sum_partials_kernel(double *partial, const float *x, int64_t n, bool square) {
     double acc = 0.0;
     for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
@@ -17,28 +15,15 @@ __global__ void sum_partials_kernel(double *partial, const float *x, int64_t n, 
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-/* out[0] = sum of partial[0 .. count) */
-__global__ void sum_final_kernel(double *out, const double *partial, int count) {
-    double acc = 0.0;
-    for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
-    acc = fsdp_block_sum(acc);
-    if (threadIdx.x == 0) out[0] = acc;
-}
-
-static unsigned reduce_blocks(int64_t n) {
-    unsigned b = fsdp_grid(n);
-    return b < REDUCE_BLOCKS ? b : REDUCE_BLOCKS;
-}
-
 static double sum_of(const float *x, int64_t n, bool square) {
     if (n <= 0) return 0.0;
     double *scratch = fsdp_cuda_scratch();
-    unsigned blocks = reduce_blocks(n);
+    unsigned blocks = fsdp_partial_blocks(n);
     sum_partials_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, x, n, square);
     FSDP_CUDA_LAUNCHED("sum (partials)");
-    sum_final_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + REDUCE_BLOCKS, scratch, (int)blocks);
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch, (int)blocks);
     FSDP_CUDA_LAUNCHED("sum (final)");
-    return fsdp_cuda_fetch_double(scratch + REDUCE_BLOCKS);
+    return fsdp_cuda_fetch_double(scratch + FSDP_CUDA_PARTIALS);
 }
 
 extern "C" double fsdp_cuda_sum(const float *x, int64_t n) {
@@ -64,7 +49,7 @@ extern "C" double fsdp_cuda_max_abs(const float *x, int64_t n) {
     double *scratch = fsdp_cuda_scratch();
     unsigned int *bits = (unsigned int *)scratch;
     FSDP_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof *bits, cudaStreamPerThread));
-    max_abs_kernel<<<reduce_blocks(n), FSDP_CUDA_THREADS>>>(bits, x, n);
+    max_abs_kernel<<<fsdp_partial_blocks(n), FSDP_CUDA_THREADS>>>(bits, x, n);
     FSDP_CUDA_LAUNCHED("max_abs");
     unsigned int m = 0;
     FSDP_CUDA_CHECK(
