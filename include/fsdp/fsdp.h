@@ -2,6 +2,7 @@
 #ifndef FSDP_FSDP_H
 #define FSDP_FSDP_H
 
+#include "fsdp/ckpt.h"
 #include "fsdp/comm.h"
 #include "fsdp/ctx.h"
 #include "fsdp/cuda.h"

@@ -122,6 +122,9 @@ int fsdp_sharded_num_units(const fsdp_sharded *sh);
 const char *fsdp_sharded_unit_path(const fsdp_sharded *sh, int unit);
 int64_t fsdp_sharded_unit_numel(const fsdp_sharded *sh, int unit);
 int64_t fsdp_sharded_unit_shard_numel(const fsdp_sharded *sh, int unit);
+/* A unit's flat shard (shard_numel elements; under use_orig_params the original parameters of
+ * fsdp_sharded_flat_params are views into it), or NULL when unit is out of range. */
+fsdp_param *fsdp_sharded_unit_flat_param(const fsdp_sharded *sh, int unit);
 
 /* Where each original parameter lies: in its unit's flat buffer and in this rank's shard. */
 typedef struct fsdp_flat_segment {

@@ -543,6 +543,9 @@ int64_t fsdp_sharded_unit_numel(const fsdp_sharded *sh, int unit_index) {
 int64_t fsdp_sharded_unit_shard_numel(const fsdp_sharded *sh, int unit_index) {
     return unit_index >= 0 && unit_index < sh->n_units ? sh->units[unit_index]->shard_numel : -1;
 }
+fsdp_param *fsdp_sharded_unit_flat_param(const fsdp_sharded *sh, int unit_index) {
+    return unit_index >= 0 && unit_index < sh->n_units ? sh->units[unit_index]->flat : NULL;
+}
 int fsdp_sharded_num_segments(const fsdp_sharded *sh) {
     return sh->n_segments;
 }

@@ -1,0 +1,225 @@
+/* ckpt.h: a model's state by name (the state API) and sharded HDF5 checkpoints that load at any
+ * layout. docs/checkpoint.md describes the format and the guarantees.
+ *
+ * The state of a model is a list of entries, one per parameter, buffer and optimizer state
+ * tensor, each named as PyTorch's state_dict() would name it ("net1.weight",
+ * "optim/net1.weight/exp_avg") with its global shape and dtype, and the regions of the global
+ * tensor that this rank holds: under tensor parallelism the local block, under FSDP the part
+ * of the block in this rank's flat shard (a flat range of the block, which is up to a few
+ * boxes), under replicate or NO_SHARD the whole block. A checkpoint stores each held region
+ * once (the lowest rank holding it writes it) and loading reads, for every region the loading
+ * rank holds under its own layout, the overlapping parts of the saved pieces. */
+#ifndef FSDP_CKPT_H
+#define FSDP_CKPT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fsdp/optim.h"
+#include "fsdp/wrap.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the state API ---- */
+
+typedef struct fsdp_state fsdp_state;
+
+typedef enum fsdp_state_kind {
+    FSDP_STATE_PARAM = 0, /* a parameter: "net1.weight" */
+    FSDP_STATE_BUFFER,    /* a module buffer: "norm.running" */
+    FSDP_STATE_OPTIM,     /* an optimizer state tensor: "optim/net1.weight/exp_avg" */
+    FSDP_STATE_KIND_COUNT
+} fsdp_state_kind;
+
+const char *fsdp_state_kind_to_string(fsdp_state_kind kind); /* "param", "buffer", "optim" */
+
+/* What the state is read from and written to. Pass what the run has: */
+typedef struct fsdp_state_sources {
+    fsdp_module *model; /* required: the root the names are relative to (the one FSDP wrapped) */
+    /* The model's FSDP wrapping (fsdp_fully_shard on model), or NULL: then the parameters are
+     * the model's own (plain, tensor-parallel or replicated). */
+    fsdp_sharded *sharded;
+    /* An optimizer over the model (or over fsdp_sharded_flat_params(sharded)), or NULL. Its
+     * state tensors become FSDP_STATE_OPTIM entries and its step count is the state's. */
+    fsdp_optimizer *optimizer;
+} fsdp_state_sources;
+
+/* Lists the state of this rank. Every rank of a run calls it with the same structure; the
+ * entries come in the same order on every rank: parameters (named_parameters() order),
+ * buffers, then the optimizer's state by parameter and kind. The sources must outlive *out,
+ * which the caller owns (fsdp_state_free). Reads no values and makes no collective. */
+fsdp_status fsdp_state_create(fsdp_ctx *ctx, const fsdp_state_sources *src, fsdp_state **out);
+void fsdp_state_free(fsdp_state *st); /* NULL does nothing */
+
+#define FSDP_STATE_NAME_MAX 256 /* bytes of an entry name, with the terminating NUL */
+
+typedef struct fsdp_state_entry {
+    const char *name;       /* owned by the state */
+    const char *param_name; /* the parameter an FSDP_STATE_OPTIM entry belongs to; else name */
+    fsdp_state_kind kind;
+    fsdp_optim_state_kind optim_kind; /* FSDP_STATE_OPTIM only */
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS]; /* global */
+    int n_regions;                /* regions this rank holds (0 when it holds none) */
+    int64_t numel_held;           /* elements over those regions */
+} fsdp_state_entry;
+
+/* A box of a global tensor: elements offset[d] .. offset[d] + count[d] - 1 along each dim.
+ * Its values travel in row-major order of the box. */
+typedef struct fsdp_state_region {
+    int ndim;
+    int64_t offset[FSDP_MAX_DIMS];
+    int64_t count[FSDP_MAX_DIMS];
+} fsdp_state_region;
+
+int fsdp_state_num_entries(const fsdp_state *st);
+/* Entry i (0 .. num_entries - 1). FSDP_ERR_INVALID_ARGUMENT when out of range. */
+fsdp_status fsdp_state_entry_get(fsdp_ctx *ctx, const fsdp_state *st, int i, fsdp_state_entry *out);
+/* The index of the entry called name, or -1. */
+int fsdp_state_find(const fsdp_state *st, const char *name);
+/* Region k (0 .. n_regions - 1) of entry i. */
+fsdp_status fsdp_state_region_get(fsdp_ctx *ctx, const fsdp_state *st, int i, int k,
+                                  fsdp_state_region *out);
+/* Copies the values of region k of entry i to / from host memory (numel of the region
+ * elements of the entry's dtype, row-major), wherever the tensor lives. */
+fsdp_status fsdp_state_read_region(fsdp_ctx *ctx, const fsdp_state *st, int i, int k, void *dst);
+fsdp_status fsdp_state_write_region(fsdp_ctx *ctx, const fsdp_state *st, int i, int k,
+                                    const void *src);
+/* Loads a whole global value into entry i by name: this rank takes the parts it holds, before
+ * or after wrapping, with no collective. value has the entry's global shape and dtype, on any
+ * device. */
+fsdp_status fsdp_state_load_value(fsdp_ctx *ctx, const fsdp_state *st, const char *name,
+                                  const fsdp_tensor *value);
+/* The optimizer's step count (0 without an optimizer), and setting it (loading). */
+int64_t fsdp_state_steps(const fsdp_state *st);
+void fsdp_state_set_steps(fsdp_state *st, int64_t steps);
+
+/* ---- checkpoints: saving ---- */
+
+#define FSDP_CKPT_FORMAT_VERSION 1
+#define FSDP_CKPT_MAX_EXTRAS     64
+
+/* What a checkpoint records beside the tensors. */
+typedef struct fsdp_ckpt_meta {
+    int64_t step;       /* the training step; names the directory "step-<8 digits>" */
+    const char *layout; /* how the run was laid out, free text ("dp=2 tp=2 FULL_SHARD"), or NULL */
+    const char *config; /* the run's configuration text, or NULL */
+    /* Named integers the trainer needs to resume: the RNG seed and counters, the data
+     * position. Names are [A-Za-z0-9_.]+, at most 63 bytes. */
+    int n_extras;
+    const char *const *extra_names;
+    const int64_t *extra_values;
+} fsdp_ckpt_meta;
+
+typedef struct fsdp_ckpt_options {
+    /* zstd level of every dataset, 1..19; default 0: 3. FSDP_CKPT_NO_COMPRESSION stores raw. */
+    int zstd_level;
+    /* Keep the newest `keep` committed checkpoints in the directory, deleting older ones after
+     * each commit; 0 keeps all. */
+    int keep;
+    /* Async save: fsdp_ckpt_save blocks only while this rank's regions are copied to host
+     * memory; a background thread writes the files while training goes on, and the commit
+     * (every rank's files written, then the rename) happens at the next fsdp_ckpt_save,
+     * fsdp_ckpt_writer_wait or fsdp_ckpt_writer_free. */
+    bool async;
+} fsdp_ckpt_options;
+
+#define FSDP_CKPT_NO_COMPRESSION (-1)
+
+typedef struct fsdp_ckpt_writer fsdp_ckpt_writer;
+
+/* A writer of checkpoints into directory `dir` (created when missing), one sub-directory
+ * "step-<8 digits>" per save. Every rank creates one with the same dir and options. opts
+ * may be NULL for the defaults. The caller owns *out. */
+fsdp_status fsdp_ckpt_writer_create(fsdp_ctx *ctx, const char *dir, const fsdp_ckpt_options *opts,
+                                    fsdp_ckpt_writer **out);
+/* Saves the state: every rank calls it, at the same step, with a state of the same entries.
+ * Each rank writes the regions it holds that no lower rank holds to its shard file, rank 0 the
+ * metadata, into "<dir>/.step-<8 digits>.tmp"; once every rank has written (a collective on
+ * the world group), rank 0 renames it to "<dir>/step-<8 digits>". Memory beyond what the
+ * rank holds: one region's values at a time (sync), every held region's values (async).
+ * A failed save leaves the earlier checkpoints as they were; the temporary directory is
+ * removed by the next save. */
+fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state *st,
+                           const fsdp_ckpt_meta *meta);
+/* Async: waits for the save in flight and commits it (a collective). Returns its status. */
+fsdp_status fsdp_ckpt_writer_wait(fsdp_ctx *ctx, fsdp_ckpt_writer *w);
+/* The seconds the last fsdp_ckpt_save blocked the caller, and the path of the last committed
+ * checkpoint ("" before the first). */
+double fsdp_ckpt_writer_last_blocking_seconds(const fsdp_ckpt_writer *w);
+const char *fsdp_ckpt_writer_last_path(const fsdp_ckpt_writer *w);
+/* Waits for (and commits) a save in flight, then frees. NULL does nothing. Every rank calls it
+ * when a save may be in flight, since the commit is a collective. */
+void fsdp_ckpt_writer_free(fsdp_ctx *ctx, fsdp_ckpt_writer *w);
+
+/* The newest committed checkpoint under dir ("<dir>/step-<8 digits>" with the highest step);
+ * FSDP_ERR_NOT_FOUND when there is none. *out is malloc'ed; the caller frees it. */
+fsdp_status fsdp_ckpt_latest(fsdp_ctx *ctx, const char *dir, char **out);
+
+/* ---- checkpoints: reading ---- */
+
+typedef struct fsdp_ckpt fsdp_ckpt;
+
+/* Opens a committed checkpoint directory and reads and checks its metadata (format version,
+ * every size and region against its tensor). Bad files fail naming the file and the problem.
+ * The caller owns *out (fsdp_ckpt_close). Makes no collective. */
+fsdp_status fsdp_ckpt_open(fsdp_ctx *ctx, const char *path, fsdp_ckpt **out);
+void fsdp_ckpt_close(fsdp_ckpt *ck); /* NULL does nothing */
+
+int64_t fsdp_ckpt_step(const fsdp_ckpt *ck);
+int fsdp_ckpt_world_size(const fsdp_ckpt *ck);     /* ranks that saved it (shard files) */
+const char *fsdp_ckpt_layout(const fsdp_ckpt *ck); /* "" when none was given */
+const char *fsdp_ckpt_config(const fsdp_ckpt *ck); /* "" when none was given */
+const char *fsdp_ckpt_library_version(const fsdp_ckpt *ck);
+int64_t fsdp_ckpt_optim_steps(const fsdp_ckpt *ck); /* the optimizer's step count */
+/* A named integer of fsdp_ckpt_meta; FSDP_ERR_NOT_FOUND when it was not saved. */
+fsdp_status fsdp_ckpt_extra(fsdp_ctx *ctx, const fsdp_ckpt *ck, const char *name, int64_t *out);
+
+typedef struct fsdp_ckpt_tensor {
+    const char *name; /* owned by ck */
+    fsdp_state_kind kind;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int n_pieces;
+} fsdp_ckpt_tensor;
+
+typedef struct fsdp_ckpt_piece {
+    int file_rank; /* shard-<5 digits>.h5 holds it */
+    int id;        /* dataset "<tensor name>/<id>" in that file */
+    fsdp_state_region region;
+} fsdp_ckpt_piece;
+
+int fsdp_ckpt_num_tensors(const fsdp_ckpt *ck);
+fsdp_status fsdp_ckpt_tensor_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, fsdp_ckpt_tensor *out);
+fsdp_status fsdp_ckpt_piece_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, int k,
+                                fsdp_ckpt_piece *out);
+/* The index of the tensor called name, or -1. */
+int fsdp_ckpt_find(const fsdp_ckpt *ck, const char *name);
+/* Reads a region of tensor t into host memory (row-major, the tensor's dtype) from the pieces
+ * that overlap it, checking each chunk's checksum. FSDP_ERR_IO when part of the region is in
+ * no piece, or a file is missing, truncated or corrupt (naming the tensor and the file). */
+fsdp_status fsdp_ckpt_read(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_state_region *region,
+                           void *dst);
+
+typedef struct fsdp_ckpt_load_options {
+    /* Default (false, strict): a tensor of the state missing from the checkpoint, or one in
+     * the checkpoint the state lacks, is an error naming it. Non-strict: missing tensors keep
+     * their values and extra ones are ignored; each is logged. */
+    bool non_strict;
+} fsdp_ckpt_load_options;
+
+/* Loads the checkpoint into the state under its current layout, whatever layout saved it:
+ * for each region this rank holds, the overlapping parts of the saved pieces are read; the
+ * optimizer's step count is restored. Shapes and dtypes must match (the error names the tensor
+ * and both shapes). Makes no collective. opts may be NULL (strict). */
+fsdp_status fsdp_ckpt_load(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st,
+                           const fsdp_ckpt_load_options *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,68 @@
+/* ckpt_impl.h: an opened checkpoint (metadata read and checked) and the metadata a save
+ * writes, shared by meta.c, save.c, load.c and dir.c. Internal to src/ckpt. */
+#ifndef FSDP_CKPT_CKPT_IMPL_H
+#define FSDP_CKPT_CKPT_IMPL_H
+
+#include <hdf5.h>
+
+#include "ckpt/region.h"
+
+#define CKPT_FORMAT_NAME    "libfsdp-checkpoint"
+#define CKPT_METADATA       "metadata.h5"
+#define CKPT_COMMIT         "commit"
+#define CKPT_TENSOR_COLS    7  /* kind, dtype, ndim, shape[4] */
+#define CKPT_PIECE_COLS     11 /* tensor, file_rank, id, offset[4], count[4] */
+#define CKPT_MAX_TENSORS    (1 << 24)
+#define CKPT_MAX_PIECES     (1 << 28)
+#define CKPT_MAX_WORLD      (1 << 20)
+#define CKPT_MAX_TEXT       (16 << 20) /* config and layout text */
+#define CKPT_EXTRA_NAME_MAX 64
+
+typedef struct ckpt_tensor {
+    char *name; /* points into the names block */
+    fsdp_state_kind kind;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int first_piece, n_pieces; /* into pieces, grouped by tensor */
+} ckpt_tensor;
+
+typedef struct ckpt_piece {
+    int tensor, file_rank, id;
+    region box;
+} ckpt_piece;
+
+/* What metadata.h5 holds. */
+typedef struct ckpt_meta {
+    int64_t version, step, optim_steps, world_size;
+    char *library_version, *layout, *config, *names, *extra_names;
+    ckpt_tensor *tensors;
+    int n_tensors;
+    ckpt_piece *pieces;
+    int n_pieces;
+    char *extra_name[FSDP_CKPT_MAX_EXTRAS];
+    int64_t extra_value[FSDP_CKPT_MAX_EXTRAS];
+    int n_extras;
+} ckpt_meta;
+
+struct fsdp_ckpt {
+    char *path;
+    ckpt_meta meta;
+    hid_t *files; /* per file rank, opened on first use (-1 before) */
+};
+
+/* "<dir>/shard-<5 digits>.h5" into buf. */
+void ckpt_shard_path(const char *dir, int rank, char *buf, size_t size);
+/* "<tensor name>/<id>": the dataset of a piece in its shard file. */
+void ckpt_piece_dataset(const char *tensor, int id, char *buf, size_t size);
+
+/* Writes metadata.h5 into dir (rank 0 of a save). Takes the HDF5 lock. */
+fsdp_status ckpt_meta_write(fsdp_ctx *ctx, const char *dir, const ckpt_meta *m);
+/* Reads and checks metadata.h5 of dir into *m (ckpt_meta_free releases it). */
+fsdp_status ckpt_meta_read(fsdp_ctx *ctx, const char *dir, ckpt_meta *m);
+void ckpt_meta_free(ckpt_meta *m);
+
+/* fsync a file or directory by path (durability before the commit). */
+fsdp_status ckpt_sync_path(fsdp_ctx *ctx, const char *path);
+
+#endif

@@ -1,0 +1,247 @@
+/* load.c: opening a checkpoint and reading it back at any layout: a region is read from the
+ * saved pieces that overlap it (hyperslabs of their datasets), so each rank reads only what
+ * it holds under its own layout. */
+#define _POSIX_C_SOURCE 200809L /* strdup, strnlen, stpcpy, fsync */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/ckpt_impl.h"
+#include "ckpt/dir.h"
+#include "ckpt/h5.h"
+#include "ckpt/state_impl.h"
+#include "core/error.h"
+
+fsdp_status fsdp_ckpt_open(fsdp_ctx *ctx, const char *path, fsdp_ckpt **out) {
+    if (!path || !out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_open: NULL");
+    *out = NULL;
+    FSDP_TRY(ckpt_dir_check_committed(ctx, path));
+    fsdp_ckpt *ck = calloc(1, sizeof *ck);
+    if (!ck || !(ck->path = strdup(path))) {
+        free(ck);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_ckpt_open");
+    }
+    fsdp_status s = ckpt_meta_read(ctx, path, &ck->meta);
+    if (s == FSDP_OK && !(ck->files = malloc((size_t)ck->meta.world_size * sizeof *ck->files)))
+        s = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_ckpt_open");
+    if (s != FSDP_OK) {
+        free(ck->path);
+        free(ck);
+        return s;
+    }
+    for (int64_t r = 0; r < ck->meta.world_size; r++) ck->files[r] = -1;
+    *out = ck;
+    return FSDP_OK;
+}
+
+void fsdp_ckpt_close(fsdp_ckpt *ck) {
+    if (!ck) return;
+    h5_lock();
+    for (int64_t r = 0; ck->files && r < ck->meta.world_size; r++)
+        if (ck->files[r] >= 0) H5Fclose(ck->files[r]);
+    h5_unlock();
+    free(ck->files);
+    ckpt_meta_free(&ck->meta);
+    free(ck->path);
+    free(ck);
+}
+
+int64_t fsdp_ckpt_step(const fsdp_ckpt *ck) {
+    return ck ? ck->meta.step : -1;
+}
+int fsdp_ckpt_world_size(const fsdp_ckpt *ck) {
+    return ck ? (int)ck->meta.world_size : 0;
+}
+const char *fsdp_ckpt_layout(const fsdp_ckpt *ck) {
+    return ck ? ck->meta.layout : "";
+}
+const char *fsdp_ckpt_config(const fsdp_ckpt *ck) {
+    return ck ? ck->meta.config : "";
+}
+const char *fsdp_ckpt_library_version(const fsdp_ckpt *ck) {
+    return ck ? ck->meta.library_version : "";
+}
+int64_t fsdp_ckpt_optim_steps(const fsdp_ckpt *ck) {
+    return ck ? ck->meta.optim_steps : 0;
+}
+
+fsdp_status fsdp_ckpt_extra(fsdp_ctx *ctx, const fsdp_ckpt *ck, const char *name, int64_t *out) {
+    if (!ck || !name || !out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_extra");
+    for (int i = 0; i < ck->meta.n_extras; i++)
+        if (!strcmp(ck->meta.extra_name[i], name)) {
+            *out = ck->meta.extra_value[i];
+            return FSDP_OK;
+        }
+    return FSDP_FAIL(ctx, FSDP_ERR_NOT_FOUND, "checkpoint '%s' has no value '%s'", ck->path, name);
+}
+
+int fsdp_ckpt_num_tensors(const fsdp_ckpt *ck) {
+    return ck ? ck->meta.n_tensors : 0;
+}
+
+int fsdp_ckpt_find(const fsdp_ckpt *ck, const char *name) {
+    for (int i = 0; ck && name && i < ck->meta.n_tensors; i++)
+        if (!strcmp(ck->meta.tensors[i].name, name)) return i;
+    return -1;
+}
+
+fsdp_status fsdp_ckpt_tensor_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, fsdp_ckpt_tensor *out) {
+    if (!ck || !out || t < 0 || t >= ck->meta.n_tensors)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "checkpoint tensor %d does not exist", t);
+    const ckpt_tensor *x = &ck->meta.tensors[t];
+    *out = (fsdp_ckpt_tensor){.name = x->name,
+                              .kind = x->kind,
+                              .dtype = x->dtype,
+                              .ndim = x->ndim,
+                              .n_pieces = x->n_pieces};
+    memcpy(out->shape, x->shape, sizeof out->shape);
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_ckpt_piece_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, int k,
+                                fsdp_ckpt_piece *out) {
+    if (!ck || !out || t < 0 || t >= ck->meta.n_tensors || k < 0 ||
+        k >= ck->meta.tensors[t].n_pieces)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "checkpoint piece %d of tensor %d does "
+                         "not exist",
+                         k, t);
+    const ckpt_piece *p = &ck->meta.pieces[ck->meta.tensors[t].first_piece + k];
+    *out = (fsdp_ckpt_piece){.file_rank = p->file_rank, .id = p->id, .region = p->box};
+    return FSDP_OK;
+}
+
+/* The shard file of rank r, opened once (call with the HDF5 lock held). */
+static fsdp_status shard_file(fsdp_ctx *ctx, fsdp_ckpt *ck, int r, hid_t *out) {
+    if (ck->files[r] < 0) {
+        char path[4200];
+        ckpt_shard_path(ck->path, r, path, sizeof path);
+        FSDP_TRY(h5_open(ctx, path, &ck->files[r]));
+    }
+    *out = ck->files[r];
+    return FSDP_OK;
+}
+
+static fsdp_status read_locked(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const region *want, void *dst) {
+    const ckpt_tensor *x = &ck->meta.tensors[t];
+    for (int k = 0; k < x->n_pieces; k++) {
+        const ckpt_piece *p = &ck->meta.pieces[x->first_piece + k];
+        region part;
+        if (!region_intersect(&p->box, want, &part)) continue;
+        hid_t file;
+        FSDP_TRYF(ctx, shard_file(ctx, ck, p->file_rank, &file), "tensor '%s'", x->name);
+        char ds[FSDP_STATE_NAME_MAX + 32];
+        ckpt_piece_dataset(x->name, p->id, ds, sizeof ds);
+        FSDP_TRYF(ctx, h5_read_part(ctx, file, ds, x->dtype, &p->box, &part, dst, want),
+                  "tensor '%s' in shard-%05d.h5", x->name, p->file_rank);
+    }
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_ckpt_read(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_state_region *want,
+                           void *dst) {
+    if (!ck || !want || !dst || t < 0 || t >= ck->meta.n_tensors)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_read: bad argument");
+    const ckpt_tensor *x = &ck->meta.tensors[t];
+    char buf[96];
+    if (!region_inside(want, x->ndim, x->shape))
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "region %s lies outside '%s'",
+                         region_to_string(want, buf, sizeof buf), x->name);
+    /* The pieces tile the tensor (checked at open), so every element is read exactly once. */
+    h5_lock();
+    fsdp_status s = read_locked(ctx, ck, t, want, dst);
+    h5_unlock();
+    return s;
+}
+
+static void shape_text(int ndim, const int64_t *shape, char *buf, size_t size) {
+    region r = {.ndim = ndim};
+    memcpy(r.count, shape, (size_t)ndim * sizeof *shape);
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int d = 0; d < ndim && used < size; d++)
+        used +=
+            (size_t)snprintf(buf + used, size - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (used < size) snprintf(buf + used, size - used, ")");
+}
+
+static fsdp_status check_match(fsdp_ctx *ctx, const fsdp_ckpt *ck, const ckpt_tensor *x,
+                               const state_entry *e) {
+    bool same = x->ndim == e->ndim;
+    for (int d = 0; same && d < e->ndim; d++) same = x->shape[d] == e->shape[d];
+    char a[96], b[96];
+    shape_text(x->ndim, x->shape, a, sizeof a);
+    shape_text(e->ndim, e->shape, b, sizeof b);
+    if (!same)
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                         "checkpoint '%s': tensor '%s' is %s in the checkpoint and %s in the "
+                         "model",
+                         ck->path, e->name, a, b);
+    if (x->dtype != e->dtype)
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "checkpoint '%s': tensor '%s' is %s in the checkpoint and %s in the "
+                         "model",
+                         ck->path, e->name, fsdp_dtype_to_string(x->dtype),
+                         fsdp_dtype_to_string(e->dtype));
+    return FSDP_OK;
+}
+
+/* Every region this rank holds of entry e, read from tensor t. */
+static fsdp_status load_entry(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const state_entry *e) {
+    size_t size = fsdp_dtype_size(e->dtype);
+    for (int k = 0; k < e->n_pieces; k++) {
+        if (!fsdp_tensor_has_storage(e->pieces[k].src))
+            return state_piece_write(ctx, e, k, NULL); /* names the problem */
+        void *host = state_piece_host(e, k), *tmp = NULL;
+        if (!host && !(host = tmp = malloc((size_t)region_numel(&e->pieces[k].box) * size + 1)))
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "loading '%s'", e->name);
+        fsdp_status s = fsdp_ckpt_read(ctx, ck, t, &e->pieces[k].box, host);
+        if (s == FSDP_OK && tmp) s = state_piece_write(ctx, e, k, tmp);
+        free(tmp);
+        FSDP_TRY(s);
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status check_extra_tensors(fsdp_ctx *ctx, const fsdp_ckpt *ck, const fsdp_state *st,
+                                       bool strict) {
+    for (int t = 0; t < ck->meta.n_tensors; t++) {
+        if (fsdp_state_find(st, ck->meta.tensors[t].name) >= 0) continue;
+        if (strict)
+            return FSDP_FAIL(ctx, FSDP_ERR_NOT_FOUND,
+                             "checkpoint '%s' has tensor '%s', which the model lacks (another "
+                             "model or optimizer?); load with non_strict to ignore it",
+                             ck->path, ck->meta.tensors[t].name);
+        fsdp_log(ctx, FSDP_LOG_INFO, "checkpoint '%s': tensor '%s' not in the model, ignored",
+                 ck->path, ck->meta.tensors[t].name);
+    }
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_ckpt_load(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st,
+                           const fsdp_ckpt_load_options *opts) {
+    if (!ck || !st) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_load: NULL");
+    bool strict = !(opts && opts->non_strict);
+    FSDP_TRY(check_extra_tensors(ctx, ck, st, strict));
+    /* Everything is checked before any value changes. */
+    for (int i = 0; i < st->n_entries; i++) {
+        const state_entry *e = &st->entries[i];
+        int t = fsdp_ckpt_find(ck, e->name);
+        if (t >= 0) {
+            FSDP_TRY(check_match(ctx, ck, &ck->meta.tensors[t], e));
+        } else if (strict) {
+            return FSDP_FAIL(ctx, FSDP_ERR_NOT_FOUND,
+                             "checkpoint '%s' has no tensor '%s' (saved by another model or "
+                             "without the optimizer?); load with non_strict to keep its value",
+                             ck->path, e->name);
+        } else {
+            fsdp_log(ctx, FSDP_LOG_INFO, "checkpoint '%s': no '%s', kept as it is", ck->path,
+                     e->name);
+        }
+    }
+    for (int i = 0; i < st->n_entries; i++) {
+        int t = fsdp_ckpt_find(ck, st->entries[i].name);
+        if (t >= 0) FSDP_TRY(load_entry(ctx, ck, t, &st->entries[i]));
+    }
+    fsdp_state_set_steps((fsdp_state *)st, ck->meta.optim_steps);
+    return FSDP_OK;
+}

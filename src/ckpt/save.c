@@ -1,0 +1,614 @@
+/* save.c: sharded checkpoint save. Every rank lists the regions it holds; one all_gather tells
+ * every rank what the others hold, so each writes the parts no lower rank holds (replicated
+ * values once) and rank 0 writes the table of all pieces; the directory is committed by a
+ * rename once every rank has written. Async: the values are copied to host memory and a
+ * thread writes them; the commit waits for the next save or wait. */
+#define _POSIX_C_SOURCE 200809L /* strdup, strnlen, stpcpy, fsync */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "ckpt/ckpt_impl.h"
+#include "ckpt/dir.h"
+#include "ckpt/h5.h"
+#include "ckpt/state_impl.h"
+#include "core/error.h"
+
+/* A part of a held region that this rank writes: values of `box` (inside piece `piece` of
+ * entry `entry`), dataset id `id` in the shard file. */
+typedef struct frag {
+    int rank, entry, piece, id;
+    region box;
+    void *staged; /* async: the values, owned */
+} frag;
+
+/* One save: what the writing (this thread, or the async thread) needs. */
+typedef struct job {
+    char tmp[4096], final[4096];
+    int rank, world, level;
+    const fsdp_state *st; /* sync only: values are read from it while writing */
+    char **names;         /* entry names (copied for async) */
+    fsdp_dtype *dtypes;
+    int n_entries;
+    frag *frags;
+    int n_frags;
+    bool has_meta; /* rank 0 */
+    ckpt_meta meta;
+    char *meta_text[2]; /* owned layout and config copies */
+    fsdp_ctx *tctx;     /* async: the thread's context for its failure */
+    fsdp_status status;
+} job;
+
+struct fsdp_ckpt_writer {
+    char *dir;
+    fsdp_ckpt_options opts;
+    job *inflight;
+    pthread_t thread;
+    double blocking;
+    char last[4096];
+};
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- who writes what ---- */
+
+/* A non-negative int64 as three exact f32 of 21 bits, so collectives move it unchanged. */
+static void pack(float *out, int64_t v) {
+    uint64_t u = (uint64_t)v;
+    for (int i = 0; i < 3; i++) out[i] = (float)((u >> (21 * i)) & 0x1fffff);
+}
+static int64_t unpack(const float *in) {
+    uint64_t u = 0;
+    for (int i = 0; i < 3; i++) u |= (uint64_t)in[i] << (21 * i);
+    return (int64_t)u;
+}
+
+#define REC_VALUES (2 + 2 * FSDP_MAX_DIMS) /* entry, piece, offset[4], count[4] */
+
+static uint64_t state_hash(const fsdp_state *st) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < st->n_entries; i++) {
+        const state_entry *e = &st->entries[i];
+        for (const char *c = e->name; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+        int64_t v[3 + FSDP_MAX_DIMS] = {e->kind, e->dtype, e->ndim};
+        memcpy(v + 3, e->shape, sizeof e->shape);
+        for (int k = 0; k < 3 + FSDP_MAX_DIMS; k++) h = (h ^ (uint64_t)v[k]) * 1099511628211ull;
+    }
+    return h & 0x7fffffffffffffffull;
+}
+
+static int count_pieces(const fsdp_state *st) {
+    int n = 0;
+    for (int i = 0; i < st->n_entries; i++) n += st->entries[i].n_pieces;
+    return n;
+}
+
+/* all_gather of n floats per rank over the world group (a copy when alone). */
+static fsdp_status gather(fsdp_ctx *ctx, fsdp_group *g, int world, float *in, int64_t n,
+                          float *out) {
+    if (!g || world == 1) {
+        memcpy(out, in, (size_t)n * sizeof *in);
+        return FSDP_OK;
+    }
+    int64_t total = n * world;
+    fsdp_tensor *ti = NULL, *to = NULL;
+    fsdp_status s = fsdp_tensor_from_blob(ctx, in, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &ti);
+    if (s == FSDP_OK) s = fsdp_tensor_from_blob(ctx, out, FSDP_DTYPE_F32, FSDP_CPU, 1, &total, &to);
+    if (s == FSDP_OK) s = fsdp_all_gather(ctx, g, to, ti, 0);
+    fsdp_tensor_free(ti);
+    fsdp_tensor_free(to);
+    return s;
+}
+
+typedef struct rec {
+    int rank, entry, piece;
+    region box;
+} rec;
+
+/* This rank's held regions as packed records. */
+static float *pack_records(const fsdp_state *st, int64_t per) {
+    float *out = calloc((size_t)per + 1, sizeof *out);
+    for (int i = 0, at = 0; out && i < st->n_entries; i++)
+        for (int k = 0; k < st->entries[i].n_pieces; k++, at++) {
+            float *r = out + (size_t)at * REC_VALUES * 3;
+            const region *b = &st->entries[i].pieces[k].box;
+            pack(r, i), pack(r + 3, k);
+            for (int d = 0; d < b->ndim; d++) {
+                pack(r + 6 + 3 * d, b->offset[d]);
+                pack(r + 18 + 3 * d, b->count[d]);
+            }
+        }
+    return out;
+}
+
+/* Checks the headers: the same entries everywhere, rank 0's directory made. *most receives
+ * the most pieces a rank holds and counts[r] rank r's. */
+static fsdp_status check_heads(fsdp_ctx *ctx, const job *jb, const float *heads, int64_t *counts,
+                               int64_t *most) {
+    *most = 0;
+    for (int r = 0; r < jb->world; r++) {
+        if (unpack(heads + 9 * r) != unpack(heads))
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "checkpoint save: rank %d lists other state entries than rank 0 "
+                             "(another model, optimizer or wrapping): every rank must save the "
+                             "same model",
+                             r);
+        counts[r] = unpack(heads + 9 * r + 3);
+        *most = counts[r] > *most ? counts[r] : *most;
+    }
+    if (unpack(heads + 6))
+        return FSDP_FAIL(ctx, FSDP_ERR_IO, "checkpoint save: rank 0 could not create '%s'",
+                         jb->tmp);
+    return FSDP_OK;
+}
+
+/* Every rank's held regions, after checking every rank lists the same entries. */
+static fsdp_status exchange(fsdp_ctx *ctx, fsdp_group *g, const job *jb, fsdp_status made_dir,
+                            rec **out, int *n_out) {
+    const fsdp_state *st = jb->st;
+    int world = jb->world;
+    float head[9];
+    pack(head, (int64_t)state_hash(st));
+    pack(head + 3, count_pieces(st));
+    pack(head + 6, made_dir == FSDP_OK ? 0 : 1);
+    float *heads = malloc((size_t)world * sizeof head);
+    int64_t *counts = malloc((size_t)world * sizeof *counts), most = 0;
+    fsdp_status s = heads && counts ? gather(ctx, g, world, head, 9, heads)
+                                    : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint exchange");
+    if (s == FSDP_OK)
+        s = made_dir != FSDP_OK ? made_dir : check_heads(ctx, jb, heads, counts, &most);
+    free(heads);
+    int64_t per = most * REC_VALUES * 3;
+    float *mine = s == FSDP_OK ? pack_records(st, per) : NULL;
+    float *all = s == FSDP_OK ? calloc((size_t)(per * world) + 1, sizeof *all) : NULL;
+    rec *recs = s == FSDP_OK ? calloc((size_t)(most * world) + 1, sizeof *recs) : NULL;
+    if (s == FSDP_OK && (!mine || !all || !recs))
+        s = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint exchange");
+    if (s == FSDP_OK && per) s = gather(ctx, g, world, mine, per, all);
+    int n = 0;
+    for (int r = 0; s == FSDP_OK && r < world; r++)
+        for (int64_t p = 0; p < counts[r]; p++, n++) {
+            const float *v = all + (size_t)r * per + (size_t)p * REC_VALUES * 3;
+            rec *x = &recs[n];
+            x->rank = r, x->entry = (int)unpack(v), x->piece = (int)unpack(v + 3);
+            FSDP_ASSERT(x->entry >= 0 && x->entry < st->n_entries);
+            x->box.ndim = st->entries[x->entry].ndim;
+            for (int d = 0; d < x->box.ndim; d++) {
+                x->box.offset[d] = unpack(v + 6 + 3 * d);
+                x->box.count[d] = unpack(v + 18 + 3 * d);
+            }
+        }
+    free(counts);
+    free(mine);
+    free(all);
+    if (s != FSDP_OK) {
+        free(recs);
+        return s;
+    }
+    *out = recs;
+    *n_out = n;
+    return FSDP_OK;
+}
+
+/* ---- the parts each rank writes ---- */
+
+typedef struct frag_list {
+    frag *v;
+    int n, cap;
+} frag_list;
+
+static int frag_push(frag_list *l, frag f) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        frag *grown = realloc(l->v, (size_t)cap * sizeof *grown);
+        if (!grown) return 1;
+        l->v = grown;
+        l->cap = cap;
+    }
+    l->v[l->n++] = f;
+    return 0;
+}
+
+/* What is left of x's region after every lower rank's regions of the same entry (group holds
+ * the records of x's entry in rank order), appended to out. */
+static int remaining(const rec *x, const rec *const *group, int n_group, frag_list *out) {
+    frag_list cur = {0}, next = {0};
+    frag base = {.rank = x->rank, .entry = x->entry, .piece = x->piece, .box = x->box};
+    int rc = frag_push(&cur, base);
+    for (int j = 0; !rc && j < n_group && group[j]->rank < x->rank; j++) {
+        next.n = 0;
+        for (int f = 0; !rc && f < cur.n; f++) {
+            region parts[2 * FSDP_MAX_DIMS];
+            int np = region_subtract(&cur.v[f].box, &group[j]->box, parts);
+            for (int q = 0; !rc && q < np; q++) {
+                base.box = parts[q];
+                rc = frag_push(&next, base);
+            }
+        }
+        frag_list t = cur;
+        cur = next;
+        next = t;
+    }
+    for (int f = 0; !rc && f < cur.n; f++) rc = frag_push(out, cur.v[f]);
+    free(cur.v);
+    free(next.v);
+    return rc;
+}
+
+static int meta_pieces(ckpt_meta *m, const frag_list *all) {
+    m->pieces = calloc((size_t)all->n + 1, sizeof *m->pieces);
+    if (!m->pieces) return 1;
+    for (int f = 0; f < all->n; f++)
+        m->pieces[f] = (ckpt_piece){.tensor = all->v[f].entry,
+                                    .file_rank = all->v[f].rank,
+                                    .id = all->v[f].id,
+                                    .box = all->v[f].box};
+    m->n_pieces = all->n;
+    return 0;
+}
+
+static int by_entry_rank(const void *a, const void *b) {
+    const rec *x = *(const rec *const *)a, *y = *(const rec *const *)b;
+    if (x->entry != y->entry) return x->entry < y->entry ? -1 : 1;
+    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+    return x->piece - y->piece;
+}
+
+/* Every rank's fragments (rank 0 records them all in the metadata; every rank its own). */
+static fsdp_status assign(fsdp_ctx *ctx, job *jb, rec *recs, int n) {
+    const rec **order = malloc(((size_t)n + 1) * sizeof *order);
+    int *next_id = calloc((size_t)jb->world * (size_t)jb->n_entries + 1, sizeof *next_id);
+    frag_list all = {0}, mine = {0};
+    int rc = !order || !next_id;
+    for (int i = 0; !rc && i < n; i++) order[i] = &recs[i];
+    if (!rc) qsort(order, (size_t)n, sizeof *order, by_entry_rank);
+    for (int i = 0; !rc && i < n;) {
+        int j = i;
+        while (j < n && order[j]->entry == order[i]->entry) j++;
+        for (int k = i; !rc && k < j; k++) {
+            int before = all.n;
+            rc = remaining(order[k], order + i, j - i, &all);
+            for (int f = before; !rc && f < all.n; f++) {
+                int *id = &next_id[(size_t)order[k]->rank * (size_t)jb->n_entries +
+                                   (size_t)order[k]->entry];
+                all.v[f].id = (*id)++;
+                if (order[k]->rank == jb->rank) rc = frag_push(&mine, all.v[f]);
+            }
+        }
+        i = j;
+    }
+    if (!rc && jb->has_meta) rc = meta_pieces(&jb->meta, &all);
+    free(order);
+    free(next_id);
+    free(all.v);
+    if (rc) {
+        free(mine.v);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint save: listing the pieces");
+    }
+    jb->frags = mine.v;
+    jb->n_frags = mine.n;
+    return FSDP_OK;
+}
+
+/* ---- writing ---- */
+
+/* The values of f: in place when they can be (*owned NULL), else a malloc'ed copy. */
+static fsdp_status fetch(fsdp_ctx *ctx, const fsdp_state *st, const frag *f, const void **data,
+                         void **owned) {
+    const state_entry *e = &st->entries[f->entry];
+    const state_piece *p = &e->pieces[f->piece];
+    size_t size = fsdp_dtype_size(e->dtype);
+    bool whole = region_equal(&f->box, &p->box);
+    *owned = NULL;
+    if (whole && fsdp_tensor_has_storage(p->src) && (*data = state_piece_host(e, f->piece)))
+        return FSDP_OK;
+    void *piece = malloc((size_t)region_numel(&p->box) * size + 1);
+    if (!piece) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint save: '%s'", e->name);
+    fsdp_status s = state_piece_read(ctx, e, f->piece, piece);
+    if (s != FSDP_OK || whole) {
+        *data = *owned = piece;
+        if (s != FSDP_OK) free(piece), *owned = NULL;
+        return s;
+    }
+    void *part = malloc((size_t)region_numel(&f->box) * size + 1);
+    if (part) region_copy(part, &f->box, piece, &p->box, &f->box, size);
+    free(piece);
+    if (!part) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint save: '%s'", e->name);
+    *data = *owned = part;
+    return FSDP_OK;
+}
+
+static fsdp_status write_frags(fsdp_ctx *ctx, job *jb, hid_t file) {
+    for (int i = 0; i < jb->n_frags; i++) {
+        frag *f = &jb->frags[i];
+        const void *data = f->staged;
+        void *owned = NULL;
+        if (!data) FSDP_TRY(fetch(ctx, jb->st, f, &data, &owned));
+        char ds[FSDP_STATE_NAME_MAX + 32];
+        ckpt_piece_dataset(jb->names[f->entry], f->id, ds, sizeof ds);
+        fsdp_status s = h5_write(ctx, file, ds, jb->dtypes[f->entry], f->box.ndim, f->box.count,
+                                 data, jb->level);
+        free(owned);
+        if (f->staged) free(f->staged), f->staged = NULL;
+        FSDP_TRY(s);
+    }
+    return FSDP_OK;
+}
+
+/* This rank's shard file, and rank 0's metadata, into the temporary directory. */
+static fsdp_status write_files(fsdp_ctx *ctx, job *jb) {
+    char path[4200];
+    ckpt_shard_path(jb->tmp, jb->rank, path, sizeof path);
+    h5_lock();
+    hid_t file;
+    fsdp_status s = h5_create(ctx, path, &file);
+    if (s == FSDP_OK) {
+        s = write_frags(ctx, jb, file);
+        if (H5Fclose(file) < 0 && s == FSDP_OK) s = h5_fail(ctx, "cannot close", path);
+    }
+    h5_unlock();
+    if (s == FSDP_OK) s = ckpt_sync_path(ctx, path);
+    if (s == FSDP_OK && jb->has_meta) s = ckpt_meta_write(ctx, jb->tmp, &jb->meta);
+    return s;
+}
+
+static void job_free(job *jb) {
+    if (!jb) return;
+    for (int i = 0; i < jb->n_frags; i++) free(jb->frags[i].staged);
+    free(jb->frags);
+    for (int i = 0; jb->names && i < jb->n_entries; i++) free(jb->names[i]);
+    free(jb->names);
+    free(jb->dtypes);
+    free(jb->meta.tensors);
+    free(jb->meta.pieces);
+    for (int i = 0; i < jb->meta.n_extras; i++) free(jb->meta.extra_name[i]);
+    free(jb->meta_text[0]);
+    free(jb->meta_text[1]);
+    fsdp_ctx_free(jb->tctx);
+    free(jb);
+}
+
+static void *write_thread(void *arg) {
+    job *jb = arg;
+    jb->status = write_files(jb->tctx, jb);
+    return NULL;
+}
+
+/* ---- one save ---- */
+
+static fsdp_status check_meta(fsdp_ctx *ctx, const fsdp_ckpt_meta *meta) {
+    if (meta->step < 0 || meta->step > 99999999)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "checkpoint step %lld is outside [0, 99999999]", (long long)meta->step);
+    if (meta->n_extras < 0 || meta->n_extras > FSDP_CKPT_MAX_EXTRAS ||
+        (meta->n_extras && (!meta->extra_names || !meta->extra_values)))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "checkpoint extras: %d given (at most %d, with names and values)",
+                         meta->n_extras, FSDP_CKPT_MAX_EXTRAS);
+    for (int i = 0; i < meta->n_extras; i++) {
+        const char *n = meta->extra_names[i];
+        size_t len = n ? strlen(n) : 0;
+        bool ok = len > 0 && len < CKPT_EXTRA_NAME_MAX &&
+                  strspn(n, "abcdefghijklmnopqrstuvwxyz"
+                            "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                            "0123456789_.") == len;
+        for (int j = 0; ok && j < i; j++) ok = strcmp(n, meta->extra_names[j]) != 0;
+        if (!ok)
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "checkpoint extra %d ('%s'): names are unique, [A-Za-z0-9_.], 1 to "
+                             "%d bytes",
+                             i, n ? n : "(null)", CKPT_EXTRA_NAME_MAX - 1);
+    }
+    return FSDP_OK;
+}
+
+/* The job's copies of the entry names and dtypes, and rank 0's metadata. */
+static fsdp_status job_describe(fsdp_ctx *ctx, job *jb, const fsdp_state *st,
+                                const fsdp_ckpt_meta *meta) {
+    jb->n_entries = st->n_entries;
+    jb->names = calloc((size_t)st->n_entries + 1, sizeof *jb->names);
+    jb->dtypes = calloc((size_t)st->n_entries + 1, sizeof *jb->dtypes);
+    if (!jb->names || !jb->dtypes) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint");
+    for (int i = 0; i < st->n_entries; i++) {
+        if (!(jb->names[i] = strdup(st->entries[i].name)))
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint");
+        jb->dtypes[i] = st->entries[i].dtype;
+    }
+    if (!jb->has_meta) return FSDP_OK;
+    ckpt_meta *m = &jb->meta;
+    m->step = meta->step;
+    m->optim_steps = fsdp_state_steps(st);
+    m->world_size = jb->world;
+    m->layout = jb->meta_text[0] = strdup(meta->layout ? meta->layout : "");
+    m->config = jb->meta_text[1] = strdup(meta->config ? meta->config : "");
+    m->tensors = calloc((size_t)st->n_entries + 1, sizeof *m->tensors);
+    if (!m->layout || !m->config || !m->tensors)
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint");
+    m->n_tensors = st->n_entries;
+    for (int i = 0; i < st->n_entries; i++) {
+        const state_entry *e = &st->entries[i];
+        m->tensors[i] = (ckpt_tensor){
+            .name = jb->names[i], .kind = e->kind, .dtype = e->dtype, .ndim = e->ndim};
+        memcpy(m->tensors[i].shape, e->shape, sizeof e->shape);
+    }
+    for (int i = 0; i < meta->n_extras; i++) {
+        if (!(m->extra_name[i] = strdup(meta->extra_names[i])))
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint");
+        m->extra_value[i] = meta->extra_values[i];
+        m->n_extras = i + 1;
+    }
+    return FSDP_OK;
+}
+
+/* Async: every fragment's values copied to host memory now. */
+static fsdp_status stage(fsdp_ctx *ctx, job *jb) {
+    for (int i = 0; i < jb->n_frags; i++) {
+        frag *f = &jb->frags[i];
+        const void *data;
+        void *owned;
+        FSDP_TRY(fetch(ctx, jb->st, f, &data, &owned));
+        if (!owned) {
+            size_t bytes = (size_t)region_numel(&f->box) * fsdp_dtype_size(jb->dtypes[f->entry]);
+            if (!(owned = malloc(bytes + 1)))
+                return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "async checkpoint staging");
+            memcpy(owned, data, bytes);
+        }
+        f->staged = owned;
+    }
+    jb->st = NULL;
+    return FSDP_OK;
+}
+
+/* All ranks: whether any failed (an all_reduce of max over the world). */
+static fsdp_status agree(fsdp_ctx *ctx, fsdp_group *g, bool failed, bool *any) {
+    float flag = failed ? 1.0f : 0.0f;
+    *any = failed;
+    if (!g || fsdp_group_size(g) == 1) return FSDP_OK;
+    int64_t one = 1;
+    fsdp_tensor *t = NULL;
+    FSDP_TRY(fsdp_tensor_from_blob(ctx, &flag, FSDP_DTYPE_F32, FSDP_CPU, 1, &one, &t));
+    fsdp_status s = fsdp_all_reduce(ctx, g, t, FSDP_REDUCE_MAX);
+    fsdp_tensor_free(t);
+    *any = flag != 0.0f;
+    return s;
+}
+
+/* After every rank wrote: rank 0 renames the directory into place, then everyone learns
+ * whether it did. */
+static fsdp_status commit(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb) {
+    fsdp_group *g = fsdp_ctx_world_group(ctx);
+    bool any;
+    if (jb->tctx && jb->status != FSDP_OK)
+        FSDP_FAIL(ctx, jb->status, "%s", fsdp_last_error(jb->tctx));
+    FSDP_TRY(agree(ctx, g, jb->status != FSDP_OK, &any));
+    if (jb->status != FSDP_OK) return jb->status;
+    if (any)
+        return FSDP_FAIL(ctx, FSDP_ERR_IO,
+                         "checkpoint '%s' was not committed: another rank failed to write its "
+                         "shard (see that rank's error); earlier checkpoints are untouched",
+                         jb->final);
+    fsdp_status s = FSDP_OK;
+    if (jb->rank == 0) s = ckpt_dir_commit(ctx, jb->tmp, jb->final, w->dir, w->opts.keep);
+    FSDP_TRY(agree(ctx, g, s != FSDP_OK, &any));
+    if (s != FSDP_OK) return s;
+    if (any)
+        return FSDP_FAIL(ctx, FSDP_ERR_IO, "checkpoint '%s': rank 0 could not commit it",
+                         jb->final);
+    snprintf(w->last, sizeof w->last, "%s", jb->final);
+    return FSDP_OK;
+}
+
+static fsdp_status prepare(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb, const fsdp_state *st,
+                           const fsdp_ckpt_meta *meta) {
+    fsdp_group *g = fsdp_ctx_world_group(ctx);
+    jb->world = g ? fsdp_group_size(g) : 1;
+    jb->rank = g ? fsdp_group_rank(g) : 0;
+    jb->has_meta = jb->rank == 0;
+    jb->level = w->opts.zstd_level;
+    jb->st = st;
+    snprintf(jb->final, sizeof jb->final, "%s/step-%08lld", w->dir, (long long)meta->step);
+    snprintf(jb->tmp, sizeof jb->tmp, "%s/.step-%08lld.tmp", w->dir, (long long)meta->step);
+    fsdp_status made = jb->rank == 0 ? ckpt_dir_begin(ctx, w->dir, jb->tmp) : FSDP_OK;
+    FSDP_TRY(job_describe(ctx, jb, st, meta));
+    rec *recs = NULL;
+    int n = 0;
+    FSDP_TRY(exchange(ctx, g, jb, made, &recs, &n));
+    fsdp_status s = assign(ctx, jb, recs, n);
+    free(recs);
+    return s;
+}
+
+fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state *st,
+                           const fsdp_ckpt_meta *meta) {
+    if (!w || !st || !meta)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_save: NULL argument");
+    FSDP_TRY(fsdp_ckpt_writer_wait(ctx, w));
+    FSDP_TRY(check_meta(ctx, meta));
+    double t0 = now_seconds();
+    job *jb = calloc(1, sizeof *jb);
+    if (!jb) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint save");
+    fsdp_status s = prepare(ctx, w, jb, st, meta);
+    if (s == FSDP_OK && w->opts.async) {
+        s = fsdp_ctx_create(NULL, &jb->tctx);
+        if (s == FSDP_OK) s = stage(ctx, jb);
+        if (s == FSDP_OK && pthread_create(&w->thread, NULL, write_thread, jb) != 0)
+            s = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "cannot start the checkpoint writer thread");
+        if (s == FSDP_OK) {
+            w->inflight = jb;
+            w->blocking = now_seconds() - t0;
+            return FSDP_OK;
+        }
+    }
+    /* Sync, or an async save that failed before its thread: write (or not) and commit, so
+     * every rank takes part in the commit's collectives. */
+    jb->status = s == FSDP_OK ? write_files(ctx, jb) : s;
+    fsdp_ctx *tctx = jb->tctx;
+    jb->tctx = NULL;
+    fsdp_status c = commit(ctx, w, jb);
+    jb->tctx = tctx;
+    job_free(jb);
+    w->blocking = now_seconds() - t0;
+    return c;
+}
+
+fsdp_status fsdp_ckpt_writer_wait(fsdp_ctx *ctx, fsdp_ckpt_writer *w) {
+    if (!w) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_writer_wait: NULL writer");
+    job *jb = w->inflight;
+    if (!jb) return FSDP_OK;
+    w->inflight = NULL;
+    pthread_join(w->thread, NULL);
+    fsdp_status s = commit(ctx, w, jb);
+    job_free(jb);
+    return s;
+}
+
+fsdp_status fsdp_ckpt_writer_create(fsdp_ctx *ctx, const char *dir, const fsdp_ckpt_options *opts,
+                                    fsdp_ckpt_writer **out) {
+    if (!dir || !*dir || !out)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_ckpt_writer_create: a directory and out are required");
+    fsdp_ckpt_options o = opts ? *opts : (fsdp_ckpt_options){0};
+    if (o.zstd_level != FSDP_CKPT_NO_COMPRESSION && (o.zstd_level < 0 || o.zstd_level > 19))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "zstd_level %d: use 1..19, 0 for the default (3), or "
+                         "FSDP_CKPT_NO_COMPRESSION",
+                         o.zstd_level);
+    if (o.keep < 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "keep %d: use 0 (keep all) or more",
+                         o.keep);
+    if (strlen(dir) > 3000)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "checkpoint directory path too long");
+    fsdp_ckpt_writer *w = calloc(1, sizeof *w);
+    if (!w || !(w->dir = strdup(dir))) {
+        free(w);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint writer");
+    }
+    w->opts = o;
+    *out = w;
+    return FSDP_OK;
+}
+
+double fsdp_ckpt_writer_last_blocking_seconds(const fsdp_ckpt_writer *w) {
+    return w ? w->blocking : 0.0;
+}
+
+const char *fsdp_ckpt_writer_last_path(const fsdp_ckpt_writer *w) {
+    return w ? w->last : "";
+}
+
+void fsdp_ckpt_writer_free(fsdp_ctx *ctx, fsdp_ckpt_writer *w) {
+    if (!w) return;
+    if (w->inflight && fsdp_ckpt_writer_wait(ctx, w) != FSDP_OK)
+        fsdp_log(ctx, FSDP_LOG_ERROR, "checkpoint writer: the last save failed: %s",
+                 fsdp_last_error(ctx));
+    free(w->dir);
+    free(w);
+}
