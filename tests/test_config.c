@@ -1,31 +1,40 @@
 /* test_config.c: fsdp-train's configuration (tools/train_config.c): defaults, a good file,
  * every class of error with the file, line and allowed values in its message, --set and the
  * command line, and --help generated from the same key table as the parser. */
+#define _POSIX_C_SOURCE 200809L // mkfifo
+
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "train_config.h" // defines: train_config_load, train_config_set, train_cli_parse
 
 static train_config g_cfg; /* large: keep it off the stack */
 
-/* Writes text to a fresh file under the build directory; returns its path (static buffer). */
-static const char *write_config(const char *name, const char *text) {
+/* Writes n bytes to a fresh file under the build directory; returns its path (static buffer). */
+static const char *write_bytes(const char *name, const char *data, size_t n) {
     static char path[1024];
     snprintf(path, sizeof path, "%s/test_config_%s.ini", FSDP_BINARY_DIR, name);
-    FILE *f = fopen(path, "w");
+    FILE *f = fopen(path, "wb");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fputs(text, f);
+    CU_ASSERT_EQUAL(fwrite(data, 1, n, f), n);
     fclose(f);
     return path;
 }
 
-/* Loads text (after the defaults) and asserts that it fails with `want` and a message that
- * names the file, "name.ini:LINE:" and every needle. */
-static void load_fails(const char *name, const char *text, int line, fsdp_status want,
-                       const char *const *needles) {
+static const char *write_config(const char *name, const char *text) {
+    return write_bytes(name, text, strlen(text));
+}
+
+/* Loads n bytes (after the defaults) and asserts that they fail with `want` and a message
+ * that names the file, "name.ini:LINE:" and every needle. */
+static void load_bytes_fails(const char *name, const char *data, size_t n, int line,
+                             fsdp_status want, const char *const *needles) {
     char err[TRAIN_ERROR_SIZE] = "";
-    const char *path = write_config(name, text);
+    const char *path = write_bytes(name, data, n);
     train_config_init(&g_cfg);
     CU_ASSERT_EQUAL(train_config_load(&g_cfg, path, err, sizeof err), want);
     char where[1100];
@@ -33,6 +42,22 @@ static void load_fails(const char *name, const char *text, int line, fsdp_status
     printf("\n    %s", err);
     CU_ASSERT_TRUE(strncmp(err, where, strlen(where)) == 0);
     CU_ASSERT_TRUE(fsdp_test_message_has(err, needles));
+    remove(path);
+}
+
+static void load_fails(const char *name, const char *text, int line, fsdp_status want,
+                       const char *const *needles) {
+    load_bytes_fails(name, text, strlen(text), line, want, needles);
+}
+
+/* Loads text (after the defaults) and asserts that it succeeds. */
+static void load_ok(const char *name, const char *text) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    const char *path = write_config(name, text);
+    train_config_init(&g_cfg);
+    fsdp_status st = train_config_load(&g_cfg, path, err, sizeof err);
+    if (st != FSDP_OK) printf("\n    %s", err);
+    CU_ASSERT_EQUAL(st, FSDP_OK);
     remove(path);
 }
 
@@ -201,6 +226,137 @@ static void test_file_structure_errors(void) {
     load_fails("long_line", longline, 2, FSDP_ERR_CONFIG, NEEDLES("line is longer than"));
 }
 
+/* A float that overflows a double, or is infinite or NaN, is refused with a message saying so;
+ * the largest finite values are accepted. */
+static void test_float_overflow(void) {
+    load_fails(
+        "overflow_lr", "[optim]\nlr = 1e400\n", 2, FSDP_ERR_CONFIG,
+        NEEDLES("bad value '1e400' for [optim] lr", "overflows a double", "expected a float > 0"));
+    load_fails("overflow_negative", "[data]\nnoise = -1e999\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value '-1e999' for [data] noise", "overflows a double"));
+    load_fails("infinite", "[optim]\nweight_decay = inf\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'inf' for [optim] weight_decay", "not a finite number"));
+    load_fails("nan", "[optim]\nlr = nan\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'nan' for [optim] lr", "not a finite number"));
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    CU_ASSERT_EQUAL(train_config_set(&g_cfg, "optim.lr=1e400", err, sizeof err), FSDP_ERR_CONFIG);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, NEEDLES("--set optim.lr=1e400: bad value '1e400' for [optim] lr", "overflows")));
+    CU_ASSERT_DOUBLE_EQUAL(g_cfg.optim.lr, 0.2, 1e-12);
+    FSDP_TEST_OK(train_config_set(&g_cfg, "optim.lr=1.7976931348623157e308", err, sizeof err));
+    FSDP_TEST_OK(train_config_set(&g_cfg, "data.noise=1e-400", err, sizeof err)); /* to 0 */
+}
+
+/* NUL bytes anywhere in a file are refused, naming the line and the byte offset of the
+ * first: a file of NULs, and a NUL that hid the rest of a comment line from the parser while
+ * what followed it became a line of its own (a key smuggled in through a comment). */
+static void test_nul_bytes(void) {
+    static const char nuls[64] = {0};
+    load_bytes_fails("nul_only", nuls, sizeof nuls, 1, FSDP_ERR_CONFIG,
+                     NEEDLES("NUL byte at byte offset 0", "text"));
+    /* "; a", a NUL, then x's up to the 199 bytes a line read took, so that "lr = 1000" began
+     * the next read: the NUL hid the x's and lr was set */
+    char smuggle[256] = "[optim]\n; a";
+    size_t n = strlen(smuggle) + 1;
+    while (n < 8 + 199) smuggle[n++] = 'x';
+    memcpy(smuggle + n, "lr = 1000\n", 10), n += 10;
+    load_bytes_fails("nul_smuggle", smuggle, n, 2, FSDP_ERR_CONFIG,
+                     NEEDLES("NUL byte at byte offset 11"));
+    load_bytes_fails("nul_value", "[optim]\nlr = 0.1\0\n", 17, 2, FSDP_ERR_CONFIG,
+                     NEEDLES("NUL byte at byte offset 16"));
+}
+
+/* A FIFO, a device or a directory is not read (a FIFO would block, /dev/zero never ends). */
+static void test_special_files(void) {
+    char err[TRAIN_ERROR_SIZE] = "", fifo[1024];
+    snprintf(fifo, sizeof fifo, "%s/test_config_fifo.ini", FSDP_BINARY_DIR);
+    remove(fifo);
+    CU_ASSERT_EQUAL_FATAL(mkfifo(fifo, 0600), 0);
+    train_config_init(&g_cfg);
+    CU_ASSERT_EQUAL(train_config_load(&g_cfg, fifo, err, sizeof err), FSDP_ERR_IO);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(
+        fsdp_test_message_has(err, NEEDLES("cannot read config", fifo, "not a regular file")));
+    remove(fifo);
+    CU_ASSERT_EQUAL(train_config_load(&g_cfg, "/dev/zero", err, sizeof err), FSDP_ERR_IO);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, NEEDLES("cannot read config '/dev/zero'", "not a regular file")));
+    CU_ASSERT_EQUAL(train_config_load(&g_cfg, FSDP_BINARY_DIR, err, sizeof err), FSDP_ERR_IO);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("not a regular file", "a directory")));
+}
+
+/* A file of exactly TRAIN_MAX_CONFIG_BYTES bytes loads; one byte more is refused. */
+static void test_size_cap(void) {
+    size_t cap = TRAIN_MAX_CONFIG_BYTES;
+    char *text = malloc(cap + 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    for (size_t i = 0; i < cap; i++) text[i] = i % 64 == 0 ? ';' : i % 64 == 63 ? '\n' : 'c';
+    char err[TRAIN_ERROR_SIZE] = "";
+    const char *path = write_bytes("cap", text, cap);
+    train_config_init(&g_cfg);
+    FSDP_TEST_OK(train_config_load(&g_cfg, path, err, sizeof err));
+    text[cap] = '\n';
+    path = write_bytes("cap", text, cap + 1);
+    CU_ASSERT_EQUAL(train_config_load(&g_cfg, path, err, sizeof err), FSDP_ERR_CONFIG);
+    printf("\n    %s", err);
+    char want[128];
+    snprintf(want, sizeof want, "larger than the limit of %d bytes", TRAIN_MAX_CONFIG_BYTES);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("cannot read config", path, want)));
+    remove(path);
+    free(text);
+}
+
+/* Text after the ']' of a section header is an error (it used to be ignored); white space
+ * and a comment are not. */
+static void test_section_trailing_text(void) {
+    load_fails("section_text", "[optim] lr = 0.1\n", 1, FSDP_ERR_CONFIG,
+               NEEDLES("text after ']' in the section header", "lr = 0.1"));
+    load_fails("section_text2", "[model]\nwidths = 4,4\n[optim]x\n", 3, FSDP_ERR_CONFIG,
+               NEEDLES("text after ']'", "'x'"));
+    load_fails("section_text3", "  [optim]];\n", 1, FSDP_ERR_CONFIG, NEEDLES("text after ']'"));
+    load_ok("section_comment", "  [optim]  ; the optimizer\r\nlr = 0.1\n[train]\t\nsteps = 3\n");
+    CU_ASSERT_DOUBLE_EQUAL(g_cfg.optim.lr, 0.1, 1e-12);
+    CU_ASSERT_EQUAL(g_cfg.train.steps, 3);
+}
+
+/* A line of exactly TRAIN_MAX_LINE characters (the newline not counted; a '\r' is) loads, one
+ * more is refused, and the message states that limit; also for a last line without newline. */
+static void test_line_limit(void) {
+    int value = TRAIN_MAX_LINE - (int)strlen("metrics = ");
+    char text[TRAIN_MAX_LINE + 64], want[64];
+    snprintf(want, sizeof want, "line is longer than %d characters", TRAIN_MAX_LINE);
+    const char *endings[] = {"\n", "", "\r\n"};
+    for (int e = 0; e < 3; e++) {
+        int v = endings[e][0] == '\r' ? value - 1 : value;
+        snprintf(text, sizeof text, "[log]\nmetrics = %0*d%s", v, 0, endings[e]);
+        load_ok("line_at_limit", text);
+        CU_ASSERT_EQUAL((int)strlen(g_cfg.log.metrics), v);
+        snprintf(text, sizeof text, "[log]\nmetrics = %0*d%s", v + 1, 0, endings[e]);
+        load_fails("line_over_limit", text, 2, FSDP_ERR_CONFIG, NEEDLES(want));
+    }
+}
+
+/* A --set value longer than TRAIN_MAX_VALUE characters is refused (it used to be cut to 512
+ * bytes, which could leave a different valid value); one of exactly that length is not. */
+static void test_set_value_limit(void) {
+    static char arg[TRAIN_MAX_VALUE + 64];
+    char err[TRAIN_ERROR_SIZE] = "", want[64];
+    train_config_init(&g_cfg);
+    snprintf(arg, sizeof arg, "log.metrics=%0*d", TRAIN_MAX_VALUE, 0);
+    FSDP_TEST_OK(train_config_set(&g_cfg, arg, err, sizeof err));
+    CU_ASSERT_EQUAL((int)strlen(g_cfg.log.metrics), TRAIN_MAX_VALUE);
+    snprintf(arg, sizeof arg, "optim.lr=0.2%0*d5", TRAIN_MAX_VALUE - 3, 0);
+    CU_ASSERT_EQUAL(train_config_set(&g_cfg, arg, err, sizeof err), FSDP_ERR_CONFIG);
+    printf("\n    %s", err);
+    snprintf(want, sizeof want, "longer than the limit of %d characters", TRAIN_MAX_VALUE);
+    CU_ASSERT_TRUE(
+        fsdp_test_message_has(err, NEEDLES("--set optim.lr=0.2000", "[optim] lr", want)));
+    CU_ASSERT_DOUBLE_EQUAL(g_cfg.optim.lr, 0.2, 1e-12);
+}
+
 static void test_missing_file(void) {
     char err[TRAIN_ERROR_SIZE] = "";
     const char *path = FSDP_BINARY_DIR "/test_config_no_such_file.ini";
@@ -335,6 +491,13 @@ static void test_help_and_write(void) {
     fclose(f);
     CU_ASSERT_PTR_NOT_NULL(strstr(help, "usage: fsdp-train --config FILE"));
     CU_ASSERT_PTR_NOT_NULL(strstr(help, "--set section.key=value"));
+    char limits[256]; /* the limits the parser enforces (see line_limit, size_cap, ...) */
+    snprintf(limits, sizeof limits,
+             "at most %d bytes,\nwithout NUL bytes, of lines of at most %d characters",
+             TRAIN_MAX_CONFIG_BYTES, TRAIN_MAX_LINE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(help, limits));
+    snprintf(limits, sizeof limits, "a --set value has at most %d characters", TRAIN_MAX_VALUE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(help, limits));
 
     train_config_init(&g_cfg);
     f = tmpfile();
@@ -408,6 +571,13 @@ int main(int argc, char **argv) {
         {"bad_enum", test_bad_enum},
         {"bad_list", test_bad_list},
         {"file_structure_errors", test_file_structure_errors},
+        {"float_overflow", test_float_overflow},
+        {"nul_bytes", test_nul_bytes},
+        {"special_files", test_special_files},
+        {"size_cap", test_size_cap},
+        {"section_trailing_text", test_section_trailing_text},
+        {"line_limit", test_line_limit},
+        {"set_value_limit", test_set_value_limit},
         {"missing_file", test_missing_file},
         {"set_override", test_set_override},
         {"bad_set_syntax", test_bad_set_syntax},

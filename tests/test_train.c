@@ -6,19 +6,36 @@
  * sync_module_states give the single-rank run's step losses to float32 rounding; the layout
  * rules fail with messages naming the keys; and, when CTest's MPI entry asks for it,
  * `mpirun -np 2 fsdp-train` writes the local backend's losses bitwise. */
-#define _POSIX_C_SOURCE 200809L // popen, pclose
+#define _POSIX_C_SOURCE 200809L // popen, pclose, access
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "train_config.h" // defines: train_config_init, train_config_set
 #include "trainer.h"      // defines: train_run
 
 static train_config g_cfg; /* large: keep it off the stack */
+
+/* setup_failure_label asks for a tensor of 4 TiB: under AddressSanitizer the allocation must
+ * fail as it does without it (NULL) instead of aborting the process. */
+#if defined(__SANITIZE_ADDRESS__)
+#define FSDP_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FSDP_TEST_ASAN 1
+#endif
+#endif
+#ifdef FSDP_TEST_ASAN
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) {
+    return "allocator_may_return_null=1";
+}
+#endif
 
 static void set(const char *assignment) {
     char err[TRAIN_ERROR_SIZE] = "";
@@ -142,6 +159,119 @@ static void test_divergence_is_an_error(void) {
     printf("\n    %s", err);
     CU_ASSERT_TRUE(fsdp_test_message_has(
         err, (const char *const[]){"the loss became", "lower [optim] lr", NULL}));
+}
+
+/* The advice of a diverging run names what the configuration sets that can make it diverge,
+ * with values and origins: lr always, weight_decay and noise only when they are used. */
+static void test_divergence_advice(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_result res;
+    train_config_init(&g_cfg);
+    set("optim.lr=1000");
+    set("log.level=warn");
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err),
+                    FSDP_ERR_STATE);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, (const char *const[]){"the loss became", "at step",
+                                   "lower [optim] lr = 1000 (--set optim.lr=1000)", NULL}));
+    CU_ASSERT_PTR_NULL(strstr(err, "weight_decay"));
+    CU_ASSERT_PTR_NULL(strstr(err, "noise"));
+    set("optim.weight_decay=0.5");
+    set("data.noise=0.25");
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err),
+                    FSDP_ERR_STATE);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, (const char *const[]){"lower [optim] lr = 1000 (--set optim.lr=1000)",
+                                   "[optim] weight_decay = 0.5 (--set optim.weight_decay=0.5)",
+                                   "[data] noise = 0.25 (--set data.noise=0.25)", NULL}));
+}
+
+/* A run whose model ends with a loss that is not finite fails: the last step's update is not
+ * checked by the loop, so the whole-dataset loss after training is. So is the loss before
+ * training (noise that overflows float32 makes the targets infinite). */
+static void test_final_loss_not_finite(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_result res;
+    train_config_init(&g_cfg);
+    set("train.steps=1");
+    set("optim.lr=1e30");
+    set("log.level=warn");
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err),
+                    FSDP_ERR_STATE);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, (const char *const[]){"the whole-dataset loss after training is",
+                                   "lower [optim] lr = 1e+30 (--set optim.lr=1e30)", NULL}));
+    CU_ASSERT_EQUAL(res.steps, 1);
+    CU_ASSERT_FALSE(isfinite(res.last_loss));
+
+    train_config_init(&g_cfg);
+    set("train.steps=5");
+    set("data.noise=1e39");
+    set("log.level=warn");
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err),
+                    FSDP_ERR_STATE);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, (const char *const[]){"the whole-dataset loss before training is",
+                                   "[data] noise = 1e+39 (--set data.noise=1e39)", NULL}));
+    CU_ASSERT_EQUAL(res.steps, 0);
+}
+
+/* A failure while the ranks set up is named by what they were doing, not "training": here the
+ * model's 4 TiB weight cannot be allocated. */
+static void test_setup_failure_label(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_result res;
+    train_config_init(&g_cfg);
+    set("model.widths=8,1048576,1048576,4");
+    set("data.batch_size=8");
+    set("log.level=warn");
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err),
+                    FSDP_ERR_OUT_OF_MEMORY);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(strncmp(err, "building the model: ", 20) == 0);
+    CU_ASSERT_PTR_NULL(strstr(err, "training"));
+    CU_ASSERT_EQUAL(res.steps, 0);
+}
+
+/* Output that cannot be written fails the run with the name of what was being written:
+ * the progress stream, and the metrics file on one rank and on two (rank 0 writes it). */
+static void test_write_errors(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_result res;
+    if (access("/dev/full", W_OK) != 0) {
+        printf("\n    skipped: no /dev/full");
+        return;
+    }
+    train_config_init(&g_cfg);
+    set("train.steps=20");
+    set("train.log_every=5");
+    FILE *full = fopen("/dev/full", "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(full);
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, full, &res, err, sizeof err), FSDP_ERR_IO);
+    fclose(full);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, (const char *const[]){"cannot write the progress", "No space left on device", NULL}));
+
+    set("log.metrics=/dev/full");
+    for (int ranks = 1; ranks <= 2; ranks++) {
+        char r[32];
+        snprintf(r, sizeof r, "parallel.ranks=%d", ranks);
+        set(r);
+        set("parallel.backend=local");
+        CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err),
+                        FSDP_ERR_IO);
+        printf("\n    %s", err);
+        CU_ASSERT_TRUE(fsdp_test_message_has(
+            err, (const char *const[]){"cannot write metrics file '/dev/full'",
+                                       "[log] metrics, --set log.metrics=/dev/full",
+                                       "No space left on device", NULL}));
+        if (ranks == 2) CU_ASSERT_TRUE(strncmp(err, "rank 0: ", 8) == 0);
+    }
 }
 
 /* ---- distributed runs ---------------------------------------------------------------- */
@@ -457,6 +587,55 @@ static void test_multi_rank_failures(void) {
         err, SET("rank 0: cannot open metrics file", "no-such-directory", "[log] metrics")));
 }
 
+/* train_config_agree on rank threads, each with its own configuration (fsdp-train's rank
+ * threads share one, so train_run never needs this; MPI processes do, see
+ * mpi_config_mismatch): equal configurations pass whatever their origins; otherwise every rank
+ * fails with the same message naming the first key in table order that differs, rank 0's value
+ * and the first differing rank's, exactly (a double that differs in its 17th digit). */
+typedef struct agree_job {
+    train_config cfg[3];
+    char err[3][TRAIN_ERROR_SIZE];
+    fsdp_status st[3];
+} agree_job;
+
+static fsdp_status agree_rank(fsdp_ctx *ctx, int rank, void *user) {
+    agree_job *job = user;
+    job->st[rank] =
+        train_config_agree(ctx, NULL, &job->cfg[rank], job->err[rank], TRAIN_ERROR_SIZE);
+    return FSDP_OK;
+}
+
+static void agree_set(train_config *cfg, const char *assignment) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    FSDP_TEST_OK(train_config_set(cfg, assignment, err, sizeof err));
+}
+
+static void test_config_agree(void) {
+    static agree_job job;
+    for (int r = 0; r < 3; r++) train_config_init(&job.cfg[r]);
+    agree_set(&job.cfg[1], "optim.lr=0.2"); /* the default's value, set elsewhere */
+    FSDP_TEST_OK(fsdp_test_run_world(3, 20000, agree_rank, &job));
+    for (int r = 0; r < 3; r++) CU_ASSERT_EQUAL(job.st[r], FSDP_OK);
+    CU_ASSERT_EQUAL(train_config_hash(&job.cfg[0]), train_config_hash(&job.cfg[1]));
+
+    agree_set(&job.cfg[2], "optim.lr=0.20000000000000004"); /* the next double after 0.2 */
+    agree_set(&job.cfg[2], "train.seed=9");
+    agree_set(&job.cfg[2], "log.metrics=rank2.jsonl");
+    CU_ASSERT_NOT_EQUAL(train_config_hash(&job.cfg[0]), train_config_hash(&job.cfg[2]));
+    FSDP_TEST_OK(fsdp_test_run_world(3, 20000, agree_rank, &job));
+    printf("\n    %s", job.err[0]);
+    for (int r = 0; r < 3; r++) {
+        CU_ASSERT_EQUAL(job.st[r], FSDP_ERR_STATE);
+        CU_ASSERT_STRING_EQUAL(job.err[r], job.err[0]);
+    }
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        job.err[0], (const char *const[]){
+                        "[optim] lr = 0.2 (default) on rank 0",
+                        "but 0.20000000000000004 (--set optim.lr=0.20000000000000004) on "
+                        "rank 2",
+                        "(and 2 more keys differ)", "same config file and --set options", NULL}));
+}
+
 /* Under mpirun, fsdp-train with the same configuration as a local run of 2 rank threads. The
  * CTest entry test_train_mpi2 (label mpi) runs this case with FSDP_TRAIN_MPIRUN set to the
  * mpirun command for 2 processes; without it the case does nothing. */
@@ -525,6 +704,50 @@ static void mpi_matches_local(const char *mpirun, const char *const *overrides) 
     CU_ASSERT_EQUAL(steps, 20);
 }
 
+/* fsdp-train's exit status: 1 for a final loss that is not finite, for stdout or a metrics file
+ * that cannot be written (also --help and --version), naming what; 2 for a config that is
+ * not a regular file, refused at once (it used to block or read forever). */
+static void test_tool_exit_status(void) {
+    char cmd[4096], base[2048], out[8192];
+    if (!*FSDP_TRAIN_EXE || access("/dev/full", W_OK) != 0) {
+        printf("\n    skipped: no fsdp-train or no /dev/full");
+        return;
+    }
+    snprintf(base, sizeof base,
+             "'%s' --config '%s/examples/mlp.ini' --set parallel.backend=local --set "
+             "train.steps=20",
+             FSDP_TRAIN_EXE, FSDP_SOURCE_DIR);
+    static const struct {
+        bool alone; /* args are the whole command line, without base */
+        const char *args;
+        const char *redirect;
+        int status;
+        const char *needle;
+    } runs[] = {
+        {false, "", "2>&1", 0, "done: 20 steps"},
+        {false, "--set train.steps=1 --set optim.lr=1e30", "2>&1 >/dev/null", 1,
+         "the whole-dataset loss after training is"},
+        {false, "", "2>&1 >/dev/full", 1, "cannot write the progress to stdout: No space left"},
+        {false, "--set log.metrics=/dev/full", "2>&1 >/dev/null", 1,
+         "cannot write metrics file '/dev/full'"},
+        {true, "--help", "2>&1 >/dev/full", 1, "cannot write to stdout"},
+        {true, "--version", "2>&1 >/dev/full", 1, "cannot write to stdout"},
+        {true, "--config /dev/zero", "2>&1", 2,
+         "cannot read config '/dev/zero': not a regular file"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        if (runs[i].alone)
+            snprintf(cmd, sizeof cmd, "timeout 60 '%s' %s %s", FSDP_TRAIN_EXE, runs[i].args,
+                     runs[i].redirect);
+        else
+            snprintf(cmd, sizeof cmd, "timeout 60 %s %s %s", base, runs[i].args, runs[i].redirect);
+        int status = shell(cmd, out, sizeof out);
+        printf("\n    exit %d: %s: %s", status, runs[i].args, out);
+        CU_ASSERT_EQUAL(status, runs[i].status);
+        CU_ASSERT_TRUE(fsdp_test_message_has(out, (const char *const[]){runs[i].needle, NULL}));
+    }
+}
+
 static void test_mpi_matches_local(void) {
     const char *mpirun = getenv("FSDP_TRAIN_MPIRUN");
     if (!mpirun || !*mpirun || !*FSDP_TRAIN_EXE) {
@@ -549,6 +772,65 @@ static void test_mpi_matches_local(void) {
                  "mpirun -np 4")));
 }
 
+/* Under mpirun with another configuration on rank 1 (MPMD: `mpiexec -n 1 fsdp-train A : -n 1
+ * fsdp-train B`), every process fails (exit status 1) before training and rank 0 alone names
+ * the first key that differs with its value and origin on both ranks. The CTest entry
+ * test_train_mpi_mismatch (label mpi) runs this case with FSDP_TRAIN_MPIEXEC (the launcher and
+ * its flags) and FSDP_TRAIN_MPIEXEC_NP (its process-count flag) set; without them it does
+ * nothing. */
+static void test_mpi_config_mismatch(void) {
+    const char *mpiexec = getenv("FSDP_TRAIN_MPIEXEC"), *np = getenv("FSDP_TRAIN_MPIEXEC_NP");
+    if (!mpiexec || !*mpiexec || !np || !*np || !*FSDP_TRAIN_EXE) {
+        printf("\n    skipped: FSDP_TRAIN_MPIEXEC is not set (CTest's test_train_mpi_mismatch "
+               "sets it)");
+        return;
+    }
+    char small[2048] = "", cmd[8192], out[8192], a[1024], b[1024];
+    for (int i = 0; i < N_SMALL; i++)
+        if (strncmp(g_small[i], "parallel.backend", 16) != 0)
+            train_append(small, sizeof small, " --set %s", g_small[i]);
+    /* per-rank --set: data.batch_size */
+    snprintf(cmd, sizeof cmd,
+             "%s %s 1 '%s' --config '%s/examples/mlp.ini'%s --set data.batch_size=8 : %s 1 '%s' "
+             "--config '%s/examples/mlp.ini'%s --set data.batch_size=16 2>&1",
+             mpiexec, np, FSDP_TRAIN_EXE, FSDP_SOURCE_DIR, small, np, FSDP_TRAIN_EXE,
+             FSDP_SOURCE_DIR, small);
+    int status = shell(cmd, out, sizeof out);
+    printf("\n    exit status %d: %s", status, out);
+    CU_ASSERT_EQUAL(status, 1);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        out, (const char *const[]){"[data] batch_size = 8 (--set data.batch_size=8) on rank 0",
+                                   "but 16 (--set data.batch_size=16) on rank 1", NULL}));
+    const char *first = strstr(out, "fsdp-train:");
+    CU_ASSERT_TRUE(first && !strstr(first + 1, "fsdp-train:")); /* rank 0 alone tells */
+
+    /* per-rank config files: optim.lr and train.seed differ, lr comes first in the table */
+    snprintf(a, sizeof a, "%s/test_train_rank0.ini", FSDP_BINARY_DIR);
+    snprintf(b, sizeof b, "%s/test_train_rank1.ini", FSDP_BINARY_DIR);
+    const char *paths[2] = {a, b}, *texts[2] = {"[optim]\nlr = 0.1\n[train]\nseed = 1\n",
+                                                "[optim]\nlr = 0.05\n[train]\nseed = 2\n"};
+    for (int r = 0; r < 2; r++) {
+        FILE *f = fopen(paths[r], "w");
+        CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+        fputs(texts[r], f);
+        fclose(f);
+    }
+    snprintf(cmd, sizeof cmd,
+             "%s %s 1 '%s' --config '%s' --set train.steps=20 : %s 1 '%s' --config '%s' --set "
+             "train.steps=20 2>&1",
+             mpiexec, np, FSDP_TRAIN_EXE, a, np, FSDP_TRAIN_EXE, b);
+    status = shell(cmd, out, sizeof out);
+    printf("\n    exit status %d: %s", status, out);
+    CU_ASSERT_EQUAL(status, 1);
+    char want0[1200], want1[1200];
+    snprintf(want0, sizeof want0, "[optim] lr = 0.1 (%s:2) on rank 0", a);
+    snprintf(want1, sizeof want1, "but 0.05 (%s:2) on rank 1", b);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        out, (const char *const[]){want0, want1, "1 more key differs", NULL}));
+    remove(a);
+    remove(b);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"example_learns", test_example_learns},
@@ -556,6 +838,10 @@ int main(int argc, char **argv) {
         {"variants", test_variants},
         {"metrics_file", test_metrics_file},
         {"divergence_is_an_error", test_divergence_is_an_error},
+        {"divergence_advice", test_divergence_advice},
+        {"final_loss_not_finite", test_final_loss_not_finite},
+        {"setup_failure_label", test_setup_failure_label},
+        {"write_errors", test_write_errors},
         {"dp_matches_one_rank", test_dp_matches_one_rank},
         {"tp_matches_one_rank", test_tp_matches_one_rank},
         {"uneven_slices", test_uneven_slices},
@@ -564,7 +850,10 @@ int main(int argc, char **argv) {
         {"layout", test_layout},
         {"parallel_config_errors", test_parallel_config_errors},
         {"multi_rank_failures", test_multi_rank_failures},
+        {"config_agree", test_config_agree},
+        {"tool_exit_status", test_tool_exit_status},
         {"mpi_matches_local", test_mpi_matches_local},
+        {"mpi_config_mismatch", test_mpi_config_mismatch},
     };
     return fsdp_test_run(argc, argv, "train", cases, (int)(sizeof cases / sizeof cases[0]));
 }

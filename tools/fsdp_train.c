@@ -1,7 +1,9 @@
 /* fsdp_train.c: fsdp-train, the config-file trainer. Parses the command line and the config
  * (tools/train_config.c), then runs the training it describes (tools/trainer.c) on the ranks
  * [parallel] asks for: rank threads, or this process's rank under mpirun.
- * Exit status: 0 success, 1 the run failed, 2 bad command line or config. */
+ * Exit status: 0 success, 1 the run failed (also: stdout could not be written), 2 bad
+ * command line or config. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -10,6 +12,17 @@
 #include "trainer.h"      // defines: train_run
 
 enum { EXIT_OK = 0, EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
+
+/* The exit status once stdout is flushed: a success whose output could not all be written
+ * (a full disk, /dev/full) is a failure. */
+static int finish(int status) {
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return status;
+    if (status != EXIT_OK) return status; /* told already, or not about stdout */
+    fprintf(stderr, "fsdp-train: cannot write to stdout: %s\n",
+            errno ? strerror(errno) : "write error");
+    return EXIT_RUN_FAILED;
+}
 
 static int print_version(void) {
     if (strcmp(fsdp_version(), FSDP_VERSION_STRING) == 0)
@@ -29,9 +42,9 @@ int main(int argc, char **argv) {
     }
     if (action == TRAIN_CLI_HELP) {
         train_config_print_help(stdout);
-        return EXIT_OK;
+        return finish(EXIT_OK);
     }
-    if (action == TRAIN_CLI_VERSION) return print_version();
+    if (action == TRAIN_CLI_VERSION) return finish(print_version());
 
     fsdp_ctx_options opts = train_config_ctx_options(&cfg);
     fsdp_ctx *ctx = NULL;
@@ -46,6 +59,6 @@ int main(int argc, char **argv) {
     if (st != FSDP_OK && res.rank <= 0)
         fprintf(stderr, "fsdp-train: %s (%s)\n", err, fsdp_status_to_string(st));
     fsdp_ctx_free(ctx);
-    if (st == FSDP_OK) return EXIT_OK;
-    return st == FSDP_ERR_CONFIG ? EXIT_USAGE : EXIT_RUN_FAILED;
+    if (st == FSDP_OK) return finish(EXIT_OK);
+    return finish(st == FSDP_ERR_CONFIG ? EXIT_USAGE : EXIT_RUN_FAILED);
 }

@@ -1,16 +1,21 @@
 /* train_config.c: fsdp-train's key table and everything it drives: defaults, the INI parser,
- * --set, validation, --help and the command line. */
-#define _POSIX_C_SOURCE 200809L // strdup, fileno
+ * --set, validation, --help, the command line and the check that MPI ranks agree on it. */
+#define _POSIX_C_SOURCE 200809L // open flags, fstat
 
 #include "train_config.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <fcntl.h> // defines: open, O_NONBLOCK
+#include <float.h>
 #include <ini.h> // defines: ini_parse_stream, ini_reader, ini_handler
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h> // defines: fstat, S_ISREG
+#include <unistd.h>   // defines: read, close
 
 /* ---- the key table ------------------------------------------------------------------------ */
 
@@ -348,8 +353,18 @@ static bool parse_value(const key_def *k, const char *text, train_config *cfg, c
     }
     case KEY_FLOAT: {
         char *end;
+        errno = 0;
         double v = strtod(text, &end);
-        if (!*text || *end || !isfinite(v)) break;
+        if (!*text || *end) break;
+        if (errno == ERANGE && isinf(v)) { /* an underflow (to 0 or a subnormal) is a value */
+            snprintf(why, why_size, "overflows a double (the largest is %g); expected %s", DBL_MAX,
+                     expected);
+            return false;
+        }
+        if (!isfinite(v)) {
+            snprintf(why, why_size, "not a finite number; expected %s", expected);
+            return false;
+        }
         bool low = k->fmin_open ? v <= k->fmin : v < k->fmin;
         bool high = k->fmax_open ? v >= k->fmax : v > k->fmax;
         if (low || high) {
@@ -429,7 +444,17 @@ static bool parse_value(const key_def *k, const char *text, train_config *cfg, c
     return false;
 }
 
-/* Writes key k's current value as it would appear in a file. */
+/* The shortest "%g" text of v, up to 17 digits, that reads back as v: "0.2", not
+ * "0.20000000000000001", yet two different doubles never print the same. */
+static void format_double(double v, char *buf, size_t size) {
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, size, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v) return;
+    }
+}
+
+/* Writes key k's current value as it would appear in a file: the canonical text, equal for
+ * equal values only. */
 static void format_value(const train_config *cfg, const key_def *k, char *buf, size_t size) {
     const void *field = (const char *)cfg + k->offset;
     buf[0] = '\0';
@@ -438,7 +463,7 @@ static void format_value(const train_config *cfg, const key_def *k, char *buf, s
         train_append(buf, size, "%lld", (long long)*(const int64_t *)field);
         break;
     case KEY_FLOAT:
-        train_append(buf, size, "%.15g", *(const double *)field);
+        format_double(*(const double *)field, buf, size);
         break;
     case KEY_BOOL:
         train_append(buf, size, "%s", *(const bool *)field ? "true" : "false");
@@ -525,10 +550,77 @@ const char *train_config_origin(const train_config *cfg, const char *section, co
 
 /* ---- the INI file ------------------------------------------------------------------------- */
 
+/* What a file that is not a regular one is, for messages. */
+static const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "neither a file nor a directory";
+}
+
+/* Reads the regular file at path whole into *text (size bytes; the caller frees it). Anything
+ * else is refused before a byte is read: a FIFO would block and a device may never end. So is
+ * a file of more than TRAIN_MAX_CONFIG_BYTES bytes, however its size was reported. */
+static fsdp_status read_config_file(const char *path, char **text, size_t *size, char *err,
+                                    size_t err_size) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC); /* a FIFO: no wait */
+    if (fd < 0) {
+        snprintf(err, err_size, "cannot open config '%s': %s", path, strerror(errno));
+        return FSDP_ERR_IO;
+    }
+    struct stat sb;
+    bool stat_ok = fstat(fd, &sb) == 0;
+    if (!stat_ok || !S_ISREG(sb.st_mode)) {
+        if (!stat_ok)
+            snprintf(err, err_size, "cannot read config '%s': %s", path, strerror(errno));
+        else
+            snprintf(err, err_size,
+                     "cannot read config '%s': not a regular file (%s); give the path of an INI "
+                     "file",
+                     path, file_kind(sb.st_mode));
+        close(fd);
+        return FSDP_ERR_IO;
+    }
+    size_t cap = TRAIN_MAX_CONFIG_BYTES, n = 0;
+    char *buf = malloc(cap + 1); /* one byte more tells a file over the cap */
+    while (buf && n <= cap) {
+        ssize_t got = read(fd, buf + n, cap + 1 - n);
+        if (got == 0) break;
+        if (got > 0) {
+            n += (size_t)got;
+        } else if (errno != EINTR) {
+            snprintf(err, err_size, "cannot read config '%s': %s", path, strerror(errno));
+            free(buf);
+            close(fd);
+            return FSDP_ERR_IO;
+        }
+    }
+    close(fd);
+    if (!buf) {
+        snprintf(err, err_size, "cannot read config '%s': out of memory", path);
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    if (n > cap) {
+        snprintf(err, err_size,
+                 "cannot read config '%s': larger than the limit of %d bytes (1 MiB); a config "
+                 "file is a few lines of text",
+                 path, TRAIN_MAX_CONFIG_BYTES);
+        free(buf);
+        return FSDP_ERR_CONFIG;
+    }
+    *text = buf;
+    *size = n;
+    return FSDP_OK;
+}
+
 typedef struct ini_state {
     train_config *cfg;
     const char *path;
-    FILE *file;
+    const char *text; /* the whole file, size bytes, no NUL among them */
+    size_t size;
+    size_t pos;    /* where the next line starts */
     int line;      /* lines handed to libinih so far: the one it is parsing */
     bool indented; /* that line starts with white space */
     int last_key;  /* key set by the previous handler call, -1 after a section line */
@@ -548,37 +640,64 @@ static void ini_fail(ini_state *st, const char *fmt, ...) {
     st->err_line = st->line;
 }
 
-/* libinih's reader (fgets-like). Counts lines as libinih does, catches overlong lines and
- * checks section headers, which libinih never shows the handler when the section is empty. */
+/* Checks a "[section]" line, which libinih never shows the handler when the section is empty:
+ * the section must exist and nothing but white space or a comment (" ;...") may follow the
+ * ']' (libinih ignores the rest). The ']' is found as libinih finds it; a line without one is
+ * left to libinih's syntax error. */
+static bool check_section_line(ini_state *st, const char *line) {
+    while (isspace((unsigned char)*line)) line++;
+    if (*line != '[') return true;
+    const char *end = line + 1;
+    bool space = false;
+    while (*end && *end != ']' && !(space && *end == ';')) space = isspace((unsigned char)*end++);
+    if (*end != ']') return true;
+    int len = (int)(end - line - 1);
+    char name[128];
+    snprintf(name, sizeof name, "%.*s", len, line + 1);
+    if (len >= (int)sizeof name || find_section(name) < 0) {
+        char allowed[256] = "";
+        list_sections(allowed, sizeof allowed);
+        ini_fail(st, "unknown section [%.*s]; allowed sections: %s", len, line + 1, allowed);
+        return false;
+    }
+    const char *rest = end + 1, *text = rest;
+    while (isspace((unsigned char)*text)) text++;
+    if (*text && !(text > rest && *text == ';')) {
+        size_t n = strlen(text);
+        while (n && isspace((unsigned char)text[n - 1])) n--;
+        ini_fail(st,
+                 "text after ']' in the section header [%s]: '%.*s'; only a comment (' ; ...') "
+                 "may follow it",
+                 name, (int)n, text);
+        return false;
+    }
+    return true;
+}
+
+/* libinih's reader: hands it the next line of the file, read whole beforehand, into its
+ * buffer of num bytes. Counts lines as libinih does, refuses a line longer than TRAIN_MAX_LINE
+ * characters (or than libinih's buffer holds, were that less) instead of letting it be cut,
+ * and checks section headers. */
 static char *ini_read(char *str, int num, void *stream) {
     ini_state *st = stream;
-    if (st->err_line) return NULL; /* stop at the first error */
-    char *s = fgets(str, num, st->file);
-    if (!s) return NULL;
+    if (st->err_line || st->pos >= st->size) return NULL; /* stop at the first error */
+    const char *s = st->text + st->pos;
+    const char *nl = memchr(s, '\n', st->size - st->pos);
+    size_t len = nl ? (size_t)(nl - s) : st->size - st->pos; /* without the newline */
+    st->pos += len + (nl != NULL);
     st->line++;
-    size_t len = strlen(s);
-    if (len == (size_t)num - 1 && s[len - 1] != '\n') {
-        int c = getc(st->file);
-        if (c != EOF) {
-            ini_fail(st, "line is longer than %d characters", num - 3);
-            return NULL;
-        }
+    if (st->line == 1 && len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) s += 3, len -= 3; /* BOM */
+    size_t limit = num - 2 < TRAIN_MAX_LINE ? (size_t)num - 2 : TRAIN_MAX_LINE;
+    if (len > limit) {
+        ini_fail(st, "line is longer than %zu characters (it has %zu)", limit, len);
+        return NULL;
     }
-    if (st->line == 1 && strncmp(s, "\xEF\xBB\xBF", 3) == 0) s += 3; /* UTF-8 BOM */
-    st->indented = s[0] == ' ' || s[0] == '\t';
-    if (s[0] == '[') {
-        st->last_key = -1;
-        const char *end = strchr(s, ']');
-        if (end) {
-            char name[128];
-            snprintf(name, sizeof name, "%.*s", (int)(end - s - 1), s + 1);
-            if (find_section(name) < 0) {
-                char allowed[256] = "";
-                list_sections(allowed, sizeof allowed);
-                ini_fail(st, "unknown section [%s]; allowed sections: %s", name, allowed);
-                return NULL;
-            }
-        }
+    memcpy(str, s, len);
+    str[len] = '\0';
+    st->indented = isspace((unsigned char)str[0]);
+    if (!(st->indented && st->last_key >= 0)) { /* else libinih takes it as a continuation */
+        if (!check_section_line(st, str)) return NULL;
+        if (str[strspn(str, " \t\r\v\f")] == '[') st->last_key = -1;
     }
     return str;
 }
@@ -615,21 +734,31 @@ static int ini_handle(void *user, const char *section, const char *name, const c
 }
 
 fsdp_status train_config_load(train_config *cfg, const char *path, char *err, size_t err_size) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        snprintf(err, err_size, "cannot open config '%s': %s", path, strerror(errno));
-        return FSDP_ERR_IO;
+    char *text = NULL;
+    size_t size = 0;
+    fsdp_status status = read_config_file(path, &text, &size, err, err_size);
+    if (status != FSDP_OK) return status;
+    const char *nul = memchr(text, '\0', size);
+    if (nul) { /* libinih would end the line there and read what follows as another line */
+        size_t offset = (size_t)(nul - text);
+        int line = 1;
+        for (const char *p = text; (p = memchr(p, '\n', (size_t)(nul - p))); p++) line++;
+        snprintf(err, err_size,
+                 "%s:%d: NUL byte at byte offset %zu; a config file is text without NUL bytes "
+                 "(is this the right file?)",
+                 path, line, offset);
+        free(text);
+        return FSDP_ERR_CONFIG;
     }
-    ini_state st = {
-        .cfg = cfg, .path = path, .file = f, .last_key = -1, .err = err, .err_size = err_size};
+    ini_state st = {.cfg = cfg,
+                    .path = path,
+                    .text = text,
+                    .size = size,
+                    .last_key = -1,
+                    .err = err,
+                    .err_size = err_size};
     int rc = ini_parse_stream(ini_read, &st, ini_handle, &st);
-    bool read_error = ferror(f) != 0;
-    int read_errno = errno;
-    fclose(f);
-    if (read_error) {
-        snprintf(err, err_size, "cannot read config '%s': %s", path, strerror(read_errno));
-        return FSDP_ERR_IO;
-    }
+    free(text);
     if (rc > 0 && (st.err_line == 0 || rc < st.err_line)) {
         snprintf(err, err_size,
                  "%s:%d: syntax error: expected '[section]', 'key = value' or a comment "
@@ -646,11 +775,13 @@ fsdp_status train_config_load(train_config *cfg, const char *path, char *err, si
 
 /* ---- --set, checks, help ------------------------------------------------------------------ */
 
-/* Copies s[0, n) without surrounding white space into buf. */
-static void copy_trimmed(char *buf, size_t size, const char *s, size_t n) {
+/* Copies s[0, n) without surrounding white space into buf, cut to fit; returns its length
+ * uncut. */
+static size_t copy_trimmed(char *buf, size_t size, const char *s, size_t n) {
     while (n && (*s == ' ' || *s == '\t')) s++, n--;
     while (n && (s[n - 1] == ' ' || s[n - 1] == '\t')) n--;
     snprintf(buf, size, "%.*s", (int)n, s);
+    return n;
 }
 
 fsdp_status train_config_set(train_config *cfg, const char *assignment, char *err,
@@ -664,20 +795,28 @@ fsdp_status train_config_set(train_config *cfg, const char *assignment, char *er
                  assignment);
         return FSDP_ERR_CONFIG;
     }
-    char section[64], name[64], value[TRAIN_MAX_STRING + 1];
+    /* a section or key name cut to 63 bytes matches no key: it is reported unknown */
+    char section[64], name[64], value[TRAIN_MAX_VALUE + 1];
     copy_trimmed(section, sizeof section, assignment, (size_t)(dot - assignment));
     copy_trimmed(name, sizeof name, dot + 1, (size_t)(eq - dot - 1));
-    copy_trimmed(value, sizeof value, eq + 1, strlen(eq + 1));
+    size_t len = copy_trimmed(value, sizeof value, eq + 1, strlen(eq + 1));
     int idx = lookup(section, name, where, err, err_size);
     if (idx < 0) return FSDP_ERR_CONFIG;
+    if (len > TRAIN_MAX_VALUE) {
+        snprintf(err, err_size,
+                 "--set %.*s%.40s...: the value of [%s] %s has %zu characters, longer than the "
+                 "limit of %d characters",
+                 (int)(eq + 1 - assignment), assignment, eq + 1, section, name, len,
+                 TRAIN_MAX_VALUE);
+        return FSDP_ERR_CONFIG;
+    }
     return set_key(cfg, idx, value, where, err, err_size) ? FSDP_OK : FSDP_ERR_CONFIG;
 }
 
 #define KEY_TEXT_SIZE 768 /* enough for most; a longer one is truncated */
 
-/* "[section] name = value (origin)" for messages. */
-static const char *key_text(const train_config *cfg, const char *section, const char *name,
-                            char *buf, size_t size) {
+const char *train_config_key_text(const train_config *cfg, const char *section, const char *name,
+                                  char *buf, size_t size) {
     int idx = find_key(section, name);
     char value[TRAIN_MAX_STRING + 64];
     format_value(cfg, &g_keys[idx], value, sizeof value);
@@ -722,12 +861,12 @@ static void describe_world(const train_config *cfg, int world, char *buf, size_t
     buf[0] = '\0';
     if (cfg->parallel.ranks > 0)
         train_append(buf, size, "a world of %d ranks (%s)", world,
-                     key_text(cfg, "parallel", "ranks", k, sizeof k));
+                     train_config_key_text(cfg, "parallel", "ranks", k, sizeof k));
     else if (train_config_backend(cfg) == TRAIN_BACKEND_MPI)
         train_append(buf, size, "a world of %d ranks (the processes of the MPI job)", world);
     else
         train_append(buf, size, "a world of %d ranks (%s: as many as tp)", world,
-                     key_text(cfg, "parallel", "ranks", k, sizeof k));
+                     train_config_key_text(cfg, "parallel", "ranks", k, sizeof k));
 }
 
 fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layout *out, char *err,
@@ -739,7 +878,7 @@ fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layou
         snprintf(err, err_size,
                  "%s does not divide %s; world = dp * tp: use a multiple of %d ranks or "
                  "another tp",
-                 key_text(cfg, "parallel", "tp", a, sizeof a), w, tp);
+                 train_config_key_text(cfg, "parallel", "tp", a, sizeof a), w, tp);
         return FSDP_ERR_CONFIG;
     }
     train_layout l = {.backend = train_config_backend(cfg),
@@ -753,7 +892,7 @@ fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layou
                  "%s is smaller than the %d data-parallel ranks (dp = world / tp, %s and tp "
                  "%d); each dp rank trains on its slice of every batch: raise batch_size to at "
                  "least %d, or use fewer ranks",
-                 key_text(cfg, "data", "batch_size", a, sizeof a), l.dp, w, tp, l.dp);
+                 train_config_key_text(cfg, "data", "batch_size", a, sizeof a), l.dp, w, tp, l.dp);
         return FSDP_ERR_CONFIG;
     }
     bool hybrid =
@@ -762,7 +901,7 @@ fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layou
         snprintf(err, err_size,
                  "%s needs at least 2 data-parallel ranks to split into replicas and shards, but "
                  "dp = world / tp = 1 (%s and tp %d); add ranks or use full_shard",
-                 key_text(cfg, "parallel", "strategy", a, sizeof a), w, tp);
+                 train_config_key_text(cfg, "parallel", "strategy", a, sizeof a), w, tp);
         return FSDP_ERR_CONFIG;
     }
     if (hybrid) {
@@ -772,7 +911,8 @@ fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layou
                      "%s does not divide the %d data-parallel ranks (dp = world / tp, %s and "
                      "tp %d); hybrid_shard splits dp into replicas x shard: use a divisor of %d, "
                      "or 0 to pick one",
-                     key_text(cfg, "parallel", "replicas", b, sizeof b), l.dp, w, tp, l.dp);
+                     train_config_key_text(cfg, "parallel", "replicas", b, sizeof b), l.dp, w, tp,
+                     l.dp);
             return FSDP_ERR_CONFIG;
         }
         l.replicas = r;
@@ -809,15 +949,15 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
             if (is_changed(cfg, "parallel", fsdp_only[i])) {
                 snprintf(err, err_size,
                          "%s applies to mode = fsdp, but %s; remove it or set mode = fsdp",
-                         key_text(cfg, "parallel", fsdp_only[i], a, sizeof a),
-                         key_text(cfg, "parallel", "mode", b, sizeof b));
+                         train_config_key_text(cfg, "parallel", fsdp_only[i], a, sizeof a),
+                         train_config_key_text(cfg, "parallel", "mode", b, sizeof b));
                 return FSDP_ERR_CONFIG;
             }
     if (cfg->parallel.replicas && cfg->parallel.mode == TRAIN_MODE_FSDP &&
         cfg->parallel.strategy != FSDP_HYBRID_SHARD) {
         snprintf(err, err_size, "%s is for strategy = hybrid_shard, but %s; remove it",
-                 key_text(cfg, "parallel", "replicas", a, sizeof a),
-                 key_text(cfg, "parallel", "strategy", b, sizeof b));
+                 train_config_key_text(cfg, "parallel", "replicas", a, sizeof a),
+                 train_config_key_text(cfg, "parallel", "strategy", b, sizeof b));
         return FSDP_ERR_CONFIG;
     }
     int64_t tp = cfg->parallel.tp;
@@ -826,8 +966,8 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
         snprintf(err, err_size,
                  "%s needs at least two Linear layers to pair (Colwise, then Rowwise), but %s "
                  "has one; add a hidden width or set tp = 1",
-                 key_text(cfg, "parallel", "tp", a, sizeof a),
-                 key_text(cfg, "model", "widths", c, sizeof c));
+                 train_config_key_text(cfg, "parallel", "tp", a, sizeof a),
+                 train_config_key_text(cfg, "model", "widths", c, sizeof c));
         return FSDP_ERR_CONFIG;
     }
     for (int i = 0; tp > 1 && i + 1 < n_linear; i += 2) {
@@ -837,8 +977,8 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                      "%s must divide the hidden width %lld (entry %d of %s), which Linear %d "
                      "(Colwise) and Linear %d (Rowwise) split over the tp ranks; use a tp that "
                      "divides it or another width",
-                     key_text(cfg, "parallel", "tp", a, sizeof a), (long long)width, i + 2,
-                     key_text(cfg, "model", "widths", c, sizeof c), i, i + 1);
+                     train_config_key_text(cfg, "parallel", "tp", a, sizeof a), (long long)width,
+                     i + 2, train_config_key_text(cfg, "model", "widths", c, sizeof c), i, i + 1);
             return FSDP_ERR_CONFIG;
         }
     }
@@ -849,13 +989,13 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                      "%s, but this build has no MPI backend (CMake found no MPI); use backend "
                      "= local, or install an MPI (Debian: libopenmpi-dev openmpi-bin) and "
                      "rebuild",
-                     key_text(cfg, "parallel", "backend", a, sizeof a));
+                     train_config_key_text(cfg, "parallel", "backend", a, sizeof a));
         else
             snprintf(err, err_size,
                      "started by mpirun (%s), but this build has no MPI backend (CMake found no "
                      "MPI): every process would train alone; install an MPI and rebuild, or "
                      "run without mpirun",
-                     key_text(cfg, "parallel", "backend", a, sizeof a));
+                     train_config_key_text(cfg, "parallel", "backend", a, sizeof a));
         return FSDP_ERR_CONFIG;
     }
     return FSDP_OK;
@@ -896,17 +1036,24 @@ static void print_wrapped(FILE *f, int first, int rest, const char *text) {
 }
 
 void train_config_print_help(FILE *f) {
-    fprintf(f, "usage: fsdp-train --config FILE [--set section.key=value ...]\n"
-               "       fsdp-train --help | --version\n\n"
-               "Trains the model a config file describes and prints its progress.\n\n"
-               "options:\n"
-               "  --config FILE            the run's configuration, an INI file\n"
-               "  --set section.key=value  overrides one key after the file is read;\n"
-               "                           repeatable, applied in order\n"
-               "  --help                   prints this help\n"
-               "  --version                prints the version\n\n"
-               "exit status: 0 success, 1 the run failed, 2 bad command line or config\n\n"
-               "config keys, by section (key = default (type), meaning, allowed values):\n");
+    fprintf(f,
+            "usage: fsdp-train --config FILE [--set section.key=value ...]\n"
+            "       fsdp-train --help | --version\n\n"
+            "Trains the model a config file describes and prints its progress.\n\n"
+            "options:\n"
+            "  --config FILE            the run's configuration, an INI file\n"
+            "  --set section.key=value  overrides one key after the file is read;\n"
+            "                           repeatable, applied in order\n"
+            "  --help                   prints this help\n"
+            "  --version                prints the version\n\n"
+            "exit status: 0 success; 1 the run failed (a library call, a loss that is\n"
+            "not finite, output that cannot be written, MPI ranks with different\n"
+            "configurations); 2 bad command line or config\n\n"
+            "limits: a config file is a regular file of at most %d bytes,\n"
+            "without NUL bytes, of lines of at most %d characters (the newline not\n"
+            "counted); a --set value has at most %d characters\n\n"
+            "config keys, by section (key = default (type), meaning, allowed values):\n",
+            TRAIN_MAX_CONFIG_BYTES, TRAIN_MAX_LINE, TRAIN_MAX_VALUE);
     for (int s = 0; s < N_SECTIONS; s++) {
         char text[512];
         snprintf(text, sizeof text, "[%s]: %s", g_sections[s].name, g_sections[s].help);
@@ -937,6 +1084,142 @@ void train_config_write(const train_config *cfg, FILE *f) {
             fprintf(f, "%s = %s  ; %s\n", g_keys[i].name, value, cfg->origin[i]);
         }
     }
+}
+
+/* ---- the ranks agree on one configuration ----------------------------------------------- */
+
+#define FNV_BASIS UINT64_C(0xcbf29ce484222325)
+#define FNV_PRIME UINT64_C(0x100000001b3)
+
+/* Key i's canonical text, "section.name=value" and its NUL, folded into the FNV-1a hash h. */
+static uint64_t hash_key(const train_config *cfg, int i, uint64_t h) {
+    char text[TRAIN_MAX_STRING + 128];
+    snprintf(text, sizeof text, "%s.%s=", g_keys[i].section, g_keys[i].name);
+    format_value(cfg, &g_keys[i], text + strlen(text), sizeof text - strlen(text));
+    for (size_t j = 0, n = strlen(text) + 1; j < n; j++)
+        h = (h ^ (unsigned char)text[j]) * FNV_PRIME;
+    return h;
+}
+
+uint64_t train_config_hash(const train_config *cfg) {
+    uint64_t h = FNV_BASIS;
+    for (int i = 0; i < N_KEYS; i++) h = hash_key(cfg, i, h);
+    return h;
+}
+
+#define HASH_FLOATS 3 /* a 64-bit hash as f32 integers of 22, 22 and 20 bits: all exact */
+
+/* all[r * count + i] = hash i of group rank r, for `count` hashes per rank (one all_gather). */
+static fsdp_status gather_hashes(fsdp_ctx *ctx, fsdp_group *group, const uint64_t *mine, int count,
+                                 uint64_t *all) {
+    int64_t n = fsdp_group_size(group), mask = (1 << 22) - 1;
+    fsdp_tensor *in = NULL, *out = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                        (int64_t[]){(int64_t)count * HASH_FLOATS}, &in);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                (int64_t[]){n * count * HASH_FLOATS}, &out);
+    if (st == FSDP_OK) {
+        float *p = fsdp_tensor_f32(in); /* (count, 3) */
+        for (int i = 0; i < count; i++)
+            for (int j = 0; j < HASH_FLOATS; j++)
+                p[i * 3 + j] = (float)((mine[i] >> 22 * j) & mask);
+        st = fsdp_all_gather(ctx, group, out, in, 0);
+    }
+    if (st == FSDP_OK) {
+        const float *q = fsdp_tensor_f32(out); /* (n, count, 3) */
+        for (int64_t i = 0; i < n * count; i++) {
+            all[i] = 0;
+            for (int j = 0; j < HASH_FLOATS; j++) all[i] |= (uint64_t)q[i * 3 + j] << 22 * j;
+        }
+    }
+    fsdp_tensor_free(in);
+    fsdp_tensor_free(out);
+    return st;
+}
+
+#define SHARED_TEXT_SIZE (TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 8) /* "value (origin)" */
+
+/* Group rank root's text (SHARED_TEXT_SIZE bytes) on every rank, a byte per f32. */
+static fsdp_status share_text(fsdp_ctx *ctx, fsdp_group *group, int root, char *text) {
+    fsdp_tensor *t = NULL;
+    fsdp_status st =
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){SHARED_TEXT_SIZE}, &t);
+    if (st == FSDP_OK) {
+        float *p = fsdp_tensor_f32(t);
+        for (int i = 0; i < SHARED_TEXT_SIZE; i++) p[i] = (float)(unsigned char)text[i];
+        st = fsdp_broadcast(ctx, group, t, root);
+        for (int i = 0; st == FSDP_OK && i < SHARED_TEXT_SIZE; i++) text[i] = (char)(int)p[i];
+        text[SHARED_TEXT_SIZE - 1] = '\0';
+    }
+    fsdp_tensor_free(t);
+    return st;
+}
+
+/* The message of a mismatch, the same on every rank: the first key (in table order) that
+ * differs, with its value and origin on group rank 0 and on the first rank that differs. */
+static fsdp_status describe_mismatch(fsdp_ctx *ctx, fsdp_group *group, const train_config *cfg,
+                                     const uint64_t *all, char *err, size_t err_size) {
+    int n = fsdp_group_size(group), key = -1, other = -1, more = 0;
+    for (int i = 0; i < N_KEYS; i++) {
+        int r = 1;
+        while (r < n && all[r * N_KEYS + i] == all[i]) r++;
+        if (r == n) continue;
+        if (key < 0)
+            key = i, other = r;
+        else
+            more++;
+    }
+    if (key < 0) { /* the whole hashes differ while every key's agrees: a collision */
+        snprintf(err, err_size,
+                 "the ranks were started with different configurations (their hashes differ); "
+                 "give every rank the same config file and --set options");
+        return FSDP_ERR_STATE;
+    }
+    const key_def *k = &g_keys[key];
+    char text[2][SHARED_TEXT_SIZE], value[TRAIN_MAX_STRING]; /* the longest: a string key */
+    format_value(cfg, k, value, sizeof value);
+    for (int side = 0; side < 2; side++) {
+        snprintf(text[side], SHARED_TEXT_SIZE, "%s (%s)", value, cfg->origin[key]);
+        fsdp_status st = share_text(ctx, group, side ? other : 0, text[side]);
+        if (st != FSDP_OK) return st;
+    }
+    snprintf(err, err_size,
+             "the ranks were started with different configurations: [%s] %s = %s on rank %d, "
+             "but %s on rank %d",
+             k->section, k->name, text[0], fsdp_group_world_rank(group, 0), text[1],
+             fsdp_group_world_rank(group, other));
+    if (more)
+        train_append(err, err_size, " (and %d more key%s differ%s)", more, more == 1 ? "" : "s",
+                     more == 1 ? "s" : "");
+    train_append(err, err_size, "; give every rank the same config file and --set options");
+    return FSDP_ERR_STATE;
+}
+
+fsdp_status train_config_agree(fsdp_ctx *ctx, fsdp_group *group, const train_config *cfg, char *err,
+                               size_t err_size) {
+    if (!group) group = fsdp_ctx_world_group(ctx);
+    int n = fsdp_group_size(group);
+    err[0] = '\0';
+    if (n <= 1) return FSDP_OK;
+    uint64_t mine[TRAIN_MAX_KEYS], *all = malloc((size_t)n * N_KEYS * sizeof *all);
+    if (!all) {
+        snprintf(err, err_size, "comparing the ranks' configurations: out of memory");
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    mine[0] = train_config_hash(cfg);
+    fsdp_status st = gather_hashes(ctx, group, mine, 1, all);
+    int r = 1;
+    while (st == FSDP_OK && r < n && all[r] == all[0]) r++;
+    if (st == FSDP_OK && r < n) { /* every rank sees the same hashes and takes this branch */
+        for (int i = 0; i < N_KEYS; i++) mine[i] = hash_key(cfg, i, FNV_BASIS);
+        st = gather_hashes(ctx, group, mine, N_KEYS, all);
+        if (st == FSDP_OK) st = describe_mismatch(ctx, group, cfg, all, err, err_size);
+    }
+    if (st != FSDP_OK && !err[0])
+        snprintf(err, err_size, "comparing the ranks' configurations: %s", fsdp_last_error(ctx));
+    free(all);
+    return st;
 }
 
 /* ---- the command line ----------------------------------------------------------------------- */

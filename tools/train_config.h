@@ -18,6 +18,10 @@ extern "C" {
 #define TRAIN_MAX_KEYS   40   /* keys in the table */
 #define TRAIN_MAX_ORIGIN 160  /* bytes of one origin text */
 #define TRAIN_ERROR_SIZE 1024 /* a good size for the err buffers below */
+/* Limits of the input, stated by --help and the error messages: */
+#define TRAIN_MAX_VALUE        (TRAIN_MAX_STRING - 1) /* characters of a --set value */
+#define TRAIN_MAX_LINE         198     /* characters of a config line, its newline not counted */
+#define TRAIN_MAX_CONFIG_BYTES 1048576 /* bytes of a config file (1 MiB) */
 
 typedef struct train_int_list {
     int n;
@@ -92,13 +96,17 @@ typedef struct train_config {
 /* Sets every key to its default. */
 void train_config_init(train_config *cfg);
 
-/* Reads an INI file over cfg. On failure returns FSDP_ERR_IO (file cannot be opened) or
- * FSDP_ERR_CONFIG and writes "FILE:LINE: what is wrong; what is allowed" into err; cfg then
- * holds the keys read before the bad line. */
+/* Reads an INI file over cfg. The file is read whole first: it must be a regular file (a FIFO
+ * or a device is refused without reading it) of at most TRAIN_MAX_CONFIG_BYTES bytes, without
+ * NUL bytes, and its lines at most TRAIN_MAX_LINE characters. On failure returns FSDP_ERR_IO
+ * (the file cannot be opened or read, or is not a regular file) or FSDP_ERR_CONFIG and writes
+ * "FILE:LINE: what is wrong; what is allowed" into err; cfg then holds the keys read before
+ * the bad line. */
 fsdp_status train_config_load(train_config *cfg, const char *path, char *err, size_t err_size);
 
-/* Applies one "section.key=value" override, validated like a line of the file; an error
- * names the argument. Returns FSDP_ERR_CONFIG on failure. */
+/* Applies one "section.key=value" override, validated like a line of the file; the value is
+ * at most TRAIN_MAX_VALUE characters (white space around it not counted). An error names the
+ * argument. Returns FSDP_ERR_CONFIG on failure. */
 fsdp_status train_config_set(train_config *cfg, const char *assignment, char *err, size_t err_size);
 
 /* Checks rules that join several keys (nesterov needs momentum, tp must divide the sharded
@@ -140,6 +148,26 @@ void train_layout_describe(const train_config *cfg, const train_layout *layout, 
 
 /* The origin text of a key ("default", "run.ini:12", ...), or NULL for an unknown key. */
 const char *train_config_origin(const train_config *cfg, const char *section, const char *name);
+
+/* "[section] name = value (origin)" of a key of the table, for messages; returns buf. */
+const char *train_config_key_text(const train_config *cfg, const char *section, const char *name,
+                                  char *buf, size_t size);
+
+/* The effective configuration's fingerprint: a 64-bit FNV-1a hash of the canonical text of
+ * every key's value (as train_config_write writes it; floats in the shortest text that reads
+ * back to the same double). Where the values came from does not count. */
+uint64_t train_config_hash(const train_config *cfg);
+
+/* Checks that every rank of `group` (NULL: the world group of ctx) has the same configuration:
+ * one all_gather of train_config_hash (the 64 bits as three f32 integers of 22, 22 and 20 bits,
+ * which the backends move exactly). Every rank of the group calls it, inside fsdp_world_run.
+ * When they differ, the ranks exchange a hash per key and the values of the first key (in
+ * table order) that differs, and every rank returns FSDP_ERR_STATE with the same message in
+ * err: the key, its value and origin on the group's rank 0 and on the first rank that differs
+ * (world ranks), and how many more keys differ. A failed collective returns its status, its
+ * message (fsdp_last_error) in err. */
+fsdp_status train_config_agree(fsdp_ctx *ctx, fsdp_group *group, const train_config *cfg, char *err,
+                               size_t err_size);
 
 /* Writes the effective configuration as an INI file, each key followed by a comment naming
  * where its value came from. */

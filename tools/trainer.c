@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,7 +115,10 @@ typedef struct train_state {
     fsdp_tensor *dout;    /* d(global loss)/d(prediction) * dp: (len, out) */
     fsdp_tensor *loss;    /* (1): this rank's share of a loss, then the sum over dp */
     int64_t off, len;     /* the slice: samples [off, off + len) of each batch */
-    FILE *metrics;
+    FILE *out;            /* rank 0's progress stream, or NULL */
+    const char *out_name; /* "the progress to stdout", for messages */
+    FILE *metrics;        /* rank 0's metrics file, or NULL */
+    char metrics_name[TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 64]; /* for messages */
 } train_state;
 
 static void train_state_free(train_state *s) {
@@ -294,82 +298,121 @@ static fsdp_status train_step(fsdp_ctx *ctx, const train_config *cfg, train_stat
     return sum_over_dp(ctx, s, (double)l * (double)s->len / (double)b, loss);
 }
 
-/* One progress line and metrics record for the steps since the last one. */
-static void report(const train_config *cfg, FILE *out, FILE *metrics, int64_t step, double loss,
-                   double samples_per_s, double elapsed) {
-    if (out) {
-        int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
-        fprintf(out, "step %*lld/%lld  loss %.6f  samples/s %.0f  time %.2fs\n", digits,
-                (long long)step, (long long)cfg->train.steps, loss, samples_per_s, elapsed);
-        fflush(out);
-    }
-    if (metrics) {
-        fprintf(metrics,
-                "{\"step\": %lld, \"loss\": %.9g, \"samples_per_s\": %.1f, \"time_s\": %.6f}\n",
-                (long long)step, loss, samples_per_s, elapsed);
-        fflush(metrics);
-    }
+/* Flushes f; when that or an earlier write to f failed, writes "cannot write <name>: <why>"
+ * into err. A full disk, or stdout on /dev/full, fails the run instead of passing unseen. */
+static fsdp_status flush_checked(FILE *f, const char *name, char *err, size_t err_size) {
+    errno = 0;
+    if (fflush(f) == 0 && !ferror(f)) return FSDP_OK;
+    snprintf(err, err_size, "cannot write %s: %s", name, errno ? strerror(errno) : "write error");
+    return FSDP_ERR_IO;
 }
 
-static void print_header(const train_config *cfg, const train_layout *layout, FILE *out,
-                         double first_loss) {
+/* One progress line and metrics record for the steps since the last one. */
+static fsdp_status report(const train_config *cfg, train_state *s, int64_t step, double loss,
+                          double samples_per_s, double elapsed, char *err, size_t err_size) {
+    if (s->out) {
+        int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
+        fprintf(s->out, "step %*lld/%lld  loss %.6f  samples/s %.0f  time %.2fs\n", digits,
+                (long long)step, (long long)cfg->train.steps, loss, samples_per_s, elapsed);
+        TRY(flush_checked(s->out, s->out_name, err, err_size));
+    }
+    if (s->metrics) {
+        fprintf(s->metrics,
+                "{\"step\": %lld, \"loss\": %.9g, \"samples_per_s\": %.1f, \"time_s\": %.6f}\n",
+                (long long)step, loss, samples_per_s, elapsed);
+        TRY(flush_checked(s->metrics, s->metrics_name, err, err_size));
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status print_header(const train_config *cfg, train_state *s, double first_loss,
+                                char *err, size_t err_size) {
     char mw[256], tw[256], lw[256];
     int64_t w[TRAIN_MAX_LIST];
     format_widths(cfg->model.widths.v, cfg->model.widths.n, mw, sizeof mw);
     format_widths(w, teacher_widths(cfg, w), tw, sizeof tw);
-    train_layout_describe(cfg, layout, lw, sizeof lw);
-    fprintf(out,
+    train_layout_describe(cfg, &s->layout, lw, sizeof lw);
+    fprintf(s->out,
             "fsdp-train %s: MLP %s (%s, %lld parameters), teacher %s, %lld samples, batch %lld, "
             "SGD lr %g momentum %g\n",
             FSDP_VERSION_STRING, mw, fsdp_activation_to_string(cfg->model.activation),
             (long long)mlp_param_count(&cfg->model.widths), tw, (long long)cfg->data.samples,
             (long long)cfg->data.batch_size, cfg->optim.lr, cfg->optim.momentum);
-    fprintf(out, "parallel: %s\n", lw);
-    if (cfg->log.level == FSDP_LOG_DEBUG) train_config_write(cfg, out);
+    fprintf(s->out, "parallel: %s\n", lw);
+    if (cfg->log.level == FSDP_LOG_DEBUG) train_config_write(cfg, s->out);
     int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
-    fprintf(out, "step %*d/%lld  loss %.6f  (whole dataset, before training)\n", digits, 0,
+    fprintf(s->out, "step %*d/%lld  loss %.6f  (whole dataset, before training)\n", digits, 0,
             (long long)cfg->train.steps, first_loss);
+    return flush_checked(s->out, s->out_name, err, err_size);
 }
 
-/* The run on one rank of the world (ctx bound to it). out: rank 0's progress stream or NULL;
- * metrics are written by rank 0. */
-static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layout *layout,
-                              FILE *out, train_result *res, char *err, size_t err_size) {
-    train_state s = {.layout = *layout};
-    const char *what = "";
-    bool rank0 = fsdp_ctx_rank(ctx) == 0;
-    fsdp_status st = train_setup(ctx, cfg, &s, &what);
-    if (st == FSDP_OK && rank0 && cfg->log.metrics[0] &&
-        !(s.metrics = fopen(cfg->log.metrics, "a"))) {
-        snprintf(err, err_size, "cannot open metrics file '%s' ([log] metrics, %s): %s",
-                 cfg->log.metrics, train_config_origin(cfg, "log", "metrics"), strerror(errno));
-        train_state_free(&s);
-        return FSDP_ERR_IO;
-    }
-    if (st == FSDP_OK) {
-        what = "evaluating the initial loss";
-        st = dataset_loss(ctx, &s, &res->first_loss);
-    }
-    if (st == FSDP_OK && out && rank0) print_header(cfg, layout, out, res->first_loss);
+/* Rank 0's metrics file, opened for appending. */
+static fsdp_status open_metrics(const train_config *cfg, train_state *s, char *err,
+                                size_t err_size) {
+    snprintf(s->metrics_name, sizeof s->metrics_name, "metrics file '%s' ([log] metrics, %s)",
+             cfg->log.metrics, train_config_origin(cfg, "log", "metrics"));
+    if ((s->metrics = fopen(cfg->log.metrics, "a"))) return FSDP_OK;
+    snprintf(err, err_size, "cannot open %s: %s", s->metrics_name, strerror(errno));
+    return FSDP_ERR_IO;
+}
 
-    /* The loop: no allocation in here. */
-    double t0 = now_seconds(), t_last = t0, loss_sum = 0;
+/* Closes the metrics file; its last write may fail only here. */
+static fsdp_status close_metrics(train_state *s, char *err, size_t err_size) {
+    fsdp_status st = flush_checked(s->metrics, s->metrics_name, err, err_size);
+    errno = 0;
+    if (fclose(s->metrics) != 0 && st == FSDP_OK) {
+        snprintf(err, err_size, "cannot write %s: %s", s->metrics_name,
+                 errno ? strerror(errno) : "write error");
+        st = FSDP_ERR_IO;
+    }
+    s->metrics = NULL;
+    return st;
+}
+
+/* A loss that is not finite: writes "<what>; lower <the keys that can have caused it>" into
+ * err. The keys are those the run uses: lr once a step was taken, weight_decay when not 0, the
+ * label noise when not 0; each with its value and origin. */
+static fsdp_status not_finite(const train_config *cfg, bool trained, char *err, size_t err_size,
+                              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static fsdp_status not_finite(const train_config *cfg, bool trained, char *err, size_t err_size,
+                              const char *fmt, ...) {
+    const char *keys[3][2];
+    int n = 0;
+    if (trained) keys[n][0] = "optim", keys[n++][1] = "lr";
+    if (trained && cfg->optim.weight_decay > 0) keys[n][0] = "optim", keys[n++][1] = "weight_decay";
+    if (cfg->data.noise > 0) keys[n][0] = "data", keys[n++][1] = "noise";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_size, fmt, ap);
+    va_end(ap);
+    if (n == 0)
+        train_append(err, err_size,
+                     "; the teacher's targets or the initial model overflow float32");
+    for (int i = 0; i < n; i++) {
+        char text[TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 64];
+        const char *sep = i == 0 ? "; lower " : i < n - 1 ? ", " : " or ";
+        train_append(err, err_size, "%s%s", sep,
+                     train_config_key_text(cfg, keys[i][0], keys[i][1], text, sizeof text));
+    }
+    return FSDP_ERR_STATE;
+}
+
+/* The steps, from t0 on. A failure of the tool's own (a loss that is not finite, output that
+ * cannot be written) is written into err; a library failure leaves err empty. */
+static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
+                              train_result *res, double t0, char *err, size_t err_size) {
+    double t_last = t0, loss_sum = 0;
     int64_t start = 0, since = 0;
-    what = "training";
-    for (int64_t step = 1; st == FSDP_OK && step <= cfg->train.steps; step++) {
+    /* no allocation in here */
+    for (int64_t step = 1; step <= cfg->train.steps; step++) {
         double loss = 0;
-        if ((st = train_step(ctx, cfg, &s, start, &loss))) break;
+        TRY(train_step(ctx, cfg, s, start, &loss));
         start = (start + cfg->data.batch_size) % cfg->data.samples;
-        if (!isfinite(loss)) { /* the same global loss on every rank: all stop here */
-            snprintf(err, err_size,
-                     "the loss became %g at step %lld; lower [optim] lr (now %g, %s)", loss,
-                     (long long)step, cfg->optim.lr, train_config_origin(cfg, "optim", "lr"));
-            train_state_free(&s);
-            return FSDP_ERR_STATE;
-        }
-        if ((st = fsdp_module_backward(ctx, s.model, s.dout, NULL)) /* no input gradient */ ||
-            (st = fsdp_optimizer_step(ctx, s.opt)))
-            break;
+        if (!isfinite(loss)) /* the same global loss on every rank: all stop here */
+            return not_finite(cfg, true, err, err_size, "the loss became %g at step %lld", loss,
+                              (long long)step);
+        TRY(fsdp_module_backward(ctx, s->model, s->dout, NULL)); /* no input gradient */
+        TRY(fsdp_optimizer_step(ctx, s->opt));
         res->steps = step;
         if (step <= TRAIN_TRACE_STEPS) res->step_loss[res->n_step_losses++] = loss;
         loss_sum += loss;
@@ -377,11 +420,39 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
         if (step % cfg->train.log_every == 0 || step == cfg->train.steps) {
             double t = now_seconds();
             double rate = (double)(since * cfg->data.batch_size) / fmax(t - t_last, 1e-9);
-            if (rank0) report(cfg, out, s.metrics, step, loss_sum / (double)since, rate, t - t0);
+            TRY(report(cfg, s, step, loss_sum / (double)since, rate, t - t0, err, err_size));
             t_last = t;
             loss_sum = 0;
             since = 0;
         }
+    }
+    return FSDP_OK;
+}
+
+/* The run on one rank of the world (ctx bound to it). out: rank 0's progress stream or NULL;
+ * metrics are written by rank 0. */
+static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layout *layout,
+                              FILE *out, train_result *res, char *err, size_t err_size) {
+    bool rank0 = fsdp_ctx_rank(ctx) == 0;
+    train_state s = {.layout = *layout,
+                     .out = rank0 ? out : NULL,
+                     .out_name = out == stdout ? "the progress to stdout" : "the progress output"};
+    const char *what = "";
+    err[0] = '\0';
+    fsdp_status st = train_setup(ctx, cfg, &s, &what);
+    if (st == FSDP_OK && rank0 && cfg->log.metrics[0]) st = open_metrics(cfg, &s, err, err_size);
+    if (st == FSDP_OK) {
+        what = "evaluating the initial loss";
+        st = dataset_loss(ctx, &s, &res->first_loss);
+    }
+    if (st == FSDP_OK && !isfinite(res->first_loss))
+        st = not_finite(cfg, false, err, err_size, "the whole-dataset loss before training is %g",
+                        res->first_loss);
+    if (st == FSDP_OK && s.out) st = print_header(cfg, &s, res->first_loss, err, err_size);
+    double t0 = now_seconds();
+    if (st == FSDP_OK) {
+        what = "training";
+        st = train_loop(ctx, cfg, &s, res, t0, err, err_size);
     }
     res->seconds = now_seconds() - t0;
     res->samples_per_s = (double)(res->steps * cfg->data.batch_size) / fmax(res->seconds, 1e-9);
@@ -389,16 +460,21 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
         what = "evaluating the final loss";
         st = dataset_loss(ctx, &s, &res->last_loss);
     }
-    if (st != FSDP_OK) {
-        snprintf(err, err_size, "%s: %s", what, fsdp_last_error(ctx));
-    } else if (out && rank0) {
-        fprintf(out,
+    if (st == FSDP_OK && !isfinite(res->last_loss)) /* the last update is checked only here */
+        st = not_finite(cfg, true, err, err_size,
+                        "the whole-dataset loss after training is %g (%g before): the update "
+                        "of step %lld diverged",
+                        res->last_loss, res->first_loss, (long long)res->steps);
+    if (st == FSDP_OK && s.metrics) st = close_metrics(&s, err, err_size);
+    if (st == FSDP_OK && s.out) {
+        fprintf(s.out,
                 "done: %lld steps in %.2fs (%.0f samples/s); whole-dataset loss %.6f -> %.6f, "
                 "%.1fx lower\n",
                 (long long)res->steps, res->seconds, res->samples_per_s, res->first_loss,
                 res->last_loss, res->first_loss / fmax(res->last_loss, 1e-30));
-        fflush(out);
+        st = flush_checked(s.out, s.out_name, err, err_size);
     }
+    if (st != FSDP_OK && !err[0]) snprintf(err, err_size, "%s: %s", what, fsdp_last_error(ctx));
     train_state_free(&s);
     return st;
 }
@@ -427,6 +503,17 @@ static fsdp_status rank_main(fsdp_ctx *ctx, int rank, void *user) {
         job->my_rank = rank;
         job->my_status = st;
     }
+    return st;
+}
+
+/* Under mpi, before anything else: the processes compare their configurations, which each
+ * read from its own command line and files (rank threads share one). */
+static fsdp_status agree_main(fsdp_ctx *ctx, int rank, void *user) {
+    train_job *job = user;
+    fsdp_status st = train_config_agree(
+        ctx, NULL, job->cfg, job->messages + (size_t)rank * TRAIN_ERROR_SIZE, TRAIN_ERROR_SIZE);
+    job->my_rank = rank;
+    job->my_status = st;
     return st;
 }
 
@@ -479,7 +566,21 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
     }
     int size = fsdp_world_size(world);
     train_job job = {.cfg = cfg, .out = out, .mpi = mpi, .my_rank = -1};
-    if (mpi && cfg->parallel.ranks > 0 && cfg->parallel.ranks != size) {
+    if (!(job.messages = calloc((size_t)size, TRAIN_ERROR_SIZE))) {
+        snprintf(err, err_size, "out of memory for the messages of %d ranks", size);
+        st = FSDP_ERR_OUT_OF_MEMORY;
+    }
+    if (st == FSDP_OK && mpi && size > 1 &&
+        (st = fsdp_world_run(ctx, world, agree_main, &job)) != FSDP_OK) {
+        /* every process has the same message: rank 0 tells it (result.rank) */
+        const char *mine =
+            job.my_rank >= 0 ? job.messages + (size_t)job.my_rank * TRAIN_ERROR_SIZE : "";
+        if (*mine)
+            snprintf(err, err_size, "%s", mine);
+        else
+            failure_message(ctx, world, &job, st, err, err_size);
+        if (result) result->rank = job.my_rank;
+    } else if (st == FSDP_OK && mpi && cfg->parallel.ranks > 0 && cfg->parallel.ranks != size) {
         snprintf(err, err_size,
                  "[parallel] ranks = %lld (%s), but mpirun started %d processes; under mpi the "
                  "process count decides: set ranks = 0 (or %d), or start %lld processes "
@@ -487,14 +588,11 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
                  (long long)cfg->parallel.ranks, train_config_origin(cfg, "parallel", "ranks"),
                  size, size, (long long)cfg->parallel.ranks, (long long)cfg->parallel.ranks);
         st = FSDP_ERR_CONFIG;
-    } else {
+    } else if (st == FSDP_OK) {
         st = train_layout_resolve(cfg, size, &job.layout, err, err_size);
     }
-    if (st == FSDP_OK && !(job.messages = calloc((size_t)size, TRAIN_ERROR_SIZE))) {
-        snprintf(err, err_size, "out of memory for the messages of %d ranks", size);
-        st = FSDP_ERR_OUT_OF_MEMORY;
-    }
     if (st == FSDP_OK) {
+        job.my_rank = -1;
         st = fsdp_world_run(ctx, world, rank_main, &job);
         if (st != FSDP_OK) failure_message(ctx, world, &job, st, err, err_size);
         if (result) *result = job.result;

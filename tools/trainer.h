@@ -18,7 +18,8 @@ typedef struct train_result {
     double samples_per_s; /* over the whole loop, global samples */
     train_layout layout;  /* how the ranks were laid out */
     /* The rank whose result this is: 0 under local; this process's rank under mpi (every rank
-     * computes the same global losses); -1 when no rank ran (the world could not be made). */
+     * computes the same global losses, and fails the same way when the processes' configurations
+     * differ); -1 when no rank ran (the world could not be made or laid out). */
     int rank;
     /* The global batch loss of steps 1, 2, ..., step_loss[0] being step 1's: the mean over the
      * whole batch, whatever the layout, for the first min(steps, TRAIN_TRACE_STEPS) steps. */
@@ -28,14 +29,19 @@ typedef struct train_result {
 
 /* Trains the model cfg describes on its synthetic teacher dataset, on the ranks [parallel]
  * asks for: it creates the world (local rank threads, or this process's rank of an MPI job),
- * lays it out (train_layout_resolve), runs every rank and frees the world. Each dp rank trains
- * on its slice of every batch; the losses are global. Rank 0 alone writes progress and
- * summary lines to `out` (NULL for none; only when log.level is info or debug) and JSON lines
- * to log.metrics. ctx (may be NULL) receives the library's message when the world cannot be
- * made. Every rank's context is seeded with train.seed, so any ctx gives the same run. On
- * failure returns the status and writes the message into err: the tool's own, or the
- * library's (fsdp_last_error) with what the trainer was doing, prefixed "rank R: " when the
- * world has several ranks. result (may be NULL) is filled on success and failure alike. */
+ * under mpi checks that every process has the same configuration (train_config_agree; when
+ * not, FSDP_ERR_STATE naming the first key that differs), lays it out (train_layout_resolve),
+ * runs every rank and frees the world. Each dp rank trains on its slice of every batch; the
+ * losses are global. Rank 0 alone writes progress and summary lines to `out` (NULL for none;
+ * only when log.level is info or debug) and JSON lines to log.metrics; a write that fails
+ * (checked at every flush, and when the metrics file is closed) fails the run with
+ * FSDP_ERR_IO. A global loss that is not finite, at a step or over the whole dataset before or
+ * after training, fails it with FSDP_ERR_STATE and advice naming the keys that can cause it.
+ * ctx (may be NULL) receives the library's message when the world cannot be made. Every
+ * rank's context is seeded with train.seed, so any ctx gives the same run. On failure returns
+ * the status and writes the message into err: the tool's own, or the library's
+ * (fsdp_last_error) with what the trainer was doing, prefixed "rank R: " when the world has
+ * several ranks. result (may be NULL) is filled on success and failure alike. */
 fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_result *result,
                       char *err, size_t err_size);
 
