@@ -205,6 +205,28 @@ int fsdp_ckpt_find(const fsdp_ckpt *ck, const char *name);
 fsdp_status fsdp_ckpt_read(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_state_region *region,
                            void *dst);
 
+/* The bytes piece k of tensor t takes on disk: its dataset in its shard file after compression
+ * and checksums (fsdp_ckpt_piece_get tells the file). FSDP_ERR_IO naming the file when the
+ * file or the dataset cannot be opened. */
+fsdp_status fsdp_ckpt_piece_stored_bytes(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, int k, int64_t *out);
+
+typedef struct fsdp_ckpt_export_options {
+    /* Default (false): parameters and buffers only, what PyTorch's model.state_dict() holds;
+     * true adds the optimizer state ("optim/<param>/<kind>"). */
+    bool with_optim;
+    /* 0 (default): datasets stored raw; 1..19: zstd at that level (filter 32015, which other
+     * HDF5 programs read through the plugin libh5zstd.so). */
+    int zstd_level;
+} fsdp_ckpt_export_options;
+
+/* Writes the checkpoint as one unsharded HDF5 file at path (truncating): one dataset per
+ * tensor, named as the tensor ('/' in a name makes groups: "optim/net1.weight/exp_avg"), with
+ * its global shape; f32 as IEEE float32, bf16 as uint16 with the string attribute
+ * dtype = "bf16". Reads one tensor at a time (memory: the largest tensor). opts may be NULL
+ * for the defaults. On failure the partial file is removed. */
+fsdp_status fsdp_ckpt_export_h5(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
+                                const fsdp_ckpt_export_options *opts);
+
 typedef struct fsdp_ckpt_load_options {
     /* Default (false, strict): a tensor of the state missing from the checkpoint, or one in
      * the checkpoint the state lacks, is an error naming it. Non-strict: missing tensors keep

@@ -10,6 +10,7 @@
 #include "ckpt/dir.h"
 #include "ckpt/h5.h"
 #include "ckpt/state_impl.h"
+#include "ckpt/zstd_filter.h"
 #include "core/error.h"
 
 fsdp_status fsdp_ckpt_open(fsdp_ctx *ctx, const char *path, fsdp_ckpt **out) {
@@ -111,14 +112,36 @@ fsdp_status fsdp_ckpt_piece_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, int k
     return FSDP_OK;
 }
 
-/* The shard file of rank r, opened once (call with the HDF5 lock held). */
+/* The shard file of rank r, opened once (call with the HDF5 lock held). A process that only
+ * reads (never saved) must register the zstd filter before it reads a compressed dataset. */
 static fsdp_status shard_file(fsdp_ctx *ctx, fsdp_ckpt *ck, int r, hid_t *out) {
     if (ck->files[r] < 0) {
+        FSDP_TRY(fsdp_zstd_filter_register(ctx));
         char path[4200];
         ckpt_shard_path(ck->path, r, path, sizeof path);
         FSDP_TRY(h5_open(ctx, path, &ck->files[r]));
     }
     *out = ck->files[r];
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_ckpt_piece_stored_bytes(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, int k, int64_t *out) {
+    fsdp_ckpt_piece p;
+    FSDP_TRY(fsdp_ckpt_piece_get(ctx, ck, t, k, &p));
+    if (!out)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_piece_stored_bytes: NULL");
+    const char *name = ck->meta.tensors[t].name;
+    char ds[FSDP_STATE_NAME_MAX + 32];
+    ckpt_piece_dataset(name, p.id, ds, sizeof ds);
+    h5_lock();
+    hid_t file;
+    fsdp_status s = shard_file(ctx, ck, p.file_rank, &file);
+    *out = s == FSDP_OK ? h5_stored_bytes(file, ds) : -1;
+    h5_unlock();
+    FSDP_TRYF(ctx, s, "tensor '%s'", name);
+    if (*out < 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_IO, "checkpoint '%s': shard-%05d.h5 has no dataset '%s'",
+                         ck->path, p.file_rank, ds);
     return FSDP_OK;
 }
 

@@ -1,0 +1,467 @@
+/* test_ckpt_tool.c: the fsdp-ckpt tool on checkpoints of a small MLP saved at a 2x2 layout:
+ * inspect lists every tensor with its shape; verify passes, and names the tensor of a flipped
+ * byte; diff finds no difference with itself and one with more training; export to .h5 (read
+ * back by h5dump when installed) and to .safetensors (parsed here) holds fsdp_ckpt_read's
+ * values. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup, popen */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "harness.h"
+
+#define SEED   5
+#define BATCH  12
+#define IN_DIM 10
+#define LR     1e-2
+
+/* ---- saving a checkpoint at 2x2 (dp=2 FULL_SHARD, tp=2), as test_ckpt.c does ---- */
+
+typedef struct job {
+    bool raw; /* uncompressed: the flipped-byte case finds values in the file */
+    const char *save;
+    int64_t steps;
+} job;
+
+typedef struct run {
+    fsdp_mesh *mesh;
+    fsdp_module *model;
+    fsdp_sharded *sh;
+    fsdp_optimizer *opt;
+    fsdp_state *state;
+    fsdp_tensor *x, *y, *dout;
+    int dp_index;
+} run;
+
+static void run_free(run *r) {
+    fsdp_state_free(r->state);
+    fsdp_optimizer_free(r->opt);
+    fsdp_sharded_free(r->sh);
+    fsdp_module_free(r->model);
+    fsdp_tensor_free(r->x);
+    fsdp_tensor_free(r->y);
+    fsdp_tensor_free(r->dout);
+    fsdp_mesh_free(r->mesh);
+}
+
+static fsdp_status build(fsdp_ctx *ctx, run *r) {
+    fsdp_group *dp;
+    fsdp_mesh *tp;
+    FSDP_TRY(fsdp_mesh_create(ctx, 2, (int[]){2, 2}, (const char *[]){"dp", "tp"}, &r->mesh));
+    FSDP_TRY(fsdp_mesh_get_group(ctx, r->mesh, "dp", &dp));
+    r->dp_index = fsdp_mesh_coordinate(r->mesh, 0);
+    FSDP_TRY(fsdp_model_mlp_stacked(ctx, 2, &r->model));
+    FSDP_TRY(fsdp_module_reset_parameters(ctx, r->model, SEED));
+    FSDP_TRY(fsdp_mesh_dim(ctx, r->mesh, "tp", &tp));
+    fsdp_tp_plan_entry plan[] = {{"layers.*.net1", FSDP_COLWISE()},
+                                 {"layers.*.net2", FSDP_ROWWISE()}};
+    FSDP_TRY(fsdp_tp_parallelize(ctx, r->model, tp, 2, plan, NULL));
+    const char *paths[] = {"layers.0", "layers.1"};
+    fsdp_fully_shard_options o = {
+        .strategy = FSDP_FULL_SHARD, .group = dp, .wrap_paths = paths, .n_wrap_paths = 2};
+    FSDP_TRY(fsdp_fully_shard(ctx, r->model, &o, &r->sh));
+    FSDP_TRY(fsdp_adam_create(ctx, fsdp_sharded_flat_params(r->sh), &(fsdp_adam_options){.lr = LR},
+                              &r->opt));
+    fsdp_state_sources src = {.model = r->model, .sharded = r->sh, .optimizer = r->opt};
+    return fsdp_state_create(ctx, &src, &r->state);
+}
+
+static fsdp_status batch(fsdp_ctx *ctx, run *r, int64_t s) {
+    int64_t off, len;
+    fsdp_chunk_range(BATCH, 2, r->dp_index, &off, &len);
+    fsdp_tensor_free(r->x);
+    fsdp_tensor_free(r->y);
+    r->x = r->y = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){len, IN_DIM}, &r->x));
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){len, IN_DIM}, &r->y));
+    fsdp_init u = {.kind = FSDP_INIT_UNIFORM, .a = -1.0f, .b = 1.0f};
+    int64_t shape[2] = {BATCH, IN_DIM}, start[2] = {off, 0};
+    FSDP_TRY(fsdp_init_block(ctx, r->x, &u, 100 + (uint64_t)s, 1, 2, shape, start));
+    return fsdp_init_block(ctx, r->y, &u, 100 + (uint64_t)s, 2, 2, shape, start);
+}
+
+static fsdp_status train(fsdp_ctx *ctx, run *r, int64_t steps) {
+    for (int64_t s = 0; s < steps; s++) {
+        FSDP_TRY(batch(ctx, r, s));
+        const fsdp_tensor *out;
+        FSDP_TRY(fsdp_module_forward(ctx, r->model, r->x, &out));
+        if (!r->dout) FSDP_TRY(fsdp_tensor_create_like(ctx, out, &r->dout));
+        FSDP_TRY(fsdp_tensor_resize(ctx, r->dout, 2, fsdp_tensor_shape(out)));
+        float loss;
+        FSDP_TRY(fsdp_loss_mse(ctx, out, r->y, &loss, r->dout));
+        FSDP_TRY(fsdp_module_backward(ctx, r->model, r->dout, NULL));
+        FSDP_TRY(fsdp_optimizer_step(ctx, r->opt));
+        FSDP_TRY(fsdp_optimizer_zero_grad(ctx, r->opt));
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status job_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)rank;
+    const job *jb = user;
+    run r = {0};
+    fsdp_ckpt_writer *w = NULL;
+    fsdp_ckpt_options wo = {.zstd_level = jb->raw ? FSDP_CKPT_NO_COMPRESSION : 0};
+    fsdp_status s = build(ctx, &r);
+    if (s == FSDP_OK) s = fsdp_ckpt_writer_create(ctx, jb->save, &wo, &w);
+    if (s == FSDP_OK) s = train(ctx, &r, jb->steps);
+    fsdp_ckpt_meta meta = {.step = jb->steps, .layout = "2x2 FULL_SHARD"};
+    if (s == FSDP_OK) s = fsdp_ckpt_save(ctx, w, r.state, &meta);
+    fsdp_ckpt_writer_free(ctx, w);
+    run_free(&r);
+    return s;
+}
+
+/* Trains `steps` at 2x2 and saves into root/name; returns the checkpoint's path (malloc'ed). */
+static char *save_2x2(const char *root, const char *name, int64_t steps, bool raw) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", root, name);
+    job jb = {.raw = raw, .save = dir, .steps = steps};
+    FSDP_TEST_OK(fsdp_test_run_world(4, 0, job_rank, &jb));
+    char *p = NULL;
+    FSDP_TEST_OK(fsdp_ckpt_latest(fsdp_test_ctx(), dir, &p));
+    return p;
+}
+
+static char *tmp_root(void) {
+    char tmpl[] = "/tmp/fsdp-ckpt-tool-test-XXXXXX";
+    char *d = mkdtemp(tmpl);
+    return d ? strdup(d) : NULL;
+}
+
+static void remove_tree(const char *dir) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+/* ---- running the tool ---- */
+
+static int run_capture(const char *cmd, char **out) {
+    FILE *p = popen(cmd, "r");
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (!p || !buf) abort();
+    size_t got;
+    while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += got;
+        if (len + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    buf[len] = '\0';
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Runs `fsdp-ckpt ARGS` (stdout and stderr together into *out, malloc'ed); returns the exit
+ * status. */
+static int tool(char **out, const char *fmt, ...) {
+    char args[2048], cmd[2600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", FSDP_CKPT_EXE, args);
+    return run_capture(cmd, out);
+}
+
+/* The line of text that starts with `name` followed by a space. */
+static const char *line_of(const char *text, const char *name) {
+    size_t n = strlen(name);
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, name, n) && l[n] == ' ') return l;
+    return NULL;
+}
+
+/* Tensor t of ck read whole (f32), malloc'ed; *n receives its elements. */
+static float *read_tensor(fsdp_ckpt *ck, int t, int64_t *n) {
+    fsdp_ckpt_tensor x;
+    FSDP_TEST_OK(fsdp_ckpt_tensor_get(fsdp_test_ctx(), ck, t, &x));
+    fsdp_state_region all = {.ndim = x.ndim};
+    *n = 1;
+    for (int d = 0; d < x.ndim; d++) *n *= all.count[d] = x.shape[d];
+    float *v = malloc((size_t)*n * 4 + 4);
+    FSDP_TEST_OK(fsdp_ckpt_read(fsdp_test_ctx(), ck, t, &all, v));
+    return v;
+}
+
+static int64_t numel_of(const fsdp_state_region *r) {
+    int64_t n = 1;
+    for (int d = 0; d < r->ndim; d++) n *= r->count[d];
+    return n;
+}
+
+/* Flips a byte of the stored values of the first piece of file rank 1 with at least 4
+ * elements, found by its first 8 bytes in the uncompressed file (as test_ckpt.c does).
+ * Returns the tensor's name (malloc'ed) or NULL. */
+static char *flip_value_byte(const char *path) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_ckpt *ck;
+    if (fsdp_ckpt_open(ctx, path, &ck) != FSDP_OK) return NULL;
+    char *name = NULL;
+    for (int t = 0; !name && t < fsdp_ckpt_num_tensors(ck); t++) {
+        fsdp_ckpt_tensor ti;
+        fsdp_ckpt_tensor_get(ctx, ck, t, &ti);
+        for (int k = 0; !name && k < ti.n_pieces; k++) {
+            fsdp_ckpt_piece p;
+            fsdp_ckpt_piece_get(ctx, ck, t, k, &p);
+            if (p.file_rank != 1 || numel_of(&p.region) < 4) continue;
+            float *v = malloc((size_t)numel_of(&p.region) * 4);
+            fsdp_ckpt_read(ctx, ck, t, &p.region, v);
+            char file[700];
+            snprintf(file, sizeof file, "%s/shard-00001.h5", path);
+            FILE *f = fopen(file, "r+b");
+            fseek(f, 0, SEEK_END);
+            long size = ftell(f);
+            unsigned char *bytes = malloc((size_t)size);
+            fseek(f, 0, SEEK_SET);
+            if (fread(bytes, 1, (size_t)size, f) == (size_t)size)
+                for (long i = 0; i + 8 <= size; i++)
+                    if (!memcmp(bytes + i, v, 8)) {
+                        fseek(f, i + 1, SEEK_SET);
+                        fputc(bytes[i + 1] ^ 0x5a, f);
+                        name = strdup(ti.name);
+                        break;
+                    }
+            fclose(f);
+            free(bytes);
+            free(v);
+        }
+    }
+    fsdp_ckpt_close(ck);
+    return name;
+}
+
+/* ---- the cases ---- */
+
+/* inspect lists every tensor with its global shape, by checkpoint and by root directory. */
+static void test_inspect(void) {
+    char *root = tmp_root(), *path = save_2x2(root, "c", 2, false), *out;
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_ckpt *ck;
+    FSDP_TEST_OK(fsdp_ckpt_open(ctx, path, &ck));
+    CU_ASSERT_EQUAL(tool(&out, "inspect '%s'", path), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "2x2 FULL_SHARD"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "saved world size: 4"));
+    for (int t = 0; t < fsdp_ckpt_num_tensors(ck); t++) {
+        fsdp_ckpt_tensor x;
+        fsdp_ckpt_tensor_get(ctx, ck, t, &x);
+        char shape[128] = "(";
+        for (int d = 0; d < x.ndim; d++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", d ? ", " : "",
+                     (long long)x.shape[d]);
+        strcat(shape, ")");
+        const char *line = line_of(out, x.name);
+        CU_ASSERT_PTR_NOT_NULL(line);
+        const char *end = line ? strchr(line, '\n') : NULL;
+        const char *at = line ? strstr(line, shape) : NULL;
+        CU_ASSERT_TRUE(at && (!end || at < end));
+        if (!line || !at || (end && at > end))
+            fprintf(stderr, "\n  %s %s not in:\n%s", x.name, shape, out);
+    }
+    free(out);
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/c", root);
+    CU_ASSERT_EQUAL(tool(&out, "inspect '%s'", dir), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "total:"));
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "inspect '%s/nothing'", root), 1);
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "inspect"), 2);
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "inspect --help"), 0);
+    free(out);
+    fsdp_ckpt_close(ck);
+    remove_tree(root);
+    free(path);
+    free(root);
+}
+
+/* verify passes on a good checkpoint; names the tensor of a flipped byte; refuses a checkpoint
+ * without its commit marker. */
+static void test_verify(void) {
+    char *root = tmp_root(), *path = save_2x2(root, "c", 2, true), *out;
+    CU_ASSERT_EQUAL(tool(&out, "verify '%s'", path), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "ok: "));
+    free(out);
+    char file[700], moved[700];
+    snprintf(file, sizeof file, "%s/commit", path);
+    snprintf(moved, sizeof moved, "%s/commit.moved", root);
+    CU_ASSERT_EQUAL(rename(file, moved), 0);
+    CU_ASSERT_EQUAL(tool(&out, "verify '%s'", path), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "commit"));
+    free(out);
+    CU_ASSERT_EQUAL(rename(moved, file), 0);
+    char *flipped = flip_value_byte(path);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(flipped);
+    CU_ASSERT_EQUAL(tool(&out, "verify '%s'", path), 1);
+    char want[300];
+    snprintf(want, sizeof want, "tensor '%s'", flipped);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+    if (!strstr(out, want)) fprintf(stderr, "\n  no \"%s\" in:\n%s", want, out);
+    free(out);
+    free(flipped);
+    remove_tree(root);
+    free(path);
+    free(root);
+}
+
+/* diff: a checkpoint against itself is the same; against more training it differs, unless
+ * the tolerance covers it. */
+static void test_diff(void) {
+    char *root = tmp_root(), *a = save_2x2(root, "a", 2, false), *b = save_2x2(root, "b", 3, false);
+    char *out;
+    CU_ASSERT_EQUAL(tool(&out, "diff '%s' '%s'", a, a), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "same: 0 tensors differ"));
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "diff '%s' '%s'", a, b), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "DIFFERS"));
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "diff '%s' '%s' --atol 1e30", a, b), 0);
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "diff '%s' '%s' --rtol x", a, b), 2);
+    free(out);
+    remove_tree(root);
+    free(a);
+    free(b);
+    free(root);
+}
+
+/* Parses h5dump's DATA block: the numbers after "DATA {", skipping "(i,j):" indices. */
+static int64_t parse_h5dump(const char *text, float *out, int64_t max) {
+    const char *p = strstr(text, "DATA {");
+    if (!p) return -1;
+    p += 6;
+    int64_t n = 0;
+    while (*p && *p != '}' && n < max) {
+        if (*p == '(') {
+            p = strchr(p, ')');
+            if (!p) return -1;
+            p += 2; /* "):" */
+            continue;
+        }
+        char *end;
+        double v = strtod(p, &end);
+        if (end == p) {
+            p++;
+            continue;
+        }
+        out[n++] = (float)v;
+        p = end;
+    }
+    return n;
+}
+
+/* export to .h5: h5dump reads the values fsdp_ckpt_read gives; optimizer state only with
+ * --with-optim. */
+static void test_export_h5(void) {
+    char *root = tmp_root(), *path = save_2x2(root, "c", 2, false), *out;
+    char file[700], cmd[1600];
+    snprintf(file, sizeof file, "%s/model.h5", root);
+    CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s'", path, file), 0);
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s.txt'", path, file), 2);
+    free(out);
+    fsdp_ckpt *ck;
+    FSDP_TEST_OK(fsdp_ckpt_open(fsdp_test_ctx(), path, &ck));
+    int t = fsdp_ckpt_find(ck, "layers.0.net1.weight");
+    CU_ASSERT_TRUE_FATAL(t >= 0);
+    int64_t n;
+    float *want = read_tensor(ck, t, &n);
+    if (system("h5dump --version > /dev/null 2>&1") != 0) {
+        fprintf(stderr, "\n  h5dump not found: skipping the h5dump check of the export\n");
+    } else {
+        snprintf(cmd, sizeof cmd, "h5dump -m %%.9g -d /layers.0.net1.weight '%s'", file);
+        CU_ASSERT_EQUAL(run_capture(cmd, &out), 0);
+        float *got = malloc((size_t)n * 4 + 4);
+        CU_ASSERT_EQUAL(parse_h5dump(out, got, n), n);
+        CU_ASSERT_EQUAL(memcmp(got, want, (size_t)n * 4), 0);
+        free(got);
+        free(out);
+        snprintf(cmd, sizeof cmd, "h5dump -n '%s'", file);
+        CU_ASSERT_EQUAL(run_capture(cmd, &out), 0);
+        CU_ASSERT_PTR_NULL(strstr(out, "exp_avg"));
+        free(out);
+        snprintf(file, sizeof file, "%s/all.h5", root);
+        CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s' --with-optim", path, file), 0);
+        free(out);
+        snprintf(cmd, sizeof cmd, "h5dump -n '%s'", file);
+        CU_ASSERT_EQUAL(run_capture(cmd, &out), 0);
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "/optim/layers.0.net1.weight/exp_avg"));
+        free(out);
+    }
+    free(want);
+    fsdp_ckpt_close(ck);
+    remove_tree(root);
+    free(path);
+    free(root);
+}
+
+/* export to .safetensors: the header names every parameter with offsets that tile the data,
+ * and a tensor's bytes are fsdp_ckpt_read's. */
+static void test_export_safetensors(void) {
+    char *root = tmp_root(), *path = save_2x2(root, "c", 2, false), *out;
+    char file[700];
+    snprintf(file, sizeof file, "%s/model.safetensors", root);
+    CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s'", path, file), 0);
+    free(out);
+    FILE *f = fopen(file, "rb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *bytes = malloc((size_t)size + 1);
+    CU_ASSERT_EQUAL_FATAL(fread(bytes, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)bytes[i] << (8 * i);
+    CU_ASSERT_TRUE_FATAL(hlen % 8 == 0 && 8 + hlen <= (uint64_t)size);
+    char *header = strndup((const char *)bytes + 8, hlen);
+    const unsigned char *data = bytes + 8 + hlen;
+    CU_ASSERT_PTR_NULL(strstr(header, "exp_avg"));
+    fsdp_ckpt *ck;
+    FSDP_TEST_OK(fsdp_ckpt_open(fsdp_test_ctx(), path, &ck));
+    int64_t total = 0;
+    for (int t = 0; t < fsdp_ckpt_num_tensors(ck); t++) {
+        fsdp_ckpt_tensor x;
+        fsdp_ckpt_tensor_get(fsdp_test_ctx(), ck, t, &x);
+        if (x.kind == FSDP_STATE_OPTIM) continue;
+        char key[300];
+        snprintf(key, sizeof key, "\"%s\":", x.name);
+        const char *at = strstr(header, key);
+        CU_ASSERT_PTR_NOT_NULL(at);
+        const char *offs = at ? strstr(at, "\"data_offsets\":[") : NULL;
+        long long b = -1, e = -1;
+        CU_ASSERT_TRUE(offs && sscanf(offs, "\"data_offsets\":[%lld,%lld]", &b, &e) == 2);
+        int64_t n;
+        float *want = read_tensor(ck, t, &n);
+        CU_ASSERT_EQUAL(e - b, n * 4);
+        CU_ASSERT_TRUE(e <= size - 8 - (long long)hlen);
+        if (b >= 0 && e - b == n * 4 && e <= size - 8 - (long long)hlen)
+            CU_ASSERT_EQUAL(memcmp(data + b, want, (size_t)n * 4), 0);
+        total += n * 4;
+        free(want);
+    }
+    CU_ASSERT_EQUAL(total, size - 8 - (long)hlen); /* the ranges tile the data */
+    fsdp_ckpt_close(ck);
+    CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s' --compress zstd", path, file), 2);
+    free(out);
+    free(header);
+    free(bytes);
+    remove_tree(root);
+    free(path);
+    free(root);
+}
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"inspect", test_inspect},
+        {"verify", test_verify},
+        {"diff", test_diff},
+        {"export_h5", test_export_h5},
+        {"export_safetensors", test_export_safetensors},
+    };
+    return fsdp_test_run(argc, argv, "ckpt_tool", cases, sizeof cases / sizeof cases[0]);
+}

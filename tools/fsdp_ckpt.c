@@ -1,0 +1,514 @@
+/* fsdp_ckpt.c: fsdp-ckpt, the checkpoint tool: inspect (metadata and per-tensor sizes), verify
+ * (read every piece, checking checksums), diff (two checkpoints, any layouts) and export (one
+ * unsharded .h5 or .safetensors file). docs/checkpoint.md, "fsdp-ckpt".
+ * Exit status: 0 success, 1 the command failed (or found a difference), 2 bad command line. */
+#define _POSIX_C_SOURCE 200809L /* strdup */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "fsdp/fsdp.h"
+
+enum { EXIT_OK = 0, EXIT_FAILED = 1, EXIT_USAGE = 2 };
+
+/* ---- shared ---- */
+
+static const char *const usage_main =
+    "usage: fsdp-ckpt COMMAND [ARGS]\n"
+    "\n"
+    "Commands (each takes --help):\n"
+    "  inspect DIR          metadata and the tensors with their stored sizes\n"
+    "  verify DIR           read every piece, checking the checksums\n"
+    "  diff A B             compare two checkpoints tensor by tensor (any layouts)\n"
+    "  export DIR --out F   write one unsharded F.h5 or F.safetensors\n"
+    "\n"
+    "DIR is a checkpoint directory (step-XXXXXXXX) or a directory of checkpoints, whose newest\n"
+    "committed one is taken.\n"
+    "Exit status: 0 success, 1 failure (or a difference), 2 bad command line.\n";
+
+static bool is_help(const char *a) {
+    return !strcmp(a, "--help") || !strcmp(a, "-h");
+}
+
+static bool file_exists(const char *dir, const char *name) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* Opens DIR: a checkpoint itself (it has metadata.h5) or the newest under a root. Prints the
+ * problem and its fix on failure. */
+static fsdp_ckpt *open_arg(fsdp_ctx *ctx, const char *cmd, const char *arg) {
+    char *path = NULL;
+    if (file_exists(arg, "metadata.h5")) {
+        path = strdup(arg);
+    } else if (fsdp_ckpt_latest(ctx, arg, &path) != FSDP_OK) {
+        fprintf(stderr,
+                "fsdp-ckpt %s: '%s' is neither a checkpoint (no metadata.h5) nor a directory "
+                "holding a committed step-XXXXXXXX: %s\n  pass a checkpoint directory or the "
+                "directory a run saved into\n",
+                cmd, arg, fsdp_last_error(ctx));
+        return NULL;
+    }
+    fsdp_ckpt *ck = NULL;
+    if (!path || fsdp_ckpt_open(ctx, path, &ck) != FSDP_OK) {
+        fprintf(stderr, "fsdp-ckpt %s: %s\n", cmd, path ? fsdp_last_error(ctx) : "out of memory");
+        if (path && file_exists(path, "metadata.h5") && !file_exists(path, "commit"))
+            fprintf(stderr,
+                    "  the save never committed (interrupted?): use an earlier step, or the "
+                    "root directory to take the newest committed one\n");
+        ck = NULL;
+    }
+    free(path);
+    return ck;
+}
+
+static void shape_text(int ndim, const int64_t *shape, char *buf, size_t size) {
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int d = 0; d < ndim && used < size; d++)
+        used +=
+            (size_t)snprintf(buf + used, size - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (used < size) snprintf(buf + used, size - used, ")");
+}
+
+static int64_t tensor_numel(const fsdp_ckpt_tensor *x) {
+    int64_t n = 1;
+    for (int d = 0; d < x->ndim; d++) n *= x->shape[d];
+    return n;
+}
+
+/* Tensor t read whole into a malloc'ed buffer (NULL on failure, the message in ctx). */
+static void *read_whole(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_ckpt_tensor *x) {
+    fsdp_state_region all = {.ndim = x->ndim};
+    for (int d = 0; d < x->ndim; d++) all.count[d] = x->shape[d];
+    void *buf = malloc((size_t)tensor_numel(x) * fsdp_dtype_size(x->dtype) + 1);
+    if (buf && fsdp_ckpt_read(ctx, ck, t, &all, buf) == FSDP_OK) return buf;
+    free(buf);
+    return NULL;
+}
+
+/* ---- inspect ---- */
+
+static const char *const usage_inspect =
+    "usage: fsdp-ckpt inspect DIR\n"
+    "Prints the checkpoint's step, optimizer steps, saved world size, layout and library\n"
+    "version, then one line per tensor: name, global shape, dtype, pieces, raw bytes, stored\n"
+    "bytes (on disk, after compression) and their ratio, then the totals.\n";
+
+static int cmd_inspect(fsdp_ctx *ctx, int argc, char **argv) {
+    if (argc == 2 && is_help(argv[1])) return printf("%s", usage_inspect), EXIT_OK;
+    if (argc != 2) return fprintf(stderr, "%s", usage_inspect), EXIT_USAGE;
+    fsdp_ckpt *ck = open_arg(ctx, "inspect", argv[1]);
+    if (!ck) return EXIT_FAILED;
+    printf("step:             %lld\n", (long long)fsdp_ckpt_step(ck));
+    printf("optimizer steps:  %lld\n", (long long)fsdp_ckpt_optim_steps(ck));
+    printf("saved world size: %d\n", fsdp_ckpt_world_size(ck));
+    printf("layout:           %s\n", *fsdp_ckpt_layout(ck) ? fsdp_ckpt_layout(ck) : "-");
+    printf("library version:  %s\n\n", fsdp_ckpt_library_version(ck));
+    int n = fsdp_ckpt_num_tensors(ck), width = 4;
+    for (int t = 0; t < n; t++) {
+        fsdp_ckpt_tensor x;
+        fsdp_ckpt_tensor_get(ctx, ck, t, &x);
+        int len = (int)strlen(x.name);
+        width = len > width ? len : width;
+    }
+    printf("%-*s  %-16s %-5s %6s %12s %12s %6s\n", width, "name", "shape", "dtype", "pieces", "raw",
+           "stored", "ratio");
+    int64_t raw_total = 0, stored_total = 0, pieces = 0;
+    int rc = EXIT_OK;
+    for (int t = 0; t < n && rc == EXIT_OK; t++) {
+        fsdp_ckpt_tensor x;
+        fsdp_ckpt_tensor_get(ctx, ck, t, &x);
+        int64_t raw = tensor_numel(&x) * (int64_t)fsdp_dtype_size(x.dtype), stored = 0;
+        for (int k = 0; k < x.n_pieces && rc == EXIT_OK; k++) {
+            int64_t b;
+            if (fsdp_ckpt_piece_stored_bytes(ctx, ck, t, k, &b) != FSDP_OK) {
+                fprintf(stderr, "fsdp-ckpt inspect: %s\n  run `fsdp-ckpt verify` on it\n",
+                        fsdp_last_error(ctx));
+                rc = EXIT_FAILED;
+            }
+            stored += b;
+        }
+        char shape[128];
+        shape_text(x.ndim, x.shape, shape, sizeof shape);
+        printf("%-*s  %-16s %-5s %6d %12lld %12lld %6.2f\n", width, x.name, shape,
+               fsdp_dtype_to_string(x.dtype), x.n_pieces, (long long)raw, (long long)stored,
+               stored ? (double)raw / (double)stored : 0.0);
+        raw_total += raw, stored_total += stored, pieces += x.n_pieces;
+    }
+    if (rc == EXIT_OK)
+        printf("\ntotal: %d tensors, %lld pieces, %lld raw bytes, %lld stored bytes, ratio %.2f\n",
+               n, (long long)pieces, (long long)raw_total, (long long)stored_total,
+               stored_total ? (double)raw_total / (double)stored_total : 0.0);
+    fsdp_ckpt_close(ck);
+    return rc;
+}
+
+/* ---- verify ---- */
+
+static const char *const usage_verify =
+    "usage: fsdp-ckpt verify DIR\n"
+    "Checks the metadata and that the pieces tile every tensor (as loading does), then reads\n"
+    "every piece in full, which checks each chunk's Fletcher32 checksum and zstd frame.\n"
+    "Prints \"ok: N tensors, M pieces, B bytes verified\", or names each failing tensor and\n"
+    "exits 1. A directory without its commit marker (an interrupted save) fails.\n";
+
+static int cmd_verify(fsdp_ctx *ctx, int argc, char **argv) {
+    if (argc == 2 && is_help(argv[1])) return printf("%s", usage_verify), EXIT_OK;
+    if (argc != 2) return fprintf(stderr, "%s", usage_verify), EXIT_USAGE;
+    fsdp_ckpt *ck = open_arg(ctx, "verify", argv[1]);
+    if (!ck) return EXIT_FAILED;
+    int n = fsdp_ckpt_num_tensors(ck), bad = 0;
+    int64_t pieces = 0, bytes = 0;
+    for (int t = 0; t < n; t++) {
+        fsdp_ckpt_tensor x;
+        fsdp_ckpt_tensor_get(ctx, ck, t, &x);
+        for (int k = 0; k < x.n_pieces; k++) {
+            fsdp_ckpt_piece p;
+            fsdp_ckpt_piece_get(ctx, ck, t, k, &p);
+            int64_t numel = 1;
+            for (int d = 0; d < p.region.ndim; d++) numel *= p.region.count[d];
+            size_t size = (size_t)numel * fsdp_dtype_size(x.dtype);
+            void *buf = malloc(size + 1);
+            if (!buf || fsdp_ckpt_read(ctx, ck, t, &p.region, buf) != FSDP_OK) {
+                fprintf(stderr, "fsdp-ckpt verify: tensor '%s', piece %d (shard-%05d.h5): %s\n",
+                        x.name, k, p.file_rank, buf ? fsdp_last_error(ctx) : "out of memory");
+                bad++;
+                free(buf);
+                break;
+            }
+            free(buf);
+            pieces++, bytes += (int64_t)size;
+        }
+    }
+    fsdp_ckpt_close(ck);
+    if (bad) {
+        fprintf(stderr,
+                "fsdp-ckpt verify: %d of %d tensors failed; the checkpoint is damaged: resume "
+                "from an earlier one\n",
+                bad, n);
+        return EXIT_FAILED;
+    }
+    printf("ok: %d tensors, %lld pieces, %lld bytes verified\n", n, (long long)pieces,
+           (long long)bytes);
+    return EXIT_OK;
+}
+
+/* ---- diff ---- */
+
+static const char *const usage_diff =
+    "usage: fsdp-ckpt diff A B [--rtol R] [--atol T]\n"
+    "Compares every tensor of A and B (whole global tensors, so any two layouts): prints the\n"
+    "max absolute and max relative difference per tensor, and the tensors only one side has.\n"
+    "An element differs when |a - b| > atol + rtol * |b|; with both 0 (the default) any bit\n"
+    "differs. Exit 1 when a tensor differs, has another shape or dtype, or is missing.\n";
+
+static float value_at(const void *buf, fsdp_dtype dtype, int64_t i) {
+    if (dtype == FSDP_DTYPE_BF16) {
+        uint32_t bits = (uint32_t)((const uint16_t *)buf)[i] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    return ((const float *)buf)[i];
+}
+
+typedef struct diff_result {
+    double max_abs, max_rel;
+    int64_t n_bad;
+} diff_result;
+
+static diff_result compare(const void *a, const void *b, fsdp_dtype dtype, int64_t n, double rtol,
+                           double atol) {
+    diff_result r = {0};
+    size_t size = fsdp_dtype_size(dtype);
+    for (int64_t i = 0; i < n; i++) {
+        if (!memcmp((const char *)a + i * (int64_t)size, (const char *)b + i * (int64_t)size, size))
+            continue;
+        double va = value_at(a, dtype, i), vb = value_at(b, dtype, i), d = fabs(va - vb);
+        double rel = vb != 0.0 ? d / fabs(vb) : (d != 0.0 ? INFINITY : 0.0);
+        if (isnan(d)) d = rel = INFINITY;
+        r.max_abs = fmax(r.max_abs, d), r.max_rel = fmax(r.max_rel, rel);
+        bool bitwise = rtol == 0.0 && atol == 0.0;
+        if (bitwise || !(d <= atol + rtol * fabs(vb))) r.n_bad++;
+    }
+    return r;
+}
+
+/* One tensor of a against b; returns whether it matches. */
+static bool diff_tensor(fsdp_ctx *ctx, fsdp_ckpt *a, fsdp_ckpt *b, int t, int width, double rtol,
+                        double atol, bool *io_error) {
+    fsdp_ckpt_tensor x, y;
+    fsdp_ckpt_tensor_get(ctx, a, t, &x);
+    int u = fsdp_ckpt_find(b, x.name);
+    if (u < 0) return printf("%-*s  only in A\n", width, x.name), false;
+    fsdp_ckpt_tensor_get(ctx, b, u, &y);
+    char sa[128], sb[128];
+    shape_text(x.ndim, x.shape, sa, sizeof sa);
+    shape_text(y.ndim, y.shape, sb, sizeof sb);
+    if (strcmp(sa, sb) || x.dtype != y.dtype) {
+        printf("%-*s  differs: %s %s in A, %s %s in B\n", width, x.name, sa,
+               fsdp_dtype_to_string(x.dtype), sb, fsdp_dtype_to_string(y.dtype));
+        return false;
+    }
+    void *va = read_whole(ctx, a, t, &x), *vb = va ? read_whole(ctx, b, u, &y) : NULL;
+    if (!vb) {
+        fprintf(stderr, "fsdp-ckpt diff: %s\n  run `fsdp-ckpt verify` on both\n",
+                fsdp_last_error(ctx));
+        free(va);
+        *io_error = true;
+        return false;
+    }
+    diff_result r = compare(va, vb, x.dtype, tensor_numel(&x), rtol, atol);
+    free(va);
+    free(vb);
+    printf("%-*s  %12.6g %12.6g  %s\n", width, x.name, r.max_abs, r.max_rel,
+           r.n_bad ? "DIFFERS" : "ok");
+    return r.n_bad == 0;
+}
+
+static bool parse_tol(const char *flag, const char *v, double *out) {
+    char *end;
+    *out = v ? strtod(v, &end) : -1.0;
+    if (v && *v && !*end && *out >= 0.0 && isfinite(*out)) return true;
+    fprintf(stderr, "fsdp-ckpt diff: %s wants a number >= 0, e.g. %s 1e-6\n%s", flag, flag,
+            usage_diff);
+    return false;
+}
+
+static int cmd_diff(fsdp_ctx *ctx, int argc, char **argv) {
+    const char *pa = NULL, *pb = NULL;
+    double rtol = 0.0, atol = 0.0;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) return printf("%s", usage_diff), EXIT_OK;
+        if (!strcmp(argv[i], "--rtol") || !strcmp(argv[i], "--atol")) {
+            double *dst = argv[i][2] == 'r' ? &rtol : &atol;
+            if (!parse_tol(argv[i], i + 1 < argc ? argv[i + 1] : NULL, dst)) return EXIT_USAGE;
+            i++;
+        } else if (argv[i][0] == '-' || (pa && pb)) {
+            fprintf(stderr, "fsdp-ckpt diff: unexpected argument '%s'\n%s", argv[i], usage_diff);
+            return EXIT_USAGE;
+        } else {
+            *(pa ? &pb : &pa) = argv[i];
+        }
+    }
+    if (!pb) return fprintf(stderr, "fsdp-ckpt diff: needs A and B\n%s", usage_diff), EXIT_USAGE;
+    fsdp_ckpt *a = open_arg(ctx, "diff", pa), *b = a ? open_arg(ctx, "diff", pb) : NULL;
+    if (!b) return fsdp_ckpt_close(a), EXIT_FAILED;
+    int width = 4, differ = 0, missing = 0;
+    bool io_error = false;
+    for (int pass = 0; pass < 2; pass++)
+        for (int t = 0; t < fsdp_ckpt_num_tensors(pass ? b : a); t++) {
+            fsdp_ckpt_tensor x;
+            fsdp_ckpt_tensor_get(ctx, pass ? b : a, t, &x);
+            int len = (int)strlen(x.name);
+            width = len > width ? len : width;
+        }
+    printf("%-*s  %12s %12s\n", width, "name", "max abs", "max rel");
+    for (int t = 0; t < fsdp_ckpt_num_tensors(a) && !io_error; t++) {
+        fsdp_ckpt_tensor x;
+        fsdp_ckpt_tensor_get(ctx, a, t, &x);
+        bool in_b = fsdp_ckpt_find(b, x.name) >= 0;
+        if (!diff_tensor(ctx, a, b, t, width, rtol, atol, &io_error))
+            *(in_b ? &differ : &missing) += 1;
+    }
+    for (int t = 0; t < fsdp_ckpt_num_tensors(b) && !io_error; t++) {
+        fsdp_ckpt_tensor y;
+        fsdp_ckpt_tensor_get(ctx, b, t, &y);
+        if (fsdp_ckpt_find(a, y.name) < 0) printf("%-*s  only in B\n", width, y.name), missing++;
+    }
+    fsdp_ckpt_close(a);
+    fsdp_ckpt_close(b);
+    if (io_error) return EXIT_FAILED;
+    printf("\n%s: %d tensors differ, %d in one checkpoint only (rtol %g, atol %g)\n",
+           differ || missing ? "different" : "same", differ, missing, rtol, atol);
+    return differ || missing ? EXIT_FAILED : EXIT_OK;
+}
+
+/* ---- export ---- */
+
+static const char *const usage_export =
+    "usage: fsdp-ckpt export DIR --out FILE.h5|FILE.safetensors [--compress none|zstd]\n"
+    "                        [--with-optim]\n"
+    "Writes the checkpoint as one unsharded file, one tensor at a time: by default the\n"
+    "parameters and buffers, named as PyTorch's model.state_dict() names them; --with-optim\n"
+    "adds the optimizer state (optim/<param>/<kind>).\n"
+    "  .h5           one dataset per tensor with its global shape ('/' in a name makes\n"
+    "                groups); f32 as float32, bf16 as uint16 with attribute dtype=bf16;\n"
+    "                --compress zstd uses filter 32015 (other programs need libh5zstd.so)\n"
+    "  .safetensors  the safetensors format (F32, BF16); no compression\n";
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+static bool exported(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, bool with_optim) {
+    fsdp_ckpt_tensor x;
+    fsdp_ckpt_tensor_get(ctx, ck, t, &x);
+    return with_optim || x.kind != FSDP_STATE_OPTIM;
+}
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+/* The safetensors header: metadata, then every exported tensor with its byte range (data in
+ * this order), padded with spaces to a multiple of 8 bytes. */
+static void safetensors_header(fsdp_ctx *ctx, fsdp_ckpt *ck, bool with_optim, FILE *f) {
+    fprintf(f, "{\"__metadata__\":{\"format\":\"pt\",\"step\":\"%lld\",\"optim_steps\":\"%lld\"}",
+            (long long)fsdp_ckpt_step(ck), (long long)fsdp_ckpt_optim_steps(ck));
+    int64_t off = 0;
+    for (int t = 0; t < fsdp_ckpt_num_tensors(ck); t++) {
+        if (!exported(ctx, ck, t, with_optim)) continue;
+        fsdp_ckpt_tensor x;
+        fsdp_ckpt_tensor_get(ctx, ck, t, &x);
+        int64_t bytes = tensor_numel(&x) * (int64_t)fsdp_dtype_size(x.dtype);
+        fputc(',', f);
+        json_string(f, x.name);
+        fprintf(f, ":{\"dtype\":\"%s\",\"shape\":[", x.dtype == FSDP_DTYPE_BF16 ? "BF16" : "F32");
+        for (int d = 0; d < x.ndim; d++) fprintf(f, "%s%lld", d ? "," : "", (long long)x.shape[d]);
+        fprintf(f, "],\"data_offsets\":[%lld,%lld]}", (long long)off, (long long)(off + bytes));
+        off += bytes;
+    }
+    fputc('}', f);
+}
+
+static bool little_endian(void) {
+    const uint16_t one = 1;
+    return *(const unsigned char *)&one == 1;
+}
+
+static fsdp_status write_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, bool with_optim, FILE *f) {
+    /* The header twice: once to measure it, once written. */
+    FILE *null = fopen("/dev/null", "w");
+    if (!null) return FSDP_ERR_IO;
+    safetensors_header(ctx, ck, with_optim, null);
+    long len = ftell(null);
+    fclose(null);
+    long padded = (len + 7) / 8 * 8;
+    unsigned char n8[8];
+    for (int i = 0; i < 8; i++) n8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    fwrite(n8, 1, 8, f);
+    safetensors_header(ctx, ck, with_optim, f);
+    for (long i = len; i < padded; i++) fputc(' ', f);
+    for (int t = 0; t < fsdp_ckpt_num_tensors(ck); t++) {
+        if (!exported(ctx, ck, t, with_optim)) continue;
+        fsdp_ckpt_tensor x;
+        fsdp_ckpt_tensor_get(ctx, ck, t, &x);
+        void *buf = read_whole(ctx, ck, t, &x);
+        if (!buf) return FSDP_ERR_IO;
+        size_t bytes = (size_t)tensor_numel(&x) * fsdp_dtype_size(x.dtype);
+        size_t put = fwrite(buf, 1, bytes, f);
+        free(buf);
+        if (put != bytes) return FSDP_ERR_IO;
+    }
+    return ferror(f) ? FSDP_ERR_IO : FSDP_OK;
+}
+
+static int export_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *out, bool with_optim) {
+    if (!little_endian()) {
+        fprintf(stderr, "fsdp-ckpt export: safetensors is little-endian and this host is not; "
+                        "export to .h5 instead\n");
+        return EXIT_FAILED;
+    }
+    FILE *f = fopen(out, "wb");
+    if (!f) {
+        fprintf(stderr,
+                "fsdp-ckpt export: cannot create '%s': check the directory exists and "
+                "is writable\n",
+                out);
+        return EXIT_FAILED;
+    }
+    fsdp_status s = write_safetensors(ctx, ck, with_optim, f);
+    if (fclose(f) != 0) s = FSDP_ERR_IO;
+    if (s == FSDP_OK) return EXIT_OK;
+    fprintf(stderr, "fsdp-ckpt export: writing '%s' failed (%s): %s\n", out,
+            fsdp_status_to_string(s), fsdp_last_error(ctx));
+    remove(out);
+    return EXIT_FAILED;
+}
+
+static int cmd_export(fsdp_ctx *ctx, int argc, char **argv) {
+    const char *dir = NULL, *out = NULL, *compress = "none";
+    bool with_optim = false;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) return printf("%s", usage_export), EXIT_OK;
+        if ((!strcmp(argv[i], "--out") || !strcmp(argv[i], "--compress")) && i + 1 < argc) {
+            *(argv[i][2] == 'o' ? &out : &compress) = argv[i + 1];
+            i++;
+        } else if (!strcmp(argv[i], "--with-optim")) {
+            with_optim = true;
+        } else if (argv[i][0] != '-' && !dir) {
+            dir = argv[i];
+        } else {
+            fprintf(stderr, "fsdp-ckpt export: unexpected argument '%s'\n%s", argv[i],
+                    usage_export);
+            return EXIT_USAGE;
+        }
+    }
+    bool h5 = out && (ends_with(out, ".h5") || ends_with(out, ".hdf5"));
+    bool st = out && ends_with(out, ".safetensors");
+    const char *problem = !dir         ? "needs DIR"
+                          : !out       ? "needs --out FILE"
+                          : !h5 && !st ? "--out must end in .h5 or .safetensors"
+                          : strcmp(compress, "none") && strcmp(compress, "zstd")
+                              ? "--compress is none or zstd"
+                          : st && !strcmp(compress, "zstd") ? "safetensors has no compression: "
+                                                              "drop --compress zstd"
+                                                            : NULL;
+    if (problem) return fprintf(stderr, "fsdp-ckpt export: %s\n%s", problem, usage_export), 2;
+    fsdp_ckpt *ck = open_arg(ctx, "export", dir);
+    if (!ck) return EXIT_FAILED;
+    int rc;
+    if (h5) {
+        fsdp_ckpt_export_options o = {.with_optim = with_optim,
+                                      .zstd_level = strcmp(compress, "zstd") ? 0 : 3};
+        rc = fsdp_ckpt_export_h5(ctx, ck, out, &o) == FSDP_OK ? EXIT_OK : EXIT_FAILED;
+        if (rc) fprintf(stderr, "fsdp-ckpt export: %s\n", fsdp_last_error(ctx));
+    } else {
+        rc = export_safetensors(ctx, ck, out, with_optim);
+    }
+    if (rc == EXIT_OK) printf("wrote %s\n", out);
+    fsdp_ckpt_close(ck);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return fprintf(stderr, "%s", usage_main), EXIT_USAGE;
+    if (is_help(argv[1])) return printf("%s", usage_main), EXIT_OK;
+    static const struct {
+        const char *name;
+        int (*run)(fsdp_ctx *, int, char **);
+    } cmds[] = {{"inspect", cmd_inspect},
+                {"verify", cmd_verify},
+                {"diff", cmd_diff},
+                {"export", cmd_export}};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        if (strcmp(argv[1], cmds[i].name)) continue;
+        fsdp_ctx *ctx = NULL;
+        fsdp_ctx_options o = {.log_level = FSDP_LOG_WARN};
+        if (fsdp_ctx_create(&o, &ctx) != FSDP_OK) {
+            fprintf(stderr, "fsdp-ckpt: cannot create the context (out of memory?)\n");
+            return EXIT_FAILED;
+        }
+        int rc = cmds[i].run(ctx, argc - 1, argv + 1);
+        fsdp_ctx_free(ctx);
+        return rc;
+    }
+    fprintf(stderr, "fsdp-ckpt: unknown command '%s'\n%s", argv[1], usage_main);
+    return EXIT_USAGE;
+}
