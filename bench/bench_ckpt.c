@@ -65,7 +65,8 @@ static fsdp_status one_step(fsdp_ctx *ctx, const bench *b, fsdp_mesh *mesh, fsdp
     const fsdp_tensor *out;
     float loss;
     fsdp_status s = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){8, 2048}, &x);
-    if (s == FSDP_OK) s = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){8, 2048}, &y);
+    if (s == FSDP_OK)
+        s = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){8, 2048}, &y);
     if (s == FSDP_OK) s = fsdp_init_tensor(ctx, x, &u, 1, 1);
     if (s == FSDP_OK) s = fsdp_init_tensor(ctx, y, &u, 1, 2);
     if (s == FSDP_OK) s = fsdp_module_forward(ctx, m, x, &out);
@@ -95,8 +96,8 @@ static fsdp_status setup(fsdp_ctx *ctx, const bench *b, fsdp_mesh **mesh, fsdp_m
     FSDP_TRY(fsdp_adam_create(ctx, fsdp_sharded_flat_params(*sh), &(fsdp_adam_options){.lr = 1e-3},
                               opt));
     FSDP_TRY(one_step(ctx, b, *mesh, *m, *opt));
-    return fsdp_state_create(ctx, &(fsdp_state_sources){.model = *m, .sharded = *sh, .optimizer = *opt},
-                             st);
+    return fsdp_state_create(
+        ctx, &(fsdp_state_sources){.model = *m, .sharded = *sh, .optimizer = *opt}, st);
 }
 
 static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
@@ -233,27 +234,31 @@ int main(int argc, char **argv) {
     snprintf(other.load_path, sizeof other.load_path, "%s/step-00000001", sync_dir);
     double t_load = run(world, &same), t_load4 = run(world, &other);
     double raw = (double)sync.raw_bytes, mb = raw / 1e6;
-    double t_dw = disk_seconds(dir, sync.raw_bytes, false), t_dr = disk_seconds(dir, sync.raw_bytes, true);
+    double t_dw = disk_seconds(dir, sync.raw_bytes, false),
+           t_dr = disk_seconds(dir, sync.raw_bytes, true);
     int64_t stored = dir_bytes(same.load_path);
-    printf("checkpoint of a %.1f M-parameter MLP with Adam, 4 rank threads (dp 2 x tp 2 FULL_SHARD)\n",
-           raw / 4 / 3 / 1e6);
-    printf("raw %.1f MB, stored %.1f MB: stored/raw %.3f (zstd level 3)\n", mb, (double)stored / 1e6,
-           (double)stored / raw);
+    printf(
+        "checkpoint of a %.1f M-parameter MLP with Adam, 4 rank threads (dp 2 x tp 2 FULL_SHARD)\n",
+        raw / 4 / 3 / 1e6);
+    printf("raw %.1f MB, stored %.1f MB: stored/raw %.3f (zstd level 3)\n", mb,
+           (double)stored / 1e6, (double)stored / raw);
     printf("%-34s %9s %9s %12s\n", "", "seconds", "MB/s", "vs disk");
     printf("%-34s %9.3f %9.1f %12s\n", "disk write (4 threads, fsync)", t_dw, mb / t_dw, "1.00");
     printf("%-34s %9.3f %9.1f %12.2f\n", "sync save", t_sync, mb / t_sync, t_dw / t_sync);
     printf("%-34s %9.3f %9.1f %12.2f\n", "async save, until committed", t_async, mb / t_async,
            t_dw / t_async);
-    printf("%-34s %9.3f %9.1f %12s\n", "disk read (4 threads, warm cache)", t_dr, mb / t_dr, "1.00");
+    printf("%-34s %9.3f %9.1f %12s\n", "disk read (4 threads, warm cache)", t_dr, mb / t_dr,
+           "1.00");
     printf("%-34s %9.3f %9.1f %12.2f\n", "load at dp 2 x tp 2", t_load, mb / t_load, t_dr / t_load);
     printf("%-34s %9.3f %9.1f %12.2f\n", "load at dp 4 x tp 1", t_load4, mb / t_load4,
            t_dr / t_load4);
     printf("async save blocked the caller %.3f s; sync save %.3f s (%.1f%%)\n", async.blocking,
            sync.blocking, 100.0 * async.blocking / sync.blocking);
-    printf("peak RSS growth during the sync save (sampled every ms): %.1f MB for 4 ranks (%.1f MB per "
-           "rank; the state it saves is %.1f MB per rank)\n",
-           (double)(sync.rss_after_kb - sync.rss_before_kb) / 1e3,
-           (double)(sync.rss_after_kb - sync.rss_before_kb) / 4e3, mb / 4);
+    printf(
+        "peak RSS growth during the sync save (sampled every ms): %.1f MB for 4 ranks (%.1f MB per "
+        "rank; the state it saves is %.1f MB per rank)\n",
+        (double)(sync.rss_after_kb - sync.rss_before_kb) / 1e3,
+        (double)(sync.rss_after_kb - sync.rss_before_kb) / 4e3, mb / 4);
     fsdp_world_free(world);
     fsdp_ctx_free(ctx);
     if (argc <= 1) {
