@@ -1107,37 +1107,6 @@ uint64_t train_config_hash(const train_config *cfg) {
     return h;
 }
 
-#define HASH_FLOATS 3 /* a 64-bit hash as f32 integers of 22, 22 and 20 bits: all exact */
-
-/* all[r * count + i] = hash i of group rank r, for `count` hashes per rank (one all_gather). */
-static fsdp_status gather_hashes(fsdp_ctx *ctx, fsdp_group *group, const uint64_t *mine, int count,
-                                 uint64_t *all) {
-    int64_t n = fsdp_group_size(group), mask = (1 << 22) - 1;
-    fsdp_tensor *in = NULL, *out = NULL;
-    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1,
-                                        (int64_t[]){(int64_t)count * HASH_FLOATS}, &in);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1,
-                                (int64_t[]){n * count * HASH_FLOATS}, &out);
-    if (st == FSDP_OK) {
-        float *p = fsdp_tensor_f32(in); /* (count, 3) */
-        for (int i = 0; i < count; i++)
-            for (int j = 0; j < HASH_FLOATS; j++)
-                p[i * 3 + j] = (float)((mine[i] >> 22 * j) & mask);
-        st = fsdp_all_gather(ctx, group, out, in, 0);
-    }
-    if (st == FSDP_OK) {
-        const float *q = fsdp_tensor_f32(out); /* (n, count, 3) */
-        for (int64_t i = 0; i < n * count; i++) {
-            all[i] = 0;
-            for (int j = 0; j < HASH_FLOATS; j++) all[i] |= (uint64_t)q[i * 3 + j] << 22 * j;
-        }
-    }
-    fsdp_tensor_free(in);
-    fsdp_tensor_free(out);
-    return st;
-}
-
 #define SHARED_TEXT_SIZE (TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 8) /* "value (origin)" */
 
 /* Group rank root's text (SHARED_TEXT_SIZE bytes) on every rank, a byte per f32. */
@@ -1208,12 +1177,12 @@ fsdp_status train_config_agree(fsdp_ctx *ctx, fsdp_group *group, const train_con
         return FSDP_ERR_OUT_OF_MEMORY;
     }
     mine[0] = train_config_hash(cfg);
-    fsdp_status st = gather_hashes(ctx, group, mine, 1, all);
+    fsdp_status st = fsdp_all_gather_u64(ctx, group, mine, 1, all);
     int r = 1;
     while (st == FSDP_OK && r < n && all[r] == all[0]) r++;
     if (st == FSDP_OK && r < n) { /* every rank sees the same hashes and takes this branch */
         for (int i = 0; i < N_KEYS; i++) mine[i] = hash_key(cfg, i, FNV_BASIS);
-        st = gather_hashes(ctx, group, mine, N_KEYS, all);
+        st = fsdp_all_gather_u64(ctx, group, mine, N_KEYS, all);
         if (st == FSDP_OK) st = describe_mismatch(ctx, group, cfg, all, err, err_size);
     }
     if (st != FSDP_OK && !err[0])

@@ -155,6 +155,11 @@ const char *fsdp_reduce_op_to_string(fsdp_reduce_op op); /* "sum", "avg", "max" 
  * out itself (in-place) when that chunk is contiguous; any other overlap is refused. */
 fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
                             const fsdp_tensor *in, int dim);
+/* out[r * n + i] = in[i] of group rank r: n 64-bit integers per rank, gathered exactly (one
+ * all_gather of f32 carrying 22 bits each, counted by comm-debug as such). For metadata such as
+ * hashes and sizes; group NULL is the world group. */
+fsdp_status fsdp_all_gather_u64(fsdp_ctx *ctx, fsdp_group *group, const uint64_t *in, int64_t n,
+                                uint64_t *out);
 /* out = rank r's chunk along `dim` of the reduction over ranks of `in` (full shape on every
  * rank). out has in's shape with `dim` replaced by its chunk length. out must not overlap in. */
 fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,

@@ -60,18 +60,8 @@ static double now_seconds(void) {
 
 /* ---- who writes what ---- */
 
-/* A non-negative int64 as three exact f32 of 21 bits, so collectives move it unchanged. */
-static void pack(float *out, int64_t v) {
-    uint64_t u = (uint64_t)v;
-    for (int i = 0; i < 3; i++) out[i] = (float)((u >> (21 * i)) & 0x1fffff);
-}
-static int64_t unpack(const float *in) {
-    uint64_t u = 0;
-    for (int i = 0; i < 3; i++) u |= (uint64_t)in[i] << (21 * i);
-    return (int64_t)u;
-}
-
-#define REC_VALUES (2 + 2 * FSDP_MAX_DIMS) /* entry, piece, offset[4], count[4] */
+#define REC_VALUES  (2 + 2 * FSDP_MAX_DIMS) /* entry, piece, offset[4], count[4] */
+#define HEAD_VALUES 3                       /* state hash, pieces held, rank 0's mkdir failed */
 
 static uint64_t state_hash(const fsdp_state *st) {
     uint64_t h = 1469598103934665603ull;
@@ -82,7 +72,7 @@ static uint64_t state_hash(const fsdp_state *st) {
         memcpy(v + 3, e->shape, sizeof e->shape);
         for (int k = 0; k < 3 + FSDP_MAX_DIMS; k++) h = (h ^ (uint64_t)v[k]) * 1099511628211ull;
     }
-    return h & 0x7fffffffffffffffull;
+    return h;
 }
 
 static int count_pieces(const fsdp_state *st) {
@@ -91,21 +81,14 @@ static int count_pieces(const fsdp_state *st) {
     return n;
 }
 
-/* all_gather of n floats per rank over the world group (a copy when alone). */
-static fsdp_status gather(fsdp_ctx *ctx, fsdp_group *g, int world, float *in, int64_t n,
-                          float *out) {
+/* all_gather of n values per rank over the world group (a copy when alone). */
+static fsdp_status gather(fsdp_ctx *ctx, fsdp_group *g, int world, const uint64_t *in, int64_t n,
+                          uint64_t *out) {
     if (!g || world == 1) {
         memcpy(out, in, (size_t)n * sizeof *in);
         return FSDP_OK;
     }
-    int64_t total = n * world;
-    fsdp_tensor *ti = NULL, *to = NULL;
-    fsdp_status s = fsdp_tensor_from_blob(ctx, in, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &ti);
-    if (s == FSDP_OK) s = fsdp_tensor_from_blob(ctx, out, FSDP_DTYPE_F32, FSDP_CPU, 1, &total, &to);
-    if (s == FSDP_OK) s = fsdp_all_gather(ctx, g, to, ti, 0);
-    fsdp_tensor_free(ti);
-    fsdp_tensor_free(to);
-    return s;
+    return fsdp_all_gather_u64(ctx, g, in, n, out);
 }
 
 typedef struct rec {
@@ -113,41 +96,58 @@ typedef struct rec {
     region box;
 } rec;
 
-/* This rank's held regions as packed records. */
-static float *pack_records(const fsdp_state *st, int64_t per) {
-    float *out = calloc((size_t)per + 1, sizeof *out);
+/* This rank's held regions as records of REC_VALUES, `most` records long. */
+static uint64_t *records(const fsdp_state *st, int64_t most) {
+    uint64_t *out = calloc((size_t)(most * REC_VALUES) + 1, sizeof *out);
     for (int i = 0, at = 0; out && i < st->n_entries; i++)
         for (int k = 0; k < st->entries[i].n_pieces; k++, at++) {
-            float *r = out + (size_t)at * REC_VALUES * 3;
+            uint64_t *r = out + (size_t)at * REC_VALUES;
             const region *b = &st->entries[i].pieces[k].box;
-            pack(r, i), pack(r + 3, k);
+            r[0] = (uint64_t)i, r[1] = (uint64_t)k;
             for (int d = 0; d < b->ndim; d++) {
-                pack(r + 6 + 3 * d, b->offset[d]);
-                pack(r + 18 + 3 * d, b->count[d]);
+                r[2 + d] = (uint64_t)b->offset[d];
+                r[2 + FSDP_MAX_DIMS + d] = (uint64_t)b->count[d];
             }
         }
     return out;
 }
 
 /* Checks the headers: the same entries everywhere, rank 0's directory made. *most receives
- * the most pieces a rank holds and counts[r] rank r's. */
-static fsdp_status check_heads(fsdp_ctx *ctx, const job *jb, const float *heads, int64_t *counts,
-                               int64_t *most) {
+ * the most pieces a rank holds. */
+static fsdp_status check_heads(fsdp_ctx *ctx, const job *jb, const uint64_t *heads, int64_t *most) {
     *most = 0;
     for (int r = 0; r < jb->world; r++) {
-        if (unpack(heads + 9 * r) != unpack(heads))
+        const uint64_t *h = heads + HEAD_VALUES * r;
+        if (h[0] != heads[0])
             return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                              "checkpoint save: rank %d lists other state entries than rank 0 "
                              "(another model, optimizer or wrapping): every rank must save the "
                              "same model",
                              r);
-        counts[r] = unpack(heads + 9 * r + 3);
-        *most = counts[r] > *most ? counts[r] : *most;
+        *most = (int64_t)h[1] > *most ? (int64_t)h[1] : *most;
     }
-    if (unpack(heads + 6))
+    if (heads[2])
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "checkpoint save: rank 0 could not create '%s'",
                          jb->tmp);
     return FSDP_OK;
+}
+
+/* Every rank's held regions (heads: each rank's header), decoded. */
+static void decode(const fsdp_state *st, int world, const uint64_t *heads, const uint64_t *all,
+                   int64_t most, rec *recs, int *n) {
+    *n = 0;
+    for (int r = 0; r < world; r++)
+        for (uint64_t p = 0; p < heads[HEAD_VALUES * r + 1]; p++) {
+            const uint64_t *v = all + ((size_t)r * (size_t)most + p) * REC_VALUES;
+            rec *x = &recs[(*n)++];
+            x->rank = r, x->entry = (int)v[0], x->piece = (int)v[1];
+            FSDP_ASSERT(x->entry >= 0 && x->entry < st->n_entries);
+            x->box.ndim = st->entries[x->entry].ndim;
+            for (int d = 0; d < x->box.ndim; d++) {
+                x->box.offset[d] = (int64_t)v[2 + d];
+                x->box.count[d] = (int64_t)v[2 + FSDP_MAX_DIMS + d];
+            }
+        }
 }
 
 /* Every rank's held regions, after checking every rank lists the same entries. */
@@ -155,38 +155,23 @@ static fsdp_status exchange(fsdp_ctx *ctx, fsdp_group *g, const job *jb, fsdp_st
                             rec **out, int *n_out) {
     const fsdp_state *st = jb->st;
     int world = jb->world;
-    float head[9];
-    pack(head, (int64_t)state_hash(st));
-    pack(head + 3, count_pieces(st));
-    pack(head + 6, made_dir == FSDP_OK ? 0 : 1);
-    float *heads = malloc((size_t)world * sizeof head);
-    int64_t *counts = malloc((size_t)world * sizeof *counts), most = 0;
-    fsdp_status s = heads && counts ? gather(ctx, g, world, head, 9, heads)
-                                    : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint exchange");
-    if (s == FSDP_OK)
-        s = made_dir != FSDP_OK ? made_dir : check_heads(ctx, jb, heads, counts, &most);
+    uint64_t head[HEAD_VALUES] = {state_hash(st), (uint64_t)count_pieces(st), made_dir != FSDP_OK};
+    uint64_t *heads = malloc((size_t)world * sizeof head), *mine = NULL, *all = NULL;
+    int64_t most = 0;
+    rec *recs = NULL;
+    fsdp_status s = heads ? gather(ctx, g, world, head, HEAD_VALUES, heads)
+                          : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint exchange");
+    if (s == FSDP_OK) s = made_dir != FSDP_OK ? made_dir : check_heads(ctx, jb, heads, &most);
+    if (s == FSDP_OK) {
+        mine = records(st, most);
+        all = calloc((size_t)(most * REC_VALUES * world) + 1, sizeof *all);
+        recs = calloc((size_t)(most * world) + 1, sizeof *recs);
+        if (!mine || !all || !recs)
+            s = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint exchange");
+    }
+    if (s == FSDP_OK && most) s = gather(ctx, g, world, mine, most * REC_VALUES, all);
+    if (s == FSDP_OK) decode(st, world, heads, all, most, recs, n_out);
     free(heads);
-    int64_t per = most * REC_VALUES * 3;
-    float *mine = s == FSDP_OK ? pack_records(st, per) : NULL;
-    float *all = s == FSDP_OK ? calloc((size_t)(per * world) + 1, sizeof *all) : NULL;
-    rec *recs = s == FSDP_OK ? calloc((size_t)(most * world) + 1, sizeof *recs) : NULL;
-    if (s == FSDP_OK && (!mine || !all || !recs))
-        s = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint exchange");
-    if (s == FSDP_OK && per) s = gather(ctx, g, world, mine, per, all);
-    int n = 0;
-    for (int r = 0; s == FSDP_OK && r < world; r++)
-        for (int64_t p = 0; p < counts[r]; p++, n++) {
-            const float *v = all + (size_t)r * per + (size_t)p * REC_VALUES * 3;
-            rec *x = &recs[n];
-            x->rank = r, x->entry = (int)unpack(v), x->piece = (int)unpack(v + 3);
-            FSDP_ASSERT(x->entry >= 0 && x->entry < st->n_entries);
-            x->box.ndim = st->entries[x->entry].ndim;
-            for (int d = 0; d < x->box.ndim; d++) {
-                x->box.offset[d] = unpack(v + 6 + 3 * d);
-                x->box.count[d] = unpack(v + 18 + 3 * d);
-            }
-        }
-    free(counts);
     free(mine);
     free(all);
     if (s != FSDP_OK) {
@@ -194,7 +179,6 @@ static fsdp_status exchange(fsdp_ctx *ctx, fsdp_group *g, const job *jb, fsdp_st
         return s;
     }
     *out = recs;
-    *n_out = n;
     return FSDP_OK;
 }
 
@@ -308,8 +292,7 @@ static fsdp_status fetch(fsdp_ctx *ctx, const fsdp_state *st, const frag *f, con
     size_t size = fsdp_dtype_size(e->dtype);
     bool whole = region_equal(&f->box, &p->box);
     *owned = NULL;
-    if (whole && fsdp_tensor_has_storage(p->src) && (*data = state_piece_host(e, f->piece)))
-        return FSDP_OK;
+    if (whole && (*data = state_piece_host(e, f->piece))) return FSDP_OK;
     void *piece = malloc((size_t)region_numel(&p->box) * size + 1);
     if (!piece) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint save: '%s'", e->name);
     fsdp_status s = state_piece_read(ctx, e, f->piece, piece);

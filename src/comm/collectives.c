@@ -183,6 +183,41 @@ fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     return FSDP_OK;
 }
 
+/* A u64 travels as U64_FLOATS f32 integers of 22 bits each, exact in f32 whatever the backend
+ * does with floats it only copies. */
+#define U64_FLOATS 3
+
+fsdp_status fsdp_all_gather_u64(fsdp_ctx *ctx, fsdp_group *group, const uint64_t *in, int64_t n,
+                                uint64_t *out) {
+    FSDP_TRY(resolve(ctx, &group, FSDP_COMM_ALL_GATHER));
+    if (n < 0 || (n && (!in || !out)) || n > INT64_MAX / U64_FLOATS / group->size)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_all_gather_u64 on group %s: %lld values at %p -> %p", group->desc,
+                         (long long)n, (const void *)in, (void *)out);
+    int64_t mine = n * U64_FLOATS, all = mine * group->size;
+    fsdp_tensor *tin = NULL, *tout = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &mine, &tin);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &all, &tout);
+    if (st == FSDP_OK) {
+        float *p = fsdp_tensor_f32(tin);
+        for (int64_t i = 0; i < n; i++)
+            for (int j = 0; j < U64_FLOATS; j++)
+                p[i * U64_FLOATS + j] = (float)((in[i] >> (22 * j)) & 0x3fffff);
+        st = fsdp_all_gather(ctx, group, tout, tin, 0);
+    }
+    if (st == FSDP_OK) {
+        const float *q = fsdp_tensor_f32(tout);
+        for (int64_t i = 0; i < n * group->size; i++) {
+            out[i] = 0;
+            for (int j = 0; j < U64_FLOATS; j++)
+                out[i] |= (uint64_t)q[i * U64_FLOATS + j] << (22 * j);
+        }
+    }
+    fsdp_tensor_free(tin);
+    fsdp_tensor_free(tout);
+    return st;
+}
+
 static fsdp_status check_reduce_scatter(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_tensor *out,
                                         const fsdp_tensor *in, int *dim, fsdp_reduce_op rop) {
     const fsdp_comm_op op = FSDP_COMM_REDUCE_SCATTER;
