@@ -178,8 +178,6 @@ fsdp_status fsdp_ckpt_read(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_state
 }
 
 static void shape_text(int ndim, const int64_t *shape, char *buf, size_t size) {
-    region r = {.ndim = ndim};
-    memcpy(r.count, shape, (size_t)ndim * sizeof *shape);
     size_t used = (size_t)snprintf(buf, size, "(");
     for (int d = 0; d < ndim && used < size; d++)
         used +=
@@ -212,8 +210,6 @@ static fsdp_status check_match(fsdp_ctx *ctx, const fsdp_ckpt *ck, const ckpt_te
 static fsdp_status load_entry(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const state_entry *e) {
     size_t size = fsdp_dtype_size(e->dtype);
     for (int k = 0; k < e->n_pieces; k++) {
-        if (!fsdp_tensor_has_storage(e->pieces[k].src))
-            return state_piece_write(ctx, e, k, NULL); /* names the problem */
         void *host = state_piece_host(e, k), *tmp = NULL;
         if (!host && !(host = tmp = malloc((size_t)region_numel(&e->pieces[k].box) * size + 1)))
             return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "loading '%s'", e->name);

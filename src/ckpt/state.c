@@ -313,7 +313,8 @@ fsdp_status fsdp_state_region_get(fsdp_ctx *ctx, const fsdp_state *st, int i, in
 
 void *state_piece_host(const state_entry *e, int k) {
     const state_piece *p = &e->pieces[k];
-    if (fsdp_tensor_device(p->src).type != FSDP_DEVICE_CPU) return NULL;
+    if (fsdp_tensor_device(p->src).type != FSDP_DEVICE_CPU || !fsdp_tensor_has_storage(p->src))
+        return NULL;
     return (char *)fsdp_tensor_data(p->src) + (size_t)p->elem * fsdp_dtype_size(e->dtype);
 }
 
@@ -420,7 +421,6 @@ fsdp_status fsdp_state_load_value(fsdp_ctx *ctx, const fsdp_state *st, const cha
     size_t size = fsdp_dtype_size(e->dtype);
     for (int k = 0; s == FSDP_OK && k < e->n_pieces; k++) {
         const region *box = &e->pieces[k].box;
-        if ((s = check_storage(ctx, e, k)) != FSDP_OK) break;
         void *host = state_piece_host(e, k), *tmp = NULL;
         if (!host) host = tmp = malloc((size_t)region_numel(box) * size + 1);
         if (!host) {

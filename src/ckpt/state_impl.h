@@ -34,7 +34,7 @@ struct fsdp_state {
 fsdp_status state_piece_read(fsdp_ctx *ctx, const state_entry *e, int k, void *dst);
 fsdp_status state_piece_write(fsdp_ctx *ctx, const state_entry *e, int k, const void *src);
 /* Where piece k's values are in host memory when they can be read and written in place (a
- * CPU tensor), else NULL. */
+ * CPU tensor with storage), else NULL: then state_piece_read and _write copy, or name why not. */
 void *state_piece_host(const state_entry *e, int k);
 
 #endif
