@@ -10,131 +10,21 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "ckpt_common.h"
 #include "harness.h"
 
-#define SEED   5
-#define BATCH  12
-#define IN_DIM 10
-#define LR     1e-2
+/* ---- saving a checkpoint at 2x2 (dp 2 FULL_SHARD with nested units, tp 2) ---- */
 
-/* ---- saving a checkpoint at 2x2 (dp=2 FULL_SHARD, tp=2), as test_ckpt.c does ---- */
-
-typedef struct job {
-    bool raw; /* uncompressed: the flipped-byte case finds values in the file */
-    const char *save;
-    int64_t steps;
-} job;
-
-typedef struct run {
-    fsdp_mesh *mesh;
-    fsdp_module *model;
-    fsdp_sharded *sh;
-    fsdp_optimizer *opt;
-    fsdp_state *state;
-    fsdp_tensor *x, *y, *dout;
-    int dp_index;
-} run;
-
-static void run_free(run *r) {
-    fsdp_state_free(r->state);
-    fsdp_optimizer_free(r->opt);
-    fsdp_sharded_free(r->sh);
-    fsdp_module_free(r->model);
-    fsdp_tensor_free(r->x);
-    fsdp_tensor_free(r->y);
-    fsdp_tensor_free(r->dout);
-    fsdp_mesh_free(r->mesh);
-}
-
-static fsdp_status build(fsdp_ctx *ctx, run *r) {
-    fsdp_group *dp;
-    fsdp_mesh *tp;
-    FSDP_TRY(fsdp_mesh_create(ctx, 2, (int[]){2, 2}, (const char *[]){"dp", "tp"}, &r->mesh));
-    FSDP_TRY(fsdp_mesh_get_group(ctx, r->mesh, "dp", &dp));
-    r->dp_index = fsdp_mesh_coordinate(r->mesh, 0);
-    FSDP_TRY(fsdp_model_mlp_stacked(ctx, 2, &r->model));
-    FSDP_TRY(fsdp_module_reset_parameters(ctx, r->model, SEED));
-    FSDP_TRY(fsdp_mesh_dim(ctx, r->mesh, "tp", &tp));
-    fsdp_tp_plan_entry plan[] = {{"layers.*.net1", FSDP_COLWISE()},
-                                 {"layers.*.net2", FSDP_ROWWISE()}};
-    FSDP_TRY(fsdp_tp_parallelize(ctx, r->model, tp, 2, plan, NULL));
-    const char *paths[] = {"layers.0", "layers.1"};
-    fsdp_fully_shard_options o = {
-        .strategy = FSDP_FULL_SHARD, .group = dp, .wrap_paths = paths, .n_wrap_paths = 2};
-    FSDP_TRY(fsdp_fully_shard(ctx, r->model, &o, &r->sh));
-    FSDP_TRY(fsdp_adam_create(ctx, fsdp_sharded_flat_params(r->sh), &(fsdp_adam_options){.lr = LR},
-                              &r->opt));
-    fsdp_state_sources src = {.model = r->model, .sharded = r->sh, .optimizer = r->opt};
-    return fsdp_state_create(ctx, &src, &r->state);
-}
-
-static fsdp_status batch(fsdp_ctx *ctx, run *r, int64_t s) {
-    int64_t off, len;
-    fsdp_chunk_range(BATCH, 2, r->dp_index, &off, &len);
-    fsdp_tensor_free(r->x);
-    fsdp_tensor_free(r->y);
-    r->x = r->y = NULL;
-    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){len, IN_DIM}, &r->x));
-    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){len, IN_DIM}, &r->y));
-    fsdp_init u = {.kind = FSDP_INIT_UNIFORM, .a = -1.0f, .b = 1.0f};
-    int64_t shape[2] = {BATCH, IN_DIM}, start[2] = {off, 0};
-    FSDP_TRY(fsdp_init_block(ctx, r->x, &u, 100 + (uint64_t)s, 1, 2, shape, start));
-    return fsdp_init_block(ctx, r->y, &u, 100 + (uint64_t)s, 2, 2, shape, start);
-}
-
-static fsdp_status train(fsdp_ctx *ctx, run *r, int64_t steps) {
-    for (int64_t s = 0; s < steps; s++) {
-        FSDP_TRY(batch(ctx, r, s));
-        const fsdp_tensor *out;
-        FSDP_TRY(fsdp_module_forward(ctx, r->model, r->x, &out));
-        if (!r->dout) FSDP_TRY(fsdp_tensor_create_like(ctx, out, &r->dout));
-        FSDP_TRY(fsdp_tensor_resize(ctx, r->dout, 2, fsdp_tensor_shape(out)));
-        float loss;
-        FSDP_TRY(fsdp_loss_mse(ctx, out, r->y, &loss, r->dout));
-        FSDP_TRY(fsdp_module_backward(ctx, r->model, r->dout, NULL));
-        FSDP_TRY(fsdp_optimizer_step(ctx, r->opt));
-        FSDP_TRY(fsdp_optimizer_zero_grad(ctx, r->opt));
-    }
-    return FSDP_OK;
-}
-
-static fsdp_status job_rank(fsdp_ctx *ctx, int rank, void *user) {
-    (void)rank;
-    const job *jb = user;
-    run r = {0};
-    fsdp_ckpt_writer *w = NULL;
-    fsdp_ckpt_options wo = {.zstd_level = jb->raw ? FSDP_CKPT_NO_COMPRESSION : 0};
-    fsdp_status s = build(ctx, &r);
-    if (s == FSDP_OK) s = fsdp_ckpt_writer_create(ctx, jb->save, &wo, &w);
-    if (s == FSDP_OK) s = train(ctx, &r, jb->steps);
-    fsdp_ckpt_meta meta = {.step = jb->steps, .layout = "2x2 FULL_SHARD"};
-    if (s == FSDP_OK) s = fsdp_ckpt_save(ctx, w, r.state, &meta);
-    fsdp_ckpt_writer_free(ctx, w);
-    run_free(&r);
-    return s;
-}
+static const ckpt_layout layout_2x2 = {
+    "2x2 FULL_SHARD", 2, 2, MODE_FSDP, FSDP_FULL_SHARD, 1, false, false, true};
 
 /* Trains `steps` at 2x2 and saves into root/name; returns the checkpoint's path (malloc'ed). */
 static char *save_2x2(const char *root, const char *name, int64_t steps, bool raw) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/%s", root, name);
-    job jb = {.raw = raw, .save = dir, .steps = steps};
-    FSDP_TEST_OK(fsdp_test_run_world(4, 0, job_rank, &jb));
-    char *p = NULL;
-    FSDP_TEST_OK(fsdp_ckpt_latest(fsdp_test_ctx(), dir, &p));
-    return p;
-}
-
-static char *tmp_root(void) {
-    char tmpl[] = "/tmp/fsdp-ckpt-tool-test-XXXXXX";
-    char *d = mkdtemp(tmpl);
-    return d ? strdup(d) : NULL;
-}
-
-static void remove_tree(const char *dir) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    FSDP_TEST_OK(raw ? ckpt_test_run_raw(&layout_2x2, dir, steps)
+                     : ckpt_test_run_job(&layout_2x2, OPT_ADAM, NULL, dir, 0, steps));
+    return ckpt_test_latest(dir);
 }
 
 /* ---- running the tool ---- */
@@ -187,58 +77,11 @@ static float *read_tensor(fsdp_ckpt *ck, int t, int64_t *n) {
     return v;
 }
 
-static int64_t numel_of(const fsdp_state_region *r) {
-    int64_t n = 1;
-    for (int d = 0; d < r->ndim; d++) n *= r->count[d];
-    return n;
-}
-
-/* Flips a byte of the stored values of the first piece of file rank 1 with at least 4
- * elements, found by its first 8 bytes in the uncompressed file (as test_ckpt.c does).
- * Returns the tensor's name (malloc'ed) or NULL. */
-static char *flip_value_byte(const char *path) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_ckpt *ck;
-    if (fsdp_ckpt_open(ctx, path, &ck) != FSDP_OK) return NULL;
-    char *name = NULL;
-    for (int t = 0; !name && t < fsdp_ckpt_num_tensors(ck); t++) {
-        fsdp_ckpt_tensor ti;
-        fsdp_ckpt_tensor_get(ctx, ck, t, &ti);
-        for (int k = 0; !name && k < ti.n_pieces; k++) {
-            fsdp_ckpt_piece p;
-            fsdp_ckpt_piece_get(ctx, ck, t, k, &p);
-            if (p.file_rank != 1 || numel_of(&p.region) < 4) continue;
-            float *v = malloc((size_t)numel_of(&p.region) * 4);
-            fsdp_ckpt_read(ctx, ck, t, &p.region, v);
-            char file[700];
-            snprintf(file, sizeof file, "%s/shard-00001.h5", path);
-            FILE *f = fopen(file, "r+b");
-            fseek(f, 0, SEEK_END);
-            long size = ftell(f);
-            unsigned char *bytes = malloc((size_t)size);
-            fseek(f, 0, SEEK_SET);
-            if (fread(bytes, 1, (size_t)size, f) == (size_t)size)
-                for (long i = 0; i + 8 <= size; i++)
-                    if (!memcmp(bytes + i, v, 8)) {
-                        fseek(f, i + 1, SEEK_SET);
-                        fputc(bytes[i + 1] ^ 0x5a, f);
-                        name = strdup(ti.name);
-                        break;
-                    }
-            fclose(f);
-            free(bytes);
-            free(v);
-        }
-    }
-    fsdp_ckpt_close(ck);
-    return name;
-}
-
 /* ---- the cases ---- */
 
 /* inspect lists every tensor with its global shape, by checkpoint and by root directory. */
 static void test_inspect(void) {
-    char *root = tmp_root(), *path = save_2x2(root, "c", 2, false), *out;
+    char *root = ckpt_test_tmp_root(), *path = save_2x2(root, "c", 2, false), *out;
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_ckpt *ck;
     FSDP_TEST_OK(fsdp_ckpt_open(ctx, path, &ck));
@@ -274,7 +117,7 @@ static void test_inspect(void) {
     CU_ASSERT_EQUAL(tool(&out, "inspect --help"), 0);
     free(out);
     fsdp_ckpt_close(ck);
-    remove_tree(root);
+    ckpt_test_remove_tree(root);
     free(path);
     free(root);
 }
@@ -282,7 +125,7 @@ static void test_inspect(void) {
 /* verify passes on a good checkpoint; names the tensor of a flipped byte; refuses a checkpoint
  * without its commit marker. */
 static void test_verify(void) {
-    char *root = tmp_root(), *path = save_2x2(root, "c", 2, true), *out;
+    char *root = ckpt_test_tmp_root(), *path = save_2x2(root, "c", 2, true), *out;
     CU_ASSERT_EQUAL(tool(&out, "verify '%s'", path), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "ok: "));
     free(out);
@@ -294,7 +137,7 @@ static void test_verify(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "commit"));
     free(out);
     CU_ASSERT_EQUAL(rename(moved, file), 0);
-    char *flipped = flip_value_byte(path);
+    char *flipped = ckpt_test_flip_value_byte(path, 1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(flipped);
     CU_ASSERT_EQUAL(tool(&out, "verify '%s'", path), 1);
     char want[300];
@@ -303,7 +146,7 @@ static void test_verify(void) {
     if (!strstr(out, want)) fprintf(stderr, "\n  no \"%s\" in:\n%s", want, out);
     free(out);
     free(flipped);
-    remove_tree(root);
+    ckpt_test_remove_tree(root);
     free(path);
     free(root);
 }
@@ -311,7 +154,8 @@ static void test_verify(void) {
 /* diff: a checkpoint against itself is the same; against more training it differs, unless
  * the tolerance covers it. */
 static void test_diff(void) {
-    char *root = tmp_root(), *a = save_2x2(root, "a", 2, false), *b = save_2x2(root, "b", 3, false);
+    char *root = ckpt_test_tmp_root(), *a = save_2x2(root, "a", 2, false),
+         *b = save_2x2(root, "b", 3, false);
     char *out;
     CU_ASSERT_EQUAL(tool(&out, "diff '%s' '%s'", a, a), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "same: 0 tensors differ"));
@@ -323,7 +167,7 @@ static void test_diff(void) {
     free(out);
     CU_ASSERT_EQUAL(tool(&out, "diff '%s' '%s' --rtol x", a, b), 2);
     free(out);
-    remove_tree(root);
+    ckpt_test_remove_tree(root);
     free(a);
     free(b);
     free(root);
@@ -357,7 +201,7 @@ static int64_t parse_h5dump(const char *text, float *out, int64_t max) {
 /* export to .h5: h5dump reads the values fsdp_ckpt_read gives; optimizer state only with
  * --with-optim. */
 static void test_export_h5(void) {
-    char *root = tmp_root(), *path = save_2x2(root, "c", 2, false), *out;
+    char *root = ckpt_test_tmp_root(), *path = save_2x2(root, "c", 2, false), *out;
     char file[700], cmd[1600];
     snprintf(file, sizeof file, "%s/model.h5", root);
     CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s'", path, file), 0);
@@ -394,7 +238,7 @@ static void test_export_h5(void) {
     }
     free(want);
     fsdp_ckpt_close(ck);
-    remove_tree(root);
+    ckpt_test_remove_tree(root);
     free(path);
     free(root);
 }
@@ -402,7 +246,7 @@ static void test_export_h5(void) {
 /* export to .safetensors: the header names every parameter with offsets that tile the data,
  * and a tensor's bytes are fsdp_ckpt_read's. */
 static void test_export_safetensors(void) {
-    char *root = tmp_root(), *path = save_2x2(root, "c", 2, false), *out;
+    char *root = ckpt_test_tmp_root(), *path = save_2x2(root, "c", 2, false), *out;
     char file[700];
     snprintf(file, sizeof file, "%s/model.safetensors", root);
     CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s'", path, file), 0);
@@ -450,7 +294,7 @@ static void test_export_safetensors(void) {
     free(out);
     free(header);
     free(bytes);
-    remove_tree(root);
+    ckpt_test_remove_tree(root);
     free(path);
     free(root);
 }

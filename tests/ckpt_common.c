@@ -1,0 +1,223 @@
+/* ckpt_common.c: the checkpoint suites' shared model, layouts, training run and scratch
+ * directories (see ckpt_common.h). */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup */
+#include "ckpt_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/region.h"
+#include "harness.h"
+
+#define SEED   5
+#define BATCH  12 /* divisible by every dp size of the matrix */
+#define IN_DIM 10
+#define LR     1e-2
+
+typedef struct run {
+    fsdp_mesh *mesh, *tp;
+    fsdp_group *dp, *rep;
+    fsdp_module *model;
+    fsdp_sharded *sh;
+    fsdp_optimizer *opt;
+    fsdp_state *state;
+    fsdp_tensor *x, *y, *dout;
+    int dp_index;
+} run;
+
+static void run_free(fsdp_ctx *ctx, run *r) {
+    fsdp_state_free(r->state);
+    fsdp_optimizer_free(r->opt);
+    fsdp_sharded_free(r->sh);
+    fsdp_module_free(r->model);
+    fsdp_tensor_free(r->x);
+    fsdp_tensor_free(r->y);
+    fsdp_tensor_free(r->dout);
+    fsdp_mesh_free(r->mesh);
+    (void)ctx;
+}
+
+static fsdp_status build(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
+    const ckpt_layout *l = jb->l;
+    int shard = l->dp / l->rep;
+    FSDP_TRY(fsdp_mesh_create(ctx, 3, (int[]){l->rep, shard, l->tp},
+                              (const char *[]){"rep", "dp", "tp"}, &r->mesh));
+    FSDP_TRY(fsdp_mesh_get_group(ctx, r->mesh, "dp", &r->dp));
+    FSDP_TRY(fsdp_mesh_get_group(ctx, r->mesh, "rep", &r->rep));
+    r->dp_index = fsdp_mesh_coordinate(r->mesh, 0) * shard + fsdp_mesh_coordinate(r->mesh, 1);
+    FSDP_TRY(fsdp_model_mlp_stacked(ctx, 2, &r->model));
+    FSDP_TRY(fsdp_module_reset_parameters(ctx, r->model, SEED));
+    if (l->tp > 1) {
+        FSDP_TRY(fsdp_mesh_dim(ctx, r->mesh, "tp", &r->tp));
+        fsdp_tp_plan_entry plan[] = {{"layers.*.net1", FSDP_COLWISE()},
+                                     {"layers.*.net2", FSDP_ROWWISE()}};
+        FSDP_TRY(fsdp_tp_parallelize(ctx, r->model, r->tp, 2, plan, NULL));
+    }
+    fsdp_module *stepped = r->model;
+    if (l->mode == MODE_FSDP) {
+        const char *paths[] = {"layers.0", "layers.1"};
+        fsdp_fully_shard_options o = {.strategy = l->strategy,
+                                      .group = r->dp,
+                                      .replicate_group =
+                                          l->strategy == FSDP_HYBRID_SHARD ? r->rep : NULL,
+                                      .wrap_paths = l->nested ? paths : NULL,
+                                      .n_wrap_paths = l->nested ? 2 : 0,
+                                      .offload_params = l->offload,
+                                      .use_orig_params = l->orig};
+        FSDP_TRY(fsdp_fully_shard(ctx, r->model, &o, &r->sh));
+        stepped = fsdp_sharded_flat_params(r->sh);
+    } else if (l->mode == MODE_REPLICATE) {
+        FSDP_TRY(
+            fsdp_replicate_apply(ctx, r->model, &(fsdp_replicate_options){.group = r->dp}, NULL));
+    }
+    if (jb->opt == OPT_ADAM)
+        FSDP_TRY(fsdp_adam_create(ctx, stepped, &(fsdp_adam_options){.lr = LR}, &r->opt));
+    else
+        FSDP_TRY(
+            fsdp_sgd_create(ctx, stepped, &(fsdp_sgd_options){.lr = LR, .momentum = 0.9}, &r->opt));
+    fsdp_state_sources src = {.model = r->model, .sharded = r->sh, .optimizer = r->opt};
+    return fsdp_state_create(ctx, &src, &r->state);
+}
+
+/* This rank's rows of the global batch of step s: inputs and targets from the global indices. */
+static fsdp_status batch(fsdp_ctx *ctx, const ckpt_job *jb, run *r, int64_t s) {
+    int64_t off, len;
+    fsdp_chunk_range(BATCH, jb->l->dp, r->dp_index, &off, &len);
+    fsdp_tensor_free(r->x);
+    fsdp_tensor_free(r->y);
+    r->x = r->y = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){len, IN_DIM}, &r->x));
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){len, IN_DIM}, &r->y));
+    fsdp_init u = {.kind = FSDP_INIT_UNIFORM, .a = -1.0f, .b = 1.0f};
+    int64_t shape[2] = {BATCH, IN_DIM}, start[2] = {off, 0};
+    FSDP_TRY(fsdp_init_block(ctx, r->x, &u, 100 + (uint64_t)s, 1, 2, shape, start));
+    return fsdp_init_block(ctx, r->y, &u, 100 + (uint64_t)s, 2, 2, shape, start);
+}
+
+static fsdp_status train(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
+    for (int64_t s = jb->first_step; s < jb->first_step + jb->steps; s++) {
+        FSDP_TRY(batch(ctx, jb, r, s));
+        const fsdp_tensor *out;
+        FSDP_TRY(fsdp_module_forward(ctx, r->model, r->x, &out));
+        if (!r->dout) FSDP_TRY(fsdp_tensor_create_like(ctx, out, &r->dout));
+        FSDP_TRY(fsdp_tensor_resize(ctx, r->dout, 2, fsdp_tensor_shape(out)));
+        float loss;
+        FSDP_TRY(fsdp_loss_mse(ctx, out, r->y, &loss, r->dout));
+        FSDP_TRY(fsdp_module_backward(ctx, r->model, r->dout, NULL));
+        FSDP_TRY(fsdp_optimizer_step(ctx, r->opt));
+        FSDP_TRY(fsdp_optimizer_zero_grad(ctx, r->opt));
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status job_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)rank;
+    const ckpt_job *jb = user;
+    run r = {0};
+    fsdp_status s = build(ctx, jb, &r);
+    fsdp_ckpt *ck = NULL;
+    if (s == FSDP_OK && jb->load) s = fsdp_ckpt_open(ctx, jb->load, &ck);
+    if (s == FSDP_OK && ck) s = fsdp_ckpt_load(ctx, ck, r.state, NULL);
+    fsdp_ckpt_close(ck);
+    fsdp_ckpt_writer *w = NULL;
+    fsdp_ckpt_options wo = {.zstd_level = jb->raw ? FSDP_CKPT_NO_COMPRESSION : 0,
+                            .async = jb->async,
+                            .keep = jb->async ? 2 : 0};
+    if (s == FSDP_OK && jb->save) s = fsdp_ckpt_writer_create(ctx, jb->save, &wo, &w);
+    if (s == FSDP_OK && !jb->async) s = train(ctx, jb, &r);
+    for (int64_t i = 0; s == FSDP_OK && jb->async && i < jb->steps; i++) {
+        ckpt_job one = *jb;
+        one.first_step = jb->first_step + i, one.steps = 1;
+        s = train(ctx, &one, &r);
+        fsdp_ckpt_meta m = {.step = one.first_step + 1};
+        if (s == FSDP_OK && i + 1 < jb->steps) s = fsdp_ckpt_save(ctx, w, r.state, &m);
+    }
+    fsdp_ckpt_meta meta = {.step = jb->first_step + jb->steps, .layout = jb->l->name};
+    if (s == FSDP_OK && w) s = fsdp_ckpt_save(ctx, w, r.state, &meta);
+    fsdp_ckpt_writer_free(ctx, w);
+    run_free(ctx, &r);
+    return s;
+}
+
+fsdp_status ckpt_test_run_async(bool async, const ckpt_layout *l, ckpt_optim opt, const char *load,
+                                const char *save, int64_t first, int64_t steps) {
+    ckpt_job jb = {.async = async,
+                   .l = l,
+                   .opt = opt,
+                   .load = load,
+                   .save = save,
+                   .first_step = first,
+                   .steps = steps};
+    return ckpt_test_run(&jb);
+}
+
+fsdp_status ckpt_test_run_job(const ckpt_layout *l, ckpt_optim opt, const char *load,
+                              const char *save, int64_t first, int64_t steps) {
+    return ckpt_test_run_async(false, l, opt, load, save, first, steps);
+}
+
+fsdp_status ckpt_test_run_raw(const ckpt_layout *l, const char *save, int64_t steps) {
+    ckpt_job jb = {.raw = true, .l = l, .opt = OPT_ADAM, .save = save, .steps = steps};
+    return ckpt_test_run(&jb);
+}
+
+fsdp_status ckpt_test_run(const ckpt_job *jb) {
+    return fsdp_test_run_world(jb->l->dp * jb->l->tp, 0, job_rank, (void *)jb);
+}
+
+char *ckpt_test_tmp_root(void) {
+    char tmpl[] = "/tmp/fsdp-ckpt-test-XXXXXX";
+    char *d = mkdtemp(tmpl);
+    return d ? strdup(d) : NULL;
+}
+
+void ckpt_test_remove_tree(const char *dir) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+char *ckpt_test_latest(const char *dir) {
+    char *p = NULL;
+    FSDP_TEST_OK(fsdp_ckpt_latest(fsdp_test_ctx(), dir, &p));
+    return p;
+}
+
+char *ckpt_test_flip_value_byte(const char *path, int rank) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_ckpt *ck;
+    if (fsdp_ckpt_open(ctx, path, &ck) != FSDP_OK) return NULL;
+    char *name = NULL;
+    for (int t = 0; !name && t < fsdp_ckpt_num_tensors(ck); t++) {
+        fsdp_ckpt_tensor ti;
+        fsdp_ckpt_tensor_get(ctx, ck, t, &ti);
+        for (int k = 0; !name && k < ti.n_pieces; k++) {
+            fsdp_ckpt_piece p;
+            fsdp_ckpt_piece_get(ctx, ck, t, k, &p);
+            if (p.file_rank != rank || region_numel(&p.region) < 4) continue;
+            float *v = malloc((size_t)region_numel(&p.region) * 4);
+            fsdp_ckpt_read(ctx, ck, t, &p.region, v);
+            char file[700];
+            snprintf(file, sizeof file, "%s/shard-%05d.h5", path, rank);
+            FILE *f = fopen(file, "r+b");
+            fseek(f, 0, SEEK_END);
+            long size = ftell(f);
+            unsigned char *bytes = malloc((size_t)size);
+            fseek(f, 0, SEEK_SET);
+            if (fread(bytes, 1, (size_t)size, f) == (size_t)size)
+                for (long i = 0; i + 8 <= size; i++)
+                    if (!memcmp(bytes + i, v, 8)) {
+                        fseek(f, i + 1, SEEK_SET);
+                        fputc(bytes[i + 1] ^ 0x5a, f);
+                        name = strdup(ti.name);
+                        break;
+                    }
+            fclose(f);
+            free(bytes);
+            free(v);
+        }
+    }
+    fsdp_ckpt_close(ck);
+    return name;
+}

@@ -1,0 +1,56 @@
+/* ckpt_common.h: what the checkpoint suites (test_ckpt, test_ckpt_tool) share: a small MLP
+ * (MLPStacked(2)) laid out by a `ckpt_layout` (dp x tp mesh, plain, FSDP of any strategy or
+ * replicate), trained with Adam or SGD on batches drawn from global indices, loaded from and
+ * saved to checkpoints; and the scratch directories, the newest checkpoint, a flipped byte. */
+#ifndef FSDP_TEST_CKPT_COMMON_H
+#define FSDP_TEST_CKPT_COMMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fsdp/fsdp.h"
+
+typedef enum ckpt_mode { MODE_PLAIN, MODE_FSDP, MODE_REPLICATE } ckpt_mode;
+
+typedef struct ckpt_layout {
+    const char *name;
+    int dp, tp;
+    ckpt_mode mode;
+    fsdp_sharding_strategy strategy;
+    int rep; /* HYBRID_SHARD: replica groups (dp = rep * shard) */
+    bool offload, orig, nested;
+} ckpt_layout;
+
+typedef enum ckpt_optim { OPT_ADAM, OPT_SGD } ckpt_optim;
+
+/* One run: train `steps` after loading `load` (NULL: from the seed), then save to `save`. */
+typedef struct ckpt_job {
+    bool async; /* save every step (keep 2), asynchronously */
+    bool raw;   /* uncompressed (the flipped-byte case finds values in the file) */
+    const ckpt_layout *l;
+    ckpt_optim opt;
+    const char *load, *save;
+    int64_t first_step, steps;
+} ckpt_job;
+
+/* Runs a job on dp x tp rank threads (or its rank of an MPI job). */
+fsdp_status ckpt_test_run(const ckpt_job *jb);
+/* Async saves every step, keeping 2; else one sync save after the last step. */
+fsdp_status ckpt_test_run_async(bool async, const ckpt_layout *l, ckpt_optim opt, const char *load,
+                                const char *save, int64_t first, int64_t steps);
+fsdp_status ckpt_test_run_job(const ckpt_layout *l, ckpt_optim opt, const char *load,
+                              const char *save, int64_t first, int64_t steps);
+/* Adam, uncompressed (so stored values can be found in the file), from step 0. */
+fsdp_status ckpt_test_run_raw(const ckpt_layout *l, const char *save, int64_t steps);
+
+/* A new scratch directory under /tmp (malloc'ed), and removing one. */
+char *ckpt_test_tmp_root(void);
+void ckpt_test_remove_tree(const char *dir);
+/* The newest committed checkpoint under dir (malloc'ed); fails the test when there is none. */
+char *ckpt_test_latest(const char *dir);
+/* Flips a byte of the stored values of the first piece of at least 4 elements that file rank
+ * `rank` holds, found by its first 8 bytes in the (uncompressed) file. Returns the tensor's
+ * name (malloc'ed) or NULL. */
+char *ckpt_test_flip_value_byte(const char *path, int rank);
+
+#endif
