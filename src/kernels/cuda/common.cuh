@@ -120,7 +120,6 @@ void fsdp_map2(const char *name, float *out, const float *a, const float *b, int
     FSDP_CUDA_LAUNCHED(name);
 }
 
-
 /* Two-pass reductions: each block writes its partial sum to scratch[blockIdx.x] (at most
  * FSDP_CUDA_PARTIALS blocks), then one block adds them into scratch[FSDP_CUDA_PARTIALS]; the
  * scratch slots after that are free for the caller's flags. */

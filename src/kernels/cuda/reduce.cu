@@ -21,7 +21,8 @@ static double sum_of(const float *x, int64_t n, bool square) {
     unsigned blocks = fsdp_partial_blocks(n);
     sum_partials_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, x, n, square);
     FSDP_CUDA_LAUNCHED("sum (partials)");
-    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch, (int)blocks);
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch,
+                                                       (int)blocks);
     FSDP_CUDA_LAUNCHED("sum (final)");
     return fsdp_cuda_fetch_double(scratch + FSDP_CUDA_PARTIALS);
 }
