@@ -96,9 +96,10 @@ static fsdp_status parse_entry(fsdp_ctx *ctx, const char *path, json_t *v, uint6
     t->end = (uint64_t)json_integer_value(e);
     char msg[200];
     if (t->end > data_len) {
-        snprintf(msg, sizeof msg, "bytes [%llu, %llu) run past the end of the data (%llu bytes)",
-                 (unsigned long long)t->begin, (unsigned long long)t->end,
-                 (unsigned long long)data_len);
+        snprintf(
+            msg, sizeof msg,
+            "bytes [%llu, %llu) run past the end of the data (%llu bytes: the file is truncated?)",
+            (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)data_len);
         return bad_tensor(ctx, path, n, msg);
     }
     if (t->dtype != IMPORT_UNSUPPORTED &&
