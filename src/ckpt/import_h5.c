@@ -77,7 +77,10 @@ static void classify(hid_t ds, import_tensor *t) {
     } else if (cls == H5T_INTEGER) {
         snprintf(t->dtype_name, sizeof t->dtype_name, "%sint%zu", sign ? "" : "u", 8 * size);
     } else {
-        snprintf(t->dtype_name, sizeof t->dtype_name, "HDF5 class %d", (int)cls);
+        snprintf(t->dtype_name, sizeof t->dtype_name, "%s",
+                 cls == H5T_STRING     ? "a string"
+                 : cls == H5T_COMPOUND ? "a compound"
+                                       : "not numeric");
     }
 }
 
@@ -104,12 +107,17 @@ static fsdp_status add_dataset(visit *v, const char *name) {
     hid_t ds = H5Dopen2(src->h5, name, H5P_DEFAULT);
     if (ds < 0) return h5_fail(ctx, "cannot open dataset", name);
     hid_t space = H5Dget_space(ds);
+    bool null = space >= 0 && H5Sget_simple_extent_type(space) == H5S_NULL;
     int nd = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
     hsize_t dims[FSDP_MAX_DIMS];
     if (nd >= 0 && nd <= FSDP_MAX_DIMS) H5Sget_simple_extent_dims(space, dims, NULL);
     if (space >= 0) H5Sclose(space);
     classify(ds, t);
     H5Dclose(ds);
+    if (null)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "'%s': dataset '%s' has no dataspace (no values): remove it", src->path,
+                         name);
     if (nd < 0 || nd > FSDP_MAX_DIMS)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                          "'%s': dataset '%s' has %d dimensions; libfsdp tensors have at most %d",
