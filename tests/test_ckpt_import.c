@@ -3,7 +3,8 @@
  * safetensors and the h5py file import to the same values, verify clean and load at 1x1 and
  * at dp 2 x tp 2 with FSDP; the model's output then matches torch's, and 3 steps of SGD or
  * Adam end at torch's parameters; an export of the trained checkpoint imports back to the same
- * bits; F64, F16 and BF16 convert as torch converts them; damaged or hostile files fail with
+ * bits; examples/finetune_ckpt trained from an import ends at torch's parameters too; F64,
+ * F16 and BF16 convert as torch converts them; damaged or hostile files fail with
  * a message naming the file, the tensor and the problem, and commit nothing. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup, popen */
 #include <hdf5.h>
@@ -271,6 +272,43 @@ static void test_export_roundtrip(void) {
     free(root);
 }
 
+/* examples/finetune_ckpt from the imported model on the fixture's batch (a safetensors data
+ * file), 3 SGD steps at 2x2, then exported and imported back: torch's parameters. */
+static void test_finetune_example(void) {
+    char *root = ckpt_test_tmp_root(), *out;
+    char *init = import_to(FIX("import_mlp.h5"), root, "init", NULL);
+    char cmd[2600], file[700], back[700];
+    snprintf(cmd, sizeof cmd,
+             "'%s' '%s' '%s' '%s/run' --steps 3 --lr 0.01 --momentum 0.9 --layout 2x2 2>&1",
+             FSDP_FINETUNE_EXE, init, FIX("import_batch.safetensors"), root);
+    CU_ASSERT_EQUAL(run_capture(cmd, &out), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "step   2  loss"));
+    free(out);
+    snprintf(file, sizeof file, "%s/trained.safetensors", root);
+    CU_ASSERT_EQUAL(tool(&out, "export '%s/run' --out '%s'", root, file), 0);
+    free(out);
+    char *path = import_to(file, root, "back", NULL);
+    snprintf(back, sizeof back, "%s", path);
+    fixture fx;
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named("import_mlp", &fx), 0);
+    fprintf(stderr, "\n  [finetune_ckpt 2x2, SGD]\n");
+    for (int i = 0; i < N_PARAMS; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "sgd.%s", mlp_params[i]);
+        const fixture_tensor *ref = fixture_require(&fx, key, FIXTURE_F32);
+        fsdp_ckpt_tensor t;
+        float *got = read_named(back, mlp_params[i], &t);
+        CU_ASSERT_TRUE_FATAL(ref && numel_of(&t) == ref->numel);
+        FSDP_TEST_CLOSE(key, got, ref->data, ref->numel, 1e-5, 1e-6);
+        free(got);
+    }
+    fixture_free(&fx);
+    free(path);
+    free(init);
+    ckpt_test_remove_tree(root);
+    free(root);
+}
+
 /* ---- dtypes ---- */
 
 static void write_file(const char *path, const void *bytes, size_t n) {
@@ -488,6 +526,7 @@ int main(int argc, char **argv) {
         {"train_1x1", test_train_1x1},
         {"train_2x2", test_train_2x2},
         {"export_roundtrip", test_export_roundtrip},
+        {"finetune_example", test_finetune_example},
         {"dtypes", test_dtypes},
         {"bad_safetensors", test_bad_safetensors},
         {"bad_h5", test_bad_h5},

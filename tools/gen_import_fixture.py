@@ -10,6 +10,7 @@ safetensors or h5py):
                             (layers/1/net1/weight), so the reader's two namings are both used
     import_dtypes.safetensors  tensors of F64, F16, BF16 and F32 (a 0-d one)
     import_dtypes.h5        F64 and F16 datasets, and BF16 as uint16 with attribute dtype=bf16
+    import_batch.safetensors  the batch x, y below, the data file of examples/finetune_ckpt
     import_mlp.bin          (tests/fixtures/README.md format) the references:
         x, y            a fixed batch (12, 10) and its regression target
         out             the model's output for x, before training
@@ -79,6 +80,7 @@ def main():
         for k, v in start.items():
             f[k if k.startswith("layers.0.") else k.replace(".", "/")] = v.numpy()
 
+    save_file({"x": x, "y": y}, os.path.join(args.out, "import_batch.safetensors"))
     refs = [("x", x), ("y", y), ("out", out)]
     for name, make in (("sgd", lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9)),
                        ("adam", lambda p: torch.optim.Adam(p, lr=LR))):
@@ -99,7 +101,7 @@ def main():
     with np.errstate(over="ignore"):
         refs += [(f"dt.{k}", v.to(torch.float32)) for k, v in dts.items()]
     n = write_fixture(os.path.join(args.out, "import_mlp.bin"), refs)
-    print(f"wrote import_mlp.safetensors, import_mlp.h5, import_dtypes.*, import_mlp.bin ({n} bytes)")
+    print(f"wrote import_mlp.*, import_dtypes.*, import_batch.safetensors ({n} bytes of references)")
 
 
 if __name__ == "__main__":
