@@ -64,10 +64,11 @@ static fsdp_status parse_entry(fsdp_ctx *ctx, const char *path, json_t *v, uint6
     size_t k = 0, nd = sizeof st_dtypes / sizeof st_dtypes[0];
     while (k < nd && strcmp(st_dtypes[k].name, dname)) k++;
     if (k == nd)
-        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "'%s': tensor '%s' has unknown dtype \"%.15s\" (safetensors knows F64, "
-                         "F32, F16, BF16, integers, BOOL and F8); save it as float32",
-                         path, n, dname);
+        return FSDP_FAIL(
+            ctx, FSDP_ERR_UNSUPPORTED,
+            "'%s': tensor '%s' has dtype \"%.15s\", which is not a safetensors dtype libfsdp "
+            "knows (F64, F32, F16, BF16, integers, BOOL, F8): save it as float32",
+            path, n, dname);
     t->dtype = st_dtypes[k].dtype;
     snprintf(t->dtype_name, sizeof t->dtype_name, "%s", st_dtypes[k].name);
     if (json_array_size(sh) > FSDP_MAX_DIMS)
