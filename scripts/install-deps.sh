@@ -4,7 +4,7 @@
 set -eu
 
 PACKAGES="build-essential cmake pkg-config libopenblas-dev libhdf5-dev hdf5-tools libzstd-dev \
-libcunit1-dev libinih-dev libopenmpi-dev openmpi-bin"
+libcunit1-dev libinih-dev libjansson-dev libopenmpi-dev openmpi-bin"
 
 missing=""
 for p in $PACKAGES; do

@@ -11,8 +11,8 @@
 #include "harness.h"
 
 #define SEED   5
-#define BATCH  12 /* divisible by every dp size of the matrix */
-#define IN_DIM 10
+#define BATCH  CKPT_TEST_BATCH
+#define IN_DIM CKPT_TEST_DIM
 #define LR     1e-2
 
 typedef struct run {
@@ -89,10 +89,23 @@ static fsdp_status batch(fsdp_ctx *ctx, const ckpt_job *jb, run *r, int64_t s) {
     r->x = r->y = NULL;
     FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){len, IN_DIM}, &r->x));
     FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){len, IN_DIM}, &r->y));
+    if (jb->fixed_x) {
+        memcpy(fsdp_tensor_data(r->x), jb->fixed_x + off * IN_DIM, (size_t)(len * IN_DIM) * 4);
+        memcpy(fsdp_tensor_data(r->y), jb->fixed_y + off * IN_DIM, (size_t)(len * IN_DIM) * 4);
+        return FSDP_OK;
+    }
     fsdp_init u = {.kind = FSDP_INIT_UNIFORM, .a = -1.0f, .b = 1.0f};
     int64_t shape[2] = {BATCH, IN_DIM}, start[2] = {off, 0};
     FSDP_TRY(fsdp_init_block(ctx, r->x, &u, 100 + (uint64_t)s, 1, 2, shape, start));
     return fsdp_init_block(ctx, r->y, &u, 100 + (uint64_t)s, 2, 2, shape, start);
+}
+
+/* The output for the fixed batch: this dp rank's rows into jb->forward_out (by tp rank 0). */
+static void keep_output(const ckpt_job *jb, run *r, const fsdp_tensor *out) {
+    int64_t off, len;
+    fsdp_chunk_range(BATCH, jb->l->dp, r->dp_index, &off, &len);
+    if (fsdp_mesh_coordinate(r->mesh, 2) == 0)
+        memcpy(jb->forward_out + off * IN_DIM, fsdp_tensor_data(out), (size_t)(len * IN_DIM) * 4);
 }
 
 static fsdp_status train(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
@@ -100,6 +113,7 @@ static fsdp_status train(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
         FSDP_TRY(batch(ctx, jb, r, s));
         const fsdp_tensor *out;
         FSDP_TRY(fsdp_module_forward(ctx, r->model, r->x, &out));
+        if (jb->forward_out && s == jb->first_step) keep_output(jb, r, out);
         if (!r->dout) FSDP_TRY(fsdp_tensor_create_like(ctx, out, &r->dout));
         FSDP_TRY(fsdp_tensor_resize(ctx, r->dout, 2, fsdp_tensor_shape(out)));
         float loss;
@@ -111,15 +125,25 @@ static fsdp_status train(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
     return FSDP_OK;
 }
 
+/* Loads jb->load into the run's state, or (load_model_only) into a state of the model alone. */
+static fsdp_status load(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
+    fsdp_ckpt *ck = NULL;
+    fsdp_state *model_only = NULL;
+    fsdp_state_sources src = {.model = r->model, .sharded = r->sh};
+    fsdp_status s = fsdp_ckpt_open(ctx, jb->load, &ck);
+    if (s == FSDP_OK && jb->load_model_only) s = fsdp_state_create(ctx, &src, &model_only);
+    if (s == FSDP_OK) s = fsdp_ckpt_load(ctx, ck, model_only ? model_only : r->state, NULL);
+    fsdp_state_free(model_only);
+    fsdp_ckpt_close(ck);
+    return s;
+}
+
 static fsdp_status job_rank(fsdp_ctx *ctx, int rank, void *user) {
     (void)rank;
     const ckpt_job *jb = user;
     run r = {0};
     fsdp_status s = build(ctx, jb, &r);
-    fsdp_ckpt *ck = NULL;
-    if (s == FSDP_OK && jb->load) s = fsdp_ckpt_open(ctx, jb->load, &ck);
-    if (s == FSDP_OK && ck) s = fsdp_ckpt_load(ctx, ck, r.state, NULL);
-    fsdp_ckpt_close(ck);
+    if (s == FSDP_OK && jb->load) s = load(ctx, jb, &r);
     fsdp_ckpt_writer *w = NULL;
     fsdp_ckpt_options wo = {.zstd_level = jb->raw ? FSDP_CKPT_NO_COMPRESSION : 0,
                             .async = jb->async,

@@ -23,7 +23,8 @@ typedef struct ckpt_layout {
 
 typedef enum ckpt_optim { OPT_ADAM, OPT_SGD } ckpt_optim;
 
-/* One run: train `steps` after loading `load` (NULL: from the seed), then save to `save`. */
+/* One run: train `steps` after loading `load` (NULL: from the seed), then save to `save`.
+ * Adam and SGD (momentum 0.9) use lr 1e-2; the loss is MSE. */
 typedef struct ckpt_job {
     bool async; /* save every step (keep 2), asynchronously */
     bool raw;   /* uncompressed (the flipped-byte case finds values in the file) */
@@ -31,7 +32,20 @@ typedef struct ckpt_job {
     ckpt_optim opt;
     const char *load, *save;
     int64_t first_step, steps;
+    /* Load `load` into a state without the optimizer (strictly), as a checkpoint without
+     * optimizer state (an imported one) is loaded; the optimizer starts anew. */
+    bool load_model_only;
+    /* A fixed global batch (CKPT_TEST_BATCH, CKPT_TEST_DIM) row-major, inputs and targets,
+     * that every step trains on instead of the drawn ones; NULL: drawn. */
+    const float *fixed_x, *fixed_y;
+    /* When set (with fixed_x): receives the model's output for fixed_x (CKPT_TEST_BATCH,
+     * CKPT_TEST_DIM) after loading, before any step (the first step's forward); each dp rank
+     * writes its rows (rank threads only: under MPI each process fills its own copy). */
+    float *forward_out;
 } ckpt_job;
+
+#define CKPT_TEST_BATCH 12 /* the global batch: divisible by every dp size of the matrix */
+#define CKPT_TEST_DIM   10 /* the model's input and output width */
 
 /* Runs a job on dp x tp rank threads (or its rank of an MPI job). */
 fsdp_status ckpt_test_run(const ckpt_job *jb);

@@ -1,6 +1,7 @@
 /* fsdp_ckpt.c: fsdp-ckpt, the checkpoint tool: inspect (metadata and per-tensor sizes), verify
- * (read every piece, checking checksums), diff (two checkpoints, any layouts) and export (one
- * unsharded .h5 or .safetensors file). docs/checkpoint.md, "fsdp-ckpt".
+ * (read every piece, checking checksums), diff (two checkpoints, any layouts), export (one
+ * unsharded .h5 or .safetensors file) and import (a PyTorch state dict as a checkpoint).
+ * docs/checkpoint.md, "fsdp-ckpt".
  * Exit status: 0 success, 1 the command failed (or found a difference), 2 bad command line. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include <math.h>
@@ -23,6 +24,7 @@ static const char *const usage_main =
     "  verify DIR           read every piece, checking the checksums\n"
     "  diff A B             compare two checkpoints tensor by tensor (any layouts)\n"
     "  export DIR --out F   write one unsharded F.h5 or F.safetensors\n"
+    "  import FILE --out D  a PyTorch state dict (.safetensors or .h5) as a checkpoint in D\n"
     "\n"
     "DIR is a checkpoint directory (step-XXXXXXXX) or a directory of checkpoints, whose newest\n"
     "committed one is taken.\n"
@@ -487,6 +489,67 @@ static int cmd_export(fsdp_ctx *ctx, int argc, char **argv) {
     return rc;
 }
 
+/* ---- import ---- */
+
+static const char *const usage_import =
+    "usage: fsdp-ckpt import FILE --out DIR [--step N] [--compress none|zstd] [--dtype f32|keep]\n"
+    "Writes a PyTorch state dict as the checkpoint DIR/step-XXXXXXXX (N, default 0), one piece\n"
+    "per tensor, that loads at any layout (fsdp-train, fsdp_ckpt_load) and that the other\n"
+    "commands read. FILE is\n"
+    "  .safetensors  safetensors.torch.save_file(model.state_dict(), FILE)\n"
+    "  .h5           one dataset per tensor named by its state_dict key (h5py: f[k] =\n"
+    "                v.numpy()); nested groups a/b/c name the tensor a.b.c\n"
+    "(the format is told by the file's content). --dtype f32 (default) keeps F32 and converts\n"
+    "F16, BF16 and F64 to f32; --dtype keep keeps F32 and BF16 and refuses the others.\n"
+    "Integer tensors are refused. --compress zstd (default) or none for the shard file.\n"
+    "The checkpoint has no optimizer state: a run starting from it starts its optimizer anew.\n";
+
+static int cmd_import(fsdp_ctx *ctx, int argc, char **argv) {
+    const char *file = NULL, *out = NULL, *compress = "zstd", *dtype = "f32", *step = "0";
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) return printf("%s", usage_import), EXIT_OK;
+        const char **opt = !strcmp(argv[i], "--out")        ? &out
+                           : !strcmp(argv[i], "--compress") ? &compress
+                           : !strcmp(argv[i], "--dtype")    ? &dtype
+                           : !strcmp(argv[i], "--step")     ? &step
+                                                            : NULL;
+        if (opt && i + 1 < argc) {
+            *opt = argv[++i];
+        } else if (argv[i][0] != '-' && !file) {
+            file = argv[i];
+        } else {
+            fprintf(stderr, "fsdp-ckpt import: unexpected argument '%s'\n%s", argv[i],
+                    usage_import);
+            return EXIT_USAGE;
+        }
+    }
+    char *end;
+    long long n = strtoll(step, &end, 10);
+    const char *problem =
+        !file                                     ? "needs FILE"
+        : !out                                    ? "needs --out DIR"
+        : !*step || *end || n < 0 || n > 99999999 ? "--step wants a whole number in [0, 99999999]"
+        : strcmp(compress, "none") && strcmp(compress, "zstd") ? "--compress is none or zstd"
+        : strcmp(dtype, "f32") && strcmp(dtype, "keep")        ? "--dtype is f32 or keep"
+                                                               : NULL;
+    if (problem) return fprintf(stderr, "fsdp-ckpt import: %s\n%s", problem, usage_import), 2;
+    fsdp_ckpt_import_options o = {
+        .step = n,
+        .dtype = strcmp(dtype, "keep") ? FSDP_CKPT_IMPORT_TO_F32 : FSDP_CKPT_IMPORT_KEEP,
+        .zstd_level = strcmp(compress, "none") ? 0 : FSDP_CKPT_NO_COMPRESSION};
+    if (fsdp_ckpt_import(ctx, file, out, &o) != FSDP_OK) {
+        fprintf(stderr, "fsdp-ckpt import: %s\n", fsdp_last_error(ctx));
+        return EXIT_FAILED;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/step-%08lld", out, n);
+    fsdp_ckpt *ck = open_arg(ctx, "import", path);
+    if (!ck) return EXIT_FAILED;
+    printf("wrote %s: %d tensors\n", path, fsdp_ckpt_num_tensors(ck));
+    fsdp_ckpt_close(ck);
+    return EXIT_OK;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return fprintf(stderr, "%s", usage_main), EXIT_USAGE;
     if (is_help(argv[1])) return printf("%s", usage_main), EXIT_OK;
@@ -496,7 +559,8 @@ int main(int argc, char **argv) {
     } cmds[] = {{"inspect", cmd_inspect},
                 {"verify", cmd_verify},
                 {"diff", cmd_diff},
-                {"export", cmd_export}};
+                {"export", cmd_export},
+                {"import", cmd_import}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         if (strcmp(argv[1], cmds[i].name)) continue;
         fsdp_ctx *ctx = NULL;

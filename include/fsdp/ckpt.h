@@ -227,6 +227,45 @@ typedef struct fsdp_ckpt_export_options {
 fsdp_status fsdp_ckpt_export_h5(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
                                 const fsdp_ckpt_export_options *opts);
 
+/* ---- importing a PyTorch state dict ---- */
+
+/* What happens to a tensor that is not f32. */
+typedef enum fsdp_ckpt_import_dtype {
+    /* Default: F32 kept; F16, BF16 and F64 converted to f32 (F16 and BF16 exactly, F64 rounded
+     * to nearest; an F64 value beyond f32's range is an error naming the tensor). */
+    FSDP_CKPT_IMPORT_TO_F32 = 0,
+    /* F32 and BF16 kept as they are (libfsdp's two dtypes); F16 and F64 are refused. */
+    FSDP_CKPT_IMPORT_KEEP,
+} fsdp_ckpt_import_dtype;
+
+typedef struct fsdp_ckpt_import_options {
+    int64_t step;                 /* the checkpoint's step, 0..99999999; default 0 */
+    fsdp_ckpt_import_dtype dtype; /* default FSDP_CKPT_IMPORT_TO_F32 */
+    /* As fsdp_ckpt_options: 0 (default) zstd level 3, 1..19 that level,
+     * FSDP_CKPT_NO_COMPRESSION stored raw. */
+    int zstd_level;
+} fsdp_ckpt_import_options;
+
+/* Converts a state dict written by PyTorch into a committed checkpoint
+ * "<dir>/step-<8 digits of opts->step>" (dir created when missing; a checkpoint of the same
+ * step there is replaced), which fsdp_ckpt_open and fsdp_ckpt_load read at any layout. The
+ * source is
+ *   - a safetensors file (safetensors.torch.save_file(model.state_dict(), path)), or
+ *   - an HDF5 file whose datasets are the tensors, named by their state_dict keys
+ *     (h5py: f[k] = v.numpy() for each item), at the root or in nested groups ("a/b/c" is
+ *     the tensor "a.b.c");
+ * told apart by the HDF5 signature. Every tensor becomes one piece of one shard file, of kind
+ * FSDP_STATE_PARAM, with its name and shape; the checkpoint has no optimizer state (optimizer
+ * steps 0), so load it into a state made without the optimizer, or with non_strict. Nothing
+ * in the file is trusted: the safetensors header (length, JSON, each dtype, shape and byte
+ * range, which must tile the data up to the end of the file), names (unique, printable, no
+ * '/') and dtypes (floating point) are checked before anything is written, and each failure
+ * names the file, the tensor and the fix. Integer and bool tensors are refused. Memory: one
+ * tensor at a time. Makes no collective; one rank calls it. opts may be NULL (the defaults).
+ * On failure nothing is committed. */
+fsdp_status fsdp_ckpt_import(fsdp_ctx *ctx, const char *src_path, const char *dir,
+                             const fsdp_ckpt_import_options *opts);
+
 typedef struct fsdp_ckpt_load_options {
     /* Default (false, strict): a tensor of the state missing from the checkpoint, or one in
      * the checkpoint the state lacks, is an error naming it. Non-strict: missing tensors keep

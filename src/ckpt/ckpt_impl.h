@@ -1,5 +1,6 @@
 /* ckpt_impl.h: an opened checkpoint (metadata read and checked) and the metadata a save
- * writes, shared by meta.c, save.c, load.c and dir.c. Internal to src/ckpt. */
+ * writes, and the files of a checkpoint directory, shared by meta.c, shard.c, save.c, load.c,
+ * dir.c and import.c. Internal to src/ckpt. */
 #ifndef FSDP_CKPT_CKPT_IMPL_H
 #define FSDP_CKPT_CKPT_IMPL_H
 
@@ -64,5 +65,23 @@ void ckpt_meta_free(ckpt_meta *m);
 
 /* fsync a file or directory by path (durability before the commit). */
 fsdp_status ckpt_sync_path(fsdp_ctx *ctx, const char *path);
+
+/* A shard file being written, one piece (dataset "<tensor name>/<id>") at a time: by a save
+ * (save.c) and by an import (import.c). Call these with the HDF5 lock held (h5.h). */
+typedef struct ckpt_shard_writer {
+    hid_t file;
+    char path[4200];
+    int level; /* zstd level of every piece, or FSDP_CKPT_NO_COMPRESSION */
+} ckpt_shard_writer;
+
+/* Creates "<dir>/shard-<5 digits>.h5" (truncating). */
+fsdp_status ckpt_shard_create(fsdp_ctx *ctx, const char *dir, int rank, int level,
+                              ckpt_shard_writer *w);
+/* Writes the values of box (row-major, dtype) as piece `id` of `tensor`. */
+fsdp_status ckpt_shard_put(fsdp_ctx *ctx, ckpt_shard_writer *w, const char *tensor, int id,
+                           fsdp_dtype dtype, const region *box, const void *data);
+/* Closes the file; returns s, or the close's failure when s is FSDP_OK. The caller flushes it
+ * (ckpt_sync_path on w->path) after releasing the lock. */
+fsdp_status ckpt_shard_close(fsdp_ctx *ctx, ckpt_shard_writer *w, fsdp_status s);
 
 #endif

@@ -32,8 +32,7 @@ static fsdp_status make_dirs(fsdp_ctx *ctx, const char *dir) {
     return FSDP_OK;
 }
 
-/* Removes a checkpoint directory: the files in it, then itself. */
-static int remove_dir(const char *path) {
+int ckpt_dir_remove(const char *path) {
     DIR *d = opendir(path);
     if (!d) return errno == ENOENT ? 0 : -1;
     struct dirent *de;
@@ -67,7 +66,7 @@ fsdp_status ckpt_dir_begin(fsdp_ctx *ctx, const char *dir, const char *tmp) {
     while ((de = readdir(d)))
         if (step_of(de->d_name, 1) >= 0) {
             snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-            remove_dir(path);
+            ckpt_dir_remove(path);
         }
     closedir(d);
     if (mkdir(tmp, 0755) != 0)
@@ -112,7 +111,7 @@ static void prune(fsdp_ctx *ctx, const char *dir, int keep) {
     char path[4400];
     for (int i = 0; i + keep < n; i++) {
         snprintf(path, sizeof path, "%s/step-%08lld", dir, steps[i]);
-        if (remove_dir(path) != 0)
+        if (ckpt_dir_remove(path) != 0)
             fsdp_log(ctx, FSDP_LOG_WARN, "could not remove old checkpoint '%s': %s", path,
                      strerror(errno));
     }
@@ -133,7 +132,7 @@ static fsdp_status write_marker(fsdp_ctx *ctx, const char *tmp) {
 fsdp_status ckpt_dir_commit(fsdp_ctx *ctx, const char *tmp, const char *final, const char *dir,
                             int keep) {
     FSDP_TRY(write_marker(ctx, tmp));
-    if (remove_dir(final) != 0 && errno != ENOENT)
+    if (ckpt_dir_remove(final) != 0 && errno != ENOENT)
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot replace '%s': %s", final, strerror(errno));
     if (rename(tmp, final) != 0)
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, final,

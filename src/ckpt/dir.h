@@ -13,6 +13,9 @@ fsdp_status ckpt_dir_begin(fsdp_ctx *ctx, const char *dir, const char *tmp);
  * kept). */
 fsdp_status ckpt_dir_commit(fsdp_ctx *ctx, const char *tmp, const char *final, const char *dir,
                             int keep);
+/* Removes a checkpoint directory (the files in it, then itself); 0 on success or when it does
+ * not exist. */
+int ckpt_dir_remove(const char *path);
 /* FSDP_OK when path is a committed checkpoint directory; else FSDP_ERR_NOT_FOUND naming why. */
 fsdp_status ckpt_dir_check_committed(fsdp_ctx *ctx, const char *path);
 

@@ -1,34 +1,14 @@
 /* meta.c: metadata.h5, the table of a checkpoint's tensors and pieces, written by rank 0 and
  * read back with every size and region checked before it is used. */
-#define _POSIX_C_SOURCE 200809L /* strdup, strnlen, stpcpy, fsync */
-#include <fcntl.h>
+#define _POSIX_C_SOURCE 200809L /* strnlen, stpcpy */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "ckpt/ckpt_impl.h"
 #include "ckpt/h5.h"
 #include "core/error.h"
 #include "fsdp/version.h"
-
-void ckpt_shard_path(const char *dir, int rank, char *buf, size_t size) {
-    snprintf(buf, size, "%s/shard-%05d.h5", dir, rank);
-}
-
-void ckpt_piece_dataset(const char *tensor, int id, char *buf, size_t size) {
-    snprintf(buf, size, "%s/%d", tensor, id);
-}
-
-fsdp_status ckpt_sync_path(fsdp_ctx *ctx, const char *path) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0 || fsync(fd) != 0) {
-        if (fd >= 0) close(fd);
-        return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot flush '%s' to disk", path);
-    }
-    close(fd);
-    return FSDP_OK;
-}
 
 /* NUL-separated names as one byte string. */
 static char *join_names(char *const *names, int n, size_t *len) {

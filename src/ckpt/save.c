@@ -309,16 +309,14 @@ static fsdp_status fetch(fsdp_ctx *ctx, const fsdp_state *st, const frag *f, con
     return FSDP_OK;
 }
 
-static fsdp_status write_frags(fsdp_ctx *ctx, job *jb, hid_t file) {
+static fsdp_status write_frags(fsdp_ctx *ctx, job *jb, ckpt_shard_writer *sw) {
     for (int i = 0; i < jb->n_frags; i++) {
         frag *f = &jb->frags[i];
         const void *data = f->staged;
         void *owned = NULL;
         if (!data) FSDP_TRY(fetch(ctx, jb->st, f, &data, &owned));
-        char ds[FSDP_STATE_NAME_MAX + 32];
-        ckpt_piece_dataset(jb->names[f->entry], f->id, ds, sizeof ds);
-        fsdp_status s = h5_write(ctx, file, ds, jb->dtypes[f->entry], f->box.ndim, f->box.count,
-                                 data, jb->level);
+        fsdp_status s = ckpt_shard_put(ctx, sw, jb->names[f->entry], f->id, jb->dtypes[f->entry],
+                                       &f->box, data);
         free(owned);
         if (f->staged) free(f->staged), f->staged = NULL;
         FSDP_TRY(s);
@@ -328,17 +326,12 @@ static fsdp_status write_frags(fsdp_ctx *ctx, job *jb, hid_t file) {
 
 /* This rank's shard file, and rank 0's metadata, into the temporary directory. */
 static fsdp_status write_files(fsdp_ctx *ctx, job *jb) {
-    char path[4200];
-    ckpt_shard_path(jb->tmp, jb->rank, path, sizeof path);
+    ckpt_shard_writer sw;
     h5_lock();
-    hid_t file;
-    fsdp_status s = h5_create(ctx, path, &file);
-    if (s == FSDP_OK) {
-        s = write_frags(ctx, jb, file);
-        if (H5Fclose(file) < 0 && s == FSDP_OK) s = h5_fail(ctx, "cannot close", path);
-    }
+    fsdp_status s = ckpt_shard_create(ctx, jb->tmp, jb->rank, jb->level, &sw);
+    if (s == FSDP_OK) s = ckpt_shard_close(ctx, &sw, write_frags(ctx, jb, &sw));
     h5_unlock();
-    if (s == FSDP_OK) s = ckpt_sync_path(ctx, path);
+    if (s == FSDP_OK) s = ckpt_sync_path(ctx, sw.path);
     if (s == FSDP_OK && jb->has_meta) s = ckpt_meta_write(ctx, jb->tmp, &jb->meta);
     return s;
 }
