@@ -166,6 +166,19 @@ static fsdp_status check_new_name(fsdp_ctx *ctx, const fsdp_module *m, const cha
     return FSDP_OK;
 }
 
+/* Whether a is m or one of m's ancestors: adding a under m would close a cycle. */
+static bool is_self_or_ancestor(const fsdp_module *a, const fsdp_module *m) {
+    for (; m; m = m->parent)
+        if (m == a) return true;
+    return false;
+}
+
+/* A refused child is freed (m owned it from the call on), unless it belongs to a tree already:
+ * it has a parent, or it is m or an ancestor of m. */
+static void free_refused_child(const fsdp_module *m, fsdp_module *child) {
+    if (!child->parent && !is_self_or_ancestor(child, m)) fsdp_module_free(child);
+}
+
 fsdp_status fsdp_module_add_child(fsdp_ctx *ctx, fsdp_module *m, const char *name,
                                   fsdp_module *child) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
@@ -173,7 +186,15 @@ fsdp_status fsdp_module_add_child(fsdp_ctx *ctx, fsdp_module *m, const char *nam
     FSDP_ARG_NOT_NULL(ctx, name);
     FSDP_ARG_NOT_NULL(ctx, child);
     fsdp_status st = FSDP_OK;
-    if (child->parent || child == m)
+    char desc[160], where[160];
+    if (is_self_or_ancestor(child, m))
+        st = FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                       "fsdp_module_add_child: %s is %s %s: a module cannot be its own "
+                       "descendant (the tree would have a cycle)",
+                       fsdp_nn_describe(child, desc, sizeof desc),
+                       child == m ? "the parent" : "an ancestor of the parent",
+                       fsdp_nn_describe(m, where, sizeof where));
+    else if (child->parent)
         st = FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                        "fsdp_module_add_child: module '%s' already has a parent", child->fqn);
     if (st == FSDP_OK) st = check_new_name(ctx, m, name, "child");
@@ -183,7 +204,7 @@ fsdp_status fsdp_module_add_child(fsdp_ctx *ctx, fsdp_module *m, const char *nam
         st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add child '%s'", name);
     if (st != FSDP_OK) {
         free(copy);
-        if (!child->parent && child != m) fsdp_module_free(child);
+        free_refused_child(m, child);
         return st;
     }
     free(child->name);
