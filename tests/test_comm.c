@@ -771,7 +771,7 @@ static fsdp_status bad_args_body(fsdp_ctx *ctx, int rank, void *user) {
     EXPECT(fsdp_all_gather(ctx, NULL, a, h, 0), FSDP_ERR_DTYPE,
            "the input is bf16 and the output f32");
     EXPECT(fsdp_all_gather(ctx, NULL, a, NULL, 0), FSDP_ERR_INVALID_ARGUMENT,
-           "input tensor is NULL");
+           "fsdp_all_gather: in is NULL");
     EXPECT(fsdp_reduce_scatter(ctx, NULL, a, a, 0, FSDP_REDUCE_SUM), FSDP_ERR_INVALID_ARGUMENT,
            "overlaps");
     EXPECT(fsdp_reduce_scatter(ctx, NULL, a, b, 0, (fsdp_reduce_op)7), FSDP_ERR_INVALID_ARGUMENT,

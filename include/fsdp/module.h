@@ -54,7 +54,9 @@ const char *fsdp_module_fqn(const fsdp_module *m);
 fsdp_module *fsdp_module_parent(const fsdp_module *m);
 
 /* Adds child under `name` (unique among m's children; letters, digits and '_', no '.').
- * m takes ownership of child, also on failure. */
+ * m takes ownership of child, also on failure, except when the call is refused for a NULL
+ * argument (nothing changes) or because child is already in a tree: it has a parent, or it is
+ * m or an ancestor of m (a module cannot be its own descendant; FSDP_ERR_INVALID_ARGUMENT). */
 fsdp_status fsdp_module_add_child(fsdp_ctx *ctx, fsdp_module *m, const char *name,
                                   fsdp_module *child);
 int fsdp_module_num_children(const fsdp_module *m);

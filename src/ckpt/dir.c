@@ -160,7 +160,9 @@ fsdp_status ckpt_dir_check_committed(fsdp_ctx *ctx, const char *path) {
 }
 
 fsdp_status fsdp_ckpt_latest(fsdp_ctx *ctx, const char *dir, char **out) {
-    if (!dir || !out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_latest: NULL");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, dir);
+    FSDP_ARG_NOT_NULL(ctx, out);
     int n;
     long long *steps = committed_steps(dir, &n);
     if (n == 0) {

@@ -36,7 +36,9 @@ static fsdp_status export_tensor(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, hid_t file
 
 fsdp_status fsdp_ckpt_export_h5(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
                                 const fsdp_ckpt_export_options *opts) {
-    if (!ck || !path) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_export_h5: NULL");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ck);
+    FSDP_ARG_NOT_NULL(ctx, path);
     fsdp_ckpt_export_options o = opts ? *opts : (fsdp_ckpt_export_options){0};
     if (o.zstd_level < 0 || o.zstd_level > 19)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,

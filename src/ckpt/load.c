@@ -14,7 +14,9 @@
 #include "core/error.h"
 
 fsdp_status fsdp_ckpt_open(fsdp_ctx *ctx, const char *path, fsdp_ckpt **out) {
-    if (!path || !out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_open: NULL");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, path);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     FSDP_TRY(ckpt_dir_check_committed(ctx, path));
     fsdp_ckpt *ck = calloc(1, sizeof *ck);
@@ -67,7 +69,10 @@ int64_t fsdp_ckpt_optim_steps(const fsdp_ckpt *ck) {
 }
 
 fsdp_status fsdp_ckpt_extra(fsdp_ctx *ctx, const fsdp_ckpt *ck, const char *name, int64_t *out) {
-    if (!ck || !name || !out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_extra");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ck);
+    FSDP_ARG_NOT_NULL(ctx, name);
+    FSDP_ARG_NOT_NULL(ctx, out);
     for (int i = 0; i < ck->meta.n_extras; i++)
         if (!strcmp(ck->meta.extra_name[i], name)) {
             *out = ck->meta.extra_value[i];
@@ -87,6 +92,9 @@ int fsdp_ckpt_find(const fsdp_ckpt *ck, const char *name) {
 }
 
 fsdp_status fsdp_ckpt_tensor_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, fsdp_ckpt_tensor *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ck);
+    FSDP_ARG_NOT_NULL(ctx, out);
     if (!ck || !out || t < 0 || t >= ck->meta.n_tensors)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "checkpoint tensor %d does not exist", t);
     const ckpt_tensor *x = &ck->meta.tensors[t];
@@ -101,6 +109,9 @@ fsdp_status fsdp_ckpt_tensor_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, fsdp
 
 fsdp_status fsdp_ckpt_piece_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, int k,
                                 fsdp_ckpt_piece *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ck);
+    FSDP_ARG_NOT_NULL(ctx, out);
     if (!ck || !out || t < 0 || t >= ck->meta.n_tensors || k < 0 ||
         k >= ck->meta.tensors[t].n_pieces)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
@@ -126,6 +137,9 @@ static fsdp_status shard_file(fsdp_ctx *ctx, fsdp_ckpt *ck, int r, hid_t *out) {
 }
 
 fsdp_status fsdp_ckpt_piece_stored_bytes(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, int k, int64_t *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ck);
+    FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_ckpt_piece p;
     FSDP_TRY(fsdp_ckpt_piece_get(ctx, ck, t, k, &p));
     if (!out)
@@ -163,7 +177,11 @@ static fsdp_status read_locked(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const region
 
 fsdp_status fsdp_ckpt_read(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_state_region *want,
                            void *dst) {
-    if (!ck || !want || !dst || t < 0 || t >= ck->meta.n_tensors)
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ck);
+    FSDP_ARG_NOT_NULL_AS(ctx, want, region);
+    FSDP_ARG_NOT_NULL(ctx, dst);
+    if (t < 0 || t >= ck->meta.n_tensors)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_read: bad argument");
     const ckpt_tensor *x = &ck->meta.tensors[t];
     char buf[96];
@@ -238,7 +256,9 @@ static fsdp_status check_extra_tensors(fsdp_ctx *ctx, const fsdp_ckpt *ck, const
 
 fsdp_status fsdp_ckpt_load(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st,
                            const fsdp_ckpt_load_options *opts) {
-    if (!ck || !st) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_load: NULL");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ck);
+    FSDP_ARG_NOT_NULL(ctx, st);
     bool strict = !(opts && opts->non_strict);
     FSDP_TRY(check_extra_tensors(ctx, ck, st, strict));
     /* Everything is checked before any value changes. */

@@ -504,8 +504,10 @@ static fsdp_status prepare(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb, const fs
 
 fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state *st,
                            const fsdp_ckpt_meta *meta) {
-    if (!w || !st || !meta)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_save: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, w);
+    FSDP_ARG_NOT_NULL(ctx, st);
+    FSDP_ARG_NOT_NULL(ctx, meta);
     FSDP_TRY(fsdp_ckpt_writer_wait(ctx, w));
     FSDP_TRY(check_meta(ctx, meta));
     double t0 = now_seconds();
@@ -536,7 +538,8 @@ fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state 
 }
 
 fsdp_status fsdp_ckpt_writer_wait(fsdp_ctx *ctx, fsdp_ckpt_writer *w) {
-    if (!w) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_writer_wait: NULL writer");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, w);
     job *jb = w->inflight;
     if (!jb) return FSDP_OK;
     w->inflight = NULL;
@@ -548,6 +551,9 @@ fsdp_status fsdp_ckpt_writer_wait(fsdp_ctx *ctx, fsdp_ckpt_writer *w) {
 
 fsdp_status fsdp_ckpt_writer_create(fsdp_ctx *ctx, const char *dir, const fsdp_ckpt_options *opts,
                                     fsdp_ckpt_writer **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, dir);
+    FSDP_ARG_NOT_NULL(ctx, out);
     if (!dir || !*dir || !out)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_ckpt_writer_create: a directory and out are required");

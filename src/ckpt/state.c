@@ -230,6 +230,9 @@ static fsdp_status add_optim(fsdp_ctx *ctx, build *bd) {
 }
 
 fsdp_status fsdp_state_create(fsdp_ctx *ctx, const fsdp_state_sources *src, fsdp_state **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, src);
+    FSDP_ARG_NOT_NULL(ctx, out);
     if (!src || !src->model || !out)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_state_create: NULL argument (sources, sources->model and out are "
@@ -288,6 +291,9 @@ static fsdp_status check_index(fsdp_ctx *ctx, const fsdp_state *st, int i, int k
 
 fsdp_status fsdp_state_entry_get(fsdp_ctx *ctx, const fsdp_state *st, int i,
                                  fsdp_state_entry *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, st);
+    FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_TRY(check_index(ctx, st, i, -1));
     if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_entry_get: NULL out");
     const state_entry *e = &st->entries[i];
@@ -305,6 +311,9 @@ fsdp_status fsdp_state_entry_get(fsdp_ctx *ctx, const fsdp_state *st, int i,
 
 fsdp_status fsdp_state_region_get(fsdp_ctx *ctx, const fsdp_state *st, int i, int k,
                                   fsdp_state_region *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, st);
+    FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_TRY(check_index(ctx, st, i, k));
     if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_region_get: NULL out");
     *out = st->entries[i].pieces[k].box;
@@ -358,6 +367,9 @@ fsdp_status state_piece_write(fsdp_ctx *ctx, const state_entry *e, int k, const 
 }
 
 fsdp_status fsdp_state_read_region(fsdp_ctx *ctx, const fsdp_state *st, int i, int k, void *dst) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, st);
+    FSDP_ARG_NOT_NULL(ctx, dst);
     FSDP_TRY(check_index(ctx, st, i, k));
     if (!dst) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_read_region: NULL dst");
     return state_piece_read(ctx, &st->entries[i], k, dst);
@@ -365,6 +377,9 @@ fsdp_status fsdp_state_read_region(fsdp_ctx *ctx, const fsdp_state *st, int i, i
 
 fsdp_status fsdp_state_write_region(fsdp_ctx *ctx, const fsdp_state *st, int i, int k,
                                     const void *src) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, st);
+    FSDP_ARG_NOT_NULL(ctx, src);
     FSDP_TRY(check_index(ctx, st, i, k));
     if (!src) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_write_region: NULL src");
     return state_piece_write(ctx, &st->entries[i], k, src);
@@ -407,8 +422,10 @@ static fsdp_status check_value(fsdp_ctx *ctx, const state_entry *e, const fsdp_t
 
 fsdp_status fsdp_state_load_value(fsdp_ctx *ctx, const fsdp_state *st, const char *name,
                                   const fsdp_tensor *value) {
-    if (!st || !name || !value)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_load_value: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, st);
+    FSDP_ARG_NOT_NULL(ctx, name);
+    FSDP_ARG_NOT_NULL(ctx, value);
     int i = fsdp_state_find(st, name);
     if (i < 0) return FSDP_FAIL(ctx, FSDP_ERR_NOT_FOUND, "the state has no entry '%s'", name);
     const state_entry *e = &st->entries[i];

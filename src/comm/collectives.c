@@ -174,6 +174,9 @@ static fsdp_status check_all_gather(fsdp_ctx *ctx, const fsdp_group *g, const fs
 
 fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
                             const fsdp_tensor *in, int dim) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_ARG_NOT_NULL(ctx, in);
     const fsdp_comm_op op = FSDP_COMM_ALL_GATHER;
     FSDP_TRY(resolve(ctx, &group, op));
     fsdp_status st = check_all_gather(ctx, group, out, in, &dim);
@@ -189,6 +192,9 @@ fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
 
 fsdp_status fsdp_all_gather_u64(fsdp_ctx *ctx, fsdp_group *group, const uint64_t *in, int64_t n,
                                 uint64_t *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, in);
+    FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_TRY(resolve(ctx, &group, FSDP_COMM_ALL_GATHER));
     if (n < 0 || (n && (!in || !out)) || n > INT64_MAX / U64_FLOATS / group->size)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
@@ -230,6 +236,9 @@ static fsdp_status check_reduce_scatter(fsdp_ctx *ctx, const fsdp_group *g, cons
 
 fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
                                 const fsdp_tensor *in, int dim, fsdp_reduce_op op) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_ARG_NOT_NULL(ctx, in);
     const fsdp_comm_op cop = FSDP_COMM_REDUCE_SCATTER;
     FSDP_TRY(resolve(ctx, &group, cop));
     fsdp_status st = check_reduce_scatter(ctx, group, out, in, &dim, op);
@@ -240,6 +249,8 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
 }
 
 fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
     const fsdp_comm_op cop = FSDP_COMM_ALL_REDUCE;
     FSDP_TRY(resolve(ctx, &group, cop));
     fsdp_status st = check_reduce_op(ctx, group, cop, op);
@@ -251,6 +262,8 @@ fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fs
 }
 
 fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
     const fsdp_comm_op op = FSDP_COMM_BROADCAST;
     FSDP_TRY(resolve(ctx, &group, op));
     fsdp_status st = check_tensor(ctx, group, op, t, "given");
@@ -294,6 +307,9 @@ static fsdp_status check_all_to_all(fsdp_ctx *ctx, const fsdp_group *g, const fs
 
 fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
                             const fsdp_tensor *in, int split_dim, int concat_dim) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_ARG_NOT_NULL(ctx, in);
     const fsdp_comm_op op = FSDP_COMM_ALL_TO_ALL;
     FSDP_TRY(resolve(ctx, &group, op));
     fsdp_status st = check_all_to_all(ctx, group, out, in, &split_dim, &concat_dim);
@@ -305,6 +321,7 @@ fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
 }
 
 fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
     const fsdp_comm_op op = FSDP_COMM_BARRIER;
     FSDP_TRY(resolve(ctx, &group, op));
     fsdp_status st = fsdp_comm_debug_note(ctx, group, op, 0);

@@ -68,6 +68,7 @@ fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_o
 }
 
 fsdp_status fsdp_comm_debug_begin(fsdp_ctx *ctx) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
     fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     if (!b)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
@@ -82,6 +83,7 @@ fsdp_status fsdp_comm_debug_begin(fsdp_ctx *ctx) {
 }
 
 fsdp_status fsdp_comm_debug_end(fsdp_ctx *ctx) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
     fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     if (!b || !b->debug.active)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
@@ -125,6 +127,8 @@ int fsdp_comm_debug_num_records(const fsdp_ctx *ctx) {
 }
 
 fsdp_status fsdp_comm_debug_record(fsdp_ctx *ctx, int i, fsdp_comm_record *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     int n = b ? b->debug.n_rows : 0;
     if (!out || i < 0 || i >= n)
@@ -150,7 +154,8 @@ static const char *module_column(const fsdp_comm_debug_row *r) {
 }
 
 fsdp_status fsdp_comm_debug_print(fsdp_ctx *ctx, FILE *f) {
-    if (!f) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_debug_print: f is NULL");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, f);
     const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     int n = b ? b->debug.n_rows : 0;
     int group_w = 5;
@@ -193,8 +198,8 @@ static void json_string(FILE *f, const char *s) {
 }
 
 fsdp_status fsdp_comm_debug_write_json(fsdp_ctx *ctx, FILE *f) {
-    if (!f)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_debug_write_json: f is NULL");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, f);
     const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     int n = b ? b->debug.n_rows : 0;
     fsdp_comm_count total = fsdp_comm_debug_total(ctx);

@@ -101,8 +101,9 @@ fsdp_status fsdp_group_split_agreed(fsdp_ctx *ctx, fsdp_group *parent, int color
 
 fsdp_status fsdp_group_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
                              const char *label, fsdp_group **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     static const char what[] = "fsdp_group_split";
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
     *out = NULL;
     FSDP_TRY(fsdp_group_resolve_parent(ctx, &parent, what));
     if (label) FSDP_TRY(fsdp_group_check_label(ctx, label, what));
@@ -116,8 +117,10 @@ fsdp_status fsdp_group_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int k
 
 fsdp_status fsdp_group_new(fsdp_ctx *ctx, fsdp_group *parent, int nranks, const int *ranks,
                            const char *label, fsdp_group **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ranks);
+    FSDP_ARG_NOT_NULL(ctx, out);
     static const char what[] = "fsdp_group_new";
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
     *out = NULL;
     FSDP_TRY(fsdp_group_resolve_parent(ctx, &parent, what));
     if (label) FSDP_TRY(fsdp_group_check_label(ctx, label, what));

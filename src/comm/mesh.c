@@ -121,7 +121,10 @@ static fsdp_status build(fsdp_ctx *ctx, fsdp_mesh *m, const char *agree) {
 
 fsdp_status fsdp_mesh_create(fsdp_ctx *ctx, int ndim, const int *shape, const char *const *names,
                              fsdp_mesh **out) {
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_mesh_create: out is NULL");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, shape);
+    FSDP_ARG_NOT_NULL(ctx, names);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     const fsdp_world *world = fsdp_ctx_world(ctx);
     if (!world)
@@ -222,6 +225,10 @@ static fsdp_status find_dim(fsdp_ctx *ctx, const fsdp_mesh *mesh, const char *na
 }
 
 fsdp_status fsdp_mesh_dim(fsdp_ctx *ctx, const fsdp_mesh *mesh, const char *name, fsdp_mesh **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, mesh);
+    FSDP_ARG_NOT_NULL(ctx, name);
+    FSDP_ARG_NOT_NULL(ctx, out);
     int k;
     if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_mesh_dim: out is NULL");
     *out = NULL;
@@ -232,6 +239,9 @@ fsdp_status fsdp_mesh_dim(fsdp_ctx *ctx, const fsdp_mesh *mesh, const char *name
 
 fsdp_status fsdp_mesh_get_group(fsdp_ctx *ctx, const fsdp_mesh *mesh, const char *name,
                                 fsdp_group **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, mesh);
+    FSDP_ARG_NOT_NULL(ctx, out);
     int k;
     if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_mesh_get_group: out is NULL");
     *out = NULL;

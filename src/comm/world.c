@@ -45,7 +45,7 @@ const char *fsdp_backend_to_string(fsdp_backend backend) {
 }
 
 fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsdp_world **out) {
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_world_create: out is NULL");
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     fsdp_world_options o = opts ? *opts : (fsdp_world_options){0};
     if ((int)o.backend < 0 || o.backend >= FSDP_BACKEND_COUNT)
@@ -218,9 +218,8 @@ static void *rank_thread(void *arg) {
 }
 
 fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, void *user) {
-    if (!world || !fn)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_world_run: %s is NULL",
-                         world ? "fn" : "world");
+    FSDP_ARG_NOT_NULL(ctx, world);
+    FSDP_ARG_NOT_NULL(ctx, fn);
     if (atomic_exchange(&world->running, true))
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "fsdp_world_run: this world is already running; runs of one world "

@@ -16,6 +16,8 @@ const char *fsdp_log_level_to_string(fsdp_log_level level) {
 }
 
 fsdp_status fsdp_log_level_parse(const char *text, fsdp_log_level *out) {
+    FSDP_ARG_NOT_NULL(NULL, text);
+    FSDP_ARG_NOT_NULL(NULL, out);
     for (int l = FSDP_LOG_DEBUG; l <= FSDP_LOG_OFF; l++) {
         if (text && strcasecmp(text, level_names[l]) == 0) {
             *out = (fsdp_log_level)l;
@@ -38,7 +40,7 @@ static void log_to_stderr(void *user, fsdp_log_level level, const char *message)
 }
 
 fsdp_status fsdp_ctx_create(const fsdp_ctx_options *opts, fsdp_ctx **out) {
-    if (!out) return FSDP_ERR_INVALID_ARGUMENT;
+    FSDP_ARG_NOT_NULL(NULL, out);
     *out = NULL;
     fsdp_ctx_options o = opts ? *opts : (fsdp_ctx_options){0};
     if ((int)o.log_level < 0 || o.log_level > FSDP_LOG_OFF) return FSDP_ERR_INVALID_ARGUMENT;

@@ -1,7 +1,8 @@
 /* error.h: how libfsdp code reports failure. FSDP_FAIL records a message and its origin
  * (file:line) in the context and returns the status; FSDP_TRY propagates a failure;
- * FSDP_TRY_AT and FSDP_TRYF propagate it and add a hop to its trail; FSDP_ASSERT aborts on a
- * broken invariant (a libfsdp bug, never bad input). */
+ * FSDP_TRY_AT and FSDP_TRYF propagate it and add a hop to its trail; FSDP_ARG_NOT_NULL refuses a
+ * NULL required argument of a public function; FSDP_ASSERT aborts on a broken invariant (a
+ * libfsdp bug, never bad input). */
 #ifndef FSDP_CORE_ERROR_H
 #define FSDP_CORE_ERROR_H
 
@@ -68,6 +69,20 @@ const fsdp_error_record *fsdp_error_of(const fsdp_ctx *ctx);
         fsdp_status fsdp_try_st_ = (expr);                                                         \
         if (fsdp_try_st_ != FSDP_OK)                                                               \
             return fsdp_error_hop((ctx), fsdp_try_st_, __FILE__, __LINE__, __VA_ARGS__);           \
+    } while (0)
+
+/* The entry check of a public function (docs/api.md, "NULL arguments"): when the required
+ * pointer argument `arg` is NULL, records "<function>: <arg> is NULL ..." in ctx and returns
+ * FSDP_ERR_INVALID_ARGUMENT. One line per argument, ctx first: FSDP_ARG_NOT_NULL(ctx, ctx)
+ * returns the status alone, as a NULL context has nowhere to keep a message. */
+#define FSDP_ARG_NOT_NULL(ctx, arg) FSDP_ARG_NOT_NULL_AS(ctx, arg, arg)
+/* The same for a parameter whose definition names it differently from the public header:
+ * the message names `name`, as the header does. */
+#define FSDP_ARG_NOT_NULL_AS(ctx, arg, name)                                                       \
+    do {                                                                                           \
+        if ((arg) == NULL)                                                                         \
+            return fsdp_error_set((ctx), FSDP_ERR_INVALID_ARGUMENT, __FILE__, __LINE__,            \
+                                  "%s: %s is NULL (a required argument)", __func__, #name);        \
     } while (0)
 
 #define FSDP_ASSERT(cond)                                                                          \

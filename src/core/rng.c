@@ -89,6 +89,11 @@ static void store(fsdp_tensor *t, int64_t i, float v) {
 fsdp_status fsdp_init_block(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init, uint64_t seed,
                             uint64_t stream, int global_ndim, const int64_t *global_shape,
                             const int64_t *block_start) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
+    FSDP_ARG_NOT_NULL(ctx, init);
+    if (global_ndim > 0) FSDP_ARG_NOT_NULL(ctx, global_shape);
+    if (global_ndim > 0) FSDP_ARG_NOT_NULL(ctx, block_start);
     if (init->kind < FSDP_INIT_ZEROS || init->kind > FSDP_INIT_NORMAL)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_init_block: unknown init kind %d",
                          (int)init->kind);
@@ -128,6 +133,9 @@ fsdp_status fsdp_init_block(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init
 
 fsdp_status fsdp_init_tensor(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init, uint64_t seed,
                              uint64_t stream) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
+    FSDP_ARG_NOT_NULL(ctx, init);
     const int64_t zeros[FSDP_MAX_DIMS] = {0};
     return fsdp_init_block(ctx, t, init, seed, stream, t->ndim, t->shape, zeros);
 }

@@ -124,6 +124,7 @@ int fsdp_device_count(fsdp_device_type type) {
 }
 
 fsdp_status fsdp_device_synchronize(fsdp_ctx *ctx, fsdp_device device) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_TRY(fsdp_storage_check_device(ctx, device));
     const fsdp_storage_i *s = fsdp_storage_for(device.type);
     return s->synchronize ? s->synchronize(ctx, device.index) : FSDP_OK;

@@ -131,7 +131,9 @@ static fsdp_status tensor_new(fsdp_ctx *ctx, fsdp_storage *s, int64_t offset, fs
 
 fsdp_status fsdp_tensor_create(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device, int ndim,
                                const int64_t *shape, fsdp_tensor **out) {
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tensor_create: out is NULL");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_create"));
     FSDP_TRY(check_dtype_device(ctx, dtype, device));
@@ -144,13 +146,17 @@ fsdp_status fsdp_tensor_create(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device devi
 }
 
 fsdp_status fsdp_tensor_create_like(fsdp_ctx *ctx, const fsdp_tensor *src, fsdp_tensor **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, src);
+    FSDP_ARG_NOT_NULL(ctx, out);
     return fsdp_tensor_create(ctx, src->dtype, src->storage->device, src->ndim, src->shape, out);
 }
 
 fsdp_status fsdp_tensor_from_blob(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, fsdp_device device,
                                   int ndim, const int64_t *shape, fsdp_tensor **out) {
-    if (!out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tensor_from_blob: out is NULL");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_from_blob"));
     FSDP_TRY(check_dtype_device(ctx, dtype, device));
@@ -176,8 +182,10 @@ static bool fits(const fsdp_storage *s, fsdp_dtype dtype, int64_t offset, int64_
 
 fsdp_status fsdp_tensor_view(fsdp_ctx *ctx, const fsdp_tensor *base, int64_t offset, int ndim,
                              const int64_t *shape, fsdp_tensor **out) {
-    if (!out || !base)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tensor_view: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, base);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_view"));
     int64_t numel = fsdp_shape_numel(ndim, shape);
@@ -245,6 +253,9 @@ int64_t fsdp_tensor_capacity(const fsdp_tensor *t) {
 }
 
 fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const int64_t *shape) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
     FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_resize"));
     int64_t numel = fsdp_shape_numel(ndim, shape);
     if (fits(t->storage, t->dtype, t->offset, numel)) {
@@ -361,6 +372,9 @@ static fsdp_status check_storage(fsdp_ctx *ctx, const fsdp_tensor *t, const char
 }
 
 fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor *src) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, dst);
+    FSDP_ARG_NOT_NULL(ctx, src);
     FSDP_TRY(check_storage(ctx, dst, "fsdp_tensor_copy"));
     FSDP_TRY(check_storage(ctx, src, "fsdp_tensor_copy"));
     if (dst->numel != src->numel) {
@@ -388,6 +402,8 @@ fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor 
 }
 
 fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
     FSDP_TRY(check_storage(ctx, t, "fsdp_tensor_fill"));
     fsdp_device dev = t->storage->device;
     if (t->dtype == FSDP_DTYPE_BF16) {

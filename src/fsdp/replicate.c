@@ -164,6 +164,8 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
 
 fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                                  const fsdp_replicate_options *opts, fsdp_replicate **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, root);
     if (out) *out = NULL;
     if (!root)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_replicate_apply: root is NULL");
@@ -242,8 +244,9 @@ void fsdp_batch_range(const fsdp_ctx *ctx, const fsdp_group *group, int64_t n, i
 
 fsdp_status fsdp_batch_slice(fsdp_ctx *ctx, const fsdp_tensor *global, int batch_dim,
                              const fsdp_group *group, fsdp_tensor **out) {
-    if (!global || !out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_batch_slice: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, global);
+    FSDP_ARG_NOT_NULL(ctx, out);
     int ndim = fsdp_tensor_ndim(global);
     int d = batch_dim < 0 ? batch_dim + ndim : batch_dim;
     if (d < 0 || d >= ndim)

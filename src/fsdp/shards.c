@@ -10,6 +10,8 @@
 
 fsdp_status fsdp_sharded_clip_grad_norm(fsdp_ctx *ctx, fsdp_sharded *sh, double max_norm,
                                         double norm_type, double *total_norm) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, sh);
     FSDP_TRY(fsdp_clip_check(ctx, max_norm, norm_type));
     FSDP_TRY(fsdp_shard_check_model(ctx, sh, "fsdp_sharded_clip_grad_norm"));
     fsdp_norm_acc a;

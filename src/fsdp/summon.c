@@ -35,6 +35,8 @@ static fsdp_status summon_to_host(fsdp_ctx *ctx, unit *u) {
 
 fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
                                     const fsdp_summon_options *opts) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, sh);
     FSDP_TRY(fsdp_shard_check_model(ctx, sh, "fsdp_summon_full_params"));
     if (ctx->phase != FSDP_PHASE_NONE)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
@@ -76,7 +78,12 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
         }
     }
     sh->summoned = true; /* release undoes whatever was done, also after a failure */
-    if (st != FSDP_OK) fsdp_release_full_params(NULL, sh);
+    if (st != FSDP_OK) { /* undo, keeping this failure's message */
+        fsdp_error_record failure;
+        fsdp_error_save(ctx, &failure);
+        fsdp_release_full_params(ctx, sh);
+        fsdp_error_restore(ctx, &failure);
+    }
     return st;
 }
 
@@ -93,6 +100,8 @@ static fsdp_status write_back(fsdp_ctx *ctx, unit *u, const fsdp_tensor *full) {
 }
 
 fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, sh);
     FSDP_TRY(fsdp_shard_check_model(ctx, sh, "fsdp_release_full_params"));
     if (!sh->summoned)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,

@@ -444,8 +444,9 @@ static fsdp_status wrap(fsdp_ctx *ctx, fsdp_sharded *sh) {
 
 fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_shard_options *opts,
                              fsdp_sharded **out) {
-    if (!root || !out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_fully_shard: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, root);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     fsdp_fully_shard_options o = opts ? *opts : (fsdp_fully_shard_options){0};
     FSDP_TRY(check_options(ctx, &o));
@@ -486,12 +487,13 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
     return FSDP_OK;
 }
 
-/* Gives a tensor storage of its own: a copy of its current value, or zeros when it has none. */
-static void own_storage(fsdp_tensor *t) {
+/* Gives a tensor storage of its own: a copy of its current value, or zeros when it has none.
+ * tmp is a scratch context (NULL when none could be made: then t is left as it is). */
+static void own_storage(fsdp_ctx *tmp, fsdp_tensor *t) {
     fsdp_tensor *mine;
-    if (fsdp_tensor_create_like(NULL, t, &mine) != FSDP_OK) return;
-    if (fsdp_tensor_has_storage(t)) fsdp_tensor_copy(NULL, mine, t);
-    fsdp_tensor_rebind(NULL, t, mine, 0);
+    if (!tmp || fsdp_tensor_create_like(tmp, t, &mine) != FSDP_OK) return;
+    if (fsdp_tensor_has_storage(t)) fsdp_tensor_copy(tmp, mine, t);
+    fsdp_tensor_rebind(tmp, t, mine, 0);
     fsdp_tensor_free(mine);
 }
 
@@ -513,17 +515,21 @@ void fsdp_sharded_free(fsdp_sharded *sh) {
     /* The model is still there: unwrap it. Otherwise it let go already and nothing points
      * into it. */
     sh->unwrapping = true;
+    /* The copies below are public calls, which need a context; nobody reads its messages. */
+    fsdp_ctx *tmp = NULL;
+    if (sh->root) fsdp_ctx_create(&(fsdp_ctx_options){.log_level = FSDP_LOG_OFF}, &tmp);
     for (int i = 0; sh->root && i < sh->n_units; i++) {
         unit *u = sh->units[i];
         for (int h = 0; h < 4; h++)
-            if (u->hook_ids[h] > 0) fsdp_module_remove_hook(NULL, u->module, u->hook_ids[h]);
+            if (u->hook_ids[h] > 0) fsdp_nn_remove_hook(u->module, u->hook_ids[h]);
         /* Parameters bound to a unit's buffers (or left without storage) get their own. */
         for (int p = 0; p < u->n_params; p++) {
-            own_storage(fsdp_param_data(u->params[p]));
-            own_storage(fsdp_param_grad(u->params[p]));
+            own_storage(tmp, fsdp_param_data(u->params[p]));
+            own_storage(tmp, fsdp_param_grad(u->params[p]));
             fsdp_nn_param_set_manager(u->params[p], NULL);
         }
     }
+    fsdp_ctx_free(tmp);
     sh->model_held = false;
     sharded_destroy(sh);
 }
@@ -551,6 +557,9 @@ int fsdp_sharded_num_segments(const fsdp_sharded *sh) {
 }
 fsdp_status fsdp_sharded_segment(fsdp_ctx *ctx, const fsdp_sharded *sh, int i,
                                  fsdp_flat_segment *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, sh);
+    FSDP_ARG_NOT_NULL(ctx, out);
     if (i < 0 || i >= sh->n_segments)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_sharded_segment: index %d out of range [0, %d)", i, sh->n_segments);

@@ -4,6 +4,7 @@
 #include "fsdp/cuda.h"
 
 fsdp_status fsdp_cuda_set_allow_tf32(fsdp_ctx *ctx, bool allow) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
     (void)allow;
     return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
                      "fsdp_cuda_set_allow_tf32: this build of libfsdp has no CUDA support "

@@ -104,11 +104,17 @@ static fsdp_status pointwise_create(fsdp_ctx *ctx, act_kind kind, const fsdp_mod
 }
 
 fsdp_status fsdp_relu_create(fsdp_ctx *ctx, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     return pointwise_create(ctx, ACT_RELU, &relu_ops, out);
 }
 fsdp_status fsdp_sigmoid_create(fsdp_ctx *ctx, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     return pointwise_create(ctx, ACT_SIGMOID, &sigmoid_ops, out);
 }
 fsdp_status fsdp_gelu_create(fsdp_ctx *ctx, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     return pointwise_create(ctx, ACT_GELU, &gelu_ops, out);
 }

@@ -59,7 +59,8 @@ static fsdp_status move_module(fsdp_ctx *ctx, fsdp_module *m, void *user) {
 }
 
 fsdp_status fsdp_module_to(fsdp_ctx *ctx, fsdp_module *m, fsdp_device device) {
-    if (!m) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_module_to: the module is NULL");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
     move_args a = {device};
     if (fsdp_module_visit(ctx, m, find_elsewhere, &a) == FSDP_OK) return FSDP_OK; /* all there */
     FSDP_TRY(fsdp_nn_check_unmanaged(ctx, m, "fsdp_module_to"));

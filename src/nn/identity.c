@@ -24,5 +24,7 @@ static const fsdp_module_ops identity_ops = {
     .kind = "Identity", .forward = identity_forward, .backward = identity_backward};
 
 fsdp_status fsdp_identity_create(fsdp_ctx *ctx, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     return fsdp_module_create(ctx, &identity_ops, NULL, out);
 }

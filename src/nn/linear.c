@@ -83,6 +83,8 @@ static const fsdp_module_ops linear_ops = {.kind = "Linear",
 
 fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_features, bool bias,
                                fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     if (in_features <= 0 || out_features <= 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "Linear(%lld, %lld): feature counts must be positive",

@@ -21,6 +21,9 @@ static fsdp_status check_grad_target(fsdp_ctx *ctx, const char *loss, const fsdp
 }
 
 fsdp_status fsdp_loss_sum(fsdp_ctx *ctx, const fsdp_tensor *out, float *loss, fsdp_tensor *dout) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_ARG_NOT_NULL(ctx, loss);
     FSDP_TRY(check_grad_target(ctx, "sum loss", out, dout));
     const fsdp_kernels_i *k = fsdp_kernels_for(fsdp_tensor_device(out));
     *loss = (float)k->sum(fsdp_tensor_f32(out), fsdp_tensor_numel(out));
@@ -30,6 +33,10 @@ fsdp_status fsdp_loss_sum(fsdp_ctx *ctx, const fsdp_tensor *out, float *loss, fs
 
 fsdp_status fsdp_loss_mse(fsdp_ctx *ctx, const fsdp_tensor *out, const fsdp_tensor *target,
                           float *loss, fsdp_tensor *dout) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_ARG_NOT_NULL(ctx, target);
+    FSDP_ARG_NOT_NULL(ctx, loss);
     FSDP_TRY(check_grad_target(ctx, "MSE loss", out, dout));
     if (!fsdp_tensor_same_shape(out, target) || fsdp_tensor_dtype(target) != FSDP_DTYPE_F32) {
         char a[64], b[64];
@@ -64,6 +71,10 @@ static fsdp_status stage_targets(fsdp_ctx *ctx, const int32_t *targets, int64_t 
 
 fsdp_status fsdp_loss_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,
                                     const int32_t *targets, float *loss, fsdp_tensor *dlogits) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, logits);
+    FSDP_ARG_NOT_NULL(ctx, targets);
+    FSDP_ARG_NOT_NULL(ctx, loss);
     FSDP_TRY(check_grad_target(ctx, "cross-entropy loss", logits, dlogits));
     if (fsdp_tensor_ndim(logits) != 2 || fsdp_tensor_dim(logits, 0) == 0) {
         char a[64];

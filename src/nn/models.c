@@ -45,6 +45,8 @@ static fsdp_status build_mlp_module(fsdp_ctx *ctx, fsdp_module *m) {
 }
 
 fsdp_status fsdp_model_mlp_module(fsdp_ctx *ctx, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_module *m;
     FSDP_TRY(fsdp_sequential_create(ctx, &m));
     return finish(ctx, m, build_mlp_module(ctx, m), out);
@@ -64,6 +66,8 @@ static fsdp_status build_mlp_stacked(fsdp_ctx *ctx, fsdp_module *m, int n_layers
 }
 
 fsdp_status fsdp_model_mlp_stacked(fsdp_ctx *ctx, int n_layers, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     if (n_layers < 1)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "MLPStacked: n_layers is %d; it must be >= 1", n_layers);
@@ -119,6 +123,8 @@ static const fsdp_module_ops simple_mlp_ops = {.kind = "SimpleMLP",
                                                .free_impl = simple_mlp_free};
 
 fsdp_status fsdp_model_simple_mlp(fsdp_ctx *ctx, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     simple_mlp *s = calloc(1, sizeof *s);
     if (!s) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate SimpleMLP");
     fsdp_module *m;
@@ -130,6 +136,8 @@ fsdp_status fsdp_model_simple_mlp(fsdp_ctx *ctx, fsdp_module **out) {
 }
 
 fsdp_status fsdp_model_simple_model(fsdp_ctx *ctx, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_module *m;
     FSDP_TRY(fsdp_sequential_create(ctx, &m));
     fsdp_status st = add_linear(ctx, m, "net1", 5, 8);
@@ -140,6 +148,8 @@ fsdp_status fsdp_model_simple_model(fsdp_ctx *ctx, fsdp_module **out) {
 }
 
 fsdp_status fsdp_model_net(fsdp_ctx *ctx, int64_t dim, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     if (dim <= 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "Net: dim is %lld; it must be positive",
                          (long long)dim);
@@ -161,6 +171,8 @@ const char *fsdp_activation_to_string(fsdp_activation act) {
 }
 
 fsdp_status fsdp_activation_parse(const char *text, fsdp_activation *out) {
+    FSDP_ARG_NOT_NULL(NULL, text);
+    FSDP_ARG_NOT_NULL(NULL, out);
     for (int a = 0; a <= FSDP_ACT_NONE; a++) {
         if (text && strcasecmp(text, activation_names[a]) == 0) {
             *out = (fsdp_activation)a;
@@ -190,6 +202,9 @@ static fsdp_status append_activation(fsdp_ctx *ctx, fsdp_module *seq, fsdp_activ
 
 fsdp_status fsdp_model_mlp(fsdp_ctx *ctx, int n_widths, const int64_t *widths, fsdp_activation act,
                            fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, widths);
+    FSDP_ARG_NOT_NULL(ctx, out);
     if (n_widths < 2 || !widths)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "MLP: %d widths given; it needs at least an input and an output width",

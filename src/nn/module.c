@@ -29,6 +29,9 @@ static char *dup_string(const char *s) {
 
 fsdp_status fsdp_module_create(fsdp_ctx *ctx, const fsdp_module_ops *ops, void *impl,
                                fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ops);
+    FSDP_ARG_NOT_NULL(ctx, out);
     if (!ops || !ops->forward || !ops->backward || !ops->kind || !out) {
         if (ops && ops->free_impl) ops->free_impl(impl);
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
@@ -163,12 +166,35 @@ static fsdp_status check_new_name(fsdp_ctx *ctx, const fsdp_module *m, const cha
     return FSDP_OK;
 }
 
+/* Whether a is m or one of m's ancestors: adding a under m would close a cycle. */
+static bool is_self_or_ancestor(const fsdp_module *a, const fsdp_module *m) {
+    for (; m; m = m->parent)
+        if (m == a) return true;
+    return false;
+}
+
+/* A refused child is freed (m owned it from the call on), unless it belongs to a tree already:
+ * it has a parent, or it is m or an ancestor of m. */
+static void free_refused_child(const fsdp_module *m, fsdp_module *child) {
+    if (!child->parent && !is_self_or_ancestor(child, m)) fsdp_module_free(child);
+}
+
 fsdp_status fsdp_module_add_child(fsdp_ctx *ctx, fsdp_module *m, const char *name,
                                   fsdp_module *child) {
-    if (!child)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_module_add_child: child is NULL");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, name);
+    FSDP_ARG_NOT_NULL(ctx, child);
     fsdp_status st = FSDP_OK;
-    if (child->parent || child == m)
+    char desc[160], where[160];
+    if (is_self_or_ancestor(child, m))
+        st = FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                       "fsdp_module_add_child: %s is %s %s: a module cannot be its own "
+                       "descendant (the tree would have a cycle)",
+                       fsdp_nn_describe(child, desc, sizeof desc),
+                       child == m ? "the parent" : "an ancestor of the parent",
+                       fsdp_nn_describe(m, where, sizeof where));
+    else if (child->parent)
         st = FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                        "fsdp_module_add_child: module '%s' already has a parent", child->fqn);
     if (st == FSDP_OK) st = check_new_name(ctx, m, name, "child");
@@ -178,7 +204,7 @@ fsdp_status fsdp_module_add_child(fsdp_ctx *ctx, fsdp_module *m, const char *nam
         st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add child '%s'", name);
     if (st != FSDP_OK) {
         free(copy);
-        if (!child->parent && child != m) fsdp_module_free(child);
+        free_refused_child(m, child);
         return st;
     }
     free(child->name);
@@ -229,6 +255,10 @@ static void member_fqn(const fsdp_module *m, const char *name, char *buf, size_t
 
 fsdp_status fsdp_module_add_param(fsdp_ctx *ctx, fsdp_module *m, const char *name, int ndim,
                                   const int64_t *shape, fsdp_init init, fsdp_param **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, name);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
     FSDP_TRY(check_new_name(ctx, m, name, "parameter"));
     fsdp_param *p = calloc(1, sizeof *p);
     if (!p || !(p->name = dup_string(name)) ||
@@ -256,6 +286,10 @@ fsdp_status fsdp_module_add_param(fsdp_ctx *ctx, fsdp_module *m, const char *nam
 
 fsdp_status fsdp_module_add_buffer(fsdp_ctx *ctx, fsdp_module *m, const char *name, int ndim,
                                    const int64_t *shape, fsdp_init init, fsdp_tensor **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, name);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
     FSDP_TRY(check_new_name(ctx, m, name, "buffer"));
     fsdp_buffer b = {.name = dup_string(name), .init = init};
     if (!b.name || !grow((void **)&m->buffers, &m->cap_buffers, m->n_buffers, sizeof *m->buffers)) {
@@ -315,6 +349,9 @@ const fsdp_init *fsdp_param_init(const fsdp_param *p) {
 }
 
 fsdp_status fsdp_module_visit(fsdp_ctx *ctx, fsdp_module *m, fsdp_module_visit_fn fn, void *user) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, fn);
     FSDP_TRY(fn(ctx, m, user));
     for (int i = 0; i < m->n_children; i++)
         FSDP_TRY(fsdp_module_visit(ctx, m->children[i], fn, user));
@@ -339,6 +376,9 @@ static fsdp_status visit_module_params(fsdp_ctx *ctx, fsdp_module *m, void *user
 
 fsdp_status fsdp_module_visit_params(fsdp_ctx *ctx, fsdp_module *m, fsdp_param_visit_fn fn,
                                      void *user) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, fn);
     param_walk w = {.fn = fn, .user = user, .root_len = m->fqn[0] ? strlen(m->fqn) + 1 : 0};
     return fsdp_module_visit(ctx, m, visit_module_params, &w);
 }
@@ -367,6 +407,8 @@ static fsdp_status reset_module(fsdp_ctx *ctx, fsdp_module *m, void *user) {
 }
 
 fsdp_status fsdp_module_reset_parameters(fsdp_ctx *ctx, fsdp_module *m, uint64_t seed) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
     return fsdp_module_visit(ctx, m, reset_module, &seed);
 }
 
@@ -380,6 +422,8 @@ static fsdp_status zero_module_grads(fsdp_ctx *ctx, fsdp_module *m, void *user) 
 }
 
 fsdp_status fsdp_module_zero_grad(fsdp_ctx *ctx, fsdp_module *m) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
     /* A wrapper (FSDP) keeps these gradients in its shards: zeroing the model would leave the
      * ones the optimizer steps untouched. Refused before anything is zeroed. */
     FSDP_TRY(fsdp_nn_check_unmanaged(ctx, m, "fsdp_module_zero_grad"));
@@ -443,6 +487,9 @@ fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *w
 
 fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                  fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, fn);
     if ((int)point < 0 || point >= FSDP_HOOK_POINT_COUNT || !fn) {
         if (free_user) free_user(user);
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
@@ -471,7 +518,7 @@ fsdp_status fsdp_nn_add_hook_front(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poin
     return FSDP_OK;
 }
 
-fsdp_status fsdp_module_remove_hook(fsdp_ctx *ctx, fsdp_module *m, int id) {
+bool fsdp_nn_remove_hook(fsdp_module *m, int id) {
     for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++) {
         for (int i = 0; i < m->n_hooks[p]; i++) {
             if (m->hooks[p][i].id != id) continue;
@@ -479,9 +526,16 @@ fsdp_status fsdp_module_remove_hook(fsdp_ctx *ctx, fsdp_module *m, int id) {
             memmove(&m->hooks[p][i], &m->hooks[p][i + 1],
                     (size_t)(m->n_hooks[p] - i - 1) * sizeof(fsdp_hook));
             m->n_hooks[p]--;
-            return FSDP_OK;
+            return true;
         }
     }
+    return false;
+}
+
+fsdp_status fsdp_module_remove_hook(fsdp_ctx *ctx, fsdp_module *m, int id) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    if (fsdp_nn_remove_hook(m, id)) return FSDP_OK;
     char desc[160];
     return FSDP_FAIL(ctx, FSDP_ERR_NOT_FOUND, "no hook with id %d on %s", id,
                      fsdp_nn_describe(m, desc, sizeof desc));
@@ -503,8 +557,10 @@ static fsdp_status run_hooks(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point poin
 
 fsdp_status fsdp_module_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
                                 const fsdp_tensor **out) {
-    if (!m || !in || !out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_module_forward: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, in);
+    FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_phase outer = ctx->phase;
     ctx->phase = FSDP_PHASE_FORWARD;
     fsdp_ctx_scope_push(ctx, m->fqn);
@@ -520,8 +576,9 @@ fsdp_status fsdp_module_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor
 
 fsdp_status fsdp_module_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
                                  const fsdp_tensor **din) {
-    if (!m || !dout)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_module_backward: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, dout);
     fsdp_phase outer = ctx->phase;
     ctx->phase = FSDP_PHASE_BACKWARD;
     fsdp_ctx_scope_push(ctx, m->fqn);

@@ -13,6 +13,8 @@
  * run outside (before) TP's, so parameters are gathered before a style reads them. */
 fsdp_status fsdp_nn_add_hook_front(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                    fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id);
+/* fsdp_module_remove_hook without a context, for teardown: false when m has no hook `id`. */
+bool fsdp_nn_remove_hook(fsdp_module *m, int id);
 /* Whether m has a hook running fn at point: how a wrapper recognises its own hooks. */
 bool fsdp_nn_has_hook(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn);
 

@@ -76,6 +76,8 @@ static const fsdp_module_ops rmsnorm_ops = {.kind = "RMSNorm",
                                             .free_impl = rmsnorm_free};
 
 fsdp_status fsdp_rmsnorm_create(fsdp_ctx *ctx, int64_t dim, float eps, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     if (dim <= 0 || !(eps >= 0.0f))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "RMSNorm(%lld, eps=%g): dim must be positive and eps >= 0", (long long)dim,

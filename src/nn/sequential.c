@@ -36,10 +36,15 @@ static const fsdp_module_ops sequential_ops = {
     .kind = "Sequential", .forward = sequential_forward, .backward = sequential_backward};
 
 fsdp_status fsdp_sequential_create(fsdp_ctx *ctx, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     return fsdp_module_create(ctx, &sequential_ops, NULL, out);
 }
 
 fsdp_status fsdp_sequential_append(fsdp_ctx *ctx, fsdp_module *seq, fsdp_module *child) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, seq);
+    FSDP_ARG_NOT_NULL(ctx, child);
     char name[16];
     snprintf(name, sizeof name, "%d", seq->n_children);
     return fsdp_module_add_child(ctx, seq, name, child);

@@ -54,6 +54,8 @@ static fsdp_status scale(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *u
 
 fsdp_status fsdp_clip_grad_norm(fsdp_ctx *ctx, fsdp_module *m, double max_norm, double norm_type,
                                 double *total_norm) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
     FSDP_TRY(fsdp_clip_check(ctx, max_norm, norm_type));
     /* The module FSDP hands the optimizer: its shards are summed over the groups that shard
      * each part of them. */

@@ -268,8 +268,10 @@ static fsdp_status optimizer_new(fsdp_ctx *ctx, fsdp_module *m, optim_kind kind,
 
 fsdp_status fsdp_sgd_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_sgd_options *opts,
                             fsdp_optimizer **out) {
-    if (!m || !opts || !out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_sgd_create: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, opts);
+    FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_TRY(check_sgd(ctx, "SGD", opts, false));
     return optimizer_new(ctx, m, OPTIM_SGD, opts, NULL, opts->param_groups, opts->n_param_groups, 1,
                          out);
@@ -291,11 +293,19 @@ static fsdp_status adam_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_adam_op
 
 fsdp_status fsdp_adam_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_adam_options *opts,
                              fsdp_optimizer **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, opts);
+    FSDP_ARG_NOT_NULL(ctx, out);
     return adam_create(ctx, m, opts, OPTIM_ADAM, out);
 }
 
 fsdp_status fsdp_adamw_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_adam_options *opts,
                               fsdp_optimizer **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, opts);
+    FSDP_ARG_NOT_NULL(ctx, out);
     return adam_create(ctx, m, opts, OPTIM_ADAMW, out);
 }
 
@@ -335,12 +345,16 @@ static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const opt
 }
 
 fsdp_status fsdp_optimizer_step(fsdp_ctx *ctx, fsdp_optimizer *opt) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, opt);
     for (int i = 0; i < opt->n_slots; i++) FSDP_TRY(step_slot(ctx, opt, &opt->slots[i]));
     opt->steps++;
     return FSDP_OK;
 }
 
 fsdp_status fsdp_optimizer_zero_grad(fsdp_ctx *ctx, fsdp_optimizer *opt) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, opt);
     for (int i = 0; i < opt->n_slots; i++)
         FSDP_TRY(fsdp_tensor_fill(ctx, fsdp_param_grad(opt->slots[i].param), 0.0f));
     return FSDP_OK;
@@ -379,9 +393,10 @@ double fsdp_optimizer_group_lr(const fsdp_optimizer *opt, int group) {
 
 fsdp_status fsdp_optimizer_param_group(fsdp_ctx *ctx, const fsdp_optimizer *opt, const char *fqn,
                                        int *group) {
-    if (!opt || !fqn || !group)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_optimizer_param_group: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, opt);
+    FSDP_ARG_NOT_NULL(ctx, fqn);
+    FSDP_ARG_NOT_NULL(ctx, group);
     for (int i = 0; i < opt->n_slots; i++)
         if (strcmp(opt->slots[i].name, fqn) == 0) {
             *group = opt->slots[i].group - 1;
@@ -412,8 +427,9 @@ int fsdp_optimizer_num_states(const fsdp_optimizer *opt) {
 
 fsdp_status fsdp_optimizer_get_state(fsdp_ctx *ctx, const fsdp_optimizer *opt, int i,
                                      fsdp_optim_state *out) {
-    if (!opt || !out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_optimizer_get_state: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, opt);
+    FSDP_ARG_NOT_NULL(ctx, out);
     int n = opt->n_states;
     if (i < 0 || i >= n)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,

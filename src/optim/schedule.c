@@ -9,6 +9,8 @@
 #define PI 3.14159265358979323846
 
 fsdp_status fsdp_lr_schedule_check(fsdp_ctx *ctx, const fsdp_lr_schedule *s) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, s);
     if ((int)s->kind < FSDP_LR_CONSTANT || s->kind > FSDP_LR_COSINE)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "lr schedule: unknown kind %d; use FSDP_LR_CONSTANT, "

@@ -62,8 +62,11 @@ static fsdp_status check_block(fsdp_ctx *ctx, const fsdp_dtensor_spec *spec,
 fsdp_status fsdp_dtensor_from_local(fsdp_ctx *ctx, const fsdp_tensor *local, const fsdp_mesh *mesh,
                                     const fsdp_placement *placements, const int64_t *global_shape,
                                     fsdp_dtensor **out) {
-    if (!local || !out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_dtensor_from_local: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, local);
+    FSDP_ARG_NOT_NULL(ctx, mesh);
+    FSDP_ARG_NOT_NULL(ctx, placements);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     fsdp_dtensor_spec spec;
     FSDP_TRY(tp_spec_init(ctx, &spec, mesh, placements, local->ndim, local->shape,
@@ -99,8 +102,11 @@ static fsdp_status redistribute_new(fsdp_ctx *ctx, const fsdp_dtensor *dt, const
 fsdp_status fsdp_distribute_tensor(fsdp_ctx *ctx, const fsdp_tensor *global, const fsdp_mesh *mesh,
                                    const fsdp_placement *placements, int src_rank,
                                    fsdp_dtensor **out) {
-    if (!global || !out || !mesh)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_distribute_tensor: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, global);
+    FSDP_ARG_NOT_NULL(ctx, mesh);
+    FSDP_ARG_NOT_NULL(ctx, placements);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     int n = fsdp_mesh_ndim(mesh), mesh_size = 1;
     for (int i = 0; i < n; i++) mesh_size *= fsdp_mesh_size(mesh, i);
@@ -142,18 +148,20 @@ fsdp_status fsdp_distribute_tensor(fsdp_ctx *ctx, const fsdp_tensor *global, con
 
 fsdp_status fsdp_dtensor_redistribute(fsdp_ctx *ctx, const fsdp_dtensor *dt,
                                       const fsdp_placement *placements, fsdp_dtensor **out) {
-    if (!dt || !placements || !out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_dtensor_redistribute: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, dt);
+    FSDP_ARG_NOT_NULL(ctx, placements);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     return redistribute_new(ctx, dt, placements, out);
 }
 
 fsdp_status fsdp_dtensor_redistribute_backward(fsdp_ctx *ctx, const fsdp_dtensor *grad,
                                                const fsdp_placement *from, fsdp_dtensor **out) {
-    if (!grad || !from || !out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_dtensor_redistribute_backward: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, grad);
+    FSDP_ARG_NOT_NULL(ctx, from);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     fsdp_dtensor_spec before;
     FSDP_TRY(tp_spec_init(ctx, &before, grad->spec.mesh, from, grad->spec.ndim, grad->spec.shape,
@@ -180,8 +188,9 @@ static fsdp_status gather_full(fsdp_ctx *ctx, const fsdp_dtensor_spec *spec,
 }
 
 fsdp_status fsdp_dtensor_full_tensor(fsdp_ctx *ctx, const fsdp_dtensor *dt, fsdp_tensor **out) {
-    if (!dt || !out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_dtensor_full_tensor: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, dt);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     return gather_full(ctx, &dt->spec, dt->local, out);
 }
@@ -192,8 +201,9 @@ const fsdp_dtensor_spec *fsdp_param_dtensor_spec(const fsdp_param *p) {
 
 fsdp_status fsdp_param_full_tensor(fsdp_ctx *ctx, const fsdp_param *p, bool grad,
                                    fsdp_tensor **out) {
-    if (!p || !out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_param_full_tensor: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, p);
+    FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     const fsdp_tensor *t = grad ? fsdp_param_grad(p) : fsdp_param_data(p);
     const fsdp_dtensor_spec *spec = fsdp_nn_param_dist(p);

@@ -91,6 +91,10 @@ static fsdp_status match_key(fsdp_ctx *ctx, fsdp_module *root, const char *key, 
 
 fsdp_status fsdp_tp_parallelize(fsdp_ctx *ctx, fsdp_module *root, const fsdp_mesh *mesh, int n,
                                 const fsdp_tp_plan_entry *plan, const fsdp_tp_options *opts) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, root);
+    FSDP_ARG_NOT_NULL(ctx, mesh);
+    if (n > 0) FSDP_ARG_NOT_NULL(ctx, plan);
     if (!root || !mesh || (n > 0 && !plan) || n < 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tp_parallelize: NULL argument");
     module_list *matches = calloc((size_t)n + 1, sizeof *matches);

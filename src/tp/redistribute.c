@@ -97,6 +97,12 @@ void tp_spec_block(const fsdp_dtensor_spec *spec, int64_t *offset, int64_t *leng
 fsdp_status fsdp_placement_local_block(fsdp_ctx *ctx, const fsdp_mesh *mesh,
                                        const fsdp_placement *placements, int ndim,
                                        const int64_t *shape, int64_t *offset, int64_t *length) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, mesh);
+    FSDP_ARG_NOT_NULL(ctx, placements);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, offset);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, length);
     fsdp_dtensor_spec spec;
     FSDP_TRY(tp_spec_init(ctx, &spec, mesh, placements, ndim, shape, "fsdp_placement_local_block"));
     tp_spec_block(&spec, offset, length);

@@ -473,8 +473,10 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_
 
 fsdp_status fsdp_tp_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
                           const fsdp_tp_style *style, const fsdp_tp_options *opts) {
-    if (!m || !mesh || !style)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tp_apply: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, mesh);
+    FSDP_ARG_NOT_NULL(ctx, style);
     char where[200];
     fsdp_nn_describe(m, where, sizeof where);
     if (fsdp_mesh_ndim(mesh) != 1)

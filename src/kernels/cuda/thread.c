@@ -176,6 +176,7 @@ double fsdp_cuda_fetch_double(const double *dev) {
 }
 
 fsdp_status fsdp_cuda_set_allow_tf32(fsdp_ctx *ctx, bool allow) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
     (void)ctx;
     fsdp_cuda_thread_set_tf32(allow);
     return FSDP_OK;
