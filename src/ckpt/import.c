@@ -258,9 +258,13 @@ static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_ckpt_import_options *
 
 fsdp_status fsdp_ckpt_import(fsdp_ctx *ctx, const char *src_path, const char *dir,
                              const fsdp_ckpt_import_options *opts) {
-    if (!src_path || !dir || !*dir)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_ckpt_import: a source file and a directory are required");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, src_path);
+    FSDP_ARG_NOT_NULL(ctx, dir);
+    if (!*dir)
+        return FSDP_FAIL(
+            ctx, FSDP_ERR_INVALID_ARGUMENT,
+            "fsdp_ckpt_import: the directory is empty; name where the checkpoint goes");
     if (strlen(dir) > 3000)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "import: directory path too long");
     fsdp_ckpt_import_options o = opts ? *opts : (fsdp_ckpt_import_options){0};
