@@ -98,12 +98,13 @@ struct fsdp_world {
     atomic_int failures;
     fsdp_rank_result *results; /* one per world rank */
     /* The run's rank threads, under run_mu: how many have not returned yet, and when
-     * (CLOCK_MONOTONIC seconds) the first of them failed (0: none has). run_cv is signalled
-     * as each returns. */
+     * (CLOCK_MONOTONIC seconds) the first of them failed (0: none has) and which. run_cv is
+     * signalled as each returns. */
     pthread_mutex_t run_mu;
     pthread_cond_t run_cv;
     int run_left;
     double first_failure_at;
+    int first_failed; /* its rank */
     /* Rank threads left running by a run that ended without them (world.c): each holds a
      * reference to the world, so that the world outlives them; fsdp_world_free drops the
      * caller's. abandoned counts those that have not returned (under run_mu). */

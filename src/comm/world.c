@@ -254,7 +254,10 @@ static void finish_rank(fsdp_world *w, int rank, fsdp_status st, const fsdp_erro
     atomic_store(&res->exited, true);
     if (w->backend.iface.rank_exited) w->backend.iface.rank_exited(w->backend.context, rank);
     pthread_mutex_lock(&w->run_mu);
-    if (st != FSDP_OK && w->first_failure_at == 0) w->first_failure_at = mono_s();
+    if (st != FSDP_OK && w->first_failure_at == 0) {
+        w->first_failure_at = mono_s();
+        w->first_failed = rank;
+    }
     w->run_left--;
     pthread_cond_broadcast(&w->run_cv);
     pthread_mutex_unlock(&w->run_mu);
@@ -330,9 +333,7 @@ static int supervise(fsdp_world *w, rank_job **jobs, int count) {
         struct timespec t = monotonic_at(until);
         pthread_cond_timedwait(&w->run_cv, &w->run_mu, &t);
     }
-    int first_failed = -1, left = 0;
-    for (int r = 0; r < w->size; r++)
-        if (w->results[r].failure_order == 1) first_failed = r;
+    int left = 0;
     for (int i = 0; i < count; i++) {
         int running = JOB_RUNNING;
         if (!jobs[i]->started ||
@@ -346,7 +347,7 @@ static int supervise(fsdp_world *w, rank_job **jobs, int count) {
                  "failed: its thread is still running, detached. The world stays allocated "
                  "until the thread returns and cannot run again before; what the function "
                  "uses (user) must stay valid as long",
-                 w->grace_ms, first_failed);
+                 w->grace_ms, w->first_failed);
         snprintf(res->origin, sizeof res->origin, "src/comm/world.c:%d", __LINE__);
         snprintf(res->trail, sizeof res->trail, "%s", res->origin);
         atomic_store(&res->left_running, true);
