@@ -439,8 +439,8 @@ static fsdp_status report(fsdp_ctx *ctx, fsdp_world *world, int left) {
     fsdp_error_record e = {.status = first_failure->status};
     if (n > 0)
         snprintf(e.message, sizeof e.message,
-                 "rank %d: %.700s; and rank%s %s %s not returned from %s function %d ms after "
-                 "that (the grace period): left running, detached",
+                 "rank %d: %.700s; and rank%s %.100s %s not returned from %s function %d ms "
+                 "after that (the grace period): left running, detached",
                  failed_rank, first_failure->message, n > 1 ? "s" : "", list,
                  n > 1 ? "have" : "has", n > 1 ? "their" : "its", world->grace_ms);
     else
