@@ -2,7 +2,6 @@
  * (arrive), the confirmation round (confirm), posting and polling requests against their
  * deadlines, and failing: poison notes, timeouts, ranks that have returned. */
 #define _POSIX_C_SOURCE 200809L
-#include <math.h>
 #include <sched.h>
 #include <stddef.h>
 #include <stdio.h>

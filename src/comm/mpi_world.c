@@ -2,7 +2,6 @@
  * MPI communicator each), group splits, the ranks' exit notes and results, and the backend's
  * vtable. One process per rank under mpirun; CPU tensors. */
 #define _POSIX_C_SOURCE 200809L
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
