@@ -41,6 +41,11 @@ typedef enum fsdp_backend {
 } fsdp_backend;
 
 #define FSDP_COMM_DEFAULT_TIMEOUT_MS 300000 /* 5 minutes */
+/* The environment variable that sets the grace period (milliseconds) of worlds whose options
+ * leave grace_ms 0; without it the grace period is timeout_ms, but at least
+ * FSDP_COMM_MIN_DEFAULT_GRACE_MS. */
+#define FSDP_COMM_GRACE_ENV            "FSDP_COMM_GRACE_MS"
+#define FSDP_COMM_MIN_DEFAULT_GRACE_MS 10000 /* 10 s */
 
 typedef struct fsdp_world_options {
     fsdp_backend backend; /* default FSDP_BACKEND_LOCAL */
@@ -52,6 +57,11 @@ typedef struct fsdp_world_options {
     int timeout_ms;
     /* Template of every rank's context; .rank is set to the rank. Default: all defaults. */
     fsdp_ctx_options ctx;
+    /* Once a rank has failed, how long fsdp_world_run waits for the ranks still running
+     * before it ends the run without them, in milliseconds. Default (0): the
+     * FSDP_COMM_GRACE_MS environment variable when it holds a positive number, else
+     * timeout_ms but at least 10 s (FSDP_COMM_MIN_DEFAULT_GRACE_MS). See fsdp_world_run. */
+    int grace_ms;
 } fsdp_world_options;
 
 /* Creates a world. opts may be NULL for all defaults. ctx (may be NULL) receives the message
@@ -64,7 +74,8 @@ typedef struct fsdp_world_options {
  * only inside fsdp_world_create, fsdp_world_run and fsdp_world_free. */
 fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsdp_world **out);
 /* Frees the world and every group's shared state. Not while fsdp_world_run runs. NULL does
- * nothing. */
+ * nothing. A world whose run left rank threads running (see fsdp_world_run) is freed when the
+ * last of them returns. */
 void fsdp_world_free(fsdp_world *world);
 /* Whether this build has the backend. */
 bool fsdp_backend_available(fsdp_backend backend);
@@ -73,16 +84,30 @@ bool fsdp_backend_available(fsdp_backend backend);
  * log lines tagged "r<rank>"), valid until fn returns. */
 typedef fsdp_status (*fsdp_rank_fn)(fsdp_ctx *ctx, int rank, void *user);
 
-/* Runs fn once for every rank this process hosts (local: all of them, rank 0 on the calling
- * thread and the others on new threads; mpi: this process's rank, on the calling thread) and
- * waits for all of them (mpi: for every process's rank, so every process gets the same
- * answer; a warning is logged every timeout_ms while some rank is still running). Returns
- * FSDP_OK when every rank returned FSDP_OK; otherwise the status of the rank that failed
- * first in time, with its message prefixed "rank R: " recorded in ctx (may be NULL). When a
- * rank returns, peers waiting for it in a collective fail at once (FSDP_ERR_COMM) instead of
- * waiting out the timeout. Groups start fresh on every run (earlier failures are forgotten);
- * group handles from an earlier run must not be used. mpi: every process calls it, with the
- * same function. */
+/* Runs fn once for every rank this process hosts (local: all of them, each on a new thread
+ * while the calling thread watches them, or a single rank on the calling thread; mpi: this
+ * process's rank, on the calling thread) and waits for all of them (mpi: for every process's
+ * rank, so every process gets the same answer; a warning naming the missing ranks is logged
+ * every half timeout_ms, at least 1 s and at most 10 s, while some rank is still running). Returns
+ * FSDP_OK when every rank returned FSDP_OK; otherwise the status of the rank that failed first in
+ * time, with its message prefixed "rank R: " recorded in ctx (may be NULL). When a rank returns,
+ * peers waiting for it in a collective fail at once (FSDP_ERR_COMM) instead of waiting out the
+ * timeout. Groups start fresh on every run (earlier failures are forgotten); group handles
+ * from an earlier run must not be used. mpi: every process calls it, with the same function.
+ *
+ * A rank that never returns does not hold the run forever: once some rank has failed and the
+ * world's grace period (grace_ms) has passed,
+ * - local: fsdp_world_run returns the first failure, its message naming the ranks still
+ *   running; their threads are left running, detached, and their results
+ *   (fsdp_world_rank_status/_error) say so (FSDP_ERR_TIMEOUT). Such a thread may still touch
+ *   the world and whatever fn uses: the world stays allocated until the last of them
+ *   returns (fsdp_world_free then only drops the caller's reference), a new run of the world
+ *   fails with FSDP_ERR_STATE until they have returned, and `user` and everything fn reaches
+ *   must stay valid as long (or the process must end);
+ * - mpi: every process still waiting logs the ranks that have not returned with the first
+ *   failure (which names the collective and the rank that did not arrive) and aborts the
+ *   whole job (MPI_Abort on MPI_COMM_WORLD, error code the failure's status), so no process
+ *   of the job is left waiting for a rank that is stopped, dead or stuck. */
 fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, void *user);
 
 int fsdp_world_size(const fsdp_world *world);

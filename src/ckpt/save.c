@@ -515,7 +515,9 @@ fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state 
     if (!jb) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint save");
     fsdp_status s = prepare(ctx, w, jb, st, meta);
     if (s == FSDP_OK && w->opts.async) {
-        s = fsdp_ctx_create(NULL, &jb->tctx);
+        /* The writer thread logs under its own context, as this rank. */
+        fsdp_ctx_options topts = {.rank = fsdp_ctx_rank(ctx), .log_level = fsdp_ctx_log_level(ctx)};
+        s = fsdp_ctx_create(&topts, &jb->tctx);
         if (s == FSDP_OK) s = stage(ctx, jb);
         if (s == FSDP_OK && pthread_create(&w->thread, NULL, write_thread, jb) != 0)
             s = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "cannot start the checkpoint writer thread");

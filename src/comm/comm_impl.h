@@ -4,6 +4,7 @@
 #ifndef FSDP_COMM_IMPL_H
 #define FSDP_COMM_IMPL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
@@ -77,6 +78,8 @@ typedef struct fsdp_comm_backend {
  * wait for a rank that has gone. */
 typedef struct fsdp_rank_result {
     atomic_bool exited; /* set (release) after the fields below are written */
+    /* Its thread was left running by the run (world.c) and has not returned yet. */
+    atomic_bool left_running;
     fsdp_status status;
     int failure_order; /* 1 for the first rank to fail in time, 2 for the next, ... */
     char message[FSDP_ERROR_MAX];
@@ -89,10 +92,24 @@ struct fsdp_world {
     fsdp_comm_backend backend;
     int size;
     int timeout_ms;
+    int grace_ms; /* after the first failure, how long a run waits for the other ranks */
     fsdp_ctx_options ctx_options;
     atomic_bool running;
     atomic_int failures;
     fsdp_rank_result *results; /* one per world rank */
+    /* The run's rank threads, under run_mu: how many have not returned yet, and when
+     * (CLOCK_MONOTONIC seconds) the first of them failed (0: none has) and which. run_cv is
+     * signalled as each returns. */
+    pthread_mutex_t run_mu;
+    pthread_cond_t run_cv;
+    int run_left;
+    double first_failure_at;
+    int first_failed; /* its rank */
+    /* Rank threads left running by a run that ended without them (world.c): each holds a
+     * reference to the world, so that the world outlives them; fsdp_world_free drops the
+     * caller's. abandoned counts those that have not returned (under run_mu). */
+    atomic_int refs;
+    int abandoned;
 };
 
 struct fsdp_group {
@@ -227,6 +244,20 @@ typedef struct fsdp_comm_failure {
     fsdp_status poison_status;    /* POISONED: the earlier failure */
     const char *poison_msg;
 } fsdp_comm_failure;
+
+/* How often a long wait logs whom it waits for: half the timeout, at least 1 s and at most
+ * 10 s (a wait shorter than that logs nothing). */
+static inline double fsdp_comm_log_every_s(int timeout_ms) {
+    double s = 0.5e-3 * timeout_ms;
+    return s < 1.0 ? 1.0 : s > 10.0 ? 10.0 : s;
+}
+
+/* Logs (a warning on ctx, under its rank) that a wait of `op` on a group has lasted waited_s:
+ * the members it waits for (missing[m]; world ranks ranks[m]) and those that have arrived;
+ * `data`: every member arrived and the wait is for their data. */
+void fsdp_comm_wait_log(fsdp_ctx *ctx, int op, const char *group_desc, int n_members,
+                        const int *ranks, const bool *missing, bool data, double waited_s,
+                        int timeout_ms);
 
 /* Writes the message of f into msg ("all_reduce on group 'world' (world ranks 0,1,2,3) timed
  * out after 100 ms: rank 3 did not arrive (arrived: 0,1,2). ..."); returns its status

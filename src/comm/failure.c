@@ -1,6 +1,7 @@
 /* failure.c: the text of the failures both backends report when a wait ends badly (members
  * that did not arrive by the deadline, a data step without progress, a member whose function
- * returned, a group that failed earlier), so local and mpi say the same thing the same way. */
+ * returned, a group that failed earlier), and of the note a long wait logs, so local and mpi
+ * say the same thing the same way. */
 #include <stdio.h>
 
 #include "comm/comm_impl.h"
@@ -70,4 +71,23 @@ fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size
                  op, f->group_desc, f->poison_msg);
         return f->poison_status;
     }
+}
+
+void fsdp_comm_wait_log(fsdp_ctx *ctx, int op, const char *group_desc, int n_members,
+                        const int *ranks, const bool *missing, bool data, double waited_s,
+                        int timeout_ms) {
+    char late[256] = "", arrived[256] = "";
+    int n = fsdp_comm_rank_list(ranks, missing, n_members, true, late, sizeof late);
+    fsdp_comm_rank_list(ranks, missing, n_members, false, arrived, sizeof arrived);
+    if (data)
+        fsdp_log(ctx, FSDP_LOG_WARN,
+                 "%s on group %s: waiting for data from rank%s %s for %.1f s (every rank "
+                 "arrived); it fails after %d ms without progress",
+                 fsdp_call_op_name(op), group_desc, n > 1 ? "s" : "", late, waited_s, timeout_ms);
+    else
+        fsdp_log(ctx, FSDP_LOG_WARN,
+                 "%s on group %s: waiting for rank%s %s (arrived: %s) for %.1f s; it fails "
+                 "after %d ms",
+                 fsdp_call_op_name(op), group_desc, n > 1 ? "s" : "", late, arrived, waited_s,
+                 timeout_ms);
 }

@@ -255,10 +255,27 @@ static struct timespec deadline_after(int ms) {
     return t;
 }
 
-/* Waits (holding lg->mu) until every member has entered stage `target`. */
+static bool before(const struct timespec *a, const struct timespec *b) {
+    return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+/* Logs whom a wait of stage `target` that has lasted waited_s waits for. */
+static void log_wait(fsdp_ctx *ctx, const fsdp_group *g, const local_group *lg, int op,
+                     uint64_t target, double waited_s) {
+    bool missing[LOCAL_MAX_RANKS];
+    for (int r = 0; r < lg->size; r++) missing[r] = lg->entered[r] < target;
+    fsdp_comm_wait_log(ctx, op, g->desc, lg->size, lg->ranks, missing, false, waited_s,
+                       lg->lw->world->timeout_ms);
+}
+
+/* Waits (holding lg->mu) until every member has entered stage `target`; logs whom it waits
+ * for every fsdp_comm_log_every_s of the timeout. */
 static fsdp_status wait_stage(fsdp_ctx *ctx, const fsdp_group *g, local_group *lg, int op,
                               uint64_t target) {
-    struct timespec deadline = deadline_after(lg->lw->world->timeout_ms);
+    const int timeout_ms = lg->lw->world->timeout_ms;
+    const int every_ms = (int)(1e3 * fsdp_comm_log_every_s(timeout_ms));
+    struct timespec deadline = deadline_after(timeout_ms), next_log = deadline_after(every_ms);
+    int logs = 0;
     bool timed_out = false;
     for (;;) {
         if (lg->stage >= target) return FSDP_OK;
@@ -266,7 +283,16 @@ static fsdp_status wait_stage(fsdp_ctx *ctx, const fsdp_group *g, local_group *l
         int gone = gone_member(lg, target);
         if (gone >= 0) return fail_gone(ctx, g, lg, op, gone);
         if (timed_out) return fail_timeout(ctx, g, lg, op, target);
-        timed_out = pthread_cond_timedwait(&lg->cv, &lg->mu, &deadline) == ETIMEDOUT;
+        const bool log_first = before(&next_log, &deadline);
+        if (pthread_cond_timedwait(&lg->cv, &lg->mu, log_first ? &next_log : &deadline) !=
+            ETIMEDOUT)
+            continue;
+        if (!log_first) {
+            timed_out = true;
+        } else {
+            log_wait(ctx, g, lg, op, target, 1e-3 * every_ms * ++logs);
+            next_log = deadline_after(every_ms);
+        }
     }
 }
 

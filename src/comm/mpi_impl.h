@@ -23,7 +23,6 @@ enum { TAG_DESC, TAG_DATA, TAG_POISON, TAG_EXIT, TAG_READY, TAG_KINDS };
 #define GONE_GRACE_S  0.1   /* how long to wait for a message of a rank known to have returned */
 #define ENTRY_PROBES  4     /* looks for a poison note as a call starts */
 #define SETTLE_S      0.005 /* before reporting a disagreement: time for a poison note to land */
-#define WARN_EVERY_S  10.0  /* at least, between warnings while a run waits for other ranks */
 
 /* A call as it travels: the fields of fsdp_call that must agree, then `text` (the reject
  * message or the split's agree text), of which only the used part is sent. */

@@ -2,7 +2,6 @@
  * (arrive), the confirmation round (confirm), posting and polling requests against their
  * deadlines, and failing: poison notes, timeouts, ranks that have returned. */
 #define _POSIX_C_SOURCE 200809L
-#include <math.h>
 #include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -266,14 +265,35 @@ void fsdp_mpi_back_off(int polls, double waited) {
     nanosleep(&(struct timespec){.tv_nsec = ns}, NULL);
 }
 
+/* Logs whom a wait that has lasted waited_s waits for: the members it has an open receive
+ * from. */
+static void log_wait(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, int op,
+                     wait_kind kind, double waited_s) {
+    bool *late = open_members(mg);
+    if (!late) return;
+    if (kind == WAIT_CONFIRM) {
+        char missing[256] = "";
+        fsdp_comm_rank_list(g->ranks, late, mg->size, true, missing, sizeof missing);
+        fsdp_log(ctx, FSDP_LOG_WARN,
+                 "%s on group %s: every rank arrived, but rank(s) %s have not confirmed after "
+                 "%.0f s",
+                 fsdp_call_op_name(op), g->desc, missing, waited_s);
+    } else {
+        fsdp_comm_wait_log(ctx, op, g->desc, mg->size, g->ranks, late, kind == WAIT_DATA, waited_s,
+                           mg->mw->world->timeout_ms);
+    }
+    free(late);
+}
+
 /* Waits until every posted request has completed, with the deadline `kind` says. Meanwhile:
  * a poison note on the group fails the wait at once, and so does a member it waits for whose
- * function has returned. A confirmation round has no deadline: it warns every
- * max(timeout_ms, WARN_EVERY_S) instead. */
+ * function has returned, and every fsdp_comm_log_every_s it logs whom it waits for. A
+ * confirmation round has no deadline: it only logs. */
 fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
                               wait_kind kind) {
     mpi_world *mw = mg->mw;
     const double start = now_s(CLOCK_MONOTONIC), limit = 1e-3 * mw->world->timeout_ms;
+    const double every = fsdp_comm_log_every_s(mw->world->timeout_ms);
     double progress = start, next_check = start, gone_since = -1, warned = start;
     int open = mg->n_reqs;
     for (int polls = 0; open > 0; polls++) {
@@ -308,19 +328,11 @@ fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
                 gone_since = t;
             else if (t - gone_since > GONE_GRACE_S)
                 return fail_gone(ctx, g, mg, op, gone);
-            if (kind == WAIT_CONFIRM && t - warned >= fmax(limit, WARN_EVERY_S)) {
-                char missing[256] = "";
-                bool *late = open_members(mg);
-                if (late) fsdp_comm_rank_list(g->ranks, late, mg->size, true, missing, 256);
-                free(late);
-                warned = t;
-                fsdp_log(ctx, FSDP_LOG_WARN,
-                         "%s on group %s: every rank arrived, but rank(s) %s have not confirmed "
-                         "after %.0f s",
-                         fsdp_call_op_name(op), g->desc, missing, t - start);
-            } else if (kind != WAIT_CONFIRM &&
-                       t - (kind == WAIT_ARRIVAL ? start : progress) >= limit) {
+            if (kind != WAIT_CONFIRM && t - (kind == WAIT_ARRIVAL ? start : progress) >= limit)
                 return fail_timeout(ctx, g, mg, op, kind == WAIT_ARRIVAL);
+            if (t - warned >= every) {
+                warned = t;
+                log_wait(ctx, g, mg, op, kind, t - start);
             }
         }
         fsdp_mpi_back_off(polls, t - progress);

@@ -2,7 +2,6 @@
  * MPI communicator each), group splits, the ranks' exit notes and results, and the backend's
  * vtable. One process per rank under mpirun; CPU tensors. */
 #define _POSIX_C_SOURCE 200809L
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,11 +186,45 @@ static void mpi_rank_exited(void *context, int rank) {
         if (r != rank) fsdp_mpi_send_note(mw, mw->comm, r, TAG_EXIT, &note);
 }
 
-/* Waits for every other rank's exit note; orders the failures by the time they happened. */
+/* The rank whose exit note says it failed first in time, or -1 when none has. */
+static int first_failed(const mpi_world *mw) {
+    int first = -1;
+    for (int r = 0; r < mw->size; r++) {
+        if (!mw->noted[r] || mw->world->results[r].status == FSDP_OK) continue;
+        if (first < 0 || mw->finished[r] < mw->finished[first]) first = r;
+    }
+    return first;
+}
+
+/* The grace period after the first failure has passed and the ranks in `list` (n of them)
+ * have still not returned: stopped, dead, or stuck in their function. Ends the whole job,
+ * saying why; does not return. */
+static void abort_job(fsdp_ctx *ctx, const mpi_world *mw, const char *list, int n, int failed) {
+    const fsdp_rank_result *res = &mw->world->results[failed];
+    char msg[FSDP_ERROR_MAX + 512];
+    snprintf(msg, sizeof msg,
+             "fsdp_world_run: rank%s %s %s not returned from %s function %d ms (the grace "
+             "period) after rank %d failed (rank %d: %.700s); aborting the MPI job (MPI_Abort) "
+             "so that no process waits for %s forever",
+             n > 1 ? "s" : "", list, n > 1 ? "have" : "has", n > 1 ? "their" : "its",
+             mw->world->grace_ms, failed, failed, res->message, n > 1 ? "them" : "it");
+    if (ctx && fsdp_ctx_log_level(ctx) <= FSDP_LOG_ERROR)
+        fsdp_log(ctx, FSDP_LOG_ERROR, "%s", msg);
+    else
+        fprintf(stderr, "[fsdp r%d error] %s\n", mw->rank, msg);
+    fflush(NULL);
+    MPI_Abort(MPI_COMM_WORLD, res->status > 0 ? (int)res->status : 1);
+    abort(); /* MPI_Abort does not return */
+}
+
+/* Waits for every other rank's exit note, logging the ranks it waits for; orders the failures
+ * by the time they happened. Once a rank has failed, the others get the world's grace period
+ * to return; after it the job is aborted (abort_job). */
 static void mpi_collect_results(fsdp_ctx *ctx, void *context) {
     mpi_world *mw = context;
     fsdp_world *w = mw->world;
-    double start = now_s(CLOCK_MONOTONIC), warned = start;
+    const double every = fsdp_comm_log_every_s(w->timeout_ms);
+    double start = now_s(CLOCK_MONOTONIC), warned = start, failure_seen = -1;
     for (int polls = 0;; polls++) {
         fsdp_mpi_receive_exit_notes(mw);
         fsdp_mpi_reap_sends(mw);
@@ -199,14 +232,20 @@ static void mpi_collect_results(fsdp_ctx *ctx, void *context) {
         for (int r = 0; r < mw->size; r++) missing += !mw->noted[r];
         if (missing == 0) break;
         double t = now_s(CLOCK_MONOTONIC);
-        if (t - warned >= fmax(1e-3 * w->timeout_ms, WARN_EVERY_S)) {
+        char list[256];
+        fsdp_comm_rank_list(NULL, mw->noted, mw->size, false, list, sizeof list);
+        int failed = first_failed(mw);
+        if (failed >= 0 && failure_seen < 0) failure_seen = t;
+        if (failed >= 0 && t - failure_seen >= 1e-3 * w->grace_ms)
+            abort_job(ctx, mw, list, missing, failed);
+        if (t - warned >= every) {
             warned = t;
-            char list[256];
-            fsdp_comm_rank_list(NULL, mw->noted, mw->size, false, list, sizeof list);
             fsdp_log(ctx, FSDP_LOG_WARN,
                      "fsdp_world_run: rank %d has waited %.0f s for rank%s %s to return from "
-                     "its function",
-                     mw->rank, t - start, missing > 1 ? "s" : "", list);
+                     "its function%s",
+                     mw->rank, t - start, missing > 1 ? "s" : "", list,
+                     failed >= 0 ? " (some rank has failed: the job ends after the grace period)"
+                                 : "");
         }
         fsdp_mpi_back_off(polls, t - start);
     }

@@ -1,11 +1,15 @@
 /* world.c: the world: choosing a backend from the table of those built, running one function
  * per rank this process hosts (each on its own context bound to the world), collecting what
- * the ranks returned, and the context accessors. */
+ * the ranks returned, the grace period after a failure (a rank thread that has not returned
+ * by then is left running, detached), and the context accessors. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/comm_impl.h"
 #include "core/error.h"
@@ -44,6 +48,18 @@ const char *fsdp_backend_to_string(fsdp_backend backend) {
     }
 }
 
+/* The grace period when the options leave it 0: FSDP_COMM_GRACE_ENV (milliseconds, > 0),
+ * else the larger of the timeout and FSDP_COMM_MIN_DEFAULT_GRACE_MS. */
+static int default_grace(int timeout_ms) {
+    const char *env = getenv(FSDP_COMM_GRACE_ENV);
+    char *end = NULL;
+    errno = 0;
+    long v = env && *env ? strtol(env, &end, 10) : 0;
+    if (env && *env && !errno && !*end && v > 0 && v <= INT_MAX) return (int)v;
+    return timeout_ms > FSDP_COMM_MIN_DEFAULT_GRACE_MS ? timeout_ms
+                                                       : FSDP_COMM_MIN_DEFAULT_GRACE_MS;
+}
+
 fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsdp_world **out) {
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
@@ -73,19 +89,43 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
                          "fsdp_world_create: timeout_ms is %d; use a positive number of "
                          "milliseconds (0 means %d)",
                          o.timeout_ms, FSDP_COMM_DEFAULT_TIMEOUT_MS);
+    if (o.grace_ms < 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_world_create: grace_ms is %d; use a positive number of "
+                         "milliseconds (0 means the %s environment variable, else timeout_ms "
+                         "but at least %d)",
+                         o.grace_ms, FSDP_COMM_GRACE_ENV, FSDP_COMM_MIN_DEFAULT_GRACE_MS);
     if ((int)o.ctx.log_level < 0 || o.ctx.log_level > FSDP_LOG_OFF)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_world_create: unknown log level %d in the rank context options",
                          (int)o.ctx.log_level);
     fsdp_world *w = calloc(1, sizeof *w);
     if (!w) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a world");
+    if (pthread_mutex_init(&w->run_mu, NULL) != 0) {
+        free(w);
+        return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "cannot create the world's mutex");
+    }
+    pthread_condattr_t attr;
+    bool cv_ok = pthread_condattr_init(&attr) == 0;
+    cv_ok = cv_ok && pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) == 0 &&
+            pthread_cond_init(&w->run_cv, &attr) == 0;
+    if (cv_ok) pthread_condattr_destroy(&attr);
+    if (!cv_ok) {
+        pthread_mutex_destroy(&w->run_mu);
+        free(w);
+        return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "cannot create the world's condition variable");
+    }
     w->kind = o.backend;
     w->timeout_ms = o.timeout_ms ? o.timeout_ms : FSDP_COMM_DEFAULT_TIMEOUT_MS;
+    w->grace_ms = o.grace_ms ? o.grace_ms : default_grace(w->timeout_ms);
     w->ctx_options = o.ctx;
     atomic_init(&w->running, false);
     atomic_init(&w->failures, 0);
+    atomic_init(&w->refs, 1);
     fsdp_status st = entry->create(ctx, w, o.nranks); /* sets w->size */
     if (st != FSDP_OK) {
+        pthread_mutex_destroy(&w->run_mu);
+        pthread_cond_destroy(&w->run_cv);
         free(w);
         return st;
     }
@@ -95,16 +135,29 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
         fsdp_world_free(w);
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a world of %d ranks", size);
     }
-    for (int r = 0; r < w->size; r++) atomic_init(&w->results[r].exited, false);
+    for (int r = 0; r < w->size; r++) {
+        atomic_init(&w->results[r].exited, false);
+        atomic_init(&w->results[r].left_running, false);
+    }
     *out = w;
     return FSDP_OK;
 }
 
-void fsdp_world_free(fsdp_world *world) {
-    if (!world) return;
+static void world_destroy(fsdp_world *world) {
     if (world->backend.iface.free) world->backend.iface.free(world->backend.context);
+    pthread_mutex_destroy(&world->run_mu);
+    pthread_cond_destroy(&world->run_cv);
     free(world->results);
     free(world);
+}
+
+/* Drops a reference: the caller's (fsdp_world_free) or a left-running rank thread's. */
+static void world_release(fsdp_world *world) {
+    if (atomic_fetch_sub(&world->refs, 1) == 1) world_destroy(world);
+}
+
+void fsdp_world_free(fsdp_world *world) {
+    if (world) world_release(world);
 }
 
 int fsdp_world_size(const fsdp_world *world) {
@@ -162,15 +215,31 @@ fsdp_group *fsdp_ctx_world_group(const fsdp_ctx *ctx) {
 
 /* ---- running the ranks ---- */
 
+/* A rank's job. Its state is RUNNING until its function returns, then FINISHING while the
+ * rank records its result (the run waits for that); or ABANDONED, set by the run when the
+ * grace period after the first failure has passed without the rank returning: its thread is
+ * detached, owns the job, and when its function returns at last it records nothing and drops
+ * its reference to the world. */
+enum { JOB_RUNNING, JOB_FINISHING, JOB_ABANDONED };
+
 typedef struct rank_job {
     fsdp_world *world;
     int rank;
     fsdp_rank_fn fn;
     void *user;
+    atomic_int state;
+    bool started; /* on a thread of its own */
+    pthread_t thread;
 } rank_job;
 
-/* Records what a rank returned (its context's failure, when it recorded one) and tells the
- * backend it has gone. */
+static double mono_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Records what a rank returned (its context's failure, when it recorded one), tells the
+ * backend it has gone, and the run that it has returned. */
 static void finish_rank(fsdp_world *w, int rank, fsdp_status st, const fsdp_error_record *err) {
     fsdp_rank_result *res = &w->results[rank];
     res->status = st;
@@ -184,6 +253,14 @@ static void finish_rank(fsdp_world *w, int rank, fsdp_status st, const fsdp_erro
     }
     atomic_store(&res->exited, true);
     if (w->backend.iface.rank_exited) w->backend.iface.rank_exited(w->backend.context, rank);
+    pthread_mutex_lock(&w->run_mu);
+    if (st != FSDP_OK && w->first_failure_at == 0) {
+        w->first_failure_at = mono_s();
+        w->first_failed = rank;
+    }
+    w->run_left--;
+    pthread_cond_broadcast(&w->run_cv);
+    pthread_mutex_unlock(&w->run_mu);
 }
 
 /* A failure of the world's own, raised here, for finish_rank. */
@@ -195,26 +272,184 @@ static fsdp_error_record world_failure(fsdp_status st, int line, const char *mes
     return e;
 }
 
-static void run_rank(const rank_job *job) {
+/* Runs the rank's function on its own context, under its rank in log lines, and records the
+ * result; a rank the run has given up on (ABANDONED) records nothing and lets go of the world
+ * and its job. */
+static void run_rank(rank_job *job) {
     fsdp_world *w = job->world;
+    int previous = fsdp_log_thread_rank_swap(job->rank);
     fsdp_ctx_options o = w->ctx_options;
     o.rank = job->rank;
     fsdp_ctx *ctx = NULL;
     fsdp_status st = fsdp_ctx_create(&o, &ctx);
+    fsdp_error_record e = {0};
     if (st != FSDP_OK) {
-        fsdp_error_record e = world_failure(st, __LINE__, "cannot create the rank's context");
-        finish_rank(w, job->rank, st, &e);
-        return;
+        e = world_failure(st, __LINE__, "cannot create the rank's context");
+    } else {
+        st = bind(ctx, w, job->rank);
+        if (st == FSDP_OK) st = job->fn(ctx, job->rank, job->user);
+        if (st != FSDP_OK) e = *fsdp_error_of(ctx);
     }
-    st = bind(ctx, w, job->rank);
-    if (st == FSDP_OK) st = job->fn(ctx, job->rank, job->user);
-    finish_rank(w, job->rank, st, st != FSDP_OK ? fsdp_error_of(ctx) : NULL);
-    fsdp_ctx_free(ctx);
+    int running = JOB_RUNNING;
+    if (atomic_compare_exchange_strong(&job->state, &running, JOB_FINISHING)) {
+        finish_rank(w, job->rank, st, st != FSDP_OK ? &e : NULL);
+        fsdp_ctx_free(ctx);
+    } else {
+        fsdp_ctx_free(ctx);
+        pthread_mutex_lock(&w->run_mu);
+        w->abandoned--;
+        atomic_store(&w->results[job->rank].left_running, false);
+        pthread_mutex_unlock(&w->run_mu);
+        free(job);
+        world_release(w);
+    }
+    fsdp_log_thread_rank_swap(previous);
 }
 
 static void *rank_thread(void *arg) {
     run_rank(arg);
     return NULL;
+}
+
+static struct timespec monotonic_at(double s) {
+    struct timespec t = {.tv_sec = (time_t)s};
+    t.tv_nsec = (long)((s - (double)t.tv_sec) * 1e9);
+    if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+    return t;
+}
+
+/* Waits until every rank thread has returned, or the grace period after the first failure
+ * has passed: the threads still running then are detached (ABANDONED) and reported in their
+ * rank's result. Returns how many were left running. */
+static int supervise(fsdp_world *w, rank_job **jobs, int count) {
+    pthread_mutex_lock(&w->run_mu);
+    while (w->run_left > 0) {
+        if (w->first_failure_at == 0) {
+            pthread_cond_wait(&w->run_cv, &w->run_mu);
+            continue;
+        }
+        double until = w->first_failure_at + 1e-3 * w->grace_ms;
+        if (mono_s() >= until) break;
+        struct timespec t = monotonic_at(until);
+        pthread_cond_timedwait(&w->run_cv, &w->run_mu, &t);
+    }
+    int left = 0;
+    for (int i = 0; i < count; i++) {
+        int running = JOB_RUNNING;
+        if (!jobs[i]->started ||
+            !atomic_compare_exchange_strong(&jobs[i]->state, &running, JOB_ABANDONED))
+            continue;
+        fsdp_rank_result *res = &w->results[jobs[i]->rank];
+        res->status = FSDP_ERR_TIMEOUT;
+        res->failure_order = atomic_fetch_add(&w->failures, 1) + 1;
+        snprintf(res->message, sizeof res->message,
+                 "has not returned from its function %d ms (the grace period) after rank %d "
+                 "failed: its thread is still running, detached. The world stays allocated "
+                 "until the thread returns and cannot run again before; what the function "
+                 "uses (user) must stay valid as long",
+                 w->grace_ms, w->first_failed);
+        snprintf(res->origin, sizeof res->origin, "src/comm/world.c:%d", __LINE__);
+        snprintf(res->trail, sizeof res->trail, "%s", res->origin);
+        atomic_store(&res->left_running, true);
+        w->abandoned++;
+        atomic_fetch_add(&w->refs, 1); /* the thread's, dropped when it returns */
+        pthread_detach(jobs[i]->thread);
+        jobs[i] = NULL; /* the thread's now */
+        left++;
+    }
+    pthread_mutex_unlock(&w->run_mu);
+    for (int i = 0; i < count; i++)
+        if (jobs[i] && jobs[i]->started) pthread_join(jobs[i]->thread, NULL);
+    return left;
+}
+
+/* Refuses a run while a thread left running by an earlier run still uses the world. */
+static fsdp_status check_no_thread_left(fsdp_ctx *ctx, fsdp_world *world) {
+    pthread_mutex_lock(&world->run_mu);
+    int abandoned = world->abandoned;
+    pthread_mutex_unlock(&world->run_mu);
+    if (abandoned == 0) return FSDP_OK;
+    bool *left = calloc((size_t)world->size, sizeof *left);
+    char list[256] = "?";
+    int n = abandoned;
+    if (left) {
+        for (int r = 0; r < world->size; r++)
+            left[r] = atomic_load(&world->results[r].left_running);
+        n = fsdp_comm_rank_list(NULL, left, world->size, true, list, sizeof list);
+        free(left);
+    }
+    return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                     "fsdp_world_run: rank%s %s's thread, left running by an earlier run of this "
+                     "world after its grace period, %s not returned from its function yet; the "
+                     "world cannot run again until %s (create a new world instead)",
+                     n > 1 ? "s" : "", list, n > 1 ? "have" : "has",
+                     n > 1 ? "they have" : "it has");
+}
+
+/* Starts the jobs: one hosted rank runs on the calling thread; several run on threads of
+ * their own while the calling thread watches them (supervise), so that the run can end
+ * without a rank that never returns. Returns how many threads were left running. */
+static int run_jobs(fsdp_world *world, rank_job **jobs, int count) {
+    if (count == 1) {
+        run_rank(jobs[0]);
+        return 0;
+    }
+    for (int i = 0; i < count; i++) {
+        int err = pthread_create(&jobs[i]->thread, NULL, rank_thread, jobs[i]);
+        jobs[i]->started = err == 0;
+        if (err) {
+            char message[160];
+            snprintf(message, sizeof message, "cannot start the thread of rank %d (%s)",
+                     jobs[i]->rank, strerror(err));
+            fsdp_error_record e = world_failure(FSDP_ERR_INTERNAL, __LINE__, message);
+            finish_rank(world, jobs[i]->rank, FSDP_ERR_INTERNAL, &e);
+        }
+    }
+    return supervise(world, jobs, count);
+}
+
+/* fsdp_world_run's answer: FSDP_OK, or the first failure in time, crossing into the
+ * caller's context: "rank R: " in front, its origin kept, and this line in front of its
+ * trail; the ranks whose threads were left running (`left` of them) are named after it. */
+static fsdp_status report(fsdp_ctx *ctx, fsdp_world *world, int left) {
+    const fsdp_rank_result *first_failure = NULL;
+    int failed_rank = -1;
+    bool *stuck = left ? calloc((size_t)world->size, sizeof *stuck) : NULL;
+    for (int r = 0; r < world->size; r++) {
+        const fsdp_rank_result *res = &world->results[r];
+        if (stuck) stuck[r] = atomic_load(&res->left_running);
+        if (res->status == FSDP_OK) continue;
+        if (!first_failure || res->failure_order < first_failure->failure_order)
+            first_failure = res, failed_rank = r;
+    }
+    char list[256] = "";
+    int n = stuck ? fsdp_comm_rank_list(NULL, stuck, world->size, true, list, sizeof list) : 0;
+    free(stuck);
+    atomic_store(&world->running, false);
+    if (!first_failure) return FSDP_OK;
+    if (n > 0)
+        fsdp_log(ctx, FSDP_LOG_ERROR,
+                 "fsdp_world_run: rank%s %s %s not returned from %s function %d ms (the grace "
+                 "period) after rank %d failed; the run ends without %s: %s thread%s %s still "
+                 "running, detached, and the world stays allocated until %s returned",
+                 n > 1 ? "s" : "", list, n > 1 ? "have" : "has", n > 1 ? "their" : "its",
+                 world->grace_ms, failed_rank, n > 1 ? "them" : "it", n > 1 ? "their" : "its",
+                 n > 1 ? "s" : "", n > 1 ? "are" : "is", n > 1 ? "they have" : "it has");
+    if (!ctx) return first_failure->status;
+    fsdp_error_record e = {.status = first_failure->status};
+    if (n > 0)
+        snprintf(e.message, sizeof e.message,
+                 "rank %d: %.700s; and rank%s %.100s %s not returned from %s function %d ms "
+                 "after that (the grace period): left running, detached",
+                 failed_rank, first_failure->message, n > 1 ? "s" : "", list,
+                 n > 1 ? "have" : "has", n > 1 ? "their" : "its", world->grace_ms);
+    else
+        snprintf(e.message, sizeof e.message, "rank %d: %.1000s", failed_rank,
+                 first_failure->message);
+    snprintf(e.origin, sizeof e.origin, "%s", first_failure->origin);
+    snprintf(e.trail, sizeof e.trail, "%s", first_failure->trail);
+    fsdp_error_restore(ctx, &e);
+    return fsdp_error_hop(ctx, e.status, __FILE__, __LINE__, NULL);
 }
 
 fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, void *user) {
@@ -224,6 +459,11 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "fsdp_world_run: this world is already running; runs of one world "
                          "happen one after another");
+    fsdp_status st = check_no_thread_left(ctx, world);
+    if (st != FSDP_OK) {
+        atomic_store(&world->running, false);
+        return st;
+    }
     if (world->backend.iface.reset) world->backend.iface.reset(world->backend.context);
     atomic_store(&world->failures, 0);
     for (int r = 0; r < world->size; r++) {
@@ -235,53 +475,33 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
     }
     int first = 0, count = 0;
     world->backend.iface.hosted_ranks(world->backend.context, &first, &count);
-    rank_job *jobs = calloc((size_t)count, sizeof *jobs);
-    pthread_t *threads = calloc((size_t)count, sizeof *threads);
-    bool *started = calloc((size_t)count, sizeof *started);
-    if (!jobs || !threads || !started) {
-        free(jobs), free(threads), free(started);
+    world->run_left = count;
+    world->first_failure_at = 0;
+    rank_job **jobs = calloc((size_t)count, sizeof *jobs);
+    bool allocated = jobs != NULL;
+    for (int i = 0; allocated && i < count; i++) {
+        jobs[i] = malloc(sizeof *jobs[i]);
+        allocated = jobs[i] != NULL;
+        if (allocated) {
+            *jobs[i] = (rank_job){.world = world, .rank = first + i, .fn = fn, .user = user};
+            atomic_init(&jobs[i]->state, JOB_RUNNING);
+        }
+    }
+    if (!allocated) {
+        for (int i = 0; jobs && i < count; i++) free(jobs[i]);
+        free(jobs);
         atomic_store(&world->running, false);
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_world_run: cannot start %d ranks",
                          count);
     }
-    for (int i = 0; i < count; i++)
-        jobs[i] = (rank_job){.world = world, .rank = first + i, .fn = fn, .user = user};
-    /* The first hosted rank runs on this thread, the others on their own. */
-    for (int i = 1; i < count; i++) {
-        int err = pthread_create(&threads[i], NULL, rank_thread, &jobs[i]);
-        started[i] = err == 0;
-        if (err) {
-            char message[160];
-            snprintf(message, sizeof message, "cannot start the thread of rank %d (%s)",
-                     jobs[i].rank, strerror(err));
-            fsdp_error_record e = world_failure(FSDP_ERR_INTERNAL, __LINE__, message);
-            finish_rank(world, jobs[i].rank, FSDP_ERR_INTERNAL, &e);
-        }
-    }
-    if (count > 0) run_rank(&jobs[0]);
-    for (int i = 1; i < count; i++)
-        if (started[i]) pthread_join(threads[i], NULL);
-    free(jobs), free(threads), free(started);
+    /* Under MPI the calling thread is the process's rank, also while it collects the other
+     * processes' results: its log lines name that rank. */
+    const int previous = fsdp_log_thread_rank_swap(count == 1 ? first : -1);
+    int left = run_jobs(world, jobs, count);
+    for (int i = 0; i < count; i++) free(jobs[i]);
+    free(jobs);
     if (world->backend.iface.collect_results)
         world->backend.iface.collect_results(ctx, world->backend.context);
-
-    const fsdp_rank_result *first_failure = NULL;
-    int failed_rank = -1;
-    for (int r = 0; r < world->size; r++) {
-        const fsdp_rank_result *res = &world->results[r];
-        if (res->status == FSDP_OK) continue;
-        if (!first_failure || res->failure_order < first_failure->failure_order)
-            first_failure = res, failed_rank = r;
-    }
-    atomic_store(&world->running, false);
-    if (!first_failure) return FSDP_OK;
-    /* The rank's failure, crossing into the caller's context: "rank R: " in front, its
-     * origin kept, and this line in front of its trail. */
-    if (!ctx) return first_failure->status;
-    fsdp_error_record e = {.status = first_failure->status};
-    snprintf(e.message, sizeof e.message, "rank %d: %.1000s", failed_rank, first_failure->message);
-    snprintf(e.origin, sizeof e.origin, "%s", first_failure->origin);
-    snprintf(e.trail, sizeof e.trail, "%s", first_failure->trail);
-    fsdp_error_restore(ctx, &e);
-    return fsdp_error_hop(ctx, e.status, __FILE__, __LINE__, NULL);
+    fsdp_log_thread_rank_swap(previous);
+    return report(ctx, world, left);
 }

@@ -34,9 +34,19 @@ static fsdp_log_level level_from_env(void) {
     return level;
 }
 
+/* The rank this thread runs as (-1: none); see fsdp_log_thread_rank_swap. */
+static _Thread_local int thread_rank = -1;
+
+int fsdp_log_thread_rank_swap(int rank) {
+    int previous = thread_rank;
+    thread_rank = rank;
+    return previous;
+}
+
 static void log_to_stderr(void *user, fsdp_log_level level, const char *message) {
     const fsdp_ctx *ctx = user;
-    fprintf(stderr, "[fsdp r%d %s] %s\n", ctx->rank, fsdp_log_level_to_string(level), message);
+    int rank = thread_rank >= 0 ? thread_rank : ctx->rank;
+    fprintf(stderr, "[fsdp r%d %s] %s\n", rank, fsdp_log_level_to_string(level), message);
 }
 
 fsdp_status fsdp_ctx_create(const fsdp_ctx_options *opts, fsdp_ctx **out) {

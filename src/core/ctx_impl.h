@@ -33,6 +33,12 @@ struct fsdp_ctx {
     void (*comm_release)(void *comm);
 };
 
+/* The rank the calling thread runs as, or -1 for none (the default): the default log line
+ * ("[fsdp r<rank> warn] ...") names it whichever context logs, so a line that a rank's
+ * thread logs through another context (fsdp_world_run's, under MPI) still names that rank.
+ * fsdp_world_run sets it on every thread that runs a rank. Returns the previous value. */
+int fsdp_log_thread_rank_swap(int rank);
+
 /* Pushes a running module's name (not copied: it must outlive the scope). Deeper nesting
  * than FSDP_SCOPE_MAX is counted but not recorded. */
 void fsdp_ctx_scope_push(fsdp_ctx *ctx, const char *name);
