@@ -283,6 +283,7 @@ static void test_resume_auto_fresh(void) {
     FSDP_TEST_OK(run_ckpt(&r, "", SET("train.steps=4", path), &out, err));
     CU_ASSERT_EQUAL(r.start_step, 3);
     CU_ASSERT_EQUAL(r.steps, 4);
+    free(out);
     /* a run already at its last step trains nothing and says so */
     FSDP_TEST_OK(run_ckpt(&r, dir, SET("train.steps=4"), &out, err));
     CU_ASSERT_EQUAL(r.start_step, 4);
