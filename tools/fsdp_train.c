@@ -58,8 +58,8 @@ static void catch_stop_signals(void) {
 static void print_interrupted(const train_config *cfg, const train_result *res) {
     int sig = train_stop_signal;
     const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : NULL;
-    fprintf(stderr, "fsdp-train: stopped by %s%s after step %lld of %lld: saved %s; ",
-            name ? name : "a signal on another rank", name ? "" : "", (long long)res->steps,
+    fprintf(stderr, "fsdp-train: stopped by %s after step %lld of %lld: saved %s; ",
+            name ? name : "a signal to another rank", (long long)res->steps,
             (long long)cfg->train.steps, res->saved);
     if (strcmp(cfg->checkpoint.resume, "auto") == 0)
         fprintf(stderr, "run the same command again to resume from it\n");
