@@ -149,12 +149,13 @@ static void test_unknown_key(void) {
 
 static void test_unknown_section(void) {
     const char *const *sections =
-        NEEDLES("allowed sections: [model], [parallel], [data], [optim], [train], [log]");
+        NEEDLES("allowed sections: [model], [parallel], [data], [optim], [train], [checkpoint], "
+                "[log]");
     load_fails("unknown_section", "[optim]\nlr = 0.1\n\n[paralel]\ntp = 2\n", 4, FSDP_ERR_CONFIG,
                NEEDLES("unknown section [paralel]", sections[0]));
     /* an empty section is caught too, though libinih never shows it to the handler */
-    load_fails("empty_section", "[checkpoint]\n", 1, FSDP_ERR_CONFIG,
-               NEEDLES("unknown section [checkpoint]", sections[0]));
+    load_fails("empty_section", "[checkpoints]\n", 1, FSDP_ERR_CONFIG,
+               NEEDLES("unknown section [checkpoints]", sections[0]));
     load_fails("no_section", "lr = 0.1\n", 1, FSDP_ERR_CONFIG,
                NEEDLES("key 'lr' is outside any section", sections[0]));
 }
@@ -518,7 +519,7 @@ static void test_help_and_write(void) {
         if (!strstr(help, entry)) fprintf(stderr, "\n  --help lacks \"%s\"", entry);
         CU_ASSERT_PTR_NOT_NULL(strstr(help, entry));
     }
-    CU_ASSERT_EQUAL(keys, 26); /* every key but the empty-by-default log.metrics */
+    CU_ASSERT_EQUAL(keys, 31); /* every key but the empty-by-default log.metrics, checkpoint.dir */
 
     /* round trip through a file, with values different from the defaults */
     FSDP_TEST_OK(train_config_set(&g_cfg, "model.widths=3,5,7", err, sizeof err));
@@ -560,6 +561,79 @@ static void test_help_and_write(void) {
     remove(path);
 }
 
+/* [checkpoint] and [model] init: defaults, values, and the comparison with a configuration
+ * saved as text (a checkpoint's): a key that differs is named with both values and origins;
+ * keys of other sections, the excepted ones and a key missing from the text at its default
+ * value pass. */
+static void test_checkpoint_keys(void) {
+    char err[TRAIN_ERROR_SIZE] = "", value[64];
+    train_config_init(&g_cfg);
+    CU_ASSERT_STRING_EQUAL(g_cfg.model.init, "random");
+    CU_ASSERT_STRING_EQUAL(g_cfg.checkpoint.dir, "");
+    CU_ASSERT_EQUAL(g_cfg.checkpoint.every, 0);
+    CU_ASSERT_EQUAL(g_cfg.checkpoint.keep, 0);
+    CU_ASSERT_STRING_EQUAL(g_cfg.checkpoint.resume, "auto");
+    CU_ASSERT_FALSE(g_cfg.checkpoint.async);
+    load_ok("ckpt", "[model]\ninit = w.safetensors\n[checkpoint]\ndir = runs/a\nevery = 100\n"
+                    "keep = 3\nresume = none\nasync = true\n");
+    CU_ASSERT_STRING_EQUAL(g_cfg.model.init, "w.safetensors");
+    CU_ASSERT_STRING_EQUAL(g_cfg.checkpoint.dir, "runs/a");
+    CU_ASSERT_EQUAL(g_cfg.checkpoint.every, 100);
+    CU_ASSERT_EQUAL(g_cfg.checkpoint.keep, 3);
+    CU_ASSERT_STRING_EQUAL(g_cfg.checkpoint.resume, "none");
+    CU_ASSERT_TRUE(g_cfg.checkpoint.async);
+    load_fails("ckpt_every", "[checkpoint]\nevery = -1\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[checkpoint] every", "expected an integer >= 0"));
+    load_fails("ckpt_unknown", "[checkpoint]\nfolder = x\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("allowed keys: dir, every, keep, resume, async"));
+
+    /* the saved text of one configuration, compared with another */
+    train_config_init(&g_cfg);
+    FSDP_TEST_OK(train_config_set(&g_cfg, "optim.lr=0.1", err, sizeof err));
+    FSDP_TEST_OK(train_config_set(&g_cfg, "data.teacher_widths=", err, sizeof err));
+    char *saved = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&saved, &size);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    train_config_write(&g_cfg, f);
+    fclose(f);
+    CU_ASSERT_TRUE(train_config_saved_value(saved, "optim", "lr", value, sizeof value));
+    CU_ASSERT_STRING_EQUAL(value, "0.1");
+    CU_ASSERT_TRUE(train_config_saved_value(saved, "data", "teacher_widths", value, sizeof value));
+    CU_ASSERT_STRING_EQUAL(value, "");
+    CU_ASSERT_FALSE(train_config_saved_value(saved, "optim", "nope", value, sizeof value));
+    const char *const sections[] = {"model", "data", "optim", NULL};
+    const char *const except[] = {"model.init", NULL};
+    /* the same values from elsewhere, other sections and the excepted key may differ */
+    FSDP_TEST_OK(train_config_set(&g_cfg, "parallel.tp=2", err, sizeof err));
+    FSDP_TEST_OK(train_config_set(&g_cfg, "model.init=x.h5", err, sizeof err));
+    FSDP_TEST_OK(train_config_set(&g_cfg, "optim.lr=0.100", err, sizeof err));
+    FSDP_TEST_OK(train_config_compare_saved(&g_cfg, saved, sections, except, err, sizeof err));
+    CU_ASSERT_EQUAL(train_config_compare_saved(&g_cfg, saved, sections, NULL, err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, NEEDLES("[model] init = x.h5 (--set model.init=x.h5) here, but random (default) in "
+                     "the saved configuration")));
+    FSDP_TEST_OK(train_config_set(&g_cfg, "data.batch_size=32", err, sizeof err));
+    CU_ASSERT_EQUAL(train_config_compare_saved(&g_cfg, saved, sections, except, err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, NEEDLES("[data] batch_size = 32 (--set data.batch_size=32) here, but 64 (default)")));
+    /* a key the saved text lacks counts as its default */
+    train_config_init(&g_cfg);
+    FSDP_TEST_OK(train_config_compare_saved(&g_cfg, "[optim]\nlr = 0.2  ; default\n", sections,
+                                            except, err, sizeof err));
+    FSDP_TEST_OK(train_config_set(&g_cfg, "optim.momentum=0.5", err, sizeof err));
+    CU_ASSERT_EQUAL(train_config_compare_saved(&g_cfg, "[optim]\nlr = 0.2  ; default\n", sections,
+                                               except, err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, NEEDLES("[optim] momentum = 0.5", "0.9 (default, not in the saved configuration)")));
+    free(saved);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"defaults", test_defaults},
@@ -584,6 +658,7 @@ int main(int argc, char **argv) {
         {"check", test_check},
         {"cli", test_cli},
         {"help_and_write", test_help_and_write},
+        {"checkpoint_keys", test_checkpoint_keys},
     };
     return fsdp_test_run(argc, argv, "config", cases, (int)(sizeof cases / sizeof cases[0]));
 }

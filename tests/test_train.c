@@ -59,6 +59,7 @@ static void test_example_learns(void) {
     train_config_init(&g_cfg);
     FSDP_TEST_OK(train_config_load(&g_cfg, FSDP_SOURCE_DIR "/examples/mlp.ini", err, sizeof err));
     FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+    set("checkpoint.dir="); /* no checkpoints (test_train_ckpt's example_resumes has them) */
     FSDP_TEST_OK(run(fsdp_test_ctx(), &res, err));
     CU_ASSERT_EQUAL(res.steps, g_cfg.train.steps);
     CU_ASSERT_TRUE(isfinite(res.first_loss) && res.first_loss > 0);
@@ -279,9 +280,10 @@ static void test_write_errors(void) {
 /* A small run: 3 Linear layers (an odd count: under tp the output Linear stays whole), 20
  * steps of SGD with momentum, every step's loss kept. */
 static const char *const g_small[] = {
-    "model.widths=8,16,16,4", "data.samples=64",      "data.batch_size=8", "data.teacher_widths=16",
-    "optim.lr=0.1",           "train.steps=20",       "train.log_every=1", "log.level=warn",
-    "parallel.backend=local", "parallel.timeout_s=60"};
+    "model.widths=8,16,16,4", "data.samples=64", "data.batch_size=8",
+    "data.teacher_widths=16", "optim.lr=0.1",    "train.steps=20",
+    "train.log_every=1",      "log.level=warn",  "parallel.backend=local",
+    "parallel.timeout_s=60",  "checkpoint.dir="};
 #define N_SMALL ((int)(sizeof g_small / sizeof g_small[0]))
 
 /* train_run on g_small plus the NULL-terminated overrides; fails the test on error. */
@@ -715,7 +717,7 @@ static void test_tool_exit_status(void) {
     }
     snprintf(base, sizeof base,
              "'%s' --config '%s/examples/mlp.ini' --set parallel.backend=local --set "
-             "train.steps=20",
+             "train.steps=20 --set checkpoint.dir=",
              FSDP_TRAIN_EXE, FSDP_SOURCE_DIR);
     static const struct {
         bool alone; /* args are the whole command line, without base */
@@ -761,7 +763,7 @@ static void test_mpi_matches_local(void) {
     char cmd[2048], out[8192];
     snprintf(cmd, sizeof cmd,
              "%s '%s' --config '%s/examples/mlp.ini' --set parallel.ranks=4 --set "
-             "parallel.timeout_s=20 2>&1",
+             "parallel.timeout_s=20 --set checkpoint.dir= 2>&1",
              mpirun, FSDP_TRAIN_EXE, FSDP_SOURCE_DIR);
     int status = shell(cmd, out, sizeof out);
     printf("\n    exit status %d: %s", status, out);

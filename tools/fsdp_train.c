@@ -1,9 +1,14 @@
 /* fsdp_train.c: fsdp-train, the config-file trainer. Parses the command line and the config
  * (tools/train_config.c), then runs the training it describes (tools/trainer.c) on the ranks
  * [parallel] asks for: rank threads, or this process's rank under mpirun.
+ * With [checkpoint] dir set, SIGINT and SIGTERM stop the run after the current step with a
+ * checkpoint (a second one ends the process at once).
  * Exit status: 0 success, 1 the run failed (also: stdout could not be written), 2 bad
- * command line or config. */
+ * command line or config, 130 stopped by SIGINT or SIGTERM (with a checkpoint saved). */
+#define _POSIX_C_SOURCE 200809L // sigaction
+
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -11,7 +16,7 @@
 #include "train_config.h" // defines: train_cli_parse, train_config_print_help
 #include "trainer.h"      // defines: train_run
 
-enum { EXIT_OK = 0, EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
+enum { EXIT_OK = 0, EXIT_RUN_FAILED = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 };
 
 /* The exit status once stdout is flushed: a success whose output could not all be written
  * (a full disk, /dev/full) is a failure. */
@@ -30,6 +35,36 @@ static int print_version(void) {
     else
         printf("fsdp-train %s (libfsdp %s)\n", FSDP_VERSION_STRING, fsdp_version());
     return EXIT_OK;
+}
+
+/* All a handler may do: note the signal. The ranks see it after the step they are in. */
+static void on_stop_signal(int sig) {
+    train_stop_signal = sig;
+}
+
+/* SIGINT and SIGTERM stop the run at a step boundary with a checkpoint; the handler is reset
+ * when it runs, so a second signal ends the process the default way. */
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* The line of a run stopped by a signal: where it stopped and how to go on. */
+static void print_interrupted(const train_config *cfg, const train_result *res) {
+    int sig = train_stop_signal;
+    const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : NULL;
+    fprintf(stderr, "fsdp-train: stopped by %s after step %lld of %lld: saved %s; ",
+            name ? name : "a signal to another rank", (long long)res->steps,
+            (long long)cfg->train.steps, res->saved);
+    if (strcmp(cfg->checkpoint.resume, "auto") == 0)
+        fprintf(stderr, "run the same command again to resume from it\n");
+    else
+        fprintf(stderr, "resume with --set checkpoint.resume=%s\n", res->saved);
 }
 
 int main(int argc, char **argv) {
@@ -52,6 +87,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsdp-train: cannot create the context (out of memory?)\n");
         return EXIT_RUN_FAILED;
     }
+    if (cfg.checkpoint.dir[0]) catch_stop_signals();
     train_result res;
     fsdp_status st = train_run(ctx, &cfg, stdout, &res, err, sizeof err);
     /* Once the ranks have run, every process has the same outcome: rank 0 tells it. Before
@@ -59,6 +95,10 @@ int main(int argc, char **argv) {
     if (st != FSDP_OK && res.rank <= 0)
         fprintf(stderr, "fsdp-train: %s (%s)\n", err, fsdp_status_to_string(st));
     fsdp_ctx_free(ctx);
+    if (st == FSDP_OK && res.interrupted) {
+        if (res.rank <= 0) print_interrupted(&cfg, &res);
+        return finish(EXIT_INTERRUPTED);
+    }
     if (st == FSDP_OK) return finish(EXIT_OK);
     return finish(st == FSDP_ERR_CONFIG ? EXIT_USAGE : EXIT_RUN_FAILED);
 }

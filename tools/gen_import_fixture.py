@@ -11,6 +11,11 @@ safetensors or h5py):
     import_dtypes.safetensors  tensors of F64, F16, BF16 and F32 (a 0-d one)
     import_dtypes.h5        F64 and F16 datasets, and BF16 as uint16 with attribute dtype=bf16
     import_batch.safetensors  the batch x, y below, the data file of examples/finetune_ckpt
+    train_mlp.safetensors   nn.Sequential(Linear(8, 16), ReLU, Linear(16, 16), ReLU,
+                            Linear(16, 4))'s state_dict() (0.weight, 0.bias, 2.weight, ...):
+                            the MLP fsdp-train builds for widths 8,16,16,4, which
+                            tests/test_train.c starts from ([model] init)
+    train_mlp.h5            the same values with h5py, datasets named by the state_dict keys
     import_mlp.bin          (tests/fixtures/README.md format) the references:
         x, y            a fixed batch (12, 10) and its regression target
         out             the model's output for x, before training
@@ -62,11 +67,24 @@ def dtype_tensors():
     }
 
 
+def train_mlp(out):
+    """fsdp-train's MLP for widths 8,16,16,4, as PyTorch names it."""
+    torch.manual_seed(1515)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                          nn.Linear(16, 4))
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, os.path.join(out, "train_mlp.safetensors"))
+    with h5py.File(os.path.join(out, "train_mlp.h5"), "w") as f:
+        for k, v in state.items():
+            f[k] = v.numpy()
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.normpath(os.path.join(here, "..", "tests", "fixtures")))
     args = ap.parse_args()
+    train_mlp(args.out)
     torch.manual_seed(1414)
     model = MLPStacked(2)
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -101,7 +119,8 @@ def main():
     with np.errstate(over="ignore"):
         refs += [(f"dt.{k}", v.to(torch.float32)) for k, v in dts.items()]
     n = write_fixture(os.path.join(args.out, "import_mlp.bin"), refs)
-    print(f"wrote import_mlp.*, import_dtypes.*, import_batch.safetensors ({n} bytes of references)")
+    print(f"wrote import_mlp.*, import_dtypes.*, import_batch.safetensors, train_mlp.* ({n} bytes "
+          "of references)")
 
 
 if __name__ == "__main__":

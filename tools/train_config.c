@@ -54,6 +54,8 @@ static const section_def g_sections[] = {
              "computed by a fixed random teacher MLP"},
     {"optim", "the optimizer, SGD as in PyTorch"},
     {"train", "the training loop"},
+    {"checkpoint", "sharded checkpoints of the run (parameters, optimizer state, data position), "
+                   "resuming from them at any layout, and the save on SIGINT/SIGTERM"},
     {"log", "progress lines and the metrics file"},
 };
 #define N_SECTIONS ((int)(sizeof g_sections / sizeof g_sections[0]))
@@ -136,6 +138,12 @@ static const key_def g_keys[] = {
              "activation, Linear(64, 8)"),
     ENUM_KEY("model", "activation", model.activation, "relu", g_activation_names, parse_activation,
              "activation between the Linear layers (the teacher uses it too)"),
+    STRING_KEY("model", "init", model.init, "random",
+               "initial parameters: random (drawn from train.seed), or the path of a state to "
+               "take them from: a checkpoint step directory (a run's directory: its newest "
+               "checkpoint), or a PyTorch state dict (.safetensors or HDF5) of nn.Sequential "
+               "names 0.weight, 0.bias, 2.weight, ... Parameters only: the optimizer starts "
+               "fresh. Ignored when the run resumes"),
 
     ENUM_KEY("parallel", "backend", parallel.backend, "auto", g_backend_names, NULL,
              "where the ranks run: local (rank threads in this process), mpi (one process per "
@@ -199,6 +207,23 @@ static const key_def g_keys[] = {
     INT_KEY("train", "log_every", train.log_every, "500", 1, BIG,
             "steps between progress lines and metrics records (the last step is always "
             "logged)"),
+
+    STRING_KEY("checkpoint", "dir", checkpoint.dir, "",
+               "directory of the run's checkpoints, a step-<8 digits> directory per save; "
+               "empty: no checkpoints, no resume = auto, no save on SIGINT/SIGTERM"),
+    INT_KEY("checkpoint", "every", checkpoint.every, "0", 0, BIG,
+            "steps between checkpoints; 0: only the final one (with dir set, one is always "
+            "saved at the end of training and on SIGINT/SIGTERM)"),
+    INT_KEY("checkpoint", "keep", checkpoint.keep, "0", 0, 1000000,
+            "newest checkpoints kept in dir, older ones deleted after each save; 0 keeps all"),
+    STRING_KEY("checkpoint", "resume", checkpoint.resume, "auto",
+               "auto: continue from the newest complete checkpoint in dir, or start fresh "
+               "when there is none; none: start fresh; or the path of a checkpoint step "
+               "directory to continue from. The model, data and optim keys must be the "
+               "checkpoint's; the parallel layout may differ"),
+    BOOL_KEY("checkpoint", "async", checkpoint.async, "false",
+             "write checkpoints in a background thread while training goes on (a step waits "
+             "only while the values are copied)"),
 
     ENUM_KEY("log", "level", log.level, "info", g_level_names, parse_level,
              "debug and info print progress lines (debug also the effective config); warn, "
@@ -1084,6 +1109,78 @@ void train_config_write(const train_config *cfg, FILE *f) {
             fprintf(f, "%s = %s  ; %s\n", g_keys[i].name, value, cfg->origin[i]);
         }
     }
+}
+
+/* ---- a configuration saved as text (a checkpoint's) -------------------------------------- */
+
+/* Finds "name = value  ; origin" in [section] of saved: the value and the origin (without the
+ * comment mark), each cut to its buffer. */
+static bool saved_entry(const char *saved, const char *section, const char *name, char *value,
+                        size_t value_size, char *origin, size_t origin_size) {
+    bool in_section = false;
+    size_t name_len = strlen(name);
+    for (const char *line = saved; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        if (line[0] == '[') {
+            const char *close = memchr(line, ']', len);
+            in_section = close && (size_t)(close - line - 1) == strlen(section) &&
+                         strncmp(line + 1, section, strlen(section)) == 0;
+        } else if (in_section && len > name_len + 3 && strncmp(line, name, name_len) == 0 &&
+                   strncmp(line + name_len, " = ", 3) == 0) {
+            const char *v = line + name_len + 3, *line_end = line + len, *mark = v;
+            while (mark + 4 <= line_end && strncmp(mark, "  ; ", 4) != 0) mark++;
+            if (mark + 4 > line_end) mark = line_end;
+            snprintf(value, value_size, "%.*s", (int)(mark - v), v);
+            if (origin)
+                snprintf(origin, origin_size, "%.*s",
+                         mark == line_end ? 0 : (int)(line_end - mark - 4), mark + 4);
+            return true;
+        }
+        line = end ? end + 1 : NULL;
+    }
+    return false;
+}
+
+bool train_config_saved_value(const char *saved, const char *section, const char *name, char *value,
+                              size_t size) {
+    return saved_entry(saved, section, name, value, size, NULL, 0);
+}
+
+static bool in_list(const char *const *list, const char *section, const char *name) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", section, name);
+    for (int i = 0; list && list[i]; i++)
+        if (strcmp(list[i], key) == 0) return true;
+    return false;
+}
+
+fsdp_status train_config_compare_saved(const train_config *cfg, const char *saved,
+                                       const char *const *sections, const char *const *except,
+                                       char *err, size_t err_size) {
+    for (int i = 0; i < N_KEYS; i++) {
+        const key_def *k = &g_keys[i];
+        bool wanted = false;
+        for (int s = 0; sections[s]; s++) wanted |= strcmp(sections[s], k->section) == 0;
+        if (!wanted || in_list(except, k->section, k->name)) continue;
+        char mine[TRAIN_MAX_STRING + 64], theirs[TRAIN_MAX_STRING + 64], origin[TRAIN_MAX_ORIGIN];
+        format_value(cfg, k, mine, sizeof mine);
+        if (!saved_entry(saved, k->section, k->name, theirs, sizeof theirs, origin,
+                         sizeof origin)) {
+            /* saved before the key existed: it had the default's value */
+            train_config tmp;
+            memset(&tmp, 0, sizeof tmp);
+            char why[256];
+            if (!parse_value(k, k->def, &tmp, why, sizeof why)) continue;
+            format_value(&tmp, k, theirs, sizeof theirs);
+            snprintf(origin, sizeof origin, "default, not in the saved configuration");
+        }
+        if (strcmp(mine, theirs) == 0) continue;
+        snprintf(err, err_size, "[%s] %s = %s (%s) here, but %s (%s) in the saved configuration",
+                 k->section, k->name, mine, cfg->origin[i], theirs, origin);
+        return FSDP_ERR_CONFIG;
+    }
+    return FSDP_OK;
 }
 
 /* ---- the ranks agree on one configuration ----------------------------------------------- */

@@ -52,6 +52,7 @@ typedef struct train_config {
     struct {
         train_int_list widths; /* input, hidden..., output */
         fsdp_activation activation;
+        char init[TRAIN_MAX_STRING]; /* "random", or the path of a state to start from */
     } model;
     struct {
         train_backend backend;
@@ -84,6 +85,13 @@ typedef struct train_config {
         int64_t seed;
         int64_t log_every;
     } train;
+    struct {
+        char dir[TRAIN_MAX_STRING];    /* "" for no checkpoints */
+        int64_t every;                 /* steps between saves; 0: only at the end */
+        int64_t keep;                  /* newest kept; 0: all */
+        char resume[TRAIN_MAX_STRING]; /* "auto", "none" or a checkpoint step directory */
+        bool async;
+    } checkpoint;
     struct {
         fsdp_log_level level;
         char metrics[TRAIN_MAX_STRING]; /* "" for none */
@@ -172,6 +180,20 @@ fsdp_status train_config_agree(fsdp_ctx *ctx, fsdp_group *group, const train_con
 /* Writes the effective configuration as an INI file, each key followed by a comment naming
  * where its value came from. */
 void train_config_write(const train_config *cfg, FILE *f);
+
+/* The value of [section] name in `saved`, a configuration as train_config_write writes it (the
+ * text a checkpoint keeps), into value: true when found. */
+bool train_config_saved_value(const char *saved, const char *section, const char *name, char *value,
+                              size_t size);
+
+/* Compares every key of the NULL-terminated `sections` but those of `except`
+ * ("section.name" entries, NULL-terminated; may be NULL) with its value in `saved` (as
+ * train_config_write writes it; a key missing there counts as its default). On the first key
+ * that differs, in table order, returns FSDP_ERR_CONFIG and writes "[section] name = value
+ * (origin) here, but <saved value> (<saved origin>) in the saved configuration" into err. */
+fsdp_status train_config_compare_saved(const train_config *cfg, const char *saved,
+                                       const char *const *sections, const char *const *except,
+                                       char *err, size_t err_size);
 
 /* Writes the usage, the options and every section and key with type, default and meaning. */
 void train_config_print_help(FILE *f);

@@ -2,7 +2,7 @@
  * on a synthetic dataset drawn from the counter RNG by global sample index, with SGD on the
  * MSE loss, on a world of ranks: tensor parallelism over tp, FSDP or replicas over dp, each
  * dp rank on its slice of every batch. The tool and tests/test_train.c share it. */
-#define _POSIX_C_SOURCE 200809L // clock_gettime
+#define _POSIX_C_SOURCE 200809L // clock_gettime, open_memstream, mkdtemp, stat
 
 #include "trainer.h"
 
@@ -12,9 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h> // defines: stat, S_ISDIR, S_ISREG
 #include <time.h>
 
 #include "fsdp/version.h" // defines: FSDP_VERSION_STRING
+#include "train_ckpt.h"   // defines: train_sources, train_saver, train_ckpt_resume
+
+volatile sig_atomic_t train_stop_signal = 0;
 
 /* Returns the status of expr when it fails. */
 #define TRY(expr)                                                                                  \
@@ -119,9 +123,14 @@ typedef struct train_state {
     const char *out_name; /* "the progress to stdout", for messages */
     FILE *metrics;        /* rank 0's metrics file, or NULL */
     char metrics_name[TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 64]; /* for messages */
+    train_saver saver; /* [checkpoint] dir set: the writer and the state it saves */
+    bool saving;       /* saver is made */
+    fsdp_tensor *stop; /* (1): the stop flag, the max over the world (several ranks) */
 } train_state;
 
-static void train_state_free(train_state *s) {
+static void train_state_free(fsdp_ctx *ctx, train_state *s) {
+    if (s->saving) train_saver_free(ctx, &s->saver); /* commits a save in flight */
+    fsdp_tensor_free(s->stop);
     fsdp_optimizer_free(s->opt);
     fsdp_sharded_free(s->sh);
     fsdp_module_free(s->model);
@@ -325,8 +334,8 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
     return FSDP_OK;
 }
 
-static fsdp_status print_header(const train_config *cfg, train_state *s, double first_loss,
-                                char *err, size_t err_size) {
+/* The model and layout lines (and under debug the configuration). */
+static void print_banner(const train_config *cfg, train_state *s) {
     char mw[256], tw[256], lw[256];
     int64_t w[TRAIN_MAX_LIST];
     format_widths(cfg->model.widths.v, cfg->model.widths.n, mw, sizeof mw);
@@ -340,9 +349,15 @@ static fsdp_status print_header(const train_config *cfg, train_state *s, double 
             (long long)cfg->data.batch_size, cfg->optim.lr, cfg->optim.momentum);
     fprintf(s->out, "parallel: %s\n", lw);
     if (cfg->log.level == FSDP_LOG_DEBUG) train_config_write(cfg, s->out);
+}
+
+/* The whole-dataset loss where the run starts: step 0, or the resumed step. */
+static fsdp_status print_first_loss(const train_config *cfg, train_state *s, double first_loss,
+                                    int64_t step, char *err, size_t err_size) {
     int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
-    fprintf(s->out, "step %*d/%lld  loss %.6f  (whole dataset, before training)\n", digits, 0,
-            (long long)cfg->train.steps, first_loss);
+    fprintf(s->out, "step %*lld/%lld  loss %.6f  (whole dataset, %s)\n", digits, (long long)step,
+            (long long)cfg->train.steps, first_loss,
+            step ? "at the resumed step" : "before training");
     return flush_checked(s->out, s->out_name, err, err_size);
 }
 
@@ -397,85 +412,192 @@ static fsdp_status not_finite(const train_config *cfg, bool trained, char *err, 
     return FSDP_ERR_STATE;
 }
 
-/* The steps, from t0 on. A failure of the tool's own (a loss that is not finite, output that
- * cannot be written) is written into err; a library failure leaves err empty. */
+/* Saves the run at prog->step and says so; commit: wait for the commit (a sync save always
+ * does). */
+static fsdp_status save(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
+                        const train_progress *prog, bool commit, train_result *res, char *err,
+                        size_t err_size) {
+    double blocked = 0;
+    TRY(train_saver_save(ctx, &s->saver, prog, commit, &blocked));
+    snprintf(res->saved, sizeof res->saved, "%s", fsdp_ckpt_writer_last_path(s->saver.writer));
+    if (!s->out) return FSDP_OK;
+    char path[TRAIN_CKPT_PATH];
+    train_ckpt_step_path(cfg, prog->step, path, sizeof path);
+    if (commit || !cfg->checkpoint.async)
+        fprintf(s->out, "checkpoint: saved %s (%.3fs)\n", path, blocked);
+    else
+        fprintf(s->out, "checkpoint: writing %s in the background (the step waited %.3fs)\n", path,
+                blocked);
+    return flush_checked(s->out, s->out_name, err, err_size);
+}
+
+/* Whether the ranks stop after this step: a SIGINT or SIGTERM (train_stop_signal) on any rank
+ * of the world. Several ranks agree with one all_reduce (max) of one float over the world, so
+ * that every rank stops after the same step. */
+static fsdp_status agree_stop(fsdp_ctx *ctx, train_state *s, bool *stop) {
+    float mine = train_stop_signal != 0 ? 1.0f : 0.0f;
+    if (s->layout.world == 1) {
+        *stop = mine > 0;
+        return FSDP_OK;
+    }
+    fsdp_tensor_f32(s->stop)[0] = mine;
+    TRY(fsdp_all_reduce(ctx, fsdp_ctx_world_group(ctx), s->stop, FSDP_REDUCE_MAX));
+    *stop = fsdp_tensor_f32(s->stop)[0] > 0;
+    return FSDP_OK;
+}
+
+/* The steps after prog->step, from t0 on. A failure of the tool's own (a loss that is not
+ * finite, output that cannot be written) is written into err; a library failure leaves err
+ * empty. Progress lines average the batch losses since the previous line of a log_every step
+ * (prog->loss_sum, also across a resume), so a resumed run prints the lines of an
+ * uninterrupted one. */
 static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
-                              train_result *res, double t0, char *err, size_t err_size) {
-    double t_last = t0, loss_sum = 0;
-    int64_t start = 0, since = 0;
-    /* no allocation in here */
-    for (int64_t step = 1; step <= cfg->train.steps; step++) {
+                              train_progress *prog, train_result *res, double t0, char *err,
+                              size_t err_size) {
+    double t_last = t0;
+    int64_t since_line = 0;
+    /* no allocation in here (but in a checkpoint's save) */
+    for (int64_t step = prog->step + 1; step <= cfg->train.steps; step++) {
         double loss = 0;
-        TRY(train_step(ctx, cfg, s, start, &loss));
-        start = (start + cfg->data.batch_size) % cfg->data.samples;
+        TRY(train_step(ctx, cfg, s, prog->position, &loss));
+        prog->position = (prog->position + cfg->data.batch_size) % cfg->data.samples;
         if (!isfinite(loss)) /* the same global loss on every rank: all stop here */
             return not_finite(cfg, true, err, err_size, "the loss became %g at step %lld", loss,
                               (long long)step);
         TRY(fsdp_module_backward(ctx, s->model, s->dout, NULL)); /* no input gradient */
         TRY(fsdp_optimizer_step(ctx, s->opt));
-        res->steps = step;
-        if (step <= TRAIN_TRACE_STEPS) res->step_loss[res->n_step_losses++] = loss;
-        loss_sum += loss;
-        since++;
-        if (step % cfg->train.log_every == 0 || step == cfg->train.steps) {
+        prog->step = res->steps = step;
+        if (res->n_step_losses < TRAIN_TRACE_STEPS) res->step_loss[res->n_step_losses++] = loss;
+        prog->loss_sum += loss;
+        prog->since++;
+        since_line++;
+        bool stop = false, regular = step % cfg->train.log_every == 0;
+        if (s->saving) TRY(agree_stop(ctx, s, &stop));
+        stop = stop && step < cfg->train.steps; /* the last step: the run ends anyway */
+        if (regular || step == cfg->train.steps || stop) {
             double t = now_seconds();
-            double rate = (double)(since * cfg->data.batch_size) / fmax(t - t_last, 1e-9);
-            TRY(report(cfg, s, step, loss_sum / (double)since, rate, t - t0, err, err_size));
+            double rate = (double)(since_line * cfg->data.batch_size) / fmax(t - t_last, 1e-9);
+            TRY(report(cfg, s, step, prog->loss_sum / (double)prog->since, rate, t - t0, err,
+                       err_size));
             t_last = t;
-            loss_sum = 0;
-            since = 0;
+            since_line = 0;
+            if (regular) prog->loss_sum = 0, prog->since = 0;
         }
+        if (stop) {
+            res->interrupted = true;
+            return save(ctx, cfg, s, prog, true, res, err, err_size);
+        }
+        if (s->saving && cfg->checkpoint.every > 0 && step % cfg->checkpoint.every == 0 &&
+            step < cfg->train.steps)
+            TRY(save(ctx, cfg, s, prog, false, res, err, err_size));
     }
     return FSDP_OK;
+}
+
+/* Where the run starts: [model] init, or the checkpoint it resumes from (said in one line). */
+static fsdp_status start_from(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
+                              const train_sources *src, train_progress *prog, train_result *res,
+                              const char **what, char *err, size_t err_size) {
+    fsdp_state_sources from = {.model = s->model, .sharded = s->sh, .optimizer = s->opt};
+    if (src->init[0]) {
+        *what = "loading [model] init";
+        TRY(train_ckpt_init(ctx, cfg, &from, src->init, err, err_size));
+        if (s->out) fprintf(s->out, "init: parameters from %s\n", cfg->model.init);
+    }
+    if (src->resume[0]) {
+        char layout[256] = "";
+        *what = "resuming";
+        TRY(train_ckpt_resume(ctx, cfg, &from, src->resume, prog, layout, sizeof layout, err,
+                              err_size));
+        res->start_step = res->steps = prog->step;
+        snprintf(res->resumed_from, sizeof res->resumed_from, "%s", src->resume);
+        if (s->out)
+            fprintf(s->out, "resume: from %s at step %lld (saved by %s)\n", src->resume,
+                    (long long)prog->step, layout[0] ? layout : "an unknown layout");
+    }
+    if (s->out && src->note[0]) fprintf(s->out, "%s\n", src->note);
+    if (s->out && prog->step >= cfg->train.steps)
+        fprintf(s->out, "nothing to train: the run is at step %lld, and [train] steps = %lld\n",
+                (long long)prog->step, (long long)cfg->train.steps);
+    return s->out ? flush_checked(s->out, s->out_name, err, err_size) : FSDP_OK;
+}
+
+/* The checkpoint writer and the stop flag, when [checkpoint] dir is set. */
+static fsdp_status setup_saving(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
+    if (!cfg->checkpoint.dir[0]) return FSDP_OK;
+    char layout[256];
+    train_layout_describe(cfg, &s->layout, layout, sizeof layout);
+    fsdp_state_sources from = {.model = s->model, .sharded = s->sh, .optimizer = s->opt};
+    fsdp_status st = train_saver_create(ctx, cfg, &from, layout, &s->saver);
+    s->saving = true; /* freed either way */
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){1}, &s->stop);
+    return st;
 }
 
 /* The run on one rank of the world (ctx bound to it). out: rank 0's progress stream or NULL;
  * metrics are written by rank 0. */
 static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layout *layout,
-                              FILE *out, train_result *res, char *err, size_t err_size) {
+                              const train_sources *src, FILE *out, train_result *res, char *err,
+                              size_t err_size) {
     bool rank0 = fsdp_ctx_rank(ctx) == 0;
     train_state s = {.layout = *layout,
                      .out = rank0 ? out : NULL,
                      .out_name = out == stdout ? "the progress to stdout" : "the progress output"};
+    train_progress prog = {0};
     const char *what = "";
     err[0] = '\0';
     fsdp_status st = train_setup(ctx, cfg, &s, &what);
+    if (st == FSDP_OK) {
+        what = "setting up checkpoints";
+        st = setup_saving(ctx, cfg, &s);
+    }
+    if (st == FSDP_OK && s.out) print_banner(cfg, &s);
+    if (st == FSDP_OK) st = start_from(ctx, cfg, &s, src, &prog, res, &what, err, err_size);
     if (st == FSDP_OK && rank0 && cfg->log.metrics[0]) st = open_metrics(cfg, &s, err, err_size);
     if (st == FSDP_OK) {
         what = "evaluating the initial loss";
         st = dataset_loss(ctx, &s, &res->first_loss);
     }
     if (st == FSDP_OK && !isfinite(res->first_loss))
-        st = not_finite(cfg, false, err, err_size, "the whole-dataset loss before training is %g",
-                        res->first_loss);
-    if (st == FSDP_OK && s.out) st = print_header(cfg, &s, res->first_loss, err, err_size);
+        st = not_finite(cfg, false, err, err_size, "the whole-dataset loss %s is %g",
+                        prog.step ? "at the resumed step" : "before training", res->first_loss);
+    if (st == FSDP_OK && s.out)
+        st = print_first_loss(cfg, &s, res->first_loss, prog.step, err, err_size);
     double t0 = now_seconds();
     if (st == FSDP_OK) {
         what = "training";
-        st = train_loop(ctx, cfg, &s, res, t0, err, err_size);
+        st = train_loop(ctx, cfg, &s, &prog, res, t0, err, err_size);
     }
     res->seconds = now_seconds() - t0;
-    res->samples_per_s = (double)(res->steps * cfg->data.batch_size) / fmax(res->seconds, 1e-9);
-    if (st == FSDP_OK) {
+    int64_t ran = res->steps - res->start_step;
+    res->samples_per_s = (double)(ran * cfg->data.batch_size) / fmax(res->seconds, 1e-9);
+    if (st == FSDP_OK && s.saving && ran > 0 && !res->interrupted) {
+        what = "saving the final checkpoint";
+        st = save(ctx, cfg, &s, &prog, true, res, err, err_size);
+    }
+    if (st == FSDP_OK && res->interrupted) res->last_loss = NAN;
+    if (st == FSDP_OK && !res->interrupted) {
         what = "evaluating the final loss";
         st = dataset_loss(ctx, &s, &res->last_loss);
     }
-    if (st == FSDP_OK && !isfinite(res->last_loss)) /* the last update is checked only here */
+    if (st == FSDP_OK && !res->interrupted && !isfinite(res->last_loss))
+        /* the last update is checked only here */
         st = not_finite(cfg, true, err, err_size,
                         "the whole-dataset loss after training is %g (%g before): the update "
                         "of step %lld diverged",
                         res->last_loss, res->first_loss, (long long)res->steps);
     if (st == FSDP_OK && s.metrics) st = close_metrics(&s, err, err_size);
-    if (st == FSDP_OK && s.out) {
+    if (st == FSDP_OK && s.out && !res->interrupted) {
         fprintf(s.out,
                 "done: %lld steps in %.2fs (%.0f samples/s); whole-dataset loss %.6f -> %.6f, "
                 "%.1fx lower\n",
-                (long long)res->steps, res->seconds, res->samples_per_s, res->first_loss,
-                res->last_loss, res->first_loss / fmax(res->last_loss, 1e-30));
+                (long long)ran, res->seconds, res->samples_per_s, res->first_loss, res->last_loss,
+                res->first_loss / fmax(res->last_loss, 1e-30));
         st = flush_checked(s.out, s.out_name, err, err_size);
     }
     if (st != FSDP_OK && !err[0]) snprintf(err, err_size, "%s: %s", what, fsdp_last_error(ctx));
-    train_state_free(&s);
+    train_state_free(ctx, &s);
     return st;
 }
 
@@ -483,6 +605,7 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
 
 typedef struct train_job {
     const train_config *cfg;
+    const train_sources *src;
     train_layout layout;
     FILE *out;
     bool mpi;
@@ -496,8 +619,8 @@ static fsdp_status rank_main(fsdp_ctx *ctx, int rank, void *user) {
     train_job *job = user;
     train_result res = {.layout = job->layout, .rank = rank};
     char *err = job->messages + (size_t)rank * TRAIN_ERROR_SIZE;
-    fsdp_status st = train_rank(ctx, job->cfg, &job->layout, rank == 0 ? job->out : NULL, &res, err,
-                                TRAIN_ERROR_SIZE);
+    fsdp_status st = train_rank(ctx, job->cfg, &job->layout, job->src, rank == 0 ? job->out : NULL,
+                                &res, err, TRAIN_ERROR_SIZE);
     if (rank == 0 || job->mpi) {
         job->result = res;
         job->my_rank = rank;
@@ -591,12 +714,17 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
     } else if (st == FSDP_OK) {
         st = train_layout_resolve(cfg, size, &job.layout, err, err_size);
     }
+    train_sources src; /* resolved once per process: the ranks only read it */
+    memset(&src, 0, sizeof src);
+    job.src = &src;
+    if (st == FSDP_OK) st = train_sources_resolve(ctx, cfg, &src, err, err_size);
     if (st == FSDP_OK) {
         job.my_rank = -1;
         st = fsdp_world_run(ctx, world, rank_main, &job);
         if (st != FSDP_OK) failure_message(ctx, world, &job, st, err, err_size);
         if (result) *result = job.result;
     }
+    train_sources_free(&src);
     free(job.messages);
     fsdp_world_free(world);
     return st;

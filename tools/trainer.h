@@ -2,6 +2,9 @@
 #ifndef FSDP_TOOLS_TRAINER_H
 #define FSDP_TOOLS_TRAINER_H
 
+#include <signal.h> // defines: sig_atomic_t
+
+#include "train_ckpt.h" // defines: TRAIN_CKPT_PATH
 #include "train_config.h"
 
 #ifdef __cplusplus
@@ -11,7 +14,9 @@ extern "C" {
 #define TRAIN_TRACE_STEPS 64 /* step losses kept in a train_result */
 
 typedef struct train_result {
-    int64_t steps;        /* steps run */
+    int64_t steps;        /* the last step reached (counted from the run's start: a resumed
+                             run continues the count) */
+    int64_t start_step;   /* the step the run started from: 0, or the resumed checkpoint's */
     double first_loss;    /* loss over the whole dataset before the first step */
     double last_loss;     /* loss over the whole dataset after the last step */
     double seconds;       /* wall time of the training loop */
@@ -21,11 +26,25 @@ typedef struct train_result {
      * computes the same global losses, and fails the same way when the processes' configurations
      * differ); -1 when no rank ran (the world could not be made or laid out). */
     int rank;
-    /* The global batch loss of steps 1, 2, ..., step_loss[0] being step 1's: the mean over the
-     * whole batch, whatever the layout, for the first min(steps, TRAIN_TRACE_STEPS) steps. */
+    /* The global batch loss of steps start_step + 1, start_step + 2, ..., step_loss[0] being
+     * the first's: the mean over the whole batch, whatever the layout, for the first
+     * min(steps - start_step, TRAIN_TRACE_STEPS) steps of this run. */
     int64_t n_step_losses;
     double step_loss[TRAIN_TRACE_STEPS];
+    /* The checkpoint the run resumed from, "" when it started fresh; the last checkpoint it
+     * committed, "" when none. */
+    char resumed_from[TRAIN_CKPT_PATH];
+    char saved[TRAIN_CKPT_PATH];
+    /* The run stopped early on train_stop_signal (at step `steps`, saved in `saved`). */
+    bool interrupted;
 } train_result;
+
+/* Set to the signal's number by fsdp-train's SIGINT/SIGTERM handler (a store to a
+ * sig_atomic_t, all a handler may do). With [checkpoint] dir set, the ranks look at it after
+ * every step, agree on it (one all_reduce of one float over the world per step when the world
+ * has several ranks), and stop together: a checkpoint is saved and train_run returns FSDP_OK
+ * with result->interrupted. Without dir it is not read. */
+extern volatile sig_atomic_t train_stop_signal;
 
 /* Trains the model cfg describes on its synthetic teacher dataset, on the ranks [parallel]
  * asks for: it creates the world (local rank threads, or this process's rank of an MPI job),
