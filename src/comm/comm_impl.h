@@ -89,6 +89,7 @@ struct fsdp_world {
     fsdp_comm_backend backend;
     int size;
     int timeout_ms;
+    int threads_per_rank; /* fsdp_world_options.threads_per_rank */
     fsdp_ctx_options ctx_options;
     atomic_bool running;
     atomic_int failures;

@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/tensor_impl.h"
 
-#define LOCAL_MAX_RANKS 1024
+#define LOCAL_MAX_RANKS FSDP_LOCAL_MAX_RANKS
 
 typedef struct local_group local_group;
 

@@ -9,6 +9,7 @@
 
 #include "comm/comm_impl.h"
 #include "core/error.h"
+#include "kernels/kernels.h" // defines: fsdp_kernels_cpu_threads_enter
 
 /* The backends this build has. One that is not listed is refused with a message. */
 static const struct backend_entry {
@@ -73,6 +74,11 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
                          "fsdp_world_create: timeout_ms is %d; use a positive number of "
                          "milliseconds (0 means %d)",
                          o.timeout_ms, FSDP_COMM_DEFAULT_TIMEOUT_MS);
+    if (o.threads_per_rank < 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_world_create: threads_per_rank is %d; use 1 or more, or 0 for "
+                         "the BLAS threads shared out among the rank threads",
+                         o.threads_per_rank);
     if ((int)o.ctx.log_level < 0 || o.ctx.log_level > FSDP_LOG_OFF)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_world_create: unknown log level %d in the rank context options",
@@ -81,6 +87,7 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
     if (!w) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a world");
     w->kind = o.backend;
     w->timeout_ms = o.timeout_ms ? o.timeout_ms : FSDP_COMM_DEFAULT_TIMEOUT_MS;
+    w->threads_per_rank = o.threads_per_rank;
     w->ctx_options = o.ctx;
     atomic_init(&w->running, false);
     atomic_init(&w->failures, 0);
@@ -247,7 +254,9 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
     }
     for (int i = 0; i < count; i++)
         jobs[i] = (rank_job){.world = world, .rank = first + i, .fn = fn, .user = user};
-    /* The first hosted rank runs on this thread, the others on their own. */
+    /* The first hosted rank runs on this thread, the others on their own, each with its share
+     * of the BLAS threads. */
+    fsdp_kernels_cpu_threads_enter(count, world->threads_per_rank);
     for (int i = 1; i < count; i++) {
         int err = pthread_create(&threads[i], NULL, rank_thread, &jobs[i]);
         started[i] = err == 0;
@@ -262,6 +271,7 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
     if (count > 0) run_rank(&jobs[0]);
     for (int i = 1; i < count; i++)
         if (started[i]) pthread_join(threads[i], NULL);
+    fsdp_kernels_cpu_threads_leave();
     free(jobs), free(threads), free(started);
     if (world->backend.iface.collect_results)
         world->backend.iface.collect_results(ctx, world->backend.context);
