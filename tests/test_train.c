@@ -421,7 +421,8 @@ static void test_tp_matches_one_rank(void) {
 }
 
 /* Batches that do not split evenly: 8 samples on 3 ranks (3, 3, 2), 5 on 4 ranks (2, 2, 1
- * and an empty slice), and on 3 ranks with tp 2 (6 ranks). */
+ * and an empty slice), and on 3 ranks with tp 2 (6 ranks); a dp rank without samples under tp
+ * 2. */
 static void test_uneven_slices(void) {
     g_worst = 0;
     reference();
@@ -432,6 +433,17 @@ static void test_uneven_slices(void) {
     run_small(&five, SET("data.batch_size=5"));
     check_layout(&five, 4, SET("data.batch_size=5"), 4, 1);
     check_layout(&five, 4, SET("data.batch_size=5", "parallel.mode=replicate"), 4, 1);
+    /* 2 samples in batches of 4 on dp 3 x tp 2: dp rank 2 has no samples, neither in a batch
+     * (2, 2, 0) nor in the whole dataset (1, 1, 0), so its tp pair only ever all_reduces empty
+     * (0, width) tensors (the local all_reduce called memcpy(dst, NULL, 0) with the scratch
+     * never allocated: UBSan). */
+    train_result two;
+    run_small(&two, SET("data.samples=2", "data.batch_size=4"));
+    check_layout(&two, 6, SET("data.samples=2", "data.batch_size=4", "parallel.tp=2"), 3, 2);
+    check_layout(
+        &two, 6,
+        SET("data.samples=2", "data.batch_size=4", "parallel.tp=2", "parallel.mode=replicate"), 3,
+        2);
     printf("\n    worst %.1e", g_worst);
 }
 
