@@ -919,7 +919,8 @@ static void test_rank_sets_own_message(void) {
 
 /* A failure three calls deep: raised at `origin_line`, passed up unchanged by a plain
  * FSDP_TRY, with a hop by FSDP_TRY_AT and one with context by FSDP_TRYF. */
-static int origin_line, hop_line, context_line;
+static int origin_line, hop_line;
+static _Atomic int context_line; /* written by every rank thread of trail_body */
 
 static fsdp_status read_header(fsdp_ctx *ctx, int64_t bytes) {
     origin_line = __LINE__ + 1;

@@ -56,7 +56,8 @@ typedef struct train_config {
     } model;
     struct {
         train_backend backend;
-        int64_t ranks; /* 0: the MPI job's size under mpi, tp under local */
+        int64_t ranks;            /* 0: the MPI job's size under mpi, tp under local */
+        int64_t threads_per_rank; /* OpenBLAS threads per rank; 0: shared out */
         int64_t tp;
         train_mode mode;
         fsdp_sharding_strategy strategy;

@@ -680,6 +680,7 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
     fsdp_world_options wo = {.backend = mpi ? FSDP_BACKEND_MPI : FSDP_BACKEND_LOCAL,
                              .nranks = mpi ? 0 : train_config_world_size(cfg),
                              .timeout_ms = (int)(cfg->parallel.timeout_s * 1000),
+                             .threads_per_rank = (int)cfg->parallel.threads_per_rank,
                              .ctx = train_config_ctx_options(cfg)};
     fsdp_world *world = NULL;
     if ((st = fsdp_world_create(ctx, &wo, &world)) != FSDP_OK) {

@@ -46,11 +46,13 @@ typedef enum fsdp_backend {
  * FSDP_COMM_MIN_DEFAULT_GRACE_MS. */
 #define FSDP_COMM_GRACE_ENV            "FSDP_COMM_GRACE_MS"
 #define FSDP_COMM_MIN_DEFAULT_GRACE_MS 10000 /* 10 s */
+#define FSDP_LOCAL_MAX_RANKS           1024  /* rank threads of one local world */
 
 typedef struct fsdp_world_options {
     fsdp_backend backend; /* default FSDP_BACKEND_LOCAL */
-    /* local: the number of rank threads; default 1. mpi: 0 (the default) or the number of
-     * processes of the MPI job (MPI_COMM_WORLD's size), which is always the world size. */
+    /* local: the number of rank threads; default 1, at most FSDP_LOCAL_MAX_RANKS. mpi: 0 (the
+     * default) or the number of processes of the MPI job (MPI_COMM_WORLD's size), which is
+     * always the world size. */
     int nranks;
     /* Longest wait inside a collective, in milliseconds, before it fails with
      * FSDP_ERR_TIMEOUT; default FSDP_COMM_DEFAULT_TIMEOUT_MS. */
@@ -62,6 +64,12 @@ typedef struct fsdp_world_options {
      * FSDP_COMM_GRACE_MS environment variable when it holds a positive number, else
      * timeout_ms but at least 10 s (FSDP_COMM_MIN_DEFAULT_GRACE_MS). See fsdp_world_run. */
     int grace_ms;
+    /* OpenBLAS threads of each rank while fsdp_world_run runs (OpenBLAS has one count for the
+     * process; it is restored afterwards). 0, the default: the process's count
+     * (OPENBLAS_NUM_THREADS, else the cores) divided by the ranks this process hosts, at least
+     * 1. More than that with many rank threads can make OpenBLAS abort (src/kernels/kernels.h:
+     * fsdp_kernels_cpu_threads_enter). */
+    int threads_per_rank;
 } fsdp_world_options;
 
 /* Creates a world. opts may be NULL for all defaults. ctx (may be NULL) receives the message

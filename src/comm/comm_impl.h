@@ -92,7 +92,8 @@ struct fsdp_world {
     fsdp_comm_backend backend;
     int size;
     int timeout_ms;
-    int grace_ms; /* after the first failure, how long a run waits for the other ranks */
+    int grace_ms;         /* after the first failure, how long a run waits for the other ranks */
+    int threads_per_rank; /* fsdp_world_options.threads_per_rank */
     fsdp_ctx_options ctx_options;
     atomic_bool running;
     atomic_int failures;

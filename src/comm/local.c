@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/tensor_impl.h"
 
-#define LOCAL_MAX_RANKS 1024
+#define LOCAL_MAX_RANKS FSDP_LOCAL_MAX_RANKS
 
 typedef struct local_group local_group;
 
@@ -368,12 +368,15 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
     int64_t begin, len;
     fsdp_chunk_range(t->numel, g->size, g->rank, &begin, &len);
     size_t esize = fsdp_dtype_size(t->dtype);
-    fsdp_reduce_run((char *)lg->scratch + (size_t)begin * esize, lg->srcs, g->size, begin, len,
-                    t->dtype, op);
+    if (len > 0)
+        fsdp_reduce_run((char *)lg->scratch + (size_t)begin * esize, lg->srcs, g->size, begin, len,
+                        t->dtype, op);
     FSDP_TRY(rendezvous(ctx, g, c.op, NULL));
     /* ...and once all are written (and nobody reads the inputs), every rank copies the whole.
-     * The scratch is not touched again before every rank has arrived at its next call. */
-    memcpy(fsdp_tensor_data(t), lg->scratch, fsdp_tensor_nbytes(t));
+     * The scratch is not touched again before every rank has arrived at its next call. An
+     * empty tensor (a dp rank without samples) has no storage and the scratch may be NULL:
+     * memcpy must not see them even for 0 bytes. */
+    if (t->numel > 0) memcpy(fsdp_tensor_data(t), lg->scratch, fsdp_tensor_nbytes(t));
     return FSDP_OK;
 }
 
@@ -381,7 +384,7 @@ static fsdp_status local_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
     fsdp_call c = fsdp_call_broadcast(t, root);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
-    if (g->rank != root)
+    if (g->rank != root && t->numel > 0)
         memcpy(fsdp_tensor_data(t), fsdp_tensor_data(lg->calls[root]->out), fsdp_tensor_nbytes(t));
     return rendezvous(ctx, g, c.op, NULL);
 }

@@ -13,6 +13,7 @@
 
 #include "comm/comm_impl.h"
 #include "core/error.h"
+#include "kernels/kernels.h" // defines: fsdp_kernels_cpu_threads_enter
 
 /* The backends this build has. One that is not listed is refused with a message. */
 static const struct backend_entry {
@@ -95,6 +96,11 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
                          "milliseconds (0 means the %s environment variable, else timeout_ms "
                          "but at least %d)",
                          o.grace_ms, FSDP_COMM_GRACE_ENV, FSDP_COMM_MIN_DEFAULT_GRACE_MS);
+    if (o.threads_per_rank < 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_world_create: threads_per_rank is %d; use 1 or more, or 0 for "
+                         "the BLAS threads shared out among the rank threads",
+                         o.threads_per_rank);
     if ((int)o.ctx.log_level < 0 || o.ctx.log_level > FSDP_LOG_OFF)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_world_create: unknown log level %d in the rank context options",
@@ -118,6 +124,7 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
     w->kind = o.backend;
     w->timeout_ms = o.timeout_ms ? o.timeout_ms : FSDP_COMM_DEFAULT_TIMEOUT_MS;
     w->grace_ms = o.grace_ms ? o.grace_ms : default_grace(w->timeout_ms);
+    w->threads_per_rank = o.threads_per_rank;
     w->ctx_options = o.ctx;
     atomic_init(&w->running, false);
     atomic_init(&w->failures, 0);
@@ -497,7 +504,10 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
     /* Under MPI the calling thread is the process's rank, also while it collects the other
      * processes' results: its log lines name that rank. */
     const int previous = fsdp_log_thread_rank_swap(count == 1 ? first : -1);
+    /* Each rank thread runs the BLAS with its share of the threads. */
+    fsdp_kernels_cpu_threads_enter(count, world->threads_per_rank);
     int left = run_jobs(world, jobs, count);
+    fsdp_kernels_cpu_threads_leave();
     for (int i = 0; i < count; i++) free(jobs[i]);
     free(jobs);
     if (world->backend.iface.collect_results)

@@ -101,4 +101,16 @@ const fsdp_kernels_i *fsdp_kernels_for(fsdp_device device);
  * kernels/cuda/cuda.h, in builds with CUDA. */
 const fsdp_kernels_i *fsdp_kernels_cpu(void);
 
+/* BLAS threads (src/kernels/cpu/threads.c). OpenBLAS has one thread count for the whole
+ * process. Its threaded GEMM takes memory regions from a fixed table (sized for the 128 threads
+ * of Debian's build) for the calls in flight: hundreds of rank threads in a threaded GEMM at
+ * once exhaust it and OpenBLAS aborts the process ("too many memory regions"); single-threaded
+ * calls do not (1024 rank threads abort with 2 BLAS threads and run with 1). So a run of
+ * `ranks` rank threads sets the count to per_rank, or when per_rank is 0 to the count the
+ * process had (OPENBLAS_NUM_THREADS, else the cores OpenBLAS found) divided by ranks, at least
+ * 1; returns the count in effect. Runs may overlap: a later one only lowers the count. The last
+ * leave restores the count the first enter found. */
+int fsdp_kernels_cpu_threads_enter(int ranks, int per_rank);
+void fsdp_kernels_cpu_threads_leave(void);
+
 #endif

@@ -7,8 +7,19 @@
 /* On x86-64 each loop is also built for AVX2, picked at load time when the CPU has it: twice
  * the lanes of the baseline's SSE2 for the square root and the divisions, which otherwise
  * keep one core's Adam step below its memory bandwidth. AVX2 without FMA computes every
- * element with the same IEEE operations, so both builds give the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) /* ifunc: glibc */
+ * element with the same IEEE operations, so both builds give the same bits.
+ * Not under ThreadSanitizer: the clones' ifunc resolver runs while the dynamic loader
+ * relocates the program, before TSan's runtime is initialised, and the instrumented resolver
+ * crashes the process at load. The default clone alone gives the same bits. */
+#if defined(__SANITIZE_THREAD__)
+#define FSDP_NO_CLONES 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FSDP_NO_CLONES 1
+#endif
+#endif
+/* ifunc needs glibc */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) && !defined(FSDP_NO_CLONES)
 #define FSDP_UPDATE_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define FSDP_UPDATE_CLONES
