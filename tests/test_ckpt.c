@@ -4,7 +4,6 @@
  * momentum bitwise; and bad checkpoints (uncommitted, missing, corrupt, truncated, not HDF5,
  * mismatched model) fail with a message that names the problem. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,43 +94,11 @@ static const ckpt_layout matrix[] = {
 
 /* ---- comparing checkpoints ---- */
 
-/* Every tensor of a equals b's: bitwise (rtol < 0) or within rtol/atol. */
+/* The newest checkpoints of two save directories are equal (ckpt_test_same). */
 static bool same_checkpoints(const char *da, const char *db, double rtol, double atol,
                              const char *what) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
     char *pa = ckpt_test_latest(da), *pb = ckpt_test_latest(db);
-    fsdp_ckpt *a = NULL, *b = NULL;
-    bool ok = pa && pb && fsdp_ckpt_open(ctx, pa, &a) == FSDP_OK &&
-              fsdp_ckpt_open(ctx, pb, &b) == FSDP_OK;
-    ok = ok && fsdp_ckpt_num_tensors(a) == fsdp_ckpt_num_tensors(b);
-    ok = ok && fsdp_ckpt_optim_steps(a) == fsdp_ckpt_optim_steps(b);
-    for (int t = 0; ok && t < fsdp_ckpt_num_tensors(a); t++) {
-        fsdp_ckpt_tensor ta, tb;
-        ok = fsdp_ckpt_tensor_get(ctx, a, t, &ta) == FSDP_OK;
-        int u = ok ? fsdp_ckpt_find(b, ta.name) : -1;
-        ok = u >= 0 && fsdp_ckpt_tensor_get(ctx, b, u, &tb) == FSDP_OK && ta.ndim == tb.ndim;
-        fsdp_state_region all = {.ndim = ta.ndim};
-        int64_t n = 1;
-        for (int d = 0; ok && d < ta.ndim; d++) n *= all.count[d] = ta.shape[d];
-        float *va = malloc((size_t)n * 4 + 4), *vb = malloc((size_t)n * 4 + 4);
-        ok = ok && fsdp_ckpt_read(ctx, a, t, &all, va) == FSDP_OK &&
-             fsdp_ckpt_read(ctx, b, u, &all, vb) == FSDP_OK;
-        for (int64_t i = 0; ok && i < n; i++) {
-            double d = fabs((double)va[i] - vb[i]);
-            bool good =
-                rtol < 0 ? memcmp(&va[i], &vb[i], 4) == 0 : d <= atol + rtol * fabs((double)vb[i]);
-            if (!good) {
-                fprintf(stderr, "\n  %s: %s[%lld] is %.9g, want %.9g\n", what, ta.name,
-                        (long long)i, va[i], vb[i]);
-                ok = false;
-            }
-        }
-        free(va);
-        free(vb);
-    }
-    if (!ok && a && b) fprintf(stderr, "  %s: %s\n", what, fsdp_last_error(ctx));
-    fsdp_ckpt_close(a);
-    fsdp_ckpt_close(b);
+    bool ok = ckpt_test_same(pa, pb, rtol, atol, what);
     free(pa);
     free(pb);
     return ok;
