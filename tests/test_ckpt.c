@@ -2,12 +2,16 @@
  * save, load at every layout of the matrix, continue, and match the uninterrupted run (bitwise in
  * the same layout, to float32 rounding across layouts, parameters and Adam state); resume of SGD
  * momentum bitwise; and bad checkpoints (uncommitted, missing, corrupt, truncated, not HDF5,
- * mismatched model) fail with a message that names the problem. */
+ * mismatched model, metadata truncated or of a newer format version) fail in load and in verify
+ * with a message that names the problem, the file and, for a shard, the tensor. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <hdf5.h>
 
 #include "ckpt/region.h"
 #include "ckpt_common.h"
@@ -207,24 +211,46 @@ static void test_bad_checkpoints(void) {
     CU_ASSERT_EQUAL(system(cmd), 0);
     CU_ASSERT_EQUAL(unlink(file), 0);
     FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_IO, "shard-00001.h5", "cannot open");
-    /* A truncated shard file. */
-    snprintf(cmd, sizeof cmd, "head -c 3000 '%s.bak' > '%s'", file, file);
-    CU_ASSERT_EQUAL(system(cmd), 0);
-    CU_ASSERT_EQUAL(load_plain(path, OPT_ADAM), FSDP_ERR_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(fsdp_last_error(fsdp_test_ctx()), "shard-00001.h5"));
-    /* A flipped byte in the data: the checksum names the tensor. */
+    FSDP_TEST_FAILS(ckpt_test_verify(path), FSDP_ERR_IO, "shard-00001.h5", "tensor '");
+    /* A truncated shard file: cut in its superblock, and cut in the middle of the data. */
+    struct stat sb;
+    snprintf(cmd, sizeof cmd, "%s.bak", file);
+    CU_ASSERT_EQUAL_FATAL(stat(cmd, &sb), 0);
+    long sizes[2] = {3000, (long)sb.st_size / 2};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "head -c %ld '%s.bak' > '%s'", sizes[i], file, file);
+        CU_ASSERT_EQUAL(system(cmd), 0);
+        FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_IO, "shard-00001.h5", "tensor '");
+        FSDP_TEST_FAILS(ckpt_test_verify(path), FSDP_ERR_IO, "shard-00001.h5", "tensor '");
+    }
+    /* A flipped byte in the data: the checksum names the tensor, in load and in verify. */
     snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
     CU_ASSERT_EQUAL(system(cmd), 0);
+    FSDP_TEST_OK(ckpt_test_verify(path));
     char *flipped = ckpt_test_flip_value_byte(path, 1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(flipped);
-    FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_IO, flipped, "shard-00001.h5", "corrupt");
+    char named[300];
+    snprintf(named, sizeof named, "tensor '%s'", flipped);
+    FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_IO, named, "shard-00001.h5", "corrupt");
+    FSDP_TEST_FAILS(ckpt_test_verify(path), FSDP_ERR_IO, named, "shard-00001.h5", "corrupt");
     free(flipped);
     ckpt_test_remove_tree(root);
     free(path);
     free(root);
 }
 
-/* Metadata of a newer format, or damaged: refused by fsdp_ckpt_open, naming the file. */
+/* Sets the integer attribute `name` of an HDF5 file (the file stays otherwise as it was). */
+static void set_attr_i64(const char *file, const char *name, int64_t v) {
+    hid_t f = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_FATAL(f >= 0);
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    CU_ASSERT(a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0);
+    H5Aclose(a);
+    H5Fclose(f);
+}
+
+/* Metadata of a newer format, truncated or damaged: refused by fsdp_ckpt_open, naming the
+ * file. */
 static void test_bad_metadata(void) {
     char *root, *path, file[700], cmd[1600];
     saved_2x2(&root, &path);
@@ -239,6 +265,31 @@ static void test_bad_metadata(void) {
     fclose(f);
     FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "metadata.h5");
     CU_ASSERT_PTR_NULL(ck);
+    /* Truncated: in its superblock, and halfway. */
+    struct stat sb;
+    snprintf(cmd, sizeof cmd, "%s.bak", file);
+    CU_ASSERT_EQUAL_FATAL(stat(cmd, &sb), 0);
+    long cut[2] = {100, (long)sb.st_size / 2};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "head -c %ld '%s.bak' > '%s'", cut[i], file, file);
+        CU_ASSERT_EQUAL(system(cmd), 0);
+        FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "metadata.h5");
+        CU_ASSERT_PTR_NULL(ck);
+        FSDP_TEST_FAILS(ckpt_test_verify(path), FSDP_ERR_IO, "metadata.h5");
+    }
+    /* A newer format version: the error names both versions and the fix. */
+    snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
+    CU_ASSERT_EQUAL(system(cmd), 0);
+    set_attr_i64(file, "format_version", FSDP_CKPT_FORMAT_VERSION + 1);
+    char newer[32], ours[64];
+    snprintf(newer, sizeof newer, "version %d", FSDP_CKPT_FORMAT_VERSION + 1);
+    snprintf(ours, sizeof ours, "version %d this libfsdp (%s)", FSDP_CKPT_FORMAT_VERSION,
+             FSDP_VERSION_STRING);
+    FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_UNSUPPORTED, "metadata.h5", newer,
+                    ours, "upgrade libfsdp");
+    CU_ASSERT_PTR_NULL(ck);
+    FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_UNSUPPORTED, newer, "upgrade libfsdp");
+    /* Put back: it opens again. */
     snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
     CU_ASSERT_EQUAL(system(cmd), 0);
     FSDP_TEST_OK(fsdp_ckpt_open(ctx, path, &ck));

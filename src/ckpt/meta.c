@@ -138,9 +138,10 @@ static fsdp_status read_attrs(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_met
     FSDP_TRY(h5_attr_read_i64(ctx, f, "format_version", &m->version));
     if (m->version > FSDP_CKPT_FORMAT_VERSION)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "'%s' has checkpoint format version %lld, newer than this libfsdp "
-                         "reads (%d): load it with a newer libfsdp",
-                         path, (long long)m->version, FSDP_CKPT_FORMAT_VERSION);
+                         "'%s' has checkpoint format version %lld, newer than the version %d "
+                         "this libfsdp (%s) reads: upgrade libfsdp to load it",
+                         path, (long long)m->version, FSDP_CKPT_FORMAT_VERSION,
+                         FSDP_VERSION_STRING);
     if (m->version < 1) return bad(ctx, path, "format_version", (long long)m->version);
     FSDP_TRY(h5_attr_read_str(ctx, f, "library_version", 64, &m->library_version));
     FSDP_TRY(h5_attr_read_i64(ctx, f, "step", &m->step));
