@@ -193,6 +193,44 @@ static fsdp_status load_plain(const char *path, ckpt_optim opt) {
     return ckpt_test_run_job(&matrix[3], opt, path, NULL, 2, 0);
 }
 
+/* Replaces the dataset of the first piece that file rank `rank` holds with one of the same
+ * shape and type whose chunks were never written. Returns the tensor's name (malloc'ed). */
+static char *unwrite_first_piece(const char *path, int rank) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_ckpt *ck;
+    if (fsdp_ckpt_open(ctx, path, &ck) != FSDP_OK) return NULL;
+    char *name = NULL, file[700], ds[400];
+    for (int t = 0; !name && t < fsdp_ckpt_num_tensors(ck); t++) {
+        fsdp_ckpt_tensor x;
+        fsdp_ckpt_tensor_get(ctx, ck, t, &x);
+        for (int k = 0; !name && k < x.n_pieces; k++) {
+            fsdp_ckpt_piece p;
+            fsdp_ckpt_piece_get(ctx, ck, t, k, &p);
+            if (p.file_rank != rank || x.ndim == 0) continue;
+            snprintf(ds, sizeof ds, "%s/%d", x.name, p.id);
+            name = strdup(x.name);
+            hsize_t dims[FSDP_MAX_DIMS];
+            for (int d = 0; d < x.ndim; d++) dims[d] = (hsize_t)p.region.count[d];
+            fsdp_ckpt_close(ck);
+            ck = NULL;
+            snprintf(file, sizeof file, "%s/shard-%05d.h5", path, rank);
+            hid_t f = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+            hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE),
+                  space = H5Screate_simple(x.ndim, dims, NULL);
+            H5Pset_chunk(dcpl, x.ndim, dims);
+            CU_ASSERT(H5Ldelete(f, ds, H5P_DEFAULT) >= 0);
+            hid_t d = H5Dcreate2(f, ds, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+            CU_ASSERT(d >= 0);
+            H5Dclose(d);
+            H5Sclose(space);
+            H5Pclose(dcpl);
+            H5Fclose(f);
+        }
+    }
+    fsdp_ckpt_close(ck);
+    return name;
+}
+
 static void test_bad_checkpoints(void) {
     char *root, *path, file[700], cmd[1600];
     saved_2x2(&root, &path);
@@ -233,6 +271,16 @@ static void test_bad_checkpoints(void) {
     snprintf(named, sizeof named, "tensor '%s'", flipped);
     FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_IO, named, "shard-00001.h5", "corrupt");
     FSDP_TEST_FAILS(ckpt_test_verify(path), FSDP_ERR_IO, named, "shard-00001.h5", "corrupt");
+    /* A piece dataset of the right shape and type that was never written (HDF5 would read
+     * zeros): refused, naming the tensor. */
+    snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
+    CU_ASSERT_EQUAL(system(cmd), 0);
+    char *unwritten = unwrite_first_piece(path, 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(unwritten);
+    snprintf(named, sizeof named, "tensor '%s'", unwritten);
+    FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_IO, named, "not all in its file");
+    FSDP_TEST_FAILS(ckpt_test_verify(path), FSDP_ERR_IO, named, "not all in its file");
+    free(unwritten);
     free(flipped);
     ckpt_test_remove_tree(root);
     free(path);
@@ -247,6 +295,35 @@ static void set_attr_i64(const char *file, const char *name, int64_t v) {
     CU_ASSERT(a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0);
     H5Aclose(a);
     H5Fclose(f);
+}
+
+/* Rewrites the names table of metadata `file` with the first name in place of the second.
+ * Returns that name (malloc'ed). */
+static char *duplicate_first_name(const char *file) {
+    hid_t f = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t ds = H5Dopen2(f, "names", H5P_DEFAULT), space = H5Dget_space(ds);
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(space, &n, NULL);
+    char *old = calloc(n + 1, 1), *names = calloc(2 * n + 1, 1);
+    H5Dread(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, old);
+    H5Sclose(space);
+    H5Dclose(ds);
+    size_t first = strlen(old) + 1, second = strlen(old + first) + 1;
+    memcpy(names, old, first);
+    memcpy(names + first, old, first);
+    memcpy(names + 2 * first, old + first + second, n - first - second);
+    hsize_t len = n - second + first;
+    CU_ASSERT(H5Ldelete(f, "names", H5P_DEFAULT) >= 0);
+    space = H5Screate_simple(1, &len, NULL);
+    ds = H5Dcreate2(f, "names", H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    CU_ASSERT(ds >= 0 && H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, names) >= 0);
+    H5Dclose(ds);
+    H5Sclose(space);
+    H5Fclose(f);
+    char *name = strdup(old);
+    free(old);
+    free(names);
+    return name;
 }
 
 /* Metadata of a newer format, truncated or damaged: refused by fsdp_ckpt_open, naming the
@@ -289,6 +366,13 @@ static void test_bad_metadata(void) {
                     ours, "upgrade libfsdp");
     CU_ASSERT_PTR_NULL(ck);
     FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_UNSUPPORTED, newer, "upgrade libfsdp");
+    /* Two tensors of one name. */
+    snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
+    CU_ASSERT_EQUAL(system(cmd), 0);
+    char *twice = duplicate_first_name(file);
+    FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "metadata.h5", twice,
+                    "two tensors");
+    free(twice);
     /* Put back: it opens again. */
     snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
     CU_ASSERT_EQUAL(system(cmd), 0);
