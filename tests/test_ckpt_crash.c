@@ -262,7 +262,7 @@ static void test_sigkill_during_save(void) {
         step = next;
     }
     printf("  kills: %d before the save began, %d while writing, %d after the marker, %d after "
-           "the commit, %d after the child finished\n",
+           "the commit (%d of them after the child had exited)\n",
            ph.before, ph.writing, ph.marked, ph.committed, ph.finished);
     CU_ASSERT_TRUE(ph.writing + ph.marked >= 1); /* some kills did land inside a save */
     /* A run after the last kill resumes, and its save removes the interrupted one's directory. */
