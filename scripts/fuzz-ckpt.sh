@@ -22,8 +22,11 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SECONDS_TOTAL=$((MINUTES * 60))
 COMMON="-DCMAKE_BUILD_TYPE=Debug -DFSDP_SANITIZE=address,undefined -DFSDP_BUILD_BENCH=OFF"
 
+# BUILD relative to where the script was started (the libFuzzer run changes into it).
+absolute() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+
 if command -v clang >/dev/null 2>&1 && [ "${STANDALONE:-0}" != 1 ]; then
-    BUILD=${BUILD:-$ROOT/build-fuzz}
+    BUILD=$(absolute "${BUILD:-$ROOT/build-fuzz}")
     # shellcheck disable=SC2086
     CC=clang cmake -S "$ROOT" -B "$BUILD" $COMMON -DFSDP_FUZZ=ON -DFSDP_CUDA=OFF >/dev/null
     cmake --build "$BUILD" -j "$JOBS" --target fuzz_ckpt_reader_libfuzzer
@@ -34,7 +37,7 @@ if command -v clang >/dev/null 2>&1 && [ "${STANDALONE:-0}" != 1 ]; then
     FSDP_FUZZ_RAW=$RAW "$BUILD/tests/fuzz_ckpt_reader_libfuzzer" -max_total_time="$SECONDS_TOTAL" \
         -max_len=256 -rss_limit_mb=4096 -print_final_stats=1 "$CORPUS"
 else
-    BUILD=${BUILD:-$ROOT/build-asan}
+    BUILD=$(absolute "${BUILD:-$ROOT/build-asan}")
     # shellcheck disable=SC2086
     cmake -S "$ROOT" -B "$BUILD" $COMMON >/dev/null
     cmake --build "$BUILD" -j "$JOBS" --target fuzz_ckpt_reader

@@ -1,6 +1,6 @@
-/* ckpt_common.h: what the checkpoint suites (test_ckpt, test_ckpt_tool) share: a small MLP
- * (MLPStacked(2)) laid out by a `ckpt_layout` (dp x tp mesh, plain, FSDP of any strategy or
- * replicate), trained with Adam or SGD on batches drawn from global indices, loaded from and
+/* ckpt_common.h: what the checkpoint suites (test_ckpt, test_ckpt_tool, test_ckpt_crash) share: a
+ * small MLP (MLPStacked(2)) laid out by a `ckpt_layout` (dp x tp mesh, plain, FSDP of any strategy
+ * or replicate), trained with Adam or SGD on batches drawn from global indices, loaded from and
  * saved to checkpoints; and the scratch directories, the newest checkpoint, a flipped byte. */
 #ifndef FSDP_TEST_CKPT_COMMON_H
 #define FSDP_TEST_CKPT_COMMON_H
