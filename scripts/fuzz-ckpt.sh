@@ -35,7 +35,7 @@ if command -v clang >/dev/null 2>&1 && [ "${STANDALONE:-0}" != 1 ]; then
     cd "$BUILD"
     echo "fuzz-ckpt: libFuzzer for $MINUTES min (raw flips: $RAW), corpus $CORPUS"
     FSDP_FUZZ_RAW=$RAW "$BUILD/tests/fuzz_ckpt_reader_libfuzzer" -max_total_time="$SECONDS_TOTAL" \
-        -max_len=256 -rss_limit_mb=4096 -print_final_stats=1 "$CORPUS"
+        -max_len=256 -len_control=0 -rss_limit_mb=4096 -print_final_stats=1 "$CORPUS"
 else
     BUILD=$(absolute "${BUILD:-$ROOT/build-asan}")
     # shellcheck disable=SC2086
