@@ -783,8 +783,10 @@ static void run_reader(void) {
         read_region(ck, t, &x, &all);
         read_region(ck, t, &x, &mid);
     }
-    if (fsdp_ckpt_load(ctx, ck, g.state, NULL) == FSDP_OK) g.loaded++;
-    else if (g.verbose) printf("load: %s\n", fsdp_last_error(ctx));
+    if (fsdp_ckpt_load(ctx, ck, g.state, NULL) == FSDP_OK)
+        g.loaded++;
+    else if (g.verbose)
+        printf("load: %s\n", fsdp_last_error(ctx));
     (void)fsdp_ckpt_load(ctx, ck, g.state, &(fsdp_ckpt_load_options){.non_strict = true});
     fsdp_ckpt_close(ck);
 }
