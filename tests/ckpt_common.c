@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup */
 #include "ckpt_common.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,25 +140,29 @@ static fsdp_status load(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
 }
 
 static fsdp_status job_rank(fsdp_ctx *ctx, int rank, void *user) {
-    (void)rank;
     const ckpt_job *jb = user;
     run r = {0};
     fsdp_status s = build(ctx, jb, &r);
     if (s == FSDP_OK && jb->load) s = load(ctx, jb, &r);
     fsdp_ckpt_writer *w = NULL;
+    bool each = jb->async || jb->each_step;
     fsdp_ckpt_options wo = {.zstd_level = jb->raw ? FSDP_CKPT_NO_COMPRESSION : 0,
                             .async = jb->async,
-                            .keep = jb->async ? 2 : 0};
+                            .keep = each ? (jb->keep ? jb->keep : 2) : 0};
     if (s == FSDP_OK && jb->save) s = fsdp_ckpt_writer_create(ctx, jb->save, &wo, &w);
-    if (s == FSDP_OK && !jb->async) s = train(ctx, jb, &r);
-    for (int64_t i = 0; s == FSDP_OK && jb->async && i < jb->steps; i++) {
+    if (s == FSDP_OK && !each) s = train(ctx, jb, &r);
+    for (int64_t i = 0; s == FSDP_OK && each && i < jb->steps; i++) {
         ckpt_job one = *jb;
         one.first_step = jb->first_step + i, one.steps = 1;
         s = train(ctx, &one, &r);
         fsdp_ckpt_meta m = {.step = one.first_step + 1};
+        if (s == FSDP_OK && i + 1 < jb->steps && jb->before_save && rank == 0)
+            jb->before_save(m.step, jb->hook_user);
         if (s == FSDP_OK && i + 1 < jb->steps) s = fsdp_ckpt_save(ctx, w, r.state, &m);
     }
     fsdp_ckpt_meta meta = {.step = jb->first_step + jb->steps, .layout = jb->l->name};
+    if (s == FSDP_OK && w && jb->before_save && rank == 0)
+        jb->before_save(meta.step, jb->hook_user);
     if (s == FSDP_OK && w) s = fsdp_ckpt_save(ctx, w, r.state, &meta);
     fsdp_ckpt_writer_free(ctx, w);
     run_free(ctx, &r);
@@ -244,4 +249,61 @@ char *ckpt_test_flip_value_byte(const char *path, int rank) {
     }
     fsdp_ckpt_close(ck);
     return name;
+}
+
+fsdp_status ckpt_test_verify(const char *path) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_ckpt *ck;
+    FSDP_TRY(fsdp_ckpt_open(ctx, path, &ck));
+    fsdp_status s = FSDP_OK;
+    for (int t = 0; s == FSDP_OK && t < fsdp_ckpt_num_tensors(ck); t++) {
+        fsdp_ckpt_tensor x;
+        s = fsdp_ckpt_tensor_get(ctx, ck, t, &x);
+        for (int k = 0; s == FSDP_OK && k < x.n_pieces; k++) {
+            fsdp_ckpt_piece p;
+            s = fsdp_ckpt_piece_get(ctx, ck, t, k, &p);
+            void *buf = malloc((size_t)region_numel(&p.region) * fsdp_dtype_size(x.dtype) + 1);
+            if (s == FSDP_OK) s = buf ? fsdp_ckpt_read(ctx, ck, t, &p.region, buf) : FSDP_ERR_IO;
+            free(buf);
+        }
+    }
+    fsdp_ckpt_close(ck);
+    return s;
+}
+
+bool ckpt_test_same(const char *pa, const char *pb, double rtol, double atol, const char *what) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_ckpt *a = NULL, *b = NULL;
+    bool ok = pa && pb && fsdp_ckpt_open(ctx, pa, &a) == FSDP_OK &&
+              fsdp_ckpt_open(ctx, pb, &b) == FSDP_OK;
+    ok = ok && fsdp_ckpt_num_tensors(a) == fsdp_ckpt_num_tensors(b);
+    ok = ok && fsdp_ckpt_optim_steps(a) == fsdp_ckpt_optim_steps(b);
+    for (int t = 0; ok && t < fsdp_ckpt_num_tensors(a); t++) {
+        fsdp_ckpt_tensor ta, tb;
+        ok = fsdp_ckpt_tensor_get(ctx, a, t, &ta) == FSDP_OK;
+        int u = ok ? fsdp_ckpt_find(b, ta.name) : -1;
+        ok = u >= 0 && fsdp_ckpt_tensor_get(ctx, b, u, &tb) == FSDP_OK && ta.ndim == tb.ndim;
+        fsdp_state_region all = {.ndim = ta.ndim};
+        int64_t n = 1;
+        for (int d = 0; ok && d < ta.ndim; d++) n *= all.count[d] = ta.shape[d];
+        float *va = malloc((size_t)n * 4 + 4), *vb = malloc((size_t)n * 4 + 4);
+        ok = ok && fsdp_ckpt_read(ctx, a, t, &all, va) == FSDP_OK &&
+             fsdp_ckpt_read(ctx, b, u, &all, vb) == FSDP_OK;
+        for (int64_t i = 0; ok && i < n; i++) {
+            double d = fabs((double)va[i] - vb[i]);
+            bool good =
+                rtol < 0 ? memcmp(&va[i], &vb[i], 4) == 0 : d <= atol + rtol * fabs((double)vb[i]);
+            if (!good) {
+                fprintf(stderr, "\n  %s: %s[%lld] is %.9g, want %.9g\n", what, ta.name,
+                        (long long)i, va[i], vb[i]);
+                ok = false;
+            }
+        }
+        free(va);
+        free(vb);
+    }
+    if (!ok) fprintf(stderr, "  %s: %s\n", what, fsdp_last_error(ctx));
+    fsdp_ckpt_close(a);
+    fsdp_ckpt_close(b);
+    return ok;
 }

@@ -1,6 +1,6 @@
-/* ckpt_common.h: what the checkpoint suites (test_ckpt, test_ckpt_tool) share: a small MLP
- * (MLPStacked(2)) laid out by a `ckpt_layout` (dp x tp mesh, plain, FSDP of any strategy or
- * replicate), trained with Adam or SGD on batches drawn from global indices, loaded from and
+/* ckpt_common.h: what the checkpoint suites (test_ckpt, test_ckpt_tool, test_ckpt_crash) share: a
+ * small MLP (MLPStacked(2)) laid out by a `ckpt_layout` (dp x tp mesh, plain, FSDP of any strategy
+ * or replicate), trained with Adam or SGD on batches drawn from global indices, loaded from and
  * saved to checkpoints; and the scratch directories, the newest checkpoint, a flipped byte. */
 #ifndef FSDP_TEST_CKPT_COMMON_H
 #define FSDP_TEST_CKPT_COMMON_H
@@ -23,11 +23,16 @@ typedef struct ckpt_layout {
 
 typedef enum ckpt_optim { OPT_ADAM, OPT_SGD } ckpt_optim;
 
+/* Called on rank 0 just before each fsdp_ckpt_save of a job, with the step it saves. */
+typedef void (*ckpt_save_hook)(int64_t step, void *user);
+
 /* One run: train `steps` after loading `load` (NULL: from the seed), then save to `save`.
  * Adam and SGD (momentum 0.9) use lr 1e-2; the loss is MSE. */
 typedef struct ckpt_job {
-    bool async; /* save every step (keep 2), asynchronously */
-    bool raw;   /* uncompressed (the flipped-byte case finds values in the file) */
+    bool async;     /* save every step (keep 2), asynchronously */
+    bool each_step; /* save every step synchronously (keep 2) */
+    int keep;       /* with async or each_step: keep this many (0: 2) */
+    bool raw;       /* uncompressed (the flipped-byte case finds values in the file) */
     const ckpt_layout *l;
     ckpt_optim opt;
     const char *load, *save;
@@ -42,6 +47,8 @@ typedef struct ckpt_job {
      * CKPT_TEST_DIM) after loading, before any step (the first step's forward); each dp rank
      * writes its rows (rank threads only: under MPI each process fills its own copy). */
     float *forward_out;
+    ckpt_save_hook before_save; /* or NULL */
+    void *hook_user;
 } ckpt_job;
 
 #define CKPT_TEST_BATCH 12 /* the global batch: divisible by every dp size of the matrix */
@@ -66,5 +73,12 @@ char *ckpt_test_latest(const char *dir);
  * `rank` holds, found by its first 8 bytes in the (uncompressed) file. Returns the tensor's
  * name (malloc'ed) or NULL. */
 char *ckpt_test_flip_value_byte(const char *path, int rank);
+
+/* What `fsdp-ckpt verify` does: opens the checkpoint and reads every piece in full. Returns
+ * FSDP_OK, or the first failure, its message (naming the tensor) in the test context. */
+fsdp_status ckpt_test_verify(const char *path);
+/* Every tensor of checkpoint a equals b's: bitwise (rtol < 0) or within rtol/atol; prints the
+ * first difference, labelled `what`. */
+bool ckpt_test_same(const char *a, const char *b, double rtol, double atol, const char *what);
 
 #endif

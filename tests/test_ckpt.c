@@ -2,13 +2,16 @@
  * save, load at every layout of the matrix, continue, and match the uninterrupted run (bitwise in
  * the same layout, to float32 rounding across layouts, parameters and Adam state); resume of SGD
  * momentum bitwise; and bad checkpoints (uncommitted, missing, corrupt, truncated, not HDF5,
- * mismatched model) fail with a message that names the problem. */
+ * mismatched model, metadata truncated or of a newer format version) fail in load and in verify
+ * with a message that names the problem, the file and, for a shard, the tensor. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <hdf5.h>
 
 #include "ckpt/region.h"
 #include "ckpt_common.h"
@@ -95,43 +98,11 @@ static const ckpt_layout matrix[] = {
 
 /* ---- comparing checkpoints ---- */
 
-/* Every tensor of a equals b's: bitwise (rtol < 0) or within rtol/atol. */
+/* The newest checkpoints of two save directories are equal (ckpt_test_same). */
 static bool same_checkpoints(const char *da, const char *db, double rtol, double atol,
                              const char *what) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
     char *pa = ckpt_test_latest(da), *pb = ckpt_test_latest(db);
-    fsdp_ckpt *a = NULL, *b = NULL;
-    bool ok = pa && pb && fsdp_ckpt_open(ctx, pa, &a) == FSDP_OK &&
-              fsdp_ckpt_open(ctx, pb, &b) == FSDP_OK;
-    ok = ok && fsdp_ckpt_num_tensors(a) == fsdp_ckpt_num_tensors(b);
-    ok = ok && fsdp_ckpt_optim_steps(a) == fsdp_ckpt_optim_steps(b);
-    for (int t = 0; ok && t < fsdp_ckpt_num_tensors(a); t++) {
-        fsdp_ckpt_tensor ta, tb;
-        ok = fsdp_ckpt_tensor_get(ctx, a, t, &ta) == FSDP_OK;
-        int u = ok ? fsdp_ckpt_find(b, ta.name) : -1;
-        ok = u >= 0 && fsdp_ckpt_tensor_get(ctx, b, u, &tb) == FSDP_OK && ta.ndim == tb.ndim;
-        fsdp_state_region all = {.ndim = ta.ndim};
-        int64_t n = 1;
-        for (int d = 0; ok && d < ta.ndim; d++) n *= all.count[d] = ta.shape[d];
-        float *va = malloc((size_t)n * 4 + 4), *vb = malloc((size_t)n * 4 + 4);
-        ok = ok && fsdp_ckpt_read(ctx, a, t, &all, va) == FSDP_OK &&
-             fsdp_ckpt_read(ctx, b, u, &all, vb) == FSDP_OK;
-        for (int64_t i = 0; ok && i < n; i++) {
-            double d = fabs((double)va[i] - vb[i]);
-            bool good =
-                rtol < 0 ? memcmp(&va[i], &vb[i], 4) == 0 : d <= atol + rtol * fabs((double)vb[i]);
-            if (!good) {
-                fprintf(stderr, "\n  %s: %s[%lld] is %.9g, want %.9g\n", what, ta.name,
-                        (long long)i, va[i], vb[i]);
-                ok = false;
-            }
-        }
-        free(va);
-        free(vb);
-    }
-    if (!ok && a && b) fprintf(stderr, "  %s: %s\n", what, fsdp_last_error(ctx));
-    fsdp_ckpt_close(a);
-    fsdp_ckpt_close(b);
+    bool ok = ckpt_test_same(pa, pb, rtol, atol, what);
     free(pa);
     free(pb);
     return ok;
@@ -222,6 +193,44 @@ static fsdp_status load_plain(const char *path, ckpt_optim opt) {
     return ckpt_test_run_job(&matrix[3], opt, path, NULL, 2, 0);
 }
 
+/* Replaces the dataset of the first piece that file rank `rank` holds with one of the same
+ * shape and type whose chunks were never written. Returns the tensor's name (malloc'ed). */
+static char *unwrite_first_piece(const char *path, int rank) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_ckpt *ck;
+    if (fsdp_ckpt_open(ctx, path, &ck) != FSDP_OK) return NULL;
+    char *name = NULL, file[700], ds[400];
+    for (int t = 0; !name && t < fsdp_ckpt_num_tensors(ck); t++) {
+        fsdp_ckpt_tensor x;
+        fsdp_ckpt_tensor_get(ctx, ck, t, &x);
+        for (int k = 0; !name && k < x.n_pieces; k++) {
+            fsdp_ckpt_piece p;
+            fsdp_ckpt_piece_get(ctx, ck, t, k, &p);
+            if (p.file_rank != rank || x.ndim == 0) continue;
+            snprintf(ds, sizeof ds, "%s/%d", x.name, p.id);
+            name = strdup(x.name);
+            hsize_t dims[FSDP_MAX_DIMS];
+            for (int d = 0; d < x.ndim; d++) dims[d] = (hsize_t)p.region.count[d];
+            fsdp_ckpt_close(ck);
+            ck = NULL;
+            snprintf(file, sizeof file, "%s/shard-%05d.h5", path, rank);
+            hid_t f = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+            hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE),
+                  space = H5Screate_simple(x.ndim, dims, NULL);
+            H5Pset_chunk(dcpl, x.ndim, dims);
+            CU_ASSERT(H5Ldelete(f, ds, H5P_DEFAULT) >= 0);
+            hid_t d = H5Dcreate2(f, ds, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+            CU_ASSERT(d >= 0);
+            H5Dclose(d);
+            H5Sclose(space);
+            H5Pclose(dcpl);
+            H5Fclose(f);
+        }
+    }
+    fsdp_ckpt_close(ck);
+    return name;
+}
+
 static void test_bad_checkpoints(void) {
     char *root, *path, file[700], cmd[1600];
     saved_2x2(&root, &path);
@@ -240,24 +249,85 @@ static void test_bad_checkpoints(void) {
     CU_ASSERT_EQUAL(system(cmd), 0);
     CU_ASSERT_EQUAL(unlink(file), 0);
     FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_IO, "shard-00001.h5", "cannot open");
-    /* A truncated shard file. */
-    snprintf(cmd, sizeof cmd, "head -c 3000 '%s.bak' > '%s'", file, file);
-    CU_ASSERT_EQUAL(system(cmd), 0);
-    CU_ASSERT_EQUAL(load_plain(path, OPT_ADAM), FSDP_ERR_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(fsdp_last_error(fsdp_test_ctx()), "shard-00001.h5"));
-    /* A flipped byte in the data: the checksum names the tensor. */
+    FSDP_TEST_FAILS(ckpt_test_verify(path), FSDP_ERR_IO, "shard-00001.h5", "tensor '");
+    /* A truncated shard file: cut in its superblock, and cut in the middle of the data. */
+    struct stat sb;
+    snprintf(cmd, sizeof cmd, "%s.bak", file);
+    CU_ASSERT_EQUAL_FATAL(stat(cmd, &sb), 0);
+    long sizes[2] = {3000, (long)sb.st_size / 2};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "head -c %ld '%s.bak' > '%s'", sizes[i], file, file);
+        CU_ASSERT_EQUAL(system(cmd), 0);
+        FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_IO, "shard-00001.h5", "tensor '");
+        FSDP_TEST_FAILS(ckpt_test_verify(path), FSDP_ERR_IO, "shard-00001.h5", "tensor '");
+    }
+    /* A flipped byte in the data: the checksum names the tensor, in load and in verify. */
     snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
     CU_ASSERT_EQUAL(system(cmd), 0);
+    FSDP_TEST_OK(ckpt_test_verify(path));
     char *flipped = ckpt_test_flip_value_byte(path, 1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(flipped);
-    FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_IO, flipped, "shard-00001.h5", "corrupt");
+    char named[300];
+    snprintf(named, sizeof named, "tensor '%s'", flipped);
+    FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_IO, named, "shard-00001.h5", "corrupt");
+    FSDP_TEST_FAILS(ckpt_test_verify(path), FSDP_ERR_IO, named, "shard-00001.h5", "corrupt");
+    /* A piece dataset of the right shape and type that was never written (HDF5 would read
+     * zeros): refused, naming the tensor. */
+    snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
+    CU_ASSERT_EQUAL(system(cmd), 0);
+    char *unwritten = unwrite_first_piece(path, 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(unwritten);
+    snprintf(named, sizeof named, "tensor '%s'", unwritten);
+    FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_IO, named, "not all in its file");
+    FSDP_TEST_FAILS(ckpt_test_verify(path), FSDP_ERR_IO, named, "not all in its file");
+    free(unwritten);
     free(flipped);
     ckpt_test_remove_tree(root);
     free(path);
     free(root);
 }
 
-/* Metadata of a newer format, or damaged: refused by fsdp_ckpt_open, naming the file. */
+/* Sets the integer attribute `name` of an HDF5 file (the file stays otherwise as it was). */
+static void set_attr_i64(const char *file, const char *name, int64_t v) {
+    hid_t f = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_FATAL(f >= 0);
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    CU_ASSERT(a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0);
+    H5Aclose(a);
+    H5Fclose(f);
+}
+
+/* Rewrites the names table of metadata `file` with the first name in place of the second.
+ * Returns that name (malloc'ed). */
+static char *duplicate_first_name(const char *file) {
+    hid_t f = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t ds = H5Dopen2(f, "names", H5P_DEFAULT), space = H5Dget_space(ds);
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(space, &n, NULL);
+    char *old = calloc(n + 1, 1), *names = calloc(2 * n + 1, 1);
+    H5Dread(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, old);
+    H5Sclose(space);
+    H5Dclose(ds);
+    size_t first = strlen(old) + 1, second = strlen(old + first) + 1;
+    memcpy(names, old, first);
+    memcpy(names + first, old, first);
+    memcpy(names + 2 * first, old + first + second, n - first - second);
+    hsize_t len = n - second + first;
+    CU_ASSERT(H5Ldelete(f, "names", H5P_DEFAULT) >= 0);
+    space = H5Screate_simple(1, &len, NULL);
+    ds = H5Dcreate2(f, "names", H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    CU_ASSERT(ds >= 0 && H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, names) >= 0);
+    H5Dclose(ds);
+    H5Sclose(space);
+    H5Fclose(f);
+    char *name = strdup(old);
+    free(old);
+    free(names);
+    return name;
+}
+
+/* Metadata of a newer format, truncated or damaged: refused by fsdp_ckpt_open, naming the
+ * file. */
 static void test_bad_metadata(void) {
     char *root, *path, file[700], cmd[1600];
     saved_2x2(&root, &path);
@@ -272,6 +342,38 @@ static void test_bad_metadata(void) {
     fclose(f);
     FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "metadata.h5");
     CU_ASSERT_PTR_NULL(ck);
+    /* Truncated: in its superblock, and halfway. */
+    struct stat sb;
+    snprintf(cmd, sizeof cmd, "%s.bak", file);
+    CU_ASSERT_EQUAL_FATAL(stat(cmd, &sb), 0);
+    long cut[2] = {100, (long)sb.st_size / 2};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "head -c %ld '%s.bak' > '%s'", cut[i], file, file);
+        CU_ASSERT_EQUAL(system(cmd), 0);
+        FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "metadata.h5");
+        CU_ASSERT_PTR_NULL(ck);
+        FSDP_TEST_FAILS(ckpt_test_verify(path), FSDP_ERR_IO, "metadata.h5");
+    }
+    /* A newer format version: the error names both versions and the fix. */
+    snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
+    CU_ASSERT_EQUAL(system(cmd), 0);
+    set_attr_i64(file, "format_version", FSDP_CKPT_FORMAT_VERSION + 1);
+    char newer[32], ours[64];
+    snprintf(newer, sizeof newer, "version %d", FSDP_CKPT_FORMAT_VERSION + 1);
+    snprintf(ours, sizeof ours, "version %d this libfsdp (%s)", FSDP_CKPT_FORMAT_VERSION,
+             FSDP_VERSION_STRING);
+    FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_UNSUPPORTED, "metadata.h5", newer,
+                    ours, "upgrade libfsdp");
+    CU_ASSERT_PTR_NULL(ck);
+    FSDP_TEST_FAILS(load_plain(path, OPT_ADAM), FSDP_ERR_UNSUPPORTED, newer, "upgrade libfsdp");
+    /* Two tensors of one name. */
+    snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
+    CU_ASSERT_EQUAL(system(cmd), 0);
+    char *twice = duplicate_first_name(file);
+    FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "metadata.h5", twice,
+                    "two tensors");
+    free(twice);
+    /* Put back: it opens again. */
     snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
     CU_ASSERT_EQUAL(system(cmd), 0);
     FSDP_TEST_OK(fsdp_ckpt_open(ctx, path, &ck));

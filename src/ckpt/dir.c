@@ -32,11 +32,15 @@ static fsdp_status make_dirs(fsdp_ctx *ctx, const char *dir) {
     return FSDP_OK;
 }
 
+/* Removes a checkpoint directory: its commit marker first, so that a directory left half
+ * removed (a crash while pruning) is never loaded; then the other files, then itself. */
 int ckpt_dir_remove(const char *path) {
+    char file[4400];
+    snprintf(file, sizeof file, "%s/%s", path, CKPT_COMMIT);
+    unlink(file);
     DIR *d = opendir(path);
     if (!d) return errno == ENOENT ? 0 : -1;
     struct dirent *de;
-    char file[4400];
     while ((de = readdir(d))) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
         snprintf(file, sizeof file, "%s/%s", path, de->d_name);

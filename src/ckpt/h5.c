@@ -217,7 +217,40 @@ static fsdp_status check_zstd_chunk(fsdp_ctx *ctx, hid_t ds, const char *path, s
     return s;
 }
 
-/* Opens the dataset and checks its rank, dims and element type class/size. */
+/* Every chunk of a chunked dataset (or the storage of a contiguous one) present in the file:
+ * HDF5 returns fill values for what was never written, so a dataset whose shape claims more
+ * than the file holds (damaged, or not written by libfsdp) would otherwise read as zeros, and
+ * a table's shape would size an allocation that nothing in the file backs. */
+static bool fully_written(hid_t ds, int ndim, const hsize_t *dims, size_t elem) {
+    hsize_t numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (dims[d] && numel > (HSIZE_UNDEF / 2) / elem / dims[d]) return false;
+        numel *= dims[d];
+    }
+    if (numel == 0) return true;
+    hid_t dcpl = H5Dget_create_plist(ds);
+    if (dcpl < 0) return false;
+    H5D_layout_t layout = H5Pget_layout(dcpl);
+    bool ok = layout == H5D_COMPACT;
+    if (layout == H5D_CONTIGUOUS) ok = H5Dget_storage_size(ds) >= numel * elem;
+    if (layout == H5D_CHUNKED) {
+        hsize_t chunk[FSDP_MAX_DIMS], want = 1, have = 0;
+        ok = ndim >= 1 && H5Pget_chunk(dcpl, FSDP_MAX_DIMS, chunk) == ndim;
+        for (int d = 0; ok && d < ndim; d++) {
+            ok = chunk[d] > 0;
+            if (ok) want *= (dims[d] + chunk[d] - 1) / chunk[d]; /* <= numel: no overflow */
+        }
+        hid_t space = ok ? H5Dget_space(ds) : -1; /* HDF5 1.10 refuses H5S_ALL here */
+        ok = space >= 0 && H5Dget_num_chunks(ds, space, &have) >= 0 && have == want;
+        if (space >= 0) H5Sclose(space);
+    }
+    H5Pclose(dcpl);
+    H5Eclear2(H5E_DEFAULT);
+    return ok;
+}
+
+/* Opens the dataset and checks its rank, dims and element type class/size, and that the file
+ * holds all of it. */
 static fsdp_status open_checked(fsdp_ctx *ctx, hid_t file, const char *path, int ndim,
                                 const hsize_t *want, hid_t mtype, hid_t *ds, hsize_t *dims) {
     *ds = H5Dopen2(file, path, H5P_DEFAULT);
@@ -230,6 +263,13 @@ static fsdp_status open_checked(fsdp_ctx *ctx, hid_t file, const char *path, int
     for (int d = 0; ok && want && d < ndim; d++) ok = dims[d] == want[d];
     if (space >= 0) H5Sclose(space);
     if (type >= 0) H5Tclose(type);
+    if (ok && !fully_written(*ds, ndim, dims, H5Tget_size(mtype))) {
+        H5Dclose(*ds);
+        return FSDP_FAIL(ctx, FSDP_ERR_IO,
+                         "dataset '%s' is not all in its file (chunks missing, never written or "
+                         "truncated): the file is damaged or was not written by libfsdp",
+                         path);
+    }
     if (ok) {
         fsdp_status s = check_zstd_chunk(ctx, *ds, path, H5Tget_size(mtype));
         if (s != FSDP_OK) H5Dclose(*ds);
@@ -281,15 +321,26 @@ fsdp_status h5_read_part(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype
                   : FSDP_OK;
 }
 
+/* Whether `bytes` of uncompressed data can be in the file at all: no table or string of
+ * metadata.h5 is larger than the file, so nothing larger is allocated for one. */
+static bool fits_file(hid_t file, uint64_t bytes) {
+    hsize_t size = 0;
+    bool ok = H5Fget_filesize(file, &size) >= 0 && bytes <= size;
+    H5Eclear2(H5E_DEFAULT);
+    return ok;
+}
+
 fsdp_status h5_read_table(fsdp_ctx *ctx, hid_t file, const char *path, int cols, int64_t max_rows,
                           int64_t *rows, int64_t **out) {
     hid_t ds;
     hsize_t dims[2];
     FSDP_TRY(open_checked(ctx, file, path, 2, NULL, H5T_NATIVE_INT64, &ds, dims));
-    if (dims[1] != (hsize_t)cols || dims[0] > (hsize_t)max_rows) {
+    if (dims[1] != (hsize_t)cols || dims[0] > (hsize_t)max_rows ||
+        !fits_file(file, dims[0] * dims[1] * sizeof(int64_t))) {
         H5Dclose(ds);
         return FSDP_FAIL(ctx, FSDP_ERR_IO,
-                         "table '%s' is (%llu, %llu); expected %d columns and at most %lld rows",
+                         "table '%s' is (%llu, %llu); expected %d columns and at most %lld rows "
+                         "(and no more than its file holds)",
                          path, (unsigned long long)dims[0], (unsigned long long)dims[1], cols,
                          (long long)max_rows);
     }
@@ -310,10 +361,11 @@ fsdp_status h5_read_bytes(fsdp_ctx *ctx, hid_t file, const char *path, size_t ma
     hid_t ds;
     hsize_t dims[1];
     FSDP_TRY(open_checked(ctx, file, path, 1, NULL, H5T_NATIVE_UINT8, &ds, dims));
-    if (dims[0] > max_len) {
+    if (dims[0] > max_len || !fits_file(file, dims[0])) {
         H5Dclose(ds);
-        return FSDP_FAIL(ctx, FSDP_ERR_IO, "'%s' holds %llu bytes; at most %zu are read", path,
-                         (unsigned long long)dims[0], max_len);
+        return FSDP_FAIL(ctx, FSDP_ERR_IO,
+                         "'%s' holds %llu bytes; at most %zu (and no more than its file) are read",
+                         path, (unsigned long long)dims[0], max_len);
     }
     char *s = calloc(dims[0] + 1, 1);
     herr_t rc =

@@ -118,9 +118,10 @@ static fsdp_status read_attrs(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_met
     FSDP_TRY(h5_attr_read_i64(ctx, f, "format_version", &m->version));
     if (m->version > FSDP_CKPT_FORMAT_VERSION)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "'%s' has checkpoint format version %lld, newer than this libfsdp "
-                         "reads (%d): load it with a newer libfsdp",
-                         path, (long long)m->version, FSDP_CKPT_FORMAT_VERSION);
+                         "'%s' has checkpoint format version %lld, newer than the version %d "
+                         "this libfsdp (%s) reads: upgrade libfsdp to load it",
+                         path, (long long)m->version, FSDP_CKPT_FORMAT_VERSION,
+                         FSDP_VERSION_STRING);
     if (m->version < 1) return bad(ctx, path, "format_version", (long long)m->version);
     FSDP_TRY(h5_attr_read_str(ctx, f, "library_version", 64, &m->library_version));
     FSDP_TRY(h5_attr_read_i64(ctx, f, "step", &m->step));
@@ -132,6 +133,27 @@ static fsdp_status read_attrs(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_met
     size_t len;
     FSDP_TRY(h5_read_bytes(ctx, f, "layout", CKPT_MAX_TEXT, &m->layout, &len));
     return h5_read_bytes(ctx, f, "config", CKPT_MAX_TEXT, &m->config, &len);
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Two tensors of one name would make one of them unreachable (found by name). */
+static fsdp_status check_unique(fsdp_ctx *ctx, const char *path, char **names, int n) {
+    char **sorted = malloc(((size_t)n + 1) * sizeof *sorted);
+    if (!sorted) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "metadata");
+    memcpy(sorted, names, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, by_name);
+    int i = 1;
+    while (i < n && strcmp(sorted[i - 1], sorted[i])) i++;
+    fsdp_status s = i < n ? FSDP_FAIL(ctx, FSDP_ERR_IO,
+                                      "checkpoint metadata '%s' is corrupt: two tensors are "
+                                      "called '%s'",
+                                      path, sorted[i])
+                          : FSDP_OK;
+    free(sorted);
+    return s;
 }
 
 static fsdp_status read_tensors(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
@@ -147,6 +169,7 @@ static fsdp_status read_tensors(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_m
         s = h5_read_bytes(ctx, f, "names", (size_t)rows * FSDP_STATE_NAME_MAX, &m->names, &len);
     if (s == FSDP_OK)
         s = split_names(ctx, path, m->names, len, m->n_tensors, FSDP_STATE_NAME_MAX, names);
+    if (s == FSDP_OK) s = check_unique(ctx, path, names, m->n_tensors);
     for (int i = 0; s == FSDP_OK && i < m->n_tensors; i++) {
         const int64_t *row = tt + (size_t)i * CKPT_TENSOR_COLS;
         ckpt_tensor *t = &m->tensors[i];
