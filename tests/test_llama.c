@@ -1,0 +1,233 @@
+/* test_llama.c: the Llama layers and fsdp_model_llama. The model against a tiny Hugging Face
+ * LlamaForCausalLM (tests/fixtures/llama_tiny.bin, from tools/gen_llama_fixture.py): parameter
+ * names and order one to one, logits, loss and every parameter gradient within 1e-5 relative;
+ * plus the configuration defaults, refusals that name the fix, and the layers on their own. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixture.h"
+#include "harness.h"
+
+/* |got - want| <= ATOL_SCALE * max|want| + RTOL * |want|, per tensor (as test_fixtures.c) */
+#define RTOL       1e-5
+#define ATOL_SCALE 1e-6
+
+static double max_abs(const float *v, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)v[i]));
+    return m;
+}
+
+static bool check_tensor(const char *label, const fsdp_tensor *got, const fixture *fx,
+                         const char *name) {
+    const fixture_tensor *want = fixture_require(fx, name, FIXTURE_F32);
+    if (!want || !got || !fixture_shape_equal(want, got)) {
+        fprintf(stderr, "\n    %s: missing or of another shape\n", label);
+        return false;
+    }
+    const float *w = want->data;
+    return fsdp_test_close(label, fsdp_tensor_f32(got), w, want->numel, RTOL,
+                           ATOL_SCALE * max_abs(w, want->numel));
+}
+
+/* The fixture's configuration. */
+static fsdp_llama_config fixture_config(const fixture *fx) {
+    const fixture_tensor *ci = fixture_require(fx, "config", FIXTURE_I32);
+    const fixture_tensor *cf = fixture_require(fx, "config_f", FIXTURE_F64);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(ci);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(cf);
+    const int32_t *i = ci->data;
+    const double *f = cf->data;
+    return (fsdp_llama_config){.dim = i[0],
+                               .n_layers = i[1],
+                               .n_heads = i[2],
+                               .n_kv_heads = i[3],
+                               .vocab_size = i[4],
+                               .ffn_hidden = i[5],
+                               .max_seq_len = i[6],
+                               .norm_eps = (float)f[0],
+                               .rope_theta = (float)f[1]};
+}
+
+typedef struct name_check {
+    const fixture *fx;
+    int i;
+    bool ok;
+} name_check;
+
+/* The i-th parameter of the C model must be the fixture's i-th, with its shape. */
+static fsdp_status check_name(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)ctx;
+    name_check *c = user;
+    const fixture_tensor *t = fixture_param(c->fx, c->i++);
+    if (!t || strcmp(t->name, name) != 0 || !fixture_shape_equal(t, fsdp_param_data(p))) {
+        fprintf(stderr, "\n    parameter %d: %s in libfsdp, %s in PyTorch", c->i - 1, name,
+                t ? t->name : "(none)");
+        c->ok = false;
+    }
+    return FSDP_OK;
+}
+
+/* Names, order and shapes of every parameter are Hugging Face's. */
+static void test_names_match_hf(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fixture fx;
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named("llama_tiny", &fx), 0);
+    fsdp_llama_config cfg = fixture_config(&fx);
+    fsdp_module *m = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    name_check c = {&fx, 0, true};
+    FSDP_TEST_OK(fsdp_module_visit_params(ctx, m, check_name, &c));
+    CU_ASSERT_TRUE(c.ok);
+    CU_ASSERT_EQUAL(c.i, fixture_num_params(&fx));
+    CU_ASSERT_EQUAL(c.i, 2 + 9 * cfg.n_layers + 1);
+    CU_ASSERT_STRING_EQUAL(fsdp_module_kind(fsdp_module_find(m, "model.layers.1")),
+                           "LlamaDecoderLayer");
+    fsdp_module_free(m);
+    fixture_free(&fx);
+}
+
+/* One forward, loss and backward of the fixture's batch against PyTorch: logits, loss and
+ * every parameter gradient; then a second step on the reused buffers gives the same bits. */
+static void test_matches_hf(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fixture fx;
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named("llama_tiny", &fx), 0);
+    fsdp_llama_config cfg = fixture_config(&fx);
+    const fixture_tensor *tok = fixture_require(&fx, "tokens", FIXTURE_I32);
+    const fixture_tensor *tgt = fixture_require(&fx, "targets", FIXTURE_I32);
+    const fixture_tensor *loss_want = fixture_require(&fx, "loss", FIXTURE_F32);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tok);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tgt);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(loss_want);
+    fsdp_module *m = NULL;
+    fsdp_tensor *tokens = NULL, *dlogits = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    for (int i = 0; i < fixture_num_params(&fx); i++) {
+        const fixture_tensor *t = fixture_param(&fx, i);
+        fsdp_param *p = fsdp_module_get_param(m, t->name);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+        CU_ASSERT_EQUAL_FATAL(fixture_copy_into(ctx, t, fsdp_param_data(p)), 0);
+    }
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, tok->data, FSDP_DTYPE_I32, FSDP_CPU, tok->ndim,
+                                       tok->shape, &tokens));
+    float *first = NULL;
+    for (int step = 0; step < 2; step++) {
+        const fsdp_tensor *logits = NULL;
+        float loss = NAN;
+        FSDP_TEST_OK(fsdp_module_forward(ctx, m, tokens, &logits));
+        if (!dlogits) FSDP_TEST_OK(fsdp_tensor_create_like(ctx, logits, &dlogits));
+        FSDP_TEST_OK(fsdp_loss_cross_entropy_ignore(ctx, logits, tgt->data, FSDP_IGNORE_INDEX,
+                                                    &loss, dlogits));
+        FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
+        FSDP_TEST_OK(fsdp_module_backward(ctx, m, dlogits, NULL));
+        int64_t n = fsdp_module_param_count(m), at = 0;
+        float *grads = calloc((size_t)n, sizeof(float));
+        CU_ASSERT_PTR_NOT_NULL_FATAL(grads);
+        for (int i = 0; i < fixture_num_params(&fx); i++) {
+            const fsdp_tensor *g =
+                fsdp_param_grad(fsdp_module_get_param(m, fixture_param(&fx, i)->name));
+            memcpy(grads + at, fsdp_tensor_f32(g), sizeof(float) * (size_t)fsdp_tensor_numel(g));
+            at += fsdp_tensor_numel(g);
+        }
+        if (step == 0) {
+            CU_ASSERT_TRUE(check_tensor("logits", logits, &fx, "logits"));
+            float want = *(const float *)loss_want->data;
+            printf("\n    loss %.9g, PyTorch %.9g (rel diff %.3g)", loss, want,
+                   fabs(loss - want) / fabs(want));
+            CU_ASSERT_TRUE(fabs(loss - want) <= RTOL * fabs(want));
+            char key[160];
+            for (int i = 0; i < fixture_num_params(&fx); i++) {
+                const char *name = fixture_param(&fx, i)->name;
+                snprintf(key, sizeof key, "grad.%s", name);
+                CU_ASSERT_TRUE(
+                    check_tensor(key, fsdp_param_grad(fsdp_module_get_param(m, name)), &fx, key));
+            }
+            first = grads;
+        } else {
+            CU_ASSERT_EQUAL(memcmp(first, grads, sizeof(float) * (size_t)n), 0);
+            free(grads);
+        }
+    }
+    free(first);
+    fsdp_tensor_free(dlogits);
+    fsdp_tensor_free(tokens);
+    fsdp_module_free(m);
+    fixture_free(&fx);
+}
+
+/* Zero fields take the documented defaults. */
+static void test_config_defaults(void) {
+    fsdp_llama_config c;
+    FSDP_TEST_OK(fsdp_llama_config_resolve(fsdp_test_ctx(),
+                                           &(fsdp_llama_config){.dim = 4096, .n_heads = 32}, &c));
+    CU_ASSERT_EQUAL(c.n_kv_heads, 32);
+    CU_ASSERT_EQUAL(c.ffn_hidden, 11008); /* Llama 2 7B's intermediate_size */
+    CU_ASSERT_EQUAL(c.max_seq_len, 2048);
+    CU_ASSERT_EQUAL(c.norm_eps, 1e-6f);
+    CU_ASSERT_EQUAL(c.rope_theta, 10000.0f);
+    CU_ASSERT_EQUAL(c.init_std, 0.02f);
+}
+
+/* Bad shapes are refused naming the field and the rule. */
+static void test_config_refused(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m = NULL;
+    fsdp_llama_config base = {.dim = 32, .n_layers = 1, .n_heads = 4, .vocab_size = 16};
+    fsdp_llama_config c = base;
+    c.n_kv_heads = 3;
+    FSDP_TEST_FAILS(fsdp_model_llama(ctx, &c, &m), FSDP_ERR_INVALID_ARGUMENT, "n_kv_heads = 3",
+                    "divide n_heads");
+    c = base;
+    c.n_heads = 5;
+    FSDP_TEST_FAILS(fsdp_model_llama(ctx, &c, &m), FSDP_ERR_INVALID_ARGUMENT, "n_heads = 5");
+    c = base;
+    c.n_heads = 32; /* head size 1: odd */
+    FSDP_TEST_FAILS(fsdp_model_llama(ctx, &c, &m), FSDP_ERR_INVALID_ARGUMENT, "even");
+    c = base;
+    c.n_layers = 0;
+    FSDP_TEST_FAILS(fsdp_model_llama(ctx, &c, &m), FSDP_ERR_INVALID_ARGUMENT, "n_layers = 0");
+    CU_ASSERT_PTR_NULL(m);
+}
+
+/* A token outside the vocabulary, f32 "tokens" and a sequence over max_seq_len are refused
+ * naming the module; so is backward before forward. */
+static void test_inputs_refused(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_llama_config cfg = {
+        .dim = 8, .n_layers = 1, .n_heads = 2, .vocab_size = 10, .max_seq_len = 4};
+    fsdp_module *m = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    const fsdp_tensor *y = NULL;
+    int32_t ids[5] = {1, 2, 10, 3, 4};
+    fsdp_tensor *t = NULL, *f = NULL, *d = NULL;
+    FSDP_TEST_OK(
+        fsdp_tensor_from_blob(ctx, ids, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){1, 4}, &t));
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, m, t, &y), FSDP_ERR_INVALID_ARGUMENT,
+                    "model.embed_tokens", "token 10", "[0, 10)");
+    fsdp_tensor_free(t);
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){1, 4}, &f));
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, m, f, &y), FSDP_ERR_DTYPE, "i32 token ids");
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, (int64_t[]){1, 4, 10}, &d));
+    FSDP_TEST_FAILS(fsdp_module_backward(ctx, m, d, NULL), FSDP_ERR_STATE, "forward first");
+    ids[2] = 0;
+    FSDP_TEST_OK(
+        fsdp_tensor_from_blob(ctx, ids, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){1, 5}, &t));
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, m, t, &y), FSDP_ERR_SHAPE, "self_attn",
+                    "max_seq_len 4");
+    fsdp_tensor_free(t);
+    fsdp_tensor_free(f);
+    fsdp_tensor_free(d);
+    fsdp_module_free(m);
+}
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"names_match_hf", test_names_match_hf},   {"matches_hf", test_matches_hf},
+        {"config_defaults", test_config_defaults}, {"config_refused", test_config_refused},
+        {"inputs_refused", test_inputs_refused},
+    };
+    return fsdp_test_run(argc, argv, "llama", cases, (int)(sizeof cases / sizeof cases[0]));
+}
