@@ -9,6 +9,7 @@
 
 #include "fixture.h"
 #include "harness.h"
+#include "nn/nn.h" // defines: fsdp_nn_param_replace
 
 /* |got - want| <= ATOL_SCALE * max|want| + RTOL * |want|, per tensor (as test_fixtures.c) */
 #define RTOL       1e-5
@@ -223,11 +224,69 @@ static void test_inputs_refused(void) {
     fsdp_module_free(m);
 }
 
+/* Replaces the weight of child `name` of m by rows (dim 0) or columns (dim 1) [start, start+len)
+ * of the same weight in full: a tensor-parallel shard by hand. */
+static void shard_weight(fsdp_module *m, fsdp_module *full, const char *name, int dim,
+                         int64_t start, int64_t len) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_param *p = fsdp_module_get_param(m, name);
+    const fsdp_tensor *w = fsdp_param_data(fsdp_module_get_param(full, name));
+    int64_t R = fsdp_tensor_dim(w, 0), C = fsdp_tensor_dim(w, 1);
+    int64_t shape[2] = {dim == 0 ? len : R, dim == 0 ? C : len};
+    fsdp_tensor *data = NULL, *grad = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, &data));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, &grad));
+    const float *src = fsdp_tensor_f32(w);
+    float *dst = fsdp_tensor_f32(data);
+    for (int64_t r = 0; r < shape[0]; r++)
+        for (int64_t c = 0; c < shape[1]; c++)
+            dst[r * shape[1] + c] = dim == 0 ? src[(start + r) * C + c] : src[r * C + start + c];
+    fsdp_nn_param_replace(p, data, grad, NULL, NULL);
+}
+
+/* Heads split as tensor parallelism will split them: rank r keeps query heads [2r, 2r+2) and
+ * key/value head r (q/k/v rows, o columns). Each rank's attention reads its head counts from
+ * its shards, and the two partial outputs sum to the unsplit module's output (rtol 1e-5). */
+static void test_attention_heads_split(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    enum { B = 2, T = 5, DIM = 16, NH = 4, NKV = 2, HD = DIM / NH };
+    fsdp_llama_config cfg = {.dim = DIM, .n_heads = NH, .n_kv_heads = NKV, .init_std = 0.5f};
+    fsdp_module *full = NULL, *part[2] = {NULL, NULL};
+    FSDP_TEST_OK(fsdp_llama_attention_create(ctx, &cfg, &full));
+    FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, full, 7));
+    int64_t shape[3] = {B, T, DIM};
+    fsdp_tensor *x = fsdp_test_random(3, shape, -1, 1, 5);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(x);
+    const fsdp_tensor *y = NULL, *yp[2] = {NULL, NULL};
+    FSDP_TEST_OK(fsdp_module_forward(ctx, full, x, &y));
+    for (int r = 0; r < 2; r++) {
+        FSDP_TEST_OK(fsdp_llama_attention_create(ctx, &cfg, &part[r]));
+        shard_weight(part[r], full, "q_proj.weight", 0, r * (NH / 2) * HD, (NH / 2) * HD);
+        shard_weight(part[r], full, "k_proj.weight", 0, r * HD, HD);
+        shard_weight(part[r], full, "v_proj.weight", 0, r * HD, HD);
+        shard_weight(part[r], full, "o_proj.weight", 1, r * (NH / 2) * HD, (NH / 2) * HD);
+        FSDP_TEST_OK(fsdp_module_forward(ctx, part[r], x, &yp[r]));
+    }
+    int64_t n = fsdp_tensor_numel(y);
+    float *sum = calloc((size_t)n, sizeof(float));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(sum);
+    for (int64_t i = 0; i < n; i++) sum[i] = fsdp_tensor_f32(yp[0])[i] + fsdp_tensor_f32(yp[1])[i];
+    FSDP_TEST_CLOSE("attention: sum of two head shards", sum, fsdp_tensor_f32(y), n, 1e-5, 1e-6);
+    free(sum);
+    fsdp_tensor_free(x);
+    fsdp_module_free(full);
+    fsdp_module_free(part[0]);
+    fsdp_module_free(part[1]);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
-        {"names_match_hf", test_names_match_hf},   {"matches_hf", test_matches_hf},
-        {"config_defaults", test_config_defaults}, {"config_refused", test_config_refused},
+        {"names_match_hf", test_names_match_hf},
+        {"matches_hf", test_matches_hf},
+        {"config_defaults", test_config_defaults},
+        {"config_refused", test_config_refused},
         {"inputs_refused", test_inputs_refused},
+        {"attention_heads_split", test_attention_heads_split},
     };
     return fsdp_test_run(argc, argv, "llama", cases, (int)(sizeof cases / sizeof cases[0]));
 }
