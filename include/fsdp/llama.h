@@ -1,8 +1,8 @@
 /* llama.h: a Llama-style decoder-only transformer and its layers, with the module and
  * parameter names of Hugging Face's LlamaForCausalLM, so a state dict maps one to one
  * (docs/models.md). Each constructor returns a module the caller owns (until it is added to a
- * parent). Activations are (B, T, C) f32; token ids are (B, T) i32 tensors. CPU kernels only
- * so far: a tensor on a device whose table lacks them is refused with FSDP_ERR_DEVICE. */
+ * parent). Activations are (B, T, C) f32; token ids are (B, T) i32 tensors. A tensor on a
+ * device whose kernel table lacks the Llama entries is refused with FSDP_ERR_DEVICE. */
 #ifndef FSDP_LLAMA_H
 #define FSDP_LLAMA_H
 

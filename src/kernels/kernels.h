@@ -93,8 +93,8 @@ typedef struct fsdp_kernels_i {
     void (*adam_update)(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
                         const fsdp_adam_step_args *args);
 
-    /* ---- the Llama layers (docs/models.md). NULL in a table that lacks them (CUDA today):
-     * the layers refuse tensors of such a device. ---- */
+    /* ---- the Llama layers (docs/models.md). A table may leave them NULL: the layers then
+     * refuse tensors of its device. ---- */
 
     /* out (n, C) = the rows weight[tokens[i]] of weight (V, C); tokens (n) in [0, V) */
     void (*embedding_forward)(float *out, const int32_t *tokens, const float *weight, int64_t n,
