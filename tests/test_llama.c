@@ -279,6 +279,28 @@ static void test_attention_heads_split(void) {
     fsdp_module_free(part[1]);
 }
 
+/* FSDP_DTYPE_I32, the token dtype: size, name, fill (truncating like a C cast; a value outside
+ * i32 refused), a copy between i32 tensors, and no conversion to or from f32. */
+static void test_i32_tensor(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    CU_ASSERT_EQUAL(fsdp_dtype_size(FSDP_DTYPE_I32), 4);
+    CU_ASSERT_STRING_EQUAL(fsdp_dtype_to_string(FSDP_DTYPE_I32), "i32");
+    fsdp_tensor *a = NULL, *b = NULL, *x = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){2, 3}, &a));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 1, (int64_t[]){6}, &b));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){6}, &x));
+    CU_ASSERT_PTR_NULL(fsdp_tensor_f32(a));
+    FSDP_TEST_OK(fsdp_tensor_fill(ctx, a, -7.9f));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, b, a));
+    const int32_t *v = fsdp_tensor_data(b);
+    for (int i = 0; i < 6; i++) CU_ASSERT_EQUAL(v[i], -7);
+    FSDP_TEST_FAILS(fsdp_tensor_fill(ctx, a, 3e9f), FSDP_ERR_INVALID_ARGUMENT, "i32");
+    CU_ASSERT_NOT_EQUAL(fsdp_tensor_copy(ctx, x, a), FSDP_OK);
+    fsdp_tensor_free(a);
+    fsdp_tensor_free(b);
+    fsdp_tensor_free(x);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"names_match_hf", test_names_match_hf},
@@ -287,6 +309,7 @@ int main(int argc, char **argv) {
         {"config_refused", test_config_refused},
         {"inputs_refused", test_inputs_refused},
         {"attention_heads_split", test_attention_heads_split},
+        {"i32_tensor", test_i32_tensor},
     };
     return fsdp_test_run(argc, argv, "llama", cases, (int)(sizeof cases / sizeof cases[0]));
 }

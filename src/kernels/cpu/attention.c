@@ -28,8 +28,8 @@ static void probabilities(float *P, float *lse_out, const float *lse, const floa
         } else {
             float m = row[0];
             for (int64_t j = 1; j <= i; j++) m = row[j] > m ? row[j] : m;
-            double se = 0.0;
-            for (int64_t j = 0; j <= i; j++) se += exp((double)row[j] - (double)m);
+            double se = exp((double)row[0] - (double)m); /* key 0 is always visible */
+            for (int64_t j = 1; j <= i; j++) se += exp((double)row[j] - (double)m);
             l = (double)m + log(se);
             lse_out[i] = (float)l;
         }
