@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt_common.h" // defines: ckpt_test_tmp_root, ckpt_test_latest, ckpt_test_remove_tree
 #include "fixture.h"
 #include "harness.h"
 #include "nn/nn.h" // defines: fsdp_nn_param_replace
@@ -301,6 +302,43 @@ static void test_i32_tensor(void) {
     fsdp_tensor_free(x);
 }
 
+/* Hugging Face's state_dict() of the fixture's model (llama_tiny.safetensors) imported with
+ * fsdp_ckpt_import and loaded strictly into fsdp_model_llama (every name on both sides must
+ * match): the model then gives PyTorch's logits. */
+static void test_import_hf_state_dict(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fixture fx;
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named("llama_tiny", &fx), 0);
+    fsdp_llama_config cfg = fixture_config(&fx);
+    const fixture_tensor *tok = fixture_require(&fx, "tokens", FIXTURE_I32);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tok);
+    char *root = ckpt_test_tmp_root();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(root);
+    FSDP_TEST_OK(fsdp_ckpt_import(ctx, FSDP_FIXTURE_DIR "/llama_tiny.safetensors", root, NULL));
+    char *path = ckpt_test_latest(root);
+    fsdp_module *m = NULL;
+    fsdp_ckpt *ck = NULL;
+    fsdp_state *st = NULL;
+    fsdp_tensor *tokens = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    FSDP_TEST_OK(fsdp_ckpt_open(ctx, path, &ck));
+    FSDP_TEST_OK(fsdp_state_create(ctx, &(fsdp_state_sources){.model = m}, &st));
+    FSDP_TEST_OK(fsdp_ckpt_load(ctx, ck, st, NULL));
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, tok->data, FSDP_DTYPE_I32, FSDP_CPU, tok->ndim,
+                                       tok->shape, &tokens));
+    const fsdp_tensor *logits = NULL;
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, tokens, &logits));
+    CU_ASSERT_TRUE(check_tensor("logits after import", logits, &fx, "logits"));
+    fsdp_tensor_free(tokens);
+    fsdp_state_free(st);
+    fsdp_ckpt_close(ck);
+    fsdp_module_free(m);
+    ckpt_test_remove_tree(root);
+    free(path);
+    free(root);
+    fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"names_match_hf", test_names_match_hf},
@@ -310,6 +348,7 @@ int main(int argc, char **argv) {
         {"inputs_refused", test_inputs_refused},
         {"attention_heads_split", test_attention_heads_split},
         {"i32_tensor", test_i32_tensor},
+        {"import_hf_state_dict", test_import_hf_state_dict},
     };
     return fsdp_test_run(argc, argv, "llama", cases, (int)(sizeof cases / sizeof cases[0]));
 }

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Generate tests/fixtures/llama_tiny.bin: a tiny Hugging Face LlamaForCausalLM (float32, CPU,
 eager attention) run forward and backward on a batch of token sequences, for
-tests/test_llama.c. Needs `transformers` (pip); libfsdp's build and tests never do.
+tests/test_llama.c; and tests/fixtures/llama_tiny.safetensors, the same model's state_dict()
+as Hugging Face saves it, which the test imports by name. Needs `transformers` (pip);
+libfsdp's build and tests never do.
 
-    python3 tools/gen_llama_fixture.py                # writes tests/fixtures/llama_tiny.bin
+    python3 tools/gen_llama_fixture.py                # writes both into tests/fixtures/
     python3 tools/gen_llama_fixture.py --out DIR
 
 The file (format: tests/fixtures/README.md, written by gen_fixtures.write_fixture) holds:
@@ -103,6 +105,12 @@ def main(argv=None):
     path = os.path.join(args.out, "llama_tiny.bin")
     size = write_fixture(path, tensors)
     print(f"{path}: {len(tensors)} tensors, {size} bytes, loss {out.loss.item():.6f}")
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    st_path = os.path.join(args.out, "llama_tiny.safetensors")
+    save_file(state, st_path)
+    print(f"{st_path}: {len(state)} tensors, {os.path.getsize(st_path)} bytes")
 
 
 if __name__ == "__main__":
