@@ -339,6 +339,88 @@ static void test_import_hf_state_dict(void) {
     fixture_free(&fx);
 }
 
+/* ---- under FSDP ---- */
+
+typedef struct fsdp_job {
+    const fixture *fx;
+    fsdp_llama_config cfg;
+} fsdp_job;
+
+/* The fixture's tensor `name` against got (CPU f32, same numel) with check_tensor's rule. */
+static bool rank_close(const char *label, const fsdp_tensor *got, const fixture *fx,
+                       const char *name) {
+    const fixture_tensor *want = fixture_get(fx, name);
+    if (!want || fsdp_tensor_numel(got) != want->numel) return false;
+    return fsdp_test_close(label, fsdp_tensor_f32(got), want->data, want->numel, RTOL,
+                           ATOL_SCALE * max_abs(want->data, want->numel));
+}
+
+/* One rank: the fixture's model under FULL_SHARD, one unit per decoder layer plus the root,
+ * forward and backward of the whole fixture batch (every rank the same batch, so the averaged
+ * gradient is the batch's); summoned with gradients, logits and every gradient are PyTorch's. */
+static fsdp_status llama_fsdp_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)rank;
+    const fsdp_job *job = user;
+    const fixture *fx = job->fx;
+    const fixture_tensor *tok = fixture_get(fx, "tokens"), *tgt = fixture_get(fx, "targets");
+    fsdp_module *m = NULL;
+    fsdp_sharded *sh = NULL;
+    fsdp_tensor *tokens = NULL, *dlogits = NULL;
+    fsdp_status st = fsdp_model_llama(ctx, &job->cfg, &m);
+    for (int i = 0; st == FSDP_OK && i < fixture_num_params(fx); i++) {
+        const fixture_tensor *t = fixture_param(fx, i);
+        if (fixture_copy_into(ctx, t, fsdp_param_data(fsdp_module_get_param(m, t->name))))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "cannot load %s", t->name);
+    }
+    const char *kinds[] = {"LlamaDecoderLayer"};
+    if (st == FSDP_OK)
+        st = fsdp_fully_shard(
+            ctx, m, &(fsdp_fully_shard_options){.wrap_kinds = kinds, .n_wrap_kinds = 1}, &sh);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, fsdp_sharded_num_units(sh) == 1 + job->cfg.n_layers,
+                        "%d FSDP units; expected the root and one per layer",
+                        fsdp_sharded_num_units(sh));
+    if (st == FSDP_OK)
+        st = fsdp_tensor_from_blob(ctx, tok->data, FSDP_DTYPE_I32, FSDP_CPU, tok->ndim, tok->shape,
+                                   &tokens);
+    const fsdp_tensor *logits = NULL;
+    float loss = NAN;
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, tokens, &logits);
+    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, logits, &dlogits);
+    if (st == FSDP_OK)
+        st = fsdp_loss_cross_entropy_ignore(ctx, logits, tgt->data, FSDP_IGNORE_INDEX, &loss,
+                                            dlogits);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, rank_close("FSDP logits", logits, fx, "logits"), "logits differ");
+    if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dlogits, NULL);
+    if (st == FSDP_OK)
+        st = fsdp_summon_full_params(ctx, sh, &(fsdp_summon_options){.with_grads = true});
+    char key[160];
+    for (int i = 0; st == FSDP_OK && i < fixture_num_params(fx); i++) {
+        const char *name = fixture_param(fx, i)->name;
+        snprintf(key, sizeof key, "grad.%s", name);
+        FSDP_RANK_CHECK(ctx,
+                        rank_close(key, fsdp_param_grad(fsdp_module_get_param(m, name)), fx, key),
+                        "%s differs from PyTorch's under FSDP", key);
+    }
+    if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
+    fsdp_tensor_free(tokens);
+    fsdp_tensor_free(dlogits);
+    fsdp_sharded_free(sh);
+    fsdp_module_free(m);
+    return st;
+}
+
+static void test_fsdp_matches_hf(void) {
+    fixture fx;
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named("llama_tiny", &fx), 0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fixture_require(&fx, "tokens", FIXTURE_I32));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fixture_require(&fx, "targets", FIXTURE_I32));
+    fsdp_job job = {&fx, fixture_config(&fx)};
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, llama_fsdp_rank, &job));
+    fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"names_match_hf", test_names_match_hf},
@@ -349,6 +431,7 @@ int main(int argc, char **argv) {
         {"attention_heads_split", test_attention_heads_split},
         {"i32_tensor", test_i32_tensor},
         {"import_hf_state_dict", test_import_hf_state_dict},
+        {"fsdp_matches_hf", test_fsdp_matches_hf},
     };
     return fsdp_test_run(argc, argv, "llama", cases, (int)(sizeof cases / sizeof cases[0]));
 }
