@@ -7,6 +7,7 @@
 #include "fsdp/ctx.h"
 #include "fsdp/cuda.h"
 #include "fsdp/layers.h"
+#include "fsdp/llama.h"
 #include "fsdp/loss.h"
 #include "fsdp/models.h"
 #include "fsdp/module.h"

@@ -18,6 +18,16 @@ fsdp_status fsdp_loss_mse(fsdp_ctx *ctx, const fsdp_tensor *out, const fsdp_tens
 fsdp_status fsdp_loss_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,
                                     const int32_t *targets, float *loss, fsdp_tensor *dlogits);
 
+/* PyTorch's default ignore_index. */
+#define FSDP_IGNORE_INDEX (-100)
+/* Cross-entropy of logits (..., C) (the leading dims are rows: (B, T, V) works) against
+ * targets[rows] (host memory), each in [0, C) or equal to ignore_index: mean over the rows
+ * that are not ignored, which get zero gradient (PyTorch's cross_entropy with ignore_index and
+ * reduction "mean"). When every row is ignored the loss is NaN, as PyTorch's. */
+fsdp_status fsdp_loss_cross_entropy_ignore(fsdp_ctx *ctx, const fsdp_tensor *logits,
+                                           const int32_t *targets, int32_t ignore_index,
+                                           float *loss, fsdp_tensor *dlogits);
+
 #ifdef __cplusplus
 }
 #endif

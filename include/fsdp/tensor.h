@@ -1,4 +1,5 @@
-/* tensor.h: fsdp_tensor, a contiguous n-d array (up to 4 dims) of f32 or bf16 on one device.
+/* tensor.h: fsdp_tensor, a contiguous n-d array (up to 4 dims) of f32 or bf16 (or i32 token
+ * ids) on one device.
  *
  * Ownership: every fsdp_tensor handle is owned by whoever created it and released with
  * fsdp_tensor_free. Handles share reference-counted storage: a view keeps its storage alive
@@ -22,6 +23,7 @@ extern "C" {
 typedef enum fsdp_dtype {
     FSDP_DTYPE_F32 = 0,
     FSDP_DTYPE_BF16 = 1, /* storage type: kernels compute in f32 */
+    FSDP_DTYPE_I32 = 2,  /* integers: token ids and class targets (never a parameter) */
     FSDP_DTYPE_COUNT
 } fsdp_dtype;
 
@@ -48,7 +50,7 @@ int fsdp_device_count(fsdp_device_type type);
 fsdp_status fsdp_device_synchronize(fsdp_ctx *ctx, fsdp_device device);
 
 size_t fsdp_dtype_size(fsdp_dtype dtype);              /* bytes per element; 0 if unknown */
-const char *fsdp_dtype_to_string(fsdp_dtype dtype);    /* "f32", "bf16" */
+const char *fsdp_dtype_to_string(fsdp_dtype dtype);    /* "f32", "bf16", "i32" */
 const char *fsdp_device_to_string(fsdp_device device); /* "cpu", "cuda" */
 
 /* bf16 <-> f32, round to nearest even; NaN stays NaN. */

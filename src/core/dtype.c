@@ -10,6 +10,8 @@ size_t fsdp_dtype_size(fsdp_dtype dtype) {
         return 4;
     case FSDP_DTYPE_BF16:
         return 2;
+    case FSDP_DTYPE_I32:
+        return 4;
     default:
         return 0;
     }
@@ -21,6 +23,8 @@ const char *fsdp_dtype_to_string(fsdp_dtype dtype) {
         return "f32";
     case FSDP_DTYPE_BF16:
         return "bf16";
+    case FSDP_DTYPE_I32:
+        return "i32";
     default:
         return "unknown";
     }

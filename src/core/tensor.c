@@ -54,7 +54,8 @@ static bool range_inside(int64_t offset, int64_t numel, int64_t limit) {
 static fsdp_status check_dtype_device(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device) {
     if (fsdp_dtype_size(dtype) == 0)
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
-                         "unknown dtype %d; use FSDP_DTYPE_F32 or FSDP_DTYPE_BF16", (int)dtype);
+                         "unknown dtype %d; use FSDP_DTYPE_F32, FSDP_DTYPE_BF16 or FSDP_DTYPE_I32",
+                         (int)dtype);
     return fsdp_storage_check_device(ctx, device);
 }
 
@@ -408,6 +409,14 @@ fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value) {
     fsdp_device dev = t->storage->device;
     if (t->dtype == FSDP_DTYPE_BF16) {
         fsdp_bf16 v = fsdp_bf16_from_f32(value);
+        return fsdp_storage_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
+                                                t->numel);
+    }
+    if (t->dtype == FSDP_DTYPE_I32) { /* the value truncated toward zero, as a C cast */
+        if (!(value >= (float)INT32_MIN && value < 2147483648.0f))
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "fsdp_tensor_fill: %g is not an i32 value", (double)value);
+        int32_t v = (int32_t)value;
         return fsdp_storage_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
                                                 t->numel);
     }

@@ -92,6 +92,52 @@ typedef struct fsdp_kernels_i {
                        const fsdp_sgd_step_args *args);
     void (*adam_update)(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
                         const fsdp_adam_step_args *args);
+
+    /* ---- the Llama layers (docs/models.md). A table may leave them NULL: the layers then
+     * refuse tensors of its device. ---- */
+
+    /* out (n, C) = the rows weight[tokens[i]] of weight (V, C); tokens (n) in [0, V) */
+    void (*embedding_forward)(float *out, const int32_t *tokens, const float *weight, int64_t n,
+                              int64_t C);
+    /* dweight (V, C) += dout (n, C) row i added to row tokens[i], in order of i */
+    void (*embedding_backward)(float *dweight, const float *dout, const int32_t *tokens, int64_t n,
+                               int64_t C);
+    /* Rotary position embedding in Hugging Face Llama's rotate_half layout over x (B, T, H, D),
+     * D even, h = D / 2: with c = cos[t, i], s = sin[t, i] (cos, sin (T, h)), for i < h
+     *   out[i] = x[i] c - x[i + h] s;  out[i + h] = x[i + h] c + x[i] s.
+     * out may be inp. */
+    void (*rope_forward)(float *out, const float *inp, const float *cos, const float *sin,
+                         int64_t B, int64_t T, int64_t H, int64_t D);
+    /* its transpose: dinp (B, T, H, D) from dout; dinp may be dout */
+    void (*rope_backward)(float *dinp, const float *dout, const float *cos, const float *sin,
+                          int64_t B, int64_t T, int64_t H, int64_t D);
+    /* Causal attention with grouped-query heads. q (B, T, NH, D), k and v (B, T, NKV, D), NKV
+     * divides NH: query head h reads key/value head h / (NH / NKV). Per (b, h):
+     *   out (T, D) = softmax(q k^T / sqrt(D), keys j <= i only) v;
+     *   lse (B, NH, T) = each score row's log-sum-exp, saved for backward.
+     * scratch (T, T) holds one score block at a time. */
+    void (*attention_forward)(float *out, float *lse, float *scratch, const float *q,
+                              const float *k, const float *v, int64_t B, int64_t T, int64_t NH,
+                              int64_t NKV, int64_t D);
+    /* dq (B, T, NH, D), dk and dv (B, T, NKV, D) written (dk, dv sum over the heads of a
+     * group), from dout and the forward's q, k, v, out and lse. Each (b, h) probability block is
+     * recomputed from q, k and lse in scratch (T, T), one block at a time. */
+    void (*attention_backward)(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                               int64_t D);
+    /* out (n) = silu(gate) * up, silu(x) = x sigmoid(x); out may be gate or up */
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, int64_t n);
+    /* dgate = dout * up * silu'(gate), dup = dout * silu(gate) (n each), written */
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, int64_t n);
+    /* cross_entropy where rows whose target is ignore_index count for nothing (PyTorch's
+     * ignore_index): loss = mean over the other rows (NaN when there are none, as PyTorch);
+     * dlogits (may be NULL) = (softmax - onehot) / counted rows, 0 on ignored rows. Every
+     * other target is in [0, classes). */
+    void (*cross_entropy_ignore)(float *loss, float *dlogits, const float *logits,
+                                 const int32_t *targets, int32_t ignore_index, int64_t rows,
+                                 int64_t classes);
 } fsdp_kernels_i;
 
 /* The table for a device, or NULL when this build has none for it. */

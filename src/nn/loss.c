@@ -99,3 +99,38 @@ fsdp_status fsdp_loss_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,
     fsdp_tensor_free(staged);
     return FSDP_OK;
 }
+
+fsdp_status fsdp_loss_cross_entropy_ignore(fsdp_ctx *ctx, const fsdp_tensor *logits,
+                                           const int32_t *targets, int32_t ignore_index,
+                                           float *loss, fsdp_tensor *dlogits) {
+    const char *what = "cross-entropy loss (ignore_index)";
+    if (!logits || !targets || !loss)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: logits, targets and loss are needed",
+                         what);
+    FSDP_TRY(check_grad_target(ctx, what, logits, dlogits));
+    if (fsdp_tensor_ndim(logits) < 2 || fsdp_tensor_dim(logits, -1) == 0) {
+        char a[64];
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: logits %s must be (..., C) with C > 0", what,
+                         fsdp_tensor_shape_string(logits, a, sizeof a));
+    }
+    int64_t classes = fsdp_tensor_dim(logits, -1), rows = fsdp_tensor_numel(logits) / classes;
+    for (int64_t i = 0; i < rows; i++)
+        if (targets[i] != ignore_index && (targets[i] < 0 || targets[i] >= classes))
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "%s: target %d of row %lld is neither a class in [0, %lld) nor the "
+                             "ignore index %d",
+                             what, targets[i], (long long)i, (long long)classes, ignore_index);
+    fsdp_device dev = fsdp_tensor_device(logits);
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    if (!k || !k->cross_entropy_ignore)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE, "%s: no kernel for %s tensors yet; use the CPU",
+                         what, fsdp_device_to_string(dev));
+    fsdp_tensor *staged = NULL;
+    if (dev.type != FSDP_DEVICE_CPU) /* the kernel reads the targets where the logits are */
+        FSDP_TRY(stage_targets(ctx, targets, rows, dev, &staged));
+    k->cross_entropy_ignore(loss, dlogits ? fsdp_tensor_f32(dlogits) : NULL,
+                            fsdp_tensor_f32(logits), staged ? fsdp_tensor_data(staged) : targets,
+                            ignore_index, rows, classes);
+    fsdp_tensor_free(staged);
+    return FSDP_OK;
+}

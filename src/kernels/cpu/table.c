@@ -1,5 +1,6 @@
 /* table.c: the CPU operator table, fsdp_kernels_cpu(). */
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/llama.h"
 #include "kernels/kernels.h"
 
 static const fsdp_kernels_i cpu_kernels = {
@@ -29,6 +30,15 @@ static const fsdp_kernels_i cpu_kernels = {
     .bf16_to_f32 = fsdp_cpu_bf16_to_f32,
     .sgd_update = fsdp_cpu_sgd_update,
     .adam_update = fsdp_cpu_adam_update,
+    .embedding_forward = fsdp_cpu_embedding_forward,
+    .embedding_backward = fsdp_cpu_embedding_backward,
+    .rope_forward = fsdp_cpu_rope_forward,
+    .rope_backward = fsdp_cpu_rope_backward,
+    .attention_forward = fsdp_cpu_attention_forward,
+    .attention_backward = fsdp_cpu_attention_backward,
+    .swiglu_forward = fsdp_cpu_swiglu_forward,
+    .swiglu_backward = fsdp_cpu_swiglu_backward,
+    .cross_entropy_ignore = fsdp_cpu_cross_entropy_ignore,
 };
 
 const fsdp_kernels_i *fsdp_kernels_cpu(void) {

@@ -2,6 +2,7 @@
  * storage when the library loads: whatever links the table (dispatch.c does) links the storage,
  * in the static library too. */
 #include "kernels/cuda/cuda_impl.h"
+#include "kernels/cuda/llama_cuda.h"
 
 static const fsdp_kernels_i cuda_kernels = {
     .name = "cuda",
@@ -30,6 +31,15 @@ static const fsdp_kernels_i cuda_kernels = {
     .bf16_to_f32 = fsdp_cuda_bf16_to_f32,
     .sgd_update = fsdp_cuda_sgd_update,
     .adam_update = fsdp_cuda_adam_update,
+    .embedding_forward = fsdp_cuda_embedding_forward,
+    .embedding_backward = fsdp_cuda_embedding_backward,
+    .rope_forward = fsdp_cuda_rope_forward,
+    .rope_backward = fsdp_cuda_rope_backward,
+    .attention_forward = fsdp_cuda_attention_forward,
+    .attention_backward = fsdp_cuda_attention_backward,
+    .swiglu_forward = fsdp_cuda_swiglu_forward,
+    .swiglu_backward = fsdp_cuda_swiglu_backward,
+    .cross_entropy_ignore = fsdp_cuda_cross_entropy_ignore,
 };
 
 const fsdp_kernels_i *fsdp_kernels_cuda(void) {

@@ -1,0 +1,75 @@
+/* llama.h: a Llama-style decoder-only transformer and its layers, with the module and
+ * parameter names of Hugging Face's LlamaForCausalLM, so a state dict maps one to one
+ * (docs/models.md). Each constructor returns a module the caller owns (until it is added to a
+ * parent). Activations are (B, T, C) f32; token ids are (B, T) i32 tensors. A tensor on a
+ * device whose kernel table lacks the Llama entries is refused with FSDP_ERR_DEVICE. */
+#ifndef FSDP_LLAMA_H
+#define FSDP_LLAMA_H
+
+#include "fsdp/module.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The shape of a Llama model. Zero fields take the documented default, so designated
+ * initialisers name only what differs:
+ *   fsdp_llama_config cfg = {.dim = 32, .n_layers = 2, .n_heads = 4, .vocab_size = 64}; */
+typedef struct fsdp_llama_config {
+    int64_t dim;         /* hidden size (HF hidden_size); required */
+    int n_layers;        /* decoder layers (num_hidden_layers); required for the model */
+    int n_heads;         /* query heads (num_attention_heads); must divide dim */
+    int n_kv_heads;      /* key/value heads (num_key_value_heads); 0: n_heads; divides n_heads */
+    int64_t vocab_size;  /* tokens (vocab_size); required for the model */
+    int64_t ffn_hidden;  /* SwiGLU width (intermediate_size); 0: Meta's rule, 8 dim / 3
+                          * rounded up to a multiple of 256 */
+    int64_t max_seq_len; /* longest sequence (max_position_embeddings); 0: 2048 */
+    float norm_eps;      /* RMSNorm epsilon (rms_norm_eps); 0: 1e-6, HF's default */
+    float rope_theta;    /* rotary base (rope_theta); 0: 10000 */
+    float init_std;      /* Linear and Embedding weights ~ normal(0, init_std)
+                          * (initializer_range); 0: 0.02. Norm weights are ones. */
+} fsdp_llama_config;
+
+/* cfg with every zero field replaced by its default; FSDP_ERR_INVALID_ARGUMENT naming the
+ * field when a value is out of range (the model's n_layers and vocab_size are checked by
+ * fsdp_model_llama). */
+fsdp_status fsdp_llama_config_resolve(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
+                                      fsdp_llama_config *out);
+
+/* nn.Embedding: input i32 token ids in [0, num_embeddings) of shape (...) (up to 3 dims),
+ * output (..., dim) f32. Parameter "weight" (num_embeddings, dim) ~ normal(0, 1) as PyTorch.
+ * Token ids have no gradient: backward only accumulates the weight gradient and hands back no
+ * input gradient (NULL). */
+fsdp_status fsdp_embedding_create(fsdp_ctx *ctx, int64_t num_embeddings, int64_t dim,
+                                  fsdp_module **out);
+
+/* LlamaAttention: children q_proj (n_heads * hd, dim), k_proj and v_proj (n_kv_heads * hd,
+ * dim), o_proj (dim, n_heads * hd), all without bias, hd = dim / n_heads. Input (B, T, dim),
+ * positions 0 .. T-1 (T <= max_seq_len); rotary embedding on q and k (rotate_half layout),
+ * causal softmax attention, each group of n_heads / n_kv_heads query heads sharing one
+ * key/value head. The head counts it uses are read from the projections' weights at each
+ * forward, so a tensor-parallel split of heads (q/k/v by rows, o by columns) just works. */
+fsdp_status fsdp_llama_attention_create(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
+                                        fsdp_module **out);
+
+/* LlamaMLP: down_proj(silu(gate_proj(x)) * up_proj(x)); children gate_proj (hidden, dim),
+ * up_proj (hidden, dim), down_proj (dim, hidden), no bias; Meta's w1, w3, w2. */
+fsdp_status fsdp_llama_mlp_create(fsdp_ctx *ctx, int64_t dim, int64_t hidden, fsdp_module **out);
+
+/* LlamaDecoderLayer: h = x + self_attn(input_layernorm(x)); y = h +
+ * mlp(post_attention_layernorm(h)). Children, in Hugging Face's order: self_attn, mlp,
+ * input_layernorm, post_attention_layernorm. Kind "LlamaDecoderLayer". */
+fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
+                                            fsdp_module **out);
+
+/* LlamaForCausalLM: model.embed_tokens, model.layers.0 .. n_layers-1, model.norm, lm_head
+ * (untied). Input (B, T) i32 token ids, output (B, T, vocab_size) logits. Parameters are
+ * initialised as described in fsdp_llama_config from the ctx seed. For Hugging Face's loss,
+ * score logits[b, t] against labels[b, t + 1] with fsdp_loss_cross_entropy_ignore (the last
+ * position and padding get FSDP_IGNORE_INDEX). */
+fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_module **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,40 @@
+/* llama.h: the CPU kernels of the Llama layers behind fsdp_kernels_cpu() (semantics in
+ * kernels/kernels.h): embedding, rotary embedding, causal grouped-query attention, SwiGLU and
+ * cross-entropy with an ignored target. Internal: callers go through the table. */
+#ifndef FSDP_KERNELS_CPU_LLAMA_H
+#define FSDP_KERNELS_CPU_LLAMA_H
+
+#include <stdint.h>
+
+/* embedding.c */
+void fsdp_cpu_embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t n,
+                                int64_t C);
+void fsdp_cpu_embedding_backward(float *dweight, const float *dout, const int32_t *tokens,
+                                 int64_t n, int64_t C);
+
+/* rope.c */
+void fsdp_cpu_rope_forward(float *out, const float *inp, const float *cos, const float *sin,
+                           int64_t B, int64_t T, int64_t H, int64_t D);
+void fsdp_cpu_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,
+                            int64_t B, int64_t T, int64_t H, int64_t D);
+
+/* attention.c */
+void fsdp_cpu_attention_forward(float *out, float *lse, float *scratch, const float *q,
+                                const float *k, const float *v, int64_t B, int64_t T, int64_t NH,
+                                int64_t NKV, int64_t D);
+void fsdp_cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                                 const float *q, const float *k, const float *v, const float *out,
+                                 const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                 int64_t D);
+
+/* swiglu.c */
+void fsdp_cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
+void fsdp_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                              const float *up, int64_t n);
+
+/* loss.c */
+void fsdp_cpu_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
+                                   const int32_t *targets, int32_t ignore_index, int64_t rows,
+                                   int64_t classes);
+
+#endif

@@ -1,0 +1,307 @@
+/* llama.cu: the Llama layers' kernels on the device, with the CPU's semantics
+ * (kernels/cpu/llama.h). Straightforward first versions, deterministic (no atomics): the
+ * embedding gradient adds rows in token order per column; attention runs one thread per score
+ * row, recomputing scores from q and k in backward and never storing a (T, T) block (the
+ * scratch argument is unused); the key/value gradients are summed per key row over the query
+ * rows and heads of its group. */
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/llama_cuda.h"
+
+/* ---- embedding ---- */
+
+__global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *weight,
+                                         int64_t n, int64_t C) {
+    for (int64_t e = fsdp_tid(); e < n * C; e += fsdp_stride())
+        out[e] = weight[(int64_t)tokens[e / C] * C + e % C];
+}
+
+extern "C" void fsdp_cuda_embedding_forward(float *out, const int32_t *tokens, const float *weight,
+                                            int64_t n, int64_t C) {
+    if (n <= 0 || C <= 0) return;
+    embedding_forward_kernel<<<fsdp_grid(n * C), FSDP_CUDA_THREADS>>>(out, tokens, weight, n, C);
+    FSDP_CUDA_LAUNCHED("embedding_forward");
+}
+
+/* one thread per column, rows in token order: the CPU's order of additions */
+__global__ void embedding_backward_kernel(float *dweight, const float *dout, const int32_t *tokens,
+                                          int64_t n, int64_t C) {
+    for (int64_t c = fsdp_tid(); c < C; c += fsdp_stride())
+        for (int64_t i = 0; i < n; i++) dweight[(int64_t)tokens[i] * C + c] += dout[i * C + c];
+}
+
+extern "C" void fsdp_cuda_embedding_backward(float *dweight, const float *dout,
+                                             const int32_t *tokens, int64_t n, int64_t C) {
+    if (n <= 0 || C <= 0) return;
+    embedding_backward_kernel<<<fsdp_grid(C), FSDP_CUDA_THREADS>>>(dweight, dout, tokens, n, C);
+    FSDP_CUDA_LAUNCHED("embedding_backward");
+}
+
+/* ---- rotary embedding ---- */
+
+/* one thread per (b, t, head, i < D/2) pair; sign -1 rotates back (the backward) */
+__global__ void rope_kernel(float *out, const float *inp, const float *cos, const float *sin,
+                            float sign, int64_t B, int64_t T, int64_t H, int64_t D) {
+    int64_t h = D / 2, pairs = B * T * H * h;
+    for (int64_t e = fsdp_tid(); e < pairs; e += fsdp_stride()) {
+        int64_t i = e % h, row = e / h, t = (row / H) % T;
+        const float *x = inp + row * D;
+        float *y = out + row * D;
+        float c = cos[t * h + i], s = sign * sin[t * h + i], x1 = x[i], x2 = x[i + h];
+        y[i] = x1 * c - x2 * s;
+        y[i + h] = x2 * c + x1 * s;
+    }
+}
+
+static void rope(const char *name, float *out, const float *inp, const float *cos, const float *sin,
+                 float sign, int64_t B, int64_t T, int64_t H, int64_t D) {
+    int64_t pairs = B * T * H * (D / 2);
+    if (pairs <= 0) return;
+    rope_kernel<<<fsdp_grid(pairs), FSDP_CUDA_THREADS>>>(out, inp, cos, sin, sign, B, T, H, D);
+    FSDP_CUDA_LAUNCHED(name);
+}
+
+extern "C" void fsdp_cuda_rope_forward(float *out, const float *inp, const float *cos,
+                                       const float *sin, int64_t B, int64_t T, int64_t H,
+                                       int64_t D) {
+    rope("rope_forward", out, inp, cos, sin, 1.0f, B, T, H, D);
+}
+
+extern "C" void fsdp_cuda_rope_backward(float *dinp, const float *dout, const float *cos,
+                                        const float *sin, int64_t B, int64_t T, int64_t H,
+                                        int64_t D) {
+    rope("rope_backward", dinp, dout, cos, sin, -1.0f, B, T, H, D);
+}
+
+/* ---- attention ---- */
+
+__device__ inline float dot(const float *a, const float *b, int64_t D) {
+    float s = 0.0f;
+    for (int64_t d = 0; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* Thread (b, h, i): lse_i over keys j <= i, then out_i = sum_j exp(s_ij - lse_i) v_j. */
+__global__ void attention_forward_kernel(float *out, float *lse, const float *q, const float *k,
+                                         const float *v, int64_t B, int64_t T, int64_t NH,
+                                         int64_t NKV, int64_t D, float scale) {
+    int64_t rows = B * NH * T, group = NH / NKV;
+    for (int64_t e = fsdp_tid(); e < rows; e += fsdp_stride()) {
+        int64_t i = e % T, h = (e / T) % NH, b = e / (T * NH), g = h / group;
+        const float *qi = q + ((b * T + i) * NH + h) * D;
+        const float *kb = k + b * T * NKV * D + g * D, *vb = v + b * T * NKV * D + g * D;
+        float m = -INFINITY;
+        for (int64_t j = 0; j <= i; j++) m = fmaxf(m, scale * dot(qi, kb + j * NKV * D, D));
+        double se = 0.0;
+        for (int64_t j = 0; j <= i; j++)
+            se += exp((double)(scale * dot(qi, kb + j * NKV * D, D)) - (double)m);
+        double l = (double)m + log(se);
+        lse[(b * NH + h) * T + i] = (float)l;
+        float *oi = out + ((b * T + i) * NH + h) * D;
+        for (int64_t d = 0; d < D; d++) oi[d] = 0.0f;
+        for (int64_t j = 0; j <= i; j++) {
+            float p = (float)exp((double)(scale * dot(qi, kb + j * NKV * D, D)) - l);
+            for (int64_t d = 0; d < D; d++) oi[d] += p * vb[j * NKV * D + d];
+        }
+    }
+}
+
+extern "C" void fsdp_cuda_attention_forward(float *out, float *lse, float *scratch, const float *q,
+                                            const float *k, const float *v, int64_t B, int64_t T,
+                                            int64_t NH, int64_t NKV, int64_t D) {
+    (void)scratch;
+    int64_t rows = B * NH * T;
+    if (rows <= 0) return;
+    attention_forward_kernel<<<fsdp_grid(rows), FSDP_CUDA_THREADS>>>(
+        out, lse, q, k, v, B, T, NH, NKV, D, 1.0f / sqrtf((float)D));
+    FSDP_CUDA_LAUNCHED("attention_forward");
+}
+
+/* dS_ij = P_ij (dO_i . v_j - dO_i . O_i), P_ij = exp(s_ij - lse_i), for j <= i */
+__device__ inline float score_grad(const float *qi, const float *kj, const float *vj,
+                                   const float *doi, float di, float l, float scale, int64_t D) {
+    float p = (float)exp((double)(scale * dot(qi, kj, D)) - (double)l);
+    return p * (dot(doi, vj, D) - di);
+}
+
+/* Thread (b, h, i): dq_i = scale sum_{j <= i} dS_ij k_j. */
+__global__ void attention_dq_kernel(float *dq, const float *dout, const float *q, const float *k,
+                                    const float *v, const float *out, const float *lse, int64_t B,
+                                    int64_t T, int64_t NH, int64_t NKV, int64_t D, float scale) {
+    int64_t rows = B * NH * T, group = NH / NKV;
+    for (int64_t e = fsdp_tid(); e < rows; e += fsdp_stride()) {
+        int64_t i = e % T, h = (e / T) % NH, b = e / (T * NH), g = h / group;
+        int64_t qo = ((b * T + i) * NH + h) * D;
+        const float *kb = k + b * T * NKV * D + g * D, *vb = v + b * T * NKV * D + g * D;
+        float di = dot(dout + qo, out + qo, D), l = lse[(b * NH + h) * T + i];
+        float *dqi = dq + qo;
+        for (int64_t d = 0; d < D; d++) dqi[d] = 0.0f;
+        for (int64_t j = 0; j <= i; j++) {
+            const float *kj = kb + j * NKV * D;
+            float ds = score_grad(q + qo, kj, vb + j * NKV * D, dout + qo, di, l, scale, D);
+            for (int64_t d = 0; d < D; d++) dqi[d] += scale * ds * kj[d];
+        }
+    }
+}
+
+/* Thread (b, g, j): over the group's heads h and rows i >= j,
+ * dv_j += P_ij dO_i and dk_j += scale dS_ij q_i. */
+__global__ void attention_dkv_kernel(float *dk, float *dv, const float *dout, const float *q,
+                                     const float *k, const float *v, const float *out,
+                                     const float *lse, int64_t B, int64_t T, int64_t NH,
+                                     int64_t NKV, int64_t D, float scale) {
+    int64_t rows = B * NKV * T, group = NH / NKV;
+    for (int64_t e = fsdp_tid(); e < rows; e += fsdp_stride()) {
+        int64_t j = e % T, g = (e / T) % NKV, b = e / (T * NKV);
+        int64_t ko = ((b * T + j) * NKV + g) * D;
+        const float *kj = k + ko, *vj = v + ko;
+        float *dkj = dk + ko, *dvj = dv + ko;
+        for (int64_t d = 0; d < D; d++) dkj[d] = 0.0f, dvj[d] = 0.0f;
+        for (int64_t h = g * group; h < (g + 1) * group; h++) {
+            for (int64_t i = j; i < T; i++) {
+                int64_t qo = ((b * T + i) * NH + h) * D;
+                const float *qi = q + qo, *doi = dout + qo;
+                float l = lse[(b * NH + h) * T + i];
+                float p = (float)exp((double)(scale * dot(qi, kj, D)) - (double)l);
+                float ds = p * (dot(doi, vj, D) - dot(doi, out + qo, D));
+                for (int64_t d = 0; d < D; d++) {
+                    dvj[d] += p * doi[d];
+                    dkj[d] += scale * ds * qi[d];
+                }
+            }
+        }
+    }
+}
+
+extern "C" void fsdp_cuda_attention_backward(float *dq, float *dk, float *dv, float *scratch,
+                                             const float *dout, const float *q, const float *k,
+                                             const float *v, const float *out, const float *lse,
+                                             int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                             int64_t D) {
+    (void)scratch;
+    if (B <= 0 || T <= 0) return;
+    float scale = 1.0f / sqrtf((float)D);
+    if (NH > 0) {
+        attention_dq_kernel<<<fsdp_grid(B * NH * T), FSDP_CUDA_THREADS>>>(
+            dq, dout, q, k, v, out, lse, B, T, NH, NKV, D, scale);
+        FSDP_CUDA_LAUNCHED("attention_backward (dq)");
+    }
+    if (NKV > 0) {
+        attention_dkv_kernel<<<fsdp_grid(B * NKV * T), FSDP_CUDA_THREADS>>>(
+            dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, D, scale);
+        FSDP_CUDA_LAUNCHED("attention_backward (dk, dv)");
+    }
+}
+
+/* ---- SwiGLU ---- */
+
+__device__ inline float sigmoid_f(float x) {
+    float z = expf(-fabsf(x));
+    float s = 1.0f / (1.0f + z);
+    return x >= 0.0f ? s : z * s;
+}
+
+struct swiglu_op {
+    __device__ float operator()(float g, float u) const { return g * sigmoid_f(g) * u; }
+};
+
+extern "C" void fsdp_cuda_swiglu_forward(float *out, const float *gate, const float *up,
+                                         int64_t n) {
+    fsdp_map2("swiglu_forward", out, gate, up, n, swiglu_op());
+}
+
+__global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout,
+                                       const float *gate, const float *up, int64_t n) {
+    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
+        float g = gate[i], u = up[i], dy = dout[i], s = sigmoid_f(g);
+        dgate[i] = dy * u * s * (1.0f + g * (1.0f - s));
+        dup[i] = dy * g * s;
+    }
+}
+
+extern "C" void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float *dout,
+                                          const float *gate, const float *up, int64_t n) {
+    if (n <= 0) return;
+    swiglu_backward_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS>>>(dgate, dup, dout, gate, up, n);
+    FSDP_CUDA_LAUNCHED("swiglu_backward");
+}
+
+/* ---- cross-entropy with an ignored target ---- */
+
+/* partial[block] = rows whose target is not ignore_index */
+__global__ void count_kernel(double *partial, const int32_t *targets, int32_t ignore_index,
+                             int64_t rows) {
+    double acc = 0.0;
+    for (int64_t r = fsdp_tid(); r < rows; r += fsdp_stride()) acc += targets[r] != ignore_index;
+    acc = fsdp_block_sum(acc);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+/* As loss.cu's cross_entropy_kernel over counted rows, divided by n; ignored rows get zero. */
+__global__ void cross_entropy_ignore_kernel(double *partial, double *bad, float *dlogits,
+                                            const float *logits, const int32_t *targets,
+                                            int32_t ignore_index, int64_t rows, int64_t classes,
+                                            double n) {
+    double acc = 0.0;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *x = logits + r * classes; // (classes)
+        float *d = dlogits ? dlogits + r * classes : NULL;
+        int32_t t = targets[r];
+        if (t == ignore_index) {
+            if (d)
+                for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) d[c] = 0.0f;
+            continue;
+        }
+        if (t < 0 || t >= classes) {
+            if (threadIdx.x == 0) *bad = 1.0;
+            continue;
+        }
+        float m = -INFINITY;
+        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) m = x[c] > m ? x[c] : m;
+        m = fsdp_block_max_all(m);
+        double xt = (double)x[t], se = 0.0;
+        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+            se += exp((double)x[c] - (double)m);
+        se = fsdp_block_sum_all(se);
+        double lse = (double)m + log(se);
+        acc += lse - xt;
+        if (!d) continue;
+        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+            d[c] =
+                c == t ? (float)((exp(xt - lse) - 1.0) / n) : (float)(exp((double)x[c] - lse) / n);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+extern "C" void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
+                                               const int32_t *targets, int32_t ignore_index,
+                                               int64_t rows, int64_t classes) {
+    if (rows <= 0) {
+        *loss = NAN;
+        return;
+    }
+    double *scratch = fsdp_cuda_scratch();
+    unsigned blocks = fsdp_partial_blocks(rows);
+    count_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, targets, ignore_index, rows);
+    FSDP_CUDA_LAUNCHED("cross_entropy_ignore (count)");
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch,
+                                                       (int)blocks);
+    FSDP_CUDA_LAUNCHED("cross_entropy_ignore (count total)");
+    double n = fsdp_cuda_fetch_double(scratch + FSDP_CUDA_PARTIALS);
+    blocks = (unsigned)(rows < FSDP_CUDA_PARTIALS ? rows : FSDP_CUDA_PARTIALS);
+    FSDP_CUDA_CHECK(
+        cudaMemsetAsync(scratch + FSDP_CUDA_PARTIALS + 1, 0, sizeof(double), cudaStreamPerThread));
+    cross_entropy_ignore_kernel<<<blocks, FSDP_CUDA_THREADS>>>(
+        scratch, scratch + FSDP_CUDA_PARTIALS + 1, dlogits, logits, targets, ignore_index, rows,
+        classes, n);
+    FSDP_CUDA_LAUNCHED("cross_entropy_ignore");
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch,
+                                                       (int)blocks);
+    FSDP_CUDA_LAUNCHED("cross_entropy_ignore (total)");
+    double host[2];
+    FSDP_CUDA_CHECK(cudaMemcpyAsync(host, scratch + FSDP_CUDA_PARTIALS, sizeof host,
+                                    cudaMemcpyDeviceToHost, cudaStreamPerThread));
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+    FSDP_ASSERT(host[1] == 0.0); // a target outside [0, classes), as the CPU asserts
+    *loss = (float)(host[0] / n);
+}

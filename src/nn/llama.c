@@ -1,0 +1,251 @@
+/* llama.c: the Llama configuration, LlamaDecoderLayer and LlamaForCausalLM with Hugging Face's
+ * module and parameter names, and the helpers the Llama layers share (llama_impl.h). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "fsdp/layers.h"
+#include "nn/llama_impl.h"
+#include "nn/module_impl.h"
+
+/* ---- helpers (llama_impl.h) ---- */
+
+const fsdp_kernels_i *fsdp_llama_kernels(fsdp_ctx *ctx, const fsdp_module *m, fsdp_device dev,
+                                         bool has, fsdp_status *st) {
+    if (has) return fsdp_kernels_for(dev);
+    char desc[160];
+    *st = FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                    "%s: no Llama kernels for %s tensors yet; run it on the CPU",
+                    fsdp_nn_describe(m, desc, sizeof desc), fsdp_device_to_string(dev));
+    return NULL;
+}
+
+fsdp_status fsdp_llama_add_proj(fsdp_ctx *ctx, fsdp_module *parent, const char *name, int64_t in,
+                                int64_t out, float std, fsdp_module **child) {
+    fsdp_module *l;
+    FSDP_TRY(fsdp_linear_create(ctx, in, out, false, &l));
+    l->params[0]->init = (fsdp_init){.kind = FSDP_INIT_NORMAL, .a = 0.0f, .b = std};
+    FSDP_TRY(fsdp_module_add_child(ctx, parent, name, l));
+    if (child) *child = l;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_llama_sum_grads(fsdp_ctx *ctx, fsdp_tensor **dst, const fsdp_tensor *a,
+                                 const fsdp_tensor *b, const fsdp_tensor *c) {
+    fsdp_device dev = fsdp_tensor_device(a);
+    FSDP_TRY(fsdp_nn_buffer(ctx, dst, dev, fsdp_tensor_ndim(a), fsdp_tensor_shape(a)));
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    float *d = fsdp_tensor_f32(*dst);
+    int64_t n = fsdp_tensor_numel(a);
+    k->add(d, fsdp_tensor_f32(a), fsdp_tensor_f32(b), n);
+    if (c) k->add(d, d, fsdp_tensor_f32(c), n);
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_llama_no_forward(fsdp_ctx *ctx, const fsdp_module *m) {
+    char desc[160];
+    return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                     "%s: backward needs a forward first, and an output gradient of the output's "
+                     "shape",
+                     fsdp_nn_describe(m, desc, sizeof desc));
+}
+
+/* ---- configuration ---- */
+
+static fsdp_status bad_config(fsdp_ctx *ctx, const char *field, long long value, const char *rule) {
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "Llama config: %s = %lld; %s", field, value,
+                     rule);
+}
+
+fsdp_status fsdp_llama_config_resolve(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
+                                      fsdp_llama_config *out) {
+    if (!cfg || !out)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_llama_config_resolve: NULL argument");
+    fsdp_llama_config c = *cfg;
+    if (c.dim <= 0 || c.dim > (1 << 20))
+        return bad_config(ctx, "dim", c.dim, "it must be in [1, 2^20]");
+    if (c.n_heads <= 0 || c.dim % c.n_heads || (c.dim / c.n_heads) % 2)
+        return bad_config(ctx, "n_heads", c.n_heads,
+                          "it must divide dim into heads of an even size (rotary embedding "
+                          "rotates pairs)");
+    if (c.n_kv_heads == 0) c.n_kv_heads = c.n_heads;
+    if (c.n_kv_heads < 0 || c.n_heads % c.n_kv_heads)
+        return bad_config(ctx, "n_kv_heads", c.n_kv_heads, "it must divide n_heads");
+    if (c.n_layers < 0) return bad_config(ctx, "n_layers", c.n_layers, "it must be >= 1");
+    if (c.vocab_size < 0 || c.vocab_size > INT32_MAX)
+        return bad_config(ctx, "vocab_size", c.vocab_size, "it must be in [1, 2^31)");
+    if (c.ffn_hidden == 0) c.ffn_hidden = (8 * c.dim / 3 + 255) / 256 * 256;
+    if (c.ffn_hidden < 0 || c.ffn_hidden > (1 << 24))
+        return bad_config(ctx, "ffn_hidden", c.ffn_hidden, "it must be in [1, 2^24]");
+    if (c.max_seq_len == 0) c.max_seq_len = 2048;
+    if (c.max_seq_len < 0 || c.max_seq_len > (1 << 24))
+        return bad_config(ctx, "max_seq_len", c.max_seq_len, "it must be in [1, 2^24]");
+    if (c.norm_eps == 0.0f) c.norm_eps = 1e-6f;
+    if (!(c.norm_eps > 0.0f))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Llama config: norm_eps = %g; it must be > 0", (double)c.norm_eps);
+    if (c.rope_theta == 0.0f) c.rope_theta = 10000.0f;
+    if (!(c.rope_theta > 1.0f))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Llama config: rope_theta = %g; it must be > 1", (double)c.rope_theta);
+    if (c.init_std == 0.0f) c.init_std = 0.02f;
+    if (!(c.init_std > 0.0f))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Llama config: init_std = %g; it must be > 0", (double)c.init_std);
+    *out = c;
+    return FSDP_OK;
+}
+
+/* ---- LlamaDecoderLayer ---- */
+
+typedef struct decoder_layer {
+    fsdp_module *self_attn, *mlp, *input_layernorm, *post_attention_layernorm;
+    fsdp_tensor *h;      /* (B, T, C) = x + self_attn(input_layernorm(x)) */
+    fsdp_tensor *output; /* (B, T, C) = h + mlp(post_attention_layernorm(h)) */
+    fsdp_tensor *dh;     /* (B, T, C) */
+    fsdp_tensor *dinput; /* (B, T, C) */
+} decoder_layer;
+
+static void decoder_layer_free(void *impl) {
+    decoder_layer *d = impl;
+    fsdp_tensor_free(d->h);
+    fsdp_tensor_free(d->output);
+    fsdp_tensor_free(d->dh);
+    fsdp_tensor_free(d->dinput);
+    free(d);
+}
+
+/* *dst = x + y, shaped like x, on x's device */
+static fsdp_status residual(fsdp_ctx *ctx, const fsdp_module *m, fsdp_tensor **dst,
+                            const fsdp_tensor *x, const fsdp_tensor *y) {
+    if (!fsdp_tensor_same_shape(x, y)) {
+        char desc[160], a[64], b[64];
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: residual %s and branch %s differ in shape",
+                         fsdp_nn_describe(m, desc, sizeof desc),
+                         fsdp_tensor_shape_string(x, a, sizeof a),
+                         fsdp_tensor_shape_string(y, b, sizeof b));
+    }
+    return fsdp_llama_sum_grads(ctx, dst, x, y, NULL);
+}
+
+static fsdp_status decoder_layer_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                         const fsdp_tensor **out) {
+    decoder_layer *d = m->impl;
+    const fsdp_tensor *n1, *a, *n2, *f;
+    FSDP_TRY(fsdp_nn_check_input(ctx, m, in, -1));
+    FSDP_TRY(fsdp_module_forward(ctx, d->input_layernorm, in, &n1));
+    FSDP_TRY(fsdp_module_forward(ctx, d->self_attn, n1, &a));
+    FSDP_TRY(residual(ctx, m, &d->h, in, a));
+    FSDP_TRY(fsdp_module_forward(ctx, d->post_attention_layernorm, d->h, &n2));
+    FSDP_TRY(fsdp_module_forward(ctx, d->mlp, n2, &f));
+    FSDP_TRY(residual(ctx, m, &d->output, d->h, f));
+    *out = d->output;
+    return FSDP_OK;
+}
+
+static fsdp_status decoder_layer_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                          const fsdp_tensor **din) {
+    decoder_layer *d = m->impl;
+    if (!d->output || !fsdp_tensor_same_shape(dout, d->output))
+        return fsdp_llama_no_forward(ctx, m);
+    const fsdp_tensor *dn2, *dh_branch, *dn1, *dx_branch;
+    FSDP_TRY(fsdp_module_backward(ctx, d->mlp, dout, &dn2));
+    FSDP_TRY(fsdp_module_backward(ctx, d->post_attention_layernorm, dn2, &dh_branch));
+    FSDP_TRY(fsdp_llama_sum_grads(ctx, &d->dh, dout, dh_branch, NULL));
+    FSDP_TRY(fsdp_module_backward(ctx, d->self_attn, d->dh, &dn1));
+    FSDP_TRY(fsdp_module_backward(ctx, d->input_layernorm, dn1, din ? &dx_branch : NULL));
+    if (!din) return FSDP_OK;
+    FSDP_TRY(fsdp_llama_sum_grads(ctx, &d->dinput, d->dh, dx_branch, NULL));
+    *din = d->dinput;
+    return FSDP_OK;
+}
+
+static const fsdp_module_ops decoder_layer_ops = {.kind = "LlamaDecoderLayer",
+                                                  .forward = decoder_layer_forward,
+                                                  .backward = decoder_layer_backward,
+                                                  .free_impl = decoder_layer_free};
+
+/* A norm of c.dim added to parent as name. */
+static fsdp_status add_norm(fsdp_ctx *ctx, fsdp_module *parent, const char *name,
+                            const fsdp_llama_config *c, fsdp_module **child) {
+    fsdp_module *n;
+    FSDP_TRY(fsdp_rmsnorm_create(ctx, c->dim, c->norm_eps, &n));
+    FSDP_TRY(fsdp_module_add_child(ctx, parent, name, n));
+    if (child) *child = n;
+    return FSDP_OK;
+}
+
+/* Children in Hugging Face's registration order (its named_parameters() order). */
+static fsdp_status build_decoder_layer(fsdp_ctx *ctx, fsdp_module *m, decoder_layer *d,
+                                       const fsdp_llama_config *c) {
+    fsdp_module *child;
+    FSDP_TRY(fsdp_llama_attention_create(ctx, c, &child));
+    FSDP_TRY(fsdp_module_add_child(ctx, m, "self_attn", child));
+    d->self_attn = child;
+    FSDP_TRY(fsdp_llama_mlp_build(ctx, c->dim, c->ffn_hidden, c->init_std, &child));
+    FSDP_TRY(fsdp_module_add_child(ctx, m, "mlp", child));
+    d->mlp = child;
+    FSDP_TRY(add_norm(ctx, m, "input_layernorm", c, &d->input_layernorm));
+    return add_norm(ctx, m, "post_attention_layernorm", c, &d->post_attention_layernorm);
+}
+
+fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
+                                            fsdp_module **out) {
+    fsdp_llama_config c;
+    FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
+    if (!out)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_llama_decoder_layer_create: out is NULL");
+    decoder_layer *d = calloc(1, sizeof *d);
+    if (!d) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaDecoderLayer");
+    fsdp_module *m;
+    FSDP_TRY(fsdp_module_create(ctx, &decoder_layer_ops, d, &m));
+    fsdp_status st = build_decoder_layer(ctx, m, d, &c);
+    if (st != FSDP_OK) {
+        fsdp_module_free(m);
+        return st;
+    }
+    *out = m;
+    return FSDP_OK;
+}
+
+/* ---- LlamaForCausalLM ---- */
+
+/* model (embed_tokens, layers, norm) then lm_head: Sequentials run them in that order. */
+static fsdp_status build_llama(fsdp_ctx *ctx, fsdp_module *root, const fsdp_llama_config *c) {
+    fsdp_module *model, *embed, *layers, *lm_head;
+    FSDP_TRY(fsdp_sequential_create(ctx, &model));
+    FSDP_TRY(fsdp_module_add_child(ctx, root, "model", model));
+    FSDP_TRY(fsdp_embedding_create(ctx, c->vocab_size, c->dim, &embed));
+    embed->params[0]->init = (fsdp_init){.kind = FSDP_INIT_NORMAL, .a = 0.0f, .b = c->init_std};
+    FSDP_TRY(fsdp_module_add_child(ctx, model, "embed_tokens", embed));
+    FSDP_TRY(fsdp_sequential_create(ctx, &layers));
+    FSDP_TRY(fsdp_module_add_child(ctx, model, "layers", layers));
+    for (int i = 0; i < c->n_layers; i++) {
+        fsdp_module *layer;
+        FSDP_TRY(fsdp_llama_decoder_layer_create(ctx, c, &layer));
+        FSDP_TRY(fsdp_sequential_append(ctx, layers, layer));
+    }
+    FSDP_TRY(add_norm(ctx, model, "norm", c, NULL));
+    return fsdp_llama_add_proj(ctx, root, "lm_head", c->dim, c->vocab_size, c->init_std, &lm_head);
+}
+
+fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_module **out) {
+    fsdp_llama_config c;
+    FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
+    if (c.n_layers < 1) return bad_config(ctx, "n_layers", c.n_layers, "the model needs >= 1");
+    if (c.vocab_size < 1)
+        return bad_config(ctx, "vocab_size", c.vocab_size, "the model needs >= 1");
+    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_model_llama: out is NULL");
+    fsdp_module *root;
+    FSDP_TRY(fsdp_sequential_create(ctx, &root));
+    fsdp_status st = build_llama(ctx, root, &c);
+    if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, root, fsdp_ctx_seed(ctx));
+    if (st != FSDP_OK) {
+        fsdp_module_free(root);
+        return st;
+    }
+    *out = root;
+    return FSDP_OK;
+}

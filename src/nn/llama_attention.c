@@ -1,0 +1,190 @@
+/* llama_attention.c: LlamaAttention: q, k, v projections, rotary embedding of q and k, causal
+ * grouped-query softmax attention (one (T, T) score block at a time), o projection; backward
+ * recomputes each block from the saved log-sum-exp. Head counts are read from the
+ * projections' weights, so tensor parallelism can split heads across ranks. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "nn/llama_impl.h"
+#include "nn/module_impl.h"
+
+typedef struct llama_attention {
+    int64_t n_heads, n_kv_heads; /* this rank's heads, from the last forward (all, without TP) */
+    int64_t head_dim, max_seq_len;
+    float rope_theta;
+    fsdp_module *q_proj, *k_proj, *v_proj, *o_proj;
+    int64_t B, T;         /* of the last forward */
+    fsdp_tensor *rope;    /* (2, T, hd / 2): cos then sin of positions 0 .. T-1 */
+    fsdp_tensor *q, *k;   /* (B, T, NH * hd), (B, T, NKV * hd): rotated */
+    const fsdp_tensor *v; /* (B, T, NKV * hd): v_proj's output */
+    fsdp_tensor *att;     /* (B, T, NH * hd): attention output, o_proj's input */
+    fsdp_tensor *lse;     /* (B, NH, T) */
+    fsdp_tensor *scratch; /* (T, T): one score block */
+    fsdp_tensor *dq, *dk, *dv;
+    fsdp_tensor *dinput; /* (B, T, dim) */
+} llama_attention;
+
+static void llama_attention_free(void *impl) {
+    llama_attention *a = impl;
+    fsdp_tensor *own[] = {a->rope,    a->q,  a->k,  a->att, a->lse,
+                          a->scratch, a->dq, a->dk, a->dv,  a->dinput};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) fsdp_tensor_free(own[i]);
+    free(a);
+}
+
+/* cos and sin of position t times Llama's inverse frequency theta^(-2i / hd), computed in f32
+ * as Hugging Face's rotary embedding does, into a->rope on dev (remade when T or dev change). */
+static fsdp_status make_rope(fsdp_ctx *ctx, llama_attention *a, int64_t T, fsdp_device dev) {
+    int64_t h = a->head_dim / 2;
+    if (a->rope && fsdp_tensor_dim(a->rope, 1) == T &&
+        fsdp_tensor_device(a->rope).type == dev.type &&
+        fsdp_tensor_device(a->rope).index == dev.index)
+        return FSDP_OK;
+    fsdp_tensor_free(a->rope);
+    a->rope = NULL;
+    int64_t shape[3] = {2, T, h};
+    fsdp_tensor *host;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, shape, &host));
+    float *c = fsdp_tensor_f32(host), *s = c + T * h;
+    for (int64_t i = 0; i < h; i++) {
+        float inv = 1.0f / powf(a->rope_theta, (float)(2 * i) / (float)a->head_dim);
+        for (int64_t t = 0; t < T; t++) {
+            float ang = (float)t * inv;
+            c[t * h + i] = cosf(ang);
+            s[t * h + i] = sinf(ang);
+        }
+    }
+    if (dev.type == FSDP_DEVICE_CPU) {
+        a->rope = host;
+        return FSDP_OK;
+    }
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 3, shape, &a->rope);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, a->rope, host);
+    fsdp_tensor_free(host);
+    return st;
+}
+
+/* The head counts the projections give: NH = q rows / hd, NKV = k rows / hd = v rows / hd. */
+static fsdp_status read_heads(fsdp_ctx *ctx, fsdp_module *m, llama_attention *a) {
+    int64_t hd = a->head_dim;
+    int64_t qr = fsdp_tensor_dim(fsdp_module_param(a->q_proj, 0)->data, 0);
+    int64_t kr = fsdp_tensor_dim(fsdp_module_param(a->k_proj, 0)->data, 0);
+    int64_t vr = fsdp_tensor_dim(fsdp_module_param(a->v_proj, 0)->data, 0);
+    if (qr % hd || kr % hd || kr != vr || kr == 0 || (qr / hd) % (kr / hd)) {
+        char desc[160];
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                         "%s: q_proj has %lld rows and k_proj/v_proj %lld/%lld: each must hold "
+                         "whole heads of %lld, and the key/value heads must divide the query "
+                         "heads",
+                         fsdp_nn_describe(m, desc, sizeof desc), (long long)qr, (long long)kr,
+                         (long long)vr, (long long)hd);
+    }
+    a->n_heads = qr / hd;
+    a->n_kv_heads = kr / hd;
+    return FSDP_OK;
+}
+
+static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                           const fsdp_tensor **out) {
+    llama_attention *a = m->impl;
+    char desc[160], shape[64];
+    if (fsdp_tensor_ndim(in) != 3 || fsdp_tensor_dtype(in) != FSDP_DTYPE_F32)
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: input %s %s must be f32 (B, T, dim)",
+                         fsdp_nn_describe(m, desc, sizeof desc),
+                         fsdp_dtype_to_string(fsdp_tensor_dtype(in)),
+                         fsdp_tensor_shape_string(in, shape, sizeof shape));
+    int64_t B = fsdp_tensor_dim(in, 0), T = fsdp_tensor_dim(in, 1), hd = a->head_dim;
+    if (T > a->max_seq_len)
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: %lld positions, more than max_seq_len %lld",
+                         fsdp_nn_describe(m, desc, sizeof desc), (long long)T,
+                         (long long)a->max_seq_len);
+    fsdp_device dev = fsdp_tensor_device(in);
+    const fsdp_kernels_i *k;
+    LLAMA_KERNELS(ctx, m, dev, attention_forward, k);
+    FSDP_TRY(read_heads(ctx, m, a));
+    int64_t NH = a->n_heads, NKV = a->n_kv_heads;
+    const fsdp_tensor *q, *kk;
+    FSDP_TRY(fsdp_module_forward(ctx, a->q_proj, in, &q));
+    FSDP_TRY(fsdp_module_forward(ctx, a->k_proj, in, &kk));
+    FSDP_TRY(fsdp_module_forward(ctx, a->v_proj, in, &a->v));
+    FSDP_TRY(make_rope(ctx, a, T, dev));
+    FSDP_TRY(fsdp_nn_buffer(ctx, &a->q, dev, 3, (int64_t[]){B, T, NH * hd}));
+    FSDP_TRY(fsdp_nn_buffer(ctx, &a->k, dev, 3, (int64_t[]){B, T, NKV * hd}));
+    FSDP_TRY(fsdp_nn_buffer(ctx, &a->att, dev, 3, (int64_t[]){B, T, NH * hd}));
+    FSDP_TRY(fsdp_nn_buffer(ctx, &a->lse, dev, 3, (int64_t[]){B, NH, T}));
+    FSDP_TRY(fsdp_nn_buffer(ctx, &a->scratch, dev, 2, (int64_t[]){T, T}));
+    const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
+    k->rope_forward(fsdp_tensor_f32(a->q), fsdp_tensor_f32(q), cos, sin, B, T, NH, hd);
+    k->rope_forward(fsdp_tensor_f32(a->k), fsdp_tensor_f32(kk), cos, sin, B, T, NKV, hd);
+    k->attention_forward(fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse),
+                         fsdp_tensor_f32(a->scratch), fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k),
+                         fsdp_tensor_f32(a->v), B, T, NH, NKV, hd);
+    a->B = B, a->T = T;
+    return fsdp_module_forward(ctx, a->o_proj, a->att, out);
+}
+
+static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                            const fsdp_tensor **din) {
+    llama_attention *a = m->impl;
+    if (!a->v) return fsdp_llama_no_forward(ctx, m);
+    fsdp_device dev = fsdp_tensor_device(dout);
+    const fsdp_kernels_i *k;
+    LLAMA_KERNELS(ctx, m, dev, attention_backward, k);
+    int64_t B = a->B, T = a->T, NH = a->n_heads, NKV = a->n_kv_heads, hd = a->head_dim;
+    const fsdp_tensor *datt, *dxq, *dxk, *dxv;
+    FSDP_TRY(fsdp_module_backward(ctx, a->o_proj, dout, &datt));
+    FSDP_TRY(fsdp_nn_buffer(ctx, &a->dq, dev, 3, (int64_t[]){B, T, NH * hd}));
+    FSDP_TRY(fsdp_nn_buffer(ctx, &a->dk, dev, 3, (int64_t[]){B, T, NKV * hd}));
+    FSDP_TRY(fsdp_nn_buffer(ctx, &a->dv, dev, 3, (int64_t[]){B, T, NKV * hd}));
+    float *dq = fsdp_tensor_f32(a->dq), *dk = fsdp_tensor_f32(a->dk);
+    k->attention_backward(dq, dk, fsdp_tensor_f32(a->dv), fsdp_tensor_f32(a->scratch),
+                          fsdp_tensor_f32(datt), fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k),
+                          fsdp_tensor_f32(a->v), fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse),
+                          B, T, NH, NKV, hd);
+    const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
+    k->rope_backward(dq, dq, cos, sin, B, T, NH, hd);
+    k->rope_backward(dk, dk, cos, sin, B, T, NKV, hd);
+    FSDP_TRY(fsdp_module_backward(ctx, a->q_proj, a->dq, din ? &dxq : NULL));
+    FSDP_TRY(fsdp_module_backward(ctx, a->k_proj, a->dk, din ? &dxk : NULL));
+    FSDP_TRY(fsdp_module_backward(ctx, a->v_proj, a->dv, din ? &dxv : NULL));
+    if (!din) return FSDP_OK;
+    FSDP_TRY(fsdp_llama_sum_grads(ctx, &a->dinput, dxq, dxk, dxv));
+    *din = a->dinput;
+    return FSDP_OK;
+}
+
+static const fsdp_module_ops llama_attention_ops = {.kind = "LlamaAttention",
+                                                    .forward = llama_attention_forward,
+                                                    .backward = llama_attention_backward,
+                                                    .free_impl = llama_attention_free};
+
+fsdp_status fsdp_llama_attention_create(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
+                                        fsdp_module **out) {
+    fsdp_llama_config c;
+    FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
+    if (!out)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_llama_attention_create: out is NULL");
+    llama_attention *a = calloc(1, sizeof *a);
+    if (!a) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaAttention");
+    int64_t hd = c.dim / c.n_heads;
+    a->n_heads = c.n_heads, a->n_kv_heads = c.n_kv_heads, a->head_dim = hd;
+    a->max_seq_len = c.max_seq_len, a->rope_theta = c.rope_theta;
+    fsdp_module *m;
+    FSDP_TRY(fsdp_module_create(ctx, &llama_attention_ops, a, &m));
+    float std = c.init_std;
+    fsdp_status st = fsdp_llama_add_proj(ctx, m, "q_proj", c.dim, c.n_heads * hd, std, &a->q_proj);
+    if (st == FSDP_OK)
+        st = fsdp_llama_add_proj(ctx, m, "k_proj", c.dim, c.n_kv_heads * hd, std, &a->k_proj);
+    if (st == FSDP_OK)
+        st = fsdp_llama_add_proj(ctx, m, "v_proj", c.dim, c.n_kv_heads * hd, std, &a->v_proj);
+    if (st == FSDP_OK)
+        st = fsdp_llama_add_proj(ctx, m, "o_proj", c.n_heads * hd, c.dim, std, &a->o_proj);
+    if (st != FSDP_OK) {
+        fsdp_module_free(m);
+        return st;
+    }
+    *out = m;
+    return FSDP_OK;
+}

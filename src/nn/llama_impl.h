@@ -1,0 +1,40 @@
+/* llama_impl.h: what the Llama layers (embedding.c, llama_attention.c, llama_mlp.c, llama.c)
+ * share inside src/nn: the kernel table check and the bias-free projections they own. */
+#ifndef FSDP_NN_LLAMA_IMPL_H
+#define FSDP_NN_LLAMA_IMPL_H
+
+#include <stdbool.h>
+
+#include "fsdp/llama.h"
+#include "kernels/kernels.h"
+
+/* The table of dev when it has the Llama kernels (checked with has, one of its entries);
+ * otherwise NULL, with FSDP_ERR_DEVICE naming m and the device in the ctx. */
+const fsdp_kernels_i *fsdp_llama_kernels(fsdp_ctx *ctx, const fsdp_module *m, fsdp_device dev,
+                                         bool has, fsdp_status *st);
+#define LLAMA_KERNELS(ctx, m, dev, entry, kvar)                                                    \
+    do {                                                                                           \
+        fsdp_status st_;                                                                           \
+        const fsdp_kernels_i *k_ = fsdp_kernels_for(dev);                                          \
+        (kvar) = fsdp_llama_kernels((ctx), (m), (dev), k_ && k_->entry, &st_);                     \
+        if (!(kvar)) return st_;                                                                   \
+    } while (0)
+
+/* A Linear(in, out) without bias, weight ~ normal(0, std), added to parent as `name`; *child
+ * (may be NULL) is the new module. */
+fsdp_status fsdp_llama_add_proj(fsdp_ctx *ctx, fsdp_module *parent, const char *name, int64_t in,
+                                int64_t out, float std, fsdp_module **child);
+
+/* Sums the input gradients of parallel branches: *dst (shaped like a) = a + b (+ c when not
+ * NULL), a buffer of the caller's. */
+fsdp_status fsdp_llama_sum_grads(fsdp_ctx *ctx, fsdp_tensor **dst, const fsdp_tensor *a,
+                                 const fsdp_tensor *b, const fsdp_tensor *c);
+
+/* fsdp_llama_mlp_create with the projections' weights ~ normal(0, std) (llama_mlp.c). */
+fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, float std,
+                                 fsdp_module **out);
+
+/* "needs a forward first" for m (FSDP_ERR_STATE). */
+fsdp_status fsdp_llama_no_forward(fsdp_ctx *ctx, const fsdp_module *m);
+
+#endif

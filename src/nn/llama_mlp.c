@@ -1,0 +1,102 @@
+/* llama_mlp.c: the Llama feed-forward (SwiGLU), down_proj(silu(gate_proj(x)) * up_proj(x)),
+ * with Hugging Face's child names (Meta's w1 = gate_proj, w3 = up_proj, w2 = down_proj). */
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "nn/llama_impl.h"
+#include "nn/module_impl.h"
+
+typedef struct llama_mlp {
+    fsdp_module *gate_proj, *up_proj, *down_proj;
+    const fsdp_tensor *gate, *up; /* (rows, hidden): the projections' outputs, for backward */
+    fsdp_tensor *hidden;          /* (rows, hidden) = silu(gate) * up */
+    fsdp_tensor *dgate, *dup;     /* (rows, hidden) */
+    fsdp_tensor *dinput;          /* (rows, dim) */
+} llama_mlp;
+
+static void llama_mlp_free(void *impl) {
+    llama_mlp *p = impl;
+    fsdp_tensor_free(p->hidden);
+    fsdp_tensor_free(p->dgate);
+    fsdp_tensor_free(p->dup);
+    fsdp_tensor_free(p->dinput);
+    free(p);
+}
+
+static fsdp_status llama_mlp_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                     const fsdp_tensor **out) {
+    llama_mlp *p = m->impl;
+    fsdp_device dev = fsdp_tensor_device(in);
+    const fsdp_kernels_i *k;
+    LLAMA_KERNELS(ctx, m, dev, swiglu_forward, k);
+    FSDP_TRY(fsdp_module_forward(ctx, p->gate_proj, in, &p->gate));
+    FSDP_TRY(fsdp_module_forward(ctx, p->up_proj, in, &p->up));
+    if (!fsdp_tensor_same_shape(p->gate, p->up)) {
+        char desc[160], a[64], b[64];
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: gate_proj gives %s but up_proj %s",
+                         fsdp_nn_describe(m, desc, sizeof desc),
+                         fsdp_tensor_shape_string(p->gate, a, sizeof a),
+                         fsdp_tensor_shape_string(p->up, b, sizeof b));
+    }
+    FSDP_TRY(fsdp_nn_buffer(ctx, &p->hidden, dev, fsdp_tensor_ndim(p->gate),
+                            fsdp_tensor_shape(p->gate)));
+    k->swiglu_forward(fsdp_tensor_f32(p->hidden), fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up),
+                      fsdp_tensor_numel(p->gate));
+    return fsdp_module_forward(ctx, p->down_proj, p->hidden, out);
+}
+
+static fsdp_status llama_mlp_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                      const fsdp_tensor **din) {
+    llama_mlp *p = m->impl;
+    if (!p->gate) return fsdp_llama_no_forward(ctx, m);
+    fsdp_device dev = fsdp_tensor_device(dout);
+    const fsdp_kernels_i *k;
+    LLAMA_KERNELS(ctx, m, dev, swiglu_backward, k);
+    const fsdp_tensor *dh, *dxg, *dxu;
+    FSDP_TRY(fsdp_module_backward(ctx, p->down_proj, dout, &dh));
+    int nd = fsdp_tensor_ndim(p->gate);
+    const int64_t *shape = fsdp_tensor_shape(p->gate);
+    FSDP_TRY(fsdp_nn_buffer(ctx, &p->dgate, dev, nd, shape));
+    FSDP_TRY(fsdp_nn_buffer(ctx, &p->dup, dev, nd, shape));
+    k->swiglu_backward(fsdp_tensor_f32(p->dgate), fsdp_tensor_f32(p->dup), fsdp_tensor_f32(dh),
+                       fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up),
+                       fsdp_tensor_numel(p->gate));
+    FSDP_TRY(fsdp_module_backward(ctx, p->gate_proj, p->dgate, din ? &dxg : NULL));
+    FSDP_TRY(fsdp_module_backward(ctx, p->up_proj, p->dup, din ? &dxu : NULL));
+    if (!din) return FSDP_OK;
+    FSDP_TRY(fsdp_llama_sum_grads(ctx, &p->dinput, dxg, dxu, NULL));
+    *din = p->dinput;
+    return FSDP_OK;
+}
+
+static const fsdp_module_ops llama_mlp_ops = {.kind = "LlamaMLP",
+                                              .forward = llama_mlp_forward,
+                                              .backward = llama_mlp_backward,
+                                              .free_impl = llama_mlp_free};
+
+/* Builds the MLP with its projections' weights ~ normal(0, std). */
+fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, float std,
+                                 fsdp_module **out) {
+    if (dim <= 0 || hidden <= 0 || !out)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "LlamaMLP(dim %lld, hidden %lld): both must be positive", (long long)dim,
+                         (long long)hidden);
+    llama_mlp *p = calloc(1, sizeof *p);
+    if (!p) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaMLP");
+    fsdp_module *m;
+    FSDP_TRY(fsdp_module_create(ctx, &llama_mlp_ops, p, &m));
+    fsdp_status st = fsdp_llama_add_proj(ctx, m, "gate_proj", dim, hidden, std, &p->gate_proj);
+    if (st == FSDP_OK) st = fsdp_llama_add_proj(ctx, m, "up_proj", dim, hidden, std, &p->up_proj);
+    if (st == FSDP_OK)
+        st = fsdp_llama_add_proj(ctx, m, "down_proj", hidden, dim, std, &p->down_proj);
+    if (st != FSDP_OK) {
+        fsdp_module_free(m);
+        return st;
+    }
+    *out = m;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_llama_mlp_create(fsdp_ctx *ctx, int64_t dim, int64_t hidden, fsdp_module **out) {
+    return fsdp_llama_mlp_build(ctx, dim, hidden, 0.02f, out);
+}

@@ -1,0 +1,235 @@
+/* test_llama_cuda.c: the Llama kernels of the CUDA table against the CPU table's on random
+ * inputs, and fsdp_model_llama moved to the GPU against the same Hugging Face fixture as
+ * test_llama. Without a usable GPU (or in a build without CUDA) each case says why it skips and
+ * passes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixture.h"
+#include "harness.h"         // defines: fsdp_test_run, fsdp_test_close, FSDP_TEST_OK
+#include "kernel_rng.h"      // defines: rng_seed, rng_uniform
+#include "kernels/kernels.h" // defines: fsdp_kernels_for
+#ifdef FSDP_HAVE_CUDA
+#include "kernels/cuda/cuda.h" // defines: fsdp_cuda_device_count
+#endif
+
+#define CUDA0 ((fsdp_device){FSDP_DEVICE_CUDA, 0})
+
+static bool have_gpu(void) {
+#ifdef FSDP_HAVE_CUDA
+    char why[200] = "";
+    if (fsdp_cuda_device_count(why, sizeof why) > 0) return true;
+    printf("\n    skipped: no CUDA device (%s)", why);
+#else
+    printf("\n    skipped: this build has no CUDA");
+#endif
+    return false;
+}
+
+/* ---- device buffers ---- */
+
+typedef struct dbuf {
+    fsdp_tensor *t;
+    int64_t n;
+} dbuf;
+
+/* a device copy of n elements of dtype at host (zeros when host is NULL) */
+static dbuf up(const void *host, fsdp_dtype dtype, int64_t n) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    dbuf b = {NULL, n};
+    int64_t shape[1] = {n > 0 ? n : 1};
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, dtype, CUDA0, 1, shape, &b.t));
+    if (host) {
+        fsdp_tensor *h = NULL;
+        FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, (void *)host, dtype, FSDP_CPU, 1, shape, &h));
+        FSDP_TEST_OK(fsdp_tensor_copy(ctx, b.t, h));
+        fsdp_tensor_free(h);
+    }
+    return b;
+}
+
+static float *f(dbuf b) {
+    return fsdp_tensor_data(b.t);
+}
+
+/* compares the device buffer with the CPU's result */
+static void same(const char *name, dbuf b, const float *want, double rtol, double atol) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    float *got = calloc((size_t)b.n + 1, sizeof(float));
+    fsdp_tensor *h = NULL;
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, got, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                       (int64_t[]){b.n > 0 ? b.n : 1}, &h));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, b.t));
+    FSDP_TEST_CLOSE(name, got, want, b.n, rtol, atol);
+    fsdp_tensor_free(h);
+    free(got);
+}
+
+static float *uniform(int64_t n, float lo, float hi) {
+    float *p = malloc(sizeof(float) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) p[i] = rng_uniform(lo, hi);
+    return p;
+}
+
+/* ---- kernels against the CPU ---- */
+
+static void test_kernels_match_cpu(void) {
+    if (!have_gpu()) return;
+    const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = fsdp_kernels_for(CUDA0);
+    CU_ASSERT_TRUE_FATAL(g->embedding_forward && g->embedding_backward && g->rope_forward &&
+                         g->rope_backward && g->attention_forward && g->attention_backward &&
+                         g->swiglu_forward && g->swiglu_backward && g->cross_entropy_ignore);
+    rng_seed(21);
+    enum { B = 2, T = 7, NH = 4, NKV = 2, D = 6, V = 11, C = 5, N = B * T };
+    /* embedding */
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(rng_u32() % V);
+    float *w = uniform(V * C, -1, 1), *e = uniform(N * C, 0, 0), *dy = uniform(N * C, -1, 1);
+    float *dw = uniform(V * C, -1, 1);
+    dbuf gt = up(tok, FSDP_DTYPE_I32, N), gw = up(w, FSDP_DTYPE_F32, V * C);
+    dbuf ge = up(NULL, FSDP_DTYPE_F32, N * C), gdy = up(dy, FSDP_DTYPE_F32, N * C);
+    dbuf gdw = up(dw, FSDP_DTYPE_F32, V * C);
+    c->embedding_forward(e, tok, w, N, C);
+    g->embedding_forward(f(ge), fsdp_tensor_data(gt.t), f(gw), N, C);
+    same("embedding forward", ge, e, 0, 0);
+    c->embedding_backward(dw, dy, tok, N, C);
+    g->embedding_backward(f(gdw), f(gdy), fsdp_tensor_data(gt.t), N, C);
+    same("embedding backward", gdw, dw, 0, 0);
+    /* rope */
+    int64_t nq = B * T * NH * D, nk = B * T * NKV * D;
+    float *cs = uniform(2 * T * (D / 2), -1, 1), *x = uniform(nq, -1, 1), *y = uniform(nq, 0, 0);
+    dbuf gcs = up(cs, FSDP_DTYPE_F32, 2 * T * (D / 2)), gx = up(x, FSDP_DTYPE_F32, nq);
+    dbuf gy = up(NULL, FSDP_DTYPE_F32, nq);
+    const float *sn = cs + T * (D / 2);
+    c->rope_forward(y, x, cs, sn, B, T, NH, D);
+    g->rope_forward(f(gy), f(gx), f(gcs), f(gcs) + T * (D / 2), B, T, NH, D);
+    same("rope forward", gy, y, 1e-6, 1e-7);
+    c->rope_backward(y, x, cs, sn, B, T, NH, D);
+    g->rope_backward(f(gy), f(gx), f(gcs), f(gcs) + T * (D / 2), B, T, NH, D);
+    same("rope backward", gy, y, 1e-6, 1e-7);
+    /* attention */
+    float *q = uniform(nq, -1.5f, 1.5f), *k = uniform(nk, -1.5f, 1.5f), *v = uniform(nk, -1, 1);
+    float *o = uniform(nq, 0, 0), *lse = uniform(B * NH * T, 0, 0), *scr = uniform(T * T, 0, 0);
+    float *dout = uniform(nq, -1, 1), *dq = uniform(nq, 0, 0), *dk = uniform(nk, 0, 0);
+    float *dv = uniform(nk, 0, 0);
+    dbuf gq = up(q, FSDP_DTYPE_F32, nq), gk = up(k, FSDP_DTYPE_F32, nk);
+    dbuf gv = up(v, FSDP_DTYPE_F32, nk), go = up(NULL, FSDP_DTYPE_F32, nq);
+    dbuf gl = up(NULL, FSDP_DTYPE_F32, B * NH * T), gs = up(NULL, FSDP_DTYPE_F32, T * T);
+    dbuf gdo = up(dout, FSDP_DTYPE_F32, nq), gdq = up(NULL, FSDP_DTYPE_F32, nq);
+    dbuf gdk = up(NULL, FSDP_DTYPE_F32, nk), gdv = up(NULL, FSDP_DTYPE_F32, nk);
+    c->attention_forward(o, lse, scr, q, k, v, B, T, NH, NKV, D);
+    g->attention_forward(f(go), f(gl), f(gs), f(gq), f(gk), f(gv), B, T, NH, NKV, D);
+    same("attention out", go, o, 1e-5, 1e-6);
+    same("attention lse", gl, lse, 1e-5, 1e-6);
+    c->attention_backward(dq, dk, dv, scr, dout, q, k, v, o, lse, B, T, NH, NKV, D);
+    g->attention_backward(f(gdq), f(gdk), f(gdv), f(gs), f(gdo), f(gq), f(gk), f(gv), f(go), f(gl),
+                          B, T, NH, NKV, D);
+    same("attention dq", gdq, dq, 1e-4, 1e-6);
+    same("attention dk", gdk, dk, 1e-4, 1e-6);
+    same("attention dv", gdv, dv, 1e-4, 1e-6);
+    /* SwiGLU */
+    float *sw = uniform(nq, 0, 0), *sg = uniform(nq, 0, 0);
+    dbuf gsw = up(NULL, FSDP_DTYPE_F32, nq), gsg = up(NULL, FSDP_DTYPE_F32, nq);
+    c->swiglu_forward(sw, q, o, nq);
+    g->swiglu_forward(f(gsw), f(gq), f(go), nq);
+    same("swiglu forward", gsw, sw, 1e-6, 1e-7);
+    c->swiglu_backward(sg, sw, dout, q, o, nq);
+    g->swiglu_backward(f(gsg), f(gsw), f(gdo), f(gq), f(go), nq);
+    same("swiglu dgate", gsg, sg, 1e-6, 1e-7);
+    same("swiglu dup", gsw, sw, 1e-6, 1e-7);
+    /* cross-entropy with ignored rows */
+    int32_t tg[N];
+    for (int i = 0; i < N; i++) tg[i] = i % 4 == 1 ? -100 : (int32_t)(rng_u32() % V);
+    float *lg = uniform(N * V, -3, 3), *dl = uniform(N * V, 0, 0), lc = 0, lgpu = 0;
+    dbuf glg = up(lg, FSDP_DTYPE_F32, N * V), gdl = up(NULL, FSDP_DTYPE_F32, N * V);
+    dbuf gtg = up(tg, FSDP_DTYPE_I32, N);
+    c->cross_entropy_ignore(&lc, dl, lg, tg, -100, N, V);
+    g->cross_entropy_ignore(&lgpu, f(gdl), f(glg), fsdp_tensor_data(gtg.t), -100, N, V);
+    printf("\n    cross_entropy_ignore loss cpu %.9g cuda %.9g", lc, lgpu);
+    CU_ASSERT_TRUE(fabsf(lc - lgpu) <= 1e-6f * fabsf(lc));
+    same("cross_entropy_ignore dlogits", gdl, dl, 1e-5, 1e-8);
+    dbuf all[] = {gt, gw, ge,  gdy, gdw, gcs, gx,  gy,  gq,  gk,  gv, go,
+                  gl, gs, gdo, gdq, gdk, gdv, gsw, gsg, glg, gdl, gtg};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i].t);
+    float *host[] = {w,   e,   dy,   dw, cs, x,  y,  q,  k,  v, o,
+                     lse, scr, dout, dq, dk, dv, sw, sg, lg, dl};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+
+/* ---- the model on the GPU against Hugging Face ---- */
+
+static void test_model_matches_hf(void) {
+    if (!have_gpu()) return;
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fixture fx;
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named("llama_tiny", &fx), 0);
+    const int32_t *ci = fixture_require(&fx, "config", FIXTURE_I32)->data;
+    const double *cf = fixture_require(&fx, "config_f", FIXTURE_F64)->data;
+    fsdp_llama_config cfg = {.dim = ci[0],
+                             .n_layers = ci[1],
+                             .n_heads = ci[2],
+                             .n_kv_heads = ci[3],
+                             .vocab_size = ci[4],
+                             .ffn_hidden = ci[5],
+                             .max_seq_len = ci[6],
+                             .norm_eps = (float)cf[0],
+                             .rope_theta = (float)cf[1]};
+    const fixture_tensor *tok = fixture_require(&fx, "tokens", FIXTURE_I32);
+    const fixture_tensor *tgt = fixture_require(&fx, "targets", FIXTURE_I32);
+    fsdp_module *m = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    for (int i = 0; i < fixture_num_params(&fx); i++) {
+        const fixture_tensor *t = fixture_param(&fx, i);
+        CU_ASSERT_EQUAL_FATAL(
+            fixture_copy_into(ctx, t, fsdp_param_data(fsdp_module_get_param(m, t->name))), 0);
+    }
+    FSDP_TEST_OK(fsdp_module_to(ctx, m, CUDA0));
+    fsdp_tensor *th = NULL, *td = NULL, *dl = NULL, *lh = NULL, *gh = NULL;
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, tok->data, FSDP_DTYPE_I32, FSDP_CPU, tok->ndim,
+                                       tok->shape, &th));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, CUDA0, tok->ndim, tok->shape, &td));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, td, th));
+    const fsdp_tensor *logits = NULL;
+    float loss = NAN;
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, td, &logits));
+    FSDP_TEST_OK(fsdp_tensor_create_like(ctx, logits, &dl));
+    FSDP_TEST_OK(
+        fsdp_loss_cross_entropy_ignore(ctx, logits, tgt->data, FSDP_IGNORE_INDEX, &loss, dl));
+    FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dl, NULL));
+    float want = *(const float *)fixture_require(&fx, "loss", FIXTURE_F32)->data;
+    printf("\n    loss %.9g, PyTorch %.9g", loss, want);
+    CU_ASSERT_TRUE(fabsf(loss - want) <= 1e-5f * fabsf(want));
+    const fixture_tensor *lw = fixture_require(&fx, "logits", FIXTURE_F32);
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, lw->ndim, lw->shape, &lh));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, lh, logits));
+    FSDP_TEST_CLOSE("logits", fsdp_tensor_f32(lh), lw->data, lw->numel, 1e-5, 1e-5);
+    char key[160];
+    for (int i = 0; i < fixture_num_params(&fx); i++) {
+        const fixture_tensor *t = fixture_param(&fx, i);
+        snprintf(key, sizeof key, "grad.%s", t->name);
+        const fixture_tensor *gw = fixture_require(&fx, key, FIXTURE_F32);
+        FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, gw->ndim, gw->shape, &gh));
+        FSDP_TEST_OK(fsdp_tensor_copy(ctx, gh, fsdp_param_grad(fsdp_module_get_param(m, t->name))));
+        double mx = 0;
+        for (int64_t j = 0; j < gw->numel; j++) mx = fmax(mx, fabs(((const float *)gw->data)[j]));
+        FSDP_TEST_CLOSE(key, fsdp_tensor_f32(gh), gw->data, gw->numel, 1e-5, 1e-6 * mx);
+        fsdp_tensor_free(gh);
+    }
+    fsdp_tensor_free(th);
+    fsdp_tensor_free(td);
+    fsdp_tensor_free(dl);
+    fsdp_tensor_free(lh);
+    fsdp_module_free(m);
+    fixture_free(&fx);
+}
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"kernels_match_cpu", test_kernels_match_cpu},
+        {"model_matches_hf", test_model_matches_hf},
+    };
+    return fsdp_test_run(argc, argv, "llama_cuda", cases, (int)(sizeof cases / sizeof cases[0]));
+}
