@@ -44,6 +44,7 @@ typedef struct fx {
     fsdp_comm_record rec;
     fsdp_optim_state ostate;
     fsdp_flat_segment seg;
+    fsdp_llama_config llama, llama_out;
     /* the objects */
     fsdp_tensor *t, *t2, *x, *dy;
     fsdp_module *model, *seq, *child, *sh_model;
@@ -193,6 +194,15 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_model_mlp_stacked, "ctx out", fsdp_model_mlp_stacked(C, 1, A(1, &f->made_m)))        \
     CALL(fsdp_model_simple_mlp, "ctx out", fsdp_model_simple_mlp(C, A(1, &f->made_m)))             \
     CALL(fsdp_model_simple_model, "ctx out", fsdp_model_simple_model(C, A(1, &f->made_m)))         \
+    CALL(fsdp_llama_config_resolve, "ctx cfg out",                                                 \
+         fsdp_llama_config_resolve(C, A(1, &f->llama), A(2, &f->llama_out)))                       \
+    CALL(fsdp_embedding_create, "ctx out", fsdp_embedding_create(C, 4, 2, A(1, &f->made_m)))       \
+    CALL(fsdp_llama_attention_create, "ctx cfg out",                                               \
+         fsdp_llama_attention_create(C, A(1, &f->llama), A(2, &f->made_m)))                        \
+    CALL(fsdp_llama_mlp_create, "ctx out", fsdp_llama_mlp_create(C, 2, 4, A(1, &f->made_m)))       \
+    CALL(fsdp_llama_decoder_layer_create, "ctx cfg out",                                           \
+         fsdp_llama_decoder_layer_create(C, A(1, &f->llama), A(2, &f->made_m)))                    \
+    CALL(fsdp_model_llama, "ctx cfg out", fsdp_model_llama(C, A(1, &f->llama), A(2, &f->made_m)))  \
     CALL(fsdp_model_net, "ctx out", fsdp_model_net(C, 4, A(1, &f->made_m)))                        \
     NOCTX(fsdp_activation_parse, "text out", fsdp_activation_parse(A(0, "relu"), A(1, &f->act)))   \
     CALL(fsdp_model_mlp, "ctx widths out",                                                         \
@@ -203,6 +213,9 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
          fsdp_loss_mse(C, A(1, f->t), A(2, f->t2), A(3, &f->loss), NULL))                          \
     CALL(fsdp_loss_cross_entropy, "ctx logits targets loss",                                       \
          fsdp_loss_cross_entropy(C, A(1, f->t), A(2, f->targets), A(3, &f->loss), NULL))           \
+    CALL(fsdp_loss_cross_entropy_ignore, "ctx logits targets loss",                                \
+         fsdp_loss_cross_entropy_ignore(C, A(1, f->t), A(2, f->targets), -100, A(3, &f->loss),     \
+                                        NULL))                                                     \
     /* module.h */                                                                                 \
     CALL(fsdp_module_create, "ctx ops out",                                                        \
          fsdp_module_create(C, A(1, &f->ops), NULL, A(2, &f->made_m)))                             \
@@ -340,6 +353,7 @@ static const struct {
     {"fsdp_loss_sum", "dout", "no gradient"},
     {"fsdp_loss_mse", "dout", "no gradient"},
     {"fsdp_loss_cross_entropy", "dlogits", "no gradient"},
+    {"fsdp_loss_cross_entropy_ignore", "dlogits", "no gradient"},
     {"fsdp_module_add_param", "out", "no handle wanted"},
     {"fsdp_module_add_buffer", "out", "no handle wanted"},
     {"fsdp_module_add_hook", "user", "passed to fn as it is"},
@@ -480,6 +494,7 @@ static fsdp_status fx_setup(fsdp_ctx *ctx, fx *f) {
     f->ctx = ctx;
     f->shape[0] = 2, f->shape[1] = 3;
     f->widths[0] = 4, f->widths[1] = 2;
+    f->llama = (fsdp_llama_config){.dim = 4, .n_layers = 1, .n_heads = 2, .vocab_size = 8};
     f->ranks[0] = 0, f->mesh_shape[0] = 1;
     f->mesh_names[0] = "tp";
     f->pl[0] = FSDP_REPLICATE;

@@ -176,7 +176,7 @@ static fsdp_status read_tensors(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_m
         t->name = names[i];
         if (row[0] < 0 || row[0] >= FSDP_STATE_KIND_COUNT)
             s = bad(ctx, path, "tensor kind", row[0]);
-        else if (row[1] < 0 || row[1] >= FSDP_DTYPE_COUNT)
+        else if (row[1] != FSDP_DTYPE_F32 && row[1] != FSDP_DTYPE_BF16) /* what shards store */
             s = bad(ctx, path, "tensor dtype", row[1]);
         else if (row[2] < 0 || row[2] > FSDP_MAX_DIMS)
             s = bad(ctx, path, "tensor ndim", row[2]);

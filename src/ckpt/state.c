@@ -22,6 +22,11 @@ static fsdp_status add_entry(fsdp_ctx *ctx, fsdp_state *st, const char *name,
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "state name '%.64s...' is longer than %d bytes: shorten the module names",
                          name, FSDP_STATE_NAME_MAX - 1);
+    if (dtype != FSDP_DTYPE_F32 && dtype != FSDP_DTYPE_BF16)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "'%s' is %s; checkpoints hold f32 and bf16 tensors only: keep integer "
+                         "values out of the model's parameters and buffers",
+                         name, fsdp_dtype_to_string(dtype));
     for (int i = 0; i < st->n_entries; i++)
         if (!strcmp(st->entries[i].name, name))
             return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,

@@ -79,7 +79,9 @@ static const fsdp_module_ops embedding_ops = {.kind = "Embedding",
 
 fsdp_status fsdp_embedding_create(fsdp_ctx *ctx, int64_t num_embeddings, int64_t dim,
                                   fsdp_module **out) {
-    if (num_embeddings <= 0 || num_embeddings > INT32_MAX || dim <= 0 || !out)
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    if (num_embeddings <= 0 || num_embeddings > INT32_MAX || dim <= 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "Embedding(%lld, %lld): num_embeddings must be in [1, 2^31) and dim "
                          "positive",

@@ -59,9 +59,9 @@ static fsdp_status bad_config(fsdp_ctx *ctx, const char *field, long long value,
 
 fsdp_status fsdp_llama_config_resolve(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
                                       fsdp_llama_config *out) {
-    if (!cfg || !out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_llama_config_resolve: NULL argument");
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, cfg);
+    FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_llama_config c = *cfg;
     if (c.dim <= 0 || c.dim > (1 << 20))
         return bad_config(ctx, "dim", c.dim, "it must be in [1, 2^20]");
@@ -192,11 +192,11 @@ static fsdp_status build_decoder_layer(fsdp_ctx *ctx, fsdp_module *m, decoder_la
 
 fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
                                             fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, cfg);
+    FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_llama_config c;
     FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
-    if (!out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_llama_decoder_layer_create: out is NULL");
     decoder_layer *d = calloc(1, sizeof *d);
     if (!d) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaDecoderLayer");
     fsdp_module *m;
@@ -232,12 +232,14 @@ static fsdp_status build_llama(fsdp_ctx *ctx, fsdp_module *root, const fsdp_llam
 }
 
 fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, cfg);
+    FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_llama_config c;
     FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
     if (c.n_layers < 1) return bad_config(ctx, "n_layers", c.n_layers, "the model needs >= 1");
     if (c.vocab_size < 1)
         return bad_config(ctx, "vocab_size", c.vocab_size, "the model needs >= 1");
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_model_llama: out is NULL");
     fsdp_module *root;
     FSDP_TRY(fsdp_sequential_create(ctx, &root));
     fsdp_status st = build_llama(ctx, root, &c);

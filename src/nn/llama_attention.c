@@ -161,11 +161,11 @@ static const fsdp_module_ops llama_attention_ops = {.kind = "LlamaAttention",
 
 fsdp_status fsdp_llama_attention_create(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
                                         fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, cfg);
+    FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_llama_config c;
     FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
-    if (!out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_llama_attention_create: out is NULL");
     llama_attention *a = calloc(1, sizeof *a);
     if (!a) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaAttention");
     int64_t hd = c.dim / c.n_heads;

@@ -98,5 +98,7 @@ fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, flo
 }
 
 fsdp_status fsdp_llama_mlp_create(fsdp_ctx *ctx, int64_t dim, int64_t hidden, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
     return fsdp_llama_mlp_build(ctx, dim, hidden, 0.02f, out);
 }

@@ -103,10 +103,11 @@ fsdp_status fsdp_loss_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,
 fsdp_status fsdp_loss_cross_entropy_ignore(fsdp_ctx *ctx, const fsdp_tensor *logits,
                                            const int32_t *targets, int32_t ignore_index,
                                            float *loss, fsdp_tensor *dlogits) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, logits);
+    FSDP_ARG_NOT_NULL(ctx, targets);
+    FSDP_ARG_NOT_NULL(ctx, loss);
     const char *what = "cross-entropy loss (ignore_index)";
-    if (!logits || !targets || !loss)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: logits, targets and loss are needed",
-                         what);
     FSDP_TRY(check_grad_target(ctx, what, logits, dlogits));
     if (fsdp_tensor_ndim(logits) < 2 || fsdp_tensor_dim(logits, -1) == 0) {
         char a[64];
