@@ -204,7 +204,8 @@ static void test_plan_refuses(void) {
 
 /* ---- training at (dp, tp) against one rank ---- */
 
-static float ref_loss[STEPS]; /* the single-rank run's loss per step */
+static float ref_loss[STEPS];  /* the single-rank run's loss per step */
+static fsdp_module *ref_model; /* and its parameters after the last step */
 
 /* One rank, no wrapper: the reference. */
 static void reference_run(void) {
@@ -232,13 +233,39 @@ static void reference_run(void) {
     fsdp_tensor_free(dlogits);
     fsdp_tensor_free(tok);
     fsdp_optimizer_free(opt);
-    fsdp_module_free(m);
+    ref_model = m;
+}
+
+/* Every parameter of the trained model (gathered over tp; inside summon_full_params) against
+ * the single-rank run's. */
+typedef struct compare {
+    fsdp_module *model;
+    double max_abs, max_rel;
+} compare;
+
+static fsdp_status compare_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    compare *c = user;
+    fsdp_param *q = fsdp_module_get_param(c->model, name);
+    FSDP_RANK_CHECK(ctx, q != NULL, "no parameter %s", name);
+    fsdp_tensor *full = NULL;
+    FSDP_TRY(fsdp_param_full_tensor(ctx, q, false, &full));
+    const fsdp_tensor *want = fsdp_param_data(p);
+    for (int64_t i = 0; i < fsdp_tensor_numel(want); i++) {
+        double w = fsdp_tensor_f32(want)[i], g = fsdp_tensor_f32(full)[i];
+        c->max_abs = fmax(c->max_abs, fabs(g - w));
+        c->max_rel = fmax(c->max_rel, fabs(g - w) / fmax(fabs(w), 1e-3));
+    }
+    fsdp_status st = fsdp_test_rank_close(ctx, name, full, want, 1e-4, 1e-6, NULL);
+    fsdp_tensor_free(full);
+    return st;
 }
 
 typedef struct layout_case {
     int dp, tp;
-    bool count;     /* pin the collectives of the last step */
-    double max_rel; /* the largest relative loss difference seen (rank 0 of this process) */
+    bool count;                  /* pin the collectives of the last step */
+    bool plain_loss;             /* lm_head's output Replicate, the ordinary cross-entropy */
+    double max_rel;              /* the largest relative loss difference (rank 0 here) */
+    double param_abs, param_rel; /* the largest parameter differences after the last step */
     float loss[STEPS];
 } layout_case;
 
@@ -320,7 +347,7 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "dp", &dp);
     if (st == FSDP_OK) st = fsdp_model_llama(ctx, &CFG, &m);
     if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, SEED);
-    if (st == FSDP_OK) st = fsdp_llama_tp_plan(ctx, &CFG, c->tp, true, plan, &n);
+    if (st == FSDP_OK) st = fsdp_llama_tp_plan(ctx, &CFG, c->tp, !c->plain_loss, plan, &n);
     if (st == FSDP_OK) st = fsdp_tp_parallelize(ctx, m, tp, n, plan, NULL);
     if (st == FSDP_OK)
         st = fsdp_fully_shard(
@@ -348,13 +375,19 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
         if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, tok, &logits);
         if (st == FSDP_OK && !dlogits) st = fsdp_tensor_create_like(ctx, logits, &dlogits);
         if (st == FSDP_OK)
-            st = fsdp_loss_parallel_cross_entropy(ctx, logits, targets + off * SEQ,
-                                                  FSDP_IGNORE_INDEX, &loss, dlogits);
+            st = c->plain_loss
+                     ? fsdp_loss_cross_entropy_ignore(ctx, logits, targets + off * SEQ,
+                                                      FSDP_IGNORE_INDEX, &loss, dlogits)
+                     : fsdp_loss_parallel_cross_entropy(ctx, logits, targets + off * SEQ,
+                                                        FSDP_IGNORE_INDEX, &loss, dlogits);
         if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dlogits, &unused);
         if (st == FSDP_OK) st = fsdp_optimizer_step(ctx, opt);
         if (st == FSDP_OK && c->count && s == STEPS - 1) {
             st = fsdp_comm_debug_end(ctx);
-            if (st == FSDP_OK && fsdp_ctx_rank(ctx) == 0) st = fsdp_comm_debug_print(ctx, stdout);
+            if (st == FSDP_OK && fsdp_ctx_rank(ctx) == 0) {
+                printf("\n  one (dp 2, tp 2) step, rank 0:\n");
+                st = fsdp_comm_debug_print(ctx, stdout);
+            }
             if (st == FSDP_OK) st = comm_check(ctx, mesh);
         }
         /* every dp replica scores the same number of targets, so the mean of the means is the
@@ -369,6 +402,17 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
             c->max_rel = fmax(c->max_rel, rel);
         }
     }
+    compare cmp = {.model = m};
+    if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh, &(fsdp_summon_options){0});
+    if (st == FSDP_OK) {
+        st = fsdp_module_visit_params(ctx, ref_model, compare_param, &cmp);
+        fsdp_status r = fsdp_release_full_params(ctx, sh);
+        if (st == FSDP_OK) st = r;
+    }
+    if (st == FSDP_OK && fsdp_ctx_rank(ctx) == 0) {
+        c->param_abs = cmp.max_abs;
+        c->param_rel = cmp.max_rel;
+    }
     fsdp_tensor_free(lt);
     fsdp_tensor_free(dlogits);
     fsdp_tensor_free(tok);
@@ -381,20 +425,25 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
 
 static void test_layouts(void) {
     reference_run();
-    layout_case cases[] = {{1, 1, false, 0, {0}},
-                           {2, 1, false, 0, {0}},
-                           {1, 2, false, 0, {0}},
-                           {2, 2, true, 0, {0}},
-                           {1, 4, false, 0, {0}}};
+    layout_case cases[] = {
+        {.dp = 1, .tp = 1}, {.dp = 2, .tp = 1},
+        {.dp = 1, .tp = 2}, {.dp = 2, .tp = 2, .count = true},
+        {.dp = 1, .tp = 4}, {.dp = 2, .tp = 2, .plain_loss = true},
+    };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         layout_case *c = &cases[i];
         fsdp_status st = fsdp_test_run_world(c->dp * c->tp, 0, layout_rank, c);
         if (st != FSDP_OK) fprintf(stderr, "\n  layout (dp %d, tp %d)", c->dp, c->tp);
         FSDP_TEST_OK(st);
-        printf("\n  (dp %d, tp %d): losses", c->dp, c->tp);
+        printf("\n  (dp %d, tp %d)%s: losses", c->dp, c->tp,
+               c->plain_loss ? " lm_head Replicate, plain loss" : "");
         for (int s = 0; s < STEPS; s++) printf(" %.8f (one rank %.8f)", c->loss[s], ref_loss[s]);
-        printf("; max relative difference %.3g", c->max_rel);
+        printf("; max relative loss difference %.3g; parameters after %d steps: max abs "
+               "difference %.3g, max relative %.3g",
+               c->max_rel, STEPS, c->param_abs, c->param_rel);
     }
+    fsdp_module_free(ref_model);
+    ref_model = NULL;
 }
 
 int main(int argc, char **argv) {
