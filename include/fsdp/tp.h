@@ -131,7 +131,9 @@ typedef enum fsdp_tp_flag { FSDP_TP_DEFAULT = 0, FSDP_TP_YES, FSDP_TP_NO } fsdp_
  *   ColwiseParallel   input Replicate, output Shard(-1), use_local_output yes. Linear: weight
  *                     and bias Shard(0).
  *   RowwiseParallel   input Shard(-1), output Replicate, use_local_output yes. Linear: weight
- *                     Shard(1), bias Replicate (added once to the Partial sum).
+ *                     Shard(1), bias Replicate (added once to the Partial sum). Embedding
+ *                     (PyTorch's rule): the table Shard(0) over the vocabulary, the token ids
+ *                     moved to Replicate, zero rows for tokens of other ranks (Partial).
  *   PrepareModuleInput   input_layouts -> desired_input_layouts (both required),
  *                     use_local_output no.
  *   PrepareModuleOutput  output_layouts -> desired_output_layouts (both required),
@@ -168,8 +170,9 @@ typedef struct fsdp_tp_options {
 } fsdp_tp_options;
 
 /* Applies one style to module m over a 1-d mesh (e.g. mesh["tp"]): distributes m's
- * parameters as the style says and installs its hooks. Colwise and Rowwise need a Linear.
- * opts may be NULL. Every rank of the mesh calls it (the parameters are broadcast). */
+ * parameters as the style says and installs its hooks. Colwise needs a Linear, Rowwise a
+ * Linear or an Embedding. opts may be NULL. Every rank of the mesh calls it (the parameters are
+ * broadcast). */
 fsdp_status fsdp_tp_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
                           const fsdp_tp_style *style, const fsdp_tp_options *opts);
 
