@@ -215,11 +215,11 @@ static float ref_loss[STEPS];  /* the single-rank run's loss per step */
 static fsdp_module *ref_model; /* and its parameters after the last step */
 
 /* One rank, no wrapper: the reference. */
-static void reference_run(void) {
+static void reference_run(const fsdp_llama_config *cfg) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_module *m;
     fsdp_optimizer *opt;
-    FSDP_TEST_OK(fsdp_model_llama(ctx, &CFG, &m));
+    FSDP_TEST_OK(fsdp_model_llama(ctx, cfg, &m));
     FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, m, SEED));
     FSDP_TEST_OK(fsdp_adam_create(ctx, m, &(fsdp_adam_options){.lr = 1e-2}, &opt));
     fsdp_tensor *tok, *dlogits = NULL;
@@ -227,7 +227,7 @@ static void reference_run(void) {
     FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, tokens, FSDP_DTYPE_I32, FSDP_CPU, 2,
                                        (int64_t[]){BATCH, SEQ}, &tok));
     for (int s = 0; s < STEPS; s++) {
-        make_batch(s, CFG.vocab_size, tokens, targets);
+        make_batch(s, cfg->vocab_size, tokens, targets);
         const fsdp_tensor *logits, *unused;
         FSDP_TEST_OK(fsdp_optimizer_zero_grad(ctx, opt));
         FSDP_TEST_OK(fsdp_module_forward(ctx, m, tok, &logits));
@@ -271,6 +271,7 @@ typedef struct layout_case {
     int dp, tp;
     bool count;                  /* pin the collectives of the last step */
     bool plain_loss;             /* lm_head's output Replicate, the ordinary cross-entropy */
+    int64_t vocab;               /* 0: CFG's; else a vocabulary that splits unevenly */
     double max_rel;              /* the largest relative loss difference (rank 0 here) */
     double param_abs, param_rel; /* the largest parameter differences after the last step */
     float loss[STEPS];
@@ -348,13 +349,15 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_tp_plan_entry plan[FSDP_LLAMA_TP_PLAN_LEN];
     int n = 0;
     static const char *const kinds[] = {"LlamaDecoderLayer"};
+    fsdp_llama_config cfg = CFG;
+    if (c->vocab) cfg.vocab_size = c->vocab;
     fsdp_status st =
         fsdp_mesh_create(ctx, 2, (int[]){c->dp, c->tp}, (const char *[]){"dp", "tp"}, &mesh);
     if (st == FSDP_OK) st = fsdp_mesh_dim(ctx, mesh, "tp", &tp);
     if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "dp", &dp);
-    if (st == FSDP_OK) st = fsdp_model_llama(ctx, &CFG, &m);
+    if (st == FSDP_OK) st = fsdp_model_llama(ctx, &cfg, &m);
     if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, SEED);
-    if (st == FSDP_OK) st = fsdp_llama_tp_plan(ctx, &CFG, c->tp, !c->plain_loss, plan, &n);
+    if (st == FSDP_OK) st = fsdp_llama_tp_plan(ctx, &cfg, c->tp, !c->plain_loss, plan, &n);
     if (st == FSDP_OK) st = fsdp_tp_parallelize(ctx, m, tp, n, plan, NULL);
     if (st == FSDP_OK)
         st = fsdp_fully_shard(
@@ -375,7 +378,7 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK)
         st = fsdp_tensor_from_blob(ctx, &loss, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){1}, &lt);
     for (int s = 0; st == FSDP_OK && s < STEPS; s++) {
-        make_batch(s, CFG.vocab_size, tokens, targets);
+        make_batch(s, cfg.vocab_size, tokens, targets);
         const fsdp_tensor *logits, *unused;
         if (c->count && s == STEPS - 1) st = fsdp_comm_debug_begin(ctx);
         if (st == FSDP_OK) st = fsdp_optimizer_zero_grad(ctx, opt);
@@ -430,21 +433,20 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
     return st;
 }
 
-static void test_layouts(void) {
-    reference_run();
-    layout_case cases[] = {
-        {.dp = 1, .tp = 1}, {.dp = 2, .tp = 1},
-        {.dp = 1, .tp = 2}, {.dp = 2, .tp = 2, .count = true},
-        {.dp = 1, .tp = 4}, {.dp = 2, .tp = 2, .plain_loss = true},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+/* Runs each case against the single-rank run of its vocabulary. */
+static void run_layouts(layout_case *cases, size_t n, int64_t vocab) {
+    fsdp_llama_config cfg = CFG;
+    if (vocab) cfg.vocab_size = vocab;
+    reference_run(&cfg);
+    for (size_t i = 0; i < n; i++) {
         layout_case *c = &cases[i];
+        c->vocab = vocab;
         fsdp_status st = fsdp_test_run_world(c->dp * c->tp, 0, layout_rank, c);
         if (st != FSDP_OK) fprintf(stderr, "\n  layout (dp %d, tp %d)", c->dp, c->tp);
         FSDP_TEST_OK(st);
         if (!hosts_rank0(c->dp * c->tp)) continue;
-        printf("\n  (dp %d, tp %d)%s: losses", c->dp, c->tp,
-               c->plain_loss ? " lm_head Replicate, plain loss" : "");
+        printf("\n  (dp %d, tp %d), vocab %lld%s: losses", c->dp, c->tp, (long long)cfg.vocab_size,
+               c->plain_loss ? ", lm_head Replicate, plain loss" : "");
         for (int s = 0; s < STEPS; s++) printf(" %.8f (one rank %.8f)", c->loss[s], ref_loss[s]);
         printf("; max relative loss difference %.3g; parameters after %d steps: max abs "
                "difference %.3g, max relative %.3g",
@@ -454,12 +456,28 @@ static void test_layouts(void) {
     ref_model = NULL;
 }
 
+static void test_layouts(void) {
+    layout_case cases[] = {
+        {.dp = 1, .tp = 1}, {.dp = 2, .tp = 1},
+        {.dp = 1, .tp = 2}, {.dp = 2, .tp = 2, .count = true},
+        {.dp = 1, .tp = 4}, {.dp = 2, .tp = 2, .plain_loss = true},
+    };
+    run_layouts(cases, sizeof cases / sizeof cases[0], 0);
+}
+
+/* A vocabulary of 62: 31 + 31 rows at tp 2, 16 + 16 + 16 + 14 at tp 4 (torch.chunk). */
+static void test_layouts_uneven_vocab(void) {
+    layout_case cases[] = {{.dp = 2, .tp = 2}, {.dp = 1, .tp = 4}};
+    run_layouts(cases, sizeof cases / sizeof cases[0], 62);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"embedding_rowwise", test_embedding_rowwise},
         {"loss_parallel", test_loss_parallel},
         {"plan_refuses", test_plan_refuses},
         {"layouts", test_layouts},
+        {"layouts_uneven_vocab", test_layouts_uneven_vocab},
     };
     return fsdp_test_run(argc, argv, "llama_2d", cases, sizeof cases / sizeof cases[0]);
 }
