@@ -34,7 +34,8 @@ typedef struct fx {
     fsdp_adam_options adam;
     fsdp_lr_schedule sched;
     fsdp_tp_style style;
-    fsdp_tp_plan_entry plan[1];
+    fsdp_tp_plan_entry plan[1], llama_plan[FSDP_LLAMA_TP_PLAN_LEN];
+    int n_plan;
     fsdp_state_sources src;
     fsdp_ckpt_meta meta;
     fsdp_state_entry entry;
@@ -297,6 +298,11 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
          fsdp_tp_apply(C, A(1, f->model), A(2, f->mesh), A(3, &f->style), NULL))                   \
     CALL(fsdp_tp_parallelize, "ctx root mesh plan",                                                \
          fsdp_tp_parallelize(C, A(1, f->model), A(2, f->mesh), 1, A(3, f->plan), NULL))            \
+    CALL(fsdp_llama_tp_plan, "ctx cfg plan n",                                                     \
+         fsdp_llama_tp_plan(C, A(1, &f->llama), 1, true, A(2, f->llama_plan), A(3, &f->n_plan)))   \
+    CALL(fsdp_loss_parallel_cross_entropy, "ctx logits targets loss",                              \
+         fsdp_loss_parallel_cross_entropy(C, A(1, f->t), A(2, f->targets), -100, A(3, &f->loss),   \
+                                          NULL))                                                   \
     CALL(fsdp_param_full_tensor, "ctx p out",                                                      \
          fsdp_param_full_tensor(C, A(1, f->param), false, A(2, &f->made_t)))                       \
     /* wrap.h */                                                                                   \
@@ -354,6 +360,7 @@ static const struct {
     {"fsdp_loss_mse", "dout", "no gradient"},
     {"fsdp_loss_cross_entropy", "dlogits", "no gradient"},
     {"fsdp_loss_cross_entropy_ignore", "dlogits", "no gradient"},
+    {"fsdp_loss_parallel_cross_entropy", "dlogits", "no gradient"},
     {"fsdp_module_add_param", "out", "no handle wanted"},
     {"fsdp_module_add_buffer", "out", "no handle wanted"},
     {"fsdp_module_add_hook", "user", "passed to fn as it is"},

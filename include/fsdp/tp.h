@@ -22,6 +22,7 @@
 #include <stdbool.h>
 
 #include "fsdp/comm.h"
+#include "fsdp/llama.h"
 #include "fsdp/module.h"
 #include "fsdp/tensor.h"
 
@@ -130,7 +131,9 @@ typedef enum fsdp_tp_flag { FSDP_TP_DEFAULT = 0, FSDP_TP_YES, FSDP_TP_NO } fsdp_
  *   ColwiseParallel   input Replicate, output Shard(-1), use_local_output yes. Linear: weight
  *                     and bias Shard(0).
  *   RowwiseParallel   input Shard(-1), output Replicate, use_local_output yes. Linear: weight
- *                     Shard(1), bias Replicate (added once to the Partial sum).
+ *                     Shard(1), bias Replicate (added once to the Partial sum). Embedding
+ *                     (PyTorch's rule): the table Shard(0) over the vocabulary, the token ids
+ *                     moved to Replicate, zero rows for tokens of other ranks (Partial).
  *   PrepareModuleInput   input_layouts -> desired_input_layouts (both required),
  *                     use_local_output no.
  *   PrepareModuleOutput  output_layouts -> desired_output_layouts (both required),
@@ -167,8 +170,9 @@ typedef struct fsdp_tp_options {
 } fsdp_tp_options;
 
 /* Applies one style to module m over a 1-d mesh (e.g. mesh["tp"]): distributes m's
- * parameters as the style says and installs its hooks. Colwise and Rowwise need a Linear.
- * opts may be NULL. Every rank of the mesh calls it (the parameters are broadcast). */
+ * parameters as the style says and installs its hooks. Colwise needs a Linear, Rowwise a
+ * Linear or an Embedding. opts may be NULL. Every rank of the mesh calls it (the parameters are
+ * broadcast). */
 fsdp_status fsdp_tp_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
                           const fsdp_tp_style *style, const fsdp_tp_options *opts);
 
@@ -185,6 +189,39 @@ typedef struct fsdp_tp_plan_entry {
  * entries is an error too. On failure nothing has been applied (keys are all matched first). */
 fsdp_status fsdp_tp_parallelize(fsdp_ctx *ctx, fsdp_module *root, const fsdp_mesh *mesh, int n,
                                 const fsdp_tp_plan_entry *plan, const fsdp_tp_options *opts);
+
+/* ---- the Llama plan and loss parallel ---- */
+
+#define FSDP_LLAMA_TP_PLAN_LEN 14
+
+/* torchtitan's plan for fsdp_model_llama (docs/models.md), in Hugging Face's names, into plan
+ * (FSDP_LLAMA_TP_PLAN_LEN entries; *n receives the count; the keys are static strings):
+ *   model.embed_tokens        RowwiseParallel(input Replicate, output Shard(1))
+ *   model.norm, model.layers.*.input_layernorm, .post_attention_layernorm   SequenceParallel
+ *   model.layers.*.self_attn, .mlp   PrepareModuleInput(Shard(1) -> Replicate)
+ *   q_proj, k_proj, v_proj, gate_proj, up_proj   ColwiseParallel
+ *   o_proj, down_proj         RowwiseParallel(output Shard(1))
+ *   lm_head                   ColwiseParallel(input Shard(1)); with loss_parallel its output
+ *                             stays Shard(-1) as a DTensor (use_local_output false) for
+ *                             fsdp_loss_parallel_cross_entropy, else it is Replicate.
+ * Refused with FSDP_ERR_INVALID_ARGUMENT naming both counts unless n_heads and n_kv_heads are
+ * divisible by tp_size (and ffn_hidden too). The vocabulary may split unevenly. Pass the plan to
+ * fsdp_tp_parallelize with the model and mesh["tp"], before fsdp_fully_shard. */
+fsdp_status fsdp_llama_tp_plan(fsdp_ctx *ctx, const fsdp_llama_config *cfg, int tp_size,
+                               bool loss_parallel, fsdp_tp_plan_entry *plan, int *n);
+
+/* loss_parallel: cross-entropy (mean over the rows whose target is not ignore_index, as
+ * fsdp_loss_cross_entropy_ignore) of logits that are the local tensor of a DTensor sharded
+ * along the vocabulary (Shard(-1) on a 1-d tp mesh), without gathering them: each row's max is
+ * all_reduced (MAX) over tp, then its sum of exponentials together with the target's logit,
+ * which the rank holding that class contributes (one SUM of 2 x rows floats). targets (rows
+ * = all dims of logits but the last) are global class ids, the same on every tp rank. dlogits
+ * (may be NULL) receives this rank's shard of the gradient, shaped as the local logits, with
+ * no communication. Plain logits (no DTensor) go to fsdp_loss_cross_entropy_ignore. Every rank
+ * of the tp mesh calls it. CPU, f32. */
+fsdp_status fsdp_loss_parallel_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,
+                                             const int32_t *targets, int32_t ignore_index,
+                                             float *loss, fsdp_tensor *dlogits);
 
 /* ---- parameters ---- */
 

@@ -1,20 +1,28 @@
 /* embedding.c: Embedding, out[..., :] = weight[token, :] for i32 token ids, and its weight
- * gradient (a scatter-add). Token ids have no gradient. */
+ * gradient (a scatter-add). Token ids have no gradient. A vocabulary-sharded table (TP's
+ * RowwiseParallel) holds rows [vocab_start, vocab_start + rows) and gives zeros elsewhere. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "nn/llama_impl.h"
 #include "nn/module_impl.h"
 
 typedef struct embedding {
-    fsdp_param *weight;       /* (V, C) */
+    fsdp_param *weight;       /* (V, C), or (rows of this rank's vocabulary range, C) */
+    int64_t num_embeddings;   /* V of the whole vocabulary */
+    int64_t vocab_start;      /* first token of the weight's rows; -1: the whole table */
     const fsdp_tensor *input; /* (...) i32 token ids, kept for backward */
     fsdp_tensor *output;      /* (..., C) */
+    fsdp_tensor *local_ids;   /* (...) i32, vocab-sharded: token - vocab_start, 0 when outside */
+    fsdp_tensor *dmasked;     /* (..., C) vocab-sharded: dout with rows outside zeroed */
 } embedding;
 
 static void embedding_free(void *impl) {
     embedding *e = impl;
     fsdp_tensor_free(e->output);
+    fsdp_tensor_free(e->local_ids);
+    fsdp_tensor_free(e->dmasked);
     free(e);
 }
 
@@ -38,11 +46,46 @@ static fsdp_status check_tokens(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_
     return FSDP_OK;
 }
 
+/* Vocab-sharded: e->local_ids = token - vocab_start for the tokens this rank's rows hold, 0
+ * (a valid row, masked after) for the others; *rows is how many rows the table has. */
+static fsdp_status shard_ids(fsdp_ctx *ctx, const fsdp_module *m, embedding *e,
+                             const fsdp_tensor *in, int64_t *rows) {
+    *rows = fsdp_tensor_dim(e->weight->data, 0);
+    if (fsdp_tensor_device(in).type != FSDP_DEVICE_CPU) {
+        char desc[160];
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "%s: a vocabulary-sharded embedding runs on the CPU only for now",
+                         fsdp_nn_describe(m, desc, sizeof desc));
+    }
+    if (!e->local_ids || fsdp_tensor_numel(e->local_ids) != fsdp_tensor_numel(in)) {
+        fsdp_tensor_free(e->local_ids);
+        e->local_ids = NULL;
+        FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, fsdp_tensor_ndim(in),
+                                    fsdp_tensor_shape(in), &e->local_ids));
+    }
+    const int32_t *tok = fsdp_tensor_data(in);
+    int32_t *ids = fsdp_tensor_data(e->local_ids);
+    for (int64_t i = 0; i < fsdp_tensor_numel(in); i++) {
+        int64_t r = (int64_t)tok[i] - e->vocab_start;
+        ids[i] = r >= 0 && r < *rows ? (int32_t)r : 0;
+    }
+    return FSDP_OK;
+}
+
+/* Zeroes the C-wide rows of x (n rows) whose token lies outside [start, start + rows). */
+static void mask_rows(float *x, const int32_t *tok, int64_t n, int64_t C, int64_t start,
+                      int64_t rows) {
+    for (int64_t i = 0; i < n; i++)
+        if (tok[i] < start || tok[i] >= start + rows) memset(x + i * C, 0, (size_t)C * sizeof *x);
+}
+
 static fsdp_status embedding_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
                                      const fsdp_tensor **out) {
     embedding *e = m->impl;
-    int64_t V = fsdp_tensor_dim(e->weight->data, 0), C = fsdp_tensor_dim(e->weight->data, 1);
-    FSDP_TRY(check_tokens(ctx, m, in, V));
+    int64_t C = fsdp_tensor_dim(e->weight->data, 1);
+    bool sharded = e->vocab_start >= 0;
+    FSDP_TRY(check_tokens(ctx, m, in,
+                          sharded ? e->num_embeddings : fsdp_tensor_dim(e->weight->data, 0)));
     fsdp_device dev = fsdp_tensor_device(in);
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, dev, embedding_forward, k);
@@ -51,9 +94,20 @@ static fsdp_status embedding_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
     for (int i = 0; i < nd; i++) shape[i] = fsdp_tensor_dim(in, i);
     shape[nd] = C;
     FSDP_TRY(fsdp_nn_buffer(ctx, &e->output, dev, nd + 1, shape));
+    e->input = in;
+    if (sharded) {
+        int64_t rows, n = fsdp_tensor_numel(in);
+        FSDP_TRY(shard_ids(ctx, m, e, in, &rows));
+        float *y = fsdp_tensor_f32(e->output);
+        if (rows > 0)
+            k->embedding_forward(y, fsdp_tensor_data(e->local_ids),
+                                 fsdp_tensor_f32(e->weight->data), n, C);
+        mask_rows(y, fsdp_tensor_data(in), n, C, e->vocab_start, rows);
+        *out = e->output;
+        return FSDP_OK;
+    }
     k->embedding_forward(fsdp_tensor_f32(e->output), fsdp_tensor_data(in),
                          fsdp_tensor_f32(e->weight->data), fsdp_tensor_numel(in), C);
-    e->input = in;
     *out = e->output;
     return FSDP_OK;
 }
@@ -66,9 +120,21 @@ static fsdp_status embedding_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
     if (!e->weight->requires_grad) return FSDP_OK;
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, fsdp_tensor_device(dout), embedding_backward, k);
+    int64_t C = fsdp_tensor_dim(e->weight->data, 1);
+    if (e->vocab_start >= 0) { /* only this rank's rows, from the rows of dout it looked up */
+        int64_t rows = fsdp_tensor_dim(e->weight->data, 0), n = fsdp_tensor_numel(e->input);
+        if (rows == 0) return FSDP_OK;
+        FSDP_TRY(fsdp_nn_buffer(ctx, &e->dmasked, fsdp_tensor_device(dout), fsdp_tensor_ndim(dout),
+                                fsdp_tensor_shape(dout)));
+        FSDP_TRY(fsdp_tensor_copy(ctx, e->dmasked, dout));
+        mask_rows(fsdp_tensor_f32(e->dmasked), fsdp_tensor_data(e->input), n, C, e->vocab_start,
+                  rows);
+        k->embedding_backward(fsdp_tensor_f32(e->weight->grad), fsdp_tensor_f32(e->dmasked),
+                              fsdp_tensor_data(e->local_ids), n, C);
+        return FSDP_OK;
+    }
     k->embedding_backward(fsdp_tensor_f32(e->weight->grad), fsdp_tensor_f32(dout),
-                          fsdp_tensor_data(e->input), fsdp_tensor_numel(e->input),
-                          fsdp_tensor_dim(e->weight->data, 1));
+                          fsdp_tensor_data(e->input), fsdp_tensor_numel(e->input), C);
     return FSDP_OK;
 }
 
@@ -88,6 +154,8 @@ fsdp_status fsdp_embedding_create(fsdp_ctx *ctx, int64_t num_embeddings, int64_t
                          (long long)num_embeddings, (long long)dim);
     embedding *e = calloc(1, sizeof *e);
     if (!e) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an Embedding layer");
+    e->num_embeddings = num_embeddings;
+    e->vocab_start = -1;
     fsdp_module *m;
     FSDP_TRY(fsdp_module_create(ctx, &embedding_ops, e, &m));
     fsdp_status st =
@@ -98,5 +166,23 @@ fsdp_status fsdp_embedding_create(fsdp_ctx *ctx, int64_t num_embeddings, int64_t
         return st;
     }
     *out = m;
+    return FSDP_OK;
+}
+
+bool fsdp_nn_is_embedding(const fsdp_module *m) {
+    return m && m->ops == &embedding_ops;
+}
+
+fsdp_status fsdp_nn_embedding_shard_vocab(fsdp_ctx *ctx, fsdp_module *m, int64_t start) {
+    embedding *e = fsdp_nn_is_embedding(m) ? m->impl : NULL;
+    int64_t rows = e ? fsdp_tensor_dim(e->weight->data, 0) : 0;
+    if (!e || start < 0 || start + rows > e->num_embeddings) {
+        char desc[160];
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "%s: cannot hold vocabulary rows [%lld, %lld) of an Embedding",
+                         fsdp_nn_describe(m, desc, sizeof desc), (long long)start,
+                         (long long)(start + rows));
+    }
+    e->vocab_start = start;
     return FSDP_OK;
 }

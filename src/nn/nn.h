@@ -43,4 +43,12 @@ const char *fsdp_nn_param_manager(const fsdp_param *p);
  * advice when there is one; FSDP_OK otherwise. Nothing is changed. */
 fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *what);
 
+/* Whether m is an Embedding (fsdp_embedding_create). */
+bool fsdp_nn_is_embedding(const fsdp_module *m);
+/* Embedding m's weight now holds the rows [start, start + its rows) of the vocabulary (TP's
+ * RowwiseParallel has sharded it): forward looks up the tokens in that range and gives zero
+ * rows for the others (this rank's addend of the whole lookup); backward adds only to its own
+ * rows. Token ids are still checked against the whole vocabulary. CPU tensors only. */
+fsdp_status fsdp_nn_embedding_shard_vocab(fsdp_ctx *ctx, fsdp_module *m, int64_t start);
+
 #endif

@@ -21,7 +21,8 @@ typedef struct site {
 typedef struct style_state {
     fsdp_tp_style style; /* defaults filled in */
     const fsdp_mesh *mesh;
-    fsdp_param *weight, *bias; /* Colwise/Rowwise: the Linear's */
+    fsdp_param *weight, *bias; /* Colwise/Rowwise: the Linear's (or the Embedding's weight) */
+    bool embedding;            /* Rowwise on an Embedding: vocabulary-sharded table */
     site in_fwd, out_fwd, out_bwd, in_bwd;
     /* Forward's record for backward: the input as it came (placements and global shape),
      * whether it came as a DTensor, and the output as the op made it and as it left. */
@@ -122,8 +123,8 @@ static fsdp_placement op_input_placement(const style_state *s, const fsdp_dtenso
     switch (s->style.kind) {
     case FSDP_TP_COLWISE:
         return FSDP_REPLICATE;
-    case FSDP_TP_ROWWISE:
-        return FSDP_SHARD(-1);
+    case FSDP_TP_ROWWISE: /* an Embedding looks up every token: its ids are replicated */
+        return s->embedding ? FSDP_REPLICATE : FSDP_SHARD(-1);
     case FSDP_TP_PREPARE_INPUT:
         return s->style.desired_input_layouts;
     default:
@@ -415,10 +416,13 @@ fsdp_status tp_style_check(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tp_st
     fsdp_nn_describe(m, where, sizeof where);
     fsdp_tp_style resolved;
     FSDP_TRY(resolve_style(ctx, style, where, &resolved));
+    bool rowwise_embedding = style->kind == FSDP_TP_ROWWISE && fsdp_nn_is_embedding(m);
     if ((style->kind == FSDP_TP_COLWISE || style->kind == FSDP_TP_ROWWISE) &&
-        strcmp(fsdp_module_kind(m), "Linear") != 0)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s applies to Linear modules; %s is a %s",
-                         fsdp_tp_style_kind_to_string(style->kind), where, fsdp_module_kind(m));
+        strcmp(fsdp_module_kind(m), "Linear") != 0 && !rowwise_embedding)
+        return FSDP_FAIL(
+            ctx, FSDP_ERR_INVALID_ARGUMENT, "%s applies to Linear modules%s; %s is a %s",
+            fsdp_tp_style_kind_to_string(style->kind),
+            style->kind == FSDP_TP_ROWWISE ? " and Embedding" : "", where, fsdp_module_kind(m));
     for (int i = 0; i < fsdp_module_num_params(m); i++)
         if (fsdp_nn_param_dist(fsdp_module_param(m, i)))
             return FSDP_FAIL(ctx, FSDP_ERR_STATE,
@@ -430,10 +434,24 @@ fsdp_status tp_style_check(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tp_st
     return FSDP_OK;
 }
 
+/* RowwiseParallel on an Embedding (PyTorch's): the table is Shard(0) over the vocabulary, each
+ * rank looks up the tokens of its rows and gives zeros for the others, so the output is Partial
+ * and leaves as output_layouts says (all_reduce to Replicate, reduce_scatter to Shard). */
+static fsdp_status setup_embedding(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_rank) {
+    s->embedding = true;
+    s->weight = fsdp_module_get_param(m, "weight");
+    FSDP_TRY(distribute_param(ctx, s->weight, s->mesh, FSDP_SHARD(0), src_rank));
+    int64_t off[FSDP_MAX_DIMS], len[FSDP_MAX_DIMS];
+    tp_spec_block(fsdp_nn_param_dist(s->weight), off, len);
+    return fsdp_nn_embedding_shard_vocab(ctx, m, off[0]);
+}
+
 /* Distributes the parameters the style owns and prepares its state. */
 static fsdp_status setup(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_rank,
                          const char *where) {
     const char *name = fsdp_tp_style_kind_to_string(s->style.kind);
+    if (s->style.kind == FSDP_TP_ROWWISE && fsdp_nn_is_embedding(m))
+        return setup_embedding(ctx, m, s, src_rank);
     if (s->style.kind == FSDP_TP_COLWISE || s->style.kind == FSDP_TP_ROWWISE) {
         if (strcmp(fsdp_module_kind(m), "Linear") != 0)
             return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,

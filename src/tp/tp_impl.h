@@ -49,8 +49,8 @@ void tp_backward_placements(const fsdp_dtensor_spec *from, fsdp_placement *to);
 fsdp_status tp_dtensor_wrap(fsdp_ctx *ctx, const fsdp_tensor *t, const fsdp_dtensor_spec *spec,
                             fsdp_dtensor **out);
 
-/* Checks that style is well formed and fits module m (Colwise/Rowwise need a Linear, a
- * module takes one style), without changing anything. */
+/* Checks that style is well formed and fits module m (Colwise needs a Linear, Rowwise a
+ * Linear or an Embedding, a module takes one style), without changing anything. */
 fsdp_status tp_style_check(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tp_style *style);
 
 #endif
