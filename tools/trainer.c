@@ -18,7 +18,7 @@
 #include "fsdp/version.h" // defines: FSDP_VERSION_STRING
 #include "train_ckpt.h"   // defines: train_sources, train_saver, train_ckpt_resume
 
-volatile sig_atomic_t train_stop_signal = 0;
+atomic_int train_stop_signal = 0;
 
 /* Returns the status of expr when it fails. */
 #define TRY(expr)                                                                                  \

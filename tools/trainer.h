@@ -2,7 +2,9 @@
 #ifndef FSDP_TOOLS_TRAINER_H
 #define FSDP_TOOLS_TRAINER_H
 
-#include <signal.h> // defines: sig_atomic_t
+#include <stdatomic.h> // defines: atomic_int
+
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "a signal handler may store only to a lock-free atomic");
 
 #include "train_ckpt.h" // defines: TRAIN_CKPT_PATH
 #include "train_config.h"
@@ -39,12 +41,12 @@ typedef struct train_result {
     bool interrupted;
 } train_result;
 
-/* Set to the signal's number by fsdp-train's SIGINT/SIGTERM handler (a store to a
- * sig_atomic_t, all a handler may do). With [checkpoint] dir set, the ranks look at it after
- * every step, agree on it (one all_reduce of one float over the world per step when the world
- * has several ranks), and stop together: a checkpoint is saved and train_run returns FSDP_OK
- * with result->interrupted. Without dir it is not read. */
-extern volatile sig_atomic_t train_stop_signal;
+/* Set to the signal's number by fsdp-train's SIGINT/SIGTERM handler (a store to a lock-free
+ * atomic int, which a handler may do, and which the rank threads read without a data race). With
+ * [checkpoint] dir set, the ranks look at it after every step, agree on it (one all_reduce of one
+ * float over the world per step when the world has several ranks), and stop together: a checkpoint
+ * is saved and train_run returns FSDP_OK with result->interrupted. Without dir it is not read. */
+extern atomic_int train_stop_signal;
 
 /* Trains the model cfg describes on its synthetic teacher dataset, on the ranks [parallel]
  * asks for: it creates the world (local rank threads, or this process's rank of an MPI job),
