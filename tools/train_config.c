@@ -1288,9 +1288,9 @@ static fsdp_status check_optim(const train_config *cfg, char *err, size_t err_si
         if (cfg->parallel.mode == TRAIN_MODE_FSDP && !cfg->parallel.use_orig_params) {
             snprintf(err, err_size,
                      "%s needs the parameters' own names, which FSDP's optimizer sees only with "
-                     "[parallel] use_orig_params = true (%s); set it (or use mode = replicate)",
+                     "use_orig_params = true, but %s; set it to true (or use mode = replicate)",
                      train_config_key_text(cfg, "optim", "no_decay", a, sizeof a),
-                     train_config_origin(cfg, "parallel", "use_orig_params"));
+                     train_config_key_text(cfg, "parallel", "use_orig_params", b, sizeof b));
             return FSDP_ERR_CONFIG;
         }
     }

@@ -662,6 +662,7 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         fsdp_optimizer_set_lr(s->opt, lr);
         TRY(fsdp_optimizer_step(ctx, s->opt));
         prog->step = res->steps = step;
+        res->grad_norm = grad_norm;
         if (res->n_step_losses < TRAIN_TRACE_STEPS) res->step_loss[res->n_step_losses++] = loss;
         prog->loss_sum += loss;
         prog->since++;
@@ -755,7 +756,7 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
     train_progress prog = {0};
     const char *what = "";
     err[0] = '\0';
-    res->eval_loss = res->eval_accuracy = NAN;
+    res->eval_loss = res->eval_accuracy = res->grad_norm = NAN;
     fsdp_status st = train_setup(ctx, cfg, data, &s, &what);
     if (st == FSDP_OK) {
         what = "setting up checkpoints";

@@ -36,6 +36,9 @@ typedef struct train_result {
      * first TRAIN_TRACE_STEPS evaluations. */
     double eval_loss;
     double eval_accuracy;
+    /* [optim] clip_grad_norm > 0: the global gradient norm of the last step, before clipping;
+     * else NAN. */
+    double grad_norm;
     int64_t n_evals;
     int64_t eval_step[TRAIN_TRACE_STEPS];
     /* The checkpoint the run resumed from, "" when it started fresh; the last checkpoint it
