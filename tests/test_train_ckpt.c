@@ -155,7 +155,7 @@ static const char *step_dir(const char *dir, int64_t step) {
  * interrupted run (async saves). */
 static void resume_same_layout(const char *name, const char *const *layout, const char *extra) {
     char err[TRAIN_ERROR_SIZE], a_dir[1024], b_dir[1100], l1[64], l2[64];
-    const char *all[16];
+    const char *all[32];
     train_result a, b1, b2;
     char *out_a = NULL, *out_b = NULL;
     snprintf(a_dir, sizeof a_dir, "%s", scratch(name));
@@ -208,6 +208,94 @@ static void test_resume_bitwise(void) {
     resume_same_layout("replicate-3", SET("parallel.ranks=3", "parallel.mode=replicate"), NULL);
     /* async saves every 2 steps, keeping 2 */
     resume_same_layout("async", SET("parallel.ranks=2"), "checkpoint.async=true");
+    /* AdamW (its moments in the checkpoint), no_decay groups, warmup + cosine, clipping,
+     * a shuffled order and held-out evaluations: the stop falls inside the warmup-to-cosine
+     * turn, an epoch and between evaluations */
+    resume_same_layout("adamw-cosine-dp2-tp2",
+                       SET("parallel.ranks=4", "parallel.tp=2", "parallel.use_orig_params=true",
+                           "optim.name=adamw", "optim.lr=0.01", "optim.weight_decay=0.1",
+                           "optim.no_decay=*.bias", "optim.schedule=cosine", "optim.warmup_steps=4",
+                           "optim.min_lr=0.001", "optim.clip_grad_norm=0.5", "data.shuffle=true",
+                           "data.eval_fraction=0.5", "train.eval_every=3"),
+                       NULL);
+    resume_same_layout("adam-warmup-replicate",
+                       SET("parallel.ranks=2", "parallel.mode=replicate", "optim.name=adam",
+                           "optim.lr=0.01", "optim.betas=0.8,0.99", "optim.weight_decay=0.01",
+                           "optim.schedule=warmup", "optim.warmup_steps=6"),
+                       NULL);
+}
+
+/* The whole global tensor `name` of the checkpoint at dir, malloc'ed; *n its elements. */
+static float *read_tensor(const char *dir, const char *name, int64_t *n) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_ckpt *c = NULL;
+    FSDP_TEST_OK(fsdp_ckpt_open(ctx, dir, &c));
+    int t = c ? fsdp_ckpt_find(c, name) : -1;
+    CU_ASSERT_TRUE(t >= 0);
+    fsdp_ckpt_tensor info;
+    float *v = NULL;
+    *n = 0;
+    if (t >= 0 && fsdp_ckpt_tensor_get(ctx, c, t, &info) == FSDP_OK) {
+        fsdp_state_region all = {.ndim = info.ndim};
+        *n = 1;
+        for (int d = 0; d < info.ndim; d++) all.count[d] = info.shape[d], *n *= info.shape[d];
+        v = malloc((size_t)*n * sizeof(float) + 1);
+        FSDP_TEST_OK(fsdp_ckpt_read(ctx, c, t, &all, v));
+    }
+    fsdp_ckpt_close(c);
+    return v;
+}
+
+/* Whether tensor `name` is bitwise the same in the step-1 checkpoints of dirs a and b. */
+static bool same_tensor(const char *a, const char *b, const char *name) {
+    int64_t na, nb;
+    float *va = read_tensor(step_dir(a, 1), name, &na);
+    float *vb = read_tensor(step_dir(b, 1), name, &nb);
+    bool same = va && vb && na == nb && memcmp(va, vb, (size_t)na * sizeof(float)) == 0;
+    free(va);
+    free(vb);
+    return same;
+}
+
+/* [optim] no_decay: one AdamW step with weight_decay 0.5 and no_decay = *.bias leaves every
+ * bias where the step without decay puts it (bitwise: p * (1 - lr * 0) is p) and every weight
+ * where the step with decay for all puts it; under FSDP (use_orig_params) on 2 ranks and under
+ * replicate with SGD. */
+static void test_no_decay(void) {
+    static const char *const modes[][4] = {
+        {"parallel.use_orig_params=true", "optim.name=adamw", "optim.lr=0.01", NULL},
+        {"parallel.mode=replicate", "optim.name=sgd", "optim.momentum=0", NULL},
+    };
+    static const char *const params[] = {"0.weight", "0.bias",   "2.weight",
+                                         "2.bias",   "4.weight", "4.bias"};
+    for (int m = 0; m < 2; m++) {
+        char err[TRAIN_ERROR_SIZE], dirs[3][1024];
+        const char *decay[3] = {"optim.weight_decay=0.5", "optim.weight_decay=0",
+                                "optim.weight_decay=0.5"};
+        for (int r = 0; r < 3; r++) {
+            char name[64];
+            snprintf(name, sizeof name, "no-decay-%d-%d", m, r);
+            snprintf(dirs[r], sizeof dirs[r], "%s", scratch(name));
+            const char *all[12] = {"parallel.ranks=2", "train.steps=1", decay[r]};
+            int n = 3;
+            if (r == 0) all[n++] = "optim.no_decay=*.bias";
+            for (int i = 0; modes[m][i]; i++) all[n++] = modes[m][i];
+            all[n] = NULL;
+            FSDP_TEST_OK(run_ckpt(&(train_result){0}, dirs[r], all, NULL, err));
+        }
+        int biases = 0, weights = 0;
+        for (int p = 0; p < 6; p++) {
+            bool bias = strstr(params[p], "bias") != NULL;
+            bool like_none = same_tensor(dirs[0], dirs[1], params[p]);
+            bool like_all = same_tensor(dirs[0], dirs[2], params[p]);
+            if (bias && like_none && !like_all) biases++;
+            if (!bias && like_all && !like_none) weights++;
+        }
+        printf("\n    %s: %d of 3 biases undecayed, %d of 3 weights decayed", modes[m][1], biases,
+               weights);
+        CU_ASSERT_EQUAL(biases, 3);
+        CU_ASSERT_EQUAL(weights, 3);
+    }
 }
 
 /* Five steps at one layout, five more at another: the uninterrupted run's losses and
@@ -674,6 +762,7 @@ int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"resume_bitwise", test_resume_bitwise},
         {"resume_other_layout", test_resume_other_layout},
+        {"no_decay", test_no_decay},
         {"resume_auto_fresh", test_resume_auto_fresh},
         {"resume_refused", test_resume_refused},
         {"init_from_pytorch", test_init_from_pytorch},
