@@ -511,20 +511,24 @@ static void test_init_from_pytorch(void) {
     free(saved_tmpdir);
 }
 
-/* examples/mlp.ini (what `make train` runs, cut to 1000 steps) saves checkpoints, and run
- * again resumes from the last one and says so. */
-static void test_example_resumes(void) {
+/* One example, cut to `steps` (a multiple of its checkpoint.every), run twice in one
+ * directory: the second run resumes at `steps` and says so. */
+static void example_resumes(const char *ini, const char *name, int64_t steps) {
     char err[TRAIN_ERROR_SIZE] = "", want[1200];
-    const char *dir = scratch("example");
+    const char *dir = scratch(name);
     train_result r;
     for (int run = 0; run < 2; run++) {
         train_config_init(&g_cfg);
-        FSDP_TEST_OK(
-            train_config_load(&g_cfg, FSDP_SOURCE_DIR "/examples/mlp.ini", err, sizeof err));
+        FSDP_TEST_OK(train_config_load(&g_cfg, ini, err, sizeof err));
         CU_ASSERT_STRING_EQUAL(g_cfg.checkpoint.resume, "auto");
         CU_ASSERT_TRUE(g_cfg.checkpoint.every > 0);
         setf("checkpoint.dir=%s", dir);
-        set("train.steps=1000");
+        set("log.metrics=");
+        if (g_cfg.data.kind == TRAIN_DATA_H5)
+            set("data.path=" FSDP_SOURCE_DIR "/examples/data/digits.h5");
+        char a[64];
+        snprintf(a, sizeof a, "train.steps=%lld", (long long)steps);
+        set(a);
         char *text = NULL;
         size_t size = 0;
         FILE *f = open_memstream(&text, &size);
@@ -532,15 +536,25 @@ static void test_example_resumes(void) {
         fclose(f);
         if (run == 0) {
             CU_ASSERT_EQUAL(r.start_step, 0);
-            CU_ASSERT_STRING_EQUAL(r.saved, step_dir(dir, 1000));
+            CU_ASSERT_STRING_EQUAL(r.saved, step_dir(dir, steps));
         } else {
-            snprintf(want, sizeof want, "resume: from %s at step 1000", step_dir(dir, 1000));
+            snprintf(want, sizeof want, "resume: from %s at step %lld", step_dir(dir, steps),
+                     (long long)steps);
             printf("\n    %s", strstr(text, "resume:") ? strstr(text, "resume:") : text);
             CU_ASSERT_PTR_NOT_NULL(strstr(text, want));
-            CU_ASSERT_EQUAL(r.start_step, 1000);
+            CU_ASSERT_EQUAL(r.start_step, steps);
+            if (g_cfg.data.eval_fraction > 0) /* where it stands on the held-out samples */
+                CU_ASSERT_PTR_NOT_NULL(strstr(text, "accuracy"));
         }
         free(text);
     }
+}
+
+/* examples/mlp.ini and examples/digits.ini (what `make train` runs) save, and run again resume
+ * and say so; the digits run also shows the held-out accuracy where it stands. */
+static void test_example_resumes(void) {
+    example_resumes(FSDP_SOURCE_DIR "/examples/mlp.ini", "example", 1000);
+    example_resumes(FSDP_SOURCE_DIR "/examples/digits.ini", "digits", 200);
 }
 
 /* ---- the fsdp-train binary: signals ------------------------------------------------------ */

@@ -525,8 +525,9 @@ static void print_banner(const train_config *cfg, train_state *s) {
 static fsdp_status print_first_loss(const train_config *cfg, train_state *s, double first_loss,
                                     int64_t step, char *err, size_t err_size) {
     int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
-    fprintf(s->out, "step %*lld/%lld  loss %.6f  (whole dataset, %s)\n", digits, (long long)step,
+    fprintf(s->out, "step %*lld/%lld  loss %.6f  (%s, %s)\n", digits, (long long)step,
             (long long)cfg->train.steps, first_loss,
+            s->n_eval ? "training samples" : "whole dataset",
             step ? "at the resumed step" : "before training");
     return flush_checked(s->out, s->out_name, err, err_size);
 }
@@ -774,6 +775,18 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
                         prog.step ? "at the resumed step" : "before training", res->first_loss);
     if (st == FSDP_OK && s.out)
         st = print_first_loss(cfg, &s, res->first_loss, prog.step, err, err_size);
+    if (st == FSDP_OK && prog.step > 0 && s.n_eval > 0) { /* where a resumed run stands */
+        train_report r = {.eval = true};
+        what = "evaluating at the resumed step";
+        st = range_loss(ctx, &s, s.n_train, s.n_eval, &r.eval_loss, &r.eval_accuracy);
+        if (st == FSDP_OK) {
+            res->eval_loss = r.eval_loss, res->eval_accuracy = r.eval_accuracy;
+            FILE *metrics = s.metrics; /* a line for the reader, no record */
+            s.metrics = NULL;
+            st = report(cfg, &s, prog.step, &r, err, err_size);
+            s.metrics = metrics;
+        }
+    }
     double t0 = now_seconds();
     if (st == FSDP_OK) {
         what = "training";
@@ -800,9 +813,10 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
     if (st == FSDP_OK && s.metrics) st = close_metrics(&s, err, err_size);
     if (st == FSDP_OK && s.out && !res->interrupted) {
         fprintf(s.out,
-                "done: %lld steps in %.2fs (%.0f samples/s); whole-dataset loss %.6f -> %.6f, "
+                "done: %lld steps in %.2fs (%.0f samples/s); %s loss %.6f -> %.6f, "
                 "%.1fx lower\n",
-                (long long)ran, res->seconds, res->samples_per_s, res->first_loss, res->last_loss,
+                (long long)ran, res->seconds, res->samples_per_s,
+                s.n_eval ? "training-samples" : "whole-dataset", res->first_loss, res->last_loss,
                 res->first_loss / fmax(res->last_loss, 1e-30));
         st = flush_checked(s.out, s.out_name, err, err_size);
     }
