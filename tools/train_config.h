@@ -168,7 +168,10 @@ fsdp_status train_config_load(train_config *cfg, const char *path, char *err, si
 fsdp_status train_config_set(train_config *cfg, const char *assignment, char *err, size_t err_size);
 
 /* Checks rules that join several keys (nesterov needs momentum, tp must divide the sharded
- * widths, FSDP-only keys need mode = fsdp, ...) and, when the world size follows from the
+ * widths, FSDP-only keys need mode = fsdp, keys of another [data] kind or task, another
+ * optimizer or schedule are not set, kind = h5 has a path, no_decay under fsdp has
+ * use_orig_params, cosine's warmup_steps < steps and min_lr <= lr, eval_every has a held-out
+ * split, ...) and, when the world size follows from the
  * configuration (train_config_world_size), the layout (train_layout_resolve).
  * FSDP_ERR_CONFIG on failure. */
 fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_size);
