@@ -209,8 +209,11 @@ static void test_resume_bitwise(void) {
     /* async saves every 2 steps, keeping 2 */
     resume_same_layout("async", SET("parallel.ranks=2"), "checkpoint.async=true");
     /* AdamW (its moments in the checkpoint), no_decay groups, warmup + cosine, clipping,
-     * a shuffled order and held-out evaluations: the stop falls inside the warmup-to-cosine
-     * turn, an epoch and between evaluations */
+     * a shuffled order and held-out evaluations. The cosine runs to [train] steps, and the
+     * interrupted run stops by train.steps = 5: with 4 warmup steps its 5 updates have the
+     * uninterrupted run's lrs (step 5 is the cosine's first, at lr whatever the length), and
+     * the resumed steps 6..10 follow the 10-step cosine. The stop also falls inside an
+     * epoch (48 training samples, batches of 8) and between evaluations. */
     resume_same_layout("adamw-cosine-dp2-tp2",
                        SET("parallel.ranks=4", "parallel.tp=2", "parallel.use_orig_params=true",
                            "optim.name=adamw", "optim.lr=0.01", "optim.weight_decay=0.1",
@@ -299,21 +302,26 @@ static void test_no_decay(void) {
 }
 
 /* Five steps at one layout, five more at another: the uninterrupted run's losses and
- * parameters to float32 rounding. */
-static void resume_cross(const char *name, const char *const *first, const char *const *second,
-                         double *worst) {
+ * parameters to float32 rounding. `common` (may be NULL): overrides of all three runs. */
+static void resume_cross_common(const char *name, const char *const *first,
+                                const char *const *second, const char *const *common,
+                                double *worst) {
     char err[TRAIN_ERROR_SIZE], ref_dir[1100], dir[1024];
     train_result ref, r1, r2;
     snprintf(dir, sizeof dir, "%s", scratch(name));
     snprintf(ref_dir, sizeof ref_dir, "%.1000s-ref", dir);
-    FSDP_TEST_OK(run_ckpt(&ref, ref_dir, SET("train.steps=10"), NULL, err));
-    const char *all[12];
-    int n = 0;
+    const char *all[32];
+    int n = 0, c = 0;
+    for (int i = 0; common && common[i]; i++) all[c++] = common[i];
+    all[c] = "train.steps=10";
+    all[c + 1] = NULL;
+    FSDP_TEST_OK(run_ckpt(&ref, ref_dir, all, NULL, err));
+    n = c;
     all[n++] = "train.steps=5";
     for (int i = 0; first[i]; i++) all[n++] = first[i];
     all[n] = NULL;
     FSDP_TEST_OK(run_ckpt(&r1, dir, all, NULL, err));
-    n = 0;
+    n = c;
     all[n++] = "train.steps=10";
     for (int i = 0; second[i]; i++) all[n++] = second[i];
     all[n] = NULL;
@@ -331,6 +339,11 @@ static void resume_cross(const char *name, const char *const *first, const char 
     *worst = fmax(*worst, diff);
 }
 
+static void resume_cross(const char *name, const char *const *first, const char *const *second,
+                         double *worst) {
+    resume_cross_common(name, first, second, NULL, worst);
+}
+
 static void test_resume_other_layout(void) {
     double worst = 0;
     resume_cross("1 rank -> dp 2 x tp 2, wrap layer", SET("parallel.ranks=1"),
@@ -344,6 +357,15 @@ static void test_resume_other_layout(void) {
     resume_cross("tp 2 no_shard -> dp 3 offload",
                  SET("parallel.ranks=2", "parallel.tp=2", "parallel.strategy=no_shard"),
                  SET("parallel.ranks=3", "parallel.offload=true"), &worst);
+    /* AdamW's moments, a cosine schedule and a shuffled order move across layouts too (the
+     * stop at train.steps = 5 is the cosine's first step, whose lr does not depend on steps) */
+    resume_cross_common("adamw cosine: dp 2 x tp 2 -> dp 3",
+                        SET("parallel.ranks=4", "parallel.tp=2"), SET("parallel.ranks=3"),
+                        SET("parallel.use_orig_params=true", "optim.name=adamw", "optim.lr=0.01",
+                            "optim.weight_decay=0.1", "optim.no_decay=*.bias",
+                            "optim.schedule=cosine", "optim.warmup_steps=4",
+                            "optim.clip_grad_norm=0.5", "data.shuffle=true"),
+                        &worst);
     printf("\n    worst tensor difference %.1e", worst);
 }
 
