@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
-CONFIG     ?= examples/mlp.ini
+CONFIG     ?= examples/digits.ini
 
 .PHONY: all deps configure build train test sanitize-build test-sanitize test-tsan fuzz-config \
 	bench bench-mpi install format clean

@@ -73,18 +73,32 @@ def random_config(rng):
     momentum = rng.choice([0.0, 0.5, 0.9])
     samples = rng.randint(1, 40)
     teacher = [rng.randint(1, 12) for _ in range(rng.randint(0, 2))]
+    steps = rng.randint(1, 6)
+    optim = {"name": rng.choice(["sgd", "sgd", "adam", "adamw"]),
+             "lr": rng.choice(["0.01", "0.05", "0.1"]),
+             "weight_decay": rng.choice(["0", "0", "0.01"]),
+             "clip_grad_norm": rng.choice(["0", "0", "0.5"]),
+             "schedule": rng.choice(["constant", "warmup", "cosine"])}
+    if optim["name"] == "sgd":
+        optim["momentum"] = str(momentum)
+        optim["nesterov"] = "true" if momentum > 0 and rng.random() < 0.3 else "false"
+    else:
+        optim["lr"] = rng.choice(["0.001", "0.01"])
+        optim["betas"] = rng.choice(["0.9,0.999", "0.8,0.99"])
+    if optim["schedule"] != "constant":
+        optim["warmup_steps"] = str(rng.randint(0, steps - 1))
+    if optim["schedule"] == "cosine":
+        optim["min_lr"] = "0.0001"
     return {
         "model": {"widths": ",".join(map(str, widths)),
                   "activation": rng.choice(["relu", "gelu", "sigmoid"])},
         "parallel": par,
         "data": {"samples": str(samples), "batch_size": str(rng.randint(dp, 12)),
                  "seed": str(rng.randint(0, 10**6)), "teacher_widths": ",".join(map(str, teacher)),
-                 "noise": rng.choice(["0", "0", "0.1"])},
-        "optim": {"lr": rng.choice(["0.01", "0.05", "0.1"]), "momentum": str(momentum),
-                  "weight_decay": rng.choice(["0", "0", "0.01"]),
-                  "nesterov": "true" if momentum > 0 and rng.random() < 0.3 else "false"},
-        "train": {"steps": str(rng.randint(1, 6)), "seed": str(rng.randint(0, 10**6)),
-                  "log_every": "1"},
+                 "noise": rng.choice(["0", "0", "0.1"]),
+                 "shuffle": rng.choice(["false", "true"])},
+        "optim": optim,
+        "train": {"steps": str(steps), "seed": str(rng.randint(0, 10**6)), "log_every": "1"},
         "log": {"level": "warn"},
     }
 

@@ -62,6 +62,7 @@ static void load_ok(const char *name, const char *text) {
 }
 
 #define NEEDLES(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define SET(...)     ((const char *const[]){__VA_ARGS__, NULL})
 
 static void test_defaults(void) {
     char err[TRAIN_ERROR_SIZE] = "";
@@ -392,7 +393,7 @@ static void test_set_override(void) {
     CU_ASSERT_EQUAL(train_config_set(&g_cfg, "optim.foo=1", err, sizeof err), FSDP_ERR_CONFIG);
     CU_ASSERT_TRUE(
         fsdp_test_message_has(err, NEEDLES("--set optim.foo=1", "unknown key 'foo'",
-                                           "allowed keys: lr, momentum, weight_decay, nesterov")));
+                                           "allowed keys: name, lr, momentum, nesterov, betas")));
     CU_ASSERT_EQUAL(train_config_set(&g_cfg, "parallel.dp=2", err, sizeof err), FSDP_ERR_CONFIG);
     CU_ASSERT_TRUE(fsdp_test_message_has(
         err, NEEDLES("--set parallel.dp=2", "unknown key 'dp' in section [parallel]",
@@ -519,7 +520,8 @@ static void test_help_and_write(void) {
         if (!strstr(help, entry)) fprintf(stderr, "\n  --help lacks \"%s\"", entry);
         CU_ASSERT_PTR_NOT_NULL(strstr(help, entry));
     }
-    CU_ASSERT_EQUAL(keys, 32); /* every key but the empty-by-default log.metrics, checkpoint.dir */
+    /* every key but the empty-by-default data.path, optim.no_decay, checkpoint.dir, log.metrics */
+    CU_ASSERT_EQUAL(keys, 46);
 
     /* round trip through a file, with values different from the defaults */
     FSDP_TEST_OK(train_config_set(&g_cfg, "model.widths=3,5,7", err, sizeof err));
@@ -634,6 +636,152 @@ static void test_checkpoint_keys(void) {
     free(saved);
 }
 
+/* Fails train_config_check after the --set assignments (on the defaults) with the needles. */
+static void check_fails(const char *const *sets, const char *const *needles) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    for (int i = 0; sets[i]; i++) FSDP_TEST_OK(train_config_set(&g_cfg, sets[i], err, sizeof err));
+    CU_ASSERT_EQUAL(train_config_check(&g_cfg, err, sizeof err), FSDP_ERR_CONFIG);
+    printf("\n    %s", err);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, needles));
+}
+
+static void check_ok(const char *const *sets) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    for (int i = 0; sets[i]; i++) FSDP_TEST_OK(train_config_set(&g_cfg, sets[i], err, sizeof err));
+    fsdp_status st = train_config_check(&g_cfg, err, sizeof err);
+    if (st != FSDP_OK) printf("\n    %s", err);
+    CU_ASSERT_EQUAL(st, FSDP_OK);
+}
+
+/* [data], [optim] and [train] eval_every: defaults, values, every error with file and line,
+ * and the rules that join keys. */
+static void test_data_optim_keys(void) {
+    train_config_init(&g_cfg);
+    CU_ASSERT_EQUAL(g_cfg.data.kind, TRAIN_DATA_SYNTHETIC);
+    CU_ASSERT_STRING_EQUAL(g_cfg.data.path, "");
+    CU_ASSERT_STRING_EQUAL(g_cfg.data.x, "x");
+    CU_ASSERT_STRING_EQUAL(g_cfg.data.y, "y");
+    CU_ASSERT_EQUAL(g_cfg.data.task, TRAIN_TASK_REGRESSION);
+    CU_ASSERT_EQUAL(g_cfg.data.eval_fraction, 0.0);
+    CU_ASSERT_FALSE(g_cfg.data.shuffle);
+    CU_ASSERT_EQUAL(g_cfg.optim.name, TRAIN_OPTIM_SGD);
+    CU_ASSERT_EQUAL(g_cfg.optim.betas.n, 2);
+    CU_ASSERT_EQUAL(g_cfg.optim.betas.v[0], 0.9);
+    CU_ASSERT_EQUAL(g_cfg.optim.betas.v[1], 0.999);
+    CU_ASSERT_EQUAL(g_cfg.optim.eps, 1e-8);
+    CU_ASSERT_STRING_EQUAL(g_cfg.optim.no_decay, "");
+    CU_ASSERT_EQUAL(g_cfg.optim.clip_grad_norm, 0.0);
+    CU_ASSERT_EQUAL(g_cfg.optim.schedule, TRAIN_SCHEDULE_CONSTANT);
+    CU_ASSERT_EQUAL(g_cfg.optim.warmup_steps, 0);
+    CU_ASSERT_EQUAL(g_cfg.optim.min_lr, 0.0);
+    CU_ASSERT_EQUAL(g_cfg.train.eval_every, 0);
+
+    load_ok("data_optim", "[model]\nwidths = 64,32,10\n"
+                          "[parallel]\nuse_orig_params = true\n"
+                          "[data]\nkind = h5\npath = d.h5\nx = images\ny = labels\n"
+                          "task = classification\neval_fraction = 0.25\nshuffle = yes\n"
+                          "[optim]\nname = adamw\nlr = 0.003\nbetas = 0.8, 0.95\neps = 1e-6\n"
+                          "weight_decay = 0.1\nno_decay = *.bias, 0.weight\n"
+                          "clip_grad_norm = 1.5\nschedule = cosine\nwarmup_steps = 10\n"
+                          "min_lr = 1e-5\n[train]\nsteps = 100\neval_every = 20\n");
+    CU_ASSERT_EQUAL(g_cfg.data.kind, TRAIN_DATA_H5);
+    CU_ASSERT_STRING_EQUAL(g_cfg.data.path, "d.h5");
+    CU_ASSERT_STRING_EQUAL(g_cfg.data.x, "images");
+    CU_ASSERT_STRING_EQUAL(g_cfg.data.y, "labels");
+    CU_ASSERT_EQUAL(g_cfg.data.task, TRAIN_TASK_CLASSIFICATION);
+    CU_ASSERT_EQUAL(g_cfg.data.eval_fraction, 0.25);
+    CU_ASSERT_TRUE(g_cfg.data.shuffle);
+    CU_ASSERT_EQUAL(g_cfg.optim.name, TRAIN_OPTIM_ADAMW);
+    CU_ASSERT_EQUAL(g_cfg.optim.betas.v[0], 0.8);
+    CU_ASSERT_EQUAL(g_cfg.optim.betas.v[1], 0.95);
+    CU_ASSERT_EQUAL(g_cfg.optim.eps, 1e-6);
+    CU_ASSERT_EQUAL(g_cfg.optim.clip_grad_norm, 1.5);
+    CU_ASSERT_EQUAL(g_cfg.optim.schedule, TRAIN_SCHEDULE_COSINE);
+    CU_ASSERT_EQUAL(g_cfg.optim.warmup_steps, 10);
+    CU_ASSERT_EQUAL(g_cfg.optim.min_lr, 1e-5);
+    CU_ASSERT_EQUAL(g_cfg.train.eval_every, 20);
+    char err[TRAIN_ERROR_SIZE] = "", patterns[TRAIN_MAX_NO_DECAY][TRAIN_MAX_STRING];
+    FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+    CU_ASSERT_EQUAL(train_config_no_decay(&g_cfg, patterns), 2);
+    CU_ASSERT_STRING_EQUAL(patterns[0], "*.bias");
+    CU_ASSERT_STRING_EQUAL(patterns[1], "0.weight");
+
+    /* wrong type, out of range, unknown value: the file, the line, the allowed values */
+    load_fails("kind", "[data]\n\nkind = csv\n", 3, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'csv' for [data] kind", "one of synthetic, h5"));
+    load_fails("task", "[data]\ntask = ranking\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[data] task", "one of regression, classification"));
+    load_fails("eval_fraction", "[data]\neval_fraction = 1\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[data] eval_fraction", "out of range", "a float >= 0 and < 1"));
+    load_fails("eval_fraction_type", "[data]\neval_fraction = half\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'half' for [data] eval_fraction", "a float >= 0 and < 1"));
+    load_fails("shuffle", "[data]\nshuffle = sometimes\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[data] shuffle", "true or false"));
+    load_fails("name", "[optim]\nname = lamb\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'lamb' for [optim] name", "one of sgd, adam, adamw"));
+    load_fails("betas_one", "[optim]\nbetas = 0.9\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[optim] betas", "1 entry", "2 comma-separated floats, each >= 0 and < 1"));
+    load_fails("betas_range", "[optim]\nbetas = 0.9,1.0\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[optim] betas", "entry 2 '1.0' is out of range"));
+    load_fails("betas_text", "[optim]\nbetas = 0.9,high\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[optim] betas", "entry 2 'high' is not a number"));
+    load_fails("betas_three", "[optim]\nbetas = 0.9,0.99,0.999\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[optim] betas", "more than 2 entries"));
+    load_fails("eps", "[optim]\neps = 0\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[optim] eps", "a float > 0 and <= 1"));
+    load_fails("clip", "[optim]\nclip_grad_norm = -1\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[optim] clip_grad_norm", "a float >= 0"));
+    load_fails("schedule", "[optim]\nschedule = step\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'step' for [optim] schedule", "one of constant, warmup, cosine"));
+    load_fails("warmup", "[optim]\nwarmup_steps = 1.5\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[optim] warmup_steps", "an integer >= 0"));
+    load_fails("min_lr", "[optim]\nmin_lr = -0.1\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[optim] min_lr", "a float >= 0"));
+    load_fails("eval_every", "[train]\neval_every = -5\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[train] eval_every", "an integer >= 0"));
+    load_fails("data_unknown", "[data]\nfile = a.h5\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("unknown key 'file' in section [data]",
+                       "allowed keys: kind, path, x, y, task, eval_fraction, shuffle"));
+
+    /* rules that join keys: the keys, their origins and the fix */
+    check_fails(SET("data.kind=h5"), NEEDLES("[data] kind = h5", "needs [data] path"));
+    check_fails(SET("data.kind=h5", "data.path=a.h5", "data.samples=10"),
+                NEEDLES("[data] samples = 10 (--set data.samples=10) applies to kind = synthetic",
+                        "[data] kind = h5"));
+    check_fails(SET("data.path=a.h5"), NEEDLES("[data] path = a.h5", "applies to kind = h5"));
+    check_fails(SET("data.task=classification", "model.widths=4,8,1"),
+                NEEDLES("[data] task = classification", "output width of at least 2"));
+    check_fails(SET("data.task=classification", "data.noise=0.1"),
+                NEEDLES("[data] noise = 0.1", "applies to task = regression"));
+    check_fails(SET("data.eval_fraction=0.0001"),
+                NEEDLES("[data] eval_fraction = 0.0001", "holds out 0 of the 4096 samples"));
+    check_fails(SET("train.eval_every=10"),
+                NEEDLES("[train] eval_every = 10", "holds out nothing", "eval_fraction"));
+    check_fails(SET("optim.name=adam", "optim.momentum=0.5"),
+                NEEDLES("[optim] momentum = 0.5", "applies to name = sgd", "[optim] name = adam"));
+    check_fails(SET("optim.betas=0.8,0.9"),
+                NEEDLES("[optim] betas = 0.8,0.9", "applies to name = adam or adamw"));
+    check_fails(SET("optim.warmup_steps=10"),
+                NEEDLES("[optim] warmup_steps = 10", "applies to schedule = warmup or cosine"));
+    check_fails(SET("optim.schedule=warmup", "optim.min_lr=0.01"),
+                NEEDLES("[optim] min_lr = 0.01", "applies to schedule = cosine"));
+    check_fails(SET("optim.schedule=cosine", "optim.warmup_steps=100", "train.steps=100"),
+                NEEDLES("[optim] warmup_steps = 100", "must be below [train] steps = 100"));
+    check_fails(SET("optim.schedule=cosine", "optim.min_lr=1"),
+                NEEDLES("[optim] min_lr = 1", "is above [optim] lr = 0.2"));
+    check_fails(SET("optim.no_decay=*.bias"),
+                NEEDLES("[optim] no_decay = *.bias", "use_orig_params = true"));
+    check_fails(SET("optim.no_decay=*.bias,,x", "parallel.use_orig_params=true"),
+                NEEDLES("[optim] no_decay", "non-empty patterns"));
+    check_ok(SET("optim.no_decay=*.bias", "parallel.mode=replicate"));
+    check_ok(SET("optim.name=adam", "optim.betas=0,0.5", "optim.schedule=warmup",
+                 "optim.warmup_steps=10000"));
+    check_ok(SET("data.task=classification", "data.eval_fraction=0.1", "train.eval_every=5",
+                 "data.shuffle=true"));
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"defaults", test_defaults},
@@ -659,6 +807,7 @@ int main(int argc, char **argv) {
         {"cli", test_cli},
         {"help_and_write", test_help_and_write},
         {"checkpoint_keys", test_checkpoint_keys},
+        {"data_optim_keys", test_data_optim_keys},
     };
     return fsdp_test_run(argc, argv, "config", cases, (int)(sizeof cases / sizeof cases[0]));
 }

@@ -9,6 +9,7 @@
 #define _POSIX_C_SOURCE 200809L // popen, pclose, access
 
 #include <cblas.h> // defines: openblas_get_num_threads
+#include <hdf5.h>  // defines: H5Fcreate, H5Dcreate2 (data files for [data] kind = h5)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -904,6 +905,245 @@ static void test_mpi_config_mismatch(void) {
     remove(b);
 }
 
+/* ---- [data] kind = h5, classification, optimizers, the digits example --------------------- */
+
+#define DIGITS_INI FSDP_SOURCE_DIR "/examples/digits.ini"
+#define DIGITS_H5  FSDP_SOURCE_DIR "/examples/data/digits.h5"
+
+/* Loads examples/digits.ini without checkpoints or metrics, its data file by absolute path,
+ * then the overrides. */
+static void load_digits(const char *const *overrides) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    FSDP_TEST_OK(train_config_load(&g_cfg, DIGITS_INI, err, sizeof err));
+    set("data.path=" DIGITS_H5);
+    set("checkpoint.dir=");
+    set("log.metrics=");
+    for (int i = 0; overrides && overrides[i]; i++) set(overrides[i]);
+}
+
+/* examples/digits.ini, the run `make train` does, classifies >= 95% of the held-out digits,
+ * in well under a minute. */
+static void test_digits_example(void) {
+#ifdef FSDP_TEST_TSAN
+    printf("\n    skipped under ThreadSanitizer: 600 steps on 4 rank threads");
+    return;
+#endif
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_result res;
+    load_digits(NULL);
+    FSDP_TEST_OK(run(fsdp_test_ctx(), &res, err));
+    printf("\n    held-out accuracy %.2f%%, loss %.4f, after %lld steps in %.2fs on %d ranks",
+           100 * res.eval_accuracy, res.eval_loss, (long long)res.steps, res.seconds,
+           res.layout.world);
+    CU_ASSERT_EQUAL(res.steps, 600);
+    CU_ASSERT_EQUAL(res.layout.dp, 2);
+    CU_ASSERT_EQUAL(res.layout.tp, 2);
+    CU_ASSERT_TRUE(res.eval_accuracy >= 0.95);
+    CU_ASSERT_TRUE(res.seconds < 60);
+    CU_ASSERT_EQUAL(res.n_evals, 6);         /* every 100 steps */
+    CU_ASSERT_TRUE(isfinite(res.grad_norm)); /* clip_grad_norm = 1 */
+}
+
+/* The digits configuration (AdamW, no_decay, warmup + cosine, clipping, shuffle, eval) gives
+ * the single rank's step losses, held-out loss and accuracy and gradient norm at every layout,
+ * to float32 rounding; with a small clip_grad_norm that clips every step, too. */
+static void test_digits_layouts(void) {
+    static const int layouts[][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}, {4, 1}};
+    const char *clips[] = {"optim.clip_grad_norm=1", "optim.clip_grad_norm=0.05"};
+    char err[TRAIN_ERROR_SIZE] = "";
+    double worst = 0;
+    train_result ref, res, unclipped;
+    for (int c = 0; c < 2; c++) {
+        for (size_t l = 0; l < sizeof layouts / sizeof layouts[0]; l++) {
+            char ranks[32], tp[32], what[96];
+            snprintf(ranks, sizeof ranks, "parallel.ranks=%d", layouts[l][0] * layouts[l][1]);
+            snprintf(tp, sizeof tp, "parallel.tp=%d", layouts[l][1]);
+            load_digits(SET("train.steps=24", "train.eval_every=8", "optim.warmup_steps=6", ranks,
+                            tp, clips[c]));
+            train_result *r = l == 0 ? &ref : &res;
+            FSDP_TEST_OK(run(fsdp_test_ctx(), r, err));
+            CU_ASSERT_EQUAL(r->layout.dp, layouts[l][0]);
+            CU_ASSERT_EQUAL(r->layout.tp, layouts[l][1]);
+            CU_ASSERT_EQUAL(r->n_evals, 3);
+            if (l == 0) continue;
+            snprintf(what, sizeof what, "digits dp %d x tp %d, %s", layouts[l][0], layouts[l][1],
+                     clips[c] + 6);
+            g_worst = 0;
+            CU_ASSERT_TRUE(same_run(what, &res, &ref, 1e-5));
+            double e = fabs(res.eval_loss - ref.eval_loss) / ref.eval_loss;
+            double g = fabs(res.grad_norm - ref.grad_norm) / ref.grad_norm;
+            printf("; eval loss %.1e, grad_norm %.1e, accuracy %.4f / %.4f", e, g,
+                   res.eval_accuracy, ref.eval_accuracy);
+            CU_ASSERT_TRUE(e <= 1e-5);
+            CU_ASSERT_TRUE(g <= 1e-5);
+            CU_ASSERT_TRUE(fabs(res.eval_accuracy - ref.eval_accuracy) <= 1.0 / 359);
+            worst = fmax(worst, fmax(g_worst, fmax(e, g)));
+        }
+        if (c == 1) { /* clipping every step changes the run */
+            CU_ASSERT_TRUE(ref.grad_norm > 0.05);
+            load_digits(SET("train.steps=24", "train.eval_every=8", "optim.warmup_steps=6",
+                            "parallel.ranks=1", "parallel.tp=1", "optim.clip_grad_norm=0"));
+            FSDP_TEST_OK(run(fsdp_test_ctx(), &unclipped, err));
+            CU_ASSERT_TRUE(isnan(unclipped.grad_norm));
+            CU_ASSERT_NOT_EQUAL(unclipped.step_loss[5], ref.step_loss[5]);
+        }
+    }
+    printf("\n    worst relative difference over the layouts %.1e", worst);
+}
+
+/* A data file: x float32 (rows, x_cols), and y: int32 class ids i % classes (rank 1) or float32
+ * (rows, y_cols) targets; bad_row >= 0 puts bad_value there (the id, or x's first column). */
+typedef struct h5_spec {
+    const char *x_name, *y_name;
+    int64_t rows, x_cols, y_rows, y_cols; /* y_cols 0: rank 1 */
+    bool y_int;
+    int classes;
+    int64_t bad_row;
+    double bad_value;
+    bool bad_in_x;
+} h5_spec;
+
+static const char *write_h5(const char *name, h5_spec sp) {
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/test_train_%s.h5", FSDP_BINARY_DIR, name);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    CU_ASSERT_FATAL(f >= 0);
+    float *x = malloc((size_t)(sp.rows * sp.x_cols) * sizeof(float));
+    for (int64_t i = 0; i < sp.rows * sp.x_cols; i++) x[i] = (float)(i % 7) / 7.0f;
+    if (sp.bad_in_x) x[sp.bad_row * sp.x_cols] = (float)sp.bad_value;
+    hsize_t xd[2] = {(hsize_t)sp.rows, (hsize_t)sp.x_cols};
+    hid_t space = H5Screate_simple(2, xd, NULL);
+    hid_t ds =
+        H5Dcreate2(f, sp.x_name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x);
+    H5Dclose(ds);
+    H5Sclose(space);
+    int64_t yn = sp.y_rows * (sp.y_cols ? sp.y_cols : 1);
+    hsize_t yd[2] = {(hsize_t)sp.y_rows, (hsize_t)sp.y_cols};
+    space = H5Screate_simple(sp.y_cols ? 2 : 1, yd, NULL);
+    if (sp.y_int) {
+        int32_t *y = malloc((size_t)yn * sizeof *y);
+        for (int64_t i = 0; i < yn; i++) y[i] = (int32_t)(i % sp.classes);
+        if (sp.bad_row >= 0 && !sp.bad_in_x) y[sp.bad_row] = (int32_t)sp.bad_value;
+        ds = H5Dcreate2(f, sp.y_name, H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, y);
+        free(y);
+    } else {
+        float *y = malloc((size_t)yn * sizeof *y);
+        for (int64_t i = 0; i < yn; i++) y[i] = (float)(i % 5) / 5.0f;
+        ds = H5Dcreate2(f, sp.y_name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, y);
+        free(y);
+    }
+    H5Dclose(ds);
+    H5Sclose(space);
+    H5Fclose(f);
+    free(x);
+    return path;
+}
+
+/* A good classification file of 40 samples, 4 inputs, 3 classes. */
+static h5_spec good_spec(void) {
+    return (h5_spec){.x_name = "x",
+                     .y_name = "y",
+                     .rows = 40,
+                     .x_cols = 4,
+                     .y_rows = 40,
+                     .y_int = true,
+                     .classes = 3,
+                     .bad_row = -1};
+}
+
+/* Runs the small h5 configuration on path with the overrides and expects status `want` and
+ * a message naming the file and every needle. */
+static void h5_run(const char *path, const char *const *overrides, fsdp_status want,
+                   const char *const *needles) {
+    char err[TRAIN_ERROR_SIZE] = "", a[1100];
+    train_result res;
+    train_config_init(&g_cfg);
+    set("model.widths=4,8,3");
+    set("data.kind=h5");
+    snprintf(a, sizeof a, "data.path=%s", path);
+    set(a);
+    set("data.task=classification");
+    set("data.batch_size=8");
+    set("data.eval_fraction=0.25");
+    set("train.steps=20");
+    set("parallel.ranks=2");
+    for (int i = 0; overrides && overrides[i]; i++) set(overrides[i]);
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err);
+    if (st != FSDP_OK) printf("\n    %s", err);
+    CU_ASSERT_EQUAL(st, want);
+    if (want == FSDP_OK) {
+        CU_ASSERT_EQUAL(res.steps, 20);
+        bool classify = g_cfg.data.task == TRAIN_TASK_CLASSIFICATION;
+        CU_ASSERT_TRUE(classify ? res.eval_accuracy >= 0 && res.eval_accuracy <= 1
+                                : isnan(res.eval_accuracy));
+        CU_ASSERT_TRUE(isfinite(res.eval_loss));
+        return;
+    }
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, path));
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, needles));
+}
+
+/* HDF5 data files: a good one trains; a missing dataset, widths that differ from the model's,
+ * class ids out of range, non-finite values, a length mismatch, the wrong type and a missing
+ * file fail before any rank starts, naming the file, the dataset and the fix. */
+static void test_h5_data(void) {
+    h5_spec sp = good_spec();
+    h5_run(write_h5("good", sp), NULL, FSDP_OK, NULL);
+    h5_run(write_h5("good", sp), SET("data.y=labels"), FSDP_ERR_CONFIG,
+           SET("has no dataset 'labels' ([data] y, --set data.y=labels)", "it holds: x, y",
+               "set [data] y to one of them"));
+    h5_run(write_h5("good", sp), SET("model.widths=5,8,3"), FSDP_ERR_CONFIG,
+           SET("dataset 'x' ([data] x) is (40, 4)", "needs (N, 5)", "first of [model] widths"));
+    sp.bad_row = 7, sp.bad_value = 3;
+    h5_run(write_h5("class", sp), NULL, FSDP_ERR_CONFIG,
+           SET("holds class id 3 at sample 7", "outside [0, 3)", "raise the output width"));
+    sp.bad_value = -1;
+    h5_run(write_h5("class", sp), NULL, FSDP_ERR_CONFIG, SET("class id -1 at sample 7"));
+    sp = good_spec();
+    sp.bad_row = 5, sp.bad_value = NAN, sp.bad_in_x = true;
+    h5_run(write_h5("nan", sp), NULL, FSDP_ERR_CONFIG,
+           SET("dataset 'x' ([data] x) holds nan at sample 5, column 0", "finite"));
+    sp = good_spec();
+    sp.y_rows = 39;
+    h5_run(write_h5("rows", sp), NULL, FSDP_ERR_CONFIG,
+           SET("dataset 'y' ([data] y) is (39,)", "with N = 40 (x's)"));
+    sp = good_spec();
+    sp.y_int = false;
+    h5_run(write_h5("float_ids", sp), NULL, FSDP_ERR_CONFIG,
+           SET("dataset 'y' ([data] y) must hold integer class ids", "its type is float"));
+    sp.y_cols = 2; /* regression targets of width 2 against an output width of 3 */
+    h5_run(write_h5("reg", sp), SET("data.task=regression"), FSDP_ERR_CONFIG,
+           SET("dataset 'y' ([data] y) is (40, 2)", "needs (N, 3)", "output width"));
+    sp.y_cols = 3;
+    h5_run(write_h5("reg", sp), SET("data.task=regression"), FSDP_OK, NULL);
+    h5_run(write_h5("good", good_spec()), SET("data.eval_fraction=0.01"), FSDP_ERR_CONFIG,
+           SET("has 40 samples", "holds out 0"));
+    h5_run(FSDP_BINARY_DIR "/no-such-data.h5", NULL, FSDP_ERR_IO,
+           SET("cannot read data file", "[data] path", "No such file"));
+}
+
+/* Shuffling draws a new order each epoch: another run than in order, the same for every seed
+ * it is given twice, another for another seed. */
+static void test_shuffle(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_result a, b, c, d;
+    load_digits(SET("train.steps=60", "parallel.ranks=1", "parallel.tp=1", "data.shuffle=false"));
+    FSDP_TEST_OK(run(fsdp_test_ctx(), &a, err));
+    load_digits(SET("train.steps=60", "parallel.ranks=1", "parallel.tp=1"));
+    FSDP_TEST_OK(run(fsdp_test_ctx(), &b, err));
+    FSDP_TEST_OK(run(fsdp_test_ctx(), &c, err));
+    set("data.seed=2");
+    FSDP_TEST_OK(run(fsdp_test_ctx(), &d, err));
+    CU_ASSERT_NOT_EQUAL(a.step_loss[0], b.step_loss[0]);
+    CU_ASSERT_EQUAL(b.step_loss[40], c.step_loss[40]);
+    CU_ASSERT_EQUAL(b.last_loss, c.last_loss);
+    CU_ASSERT_NOT_EQUAL(b.step_loss[0], d.step_loss[0]);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"example_learns", test_example_learns},
@@ -928,6 +1168,10 @@ int main(int argc, char **argv) {
         {"tool_exit_status", test_tool_exit_status},
         {"mpi_matches_local", test_mpi_matches_local},
         {"mpi_config_mismatch", test_mpi_config_mismatch},
+        {"digits_example", test_digits_example},
+        {"digits_layouts", test_digits_layouts},
+        {"h5_data", test_h5_data},
+        {"shuffle", test_shuffle},
     };
     return fsdp_test_run(argc, argv, "train", cases, (int)(sizeof cases / sizeof cases[0]));
 }

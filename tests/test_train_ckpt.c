@@ -155,7 +155,7 @@ static const char *step_dir(const char *dir, int64_t step) {
  * interrupted run (async saves). */
 static void resume_same_layout(const char *name, const char *const *layout, const char *extra) {
     char err[TRAIN_ERROR_SIZE], a_dir[1024], b_dir[1100], l1[64], l2[64];
-    const char *all[16];
+    const char *all[32];
     train_result a, b1, b2;
     char *out_a = NULL, *out_b = NULL;
     snprintf(a_dir, sizeof a_dir, "%s", scratch(name));
@@ -208,24 +208,120 @@ static void test_resume_bitwise(void) {
     resume_same_layout("replicate-3", SET("parallel.ranks=3", "parallel.mode=replicate"), NULL);
     /* async saves every 2 steps, keeping 2 */
     resume_same_layout("async", SET("parallel.ranks=2"), "checkpoint.async=true");
+    /* AdamW (its moments in the checkpoint), no_decay groups, warmup + cosine, clipping,
+     * a shuffled order and held-out evaluations. The cosine runs to [train] steps, and the
+     * interrupted run stops by train.steps = 5: with 4 warmup steps its 5 updates have the
+     * uninterrupted run's lrs (step 5 is the cosine's first, at lr whatever the length), and
+     * the resumed steps 6..10 follow the 10-step cosine. The stop also falls inside an
+     * epoch (48 training samples, batches of 8) and between evaluations. */
+    resume_same_layout("adamw-cosine-dp2-tp2",
+                       SET("parallel.ranks=4", "parallel.tp=2", "parallel.use_orig_params=true",
+                           "optim.name=adamw", "optim.lr=0.01", "optim.weight_decay=0.1",
+                           "optim.no_decay=*.bias", "optim.schedule=cosine", "optim.warmup_steps=4",
+                           "optim.min_lr=0.001", "optim.clip_grad_norm=0.5", "data.shuffle=true",
+                           "data.eval_fraction=0.5", "train.eval_every=3"),
+                       NULL);
+    resume_same_layout("adam-warmup-replicate",
+                       SET("parallel.ranks=2", "parallel.mode=replicate", "optim.name=adam",
+                           "optim.lr=0.01", "optim.betas=0.8,0.99", "optim.weight_decay=0.01",
+                           "optim.schedule=warmup", "optim.warmup_steps=6"),
+                       NULL);
+}
+
+/* The whole global tensor `name` of the checkpoint at dir, malloc'ed; *n its elements. */
+static float *read_tensor(const char *dir, const char *name, int64_t *n) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_ckpt *c = NULL;
+    FSDP_TEST_OK(fsdp_ckpt_open(ctx, dir, &c));
+    int t = c ? fsdp_ckpt_find(c, name) : -1;
+    CU_ASSERT_TRUE(t >= 0);
+    fsdp_ckpt_tensor info;
+    float *v = NULL;
+    *n = 0;
+    if (t >= 0 && fsdp_ckpt_tensor_get(ctx, c, t, &info) == FSDP_OK) {
+        fsdp_state_region all = {.ndim = info.ndim};
+        *n = 1;
+        for (int d = 0; d < info.ndim; d++) all.count[d] = info.shape[d], *n *= info.shape[d];
+        v = malloc((size_t)*n * sizeof(float) + 1);
+        FSDP_TEST_OK(fsdp_ckpt_read(ctx, c, t, &all, v));
+    }
+    fsdp_ckpt_close(c);
+    return v;
+}
+
+/* Whether tensor `name` is bitwise the same in the step-1 checkpoints of dirs a and b. */
+static bool same_tensor(const char *a, const char *b, const char *name) {
+    int64_t na, nb;
+    float *va = read_tensor(step_dir(a, 1), name, &na);
+    float *vb = read_tensor(step_dir(b, 1), name, &nb);
+    bool same = va && vb && na == nb && memcmp(va, vb, (size_t)na * sizeof(float)) == 0;
+    free(va);
+    free(vb);
+    return same;
+}
+
+/* [optim] no_decay: one AdamW step with weight_decay 0.5 and no_decay = *.bias leaves every
+ * bias where the step without decay puts it (bitwise: p * (1 - lr * 0) is p) and every weight
+ * where the step with decay for all puts it; under FSDP (use_orig_params) on 2 ranks and under
+ * replicate with SGD. */
+static void test_no_decay(void) {
+    static const char *const modes[][4] = {
+        {"parallel.use_orig_params=true", "optim.name=adamw", "optim.lr=0.01", NULL},
+        {"parallel.mode=replicate", "optim.name=sgd", "optim.momentum=0", NULL},
+    };
+    static const char *const params[] = {"0.weight", "0.bias",   "2.weight",
+                                         "2.bias",   "4.weight", "4.bias"};
+    for (int m = 0; m < 2; m++) {
+        char err[TRAIN_ERROR_SIZE], dirs[3][1024];
+        const char *decay[3] = {"optim.weight_decay=0.5", "optim.weight_decay=0",
+                                "optim.weight_decay=0.5"};
+        for (int r = 0; r < 3; r++) {
+            char name[64];
+            snprintf(name, sizeof name, "no-decay-%d-%d", m, r);
+            snprintf(dirs[r], sizeof dirs[r], "%s", scratch(name));
+            const char *all[12] = {"parallel.ranks=2", "train.steps=1", decay[r]};
+            int n = 3;
+            if (r == 0) all[n++] = "optim.no_decay=*.bias";
+            for (int i = 0; modes[m][i]; i++) all[n++] = modes[m][i];
+            all[n] = NULL;
+            FSDP_TEST_OK(run_ckpt(&(train_result){0}, dirs[r], all, NULL, err));
+        }
+        int biases = 0, weights = 0;
+        for (int p = 0; p < 6; p++) {
+            bool bias = strstr(params[p], "bias") != NULL;
+            bool like_none = same_tensor(dirs[0], dirs[1], params[p]);
+            bool like_all = same_tensor(dirs[0], dirs[2], params[p]);
+            if (bias && like_none && !like_all) biases++;
+            if (!bias && like_all && !like_none) weights++;
+        }
+        printf("\n    %s: %d of 3 biases undecayed, %d of 3 weights decayed", modes[m][1], biases,
+               weights);
+        CU_ASSERT_EQUAL(biases, 3);
+        CU_ASSERT_EQUAL(weights, 3);
+    }
 }
 
 /* Five steps at one layout, five more at another: the uninterrupted run's losses and
- * parameters to float32 rounding. */
-static void resume_cross(const char *name, const char *const *first, const char *const *second,
-                         double *worst) {
+ * parameters to float32 rounding. `common` (may be NULL): overrides of all three runs. */
+static void resume_cross_common(const char *name, const char *const *first,
+                                const char *const *second, const char *const *common,
+                                double *worst) {
     char err[TRAIN_ERROR_SIZE], ref_dir[1100], dir[1024];
     train_result ref, r1, r2;
     snprintf(dir, sizeof dir, "%s", scratch(name));
     snprintf(ref_dir, sizeof ref_dir, "%.1000s-ref", dir);
-    FSDP_TEST_OK(run_ckpt(&ref, ref_dir, SET("train.steps=10"), NULL, err));
-    const char *all[12];
-    int n = 0;
+    const char *all[32];
+    int n = 0, c = 0;
+    for (int i = 0; common && common[i]; i++) all[c++] = common[i];
+    all[c] = "train.steps=10";
+    all[c + 1] = NULL;
+    FSDP_TEST_OK(run_ckpt(&ref, ref_dir, all, NULL, err));
+    n = c;
     all[n++] = "train.steps=5";
     for (int i = 0; first[i]; i++) all[n++] = first[i];
     all[n] = NULL;
     FSDP_TEST_OK(run_ckpt(&r1, dir, all, NULL, err));
-    n = 0;
+    n = c;
     all[n++] = "train.steps=10";
     for (int i = 0; second[i]; i++) all[n++] = second[i];
     all[n] = NULL;
@@ -243,6 +339,11 @@ static void resume_cross(const char *name, const char *const *first, const char 
     *worst = fmax(*worst, diff);
 }
 
+static void resume_cross(const char *name, const char *const *first, const char *const *second,
+                         double *worst) {
+    resume_cross_common(name, first, second, NULL, worst);
+}
+
 static void test_resume_other_layout(void) {
     double worst = 0;
     resume_cross("1 rank -> dp 2 x tp 2, wrap layer", SET("parallel.ranks=1"),
@@ -256,6 +357,15 @@ static void test_resume_other_layout(void) {
     resume_cross("tp 2 no_shard -> dp 3 offload",
                  SET("parallel.ranks=2", "parallel.tp=2", "parallel.strategy=no_shard"),
                  SET("parallel.ranks=3", "parallel.offload=true"), &worst);
+    /* AdamW's moments, a cosine schedule and a shuffled order move across layouts too (the
+     * stop at train.steps = 5 is the cosine's first step, whose lr does not depend on steps) */
+    resume_cross_common("adamw cosine: dp 2 x tp 2 -> dp 3",
+                        SET("parallel.ranks=4", "parallel.tp=2"), SET("parallel.ranks=3"),
+                        SET("parallel.use_orig_params=true", "optim.name=adamw", "optim.lr=0.01",
+                            "optim.weight_decay=0.1", "optim.no_decay=*.bias",
+                            "optim.schedule=cosine", "optim.warmup_steps=4",
+                            "optim.clip_grad_norm=0.5", "data.shuffle=true"),
+                        &worst);
     printf("\n    worst tensor difference %.1e", worst);
 }
 
@@ -423,20 +533,24 @@ static void test_init_from_pytorch(void) {
     free(saved_tmpdir);
 }
 
-/* examples/mlp.ini (what `make train` runs, cut to 1000 steps) saves checkpoints, and run
- * again resumes from the last one and says so. */
-static void test_example_resumes(void) {
+/* One example, cut to `steps` (a multiple of its checkpoint.every), run twice in one
+ * directory: the second run resumes at `steps` and says so. */
+static void example_resumes(const char *ini, const char *name, int64_t steps) {
     char err[TRAIN_ERROR_SIZE] = "", want[1200];
-    const char *dir = scratch("example");
+    const char *dir = scratch(name);
     train_result r;
     for (int run = 0; run < 2; run++) {
         train_config_init(&g_cfg);
-        FSDP_TEST_OK(
-            train_config_load(&g_cfg, FSDP_SOURCE_DIR "/examples/mlp.ini", err, sizeof err));
+        FSDP_TEST_OK(train_config_load(&g_cfg, ini, err, sizeof err));
         CU_ASSERT_STRING_EQUAL(g_cfg.checkpoint.resume, "auto");
         CU_ASSERT_TRUE(g_cfg.checkpoint.every > 0);
         setf("checkpoint.dir=%s", dir);
-        set("train.steps=1000");
+        set("log.metrics=");
+        if (g_cfg.data.kind == TRAIN_DATA_H5)
+            set("data.path=" FSDP_SOURCE_DIR "/examples/data/digits.h5");
+        char a[64];
+        snprintf(a, sizeof a, "train.steps=%lld", (long long)steps);
+        set(a);
         char *text = NULL;
         size_t size = 0;
         FILE *f = open_memstream(&text, &size);
@@ -444,15 +558,25 @@ static void test_example_resumes(void) {
         fclose(f);
         if (run == 0) {
             CU_ASSERT_EQUAL(r.start_step, 0);
-            CU_ASSERT_STRING_EQUAL(r.saved, step_dir(dir, 1000));
+            CU_ASSERT_STRING_EQUAL(r.saved, step_dir(dir, steps));
         } else {
-            snprintf(want, sizeof want, "resume: from %s at step 1000", step_dir(dir, 1000));
+            snprintf(want, sizeof want, "resume: from %s at step %lld", step_dir(dir, steps),
+                     (long long)steps);
             printf("\n    %s", strstr(text, "resume:") ? strstr(text, "resume:") : text);
             CU_ASSERT_PTR_NOT_NULL(strstr(text, want));
-            CU_ASSERT_EQUAL(r.start_step, 1000);
+            CU_ASSERT_EQUAL(r.start_step, steps);
+            if (g_cfg.data.eval_fraction > 0) /* where it stands on the held-out samples */
+                CU_ASSERT_PTR_NOT_NULL(strstr(text, "accuracy"));
         }
         free(text);
     }
+}
+
+/* examples/mlp.ini and examples/digits.ini (what `make train` runs) save, and run again resume
+ * and say so; the digits run also shows the held-out accuracy where it stands. */
+static void test_example_resumes(void) {
+    example_resumes(FSDP_SOURCE_DIR "/examples/mlp.ini", "example", 1000);
+    example_resumes(FSDP_SOURCE_DIR "/examples/digits.ini", "digits", 200);
 }
 
 /* ---- the fsdp-train binary: signals ------------------------------------------------------ */
@@ -674,6 +798,7 @@ int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"resume_bitwise", test_resume_bitwise},
         {"resume_other_layout", test_resume_other_layout},
+        {"no_decay", test_no_decay},
         {"resume_auto_fresh", test_resume_auto_fresh},
         {"resume_refused", test_resume_refused},
         {"init_from_pytorch", test_init_from_pytorch},

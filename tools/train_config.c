@@ -19,7 +19,15 @@
 
 /* ---- the key table ------------------------------------------------------------------------ */
 
-typedef enum key_type { KEY_INT, KEY_FLOAT, KEY_BOOL, KEY_STRING, KEY_ENUM, KEY_INT_LIST } key_type;
+typedef enum key_type {
+    KEY_INT,
+    KEY_FLOAT,
+    KEY_BOOL,
+    KEY_STRING,
+    KEY_ENUM,
+    KEY_INT_LIST,
+    KEY_FLOAT_LIST
+} key_type;
 
 typedef struct key_def {
     const char *section;
@@ -33,7 +41,8 @@ typedef struct key_def {
     double fmax;
     bool fmin_open;
     bool fmax_open;
-    int min_count; /* int-list: number of entries */
+    int min_count; /* int-list, float-list: number of entries; a float list's entries lie in
+                      the float range */
     int max_count;
     const char *const *names;                /* enum: allowed values, NULL-terminated */
     bool (*parse_enum)(const char *, int *); /* enum: text (one of names) -> value; NULL: the
@@ -50,9 +59,10 @@ static const section_def g_sections[] = {
     {"model", "the model, an MLP of Linear layers with an activation between them"},
     {"parallel", "the ranks and how they share the work: data parallelism (FSDP or replicas) "
                  "over dp ranks, tensor parallelism over tp ranks, world = dp * tp"},
-    {"data", "the synthetic regression dataset, inputs drawn from the counter RNG, targets "
-             "computed by a fixed random teacher MLP"},
-    {"optim", "the optimizer, SGD as in PyTorch"},
+    {"data", "the dataset, synthetic (a random teacher MLP) or an HDF5 file, the task, the "
+             "held-out split and the batches"},
+    {"optim", "the optimizer (SGD, Adam, AdamW as in PyTorch), its learning rate schedule and "
+              "gradient clipping"},
     {"train", "the training loop"},
     {"checkpoint", "sharded checkpoints of the run (parameters, optimizer state, data position), "
                    "resuming from them at any layout, and the save on SIGINT/SIGTERM"},
@@ -69,6 +79,10 @@ static const char *const g_mode_names[] = {"fsdp", "replicate", NULL};
 static const char *const g_strategy_names[] = {"full_shard", "shard_grad_op", "no_shard",
                                                "hybrid_shard", NULL};
 static const char *const g_wrap_names[] = {"none", "layer", NULL};
+static const char *const g_data_kind_names[] = {"synthetic", "h5", NULL};
+static const char *const g_task_names[] = {"regression", "classification", NULL};
+static const char *const g_optim_names[] = {"sgd", "adam", "adamw", NULL};
+static const char *const g_schedule_names[] = {"constant", "warmup", "cosine", NULL};
 
 static bool parse_activation(const char *text, int *value) {
     fsdp_activation act;
@@ -90,6 +104,13 @@ _Static_assert(sizeof(train_backend) == sizeof(int), "enum keys are stored as in
 _Static_assert(sizeof(train_mode) == sizeof(int), "enum keys are stored as int");
 _Static_assert(sizeof(fsdp_sharding_strategy) == sizeof(int), "enum keys are stored as int");
 _Static_assert(sizeof(train_wrap) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(train_data_kind) == sizeof(int) && sizeof(train_task) == sizeof(int) &&
+                   sizeof(train_optim_name) == sizeof(int) && sizeof(train_schedule) == sizeof(int),
+               "enum keys are stored as int");
+_Static_assert(TRAIN_DATA_H5 == 1 && TRAIN_TASK_CLASSIFICATION == 1 && TRAIN_OPTIM_ADAMW == 2 &&
+                   TRAIN_SCHEDULE_COSINE == 2 && (int)FSDP_LR_COSINE == 2 &&
+                   (int)FSDP_LR_LINEAR_WARMUP == 1,
+               "the enums above are the index of their name (and the schedule the library's)");
 _Static_assert(TRAIN_BACKEND_AUTO == 2 && TRAIN_MODE_REPLICATE == 1 && TRAIN_WRAP_LAYER == 1 &&
                    FSDP_HYBRID_SHARD == 3,
                "the enums above are the index of their name");
@@ -130,6 +151,12 @@ _Static_assert(TRAIN_BACKEND_AUTO == 2 && TRAIN_MODE_REPLICATE == 1 && TRAIN_WRA
     {                                                                                              \
         .section = sec, .name = key, .type = KEY_INT_LIST, .offset = OFF(field), .def = dflt,      \
         .min_count = n_min, .max_count = n_max, .imin = lo, .imax = hi, .help = text               \
+    }
+#define FLOATS_KEY(sec, key, field, dflt, count, lo, lo_open, hi, hi_open, text)                   \
+    {                                                                                              \
+        .section = sec, .name = key, .type = KEY_FLOAT_LIST, .offset = OFF(field), .def = dflt,    \
+        .min_count = count, .max_count = count, .fmin = lo, .fmin_open = lo_open, .fmax = hi,      \
+        .fmax_open = hi_open, .help = text                                                         \
     }
 
 static const key_def g_keys[] = {
@@ -184,25 +211,74 @@ static const key_def g_keys[] = {
     INT_KEY("parallel", "timeout_s", parallel.timeout_s, "300", 1, 86400,
             "seconds a rank waits in a collective before the run fails with a timeout"),
 
+    ENUM_KEY("data", "kind", data.kind, "synthetic", g_data_kind_names, NULL,
+             "where the samples come from: synthetic (inputs from the counter RNG, targets from "
+             "a fixed random teacher MLP; samples, seed, teacher_widths and noise describe it) "
+             "or h5 (datasets x and y of the HDF5 file path, held in memory by every rank)"),
+    STRING_KEY("data", "path", data.path, "",
+               "kind = h5: the HDF5 file (a path relative to the working directory)"),
+    STRING_KEY("data", "x", data.x, "x",
+               "kind = h5: the inputs' dataset, float (samples, widths[0])"),
+    STRING_KEY("data", "y", data.y, "y",
+               "kind = h5: the targets' dataset: regression float (samples, output width); "
+               "classification integer class ids (samples,) in [0, output width)"),
+    ENUM_KEY("data", "task", data.task, "regression", g_task_names, NULL,
+             "regression (MSE loss) or classification (cross-entropy over the output width = "
+             "the number of classes, accuracy reported; synthetic: the class is the argmax of "
+             "the teacher's output)"),
+    FLOAT_KEY("data", "eval_fraction", data.eval_fraction, "0", 0, INCL, 1, EXCL,
+              "fraction of the samples held out for evaluation: the last "
+              "floor(samples * eval_fraction) samples in file order (shuffle the file "
+              "beforehand if it is sorted); 0: no held-out split"),
+    BOOL_KEY("data", "shuffle", data.shuffle, "false",
+             "visit the training samples in a new permutation every epoch, drawn from seed and "
+             "the epoch by global index (the same batches on every layout); false: in order"),
     INT_KEY("data", "samples", data.samples, "4096", 1, 100000000,
-            "number of samples in the dataset; the batches cycle through them"),
+            "synthetic: number of samples in the dataset; the batches cycle through them"),
     INT_KEY("data", "batch_size", data.batch_size, "64", 1, 10000000, "samples per step"),
     INT_KEY("data", "seed", data.seed, "1", 0, BIG,
-            "seed of the inputs, the teacher's parameters and the label noise"),
+            "seed of the shuffle and (synthetic) of the inputs, the teacher's parameters and "
+            "the label noise"),
     LIST_KEY("data", "teacher_widths", data.teacher_widths, "64", 0, TRAIN_MAX_LIST - 2, 1,
              WIDTH_MAX,
-             "hidden widths of the teacher MLP (its input and output widths are the model's); "
-             "empty for a linear teacher"),
+             "synthetic: hidden widths of the teacher MLP (its input and output widths are the "
+             "model's); empty for a linear teacher"),
     FLOAT_KEY("data", "noise", data.noise, "0", 0, INCL, HUGE_VAL, INCL,
-              "standard deviation of Gaussian noise added to the targets"),
+              "synthetic: standard deviation of Gaussian noise added to the targets "
+              "(regression)"),
 
-    FLOAT_KEY("optim", "lr", optim.lr, "0.2", 0, EXCL, HUGE_VAL, INCL, "learning rate"),
+    ENUM_KEY("optim", "name", optim.name, "sgd", g_optim_names, NULL,
+             "the optimizer, as PyTorch's: sgd, adam (weight_decay as L2 in the gradient) or "
+             "adamw (decoupled weight decay)"),
+    FLOAT_KEY("optim", "lr", optim.lr, "0.2", 0, EXCL, HUGE_VAL, INCL,
+              "learning rate; with a schedule, its peak"),
     FLOAT_KEY("optim", "momentum", optim.momentum, "0.9", 0, INCL, 1, EXCL,
-              "momentum factor (0: none)"),
-    FLOAT_KEY("optim", "weight_decay", optim.weight_decay, "0", 0, INCL, HUGE_VAL, INCL,
-              "L2 penalty added to the gradient (weight_decay * parameter)"),
+              "sgd: momentum factor (0: none)"),
     BOOL_KEY("optim", "nesterov", optim.nesterov, "false",
-             "Nesterov momentum (needs momentum > 0)"),
+             "sgd: Nesterov momentum (needs momentum > 0)"),
+    FLOATS_KEY("optim", "betas", optim.betas, "0.9,0.999", 2, 0, INCL, 1, EXCL,
+               "adam, adamw: beta1,beta2, the decay rates of the moment estimates"),
+    FLOAT_KEY("optim", "eps", optim.eps, "1e-08", 0, EXCL, 1, INCL,
+              "adam, adamw: added to the denominator"),
+    FLOAT_KEY("optim", "weight_decay", optim.weight_decay, "0", 0, INCL, HUGE_VAL, INCL,
+              "sgd and adam: L2 penalty added to the gradient (weight_decay * parameter); "
+              "adamw: decoupled decay (parameter *= 1 - lr * weight_decay)"),
+    STRING_KEY("optim", "no_decay", optim.no_decay, "",
+               "comma-separated parameter name patterns (fnmatch, * matches any text, dots "
+               "too) whose parameters get weight_decay 0, e.g. *.bias; names are "
+               "nn.Sequential's: 0.weight, 0.bias, 2.weight, ... Each pattern must match a "
+               "parameter. Under mode = fsdp it needs use_orig_params = true"),
+    FLOAT_KEY("optim", "clip_grad_norm", optim.clip_grad_norm, "0", 0, INCL, HUGE_VAL, INCL,
+              "clip the gradients to this global L2 norm (over every shard and tp rank) before "
+              "each update; 0: no clipping"),
+    ENUM_KEY("optim", "schedule", optim.schedule, "constant", g_schedule_names, NULL,
+             "learning rate schedule: constant (lr), warmup (lr * step / warmup_steps, then "
+             "lr), cosine (the warmup, then cosine from lr down to min_lr at the last step)"),
+    INT_KEY("optim", "warmup_steps", optim.warmup_steps, "0", 0, BIG,
+            "warmup and cosine: steps of linear warmup (0: none); cosine needs fewer than "
+            "[train] steps"),
+    FLOAT_KEY("optim", "min_lr", optim.min_lr, "0", 0, INCL, HUGE_VAL, INCL,
+              "cosine: the learning rate at the last step, at most lr"),
 
     INT_KEY("train", "steps", train.steps, "5000", 1, BIG, "optimizer steps to run"),
     INT_KEY("train", "seed", train.seed, "0", 0, BIG,
@@ -210,6 +286,10 @@ static const key_def g_keys[] = {
     INT_KEY("train", "log_every", train.log_every, "500", 1, BIG,
             "steps between progress lines and metrics records (the last step is always "
             "logged)"),
+    INT_KEY("train", "eval_every", train.eval_every, "0", 0, BIG,
+            "steps between evaluations on the held-out split ([data] eval_fraction > 0): its "
+            "loss and, for classification, accuracy, printed and in the metrics; 0: after the "
+            "last step only"),
 
     STRING_KEY("checkpoint", "dir", checkpoint.dir, "",
                "directory of the run's checkpoints, a step-<8 digits> directory per save; "
@@ -269,6 +349,12 @@ static void describe_int_range(const key_def *k, char *buf, size_t size) {
         train_append(buf, size, "in [%lld, %lld]", (long long)k->imin, (long long)k->imax);
 }
 
+static void describe_float_range(const key_def *k, char *buf, size_t size) {
+    train_append(buf, size, "%s %g", k->fmin_open ? ">" : ">=", k->fmin);
+    if (isfinite(k->fmax))
+        train_append(buf, size, " and %s %g", k->fmax_open ? "<" : "<=", k->fmax);
+}
+
 /* What a value of key k must be: "a float > 0", "one of relu, gelu, sigmoid", ... */
 static void describe_expected(const key_def *k, char *buf, size_t size) {
     buf[0] = '\0';
@@ -278,9 +364,8 @@ static void describe_expected(const key_def *k, char *buf, size_t size) {
         describe_int_range(k, buf, size);
         break;
     case KEY_FLOAT:
-        train_append(buf, size, "a float %s %g", k->fmin_open ? ">" : ">=", k->fmin);
-        if (isfinite(k->fmax))
-            train_append(buf, size, " and %s %g", k->fmax_open ? "<" : "<=", k->fmax);
+        train_append(buf, size, "a float ");
+        describe_float_range(k, buf, size);
         break;
     case KEY_BOOL:
         train_append(buf, size, "true or false (or yes/no, on/off, 1/0)");
@@ -302,6 +387,10 @@ static void describe_expected(const key_def *k, char *buf, size_t size) {
         describe_int_range(k, buf, size);
         if (k->min_count == 0) train_append(buf, size, ", or nothing");
         break;
+    case KEY_FLOAT_LIST:
+        train_append(buf, size, "%d comma-separated floats, each ", k->min_count);
+        describe_float_range(k, buf, size);
+        break;
     }
 }
 
@@ -319,6 +408,8 @@ static const char *type_name(const key_def *k) {
         return "enum";
     case KEY_INT_LIST:
         return "int list";
+    case KEY_FLOAT_LIST:
+        return "float list";
     }
     return "?";
 }
@@ -359,6 +450,28 @@ static bool parse_bool(const char *text, bool *out) {
     return false;
 }
 
+/* Parses a float in key k's range: returns 0, or 1 when text is not a number, 2 when it
+ * overflows a double, 3 when it is not finite, 4 when it is out of range. */
+static int parse_float(const key_def *k, const char *text, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (!*text || *end) return 1;
+    if (errno == ERANGE && isinf(v)) return 2; /* an underflow (to 0 or a subnormal) is a value */
+    if (!isfinite(v)) return 3;
+    bool low = k->fmin_open ? v <= k->fmin : v < k->fmin;
+    bool high = k->fmax_open ? v >= k->fmax : v > k->fmax;
+    if (low || high) return 4;
+    *out = v;
+    return 0;
+}
+
+static const char *float_problem(int bad) {
+    return bad == 2   ? "overflows a double (the largest is 1.79769e+308)"
+           : bad == 3 ? "not a finite number"
+                      : "out of range";
+}
+
 /* Parses text as a value of key k into cfg; on failure writes what is wrong after "bad value
  * 'text' for [section] key: " into why. */
 static bool parse_value(const key_def *k, const char *text, train_config *cfg, char *why,
@@ -380,26 +493,46 @@ static bool parse_value(const key_def *k, const char *text, train_config *cfg, c
         return true;
     }
     case KEY_FLOAT: {
-        char *end;
-        errno = 0;
-        double v = strtod(text, &end);
-        if (!*text || *end) break;
-        if (errno == ERANGE && isinf(v)) { /* an underflow (to 0 or a subnormal) is a value */
-            snprintf(why, why_size, "overflows a double (the largest is %g); expected %s", DBL_MAX,
-                     expected);
-            return false;
-        }
-        if (!isfinite(v)) {
-            snprintf(why, why_size, "not a finite number; expected %s", expected);
-            return false;
-        }
-        bool low = k->fmin_open ? v <= k->fmin : v < k->fmin;
-        bool high = k->fmax_open ? v >= k->fmax : v > k->fmax;
-        if (low || high) {
-            snprintf(why, why_size, "out of range; expected %s", expected);
+        double v;
+        int bad = parse_float(k, text, &v);
+        if (bad == 1) break;
+        if (bad) {
+            snprintf(why, why_size, "%s; expected %s", float_problem(bad), expected);
             return false;
         }
         *(double *)field = v;
+        return true;
+    }
+    case KEY_FLOAT_LIST: {
+        train_float_list list = {0};
+        for (const char *p = text;; p++) {
+            char item[64];
+            size_t len = strcspn(p, ",");
+            if (list.n == k->max_count) {
+                snprintf(why, why_size, "more than %d entries; expected %s", k->max_count,
+                         expected);
+                return false;
+            }
+            size_t b = 0, e = len;
+            while (b < e && (p[b] == ' ' || p[b] == '\t')) b++;
+            while (e > b && (p[e - 1] == ' ' || p[e - 1] == '\t')) e--;
+            snprintf(item, sizeof item, "%.*s", (int)(e - b), p + b);
+            int bad = e - b >= sizeof item ? 1 : parse_float(k, item, &list.v[list.n]);
+            if (bad) {
+                snprintf(why, why_size, "entry %d '%s' is %s; expected %s", list.n + 1, item,
+                         bad == 1 ? "not a number" : float_problem(bad), expected);
+                return false;
+            }
+            list.n++;
+            p += len;
+            if (!*p) break;
+        }
+        if (list.n < k->min_count) {
+            snprintf(why, why_size, "%d entr%s; expected %s", list.n, list.n == 1 ? "y" : "ies",
+                     expected);
+            return false;
+        }
+        *(train_float_list *)field = list;
         return true;
     }
     case KEY_BOOL: {
@@ -511,6 +644,15 @@ static void format_value(const train_config *cfg, const key_def *k, char *buf, s
         const train_int_list *list = field;
         for (int i = 0; i < list->n; i++)
             train_append(buf, size, "%s%lld", i ? "," : "", (long long)list->v[i]);
+        break;
+    }
+    case KEY_FLOAT_LIST: {
+        const train_float_list *list = field;
+        for (int i = 0; i < list->n; i++) {
+            char v[64];
+            format_double(list->v[i], v, sizeof v);
+            train_append(buf, size, "%s%s", i ? "," : "", v);
+        }
         break;
     }
     }
@@ -1029,7 +1171,83 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
     return FSDP_OK;
 }
 
-fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_size) {
+/* Fails naming [section] name when it was changed from its default although `applies`
+ * (a condition described by `to`, with the key that decides it) does not hold. */
+static bool key_not_for(const train_config *cfg, const char *section, const char *name,
+                        bool applies, const char *to, const char *dsec, const char *dname,
+                        char *err, size_t err_size) {
+    if (applies || !is_changed(cfg, section, name)) return false;
+    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE];
+    snprintf(err, err_size, "%s applies to %s, but %s; remove it or change %s",
+             train_config_key_text(cfg, section, name, a, sizeof a), to,
+             train_config_key_text(cfg, dsec, dname, b, sizeof b), dname);
+    return true;
+}
+
+/* The [data] rules that join keys. */
+static fsdp_status check_data(const train_config *cfg, char *err, size_t err_size) {
+    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE];
+    bool h5 = cfg->data.kind == TRAIN_DATA_H5;
+    static const char *const synthetic_only[] = {"samples", "teacher_widths", "noise"};
+    static const char *const h5_only[] = {"path", "x", "y"};
+    for (int i = 0; i < 3; i++)
+        if (key_not_for(cfg, "data", synthetic_only[i], !h5, "kind = synthetic", "data", "kind",
+                        err, err_size) ||
+            key_not_for(cfg, "data", h5_only[i], h5, "kind = h5", "data", "kind", err, err_size))
+            return FSDP_ERR_CONFIG;
+    if (h5 && !cfg->data.path[0]) {
+        snprintf(err, err_size,
+                 "%s needs [data] path, the HDF5 file to read (with datasets x and y); set it",
+                 train_config_key_text(cfg, "data", "kind", a, sizeof a));
+        return FSDP_ERR_CONFIG;
+    }
+    bool classify = cfg->data.task == TRAIN_TASK_CLASSIFICATION;
+    int64_t classes = cfg->model.widths.v[cfg->model.widths.n - 1];
+    if (classify && classes < 2) {
+        snprintf(err, err_size,
+                 "%s needs an output width of at least 2 (the number of classes), but %s ends "
+                 "in %lld; set the last width to the number of classes",
+                 train_config_key_text(cfg, "data", "task", a, sizeof a),
+                 train_config_key_text(cfg, "model", "widths", b, sizeof b), (long long)classes);
+        return FSDP_ERR_CONFIG;
+    }
+    if (key_not_for(cfg, "data", "noise", !classify, "task = regression", "data", "task", err,
+                    err_size))
+        return FSDP_ERR_CONFIG;
+    if (!h5 && cfg->data.eval_fraction > 0) {
+        int64_t n_eval = (int64_t)floor((double)cfg->data.samples * cfg->data.eval_fraction);
+        if (n_eval < 1 || n_eval >= cfg->data.samples) {
+            snprintf(err, err_size,
+                     "%s holds out %lld of the %lld samples (%s); both the held-out and the "
+                     "training part need at least one: change eval_fraction or samples",
+                     train_config_key_text(cfg, "data", "eval_fraction", a, sizeof a),
+                     (long long)n_eval, (long long)cfg->data.samples,
+                     train_config_key_text(cfg, "data", "samples", b, sizeof b));
+            return FSDP_ERR_CONFIG;
+        }
+    }
+    if (cfg->train.eval_every > 0 && cfg->data.eval_fraction == 0) {
+        snprintf(err, err_size,
+                 "%s evaluates on the held-out split, but %s holds out nothing; set "
+                 "eval_fraction (e.g. 0.2) or eval_every = 0",
+                 train_config_key_text(cfg, "train", "eval_every", a, sizeof a),
+                 train_config_key_text(cfg, "data", "eval_fraction", b, sizeof b));
+        return FSDP_ERR_CONFIG;
+    }
+    return FSDP_OK;
+}
+
+/* The [optim] rules that join keys. */
+static fsdp_status check_optim(const train_config *cfg, char *err, size_t err_size) {
+    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE], c[KEY_TEXT_SIZE];
+    bool sgd = cfg->optim.name == TRAIN_OPTIM_SGD;
+    if (key_not_for(cfg, "optim", "momentum", sgd, "name = sgd", "optim", "name", err, err_size) ||
+        key_not_for(cfg, "optim", "nesterov", sgd, "name = sgd", "optim", "name", err, err_size) ||
+        key_not_for(cfg, "optim", "betas", !sgd, "name = adam or adamw", "optim", "name", err,
+                    err_size) ||
+        key_not_for(cfg, "optim", "eps", !sgd, "name = adam or adamw", "optim", "name", err,
+                    err_size))
+        return FSDP_ERR_CONFIG;
     if (cfg->optim.nesterov && cfg->optim.momentum <= 0) {
         snprintf(err, err_size,
                  "[optim] nesterov = true (%s) needs [optim] momentum > 0, but momentum is %g "
@@ -1038,7 +1256,67 @@ fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_si
                  train_config_origin(cfg, "optim", "momentum"));
         return FSDP_ERR_CONFIG;
     }
-    fsdp_status st = check_parallel(cfg, err, err_size);
+    train_schedule sched = cfg->optim.schedule;
+    if (key_not_for(cfg, "optim", "warmup_steps", sched != TRAIN_SCHEDULE_CONSTANT,
+                    "schedule = warmup or cosine", "optim", "schedule", err, err_size) ||
+        key_not_for(cfg, "optim", "min_lr", sched == TRAIN_SCHEDULE_COSINE, "schedule = cosine",
+                    "optim", "schedule", err, err_size))
+        return FSDP_ERR_CONFIG;
+    if (sched == TRAIN_SCHEDULE_COSINE && cfg->optim.warmup_steps >= cfg->train.steps) {
+        snprintf(err, err_size,
+                 "%s leaves no steps for the cosine decay of %s: warmup_steps must be below %s",
+                 train_config_key_text(cfg, "optim", "warmup_steps", a, sizeof a),
+                 train_config_key_text(cfg, "optim", "schedule", b, sizeof b),
+                 train_config_key_text(cfg, "train", "steps", c, sizeof c));
+        return FSDP_ERR_CONFIG;
+    }
+    if (sched == TRAIN_SCHEDULE_COSINE && cfg->optim.min_lr > cfg->optim.lr) {
+        snprintf(err, err_size, "%s is above %s; the cosine schedule decays from lr to min_lr",
+                 train_config_key_text(cfg, "optim", "min_lr", a, sizeof a),
+                 train_config_key_text(cfg, "optim", "lr", b, sizeof b));
+        return FSDP_ERR_CONFIG;
+    }
+    if (cfg->optim.no_decay[0]) {
+        char patterns[TRAIN_MAX_NO_DECAY][TRAIN_MAX_STRING];
+        if (train_config_no_decay(cfg, patterns) < 0) {
+            snprintf(err, err_size,
+                     "%s: expected up to %d comma-separated non-empty patterns, e.g. *.bias",
+                     train_config_key_text(cfg, "optim", "no_decay", a, sizeof a),
+                     TRAIN_MAX_NO_DECAY);
+            return FSDP_ERR_CONFIG;
+        }
+        if (cfg->parallel.mode == TRAIN_MODE_FSDP && !cfg->parallel.use_orig_params) {
+            snprintf(err, err_size,
+                     "%s needs the parameters' own names, which FSDP's optimizer sees only with "
+                     "use_orig_params = true, but %s; set it to true (or use mode = replicate)",
+                     train_config_key_text(cfg, "optim", "no_decay", a, sizeof a),
+                     train_config_key_text(cfg, "parallel", "use_orig_params", b, sizeof b));
+            return FSDP_ERR_CONFIG;
+        }
+    }
+    return FSDP_OK;
+}
+
+int train_config_no_decay(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]) {
+    int n = 0;
+    const char *p = cfg->optim.no_decay;
+    if (!*p) return 0;
+    for (;; p++) {
+        size_t len = strcspn(p, ","), b = 0, e = len;
+        while (b < e && (p[b] == ' ' || p[b] == '\t')) b++;
+        while (e > b && (p[e - 1] == ' ' || p[e - 1] == '\t')) e--;
+        if (e == b || n == TRAIN_MAX_NO_DECAY) return -1;
+        snprintf(patterns[n++], TRAIN_MAX_STRING, "%.*s", (int)(e - b), p + b);
+        p += len;
+        if (!*p) return n;
+    }
+}
+
+fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_size) {
+    fsdp_status st = check_data(cfg, err, err_size);
+    if (st == FSDP_OK) st = check_optim(cfg, err, err_size);
+    if (st != FSDP_OK) return st;
+    st = check_parallel(cfg, err, err_size);
     if (st != FSDP_OK) return st;
     int world = train_config_world_size(cfg);
     return world > 0 ? train_layout_resolve(cfg, world, NULL, err, err_size) : FSDP_OK;

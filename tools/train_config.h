@@ -15,7 +15,7 @@ extern "C" {
 
 #define TRAIN_MAX_LIST   16   /* entries of an int-list key */
 #define TRAIN_MAX_STRING 512  /* bytes of a string key, with its terminating NUL */
-#define TRAIN_MAX_KEYS   40   /* keys in the table */
+#define TRAIN_MAX_KEYS   64   /* keys in the table */
 #define TRAIN_MAX_ORIGIN 160  /* bytes of one origin text */
 #define TRAIN_ERROR_SIZE 1024 /* a good size for the err buffers below */
 /* Limits of the input, stated by --help and the error messages: */
@@ -27,6 +27,39 @@ typedef struct train_int_list {
     int n;
     int64_t v[TRAIN_MAX_LIST];
 } train_int_list;
+
+#define TRAIN_MAX_FLOAT_LIST 4 /* entries of a float-list key */
+
+typedef struct train_float_list {
+    int n;
+    double v[TRAIN_MAX_FLOAT_LIST];
+} train_float_list;
+
+/* [data] kind: where the samples come from. */
+typedef enum train_data_kind {
+    TRAIN_DATA_SYNTHETIC = 0, /* inputs from the counter RNG, targets from a random teacher */
+    TRAIN_DATA_H5,            /* datasets x and y of an HDF5 file */
+} train_data_kind;
+
+/* [data] task: the loss. */
+typedef enum train_task {
+    TRAIN_TASK_REGRESSION = 0, /* MSE against float targets (N, out) */
+    TRAIN_TASK_CLASSIFICATION, /* cross-entropy against class ids (N,) in [0, out) */
+} train_task;
+
+/* [optim] name. */
+typedef enum train_optim_name {
+    TRAIN_OPTIM_SGD = 0,
+    TRAIN_OPTIM_ADAM,
+    TRAIN_OPTIM_ADAMW,
+} train_optim_name;
+
+/* [optim] schedule: the library's fsdp_lr_schedule_kind, by the same index. */
+typedef enum train_schedule {
+    TRAIN_SCHEDULE_CONSTANT = 0,
+    TRAIN_SCHEDULE_WARMUP,
+    TRAIN_SCHEDULE_COSINE,
+} train_schedule;
 
 /* [parallel] backend: where the ranks run. */
 typedef enum train_backend {
@@ -69,6 +102,13 @@ typedef struct train_config {
         int64_t timeout_s;
     } parallel;
     struct {
+        train_data_kind kind;
+        char path[TRAIN_MAX_STRING]; /* h5: the file */
+        char x[TRAIN_MAX_STRING];    /* h5: the inputs' dataset */
+        char y[TRAIN_MAX_STRING];    /* h5: the targets' dataset */
+        train_task task;
+        double eval_fraction; /* the held-out tail of the samples */
+        bool shuffle;         /* a seeded permutation of the training samples per epoch */
         int64_t samples;
         int64_t batch_size;
         int64_t seed;
@@ -76,15 +116,24 @@ typedef struct train_config {
         double noise;
     } data;
     struct {
+        train_optim_name name;
         double lr;
         double momentum;
-        double weight_decay;
         bool nesterov;
+        train_float_list betas; /* adam, adamw: beta1, beta2 */
+        double eps;
+        double weight_decay;
+        char no_decay[TRAIN_MAX_STRING]; /* comma-separated fnmatch patterns, "" for none */
+        double clip_grad_norm;           /* 0: no clipping */
+        train_schedule schedule;
+        int64_t warmup_steps;
+        double min_lr;
     } optim;
     struct {
         int64_t steps;
         int64_t seed;
         int64_t log_every;
+        int64_t eval_every; /* 0: only after the last step */
     } train;
     struct {
         char dir[TRAIN_MAX_STRING];    /* "" for no checkpoints */
@@ -119,10 +168,20 @@ fsdp_status train_config_load(train_config *cfg, const char *path, char *err, si
 fsdp_status train_config_set(train_config *cfg, const char *assignment, char *err, size_t err_size);
 
 /* Checks rules that join several keys (nesterov needs momentum, tp must divide the sharded
- * widths, FSDP-only keys need mode = fsdp, ...) and, when the world size follows from the
+ * widths, FSDP-only keys need mode = fsdp, keys of another [data] kind or task, another
+ * optimizer or schedule are not set, kind = h5 has a path, no_decay under fsdp has
+ * use_orig_params, cosine's warmup_steps < steps and min_lr <= lr, eval_every has a held-out
+ * split, ...) and, when the world size follows from the
  * configuration (train_config_world_size), the layout (train_layout_resolve).
  * FSDP_ERR_CONFIG on failure. */
 fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_size);
+
+#define TRAIN_MAX_NO_DECAY 8 /* patterns of [optim] no_decay */
+
+/* Splits [optim] no_decay at its commas into patterns (white space around each removed):
+ * returns their number (0 for none), or -1 when one is empty or there are more than
+ * TRAIN_MAX_NO_DECAY. */
+int train_config_no_decay(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]);
 
 /* [parallel] backend with auto resolved: TRAIN_BACKEND_MPI when the process was started by
  * mpirun (OMPI_COMM_WORLD_SIZE, or PMI_SIZE of MPICH's launchers, is set), else

@@ -1,7 +1,9 @@
-/* trainer.c: fsdp-train's training run: an MLP student fits a fixed random teacher network
- * on a synthetic dataset drawn from the counter RNG by global sample index, with SGD on the
- * MSE loss, on a world of ranks: tensor parallelism over tp, FSDP or replicas over dp, each
- * dp rank on its slice of every batch. The tool and tests/test_train.c share it. */
+/* trainer.c: fsdp-train's training run: an MLP fits a dataset (a fixed random teacher network
+ * on inputs drawn from the counter RNG by global sample index, or an HDF5 file's samples) by
+ * regression (MSE) or classification (cross-entropy), with SGD, Adam or AdamW under a learning
+ * rate schedule, on a world of ranks: tensor parallelism over tp, FSDP or replicas over dp,
+ * each dp rank on its slice of every batch; the held-out split is evaluated as it goes. The
+ * tool and tests/test_train.c share it. */
 #define _POSIX_C_SOURCE 200809L // clock_gettime, open_memstream, mkdtemp, stat
 
 #include "trainer.h"
@@ -12,11 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h> // defines: stat, S_ISDIR, S_ISREG
+#include <sys/stat.h> // defines: stat, mkdir, S_ISDIR, S_ISREG
 #include <time.h>
 
 #include "fsdp/version.h" // defines: FSDP_VERSION_STRING
 #include "train_ckpt.h"   // defines: train_sources, train_saver, train_ckpt_resume
+#include "train_data.h"   // defines: train_data_load, train_order_sample
 
 atomic_int train_stop_signal = 0;
 
@@ -81,16 +84,14 @@ static fsdp_status make_dataset(fsdp_ctx *ctx, const train_config *cfg, fsdp_ten
     return FSDP_OK;
 }
 
-/* Copies rows start, start+1, ... (wrapping at the end of the dataset) into the batch. */
-static void gather_rows(const fsdp_tensor *src, int64_t start, fsdp_tensor *dst) {
-    int64_t rows = fsdp_tensor_dim(src, 0), cols = fsdp_tensor_dim(src, 1);
-    int64_t want = fsdp_tensor_dim(dst, 0);
-    const float *s = fsdp_tensor_f32(src);
-    float *d = fsdp_tensor_f32(dst);
-    for (int64_t r = 0, i = start; r < want; i = 0) {
-        int64_t n = want - r < rows - i ? want - r : rows - i;
-        memcpy(d + r * cols, s + i * cols, (size_t)(n * cols) * sizeof(float));
-        r += n;
+/* Class ids (samples) of a synthetic classification dataset: the argmax of the teacher's
+ * output row (the first maximum). */
+static void argmax_rows(const float *v, int64_t rows, int64_t cols, int32_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        int32_t best = 0;
+        for (int64_t c = 1; c < cols; c++)
+            if (v[r * cols + c] > v[r * cols + best]) best = (int32_t)c;
+        out[r] = best;
     }
 }
 
@@ -114,14 +115,20 @@ typedef struct train_state {
     fsdp_module *model;
     fsdp_sharded *sh; /* mode fsdp */
     fsdp_optimizer *opt;
-    fsdp_tensor *x, *y;   /* the dataset, on every rank: (samples, in), (samples, out) */
-    fsdp_tensor *xb, *yb; /* this rank's slice of a batch: (len, in), (len, out) */
-    fsdp_tensor *dout;    /* d(global loss)/d(prediction) * dp: (len, out) */
-    fsdp_tensor *loss;    /* (1): this rank's share of a loss, then the sum over dp */
-    int64_t off, len;     /* the slice: samples [off, off + len) of each batch */
-    FILE *out;            /* rank 0's progress stream, or NULL */
-    const char *out_name; /* "the progress to stdout", for messages */
-    FILE *metrics;        /* rank 0's metrics file, or NULL */
+    fsdp_lr_schedule sched;  /* [optim] schedule over [train] steps */
+    bool classify;           /* [data] task = classification */
+    fsdp_tensor *x, *y;      /* the dataset, on every rank: (samples, in), (samples, out) */
+    int32_t *labels;         /* classification: (samples) class ids */
+    int64_t n_train, n_eval; /* training samples [0, n_train), held-out [n_train, samples) */
+    train_order order;       /* the training samples' order */
+    fsdp_tensor *xb, *yb;    /* this rank's slice of a batch: (len, in), (len, out) */
+    int32_t *lb;             /* classification: (len) the slice's class ids */
+    fsdp_tensor *dout;       /* d(global loss)/d(prediction) * dp: (len, out) */
+    fsdp_tensor *loss;       /* (2): this rank's shares of a loss and a count, then sums */
+    int64_t off, len;        /* the slice: samples [off, off + len) of each batch */
+    FILE *out;               /* rank 0's progress stream, or NULL */
+    const char *out_name;    /* "the progress to stdout", for messages */
+    FILE *metrics;           /* rank 0's metrics file, or NULL */
     char metrics_name[TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 64]; /* for messages */
     train_saver saver; /* [checkpoint] dir set: the writer and the state it saves */
     bool saving;       /* saver is made */
@@ -136,6 +143,9 @@ static void train_state_free(fsdp_ctx *ctx, train_state *s) {
     fsdp_module_free(s->model);
     fsdp_tensor_free(s->x);
     fsdp_tensor_free(s->y);
+    free(s->labels);
+    free(s->lb);
+    train_order_free(&s->order);
     fsdp_tensor_free(s->xb);
     fsdp_tensor_free(s->yb);
     fsdp_tensor_free(s->dout);
@@ -211,13 +221,75 @@ static fsdp_status new_f32(fsdp_ctx *ctx, int64_t rows, int64_t cols, fsdp_tenso
     return fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){rows, cols}, out);
 }
 
+/* The optimizer [optim] names over params, with weight_decay 0 for the no_decay patterns
+ * (the library's parameter groups), and the lr schedule. */
+static fsdp_status make_optimizer(fsdp_ctx *ctx, const train_config *cfg, fsdp_module *params,
+                                  train_state *s) {
+    char patterns[TRAIN_MAX_NO_DECAY][TRAIN_MAX_STRING];
+    fsdp_param_group groups[TRAIN_MAX_NO_DECAY];
+    int n = train_config_no_decay(cfg, patterns);
+    for (int i = 0; i < n; i++)
+        groups[i] = (fsdp_param_group){.pattern = patterns[i], .weight_decay = FSDP_OVERRIDE(0.0)};
+    n = n < 0 ? 0 : n;
+    s->sched = (fsdp_lr_schedule){.kind = (fsdp_lr_schedule_kind)cfg->optim.schedule,
+                                  .base_lr = cfg->optim.lr,
+                                  .warmup_steps = cfg->optim.warmup_steps,
+                                  .total_steps = cfg->train.steps,
+                                  .min_lr = cfg->optim.min_lr};
+    TRY(fsdp_lr_schedule_check(ctx, &s->sched));
+    if (cfg->optim.name == TRAIN_OPTIM_SGD) {
+        fsdp_sgd_options o = {.lr = cfg->optim.lr,
+                              .momentum = cfg->optim.momentum,
+                              .weight_decay = cfg->optim.weight_decay,
+                              .nesterov = cfg->optim.nesterov,
+                              .param_groups = n ? groups : NULL,
+                              .n_param_groups = n};
+        return fsdp_sgd_create(ctx, params, &o, &s->opt);
+    }
+    fsdp_adam_options o = {.lr = cfg->optim.lr,
+                           .beta1 = cfg->optim.betas.v[0],
+                           .beta2 = cfg->optim.betas.v[1],
+                           .eps = cfg->optim.eps,
+                           .weight_decay = cfg->optim.weight_decay,
+                           .param_groups = n ? groups : NULL,
+                           .n_param_groups = n};
+    if (o.beta1 == 0) o.beta1 = 1e-30; /* 0 would select the default (optim.h) */
+    if (o.beta2 == 0) o.beta2 = 1e-30;
+    return cfg->optim.name == TRAIN_OPTIM_ADAM ? fsdp_adam_create(ctx, params, &o, &s->opt)
+                                               : fsdp_adamw_create(ctx, params, &o, &s->opt);
+}
+
+/* The rank's copy of the dataset: the h5 data read by the process, or the synthetic teacher's;
+ * with classification the class ids. */
+static fsdp_status make_data(fsdp_ctx *ctx, const train_config *cfg, const train_data *data,
+                             train_state *s) {
+    int64_t n = fsdp_tensor_dim(s->x, 0), in = fsdp_tensor_dim(s->x, 1);
+    int64_t out = fsdp_tensor_dim(s->y, 1);
+    if (data) {
+        memcpy(fsdp_tensor_f32(s->x), data->x, (size_t)(n * in) * sizeof(float));
+        if (data->y) memcpy(fsdp_tensor_f32(s->y), data->y, (size_t)(n * out) * sizeof(float));
+    } else {
+        TRY(make_dataset(ctx, cfg, s->x, s->y));
+    }
+    if (!s->classify) return FSDP_OK;
+    if (!(s->labels = malloc((size_t)n * sizeof *s->labels))) return FSDP_ERR_OUT_OF_MEMORY;
+    if (data)
+        memcpy(s->labels, data->labels, (size_t)n * sizeof *s->labels);
+    else
+        argmax_rows(fsdp_tensor_f32(s->y), n, out, s->labels);
+    return FSDP_OK;
+}
+
 /* Builds the mesh, the model with its parallelism, the optimizer, the dataset and this rank's
- * batch tensors; all allocation of a run is here. */
-static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
-                               const char **what) {
+ * batch tensors; all allocation of a run is here. data: the h5 dataset, NULL for synthetic. */
+static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const train_data *data,
+                               train_state *s, const char **what) {
     const train_int_list *w = &cfg->model.widths;
     int64_t in = w->v[0], out = w->v[w->n - 1];
-    int64_t n = cfg->data.samples, b = cfg->data.batch_size;
+    int64_t n = data ? data->n : cfg->data.samples, b = cfg->data.batch_size;
+    s->classify = cfg->data.task == TRAIN_TASK_CLASSIFICATION;
+    s->n_eval = train_data_eval_count(cfg, n);
+    s->n_train = n - s->n_eval;
     for (int i = 0; i + 1 < w->n; i++) {
         snprintf(s->paths[i], sizeof s->paths[i], "%d", 2 * i);
         s->path_ptrs[i] = s->paths[i];
@@ -235,76 +307,128 @@ static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, train_sta
     *what = cfg->parallel.mode == TRAIN_MODE_FSDP ? "applying FSDP" : "making the replicas";
     if ((st = apply_dp(ctx, cfg, s))) return st;
     *what = "creating the optimizer";
-    fsdp_sgd_options sgd = {.lr = cfg->optim.lr,
-                            .momentum = cfg->optim.momentum,
-                            .weight_decay = cfg->optim.weight_decay,
-                            .nesterov = cfg->optim.nesterov};
     fsdp_module *params = s->sh ? fsdp_sharded_flat_params(s->sh) : s->model;
-    if ((st = fsdp_sgd_create(ctx, params, &sgd, &s->opt))) return st;
+    if ((st = make_optimizer(ctx, cfg, params, s))) return st;
     *what = "allocating the dataset";
     fsdp_chunk_range(b, s->layout.dp, s->dp_rank, &s->off, &s->len);
     if ((st = new_f32(ctx, n, in, &s->x)) || (st = new_f32(ctx, n, out, &s->y)) ||
         (st = new_f32(ctx, s->len, in, &s->xb)) || (st = new_f32(ctx, s->len, out, &s->yb)) ||
         (st = new_f32(ctx, s->len, out, &s->dout)) ||
-        (st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){1}, &s->loss)))
+        (st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){2}, &s->loss)) ||
+        (st = train_order_init(&s->order, cfg, s->n_train)))
         return st;
-    *what = "computing the teacher's targets";
-    return make_dataset(ctx, cfg, s->x, s->y);
+    if (s->classify && !(s->lb = malloc((size_t)(s->len ? s->len : 1) * sizeof *s->lb)))
+        return FSDP_ERR_OUT_OF_MEMORY;
+    *what = data ? "copying the dataset" : "computing the teacher's targets";
+    return make_data(ctx, cfg, data, s);
 }
 
-/* The sum over dp of each rank's `share` (the rank's loss weighted by its part of the
- * samples): the global loss, the same on every rank. One rank: share itself. */
-static fsdp_status sum_over_dp(fsdp_ctx *ctx, train_state *s, double share, double *total) {
+/* The sums over dp of each rank's `share` (the rank's loss weighted by its part of the
+ * samples) and `count` (its correct predictions, exact in f32 below 2^24): the global values,
+ * the same on every rank. One rank: its own. */
+static fsdp_status sum_over_dp(fsdp_ctx *ctx, train_state *s, double share, double count,
+                               double *total, double *total_count) {
     if (s->layout.dp == 1) {
         *total = share;
+        if (total_count) *total_count = count;
         return FSDP_OK;
     }
     fsdp_tensor_f32(s->loss)[0] = (float)share;
+    fsdp_tensor_f32(s->loss)[1] = (float)count;
     TRY(fsdp_all_reduce(ctx, s->dp, s->loss, FSDP_REDUCE_SUM));
     *total = fsdp_tensor_f32(s->loss)[0];
+    if (total_count) *total_count = fsdp_tensor_f32(s->loss)[1];
     return FSDP_OK;
 }
 
-/* The loss of the model over the whole dataset (one forward, no gradients): each dp rank
- * takes its torch.chunk of the samples. */
-static fsdp_status dataset_loss(fsdp_ctx *ctx, train_state *s, double *loss) {
-    int64_t n = fsdp_tensor_dim(s->x, 0), off, len;
+/* Rows of pred (rows, out) whose argmax is the label. */
+static int64_t count_correct(const fsdp_tensor *pred, const int32_t *labels, int64_t rows) {
+    int32_t *best = malloc((size_t)(rows ? rows : 1) * sizeof *best);
+    if (!best) return -1;
+    argmax_rows(fsdp_tensor_f32(pred), rows, fsdp_tensor_dim(pred, 1), best);
+    int64_t n = 0;
+    for (int64_t r = 0; r < rows; r++) n += best[r] == labels[r];
+    free(best);
+    return n;
+}
+
+/* The loss of the model over samples [first, first + n) (one forward, no gradients), and
+ * with classification the fraction of them it classifies right (else NAN): each dp rank takes
+ * its torch.chunk of the samples. */
+static fsdp_status range_loss(fsdp_ctx *ctx, train_state *s, int64_t first, int64_t n, double *loss,
+                              double *accuracy) {
+    int64_t off, len;
     int64_t in = fsdp_tensor_dim(s->x, 1), out = fsdp_tensor_dim(s->y, 1);
     fsdp_chunk_range(n, s->layout.dp, s->dp_rank, &off, &len);
+    off += first;
     fsdp_tensor *x = NULL, *y = NULL;
     const fsdp_tensor *pred = NULL;
     float l = 0;
+    int64_t right = 0;
     fsdp_status st = fsdp_tensor_view(ctx, s->x, off * in, 2, (int64_t[]){len, in}, &x);
     if (st == FSDP_OK) st = fsdp_tensor_view(ctx, s->y, off * out, 2, (int64_t[]){len, out}, &y);
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, s->model, x, &pred); /* every rank joins */
-    if (st == FSDP_OK && len > 0) st = fsdp_loss_mse(ctx, pred, y, &l, NULL);
-    if (st == FSDP_OK) st = sum_over_dp(ctx, s, (double)l * (double)len / (double)n, loss);
+    if (st == FSDP_OK && len > 0 && s->classify)
+        st = fsdp_loss_cross_entropy(ctx, pred, s->labels + off, &l, NULL);
+    else if (st == FSDP_OK && len > 0)
+        st = fsdp_loss_mse(ctx, pred, y, &l, NULL);
+    if (st == FSDP_OK && len > 0 && s->classify &&
+        (right = count_correct(pred, s->labels + off, len)) < 0)
+        st = FSDP_ERR_OUT_OF_MEMORY;
+    double total_right = 0;
+    if (st == FSDP_OK)
+        st = sum_over_dp(ctx, s, (double)l * (double)len / (double)n, (double)right, loss,
+                         &total_right);
+    if (accuracy) *accuracy = s->classify ? total_right / (double)n : NAN;
     fsdp_tensor_free(x);
     fsdp_tensor_free(y);
     return st;
 }
 
-/* One training step on this rank's slice of the batch that starts at sample `start`; *loss is
- * the global batch loss. The gradient of the mean over the slice is scaled by len * dp / B, so
- * that dp's average (FSDP's and replicate's reductions divide by dp) is the gradient of the
- * mean over the whole batch, also when the slices are uneven (or empty). */
+/* The loss over the training samples. */
+static fsdp_status dataset_loss(fsdp_ctx *ctx, train_state *s, double *loss) {
+    return range_loss(ctx, s, 0, s->n_train, loss, NULL);
+}
+
+/* Copies the rows of the batch slice into xb, yb (regression) or lb (classification): row r is
+ * sample train_order_sample(k0 + off + r). */
+static void gather_batch(train_state *s, int64_t k0) {
+    int64_t in = fsdp_tensor_dim(s->x, 1), out = fsdp_tensor_dim(s->y, 1);
+    const float *x = fsdp_tensor_f32(s->x), *y = fsdp_tensor_f32(s->y);
+    float *xb = fsdp_tensor_f32(s->xb), *yb = fsdp_tensor_f32(s->yb);
+    for (int64_t r = 0; r < s->len; r++) {
+        int64_t i = train_order_sample(&s->order, k0 + s->off + r);
+        memcpy(xb + r * in, x + i * in, (size_t)in * sizeof(float));
+        if (s->classify)
+            s->lb[r] = s->labels[i];
+        else
+            memcpy(yb + r * out, y + i * out, (size_t)out * sizeof(float));
+    }
+}
+
+/* One training step on this rank's slice of the batch that starts at position `start` of the
+ * sample stream (train_order); *loss is the global batch loss. The gradient of the mean over the
+ * slice is scaled by len * dp / B, so that dp's average (FSDP's and replicate's reductions divide
+ * by dp) is the gradient of the mean over the whole batch, also when the slices are uneven (or
+ * empty). */
 static fsdp_status train_step(fsdp_ctx *ctx, const train_config *cfg, train_state *s, int64_t start,
                               double *loss) {
     int64_t b = cfg->data.batch_size;
-    int64_t first = (start + s->off) % cfg->data.samples;
     const fsdp_tensor *pred = NULL;
     float l = 0;
-    gather_rows(s->x, first, s->xb);
-    gather_rows(s->y, first, s->yb);
+    gather_batch(s, start);
     TRY(fsdp_optimizer_zero_grad(ctx, s->opt));
     TRY(fsdp_module_forward(ctx, s->model, s->xb, &pred));
-    if (s->len > 0) TRY(fsdp_loss_mse(ctx, pred, s->yb, &l, s->dout));
+    if (s->len > 0 && s->classify)
+        TRY(fsdp_loss_cross_entropy(ctx, pred, s->lb, &l, s->dout));
+    else if (s->len > 0)
+        TRY(fsdp_loss_mse(ctx, pred, s->yb, &l, s->dout));
     double scale = (double)s->len * s->layout.dp / (double)b;
     if (scale != 1.0) {
         float *d = fsdp_tensor_f32(s->dout);
         for (int64_t i = 0; i < fsdp_tensor_numel(s->dout); i++) d[i] *= (float)scale;
     }
-    return sum_over_dp(ctx, s, (double)l * (double)s->len / (double)b, loss);
+    return sum_over_dp(ctx, s, (double)l * (double)s->len / (double)b, 0, loss, NULL);
 }
 
 /* Flushes f; when that or an earlier write to f failed, writes "cannot write <name>: <why>"
@@ -316,19 +440,51 @@ static fsdp_status flush_checked(FILE *f, const char *name, char *err, size_t er
     return FSDP_ERR_IO;
 }
 
-/* One progress line and metrics record for the steps since the last one. */
-static fsdp_status report(const train_config *cfg, train_state *s, int64_t step, double loss,
-                          double samples_per_s, double elapsed, char *err, size_t err_size) {
-    if (s->out) {
-        int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
-        fprintf(s->out, "step %*lld/%lld  loss %.6f  samples/s %.0f  time %.2fs\n", digits,
-                (long long)step, (long long)cfg->train.steps, loss, samples_per_s, elapsed);
-        TRY(flush_checked(s->out, s->out_name, err, err_size));
+/* What a logged step reports. */
+typedef struct train_report {
+    bool progress;        /* a progress line: loss, samples_per_s, elapsed, lr, grad_norm */
+    double loss;          /* batch losses averaged since the last line */
+    double samples_per_s; /* since the last line */
+    double elapsed;       /* seconds since the loop started */
+    double lr;            /* of the step's update */
+    double grad_norm;     /* before clipping; NAN without clipping */
+    bool eval;            /* an evaluation: eval_loss, eval_accuracy */
+    double eval_loss;
+    double eval_accuracy; /* NAN for regression */
+} train_report;
+
+/* The progress and evaluation lines and one metrics record of a logged step. */
+static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
+                          const train_report *r, char *err, size_t err_size) {
+    int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
+    if (s->out && r->progress) {
+        fprintf(s->out, "step %*lld/%lld  loss %.6f  lr %.3g", digits, (long long)step,
+                (long long)cfg->train.steps, r->loss, r->lr);
+        if (!isnan(r->grad_norm)) fprintf(s->out, "  grad_norm %.3g", r->grad_norm);
+        fprintf(s->out, "  samples/s %.0f  time %.2fs\n", r->samples_per_s, r->elapsed);
     }
+    if (s->out && r->eval) {
+        fprintf(s->out, "eval %*lld/%lld  loss %.6f", digits, (long long)step,
+                (long long)cfg->train.steps, r->eval_loss);
+        if (!isnan(r->eval_accuracy))
+            fprintf(s->out, "  accuracy %.2f%%", 100.0 * r->eval_accuracy);
+        fprintf(s->out, "  (%lld held-out samples)\n", (long long)s->n_eval);
+    }
+    if (s->out) TRY(flush_checked(s->out, s->out_name, err, err_size));
     if (s->metrics) {
-        fprintf(s->metrics,
-                "{\"step\": %lld, \"loss\": %.9g, \"samples_per_s\": %.1f, \"time_s\": %.6f}\n",
-                (long long)step, loss, samples_per_s, elapsed);
+        fprintf(s->metrics, "{\"step\": %lld", (long long)step);
+        if (r->progress) {
+            fprintf(s->metrics, ", \"loss\": %.9g, \"samples_per_s\": %.1f, \"time_s\": %.6f",
+                    r->loss, r->samples_per_s, r->elapsed);
+            fprintf(s->metrics, ", \"lr\": %.9g", r->lr);
+            if (!isnan(r->grad_norm)) fprintf(s->metrics, ", \"grad_norm\": %.9g", r->grad_norm);
+        }
+        if (r->eval) {
+            fprintf(s->metrics, ", \"eval_loss\": %.9g", r->eval_loss);
+            if (!isnan(r->eval_accuracy))
+                fprintf(s->metrics, ", \"eval_accuracy\": %.9g", r->eval_accuracy);
+        }
+        fprintf(s->metrics, "}\n");
         TRY(flush_checked(s->metrics, s->metrics_name, err, err_size));
     }
     return FSDP_OK;
@@ -341,12 +497,26 @@ static void print_banner(const train_config *cfg, train_state *s) {
     format_widths(cfg->model.widths.v, cfg->model.widths.n, mw, sizeof mw);
     format_widths(w, teacher_widths(cfg, w), tw, sizeof tw);
     train_layout_describe(cfg, &s->layout, lw, sizeof lw);
-    fprintf(s->out,
-            "fsdp-train %s: MLP %s (%s, %lld parameters), teacher %s, %lld samples, batch %lld, "
-            "SGD lr %g momentum %g\n",
-            FSDP_VERSION_STRING, mw, fsdp_activation_to_string(cfg->model.activation),
-            (long long)mlp_param_count(&cfg->model.widths), tw, (long long)cfg->data.samples,
-            (long long)cfg->data.batch_size, cfg->optim.lr, cfg->optim.momentum);
+    static const char *const optim[] = {"SGD", "Adam", "AdamW"};
+    static const char *const sched[] = {"constant", "warmup", "cosine"};
+    fprintf(s->out, "fsdp-train %s: MLP %s (%s, %lld parameters), ", FSDP_VERSION_STRING, mw,
+            fsdp_activation_to_string(cfg->model.activation),
+            (long long)mlp_param_count(&cfg->model.widths));
+    if (cfg->data.kind == TRAIN_DATA_H5)
+        fprintf(s->out, "data %s", cfg->data.path);
+    else
+        fprintf(s->out, "teacher %s", tw);
+    fprintf(s->out, ", %lld samples (%lld held out), batch %lld, %s\n",
+            (long long)(s->n_train + s->n_eval), (long long)s->n_eval,
+            (long long)cfg->data.batch_size, s->classify ? "classification" : "regression");
+    fprintf(s->out, "optim: %s lr %g, %s schedule", optim[cfg->optim.name], cfg->optim.lr,
+            sched[cfg->optim.schedule]);
+    if (cfg->optim.name == TRAIN_OPTIM_SGD) fprintf(s->out, ", momentum %g", cfg->optim.momentum);
+    if (cfg->optim.weight_decay > 0) fprintf(s->out, ", weight_decay %g", cfg->optim.weight_decay);
+    if (cfg->optim.no_decay[0]) fprintf(s->out, " (none for %s)", cfg->optim.no_decay);
+    if (cfg->optim.clip_grad_norm > 0)
+        fprintf(s->out, ", clip_grad_norm %g", cfg->optim.clip_grad_norm);
+    fprintf(s->out, "\n");
     fprintf(s->out, "parallel: %s\n", lw);
     if (cfg->log.level == FSDP_LOG_DEBUG) train_config_write(cfg, s->out);
 }
@@ -355,17 +525,36 @@ static void print_banner(const train_config *cfg, train_state *s) {
 static fsdp_status print_first_loss(const train_config *cfg, train_state *s, double first_loss,
                                     int64_t step, char *err, size_t err_size) {
     int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
-    fprintf(s->out, "step %*lld/%lld  loss %.6f  (whole dataset, %s)\n", digits, (long long)step,
+    fprintf(s->out, "step %*lld/%lld  loss %.6f  (%s, %s)\n", digits, (long long)step,
             (long long)cfg->train.steps, first_loss,
+            s->n_eval ? "training samples" : "whole dataset",
             step ? "at the resumed step" : "before training");
     return flush_checked(s->out, s->out_name, err, err_size);
 }
 
-/* Rank 0's metrics file, opened for appending. */
+/* Makes directory path and those that lead to it (mkdir -p); an error shows when a file in it
+ * is opened. */
+static void make_dirs(const char *path) {
+    char dir[TRAIN_MAX_STRING];
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        mkdir(dir, 0755);
+        *p = '/';
+    }
+    mkdir(dir, 0755);
+}
+
+/* Rank 0's metrics file, opened for appending. A file inside [checkpoint] dir may come
+ * before the first checkpoint: the dir is made then. */
 static fsdp_status open_metrics(const train_config *cfg, train_state *s, char *err,
                                 size_t err_size) {
     snprintf(s->metrics_name, sizeof s->metrics_name, "metrics file '%s' ([log] metrics, %s)",
              cfg->log.metrics, train_config_origin(cfg, "log", "metrics"));
+    size_t n = strlen(cfg->checkpoint.dir);
+    if (n && strncmp(cfg->log.metrics, cfg->checkpoint.dir, n) == 0 && cfg->log.metrics[n] == '/')
+        make_dirs(cfg->checkpoint.dir);
     if ((s->metrics = fopen(cfg->log.metrics, "a"))) return FSDP_OK;
     snprintf(err, err_size, "cannot open %s: %s", s->metrics_name, strerror(errno));
     return FSDP_ERR_IO;
@@ -458,15 +647,23 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
     int64_t since_line = 0;
     /* no allocation in here (but in a checkpoint's save) */
     for (int64_t step = prog->step + 1; step <= cfg->train.steps; step++) {
-        double loss = 0;
-        TRY(train_step(ctx, cfg, s, prog->position, &loss));
-        prog->position = (prog->position + cfg->data.batch_size) % cfg->data.samples;
+        double loss = 0, lr = fsdp_lr_at(&s->sched, step - 1), grad_norm = NAN;
+        int64_t k0 = (step - 1) * cfg->data.batch_size; /* the batch's first stream position */
+        TRY(train_step(ctx, cfg, s, k0, &loss));
+        prog->position = (k0 + cfg->data.batch_size) % s->n_train;
         if (!isfinite(loss)) /* the same global loss on every rank: all stop here */
             return not_finite(cfg, true, err, err_size, "the loss became %g at step %lld", loss,
                               (long long)step);
         TRY(fsdp_module_backward(ctx, s->model, s->dout, NULL)); /* no input gradient */
+        if (cfg->optim.clip_grad_norm > 0 && s->sh)
+            TRY(fsdp_sharded_clip_grad_norm(ctx, s->sh, cfg->optim.clip_grad_norm, 2.0,
+                                            &grad_norm));
+        else if (cfg->optim.clip_grad_norm > 0)
+            TRY(fsdp_clip_grad_norm(ctx, s->model, cfg->optim.clip_grad_norm, 2.0, &grad_norm));
+        fsdp_optimizer_set_lr(s->opt, lr);
         TRY(fsdp_optimizer_step(ctx, s->opt));
         prog->step = res->steps = step;
+        res->grad_norm = grad_norm;
         if (res->n_step_losses < TRAIN_TRACE_STEPS) res->step_loss[res->n_step_losses++] = loss;
         prog->loss_sum += loss;
         prog->since++;
@@ -474,13 +671,26 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         bool stop = false, regular = step % cfg->train.log_every == 0;
         if (s->saving) TRY(agree_stop(ctx, s, &stop));
         stop = stop && step < cfg->train.steps; /* the last step: the run ends anyway */
-        if (regular || step == cfg->train.steps || stop) {
+        bool last = step == cfg->train.steps;
+        train_report r = {.progress = regular || last || stop, .lr = lr, .grad_norm = grad_norm};
+        if (s->n_eval > 0 &&
+            (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0))) {
+            r.eval = true;
+            TRY(range_loss(ctx, s, s->n_train, s->n_eval, &r.eval_loss, &r.eval_accuracy));
+            res->eval_loss = r.eval_loss;
+            res->eval_accuracy = r.eval_accuracy;
+            if (res->n_evals < TRAIN_TRACE_STEPS) res->eval_step[res->n_evals++] = step;
+        }
+        if (r.progress || r.eval) {
             double t = now_seconds();
-            double rate = (double)(since_line * cfg->data.batch_size) / fmax(t - t_last, 1e-9);
-            TRY(report(cfg, s, step, prog->loss_sum / (double)prog->since, rate, t - t0, err,
-                       err_size));
-            t_last = t;
-            since_line = 0;
+            r.loss = prog->loss_sum / (double)prog->since;
+            r.samples_per_s = (double)(since_line * cfg->data.batch_size) / fmax(t - t_last, 1e-9);
+            r.elapsed = t - t0;
+            TRY(report(cfg, s, step, &r, err, err_size));
+            if (r.progress) {
+                t_last = t;
+                since_line = 0;
+            }
             if (regular) prog->loss_sum = 0, prog->since = 0;
         }
         if (stop) {
@@ -538,8 +748,8 @@ static fsdp_status setup_saving(fsdp_ctx *ctx, const train_config *cfg, train_st
 /* The run on one rank of the world (ctx bound to it). out: rank 0's progress stream or NULL;
  * metrics are written by rank 0. */
 static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layout *layout,
-                              const train_sources *src, FILE *out, train_result *res, char *err,
-                              size_t err_size) {
+                              const train_sources *src, const train_data *data, FILE *out,
+                              train_result *res, char *err, size_t err_size) {
     bool rank0 = fsdp_ctx_rank(ctx) == 0;
     train_state s = {.layout = *layout,
                      .out = rank0 ? out : NULL,
@@ -547,7 +757,8 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
     train_progress prog = {0};
     const char *what = "";
     err[0] = '\0';
-    fsdp_status st = train_setup(ctx, cfg, &s, &what);
+    res->eval_loss = res->eval_accuracy = res->grad_norm = NAN;
+    fsdp_status st = train_setup(ctx, cfg, data, &s, &what);
     if (st == FSDP_OK) {
         what = "setting up checkpoints";
         st = setup_saving(ctx, cfg, &s);
@@ -564,6 +775,18 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
                         prog.step ? "at the resumed step" : "before training", res->first_loss);
     if (st == FSDP_OK && s.out)
         st = print_first_loss(cfg, &s, res->first_loss, prog.step, err, err_size);
+    if (st == FSDP_OK && prog.step > 0 && s.n_eval > 0) { /* where a resumed run stands */
+        train_report r = {.eval = true};
+        what = "evaluating at the resumed step";
+        st = range_loss(ctx, &s, s.n_train, s.n_eval, &r.eval_loss, &r.eval_accuracy);
+        if (st == FSDP_OK) {
+            res->eval_loss = r.eval_loss, res->eval_accuracy = r.eval_accuracy;
+            FILE *metrics = s.metrics; /* a line for the reader, no record */
+            s.metrics = NULL;
+            st = report(cfg, &s, prog.step, &r, err, err_size);
+            s.metrics = metrics;
+        }
+    }
     double t0 = now_seconds();
     if (st == FSDP_OK) {
         what = "training";
@@ -590,9 +813,10 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
     if (st == FSDP_OK && s.metrics) st = close_metrics(&s, err, err_size);
     if (st == FSDP_OK && s.out && !res->interrupted) {
         fprintf(s.out,
-                "done: %lld steps in %.2fs (%.0f samples/s); whole-dataset loss %.6f -> %.6f, "
+                "done: %lld steps in %.2fs (%.0f samples/s); %s loss %.6f -> %.6f, "
                 "%.1fx lower\n",
-                (long long)ran, res->seconds, res->samples_per_s, res->first_loss, res->last_loss,
+                (long long)ran, res->seconds, res->samples_per_s,
+                s.n_eval ? "training-samples" : "whole-dataset", res->first_loss, res->last_loss,
                 res->first_loss / fmax(res->last_loss, 1e-30));
         st = flush_checked(s.out, s.out_name, err, err_size);
     }
@@ -606,6 +830,7 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
 typedef struct train_job {
     const train_config *cfg;
     const train_sources *src;
+    const train_data *data; /* kind = h5: read once by this process; else NULL */
     train_layout layout;
     FILE *out;
     bool mpi;
@@ -619,8 +844,8 @@ static fsdp_status rank_main(fsdp_ctx *ctx, int rank, void *user) {
     train_job *job = user;
     train_result res = {.layout = job->layout, .rank = rank};
     char *err = job->messages + (size_t)rank * TRAIN_ERROR_SIZE;
-    fsdp_status st = train_rank(ctx, job->cfg, &job->layout, job->src, rank == 0 ? job->out : NULL,
-                                &res, err, TRAIN_ERROR_SIZE);
+    fsdp_status st = train_rank(ctx, job->cfg, &job->layout, job->src, job->data,
+                                rank == 0 ? job->out : NULL, &res, err, TRAIN_ERROR_SIZE);
     if (rank == 0 || job->mpi) {
         job->result = res;
         job->my_rank = rank;
@@ -719,6 +944,11 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
     memset(&src, 0, sizeof src);
     job.src = &src;
     if (st == FSDP_OK) st = train_sources_resolve(ctx, cfg, &src, err, err_size);
+    train_data data = {0};
+    if (st == FSDP_OK && cfg->data.kind == TRAIN_DATA_H5) {
+        st = train_data_load(cfg, &data, err, err_size);
+        job.data = &data;
+    }
     if (st == FSDP_OK) {
         job.my_rank = -1;
         st = fsdp_world_run(ctx, world, rank_main, &job);
@@ -726,6 +956,7 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
         if (result) *result = job.result;
     }
     train_sources_free(&src);
+    train_data_free(&data);
     free(job.messages);
     fsdp_world_free(world);
     return st;

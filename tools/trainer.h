@@ -33,6 +33,16 @@ typedef struct train_result {
      * min(steps - start_step, TRAIN_TRACE_STEPS) steps of this run. */
     int64_t n_step_losses;
     double step_loss[TRAIN_TRACE_STEPS];
+    /* The last evaluation on the held-out split ([data] eval_fraction > 0): its loss and,
+     * for classification, the fraction classified right; NAN when none ran. The steps of the
+     * first TRAIN_TRACE_STEPS evaluations. */
+    double eval_loss;
+    double eval_accuracy;
+    /* [optim] clip_grad_norm > 0: the global gradient norm of the last step, before clipping;
+     * else NAN. */
+    double grad_norm;
+    int64_t n_evals;
+    int64_t eval_step[TRAIN_TRACE_STEPS];
     /* The checkpoint the run resumed from, "" when it started fresh; the last checkpoint it
      * committed, "" when none. */
     char resumed_from[TRAIN_CKPT_PATH];
@@ -48,7 +58,8 @@ typedef struct train_result {
  * is saved and train_run returns FSDP_OK with result->interrupted. Without dir it is not read. */
 extern atomic_int train_stop_signal;
 
-/* Trains the model cfg describes on its synthetic teacher dataset, on the ranks [parallel]
+/* Trains the model cfg describes on its dataset ([data]: the synthetic teacher's, or an HDF5
+ * file read once by this process and checked before any rank starts), on the ranks [parallel]
  * asks for: it creates the world (local rank threads, or this process's rank of an MPI job),
  * under mpi checks that every process has the same configuration (train_config_agree; when
  * not, FSDP_ERR_STATE naming the first key that differs), lays it out (train_layout_resolve),
