@@ -12,7 +12,7 @@
 
 fsdp_status fsdp_nn_record_activation(fsdp_ctx *ctx, fsdp_tensor *t) {
     fsdp_module *m = ctx->running_module;
-    if (!m || ctx->phase != FSDP_PHASE_FORWARD) return FSDP_OK;
+    if (!m || (ctx->phase != FSDP_PHASE_FORWARD && ctx->recompute_depth == 0)) return FSDP_OK;
     for (int i = 0; i < m->n_acts; i++)
         if (m->acts[i] == t) return FSDP_OK;
     if (m->n_acts == m->cap_acts) {

@@ -560,7 +560,8 @@ fsdp_status fsdp_nn_run_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor
                                 const fsdp_tensor **out, bool post_hooks) {
     fsdp_phase outer = ctx->phase;
     void *outer_module = ctx->running_module;
-    ctx->phase = FSDP_PHASE_FORWARD;
+    /* A checkpoint's recompute runs inside backward and is counted there. */
+    ctx->phase = ctx->recompute_depth > 0 ? FSDP_PHASE_BACKWARD : FSDP_PHASE_FORWARD;
     fsdp_ctx_scope_push(ctx, m->fqn);
     const fsdp_tensor *x = in, *y = NULL;
     fsdp_status st = run_hooks(ctx, m, FSDP_HOOK_PRE_FORWARD, &x);
