@@ -15,7 +15,13 @@
 #define LAYERS 4
 #define BATCH  256
 
-typedef enum dp_mode { MODE_NONE, MODE_FSDP_UNITS, MODE_FSDP_ROOT, MODE_REPLICATE } dp_mode;
+typedef enum dp_mode {
+    MODE_NONE,
+    MODE_FSDP_UNITS,  /* a unit per block: the checkpointed modules are units */
+    MODE_FSDP_LAYERS, /* one non-root unit, "layers", around the checkpointed blocks */
+    MODE_FSDP_ROOT,   /* the root is the only unit */
+    MODE_REPLICATE
+} dp_mode;
 
 typedef struct ck_case {
     const char *name;
@@ -101,10 +107,11 @@ static fsdp_status one_run(fsdp_ctx *ctx, const ck_case *c, bool ckpt, run_resul
     }
     for (int i = 0; ckpt && st == FSDP_OK && i < LAYERS; i++)
         st = fsdp_checkpoint_wrap(ctx, fsdp_module_find(m, unit_paths[i]));
-    if (st == FSDP_OK && (c->mode == MODE_FSDP_UNITS || c->mode == MODE_FSDP_ROOT)) {
-        fsdp_fully_shard_options o = {.group = dp,
-                                      .wrap_paths = c->mode == MODE_FSDP_UNITS ? unit_paths : NULL,
-                                      .n_wrap_paths = c->mode == MODE_FSDP_UNITS ? LAYERS : 0};
+    if (st == FSDP_OK && c->mode >= MODE_FSDP_UNITS && c->mode <= MODE_FSDP_ROOT) {
+        static const char *const layers_path[] = {"layers"};
+        fsdp_fully_shard_options o = {.group = dp};
+        if (c->mode == MODE_FSDP_UNITS) o.wrap_paths = unit_paths, o.n_wrap_paths = LAYERS;
+        if (c->mode == MODE_FSDP_LAYERS) o.wrap_paths = layers_path, o.n_wrap_paths = 1;
         st = fsdp_fully_shard(ctx, m, &o, &sh);
     }
     if (st == FSDP_OK && c->mode == MODE_REPLICATE)
@@ -219,6 +226,12 @@ static void test_checkpoint_fsdp(void) {
      * resharded after forward) and keeps it for the backward, which gathers nothing. */
     run_case(
         &(ck_case){.name = "FSDP, a unit per block", .world = 2, .tp = 1, .mode = MODE_FSDP_UNITS});
+    /* The blocks inside one non-root unit: the unit is gathered again in its pre-backward (as
+     * without checkpointing), so the recomputes inside its backward gather nothing. */
+    run_case(&(ck_case){.name = "FSDP, blocks inside a non-root unit",
+                        .world = 2,
+                        .tp = 1,
+                        .mode = MODE_FSDP_LAYERS});
     /* The root is the only unit: its parameters stay gathered; the recompute gathers nothing. */
     run_case(
         &(ck_case){.name = "FSDP, root unit only", .world = 2, .tp = 1, .mode = MODE_FSDP_ROOT});
