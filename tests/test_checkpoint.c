@@ -5,7 +5,8 @@
  * under replicate over dp with TP over tp on a 2x2 mesh. Outputs and gradients must be bitwise
  * equal; the activation bytes held between forward and backward, and their peak over the step,
  * are measured (fsdp_module_activation_bytes, sampled by hooks on every module) and must drop;
- * the collectives are compared op by op. Also the misuse the wrapper refuses. */
+ * the collectives are compared op by op. Also the Llama model with every decoder layer
+ * checkpointed (bitwise gradients), and the misuse the wrapper refuses. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,6 +247,55 @@ static void test_checkpoint_replicate_tp(void) {
         .name = "replicate dp 2 x TP tp 2", .world = 4, .tp = 2, .mode = MODE_REPLICATE});
 }
 
+/* The Llama model (embedding, decoder layers with rotary attention and SwiGLU, norm, head)
+ * with every decoder layer checkpointed: cross-entropy gradients bitwise equal, fewer bytes. */
+static fsdp_status llama_run(fsdp_ctx *ctx, bool ckpt, float **grads, int64_t *n, int64_t *kept) {
+    fsdp_llama_config cfg = {.dim = 32, .n_layers = 3, .n_heads = 4, .vocab_size = 64};
+    fsdp_module *m;
+    FSDP_TRY(fsdp_model_llama(ctx, &cfg, &m));
+    int32_t ids[2 * 8], targets[2 * 8];
+    for (int i = 0; i < 16; i++) ids[i] = (i * 7 + 3) % 64, targets[i] = (i * 5 + 1) % 64;
+    fsdp_tensor *tok = NULL, *dlogits = NULL;
+    fsdp_status st = FSDP_OK;
+    for (int i = 0; ckpt && st == FSDP_OK && i < cfg.n_layers; i++) {
+        char path[32];
+        snprintf(path, sizeof path, "model.layers.%d", i);
+        st = fsdp_checkpoint_wrap(ctx, fsdp_module_find(m, path));
+    }
+    if (st == FSDP_OK)
+        st = fsdp_tensor_from_blob(ctx, ids, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){2, 8}, &tok);
+    const fsdp_tensor *logits;
+    float loss;
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, tok, &logits);
+    if (st == FSDP_OK) st = fsdp_module_activation_bytes(ctx, m, kept);
+    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, logits, &dlogits);
+    if (st == FSDP_OK)
+        st =
+            fsdp_loss_cross_entropy_ignore(ctx, logits, targets, FSDP_IGNORE_INDEX, &loss, dlogits);
+    if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dlogits, NULL);
+    vec g = {0};
+    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, m, collect_grad, &g);
+    *grads = g.v, *n = g.n;
+    fsdp_tensor_free(tok);
+    fsdp_tensor_free(dlogits);
+    fsdp_module_free(m);
+    return st;
+}
+
+static void test_checkpoint_llama(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    float *plain = NULL, *ck = NULL;
+    int64_t np = 0, nc = 0, kp = 0, kc = 0;
+    FSDP_TEST_OK(llama_run(ctx, false, &plain, &np, &kp));
+    FSDP_TEST_OK(llama_run(ctx, true, &ck, &nc, &kc));
+    CU_ASSERT_TRUE(np == nc && np > 0 && memcmp(plain, ck, (size_t)np * sizeof *ck) == 0);
+    CU_ASSERT_TRUE(kc < kp);
+    printf("\n    Llama (3 layers, dim 32, batch 2 x 8): activation bytes kept %lld -> %lld",
+           (long long)kp, (long long)kc);
+    free(plain);
+    free(ck);
+}
+
 /* Wrapped twice, inside a forward, or a second backward without a forward: refused. */
 static void test_checkpoint_misuse(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
@@ -278,6 +328,7 @@ int main(int argc, char **argv) {
         {"checkpoint_fsdp", test_checkpoint_fsdp},
         {"checkpoint_replicate", test_checkpoint_replicate},
         {"checkpoint_replicate_tp", test_checkpoint_replicate_tp},
+        {"checkpoint_llama", test_checkpoint_llama},
         {"checkpoint_misuse", test_checkpoint_misuse},
     };
     return fsdp_test_run(argc, argv, "checkpoint", cases, sizeof cases / sizeof cases[0]);
