@@ -242,6 +242,9 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
          fsdp_module_add_hook(C, A(1, f->model), FSDP_HOOK_PRE_FORWARD, A(2, hook_noop), NULL,     \
                               NULL, NULL))                                                         \
     CALL(fsdp_module_remove_hook, "ctx m", fsdp_module_remove_hook(C, A(1, f->model), 12345))      \
+    CALL(fsdp_checkpoint_wrap, "ctx m", fsdp_checkpoint_wrap(C, A(1, f->model)))                   \
+    CALL(fsdp_module_activation_bytes, "ctx m bytes",                                              \
+         fsdp_module_activation_bytes(C, A(1, f->model), A(2, &f->i64)))                           \
     /* optim.h */                                                                                  \
     CALL(fsdp_sgd_create, "ctx m opts out",                                                        \
          fsdp_sgd_create(C, A(1, f->model), A(2, &f->sgd), A(3, &f->made_opt)))                    \

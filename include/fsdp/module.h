@@ -125,6 +125,31 @@ fsdp_status fsdp_module_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor
 fsdp_status fsdp_module_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
                                  const fsdp_tensor **din);
 
+/* Activation checkpointing: PyTorch's checkpoint_wrapper (non-reentrant checkpoint) applied to
+ * m in place (names and parameters unchanged). m's forward runs as before, then the memory of
+ * every activation its subtree made (layers' outputs and what they keep for backward) is
+ * released; m keeps a pointer to its input (which, as for every module, must stay alive and
+ * unchanged until backward) and its output (copied when it was one of the released buffers).
+ * m's backward first re-runs m's pre-forward hooks and forward from that input, recreating the
+ * activations bitwise (no layer draws random numbers in forward; a layer that did would have to
+ * draw from counters of the step so the re-run replays them), then runs its backward as usual
+ * and releases them again. m's post-forward hooks are not re-run: backward does not use their
+ * output. Collectives: hooks inside m run again in the recompute, so TP input redistributions
+ * within m repeat; FSDP gathers nothing extra (a unit inside m, or m itself, gathered in the
+ * recompute is kept for the backward that follows instead of being gathered again there).
+ * Works with FSDP units, replicate and TP on m or around it. A checkpointed module nested in
+ * another is recomputed as a plain module inside the outer one's recompute. The cost: one more
+ * forward of m per step, and its buffers are allocated again each step. Refused
+ * (FSDP_ERR_STATE) inside a forward or backward, or when m is checkpointed already. */
+fsdp_status fsdp_checkpoint_wrap(fsdp_ctx *ctx, fsdp_module *m);
+
+/* The bytes of activation memory m's subtree holds now: every buffer its layers made in
+ * forward (through the module layer's buffers) that still has memory, plus the output copies
+ * of checkpointed modules. Right after a forward this is what is kept for backward. Not
+ * counted: the model input (the caller's), input-gradient and other backward buffers, and
+ * tensors hooks own (TP's redistributed activations). */
+fsdp_status fsdp_module_activation_bytes(fsdp_ctx *ctx, const fsdp_module *m, int64_t *bytes);
+
 /* Hooks. Each sees the tensor passing its point: the input (pre-forward), the output
  * (post-forward), the output gradient (pre-backward) or the input gradient (post-backward;
  * *io is NULL when it is not computed). A hook may replace that tensor by pointing *io at one it

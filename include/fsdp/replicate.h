@@ -31,15 +31,21 @@ extern "C" {
 typedef struct fsdp_replicate fsdp_replicate;
 
 #define FSDP_REPLICATE_DEFAULT_BUCKET_BYTES (25 * 1024 * 1024) /* DDP's bucket_cap_mb = 25 */
+#define FSDP_REPLICATE_FIRST_BUCKET_BYTES   (1024 * 1024) /* DDP's _DEFAULT_FIRST_BUCKET_BYTES */
 
 typedef struct fsdp_replicate_options {
     /* The data-parallel group (e.g. a mesh's "dp" group); NULL: the world group, refused
      * when a parameter is distributed by TP across the world's ranks. */
     fsdp_group *group;
-    /* Gradients are reduced in buckets of at least this many bytes, as DDP forms them: the
-     * trainable parameters in registration order, a bucket closing once it holds bucket_bytes
-     * or more (so one parameter larger than that is a bucket of its own). Default 0:
-     * FSDP_REPLICATE_DEFAULT_BUCKET_BYTES. */
+    /* Gradients are reduced in buckets of at least this many bytes, as DDP forms them once it
+     * has seen a backward (its rebuilt buckets): the trainable parameters in the order their
+     * gradients become ready, which for libfsdp's backward (modules in reverse) is reverse
+     * registration order; a bucket closes once it holds its limit or more (so one parameter
+     * larger than that is a bucket of its own). The limit of the first bucket is
+     * FSDP_REPLICATE_FIRST_BUCKET_BYTES (1 MiB) with the default cap, bucket_bytes when one is
+     * given; every later bucket's is bucket_bytes. Default 0:
+     * FSDP_REPLICATE_DEFAULT_BUCKET_BYTES. (DDP's very first iteration uses one bucket for
+     * all; libfsdp uses the rebuilt layout from the first step, which changes no value.) */
     int64_t bucket_bytes;
     /* The group rank whose parameters and buffers every rank takes at setup (DDP's initial
      * sync): one broadcast per bucket of parameters (all, trainable or not) and buffers, in
@@ -54,13 +60,13 @@ typedef struct fsdp_replicate_options {
  * buffer they share, and installs a post-backward hook on root. After every backward of root
  * with sync on, that hook averages each trainable parameter's gradient over the group: per
  * bucket, the gradients are copied into the flat buffer times 1/W (as DDP divides them), one
- * all_reduce(sum) in the deterministic rank order, and copied back; buckets go last first, as
- * DDP reduces them. A step allocates nothing. Every rank of the group calls it with the same
- * model structure; opts may be NULL for all defaults. *out (may be NULL) is borrowed: it
- * belongs to root. A group of one rank makes no collective. Gradients accumulate across
- * backwards as usual; clear them (fsdp_optimizer_zero_grad) between steps. Buffers are
- * synchronised at setup only (DDP also re-broadcasts them before every forward; no layer of
- * libfsdp changes a buffer in forward). */
+ * all_reduce(sum) in the deterministic rank order, and copied back; buckets go in the order
+ * they were formed (the one holding the last parameters first), as DDP reduces them. A step
+ * allocates nothing. Every rank of the group calls it with the same model structure; opts may be
+ * NULL for all defaults. *out (may be NULL) is borrowed: it belongs to root. A group of one rank
+ * makes no collective. Gradients accumulate across backwards as usual; clear them
+ * (fsdp_optimizer_zero_grad) between steps. Buffers are synchronised at setup only (DDP also
+ * re-broadcasts them before every forward; no layer of libfsdp changes a buffer in forward). */
 fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                                  const fsdp_replicate_options *opts, fsdp_replicate **out);
 
@@ -70,9 +76,9 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
 void fsdp_replicate_set_sync(fsdp_replicate *r, bool sync);
 bool fsdp_replicate_sync(const fsdp_replicate *r);
 
-/* The buckets of the gradient reduction, in the order they were formed (parameter
- * registration order; they are reduced last first): their number, how many parameters and
- * elements bucket i holds. */
+/* The buckets of the gradient reduction, in the order they were formed and are reduced
+ * (reverse parameter registration order: bucket 0 holds the last parameters): their number,
+ * how many parameters and elements bucket i holds. */
 int fsdp_replicate_num_buckets(const fsdp_replicate *r);
 int fsdp_replicate_bucket_num_params(const fsdp_replicate *r, int i);
 int64_t fsdp_replicate_bucket_numel(const fsdp_replicate *r, int i);

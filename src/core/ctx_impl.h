@@ -26,6 +26,12 @@ struct fsdp_ctx {
     const char *scope[FSDP_SCOPE_MAX]; /* fully qualified names of the running modules */
     int scope_depth;
     fsdp_phase phase;
+    /* The innermost module whose forward runs (an fsdp_module, opaque to core; NULL outside
+     * any): src/nn records the buffers a layer makes in forward on it. */
+    void *running_module;
+    /* > 0 while a checkpointed module re-runs its forward inside backward (src/nn): FSDP keeps
+     * the parameters it gathers then, since the unit's backward follows at once. */
+    int recompute_depth;
 
     /* The rank's binding to its world (src/comm), opaque to core; NULL outside
      * fsdp_world_run. comm_release (set with it) frees it with the context. */

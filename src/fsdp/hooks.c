@@ -1,6 +1,7 @@
 /* hooks.c: what an FSDP unit does while the model runs: gather its flat parameter into a pool
  * block before forward and backward, free it after, and after backward reduce the flat
  * gradient over the data-parallel ranks into the shard the optimizer steps. */
+#include "core/ctx_impl.h" // defines: recompute_depth
 #include "core/error.h"
 #include "core/tensor_impl.h"
 #include "fsdp/shard_impl.h"
@@ -150,8 +151,12 @@ fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poin
 
 fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                     const fsdp_tensor **io, void *user) {
-    (void)ctx, (void)m, (void)point, (void)io;
+    (void)m, (void)point, (void)io;
     unit *u = user;
+    /* A checkpointed module re-running its forward inside backward: the unit's backward
+     * follows at once, so the parameters gathered for the recompute stay (PyTorch's FSDP skips
+     * its post-forward logic in the recomputed forward too). */
+    if (ctx->recompute_depth > 0) return FSDP_OK;
     /* The root keeps its parameters: its backward starts right after forward. */
     if (fsdp_shard_reshard_after_forward(u->owner) && !u->is_root) fsdp_shard_reshard(u);
     return FSDP_OK;

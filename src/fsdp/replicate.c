@@ -15,7 +15,7 @@ struct fsdp_replicate {
     fsdp_group *group;
     int world;
     bool sync;
-    fsdp_param **params; /* trainable, registration order */
+    fsdp_param **params; /* trainable, reverse registration order (gradients' ready order) */
     int64_t *numel;      /* each one's elements at setup */
     int64_t *offset;     /* where it lies in its bucket */
     int n_params;
@@ -41,12 +41,13 @@ static void replicate_free(void *p) {
 /* ---- buckets ---- */
 
 /* Splits n tensors of numel[i] f32 elements, in order, into buckets as DDP's
- * compute_bucket_assignment_by_size does: a bucket takes tensors until it holds at least cap
- * bytes. starts receives n_buckets + 1 indices (n + 1 entries suffice) and offset (may be
- * NULL) each tensor's place in its bucket; returns the number of buckets and the largest
- * bucket's elements in *max_numel. */
-static int assign_buckets(const int64_t *numel, int n, int64_t cap, int *starts, int64_t *offset,
-                          int64_t *max_numel) {
+ * compute_bucket_assignment_by_size does with the size limits {first_cap, cap}: the first bucket
+ * takes tensors until it holds at least first_cap bytes, every later one until it holds at least
+ * cap. starts receives n_buckets + 1 indices (n + 1 entries suffice) and offset (may be NULL)
+ * each tensor's place in its bucket; returns the number of buckets and the largest bucket's
+ * elements in *max_numel. */
+static int assign_buckets(const int64_t *numel, int n, int64_t first_cap, int64_t cap, int *starts,
+                          int64_t *offset, int64_t *max_numel) {
     int nb = 0;
     int64_t fill = 0;
     bool open = false;
@@ -58,7 +59,7 @@ static int assign_buckets(const int64_t *numel, int n, int64_t cap, int *starts,
         }
         if (offset) offset[i] = fill;
         fill += numel[i];
-        if (fill * (int64_t)sizeof(float) >= cap || i == n - 1) {
+        if (fill * (int64_t)sizeof(float) >= (nb == 0 ? first_cap : cap) || i == n - 1) {
             if (fill > *max_numel) *max_numel = fill;
             nb++;
             fill = 0;
@@ -89,9 +90,11 @@ static fsdp_status collect_trainable(fsdp_ctx *ctx, fsdp_param *p, const char *n
     return FSDP_OK;
 }
 
-/* Lists the trainable parameters and forms their buckets; *max_numel: the largest. */
-static fsdp_status layout_buckets(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root, int64_t cap,
-                                  int64_t *max_numel) {
+/* Lists the trainable parameters, last registered first (the order a backward that runs the
+ * modules in reverse makes their gradients, which DDP buckets by once it has seen one), and
+ * forms their buckets; *max_numel: the largest. */
+static fsdp_status layout_buckets(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
+                                  int64_t first_cap, int64_t cap, int64_t *max_numel) {
     int n = 0;
     FSDP_TRY(fsdp_module_visit_params(ctx, root, count_trainable, &n));
     r->params = calloc((size_t)n + 1, sizeof *r->params);
@@ -101,8 +104,14 @@ static fsdp_status layout_buckets(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module 
     if (!r->params || !r->numel || !r->offset || !r->bucket_start)
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate replicate buckets");
     FSDP_TRY(fsdp_module_visit_params(ctx, root, collect_trainable, r));
-    r->n_buckets =
-        assign_buckets(r->numel, r->n_params, cap, r->bucket_start, r->offset, max_numel);
+    for (int i = 0, j = r->n_params - 1; i < j; i++, j--) {
+        fsdp_param *p = r->params[i];
+        r->params[i] = r->params[j], r->params[j] = p;
+        int64_t e = r->numel[i];
+        r->numel[i] = r->numel[j], r->numel[j] = e;
+    }
+    r->n_buckets = assign_buckets(r->numel, r->n_params, first_cap, cap, r->bucket_start, r->offset,
+                                  max_numel);
     r->bucket = calloc((size_t)r->n_buckets + 1, sizeof *r->bucket);
     if (!r->bucket) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate buckets");
     return FSDP_OK;
@@ -135,7 +144,7 @@ static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
     (void)m, (void)point, (void)io;
     fsdp_replicate *r = user;
     if (!r->sync || r->world == 1) return FSDP_OK;
-    for (int b = r->n_buckets - 1; b >= 0; b--) FSDP_TRY(reduce_bucket(ctx, r, b));
+    for (int b = 0; b < r->n_buckets; b++) FSDP_TRY(reduce_bucket(ctx, r, b));
     return FSDP_OK;
 }
 
@@ -144,8 +153,10 @@ static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
 static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
                          const fsdp_replicate_options *o) {
     int64_t cap = o->bucket_bytes ? o->bucket_bytes : FSDP_REPLICATE_DEFAULT_BUCKET_BYTES;
+    /* DDP: the first bucket is 1 MiB with the default cap, the cap itself with one given. */
+    int64_t first = o->bucket_bytes ? o->bucket_bytes : FSDP_REPLICATE_FIRST_BUCKET_BYTES;
     int64_t grad_max = 0;
-    FSDP_TRY(layout_buckets(ctx, r, root, cap, &grad_max));
+    FSDP_TRY(layout_buckets(ctx, r, root, first, cap, &grad_max));
     FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &grad_max, &r->stage));
     for (int b = 0; b < r->n_buckets; b++) {
         int last = r->bucket_start[b + 1] - 1;

@@ -81,6 +81,7 @@ void fsdp_module_free(fsdp_module *m) {
         free(m->hooks[p]);
     }
     if (m->ops->free_impl) m->ops->free_impl(m->impl);
+    fsdp_nn_checkpoint_free(m);
     free(m->children);
     free(m->params);
     free(m->buffers);
@@ -555,30 +556,37 @@ static fsdp_status run_hooks(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point poin
     return FSDP_OK;
 }
 
-fsdp_status fsdp_module_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
-                                const fsdp_tensor **out) {
-    FSDP_ARG_NOT_NULL(ctx, ctx);
-    FSDP_ARG_NOT_NULL(ctx, m);
-    FSDP_ARG_NOT_NULL(ctx, in);
-    FSDP_ARG_NOT_NULL(ctx, out);
+fsdp_status fsdp_nn_run_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                const fsdp_tensor **out, bool post_hooks) {
     fsdp_phase outer = ctx->phase;
-    ctx->phase = FSDP_PHASE_FORWARD;
+    void *outer_module = ctx->running_module;
+    /* A checkpoint's recompute runs inside backward and is counted there. */
+    ctx->phase = ctx->recompute_depth > 0 ? FSDP_PHASE_BACKWARD : FSDP_PHASE_FORWARD;
     fsdp_ctx_scope_push(ctx, m->fqn);
     const fsdp_tensor *x = in, *y = NULL;
     fsdp_status st = run_hooks(ctx, m, FSDP_HOOK_PRE_FORWARD, &x);
+    ctx->running_module = m;
     if (st == FSDP_OK) st = m->ops->forward(ctx, m, x, &y);
-    if (st == FSDP_OK) st = run_hooks(ctx, m, FSDP_HOOK_POST_FORWARD, &y);
+    ctx->running_module = outer_module;
+    if (st == FSDP_OK && post_hooks) st = run_hooks(ctx, m, FSDP_HOOK_POST_FORWARD, &y);
     fsdp_ctx_scope_pop(ctx);
     ctx->phase = outer;
     if (st == FSDP_OK) *out = y;
     return st;
 }
 
-fsdp_status fsdp_module_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
-                                 const fsdp_tensor **din) {
+fsdp_status fsdp_module_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                const fsdp_tensor **out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, m);
-    FSDP_ARG_NOT_NULL(ctx, dout);
+    FSDP_ARG_NOT_NULL(ctx, in);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    if (m->ckpt.on) return fsdp_nn_checkpoint_forward(ctx, m, in, out);
+    return fsdp_nn_run_forward(ctx, m, in, out, true);
+}
+
+fsdp_status fsdp_nn_run_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                 const fsdp_tensor **din) {
     fsdp_phase outer = ctx->phase;
     ctx->phase = FSDP_PHASE_BACKWARD;
     fsdp_ctx_scope_push(ctx, m->fqn);
@@ -592,12 +600,31 @@ fsdp_status fsdp_module_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     return st;
 }
 
+fsdp_status fsdp_module_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                 const fsdp_tensor **din) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, dout);
+    if (m->ckpt.on) return fsdp_nn_checkpoint_backward(ctx, m, dout, din);
+    return fsdp_nn_run_backward(ctx, m, dout, din);
+}
+
 /* ---- helpers for layers ---- */
 
 fsdp_status fsdp_nn_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, int ndim,
                            const int64_t *shape) {
-    if (*t) return fsdp_tensor_resize(ctx, *t, ndim, shape);
-    return fsdp_tensor_create(ctx, FSDP_DTYPE_F32, device, ndim, shape, t);
+    if (!*t) {
+        FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, device, ndim, shape, t));
+    } else if (!fsdp_tensor_has_storage(*t)) {
+        /* Released by activation checkpointing: new storage under the same handle. */
+        fsdp_tensor *fresh;
+        FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, device, ndim, shape, &fresh));
+        fsdp_tensor_alias(*t, fresh);
+        fsdp_tensor_free(fresh);
+    } else {
+        FSDP_TRY(fsdp_tensor_resize(ctx, *t, ndim, shape));
+    }
+    return fsdp_nn_record_activation(ctx, *t);
 }
 
 fsdp_status fsdp_nn_check_input(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tensor *in,

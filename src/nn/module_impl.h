@@ -34,6 +34,20 @@ typedef struct fsdp_hook {
     void (*free_user)(void *);
 } fsdp_hook;
 
+/* Where a checkpointed module stands between its forward and backward. */
+typedef enum fsdp_ckpt_state {
+    FSDP_CKPT_LIVE = 0, /* its activations are held (a plain run, or recomputed) */
+    FSDP_CKPT_SAVED,    /* released after forward: backward re-runs the forward first */
+    FSDP_CKPT_DONE,     /* released after backward: the next backward needs a forward */
+} fsdp_ckpt_state;
+
+typedef struct fsdp_ckpt {
+    bool on; /* fsdp_checkpoint_wrap was called */
+    fsdp_ckpt_state state;
+    const fsdp_tensor *input; /* the forward's input, kept (not owned) for the recompute */
+    fsdp_tensor *output;      /* a copy of the output when it was one of the released buffers */
+} fsdp_ckpt;
+
 struct fsdp_module {
     const fsdp_module_ops *ops;
     void *impl;
@@ -49,12 +63,33 @@ struct fsdp_module {
     fsdp_hook *hooks[FSDP_HOOK_POINT_COUNT];
     int n_hooks[FSDP_HOOK_POINT_COUNT], cap_hooks[FSDP_HOOK_POINT_COUNT];
     int next_hook_id;
+    /* The buffers this module's own forward made with fsdp_nn_buffer (its activations: outputs
+     * and what it saves for backward). Handles only: the kind's impl owns them. */
+    fsdp_tensor **acts;
+    int n_acts, cap_acts;
+    fsdp_ckpt ckpt; /* activation checkpointing (checkpoint.c) */
 };
 
 /* Makes *t a tensor of the given shape on `device`, reusing its storage when large enough:
  * the way layers keep activation buffers without allocating in steady state. */
 fsdp_status fsdp_nn_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, int ndim,
                            const int64_t *shape);
+
+/* Activation checkpointing (checkpoint.c), called by fsdp_module_forward / _backward for a
+ * module with ckpt.on: the forward that releases the subtree's activations, and the backward
+ * that re-runs the forward first. run_forward is the plain forward with its hooks (post-forward
+ * hooks only when post_hooks), run_backward the plain backward. */
+fsdp_status fsdp_nn_run_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                const fsdp_tensor **out, bool post_hooks);
+fsdp_status fsdp_nn_run_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                 const fsdp_tensor **din);
+fsdp_status fsdp_nn_checkpoint_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                       const fsdp_tensor **out);
+fsdp_status fsdp_nn_checkpoint_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                        const fsdp_tensor **din);
+/* Records t as an activation of the module whose forward runs (nothing outside a forward). */
+fsdp_status fsdp_nn_record_activation(fsdp_ctx *ctx, fsdp_tensor *t);
+void fsdp_nn_checkpoint_free(fsdp_module *m);
 
 /* Checks that a layer's input is f32 with `features` in its last dim; names the module. */
 fsdp_status fsdp_nn_check_input(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tensor *in,
