@@ -10,14 +10,10 @@
 #include "ckpt/ckpt_impl.h"
 #include "ckpt/dir.h"
 #include "ckpt/h5.h"
-#include "ckpt/import.h"
+#include "ckpt/import_source.h"
 #include "core/error.h"
 
 static const char *const dtype_names[] = {"F32", "F16", "BF16", "F64"};
-
-size_t import_dtype_size(import_dtype d) {
-    return d == IMPORT_F64 ? 8 : d == IMPORT_F32 ? 4 : 2;
-}
 
 /* ---- checking the listed tensors ---- */
 

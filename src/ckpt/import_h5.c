@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "ckpt/h5.h"
-#include "ckpt/import.h"
+#include "ckpt/import_source.h"
 #include "ckpt/zstd_filter.h"
 #include "core/error.h"
 

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/types.h>
 
-#include "ckpt/import.h"
+#include "ckpt/import_source.h"
 #include "core/error.h"
 
 /* The largest header read, as the safetensors library bounds it. */

@@ -10,25 +10,10 @@
 #include "fsdp/module.h"
 #include "nn/module_impl.h"
 
-fsdp_status fsdp_nn_record_activation(fsdp_ctx *ctx, fsdp_tensor *t) {
-    fsdp_module *m = ctx->running_module;
-    if (!m || (ctx->phase != FSDP_PHASE_FORWARD && ctx->recompute_depth == 0)) return FSDP_OK;
-    for (int i = 0; i < m->n_acts; i++)
-        if (m->acts[i] == t) return FSDP_OK;
-    if (m->n_acts == m->cap_acts) {
-        int cap = m->cap_acts ? 2 * m->cap_acts : 4;
-        fsdp_tensor **a = realloc(m->acts, (size_t)cap * sizeof *a);
-        if (!a) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot record an activation");
-        m->acts = a;
-        m->cap_acts = cap;
-    }
-    m->acts[m->n_acts++] = t;
-    return FSDP_OK;
-}
-
-void fsdp_nn_checkpoint_free(fsdp_module *m) {
-    free(m->acts);
+/* Frees the output copy (the module frees its activation list). */
+static void checkpoint_release(fsdp_module *m) {
     fsdp_tensor_free(m->ckpt.output);
+    m->ckpt.output = NULL;
 }
 
 /* Whether t is one of the activations recorded in m's subtree (other than m's own copy). */
@@ -73,8 +58,8 @@ static fsdp_status keep_output(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor 
     return fsdp_tensor_copy(ctx, *o, y);
 }
 
-fsdp_status fsdp_nn_checkpoint_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
-                                       const fsdp_tensor **out) {
+static fsdp_status checkpoint_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                      const fsdp_tensor **out) {
     const fsdp_tensor *y;
     FSDP_TRY(fsdp_nn_run_forward(ctx, m, in, &y, true));
     if (ctx->recompute_depth > 0) {
@@ -94,8 +79,8 @@ fsdp_status fsdp_nn_checkpoint_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp
     return FSDP_OK;
 }
 
-fsdp_status fsdp_nn_checkpoint_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
-                                        const fsdp_tensor **din) {
+static fsdp_status checkpoint_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                       const fsdp_tensor **din) {
     if (m->ckpt.state == FSDP_CKPT_DONE) {
         char desc[160];
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
@@ -120,6 +105,12 @@ fsdp_status fsdp_nn_checkpoint_backward(fsdp_ctx *ctx, fsdp_module *m, const fsd
     return FSDP_OK;
 }
 
+static const fsdp_nn_wrapper_i checkpoint_iface = {
+    .forward = checkpoint_forward,
+    .backward = checkpoint_backward,
+    .release = checkpoint_release,
+};
+
 fsdp_status fsdp_checkpoint_wrap(fsdp_ctx *ctx, fsdp_module *m) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, m);
@@ -129,11 +120,11 @@ fsdp_status fsdp_checkpoint_wrap(fsdp_ctx *ctx, fsdp_module *m) {
                          "fsdp_checkpoint_wrap(%s): called inside a forward or backward; wrap "
                          "modules before running the model",
                          fsdp_nn_describe(m, desc, sizeof desc));
-    if (m->ckpt.on)
+    if (m->ckpt.iface)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "fsdp_checkpoint_wrap: %s is checkpointed already; wrap it once",
                          fsdp_nn_describe(m, desc, sizeof desc));
-    m->ckpt.on = true;
+    m->ckpt.iface = &checkpoint_iface;
     m->ckpt.state = FSDP_CKPT_LIVE;
     return FSDP_OK;
 }

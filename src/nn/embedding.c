@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "nn/llama_impl.h"
+#include "nn/llama_common.h"
 #include "nn/module_impl.h"
 
 typedef struct embedding {

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 
 #include "core/error.h"
-#include "nn/llama_impl.h"
+#include "nn/llama_common.h"
 #include "nn/module_impl.h"
 
 typedef struct llama_mlp {

@@ -81,7 +81,8 @@ void fsdp_module_free(fsdp_module *m) {
         free(m->hooks[p]);
     }
     if (m->ops->free_impl) m->ops->free_impl(m->impl);
-    fsdp_nn_checkpoint_free(m);
+    if (m->ckpt.iface) m->ckpt.iface->release(m);
+    free(m->acts);
     free(m->children);
     free(m->params);
     free(m->buffers);
@@ -581,7 +582,7 @@ fsdp_status fsdp_module_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor
     FSDP_ARG_NOT_NULL(ctx, m);
     FSDP_ARG_NOT_NULL(ctx, in);
     FSDP_ARG_NOT_NULL(ctx, out);
-    if (m->ckpt.on) return fsdp_nn_checkpoint_forward(ctx, m, in, out);
+    if (m->ckpt.iface) return m->ckpt.iface->forward(ctx, m, in, out);
     return fsdp_nn_run_forward(ctx, m, in, out, true);
 }
 
@@ -605,11 +606,27 @@ fsdp_status fsdp_module_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, m);
     FSDP_ARG_NOT_NULL(ctx, dout);
-    if (m->ckpt.on) return fsdp_nn_checkpoint_backward(ctx, m, dout, din);
+    if (m->ckpt.iface) return m->ckpt.iface->backward(ctx, m, dout, din);
     return fsdp_nn_run_backward(ctx, m, dout, din);
 }
 
 /* ---- helpers for layers ---- */
+
+fsdp_status fsdp_nn_record_activation(fsdp_ctx *ctx, fsdp_tensor *t) {
+    fsdp_module *m = ctx->running_module;
+    if (!m || (ctx->phase != FSDP_PHASE_FORWARD && ctx->recompute_depth == 0)) return FSDP_OK;
+    for (int i = 0; i < m->n_acts; i++)
+        if (m->acts[i] == t) return FSDP_OK;
+    if (m->n_acts == m->cap_acts) {
+        int cap = m->cap_acts ? 2 * m->cap_acts : 4;
+        fsdp_tensor **a = realloc(m->acts, (size_t)cap * sizeof *a);
+        if (!a) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot record an activation");
+        m->acts = a;
+        m->cap_acts = cap;
+    }
+    m->acts[m->n_acts++] = t;
+    return FSDP_OK;
+}
 
 fsdp_status fsdp_nn_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, int ndim,
                            const int64_t *shape) {

@@ -41,8 +41,18 @@ typedef enum fsdp_ckpt_state {
     FSDP_CKPT_DONE,     /* released after backward: the next backward needs a forward */
 } fsdp_ckpt_state;
 
+/* How a wrapped module runs (checkpoint.c fills one): module.c calls through it, so it needs
+ * no name of the wrapper's file. */
+typedef struct fsdp_nn_wrapper_i {
+    fsdp_status (*forward)(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                           const fsdp_tensor **out);
+    fsdp_status (*backward)(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                            const fsdp_tensor **din);
+    void (*release)(fsdp_module *m); /* frees what the wrapper holds, when m is freed */
+} fsdp_nn_wrapper_i;
+
 typedef struct fsdp_ckpt {
-    bool on; /* fsdp_checkpoint_wrap was called */
+    const fsdp_nn_wrapper_i *iface; /* set by fsdp_checkpoint_wrap; NULL: a plain module */
     fsdp_ckpt_state state;
     const fsdp_tensor *input; /* the forward's input, kept (not owned) for the recompute */
     fsdp_tensor *output;      /* a copy of the output when it was one of the released buffers */
@@ -75,21 +85,14 @@ struct fsdp_module {
 fsdp_status fsdp_nn_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, int ndim,
                            const int64_t *shape);
 
-/* Activation checkpointing (checkpoint.c), called by fsdp_module_forward / _backward for a
- * module with ckpt.on: the forward that releases the subtree's activations, and the backward
- * that re-runs the forward first. run_forward is the plain forward with its hooks (post-forward
- * hooks only when post_hooks), run_backward the plain backward. */
+/* What a wrapper (ckpt.iface) runs: run_forward is the plain forward with its hooks
+ * (post-forward hooks only when post_hooks), run_backward the plain backward. */
 fsdp_status fsdp_nn_run_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
                                 const fsdp_tensor **out, bool post_hooks);
 fsdp_status fsdp_nn_run_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
                                  const fsdp_tensor **din);
-fsdp_status fsdp_nn_checkpoint_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
-                                       const fsdp_tensor **out);
-fsdp_status fsdp_nn_checkpoint_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
-                                        const fsdp_tensor **din);
 /* Records t as an activation of the module whose forward runs (nothing outside a forward). */
 fsdp_status fsdp_nn_record_activation(fsdp_ctx *ctx, fsdp_tensor *t);
-void fsdp_nn_checkpoint_free(fsdp_module *m);
 
 /* Checks that a layer's input is f32 with `features` in its last dim; names the module. */
 fsdp_status fsdp_nn_check_input(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tensor *in,

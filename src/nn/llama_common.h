@@ -1,7 +1,8 @@
-/* llama_impl.h: what the Llama layers (embedding.c, llama_attention.c, llama_mlp.c, llama.c)
- * share inside src/nn: the kernel table check and the bias-free projections they own. */
-#ifndef FSDP_NN_LLAMA_IMPL_H
-#define FSDP_NN_LLAMA_IMPL_H
+/* llama_common.h: what the Llama layers (embedding.c, llama_attention.c, llama_mlp.c, llama.c)
+ * share inside src/nn (llama_common.c, but for fsdp_llama_mlp_build in llama_mlp.c): the kernel
+ * table check, the bias-free projections they own, and the configuration's checks. */
+#ifndef FSDP_NN_LLAMA_COMMON_H
+#define FSDP_NN_LLAMA_COMMON_H
 
 #include <stdbool.h>
 
@@ -33,6 +34,10 @@ fsdp_status fsdp_llama_sum_grads(fsdp_ctx *ctx, fsdp_tensor **dst, const fsdp_te
 /* fsdp_llama_mlp_create with the projections' weights ~ normal(0, std) (llama_mlp.c). */
 fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, float std,
                                  fsdp_module **out);
+
+/* FSDP_ERR_INVALID_ARGUMENT: "Llama config: field = value; rule". */
+fsdp_status fsdp_llama_bad_config(fsdp_ctx *ctx, const char *field, long long value,
+                                  const char *rule);
 
 /* "needs a forward first" for m (FSDP_ERR_STATE). */
 fsdp_status fsdp_llama_no_forward(fsdp_ctx *ctx, const fsdp_module *m);

@@ -1,7 +1,7 @@
-/* import.h: a state dict file that fsdp_ckpt_import reads (safetensors.c, import_h5.c): its
+/* import_source.h: a state dict file that fsdp_ckpt_import reads (safetensors.c, import_h5.c): its
  * tensors listed and checked when opened, then read one at a time. Internal to src/ckpt. */
-#ifndef FSDP_CKPT_IMPORT_H
-#define FSDP_CKPT_IMPORT_H
+#ifndef FSDP_CKPT_IMPORT_SOURCE_H
+#define FSDP_CKPT_IMPORT_SOURCE_H
 
 #include <hdf5.h>
 #include <stdint.h>
@@ -48,7 +48,7 @@ struct import_source {
     hid_t h5;            /* HDF5 */
 };
 
-/* Bytes of one element of a convertible dtype. */
+/* Bytes of one element of a convertible dtype (import_source.c). */
 size_t import_dtype_size(import_dtype d);
 
 /* Opens path as a safetensors file and checks its header: its length, the JSON, every

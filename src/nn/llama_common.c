@@ -1,0 +1,101 @@
+/* llama_common.c: what the Llama layers share (llama_common.h): the kernel table check, the
+ * bias-free projections, branch gradient sums, and the configuration's defaults and checks. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "fsdp/layers.h"
+#include "nn/llama_common.h"
+#include "nn/module_impl.h"
+
+/* ---- helpers ---- */
+
+const fsdp_kernels_i *fsdp_llama_kernels(fsdp_ctx *ctx, const fsdp_module *m, fsdp_device dev,
+                                         bool has, fsdp_status *st) {
+    if (has) return fsdp_kernels_for(dev);
+    char desc[160];
+    *st = FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                    "%s: no Llama kernels for %s tensors yet; run it on the CPU",
+                    fsdp_nn_describe(m, desc, sizeof desc), fsdp_device_to_string(dev));
+    return NULL;
+}
+
+fsdp_status fsdp_llama_add_proj(fsdp_ctx *ctx, fsdp_module *parent, const char *name, int64_t in,
+                                int64_t out, float std, fsdp_module **child) {
+    fsdp_module *l;
+    FSDP_TRY(fsdp_linear_create(ctx, in, out, false, &l));
+    l->params[0]->init = (fsdp_init){.kind = FSDP_INIT_NORMAL, .a = 0.0f, .b = std};
+    FSDP_TRY(fsdp_module_add_child(ctx, parent, name, l));
+    if (child) *child = l;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_llama_sum_grads(fsdp_ctx *ctx, fsdp_tensor **dst, const fsdp_tensor *a,
+                                 const fsdp_tensor *b, const fsdp_tensor *c) {
+    fsdp_device dev = fsdp_tensor_device(a);
+    FSDP_TRY(fsdp_nn_buffer(ctx, dst, dev, fsdp_tensor_ndim(a), fsdp_tensor_shape(a)));
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    float *d = fsdp_tensor_f32(*dst);
+    int64_t n = fsdp_tensor_numel(a);
+    k->add(d, fsdp_tensor_f32(a), fsdp_tensor_f32(b), n);
+    if (c) k->add(d, d, fsdp_tensor_f32(c), n);
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_llama_no_forward(fsdp_ctx *ctx, const fsdp_module *m) {
+    char desc[160];
+    return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                     "%s: backward needs a forward first, and an output gradient of the output's "
+                     "shape",
+                     fsdp_nn_describe(m, desc, sizeof desc));
+}
+
+/* ---- configuration ---- */
+
+fsdp_status fsdp_llama_bad_config(fsdp_ctx *ctx, const char *field, long long value,
+                                  const char *rule) {
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "Llama config: %s = %lld; %s", field, value,
+                     rule);
+}
+
+fsdp_status fsdp_llama_config_resolve(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
+                                      fsdp_llama_config *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, cfg);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    fsdp_llama_config c = *cfg;
+    if (c.dim <= 0 || c.dim > (1 << 20))
+        return fsdp_llama_bad_config(ctx, "dim", c.dim, "it must be in [1, 2^20]");
+    if (c.n_heads <= 0 || c.dim % c.n_heads || (c.dim / c.n_heads) % 2)
+        return fsdp_llama_bad_config(
+            ctx, "n_heads", c.n_heads,
+            "it must divide dim into heads of an even size (rotary embedding "
+            "rotates pairs)");
+    if (c.n_kv_heads == 0) c.n_kv_heads = c.n_heads;
+    if (c.n_kv_heads < 0 || c.n_heads % c.n_kv_heads)
+        return fsdp_llama_bad_config(ctx, "n_kv_heads", c.n_kv_heads, "it must divide n_heads");
+    if (c.n_layers < 0)
+        return fsdp_llama_bad_config(ctx, "n_layers", c.n_layers, "it must be >= 1");
+    if (c.vocab_size < 0 || c.vocab_size > INT32_MAX)
+        return fsdp_llama_bad_config(ctx, "vocab_size", c.vocab_size, "it must be in [1, 2^31)");
+    if (c.ffn_hidden == 0) c.ffn_hidden = (8 * c.dim / 3 + 255) / 256 * 256;
+    if (c.ffn_hidden < 0 || c.ffn_hidden > (1 << 24))
+        return fsdp_llama_bad_config(ctx, "ffn_hidden", c.ffn_hidden, "it must be in [1, 2^24]");
+    if (c.max_seq_len == 0) c.max_seq_len = 2048;
+    if (c.max_seq_len < 0 || c.max_seq_len > (1 << 24))
+        return fsdp_llama_bad_config(ctx, "max_seq_len", c.max_seq_len, "it must be in [1, 2^24]");
+    if (c.norm_eps == 0.0f) c.norm_eps = 1e-6f;
+    if (!(c.norm_eps > 0.0f))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Llama config: norm_eps = %g; it must be > 0", (double)c.norm_eps);
+    if (c.rope_theta == 0.0f) c.rope_theta = 10000.0f;
+    if (!(c.rope_theta > 1.0f))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Llama config: rope_theta = %g; it must be > 1", (double)c.rope_theta);
+    if (c.init_std == 0.0f) c.init_std = 0.02f;
+    if (!(c.init_std > 0.0f))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Llama config: init_std = %g; it must be > 0", (double)c.init_std);
+    *out = c;
+    return FSDP_OK;
+}
