@@ -277,7 +277,8 @@ fsdp_status train_ckpt_resume(fsdp_ctx *ctx, const train_config *cfg, const fsdp
                      "[model] init = %s and [checkpoint] resume = none",
                      path, g_extra_names[i], path);
     if (s == FSDP_OK &&
-        (v[0] != fsdp_ckpt_step(ck) || v[1] < 0 || v[1] >= cfg->data.samples || v[3] < 0)) {
+        (v[0] != fsdp_ckpt_step(ck) || v[1] < 0 ||
+         (cfg->data.kind != TRAIN_DATA_TOKENS && v[1] >= cfg->data.samples) || v[3] < 0)) {
         snprintf(err, err_size,
                  "cannot resume from '%s': its loop position is inconsistent (train.step %lld "
                  "at step %lld, data.position %lld of %lld samples)",

@@ -56,11 +56,12 @@ typedef struct section_def {
 } section_def;
 
 static const section_def g_sections[] = {
-    {"model", "the model, an MLP of Linear layers with an activation between them"},
+    {"model", "the model: an MLP of Linear layers with an activation between them, or a "
+              "Llama-style decoder (kind = llama) trained on a token file"},
     {"parallel", "the ranks and how they share the work: data parallelism (FSDP or replicas) "
                  "over dp ranks, tensor parallelism over tp ranks, world = dp * tp"},
-    {"data", "the dataset, synthetic (a random teacher MLP) or an HDF5 file, the task, the "
-             "held-out split and the batches"},
+    {"data", "the dataset, synthetic (a random teacher MLP), an HDF5 file or a token file, the "
+             "task, the held-out split and the batches"},
     {"optim", "the optimizer (SGD, Adam, AdamW as in PyTorch), its learning rate schedule and "
               "gradient clipping"},
     {"train", "the training loop"},
@@ -79,7 +80,9 @@ static const char *const g_mode_names[] = {"fsdp", "replicate", NULL};
 static const char *const g_strategy_names[] = {"full_shard", "shard_grad_op", "no_shard",
                                                "hybrid_shard", NULL};
 static const char *const g_wrap_names[] = {"none", "layer", NULL};
-static const char *const g_data_kind_names[] = {"synthetic", "h5", NULL};
+static const char *const g_data_kind_names[] = {"synthetic", "h5", "tokens", NULL};
+static const char *const g_model_kind_names[] = {"mlp", "llama", NULL};
+static const char *const g_act_ckpt_names[] = {"none", "blocks", NULL};
 static const char *const g_task_names[] = {"regression", "classification", NULL};
 static const char *const g_optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const g_schedule_names[] = {"constant", "warmup", "cosine", NULL};
@@ -111,6 +114,9 @@ _Static_assert(TRAIN_DATA_H5 == 1 && TRAIN_TASK_CLASSIFICATION == 1 && TRAIN_OPT
                    TRAIN_SCHEDULE_COSINE == 2 && (int)FSDP_LR_COSINE == 2 &&
                    (int)FSDP_LR_LINEAR_WARMUP == 1,
                "the enums above are the index of their name (and the schedule the library's)");
+_Static_assert(sizeof(train_model_kind) == sizeof(int) && sizeof(train_act_ckpt) == sizeof(int) &&
+                   TRAIN_MODEL_LLAMA == 1 && TRAIN_ACT_CKPT_BLOCKS == 1 && TRAIN_DATA_TOKENS == 2,
+               "enum keys are stored as int, the index of their name");
 _Static_assert(TRAIN_BACKEND_AUTO == 2 && TRAIN_MODE_REPLICATE == 1 && TRAIN_WRAP_LAYER == 1 &&
                    FSDP_HYBRID_SHARD == 3,
                "the enums above are the index of their name");
@@ -160,17 +166,50 @@ _Static_assert(TRAIN_BACKEND_AUTO == 2 && TRAIN_MODE_REPLICATE == 1 && TRAIN_WRA
     }
 
 static const key_def g_keys[] = {
+    ENUM_KEY("model", "kind", model.kind, "mlp", g_model_kind_names, NULL,
+             "the model: mlp (Linear layers over widths, with an activation between them) or "
+             "llama (a Llama-style decoder with Hugging Face's names over dim, n_layers, "
+             "n_heads, ...; needs [data] kind = tokens)"),
     LIST_KEY("model", "widths", model.widths, "32,64,64,8", 2, TRAIN_MAX_LIST, 1, WIDTH_MAX,
-             "layer widths of the MLP, input first and output last: 32,64,8 is Linear(32, 64), "
+             "mlp: layer widths, input first and output last: 32,64,8 is Linear(32, 64), "
              "activation, Linear(64, 8)"),
     ENUM_KEY("model", "activation", model.activation, "relu", g_activation_names, parse_activation,
-             "activation between the Linear layers (the teacher uses it too)"),
+             "mlp: activation between the Linear layers (the teacher uses it too)"),
     STRING_KEY("model", "init", model.init, "random",
                "initial parameters: random (drawn from train.seed), or the path of a state to "
                "take them from: a checkpoint step directory (a run's directory: its newest "
                "checkpoint), or a PyTorch state dict (.safetensors or HDF5) of nn.Sequential "
                "names 0.weight, 0.bias, 2.weight, ... Parameters only: the optimizer starts "
                "fresh. Ignored when the run resumes"),
+    INT_KEY("model", "dim", model.dim, "64", 2, WIDTH_MAX,
+            "llama: hidden size (Hugging Face's hidden_size); n_heads divides it into heads of "
+            "an even size"),
+    INT_KEY("model", "n_layers", model.n_layers, "2", 1, 1024,
+            "llama: decoder layers (num_hidden_layers)"),
+    INT_KEY("model", "n_heads", model.n_heads, "4", 1, 4096,
+            "llama: query heads (num_attention_heads); tp must divide it"),
+    INT_KEY("model", "n_kv_heads", model.n_kv_heads, "0", 0, 4096,
+            "llama: key/value heads (num_key_value_heads), dividing n_heads (grouped-query "
+            "attention); 0: n_heads. tp must divide it"),
+    INT_KEY("model", "vocab_size", model.vocab_size, "256", 2, INT64_C(1) << 24,
+            "llama: tokens of the vocabulary (256 for the byte tokenizer of "
+            "tools/text_to_tokens.py); every id of the token file must be below it; the "
+            "embedding and lm_head split it over tp (unevenly when tp does not divide it)"),
+    INT_KEY("model", "ffn_hidden", model.ffn_hidden, "0", 0, INT64_C(1) << 24,
+            "llama: SwiGLU width (intermediate_size); 0: Meta's rule, 8 dim / 3 rounded up to a "
+            "multiple of 256. tp must divide it"),
+    INT_KEY("model", "max_seq_len", model.max_seq_len, "64", 1, 65536,
+            "llama: the sequence length trained on (max_position_embeddings): each sequence "
+            "is max_seq_len + 1 tokens of the token file, inputs and next-token targets"),
+    FLOAT_KEY("model", "norm_eps", model.norm_eps, "1e-06", 0, EXCL, 1, EXCL,
+              "llama: RMSNorm epsilon (rms_norm_eps)"),
+    FLOAT_KEY("model", "rope_theta", model.rope_theta, "10000", 1, EXCL, 1e30, INCL,
+              "llama: base of the rotary embedding (rope_theta)"),
+    ENUM_KEY("model", "checkpoint_activations", model.checkpoint_activations, "none",
+             g_act_ckpt_names, NULL,
+             "llama: activation checkpointing: none, or blocks (every decoder layer keeps only "
+             "its input and recomputes its activations in backward: less memory, one more "
+             "forward of the layers per step, the same numbers)"),
 
     ENUM_KEY("parallel", "backend", parallel.backend, "auto", g_backend_names, NULL,
              "where the ranks run: local (rank threads in this process), mpi (one process per "
@@ -213,10 +252,13 @@ static const key_def g_keys[] = {
 
     ENUM_KEY("data", "kind", data.kind, "synthetic", g_data_kind_names, NULL,
              "where the samples come from: synthetic (inputs from the counter RNG, targets from "
-             "a fixed random teacher MLP; samples, seed, teacher_widths and noise describe it) "
-             "or h5 (datasets x and y of the HDF5 file path, held in memory by every rank)"),
+             "a fixed random teacher MLP; samples, seed, teacher_widths and noise describe it), "
+             "h5 (datasets x and y of the HDF5 file path, held in memory by every rank) or "
+             "tokens (the token file path, for [model] kind = llama: sequences of "
+             "max_seq_len + 1 tokens at offsets drawn from seed)"),
     STRING_KEY("data", "path", data.path, "",
-               "kind = h5: the HDF5 file (a path relative to the working directory)"),
+               "kind = h5: the HDF5 file; kind = tokens: the token file (written by "
+               "tools/text_to_tokens.py); a path relative to the working directory"),
     STRING_KEY("data", "x", data.x, "x",
                "kind = h5: the inputs' dataset, float (samples, widths[0])"),
     STRING_KEY("data", "y", data.y, "y",
@@ -229,7 +271,13 @@ static const key_def g_keys[] = {
     FLOAT_KEY("data", "eval_fraction", data.eval_fraction, "0", 0, INCL, 1, EXCL,
               "fraction of the samples held out for evaluation: the last "
               "floor(samples * eval_fraction) samples in file order (shuffle the file "
-              "beforehand if it is sorted); 0: no held-out split"),
+              "beforehand if it is sorted; kind = tokens: the last tokens of the file); 0: no "
+              "held-out split"),
+    INT_KEY("data", "eval_batches", data.eval_batches, "4", 1, 1000000,
+            "kind = tokens: batches of batch_size sequences an evaluation scores: the first "
+            "ones of the held-out tokens, cut into sequences of max_seq_len + 1 tokens (as "
+            "many as there are, up to this), and as many evenly spaced ones of the training "
+            "tokens for the loss before and after training"),
     BOOL_KEY("data", "shuffle", data.shuffle, "false",
              "visit the training samples in a new permutation every epoch, drawn from seed and "
              "the epoch by global index (the same batches on every layout); false: in order"),
@@ -1065,6 +1113,14 @@ fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layou
                  train_config_key_text(cfg, "data", "batch_size", a, sizeof a), l.dp, w, tp, l.dp);
         return FSDP_ERR_CONFIG;
     }
+    if (cfg->model.kind == TRAIN_MODEL_LLAMA && cfg->data.batch_size % l.dp != 0) {
+        snprintf(err, err_size,
+                 "%s does not split evenly over the %d data-parallel ranks (dp = world / tp, %s "
+                 "and tp %d); a Llama run gives every dp rank the same number of sequences: use "
+                 "a multiple of %d",
+                 train_config_key_text(cfg, "data", "batch_size", a, sizeof a), l.dp, w, tp, l.dp);
+        return FSDP_ERR_CONFIG;
+    }
     bool hybrid =
         cfg->parallel.mode == TRAIN_MODE_FSDP && cfg->parallel.strategy == FSDP_HYBRID_SHARD;
     if (hybrid && l.dp < 2) {
@@ -1130,7 +1186,7 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                  train_config_key_text(cfg, "parallel", "strategy", b, sizeof b));
         return FSDP_ERR_CONFIG;
     }
-    int64_t tp = cfg->parallel.tp;
+    int64_t tp = cfg->model.kind == TRAIN_MODEL_MLP ? cfg->parallel.tp : 1; /* llama: below */
     int n_linear = cfg->model.widths.n - 1;
     if (tp > 1 && n_linear < 2) {
         snprintf(err, err_size,
@@ -1187,23 +1243,48 @@ static bool key_not_for(const train_config *cfg, const char *section, const char
 /* The [data] rules that join keys. */
 static fsdp_status check_data(const train_config *cfg, char *err, size_t err_size) {
     char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE];
-    bool h5 = cfg->data.kind == TRAIN_DATA_H5;
+    bool h5 = cfg->data.kind == TRAIN_DATA_H5, tokens = cfg->data.kind == TRAIN_DATA_TOKENS;
+    bool synthetic = cfg->data.kind == TRAIN_DATA_SYNTHETIC;
     static const char *const synthetic_only[] = {"samples", "teacher_widths", "noise"};
-    static const char *const h5_only[] = {"path", "x", "y"};
+    static const char *const h5_only[] = {"x", "y"};
     for (int i = 0; i < 3; i++)
-        if (key_not_for(cfg, "data", synthetic_only[i], !h5, "kind = synthetic", "data", "kind",
-                        err, err_size) ||
-            key_not_for(cfg, "data", h5_only[i], h5, "kind = h5", "data", "kind", err, err_size))
+        if (key_not_for(cfg, "data", synthetic_only[i], synthetic, "kind = synthetic", "data",
+                        "kind", err, err_size) ||
+            (i < 2 &&
+             key_not_for(cfg, "data", h5_only[i], h5, "kind = h5", "data", "kind", err, err_size)))
             return FSDP_ERR_CONFIG;
-    if (h5 && !cfg->data.path[0]) {
-        snprintf(err, err_size,
-                 "%s needs [data] path, the HDF5 file to read (with datasets x and y); set it",
-                 train_config_key_text(cfg, "data", "kind", a, sizeof a));
+    if (key_not_for(cfg, "data", "path", h5 || tokens, "kind = h5 or tokens", "data", "kind", err,
+                    err_size) ||
+        key_not_for(cfg, "data", "task", !tokens, "kind = synthetic or h5", "data", "kind", err,
+                    err_size) ||
+        key_not_for(cfg, "data", "shuffle", !tokens,
+                    "kind = synthetic or h5 (kind = tokens "
+                    "draws every sequence's offset from seed)",
+                    "data", "kind", err, err_size) ||
+        key_not_for(cfg, "data", "eval_batches", tokens, "kind = tokens", "data", "kind", err,
+                    err_size))
+        return FSDP_ERR_CONFIG;
+    if ((h5 || tokens) && !cfg->data.path[0]) {
+        snprintf(err, err_size, "%s needs [data] path, the %s to read; set it",
+                 train_config_key_text(cfg, "data", "kind", a, sizeof a),
+                 h5 ? "HDF5 file (with datasets x and y)"
+                    : "token file (tools/text_to_tokens.py writes one)");
+        return FSDP_ERR_CONFIG;
+    }
+    bool llama = cfg->model.kind == TRAIN_MODEL_LLAMA;
+    if (llama != tokens) {
+        snprintf(err, err_size, "%s and %s do not go together: %s",
+                 train_config_key_text(cfg, "model", "kind", a, sizeof a),
+                 train_config_key_text(cfg, "data", "kind", b, sizeof b),
+                 llama ? "a Llama model trains on a token file; set [data] kind = tokens and "
+                         "[data] path"
+                       : "a token file trains a Llama model; set [model] kind = llama (or "
+                         "another [data] kind)");
         return FSDP_ERR_CONFIG;
     }
     bool classify = cfg->data.task == TRAIN_TASK_CLASSIFICATION;
     int64_t classes = cfg->model.widths.v[cfg->model.widths.n - 1];
-    if (classify && classes < 2) {
+    if (!llama && classify && classes < 2) {
         snprintf(err, err_size,
                  "%s needs an output width of at least 2 (the number of classes), but %s ends "
                  "in %lld; set the last width to the number of classes",
@@ -1214,7 +1295,7 @@ static fsdp_status check_data(const train_config *cfg, char *err, size_t err_siz
     if (key_not_for(cfg, "data", "noise", !classify, "task = regression", "data", "task", err,
                     err_size))
         return FSDP_ERR_CONFIG;
-    if (!h5 && cfg->data.eval_fraction > 0) {
+    if (synthetic && cfg->data.eval_fraction > 0) {
         int64_t n_eval = (int64_t)floor((double)cfg->data.samples * cfg->data.eval_fraction);
         if (n_eval < 1 || n_eval >= cfg->data.samples) {
             snprintf(err, err_size,
@@ -1312,8 +1393,69 @@ int train_config_no_decay(const train_config *cfg, char (*patterns)[TRAIN_MAX_ST
     }
 }
 
+/* tp must divide the count a Llama key names (heads, key/value heads, the SwiGLU width). */
+static bool llama_tp_divides(const train_config *cfg, const char *name, int64_t count,
+                             const char *what, char *err, size_t err_size) {
+    int64_t tp = cfg->parallel.tp;
+    if (count % tp == 0) return false;
+    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE];
+    snprintf(err, err_size,
+             "%s must divide %s: %lld %s, which the tensor-parallel ranks split between them; "
+             "use a tp that divides %lld, or change %s",
+             train_config_key_text(cfg, "parallel", "tp", a, sizeof a),
+             train_config_key_text(cfg, "model", name, b, sizeof b), (long long)count, what,
+             (long long)count, name);
+    return true;
+}
+
+/* The [model] rules: keys of the other kind are not set; a Llama's heads and tp fit. */
+static fsdp_status check_model(const train_config *cfg, char *err, size_t err_size) {
+    static const char *const mlp_only[] = {"widths", "activation"};
+    static const char *const llama_only[] = {
+        "dim",        "n_layers",    "n_heads",  "n_kv_heads", "vocab_size",
+        "ffn_hidden", "max_seq_len", "norm_eps", "rope_theta", "checkpoint_activations"};
+    bool llama = cfg->model.kind == TRAIN_MODEL_LLAMA;
+    for (size_t i = 0; i < sizeof mlp_only / sizeof mlp_only[0]; i++)
+        if (key_not_for(cfg, "model", mlp_only[i], !llama, "kind = mlp", "model", "kind", err,
+                        err_size))
+            return FSDP_ERR_CONFIG;
+    for (size_t i = 0; i < sizeof llama_only / sizeof llama_only[0]; i++)
+        if (key_not_for(cfg, "model", llama_only[i], llama, "kind = llama", "model", "kind", err,
+                        err_size))
+            return FSDP_ERR_CONFIG;
+    if (!llama) return FSDP_OK;
+    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE];
+    int64_t dim = cfg->model.dim, heads = cfg->model.n_heads;
+    if (dim % heads != 0 || (dim / heads) % 2 != 0) {
+        snprintf(err, err_size,
+                 "%s must divide %s into heads of an even size (the rotary embedding rotates "
+                 "pairs of a head's dimensions), but %lld / %lld is %s; pick n_heads so that "
+                 "dim / n_heads is an even integer",
+                 train_config_key_text(cfg, "model", "n_heads", a, sizeof a),
+                 train_config_key_text(cfg, "model", "dim", b, sizeof b), (long long)dim,
+                 (long long)heads, dim % heads ? "not an integer" : "odd");
+        return FSDP_ERR_CONFIG;
+    }
+    int64_t kv = cfg->model.n_kv_heads ? cfg->model.n_kv_heads : heads;
+    if (heads % kv != 0) {
+        snprintf(err, err_size,
+                 "%s must divide %s: each key/value head serves n_heads / n_kv_heads query "
+                 "heads; use a divisor of %lld (or 0 for n_heads)",
+                 train_config_key_text(cfg, "model", "n_kv_heads", a, sizeof a),
+                 train_config_key_text(cfg, "model", "n_heads", b, sizeof b), (long long)heads);
+        return FSDP_ERR_CONFIG;
+    }
+    int64_t ffn = cfg->model.ffn_hidden ? cfg->model.ffn_hidden : (8 * dim / 3 + 255) / 256 * 256;
+    if (llama_tp_divides(cfg, "n_heads", heads, "query heads", err, err_size) ||
+        llama_tp_divides(cfg, "n_kv_heads", kv, "key/value heads", err, err_size) ||
+        llama_tp_divides(cfg, "ffn_hidden", ffn, "SwiGLU width", err, err_size))
+        return FSDP_ERR_CONFIG;
+    return FSDP_OK;
+}
+
 fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_size) {
-    fsdp_status st = check_data(cfg, err, err_size);
+    fsdp_status st = check_model(cfg, err, err_size);
+    if (st == FSDP_OK) st = check_data(cfg, err, err_size);
     if (st == FSDP_OK) st = check_optim(cfg, err, err_size);
     if (st != FSDP_OK) return st;
     st = check_parallel(cfg, err, err_size);

@@ -15,7 +15,7 @@ extern "C" {
 
 #define TRAIN_MAX_LIST   16   /* entries of an int-list key */
 #define TRAIN_MAX_STRING 512  /* bytes of a string key, with its terminating NUL */
-#define TRAIN_MAX_KEYS   64   /* keys in the table */
+#define TRAIN_MAX_KEYS   96   /* keys in the table */
 #define TRAIN_MAX_ORIGIN 160  /* bytes of one origin text */
 #define TRAIN_ERROR_SIZE 1024 /* a good size for the err buffers below */
 /* Limits of the input, stated by --help and the error messages: */
@@ -35,10 +35,23 @@ typedef struct train_float_list {
     double v[TRAIN_MAX_FLOAT_LIST];
 } train_float_list;
 
+/* [model] kind: which model. */
+typedef enum train_model_kind {
+    TRAIN_MODEL_MLP = 0, /* fsdp_model_mlp over [model] widths */
+    TRAIN_MODEL_LLAMA,   /* fsdp_model_llama over [model] dim, n_layers, ... (train_llama.h) */
+} train_model_kind;
+
+/* [model] checkpoint_activations: which modules recompute their activations in backward. */
+typedef enum train_act_ckpt {
+    TRAIN_ACT_CKPT_NONE = 0, /* keep every activation */
+    TRAIN_ACT_CKPT_BLOCKS,   /* llama: fsdp_checkpoint_wrap on every decoder layer */
+} train_act_ckpt;
+
 /* [data] kind: where the samples come from. */
 typedef enum train_data_kind {
     TRAIN_DATA_SYNTHETIC = 0, /* inputs from the counter RNG, targets from a random teacher */
     TRAIN_DATA_H5,            /* datasets x and y of an HDF5 file */
+    TRAIN_DATA_TOKENS,        /* a token file (train_tokens.h) for kind = llama */
 } train_data_kind;
 
 /* [data] task: the loss. */
@@ -83,9 +96,14 @@ typedef enum train_wrap {
 /* The values of every key (see train_config_print_help for their meaning and defaults). */
 typedef struct train_config {
     struct {
-        train_int_list widths; /* input, hidden..., output */
+        train_model_kind kind;
+        train_int_list widths; /* mlp: input, hidden..., output */
         fsdp_activation activation;
         char init[TRAIN_MAX_STRING]; /* "random", or the path of a state to start from */
+        /* llama: fsdp_llama_config's fields (0 for n_kv_heads and ffn_hidden: its default) */
+        int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size, ffn_hidden, max_seq_len;
+        double norm_eps, rope_theta;
+        train_act_ckpt checkpoint_activations;
     } model;
     struct {
         train_backend backend;
@@ -114,6 +132,7 @@ typedef struct train_config {
         int64_t seed;
         train_int_list teacher_widths; /* hidden widths only */
         double noise;
+        int64_t eval_batches; /* tokens: batches of held-out (and probe) sequences evaluated */
     } data;
     struct {
         train_optim_name name;
