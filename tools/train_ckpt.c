@@ -243,11 +243,12 @@ fsdp_status train_ckpt_init(fsdp_ctx *ctx, const train_config *cfg, const fsdp_s
     return s;
 }
 
-/* The saved configuration's [model], [data] and [optim] keys (but init) are this run's. */
+/* The saved configuration's [model], [data] and [optim] keys are this run's, but init and
+ * checkpoint_activations (which changes memory and time, not a number). */
 static fsdp_status check_config(const train_config *cfg, fsdp_ckpt *ck, const char *path, char *err,
                                 size_t err_size) {
     static const char *const sections[] = {"model", "data", "optim", NULL};
-    static const char *const except[] = {"model.init", NULL};
+    static const char *const except[] = {"model.init", "model.checkpoint_activations", NULL};
     char diff[TRAIN_ERROR_SIZE] = "";
     if (train_config_compare_saved(cfg, fsdp_ckpt_config(ck), sections, except, diff,
                                    sizeof diff) == FSDP_OK)
