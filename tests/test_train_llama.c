@@ -148,6 +148,10 @@ static bool same_run(const char *what, const train_result *got, const train_resu
     return ok;
 }
 
+/* Adam divides by sqrt(v), so the float32 rounding of another reduction order grows over the
+ * 10 steps more than under SGD: seen up to 1.0e-5 relative (the uneven vocabulary). */
+#define RTOL 3e-5
+
 static void check_layout(const train_result *ref, const char *what, const char *const *overrides,
                          int dp, int tp, double rtol) {
     train_result res;
@@ -166,16 +170,16 @@ static void test_layouts(void) {
            ref.eval_loss);
     CU_ASSERT_TRUE(ref.last_loss < ref.first_loss);
     check_layout(&ref, "(2, 1) fsdp wrap layer", SET("parallel.ranks=2", "parallel.wrap=layer"), 2,
-                 1, 1e-5);
+                 1, RTOL);
     check_layout(&ref, "(1, 2) tp, loss parallel", SET("parallel.ranks=2", "parallel.tp=2"), 1, 2,
-                 1e-5);
+                 RTOL);
     check_layout(&ref, "(2, 2) fsdp wrap layer, tp",
-                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer"), 2, 2, 1e-5);
+                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer"), 2, 2, RTOL);
     check_layout(&ref, "(2, 2) fsdp root only, use_orig_params",
                  SET("parallel.ranks=4", "parallel.tp=2", "parallel.use_orig_params=true"), 2, 2,
-                 1e-5);
+                 RTOL);
     check_layout(&ref, "(2, 2) replicate",
-                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.mode=replicate"), 2, 2, 1e-5);
+                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.mode=replicate"), 2, 2, RTOL);
     /* activation checkpointing recomputes the same activations: bitwise the run without */
     train_result plain, ckpt;
     FSDP_TEST_OK(
@@ -197,7 +201,7 @@ static void test_uneven_vocab(void) {
     check_layout(
         &ref, "(2, 2) vocab 257",
         SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer", "model.vocab_size=257"), 2,
-        2, 1e-5);
+        2, RTOL);
 }
 
 /* More steps: the probe and held-out losses end below the text's unigram entropy. */
@@ -421,7 +425,7 @@ static void resume_case(const char *name, const char *const *first, const char *
         printf("; checkpoints of step 10 (parameters, Adam's moments) %s",
                same ? "bitwise equal" : "DIFFER");
     } else {
-        CU_ASSERT_TRUE(worst <= 1e-5);
+        CU_ASSERT_TRUE(worst <= RTOL);
     }
 }
 

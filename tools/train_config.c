@@ -221,9 +221,10 @@ static const key_def g_keys[] = {
             "OpenBLAS threads of each rank; 0: the process's (OPENBLAS_NUM_THREADS, else the "
             "cores) divided by the rank threads of this process, at least 1"),
     INT_KEY("parallel", "tp", parallel.tp, "1", 1, 4096,
-            "tensor-parallel size: the Linear layers in Colwise/Rowwise pairs over tp ranks "
-            "(with an odd count the output Linear stays whole on every tp rank); tp must "
-            "divide the hidden width each pair splits"),
+            "tensor-parallel size: mlp, the Linear layers in Colwise/Rowwise pairs over tp ranks "
+            "(with an odd count the output Linear stays whole on every tp rank), tp dividing "
+            "the hidden width each pair splits; llama, torchtitan's plan with loss parallel, "
+            "tp dividing n_heads, n_kv_heads and ffn_hidden"),
     ENUM_KEY("parallel", "mode", parallel.mode, "fsdp", g_mode_names, NULL,
              "data parallelism over the dp = ranks / tp ranks: fsdp (fully sharded, see "
              "strategy) or replicate (a whole replica per rank, gradients all_reduced, as DDP)"),
@@ -238,8 +239,9 @@ static const key_def g_keys[] = {
              "fsdp: keep the parameter shards, their gradients and the optimizer step in host "
              "memory (CPUOffload(offload_params=True))"),
     ENUM_KEY("parallel", "wrap", parallel.wrap, "none", g_wrap_names, NULL,
-             "fsdp units: none (the root only) or layer (one nested unit per hidden Linear; "
-             "the root keeps the output Linear)"),
+             "fsdp units: none (the root only) or layer (mlp: one nested unit per hidden Linear, "
+             "the root keeps the output Linear; llama: one per decoder layer, the root keeps "
+             "the embedding, the final norm and lm_head)"),
     BOOL_KEY("parallel", "use_orig_params", parallel.use_orig_params, "false",
              "fsdp: the optimizer steps views of the original parameters instead of flat "
              "shards"),
@@ -273,14 +275,14 @@ static const key_def g_keys[] = {
               "floor(samples * eval_fraction) samples in file order (shuffle the file "
               "beforehand if it is sorted; kind = tokens: the last tokens of the file); 0: no "
               "held-out split"),
+    BOOL_KEY("data", "shuffle", data.shuffle, "false",
+             "visit the training samples in a new permutation every epoch, drawn from seed and "
+             "the epoch by global index (the same batches on every layout); false: in order"),
     INT_KEY("data", "eval_batches", data.eval_batches, "4", 1, 1000000,
             "kind = tokens: batches of batch_size sequences an evaluation scores: the first "
             "ones of the held-out tokens, cut into sequences of max_seq_len + 1 tokens (as "
             "many as there are, up to this), and as many evenly spaced ones of the training "
             "tokens for the loss before and after training"),
-    BOOL_KEY("data", "shuffle", data.shuffle, "false",
-             "visit the training samples in a new permutation every epoch, drawn from seed and "
-             "the epoch by global index (the same batches on every layout); false: in order"),
     INT_KEY("data", "samples", data.samples, "4096", 1, 100000000,
             "synthetic: number of samples in the dataset; the batches cycle through them"),
     INT_KEY("data", "batch_size", data.batch_size, "64", 1, 10000000, "samples per step"),
