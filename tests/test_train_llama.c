@@ -180,6 +180,14 @@ static void test_layouts(void) {
                  RTOL);
     check_layout(&ref, "(2, 2) replicate",
                  SET("parallel.ranks=4", "parallel.tp=2", "parallel.mode=replicate"), 2, 2, RTOL);
+    check_layout(&ref, "(4, 1) hybrid_shard wrap layer",
+                 SET("parallel.ranks=4", "parallel.strategy=hybrid_shard", "parallel.wrap=layer"),
+                 4, 1, RTOL);
+    check_layout(&ref, "(2, 2) shard_grad_op, offload, checkpointing",
+                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer",
+                     "parallel.strategy=shard_grad_op", "parallel.offload=true",
+                     "model.checkpoint_activations=blocks"),
+                 2, 2, RTOL);
     /* activation checkpointing recomputes the same activations: bitwise the run without */
     train_result plain, ckpt;
     FSDP_TEST_OK(

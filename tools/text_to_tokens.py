@@ -38,7 +38,11 @@ def encode(text, tokenizer):
     except ImportError:
         sys.exit("text_to_tokens.py: --tokenizer gpt2 needs tiktoken (pip install tiktoken); "
                  "or use the byte tokenizer (the default)")
-    enc = tiktoken.get_encoding("gpt2")
+    try:
+        enc = tiktoken.get_encoding("gpt2")
+    except Exception as e:  # tiktoken fetches the BPE tables once, then reads its cache
+        sys.exit(f"text_to_tokens.py: tiktoken could not load GPT-2's encoding ({e}); it "
+                 "downloads it on first use (or set TIKTOKEN_CACHE_DIR to a cache that has it)")
     return enc.encode_ordinary(text), enc.n_vocab
 
 

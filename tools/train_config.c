@@ -285,10 +285,11 @@ static const key_def g_keys[] = {
             "tokens for the loss before and after training"),
     INT_KEY("data", "samples", data.samples, "4096", 1, 100000000,
             "synthetic: number of samples in the dataset; the batches cycle through them"),
-    INT_KEY("data", "batch_size", data.batch_size, "64", 1, 10000000, "samples per step"),
+    INT_KEY("data", "batch_size", data.batch_size, "64", 1, 10000000,
+            "samples per step (kind = tokens: sequences, a multiple of dp)"),
     INT_KEY("data", "seed", data.seed, "1", 0, BIG,
-            "seed of the shuffle and (synthetic) of the inputs, the teacher's parameters and "
-            "the label noise"),
+            "seed of the shuffle, (tokens) of the sequences' offsets and (synthetic) of the "
+            "inputs, the teacher's parameters and the label noise"),
     LIST_KEY("data", "teacher_widths", data.teacher_widths, "64", 0, TRAIN_MAX_LIST - 2, 1,
              WIDTH_MAX,
              "synthetic: hidden widths of the teacher MLP (its input and output widths are the "
