@@ -520,8 +520,9 @@ static void test_help_and_write(void) {
         if (!strstr(help, entry)) fprintf(stderr, "\n  --help lacks \"%s\"", entry);
         CU_ASSERT_PTR_NOT_NULL(strstr(help, entry));
     }
-    /* every key but the empty-by-default data.path, optim.no_decay, checkpoint.dir, log.metrics */
-    CU_ASSERT_EQUAL(keys, 46);
+    /* every key but the empty-by-default model.tp_plan, model.checkpoint_activations, data.path,
+     * optim.no_decay, checkpoint.dir, log.metrics */
+    CU_ASSERT_EQUAL(keys, 50);
 
     /* round trip through a file, with values different from the defaults */
     FSDP_TEST_OK(train_config_set(&g_cfg, "model.widths=3,5,7", err, sizeof err));

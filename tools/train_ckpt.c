@@ -247,7 +247,9 @@ fsdp_status train_ckpt_init(fsdp_ctx *ctx, const train_config *cfg, const fsdp_s
 static fsdp_status check_config(const train_config *cfg, fsdp_ckpt *ck, const char *path, char *err,
                                 size_t err_size) {
     static const char *const sections[] = {"model", "data", "optim", NULL};
-    static const char *const except[] = {"model.init", NULL};
+    /* where the parameters start, and how they are laid out or recomputed: not the numbers */
+    static const char *const except[] = {"model.init", "model.tp_plan",
+                                         "model.checkpoint_activations", NULL};
     char diff[TRAIN_ERROR_SIZE] = "";
     if (train_config_compare_saved(cfg, fsdp_ckpt_config(ck), sections, except, diff,
                                    sizeof diff) == FSDP_OK)
