@@ -208,7 +208,7 @@ int train_config_no_decay(const train_config *cfg, char (*patterns)[TRAIN_MAX_ST
  * TRAIN_MAX_MODULES). */
 #define TRAIN_MAX_MODULES (2 * TRAIN_MAX_LIST)
 typedef struct train_module_info {
-    char name[12];
+    char name[12]; /* as trainer.c's module paths */
     const char *kind;
     int linear; /* Linear i of the MLP, or -1 */
 } train_module_info;

@@ -9,6 +9,8 @@
 #include "trainer.h"
 
 #include <errno.h>
+#include <float.h>   // defines: FLT_EPSILON
+#include <fnmatch.h> // defines: fnmatch
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -102,18 +104,37 @@ static int64_t mlp_param_count(const train_int_list *w) {
     return n;
 }
 
-/* What one rank holds. Linear i of the MLP is child "2i" of its Sequential. */
+/* Collectives of the training steps since the last metrics record, on rank 0 (from its
+ * comm-debug counters): per op (fsdp_comm_op) calls, bytes and seconds; the steps' wall time. */
+typedef struct train_comm {
+    fsdp_comm_count count[FSDP_COMM_OP_COUNT];
+    double seconds[FSDP_COMM_OP_COUNT];
+    double step_seconds;
+} train_comm;
+
+/* The progress bar on rank 0's output, redrawn in place between the log lines. */
+typedef struct train_bar {
+    bool on;          /* [log] progress = bar, or auto on a terminal */
+    bool shown;       /* a bar is on the line now */
+    double last_draw; /* when it was drawn */
+} train_bar;
+
+/* What one rank holds. Linear i of the MLP is child "2i" of its Sequential ("2i+1" with
+ * norm = rmsnorm, whose RMSNorm is child "0"). */
 typedef struct train_state {
     train_layout layout;
     fsdp_mesh *mesh;                /* (dp, tp), or (replicate, shard, tp) for hybrid_shard */
     fsdp_group *dp;                 /* the data-parallel group: the mesh's, or dp_owned */
     fsdp_group *dp_owned;           /* hybrid_shard: the replicate x shard ranks of this tp index */
     int dp_rank;                    /* this rank's index in dp */
-    char paths[TRAIN_MAX_LIST][12]; /* module paths of the Linear layers, "0", "2", ... */
+    char paths[TRAIN_MAX_LIST][12]; /* module paths of the Linear layers, "0", "2", ... (with
+                                       norm = rmsnorm "1", "3", ...) */
     const char *path_ptrs[TRAIN_MAX_LIST];
     fsdp_tp_plan_entry plan[TRAIN_MAX_LIST];
     fsdp_module *model;
-    fsdp_sharded *sh; /* mode fsdp */
+    fsdp_sharded *sh;    /* mode fsdp */
+    fsdp_replicate *rep; /* mode replicate: borrowed from the model */
+    int64_t micro;       /* samples of a micro-batch: batch_size / grad_accum */
     fsdp_optimizer *opt;
     fsdp_lr_schedule sched;  /* [optim] schedule over [train] steps */
     bool classify;           /* [data] task = classification */
@@ -133,6 +154,9 @@ typedef struct train_state {
     train_saver saver; /* [checkpoint] dir set: the writer and the state it saves */
     bool saving;       /* saver is made */
     fsdp_tensor *stop; /* (1): the stop flag, the max over the world (several ranks) */
+    bool counting;     /* rank 0 counts its collectives: [log] comm_debug or metrics */
+    train_comm comm;   /* what the steps since the last record communicated */
+    train_bar bar;     /* the progress bar */
 } train_state;
 
 static void train_state_free(fsdp_ctx *ctx, train_state *s) {
@@ -178,15 +202,20 @@ static fsdp_status setup_mesh(fsdp_ctx *ctx, const train_config *cfg, train_stat
     return st;
 }
 
-/* Tensor parallelism: Linear 2k Colwise and Linear 2k+1 Rowwise over tp, so the hidden width
- * between them is sharded and the pair's output is replicated again; with an odd number of
- * Linear layers the last one stays whole on every tp rank. */
+/* Tensor parallelism as [model] tp_plan says (by default Linear 2k Colwise and Linear 2k+1
+ * Rowwise over tp, so the hidden width between them is sharded and the pair's output is
+ * replicated again; with an odd number of Linear layers the last one stays whole on every tp
+ * rank). The plan was checked with the configuration. */
 static fsdp_status apply_tp(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
-    int n_linear = cfg->model.widths.n - 1, n = 0;
-    for (int i = 0; i + 1 < n_linear; i += 2) {
-        s->plan[n++] = (fsdp_tp_plan_entry){s->paths[i], FSDP_COLWISE()};
-        s->plan[n++] = (fsdp_tp_plan_entry){s->paths[i + 1], FSDP_ROWWISE()};
-    }
+    train_tp_style styles[TRAIN_MAX_LIST];
+    char err[TRAIN_ERROR_SIZE];
+    if (train_config_tp_plan(cfg, styles, err, sizeof err) != FSDP_OK)
+        return FSDP_ERR_CONFIG; /* not reached: train_run checked the configuration */
+    int n = 0;
+    for (int i = 0; i + 1 < cfg->model.widths.n; i++)
+        if (styles[i] != TRAIN_TP_NONE)
+            s->plan[n++] = (fsdp_tp_plan_entry){
+                s->paths[i], styles[i] == TRAIN_TP_COLWISE ? FSDP_COLWISE() : FSDP_ROWWISE()};
     fsdp_mesh *tp = NULL;
     TRY(fsdp_mesh_dim(ctx, s->mesh, "tp", &tp));
     /* every rank initialised the same values from train.seed: no broadcast needed */
@@ -194,12 +223,26 @@ static fsdp_status apply_tp(fsdp_ctx *ctx, const train_config *cfg, train_state 
     return fsdp_tp_parallelize(ctx, s->model, tp, n, s->plan, &o);
 }
 
+/* [model] checkpoint_activations: every module a pattern matches recomputes its activations in
+ * backward (the patterns were checked with the configuration). */
+static fsdp_status apply_checkpointing(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
+    char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING];
+    train_module_info m[TRAIN_MAX_MODULES];
+    int n = train_config_checkpoint_patterns(cfg, patterns), n_mod = train_config_modules(cfg, m);
+    for (int i = 0; i < n_mod; i++) {
+        bool match = false;
+        for (int p = 0; p < n && !match; p++) match = fnmatch(patterns[p], m[i].name, 0) == 0;
+        if (match) TRY(fsdp_checkpoint_wrap(ctx, fsdp_module_find(s->model, m[i].name)));
+    }
+    return FSDP_OK;
+}
+
 /* FSDP over dp (hybrid_shard: over shard, replicated over replicate), or replicas. */
 static fsdp_status apply_dp(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
     if (cfg->parallel.mode == TRAIN_MODE_REPLICATE) {
         fsdp_replicate_options o = {
             .group = s->dp, .src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK};
-        return fsdp_replicate_apply(ctx, s->model, &o, NULL);
+        return fsdp_replicate_apply(ctx, s->model, &o, &s->rep);
     }
     fsdp_fully_shard_options o = {.strategy = cfg->parallel.strategy,
                                   .group = s->dp,
@@ -259,6 +302,39 @@ static fsdp_status make_optimizer(fsdp_ctx *ctx, const train_config *cfg, fsdp_m
                                                : fsdp_adamw_create(ctx, params, &o, &s->opt);
 }
 
+/* The model [model] describes, initialised from train.seed: fsdp_model_mlp, or with norm =
+ * rmsnorm the same layers after an RMSNorm over the input (nn.RMSNorm's default eps, float32's
+ * machine epsilon), as nn.Sequential(RMSNorm(w0), Linear, act, ..., Linear) names them. */
+static fsdp_status build_model(fsdp_ctx *ctx, const train_config *cfg, fsdp_module **out) {
+    const train_int_list *w = &cfg->model.widths;
+    uint64_t seed = (uint64_t)cfg->train.seed;
+    if (cfg->model.norm == TRAIN_NORM_NONE) {
+        TRY(fsdp_model_mlp(ctx, w->n, w->v, cfg->model.activation, out));
+        return fsdp_ctx_seed(ctx) == seed ? FSDP_OK : fsdp_module_reset_parameters(ctx, *out, seed);
+    }
+    fsdp_module *m = NULL, *layer = NULL;
+    TRY(fsdp_sequential_create(ctx, &m));
+    fsdp_status st = fsdp_rmsnorm_create(ctx, w->v[0], FLT_EPSILON, &layer);
+    if (st == FSDP_OK) st = fsdp_sequential_append(ctx, m, layer);
+    for (int i = 0; st == FSDP_OK && i + 1 < w->n; i++) {
+        st = fsdp_linear_create(ctx, w->v[i], w->v[i + 1], true, &layer);
+        if (st == FSDP_OK) st = fsdp_sequential_append(ctx, m, layer);
+        if (st != FSDP_OK || i + 2 == w->n) continue;
+        fsdp_activation act = cfg->model.activation;
+        st = act == FSDP_ACT_GELU      ? fsdp_gelu_create(ctx, &layer)
+             : act == FSDP_ACT_SIGMOID ? fsdp_sigmoid_create(ctx, &layer)
+                                       : fsdp_relu_create(ctx, &layer);
+        if (st == FSDP_OK) st = fsdp_sequential_append(ctx, m, layer);
+    }
+    if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, seed);
+    if (st != FSDP_OK) {
+        fsdp_module_free(m);
+        return st;
+    }
+    *out = m;
+    return FSDP_OK;
+}
+
 /* The rank's copy of the dataset: the h5 data read by the process, or the synthetic teacher's;
  * with classification the class ids. */
 static fsdp_status make_data(fsdp_ctx *ctx, const train_config *cfg, const train_data *data,
@@ -290,27 +366,30 @@ static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const tra
     s->classify = cfg->data.task == TRAIN_TASK_CLASSIFICATION;
     s->n_eval = train_data_eval_count(cfg, n);
     s->n_train = n - s->n_eval;
-    for (int i = 0; i + 1 < w->n; i++) {
-        snprintf(s->paths[i], sizeof s->paths[i], "%d", 2 * i);
-        s->path_ptrs[i] = s->paths[i];
+    train_module_info mods[TRAIN_MAX_MODULES];
+    int n_mod = train_config_modules(cfg, mods);
+    for (int i = 0; i < n_mod; i++) {
+        if (mods[i].linear < 0) continue;
+        memcpy(s->paths[mods[i].linear], mods[i].name, sizeof s->paths[0]); /* both 12 bytes */
+        s->path_ptrs[mods[i].linear] = s->paths[mods[i].linear];
     }
     fsdp_status st;
     *what = "creating the device mesh";
     if ((st = setup_mesh(ctx, cfg, s))) return st;
     *what = "building the model";
-    if ((st = fsdp_model_mlp(ctx, w->n, w->v, cfg->model.activation, &s->model))) return st;
-    if (fsdp_ctx_seed(ctx) != (uint64_t)cfg->train.seed &&
-        (st = fsdp_module_reset_parameters(ctx, s->model, (uint64_t)cfg->train.seed)))
-        return st;
+    if ((st = build_model(ctx, cfg, &s->model))) return st;
     *what = "applying tensor parallelism";
     if (s->layout.tp > 1 && (st = apply_tp(ctx, cfg, s))) return st;
+    *what = "checkpointing activations";
+    if ((st = apply_checkpointing(ctx, cfg, s))) return st;
     *what = cfg->parallel.mode == TRAIN_MODE_FSDP ? "applying FSDP" : "making the replicas";
     if ((st = apply_dp(ctx, cfg, s))) return st;
     *what = "creating the optimizer";
     fsdp_module *params = s->sh ? fsdp_sharded_flat_params(s->sh) : s->model;
     if ((st = make_optimizer(ctx, cfg, params, s))) return st;
     *what = "allocating the dataset";
-    fsdp_chunk_range(b, s->layout.dp, s->dp_rank, &s->off, &s->len);
+    s->micro = b / cfg->train.grad_accum;
+    fsdp_chunk_range(s->micro, s->layout.dp, s->dp_rank, &s->off, &s->len);
     if ((st = new_f32(ctx, n, in, &s->x)) || (st = new_f32(ctx, n, out, &s->y)) ||
         (st = new_f32(ctx, s->len, in, &s->xb)) || (st = new_f32(ctx, s->len, out, &s->yb)) ||
         (st = new_f32(ctx, s->len, out, &s->dout)) ||
@@ -406,29 +485,44 @@ static void gather_batch(train_state *s, int64_t k0) {
     }
 }
 
-/* One training step on this rank's slice of the batch that starts at position `start` of the
- * sample stream (train_order); *loss is the global batch loss. The gradient of the mean over the
- * slice is scaled by len * dp / B, so that dp's average (FSDP's and replicate's reductions divide
- * by dp) is the gradient of the mean over the whole batch, also when the slices are uneven (or
- * empty). */
+/* Gradient reduction on (sync) or off (no_sync: backward accumulates locally) for the
+ * backwards that follow. */
+static void set_sync(train_state *s, bool sync) {
+    if (s->sh) fsdp_sharded_set_sync(s->sh, sync);
+    if (s->rep) fsdp_replicate_set_sync(s->rep, sync);
+}
+
+/* One training step on the batch that starts at position `start` of the sample stream
+ * (train_order): zero the gradients, then for each of the grad_accum micro-batches (micro
+ * samples each, consecutive in the batch) forward and backward on this rank's slice of it, the
+ * gradients reduced by the last backward only (no_sync before it); *loss is the global batch
+ * loss. The gradient of the mean over a slice is scaled by len * dp / B, so that dp's average
+ * (FSDP's and replicate's reductions divide by dp) of the sum over the micro-batches is the
+ * gradient of the mean over the whole batch, also when the slices are uneven (or empty). */
 static fsdp_status train_step(fsdp_ctx *ctx, const train_config *cfg, train_state *s, int64_t start,
                               double *loss) {
-    int64_t b = cfg->data.batch_size;
-    const fsdp_tensor *pred = NULL;
-    float l = 0;
-    gather_batch(s, start);
+    int64_t b = cfg->data.batch_size, n_micro = cfg->train.grad_accum;
+    double share = 0; /* this rank's part of the batch loss */
     TRY(fsdp_optimizer_zero_grad(ctx, s->opt));
-    TRY(fsdp_module_forward(ctx, s->model, s->xb, &pred));
-    if (s->len > 0 && s->classify)
-        TRY(fsdp_loss_cross_entropy(ctx, pred, s->lb, &l, s->dout));
-    else if (s->len > 0)
-        TRY(fsdp_loss_mse(ctx, pred, s->yb, &l, s->dout));
-    double scale = (double)s->len * s->layout.dp / (double)b;
-    if (scale != 1.0) {
-        float *d = fsdp_tensor_f32(s->dout);
-        for (int64_t i = 0; i < fsdp_tensor_numel(s->dout); i++) d[i] *= (float)scale;
+    for (int64_t m = 0; m < n_micro; m++) {
+        const fsdp_tensor *pred = NULL;
+        float l = 0;
+        gather_batch(s, start + m * s->micro);
+        if (n_micro > 1) set_sync(s, m == n_micro - 1);
+        TRY(fsdp_module_forward(ctx, s->model, s->xb, &pred));
+        if (s->len > 0 && s->classify)
+            TRY(fsdp_loss_cross_entropy(ctx, pred, s->lb, &l, s->dout));
+        else if (s->len > 0)
+            TRY(fsdp_loss_mse(ctx, pred, s->yb, &l, s->dout));
+        double scale = (double)s->len * s->layout.dp / (double)b;
+        if (scale != 1.0) {
+            float *d = fsdp_tensor_f32(s->dout);
+            for (int64_t i = 0; i < fsdp_tensor_numel(s->dout); i++) d[i] *= (float)scale;
+        }
+        TRY(fsdp_module_backward(ctx, s->model, s->dout, NULL)); /* no input gradient */
+        share += (double)l * (double)s->len / (double)b;
     }
-    return sum_over_dp(ctx, s, (double)l * (double)s->len / (double)b, 0, loss, NULL);
+    return sum_over_dp(ctx, s, share, 0, loss, NULL);
 }
 
 /* Flushes f; when that or an earlier write to f failed, writes "cannot write <name>: <why>"
@@ -654,7 +748,6 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         if (!isfinite(loss)) /* the same global loss on every rank: all stop here */
             return not_finite(cfg, true, err, err_size, "the loss became %g at step %lld", loss,
                               (long long)step);
-        TRY(fsdp_module_backward(ctx, s->model, s->dout, NULL)); /* no input gradient */
         if (cfg->optim.clip_grad_norm > 0 && s->sh)
             TRY(fsdp_sharded_clip_grad_norm(ctx, s->sh, cfg->optim.clip_grad_norm, 2.0,
                                             &grad_norm));
