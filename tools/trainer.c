@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h> // defines: stat, mkdir, S_ISDIR, S_ISREG
 #include <time.h>
+#include <unistd.h> // defines: isatty
 
 #include "fsdp/version.h" // defines: FSDP_VERSION_STRING
 #include "train_ckpt.h"   // defines: train_sources, train_saver, train_ckpt_resume
@@ -544,13 +545,79 @@ typedef struct train_report {
     double grad_norm;     /* before clipping; NAN without clipping */
     bool eval;            /* an evaluation: eval_loss, eval_accuracy */
     double eval_loss;
-    double eval_accuracy; /* NAN for regression */
+    double eval_accuracy;   /* NAN for regression */
+    const train_comm *comm; /* progress with counting on: the steps' collectives, else NULL */
 } train_report;
+
+/* Takes the progress bar off its line, so that a line can be written there. */
+static void bar_clear(train_state *s) {
+    if (!s->bar.shown) return;
+    fputs("\r\033[K", s->out);
+    s->bar.shown = false;
+}
+
+/* "1m05s", "2h03m", "12s" */
+static void format_duration(double seconds, char *buf, size_t size) {
+    long long t = (long long)(seconds + 0.5);
+    if (t >= 3600)
+        snprintf(buf, size, "%lldh%02lldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        snprintf(buf, size, "%lldm%02llds", t / 60, t % 60);
+    else
+        snprintf(buf, size, "%llds", t);
+}
+
+/* Redraws the bar after `step` (of this run's first..last), at most 10 times a second:
+ * "step 1200/5000 [#####...............]  24%  loss 0.012345  51234 samples/s  ETA 7s". */
+static fsdp_status bar_draw(const train_config *cfg, train_state *s, const train_progress *prog,
+                            int64_t first, double loss, double elapsed, char *err,
+                            size_t err_size) {
+    double now = now_seconds();
+    if (s->bar.shown && now - s->bar.last_draw < 0.1) return FSDP_OK;
+    enum { WIDTH = 24 };
+    int64_t step = prog->step, total = cfg->train.steps, done = step - first + 1;
+    int filled = (int)((double)WIDTH * (double)step / (double)total);
+    char bar[WIDTH + 1], eta[32];
+    for (int i = 0; i < WIDTH; i++) bar[i] = i < filled ? '#' : '.';
+    bar[WIDTH] = '\0';
+    format_duration(elapsed / (double)done * (double)(total - step), eta, sizeof eta);
+    int digits = snprintf(NULL, 0, "%lld", (long long)total);
+    fprintf(s->out, "\r\033[Kstep %*lld/%lld [%s] %3d%%  loss %.6f  %.0f samples/s  ETA %s", digits,
+            (long long)step, (long long)total, bar, (int)(100 * step / total),
+            prog->since ? prog->loss_sum / (double)prog->since : loss,
+            (double)(done * cfg->data.batch_size) / fmax(elapsed, 1e-9), eta);
+    s->bar.shown = true;
+    s->bar.last_draw = now;
+    return flush_checked(s->out, s->out_name, err, err_size);
+}
+
+static const fsdp_comm_op g_comm_ops[] = {FSDP_COMM_ALL_GATHER, FSDP_COMM_REDUCE_SCATTER,
+                                          FSDP_COMM_ALL_REDUCE, FSDP_COMM_BROADCAST,
+                                          FSDP_COMM_ALL_TO_ALL};
+
+/* The metrics fields of the steps' collectives: compute and communication seconds, calls and
+ * bytes per op. */
+static void write_comm(FILE *f, const train_comm *c) {
+    double comm_s = 0;
+    for (int op = 0; op < FSDP_COMM_OP_COUNT; op++) comm_s += c->seconds[op];
+    fprintf(f, ", \"compute_s\": %.6f, \"comm_s\": %.6f", fmax(c->step_seconds - comm_s, 0),
+            comm_s);
+    for (int k = 0; k < 2; k++) {
+        fprintf(f, ", \"comm_%s\": {", k ? "bytes" : "calls");
+        for (size_t i = 0; i < sizeof g_comm_ops / sizeof g_comm_ops[0]; i++) {
+            const fsdp_comm_count *n = &c->count[g_comm_ops[i]];
+            fprintf(f, "%s\"%s\": %lld", i ? ", " : "", fsdp_comm_op_to_string(g_comm_ops[i]),
+                    (long long)(k ? n->bytes : n->calls));
+        }
+        fputc('}', f);
+    }
+}
 
 /* The progress and evaluation lines and one metrics record of a logged step. */
 static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
                           const train_report *r, char *err, size_t err_size) {
     int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
+    if (s->out && (r->progress || r->eval)) bar_clear(s);
     if (s->out && r->progress) {
         fprintf(s->out, "step %*lld/%lld  loss %.6f  lr %.3g", digits, (long long)step,
                 (long long)cfg->train.steps, r->loss, r->lr);
@@ -572,6 +639,7 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
                     r->loss, r->samples_per_s, r->elapsed);
             fprintf(s->metrics, ", \"lr\": %.9g", r->lr);
             if (!isnan(r->grad_norm)) fprintf(s->metrics, ", \"grad_norm\": %.9g", r->grad_norm);
+            if (r->comm) write_comm(s->metrics, r->comm);
         }
         if (r->eval) {
             fprintf(s->metrics, ", \"eval_loss\": %.9g", r->eval_loss);
@@ -704,6 +772,7 @@ static fsdp_status save(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
     TRY(train_saver_save(ctx, &s->saver, prog, commit, &blocked));
     snprintf(res->saved, sizeof res->saved, "%s", fsdp_ckpt_writer_last_path(s->saver.writer));
     if (!s->out) return FSDP_OK;
+    bar_clear(s);
     char path[TRAIN_CKPT_PATH];
     train_ckpt_step_path(cfg, prog->step, path, sizeof path);
     if (commit || !cfg->checkpoint.async)
@@ -729,6 +798,33 @@ static fsdp_status agree_stop(fsdp_ctx *ctx, train_state *s, bool *stop) {
     return FSDP_OK;
 }
 
+/* Rank 0's comm-debug counters per op, and the seconds in each op's calls. */
+static void comm_read(const fsdp_ctx *ctx, train_comm *c) {
+    for (int op = FSDP_COMM_ANY + 1; op < FSDP_COMM_OP_COUNT; op++) {
+        fsdp_comm_filter f = {.op = (fsdp_comm_op)op};
+        c->count[op] = fsdp_comm_debug_query(ctx, &f);
+        c->seconds[op] = fsdp_comm_debug_seconds(ctx, &f);
+    }
+}
+
+/* Adds what the counters gained from `before` to `after` to sum. */
+static void comm_add(train_comm *sum, const train_comm *before, const train_comm *after) {
+    for (int op = 0; op < FSDP_COMM_OP_COUNT; op++) {
+        sum->count[op].calls += after->count[op].calls - before->count[op].calls;
+        sum->count[op].bytes += after->count[op].bytes - before->count[op].bytes;
+        sum->seconds[op] += after->seconds[op] - before->seconds[op];
+    }
+}
+
+/* [log] comm_debug: rank 0's collectives of one step, as a table. */
+static fsdp_status print_comm_table(fsdp_ctx *ctx, train_state *s, int64_t step, char *err,
+                                    size_t err_size) {
+    bar_clear(s);
+    fprintf(s->out, "comm_debug: the collectives of step %lld on rank 0\n", (long long)step);
+    TRY(fsdp_comm_debug_print(ctx, s->out));
+    return flush_checked(s->out, s->out_name, err, err_size);
+}
+
 /* The steps after prog->step, from t0 on. A failure of the tool's own (a loss that is not
  * finite, output that cannot be written) is written into err; a library failure leaves err
  * empty. Progress lines average the batch losses since the previous line of a log_every step
@@ -738,11 +834,22 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
                               train_progress *prog, train_result *res, double t0, char *err,
                               size_t err_size) {
     double t_last = t0;
-    int64_t since_line = 0;
-    /* no allocation in here (but in a checkpoint's save) */
-    for (int64_t step = prog->step + 1; step <= cfg->train.steps; step++) {
+    int64_t since_line = 0, first = prog->step + 1;
+    /* comm_debug's table shows the second step: the first may find parameters that the loss
+     * evaluation before it left gathered (FSDP's root keeps them after forward) */
+    int64_t table_step = first < cfg->train.steps ? first + 1 : first;
+    train_comm before, after;
+    if (s->counting) TRY(fsdp_comm_debug_begin(ctx));
+    /* no allocation in here (but in a checkpoint's save, and comm-debug's first counts) */
+    for (int64_t step = first; step <= cfg->train.steps; step++) {
         double loss = 0, lr = fsdp_lr_at(&s->sched, step - 1), grad_norm = NAN;
         int64_t k0 = (step - 1) * cfg->data.batch_size; /* the batch's first stream position */
+        double t_step = now_seconds();
+        if (s->counting && step == table_step && step > first) { /* count it alone */
+            TRY(fsdp_comm_debug_end(ctx));
+            TRY(fsdp_comm_debug_begin(ctx));
+        }
+        if (s->counting) comm_read(ctx, &before);
         TRY(train_step(ctx, cfg, s, k0, &loss));
         prog->position = (k0 + cfg->data.batch_size) % s->n_train;
         if (!isfinite(loss)) /* the same global loss on every rank: all stop here */
@@ -755,6 +862,13 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
             TRY(fsdp_clip_grad_norm(ctx, s->model, cfg->optim.clip_grad_norm, 2.0, &grad_norm));
         fsdp_optimizer_set_lr(s->opt, lr);
         TRY(fsdp_optimizer_step(ctx, s->opt));
+        if (s->counting) {
+            comm_read(ctx, &after);
+            comm_add(&s->comm, &before, &after);
+            s->comm.step_seconds += now_seconds() - t_step;
+        }
+        if (s->counting && cfg->log.comm_debug && s->out && step == table_step)
+            TRY(print_comm_table(ctx, s, step, err, err_size));
         prog->step = res->steps = step;
         res->grad_norm = grad_norm;
         if (res->n_step_losses < TRAIN_TRACE_STEPS) res->step_loss[res->n_step_losses++] = loss;
@@ -765,7 +879,10 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         if (s->saving) TRY(agree_stop(ctx, s, &stop));
         stop = stop && step < cfg->train.steps; /* the last step: the run ends anyway */
         bool last = step == cfg->train.steps;
-        train_report r = {.progress = regular || last || stop, .lr = lr, .grad_norm = grad_norm};
+        train_report r = {.progress = regular || last || stop,
+                          .lr = lr,
+                          .grad_norm = grad_norm,
+                          .comm = s->counting ? &s->comm : NULL};
         if (s->n_eval > 0 &&
             (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0))) {
             r.eval = true;
@@ -783,6 +900,7 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
             if (r.progress) {
                 t_last = t;
                 since_line = 0;
+                memset(&s->comm, 0, sizeof s->comm);
             }
             if (regular) prog->loss_sum = 0, prog->since = 0;
         }
@@ -793,8 +911,10 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         if (s->saving && cfg->checkpoint.every > 0 && step % cfg->checkpoint.every == 0 &&
             step < cfg->train.steps)
             TRY(save(ctx, cfg, s, prog, false, res, err, err_size));
+        if (s->bar.on && step < cfg->train.steps)
+            TRY(bar_draw(cfg, s, prog, first, loss, now_seconds() - t0, err, err_size));
     }
-    return FSDP_OK;
+    return s->counting ? fsdp_comm_debug_end(ctx) : FSDP_OK;
 }
 
 /* Where the run starts: [model] init, or the checkpoint it resumes from (said in one line). */
@@ -859,6 +979,9 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
     if (st == FSDP_OK && s.out) print_banner(cfg, &s);
     if (st == FSDP_OK) st = start_from(ctx, cfg, &s, src, &prog, res, &what, err, err_size);
     if (st == FSDP_OK && rank0 && cfg->log.metrics[0]) st = open_metrics(cfg, &s, err, err_size);
+    s.counting = rank0 && ((cfg->log.comm_debug && s.out) || s.metrics);
+    s.bar.on = s.out && (cfg->log.progress == TRAIN_PROGRESS_BAR ||
+                         (cfg->log.progress == TRAIN_PROGRESS_AUTO && isatty(fileno(s.out))));
     if (st == FSDP_OK) {
         what = "evaluating the initial loss";
         st = dataset_loss(ctx, &s, &res->first_loss);
@@ -886,6 +1009,7 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
         st = train_loop(ctx, cfg, &s, &prog, res, t0, err, err_size);
     }
     res->seconds = now_seconds() - t0;
+    if (s.out) bar_clear(&s); /* before any other line, or an error on the terminal */
     int64_t ran = res->steps - res->start_step;
     res->samples_per_s = (double)(ran * cfg->data.batch_size) / fmax(res->seconds, 1e-9);
     if (st == FSDP_OK && s.saving && ran > 0 && !res->interrupted) {
