@@ -748,6 +748,8 @@ static void test_example_4ranks(void) {
     train_config_init(&g_cfg);
     FSDP_TEST_OK(
         train_config_load(&g_cfg, FSDP_SOURCE_DIR "/examples/mlp-4ranks.ini", err, sizeof err));
+    CU_ASSERT_STRING_EQUAL(g_cfg.checkpoint.dir, "runs/mlp-4ranks");
+    set("checkpoint.dir="); /* test_train_ckpt's example_resumes saves and resumes */
     set("train.steps=30");
     set("log.level=warn");
     set("parallel.backend=local");
@@ -812,6 +814,9 @@ static void check_fails(const char *const *overrides, const char *const *needles
 }
 
 static void test_parallel_config_errors(void) {
+    check_fails(SET("parallel.ranks=2048", "data.batch_size=2048"),
+                SET("[parallel] ranks = 2048 (--set parallel.ranks=2048) asks for 2048 rank "
+                    "threads, but the local backend runs at most 1024 (FSDP_LOCAL_MAX_RANKS)"));
     check_fails(SET("parallel.ranks=4", "parallel.tp=3", "model.widths=8,24,24,4"),
                 SET("[parallel] tp = 3 (--set parallel.tp=3) does not divide a world of 4 ranks",
                     "[parallel] ranks = 4 (--set parallel.ranks=4)", "multiple of 3"));

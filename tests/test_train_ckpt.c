@@ -572,10 +572,12 @@ static void example_resumes(const char *ini, const char *name, int64_t steps) {
     }
 }
 
-/* examples/mlp.ini and examples/digits.ini (what `make train` runs) save, and run again resume
- * and say so; the digits run also shows the held-out accuracy where it stands. */
+/* examples/mlp.ini, examples/mlp-4ranks.ini (4 rank threads) and examples/digits.ini (what
+ * `make train` runs) save, and run again resume and say so; the digits run also shows the
+ * held-out accuracy where it stands. */
 static void test_example_resumes(void) {
     example_resumes(FSDP_SOURCE_DIR "/examples/mlp.ini", "example", 1000);
+    example_resumes(FSDP_SOURCE_DIR "/examples/mlp-4ranks.ini", "example-4ranks", 500);
     example_resumes(FSDP_SOURCE_DIR "/examples/digits.ini", "digits", 200);
 }
 
