@@ -1044,6 +1044,18 @@ static void test_tool_exit_status(void) {
         {true, "--version", "2>&1 >/dev/full", 1, "cannot write to stdout"},
         {true, "--config /dev/zero", "2>&1", 2,
          "cannot read config '/dev/zero': not a regular file"},
+        /* the keys of [model], [train] and [log] that fsdp-train's loop reads */
+        {false, "--set model.norm=batchnorm", "2>&1", 2, "expected one of none, rmsnorm"},
+        {false, "--set parallel.tp=2 --set model.tp_plan=0=colwise,x=rowwise", "2>&1", 2,
+         "entry 2: 'x' matches no module of the model"},
+        {false, "--set model.checkpoint_activations=mlp.*", "2>&1", 2,
+         "pattern 'mlp.*' matches no module"},
+        {false, "--set train.grad_accum=-1", "2>&1", 2, "[train] grad_accum: out of range"},
+        {false, "--set log.comm_debug=2", "2>&1", 2, "[log] comm_debug: expected true or false"},
+        {false, "--set log.progress=on", "2>&1", 2, "expected one of auto, bar, lines"},
+        {false, "--set parallel.ranks=4096", "2>&1", 2, "the local backend runs at most 1024"},
+        {false, "--set train.grad_accum=4 --set log.comm_debug=true --set log.progress=lines",
+         "2>&1", 0, "comm_debug: the collectives of step 2 on rank 0\ncomm-debug, rank 0: 0"},
     };
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         if (runs[i].alone)

@@ -1395,7 +1395,9 @@ int train_config_modules(const train_config *cfg, train_module_info *m) {
     for (int i = 0; i < n_linear; i++) {
         m[n++] = (train_module_info){.kind = "Linear", .linear = i + 1};
         if (i + 1 < n_linear)
-            m[n++] = (train_module_info){.kind = activation[cfg->model.activation & 3]};
+            m[n++] = (train_module_info){
+                .kind = activation[cfg->model.activation <= FSDP_ACT_NONE ? cfg->model.activation
+                                                                          : FSDP_ACT_NONE]};
     }
     for (int i = 0; i < n; i++) {
         snprintf(m[i].name, sizeof m[i].name, "%d", i);

@@ -599,7 +599,7 @@ static const fsdp_comm_op g_comm_ops[] = {FSDP_COMM_ALL_GATHER, FSDP_COMM_REDUCE
  * bytes per op. */
 static void write_comm(FILE *f, const train_comm *c) {
     double comm_s = 0;
-    for (int op = 0; op < FSDP_COMM_OP_COUNT; op++) comm_s += c->seconds[op];
+    for (int op = FSDP_COMM_ANY + 1; op < FSDP_COMM_OP_COUNT; op++) comm_s += c->seconds[op];
     fprintf(f, ", \"compute_s\": %.6f, \"comm_s\": %.6f", fmax(c->step_seconds - comm_s, 0),
             comm_s);
     for (int k = 0; k < 2; k++) {
@@ -809,7 +809,7 @@ static void comm_read(const fsdp_ctx *ctx, train_comm *c) {
 
 /* Adds what the counters gained from `before` to `after` to sum. */
 static void comm_add(train_comm *sum, const train_comm *before, const train_comm *after) {
-    for (int op = 0; op < FSDP_COMM_OP_COUNT; op++) {
+    for (int op = FSDP_COMM_ANY + 1; op < FSDP_COMM_OP_COUNT; op++) {
         sum->count[op].calls += after->count[op].calls - before->count[op].calls;
         sum->count[op].bytes += after->count[op].bytes - before->count[op].bytes;
         sum->seconds[op] += after->seconds[op] - before->seconds[op];
@@ -838,7 +838,7 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
     /* comm_debug's table shows the second step: the first may find parameters that the loss
      * evaluation before it left gathered (FSDP's root keeps them after forward) */
     int64_t table_step = first < cfg->train.steps ? first + 1 : first;
-    train_comm before, after;
+    train_comm before = {0}, after = {0}; /* op 0 (FSDP_COMM_ANY) stays 0 */
     if (s->counting) TRY(fsdp_comm_debug_begin(ctx));
     /* no allocation in here (but in a checkpoint's save, and comm-debug's first counts) */
     for (int64_t step = first; step <= cfg->train.steps; step++) {
