@@ -614,9 +614,14 @@ static void test_comm_debug_table(void) {
                      "all_reduce      dp     none             1               8  -\n"
                      "step  2/20  loss "));
     CU_ASSERT_PTR_NULL(strstr(strstr(text, "comm_debug:") + 1, "comm_debug:")); /* once */
-    /* off by default: no table */
+    /* counting on: the progress lines split the steps' time */
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "\nstep 20/20  loss 0.016872  lr 0.1  samples/s "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(strstr(text, "\nstep 20/20"), "s  compute "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(strstr(text, "\nstep 20/20"), "s  comm "));
+    /* off by default: no table, no split */
     run_to_text(SET("parallel.ranks=4", "parallel.tp=2"), text, sizeof text);
     CU_ASSERT_PTR_NULL(strstr(text, "comm-debug"));
+    CU_ASSERT_PTR_NULL(strstr(text, "compute"));
 }
 
 /* The text of the lines of out (the bar's redraws, "\r\033[K" and what follows up to the next

@@ -591,6 +591,17 @@ static fsdp_status bar_draw(const train_config *cfg, train_state *s, const train
     return flush_checked(s->out, s->out_name, err, err_size);
 }
 
+/* The seconds of the steps in collectives, and the rest of the steps' wall time. */
+static double comm_seconds(const train_comm *c) {
+    double sum = 0;
+    for (int op = FSDP_COMM_ANY + 1; op < FSDP_COMM_OP_COUNT; op++) sum += c->seconds[op];
+    return sum;
+}
+
+static double comm_compute_seconds(const train_comm *c) {
+    return fmax(c->step_seconds - comm_seconds(c), 0);
+}
+
 static const fsdp_comm_op g_comm_ops[] = {FSDP_COMM_ALL_GATHER, FSDP_COMM_REDUCE_SCATTER,
                                           FSDP_COMM_ALL_REDUCE, FSDP_COMM_BROADCAST,
                                           FSDP_COMM_ALL_TO_ALL};
@@ -598,10 +609,7 @@ static const fsdp_comm_op g_comm_ops[] = {FSDP_COMM_ALL_GATHER, FSDP_COMM_REDUCE
 /* The metrics fields of the steps' collectives: compute and communication seconds, calls and
  * bytes per op. */
 static void write_comm(FILE *f, const train_comm *c) {
-    double comm_s = 0;
-    for (int op = FSDP_COMM_ANY + 1; op < FSDP_COMM_OP_COUNT; op++) comm_s += c->seconds[op];
-    fprintf(f, ", \"compute_s\": %.6f, \"comm_s\": %.6f", fmax(c->step_seconds - comm_s, 0),
-            comm_s);
+    fprintf(f, ", \"compute_s\": %.6f, \"comm_s\": %.6f", comm_compute_seconds(c), comm_seconds(c));
     for (int k = 0; k < 2; k++) {
         fprintf(f, ", \"comm_%s\": {", k ? "bytes" : "calls");
         for (size_t i = 0; i < sizeof g_comm_ops / sizeof g_comm_ops[0]; i++) {
@@ -622,7 +630,11 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
         fprintf(s->out, "step %*lld/%lld  loss %.6f  lr %.3g", digits, (long long)step,
                 (long long)cfg->train.steps, r->loss, r->lr);
         if (!isnan(r->grad_norm)) fprintf(s->out, "  grad_norm %.3g", r->grad_norm);
-        fprintf(s->out, "  samples/s %.0f  time %.2fs\n", r->samples_per_s, r->elapsed);
+        fprintf(s->out, "  samples/s %.0f  time %.2fs", r->samples_per_s, r->elapsed);
+        if (r->comm) /* the steps' time since the last line, split */
+            fprintf(s->out, "  compute %.3fs  comm %.3fs", comm_compute_seconds(r->comm),
+                    comm_seconds(r->comm));
+        fputc('\n', s->out);
     }
     if (s->out && r->eval) {
         fprintf(s->out, "eval %*lld/%lld  loss %.6f", digits, (long long)step,
