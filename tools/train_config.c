@@ -336,11 +336,13 @@ static const key_def g_keys[] = {
              "debug and info print progress lines (debug also the effective config); warn, "
              "error and off print only problems"),
     STRING_KEY("log", "metrics", log.metrics, "",
-               "path of a JSON-lines file to append one record per logged step to; empty for "
-               "none"),
+               "path of a JSON-lines file to append one record per logged step to (with the "
+               "steps' compute and communication seconds and rank 0's collectives per op); "
+               "empty for none"),
     BOOL_KEY("log", "comm_debug", log.comm_debug, "false",
-             "print rank 0's collectives of the first step as a table (op, group, phase, "
-             "calls, bytes, module), from the comm-debug layer"),
+             "print rank 0's collectives of one step (the run's second) as a table (op, group, "
+             "phase, calls, bytes, module), from the comm-debug layer; the progress lines then "
+             "split the steps' time into compute and comm"),
     ENUM_KEY("log", "progress", log.progress, "auto", g_progress_names, NULL,
              "between the log lines: auto (a progress bar when stdout is a terminal, nothing "
              "else), bar (always the bar, redrawn in place with \\r) or lines (only the log "
