@@ -6,15 +6,17 @@
  * sync_module_states give the single-rank run's step losses to float32 rounding; the layout
  * rules fail with messages naming the keys; and, when CTest's MPI entry asks for it,
  * `mpirun -np 2 fsdp-train` writes the local backend's losses bitwise. */
-#define _POSIX_C_SOURCE 200809L // popen, pclose, access
+#define _XOPEN_SOURCE 700 // popen, pclose, access; posix_openpt, grantpt, unlockpt, ptsname
 
 #include <cblas.h> // defines: openblas_get_num_threads
+#include <fcntl.h> // defines: O_RDWR, O_NOCTTY, O_NONBLOCK
 #include <hdf5.h>  // defines: H5Fcreate, H5Dcreate2 (data files for [data] kind = h5)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <termios.h> // defines: tcgetattr, tcsetattr, OPOST
 #include <unistd.h>
 
 #include "harness.h"
@@ -667,6 +669,49 @@ static void test_progress_bar(void) {
     /* the bar is off its line when the run ends: the done line starts a line */
     CU_ASSERT_PTR_NOT_NULL(strstr(bar, "\r\033[Kstep 40/40  loss ")); /* cleared first */
     CU_ASSERT_PTR_NOT_NULL(strstr(bar, "\ndone: 40 steps"));
+}
+
+/* progress = auto (the default) on a terminal: the bar is drawn. The run writes to the slave
+ * side of a pseudo-terminal (without output processing, so the text passes unchanged) and the
+ * master side is read back; skipped where no pseudo-terminal can be opened. */
+static void test_progress_bar_terminal(void) {
+    static char text[65536];
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    int slave = -1;
+    if (master >= 0 && grantpt(master) == 0 && unlockpt(master) == 0)
+        slave = open(ptsname(master), O_RDWR | O_NOCTTY);
+    if (slave < 0) {
+        printf("\n    skipped: no pseudo-terminal");
+        if (master >= 0) close(master);
+        return;
+    }
+    struct termios raw;
+    tcgetattr(slave, &raw);
+    raw.c_oflag &= ~(tcflag_t)OPOST; /* no output processing: "\n" stays "\n" */
+    tcsetattr(slave, TCSANOW, &raw);
+    FILE *out = fdopen(slave, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(out);
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    for (int i = 0; i < N_SMALL; i++) set(g_small[i]);
+    set("log.level=info");
+    set("train.steps=12");
+    set("train.log_every=6");
+    CU_ASSERT_TRUE(isatty(fileno(out)));
+    train_result res;
+    FSDP_TEST_OK(train_run(fsdp_test_ctx(), &g_cfg, out, &res, err, sizeof err));
+    fclose(out); /* a few lines: the terminal's buffer holds them */
+    fcntl(master, F_SETFL, O_NONBLOCK);
+    size_t n = 0;
+    for (ssize_t got;
+         n + 1 < sizeof text && (got = read(master, text + n, sizeof text - 1 - n)) > 0;)
+        n += (size_t)got;
+    text[n] = '\0';
+    close(master);
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(text, "\r\033[Kstep  1/12 [##......................]   8%  loss "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "\r\033[Kstep  6/12  loss "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "\ndone: 12 steps"));
 }
 
 /* [model] norm = rmsnorm: an RMSNorm before the MLP, the same on every layout; the TP plan
@@ -1417,6 +1462,7 @@ int main(int argc, char **argv) {
         {"grad_accum_collectives", test_grad_accum_collectives},
         {"comm_debug_table", test_comm_debug_table},
         {"progress_bar", test_progress_bar},
+        {"progress_bar_terminal", test_progress_bar_terminal},
         {"model_keys", test_model_keys},
         {"example_4ranks", test_example_4ranks},
         {"layout", test_layout},
