@@ -186,19 +186,23 @@ static void test_layouts(void) {
     check_layout(&ref, "(2, 2) shard_grad_op, offload, checkpointing",
                  SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer",
                      "parallel.strategy=shard_grad_op", "parallel.offload=true",
-                     "model.checkpoint_activations=blocks"),
+                     "model.checkpoint_activations=model.layers.*"),
                  2, 2, RTOL);
+    check_layout(
+        &ref, "(2, 2) grad_accum 2 (micro-batches of 2)",
+        SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer", "train.grad_accum=2"), 2, 2,
+        RTOL);
     /* activation checkpointing recomputes the same activations: bitwise the run without */
     train_result plain, ckpt;
     FSDP_TEST_OK(
         run_small(SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer"), &plain, err));
     FSDP_TEST_OK(run_small(SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer",
-                               "model.checkpoint_activations=blocks"),
+                               "model.checkpoint_activations=model.layers.*"),
                            &ckpt, err));
-    CU_ASSERT_TRUE(same_run("(2, 2) checkpoint_activations = blocks", &ckpt, &plain, 0));
-    FSDP_TEST_OK(
-        run_small(SET("parallel.ranks=1", "model.checkpoint_activations=blocks"), &ckpt, err));
-    CU_ASSERT_TRUE(same_run("(1, 1) checkpoint_activations = blocks", &ckpt, &ref, 0));
+    CU_ASSERT_TRUE(same_run("(2, 2) checkpoint_activations = model.layers.*", &ckpt, &plain, 0));
+    FSDP_TEST_OK(run_small(SET("parallel.ranks=1", "model.checkpoint_activations=model.layers.*"),
+                           &ckpt, err));
+    CU_ASSERT_TRUE(same_run("(1, 1) checkpoint_activations = model.layers.*", &ckpt, &ref, 0));
 }
 
 /* A vocabulary of 257 splits 129 + 128 over tp 2 (lm_head and the embedding). */
@@ -383,8 +387,14 @@ static void test_config_errors(void) {
     config_refused(LLAMA TOKENS "batch_size = 6\n[parallel]\nranks = 4\n",
                    SET("[data] batch_size = 6 (", "run.ini:6)", "4 data-parallel ranks",
                        "use a multiple of 4"));
-    config_refused(LLAMA "checkpoint_activations = layers\n" TOKENS,
-                   SET("run.ini:3", "checkpoint_activations", "none, blocks"));
+    config_refused(LLAMA "n_layers = 3\ncheckpoint_activations = model.layers.0,layers.*\n" TOKENS,
+                   SET("run.ini:4", "pattern 'layers.*' matches no decoder layer",
+                       "model.layers.0 to model.layers.2", "model.layers.*"));
+    config_refused(LLAMA TOKENS "batch_size = 12\n[parallel]\nranks = 4\n[train]\ngrad_accum = 2\n",
+                   SET("[data] batch_size = 12 (", "in micro-batches of 6",
+                       "[train] grad_accum = 2", "use a multiple of 8"));
+    config_refused(LLAMA "norm = rmsnorm\n" TOKENS,
+                   SET("[model] norm = rmsnorm", "applies to kind = mlp"));
     config_refused(LLAMA "n_kv_heads = 1\n" TOKENS "[parallel]\ntp = 2\nranks = 4\nwrap = layer\n",
                    SET("[parallel] tp = 2", "n_kv_heads = 1"));
 }
@@ -440,7 +450,7 @@ static void resume_case(const char *name, const char *const *first, const char *
 static void test_resume(void) {
     resume_case("resume-1x1", SET("parallel.ranks=1"), SET("parallel.ranks=1"), true);
     const char *const *l22 = SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer",
-                                 "model.checkpoint_activations=blocks");
+                                 "model.checkpoint_activations=model.layers.*");
     resume_case("resume-2x2", l22, l22, true);
     resume_case("resume-2x2-to-1x2", l22, SET("parallel.ranks=2", "parallel.tp=2"), false);
 }

@@ -41,12 +41,6 @@ typedef enum train_model_kind {
     TRAIN_MODEL_LLAMA,   /* fsdp_model_llama over [model] dim, n_layers, ... (train_llama.h) */
 } train_model_kind;
 
-/* [model] checkpoint_activations: which modules recompute their activations in backward. */
-typedef enum train_act_ckpt {
-    TRAIN_ACT_CKPT_NONE = 0, /* keep every activation */
-    TRAIN_ACT_CKPT_BLOCKS,   /* llama: fsdp_checkpoint_wrap on every decoder layer */
-} train_act_ckpt;
-
 /* [data] kind: where the samples come from. */
 typedef enum train_data_kind {
     TRAIN_DATA_SYNTHETIC = 0, /* inputs from the counter RNG, targets from a random teacher */
@@ -93,17 +87,33 @@ typedef enum train_wrap {
     TRAIN_WRAP_LAYER,    /* one nested unit per hidden Linear; the root keeps the output one */
 } train_wrap;
 
+/* [model] norm: a normalisation of the MLP's input. */
+typedef enum train_norm {
+    TRAIN_NORM_NONE = 0, /* nn.Sequential(Linear, act, Linear, ...) */
+    TRAIN_NORM_RMSNORM,  /* nn.Sequential(RMSNorm(widths[0]), Linear, act, Linear, ...) */
+} train_norm;
+
+/* [log] progress: how rank 0 shows progress between the log lines. */
+typedef enum train_progress_style {
+    TRAIN_PROGRESS_AUTO = 0, /* a bar when the output is a terminal, else lines */
+    TRAIN_PROGRESS_BAR,      /* a bar redrawn in place (\r), whatever the output */
+    TRAIN_PROGRESS_LINES,    /* the log lines only */
+} train_progress_style;
+
 /* The values of every key (see train_config_print_help for their meaning and defaults). */
 typedef struct train_config {
     struct {
         train_model_kind kind;
         train_int_list widths; /* mlp: input, hidden..., output */
         fsdp_activation activation;
-        char init[TRAIN_MAX_STRING]; /* "random", or the path of a state to start from */
+        char init[TRAIN_MAX_STRING];    /* "random", or the path of a state to start from */
+        train_norm norm;                /* mlp */
+        char tp_plan[TRAIN_MAX_STRING]; /* mlp: "name=style,...", "" for the Megatron pairs */
+        /* module name patterns, "" for none (llama: matched against model.layers.<i>) */
+        char checkpoint_activations[TRAIN_MAX_STRING];
         /* llama: fsdp_llama_config's fields (0 for n_kv_heads and ffn_hidden: its default) */
         int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size, ffn_hidden, max_seq_len;
         double norm_eps, rope_theta;
-        train_act_ckpt checkpoint_activations;
     } model;
     struct {
         train_backend backend;
@@ -153,6 +163,7 @@ typedef struct train_config {
         int64_t seed;
         int64_t log_every;
         int64_t eval_every; /* 0: only after the last step */
+        int64_t grad_accum; /* micro-batches per step, dividing data.batch_size */
     } train;
     struct {
         char dir[TRAIN_MAX_STRING];    /* "" for no checkpoints */
@@ -164,6 +175,8 @@ typedef struct train_config {
     struct {
         fsdp_log_level level;
         char metrics[TRAIN_MAX_STRING]; /* "" for none */
+        bool comm_debug;                /* print rank 0's collectives of a step */
+        train_progress_style progress;
     } log;
     /* Where each key's value came from, by table index: "default", "run.ini:12" or
      * "--set optim.lr=0.1". */
@@ -201,6 +214,43 @@ fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_si
  * returns their number (0 for none), or -1 when one is empty or there are more than
  * TRAIN_MAX_NO_DECAY. */
 int train_config_no_decay(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]);
+
+/* The modules of the model [model] describes, as its root (an nn.Sequential) names its
+ * children: "0", "1", ... with their kind ("Linear", "ReLU", "GELU", "Sigmoid", "RMSNorm") and,
+ * for a Linear, its index among the Linear layers (else -1). Returns their number (at most
+ * TRAIN_MAX_MODULES). */
+#define TRAIN_MAX_MODULES (2 * TRAIN_MAX_LIST)
+typedef struct train_module_info {
+    char name[12]; /* as trainer.c's module paths */
+    const char *kind;
+    int linear; /* Linear i of the MLP, or -1 */
+} train_module_info;
+int train_config_modules(const train_config *cfg, train_module_info *modules);
+
+/* A Linear layer's tensor-parallel style ([model] tp_plan). */
+typedef enum train_tp_style {
+    TRAIN_TP_NONE = 0, /* whole on every tp rank */
+    TRAIN_TP_COLWISE,  /* ColwiseParallel: Replicate input, output sharded on its last dim */
+    TRAIN_TP_ROWWISE,  /* RowwiseParallel: input sharded on its last dim, Replicate output */
+} train_tp_style;
+
+/* The style of each Linear layer (styles[i] for Linear i, TRAIN_MAX_LIST entries) under
+ * [model] tp_plan: its "name=style" pairs (a name may be an fnmatch pattern), or when it is
+ * empty the Megatron pairs (Linear 2k colwise, 2k+1 rowwise; with an odd count the last one
+ * none). Checks that every name matches a Linear layer of the model, that no layer gets two
+ * styles, and that the activations flow (a colwise layer is followed by a rowwise one, with only
+ * element-wise modules between). FSDP_ERR_CONFIG with a message naming the key on failure. */
+fsdp_status train_config_tp_plan(const train_config *cfg, train_tp_style *styles, char *err,
+                                 size_t err_size);
+
+#define TRAIN_MAX_ACT_PATTERNS 8 /* patterns of [model] checkpoint_activations */
+
+/* Splits [model] checkpoint_activations into patterns, as train_config_no_decay does. */
+int train_config_checkpoint_patterns(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]);
+
+/* kind = llama: whether decoder layer `layer` (model.layers.<layer>) matches pattern number
+ * `pattern` of [model] checkpoint_activations, or any of them when pattern < 0. */
+bool train_config_llama_checkpointed(const train_config *cfg, int64_t layer, int pattern);
 
 /* [parallel] backend with auto resolved: TRAIN_BACKEND_MPI when the process was started by
  * mpirun (OMPI_COMM_WORLD_SIZE, or PMI_SIZE of MPICH's launchers, is set), else

@@ -21,6 +21,7 @@ struct train_llama {
     int dp_size;        /* data-parallel ranks */
     bool loss_parallel; /* tp > 1: lm_head's output is sharded over the vocabulary */
     int64_t T;          /* max_seq_len */
+    int64_t batch;      /* sequences of a forward, over every dp rank */
     int64_t off, len;   /* this rank's rows of every batch */
     int32_t *ids;       /* (len, T) inputs */
     int32_t *targets;   /* (len, T) next tokens */
@@ -58,15 +59,16 @@ int64_t train_llama_param_count(const train_config *cfg) {
 
 void train_llama_describe(const train_config *cfg, char *buf, size_t size) {
     fsdp_llama_config c = resolved(cfg);
+    char ckpt[64] = "";
+    int n_ckpt = 0;
+    for (int i = 0; i < c.n_layers; i++) n_ckpt += train_config_llama_checkpointed(cfg, i, -1);
+    if (n_ckpt) snprintf(ckpt, sizeof ckpt, ", activations of %d checkpointed", n_ckpt);
     snprintf(buf, size,
              "Llama dim %lld, %d layer%s, %d heads (%d key/value), ffn %lld, vocab %lld, "
              "sequences of %lld (%lld parameters%s)",
              (long long)c.dim, c.n_layers, c.n_layers == 1 ? "" : "s", c.n_heads, c.n_kv_heads,
              (long long)c.ffn_hidden, (long long)c.vocab_size, (long long)c.max_seq_len,
-             (long long)train_llama_param_count(cfg),
-             cfg->model.checkpoint_activations == TRAIN_ACT_CKPT_BLOCKS
-                 ? ", activations checkpointed per layer"
-                 : "");
+             (long long)train_llama_param_count(cfg), ckpt);
 }
 
 fsdp_status train_llama_build(fsdp_ctx *ctx, const train_config *cfg, const fsdp_mesh *mesh,
@@ -85,8 +87,8 @@ fsdp_status train_llama_build(fsdp_ctx *ctx, const train_config *cfg, const fsdp
         fsdp_tp_options o = {.src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK};
         TRY(fsdp_tp_parallelize(ctx, m, tp, n, plan, &o));
     }
-    if (cfg->model.checkpoint_activations == TRAIN_ACT_CKPT_BLOCKS)
-        for (int i = 0; i < c.n_layers; i++) {
+    for (int i = 0; i < c.n_layers; i++)
+        if (train_config_llama_checkpointed(cfg, i, -1)) {
             char path[32];
             snprintf(path, sizeof path, "model.layers.%d", i);
             fsdp_module *layer = fsdp_module_find(m, path);
@@ -99,8 +101,8 @@ fsdp_status train_llama_build(fsdp_ctx *ctx, const train_config *cfg, const fsdp
 }
 
 fsdp_status train_llama_create(fsdp_ctx *ctx, const train_config *cfg, const train_tokens *tokens,
-                               fsdp_group *dp, int dp_size, int dp_rank, int tp_size, int tp_rank,
-                               train_llama **out, fsdp_tensor **dout) {
+                               int64_t batch, fsdp_group *dp, int dp_size, int dp_rank, int tp_size,
+                               int tp_rank, train_llama **out, fsdp_tensor **dout) {
     train_llama *l = calloc(1, sizeof *l);
     if (!l)
         return fsdp_ctx_set_error(ctx, FSDP_ERR_OUT_OF_MEMORY,
@@ -112,7 +114,8 @@ fsdp_status train_llama_create(fsdp_ctx *ctx, const train_config *cfg, const tra
     l->dp_size = dp_size;
     l->loss_parallel = tp_size > 1;
     l->T = cfg->model.max_seq_len;
-    fsdp_chunk_range(cfg->data.batch_size, dp_size, dp_rank, &l->off, &l->len);
+    l->batch = batch;
+    fsdp_chunk_range(batch, dp_size, dp_rank, &l->off, &l->len);
     size_t n = (size_t)(l->len * l->T);
     l->ids = malloc(n * sizeof *l->ids);
     l->targets = malloc(n * sizeof *l->targets);
@@ -166,7 +169,7 @@ fsdp_status train_llama_forward_loss(fsdp_ctx *ctx, train_llama *l, fsdp_module 
 
 fsdp_status train_llama_loss(fsdp_ctx *ctx, train_llama *l, fsdp_module *model, bool held_out,
                              double *loss) {
-    int64_t B = l->cfg->data.batch_size;
+    int64_t B = l->batch;
     int64_t n = held_out ? l->tokens->n_eval : l->tokens->n_probe; /* a multiple of B */
     double share = 0;
     for (int64_t b0 = 0; b0 < n; b0 += B) {

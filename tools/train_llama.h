@@ -27,31 +27,32 @@ void train_llama_describe(const train_config *cfg, char *buf, size_t size);
 
 /* Builds the model (parameters from the ctx seed), applies fsdp_llama_tp_plan with loss
  * parallel over mesh dim "tp" when it has several ranks, then fsdp_checkpoint_wrap on every
- * decoder layer with checkpoint_activations = blocks. *model is the caller's. */
+ * decoder layer that [model] checkpoint_activations names. *model is the caller's. */
 fsdp_status train_llama_build(fsdp_ctx *ctx, const train_config *cfg, const fsdp_mesh *mesh,
                               fsdp_module **model);
 
-/* What one rank holds to feed the model: its slice [off, off + len) of every batch of
- * batch_size sequences, as (len, max_seq_len) token ids and next-token targets. */
+/* What one rank holds to feed the model: its slice [off, off + len) of every (micro-)batch of
+ * `batch` sequences (batch_size / grad_accum), as (len, max_seq_len) token ids and next-token
+ * targets. */
 typedef struct train_llama train_llama;
 
 /* tokens and dp (the data-parallel group) are borrowed and must outlive the state. *dout
  * receives a new (len, max_seq_len, local vocab) tensor for the logits' gradient (the
  * caller's). */
 fsdp_status train_llama_create(fsdp_ctx *ctx, const train_config *cfg, const train_tokens *tokens,
-                               fsdp_group *dp, int dp_size, int dp_rank, int tp_size, int tp_rank,
-                               train_llama **out, fsdp_tensor **dout);
+                               int64_t batch, fsdp_group *dp, int dp_size, int dp_rank, int tp_size,
+                               int tp_rank, train_llama **out, fsdp_tensor **dout);
 void train_llama_free(train_llama *l);
 
-/* The forward of the step whose batch starts at position k0 of the training stream, and its
+/* The forward of the (micro-)batch that starts at position k0 of the training stream, and its
  * loss: *loss is the mean cross-entropy over this rank's len * max_seq_len targets (0 when len
  * is 0) and dout its gradient (scaled by the caller). */
 fsdp_status train_llama_forward_loss(fsdp_ctx *ctx, train_llama *l, fsdp_module *model, int64_t k0,
                                      fsdp_tensor *dout, float *loss);
 
 /* The mean loss over the held-out sequences (held_out) or the probe sequences of the training
- * tokens, batch by batch, each dp rank on its slice; the same on every rank (one all_reduce
- * over dp). */
+ * tokens, `batch` sequences at a time, each dp rank on its slice; the same on every rank (one
+ * all_reduce over dp). */
 fsdp_status train_llama_loss(fsdp_ctx *ctx, train_llama *l, fsdp_module *model, bool held_out,
                              double *loss);
 
