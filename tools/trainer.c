@@ -629,10 +629,11 @@ static fsdp_status bar_draw(const train_config *cfg, train_state *s, const train
     bar[WIDTH] = '\0';
     format_duration(elapsed / (double)done * (double)(total - step), eta, sizeof eta);
     int digits = snprintf(NULL, 0, "%lld", (long long)total);
-    fprintf(s->out, "\r\033[Kstep %*lld/%lld [%s] %3d%%  loss %.6f  %.0f samples/s  ETA %s", digits,
+    int64_t per_step = cfg->data.batch_size * (s->llama ? cfg->model.max_seq_len : 1);
+    fprintf(s->out, "\r\033[Kstep %*lld/%lld [%s] %3d%%  loss %.6f  %.0f %s/s  ETA %s", digits,
             (long long)step, (long long)total, bar, (int)(100 * step / total),
             prog->since ? prog->loss_sum / (double)prog->since : loss,
-            (double)(done * cfg->data.batch_size) / fmax(elapsed, 1e-9), eta);
+            (double)(done * per_step) / fmax(elapsed, 1e-9), s->llama ? "tokens" : "samples", eta);
     s->bar.shown = true;
     s->bar.last_draw = now;
     return flush_checked(s->out, s->out_name, err, err_size);
