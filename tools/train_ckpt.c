@@ -256,7 +256,8 @@ fsdp_status train_ckpt_init(fsdp_ctx *ctx, const train_config *cfg, const fsdp_s
     return s;
 }
 
-/* The saved configuration's [model], [data] and [optim] keys (but init) are this run's. */
+/* The saved configuration's [model], [data] and [optim] keys are this run's, but init,
+ * tp_plan and checkpoint_activations. */
 static fsdp_status check_config(const train_config *cfg, fsdp_ckpt *ck, const char *path, char *err,
                                 size_t err_size) {
     static const char *const sections[] = {"model", "data", "optim", NULL};
@@ -292,7 +293,8 @@ fsdp_status train_ckpt_resume(fsdp_ctx *ctx, const train_config *cfg, const fsdp
                      "[model] init = %s and [checkpoint] resume = none",
                      path, g_extra_names[i], path);
     if (s == FSDP_OK &&
-        (v[0] != fsdp_ckpt_step(ck) || v[1] < 0 || v[1] >= cfg->data.samples || v[3] < 0)) {
+        (v[0] != fsdp_ckpt_step(ck) || v[1] < 0 ||
+         (cfg->data.kind != TRAIN_DATA_TOKENS && v[1] >= cfg->data.samples) || v[3] < 0)) {
         snprintf(err, err_size,
                  "cannot resume from '%s': its loop position is inconsistent (train.step %lld "
                  "at step %lld, data.position %lld of %lld samples)",

@@ -57,11 +57,12 @@ typedef struct section_def {
 } section_def;
 
 static const section_def g_sections[] = {
-    {"model", "the model, an MLP of Linear layers with an activation between them"},
+    {"model", "the model: an MLP of Linear layers with an activation between them, or a "
+              "Llama-style decoder (kind = llama) trained on a token file"},
     {"parallel", "the ranks and how they share the work: data parallelism (FSDP or replicas) "
                  "over dp ranks, tensor parallelism over tp ranks, world = dp * tp"},
-    {"data", "the dataset, synthetic (a random teacher MLP) or an HDF5 file, the task, the "
-             "held-out split and the batches"},
+    {"data", "the dataset, synthetic (a random teacher MLP), an HDF5 file or a token file, the "
+             "task, the held-out split and the batches"},
     {"optim", "the optimizer (SGD, Adam, AdamW as in PyTorch), its learning rate schedule and "
               "gradient clipping"},
     {"train", "the training loop"},
@@ -80,7 +81,8 @@ static const char *const g_mode_names[] = {"fsdp", "replicate", NULL};
 static const char *const g_strategy_names[] = {"full_shard", "shard_grad_op", "no_shard",
                                                "hybrid_shard", NULL};
 static const char *const g_wrap_names[] = {"none", "layer", NULL};
-static const char *const g_data_kind_names[] = {"synthetic", "h5", NULL};
+static const char *const g_data_kind_names[] = {"synthetic", "h5", "tokens", NULL};
+static const char *const g_model_kind_names[] = {"mlp", "llama", NULL};
 static const char *const g_task_names[] = {"regression", "classification", NULL};
 static const char *const g_optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const g_schedule_names[] = {"constant", "warmup", "cosine", NULL};
@@ -115,6 +117,9 @@ _Static_assert(TRAIN_DATA_H5 == 1 && TRAIN_TASK_CLASSIFICATION == 1 && TRAIN_OPT
                    TRAIN_SCHEDULE_COSINE == 2 && (int)FSDP_LR_COSINE == 2 &&
                    (int)FSDP_LR_LINEAR_WARMUP == 1,
                "the enums above are the index of their name (and the schedule the library's)");
+_Static_assert(sizeof(train_model_kind) == sizeof(int) && TRAIN_MODEL_LLAMA == 1 &&
+                   TRAIN_DATA_TOKENS == 2,
+               "enum keys are stored as int, the index of their name");
 _Static_assert(sizeof(train_norm) == sizeof(int) && sizeof(train_progress_style) == sizeof(int) &&
                    TRAIN_NORM_RMSNORM == 1 && TRAIN_PROGRESS_LINES == 2,
                "enum keys are stored as int, the index of their name");
@@ -167,11 +172,15 @@ _Static_assert(TRAIN_BACKEND_AUTO == 2 && TRAIN_MODE_REPLICATE == 1 && TRAIN_WRA
     }
 
 static const key_def g_keys[] = {
+    ENUM_KEY("model", "kind", model.kind, "mlp", g_model_kind_names, NULL,
+             "the model: mlp (Linear layers over widths, with an activation between them) or "
+             "llama (a Llama-style decoder with Hugging Face's names over dim, n_layers, "
+             "n_heads, ...; needs [data] kind = tokens)"),
     LIST_KEY("model", "widths", model.widths, "32,64,64,8", 2, TRAIN_MAX_LIST, 1, WIDTH_MAX,
-             "layer widths of the MLP, input first and output last: 32,64,8 is Linear(32, 64), "
+             "mlp: layer widths, input first and output last: 32,64,8 is Linear(32, 64), "
              "activation, Linear(64, 8)"),
     ENUM_KEY("model", "activation", model.activation, "relu", g_activation_names, parse_activation,
-             "activation between the Linear layers (the teacher uses it too)"),
+             "mlp: activation between the Linear layers (the teacher uses it too)"),
     STRING_KEY("model", "init", model.init, "random",
                "initial parameters: random (drawn from train.seed), or the path of a state to "
                "take them from: a checkpoint step directory (a run's directory: its newest "
@@ -179,18 +188,43 @@ static const key_def g_keys[] = {
                "names 0.weight, 0.bias, 2.weight, ... Parameters only: the optimizer starts "
                "fresh. Ignored when the run resumes"),
     ENUM_KEY("model", "norm", model.norm, "none", g_norm_names, NULL,
-             "normalisation of the input: none, or rmsnorm (an RMSNorm over widths[0] before "
+             "mlp: normalisation of the input: none, or rmsnorm (an RMSNorm over widths[0] before "
              "the first Linear, as nn.Sequential(RMSNorm(w0), Linear, ...): the module names "
              "shift by one, the Linear layers become 1, 3, 5, ...)"),
     STRING_KEY("model", "tp_plan", model.tp_plan, "",
-               "tensor-parallel plan with tp > 1: comma-separated name=style pairs over the "
+               "mlp: tensor-parallel plan with tp > 1: comma-separated name=style pairs over the "
                "model's module names (fnmatch patterns allowed), style colwise or rowwise, "
                "e.g. 0=colwise,2=rowwise; a colwise Linear needs a rowwise one after it. Empty: "
                "the Megatron pairs (Linear 2k colwise, 2k+1 rowwise)"),
     STRING_KEY("model", "checkpoint_activations", model.checkpoint_activations, "",
                "comma-separated module name patterns (fnmatch) whose activations are "
                "recomputed in backward instead of kept (fsdp_checkpoint_wrap), e.g. 0,2 or *; "
-               "each must match a module. Same results, less memory, one more forward"),
+               "each must match a module (llama: a decoder layer, model.layers.<i>: "
+               "model.layers.* for every one). Same results, less memory, one more forward"),
+    INT_KEY("model", "dim", model.dim, "64", 2, WIDTH_MAX,
+            "llama: hidden size (Hugging Face's hidden_size); n_heads divides it into heads of "
+            "an even size"),
+    INT_KEY("model", "n_layers", model.n_layers, "2", 1, 1024,
+            "llama: decoder layers (num_hidden_layers)"),
+    INT_KEY("model", "n_heads", model.n_heads, "4", 1, 4096,
+            "llama: query heads (num_attention_heads); tp must divide it"),
+    INT_KEY("model", "n_kv_heads", model.n_kv_heads, "0", 0, 4096,
+            "llama: key/value heads (num_key_value_heads), dividing n_heads (grouped-query "
+            "attention); 0: n_heads. tp must divide it"),
+    INT_KEY("model", "vocab_size", model.vocab_size, "256", 2, INT64_C(1) << 24,
+            "llama: tokens of the vocabulary (256 for the byte tokenizer of "
+            "tools/text_to_tokens.py); every id of the token file must be below it; the "
+            "embedding and lm_head split it over tp (unevenly when tp does not divide it)"),
+    INT_KEY("model", "ffn_hidden", model.ffn_hidden, "0", 0, INT64_C(1) << 24,
+            "llama: SwiGLU width (intermediate_size); 0: Meta's rule, 8 dim / 3 rounded up to a "
+            "multiple of 256. tp must divide it"),
+    INT_KEY("model", "max_seq_len", model.max_seq_len, "64", 1, 65536,
+            "llama: the sequence length trained on (max_position_embeddings): each sequence "
+            "is max_seq_len + 1 tokens of the token file, inputs and next-token targets"),
+    FLOAT_KEY("model", "norm_eps", model.norm_eps, "1e-06", 0, EXCL, 1, EXCL,
+              "llama: RMSNorm epsilon (rms_norm_eps)"),
+    FLOAT_KEY("model", "rope_theta", model.rope_theta, "10000", 1, EXCL, 1e30, INCL,
+              "llama: base of the rotary embedding (rope_theta)"),
 
     ENUM_KEY("parallel", "backend", parallel.backend, "auto", g_backend_names, NULL,
              "where the ranks run: local (rank threads in this process), mpi (one process per "
@@ -202,9 +236,10 @@ static const key_def g_keys[] = {
             "OpenBLAS threads of each rank; 0: the process's (OPENBLAS_NUM_THREADS, else the "
             "cores) divided by the rank threads of this process, at least 1"),
     INT_KEY("parallel", "tp", parallel.tp, "1", 1, 4096,
-            "tensor-parallel size: the Linear layers in Colwise/Rowwise pairs over tp ranks "
-            "(with an odd count the output Linear stays whole on every tp rank); tp must "
-            "divide the hidden width each pair splits"),
+            "tensor-parallel size: mlp, the Linear layers in Colwise/Rowwise pairs over tp ranks "
+            "(with an odd count the output Linear stays whole on every tp rank), tp dividing "
+            "the hidden width each pair splits; llama, torchtitan's plan with loss parallel, "
+            "tp dividing n_heads, n_kv_heads and ffn_hidden"),
     ENUM_KEY("parallel", "mode", parallel.mode, "fsdp", g_mode_names, NULL,
              "data parallelism over the dp = ranks / tp ranks: fsdp (fully sharded, see "
              "strategy) or replicate (a whole replica per rank, gradients all_reduced, as DDP)"),
@@ -219,8 +254,9 @@ static const key_def g_keys[] = {
              "fsdp: keep the parameter shards, their gradients and the optimizer step in host "
              "memory (CPUOffload(offload_params=True))"),
     ENUM_KEY("parallel", "wrap", parallel.wrap, "none", g_wrap_names, NULL,
-             "fsdp units: none (the root only) or layer (one nested unit per hidden Linear; "
-             "the root keeps the output Linear)"),
+             "fsdp units: none (the root only) or layer (mlp: one nested unit per hidden Linear, "
+             "the root keeps the output Linear; llama: one per decoder layer, the root keeps "
+             "the embedding, the final norm and lm_head)"),
     BOOL_KEY("parallel", "use_orig_params", parallel.use_orig_params, "false",
              "fsdp: the optimizer steps views of the original parameters instead of flat "
              "shards"),
@@ -233,10 +269,13 @@ static const key_def g_keys[] = {
 
     ENUM_KEY("data", "kind", data.kind, "synthetic", g_data_kind_names, NULL,
              "where the samples come from: synthetic (inputs from the counter RNG, targets from "
-             "a fixed random teacher MLP; samples, seed, teacher_widths and noise describe it) "
-             "or h5 (datasets x and y of the HDF5 file path, held in memory by every rank)"),
+             "a fixed random teacher MLP; samples, seed, teacher_widths and noise describe it), "
+             "h5 (datasets x and y of the HDF5 file path, held in memory by every rank) or "
+             "tokens (the token file path, for [model] kind = llama: sequences of "
+             "max_seq_len + 1 tokens at offsets drawn from seed)"),
     STRING_KEY("data", "path", data.path, "",
-               "kind = h5: the HDF5 file (a path relative to the working directory)"),
+               "kind = h5: the HDF5 file; kind = tokens: the token file (written by "
+               "tools/text_to_tokens.py); a path relative to the working directory"),
     STRING_KEY("data", "x", data.x, "x",
                "kind = h5: the inputs' dataset, float (samples, widths[0])"),
     STRING_KEY("data", "y", data.y, "y",
@@ -249,16 +288,23 @@ static const key_def g_keys[] = {
     FLOAT_KEY("data", "eval_fraction", data.eval_fraction, "0", 0, INCL, 1, EXCL,
               "fraction of the samples held out for evaluation: the last "
               "floor(samples * eval_fraction) samples in file order (shuffle the file "
-              "beforehand if it is sorted); 0: no held-out split"),
+              "beforehand if it is sorted; kind = tokens: the last tokens of the file); 0: no "
+              "held-out split"),
     BOOL_KEY("data", "shuffle", data.shuffle, "false",
              "visit the training samples in a new permutation every epoch, drawn from seed and "
              "the epoch by global index (the same batches on every layout); false: in order"),
+    INT_KEY("data", "eval_batches", data.eval_batches, "4", 1, 1000000,
+            "kind = tokens: batches of batch_size sequences an evaluation scores: the first "
+            "ones of the held-out tokens, cut into sequences of max_seq_len + 1 tokens (as "
+            "many as there are, up to this), and as many evenly spaced ones of the training "
+            "tokens for the loss before and after training"),
     INT_KEY("data", "samples", data.samples, "4096", 1, 100000000,
             "synthetic: number of samples in the dataset; the batches cycle through them"),
-    INT_KEY("data", "batch_size", data.batch_size, "64", 1, 10000000, "samples per step"),
+    INT_KEY("data", "batch_size", data.batch_size, "64", 1, 10000000,
+            "samples per step (kind = tokens: sequences, a multiple of dp)"),
     INT_KEY("data", "seed", data.seed, "1", 0, BIG,
-            "seed of the shuffle and (synthetic) of the inputs, the teacher's parameters and "
-            "the label noise"),
+            "seed of the shuffle, (tokens) of the sequences' offsets and (synthetic) of the "
+            "inputs, the teacher's parameters and the label noise"),
     LIST_KEY("data", "teacher_widths", data.teacher_widths, "64", 0, TRAIN_MAX_LIST - 2, 1,
              WIDTH_MAX,
              "synthetic: hidden widths of the teacher MLP (its input and output widths are the "
@@ -1133,6 +1179,16 @@ fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layou
                  train_config_key_text(cfg, "data", "batch_size", a, sizeof a), l.dp, w, tp, l.dp);
         return FSDP_ERR_CONFIG;
     }
+    if (cfg->model.kind == TRAIN_MODEL_LLAMA && micro % l.dp != 0) {
+        snprintf(err, err_size,
+                 "%s (in micro-batches of %lld, %s) does not split evenly over the %d "
+                 "data-parallel ranks (dp = world / tp, %s and tp %d); a Llama run gives every "
+                 "dp rank the same number of sequences: use a multiple of %lld",
+                 train_config_key_text(cfg, "data", "batch_size", a, sizeof a), (long long)micro,
+                 train_config_key_text(cfg, "train", "grad_accum", b, sizeof b), l.dp, w, tp,
+                 (long long)l.dp * cfg->train.grad_accum);
+        return FSDP_ERR_CONFIG;
+    }
     bool hybrid =
         cfg->parallel.mode == TRAIN_MODE_FSDP && cfg->parallel.strategy == FSDP_HYBRID_SHARD;
     if (hybrid && l.dp < 2) {
@@ -1211,7 +1267,7 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                  train_config_key_text(cfg, "parallel", "strategy", b, sizeof b));
         return FSDP_ERR_CONFIG;
     }
-    int64_t tp = cfg->parallel.tp;
+    int64_t tp = cfg->model.kind == TRAIN_MODEL_MLP ? cfg->parallel.tp : 1; /* llama: below */
     int n_linear = cfg->model.widths.n - 1;
     train_tp_style styles[TRAIN_MAX_LIST];
     fsdp_status st = train_config_tp_plan(cfg, styles, err, err_size);
@@ -1272,23 +1328,48 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
 /* The [data] rules that join keys. */
 static fsdp_status check_data(const train_config *cfg, char *err, size_t err_size) {
     char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE];
-    bool h5 = cfg->data.kind == TRAIN_DATA_H5;
+    bool h5 = cfg->data.kind == TRAIN_DATA_H5, tokens = cfg->data.kind == TRAIN_DATA_TOKENS;
+    bool synthetic = cfg->data.kind == TRAIN_DATA_SYNTHETIC;
     static const char *const synthetic_only[] = {"samples", "teacher_widths", "noise"};
-    static const char *const h5_only[] = {"path", "x", "y"};
+    static const char *const h5_only[] = {"x", "y"};
     for (int i = 0; i < 3; i++)
-        if (key_not_for(cfg, "data", synthetic_only[i], !h5, "kind = synthetic", "data", "kind",
-                        err, err_size) ||
-            key_not_for(cfg, "data", h5_only[i], h5, "kind = h5", "data", "kind", err, err_size))
+        if (key_not_for(cfg, "data", synthetic_only[i], synthetic, "kind = synthetic", "data",
+                        "kind", err, err_size) ||
+            (i < 2 &&
+             key_not_for(cfg, "data", h5_only[i], h5, "kind = h5", "data", "kind", err, err_size)))
             return FSDP_ERR_CONFIG;
-    if (h5 && !cfg->data.path[0]) {
-        snprintf(err, err_size,
-                 "%s needs [data] path, the HDF5 file to read (with datasets x and y); set it",
-                 train_config_key_text(cfg, "data", "kind", a, sizeof a));
+    if (key_not_for(cfg, "data", "path", h5 || tokens, "kind = h5 or tokens", "data", "kind", err,
+                    err_size) ||
+        key_not_for(cfg, "data", "task", !tokens, "kind = synthetic or h5", "data", "kind", err,
+                    err_size) ||
+        key_not_for(cfg, "data", "shuffle", !tokens,
+                    "kind = synthetic or h5 (kind = tokens "
+                    "draws every sequence's offset from seed)",
+                    "data", "kind", err, err_size) ||
+        key_not_for(cfg, "data", "eval_batches", tokens, "kind = tokens", "data", "kind", err,
+                    err_size))
+        return FSDP_ERR_CONFIG;
+    if ((h5 || tokens) && !cfg->data.path[0]) {
+        snprintf(err, err_size, "%s needs [data] path, the %s to read; set it",
+                 train_config_key_text(cfg, "data", "kind", a, sizeof a),
+                 h5 ? "HDF5 file (with datasets x and y)"
+                    : "token file (tools/text_to_tokens.py writes one)");
+        return FSDP_ERR_CONFIG;
+    }
+    bool llama = cfg->model.kind == TRAIN_MODEL_LLAMA;
+    if (llama != tokens) {
+        snprintf(err, err_size, "%s and %s do not go together: %s",
+                 train_config_key_text(cfg, "model", "kind", a, sizeof a),
+                 train_config_key_text(cfg, "data", "kind", b, sizeof b),
+                 llama ? "a Llama model trains on a token file; set [data] kind = tokens and "
+                         "[data] path"
+                       : "a token file trains a Llama model; set [model] kind = llama (or "
+                         "another [data] kind)");
         return FSDP_ERR_CONFIG;
     }
     bool classify = cfg->data.task == TRAIN_TASK_CLASSIFICATION;
     int64_t classes = cfg->model.widths.v[cfg->model.widths.n - 1];
-    if (classify && classes < 2) {
+    if (!llama && classify && classes < 2) {
         snprintf(err, err_size,
                  "%s needs an output width of at least 2 (the number of classes), but %s ends "
                  "in %lld; set the last width to the number of classes",
@@ -1299,7 +1380,7 @@ static fsdp_status check_data(const train_config *cfg, char *err, size_t err_siz
     if (key_not_for(cfg, "data", "noise", !classify, "task = regression", "data", "task", err,
                     err_size))
         return FSDP_ERR_CONFIG;
-    if (!h5 && cfg->data.eval_fraction > 0) {
+    if (synthetic && cfg->data.eval_fraction > 0) {
         int64_t n_eval = (int64_t)floor((double)cfg->data.samples * cfg->data.eval_fraction);
         if (n_eval < 1 || n_eval >= cfg->data.samples) {
             snprintf(err, err_size,
@@ -1537,6 +1618,34 @@ fsdp_status train_config_tp_plan(const train_config *cfg, train_tp_style *styles
     return FSDP_ERR_CONFIG;
 }
 
+bool train_config_llama_checkpointed(const train_config *cfg, int64_t layer, int pattern) {
+    char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING], name[32];
+    int n = train_config_checkpoint_patterns(cfg, patterns);
+    snprintf(name, sizeof name, "model.layers.%lld", (long long)layer);
+    for (int p = 0; p < n; p++)
+        if ((pattern < 0 || p == pattern) && fnmatch(patterns[p], name, 0) == 0) return true;
+    return false;
+}
+
+/* llama: every checkpoint_activations pattern matches a decoder layer. */
+static fsdp_status check_llama_checkpointing(const train_config *cfg, char *err, size_t err_size) {
+    char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING], key[KEY_TEXT_SIZE];
+    int n = train_config_checkpoint_patterns(cfg, patterns);
+    for (int p = 0; p < n; p++) {
+        bool matched = false;
+        for (int64_t i = 0; i < cfg->model.n_layers && !matched; i++)
+            matched = train_config_llama_checkpointed(cfg, i, p);
+        if (matched) continue;
+        snprintf(err, err_size,
+                 "%s: pattern '%s' matches no decoder layer of the Llama; they are "
+                 "model.layers.0 to model.layers.%lld: use model.layers.* for every one",
+                 train_config_key_text(cfg, "model", "checkpoint_activations", key, sizeof key),
+                 patterns[p], (long long)cfg->model.n_layers - 1);
+        return FSDP_ERR_CONFIG;
+    }
+    return FSDP_OK;
+}
+
 /* The [model] rules: every checkpoint_activations pattern matches a module. */
 static fsdp_status check_model(const train_config *cfg, char *err, size_t err_size) {
     char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING], key[KEY_TEXT_SIZE], modules[512];
@@ -1548,6 +1657,7 @@ static fsdp_status check_model(const train_config *cfg, char *err, size_t err_si
                  TRAIN_MAX_ACT_PATTERNS);
         return FSDP_ERR_CONFIG;
     }
+    if (cfg->model.kind == TRAIN_MODEL_LLAMA) return check_llama_checkpointing(cfg, err, err_size);
     train_module_info m[TRAIN_MAX_MODULES];
     int n_mod = train_config_modules(cfg, m);
     for (int p = 0; p < n; p++) {
@@ -1577,8 +1687,69 @@ static fsdp_status check_train(const train_config *cfg, char *err, size_t err_si
     return FSDP_ERR_CONFIG;
 }
 
+/* tp must divide the count a Llama key names (heads, key/value heads, the SwiGLU width). */
+static bool llama_tp_divides(const train_config *cfg, const char *name, int64_t count,
+                             const char *what, char *err, size_t err_size) {
+    int64_t tp = cfg->parallel.tp;
+    if (count % tp == 0) return false;
+    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE];
+    snprintf(err, err_size,
+             "%s must divide %s: %lld %s, which the tensor-parallel ranks split between them; "
+             "use a tp that divides %lld, or change %s",
+             train_config_key_text(cfg, "parallel", "tp", a, sizeof a),
+             train_config_key_text(cfg, "model", name, b, sizeof b), (long long)count, what,
+             (long long)count, name);
+    return true;
+}
+
+/* The [model] rules: keys of the other kind are not set; a Llama's heads and tp fit. */
+static fsdp_status check_model_kind(const train_config *cfg, char *err, size_t err_size) {
+    static const char *const mlp_only[] = {"widths", "activation", "norm", "tp_plan"};
+    static const char *const llama_only[] = {"dim",         "n_layers",   "n_heads",
+                                             "n_kv_heads",  "vocab_size", "ffn_hidden",
+                                             "max_seq_len", "norm_eps",   "rope_theta"};
+    bool llama = cfg->model.kind == TRAIN_MODEL_LLAMA;
+    for (size_t i = 0; i < sizeof mlp_only / sizeof mlp_only[0]; i++)
+        if (key_not_for(cfg, "model", mlp_only[i], !llama, "kind = mlp", "model", "kind", err,
+                        err_size))
+            return FSDP_ERR_CONFIG;
+    for (size_t i = 0; i < sizeof llama_only / sizeof llama_only[0]; i++)
+        if (key_not_for(cfg, "model", llama_only[i], llama, "kind = llama", "model", "kind", err,
+                        err_size))
+            return FSDP_ERR_CONFIG;
+    if (!llama) return FSDP_OK;
+    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE];
+    int64_t dim = cfg->model.dim, heads = cfg->model.n_heads;
+    if (dim % heads != 0 || (dim / heads) % 2 != 0) {
+        snprintf(err, err_size,
+                 "%s must divide %s into heads of an even size (the rotary embedding rotates "
+                 "pairs of a head's dimensions), but %lld / %lld is %s; pick n_heads so that "
+                 "dim / n_heads is an even integer",
+                 train_config_key_text(cfg, "model", "n_heads", a, sizeof a),
+                 train_config_key_text(cfg, "model", "dim", b, sizeof b), (long long)dim,
+                 (long long)heads, dim % heads ? "not an integer" : "odd");
+        return FSDP_ERR_CONFIG;
+    }
+    int64_t kv = cfg->model.n_kv_heads ? cfg->model.n_kv_heads : heads;
+    if (heads % kv != 0) {
+        snprintf(err, err_size,
+                 "%s must divide %s: each key/value head serves n_heads / n_kv_heads query "
+                 "heads; use a divisor of %lld (or 0 for n_heads)",
+                 train_config_key_text(cfg, "model", "n_kv_heads", a, sizeof a),
+                 train_config_key_text(cfg, "model", "n_heads", b, sizeof b), (long long)heads);
+        return FSDP_ERR_CONFIG;
+    }
+    int64_t ffn = cfg->model.ffn_hidden ? cfg->model.ffn_hidden : (8 * dim / 3 + 255) / 256 * 256;
+    if (llama_tp_divides(cfg, "n_heads", heads, "query heads", err, err_size) ||
+        llama_tp_divides(cfg, "n_kv_heads", kv, "key/value heads", err, err_size) ||
+        llama_tp_divides(cfg, "ffn_hidden", ffn, "SwiGLU width", err, err_size))
+        return FSDP_ERR_CONFIG;
+    return FSDP_OK;
+}
+
 fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_size) {
-    fsdp_status st = check_data(cfg, err, err_size);
+    fsdp_status st = check_model_kind(cfg, err, err_size);
+    if (st == FSDP_OK) st = check_data(cfg, err, err_size);
     if (st == FSDP_OK) st = check_optim(cfg, err, err_size);
     if (st == FSDP_OK) st = check_model(cfg, err, err_size);
     if (st == FSDP_OK) st = check_train(cfg, err, err_size);

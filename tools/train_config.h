@@ -35,10 +35,17 @@ typedef struct train_float_list {
     double v[TRAIN_MAX_FLOAT_LIST];
 } train_float_list;
 
+/* [model] kind: which model. */
+typedef enum train_model_kind {
+    TRAIN_MODEL_MLP = 0, /* fsdp_model_mlp over [model] widths */
+    TRAIN_MODEL_LLAMA,   /* fsdp_model_llama over [model] dim, n_layers, ... (train_llama.h) */
+} train_model_kind;
+
 /* [data] kind: where the samples come from. */
 typedef enum train_data_kind {
     TRAIN_DATA_SYNTHETIC = 0, /* inputs from the counter RNG, targets from a random teacher */
     TRAIN_DATA_H5,            /* datasets x and y of an HDF5 file */
+    TRAIN_DATA_TOKENS,        /* a token file (train_tokens.h) for kind = llama */
 } train_data_kind;
 
 /* [data] task: the loss. */
@@ -96,12 +103,17 @@ typedef enum train_progress_style {
 /* The values of every key (see train_config_print_help for their meaning and defaults). */
 typedef struct train_config {
     struct {
-        train_int_list widths; /* input, hidden..., output */
+        train_model_kind kind;
+        train_int_list widths; /* mlp: input, hidden..., output */
         fsdp_activation activation;
-        char init[TRAIN_MAX_STRING]; /* "random", or the path of a state to start from */
-        train_norm norm;
-        char tp_plan[TRAIN_MAX_STRING]; /* "name=style,...", "" for the Megatron pairs */
-        char checkpoint_activations[TRAIN_MAX_STRING]; /* module name patterns, "" for none */
+        char init[TRAIN_MAX_STRING];    /* "random", or the path of a state to start from */
+        train_norm norm;                /* mlp */
+        char tp_plan[TRAIN_MAX_STRING]; /* mlp: "name=style,...", "" for the Megatron pairs */
+        /* module name patterns, "" for none (llama: matched against model.layers.<i>) */
+        char checkpoint_activations[TRAIN_MAX_STRING];
+        /* llama: fsdp_llama_config's fields (0 for n_kv_heads and ffn_hidden: its default) */
+        int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size, ffn_hidden, max_seq_len;
+        double norm_eps, rope_theta;
     } model;
     struct {
         train_backend backend;
@@ -130,6 +142,7 @@ typedef struct train_config {
         int64_t seed;
         train_int_list teacher_widths; /* hidden widths only */
         double noise;
+        int64_t eval_batches; /* tokens: batches of held-out (and probe) sequences evaluated */
     } data;
     struct {
         train_optim_name name;
@@ -234,6 +247,10 @@ fsdp_status train_config_tp_plan(const train_config *cfg, train_tp_style *styles
 
 /* Splits [model] checkpoint_activations into patterns, as train_config_no_decay does. */
 int train_config_checkpoint_patterns(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]);
+
+/* kind = llama: whether decoder layer `layer` (model.layers.<layer>) matches pattern number
+ * `pattern` of [model] checkpoint_activations, or any of them when pattern < 0. */
+bool train_config_llama_checkpointed(const train_config *cfg, int64_t layer, int pattern);
 
 /* [parallel] backend with auto resolved: TRAIN_BACKEND_MPI when the process was started by
  * mpirun (OMPI_COMM_WORLD_SIZE, or PMI_SIZE of MPICH's launchers, is set), else

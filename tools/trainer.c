@@ -23,6 +23,8 @@
 #include "fsdp/version.h" // defines: FSDP_VERSION_STRING
 #include "train_ckpt.h"   // defines: train_sources, train_saver, train_ckpt_resume
 #include "train_data.h"   // defines: train_data_load, train_order_sample
+#include "train_llama.h"  // defines: train_llama_build, train_llama_forward_loss, train_llama_loss
+#include "train_tokens.h" // defines: train_tokens_load
 
 atomic_int train_stop_signal = 0;
 
@@ -158,10 +160,15 @@ typedef struct train_state {
     bool counting;     /* rank 0 counts its collectives: [log] comm_debug or metrics */
     train_comm comm;   /* what the steps since the last record communicated */
     train_bar bar;     /* the progress bar */
+    /* [model] kind = llama: the token file's sequences (then x, y, xb, yb are unused; n_train
+     * and n_eval count the probe and held-out sequences) */
+    train_llama *llama;
+    const train_tokens *tokens;
 } train_state;
 
 static void train_state_free(fsdp_ctx *ctx, train_state *s) {
     if (s->saving) train_saver_free(ctx, &s->saver); /* commits a save in flight */
+    train_llama_free(s->llama);
     fsdp_tensor_free(s->stop);
     fsdp_optimizer_free(s->opt);
     fsdp_sharded_free(s->sh);
@@ -254,7 +261,11 @@ static fsdp_status apply_dp(fsdp_ctx *ctx, const train_config *cfg, train_state 
         TRY(fsdp_mesh_get_group(ctx, s->mesh, "shard", &o.group));
         TRY(fsdp_mesh_get_group(ctx, s->mesh, "replicate", &o.replicate_group));
     }
-    if (cfg->parallel.wrap == TRAIN_WRAP_LAYER) { /* every Linear but the output one */
+    static const char *const llama_layer[] = {TRAIN_LLAMA_LAYER_KIND};
+    if (cfg->parallel.wrap == TRAIN_WRAP_LAYER && s->llama) { /* a unit per decoder layer */
+        o.wrap_kinds = llama_layer;
+        o.n_wrap_kinds = 1;
+    } else if (cfg->parallel.wrap == TRAIN_WRAP_LAYER) { /* every Linear but the output one */
         o.wrap_paths = s->path_ptrs;
         o.n_wrap_paths = cfg->model.widths.n - 2;
     }
@@ -357,6 +368,32 @@ static fsdp_status make_data(fsdp_ctx *ctx, const train_config *cfg, const train
     return FSDP_OK;
 }
 
+/* [model] kind = llama (after the mesh): the model with TP (train_llama.c), FSDP or replicate
+ * over dp, the optimizer and this rank's batch of sequences. */
+static fsdp_status llama_setup(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
+                               const char **what) {
+    s->n_train = s->tokens->n_probe;
+    s->n_eval = s->tokens->n_eval;
+    s->micro = cfg->data.batch_size / cfg->train.grad_accum;
+    fsdp_chunk_range(s->micro, s->layout.dp, s->dp_rank, &s->off, &s->len);
+    fsdp_status st = train_llama_build(ctx, cfg, s->mesh, &s->model);
+    if (st == FSDP_OK && fsdp_ctx_seed(ctx) != (uint64_t)cfg->train.seed)
+        st = fsdp_module_reset_parameters(ctx, s->model, (uint64_t)cfg->train.seed);
+    *what = "allocating the batch";
+    if (st == FSDP_OK)
+        st = train_llama_create(
+            ctx, cfg, s->tokens, s->micro, s->dp, s->layout.dp, s->dp_rank, s->layout.tp,
+            fsdp_mesh_coordinate(s->mesh, fsdp_mesh_ndim(s->mesh) - 1), &s->llama, &s->dout);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){2}, &s->loss);
+    if (st == FSDP_OK) st = train_order_init(&s->order, cfg, s->n_train);
+    *what = cfg->parallel.mode == TRAIN_MODE_FSDP ? "applying FSDP" : "making the replicas";
+    if (st == FSDP_OK) st = apply_dp(ctx, cfg, s);
+    *what = "creating the optimizer";
+    fsdp_module *params = s->sh ? fsdp_sharded_flat_params(s->sh) : s->model;
+    return st == FSDP_OK ? make_optimizer(ctx, cfg, params, s) : st;
+}
+
 /* Builds the mesh, the model with its parallelism, the optimizer, the dataset and this rank's
  * batch tensors; all allocation of a run is here. data: the h5 dataset, NULL for synthetic. */
 static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const train_data *data,
@@ -378,6 +415,7 @@ static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const tra
     *what = "creating the device mesh";
     if ((st = setup_mesh(ctx, cfg, s))) return st;
     *what = "building the model";
+    if (s->tokens) return llama_setup(ctx, cfg, s, what);
     if ((st = build_model(ctx, cfg, &s->model))) return st;
     *what = "applying tensor parallelism";
     if (s->layout.tp > 1 && (st = apply_tp(ctx, cfg, s))) return st;
@@ -437,6 +475,10 @@ static int64_t count_correct(const fsdp_tensor *pred, const int32_t *labels, int
  * its torch.chunk of the samples. */
 static fsdp_status range_loss(fsdp_ctx *ctx, train_state *s, int64_t first, int64_t n, double *loss,
                               double *accuracy) {
+    if (s->llama) { /* [0, n_train): the probe sequences; else the held-out ones */
+        if (accuracy) *accuracy = NAN;
+        return train_llama_loss(ctx, s->llama, s->model, first > 0, loss);
+    }
     int64_t off, len;
     int64_t in = fsdp_tensor_dim(s->x, 1), out = fsdp_tensor_dim(s->y, 1);
     fsdp_chunk_range(n, s->layout.dp, s->dp_rank, &off, &len);
@@ -508,13 +550,18 @@ static fsdp_status train_step(fsdp_ctx *ctx, const train_config *cfg, train_stat
     for (int64_t m = 0; m < n_micro; m++) {
         const fsdp_tensor *pred = NULL;
         float l = 0;
-        gather_batch(s, start + m * s->micro);
         if (n_micro > 1) set_sync(s, m == n_micro - 1);
-        TRY(fsdp_module_forward(ctx, s->model, s->xb, &pred));
-        if (s->len > 0 && s->classify)
-            TRY(fsdp_loss_cross_entropy(ctx, pred, s->lb, &l, s->dout));
-        else if (s->len > 0)
-            TRY(fsdp_loss_mse(ctx, pred, s->yb, &l, s->dout));
+        if (s->llama) { /* the slice's sequences of the token file */
+            TRY(train_llama_forward_loss(ctx, s->llama, s->model, start + m * s->micro, s->dout,
+                                         &l));
+        } else {
+            gather_batch(s, start + m * s->micro);
+            TRY(fsdp_module_forward(ctx, s->model, s->xb, &pred));
+            if (s->len > 0 && s->classify)
+                TRY(fsdp_loss_cross_entropy(ctx, pred, s->lb, &l, s->dout));
+            else if (s->len > 0)
+                TRY(fsdp_loss_mse(ctx, pred, s->yb, &l, s->dout));
+        }
         double scale = (double)s->len * s->layout.dp / (double)b;
         if (scale != 1.0) {
             float *d = fsdp_tensor_f32(s->dout);
@@ -582,10 +629,11 @@ static fsdp_status bar_draw(const train_config *cfg, train_state *s, const train
     bar[WIDTH] = '\0';
     format_duration(elapsed / (double)done * (double)(total - step), eta, sizeof eta);
     int digits = snprintf(NULL, 0, "%lld", (long long)total);
-    fprintf(s->out, "\r\033[Kstep %*lld/%lld [%s] %3d%%  loss %.6f  %.0f samples/s  ETA %s", digits,
+    int64_t per_step = cfg->data.batch_size * (s->llama ? cfg->model.max_seq_len : 1);
+    fprintf(s->out, "\r\033[Kstep %*lld/%lld [%s] %3d%%  loss %.6f  %.0f %s/s  ETA %s", digits,
             (long long)step, (long long)total, bar, (int)(100 * step / total),
             prog->since ? prog->loss_sum / (double)prog->since : loss,
-            (double)(done * cfg->data.batch_size) / fmax(elapsed, 1e-9), eta);
+            (double)(done * per_step) / fmax(elapsed, 1e-9), s->llama ? "tokens" : "samples", eta);
     s->bar.shown = true;
     s->bar.last_draw = now;
     return flush_checked(s->out, s->out_name, err, err_size);
@@ -630,7 +678,11 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
         fprintf(s->out, "step %*lld/%lld  loss %.6f  lr %.3g", digits, (long long)step,
                 (long long)cfg->train.steps, r->loss, r->lr);
         if (!isnan(r->grad_norm)) fprintf(s->out, "  grad_norm %.3g", r->grad_norm);
-        fprintf(s->out, "  samples/s %.0f  time %.2fs", r->samples_per_s, r->elapsed);
+        if (s->llama) /* sequences of max_seq_len targets */
+            fprintf(s->out, "  tokens/s %.0f  time %.2fs",
+                    r->samples_per_s * (double)cfg->model.max_seq_len, r->elapsed);
+        else
+            fprintf(s->out, "  samples/s %.0f  time %.2fs", r->samples_per_s, r->elapsed);
         if (r->comm) /* the steps' time since the last line, split */
             fprintf(s->out, "  compute %.3fs  comm %.3fs", comm_compute_seconds(r->comm),
                     comm_seconds(r->comm));
@@ -641,7 +693,11 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
                 (long long)cfg->train.steps, r->eval_loss);
         if (!isnan(r->eval_accuracy))
             fprintf(s->out, "  accuracy %.2f%%", 100.0 * r->eval_accuracy);
-        fprintf(s->out, "  (%lld held-out samples)\n", (long long)s->n_eval);
+        if (s->llama)
+            fprintf(s->out, "  perplexity %.3f  (%lld held-out sequences)\n", exp(r->eval_loss),
+                    (long long)s->n_eval);
+        else
+            fprintf(s->out, "  (%lld held-out samples)\n", (long long)s->n_eval);
     }
     if (s->out) TRY(flush_checked(s->out, s->out_name, err, err_size));
     if (s->metrics) {
@@ -649,6 +705,9 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
         if (r->progress) {
             fprintf(s->metrics, ", \"loss\": %.9g, \"samples_per_s\": %.1f, \"time_s\": %.6f",
                     r->loss, r->samples_per_s, r->elapsed);
+            if (s->llama)
+                fprintf(s->metrics, ", \"tokens_per_s\": %.1f",
+                        r->samples_per_s * (double)cfg->model.max_seq_len);
             fprintf(s->metrics, ", \"lr\": %.9g", r->lr);
             if (!isnan(r->grad_norm)) fprintf(s->metrics, ", \"grad_norm\": %.9g", r->grad_norm);
             if (r->comm) write_comm(s->metrics, r->comm);
@@ -657,6 +716,7 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
             fprintf(s->metrics, ", \"eval_loss\": %.9g", r->eval_loss);
             if (!isnan(r->eval_accuracy))
                 fprintf(s->metrics, ", \"eval_accuracy\": %.9g", r->eval_accuracy);
+            if (s->llama) fprintf(s->metrics, ", \"eval_perplexity\": %.9g", exp(r->eval_loss));
         }
         fprintf(s->metrics, "}\n");
         TRY(flush_checked(s->metrics, s->metrics_name, err, err_size));
@@ -664,15 +724,12 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
     return FSDP_OK;
 }
 
-/* The model and layout lines (and under debug the configuration). */
-static void print_banner(const train_config *cfg, train_state *s) {
-    char mw[256], tw[256], lw[256];
+/* The first line of an MLP run: the model and the data. */
+static void mlp_banner(const train_config *cfg, train_state *s) {
+    char mw[256], tw[256];
     int64_t w[TRAIN_MAX_LIST];
     format_widths(cfg->model.widths.v, cfg->model.widths.n, mw, sizeof mw);
     format_widths(w, teacher_widths(cfg, w), tw, sizeof tw);
-    train_layout_describe(cfg, &s->layout, lw, sizeof lw);
-    static const char *const optim[] = {"SGD", "Adam", "AdamW"};
-    static const char *const sched[] = {"constant", "warmup", "cosine"};
     fprintf(s->out, "fsdp-train %s: MLP %s (%s, %lld parameters), ", FSDP_VERSION_STRING, mw,
             fsdp_activation_to_string(cfg->model.activation),
             (long long)mlp_param_count(&cfg->model.widths));
@@ -683,6 +740,33 @@ static void print_banner(const train_config *cfg, train_state *s) {
     fprintf(s->out, ", %lld samples (%lld held out), batch %lld, %s\n",
             (long long)(s->n_train + s->n_eval), (long long)s->n_eval,
             (long long)cfg->data.batch_size, s->classify ? "classification" : "regression");
+}
+
+/* The model and data lines of a Llama run. */
+static void llama_banner(const train_config *cfg, train_state *s) {
+    char model[256];
+    const train_tokens *t = s->tokens;
+    train_llama_describe(cfg, model, sizeof model);
+    fprintf(s->out, "fsdp-train %s: %s\n", FSDP_VERSION_STRING, model);
+    fprintf(s->out,
+            "data: %s, %lld tokens (%lld held out), batches of %lld sequences (%lld tokens); "
+            "unigram entropy %.4f nats/token (perplexity %.2f)\n",
+            cfg->data.path, (long long)t->count, (long long)(t->count - t->n_train),
+            (long long)cfg->data.batch_size,
+            (long long)(cfg->data.batch_size * cfg->model.max_seq_len), t->entropy,
+            exp(t->entropy));
+}
+
+/* The model and layout lines (and under debug the configuration). */
+static void print_banner(const train_config *cfg, train_state *s) {
+    char lw[256];
+    train_layout_describe(cfg, &s->layout, lw, sizeof lw);
+    static const char *const optim[] = {"SGD", "Adam", "AdamW"};
+    static const char *const sched[] = {"constant", "warmup", "cosine"};
+    if (s->llama)
+        llama_banner(cfg, s);
+    else
+        mlp_banner(cfg, s);
     fprintf(s->out, "optim: %s lr %g, %s schedule", optim[cfg->optim.name], cfg->optim.lr,
             sched[cfg->optim.schedule]);
     if (cfg->optim.name == TRAIN_OPTIM_SGD) fprintf(s->out, ", momentum %g", cfg->optim.momentum);
@@ -701,7 +785,9 @@ static fsdp_status print_first_loss(const train_config *cfg, train_state *s, dou
     int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
     fprintf(s->out, "step %*lld/%lld  loss %.6f  (%s, %s)\n", digits, (long long)step,
             (long long)cfg->train.steps, first_loss,
-            s->n_eval ? "training samples" : "whole dataset",
+            s->llama    ? "probe sequences of the training tokens"
+            : s->n_eval ? "training samples"
+                        : "whole dataset",
             step ? "at the resumed step" : "before training");
     return flush_checked(s->out, s->out_name, err, err_size);
 }
@@ -973,10 +1059,12 @@ static fsdp_status setup_saving(fsdp_ctx *ctx, const train_config *cfg, train_st
 /* The run on one rank of the world (ctx bound to it). out: rank 0's progress stream or NULL;
  * metrics are written by rank 0. */
 static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layout *layout,
-                              const train_sources *src, const train_data *data, FILE *out,
-                              train_result *res, char *err, size_t err_size) {
+                              const train_sources *src, const train_data *data,
+                              const train_tokens *tokens, FILE *out, train_result *res, char *err,
+                              size_t err_size) {
     bool rank0 = fsdp_ctx_rank(ctx) == 0;
     train_state s = {.layout = *layout,
+                     .tokens = tokens,
                      .out = rank0 ? out : NULL,
                      .out_name = out == stdout ? "the progress to stdout" : "the progress output"};
     train_progress prog = {0};
@@ -1040,7 +1128,16 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
                         "of step %lld diverged",
                         res->last_loss, res->first_loss, (long long)res->steps);
     if (st == FSDP_OK && s.metrics) st = close_metrics(&s, err, err_size);
-    if (st == FSDP_OK && s.out && !res->interrupted) {
+    if (st == FSDP_OK && s.out && !res->interrupted && s.llama) {
+        fprintf(s.out,
+                "done: %lld steps in %.2fs (%.0f tokens/s); probe-sequence loss %.6f -> %.6f, "
+                "%.1fx lower; %.4f nats/token %s the unigram entropy %.4f\n",
+                (long long)ran, res->seconds, res->samples_per_s * (double)cfg->model.max_seq_len,
+                res->first_loss, res->last_loss, res->first_loss / fmax(res->last_loss, 1e-30),
+                fabs(res->last_loss - s.tokens->entropy),
+                res->last_loss < s.tokens->entropy ? "below" : "above", s.tokens->entropy);
+        st = flush_checked(s.out, s.out_name, err, err_size);
+    } else if (st == FSDP_OK && s.out && !res->interrupted) {
         fprintf(s.out,
                 "done: %lld steps in %.2fs (%.0f samples/s); %s loss %.6f -> %.6f, "
                 "%.1fx lower\n",
@@ -1059,7 +1156,8 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
 typedef struct train_job {
     const train_config *cfg;
     const train_sources *src;
-    const train_data *data; /* kind = h5: read once by this process; else NULL */
+    const train_data *data;     /* kind = h5: read once by this process; else NULL */
+    const train_tokens *tokens; /* kind = tokens: read once by this process; else NULL */
     train_layout layout;
     FILE *out;
     bool mpi;
@@ -1073,7 +1171,7 @@ static fsdp_status rank_main(fsdp_ctx *ctx, int rank, void *user) {
     train_job *job = user;
     train_result res = {.layout = job->layout, .rank = rank};
     char *err = job->messages + (size_t)rank * TRAIN_ERROR_SIZE;
-    fsdp_status st = train_rank(ctx, job->cfg, &job->layout, job->src, job->data,
+    fsdp_status st = train_rank(ctx, job->cfg, &job->layout, job->src, job->data, job->tokens,
                                 rank == 0 ? job->out : NULL, &res, err, TRAIN_ERROR_SIZE);
     if (rank == 0 || job->mpi) {
         job->result = res;
@@ -1178,6 +1276,11 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
         st = train_data_load(cfg, &data, err, err_size);
         job.data = &data;
     }
+    train_tokens tokens = {0};
+    if (st == FSDP_OK && cfg->data.kind == TRAIN_DATA_TOKENS) {
+        st = train_tokens_load(cfg, &tokens, err, err_size);
+        job.tokens = &tokens;
+    }
     if (st == FSDP_OK) {
         job.my_rank = -1;
         st = fsdp_world_run(ctx, world, rank_main, &job);
@@ -1186,6 +1289,7 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
     }
     train_sources_free(&src);
     train_data_free(&data);
+    train_tokens_free(&tokens);
     free(job.messages);
     fsdp_world_free(world);
     return st;

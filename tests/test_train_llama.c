@@ -1,0 +1,501 @@
+/* test_train_llama.c: fsdp-train's [model] kind = llama on [data] kind = tokens (train_run, the
+ * loop the tool runs): a tiny Llama on a token file written here gives the single-rank run's
+ * step, probe and held-out losses at (dp, tp) = (2, 1), (1, 2), (2, 2) (FSDP per decoder layer,
+ * TP with loss parallel, an uneven vocabulary at tp 2, replicate) to float32 rounding, and
+ * activation checkpointing changes no bit; the loss falls below the data's unigram entropy;
+ * bad token files (short, truncated, wrong magic, version or id size, count mismatch, an id or
+ * a header vocabulary >= vocab_size, too few tokens) and bad [model] keys fail naming the file
+ * or key and the fix; a stopped run resumes bitwise at the same layout (checkpoints included)
+ * and to float32 rounding at another; examples/llama-austen.ini checks out. */
+#define _POSIX_C_SOURCE 200809L // mkdtemp
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckpt_common.h" // defines: ckpt_test_remove_tree
+#include "harness.h"
+#include "train_config.h" // defines: train_config_init, train_config_set, train_config_load
+#include "train_tokens.h" // defines: TRAIN_TOKENS_MAGIC, TRAIN_TOKENS_HEADER
+#include "trainer.h"      // defines: train_run
+
+static train_config g_cfg;  /* large: keep it off the stack */
+static char *g_root;        /* this run's scratch directory */
+static char g_tokens[1200]; /* the good token file */
+
+#define SET(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* "<root>/<name>", in a static ring of buffers. */
+static const char *scratch(const char *name) {
+    static char bufs[8][1100];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof bufs[0], "%s/%s", g_root, name);
+    return b;
+}
+
+/* ---- token files ------------------------------------------------------------------------- */
+
+typedef struct header {
+    const char *magic; /* 8 bytes */
+    uint32_t version, bytes;
+    uint64_t count, vocab;
+} header;
+
+static void put_le(unsigned char *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* Writes h, then n ids of h.bytes bytes each (whatever h.count says), then `extra` zero bytes. */
+static bool write_file(const char *path, header h, const uint32_t *ids, int64_t n, int extra) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    unsigned char hd[TRAIN_TOKENS_HEADER];
+    memcpy(hd, h.magic, 8);
+    put_le(hd + 8, h.version, 4);
+    put_le(hd + 12, h.bytes, 4);
+    put_le(hd + 16, h.count, 8);
+    put_le(hd + 24, h.vocab, 8);
+    fwrite(hd, 1, sizeof hd, f);
+    for (int64_t i = 0; i < n; i++) {
+        unsigned char b[4];
+        put_le(b, ids[i], (int)h.bytes);
+        fwrite(b, 1, h.bytes, f);
+    }
+    for (int i = 0; i < extra; i++) fputc(0, f);
+    return fclose(f) == 0;
+}
+
+#define N_TOKENS 6000
+
+static uint32_t g_ids[N_TOKENS];
+
+/* A text with structure to learn: words of a small vocabulary, drawn by a fixed LCG, as bytes
+ * (a-z and spaces), so the loss can fall below the unigram entropy. */
+static void make_text(void) {
+    static const char *const words[] = {"the ", "cat ", "sat ", "on ", "a ",   "mat ",
+                                        "and ", "dog ", "ran ", "to ", "her ", "house "};
+    uint32_t x = 12345;
+    int64_t n = 0;
+    while (n < N_TOKENS) {
+        x = x * 1103515245u + 12345u;
+        const char *w = words[(x >> 16) % 12];
+        for (; *w && n < N_TOKENS; w++) g_ids[n++] = (unsigned char)*w;
+    }
+}
+
+static header good_header(void) {
+    return (header){TRAIN_TOKENS_MAGIC, 1, 2, N_TOKENS, 256};
+}
+
+static void set(const char *assignment) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    FSDP_TEST_OK(train_config_set(&g_cfg, assignment, err, sizeof err));
+    if (err[0]) printf("\n    %s", err);
+}
+
+/* The tiny Llama: 2 layers of dim 32, 4 query and 2 key/value heads, sequences of 16, 4 per
+ * batch, AdamW, 10 steps, an evaluation every 5 over 2 batches of held-out sequences. */
+static const char *const g_small[] = {
+    "model.kind=llama",       "model.dim=32",           "model.n_layers=2",
+    "model.n_heads=4",        "model.n_kv_heads=2",     "model.ffn_hidden=64",
+    "model.max_seq_len=16",   "data.kind=tokens",       "data.batch_size=4",
+    "data.eval_fraction=0.1", "data.eval_batches=2",    "optim.name=adamw",
+    "optim.lr=0.01",          "optim.weight_decay=0.1", "optim.clip_grad_norm=1",
+    "train.steps=10",         "train.log_every=5",      "train.eval_every=5",
+    "log.level=off",          "parallel.backend=local", "parallel.timeout_s=60"};
+#define N_SMALL ((int)(sizeof g_small / sizeof g_small[0]))
+
+static void small_config(const char *const *overrides) {
+    char path[1300];
+    train_config_init(&g_cfg);
+    for (int i = 0; i < N_SMALL; i++) set(g_small[i]);
+    snprintf(path, sizeof path, "data.path=%s", g_tokens);
+    set(path);
+    for (int i = 0; overrides && overrides[i]; i++) set(overrides[i]);
+}
+
+static fsdp_status run_small(const char *const *overrides, train_result *res, char *err) {
+    small_config(overrides);
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, res, err, TRAIN_ERROR_SIZE);
+    if (st != FSDP_OK) printf("\n    train_run: %s", err);
+    return st;
+}
+
+/* ---- layouts ----------------------------------------------------------------------------- */
+
+/* Step losses, the probe losses before and after, the held-out loss: within rtol (0: equal). */
+static bool same_run(const char *what, const train_result *got, const train_result *want,
+                     double rtol) {
+    bool ok = got->n_step_losses == want->n_step_losses && got->n_step_losses == 10;
+    double worst = 0;
+    double g[13], w[13];
+    for (int i = 0; ok && i < 10; i++) g[i] = got->step_loss[i], w[i] = want->step_loss[i];
+    g[10] = got->first_loss, w[10] = want->first_loss;
+    g[11] = got->last_loss, w[11] = want->last_loss;
+    g[12] = got->eval_loss, w[12] = want->eval_loss;
+    for (int i = 0; ok && i < 13; i++) {
+        double rel = fabs(g[i] - w[i]) / fabs(w[i]);
+        worst = fmax(worst, rel);
+        if (!(rel <= rtol)) {
+            printf("\n    %s: loss %d is %.9g, want %.9g (rel %.2e)", what, i, g[i], w[i], rel);
+            ok = false;
+        }
+    }
+    printf("\n    %-44s max rel diff %.1e", what, worst);
+    return ok;
+}
+
+/* Adam divides by sqrt(v), so the float32 rounding of another reduction order grows over the
+ * 10 steps more than under SGD: seen up to 1.0e-5 relative (the uneven vocabulary). */
+#define RTOL 3e-5
+
+static void check_layout(const train_result *ref, const char *what, const char *const *overrides,
+                         int dp, int tp, double rtol) {
+    train_result res;
+    char err[TRAIN_ERROR_SIZE];
+    FSDP_TEST_OK(run_small(overrides, &res, err));
+    CU_ASSERT_EQUAL(res.layout.dp, dp);
+    CU_ASSERT_EQUAL(res.layout.tp, tp);
+    CU_ASSERT_TRUE(same_run(what, &res, ref, rtol));
+}
+
+static void test_layouts(void) {
+    train_result ref;
+    char err[TRAIN_ERROR_SIZE];
+    FSDP_TEST_OK(run_small(SET("parallel.ranks=1"), &ref, err));
+    printf("\n    one rank: probe loss %.6f -> %.6f, held-out %.6f", ref.first_loss, ref.last_loss,
+           ref.eval_loss);
+    CU_ASSERT_TRUE(ref.last_loss < ref.first_loss);
+    check_layout(&ref, "(2, 1) fsdp wrap layer", SET("parallel.ranks=2", "parallel.wrap=layer"), 2,
+                 1, RTOL);
+    check_layout(&ref, "(1, 2) tp, loss parallel", SET("parallel.ranks=2", "parallel.tp=2"), 1, 2,
+                 RTOL);
+    check_layout(&ref, "(2, 2) fsdp wrap layer, tp",
+                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer"), 2, 2, RTOL);
+    check_layout(&ref, "(2, 2) fsdp root only, use_orig_params",
+                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.use_orig_params=true"), 2, 2,
+                 RTOL);
+    check_layout(&ref, "(2, 2) replicate",
+                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.mode=replicate"), 2, 2, RTOL);
+    check_layout(&ref, "(4, 1) hybrid_shard wrap layer",
+                 SET("parallel.ranks=4", "parallel.strategy=hybrid_shard", "parallel.wrap=layer"),
+                 4, 1, RTOL);
+    check_layout(&ref, "(2, 2) shard_grad_op, offload, checkpointing",
+                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer",
+                     "parallel.strategy=shard_grad_op", "parallel.offload=true",
+                     "model.checkpoint_activations=model.layers.*"),
+                 2, 2, RTOL);
+    check_layout(
+        &ref, "(2, 2) grad_accum 2 (micro-batches of 2)",
+        SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer", "train.grad_accum=2"), 2, 2,
+        RTOL);
+    /* activation checkpointing recomputes the same activations: bitwise the run without */
+    train_result plain, ckpt;
+    FSDP_TEST_OK(
+        run_small(SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer"), &plain, err));
+    FSDP_TEST_OK(run_small(SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer",
+                               "model.checkpoint_activations=model.layers.*"),
+                           &ckpt, err));
+    CU_ASSERT_TRUE(same_run("(2, 2) checkpoint_activations = model.layers.*", &ckpt, &plain, 0));
+    FSDP_TEST_OK(run_small(SET("parallel.ranks=1", "model.checkpoint_activations=model.layers.*"),
+                           &ckpt, err));
+    CU_ASSERT_TRUE(same_run("(1, 1) checkpoint_activations = model.layers.*", &ckpt, &ref, 0));
+}
+
+/* A vocabulary of 257 splits 129 + 128 over tp 2 (lm_head and the embedding). */
+static void test_uneven_vocab(void) {
+    train_result ref;
+    char err[TRAIN_ERROR_SIZE];
+    FSDP_TEST_OK(run_small(SET("parallel.ranks=1", "model.vocab_size=257"), &ref, err));
+    check_layout(
+        &ref, "(2, 2) vocab 257",
+        SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer", "model.vocab_size=257"), 2,
+        2, RTOL);
+}
+
+/* More steps: the probe and held-out losses end below the text's unigram entropy. */
+static void test_learns(void) {
+    train_result res;
+    char err[TRAIN_ERROR_SIZE];
+    train_tokens t;
+    small_config(SET("train.steps=150", "train.eval_every=0", "optim.lr=0.02"));
+    FSDP_TEST_OK(train_tokens_load(&g_cfg, &t, err, sizeof err));
+    double h = t.entropy;
+    train_tokens_free(&t);
+    FSDP_TEST_OK(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err));
+    printf("\n    unigram entropy %.4f; probe loss %.4f -> %.4f, held-out %.4f", h, res.first_loss,
+           res.last_loss, res.eval_loss);
+    CU_ASSERT_TRUE(h > 2.0 && h < log(256.0));
+    CU_ASSERT_TRUE(res.last_loss < h - 0.5);
+    CU_ASSERT_TRUE(res.eval_loss < h - 0.5);
+}
+
+/* ---- bad token files --------------------------------------------------------------------- */
+
+/* The small run on a token file written with h (n ids, extra bytes): fails with `want`, and
+ * the message names the file and every needle. */
+static void refuse(const char *name, header h, int64_t n, int extra, fsdp_status want,
+                   const char *const *needles, const char *const *overrides) {
+    const char *path = scratch(name);
+    char set_path[1300], err[TRAIN_ERROR_SIZE] = "";
+    if (n >= 0) CU_ASSERT_TRUE(write_file(path, h, g_ids, n, extra)); /* else: written */
+    small_config(overrides);
+    snprintf(set_path, sizeof set_path, "data.path=%s", path);
+    set(set_path);
+    train_result res;
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err);
+    CU_ASSERT_EQUAL(st, want);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, path));
+    bool all = true;
+    for (int i = 0; needles[i]; i++)
+        if (!strstr(err, needles[i])) {
+            printf("\n    %s: no '%s' in: %s", name, needles[i], err);
+            all = false;
+        }
+    CU_ASSERT_TRUE(all);
+    printf("\n    %s: %s", name, err);
+}
+
+static void test_bad_files(void) {
+    header h = good_header();
+    FILE *f = fopen(scratch("short"), "wb"); /* 10 bytes: a header cut short */
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fwrite(TRAIN_TOKENS_MAGIC "\0\1\0", 1, 10, f);
+    fclose(f);
+    refuse("short", h, -1, 0, FSDP_ERR_CONFIG,
+           SET("is 10 bytes", "shorter than the 32-byte header"), NULL);
+    header magic = h;
+    magic.magic = "GPT2TOK";
+    refuse("magic", magic, N_TOKENS, 0, FSDP_ERR_CONFIG,
+           SET("magic", "not a token file", "tools/text_to_tokens.py"), NULL);
+    header version = h;
+    version.version = 2;
+    refuse("version", version, N_TOKENS, 0, FSDP_ERR_CONFIG,
+           SET("format version 2", "reads version 1"), NULL);
+    header bytes = h;
+    bytes.bytes = 3;
+    refuse("bytes", bytes, N_TOKENS, 0, FSDP_ERR_CONFIG, SET("3 bytes each", "2 (uint16)"), NULL);
+    /* truncated: the header says 6000 ids, 5000 follow */
+    refuse("truncated", h, 5000, 0, FSDP_ERR_CONFIG,
+           SET("says 6000 tokens of 2 bytes", "10000 bytes after", "truncated"), NULL);
+    /* a count that the size does not match: one byte too many */
+    refuse("count", h, N_TOKENS, 1, FSDP_ERR_CONFIG,
+           SET("says 6000 tokens", "12001 bytes after", "1 bytes over"), NULL);
+    header huge = h;
+    huge.count = UINT64_MAX / 2; /* count * bytes would overflow */
+    refuse("count-overflow", huge, N_TOKENS, 0, FSDP_ERR_CONFIG,
+           SET("count does not match the size"), NULL);
+    /* an id >= vocab_size: in the file (vocab not stated), and the header's vocab */
+    header nov = h;
+    nov.vocab = 0;
+    uint32_t keep777 = g_ids[777], keep5 = g_ids[5];
+    g_ids[777] = 300;
+    refuse("id", nov, N_TOKENS, 0, FSDP_ERR_CONFIG,
+           SET("token 777", "is 300", "[model] vocab_size = 256", "at least 301"), NULL);
+    g_ids[777] = keep777;
+    refuse("vocab", h, N_TOKENS, 0, FSDP_ERR_CONFIG,
+           SET("tokenizer of 256 ids", "[model] vocab_size = 200", "at least 256"),
+           SET("model.vocab_size=200"));
+    header uint32 = h;
+    uint32.bytes = 4;
+    uint32.vocab = 70000;
+    g_ids[5] = 69999;
+    refuse("vocab-u32", uint32, N_TOKENS, 0, FSDP_ERR_CONFIG,
+           SET("tokenizer of 70000 ids", "at least 70000"), NULL);
+    g_ids[5] = keep5;
+    /* too few tokens for a sequence, too few held out for a batch */
+    header few = h;
+    few.count = 16;
+    refuse("few", few, 16, 0, FSDP_ERR_CONFIG, SET("15 training tokens", "max_seq_len + 1 = 17"),
+           NULL);
+    refuse("held-out", h, N_TOKENS, 0, FSDP_ERR_CONFIG,
+           SET("the 60 held-out tokens", "3 sequences", "[data] batch_size = 4"),
+           SET("data.eval_fraction=0.01"));
+    /* a file that is not there */
+    small_config(SET("data.path=/nonexistent/x.tok"));
+    char err[TRAIN_ERROR_SIZE];
+    train_result res;
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err), FSDP_ERR_IO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "cannot open token file '/nonexistent/x.tok'"));
+    /* the same file as uint32 trains as the uint16 one: bitwise the same losses */
+    train_result a, b;
+    FSDP_TEST_OK(run_small(SET("train.steps=3"), &a, err));
+    CU_ASSERT_TRUE(write_file(scratch("u32"), uint32, g_ids, N_TOKENS, 0));
+    char p[1300];
+    snprintf(p, sizeof p, "data.path=%s", scratch("u32"));
+    FSDP_TEST_OK(run_small(SET("train.steps=3", "model.vocab_size=70000", p), &b, err));
+    FSDP_TEST_OK(run_small(SET("train.steps=3", "model.vocab_size=70000"), &a, err));
+    CU_ASSERT_EQUAL(a.step_loss[2], b.step_loss[2]);
+    CU_ASSERT_EQUAL(a.last_loss, b.last_loss);
+}
+
+/* ---- configuration ----------------------------------------------------------------------- */
+
+/* A config file: its line is named in the message. */
+static void config_refused(const char *text, const char *const *needles) {
+    const char *path = scratch("run.ini");
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(text, f);
+    fclose(f);
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    fsdp_status st = train_config_load(&g_cfg, path, err, sizeof err);
+    if (st == FSDP_OK) st = train_config_check(&g_cfg, err, sizeof err);
+    CU_ASSERT_EQUAL(st, FSDP_ERR_CONFIG);
+    bool all = true;
+    for (int i = 0; needles[i]; i++)
+        if (!strstr(err, needles[i])) {
+            printf("\n    no '%s' in: %s", needles[i], err);
+            all = false;
+        }
+    CU_ASSERT_TRUE(all);
+    printf("\n    %s", err);
+}
+
+#define LLAMA  "[model]\nkind = llama\n"
+#define TOKENS "[data]\nkind = tokens\npath = x.tok\n"
+
+static void test_config_errors(void) {
+    config_refused(LLAMA "n_heads = 4\nn_kv_heads = 3\n" TOKENS,
+                   SET("[model] n_kv_heads = 3 (", "run.ini:4)", "must divide [model] n_heads = 4",
+                       "use a divisor of 4"));
+    config_refused(LLAMA "dim = 48\nn_heads = 5\n" TOKENS,
+                   SET("[model] n_heads = 5", "run.ini:4", "dim = 48", "not an integer"));
+    config_refused(LLAMA "dim = 36\nn_heads = 4\n" TOKENS, SET("n_heads = 4", "odd", "even"));
+    config_refused(LLAMA "dim = 96\nn_heads = 6\n[parallel]\nranks = 4\ntp = 4\n" TOKENS,
+                   SET("[parallel] tp = 4", "run.ini:7", "[model] n_heads = 6", "query heads",
+                       "use a tp that divides 6"));
+    config_refused(LLAMA "n_heads = 4\nn_kv_heads = 1\n[parallel]\ntp = 2\n" TOKENS,
+                   SET("[parallel] tp = 2", "[model] n_kv_heads = 1", "key/value heads"));
+    config_refused(LLAMA "ffn_hidden = 66\n[parallel]\ntp = 4\n" TOKENS,
+                   SET("[parallel] tp = 4", "[model] ffn_hidden = 66", "66 SwiGLU width"));
+    config_refused(LLAMA "widths = 8,8\n" TOKENS,
+                   SET("[model] widths = 8,8", "run.ini:3", "applies to kind = mlp"));
+    config_refused("[model]\ndim = 32\n",
+                   SET("[model] dim = 32", "run.ini:2", "applies to kind = llama"));
+    config_refused(LLAMA, SET("[model] kind = llama (", "run.ini:2)", "set [data] kind = tokens"));
+    config_refused(TOKENS, SET("[data] kind = tokens (", "run.ini:2)", "set [model] kind = llama"));
+    config_refused(LLAMA "[data]\nkind = tokens\n", SET("needs [data] path", "token file"));
+    config_refused(LLAMA TOKENS "shuffle = true\n", SET("[data] shuffle = true (", "run.ini:6)",
+                                                        "applies to kind = synthetic or h5"));
+    config_refused(LLAMA TOKENS "task = classification\n", SET("[data] task", "run.ini:6)"));
+    config_refused("[data]\neval_batches = 3\n", SET("[data] eval_batches = 3", "kind = tokens"));
+    config_refused(LLAMA TOKENS "batch_size = 6\n[parallel]\nranks = 4\n",
+                   SET("[data] batch_size = 6 (", "run.ini:6)", "4 data-parallel ranks",
+                       "use a multiple of 4"));
+    config_refused(LLAMA "n_layers = 3\ncheckpoint_activations = model.layers.0,layers.*\n" TOKENS,
+                   SET("run.ini:4", "pattern 'layers.*' matches no decoder layer",
+                       "model.layers.0 to model.layers.2", "model.layers.*"));
+    config_refused(LLAMA TOKENS "batch_size = 12\n[parallel]\nranks = 4\n[train]\ngrad_accum = 2\n",
+                   SET("[data] batch_size = 12 (", "in micro-batches of 6",
+                       "[train] grad_accum = 2", "use a multiple of 8"));
+    config_refused(LLAMA "norm = rmsnorm\n" TOKENS,
+                   SET("[model] norm = rmsnorm", "applies to kind = mlp"));
+    config_refused(LLAMA "n_kv_heads = 1\n" TOKENS "[parallel]\ntp = 2\nranks = 4\nwrap = layer\n",
+                   SET("[parallel] tp = 2", "n_kv_heads = 1"));
+}
+
+/* ---- resume ------------------------------------------------------------------------------ */
+
+static fsdp_status run_ckpt(const char *dir, const char *const *overrides, const char *steps,
+                            train_result *res) {
+    char d[1400], err[TRAIN_ERROR_SIZE];
+    small_config(overrides);
+    snprintf(d, sizeof d, "checkpoint.dir=%s", dir);
+    set(d);
+    set(steps);
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, res, err, sizeof err);
+    if (st != FSDP_OK) printf("\n    train_run: %s", err);
+    return st;
+}
+
+/* 10 steps against 5, a stop, and 5 resumed: at the same layout bitwise (step losses, probe
+ * and held-out losses, every tensor of the last checkpoint); at another to float32 rounding. */
+static void resume_case(const char *name, const char *const *first, const char *const *second,
+                        bool bitwise) {
+    char a_dir[1200], b_dir[1300];
+    snprintf(a_dir, sizeof a_dir, "%s", scratch(name));
+    snprintf(b_dir, sizeof b_dir, "%s-b", a_dir);
+    train_result a, b1, b2;
+    FSDP_TEST_OK(run_ckpt(a_dir, second, "train.steps=10", &a));
+    FSDP_TEST_OK(run_ckpt(b_dir, first, "train.steps=5", &b1));
+    FSDP_TEST_OK(run_ckpt(b_dir, second, "train.steps=10", &b2));
+    CU_ASSERT_EQUAL(b2.start_step, 5);
+    CU_ASSERT_EQUAL_FATAL(b2.n_step_losses, 5);
+    CU_ASSERT_PTR_NOT_NULL(strstr(b2.resumed_from, "step-00000005"));
+    double worst = 0;
+    for (int i = 0; i < 5; i++)
+        worst = fmax(worst, fabs(b2.step_loss[i] - a.step_loss[5 + i]) / a.step_loss[5 + i]);
+    worst = fmax(worst, fabs(b2.last_loss - a.last_loss) / a.last_loss);
+    worst = fmax(worst, fabs(b2.eval_loss - a.eval_loss) / a.eval_loss);
+    printf("\n    %-36s resumed losses: max rel diff %.1e", name, worst);
+    if (bitwise) {
+        CU_ASSERT_EQUAL(worst, 0);
+        char pa[1400], pb[1400];
+        snprintf(pa, sizeof pa, "%s/step-00000010", a_dir);
+        snprintf(pb, sizeof pb, "%s/step-00000010", b_dir);
+        bool same = ckpt_test_same(pa, pb, -1, 0, name);
+        CU_ASSERT_TRUE(same);
+        printf("; checkpoints of step 10 (parameters, Adam's moments) %s",
+               same ? "bitwise equal" : "DIFFER");
+    } else {
+        CU_ASSERT_TRUE(worst <= RTOL);
+    }
+}
+
+static void test_resume(void) {
+    resume_case("resume-1x1", SET("parallel.ranks=1"), SET("parallel.ranks=1"), true);
+    const char *const *l22 = SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer",
+                                 "model.checkpoint_activations=model.layers.*");
+    resume_case("resume-2x2", l22, l22, true);
+    resume_case("resume-2x2-to-1x2", l22, SET("parallel.ranks=2", "parallel.tp=2"), false);
+}
+
+/* ---- the example -------------------------------------------------------------------------- */
+
+/* examples/llama-austen.ini checks out, and its token file loads: byte tokens, entropy ~3.09. */
+static void test_example(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    FSDP_TEST_OK(
+        train_config_load(&g_cfg, FSDP_SOURCE_DIR "/examples/llama-austen.ini", err, sizeof err));
+    FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+    CU_ASSERT_EQUAL(g_cfg.model.kind, TRAIN_MODEL_LLAMA);
+    set("data.path=" FSDP_SOURCE_DIR "/examples/data/austen-pride.tok");
+    train_tokens t;
+    FSDP_TEST_OK(train_tokens_load(&g_cfg, &t, err, sizeof err));
+    printf("\n    %lld tokens, unigram entropy %.4f", (long long)t.count, t.entropy);
+    CU_ASSERT_TRUE(t.count > 600000);
+    CU_ASSERT_TRUE(fabs(t.entropy - 3.09) < 0.01);
+    train_tokens_free(&t);
+}
+
+static int setup(void) {
+    char tmpl[] = "/tmp/test_train_llama-XXXXXX";
+    if (!mkdtemp(tmpl)) return -1;
+    g_root = strdup(tmpl);
+    make_text();
+    snprintf(g_tokens, sizeof g_tokens, "%s/good.tok", g_root);
+    return write_file(g_tokens, good_header(), g_ids, N_TOKENS, 0) ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"layouts", test_layouts},
+        {"uneven_vocab", test_uneven_vocab},
+        {"learns", test_learns},
+        {"bad_files", test_bad_files},
+        {"config_errors", test_config_errors},
+        {"resume", test_resume},
+        {"example", test_example},
+    };
+    if (setup() != 0) return 2;
+    int rc = fsdp_test_run(argc, argv, "train_llama", cases, (int)(sizeof cases / sizeof cases[0]));
+    ckpt_test_remove_tree(g_root);
+    free(g_root);
+    return rc;
+}
