@@ -110,13 +110,16 @@ static fsdp_status resolve_init(fsdp_ctx *ctx, const train_config *cfg, train_so
     struct stat sb;
     if (stat(init, &sb) != 0) {
         snprintf(err, err_size,
-                 "%s: %s; give random, a checkpoint directory or a PyTorch state dict file "
-                 "(.safetensors or HDF5)",
+                 "%s: %s; give random, a checkpoint directory, a PyTorch state dict file "
+                 "(.safetensors or HDF5) or a Hugging Face model directory",
                  key, strerror(errno));
         return FSDP_ERR_CONFIG;
     }
     fsdp_status st;
-    if (S_ISDIR(sb.st_mode)) {
+    /* A directory with config.json is a Hugging Face model, imported like a state dict file. */
+    char hf_config[4200];
+    snprintf(hf_config, sizeof hf_config, "%s/config.json", init);
+    if (S_ISDIR(sb.st_mode) && stat(hf_config, &sb) != 0) {
         if ((st = checkpoint_path(ctx, init, src->init, sizeof src->init)) != FSDP_OK) {
             snprintf(err, err_size, "%s is not a checkpoint: %s", key, fsdp_last_error(ctx));
             src->init[0] = '\0';
