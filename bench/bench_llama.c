@@ -158,6 +158,7 @@ int main(int argc, char **argv) {
     int32_t *ids = malloc((size_t)n * sizeof *ids), *tgt = malloc((size_t)n * sizeof *tgt);
     double *times[PH_COUNT + 1];
     for (int p = 0; p <= PH_COUNT; p++) times[p] = calloc((size_t)o.steps, sizeof(double));
+    double *fwd_bwd = calloc((size_t)o.steps, sizeof(double));
     uint32_t lcg = 12345;
     for (int64_t i = 0; i < n; i++) {
         lcg = lcg * 1664525u + 1013904223u;
@@ -197,6 +198,7 @@ int main(int argc, char **argv) {
         if (!timed) continue;
         for (int p = 0; p < PH_COUNT; p++) times[p][step - o.warmup] = t[p + 1] - t[p];
         times[PH_COUNT][step - o.warmup] = t[PH_COUNT] - t[0];
+        fwd_bwd[step - o.warmup] = t[PH_BWD + 1] - t[0];
     }
     double step_s = bench_median(times[PH_COUNT], o.steps);
     printf("loss after the last step %.4f\n", loss);
@@ -210,10 +212,13 @@ int main(int argc, char **argv) {
             printf("    %-20s %9.1f ms %9.1f ms\n", prof.kind[k], 1e3 * prof.fwd[k] / o.steps,
                    1e3 * prof.bwd[k] / o.steps);
     }
+    printf("libfsdp fwd_bwd_ms %.2f (forward, loss and backward, without the optimizer)\n",
+           1e3 * bench_median(fwd_bwd, o.steps));
     printf("libfsdp step_ms %.2f tokens_per_s %.1f\n", 1e3 * step_s, (double)n / step_s);
 done:
     if (st != FSDP_OK) fprintf(stderr, "bench_llama: %s\n", fsdp_last_error(ctx));
     for (int p = 0; p <= PH_COUNT; p++) free(times[p]);
+    free(fwd_bwd);
     fsdp_tensor_free(dlogits);
     fsdp_tensor_free(tokens);
     fsdp_optimizer_free(opt);

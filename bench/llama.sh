@@ -21,5 +21,8 @@ theirs=$(python3 "$here/llama_cpu.py" --threads "$threads" "$@")
 echo "$theirs"
 a=$(echo "$ours" | awk '$1 == "libfsdp" && $2 == "step_ms" {print $5}')
 b=$(echo "$theirs" | awk '$1 == "pytorch" && $2 == "step_ms" {print $5}')
-awk -v a="$a" -v b="$b" -v t="$threads" 'BEGIN {
-    printf "tokens/s on %d threads: libfsdp %.1f, pytorch %.1f, libfsdp/pytorch %.3f\n", t, a, b, a / b }'
+fa=$(echo "$ours" | awk '$1 == "libfsdp" && $2 == "fwd_bwd_ms" {print $3}')
+fb=$(echo "$theirs" | awk '$1 == "pytorch" && $2 == "fwd_bwd_ms" {print $3}')
+awk -v a="$a" -v b="$b" -v fa="$fa" -v fb="$fb" -v t="$threads" 'BEGIN {
+    printf "tokens/s on %d threads: libfsdp %.1f, pytorch %.1f, libfsdp/pytorch %.3f\n", t, a, b, a / b
+    printf "forward+backward alone: libfsdp %.1f ms, pytorch %.1f ms, pytorch/libfsdp %.3f\n", fa, fb, fb / fa }'

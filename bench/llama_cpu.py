@@ -58,6 +58,8 @@ def main():
     print(f"loss after the last step {loss.item():.4f}")
     for k in ("forward+loss", "backward", "adamw+zero"):
         print(f"  {k:<12} {1e3 * med[k]:9.1f} ms  {100 * med[k] / med['step']:5.1f}%")
+    fb = statistics.median(f + b for f, b in zip(phases["forward+loss"], phases["backward"]))
+    print(f"pytorch fwd_bwd_ms {1e3 * fb:.2f} (forward, loss and backward, without the optimizer)")
     print(f"pytorch step_ms {1e3 * med['step']:.2f} tokens_per_s "
           f"{a.batch * a.seq / med['step']:.1f}")
 
