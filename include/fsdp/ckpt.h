@@ -108,16 +108,16 @@ typedef struct fsdp_ckpt_meta {
     int64_t step;       /* the training step; names the directory "step-<8 digits>" */
     const char *layout; /* how the run was laid out, free text ("dp=2 tp=2 FULL_SHARD"), or NULL */
     const char *config; /* the run's configuration text, or NULL */
-    /* The model's hyper-parameters as the text of a JSON object, or NULL: for a Llama model,
-     * its Hugging Face config.json (fsdp_llama_config_to_hf_json), which `fsdp-ckpt export
-     * --format hf` needs. At most 1 MiB. Stored as the optional dataset "model_config" of
-     * metadata.h5 (readers before it ignore it: the format version is unchanged). */
-    const char *model_config;
     /* Named integers the trainer needs to resume: the RNG seed and counters, the data
      * position. Names are [A-Za-z0-9_.]+, at most 63 bytes. */
     int n_extras;
     const char *const *extra_names;
     const int64_t *extra_values;
+    /* The model's hyper-parameters as the text of a JSON object, or NULL: for a Llama model,
+     * its Hugging Face config.json (fsdp_llama_config_to_hf_json), which `fsdp-ckpt export
+     * --format hf` needs. At most 1 MiB. Stored as the optional dataset "model_config" of
+     * metadata.h5 (readers before it ignore it: the format version is unchanged). */
+    const char *model_config;
 } fsdp_ckpt_meta;
 
 typedef struct fsdp_ckpt_options {

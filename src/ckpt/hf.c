@@ -235,6 +235,14 @@ static bool llama_param(const fsdp_llama_config *c, int i, char *name, size_t si
     return true;
 }
 
+static void shape_text(int ndim, const int64_t *shape, char *buf, size_t size) {
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int d = 0; d < ndim && used < size; d++)
+        used +=
+            (size_t)snprintf(buf + used, size - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (used < size) snprintf(buf + used, size - used, ")");
+}
+
 /* The checkpoint's parameters and buffers are exactly the Llama's, by name and shape. */
 static fsdp_status check_llama_tensors(fsdp_ctx *ctx, const fsdp_ckpt *ck,
                                        const fsdp_llama_config *c) {
@@ -251,13 +259,15 @@ static fsdp_status check_llama_tensors(fsdp_ctx *ctx, const fsdp_ckpt *ck,
                              ck->path, name, c->n_layers);
         bool same = x->ndim == ndim;
         for (int d = 0; same && d < ndim; d++) same = x->shape[d] == shape[d];
-        if (!same)
+        if (!same) {
+            char has[128], wants[128];
+            shape_text(x->ndim, x->shape, has, sizeof has);
+            shape_text(ndim, shape, wants, sizeof wants);
             return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                             "checkpoint '%s': parameter '%s' has %d dims (%lld, ...) where its "
-                             "model configuration wants (%lld%s%lld): the configuration does not "
-                             "describe this checkpoint",
-                             ck->path, name, x->ndim, (long long)x->shape[0], (long long)shape[0],
-                             ndim == 2 ? ", " : "", ndim == 2 ? (long long)shape[1] : 0LL);
+                             "checkpoint '%s': parameter '%s' is %s where its model configuration "
+                             "wants %s: the configuration does not describe this checkpoint",
+                             ck->path, name, has, wants);
+        }
     }
     for (int t = 0; t < ck->meta.n_tensors; t++) {
         const ckpt_tensor *x = &ck->meta.tensors[t];
@@ -303,8 +313,8 @@ fsdp_status fsdp_ckpt_export_hf(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *dir,
     if (!ck->meta.model_config || !*ck->meta.model_config)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "checkpoint '%s' has no model configuration, which config.json needs: "
-                         "save it with fsdp_ckpt_meta.model_config (fsdp_llama_config_to_hf_json; "
-                         "fsdp-train does it for Llama models), or export the weights alone with "
+                         "save it with fsdp_ckpt_meta.model_config set to the text of "
+                         "fsdp_llama_config_to_hf_json, or export the weights alone with "
                          "--format safetensors",
                          ck->path);
     fsdp_llama_config c;
