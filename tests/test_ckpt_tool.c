@@ -292,6 +292,22 @@ static void test_export_safetensors(void) {
     fsdp_ckpt_close(ck);
     CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s' --compress zstd", path, file), 2);
     free(out);
+    /* --format: hf needs a model configuration (this MLP was saved without one) */
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/hf", root);
+    CU_ASSERT_EQUAL(tool(&out, "export --format hf '%s' --out '%s'", path, dir), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "no model configuration"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--format safetensors"));
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "export --format hf '%s' --out '%s' --with-optim", path, dir), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "drop --with-optim"));
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "export --format onnx '%s' --out '%s'", path, dir), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--format is hf, h5 or safetensors"));
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "export --format h5 '%s' --out '%s'", path, file), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "contradicts"));
+    free(out);
     free(header);
     free(bytes);
     ckpt_test_remove_tree(root);
