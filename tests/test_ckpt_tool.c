@@ -88,6 +88,7 @@ static void test_inspect(void) {
     CU_ASSERT_EQUAL(tool(&out, "inspect '%s'", path), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "2x2 FULL_SHARD"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "saved world size: 4"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "model config:     -\n")); /* saved without one */
     for (int t = 0; t < fsdp_ckpt_num_tensors(ck); t++) {
         fsdp_ckpt_tensor x;
         fsdp_ckpt_tensor_get(ctx, ck, t, &x);

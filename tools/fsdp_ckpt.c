@@ -99,9 +99,10 @@ static void *read_whole(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_ckpt_ten
 
 static const char *const usage_inspect =
     "usage: fsdp-ckpt inspect DIR\n"
-    "Prints the checkpoint's step, optimizer steps, saved world size, layout and library\n"
-    "version, then one line per tensor: name, global shape, dtype, pieces, raw bytes, stored\n"
-    "bytes (on disk, after compression) and their ratio, then the totals.\n";
+    "Prints the checkpoint's step, optimizer steps, saved world size, layout, library version\n"
+    "and model configuration (a Llama's sizes, when one was saved), then one line per tensor:\n"
+    "name, global shape, dtype, pieces, raw bytes, stored bytes (on disk, after compression)\n"
+    "and their ratio, then the totals.\n";
 
 static int cmd_inspect(fsdp_ctx *ctx, int argc, char **argv) {
     if (argc == 2 && is_help(argv[1])) return printf("%s", usage_inspect), EXIT_OK;
@@ -112,7 +113,19 @@ static int cmd_inspect(fsdp_ctx *ctx, int argc, char **argv) {
     printf("optimizer steps:  %lld\n", (long long)fsdp_ckpt_optim_steps(ck));
     printf("saved world size: %d\n", fsdp_ckpt_world_size(ck));
     printf("layout:           %s\n", *fsdp_ckpt_layout(ck) ? fsdp_ckpt_layout(ck) : "-");
-    printf("library version:  %s\n\n", fsdp_ckpt_library_version(ck));
+    printf("library version:  %s\n", fsdp_ckpt_library_version(ck));
+    const char *model = fsdp_ckpt_model_config(ck);
+    fsdp_llama_config c;
+    if (!*model)
+        printf("model config:     -\n\n");
+    else if (fsdp_llama_config_from_hf_json(ctx, model, &c) == FSDP_OK)
+        printf("model config:     llama: hidden %lld, %d layers, %d/%d heads, ffn %lld, vocab %lld "
+               "(export --format hf)\n\n",
+               (long long)c.dim, c.n_layers, c.n_heads, c.n_kv_heads, (long long)c.ffn_hidden,
+               (long long)c.vocab_size);
+    else
+        printf("model config:     %zu bytes of JSON, not a Llama libfsdp builds\n\n",
+               strlen(model));
     int n = fsdp_ckpt_num_tensors(ck), width = 4;
     for (int t = 0; t < n; t++) {
         fsdp_ckpt_tensor x;
