@@ -32,14 +32,15 @@ def main():
                       num_key_value_heads=a.kv_heads, num_hidden_layers=a.layers,
                       vocab_size=a.vocab, max_position_embeddings=max(2048, a.seq),
                       rms_norm_eps=1e-6, tie_word_embeddings=False)
+    cfg._attn_implementation = "eager"
     model = LlamaForCausalLM(cfg).to(torch.float32)
-    model.config._attn_implementation = "eager"
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     ids = torch.randint(0, a.vocab, (a.batch, a.seq), generator=torch.Generator().manual_seed(2))
     n_params = sum(x.numel() for x in model.parameters())
     print(f"pytorch llama: {n_params / 1e6:.1f} M parameters, batch {a.batch} x seq {a.seq}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, eager attention, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"{model.config._attn_implementation} attention, "
           f"{a.warmup} warm-up + {a.steps} timed steps")
     phases = {"forward+loss": [], "backward": [], "adamw+zero": [], "step": []}
     for step in range(a.warmup + a.steps):

@@ -58,7 +58,8 @@ def load_hf(path):
     from transformers import LlamaForCausalLM
     import torch
     model, info = LlamaForCausalLM.from_pretrained(
-        path, output_loading_info=True, attn_implementation="eager", dtype=torch.float32)
+        path, output_loading_info=True, attn_implementation="eager")
+    model = model.to(torch.float32)
     bad = {k: v for k, v in info.items() if v and k != "error_msgs"} or (
         {"error_msgs": info["error_msgs"]} if info.get("error_msgs") else {})
     if bad:
