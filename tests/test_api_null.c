@@ -147,6 +147,14 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
          fsdp_ckpt_piece_stored_bytes(C, A(1, f->ck), 0, 0, A(2, &f->i64)))                        \
     CALL(fsdp_ckpt_export_h5, "ctx ck path",                                                       \
          fsdp_ckpt_export_h5(C, A(1, f->ck), A(2, f->export_path), NULL))                          \
+    CALL(fsdp_ckpt_export_safetensors, "ctx ck path",                                              \
+         fsdp_ckpt_export_safetensors(C, A(1, f->ck), A(2, f->export_path), NULL))                 \
+    CALL(fsdp_ckpt_export_hf, "ctx ck dir",                                                        \
+         fsdp_ckpt_export_hf(C, A(1, f->ck), A(2, f->dir), NULL))                                  \
+    CALL(fsdp_llama_config_to_hf_json, "ctx cfg out",                                              \
+         fsdp_llama_config_to_hf_json(C, A(1, &f->llama), A(2, &f->made_path)))                    \
+    CALL(fsdp_llama_config_from_hf_json, "ctx json out",                                           \
+         fsdp_llama_config_from_hf_json(C, A(1, "{}"), A(2, &f->llama_out)))                       \
     CALL(fsdp_ckpt_import, "ctx src_path dir",                                                     \
          fsdp_ckpt_import(C, A(1, f->export_path), A(2, f->dir), NULL))                            \
     CALL(fsdp_ckpt_load, "ctx ck st", fsdp_ckpt_load(C, A(1, f->ck), A(2, f->st), NULL))           \
@@ -336,6 +344,8 @@ static const struct {
     {"fsdp_group_split", "label", "\"group\""},
     {"fsdp_mesh_get_group", "name", "the only dim of a 1-d mesh"},
     {"fsdp_ckpt_export_h5", "opts", "the defaults"},
+    {"fsdp_ckpt_export_safetensors", "opts", "the defaults"},
+    {"fsdp_ckpt_export_hf", "opts", "the defaults"},
     {"fsdp_ckpt_import", "opts", "the defaults"},
     {"fsdp_ckpt_load", "opts", "strict"},
     {"fsdp_ckpt_writer_create", "opts", "the defaults"},

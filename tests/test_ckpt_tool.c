@@ -72,6 +72,7 @@ static void test_inspect(void) {
     CU_ASSERT_EQUAL(tool(&out, "inspect '%s'", path), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "2x2 FULL_SHARD"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "saved world size: 4"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "model config:     -\n")); /* saved without one */
     for (int t = 0; t < fsdp_ckpt_num_tensors(ck); t++) {
         fsdp_ckpt_tensor x;
         fsdp_ckpt_tensor_get(ctx, ck, t, &x);
@@ -275,6 +276,22 @@ static void test_export_safetensors(void) {
     CU_ASSERT_EQUAL(total, size - 8 - (long)hlen); /* the ranges tile the data */
     fsdp_ckpt_close(ck);
     CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s' --compress zstd", path, file), 2);
+    free(out);
+    /* --format: hf needs a model configuration (this MLP was saved without one) */
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/hf", root);
+    CU_ASSERT_EQUAL(tool(&out, "export --format hf '%s' --out '%s'", path, dir), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "no model configuration"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--format safetensors"));
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "export --format hf '%s' --out '%s' --with-optim", path, dir), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "drop --with-optim"));
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "export --format onnx '%s' --out '%s'", path, dir), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--format is hf, h5 or safetensors"));
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "export --format h5 '%s' --out '%s'", path, file), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "contradicts"));
     free(out);
     free(header);
     free(bytes);

@@ -164,12 +164,13 @@ static double att_loss(const double *qkv, const void *aux) {
 
 /* One configuration: forward against the double reference (rtol 1e-5, atol 1e-6), lse finite;
  * backward (dq, dk, dv) against finite differences of the double forward (rtol 1e-4, atol
- * 1e-5). scratch is exactly (T, T), so AddressSanitizer catches a kernel that holds more. */
+ * 1e-5). scratch is exactly (2, T, T), what backward may use (the forward uses one (T, T)
+ * block), so AddressSanitizer catches a kernel that holds more. */
 static void check_attention(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
     const fsdp_kernels_i *k = fsdp_kernels_cpu();
     int64_t nq = B * T * NH * D, nk = B * T * NKV * D, n = nq + 2 * nk;
     float *qkv = new_uniform(n, -1.5f, 1.5f), *out = new_floats(nq), *lse = new_floats(B * NH * T);
-    float *scratch = malloc(sizeof(float) * (size_t)(T * T)), *dout = new_uniform(nq, -1, 1);
+    float *scratch = malloc(sizeof(float) * (size_t)(2 * T * T)), *dout = new_uniform(nq, -1, 1);
     float *dqkv = new_uniform(n, -9, 9); /* garbage: the kernel writes every element */
     double *xd = to_doubles(qkv, n), *dd = to_doubles(dout, nq), *want = new_doubles(n);
     att_aux aux = {B, T, NH, NKV, D, dd};

@@ -492,6 +492,21 @@ static void test_init_from_pytorch(void) {
         fsdp_ckpt_import(fsdp_test_ctx(), FSDP_FIXTURE_DIR "/train_mlp.safetensors", imp, NULL));
     snprintf(key, sizeof key, "model.init=%s", imp); /* a directory of checkpoints */
     FSDP_TEST_OK(run_ckpt(&dir_init, "", SET(key, "train.steps=1"), NULL, err));
+    /* a Hugging Face model directory: config.json (kept, not read) and model.safetensors */
+    train_result hf_init;
+    char hf[1024], file[1200];
+    snprintf(hf, sizeof hf, "%s", scratch("hf_model"));
+    mkdir(hf, 0700);
+    snprintf(file, sizeof file, "%s/model.safetensors", hf);
+    CU_ASSERT_EQUAL(symlink(FSDP_FIXTURE_DIR "/train_mlp.safetensors", file), 0);
+    snprintf(file, sizeof file, "%s/config.json", hf);
+    FILE *cf = fopen(file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(cf);
+    fputs("{\"model_type\": \"mlp\"}\n", cf);
+    fclose(cf);
+    snprintf(key, sizeof key, "model.init=%s", hf);
+    FSDP_TEST_OK(run_ckpt(&hf_init, "", SET(key, "train.steps=1"), NULL, err));
+    CU_ASSERT_EQUAL(st.first_loss, hf_init.first_loss);
     /* the checkpoint of the run holds the optimizer state too: compare the parameters */
     fsdp_ckpt *a = NULL, *b = NULL;
     FSDP_TEST_OK(fsdp_ckpt_open(fsdp_test_ctx(), step_dir(d, 1), &a));

@@ -6,7 +6,9 @@
  * bad token files (short, truncated, wrong magic, version or id size, count mismatch, an id or
  * a header vocabulary >= vocab_size, too few tokens) and bad [model] keys fail naming the file
  * or key and the fix; a stopped run resumes bitwise at the same layout (checkpoints included)
- * and to float32 rounding at another; examples/llama-austen.ini checks out. */
+ * and to float32 rounding at another; a run's checkpoint exports as a Hugging Face model
+ * directory (its config.json saved with it) whose import gives its parameters bitwise;
+ * examples/llama-austen.ini checks out. */
 #define _POSIX_C_SOURCE 200809L // mkdtemp
 
 #include <math.h>
@@ -18,6 +20,7 @@
 #include "ckpt_common.h" // defines: ckpt_test_remove_tree
 #include "harness.h"
 #include "train_config.h" // defines: train_config_init, train_config_set, train_config_load
+#include "train_llama.h"  // defines: train_llama_config
 #include "train_tokens.h" // defines: TRAIN_TOKENS_MAGIC, TRAIN_TOKENS_HEADER
 #include "trainer.h"      // defines: train_run
 
@@ -455,6 +458,70 @@ static void test_resume(void) {
     resume_case("resume-2x2-to-1x2", l22, SET("parallel.ranks=2", "parallel.tp=2"), false);
 }
 
+/* ---- export to Hugging Face ------------------------------------------------------------- */
+
+/* A run's checkpoint carries the model's config.json (fsdp_ckpt_model_config), which reads
+ * back as the [model] keys; fsdp_ckpt_export_hf writes it as a model directory, and importing
+ * that directory gives every parameter of the checkpoint bitwise. */
+static void test_hf_export(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    train_result res;
+    char dir[1200], step[1300], hf[1300], back[1300];
+    snprintf(dir, sizeof dir, "%s", scratch("hf-run"));
+    FSDP_TEST_OK(run_ckpt(dir, SET("parallel.ranks=2", "parallel.tp=2"), "train.steps=3", &res));
+    snprintf(step, sizeof step, "%s/step-00000003", dir);
+    snprintf(hf, sizeof hf, "%s-hf", dir);
+    snprintf(back, sizeof back, "%s-back", dir);
+    fsdp_ckpt *ck = NULL, *imp = NULL;
+    FSDP_TEST_OK(fsdp_ckpt_open(ctx, step, &ck));
+    if (!ck) return;
+    const char *json = fsdp_ckpt_model_config(ck);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(json);
+    fsdp_llama_config got, want = train_llama_config(&g_cfg), want_r;
+    FSDP_TEST_OK(fsdp_llama_config_from_hf_json(ctx, json, &got));
+    FSDP_TEST_OK(fsdp_llama_config_resolve(ctx, &want, &want_r));
+    CU_ASSERT_EQUAL(got.dim, want_r.dim);
+    CU_ASSERT_EQUAL(got.n_layers, want_r.n_layers);
+    CU_ASSERT_EQUAL(got.n_heads, want_r.n_heads);
+    CU_ASSERT_EQUAL(got.n_kv_heads, want_r.n_kv_heads);
+    CU_ASSERT_EQUAL(got.vocab_size, want_r.vocab_size);
+    CU_ASSERT_EQUAL(got.ffn_hidden, want_r.ffn_hidden);
+    CU_ASSERT_EQUAL(got.max_seq_len, want_r.max_seq_len);
+    CU_ASSERT_EQUAL(got.norm_eps, want_r.norm_eps);
+    CU_ASSERT_EQUAL(got.rope_theta, want_r.rope_theta);
+    FSDP_TEST_OK(fsdp_ckpt_export_hf(ctx, ck, hf, NULL));
+    FSDP_TEST_OK(fsdp_ckpt_import(ctx, hf, back, NULL));
+    snprintf(back + strlen(back), sizeof back - strlen(back), "/step-00000000");
+    FSDP_TEST_OK(fsdp_ckpt_open(ctx, back, &imp));
+    int n = imp ? fsdp_ckpt_num_tensors(imp) : 0, same = 0;
+    for (int t = 0; t < n; t++) {
+        fsdp_ckpt_tensor a, b;
+        FSDP_TEST_OK(fsdp_ckpt_tensor_get(ctx, imp, t, &a));
+        int u = fsdp_ckpt_find(ck, a.name);
+        CU_ASSERT_TRUE_FATAL(u >= 0);
+        FSDP_TEST_OK(fsdp_ckpt_tensor_get(ctx, ck, u, &b));
+        fsdp_state_region all = {.ndim = a.ndim};
+        int64_t count = 1;
+        for (int d = 0; d < a.ndim; d++) count *= all.count[d] = a.shape[d];
+        float *va = malloc((size_t)count * 4), *vb = malloc((size_t)count * 4);
+        FSDP_TEST_OK(fsdp_ckpt_read(ctx, imp, t, &all, va));
+        FSDP_TEST_OK(fsdp_ckpt_read(ctx, ck, u, &all, vb));
+        bool eq = memcmp(va, vb, (size_t)count * 4) == 0;
+        if (!eq) printf("\n    %s differs after export and import", a.name);
+        same += eq;
+        free(va);
+        free(vb);
+    }
+    /* 2 layers of 9 tensors, the embedding, the final norm and lm_head */
+    CU_ASSERT_EQUAL(n, 2 * 9 + 3);
+    CU_ASSERT_EQUAL(same, n);
+    printf("\n    step 3 of a (1, 2) run: config.json reads back as the [model] keys; %d of %d "
+           "parameters bitwise after export --format hf and import",
+           same, n);
+    fsdp_ckpt_close(imp);
+    fsdp_ckpt_close(ck);
+}
+
 /* ---- the example -------------------------------------------------------------------------- */
 
 /* examples/llama-austen.ini checks out, and its token file loads: byte tokens, entropy ~3.09. */
@@ -491,6 +558,7 @@ int main(int argc, char **argv) {
         {"bad_files", test_bad_files},
         {"config_errors", test_config_errors},
         {"resume", test_resume},
+        {"hf_export", test_hf_export},
         {"example", test_example},
     };
     if (setup() != 0) return 2;

@@ -1,6 +1,7 @@
 /* fsdp_ckpt.c: fsdp-ckpt, the checkpoint tool: inspect (metadata and per-tensor sizes), verify
  * (read every piece, checking checksums), diff (two checkpoints, any layouts), export (one
- * unsharded .h5 or .safetensors file) and import (a PyTorch state dict as a checkpoint).
+ * unsharded .h5 or .safetensors file, or a Hugging Face model directory) and import (a PyTorch
+ * state dict or a Hugging Face model directory as a checkpoint).
  * docs/checkpoint.md, "fsdp-ckpt".
  * Exit status: 0 success, 1 the command failed (or found a difference), 2 bad command line. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
@@ -23,8 +24,10 @@ static const char *const usage_main =
     "  inspect DIR          metadata and the tensors with their stored sizes\n"
     "  verify DIR           read every piece, checking the checksums\n"
     "  diff A B             compare two checkpoints tensor by tensor (any layouts)\n"
-    "  export DIR --out F   write one unsharded F.h5 or F.safetensors\n"
-    "  import FILE --out D  a PyTorch state dict (.safetensors or .h5) as a checkpoint in D\n"
+    "  export DIR --out F   write one unsharded F.h5 or F.safetensors, or with --format hf\n"
+    "                       a Hugging Face model directory F\n"
+    "  import SRC --out D   a PyTorch state dict (.safetensors or .h5) or a Hugging Face model\n"
+    "                       directory as a checkpoint in D\n"
     "\n"
     "DIR is a checkpoint directory (step-XXXXXXXX) or a directory of checkpoints, whose newest\n"
     "committed one is taken.\n"
@@ -96,9 +99,10 @@ static void *read_whole(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_ckpt_ten
 
 static const char *const usage_inspect =
     "usage: fsdp-ckpt inspect DIR\n"
-    "Prints the checkpoint's step, optimizer steps, saved world size, layout and library\n"
-    "version, then one line per tensor: name, global shape, dtype, pieces, raw bytes, stored\n"
-    "bytes (on disk, after compression) and their ratio, then the totals.\n";
+    "Prints the checkpoint's step, optimizer steps, saved world size, layout, library version\n"
+    "and model configuration (a Llama's sizes, when one was saved), then one line per tensor:\n"
+    "name, global shape, dtype, pieces, raw bytes, stored bytes (on disk, after compression)\n"
+    "and their ratio, then the totals.\n";
 
 static int cmd_inspect(fsdp_ctx *ctx, int argc, char **argv) {
     if (argc == 2 && is_help(argv[1])) return printf("%s", usage_inspect), EXIT_OK;
@@ -109,7 +113,19 @@ static int cmd_inspect(fsdp_ctx *ctx, int argc, char **argv) {
     printf("optimizer steps:  %lld\n", (long long)fsdp_ckpt_optim_steps(ck));
     printf("saved world size: %d\n", fsdp_ckpt_world_size(ck));
     printf("layout:           %s\n", *fsdp_ckpt_layout(ck) ? fsdp_ckpt_layout(ck) : "-");
-    printf("library version:  %s\n\n", fsdp_ckpt_library_version(ck));
+    printf("library version:  %s\n", fsdp_ckpt_library_version(ck));
+    const char *model = fsdp_ckpt_model_config(ck);
+    fsdp_llama_config c;
+    if (!*model)
+        printf("model config:     -\n\n");
+    else if (fsdp_llama_config_from_hf_json(ctx, model, &c) == FSDP_OK)
+        printf("model config:     llama: hidden %lld, %d layers, %d/%d heads, ffn %lld, vocab %lld "
+               "(export --format hf)\n\n",
+               (long long)c.dim, c.n_layers, c.n_heads, c.n_kv_heads, (long long)c.ffn_hidden,
+               (long long)c.vocab_size);
+    else
+        printf("model config:     %zu bytes of JSON, not a Llama libfsdp builds\n\n",
+               strlen(model));
     int n = fsdp_ckpt_num_tensors(ck), width = 4;
     for (int t = 0; t < n; t++) {
         fsdp_ckpt_tensor x;
@@ -335,123 +351,36 @@ static int cmd_diff(fsdp_ctx *ctx, int argc, char **argv) {
 static const char *const usage_export =
     "usage: fsdp-ckpt export DIR --out FILE.h5|FILE.safetensors [--compress none|zstd]\n"
     "                        [--with-optim]\n"
+    "       fsdp-ckpt export --format hf DIR --out OUTDIR\n"
     "Writes the checkpoint as one unsharded file, one tensor at a time: by default the\n"
     "parameters and buffers, named as PyTorch's model.state_dict() names them; --with-optim\n"
     "adds the optimizer state (optim/<param>/<kind>).\n"
     "  .h5           one dataset per tensor with its global shape ('/' in a name makes\n"
     "                groups); f32 as float32, bf16 as uint16 with attribute dtype=bf16;\n"
     "                --compress zstd uses filter 32015 (other programs need libh5zstd.so)\n"
-    "  .safetensors  the safetensors format (F32, BF16); no compression\n";
+    "  .safetensors  the safetensors format (F32, BF16); no compression\n"
+    "--format hf writes a Hugging Face model directory OUTDIR (created when missing):\n"
+    "config.json and model.safetensors, which transformers' LlamaForCausalLM.from_pretrained\n"
+    "(OUTDIR) loads. The checkpoint must be of a Llama model saved with its configuration\n"
+    "(fsdp_ckpt_meta.model_config; imported Hugging Face directories have it). --format h5 or\n"
+    "safetensors is the same as the --out suffix.\n";
 
 static bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && !strcmp(s + n - m, suffix);
 }
 
-static bool exported(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, bool with_optim) {
-    fsdp_ckpt_tensor x;
-    fsdp_ckpt_tensor_get(ctx, ck, t, &x);
-    return with_optim || x.kind != FSDP_STATE_OPTIM;
-}
-
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
-}
-
-/* The safetensors header: metadata, then every exported tensor with its byte range (data in
- * this order), padded with spaces to a multiple of 8 bytes. */
-static void safetensors_header(fsdp_ctx *ctx, fsdp_ckpt *ck, bool with_optim, FILE *f) {
-    fprintf(f, "{\"__metadata__\":{\"format\":\"pt\",\"step\":\"%lld\",\"optim_steps\":\"%lld\"}",
-            (long long)fsdp_ckpt_step(ck), (long long)fsdp_ckpt_optim_steps(ck));
-    int64_t off = 0;
-    for (int t = 0; t < fsdp_ckpt_num_tensors(ck); t++) {
-        if (!exported(ctx, ck, t, with_optim)) continue;
-        fsdp_ckpt_tensor x;
-        fsdp_ckpt_tensor_get(ctx, ck, t, &x);
-        int64_t bytes = tensor_numel(&x) * (int64_t)fsdp_dtype_size(x.dtype);
-        fputc(',', f);
-        json_string(f, x.name);
-        fprintf(f, ":{\"dtype\":\"%s\",\"shape\":[", x.dtype == FSDP_DTYPE_BF16 ? "BF16" : "F32");
-        for (int d = 0; d < x.ndim; d++) fprintf(f, "%s%lld", d ? "," : "", (long long)x.shape[d]);
-        fprintf(f, "],\"data_offsets\":[%lld,%lld]}", (long long)off, (long long)(off + bytes));
-        off += bytes;
-    }
-    fputc('}', f);
-}
-
-static bool little_endian(void) {
-    const uint16_t one = 1;
-    return *(const unsigned char *)&one == 1;
-}
-
-static fsdp_status write_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, bool with_optim, FILE *f) {
-    /* The header twice: once to measure it, once written. */
-    FILE *null = fopen("/dev/null", "w");
-    if (!null) return FSDP_ERR_IO;
-    safetensors_header(ctx, ck, with_optim, null);
-    long len = ftell(null);
-    fclose(null);
-    long padded = (len + 7) / 8 * 8;
-    unsigned char n8[8];
-    for (int i = 0; i < 8; i++) n8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    fwrite(n8, 1, 8, f);
-    safetensors_header(ctx, ck, with_optim, f);
-    for (long i = len; i < padded; i++) fputc(' ', f);
-    for (int t = 0; t < fsdp_ckpt_num_tensors(ck); t++) {
-        if (!exported(ctx, ck, t, with_optim)) continue;
-        fsdp_ckpt_tensor x;
-        fsdp_ckpt_tensor_get(ctx, ck, t, &x);
-        void *buf = read_whole(ctx, ck, t, &x);
-        if (!buf) return FSDP_ERR_IO;
-        size_t bytes = (size_t)tensor_numel(&x) * fsdp_dtype_size(x.dtype);
-        size_t put = fwrite(buf, 1, bytes, f);
-        free(buf);
-        if (put != bytes) return FSDP_ERR_IO;
-    }
-    return ferror(f) ? FSDP_ERR_IO : FSDP_OK;
-}
-
-static int export_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *out, bool with_optim) {
-    if (!little_endian()) {
-        fprintf(stderr, "fsdp-ckpt export: safetensors is little-endian and this host is not; "
-                        "export to .h5 instead\n");
-        return EXIT_FAILED;
-    }
-    FILE *f = fopen(out, "wb");
-    if (!f) {
-        fprintf(stderr,
-                "fsdp-ckpt export: cannot create '%s': check the directory exists and "
-                "is writable\n",
-                out);
-        return EXIT_FAILED;
-    }
-    fsdp_status s = write_safetensors(ctx, ck, with_optim, f);
-    if (fclose(f) != 0) s = FSDP_ERR_IO;
-    if (s == FSDP_OK) return EXIT_OK;
-    fprintf(stderr, "fsdp-ckpt export: writing '%s' failed (%s): %s\n", out,
-            fsdp_status_to_string(s), fsdp_last_error(ctx));
-    remove(out);
-    return EXIT_FAILED;
-}
-
 static int cmd_export(fsdp_ctx *ctx, int argc, char **argv) {
-    const char *dir = NULL, *out = NULL, *compress = "none";
+    const char *dir = NULL, *out = NULL, *compress = "none", *format = NULL;
     bool with_optim = false;
     for (int i = 1; i < argc; i++) {
         if (is_help(argv[i])) return printf("%s", usage_export), EXIT_OK;
-        if ((!strcmp(argv[i], "--out") || !strcmp(argv[i], "--compress")) && i + 1 < argc) {
-            *(argv[i][2] == 'o' ? &out : &compress) = argv[i + 1];
-            i++;
+        const char **opt = !strcmp(argv[i], "--out")        ? &out
+                           : !strcmp(argv[i], "--compress") ? &compress
+                           : !strcmp(argv[i], "--format")   ? &format
+                                                            : NULL;
+        if (opt && i + 1 < argc) {
+            *opt = argv[++i];
         } else if (!strcmp(argv[i], "--with-optim")) {
             with_optim = true;
         } else if (argv[i][0] != '-' && !dir) {
@@ -462,44 +391,52 @@ static int cmd_export(fsdp_ctx *ctx, int argc, char **argv) {
             return EXIT_USAGE;
         }
     }
-    bool h5 = out && (ends_with(out, ".h5") || ends_with(out, ".hdf5"));
-    bool st = out && ends_with(out, ".safetensors");
-    const char *problem = !dir         ? "needs DIR"
-                          : !out       ? "needs --out FILE"
-                          : !h5 && !st ? "--out must end in .h5 or .safetensors"
-                          : strcmp(compress, "none") && strcmp(compress, "zstd")
-                              ? "--compress is none or zstd"
-                          : st && !strcmp(compress, "zstd") ? "safetensors has no compression: "
-                                                              "drop --compress zstd"
-                                                            : NULL;
+    bool hf = format && !strcmp(format, "hf");
+    bool h5 = !hf && out && (ends_with(out, ".h5") || ends_with(out, ".hdf5"));
+    bool st = !hf && out && ends_with(out, ".safetensors");
+    bool zstd = !strcmp(compress, "zstd");
+    const char *problem =
+        !dir   ? "needs DIR"
+        : !out ? (hf ? "needs --out OUTDIR" : "needs --out FILE")
+        : format && !hf && strcmp(format, "h5") && strcmp(format, "safetensors")
+            ? "--format is hf, h5 or safetensors"
+        : !hf && !h5 && !st ? "--out must end in .h5 or .safetensors (or give --format hf)"
+        : format && !hf && (h5 ? strcmp(format, "h5") : strcmp(format, "safetensors"))
+            ? "--format contradicts the suffix of --out"
+        : strcmp(compress, "none") && !zstd ? "--compress is none or zstd"
+        : !h5 && zstd                       ? "safetensors has no compression: drop --compress zstd"
+        : hf && with_optim ? "a Hugging Face model holds no optimizer state: drop --with-optim"
+                           : NULL;
     if (problem) return fprintf(stderr, "fsdp-ckpt export: %s\n%s", problem, usage_export), 2;
     fsdp_ckpt *ck = open_arg(ctx, "export", dir);
     if (!ck) return EXIT_FAILED;
-    int rc;
-    if (h5) {
-        fsdp_ckpt_export_options o = {.with_optim = with_optim,
-                                      .zstd_level = strcmp(compress, "zstd") ? 0 : 3};
-        rc = fsdp_ckpt_export_h5(ctx, ck, out, &o) == FSDP_OK ? EXIT_OK : EXIT_FAILED;
-        if (rc) fprintf(stderr, "fsdp-ckpt export: %s\n", fsdp_last_error(ctx));
-    } else {
-        rc = export_safetensors(ctx, ck, out, with_optim);
-    }
-    if (rc == EXIT_OK) printf("wrote %s\n", out);
+    fsdp_ckpt_export_options o = {.with_optim = with_optim, .zstd_level = zstd ? 3 : 0};
+    fsdp_status s = hf   ? fsdp_ckpt_export_hf(ctx, ck, out, NULL)
+                    : h5 ? fsdp_ckpt_export_h5(ctx, ck, out, &o)
+                         : fsdp_ckpt_export_safetensors(ctx, ck, out, &o);
     fsdp_ckpt_close(ck);
-    return rc;
+    if (s != FSDP_OK) return fprintf(stderr, "fsdp-ckpt export: %s\n", fsdp_last_error(ctx)), 1;
+    if (hf)
+        printf("wrote %s/config.json and %s/model.safetensors\n", out, out);
+    else
+        printf("wrote %s\n", out);
+    return EXIT_OK;
 }
 
 /* ---- import ---- */
 
 static const char *const usage_import =
-    "usage: fsdp-ckpt import FILE --out DIR [--step N] [--compress none|zstd] [--dtype f32|keep]\n"
+    "usage: fsdp-ckpt import SRC --out DIR [--step N] [--compress none|zstd] [--dtype f32|keep]\n"
     "Writes a PyTorch state dict as the checkpoint DIR/step-XXXXXXXX (N, default 0), one piece\n"
     "per tensor, that loads at any layout (fsdp-train, fsdp_ckpt_load) and that the other\n"
-    "commands read. FILE is\n"
-    "  .safetensors  safetensors.torch.save_file(model.state_dict(), FILE)\n"
+    "commands read. SRC is\n"
+    "  .safetensors  safetensors.torch.save_file(model.state_dict(), SRC)\n"
     "  .h5           one dataset per tensor named by its state_dict key (h5py: f[k] =\n"
     "                v.numpy()); nested groups a/b/c name the tensor a.b.c\n"
-    "(the format is told by the file's content). --dtype f32 (default) keeps F32 and converts\n"
+    "  a directory   a Hugging Face model (save_pretrained): config.json and\n"
+    "                model.safetensors, or the shards model.safetensors.index.json lists;\n"
+    "                config.json is kept as the checkpoint's model configuration\n"
+    "(a file's format is told by its content). --dtype f32 (default) keeps F32 and converts\n"
     "F16, BF16 and F64 to f32; --dtype keep keeps F32 and BF16 and refuses the others.\n"
     "Integer tensors are refused. --compress zstd (default) or none for the shard file.\n"
     "The checkpoint has no optimizer state: a run starting from it starts its optimizer anew.\n";
@@ -526,7 +463,7 @@ static int cmd_import(fsdp_ctx *ctx, int argc, char **argv) {
     char *end;
     long long n = strtoll(step, &end, 10);
     const char *problem =
-        !file                                     ? "needs FILE"
+        !file                                     ? "needs SRC"
         : !out                                    ? "needs --out DIR"
         : !*step || *end || n < 0 || n > 99999999 ? "--step wants a whole number in [0, 99999999]"
         : strcmp(compress, "none") && strcmp(compress, "zstd") ? "--compress is none or zstd"

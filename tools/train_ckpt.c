@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L // open_memstream, mkdtemp, stat
 
 #include "train_ckpt.h"
+#include "train_llama.h"
 
 #include <dirent.h> // defines: opendir, readdir
 #include <errno.h>
@@ -110,13 +111,16 @@ static fsdp_status resolve_init(fsdp_ctx *ctx, const train_config *cfg, train_so
     struct stat sb;
     if (stat(init, &sb) != 0) {
         snprintf(err, err_size,
-                 "%s: %s; give random, a checkpoint directory or a PyTorch state dict file "
-                 "(.safetensors or HDF5)",
+                 "%s: %s; give random, a checkpoint directory, a PyTorch state dict file "
+                 "(.safetensors or HDF5) or a Hugging Face model directory",
                  key, strerror(errno));
         return FSDP_ERR_CONFIG;
     }
     fsdp_status st;
-    if (S_ISDIR(sb.st_mode)) {
+    /* A directory with config.json is a Hugging Face model, imported like a state dict file. */
+    char hf_config[4200];
+    snprintf(hf_config, sizeof hf_config, "%s/config.json", init);
+    if (S_ISDIR(sb.st_mode) && stat(hf_config, &sb) != 0) {
         if ((st = checkpoint_path(ctx, init, src->init, sizeof src->init)) != FSDP_OK) {
             snprintf(err, err_size, "%s is not a checkpoint: %s", key, fsdp_last_error(ctx));
             src->init[0] = '\0';
@@ -328,6 +332,13 @@ fsdp_status train_saver_create(fsdp_ctx *ctx, const train_config *cfg,
     if (!f) return FSDP_ERR_OUT_OF_MEMORY;
     train_config_write(cfg, f);
     if (fclose(f) != 0) return FSDP_ERR_OUT_OF_MEMORY;
+    if (cfg->model.kind == TRAIN_MODEL_LLAMA) {
+        /* The model's shape as Hugging Face writes it, so that a checkpoint of the run exports
+         * as a model directory transformers loads. */
+        fsdp_llama_config lc = train_llama_config(cfg);
+        fsdp_status st = fsdp_llama_config_to_hf_json(ctx, &lc, &sv->model_config);
+        if (st != FSDP_OK) return st;
+    }
     fsdp_ckpt_options o = {.keep = (int)cfg->checkpoint.keep, .async = cfg->checkpoint.async};
     fsdp_status st = fsdp_state_create(ctx, src, &sv->state);
     if (st == FSDP_OK) st = fsdp_ckpt_writer_create(ctx, cfg->checkpoint.dir, &o, &sv->writer);
@@ -342,6 +353,7 @@ fsdp_status train_saver_save(fsdp_ctx *ctx, train_saver *sv, const train_progres
     fsdp_ckpt_meta meta = {.step = prog->step,
                            .layout = sv->layout,
                            .config = sv->config,
+                           .model_config = sv->model_config,
                            .n_extras = N_EXTRAS,
                            .extra_names = g_extra_names,
                            .extra_values = values};
@@ -362,5 +374,6 @@ void train_saver_free(fsdp_ctx *ctx, train_saver *sv) {
     fsdp_ckpt_writer_free(ctx, sv->writer);
     fsdp_state_free(sv->state);
     free(sv->config);
+    free(sv->model_config);
     memset(sv, 0, sizeof *sv);
 }

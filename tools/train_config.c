@@ -184,8 +184,10 @@ static const key_def g_keys[] = {
     STRING_KEY("model", "init", model.init, "random",
                "initial parameters: random (drawn from train.seed), or the path of a state to "
                "take them from: a checkpoint step directory (a run's directory: its newest "
-               "checkpoint), or a PyTorch state dict (.safetensors or HDF5) of nn.Sequential "
-               "names 0.weight, 0.bias, 2.weight, ... Parameters only: the optimizer starts "
+               "checkpoint), a PyTorch state dict (.safetensors or HDF5) of the model's names "
+               "(mlp: nn.Sequential's 0.weight, 0.bias, 2.weight, ...), or a Hugging Face "
+               "model directory (config.json with model.safetensors or its shards). Parameters "
+               "only: the optimizer starts "
                "fresh. Ignored when the run resumes"),
     ENUM_KEY("model", "norm", model.norm, "none", g_norm_names, NULL,
              "mlp: normalisation of the input: none, or rmsnorm (an RMSNorm over widths[0] before "

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "fsdp/llama.h"
 #include "fsdp/optim.h"
 #include "fsdp/wrap.h"
 
@@ -112,6 +113,11 @@ typedef struct fsdp_ckpt_meta {
     int n_extras;
     const char *const *extra_names;
     const int64_t *extra_values;
+    /* The model's hyper-parameters as the text of a JSON object, or NULL: for a Llama model,
+     * its Hugging Face config.json (fsdp_llama_config_to_hf_json), which `fsdp-ckpt export
+     * --format hf` needs. At most 1 MiB. Stored as the optional dataset "model_config" of
+     * metadata.h5 (readers before it ignore it: the format version is unchanged). */
+    const char *model_config;
 } fsdp_ckpt_meta;
 
 typedef struct fsdp_ckpt_options {
@@ -174,6 +180,9 @@ int fsdp_ckpt_world_size(const fsdp_ckpt *ck);     /* ranks that saved it (shard
 const char *fsdp_ckpt_layout(const fsdp_ckpt *ck); /* "" when none was given */
 const char *fsdp_ckpt_config(const fsdp_ckpt *ck); /* "" when none was given */
 const char *fsdp_ckpt_library_version(const fsdp_ckpt *ck);
+/* The model configuration JSON saved with fsdp_ckpt_meta.model_config (or taken from an
+ * imported Hugging Face directory's config.json); "" when none was given. */
+const char *fsdp_ckpt_model_config(const fsdp_ckpt *ck);
 int64_t fsdp_ckpt_optim_steps(const fsdp_ckpt *ck); /* the optimizer's step count */
 /* A named integer of fsdp_ckpt_meta; FSDP_ERR_NOT_FOUND when it was not saved. */
 fsdp_status fsdp_ckpt_extra(fsdp_ctx *ctx, const fsdp_ckpt *ck, const char *name, int64_t *out);
@@ -227,6 +236,43 @@ typedef struct fsdp_ckpt_export_options {
 fsdp_status fsdp_ckpt_export_h5(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
                                 const fsdp_ckpt_export_options *opts);
 
+/* Writes the checkpoint as one safetensors file at path (truncating): a JSON header with one
+ * entry per tensor (dtype F32 or BF16, global shape, byte range) and "__metadata__" holding
+ * format "pt", the step and the optimizer steps, then the values, one tensor at a time (memory:
+ * the largest tensor). safetensors.torch.load_file reads it. opts may be NULL; its zstd_level
+ * must be 0 (safetensors has no compression). On failure the partial file is removed. */
+fsdp_status fsdp_ckpt_export_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
+                                         const fsdp_ckpt_export_options *opts);
+
+/* ---- Hugging Face interchange ---- */
+
+#define FSDP_HF_CONFIG_MAX (1 << 20) /* bytes of a config.json text read or stored */
+
+/* The config.json of a Hugging Face LlamaForCausalLM of cfg's shape (cfg resolved first:
+ * architectures, model_type "llama", hidden_size, intermediate_size, num_attention_heads,
+ * num_key_value_heads, num_hidden_layers, vocab_size, max_position_embeddings, rms_norm_eps,
+ * rope_theta, initializer_range, hidden_act "silu", head_dim, attention_bias and mlp_bias false,
+ * tie_word_embeddings false, torch_dtype "float32"). *out is malloc'ed; the caller frees it. */
+fsdp_status fsdp_llama_config_to_hf_json(fsdp_ctx *ctx, const fsdp_llama_config *cfg, char **out);
+
+/* Reads a Hugging Face config.json text (as fsdp_llama_config_to_hf_json writes, or from a
+ * model on the Hub) into *out, resolved. Refused, naming the key and the fix: a model_type other
+ * than "llama", a missing or out-of-range size, and what fsdp_model_llama does not build
+ * (tied embeddings, attention or MLP biases, an activation other than silu, a head_dim other
+ * than hidden_size / num_attention_heads, rope_scaling). Unknown keys are ignored. */
+fsdp_status fsdp_llama_config_from_hf_json(fsdp_ctx *ctx, const char *json, fsdp_llama_config *out);
+
+/* Writes the checkpoint as a Hugging Face model directory dir (created when missing):
+ * config.json, made from the checkpoint's model configuration (fsdp_ckpt_model_config, which
+ * must describe a Llama), and model.safetensors with the parameters, so that
+ * transformers.LlamaForCausalLM.from_pretrained(dir) loads it with no missing or unexpected
+ * key. Before writing, the checkpoint's parameters must be exactly the Llama's, by name and
+ * shape (the error names the first that differs); optimizer state is not written. torch_dtype
+ * is "float32" (from_pretrained's default; bf16 parameters are stored as BF16 and upcast when
+ * loaded). opts may be NULL; with_optim and zstd_level must be unset. */
+fsdp_status fsdp_ckpt_export_hf(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *dir,
+                                const fsdp_ckpt_export_options *opts);
+
 /* ---- importing a PyTorch state dict ---- */
 
 /* What happens to a tensor that is not f32. */
@@ -254,11 +300,17 @@ typedef struct fsdp_ckpt_import_options {
  *   - an HDF5 file whose datasets are the tensors, named by their state_dict keys
  *     (h5py: f[k] = v.numpy() for each item), at the root or in nested groups ("a/b/c" is
  *     the tensor "a.b.c");
- * told apart by the HDF5 signature. Every tensor becomes one piece of one shard file, of kind
- * FSDP_STATE_PARAM, with its name and shape; the checkpoint has no optimizer state (optimizer
- * steps 0), so load it into a state made without the optimizer, or with non_strict. Nothing
- * in the file is trusted: the safetensors header (length, JSON, each dtype, shape and byte
- * range, which must tile the data up to the end of the file), names (unique, printable, no
+ * told apart by the HDF5 signature, or
+ *   - a Hugging Face model directory (model.save_pretrained(dir, safe_serialization=True)):
+ *     config.json and model.safetensors, or the shards model.safetensors.index.json lists
+ *     (every tensor in the file its weight_map names, every file's tensors listed). The
+ *     config.json text (a JSON object, at most FSDP_HF_CONFIG_MAX bytes) becomes the
+ *     checkpoint's model configuration (fsdp_ckpt_model_config). Every tensor becomes one piece of
+ * one shard file, of kind FSDP_STATE_PARAM, with its name and shape; the checkpoint has no
+ * optimizer state (optimizer steps 0), so load it into a state made without the optimizer, or with
+ * non_strict. Nothing in the file is trusted: the safetensors header (length, JSON, each dtype,
+ * shape and byte range, which must tile the data up to the end of the file), names (unique,
+ * printable, no
  * '/') and dtypes (floating point) are checked before anything is written, and each failure
  * names the file, the tensor and the fix. Integer and bool tensors are refused. Memory: one
  * tensor at a time. Makes no collective; one rank calls it. opts may be NULL (the defaults).

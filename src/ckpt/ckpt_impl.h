@@ -37,6 +37,7 @@ typedef struct ckpt_piece {
 typedef struct ckpt_meta {
     int64_t version, step, optim_steps, world_size;
     char *library_version, *layout, *config, *names, *extra_names;
+    char *model_config; /* "" when the optional dataset is absent */
     ckpt_tensor *tensors;
     int n_tensors;
     ckpt_piece *pieces;

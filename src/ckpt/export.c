@@ -1,6 +1,8 @@
-/* export.c: a checkpoint as one unsharded HDF5 file, one dataset per tensor with its global
- * shape, written one tensor at a time (fsdp_ckpt_export_h5). */
+/* export.c: a checkpoint as one unsharded file, written one tensor at a time: HDF5, one dataset
+ * per tensor with its global shape (fsdp_ckpt_export_h5), or safetensors
+ * (fsdp_ckpt_export_safetensors). */
 #define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -58,5 +60,125 @@ fsdp_status fsdp_ckpt_export_h5(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
     if (H5Fclose(file) < 0 && s == FSDP_OK) s = h5_fail(ctx, "cannot close", path);
     h5_unlock();
     if (s != FSDP_OK) remove(path);
+    return s;
+}
+
+/* ---- safetensors ---- */
+
+static bool exported(const ckpt_tensor *x, bool with_optim) {
+    return with_optim || x->kind != FSDP_STATE_OPTIM;
+}
+
+static int64_t tensor_bytes(const ckpt_tensor *x) {
+    int64_t n = (int64_t)fsdp_dtype_size(x->dtype);
+    for (int d = 0; d < x->ndim; d++) n *= x->shape[d];
+    return n;
+}
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+/* The safetensors header: metadata, then every exported tensor with its byte range (data in
+ * this order). */
+static void safetensors_header(const fsdp_ckpt *ck, bool with_optim, FILE *f) {
+    fprintf(f, "{\"__metadata__\":{\"format\":\"pt\",\"step\":\"%lld\",\"optim_steps\":\"%lld\"}",
+            (long long)ck->meta.step, (long long)ck->meta.optim_steps);
+    int64_t off = 0;
+    for (int t = 0; t < ck->meta.n_tensors; t++) {
+        const ckpt_tensor *x = &ck->meta.tensors[t];
+        if (!exported(x, with_optim)) continue;
+        fputc(',', f);
+        json_string(f, x->name);
+        fprintf(f, ":{\"dtype\":\"%s\",\"shape\":[", x->dtype == FSDP_DTYPE_BF16 ? "BF16" : "F32");
+        for (int d = 0; d < x->ndim; d++)
+            fprintf(f, "%s%lld", d ? "," : "", (long long)x->shape[d]);
+        fprintf(f, "],\"data_offsets\":[%lld,%lld]}", (long long)off,
+                (long long)(off + tensor_bytes(x)));
+        off += tensor_bytes(x);
+    }
+    fputc('}', f);
+}
+
+static bool little_endian(void) {
+    const uint16_t one = 1;
+    return *(const unsigned char *)&one == 1;
+}
+
+/* The header's length (8 bytes, little-endian), the header padded with spaces to a multiple
+ * of 8 bytes, then each exported tensor's values. */
+static fsdp_status write_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, bool with_optim, FILE *f) {
+    char *head = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&head, &len);
+    if (!mem) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "safetensors header");
+    safetensors_header(ck, with_optim, mem);
+    if (fclose(mem) != 0 || !head) {
+        free(head);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "safetensors header");
+    }
+    size_t padded = (len + 7) / 8 * 8;
+    unsigned char n8[8];
+    for (int i = 0; i < 8; i++) n8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    fwrite(n8, 1, 8, f);
+    fwrite(head, 1, len, f);
+    for (size_t i = len; i < padded; i++) fputc(' ', f);
+    free(head);
+    fsdp_status s = FSDP_OK;
+    for (int t = 0; s == FSDP_OK && t < ck->meta.n_tensors; t++) {
+        const ckpt_tensor *x = &ck->meta.tensors[t];
+        if (!exported(x, with_optim)) continue;
+        fsdp_state_region all = {.ndim = x->ndim};
+        for (int d = 0; d < x->ndim; d++) all.count[d] = x->shape[d];
+        size_t bytes = (size_t)tensor_bytes(x);
+        void *buf = malloc(bytes + 1);
+        if (!buf) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "exporting '%s'", x->name);
+        s = fsdp_ckpt_read(ctx, ck, t, &all, buf);
+        if (s == FSDP_OK && fwrite(buf, 1, bytes, f) != bytes)
+            s = FSDP_FAIL(ctx, FSDP_ERR_IO, "writing tensor '%s' failed (disk full?)", x->name);
+        free(buf);
+    }
+    if (s == FSDP_OK && ferror(f)) s = FSDP_FAIL(ctx, FSDP_ERR_IO, "writing failed (disk full?)");
+    return s;
+}
+
+fsdp_status fsdp_ckpt_export_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
+                                         const fsdp_ckpt_export_options *opts) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ck);
+    FSDP_ARG_NOT_NULL(ctx, path);
+    fsdp_ckpt_export_options o = opts ? *opts : (fsdp_ckpt_export_options){0};
+    if (o.zstd_level != 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "export to '%s': safetensors has no compression; leave zstd_level 0 "
+                         "(or export to HDF5)",
+                         path);
+    if (!little_endian())
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "export to '%s': safetensors is little-endian and this host is not; "
+                         "export to HDF5 instead",
+                         path);
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return FSDP_FAIL(ctx, FSDP_ERR_IO,
+                         "export: cannot create '%s': check the directory exists and is writable",
+                         path);
+    fsdp_status s = write_safetensors(ctx, ck, o.with_optim, f);
+    if (fclose(f) != 0 && s == FSDP_OK)
+        s = FSDP_FAIL(ctx, FSDP_ERR_IO, "closing '%s' failed (disk full?)", path);
+    if (s != FSDP_OK) {
+        s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, "export to '%s'", path);
+        remove(path);
+    }
     return s;
 }

@@ -1,11 +1,12 @@
-/* import.c: a PyTorch state dict (safetensors or HDF5) as a committed checkpoint of one piece
- * per tensor, written through the shard and metadata writers a save uses, one tensor at a time
- * (fsdp_ckpt_import). */
+/* import.c: a PyTorch state dict (safetensors, HDF5, or a Hugging Face model directory) as a
+ * committed checkpoint of one piece per tensor, written through the shard and metadata writers a
+ * save uses, one tensor at a time (fsdp_ckpt_import). */
 #define _POSIX_C_SOURCE 200809L
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "ckpt/ckpt_impl.h"
 #include "ckpt/dir.h"
@@ -166,6 +167,7 @@ static fsdp_status describe(fsdp_ctx *ctx, const import_source *src,
     m->world_size = 1;
     m->layout = (char *)"imported";
     m->config = (char *)"";
+    m->model_config = src->model_config;
     m->tensors = calloc((size_t)src->n_tensors + 1, sizeof *m->tensors);
     m->pieces = calloc((size_t)src->n_tensors + 1, sizeof *m->pieces);
     if (!m->tensors || !m->pieces) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "import");
@@ -266,8 +268,11 @@ fsdp_status fsdp_ckpt_import(fsdp_ctx *ctx, const char *src_path, const char *di
     fsdp_ckpt_import_options o = opts ? *opts : (fsdp_ckpt_import_options){0};
     FSDP_TRY(check_options(ctx, &o));
     import_source src;
-    fsdp_status s = is_hdf5(src_path) ? import_open_h5(ctx, src_path, &src)
-                                      : import_open_safetensors(ctx, src_path, &src);
+    struct stat sb;
+    fsdp_status s = stat(src_path, &sb) == 0 && S_ISDIR(sb.st_mode)
+                        ? import_open_hf_dir(ctx, src_path, &src)
+                    : is_hdf5(src_path) ? import_open_h5(ctx, src_path, &src)
+                                        : import_open_safetensors(ctx, src_path, &src);
     if (s == FSDP_OK) s = check_names(ctx, &src);
     if (s == FSDP_OK) s = write_checkpoint(ctx, &src, dir, &o);
     src.iface->close(&src);

@@ -1,5 +1,6 @@
-/* import_source.h: a state dict file that fsdp_ckpt_import reads (safetensors.c, import_h5.c): its
- * tensors listed and checked when opened, then read one at a time. Internal to src/ckpt. */
+/* import_source.h: a state dict that fsdp_ckpt_import reads (safetensors.c, import_h5.c, a
+ * Hugging Face directory in import_hf.c): its tensors listed and checked when opened, then read
+ * one at a time. Internal to src/ckpt. */
 #ifndef FSDP_CKPT_IMPORT_SOURCE_H
 #define FSDP_CKPT_IMPORT_SOURCE_H
 
@@ -25,8 +26,9 @@ typedef struct import_tensor {
     int ndim;
     int64_t shape[FSDP_MAX_DIMS];
     int64_t numel;
-    uint64_t begin, end; /* safetensors: the byte range in the data section */
-    char *h5_path;       /* HDF5: the dataset's path in the file (malloc'ed) */
+    uint64_t begin, end;  /* safetensors: the byte range in the data section */
+    char *h5_path;        /* HDF5: the dataset's path in the file (malloc'ed) */
+    int part, part_index; /* a directory: tensor part_index of its file parts[part] */
 } import_tensor;
 
 typedef struct import_source import_source;
@@ -43,9 +45,12 @@ struct import_source {
     const char *path;
     import_tensor *tensors; /* malloc'ed, in the order they are written */
     int n_tensors;
-    FILE *file;          /* safetensors */
-    uint64_t data_start; /* safetensors: the first byte of the data section */
-    hid_t h5;            /* HDF5 */
+    FILE *file;           /* safetensors */
+    uint64_t data_start;  /* safetensors: the first byte of the data section */
+    hid_t h5;             /* HDF5 */
+    import_source *parts; /* a Hugging Face directory: its safetensors files */
+    int n_parts;
+    char *model_config; /* a Hugging Face directory: the text of its config.json */
 };
 
 /* Bytes of one element of a convertible dtype (import_source.c). */
@@ -59,5 +64,9 @@ fsdp_status import_open_safetensors(fsdp_ctx *ctx, const char *path, import_sour
 /* Opens path as an HDF5 state dict: every dataset (groups a/b/c name "a.b.c") is a tensor.
  * Takes the HDF5 lock itself. */
 fsdp_status import_open_h5(fsdp_ctx *ctx, const char *path, import_source *out);
+/* Opens dir as a Hugging Face model directory (import_hf.c): config.json (a JSON object, kept
+ * as model_config) and model.safetensors, or the files model.safetensors.index.json maps the
+ * tensors to, which must agree with it exactly. */
+fsdp_status import_open_hf_dir(fsdp_ctx *ctx, const char *dir, import_source *out);
 
 #endif

@@ -61,6 +61,9 @@ const char *fsdp_ckpt_layout(const fsdp_ckpt *ck) {
 const char *fsdp_ckpt_config(const fsdp_ckpt *ck) {
     return ck ? ck->meta.config : "";
 }
+const char *fsdp_ckpt_model_config(const fsdp_ckpt *ck) {
+    return ck && ck->meta.model_config ? ck->meta.model_config : "";
+}
 const char *fsdp_ckpt_library_version(const fsdp_ckpt *ck) {
     return ck ? ck->meta.library_version : "";
 }

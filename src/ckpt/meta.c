@@ -67,7 +67,10 @@ static fsdp_status write_attrs(fsdp_ctx *ctx, hid_t f, const ckpt_meta *m) {
     FSDP_TRY(h5_attr_write_i64(ctx, f, "world_size", m->world_size));
     const char *layout = m->layout ? m->layout : "", *config = m->config ? m->config : "";
     FSDP_TRY(h5_write_bytes(ctx, f, "layout", layout, strlen(layout)));
-    return h5_write_bytes(ctx, f, "config", config, strlen(config));
+    FSDP_TRY(h5_write_bytes(ctx, f, "config", config, strlen(config)));
+    /* Optional (readers before it ignore it), so written only when there is one. */
+    if (!m->model_config || !*m->model_config) return FSDP_OK;
+    return h5_write_bytes(ctx, f, "model_config", m->model_config, strlen(m->model_config));
 }
 
 fsdp_status ckpt_meta_write(fsdp_ctx *ctx, const char *dir, const ckpt_meta *m) {
@@ -132,7 +135,13 @@ static fsdp_status read_attrs(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_met
     if (m->step < 0 || m->optim_steps < 0) return bad(ctx, path, "step", (long long)m->step);
     size_t len;
     FSDP_TRY(h5_read_bytes(ctx, f, "layout", CKPT_MAX_TEXT, &m->layout, &len));
-    return h5_read_bytes(ctx, f, "config", CKPT_MAX_TEXT, &m->config, &len);
+    FSDP_TRY(h5_read_bytes(ctx, f, "config", CKPT_MAX_TEXT, &m->config, &len));
+    htri_t has = H5Lexists(f, "model_config", H5P_DEFAULT);
+    if (has < 0) return h5_fail(ctx, "cannot look for model_config in", path);
+    if (has)
+        return h5_read_bytes(ctx, f, "model_config", FSDP_HF_CONFIG_MAX, &m->model_config, &len);
+    m->model_config = calloc(1, 1);
+    return m->model_config ? FSDP_OK : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "metadata");
 }
 
 static int by_name(const void *a, const void *b) {
@@ -298,6 +307,7 @@ void ckpt_meta_free(ckpt_meta *m) {
     free(m->library_version);
     free(m->layout);
     free(m->config);
+    free(m->model_config);
     free(m->names);
     free(m->extra_names);
     free(m->tensors);

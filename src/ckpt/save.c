@@ -38,7 +38,7 @@ typedef struct job {
     int n_frags;
     bool has_meta; /* rank 0 */
     ckpt_meta meta;
-    char *meta_text[2]; /* owned layout and config copies */
+    char *meta_text[3]; /* owned layout, config and model_config copies */
     fsdp_ctx *tctx;     /* async: the thread's context for its failure */
     fsdp_status status;
 } job;
@@ -348,6 +348,7 @@ static void job_free(job *jb) {
     for (int i = 0; i < jb->meta.n_extras; i++) free(jb->meta.extra_name[i]);
     free(jb->meta_text[0]);
     free(jb->meta_text[1]);
+    free(jb->meta_text[2]);
     fsdp_ctx_free(jb->tctx);
     free(jb);
 }
@@ -369,6 +370,11 @@ static fsdp_status check_meta(fsdp_ctx *ctx, const fsdp_ckpt_meta *meta) {
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "checkpoint extras: %d given (at most %d, with names and values)",
                          meta->n_extras, FSDP_CKPT_MAX_EXTRAS);
+    if (meta->model_config && strlen(meta->model_config) > FSDP_HF_CONFIG_MAX)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "checkpoint model_config: %zu bytes, at most %d are stored; pass the "
+                         "model's config.json text only",
+                         strlen(meta->model_config), FSDP_HF_CONFIG_MAX);
     for (int i = 0; i < meta->n_extras; i++) {
         const char *n = meta->extra_names[i];
         size_t len = n ? strlen(n) : 0;
@@ -405,8 +411,9 @@ static fsdp_status job_describe(fsdp_ctx *ctx, job *jb, const fsdp_state *st,
     m->world_size = jb->world;
     m->layout = jb->meta_text[0] = strdup(meta->layout ? meta->layout : "");
     m->config = jb->meta_text[1] = strdup(meta->config ? meta->config : "");
+    m->model_config = jb->meta_text[2] = strdup(meta->model_config ? meta->model_config : "");
     m->tensors = calloc((size_t)st->n_entries + 1, sizeof *m->tensors);
-    if (!m->layout || !m->config || !m->tensors)
+    if (!m->layout || !m->config || !m->model_config || !m->tensors)
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint");
     m->n_tensors = st->n_entries;
     for (int i = 0; i < st->n_entries; i++) {

@@ -121,7 +121,8 @@ typedef struct fsdp_kernels_i {
                               int64_t NKV, int64_t D);
     /* dq (B, T, NH, D), dk and dv (B, T, NKV, D) written (dk, dv sum over the heads of a
      * group), from dout and the forward's q, k, v, out and lse. Each (b, h) probability block is
-     * recomputed from q, k and lse in scratch (T, T), one block at a time. */
+     * recomputed from q, k and lse in scratch (2, T, T), one block at a time, beside the block
+     * dout v^T (the CPU computes both with GEMMs). */
     void (*attention_backward)(float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,

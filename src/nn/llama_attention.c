@@ -20,7 +20,7 @@ typedef struct llama_attention {
     const fsdp_tensor *v; /* (B, T, NKV * hd): v_proj's output */
     fsdp_tensor *att;     /* (B, T, NH * hd): attention output, o_proj's input */
     fsdp_tensor *lse;     /* (B, NH, T) */
-    fsdp_tensor *scratch; /* (T, T): one score block */
+    fsdp_tensor *scratch; /* (2, T, T): one score block (and backward's dO V^T block) */
     fsdp_tensor *dq, *dk, *dv;
     fsdp_tensor *dinput; /* (B, T, dim) */
 } llama_attention;
@@ -113,7 +113,7 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
     FSDP_TRY(fsdp_nn_buffer(ctx, &a->k, dev, 3, (int64_t[]){B, T, NKV * hd}));
     FSDP_TRY(fsdp_nn_buffer(ctx, &a->att, dev, 3, (int64_t[]){B, T, NH * hd}));
     FSDP_TRY(fsdp_nn_buffer(ctx, &a->lse, dev, 3, (int64_t[]){B, NH, T}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &a->scratch, dev, 2, (int64_t[]){T, T}));
+    FSDP_TRY(fsdp_nn_buffer(ctx, &a->scratch, dev, 3, (int64_t[]){2, T, T}));
     const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
     k->rope_forward(fsdp_tensor_f32(a->q), fsdp_tensor_f32(q), cos, sin, B, T, NH, hd);
     k->rope_forward(fsdp_tensor_f32(a->k), fsdp_tensor_f32(kk), cos, sin, B, T, NKV, hd);

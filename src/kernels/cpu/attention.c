@@ -58,8 +58,9 @@ void fsdp_cpu_attention_forward(float *out, float *lse, float *scratch, const fl
 }
 
 /* With P the probabilities, dO the output gradient and O the output of one head:
- *   dV += P^T dO;  dS_ij = P_ij (dO_i . V_j - dO_i . O_i);  dQ = dS K / sqrt(D);
- *   dK += dS^T Q / sqrt(D). dS overwrites P in place, row by row. */
+ *   dV += P^T dO;  dP = dO V^T;  dS_ij = P_ij (dP_ij - dO_i . O_i);  dQ = dS K / sqrt(D);
+ *   dK += dS^T Q / sqrt(D). scratch holds P (T, T), then dP (T, T) after it; dS overwrites P in
+ *   place, row by row. */
 void fsdp_cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                  const float *q, const float *k, const float *v, const float *out,
                                  const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
@@ -76,20 +77,17 @@ void fsdp_cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch
                     ko = head_offset(b, g, T, NKV, D);
             const float *qh = q + qo, *oh = out + qo, *doh = dout + qo; // (T, D), stride NH * D
             const float *kg = k + ko, *vg = v + ko;                     // (T, D), stride NKV * D
-            float *P = scratch;                                         // (T, T)
+            float *P = scratch, *dP = scratch + T * T;                  // (T, T) each
             probabilities(P, NULL, lse + (b * NH + h) * T, qh, kg, T, NH, NKV, D);
             fsdp_cpu_gemm(true, false, T, D, T, 1.0f, P, T, doh, NH * D, 1.0f, dv + ko, NKV * D);
+            fsdp_cpu_gemm(false, true, T, T, D, 1.0f, doh, NH * D, vg, NKV * D, 0.0f, dP, T);
             for (int64_t i = 0; i < T; i++) {
                 const float *dyi = doh + i * NH * D, *oi = oh + i * NH * D; // (D)
                 float *row = P + i * T;                                     // (T)
+                const float *dpi = dP + i * T;                              // (T)
                 double di = 0.0;
                 for (int64_t d = 0; d < D; d++) di += (double)dyi[d] * (double)oi[d];
-                for (int64_t j = 0; j <= i; j++) {
-                    const float *vj = vg + j * NKV * D; // (D)
-                    float dp = 0.0f;
-                    for (int64_t d = 0; d < D; d++) dp += dyi[d] * vj[d];
-                    row[j] = row[j] * (float)((double)dp - di);
-                }
+                for (int64_t j = 0; j <= i; j++) row[j] = row[j] * (float)((double)dpi[j] - di);
             }
             fsdp_cpu_gemm(false, false, T, D, T, scale, P, T, kg, NKV * D, 0.0f, dq + qo, NH * D);
             fsdp_cpu_gemm(true, false, T, D, T, scale, P, T, qh, NH * D, 1.0f, dk + ko, NKV * D);

@@ -1,0 +1,340 @@
+/* hf.c: Hugging Face interchange for Llama models: a config.json written from and read into
+ * fsdp_llama_config (with jansson), and a checkpoint exported as a model directory
+ * (config.json + model.safetensors) that transformers' LlamaForCausalLM.from_pretrained loads. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt/ckpt_impl.h"
+#include "core/error.h"
+
+#define HF_MAX_LAYERS 100000
+
+/* ---- config.json ---- */
+
+/* The shortest decimal that reads back as the float f, as a double (so 1e-6f is 1e-06 in the
+ * JSON, not 9.99999997e-07). */
+static double short_real(float f) {
+    char buf[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
+        if (strtof(buf, NULL) == f) break;
+    }
+    return strtod(buf, NULL);
+}
+
+fsdp_status fsdp_llama_config_to_hf_json(fsdp_ctx *ctx, const fsdp_llama_config *cfg, char **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, cfg);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    fsdp_llama_config c;
+    FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
+    if (c.n_layers < 1 || c.vocab_size < 1)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Llama config for Hugging Face: n_layers (%d) and vocab_size (%lld) must "
+                         "be at least 1",
+                         c.n_layers, (long long)c.vocab_size);
+    json_t *rope =
+        json_pack("{s:s, s:f}", "rope_type", "default", "rope_theta", short_real(c.rope_theta));
+    json_t *j = json_pack(
+        "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:o, s:f, s:s, s:b, s:b, "
+        "s:b, s:s}",
+        "architectures", "LlamaForCausalLM", "model_type", "llama", "hidden_size",
+        (json_int_t)c.dim, "intermediate_size", (json_int_t)c.ffn_hidden, "num_attention_heads",
+        (json_int_t)c.n_heads, "num_key_value_heads", (json_int_t)c.n_kv_heads, "num_hidden_layers",
+        (json_int_t)c.n_layers, "head_dim", (json_int_t)(c.dim / c.n_heads), "vocab_size",
+        (json_int_t)c.vocab_size, "max_position_embeddings", (json_int_t)c.max_seq_len,
+        "rms_norm_eps", short_real(c.norm_eps), "rope_theta", short_real(c.rope_theta),
+        "rope_parameters", rope, "initializer_range", short_real(c.init_std), "hidden_act", "silu",
+        "attention_bias", 0, "mlp_bias", 0, "tie_word_embeddings", 0, "torch_dtype", "float32");
+    char *text =
+        j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(j);
+    if (!text) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "Llama config.json");
+    /* A copy with a final newline, which the caller frees with free(). */
+    size_t n = strlen(text);
+    *out = malloc(n + 2);
+    if (*out) memcpy(*out, text, n), memcpy(*out + n, "\n", 2);
+    free(text);
+    return *out ? FSDP_OK : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "Llama config.json");
+}
+
+static fsdp_status bad_key(fsdp_ctx *ctx, const char *key, const char *what) {
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "Hugging Face config.json: \"%s\" %s", key,
+                     what);
+}
+
+/* An integer key in [lo, hi]; absent: *v keeps its default unless required. */
+static fsdp_status get_int(fsdp_ctx *ctx, json_t *j, const char *key, bool required, int64_t lo,
+                           int64_t hi, int64_t *v) {
+    json_t *x = json_object_get(j, key);
+    if (!x || json_is_null(x))
+        return required ? bad_key(ctx, key, "is missing; a LlamaConfig names it") : FSDP_OK;
+    if (!json_is_integer(x)) return bad_key(ctx, key, "must be a whole number");
+    json_int_t n = json_integer_value(x);
+    if (n < lo || n > hi)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Hugging Face config.json: \"%s\" is %lld; libfsdp takes %lld .. %lld",
+                         key, (long long)n, (long long)lo, (long long)hi);
+    *v = n;
+    return FSDP_OK;
+}
+
+/* A positive finite number key; absent or null keeps the default. */
+static fsdp_status get_real(fsdp_ctx *ctx, json_t *j, const char *key, float *v) {
+    json_t *x = json_object_get(j, key);
+    if (!x || json_is_null(x)) return FSDP_OK;
+    double d = json_number_value(x);
+    if (!json_is_number(x) || !(d > 0) || !isfinite((float)d))
+        return bad_key(ctx, key, "must be a positive number within float32's range");
+    *v = (float)d;
+    return FSDP_OK;
+}
+
+/* A boolean key that libfsdp supports only as `want` (absent: HF's default, which is `want`). */
+static fsdp_status require_bool(fsdp_ctx *ctx, json_t *j, const char *key, bool want,
+                                const char *why) {
+    json_t *x = json_object_get(j, key);
+    if (!x || json_is_null(x)) return FSDP_OK;
+    if (!json_is_boolean(x)) return bad_key(ctx, key, "must be true or false");
+    if (json_is_true(x) == want) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED, "Hugging Face config.json: \"%s\" is %s: %s", key,
+                     want ? "false" : "true", why);
+}
+
+/* What fsdp_model_llama does not build is refused. */
+static fsdp_status check_supported(fsdp_ctx *ctx, json_t *j) {
+    json_t *mt = json_object_get(j, "model_type");
+    if (!json_is_string(mt) || strcmp(json_string_value(mt), "llama"))
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "Hugging Face config.json: \"model_type\" is %s%.32s%s; libfsdp builds "
+                         "\"llama\" models only",
+                         json_is_string(mt) ? "\"" : "",
+                         json_is_string(mt) ? json_string_value(mt) : "missing",
+                         json_is_string(mt) ? "\"" : "");
+    FSDP_TRY(require_bool(ctx, j, "tie_word_embeddings", false,
+                          "libfsdp's Llama has its own lm_head (untied); untie the weights "
+                          "(copy embed_tokens into lm_head) before saving"));
+    FSDP_TRY(
+        require_bool(ctx, j, "attention_bias", false, "libfsdp's Llama attention has no biases"));
+    FSDP_TRY(require_bool(ctx, j, "mlp_bias", false, "libfsdp's Llama MLP has no biases"));
+    json_t *act = json_object_get(j, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
+        return bad_key(ctx, "hidden_act", "must be \"silu\" (SwiGLU), the only MLP libfsdp builds");
+    json_t *rs = json_object_get(j, "rope_scaling");
+    if (rs && !json_is_null(rs))
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "Hugging Face config.json: \"rope_scaling\" is set; libfsdp implements "
+                         "the default rotary embedding only (remove it to train without scaling)");
+    json_t *rp = json_object_get(j, "rope_parameters");
+    json_t *rt = json_is_object(rp) ? json_object_get(rp, "rope_type") : NULL;
+    if (rt && (!json_is_string(rt) || strcmp(json_string_value(rt), "default")))
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "Hugging Face config.json: \"rope_parameters\".\"rope_type\" is not "
+                         "\"default\"; libfsdp implements the default rotary embedding only");
+    return FSDP_OK;
+}
+
+static fsdp_status read_config(fsdp_ctx *ctx, json_t *j, fsdp_llama_config *c) {
+    if (!json_is_object(j))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Hugging Face config.json is not a JSON object");
+    FSDP_TRY(check_supported(ctx, j));
+    int64_t dim = 0, layers = 0, heads = 0, kv = 0, vocab = 0, ffn = 0, seq = 2048;
+    FSDP_TRY(get_int(ctx, j, "hidden_size", true, 1, 1 << 20, &dim));
+    FSDP_TRY(get_int(ctx, j, "num_hidden_layers", true, 1, HF_MAX_LAYERS, &layers));
+    FSDP_TRY(get_int(ctx, j, "num_attention_heads", true, 1, 1 << 20, &heads));
+    FSDP_TRY(get_int(ctx, j, "num_key_value_heads", false, 1, 1 << 20, &kv));
+    FSDP_TRY(get_int(ctx, j, "vocab_size", true, 1, INT32_MAX, &vocab));
+    FSDP_TRY(get_int(ctx, j, "intermediate_size", true, 1, (int64_t)1 << 24, &ffn));
+    FSDP_TRY(get_int(ctx, j, "max_position_embeddings", false, 1, (int64_t)1 << 24, &seq));
+    int64_t head_dim = dim / heads;
+    FSDP_TRY(get_int(ctx, j, "head_dim", false, 1, 1 << 20, &head_dim));
+    if (head_dim * heads != dim)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "Hugging Face config.json: head_dim %lld times num_attention_heads %lld "
+                         "is not hidden_size %lld; libfsdp's head size is hidden_size / "
+                         "num_attention_heads",
+                         (long long)head_dim, (long long)heads, (long long)dim);
+    *c = (fsdp_llama_config){.dim = dim,
+                             .n_layers = (int)layers,
+                             .n_heads = (int)heads,
+                             .n_kv_heads = (int)kv,
+                             .vocab_size = vocab,
+                             .ffn_hidden = ffn,
+                             .max_seq_len = seq,
+                             .norm_eps = 1e-6f,
+                             .rope_theta = 10000.0f,
+                             .init_std = 0.02f};
+    FSDP_TRY(get_real(ctx, j, "rms_norm_eps", &c->norm_eps));
+    FSDP_TRY(get_real(ctx, j, "initializer_range", &c->init_std));
+    json_t *rp = json_object_get(j, "rope_parameters"); /* transformers 5; wins over the old key */
+    FSDP_TRY(get_real(ctx, j, "rope_theta", &c->rope_theta));
+    if (json_is_object(rp)) FSDP_TRY(get_real(ctx, rp, "rope_theta", &c->rope_theta));
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_llama_config_from_hf_json(fsdp_ctx *ctx, const char *json,
+                                           fsdp_llama_config *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, json);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    if (strlen(json) > FSDP_HF_CONFIG_MAX)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Hugging Face config.json: %zu bytes, more than the %d read", strlen(json),
+                         FSDP_HF_CONFIG_MAX);
+    json_error_t err;
+    json_t *j = json_loads(json, JSON_REJECT_DUPLICATES, &err);
+    if (!j)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Hugging Face config.json is not valid JSON: %s (line %d, column %d)",
+                         err.text, err.line, err.column);
+    fsdp_llama_config c;
+    fsdp_status s = read_config(ctx, j, &c);
+    json_decref(j);
+    if (s == FSDP_OK) s = fsdp_llama_config_resolve(ctx, &c, out);
+    if (s != FSDP_OK) s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, "Hugging Face config.json");
+    return s;
+}
+
+/* ---- export as a model directory ---- */
+
+/* The i-th parameter of a Llama of config c in named_parameters() order, or false past the end. */
+static bool llama_param(const fsdp_llama_config *c, int i, char *name, size_t size, int *ndim,
+                        int64_t shape[2]) {
+    int64_t hd = c->dim / c->n_heads, q = c->n_heads * hd, kv = c->n_kv_heads * hd;
+    static const char *const per_layer[] = {
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+        "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+        "mlp.down_proj",    "input_layernorm",  "post_attention_layernorm"};
+    const int64_t rows[] = {q,      kv,     kv,    c->dim, c->ffn_hidden, c->ffn_hidden,
+                            c->dim, c->dim, c->dim};
+    const int64_t cols[] = {c->dim, c->dim, c->dim, q, c->dim, c->dim, c->ffn_hidden, 0, 0};
+    int n_layer = 9, last = 1 + n_layer * c->n_layers;
+    if (i == 0) {
+        snprintf(name, size, "model.embed_tokens.weight");
+        *ndim = 2, shape[0] = c->vocab_size, shape[1] = c->dim;
+    } else if (i < last) {
+        int l = (i - 1) / n_layer, k = (i - 1) % n_layer;
+        snprintf(name, size, "model.layers.%d.%s.weight", l, per_layer[k]);
+        *ndim = cols[k] ? 2 : 1, shape[0] = rows[k], shape[1] = cols[k];
+    } else if (i == last) {
+        snprintf(name, size, "model.norm.weight");
+        *ndim = 1, shape[0] = c->dim;
+    } else if (i == last + 1) {
+        snprintf(name, size, "lm_head.weight");
+        *ndim = 2, shape[0] = c->vocab_size, shape[1] = c->dim;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+static void shape_text(int ndim, const int64_t *shape, char *buf, size_t size) {
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int d = 0; d < ndim && used < size; d++)
+        used +=
+            (size_t)snprintf(buf + used, size - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (used < size) snprintf(buf + used, size - used, ")");
+}
+
+/* The checkpoint's parameters and buffers are exactly the Llama's, by name and shape. */
+static fsdp_status check_llama_tensors(fsdp_ctx *ctx, const fsdp_ckpt *ck,
+                                       const fsdp_llama_config *c) {
+    char name[FSDP_STATE_NAME_MAX];
+    int ndim, n = 0;
+    int64_t shape[2];
+    for (; llama_param(c, n, name, sizeof name, &ndim, shape); n++) {
+        int t = fsdp_ckpt_find(ck, name);
+        const ckpt_tensor *x = t >= 0 ? &ck->meta.tensors[t] : NULL;
+        if (!x || x->kind != FSDP_STATE_PARAM)
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "checkpoint '%s' has no parameter '%s', which its model configuration "
+                             "(a Llama of %d layers) has: was it saved from another model?",
+                             ck->path, name, c->n_layers);
+        bool same = x->ndim == ndim;
+        for (int d = 0; same && d < ndim; d++) same = x->shape[d] == shape[d];
+        if (!same) {
+            char has[128], wants[128];
+            shape_text(x->ndim, x->shape, has, sizeof has);
+            shape_text(ndim, shape, wants, sizeof wants);
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "checkpoint '%s': parameter '%s' is %s where its model configuration "
+                             "wants %s: the configuration does not describe this checkpoint",
+                             ck->path, name, has, wants);
+        }
+    }
+    for (int t = 0; t < ck->meta.n_tensors; t++) {
+        const ckpt_tensor *x = &ck->meta.tensors[t];
+        if (x->kind == FSDP_STATE_OPTIM) continue;
+        bool known = false;
+        for (int i = 0; !known && llama_param(c, i, name, sizeof name, &ndim, shape); i++)
+            known = !strcmp(name, x->name);
+        if (!known)
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "checkpoint '%s' has tensor '%s', which LlamaForCausalLM does not "
+                             "have (from_pretrained would call it unexpected): export with "
+                             "--format safetensors instead",
+                             ck->path, x->name);
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status write_text(fsdp_ctx *ctx, const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot create '%s': %s; check the directory", path,
+                         strerror(errno));
+    size_t n = strlen(text);
+    bool ok = fwrite(text, 1, n, f) == n;
+    ok = fclose(f) == 0 && ok;
+    if (!ok) remove(path);
+    return ok ? FSDP_OK : FSDP_FAIL(ctx, FSDP_ERR_IO, "writing '%s' failed (disk full?)", path);
+}
+
+fsdp_status fsdp_ckpt_export_hf(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *dir,
+                                const fsdp_ckpt_export_options *opts) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ck);
+    FSDP_ARG_NOT_NULL(ctx, dir);
+    if (opts && (opts->with_optim || opts->zstd_level))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "export to Hugging Face '%s': a model directory holds the parameters "
+                         "only, uncompressed; leave with_optim and zstd_level unset",
+                         dir);
+    if (!*dir || strlen(dir) > 3000)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "export to Hugging Face: the directory name is empty or too long");
+    if (!ck->meta.model_config || !*ck->meta.model_config)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "checkpoint '%s' has no model configuration, which config.json needs: "
+                         "save it with fsdp_ckpt_meta.model_config set to the text of "
+                         "fsdp_llama_config_to_hf_json, or export the weights alone with "
+                         "--format safetensors",
+                         ck->path);
+    fsdp_llama_config c;
+    fsdp_status s = fsdp_llama_config_from_hf_json(ctx, ck->meta.model_config, &c);
+    if (s != FSDP_OK)
+        return fsdp_error_hop(ctx, s, __FILE__, __LINE__, "the model configuration of '%s'",
+                              ck->path);
+    FSDP_TRY(check_llama_tensors(ctx, ck, &c));
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot create directory '%s': %s", dir,
+                         strerror(errno));
+    char *text = NULL, path[4200];
+    FSDP_TRY(fsdp_llama_config_to_hf_json(ctx, &c, &text));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    s = write_text(ctx, path, text);
+    free(text);
+    if (s != FSDP_OK) return s;
+    char weights[4200];
+    snprintf(weights, sizeof weights, "%s/model.safetensors", dir);
+    s = fsdp_ckpt_export_safetensors(ctx, ck, weights, NULL);
+    if (s != FSDP_OK) remove(path);
+    return s;
+}
