@@ -82,6 +82,8 @@ static float init_value(const fsdp_init *init, uint64_t seed, uint64_t stream, u
 static void store(fsdp_tensor *t, int64_t i, float v) {
     if (t->dtype == FSDP_DTYPE_F32)
         ((float *)fsdp_tensor_data(t))[i] = v;
+    else if (t->dtype == FSDP_DTYPE_F16)
+        ((fsdp_f16 *)fsdp_tensor_data(t))[i] = fsdp_f16_from_f32(v);
     else
         ((fsdp_bf16 *)fsdp_tensor_data(t))[i] = fsdp_bf16_from_f32(v);
 }
