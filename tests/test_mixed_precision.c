@@ -277,11 +277,74 @@ static void test_f16_and_no_shard(void) {
     run((mp_case){FSDP_NO_SHARD, false, {FSDP_DTYPE_BF16, FSDP_DTYPE_BF16}});
 }
 
+/* summon_full_params between a forward and its backward: the root unit still holds its bf16
+ * parameters, which summon gathers again in f32, so writeback leaves every shard bit for bit as
+ * it was; the backward then runs (gathering again) and the loss equals a run without the
+ * summon. */
+static fsdp_status summon_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)rank, (void)user;
+    fsdp_mesh *mesh = NULL;
+    fsdp_group *dp = NULL;
+    fsdp_module *m[2] = {NULL, NULL};
+    fsdp_sharded *sh[2] = {NULL, NULL};
+    double loss[2] = {0, 0};
+    fsdp_status st = fsdp_mesh_create(ctx, 1, (int[]){4}, (const char *[]){"dp"}, &mesh);
+    if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "dp", &dp);
+    fsdp_fully_shard_options o = {.group = dp, .mixed_precision = {.param_dtype = FSDP_DTYPE_BF16}};
+    for (int k = 0; k < 2; k++) {
+        if (st == FSDP_OK) st = fsdp_model_mlp_stacked(ctx, 1, &m[k]);
+        if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m[k], SEED);
+        if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m[k], &o, &sh[k]);
+    }
+    fsdp_param *flat = st == FSDP_OK ? fsdp_sharded_unit_flat_param(sh[0], 0) : NULL;
+    int64_t n = flat ? fsdp_tensor_numel(fsdp_param_data(flat)) : 0;
+    float before[256];
+    if (st == FSDP_OK && n > 256)
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "shard of %lld", (long long)n);
+    if (st == FSDP_OK) memcpy(before, fsdp_tensor_f32(fsdp_param_data(flat)), (size_t)n * 4);
+    int64_t off, len;
+    fsdp_batch_range(ctx, dp, STACKED_BATCH, &off, &len);
+    fsdp_tensor *x = NULL;
+    const fsdp_tensor *out;
+    if (st == FSDP_OK) st = stacked_batch_rows(ctx, 100, off, len, &x);
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m[0], x, &out);
+    if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh[0], NULL); /* writeback */
+    if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh[0]);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx,
+                        memcmp(before, fsdp_tensor_f32(fsdp_param_data(flat)), (size_t)n * 4) == 0,
+                        "summon after a bf16 forward wrote rounded values back");
+    /* the backward of that forward, then a whole step of each model: the same loss */
+    if (st == FSDP_OK) {
+        fsdp_tensor *dy = NULL;
+        st = fsdp_tensor_create_like(ctx, out, &dy);
+        if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, dy, 0.0f);
+        if (st == FSDP_OK) st = fsdp_module_backward(ctx, m[0], dy, NULL);
+        fsdp_tensor_free(dy);
+    }
+    for (int k = 0; k < 2 && st == FSDP_OK; k++) st = step(ctx, m[k], dp, 1, &loss[k]);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, loss[0] == loss[1], "loss %.9g after the summon, %.9g without",
+                        loss[0], loss[1]);
+    fsdp_tensor_free(x);
+    for (int k = 0; k < 2; k++) {
+        fsdp_sharded_free(sh[k]);
+        fsdp_module_free(m[k]);
+    }
+    fsdp_mesh_free(mesh);
+    return st;
+}
+
+static void test_summon_after_forward(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(4, 0, summon_rank, NULL));
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"bf16_params_f32_reduce", test_bf16_params_f32_reduce},
         {"bf16_params_bf16_reduce", test_bf16_params_bf16_reduce},
         {"f16_and_no_shard", test_f16_and_no_shard},
+        {"summon_after_forward", test_summon_after_forward},
     };
     return fsdp_test_run(argc, argv, "mixed_precision", cases, sizeof cases / sizeof cases[0]);
 }
