@@ -251,6 +251,9 @@ static fsdp_status hooks_body(fsdp_ctx *ctx, const hook_case *c) {
     if (st == FSDP_OK && (rec.wrong_group || user.n_index < 2 || user.n_index > MAX_INDEX))
         st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s: %d indices, group %s", wrapper_name(c->w),
                        user.n_index, rec.wrong_group ? "wrong" : "right");
+    if (st == FSDP_OK && fsdp_ctx_rank(ctx) == 0)
+        printf("\n    %s W=%d: %d %s, %lld gradient values here", wrapper_name(c->w), W,
+               user.n_index, c->w == WRAP_REPLICATE ? "buckets" : "units", (long long)total);
     float *ref = malloc((size_t)(total + 1) * sizeof(float));
     if (st == FSDP_OK && !ref) st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "ref");
     for (int i = 0, k = 0; st == FSDP_OK && i < user.n_index; k += (int)rec.n[i], i++)

@@ -1,5 +1,5 @@
-/* comm.h: the communication layer: a world of ranks, process groups, collectives on f32 and
- * bf16 tensors, the N-d device mesh, and the comm-debug counters every collective passes.
+/* comm.h: the communication layer: a world of ranks, process groups, collectives on f32, bf16
+ * and f16 tensors, the N-d device mesh, and the comm-debug counters every collective passes.
  *
  * A world is created once per process and runs one function per rank (fsdp_world_run); each
  * rank gets its own fsdp_ctx bound to the world, and every call below takes that context.

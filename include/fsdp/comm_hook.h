@@ -12,7 +12,7 @@
  * the post factor in f32 (FSDP only). PyTorch's hooks cast first and divide in the low dtype;
  * for a power-of-two W the results are the same, otherwise libfsdp's round once less. Each
  * element of the result then lies within
- *     u |avg| + (2u + u^2) (1/W) sum_r |g_r|   (+ 3 * 2^-25 in f16's subnormal range)
+ *     u |avg| + (2u + u^2) (1/W) sum_r |g_r|   (+ (W + 1) 2^-25 for f16 subnormals)
  * of the f32 average avg, with u the unit roundoff of the dtype: 2^-8 for bf16, 2^-11 for f16
  * (one rounding of each rank's term, one of the sum). f16 holds magnitudes up to 65504: a
  * larger term or sum becomes inf, as with PyTorch's fp16 hook (bf16 has f32's range). */
