@@ -19,10 +19,16 @@
 #define LAYERS    3
 #define MAX_INDEX 16
 
-typedef enum wrapper { WRAP_REPLICATE, WRAP_FSDP_FULL, WRAP_FSDP_NO_SHARD } wrapper;
+typedef enum wrapper {
+    WRAP_REPLICATE,
+    WRAP_FSDP_FULL,
+    WRAP_FSDP_NO_SHARD,
+    WRAP_FSDP_HYBRID
+} wrapper;
 
 static const char *wrapper_name(wrapper w) {
-    return w == WRAP_REPLICATE ? "replicate" : w == WRAP_FSDP_FULL ? "FULL_SHARD" : "NO_SHARD";
+    static const char *names[] = {"replicate", "FULL_SHARD", "NO_SHARD", "HYBRID_SHARD"};
+    return names[w];
 }
 
 /* What the recording hook saw and computed, per bucket (unit) index. */
@@ -84,7 +90,8 @@ typedef struct run_out {
     int n_index;                  /* buckets or units */
     int64_t want_grad[MAX_INDEX]; /* what each index's hook call must see */
     int64_t want_out[MAX_INDEX];
-    int64_t calls, bytes; /* the backward's reductions on dp */
+    int64_t calls, bytes; /* the backward's reductions (both groups for HYBRID_SHARD) */
+    int64_t unit_numel[MAX_INDEX];
 } run_out;
 
 static fsdp_status append(fsdp_ctx *ctx, run_out *o, const fsdp_tensor *g) {
@@ -113,8 +120,8 @@ static fsdp_status list_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, vo
  * backward of this rank's rows, and collects the reduced gradients in index order: replicate's
  * buckets hold the parameters in reverse registration order, so those gradients in that order;
  * FSDP's units (the root, layers.1, layers.2) their flat shards' gradients. */
-static fsdp_status run_once(fsdp_ctx *ctx, wrapper w, fsdp_group *dp, const fsdp_comm_hook *hook,
-                            fsdp_mixed_precision mp, run_out *o) {
+static fsdp_status run_once(fsdp_ctx *ctx, wrapper w, fsdp_group *dp, fsdp_group *replicas,
+                            const fsdp_comm_hook *hook, fsdp_mixed_precision mp, run_out *o) {
     memset(o, 0, sizeof *o);
     fsdp_module *m = NULL;
     fsdp_sharded *sh = NULL;
@@ -127,26 +134,37 @@ static fsdp_status run_once(fsdp_ctx *ctx, wrapper w, fsdp_group *dp, const fsdp
             ctx, m,
             &(fsdp_replicate_options){.group = dp, .bucket_bytes = 1024, .comm_hook = *hook}, &rep);
     else if (st == FSDP_OK)
-        st = fsdp_fully_shard(ctx, m,
-                              &(fsdp_fully_shard_options){
-                                  .strategy = w == WRAP_FSDP_FULL ? FSDP_FULL_SHARD : FSDP_NO_SHARD,
-                                  .group = dp,
-                                  .wrap_paths = nested,
-                                  .n_wrap_paths = 2,
-                                  .comm_hook = *hook,
-                                  .mixed_precision = mp},
-                              &sh);
+        st = fsdp_fully_shard(
+            ctx, m,
+            &(fsdp_fully_shard_options){.strategy = w == WRAP_FSDP_FULL     ? FSDP_FULL_SHARD
+                                                    : w == WRAP_FSDP_HYBRID ? FSDP_HYBRID_SHARD
+                                                                            : FSDP_NO_SHARD,
+                                        .group = dp,
+                                        .replicate_group = replicas,
+                                        .wrap_paths = nested,
+                                        .n_wrap_paths = 2,
+                                        .comm_hook = *hook,
+                                        .mixed_precision = mp},
+            &sh);
+    /* The world's ranks are the data-parallel ranks: each takes its rows of the batch. */
     int64_t off, len;
-    fsdp_batch_range(ctx, dp, STACKED_BATCH, &off, &len);
+    fsdp_batch_range(ctx, NULL, STACKED_BATCH, &off, &len);
+    int world = fsdp_world_size(fsdp_ctx_world(ctx));
     if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
-    if (st == FSDP_OK) st = stacked_forward_backward(ctx, m, 0, off, len, fsdp_group_size(dp));
+    if (st == FSDP_OK) st = stacked_forward_backward(ctx, m, 0, off, len, world);
     if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
     /* the reductions (FULL_SHARD's backward also re-gathers the nested units) */
-    fsdp_comm_op op = w == WRAP_FSDP_FULL ? FSDP_COMM_REDUCE_SCATTER : FSDP_COMM_ALL_REDUCE;
+    fsdp_comm_op op = w == WRAP_FSDP_FULL || w == WRAP_FSDP_HYBRID ? FSDP_COMM_REDUCE_SCATTER
+                                                                   : FSDP_COMM_ALL_REDUCE;
     fsdp_comm_count c = fsdp_comm_debug_query(
-        ctx, &(fsdp_comm_filter){.op = op, .group = "dp", .phase = FSDP_COMM_PHASE_BACKWARD});
-    o->calls = c.calls;
-    o->bytes = c.bytes;
+        ctx, &(fsdp_comm_filter){
+                 .op = op, .group = fsdp_group_label(dp), .phase = FSDP_COMM_PHASE_BACKWARD});
+    fsdp_comm_count r =
+        fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_ALL_REDUCE,
+                                                       .group = "replicate",
+                                                       .phase = FSDP_COMM_PHASE_BACKWARD});
+    o->calls = c.calls + (replicas ? r.calls : 0);
+    o->bytes = c.bytes + (replicas ? r.bytes : 0);
     int W = fsdp_group_size(dp);
     if (st == FSDP_OK && rep) {
         o->n_index = fsdp_replicate_num_buckets(rep);
@@ -163,8 +181,10 @@ static fsdp_status run_once(fsdp_ctx *ctx, wrapper w, fsdp_group *dp, const fsdp
         o->n_index = fsdp_sharded_num_units(sh);
         for (int u = 0; u < o->n_index && st == FSDP_OK && u < MAX_INDEX; u++) {
             int64_t s = fsdp_sharded_unit_shard_numel(sh, u);
-            o->want_grad[u] = w == WRAP_FSDP_FULL ? s * W : s;
-            o->want_out[u] = w == WRAP_FSDP_FULL ? s : -1;
+            bool sharded = w == WRAP_FSDP_FULL || w == WRAP_FSDP_HYBRID;
+            o->want_grad[u] = sharded ? s * W : s;
+            o->want_out[u] = sharded ? s : -1;
+            o->unit_numel[u] = fsdp_sharded_unit_numel(sh, u);
             st = append(ctx, o, fsdp_param_grad(fsdp_sharded_unit_flat_param(sh, u)));
         }
     }
@@ -234,7 +254,7 @@ static fsdp_status hooks_body(fsdp_ctx *ctx, const hook_case *c) {
      * dp group; its result is what the gradients hold. */
     if (st == FSDP_OK)
         st = run_once(
-            ctx, c->w, dp,
+            ctx, c->w, dp, NULL,
             &(fsdp_comm_hook){.kind = FSDP_COMM_HOOK_USER, .fn = record_hook, .user = &rec}, f32,
             &user);
     int64_t total = 0;
@@ -260,18 +280,20 @@ static fsdp_status hooks_body(fsdp_ctx *ctx, const hook_case *c) {
         memcpy(ref + k, rec.result[i], (size_t)rec.n[i] * sizeof(float));
     if (st == FSDP_OK) st = same_bits(ctx, "user hook result", &user, ref, total);
     /* 2. The default: the same bits (FSDP's factors pre, post are powers of two here). */
-    if (st == FSDP_OK) st = run_once(ctx, c->w, dp, &(fsdp_comm_hook){0}, f32, &def);
+    if (st == FSDP_OK) st = run_once(ctx, c->w, dp, NULL, &(fsdp_comm_hook){0}, f32, &def);
     if (st == FSDP_OK) st = same_bits(ctx, "default hook", &def, ref, total);
     if (st == FSDP_OK)
         FSDP_RANK_CHECK(ctx, def.calls == user.n_index, "default: %lld collectives, want %d",
                         (long long)def.calls, user.n_index);
     /* 3. bf16 and fp16: within the bound, the same collectives, half the bytes. */
     if (st == FSDP_OK)
-        st = run_once(ctx, c->w, dp, &(fsdp_comm_hook){.kind = FSDP_COMM_HOOK_BF16}, f32, &bf);
+        st =
+            run_once(ctx, c->w, dp, NULL, &(fsdp_comm_hook){.kind = FSDP_COMM_HOOK_BF16}, f32, &bf);
     snprintf(what, sizeof what, "%s W=%d bf16 hook", wrapper_name(c->w), W);
     if (st == FSDP_OK) st = check_bound(ctx, what, &bf, &rec, user.n_index, W, 0x1p-8, 0);
     if (st == FSDP_OK)
-        st = run_once(ctx, c->w, dp, &(fsdp_comm_hook){.kind = FSDP_COMM_HOOK_FP16}, f32, &fp);
+        st =
+            run_once(ctx, c->w, dp, NULL, &(fsdp_comm_hook){.kind = FSDP_COMM_HOOK_FP16}, f32, &fp);
     snprintf(what, sizeof what, "%s W=%d fp16 hook", wrapper_name(c->w), W);
     if (st == FSDP_OK)
         st = check_bound(ctx, what, &fp, &rec, user.n_index, W, 0x1p-11, (W + 2) * 0x1p-25);
@@ -285,14 +307,14 @@ static fsdp_status hooks_body(fsdp_ctx *ctx, const hook_case *c) {
     /* 4. A user hook's result is used: the average times 2, exactly. */
     if (st == FSDP_OK)
         st = run_once(
-            ctx, c->w, dp,
+            ctx, c->w, dp, NULL,
             &(fsdp_comm_hook){.kind = FSDP_COMM_HOOK_USER, .fn = record_hook, .user = &twice}, f32,
             &x2);
     for (int64_t k = 0; st == FSDP_OK && k < total; k++) ref[k] *= 2.0f;
     if (st == FSDP_OK) st = same_bits(ctx, "user hook times 2", &x2, ref, total);
     /* 5. FSDP: reduce_dtype bf16 is the bf16 hook's cast-reduce-cast. */
     if (st == FSDP_OK && c->w != WRAP_REPLICATE)
-        st = run_once(ctx, c->w, dp, &(fsdp_comm_hook){0},
+        st = run_once(ctx, c->w, dp, NULL, &(fsdp_comm_hook){0},
                       (fsdp_mixed_precision){.reduce_dtype = FSDP_DTYPE_BF16}, &mp);
     if (st == FSDP_OK && c->w != WRAP_REPLICATE)
         st = same_bits(ctx, "reduce_dtype bf16", &mp, bf.grad, bf.n);
@@ -329,6 +351,83 @@ static void test_fsdp_full_shard_hooks(void) {
 
 static void test_fsdp_no_shard_hooks(void) {
     run_hooks(WRAP_FSDP_NO_SHARD, (int[]){2, 4}, 2);
+}
+
+/* HYBRID_SHARD on a (replicate 2, shard 2) mesh: the bf16 hook reduces in bf16 twice (the
+ * reduce_scatter over shard, then the all_reduce over replicate), each sum rounded once, so one
+ * more rounding of a partial sum than above: |h - d| <= (u + 4 eps)|d| + (2.02 u + 3 W eps) A,
+ * with d the default HYBRID result and A the mean of |g_r| over the 4 ranks, recorded by a user
+ * hook on NO_SHARD over the same 4 ranks and data (a user hook is refused with HYBRID_SHARD).
+ * Half the bytes on both groups; reduce_dtype bf16 gives the bf16 hook's bits. */
+static fsdp_status hybrid_rank(fsdp_ctx *ctx, int rank, void *arg) {
+    (void)rank, (void)arg;
+    fsdp_mesh *flat = NULL, *mesh = NULL;
+    fsdp_group *dp = NULL, *shard = NULL, *replicas = NULL;
+    fsdp_status st = fsdp_mesh_create(ctx, 1, (int[]){4}, (const char *[]){"dp"}, &flat);
+    if (st == FSDP_OK)
+        st = fsdp_mesh_create(ctx, 2, (int[]){2, 2}, (const char *[]){"replicate", "shard"}, &mesh);
+    if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, flat, "dp", &dp);
+    if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "shard", &shard);
+    if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "replicate", &replicas);
+    record rec = {.inner = FSDP_COMM_HOOK_DEFAULT, .times = 1.0f, .want_group = dp};
+    run_out user = {0}, def = {0}, bf = {0}, mp = {0};
+    fsdp_mixed_precision f32 = {0};
+    if (st == FSDP_OK)
+        st = run_once(
+            ctx, WRAP_FSDP_NO_SHARD, dp, NULL,
+            &(fsdp_comm_hook){.kind = FSDP_COMM_HOOK_USER, .fn = record_hook, .user = &rec}, f32,
+            &user);
+    if (st == FSDP_OK)
+        st = run_once(ctx, WRAP_FSDP_HYBRID, shard, replicas, &(fsdp_comm_hook){0}, f32, &def);
+    if (st == FSDP_OK)
+        st = run_once(ctx, WRAP_FSDP_HYBRID, shard, replicas,
+                      &(fsdp_comm_hook){.kind = FSDP_COMM_HOOK_BF16}, f32, &bf);
+    if (st == FSDP_OK)
+        st = run_once(ctx, WRAP_FSDP_HYBRID, shard, replicas, &(fsdp_comm_hook){0},
+                      (fsdp_mixed_precision){.reduce_dtype = FSDP_DTYPE_BF16}, &mp);
+    if (st == FSDP_OK) st = same_bits(ctx, "HYBRID reduce_dtype bf16", &mp, bf.grad, bf.n);
+    const double u = 0x1p-8, eps = 0x1p-24;
+    int s = fsdp_group_rank(shard);
+    int64_t k = 0, differ = 0;
+    double worst = 0;
+    for (int i = 0; st == FSDP_OK && i < def.n_index; i++) {
+        int64_t S = def.want_out[i];
+        for (int64_t j = 0; j < S && st == FSDP_OK; j++, k++) {
+            int64_t at = s * S + j; /* in the unit's flat buffer */
+            double a = at < def.unit_numel[i] ? rec.abs_mean[i][at] : 0.0;
+            double d = fabs((double)bf.grad[k] - def.grad[k]);
+            double bound = (u + 4 * eps) * fabs((double)def.grad[k]) + (2.02 * u + 12 * eps) * a;
+            if (!(d <= bound))
+                st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                               "HYBRID bf16: unit %d element %lld is %.9g, f32 %.9g, bound %.3g", i,
+                               (long long)j, (double)bf.grad[k], (double)def.grad[k], bound);
+            if (bound > 0 && d / bound > worst) worst = d / bound;
+            differ += d > 0;
+        }
+    }
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, k == def.n && k == bf.n && differ > 0,
+                        "HYBRID bf16: %lld values checked of %lld, %lld differ", (long long)k,
+                        (long long)def.n, (long long)differ);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, bf.calls == def.calls && def.calls == 6 && 2 * bf.bytes == def.bytes,
+                        "HYBRID bf16: %lld reductions of %lld bytes; the default %lld of %lld",
+                        (long long)bf.calls, (long long)bf.bytes, (long long)def.calls,
+                        (long long)def.bytes);
+    if (st == FSDP_OK && fsdp_ctx_rank(ctx) == 0)
+        printf("\n    HYBRID_SHARD bf16 hook: %lld of %lld differ from f32, worst at %.2f of the "
+               "bound; %lld -> %lld bytes",
+               (long long)differ, (long long)k, worst, (long long)def.bytes, (long long)bf.bytes);
+    run_out *outs[] = {&user, &def, &bf, &mp};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) free(outs[i]->grad);
+    record_free(&rec);
+    fsdp_mesh_free(flat);
+    fsdp_mesh_free(mesh);
+    return st;
+}
+
+static void test_fsdp_hybrid_hooks(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(4, 0, hybrid_rank, NULL));
 }
 
 /* ---- refused options ---- */
@@ -419,6 +518,7 @@ int main(int argc, char **argv) {
         {"replicate_hooks", test_replicate_hooks},
         {"fsdp_full_shard_hooks", test_fsdp_full_shard_hooks},
         {"fsdp_no_shard_hooks", test_fsdp_no_shard_hooks},
+        {"fsdp_hybrid_hooks", test_fsdp_hybrid_hooks},
         {"options", test_options},
     };
     return fsdp_test_run(argc, argv, "comm_hooks", cases, sizeof cases / sizeof cases[0]);
