@@ -43,6 +43,7 @@ typedef struct fx {
     fsdp_ckpt_tensor ct;
     fsdp_ckpt_piece piece;
     fsdp_comm_record rec;
+    fsdp_comm_bucket bucket;
     fsdp_optim_state ostate;
     fsdp_flat_segment seg;
     fsdp_llama_config llama, llama_out;
@@ -174,6 +175,9 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_broadcast, "ctx t", fsdp_broadcast(C, NULL, A(1, f->t), 0))                          \
     CALL(fsdp_all_to_all, "ctx out in", fsdp_all_to_all(C, NULL, A(1, f->t), A(2, f->t2), 0, 0))   \
     CALL(fsdp_barrier, "ctx", fsdp_barrier(C, NULL))                                               \
+    /* comm_hook.h */                                                                              \
+    CALL(fsdp_comm_hook_run, "ctx bucket",                                                         \
+         fsdp_comm_hook_run(C, FSDP_COMM_HOOK_DEFAULT, A(1, &f->bucket)))                          \
     CALL(fsdp_mesh_create, "ctx shape names out",                                                  \
          fsdp_mesh_create(C, 1, A(1, f->mesh_shape), A(2, f->mesh_names), A(3, &f->made_mesh)))    \
     CALL(fsdp_mesh_dim, "ctx mesh name out",                                                       \

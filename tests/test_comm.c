@@ -1,5 +1,5 @@
 /* test_comm.c: the world, groups and every collective on 1, 2, 3, 4 and 8 ranks (rank threads,
- * or under mpirun the processes of an MPI job), f32 and bf16, with uneven and empty chunks:
+ * or under mpirun the processes of an MPI job), f32, bf16 and f16, with uneven and empty chunks:
  * each result is compared bitwise with a serial computation in rank order, and replicated
  * results with every other rank's. Then the failures: mismatches across ranks, a rank
  * rejecting its arguments, a rank that never arrives (timeout), a rank that has returned, and
@@ -87,17 +87,23 @@ static float value(uint64_t salt, int64_t i) {
 
 /* v as a tensor of `dtype` stores it. */
 static float stored(fsdp_dtype dtype, float v) {
-    return dtype == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(fsdp_bf16_from_f32(v)) : v;
+    return dtype == FSDP_DTYPE_BF16  ? fsdp_bf16_to_f32(fsdp_bf16_from_f32(v))
+           : dtype == FSDP_DTYPE_F16 ? fsdp_f16_to_f32(fsdp_f16_from_f32(v))
+                                     : v;
 }
 
 static float get(const fsdp_tensor *t, int64_t i) {
     if (fsdp_tensor_dtype(t) == FSDP_DTYPE_F32) return ((const float *)fsdp_tensor_data(t))[i];
+    if (fsdp_tensor_dtype(t) == FSDP_DTYPE_F16)
+        return fsdp_f16_to_f32(((const fsdp_f16 *)fsdp_tensor_data(t))[i]);
     return fsdp_bf16_to_f32(((const fsdp_bf16 *)fsdp_tensor_data(t))[i]);
 }
 
 static void set(fsdp_tensor *t, int64_t i, float v) {
     if (fsdp_tensor_dtype(t) == FSDP_DTYPE_F32)
         ((float *)fsdp_tensor_data(t))[i] = v;
+    else if (fsdp_tensor_dtype(t) == FSDP_DTYPE_F16)
+        ((fsdp_f16 *)fsdp_tensor_data(t))[i] = fsdp_f16_from_f32(v);
     else
         ((fsdp_bf16 *)fsdp_tensor_data(t))[i] = fsdp_bf16_from_f32(v);
 }
@@ -165,7 +171,8 @@ static int norm_dim(int dim, int ndim) {
     return dim < 0 ? dim + ndim : dim;
 }
 
-static const fsdp_dtype dtypes[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16};
+static const fsdp_dtype dtypes[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+#define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
 
 /* ---- the collectives against serial computations ---- */
 
@@ -199,7 +206,7 @@ static fsdp_status gather_body(fsdp_ctx *ctx, int rank, void *user) {
     shared *sh = user;
     int W = fsdp_world_size(fsdp_ctx_world(ctx)), c = 0;
     uint64_t hash[MAX_CASES];
-    for (int t = 0; t < 2; t++)
+    for (int t = 0; t < N_DTYPES; t++)
         for (int s = 0; s < N_SHARD_SPECS; s++, c++)
             FSDP_TRY(gather_case(ctx, rank, W, dtypes[t], &shard_specs[s], &hash[c]));
     sh->ncases[rank] = c;
@@ -241,7 +248,7 @@ static fsdp_status reduce_scatter_case(fsdp_ctx *ctx, int rank, int W, fsdp_dtyp
 static fsdp_status reduce_scatter_body(fsdp_ctx *ctx, int rank, void *user) {
     shared *sh = user;
     int W = fsdp_world_size(fsdp_ctx_world(ctx));
-    for (int t = 0; t < 2; t++)
+    for (int t = 0; t < N_DTYPES; t++)
         for (int s = 0; s < N_SHARD_SPECS; s++)
             for (int op = 0; op < FSDP_REDUCE_OP_COUNT; op++)
                 FSDP_TRY(reduce_scatter_case(ctx, rank, W, dtypes[t], &shard_specs[s],
@@ -286,7 +293,7 @@ static fsdp_status all_reduce_body(fsdp_ctx *ctx, int rank, void *user) {
     shared *sh = user;
     int W = fsdp_world_size(fsdp_ctx_world(ctx)), c = 0;
     uint64_t hash[MAX_CASES];
-    for (int t = 0; t < 2; t++)
+    for (int t = 0; t < N_DTYPES; t++)
         for (int s = 0; s < N_WHOLE_SPECS; s++)
             for (int op = 0; op < FSDP_REDUCE_OP_COUNT; op++, c++)
                 FSDP_TRY(all_reduce_case(ctx, rank, W, dtypes[t], &whole_specs[s],
@@ -325,7 +332,7 @@ static fsdp_status broadcast_body(fsdp_ctx *ctx, int rank, void *user) {
     int W = fsdp_world_size(fsdp_ctx_world(ctx)), c = 0;
     const int roots[] = {0, W - 1, W / 2};
     uint64_t hash[MAX_CASES];
-    for (int t = 0; t < 2; t++)
+    for (int t = 0; t < N_DTYPES; t++)
         for (int s = 0; s < N_WHOLE_SPECS; s++)
             for (int k = 0; k < 3; k++, c++)
                 FSDP_TRY(broadcast_case(ctx, rank, dtypes[t], &whole_specs[s], roots[k], &hash[c]));
@@ -393,7 +400,7 @@ static fsdp_status all_to_all_equal_case(fsdp_ctx *ctx, int rank, int W, fsdp_dt
 static fsdp_status all_to_all_body(fsdp_ctx *ctx, int rank, void *user) {
     shared *sh = user;
     int W = fsdp_world_size(fsdp_ctx_world(ctx));
-    for (int t = 0; t < 2; t++) {
+    for (int t = 0; t < N_DTYPES; t++) {
         for (int s = 0; s < N_SHARD_SPECS; s++)
             if (norm_dim(shard_specs[s].dim, shard_specs[s].ndim) !=
                 norm_dim(shard_specs[s].dim2, shard_specs[s].ndim))

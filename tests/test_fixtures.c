@@ -464,6 +464,53 @@ static void test_reader_reads_fields(void) {
     fixture_free(NULL);
 }
 
+/* f32 -> f16 and f32 -> bf16 against torch's .to(float16) / .to(bfloat16) on the bit patterns of
+ * the convert_f16 fixture (ties, subnormals, overflow, NaN, random): the scalar conversions and
+ * fsdp_tensor_copy (the storage's conversion) give torch's bits exactly; a NaN's bf16 bits are
+ * torch's own choice (its vectorised path gives 0xFFFF), so there only NaN-ness is compared. */
+static void test_convert_f16(void) {
+    fixture fx;
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named("convert_f16", &fx), 0);
+    const fixture_tensor *x = fixture_require(&fx, "x_bits", FIXTURE_I32);
+    const fixture_tensor *h = fixture_require(&fx, "f16_bits", FIXTURE_I32);
+    const fixture_tensor *b = fixture_require(&fx, "bf16_bits", FIXTURE_I32);
+    CU_ASSERT_FATAL(x && h && b && h->numel == x->numel && b->numel == x->numel);
+    int64_t n = x->numel;
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *f = NULL, *f16 = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &f));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F16, FSDP_CPU, 1, &n, &f16));
+    memcpy(fsdp_tensor_data(f), x->data, (size_t)n * sizeof(float));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, f16, f));
+    const int32_t *xb = x->data, *hb = h->data, *bb = b->data;
+    const fsdp_f16 *copied = fsdp_tensor_data(f16);
+    int64_t bad16 = 0, bad_copy = 0, bad_bf16 = 0, nans = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float v = fsdp_tensor_f32(f)[i];
+        bad16 += fsdp_f16_from_f32(v) != (fsdp_f16)hb[i];
+        bad_copy += copied[i] != (fsdp_f16)hb[i];
+        if (isnan(v)) {
+            nans++;
+            bad_bf16 += !isnan(fsdp_bf16_to_f32(fsdp_bf16_from_f32(v)));
+        } else {
+            bad_bf16 += fsdp_bf16_from_f32(v) != (fsdp_bf16)bb[i];
+        }
+        if (fsdp_f16_from_f32(v) != (fsdp_f16)hb[i] && bad16 <= 5)
+            printf("\n    f32 0x%08X -> f16 0x%04X, torch 0x%04X", (unsigned)xb[i],
+                   fsdp_f16_from_f32(v), (unsigned)hb[i]);
+    }
+    printf(
+        "\n    %lld values (%lld NaN): f16 %lld differ from torch (tensor copy %lld), bf16 %lld ",
+        (long long)n, (long long)nans, (long long)bad16, (long long)bad_copy, (long long)bad_bf16);
+    CU_ASSERT(n > 8000 && nans > 4);
+    CU_ASSERT_EQUAL(bad16, 0);
+    CU_ASSERT_EQUAL(bad_copy, 0);
+    CU_ASSERT_EQUAL(bad_bf16, 0);
+    fsdp_tensor_free(f);
+    fsdp_tensor_free(f16);
+    fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"linear", test_linear},
@@ -483,6 +530,7 @@ int main(int argc, char **argv) {
         {"loss_sum", test_loss_sum},
         {"loss_mse", test_loss_mse},
         {"loss_cross_entropy", test_loss_cross_entropy},
+        {"convert_f16", test_convert_f16},
         {"reader_rejects_malformed", test_reader_rejects_malformed},
         {"reader_reads_fields", test_reader_reads_fields},
     };

@@ -26,7 +26,8 @@ static void test_dispatch(void) {
                k->sigmoid_forward && k->sigmoid_backward && k->gelu_forward && k->gelu_backward &&
                k->rmsnorm_forward && k->rmsnorm_backward && k->add && k->axpy && k->scale &&
                k->copy && k->fill && k->sum && k->sum_squares && k->max_abs && k->mse_loss &&
-               k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32;
+               k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->f32_to_f16 &&
+               k->f16_to_f32;
     CU_ASSERT_TRUE(all);
 }
 
@@ -706,6 +707,106 @@ static void test_bf16_round_trip(void) {
     free(b), free(back), free(f);
 }
 
+/* ---- f16 ---- */
+
+/* The value of an f16 bit pattern from its fields, in double: (-1)^s (1 + m/1024) 2^(e-15), or
+ * m 2^-24 when e is 0; e 31 is inf (m 0) or NaN. */
+static double f16_value(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    double v = e == 31 ? (m ? NAN : INFINITY) : e ? ldexp(1.0 + m / 1024.0, e - 15) : ldexp(m, -24);
+    return s ? -v : v;
+}
+
+/* All 65536 f16: widening equals the value of the fields (so it is exact) and core's
+ * fsdp_f16_to_f32; every non-NaN survives f16 -> f32 -> f16 with its bits, -0 included; a NaN
+ * stays a NaN (the quiet bit set, sign and payload kept). */
+static void test_f16_round_trip(void) {
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    enum { ALL = 65536 };
+    fsdp_f16 *h = malloc(ALL * sizeof(fsdp_f16)), *back = malloc(ALL * sizeof(fsdp_f16));
+    float *f = new_floats(ALL);
+    CU_ASSERT_FATAL(h && back);
+    for (int i = 0; i < ALL; i++) h[i] = (fsdp_f16)i;
+    k->f16_to_f32(f, h, ALL);
+    k->f32_to_f16(back, f, ALL);
+    int widen_bad = 0, trip_bad = 0, nan_bad = 0, nans = 0;
+    for (int i = 0; i < ALL; i++) {
+        double want = f16_value((uint16_t)i);
+        widen_bad += f32_bits(f[i]) != f32_bits(fsdp_f16_to_f32(h[i]));
+        if (isnan(want)) {
+            nans++;
+            nan_bad +=
+                !isnan(f[i]) || back[i] != (h[i] | 0x200u) || fsdp_f16_from_f32(f[i]) != back[i];
+        } else {
+            widen_bad += (double)f[i] != want || (signbit(f[i]) != 0) != (i >> 15);
+            trip_bad += back[i] != h[i] || fsdp_f16_from_f32(f[i]) != h[i];
+        }
+    }
+    printf("\n    all 65536 f16 (%d NaN): %d widen wrong, %d round trips changed, %d NaN wrong",
+           nans, widen_bad, trip_bad, nan_bad);
+    CU_ASSERT_EQUAL(nans, 2046);
+    CU_ASSERT_EQUAL(widen_bad, 0);
+    CU_ASSERT_EQUAL(trip_bad, 0);
+    CU_ASSERT_EQUAL(nan_bad, 0);
+    free(h), free(back), free(f);
+}
+
+/* f32 -> f16 against an independent rule in double: |x| is rounded to a multiple of the f16
+ * spacing at |x| (2^-24 below 2^-14, else 2^(floor(log2 |x|) - 10)) with rint, ties to even,
+ * and a result past 65504 (the largest finite f16) is inf. On random bit patterns, every exact
+ * midpoint between neighbouring f16 values (ties) and the f32 values one ulp either side of each:
+ * the kernel and fsdp_f16_from_f32 give that value (checked through the exact widening), with x's
+ * sign. */
+static void test_f16_from_f32(void) {
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    enum { RANDOM = 100000, MIDS = 3 * 2 * 0x7BFF, N = RANDOM + MIDS };
+    float *x = new_floats(N);
+    fsdp_f16 *got = malloc(N * sizeof(fsdp_f16));
+    CU_ASSERT_FATAL(got != NULL);
+    rng_seed(16);
+    int n = 0;
+    for (; n < RANDOM / 2; n++) x[n] = bits_f32(rng_u32());
+    for (; n < RANDOM; n++) /* exponents around the f16 range: subnormal to overflow */
+        x[n] = bits_f32((rng_u32() & 0x807FFFFFu) | ((96u + rng_u32() % 50u) << 23));
+    for (uint16_t h = 0; h < 0x7BFF; h++) {
+        float mid = (float)((f16_value(h) + f16_value((uint16_t)(h + 1))) / 2); /* exact */
+        for (int sgn = 0; sgn < 2; sgn++) {
+            float m = sgn ? -mid : mid;
+            x[n++] = m;
+            x[n++] = nextafterf(m, INFINITY);
+            x[n++] = nextafterf(m, -INFINITY);
+        }
+    }
+    k->f32_to_f16(got, x, n);
+    int bad = 0, bad_core = 0;
+    for (int i = 0; i < n; i++) {
+        double v = x[i], a = fabs(v), want;
+        if (isnan(v)) {
+            bad += !isnan(fsdp_f16_to_f32(got[i]));
+            bad_core += fsdp_f16_from_f32(x[i]) != got[i];
+            continue;
+        }
+        int e;
+        frexp(a, &e); /* a = f 2^e, f in [0.5, 1) */
+        double ulp = a < 0x1p-14 ? 0x1p-24 : ldexp(1.0, e - 1 - 10);
+        want = rint(a / ulp) * ulp;
+        if (want > 65504.0 || isinf(a)) want = INFINITY; /* past the largest finite f16 */
+        float g = fsdp_f16_to_f32(got[i]);
+        bool ok = fabs((double)g) == want && !signbit(g) == !signbit(x[i]);
+        if (!ok && bad < 5)
+            printf("\n    f32 0x%08X (%.9g) -> f16 0x%04X (%.9g), want %.9g", f32_bits(x[i]), v,
+                   got[i], (double)g, want);
+        bad += !ok;
+        bad_core += fsdp_f16_from_f32(x[i]) != got[i];
+    }
+    printf("\n    f32_to_f16 on %d values: %d differ from the rule, %d from fsdp_f16_from_f32", n,
+           bad, bad_core);
+    CU_ASSERT_EQUAL(n, N);
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT_EQUAL(bad_core, 0);
+    free(x), free(got);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"dispatch", test_dispatch},
@@ -724,6 +825,8 @@ int main(int argc, char **argv) {
         {"cross_entropy_large_logits", test_cross_entropy_large_logits},
         {"bf16_from_f32", test_bf16_from_f32},
         {"bf16_round_trip", test_bf16_round_trip},
+        {"f16_round_trip", test_f16_round_trip},
+        {"f16_from_f32", test_f16_from_f32},
     };
     return fsdp_test_run(argc, argv, "kernels", cases, (int)(sizeof cases / sizeof cases[0]));
 }

@@ -54,8 +54,8 @@ static void test_table(void) {
                k->sigmoid_forward && k->sigmoid_backward && k->gelu_forward && k->gelu_backward &&
                k->rmsnorm_forward && k->rmsnorm_backward && k->add && k->axpy && k->scale &&
                k->copy && k->fill && k->sum && k->sum_squares && k->max_abs && k->mse_loss &&
-               k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->sgd_update &&
-               k->adam_update;
+               k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->f32_to_f16 &&
+               k->f16_to_f32 && k->sgd_update && k->adam_update;
     CU_ASSERT_TRUE(all);
     const fsdp_storage_i *s = fsdp_storage_for(FSDP_DEVICE_CUDA);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
@@ -715,6 +715,44 @@ static void test_bf16(void) {
     dev_free(d), dev_free(db);
 }
 
+/* f32 -> f16 and back on the device equal the CPU's bits: f16 ties, subnormals and their ties,
+ * the overflow threshold, NaNs, then random bit patterns; every f16 widened. */
+static void test_f16(void) {
+    NEED_GPU();
+    const uint32_t special[] = {
+        0x3F801000u, 0x3F803000u, 0x33000000u, 0x33400000u, // ties to even, 2^-25 tie, above
+        0x477FF000u, 0x477FEFFFu, 0x7F800001u, 0xFFC00001u, // 65520 (inf), below it, NaNs
+        0x7F800000u, 0x80000000u, 0x38800000u, 0x387FFFFFu, // inf, -0, smallest normal, below
+    };
+    int64_t nspec = sizeof special / sizeof *special, n = nspec + 100003;
+    float *x = new_uniform(n, 0, 0);
+    rng_seed(19);
+    for (int64_t i = 0; i < n; i++) x[i] = bits_f32(i < nspec ? special[i] : rng_u32());
+    fsdp_f16 *want = malloc((size_t)n * 2), *got = malloc((size_t)n * 2);
+    fsdp_kernels_for(FSDP_CPU)->f32_to_f16(want, x, n);
+    float *d = dev_floats(x, n);
+    fsdp_f16 *dh = dev_new(NULL, (size_t)n * 2);
+    K()->f32_to_f16(dh, d, n);
+    dev_get(got, dh, (size_t)n * 2);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += got[i] != want[i];
+    printf("\n    f32_to_f16: %lld of %lld differ from the CPU", (long long)bad, (long long)n);
+    CU_ASSERT_EQUAL(bad, 0);
+    static fsdp_f16 all[65536];
+    static float wide[65536];
+    float *dw = dev_floats(NULL, 65536);
+    for (int i = 0; i < 65536; i++) all[i] = (fsdp_f16)i;
+    fsdp_f16 *da = dev_new(all, sizeof all);
+    K()->f16_to_f32(dw, da, 65536);
+    dev_get(wide, dw, sizeof wide);
+    bad = 0;
+    for (int i = 0; i < 65536; i++) bad += f32_bits(wide[i]) != f32_bits(fsdp_f16_to_f32(all[i]));
+    printf(", f16_to_f32: %lld of 65536 differ", (long long)bad);
+    CU_ASSERT_EQUAL(bad, 0);
+    free(x), free(want), free(got);
+    dev_free(d), dev_free(dh), dev_free(dw), dev_free(da);
+}
+
 /* Several optimizer steps through optim/update.h on both devices; within 1e-6 relative (the
  * same IEEE operations: expected bitwise, and the count of differing elements is printed). */
 static void run_optim_case(const char *name, bool adam, bool decoupled, bool with_state, int64_t n,
@@ -804,6 +842,7 @@ int main(int argc, char **argv) {
         {"reductions", test_reductions},
         {"losses", test_losses},
         {"bf16", test_bf16},
+        {"f16", test_f16},
         {"optim", test_optim},
 #else
         {"device_cases", test_device_cases},

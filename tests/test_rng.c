@@ -99,6 +99,17 @@ static void test_init_kinds_and_errors(void) {
     FSDP_TEST_FAILS(fsdp_init_block(ctx, t, &ones, 0, 0, 1, (int64_t[]){4}, (int64_t[]){2}),
                     FSDP_ERR_SHAPE, "[2, 5)", "global size 4");
     fsdp_tensor_free(t);
+    /* f16 receives the rounded draw; integers are refused (they would get 16-bit halves) */
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F16, FSDP_CPU, 1, (int64_t[]){3}, &t));
+    fsdp_init third = {.kind = FSDP_INIT_CONSTANT, .a = 1.0f / 3.0f};
+    FSDP_TEST_OK(fsdp_init_tensor(ctx, t, &third, 0, 0));
+    CU_ASSERT_EQUAL(((fsdp_f16 *)fsdp_tensor_data(t))[1], fsdp_f16_from_f32(1.0f / 3.0f));
+    CU_ASSERT_EQUAL(((fsdp_f16 *)fsdp_tensor_data(t))[1], 0x3555); /* 0.33325195 */
+    fsdp_tensor_free(t);
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 1, (int64_t[]){3}, &t));
+    FSDP_TEST_FAILS(fsdp_init_tensor(ctx, t, &ones, 0, 0), FSDP_ERR_DTYPE, "is i32",
+                    "fsdp_tensor_fill");
+    fsdp_tensor_free(t);
 }
 
 int main(int argc, char **argv) {

@@ -227,6 +227,44 @@ def case_net_small():
     return module_case(Net(64), torch.randn(4, 64))
 
 
+def case_convert_f16():
+    """torch's f32 -> float16 and f32 -> bfloat16 conversions (.to(dtype)) on chosen f32 bit
+    patterns: zeros, infinities, NaNs, the f16 overflow threshold (65504, 65520), the
+    smallest normals and subnormals, exact ties between neighbours (normal and subnormal),
+    and random patterns, uniform over the bits and over the f16 range. Stored as int32:
+    x_bits (the f32 bits), f16_bits and bf16_bits (the 16-bit results, zero-extended)."""
+    def bits(v):
+        return struct.unpack("<i", struct.pack("<f", v))[0]
+    named = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 65504.0, 65519.99,
+             65520.0, 65536.0, -65520.0, 1e5, 3.4e38, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25,
+             1.5 * 2.0 ** -25, 3 * 2.0 ** -25, 5 * 2.0 ** -25, 2.0 ** -25 * (1 + 2.0 ** -23),
+             1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8,
+             (2.0 ** -14) * (1 - 2.0 ** -11), 1e-45, -1e-8, 0.1, -2.5, 1.0 / 3.0]
+    xs = [bits(v) for v in named] + [0x7F800001, 0x7FC00000, -1, 0x7FA00000]
+    # every sign and exponent with mantissas at the f16 rounding boundaries
+    for e in range(96, 146):
+        for m in (0, 0xFFF, 0x1000, 0x1FFF, 0x2000, 0x3000, 0x7FFFFF):
+            xs.append((e << 23) | m)
+            xs.append(-(1 << 31) | (e << 23) | m)
+    g = torch.Generator().manual_seed(case_seed("convert_f16"))
+    anybits = torch.randint(-(2 ** 31), 2 ** 31, (3000,), generator=g, dtype=torch.int64)
+    in_range = torch.randint(96 << 23, 146 << 23, (3000,), generator=g, dtype=torch.int64)
+    sign = torch.randint(0, 2, (3000,), generator=g, dtype=torch.int64) << 31
+    xs += [int(v) for v in anybits] + [int(v) - (1 << 32) * ((int(v) >> 31) & 1)
+                                        for v in (in_range | sign)]
+    # midpoints between neighbouring f16 values (ties), normal and subnormal, both signs
+    h = torch.randint(1, 0x7BFF, (1000,), generator=g, dtype=torch.int64)
+    lo = torch.tensor(h.tolist(), dtype=torch.int16).view(torch.float16).float()
+    hi = torch.tensor((h + 1).tolist(), dtype=torch.int16).view(torch.float16).float()
+    mids = ((lo.double() + hi.double()) / 2).float()  # exact in f32
+    xs += [bits(float(v)) for v in mids] + [bits(-float(v)) for v in mids]
+    x = torch.tensor(xs, dtype=torch.int32)
+    f = x.view(torch.float32)
+    f16 = f.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+    bf16 = f.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+    return [("x_bits", x), ("f16_bits", f16), ("bf16_bits", bf16)]
+
+
 def loss_tensors(inputs, loss, x):
     loss.backward()
     return inputs + [("loss", loss), ("dx", x.grad)]
@@ -402,6 +440,7 @@ CASES = {
     "loss_sum": case_loss_sum,
     "loss_mse": case_loss_mse,
     "loss_cross_entropy": case_loss_cross_entropy,
+    "convert_f16": case_convert_f16,
 }
 CASES.update(optim_cases())
 CASES.update({f"optim_groups_{name}": (lambda a=a: optim_groups_case(*a))

@@ -1,5 +1,5 @@
-/* comm.h: the communication layer: a world of ranks, process groups, collectives on f32 and
- * bf16 tensors, the N-d device mesh, and the comm-debug counters every collective passes.
+/* comm.h: the communication layer: a world of ranks, process groups, collectives on f32, bf16
+ * and f16 tensors, the N-d device mesh, and the comm-debug counters every collective passes.
  *
  * A world is created once per process and runs one function per rank (fsdp_world_run); each
  * rank gets its own fsdp_ctx bound to the world, and every call below takes that context.
@@ -163,9 +163,10 @@ void fsdp_chunk_range(int64_t n, int parts, int index, int64_t *offset, int64_t 
 
 /* ---- collectives ----
  * Every rank of the group calls the same collective with the same global shape, dtype and
- * parameters, in the same order. group NULL means the world group. Tensors are CPU, f32 or
- * bf16, the same dtype for input and output; dims may be negative (counted from the end).
- * Reductions run in rank order 0..W-1 in f32 (bf16 is widened, reduced, then rounded once),
+ * parameters, in the same order. group NULL means the world group. Tensors are CPU, f32, bf16
+ * or f16, the same dtype for input and output; dims may be negative (counted from the end).
+ * Reductions run in rank order 0..W-1 in f32 (bf16 and f16 are widened exactly, reduced, then
+ * rounded once to nearest even: a sum of f16 values beyond 65504 becomes inf),
  * so results are deterministic and replicated results are bitwise equal on every rank.
  * Mismatches between ranks (op, dtype, shape, dim, root, reduction) are reported on every
  * rank with each rank's value; a rank whose own arguments are invalid fails with its message

@@ -4,6 +4,7 @@
 
 #include "fsdp/ckpt.h"
 #include "fsdp/comm.h"
+#include "fsdp/comm_hook.h"
 #include "fsdp/ctx.h"
 #include "fsdp/cuda.h"
 #include "fsdp/layers.h"

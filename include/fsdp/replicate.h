@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "fsdp/comm.h"
+#include "fsdp/comm_hook.h"
 #include "fsdp/module.h"
 #include "fsdp/tp.h" // defines: FSDP_NO_SRC_RANK
 
@@ -52,6 +53,11 @@ typedef struct fsdp_replicate_options {
      * registration order. Default 0; FSDP_NO_SRC_RANK keeps every rank's own values and
      * makes no collective (when all ranks initialised from the same seed already). */
     int src_rank;
+    /* How each bucket is reduced (DDP's register_comm_hook; comm_hook.h): default, the
+     * average in f32; FSDP_COMM_HOOK_BF16 / _FP16, PyTorch's bf16/fp16_compress_hook (the
+     * bucket travels in half the bytes); FSDP_COMM_HOOK_USER, .fn gets each bucket's f32
+     * gradients undivided (output NULL, index the bucket) and leaves their average there. */
+    fsdp_comm_hook comm_hook;
 } fsdp_replicate_options;
 
 /* Makes root a replica over the group: broadcasts its parameters and buffers from src_rank
@@ -60,7 +66,8 @@ typedef struct fsdp_replicate_options {
  * buffer they share, and installs a post-backward hook on root. After every backward of root
  * with sync on, that hook averages each trainable parameter's gradient over the group: per
  * bucket, the gradients are copied into the flat buffer times 1/W (as DDP divides them), one
- * all_reduce(sum) in the deterministic rank order, and copied back; buckets go in the order
+ * all_reduce(sum) in the deterministic rank order (in bf16 or f16 with those comm hooks; a user
+ * hook gets the buffer undivided and reduces it), and copied back; buckets go in the order
  * they were formed (the one holding the last parameters first), as DDP reduces them. A step
  * allocates nothing. Every rank of the group calls it with the same model structure; opts may be
  * NULL for all defaults. *out (may be NULL) is borrowed: it belongs to root. A group of one rank

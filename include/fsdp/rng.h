@@ -40,7 +40,8 @@ typedef struct fsdp_init {
  * global coordinates block_start: the element at global flat index g receives draw g of
  * (seed, stream). t's shape is the block's shape and has global_ndim dims. Pass
  * global_shape = t's shape and block_start = zeros (or use fsdp_init_tensor) for a whole
- * tensor. bf16 tensors receive the rounded f32 draw. */
+ * tensor. bf16 and f16 tensors receive the rounded f32 draw; other dtypes (i32) are refused
+ * with FSDP_ERR_DTYPE. */
 fsdp_status fsdp_init_block(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init, uint64_t seed,
                             uint64_t stream, int global_ndim, const int64_t *global_shape,
                             const int64_t *block_start);

@@ -1,5 +1,5 @@
-/* tensor.h: fsdp_tensor, a contiguous n-d array (up to 4 dims) of f32 or bf16 (or i32 token
- * ids) on one device.
+/* tensor.h: fsdp_tensor, a contiguous n-d array (up to 4 dims) of f32, bf16 or f16 (or i32
+ * token ids) on one device.
  *
  * Ownership: every fsdp_tensor handle is owned by whoever created it and released with
  * fsdp_tensor_free. Handles share reference-counted storage: a view keeps its storage alive
@@ -24,6 +24,7 @@ typedef enum fsdp_dtype {
     FSDP_DTYPE_F32 = 0,
     FSDP_DTYPE_BF16 = 1, /* storage type: kernels compute in f32 */
     FSDP_DTYPE_I32 = 2,  /* integers: token ids and class targets (never a parameter) */
+    FSDP_DTYPE_F16 = 3,  /* IEEE binary16, a storage type like bf16 */
     FSDP_DTYPE_COUNT
 } fsdp_dtype;
 
@@ -37,6 +38,7 @@ typedef struct fsdp_device {
 #define FSDP_CPU ((fsdp_device){FSDP_DEVICE_CPU, 0})
 
 typedef uint16_t fsdp_bf16;
+typedef uint16_t fsdp_f16; /* IEEE 754 binary16: 1 sign, 5 exponent, 10 mantissa bits */
 
 typedef struct fsdp_tensor fsdp_tensor;
 
@@ -50,12 +52,18 @@ int fsdp_device_count(fsdp_device_type type);
 fsdp_status fsdp_device_synchronize(fsdp_ctx *ctx, fsdp_device device);
 
 size_t fsdp_dtype_size(fsdp_dtype dtype);              /* bytes per element; 0 if unknown */
-const char *fsdp_dtype_to_string(fsdp_dtype dtype);    /* "f32", "bf16", "i32" */
+const char *fsdp_dtype_to_string(fsdp_dtype dtype);    /* "f32", "bf16", "i32", "f16" */
 const char *fsdp_device_to_string(fsdp_device device); /* "cpu", "cuda" */
 
 /* bf16 <-> f32, round to nearest even; NaN stays NaN. */
 fsdp_bf16 fsdp_bf16_from_f32(float x);
 float fsdp_bf16_to_f32(fsdp_bf16 x);
+/* f32 -> f16 as torch's .to(torch.float16): round to nearest even, also into the subnormals
+ * (steps of 2^-24); magnitudes from 65520 up (and inf) become inf; a NaN stays a quiet NaN
+ * with x's sign and the top 10 bits of its payload (as torch's CPU conversion). f16 -> f32 is
+ * exact (NaN stays NaN, its payload kept). */
+fsdp_f16 fsdp_f16_from_f32(float x);
+float fsdp_f16_to_f32(fsdp_f16 x);
 
 /* A new zero-filled tensor. shape has ndim entries, each >= 0 (0 makes an empty tensor);
  * ndim is 0 (a scalar) to FSDP_MAX_DIMS. */
@@ -96,7 +104,7 @@ bool fsdp_tensor_same_shape(const fsdp_tensor *a, const fsdp_tensor *b);
 /* Formats the shape as "(12, 10)" into buf; returns buf. */
 const char *fsdp_tensor_shape_string(const fsdp_tensor *t, char *buf, size_t size);
 
-/* dst <- src. Same numel; dtypes may differ (f32 <-> bf16 conversion). */
+/* dst <- src. Same numel; dtypes may differ (f32 <-> bf16 and f32 <-> f16 conversion). */
 fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor *src);
 fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value);
 

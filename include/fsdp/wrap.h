@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "fsdp/comm.h"
+#include "fsdp/comm_hook.h"
 #include "fsdp/module.h"
 
 #ifdef __cplusplus
@@ -50,6 +51,24 @@ typedef enum fsdp_sharding_strategy {
 } fsdp_sharding_strategy;
 
 const char *fsdp_sharding_strategy_to_string(fsdp_sharding_strategy s); /* "FULL_SHARD", ... */
+
+/* PyTorch FSDP1's MixedPrecision, for the parameters and gradient reduction (docs/fsdp.md,
+ * "Mixed precision"). Each field is FSDP_DTYPE_F32 (the default, 0), FSDP_DTYPE_BF16 or
+ * FSDP_DTYPE_F16. The flat shards, their gradients and the optimizer stay f32 (the master
+ * copy). */
+typedef struct fsdp_mixed_precision {
+    /* Every gather (before forward and backward) rounds this rank's f32 shard once to
+     * param_dtype and all_gathers in param_dtype (half the bytes for bf16/f16); the gathered
+     * low-precision values, widened exactly to f32 for the CPU kernels, are the parameters
+     * forward and backward compute with. fsdp_summon_full_params still gathers the f32
+     * values. */
+    fsdp_dtype param_dtype;
+    /* Gradients are reduced in this dtype: the f32 gradient divided by the pre factor, rounded
+     * to reduce_dtype, reduce_scatter (all_reduce) in reduce_dtype, widened back, divided by
+     * the post factor (the cast-reduce-cast of the bf16/fp16 comm hooks, comm_hook.h). Unlike
+     * PyTorch, where None follows param_dtype, the default is f32: set both for that. */
+    fsdp_dtype reduce_dtype;
+} fsdp_mixed_precision;
 
 typedef struct fsdp_fully_shard_options {
     fsdp_sharding_strategy strategy; /* default FSDP_FULL_SHARD */
@@ -88,6 +107,15 @@ typedef struct fsdp_fully_shard_options {
     /* Debugging: fill every full-parameter buffer with NaN when it goes back to the pool, so a
      * computation that reads a stale gathered value cannot go unnoticed. */
     bool poison_resharded;
+    /* How each unit's flat gradient is reduced (FSDP1's register_comm_hook; comm_hook.h):
+     * default (divide by the pre factor, reduce_scatter / all_reduce in f32 or reduce_dtype,
+     * divide by the post factor); FSDP_COMM_HOOK_BF16 / _FP16, the same in bf16 / f16 (PyTorch's
+     * bf16/fp16_compress_hook); FSDP_COMM_HOOK_USER, .fn gets the unit's padded f32 flat
+     * gradient undivided, output this rank's shard (NULL for NO_SHARD or a group of one rank:
+     * leave the average in grad) and index the unit. Not with HYBRID_SHARD for a user hook (as
+     * PyTorch), and not with a reduce_dtype other than f32 for a non-default hook. */
+    fsdp_comm_hook comm_hook;
+    fsdp_mixed_precision mixed_precision; /* default: everything f32 */
 } fsdp_fully_shard_options;
 
 /* Wraps root: chooses the units, flattens and shards their parameters (local TP shards for

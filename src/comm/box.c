@@ -1,6 +1,7 @@
 /* box.c: the data movement of the local backend: copying an n-d box between contiguous
  * row-major tensors in as few memcpy runs as the shapes allow, and reducing one run of
- * elements over the ranks in rank order, in f32. */
+ * elements over the ranks in rank order, in f32 (bf16 and f16 are widened exactly, reduced,
+ * and rounded once to nearest even). */
 #include <string.h>
 
 #include "comm/comm_impl.h"
@@ -49,6 +50,8 @@ void fsdp_box_copy(void *dst, const int64_t *dst_shape, const int64_t *dst_at, c
 static void load_f32(float *acc, const void *src, int64_t offset, int64_t n, fsdp_dtype dtype) {
     if (dtype == FSDP_DTYPE_F32)
         memcpy(acc, (const float *)src + offset, (size_t)n * sizeof(float));
+    else if (dtype == FSDP_DTYPE_F16)
+        fsdp_kernels_cpu()->f16_to_f32(acc, (const fsdp_f16 *)src + offset, n);
     else
         fsdp_kernels_cpu()->bf16_to_f32(acc, (const fsdp_bf16 *)src + offset, n);
 }
@@ -76,6 +79,8 @@ void fsdp_reduce_run(void *dst, const void *const *srcs, int nsrc, int64_t offse
             for (int64_t j = 0; j < m; j++) acc[j] /= (float)nsrc;
         if (dtype == FSDP_DTYPE_F32)
             memcpy((float *)dst + i, acc, (size_t)m * sizeof(float));
+        else if (dtype == FSDP_DTYPE_F16)
+            fsdp_kernels_cpu()->f32_to_f16((fsdp_f16 *)dst + i, acc, m);
         else
             fsdp_kernels_cpu()->f32_to_bf16((fsdp_bf16 *)dst + i, acc, m);
     }

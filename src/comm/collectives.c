@@ -47,9 +47,9 @@ static fsdp_status check_tensor(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op
     if (!t)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s on group %s: the %s tensor is NULL",
                          name, g->desc, what);
-    if (t->dtype != FSDP_DTYPE_F32 && t->dtype != FSDP_DTYPE_BF16)
+    if (t->dtype != FSDP_DTYPE_F32 && t->dtype != FSDP_DTYPE_BF16 && t->dtype != FSDP_DTYPE_F16)
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
-                         "%s on group %s: the %s tensor is %s; use f32 or bf16", name, g->desc,
+                         "%s on group %s: the %s tensor is %s; use f32, bf16 or f16", name, g->desc,
                          what, fsdp_dtype_to_string(t->dtype));
     fsdp_device dev = fsdp_tensor_device(t);
     const fsdp_comm_backend_i *be = &g->world->backend.iface;

@@ -82,6 +82,8 @@ static float init_value(const fsdp_init *init, uint64_t seed, uint64_t stream, u
 static void store(fsdp_tensor *t, int64_t i, float v) {
     if (t->dtype == FSDP_DTYPE_F32)
         ((float *)fsdp_tensor_data(t))[i] = v;
+    else if (t->dtype == FSDP_DTYPE_F16)
+        ((fsdp_f16 *)fsdp_tensor_data(t))[i] = fsdp_f16_from_f32(v);
     else
         ((fsdp_bf16 *)fsdp_tensor_data(t))[i] = fsdp_bf16_from_f32(v);
 }
@@ -103,6 +105,12 @@ fsdp_status fsdp_init_block(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init
                          global_ndim);
     if (t->storage->device.type != FSDP_DEVICE_CPU)
         return FSDP_FAIL(ctx, FSDP_ERR_DEVICE, "fsdp_init_block: initialise on the CPU, then copy");
+    if (t->dtype != FSDP_DTYPE_F32 && t->dtype != FSDP_DTYPE_BF16 && t->dtype != FSDP_DTYPE_F16)
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "fsdp_init_block: the tensor is %s; random initialisation fills f32, bf16 "
+                         "and f16 tensors (fill integer tensors with fsdp_tensor_fill or your own "
+                         "values)",
+                         fsdp_dtype_to_string(t->dtype));
     int64_t gstride[FSDP_MAX_DIMS], stride = 1;
     for (int d = global_ndim - 1; d >= 0; d--) {
         if (block_start[d] < 0 || block_start[d] + t->shape[d] > global_shape[d])

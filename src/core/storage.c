@@ -1,5 +1,5 @@
 /* storage.c: the registry of device memory interfaces and the CPU's own: aligned host memory,
- * memmove, element fill and the f32 <-> bf16 conversions. */
+ * memmove, element fill and the f32 <-> bf16 and f32 <-> f16 conversions. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +81,14 @@ static fsdp_status cpu_convert(fsdp_ctx *ctx, int index, void *dst, fsdp_dtype d
         float *d = dst;
         const fsdp_bf16 *s = src;
         for (int64_t i = 0; i < n; i++) d[i] = fsdp_bf16_to_f32(s[i]);
+    } else if (dst_dtype == FSDP_DTYPE_F16 && src_dtype == FSDP_DTYPE_F32) {
+        fsdp_f16 *d = dst;
+        const float *s = src;
+        for (int64_t i = 0; i < n; i++) d[i] = fsdp_f16_from_f32(s[i]);
+    } else if (dst_dtype == FSDP_DTYPE_F32 && src_dtype == FSDP_DTYPE_F16) {
+        float *d = dst;
+        const fsdp_f16 *s = src;
+        for (int64_t i = 0; i < n; i++) d[i] = fsdp_f16_to_f32(s[i]);
     } else {
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "no conversion from %s to %s",
                          fsdp_dtype_to_string(src_dtype), fsdp_dtype_to_string(dst_dtype));

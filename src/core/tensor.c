@@ -54,7 +54,8 @@ static bool range_inside(int64_t offset, int64_t numel, int64_t limit) {
 static fsdp_status check_dtype_device(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device) {
     if (fsdp_dtype_size(dtype) == 0)
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
-                         "unknown dtype %d; use FSDP_DTYPE_F32, FSDP_DTYPE_BF16 or FSDP_DTYPE_I32",
+                         "unknown dtype %d; use FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16 or "
+                         "FSDP_DTYPE_I32",
                          (int)dtype);
     return fsdp_storage_check_device(ctx, device);
 }
@@ -409,6 +410,11 @@ fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value) {
     fsdp_device dev = t->storage->device;
     if (t->dtype == FSDP_DTYPE_BF16) {
         fsdp_bf16 v = fsdp_bf16_from_f32(value);
+        return fsdp_storage_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
+                                                t->numel);
+    }
+    if (t->dtype == FSDP_DTYPE_F16) {
+        fsdp_f16 v = fsdp_f16_from_f32(value);
         return fsdp_storage_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
                                                 t->numel);
     }

@@ -1,7 +1,7 @@
 /* dp_impl.h: what FSDP (fully_shard) and replicate share below both: the check that a
  * data-parallel group does not cross tensor-parallel shards, the one module-state broadcast
- * (FSDP's sync_module_states, replicate's initial sync), and the gradient divide factors.
- * Internal to src/fsdp. */
+ * (FSDP's sync_module_states, replicate's initial sync), the gradient divide factors, and the
+ * one body that reduces a gradient through a comm hook (comm_hook.c). Internal to src/fsdp. */
 #ifndef FSDP_FSDP_DP_IMPL_H
 #define FSDP_FSDP_DP_IMPL_H
 
@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "fsdp/comm.h"
+#include "fsdp/comm_hook.h"
 #include "fsdp/module.h"
 
 /* Refuses (FSDP_ERR_INVALID_ARGUMENT, nothing changed, no collective) a data-parallel group
@@ -41,5 +42,33 @@ fsdp_status fsdp_dp_sync_states(fsdp_ctx *ctx, fsdp_module *root, fsdp_group *gr
  * _get_gradient_predivide_factor): pre starts at 1 and doubles while D % pre == 0 and
  * D / pre > pre (tested before each doubling); post = D / pre. */
 void fsdp_dp_divide_factors(int dp_size, double *pre, double *post);
+
+/* FSDP_ERR_INVALID_ARGUMENT naming `who` for an unknown kind, USER without fn, or fn without
+ * USER. */
+fsdp_status fsdp_dp_check_hook(fsdp_ctx *ctx, const fsdp_comm_hook *hook, const char *who);
+/* The dtype a built-in hook reduces in: bf16 for BF16, f16 for FP16, else reduce_dtype. */
+fsdp_dtype fsdp_dp_hook_dtype(fsdp_comm_hook_kind kind, fsdp_dtype reduce_dtype);
+
+/* One reduction of a data-parallel gradient. */
+typedef struct fsdp_dp_reduce_args {
+    const fsdp_comm_hook *hook;
+    fsdp_dtype reduce_dtype; /* what FSDP_COMM_HOOK_DEFAULT reduces in (FSDP's reduce_dtype) */
+    fsdp_group *group;       /* reduces first: reduce_scatter into out, or all_reduce */
+    fsdp_group *replicate;   /* then all_reduce of the result over this (HYBRID_SHARD), or NULL */
+    double pre, post;        /* built-ins: grad /= pre before, result /= post after (in f32) */
+    int index;               /* the bucket or unit, for a user hook */
+    fsdp_tensor *grad;       /* 1-D f32, this rank's gradient; overwritten */
+    fsdp_tensor *out;        /* 1-D f32 of numel(grad) / W for a reduce_scatter, or NULL */
+    /* When the built-in's dtype is not f32: buffers of that dtype with storage, as many
+     * elements as grad and out. */
+    fsdp_tensor *low_grad, *low_out;
+} fsdp_dp_reduce_args;
+
+/* A user hook: fn(ctx, {grad, out, group, index}, user). A built-in: divide by pre; in f32:
+ * reduce_scatter into out (all_reduce of grad when out is NULL, nothing for a group of one),
+ * all_reduce over replicate; in bf16/f16: grad rounded into low_grad, the same collectives on
+ * low_grad / low_out, the result widened into out (or grad); divide by post. The result is in
+ * out, or in grad when out is NULL. */
+fsdp_status fsdp_dp_reduce(fsdp_ctx *ctx, const fsdp_dp_reduce_args *a);
 
 #endif

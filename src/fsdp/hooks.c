@@ -1,9 +1,11 @@
 /* hooks.c: what an FSDP unit does while the model runs: gather its flat parameter into a pool
- * block before forward and backward, free it after, and after backward reduce the flat
- * gradient over the data-parallel ranks into the shard the optimizer steps. */
+ * block before forward and backward (in param_dtype under mixed precision), free it after, and
+ * after backward reduce the flat gradient over the data-parallel ranks into the shard the
+ * optimizer steps, through the comm hook. */
 #include "core/ctx_impl.h" // defines: recompute_depth
 #include "core/error.h"
 #include "core/tensor_impl.h"
+#include "fsdp/dp_impl.h"
 #include "fsdp/shard_impl.h"
 #include "kernels/kernels.h"
 
@@ -40,12 +42,34 @@ fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const f
     return st;
 }
 
+/* Mixed precision: full <- the gather of every rank's shard rounded to low_full's dtype, widened
+ * exactly. This rank's shard is rounded into its chunk of low_full (from the host with offload),
+ * which is then gathered in place; unsharded, the whole flat parameter is rounded. */
+static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
+    fsdp_sharded *sh = u->owner;
+    FSDP_TRY(fsdp_pool_take(ctx, &sh->pool, u->low_full));
+    const fsdp_tensor *shard = fsdp_param_data(u->flat);
+    fsdp_status st;
+    if (fsdp_shard_sharded_strategy(sh)) {
+        st = fsdp_tensor_rebind(ctx, u->low_mine, u->low_full, (int64_t)sh->rank * u->shard_numel);
+        if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->low_mine, shard);
+        if (st == FSDP_OK) st = fsdp_all_gather(ctx, sh->group, u->low_full, u->low_mine, 0);
+        fsdp_tensor_release_storage(u->low_mine);
+    } else {
+        st = fsdp_tensor_copy(ctx, u->low_full, shard);
+    }
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->full, u->low_full);
+    fsdp_pool_give(&sh->pool, u->low_full);
+    return st;
+}
+
 /* Gathers the unit's full parameters into a pool block and points its parameters into it. */
-fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u) {
+fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype) {
     if (u->unsharded || u->numel == 0) return FSDP_OK; /* a unit without parameters is silent */
     fsdp_sharded *sh = u->owner;
     FSDP_TRY(fsdp_pool_take(ctx, &sh->pool, u->full));
-    fsdp_status st = fsdp_shard_sharded_strategy(sh)
+    fsdp_status st = dtype != FSDP_DTYPE_F32 ? gather_low(ctx, u)
+                     : fsdp_shard_sharded_strategy(sh)
                          ? fsdp_shard_gather(ctx, u, u->full, fsdp_param_data(u->flat))
                          : fsdp_tensor_copy(ctx, u->full, fsdp_param_data(u->flat));
     if (st == FSDP_OK) st = fsdp_shard_bind_params(ctx, u, u->full);
@@ -92,13 +116,6 @@ void fsdp_shard_give_grads(unit *u) {
     u->grad_bound = false;
 }
 
-static void scale(fsdp_tensor *t, double factor) {
-    if (factor == 1.0) return;
-    fsdp_kernels_for(fsdp_tensor_device(t))
-        ->scale(fsdp_tensor_f32(t), fsdp_tensor_f32(t), (float)(1.0 / factor),
-                fsdp_tensor_numel(t));
-}
-
 /* shard gradient += src. With offload src is copied to the host first and added there. */
 static fsdp_status accumulate(fsdp_ctx *ctx, unit *u, const fsdp_tensor *src) {
     fsdp_tensor *g = fsdp_param_grad(u->flat);
@@ -111,31 +128,34 @@ static fsdp_status accumulate(fsdp_ctx *ctx, unit *u, const fsdp_tensor *src) {
     return FSDP_OK;
 }
 
-/* Averages the unit's full gradient over the data-parallel ranks into its shard's gradient:
- * divide by the pre factor; reduce_scatter over the group (all_reduce for NO_SHARD); all_reduce
- * over the replicate group (HYBRID_SHARD); divide by the post factor; add to the shard's
- * gradient. */
+/* Averages the unit's full gradient over the data-parallel ranks into its shard's gradient
+ * through the comm hook (comm_hook.c; the default: divide by the pre factor; reduce_scatter
+ * over the group, all_reduce for NO_SHARD; all_reduce over the replicate group for
+ * HYBRID_SHARD; divide by the post factor, in f32 or reduce_dtype); then adds the result to
+ * the shard's gradient. */
 static fsdp_status reduce_grad(fsdp_ctx *ctx, unit *u) {
     fsdp_sharded *sh = u->owner;
     if (u->numel == 0) return FSDP_OK;
-    fsdp_tensor *src = u->full_grad;
-    bool sharded = fsdp_shard_sharded_strategy(sh);
-    if (sh->dp_size > 1) scale(u->full_grad, sh->pre_factor);
-    if (sharded) {
-        FSDP_TRY(fsdp_pool_take(ctx, &sh->pool, u->reduced));
-        src = u->reduced;
-    }
+    bool sharded = fsdp_shard_sharded_strategy(sh), low = sh->grad_dtype != FSDP_DTYPE_F32;
     fsdp_status st = FSDP_OK;
-    if (sharded)
-        st = fsdp_reduce_scatter(ctx, sh->group, u->reduced, u->full_grad, 0, FSDP_REDUCE_SUM);
-    else if (sh->world > 1)
-        st = fsdp_all_reduce(ctx, sh->group, u->full_grad, FSDP_REDUCE_SUM);
-    if (st == FSDP_OK && sh->replicate)
-        st = fsdp_all_reduce(ctx, sh->replicate, src, FSDP_REDUCE_SUM);
-    if (st == FSDP_OK) {
-        if (sh->dp_size > 1) scale(src, sh->post_factor);
-        st = accumulate(ctx, u, src);
-    }
+    if (sharded) st = fsdp_pool_take(ctx, &sh->pool, u->reduced);
+    if (st == FSDP_OK && low) st = fsdp_pool_take(ctx, &sh->pool, u->low_grad);
+    if (st == FSDP_OK && low && sharded) st = fsdp_pool_take(ctx, &sh->pool, u->low_reduced);
+    fsdp_dp_reduce_args a = {.hook = &sh->opts.comm_hook,
+                             .reduce_dtype = sh->opts.mixed_precision.reduce_dtype,
+                             .group = sh->group,
+                             .replicate = sh->replicate,
+                             .pre = sh->pre_factor,
+                             .post = sh->post_factor,
+                             .index = u->index,
+                             .grad = u->full_grad,
+                             .out = sharded ? u->reduced : NULL,
+                             .low_grad = u->low_grad,
+                             .low_out = u->low_reduced};
+    if (st == FSDP_OK) st = fsdp_dp_reduce(ctx, &a);
+    if (st == FSDP_OK) st = accumulate(ctx, u, sharded ? u->reduced : u->full_grad);
+    fsdp_pool_give(&sh->pool, u->low_reduced);
+    fsdp_pool_give(&sh->pool, u->low_grad);
     if (sharded) fsdp_pool_give(&sh->pool, u->reduced);
     if (st == FSDP_OK) u->grad_pending = false;
     return st;
@@ -146,7 +166,8 @@ static fsdp_status reduce_grad(fsdp_ctx *ctx, unit *u) {
 fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                    const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
-    return fsdp_shard_unshard(ctx, user);
+    unit *u = user;
+    return fsdp_shard_unshard(ctx, u, u->owner->param_dtype);
 }
 
 fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
@@ -166,7 +187,7 @@ fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
                                     const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     unit *u = user;
-    FSDP_TRY(fsdp_shard_unshard(ctx, u));
+    FSDP_TRY(fsdp_shard_unshard(ctx, u, u->owner->param_dtype));
     return fsdp_shard_take_grads(ctx, u); /* under no_sync, still bound with what was accumulated */
 }
 

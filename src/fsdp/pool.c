@@ -1,5 +1,6 @@
-/* pool.c: the caching pool of pool_impl.h: a short list of blocks, best fit, no splitting (FSDP
- * asks for the same few sizes in the same order every step). */
+/* pool.c: the caching pool of pool_impl.h: a short list of blocks of one dtype each, best fit
+ * among those of the tensor's dtype, no splitting (FSDP asks for the same few sizes in the same
+ * order every step). */
 #include "fsdp/pool_impl.h"
 
 #include <math.h>
@@ -18,10 +19,12 @@ static fsdp_pool_block *block_of(const fsdp_pool *pool, const fsdp_tensor *t) {
 
 fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
     int64_t n = fsdp_tensor_numel(t);
+    fsdp_dtype dtype = fsdp_tensor_dtype(t);
+    int64_t esize = (int64_t)fsdp_dtype_size(dtype);
     fsdp_pool_block *best = NULL;
     for (int i = 0; i < pool->n_blocks; i++) {
         fsdp_pool_block *b = &pool->blocks[i];
-        if (!b->in_use && fsdp_tensor_numel(b->buf) >= n &&
+        if (!b->in_use && fsdp_tensor_dtype(b->buf) == dtype && fsdp_tensor_numel(b->buf) >= n &&
             (!best || fsdp_tensor_numel(b->buf) < fsdp_tensor_numel(best->buf)))
             best = b;
     }
@@ -35,28 +38,29 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
         }
         best = &pool->blocks[pool->n_blocks];
         int64_t len = n > 0 ? n : 1;
-        fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, pool->device, 1, &len, &best->buf);
+        fsdp_status st = fsdp_tensor_create(ctx, dtype, pool->device, 1, &len, &best->buf);
         if (st != FSDP_OK) return st;
         best->in_use = false;
         pool->n_blocks++;
-        pool->reserved_bytes += len * (int64_t)sizeof(float);
+        pool->reserved_bytes += len * esize;
         if (pool->reserved_bytes > pool->peak_reserved_bytes)
             pool->peak_reserved_bytes = pool->reserved_bytes;
     }
     FSDP_TRY(fsdp_tensor_rebind(ctx, t, best->buf, 0));
     best->in_use = true;
-    pool->in_use_bytes += n * (int64_t)sizeof(float);
+    pool->in_use_bytes += n * esize;
     if (pool->in_use_bytes > pool->peak_in_use_bytes) pool->peak_in_use_bytes = pool->in_use_bytes;
     return FSDP_OK;
 }
 
 void fsdp_pool_give(fsdp_pool *pool, fsdp_tensor *t) {
-    fsdp_pool_block *b = block_of(pool, t);
+    fsdp_pool_block *b = t ? block_of(pool, t) : NULL;
     if (!b) return;
-    pool->in_use_bytes -= fsdp_tensor_numel(t) * (int64_t)sizeof(float);
+    pool->in_use_bytes -= fsdp_tensor_numel(t) * (int64_t)fsdp_dtype_size(fsdp_tensor_dtype(t));
     b->in_use = false;
     fsdp_tensor_release_storage(t);
-    if (pool->poison)
+    /* Low-precision blocks are scratch, written whole before every read: not poisoned. */
+    if (pool->poison && fsdp_tensor_dtype(b->buf) == FSDP_DTYPE_F32)
         fsdp_kernels_for(pool->device)
             ->fill(fsdp_tensor_f32(b->buf), NAN, fsdp_tensor_numel(b->buf));
 }

@@ -12,7 +12,7 @@
 #include "fsdp/tensor.h"
 
 typedef struct fsdp_pool_block {
-    fsdp_tensor *buf; /* 1-D f32, the block's memory */
+    fsdp_tensor *buf; /* 1-D, the block's memory, of the dtype of the first tensor bound to it */
     bool in_use;      /* a tensor is bound to it */
 } fsdp_pool_block;
 
@@ -27,11 +27,11 @@ typedef struct fsdp_pool {
     int64_t peak_reserved_bytes;
 } fsdp_pool;
 
-/* Binds t (f32, any shape, without storage or not) to the smallest free block that holds it,
- * allocating a block of exactly t's size when none does. */
+/* Binds t (any dtype and shape, without storage or not) to the smallest free block of its
+ * dtype that holds it, allocating a block of exactly t's size when none does. */
 fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t);
 /* Unbinds t (it is left without storage) and frees its block for the next take. A tensor not
- * bound to one of the pool's blocks is left alone. */
+ * bound to one of the pool's blocks, and NULL, are left alone. */
 void fsdp_pool_give(fsdp_pool *pool, fsdp_tensor *t);
 /* Frees every block (bound tensors must have been given back). */
 void fsdp_pool_clear(fsdp_pool *pool);

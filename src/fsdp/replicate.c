@@ -1,7 +1,7 @@
 /* replicate.c: replicated data parallelism (DDP): the initial broadcast of parameters and
  * buffers (state_sync.c), and the post-backward hook that averages gradients over the data-parallel
- * group in buckets through one flat buffer allocated at setup. Also the batch split by sample
- * index. */
+ * group in buckets through one flat buffer allocated at setup, each bucket through the comm hook
+ * (comm_hook.c). Also the batch split by sample index. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,13 +23,20 @@ struct fsdp_replicate {
     fsdp_tensor **bucket; /* views of stage, one per bucket, of the bucket's elements */
     int n_buckets;
     fsdp_tensor *stage; /* the flat buffer: as many elements as the largest bucket */
+    fsdp_comm_hook hook;
+    /* BF16 and FP16 hooks: the flat buffer in that dtype, and its views per bucket */
+    fsdp_tensor *low_stage;
+    fsdp_tensor **low_bucket;
 };
 
 static void replicate_free(void *p) {
     fsdp_replicate *r = p;
     if (!r) return;
     for (int b = 0; b < r->n_buckets; b++) fsdp_tensor_free(r->bucket[b]);
+    for (int b = 0; r->low_bucket && b < r->n_buckets; b++) fsdp_tensor_free(r->low_bucket[b]);
     free(r->bucket);
+    free(r->low_bucket);
+    fsdp_tensor_free(r->low_stage);
     free(r->bucket_start);
     fsdp_tensor_free(r->stage);
     free(r->params);
@@ -117,10 +124,13 @@ static fsdp_status layout_buckets(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module 
     return FSDP_OK;
 }
 
-/* Averages bucket b's gradients over the group: in times 1/W, all_reduce(sum), out. */
+/* Averages bucket b's gradients over the group through the comm hook: in (times 1/W for a
+ * built-in hook, as DDP divides while copying; as they are for a user hook), the hook's
+ * reduction (the default: all_reduce(sum) in f32), out. */
 static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b) {
     const fsdp_kernels_i *k = fsdp_kernels_cpu();
     float *buf = fsdp_tensor_f32(r->bucket[b]);
+    bool user = r->hook.kind == FSDP_COMM_HOOK_USER;
     float inv = 1.0f / (float)r->world;
     for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++) {
         fsdp_param *p = r->params[i];
@@ -131,9 +141,20 @@ static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b) {
                              "elements, %lld then); apply tensor parallelism before replicate",
                              fsdp_param_name(p), fsdp_module_fqn(fsdp_param_module(p)),
                              (long long)fsdp_tensor_numel(g), (long long)r->numel[i]);
-        k->scale(buf + r->offset[i], fsdp_tensor_f32(g), inv, r->numel[i]);
+        if (user)
+            k->copy(buf + r->offset[i], fsdp_tensor_f32(g), r->numel[i]);
+        else
+            k->scale(buf + r->offset[i], fsdp_tensor_f32(g), inv, r->numel[i]);
     }
-    FSDP_TRY(fsdp_all_reduce(ctx, r->group, r->bucket[b], FSDP_REDUCE_SUM));
+    fsdp_dp_reduce_args a = {.hook = &r->hook,
+                             .reduce_dtype = FSDP_DTYPE_F32,
+                             .group = r->group,
+                             .pre = 1.0, /* divided above */
+                             .post = 1.0,
+                             .index = b,
+                             .grad = r->bucket[b],
+                             .low_grad = r->low_bucket ? r->low_bucket[b] : NULL};
+    FSDP_TRY(fsdp_dp_reduce(ctx, &a));
     for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++)
         k->copy(fsdp_tensor_f32(fsdp_param_grad(r->params[i])), buf + r->offset[i], r->numel[i]);
     return FSDP_OK;
@@ -162,6 +183,17 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
         int last = r->bucket_start[b + 1] - 1;
         int64_t n = r->offset[last] + r->numel[last];
         FSDP_TRY(fsdp_tensor_view(ctx, r->stage, 0, 1, &n, &r->bucket[b]));
+    }
+    fsdp_dtype low = fsdp_dp_hook_dtype(r->hook.kind, FSDP_DTYPE_F32);
+    if (r->hook.kind != FSDP_COMM_HOOK_USER && low != FSDP_DTYPE_F32) {
+        FSDP_TRY(fsdp_tensor_create(ctx, low, FSDP_CPU, 1, &grad_max, &r->low_stage));
+        r->low_bucket = calloc((size_t)r->n_buckets + 1, sizeof *r->low_bucket);
+        if (!r->low_bucket)
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate buckets");
+        for (int b = 0; b < r->n_buckets; b++) {
+            int64_t n = fsdp_tensor_numel(r->bucket[b]);
+            FSDP_TRY(fsdp_tensor_view(ctx, r->low_stage, 0, 1, &n, &r->low_bucket[b]));
+        }
     }
     if (o->src_rank == FSDP_NO_SRC_RANK || r->world == 1) return FSDP_OK;
     /* DDP's initial sync: buckets formed as the gradient buckets are. */
@@ -203,9 +235,11 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                          "replicate: src_rank %d is not a rank of group '%s' (size %d); use "
                          "0..%d or FSDP_NO_SRC_RANK",
                          o.src_rank, fsdp_group_label(group), world, world - 1);
+    FSDP_TRY(fsdp_dp_check_hook(ctx, &o.comm_hook, "fsdp_replicate_apply"));
     fsdp_replicate *r = calloc(1, sizeof *r);
     if (!r) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate replicate state");
     r->group = group;
+    r->hook = o.comm_hook;
     r->world = world;
     r->sync = true;
     fsdp_status st = setup(ctx, r, root, &o);

@@ -13,6 +13,7 @@
 /* One FSDP unit: a module whose parameters (nested units' excluded) share a flat buffer. */
 typedef struct unit {
     fsdp_sharded *owner;
+    int index; /* in owner->units (pre-order) */
     fsdp_module *module;
     char *path; /* relative to the root, "" for the root */
     bool is_root;
@@ -31,6 +32,11 @@ typedef struct unit {
     fsdp_tensor *mine;        /* (S): this rank's chunk of a gather output, for offload */
     fsdp_tensor *stage;       /* (S): view of the host staging buffer, for offload */
     fsdp_tensor *summon_host; /* summon_full_params(offload_to_cpu): the host copy */
+    /* Mixed precision and the low-precision comm hooks: pool-bound handles of that dtype */
+    fsdp_tensor *low_full;    /* (padded) param_dtype: the gather of the rounded shards */
+    fsdp_tensor *low_mine;    /* (S) param_dtype: this rank's chunk of low_full */
+    fsdp_tensor *low_grad;    /* (padded) grad_dtype: the rounded full gradient */
+    fsdp_tensor *low_reduced; /* (S) grad_dtype: its reduce_scatter output */
     fsdp_param *flat;         /* the shard (S) the optimizer steps; resident: views full */
     bool unsharded;           /* the parameters are bound to full, which holds current values */
     bool grad_bound;          /* the parameter gradients are bound to full_grad */
@@ -46,6 +52,8 @@ struct fsdp_sharded {
     int world, rank;       /* in group */
     int dp_size;           /* world times the replicate group's size */
     double pre_factor, post_factor;
+    fsdp_dtype param_dtype; /* what parameters are gathered in */
+    fsdp_dtype grad_dtype;  /* what a built-in comm hook reduces in (f32 for a user hook) */
     fsdp_module *root;
     fsdp_module *flat_store; /* owns the flat shard parameters (impl: this object) */
     fsdp_module *orig;       /* use_orig_params: the mirror tree of shard views; else NULL */
@@ -73,8 +81,9 @@ fsdp_status fsdp_shard_bind_params(fsdp_ctx *ctx, unit *u, const fsdp_tensor *ba
 void fsdp_shard_release_params(unit *u);
 /* full <- every rank's shard, in order (through the device with offload). */
 fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const fsdp_tensor *shard);
-/* Gathers the unit's full parameters into a pool block / gives the block back. */
-fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u);
+/* Gathers the unit's full parameters into a pool block / gives the block back. The gather
+ * runs in `dtype` (the shards rounded to it; f32: exact), the values widened into u->full. */
+fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype);
 void fsdp_shard_reshard(unit *u);
 /* Binds the parameter gradients to a zeroed full gradient block / gives it back. */
 fsdp_status fsdp_shard_take_grads(fsdp_ctx *ctx, unit *u);

@@ -145,6 +145,10 @@ static void unit_free(unit *u) {
     fsdp_tensor_free(u->mine);
     fsdp_tensor_free(u->stage);
     fsdp_tensor_free(u->summon_host);
+    fsdp_tensor_free(u->low_full);
+    fsdp_tensor_free(u->low_mine);
+    fsdp_tensor_free(u->low_grad);
+    fsdp_tensor_free(u->low_reduced);
     free(u->params);
     free(u->offsets);
     free(u->path);
@@ -154,6 +158,24 @@ static void unit_free(unit *u) {
 /* A handle of n elements on the device that holds no memory until the pool binds it. */
 static fsdp_status empty_handle(fsdp_ctx *ctx, int64_t n, fsdp_tensor **out) {
     return fsdp_tensor_create_unbound(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, out);
+}
+
+/* The unbound handles of mixed precision and of the low-precision comm hooks. */
+static fsdp_status low_handles(fsdp_ctx *ctx, const fsdp_sharded *sh, unit *u, bool sharded) {
+    if (sh->param_dtype != FSDP_DTYPE_F32) {
+        FSDP_TRY(fsdp_tensor_create_unbound(ctx, sh->param_dtype, FSDP_CPU, 1, &u->padded,
+                                            &u->low_full));
+        FSDP_TRY(fsdp_tensor_create_unbound(ctx, sh->param_dtype, FSDP_CPU, 1, &u->shard_numel,
+                                            &u->low_mine));
+    }
+    if (sh->grad_dtype != FSDP_DTYPE_F32) {
+        FSDP_TRY(
+            fsdp_tensor_create_unbound(ctx, sh->grad_dtype, FSDP_CPU, 1, &u->padded, &u->low_grad));
+        if (sharded)
+            FSDP_TRY(fsdp_tensor_create_unbound(ctx, sh->grad_dtype, FSDP_CPU, 1, &u->shard_numel,
+                                                &u->low_reduced));
+    }
+    return FSDP_OK;
 }
 
 /* Collects the unit's parameters and checks them. */
@@ -210,8 +232,10 @@ static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
     bool sharded = fsdp_shard_sharded_strategy(sh);
     u->shard_numel = sharded ? (u->numel + W - 1) / W : u->numel;
     u->padded = sharded ? u->shard_numel * W : u->numel;
-    u->resident = !sharded && !sh->opts.offload_params;
+    /* Under mixed precision the parameters are a rounded copy, never the flat parameter. */
+    u->resident = !sharded && !sh->opts.offload_params && sh->param_dtype == FSDP_DTYPE_F32;
     fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &u->padded, &u->full);
+    if (st == FSDP_OK) st = low_handles(ctx, sh, u, sharded);
     if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, u->full, 0.0f);
     if (st == FSDP_OK) st = empty_handle(ctx, u->padded, &u->full_grad);
     if (st == FSDP_OK && sharded) st = empty_handle(ctx, u->shard_numel, &u->reduced);
@@ -364,6 +388,28 @@ static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_fully_shard_options *
     if (o->min_num_params < 0 || o->n_wrap_kinds < 0 || o->n_wrap_paths < 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_fully_shard: negative min_num_params or list length");
+    FSDP_TRY(fsdp_dp_check_hook(ctx, &o->comm_hook, "fsdp_fully_shard"));
+    if (o->comm_hook.kind == FSDP_COMM_HOOK_USER && o->strategy == FSDP_HYBRID_SHARD)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "fsdp_fully_shard: a user comm hook is not supported with HYBRID_SHARD "
+                         "(as in PyTorch); use the default, BF16 or FP16 hook, or another "
+                         "strategy");
+    const fsdp_mixed_precision *mp = &o->mixed_precision;
+    const fsdp_dtype *dt[2] = {&mp->param_dtype, &mp->reduce_dtype};
+    for (int i = 0; i < 2; i++)
+        if (*dt[i] != FSDP_DTYPE_F32 && *dt[i] != FSDP_DTYPE_BF16 && *dt[i] != FSDP_DTYPE_F16)
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "fsdp_fully_shard: mixed_precision.%s is %s (%d); use "
+                             "FSDP_DTYPE_F32, FSDP_DTYPE_BF16 or FSDP_DTYPE_F16",
+                             i ? "reduce_dtype" : "param_dtype", fsdp_dtype_to_string(*dt[i]),
+                             (int)*dt[i]);
+    if (mp->reduce_dtype != FSDP_DTYPE_F32 && o->comm_hook.kind != FSDP_COMM_HOOK_DEFAULT)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_fully_shard: mixed_precision.reduce_dtype is %s and comm_hook is "
+                         "%s: both choose how gradients are reduced; keep one (reduce_dtype f32, "
+                         "or the default hook)",
+                         fsdp_dtype_to_string(mp->reduce_dtype),
+                         fsdp_comm_hook_kind_to_string(o->comm_hook.kind));
     return FSDP_OK;
 }
 
@@ -402,7 +448,10 @@ static fsdp_status wrap(fsdp_ctx *ctx, fsdp_sharded *sh) {
         st = unit_collect(ctx, sh, &c, order[i], &sh->units[i]);
         if (sh->units[i]) sh->n_units++;
     }
-    for (int i = 0; st == FSDP_OK && i < sh->n_units; i++) st = unit_build(ctx, sh, sh->units[i]);
+    for (int i = 0; st == FSDP_OK && i < sh->n_units; i++) {
+        sh->units[i]->index = i;
+        st = unit_build(ctx, sh, sh->units[i]);
+    }
     free(order);
     free(c.picked);
     if (st == FSDP_OK) st = make_segments(ctx, sh);
@@ -478,6 +527,10 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
     sh->pool.poison = o.poison_resharded;
     /* Over the whole data-parallel size, as PyTorch. */
     fsdp_dp_divide_factors(sh->dp_size, &sh->pre_factor, &sh->post_factor);
+    sh->param_dtype = o.mixed_precision.param_dtype;
+    sh->grad_dtype = o.comm_hook.kind == FSDP_COMM_HOOK_USER
+                         ? FSDP_DTYPE_F32
+                         : fsdp_dp_hook_dtype(o.comm_hook.kind, o.mixed_precision.reduce_dtype);
     fsdp_status st = wrap(ctx, sh);
     if (st != FSDP_OK) {
         fsdp_sharded_free(sh);

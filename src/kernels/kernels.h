@@ -81,9 +81,12 @@ typedef struct fsdp_kernels_i {
     void (*cross_entropy)(float *loss, float *dlogits, const float *logits, const int32_t *targets,
                           int64_t rows, int64_t classes);
 
-    /* dtype conversion, round to nearest even */
+    /* dtype conversion, round to nearest even; the bits equal fsdp_bf16_from_f32's and
+     * fsdp_f16_from_f32's (subnormals, overflow to inf, NaN included); widening is exact */
     void (*f32_to_bf16)(fsdp_bf16 *dst, const float *src, int64_t n);
     void (*bf16_to_f32)(float *dst, const fsdp_bf16 *src, int64_t n);
+    void (*f32_to_f16)(fsdp_f16 *dst, const float *src, int64_t n);
+    void (*f16_to_f32)(float *dst, const fsdp_f16 *src, int64_t n);
 
     /* Fused optimizer steps over n elements of a flat shard, the loops of fsdp_sgd_step_args
      * and fsdp_adam_step_args in that order of IEEE f32 operations (so every device gives the

@@ -1,5 +1,6 @@
-/* convert.c: f32 <-> bf16 on the CPU. bf16 is the top 16 bits of an f32; narrowing rounds to
- * nearest even and keeps NaN a (quiet) NaN, the same rule as fsdp_bf16_from_f32. */
+/* convert.c: f32 <-> bf16 and f32 <-> f16 on the CPU. bf16 is the top 16 bits of an f32;
+ * narrowing rounds to nearest even and keeps NaN a (quiet) NaN, the same rule as
+ * fsdp_bf16_from_f32. f16 uses core's rule (fsdp_f16_from_f32: subnormals, overflow to inf). */
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
@@ -19,4 +20,12 @@ void fsdp_cpu_bf16_to_f32(float *restrict dst, const fsdp_bf16 *restrict src, in
         uint32_t bits = (uint32_t)src[i] << 16;
         memcpy(&dst[i], &bits, sizeof bits);
     }
+}
+
+void fsdp_cpu_f32_to_f16(fsdp_f16 *restrict dst, const float *restrict src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = fsdp_f16_from_f32(src[i]);
+}
+
+void fsdp_cpu_f16_to_f32(float *restrict dst, const fsdp_f16 *restrict src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = fsdp_f16_to_f32(src[i]);
 }

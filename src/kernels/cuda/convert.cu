@@ -1,5 +1,6 @@
-/* convert.cu: f32 <-> bf16 on the device with the CPU's integer rule (kernels/cpu/convert.c):
- * round to nearest even, NaN stays a quiet NaN, so the bits equal fsdp_bf16_from_f32's. */
+/* convert.cu: f32 <-> bf16 and f32 <-> f16 on the device with the CPU's integer rules
+ * (kernels/cpu/convert.c, core's fsdp_f16_from_f32): round to nearest even, NaN stays a quiet
+ * NaN, f16 subnormals and overflow to inf, so the bits equal the CPU's. */
 #include "kernels/cuda/common.cuh"
 
 __device__ inline uint16_t bf16_from_bits(uint32_t bits) {
@@ -56,4 +57,49 @@ extern "C" void fsdp_cuda_bf16_to_f32(float *dst, const fsdp_bf16 *src, int64_t 
     bf16_to_f32_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS>>>(
         dst, (const uint16_t *)src, n, vec);
     FSDP_CUDA_LAUNCHED("bf16_to_f32");
+}
+
+/* fsdp_f16_from_f32's rule (src/core/dtype.c), on the bits */
+__device__ inline uint16_t f16_from_bits(uint32_t bits) {
+    uint32_t sign = (bits >> 16) & 0x8000u, a = bits & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+    if (a >= 0x38800000u) {
+        uint32_t r = a - 0x38000000u;
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (a <= 0x33000000u) return (uint16_t)sign;
+    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, s = 126u - e;
+    uint32_t q = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+}
+
+__device__ inline float f16_to_float(uint16_t x) {
+    uint32_t sign = (uint32_t)(x & 0x8000u) << 16, e = (x >> 10) & 0x1fu, m = x & 0x3ffu;
+    if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    if (e) return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+    return __uint_as_float(__float_as_uint((float)m * 0x1p-24f) | sign);
+}
+
+__global__ void f32_to_f16_kernel(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t j = fsdp_tid(); j < n; j += fsdp_stride())
+        dst[j] = f16_from_bits(__float_as_uint(src[j]));
+}
+
+__global__ void f16_to_f32_kernel(float *dst, const uint16_t *src, int64_t n) {
+    for (int64_t j = fsdp_tid(); j < n; j += fsdp_stride()) dst[j] = f16_to_float(src[j]);
+}
+
+extern "C" void fsdp_cuda_f32_to_f16(fsdp_f16 *dst, const float *src, int64_t n) {
+    if (n <= 0) return;
+    f32_to_f16_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS>>>((uint16_t *)dst, src, n);
+    FSDP_CUDA_LAUNCHED("f32_to_f16");
+}
+
+extern "C" void fsdp_cuda_f16_to_f32(float *dst, const fsdp_f16 *src, int64_t n) {
+    if (n <= 0) return;
+    f16_to_f32_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS>>>(dst, (const uint16_t *)src, n);
+    FSDP_CUDA_LAUNCHED("f16_to_f32");
 }

@@ -98,7 +98,9 @@ static fsdp_status cuda_convert(fsdp_ctx *ctx, int index, void *dst, fsdp_dtype 
                                 const void *src, fsdp_dtype src_dtype, int64_t n) {
     bool narrow = dst_dtype == FSDP_DTYPE_BF16 && src_dtype == FSDP_DTYPE_F32;
     bool widen = dst_dtype == FSDP_DTYPE_F32 && src_dtype == FSDP_DTYPE_BF16;
-    if (!narrow && !widen)
+    bool narrow16 = dst_dtype == FSDP_DTYPE_F16 && src_dtype == FSDP_DTYPE_F32;
+    bool widen16 = dst_dtype == FSDP_DTYPE_F32 && src_dtype == FSDP_DTYPE_F16;
+    if (!narrow && !widen && !narrow16 && !widen16)
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "no conversion from %s to %s",
                          fsdp_dtype_to_string(src_dtype), fsdp_dtype_to_string(dst_dtype));
     if (n <= 0) return FSDP_OK;
@@ -106,8 +108,12 @@ static fsdp_status cuda_convert(fsdp_ctx *ctx, int index, void *dst, fsdp_dtype 
     FSDP_CUDA_TRY(ctx, cudaGetLastError()); // an earlier failure is not this conversion's
     if (narrow)
         fsdp_cuda_f32_to_bf16(dst, src, n);
-    else
+    else if (widen)
         fsdp_cuda_bf16_to_f32(dst, src, n);
+    else if (narrow16)
+        fsdp_cuda_f32_to_f16(dst, src, n);
+    else
+        fsdp_cuda_f16_to_f32(dst, src, n);
     return FSDP_OK;
 }
 
