@@ -199,6 +199,41 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
                                 const fsdp_tensor *in, int dim, fsdp_reduce_op op);
 /* t = the reduction over ranks of t, in place. */
 fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op);
+
+/* ---- non-blocking all_reduce (PyTorch's async_op=True and Work.wait()) ----
+ *
+ * A work is a reusable handle for one collective in flight at a time. fsdp_all_reduce_start
+ * makes the same call as fsdp_all_reduce (same checks, counted the same in comm-debug, at the
+ * module and phase running when it starts; every rank of the group starts it in the same
+ * order relative to its other calls on the group) and returns once the call is under way;
+ * fsdp_comm_work_wait completes it. The result is bitwise equal to fsdp_all_reduce's. Until
+ * the wait returns, t must stay allocated and must be neither read nor written. On the MPI
+ * backend the descriptor exchange happens in the start (it waits for the group's members to
+ * arrive), the data moves while the caller computes (MPI progresses when any libfsdp call on
+ * the backend, or fsdp_comm_work_test, enters it), and the wait has the deadlines of a blocking
+ * call (timeout_ms without progress; a member that returned or poisoned the group fails it at
+ * once). On the local backend the start makes the whole call and the work is complete when it
+ * returns. Several works may be in flight on one group; wait for them in any order. */
+typedef struct fsdp_comm_work fsdp_comm_work;
+
+/* A new idle work; the caller owns it (fsdp_comm_work_free). */
+fsdp_status fsdp_comm_work_create(fsdp_ctx *ctx, fsdp_comm_work **out);
+/* Frees a work (NULL: nothing). Wait for it first: a work still in flight is abandoned, and its
+ * group fails (every member's next wait or call on it reports the failure), as after a
+ * timeout; MPI may still read its tensor until fsdp_world_run returns. */
+void fsdp_comm_work_free(fsdp_comm_work *work);
+/* Starts t = the reduction over ranks of t, in place, on work, which must be idle (never
+ * started, or waited for); a call refused for its own arguments leaves the work idle. */
+fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
+                                  fsdp_reduce_op op, fsdp_comm_work *work);
+/* Completes the work's call (an idle work returns FSDP_OK at once); the work is idle after,
+ * also when it fails. Call it from the rank that started it. */
+fsdp_status fsdp_comm_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
+/* Advances the work's call without blocking: *done is true once it has completed (the work is
+ * then idle, as after a wait); a failure is reported as by the wait. */
+fsdp_status fsdp_comm_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
+/* Whether a call was started on the work and has not completed yet. */
+bool fsdp_comm_work_pending(const fsdp_comm_work *work);
 /* t = group rank `root`'s t, on every rank. */
 fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root);
 /* The exchange behind Shard(concat_dim) -> Shard(split_dim): every rank splits its `in`

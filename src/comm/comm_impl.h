@@ -50,6 +50,15 @@ typedef struct fsdp_comm_backend_i {
     fsdp_status (*all_to_all)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, const fsdp_tensor *in,
                               int split_dim, int concat_dim);
     fsdp_status (*barrier)(fsdp_ctx *ctx, fsdp_group *g);
+    /* (optional) A non-blocking all_reduce: starts the call on work (work->state is the
+     * backend's, NULL at first; set work->free_state with it) and returns; work_test advances
+     * it without blocking, work_wait completes it. Both report a failure once and leave the
+     * work done. NULL: fsdp_all_reduce_start makes the blocking call and the work is complete
+     * at once (the local backend). */
+    fsdp_status (*all_reduce_start)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
+                                    fsdp_comm_work *work);
+    fsdp_status (*work_test)(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
+    fsdp_status (*work_wait)(fsdp_ctx *ctx, fsdp_comm_work *work);
 
     /* (optional) This rank will not make collective `op` on g because its arguments were
      * invalid (the message is in ctx): let the peers fail at once naming this rank instead
@@ -122,6 +131,16 @@ struct fsdp_group {
     bool borrowed; /* owned by a context or a mesh: fsdp_group_free leaves it alone */
     char label[FSDP_GROUP_LABEL_MAX];
     char desc[FSDP_GROUP_DESC_MAX]; /* "'tp' (world ranks 0,1)", for messages */
+};
+
+/* A non-blocking call's handle (fsdp_comm_work_*, work.c). */
+struct fsdp_comm_work {
+    bool pending;      /* started and not yet complete */
+    int op;            /* the call's fsdp_comm_op while pending */
+    fsdp_group *group; /* its group while pending */
+    void *state;       /* the backend's, kept from call to call */
+    /* Frees state; a work still pending is abandoned first. */
+    void (*free_state)(void *state);
 };
 
 /* One row of the comm-debug counters. */
