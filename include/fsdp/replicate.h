@@ -1,8 +1,8 @@
 /* replicate.h: replicated data parallelism (PyTorch's DistributedDataParallel, or the
  * composable `replicate`): every rank of a data-parallel group holds the whole model (or its
- * tensor-parallel shards), trains on its own slice of the global batch, and after each
- * backward the gradients are averaged over the group with one all_reduce per bucket, so the
- * replicas stay bitwise equal. Also the batch split by global sample index that every
+ * tensor-parallel shards), trains on its own slice of the global batch, and in each backward
+ * the gradients are averaged over the group with one all_reduce per bucket (started during
+ * backward as soon as the bucket's gradients are final), so the replicas stay bitwise equal. Also the batch split by global sample index that every
  * data-parallel mode uses.
  *
  * Ownership, the rule of wrap.h: a wrapper's state is held by the model it wraps and lives as
