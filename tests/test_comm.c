@@ -866,11 +866,16 @@ static void test_all_reduce_start(void) {
     run_all_sizes(all_reduce_start_body, true);
 }
 
-/* Rank 2 starts an all_reduce and waits for it only 500 ms later, past the 100 ms timeout:
- * under MPI ranks 0 and 1, whose data steps get nothing more from it, fail with
- * FSDP_ERR_TIMEOUT naming it, and rank 2's wait then fails on the poisoned group; on the local
+/* Rank 2 starts an all_reduce and waits for it only 1.2 s later, past the 250 ms timeout:
+ * under MPI ranks 0 and 1, whose data steps make no progress without it (nothing more comes
+ * from it, or it takes nothing of theirs), fail with FSDP_ERR_TIMEOUT, and rank 2's wait then
+ * fails on the poisoned group; on the local
  * backend the call completed in the start and everyone succeeds. Then rank 2 starts one and
  * returns without waiting: the others' waits fail at once naming it (MPI). */
+/* What rank 2 leaves in flight when it returns without waiting (MPI: one process per rank). */
+static fsdp_comm_work *left_behind_work;
+static fsdp_tensor *left_behind_tensor;
+
 static fsdp_status late_wait_body(fsdp_ctx *ctx, int rank, void *user) {
     const bool leave = user != NULL;
     fsdp_tensor *t = NULL;
@@ -880,11 +885,17 @@ static fsdp_status late_wait_body(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
     const bool mpi = fsdp_test_mpi();
     if (st == FSDP_OK && rank == 2 && leave) {
-        fsdp_tensor_free(t); /* left allocated under MPI (it may still be read) */
-        return FSDP_OK;      /* the work is leaked on purpose: freeing it would poison */
+        if (mpi) { /* kept (MPI may still read t); freeing the work would poison the group */
+            left_behind_work = w, left_behind_tensor = t;
+            return FSDP_OK;
+        }
+        fsdp_comm_work_free(w);
+        fsdp_tensor_free(t);
+        return FSDP_OK;
     }
     double t0 = seconds_now();
-    if (st == FSDP_OK && rank == 2) nanosleep(&(struct timespec){.tv_nsec = 500 * 1000000L}, NULL);
+    if (st == FSDP_OK && rank == 2)
+        nanosleep(&(struct timespec){.tv_sec = 1, .tv_nsec = 200 * 1000000L}, NULL);
     if (st == FSDP_OK) {
         fsdp_status got = fsdp_comm_work_wait(ctx, w);
         if (!mpi)
@@ -895,11 +906,13 @@ static fsdp_status late_wait_body(fsdp_ctx *ctx, int rank, void *user) {
                 (const char *[]){"all_reduce on group 'world'", "rank 2 will never arrive", NULL});
         else if (rank == 2)
             st = expect_failure(ctx, got, FSDP_ERR_TIMEOUT,
-                                (const char *[]){"failed earlier", "timed out after 100 ms", NULL});
+                                (const char *[]){"failed earlier", "timed out after 250 ms", NULL});
         else
-            st = expect_failure(ctx, got, FSDP_ERR_TIMEOUT,
-                                (const char *[]){"all_reduce on group 'world' (world ranks 0,1,2)",
-                                                 "timed out after 100 ms", "rank 2", NULL});
+            st = expect_failure(
+                ctx, got, FSDP_ERR_TIMEOUT,
+                (const char *[]){"all_reduce on group 'world' (world ranks 0,1,2)",
+                                 "timed out after 250 ms without progress while moving data",
+                                 NULL});
     }
     if (st == FSDP_OK)
         FSDP_RANK_CHECK(ctx, seconds_now() - t0 < 10.0, "waited %.1f s", seconds_now() - t0);
@@ -909,8 +922,12 @@ static fsdp_status late_wait_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_work_wait_fails_not_hangs(void) {
-    FSDP_TEST_OK(fsdp_test_run_world(3, 100, late_wait_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(3, 250, late_wait_body, NULL));
     FSDP_TEST_OK(fsdp_test_run_world(3, 60000, late_wait_body, (void *)1));
+    /* The run is over: its groups (and the work's pending call) are gone. */
+    fsdp_comm_work_free(left_behind_work);
+    fsdp_tensor_free(left_behind_tensor);
+    left_behind_work = NULL, left_behind_tensor = NULL;
 }
 
 /* Bad arguments on one rank: each is refused with its message, and the group stays usable. */
