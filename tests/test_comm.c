@@ -921,6 +921,51 @@ static fsdp_status late_wait_body(fsdp_ctx *ctx, int rank, void *user) {
     return st;
 }
 
+/* Ranks disagree on a non-blocking all_reduce (shape), then one starts one while another makes
+ * a barrier: every rank fails with the message a blocking call gives (under MPI from its
+ * wait, the start having returned at once), and the group and the work stay usable. */
+static fsdp_status start_mismatch_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_tensor *t = NULL;
+    fsdp_comm_work *w = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                (const int64_t[]){rank == 1 ? 5 : 4}, &t));
+    fsdp_status st = fsdp_comm_work_create(ctx, &w);
+    if (st == FSDP_OK) {
+        fsdp_status got = fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
+        if (got == FSDP_OK) got = fsdp_comm_work_wait(ctx, w);
+        st = expect_failure(ctx, got, FSDP_ERR_SHAPE,
+                            (const char *[]){"all_reduce", "'world' (world ranks 0,1,2)",
+                                             "rank 0 (4), rank 1 (5), rank 2 (4)", NULL});
+    }
+    if (st == FSDP_OK) {
+        fsdp_status got = rank == 1 ? fsdp_barrier(ctx, NULL)
+                                    : fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
+        if (got == FSDP_OK && rank != 1) got = fsdp_comm_work_wait(ctx, w);
+        st = expect_failure(ctx, got, FSDP_ERR_COMM,
+                            (const char *[]){"rank 0 all_reduce, rank 1 barrier, rank 2 "
+                                             "all_reduce",
+                                             NULL});
+    }
+    fsdp_tensor_free(t);
+    t = NULL;
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){4}, &t);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, t, (float)(rank + 1));
+    if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, get(t, 3) == 6.0f, "after the failures: the sum is %g, want 6",
+                        get(t, 3));
+    fsdp_comm_work_free(w);
+    fsdp_tensor_free(t);
+    return st;
+}
+
+static void test_all_reduce_start_mismatch(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(3, 20000, start_mismatch_body, NULL));
+}
+
 static void test_work_wait_fails_not_hangs(void) {
     FSDP_TEST_OK(fsdp_test_run_world(3, 250, late_wait_body, NULL));
     FSDP_TEST_OK(fsdp_test_run_world(3, 60000, late_wait_body, (void *)1));
@@ -1204,6 +1249,7 @@ int main(int argc, char **argv) {
         {"reduce_scatter", test_reduce_scatter},
         {"all_reduce", test_all_reduce},
         {"all_reduce_start", test_all_reduce_start},
+        {"all_reduce_start_mismatch", test_all_reduce_start_mismatch},
         {"work_wait_fails_not_hangs", test_work_wait_fails_not_hangs},
         {"broadcast", test_broadcast},
         {"all_to_all", test_all_to_all},

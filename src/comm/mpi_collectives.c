@@ -136,8 +136,8 @@ fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
 }
 
 fsdp_status fsdp_mpi_all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
-                                         mpi_reqs *rs, fsdp_tensor *t, const void **srcs,
-                                         char *buf) {
+                                         mpi_reqs *rs, fsdp_tensor *t, const void **srcs, char *buf,
+                                         int kind) {
     const int W = g->size, r = g->rank;
     const size_t esize = fsdp_dtype_size(t->dtype);
     char *x = fsdp_tensor_data(t);
@@ -149,10 +149,10 @@ fsdp_status fsdp_mpi_all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi
             continue;
         }
         srcs[m] = buf + (size_t)(slot++ * len) * esize;
-        FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, true, m, TAG_DATA, (void *)srcs[m],
-                                  (size_t)len * esize));
+        FSDP_TRY(
+            fsdp_mpi_post_in(ctx, g, mg, rs, true, m, kind, (void *)srcs[m], (size_t)len * esize));
         fsdp_chunk_range(t->numel, W, m, &off, &n);
-        FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, false, m, TAG_DATA, x + (size_t)off * esize,
+        FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, false, m, kind, x + (size_t)off * esize,
                                   (size_t)n * esize));
     }
     return FSDP_OK;
@@ -188,7 +188,7 @@ fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fs
     FSDP_TRY(scratch(ctx, g, mg, (size_t)((g->size - 1) * len) * fsdp_dtype_size(t->dtype), &buf));
     /* 1: each rank gathers every rank's values of its chunk of the elements and reduces them
      * in rank order into its own tensor (reading its own block before writing it)... */
-    FSDP_TRY(fsdp_mpi_all_reduce_exchange(ctx, g, mg, &mg->rq, t, mg->srcs, buf));
+    FSDP_TRY(fsdp_mpi_all_reduce_exchange(ctx, g, mg, &mg->rq, t, mg->srcs, buf, TAG_DATA));
     FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
     /* 2: ...then every rank sends its reduced chunk to all (an all_gather of the chunks). */
     FSDP_TRY(fsdp_mpi_all_reduce_gather(ctx, g, mg, &mg->rq, t, op, mg->srcs, TAG_DATA));

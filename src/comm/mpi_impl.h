@@ -16,11 +16,12 @@
  * earlier run of the world (after a timeout) never match a later run's. The largest tag,
  * 29999, is below 32767, the least MPI_TAG_UB the standard allows. TAG_READY is the second
  * round of the calls that must not end differently on different ranks (split, barrier).
- * TAG_GATHER carries the second step of a non-blocking all_reduce (mpi_async.c), which a rank
- * posts when it sees the first step complete, at a point that differs from rank to rank: its
- * own tag keeps it from matching the data of calls made meanwhile. */
-enum { TAG_DESC, TAG_DATA, TAG_POISON, TAG_EXIT, TAG_READY, TAG_GATHER, TAG_KINDS };
-#define RUN_TAGS 5000
+ * TAG_EXCHANGE and TAG_GATHER carry the two data steps of a non-blocking all_reduce
+ * (mpi_async.c), which a rank posts when it sees the step before complete, at a point that
+ * differs from rank to rank: their own tags keep them from matching the data of calls made
+ * meanwhile. The largest tag is then 27999. */
+enum { TAG_DESC, TAG_DATA, TAG_POISON, TAG_EXIT, TAG_READY, TAG_EXCHANGE, TAG_GATHER, TAG_KINDS };
+#define RUN_TAGS 4000
 
 #define SEGMENT_BYTES (1 << 30) /* MPI counts are int: larger pieces go as several messages */
 #define GONE_GRACE_S  0.1   /* how long to wait for a message of a rank known to have returned */
@@ -165,6 +166,15 @@ fsdp_status fsdp_mpi_test_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
 void fsdp_mpi_reqs_release(mpi_reqs *rs);
 /* The descriptor exchange and judgement every call starts with. */
 fsdp_status fsdp_mpi_arrive(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_call *mine);
+/* Its two halves, for a call that does not wait for its peers there (mpi_async.c): posting
+ * this rank's descriptor to every member and the receives of theirs into descs (one per
+ * member) through rs; and, once rs has completed, judging them (calls and call_ptrs: one per
+ * member, call_ptrs[m] = &calls[m]). */
+fsdp_status fsdp_mpi_arrive_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                                 mpi_desc *descs, const fsdp_call *mine);
+fsdp_status fsdp_mpi_arrive_judge(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
+                                  mpi_desc *descs, fsdp_call *calls, const fsdp_call **call_ptrs,
+                                  int op);
 /* The second round of a call that moves no data (barrier, split). */
 fsdp_status fsdp_mpi_confirm(fsdp_ctx *ctx, const fsdp_group *g, int op);
 
@@ -179,10 +189,10 @@ fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fs
  * of this rank's torch.chunk of the elements are received into buf ((W-1) x the chunk), and
  * srcs[m] (W pointers) is set to member m's; this rank's pieces of the others' chunks are
  * sent. The gather: the chunk is reduced in rank order into t, then sent to every member
- * while theirs are received (messages of kind `kind`). Both post into rs. */
+ * while theirs are received. Both post into rs, messages of kind `kind`. */
 fsdp_status fsdp_mpi_all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
-                                         mpi_reqs *rs, fsdp_tensor *t, const void **srcs,
-                                         char *buf);
+                                         mpi_reqs *rs, fsdp_tensor *t, const void **srcs, char *buf,
+                                         int kind);
 fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
                                        mpi_reqs *rs, fsdp_tensor *t, fsdp_reduce_op op,
                                        const void **srcs, int kind);

@@ -420,39 +420,52 @@ static void decode(fsdp_call *c, mpi_desc *d) {
         c->agree = text;
 }
 
-/* Sends this rank's call to every member and receives theirs; returns once all have arrived
- * and the calls are judged (every member reaches the same verdict from the same calls). */
-fsdp_status fsdp_mpi_arrive(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_call *mine) {
-    mpi_group *mg = g->state;
+fsdp_status fsdp_mpi_arrive_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                                 mpi_desc *descs, const fsdp_call *mine) {
     /* A poison note that has arrived may need a few rounds of MPI's progress to be seen. */
     for (int i = 0; i < ENTRY_PROBES && !mg->poisoned; i++) receive_poison(mg);
     if (mg->poisoned) return fsdp_mpi_fail_poisoned(ctx, g, mg, mine->op);
     fsdp_mpi_reap_sends(mg->mw);
-    size_t len = encode(&mg->descs[g->rank], mine);
-    mg->rq.n = 0;
+    size_t len = encode(&descs[g->rank], mine);
+    rs->n = 0;
     for (int m = 0; m < g->size; m++)
         if (m != g->rank)
-            FSDP_TRY(fsdp_mpi_post(ctx, g, mg, true, m, TAG_DESC, &mg->descs[m], sizeof(mpi_desc)));
+            FSDP_TRY(
+                fsdp_mpi_post_in(ctx, g, mg, rs, true, m, TAG_DESC, &descs[m], sizeof(mpi_desc)));
     for (int m = 0; m < g->size; m++)
         if (m != g->rank)
-            FSDP_TRY(fsdp_mpi_post(ctx, g, mg, false, m, TAG_DESC, &mg->descs[g->rank], len));
-    FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, mine->op, WAIT_ARRIVAL));
-    for (int m = 0; m < g->size; m++) decode(&mg->calls[m], &mg->descs[m]);
-    fsdp_status st = fsdp_call_judge(mg->call_ptrs, g->size, g->rank, g->ranks, g->desc, mg->msg,
-                                     sizeof mg->msg);
+            FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, false, m, TAG_DESC, &descs[g->rank], len));
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_mpi_arrive_judge(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
+                                  mpi_desc *descs, fsdp_call *calls, const fsdp_call **call_ptrs,
+                                  int op) {
+    for (int m = 0; m < g->size; m++) decode(&calls[m], &descs[m]);
+    fsdp_status st =
+        fsdp_call_judge(call_ptrs, g->size, g->rank, g->ranks, g->desc, mg->msg, sizeof mg->msg);
     if (st == FSDP_OK) {
         /* A member may have given up on this very call (timed out) after its descriptor had
          * left: then ours matched its stale one. Its poison note usually is here by now; the
          * data step must not start (a send of its still in flight could be read), and a call
          * without one (barrier, split) is settled by confirm. */
         for (int i = 0; i < ENTRY_PROBES && !mg->poisoned; i++) receive_poison(mg);
-        return mg->poisoned ? fsdp_mpi_fail_poisoned(ctx, g, mg, mine->op) : FSDP_OK;
+        return mg->poisoned ? fsdp_mpi_fail_poisoned(ctx, g, mg, op) : FSDP_OK;
     }
     /* Peers that gave up on an earlier call (timed out, then poisoned the group) left their
      * calls of it behind; their poison notes follow them. */
     for (double t0 = now_s(CLOCK_MONOTONIC); now_s(CLOCK_MONOTONIC) - t0 < SETTLE_S;)
-        if (receive_poison(mg)) return fsdp_mpi_fail_poisoned(ctx, g, mg, mine->op);
+        if (receive_poison(mg)) return fsdp_mpi_fail_poisoned(ctx, g, mg, op);
     return FSDP_FAIL(ctx, st, "%s", mg->msg);
+}
+
+/* Sends this rank's call to every member and receives theirs; returns once all have arrived
+ * and the calls are judged (every member reaches the same verdict from the same calls). */
+fsdp_status fsdp_mpi_arrive(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_call *mine) {
+    mpi_group *mg = g->state;
+    FSDP_TRY(fsdp_mpi_arrive_post(ctx, g, mg, &mg->rq, mg->descs, mine));
+    FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, mine->op, WAIT_ARRIVAL));
+    return fsdp_mpi_arrive_judge(ctx, g, mg, mg->descs, mg->calls, mg->call_ptrs, mine->op);
 }
 
 /* The second round of a call that moves no data (barrier, split): once a rank has every
