@@ -208,11 +208,13 @@ fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fs
  * order relative to its other calls on the group) and returns once the call is under way;
  * fsdp_comm_work_wait completes it. The result is bitwise equal to fsdp_all_reduce's. Until
  * the wait returns, t must stay allocated and must be neither read nor written. On the MPI
- * backend the descriptor exchange happens in the start (it waits for the group's members to
- * arrive), the data moves while the caller computes (MPI progresses when any libfsdp call on
- * the backend, or fsdp_comm_work_test, enters it), and the wait has the deadlines of a blocking
- * call (timeout_ms without progress; a member that returned or poisoned the group fails it at
- * once). On the local backend the start makes the whole call and the work is complete when it
+ * backend the start waits for no one (it posts this rank's part of the descriptor exchange),
+ * the steps of the call advance whenever fsdp_comm_work_test or the wait finds the step
+ * before complete, and the data moves inside MPI calls (the tests, the wait, other libfsdp
+ * calls on the backend); the wait has the deadlines of a blocking call (timeout_ms for the
+ * peers to arrive and without data progress; a member that returned or poisoned the group
+ * fails it at once) and reports a disagreement among the ranks' calls as the blocking call
+ * does. On the local backend the start makes the whole call and the work is complete when it
  * returns. Several works may be in flight on one group; wait for them in any order. */
 typedef struct fsdp_comm_work fsdp_comm_work;
 
