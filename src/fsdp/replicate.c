@@ -327,14 +327,15 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
     int64_t grad_max = 0, total = 0;
     FSDP_TRY(layout_buckets(ctx, r, root, first, cap, &grad_max));
     for (int i = 0; i < r->n_params; i++) total += r->numel[i];
-    /* After backward one bucket is reduced at a time; during backward several are in flight. */
-    int64_t stage = r->after_backward ? grad_max : total;
+    /* After backward one bucket is reduced at a time; during backward several are in flight
+     * (a group of one reduces nothing). */
+    bool apart = !r->after_backward && r->world > 1;
+    int64_t stage = apart ? total : grad_max, at = 0;
     FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &stage, &r->stage));
-    int64_t at = 0;
     for (int b = 0; b < r->n_buckets; b++) {
         int last = r->bucket_start[b + 1] - 1;
         int64_t n = r->offset[last] + r->numel[last];
-        FSDP_TRY(fsdp_tensor_view(ctx, r->stage, r->after_backward ? 0 : at, 1, &n, &r->bucket[b]));
+        FSDP_TRY(fsdp_tensor_view(ctx, r->stage, apart ? at : 0, 1, &n, &r->bucket[b]));
         at += n;
     }
     if (!r->after_backward) FSDP_TRY(prepare_during(ctx, r));
