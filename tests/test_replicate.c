@@ -586,6 +586,81 @@ static void test_replicate_during_backward(void) {
     for (int w = 1; w <= 4; w++) FSDP_TEST_OK(fsdp_test_run_world(w, 0, overlap_rank, NULL));
 }
 
+/* A root that runs only its first child, "used": "unused" never runs forward or backward (the
+ * parameters PyTorch's DDP calls unused). */
+static fsdp_status skip_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                const fsdp_tensor **out) {
+    return fsdp_module_forward(ctx, fsdp_module_child(m, 0), in, out);
+}
+static fsdp_status skip_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                 const fsdp_tensor **din) {
+    return fsdp_module_backward(ctx, fsdp_module_child(m, 0), dout, din);
+}
+static const fsdp_module_ops skip_ops = {
+    .kind = "SkipUnused", .forward = skip_forward, .backward = skip_backward};
+
+static fsdp_status fill_grad(fsdp_ctx *ctx, fsdp_module *m, const char *name, float v) {
+    fsdp_param *p = fsdp_module_get_param(m, name);
+    FSDP_RANK_CHECK(ctx, p, "no parameter '%s'", name);
+    return fsdp_tensor_fill(ctx, fsdp_param_grad(p), v);
+}
+
+/* Unused parameters: their buckets ({unused.bias} and {unused.weight} come first) start when
+ * the root's backward ends, so the buckets of "used" wait for them (DDP's order); what the
+ * unused gradients hold (here rank + 1, as if accumulated earlier) is averaged as after
+ * backward, and the used gradients are bitwise those of the after-backward schedule, with the
+ * same 4 all_reduces. */
+static fsdp_status unused_run(fsdp_ctx *ctx, int rank, fsdp_module **m, fsdp_tensor **t) {
+    int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){3, 6}, &t[0]));
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){3, 4}, &t[1]));
+    FSDP_TRY(fsdp_tensor_fill(ctx, t[0], 0.25f * (float)(rank + 1)));
+    FSDP_TRY(fsdp_tensor_fill(ctx, t[1], 1.0f));
+    for (int k = 0; k < 2; k++) {
+        fsdp_module *a = NULL, *b = NULL;
+        FSDP_TRY(fsdp_module_create(ctx, &skip_ops, NULL, &m[k]));
+        FSDP_TRY(fsdp_linear_create(ctx, 6, 4, true, &a));
+        FSDP_TRY(fsdp_module_add_child(ctx, m[k], "used", a));
+        FSDP_TRY(fsdp_linear_create(ctx, 6, 4, true, &b));
+        FSDP_TRY(fsdp_module_add_child(ctx, m[k], "unused", b));
+        fsdp_replicate_options o = {.bucket_bytes = 1, .reduce_after_backward = k == 1};
+        FSDP_TRY(fsdp_replicate_apply(ctx, m[k], &o, NULL));
+        FSDP_TRY(fill_grad(ctx, m[k], "unused.weight", (float)(rank + 1)));
+        FSDP_TRY(fill_grad(ctx, m[k], "unused.bias", (float)(rank + 1)));
+        const fsdp_tensor *y;
+        FSDP_TRY(fsdp_comm_debug_begin(ctx));
+        FSDP_TRY(fsdp_module_forward(ctx, m[k], t[0], &y));
+        FSDP_TRY(fsdp_module_backward(ctx, m[k], t[1], NULL));
+        FSDP_TRY(fsdp_comm_debug_end(ctx));
+        int64_t total = fsdp_comm_debug_total(ctx).calls;
+        FSDP_RANK_CHECK(ctx, total == (W > 1 ? 4 : 0), "%s backward: %lld all_reduces, want %d",
+                        k == 0 ? "during" : "after", (long long)total, W > 1 ? 4 : 0);
+        const fsdp_tensor *g = fsdp_param_grad(fsdp_module_get_param(m[k], "unused.weight"));
+        float want = (float)(W + 1) / 2.0f; /* the mean of 1..W, exact in f32 */
+        for (int64_t e = 0; e < fsdp_tensor_numel(g); e++)
+            FSDP_RANK_CHECK(ctx, fsdp_tensor_f32(g)[e] == want,
+                            "%s backward: unused.weight.grad[%lld] is %.9g, want %.9g",
+                            k == 0 ? "during" : "after", (long long)e, fsdp_tensor_f32(g)[e], want);
+    }
+    param_cmp c = {.dist = m[0], .grad = true, .stage = "unused parameters"};
+    FSDP_TRY(fsdp_module_visit_params(ctx, m[1], compare_param, &c));
+    FSDP_RANK_CHECK(ctx, c.max_abs == 0, "gradients differ by %g", c.max_abs);
+    return FSDP_OK;
+}
+
+static fsdp_status unused_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_module *m[2] = {0};
+    fsdp_tensor *t[2] = {0};
+    fsdp_status st = unused_run(ctx, rank, m, t);
+    for (int k = 0; k < 2; k++) fsdp_module_free(m[k]), fsdp_tensor_free(t[k]);
+    return st;
+}
+
+static void test_replicate_unused_params(void) {
+    for (int w = 1; w <= 4; w++) FSDP_TEST_OK(fsdp_test_run_world(w, 0, unused_rank, NULL));
+}
+
 /* A (4, 7, 5) tensor whose element values are their flat indices, sliced over 3 ranks along
  * each dim (7 rows: 3/3/1) and over 4 ranks along dim 0 (4: 1/1/1/1) and dim 2 (5: 2/2/1/0,
  * an empty slice), f32 and bf16, with *out reused. */
@@ -707,6 +782,7 @@ int main(int argc, char **argv) {
         {"replicate_tp_2x2", test_replicate_tp_2x2},
         {"replicate_no_sync", test_replicate_no_sync},
         {"replicate_during_backward", test_replicate_during_backward},
+        {"replicate_unused_params", test_replicate_unused_params},
         {"replicate_tp_clip", test_replicate_tp_clip},
         {"batch_slice", test_batch_slice},
         {"replicate_options", test_replicate_options},
