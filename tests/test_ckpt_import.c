@@ -13,11 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include "ckpt_common.h"
 #include "fixture.h"
 #include "harness.h"
+#include "shell.h" // defines: fsdp_test_shell
 
 #define FIX(name) FSDP_FIXTURE_DIR "/" name
 
@@ -94,21 +94,6 @@ static void assert_same(const char *a, const char *b) {
     fsdp_ckpt_close(cb);
 }
 
-static int run_capture(const char *cmd, char **out) {
-    FILE *p = popen(cmd, "r");
-    size_t cap = 1 << 16, len = 0, got;
-    char *buf = malloc(cap);
-    if (!p || !buf) abort();
-    while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += got;
-        if (len + 1 == cap) buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = '\0';
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* Runs `fsdp-ckpt ARGS` (stdout and stderr into *out, malloc'ed); returns the exit status. */
 static int tool(char **out, const char *fmt, ...) {
     char args[2048], cmd[2600];
@@ -117,7 +102,7 @@ static int tool(char **out, const char *fmt, ...) {
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", FSDP_CKPT_EXE, args);
-    return run_capture(cmd, out);
+    return fsdp_test_shell(cmd, out);
 }
 
 /* ---- importing ---- */
@@ -281,7 +266,7 @@ static void test_finetune_example(void) {
     snprintf(cmd, sizeof cmd,
              "'%s' '%s' '%s' '%s/run' --steps 3 --lr 0.01 --momentum 0.9 --layout 2x2 2>&1",
              FSDP_FINETUNE_EXE, init, FIX("import_batch.safetensors"), root);
-    CU_ASSERT_EQUAL(run_capture(cmd, &out), 0);
+    CU_ASSERT_EQUAL(fsdp_test_shell(cmd, &out), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "step   2  loss"));
     free(out);
     snprintf(file, sizeof file, "%s/trained.safetensors", root);

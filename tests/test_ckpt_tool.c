@@ -8,10 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "ckpt_common.h"
 #include "harness.h"
+#include "shell.h" // defines: fsdp_test_shell
 
 /* ---- saving a checkpoint at 2x2 (dp 2 FULL_SHARD with nested units, tp 2) ---- */
 
@@ -29,22 +29,6 @@ static char *save_2x2(const char *root, const char *name, int64_t steps, bool ra
 
 /* ---- running the tool ---- */
 
-static int run_capture(const char *cmd, char **out) {
-    FILE *p = popen(cmd, "r");
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    if (!p || !buf) abort();
-    size_t got;
-    while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += got;
-        if (len + 1 == cap) buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = '\0';
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* Runs `fsdp-ckpt ARGS` (stdout and stderr together into *out, malloc'ed); returns the exit
  * status. */
 static int tool(char **out, const char *fmt, ...) {
@@ -54,7 +38,7 @@ static int tool(char **out, const char *fmt, ...) {
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", FSDP_CKPT_EXE, args);
-    return run_capture(cmd, out);
+    return fsdp_test_shell(cmd, out);
 }
 
 /* The line of text that starts with `name` followed by a space. */
@@ -218,21 +202,21 @@ static void test_export_h5(void) {
         fprintf(stderr, "\n  h5dump not found: skipping the h5dump check of the export\n");
     } else {
         snprintf(cmd, sizeof cmd, "h5dump -m %%.9g -d /layers.0.net1.weight '%s'", file);
-        CU_ASSERT_EQUAL(run_capture(cmd, &out), 0);
+        CU_ASSERT_EQUAL(fsdp_test_shell(cmd, &out), 0);
         float *got = malloc((size_t)n * 4 + 4);
         CU_ASSERT_EQUAL(parse_h5dump(out, got, n), n);
         CU_ASSERT_EQUAL(memcmp(got, want, (size_t)n * 4), 0);
         free(got);
         free(out);
         snprintf(cmd, sizeof cmd, "h5dump -n '%s'", file);
-        CU_ASSERT_EQUAL(run_capture(cmd, &out), 0);
+        CU_ASSERT_EQUAL(fsdp_test_shell(cmd, &out), 0);
         CU_ASSERT_PTR_NULL(strstr(out, "exp_avg"));
         free(out);
         snprintf(file, sizeof file, "%s/all.h5", root);
         CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s' --with-optim", path, file), 0);
         free(out);
         snprintf(cmd, sizeof cmd, "h5dump -n '%s'", file);
-        CU_ASSERT_EQUAL(run_capture(cmd, &out), 0);
+        CU_ASSERT_EQUAL(fsdp_test_shell(cmd, &out), 0);
         CU_ASSERT_PTR_NOT_NULL(strstr(out, "/optim/layers.0.net1.weight/exp_avg"));
         free(out);
     }

@@ -13,6 +13,7 @@
 
 #include "ckpt/zstd_filter.h" // defines: fsdp_zstd_filter_register, fsdp_zstd_filter_apply
 #include "harness.h"
+#include "shell.h" // defines: fsdp_test_shell
 
 #define ROWS       64
 #define COLS       256
@@ -138,24 +139,6 @@ static void test_roundtrip_bitwise_and_smaller(void) {
     check_recorded_cd_values();
 }
 
-/* The whole output of a shell command in a malloc'ed string; *status its exit status. */
-static char *run_command(const char *command, int *status) {
-    FILE *p = popen(command, "r");
-    if (!p) return NULL;
-    size_t len = 0, cap = 1 << 16;
-    char *text = malloc(cap);
-    for (size_t got; text && (got = fread(text + len, 1, cap - len - 1, p)) > 0;) {
-        len += got;
-        if (cap - len > 1) continue;
-        char *more = realloc(text, cap *= 2);
-        if (!more) free(text);
-        text = more;
-    }
-    *status = pclose(p);
-    if (text) text[len] = '\0';
-    return text;
-}
-
 /* The numbers after "DATA {" in h5dump's output (run with -y, no indices) into out[0, max);
  * returns how many, or -1 when there is no DATA block. */
 static int parse_h5dump_data(const char *text, float *out, int max) {
@@ -189,8 +172,8 @@ static void test_h5dump_reads_through_plugin(void) {
         snprintf(command, sizeof command,
                  "HDF5_PLUGIN_PATH='%s' h5dump -y -w 0 -m %%.9g -d /%s '%s' 2>&1",
                  FSDP_H5ZSTD_PLUGIN_DIR, names[k], CKPT_PATH);
-        int status = -1;
-        char *text = run_command(command, &status);
+        char *text = NULL;
+        int status = fsdp_test_shell(command, &text);
         CU_ASSERT_FATAL(text != NULL);
         int n = parse_h5dump_data(text, printed, ROWS * COLS);
         if (status != 0 || n != ROWS * COLS) printf("\n  %s\n%.2000s", command, text);

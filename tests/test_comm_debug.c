@@ -6,6 +6,7 @@
  * order, the JSON text and the table. Also: barriers apart from the totals, nothing counted
  * while off or when the arguments are refused, begin/end misuse, JSON escaping. */
 #define _POSIX_C_SOURCE 200809L /* open_memstream */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,6 +276,19 @@ static fsdp_status check_counts(fsdp_ctx *ctx) {
                2, 16, "ar dp backward"));
     FSDP_TRY(expect(ctx, fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.module = "nothing"}), 0, 0,
                     "unknown module"));
+    /* seconds: every counted call was timed (a clock read before and after it), none else */
+    double total = fsdp_comm_debug_seconds(ctx, NULL), sum = 0;
+    for (int op = FSDP_COMM_ALL_GATHER; op < FSDP_COMM_BARRIER; op++) {
+        double s = fsdp_comm_debug_seconds(ctx, &(fsdp_comm_filter){.op = (fsdp_comm_op)op});
+        FSDP_RANK_CHECK(ctx, s > 0, "%s: %g seconds, want > 0", fsdp_comm_op_to_string(op), s);
+        sum += s;
+    }
+    FSDP_RANK_CHECK(ctx, fabs(sum - total) <= 1e-12 * total,
+                    "the ops' seconds add up to %.9g, the total is %.9g", sum, total);
+    double barrier = fsdp_comm_debug_seconds(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_BARRIER});
+    double none = fsdp_comm_debug_seconds(ctx, &(fsdp_comm_filter){.module = "nothing"});
+    FSDP_RANK_CHECK(ctx, barrier > 0 && none == 0, "barrier %g s, unknown module %g s", barrier,
+                    none);
     return FSDP_OK;
 }
 

@@ -520,8 +520,9 @@ static void test_help_and_write(void) {
         if (!strstr(help, entry)) fprintf(stderr, "\n  --help lacks \"%s\"", entry);
         CU_ASSERT_PTR_NOT_NULL(strstr(help, entry));
     }
-    /* every key but the empty-by-default data.path, optim.no_decay, checkpoint.dir, log.metrics */
-    CU_ASSERT_EQUAL(keys, 46);
+    /* every key but the empty-by-default model.tp_plan, model.checkpoint_activations, data.path,
+     * optim.no_decay, checkpoint.dir, log.metrics */
+    CU_ASSERT_EQUAL(keys, 50);
 
     /* round trip through a file, with values different from the defaults */
     FSDP_TEST_OK(train_config_set(&g_cfg, "model.widths=3,5,7", err, sizeof err));
@@ -782,6 +783,126 @@ static void test_data_optim_keys(void) {
                  "data.shuffle=true"));
 }
 
+/* [model] norm, tp_plan, checkpoint_activations, [train] grad_accum, [log] comm_debug and
+ * progress: defaults, values from a file, wrong types and values with file and line, and the
+ * checks against the model's module names and the batch. */
+static void test_model_train_log_keys(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    CU_ASSERT_EQUAL(g_cfg.model.norm, TRAIN_NORM_NONE);
+    CU_ASSERT_STRING_EQUAL(g_cfg.model.tp_plan, "");
+    CU_ASSERT_STRING_EQUAL(g_cfg.model.checkpoint_activations, "");
+    CU_ASSERT_EQUAL(g_cfg.train.grad_accum, 1);
+    CU_ASSERT_FALSE(g_cfg.log.comm_debug);
+    CU_ASSERT_EQUAL(g_cfg.log.progress, TRAIN_PROGRESS_AUTO);
+    load_ok("model_keys", "[model]\nnorm = rmsnorm\ntp_plan = 1=colwise, 3 = rowwise\n"
+                          "checkpoint_activations = 0, [13]\n[parallel]\ntp = 2\n"
+                          "[train]\ngrad_accum = 4\n[log]\ncomm_debug = yes\nprogress = bar\n");
+    CU_ASSERT_EQUAL(g_cfg.model.norm, TRAIN_NORM_RMSNORM);
+    CU_ASSERT_STRING_EQUAL(g_cfg.model.tp_plan, "1=colwise, 3 = rowwise");
+    CU_ASSERT_EQUAL(g_cfg.train.grad_accum, 4);
+    CU_ASSERT_TRUE(g_cfg.log.comm_debug);
+    CU_ASSERT_EQUAL(g_cfg.log.progress, TRAIN_PROGRESS_BAR);
+    FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+    /* the modules: RMSNorm, then the MLP's, names shifted by one */
+    train_module_info m[TRAIN_MAX_MODULES];
+    CU_ASSERT_EQUAL(train_config_modules(&g_cfg, m), 6);
+    CU_ASSERT_TRUE(strcmp(m[0].name, "0") == 0 && strcmp(m[0].kind, "RMSNorm") == 0 &&
+                   m[0].linear == -1);
+    CU_ASSERT_TRUE(strcmp(m[3].name, "3") == 0 && strcmp(m[3].kind, "Linear") == 0 &&
+                   m[3].linear == 1);
+    CU_ASSERT_TRUE(strcmp(m[4].kind, "ReLU") == 0 && strcmp(m[5].name, "5") == 0 &&
+                   m[5].linear == 2);
+    train_tp_style styles[TRAIN_MAX_LIST];
+    FSDP_TEST_OK(train_config_tp_plan(&g_cfg, styles, err, sizeof err));
+    CU_ASSERT_TRUE(styles[0] == TRAIN_TP_COLWISE && styles[1] == TRAIN_TP_ROWWISE &&
+                   styles[2] == TRAIN_TP_NONE);
+    char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING];
+    CU_ASSERT_EQUAL(train_config_checkpoint_patterns(&g_cfg, patterns), 2);
+    CU_ASSERT_STRING_EQUAL(patterns[1], "[13]");
+    /* the default plan: Megatron pairs, the odd last Linear whole */
+    train_config_init(&g_cfg);
+    FSDP_TEST_OK(train_config_tp_plan(&g_cfg, styles, err, sizeof err));
+    CU_ASSERT_TRUE(styles[0] == TRAIN_TP_COLWISE && styles[1] == TRAIN_TP_ROWWISE &&
+                   styles[2] == TRAIN_TP_NONE);
+
+    /* wrong types and values, with file and line */
+    load_fails("norm", "[model]\nnorm = layernorm\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'layernorm' for [model] norm", "one of none, rmsnorm"));
+    load_fails("grad_accum_zero", "[train]\ngrad_accum = 0\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("[train] grad_accum", "out of range", "an integer in [1, 1048576]"));
+    load_fails("grad_accum_text", "[train]\ngrad_accum = two\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'two' for [train] grad_accum", "expected an integer"));
+    load_fails("comm_debug", "[log]\ncomm_debug = maybe\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'maybe' for [log] comm_debug", "true or false"));
+    load_fails("progress", "[log]\nprogress = fancy\n", 2, FSDP_ERR_CONFIG,
+               NEEDLES("bad value 'fancy' for [log] progress", "one of auto, bar, lines"));
+
+    /* tp_plan against the model's names (0 Linear, 1 ReLU, 2 Linear, 3 ReLU, 4 Linear) */
+    check_fails(SET("parallel.tp=2", "model.tp_plan=9=colwise,2=rowwise"),
+                NEEDLES("[model] tp_plan = 9=colwise,2=rowwise (--set "
+                        "model.tp_plan=9=colwise,2=rowwise)",
+                        "entry 1: '9' matches no module of the model; its modules are 0 (Linear), "
+                        "1 (ReLU), 2 (Linear), 3 (ReLU), 4 (Linear)"));
+    check_fails(SET("parallel.tp=2", "model.tp_plan=0"),
+                NEEDLES("entry 1 '0' is not name=style", "0=colwise,2=rowwise"));
+    check_fails(SET("parallel.tp=2", "model.tp_plan=0=columnwise"),
+                NEEDLES("unknown style 'columnwise'; use colwise or rowwise"));
+    check_fails(
+        SET("parallel.tp=2", "model.tp_plan=0=colwise,1=rowwise"),
+        NEEDLES("entry 2 '1=rowwise' names module 1, a ReLU", "a style applies to a Linear layer"));
+    check_fails(SET("parallel.tp=2", "model.tp_plan=0=colwise,[02]=rowwise"),
+                NEEDLES("module 0 gets a style from entry 1 and from entry 2"));
+    check_fails(SET("parallel.tp=2", "model.tp_plan=2=rowwise"),
+                NEEDLES("module 2 (Linear 1) is rowwise, but its input is not sharded",
+                        "make module 0 colwise"));
+    check_fails(SET("parallel.tp=2", "model.tp_plan=0=colwise"),
+                NEEDLES("module 2 (Linear 1) is not in the plan, but its input is sharded over tp "
+                        "by the colwise module 0 before it: make module 2 rowwise"));
+    check_fails(SET("parallel.tp=2", "model.tp_plan=0=colwise,2=rowwise,4=colwise"),
+                NEEDLES("module 4, the last Linear, is colwise"));
+    check_fails(SET("model.tp_plan=0=colwise,2=rowwise"),
+                NEEDLES("[model] tp_plan = 0=colwise,2=rowwise", "applies to tp > 1",
+                        "[parallel] tp = 1 (default)"));
+    check_fails(SET("parallel.tp=3", "model.widths=8,12,16,4", "model.tp_plan=2=colwise,4=rowwise"),
+                NEEDLES("[parallel] tp = 3", "must divide the hidden width 16",
+                        "Linear 1 (Colwise) and Linear 2 (Rowwise)"));
+    check_ok(SET("parallel.tp=3", "model.widths=8,12,16,4", "model.tp_plan=0=colwise,2=rowwise"));
+    check_ok(SET("parallel.tp=2", "model.tp_plan=*[0]=colwise, *[2]=rowwise"));
+
+    /* checkpoint_activations: every pattern matches a module */
+    check_fails(SET("model.checkpoint_activations=0,7"),
+                NEEDLES("[model] checkpoint_activations = 0,7",
+                        "pattern '7' matches no module of the model; its modules are 0 (Linear)"));
+    check_fails(SET("model.checkpoint_activations=0,,2"),
+                NEEDLES("up to 8 comma-separated non-empty module name patterns"));
+    check_fails(SET("model.norm=rmsnorm", "model.checkpoint_activations=5,6"),
+                NEEDLES("pattern '6' matches no module",
+                        "its modules are 0 (RMSNorm), 1 (Linear), 2 (ReLU), 3 (Linear), 4 "
+                        "(ReLU), 5 (Linear)"));
+    check_ok(SET("model.checkpoint_activations=*"));
+
+    /* grad_accum divides the batch, and each micro-batch has a sample per dp rank */
+    check_fails(SET("train.grad_accum=3"),
+                NEEDLES("[train] grad_accum = 3 (--set train.grad_accum=3) does not divide [data] "
+                        "batch_size = 64 (default)",
+                        "use a divisor of 64"));
+    check_fails(SET("parallel.backend=local", "parallel.ranks=4", "train.grad_accum=32"),
+                NEEDLES("[data] batch_size = 64 (default) split into [train] grad_accum = 32",
+                        "micro-batches of 2 samples is smaller than the 4 data-parallel ranks",
+                        "at least 128"));
+    check_ok(SET("parallel.backend=local", "parallel.ranks=4", "train.grad_accum=16"));
+
+    /* the local backend's limit on rank threads, named at config time */
+    check_fails(SET("parallel.backend=local", "parallel.ranks=1025"),
+                NEEDLES("[parallel] ranks = 1025 (--set parallel.ranks=1025) asks for 1025 rank "
+                        "threads, but the local backend runs at most 1024",
+                        "backend = mpi"));
+    check_fails(SET("parallel.backend=local", "parallel.tp=2048", "model.widths=8,2048,8"),
+                NEEDLES("[parallel] tp = 2048", "asks for 2048 rank threads"));
+    check_ok(SET("parallel.backend=local", "parallel.ranks=1024", "data.batch_size=1024"));
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"defaults", test_defaults},
@@ -808,6 +929,7 @@ int main(int argc, char **argv) {
         {"help_and_write", test_help_and_write},
         {"checkpoint_keys", test_checkpoint_keys},
         {"data_optim_keys", test_data_optim_keys},
+        {"model_train_log_keys", test_model_train_log_keys},
     };
     return fsdp_test_run(argc, argv, "config", cases, (int)(sizeof cases / sizeof cases[0]));
 }

@@ -8,62 +8,9 @@
 #include <string.h>
 
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_close
+#include "kernel_check.h"    // defines: new_floats, new_uniform, to_doubles, CLOSE_D, finite_diff
 #include "kernel_rng.h"      // defines: rng_seed, rng_uniform
 #include "kernels/kernels.h" // defines: fsdp_kernels_cpu
-
-/* ---- helpers ---- */
-
-static float *new_floats(int64_t n) {
-    float *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
-    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-    return p;
-}
-
-static double *new_doubles(int64_t n) {
-    double *p = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
-    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-    return p;
-}
-
-static float *new_uniform(int64_t n, float lo, float hi) {
-    float *p = new_floats(n);
-    for (int64_t i = 0; i < n; i++) p[i] = rng_uniform(lo, hi);
-    return p;
-}
-
-static double *to_doubles(const float *x, int64_t n) {
-    double *d = new_doubles(n);
-    for (int64_t i = 0; i < n; i++) d[i] = x[i];
-    return d;
-}
-
-/* fsdp_test_close against a double reference */
-static bool close_d(const char *name, const float *got, const double *want, int64_t n, double rtol,
-                    double atol) {
-    float *w = new_floats(n);
-    for (int64_t i = 0; i < n; i++) w[i] = (float)want[i];
-    bool ok = fsdp_test_close(name, got, w, n, rtol, atol);
-    free(w);
-    return ok;
-}
-#define CLOSE_D(name, got, want, n, rtol, atol)                                                    \
-    CU_ASSERT_TRUE(close_d((name), (got), (want), (n), (rtol), (atol)))
-
-typedef double (*loss_fn)(const double *x, const void *aux);
-
-/* grad (n) = (L(x + h e_i) - L(x - h e_i)) / 2h; x is restored */
-static void finite_diff(double *grad, loss_fn loss, double *x, int64_t n, double h,
-                        const void *aux) {
-    for (int64_t i = 0; i < n; i++) {
-        double x0 = x[i];
-        x[i] = x0 + h;
-        double up = loss(x, aux);
-        x[i] = x0 - h;
-        double down = loss(x, aux);
-        x[i] = x0;
-        grad[i] = (up - down) / (2.0 * h);
-    }
-}
 
 static void test_dispatch(void) {
     const fsdp_kernels_i *k = fsdp_kernels_cpu();

@@ -6,15 +6,17 @@
  * sync_module_states give the single-rank run's step losses to float32 rounding; the layout
  * rules fail with messages naming the keys; and, when CTest's MPI entry asks for it,
  * `mpirun -np 2 fsdp-train` writes the local backend's losses bitwise. */
-#define _POSIX_C_SOURCE 200809L // popen, pclose, access
+#define _XOPEN_SOURCE 700 // popen, pclose, access; posix_openpt, grantpt, unlockpt, ptsname
 
 #include <cblas.h> // defines: openblas_get_num_threads
+#include <fcntl.h> // defines: O_RDWR, O_NOCTTY, O_NONBLOCK
 #include <hdf5.h>  // defines: H5Fcreate, H5Dcreate2 (data files for [data] kind = h5)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <termios.h> // defines: tcgetattr, tcsetattr, OPOST
 #include <unistd.h>
 
 #include "harness.h"
@@ -474,6 +476,285 @@ static void test_fsdp_options_match_one_rank(void) {
     printf("\n    worst %.1e", g_worst);
 }
 
+/* [train] grad_accum: the batch in micro-batches under no_sync gives the single-rank,
+ * one-micro-batch run's step losses to float32 rounding (the gradient is summed in another
+ * order), on one rank, under every data-parallel mode and with tp, offload, use_orig_params
+ * and hybrid_shard. */
+static void test_grad_accum_matches(void) {
+    g_worst = 0;
+    reference();
+    train_result one;
+    for (int n = 2; n <= 8; n *= 2) {
+        char ga[32];
+        snprintf(ga, sizeof ga, "train.grad_accum=%d", n);
+        run_small(&one, SET(ga));
+        CU_ASSERT_TRUE(same_run(ga, &one, &g_ref, 1e-5));
+    }
+    check_layout(&g_ref, 2, SET("train.grad_accum=4"), 2, 1);
+    check_layout(&g_ref, 2, SET("train.grad_accum=2", "parallel.wrap=layer"), 2, 1);
+    check_layout(&g_ref, 2, SET("train.grad_accum=4", "parallel.strategy=shard_grad_op"), 2, 1);
+    check_layout(&g_ref, 2, SET("train.grad_accum=2", "parallel.strategy=no_shard"), 2, 1);
+    check_layout(&g_ref, 4, SET("train.grad_accum=2", "parallel.mode=replicate"), 4, 1);
+    check_layout(&g_ref, 4, SET("train.grad_accum=2", "parallel.tp=2", "parallel.wrap=layer"), 2,
+                 2);
+    check_layout(
+        &g_ref, 2,
+        SET("train.grad_accum=2", "parallel.offload=true", "parallel.use_orig_params=true"), 2, 1);
+    check_layout(&g_ref, 4, SET("train.grad_accum=2", "parallel.strategy=hybrid_shard"), 4, 1);
+    /* 3 ranks: micro-batches of 4 split 2, 1, 1 */
+    check_layout(&g_ref, 3, SET("train.grad_accum=2"), 3, 1);
+    printf("\n    worst %.1e", g_worst);
+}
+
+/* The calls of each op in a metrics record's "comm_calls" (-1 when missing). */
+static void comm_calls(const char *line, long long calls[5]) {
+    const char *p = strstr(line, "\"comm_calls\": {");
+    for (int i = 0; i < 5; i++) calls[i] = -1;
+    if (p)
+        sscanf(p,
+               "\"comm_calls\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": "
+               "%lld, \"broadcast\": %lld, \"all_to_all\": %lld}",
+               &calls[0], &calls[1], &calls[2], &calls[3], &calls[4]);
+}
+
+/* g_small on 2 rank threads with the overrides, a metrics record per step: every record after
+ * the first has the collectives `want` (all_gather, reduce_scatter, all_reduce, broadcast,
+ * all_to_all calls), and compute and communication seconds. The first step can find the
+ * parameters that the loss evaluation before it left gathered. */
+static void check_step_comm(const char *const *overrides, const long long want[5]) {
+    char path[1024], line[2048], assignment[1100];
+    snprintf(path, sizeof path, "%s/test_train_comm.jsonl", FSDP_BINARY_DIR);
+    remove(path);
+    snprintf(assignment, sizeof assignment, "log.metrics=%s", path);
+    const char *all[16] = {assignment, "parallel.ranks=2", "train.steps=4"};
+    int n = 3;
+    for (int i = 0; overrides[i] && n < 15; i++) all[n++] = overrides[i];
+    all[n] = NULL;
+    train_result res;
+    if (!run_small(&res, all)) return;
+    FILE *f = fopen(path, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    int records = 0;
+    while (fgets(line, sizeof line, f)) {
+        long long calls[5];
+        double compute = -1, comm = -1;
+        comm_calls(line, calls);
+        const char *t = strstr(line, "\"compute_s\": ");
+        CU_ASSERT_TRUE(t && sscanf(t, "\"compute_s\": %lf, \"comm_s\": %lf", &compute, &comm) == 2);
+        CU_ASSERT_TRUE(compute >= 0 && comm > 0);
+        if (records++ == 0) continue;
+        printf("\n    %s %s: ag %lld rs %lld ar %lld bc %lld a2a %lld", overrides[0],
+               overrides[1] ? overrides[1] : "", calls[0], calls[1], calls[2], calls[3], calls[4]);
+        for (int i = 0; i < 5; i++) CU_ASSERT_EQUAL(calls[i], want[i]);
+    }
+    fclose(f);
+    CU_ASSERT_EQUAL(records, 4);
+    remove(path);
+}
+
+/* The collectives of a step (the metrics' comm_calls) with grad_accum: one gradient
+ * reduction per step and one loss all_reduce whatever the micro-batches; FULL_SHARD gathers a
+ * unit's parameters in every micro-batch's forward (and a non-root unit's again in its
+ * backward), as PyTorch's no_sync does. */
+static void test_grad_accum_collectives(void) {
+    /* the root unit: 1 all_gather per forward, 1 reduce_scatter, the loss's all_reduce */
+    check_step_comm(SET("train.grad_accum=1"), (const long long[]){1, 1, 1, 0, 0});
+    check_step_comm(SET("train.grad_accum=4"), (const long long[]){4, 1, 1, 0, 0});
+    /* units 0 and 2 under the root: 3 gathers in forward, 2 in backward per micro-batch */
+    check_step_comm(SET("train.grad_accum=1", "parallel.wrap=layer"),
+                    (const long long[]){5, 3, 1, 0, 0});
+    check_step_comm(SET("train.grad_accum=4", "parallel.wrap=layer"),
+                    (const long long[]){20, 3, 1, 0, 0});
+    /* SHARD_GRAD_OP keeps the gathered parameters until the reduction */
+    check_step_comm(SET("train.grad_accum=4", "parallel.strategy=shard_grad_op"),
+                    (const long long[]){1, 1, 1, 0, 0});
+    /* replicate: one bucket's all_reduce and the loss's */
+    check_step_comm(SET("train.grad_accum=1", "parallel.mode=replicate"),
+                    (const long long[]){0, 0, 2, 0, 0});
+    check_step_comm(SET("train.grad_accum=4", "parallel.mode=replicate"),
+                    (const long long[]){0, 0, 2, 0, 0});
+}
+
+/* Runs g_small with the overrides at log.level info into a temporary file; its text into buf. */
+static bool run_to_text(const char *const *overrides, char *buf, size_t size) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    for (int i = 0; i < N_SMALL; i++) set(g_small[i]);
+    set("log.level=info");
+    for (int i = 0; overrides[i]; i++) set(overrides[i]);
+    FILE *f = tmpfile();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    train_result res;
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, f, &res, err, sizeof err);
+    if (st != FSDP_OK) printf("\n    train_run: %s", err);
+    CU_ASSERT_EQUAL(st, FSDP_OK);
+    rewind(f);
+    size_t n = fread(buf, 1, size - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return st == FSDP_OK;
+}
+
+/* [log] comm_debug: the table of step 2's collectives on rank 0, once: FSDP over dp 2 x tp 2,
+ * the root unit's all_gather and reduce_scatter over dp (its 1136 bytes: rank 0's tp shards of
+ * the 484 parameters, padded), the Rowwise Linear 2's output all_reduce over tp in forward (4
+ * samples x 16 floats; the Colwise Linear 0 needs none in backward: the model's input has no
+ * gradient), and the loss's all_reduce over dp. */
+static void test_comm_debug_table(void) {
+    static char text[65536];
+    if (!run_to_text(SET("parallel.ranks=4", "parallel.tp=2", "log.comm_debug=true"), text,
+                     sizeof text))
+        return;
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "\nstep  1/20  loss 0.060615  lr 0.1  samples/s "));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(text, "comm_debug: the collectives of step 2 on rank 0\n"
+                     "comm-debug, rank 0: 4 collectives, 2536 bytes; barriers: 0\n"
+                     "op              group  phase        calls           bytes  module\n"
+                     "all_gather      dp     forward          1            1136  (root)\n"
+                     "all_reduce      tp     forward          1             256  2\n"
+                     "reduce_scatter  dp     backward         1            1136  (root)\n"
+                     "all_reduce      dp     none             1               8  -\n"
+                     "step  2/20  loss "));
+    CU_ASSERT_PTR_NULL(strstr(strstr(text, "comm_debug:") + 1, "comm_debug:")); /* once */
+    /* counting on: the progress lines split the steps' time */
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "\nstep 20/20  loss 0.016872  lr 0.1  samples/s "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(strstr(text, "\nstep 20/20"), "s  compute "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(strstr(text, "\nstep 20/20"), "s  comm "));
+    /* off by default: no table, no split */
+    run_to_text(SET("parallel.ranks=4", "parallel.tp=2"), text, sizeof text);
+    CU_ASSERT_PTR_NULL(strstr(text, "comm-debug"));
+    CU_ASSERT_PTR_NULL(strstr(text, "compute"));
+}
+
+/* The text of the lines of out (the bar's redraws, "\r\033[K" and what follows up to the next
+ * one without a newline, removed) that start with "step", each cut before "samples/s" (the
+ * throughput differs from run to run). */
+static void step_lines(const char *out, char *buf, size_t size) {
+    buf[0] = '\0';
+    const char *esc = "\r\033[K";
+    char *text = strdup(out), *piece = text;
+    for (char *next; piece; piece = next) {
+        next = strstr(piece, esc);
+        if (next) *next = '\0', next += strlen(esc);
+        if (!strchr(piece, '\n')) continue; /* a bar */
+        for (char *line = strtok(piece, "\n"); line; line = strtok(NULL, "\n")) {
+            if (strncmp(line, "step", 4) != 0) continue;
+            char *cut = strstr(line, "samples/s");
+            if (cut) *cut = '\0';
+            train_append(buf, size, "%s\n", line);
+        }
+    }
+    free(text);
+}
+
+/* [log] progress = bar draws a bar (step, percent, loss, samples/s, ETA) in place between the
+ * log lines and takes it off before each; the log lines are those of progress = lines. The
+ * default (auto) draws none on a file. */
+static void test_progress_bar(void) {
+    static char bar[65536], lines[65536], auto_[65536], a[8192], b[8192];
+    const char *const base[] = {"train.steps=40", "train.log_every=10", NULL};
+    run_to_text(SET(base[0], base[1], "log.progress=bar"), bar, sizeof bar);
+    run_to_text(SET(base[0], base[1], "log.progress=lines"), lines, sizeof lines);
+    run_to_text(SET(base[0], base[1]), auto_, sizeof auto_);
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(bar, "\r\033[Kstep  1/40 [........................]   2%  loss "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(bar, "samples/s  ETA "));
+    CU_ASSERT_PTR_NULL(strstr(lines, "\r"));
+    CU_ASSERT_PTR_NULL(strstr(auto_, "\r"));
+    step_lines(bar, a, sizeof a);
+    step_lines(lines, b, sizeof b);
+    printf("\n%s", a);
+    CU_ASSERT_STRING_EQUAL(a, b);
+    CU_ASSERT_PTR_NOT_NULL(strstr(a, "step 40/40  loss "));
+    /* the bar is off its line when the run ends: the done line starts a line */
+    CU_ASSERT_PTR_NOT_NULL(strstr(bar, "\r\033[Kstep 40/40  loss ")); /* cleared first */
+    CU_ASSERT_PTR_NOT_NULL(strstr(bar, "\ndone: 40 steps"));
+}
+
+/* progress = auto (the default) on a terminal: the bar is drawn. The run writes to the slave
+ * side of a pseudo-terminal (without output processing, so the text passes unchanged) and the
+ * master side is read back; skipped where no pseudo-terminal can be opened. */
+static void test_progress_bar_terminal(void) {
+    static char text[65536];
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    int slave = -1;
+    if (master >= 0 && grantpt(master) == 0 && unlockpt(master) == 0)
+        slave = open(ptsname(master), O_RDWR | O_NOCTTY);
+    if (slave < 0) {
+        printf("\n    skipped: no pseudo-terminal");
+        if (master >= 0) close(master);
+        return;
+    }
+    struct termios raw;
+    tcgetattr(slave, &raw);
+    raw.c_oflag &= ~(tcflag_t)OPOST; /* no output processing: "\n" stays "\n" */
+    tcsetattr(slave, TCSANOW, &raw);
+    FILE *out = fdopen(slave, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(out);
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    for (int i = 0; i < N_SMALL; i++) set(g_small[i]);
+    set("log.level=info");
+    set("train.steps=12");
+    set("train.log_every=6");
+    CU_ASSERT_TRUE(isatty(fileno(out)));
+    train_result res;
+    FSDP_TEST_OK(train_run(fsdp_test_ctx(), &g_cfg, out, &res, err, sizeof err));
+    fclose(out); /* a few lines: the terminal's buffer holds them */
+    fcntl(master, F_SETFL, O_NONBLOCK);
+    size_t n = 0;
+    for (ssize_t got;
+         n + 1 < sizeof text && (got = read(master, text + n, sizeof text - 1 - n)) > 0;)
+        n += (size_t)got;
+    text[n] = '\0';
+    close(master);
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(text, "\r\033[Kstep  1/12 [##......................]   8%  loss "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "\r\033[Kstep  6/12  loss "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "\ndone: 12 steps"));
+}
+
+/* [model] norm = rmsnorm: an RMSNorm before the MLP, the same on every layout; the TP plan
+ * given by name as the default one, and another one (the first pair only); checkpointed
+ * activations change no bit. */
+static void test_model_keys(void) {
+    g_worst = 0;
+    reference();
+    train_result norm, res;
+    run_small(&norm, SET("model.norm=rmsnorm"));
+    CU_ASSERT_NOT_EQUAL(norm.first_loss, g_ref.first_loss); /* another model */
+    check_layout(&norm, 4, SET("model.norm=rmsnorm", "parallel.tp=2"), 2, 2);
+    check_layout(&norm, 4, SET("model.norm=rmsnorm", "parallel.mode=replicate"), 4, 1);
+    check_layout(&norm, 4,
+                 SET("model.norm=rmsnorm", "parallel.tp=2", "model.tp_plan=1=colwise,3=rowwise",
+                     "parallel.wrap=layer"),
+                 2, 2);
+    /* the default plan spelled out runs bitwise as the default */
+    train_result tp, named;
+    run_small(&tp, SET("parallel.ranks=4", "parallel.tp=2"));
+    run_small(&named,
+              SET("parallel.ranks=4", "parallel.tp=2", "model.tp_plan=0=colwise, 2=rowwise"));
+    CU_ASSERT_TRUE(same_run("tp_plan 0=colwise,2=rowwise as the default", &named, &tp, 0));
+    /* four Linear layers, only the first pair split (patterns): as one rank */
+    train_result four;
+    run_small(&four, SET("model.widths=8,16,12,16,4"));
+    check_layout(
+        &four, 4,
+        SET("model.widths=8,16,12,16,4", "parallel.tp=2", "model.tp_plan=[0]=colwise,[2]=rowwise"),
+        2, 2);
+    /* activation checkpointing: bitwise the same */
+    run_small(&res, SET("model.checkpoint_activations=*"));
+    CU_ASSERT_TRUE(same_run("checkpoint_activations = *", &res, &g_ref, 0));
+    run_small(&res, SET("model.checkpoint_activations=0,2", "parallel.ranks=4", "parallel.tp=2",
+                        "parallel.wrap=layer"));
+    train_result plain;
+    run_small(&plain, SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer"));
+    CU_ASSERT_TRUE(same_run("checkpoint_activations = 0,2 on dp 2 x tp 2", &res, &plain, 0));
+    run_small(&res, SET("model.checkpoint_activations=0", "model.norm=rmsnorm"));
+    CU_ASSERT_TRUE(same_run("checkpoint_activations = 0 (the RMSNorm)", &res, &norm, 0));
+    printf("\n    worst %.1e", g_worst);
+}
+
 /* The local backend's most rank threads, FSDP_LOCAL_MAX_RANKS (1024), train the example's
  * model: one sample per dp rank, 3 steps, against one rank. OpenBLAS aborted the process here
  * ("too many memory regions") when each rank thread ran its GEMMs with the process's BLAS
@@ -517,6 +798,8 @@ static void test_example_4ranks(void) {
     train_config_init(&g_cfg);
     FSDP_TEST_OK(
         train_config_load(&g_cfg, FSDP_SOURCE_DIR "/examples/mlp-4ranks.ini", err, sizeof err));
+    CU_ASSERT_STRING_EQUAL(g_cfg.checkpoint.dir, "runs/mlp-4ranks");
+    set("checkpoint.dir="); /* test_train_ckpt's example_resumes saves and resumes */
     set("train.steps=30");
     set("log.level=warn");
     set("parallel.backend=local");
@@ -581,6 +864,9 @@ static void check_fails(const char *const *overrides, const char *const *needles
 }
 
 static void test_parallel_config_errors(void) {
+    check_fails(SET("parallel.ranks=2048", "data.batch_size=2048"),
+                SET("[parallel] ranks = 2048 (--set parallel.ranks=2048) asks for 2048 rank "
+                    "threads, but the local backend runs at most 1024 (FSDP_LOCAL_MAX_RANKS)"));
     check_fails(SET("parallel.ranks=4", "parallel.tp=3", "model.widths=8,24,24,4"),
                 SET("[parallel] tp = 3 (--set parallel.tp=3) does not divide a world of 4 ranks",
                     "[parallel] ranks = 4 (--set parallel.ranks=4)", "multiple of 3"));
@@ -808,6 +1094,18 @@ static void test_tool_exit_status(void) {
         {true, "--version", "2>&1 >/dev/full", 1, "cannot write to stdout"},
         {true, "--config /dev/zero", "2>&1", 2,
          "cannot read config '/dev/zero': not a regular file"},
+        /* the keys of [model], [train] and [log] that fsdp-train's loop reads */
+        {false, "--set model.norm=batchnorm", "2>&1", 2, "expected one of none, rmsnorm"},
+        {false, "--set parallel.tp=2 --set model.tp_plan=0=colwise,x=rowwise", "2>&1", 2,
+         "entry 2: 'x' matches no module of the model"},
+        {false, "--set model.checkpoint_activations=mlp.*", "2>&1", 2,
+         "pattern 'mlp.*' matches no module"},
+        {false, "--set train.grad_accum=-1", "2>&1", 2, "[train] grad_accum: out of range"},
+        {false, "--set log.comm_debug=2", "2>&1", 2, "[log] comm_debug: expected true or false"},
+        {false, "--set log.progress=on", "2>&1", 2, "expected one of auto, bar, lines"},
+        {false, "--set parallel.ranks=4096", "2>&1", 2, "the local backend runs at most 1024"},
+        {false, "--set train.grad_accum=4 --set log.comm_debug=true --set log.progress=lines",
+         "2>&1", 0, "comm_debug: the collectives of step 2 on rank 0\ncomm-debug, rank 0: 0"},
     };
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         if (runs[i].alone)
@@ -1160,6 +1458,12 @@ int main(int argc, char **argv) {
         {"uneven_slices", test_uneven_slices},
         {"fsdp_options_match_one_rank", test_fsdp_options_match_one_rank},
         {"many_rank_threads", test_many_rank_threads},
+        {"grad_accum_matches", test_grad_accum_matches},
+        {"grad_accum_collectives", test_grad_accum_collectives},
+        {"comm_debug_table", test_comm_debug_table},
+        {"progress_bar", test_progress_bar},
+        {"progress_bar_terminal", test_progress_bar_terminal},
+        {"model_keys", test_model_keys},
         {"example_4ranks", test_example_4ranks},
         {"layout", test_layout},
         {"parallel_config_errors", test_parallel_config_errors},

@@ -439,6 +439,20 @@ static void test_resume_refused(void) {
     FSDP_TEST_OK(
         run_ckpt(&r, dir, SET("train.steps=6", "train.seed=3", "train.log_every=1"), NULL, err));
     CU_ASSERT_EQUAL(r.start_step, 3);
+    /* nor do the layout's TP plan, checkpointed activations and gradient accumulation */
+    FSDP_TEST_OK(run_ckpt(&r, dir,
+                          SET("train.steps=8", "parallel.ranks=2", "parallel.tp=2",
+                              "model.tp_plan=0=colwise,2=rowwise", "model.checkpoint_activations=*",
+                              "train.grad_accum=2"),
+                          NULL, err));
+    CU_ASSERT_EQUAL(r.start_step, 6);
+    /* another model does */
+    CU_ASSERT_EQUAL(run_ckpt(&r, dir, SET("train.steps=10", "model.norm=rmsnorm"), NULL, err),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, SET("tensor '0.weight' is (16, 8) there but (8) in this model ([model] norm = "
+                 "rmsnorm (--set model.norm=rmsnorm); it was saved with norm = none); set [model] "
+                 "norm to the checkpoint's")));
     /* an imported state has no loop position */
     const char *imp = scratch("imported");
     FSDP_TEST_OK(
@@ -572,10 +586,12 @@ static void example_resumes(const char *ini, const char *name, int64_t steps) {
     }
 }
 
-/* examples/mlp.ini and examples/digits.ini (what `make train` runs) save, and run again resume
- * and say so; the digits run also shows the held-out accuracy where it stands. */
+/* examples/mlp.ini, examples/mlp-4ranks.ini (4 rank threads) and examples/digits.ini (what
+ * `make train` runs) save, and run again resume and say so; the digits run also shows the
+ * held-out accuracy where it stands. */
 static void test_example_resumes(void) {
     example_resumes(FSDP_SOURCE_DIR "/examples/mlp.ini", "example", 1000);
+    example_resumes(FSDP_SOURCE_DIR "/examples/mlp-4ranks.ini", "example-4ranks", 500);
     example_resumes(FSDP_SOURCE_DIR "/examples/digits.ini", "digits", 200);
 }
 

@@ -190,18 +190,31 @@ static fsdp_status check_shapes(fsdp_ctx *ctx, const train_config *cfg, const fs
         char theirs[128], mine[128], key[1024], saved[TRAIN_MAX_STRING];
         format_shape(t.ndim, t.shape, theirs, sizeof theirs);
         format_shape(e.ndim, e.shape, mine, sizeof mine);
+        /* the key that differs: norm (a saved configuration without it had none), or widths */
+        const char *norm = cfg->model.norm == TRAIN_NORM_RMSNORM ? "rmsnorm" : "none";
+        const char *name = "widths";
+        if (!train_config_saved_value(fsdp_ckpt_config(ck), "model", "norm", saved, sizeof saved))
+            snprintf(saved, sizeof saved, "none");
+        if (strcmp(saved, norm) != 0)
+            name = "norm";
+        else if (!train_config_saved_value(fsdp_ckpt_config(ck), "model", "widths", saved,
+                                           sizeof saved))
+            saved[0] = '\0';
         snprintf(err, err_size,
                  "checkpoint '%s' holds another model: tensor '%s' is %s there but %s in this "
                  "model (%s",
                  path, e.name, theirs, mine,
-                 train_config_key_text(cfg, "model", "widths", key, sizeof key));
-        if (train_config_saved_value(fsdp_ckpt_config(ck), "model", "widths", saved, sizeof saved))
-            train_append(err, err_size, "; it was saved with widths = %s", saved);
+                 train_config_key_text(cfg, "model", name, key, sizeof key));
+        if (saved[0]) train_append(err, err_size, "; it was saved with %s = %s", name, saved);
         train_append(err, err_size, "); ");
         if (resume)
             train_append(err, err_size,
-                         "set [model] widths to the checkpoint's, or start anew: [checkpoint] "
-                         "resume = none, or another [checkpoint] dir");
+                         "set [model] %s to the checkpoint's, or start anew: [checkpoint] "
+                         "resume = none, or another [checkpoint] dir",
+                         name);
+        else if (strcmp(name, "norm") == 0)
+            train_append(err, err_size,
+                         "set [model] norm to the state's, or give another [model] init");
         else
             train_append(err, err_size,
                          "set [model] widths to the state's (Linear i's weight is (widths[i+1], "
@@ -247,7 +260,9 @@ fsdp_status train_ckpt_init(fsdp_ctx *ctx, const train_config *cfg, const fsdp_s
 static fsdp_status check_config(const train_config *cfg, fsdp_ckpt *ck, const char *path, char *err,
                                 size_t err_size) {
     static const char *const sections[] = {"model", "data", "optim", NULL};
-    static const char *const except[] = {"model.init", NULL};
+    /* where the parameters start, and how they are laid out or recomputed: not the numbers */
+    static const char *const except[] = {"model.init", "model.tp_plan",
+                                         "model.checkpoint_activations", NULL};
     char diff[TRAIN_ERROR_SIZE] = "";
     if (train_config_compare_saved(cfg, fsdp_ckpt_config(ck), sections, except, diff,
                                    sizeof diff) == FSDP_OK)

@@ -8,7 +8,8 @@
 #include <errno.h>
 #include <fcntl.h> // defines: open, O_NONBLOCK
 #include <float.h>
-#include <ini.h> // defines: ini_parse_stream, ini_reader, ini_handler
+#include <fnmatch.h> // defines: fnmatch
+#include <ini.h>     // defines: ini_parse_stream, ini_reader, ini_handler
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -83,6 +84,9 @@ static const char *const g_data_kind_names[] = {"synthetic", "h5", NULL};
 static const char *const g_task_names[] = {"regression", "classification", NULL};
 static const char *const g_optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const g_schedule_names[] = {"constant", "warmup", "cosine", NULL};
+/* train_norm and train_progress_style are the index of the name too. */
+static const char *const g_norm_names[] = {"none", "rmsnorm", NULL};
+static const char *const g_progress_names[] = {"auto", "bar", "lines", NULL};
 
 static bool parse_activation(const char *text, int *value) {
     fsdp_activation act;
@@ -111,6 +115,9 @@ _Static_assert(TRAIN_DATA_H5 == 1 && TRAIN_TASK_CLASSIFICATION == 1 && TRAIN_OPT
                    TRAIN_SCHEDULE_COSINE == 2 && (int)FSDP_LR_COSINE == 2 &&
                    (int)FSDP_LR_LINEAR_WARMUP == 1,
                "the enums above are the index of their name (and the schedule the library's)");
+_Static_assert(sizeof(train_norm) == sizeof(int) && sizeof(train_progress_style) == sizeof(int) &&
+                   TRAIN_NORM_RMSNORM == 1 && TRAIN_PROGRESS_LINES == 2,
+               "enum keys are stored as int, the index of their name");
 _Static_assert(TRAIN_BACKEND_AUTO == 2 && TRAIN_MODE_REPLICATE == 1 && TRAIN_WRAP_LAYER == 1 &&
                    FSDP_HYBRID_SHARD == 3,
                "the enums above are the index of their name");
@@ -171,6 +178,19 @@ static const key_def g_keys[] = {
                "checkpoint), or a PyTorch state dict (.safetensors or HDF5) of nn.Sequential "
                "names 0.weight, 0.bias, 2.weight, ... Parameters only: the optimizer starts "
                "fresh. Ignored when the run resumes"),
+    ENUM_KEY("model", "norm", model.norm, "none", g_norm_names, NULL,
+             "normalisation of the input: none, or rmsnorm (an RMSNorm over widths[0] before "
+             "the first Linear, as nn.Sequential(RMSNorm(w0), Linear, ...): the module names "
+             "shift by one, the Linear layers become 1, 3, 5, ...)"),
+    STRING_KEY("model", "tp_plan", model.tp_plan, "",
+               "tensor-parallel plan with tp > 1: comma-separated name=style pairs over the "
+               "model's module names (fnmatch patterns allowed), style colwise or rowwise, "
+               "e.g. 0=colwise,2=rowwise; a colwise Linear needs a rowwise one after it. Empty: "
+               "the Megatron pairs (Linear 2k colwise, 2k+1 rowwise)"),
+    STRING_KEY("model", "checkpoint_activations", model.checkpoint_activations, "",
+               "comma-separated module name patterns (fnmatch) whose activations are "
+               "recomputed in backward instead of kept (fsdp_checkpoint_wrap), e.g. 0,2 or *; "
+               "each must match a module. Same results, less memory, one more forward"),
 
     ENUM_KEY("parallel", "backend", parallel.backend, "auto", g_backend_names, NULL,
              "where the ranks run: local (rank threads in this process), mpi (one process per "
@@ -290,6 +310,10 @@ static const key_def g_keys[] = {
             "steps between evaluations on the held-out split ([data] eval_fraction > 0): its "
             "loss and, for classification, accuracy, printed and in the metrics; 0: after the "
             "last step only"),
+    INT_KEY("train", "grad_accum", train.grad_accum, "1", 1, 1048576,
+            "gradient accumulation: micro-batches per step, dividing [data] batch_size; each "
+            "runs forward and backward on batch_size / grad_accum samples without reducing "
+            "gradients (no_sync), and the last one reduces them all"),
 
     STRING_KEY("checkpoint", "dir", checkpoint.dir, "",
                "directory of the run's checkpoints, a step-<8 digits> directory per save; "
@@ -312,8 +336,17 @@ static const key_def g_keys[] = {
              "debug and info print progress lines (debug also the effective config); warn, "
              "error and off print only problems"),
     STRING_KEY("log", "metrics", log.metrics, "",
-               "path of a JSON-lines file to append one record per logged step to; empty for "
-               "none"),
+               "path of a JSON-lines file to append one record per logged step to (with the "
+               "steps' compute and communication seconds and rank 0's collectives per op); "
+               "empty for none"),
+    BOOL_KEY("log", "comm_debug", log.comm_debug, "false",
+             "print rank 0's collectives of one step (the run's second) as a table (op, group, "
+             "phase, calls, bytes, module), from the comm-debug layer; the progress lines then "
+             "split the steps' time into compute and comm"),
+    ENUM_KEY("log", "progress", log.progress, "auto", g_progress_names, NULL,
+             "between the log lines: auto (a progress bar when stdout is a terminal, nothing "
+             "else), bar (always the bar, redrawn in place with \\r) or lines (only the log "
+             "lines)"),
 };
 #define N_KEYS ((int)(sizeof g_keys / sizeof g_keys[0]))
 _Static_assert(sizeof g_keys / sizeof g_keys[0] <= TRAIN_MAX_KEYS, "raise TRAIN_MAX_KEYS");
@@ -472,6 +505,47 @@ static const char *float_problem(int bad) {
                       : "out of range";
 }
 
+/* One item of a comma-separated list: len bytes at text, the white space around it removed. */
+typedef struct list_item {
+    const char *text;
+    size_t len;
+} list_item;
+
+/* Splits text at its commas into items (white space around each removed); a blank text has
+ * none, and a comma at the end leaves an empty last item. Returns their number, or -1 when
+ * there are more than max (items holds max). Every list of the configuration is split here. */
+static int split_list(const char *text, int max, list_item *items) {
+    const char *p = text;
+    while (*p == ' ' || *p == '\t') p++;
+    if (!*p) return 0;
+    for (int n = 0;; n++) {
+        size_t len = strcspn(p, ","), b = 0, e = len;
+        if (n == max) return -1;
+        while (b < e && (p[b] == ' ' || p[b] == '\t')) b++;
+        while (e > b && (p[e - 1] == ' ' || p[e - 1] == '\t')) e--;
+        items[n] = (list_item){p + b, e - b};
+        p += len;
+        if (!*p) return n + 1;
+        p++; /* the comma */
+    }
+}
+
+/* Copies an item into buf (size bytes) as a string; false when it does not fit (cut). */
+static bool item_text(const list_item *item, char *buf, size_t size) {
+    snprintf(buf, size, "%.*s", (int)item->len, item->text);
+    return item->len < size;
+}
+
+/* The comma-separated patterns of a string key's value into patterns (at most max): their
+ * number (0 for a blank value), or -1 when one is empty or there are more than max. */
+static int split_patterns(const char *value, int max, char (*patterns)[TRAIN_MAX_STRING]) {
+    list_item items[TRAIN_MAX_LIST];
+    int n = split_list(value, max < TRAIN_MAX_LIST ? max : TRAIN_MAX_LIST, items);
+    for (int i = 0; i < n; i++)
+        if (!items[i].len || !item_text(&items[i], patterns[i], TRAIN_MAX_STRING)) return -1;
+    return n;
+}
+
 /* Parses text as a value of key k into cfg; on failure writes what is wrong after "bad value
  * 'text' for [section] key: " into why. */
 static bool parse_value(const key_def *k, const char *text, train_config *cfg, char *why,
@@ -505,27 +579,21 @@ static bool parse_value(const key_def *k, const char *text, train_config *cfg, c
     }
     case KEY_FLOAT_LIST: {
         train_float_list list = {0};
-        for (const char *p = text;; p++) {
+        list_item items[TRAIN_MAX_FLOAT_LIST];
+        list.n = split_list(text, k->max_count, items);
+        if (list.n < 0) {
+            snprintf(why, why_size, "more than %d entries; expected %s", k->max_count, expected);
+            return false;
+        }
+        for (int i = 0; i < list.n; i++) {
             char item[64];
-            size_t len = strcspn(p, ",");
-            if (list.n == k->max_count) {
-                snprintf(why, why_size, "more than %d entries; expected %s", k->max_count,
-                         expected);
-                return false;
-            }
-            size_t b = 0, e = len;
-            while (b < e && (p[b] == ' ' || p[b] == '\t')) b++;
-            while (e > b && (p[e - 1] == ' ' || p[e - 1] == '\t')) e--;
-            snprintf(item, sizeof item, "%.*s", (int)(e - b), p + b);
-            int bad = e - b >= sizeof item ? 1 : parse_float(k, item, &list.v[list.n]);
+            int bad =
+                item_text(&items[i], item, sizeof item) ? parse_float(k, item, &list.v[i]) : 1;
             if (bad) {
-                snprintf(why, why_size, "entry %d '%s' is %s; expected %s", list.n + 1, item,
+                snprintf(why, why_size, "entry %d '%s' is %s; expected %s", i + 1, item,
                          bad == 1 ? "not a number" : float_problem(bad), expected);
                 return false;
             }
-            list.n++;
-            p += len;
-            if (!*p) break;
         }
         if (list.n < k->min_count) {
             snprintf(why, why_size, "%d entr%s; expected %s", list.n, list.n == 1 ? "y" : "ies",
@@ -556,40 +624,28 @@ static bool parse_value(const key_def *k, const char *text, train_config *cfg, c
         break;
     case KEY_INT_LIST: {
         train_int_list list = {0};
-        const char *p = text;
-        while (*p == ' ' || *p == '\t') p++;
-        while (*p) {
+        list_item items[TRAIN_MAX_LIST];
+        list.n = split_list(text, k->max_count, items);
+        if (list.n < 0) {
+            snprintf(why, why_size, "more than %d entries; expected %s", k->max_count, expected);
+            return false;
+        }
+        for (int i = 0; i < list.n; i++) {
             char item[64];
-            size_t len = strcspn(p, ",");
-            if (list.n == k->max_count) {
-                snprintf(why, why_size, "more than %d entries; expected %s", k->max_count,
+            if (i > 0 && i == list.n - 1 && items[i].len == 0) {
+                snprintf(why, why_size, "trailing comma; expected %s", expected);
+                return false;
+            }
+            int bad = item_text(&items[i], item, sizeof item) ? parse_int(item, &list.v[i]) : 2;
+            if (bad == 1) {
+                snprintf(why, why_size, "entry %d '%s' is not an integer; expected %s", i + 1, item,
                          expected);
                 return false;
             }
-            size_t b = 0, e = len;
-            while (b < e && (p[b] == ' ' || p[b] == '\t')) b++;
-            while (e > b && (p[e - 1] == ' ' || p[e - 1] == '\t')) e--;
-            snprintf(item, sizeof item, "%.*s", (int)(e - b), p + b);
-            int64_t v;
-            int bad = e - b >= sizeof item ? 2 : parse_int(item, &v);
-            if (bad == 1) {
-                snprintf(why, why_size, "entry %d '%s' is not an integer; expected %s", list.n + 1,
-                         item, expected);
+            if (bad || list.v[i] < k->imin || list.v[i] > k->imax) {
+                snprintf(why, why_size, "entry %d (%s) is out of range; expected %s", i + 1, item,
+                         expected);
                 return false;
-            }
-            if (bad || v < k->imin || v > k->imax) {
-                snprintf(why, why_size, "entry %d (%s) is out of range; expected %s", list.n + 1,
-                         item, expected);
-                return false;
-            }
-            list.v[list.n++] = v;
-            p += len;
-            if (*p == ',') {
-                p++;
-                if (!*p) {
-                    snprintf(why, why_size, "trailing comma; expected %s", expected);
-                    return false;
-                }
             }
         }
         if (list.n < k->min_count) {
@@ -1057,6 +1113,18 @@ fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layou
                       .tp = tp,
                       .replicas = 1,
                       .shard = world / tp};
+    int64_t micro = cfg->data.batch_size / cfg->train.grad_accum;
+    if (cfg->train.grad_accum > 1 && micro < l.dp) {
+        snprintf(err, err_size,
+                 "%s split into %s micro-batches of %lld samples is smaller than the %d "
+                 "data-parallel ranks (dp = world / tp, %s and tp %d); each dp rank trains on "
+                 "its slice of every micro-batch: raise batch_size to at least %lld, or lower "
+                 "grad_accum, or use fewer ranks",
+                 train_config_key_text(cfg, "data", "batch_size", a, sizeof a),
+                 train_config_key_text(cfg, "train", "grad_accum", b, sizeof b), (long long)micro,
+                 l.dp, w, tp, (long long)l.dp * cfg->train.grad_accum);
+        return FSDP_ERR_CONFIG;
+    }
     if (cfg->data.batch_size < l.dp) {
         snprintf(err, err_size,
                  "%s is smaller than the %d data-parallel ranks (dp = world / tp, %s and tp "
@@ -1109,6 +1177,19 @@ void train_layout_describe(const train_config *cfg, const train_layout *l, char 
     if (cfg->parallel.sync_module_states) train_append(buf, size, ", sync_module_states");
 }
 
+/* Fails naming [section] name when it was changed from its default although `applies`
+ * (a condition described by `to`, with the key that decides it) does not hold. */
+static bool key_not_for(const train_config *cfg, const char *section, const char *name,
+                        bool applies, const char *to, const char *dsec, const char *dname,
+                        char *err, size_t err_size) {
+    if (applies || !is_changed(cfg, section, name)) return false;
+    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE];
+    snprintf(err, err_size, "%s applies to %s, but %s; remove it or change %s",
+             train_config_key_text(cfg, section, name, a, sizeof a), to,
+             train_config_key_text(cfg, dsec, dname, b, sizeof b), dname);
+    return true;
+}
+
 /* The [parallel] rules that do not depend on the world size. */
 static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err_size) {
     char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE], c[KEY_TEXT_SIZE];
@@ -1132,6 +1213,11 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
     }
     int64_t tp = cfg->parallel.tp;
     int n_linear = cfg->model.widths.n - 1;
+    train_tp_style styles[TRAIN_MAX_LIST];
+    fsdp_status st = train_config_tp_plan(cfg, styles, err, err_size);
+    if (st != FSDP_OK) return st;
+    if (key_not_for(cfg, "model", "tp_plan", tp > 1, "tp > 1", "parallel", "tp", err, err_size))
+        return FSDP_ERR_CONFIG;
     if (tp > 1 && n_linear < 2) {
         snprintf(err, err_size,
                  "%s needs at least two Linear layers to pair (Colwise, then Rowwise), but %s "
@@ -1140,9 +1226,9 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                  train_config_key_text(cfg, "model", "widths", c, sizeof c));
         return FSDP_ERR_CONFIG;
     }
-    for (int i = 0; tp > 1 && i + 1 < n_linear; i += 2) {
+    for (int i = 0; tp > 1 && i + 1 < n_linear; i++) { /* a colwise Linear i, rowwise i + 1 */
         int64_t width = cfg->model.widths.v[i + 1];
-        if (width % tp != 0) {
+        if (styles[i] == TRAIN_TP_COLWISE && width % tp != 0) {
             snprintf(err, err_size,
                      "%s must divide the hidden width %lld (entry %d of %s), which Linear %d "
                      "(Colwise) and Linear %d (Rowwise) split over the tp ranks; use a tp that "
@@ -1151,6 +1237,18 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                      i + 2, train_config_key_text(cfg, "model", "widths", c, sizeof c), i, i + 1);
             return FSDP_ERR_CONFIG;
         }
+    }
+    int world = train_config_world_size(cfg);
+    if (train_config_backend(cfg) == TRAIN_BACKEND_LOCAL && world > FSDP_LOCAL_MAX_RANKS) {
+        snprintf(err, err_size,
+                 "%s asks for %d rank threads, but the local backend runs at most %d "
+                 "(FSDP_LOCAL_MAX_RANKS); use at most %d ranks, or run one process per rank "
+                 "under mpirun (backend = mpi)",
+                 cfg->parallel.ranks > 0
+                     ? train_config_key_text(cfg, "parallel", "ranks", a, sizeof a)
+                     : train_config_key_text(cfg, "parallel", "tp", a, sizeof a),
+                 world, FSDP_LOCAL_MAX_RANKS, FSDP_LOCAL_MAX_RANKS);
+        return FSDP_ERR_CONFIG;
     }
     if (train_config_backend(cfg) == TRAIN_BACKEND_MPI &&
         !fsdp_backend_available(FSDP_BACKEND_MPI)) {
@@ -1169,19 +1267,6 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
         return FSDP_ERR_CONFIG;
     }
     return FSDP_OK;
-}
-
-/* Fails naming [section] name when it was changed from its default although `applies`
- * (a condition described by `to`, with the key that decides it) does not hold. */
-static bool key_not_for(const train_config *cfg, const char *section, const char *name,
-                        bool applies, const char *to, const char *dsec, const char *dname,
-                        char *err, size_t err_size) {
-    if (applies || !is_changed(cfg, section, name)) return false;
-    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE];
-    snprintf(err, err_size, "%s applies to %s, but %s; remove it or change %s",
-             train_config_key_text(cfg, section, name, a, sizeof a), to,
-             train_config_key_text(cfg, dsec, dname, b, sizeof b), dname);
-    return true;
 }
 
 /* The [data] rules that join keys. */
@@ -1298,23 +1383,205 @@ static fsdp_status check_optim(const train_config *cfg, char *err, size_t err_si
 }
 
 int train_config_no_decay(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]) {
-    int n = 0;
-    const char *p = cfg->optim.no_decay;
-    if (!*p) return 0;
-    for (;; p++) {
-        size_t len = strcspn(p, ","), b = 0, e = len;
-        while (b < e && (p[b] == ' ' || p[b] == '\t')) b++;
-        while (e > b && (p[e - 1] == ' ' || p[e - 1] == '\t')) e--;
-        if (e == b || n == TRAIN_MAX_NO_DECAY) return -1;
-        snprintf(patterns[n++], TRAIN_MAX_STRING, "%.*s", (int)(e - b), p + b);
-        p += len;
-        if (!*p) return n;
+    return split_patterns(cfg->optim.no_decay, TRAIN_MAX_NO_DECAY, patterns);
+}
+
+int train_config_checkpoint_patterns(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]) {
+    return split_patterns(cfg->model.checkpoint_activations, TRAIN_MAX_ACT_PATTERNS, patterns);
+}
+
+int train_config_modules(const train_config *cfg, train_module_info *m) {
+    static const char *const activation[] = {"ReLU", "GELU", "Sigmoid", "Identity"};
+    int n = 0, n_linear = cfg->model.widths.n - 1;
+    if (cfg->model.norm == TRAIN_NORM_RMSNORM) m[n++] = (train_module_info){.kind = "RMSNorm"};
+    for (int i = 0; i < n_linear; i++) {
+        m[n++] = (train_module_info){.kind = "Linear", .linear = i + 1};
+        if (i + 1 < n_linear)
+            m[n++] = (train_module_info){
+                .kind = activation[cfg->model.activation <= FSDP_ACT_NONE ? cfg->model.activation
+                                                                          : FSDP_ACT_NONE]};
     }
+    for (int i = 0; i < n; i++) {
+        snprintf(m[i].name, sizeof m[i].name, "%d", i);
+        m[i].linear--; /* 0: not a Linear, so -1 */
+    }
+    return n;
+}
+
+/* "0 (Linear), 1 (ReLU), ..." for messages. */
+static void describe_modules(const train_module_info *m, int n, char *buf, size_t size) {
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++)
+        train_append(buf, size, "%s%s (%s)", i ? ", " : "", m[i].name, m[i].kind);
+}
+
+/* Module index of Linear i. */
+static const char *linear_name(const train_module_info *m, int n, int linear) {
+    for (int i = 0; i < n; i++)
+        if (m[i].linear == linear) return m[i].name;
+    return "?";
+}
+
+static const char *const g_style_names[] = {"none", "colwise", "rowwise"};
+
+/* Reads one "name=style" entry of tp_plan into styles; on failure the message after the key. */
+static bool plan_entry(const list_item *item, int entry, const train_module_info *m, int n_mod,
+                       train_tp_style *styles, int *from, char *why, size_t why_size) {
+    char text[TRAIN_MAX_STRING], modules[512];
+    item_text(item, text, sizeof text);
+    char *eq = strchr(text, '=');
+    if (!eq || eq == text) {
+        train_append(why, why_size,
+                     "entry %d '%s' is not name=style; write e.g. 0=colwise,2=rowwise", entry,
+                     text);
+        return false;
+    }
+    *eq = '\0';
+    char *name = text, *style = eq + 1;
+    size_t len = strlen(name);
+    while (len && (name[len - 1] == ' ' || name[len - 1] == '\t')) name[--len] = '\0';
+    while (*style == ' ' || *style == '\t') style++;
+    int sty = 0;
+    while (sty < 3 && strcmp(style, g_style_names[sty]) != 0) sty++;
+    if (sty == 0 || sty == 3) {
+        train_append(why, why_size, "entry %d '%s=%s': unknown style '%s'; use colwise or rowwise",
+                     entry, name, style, style);
+        return false;
+    }
+    int matched = 0;
+    for (int i = 0; i < n_mod; i++) {
+        if (fnmatch(name, m[i].name, 0) != 0) continue;
+        matched++;
+        if (m[i].linear < 0) {
+            train_append(
+                why, why_size,
+                "entry %d '%s=%s' names module %s, a %s; a style applies to a Linear layer", entry,
+                name, style, m[i].name, m[i].kind);
+            return false;
+        }
+        if (styles[m[i].linear] != TRAIN_TP_NONE) {
+            train_append(why, why_size, "module %s gets a style from entry %d and from entry %d",
+                         m[i].name, from[m[i].linear], entry);
+            return false;
+        }
+        styles[m[i].linear] = (train_tp_style)sty;
+        from[m[i].linear] = entry;
+    }
+    if (matched) return true;
+    describe_modules(m, n_mod, modules, sizeof modules);
+    train_append(why, why_size, "entry %d: '%s' matches no module of the model; its modules are %s",
+                 entry, name, modules);
+    return false;
+}
+
+/* The activations between the Linear layers flow: Replicate into a colwise layer, its output
+ * sharded into the rowwise one after it, Replicate out of that; the output replicated. */
+static bool plan_flows(const train_tp_style *styles, int n_linear, const train_module_info *m,
+                       int n_mod, char *why, size_t why_size) {
+    bool sharded = false;
+    for (int i = 0; i < n_linear; i++) {
+        const char *name = linear_name(m, n_mod, i);
+        const char *style = styles[i] ? g_style_names[styles[i]] : "not in the plan";
+        if (sharded && styles[i] != TRAIN_TP_ROWWISE) {
+            train_append(why, why_size,
+                         "module %s (Linear %d) is %s, but its input is sharded over tp by the "
+                         "colwise module %s before it: make module %s rowwise",
+                         name, i, style, linear_name(m, n_mod, i - 1), name);
+            return false;
+        }
+        if (!sharded && styles[i] == TRAIN_TP_ROWWISE) {
+            train_append(
+                why, why_size,
+                "module %s (Linear %d) is rowwise, but its input is not sharded: a rowwise "
+                "Linear takes the output of a colwise one; ",
+                name, i);
+            if (i > 0)
+                train_append(why, why_size, "make module %s colwise", linear_name(m, n_mod, i - 1));
+            else
+                train_append(why, why_size, "the first Linear can be colwise, not rowwise");
+            return false;
+        }
+        sharded = styles[i] == TRAIN_TP_COLWISE;
+    }
+    if (!sharded) return true;
+    train_append(
+        why, why_size,
+        "module %s, the last Linear, is colwise: the model's output would stay sharded over "
+        "tp; leave it out of the plan",
+        linear_name(m, n_mod, n_linear - 1));
+    return false;
+}
+
+fsdp_status train_config_tp_plan(const train_config *cfg, train_tp_style *styles, char *err,
+                                 size_t err_size) {
+    int n_linear = cfg->model.widths.n - 1, from[TRAIN_MAX_LIST] = {0};
+    for (int i = 0; i < TRAIN_MAX_LIST; i++) styles[i] = TRAIN_TP_NONE;
+    list_item items[TRAIN_MAX_MODULES];
+    int n = split_list(cfg->model.tp_plan, TRAIN_MAX_MODULES, items);
+    if (n == 0) { /* the Megatron pairs */
+        for (int i = 0; i + 1 < n_linear; i += 2)
+            styles[i] = TRAIN_TP_COLWISE, styles[i + 1] = TRAIN_TP_ROWWISE;
+        return FSDP_OK;
+    }
+    train_module_info m[TRAIN_MAX_MODULES];
+    int n_mod = train_config_modules(cfg, m);
+    char why[768] = "", key[KEY_TEXT_SIZE];
+    bool ok = n > 0;
+    if (!ok) snprintf(why, sizeof why, "more than %d entries", TRAIN_MAX_MODULES);
+    for (int i = 0; ok && i < n; i++)
+        ok = plan_entry(&items[i], i + 1, m, n_mod, styles, from, why, sizeof why);
+    if (ok) ok = plan_flows(styles, n_linear, m, n_mod, why, sizeof why);
+    if (ok) return FSDP_OK;
+    snprintf(err, err_size, "%s: %s",
+             train_config_key_text(cfg, "model", "tp_plan", key, sizeof key), why);
+    return FSDP_ERR_CONFIG;
+}
+
+/* The [model] rules: every checkpoint_activations pattern matches a module. */
+static fsdp_status check_model(const train_config *cfg, char *err, size_t err_size) {
+    char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING], key[KEY_TEXT_SIZE], modules[512];
+    int n = train_config_checkpoint_patterns(cfg, patterns);
+    if (n < 0) {
+        snprintf(err, err_size,
+                 "%s: expected up to %d comma-separated non-empty module name patterns, e.g. 0,2",
+                 train_config_key_text(cfg, "model", "checkpoint_activations", key, sizeof key),
+                 TRAIN_MAX_ACT_PATTERNS);
+        return FSDP_ERR_CONFIG;
+    }
+    train_module_info m[TRAIN_MAX_MODULES];
+    int n_mod = train_config_modules(cfg, m);
+    for (int p = 0; p < n; p++) {
+        int matched = 0;
+        for (int i = 0; i < n_mod; i++) matched += fnmatch(patterns[p], m[i].name, 0) == 0;
+        if (matched) continue;
+        describe_modules(m, n_mod, modules, sizeof modules);
+        snprintf(err, err_size,
+                 "%s: pattern '%s' matches no module of the model; its modules are %s",
+                 train_config_key_text(cfg, "model", "checkpoint_activations", key, sizeof key),
+                 patterns[p], modules);
+        return FSDP_ERR_CONFIG;
+    }
+    return FSDP_OK;
+}
+
+/* The [train] rules: grad_accum divides the batch. */
+static fsdp_status check_train(const train_config *cfg, char *err, size_t err_size) {
+    char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE];
+    if (cfg->data.batch_size % cfg->train.grad_accum == 0) return FSDP_OK;
+    snprintf(err, err_size,
+             "%s does not divide %s: a step splits its batch into grad_accum micro-batches of "
+             "equal size; use a divisor of %lld",
+             train_config_key_text(cfg, "train", "grad_accum", a, sizeof a),
+             train_config_key_text(cfg, "data", "batch_size", b, sizeof b),
+             (long long)cfg->data.batch_size);
+    return FSDP_ERR_CONFIG;
 }
 
 fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_size) {
     fsdp_status st = check_data(cfg, err, err_size);
     if (st == FSDP_OK) st = check_optim(cfg, err, err_size);
+    if (st == FSDP_OK) st = check_model(cfg, err, err_size);
+    if (st == FSDP_OK) st = check_train(cfg, err, err_size);
     if (st != FSDP_OK) return st;
     st = check_parallel(cfg, err, err_size);
     if (st != FSDP_OK) return st;

@@ -15,7 +15,7 @@ extern "C" {
 
 #define TRAIN_MAX_LIST   16   /* entries of an int-list key */
 #define TRAIN_MAX_STRING 512  /* bytes of a string key, with its terminating NUL */
-#define TRAIN_MAX_KEYS   64   /* keys in the table */
+#define TRAIN_MAX_KEYS   96   /* keys in the table */
 #define TRAIN_MAX_ORIGIN 160  /* bytes of one origin text */
 #define TRAIN_ERROR_SIZE 1024 /* a good size for the err buffers below */
 /* Limits of the input, stated by --help and the error messages: */
@@ -80,12 +80,28 @@ typedef enum train_wrap {
     TRAIN_WRAP_LAYER,    /* one nested unit per hidden Linear; the root keeps the output one */
 } train_wrap;
 
+/* [model] norm: a normalisation of the MLP's input. */
+typedef enum train_norm {
+    TRAIN_NORM_NONE = 0, /* nn.Sequential(Linear, act, Linear, ...) */
+    TRAIN_NORM_RMSNORM,  /* nn.Sequential(RMSNorm(widths[0]), Linear, act, Linear, ...) */
+} train_norm;
+
+/* [log] progress: how rank 0 shows progress between the log lines. */
+typedef enum train_progress_style {
+    TRAIN_PROGRESS_AUTO = 0, /* a bar when the output is a terminal, else lines */
+    TRAIN_PROGRESS_BAR,      /* a bar redrawn in place (\r), whatever the output */
+    TRAIN_PROGRESS_LINES,    /* the log lines only */
+} train_progress_style;
+
 /* The values of every key (see train_config_print_help for their meaning and defaults). */
 typedef struct train_config {
     struct {
         train_int_list widths; /* input, hidden..., output */
         fsdp_activation activation;
         char init[TRAIN_MAX_STRING]; /* "random", or the path of a state to start from */
+        train_norm norm;
+        char tp_plan[TRAIN_MAX_STRING]; /* "name=style,...", "" for the Megatron pairs */
+        char checkpoint_activations[TRAIN_MAX_STRING]; /* module name patterns, "" for none */
     } model;
     struct {
         train_backend backend;
@@ -134,6 +150,7 @@ typedef struct train_config {
         int64_t seed;
         int64_t log_every;
         int64_t eval_every; /* 0: only after the last step */
+        int64_t grad_accum; /* micro-batches per step, dividing data.batch_size */
     } train;
     struct {
         char dir[TRAIN_MAX_STRING];    /* "" for no checkpoints */
@@ -145,6 +162,8 @@ typedef struct train_config {
     struct {
         fsdp_log_level level;
         char metrics[TRAIN_MAX_STRING]; /* "" for none */
+        bool comm_debug;                /* print rank 0's collectives of a step */
+        train_progress_style progress;
     } log;
     /* Where each key's value came from, by table index: "default", "run.ini:12" or
      * "--set optim.lr=0.1". */
@@ -182,6 +201,39 @@ fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_si
  * returns their number (0 for none), or -1 when one is empty or there are more than
  * TRAIN_MAX_NO_DECAY. */
 int train_config_no_decay(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]);
+
+/* The modules of the model [model] describes, as its root (an nn.Sequential) names its
+ * children: "0", "1", ... with their kind ("Linear", "ReLU", "GELU", "Sigmoid", "RMSNorm") and,
+ * for a Linear, its index among the Linear layers (else -1). Returns their number (at most
+ * TRAIN_MAX_MODULES). */
+#define TRAIN_MAX_MODULES (2 * TRAIN_MAX_LIST)
+typedef struct train_module_info {
+    char name[12]; /* as trainer.c's module paths */
+    const char *kind;
+    int linear; /* Linear i of the MLP, or -1 */
+} train_module_info;
+int train_config_modules(const train_config *cfg, train_module_info *modules);
+
+/* A Linear layer's tensor-parallel style ([model] tp_plan). */
+typedef enum train_tp_style {
+    TRAIN_TP_NONE = 0, /* whole on every tp rank */
+    TRAIN_TP_COLWISE,  /* ColwiseParallel: Replicate input, output sharded on its last dim */
+    TRAIN_TP_ROWWISE,  /* RowwiseParallel: input sharded on its last dim, Replicate output */
+} train_tp_style;
+
+/* The style of each Linear layer (styles[i] for Linear i, TRAIN_MAX_LIST entries) under
+ * [model] tp_plan: its "name=style" pairs (a name may be an fnmatch pattern), or when it is
+ * empty the Megatron pairs (Linear 2k colwise, 2k+1 rowwise; with an odd count the last one
+ * none). Checks that every name matches a Linear layer of the model, that no layer gets two
+ * styles, and that the activations flow (a colwise layer is followed by a rowwise one, with only
+ * element-wise modules between). FSDP_ERR_CONFIG with a message naming the key on failure. */
+fsdp_status train_config_tp_plan(const train_config *cfg, train_tp_style *styles, char *err,
+                                 size_t err_size);
+
+#define TRAIN_MAX_ACT_PATTERNS 8 /* patterns of [model] checkpoint_activations */
+
+/* Splits [model] checkpoint_activations into patterns, as train_config_no_decay does. */
+int train_config_checkpoint_patterns(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]);
 
 /* [parallel] backend with auto resolved: TRAIN_BACKEND_MPI when the process was started by
  * mpirun (OMPI_COMM_WORLD_SIZE, or PMI_SIZE of MPICH's launchers, is set), else

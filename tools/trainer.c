@@ -9,6 +9,8 @@
 #include "trainer.h"
 
 #include <errno.h>
+#include <float.h>   // defines: FLT_EPSILON
+#include <fnmatch.h> // defines: fnmatch
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h> // defines: stat, mkdir, S_ISDIR, S_ISREG
 #include <time.h>
+#include <unistd.h> // defines: isatty
 
 #include "fsdp/version.h" // defines: FSDP_VERSION_STRING
 #include "train_ckpt.h"   // defines: train_sources, train_saver, train_ckpt_resume
@@ -102,18 +105,37 @@ static int64_t mlp_param_count(const train_int_list *w) {
     return n;
 }
 
-/* What one rank holds. Linear i of the MLP is child "2i" of its Sequential. */
+/* Collectives of the training steps since the last metrics record, on rank 0 (from its
+ * comm-debug counters): per op (fsdp_comm_op) calls, bytes and seconds; the steps' wall time. */
+typedef struct train_comm {
+    fsdp_comm_count count[FSDP_COMM_OP_COUNT];
+    double seconds[FSDP_COMM_OP_COUNT];
+    double step_seconds;
+} train_comm;
+
+/* The progress bar on rank 0's output, redrawn in place between the log lines. */
+typedef struct train_bar {
+    bool on;          /* [log] progress = bar, or auto on a terminal */
+    bool shown;       /* a bar is on the line now */
+    double last_draw; /* when it was drawn */
+} train_bar;
+
+/* What one rank holds. Linear i of the MLP is child "2i" of its Sequential ("2i+1" with
+ * norm = rmsnorm, whose RMSNorm is child "0"). */
 typedef struct train_state {
     train_layout layout;
     fsdp_mesh *mesh;                /* (dp, tp), or (replicate, shard, tp) for hybrid_shard */
     fsdp_group *dp;                 /* the data-parallel group: the mesh's, or dp_owned */
     fsdp_group *dp_owned;           /* hybrid_shard: the replicate x shard ranks of this tp index */
     int dp_rank;                    /* this rank's index in dp */
-    char paths[TRAIN_MAX_LIST][12]; /* module paths of the Linear layers, "0", "2", ... */
+    char paths[TRAIN_MAX_LIST][12]; /* module paths of the Linear layers, "0", "2", ... (with
+                                       norm = rmsnorm "1", "3", ...) */
     const char *path_ptrs[TRAIN_MAX_LIST];
     fsdp_tp_plan_entry plan[TRAIN_MAX_LIST];
     fsdp_module *model;
-    fsdp_sharded *sh; /* mode fsdp */
+    fsdp_sharded *sh;    /* mode fsdp */
+    fsdp_replicate *rep; /* mode replicate: borrowed from the model */
+    int64_t micro;       /* samples of a micro-batch: batch_size / grad_accum */
     fsdp_optimizer *opt;
     fsdp_lr_schedule sched;  /* [optim] schedule over [train] steps */
     bool classify;           /* [data] task = classification */
@@ -133,6 +155,9 @@ typedef struct train_state {
     train_saver saver; /* [checkpoint] dir set: the writer and the state it saves */
     bool saving;       /* saver is made */
     fsdp_tensor *stop; /* (1): the stop flag, the max over the world (several ranks) */
+    bool counting;     /* rank 0 counts its collectives: [log] comm_debug or metrics */
+    train_comm comm;   /* what the steps since the last record communicated */
+    train_bar bar;     /* the progress bar */
 } train_state;
 
 static void train_state_free(fsdp_ctx *ctx, train_state *s) {
@@ -178,15 +203,20 @@ static fsdp_status setup_mesh(fsdp_ctx *ctx, const train_config *cfg, train_stat
     return st;
 }
 
-/* Tensor parallelism: Linear 2k Colwise and Linear 2k+1 Rowwise over tp, so the hidden width
- * between them is sharded and the pair's output is replicated again; with an odd number of
- * Linear layers the last one stays whole on every tp rank. */
+/* Tensor parallelism as [model] tp_plan says (by default Linear 2k Colwise and Linear 2k+1
+ * Rowwise over tp, so the hidden width between them is sharded and the pair's output is
+ * replicated again; with an odd number of Linear layers the last one stays whole on every tp
+ * rank). The plan was checked with the configuration. */
 static fsdp_status apply_tp(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
-    int n_linear = cfg->model.widths.n - 1, n = 0;
-    for (int i = 0; i + 1 < n_linear; i += 2) {
-        s->plan[n++] = (fsdp_tp_plan_entry){s->paths[i], FSDP_COLWISE()};
-        s->plan[n++] = (fsdp_tp_plan_entry){s->paths[i + 1], FSDP_ROWWISE()};
-    }
+    train_tp_style styles[TRAIN_MAX_LIST];
+    char err[TRAIN_ERROR_SIZE];
+    if (train_config_tp_plan(cfg, styles, err, sizeof err) != FSDP_OK)
+        return FSDP_ERR_CONFIG; /* not reached: train_run checked the configuration */
+    int n = 0;
+    for (int i = 0; i + 1 < cfg->model.widths.n; i++)
+        if (styles[i] != TRAIN_TP_NONE)
+            s->plan[n++] = (fsdp_tp_plan_entry){
+                s->paths[i], styles[i] == TRAIN_TP_COLWISE ? FSDP_COLWISE() : FSDP_ROWWISE()};
     fsdp_mesh *tp = NULL;
     TRY(fsdp_mesh_dim(ctx, s->mesh, "tp", &tp));
     /* every rank initialised the same values from train.seed: no broadcast needed */
@@ -194,12 +224,26 @@ static fsdp_status apply_tp(fsdp_ctx *ctx, const train_config *cfg, train_state 
     return fsdp_tp_parallelize(ctx, s->model, tp, n, s->plan, &o);
 }
 
+/* [model] checkpoint_activations: every module a pattern matches recomputes its activations in
+ * backward (the patterns were checked with the configuration). */
+static fsdp_status apply_checkpointing(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
+    char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING];
+    train_module_info m[TRAIN_MAX_MODULES];
+    int n = train_config_checkpoint_patterns(cfg, patterns), n_mod = train_config_modules(cfg, m);
+    for (int i = 0; i < n_mod; i++) {
+        bool match = false;
+        for (int p = 0; p < n && !match; p++) match = fnmatch(patterns[p], m[i].name, 0) == 0;
+        if (match) TRY(fsdp_checkpoint_wrap(ctx, fsdp_module_find(s->model, m[i].name)));
+    }
+    return FSDP_OK;
+}
+
 /* FSDP over dp (hybrid_shard: over shard, replicated over replicate), or replicas. */
 static fsdp_status apply_dp(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
     if (cfg->parallel.mode == TRAIN_MODE_REPLICATE) {
         fsdp_replicate_options o = {
             .group = s->dp, .src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK};
-        return fsdp_replicate_apply(ctx, s->model, &o, NULL);
+        return fsdp_replicate_apply(ctx, s->model, &o, &s->rep);
     }
     fsdp_fully_shard_options o = {.strategy = cfg->parallel.strategy,
                                   .group = s->dp,
@@ -259,6 +303,39 @@ static fsdp_status make_optimizer(fsdp_ctx *ctx, const train_config *cfg, fsdp_m
                                                : fsdp_adamw_create(ctx, params, &o, &s->opt);
 }
 
+/* The model [model] describes, initialised from train.seed: fsdp_model_mlp, or with norm =
+ * rmsnorm the same layers after an RMSNorm over the input (nn.RMSNorm's default eps, float32's
+ * machine epsilon), as nn.Sequential(RMSNorm(w0), Linear, act, ..., Linear) names them. */
+static fsdp_status build_model(fsdp_ctx *ctx, const train_config *cfg, fsdp_module **out) {
+    const train_int_list *w = &cfg->model.widths;
+    uint64_t seed = (uint64_t)cfg->train.seed;
+    if (cfg->model.norm == TRAIN_NORM_NONE) {
+        TRY(fsdp_model_mlp(ctx, w->n, w->v, cfg->model.activation, out));
+        return fsdp_ctx_seed(ctx) == seed ? FSDP_OK : fsdp_module_reset_parameters(ctx, *out, seed);
+    }
+    fsdp_module *m = NULL, *layer = NULL;
+    TRY(fsdp_sequential_create(ctx, &m));
+    fsdp_status st = fsdp_rmsnorm_create(ctx, w->v[0], FLT_EPSILON, &layer);
+    if (st == FSDP_OK) st = fsdp_sequential_append(ctx, m, layer);
+    for (int i = 0; st == FSDP_OK && i + 1 < w->n; i++) {
+        st = fsdp_linear_create(ctx, w->v[i], w->v[i + 1], true, &layer);
+        if (st == FSDP_OK) st = fsdp_sequential_append(ctx, m, layer);
+        if (st != FSDP_OK || i + 2 == w->n) continue;
+        fsdp_activation act = cfg->model.activation;
+        st = act == FSDP_ACT_GELU      ? fsdp_gelu_create(ctx, &layer)
+             : act == FSDP_ACT_SIGMOID ? fsdp_sigmoid_create(ctx, &layer)
+                                       : fsdp_relu_create(ctx, &layer);
+        if (st == FSDP_OK) st = fsdp_sequential_append(ctx, m, layer);
+    }
+    if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, seed);
+    if (st != FSDP_OK) {
+        fsdp_module_free(m);
+        return st;
+    }
+    *out = m;
+    return FSDP_OK;
+}
+
 /* The rank's copy of the dataset: the h5 data read by the process, or the synthetic teacher's;
  * with classification the class ids. */
 static fsdp_status make_data(fsdp_ctx *ctx, const train_config *cfg, const train_data *data,
@@ -290,27 +367,30 @@ static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const tra
     s->classify = cfg->data.task == TRAIN_TASK_CLASSIFICATION;
     s->n_eval = train_data_eval_count(cfg, n);
     s->n_train = n - s->n_eval;
-    for (int i = 0; i + 1 < w->n; i++) {
-        snprintf(s->paths[i], sizeof s->paths[i], "%d", 2 * i);
-        s->path_ptrs[i] = s->paths[i];
+    train_module_info mods[TRAIN_MAX_MODULES];
+    int n_mod = train_config_modules(cfg, mods);
+    for (int i = 0; i < n_mod; i++) {
+        if (mods[i].linear < 0) continue;
+        memcpy(s->paths[mods[i].linear], mods[i].name, sizeof s->paths[0]); /* both 12 bytes */
+        s->path_ptrs[mods[i].linear] = s->paths[mods[i].linear];
     }
     fsdp_status st;
     *what = "creating the device mesh";
     if ((st = setup_mesh(ctx, cfg, s))) return st;
     *what = "building the model";
-    if ((st = fsdp_model_mlp(ctx, w->n, w->v, cfg->model.activation, &s->model))) return st;
-    if (fsdp_ctx_seed(ctx) != (uint64_t)cfg->train.seed &&
-        (st = fsdp_module_reset_parameters(ctx, s->model, (uint64_t)cfg->train.seed)))
-        return st;
+    if ((st = build_model(ctx, cfg, &s->model))) return st;
     *what = "applying tensor parallelism";
     if (s->layout.tp > 1 && (st = apply_tp(ctx, cfg, s))) return st;
+    *what = "checkpointing activations";
+    if ((st = apply_checkpointing(ctx, cfg, s))) return st;
     *what = cfg->parallel.mode == TRAIN_MODE_FSDP ? "applying FSDP" : "making the replicas";
     if ((st = apply_dp(ctx, cfg, s))) return st;
     *what = "creating the optimizer";
     fsdp_module *params = s->sh ? fsdp_sharded_flat_params(s->sh) : s->model;
     if ((st = make_optimizer(ctx, cfg, params, s))) return st;
     *what = "allocating the dataset";
-    fsdp_chunk_range(b, s->layout.dp, s->dp_rank, &s->off, &s->len);
+    s->micro = b / cfg->train.grad_accum;
+    fsdp_chunk_range(s->micro, s->layout.dp, s->dp_rank, &s->off, &s->len);
     if ((st = new_f32(ctx, n, in, &s->x)) || (st = new_f32(ctx, n, out, &s->y)) ||
         (st = new_f32(ctx, s->len, in, &s->xb)) || (st = new_f32(ctx, s->len, out, &s->yb)) ||
         (st = new_f32(ctx, s->len, out, &s->dout)) ||
@@ -406,29 +486,44 @@ static void gather_batch(train_state *s, int64_t k0) {
     }
 }
 
-/* One training step on this rank's slice of the batch that starts at position `start` of the
- * sample stream (train_order); *loss is the global batch loss. The gradient of the mean over the
- * slice is scaled by len * dp / B, so that dp's average (FSDP's and replicate's reductions divide
- * by dp) is the gradient of the mean over the whole batch, also when the slices are uneven (or
- * empty). */
+/* Gradient reduction on (sync) or off (no_sync: backward accumulates locally) for the
+ * backwards that follow. */
+static void set_sync(train_state *s, bool sync) {
+    if (s->sh) fsdp_sharded_set_sync(s->sh, sync);
+    if (s->rep) fsdp_replicate_set_sync(s->rep, sync);
+}
+
+/* One training step on the batch that starts at position `start` of the sample stream
+ * (train_order): zero the gradients, then for each of the grad_accum micro-batches (micro
+ * samples each, consecutive in the batch) forward and backward on this rank's slice of it, the
+ * gradients reduced by the last backward only (no_sync before it); *loss is the global batch
+ * loss. The gradient of the mean over a slice is scaled by len * dp / B, so that dp's average
+ * (FSDP's and replicate's reductions divide by dp) of the sum over the micro-batches is the
+ * gradient of the mean over the whole batch, also when the slices are uneven (or empty). */
 static fsdp_status train_step(fsdp_ctx *ctx, const train_config *cfg, train_state *s, int64_t start,
                               double *loss) {
-    int64_t b = cfg->data.batch_size;
-    const fsdp_tensor *pred = NULL;
-    float l = 0;
-    gather_batch(s, start);
+    int64_t b = cfg->data.batch_size, n_micro = cfg->train.grad_accum;
+    double share = 0; /* this rank's part of the batch loss */
     TRY(fsdp_optimizer_zero_grad(ctx, s->opt));
-    TRY(fsdp_module_forward(ctx, s->model, s->xb, &pred));
-    if (s->len > 0 && s->classify)
-        TRY(fsdp_loss_cross_entropy(ctx, pred, s->lb, &l, s->dout));
-    else if (s->len > 0)
-        TRY(fsdp_loss_mse(ctx, pred, s->yb, &l, s->dout));
-    double scale = (double)s->len * s->layout.dp / (double)b;
-    if (scale != 1.0) {
-        float *d = fsdp_tensor_f32(s->dout);
-        for (int64_t i = 0; i < fsdp_tensor_numel(s->dout); i++) d[i] *= (float)scale;
+    for (int64_t m = 0; m < n_micro; m++) {
+        const fsdp_tensor *pred = NULL;
+        float l = 0;
+        gather_batch(s, start + m * s->micro);
+        if (n_micro > 1) set_sync(s, m == n_micro - 1);
+        TRY(fsdp_module_forward(ctx, s->model, s->xb, &pred));
+        if (s->len > 0 && s->classify)
+            TRY(fsdp_loss_cross_entropy(ctx, pred, s->lb, &l, s->dout));
+        else if (s->len > 0)
+            TRY(fsdp_loss_mse(ctx, pred, s->yb, &l, s->dout));
+        double scale = (double)s->len * s->layout.dp / (double)b;
+        if (scale != 1.0) {
+            float *d = fsdp_tensor_f32(s->dout);
+            for (int64_t i = 0; i < fsdp_tensor_numel(s->dout); i++) d[i] *= (float)scale;
+        }
+        TRY(fsdp_module_backward(ctx, s->model, s->dout, NULL)); /* no input gradient */
+        share += (double)l * (double)s->len / (double)b;
     }
-    return sum_over_dp(ctx, s, (double)l * (double)s->len / (double)b, 0, loss, NULL);
+    return sum_over_dp(ctx, s, share, 0, loss, NULL);
 }
 
 /* Flushes f; when that or an earlier write to f failed, writes "cannot write <name>: <why>"
@@ -450,18 +545,96 @@ typedef struct train_report {
     double grad_norm;     /* before clipping; NAN without clipping */
     bool eval;            /* an evaluation: eval_loss, eval_accuracy */
     double eval_loss;
-    double eval_accuracy; /* NAN for regression */
+    double eval_accuracy;   /* NAN for regression */
+    const train_comm *comm; /* progress with counting on: the steps' collectives, else NULL */
 } train_report;
+
+/* Takes the progress bar off its line, so that a line can be written there. */
+static void bar_clear(train_state *s) {
+    if (!s->bar.shown) return;
+    fputs("\r\033[K", s->out);
+    s->bar.shown = false;
+}
+
+/* "1m05s", "2h03m", "12s" */
+static void format_duration(double seconds, char *buf, size_t size) {
+    long long t = (long long)(seconds + 0.5);
+    if (t >= 3600)
+        snprintf(buf, size, "%lldh%02lldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        snprintf(buf, size, "%lldm%02llds", t / 60, t % 60);
+    else
+        snprintf(buf, size, "%llds", t);
+}
+
+/* Redraws the bar after `step` (of this run's first..last), at most 10 times a second:
+ * "step 1200/5000 [#####...............]  24%  loss 0.012345  51234 samples/s  ETA 7s". */
+static fsdp_status bar_draw(const train_config *cfg, train_state *s, const train_progress *prog,
+                            int64_t first, double loss, double elapsed, char *err,
+                            size_t err_size) {
+    double now = now_seconds();
+    if (s->bar.shown && now - s->bar.last_draw < 0.1) return FSDP_OK;
+    enum { WIDTH = 24 };
+    int64_t step = prog->step, total = cfg->train.steps, done = step - first + 1;
+    int filled = (int)((double)WIDTH * (double)step / (double)total);
+    char bar[WIDTH + 1], eta[32];
+    for (int i = 0; i < WIDTH; i++) bar[i] = i < filled ? '#' : '.';
+    bar[WIDTH] = '\0';
+    format_duration(elapsed / (double)done * (double)(total - step), eta, sizeof eta);
+    int digits = snprintf(NULL, 0, "%lld", (long long)total);
+    fprintf(s->out, "\r\033[Kstep %*lld/%lld [%s] %3d%%  loss %.6f  %.0f samples/s  ETA %s", digits,
+            (long long)step, (long long)total, bar, (int)(100 * step / total),
+            prog->since ? prog->loss_sum / (double)prog->since : loss,
+            (double)(done * cfg->data.batch_size) / fmax(elapsed, 1e-9), eta);
+    s->bar.shown = true;
+    s->bar.last_draw = now;
+    return flush_checked(s->out, s->out_name, err, err_size);
+}
+
+/* The seconds of the steps in collectives, and the rest of the steps' wall time. */
+static double comm_seconds(const train_comm *c) {
+    double sum = 0;
+    for (int op = FSDP_COMM_ANY + 1; op < FSDP_COMM_OP_COUNT; op++) sum += c->seconds[op];
+    return sum;
+}
+
+static double comm_compute_seconds(const train_comm *c) {
+    return fmax(c->step_seconds - comm_seconds(c), 0);
+}
+
+static const fsdp_comm_op g_comm_ops[] = {FSDP_COMM_ALL_GATHER, FSDP_COMM_REDUCE_SCATTER,
+                                          FSDP_COMM_ALL_REDUCE, FSDP_COMM_BROADCAST,
+                                          FSDP_COMM_ALL_TO_ALL};
+
+/* The metrics fields of the steps' collectives: compute and communication seconds, calls and
+ * bytes per op. */
+static void write_comm(FILE *f, const train_comm *c) {
+    fprintf(f, ", \"compute_s\": %.6f, \"comm_s\": %.6f", comm_compute_seconds(c), comm_seconds(c));
+    for (int k = 0; k < 2; k++) {
+        fprintf(f, ", \"comm_%s\": {", k ? "bytes" : "calls");
+        for (size_t i = 0; i < sizeof g_comm_ops / sizeof g_comm_ops[0]; i++) {
+            const fsdp_comm_count *n = &c->count[g_comm_ops[i]];
+            fprintf(f, "%s\"%s\": %lld", i ? ", " : "", fsdp_comm_op_to_string(g_comm_ops[i]),
+                    (long long)(k ? n->bytes : n->calls));
+        }
+        fputc('}', f);
+    }
+}
 
 /* The progress and evaluation lines and one metrics record of a logged step. */
 static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
                           const train_report *r, char *err, size_t err_size) {
     int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
+    if (s->out && (r->progress || r->eval)) bar_clear(s);
     if (s->out && r->progress) {
         fprintf(s->out, "step %*lld/%lld  loss %.6f  lr %.3g", digits, (long long)step,
                 (long long)cfg->train.steps, r->loss, r->lr);
         if (!isnan(r->grad_norm)) fprintf(s->out, "  grad_norm %.3g", r->grad_norm);
-        fprintf(s->out, "  samples/s %.0f  time %.2fs\n", r->samples_per_s, r->elapsed);
+        fprintf(s->out, "  samples/s %.0f  time %.2fs", r->samples_per_s, r->elapsed);
+        if (r->comm) /* the steps' time since the last line, split */
+            fprintf(s->out, "  compute %.3fs  comm %.3fs", comm_compute_seconds(r->comm),
+                    comm_seconds(r->comm));
+        fputc('\n', s->out);
     }
     if (s->out && r->eval) {
         fprintf(s->out, "eval %*lld/%lld  loss %.6f", digits, (long long)step,
@@ -478,6 +651,7 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
                     r->loss, r->samples_per_s, r->elapsed);
             fprintf(s->metrics, ", \"lr\": %.9g", r->lr);
             if (!isnan(r->grad_norm)) fprintf(s->metrics, ", \"grad_norm\": %.9g", r->grad_norm);
+            if (r->comm) write_comm(s->metrics, r->comm);
         }
         if (r->eval) {
             fprintf(s->metrics, ", \"eval_loss\": %.9g", r->eval_loss);
@@ -610,6 +784,7 @@ static fsdp_status save(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
     TRY(train_saver_save(ctx, &s->saver, prog, commit, &blocked));
     snprintf(res->saved, sizeof res->saved, "%s", fsdp_ckpt_writer_last_path(s->saver.writer));
     if (!s->out) return FSDP_OK;
+    bar_clear(s);
     char path[TRAIN_CKPT_PATH];
     train_ckpt_step_path(cfg, prog->step, path, sizeof path);
     if (commit || !cfg->checkpoint.async)
@@ -635,6 +810,33 @@ static fsdp_status agree_stop(fsdp_ctx *ctx, train_state *s, bool *stop) {
     return FSDP_OK;
 }
 
+/* Rank 0's comm-debug counters per op, and the seconds in each op's calls. */
+static void comm_read(const fsdp_ctx *ctx, train_comm *c) {
+    for (int op = FSDP_COMM_ANY + 1; op < FSDP_COMM_OP_COUNT; op++) {
+        fsdp_comm_filter f = {.op = (fsdp_comm_op)op};
+        c->count[op] = fsdp_comm_debug_query(ctx, &f);
+        c->seconds[op] = fsdp_comm_debug_seconds(ctx, &f);
+    }
+}
+
+/* Adds what the counters gained from `before` to `after` to sum. */
+static void comm_add(train_comm *sum, const train_comm *before, const train_comm *after) {
+    for (int op = FSDP_COMM_ANY + 1; op < FSDP_COMM_OP_COUNT; op++) {
+        sum->count[op].calls += after->count[op].calls - before->count[op].calls;
+        sum->count[op].bytes += after->count[op].bytes - before->count[op].bytes;
+        sum->seconds[op] += after->seconds[op] - before->seconds[op];
+    }
+}
+
+/* [log] comm_debug: rank 0's collectives of one step, as a table. */
+static fsdp_status print_comm_table(fsdp_ctx *ctx, train_state *s, int64_t step, char *err,
+                                    size_t err_size) {
+    bar_clear(s);
+    fprintf(s->out, "comm_debug: the collectives of step %lld on rank 0\n", (long long)step);
+    TRY(fsdp_comm_debug_print(ctx, s->out));
+    return flush_checked(s->out, s->out_name, err, err_size);
+}
+
 /* The steps after prog->step, from t0 on. A failure of the tool's own (a loss that is not
  * finite, output that cannot be written) is written into err; a library failure leaves err
  * empty. Progress lines average the batch losses since the previous line of a log_every step
@@ -644,17 +846,27 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
                               train_progress *prog, train_result *res, double t0, char *err,
                               size_t err_size) {
     double t_last = t0;
-    int64_t since_line = 0;
-    /* no allocation in here (but in a checkpoint's save) */
-    for (int64_t step = prog->step + 1; step <= cfg->train.steps; step++) {
+    int64_t since_line = 0, first = prog->step + 1;
+    /* comm_debug's table shows the second step: the first may find parameters that the loss
+     * evaluation before it left gathered (FSDP's root keeps them after forward) */
+    int64_t table_step = first < cfg->train.steps ? first + 1 : first;
+    train_comm before = {0}, after = {0}; /* op 0 (FSDP_COMM_ANY) stays 0 */
+    if (s->counting) TRY(fsdp_comm_debug_begin(ctx));
+    /* no allocation in here (but in a checkpoint's save, and comm-debug's first counts) */
+    for (int64_t step = first; step <= cfg->train.steps; step++) {
         double loss = 0, lr = fsdp_lr_at(&s->sched, step - 1), grad_norm = NAN;
         int64_t k0 = (step - 1) * cfg->data.batch_size; /* the batch's first stream position */
+        double t_step = now_seconds();
+        if (s->counting && step == table_step && step > first) { /* count it alone */
+            TRY(fsdp_comm_debug_end(ctx));
+            TRY(fsdp_comm_debug_begin(ctx));
+        }
+        if (s->counting) comm_read(ctx, &before);
         TRY(train_step(ctx, cfg, s, k0, &loss));
         prog->position = (k0 + cfg->data.batch_size) % s->n_train;
         if (!isfinite(loss)) /* the same global loss on every rank: all stop here */
             return not_finite(cfg, true, err, err_size, "the loss became %g at step %lld", loss,
                               (long long)step);
-        TRY(fsdp_module_backward(ctx, s->model, s->dout, NULL)); /* no input gradient */
         if (cfg->optim.clip_grad_norm > 0 && s->sh)
             TRY(fsdp_sharded_clip_grad_norm(ctx, s->sh, cfg->optim.clip_grad_norm, 2.0,
                                             &grad_norm));
@@ -662,6 +874,13 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
             TRY(fsdp_clip_grad_norm(ctx, s->model, cfg->optim.clip_grad_norm, 2.0, &grad_norm));
         fsdp_optimizer_set_lr(s->opt, lr);
         TRY(fsdp_optimizer_step(ctx, s->opt));
+        if (s->counting) {
+            comm_read(ctx, &after);
+            comm_add(&s->comm, &before, &after);
+            s->comm.step_seconds += now_seconds() - t_step;
+        }
+        if (s->counting && cfg->log.comm_debug && s->out && step == table_step)
+            TRY(print_comm_table(ctx, s, step, err, err_size));
         prog->step = res->steps = step;
         res->grad_norm = grad_norm;
         if (res->n_step_losses < TRAIN_TRACE_STEPS) res->step_loss[res->n_step_losses++] = loss;
@@ -672,7 +891,10 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         if (s->saving) TRY(agree_stop(ctx, s, &stop));
         stop = stop && step < cfg->train.steps; /* the last step: the run ends anyway */
         bool last = step == cfg->train.steps;
-        train_report r = {.progress = regular || last || stop, .lr = lr, .grad_norm = grad_norm};
+        train_report r = {.progress = regular || last || stop,
+                          .lr = lr,
+                          .grad_norm = grad_norm,
+                          .comm = s->counting ? &s->comm : NULL};
         if (s->n_eval > 0 &&
             (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0))) {
             r.eval = true;
@@ -690,6 +912,7 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
             if (r.progress) {
                 t_last = t;
                 since_line = 0;
+                memset(&s->comm, 0, sizeof s->comm);
             }
             if (regular) prog->loss_sum = 0, prog->since = 0;
         }
@@ -700,8 +923,10 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         if (s->saving && cfg->checkpoint.every > 0 && step % cfg->checkpoint.every == 0 &&
             step < cfg->train.steps)
             TRY(save(ctx, cfg, s, prog, false, res, err, err_size));
+        if (s->bar.on && step < cfg->train.steps)
+            TRY(bar_draw(cfg, s, prog, first, loss, now_seconds() - t0, err, err_size));
     }
-    return FSDP_OK;
+    return s->counting ? fsdp_comm_debug_end(ctx) : FSDP_OK;
 }
 
 /* Where the run starts: [model] init, or the checkpoint it resumes from (said in one line). */
@@ -766,6 +991,9 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
     if (st == FSDP_OK && s.out) print_banner(cfg, &s);
     if (st == FSDP_OK) st = start_from(ctx, cfg, &s, src, &prog, res, &what, err, err_size);
     if (st == FSDP_OK && rank0 && cfg->log.metrics[0]) st = open_metrics(cfg, &s, err, err_size);
+    s.counting = rank0 && ((cfg->log.comm_debug && s.out) || s.metrics);
+    s.bar.on = s.out && (cfg->log.progress == TRAIN_PROGRESS_BAR ||
+                         (cfg->log.progress == TRAIN_PROGRESS_AUTO && isatty(fileno(s.out))));
     if (st == FSDP_OK) {
         what = "evaluating the initial loss";
         st = dataset_loss(ctx, &s, &res->first_loss);
@@ -793,6 +1021,7 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
         st = train_loop(ctx, cfg, &s, &prog, res, t0, err, err_size);
     }
     res->seconds = now_seconds() - t0;
+    if (s.out) bar_clear(&s); /* before any other line, or an error on the terminal */
     int64_t ran = res->steps - res->start_step;
     res->samples_per_s = (double)(ran * cfg->data.batch_size) / fmax(res->seconds, 1e-9);
     if (st == FSDP_OK && s.saving && ran > 0 && !res->interrupted) {

@@ -349,6 +349,11 @@ fsdp_comm_count fsdp_comm_debug_query(const fsdp_ctx *ctx, const fsdp_comm_filte
 /* Shorthands: one op on one group label (NULL: any group); every op but barriers. */
 fsdp_comm_count fsdp_comm_debug_count(const fsdp_ctx *ctx, fsdp_comm_op op, const char *group);
 fsdp_comm_count fsdp_comm_debug_total(const fsdp_ctx *ctx);
+/* The wall seconds this rank spent in the backend's calls of the records the filter matches
+ * (NULL: every op but barriers), from just before each call to just after it, waiting for its
+ * peers included (the argument checks before are not). Read from CLOCK_MONOTONIC only while
+ * counting is on. */
+double fsdp_comm_debug_seconds(const fsdp_ctx *ctx, const fsdp_comm_filter *filter);
 /* The records in the order their first call happened. */
 int fsdp_comm_debug_num_records(const fsdp_ctx *ctx);
 fsdp_status fsdp_comm_debug_record(fsdp_ctx *ctx, int i, fsdp_comm_record *out);

@@ -182,7 +182,9 @@ fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     fsdp_status st = check_all_gather(ctx, group, out, in, &dim);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(out));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
+    double t0 = fsdp_comm_debug_clock(ctx);
     FSDP_TRY_AT(ctx, group->world->backend.iface.all_gather(ctx, group, out, in, dim));
+    fsdp_comm_debug_timed(ctx, t0);
     return FSDP_OK;
 }
 
@@ -244,7 +246,9 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
     fsdp_status st = check_reduce_scatter(ctx, group, out, in, &dim, op);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(in));
     if (st != FSDP_OK) return reject(ctx, group, cop, st);
+    double t0 = fsdp_comm_debug_clock(ctx);
     FSDP_TRY_AT(ctx, group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op));
+    fsdp_comm_debug_timed(ctx, t0);
     return FSDP_OK;
 }
 
@@ -257,7 +261,9 @@ fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fs
     if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, cop, st);
+    double t0 = fsdp_comm_debug_clock(ctx);
     FSDP_TRY_AT(ctx, group->world->backend.iface.all_reduce(ctx, group, t, op));
+    fsdp_comm_debug_timed(ctx, t0);
     return FSDP_OK;
 }
 
@@ -308,7 +314,9 @@ fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int
                        group->desc, root, group->size - 1);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
+    double t0 = fsdp_comm_debug_clock(ctx);
     FSDP_TRY_AT(ctx, group->world->backend.iface.broadcast(ctx, group, t, root));
+    fsdp_comm_debug_timed(ctx, t0);
     return FSDP_OK;
 }
 
@@ -350,8 +358,10 @@ fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     fsdp_status st = check_all_to_all(ctx, group, out, in, &split_dim, &concat_dim);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(in));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
+    double t0 = fsdp_comm_debug_clock(ctx);
     FSDP_TRY_AT(ctx,
                 group->world->backend.iface.all_to_all(ctx, group, out, in, split_dim, concat_dim));
+    fsdp_comm_debug_timed(ctx, t0);
     return FSDP_OK;
 }
 
@@ -361,6 +371,8 @@ fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group) {
     FSDP_TRY(resolve(ctx, &group, op));
     fsdp_status st = fsdp_comm_debug_note(ctx, group, op, 0);
     if (st != FSDP_OK) return reject(ctx, group, op, st);
+    double t0 = fsdp_comm_debug_clock(ctx);
     FSDP_TRY_AT(ctx, group->world->backend.iface.barrier(ctx, group));
+    fsdp_comm_debug_timed(ctx, t0);
     return FSDP_OK;
 }

@@ -1,10 +1,11 @@
 /* comm_debug.c: the comm-debug counters of one rank: calls and bytes per (op, group label,
- * running module, phase), kept in the rank's context while counting is on; queried through
- * filters, printed as a table and written as JSON. */
+ * running module, phase), and the seconds spent in them, kept in the rank's context while
+ * counting is on; queried through filters, printed as a table and written as JSON. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h> // defines: clock_gettime
 
 #include "comm/comm_impl.h"
 #include "core/error.h"
@@ -64,7 +65,22 @@ fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_o
     }
     row->count.calls++;
     row->count.bytes += bytes;
+    d->last_row = (int)(row - d->rows);
     return FSDP_OK;
+}
+
+double fsdp_comm_debug_clock(const fsdp_ctx *ctx) {
+    const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    if (!b || !b->debug.active) return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void fsdp_comm_debug_timed(fsdp_ctx *ctx, double t0) {
+    fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    if (t0 == 0 || !b || !b->debug.active || b->debug.last_row >= b->debug.n_rows) return;
+    b->debug.rows[b->debug.last_row].seconds += fsdp_comm_debug_clock(ctx) - t0;
 }
 
 fsdp_status fsdp_comm_debug_begin(fsdp_ctx *ctx) {
@@ -110,6 +126,15 @@ fsdp_comm_count fsdp_comm_debug_query(const fsdp_ctx *ctx, const fsdp_comm_filte
         sum.calls += r->count.calls;
         sum.bytes += r->count.bytes;
     }
+    return sum;
+}
+
+double fsdp_comm_debug_seconds(const fsdp_ctx *ctx, const fsdp_comm_filter *filter) {
+    double sum = 0;
+    const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    const fsdp_comm_filter all = {0};
+    for (int i = 0; b && i < b->debug.n_rows; i++)
+        if (matches(&b->debug.rows[i], filter ? filter : &all)) sum += b->debug.rows[i].seconds;
     return sum;
 }
 

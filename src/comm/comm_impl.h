@@ -150,12 +150,14 @@ typedef struct fsdp_comm_debug_row {
     char group[FSDP_GROUP_LABEL_MAX];
     char *module;
     fsdp_comm_count count;
+    double seconds; /* in the backend's calls (fsdp_comm_debug_timed) */
 } fsdp_comm_debug_row;
 
 typedef struct fsdp_comm_debug {
     bool active;
     fsdp_comm_debug_row *rows;
     int n_rows, cap_rows;
+    int last_row; /* the row of the collective noted last, which fsdp_comm_debug_timed times */
 } fsdp_comm_debug;
 
 /* What ctx->comm points at while a rank runs. */
@@ -191,6 +193,11 @@ fsdp_status fsdp_group_check_label(fsdp_ctx *ctx, const char *label, const char 
 fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
                                  int64_t bytes);
 void fsdp_comm_debug_release(fsdp_comm_debug *d);
+/* comm_debug.c: the timing of the collective just noted, around the backend's call: the clock
+ * (CLOCK_MONOTONIC seconds) while counting is on, else 0 without reading it; then the seconds
+ * since t0 added to that collective's row (nothing for t0 = 0). */
+double fsdp_comm_debug_clock(const fsdp_ctx *ctx);
+void fsdp_comm_debug_timed(fsdp_ctx *ctx, double t0);
 
 /* The backends' constructors: each fills world->backend and sets world->size from
  * `nranks` (fsdp_world_options.nranks, already checked to be >= 0). */

@@ -120,6 +120,28 @@ void fsdp_map2(const char *name, float *out, const float *a, const float *b, int
     FSDP_CUDA_LAUNCHED(name);
 }
 
+/* One cross-entropy row for the whole block: returns lse(x) - x[t] and, when d is not NULL,
+ * writes d = (softmax(x) - onehot(t)) / n. Every read of x is done before the block sums (which
+ * synchronize), so d may be x; the trailing barrier orders the row's writes before the next
+ * row's shared sums. t must be in [0, classes). */
+__device__ inline double fsdp_cross_entropy_row(float *d, const float *x, int32_t t,
+                                                int64_t classes, double n) {
+    float m = -INFINITY;
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) m = x[c] > m ? x[c] : m;
+    m = fsdp_block_max_all(m);
+    double xt = (double)x[t], se = 0.0;
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) se += exp((double)x[c] - (double)m);
+    se = fsdp_block_sum_all(se);
+    double lse = (double)m + log(se);
+    if (d) {
+        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+            d[c] =
+                c == t ? (float)((exp(xt - lse) - 1.0) / n) : (float)(exp((double)x[c] - lse) / n);
+        __syncthreads();
+    }
+    return lse - xt;
+}
+
 /* Two-pass reductions: each block writes its partial sum to scratch[blockIdx.x] (at most
  * FSDP_CUDA_PARTIALS blocks), then one block adds them into scratch[FSDP_CUDA_PARTIALS]; the
  * scratch slots after that are free for the caller's flags. */

@@ -255,20 +255,7 @@ __global__ void cross_entropy_ignore_kernel(double *partial, double *bad, float 
             if (threadIdx.x == 0) *bad = 1.0;
             continue;
         }
-        float m = -INFINITY;
-        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) m = x[c] > m ? x[c] : m;
-        m = fsdp_block_max_all(m);
-        double xt = (double)x[t], se = 0.0;
-        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-            se += exp((double)x[c] - (double)m);
-        se = fsdp_block_sum_all(se);
-        double lse = (double)m + log(se);
-        acc += lse - xt;
-        if (!d) continue;
-        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-            d[c] =
-                c == t ? (float)((exp(xt - lse) - 1.0) / n) : (float)(exp((double)x[c] - lse) / n);
-        __syncthreads();
+        acc += fsdp_cross_entropy_row(d, x, t, classes, n);
     }
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }

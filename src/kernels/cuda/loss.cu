@@ -32,9 +32,8 @@ extern "C" void fsdp_cuda_mse_loss(float *loss, float *dout, const float *out, c
     *loss = (float)(fsdp_cuda_fetch_double(scratch + FSDP_CUDA_PARTIALS) / (double)n);
 }
 
-/* One block per row (striding over rows): lse by the row's max, loss_r = lse - x[t],
- * dlogits = (softmax - onehot(t)) / rows. Every read of a row is done before the block sums
- * (which synchronize), so dlogits may be logits. A target outside [0, classes) sets *bad. */
+/* One block per row (striding over rows): loss_r = lse - x[t], dlogits = (softmax - onehot(t)) /
+ * rows (fsdp_cross_entropy_row); dlogits may be logits. A target outside [0, classes) sets *bad. */
 __global__ void cross_entropy_kernel(double *partial, double *bad, float *dlogits,
                                      const float *logits, const int32_t *targets, int64_t rows,
                                      int64_t classes) {
@@ -46,21 +45,8 @@ __global__ void cross_entropy_kernel(double *partial, double *bad, float *dlogit
             if (threadIdx.x == 0) *bad = 1.0;
             continue; // the same for every thread of the block
         }
-        float m = -INFINITY;
-        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) m = x[c] > m ? x[c] : m;
-        m = fsdp_block_max_all(m);
-        double xt = (double)x[t], se = 0.0;
-        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-            se += exp((double)x[c] - (double)m);
-        se = fsdp_block_sum_all(se);
-        double lse = (double)m + log(se);
-        acc += lse - xt;
-        if (!dlogits) continue;
-        float *d = dlogits + r * classes; // (classes)
-        for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-            d[c] = c == t ? (float)((exp(xt - lse) - 1.0) / (double)rows)
-                          : (float)(exp((double)x[c] - lse) / (double)rows);
-        __syncthreads(); // the row's writes before the next row's shared sums
+        acc += fsdp_cross_entropy_row(dlogits ? dlogits + r * classes : NULL, x, t, classes,
+                                      (double)rows);
     }
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
