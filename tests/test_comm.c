@@ -966,6 +966,49 @@ static void test_all_reduce_start_mismatch(void) {
     FSDP_TEST_OK(fsdp_test_run_world(3, 20000, start_mismatch_body, NULL));
 }
 
+/* Comm-debug counts a non-blocking all_reduce once, when it starts, and times its start and
+ * its wait under that record, not under the call noted last (an all_gather made meanwhile). */
+static fsdp_status start_timed_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    fsdp_tensor *t = NULL, *in = NULL, *out = NULL;
+    fsdp_comm_work *w = NULL;
+    fsdp_comm_filter ar = {.op = FSDP_COMM_ALL_REDUCE}, ag = {.op = FSDP_COMM_ALL_GATHER};
+    fsdp_status st =
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){4096}, &t);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){2}, &in);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){2 * (int64_t)W},
+                                &out);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, t, (float)rank);
+    if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &w);
+    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
+    if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
+    if (st == FSDP_OK) st = fsdp_all_gather(ctx, NULL, out, in, 0);
+    double ar0 = fsdp_comm_debug_seconds(ctx, &ar), ag0 = fsdp_comm_debug_seconds(ctx, &ag);
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w);
+    double ar1 = fsdp_comm_debug_seconds(ctx, &ar), ag1 = fsdp_comm_debug_seconds(ctx, &ag);
+    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx,
+                        fsdp_comm_debug_query(ctx, &ar).calls == 1 && ar0 > 0 && ag1 == ag0 &&
+                            (fsdp_test_mpi() ? ar1 > ar0 : ar1 == ar0),
+                        "all_reduce: %lld calls, %.3g s after its start, %.3g s after its wait; "
+                        "all_gather %.3g s then %.3g s",
+                        (long long)fsdp_comm_debug_query(ctx, &ar).calls, ar0, ar1, ag0, ag1);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, get(t, 4095) == (float)(W * (W - 1) / 2), "the sum is %g",
+                        get(t, 4095));
+    fsdp_comm_work_free(w);
+    fsdp_tensor_free(t), fsdp_tensor_free(in), fsdp_tensor_free(out);
+    return st;
+}
+
+static void test_all_reduce_start_timed(void) {
+    for (int w = 1; w <= 3; w++) FSDP_TEST_OK(fsdp_test_run_world(w, 0, start_timed_body, NULL));
+}
+
 static void test_work_wait_fails_not_hangs(void) {
     FSDP_TEST_OK(fsdp_test_run_world(3, 250, late_wait_body, NULL));
     FSDP_TEST_OK(fsdp_test_run_world(3, 60000, late_wait_body, (void *)1));
@@ -1250,6 +1293,7 @@ int main(int argc, char **argv) {
         {"all_reduce", test_all_reduce},
         {"all_reduce_start", test_all_reduce_start},
         {"all_reduce_start_mismatch", test_all_reduce_start_mismatch},
+        {"all_reduce_start_timed", test_all_reduce_start_timed},
         {"work_wait_fails_not_hangs", test_work_wait_fails_not_hangs},
         {"broadcast", test_broadcast},
         {"all_to_all", test_all_to_all},

@@ -351,8 +351,9 @@ fsdp_comm_count fsdp_comm_debug_count(const fsdp_ctx *ctx, fsdp_comm_op op, cons
 fsdp_comm_count fsdp_comm_debug_total(const fsdp_ctx *ctx);
 /* The wall seconds this rank spent in the backend's calls of the records the filter matches
  * (NULL: every op but barriers), from just before each call to just after it, waiting for its
- * peers included (the argument checks before are not). Read from CLOCK_MONOTONIC only while
- * counting is on. */
+ * peers included (the argument checks before are not); for a non-blocking all_reduce, its
+ * start and every test and wait of its work, not the time between them. Read from
+ * CLOCK_MONOTONIC only while counting is on. */
 double fsdp_comm_debug_seconds(const fsdp_ctx *ctx, const fsdp_comm_filter *filter);
 /* The records in the order their first call happened. */
 int fsdp_comm_debug_num_records(const fsdp_ctx *ctx);

@@ -286,14 +286,18 @@ fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor 
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, cop, st);
     const fsdp_comm_backend_i *be = &group->world->backend.iface;
+    double t0 = fsdp_comm_debug_clock(ctx);
     if (!be->all_reduce_start) {
         FSDP_TRY_AT(ctx, be->all_reduce(ctx, group, t, op));
+        fsdp_comm_debug_timed(ctx, t0);
         return FSDP_OK;
     }
     work->pending = true;
     work->op = cop;
     work->group = group;
+    work->debug_row = fsdp_comm_debug_last(ctx, &work->debug_session);
     st = be->all_reduce_start(ctx, group, t, op, work);
+    fsdp_comm_debug_timed(ctx, t0);
     if (st != FSDP_OK) {
         work->pending = false;
         work->group = NULL;

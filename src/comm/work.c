@@ -1,6 +1,7 @@
 /* work.c: the handles of non-blocking collectives (fsdp_comm_work): create, test, wait, free.
  * The call itself starts in collectives.c; a backend without non-blocking entries completes it
- * there, and its works are never pending. */
+ * there, and its works are never pending. Tests and waits are timed under the start's
+ * comm-debug row. */
 #include <stdlib.h>
 
 #include "comm/comm_impl.h"
@@ -33,7 +34,9 @@ fsdp_status fsdp_comm_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, work);
     if (!work->pending) return FSDP_OK;
+    double t0 = fsdp_comm_debug_clock(ctx);
     fsdp_status st = backend_of(work)->work_wait(ctx, work);
+    fsdp_comm_debug_timed_row(ctx, work->debug_row, work->debug_session, t0);
     work->pending = false;
     work->group = NULL;
     FSDP_TRY_AT(ctx, st);
@@ -46,7 +49,9 @@ fsdp_status fsdp_comm_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done)
     FSDP_ARG_NOT_NULL(ctx, done);
     *done = true;
     if (!work->pending) return FSDP_OK;
+    double t0 = fsdp_comm_debug_clock(ctx);
     fsdp_status st = backend_of(work)->work_test(ctx, work, done);
+    fsdp_comm_debug_timed_row(ctx, work->debug_row, work->debug_session, t0);
     if (st != FSDP_OK || *done) {
         *done = true;
         work->pending = false;
