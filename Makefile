@@ -68,6 +68,14 @@ MPIRUN_FLAGS ?=
 bench-mpi: build
 	mpirun -np $(NP) --oversubscribe $(MPIRUN_FLAGS) $(BUILD)/bench/bench_comm
 
+# Replicate's gradient-reduction schedules on seed 004's Net (bench/README.md): NP rank threads,
+# then NP MPI processes of one OpenBLAS thread each.
+.PHONY: bench-overlap
+bench-overlap: build
+	$(BUILD)/bench/bench_ddp_overlap --ranks $(NP)
+	OPENBLAS_NUM_THREADS=1 mpirun -np $(NP) --oversubscribe $(MPIRUN_FLAGS) \
+	    $(BUILD)/bench/bench_ddp_overlap
+
 install: build
 	cmake --install $(BUILD)
 

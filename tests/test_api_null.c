@@ -59,6 +59,8 @@ typedef struct fx {
     fsdp_ckpt_writer *w;
     fsdp_ckpt *ck;
     fsdp_world *world;
+    fsdp_comm_work *work;
+    bool flag;
     FILE *file;
     char *dir, *path, export_path[512];
     /* where a call that wrongly succeeded would put what it made (the test then fails) */
@@ -75,6 +77,7 @@ typedef struct fx {
     fsdp_ckpt_writer *made_w;
     fsdp_ckpt *made_ck;
     fsdp_world *made_world;
+    fsdp_comm_work *made_work;
     char *made_path;
 } fx;
 
@@ -172,6 +175,12 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_reduce_scatter, "ctx out in",                                                        \
          fsdp_reduce_scatter(C, NULL, A(1, f->t), A(2, f->t2), 0, FSDP_REDUCE_SUM))                \
     CALL(fsdp_all_reduce, "ctx t", fsdp_all_reduce(C, NULL, A(1, f->t), FSDP_REDUCE_SUM))          \
+    CALL(fsdp_comm_work_create, "ctx out", fsdp_comm_work_create(C, A(1, &f->made_work)))          \
+    CALL(fsdp_all_reduce_start, "ctx t work",                                                      \
+         fsdp_all_reduce_start(C, NULL, A(1, f->t), FSDP_REDUCE_SUM, A(2, f->work)))               \
+    CALL(fsdp_comm_work_wait, "ctx work", fsdp_comm_work_wait(C, A(1, f->work)))                   \
+    CALL(fsdp_comm_work_test, "ctx work done",                                                     \
+         fsdp_comm_work_test(C, A(1, f->work), A(2, &f->flag)))                                    \
     CALL(fsdp_broadcast, "ctx t", fsdp_broadcast(C, NULL, A(1, f->t), 0))                          \
     CALL(fsdp_all_to_all, "ctx out in", fsdp_all_to_all(C, NULL, A(1, f->t), A(2, f->t2), 0, 0))   \
     CALL(fsdp_barrier, "ctx", fsdp_barrier(C, NULL))                                               \
@@ -337,6 +346,7 @@ static const struct {
     {"fsdp_all_gather", "group", "the world group"},
     {"fsdp_all_gather_u64", "group", "the world group"},
     {"fsdp_all_reduce", "group", "the world group"},
+    {"fsdp_all_reduce_start", "group", "the world group"},
     {"fsdp_all_to_all", "group", "the world group"},
     {"fsdp_barrier", "group", "the world group"},
     {"fsdp_batch_slice", "group", "the world group"},
@@ -558,11 +568,14 @@ static fsdp_status fx_setup(fsdp_ctx *ctx, fx *f) {
     FSDP_TRY(fsdp_ckpt_save(ctx, f->w, f->st, &f->meta));
     FSDP_TRY(fsdp_ckpt_latest(ctx, f->dir, &f->path));
     FSDP_TRY(fsdp_ckpt_open(ctx, f->path, &f->ck));
+    FSDP_TRY(fsdp_comm_work_create(ctx, &f->work));
     return fsdp_world_create(ctx, NULL, &f->world);
 }
 
 static void fx_teardown(fx *f) {
     fsdp_world_free(f->world);
+    fsdp_comm_work_free(f->work);
+    fsdp_comm_work_free(f->made_work);
     fsdp_ckpt_close(f->ck);
     free(f->path);
     fsdp_ckpt_writer_free(f->ctx, f->w);

@@ -763,6 +763,268 @@ static void test_returned_rank_fails_peers(void) {
                     "rank 2: rank two's own trouble");
 }
 
+/* ---- non-blocking all_reduce ---- */
+
+/* Checks t (every rank r held value(r + 1, e)) against the serial rank-order reduction,
+ * bitwise. */
+static fsdp_status check_reduced(fsdp_ctx *ctx, const fsdp_tensor *t, int W, fsdp_reduce_op op,
+                                 const char *what) {
+    fsdp_dtype dtype = fsdp_tensor_dtype(t);
+    for (int64_t e = 0; e < fsdp_tensor_numel(t); e++) {
+        float want = serial_reduce(e, W, op, dtype);
+        if (!same_bits(get(t, e), want))
+            return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s %s %s: element %lld is %.9g, want %.9g",
+                             what, fsdp_reduce_op_to_string(op), fsdp_dtype_to_string(dtype),
+                             (long long)e, get(t, e), want);
+    }
+    return FSDP_OK;
+}
+
+/* One round: every whole spec's all_reduce started, in flight together, with a blocking
+ * all_reduce and an all_gather made between the starts, one work polled, then waited for in
+ * reverse order; each result bitwise equal to the serial reduction (so to fsdp_all_reduce's). */
+static fsdp_status start_round(fsdp_ctx *ctx, int rank, int W, fsdp_dtype dtype, fsdp_reduce_op op,
+                               uint64_t *hash) {
+    enum { N = N_WHOLE_SPECS };
+    int64_t zero[FSDP_MAX_DIMS] = {0};
+    fsdp_tensor *t[N] = {0}, *x = NULL, *g_in = NULL, *g_out = NULL;
+    fsdp_comm_work *w[N] = {0};
+    const spec *big = &whole_specs[N - 1];
+    fsdp_status st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, big->ndim, big->shape, &x);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, 1, (const int64_t[]){3}, &g_in);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, 1, (const int64_t[]){3 * (int64_t)W}, &g_out);
+    for (int i = 0; st == FSDP_OK && i < N; i++) {
+        st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, whole_specs[i].ndim, whole_specs[i].shape,
+                                &t[i]);
+        if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &w[i]);
+        if (st != FSDP_OK) break;
+        fill_box(t[i], whole_specs[i].shape, zero, (uint64_t)rank + 1);
+        st = fsdp_all_reduce_start(ctx, NULL, t[i], op, w[i]);
+        /* MPI: in flight until waited for; local: complete at once. */
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, fsdp_comm_work_pending(w[i]) == fsdp_test_mpi(),
+                            "work %d pending %d after its start", i,
+                            (int)fsdp_comm_work_pending(w[i]));
+        if (st == FSDP_OK && i == 1) { /* blocking calls while works are in flight */
+            fill_box(x, big->shape, zero, (uint64_t)rank + 1);
+            st = fsdp_all_reduce(ctx, NULL, x, op);
+            if (st == FSDP_OK) st = check_reduced(ctx, x, W, op, "blocking all_reduce");
+            for (int k = 0; k < 3 && st == FSDP_OK; k++)
+                set(g_in, k, stored(dtype, (float)(rank * 3 + k)));
+            if (st == FSDP_OK) st = fsdp_all_gather(ctx, NULL, g_out, g_in, 0);
+            for (int k = 0; st == FSDP_OK && k < 3 * W; k++)
+                FSDP_RANK_CHECK(ctx, get(g_out, k) == stored(dtype, (float)k),
+                                "all_gather between starts: element %d is %g", k, get(g_out, k));
+        }
+    }
+    if (st == FSDP_OK && w[0]) {
+        bool done = false;
+        st = fsdp_comm_work_test(ctx, w[0], &done);
+        if (st == FSDP_OK && done)
+            FSDP_RANK_CHECK(ctx, !fsdp_comm_work_pending(w[0]), "a work tested done is pending");
+    }
+    for (int i = N - 1; st == FSDP_OK && i >= 0; i--) {
+        st = fsdp_comm_work_wait(ctx, w[i]);
+        if (st == FSDP_OK) st = check_reduced(ctx, t[i], W, op, "all_reduce_start");
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, !fsdp_comm_work_pending(w[i]), "a work waited for is pending");
+    }
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w[0]); /* idle: nothing to do */
+    uint64_t h = 0;
+    for (int i = 0; st == FSDP_OK && i < N; i++) h = h * 31 + hash_bytes(t[i]);
+    *hash = h;
+    for (int i = 0; i < N; i++) fsdp_comm_work_free(w[i]), fsdp_tensor_free(t[i]);
+    fsdp_tensor_free(x), fsdp_tensor_free(g_in), fsdp_tensor_free(g_out);
+    return st;
+}
+
+static fsdp_status all_reduce_start_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx)), c = 0;
+    uint64_t hash[MAX_CASES];
+    for (int d = 0; d < 2; d++)
+        for (int op = 0; op < FSDP_REDUCE_OP_COUNT; op++, c++)
+            FSDP_TRY(start_round(ctx, rank, W, dtypes[d], (fsdp_reduce_op)op, &hash[c]));
+    /* A work is reused; one still in flight is refused (every rank makes the same mistake
+     * here, so the group stays usable). */
+    fsdp_tensor *t = NULL, *u = NULL;
+    fsdp_comm_work *w = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){8}, &t);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){8}, &u);
+    if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &w);
+    if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
+    if (st == FSDP_OK && fsdp_comm_work_pending(w))
+        st = expect_failure(ctx, fsdp_all_reduce_start(ctx, NULL, u, FSDP_REDUCE_SUM, w),
+                            FSDP_ERR_STATE,
+                            (const char *[]){"still in flight", "fsdp_comm_work_wait", NULL});
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w);
+    if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, NULL, u, FSDP_REDUCE_SUM, w);
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w);
+    fsdp_comm_work_free(w), fsdp_tensor_free(t), fsdp_tensor_free(u);
+    FSDP_TRY(st);
+    sh->ncases[rank] = c;
+    return share_hashes(ctx, rank, W, c, hash, sh);
+}
+
+static void test_all_reduce_start(void) {
+    run_all_sizes(all_reduce_start_body, true);
+}
+
+/* Rank 2 starts an all_reduce and waits for it only 1.2 s later, past the 250 ms timeout:
+ * under MPI ranks 0 and 1, whose data steps make no progress without it (nothing more comes
+ * from it, or it takes nothing of theirs), fail with FSDP_ERR_TIMEOUT, and rank 2's wait then
+ * fails on the poisoned group; on the local
+ * backend the call completed in the start and everyone succeeds. Then rank 2 starts one and
+ * returns without waiting: the others' waits fail at once naming it (MPI). */
+/* What rank 2 leaves in flight when it returns without waiting (MPI: one process per rank). */
+static fsdp_comm_work *left_behind_work;
+static fsdp_tensor *left_behind_tensor;
+
+static fsdp_status late_wait_body(fsdp_ctx *ctx, int rank, void *user) {
+    const bool leave = user != NULL;
+    fsdp_tensor *t = NULL;
+    fsdp_comm_work *w = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){4096}, &t));
+    fsdp_status st = fsdp_comm_work_create(ctx, &w);
+    if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
+    const bool mpi = fsdp_test_mpi();
+    if (st == FSDP_OK && rank == 2 && leave) {
+        if (mpi) { /* kept (MPI may still read t); freeing the work would poison the group */
+            left_behind_work = w, left_behind_tensor = t;
+            return FSDP_OK;
+        }
+        fsdp_comm_work_free(w);
+        fsdp_tensor_free(t);
+        return FSDP_OK;
+    }
+    double t0 = seconds_now();
+    if (st == FSDP_OK && rank == 2)
+        nanosleep(&(struct timespec){.tv_sec = 1, .tv_nsec = 200 * 1000000L}, NULL);
+    if (st == FSDP_OK) {
+        fsdp_status got = fsdp_comm_work_wait(ctx, w);
+        if (!mpi)
+            st = got;
+        else if (leave)
+            st = expect_failure(
+                ctx, got, FSDP_ERR_COMM,
+                (const char *[]){"all_reduce on group 'world'", "rank 2 will never arrive", NULL});
+        else if (rank == 2)
+            st = expect_failure(ctx, got, FSDP_ERR_TIMEOUT,
+                                (const char *[]){"failed earlier", "timed out after 250 ms", NULL});
+        else
+            st = expect_failure(
+                ctx, got, FSDP_ERR_TIMEOUT,
+                (const char *[]){"all_reduce on group 'world' (world ranks 0,1,2)",
+                                 "timed out after 250 ms without progress while moving data",
+                                 NULL});
+    }
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, seconds_now() - t0 < 10.0, "waited %.1f s", seconds_now() - t0);
+    fsdp_comm_work_free(w);
+    fsdp_tensor_free(t);
+    return st;
+}
+
+/* Ranks disagree on a non-blocking all_reduce (shape), then one starts one while another makes
+ * a barrier: every rank fails with the message a blocking call gives (under MPI from its
+ * wait, the start having returned at once), and the group and the work stay usable. */
+static fsdp_status start_mismatch_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_tensor *t = NULL;
+    fsdp_comm_work *w = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                (const int64_t[]){rank == 1 ? 5 : 4}, &t));
+    fsdp_status st = fsdp_comm_work_create(ctx, &w);
+    if (st == FSDP_OK) {
+        fsdp_status got = fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
+        if (got == FSDP_OK) got = fsdp_comm_work_wait(ctx, w);
+        st = expect_failure(ctx, got, FSDP_ERR_SHAPE,
+                            (const char *[]){"all_reduce", "'world' (world ranks 0,1,2)",
+                                             "rank 0 (4), rank 1 (5), rank 2 (4)", NULL});
+    }
+    if (st == FSDP_OK) {
+        fsdp_status got = rank == 1 ? fsdp_barrier(ctx, NULL)
+                                    : fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
+        if (got == FSDP_OK && rank != 1) got = fsdp_comm_work_wait(ctx, w);
+        st = expect_failure(ctx, got, FSDP_ERR_COMM,
+                            (const char *[]){"rank 0 all_reduce, rank 1 barrier, rank 2 "
+                                             "all_reduce",
+                                             NULL});
+    }
+    fsdp_tensor_free(t);
+    t = NULL;
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){4}, &t);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, t, (float)(rank + 1));
+    if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, get(t, 3) == 6.0f, "after the failures: the sum is %g, want 6",
+                        get(t, 3));
+    fsdp_comm_work_free(w);
+    fsdp_tensor_free(t);
+    return st;
+}
+
+static void test_all_reduce_start_mismatch(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(3, 20000, start_mismatch_body, NULL));
+}
+
+/* Comm-debug counts a non-blocking all_reduce once, when it starts, and times its start and
+ * its wait under that record, not under the call noted last (an all_gather made meanwhile). */
+static fsdp_status start_timed_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    fsdp_tensor *t = NULL, *in = NULL, *out = NULL;
+    fsdp_comm_work *w = NULL;
+    fsdp_comm_filter ar = {.op = FSDP_COMM_ALL_REDUCE}, ag = {.op = FSDP_COMM_ALL_GATHER};
+    fsdp_status st =
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){4096}, &t);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){2}, &in);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){2 * (int64_t)W},
+                                &out);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, t, (float)rank);
+    if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &w);
+    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
+    if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
+    if (st == FSDP_OK) st = fsdp_all_gather(ctx, NULL, out, in, 0);
+    double ar0 = fsdp_comm_debug_seconds(ctx, &ar), ag0 = fsdp_comm_debug_seconds(ctx, &ag);
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w);
+    double ar1 = fsdp_comm_debug_seconds(ctx, &ar), ag1 = fsdp_comm_debug_seconds(ctx, &ag);
+    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx,
+                        fsdp_comm_debug_query(ctx, &ar).calls == 1 && ar0 > 0 && ag1 == ag0 &&
+                            (fsdp_test_mpi() ? ar1 > ar0 : ar1 == ar0),
+                        "all_reduce: %lld calls, %.3g s after its start, %.3g s after its wait; "
+                        "all_gather %.3g s then %.3g s",
+                        (long long)fsdp_comm_debug_query(ctx, &ar).calls, ar0, ar1, ag0, ag1);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, get(t, 4095) == (float)(W * (W - 1) / 2), "the sum is %g",
+                        get(t, 4095));
+    fsdp_comm_work_free(w);
+    fsdp_tensor_free(t), fsdp_tensor_free(in), fsdp_tensor_free(out);
+    return st;
+}
+
+static void test_all_reduce_start_timed(void) {
+    for (int w = 1; w <= 3; w++) FSDP_TEST_OK(fsdp_test_run_world(w, 0, start_timed_body, NULL));
+}
+
+static void test_work_wait_fails_not_hangs(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(3, 250, late_wait_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(3, 60000, late_wait_body, (void *)1));
+    /* The run is over: its groups (and the work's pending call) are gone. */
+    fsdp_comm_work_free(left_behind_work);
+    fsdp_tensor_free(left_behind_tensor);
+    left_behind_work = NULL, left_behind_tensor = NULL;
+}
+
 /* Bad arguments on one rank: each is refused with its message, and the group stays usable. */
 static fsdp_status bad_args_body(fsdp_ctx *ctx, int rank, void *user) {
     (void)rank, (void)user;
@@ -1036,6 +1298,10 @@ int main(int argc, char **argv) {
         {"all_gather_in_place", test_all_gather_in_place},
         {"reduce_scatter", test_reduce_scatter},
         {"all_reduce", test_all_reduce},
+        {"all_reduce_start", test_all_reduce_start},
+        {"all_reduce_start_mismatch", test_all_reduce_start_mismatch},
+        {"all_reduce_start_timed", test_all_reduce_start_timed},
+        {"work_wait_fails_not_hangs", test_work_wait_fails_not_hangs},
         {"broadcast", test_broadcast},
         {"all_to_all", test_all_to_all},
         {"barrier", test_barrier},

@@ -499,6 +499,168 @@ static void test_replicate_tp_clip(void) {
 
 /* ---- the batch split ---- */
 
+/* ---- reduction during backward ---- */
+
+/* A pre-backward hook on net1, whose gradients are the last the backward computes: how many
+ * all_reduce calls had started by then. */
+static fsdp_status count_started(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                 const fsdp_tensor **io, void *user) {
+    (void)m, (void)point, (void)io;
+    *(int64_t *)user = fsdp_comm_debug_total(ctx).calls;
+    return FSDP_OK;
+}
+
+/* The same replica twice, reducing during backward (the default) and after it, with one
+ * bucket per parameter ({net2.bias} {net2.weight} {net1.bias} {net1.weight}): during backward
+ * the first two buckets' all_reduces have started when net1's backward begins, after backward
+ * none has; both make the same 4 all_reduces, and give bitwise equal gradients and, after SGD,
+ * parameters, step after step (local backend: each call made as it starts; MPI: in flight
+ * until the root's post-backward hook waits). */
+static fsdp_status overlap_run(fsdp_ctx *ctx, int rank, fsdp_module **m, fsdp_optimizer **opt,
+                               fsdp_tensor **data) {
+    int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    int64_t started[2] = {-1, -1}, off, len;
+    fsdp_batch_range(ctx, NULL, 64, &off, &len);
+    FSDP_TRY(dp_batch_block(ctx, 64, DP_IN_DIM, 0, off, len, 1, &data[0]));
+    FSDP_TRY(dp_batch_block(ctx, 64, DP_OUT_DIM, 0, off, len, 2, &data[1]));
+    for (int k = 0; k < 2; k++) {
+        FSDP_TRY(dp_build_model(ctx, 0, DP_SEED + (uint64_t)rank, &m[k]));
+        fsdp_replicate_options o = {.bucket_bytes = 1, .reduce_after_backward = k == 1};
+        fsdp_replicate *r;
+        FSDP_TRY(fsdp_replicate_apply(ctx, m[k], &o, &r));
+        FSDP_RANK_CHECK(ctx, fsdp_replicate_num_buckets(r) == 4, "%d buckets, want 4",
+                        fsdp_replicate_num_buckets(r));
+        FSDP_TRY(fsdp_module_add_hook(ctx, fsdp_module_child(m[k], 0), FSDP_HOOK_PRE_BACKWARD,
+                                      count_started, &started[k], NULL, NULL));
+        FSDP_TRY(
+            fsdp_sgd_create(ctx, m[k], &(fsdp_sgd_options){.lr = 0.1, .momentum = 0.9}, &opt[k]));
+    }
+    for (int step = 1; step <= 3; step++) {
+        for (int k = 0; k < 2; k++) {
+            double loss;
+            FSDP_TRY(fsdp_optimizer_zero_grad(ctx, opt[k]));
+            FSDP_TRY(fsdp_comm_debug_begin(ctx));
+            FSDP_TRY(dp_forward_backward(ctx, m[k], data[0], data[1], 1.0f, &data[2 + k], &loss));
+            FSDP_TRY(fsdp_comm_debug_end(ctx));
+            fsdp_comm_filter root = {
+                .op = FSDP_COMM_ALL_REDUCE, .module = "", .phase = FSDP_COMM_PHASE_BACKWARD};
+            int64_t total = fsdp_comm_debug_total(ctx).calls, want_started = k == 0 ? 2 : 0;
+            if (W == 1) want_started = 0;
+            FSDP_RANK_CHECK(ctx,
+                            total == (W > 1 ? 4 : 0) &&
+                                fsdp_comm_debug_query(ctx, &root).calls == total &&
+                                started[k] == want_started,
+                            "%s backward, step %d: %lld all_reduces had started when net1's "
+                            "backward began (want %lld), %lld in all (want %d, all the root's "
+                            "in backward)",
+                            k == 0 ? "during" : "after", step, (long long)started[k],
+                            (long long)want_started, (long long)total, W > 1 ? 4 : 0);
+        }
+        char stage[64];
+        snprintf(stage, sizeof stage, "step %d gradients", step);
+        param_cmp g = {.dist = m[0], .grad = true, .stage = stage};
+        FSDP_TRY(fsdp_module_visit_params(ctx, m[1], compare_param, &g));
+        FSDP_RANK_CHECK(ctx, g.max_abs == 0, "%s differ by %g", stage, g.max_abs);
+        for (int k = 0; k < 2; k++) FSDP_TRY(fsdp_optimizer_step(ctx, opt[k]));
+        snprintf(stage, sizeof stage, "step %d parameters", step);
+        param_cmp p = {.dist = m[0], .stage = stage};
+        FSDP_TRY(fsdp_module_visit_params(ctx, m[1], compare_param, &p));
+        FSDP_RANK_CHECK(ctx, p.max_abs == 0, "%s differ by %g", stage, p.max_abs);
+    }
+    replica_cmp rc = {.group = fsdp_ctx_world_group(ctx)};
+    return fsdp_module_visit_params(ctx, m[0], replica_equal, &rc);
+}
+
+static fsdp_status overlap_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_module *m[2] = {0};
+    fsdp_optimizer *opt[2] = {0};
+    fsdp_tensor *data[4] = {0};
+    fsdp_status st = overlap_run(ctx, rank, m, opt, data);
+    for (int k = 0; k < 2; k++) fsdp_optimizer_free(opt[k]), fsdp_module_free(m[k]);
+    for (int k = 0; k < 4; k++) fsdp_tensor_free(data[k]);
+    return st;
+}
+
+static void test_replicate_during_backward(void) {
+    for (int w = 1; w <= 4; w++) FSDP_TEST_OK(fsdp_test_run_world(w, 0, overlap_rank, NULL));
+}
+
+/* A root that runs only its first child, "used": "unused" never runs forward or backward (the
+ * parameters PyTorch's DDP calls unused). */
+static fsdp_status skip_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                const fsdp_tensor **out) {
+    return fsdp_module_forward(ctx, fsdp_module_child(m, 0), in, out);
+}
+static fsdp_status skip_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                 const fsdp_tensor **din) {
+    return fsdp_module_backward(ctx, fsdp_module_child(m, 0), dout, din);
+}
+static const fsdp_module_ops skip_ops = {
+    .kind = "SkipUnused", .forward = skip_forward, .backward = skip_backward};
+
+static fsdp_status fill_grad(fsdp_ctx *ctx, fsdp_module *m, const char *name, float v) {
+    fsdp_param *p = fsdp_module_get_param(m, name);
+    FSDP_RANK_CHECK(ctx, p, "no parameter '%s'", name);
+    return fsdp_tensor_fill(ctx, fsdp_param_grad(p), v);
+}
+
+/* Unused parameters: their buckets ({unused.bias} and {unused.weight} come first) start when
+ * the root's backward ends, so the buckets of "used" wait for them (DDP's order); what the
+ * unused gradients hold (here rank + 1, as if accumulated earlier) is averaged as after
+ * backward, and the used gradients are bitwise those of the after-backward schedule, with the
+ * same 4 all_reduces. */
+static fsdp_status unused_run(fsdp_ctx *ctx, int rank, fsdp_module **m, fsdp_tensor **t) {
+    int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){3, 6}, &t[0]));
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){3, 4}, &t[1]));
+    FSDP_TRY(fsdp_tensor_fill(ctx, t[0], 0.25f * (float)(rank + 1)));
+    FSDP_TRY(fsdp_tensor_fill(ctx, t[1], 1.0f));
+    for (int k = 0; k < 2; k++) {
+        fsdp_module *a = NULL, *b = NULL;
+        FSDP_TRY(fsdp_module_create(ctx, &skip_ops, NULL, &m[k]));
+        FSDP_TRY(fsdp_linear_create(ctx, 6, 4, true, &a));
+        FSDP_TRY(fsdp_module_add_child(ctx, m[k], "used", a));
+        FSDP_TRY(fsdp_linear_create(ctx, 6, 4, true, &b));
+        FSDP_TRY(fsdp_module_add_child(ctx, m[k], "unused", b));
+        fsdp_replicate_options o = {.bucket_bytes = 1, .reduce_after_backward = k == 1};
+        FSDP_TRY(fsdp_replicate_apply(ctx, m[k], &o, NULL));
+        FSDP_TRY(fill_grad(ctx, m[k], "unused.weight", (float)(rank + 1)));
+        FSDP_TRY(fill_grad(ctx, m[k], "unused.bias", (float)(rank + 1)));
+        const fsdp_tensor *y;
+        FSDP_TRY(fsdp_comm_debug_begin(ctx));
+        FSDP_TRY(fsdp_module_forward(ctx, m[k], t[0], &y));
+        FSDP_TRY(fsdp_module_backward(ctx, m[k], t[1], NULL));
+        FSDP_TRY(fsdp_comm_debug_end(ctx));
+        int64_t total = fsdp_comm_debug_total(ctx).calls;
+        FSDP_RANK_CHECK(ctx, total == (W > 1 ? 4 : 0), "%s backward: %lld all_reduces, want %d",
+                        k == 0 ? "during" : "after", (long long)total, W > 1 ? 4 : 0);
+        const fsdp_tensor *g = fsdp_param_grad(fsdp_module_get_param(m[k], "unused.weight"));
+        float want = (float)(W + 1) / 2.0f; /* the mean of 1..W, exact in f32 */
+        for (int64_t e = 0; e < fsdp_tensor_numel(g); e++)
+            FSDP_RANK_CHECK(ctx, fsdp_tensor_f32(g)[e] == want,
+                            "%s backward: unused.weight.grad[%lld] is %.9g, want %.9g",
+                            k == 0 ? "during" : "after", (long long)e, fsdp_tensor_f32(g)[e], want);
+    }
+    param_cmp c = {.dist = m[0], .grad = true, .stage = "unused parameters"};
+    FSDP_TRY(fsdp_module_visit_params(ctx, m[1], compare_param, &c));
+    FSDP_RANK_CHECK(ctx, c.max_abs == 0, "gradients differ by %g", c.max_abs);
+    return FSDP_OK;
+}
+
+static fsdp_status unused_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_module *m[2] = {0};
+    fsdp_tensor *t[2] = {0};
+    fsdp_status st = unused_run(ctx, rank, m, t);
+    for (int k = 0; k < 2; k++) fsdp_module_free(m[k]), fsdp_tensor_free(t[k]);
+    return st;
+}
+
+static void test_replicate_unused_params(void) {
+    for (int w = 1; w <= 4; w++) FSDP_TEST_OK(fsdp_test_run_world(w, 0, unused_rank, NULL));
+}
+
 /* A (4, 7, 5) tensor whose element values are their flat indices, sliced over 3 ranks along
  * each dim (7 rows: 3/3/1) and over 4 ranks along dim 0 (4: 1/1/1/1) and dim 2 (5: 2/2/1/0,
  * an empty slice), f32 and bf16, with *out reused. */
@@ -619,6 +781,8 @@ int main(int argc, char **argv) {
         {"replicate_empty_slice", test_replicate_empty_slice},
         {"replicate_tp_2x2", test_replicate_tp_2x2},
         {"replicate_no_sync", test_replicate_no_sync},
+        {"replicate_during_backward", test_replicate_during_backward},
+        {"replicate_unused_params", test_replicate_unused_params},
         {"replicate_tp_clip", test_replicate_tp_clip},
         {"batch_slice", test_batch_slice},
         {"replicate_options", test_replicate_options},

@@ -200,6 +200,43 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
                                 const fsdp_tensor *in, int dim, fsdp_reduce_op op);
 /* t = the reduction over ranks of t, in place. */
 fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op);
+
+/* ---- non-blocking all_reduce (PyTorch's async_op=True and Work.wait()) ----
+ *
+ * A work is a reusable handle for one collective in flight at a time. fsdp_all_reduce_start
+ * makes the same call as fsdp_all_reduce (same checks, counted the same in comm-debug, at the
+ * module and phase running when it starts; every rank of the group starts it in the same
+ * order relative to its other calls on the group) and returns once the call is under way;
+ * fsdp_comm_work_wait completes it. The result is bitwise equal to fsdp_all_reduce's. Until
+ * the wait returns, t must stay allocated and must be neither read nor written. On the MPI
+ * backend the start waits for no one (it posts this rank's part of the descriptor exchange),
+ * the steps of the call advance whenever fsdp_comm_work_test or the wait finds the step
+ * before complete, and the data moves inside MPI calls (the tests, the wait, other libfsdp
+ * calls on the backend); the wait has the deadlines of a blocking call (timeout_ms for the
+ * peers to arrive and without data progress; a member that returned or poisoned the group
+ * fails it at once) and reports a disagreement among the ranks' calls as the blocking call
+ * does. On the local backend the start makes the whole call and the work is complete when it
+ * returns. Several works may be in flight on one group; wait for them in any order. */
+typedef struct fsdp_comm_work fsdp_comm_work;
+
+/* A new idle work; the caller owns it (fsdp_comm_work_free). */
+fsdp_status fsdp_comm_work_create(fsdp_ctx *ctx, fsdp_comm_work **out);
+/* Frees a work (NULL: nothing). Wait for it first: a work still in flight is abandoned, and its
+ * group fails (every member's next wait or call on it reports the failure), as after a
+ * timeout; MPI may still read its tensor until fsdp_world_run returns. */
+void fsdp_comm_work_free(fsdp_comm_work *work);
+/* Starts t = the reduction over ranks of t, in place, on work, which must be idle (never
+ * started, or waited for); a call refused for its own arguments leaves the work idle. */
+fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
+                                  fsdp_reduce_op op, fsdp_comm_work *work);
+/* Completes the work's call (an idle work returns FSDP_OK at once); the work is idle after,
+ * also when it fails. Call it from the rank that started it. */
+fsdp_status fsdp_comm_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
+/* Advances the work's call without blocking: *done is true once it has completed (the work is
+ * then idle, as after a wait); a failure is reported as by the wait. */
+fsdp_status fsdp_comm_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
+/* Whether a call was started on the work and has not completed yet. */
+bool fsdp_comm_work_pending(const fsdp_comm_work *work);
 /* t = group rank `root`'s t, on every rank. */
 fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root);
 /* The exchange behind Shard(concat_dim) -> Shard(split_dim): every rank splits its `in`
@@ -315,8 +352,9 @@ fsdp_comm_count fsdp_comm_debug_count(const fsdp_ctx *ctx, fsdp_comm_op op, cons
 fsdp_comm_count fsdp_comm_debug_total(const fsdp_ctx *ctx);
 /* The wall seconds this rank spent in the backend's calls of the records the filter matches
  * (NULL: every op but barriers), from just before each call to just after it, waiting for its
- * peers included (the argument checks before are not). Read from CLOCK_MONOTONIC only while
- * counting is on. */
+ * peers included (the argument checks before are not); for a non-blocking all_reduce, its
+ * start and every test and wait of its work, not the time between them. Read from
+ * CLOCK_MONOTONIC only while counting is on. */
 double fsdp_comm_debug_seconds(const fsdp_ctx *ctx, const fsdp_comm_filter *filter);
 /* The records in the order their first call happened. */
 int fsdp_comm_debug_num_records(const fsdp_ctx *ctx);

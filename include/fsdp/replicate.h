@@ -1,8 +1,8 @@
 /* replicate.h: replicated data parallelism (PyTorch's DistributedDataParallel, or the
  * composable `replicate`): every rank of a data-parallel group holds the whole model (or its
- * tensor-parallel shards), trains on its own slice of the global batch, and after each
- * backward the gradients are averaged over the group with one all_reduce per bucket, so the
- * replicas stay bitwise equal. Also the batch split by global sample index that every
+ * tensor-parallel shards), trains on its own slice of the global batch, and in each backward
+ * the gradients are averaged over the group with one all_reduce per bucket (started during
+ * backward as soon as the bucket's gradients are final), so the replicas stay bitwise equal. Also the batch split by global sample index that every
  * data-parallel mode uses.
  *
  * Ownership, the rule of wrap.h: a wrapper's state is held by the model it wraps and lives as
@@ -58,20 +58,36 @@ typedef struct fsdp_replicate_options {
      * bucket travels in half the bytes); FSDP_COMM_HOOK_USER, .fn gets each bucket's f32
      * gradients undivided (output NULL, index the bucket) and leaves their average there. */
     fsdp_comm_hook comm_hook;
+    /* When the buckets are reduced. false (the default, DDP's way): each bucket's all_reduce
+     * starts during backward, from the post-backward hook of the module that finalises its
+     * last gradient (the module that owns a parameter, or an ancestor below root that has a
+     * post-backward hook of another wrapper, such as TP's SequenceParallel), in bucket order
+     * (a bucket waits for the ones before it); the root's post-backward hook starts those left
+     * (the root's own parameters, those of modules that did not run) and waits for all. On the
+     * MPI backend the default hook's all_reduces are non-blocking (fsdp_all_reduce_start), so
+     * their data moves while the rest of backward runs; on the local backend, and with the
+     * bf16, fp16 and user hooks, each bucket is reduced whole when it starts.
+     * Every bucket has its own part of the flat buffer (as many elements as all trainable
+     * gradients). A module whose backward runs twice in one backward of the model is an error
+     * here. true: every bucket is reduced after backward, one at a time, through one buffer as
+     * large as the largest bucket. Both give the same bits and the same collectives. */
+    bool reduce_after_backward;
 } fsdp_replicate_options;
 
 /* Makes root a replica over the group: broadcasts its parameters and buffers from src_rank
  * (parameters distributed by tensor parallelism broadcast their local shards: apply TP first,
  * then replicate over the other mesh dim), lays out the buckets and allocates the one flat
- * buffer they share, and installs a post-backward hook on root. After every backward of root
- * with sync on, that hook averages each trainable parameter's gradient over the group: per
- * bucket, the gradients are copied into the flat buffer times 1/W (as DDP divides them), one
- * all_reduce(sum) in the deterministic rank order (in bf16 or f16 with those comm hooks; a user
- * hook gets the buffer undivided and reduces it), and copied back; buckets go in the order
- * they were formed (the one holding the last parameters first), as DDP reduces them. A step
- * allocates nothing. Every rank of the group calls it with the same model structure; opts may be
- * NULL for all defaults. *out (may be NULL) is borrowed: it belongs to root. A group of one rank
- * makes no collective. Gradients accumulate across backwards as usual; clear them
+ * buffer, and installs backward hooks on root (and, unless reduce_after_backward, on the
+ * modules whose backward finalises gradients). In every backward of root with sync on, each
+ * trainable parameter's gradient is averaged over the group: per bucket, the gradients are
+ * copied into the flat buffer times 1/W (as DDP divides them), one all_reduce(sum) in the
+ * deterministic rank order (in bf16 or f16 with those comm hooks; a user hook gets the bucket
+ * undivided and reduces it), and copied back once it completes; buckets go in the order they
+ * were formed (the one holding the last parameters first), as DDP reduces them, during or
+ * after backward (reduce_after_backward). When backward returns, the gradients are averaged.
+ * A step allocates nothing. Every rank of the group calls it with the same model structure; opts
+ * may be NULL for all defaults. *out (may be NULL) is borrowed: it belongs to root. A group of one
+ * rank makes no collective. Gradients accumulate across backwards as usual; clear them
  * (fsdp_optimizer_zero_grad) between steps. Buffers are synchronised at setup only (DDP also
  * re-broadcasts them before every forward; no layer of libfsdp changes a buffer in forward). */
 fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,

@@ -267,6 +267,45 @@ fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fs
     return FSDP_OK;
 }
 
+fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
+                                  fsdp_reduce_op op, fsdp_comm_work *work) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
+    FSDP_ARG_NOT_NULL(ctx, work);
+    const fsdp_comm_op cop = FSDP_COMM_ALL_REDUCE;
+    FSDP_TRY(resolve(ctx, &group, cop));
+    fsdp_status st = FSDP_OK;
+    if (work->pending)
+        st = FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                       "all_reduce on group %s: the work given to fsdp_all_reduce_start is still "
+                       "in flight (a %s on group %s); wait for it (fsdp_comm_work_wait) first",
+                       group->desc, fsdp_comm_op_to_string((fsdp_comm_op)work->op),
+                       work->group->desc);
+    if (st == FSDP_OK) st = check_reduce_op(ctx, group, cop, op);
+    if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
+    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
+    if (st != FSDP_OK) return reject(ctx, group, cop, st);
+    const fsdp_comm_backend_i *be = &group->world->backend.iface;
+    double t0 = fsdp_comm_debug_clock(ctx);
+    if (!be->all_reduce_start) {
+        FSDP_TRY_AT(ctx, be->all_reduce(ctx, group, t, op));
+        fsdp_comm_debug_timed(ctx, t0);
+        return FSDP_OK;
+    }
+    work->pending = true;
+    work->op = cop;
+    work->group = group;
+    work->debug_row = fsdp_comm_debug_last(ctx, &work->debug_session);
+    st = be->all_reduce_start(ctx, group, t, op, work);
+    fsdp_comm_debug_timed(ctx, t0);
+    if (st != FSDP_OK) {
+        work->pending = false;
+        work->group = NULL;
+        FSDP_TRY_AT(ctx, st);
+    }
+    return FSDP_OK;
+}
+
 fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, t);

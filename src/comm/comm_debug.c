@@ -83,6 +83,21 @@ void fsdp_comm_debug_timed(fsdp_ctx *ctx, double t0) {
     b->debug.rows[b->debug.last_row].seconds += fsdp_comm_debug_clock(ctx) - t0;
 }
 
+int fsdp_comm_debug_last(const fsdp_ctx *ctx, unsigned *session) {
+    const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    if (!b || !b->debug.active || b->debug.last_row >= b->debug.n_rows) return -1;
+    *session = b->debug.session;
+    return b->debug.last_row;
+}
+
+void fsdp_comm_debug_timed_row(fsdp_ctx *ctx, int row, unsigned session, double t0) {
+    fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    if (t0 == 0 || row < 0 || !b || !b->debug.active || b->debug.session != session ||
+        row >= b->debug.n_rows)
+        return;
+    b->debug.rows[row].seconds += fsdp_comm_debug_clock(ctx) - t0;
+}
+
 fsdp_status fsdp_comm_debug_begin(fsdp_ctx *ctx) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
@@ -94,6 +109,7 @@ fsdp_status fsdp_comm_debug_begin(fsdp_ctx *ctx) {
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "fsdp_comm_debug_begin: already counting; call fsdp_comm_debug_end first");
     clear_rows(&b->debug);
+    b->debug.session++;
     b->debug.active = true;
     return FSDP_OK;
 }

@@ -50,6 +50,15 @@ typedef struct fsdp_comm_backend_i {
     fsdp_status (*all_to_all)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, const fsdp_tensor *in,
                               int split_dim, int concat_dim);
     fsdp_status (*barrier)(fsdp_ctx *ctx, fsdp_group *g);
+    /* (optional) A non-blocking all_reduce: starts the call on work (work->state is the
+     * backend's, NULL at first; set work->free_state with it) and returns; work_test advances
+     * it without blocking, work_wait completes it. Both report a failure once and leave the
+     * work done. NULL: fsdp_all_reduce_start makes the blocking call and the work is complete
+     * at once (the local backend). */
+    fsdp_status (*all_reduce_start)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
+                                    fsdp_comm_work *work);
+    fsdp_status (*work_test)(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
+    fsdp_status (*work_wait)(fsdp_ctx *ctx, fsdp_comm_work *work);
 
     /* (optional) This rank will not make collective `op` on g because its arguments were
      * invalid (the message is in ctx): let the peers fail at once naming this rank instead
@@ -124,6 +133,18 @@ struct fsdp_group {
     char desc[FSDP_GROUP_DESC_MAX]; /* "'tp' (world ranks 0,1)", for messages */
 };
 
+/* A non-blocking call's handle (fsdp_comm_work_*, work.c). */
+struct fsdp_comm_work {
+    bool pending;      /* started and not yet complete */
+    int op;            /* the call's fsdp_comm_op while pending */
+    fsdp_group *group; /* its group while pending */
+    int debug_row;     /* its comm-debug row and session (fsdp_comm_debug_last), -1: none */
+    unsigned debug_session;
+    void *state; /* the backend's, kept from call to call */
+    /* Frees state; a work still pending is abandoned first. */
+    void (*free_state)(void *state);
+};
+
 /* One row of the comm-debug counters. */
 typedef struct fsdp_comm_debug_row {
     fsdp_comm_op op;
@@ -138,7 +159,8 @@ typedef struct fsdp_comm_debug {
     bool active;
     fsdp_comm_debug_row *rows;
     int n_rows, cap_rows;
-    int last_row; /* the row of the collective noted last, which fsdp_comm_debug_timed times */
+    int last_row;     /* the row of the collective noted last, which fsdp_comm_debug_timed times */
+    unsigned session; /* counts fsdp_comm_debug_begin calls: rows of an earlier one are gone */
 } fsdp_comm_debug;
 
 /* What ctx->comm points at while a rank runs. */
@@ -179,6 +201,11 @@ void fsdp_comm_debug_release(fsdp_comm_debug *d);
  * since t0 added to that collective's row (nothing for t0 = 0). */
 double fsdp_comm_debug_clock(const fsdp_ctx *ctx);
 void fsdp_comm_debug_timed(fsdp_ctx *ctx, double t0);
+/* For a non-blocking call, whose waits are timed after other calls were noted: the row of the
+ * collective just noted and the counting session it belongs to (-1: counting is off); then the
+ * seconds since t0 added to that row, unless counting has restarted since (or t0 = 0). */
+int fsdp_comm_debug_last(const fsdp_ctx *ctx, unsigned *session);
+void fsdp_comm_debug_timed_row(fsdp_ctx *ctx, int row, unsigned session, double t0);
 
 /* The backends' constructors: each fills world->backend and sets world->size from
  * `nranks` (fsdp_world_options.nranks, already checked to be >= 0). */

@@ -135,41 +135,63 @@ fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
     return FSDP_OK;
 }
 
+fsdp_status fsdp_mpi_all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
+                                         mpi_reqs *rs, fsdp_tensor *t, const void **srcs, char *buf,
+                                         int kind) {
+    const int W = g->size, r = g->rank;
+    const size_t esize = fsdp_dtype_size(t->dtype);
+    char *x = fsdp_tensor_data(t);
+    int64_t begin, len, off, n;
+    fsdp_chunk_range(t->numel, W, r, &begin, &len);
+    for (int m = 0, slot = 0; m < W; m++) {
+        if (m == r) {
+            srcs[m] = x + (size_t)begin * esize;
+            continue;
+        }
+        srcs[m] = buf + (size_t)(slot++ * len) * esize;
+        FSDP_TRY(
+            fsdp_mpi_post_in(ctx, g, mg, rs, true, m, kind, (void *)srcs[m], (size_t)len * esize));
+        fsdp_chunk_range(t->numel, W, m, &off, &n);
+        FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, false, m, kind, x + (size_t)off * esize,
+                                  (size_t)n * esize));
+    }
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
+                                       mpi_reqs *rs, fsdp_tensor *t, fsdp_reduce_op op,
+                                       const void **srcs, int kind) {
+    const int W = g->size, r = g->rank;
+    const size_t esize = fsdp_dtype_size(t->dtype);
+    char *x = fsdp_tensor_data(t);
+    int64_t begin, len, off, n;
+    fsdp_chunk_range(t->numel, W, r, &begin, &len);
+    if (len > 0) fsdp_reduce_run(x + (size_t)begin * esize, srcs, W, 0, len, t->dtype, op);
+    for (int m = 0; m < W; m++) {
+        if (m == r) continue;
+        fsdp_chunk_range(t->numel, W, m, &off, &n);
+        FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, true, m, kind, x + (size_t)off * esize,
+                                  (size_t)n * esize));
+        FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, false, m, kind, x + (size_t)begin * esize,
+                                  (size_t)len * esize));
+    }
+    return FSDP_OK;
+}
+
 fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op) {
     fsdp_call c = fsdp_call_all_reduce(t, op);
     FSDP_TRY(fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
-    const int W = g->size, r = g->rank;
-    const size_t esize = fsdp_dtype_size(t->dtype);
-    char *x = fsdp_tensor_data(t), *buf = NULL;
-    int64_t begin, len, off, n;
-    fsdp_chunk_range(t->numel, W, r, &begin, &len);
-    FSDP_TRY(scratch(ctx, g, mg, (size_t)((W - 1) * len) * esize, &buf));
+    int64_t len;
+    fsdp_chunk_range(t->numel, g->size, g->rank, NULL, &len);
+    char *buf = NULL;
+    FSDP_TRY(scratch(ctx, g, mg, (size_t)((g->size - 1) * len) * fsdp_dtype_size(t->dtype), &buf));
     /* 1: each rank gathers every rank's values of its chunk of the elements and reduces them
      * in rank order into its own tensor (reading its own block before writing it)... */
-    for (int m = 0, slot = 0; m < W; m++) {
-        if (m == r) {
-            mg->srcs[m] = x + (size_t)begin * esize;
-            continue;
-        }
-        mg->srcs[m] = buf + (size_t)(slot++ * len) * esize;
-        FSDP_TRY(
-            fsdp_mpi_post(ctx, g, mg, true, m, TAG_DATA, (void *)mg->srcs[m], (size_t)len * esize));
-        fsdp_chunk_range(t->numel, W, m, &off, &n);
-        FSDP_TRY(fsdp_mpi_post(ctx, g, mg, false, m, TAG_DATA, x + (size_t)off * esize,
-                               (size_t)n * esize));
-    }
+    FSDP_TRY(fsdp_mpi_all_reduce_exchange(ctx, g, mg, &mg->rq, t, mg->srcs, buf, TAG_DATA));
     FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
-    if (len > 0) fsdp_reduce_run(x + (size_t)begin * esize, mg->srcs, W, 0, len, t->dtype, op);
     /* 2: ...then every rank sends its reduced chunk to all (an all_gather of the chunks). */
-    for (int m = 0; m < W; m++) {
-        if (m == r) continue;
-        fsdp_chunk_range(t->numel, W, m, &off, &n);
-        FSDP_TRY(fsdp_mpi_post(ctx, g, mg, true, m, TAG_DATA, x + (size_t)off * esize,
-                               (size_t)n * esize));
-        FSDP_TRY(fsdp_mpi_post(ctx, g, mg, false, m, TAG_DATA, x + (size_t)begin * esize,
-                               (size_t)len * esize));
-    }
+    FSDP_TRY(fsdp_mpi_all_reduce_gather(ctx, g, mg, &mg->rq, t, op, mg->srcs, TAG_DATA));
     return fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA);
 }
 

@@ -15,9 +15,13 @@
 /* Message kinds. A tag is (run % RUN_TAGS) * TAG_KINDS + kind: messages left over from an
  * earlier run of the world (after a timeout) never match a later run's. The largest tag,
  * 29999, is below 32767, the least MPI_TAG_UB the standard allows. TAG_READY is the second
- * round of the calls that must not end differently on different ranks (split, barrier). */
-enum { TAG_DESC, TAG_DATA, TAG_POISON, TAG_EXIT, TAG_READY, TAG_KINDS };
-#define RUN_TAGS 6000
+ * round of the calls that must not end differently on different ranks (split, barrier).
+ * TAG_EXCHANGE and TAG_GATHER carry the two data steps of a non-blocking all_reduce
+ * (mpi_async.c), which a rank posts when it sees the step before complete, at a point that
+ * differs from rank to rank: their own tags keep them from matching the data of calls made
+ * meanwhile. The largest tag is then 27999. */
+enum { TAG_DESC, TAG_DATA, TAG_POISON, TAG_EXIT, TAG_READY, TAG_EXCHANGE, TAG_GATHER, TAG_KINDS };
+#define RUN_TAGS 4000
 
 #define SEGMENT_BYTES (1 << 30) /* MPI counts are int: larger pieces go as several messages */
 #define GONE_GRACE_S  0.1   /* how long to wait for a message of a rank known to have returned */
@@ -44,6 +48,17 @@ typedef struct mpi_note {
 } mpi_note;
 
 typedef struct mpi_group mpi_group;
+typedef struct mpi_work mpi_work;
+
+/* Requests posted together, with the member each talks to: a call's current step (the
+ * group's), or a non-blocking all_reduce's (its work's). */
+typedef struct mpi_reqs {
+    MPI_Request *reqs;
+    int *member;
+    bool *recv;
+    int *done_idx;
+    int n, cap;
+} mpi_reqs;
 
 /* A send still in flight whose buffer must outlive it (notes). */
 typedef struct pending_send {
@@ -78,13 +93,9 @@ struct mpi_group {
     fsdp_call *calls; /* per member: decoded */
     const fsdp_call **call_ptrs;
     const void **srcs; /* per member: its piece of a reduction */
-    /* The requests of the current step, with the member each talks to. */
-    MPI_Request *reqs;
-    int *req_member;
-    bool *req_recv;
-    int *done_idx;
-    int n_reqs, cap_reqs;
-    void *scratch; /* received and packed pieces */
+    mpi_reqs rq;       /* the requests of the current step of a blocking call */
+    mpi_work *works;   /* non-blocking all_reduces not yet complete, in start order */
+    void *scratch;     /* received and packed pieces */
     size_t scratch_cap;
     char msg[FSDP_ERROR_MAX];
 };
@@ -123,18 +134,47 @@ void fsdp_mpi_send_note(mpi_world *mw, MPI_Comm comm, int dest, int kind, const 
 /* Drops the open requests, poisons the group (telling its members) and fails with msg. */
 fsdp_status fsdp_mpi_fail_and_poison(fsdp_ctx *ctx, mpi_group *mg, fsdp_status status,
                                      const char *msg);
+/* The same for the requests of rs instead of the group's. */
+fsdp_status fsdp_mpi_fail_and_poison_set(fsdp_ctx *ctx, mpi_group *mg, mpi_reqs *rs,
+                                         fsdp_status status, const char *msg);
+/* Drops rs's open requests: receives are cancelled, sends left to finish on their own. */
+void fsdp_mpi_abandon(mpi_reqs *rs);
+/* Marks the group unusable and tells its members, so that they fail at once. */
+void fsdp_mpi_poison(mpi_group *mg, fsdp_status status, const char *msg);
+/* Fails with the message of the failure that poisoned the group. */
+fsdp_status fsdp_mpi_fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, int op);
 /* Receives the exit notes that have arrived: their ranks' results go into the world. */
 void fsdp_mpi_receive_exit_notes(mpi_world *mw);
-/* Posts a receive (recv) or send of `bytes` at buf with group member `member`. */
+/* Posts a receive (recv) or send of `bytes` at buf with group member `member`, into the
+ * group's requests (fsdp_mpi_post) or into rs. */
 fsdp_status fsdp_mpi_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, bool recv, int member,
                           int kind, void *buf, size_t bytes);
+fsdp_status fsdp_mpi_post_in(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                             bool recv, int member, int kind, void *buf, size_t bytes);
 /* Between polls: spin, then yield, then sleep a little. */
 void fsdp_mpi_back_off(int polls, double waited);
-/* Waits until every posted request has completed, with the deadline `kind` says. */
+/* Waits until every posted request (of the group, or of rs) has completed, with the deadline
+ * `kind` says. */
 fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
                               wait_kind kind);
+fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                              int op, wait_kind kind);
+/* Whether every request of rs has completed, without waiting; a failure poisons the group. */
+fsdp_status fsdp_mpi_test_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                              int op, bool *done);
+/* Frees rs's arrays (its requests must be complete or abandoned). */
+void fsdp_mpi_reqs_release(mpi_reqs *rs);
 /* The descriptor exchange and judgement every call starts with. */
 fsdp_status fsdp_mpi_arrive(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_call *mine);
+/* Its two halves, for a call that does not wait for its peers there (mpi_async.c): posting
+ * this rank's descriptor to every member and the receives of theirs into descs (one per
+ * member) through rs; and, once rs has completed, judging them (calls and call_ptrs: one per
+ * member, call_ptrs[m] = &calls[m]). */
+fsdp_status fsdp_mpi_arrive_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                                 mpi_desc *descs, const fsdp_call *mine);
+fsdp_status fsdp_mpi_arrive_judge(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
+                                  mpi_desc *descs, fsdp_call *calls, const fsdp_call **call_ptrs,
+                                  int op);
 /* The second round of a call that moves no data (barrier, split). */
 fsdp_status fsdp_mpi_confirm(fsdp_ctx *ctx, const fsdp_group *g, int op);
 
@@ -145,6 +185,27 @@ fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
 fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int dim, fsdp_reduce_op op);
 fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op);
+/* all_reduce's two steps, shared with the non-blocking one. The exchange: every rank's values
+ * of this rank's torch.chunk of the elements are received into buf ((W-1) x the chunk), and
+ * srcs[m] (W pointers) is set to member m's; this rank's pieces of the others' chunks are
+ * sent. The gather: the chunk is reduced in rank order into t, then sent to every member
+ * while theirs are received. Both post into rs, messages of kind `kind`. */
+fsdp_status fsdp_mpi_all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
+                                         mpi_reqs *rs, fsdp_tensor *t, const void **srcs, char *buf,
+                                         int kind);
+fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
+                                       mpi_reqs *rs, fsdp_tensor *t, fsdp_reduce_op op,
+                                       const void **srcs, int kind);
+
+/* ---- mpi_async.c: the non-blocking all_reduce ---- */
+
+fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
+                                      fsdp_reduce_op op, fsdp_comm_work *work);
+fsdp_status fsdp_mpi_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
+fsdp_status fsdp_mpi_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
+/* The group's state goes (a new run, or the world is freed): its works still pending are
+ * abandoned and fail when waited for. */
+void fsdp_mpi_works_detach(mpi_group *mg);
 fsdp_status fsdp_mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root);
 fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                 const fsdp_tensor *in, int split_dim, int concat_dim);

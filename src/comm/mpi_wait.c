@@ -60,7 +60,8 @@ void fsdp_mpi_send_note(mpi_world *mw, MPI_Comm comm, int dest, int kind, const 
 
 /* ---- failing: poison, timeouts, ranks that have gone ---- */
 
-static fsdp_status fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, int op) {
+fsdp_status fsdp_mpi_fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg,
+                                   int op) {
     char msg[FSDP_ERROR_MAX];
     fsdp_comm_failure f = {.kind = FSDP_FAILURE_POISONED,
                            .op = op,
@@ -72,7 +73,7 @@ static fsdp_status fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const mpi_g
 }
 
 /* Marks the group unusable and tells the other members, so that they fail at once. */
-static void poison(mpi_group *mg, fsdp_status status, const char *msg) {
+void fsdp_mpi_poison(mpi_group *mg, fsdp_status status, const char *msg) {
     if (mg->poisoned) return;
     mg->poisoned = true;
     mg->poison_status = status;
@@ -85,46 +86,57 @@ static void poison(mpi_group *mg, fsdp_status status, const char *msg) {
 
 /* Drops the requests still open after a failed wait: receives are cancelled; sends are left
  * to finish on their own (small ones already have). */
-static void abandon_requests(mpi_group *mg) {
-    for (int i = 0; i < mg->n_reqs; i++) {
-        if (mg->reqs[i] == MPI_REQUEST_NULL) continue;
-        if (mg->req_recv[i]) {
-            MPI_Cancel(&mg->reqs[i]);
-            MPI_Wait(&mg->reqs[i], MPI_STATUS_IGNORE);
+void fsdp_mpi_abandon(mpi_reqs *rs) {
+    for (int i = 0; i < rs->n; i++) {
+        if (rs->reqs[i] == MPI_REQUEST_NULL) continue;
+        if (rs->recv[i]) {
+            MPI_Cancel(&rs->reqs[i]);
+            MPI_Wait(&rs->reqs[i], MPI_STATUS_IGNORE);
         } else {
-            MPI_Request_free(&mg->reqs[i]);
+            MPI_Request_free(&rs->reqs[i]);
         }
     }
-    mg->n_reqs = 0;
+    rs->n = 0;
+}
+
+void fsdp_mpi_reqs_release(mpi_reqs *rs) {
+    free(rs->reqs), free(rs->member), free(rs->recv), free(rs->done_idx);
+    *rs = (mpi_reqs){0};
+}
+
+fsdp_status fsdp_mpi_fail_and_poison_set(fsdp_ctx *ctx, mpi_group *mg, mpi_reqs *rs,
+                                         fsdp_status status, const char *msg) {
+    fsdp_mpi_abandon(rs);
+    fsdp_mpi_poison(mg, status, msg);
+    return FSDP_FAIL(ctx, status, "%s", msg);
 }
 
 fsdp_status fsdp_mpi_fail_and_poison(fsdp_ctx *ctx, mpi_group *mg, fsdp_status status,
                                      const char *msg) {
-    abandon_requests(mg);
-    poison(mg, status, msg);
-    return FSDP_FAIL(ctx, status, "%s", msg);
+    return fsdp_mpi_fail_and_poison_set(ctx, mg, &mg->rq, status, msg);
 }
 
 /* Per member: whether this rank still has an open receive from it (it has not sent its part
  * of the step). Returns a calloc'd array, NULL when out of memory. */
-static bool *open_members(const mpi_group *mg) {
+static bool *open_members(const mpi_group *mg, const mpi_reqs *rs) {
     bool *open = calloc((size_t)mg->size, sizeof *open);
-    for (int i = 0; open && i < mg->n_reqs; i++)
-        if (mg->reqs[i] != MPI_REQUEST_NULL && mg->req_recv[i]) open[mg->req_member[i]] = true;
+    for (int i = 0; open && i < rs->n; i++)
+        if (rs->reqs[i] != MPI_REQUEST_NULL && rs->recv[i]) open[rs->member[i]] = true;
     return open;
 }
 
 /* The wait failed (f: what went wrong): open requests are dropped and the group is
  * poisoned, so that every member fails. */
-static fsdp_status fail_wait(fsdp_ctx *ctx, mpi_group *mg, const fsdp_comm_failure *f) {
+static fsdp_status fail_wait(fsdp_ctx *ctx, mpi_group *mg, mpi_reqs *rs,
+                             const fsdp_comm_failure *f) {
     char msg[FSDP_ERROR_MAX];
     fsdp_status st = fsdp_comm_failure_format(f, msg, sizeof msg);
-    return fsdp_mpi_fail_and_poison(ctx, mg, st, msg);
+    return fsdp_mpi_fail_and_poison_set(ctx, mg, rs, st, msg);
 }
 
-static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
-                                bool arrival) {
-    bool *open = open_members(mg);
+static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                                int op, bool arrival) {
+    bool *open = open_members(mg, rs);
     fsdp_comm_failure f = {.kind = arrival ? FSDP_FAILURE_ARRIVAL : FSDP_FAILURE_DATA,
                            .op = op,
                            .group_desc = g->desc,
@@ -132,19 +144,19 @@ static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *m
                            .n_members = mg->size,
                            .ranks = g->ranks,
                            .missing = open};
-    fsdp_status st = fail_wait(ctx, mg, &f);
+    fsdp_status st = fail_wait(ctx, mg, rs, &f);
     free(open);
     return st;
 }
 
-static fsdp_status fail_gone(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
-                             int world_rank) {
+static fsdp_status fail_gone(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                             int op, int world_rank) {
     fsdp_comm_failure f = {.kind = FSDP_FAILURE_GONE,
                            .op = op,
                            .group_desc = g->desc,
                            .gone_rank = world_rank,
                            .gone = &mg->mw->world->results[world_rank]};
-    return fail_wait(ctx, mg, &f);
+    return fail_wait(ctx, mg, rs, &f);
 }
 
 /* Receives the exit notes that have arrived: their ranks' results go into the world. */
@@ -196,10 +208,10 @@ static bool receive_poison(mpi_group *mg) {
 }
 
 /* The world rank of a member this rank still waits for whose function has returned, or -1. */
-static int gone_member(const fsdp_group *g, const mpi_group *mg) {
-    for (int i = 0; i < mg->n_reqs; i++) {
-        if (mg->reqs[i] == MPI_REQUEST_NULL || !mg->req_recv[i]) continue;
-        int r = g->ranks[mg->req_member[i]];
+static int gone_member(const fsdp_group *g, const mpi_group *mg, const mpi_reqs *rs) {
+    for (int i = 0; i < rs->n; i++) {
+        if (rs->reqs[i] == MPI_REQUEST_NULL || !rs->recv[i]) continue;
+        int r = g->ranks[rs->member[i]];
         if (mg->mw->noted[r]) return r;
     }
     return -1;
@@ -207,20 +219,20 @@ static int gone_member(const fsdp_group *g, const mpi_group *mg) {
 
 /* ---- requests ---- */
 
-static bool grow_requests(mpi_group *mg, int need) {
-    if (need <= mg->cap_reqs) return true;
-    int cap = mg->cap_reqs ? mg->cap_reqs : 16;
+static bool grow_requests(mpi_reqs *rs, int need) {
+    if (need <= rs->cap) return true;
+    int cap = rs->cap ? rs->cap : 16;
     while (cap < need) cap *= 2;
-    MPI_Request *reqs = realloc(mg->reqs, (size_t)cap * sizeof *reqs);
-    if (reqs) mg->reqs = reqs;
-    int *member = realloc(mg->req_member, (size_t)cap * sizeof *member);
-    if (member) mg->req_member = member;
-    bool *recv = realloc(mg->req_recv, (size_t)cap * sizeof *recv);
-    if (recv) mg->req_recv = recv;
-    int *idx = realloc(mg->done_idx, (size_t)cap * sizeof *idx);
-    if (idx) mg->done_idx = idx;
+    MPI_Request *reqs = realloc(rs->reqs, (size_t)cap * sizeof *reqs);
+    if (reqs) rs->reqs = reqs;
+    int *member = realloc(rs->member, (size_t)cap * sizeof *member);
+    if (member) rs->member = member;
+    bool *recv = realloc(rs->recv, (size_t)cap * sizeof *recv);
+    if (recv) rs->recv = recv;
+    int *idx = realloc(rs->done_idx, (size_t)cap * sizeof *idx);
+    if (idx) rs->done_idx = idx;
     if (!reqs || !member || !recv || !idx) return false;
-    mg->cap_reqs = cap;
+    rs->cap = cap;
     return true;
 }
 
@@ -229,27 +241,32 @@ static bool grow_requests(mpi_group *mg, int need) {
  * poisons the group: the peers must not wait for this rank's half of the step. */
 fsdp_status fsdp_mpi_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, bool recv, int member,
                           int kind, void *buf, size_t bytes) {
+    return fsdp_mpi_post_in(ctx, g, mg, &mg->rq, recv, member, kind, buf, bytes);
+}
+
+fsdp_status fsdp_mpi_post_in(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                             bool recv, int member, int kind, void *buf, size_t bytes) {
     int tag = tag_of(mg->mw, kind);
     for (size_t at = 0; at < bytes; at += SEGMENT_BYTES) {
         int n = (int)(bytes - at < SEGMENT_BYTES ? bytes - at : SEGMENT_BYTES);
         char msg[FSDP_ERROR_MAX];
-        if (!grow_requests(mg, mg->n_reqs + 1)) {
+        if (!grow_requests(rs, rs->n + 1)) {
             snprintf(msg, sizeof msg, "group %s: cannot grow the requests (out of memory)",
                      g->desc);
-            return fsdp_mpi_fail_and_poison(ctx, mg, FSDP_ERR_OUT_OF_MEMORY, msg);
+            return fsdp_mpi_fail_and_poison_set(ctx, mg, rs, FSDP_ERR_OUT_OF_MEMORY, msg);
         }
-        MPI_Request *req = &mg->reqs[mg->n_reqs];
+        MPI_Request *req = &rs->reqs[rs->n];
         char *p = (char *)buf + at;
         int rc = recv ? MPI_Irecv(p, n, MPI_BYTE, member, tag, mg->comm, req)
                       : MPI_Isend(p, n, MPI_BYTE, member, tag, mg->comm, req);
         if (rc != MPI_SUCCESS) {
             fsdp_mpi_fail(ctx, rc, recv ? "MPI_Irecv" : "MPI_Isend", g->desc);
             snprintf(msg, sizeof msg, "%s", fsdp_last_error(ctx));
-            return fsdp_mpi_fail_and_poison(ctx, mg, FSDP_ERR_COMM, msg);
+            return fsdp_mpi_fail_and_poison_set(ctx, mg, rs, FSDP_ERR_COMM, msg);
         }
-        mg->req_member[mg->n_reqs] = member;
-        mg->req_recv[mg->n_reqs] = recv;
-        mg->n_reqs++;
+        rs->member[rs->n] = member;
+        rs->recv[rs->n] = recv;
+        rs->n++;
     }
     return FSDP_OK;
 }
@@ -267,9 +284,9 @@ void fsdp_mpi_back_off(int polls, double waited) {
 
 /* Logs whom a wait that has lasted waited_s waits for: the members it has an open receive
  * from. */
-static void log_wait(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, int op,
-                     wait_kind kind, double waited_s) {
-    bool *late = open_members(mg);
+static void log_wait(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, const mpi_reqs *rs,
+                     int op, wait_kind kind, double waited_s) {
+    bool *late = open_members(mg, rs);
     if (!late) return;
     if (kind == WAIT_CONFIRM) {
         char missing[256] = "";
@@ -291,20 +308,25 @@ static void log_wait(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, in
  * confirmation round has no deadline: it only logs. */
 fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
                               wait_kind kind) {
+    return fsdp_mpi_wait_set(ctx, g, mg, &mg->rq, op, kind);
+}
+
+fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                              int op, wait_kind kind) {
     mpi_world *mw = mg->mw;
     const double start = now_s(CLOCK_MONOTONIC), limit = 1e-3 * mw->world->timeout_ms;
     const double every = fsdp_comm_log_every_s(mw->world->timeout_ms);
     double progress = start, next_check = start, gone_since = -1, warned = start;
-    int open = mg->n_reqs;
+    int open = rs->n;
     for (int polls = 0; open > 0; polls++) {
         int done = 0;
-        int rc = MPI_Testsome(mg->n_reqs, mg->reqs, &done, mg->done_idx, MPI_STATUSES_IGNORE);
+        int rc = MPI_Testsome(rs->n, rs->reqs, &done, rs->done_idx, MPI_STATUSES_IGNORE);
         if (rc != MPI_SUCCESS) {
             char msg[FSDP_ERROR_MAX];
             fsdp_mpi_fail(ctx, rc, "MPI_Testsome", g->desc);
             snprintf(msg, sizeof msg, "%s on group %s: %s", fsdp_call_op_name(op), g->desc,
                      fsdp_last_error(ctx));
-            return fsdp_mpi_fail_and_poison(ctx, mg, FSDP_ERR_COMM, msg);
+            return fsdp_mpi_fail_and_poison_set(ctx, mg, rs, FSDP_ERR_COMM, msg);
         }
         double t = now_s(CLOCK_MONOTONIC);
         if (done == MPI_UNDEFINED) break;
@@ -317,27 +339,43 @@ fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
         if (t >= next_check) {
             next_check = t + 1e-3;
             if (receive_poison(mg)) {
-                abandon_requests(mg);
-                return fail_poisoned(ctx, g, mg, op);
+                fsdp_mpi_abandon(rs);
+                return fsdp_mpi_fail_poisoned(ctx, g, mg, op);
             }
             fsdp_mpi_receive_exit_notes(mw);
-            int gone = gone_member(g, mg);
+            int gone = gone_member(g, mg, rs);
             if (gone < 0)
                 gone_since = -1;
             else if (gone_since < 0)
                 gone_since = t;
             else if (t - gone_since > GONE_GRACE_S)
-                return fail_gone(ctx, g, mg, op, gone);
+                return fail_gone(ctx, g, mg, rs, op, gone);
             if (kind != WAIT_CONFIRM && t - (kind == WAIT_ARRIVAL ? start : progress) >= limit)
-                return fail_timeout(ctx, g, mg, op, kind == WAIT_ARRIVAL);
+                return fail_timeout(ctx, g, mg, rs, op, kind == WAIT_ARRIVAL);
             if (t - warned >= every) {
                 warned = t;
-                log_wait(ctx, g, mg, op, kind, t - start);
+                log_wait(ctx, g, mg, rs, op, kind, t - start);
             }
         }
         fsdp_mpi_back_off(polls, t - progress);
     }
-    mg->n_reqs = 0;
+    rs->n = 0;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_mpi_test_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                              int op, bool *done) {
+    int flag = 1;
+    int rc = rs->n > 0 ? MPI_Testall(rs->n, rs->reqs, &flag, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
+    if (rc != MPI_SUCCESS) {
+        char msg[FSDP_ERROR_MAX];
+        fsdp_mpi_fail(ctx, rc, "MPI_Testall", g->desc);
+        snprintf(msg, sizeof msg, "%s on group %s: %s", fsdp_call_op_name(op), g->desc,
+                 fsdp_last_error(ctx));
+        return fsdp_mpi_fail_and_poison_set(ctx, mg, rs, FSDP_ERR_COMM, msg);
+    }
+    *done = flag != 0;
+    if (*done) rs->n = 0;
     return FSDP_OK;
 }
 
@@ -382,39 +420,52 @@ static void decode(fsdp_call *c, mpi_desc *d) {
         c->agree = text;
 }
 
-/* Sends this rank's call to every member and receives theirs; returns once all have arrived
- * and the calls are judged (every member reaches the same verdict from the same calls). */
-fsdp_status fsdp_mpi_arrive(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_call *mine) {
-    mpi_group *mg = g->state;
+fsdp_status fsdp_mpi_arrive_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                                 mpi_desc *descs, const fsdp_call *mine) {
     /* A poison note that has arrived may need a few rounds of MPI's progress to be seen. */
     for (int i = 0; i < ENTRY_PROBES && !mg->poisoned; i++) receive_poison(mg);
-    if (mg->poisoned) return fail_poisoned(ctx, g, mg, mine->op);
+    if (mg->poisoned) return fsdp_mpi_fail_poisoned(ctx, g, mg, mine->op);
     fsdp_mpi_reap_sends(mg->mw);
-    size_t len = encode(&mg->descs[g->rank], mine);
-    mg->n_reqs = 0;
+    size_t len = encode(&descs[g->rank], mine);
+    rs->n = 0;
     for (int m = 0; m < g->size; m++)
         if (m != g->rank)
-            FSDP_TRY(fsdp_mpi_post(ctx, g, mg, true, m, TAG_DESC, &mg->descs[m], sizeof(mpi_desc)));
+            FSDP_TRY(
+                fsdp_mpi_post_in(ctx, g, mg, rs, true, m, TAG_DESC, &descs[m], sizeof(mpi_desc)));
     for (int m = 0; m < g->size; m++)
         if (m != g->rank)
-            FSDP_TRY(fsdp_mpi_post(ctx, g, mg, false, m, TAG_DESC, &mg->descs[g->rank], len));
-    FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, mine->op, WAIT_ARRIVAL));
-    for (int m = 0; m < g->size; m++) decode(&mg->calls[m], &mg->descs[m]);
-    fsdp_status st = fsdp_call_judge(mg->call_ptrs, g->size, g->rank, g->ranks, g->desc, mg->msg,
-                                     sizeof mg->msg);
+            FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, false, m, TAG_DESC, &descs[g->rank], len));
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_mpi_arrive_judge(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
+                                  mpi_desc *descs, fsdp_call *calls, const fsdp_call **call_ptrs,
+                                  int op) {
+    for (int m = 0; m < g->size; m++) decode(&calls[m], &descs[m]);
+    fsdp_status st =
+        fsdp_call_judge(call_ptrs, g->size, g->rank, g->ranks, g->desc, mg->msg, sizeof mg->msg);
     if (st == FSDP_OK) {
         /* A member may have given up on this very call (timed out) after its descriptor had
          * left: then ours matched its stale one. Its poison note usually is here by now; the
          * data step must not start (a send of its still in flight could be read), and a call
          * without one (barrier, split) is settled by confirm. */
         for (int i = 0; i < ENTRY_PROBES && !mg->poisoned; i++) receive_poison(mg);
-        return mg->poisoned ? fail_poisoned(ctx, g, mg, mine->op) : FSDP_OK;
+        return mg->poisoned ? fsdp_mpi_fail_poisoned(ctx, g, mg, op) : FSDP_OK;
     }
     /* Peers that gave up on an earlier call (timed out, then poisoned the group) left their
      * calls of it behind; their poison notes follow them. */
     for (double t0 = now_s(CLOCK_MONOTONIC); now_s(CLOCK_MONOTONIC) - t0 < SETTLE_S;)
-        if (receive_poison(mg)) return fail_poisoned(ctx, g, mg, mine->op);
+        if (receive_poison(mg)) return fsdp_mpi_fail_poisoned(ctx, g, mg, op);
     return FSDP_FAIL(ctx, st, "%s", mg->msg);
+}
+
+/* Sends this rank's call to every member and receives theirs; returns once all have arrived
+ * and the calls are judged (every member reaches the same verdict from the same calls). */
+fsdp_status fsdp_mpi_arrive(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_call *mine) {
+    mpi_group *mg = g->state;
+    FSDP_TRY(fsdp_mpi_arrive_post(ctx, g, mg, &mg->rq, mg->descs, mine));
+    FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, mine->op, WAIT_ARRIVAL));
+    return fsdp_mpi_arrive_judge(ctx, g, mg, mg->descs, mg->calls, mg->call_ptrs, mine->op);
 }
 
 /* The second round of a call that moves no data (barrier, split): once a rank has every
@@ -428,7 +479,7 @@ fsdp_status fsdp_mpi_arrive(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_call 
 fsdp_status fsdp_mpi_confirm(fsdp_ctx *ctx, const fsdp_group *g, int op) {
     mpi_group *mg = g->state;
     if (g->size == 1) return FSDP_OK;
-    mg->n_reqs = 0;
+    mg->rq.n = 0;
     mg->ready[g->rank] = 1;
     for (int m = 0; m < g->size; m++)
         if (m != g->rank)

@@ -51,10 +51,11 @@ static fsdp_status ensure_initialised(fsdp_ctx *ctx) {
 
 static void group_state_free(mpi_group *mg) {
     if (!mg) return;
+    fsdp_mpi_works_detach(mg);
     if (mg->comm != MPI_COMM_NULL) MPI_Comm_free(&mg->comm);
     free(mg->ranks), free(mg->descs), free(mg->ready), free(mg->calls), free(mg->call_ptrs);
     free(mg->srcs);
-    free(mg->reqs), free(mg->req_member), free(mg->req_recv), free(mg->done_idx);
+    fsdp_mpi_reqs_release(&mg->rq);
     free(mg->scratch);
     free(mg);
 }
@@ -168,7 +169,8 @@ static void mpi_reset(void *context) {
     mw->run++;
     free_run_groups(mw);
     mw->world_group->poisoned = false;
-    mw->world_group->n_reqs = 0;
+    fsdp_mpi_works_detach(mw->world_group);
+    mw->world_group->rq.n = 0;
     for (int r = 0; r < mw->size; r++) mw->noted[r] = false, mw->finished[r] = 0;
 }
 
@@ -294,6 +296,9 @@ static const fsdp_comm_backend_i mpi_iface = {
     .all_gather = fsdp_mpi_all_gather,
     .reduce_scatter = fsdp_mpi_reduce_scatter,
     .all_reduce = fsdp_mpi_all_reduce,
+    .all_reduce_start = fsdp_mpi_all_reduce_start,
+    .work_test = fsdp_mpi_work_test,
+    .work_wait = fsdp_mpi_work_wait,
     .broadcast = fsdp_mpi_broadcast,
     .all_to_all = fsdp_mpi_all_to_all,
     .barrier = fsdp_mpi_barrier,

@@ -1,10 +1,13 @@
 /* replicate.c: replicated data parallelism (DDP): the initial broadcast of parameters and
- * buffers (state_sync.c), and the post-backward hook that averages gradients over the data-parallel
- * group in buckets through one flat buffer allocated at setup, each bucket through the comm hook
- * (comm_hook.c). Also the batch split by sample index. */
+ * buffers (state_sync.c), and the gradient averaging over the data-parallel group in buckets
+ * through flat buffers allocated at setup, each bucket through the comm hook (comm_hook.c):
+ * each bucket's reduction starts from the post-backward hooks as soon as its gradients are
+ * final (DDP's order), and the root's post-backward hook waits for them; or, with
+ * reduce_after_backward, every bucket after backward. Also the batch split by sample index. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/ctx_impl.h" // defines: fsdp_ctx_scope_push, fsdp_ctx_scope_pop
 #include "core/error.h"
 #include "fsdp/dp_impl.h"
 #include "fsdp/replicate.h"
@@ -22,18 +25,33 @@ struct fsdp_replicate {
     int *bucket_start;    /* bucket b holds params [bucket_start[b], bucket_start[b + 1]) */
     fsdp_tensor **bucket; /* views of stage, one per bucket, of the bucket's elements */
     int n_buckets;
-    fsdp_tensor *stage; /* the flat buffer: as many elements as the largest bucket */
+    /* The flat buffer: after backward, as many elements as the largest bucket (shared by all);
+     * during backward, every bucket's, one after the other. */
+    fsdp_tensor *stage;
     fsdp_comm_hook hook;
-    /* BF16 and FP16 hooks: the flat buffer in that dtype, and its views per bucket */
+    /* BF16 and FP16 hooks: a buffer in that dtype as large as the largest bucket, and its
+     * views per bucket (their reductions are blocking: one at a time) */
     fsdp_tensor *low_stage;
     fsdp_tensor **low_bucket;
+    fsdp_module *root;
+    bool after_backward; /* fsdp_replicate_options.reduce_after_backward */
+    /* Reduction during backward. */
+    fsdp_module **ready_at; /* per param: the module whose post-backward finalises its gradient */
+    int *bucket_of;         /* per param: its bucket */
+    bool *ready;            /* per param: final in the running backward */
+    int *missing;           /* per bucket: its gradients not final yet in the running backward */
+    fsdp_comm_work **work;  /* per bucket */
+    int next;               /* the next bucket to start */
+    bool active;            /* a backward of root with sync on is running */
 };
 
 static void replicate_free(void *p) {
     fsdp_replicate *r = p;
     if (!r) return;
     for (int b = 0; b < r->n_buckets; b++) fsdp_tensor_free(r->bucket[b]);
-    for (int b = 0; r->low_bucket && b < r->n_buckets; b++) fsdp_tensor_free(r->low_bucket[b]);
+    for (int b = 0; r->work && b < r->n_buckets; b++) fsdp_comm_work_free(r->work[b]);
+    free(r->work);
+    free(r->ready_at), free(r->bucket_of), free(r->ready), free(r->missing);
     free(r->bucket);
     free(r->low_bucket);
     fsdp_tensor_free(r->low_stage);
@@ -124,10 +142,23 @@ static fsdp_status layout_buckets(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module 
     return FSDP_OK;
 }
 
+/* Copies bucket b's averaged gradients back to the parameters. */
+static void copy_out(fsdp_replicate *r, int b) {
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    const float *buf = fsdp_tensor_f32(r->bucket[b]);
+    for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++)
+        k->copy(fsdp_tensor_f32(fsdp_param_grad(r->params[i])), buf + r->offset[i], r->numel[i]);
+}
+
+/* Whether the buckets' reductions may run in the background: the default hook's all_reduce
+ * has a non-blocking start; the compressing and user hooks run whole when a bucket is ready. */
+static bool overlaps(const fsdp_replicate *r) { return r->hook.kind == FSDP_COMM_HOOK_DEFAULT; }
+
 /* Averages bucket b's gradients over the group through the comm hook: in (times 1/W for a
  * built-in hook, as DDP divides while copying; as they are for a user hook), the hook's
- * reduction (the default: all_reduce(sum) in f32), out. */
-static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b) {
+ * reduction (the default: all_reduce(sum) in f32), out. With a work (the default hook, during
+ * backward) the all_reduce is only started on it; finish_bucket waits and copies out. */
+static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b, fsdp_comm_work *work) {
     const fsdp_kernels_i *k = fsdp_kernels_cpu();
     float *buf = fsdp_tensor_f32(r->bucket[b]);
     bool user = r->hook.kind == FSDP_COMM_HOOK_USER;
@@ -146,6 +177,7 @@ static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b) {
         else
             k->scale(buf + r->offset[i], fsdp_tensor_f32(g), inv, r->numel[i]);
     }
+    if (work) return fsdp_all_reduce_start(ctx, r->group, r->bucket[b], FSDP_REDUCE_SUM, work);
     fsdp_dp_reduce_args a = {.hook = &r->hook,
                              .reduce_dtype = FSDP_DTYPE_F32,
                              .group = r->group,
@@ -155,8 +187,72 @@ static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b) {
                              .grad = r->bucket[b],
                              .low_grad = r->low_bucket ? r->low_bucket[b] : NULL};
     FSDP_TRY(fsdp_dp_reduce(ctx, &a));
-    for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++)
-        k->copy(fsdp_tensor_f32(fsdp_param_grad(r->params[i])), buf + r->offset[i], r->numel[i]);
+    copy_out(r, b);
+    return FSDP_OK;
+}
+
+static fsdp_status finish_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b) {
+    FSDP_TRY(fsdp_comm_work_wait(ctx, r->work[b]));
+    copy_out(r, b);
+    return FSDP_OK;
+}
+
+/* ---- scheduling: during backward, or after it ---- */
+
+/* Starts the buckets whose gradients are all final (every remaining one with `all`), in
+ * order: a bucket waits for the ones before it, as DDP's do. The calls are counted as the
+ * root module's, whichever module's hook starts them. Then lets the ones in flight progress
+ * (MPI moves their data only inside its calls). */
+static fsdp_status start_ready(fsdp_ctx *ctx, fsdp_replicate *r, bool all) {
+    fsdp_status st = FSDP_OK;
+    fsdp_ctx_scope_push(ctx, fsdp_module_fqn(r->root));
+    while (st == FSDP_OK && r->next < r->n_buckets && (all || r->missing[r->next] == 0)) {
+        st = reduce_bucket(ctx, r, r->next, overlaps(r) ? r->work[r->next] : NULL);
+        r->next++;
+    }
+    for (int b = 0; st == FSDP_OK && b < r->next; b++) {
+        bool done;
+        st = fsdp_comm_work_test(ctx, r->work[b], &done);
+    }
+    fsdp_ctx_scope_pop(ctx);
+    return st;
+}
+
+/* On a module whose backward finalises gradients: marks them and starts what is ready. */
+static fsdp_status grads_ready(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                               const fsdp_tensor **io, void *user) {
+    (void)point, (void)io;
+    fsdp_replicate *r = user;
+    if (!r->active) return FSDP_OK;
+    for (int i = 0; i < r->n_params; i++) {
+        if (r->ready_at[i] != m) continue;
+        if (r->ready[i]) {
+            char desc[160];
+            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                             "replicate: the backward of %s ran twice in one backward of the "
+                             "model, so the gradient of '%s' changed after its bucket was "
+                             "reduced; set fsdp_replicate_options.reduce_after_backward for a "
+                             "model that runs a module more than once",
+                             fsdp_nn_describe(m, desc, sizeof desc), fsdp_param_name(r->params[i]));
+        }
+        r->ready[i] = true;
+        r->missing[r->bucket_of[i]]--;
+    }
+    return start_ready(ctx, r, false);
+}
+
+static fsdp_status pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                const fsdp_tensor **io, void *user) {
+    (void)m, (void)point, (void)io;
+    fsdp_replicate *r = user;
+    r->active = r->sync && r->world > 1 && !r->after_backward;
+    if (!r->active) return FSDP_OK;
+    /* A backward that failed part way may have left calls in flight. */
+    for (int b = 0; b < r->n_buckets; b++) FSDP_TRY(fsdp_comm_work_wait(ctx, r->work[b]));
+    for (int i = 0; i < r->n_params; i++) r->ready[i] = false;
+    for (int b = 0; b < r->n_buckets; b++)
+        r->missing[b] = r->bucket_start[b + 1] - r->bucket_start[b];
+    r->next = 0;
     return FSDP_OK;
 }
 
@@ -164,25 +260,108 @@ static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
                                  const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     fsdp_replicate *r = user;
+    if (!r->after_backward) {
+        if (!r->active) return FSDP_OK;
+        r->active = false;
+        /* Gradients no hook finalised (the root's own, a module that did not run) go now. */
+        FSDP_TRY(start_ready(ctx, r, true));
+        for (int b = 0; overlaps(r) && b < r->n_buckets; b++) FSDP_TRY(finish_bucket(ctx, r, b));
+        return FSDP_OK;
+    }
     if (!r->sync || r->world == 1) return FSDP_OK;
-    for (int b = 0; b < r->n_buckets; b++) FSDP_TRY(reduce_bucket(ctx, r, b));
+    for (int b = 0; b < r->n_buckets; b++) FSDP_TRY(reduce_bucket(ctx, r, b, NULL));
     return FSDP_OK;
 }
 
 /* ---- setup ---- */
+
+/* The module whose post-backward hook finalises p's gradient: the one that owns it, or the
+ * outermost ancestor below root with a post-backward hook of another wrapper (TP's
+ * SequenceParallel adds the gradients it collects there). root itself: at the end. */
+static fsdp_module *ready_module(fsdp_module *root, fsdp_param *p) {
+    fsdp_module *at = fsdp_param_module(p);
+    if (at == root) return root;
+    for (fsdp_module *a = fsdp_module_parent(at); a && a != root; a = fsdp_module_parent(a))
+        if (fsdp_nn_num_hooks_other_than(a, FSDP_HOOK_POST_BACKWARD, grads_ready) > 0) at = a;
+    return at;
+}
+
+/* The state of the reduction during backward: a work per bucket, each parameter's bucket
+ * and the module that finalises its gradient. */
+static fsdp_status prepare_during(fsdp_ctx *ctx, fsdp_replicate *r) {
+    size_t n = (size_t)r->n_params + 1, nb = (size_t)r->n_buckets + 1;
+    r->ready_at = calloc(n, sizeof *r->ready_at);
+    r->bucket_of = calloc(n, sizeof *r->bucket_of);
+    r->ready = calloc(n, sizeof *r->ready);
+    r->missing = calloc(nb, sizeof *r->missing);
+    r->work = calloc(nb, sizeof *r->work);
+    if (!r->ready_at || !r->bucket_of || !r->ready || !r->missing || !r->work)
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate replicate's schedule");
+    for (int b = 0; b < r->n_buckets; b++) {
+        FSDP_TRY(fsdp_comm_work_create(ctx, &r->work[b]));
+        for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++) r->bucket_of[i] = b;
+    }
+    for (int i = 0; i < r->n_params; i++) r->ready_at[i] = ready_module(r->root, r->params[i]);
+    return FSDP_OK;
+}
+
+/* Installs the hooks: grads_ready on every module that finalises gradients, pre_backward and
+ * post_backward on root. The post-backward hook owns r (it is freed with root); when a hook
+ * cannot be added, those added are removed and r is freed. */
+static fsdp_status install_hooks(fsdp_ctx *ctx, fsdp_replicate *r) {
+    int n = r->ready_at ? r->n_params : 0, added = 0, pre_id = -1;
+    int *ids = calloc((size_t)n + 1, sizeof *ids);
+    fsdp_module **mods = calloc((size_t)n + 1, sizeof *mods);
+    fsdp_status st =
+        ids && mods ? FSDP_OK
+                    : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate replicate's hooks");
+    for (int i = 0; st == FSDP_OK && i < n; i++) {
+        fsdp_module *m = r->ready_at[i];
+        bool seen = m == r->root;
+        for (int j = 0; j < added && !seen; j++) seen = mods[j] == m;
+        if (seen) continue;
+        st = fsdp_module_add_hook(ctx, m, FSDP_HOOK_POST_BACKWARD, grads_ready, r, NULL,
+                                  &ids[added]);
+        if (st == FSDP_OK) mods[added++] = m;
+    }
+    if (st == FSDP_OK)
+        st = fsdp_module_add_hook(ctx, r->root, FSDP_HOOK_PRE_BACKWARD, pre_backward, r, NULL,
+                                  &pre_id);
+    bool owned = false; /* r went to the post-backward hook, or was freed by its adding */
+    if (st == FSDP_OK) {
+        st = fsdp_module_add_hook(ctx, r->root, FSDP_HOOK_POST_BACKWARD, post_backward, r,
+                                  replicate_free, NULL);
+        owned = true;
+    }
+    if (st != FSDP_OK) {
+        for (int j = 0; j < added; j++) fsdp_nn_remove_hook(mods[j], ids[j]);
+        if (pre_id >= 0) fsdp_nn_remove_hook(r->root, pre_id);
+        if (!owned) replicate_free(r);
+    }
+    free(ids);
+    free(mods);
+    return st;
+}
 
 static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
                          const fsdp_replicate_options *o) {
     int64_t cap = o->bucket_bytes ? o->bucket_bytes : FSDP_REPLICATE_DEFAULT_BUCKET_BYTES;
     /* DDP: the first bucket is 1 MiB with the default cap, the cap itself with one given. */
     int64_t first = o->bucket_bytes ? o->bucket_bytes : FSDP_REPLICATE_FIRST_BUCKET_BYTES;
-    int64_t grad_max = 0;
+    int64_t grad_max = 0, total = 0;
     FSDP_TRY(layout_buckets(ctx, r, root, first, cap, &grad_max));
-    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &grad_max, &r->stage));
+    for (int i = 0; i < r->n_params; i++) total += r->numel[i];
+    /* After backward, and with a hook that reduces a bucket whole, one bucket is reduced at a
+     * time; during backward with the default hook several are in flight (a group of one
+     * reduces nothing). */
+    bool apart = !r->after_backward && r->world > 1 && overlaps(r);
+    int64_t stage = apart ? total : grad_max, at = 0;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &stage, &r->stage));
     for (int b = 0; b < r->n_buckets; b++) {
         int last = r->bucket_start[b + 1] - 1;
         int64_t n = r->offset[last] + r->numel[last];
-        FSDP_TRY(fsdp_tensor_view(ctx, r->stage, 0, 1, &n, &r->bucket[b]));
+        FSDP_TRY(fsdp_tensor_view(ctx, r->stage, apart ? at : 0, 1, &n, &r->bucket[b]));
+        at += n;
     }
     fsdp_dtype low = fsdp_dp_hook_dtype(r->hook.kind, FSDP_DTYPE_F32);
     if (r->hook.kind != FSDP_COMM_HOOK_USER && low != FSDP_DTYPE_F32) {
@@ -195,6 +374,7 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
             FSDP_TRY(fsdp_tensor_view(ctx, r->low_stage, 0, 1, &n, &r->low_bucket[b]));
         }
     }
+    if (!r->after_backward) FSDP_TRY(prepare_during(ctx, r));
     if (o->src_rank == FSDP_NO_SRC_RANK || r->world == 1) return FSDP_OK;
     /* DDP's initial sync: buckets formed as the gradient buckets are. */
     fsdp_dp_sync_options so = {.bucket_bytes = cap,
@@ -242,14 +422,14 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
     r->hook = o.comm_hook;
     r->world = world;
     r->sync = true;
+    r->root = root;
+    r->after_backward = o.reduce_after_backward;
     fsdp_status st = setup(ctx, r, root, &o);
     if (st != FSDP_OK) {
         replicate_free(r);
         return st;
     }
-    /* The hook owns r from here (freed with root, or at once if it cannot be added). */
-    FSDP_TRY(fsdp_module_add_hook(ctx, root, FSDP_HOOK_POST_BACKWARD, post_backward, r,
-                                  replicate_free, NULL));
+    FSDP_TRY(install_hooks(ctx, r)); /* r belongs to root from here, or is freed */
     if (out) *out = r;
     return FSDP_OK;
 }

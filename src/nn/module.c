@@ -550,6 +550,13 @@ bool fsdp_nn_has_hook(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn 
     return false;
 }
 
+int fsdp_nn_num_hooks_other_than(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn) {
+    if ((int)point < 0 || point >= FSDP_HOOK_POINT_COUNT) return 0;
+    int n = 0;
+    for (int i = 0; i < m->n_hooks[point]; i++) n += m->hooks[point][i].fn != fn;
+    return n;
+}
+
 static fsdp_status run_hooks(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                              const fsdp_tensor **io) {
     for (int i = 0; i < m->n_hooks[point]; i++)

@@ -17,6 +17,8 @@ fsdp_status fsdp_nn_add_hook_front(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poin
 bool fsdp_nn_remove_hook(fsdp_module *m, int id);
 /* Whether m has a hook running fn at point: how a wrapper recognises its own hooks. */
 bool fsdp_nn_has_hook(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn);
+/* How many of m's hooks at point run a function other than fn. */
+int fsdp_nn_num_hooks_other_than(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn);
 
 /* The module's name for messages, written into buf: "Linear 'net1'" or "Linear (root)". */
 const char *fsdp_nn_describe(const fsdp_module *m, char *buf, size_t size);

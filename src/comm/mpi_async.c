@@ -1,0 +1,237 @@
+/* mpi_async.c: the MPI backend's non-blocking all_reduce. The start posts this rank's
+ * descriptor and the receives of its peers' (the first half of every call's arrival) and
+ * returns without waiting for anyone; a test or wait that finds the descriptors in judges them
+ * as every call is judged and posts the exchange of every rank's pieces of each chunk; one that
+ * finds that done reduces this rank's chunk in rank order and posts the gather of the reduced
+ * chunks. The data steps and arithmetic are the blocking all_reduce's (mpi_collectives.c), so
+ * the bits are too, and the waits are mpi_wait.c's, with their deadlines and failure notes. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/mpi_impl.h"
+#include "core/error.h"
+#include "core/tensor_impl.h"
+
+/* A work's step: what its requests in flight are for. */
+enum { STEP_ARRIVE, STEP_EXCHANGE, STEP_GATHER };
+
+struct mpi_work {
+    mpi_work *next; /* the group's pending works, in start order */
+    mpi_group *mg;  /* while pending; NULL once complete, failed or detached */
+    const fsdp_group *g;
+    fsdp_tensor *t;
+    fsdp_reduce_op op;
+    int step;
+    mpi_reqs rq;
+    /* per member: its descriptor, decoded call, and piece of this rank's chunk */
+    mpi_desc *descs;
+    fsdp_call *calls;
+    const fsdp_call **call_ptrs;
+    const void **srcs;
+    int cap_members;
+    char *buf; /* the pieces received */
+    size_t cap_buf;
+    fsdp_status failed; /* detached by a failure: its status and message */
+    char msg[FSDP_ERROR_MAX];
+};
+
+static const int OP = FSDP_COMM_ALL_REDUCE;
+
+static void unlink_work(mpi_work *w) {
+    if (!w->mg) return;
+    mpi_work **p = &w->mg->works;
+    while (*p && *p != w) p = &(*p)->next;
+    if (*p) *p = w->next;
+    w->next = NULL;
+    w->mg = NULL;
+}
+
+/* w fails alone (its requests are dropped, its wait reports status and msg). */
+static void fail_one(mpi_work *w, fsdp_status status, const char *msg) {
+    fsdp_mpi_abandon(&w->rq);
+    w->failed = status;
+    snprintf(w->msg, sizeof w->msg, "%s", msg);
+    unlink_work(w);
+}
+
+/* Every pending work of the group fails (the group is poisoned already). */
+static void fail_all(mpi_group *mg, fsdp_status status, const char *msg) {
+    while (mg->works) fail_one(mg->works, status, msg);
+}
+
+static fsdp_status fail_all_with(fsdp_ctx *ctx, mpi_group *mg, fsdp_status st) {
+    fail_all(mg, st, fsdp_last_error(ctx));
+    return st;
+}
+
+void fsdp_mpi_works_detach(mpi_group *mg) {
+    if (!mg->works) return;
+    char msg[FSDP_ERROR_MAX];
+    snprintf(msg, sizeof msg,
+             "a non-blocking all_reduce on a group of %d ranks was still in flight when its run "
+             "ended or its world was freed; wait for it (fsdp_comm_work_wait) inside the run",
+             mg->size);
+    fail_all(mg, FSDP_ERR_STATE, msg);
+}
+
+static void work_free_state(void *state) {
+    mpi_work *w = state;
+    if (!w) return;
+    if (w->mg) { /* still in flight: abandoned, and the group fails as after a timeout */
+        mpi_group *mg = w->mg;
+        char msg[FSDP_ERROR_MAX];
+        snprintf(msg, sizeof msg,
+                 "all_reduce on group %s: its work was freed while the call was in flight; wait "
+                 "for a work (fsdp_comm_work_wait) before freeing it",
+                 w->g->desc);
+        fail_one(w, FSDP_ERR_STATE, msg);
+        fsdp_mpi_poison(mg, FSDP_ERR_STATE, msg);
+        fail_all(mg, FSDP_ERR_STATE, msg);
+    }
+    fsdp_mpi_reqs_release(&w->rq);
+    free(w->descs), free(w->calls), free(w->call_ptrs), free(w->srcs);
+    free(w->buf);
+    free(w);
+}
+
+/* Room for W members and `bytes` of received pieces. */
+static bool reserve(mpi_work *w, int W, size_t bytes) {
+    if (W > w->cap_members) {
+        free(w->descs), free(w->calls), free(w->call_ptrs), free(w->srcs);
+        w->descs = calloc((size_t)W, sizeof *w->descs);
+        w->calls = calloc((size_t)W, sizeof *w->calls);
+        w->call_ptrs = calloc((size_t)W, sizeof *w->call_ptrs);
+        w->srcs = calloc((size_t)W, sizeof *w->srcs);
+        w->cap_members = w->descs && w->calls && w->call_ptrs && w->srcs ? W : 0;
+        if (!w->cap_members) return false;
+        for (int m = 0; m < W; m++) w->call_ptrs[m] = &w->calls[m];
+    }
+    if (bytes > w->cap_buf) {
+        char *b = realloc(w->buf, bytes);
+        if (!b) return false;
+        w->buf = b;
+        w->cap_buf = bytes;
+    }
+    return true;
+}
+
+fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
+                                      fsdp_reduce_op op, fsdp_comm_work *work) {
+    mpi_group *mg = g->state;
+    mpi_work *w = work->state;
+    int64_t len;
+    fsdp_chunk_range(t->numel, g->size, g->rank, NULL, &len);
+    size_t bytes = (size_t)((g->size - 1) * len) * fsdp_dtype_size(t->dtype);
+    if (!w && (w = calloc(1, sizeof *w)) != NULL) {
+        work->state = w;
+        work->free_state = work_free_state;
+    }
+    if (!w || !reserve(w, g->size, bytes)) {
+        /* The peers fail at once instead of waiting for this rank's descriptor. */
+        FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
+                  "all_reduce on group %s: cannot allocate %zu bytes for a non-blocking call",
+                  g->desc, bytes);
+        fsdp_mpi_reject(ctx, g, FSDP_COMM_ALL_REDUCE);
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    w->g = g;
+    w->t = t;
+    w->op = op;
+    w->step = STEP_ARRIVE;
+    w->failed = FSDP_OK;
+    w->next = NULL;
+    fsdp_call c = fsdp_call_all_reduce(t, op);
+    fsdp_status st = fsdp_mpi_arrive_post(ctx, g, mg, &w->rq, w->descs, &c);
+    if (st != FSDP_OK) return mg->poisoned ? fail_all_with(ctx, mg, st) : st;
+    w->mg = mg;
+    mpi_work **tail = &mg->works;
+    while (*tail) tail = &(*tail)->next;
+    *tail = w;
+    return FSDP_OK;
+}
+
+/* Moves x on by one step once its current one has completed (with `block`, waits for it);
+ * *moved says whether it did. A failure of the group fails every work and is returned; a
+ * disagreement among the calls fails x alone (as a blocking call's leaves the group usable)
+ * and is recorded in it, not returned. */
+static fsdp_status step_on(fsdp_ctx *ctx, mpi_group *mg, mpi_work *x, bool block, bool *moved) {
+    bool done = true;
+    wait_kind kind = x->step == STEP_ARRIVE ? WAIT_ARRIVAL : WAIT_DATA;
+    fsdp_status st = block ? fsdp_mpi_wait_set(ctx, x->g, mg, &x->rq, OP, kind)
+                           : fsdp_mpi_test_set(ctx, x->g, mg, &x->rq, OP, &done);
+    *moved = false;
+    if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
+    if (!done) return FSDP_OK;
+    if (x->step == STEP_ARRIVE) {
+        st = fsdp_mpi_arrive_judge(ctx, x->g, mg, x->descs, x->calls, x->call_ptrs, OP);
+        if (st != FSDP_OK && mg->poisoned) return fail_all_with(ctx, mg, st);
+        if (st != FSDP_OK) {
+            fail_one(x, st, fsdp_last_error(ctx));
+            fsdp_clear_error(ctx);
+            return FSDP_OK;
+        }
+        st = fsdp_mpi_all_reduce_exchange(ctx, x->g, mg, &x->rq, x->t, x->srcs, x->buf,
+                                          TAG_EXCHANGE);
+    } else {
+        st = fsdp_mpi_all_reduce_gather(ctx, x->g, mg, &x->rq, x->t, x->op, x->srcs, TAG_GATHER);
+    }
+    if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
+    x->step++;
+    *moved = true;
+    return FSDP_OK;
+}
+
+/* Advances the group's works in start order up to `until` (NULL: all). The messages of each
+ * data step share a tag, so every rank must post them in the same order: a work posts a step
+ * only once every work started before it has posted that step. With `block` the works up to
+ * `until` are waited for until `until` has posted its gather; otherwise each moves as far as
+ * what has completed allows. */
+static fsdp_status advance(fsdp_ctx *ctx, mpi_group *mg, const mpi_work *until, bool block) {
+    int floor = STEP_GATHER; /* the least step of the works before x */
+    for (mpi_work *x = mg->works, *next; x; x = next) {
+        next = x->next;
+        bool last = x == until, moved = true;
+        while (moved && x->mg && x->step < STEP_GATHER && x->step + 1 <= floor)
+            FSDP_TRY(step_on(ctx, mg, x, block, &moved));
+        if (x->mg && x->step < floor) floor = x->step;
+        if (last) break;
+    }
+    return FSDP_OK;
+}
+
+/* The work failed earlier, or its group did: report it. */
+static fsdp_status check_live(fsdp_ctx *ctx, mpi_work *w) {
+    if (!w->mg)
+        return FSDP_FAIL(ctx, w->failed != FSDP_OK ? w->failed : FSDP_ERR_STATE, "%s", w->msg);
+    if (!w->mg->poisoned) return FSDP_OK;
+    mpi_group *mg = w->mg;
+    return fail_all_with(ctx, mg, fsdp_mpi_fail_poisoned(ctx, w->g, mg, OP));
+}
+
+fsdp_status fsdp_mpi_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) {
+    mpi_work *w = work->state;
+    *done = false;
+    FSDP_TRY(check_live(ctx, w));
+    mpi_group *mg = w->mg;
+    FSDP_TRY(advance(ctx, mg, NULL, false));
+    FSDP_TRY(check_live(ctx, w));
+    if (w->step != STEP_GATHER) return FSDP_OK;
+    fsdp_status st = fsdp_mpi_test_set(ctx, w->g, mg, &w->rq, OP, done);
+    if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
+    if (*done) unlink_work(w);
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_mpi_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
+    mpi_work *w = work->state;
+    FSDP_TRY(check_live(ctx, w));
+    mpi_group *mg = w->mg;
+    FSDP_TRY(advance(ctx, mg, w, true));
+    FSDP_TRY(check_live(ctx, w));
+    fsdp_status st = fsdp_mpi_wait_set(ctx, w->g, mg, &w->rq, OP, WAIT_DATA);
+    if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
+    unlink_work(w);
+    return FSDP_OK;
+}

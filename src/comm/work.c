@@ -1,0 +1,62 @@
+/* work.c: the handles of non-blocking collectives (fsdp_comm_work): create, test, wait, free.
+ * The call itself starts in collectives.c; a backend without non-blocking entries completes it
+ * there, and its works are never pending. Tests and waits are timed under the start's
+ * comm-debug row. */
+#include <stdlib.h>
+
+#include "comm/comm_impl.h"
+#include "core/error.h"
+
+fsdp_status fsdp_comm_work_create(fsdp_ctx *ctx, fsdp_comm_work **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    *out = calloc(1, sizeof **out);
+    if (!*out) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a comm work");
+    return FSDP_OK;
+}
+
+void fsdp_comm_work_free(fsdp_comm_work *work) {
+    if (!work) return;
+    if (work->free_state) work->free_state(work->state);
+    free(work);
+}
+
+bool fsdp_comm_work_pending(const fsdp_comm_work *work) {
+    return work && work->pending;
+}
+
+/* The backend of a pending work's group. */
+static const fsdp_comm_backend_i *backend_of(const fsdp_comm_work *work) {
+    return &work->group->world->backend.iface;
+}
+
+fsdp_status fsdp_comm_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, work);
+    if (!work->pending) return FSDP_OK;
+    double t0 = fsdp_comm_debug_clock(ctx);
+    fsdp_status st = backend_of(work)->work_wait(ctx, work);
+    fsdp_comm_debug_timed_row(ctx, work->debug_row, work->debug_session, t0);
+    work->pending = false;
+    work->group = NULL;
+    FSDP_TRY_AT(ctx, st);
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_comm_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, work);
+    FSDP_ARG_NOT_NULL(ctx, done);
+    *done = true;
+    if (!work->pending) return FSDP_OK;
+    double t0 = fsdp_comm_debug_clock(ctx);
+    fsdp_status st = backend_of(work)->work_test(ctx, work, done);
+    fsdp_comm_debug_timed_row(ctx, work->debug_row, work->debug_session, t0);
+    if (st != FSDP_OK || *done) {
+        *done = true;
+        work->pending = false;
+        work->group = NULL;
+    }
+    FSDP_TRY_AT(ctx, st);
+    return FSDP_OK;
+}
