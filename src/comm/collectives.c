@@ -8,6 +8,7 @@
 
 #include "comm/comm_impl.h"
 #include "core/error.h"
+#include "core/prof_impl.h" // defines: fsdp_prof_now
 #include "core/tensor_impl.h"
 
 /* Finds the group (NULL: the world group) and checks that it is this rank's handle. */
@@ -28,6 +29,24 @@ static fsdp_status resolve(fsdp_ctx *ctx, fsdp_group **g, fsdp_comm_op op) {
                          "(rank %d); use the handles made on this rank",
                          name, grp->desc, ctx->rank);
     return FSDP_OK;
+}
+
+/* The profile (fsdp/profile.h): a backend call's time, minus what the backend counted as
+ * moving data, is its wait. */
+typedef struct prof_mark {
+    double t0, copy0;
+} prof_mark;
+
+static prof_mark prof_begin(const fsdp_ctx *ctx, fsdp_comm_op op) {
+    if (!ctx->prof_on) return (prof_mark){0};
+    return (prof_mark){fsdp_prof_now(), ctx->prof.comm_copy_s[op]};
+}
+
+static void prof_end(fsdp_ctx *ctx, fsdp_comm_op op, prof_mark m) {
+    if (!ctx->prof_on) return;
+    double copied = ctx->prof.comm_copy_s[op] - m.copy0;
+    ctx->prof.comm_wait_s[op] += fsdp_prof_now() - m.t0 - copied;
+    ctx->prof.comm_calls[op]++;
 }
 
 /* This rank will not make the call: let the peers know, keeping this rank's own message. */
@@ -182,7 +201,10 @@ fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     fsdp_status st = check_all_gather(ctx, group, out, in, &dim);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(out));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    FSDP_TRY_AT(ctx, group->world->backend.iface.all_gather(ctx, group, out, in, dim));
+    prof_mark mark = prof_begin(ctx, op);
+    st = group->world->backend.iface.all_gather(ctx, group, out, in, dim);
+    prof_end(ctx, op, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
 
@@ -244,7 +266,10 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
     fsdp_status st = check_reduce_scatter(ctx, group, out, in, &dim, op);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(in));
     if (st != FSDP_OK) return reject(ctx, group, cop, st);
-    FSDP_TRY_AT(ctx, group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op));
+    prof_mark mark = prof_begin(ctx, cop);
+    st = group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op);
+    prof_end(ctx, cop, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
 
@@ -257,7 +282,10 @@ fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fs
     if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, cop, st);
-    FSDP_TRY_AT(ctx, group->world->backend.iface.all_reduce(ctx, group, t, op));
+    prof_mark mark = prof_begin(ctx, cop);
+    st = group->world->backend.iface.all_reduce(ctx, group, t, op);
+    prof_end(ctx, cop, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
 
@@ -273,7 +301,10 @@ fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int
                        group->desc, root, group->size - 1);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    FSDP_TRY_AT(ctx, group->world->backend.iface.broadcast(ctx, group, t, root));
+    prof_mark mark = prof_begin(ctx, op);
+    st = group->world->backend.iface.broadcast(ctx, group, t, root);
+    prof_end(ctx, op, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
 
@@ -315,8 +346,10 @@ fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     fsdp_status st = check_all_to_all(ctx, group, out, in, &split_dim, &concat_dim);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(in));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    FSDP_TRY_AT(ctx,
-                group->world->backend.iface.all_to_all(ctx, group, out, in, split_dim, concat_dim));
+    prof_mark mark = prof_begin(ctx, op);
+    st = group->world->backend.iface.all_to_all(ctx, group, out, in, split_dim, concat_dim);
+    prof_end(ctx, op, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
 
@@ -326,6 +359,9 @@ fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group) {
     FSDP_TRY(resolve(ctx, &group, op));
     fsdp_status st = fsdp_comm_debug_note(ctx, group, op, 0);
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    FSDP_TRY_AT(ctx, group->world->backend.iface.barrier(ctx, group));
+    prof_mark mark = prof_begin(ctx, op);
+    st = group->world->backend.iface.barrier(ctx, group);
+    prof_end(ctx, op, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }

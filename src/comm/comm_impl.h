@@ -94,6 +94,8 @@ struct fsdp_world {
     int timeout_ms;
     int grace_ms;         /* after the first failure, how long a run waits for the other ranks */
     int threads_per_rank; /* fsdp_world_options.threads_per_rank */
+    bool pin_threads;     /* fsdp_world_options.pin_threads */
+    int rank_threads;     /* threads of each hosted rank in the current run */
     fsdp_ctx_options ctx_options;
     atomic_bool running;
     atomic_int failures;

@@ -14,6 +14,7 @@
 
 #include "comm/comm_impl.h"
 #include "core/error.h"
+#include "core/prof_impl.h" // defines: fsdp_prof_now
 #include "core/tensor_impl.h"
 
 #define LOCAL_MAX_RANKS FSDP_LOCAL_MAX_RANKS
@@ -327,11 +328,21 @@ static fsdp_status rendezvous(fsdp_ctx *ctx, const fsdp_group *g, int op, const 
 
 static const int64_t zeros[FSDP_MAX_DIMS] = {0};
 
+/* The profile's copy time (fsdp/profile.h): the data movement between the rendezvous. */
+static double copy_begin(const fsdp_ctx *ctx) {
+    return ctx->prof_on ? fsdp_prof_now() : 0.0;
+}
+
+static void copy_end(fsdp_ctx *ctx, int op, double t0) {
+    if (ctx->prof_on) ctx->prof.comm_copy_s[op] += fsdp_prof_now() - t0;
+}
+
 static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int dim) {
     fsdp_call c = fsdp_call_all_gather(out, in, dim);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
+    const double t0 = copy_begin(ctx);
     int64_t at[FSDP_MAX_DIMS] = {0};
     for (int r = 0; r < g->size; r++) {
         const fsdp_tensor *src = lg->calls[r]->in;
@@ -339,6 +350,7 @@ static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
         fsdp_box_copy(fsdp_tensor_data(out), out->shape, at, fsdp_tensor_data(src), src->shape,
                       zeros, src->shape, out->ndim, fsdp_dtype_size(out->dtype));
     }
+    copy_end(ctx, c.op, t0);
     return rendezvous(ctx, g, c.op, NULL);
 }
 
@@ -353,9 +365,11 @@ static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tenso
     fsdp_chunk_range(n, g->size, g->rank, &begin, &len);
     char *dst = fsdp_tensor_data(out);
     size_t esize = fsdp_dtype_size(in->dtype);
+    const double t0 = copy_begin(ctx);
     for (int64_t o = 0; o < outer && len > 0; o++)
         fsdp_reduce_run(dst + (size_t)(o * len * inner) * esize, lg->srcs, g->size,
                         (o * n + begin) * inner, len * inner, in->dtype, op);
+    copy_end(ctx, c.op, t0);
     return rendezvous(ctx, g, c.op, NULL);
 }
 
@@ -368,15 +382,19 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
     int64_t begin, len;
     fsdp_chunk_range(t->numel, g->size, g->rank, &begin, &len);
     size_t esize = fsdp_dtype_size(t->dtype);
+    double t0 = copy_begin(ctx);
     if (len > 0)
         fsdp_reduce_run((char *)lg->scratch + (size_t)begin * esize, lg->srcs, g->size, begin, len,
                         t->dtype, op);
+    copy_end(ctx, c.op, t0);
     FSDP_TRY(rendezvous(ctx, g, c.op, NULL));
     /* ...and once all are written (and nobody reads the inputs), every rank copies the whole.
      * The scratch is not touched again before every rank has arrived at its next call. An
      * empty tensor (a dp rank without samples) has no storage and the scratch may be NULL:
      * memcpy must not see them even for 0 bytes. */
+    t0 = copy_begin(ctx);
     if (t->numel > 0) memcpy(fsdp_tensor_data(t), lg->scratch, fsdp_tensor_nbytes(t));
+    copy_end(ctx, c.op, t0);
     return FSDP_OK;
 }
 
@@ -384,8 +402,10 @@ static fsdp_status local_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
     fsdp_call c = fsdp_call_broadcast(t, root);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
+    const double t0 = copy_begin(ctx);
     if (g->rank != root && t->numel > 0)
         memcpy(fsdp_tensor_data(t), fsdp_tensor_data(lg->calls[root]->out), fsdp_tensor_nbytes(t));
+    copy_end(ctx, c.op, t0);
     return rendezvous(ctx, g, c.op, NULL);
 }
 
@@ -394,6 +414,7 @@ static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
     fsdp_call c = fsdp_call_all_to_all(out, in, split_dim, concat_dim);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
+    const double t0 = copy_begin(ctx);
     int64_t at = 0; /* where along concat_dim the next rank's piece goes */
     for (int r = 0; r < g->size; r++) {
         const fsdp_tensor *src = lg->calls[r]->in;
@@ -406,6 +427,7 @@ static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
                       src_at, box, out->ndim, fsdp_dtype_size(out->dtype));
         at += box[concat_dim];
     }
+    copy_end(ctx, c.op, t0);
     return rendezvous(ctx, g, c.op, NULL);
 }
 
