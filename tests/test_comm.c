@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "fsdp/profile.h" // defines: fsdp_profile_start, fsdp_profile_read
 #include "harness.h"
 
 static const int world_sizes[] = {1, 2, 3, 4, 8};
@@ -1022,9 +1023,57 @@ static void check_trail_across_ranks(int n) {
     fsdp_clear_error(ctx);
 }
 
+/* The profile counts every collective of its rank while it runs, by op, and splits its time
+ * into copy and wait (both non-negative); calls after fsdp_profile_stop are not counted. */
+static fsdp_status profile_body(fsdp_ctx *ctx, int rank, void *user) {
+    int W = fsdp_group_size(fsdp_ctx_world_group(ctx));
+    int64_t n = 4096L * W;
+    fsdp_tensor *full = NULL, *part = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &full));
+    int64_t chunk = n / W;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &chunk, &part);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, full, 1.0f);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, part, 2.0f);
+    if (st == FSDP_OK) st = fsdp_profile_start(ctx);
+    for (int i = 0; st == FSDP_OK && i < 3; i++) st = fsdp_all_gather(ctx, NULL, full, part, 0);
+    for (int i = 0; st == FSDP_OK && i < 2; i++)
+        st = fsdp_reduce_scatter(ctx, NULL, part, full, 0, FSDP_REDUCE_SUM);
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, NULL, full, FSDP_REDUCE_SUM);
+    if (st == FSDP_OK) st = fsdp_broadcast(ctx, NULL, full, 0);
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    if (st == FSDP_OK) st = fsdp_profile_stop(ctx);
+    if (st == FSDP_OK) st = fsdp_all_gather(ctx, NULL, full, part, 0); /* not counted */
+    fsdp_profile pr;
+    if (st == FSDP_OK) st = fsdp_profile_read(ctx, &pr);
+    const int want[FSDP_COMM_OP_COUNT] = {[FSDP_COMM_ALL_GATHER] = 3,
+                                          [FSDP_COMM_REDUCE_SCATTER] = 2,
+                                          [FSDP_COMM_ALL_REDUCE] = 1,
+                                          [FSDP_COMM_BROADCAST] = 1,
+                                          [FSDP_COMM_BARRIER] = 1};
+    for (int op = 0; st == FSDP_OK && op < FSDP_COMM_OP_COUNT; op++) {
+        if (pr.comm_calls[op] != want[op] || pr.comm_copy_s[op] < 0 || pr.comm_wait_s[op] < 0 ||
+            (want[op] == 0 && pr.comm_copy_s[op] + pr.comm_wait_s[op] != 0))
+            st =
+                fsdp_ctx_set_error(ctx, FSDP_ERR_INTERNAL,
+                                   "rank %d: %s counted %lld calls (want %d), copy %g s, wait %g s",
+                                   rank, fsdp_comm_op_to_string(op), (long long)pr.comm_calls[op],
+                                   want[op], pr.comm_copy_s[op], pr.comm_wait_s[op]);
+    }
+    (void)user;
+    fsdp_tensor_free(full);
+    fsdp_tensor_free(part);
+    return st;
+}
+
+static void test_profile_counts(void) {
+    for (int i = 0; i < N_WORLD_SIZES; i++)
+        FSDP_TEST_OK(fsdp_test_run_world(world_sizes[i], 0, profile_body, NULL));
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"chunk_range", test_chunk_range},
+        {"profile_counts", test_profile_counts},
         {"all_gather", test_all_gather},
         {"all_gather_in_place", test_all_gather_in_place},
         {"reduce_scatter", test_reduce_scatter},
