@@ -67,7 +67,8 @@ typedef struct fsdp_world_options {
     int grace_ms;
     /* Threads of each rank while fsdp_world_run runs: the rank's own thread plus
      * threads_per_rank - 1 workers, over which it splits its GEMMs, elementwise kernels and
-     * optimizer updates (bitwise the same results for any count). 0, the default: the
+     * optimizer updates (elementwise and optimizer results bitwise the same for any count,
+     * GEMM to float32 rounding, as with OpenBLAS's own threads). 0, the default: the
      * process's cores (OPENBLAS_NUM_THREADS when set, else the cores OpenBLAS found) divided by
      * the ranks this process hosts, at least 1, so ranks x threads never exceeds the cores by
      * accident (a count that does is used, with a warning). At most

@@ -1,8 +1,11 @@
 /* parallel.c: the CPU table's entries that split one call over the calling rank's threads
  * (workers.c): GEMM by blocks of rows or columns of C, the elementwise kernels and the
- * optimizer updates by cache-line aligned ranges. Every element is computed by the same
- * single-threaded code as without workers, so results are bitwise the same for any thread
- * count. Small calls, and threads without workers, run on the calling thread. */
+ * optimizer updates by cache-line aligned ranges. An elementwise or optimizer element is
+ * computed by the same single-threaded code as without workers, so those results are bitwise
+ * the same for any thread count; a GEMM block is OpenBLAS's single-threaded GEMM on that block,
+ * equal to the whole to float32 rounding (OpenBLAS's edge kernels order some sums differently),
+ * as OpenBLAS's own threads are. Small calls, and threads without workers, run on the calling
+ * thread. */
 #include <stddef.h>
 
 #include "kernels/cpu/cpu.h"
