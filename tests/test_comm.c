@@ -156,9 +156,9 @@ typedef struct spec {
 /* Uneven (13 on 4 ranks), smaller than W (empty chunks), inner and negative dims, 1-d,
  * empty tensors. */
 static const spec shard_specs[] = {
-    {2, {13, 3}, 0, 1}, {2, {2, 3}, 0, 1},       {2, {4, 13}, 1, 0}, {3, {2, 5, 3}, 1, 2},
-    {1, {3}, 0, 0},     {2, {4, 7}, -1, -2},     {2, {0, 4}, 0, 1},  {3, {3, 9, 2}, 2, 1},
-    {2, {1, 1}, 0, 1},  {4, {2, 3, 5, 2}, 2, 0},
+    {2, {13, 3}, 0, 1}, {2, {2, 3}, 0, 1},       {2, {4, 13}, 1, 0},   {3, {2, 5, 3}, 1, 2},
+    {1, {3}, 0, 0},     {2, {4, 7}, -1, -2},     {2, {0, 4}, 0, 1},    {3, {3, 9, 2}, 2, 1},
+    {2, {1, 1}, 0, 1},  {4, {2, 3, 5, 2}, 2, 0}, {2, {9001, 3}, 0, 1}, /* chunks of many blocks */
 };
 #define N_SHARD_SPECS ((int)(sizeof shard_specs / sizeof shard_specs[0]))
 
@@ -256,8 +256,16 @@ static void test_reduce_scatter(void) {
 }
 
 static const spec whole_specs[] = {
-    {2, {13, 3}, 0, 0}, {1, {5}, 0, 0}, {0, {0}, 0, 0},    {3, {2, 3, 4}, 0, 0},
-    {1, {0}, 0, 0},     {1, {1}, 0, 0}, {1, {1000}, 0, 0},
+    {2, {13, 3}, 0, 0},
+    {1, {5}, 0, 0},
+    {0, {0}, 0, 0},
+    {3, {2, 3, 4}, 0, 0},
+    {1, {0}, 0, 0},
+    {1, {1}, 0, 0},
+    {1, {1000}, 0, 0},
+    /* 256 KiB and more (f32, and bf16 for the last): the local backend reduces in place */
+    {2, {257, 300}, 0, 0},
+    {1, {140001}, 0, 0},
 };
 #define N_WHOLE_SPECS ((int)(sizeof whole_specs / sizeof whole_specs[0]))
 

@@ -63,47 +63,38 @@ static void combine(float *restrict acc, const float *restrict x, int64_t n, fsd
     }
 }
 
-/* f32 sums straight from the sources into dst, a block at a time so the block stays in L1
- * while every source is added: (x0 + x1) + x2 ... as the general loop below, without staging
- * each source in a buffer first. */
+/* f32 sums a block at a time: the block's sum is built in `acc` (L1) straight from the
+ * sources, (x0 + x1) + x2 ... as the general loop below, without staging each source in a
+ * buffer first, then stored. Every source's block is read before dst's is written, so dst may
+ * be one of the sources (the MPI all_reduce and the local in-place one reduce into their own
+ * chunk). */
 #define SUM_BLOCK 1024
 
-static void sum_f32(float *restrict dst, const void *const *srcs, int nsrc, int64_t offset,
-                    int64_t n, bool avg) {
+static void sum_f32(float *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
+                    bool avg) {
+    float acc[SUM_BLOCK];
     for (int64_t i = 0; i < n; i += SUM_BLOCK) {
         int64_t m = n - i < SUM_BLOCK ? n - i : SUM_BLOCK;
-        float *restrict d = dst + i;
-        const float *restrict s0 = (const float *)srcs[0] + offset + i;
+        const float *s0 = (const float *)srcs[0] + offset + i;
         if (nsrc == 1) {
-            memcpy(d, s0, (size_t)m * sizeof(float));
-        } else {
-            const float *restrict s1 = (const float *)srcs[1] + offset + i;
-            for (int64_t j = 0; j < m; j++) d[j] = s0[j] + s1[j];
+            memmove(dst + i, s0, (size_t)m * sizeof(float));
+            continue;
         }
+        const float *s1 = (const float *)srcs[1] + offset + i;
+        for (int64_t j = 0; j < m; j++) acc[j] = s0[j] + s1[j];
         for (int r = 2; r < nsrc; r++) {
-            const float *restrict x = (const float *)srcs[r] + offset + i;
-            for (int64_t j = 0; j < m; j++) d[j] += x[j];
+            const float *x = (const float *)srcs[r] + offset + i;
+            for (int64_t j = 0; j < m; j++) acc[j] += x[j];
         }
         if (avg)
-            for (int64_t j = 0; j < m; j++) d[j] /= (float)nsrc;
+            for (int64_t j = 0; j < m; j++) acc[j] /= (float)nsrc;
+        memcpy(dst + i, acc, (size_t)m * sizeof(float));
     }
-}
-
-/* Whether dst's n floats share memory with any source's run (the MPI all_reduce reduces into
- * its own chunk): then only the staged loop below is correct. */
-static bool overlaps(const void *dst, const void *const *srcs, int nsrc, int64_t offset,
-                     int64_t n) {
-    const char *d = dst, *d_end = d + (size_t)n * sizeof(float);
-    for (int r = 0; r < nsrc; r++) {
-        const char *s = (const char *)srcs[r] + (size_t)offset * sizeof(float);
-        if (s < d_end && d < s + (size_t)n * sizeof(float)) return true;
-    }
-    return false;
 }
 
 void fsdp_reduce_run(void *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
                      fsdp_dtype dtype, fsdp_reduce_op op) {
-    if (dtype == FSDP_DTYPE_F32 && op != FSDP_REDUCE_MAX && !overlaps(dst, srcs, nsrc, offset, n)) {
+    if (dtype == FSDP_DTYPE_F32 && op != FSDP_REDUCE_MAX) {
         sum_f32(dst, srcs, nsrc, offset, n, op == FSDP_REDUCE_AVG);
         return;
     }

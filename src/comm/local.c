@@ -1,8 +1,11 @@
 /* local.c: the local backend: the ranks are threads of one process. Each group has a shared
  * rendezvous (mutex, condition variable, stage counter) where every rank posts its call; the
  * last to arrive checks that the calls agree, then each rank reads its peers' buffers
- * directly and a second stage waits until nobody reads them any more. Reductions run in
- * rank order, so every rank gets bitwise the same result. Every wait has a deadline. */
+ * directly and a second stage waits until nobody reads them any more. Each byte is moved once:
+ * an all_gather copies straight from the peers' shards, a reduce_scatter reduces straight
+ * into the owner's shard (every rank its own chunk, a block at a time in cache), a large
+ * all_reduce reduces each chunk in place on its owner, which the others then copy. Reductions
+ * run in rank order, so every rank gets bitwise the same result. Every wait has a deadline. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <pthread.h>
@@ -18,6 +21,11 @@
 #include "core/tensor_impl.h"
 
 #define LOCAL_MAX_RANKS FSDP_LOCAL_MAX_RANKS
+
+/* From this size up an all_reduce works in place (three stages); below it through the shared
+ * scratch (two stages: a rendezvous costs more than copying a small tensor twice). Every rank
+ * takes the same way: the ranks agree on the shape. */
+#define ALL_REDUCE_IN_PLACE_BYTES (256 * 1024)
 
 typedef struct local_group local_group;
 
@@ -166,7 +174,8 @@ static void judge(local_group *lg, const fsdp_group *g) {
             lg->srcs[r] = fsdp_tensor_data(mine->op == FSDP_COMM_ALL_REDUCE ? lg->calls[r]->out
                                                                             : lg->calls[r]->in);
     }
-    if (mine->op == FSDP_COMM_ALL_REDUCE) {
+    if (mine->op == FSDP_COMM_ALL_REDUCE &&
+        fsdp_tensor_nbytes(mine->out) < ALL_REDUCE_IN_PLACE_BYTES) {
         size_t need = fsdp_tensor_nbytes(mine->out);
         if (need > lg->scratch_cap) {
             size_t cap = lg->scratch_cap ? lg->scratch_cap : 4096;
@@ -378,10 +387,33 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
     fsdp_call c = fsdp_call_all_reduce(t, op);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
-    /* Each rank reduces its chunk of the elements into the shared scratch... */
     int64_t begin, len;
     fsdp_chunk_range(t->numel, g->size, g->rank, &begin, &len);
     size_t esize = fsdp_dtype_size(t->dtype);
+    if (fsdp_tensor_nbytes(t) >= ALL_REDUCE_IN_PLACE_BYTES) {
+        /* Each rank reduces its chunk of every rank's tensor into its own tensor's chunk (the
+         * only rank that reads that chunk), each byte read once... */
+        double t0 = copy_begin(ctx);
+        char *mine = fsdp_tensor_data(t);
+        if (len > 0)
+            fsdp_reduce_run(mine + (size_t)begin * esize, lg->srcs, g->size, begin, len, t->dtype,
+                            op);
+        copy_end(ctx, c.op, t0);
+        FSDP_TRY(rendezvous(ctx, g, c.op, NULL));
+        /* ...then copies every other rank's reduced chunk from that rank's tensor... */
+        t0 = copy_begin(ctx);
+        for (int r = 0; r < g->size; r++) {
+            int64_t b, n;
+            fsdp_chunk_range(t->numel, g->size, r, &b, &n);
+            if (r != g->rank && n > 0)
+                memcpy(mine + (size_t)b * esize, (const char *)lg->srcs[r] + (size_t)b * esize,
+                       (size_t)n * esize);
+        }
+        copy_end(ctx, c.op, t0);
+        /* ...and returns once nobody reads its tensor any more. */
+        return rendezvous(ctx, g, c.op, NULL);
+    }
+    /* Each rank reduces its chunk of the elements into the shared scratch... */
     double t0 = copy_begin(ctx);
     if (len > 0)
         fsdp_reduce_run((char *)lg->scratch + (size_t)begin * esize, lg->srcs, g->size, begin, len,
