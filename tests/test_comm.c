@@ -6,7 +6,8 @@
  * bad arguments. Rank bodies never call CUnit (it is not thread-safe): they return a status
  * with a message, which fsdp_world_run hands to the main thread. What a body leaves for the
  * main thread is about its own rank only, since under MPI each process has its own copy. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* sched_getaffinity, CPU_SET */
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -834,6 +835,10 @@ static void test_world_errors(void) {
                     FSDP_ERR_INVALID_ARGUMENT, "nranks is -2");
     FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.nranks = 5000}, &w),
                     FSDP_ERR_INVALID_ARGUMENT, "at most 1024 rank threads");
+    FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.threads_per_rank = -1}, &w),
+                    FSDP_ERR_INVALID_ARGUMENT, "threads_per_rank is -1", "use 1 to 1024, or 0");
+    FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.threads_per_rank = 1025}, &w),
+                    FSDP_ERR_INVALID_ARGUMENT, "threads_per_rank is 1025");
     CU_ASSERT_PTR_NULL(w);
     /* Collectives need a context bound to a world. */
     fsdp_tensor *t = NULL;
@@ -1078,10 +1083,61 @@ static void test_profile_counts(void) {
         FSDP_TEST_OK(fsdp_test_run_world(world_sizes[i], 0, profile_body, NULL));
 }
 
+/* pin_threads: each rank's thread runs on the (rank x threads)-th CPU the process may use
+ * (modulo their count) while its function runs, and a world of one gives the calling thread
+ * its affinity back. */
+typedef struct pin_state {
+    cpu_set_t allowed; /* the process's CPUs, before the run */
+    int threads;
+    int cpu[MAX_RANKS]; /* per rank: the one CPU it found itself on, or -1 */
+} pin_state;
+
+static int nth_cpu(const cpu_set_t *set, int n) {
+    n %= CPU_COUNT(set);
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, set) && n-- == 0) return cpu;
+    return -1;
+}
+
+static fsdp_status pin_body(fsdp_ctx *ctx, int rank, void *user) {
+    pin_state *ps = user;
+    cpu_set_t now;
+    ps->cpu[rank] = -1;
+    if (sched_getaffinity(0, sizeof now, &now) == 0 && CPU_COUNT(&now) == 1)
+        ps->cpu[rank] = nth_cpu(&now, 0);
+    return fsdp_barrier(ctx, NULL); /* every rank runs at once */
+}
+
+static void test_pin_threads(void) {
+    pin_state ps = {.threads = 2};
+    CU_ASSERT_EQUAL_FATAL(sched_getaffinity(0, sizeof ps.allowed, &ps.allowed), 0);
+    for (int n = 1; n <= 4; n *= 2) {
+        fsdp_world *w = NULL;
+        fsdp_world_options o = {.nranks = n,
+                                .threads_per_rank = ps.threads,
+                                .pin_threads = true,
+                                .ctx = {.log_level = FSDP_LOG_ERROR}};
+        CU_ASSERT_EQUAL_FATAL(fsdp_world_create(fsdp_test_ctx(), &o, &w), FSDP_OK);
+        FSDP_TEST_OK(fsdp_world_run(fsdp_test_ctx(), w, pin_body, &ps));
+        fsdp_world_free(w);
+        for (int r = 0; r < n; r++) {
+            int want = nth_cpu(&ps.allowed, r * ps.threads);
+            if (ps.cpu[r] != want)
+                fprintf(stderr, "\n  %d ranks: rank %d ran on CPU %d, want %d", n, r, ps.cpu[r],
+                        want);
+            CU_ASSERT_EQUAL(ps.cpu[r], want);
+        }
+        cpu_set_t after; /* a world of one ran on this thread: its affinity is back */
+        CU_ASSERT_EQUAL(sched_getaffinity(0, sizeof after, &after), 0);
+        CU_ASSERT_TRUE(CPU_EQUAL(&after, &ps.allowed));
+    }
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"chunk_range", test_chunk_range},
         {"profile_counts", test_profile_counts},
+        {"pin_threads", test_pin_threads},
         {"all_gather", test_all_gather},
         {"all_gather_in_place", test_all_gather_in_place},
         {"reduce_scatter", test_reduce_scatter},

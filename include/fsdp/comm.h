@@ -76,8 +76,8 @@ typedef struct fsdp_world_options {
      * threaded GEMMs from several rank threads would wait for each other) and gets its count
      * back afterwards. */
     int threads_per_rank;
-    /* Pin each rank's threads to cores: rank r's thread t to core r * T + t (T its threads,
-     * modulo the online cores), for the length of the run; default false (the system places
+    /* Pin each rank's threads to cores: rank r's thread t to the (r * T + t)-th of the CPUs
+     * the process may use (its affinity mask, modulo their count; T its threads), for the length of the run; default false (the system places
      * them). Helps when the machine runs nothing else. */
     bool pin_threads;
 } fsdp_world_options;

@@ -8,7 +8,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <unistd.h> // defines: sysconf
 
 #include "kernels/cpu/workers.h"
 #include "kernels/kernels.h"
@@ -18,7 +17,6 @@
 typedef struct workers {
     int n; /* threads, the owner included */
     pthread_t *threads;
-    int *core; /* per worker: the core it is pinned to, or -1 */
     pthread_mutex_t mu;
     pthread_cond_t start_cv, done_cv;
     _Atomic uint64_t gen; /* calls started; a worker runs each once */
@@ -38,12 +36,20 @@ static _Thread_local workers *mine;
 static _Thread_local cpu_set_t saved_affinity;
 static _Thread_local bool pinned;
 
-static void pin_to(pthread_t t, int core) {
-    if (core < 0) return;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(core, &set);
-    (void)pthread_setaffinity_np(t, sizeof set, &set); /* a hint: a refusal changes no result */
+/* Pins thread t to the slot-th CPU (modulo their count) of `allowed`, the CPUs the process
+ * may use, so that a cpuset or taskset is respected. A refusal changes no result: ignored. */
+static void pin_to(pthread_t t, const cpu_set_t *allowed, int slot) {
+    int count = CPU_COUNT(allowed);
+    if (count <= 0) return;
+    slot %= count;
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+        if (!CPU_ISSET(cpu, allowed) || slot-- > 0) continue;
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        (void)pthread_setaffinity_np(t, sizeof set, &set);
+        return;
+    }
 }
 
 static void *worker_main(void *p) {
@@ -86,25 +92,22 @@ static void workers_free(workers *w) {
     pthread_cond_destroy(&w->start_cv);
     pthread_cond_destroy(&w->done_cv);
     free(w->threads);
-    free(w->core);
     free(w);
 }
 
 int fsdp_kernels_cpu_workers_start(int n, int first_core) {
     fsdp_kernels_cpu_workers_stop();
-    int ncores = first_core >= 0 ? (int)sysconf(_SC_NPROCESSORS_ONLN) : 0;
-    if (ncores > 0 &&
+    if (first_core >= 0 &&
         pthread_getaffinity_np(pthread_self(), sizeof saved_affinity, &saved_affinity) == 0) {
         pinned = true;
-        pin_to(pthread_self(), first_core % ncores);
+        pin_to(pthread_self(), &saved_affinity, first_core);
     }
     if (n <= 1) return 1;
     workers *w = calloc(1, sizeof *w);
     if (!w) return 1;
     w->threads = calloc((size_t)n, sizeof *w->threads);
-    w->core = calloc((size_t)n, sizeof *w->core);
-    if (!w->threads || !w->core || pthread_mutex_init(&w->mu, NULL) != 0) {
-        free(w->threads), free(w->core), free(w);
+    if (!w->threads || pthread_mutex_init(&w->mu, NULL) != 0) {
+        free(w->threads), free(w);
         return 1;
     }
     pthread_cond_init(&w->start_cv, NULL);
@@ -121,7 +124,7 @@ int fsdp_kernels_cpu_workers_start(int n, int first_core) {
             free(a);
             break;
         }
-        if (ncores > 0) pin_to(w->threads[i], (first_core + i) % ncores);
+        if (pinned) pin_to(w->threads[i], &saved_affinity, first_core + i);
         w->n = i + 1;
     }
     mine = w;
