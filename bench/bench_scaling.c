@@ -3,9 +3,11 @@
  * global batch of --batch (default 256) rows, under FULL_SHARD, SHARD_GRAD_OP, replicate and
  * 2x2 TP (FSDP over dp) on rank threads, and in one rank with several threads of its own.
  * Every layout is timed against one rank on one thread measured in the same run: speed-up,
- * and fraction of linear in the cores used. --profile adds, per layout, the step split into
- * GEMM, elementwise kernels, optimizer, each collective (copy and wait) and the rest (idle:
- * framework and waiting outside collectives), averaged over the ranks (fsdp/profile.h). */
+ * fraction of linear in the cores used, and the process's CPU time per step against the
+ * baseline's (the work a layout adds, steady on a busy machine). --profile adds, per layout, the
+ * step split into GEMM, elementwise kernels, optimizer, each collective (copy and wait) and the
+ * rest (idle: framework and waiting outside collectives), averaged over the ranks (fsdp/profile.h).
+ */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
 #include <stdio.h>
@@ -37,6 +39,7 @@ typedef struct run {
     layout_kind kind;
     int ranks, threads;
     double step_s;                /* rank 0's median step */
+    double cpu_s;                 /* CPU time of the whole process per step, all threads */
     fsdp_profile prof[MAX_RANKS]; /* per rank, over the timed steps */
     double wall_s[MAX_RANKS];     /* per rank: the timed steps' wall time */
     float loss;
@@ -47,6 +50,13 @@ typedef struct run {
         fsdp_status st_ = (x);                                                                     \
         if (st_ != FSDP_OK) return st_;                                                            \
     } while (0)
+
+/* CPU seconds of this process: every rank thread and worker. */
+static double process_cpu(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static fsdp_status setup(fsdp_ctx *ctx, run *r, fsdp_module **model, fsdp_mesh **mesh,
                          fsdp_group **dp, fsdp_sharded **sh, fsdp_optimizer **opt) {
@@ -103,12 +113,13 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
     }
     double t[64];
     int total = c->warmup + c->steps;
-    double wall0 = 0;
+    double wall0 = 0, cpu0 = 0;
     for (int s = 0; st == FSDP_OK && s < total; s++) {
         if (s == c->warmup) {
             st = fsdp_barrier(ctx, NULL);
             if (c->profile && st == FSDP_OK) st = fsdp_profile_start(ctx);
             wall0 = bench_now();
+            cpu0 = process_cpu();
         }
         double t0 = bench_now();
         const fsdp_tensor *out = NULL;
@@ -121,6 +132,10 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
     }
     if (st == FSDP_OK) {
         r->wall_s[rank] = bench_now() - wall0;
+        st = fsdp_barrier(ctx, NULL); /* every rank's steps are in the process's CPU time */
+        if (rank == 0) r->cpu_s = (process_cpu() - cpu0) / c->steps;
+    }
+    if (st == FSDP_OK) {
         if (c->profile) {
             fsdp_profile_stop(ctx);
             fsdp_profile_read(ctx, &r->prof[rank]);
@@ -287,20 +302,21 @@ int main(int argc, char **argv) {
     run *runs = calloc((size_t)n + 3, sizeof *runs);
     if (!runs) return 1;
     int failed = 0;
-    printf("\n%-14s %5s %7s %10s %9s %6s %11s\n", "layout", "ranks", "threads", "ms/step",
-           "speed-up", "cores", "of linear");
-    double base = 0;
+    printf("\n%-14s %5s %7s %10s %9s %6s %10s %9s %6s\n", "layout", "ranks", "threads", "ms/step",
+           "speed-up", "cores", "of linear", "cpu ms", "work");
+    double base = 0, base_cpu = 0;
     for (int i = 0; i < n; i++) {
         runs[i] = (run){.cfg = &c, .kind = plan[i][0], .ranks = plan[i][1], .threads = plan[i][2]};
         failed |= run_one(ctx, &runs[i]);
         if (failed) break;
-        if (i == 0) base = runs[i].step_s;
+        if (i == 0) base = runs[i].step_s, base_cpu = runs[i].cpu_s;
         int used = runs[i].ranks * runs[i].threads;
         int cores_used = used < cores ? used : (int)cores;
         double speed = base / runs[i].step_s;
-        printf("%-14s %5d %7d %10.1f %8.2fx %6d %10.0f%%%s\n", layout_names[runs[i].kind],
-               runs[i].ranks, runs[i].threads, 1e3 * runs[i].step_s, speed, cores_used,
-               100.0 * speed / cores_used, used > cores ? "  (oversubscribed)" : "");
+        printf("%-14s %5d %7d %10.1f %8.2fx %6d %9.0f%% %9.1f %5.0f%%%s\n",
+               layout_names[runs[i].kind], runs[i].ranks, runs[i].threads, 1e3 * runs[i].step_s,
+               speed, cores_used, 100.0 * speed / cores_used, 1e3 * runs[i].cpu_s,
+               100.0 * base_cpu / runs[i].cpu_s, used > cores ? "  (oversubscribed)" : "");
         fflush(stdout);
     }
     if (!failed && c.profile) {
