@@ -132,14 +132,12 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
     }
     if (st == FSDP_OK) {
         r->wall_s[rank] = bench_now() - wall0;
-        st = fsdp_barrier(ctx, NULL); /* every rank's steps are in the process's CPU time */
-        if (rank == 0) r->cpu_s = (process_cpu() - cpu0) / c->steps;
-    }
-    if (st == FSDP_OK) {
-        if (c->profile) {
+        if (c->profile) { /* before the barrier below, which is the benchmark's own */
             fsdp_profile_stop(ctx);
             fsdp_profile_read(ctx, &r->prof[rank]);
         }
+        st = fsdp_barrier(ctx, NULL); /* every rank's steps are in the process's CPU time */
+        if (rank == 0) r->cpu_s = (process_cpu() - cpu0) / c->steps;
         if (rank == 0) r->step_s = bench_median(t, c->steps < 64 ? c->steps : 64);
     }
     fsdp_tensor_free(x);
