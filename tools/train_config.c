@@ -180,7 +180,7 @@ static const key_def g_keys[] = {
             "dp rank). mpi: the process count decides; 0 or that count"),
     INT_KEY("parallel", "threads_per_rank", parallel.threads_per_rank, "0", 0, 1024,
             "threads of each rank (its kernels split over them); 0: the cores "
-            "(OPENBLAS_NUM_THREADS when set) divided by the rank threads here, at least 1"),
+            "(OPENBLAS_NUM_THREADS when set) divided by the ranks on this machine, at least 1"),
     INT_KEY("parallel", "tp", parallel.tp, "1", 1, 4096,
             "tensor-parallel size: the Linear layers in Colwise/Rowwise pairs over tp ranks "
             "(with an odd count the output Linear stays whole on every tp rank); tp must "

@@ -70,15 +70,17 @@ typedef struct fsdp_world_options {
      * optimizer updates (elementwise and optimizer results bitwise the same for any count,
      * GEMM to float32 rounding, as with OpenBLAS's own threads). 0, the default: the
      * process's cores (OPENBLAS_NUM_THREADS when set, else the cores OpenBLAS found) divided by
-     * the ranks this process hosts, at least 1, so ranks x threads never exceeds the cores by
-     * accident (a count that does is used, with a warning). At most
+     * the ranks on this machine (local: the rank threads; mpi: the processes on the node as
+     * the launcher counts them, OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS), at least 1, so
+     * ranks x threads never exceeds the cores by accident (a count that does is used, with a
+     * warning). At most
      * FSDP_MAX_THREADS_PER_RANK. OpenBLAS itself runs single-threaded during the run (its
      * threaded GEMMs from several rank threads would wait for each other) and gets its count
      * back afterwards. */
     int threads_per_rank;
     /* Pin each rank's threads to cores: rank r's thread t to the (r * T + t)-th of the CPUs
-     * the process may use (its affinity mask, modulo their count; T its threads), for the length of the run; default false (the system places
-     * them). Helps when the machine runs nothing else. */
+     * the process may use (its affinity mask, modulo their count; T its threads), for the length of
+     * the run; default false (the system places them). Helps when the machine runs nothing else. */
     bool pin_threads;
 } fsdp_world_options;
 

@@ -290,9 +290,11 @@ static void run_rank(rank_job *job) {
     fsdp_ctx_options o = w->ctx_options;
     o.rank = job->rank;
     fsdp_ctx *ctx = NULL;
-    /* The rank's own threads: rank r on cores [r T, (r + 1) T) when pinned. */
+    /* The rank's own threads: the k-th rank on this machine on CPUs [k T, (k + 1) T) when
+     * pinned. */
     const int threads = w->rank_threads;
-    fsdp_kernels_cpu_workers_start(threads, w->pin_threads ? job->rank * threads : -1);
+    const int slot = w->pin_slot0 + job->rank - w->first_hosted;
+    fsdp_kernels_cpu_workers_start(threads, w->pin_threads ? slot * threads : -1);
     fsdp_status st = fsdp_ctx_create(&o, &ctx);
     fsdp_error_record e = {0};
     if (st != FSDP_OK) {
@@ -466,6 +468,25 @@ static fsdp_status report(fsdp_ctx *ctx, fsdp_world *world, int left) {
     return fsdp_error_hop(ctx, e.status, __FILE__, __LINE__, NULL);
 }
 
+/* How many ranks share this machine's cores (*sharing) and where this process's first rank
+ * is among them (*slot0, for pinning): the local backend's ranks are all here; under MPI the
+ * launcher's node-local size and rank (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE and _RANK,
+ * MPICH's MPI_LOCALNRANKS and MPI_LOCALRANKID) times the ranks each process hosts, else this
+ * process alone. */
+static void node_share(const fsdp_world *w, int count, int *sharing, int *slot0) {
+    *sharing = count;
+    *slot0 = 0;
+    if (w->kind != FSDP_BACKEND_MPI) return;
+    const char *size = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const char *rank = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!size || !rank) size = getenv("MPI_LOCALNRANKS"), rank = getenv("MPI_LOCALRANKID");
+    long n = size ? strtol(size, NULL, 10) : 0, r = rank ? strtol(rank, NULL, 10) : -1;
+    if (n >= 1 && n <= FSDP_LOCAL_MAX_RANKS && r >= 0 && r < n) {
+        *sharing = (int)n * count;
+        *slot0 = (int)r * count;
+    }
+}
+
 fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, void *user) {
     FSDP_ARG_NOT_NULL(ctx, world);
     FSDP_ARG_NOT_NULL(ctx, fn);
@@ -512,14 +533,17 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
      * processes' results: its log lines name that rank. */
     const int previous = fsdp_log_thread_rank_swap(count == 1 ? first : -1);
     /* Each rank thread runs its kernels on its share of the threads. */
-    world->rank_threads = fsdp_kernels_cpu_threads_enter(count, world->threads_per_rank);
+    int sharing = count;
+    node_share(world, count, &sharing, &world->pin_slot0);
+    world->first_hosted = first;
+    world->rank_threads = fsdp_kernels_cpu_threads_enter(sharing, world->threads_per_rank);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (world->threads_per_rank > 0 && cores > 0 && (long)count * world->rank_threads > cores)
+    if (world->threads_per_rank > 0 && cores > 0 && (long)sharing * world->rank_threads > cores)
         fsdp_log(ctx, FSDP_LOG_WARN,
                  "fsdp_world_run: %d rank%s x %d threads_per_rank = %ld threads on %ld cores: "
                  "they time-share; leave threads_per_rank 0 to share the cores out",
-                 count, count > 1 ? "s" : "", world->rank_threads,
-                 (long)count * world->rank_threads, cores);
+                 sharing, sharing > 1 ? "s" : "", world->rank_threads,
+                 (long)sharing * world->rank_threads, cores);
     int left = run_jobs(world, jobs, count);
     fsdp_kernels_cpu_threads_leave();
     for (int i = 0; i < count; i++) free(jobs[i]);
