@@ -78,9 +78,10 @@ typedef struct fsdp_world_options {
      * threaded GEMMs from several rank threads would wait for each other) and gets its count
      * back afterwards. */
     int threads_per_rank;
-    /* Pin each rank's threads to cores: rank r's thread t to the (r * T + t)-th of the CPUs
-     * the process may use (its affinity mask, modulo their count; T its threads), for the length of
-     * the run; default false (the system places them). Helps when the machine runs nothing else. */
+    /* Pin each rank's threads to cores: the k-th rank on this machine's thread t to the
+     * (k * T + t)-th of the CPUs the process may use (its affinity mask, modulo their count;
+     * T its threads), for the length of the run. Default false (the system places them).
+     * Helps when the machine runs nothing else. */
     bool pin_threads;
 } fsdp_world_options;
 

@@ -163,9 +163,9 @@ void fsdp_kernels_cpu_threads_leave(void);
  * updates (each thread a contiguous, cache-line aligned range: elementwise and optimizer
  * results are bitwise those of one thread, GEMM equal to float32 rounding). first_core >= 0
  * pins the caller to the first_core-th CPU of those its affinity allows and worker i to the
- * (first_core + i)-th (modulo their count); -1 leaves placement to the system. Returns the thread count in effect (1 when
- * threads cannot be started). _stop joins the workers and undoes the pinning; the thread's
- * next _start replaces them. */
+ * (first_core + i)-th (modulo their count); -1 leaves placement to the system. Returns the
+ * thread count in effect (1 when threads cannot be started). _stop joins the workers and
+ * undoes the pinning; the thread's next _start replaces them. */
 int fsdp_kernels_cpu_workers_start(int n, int first_core);
 void fsdp_kernels_cpu_workers_stop(void);
 
