@@ -783,7 +783,7 @@ static int split_mismatches(int threads) {
     static const int64_t shapes[][3] = {{300, 517, 129}, {700, 130, 64}, {257, 2049, 8}};
     int bad = 0;
     float *x = new_uniform(N, -2, 2), *y = new_uniform(N, -2, 2);
-    float *out[2], *p[2], *buf[2], *m[2], *v[2], *vmax[2], *bias_out[2], *c[2];
+    float *out[2], *p[2], *buf[2], *m[2], *v[2], *vmax[2], *bias_out[2], *c[2], *dbias[2];
     float *bias = new_uniform(COLS, -1, 1);
     int64_t big = 700 * 517;
     float *A = new_uniform(700 * 517, -1, 1), *B = new_uniform(700 * 517, -1, 1);
@@ -805,6 +805,9 @@ static int split_mismatches(int threads) {
         k->axpy(o + 10 * N, -0.7f, x, N);
         memcpy(bias_out[run], x, ROWS * COLS * sizeof(float));
         k->bias_add(bias_out[run], bias, ROWS, COLS);
+        dbias[run] = new_floats(COLS);
+        memcpy(dbias[run], bias, COLS * sizeof(float)); /* bias_backward adds */
+        k->bias_backward(dbias[run], x, ROWS, COLS);
         memcpy(p[run], x, N * sizeof(float)), memcpy(buf[run], y, N * sizeof(float));
         fsdp_sgd_step_args sgd = {.sign = 1,
                                   .weight_decay = 0.01f,
@@ -841,6 +844,7 @@ static int split_mismatches(int threads) {
     }
     bad += memcmp(out[0], out[1], (size_t)N * 11 * sizeof(float)) != 0;
     bad += memcmp(bias_out[0], bias_out[1], ROWS * COLS * sizeof(float)) != 0;
+    bad += memcmp(dbias[0], dbias[1], COLS * sizeof(float)) != 0;
     bad += memcmp(p[0], p[1], N * sizeof(float)) != 0;
     bad += memcmp(buf[0], buf[1], N * sizeof(float)) != 0;
     bad += memcmp(m[0], m[1], N * sizeof(float)) != 0;
@@ -877,7 +881,7 @@ static int split_mismatches(int threads) {
     bad += wrong != 0;
     for (int run = 0; run < 2; run++) {
         free(out[run]), free(p[run]), free(buf[run]), free(m[run]), free(v[run]);
-        free(vmax[run]), free(bias_out[run]), free(c[run]);
+        free(vmax[run]), free(bias_out[run]), free(c[run]), free(dbias[run]);
     }
     free(x), free(y), free(bias), free(A), free(B), free(c0);
     return bad;

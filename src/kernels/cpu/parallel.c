@@ -101,6 +101,7 @@ enum {
     EW_GELU_F,
     EW_GELU_B,
     EW_BIAS_ADD,
+    EW_BIAS_BACKWARD,
     EW_SGD,
     EW_ADAM
 };
@@ -111,6 +112,11 @@ static void ew_part(void *arg, int part, int parts) {
     if (j->kind == EW_BIAS_ADD) { /* whole rows */
         fsdp_cpu_split(j->n, 1, part, parts, &b, &e);
         if (b < e) fsdp_cpu_bias_add(j->out + b * j->cols, j->a, e - b, j->cols);
+        return;
+    }
+    if (j->kind == EW_BIAS_BACKWARD) { /* blocks of columns: each column summed as alone */
+        fsdp_cpu_split(j->cols, LINE, part, parts, &b, &e);
+        if (b < e) fsdp_cpu_column_sum_ld(j->out + b, j->a + b, NULL, NULL, j->n, e - b, j->cols);
         return;
     }
     fsdp_cpu_split(j->n, LINE, part, parts, &b, &e);
@@ -249,6 +255,13 @@ void fsdp_cpu_par_bias_add(float *out, const float *bias, int64_t rows, int64_t 
         return;
     }
     ew_run((ew_job){.kind = EW_BIAS_ADD, .n = rows, .cols = cols, .out = out, .a = bias});
+}
+void fsdp_cpu_par_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols) {
+    if (!worth(rows * cols) || cols < 2 * LINE) {
+        fsdp_cpu_bias_backward(dbias, dout, rows, cols);
+        return;
+    }
+    ew_run((ew_job){.kind = EW_BIAS_BACKWARD, .n = rows, .cols = cols, .out = dbias, .a = dout});
 }
 void fsdp_cpu_par_sgd_update(float *p, const float *g, float *buf, int64_t n,
                              const fsdp_sgd_step_args *args) {

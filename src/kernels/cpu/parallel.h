@@ -12,6 +12,7 @@ void fsdp_cpu_par_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                        float *C, int64_t ldc);
 void fsdp_cpu_par_bias_add(float *out, const float *bias, int64_t rows, int64_t cols);
+void fsdp_cpu_par_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols);
 void fsdp_cpu_par_add(float *out, const float *a, const float *b, int64_t n);
 void fsdp_cpu_par_axpy(float *y, float alpha, const float *x, int64_t n);
 void fsdp_cpu_par_scale(float *out, const float *inp, float alpha, int64_t n);
