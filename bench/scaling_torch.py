@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scaling_torch.py: the training step of bench_scaling in PyTorch on the CPU, one process,
 torch.set_num_threads(T) for each T of --threads: the MLP of --widths (ReLU), MSE loss, SGD
-(lr 1e-4), global batch --batch, median ms per step over --steps after --warmup. Prints one
+(lr 1e-4), global batch --batch, median ms per step over --steps after --warmup; zero_grad
+as users call it (set_to_none, so PyTorch fills no gradient buffer where libfsdp zeroes one). Prints one
 line per thread count: `pytorch threads T ms M`. Run by bench/scaling.sh; not a build
 dependency (it needs torch)."""
 import argparse
@@ -35,7 +36,7 @@ def main():
         times = []
         for s in range(a.warmup + a.steps):
             t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=False)
+            opt.zero_grad()  # PyTorch's default: set_to_none, no fill
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             opt.step()

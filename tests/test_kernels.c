@@ -803,6 +803,7 @@ static int split_mismatches(int threads) {
         k->gelu_backward(o + 9 * N, x, y, N);
         memcpy(o + 10 * N, y, N * sizeof(float));
         k->axpy(o + 10 * N, -0.7f, x, N);
+        k->fill(o + 11 * N, -0.0f, N); /* -0.0 keeps its sign bit (+0.0 is a memset) */
         memcpy(bias_out[run], x, ROWS * COLS * sizeof(float));
         k->bias_add(bias_out[run], bias, ROWS, COLS);
         dbias[run] = new_floats(COLS);
@@ -842,7 +843,10 @@ static int split_mismatches(int threads) {
         }
         fsdp_kernels_cpu_workers_stop();
     }
-    bad += memcmp(out[0], out[1], (size_t)N * 11 * sizeof(float)) != 0;
+    bad += memcmp(out[0], out[1], (size_t)N * 12 * sizeof(float)) != 0;
+    bad += f32_bits(out[1][11 * N]) != 0x80000000u || f32_bits(out[1][12 * N - 1]) != 0x80000000u;
+    k->fill(out[1], 0.0f, N);
+    bad += f32_bits(out[1][0]) != 0 || f32_bits(out[1][N - 1]) != 0;
     bad += memcmp(bias_out[0], bias_out[1], ROWS * COLS * sizeof(float)) != 0;
     bad += memcmp(dbias[0], dbias[1], COLS * sizeof(float)) != 0;
     bad += memcmp(p[0], p[1], N * sizeof(float)) != 0;
