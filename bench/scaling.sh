@@ -7,7 +7,8 @@
 #   2. the same step in PyTorch (bench/scaling_torch.py) with 1, 2 and 4 threads, and
 #      libfsdp's one rank with the same threads against it (skipped, with a line, when torch
 #      is not importable);
-#   3. bench_comm at 4 rank threads up to 64 MiB: busbw as a fraction of memcpy.
+#   3. bench_comm at 4 rank threads up to 64 MiB: busbw as a fraction of memcpy;
+#   4. the goals of issue 19 against those figures.
 # Usage: bench/scaling.sh [BUILD_DIR] [-- options for bench_scaling and scaling_torch.py,
 #        e.g. --steps 10 --batch 512]
 set -euo pipefail
@@ -51,4 +52,18 @@ fi
 
 echo
 echo "== 3. collectives of the local backend, 4 rank threads"
-"$build/bench/bench_comm" --ranks 4 --max-bytes 67108864
+comm=$("$build/bench/bench_comm" --ranks 4 --max-bytes 67108864)
+echo "$comm"
+
+echo
+echo "== 4. goals (issue 19)"
+echo "$ours" | awk '$2 == 2 && $3 == 1 && ($1 == "FULL_SHARD" || $1 == "SHARD_GRAD_OP" || $1 == "replicate") {
+    printf "2 ranks >= 1.7x one rank on one core: %-13s %s\n", $1, $5 }'
+if [ -n "${theirs:-}" ]; then
+    a=$(echo "$ours" | awk '$1 == "one" && $2 == "rank" && $3 == 1 && $4 == 2 {print $5; exit}')
+    b=$(echo "$theirs" | awk '$1 == "pytorch" && $3 == 2 {print $5}')
+    [ -n "$a" ] && [ -n "$b" ] &&
+        awk -v a="$a" -v b="$b" 'BEGIN {printf "one rank with 2 threads no slower than PyTorch with 2: %.1f ms vs %.1f ms (%s)\n", a, b, a <= b ? "met" : "not met"}'
+fi
+echo "$comm" | awk '($1 == "all_gather" || $1 == "reduce_scatter") && $2 >= 16777216 {
+    printf "%-14s %9d bytes >= 50%% of memcpy: %s\n", $1, $2, $7 }'
