@@ -8,7 +8,7 @@ CMAKE_ARGS ?=
 CONFIG     ?= examples/digits.ini
 
 .PHONY: all deps configure build train test sanitize-build test-sanitize test-tsan fuzz-config \
-	bench bench-mpi install format clean
+	bench bench-mpi bench-scaling install format clean
 
 all: build
 
@@ -61,6 +61,11 @@ bench: build
 	$(BUILD)/bench/bench_gemm
 	$(BUILD)/bench/bench_adam
 	$(BUILD)/bench/bench_comm
+
+# Scaling over this machine's cores: bench_scaling with its profile, PyTorch with the same
+# threads (when torch is importable), the collectives at 4 ranks (bench/README.md).
+bench-scaling: build
+	bench/scaling.sh $(BUILD)
 
 # The collective benchmark on the MPI backend: NP processes (as root: MPIRUN_FLAGS=--allow-run-as-root).
 NP          ?= 4

@@ -44,6 +44,7 @@ typedef struct fx {
     fsdp_ckpt_piece piece;
     fsdp_comm_record rec;
     fsdp_comm_bucket bucket;
+    fsdp_profile prof;
     fsdp_optim_state ostate;
     fsdp_flat_segment seg;
     fsdp_llama_config llama, llama_out;
@@ -198,6 +199,10 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_comm_debug_record, "ctx out", fsdp_comm_debug_record(C, 0, A(1, &f->rec)))           \
     CALL(fsdp_comm_debug_print, "ctx f", fsdp_comm_debug_print(C, A(1, f->file)))                  \
     CALL(fsdp_comm_debug_write_json, "ctx f", fsdp_comm_debug_write_json(C, A(1, f->file)))        \
+    /* profile.h */                                                                                \
+    CALL(fsdp_profile_start, "ctx", fsdp_profile_start(C))                                         \
+    CALL(fsdp_profile_stop, "ctx", fsdp_profile_stop(C))                                           \
+    CALL(fsdp_profile_read, "ctx out", fsdp_profile_read(C, A(1, &f->prof)))                       \
     /* ctx.h, cuda.h */                                                                            \
     NOCTX(fsdp_ctx_create, "out", fsdp_ctx_create(NULL, A(0, &f->made_ctx)))                       \
     NOCTX(fsdp_log_level_parse, "text out", fsdp_log_level_parse(A(0, "info"), A(1, &f->level)))   \

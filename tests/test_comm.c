@@ -6,13 +6,15 @@
  * bad arguments. Rank bodies never call CUnit (it is not thread-safe): they return a status
  * with a message, which fsdp_world_run hands to the main thread. What a body leaves for the
  * main thread is about its own rank only, since under MPI each process has its own copy. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* sched_getaffinity, CPU_SET */
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "core/error.h"
+#include "fsdp/profile.h" // defines: fsdp_profile_start, fsdp_profile_read
 #include "harness.h"
 
 static const int world_sizes[] = {1, 2, 3, 4, 8};
@@ -161,9 +163,9 @@ typedef struct spec {
 /* Uneven (13 on 4 ranks), smaller than W (empty chunks), inner and negative dims, 1-d,
  * empty tensors. */
 static const spec shard_specs[] = {
-    {2, {13, 3}, 0, 1}, {2, {2, 3}, 0, 1},       {2, {4, 13}, 1, 0}, {3, {2, 5, 3}, 1, 2},
-    {1, {3}, 0, 0},     {2, {4, 7}, -1, -2},     {2, {0, 4}, 0, 1},  {3, {3, 9, 2}, 2, 1},
-    {2, {1, 1}, 0, 1},  {4, {2, 3, 5, 2}, 2, 0},
+    {2, {13, 3}, 0, 1}, {2, {2, 3}, 0, 1},       {2, {4, 13}, 1, 0},   {3, {2, 5, 3}, 1, 2},
+    {1, {3}, 0, 0},     {2, {4, 7}, -1, -2},     {2, {0, 4}, 0, 1},    {3, {3, 9, 2}, 2, 1},
+    {2, {1, 1}, 0, 1},  {4, {2, 3, 5, 2}, 2, 0}, {2, {9001, 3}, 0, 1}, /* chunks of many blocks */
 };
 #define N_SHARD_SPECS ((int)(sizeof shard_specs / sizeof shard_specs[0]))
 
@@ -262,8 +264,16 @@ static void test_reduce_scatter(void) {
 }
 
 static const spec whole_specs[] = {
-    {2, {13, 3}, 0, 0}, {1, {5}, 0, 0}, {0, {0}, 0, 0},    {3, {2, 3, 4}, 0, 0},
-    {1, {0}, 0, 0},     {1, {1}, 0, 0}, {1, {1000}, 0, 0},
+    {2, {13, 3}, 0, 0},
+    {1, {5}, 0, 0},
+    {0, {0}, 0, 0},
+    {3, {2, 3, 4}, 0, 0},
+    {1, {0}, 0, 0},
+    {1, {1}, 0, 0},
+    {1, {1000}, 0, 0},
+    /* 256 KiB and more (f32, and bf16 for the last): the local backend reduces in place */
+    {2, {257, 300}, 0, 0},
+    {1, {140001}, 0, 0},
 };
 #define N_WHOLE_SPECS ((int)(sizeof whole_specs / sizeof whole_specs[0]))
 
@@ -1094,6 +1104,10 @@ static void test_world_errors(void) {
                     FSDP_ERR_INVALID_ARGUMENT, "nranks is -2");
     FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.nranks = 5000}, &w),
                     FSDP_ERR_INVALID_ARGUMENT, "at most 1024 rank threads");
+    FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.threads_per_rank = -1}, &w),
+                    FSDP_ERR_INVALID_ARGUMENT, "threads_per_rank is -1", "use 1 to 1024, or 0");
+    FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.threads_per_rank = 1025}, &w),
+                    FSDP_ERR_INVALID_ARGUMENT, "threads_per_rank is 1025");
     CU_ASSERT_PTR_NULL(w);
     /* Collectives need a context bound to a world. */
     fsdp_tensor *t = NULL;
@@ -1291,9 +1305,108 @@ static void check_trail_across_ranks(int n) {
     fsdp_clear_error(ctx);
 }
 
+/* The profile counts every collective of its rank while it runs, by op, and splits its time
+ * into copy and wait (both non-negative); calls after fsdp_profile_stop are not counted. */
+static fsdp_status profile_body(fsdp_ctx *ctx, int rank, void *user) {
+    int W = fsdp_group_size(fsdp_ctx_world_group(ctx));
+    int64_t n = 4096L * W;
+    fsdp_tensor *full = NULL, *part = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &full));
+    int64_t chunk = n / W;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &chunk, &part);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, full, 1.0f);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, part, 2.0f);
+    if (st == FSDP_OK) st = fsdp_profile_start(ctx);
+    for (int i = 0; st == FSDP_OK && i < 3; i++) st = fsdp_all_gather(ctx, NULL, full, part, 0);
+    for (int i = 0; st == FSDP_OK && i < 2; i++)
+        st = fsdp_reduce_scatter(ctx, NULL, part, full, 0, FSDP_REDUCE_SUM);
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, NULL, full, FSDP_REDUCE_SUM);
+    if (st == FSDP_OK) st = fsdp_broadcast(ctx, NULL, full, 0);
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    if (st == FSDP_OK) st = fsdp_profile_stop(ctx);
+    if (st == FSDP_OK) st = fsdp_all_gather(ctx, NULL, full, part, 0); /* not counted */
+    fsdp_profile pr;
+    if (st == FSDP_OK) st = fsdp_profile_read(ctx, &pr);
+    const int want[FSDP_COMM_OP_COUNT] = {[FSDP_COMM_ALL_GATHER] = 3,
+                                          [FSDP_COMM_REDUCE_SCATTER] = 2,
+                                          [FSDP_COMM_ALL_REDUCE] = 1,
+                                          [FSDP_COMM_BROADCAST] = 1,
+                                          [FSDP_COMM_BARRIER] = 1};
+    for (int op = 0; st == FSDP_OK && op < FSDP_COMM_OP_COUNT; op++) {
+        if (pr.comm_calls[op] != want[op] || pr.comm_copy_s[op] < 0 || pr.comm_wait_s[op] < 0 ||
+            (want[op] == 0 && pr.comm_copy_s[op] + pr.comm_wait_s[op] != 0))
+            st =
+                fsdp_ctx_set_error(ctx, FSDP_ERR_INTERNAL,
+                                   "rank %d: %s counted %lld calls (want %d), copy %g s, wait %g s",
+                                   rank, fsdp_comm_op_to_string(op), (long long)pr.comm_calls[op],
+                                   want[op], pr.comm_copy_s[op], pr.comm_wait_s[op]);
+    }
+    (void)user;
+    fsdp_tensor_free(full);
+    fsdp_tensor_free(part);
+    return st;
+}
+
+static void test_profile_counts(void) {
+    for (int i = 0; i < N_WORLD_SIZES; i++)
+        FSDP_TEST_OK(fsdp_test_run_world(world_sizes[i], 0, profile_body, NULL));
+}
+
+/* pin_threads: each rank's thread runs on the (rank x threads)-th CPU the process may use
+ * (modulo their count) while its function runs, and a world of one gives the calling thread
+ * its affinity back. */
+typedef struct pin_state {
+    cpu_set_t allowed; /* the process's CPUs, before the run */
+    int threads;
+    int cpu[MAX_RANKS]; /* per rank: the one CPU it found itself on, or -1 */
+} pin_state;
+
+static int nth_cpu(const cpu_set_t *set, int n) {
+    n %= CPU_COUNT(set);
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, set) && n-- == 0) return cpu;
+    return -1;
+}
+
+static fsdp_status pin_body(fsdp_ctx *ctx, int rank, void *user) {
+    pin_state *ps = user;
+    cpu_set_t now;
+    ps->cpu[rank] = -1;
+    if (sched_getaffinity(0, sizeof now, &now) == 0 && CPU_COUNT(&now) == 1)
+        ps->cpu[rank] = nth_cpu(&now, 0);
+    return fsdp_barrier(ctx, NULL); /* every rank runs at once */
+}
+
+static void test_pin_threads(void) {
+    pin_state ps = {.threads = 2};
+    CU_ASSERT_EQUAL_FATAL(sched_getaffinity(0, sizeof ps.allowed, &ps.allowed), 0);
+    for (int n = 1; n <= 4; n *= 2) {
+        fsdp_world *w = NULL;
+        fsdp_world_options o = {.nranks = n,
+                                .threads_per_rank = ps.threads,
+                                .pin_threads = true,
+                                .ctx = {.log_level = FSDP_LOG_ERROR}};
+        CU_ASSERT_EQUAL_FATAL(fsdp_world_create(fsdp_test_ctx(), &o, &w), FSDP_OK);
+        FSDP_TEST_OK(fsdp_world_run(fsdp_test_ctx(), w, pin_body, &ps));
+        fsdp_world_free(w);
+        for (int r = 0; r < n; r++) {
+            int want = nth_cpu(&ps.allowed, r * ps.threads);
+            if (ps.cpu[r] != want)
+                fprintf(stderr, "\n  %d ranks: rank %d ran on CPU %d, want %d", n, r, ps.cpu[r],
+                        want);
+            CU_ASSERT_EQUAL(ps.cpu[r], want);
+        }
+        cpu_set_t after; /* a world of one ran on this thread: its affinity is back */
+        CU_ASSERT_EQUAL(sched_getaffinity(0, sizeof after, &after), 0);
+        CU_ASSERT_TRUE(CPU_EQUAL(&after, &ps.allowed));
+    }
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"chunk_range", test_chunk_range},
+        {"profile_counts", test_profile_counts},
+        {"pin_threads", test_pin_threads},
         {"all_gather", test_all_gather},
         {"all_gather_in_place", test_all_gather_in_place},
         {"reduce_scatter", test_reduce_scatter},

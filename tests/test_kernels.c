@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsdp/profile.h"    // defines: fsdp_profile_start, fsdp_profile_read
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_close, FSDP_TEST_CLOSE
 #include "kernel_check.h"    // defines: new_floats, new_uniform, CLOSE_D, CLOSE_S, finite_diff
 #include "kernel_rng.h"      // defines: rng_seed, rng_u32, rng_uniform
@@ -807,6 +808,179 @@ static void test_f16_from_f32(void) {
     free(x), free(got);
 }
 
+/* ---- a rank's threads: split calls give bitwise the one-thread results ---- */
+
+/* Runs every entry the table splits once on this thread alone and once over `threads` threads
+ * (fsdp_kernels_cpu_workers_start), on the same inputs, and counts the outputs that differ in
+ * any bit (elementwise kernels, bias, SGD, Adam) or, for GEMM, lie outside float32's error
+ * bound (OpenBLAS single-threaded, as during a run). Sizes are above the split thresholds and not
+ * multiples of the block sizes. */
+static int split_mismatches(int threads) {
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    enum { N = 200003, ROWS = 1001, COLS = 131 };
+    static const int64_t shapes[][3] = {{300, 517, 129}, {700, 130, 64}, {257, 2049, 8}};
+    int bad = 0;
+    float *x = new_uniform(N, -2, 2), *y = new_uniform(N, -2, 2);
+    float *out[2], *p[2], *buf[2], *m[2], *v[2], *vmax[2], *bias_out[2], *c[2], *dbias[2];
+    float *bias = new_uniform(COLS, -1, 1);
+    int64_t big = 700 * 517;
+    float *A = new_uniform(700 * 517, -1, 1), *B = new_uniform(700 * 517, -1, 1);
+    float *c0 = new_uniform(big * 2, -1, 1);
+    for (int run = 0; run < 2; run++) {
+        CU_ASSERT_EQUAL(fsdp_kernels_cpu_workers_start(run ? threads : 1, -1), run ? threads : 1);
+        out[run] = new_floats(N * 12);
+        p[run] = new_floats(N), buf[run] = new_floats(N), m[run] = new_floats(N);
+        v[run] = new_floats(N), vmax[run] = new_floats(N);
+        bias_out[run] = new_floats(ROWS * COLS);
+        c[run] = new_floats(big * 2 * 12);
+        float *o = out[run];
+        k->add(o, x, y, N), k->scale(o + N, x, 0.3f, N), k->copy(o + 2 * N, x, N);
+        k->fill(o + 3 * N, 1.5f, N), k->relu_forward(o + 4 * N, x, N);
+        k->relu_backward(o + 5 * N, x, y, N), k->sigmoid_forward(o + 6 * N, x, N);
+        k->sigmoid_backward(o + 7 * N, x, y, N), k->gelu_forward(o + 8 * N, x, N);
+        k->gelu_backward(o + 9 * N, x, y, N);
+        memcpy(o + 10 * N, y, N * sizeof(float));
+        k->axpy(o + 10 * N, -0.7f, x, N);
+        k->fill(o + 11 * N, -0.0f, N); /* -0.0 keeps its sign bit (+0.0 is a memset) */
+        memcpy(bias_out[run], x, ROWS * COLS * sizeof(float));
+        k->bias_add(bias_out[run], bias, ROWS, COLS);
+        dbias[run] = new_floats(COLS);
+        memcpy(dbias[run], bias, COLS * sizeof(float)); /* bias_backward adds */
+        k->bias_backward(dbias[run], x, ROWS, COLS);
+        memcpy(p[run], x, N * sizeof(float)), memcpy(buf[run], y, N * sizeof(float));
+        fsdp_sgd_step_args sgd = {.sign = 1,
+                                  .weight_decay = 0.01f,
+                                  .momentum = 0.9f,
+                                  .keep = 0.9f,
+                                  .neg_lr = -0.1f,
+                                  .nesterov = true};
+        k->sgd_update(p[run], y, buf[run], N, &sgd);
+        k->sgd_update(p[run], x, NULL, N, &sgd);
+        memcpy(m[run], y, N * sizeof(float));
+        for (int64_t i = 0; i < N; i++) v[run][i] = fabsf(x[i]), vmax[run][i] = fabsf(y[i]);
+        fsdp_adam_step_args adam = {.sign = 1,
+                                    .l2 = 0.01f,
+                                    .shrink = 0.999f,
+                                    .w1 = 0.1f,
+                                    .beta2 = 0.999f,
+                                    .w2 = 0.001f,
+                                    .eps = 1e-8f,
+                                    .neg_step_size = -1e-3f,
+                                    .bc2_sqrt = 0.3f};
+        k->adam_update(p[run], x, m[run], v[run], vmax[run], N, &adam);
+        k->adam_update(p[run], y, m[run], v[run], NULL, N, &adam);
+        for (int s = 0; s < 3; s++) {
+            for (int t = 0; t < 4; t++) {
+                int64_t M = shapes[s][0], Nn = shapes[s][1], K = shapes[s][2];
+                bool ta = t & 1, tb = t & 2;
+                float *C = c[run] + (int64_t)(s * 4 + t) * big * 2;
+                memcpy(C, c0, (size_t)(M * Nn) * sizeof(float));
+                k->gemm(ta, tb, M, Nn, K, 0.5f, A, ta ? M : K, B, tb ? K : Nn,
+                        t == 3 ? 0.0f : 0.25f, C, Nn);
+            }
+        }
+        fsdp_kernels_cpu_workers_stop();
+    }
+    bad += memcmp(out[0], out[1], (size_t)N * 12 * sizeof(float)) != 0;
+    bad += f32_bits(out[1][11 * N]) != 0x80000000u || f32_bits(out[1][12 * N - 1]) != 0x80000000u;
+    k->fill(out[1], 0.0f, N);
+    bad += f32_bits(out[1][0]) != 0 || f32_bits(out[1][N - 1]) != 0;
+    bad += memcmp(bias_out[0], bias_out[1], ROWS * COLS * sizeof(float)) != 0;
+    bad += memcmp(dbias[0], dbias[1], COLS * sizeof(float)) != 0;
+    bad += memcmp(p[0], p[1], N * sizeof(float)) != 0;
+    bad += memcmp(buf[0], buf[1], N * sizeof(float)) != 0;
+    bad += memcmp(m[0], m[1], N * sizeof(float)) != 0;
+    bad += memcmp(v[0], v[1], N * sizeof(float)) != 0;
+    bad += memcmp(vmax[0], vmax[1], N * sizeof(float)) != 0;
+    /* GEMM: OpenBLAS's blocks of a split C are not always computed in the same order as in
+     * the whole (its edge kernels differ), so both are held to the forward error bound of a
+     * float32 dot product of length K, |C - C_exact| <= (K + 2) u (|alpha| sum |a b| +
+     * |beta c|) with u = 2^-24, against a double-precision reference. */
+    int64_t wrong = 0;
+    for (int s = 0; s < 3; s++)
+        for (int t = 0; t < 4; t++) {
+            int64_t M = shapes[s][0], Nn = shapes[s][1], K = shapes[s][2];
+            bool ta = t & 1, tb = t & 2;
+            double beta = t == 3 ? 0.0 : 0.25;
+            int64_t at = (int64_t)(s * 4 + t) * big * 2;
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < Nn; j++) {
+                    double acc = 0, mag = 0;
+                    for (int64_t q = 0; q < K; q++) {
+                        double a = A[ta ? q * M + i : i * K + q],
+                               b = B[tb ? j * K + q : q * Nn + j];
+                        acc += a * b, mag += fabs(a * b);
+                    }
+                    double want = 0.5 * acc + beta * (double)c0[i * Nn + j];
+                    double tol =
+                        (double)(K + 2) * 0x1p-24 * (0.5 * mag + beta * fabs(c0[i * Nn + j]));
+                    for (int run = 0; run < 2; run++)
+                        wrong += fabs((double)c[run][at + i * Nn + j] - want) > tol;
+                }
+        }
+    printf("\n    %d threads: %lld GEMM elements outside the float32 error bound", threads,
+           (long long)wrong);
+    bad += wrong != 0;
+    for (int run = 0; run < 2; run++) {
+        free(out[run]), free(p[run]), free(buf[run]), free(m[run]), free(v[run]);
+        free(vmax[run]), free(bias_out[run]), free(c[run]), free(dbias[run]);
+    }
+    free(x), free(y), free(bias), free(A), free(B), free(c0);
+    return bad;
+}
+
+static void test_threads_split(void) {
+    /* As inside fsdp_world_run: OpenBLAS single-threaded, the rank's workers split. */
+    CU_ASSERT_EQUAL(fsdp_kernels_cpu_threads_enter(1, 1), 1);
+    for (int threads = 2; threads <= 5; threads += 3) {
+        int bad = split_mismatches(threads);
+        printf("\n    %d threads: %d outputs wrong", threads, bad);
+        CU_ASSERT_EQUAL(bad, 0);
+    }
+    CU_ASSERT_EQUAL(fsdp_kernels_cpu_workers_start(0, -1), 1); /* no workers: this thread only */
+    fsdp_kernels_cpu_workers_stop();
+    fsdp_kernels_cpu_threads_leave();
+}
+
+/* The profile times the table's entries on the thread that started it, by kind, and only
+ * while it runs; the untimed table is handed out again after it stops. */
+static void test_profile_kernels(void) {
+    fsdp_ctx *ctx = NULL;
+    CU_ASSERT_EQUAL_FATAL(fsdp_ctx_create(NULL, &ctx), FSDP_OK);
+    const fsdp_kernels_i *plain = fsdp_kernels_cpu();
+    float a[64], b[64], c[64];
+    for (int i = 0; i < 64; i++) a[i] = (float)i, b[i] = 1.0f;
+    fsdp_profile pr;
+    CU_ASSERT_EQUAL(fsdp_profile_read(ctx, &pr), FSDP_OK);
+    CU_ASSERT_EQUAL(pr.gemm_calls, 0);
+    CU_ASSERT_EQUAL(fsdp_profile_start(ctx), FSDP_OK);
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    CU_ASSERT_PTR_NOT_EQUAL(k, plain);
+    k->gemm(false, false, 8, 8, 8, 1.0f, a, 8, b, 8, 0.0f, c, 8);
+    k->gemm(false, true, 8, 8, 8, 1.0f, a, 8, b, 8, 0.0f, c, 8);
+    CU_ASSERT_EQUAL(c[0], 28.0f); /* row 0 of a (0..7) dotted with ones */
+    k->relu_forward(c, a, 64);
+    k->add(c, a, b, 64);
+    k->scale(c, a, 2.0f, 64);
+    fsdp_sgd_step_args sgd = {.sign = 1, .neg_lr = -1};
+    k->sgd_update(c, b, NULL, 64, &sgd);
+    CU_ASSERT_EQUAL(c[3], 5.0f); /* 2 * 3 - 1 */
+    CU_ASSERT_EQUAL(fsdp_profile_stop(ctx), FSDP_OK);
+    CU_ASSERT_PTR_EQUAL(fsdp_kernels_cpu(), plain);
+    plain->gemm(false, false, 8, 8, 8, 1.0f, a, 8, b, 8, 0.0f, c, 8); /* not counted */
+    CU_ASSERT_EQUAL(fsdp_profile_read(ctx, &pr), FSDP_OK);
+    CU_ASSERT_EQUAL(pr.gemm_calls, 2);
+    CU_ASSERT_EQUAL(pr.elementwise_calls, 3);
+    CU_ASSERT_EQUAL(pr.optimizer_calls, 1);
+    CU_ASSERT(pr.gemm_s > 0 && pr.elementwise_s > 0 && pr.optimizer_s > 0);
+    for (int op = 0; op < FSDP_COMM_OP_COUNT; op++) CU_ASSERT_EQUAL(pr.comm_calls[op], 0);
+    CU_ASSERT_EQUAL(fsdp_profile_start(ctx), FSDP_OK); /* a restart starts from zero */
+    CU_ASSERT_EQUAL(fsdp_profile_read(ctx, &pr), FSDP_OK);
+    CU_ASSERT_EQUAL(pr.gemm_calls, 0);
+    fsdp_ctx_free(ctx); /* stops it */
+    CU_ASSERT_PTR_EQUAL(fsdp_kernels_cpu(), plain);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"dispatch", test_dispatch},
@@ -827,6 +1001,8 @@ int main(int argc, char **argv) {
         {"bf16_round_trip", test_bf16_round_trip},
         {"f16_round_trip", test_f16_round_trip},
         {"f16_from_f32", test_f16_from_f32},
+        {"threads_split", test_threads_split},
+        {"profile_kernels", test_profile_kernels},
     };
     return fsdp_test_run(argc, argv, "kernels", cases, (int)(sizeof cases / sizeof cases[0]));
 }

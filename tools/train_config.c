@@ -235,8 +235,8 @@ static const key_def g_keys[] = {
             "number of ranks, dp * tp. local: the rank threads (at most 1024), 0 means tp (one "
             "dp rank). mpi: the process count decides; 0 or that count"),
     INT_KEY("parallel", "threads_per_rank", parallel.threads_per_rank, "0", 0, 1024,
-            "OpenBLAS threads of each rank; 0: the process's (OPENBLAS_NUM_THREADS, else the "
-            "cores) divided by the rank threads of this process, at least 1"),
+            "threads of each rank (its kernels split over them); 0: the cores "
+            "(OPENBLAS_NUM_THREADS when set) divided by the ranks on this machine, at least 1"),
     INT_KEY("parallel", "tp", parallel.tp, "1", 1, 4096,
             "tensor-parallel size: mlp, the Linear layers in Colwise/Rowwise pairs over tp ranks "
             "(with an odd count the output Linear stays whole on every tp rank), tp dividing "

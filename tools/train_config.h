@@ -118,7 +118,7 @@ typedef struct train_config {
     struct {
         train_backend backend;
         int64_t ranks;            /* 0: the MPI job's size under mpi, tp under local */
-        int64_t threads_per_rank; /* OpenBLAS threads per rank; 0: shared out */
+        int64_t threads_per_rank; /* threads of each rank; 0: cores shared out */
         int64_t tp;
         train_mode mode;
         fsdp_sharding_strategy strategy;

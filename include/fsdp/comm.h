@@ -47,6 +47,7 @@ typedef enum fsdp_backend {
 #define FSDP_COMM_GRACE_ENV            "FSDP_COMM_GRACE_MS"
 #define FSDP_COMM_MIN_DEFAULT_GRACE_MS 10000 /* 10 s */
 #define FSDP_LOCAL_MAX_RANKS           1024  /* rank threads of one local world */
+#define FSDP_MAX_THREADS_PER_RANK      1024  /* fsdp_world_options.threads_per_rank */
 
 typedef struct fsdp_world_options {
     fsdp_backend backend; /* default FSDP_BACKEND_LOCAL */
@@ -64,12 +65,24 @@ typedef struct fsdp_world_options {
      * FSDP_COMM_GRACE_MS environment variable when it holds a positive number, else
      * timeout_ms but at least 10 s (FSDP_COMM_MIN_DEFAULT_GRACE_MS). See fsdp_world_run. */
     int grace_ms;
-    /* OpenBLAS threads of each rank while fsdp_world_run runs (OpenBLAS has one count for the
-     * process; it is restored afterwards). 0, the default: the process's count
-     * (OPENBLAS_NUM_THREADS, else the cores) divided by the ranks this process hosts, at least
-     * 1. More than that with many rank threads can make OpenBLAS abort (src/kernels/kernels.h:
-     * fsdp_kernels_cpu_threads_enter). */
+    /* Threads of each rank while fsdp_world_run runs: the rank's own thread plus
+     * threads_per_rank - 1 workers, over which it splits its GEMMs, elementwise kernels and
+     * optimizer updates (elementwise and optimizer results bitwise the same for any count,
+     * GEMM to float32 rounding, as with OpenBLAS's own threads). 0, the default: the
+     * process's cores (OPENBLAS_NUM_THREADS when set, else the cores OpenBLAS found) divided by
+     * the ranks on this machine (local: the rank threads; mpi: the processes on the node as
+     * the launcher counts them, OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS), at least 1, so
+     * ranks x threads never exceeds the cores by accident (a count that does is used, with a
+     * warning). At most
+     * FSDP_MAX_THREADS_PER_RANK. OpenBLAS itself runs single-threaded during the run (its
+     * threaded GEMMs from several rank threads would wait for each other) and gets its count
+     * back afterwards. */
     int threads_per_rank;
+    /* Pin each rank's threads to cores: the k-th rank on this machine's thread t to the
+     * (k * T + t)-th of the CPUs the process may use (its affinity mask, modulo their count;
+     * T its threads), for the length of the run. Default false (the system places them).
+     * Helps when the machine runs nothing else. */
+    bool pin_threads;
 } fsdp_world_options;
 
 /* Creates a world. opts may be NULL for all defaults. ctx (may be NULL) receives the message

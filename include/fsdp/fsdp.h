@@ -13,6 +13,7 @@
 #include "fsdp/models.h"
 #include "fsdp/module.h"
 #include "fsdp/optim.h"
+#include "fsdp/profile.h"
 #include "fsdp/replicate.h"
 #include "fsdp/rng.h"
 #include "fsdp/status.h"

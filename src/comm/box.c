@@ -2,6 +2,7 @@
  * row-major tensors in as few memcpy runs as the shapes allow, and reducing one run of
  * elements over the ranks in rank order, in f32 (bf16 and f16 are widened exactly, reduced,
  * and rounded once to nearest even). */
+#include <stdbool.h>
 #include <string.h>
 
 #include "comm/comm_impl.h"
@@ -65,8 +66,41 @@ static void combine(float *restrict acc, const float *restrict x, int64_t n, fsd
     }
 }
 
+/* f32 sums a block at a time: the block's sum is built in `acc` (L1) straight from the
+ * sources, (x0 + x1) + x2 ... as the general loop below, without staging each source in a
+ * buffer first, then stored. Every source's block is read before dst's is written, so dst may
+ * be one of the sources (the MPI all_reduce and the local in-place one reduce into their own
+ * chunk). */
+#define SUM_BLOCK 1024
+
+static void sum_f32(float *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
+                    bool avg) {
+    float acc[SUM_BLOCK];
+    for (int64_t i = 0; i < n; i += SUM_BLOCK) {
+        int64_t m = n - i < SUM_BLOCK ? n - i : SUM_BLOCK;
+        const float *s0 = (const float *)srcs[0] + offset + i;
+        if (nsrc == 1) {
+            memmove(dst + i, s0, (size_t)m * sizeof(float));
+            continue;
+        }
+        const float *s1 = (const float *)srcs[1] + offset + i;
+        for (int64_t j = 0; j < m; j++) acc[j] = s0[j] + s1[j];
+        for (int r = 2; r < nsrc; r++) {
+            const float *x = (const float *)srcs[r] + offset + i;
+            for (int64_t j = 0; j < m; j++) acc[j] += x[j];
+        }
+        if (avg)
+            for (int64_t j = 0; j < m; j++) acc[j] /= (float)nsrc;
+        memcpy(dst + i, acc, (size_t)m * sizeof(float));
+    }
+}
+
 void fsdp_reduce_run(void *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
                      fsdp_dtype dtype, fsdp_reduce_op op) {
+    if (dtype == FSDP_DTYPE_F32 && op != FSDP_REDUCE_MAX) {
+        sum_f32(dst, srcs, nsrc, offset, n, op == FSDP_REDUCE_AVG);
+        return;
+    }
     float acc[REDUCE_BLOCK], x[REDUCE_BLOCK];
     for (int64_t i = 0; i < n; i += REDUCE_BLOCK) {
         int64_t m = n - i < REDUCE_BLOCK ? n - i : REDUCE_BLOCK;

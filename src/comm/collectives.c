@@ -8,6 +8,7 @@
 
 #include "comm/comm_impl.h"
 #include "core/error.h"
+#include "core/prof_impl.h" // defines: fsdp_prof_now
 #include "core/tensor_impl.h"
 
 /* Finds the group (NULL: the world group) and checks that it is this rank's handle. */
@@ -28,6 +29,40 @@ static fsdp_status resolve(fsdp_ctx *ctx, fsdp_group **g, fsdp_comm_op op) {
                          "(rank %d); use the handles made on this rank",
                          name, grp->desc, ctx->rank);
     return FSDP_OK;
+}
+
+/* The profile (fsdp/profile.h): a backend call's time, minus what the backend counted as
+ * moving data, is its wait. */
+typedef struct prof_mark {
+    double t0, copy0;
+} prof_mark;
+
+static prof_mark prof_begin(const fsdp_ctx *ctx, fsdp_comm_op op) {
+    if (!ctx->prof_on) return (prof_mark){0};
+    return (prof_mark){fsdp_prof_now(), ctx->prof.comm_copy_s[op]};
+}
+
+static void prof_end(fsdp_ctx *ctx, fsdp_comm_op op, prof_mark m) {
+    if (!ctx->prof_on) return;
+    double copied = ctx->prof.comm_copy_s[op] - m.copy0;
+    ctx->prof.comm_wait_s[op] += fsdp_prof_now() - m.t0 - copied;
+    ctx->prof.comm_calls[op]++;
+}
+
+/* A backend call is timed twice: for comm-debug's seconds (fsdp_comm_debug_timed, the whole
+ * call) and for the profile (its wait, less the copies). */
+typedef struct call_mark {
+    double debug_t0;
+    prof_mark prof;
+} call_mark;
+
+static call_mark call_begin(const fsdp_ctx *ctx, fsdp_comm_op op) {
+    return (call_mark){fsdp_comm_debug_clock(ctx), prof_begin(ctx, op)};
+}
+
+static void call_end(fsdp_ctx *ctx, fsdp_comm_op op, call_mark m) {
+    prof_end(ctx, op, m.prof);
+    fsdp_comm_debug_timed(ctx, m.debug_t0);
 }
 
 /* This rank will not make the call: let the peers know, keeping this rank's own message. */
@@ -182,9 +217,10 @@ fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     fsdp_status st = check_all_gather(ctx, group, out, in, &dim);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(out));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    double t0 = fsdp_comm_debug_clock(ctx);
-    FSDP_TRY_AT(ctx, group->world->backend.iface.all_gather(ctx, group, out, in, dim));
-    fsdp_comm_debug_timed(ctx, t0);
+    call_mark mark = call_begin(ctx, op);
+    st = group->world->backend.iface.all_gather(ctx, group, out, in, dim);
+    call_end(ctx, op, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
 
@@ -246,9 +282,10 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
     fsdp_status st = check_reduce_scatter(ctx, group, out, in, &dim, op);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(in));
     if (st != FSDP_OK) return reject(ctx, group, cop, st);
-    double t0 = fsdp_comm_debug_clock(ctx);
-    FSDP_TRY_AT(ctx, group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op));
-    fsdp_comm_debug_timed(ctx, t0);
+    call_mark mark = call_begin(ctx, cop);
+    st = group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op);
+    call_end(ctx, cop, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
 
@@ -261,9 +298,10 @@ fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fs
     if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, cop, st);
-    double t0 = fsdp_comm_debug_clock(ctx);
-    FSDP_TRY_AT(ctx, group->world->backend.iface.all_reduce(ctx, group, t, op));
-    fsdp_comm_debug_timed(ctx, t0);
+    call_mark mark = call_begin(ctx, cop);
+    st = group->world->backend.iface.all_reduce(ctx, group, t, op);
+    call_end(ctx, cop, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
 
@@ -286,10 +324,11 @@ fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor 
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, cop, st);
     const fsdp_comm_backend_i *be = &group->world->backend.iface;
-    double t0 = fsdp_comm_debug_clock(ctx);
+    call_mark mark = call_begin(ctx, cop);
     if (!be->all_reduce_start) {
-        FSDP_TRY_AT(ctx, be->all_reduce(ctx, group, t, op));
-        fsdp_comm_debug_timed(ctx, t0);
+        st = be->all_reduce(ctx, group, t, op);
+        call_end(ctx, cop, mark);
+        FSDP_TRY_AT(ctx, st);
         return FSDP_OK;
     }
     work->pending = true;
@@ -297,7 +336,7 @@ fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor 
     work->group = group;
     work->debug_row = fsdp_comm_debug_last(ctx, &work->debug_session);
     st = be->all_reduce_start(ctx, group, t, op, work);
-    fsdp_comm_debug_timed(ctx, t0);
+    call_end(ctx, cop, mark);
     if (st != FSDP_OK) {
         work->pending = false;
         work->group = NULL;
@@ -318,9 +357,10 @@ fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int
                        group->desc, root, group->size - 1);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    double t0 = fsdp_comm_debug_clock(ctx);
-    FSDP_TRY_AT(ctx, group->world->backend.iface.broadcast(ctx, group, t, root));
-    fsdp_comm_debug_timed(ctx, t0);
+    call_mark mark = call_begin(ctx, op);
+    st = group->world->backend.iface.broadcast(ctx, group, t, root);
+    call_end(ctx, op, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
 
@@ -362,10 +402,10 @@ fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     fsdp_status st = check_all_to_all(ctx, group, out, in, &split_dim, &concat_dim);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(in));
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    double t0 = fsdp_comm_debug_clock(ctx);
-    FSDP_TRY_AT(ctx,
-                group->world->backend.iface.all_to_all(ctx, group, out, in, split_dim, concat_dim));
-    fsdp_comm_debug_timed(ctx, t0);
+    call_mark mark = call_begin(ctx, op);
+    st = group->world->backend.iface.all_to_all(ctx, group, out, in, split_dim, concat_dim);
+    call_end(ctx, op, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
 
@@ -375,8 +415,9 @@ fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group) {
     FSDP_TRY(resolve(ctx, &group, op));
     fsdp_status st = fsdp_comm_debug_note(ctx, group, op, 0);
     if (st != FSDP_OK) return reject(ctx, group, op, st);
-    double t0 = fsdp_comm_debug_clock(ctx);
-    FSDP_TRY_AT(ctx, group->world->backend.iface.barrier(ctx, group));
-    fsdp_comm_debug_timed(ctx, t0);
+    call_mark mark = call_begin(ctx, op);
+    st = group->world->backend.iface.barrier(ctx, group);
+    call_end(ctx, op, mark);
+    FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }

@@ -103,6 +103,10 @@ struct fsdp_world {
     int timeout_ms;
     int grace_ms;         /* after the first failure, how long a run waits for the other ranks */
     int threads_per_rank; /* fsdp_world_options.threads_per_rank */
+    bool pin_threads;     /* fsdp_world_options.pin_threads */
+    int rank_threads;     /* threads of each hosted rank in the current run */
+    int first_hosted;     /* the first rank this process hosts, in the current run */
+    int pin_slot0;        /* its place among the ranks on this machine (pinning) */
     fsdp_ctx_options ctx_options;
     atomic_bool running;
     atomic_int failures;

@@ -1,8 +1,11 @@
 /* local.c: the local backend: the ranks are threads of one process. Each group has a shared
  * rendezvous (mutex, condition variable, stage counter) where every rank posts its call; the
  * last to arrive checks that the calls agree, then each rank reads its peers' buffers
- * directly and a second stage waits until nobody reads them any more. Reductions run in
- * rank order, so every rank gets bitwise the same result. Every wait has a deadline. */
+ * directly and a second stage waits until nobody reads them any more. Each byte is moved once:
+ * an all_gather copies straight from the peers' shards, a reduce_scatter reduces straight
+ * into the owner's shard (every rank its own chunk, a block at a time in cache), a large
+ * all_reduce reduces each chunk in place on its owner, which the others then copy. Reductions
+ * run in rank order, so every rank gets bitwise the same result. Every wait has a deadline. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <pthread.h>
@@ -14,9 +17,15 @@
 
 #include "comm/comm_impl.h"
 #include "core/error.h"
+#include "core/prof_impl.h" // defines: fsdp_prof_now
 #include "core/tensor_impl.h"
 
 #define LOCAL_MAX_RANKS FSDP_LOCAL_MAX_RANKS
+
+/* From this size up an all_reduce works in place (three stages); below it through the shared
+ * scratch (two stages: a rendezvous costs more than copying a small tensor twice). Every rank
+ * takes the same way: the ranks agree on the shape. */
+#define ALL_REDUCE_IN_PLACE_BYTES (256 * 1024)
 
 typedef struct local_group local_group;
 
@@ -165,7 +174,8 @@ static void judge(local_group *lg, const fsdp_group *g) {
             lg->srcs[r] = fsdp_tensor_data(mine->op == FSDP_COMM_ALL_REDUCE ? lg->calls[r]->out
                                                                             : lg->calls[r]->in);
     }
-    if (mine->op == FSDP_COMM_ALL_REDUCE) {
+    if (mine->op == FSDP_COMM_ALL_REDUCE &&
+        fsdp_tensor_nbytes(mine->out) < ALL_REDUCE_IN_PLACE_BYTES) {
         size_t need = fsdp_tensor_nbytes(mine->out);
         if (need > lg->scratch_cap) {
             size_t cap = lg->scratch_cap ? lg->scratch_cap : 4096;
@@ -327,11 +337,21 @@ static fsdp_status rendezvous(fsdp_ctx *ctx, const fsdp_group *g, int op, const 
 
 static const int64_t zeros[FSDP_MAX_DIMS] = {0};
 
+/* The profile's copy time (fsdp/profile.h): the data movement between the rendezvous. */
+static double copy_begin(const fsdp_ctx *ctx) {
+    return ctx->prof_on ? fsdp_prof_now() : 0.0;
+}
+
+static void copy_end(fsdp_ctx *ctx, int op, double t0) {
+    if (ctx->prof_on) ctx->prof.comm_copy_s[op] += fsdp_prof_now() - t0;
+}
+
 static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int dim) {
     fsdp_call c = fsdp_call_all_gather(out, in, dim);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
+    const double t0 = copy_begin(ctx);
     int64_t at[FSDP_MAX_DIMS] = {0};
     for (int r = 0; r < g->size; r++) {
         const fsdp_tensor *src = lg->calls[r]->in;
@@ -339,6 +359,7 @@ static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
         fsdp_box_copy(fsdp_tensor_data(out), out->shape, at, fsdp_tensor_data(src), src->shape,
                       zeros, src->shape, out->ndim, fsdp_dtype_size(out->dtype));
     }
+    copy_end(ctx, c.op, t0);
     return rendezvous(ctx, g, c.op, NULL);
 }
 
@@ -353,9 +374,11 @@ static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tenso
     fsdp_chunk_range(n, g->size, g->rank, &begin, &len);
     char *dst = fsdp_tensor_data(out);
     size_t esize = fsdp_dtype_size(in->dtype);
+    const double t0 = copy_begin(ctx);
     for (int64_t o = 0; o < outer && len > 0; o++)
         fsdp_reduce_run(dst + (size_t)(o * len * inner) * esize, lg->srcs, g->size,
                         (o * n + begin) * inner, len * inner, in->dtype, op);
+    copy_end(ctx, c.op, t0);
     return rendezvous(ctx, g, c.op, NULL);
 }
 
@@ -364,19 +387,46 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
     fsdp_call c = fsdp_call_all_reduce(t, op);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
-    /* Each rank reduces its chunk of the elements into the shared scratch... */
     int64_t begin, len;
     fsdp_chunk_range(t->numel, g->size, g->rank, &begin, &len);
     size_t esize = fsdp_dtype_size(t->dtype);
+    if (fsdp_tensor_nbytes(t) >= ALL_REDUCE_IN_PLACE_BYTES) {
+        /* Each rank reduces its chunk of every rank's tensor into its own tensor's chunk (the
+         * only rank that reads that chunk), each byte read once... */
+        double t0 = copy_begin(ctx);
+        char *mine = fsdp_tensor_data(t);
+        if (len > 0)
+            fsdp_reduce_run(mine + (size_t)begin * esize, lg->srcs, g->size, begin, len, t->dtype,
+                            op);
+        copy_end(ctx, c.op, t0);
+        FSDP_TRY(rendezvous(ctx, g, c.op, NULL));
+        /* ...then copies every other rank's reduced chunk from that rank's tensor... */
+        t0 = copy_begin(ctx);
+        for (int r = 0; r < g->size; r++) {
+            int64_t b, n;
+            fsdp_chunk_range(t->numel, g->size, r, &b, &n);
+            if (r != g->rank && n > 0)
+                memcpy(mine + (size_t)b * esize, (const char *)lg->srcs[r] + (size_t)b * esize,
+                       (size_t)n * esize);
+        }
+        copy_end(ctx, c.op, t0);
+        /* ...and returns once nobody reads its tensor any more. */
+        return rendezvous(ctx, g, c.op, NULL);
+    }
+    /* Each rank reduces its chunk of the elements into the shared scratch... */
+    double t0 = copy_begin(ctx);
     if (len > 0)
         fsdp_reduce_run((char *)lg->scratch + (size_t)begin * esize, lg->srcs, g->size, begin, len,
                         t->dtype, op);
+    copy_end(ctx, c.op, t0);
     FSDP_TRY(rendezvous(ctx, g, c.op, NULL));
     /* ...and once all are written (and nobody reads the inputs), every rank copies the whole.
      * The scratch is not touched again before every rank has arrived at its next call. An
      * empty tensor (a dp rank without samples) has no storage and the scratch may be NULL:
      * memcpy must not see them even for 0 bytes. */
+    t0 = copy_begin(ctx);
     if (t->numel > 0) memcpy(fsdp_tensor_data(t), lg->scratch, fsdp_tensor_nbytes(t));
+    copy_end(ctx, c.op, t0);
     return FSDP_OK;
 }
 
@@ -384,8 +434,10 @@ static fsdp_status local_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
     fsdp_call c = fsdp_call_broadcast(t, root);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
+    const double t0 = copy_begin(ctx);
     if (g->rank != root && t->numel > 0)
         memcpy(fsdp_tensor_data(t), fsdp_tensor_data(lg->calls[root]->out), fsdp_tensor_nbytes(t));
+    copy_end(ctx, c.op, t0);
     return rendezvous(ctx, g, c.op, NULL);
 }
 
@@ -394,6 +446,7 @@ static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
     fsdp_call c = fsdp_call_all_to_all(out, in, split_dim, concat_dim);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
+    const double t0 = copy_begin(ctx);
     int64_t at = 0; /* where along concat_dim the next rank's piece goes */
     for (int r = 0; r < g->size; r++) {
         const fsdp_tensor *src = lg->calls[r]->in;
@@ -406,6 +459,7 @@ static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
                       src_at, box, out->ndim, fsdp_dtype_size(out->dtype));
         at += box[concat_dim];
     }
+    copy_end(ctx, c.op, t0);
     return rendezvous(ctx, g, c.op, NULL);
 }
 

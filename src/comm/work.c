@@ -6,6 +6,7 @@
 
 #include "comm/comm_impl.h"
 #include "core/error.h"
+#include "core/prof_impl.h" // defines: fsdp_prof_now
 
 fsdp_status fsdp_comm_work_create(fsdp_ctx *ctx, fsdp_comm_work **out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
@@ -25,6 +26,14 @@ bool fsdp_comm_work_pending(const fsdp_comm_work *work) {
     return work && work->pending;
 }
 
+/* A wait or test of a pending work is waiting, in the profile (fsdp/profile.h), under the
+ * work's op (its call was counted when it started). */
+static double prof_begin(const fsdp_ctx *ctx) { return ctx->prof_on ? fsdp_prof_now() : 0; }
+
+static void prof_end(fsdp_ctx *ctx, const fsdp_comm_work *work, double t0) {
+    if (ctx->prof_on) ctx->prof.comm_wait_s[work->op] += fsdp_prof_now() - t0;
+}
+
 /* The backend of a pending work's group. */
 static const fsdp_comm_backend_i *backend_of(const fsdp_comm_work *work) {
     return &work->group->world->backend.iface;
@@ -34,8 +43,9 @@ fsdp_status fsdp_comm_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, work);
     if (!work->pending) return FSDP_OK;
-    double t0 = fsdp_comm_debug_clock(ctx);
+    double t0 = fsdp_comm_debug_clock(ctx), p0 = prof_begin(ctx);
     fsdp_status st = backend_of(work)->work_wait(ctx, work);
+    prof_end(ctx, work, p0);
     fsdp_comm_debug_timed_row(ctx, work->debug_row, work->debug_session, t0);
     work->pending = false;
     work->group = NULL;
@@ -49,8 +59,9 @@ fsdp_status fsdp_comm_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done)
     FSDP_ARG_NOT_NULL(ctx, done);
     *done = true;
     if (!work->pending) return FSDP_OK;
-    double t0 = fsdp_comm_debug_clock(ctx);
+    double t0 = fsdp_comm_debug_clock(ctx), p0 = prof_begin(ctx);
     fsdp_status st = backend_of(work)->work_test(ctx, work, done);
+    prof_end(ctx, work, p0);
     fsdp_comm_debug_timed_row(ctx, work->debug_row, work->debug_session, t0);
     if (st != FSDP_OK || *done) {
         *done = true;

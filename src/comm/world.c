@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h> // defines: sysconf
 
 #include "comm/comm_impl.h"
 #include "core/error.h"
@@ -96,11 +97,11 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
                          "milliseconds (0 means the %s environment variable, else timeout_ms "
                          "but at least %d)",
                          o.grace_ms, FSDP_COMM_GRACE_ENV, FSDP_COMM_MIN_DEFAULT_GRACE_MS);
-    if (o.threads_per_rank < 0)
+    if (o.threads_per_rank < 0 || o.threads_per_rank > FSDP_MAX_THREADS_PER_RANK)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_world_create: threads_per_rank is %d; use 1 or more, or 0 for "
-                         "the BLAS threads shared out among the rank threads",
-                         o.threads_per_rank);
+                         "fsdp_world_create: threads_per_rank is %d; use 1 to %d, or 0 for "
+                         "the cores shared out among the rank threads",
+                         o.threads_per_rank, FSDP_MAX_THREADS_PER_RANK);
     if ((int)o.ctx.log_level < 0 || o.ctx.log_level > FSDP_LOG_OFF)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_world_create: unknown log level %d in the rank context options",
@@ -125,6 +126,7 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
     w->timeout_ms = o.timeout_ms ? o.timeout_ms : FSDP_COMM_DEFAULT_TIMEOUT_MS;
     w->grace_ms = o.grace_ms ? o.grace_ms : default_grace(w->timeout_ms);
     w->threads_per_rank = o.threads_per_rank;
+    w->pin_threads = o.pin_threads;
     w->ctx_options = o.ctx;
     atomic_init(&w->running, false);
     atomic_init(&w->failures, 0);
@@ -288,6 +290,11 @@ static void run_rank(rank_job *job) {
     fsdp_ctx_options o = w->ctx_options;
     o.rank = job->rank;
     fsdp_ctx *ctx = NULL;
+    /* The rank's own threads: the k-th rank on this machine on CPUs [k T, (k + 1) T) when
+     * pinned. */
+    const int threads = w->rank_threads;
+    const int slot = w->pin_slot0 + job->rank - w->first_hosted;
+    fsdp_kernels_cpu_workers_start(threads, w->pin_threads ? slot * threads : -1);
     fsdp_status st = fsdp_ctx_create(&o, &ctx);
     fsdp_error_record e = {0};
     if (st != FSDP_OK) {
@@ -299,10 +306,12 @@ static void run_rank(rank_job *job) {
     }
     int running = JOB_RUNNING;
     if (atomic_compare_exchange_strong(&job->state, &running, JOB_FINISHING)) {
+        fsdp_kernels_cpu_workers_stop();
         finish_rank(w, job->rank, st, st != FSDP_OK ? &e : NULL);
         fsdp_ctx_free(ctx);
     } else {
         fsdp_ctx_free(ctx);
+        fsdp_kernels_cpu_workers_stop();
         pthread_mutex_lock(&w->run_mu);
         w->abandoned--;
         atomic_store(&w->results[job->rank].left_running, false);
@@ -459,6 +468,25 @@ static fsdp_status report(fsdp_ctx *ctx, fsdp_world *world, int left) {
     return fsdp_error_hop(ctx, e.status, __FILE__, __LINE__, NULL);
 }
 
+/* How many ranks share this machine's cores (*sharing) and where this process's first rank
+ * is among them (*slot0, for pinning): the local backend's ranks are all here; under MPI the
+ * launcher's node-local size and rank (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE and _RANK,
+ * MPICH's MPI_LOCALNRANKS and MPI_LOCALRANKID) times the ranks each process hosts, else this
+ * process alone. */
+static void node_share(const fsdp_world *w, int count, int *sharing, int *slot0) {
+    *sharing = count;
+    *slot0 = 0;
+    if (w->kind != FSDP_BACKEND_MPI) return;
+    const char *size = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const char *rank = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!size || !rank) size = getenv("MPI_LOCALNRANKS"), rank = getenv("MPI_LOCALRANKID");
+    long n = size ? strtol(size, NULL, 10) : 0, r = rank ? strtol(rank, NULL, 10) : -1;
+    if (n >= 1 && n <= FSDP_LOCAL_MAX_RANKS && r >= 0 && r < n) {
+        *sharing = (int)n * count;
+        *slot0 = (int)r * count;
+    }
+}
+
 fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, void *user) {
     FSDP_ARG_NOT_NULL(ctx, world);
     FSDP_ARG_NOT_NULL(ctx, fn);
@@ -504,8 +532,18 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
     /* Under MPI the calling thread is the process's rank, also while it collects the other
      * processes' results: its log lines name that rank. */
     const int previous = fsdp_log_thread_rank_swap(count == 1 ? first : -1);
-    /* Each rank thread runs the BLAS with its share of the threads. */
-    fsdp_kernels_cpu_threads_enter(count, world->threads_per_rank);
+    /* Each rank thread runs its kernels on its share of the threads. */
+    int sharing = count;
+    node_share(world, count, &sharing, &world->pin_slot0);
+    world->first_hosted = first;
+    world->rank_threads = fsdp_kernels_cpu_threads_enter(sharing, world->threads_per_rank);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (world->threads_per_rank > 0 && cores > 0 && (long)sharing * world->rank_threads > cores)
+        fsdp_log(ctx, FSDP_LOG_WARN,
+                 "fsdp_world_run: %d rank%s x %d threads_per_rank = %ld threads on %ld cores: "
+                 "they time-share; leave threads_per_rank 0 to share the cores out",
+                 sharing, sharing > 1 ? "s" : "", world->rank_threads,
+                 (long)sharing * world->rank_threads, cores);
     int left = run_jobs(world, jobs, count);
     fsdp_kernels_cpu_threads_leave();
     for (int i = 0; i < count; i++) free(jobs[i]);

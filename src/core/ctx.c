@@ -67,6 +67,7 @@ fsdp_status fsdp_ctx_create(const fsdp_ctx_options *opts, fsdp_ctx **out) {
 }
 
 void fsdp_ctx_free(fsdp_ctx *ctx) {
+    if (ctx && ctx->prof_on) fsdp_profile_stop(ctx);
     if (ctx && ctx->comm_release) ctx->comm_release(ctx->comm);
     free(ctx);
 }

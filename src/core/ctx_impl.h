@@ -4,8 +4,11 @@
 #ifndef FSDP_CORE_CTX_IMPL_H
 #define FSDP_CORE_CTX_IMPL_H
 
+#include <stdbool.h>
+
 #include "core/error.h"
 #include "fsdp/ctx.h"
+#include "fsdp/profile.h"
 #include "fsdp/tensor.h"
 
 #define FSDP_SCOPE_MAX 64
@@ -37,6 +40,10 @@ struct fsdp_ctx {
      * fsdp_world_run. comm_release (set with it) frees it with the context. */
     void *comm;
     void (*comm_release)(void *comm);
+
+    /* fsdp_profile_start/stop (profile.c): the totals, and whether the timers run. */
+    fsdp_profile prof;
+    bool prof_on;
 };
 
 /* The rank the calling thread runs as, or -1 for none (the default): the default log line

@@ -58,6 +58,10 @@ static fsdp_status cpu_fill(fsdp_ctx *ctx, int index, void *dst, const void *val
     if (elem_size == 4) {
         uint32_t v, *p = dst;
         memcpy(&v, value, sizeof v);
+        if (v == 0) { /* +0.0f: memset's stores are wider (a gradient buffer zeroed per step) */
+            if (n > 0) memset(dst, 0, (size_t)n * sizeof v);
+            return FSDP_OK;
+        }
         for (int64_t i = 0; i < n; i++) p[i] = v;
     } else if (elem_size == 2) {
         uint16_t v, *p = dst;

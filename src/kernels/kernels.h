@@ -151,16 +151,26 @@ const fsdp_kernels_i *fsdp_kernels_for(fsdp_device device);
  * kernels/cuda/cuda.h, in builds with CUDA. */
 const fsdp_kernels_i *fsdp_kernels_cpu(void);
 
-/* BLAS threads (src/kernels/cpu/threads.c). OpenBLAS has one thread count for the whole
- * process. Its threaded GEMM takes memory regions from a fixed table (sized for the 128 threads
- * of Debian's build) for the calls in flight: hundreds of rank threads in a threaded GEMM at
- * once exhaust it and OpenBLAS aborts the process ("too many memory regions"); single-threaded
- * calls do not (1024 rank threads abort with 2 BLAS threads and run with 1). So a run of
- * `ranks` rank threads sets the count to per_rank, or when per_rank is 0 to the count the
- * process had (OPENBLAS_NUM_THREADS, else the cores OpenBLAS found) divided by ranks, at least
- * 1; returns the count in effect. Runs may overlap: a later one only lowers the count. The last
- * leave restores the count the first enter found. */
+/* Threads of rank threads (src/kernels/cpu/threads.c). OpenBLAS has one thread count for the
+ * whole process, and its threaded GEMMs do not run side by side: calls from several rank
+ * threads at once wait for each other, and hundreds of them in flight exhaust its table of
+ * memory regions and abort the process ("too many memory regions"). So while any world runs,
+ * OpenBLAS runs single-threaded, and each rank splits its own kernels over per_rank threads of
+ * its own (fsdp_kernels_cpu_workers_start). enter returns that count: per_rank, or when
+ * per_rank is 0 the count OpenBLAS had (OPENBLAS_NUM_THREADS, else the cores it found) divided
+ * by `ranks`, at least 1. Runs may overlap; the last leave restores OpenBLAS's count. */
 int fsdp_kernels_cpu_threads_enter(int ranks, int per_rank);
 void fsdp_kernels_cpu_threads_leave(void);
+
+/* A rank's own threads (src/kernels/cpu/workers.c): gives the calling thread n - 1 worker
+ * threads over which the CPU table splits GEMM, the elementwise kernels and the optimizer
+ * updates (each thread a contiguous, cache-line aligned range: elementwise and optimizer
+ * results are bitwise those of one thread, GEMM equal to float32 rounding). first_core >= 0
+ * pins the caller to the first_core-th CPU of those its affinity allows and worker i to the
+ * (first_core + i)-th (modulo their count); -1 leaves placement to the system. Returns the
+ * thread count in effect (1 when threads cannot be started). _stop joins the workers and
+ * undoes the pinning; the thread's next _start replaces them. */
+int fsdp_kernels_cpu_workers_start(int n, int first_core);
+void fsdp_kernels_cpu_workers_stop(void);
 
 #endif

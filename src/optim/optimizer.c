@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "kernels/kernels.h" // defines: fsdp_kernels_cpu
 #include "nn/nn.h"
 #include "optim/update.h"
 
@@ -352,11 +353,22 @@ fsdp_status fsdp_optimizer_step(fsdp_ctx *ctx, fsdp_optimizer *opt) {
     return FSDP_OK;
 }
 
+/* An f32 gradient on the CPU is zeroed by the kernel table, which spreads a large fill over
+ * the rank's threads; anything else by fsdp_tensor_fill. */
+static fsdp_status zero_grad(fsdp_ctx *ctx, fsdp_tensor *g) {
+    if (fsdp_tensor_dtype(g) == FSDP_DTYPE_F32 && fsdp_tensor_device(g).type == FSDP_DEVICE_CPU &&
+        fsdp_tensor_numel(g) > 0 && fsdp_tensor_data(g)) {
+        fsdp_kernels_cpu()->fill(fsdp_tensor_f32(g), 0.0f, fsdp_tensor_numel(g));
+        return FSDP_OK;
+    }
+    return fsdp_tensor_fill(ctx, g, 0.0f);
+}
+
 fsdp_status fsdp_optimizer_zero_grad(fsdp_ctx *ctx, fsdp_optimizer *opt) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, opt);
     for (int i = 0; i < opt->n_slots; i++)
-        FSDP_TRY(fsdp_tensor_fill(ctx, fsdp_param_grad(opt->slots[i].param), 0.0f));
+        FSDP_TRY(zero_grad(ctx, fsdp_param_grad(opt->slots[i].param)));
     return FSDP_OK;
 }
 

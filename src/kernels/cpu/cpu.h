@@ -45,6 +45,10 @@ double fsdp_cpu_max_abs(const float *x, int64_t n);
  * scale may be NULL (read as 1). a, b (rows, cols). Serves bias and RMSNorm weight grads. */
 void fsdp_cpu_column_sum(float *dst, const float *a, const float *b, const float *scale,
                          int64_t rows, int64_t cols);
+/* The same over `cols` columns of arrays whose rows are `ld` floats apart (a block of columns
+ * of wider arrays). */
+void fsdp_cpu_column_sum_ld(float *dst, const float *a, const float *b, const float *scale,
+                            int64_t rows, int64_t cols, int64_t ld);
 
 /* loss.c */
 void fsdp_cpu_mse_loss(float *loss, float *dout, const float *out, const float *target, int64_t n);

@@ -1,5 +1,6 @@
 /* elementwise.c: add, axpy, scale, copy and fill over n floats on the CPU. out may be the
  * same array as an input (in place); otherwise arrays must not overlap. */
+#include <math.h> // defines: signbit
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
@@ -21,5 +22,9 @@ void fsdp_cpu_copy(float *dst, const float *src, int64_t n) {
 }
 
 void fsdp_cpu_fill(float *out, float value, int64_t n) {
+    if (value == 0.0f && !signbit(value)) { /* +0.0: all bits zero, and memset's stores are wider */
+        if (n > 0) memset(out, 0, (size_t)n * sizeof(float));
+        return;
+    }
     for (int64_t i = 0; i < n; i++) out[i] = value;
 }

@@ -61,14 +61,19 @@ double fsdp_cpu_max_abs(const float *x, int64_t n) {
 
 void fsdp_cpu_column_sum(float *restrict dst, const float *restrict a, const float *restrict b,
                          const float *restrict scale, int64_t rows, int64_t cols) {
+    fsdp_cpu_column_sum_ld(dst, a, b, scale, rows, cols, cols);
+}
+
+void fsdp_cpu_column_sum_ld(float *restrict dst, const float *restrict a, const float *restrict b,
+                            const float *restrict scale, int64_t rows, int64_t cols, int64_t ld) {
     double acc[COLUMN_BLOCK];
     for (int64_t c0 = 0; c0 < cols; c0 += COLUMN_BLOCK) {
         int64_t w = cols - c0 < COLUMN_BLOCK ? cols - c0 : COLUMN_BLOCK;
         for (int64_t c = 0; c < w; c++) acc[c] = 0.0;
         for (int64_t r = 0; r < rows; r++) {
-            const float *restrict ar = a + r * cols + c0; // (w)
+            const float *restrict ar = a + r * ld + c0; // (w)
             if (b) {
-                const float *restrict br = b + r * cols + c0; // (w)
+                const float *restrict br = b + r * ld + c0; // (w)
                 double s = scale ? (double)scale[r] : 1.0;
                 for (int64_t c = 0; c < w; c++) acc[c] += (double)ar[c] * (double)br[c] * s;
             } else {

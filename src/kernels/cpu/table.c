@@ -1,26 +1,30 @@
-/* table.c: the CPU operator table, fsdp_kernels_cpu(). */
+/* table.c: the CPU operator table, fsdp_kernels_cpu(): the entries that can use the rank's
+ * threads split over them (parallel.c); while the calling thread profiles, the timed table. */
+#include "core/prof_impl.h" // defines: fsdp_prof_current
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/llama.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/timed.h"
 #include "kernels/kernels.h"
 
 static const fsdp_kernels_i cpu_kernels = {
     .name = "cpu",
-    .gemm = fsdp_cpu_gemm,
-    .bias_add = fsdp_cpu_bias_add,
-    .bias_backward = fsdp_cpu_bias_backward,
-    .relu_forward = fsdp_cpu_relu_forward,
-    .relu_backward = fsdp_cpu_relu_backward,
-    .sigmoid_forward = fsdp_cpu_sigmoid_forward,
-    .sigmoid_backward = fsdp_cpu_sigmoid_backward,
-    .gelu_forward = fsdp_cpu_gelu_forward,
-    .gelu_backward = fsdp_cpu_gelu_backward,
+    .gemm = fsdp_cpu_par_gemm,
+    .bias_add = fsdp_cpu_par_bias_add,
+    .bias_backward = fsdp_cpu_par_bias_backward,
+    .relu_forward = fsdp_cpu_par_relu_forward,
+    .relu_backward = fsdp_cpu_par_relu_backward,
+    .sigmoid_forward = fsdp_cpu_par_sigmoid_forward,
+    .sigmoid_backward = fsdp_cpu_par_sigmoid_backward,
+    .gelu_forward = fsdp_cpu_par_gelu_forward,
+    .gelu_backward = fsdp_cpu_par_gelu_backward,
     .rmsnorm_forward = fsdp_cpu_rmsnorm_forward,
     .rmsnorm_backward = fsdp_cpu_rmsnorm_backward,
-    .add = fsdp_cpu_add,
-    .axpy = fsdp_cpu_axpy,
-    .scale = fsdp_cpu_scale,
-    .copy = fsdp_cpu_copy,
-    .fill = fsdp_cpu_fill,
+    .add = fsdp_cpu_par_add,
+    .axpy = fsdp_cpu_par_axpy,
+    .scale = fsdp_cpu_par_scale,
+    .copy = fsdp_cpu_par_copy,
+    .fill = fsdp_cpu_par_fill,
     .sum = fsdp_cpu_sum,
     .sum_squares = fsdp_cpu_sum_squares,
     .max_abs = fsdp_cpu_max_abs,
@@ -30,8 +34,8 @@ static const fsdp_kernels_i cpu_kernels = {
     .bf16_to_f32 = fsdp_cpu_bf16_to_f32,
     .f32_to_f16 = fsdp_cpu_f32_to_f16,
     .f16_to_f32 = fsdp_cpu_f16_to_f32,
-    .sgd_update = fsdp_cpu_sgd_update,
-    .adam_update = fsdp_cpu_adam_update,
+    .sgd_update = fsdp_cpu_par_sgd_update,
+    .adam_update = fsdp_cpu_par_adam_update,
     .embedding_forward = fsdp_cpu_embedding_forward,
     .embedding_backward = fsdp_cpu_embedding_backward,
     .rope_forward = fsdp_cpu_rope_forward,
@@ -44,5 +48,6 @@ static const fsdp_kernels_i cpu_kernels = {
 };
 
 const fsdp_kernels_i *fsdp_kernels_cpu(void) {
+    if (fsdp_prof_current()) return fsdp_cpu_timed_table(&cpu_kernels);
     return &cpu_kernels;
 }
