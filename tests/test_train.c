@@ -575,6 +575,106 @@ static void test_grad_accum_collectives(void) {
                     (const long long[]){0, 0, 2, 0, 0});
 }
 
+/* g_small with the overrides and a metrics record per step: the collectives of step 2 (calls
+ * and bytes per op, as comm_calls); *res the run. */
+static bool step2_comm(const char *const *overrides, long long calls[5], long long bytes[5],
+                       train_result *res) {
+    char path[1024], line[2048], assignment[1100];
+    snprintf(path, sizeof path, "%s/test_train_comm2.jsonl", FSDP_BINARY_DIR);
+    remove(path);
+    snprintf(assignment, sizeof assignment, "log.metrics=%s", path);
+    const char *all[16] = {assignment};
+    int n = 1;
+    for (int i = 0; overrides[i] && n < 15; i++) all[n++] = overrides[i];
+    all[n] = NULL;
+    if (!run_small(res, all)) return false;
+    FILE *f = fopen(path, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    bool found = fgets(line, sizeof line, f) && fgets(line, sizeof line, f);
+    fclose(f);
+    remove(path);
+    CU_ASSERT_TRUE_FATAL(found);
+    comm_calls(line, calls);
+    const char *p = strstr(line, "\"comm_bytes\": {");
+    for (int i = 0; i < 5; i++) bytes[i] = -1;
+    CU_ASSERT_TRUE_FATAL(p != NULL);
+    sscanf(p,
+           "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": "
+           "%lld, \"broadcast\": %lld, \"all_to_all\": %lld}",
+           &bytes[0], &bytes[1], &bytes[2], &bytes[3], &bytes[4]);
+    return true;
+}
+
+/* [parallel] mixed_precision, comm_hook and bucket_mb. On dp 2 x tp 2 (FSDP per Linear) bf16
+ * and f16 parameters move half the bytes in all_gather (reduce_scatter too when they reduce in
+ * them; f32 with ",f32") and track the f32 run's losses: 20 SGD steps with momentum stay
+ * within 1e-2 relative (bf16 keeps 8 significant bits, 2^-9 = 2e-3 per rounding; measured
+ * below), and are not the f32 run. The bf16/fp16 comm hooks halve the gradient reduction's
+ * bytes under FSDP and replicate. bucket_mb splits replicate's single bucket into two. */
+static void test_precision_keys(void) {
+    long long c32[5], b32[5], c[5], b[5];
+    train_result f32, res;
+    const char *const *base = SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer");
+    if (!step2_comm(base, c32, b32, &f32)) return;
+    static const struct {
+        const char *mp;
+        bool low_reduce;
+        double rtol;
+    } cases[] = {{"parallel.mixed_precision=bf16", true, 1e-2},
+                 {"parallel.mixed_precision=bf16,f32", false, 1e-2},
+                 {"parallel.mixed_precision=f16", true, 2e-3},
+                 {"parallel.mixed_precision=f16,f32", false, 2e-3},
+                 {"parallel.mixed_precision=f32,bf16", true, 1e-2}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *all[] = {base[0], base[1], base[2], cases[i].mp, NULL};
+        if (!step2_comm(all, c, b, &res)) continue;
+        bool low_params = strstr(cases[i].mp, "=f32") == NULL;
+        CU_ASSERT_TRUE(same_run(cases[i].mp + 9, &res, &f32, cases[i].rtol));
+        CU_ASSERT_NOT_EQUAL(res.last_loss, f32.last_loss); /* it changed something */
+        for (int k = 0; k < 5; k++) CU_ASSERT_EQUAL(c[k], c32[k]);
+        CU_ASSERT_EQUAL(b[0], low_params ? b32[0] / 2 : b32[0]);
+        CU_ASSERT_EQUAL(b[1], cases[i].low_reduce ? b32[1] / 2 : b32[1]);
+        printf(" (all_gather %lld bytes for %lld, reduce_scatter %lld for %lld)", b[0], b32[0],
+               b[1], b32[1]);
+    }
+    /* the comm hooks: gradients reduced in half the bytes, the losses to their rounding */
+    static const struct {
+        bool replicate;
+        const char *hook;
+    } hooks[] = {{false, "parallel.comm_hook=bf16"},
+                 {false, "parallel.comm_hook=fp16"},
+                 {true, "parallel.comm_hook=bf16"},
+                 {true, "parallel.comm_hook=fp16"}};
+    for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++) {
+        const char *mode = hooks[i].replicate ? "parallel.mode=replicate" : "parallel.mode=fsdp";
+        long long cp[5], bp[5];
+        train_result ref;
+        if (!step2_comm(SET("parallel.ranks=2", mode), cp, bp, &ref) ||
+            !step2_comm(SET("parallel.ranks=2", mode, hooks[i].hook), c, b, &res))
+            continue;
+        char what[96];
+        snprintf(what, sizeof what, "%s, %s", mode + 9, hooks[i].hook + 9);
+        CU_ASSERT_TRUE(same_run(what, &res, &ref, 1e-2));
+        CU_ASSERT_NOT_EQUAL(res.last_loss, ref.last_loss);
+        /* replicate: the bucket's all_reduce (and the loss's, f32: 8 bytes); fsdp: the
+         * reduce_scatter */
+        int k = hooks[i].replicate ? 2 : 1;
+        long long loss = hooks[i].replicate ? 8 : 0;
+        CU_ASSERT_EQUAL(c[k], cp[k]);
+        CU_ASSERT_EQUAL(b[k] - loss, (bp[k] - loss) / 2);
+        printf(" (%s %lld bytes for %lld)", k == 2 ? "all_reduce" : "reduce_scatter", b[k], bp[k]);
+    }
+    /* bucket_mb: 0.0005 MiB (524 bytes) closes a bucket after Linear 1's weight */
+    if (step2_comm(SET("parallel.ranks=2", "parallel.mode=replicate"), c32, b32, &f32) &&
+        step2_comm(SET("parallel.ranks=2", "parallel.mode=replicate", "parallel.bucket_mb=0.0005"),
+                   c, b, &res)) {
+        CU_ASSERT_EQUAL(c32[2], 2); /* one bucket and the loss */
+        CU_ASSERT_EQUAL(c[2], 3);   /* two buckets and the loss */
+        CU_ASSERT_EQUAL(b[2], b32[2]);
+        CU_ASSERT_TRUE(same_run("bucket_mb=0.0005", &res, &f32, 0));
+    }
+}
+
 /* Runs g_small with the overrides at log.level info into a temporary file; its text into buf. */
 static bool run_to_text(const char *const *overrides, char *buf, size_t size) {
     char err[TRAIN_ERROR_SIZE] = "";
@@ -898,6 +998,15 @@ static void test_parallel_config_errors(void) {
                 SET("[parallel] wrap = layer", "applies to mode = fsdp"));
     check_fails(SET("parallel.mode=replicate", "parallel.strategy=no_shard"),
                 SET("[parallel] strategy = no_shard", "applies to mode = fsdp"));
+    check_fails(SET("parallel.mode=replicate", "parallel.mixed_precision=bf16"),
+                SET("[parallel] mixed_precision = bf16", "applies to mode = fsdp"));
+    check_fails(SET("parallel.bucket_mb=1"),
+                SET("[parallel] bucket_mb = 1 (--set parallel.bucket_mb=1) applies to mode = "
+                    "replicate",
+                    "[parallel] mode = fsdp (default)"));
+    check_fails(SET("parallel.comm_hook=bf16", "parallel.mixed_precision=bf16"),
+                SET("[parallel] comm_hook = bf16", "[parallel] mixed_precision = bf16",
+                    "both choose the dtype gradients are reduced in", "bf16,f32"));
     if (!fsdp_backend_available(FSDP_BACKEND_MPI))
         check_fails(SET("parallel.backend=mpi"), SET("this build has no MPI backend"));
 
@@ -915,6 +1024,13 @@ static void test_parallel_config_errors(void) {
     CU_ASSERT_EQUAL(train_config_set(&g_cfg, "parallel.backend=nccl", err, sizeof err),
                     FSDP_ERR_CONFIG);
     CU_ASSERT_TRUE(fsdp_test_message_has(err, SET("one of local, mpi, auto")));
+    CU_ASSERT_EQUAL(train_config_set(&g_cfg, "parallel.mixed_precision=fp16", err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, SET("one of none, bf16, f16, bf16,f32, f16,f32, f32,bf16, f32,f16")));
+    CU_ASSERT_EQUAL(train_config_set(&g_cfg, "parallel.comm_hook=f16", err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, SET("one of default, bf16, fp16")));
 }
 
 /* Failures on several ranks: a diverging loss stops every rank at the same step (the loss is
@@ -1449,6 +1565,7 @@ int main(int argc, char **argv) {
         {"variants", test_variants},
         {"metrics_file", test_metrics_file},
         {"divergence_is_an_error", test_divergence_is_an_error},
+        {"precision_keys", test_precision_keys},
         {"divergence_advice", test_divergence_advice},
         {"final_loss_not_finite", test_final_loss_not_finite},
         {"setup_failure_label", test_setup_failure_label},

@@ -89,6 +89,16 @@ static const char *const g_schedule_names[] = {"constant", "warmup", "cosine", N
 /* train_norm and train_progress_style are the index of the name too. */
 static const char *const g_norm_names[] = {"none", "rmsnorm", NULL};
 static const char *const g_progress_names[] = {"auto", "bar", "lines", NULL};
+/* [parallel] mixed_precision: "param" (reduce in the same dtype, PyTorch's default) or
+ * "param,reduce", each row's dtypes below. */
+static const char *const g_mp_names[] = {"none",     "bf16",     "f16",     "bf16,f32",
+                                         "f16,f32",  "f32,bf16", "f32,f16", NULL};
+static const fsdp_dtype g_mp_dtypes[][2] = {
+    {FSDP_DTYPE_F32, FSDP_DTYPE_F32},  {FSDP_DTYPE_BF16, FSDP_DTYPE_BF16},
+    {FSDP_DTYPE_F16, FSDP_DTYPE_F16},  {FSDP_DTYPE_BF16, FSDP_DTYPE_F32},
+    {FSDP_DTYPE_F16, FSDP_DTYPE_F32},  {FSDP_DTYPE_F32, FSDP_DTYPE_BF16},
+    {FSDP_DTYPE_F32, FSDP_DTYPE_F16}};
+static const char *const g_hook_names[] = {"default", "bf16", "fp16", NULL};
 
 static bool parse_activation(const char *text, int *value) {
     fsdp_activation act;
@@ -268,6 +278,22 @@ static const key_def g_keys[] = {
              "train.seed anyway)"),
     INT_KEY("parallel", "timeout_s", parallel.timeout_s, "300", 1, 86400,
             "seconds a rank waits in a collective before the run fails with a timeout"),
+    ENUM_KEY("parallel", "mixed_precision", parallel.mixed_precision, "none", g_mp_names, NULL,
+             "fsdp: the dtypes of the gathered parameters and of the gradient reduction "
+             "(MixedPrecision(param_dtype, reduce_dtype)), param or param,reduce: bf16 gathers "
+             "and computes with bf16 parameters and reduces gradients in bf16; bf16,f32 reduces "
+             "in f32; f32,bf16 only reduces in bf16. The shards, their gradients and the "
+             "optimizer stay f32. none: f32 throughout"),
+    ENUM_KEY("parallel", "comm_hook", parallel.comm_hook, "default", g_hook_names, NULL,
+             "how gradients are reduced over dp (register_comm_hook): default (the average in "
+             "f32), bf16 or fp16 (bf16_compress_hook, fp16_compress_hook: cast, reduce in "
+             "half the bytes, cast back); fsdp: not with a mixed_precision that sets the "
+             "reduce dtype"),
+    FLOAT_KEY("parallel", "bucket_mb", parallel.bucket_mb, "0", 0, INCL, 1048576, INCL,
+              "replicate: the gradient buckets' size cap in MiB (DDP's bucket_cap_mb); 0: DDP's "
+              "default, 25 MiB with a first bucket of 1 MiB"),
+    BOOL_KEY("parallel", "pin_threads", parallel.pin_threads, "false",
+             "pin each rank thread (and its worker threads) to its own cores, in rank order"),
 
     ENUM_KEY("data", "kind", data.kind, "synthetic", g_data_kind_names, NULL,
              "where the samples come from: synthetic (inputs from the counter RNG, targets from "
@@ -1118,6 +1144,11 @@ train_backend train_config_backend(const train_config *cfg) {
                                                                 : TRAIN_BACKEND_LOCAL;
 }
 
+fsdp_mixed_precision train_config_mixed_precision(const train_config *cfg) {
+    const fsdp_dtype *d = g_mp_dtypes[cfg->parallel.mixed_precision];
+    return (fsdp_mixed_precision){.param_dtype = d[0], .reduce_dtype = d[1]};
+}
+
 int train_config_world_size(const train_config *cfg) {
     if (cfg->parallel.ranks > 0) return (int)cfg->parallel.ranks;
     return train_config_backend(cfg) == TRAIN_BACKEND_LOCAL ? (int)cfg->parallel.tp : 0;
@@ -1231,7 +1262,12 @@ void train_layout_describe(const train_config *cfg, const train_layout *l, char 
         if (cfg->parallel.wrap == TRAIN_WRAP_LAYER) train_append(buf, size, ", wrap layer");
         if (cfg->parallel.offload) train_append(buf, size, ", offload");
         if (cfg->parallel.use_orig_params) train_append(buf, size, ", use_orig_params");
+        if (cfg->parallel.mixed_precision)
+            train_append(buf, size, ", mixed_precision %s",
+                         g_mp_names[cfg->parallel.mixed_precision]);
     }
+    if (cfg->parallel.comm_hook != FSDP_COMM_HOOK_DEFAULT)
+        train_append(buf, size, ", %s comm hook", g_hook_names[cfg->parallel.comm_hook]);
     if (cfg->parallel.sync_module_states) train_append(buf, size, ", sync_module_states");
 }
 
@@ -1251,8 +1287,8 @@ static bool key_not_for(const train_config *cfg, const char *section, const char
 /* The [parallel] rules that do not depend on the world size. */
 static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err_size) {
     char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE], c[KEY_TEXT_SIZE];
-    static const char *const fsdp_only[] = {"strategy", "offload", "wrap", "use_orig_params",
-                                            "replicas"};
+    static const char *const fsdp_only[] = {"strategy",        "offload",  "wrap",
+                                            "use_orig_params", "replicas", "mixed_precision"};
     if (cfg->parallel.mode == TRAIN_MODE_REPLICATE)
         for (size_t i = 0; i < sizeof fsdp_only / sizeof fsdp_only[0]; i++)
             if (is_changed(cfg, "parallel", fsdp_only[i])) {
@@ -1262,6 +1298,19 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                          train_config_key_text(cfg, "parallel", "mode", b, sizeof b));
                 return FSDP_ERR_CONFIG;
             }
+    if (key_not_for(cfg, "parallel", "bucket_mb", cfg->parallel.mode == TRAIN_MODE_REPLICATE,
+                    "mode = replicate (FSDP reduces each unit's gradient whole)", "parallel",
+                    "mode", err, err_size))
+        return FSDP_ERR_CONFIG;
+    if (cfg->parallel.mode == TRAIN_MODE_FSDP && cfg->parallel.comm_hook != FSDP_COMM_HOOK_DEFAULT &&
+        train_config_mixed_precision(cfg).reduce_dtype != FSDP_DTYPE_F32) {
+        snprintf(err, err_size,
+                 "%s and %s both choose the dtype gradients are reduced in; keep one (a "
+                 "mixed_precision that reduces in f32, such as bf16,f32, or comm_hook = default)",
+                 train_config_key_text(cfg, "parallel", "comm_hook", a, sizeof a),
+                 train_config_key_text(cfg, "parallel", "mixed_precision", b, sizeof b));
+        return FSDP_ERR_CONFIG;
+    }
     if (cfg->parallel.replicas && cfg->parallel.mode == TRAIN_MODE_FSDP &&
         cfg->parallel.strategy != FSDP_HYBRID_SHARD) {
         snprintf(err, err_size, "%s is for strategy = hybrid_shard, but %s; remove it",

@@ -128,6 +128,10 @@ typedef struct train_config {
         bool use_orig_params;
         bool sync_module_states;
         int64_t timeout_s;
+        int mixed_precision; /* fsdp: an entry of train_mixed_precision's table */
+        fsdp_comm_hook_kind comm_hook; /* DEFAULT, BF16 or FP16 */
+        double bucket_mb;    /* replicate: bucket cap in MiB; 0: DDP's default */
+        bool pin_threads;
     } parallel;
     struct {
         train_data_kind kind;
@@ -259,6 +263,9 @@ train_backend train_config_backend(const train_config *cfg);
 
 /* The number of ranks the configuration asks for: ranks, or under local with ranks = 0, tp.
  * 0 under mpi with ranks = 0: the job's size decides, known once the world exists. */
+/* [parallel] mixed_precision as FSDP's option (param_dtype, reduce_dtype). */
+fsdp_mixed_precision train_config_mixed_precision(const train_config *cfg);
+
 int train_config_world_size(const train_config *cfg);
 
 /* How a world of ranks is laid out: world = dp * tp, world rank = row-major index of

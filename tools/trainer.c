@@ -248,15 +248,21 @@ static fsdp_status apply_checkpointing(fsdp_ctx *ctx, const train_config *cfg, t
 /* FSDP over dp (hybrid_shard: over shard, replicated over replicate), or replicas. */
 static fsdp_status apply_dp(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
     if (cfg->parallel.mode == TRAIN_MODE_REPLICATE) {
+        double mb = cfg->parallel.bucket_mb;
         fsdp_replicate_options o = {
-            .group = s->dp, .src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK};
+            .group = s->dp,
+            .src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK,
+            .bucket_bytes = mb > 0 ? (int64_t)ceil(mb * 1024 * 1024) : 0,
+            .comm_hook = {.kind = cfg->parallel.comm_hook}};
         return fsdp_replicate_apply(ctx, s->model, &o, &s->rep);
     }
     fsdp_fully_shard_options o = {.strategy = cfg->parallel.strategy,
                                   .group = s->dp,
                                   .offload_params = cfg->parallel.offload,
                                   .sync_module_states = cfg->parallel.sync_module_states,
-                                  .use_orig_params = cfg->parallel.use_orig_params};
+                                  .use_orig_params = cfg->parallel.use_orig_params,
+                                  .comm_hook = {.kind = cfg->parallel.comm_hook},
+                                  .mixed_precision = train_config_mixed_precision(cfg)};
     if (cfg->parallel.strategy == FSDP_HYBRID_SHARD) {
         TRY(fsdp_mesh_get_group(ctx, s->mesh, "shard", &o.group));
         TRY(fsdp_mesh_get_group(ctx, s->mesh, "replicate", &o.replicate_group));
@@ -1233,6 +1239,7 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
                              .nranks = mpi ? 0 : train_config_world_size(cfg),
                              .timeout_ms = (int)(cfg->parallel.timeout_s * 1000),
                              .threads_per_rank = (int)cfg->parallel.threads_per_rank,
+                             .pin_threads = cfg->parallel.pin_threads,
                              .ctx = train_config_ctx_options(cfg)};
     fsdp_world *world = NULL;
     if ((st = fsdp_world_create(ctx, &wo, &world)) != FSDP_OK) {
