@@ -80,7 +80,7 @@ static void test_inspect(void) {
         for (int d = 0; d < x.ndim; d++)
             snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", d ? ", " : "",
                      (long long)x.shape[d]);
-        strcat(shape, ")");
+        strcat(shape, x.ndim == 1 ? ",)" : ")"); /* as Python writes a tuple */
         const char *line = line_of(out, x.name);
         CU_ASSERT_PTR_NOT_NULL(line);
         const char *end = line ? strchr(line, '\n') : NULL;

@@ -71,14 +71,6 @@ static fsdp_ckpt *open_arg(fsdp_ctx *ctx, const char *cmd, const char *arg) {
     return ck;
 }
 
-static void shape_text(int ndim, const int64_t *shape, char *buf, size_t size) {
-    size_t used = (size_t)snprintf(buf, size, "(");
-    for (int d = 0; d < ndim && used < size; d++)
-        used +=
-            (size_t)snprintf(buf + used, size - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (used < size) snprintf(buf + used, size - used, ")");
-}
-
 static int64_t tensor_numel(const fsdp_ckpt_tensor *x) {
     int64_t n = 1;
     for (int d = 0; d < x->ndim; d++) n *= x->shape[d];
@@ -151,7 +143,7 @@ static int cmd_inspect(fsdp_ctx *ctx, int argc, char **argv) {
             stored += b;
         }
         char shape[128];
-        shape_text(x.ndim, x.shape, shape, sizeof shape);
+        fsdp_shape_string(x.ndim, x.shape, shape, sizeof shape);
         printf("%-*s  %-16s %-5s %6d %12lld %12lld %6.2f\n", width, x.name, shape,
                fsdp_dtype_to_string(x.dtype), x.n_pieces, (long long)raw, (long long)stored,
                stored ? (double)raw / (double)stored : 0.0);
@@ -265,8 +257,8 @@ static bool diff_tensor(fsdp_ctx *ctx, fsdp_ckpt *a, fsdp_ckpt *b, int t, int wi
     if (u < 0) return printf("%-*s  only in A\n", width, x.name), false;
     fsdp_ckpt_tensor_get(ctx, b, u, &y);
     char sa[128], sb[128];
-    shape_text(x.ndim, x.shape, sa, sizeof sa);
-    shape_text(y.ndim, y.shape, sb, sizeof sb);
+    fsdp_shape_string(x.ndim, x.shape, sa, sizeof sa);
+    fsdp_shape_string(y.ndim, y.shape, sb, sizeof sb);
     if (strcmp(sa, sb) || x.dtype != y.dtype) {
         printf("%-*s  differs: %s %s in A, %s %s in B\n", width, x.name, sa,
                fsdp_dtype_to_string(x.dtype), sb, fsdp_dtype_to_string(y.dtype));

@@ -101,8 +101,11 @@ bool fsdp_tensor_has_storage(const fsdp_tensor *t);
 /* First element as float*, or NULL when the tensor is not f32. */
 float *fsdp_tensor_f32(const fsdp_tensor *t);
 bool fsdp_tensor_same_shape(const fsdp_tensor *a, const fsdp_tensor *b);
-/* Formats the shape as "(12, 10)" into buf; returns buf. */
+/* Formats the shape as "(12, 10)" into buf ("(12,)" for one dim, "()" for none, as Python
+ * writes a tuple); returns buf. */
 const char *fsdp_tensor_shape_string(const fsdp_tensor *t, char *buf, size_t size);
+/* The same for any shape of ndim sizes (a checkpoint's, a file's). */
+const char *fsdp_shape_string(int ndim, const int64_t *shape, char *buf, size_t size);
 
 /* dst <- src. Same numel; dtypes may differ (f32 <-> bf16 and f32 <-> f16 conversion). */
 fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor *src);

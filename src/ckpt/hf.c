@@ -235,14 +235,6 @@ static bool llama_param(const fsdp_llama_config *c, int i, char *name, size_t si
     return true;
 }
 
-static void shape_text(int ndim, const int64_t *shape, char *buf, size_t size) {
-    size_t used = (size_t)snprintf(buf, size, "(");
-    for (int d = 0; d < ndim && used < size; d++)
-        used +=
-            (size_t)snprintf(buf + used, size - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (used < size) snprintf(buf + used, size - used, ")");
-}
-
 /* The checkpoint's parameters and buffers are exactly the Llama's, by name and shape. */
 static fsdp_status check_llama_tensors(fsdp_ctx *ctx, const fsdp_ckpt *ck,
                                        const fsdp_llama_config *c) {
@@ -261,8 +253,8 @@ static fsdp_status check_llama_tensors(fsdp_ctx *ctx, const fsdp_ckpt *ck,
         for (int d = 0; same && d < ndim; d++) same = x->shape[d] == shape[d];
         if (!same) {
             char has[128], wants[128];
-            shape_text(x->ndim, x->shape, has, sizeof has);
-            shape_text(ndim, shape, wants, sizeof wants);
+            fsdp_shape_string(x->ndim, x->shape, has, sizeof has);
+            fsdp_shape_string(ndim, shape, wants, sizeof wants);
             return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                              "checkpoint '%s': parameter '%s' is %s where its model configuration "
                              "wants %s: the configuration does not describe this checkpoint",

@@ -198,21 +198,13 @@ fsdp_status fsdp_ckpt_read(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_state
     return s;
 }
 
-static void shape_text(int ndim, const int64_t *shape, char *buf, size_t size) {
-    size_t used = (size_t)snprintf(buf, size, "(");
-    for (int d = 0; d < ndim && used < size; d++)
-        used +=
-            (size_t)snprintf(buf + used, size - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (used < size) snprintf(buf + used, size - used, ")");
-}
-
 static fsdp_status check_match(fsdp_ctx *ctx, const fsdp_ckpt *ck, const ckpt_tensor *x,
                                const state_entry *e) {
     bool same = x->ndim == e->ndim;
     for (int d = 0; same && d < e->ndim; d++) same = x->shape[d] == e->shape[d];
     char a[96], b[96];
-    shape_text(x->ndim, x->shape, a, sizeof a);
-    shape_text(e->ndim, e->shape, b, sizeof b);
+    fsdp_shape_string(x->ndim, x->shape, a, sizeof a);
+    fsdp_shape_string(e->ndim, e->shape, b, sizeof b);
     if (!same)
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
                          "checkpoint '%s': tensor '%s' is %s in the checkpoint and %s in the "

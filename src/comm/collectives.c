@@ -128,15 +128,6 @@ static fsdp_status check_dim(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op
     return FSDP_OK;
 }
 
-static const char *shape_text(int ndim, const int64_t *shape, char *buf, size_t size) {
-    size_t used = (size_t)snprintf(buf, size, "(");
-    for (int i = 0; i < ndim && used < size; i++)
-        used +=
-            (size_t)snprintf(buf + used, size - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (used < size) snprintf(buf + used, size - used, ")");
-    return buf;
-}
-
 /* Checks that `t` is this rank's chunk of `global` along `dim`: global's shape with that dim
  * cut to its torch.chunk piece. `t_what` and `global_what` name the two in the message. */
 static fsdp_status expect_chunk(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
@@ -155,9 +146,9 @@ static fsdp_status expect_chunk(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op
                      "%s on group %s: the %s is %s but must be %s: %s %s with dim %d cut to "
                      "group rank %d's torch.chunk piece [%lld, %lld) of %lld split among %d ranks",
                      fsdp_comm_op_to_string(op), g->desc, t_what,
-                     shape_text(t->ndim, t->shape, got_s, sizeof got_s),
-                     shape_text(t->ndim, want, want_s, sizeof want_s), global_what,
-                     shape_text(t->ndim, global, global_s, sizeof global_s), dim, g->rank,
+                     fsdp_shape_string(t->ndim, t->shape, got_s, sizeof got_s),
+                     fsdp_shape_string(t->ndim, want, want_s, sizeof want_s), global_what,
+                     fsdp_shape_string(t->ndim, global, global_s, sizeof global_s), dim, g->rank,
                      (long long)off, (long long)(off + len), (long long)global[dim], g->size);
 }
 
@@ -379,8 +370,8 @@ static fsdp_status check_all_to_all(fsdp_ctx *ctx, const fsdp_group *g, const fs
                          "all_to_all on group %s: with split_dim == concat_dim (%d) the input "
                          "and output have one shape whose dim %d divides into %d equal pieces; "
                          "they are %s and %s",
-                         g->desc, s, s, g->size, shape_text(in->ndim, in->shape, a, sizeof a),
-                         shape_text(out->ndim, out->shape, b, sizeof b));
+                         g->desc, s, s, g->size, fsdp_shape_string(in->ndim, in->shape, a, sizeof a),
+                         fsdp_shape_string(out->ndim, out->shape, b, sizeof b));
     }
     /* Both are this rank's chunks of one global shape: in along concat_dim, out along
      * split_dim. */

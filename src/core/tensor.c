@@ -355,13 +355,18 @@ bool fsdp_tensor_same_shape(const fsdp_tensor *a, const fsdp_tensor *b) {
     return true;
 }
 
-const char *fsdp_tensor_shape_string(const fsdp_tensor *t, char *buf, size_t size) {
+const char *fsdp_shape_string(int ndim, const int64_t *shape, char *buf, size_t size) {
+    if (!buf || size == 0) return buf;
     size_t used = (size_t)snprintf(buf, size, "(");
-    for (int i = 0; i < t->ndim && used < size; i++)
+    for (int i = 0; i < ndim && used < size; i++)
         used += (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld",
-                                 (long long)t->shape[i]);
-    if (used < size) snprintf(buf + used, size - used, t->ndim == 1 ? ",)" : ")");
+                                 (long long)shape[i]);
+    if (used < size) snprintf(buf + used, size - used, ndim == 1 ? ",)" : ")");
     return buf;
+}
+
+const char *fsdp_tensor_shape_string(const fsdp_tensor *t, char *buf, size_t size) {
+    return fsdp_shape_string(t->ndim, t->shape, buf, size);
 }
 
 /* Copies and fills refuse tensors without memory with a message that says why they have none. */
