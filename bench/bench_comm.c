@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench_util.h" // defines: bench_now, bench_median
+#include "bench_util.h"  // defines: bench_now, bench_median
+#include "bench_world.h" // defines: bench_world_open
 #include "fsdp/fsdp.h"
 
 typedef enum bench_op { OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_COUNT } bench_op;
@@ -83,12 +84,6 @@ static double memcpy_bandwidth(size_t bytes) {
     return (double)bytes / bench_median(t, 5) / 1e9;
 }
 
-static fsdp_status tell_rank(fsdp_ctx *ctx, int rank, void *user) {
-    (void)ctx;
-    *(int *)user = rank;
-    return FSDP_OK;
-}
-
 int main(int argc, char **argv) {
     int ranks = 4;
     long long max_bytes = 256ll << 20;
@@ -115,15 +110,8 @@ int main(int argc, char **argv) {
     }
     fsdp_ctx *ctx;
     fsdp_world *world;
-    if (fsdp_ctx_create(NULL, &ctx) != FSDP_OK) return 1;
-    fsdp_world_options o = {.backend = mpi ? FSDP_BACKEND_MPI : FSDP_BACKEND_LOCAL,
-                            .nranks = mpi ? 0 : ranks};
-    int rank = 0;
-    if (fsdp_world_create(ctx, &o, &world) != FSDP_OK ||
-        (mpi && fsdp_world_run(ctx, world, tell_rank, &rank) != FSDP_OK)) {
-        fprintf(stderr, "bench_comm: %s\n", fsdp_last_error(ctx));
-        return 1;
-    }
+    int rank;
+    if (!bench_world_open("bench_comm", mpi, ranks, &ctx, &world, &rank)) return 1;
     ranks = fsdp_world_size(world);
     double ceiling = 0;
     if (rank == 0) {

@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench_util.h" // defines: bench_now, bench_median
+#include "bench_util.h"  // defines: bench_now, bench_median
+#include "bench_world.h" // defines: bench_world_open
 #include "fsdp/fsdp.h"
 
 typedef struct schedule {
@@ -101,12 +102,6 @@ static fsdp_status run_rank(fsdp_ctx *ctx, int rank, void *user) {
     return st;
 }
 
-static fsdp_status tell_rank(fsdp_ctx *ctx, int rank, void *user) {
-    (void)ctx;
-    *(int *)user = rank;
-    return FSDP_OK;
-}
-
 static int usage(void) {
     fprintf(stderr,
             "usage: bench_ddp_overlap [--ranks N (default 4)] [--batch B per rank (default 16)]\n"
@@ -146,15 +141,8 @@ int main(int argc, char **argv) {
     }
     fsdp_ctx *ctx;
     fsdp_world *world;
-    if (fsdp_ctx_create(NULL, &ctx) != FSDP_OK) return 1;
-    fsdp_world_options o = {.backend = mpi ? FSDP_BACKEND_MPI : FSDP_BACKEND_LOCAL,
-                            .nranks = mpi ? 0 : ranks};
-    int rank = 0;
-    if (fsdp_world_create(ctx, &o, &world) != FSDP_OK ||
-        (mpi && fsdp_world_run(ctx, world, tell_rank, &rank) != FSDP_OK)) {
-        fprintf(stderr, "bench_ddp_overlap: %s\n", fsdp_last_error(ctx));
-        return 1;
-    }
+    int rank;
+    if (!bench_world_open("bench_ddp_overlap", mpi, ranks, &ctx, &world, &rank)) return 1;
     ranks = fsdp_world_size(world);
     if (rank == 0) {
         printf("bench_ddp_overlap: Net (4 x Linear(%lld, %lld), %.1f M parameters), %lld samples "

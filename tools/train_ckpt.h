@@ -59,7 +59,7 @@ fsdp_status train_ckpt_resume(fsdp_ctx *ctx, const train_config *cfg, const fsdp
 typedef struct train_saver {
     fsdp_state *state;
     fsdp_ckpt_writer *writer;
-    char *config; /* train_config_write's text, kept in every checkpoint */
+    char *config;       /* train_config_write's text, kept in every checkpoint */
     char *model_config; /* llama: its Hugging Face config.json (fsdp-ckpt export --format hf) */
     char layout[256];
 } train_saver;

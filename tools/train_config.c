@@ -91,12 +91,12 @@ static const char *const g_norm_names[] = {"none", "rmsnorm", NULL};
 static const char *const g_progress_names[] = {"auto", "bar", "lines", NULL};
 /* [parallel] mixed_precision: "param" (reduce in the same dtype, PyTorch's default) or
  * "param,reduce", each row's dtypes below. */
-static const char *const g_mp_names[] = {"none",     "bf16",     "f16",     "bf16,f32",
-                                         "f16,f32",  "f32,bf16", "f32,f16", NULL};
+static const char *const g_mp_names[] = {"none",    "bf16",     "f16",     "bf16,f32",
+                                         "f16,f32", "f32,bf16", "f32,f16", NULL};
 static const fsdp_dtype g_mp_dtypes[][2] = {
-    {FSDP_DTYPE_F32, FSDP_DTYPE_F32},  {FSDP_DTYPE_BF16, FSDP_DTYPE_BF16},
-    {FSDP_DTYPE_F16, FSDP_DTYPE_F16},  {FSDP_DTYPE_BF16, FSDP_DTYPE_F32},
-    {FSDP_DTYPE_F16, FSDP_DTYPE_F32},  {FSDP_DTYPE_F32, FSDP_DTYPE_BF16},
+    {FSDP_DTYPE_F32, FSDP_DTYPE_F32}, {FSDP_DTYPE_BF16, FSDP_DTYPE_BF16},
+    {FSDP_DTYPE_F16, FSDP_DTYPE_F16}, {FSDP_DTYPE_BF16, FSDP_DTYPE_F32},
+    {FSDP_DTYPE_F16, FSDP_DTYPE_F32}, {FSDP_DTYPE_F32, FSDP_DTYPE_BF16},
     {FSDP_DTYPE_F32, FSDP_DTYPE_F16}};
 static const char *const g_hook_names[] = {"default", "bf16", "fp16", NULL};
 
@@ -1302,7 +1302,8 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                     "mode = replicate (FSDP reduces each unit's gradient whole)", "parallel",
                     "mode", err, err_size))
         return FSDP_ERR_CONFIG;
-    if (cfg->parallel.mode == TRAIN_MODE_FSDP && cfg->parallel.comm_hook != FSDP_COMM_HOOK_DEFAULT &&
+    if (cfg->parallel.mode == TRAIN_MODE_FSDP &&
+        cfg->parallel.comm_hook != FSDP_COMM_HOOK_DEFAULT &&
         train_config_mixed_precision(cfg).reduce_dtype != FSDP_DTYPE_F32) {
         snprintf(err, err_size,
                  "%s and %s both choose the dtype gradients are reduced in; keep one (a "

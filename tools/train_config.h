@@ -128,9 +128,9 @@ typedef struct train_config {
         bool use_orig_params;
         bool sync_module_states;
         int64_t timeout_s;
-        int mixed_precision; /* fsdp: an entry of train_mixed_precision's table */
+        int mixed_precision;           /* fsdp: an entry of train_mixed_precision's table */
         fsdp_comm_hook_kind comm_hook; /* DEFAULT, BF16 or FP16 */
-        double bucket_mb;    /* replicate: bucket cap in MiB; 0: DDP's default */
+        double bucket_mb;              /* replicate: bucket cap in MiB; 0: DDP's default */
         bool pin_threads;
     } parallel;
     struct {

@@ -249,11 +249,11 @@ static fsdp_status apply_checkpointing(fsdp_ctx *ctx, const train_config *cfg, t
 static fsdp_status apply_dp(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
     if (cfg->parallel.mode == TRAIN_MODE_REPLICATE) {
         double mb = cfg->parallel.bucket_mb;
-        fsdp_replicate_options o = {
-            .group = s->dp,
-            .src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK,
-            .bucket_bytes = mb > 0 ? (int64_t)ceil(mb * 1024 * 1024) : 0,
-            .comm_hook = {.kind = cfg->parallel.comm_hook}};
+        fsdp_replicate_options o = {.group = s->dp,
+                                    .src_rank =
+                                        cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK,
+                                    .bucket_bytes = mb > 0 ? (int64_t)ceil(mb * 1024 * 1024) : 0,
+                                    .comm_hook = {.kind = cfg->parallel.comm_hook}};
         return fsdp_replicate_apply(ctx, s->model, &o, &s->rep);
     }
     fsdp_fully_shard_options o = {.strategy = cfg->parallel.strategy,

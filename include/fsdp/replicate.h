@@ -2,8 +2,8 @@
  * composable `replicate`): every rank of a data-parallel group holds the whole model (or its
  * tensor-parallel shards), trains on its own slice of the global batch, and in each backward
  * the gradients are averaged over the group with one all_reduce per bucket (started during
- * backward as soon as the bucket's gradients are final), so the replicas stay bitwise equal. Also the batch split by global sample index that every
- * data-parallel mode uses.
+ * backward as soon as the bucket's gradients are final), so the replicas stay bitwise equal. Also
+ * the batch split by global sample index that every data-parallel mode uses.
  *
  * Ownership, the rule of wrap.h: a wrapper's state is held by the model it wraps and lives as
  * long as something holds it. Here only the model holds it (the handle fsdp_replicate_apply

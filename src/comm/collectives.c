@@ -370,7 +370,8 @@ static fsdp_status check_all_to_all(fsdp_ctx *ctx, const fsdp_group *g, const fs
                          "all_to_all on group %s: with split_dim == concat_dim (%d) the input "
                          "and output have one shape whose dim %d divides into %d equal pieces; "
                          "they are %s and %s",
-                         g->desc, s, s, g->size, fsdp_shape_string(in->ndim, in->shape, a, sizeof a),
+                         g->desc, s, s, g->size,
+                         fsdp_shape_string(in->ndim, in->shape, a, sizeof a),
                          fsdp_shape_string(out->ndim, out->shape, b, sizeof b));
     }
     /* Both are this rank's chunks of one global shape: in along concat_dim, out along

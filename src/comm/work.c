@@ -28,7 +28,9 @@ bool fsdp_comm_work_pending(const fsdp_comm_work *work) {
 
 /* A wait or test of a pending work is waiting, in the profile (fsdp/profile.h), under the
  * work's op (its call was counted when it started). */
-static double prof_begin(const fsdp_ctx *ctx) { return ctx->prof_on ? fsdp_prof_now() : 0; }
+static double prof_begin(const fsdp_ctx *ctx) {
+    return ctx->prof_on ? fsdp_prof_now() : 0;
+}
 
 static void prof_end(fsdp_ctx *ctx, const fsdp_comm_work *work, double t0) {
     if (ctx->prof_on) ctx->prof.comm_wait_s[work->op] += fsdp_prof_now() - t0;

@@ -359,8 +359,8 @@ const char *fsdp_shape_string(int ndim, const int64_t *shape, char *buf, size_t 
     if (!buf || size == 0) return buf;
     size_t used = (size_t)snprintf(buf, size, "(");
     for (int i = 0; i < ndim && used < size; i++)
-        used += (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld",
-                                 (long long)shape[i]);
+        used +=
+            (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld", (long long)shape[i]);
     if (used < size) snprintf(buf + used, size - used, ndim == 1 ? ",)" : ")");
     return buf;
 }

@@ -152,7 +152,9 @@ static void copy_out(fsdp_replicate *r, int b) {
 
 /* Whether the buckets' reductions may run in the background: the default hook's all_reduce
  * has a non-blocking start; the compressing and user hooks run whole when a bucket is ready. */
-static bool overlaps(const fsdp_replicate *r) { return r->hook.kind == FSDP_COMM_HOOK_DEFAULT; }
+static bool overlaps(const fsdp_replicate *r) {
+    return r->hook.kind == FSDP_COMM_HOOK_DEFAULT;
+}
 
 /* Averages bucket b's gradients over the group through the comm hook: in (times 1/W for a
  * built-in hook, as DDP divides while copying; as they are for a user hook), the hook's
