@@ -9,6 +9,7 @@
  * its own results. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
@@ -258,6 +259,163 @@ static fsdp_status mp_rank(fsdp_ctx *ctx, int rank, void *user) {
     return FSDP_OK;
 }
 
+/* ---- replicate (DDP's mixed_precision) ---- */
+
+#define REP_PARAMS 4096 /* more than MLPStacked(3)'s 1038 (checked) */
+
+/* Copies every parameter's values of m (in visiting order) into or out of buf. */
+typedef struct param_copy {
+    float *buf;
+    int64_t at;
+    bool out; /* model -> buf */
+} param_copy;
+
+static fsdp_status copy_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)name;
+    param_copy *c = user;
+    float *v = fsdp_tensor_f32(fsdp_param_data(p));
+    int64_t n = fsdp_tensor_numel(fsdp_param_data(p));
+    if (c->at + n > REP_PARAMS)
+        return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "the model has more than REP_PARAMS elements");
+    if (c->out)
+        memcpy(c->buf + c->at, v, (size_t)n * sizeof(float));
+    else
+        memcpy(v, c->buf + c->at, (size_t)n * sizeof(float));
+    c->at += n;
+    return FSDP_OK;
+}
+
+static fsdp_status copy_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)name;
+    param_copy *c = user;
+    int64_t n = fsdp_tensor_numel(fsdp_param_grad(p));
+    if (c->at + n > REP_PARAMS)
+        return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "the model has more than REP_PARAMS elements");
+    memcpy(c->buf + c->at, fsdp_tensor_f32(fsdp_param_grad(p)), (size_t)n * sizeof(float));
+    c->at += n;
+    return FSDP_OK;
+}
+
+/* Replicate over 2 ranks with mixed_precision {param_dtype, reduce_dtype} against the
+ * un-replicated model with its parameters rounded to param_dtype by hand, trained on the whole
+ * batch: every gradient within 1e-5 relative to the largest (f32 reduction) or within the
+ * reduce dtype's bound of comm_hook.h (bf16 reduction); the forward saw only param_dtype
+ * values; after backward the parameters are their f32 values again, bit for bit; the bucket's
+ * all_reduce moves half the bytes with a 16-bit reduce_dtype. */
+static fsdp_status replicate_rank(fsdp_ctx *ctx, int rank, void *user) {
+    const fsdp_mixed_precision *mp = user;
+    fsdp_module *m = NULL, *ref = NULL;
+    fsdp_replicate *r = NULL;
+    float *before = calloc(4 * REP_PARAMS, sizeof(float)), *after = before + REP_PARAMS,
+          *got = after + REP_PARAMS, *want = got + REP_PARAMS;
+    if (!before) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "test buffers");
+    curve c = {.all_low = true};
+    probe pr = {&c, mp->param_dtype};
+    FSDP_TRY(fsdp_model_mlp_stacked(ctx, LAYERS, &m));
+    FSDP_TRY(fsdp_module_reset_parameters(ctx, m, SEED));
+    FSDP_TRY(fsdp_model_mlp_stacked(ctx, LAYERS, &ref));
+    FSDP_TRY(fsdp_module_reset_parameters(ctx, ref, SEED));
+    fsdp_replicate_options o = {.src_rank = FSDP_NO_SRC_RANK, .mixed_precision = *mp};
+    FSDP_TRY(fsdp_replicate_apply(ctx, m, &o, &r));
+    for (int i = 0; i < fsdp_module_num_children(fsdp_module_child(m, 0)); i++)
+        FSDP_TRY(fsdp_module_add_hook(ctx, fsdp_module_child(fsdp_module_child(m, 0), i),
+                                      FSDP_HOOK_PRE_FORWARD, probe_hook, &pr, NULL, NULL));
+    param_copy pc = {before, 0, true};
+    FSDP_TRY(fsdp_module_visit_params(ctx, m, copy_param, &pc));
+    int64_t n = pc.at;
+    /* the reference: the parameters rounded by hand, the whole batch on one rank */
+    for (int64_t i = 0; i < n; i++)
+        want[i] =
+            mp->param_dtype == FSDP_DTYPE_BF16  ? fsdp_bf16_to_f32(fsdp_bf16_from_f32(before[i]))
+            : mp->param_dtype == FSDP_DTYPE_F16 ? fsdp_f16_to_f32(fsdp_f16_from_f32(before[i]))
+                                                : before[i];
+    pc = (param_copy){want, 0, false};
+    FSDP_TRY(fsdp_module_visit_params(ctx, ref, copy_param, &pc));
+    FSDP_TRY(stacked_forward_backward(ctx, ref, 0, 0, STACKED_BATCH, 1));
+    FSDP_TRY(fsdp_comm_debug_begin(ctx));
+    int64_t off, len;
+    fsdp_batch_range(ctx, NULL, STACKED_BATCH, &off, &len);
+    FSDP_TRY(stacked_forward_backward(ctx, m, 0, off, len, 2));
+    FSDP_TRY(fsdp_comm_debug_end(ctx));
+    fsdp_comm_count ar =
+        fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_ALL_REDUCE});
+    pc = (param_copy){after, 0, true};
+    FSDP_TRY(fsdp_module_visit_params(ctx, m, copy_param, &pc));
+    pc = (param_copy){got, 0, true};
+    FSDP_TRY(fsdp_module_visit_params(ctx, m, copy_grad, &pc));
+    pc = (param_copy){want, 0, true};
+    FSDP_TRY(fsdp_module_visit_params(ctx, ref, copy_grad, &pc));
+    double gmax = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) gmax = fmax(gmax, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)got[i] - want[i]) / gmax);
+    /* f32: the two ranks' halves summed in another order than one rank's whole batch; bf16 /
+     * f16 reduction: comm_hook.h's bound u |avg| + (2u + u^2) mean |g_r| <= (3u + u^2) max */
+    double u = mp->reduce_dtype == FSDP_DTYPE_BF16  ? 0x1p-8
+               : mp->reduce_dtype == FSDP_DTYPE_F16 ? 0x1p-11
+                                                    : 0;
+    double tol = u > 0 ? 3 * u + u * u + 1e-5 : 1e-5;
+    FSDP_RANK_CHECK(
+        ctx, worst <= tol,
+        "gradients off the hand-rounded reference by %.3g of the largest (tolerance %.3g)", worst,
+        tol);
+    FSDP_RANK_CHECK(ctx, memcmp(before, after, (size_t)n * sizeof(float)) == 0,
+                    "the parameters are not their f32 values after backward");
+    bool low = mp->param_dtype != FSDP_DTYPE_F32;
+    FSDP_RANK_CHECK(ctx, c.low_checked > 0 && c.all_low == true,
+                    "forward computed with parameters that are not %s values",
+                    fsdp_dtype_to_string(mp->param_dtype));
+    int64_t want_bytes = n * (mp->reduce_dtype == FSDP_DTYPE_F32 ? 4 : 2);
+    FSDP_RANK_CHECK(ctx, ar.calls == 1 && ar.bytes == want_bytes,
+                    "all_reduce: %lld calls, %lld bytes (want 1 and %lld)", (long long)ar.calls,
+                    (long long)ar.bytes, (long long)want_bytes);
+    if (rank == 0)
+        printf("\n    replicate param %s reduce %s: gradients within %.2g of the largest of the "
+               "hand-rounded reference's%s; all_reduce %lld bytes",
+               fsdp_dtype_to_string(mp->param_dtype), fsdp_dtype_to_string(mp->reduce_dtype), worst,
+               low ? ", forward saw only rounded values" : "", (long long)ar.bytes);
+    fsdp_module_free(m);
+    fsdp_module_free(ref);
+    free(before);
+    return FSDP_OK;
+}
+
+static void test_replicate(void) {
+    const fsdp_mixed_precision cases[] = {{FSDP_DTYPE_BF16, FSDP_DTYPE_F32},
+                                          {FSDP_DTYPE_BF16, FSDP_DTYPE_BF16},
+                                          {FSDP_DTYPE_F16, FSDP_DTYPE_F32},
+                                          {FSDP_DTYPE_F32, FSDP_DTYPE_F16}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fsdp_mixed_precision mp = cases[i];
+        FSDP_TEST_OK(fsdp_test_run_world(2, 0, replicate_rank, &mp));
+    }
+}
+
+/* A reduce_dtype with a compressing hook, and a dtype that is not a float type, are refused. */
+static fsdp_status replicate_refused_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)rank, (void)user;
+    fsdp_module *m = NULL;
+    FSDP_TRY(fsdp_model_mlp_stacked(ctx, 1, &m));
+    fsdp_replicate_options o = {.mixed_precision = {FSDP_DTYPE_BF16, FSDP_DTYPE_BF16},
+                                .comm_hook = {.kind = FSDP_COMM_HOOK_FP16}};
+    fsdp_status st = fsdp_replicate_apply(ctx, m, &o, NULL);
+    FSDP_RANK_CHECK(ctx,
+                    st == FSDP_ERR_INVALID_ARGUMENT &&
+                        strstr(fsdp_last_error(ctx), "both choose how gradients are reduced"),
+                    "reduce_dtype with the fp16 hook: %s", fsdp_last_error(ctx));
+    o = (fsdp_replicate_options){.mixed_precision = {FSDP_DTYPE_I32, FSDP_DTYPE_F32}};
+    st = fsdp_replicate_apply(ctx, m, &o, NULL);
+    FSDP_RANK_CHECK(ctx,
+                    st == FSDP_ERR_INVALID_ARGUMENT &&
+                        strstr(fsdp_last_error(ctx), "mixed_precision.param_dtype is"),
+                    "param_dtype i32: %s", fsdp_last_error(ctx));
+    fsdp_module_free(m);
+    return FSDP_OK;
+}
+
+static void test_replicate_refused(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, replicate_refused_rank, NULL));
+}
+
 static void run(mp_case k) {
     FSDP_TEST_OK(fsdp_test_run_world(4, 0, mp_rank, &k));
 }
@@ -345,6 +503,8 @@ int main(int argc, char **argv) {
         {"bf16_params_bf16_reduce", test_bf16_params_bf16_reduce},
         {"f16_and_no_shard", test_f16_and_no_shard},
         {"summon_after_forward", test_summon_after_forward},
+        {"replicate", test_replicate},
+        {"replicate_refused", test_replicate_refused},
     };
     return fsdp_test_run(argc, argv, "mixed_precision", cases, sizeof cases / sizeof cases[0]);
 }

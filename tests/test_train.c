@@ -664,6 +664,17 @@ static void test_precision_keys(void) {
         CU_ASSERT_EQUAL(b[k] - loss, (bp[k] - loss) / 2);
         printf(" (%s %lld bytes for %lld)", k == 2 ? "all_reduce" : "reduce_scatter", b[k], bp[k]);
     }
+    /* replicate (DDP's mixed_precision): bf16 parameters, the bucket reduced in bf16 */
+    if (step2_comm(SET("parallel.ranks=2", "parallel.mode=replicate"), c32, b32, &f32) &&
+        step2_comm(
+            SET("parallel.ranks=2", "parallel.mode=replicate", "parallel.mixed_precision=bf16"), c,
+            b, &res)) {
+        CU_ASSERT_TRUE(same_run("mode=replicate, mixed_precision=bf16", &res, &f32, 1e-2));
+        CU_ASSERT_NOT_EQUAL(res.last_loss, f32.last_loss);
+        CU_ASSERT_EQUAL(c[2], c32[2]);
+        CU_ASSERT_EQUAL(b[2] - 8, (b32[2] - 8) / 2); /* the loss's all_reduce stays f32 */
+        printf(" (all_reduce %lld bytes for %lld)", b[2], b32[2]);
+    }
     /* bucket_mb: 0.0005 MiB (524 bytes) closes a bucket after Linear 1's weight */
     if (step2_comm(SET("parallel.ranks=2", "parallel.mode=replicate"), c32, b32, &f32) &&
         step2_comm(SET("parallel.ranks=2", "parallel.mode=replicate", "parallel.bucket_mb=0.0005"),
@@ -998,8 +1009,10 @@ static void test_parallel_config_errors(void) {
                 SET("[parallel] wrap = layer", "applies to mode = fsdp"));
     check_fails(SET("parallel.mode=replicate", "parallel.strategy=no_shard"),
                 SET("[parallel] strategy = no_shard", "applies to mode = fsdp"));
-    check_fails(SET("parallel.mode=replicate", "parallel.mixed_precision=bf16"),
-                SET("[parallel] mixed_precision = bf16", "applies to mode = fsdp"));
+    check_fails(
+        SET("parallel.mode=replicate", "parallel.mixed_precision=f16", "parallel.comm_hook=bf16"),
+        SET("[parallel] comm_hook = bf16", "[parallel] mixed_precision = f16",
+            "both choose the dtype gradients are reduced in"));
     check_fails(SET("parallel.bucket_mb=1"),
                 SET("[parallel] bucket_mb = 1 (--set parallel.bucket_mb=1) applies to mode = "
                     "replicate",

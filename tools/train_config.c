@@ -279,15 +279,15 @@ static const key_def g_keys[] = {
     INT_KEY("parallel", "timeout_s", parallel.timeout_s, "300", 1, 86400,
             "seconds a rank waits in a collective before the run fails with a timeout"),
     ENUM_KEY("parallel", "mixed_precision", parallel.mixed_precision, "none", g_mp_names, NULL,
-             "fsdp: the dtypes of the gathered parameters and of the gradient reduction "
-             "(MixedPrecision(param_dtype, reduce_dtype)), param or param,reduce: bf16 gathers "
-             "and computes with bf16 parameters and reduces gradients in bf16; bf16,f32 reduces "
-             "in f32; f32,bf16 only reduces in bf16. The shards, their gradients and the "
-             "optimizer stay f32. none: f32 throughout"),
+             "the dtypes forward and backward compute with and gradients are reduced in "
+             "(MixedPrecision(param_dtype, reduce_dtype), FSDP's or DDP's), param or "
+             "param,reduce: bf16 computes with bf16 parameters (fsdp: gathered in bf16) and "
+             "reduces gradients in bf16; bf16,f32 reduces in f32; f32,bf16 only reduces in "
+             "bf16. The parameters the optimizer steps stay f32. none: f32 throughout"),
     ENUM_KEY("parallel", "comm_hook", parallel.comm_hook, "default", g_hook_names, NULL,
              "how gradients are reduced over dp (register_comm_hook): default (the average in "
              "f32), bf16 or fp16 (bf16_compress_hook, fp16_compress_hook: cast, reduce in "
-             "half the bytes, cast back); fsdp: not with a mixed_precision that sets the "
+             "half the bytes, cast back); not with a mixed_precision that sets the "
              "reduce dtype"),
     FLOAT_KEY("parallel", "bucket_mb", parallel.bucket_mb, "0", 0, INCL, 1048576, INCL,
               "replicate: the gradient buckets' size cap in MiB (DDP's bucket_cap_mb); 0: DDP's "
@@ -1287,8 +1287,8 @@ static bool key_not_for(const train_config *cfg, const char *section, const char
 /* The [parallel] rules that do not depend on the world size. */
 static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err_size) {
     char a[KEY_TEXT_SIZE], b[KEY_TEXT_SIZE], c[KEY_TEXT_SIZE];
-    static const char *const fsdp_only[] = {"strategy",        "offload",  "wrap",
-                                            "use_orig_params", "replicas", "mixed_precision"};
+    static const char *const fsdp_only[] = {"strategy", "offload", "wrap", "use_orig_params",
+                                            "replicas"};
     if (cfg->parallel.mode == TRAIN_MODE_REPLICATE)
         for (size_t i = 0; i < sizeof fsdp_only / sizeof fsdp_only[0]; i++)
             if (is_changed(cfg, "parallel", fsdp_only[i])) {
@@ -1302,8 +1302,7 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                     "mode = replicate (FSDP reduces each unit's gradient whole)", "parallel",
                     "mode", err, err_size))
         return FSDP_ERR_CONFIG;
-    if (cfg->parallel.mode == TRAIN_MODE_FSDP &&
-        cfg->parallel.comm_hook != FSDP_COMM_HOOK_DEFAULT &&
+    if (cfg->parallel.comm_hook != FSDP_COMM_HOOK_DEFAULT &&
         train_config_mixed_precision(cfg).reduce_dtype != FSDP_DTYPE_F32) {
         snprintf(err, err_size,
                  "%s and %s both choose the dtype gradients are reduced in; keep one (a "

@@ -253,7 +253,8 @@ static fsdp_status apply_dp(fsdp_ctx *ctx, const train_config *cfg, train_state 
                                     .src_rank =
                                         cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK,
                                     .bucket_bytes = mb > 0 ? (int64_t)ceil(mb * 1024 * 1024) : 0,
-                                    .comm_hook = {.kind = cfg->parallel.comm_hook}};
+                                    .comm_hook = {.kind = cfg->parallel.comm_hook},
+                                    .mixed_precision = train_config_mixed_precision(cfg)};
         return fsdp_replicate_apply(ctx, s->model, &o, &s->rep);
     }
     fsdp_fully_shard_options o = {.strategy = cfg->parallel.strategy,

@@ -26,6 +26,27 @@
 extern "C" {
 #endif
 
+/* PyTorch's MixedPrecision for the data-parallel wrappers: FSDP1's (wrap.h, docs/fsdp.md
+ * "Mixed precision") and DDP's (replicate.h). Each field is FSDP_DTYPE_F32 (the default, 0),
+ * FSDP_DTYPE_BF16 or FSDP_DTYPE_F16. The parameters the optimizer steps (FSDP's flat shards,
+ * replicate's parameters), their gradients and the optimizer state stay f32 (the master copy). */
+typedef struct fsdp_mixed_precision {
+    /* The dtype forward and backward compute with. FSDP: every gather (before forward and
+     * backward) rounds this rank's f32 shard once to param_dtype and all_gathers in
+     * param_dtype (half the bytes for bf16/f16); the gathered values, widened exactly to f32
+     * for the CPU kernels, are the parameters forward and backward use;
+     * fsdp_summon_full_params still gathers the f32 values. Replicate: the root's forward and
+     * backward run with every trainable parameter rounded once to param_dtype (widened exactly
+     * to f32), and the f32 values are back when each returns. */
+    fsdp_dtype param_dtype;
+    /* Gradients are reduced in this dtype: the f32 gradient divided by the pre factor, rounded
+     * to reduce_dtype, reduce_scatter (all_reduce) in reduce_dtype, widened back, divided by
+     * the post factor (the cast-reduce-cast of the bf16/fp16 comm hooks below). Unlike
+     * PyTorch, where None follows param_dtype, the default is f32: set both for that. Not
+     * together with a comm hook other than the default (both choose the reduction). */
+    fsdp_dtype reduce_dtype;
+} fsdp_mixed_precision;
+
 typedef enum fsdp_comm_hook_kind {
     FSDP_COMM_HOOK_DEFAULT = 0, /* average in f32 (or FSDP's reduce_dtype): DDP's allreduce */
     FSDP_COMM_HOOK_BF16,        /* bf16_compress_hook: reduce in bf16 */

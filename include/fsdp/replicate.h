@@ -58,6 +58,12 @@ typedef struct fsdp_replicate_options {
      * bucket travels in half the bytes); FSDP_COMM_HOOK_USER, .fn gets each bucket's f32
      * gradients undivided (output NULL, index the bucket) and leaves their average there. */
     fsdp_comm_hook comm_hook;
+    /* DDP's mixed_precision (comm_hook.h): param_dtype, the parameters forward and backward
+     * compute with (rounded in place around the root's forward and backward, from an f32
+     * master copy of the trainable parameters kept here); reduce_dtype, the dtype the buckets
+     * are all_reduced in (half the bytes for bf16/f16). A bucket in bf16 or f16 is reduced
+     * whole when it is ready. Default: f32 throughout. */
+    fsdp_mixed_precision mixed_precision;
     /* When the buckets are reduced. false (the default, DDP's way): each bucket's all_reduce
      * starts during backward, from the post-backward hook of the module that finalises its
      * last gradient (the module that owns a parameter, or an ancestor below root that has a

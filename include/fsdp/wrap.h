@@ -52,23 +52,7 @@ typedef enum fsdp_sharding_strategy {
 
 const char *fsdp_sharding_strategy_to_string(fsdp_sharding_strategy s); /* "FULL_SHARD", ... */
 
-/* PyTorch FSDP1's MixedPrecision, for the parameters and gradient reduction (docs/fsdp.md,
- * "Mixed precision"). Each field is FSDP_DTYPE_F32 (the default, 0), FSDP_DTYPE_BF16 or
- * FSDP_DTYPE_F16. The flat shards, their gradients and the optimizer stay f32 (the master
- * copy). */
-typedef struct fsdp_mixed_precision {
-    /* Every gather (before forward and backward) rounds this rank's f32 shard once to
-     * param_dtype and all_gathers in param_dtype (half the bytes for bf16/f16); the gathered
-     * low-precision values, widened exactly to f32 for the CPU kernels, are the parameters
-     * forward and backward compute with. fsdp_summon_full_params still gathers the f32
-     * values. */
-    fsdp_dtype param_dtype;
-    /* Gradients are reduced in this dtype: the f32 gradient divided by the pre factor, rounded
-     * to reduce_dtype, reduce_scatter (all_reduce) in reduce_dtype, widened back, divided by
-     * the post factor (the cast-reduce-cast of the bf16/fp16 comm hooks, comm_hook.h). Unlike
-     * PyTorch, where None follows param_dtype, the default is f32: set both for that. */
-    fsdp_dtype reduce_dtype;
-} fsdp_mixed_precision;
+/* fsdp_mixed_precision (comm_hook.h): FSDP1's MixedPrecision; see its fields there. */
 
 typedef struct fsdp_fully_shard_options {
     fsdp_sharding_strategy strategy; /* default FSDP_FULL_SHARD */

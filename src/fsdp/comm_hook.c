@@ -32,6 +32,26 @@ fsdp_status fsdp_dp_check_hook(fsdp_ctx *ctx, const fsdp_comm_hook *hook, const 
     return FSDP_OK;
 }
 
+fsdp_status fsdp_dp_check_mixed_precision(fsdp_ctx *ctx, const fsdp_mixed_precision *mp,
+                                          const fsdp_comm_hook *hook, const char *who) {
+    const fsdp_dtype *dt[2] = {&mp->param_dtype, &mp->reduce_dtype};
+    for (int i = 0; i < 2; i++)
+        if (*dt[i] != FSDP_DTYPE_F32 && *dt[i] != FSDP_DTYPE_BF16 && *dt[i] != FSDP_DTYPE_F16)
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "%s: mixed_precision.%s is %s (%d); use FSDP_DTYPE_F32, "
+                             "FSDP_DTYPE_BF16 or FSDP_DTYPE_F16",
+                             who, i ? "reduce_dtype" : "param_dtype", fsdp_dtype_to_string(*dt[i]),
+                             (int)*dt[i]);
+    if (mp->reduce_dtype != FSDP_DTYPE_F32 && hook->kind != FSDP_COMM_HOOK_DEFAULT)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "%s: mixed_precision.reduce_dtype is %s and comm_hook is %s: both choose "
+                         "how gradients are reduced; keep one (reduce_dtype f32, or the default "
+                         "hook)",
+                         who, fsdp_dtype_to_string(mp->reduce_dtype),
+                         fsdp_comm_hook_kind_to_string(hook->kind));
+    return FSDP_OK;
+}
+
 fsdp_dtype fsdp_dp_hook_dtype(fsdp_comm_hook_kind kind, fsdp_dtype reduce_dtype) {
     return kind == FSDP_COMM_HOOK_BF16   ? FSDP_DTYPE_BF16
            : kind == FSDP_COMM_HOOK_FP16 ? FSDP_DTYPE_F16

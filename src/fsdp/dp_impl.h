@@ -48,6 +48,10 @@ void fsdp_dp_divide_factors(int dp_size, double *pre, double *post);
 fsdp_status fsdp_dp_check_hook(fsdp_ctx *ctx, const fsdp_comm_hook *hook, const char *who);
 /* The dtype a built-in hook reduces in: bf16 for BF16, f16 for FP16, else reduce_dtype. */
 fsdp_dtype fsdp_dp_hook_dtype(fsdp_comm_hook_kind kind, fsdp_dtype reduce_dtype);
+/* mp's dtypes are f32, bf16 or f16, and a reduce_dtype other than f32 comes with the default
+ * hook; else FSDP_ERR_INVALID_ARGUMENT naming the field, `who` the caller. */
+fsdp_status fsdp_dp_check_mixed_precision(fsdp_ctx *ctx, const fsdp_mixed_precision *mp,
+                                          const fsdp_comm_hook *hook, const char *who);
 
 /* One reduction of a data-parallel gradient. */
 typedef struct fsdp_dp_reduce_args {

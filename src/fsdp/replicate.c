@@ -3,7 +3,9 @@
  * through flat buffers allocated at setup, each bucket through the comm hook (comm_hook.c):
  * each bucket's reduction starts from the post-backward hooks as soon as its gradients are
  * final (DDP's order), and the root's post-backward hook waits for them; or, with
- * reduce_after_backward, every bucket after backward. Also the batch split by sample index. */
+ * reduce_after_backward, every bucket after backward. With mixed precision the root's forward
+ * and backward run with the parameters rounded to param_dtype (from an f32 master copy) and the
+ * buckets are reduced in reduce_dtype. Also the batch split by sample index. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +35,12 @@ struct fsdp_replicate {
      * views per bucket (their reductions are blocking: one at a time) */
     fsdp_tensor *low_stage;
     fsdp_tensor **low_bucket;
+    fsdp_mixed_precision mp;
+    /* param_dtype other than f32: the trainable parameters' f32 values while the root's
+     * forward or backward runs with them rounded (low), and a param_dtype buffer as large as
+     * the largest parameter to round through */
+    fsdp_tensor *master, *round;
+    bool low;
     fsdp_module *root;
     bool after_backward; /* fsdp_replicate_options.reduce_after_backward */
     /* Reduction during backward. */
@@ -55,6 +63,8 @@ static void replicate_free(void *p) {
     free(r->bucket);
     free(r->low_bucket);
     fsdp_tensor_free(r->low_stage);
+    fsdp_tensor_free(r->master);
+    fsdp_tensor_free(r->round);
     free(r->bucket_start);
     fsdp_tensor_free(r->stage);
     free(r->params);
@@ -153,7 +163,7 @@ static void copy_out(fsdp_replicate *r, int b) {
 /* Whether the buckets' reductions may run in the background: the default hook's all_reduce
  * has a non-blocking start; the compressing and user hooks run whole when a bucket is ready. */
 static bool overlaps(const fsdp_replicate *r) {
-    return r->hook.kind == FSDP_COMM_HOOK_DEFAULT;
+    return r->hook.kind == FSDP_COMM_HOOK_DEFAULT && r->mp.reduce_dtype == FSDP_DTYPE_F32;
 }
 
 /* Averages bucket b's gradients over the group through the comm hook: in (times 1/W for a
@@ -181,7 +191,7 @@ static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b, fsdp_c
     }
     if (work) return fsdp_all_reduce_start(ctx, r->group, r->bucket[b], FSDP_REDUCE_SUM, work);
     fsdp_dp_reduce_args a = {.hook = &r->hook,
-                             .reduce_dtype = FSDP_DTYPE_F32,
+                             .reduce_dtype = r->mp.reduce_dtype,
                              .group = r->group,
                              .pre = 1.0, /* divided above */
                              .post = 1.0,
@@ -243,10 +253,75 @@ static fsdp_status grads_ready(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point po
     return start_ready(ctx, r, false);
 }
 
+/* ---- mixed precision: the parameters in param_dtype around forward and backward ---- */
+
+/* Keeps every trainable parameter's f32 values in the master copy and rounds the parameter in
+ * place to param_dtype (widened back exactly); nothing when they are rounded already. */
+static fsdp_status to_low(fsdp_ctx *ctx, fsdp_replicate *r) {
+    if (!r->master || r->low) return FSDP_OK;
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    float *master = fsdp_tensor_f32(r->master);
+    void *low = fsdp_tensor_data(r->round);
+    bool bf16 = r->mp.param_dtype == FSDP_DTYPE_BF16;
+    int64_t at = 0;
+    for (int i = 0; i < r->n_params; i++) {
+        fsdp_param *p = r->params[i];
+        fsdp_tensor *d = fsdp_param_data(p);
+        if (fsdp_tensor_numel(d) != r->numel[i] || !fsdp_tensor_f32(d))
+            return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                             "replicate: parameter '%s' of '%s' changed since setup (%lld "
+                             "elements, %lld then); apply tensor parallelism before replicate",
+                             fsdp_param_name(p), fsdp_module_fqn(fsdp_param_module(p)),
+                             (long long)fsdp_tensor_numel(d), (long long)r->numel[i]);
+    }
+    for (int i = 0; i < r->n_params; i++) {
+        float *v = fsdp_tensor_f32(fsdp_param_data(r->params[i]));
+        int64_t n = r->numel[i];
+        k->copy(master + at, v, n);
+        if (bf16) {
+            k->f32_to_bf16(low, v, n);
+            k->bf16_to_f32(v, low, n);
+        } else {
+            k->f32_to_f16(low, v, n);
+            k->f16_to_f32(v, low, n);
+        }
+        at += n;
+    }
+    r->low = true;
+    return FSDP_OK;
+}
+
+/* The parameters' f32 values back from the master copy. */
+static void to_full(fsdp_replicate *r) {
+    if (!r->master || !r->low) return;
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    const float *master = fsdp_tensor_f32(r->master);
+    int64_t at = 0;
+    for (int i = 0; i < r->n_params; i++) {
+        k->copy(fsdp_tensor_f32(fsdp_param_data(r->params[i])), master + at, r->numel[i]);
+        at += r->numel[i];
+    }
+    r->low = false;
+}
+
+static fsdp_status pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                               const fsdp_tensor **io, void *user) {
+    (void)m, (void)point, (void)io;
+    return to_low(ctx, user);
+}
+
+static fsdp_status post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                const fsdp_tensor **io, void *user) {
+    (void)ctx, (void)m, (void)point, (void)io;
+    to_full(user);
+    return FSDP_OK;
+}
+
 static fsdp_status pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                 const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     fsdp_replicate *r = user;
+    FSDP_TRY(to_low(ctx, r));
     r->active = r->sync && r->world > 1 && !r->after_backward;
     if (!r->active) return FSDP_OK;
     /* A backward that failed part way may have left calls in flight. */
@@ -258,10 +333,7 @@ static fsdp_status pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
     return FSDP_OK;
 }
 
-static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
-                                 const fsdp_tensor **io, void *user) {
-    (void)m, (void)point, (void)io;
-    fsdp_replicate *r = user;
+static fsdp_status reduce_all(fsdp_ctx *ctx, fsdp_replicate *r) {
     if (!r->after_backward) {
         if (!r->active) return FSDP_OK;
         r->active = false;
@@ -273,6 +345,15 @@ static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
     if (!r->sync || r->world == 1) return FSDP_OK;
     for (int b = 0; b < r->n_buckets; b++) FSDP_TRY(reduce_bucket(ctx, r, b, NULL));
     return FSDP_OK;
+}
+
+static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                 const fsdp_tensor **io, void *user) {
+    (void)m, (void)point, (void)io;
+    fsdp_replicate *r = user;
+    fsdp_status st = reduce_all(ctx, r);
+    to_full(r); /* also when the reduction failed: the f32 values are never lost */
+    return st;
 }
 
 /* ---- setup ---- */
@@ -308,10 +389,11 @@ static fsdp_status prepare_during(fsdp_ctx *ctx, fsdp_replicate *r) {
 }
 
 /* Installs the hooks: grads_ready on every module that finalises gradients, pre_backward and
- * post_backward on root. The post-backward hook owns r (it is freed with root); when a hook
+ * post_backward on root, and with a param_dtype other than f32 pre_forward and post_forward
+ * on root. The post-backward hook owns r (it is freed with root); when a hook
  * cannot be added, those added are removed and r is freed. */
 static fsdp_status install_hooks(fsdp_ctx *ctx, fsdp_replicate *r) {
-    int n = r->ready_at ? r->n_params : 0, added = 0, pre_id = -1;
+    int n = r->ready_at ? r->n_params : 0, added = 0, pre_id = -1, fwd_id[2] = {-1, -1};
     int *ids = calloc((size_t)n + 1, sizeof *ids);
     fsdp_module **mods = calloc((size_t)n + 1, sizeof *mods);
     fsdp_status st =
@@ -329,6 +411,12 @@ static fsdp_status install_hooks(fsdp_ctx *ctx, fsdp_replicate *r) {
     if (st == FSDP_OK)
         st = fsdp_module_add_hook(ctx, r->root, FSDP_HOOK_PRE_BACKWARD, pre_backward, r, NULL,
                                   &pre_id);
+    if (st == FSDP_OK && r->master)
+        st = fsdp_module_add_hook(ctx, r->root, FSDP_HOOK_PRE_FORWARD, pre_forward, r, NULL,
+                                  &fwd_id[0]);
+    if (st == FSDP_OK && r->master)
+        st = fsdp_module_add_hook(ctx, r->root, FSDP_HOOK_POST_FORWARD, post_forward, r, NULL,
+                                  &fwd_id[1]);
     bool owned = false; /* r went to the post-backward hook, or was freed by its adding */
     if (st == FSDP_OK) {
         st = fsdp_module_add_hook(ctx, r->root, FSDP_HOOK_POST_BACKWARD, post_backward, r,
@@ -338,6 +426,8 @@ static fsdp_status install_hooks(fsdp_ctx *ctx, fsdp_replicate *r) {
     if (st != FSDP_OK) {
         for (int j = 0; j < added; j++) fsdp_nn_remove_hook(mods[j], ids[j]);
         if (pre_id >= 0) fsdp_nn_remove_hook(r->root, pre_id);
+        for (int j = 0; j < 2; j++)
+            if (fwd_id[j] >= 0) fsdp_nn_remove_hook(r->root, fwd_id[j]);
         if (!owned) replicate_free(r);
     }
     free(ids);
@@ -365,7 +455,7 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
         FSDP_TRY(fsdp_tensor_view(ctx, r->stage, apart ? at : 0, 1, &n, &r->bucket[b]));
         at += n;
     }
-    fsdp_dtype low = fsdp_dp_hook_dtype(r->hook.kind, FSDP_DTYPE_F32);
+    fsdp_dtype low = fsdp_dp_hook_dtype(r->hook.kind, r->mp.reduce_dtype);
     if (r->hook.kind != FSDP_COMM_HOOK_USER && low != FSDP_DTYPE_F32) {
         FSDP_TRY(fsdp_tensor_create(ctx, low, FSDP_CPU, 1, &grad_max, &r->low_stage));
         r->low_bucket = calloc((size_t)r->n_buckets + 1, sizeof *r->low_bucket);
@@ -375,6 +465,13 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
             int64_t n = fsdp_tensor_numel(r->bucket[b]);
             FSDP_TRY(fsdp_tensor_view(ctx, r->low_stage, 0, 1, &n, &r->low_bucket[b]));
         }
+    }
+    if (r->mp.param_dtype != FSDP_DTYPE_F32 && r->n_params > 0) {
+        int64_t largest = 0;
+        for (int i = 0; i < r->n_params; i++)
+            largest = r->numel[i] > largest ? r->numel[i] : largest;
+        FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &total, &r->master));
+        FSDP_TRY(fsdp_tensor_create(ctx, r->mp.param_dtype, FSDP_CPU, 1, &largest, &r->round));
     }
     if (!r->after_backward) FSDP_TRY(prepare_during(ctx, r));
     if (o->src_rank == FSDP_NO_SRC_RANK || r->world == 1) return FSDP_OK;
@@ -418,10 +515,13 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                          "0..%d or FSDP_NO_SRC_RANK",
                          o.src_rank, fsdp_group_label(group), world, world - 1);
     FSDP_TRY(fsdp_dp_check_hook(ctx, &o.comm_hook, "fsdp_replicate_apply"));
+    FSDP_TRY(fsdp_dp_check_mixed_precision(ctx, &o.mixed_precision, &o.comm_hook,
+                                           "fsdp_replicate_apply"));
     fsdp_replicate *r = calloc(1, sizeof *r);
     if (!r) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate replicate state");
     r->group = group;
     r->hook = o.comm_hook;
+    r->mp = o.mixed_precision;
     r->world = world;
     r->sync = true;
     r->root = root;

@@ -394,22 +394,8 @@ static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_fully_shard_options *
                          "fsdp_fully_shard: a user comm hook is not supported with HYBRID_SHARD "
                          "(as in PyTorch); use the default, BF16 or FP16 hook, or another "
                          "strategy");
-    const fsdp_mixed_precision *mp = &o->mixed_precision;
-    const fsdp_dtype *dt[2] = {&mp->param_dtype, &mp->reduce_dtype};
-    for (int i = 0; i < 2; i++)
-        if (*dt[i] != FSDP_DTYPE_F32 && *dt[i] != FSDP_DTYPE_BF16 && *dt[i] != FSDP_DTYPE_F16)
-            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                             "fsdp_fully_shard: mixed_precision.%s is %s (%d); use "
-                             "FSDP_DTYPE_F32, FSDP_DTYPE_BF16 or FSDP_DTYPE_F16",
-                             i ? "reduce_dtype" : "param_dtype", fsdp_dtype_to_string(*dt[i]),
-                             (int)*dt[i]);
-    if (mp->reduce_dtype != FSDP_DTYPE_F32 && o->comm_hook.kind != FSDP_COMM_HOOK_DEFAULT)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_fully_shard: mixed_precision.reduce_dtype is %s and comm_hook is "
-                         "%s: both choose how gradients are reduced; keep one (reduce_dtype f32, "
-                         "or the default hook)",
-                         fsdp_dtype_to_string(mp->reduce_dtype),
-                         fsdp_comm_hook_kind_to_string(o->comm_hook.kind));
+    FSDP_TRY(
+        fsdp_dp_check_mixed_precision(ctx, &o->mixed_precision, &o->comm_hook, "fsdp_fully_shard"));
     return FSDP_OK;
 }
 
