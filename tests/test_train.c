@@ -1553,6 +1553,42 @@ static void test_h5_data(void) {
            SET("cannot read data file", "[data] path", "No such file"));
 }
 
+/* A run on an HDF5 file of more training samples than [data] samples (the synthetic count,
+ * 4096 by default) stops where its stream position is past 4096 and resumes: the position is
+ * checked against the file's training samples (6000 rows, 4500 for training: step 8 of
+ * batches of 512 ends at 4096), and the resumed steps are bitwise the uninterrupted run's. */
+static void test_h5_resume_past_samples(void) {
+    h5_spec sp = good_spec();
+    sp.rows = sp.y_rows = 6000;
+    const char *path = write_h5("large", sp);
+    char data[1100], dir[1100], cleanup[1200];
+    snprintf(data, sizeof data, "data.path=%s", path);
+    snprintf(dir, sizeof dir, "checkpoint.dir=%s/test_train_h5_resume", FSDP_BINARY_DIR);
+    snprintf(cleanup, sizeof cleanup, "rm -rf '%s/test_train_h5_resume'", FSDP_BINARY_DIR);
+    CU_ASSERT_EQUAL(system(cleanup), 0);
+    const char *const base[] = {
+        "model.widths=4,8,3",       "data.kind=h5",        data,
+        "data.task=classification", "data.batch_size=512", "data.eval_fraction=0.25",
+        "parallel.ranks=2",         "log.level=warn",      "train.log_every=1"};
+    train_result whole, first, rest;
+    char err[TRAIN_ERROR_SIZE] = "";
+    for (int run = 0; run < 3; run++) {
+        train_config_init(&g_cfg);
+        for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) set(base[i]);
+        set(run == 1 ? "train.steps=8" : "train.steps=10");
+        if (run > 0) set(dir);
+        train_result *res = run == 0 ? &whole : run == 1 ? &first : &rest;
+        fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, res, err, sizeof err);
+        if (st != FSDP_OK) printf("\n    run %d: %s", run, err);
+        CU_ASSERT_EQUAL_FATAL(st, FSDP_OK);
+    }
+    CU_ASSERT_EQUAL(rest.start_step, 8);
+    CU_ASSERT_EQUAL_FATAL(rest.n_step_losses, 2);
+    CU_ASSERT_EQUAL(rest.step_loss[0], whole.step_loss[8]);
+    CU_ASSERT_EQUAL(rest.step_loss[1], whole.step_loss[9]);
+    CU_ASSERT_EQUAL(system(cleanup), 0);
+}
+
 /* Shuffling draws a new order each epoch: another run than in order, the same for every seed
  * it is given twice, another for another seed. */
 static void test_shuffle(void) {
@@ -1606,6 +1642,7 @@ int main(int argc, char **argv) {
         {"digits_layouts", test_digits_layouts},
         {"h5_data", test_h5_data},
         {"shuffle", test_shuffle},
+        {"h5_resume_past_samples", test_h5_resume_past_samples},
     };
     return fsdp_test_run(argc, argv, "train", cases, (int)(sizeof cases / sizeof cases[0]));
 }

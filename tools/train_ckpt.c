@@ -282,8 +282,8 @@ static fsdp_status check_config(const train_config *cfg, fsdp_ckpt *ck, const ch
 }
 
 fsdp_status train_ckpt_resume(fsdp_ctx *ctx, const train_config *cfg, const fsdp_state_sources *src,
-                              const char *path, train_progress *prog, char *saved_layout,
-                              size_t layout_size, char *err, size_t err_size) {
+                              const char *path, int64_t n_positions, train_progress *prog,
+                              char *saved_layout, size_t layout_size, char *err, size_t err_size) {
     fsdp_state *st = NULL;
     fsdp_ckpt *ck = NULL;
     int64_t v[N_EXTRAS];
@@ -297,13 +297,13 @@ fsdp_status train_ckpt_resume(fsdp_ctx *ctx, const train_config *cfg, const fsdp
                      "[model] init = %s and [checkpoint] resume = none",
                      path, g_extra_names[i], path);
     if (s == FSDP_OK &&
-        (v[0] != fsdp_ckpt_step(ck) || v[1] < 0 ||
-         (cfg->data.kind != TRAIN_DATA_TOKENS && v[1] >= cfg->data.samples) || v[3] < 0)) {
+        (v[0] != fsdp_ckpt_step(ck) || v[1] < 0 || v[1] >= n_positions || v[3] < 0)) {
         snprintf(err, err_size,
                  "cannot resume from '%s': its loop position is inconsistent (train.step %lld "
-                 "at step %lld, data.position %lld of %lld samples)",
+                 "at step %lld, data.position %lld of %lld training %s)",
                  path, (long long)v[0], (long long)fsdp_ckpt_step(ck), (long long)v[1],
-                 (long long)cfg->data.samples);
+                 (long long)n_positions,
+                 cfg->data.kind == TRAIN_DATA_TOKENS ? "sequence offsets" : "samples");
         s = FSDP_ERR_IO;
     }
     if (s == FSDP_OK) s = check_config(cfg, ck, path, err, err_size);

@@ -50,10 +50,12 @@ fsdp_status train_ckpt_init(fsdp_ctx *ctx, const train_config *cfg, const fsdp_s
 /* Resumes from the checkpoint at path: checks that it holds this model (shapes) and that the
  * [model] (but init), [data] and [optim] keys are those it was saved with (FSDP_ERR_CONFIG
  * naming the first key that differs), loads parameters and optimizer state strictly and
- * fills *prog from its extras. saved_layout receives the layout it was saved with. */
+ * fills *prog from its extras, whose stream position must lie in [0, n_positions) (the
+ * training samples, or a token file's probe sequences). saved_layout receives the layout it
+ * was saved with. */
 fsdp_status train_ckpt_resume(fsdp_ctx *ctx, const train_config *cfg, const fsdp_state_sources *src,
-                              const char *path, train_progress *prog, char *saved_layout,
-                              size_t layout_size, char *err, size_t err_size);
+                              const char *path, int64_t n_positions, train_progress *prog,
+                              char *saved_layout, size_t layout_size, char *err, size_t err_size);
 
 /* Saves a rank's run into [checkpoint] dir. */
 typedef struct train_saver {

@@ -1035,8 +1035,8 @@ static fsdp_status start_from(fsdp_ctx *ctx, const train_config *cfg, train_stat
     if (src->resume[0]) {
         char layout[256] = "";
         *what = "resuming";
-        TRY(train_ckpt_resume(ctx, cfg, &from, src->resume, prog, layout, sizeof layout, err,
-                              err_size));
+        TRY(train_ckpt_resume(ctx, cfg, &from, src->resume, s->n_train, prog, layout, sizeof layout,
+                              err, err_size));
         res->start_step = res->steps = prog->step;
         snprintf(res->resumed_from, sizeof res->resumed_from, "%s", src->resume);
         if (s->out)
