@@ -57,6 +57,7 @@ static void replicate_free(void *p) {
     fsdp_replicate *r = p;
     if (!r) return;
     for (int b = 0; b < r->n_buckets; b++) fsdp_tensor_free(r->bucket[b]);
+    for (int b = 0; r->low_bucket && b < r->n_buckets; b++) fsdp_tensor_free(r->low_bucket[b]);
     for (int b = 0; r->work && b < r->n_buckets; b++) fsdp_comm_work_free(r->work[b]);
     free(r->work);
     free(r->ready_at), free(r->bucket_of), free(r->ready), free(r->missing);
