@@ -1145,7 +1145,7 @@ static int shell(const char *command, char *output, size_t size) {
 
 /* fsdp-train under mpirun with g_small plus the overrides; its metrics are compared with
  * train_run's losses for the same config with backend local on the same number of ranks. */
-static void mpi_matches_local(const char *mpirun, const char *const *overrides) {
+static void mpi_matches_local(const char *mpirun, int np, const char *const *overrides) {
     char cmd[4096], metrics[1024], out[8192];
     snprintf(metrics, sizeof metrics, "%s/test_train_mpi.jsonl", FSDP_BINARY_DIR);
     remove(metrics);
@@ -1162,7 +1162,9 @@ static void mpi_matches_local(const char *mpirun, const char *const *overrides) 
     CU_ASSERT_EQUAL_FATAL(status, 0);
 
     train_result local;
-    const char *all[8] = {"parallel.ranks=2"};
+    char ranks[32];
+    snprintf(ranks, sizeof ranks, "parallel.ranks=%d", np);
+    const char *all[8] = {ranks};
     int n = 1;
     for (int i = 0; overrides[i] && n < 7; i++) all[n++] = overrides[i];
     all[n] = NULL;
@@ -1255,22 +1257,32 @@ static void test_mpi_matches_local(void) {
         printf("\n    skipped: FSDP_TRAIN_MPIRUN is not set (CTest's test_train_mpi2 sets it)");
         return;
     }
-    mpi_matches_local(mpirun, SET("parallel.wrap=layer"));
-    mpi_matches_local(mpirun, SET("parallel.tp=2", "parallel.mode=replicate"));
+    /* the process count of the FSDP_TRAIN_MPIRUN command (CTest's entries: 2 and 4) */
+    const char *np_text = getenv("FSDP_TRAIN_MPI_NP");
+    int np = np_text && *np_text ? atoi(np_text) : 2;
+    CU_ASSERT_TRUE_FATAL(np == 2 || np == 4);
+    if (np == 2) {
+        mpi_matches_local(mpirun, np, SET("parallel.wrap=layer"));
+        mpi_matches_local(mpirun, np, SET("parallel.tp=2", "parallel.mode=replicate"));
+    } else { /* (dp, tp) = (2, 2) with FSDP per Linear, and (4, 1) replicas */
+        mpi_matches_local(mpirun, np, SET("parallel.tp=2", "parallel.wrap=layer"));
+        mpi_matches_local(mpirun, np, SET("parallel.mode=replicate"));
+    }
 
     /* under mpi the process count decides; a conflicting ranks is a config error (exit 2) */
-    char cmd[2048], out[8192];
+    char cmd[2048], out[8192], want[160], hint[64];
     snprintf(cmd, sizeof cmd,
-             "%s '%s' --config '%s/examples/mlp.ini' --set parallel.ranks=4 --set "
+             "%s '%s' --config '%s/examples/mlp.ini' --set parallel.ranks=%d --set "
              "parallel.timeout_s=20 --set checkpoint.dir= 2>&1",
-             mpirun, FSDP_TRAIN_EXE, FSDP_SOURCE_DIR);
+             mpirun, FSDP_TRAIN_EXE, FSDP_SOURCE_DIR, 2 * np);
     int status = shell(cmd, out, sizeof out);
     printf("\n    exit status %d: %s", status, out);
     CU_ASSERT_EQUAL(status, 2);
-    CU_ASSERT_TRUE(fsdp_test_message_has(
-        out, SET("[parallel] ranks = 4 (--set parallel.ranks=4), but mpirun started 2 "
-                 "processes",
-                 "mpirun -np 4")));
+    snprintf(want, sizeof want,
+             "[parallel] ranks = %d (--set parallel.ranks=%d), but mpirun started %d processes",
+             2 * np, 2 * np, np);
+    snprintf(hint, sizeof hint, "mpirun -np %d", 2 * np);
+    CU_ASSERT_TRUE(fsdp_test_message_has(out, SET(want, hint)));
 }
 
 /* Under mpirun with another configuration on rank 1 (MPMD: `mpiexec -n 1 fsdp-train A : -n 1
