@@ -199,6 +199,7 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_comm_debug_record, "ctx out", fsdp_comm_debug_record(C, 0, A(1, &f->rec)))           \
     CALL(fsdp_comm_debug_print, "ctx f", fsdp_comm_debug_print(C, A(1, f->file)))                  \
     CALL(fsdp_comm_debug_write_json, "ctx f", fsdp_comm_debug_write_json(C, A(1, f->file)))        \
+    CALL(fsdp_comm_trace_print, "ctx f", fsdp_comm_trace_print(C, 0, A(1, f->file)))               \
     /* profile.h */                                                                                \
     CALL(fsdp_profile_start, "ctx", fsdp_profile_start(C))                                         \
     CALL(fsdp_profile_stop, "ctx", fsdp_profile_stop(C))                                           \

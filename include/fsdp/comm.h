@@ -378,6 +378,21 @@ fsdp_status fsdp_comm_debug_print(fsdp_ctx *ctx, FILE *f);
  * "phase":..,"calls":..,"bytes":..},...]} and a newline. */
 fsdp_status fsdp_comm_debug_write_json(fsdp_ctx *ctx, FILE *f);
 
+/* ---- the flight recorder ----
+ * Every rank remembers its last 64 collectives and group splits: the op, the group, the
+ * call's number on that group, the tensor's dtype and shape, the module and phase (as
+ * comm-debug attributes them), and when it started and how it ended. When a collective times
+ * out because members did not arrive, its error says what each missing rank did instead (the
+ * first call on the group it did not make, and where it went or is stuck), read from its
+ * recorder: directly with rank threads, by asking it under MPI (a rank answers while it waits
+ * in a collective; one that does not answer is computing or stuck). */
+
+/* Writes this rank's last `last` calls (0: every one remembered), oldest first, one line
+ * each: "rank 0 call 12: all_reduce #4 on group 'tp' (world ranks 0,1) of (8, 16) f32 in
+ * module 'fc2' (backward): done in 0.310 ms, 0.002 s ago". FSDP_ERR_STATE outside
+ * fsdp_world_run. */
+fsdp_status fsdp_comm_trace_print(fsdp_ctx *ctx, int last, FILE *f);
+
 #ifdef __cplusplus
 }
 #endif

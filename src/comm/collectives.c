@@ -205,12 +205,15 @@ fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     FSDP_ARG_NOT_NULL(ctx, in);
     const fsdp_comm_op op = FSDP_COMM_ALL_GATHER;
     FSDP_TRY(resolve(ctx, &group, op));
+    const uint64_t seq = fsdp_trace_begin(ctx, group, op);
     fsdp_status st = check_all_gather(ctx, group, out, in, &dim);
+    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, out);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(out));
-    if (st != FSDP_OK) return reject(ctx, group, op, st);
+    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, op, st), false);
     call_mark mark = call_begin(ctx, op);
     st = group->world->backend.iface.all_gather(ctx, group, out, in, dim);
     call_end(ctx, op, mark);
+    fsdp_trace_end(ctx, seq, st, false);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
@@ -270,12 +273,15 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
     FSDP_ARG_NOT_NULL(ctx, in);
     const fsdp_comm_op cop = FSDP_COMM_REDUCE_SCATTER;
     FSDP_TRY(resolve(ctx, &group, cop));
+    const uint64_t seq = fsdp_trace_begin(ctx, group, cop);
     fsdp_status st = check_reduce_scatter(ctx, group, out, in, &dim, op);
+    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, in);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(in));
-    if (st != FSDP_OK) return reject(ctx, group, cop, st);
+    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, cop, st), false);
     call_mark mark = call_begin(ctx, cop);
     st = group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op);
     call_end(ctx, cop, mark);
+    fsdp_trace_end(ctx, seq, st, false);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
@@ -285,13 +291,16 @@ fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fs
     FSDP_ARG_NOT_NULL(ctx, t);
     const fsdp_comm_op cop = FSDP_COMM_ALL_REDUCE;
     FSDP_TRY(resolve(ctx, &group, cop));
+    const uint64_t seq = fsdp_trace_begin(ctx, group, cop);
     fsdp_status st = check_reduce_op(ctx, group, cop, op);
     if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
+    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, t);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
-    if (st != FSDP_OK) return reject(ctx, group, cop, st);
+    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, cop, st), false);
     call_mark mark = call_begin(ctx, cop);
     st = group->world->backend.iface.all_reduce(ctx, group, t, op);
     call_end(ctx, cop, mark);
+    fsdp_trace_end(ctx, seq, st, false);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
@@ -303,6 +312,7 @@ fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor 
     FSDP_ARG_NOT_NULL(ctx, work);
     const fsdp_comm_op cop = FSDP_COMM_ALL_REDUCE;
     FSDP_TRY(resolve(ctx, &group, cop));
+    const uint64_t seq = fsdp_trace_begin(ctx, group, cop);
     fsdp_status st = FSDP_OK;
     if (work->pending)
         st = FSDP_FAIL(ctx, FSDP_ERR_STATE,
@@ -312,13 +322,15 @@ fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor 
                        work->group->desc);
     if (st == FSDP_OK) st = check_reduce_op(ctx, group, cop, op);
     if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
+    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, t);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
-    if (st != FSDP_OK) return reject(ctx, group, cop, st);
+    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, cop, st), false);
     const fsdp_comm_backend_i *be = &group->world->backend.iface;
     call_mark mark = call_begin(ctx, cop);
     if (!be->all_reduce_start) {
         st = be->all_reduce(ctx, group, t, op);
         call_end(ctx, cop, mark);
+        fsdp_trace_end(ctx, seq, st, false);
         FSDP_TRY_AT(ctx, st);
         return FSDP_OK;
     }
@@ -326,8 +338,10 @@ fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor 
     work->op = cop;
     work->group = group;
     work->debug_row = fsdp_comm_debug_last(ctx, &work->debug_session);
+    work->trace_seq = seq;
     st = be->all_reduce_start(ctx, group, t, op, work);
     call_end(ctx, cop, mark);
+    fsdp_trace_end(ctx, seq, st, st == FSDP_OK);
     if (st != FSDP_OK) {
         work->pending = false;
         work->group = NULL;
@@ -341,16 +355,19 @@ fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int
     FSDP_ARG_NOT_NULL(ctx, t);
     const fsdp_comm_op op = FSDP_COMM_BROADCAST;
     FSDP_TRY(resolve(ctx, &group, op));
+    const uint64_t seq = fsdp_trace_begin(ctx, group, op);
     fsdp_status st = check_tensor(ctx, group, op, t, "given");
     if (st == FSDP_OK && (root < 0 || root >= group->size))
         st = FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                        "broadcast on group %s: root %d is not a group rank (use 0..%d)",
                        group->desc, root, group->size - 1);
+    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, t);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(t));
-    if (st != FSDP_OK) return reject(ctx, group, op, st);
+    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, op, st), false);
     call_mark mark = call_begin(ctx, op);
     st = group->world->backend.iface.broadcast(ctx, group, t, root);
     call_end(ctx, op, mark);
+    fsdp_trace_end(ctx, seq, st, false);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
@@ -391,12 +408,15 @@ fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     FSDP_ARG_NOT_NULL(ctx, in);
     const fsdp_comm_op op = FSDP_COMM_ALL_TO_ALL;
     FSDP_TRY(resolve(ctx, &group, op));
+    const uint64_t seq = fsdp_trace_begin(ctx, group, op);
     fsdp_status st = check_all_to_all(ctx, group, out, in, &split_dim, &concat_dim);
+    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, in);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(in));
-    if (st != FSDP_OK) return reject(ctx, group, op, st);
+    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, op, st), false);
     call_mark mark = call_begin(ctx, op);
     st = group->world->backend.iface.all_to_all(ctx, group, out, in, split_dim, concat_dim);
     call_end(ctx, op, mark);
+    fsdp_trace_end(ctx, seq, st, false);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
@@ -405,11 +425,13 @@ fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     const fsdp_comm_op op = FSDP_COMM_BARRIER;
     FSDP_TRY(resolve(ctx, &group, op));
+    const uint64_t seq = fsdp_trace_begin(ctx, group, op);
     fsdp_status st = fsdp_comm_debug_note(ctx, group, op, 0);
-    if (st != FSDP_OK) return reject(ctx, group, op, st);
+    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, op, st), false);
     call_mark mark = call_begin(ctx, op);
     st = group->world->backend.iface.barrier(ctx, group);
     call_end(ctx, op, mark);
+    fsdp_trace_end(ctx, seq, st, false);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }

@@ -10,7 +10,7 @@
 #include "comm/comm_impl.h"
 #include "core/error.h"
 
-static fsdp_comm_phase phase_of(const fsdp_ctx *ctx) {
+fsdp_comm_phase fsdp_comm_phase_of(const fsdp_ctx *ctx) {
     switch (ctx->phase) {
     case FSDP_PHASE_FORWARD:
         return FSDP_COMM_PHASE_FORWARD;
@@ -38,7 +38,7 @@ fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_o
     if (!b || !b->debug.active) return FSDP_OK;
     fsdp_comm_debug *d = &b->debug;
     const char *module = fsdp_ctx_scope_top(ctx);
-    fsdp_comm_phase phase = phase_of(ctx);
+    fsdp_comm_phase phase = fsdp_comm_phase_of(ctx);
     fsdp_comm_debug_row *row = NULL;
     for (int i = 0; i < d->n_rows && !row; i++) {
         fsdp_comm_debug_row *r = &d->rows[i];

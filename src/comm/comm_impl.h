@@ -124,6 +124,9 @@ struct fsdp_world {
      * caller's. abandoned counts those that have not returned (under run_mu). */
     atomic_int refs;
     int abandoned;
+    /* The flight recorders (trace.c) of the ranks this process hosts, indexed by world rank
+     * (NULL for the others); cleared as each run starts. */
+    struct fsdp_trace_ring **traces;
 };
 
 struct fsdp_group {
@@ -135,6 +138,11 @@ struct fsdp_group {
     bool borrowed; /* owned by a context or a mesh: fsdp_group_free leaves it alone */
     char label[FSDP_GROUP_LABEL_MAX];
     char desc[FSDP_GROUP_DESC_MAX]; /* "'tp' (world ranks 0,1)", for messages */
+    /* The same on every member: the world group's is 1, a split's derives from its parent's
+     * id, the split's call number on the parent and the color (the flight recorder tells
+     * groups apart by it). */
+    uint64_t id;
+    uint64_t calls; /* collectives and splits this rank has made on the group */
 };
 
 /* A non-blocking call's handle (fsdp_comm_work_*, work.c). */
@@ -144,7 +152,8 @@ struct fsdp_comm_work {
     fsdp_group *group; /* its group while pending */
     int debug_row;     /* its comm-debug row and session (fsdp_comm_debug_last), -1: none */
     unsigned debug_session;
-    void *state; /* the backend's, kept from call to call */
+    uint64_t trace_seq; /* its flight-recorder record (trace.c) */
+    void *state;        /* the backend's, kept from call to call */
     /* Frees state; a work still pending is abandoned first. */
     void (*free_state)(void *state);
 };
@@ -172,6 +181,7 @@ typedef struct fsdp_comm_binding {
     fsdp_world *world;
     fsdp_group *world_group;
     fsdp_comm_debug debug;
+    struct fsdp_trace_ring *trace; /* world->traces[rank] */
 } fsdp_comm_binding;
 
 /* ctx's binding, or NULL when ctx runs outside fsdp_world_run. */
@@ -200,6 +210,8 @@ fsdp_status fsdp_group_check_label(fsdp_ctx *ctx, const char *label, const char 
 fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
                                  int64_t bytes);
 void fsdp_comm_debug_release(fsdp_comm_debug *d);
+/* The comm-debug phase of what ctx runs now. */
+fsdp_comm_phase fsdp_comm_phase_of(const fsdp_ctx *ctx);
 /* comm_debug.c: the timing of the collective just noted, around the backend's call: the clock
  * (CLOCK_MONOTONIC seconds) while counting is on, else 0 without reading it; then the seconds
  * since t0 added to that collective's row (nothing for t0 = 0). */
@@ -282,6 +294,9 @@ typedef struct fsdp_comm_failure {
     const fsdp_rank_result *gone; /* and its result */
     fsdp_status poison_status;    /* POISONED: the earlier failure */
     const char *poison_msg;
+    /* ARRIVAL (may be NULL): what the missing members did instead (fsdp_trace_explain_rank),
+     * in place of the general advice. */
+    const char *forensics;
 } fsdp_comm_failure;
 
 /* How often a long wait logs whom it waits for: half the timeout, at least 1 s and at most
@@ -306,6 +321,82 @@ fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size
  * itself), cut where buf is full; returns how many there are. */
 int fsdp_comm_rank_list(const int *ranks, const bool *mask, int n, bool want, char *buf,
                         size_t size);
+
+/* ---- trace.c: the flight recorder ---- */
+
+#define FSDP_TRACE_DEPTH      64 /* calls each rank remembers */
+#define FSDP_TRACE_MODULE_MAX 64
+#define FSDP_TRACE_VIEW_MAX   6 /* records a rank shows a peer that waits for it */
+
+enum {
+    FSDP_TRACE_RUNNING = 1, /* inside the call */
+    FSDP_TRACE_IN_FLIGHT,   /* a non-blocking call started, its work not complete */
+    FSDP_TRACE_DONE,
+    FSDP_TRACE_FAILED,
+};
+
+/* One call. In a view, t_start and t_end are seconds before the view was taken (t_end 0
+ * while running); in the ring, CLOCK_MONOTONIC seconds. Plain data: it travels as bytes. */
+typedef struct fsdp_trace_rec {
+    uint64_t seq;       /* the rank's calls, from 1 */
+    uint64_t group_id;  /* fsdp_group.id */
+    uint64_t group_seq; /* the rank's calls on the group, from 1 */
+    int32_t op;         /* fsdp_comm_op or FSDP_OP_SPLIT */
+    int32_t state;      /* FSDP_TRACE_* */
+    int32_t phase;      /* fsdp_comm_phase */
+    int32_t dtype;      /* -1: not known (its arguments were not checked) */
+    int32_t ndim, pad;
+    int64_t shape[FSDP_MAX_DIMS]; /* the tensor the call is counted by in comm-debug */
+    double t_start, t_end;
+    char group[FSDP_GROUP_DESC_MAX];
+    char module[FSDP_TRACE_MODULE_MAX];
+} fsdp_trace_rec;
+
+typedef struct fsdp_trace_ring {
+    pthread_mutex_t mu; /* the owner writes, peers (local backend) read */
+    uint64_t calls;     /* records written; call seq is at rec[(seq - 1) % FSDP_TRACE_DEPTH] */
+    fsdp_trace_rec rec[FSDP_TRACE_DEPTH];
+} fsdp_trace_ring;
+
+/* What a rank shows a peer waiting for it on a group: its newest call on that group (rec[0],
+ * when has_on_group), then the calls it made after it, oldest first: the first and the last
+ * few, left_out of them omitted before rec[n_before_gap]. Plain data. */
+typedef struct fsdp_trace_view {
+    int32_t answered; /* 0: the rank did not answer (MPI: not waiting in a collective) */
+    int32_t has_on_group;
+    int32_t n, n_before_gap;
+    uint64_t calls; /* the rank's calls in all */
+    uint64_t left_out;
+    fsdp_trace_rec rec[FSDP_TRACE_VIEW_MAX];
+} fsdp_trace_view;
+
+/* NULL when out of memory. */
+fsdp_trace_ring *fsdp_trace_ring_new(void);
+void fsdp_trace_ring_free(fsdp_trace_ring *ring);
+void fsdp_trace_ring_clear(fsdp_trace_ring *ring);
+/* A call of `op` on g starts: counts it on g (g->calls) and records it; returns its seq (0
+ * when ctx records nothing), for the two below. */
+uint64_t fsdp_trace_begin(fsdp_ctx *ctx, fsdp_group *g, int op);
+/* The call's tensor, once its arguments have been checked. */
+void fsdp_trace_describe(fsdp_ctx *ctx, uint64_t seq, const fsdp_tensor *t);
+/* A non-blocking call's work is waited for: its record shows it running again. */
+void fsdp_trace_waiting(fsdp_ctx *ctx, uint64_t seq);
+/* The call returned st (in_flight: a non-blocking call that started). Returns st. */
+fsdp_status fsdp_trace_end(fsdp_ctx *ctx, uint64_t seq, fsdp_status st, bool in_flight);
+/* The view of ring for a peer waiting on group `group_id`. */
+void fsdp_trace_view_build(fsdp_trace_ring *ring, uint64_t group_id, fsdp_trace_view *v);
+/* Appends to the text in buf what rank `rank`'s view v says about call #group_seq on the
+ * group (group_desc) that it did not arrive at: where it diverged and where it is now.
+ * asked_ms: how long an unanswered query waited. */
+void fsdp_trace_explain_rank(char *buf, size_t size, int rank, uint64_t group_seq,
+                             const char *group_desc, const fsdp_trace_view *v, int asked_ms);
+
+/* The forensics of a timed-out arrival at call #group_seq on a group: for each member m
+ * missing (at most FSDP_TRACE_EXPLAINED of them), what views[m] says it did instead. */
+#define FSDP_TRACE_EXPLAINED 2
+void fsdp_trace_forensics(char *buf, size_t size, uint64_t group_seq, const char *group_desc,
+                          int n_members, const int *ranks, const bool *missing,
+                          const fsdp_trace_view *views, int asked_ms);
 
 /* box.c: the data movement of the backends, over contiguous row-major tensors. */
 /* Copies a box of `box` elements per dim from src (shape src_shape, box at src_at) into dst

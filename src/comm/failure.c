@@ -32,6 +32,13 @@ fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size
     const char *s = n > 1 ? "s" : "";
     switch (f->kind) {
     case FSDP_FAILURE_ARRIVAL:
+        if (f->forensics && f->forensics[0]) {
+            snprintf(msg, size,
+                     "%s on group %s timed out after %d ms: rank%s %s did not arrive (arrived: "
+                     "%s).%s If the wait is expected, raise fsdp_world_options.timeout_ms",
+                     op, f->group_desc, f->timeout_ms, s, missing, arrived, f->forensics);
+            return FSDP_ERR_TIMEOUT;
+        }
         snprintf(msg, size,
                  "%s on group %s timed out after %d ms: rank%s %s did not arrive (arrived: %s). "
                  "Every rank of a group must make the same collectives in the same order; a "

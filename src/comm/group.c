@@ -91,12 +91,27 @@ fsdp_status fsdp_group_resolve_parent(fsdp_ctx *ctx, fsdp_group **parent, const 
     return FSDP_OK;
 }
 
+/* A split's group id: the same on every member (they share the parent, the split's call
+ * number on it and the color), different for each color and each split (splitmix64). */
+static uint64_t child_id(uint64_t parent, uint64_t split_no, int color) {
+    uint64_t z = parent * 0x9e3779b97f4a7c15u ^ split_no * 0xbf58476d1ce4e5b9u ^ (uint64_t)color;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
 fsdp_status fsdp_group_split_agreed(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
                                     const char *label, const char *agree, fsdp_group **out) {
     fsdp_group_info info = {0};
-    FSDP_TRY_AT(ctx, parent->world->backend.iface.split(ctx, parent, color, key, agree, &info));
+    const uint64_t seq = fsdp_trace_begin(ctx, parent, FSDP_OP_SPLIT);
+    const uint64_t split_no = parent->calls;
+    fsdp_status st = parent->world->backend.iface.split(ctx, parent, color, key, agree, &info);
+    fsdp_trace_end(ctx, seq, st, false);
+    FSDP_TRY_AT(ctx, st);
     if (!info.state) return FSDP_OK;
-    return fsdp_group_make(ctx, parent->world, &info, label ? label : "group", out);
+    FSDP_TRY(fsdp_group_make(ctx, parent->world, &info, label ? label : "group", out));
+    (*out)->id = child_id(parent->id, split_no, color);
+    return FSDP_OK;
 }
 
 fsdp_status fsdp_group_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,

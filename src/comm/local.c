@@ -242,17 +242,38 @@ static fsdp_status fail_gone(fsdp_ctx *ctx, const fsdp_group *g, local_group *lg
     return fail_and_poison(ctx, lg, &f);
 }
 
+/* The forensics of a timed-out arrival: the missing members' flight recorders, read
+ * directly (the ranks share the address space). */
+static void forensics(const fsdp_group *g, const local_group *lg, const bool *missing, char *buf,
+                      size_t size) {
+    buf[0] = '\0';
+    const size_t n = lg->size > 0 ? (size_t)lg->size : 1;
+    fsdp_trace_view *views = calloc(n, sizeof *views);
+    if (!views) return;
+    int shown = 0;
+    for (int m = 0; m < lg->size && shown < FSDP_TRACE_EXPLAINED; m++) {
+        if (!missing[m]) continue;
+        fsdp_trace_view_build(lg->lw->world->traces[lg->ranks[m]], g->id, &views[m]);
+        shown++;
+    }
+    fsdp_trace_forensics(buf, size, g->calls, g->desc, lg->size, lg->ranks, missing, views, 0);
+    free(views);
+}
+
 static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, local_group *lg, int op,
                                 uint64_t target) {
     bool missing[LOCAL_MAX_RANKS];
     for (int r = 0; r < lg->size; r++) missing[r] = lg->entered[r] < target;
+    char why[FSDP_ERROR_MAX];
+    forensics(g, lg, missing, why, sizeof why);
     fsdp_comm_failure f = {.kind = FSDP_FAILURE_ARRIVAL,
                            .op = op,
                            .group_desc = g->desc,
                            .timeout_ms = lg->lw->world->timeout_ms,
                            .n_members = lg->size,
                            .ranks = lg->ranks,
-                           .missing = missing};
+                           .missing = missing,
+                           .forensics = why};
     return fail_and_poison(ctx, lg, &f);
 }
 

@@ -142,6 +142,7 @@ fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor 
     w->step = STEP_ARRIVE;
     w->failed = FSDP_OK;
     w->next = NULL;
+    w->rq.group_seq = g->calls;
     fsdp_call c = fsdp_call_all_reduce(t, op);
     fsdp_status st = fsdp_mpi_arrive_post(ctx, g, mg, &w->rq, w->descs, &c);
     if (st != FSDP_OK) return mg->poisoned ? fail_all_with(ctx, mg, st) : st;

@@ -14,14 +14,27 @@
 
 /* Message kinds. A tag is (run % RUN_TAGS) * TAG_KINDS + kind: messages left over from an
  * earlier run of the world (after a timeout) never match a later run's. The largest tag,
- * 29999, is below 32767, the least MPI_TAG_UB the standard allows. TAG_READY is the second
+ * 32399, is below 32767, the least MPI_TAG_UB the standard allows. TAG_READY is the second
  * round of the calls that must not end differently on different ranks (split, barrier).
  * TAG_EXCHANGE and TAG_GATHER carry the two data steps of a non-blocking all_reduce
  * (mpi_async.c), which a rank posts when it sees the step before complete, at a point that
  * differs from rank to rank: their own tags keep them from matching the data of calls made
- * meanwhile. The largest tag is then 27999. */
-enum { TAG_DESC, TAG_DATA, TAG_POISON, TAG_EXIT, TAG_READY, TAG_EXCHANGE, TAG_GATHER, TAG_KINDS };
-#define RUN_TAGS 4000
+ * meanwhile. TAG_TRACE_ASK and TAG_TRACE_ANSWER are the flight recorder's (trace.c): a rank
+ * whose wait for members timed out asks each missing one, on the world's communicator, for
+ * its recent collectives; a rank answers while it waits in a collective. */
+enum {
+    TAG_DESC,
+    TAG_DATA,
+    TAG_POISON,
+    TAG_EXIT,
+    TAG_READY,
+    TAG_EXCHANGE,
+    TAG_GATHER,
+    TAG_TRACE_ASK,
+    TAG_TRACE_ANSWER,
+    TAG_KINDS
+};
+#define RUN_TAGS 3600
 
 #define SEGMENT_BYTES (1 << 30) /* MPI counts are int: larger pieces go as several messages */
 #define GONE_GRACE_S  0.1   /* how long to wait for a message of a rank known to have returned */
@@ -58,13 +71,32 @@ typedef struct mpi_reqs {
     bool *recv;
     int *done_idx;
     int n, cap;
+    uint64_t group_seq; /* the call's number on its group when it is not the group's newest
+                         * (a non-blocking call's), else 0 */
 } mpi_reqs;
 
-/* A send still in flight whose buffer must outlive it (notes). */
+/* A query for a rank's recent collectives (TAG_TRACE_ASK) and its answer (TAG_TRACE_ANSWER):
+ * the view of its flight recorder for the group the asker waits on. ask_id pairs them, so
+ * that an answer that came too late is not taken for a later query's. */
+typedef struct mpi_trace_ask {
+    uint64_t group_id, ask_id;
+} mpi_trace_ask;
+
+typedef struct mpi_trace_answer {
+    uint64_t ask_id;
+    fsdp_trace_view view;
+} mpi_trace_answer;
+
+/* How long a rank whose wait timed out waits for the answers of the members it waited for;
+ * a member waiting in a collective answers within a millisecond or two. */
+#define TRACE_ASK_MS 250
+
+/* A send still in flight whose buffer must outlive it (notes, answers). */
 typedef struct pending_send {
     struct pending_send *next;
     MPI_Request req;
-    mpi_note note;
+    size_t len;
+    _Alignas(8) char data[];
 } pending_send;
 
 typedef struct mpi_world {
@@ -77,6 +109,7 @@ typedef struct mpi_world {
     bool *noted;       /* per world rank: its exit note of this run has arrived */
     double *finished;  /* per world rank: when its function returned */
     pending_send *sends;
+    uint64_t trace_asks; /* queries this rank has sent (their ask_id) */
 } mpi_world;
 
 struct mpi_group {
@@ -131,6 +164,12 @@ fsdp_status fsdp_mpi_fail(fsdp_ctx *ctx, int rc, const char *what, const char *w
 void fsdp_mpi_reap_sends(mpi_world *mw);
 /* Sends `note` to rank `dest` of comm without waiting for it. */
 void fsdp_mpi_send_note(mpi_world *mw, MPI_Comm comm, int dest, int kind, const mpi_note *note);
+/* The same for `len` bytes at data (copied). */
+void fsdp_mpi_send_copy(mpi_world *mw, MPI_Comm comm, int dest, int kind, const void *data,
+                        size_t len);
+/* Answers the flight-recorder queries that have arrived (from a rank whose wait for this one
+ * timed out). */
+void fsdp_mpi_serve_trace(mpi_world *mw);
 /* Drops the open requests, poisons the group (telling its members) and fails with msg. */
 fsdp_status fsdp_mpi_fail_and_poison(fsdp_ctx *ctx, mpi_group *mg, fsdp_status status,
                                      const char *msg);

@@ -44,18 +44,103 @@ void fsdp_mpi_reap_sends(mpi_world *mw) {
     }
 }
 
-/* Sends `note` to world rank `dest` on comm without waiting for it. */
-void fsdp_mpi_send_note(mpi_world *mw, MPI_Comm comm, int dest, int kind, const mpi_note *note) {
-    pending_send *s = malloc(sizeof *s);
-    if (!s) return; /* the peer will time out instead of failing at once */
-    s->note = *note;
-    if (MPI_Isend(&s->note, (int)sizeof s->note, MPI_BYTE, dest, tag_of(mw, kind), comm, &s->req) !=
+void fsdp_mpi_send_copy(mpi_world *mw, MPI_Comm comm, int dest, int kind, const void *data,
+                        size_t len) {
+    pending_send *s = malloc(sizeof *s + len);
+    if (!s) return; /* the peer will time out (or go without the answer) instead */
+    s->len = len;
+    memcpy(s->data, data, len);
+    if (MPI_Isend(s->data, (int)len, MPI_BYTE, dest, tag_of(mw, kind), comm, &s->req) !=
         MPI_SUCCESS) {
         free(s);
         return;
     }
     s->next = mw->sends;
     mw->sends = s;
+}
+
+/* Sends `note` to world rank `dest` on comm without waiting for it. */
+void fsdp_mpi_send_note(mpi_world *mw, MPI_Comm comm, int dest, int kind, const mpi_note *note) {
+    fsdp_mpi_send_copy(mw, comm, dest, kind, note, sizeof *note);
+}
+
+/* ---- the flight recorder's queries ---- */
+
+void fsdp_mpi_serve_trace(mpi_world *mw) {
+    for (;;) {
+        int flag = 0;
+        MPI_Status status;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, tag_of(mw, TAG_TRACE_ASK), mw->comm, &flag, &status) !=
+                MPI_SUCCESS ||
+            !flag)
+            return;
+        mpi_trace_ask ask;
+        if (MPI_Recv(&ask, (int)sizeof ask, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, mw->comm,
+                     MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return;
+        mpi_trace_answer answer = {.ask_id = ask.ask_id};
+        fsdp_trace_view_build(mw->world->traces[mw->rank], ask.group_id, &answer.view);
+        fsdp_mpi_send_copy(mw, mw->comm, status.MPI_SOURCE, TAG_TRACE_ANSWER, &answer,
+                           sizeof answer);
+    }
+}
+
+/* Asks the missing members (at most FSDP_TRACE_EXPLAINED of them) for their recent
+ * collectives and writes what they answer within TRACE_ASK_MS about call #group_seq of g into
+ * buf; a member that does not answer is not waiting in a collective. */
+static void forensics(const fsdp_group *g, mpi_world *mw, const bool *missing, uint64_t group_seq,
+                      char *buf, size_t size) {
+    buf[0] = '\0';
+    const size_t n = g->size > 0 ? (size_t)g->size : 1;
+    fsdp_trace_view *views = calloc(n, sizeof *views);
+    uint64_t *ids = calloc(n, sizeof *ids);
+    if (!views || !ids) {
+        free(views), free(ids);
+        return;
+    }
+    int asked = 0, answered = 0;
+    for (int m = 0; m < g->size && asked < FSDP_TRACE_EXPLAINED; m++) {
+        if (!missing[m]) continue;
+        mpi_trace_ask ask = {.group_id = g->id, .ask_id = ++mw->trace_asks};
+        ids[m] = ask.ask_id;
+        fsdp_mpi_send_copy(mw, mw->comm, g->ranks[m], TAG_TRACE_ASK, &ask, sizeof ask);
+        asked++;
+    }
+    const double start = now_s(CLOCK_MONOTONIC);
+    for (int polls = 0; answered < asked && now_s(CLOCK_MONOTONIC) - start < 1e-3 * TRACE_ASK_MS;
+         polls++) {
+        fsdp_mpi_serve_trace(mw); /* a member may be asking this rank at the same time */
+        int flag = 0;
+        MPI_Status status;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, tag_of(mw, TAG_TRACE_ANSWER), mw->comm, &flag, &status) ==
+                MPI_SUCCESS &&
+            flag) {
+            mpi_trace_answer answer;
+            if (MPI_Recv(&answer, (int)sizeof answer, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG,
+                         mw->comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                break;
+            for (int m = 0; m < g->size; m++) {
+                if (g->ranks[m] != status.MPI_SOURCE || ids[m] != answer.ask_id) continue;
+                fsdp_trace_view *v = &views[m];
+                *v = answer.view;
+                /* From the network: nothing in it is trusted. */
+                v->n = v->n < 0 ? 0 : v->n > FSDP_TRACE_VIEW_MAX ? FSDP_TRACE_VIEW_MAX : v->n;
+                for (int i = 0; i < v->n; i++) {
+                    fsdp_trace_rec *r = &v->rec[i];
+                    r->group[sizeof r->group - 1] = r->module[sizeof r->module - 1] = '\0';
+                    r->ndim = r->ndim < 0 ? 0 : r->ndim > FSDP_MAX_DIMS ? FSDP_MAX_DIMS : r->ndim;
+                }
+                v->answered = 1;
+                answered++;
+            }
+            polls = 0;
+            continue;
+        }
+        fsdp_mpi_back_off(polls, now_s(CLOCK_MONOTONIC) - start);
+    }
+    fsdp_trace_forensics(buf, size, group_seq, g->desc, g->size, g->ranks, missing, views,
+                         TRACE_ASK_MS);
+    free(views), free(ids);
 }
 
 /* ---- failing: poison, timeouts, ranks that have gone ---- */
@@ -137,13 +222,17 @@ static fsdp_status fail_wait(fsdp_ctx *ctx, mpi_group *mg, mpi_reqs *rs,
 static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
                                 int op, bool arrival) {
     bool *open = open_members(mg, rs);
+    char why[FSDP_ERROR_MAX] = "";
+    if (arrival && open)
+        forensics(g, mg->mw, open, rs->group_seq ? rs->group_seq : g->calls, why, sizeof why);
     fsdp_comm_failure f = {.kind = arrival ? FSDP_FAILURE_ARRIVAL : FSDP_FAILURE_DATA,
                            .op = op,
                            .group_desc = g->desc,
                            .timeout_ms = mg->mw->world->timeout_ms,
                            .n_members = mg->size,
                            .ranks = g->ranks,
-                           .missing = open};
+                           .missing = open,
+                           .forensics = why};
     fsdp_status st = fail_wait(ctx, mg, rs, &f);
     free(open);
     return st;
@@ -343,6 +432,7 @@ fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
                 return fsdp_mpi_fail_poisoned(ctx, g, mg, op);
             }
             fsdp_mpi_receive_exit_notes(mw);
+            fsdp_mpi_serve_trace(mw);
             int gone = gone_member(g, mg, rs);
             if (gone < 0)
                 gone_since = -1;

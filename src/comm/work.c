@@ -46,9 +46,11 @@ fsdp_status fsdp_comm_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
     FSDP_ARG_NOT_NULL(ctx, work);
     if (!work->pending) return FSDP_OK;
     double t0 = fsdp_comm_debug_clock(ctx), p0 = prof_begin(ctx);
+    fsdp_trace_waiting(ctx, work->trace_seq);
     fsdp_status st = backend_of(work)->work_wait(ctx, work);
     prof_end(ctx, work, p0);
     fsdp_comm_debug_timed_row(ctx, work->debug_row, work->debug_session, t0);
+    fsdp_trace_end(ctx, work->trace_seq, st, false);
     work->pending = false;
     work->group = NULL;
     FSDP_TRY_AT(ctx, st);
@@ -66,6 +68,7 @@ fsdp_status fsdp_comm_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done)
     prof_end(ctx, work, p0);
     fsdp_comm_debug_timed_row(ctx, work->debug_row, work->debug_session, t0);
     if (st != FSDP_OK || *done) {
+        fsdp_trace_end(ctx, work->trace_seq, st, false);
         *done = true;
         work->pending = false;
         work->group = NULL;

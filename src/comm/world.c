@@ -148,6 +148,20 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
         atomic_init(&w->results[r].exited, false);
         atomic_init(&w->results[r].left_running, false);
     }
+    int first = 0, count = 0;
+    w->backend.iface.hosted_ranks(w->backend.context, &first, &count);
+    w->traces = calloc((size_t)w->size, sizeof *w->traces);
+    bool traced = w->traces != NULL;
+    for (int r = first; traced && r < first + count; r++) {
+        w->traces[r] = fsdp_trace_ring_new();
+        traced = w->traces[r] != NULL;
+    }
+    if (!traced) {
+        int size = w->size;
+        fsdp_world_free(w);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
+                         "cannot allocate the collective records of a world of %d ranks", size);
+    }
     *out = w;
     return FSDP_OK;
 }
@@ -157,6 +171,8 @@ static void world_destroy(fsdp_world *world) {
     pthread_mutex_destroy(&world->run_mu);
     pthread_cond_destroy(&world->run_cv);
     free(world->results);
+    for (int r = 0; world->traces && r < world->size; r++) fsdp_trace_ring_free(world->traces[r]);
+    free(world->traces);
     free(world);
 }
 
@@ -206,7 +222,9 @@ static fsdp_status bind(fsdp_ctx *ctx, fsdp_world *world, int rank) {
         return st;
     }
     b->world_group->borrowed = true;
+    b->world_group->id = 1;
     b->world = world;
+    b->trace = world->traces[rank];
     ctx->comm = b;
     ctx->comm_release = binding_release;
     return FSDP_OK;
@@ -507,6 +525,7 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
         res->status = FSDP_OK;
         res->failure_order = 0;
         res->message[0] = res->origin[0] = '\0';
+        fsdp_trace_ring_clear(world->traces[r]);
     }
     int first = 0, count = 0;
     world->backend.iface.hosted_ranks(world->backend.context, &first, &count);

@@ -11,7 +11,7 @@
 
 #include "fsdp/ctx.h"
 
-#define FSDP_ERROR_MAX  1024
+#define FSDP_ERROR_MAX  2048
 #define FSDP_ORIGIN_MAX 128
 #define FSDP_TRAIL_MAX  512
 
