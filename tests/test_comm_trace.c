@@ -125,18 +125,33 @@ static void test_records(void) {
 
 /* ---- a skipped collective ---- */
 
+/* The second all_reduce of rank 0 below, non-blocking: started, then waited for. */
+static fsdp_status all_reduce_started(fsdp_ctx *ctx, fsdp_group *g, int64_t n) {
+    fsdp_tensor *t = NULL;
+    fsdp_comm_work *work = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &t));
+    fsdp_status st = fsdp_comm_work_create(ctx, &work);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, t, 1.0f);
+    if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, g, t, FSDP_REDUCE_SUM, work);
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, work);
+    fsdp_comm_work_free(work);
+    fsdp_tensor_free(t);
+    return st;
+}
+
 /* Ranks 0 and 1 form 'pair' and make one all_reduce on it; then rank 0 makes a second one on
- * the pair, which rank 1 skips: after a moment of work it goes on, with rank 2, to an
- * all_reduce on the world. Rank 0's wait times out first. */
+ * the pair (non-blocking when *user is true), which rank 1 skips: after a moment of work it
+ * goes on, with rank 2, to an all_reduce on the world. Rank 0's wait times out first. */
 static fsdp_status skip_one(fsdp_ctx *ctx, int rank, void *user) {
-    (void)user;
+    const bool nonblocking = *(const bool *)user;
     const int pair[2] = {0, 1};
     fsdp_group *g = NULL;
     FSDP_TRY(fsdp_group_new(ctx, NULL, 2, pair, "pair", &g));
     fsdp_status st = FSDP_OK;
     if (g) st = all_reduce_of(ctx, g, 4);
     if (st == FSDP_OK && rank == 0) {
-        st = all_reduce_of(ctx, g, 4); /* call #2 on the pair: rank 1 never makes it */
+        /* call #2 on the pair: rank 1 never makes it */
+        st = nonblocking ? all_reduce_started(ctx, g, 4) : all_reduce_of(ctx, g, 4);
     } else if (st == FSDP_OK) {
         sleep_ms(300);
         st = all_reduce_of(ctx, NULL, 8);
@@ -145,14 +160,14 @@ static fsdp_status skip_one(fsdp_ctx *ctx, int rank, void *user) {
     return st;
 }
 
-static void test_skipped_collective(void) {
+static void run_skipped(bool nonblocking) {
     int first = 0;
     if (fsdp_test_hosted_ranks(3, &first) == 0) {
         printf("\n    skipped: needs 3 ranks (test_comm_trace_mpi3 under mpirun)");
         return;
     }
     double t0 = mono_now();
-    fsdp_status st = fsdp_test_run_world(3, TIMEOUT_MS, skip_one, NULL);
+    fsdp_status st = fsdp_test_run_world(3, TIMEOUT_MS, skip_one, &nonblocking);
     double took = mono_now() - t0;
     const char *msg = fsdp_last_error(fsdp_test_ctx());
     printf("\n    %.2f s: %s", took, msg);
@@ -169,6 +184,16 @@ static void test_skipped_collective(void) {
                              NULL};
     CU_ASSERT_TRUE(fsdp_test_message_has(msg, needles));
     CU_ASSERT_TRUE(took < 1e-3 * TIMEOUT_MS + SLACK_S);
+}
+
+static void test_skipped_collective(void) {
+    run_skipped(false);
+}
+
+/* The same with rank 0's call non-blocking (under MPI its wait is the one that times out, on
+ * rank threads the start). */
+static void test_skipped_nonblocking(void) {
+    run_skipped(true);
 }
 
 /* ---- a rank busy outside the collectives ---- */
@@ -220,6 +245,7 @@ int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"records", test_records},
         {"skipped_collective", test_skipped_collective},
+        {"skipped_nonblocking", test_skipped_nonblocking},
         {"busy_rank", test_busy_rank},
     };
     return fsdp_test_run(argc, argv, "comm_trace", cases, sizeof cases / sizeof cases[0]);
