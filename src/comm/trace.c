@@ -174,13 +174,9 @@ static void put(text *t, const char *fmt, ...) {
     if (t->used > t->size) t->used = t->size;
 }
 
-static const char *op_name(int op) {
-    return fsdp_call_op_name(op);
-}
-
 /* "all_reduce #12 on 'tp' (world ranks 0,1) of (8, 16) f32 in module 'fc2' (backward)" */
 static void put_call(text *t, const fsdp_trace_rec *r, bool with_group) {
-    put(t, "%s #%llu", op_name(r->op), (unsigned long long)r->group_seq);
+    put(t, "%s #%llu", fsdp_call_op_name(r->op), (unsigned long long)r->group_seq);
     if (with_group) put(t, " on group %s", r->group);
     if (r->dtype >= 0) {
         char shape[96];
@@ -192,7 +188,8 @@ static void put_call(text *t, const fsdp_trace_rec *r, bool with_group) {
         put(t, " (%s)", fsdp_comm_phase_to_string((fsdp_comm_phase)r->phase));
 }
 
-/* ", where it has been waiting for 2.0 s" / ", which failed 0.1 s ago" / ... */
+/* How the call stands: ", inside which it has been for 2.0 s", ", which failed 0.1 s ago",
+ * or for the rank's last call when it is done, since when it has made none. */
 static void put_state(text *t, const fsdp_trace_rec *r, bool last) {
     switch (r->state) {
     case FSDP_TRACE_RUNNING:
