@@ -30,8 +30,11 @@ test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 # The same tests under AddressSanitizer and UndefinedBehaviorSanitizer, warnings as errors.
+# Debug (asserts on) at -O1, as the sanitizers' authors advise for speed: on the 2-core
+# machine the suite took 477 s at -O1 against 579 s at -O0.
 sanitize-build: deps
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DFSDP_WERROR=ON \
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_C_FLAGS_DEBUG=-g -O1" \
+	    -DFSDP_WERROR=ON \
 	    -DFSDP_SANITIZE=address,undefined -DFSDP_BUILD_BENCH=OFF $(CMAKE_ARGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 

@@ -157,7 +157,7 @@ fsdp_status fsdp_model_net(fsdp_ctx *ctx, int64_t dim, fsdp_module **out) {
     FSDP_TRY(fsdp_sequential_create(ctx, &m));
     fsdp_status st = FSDP_OK;
     for (int i = 1; i <= 4 && st == FSDP_OK; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "fc%d", i);
         st = add_linear(ctx, m, name, dim, dim);
     }
