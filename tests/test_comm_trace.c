@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -196,6 +197,65 @@ static void test_skipped_nonblocking(void) {
     run_skipped(true);
 }
 
+/* ---- the dump to a directory ---- */
+
+/* The whole of a file, or NULL (free it). */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    char *buf = calloc(1, 1 << 16);
+    size_t n = buf ? fread(buf, 1, (1 << 16) - 1, f) : 0;
+    fclose(f);
+    if (buf) buf[n] = '\0';
+    return buf;
+}
+
+/* The skipped call again, with FSDP_COMM_TRACE_DIR set: every rank whose collective failed
+ * (rank 0 by its timeout, ranks 1 and 2 because rank 0 returned) writes its recorder there,
+ * its error first. Each process checks the files of the ranks it hosts. */
+static void test_dump_on_failure(void) {
+    int first = 0, count = fsdp_test_hosted_ranks(3, &first);
+    if (count == 0) {
+        printf("\n    skipped: needs 3 ranks (test_comm_trace_mpi3 under mpirun)");
+        return;
+    }
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tests/comm-trace-%ld", FSDP_BINARY_DIR, (long)getppid());
+    CU_ASSERT_EQUAL_FATAL(setenv(FSDP_COMM_TRACE_DIR_ENV, dir, 1), 0);
+    bool nonblocking = false;
+    fsdp_status st = fsdp_test_run_world(3, TIMEOUT_MS, skip_one, &nonblocking);
+    unsetenv(FSDP_COMM_TRACE_DIR_ENV);
+    CU_ASSERT_EQUAL(st, FSDP_ERR_TIMEOUT);
+    /* Ranks 1 and 2 fail on rank 0's return, or on the group that the first of them to see it
+     * poisoned: both messages name rank 0's. */
+    static const char *const want[3][4] = {
+        {"rank 0: all_reduce on group 'pair' (world ranks 0,1) timed out after 1000 ms",
+         "rank 0 call 3: all_reduce #2 on group 'pair' (world ranks 0,1) of (4,) f32: failed in ",
+         NULL},
+        {"rank 1: all_reduce on group 'world' (world ranks 0,1,2)", "rank 0 will never arrive",
+         "rank 1 call 3: all_reduce #2 on group 'world' (world ranks 0,1,2) of (8,) f32: failed "
+         "in ",
+         NULL},
+        {"rank 2: all_reduce on group 'world' (world ranks 0,1,2)", "rank 0 will never arrive",
+         "rank 2 call 2: all_reduce #2 on group 'world' (world ranks 0,1,2) of (8,) f32: failed "
+         "in ",
+         NULL},
+    };
+    for (int r = first; r < first + count; r++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/comm-trace-rank%d.txt", dir, r);
+        char *text = slurp(path);
+        CU_ASSERT_PTR_NOT_NULL(text);
+        if (text) {
+            printf("\n    %s:\n%s", path, text);
+            CU_ASSERT_TRUE(fsdp_test_message_has(text, want[r]));
+        }
+        free(text);
+        remove(path);
+    }
+    rmdir(dir); /* under MPI the last process to get here removes it */
+}
+
 /* ---- a rank busy outside the collectives ---- */
 
 /* Both make a barrier; then rank 1 computes (sleeps) past rank 0's timeout instead of
@@ -246,6 +306,7 @@ int main(int argc, char **argv) {
         {"records", test_records},
         {"skipped_collective", test_skipped_collective},
         {"skipped_nonblocking", test_skipped_nonblocking},
+        {"dump_on_failure", test_dump_on_failure},
         {"busy_rank", test_busy_rank},
     };
     return fsdp_test_run(argc, argv, "comm_trace", cases, sizeof cases / sizeof cases[0]);

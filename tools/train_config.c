@@ -277,7 +277,9 @@ static const key_def g_keys[] = {
              "fsdp or replicate from dp rank 0 (every rank initialises the same values from "
              "train.seed anyway)"),
     INT_KEY("parallel", "timeout_s", parallel.timeout_s, "300", 1, 86400,
-            "seconds a rank waits in a collective before the run fails with a timeout"),
+            "seconds a rank waits in a collective before the run fails with a timeout (the "
+            "environment variable FSDP_COMM_TRACE_DIR: where each failing rank writes its last "
+            "collectives)"),
     ENUM_KEY("parallel", "mixed_precision", parallel.mixed_precision, "none", g_mp_names, NULL,
              "the dtypes forward and backward compute with and gradients are reduced in "
              "(MixedPrecision(param_dtype, reduce_dtype), FSDP's or DDP's), param or "

@@ -46,6 +46,9 @@ typedef enum fsdp_backend {
  * FSDP_COMM_MIN_DEFAULT_GRACE_MS. */
 #define FSDP_COMM_GRACE_ENV            "FSDP_COMM_GRACE_MS"
 #define FSDP_COMM_MIN_DEFAULT_GRACE_MS 10000 /* 10 s */
+/* The environment variable naming the directory of flight-recorder dumps for worlds whose
+ * options leave trace_dir NULL (see fsdp_world_options.trace_dir). */
+#define FSDP_COMM_TRACE_DIR_ENV "FSDP_COMM_TRACE_DIR"
 #define FSDP_LOCAL_MAX_RANKS           1024  /* rank threads of one local world */
 #define FSDP_MAX_THREADS_PER_RANK      1024  /* fsdp_world_options.threads_per_rank */
 
@@ -83,6 +86,14 @@ typedef struct fsdp_world_options {
      * T its threads), for the length of the run. Default false (the system places them).
      * Helps when the machine runs nothing else. */
     bool pin_threads;
+    /* Where a rank writes its flight recorder (its last 64 collectives, see
+     * fsdp_comm_trace_print) when a collective of its fails for a communication reason
+     * (FSDP_ERR_TIMEOUT, or FSDP_ERR_COMM: a peer gone, a group failed, ranks making different
+     * collectives): DIR/comm-trace-rank<R>.txt, the error on its first line, once per run and
+     * rank; the directory is created when missing. For runs on several machines, where each
+     * process's stderr goes its own way. Default (NULL): the FSDP_COMM_TRACE_DIR environment
+     * variable when set and not empty, else no dumps. The string is copied. */
+    const char *trace_dir;
 } fsdp_world_options;
 
 /* Creates a world. opts may be NULL for all defaults. ctx (may be NULL) receives the message

@@ -127,6 +127,7 @@ struct fsdp_world {
     /* The flight recorders (trace.c) of the ranks this process hosts, indexed by world rank
      * (NULL for the others); cleared as each run starts. */
     struct fsdp_trace_ring **traces;
+    char *trace_dir; /* fsdp_world_options.trace_dir, or its environment variable; NULL: none */
 };
 
 struct fsdp_group {
@@ -355,6 +356,7 @@ typedef struct fsdp_trace_rec {
 typedef struct fsdp_trace_ring {
     pthread_mutex_t mu; /* the owner writes, peers (local backend) read */
     uint64_t calls;     /* records written; call seq is at rec[(seq - 1) % FSDP_TRACE_DEPTH] */
+    bool dumped;        /* written to the world's trace_dir in this run (owner only) */
     fsdp_trace_rec rec[FSDP_TRACE_DEPTH];
 } fsdp_trace_ring;
 

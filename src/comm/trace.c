@@ -6,10 +6,12 @@
  * asks over the network) and the message names where the ranks diverge: the first call on
  * the group that a missing rank did not make, and what it did instead. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "comm/comm_impl.h"
@@ -40,6 +42,7 @@ void fsdp_trace_ring_clear(fsdp_trace_ring *ring) {
     if (!ring) return;
     pthread_mutex_lock(&ring->mu);
     ring->calls = 0;
+    ring->dumped = false;
     pthread_mutex_unlock(&ring->mu);
 }
 
@@ -91,6 +94,8 @@ void fsdp_trace_describe(fsdp_ctx *ctx, uint64_t seq, const fsdp_tensor *t) {
     pthread_mutex_unlock(&ring->mu);
 }
 
+static void dump_on_failure(fsdp_ctx *ctx, fsdp_trace_ring *ring);
+
 fsdp_status fsdp_trace_end(fsdp_ctx *ctx, uint64_t seq, fsdp_status st, bool in_flight) {
     fsdp_trace_ring *ring = ring_of(ctx);
     if (!ring) return st;
@@ -104,6 +109,7 @@ fsdp_status fsdp_trace_end(fsdp_ctx *ctx, uint64_t seq, fsdp_status st, bool in_
         r->t_end = now;
     }
     pthread_mutex_unlock(&ring->mu);
+    if (st == FSDP_ERR_TIMEOUT || st == FSDP_ERR_COMM) dump_on_failure(ctx, ring);
     return st;
 }
 
@@ -289,6 +295,74 @@ void fsdp_trace_forensics(char *buf, size_t size, uint64_t group_seq, const char
     if (more) put(&t, " (%d more missing rank%s not shown.)", more, more > 1 ? "s" : "");
 }
 
+/* ---- writing a ring ---- */
+
+/* Writes the ring's last `last` calls (0: all it holds), oldest first, one line each; returns
+ * false when out of memory or when writing failed. */
+static bool write_ring(fsdp_trace_ring *ring, int rank, int last, FILE *f) {
+    fsdp_trace_rec *recs = malloc(FSDP_TRACE_DEPTH * sizeof *recs);
+    if (!recs) return false;
+    double now = mono_now();
+    pthread_mutex_lock(&ring->mu);
+    uint64_t newest = ring->calls;
+    uint64_t kept = newest < FSDP_TRACE_DEPTH ? newest : FSDP_TRACE_DEPTH;
+    if (last > 0 && (uint64_t)last < kept) kept = (uint64_t)last;
+    for (uint64_t i = 0; i < kept; i++)
+        copy_aged(&recs[i], rec_of(ring, newest - kept + 1 + i), now);
+    pthread_mutex_unlock(&ring->mu);
+    bool ok = true;
+    for (uint64_t i = 0; i < kept; i++) {
+        const fsdp_trace_rec *r = &recs[i];
+        char line[FSDP_ERROR_MAX];
+        text t = {line, sizeof line, 0};
+        put(&t, "rank %d call %llu: ", rank, (unsigned long long)r->seq);
+        put_call(&t, r, true);
+        switch (r->state) {
+        case FSDP_TRACE_RUNNING:
+            put(&t, ": running for %.3f s", r->t_start);
+            break;
+        case FSDP_TRACE_IN_FLIGHT:
+            put(&t, ": started %.3f s ago, not waited for yet", r->t_start);
+            break;
+        default:
+            put(&t, ": %s in %.3f ms, %.3f s ago",
+                r->state == FSDP_TRACE_FAILED ? "failed" : "done", 1e3 * (r->t_start - r->t_end),
+                r->t_end);
+            break;
+        }
+        ok &= fprintf(f, "%s\n", line) >= 0;
+    }
+    free(recs);
+    return ok;
+}
+
+/* A collective of this rank failed for a communication reason: the first time in the run,
+ * the ring goes to the world's trace_dir (DIR/comm-trace-rank<R>.txt, the error first).
+ * Failing to write it is logged, never added to the failure. */
+static void dump_on_failure(fsdp_ctx *ctx, fsdp_trace_ring *ring) {
+    const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
+    const char *dir = b->world->trace_dir;
+    if (!dir || ring->dumped) return;
+    ring->dumped = true;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/comm-trace-rank%d.txt", dir, ctx->rank);
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        fsdp_log(ctx, FSDP_LOG_WARN, "cannot create %s for the flight recorder: %s", dir,
+                 strerror(errno));
+        return;
+    }
+    FILE *f = fopen(path, "w");
+    bool ok = f && fprintf(f, "rank %d: %s\n", ctx->rank, fsdp_last_error(ctx)) >= 0 &&
+              write_ring(ring, ctx->rank, 0, f);
+    int err = errno;
+    if (f && fclose(f) != 0) ok = false, err = errno;
+    if (!ok)
+        fsdp_log(ctx, FSDP_LOG_WARN, "cannot write the flight recorder to %s: %s", path,
+                 strerror(err));
+    else
+        fsdp_log(ctx, FSDP_LOG_WARN, "this rank's last collectives are in %s", path);
+}
+
 /* ---- the public dump ---- */
 
 fsdp_status fsdp_comm_trace_print(fsdp_ctx *ctx, int last, FILE *f) {
@@ -304,40 +378,8 @@ fsdp_status fsdp_comm_trace_print(fsdp_ctx *ctx, int last, FILE *f) {
                          "fsdp_comm_trace_print: last is %d; use 0 for every call remembered (at "
                          "most %d) or a positive count",
                          last, FSDP_TRACE_DEPTH);
-    fsdp_trace_rec *recs = malloc(FSDP_TRACE_DEPTH * sizeof *recs);
-    if (!recs)
-        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_comm_trace_print: out of memory");
-    double now = mono_now();
-    pthread_mutex_lock(&ring->mu);
-    uint64_t newest = ring->calls;
-    uint64_t kept = newest < FSDP_TRACE_DEPTH ? newest : FSDP_TRACE_DEPTH;
-    if (last > 0 && (uint64_t)last < kept) kept = (uint64_t)last;
-    for (uint64_t i = 0; i < kept; i++)
-        copy_aged(&recs[i], rec_of(ring, newest - kept + 1 + i), now);
-    pthread_mutex_unlock(&ring->mu);
-    int failed = 0;
-    for (uint64_t i = 0; i < kept; i++) {
-        const fsdp_trace_rec *r = &recs[i];
-        char line[FSDP_ERROR_MAX];
-        text t = {line, sizeof line, 0};
-        put(&t, "rank %d call %llu: ", ctx->rank, (unsigned long long)r->seq);
-        put_call(&t, r, true);
-        switch (r->state) {
-        case FSDP_TRACE_RUNNING:
-            put(&t, ": running for %.3f s", r->t_start);
-            break;
-        case FSDP_TRACE_IN_FLIGHT:
-            put(&t, ": started %.3f s ago, not waited for yet", r->t_start);
-            break;
-        default:
-            put(&t, ": %s in %.3f ms, %.3f s ago",
-                r->state == FSDP_TRACE_FAILED ? "failed" : "done", 1e3 * (r->t_start - r->t_end),
-                r->t_end);
-            break;
-        }
-        failed |= fprintf(f, "%s\n", line) < 0;
-    }
-    free(recs);
-    if (failed) return FSDP_FAIL(ctx, FSDP_ERR_IO, "fsdp_comm_trace_print: cannot write");
+    if (!write_ring(ring, ctx->rank, last, f))
+        return FSDP_FAIL(ctx, FSDP_ERR_IO,
+                         "fsdp_comm_trace_print: cannot write (or out of memory)");
     return FSDP_OK;
 }

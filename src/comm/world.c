@@ -128,6 +128,13 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
     w->threads_per_rank = o.threads_per_rank;
     w->pin_threads = o.pin_threads;
     w->ctx_options = o.ctx;
+    const char *dir = o.trace_dir ? o.trace_dir : getenv(FSDP_COMM_TRACE_DIR_ENV);
+    if (dir && *dir && !(w->trace_dir = strdup(dir))) {
+        pthread_mutex_destroy(&w->run_mu);
+        pthread_cond_destroy(&w->run_cv);
+        free(w);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot copy the world's trace_dir");
+    }
     atomic_init(&w->running, false);
     atomic_init(&w->failures, 0);
     atomic_init(&w->refs, 1);
@@ -135,6 +142,7 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
     if (st != FSDP_OK) {
         pthread_mutex_destroy(&w->run_mu);
         pthread_cond_destroy(&w->run_cv);
+        free(w->trace_dir);
         free(w);
         return st;
     }
@@ -173,6 +181,7 @@ static void world_destroy(fsdp_world *world) {
     free(world->results);
     for (int r = 0; world->traces && r < world->size; r++) fsdp_trace_ring_free(world->traces[r]);
     free(world->traces);
+    free(world->trace_dir);
     free(world);
 }
 
