@@ -48,9 +48,9 @@ typedef enum fsdp_backend {
 #define FSDP_COMM_MIN_DEFAULT_GRACE_MS 10000 /* 10 s */
 /* The environment variable naming the directory of flight-recorder dumps for worlds whose
  * options leave trace_dir NULL (see fsdp_world_options.trace_dir). */
-#define FSDP_COMM_TRACE_DIR_ENV "FSDP_COMM_TRACE_DIR"
-#define FSDP_LOCAL_MAX_RANKS           1024  /* rank threads of one local world */
-#define FSDP_MAX_THREADS_PER_RANK      1024  /* fsdp_world_options.threads_per_rank */
+#define FSDP_COMM_TRACE_DIR_ENV   "FSDP_COMM_TRACE_DIR"
+#define FSDP_LOCAL_MAX_RANKS      1024 /* rank threads of one local world */
+#define FSDP_MAX_THREADS_PER_RANK 1024 /* fsdp_world_options.threads_per_rank */
 
 typedef struct fsdp_world_options {
     fsdp_backend backend; /* default FSDP_BACKEND_LOCAL */
