@@ -256,6 +256,37 @@ static void test_dump_on_failure(void) {
     rmdir(dir); /* under MPI the last process to get here removes it */
 }
 
+/* ---- a rank that returned ---- */
+
+/* Both make an all_reduce on the world; rank 1 then returns, and rank 0's barrier fails at
+ * once naming where rank 1 stopped on the group (its exit carries its calls per group). */
+static fsdp_status leave_early(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    FSDP_TRY(all_reduce_of(ctx, NULL, 4));
+    if (rank == 1) return FSDP_OK;
+    return fsdp_barrier(ctx, NULL);
+}
+
+static void test_returned_early(void) {
+    int first = 0;
+    if (fsdp_test_hosted_ranks(2, &first) == 0) {
+        printf("\n    skipped: needs 2 ranks (test_comm_trace_mpi2 under mpirun)");
+        return;
+    }
+    double t0 = mono_now();
+    fsdp_status st = fsdp_test_run_world(2, 30000, leave_early, NULL);
+    double took = mono_now() - t0;
+    const char *msg = fsdp_last_error(fsdp_test_ctx());
+    printf("\n    %.2f s: %s", took, msg);
+    CU_ASSERT_EQUAL(st, FSDP_ERR_COMM);
+    const char *needles[] = {"barrier on group 'world' (world ranks 0,1): rank 1 will never "
+                             "arrive: its function returned FSDP_OK after its call #1 on this "
+                             "group, without making this rank's call #2",
+                             NULL};
+    CU_ASSERT_TRUE(fsdp_test_message_has(msg, needles));
+    CU_ASSERT_TRUE(took < SLACK_S); /* not the 30 s timeout */
+}
+
 /* ---- a rank busy outside the collectives ---- */
 
 /* Both make a barrier; then rank 1 computes (sleeps) past rank 0's timeout instead of
@@ -307,6 +338,7 @@ int main(int argc, char **argv) {
         {"skipped_collective", test_skipped_collective},
         {"skipped_nonblocking", test_skipped_nonblocking},
         {"dump_on_failure", test_dump_on_failure},
+        {"returned_early", test_returned_early},
         {"busy_rank", test_busy_rank},
     };
     return fsdp_test_run(argc, argv, "comm_trace", cases, sizeof cases / sizeof cases[0]);

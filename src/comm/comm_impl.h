@@ -83,6 +83,15 @@ typedef struct fsdp_comm_backend {
     void *context;
 } fsdp_comm_backend;
 
+/* How many calls a rank made on each of the groups its flight recorder (trace.c) holds calls
+ * of, newest group first, at most FSDP_TRACE_GROUPS of them. Plain data: it travels as bytes. */
+#define FSDP_TRACE_GROUPS 8
+typedef struct fsdp_trace_counts {
+    int32_t n, pad;
+    uint64_t id[FSDP_TRACE_GROUPS];    /* fsdp_group.id */
+    uint64_t calls[FSDP_TRACE_GROUPS]; /* the number of its newest call on that group */
+} fsdp_trace_counts;
+
 /* What one rank's function returned, kept for fsdp_world_run's answer and for peers that
  * wait for a rank that has gone. */
 typedef struct fsdp_rank_result {
@@ -94,6 +103,7 @@ typedef struct fsdp_rank_result {
     char message[FSDP_ERROR_MAX];
     char origin[FSDP_ORIGIN_MAX];
     char trail[FSDP_TRAIL_MAX];
+    fsdp_trace_counts calls; /* its calls per group when it returned */
 } fsdp_rank_result;
 
 struct fsdp_world {
@@ -293,6 +303,7 @@ typedef struct fsdp_comm_failure {
     const bool *missing;          /* and per member whether it is missing (NULL: none) */
     int gone_rank;                /* GONE: the world rank that returned, */
     const fsdp_rank_result *gone; /* and its result */
+    uint64_t group_id, group_seq; /* GONE: the group's id and this rank's call number on it */
     fsdp_status poison_status;    /* POISONED: the earlier failure */
     const char *poison_msg;
     /* ARRIVAL (may be NULL): what the missing members did instead (fsdp_trace_explain_rank),
@@ -385,6 +396,8 @@ void fsdp_trace_describe(fsdp_ctx *ctx, uint64_t seq, const fsdp_tensor *t);
 void fsdp_trace_waiting(fsdp_ctx *ctx, uint64_t seq);
 /* The call returned st (in_flight: a non-blocking call that started). Returns st. */
 fsdp_status fsdp_trace_end(fsdp_ctx *ctx, uint64_t seq, fsdp_status st, bool in_flight);
+/* The calls per group the ring holds. */
+void fsdp_trace_counts_of(fsdp_trace_ring *ring, fsdp_trace_counts *out);
 /* The view of ring for a peer waiting on group `group_id`. */
 void fsdp_trace_view_build(fsdp_trace_ring *ring, uint64_t group_id, fsdp_trace_view *v);
 /* Appends to the text in buf what rank `rank`'s view v says about call #group_seq on the

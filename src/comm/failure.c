@@ -63,18 +63,26 @@ fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size
     case FSDP_FAILURE_GONE: {
         const fsdp_rank_result *res = f->gone;
         const bool failed = res->status != FSDP_OK;
+        /* Where it stopped on this group, from its flight recorder's counts. */
+        char where[160] = "without making this call";
+        for (int k = 0; k < res->calls.n && f->group_seq > 0; k++) {
+            if (res->calls.id[k] != f->group_id || res->calls.calls[k] >= f->group_seq) continue;
+            snprintf(where, sizeof where,
+                     "after its call #%llu on this group, without making this rank's call #%llu",
+                     (unsigned long long)res->calls.calls[k], (unsigned long long)f->group_seq);
+        }
         snprintf(msg, size,
-                 "%s on group %s: rank %d will never arrive: its function returned %s%s%.600s%s "
-                 "without making this call",
+                 "%s on group %s: rank %d will never arrive: its function returned %s%s%.1200s%s "
+                 "%s",
                  op, f->group_desc, f->gone_rank, fsdp_status_to_string(res->status),
-                 failed ? " (\"" : "", failed ? res->message : "", failed ? "\")" : "");
+                 failed ? " (\"" : "", failed ? res->message : "", failed ? "\")" : "", where);
         return FSDP_ERR_COMM;
     }
     case FSDP_FAILURE_POISONED:
     default:
         snprintf(msg, size,
                  "%s on group %s refused: the group failed earlier and cannot be used (create a "
-                 "new world); the failure: %.800s",
+                 "new world); the failure: %.1600s",
                  op, f->group_desc, f->poison_msg);
         return f->poison_status;
     }

@@ -238,7 +238,9 @@ static fsdp_status fail_gone(fsdp_ctx *ctx, const fsdp_group *g, local_group *lg
                            .op = op,
                            .group_desc = g->desc,
                            .gone_rank = lg->ranks[member],
-                           .gone = &lg->lw->world->results[lg->ranks[member]]};
+                           .gone = &lg->lw->world->results[lg->ranks[member]],
+                           .group_id = g->id,
+                           .group_seq = g->calls};
     return fail_and_poison(ctx, lg, &f);
 }
 

@@ -58,6 +58,7 @@ typedef struct mpi_note {
     char message[FSDP_ERROR_MAX];
     char origin[FSDP_ORIGIN_MAX];
     char trail[FSDP_TRAIL_MAX];
+    fsdp_trace_counts calls; /* TAG_EXIT: its calls per group (fsdp_rank_result.calls) */
 } mpi_note;
 
 typedef struct mpi_group mpi_group;

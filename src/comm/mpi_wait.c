@@ -244,7 +244,9 @@ static fsdp_status fail_gone(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, 
                            .op = op,
                            .group_desc = g->desc,
                            .gone_rank = world_rank,
-                           .gone = &mg->mw->world->results[world_rank]};
+                           .gone = &mg->mw->world->results[world_rank],
+                           .group_id = g->id,
+                           .group_seq = rs->group_seq ? rs->group_seq : g->calls};
     return fail_wait(ctx, mg, rs, &f);
 }
 
@@ -269,6 +271,8 @@ void fsdp_mpi_receive_exit_notes(mpi_world *mw) {
         snprintf(res->message, sizeof res->message, "%s", note.message);
         snprintf(res->origin, sizeof res->origin, "%s", note.origin);
         snprintf(res->trail, sizeof res->trail, "%s", note.trail);
+        res->calls = note.calls;
+        if (res->calls.n < 0 || res->calls.n > FSDP_TRACE_GROUPS) res->calls.n = 0; /* untrusted */
         mw->finished[r] = note.finished;
         mw->noted[r] = true;
         atomic_store(&res->exited, true);

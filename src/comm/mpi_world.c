@@ -182,6 +182,7 @@ static void mpi_rank_exited(void *context, int rank) {
     snprintf(note.message, sizeof note.message, "%s", res->message);
     snprintf(note.origin, sizeof note.origin, "%s", res->origin);
     snprintf(note.trail, sizeof note.trail, "%s", res->trail);
+    note.calls = res->calls;
     mw->finished[rank] = note.finished;
     mw->noted[rank] = true;
     for (int r = 0; r < mw->size; r++)

@@ -122,6 +122,23 @@ void fsdp_trace_waiting(fsdp_ctx *ctx, uint64_t seq) {
     pthread_mutex_unlock(&ring->mu);
 }
 
+void fsdp_trace_counts_of(fsdp_trace_ring *ring, fsdp_trace_counts *out) {
+    *out = (fsdp_trace_counts){0};
+    if (!ring) return;
+    pthread_mutex_lock(&ring->mu);
+    uint64_t newest = ring->calls;
+    uint64_t oldest = newest > FSDP_TRACE_DEPTH ? newest - FSDP_TRACE_DEPTH + 1 : 1;
+    for (uint64_t s = newest; s >= oldest && s > 0 && out->n < FSDP_TRACE_GROUPS; s--) {
+        const fsdp_trace_rec *r = rec_of(ring, s);
+        bool seen = false;
+        for (int k = 0; k < out->n && !seen; k++) seen = out->id[k] == r->group_id;
+        if (seen) continue;
+        out->id[out->n] = r->group_id;
+        out->calls[out->n++] = r->group_seq;
+    }
+    pthread_mutex_unlock(&ring->mu);
+}
+
 /* ---- views: what a rank shows a peer that waits for it ---- */
 
 static void copy_aged(fsdp_trace_rec *dst, const fsdp_trace_rec *src, double now) {

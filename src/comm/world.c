@@ -287,6 +287,7 @@ static void finish_rank(fsdp_world *w, int rank, fsdp_status st, const fsdp_erro
         snprintf(res->origin, sizeof res->origin, "%s", err ? err->origin : "");
         snprintf(res->trail, sizeof res->trail, "%s", err ? err->trail : "");
     }
+    fsdp_trace_counts_of(w->traces[rank], &res->calls);
     atomic_store(&res->exited, true);
     if (w->backend.iface.rank_exited) w->backend.iface.rank_exited(w->backend.context, rank);
     pthread_mutex_lock(&w->run_mu);
