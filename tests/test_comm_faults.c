@@ -155,9 +155,10 @@ static void test_free_while_stuck(void) {
     sleep_ms(200); /* the thread returns, and frees the world */
 }
 
-/* A rank that waits long in a collective logs whom it waits for, under its own rank. Rank 2
- * comes 2.2 s late to a barrier with a 3 s timeout: ranks 0 and 1 log after 1.5 s (half the
- * timeout), and the barrier then succeeds. */
+/* A rank that waits long in a collective logs whom it waits for, under its own rank, and what
+ * that rank does meanwhile (its flight recorder). Rank 2 comes 2.2 s late to a barrier with a
+ * 3 s timeout: ranks 0 and 1 log after 1.5 s (half the timeout), and the barrier then
+ * succeeds. */
 static fsdp_status late_body(fsdp_ctx *ctx, int rank, void *user) {
     (void)user;
     if (rank == 2) sleep_ms(2200);
@@ -189,7 +190,8 @@ static void test_waiting_rank_logs(void) {
     CU_ASSERT_TRUE(fsdp_test_message_has(
         text, (const char *const[]){"[fsdp r0 warn] barrier on group 'world'",
                                     "[fsdp r1 warn] barrier on group 'world'",
-                                    "waiting for rank 2 (arrived: 0,1)", NULL}));
+                                    "waiting for rank 2 (arrived: 0,1)",
+                                    "Rank 2 has made no collective in this run yet", NULL}));
     CU_ASSERT_PTR_NULL(strstr(text, "[fsdp r2 "));
     fsdp_world_free(w);
 }

@@ -320,10 +320,11 @@ static inline double fsdp_comm_log_every_s(int timeout_ms) {
 
 /* Logs (a warning on ctx, under its rank) that a wait of `op` on a group has lasted waited_s:
  * the members it waits for (missing[m]; world ranks ranks[m]) and those that have arrived;
- * `data`: every member arrived and the wait is for their data. */
+ * `data`: every member arrived and the wait is for their data. forensics (may be NULL): what
+ * the missing members do instead (fsdp_trace_forensics), appended. */
 void fsdp_comm_wait_log(fsdp_ctx *ctx, int op, const char *group_desc, int n_members,
                         const int *ranks, const bool *missing, bool data, double waited_s,
-                        int timeout_ms);
+                        int timeout_ms, const char *forensics);
 
 /* Writes the message of f into msg ("all_reduce on group 'world' (world ranks 0,1,2,3) timed
  * out after 100 ms: rank 3 did not arrive (arrived: 0,1,2). ..."); returns its status

@@ -90,7 +90,7 @@ fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size
 
 void fsdp_comm_wait_log(fsdp_ctx *ctx, int op, const char *group_desc, int n_members,
                         const int *ranks, const bool *missing, bool data, double waited_s,
-                        int timeout_ms) {
+                        int timeout_ms, const char *forensics) {
     char late[256] = "", arrived[256] = "";
     int n = fsdp_comm_rank_list(ranks, missing, n_members, true, late, sizeof late);
     fsdp_comm_rank_list(ranks, missing, n_members, false, arrived, sizeof arrived);
@@ -102,7 +102,7 @@ void fsdp_comm_wait_log(fsdp_ctx *ctx, int op, const char *group_desc, int n_mem
     else
         fsdp_log(ctx, FSDP_LOG_WARN,
                  "%s on group %s: waiting for rank%s %s (arrived: %s) for %.1f s; it fails "
-                 "after %d ms",
+                 "after %d ms.%s",
                  fsdp_call_op_name(op), group_desc, n > 1 ? "s" : "", late, arrived, waited_s,
-                 timeout_ms);
+                 timeout_ms, forensics ? forensics : "");
 }

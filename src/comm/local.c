@@ -292,13 +292,16 @@ static bool before(const struct timespec *a, const struct timespec *b) {
     return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
 }
 
-/* Logs whom a wait of stage `target` that has lasted waited_s waits for. */
+/* Logs whom a wait of stage `target` that has lasted waited_s waits for, and what they do
+ * meanwhile (their flight recorders). */
 static void log_wait(fsdp_ctx *ctx, const fsdp_group *g, const local_group *lg, int op,
                      uint64_t target, double waited_s) {
     bool missing[LOCAL_MAX_RANKS];
     for (int r = 0; r < lg->size; r++) missing[r] = lg->entered[r] < target;
+    char why[FSDP_ERROR_MAX];
+    forensics(g, lg, missing, why, sizeof why);
     fsdp_comm_wait_log(ctx, op, g->desc, lg->size, lg->ranks, missing, false, waited_s,
-                       lg->lw->world->timeout_ms);
+                       lg->lw->world->timeout_ms, why);
 }
 
 /* Waits (holding lg->mu) until every member has entered stage `target`; logs whom it waits

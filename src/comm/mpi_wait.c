@@ -376,7 +376,7 @@ void fsdp_mpi_back_off(int polls, double waited) {
 }
 
 /* Logs whom a wait that has lasted waited_s waits for: the members it has an open receive
- * from. */
+ * from; for an arrival, with what they do meanwhile (asked, as at a timeout). */
 static void log_wait(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, const mpi_reqs *rs,
                      int op, wait_kind kind, double waited_s) {
     bool *late = open_members(mg, rs);
@@ -389,8 +389,11 @@ static void log_wait(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, co
                  "%.0f s",
                  fsdp_call_op_name(op), g->desc, missing, waited_s);
     } else {
+        char why[FSDP_ERROR_MAX] = "";
+        if (kind == WAIT_ARRIVAL)
+            forensics(g, mg->mw, late, rs->group_seq ? rs->group_seq : g->calls, why, sizeof why);
         fsdp_comm_wait_log(ctx, op, g->desc, mg->size, g->ranks, late, kind == WAIT_DATA, waited_s,
-                           mg->mw->world->timeout_ms);
+                           mg->mw->world->timeout_ms, why);
     }
     free(late);
 }
