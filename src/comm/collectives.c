@@ -49,24 +49,36 @@ static void prof_end(fsdp_ctx *ctx, fsdp_comm_op op, prof_mark m) {
     ctx->prof.comm_calls[op]++;
 }
 
-/* A backend call is timed twice: for comm-debug's seconds (fsdp_comm_debug_timed, the whole
- * call) and for the profile (its wait, less the copies). */
+/* A backend call is timed twice, for comm-debug's seconds (fsdp_comm_debug_timed, the whole
+ * call) and for the profile (its wait, less the copies), and its flight-recorder record (seq,
+ * from fsdp_trace_begin) ends with it. */
 typedef struct call_mark {
     double debug_t0;
     prof_mark prof;
+    uint64_t seq;
 } call_mark;
 
-static call_mark call_begin(const fsdp_ctx *ctx, fsdp_comm_op op) {
-    return (call_mark){fsdp_comm_debug_clock(ctx), prof_begin(ctx, op)};
+static call_mark call_begin(const fsdp_ctx *ctx, fsdp_comm_op op, uint64_t seq) {
+    return (call_mark){fsdp_comm_debug_clock(ctx), prof_begin(ctx, op), seq};
 }
 
-static void call_end(fsdp_ctx *ctx, fsdp_comm_op op, call_mark m) {
+/* The backend returned st (in_flight: a non-blocking call that started); returns st. */
+static fsdp_status call_end_as(fsdp_ctx *ctx, fsdp_comm_op op, call_mark m, fsdp_status st,
+                               bool in_flight) {
     prof_end(ctx, op, m.prof);
     fsdp_comm_debug_timed(ctx, m.debug_t0);
+    return fsdp_trace_end(ctx, m.seq, st, in_flight);
 }
 
-/* This rank will not make the call: let the peers know, keeping this rank's own message. */
-static fsdp_status reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op, fsdp_status st) {
+static fsdp_status call_end(fsdp_ctx *ctx, fsdp_comm_op op, call_mark m, fsdp_status st) {
+    return call_end_as(ctx, op, m, st, false);
+}
+
+/* This rank will not make call seq (its arguments failed with st): let the peers know,
+ * keeping this rank's own message. */
+static fsdp_status reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op, fsdp_status st,
+                          uint64_t seq) {
+    fsdp_trace_end(ctx, seq, st, false);
     if (!g->world->backend.iface.reject) return st;
     fsdp_error_record mine;
     fsdp_error_save(ctx, &mine);
@@ -209,11 +221,10 @@ fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     fsdp_status st = check_all_gather(ctx, group, out, in, &dim);
     if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, out);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(out));
-    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, op, st), false);
-    call_mark mark = call_begin(ctx, op);
+    if (st != FSDP_OK) return reject(ctx, group, op, st, seq);
+    call_mark mark = call_begin(ctx, op, seq);
     st = group->world->backend.iface.all_gather(ctx, group, out, in, dim);
-    call_end(ctx, op, mark);
-    fsdp_trace_end(ctx, seq, st, false);
+    st = call_end(ctx, op, mark, st);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
@@ -277,11 +288,10 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
     fsdp_status st = check_reduce_scatter(ctx, group, out, in, &dim, op);
     if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, in);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(in));
-    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, cop, st), false);
-    call_mark mark = call_begin(ctx, cop);
+    if (st != FSDP_OK) return reject(ctx, group, cop, st, seq);
+    call_mark mark = call_begin(ctx, cop, seq);
     st = group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op);
-    call_end(ctx, cop, mark);
-    fsdp_trace_end(ctx, seq, st, false);
+    st = call_end(ctx, cop, mark, st);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
@@ -296,11 +306,10 @@ fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fs
     if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
     if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, t);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
-    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, cop, st), false);
-    call_mark mark = call_begin(ctx, cop);
+    if (st != FSDP_OK) return reject(ctx, group, cop, st, seq);
+    call_mark mark = call_begin(ctx, cop, seq);
     st = group->world->backend.iface.all_reduce(ctx, group, t, op);
-    call_end(ctx, cop, mark);
-    fsdp_trace_end(ctx, seq, st, false);
+    st = call_end(ctx, cop, mark, st);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
@@ -324,13 +333,12 @@ fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor 
     if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
     if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, t);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
-    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, cop, st), false);
+    if (st != FSDP_OK) return reject(ctx, group, cop, st, seq);
     const fsdp_comm_backend_i *be = &group->world->backend.iface;
-    call_mark mark = call_begin(ctx, cop);
+    call_mark mark = call_begin(ctx, cop, seq);
     if (!be->all_reduce_start) {
         st = be->all_reduce(ctx, group, t, op);
-        call_end(ctx, cop, mark);
-        fsdp_trace_end(ctx, seq, st, false);
+        st = call_end(ctx, cop, mark, st);
         FSDP_TRY_AT(ctx, st);
         return FSDP_OK;
     }
@@ -340,8 +348,7 @@ fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor 
     work->debug_row = fsdp_comm_debug_last(ctx, &work->debug_session);
     work->trace_seq = seq;
     st = be->all_reduce_start(ctx, group, t, op, work);
-    call_end(ctx, cop, mark);
-    fsdp_trace_end(ctx, seq, st, st == FSDP_OK);
+    st = call_end_as(ctx, cop, mark, st, st == FSDP_OK);
     if (st != FSDP_OK) {
         work->pending = false;
         work->group = NULL;
@@ -363,11 +370,10 @@ fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int
                        group->desc, root, group->size - 1);
     if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, t);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(t));
-    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, op, st), false);
-    call_mark mark = call_begin(ctx, op);
+    if (st != FSDP_OK) return reject(ctx, group, op, st, seq);
+    call_mark mark = call_begin(ctx, op, seq);
     st = group->world->backend.iface.broadcast(ctx, group, t, root);
-    call_end(ctx, op, mark);
-    fsdp_trace_end(ctx, seq, st, false);
+    st = call_end(ctx, op, mark, st);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
@@ -412,11 +418,10 @@ fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     fsdp_status st = check_all_to_all(ctx, group, out, in, &split_dim, &concat_dim);
     if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, in);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(in));
-    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, op, st), false);
-    call_mark mark = call_begin(ctx, op);
+    if (st != FSDP_OK) return reject(ctx, group, op, st, seq);
+    call_mark mark = call_begin(ctx, op, seq);
     st = group->world->backend.iface.all_to_all(ctx, group, out, in, split_dim, concat_dim);
-    call_end(ctx, op, mark);
-    fsdp_trace_end(ctx, seq, st, false);
+    st = call_end(ctx, op, mark, st);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
@@ -427,11 +432,10 @@ fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group) {
     FSDP_TRY(resolve(ctx, &group, op));
     const uint64_t seq = fsdp_trace_begin(ctx, group, op);
     fsdp_status st = fsdp_comm_debug_note(ctx, group, op, 0);
-    if (st != FSDP_OK) return fsdp_trace_end(ctx, seq, reject(ctx, group, op, st), false);
-    call_mark mark = call_begin(ctx, op);
+    if (st != FSDP_OK) return reject(ctx, group, op, st, seq);
+    call_mark mark = call_begin(ctx, op, seq);
     st = group->world->backend.iface.barrier(ctx, group);
-    call_end(ctx, op, mark);
-    fsdp_trace_end(ctx, seq, st, false);
+    st = call_end(ctx, op, mark, st);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
