@@ -197,6 +197,49 @@ static void test_skipped_nonblocking(void) {
     run_skipped(true);
 }
 
+/* ---- a group one rank never used ---- */
+
+/* Rank 0 makes the first call on 'pair'; rank 1, its other member, never uses the pair: it
+ * goes on, with rank 2, to an all_reduce on the world. */
+static fsdp_status never_use(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int pair[2] = {0, 1};
+    fsdp_group *g = NULL;
+    FSDP_TRY(fsdp_group_new(ctx, NULL, 2, pair, "pair", &g));
+    fsdp_status st;
+    if (rank == 0) {
+        st = all_reduce_of(ctx, g, 4);
+    } else {
+        sleep_ms(300);
+        st = all_reduce_of(ctx, NULL, 8);
+    }
+    fsdp_group_free(g);
+    return st;
+}
+
+static void test_never_used_group(void) {
+    int first = 0;
+    if (fsdp_test_hosted_ranks(3, &first) == 0) {
+        printf("\n    skipped: needs 3 ranks (test_comm_trace_mpi3 under mpirun)");
+        return;
+    }
+    double t0 = mono_now();
+    fsdp_status st = fsdp_test_run_world(3, TIMEOUT_MS, never_use, NULL);
+    double took = mono_now() - t0;
+    const char *msg = fsdp_last_error(fsdp_test_ctx());
+    printf("\n    %.2f s: %s", took, msg);
+    CU_ASSERT_EQUAL(st, FSDP_ERR_TIMEOUT);
+    const char *needles[] = {"all_reduce on group 'pair' (world ranks 0,1) timed out",
+                             "This rank is at call #1 on the group",
+                             "Rank 1 has made no call on this group in this run; its 2 other "
+                             "calls: group split #1 on group 'world' (world ranks 0,1,2)",
+                             "then all_reduce #2 on group 'world' (world ranks 0,1,2) of (8,) "
+                             "f32, inside which it has been for",
+                             NULL};
+    CU_ASSERT_TRUE(fsdp_test_message_has(msg, needles));
+    CU_ASSERT_TRUE(took < 1e-3 * TIMEOUT_MS + SLACK_S);
+}
+
 /* ---- the dump to a directory ---- */
 
 /* The whole of a file, or NULL (free it). */
@@ -337,6 +380,7 @@ int main(int argc, char **argv) {
         {"records", test_records},
         {"skipped_collective", test_skipped_collective},
         {"skipped_nonblocking", test_skipped_nonblocking},
+        {"never_used_group", test_never_used_group},
         {"dump_on_failure", test_dump_on_failure},
         {"returned_early", test_returned_early},
         {"busy_rank", test_busy_rank},

@@ -273,10 +273,13 @@ void fsdp_trace_explain_rank(char *buf, size_t size, int rank, uint64_t group_se
             "; the ranks diverge at call #%llu on %s, which rank %d did not make: it went on "
             "to ",
             (unsigned long long)group_seq, group_desc, rank);
+    } else if (v->calls <= FSDP_TRACE_DEPTH) {
+        put(&t, " Rank %d has made no call on this group in this run; its %llu other calls: ", rank,
+            (unsigned long long)v->calls);
     } else {
         put(&t,
-            " Rank %d made no call on this group among its last %d collectives (it has made %llu "
-            "in all); its calls since: ",
+            " Rank %d made no call on this group among its last %d collectives (of %llu); they "
+            "are: ",
             rank, FSDP_TRACE_DEPTH, (unsigned long long)v->calls);
     }
     for (int k = i; k < v->n; k++) {
