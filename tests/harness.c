@@ -1,12 +1,14 @@
 /* harness.c: the shared CUnit main, per-test context, tensor comparison, and the multi-rank
  * runner: rank threads of a local world, or under mpirun one rank per process of an MPI
  * world, with the processes agreeing on every case's result. */
+#define _POSIX_C_SOURCE 200809L // clock_gettime, nanosleep
 #include "harness.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static fsdp_ctx *g_ctx;
 
@@ -254,4 +256,14 @@ fsdp_status fsdp_test_rank_close(fsdp_ctx *ctx, const char *what, const fsdp_ten
                              (long long)i, g[i], w[i]);
     }
     return FSDP_OK;
+}
+
+double fsdp_test_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+void fsdp_test_sleep_ms(long ms) {
+    nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL);
 }

@@ -86,6 +86,11 @@ fsdp_status fsdp_test_rank_close(fsdp_ctx *ctx, const char *what, const fsdp_ten
                                  const fsdp_tensor *want, double rtol, double atol,
                                  double *max_abs);
 
+/* CLOCK_MONOTONIC in seconds, for bounding a case's wall time. */
+double fsdp_test_now(void);
+/* Sleeps ms milliseconds (a rank computing, arriving late, ...). */
+void fsdp_test_sleep_ms(long ms);
+
 /* A tensor of the given shape filled from the counter RNG: uniform in [lo, hi). */
 fsdp_tensor *fsdp_test_random(int ndim, const int64_t *shape, float lo, float hi, uint64_t stream);
 

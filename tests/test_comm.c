@@ -437,8 +437,6 @@ typedef struct barrier_state {
     int rounds[MAX_RANKS]; /* per rank: rounds it checked */
 } barrier_state;
 
-static double seconds_now(void);
-
 /* Checks that this rank left every round after every rank had entered it. */
 static fsdp_status check_barrier_times(fsdp_ctx *ctx, int W, const double *t_in,
                                        const double *t_out) {
@@ -469,9 +467,9 @@ static fsdp_status barrier_body(fsdp_ctx *ctx, int rank, void *user) {
     double t_in[BARRIER_ROUNDS], t_out[BARRIER_ROUNDS];
     for (int i = 0; i < BARRIER_ROUNDS; i++) {
         atomic_fetch_add(&b->entered, 1);
-        t_in[i] = seconds_now();
+        t_in[i] = fsdp_test_now();
         FSDP_TRY(fsdp_barrier(ctx, NULL));
-        t_out[i] = seconds_now();
+        t_out[i] = fsdp_test_now();
         int seen = atomic_load(&b->entered);
         FSDP_RANK_CHECK(ctx, seen >= (i + 1) * b->hosted,
                         "round %d: left the barrier with %d entries, want %d", i, seen,
@@ -613,12 +611,6 @@ static void test_chunk_range(void) {
 
 /* ---- failures ---- */
 
-static double seconds_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static fsdp_status expect_failure(fsdp_ctx *ctx, fsdp_status got, fsdp_status want,
                                   const char *const *needles) {
     char msg[1024]; /* a copy: a failing check rewrites the context's message */
@@ -695,7 +687,7 @@ static fsdp_status reject_body(fsdp_ctx *ctx, int rank, void *user) {
                                 (const int64_t[]){rank == 2 ? rows - 1 : rows, 2}, &in));
     fsdp_status st =
         fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (const int64_t[]){13, 2}, &out);
-    double t0 = seconds_now();
+    double t0 = fsdp_test_now();
     if (st == FSDP_OK) {
         fsdp_status got = fsdp_all_gather(ctx, NULL, out, in, 0);
         if (rank == 2)
@@ -707,7 +699,7 @@ static fsdp_status reject_body(fsdp_ctx *ctx, int rank, void *user) {
                                 (const char *[]){"rank 2 rejected its arguments",
                                                  "(3, 2) but must be (4, 2)", NULL});
     }
-    double waited = seconds_now() - t0;
+    double waited = fsdp_test_now() - t0;
     if (st == FSDP_OK && waited > 10.0)
         st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "the failure took %.1f s: it waited for a timeout",
                        waited);
@@ -752,14 +744,14 @@ static fsdp_status leave_body(fsdp_ctx *ctx, int rank, void *user) {
     const bool fail = user != NULL;
     if (rank == 2)
         return fail ? FSDP_FAIL(ctx, FSDP_ERR_CONFIG, "rank two's own trouble") : FSDP_OK;
-    double t0 = seconds_now();
+    double t0 = fsdp_test_now();
     fsdp_status st = expect_failure(
         ctx, fsdp_barrier(ctx, NULL), FSDP_ERR_COMM,
         fail ? (const char *[]){"rank 2 will never arrive", "FSDP_ERR_CONFIG",
                                 "rank two's own trouble", NULL}
              : (const char *[]){"barrier on group 'world'", "rank 2 will never arrive",
                                 "returned FSDP_OK without making this call", NULL});
-    FSDP_RANK_CHECK(ctx, seconds_now() - t0 < 10.0, "waited %.1f s", seconds_now() - t0);
+    FSDP_RANK_CHECK(ctx, fsdp_test_now() - t0 < 10.0, "waited %.1f s", fsdp_test_now() - t0);
     return st;
 }
 
@@ -910,7 +902,7 @@ static fsdp_status late_wait_body(fsdp_ctx *ctx, int rank, void *user) {
         fsdp_tensor_free(t);
         return FSDP_OK;
     }
-    double t0 = seconds_now();
+    double t0 = fsdp_test_now();
     if (st == FSDP_OK && rank == 2)
         nanosleep(&(struct timespec){.tv_sec = 1, .tv_nsec = 200 * 1000000L}, NULL);
     if (st == FSDP_OK) {
@@ -932,7 +924,7 @@ static fsdp_status late_wait_body(fsdp_ctx *ctx, int rank, void *user) {
                                  NULL});
     }
     if (st == FSDP_OK)
-        FSDP_RANK_CHECK(ctx, seconds_now() - t0 < 10.0, "waited %.1f s", seconds_now() - t0);
+        FSDP_RANK_CHECK(ctx, fsdp_test_now() - t0 < 10.0, "waited %.1f s", fsdp_test_now() - t0);
     fsdp_comm_work_free(w);
     fsdp_tensor_free(t);
     return st;

@@ -42,16 +42,6 @@ static double wall_now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static double mono_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void sleep_ms(long ms) {
-    nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL);
-}
-
 /* ---- rank threads ---- */
 
 /* A gate that a rank thread blocks on until the test opens it, or, so that the case ends
@@ -104,9 +94,9 @@ static void test_stuck_rank_thread(void) {
     fsdp_world_options o = {.nranks = 3, .timeout_ms = 500, .grace_ms = 500};
     FSDP_TEST_OK(fsdp_world_create(ctx, &o, &w));
     gate_set(false);
-    double t0 = mono_now();
+    double t0 = fsdp_test_now();
     fsdp_status st = fsdp_world_run(ctx, w, stuck_body, NULL);
-    double took = mono_now() - t0;
+    double took = fsdp_test_now() - t0;
     printf("\n    fsdp_world_run returned %s after %.2f s: %s", fsdp_status_to_string(st), took,
            fsdp_last_error(ctx));
     CU_ASSERT_TRUE(took < 5.0); /* timeout 0.5 s + grace 0.5 s, and room for a busy machine */
@@ -125,7 +115,8 @@ static void test_stuck_rank_thread(void) {
     }
     gate_set(true);
     st = FSDP_ERR_STATE;
-    for (double t1 = mono_now(); st == FSDP_ERR_STATE && mono_now() - t1 < 10.0; sleep_ms(10))
+    for (double t1 = fsdp_test_now(); st == FSDP_ERR_STATE && fsdp_test_now() - t1 < 10.0;
+         fsdp_test_sleep_ms(10))
         st = fsdp_world_run(ctx, w, nothing, NULL);
     CU_ASSERT_EQUAL(st, FSDP_OK);
     fsdp_world_free(w);
@@ -146,13 +137,13 @@ static void test_free_while_stuck(void) {
     unsetenv("FSDP_COMM_GRACE_MS");
     FSDP_TEST_OK(st);
     gate_set(false);
-    double t0 = mono_now();
+    double t0 = fsdp_test_now();
     FSDP_TEST_FAILS(fsdp_world_run(ctx, w, stuck_body, NULL), FSDP_ERR_TIMEOUT,
                     "rank 2 has not returned", "300 ms");
-    CU_ASSERT_TRUE(mono_now() - t0 < 5.0);
+    CU_ASSERT_TRUE(fsdp_test_now() - t0 < 5.0);
     fsdp_world_free(w); /* the stuck thread keeps it alive */
     gate_set(true);
-    sleep_ms(200); /* the thread returns, and frees the world */
+    fsdp_test_sleep_ms(200); /* the thread returns, and frees the world */
 }
 
 /* A rank that waits long in a collective logs whom it waits for, under its own rank, and what
@@ -161,7 +152,7 @@ static void test_free_while_stuck(void) {
  * succeeds. */
 static fsdp_status late_body(fsdp_ctx *ctx, int rank, void *user) {
     (void)user;
-    if (rank == 2) sleep_ms(2200);
+    if (rank == 2) fsdp_test_sleep_ms(2200);
     return fsdp_barrier(ctx, NULL);
 }
 
@@ -294,7 +285,7 @@ static void run_mpi_fault(const char *env, const char *mode, bool nonzero_exit) 
              mode, dir, out_path);
     printf("\n    %s", cmd);
     fflush(stdout);
-    double t0 = mono_now();
+    double t0 = fsdp_test_now();
     pid_t pid = fork();
     CU_ASSERT_TRUE_FATAL(pid >= 0);
     if (pid == 0) {
@@ -305,15 +296,15 @@ static void run_mpi_fault(const char *env, const char *mode, bool nonzero_exit) 
     setpgid(pid, pid);
     int status = 0;
     bool ended = false;
-    while (!ended && mono_now() - t0 < HARD_LIMIT_S) {
+    while (!ended && fsdp_test_now() - t0 < HARD_LIMIT_S) {
         pid_t got = waitpid(pid, &status, WNOHANG);
         ended = got == pid;
-        if (!ended) sleep_ms(20);
+        if (!ended) fsdp_test_sleep_ms(20);
     }
-    double end = wall_now(), took = mono_now() - t0;
+    double end = wall_now(), took = fsdp_test_now() - t0;
     if (!ended) { /* the job hung: end it and every rank */
         kill(-pid, SIGTERM);
-        sleep_ms(2000);
+        fsdp_test_sleep_ms(2000);
         kill(-pid, SIGKILL);
         waitpid(pid, &status, 0);
     }
@@ -323,7 +314,8 @@ static void run_mpi_fault(const char *env, const char *mode, bool nonzero_exit) 
         double p = read_note(dir, "pid", r);
         if (p <= 0) continue;
         bool alive = true;
-        for (double t1 = mono_now(); alive && mono_now() - t1 < 3.0; sleep_ms(20))
+        for (double t1 = fsdp_test_now(); alive && fsdp_test_now() - t1 < 3.0;
+             fsdp_test_sleep_ms(20))
             alive = process_alive((pid_t)p);
         if (alive) {
             printf("\n    rank %d (pid %.0f) is still there", r, p);

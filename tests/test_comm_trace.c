@@ -19,16 +19,6 @@
  * return; generous for sanitizer builds). */
 #define SLACK_S 3.0
 
-static double mono_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void sleep_ms(long ms) {
-    nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL);
-}
-
 static fsdp_status all_reduce_of(fsdp_ctx *ctx, fsdp_group *g, int64_t n) {
     fsdp_tensor *t = NULL;
     FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &t));
@@ -154,7 +144,7 @@ static fsdp_status skip_one(fsdp_ctx *ctx, int rank, void *user) {
         /* call #2 on the pair: rank 1 never makes it */
         st = nonblocking ? all_reduce_started(ctx, g, 4) : all_reduce_of(ctx, g, 4);
     } else if (st == FSDP_OK) {
-        sleep_ms(300);
+        fsdp_test_sleep_ms(300);
         st = all_reduce_of(ctx, NULL, 8);
     }
     fsdp_group_free(g);
@@ -167,9 +157,9 @@ static void run_skipped(bool nonblocking) {
         printf("\n    skipped: needs 3 ranks (test_comm_trace_mpi3 under mpirun)");
         return;
     }
-    double t0 = mono_now();
+    double t0 = fsdp_test_now();
     fsdp_status st = fsdp_test_run_world(3, TIMEOUT_MS, skip_one, &nonblocking);
-    double took = mono_now() - t0;
+    double took = fsdp_test_now() - t0;
     const char *msg = fsdp_last_error(fsdp_test_ctx());
     printf("\n    %.2f s: %s", took, msg);
     CU_ASSERT_EQUAL(st, FSDP_ERR_TIMEOUT);
@@ -210,7 +200,7 @@ static fsdp_status never_use(fsdp_ctx *ctx, int rank, void *user) {
     if (rank == 0) {
         st = all_reduce_of(ctx, g, 4);
     } else {
-        sleep_ms(300);
+        fsdp_test_sleep_ms(300);
         st = all_reduce_of(ctx, NULL, 8);
     }
     fsdp_group_free(g);
@@ -223,9 +213,9 @@ static void test_never_used_group(void) {
         printf("\n    skipped: needs 3 ranks (test_comm_trace_mpi3 under mpirun)");
         return;
     }
-    double t0 = mono_now();
+    double t0 = fsdp_test_now();
     fsdp_status st = fsdp_test_run_world(3, TIMEOUT_MS, never_use, NULL);
-    double took = mono_now() - t0;
+    double took = fsdp_test_now() - t0;
     const char *msg = fsdp_last_error(fsdp_test_ctx());
     printf("\n    %.2f s: %s", took, msg);
     CU_ASSERT_EQUAL(st, FSDP_ERR_TIMEOUT);
@@ -316,9 +306,9 @@ static void test_returned_early(void) {
         printf("\n    skipped: needs 2 ranks (test_comm_trace_mpi2 under mpirun)");
         return;
     }
-    double t0 = mono_now();
+    double t0 = fsdp_test_now();
     fsdp_status st = fsdp_test_run_world(2, 30000, leave_early, NULL);
-    double took = mono_now() - t0;
+    double took = fsdp_test_now() - t0;
     const char *msg = fsdp_last_error(fsdp_test_ctx());
     printf("\n    %.2f s: %s", took, msg);
     CU_ASSERT_EQUAL(st, FSDP_ERR_COMM);
@@ -337,7 +327,7 @@ static void test_returned_early(void) {
 static fsdp_status busy(fsdp_ctx *ctx, int rank, void *user) {
     (void)user;
     FSDP_TRY(fsdp_barrier(ctx, NULL));
-    if (rank == 1) sleep_ms(TIMEOUT_MS + 800);
+    if (rank == 1) fsdp_test_sleep_ms(TIMEOUT_MS + 800);
     return fsdp_barrier(ctx, NULL);
 }
 
@@ -347,9 +337,9 @@ static void test_busy_rank(void) {
         printf("\n    skipped: needs 2 ranks (test_comm_trace_mpi2 under mpirun)");
         return;
     }
-    double t0 = mono_now();
+    double t0 = fsdp_test_now();
     fsdp_status st = fsdp_test_run_world(2, TIMEOUT_MS, busy, NULL);
-    double took = mono_now() - t0;
+    double took = fsdp_test_now() - t0;
     const char *msg = fsdp_last_error(fsdp_test_ctx());
     printf("\n    %.2f s: %s", took, msg);
     CU_ASSERT_EQUAL(st, FSDP_ERR_TIMEOUT);

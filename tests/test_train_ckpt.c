@@ -612,11 +612,6 @@ static void test_example_resumes(void) {
 
 /* ---- the fsdp-train binary: signals ------------------------------------------------------ */
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Starts fsdp-train with g_small (the binary's --set), the extra arguments and the output in
  * log (stdout and stderr). */
 static pid_t start_tool(const char *const *extra, const char *log) {
@@ -648,7 +643,7 @@ static int wait_tool(pid_t pid, int seconds) {
     int status = 0;
     for (int i = 0; i < seconds * 100; i++) {
         if (waitpid(pid, &status, WNOHANG) == pid) return status;
-        sleep_ms(10);
+        fsdp_test_sleep_ms(10);
     }
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
@@ -672,7 +667,7 @@ static bool wait_for_checkpoint(const char *dir, int seconds) {
         fsdp_status st = fsdp_ckpt_latest(fsdp_test_ctx(), dir, &p);
         free(p);
         if (st == FSDP_OK) return true;
-        sleep_ms(10);
+        fsdp_test_sleep_ms(10);
     }
     return false;
 }
@@ -690,7 +685,7 @@ static void test_sigkill_resume(void) {
                            log);
     CU_ASSERT_TRUE_FATAL(pid > 0);
     bool saved = wait_for_checkpoint(dir, 120);
-    sleep_ms(30); /* kill it between saves, or during one */
+    fsdp_test_sleep_ms(30); /* kill it between saves, or during one */
     kill(pid, SIGKILL);
     int status = wait_tool(pid, 60);
     CU_ASSERT_TRUE(saved);
@@ -734,7 +729,7 @@ static void signal_saves(int sig, const char *ranks, const char *name) {
         char *text = slurp(log);
         started = strstr(text, "loss") && strstr(text, "samples/s");
         free(text);
-        if (!started) sleep_ms(10);
+        if (!started) fsdp_test_sleep_ms(10);
     }
     kill(pid, sig);
     int status = wait_tool(pid, 120);
