@@ -175,6 +175,8 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
          fsdp_all_gather_u64(C, NULL, A(1, f->u64_in), 1, A(2, f->u64_out)))                       \
     CALL(fsdp_reduce_scatter, "ctx out in",                                                        \
          fsdp_reduce_scatter(C, NULL, A(1, f->t), A(2, f->t2), 0, FSDP_REDUCE_SUM))                \
+    CALL(fsdp_reduce_scatter_ex, "ctx out in",                                                     \
+         fsdp_reduce_scatter_ex(C, NULL, A(1, f->t), A(2, f->t2), 0, FSDP_REDUCE_SUM, NULL))       \
     CALL(fsdp_all_reduce, "ctx t", fsdp_all_reduce(C, NULL, A(1, f->t), FSDP_REDUCE_SUM))          \
     CALL(fsdp_comm_work_create, "ctx out", fsdp_comm_work_create(C, A(1, &f->made_work)))          \
     CALL(fsdp_all_reduce_start, "ctx t work",                                                      \
@@ -358,6 +360,8 @@ static const struct {
     {"fsdp_batch_slice", "group", "the world group"},
     {"fsdp_broadcast", "group", "the world group"},
     {"fsdp_reduce_scatter", "group", "the world group"},
+    {"fsdp_reduce_scatter_ex", "group", "the world group"},
+    {"fsdp_reduce_scatter_ex", "opts", "a plain reduce_scatter"},
     {"fsdp_group_new", "parent", "the world group"},
     {"fsdp_group_new", "label", "\"group\""},
     {"fsdp_group_split", "parent", "the world group"},

@@ -7,6 +7,7 @@
  * with a message, which fsdp_world_run hands to the main thread. What a body leaves for the
  * main thread is about its own rank only, since under MPI each process has its own copy. */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_SET */
+#include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -261,6 +262,118 @@ static fsdp_status reduce_scatter_body(fsdp_ctx *ctx, int rank, void *user) {
 
 static void test_reduce_scatter(void) {
     run_all_sizes(reduce_scatter_body, false);
+}
+
+/* fsdp_reduce_scatter_ex: the scaled, accumulated reduction is bitwise the separate passes:
+ * every input times pre, the sum in rank order (the average's division), times post, added to
+ * what out held. pre 1/3 and post 0.3 are not powers of two, so a fused multiply-add or another
+ * order would show. */
+static const fsdp_reduce_scatter_options ex_opts[] = {
+    {.pre_scale = 0.5f},
+    {.pre_scale = 1.0f / 3.0f, .post_scale = 0.3f, .accumulate = true},
+    {.accumulate = true},
+    {.post_scale = 0.25f},
+};
+#define N_EX_OPTS ((int)(sizeof ex_opts / sizeof ex_opts[0]))
+
+static fsdp_status reduce_scatter_ex_case(fsdp_ctx *ctx, int rank, int W, const spec *sp,
+                                          fsdp_reduce_op op, const fsdp_reduce_scatter_options *o) {
+    int d = norm_dim(sp->dim, sp->ndim);
+    int64_t at[FSDP_MAX_DIMS] = {0}, zero[FSDP_MAX_DIMS] = {0}, local[FSDP_MAX_DIMS];
+    memcpy(local, sp->shape, sizeof local);
+    fsdp_chunk_range(sp->shape[d], W, rank, &at[d], &local[d]);
+    fsdp_tensor *in = NULL, *out = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, sp->ndim, sp->shape, &in);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, sp->ndim, local, &out);
+    if (st == FSDP_OK) {
+        fill_box(in, sp->shape, zero, (uint64_t)rank + 1);
+        fill_box(out, sp->shape, at, 99);
+        st = fsdp_reduce_scatter_ex(ctx, NULL, out, in, sp->dim, op, o);
+    }
+    const float pre = o->pre_scale != 0.0f ? o->pre_scale : 1.0f;
+    const float post = o->post_scale != 0.0f ? o->post_scale : 1.0f;
+    for (int64_t i = 0; st == FSDP_OK && i < fsdp_tensor_numel(out); i++) {
+        int64_t e = to_global(i, sp->ndim, local, at, sp->shape);
+        float acc = value(1, e) * pre;
+        for (int r = 1; r < W; r++) {
+            float x = value((uint64_t)r + 1, e) * pre;
+            acc += x;
+        }
+        if (op == FSDP_REDUCE_AVG) acc /= (float)W;
+        acc *= post;
+        float want = o->accumulate ? value(99, e) + acc : acc;
+        if (!same_bits(get(out, i), want))
+            st =
+                FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                          "reduce_scatter_ex %s pre %g post %g accumulate %d dim %d: element "
+                          "%lld (global %lld) is %.9g, want %.9g",
+                          fsdp_reduce_op_to_string(op), (double)o->pre_scale, (double)o->post_scale,
+                          o->accumulate, sp->dim, (long long)i, (long long)e, get(out, i), want);
+    }
+    /* The input is left as it was. */
+    for (int64_t e = 0; st == FSDP_OK && e < fsdp_tensor_numel(in); e++)
+        if (!same_bits(get(in, e), value((uint64_t)rank + 1, e)))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "reduce_scatter_ex changed its input");
+    fsdp_tensor_free(in);
+    fsdp_tensor_free(out);
+    return st;
+}
+
+/* Options it refuses, on every rank alike (each names the problem; nobody waits). */
+static fsdp_status reduce_scatter_ex_refusals(fsdp_ctx *ctx, int W) {
+    int64_t n = 2 * W, m = 2;
+    fsdp_tensor *in = NULL, *out = NULL, *bin = NULL, *bout = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &in);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &m, &out);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 1, &n, &bin);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 1, &m, &bout);
+    if (st != FSDP_OK) goto done;
+    const fsdp_reduce_scatter_options add = {.accumulate = true}, nan = {.pre_scale = NAN};
+    struct {
+        fsdp_tensor *o, *i;
+        fsdp_reduce_op op;
+        const fsdp_reduce_scatter_options *opts;
+        fsdp_status want;
+        const char *says;
+    } cases[] = {
+        {bout, bin, FSDP_REDUCE_SUM, &add, FSDP_ERR_UNSUPPORTED, "f32 sums and averages, not bf16"},
+        {out, in, FSDP_REDUCE_MAX, &add, FSDP_ERR_UNSUPPORTED, "not f32 max"},
+        {out, in, FSDP_REDUCE_SUM, &nan, FSDP_ERR_INVALID_ARGUMENT, "must be finite"},
+    };
+    for (size_t k = 0; st == FSDP_OK && k < sizeof cases / sizeof cases[0]; k++) {
+        fsdp_status got = fsdp_reduce_scatter_ex(ctx, NULL, cases[k].o, cases[k].i, 0, cases[k].op,
+                                                 cases[k].opts);
+        if (got != cases[k].want || !strstr(fsdp_last_error(ctx), cases[k].says))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "refusal %zu: %s, message '%s' (want %s)", k,
+                           fsdp_status_to_string(got), fsdp_last_error(ctx), cases[k].says);
+    }
+    /* and the group still works */
+    if (st == FSDP_OK) st = fsdp_reduce_scatter_ex(ctx, NULL, out, in, 0, FSDP_REDUCE_SUM, &add);
+done:
+    fsdp_tensor_free(in);
+    fsdp_tensor_free(out);
+    fsdp_tensor_free(bin);
+    fsdp_tensor_free(bout);
+    return st;
+}
+
+static fsdp_status reduce_scatter_ex_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    for (int s = 0; s < N_SHARD_SPECS; s++)
+        for (int op = 0; op < 2; op++)
+            for (int k = 0; k < N_EX_OPTS; k++)
+                FSDP_TRY(reduce_scatter_ex_case(ctx, rank, W, &shard_specs[s],
+                                                op ? FSDP_REDUCE_AVG : FSDP_REDUCE_SUM,
+                                                &ex_opts[k]));
+    FSDP_TRY(reduce_scatter_ex_refusals(ctx, W));
+    sh->ncases[rank] = 1;
+    return FSDP_OK;
+}
+
+static void test_reduce_scatter_ex(void) {
+    run_all_sizes(reduce_scatter_ex_body, false);
 }
 
 static const spec whole_specs[] = {
@@ -1402,6 +1515,7 @@ int main(int argc, char **argv) {
         {"all_gather", test_all_gather},
         {"all_gather_in_place", test_all_gather_in_place},
         {"reduce_scatter", test_reduce_scatter},
+        {"reduce_scatter_ex", test_reduce_scatter_ex},
         {"all_reduce", test_all_reduce},
         {"all_reduce_start", test_all_reduce_start},
         {"all_reduce_start_mismatch", test_all_reduce_start_mismatch},

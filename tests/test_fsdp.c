@@ -279,12 +279,15 @@ static fsdp_status memory_rank(fsdp_ctx *ctx, int rank, void *user) {
         for (int u = 0; u < n; u++) shards += 2 * fsdp_sharded_unit_shard_numel(sh, u) * f;
         if (c->strategy == FSDP_FULL_SHARD) {
             /* The root's parameters and gradient stay through backward; one nested unit's
-             * parameters, gradient and reduce_scatter output are alive at its reduction; the
-             * root's own reduction adds its reduce_scatter output. */
-            want_peak = 2 * root + fsdp_sharded_unit_shard_numel(sh, 0);
+             * parameters and gradient are alive at its reduction. The reduce_scatter adds
+             * straight into the shard's gradient; under offload it reduces into a pool block
+             * first (then copied to the host), which adds the unit's reduce_scatter output,
+             * and the root's own reduction adds the root's. */
+            int64_t out = c->offload ? 1 : 0;
+            want_peak = 2 * root + out * fsdp_sharded_unit_shard_numel(sh, 0);
             for (int u = 1; u < n; u++) {
                 int64_t at = 2 * root + 2 * padded_of(sh, u, c->world, true) +
-                             fsdp_sharded_unit_shard_numel(sh, u);
+                             out * fsdp_sharded_unit_shard_numel(sh, u);
                 if (at > want_peak) want_peak = at;
             }
         } else {

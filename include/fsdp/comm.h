@@ -222,6 +222,25 @@ fsdp_status fsdp_all_gather_u64(fsdp_ctx *ctx, fsdp_group *group, const uint64_t
  * rank). out has in's shape with `dim` replaced by its chunk length. out must not overlap in. */
 fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
                                 const fsdp_tensor *in, int dim, fsdp_reduce_op op);
+/* What fsdp_reduce_scatter_ex does besides the reduction. Zero-initialised: nothing (a plain
+ * fsdp_reduce_scatter). */
+typedef struct fsdp_reduce_scatter_options {
+    float pre_scale;  /* every rank's input is multiplied by this as it is read (0: 1) */
+    float post_scale; /* the reduced chunk is multiplied by this (0: 1) */
+    bool accumulate;  /* out += the result, instead of out = the result */
+} fsdp_reduce_scatter_options;
+/* out (+)= post_scale * reduce over ranks r of (pre_scale * in of rank r), this rank's chunk:
+ * one reduce_scatter (checked, counted and traced as fsdp_reduce_scatter's) that folds the
+ * scaling before and after and the accumulation into its one pass over the data. FSDP reduces
+ * gradients with it (pre- and post-divide, then add to the shard's gradient) instead of three
+ * more passes. Element by element it computes exactly what the separate steps compute: (x0 *
+ * pre + x1 * pre) + ... in rank order, the division of FSDP_REDUCE_AVG, * post, then out + that
+ * (each operation rounded to f32, none contracted). Each rank applies its own options; in is
+ * not modified. f32 with FSDP_REDUCE_SUM or FSDP_REDUCE_AVG when any option is set; opts NULL
+ * is a plain reduce_scatter. */
+fsdp_status fsdp_reduce_scatter_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                   const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                   const fsdp_reduce_scatter_options *opts);
 /* t = the reduction over ranks of t, in place. */
 fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op);
 

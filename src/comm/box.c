@@ -70,35 +70,67 @@ static void combine(float *restrict acc, const float *restrict x, int64_t n, fsd
  * sources, (x0 + x1) + x2 ... as the general loop below, without staging each source in a
  * buffer first, then stored. Every source's block is read before dst's is written, so dst may
  * be one of the sources (the MPI all_reduce and the local in-place one reduce into their own
- * chunk). */
+ * chunk). With `pre` each source element is multiplied by it first, with `post` the sum is
+ * multiplied by it, and with `add` the block is added to dst instead of stored: the operations
+ * of a scaling pass, the reduction, a scaling pass and an add pass, in that order, each
+ * rounded to f32 (the library is built without FMA contraction), in one pass over the data. */
 #define SUM_BLOCK 1024
 
 static void sum_f32(float *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
-                    bool avg) {
+                    bool avg, float pre, float post, bool add) {
     float acc[SUM_BLOCK];
+    const bool plain = pre == 1.0f && post == 1.0f && !add;
     for (int64_t i = 0; i < n; i += SUM_BLOCK) {
         int64_t m = n - i < SUM_BLOCK ? n - i : SUM_BLOCK;
         const float *s0 = (const float *)srcs[0] + offset + i;
-        if (nsrc == 1) {
+        if (nsrc == 1 && plain) {
             memmove(dst + i, s0, (size_t)m * sizeof(float));
             continue;
         }
-        const float *s1 = (const float *)srcs[1] + offset + i;
-        for (int64_t j = 0; j < m; j++) acc[j] = s0[j] + s1[j];
-        for (int r = 2; r < nsrc; r++) {
-            const float *x = (const float *)srcs[r] + offset + i;
-            for (int64_t j = 0; j < m; j++) acc[j] += x[j];
+        if (pre == 1.0f && nsrc == 1) {
+            memcpy(acc, s0, (size_t)m * sizeof(float));
+        } else if (pre == 1.0f) {
+            const float *s1 = (const float *)srcs[1] + offset + i;
+            for (int64_t j = 0; j < m; j++) acc[j] = s0[j] + s1[j];
+            for (int r = 2; r < nsrc; r++) {
+                const float *x = (const float *)srcs[r] + offset + i;
+                for (int64_t j = 0; j < m; j++) acc[j] += x[j];
+            }
+        } else {
+            for (int64_t j = 0; j < m; j++) acc[j] = s0[j] * pre;
+            for (int r = 1; r < nsrc; r++) {
+                const float *x = (const float *)srcs[r] + offset + i;
+                for (int64_t j = 0; j < m; j++) acc[j] += x[j] * pre;
+            }
         }
         if (avg)
             for (int64_t j = 0; j < m; j++) acc[j] /= (float)nsrc;
-        memcpy(dst + i, acc, (size_t)m * sizeof(float));
+        if (post != 1.0f)
+            for (int64_t j = 0; j < m; j++) acc[j] *= post;
+        if (add) {
+            float *d = dst + i;
+            for (int64_t j = 0; j < m; j++) d[j] += acc[j];
+        } else {
+            memcpy(dst + i, acc, (size_t)m * sizeof(float));
+        }
     }
+}
+
+void fsdp_reduce_run_fused(void *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
+                           fsdp_dtype dtype, fsdp_reduce_op op,
+                           const fsdp_reduce_scatter_options *fuse) {
+    if (!fuse) {
+        fsdp_reduce_run(dst, srcs, nsrc, offset, n, dtype, op);
+        return;
+    }
+    sum_f32(dst, srcs, nsrc, offset, n, op == FSDP_REDUCE_AVG, fuse->pre_scale, fuse->post_scale,
+            fuse->accumulate);
 }
 
 void fsdp_reduce_run(void *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
                      fsdp_dtype dtype, fsdp_reduce_op op) {
     if (dtype == FSDP_DTYPE_F32 && op != FSDP_REDUCE_MAX) {
-        sum_f32(dst, srcs, nsrc, offset, n, op == FSDP_REDUCE_AVG);
+        sum_f32(dst, srcs, nsrc, offset, n, op == FSDP_REDUCE_AVG, 1.0f, 1.0f, false);
         return;
     }
     float acc[REDUCE_BLOCK], x[REDUCE_BLOCK];

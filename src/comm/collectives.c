@@ -2,6 +2,7 @@
  * call in comm-debug, then hands it to the backend, so nothing reaches a backend uncounted.
  * A rank whose arguments are wrong tells its peers through the backend's reject entry so
  * they fail at once instead of waiting for it. */
+#include <math.h> // defines: isfinite
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -277,23 +278,63 @@ static fsdp_status check_reduce_scatter(fsdp_ctx *ctx, const fsdp_group *g, cons
     return no_overlap(ctx, g, op, out, in);
 }
 
-fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
-                                const fsdp_tensor *in, int dim, fsdp_reduce_op op) {
+/* fsdp_reduce_scatter_ex's options, checked: *fuse is NULL for none, else `norm` with scales of
+ * 1 for 0. */
+static fsdp_status check_fuse(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_tensor *in,
+                              fsdp_reduce_op rop, const fsdp_reduce_scatter_options *opts,
+                              fsdp_reduce_scatter_options *norm,
+                              const fsdp_reduce_scatter_options **fuse) {
+    *fuse = NULL;
+    if (!opts || (opts->pre_scale == 0.0f && opts->post_scale == 0.0f && !opts->accumulate))
+        return FSDP_OK;
+    if (!isfinite(opts->pre_scale) || !isfinite(opts->post_scale))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "reduce_scatter on group %s: pre_scale %g and post_scale %g must be "
+                         "finite (0 means 1)",
+                         g->desc, (double)opts->pre_scale, (double)opts->post_scale);
+    if (in->dtype != FSDP_DTYPE_F32 || rop == FSDP_REDUCE_MAX)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "reduce_scatter on group %s: scaling and accumulation are for f32 "
+                         "sums and averages, not %s %s; use fsdp_reduce_scatter and scale "
+                         "apart",
+                         g->desc, fsdp_dtype_to_string(in->dtype), fsdp_reduce_op_to_string(rop));
+    *norm = (fsdp_reduce_scatter_options){
+        .pre_scale = opts->pre_scale == 0.0f ? 1.0f : opts->pre_scale,
+        .post_scale = opts->post_scale == 0.0f ? 1.0f : opts->post_scale,
+        .accumulate = opts->accumulate};
+    *fuse = norm;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_reduce_scatter_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                   const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                   const fsdp_reduce_scatter_options *opts) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_ARG_NOT_NULL(ctx, in);
     const fsdp_comm_op cop = FSDP_COMM_REDUCE_SCATTER;
     FSDP_TRY(resolve(ctx, &group, cop));
     const uint64_t seq = fsdp_trace_begin(ctx, group, cop);
+    fsdp_reduce_scatter_options norm;
+    const fsdp_reduce_scatter_options *fuse = NULL;
     fsdp_status st = check_reduce_scatter(ctx, group, out, in, &dim, op);
+    if (st == FSDP_OK) st = check_fuse(ctx, group, in, op, opts, &norm, &fuse);
     if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, in);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(in));
     if (st != FSDP_OK) return reject(ctx, group, cop, st, seq);
     call_mark mark = call_begin(ctx, cop, seq);
-    st = group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op);
+    st = group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op, fuse);
     st = call_end(ctx, cop, mark, st);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
+}
+
+fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                const fsdp_tensor *in, int dim, fsdp_reduce_op op) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_ARG_NOT_NULL(ctx, in);
+    return fsdp_reduce_scatter_ex(ctx, group, out, in, dim, op, NULL);
 }
 
 fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op) {

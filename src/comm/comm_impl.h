@@ -43,8 +43,11 @@ typedef struct fsdp_comm_backend_i {
 
     fsdp_status (*all_gather)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, const fsdp_tensor *in,
                               int dim);
+    /* fuse: NULL, or the options of fsdp_reduce_scatter_ex (f32, normalised: scales of 1 for 0),
+     * applied by fsdp_reduce_run_fused. */
     fsdp_status (*reduce_scatter)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                  const fsdp_tensor *in, int dim, fsdp_reduce_op op);
+                                  const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                  const fsdp_reduce_scatter_options *fuse);
     fsdp_status (*all_reduce)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op);
     fsdp_status (*broadcast)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root);
     fsdp_status (*all_to_all)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, const fsdp_tensor *in,
@@ -426,5 +429,11 @@ void fsdp_box_copy(void *dst, const int64_t *dst_shape, const int64_t *dst_at, c
  * in f32 and stored once in dtype. */
 void fsdp_reduce_run(void *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
                      fsdp_dtype dtype, fsdp_reduce_op op);
+/* The same with fsdp_reduce_scatter_ex's options (f32, not MAX; NULL: fsdp_reduce_run): each
+ * source element times fuse->pre_scale, the reduction, times fuse->post_scale, then stored or
+ * (accumulate) added to dst, in the order the separate passes would run. */
+void fsdp_reduce_run_fused(void *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
+                           fsdp_dtype dtype, fsdp_reduce_op op,
+                           const fsdp_reduce_scatter_options *fuse);
 
 #endif

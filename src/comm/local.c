@@ -390,7 +390,8 @@ static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
 }
 
 static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                        const fsdp_tensor *in, int dim, fsdp_reduce_op op) {
+                                        const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                        const fsdp_reduce_scatter_options *fuse) {
     fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
@@ -402,8 +403,8 @@ static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tenso
     size_t esize = fsdp_dtype_size(in->dtype);
     const double t0 = copy_begin(ctx);
     for (int64_t o = 0; o < outer && len > 0; o++)
-        fsdp_reduce_run(dst + (size_t)(o * len * inner) * esize, lg->srcs, g->size,
-                        (o * n + begin) * inner, len * inner, in->dtype, op);
+        fsdp_reduce_run_fused(dst + (size_t)(o * len * inner) * esize, lg->srcs, g->size,
+                              (o * n + begin) * inner, len * inner, in->dtype, op, fuse);
     copy_end(ctx, c.op, t0);
     return rendezvous(ctx, g, c.op, NULL);
 }

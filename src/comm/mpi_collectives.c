@@ -90,7 +90,8 @@ fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
 }
 
 fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                    const fsdp_tensor *in, int dim, fsdp_reduce_op op) {
+                                    const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                    const fsdp_reduce_scatter_options *fuse) {
     fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
     FSDP_TRY(fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
@@ -131,7 +132,8 @@ fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
             FSDP_TRY(fsdp_mpi_post(ctx, g, mg, true, m, TAG_DATA, (void *)mg->srcs[m],
                                    (size_t)mine * esize));
     FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
-    if (mine > 0) fsdp_reduce_run(fsdp_tensor_data(out), mg->srcs, W, 0, mine, in->dtype, op);
+    if (mine > 0)
+        fsdp_reduce_run_fused(fsdp_tensor_data(out), mg->srcs, W, 0, mine, in->dtype, op, fuse);
     return FSDP_OK;
 }
 

@@ -223,7 +223,8 @@ fsdp_status fsdp_mpi_confirm(fsdp_ctx *ctx, const fsdp_group *g, int op);
 fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                 const fsdp_tensor *in, int dim);
 fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                    const fsdp_tensor *in, int dim, fsdp_reduce_op op);
+                                    const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                    const fsdp_reduce_scatter_options *fuse);
 fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op);
 /* all_reduce's two steps, shared with the non-blocking one. The exchange: every rank's values
  * of this rank's torch.chunk of the elements are received into buf ((W-1) x the chunk), and

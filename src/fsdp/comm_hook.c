@@ -58,10 +58,14 @@ fsdp_dtype fsdp_dp_hook_dtype(fsdp_comm_hook_kind kind, fsdp_dtype reduce_dtype)
                                          : reduce_dtype;
 }
 
+float fsdp_dp_inverse(double factor) {
+    return (float)(1.0 / factor);
+}
+
 static void divide(fsdp_tensor *t, double factor) {
     if (factor == 1.0) return;
     fsdp_kernels_for(fsdp_tensor_device(t))
-        ->scale(fsdp_tensor_f32(t), fsdp_tensor_f32(t), (float)(1.0 / factor),
+        ->scale(fsdp_tensor_f32(t), fsdp_tensor_f32(t), fsdp_dp_inverse(factor),
                 fsdp_tensor_numel(t));
 }
 

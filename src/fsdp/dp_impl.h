@@ -74,5 +74,7 @@ typedef struct fsdp_dp_reduce_args {
  * low_grad / low_out, the result widened into out (or grad); divide by post. The result is in
  * out, or in grad when out is NULL. */
 fsdp_status fsdp_dp_reduce(fsdp_ctx *ctx, const fsdp_dp_reduce_args *a);
+/* What the built-ins multiply by to divide by `factor` (1 / factor rounded to f32). */
+float fsdp_dp_inverse(double factor);
 
 #endif

@@ -128,6 +128,15 @@ static fsdp_status accumulate(fsdp_ctx *ctx, unit *u, const fsdp_tensor *src) {
     return FSDP_OK;
 }
 
+/* The default hook in f32, sharded over one group, without offload: the pre-divide, the
+ * reduce_scatter, the post-divide and the add to the shard's gradient are one pass
+ * (fsdp_reduce_scatter_ex), bitwise what the separate passes give, without the reduced
+ * buffer. */
+static bool fused_reduction(const fsdp_sharded *sh) {
+    return fsdp_shard_sharded_strategy(sh) && !sh->replicate && !sh->opts.offload_params &&
+           sh->opts.comm_hook.kind == FSDP_COMM_HOOK_DEFAULT && sh->grad_dtype == FSDP_DTYPE_F32;
+}
+
 /* Averages the unit's full gradient over the data-parallel ranks into its shard's gradient
  * through the comm hook (comm_hook.c; the default: divide by the pre factor; reduce_scatter
  * over the group, all_reduce for NO_SHARD; all_reduce over the replicate group for
@@ -136,6 +145,15 @@ static fsdp_status accumulate(fsdp_ctx *ctx, unit *u, const fsdp_tensor *src) {
 static fsdp_status reduce_grad(fsdp_ctx *ctx, unit *u) {
     fsdp_sharded *sh = u->owner;
     if (u->numel == 0) return FSDP_OK;
+    if (fused_reduction(sh)) {
+        fsdp_reduce_scatter_options o = {.pre_scale = fsdp_dp_inverse(sh->pre_factor),
+                                         .post_scale = fsdp_dp_inverse(sh->post_factor),
+                                         .accumulate = true};
+        FSDP_TRY(fsdp_reduce_scatter_ex(ctx, sh->group, fsdp_param_grad(u->flat), u->full_grad, 0,
+                                        FSDP_REDUCE_SUM, &o));
+        u->grad_pending = false;
+        return FSDP_OK;
+    }
     bool sharded = fsdp_shard_sharded_strategy(sh), low = sh->grad_dtype != FSDP_DTYPE_F32;
     fsdp_status st = FSDP_OK;
     if (sharded) st = fsdp_pool_take(ctx, &sh->pool, u->reduced);
