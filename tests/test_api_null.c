@@ -170,6 +170,8 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_group_split, "ctx out", fsdp_group_split(C, NULL, 0, 0, NULL, A(1, &f->made_group))) \
     CALL(fsdp_group_new, "ctx ranks out",                                                          \
          fsdp_group_new(C, NULL, 1, A(1, f->ranks), NULL, A(2, &f->made_group)))                   \
+    CALL(fsdp_group_share_shards, "ctx shard full",                                                \
+         fsdp_group_share_shards(C, NULL, A(1, f->t), A(2, &f->made_t)))                           \
     CALL(fsdp_all_gather, "ctx out in", fsdp_all_gather(C, NULL, A(1, f->t), A(2, f->t2), 0))      \
     CALL(fsdp_all_gather_u64, "ctx in out",                                                        \
          fsdp_all_gather_u64(C, NULL, A(1, f->u64_in), 1, A(2, f->u64_out)))                       \
@@ -365,6 +367,7 @@ static const struct {
     {"fsdp_group_new", "parent", "the world group"},
     {"fsdp_group_new", "label", "\"group\""},
     {"fsdp_group_split", "parent", "the world group"},
+    {"fsdp_group_share_shards", "group", "the world group"},
     {"fsdp_group_split", "label", "\"group\""},
     {"fsdp_mesh_get_group", "name", "the only dim of a 1-d mesh"},
     {"fsdp_ckpt_export_h5", "opts", "the defaults"},

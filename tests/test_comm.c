@@ -633,6 +633,139 @@ static void test_all_gather_in_place(void) {
         FSDP_TEST_OK(fsdp_test_run_world(world_sizes[i], 0, in_place_body, NULL));
 }
 
+/* fsdp_group_share_shards: on rank threads every rank's shard moves into one block, in rank
+ * order, keeping its values and its views; an all_gather into the block is then correct
+ * without copying (comm-debug counts it, not the sharing), and a write to a shard after a
+ * rendezvous is what the peers read. Under MPI nothing changes and full is NULL. Refusals
+ * name the problem, and the peers fail at once naming the rank. */
+#define SHARE_N 1000
+
+static fsdp_status share_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    int64_t n = SHARE_N, half = SHARE_N / 2, at = (int64_t)rank * SHARE_N, total = W * n;
+    fsdp_tensor *shard = NULL, *view = NULL, *full = NULL, *copy = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &shard));
+    fsdp_status st = fsdp_tensor_view(ctx, shard, half, 1, &half, &view);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &total, &copy);
+    if (st == FSDP_OK) {
+        fill_box(shard, &total, &at, 5);
+        st = fsdp_comm_debug_begin(ctx);
+    }
+    if (st == FSDP_OK) st = fsdp_group_share_shards(ctx, NULL, shard, &full);
+    const bool in_block = !fsdp_test_mpi();
+    FSDP_RANK_CHECK(ctx, st != FSDP_OK || (full != NULL) == in_block, "full is %s on %s",
+                    full ? "set" : "NULL", in_block ? "rank threads" : "MPI");
+    if (st == FSDP_OK && in_block) {
+        /* the shard and its view moved into the block, values kept */
+        FSDP_RANK_CHECK(ctx,
+                        fsdp_tensor_data(shard) == (float *)fsdp_tensor_data(full) + at &&
+                            fsdp_tensor_data(view) == (float *)fsdp_tensor_data(shard) + half,
+                        "the shard or its view is not at its place in the block");
+        for (int64_t e = 0; st == FSDP_OK && e < total; e++)
+            if (!same_bits(((const float *)fsdp_tensor_data(full))[e], value(5, e)))
+                st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "block element %lld is %.9g, want %.9g",
+                               (long long)e, (double)((const float *)fsdp_tensor_data(full))[e],
+                               (double)value(5, e));
+    }
+    /* nobody writes its shard while a peer still reads the block */
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    /* A step's worth: write the shard (through the view too), then gather. */
+    for (int round = 0; st == FSDP_OK && round < 3; round++) {
+        float *s = fsdp_tensor_data(shard);
+        for (int64_t i = 0; i < n; i++) s[i] = value(10 + (uint64_t)round, at + i);
+        ((float *)fsdp_tensor_data(view))[0] = -1.0f - (float)round;
+        fsdp_tensor *out = in_block ? full : copy;
+        st = fsdp_all_gather(ctx, NULL, out, shard, 0);
+        for (int64_t e = 0; st == FSDP_OK && e < total; e++) {
+            float want = e % n == half ? -1.0f - (float)round : value(10 + (uint64_t)round, e);
+            if (!same_bits(((const float *)fsdp_tensor_data(out))[e], want))
+                st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "round %d: element %lld wrong", round,
+                               (long long)e);
+        }
+        /* nobody writes its shard for the next round while a peer still reads this one */
+        if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    }
+    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+    if (st == FSDP_OK) {
+        fsdp_comm_count ag = fsdp_comm_debug_count(ctx, FSDP_COMM_ALL_GATHER, NULL);
+        fsdp_comm_count all = fsdp_comm_debug_total(ctx);
+        FSDP_RANK_CHECK(ctx, ag.calls == 3 && all.calls == 3,
+                        "comm-debug counted %lld all_gathers and %lld calls, want 3 and 3",
+                        (long long)ag.calls, (long long)all.calls);
+    }
+    /* Rank 0 lets go of the block first, the others of their shards first: the last handle,
+     * whichever it is, frees it (ASan checks). */
+    if (rank == 0) fsdp_tensor_free(full), full = NULL;
+    fsdp_tensor_free(view);
+    fsdp_tensor_free(shard);
+    fsdp_tensor_free(full);
+    fsdp_tensor_free(copy);
+    return st;
+}
+
+static fsdp_status share_refusals_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    int64_t n = rank == 1 ? 5 : 4, two[2] = {2, 2}, eight = 8;
+    fsdp_tensor *shard = NULL, *square = NULL, *base = NULL, *view = NULL, *full = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &shard);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, two, &square);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &eight, &base);
+    if (st == FSDP_OK) st = fsdp_tensor_view(ctx, base, 4, 1, (const int64_t[]){4}, &view);
+    if (st != FSDP_OK) goto done;
+    const bool in_block = !fsdp_test_mpi();
+    struct {
+        fsdp_tensor *t;
+        fsdp_status want;
+        const char *says;
+    } cases[] = {
+        /* each rank refuses its own 2-D tensor, or a view */
+        {square, FSDP_ERR_SHAPE, "must be 1-D, not 2-D"},
+        {view, FSDP_ERR_STATE, "CPU memory of its own"},
+        /* rank 1's shard is longer: the ranks disagree (rank threads only: MPI does nothing) */
+        {shard, in_block ? FSDP_ERR_SHAPE : FSDP_OK,
+         in_block ? "disagree on the global shape" : ""},
+    };
+    for (size_t k = 0; st == FSDP_OK && k < sizeof cases / sizeof cases[0]; k++) {
+        fsdp_status got = fsdp_group_share_shards(ctx, NULL, cases[k].t, &full);
+        if (got != cases[k].want ||
+            (got != FSDP_OK && !strstr(fsdp_last_error(ctx), cases[k].says)))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "refusal %zu: %s, message '%s' (want %s '%s')",
+                           k, fsdp_status_to_string(got), fsdp_last_error(ctx),
+                           fsdp_status_to_string(cases[k].want), cases[k].says);
+        else if (full)
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "refusal %zu: full is set", k);
+    }
+    /* Only rank 2 refuses: the others fail at once, naming it. */
+    if (st == FSDP_OK && fsdp_world_size(fsdp_ctx_world(ctx)) > 2 && in_block) {
+        fsdp_tensor *mine = NULL;
+        int64_t four = 4;
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &four, &mine);
+        double t0 = fsdp_test_now();
+        fsdp_status got =
+            st == FSDP_OK ? fsdp_group_share_shards(ctx, NULL, rank == 2 ? view : mine, &full) : st;
+        const char *says = rank == 2 ? "CPU memory of its own" : "rank 2 rejected its arguments";
+        if (st == FSDP_OK &&
+            (got == FSDP_OK || !strstr(fsdp_last_error(ctx), says) || fsdp_test_now() - t0 > 5.0))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "one refuses: %s, message '%s' (want '%s')",
+                           fsdp_status_to_string(got), fsdp_last_error(ctx), says);
+        fsdp_tensor_free(mine);
+    }
+done:
+    fsdp_tensor_free(shard);
+    fsdp_tensor_free(square);
+    fsdp_tensor_free(view);
+    fsdp_tensor_free(base);
+    fsdp_tensor_free(full);
+    return st;
+}
+
+static void test_share_shards(void) {
+    for (int i = 0; i < N_WORLD_SIZES; i++)
+        FSDP_TEST_OK(fsdp_test_run_world(world_sizes[i], 0, share_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(3, 0, share_refusals_body, NULL));
+}
+
 /* ---- groups ---- */
 
 static fsdp_status sum_of_world_ranks(fsdp_ctx *ctx, fsdp_group *g, float *out) {
@@ -1514,6 +1647,7 @@ int main(int argc, char **argv) {
         {"pin_threads", test_pin_threads},
         {"all_gather", test_all_gather},
         {"all_gather_in_place", test_all_gather_in_place},
+        {"share_shards", test_share_shards},
         {"reduce_scatter", test_reduce_scatter},
         {"reduce_scatter_ex", test_reduce_scatter_ex},
         {"all_reduce", test_all_reduce},

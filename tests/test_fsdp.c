@@ -277,16 +277,26 @@ static fsdp_status memory_rank(fsdp_ctx *ctx, int rank, void *user) {
         const int64_t f = (int64_t)sizeof(float);
         int64_t shards = 0, root = padded_of(sh, 0, c->world, sharded), want_peak = 0;
         for (int u = 0; u < n; u++) shards += 2 * fsdp_sharded_unit_shard_numel(sh, u) * f;
+        /* On rank threads without offload the group's shards of a unit live side by side in
+         * one block, and its parameters are gathered in place there, without a pool block. */
+        bool in_place = sharded && !c->offload && !fsdp_test_mpi();
+        int64_t padded_all = 0;
+        for (int u = 0; u < n; u++) padded_all += padded_of(sh, u, c->world, sharded);
+        FSDP_RANK_CHECK(ctx, second.shared_full_bytes == (in_place ? padded_all * f : 0),
+                        "%s (offload %d): %lld bytes gathered in place, want %lld",
+                        fsdp_sharding_strategy_to_string(c->strategy), c->offload,
+                        (long long)second.shared_full_bytes,
+                        (long long)(in_place ? padded_all * f : 0));
         if (c->strategy == FSDP_FULL_SHARD) {
             /* The root's parameters and gradient stay through backward; one nested unit's
-             * parameters and gradient are alive at its reduction. The reduce_scatter adds
-             * straight into the shard's gradient; under offload it reduces into a pool block
-             * first (then copied to the host), which adds the unit's reduce_scatter output,
-             * and the root's own reduction adds the root's. */
-            int64_t out = c->offload ? 1 : 0;
-            want_peak = 2 * root + out * fsdp_sharded_unit_shard_numel(sh, 0);
+             * parameters and gradient are alive at its reduction (parameters gathered in place
+             * take no block). The reduce_scatter adds straight into the shard's gradient; under
+             * offload it reduces into a pool block first (then copied to the host), which adds
+             * the unit's reduce_scatter output, and the root's own reduction adds the root's. */
+            int64_t out = c->offload ? 1 : 0, params = in_place ? 0 : 1;
+            want_peak = (1 + params) * root + out * fsdp_sharded_unit_shard_numel(sh, 0);
             for (int u = 1; u < n; u++) {
-                int64_t at = 2 * root + 2 * padded_of(sh, u, c->world, true) +
+                int64_t at = (1 + params) * root + (1 + params) * padded_of(sh, u, c->world, true) +
                              out * fsdp_sharded_unit_shard_numel(sh, u);
                 if (at > want_peak) want_peak = at;
             }

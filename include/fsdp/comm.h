@@ -180,6 +180,23 @@ int fsdp_group_rank(const fsdp_group *group); /* this rank's index in the group 
 int fsdp_group_world_rank(const fsdp_group *group, int group_rank);
 const char *fsdp_group_label(const fsdp_group *group);
 
+/* Shards that live side by side. Rank threads (the local backend) share one address space, so
+ * a group's members can keep their shards of one flat buffer next to each other in one block
+ * of memory: an fsdp_all_gather into that block then moves nothing, as every member's input
+ * already lies where the output wants it. A collective of `group` (NULL: the world group):
+ * every member passes its shard, a 1-D tensor of its own CPU memory (fsdp_tensor_create, not a
+ * view), with the same dtype and numel n on every member. The shards' values move into one
+ * block of W x n elements in group-rank order; `shard` and every view of it now point there
+ * with the same values, and *full (the caller frees it) is a 1-D tensor of W x n elements over
+ * the whole block. The block is freed when the last handle on it, on any member, goes. From
+ * then on a write to a shard is seen by every member that reads full: write the shards only
+ * while no member reads full (FSDP writes them in the optimizer step, between the collectives
+ * that bracket every read). On backends whose ranks do not share memory (MPI) it does nothing
+ * and sets *full to NULL. Not a data collective: comm-debug does not count it; the flight
+ * recorder lists it. */
+fsdp_status fsdp_group_share_shards(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *shard,
+                                    fsdp_tensor **full);
+
 /* torch.chunk sizes: `n` elements in `parts` chunks of ceil(n / parts); chunk `index` is
  * [offset, offset + length) = [index * chunk, min(n, (index + 1) * chunk)), possibly empty.
  * This is how every collective below splits a dimension among the ranks of a group. */

@@ -191,6 +191,10 @@ typedef struct fsdp_memory_stats {
     int64_t reserved_bytes;    /* the caching pool: blocks held, in use or kept for reuse */
     int64_t device_bytes;      /* on the compute device now: the pool plus on-device shards */
     int64_t peak_device_bytes; /* the most device_bytes since wrapping or the last reset */
+    /* Rank threads: the padded bytes of the units whose group's shards live side by side in one
+     * block (fsdp_group_share_shards), so that their parameters are gathered in place there
+     * without a pool block (nor a copy); 0 on MPI and when none is. */
+    int64_t shared_full_bytes;
 } fsdp_memory_stats;
 void fsdp_sharded_memory(const fsdp_sharded *sh, fsdp_memory_stats *out);
 void fsdp_sharded_reset_peak(fsdp_sharded *sh);

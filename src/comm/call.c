@@ -9,7 +9,9 @@
 #include "core/tensor_impl.h"
 
 const char *fsdp_call_op_name(int op) {
-    return op == FSDP_OP_SPLIT ? "group split" : fsdp_comm_op_to_string((fsdp_comm_op)op);
+    return op == FSDP_OP_SPLIT   ? "group split"
+           : op == FSDP_OP_SHARE ? "shard sharing"
+                                 : fsdp_comm_op_to_string((fsdp_comm_op)op);
 }
 
 static void set_global_shape(fsdp_call *c, const fsdp_tensor *t) {

@@ -40,6 +40,10 @@ typedef struct fsdp_comm_backend_i {
      * is text every rank must pass identically (a mesh shape, a rank list). */
     fsdp_status (*split)(fsdp_ctx *ctx, fsdp_group *parent, int color, int key, const char *agree,
                          fsdp_group_info *out);
+    /* (optional, backends whose ranks share memory) fsdp_group_share_shards: the shard is
+     * checked (1-D, relocatable); *full is NULL until it succeeds. NULL: *full stays NULL. */
+    fsdp_status (*share_shards)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *shard,
+                                fsdp_tensor **full);
 
     fsdp_status (*all_gather)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, const fsdp_tensor *in,
                               int dim);
@@ -247,7 +251,8 @@ fsdp_status fsdp_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks
 
 /* ---- call.c: what a rank asks of a group, compared across the ranks ---- */
 
-#define FSDP_OP_SPLIT FSDP_COMM_OP_COUNT /* a group split, beside the collectives */
+#define FSDP_OP_SPLIT FSDP_COMM_OP_COUNT       /* a group split, beside the collectives */
+#define FSDP_OP_SHARE (FSDP_COMM_OP_COUNT + 1) /* fsdp_group_share_shards */
 
 /* One rank's call on a group. */
 typedef struct fsdp_call {

@@ -6,6 +6,7 @@
 
 #include "comm/comm_impl.h"
 #include "core/error.h"
+#include "core/tensor_impl.h"
 
 void fsdp_chunk_range(int64_t n, int parts, int index, int64_t *offset, int64_t *length) {
     int64_t chunk = parts > 0 ? (n + parts - 1) / parts : 0;
@@ -182,4 +183,36 @@ int fsdp_group_world_rank(const fsdp_group *group, int group_rank) {
 }
 const char *fsdp_group_label(const fsdp_group *group) {
     return group ? group->label : "";
+}
+
+fsdp_status fsdp_group_share_shards(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *shard,
+                                    fsdp_tensor **full) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, shard);
+    FSDP_ARG_NOT_NULL(ctx, full);
+    *full = NULL;
+    FSDP_TRY(fsdp_group_resolve_parent(ctx, &group, "fsdp_group_share_shards"));
+    const fsdp_comm_backend_i *b = &group->world->backend.iface;
+    fsdp_status st = fsdp_tensor_ndim(shard) == 1
+                         ? fsdp_tensor_relocatable(ctx, shard, "fsdp_group_share_shards")
+                         : FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                                     "fsdp_group_share_shards: the shard must be 1-D, not %d-D",
+                                     fsdp_tensor_ndim(shard));
+    if (!b->share_shards) return st;
+    const uint64_t seq = fsdp_trace_begin(ctx, group, FSDP_OP_SHARE);
+    if (st != FSDP_OK) {
+        fsdp_trace_end(ctx, seq, st, false);
+        if (b->reject) { /* the peers fail at once, naming this rank */
+            fsdp_error_record mine;
+            fsdp_error_save(ctx, &mine);
+            b->reject(ctx, group, (fsdp_comm_op)FSDP_OP_SHARE);
+            fsdp_error_restore(ctx, &mine);
+        }
+        return st;
+    }
+    fsdp_trace_describe(ctx, seq, shard);
+    st = b->share_shards(ctx, group, shard, full);
+    fsdp_trace_end(ctx, seq, st, false);
+    FSDP_TRY_AT(ctx, st);
+    return FSDP_OK;
 }

@@ -59,6 +59,7 @@ struct local_group {
     size_t scratch_cap;
     local_group **split_group; /* split: per member, its new group (NULL for no color) */
     int *split_rank;
+    struct shared_block *share_block; /* fsdp_group_share_shards: the block being shared */
 };
 
 /* ---- group states ---- */
@@ -158,6 +159,34 @@ static void make_split_groups(local_group *lg, const fsdp_group *g) {
     free(order);
 }
 
+/* ---- blocks of shards (fsdp_group_share_shards) ---- */
+
+/* A count of the storages on the block, then its data from SHARED_HEADER bytes on. Every
+ * member holds two (its relocated shard and its full tensor); the last to let go frees it. */
+typedef struct shared_block {
+    atomic_int refs;
+} shared_block;
+#define SHARED_HEADER 64
+
+static void shared_block_release(void *arg) {
+    shared_block *b = arg;
+    if (atomic_fetch_sub(&b->refs, 1) == 1) free(b);
+}
+
+/* Run by the judge: the block for `size` members' shards of `shard_bytes` each. */
+static void make_share_block(local_group *lg, const fsdp_group *g, size_t shard_bytes) {
+    void *p = NULL;
+    size_t bytes = SHARED_HEADER + (size_t)lg->size * shard_bytes;
+    if (posix_memalign(&p, SHARED_HEADER, bytes) != 0) {
+        set_verdict(lg, FSDP_ERR_OUT_OF_MEMORY,
+                    "shard sharing on group %s: cannot allocate %zu bytes for the shards", g->desc,
+                    bytes);
+        return;
+    }
+    lg->share_block = p;
+    atomic_init(&lg->share_block->refs, 2 * lg->size);
+}
+
 /* Run by the last rank to arrive, under the lock, with every call posted: decides whether
  * the call goes ahead and prepares what the ranks share for it. */
 static void judge(local_group *lg, const fsdp_group *g) {
@@ -167,6 +196,10 @@ static void judge(local_group *lg, const fsdp_group *g) {
     if (lg->verdict != FSDP_OK) return;
     if (mine->op == FSDP_OP_SPLIT) {
         make_split_groups(lg, g);
+        return;
+    }
+    if (mine->op == FSDP_OP_SHARE) {
+        make_share_block(lg, g, (size_t)mine->shape[0] * fsdp_dtype_size(mine->dtype));
         return;
     }
     if (mine->op == FSDP_COMM_REDUCE_SCATTER || mine->op == FSDP_COMM_ALL_REDUCE) {
@@ -515,6 +548,31 @@ static fsdp_status local_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int
     return FSDP_OK;
 }
 
+/* Every member's shard moves into one block, side by side in group-rank order (the judge
+ * allocates it); each member relocates its own, then waits until all have. */
+static fsdp_status local_share_shards(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *shard,
+                                      fsdp_tensor **full) {
+    fsdp_call c = {.op = FSDP_OP_SHARE, .dtype = shard->dtype, .ndim = 1, .in = shard};
+    c.shape[0] = shard->numel;
+    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    const local_group *lg = g->state;
+    shared_block *b = lg->share_block; /* read before the next rendezvous lets a new call in */
+    char *data = (char *)b + SHARED_HEADER;
+    const size_t shard_bytes = (size_t)shard->numel * fsdp_dtype_size(shard->dtype);
+    fsdp_tensor_relocate(shard, data + (size_t)g->rank * shard_bytes, shared_block_release, b);
+    int64_t total = (int64_t)g->size * shard->numel;
+    fsdp_status st =
+        fsdp_tensor_over(ctx, data, shard->dtype, 1, &total, shared_block_release, b, full);
+    if (st != FSDP_OK) shared_block_release(b); /* the hold *full would have had */
+    fsdp_status done = rendezvous(ctx, g, c.op, NULL);
+    if (st == FSDP_OK && done != FSDP_OK) {
+        fsdp_tensor_free(*full);
+        *full = NULL;
+        st = done;
+    }
+    return st;
+}
+
 /* ---- the world ---- */
 
 static void local_hosted_ranks(void *context, int *first, int *count) {
@@ -570,6 +628,7 @@ static const fsdp_comm_backend_i local_iface = {
     .hosted_ranks = local_hosted_ranks,
     .world_group = local_world_group,
     .split = local_split,
+    .share_shards = local_share_shards,
     .all_gather = local_all_gather,
     .reduce_scatter = local_reduce_scatter,
     .all_reduce = local_all_reduce,

@@ -109,7 +109,10 @@ static fsdp_storage *no_storage_for(fsdp_device d) {
 
 static void storage_release(fsdp_storage *s) {
     if (!s || is_no_storage(s) || atomic_fetch_sub(&s->refs, 1) != 1) return;
-    if (s->owned) fsdp_storage_for(s->device.type)->free(s->device.index, s->data);
+    if (s->owned)
+        fsdp_storage_for(s->device.type)->free(s->device.index, s->data);
+    else if (s->release)
+        s->release(s->release_arg);
     free(s);
 }
 
@@ -175,6 +178,36 @@ fsdp_status fsdp_tensor_from_blob(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, f
     fsdp_status st = tensor_new(ctx, s, 0, dtype, ndim, shape, out);
     if (st != FSDP_OK) storage_release(s);
     return st;
+}
+
+fsdp_status fsdp_tensor_over(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, int ndim,
+                             const int64_t *shape, fsdp_storage_release_fn release, void *arg,
+                             fsdp_tensor **out) {
+    FSDP_TRY(fsdp_tensor_from_blob(ctx, data, dtype, FSDP_CPU, ndim, shape, out));
+    (*out)->storage->release = release;
+    (*out)->storage->release_arg = arg;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_tensor_relocatable(fsdp_ctx *ctx, const fsdp_tensor *t, const char *what) {
+    const fsdp_storage *s = t->storage;
+    if (s->device.type != FSDP_DEVICE_CPU || !s->owned || is_no_storage(s) || t->offset != 0 ||
+        (size_t)t->numel * fsdp_dtype_size(t->dtype) != s->nbytes)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "%s: the tensor must be CPU memory of its own, spanning all of it "
+                         "(made by fsdp_tensor_create, not a view or caller memory)",
+                         what);
+    return FSDP_OK;
+}
+
+void fsdp_tensor_relocate(fsdp_tensor *t, void *data, fsdp_storage_release_fn release, void *arg) {
+    fsdp_storage *s = t->storage;
+    if (s->nbytes) memcpy(data, s->data, s->nbytes);
+    fsdp_storage_for(s->device.type)->free(s->device.index, s->data);
+    s->data = data;
+    s->owned = false;
+    s->release = release;
+    s->release_arg = arg;
 }
 
 /* Whether numel elements starting at `offset` fit in base's storage. */

@@ -7,12 +7,17 @@
 
 #include "fsdp/tensor.h"
 
+/* Releases memory a storage does not own (fsdp_tensor_over, fsdp_tensor_relocate). */
+typedef void (*fsdp_storage_release_fn)(void *arg);
+
 typedef struct fsdp_storage {
     void *data;
     size_t nbytes;
     atomic_int refs; /* handles that point here */
-    bool owned;      /* false for fsdp_tensor_from_blob memory */
+    bool owned;      /* false for fsdp_tensor_from_blob memory and for memory with `release` */
     fsdp_device device;
+    fsdp_storage_release_fn release; /* not owned: called with release_arg when refs drop to 0 */
+    void *release_arg;
 } fsdp_storage;
 
 struct fsdp_tensor {
@@ -49,6 +54,21 @@ void fsdp_tensor_release_storage(fsdp_tensor *t);
  * or a parameter inside an FSDP flat buffer) or wraps caller memory, since those would be left
  * behind. Nothing happens when t is already on `device`. */
 fsdp_status fsdp_tensor_move(fsdp_ctx *ctx, fsdp_tensor *t, fsdp_device device);
+
+/* A CPU tensor of the given shape over `data` (memory of at least its bytes that something
+ * else manages): release(arg) is called once the last handle on the storage lets go. On
+ * failure release is not called. */
+fsdp_status fsdp_tensor_over(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, int ndim,
+                             const int64_t *shape, fsdp_storage_release_fn release, void *arg,
+                             fsdp_tensor **out);
+
+/* Moves the values of t's storage to `data` (CPU memory of at least the storage's bytes,
+ * managed as for fsdp_tensor_over), frees the old memory and points the storage there: t and
+ * every view of it keep their values, now at the new place. t must be on the CPU, own its
+ * storage (fsdp_tensor_create memory) and span all of it (FSDP_ERR_STATE otherwise; checked
+ * by fsdp_tensor_relocatable first, without side effects). */
+fsdp_status fsdp_tensor_relocatable(fsdp_ctx *ctx, const fsdp_tensor *t, const char *what);
+void fsdp_tensor_relocate(fsdp_tensor *t, void *data, fsdp_storage_release_fn release, void *arg);
 
 /* A tensor of the given shape without storage, for fsdp_tensor_rebind to bind later. */
 fsdp_status fsdp_tensor_create_unbound(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device,

@@ -63,10 +63,43 @@ static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
     return st;
 }
 
-/* Gathers the unit's full parameters into a pool block and points its parameters into it. */
-fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype) {
+/* Rank threads, f32, sharded, without offload: the group's shards of the unit move side by
+ * side into one block at its first gather (fsdp_group_share_shards; every rank gathers the unit
+ * at the same point, so they ask together), and from then on its gathers bind the parameters
+ * there: the all_gather finds every shard in place and copies nothing. The shards are written
+ * only by the optimizer step, after the reduce_scatter that follows every rank's last read of
+ * the unit in a step and before the all_gather that precedes the first in the next. */
+static fsdp_status gather_shared(fsdp_ctx *ctx, unit *u, bool *done) {
+    fsdp_sharded *sh = u->owner;
+    *done = false;
+    if (!fsdp_shard_sharded_strategy(sh) || sh->opts.offload_params) return FSDP_OK;
+    fsdp_tensor *shard = fsdp_param_data(u->flat);
+    if (!u->share_asked) {
+        u->share_asked = true;
+        FSDP_TRY(fsdp_group_share_shards(ctx, sh->group, shard, &u->shared_full));
+    }
+    if (!u->shared_full) return FSDP_OK;
+    FSDP_TRY(fsdp_all_gather(ctx, sh->group, u->shared_full, shard, 0));
+    fsdp_status st = fsdp_shard_bind_params(ctx, u, u->shared_full);
+    if (st != FSDP_OK) {
+        fsdp_shard_release_params(u);
+        return st;
+    }
+    *done = true;
+    return FSDP_OK;
+}
+
+static fsdp_status unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, bool may_share) {
     if (u->unsharded || u->numel == 0) return FSDP_OK; /* a unit without parameters is silent */
     fsdp_sharded *sh = u->owner;
+    if (may_share && dtype == FSDP_DTYPE_F32) {
+        bool done;
+        FSDP_TRY(gather_shared(ctx, u, &done));
+        if (done) {
+            u->unsharded = true;
+            return FSDP_OK;
+        }
+    }
     FSDP_TRY(fsdp_pool_take(ctx, &sh->pool, u->full));
     fsdp_status st = dtype != FSDP_DTYPE_F32 ? gather_low(ctx, u)
                      : fsdp_shard_sharded_strategy(sh)
@@ -82,8 +115,16 @@ fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype) {
     return FSDP_OK;
 }
 
+fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype) {
+    return unshard(ctx, u, dtype, true);
+}
+
+fsdp_status fsdp_shard_unshard_copy(fsdp_ctx *ctx, unit *u) {
+    return unshard(ctx, u, FSDP_DTYPE_F32, false);
+}
+
 /* Frees the gathered parameters: the parameters lose their storage, the block goes back to
- * the pool. */
+ * the pool (gathered in place: nothing to give back). */
 void fsdp_shard_reshard(unit *u) {
     if (!u->unsharded || u->resident) return;
     fsdp_shard_release_params(u);

@@ -26,7 +26,13 @@ typedef struct unit {
     /* NO_SHARD (or a group of one) without offload: the full flat parameter is the optimizer's
      * parameter itself, always bound; nothing to gather. */
     bool resident;
-    fsdp_tensor *full;        /* (padded): bound to a pool block while unsharded */
+    fsdp_tensor *full; /* (padded): bound to a pool block while unsharded */
+    /* (padded) Rank threads: the block where the group's shards of this unit live side by side
+     * (fsdp_group_share_shards, made at the unit's first gather): the forward and backward
+     * gathers bind the parameters here, and the all_gather into it moves nothing. NULL when
+     * the backend has no such blocks, under offload or a low param_dtype. */
+    fsdp_tensor *shared_full;
+    bool share_asked;         /* fsdp_group_share_shards was called (once per unit) */
     fsdp_tensor *full_grad;   /* (padded): bound from pre-backward to the reduction */
     fsdp_tensor *reduced;     /* (S): reduce_scatter output, bound during the reduction */
     fsdp_tensor *mine;        /* (S): this rank's chunk of a gather output, for offload */
@@ -81,9 +87,13 @@ fsdp_status fsdp_shard_bind_params(fsdp_ctx *ctx, unit *u, const fsdp_tensor *ba
 void fsdp_shard_release_params(unit *u);
 /* full <- every rank's shard, in order (through the device with offload). */
 fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const fsdp_tensor *shard);
-/* Gathers the unit's full parameters into a pool block / gives the block back. The gather
- * runs in `dtype` (the shards rounded to it; f32: exact), the values widened into u->full. */
+/* Gathers the unit's full parameters and points its parameters into them / lets them go. The
+ * gather runs in `dtype` (the shards rounded to it; f32: exact), the values widened into
+ * u->full, a pool block; in f32 on rank threads it is in place in u->shared_full instead. */
 fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype);
+/* The same into a pool block of this rank's own, always (summon_full_params: what the caller
+ * writes there must not reach the peers' shards). */
+fsdp_status fsdp_shard_unshard_copy(fsdp_ctx *ctx, unit *u);
 void fsdp_shard_reshard(unit *u);
 /* Binds the parameter gradients to a zeroed full gradient block / gives it back. */
 fsdp_status fsdp_shard_take_grads(fsdp_ctx *ctx, unit *u);

@@ -59,6 +59,9 @@ void fsdp_sharded_memory(const fsdp_sharded *sh, fsdp_memory_stats *out) {
     out->reserved_bytes = sh->pool.reserved_bytes;
     out->device_bytes = sh->pool.reserved_bytes + on_device;
     out->peak_device_bytes = sh->pool.peak_reserved_bytes + on_device;
+    for (int i = 0; i < sh->n_units; i++)
+        if (sh->units[i]->shared_full)
+            out->shared_full_bytes += sh->units[i]->padded * (int64_t)sizeof(float);
 }
 
 void fsdp_sharded_reset_peak(fsdp_sharded *sh) {

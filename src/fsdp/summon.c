@@ -63,11 +63,14 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
     for (int i = 0; st == FSDP_OK && i < sh->n_units; i++) {
         unit *u = sh->units[i];
         /* Parameters gathered in a low param_dtype are gathered again, in f32: summon hands
-         * out (and writes back) the f32 values. */
-        if (u->unsharded && sh->param_dtype != FSDP_DTYPE_F32) fsdp_shard_reshard(u);
+         * out (and writes back) the f32 values. So are those gathered in place in the block
+         * the group's shards share: summon hands out a copy of this rank's own, which the
+         * caller may write without touching the peers' shards. */
+        if (u->unsharded && (sh->param_dtype != FSDP_DTYPE_F32 || u->shared_full))
+            fsdp_shard_reshard(u);
         u->summon_was_unsharded = u->unsharded;
         if (u->numel == 0) continue;
-        st = fsdp_shard_unshard(ctx, u, FSDP_DTYPE_F32);
+        st = fsdp_shard_unshard_copy(ctx, u);
         if (st == FSDP_OK && o.with_grads) st = summon_grads(ctx, u);
         if (st != FSDP_OK) break;
         if (!keep) {

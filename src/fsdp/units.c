@@ -140,6 +140,7 @@ static const char *rel_path(const fsdp_sharded *sh, const fsdp_module *m) {
 static void unit_free(unit *u) {
     if (!u) return;
     fsdp_tensor_free(u->full);
+    fsdp_tensor_free(u->shared_full);
     fsdp_tensor_free(u->full_grad);
     fsdp_tensor_free(u->reduced);
     fsdp_tensor_free(u->mine);
