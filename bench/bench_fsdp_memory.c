@@ -74,23 +74,26 @@ static fsdp_status run_rank(fsdp_ctx *ctx, int rank, void *user) {
         fsdp_sharded_memory(sh, &r->mem);
         r->step_s = bench_median(t, 3);
         /* The root unit has no parameters here, so the formulas of docs/fsdp.md reduce to one
-         * unit's worth. */
+         * unit's worth. The f32 reduce_scatter adds straight into the shard's gradient (no
+         * output block); on rank threads the parameters are gathered in place in the block the
+         * group's shards share (no block either) when shared_full_bytes says so. */
+        const bool in_place = r->mem.shared_full_bytes > 0;
         int64_t most = 0;
         for (int u = 1; u < fsdp_sharded_num_units(sh); u++) {
             int64_t s_u = fsdp_sharded_unit_shard_numel(sh, u);
             int64_t p_u =
                 r->strategy == FSDP_NO_SHARD ? fsdp_sharded_unit_numel(sh, u) : s_u * world;
-            int64_t at = r->strategy == FSDP_FULL_SHARD ? 2 * p_u + s_u : p_u;
+            int64_t at = r->strategy == FSDP_FULL_SHARD && !in_place ? 2 * p_u : p_u;
             if (at > most) most = at;
         }
-        if (r->strategy == FSDP_SHARD_GRAD_OP) {
+        if (r->strategy == FSDP_SHARD_GRAD_OP && !in_place) {
             /* Every unit's parameters are kept from forward to its backward: all of them, plus
-             * the first unit's gradient and reduce_scatter output in backward. */
+             * the first unit's gradient in backward. */
             most = 0;
             for (int u = 1; u < fsdp_sharded_num_units(sh); u++)
                 most += fsdp_sharded_unit_shard_numel(sh, u) * world;
             int64_t last = fsdp_sharded_num_units(sh) - 1;
-            most += fsdp_sharded_unit_shard_numel(sh, (int)last) * (world + 1);
+            most += fsdp_sharded_unit_shard_numel(sh, (int)last) * world;
         }
         r->theory = most * (int64_t)sizeof(float);
     }
