@@ -88,7 +88,9 @@ typedef struct fsdp_replicate_options {
  * trainable parameter's gradient is averaged over the group: per bucket, the gradients are
  * copied into the flat buffer times 1/W (as DDP divides them), one all_reduce(sum) in the
  * deterministic rank order (in bf16 or f16 with those comm hooks; a user hook gets the bucket
- * undivided and reduces it), and copied back once it completes; buckets go in the order they
+ * undivided and reduces it), and copied back once it completes (with the default f32 hook
+ * during backward the gradients are views of their place in the buffer from setup on, so they
+ * are divided in place and nothing is copied); buckets go in the order they
  * were formed (the one holding the last parameters first), as DDP reduces them, during or
  * after backward (reduce_after_backward). When backward returns, the gradients are averaged.
  * A step allocates nothing. Every rank of the group calls it with the same model structure; opts

@@ -11,6 +11,7 @@
 
 #include "core/ctx_impl.h" // defines: fsdp_ctx_scope_push, fsdp_ctx_scope_pop
 #include "core/error.h"
+#include "core/tensor_impl.h"
 #include "fsdp/dp_impl.h"
 #include "fsdp/replicate.h"
 #include "kernels/kernels.h"
@@ -153,7 +154,8 @@ static fsdp_status layout_buckets(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module 
     return FSDP_OK;
 }
 
-/* Copies bucket b's averaged gradients back to the parameters. */
+/* Copies bucket b's averaged gradients back to the parameters (nothing for those that live in
+ * it: the copy kernel skips a copy onto itself). */
 static void copy_out(fsdp_replicate *r, int b) {
     const fsdp_kernels_i *k = fsdp_kernels_cpu();
     const float *buf = fsdp_tensor_f32(r->bucket[b]);
@@ -185,6 +187,7 @@ static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b, fsdp_c
                              "elements, %lld then); apply tensor parallelism before replicate",
                              fsdp_param_name(p), fsdp_module_fqn(fsdp_param_module(p)),
                              (long long)fsdp_tensor_numel(g), (long long)r->numel[i]);
+        /* A gradient that lives in its bucket (bind_grads) is divided in place. */
         if (user)
             k->copy(buf + r->offset[i], fsdp_tensor_f32(g), r->numel[i]);
         else
@@ -436,6 +439,25 @@ static fsdp_status install_hooks(fsdp_ctx *ctx, fsdp_replicate *r) {
     return st;
 }
 
+/* When every bucket has a place of its own in the stage (reduction during backward with the
+ * default f32 hook), the gradients themselves live there, at their place in their bucket, as
+ * DDP's gradient_as_bucket_view: backward accumulates into the bucket, which is divided in
+ * place and all_reduced, and nothing is copied in or out. The values are bitwise those of the
+ * copies (the same division, the same reduction). A gradient that is rebound elsewhere later
+ * is copied in and out again. */
+static fsdp_status bind_grads(fsdp_ctx *ctx, fsdp_replicate *r) {
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    for (int b = 0; b < r->n_buckets; b++) {
+        float *buf = fsdp_tensor_f32(r->bucket[b]);
+        for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++) {
+            fsdp_tensor *g = fsdp_param_grad(r->params[i]);
+            k->copy(buf + r->offset[i], fsdp_tensor_f32(g), r->numel[i]);
+            FSDP_TRY(fsdp_tensor_rebind(ctx, g, r->bucket[b], r->offset[i]));
+        }
+    }
+    return FSDP_OK;
+}
+
 static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
                          const fsdp_replicate_options *o) {
     int64_t cap = o->bucket_bytes ? o->bucket_bytes : FSDP_REPLICATE_DEFAULT_BUCKET_BYTES;
@@ -456,6 +478,7 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
         FSDP_TRY(fsdp_tensor_view(ctx, r->stage, apart ? at : 0, 1, &n, &r->bucket[b]));
         at += n;
     }
+    if (apart) FSDP_TRY(bind_grads(ctx, r));
     fsdp_dtype low = fsdp_dp_hook_dtype(r->hook.kind, r->mp.reduce_dtype);
     if (r->hook.kind != FSDP_COMM_HOOK_USER && low != FSDP_DTYPE_F32) {
         FSDP_TRY(fsdp_tensor_create(ctx, low, FSDP_CPU, 1, &grad_max, &r->low_stage));
