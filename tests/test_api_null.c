@@ -180,6 +180,10 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_reduce_scatter_ex, "ctx out in",                                                     \
          fsdp_reduce_scatter_ex(C, NULL, A(1, f->t), A(2, f->t2), 0, FSDP_REDUCE_SUM, NULL))       \
     CALL(fsdp_all_reduce, "ctx t", fsdp_all_reduce(C, NULL, A(1, f->t), FSDP_REDUCE_SUM))          \
+    CALL(fsdp_all_reduce_ex, "ctx t",                                                              \
+         fsdp_all_reduce_ex(C, NULL, A(1, f->t), FSDP_REDUCE_SUM, NULL))                           \
+    CALL(fsdp_all_reduce_start_ex, "ctx t work",                                                   \
+         fsdp_all_reduce_start_ex(C, NULL, A(1, f->t), FSDP_REDUCE_SUM, NULL, A(2, f->work)))      \
     CALL(fsdp_comm_work_create, "ctx out", fsdp_comm_work_create(C, A(1, &f->made_work)))          \
     CALL(fsdp_all_reduce_start, "ctx t work",                                                      \
          fsdp_all_reduce_start(C, NULL, A(1, f->t), FSDP_REDUCE_SUM, A(2, f->work)))               \
@@ -357,6 +361,10 @@ static const struct {
     {"fsdp_all_gather_u64", "group", "the world group"},
     {"fsdp_all_reduce", "group", "the world group"},
     {"fsdp_all_reduce_start", "group", "the world group"},
+    {"fsdp_all_reduce_ex", "group", "the world group"},
+    {"fsdp_all_reduce_ex", "opts", "a plain all_reduce"},
+    {"fsdp_all_reduce_start_ex", "group", "the world group"},
+    {"fsdp_all_reduce_start_ex", "opts", "a plain all_reduce"},
     {"fsdp_all_to_all", "group", "the world group"},
     {"fsdp_barrier", "group", "the world group"},
     {"fsdp_batch_slice", "group", "the world group"},

@@ -268,7 +268,7 @@ static void test_reduce_scatter(void) {
  * every input times pre, the sum in rank order (the average's division), times post, added to
  * what out held. pre 1/3 and post 0.3 are not powers of two, so a fused multiply-add or another
  * order would show. */
-static const fsdp_reduce_scatter_options ex_opts[] = {
+static const fsdp_reduce_options ex_opts[] = {
     {.pre_scale = 0.5f},
     {.pre_scale = 1.0f / 3.0f, .post_scale = 0.3f, .accumulate = true},
     {.accumulate = true},
@@ -277,7 +277,7 @@ static const fsdp_reduce_scatter_options ex_opts[] = {
 #define N_EX_OPTS ((int)(sizeof ex_opts / sizeof ex_opts[0]))
 
 static fsdp_status reduce_scatter_ex_case(fsdp_ctx *ctx, int rank, int W, const spec *sp,
-                                          fsdp_reduce_op op, const fsdp_reduce_scatter_options *o) {
+                                          fsdp_reduce_op op, const fsdp_reduce_options *o) {
     int d = norm_dim(sp->dim, sp->ndim);
     int64_t at[FSDP_MAX_DIMS] = {0}, zero[FSDP_MAX_DIMS] = {0}, local[FSDP_MAX_DIMS];
     memcpy(local, sp->shape, sizeof local);
@@ -329,11 +329,11 @@ static fsdp_status reduce_scatter_ex_refusals(fsdp_ctx *ctx, int W) {
     if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 1, &n, &bin);
     if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 1, &m, &bout);
     if (st != FSDP_OK) goto done;
-    const fsdp_reduce_scatter_options add = {.accumulate = true}, nan = {.pre_scale = NAN};
+    const fsdp_reduce_options add = {.accumulate = true}, nan = {.pre_scale = NAN};
     struct {
         fsdp_tensor *o, *i;
         fsdp_reduce_op op;
-        const fsdp_reduce_scatter_options *opts;
+        const fsdp_reduce_options *opts;
         fsdp_status want;
         const char *says;
     } cases[] = {
@@ -427,6 +427,81 @@ static fsdp_status all_reduce_body(fsdp_ctx *ctx, int rank, void *user) {
 
 static void test_all_reduce(void) {
     run_all_sizes(all_reduce_body, true);
+}
+
+/* fsdp_all_reduce_ex and fsdp_all_reduce_start_ex: t = post * (t0 * pre + t1 * pre + ...) (the
+ * average's division before post), bitwise, on every rank (hashes compared), through both of
+ * the local backend's paths (below and from 256 KiB); accumulate is refused. */
+static fsdp_status all_reduce_ex_case(fsdp_ctx *ctx, int rank, int W, const spec *sp,
+                                      fsdp_reduce_op op, const fsdp_reduce_options *o,
+                                      fsdp_comm_work *work, uint64_t *hash) {
+    int64_t zero[FSDP_MAX_DIMS] = {0};
+    fsdp_tensor *t = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, sp->ndim, sp->shape, &t));
+    fill_box(t, sp->shape, zero, (uint64_t)rank + 1);
+    fsdp_status st = work ? fsdp_all_reduce_start_ex(ctx, NULL, t, op, o, work)
+                          : fsdp_all_reduce_ex(ctx, NULL, t, op, o);
+    if (st == FSDP_OK && work) st = fsdp_comm_work_wait(ctx, work);
+    const float pre = o->pre_scale != 0.0f ? o->pre_scale : 1.0f;
+    const float post = o->post_scale != 0.0f ? o->post_scale : 1.0f;
+    for (int64_t e = 0; st == FSDP_OK && e < fsdp_tensor_numel(t); e++) {
+        float acc = value(1, e) * pre;
+        for (int r = 1; r < W; r++) {
+            float x = value((uint64_t)r + 1, e) * pre;
+            acc += x;
+        }
+        if (op == FSDP_REDUCE_AVG) acc /= (float)W;
+        acc *= post;
+        if (!same_bits(get(t, e), acc))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                           "all_reduce_ex%s %s pre %g post %g: element %lld is %.9g, want %.9g",
+                           work ? " (start)" : "", fsdp_reduce_op_to_string(op),
+                           (double)o->pre_scale, (double)o->post_scale, (long long)e, get(t, e),
+                           acc);
+    }
+    if (st == FSDP_OK) *hash = hash_bytes(t);
+    fsdp_tensor_free(t);
+    return st;
+}
+
+static fsdp_status all_reduce_ex_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx)), c = 0;
+    uint64_t hash[MAX_CASES];
+    fsdp_comm_work *work = NULL;
+    FSDP_TRY(fsdp_comm_work_create(ctx, &work));
+    static const fsdp_reduce_options opts[] = {{.pre_scale = 1.0f / 3.0f, .post_scale = 0.3f},
+                                               {.pre_scale = 0.5f}};
+    fsdp_status st = FSDP_OK;
+    for (int s = 0; st == FSDP_OK && s < N_WHOLE_SPECS; s++)
+        for (int op = 0; st == FSDP_OK && op < 2; op++)
+            for (int k = 0; st == FSDP_OK && k < 2; k++)
+                for (int start = 0; st == FSDP_OK && start < 2; start++, c++)
+                    st = all_reduce_ex_case(ctx, rank, W, &whole_specs[s],
+                                            op ? FSDP_REDUCE_AVG : FSDP_REDUCE_SUM, &opts[k],
+                                            start ? work : NULL, &hash[c]);
+    if (st == FSDP_OK) {
+        int64_t n = 4;
+        fsdp_tensor *t = NULL;
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &t);
+        fsdp_status got = st == FSDP_OK
+                              ? fsdp_all_reduce_ex(ctx, NULL, t, FSDP_REDUCE_SUM,
+                                                   &(fsdp_reduce_options){.accumulate = true})
+                              : st;
+        if (st == FSDP_OK && (got != FSDP_ERR_INVALID_ARGUMENT ||
+                              !strstr(fsdp_last_error(ctx), "accumulate is for reduce_scatter")))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "all_reduce_ex accumulate: %s, '%s'",
+                           fsdp_status_to_string(got), fsdp_last_error(ctx));
+        fsdp_tensor_free(t);
+    }
+    fsdp_comm_work_free(work);
+    FSDP_TRY(st);
+    sh->ncases[rank] = c;
+    return share_hashes(ctx, rank, W, c, hash, sh);
+}
+
+static void test_all_reduce_ex(void) {
+    run_all_sizes(all_reduce_ex_body, true);
 }
 
 static fsdp_status broadcast_case(fsdp_ctx *ctx, int rank, fsdp_dtype dtype, const spec *sp,
@@ -1650,6 +1725,7 @@ int main(int argc, char **argv) {
         {"share_shards", test_share_shards},
         {"reduce_scatter", test_reduce_scatter},
         {"reduce_scatter_ex", test_reduce_scatter_ex},
+        {"all_reduce_ex", test_all_reduce_ex},
         {"all_reduce", test_all_reduce},
         {"all_reduce_start", test_all_reduce_start},
         {"all_reduce_start_mismatch", test_all_reduce_start_mismatch},

@@ -239,13 +239,13 @@ fsdp_status fsdp_all_gather_u64(fsdp_ctx *ctx, fsdp_group *group, const uint64_t
  * rank). out has in's shape with `dim` replaced by its chunk length. out must not overlap in. */
 fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
                                 const fsdp_tensor *in, int dim, fsdp_reduce_op op);
-/* What fsdp_reduce_scatter_ex does besides the reduction. Zero-initialised: nothing (a plain
- * fsdp_reduce_scatter). */
-typedef struct fsdp_reduce_scatter_options {
+/* What fsdp_reduce_scatter_ex and fsdp_all_reduce_ex(_start) do besides the reduction.
+ * Zero-initialised: nothing (a plain call). */
+typedef struct fsdp_reduce_options {
     float pre_scale;  /* every rank's input is multiplied by this as it is read (0: 1) */
-    float post_scale; /* the reduced chunk is multiplied by this (0: 1) */
-    bool accumulate;  /* out += the result, instead of out = the result */
-} fsdp_reduce_scatter_options;
+    float post_scale; /* the reduced result is multiplied by this (0: 1) */
+    bool accumulate;  /* reduce_scatter only: out += the result, instead of out = the result */
+} fsdp_reduce_options;
 /* out (+)= post_scale * reduce over ranks r of (pre_scale * in of rank r), this rank's chunk:
  * one reduce_scatter (checked, counted and traced as fsdp_reduce_scatter's) that folds the
  * scaling before and after and the accumulation into its one pass over the data. FSDP reduces
@@ -257,9 +257,16 @@ typedef struct fsdp_reduce_scatter_options {
  * is a plain reduce_scatter. */
 fsdp_status fsdp_reduce_scatter_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
                                    const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                   const fsdp_reduce_scatter_options *opts);
+                                   const fsdp_reduce_options *opts);
 /* t = the reduction over ranks of t, in place. */
 fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op);
+/* t = post_scale * reduce over ranks r of (pre_scale * t of rank r), in place: fsdp_all_reduce
+ * with the scaling folded into its pass over the data, exactly as for fsdp_reduce_scatter_ex
+ * (replicate divides its buckets this way). accumulate is refused (FSDP_ERR_INVALID_ARGUMENT).
+ * Each rank's options apply to the elements it reduces, so every rank passes the same ones for
+ * a replicated result. opts NULL is fsdp_all_reduce. */
+fsdp_status fsdp_all_reduce_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op,
+                               const fsdp_reduce_options *opts);
 
 /* ---- non-blocking all_reduce (PyTorch's async_op=True and Work.wait()) ----
  *
@@ -289,6 +296,10 @@ void fsdp_comm_work_free(fsdp_comm_work *work);
  * started, or waited for); a call refused for its own arguments leaves the work idle. */
 fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
                                   fsdp_reduce_op op, fsdp_comm_work *work);
+/* The same with fsdp_all_reduce_ex's options (copied: opts need not outlive the call). */
+fsdp_status fsdp_all_reduce_start_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
+                                     fsdp_reduce_op op, const fsdp_reduce_options *opts,
+                                     fsdp_comm_work *work);
 /* Completes the work's call (an idle work returns FSDP_OK at once); the work is idle after,
  * also when it fails. Call it from the rank that started it. */
 fsdp_status fsdp_comm_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);

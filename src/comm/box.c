@@ -117,8 +117,7 @@ static void sum_f32(float *dst, const void *const *srcs, int nsrc, int64_t offse
 }
 
 void fsdp_reduce_run_fused(void *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
-                           fsdp_dtype dtype, fsdp_reduce_op op,
-                           const fsdp_reduce_scatter_options *fuse) {
+                           fsdp_dtype dtype, fsdp_reduce_op op, const fsdp_reduce_options *fuse) {
     if (!fuse) {
         fsdp_reduce_run(dst, srcs, nsrc, offset, n, dtype, op);
         return;

@@ -278,47 +278,52 @@ static fsdp_status check_reduce_scatter(fsdp_ctx *ctx, const fsdp_group *g, cons
     return no_overlap(ctx, g, op, out, in);
 }
 
-/* fsdp_reduce_scatter_ex's options, checked: *fuse is NULL for none, else `norm` with scales of
- * 1 for 0. */
-static fsdp_status check_fuse(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_tensor *in,
-                              fsdp_reduce_op rop, const fsdp_reduce_scatter_options *opts,
-                              fsdp_reduce_scatter_options *norm,
-                              const fsdp_reduce_scatter_options **fuse) {
+/* The options of fsdp_reduce_scatter_ex and fsdp_all_reduce_ex(_start), checked: *fuse is NULL
+ * for none, else `norm` with scales of 1 for 0. */
+static fsdp_status check_fuse(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op cop,
+                              const fsdp_tensor *in, fsdp_reduce_op rop,
+                              const fsdp_reduce_options *opts, fsdp_reduce_options *norm,
+                              const fsdp_reduce_options **fuse) {
     *fuse = NULL;
+    const char *name = fsdp_comm_op_to_string(cop);
     if (!opts || (opts->pre_scale == 0.0f && opts->post_scale == 0.0f && !opts->accumulate))
         return FSDP_OK;
     if (!isfinite(opts->pre_scale) || !isfinite(opts->post_scale))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "reduce_scatter on group %s: pre_scale %g and post_scale %g must be "
-                         "finite (0 means 1)",
-                         g->desc, (double)opts->pre_scale, (double)opts->post_scale);
+                         "%s on group %s: pre_scale %g and post_scale %g must be finite (0 means "
+                         "1)",
+                         name, g->desc, (double)opts->pre_scale, (double)opts->post_scale);
     if (in->dtype != FSDP_DTYPE_F32 || rop == FSDP_REDUCE_MAX)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "reduce_scatter on group %s: scaling and accumulation are for f32 "
-                         "sums and averages, not %s %s; use fsdp_reduce_scatter and scale "
-                         "apart",
-                         g->desc, fsdp_dtype_to_string(in->dtype), fsdp_reduce_op_to_string(rop));
-    *norm = (fsdp_reduce_scatter_options){
-        .pre_scale = opts->pre_scale == 0.0f ? 1.0f : opts->pre_scale,
-        .post_scale = opts->post_scale == 0.0f ? 1.0f : opts->post_scale,
-        .accumulate = opts->accumulate};
+                         "%s on group %s: scaling and accumulation are for f32 sums and "
+                         "averages, not %s %s; call it without options and scale apart",
+                         name, g->desc, fsdp_dtype_to_string(in->dtype),
+                         fsdp_reduce_op_to_string(rop));
+    if (opts->accumulate && cop == FSDP_COMM_ALL_REDUCE)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "all_reduce on group %s: accumulate is for reduce_scatter (an "
+                         "all_reduce's result replaces its tensor)",
+                         g->desc);
+    *norm = (fsdp_reduce_options){.pre_scale = opts->pre_scale == 0.0f ? 1.0f : opts->pre_scale,
+                                  .post_scale = opts->post_scale == 0.0f ? 1.0f : opts->post_scale,
+                                  .accumulate = opts->accumulate};
     *fuse = norm;
     return FSDP_OK;
 }
 
 fsdp_status fsdp_reduce_scatter_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
                                    const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                   const fsdp_reduce_scatter_options *opts) {
+                                   const fsdp_reduce_options *opts) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_ARG_NOT_NULL(ctx, in);
     const fsdp_comm_op cop = FSDP_COMM_REDUCE_SCATTER;
     FSDP_TRY(resolve(ctx, &group, cop));
     const uint64_t seq = fsdp_trace_begin(ctx, group, cop);
-    fsdp_reduce_scatter_options norm;
-    const fsdp_reduce_scatter_options *fuse = NULL;
+    fsdp_reduce_options norm;
+    const fsdp_reduce_options *fuse = NULL;
     fsdp_status st = check_reduce_scatter(ctx, group, out, in, &dim, op);
-    if (st == FSDP_OK) st = check_fuse(ctx, group, in, op, opts, &norm, &fuse);
+    if (st == FSDP_OK) st = check_fuse(ctx, group, cop, in, op, opts, &norm, &fuse);
     if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, in);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(in));
     if (st != FSDP_OK) return reject(ctx, group, cop, st, seq);
@@ -337,22 +342,32 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
     return fsdp_reduce_scatter_ex(ctx, group, out, in, dim, op, NULL);
 }
 
-fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op) {
+fsdp_status fsdp_all_reduce_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op,
+                               const fsdp_reduce_options *opts) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, t);
     const fsdp_comm_op cop = FSDP_COMM_ALL_REDUCE;
     FSDP_TRY(resolve(ctx, &group, cop));
     const uint64_t seq = fsdp_trace_begin(ctx, group, cop);
+    fsdp_reduce_options norm;
+    const fsdp_reduce_options *fuse = NULL;
     fsdp_status st = check_reduce_op(ctx, group, cop, op);
     if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
+    if (st == FSDP_OK) st = check_fuse(ctx, group, cop, t, op, opts, &norm, &fuse);
     if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, t);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, cop, st, seq);
     call_mark mark = call_begin(ctx, cop, seq);
-    st = group->world->backend.iface.all_reduce(ctx, group, t, op);
+    st = group->world->backend.iface.all_reduce(ctx, group, t, op, fuse);
     st = call_end(ctx, cop, mark, st);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
+}
+
+fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
+    return fsdp_all_reduce_ex(ctx, group, t, op, NULL);
 }
 
 fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
@@ -360,9 +375,20 @@ fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor 
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, t);
     FSDP_ARG_NOT_NULL(ctx, work);
+    return fsdp_all_reduce_start_ex(ctx, group, t, op, NULL, work);
+}
+
+fsdp_status fsdp_all_reduce_start_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
+                                     fsdp_reduce_op op, const fsdp_reduce_options *opts,
+                                     fsdp_comm_work *work) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
+    FSDP_ARG_NOT_NULL(ctx, work);
     const fsdp_comm_op cop = FSDP_COMM_ALL_REDUCE;
     FSDP_TRY(resolve(ctx, &group, cop));
     const uint64_t seq = fsdp_trace_begin(ctx, group, cop);
+    fsdp_reduce_options norm;
+    const fsdp_reduce_options *fuse = NULL;
     fsdp_status st = FSDP_OK;
     if (work->pending)
         st = FSDP_FAIL(ctx, FSDP_ERR_STATE,
@@ -372,13 +398,14 @@ fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor 
                        work->group->desc);
     if (st == FSDP_OK) st = check_reduce_op(ctx, group, cop, op);
     if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
+    if (st == FSDP_OK) st = check_fuse(ctx, group, cop, t, op, opts, &norm, &fuse);
     if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, t);
     if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
     if (st != FSDP_OK) return reject(ctx, group, cop, st, seq);
     const fsdp_comm_backend_i *be = &group->world->backend.iface;
     call_mark mark = call_begin(ctx, cop, seq);
     if (!be->all_reduce_start) {
-        st = be->all_reduce(ctx, group, t, op);
+        st = be->all_reduce(ctx, group, t, op, fuse);
         st = call_end(ctx, cop, mark, st);
         FSDP_TRY_AT(ctx, st);
         return FSDP_OK;
@@ -388,7 +415,7 @@ fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor 
     work->group = group;
     work->debug_row = fsdp_comm_debug_last(ctx, &work->debug_session);
     work->trace_seq = seq;
-    st = be->all_reduce_start(ctx, group, t, op, work);
+    st = be->all_reduce_start(ctx, group, t, op, fuse, work);
     st = call_end_as(ctx, cop, mark, st, st == FSDP_OK);
     if (st != FSDP_OK) {
         work->pending = false;

@@ -47,12 +47,14 @@ typedef struct fsdp_comm_backend_i {
 
     fsdp_status (*all_gather)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, const fsdp_tensor *in,
                               int dim);
-    /* fuse: NULL, or the options of fsdp_reduce_scatter_ex (f32, normalised: scales of 1 for 0),
-     * applied by fsdp_reduce_run_fused. */
+    /* fuse (here and in the all_reduces): NULL, or the options of fsdp_reduce_scatter_ex /
+     * fsdp_all_reduce_ex (f32, normalised: scales of 1 for 0), applied by
+     * fsdp_reduce_run_fused. */
     fsdp_status (*reduce_scatter)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                   const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                  const fsdp_reduce_scatter_options *fuse);
-    fsdp_status (*all_reduce)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op);
+                                  const fsdp_reduce_options *fuse);
+    fsdp_status (*all_reduce)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
+                              const fsdp_reduce_options *fuse);
     fsdp_status (*broadcast)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root);
     fsdp_status (*all_to_all)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, const fsdp_tensor *in,
                               int split_dim, int concat_dim);
@@ -63,7 +65,7 @@ typedef struct fsdp_comm_backend_i {
      * work done. NULL: fsdp_all_reduce_start makes the blocking call and the work is complete
      * at once (the local backend). */
     fsdp_status (*all_reduce_start)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
-                                    fsdp_comm_work *work);
+                                    const fsdp_reduce_options *fuse, fsdp_comm_work *work);
     fsdp_status (*work_test)(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
     fsdp_status (*work_wait)(fsdp_ctx *ctx, fsdp_comm_work *work);
 
@@ -438,7 +440,6 @@ void fsdp_reduce_run(void *dst, const void *const *srcs, int nsrc, int64_t offse
  * source element times fuse->pre_scale, the reduction, times fuse->post_scale, then stored or
  * (accumulate) added to dst, in the order the separate passes would run. */
 void fsdp_reduce_run_fused(void *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
-                           fsdp_dtype dtype, fsdp_reduce_op op,
-                           const fsdp_reduce_scatter_options *fuse);
+                           fsdp_dtype dtype, fsdp_reduce_op op, const fsdp_reduce_options *fuse);
 
 #endif

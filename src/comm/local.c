@@ -424,7 +424,7 @@ static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
 
 static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                         const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                        const fsdp_reduce_scatter_options *fuse) {
+                                        const fsdp_reduce_options *fuse) {
     fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
@@ -442,8 +442,8 @@ static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tenso
     return rendezvous(ctx, g, c.op, NULL);
 }
 
-static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
-                                    fsdp_reduce_op op) {
+static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
+                                    const fsdp_reduce_options *fuse) {
     fsdp_call c = fsdp_call_all_reduce(t, op);
     FSDP_TRY(rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
@@ -456,8 +456,8 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
         double t0 = copy_begin(ctx);
         char *mine = fsdp_tensor_data(t);
         if (len > 0)
-            fsdp_reduce_run(mine + (size_t)begin * esize, lg->srcs, g->size, begin, len, t->dtype,
-                            op);
+            fsdp_reduce_run_fused(mine + (size_t)begin * esize, lg->srcs, g->size, begin, len,
+                                  t->dtype, op, fuse);
         copy_end(ctx, c.op, t0);
         FSDP_TRY(rendezvous(ctx, g, c.op, NULL));
         /* ...then copies every other rank's reduced chunk from that rank's tensor... */
@@ -476,8 +476,8 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
     /* Each rank reduces its chunk of the elements into the shared scratch... */
     double t0 = copy_begin(ctx);
     if (len > 0)
-        fsdp_reduce_run((char *)lg->scratch + (size_t)begin * esize, lg->srcs, g->size, begin, len,
-                        t->dtype, op);
+        fsdp_reduce_run_fused((char *)lg->scratch + (size_t)begin * esize, lg->srcs, g->size, begin,
+                              len, t->dtype, op, fuse);
     copy_end(ctx, c.op, t0);
     FSDP_TRY(rendezvous(ctx, g, c.op, NULL));
     /* ...and once all are written (and nobody reads the inputs), every rank copies the whole.

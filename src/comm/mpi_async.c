@@ -23,6 +23,8 @@ struct mpi_work {
     const fsdp_group *g;
     fsdp_tensor *t;
     fsdp_reduce_op op;
+    bool fused; /* fsdp_all_reduce_start_ex's options, applied in the gather */
+    fsdp_reduce_options fuse;
     int step;
     mpi_reqs rq;
     /* per member: its descriptor, decoded call, and piece of this rank's chunk */
@@ -118,7 +120,8 @@ static bool reserve(mpi_work *w, int W, size_t bytes) {
 }
 
 fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
-                                      fsdp_reduce_op op, fsdp_comm_work *work) {
+                                      fsdp_reduce_op op, const fsdp_reduce_options *fuse,
+                                      fsdp_comm_work *work) {
     mpi_group *mg = g->state;
     mpi_work *w = work->state;
     int64_t len;
@@ -139,6 +142,8 @@ fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor 
     w->g = g;
     w->t = t;
     w->op = op;
+    w->fused = fuse != NULL;
+    if (fuse) w->fuse = *fuse;
     w->step = STEP_ARRIVE;
     w->failed = FSDP_OK;
     w->next = NULL;
@@ -176,7 +181,8 @@ static fsdp_status step_on(fsdp_ctx *ctx, mpi_group *mg, mpi_work *x, bool block
         st = fsdp_mpi_all_reduce_exchange(ctx, x->g, mg, &x->rq, x->t, x->srcs, x->buf,
                                           TAG_EXCHANGE);
     } else {
-        st = fsdp_mpi_all_reduce_gather(ctx, x->g, mg, &x->rq, x->t, x->op, x->srcs, TAG_GATHER);
+        st = fsdp_mpi_all_reduce_gather(ctx, x->g, mg, &x->rq, x->t, x->op,
+                                        x->fused ? &x->fuse : NULL, x->srcs, TAG_GATHER);
     }
     if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
     x->step++;

@@ -91,7 +91,7 @@ fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
 
 fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                    const fsdp_reduce_scatter_options *fuse) {
+                                    const fsdp_reduce_options *fuse) {
     fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
     FSDP_TRY(fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
@@ -162,13 +162,15 @@ fsdp_status fsdp_mpi_all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi
 
 fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
                                        mpi_reqs *rs, fsdp_tensor *t, fsdp_reduce_op op,
-                                       const void **srcs, int kind) {
+                                       const fsdp_reduce_options *fuse, const void **srcs,
+                                       int kind) {
     const int W = g->size, r = g->rank;
     const size_t esize = fsdp_dtype_size(t->dtype);
     char *x = fsdp_tensor_data(t);
     int64_t begin, len, off, n;
     fsdp_chunk_range(t->numel, W, r, &begin, &len);
-    if (len > 0) fsdp_reduce_run(x + (size_t)begin * esize, srcs, W, 0, len, t->dtype, op);
+    if (len > 0)
+        fsdp_reduce_run_fused(x + (size_t)begin * esize, srcs, W, 0, len, t->dtype, op, fuse);
     for (int m = 0; m < W; m++) {
         if (m == r) continue;
         fsdp_chunk_range(t->numel, W, m, &off, &n);
@@ -180,7 +182,8 @@ fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_g
     return FSDP_OK;
 }
 
-fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op) {
+fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
+                                const fsdp_reduce_options *fuse) {
     fsdp_call c = fsdp_call_all_reduce(t, op);
     FSDP_TRY(fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
@@ -193,7 +196,7 @@ fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fs
     FSDP_TRY(fsdp_mpi_all_reduce_exchange(ctx, g, mg, &mg->rq, t, mg->srcs, buf, TAG_DATA));
     FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
     /* 2: ...then every rank sends its reduced chunk to all (an all_gather of the chunks). */
-    FSDP_TRY(fsdp_mpi_all_reduce_gather(ctx, g, mg, &mg->rq, t, op, mg->srcs, TAG_DATA));
+    FSDP_TRY(fsdp_mpi_all_reduce_gather(ctx, g, mg, &mg->rq, t, op, fuse, mg->srcs, TAG_DATA));
     return fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA);
 }
 

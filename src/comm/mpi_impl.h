@@ -224,8 +224,9 @@ fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                 const fsdp_tensor *in, int dim);
 fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                    const fsdp_reduce_scatter_options *fuse);
-fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op);
+                                    const fsdp_reduce_options *fuse);
+fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
+                                const fsdp_reduce_options *fuse);
 /* all_reduce's two steps, shared with the non-blocking one. The exchange: every rank's values
  * of this rank's torch.chunk of the elements are received into buf ((W-1) x the chunk), and
  * srcs[m] (W pointers) is set to member m's; this rank's pieces of the others' chunks are
@@ -236,12 +237,14 @@ fsdp_status fsdp_mpi_all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi
                                          int kind);
 fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
                                        mpi_reqs *rs, fsdp_tensor *t, fsdp_reduce_op op,
-                                       const void **srcs, int kind);
+                                       const fsdp_reduce_options *fuse, const void **srcs,
+                                       int kind);
 
 /* ---- mpi_async.c: the non-blocking all_reduce ---- */
 
 fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
-                                      fsdp_reduce_op op, fsdp_comm_work *work);
+                                      fsdp_reduce_op op, const fsdp_reduce_options *fuse,
+                                      fsdp_comm_work *work);
 fsdp_status fsdp_mpi_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
 fsdp_status fsdp_mpi_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
 /* The group's state goes (a new run, or the world is freed): its works still pending are

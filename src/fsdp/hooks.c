@@ -187,9 +187,9 @@ static fsdp_status reduce_grad(fsdp_ctx *ctx, unit *u) {
     fsdp_sharded *sh = u->owner;
     if (u->numel == 0) return FSDP_OK;
     if (fused_reduction(sh)) {
-        fsdp_reduce_scatter_options o = {.pre_scale = fsdp_dp_inverse(sh->pre_factor),
-                                         .post_scale = fsdp_dp_inverse(sh->post_factor),
-                                         .accumulate = true};
+        fsdp_reduce_options o = {.pre_scale = fsdp_dp_inverse(sh->pre_factor),
+                                 .post_scale = fsdp_dp_inverse(sh->post_factor),
+                                 .accumulate = true};
         FSDP_TRY(fsdp_reduce_scatter_ex(ctx, sh->group, fsdp_param_grad(u->flat), u->full_grad, 0,
                                         FSDP_REDUCE_SUM, &o));
         u->grad_pending = false;

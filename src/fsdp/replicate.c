@@ -187,13 +187,19 @@ static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b, fsdp_c
                              "elements, %lld then); apply tensor parallelism before replicate",
                              fsdp_param_name(p), fsdp_module_fqn(fsdp_param_module(p)),
                              (long long)fsdp_tensor_numel(g), (long long)r->numel[i]);
-        /* A gradient that lives in its bucket (bind_grads) is divided in place. */
-        if (user)
+        /* With a work the division is the all_reduce's (below); a gradient that lives in its
+         * bucket (bind_grads) is not copied at all (the copy kernel skips a copy onto
+         * itself). */
+        if (user || work)
             k->copy(buf + r->offset[i], fsdp_tensor_f32(g), r->numel[i]);
         else
             k->scale(buf + r->offset[i], fsdp_tensor_f32(g), inv, r->numel[i]);
     }
-    if (work) return fsdp_all_reduce_start(ctx, r->group, r->bucket[b], FSDP_REDUCE_SUM, work);
+    /* The default hook in f32: every element times 1/W as the all_reduce reads it, bitwise
+     * the division before it (fsdp_all_reduce_ex), without a pass of its own. */
+    if (work)
+        return fsdp_all_reduce_start_ex(ctx, r->group, r->bucket[b], FSDP_REDUCE_SUM,
+                                        &(fsdp_reduce_options){.pre_scale = inv}, work);
     fsdp_dp_reduce_args a = {.hook = &r->hook,
                              .reduce_dtype = r->mp.reduce_dtype,
                              .group = r->group,
