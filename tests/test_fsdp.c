@@ -509,6 +509,33 @@ static fsdp_status summon_rank(fsdp_ctx *ctx, int rank, void *user) {
         }
         if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
     }
+    /* writeback of a different edit on every rank: each rank writes back its own chunk only
+     * (PyTorch's semantics), so the parameter ends up with rank r's value where rank r's shard
+     * holds it, whatever the others wrote. On rank threads the summon hands out a copy, not
+     * the block where the shards live side by side. */
+    if (st == FSDP_OK && c->strategy != FSDP_NO_SHARD && c->world > 1) {
+        fsdp_flat_segment seg = {0};
+        for (int i = 0; st == FSDP_OK && i < fsdp_sharded_num_segments(sh); i++) {
+            fsdp_flat_segment s;
+            st = fsdp_sharded_segment(ctx, sh, i, &s);
+            if (st == FSDP_OK && strcmp(s.fqn, "layers.1.net1.weight") == 0) seg = s;
+        }
+        FSDP_RANK_CHECK(ctx, seg.param == w, "no segment for layers.1.net1.weight");
+        int64_t S = fsdp_sharded_unit_shard_numel(sh, seg.unit);
+        if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh, NULL);
+        if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, fsdp_param_data(w), (float)(rank + 1));
+        if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
+        if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh, &(fsdp_summon_options){0});
+        const float *v = st == FSDP_OK ? fsdp_tensor_f32(fsdp_param_data(w)) : NULL;
+        for (int64_t k = 0; v && k < seg.numel && st == FSDP_OK; k++) {
+            float want = (float)((seg.offset + k) / S + 1);
+            FSDP_RANK_CHECK(ctx, v[k] == want,
+                            "rank-specific writeback: element %lld is %g, want %g (the value "
+                            "of the rank whose shard holds it)",
+                            (long long)k, v[k], want);
+        }
+        if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
+    }
     fsdp_sharded_free(sh);
     fsdp_module_free(ref);
     fsdp_module_free(m);
