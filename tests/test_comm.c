@@ -220,19 +220,43 @@ static void test_all_gather(void) {
     run_all_sizes(gather_body, true);
 }
 
+/* A reduce_scatter's tensors: *in of the full shape holding value(rank + 1, e), *out of this
+ * rank's chunk along the spec's dim, which starts at `at` and has the shape `local`. */
+static fsdp_status scatter_tensors(fsdp_ctx *ctx, int rank, int W, fsdp_dtype dtype, const spec *sp,
+                                   int64_t *at, int64_t *local, fsdp_tensor **in,
+                                   fsdp_tensor **out) {
+    int d = norm_dim(sp->dim, sp->ndim);
+    const int64_t zero[FSDP_MAX_DIMS] = {0};
+    memset(at, 0, FSDP_MAX_DIMS * sizeof *at);
+    memcpy(local, sp->shape, FSDP_MAX_DIMS * sizeof *local);
+    fsdp_chunk_range(sp->shape[d], W, rank, &at[d], &local[d]);
+    *in = *out = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, sp->shape, in);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, local, out);
+    if (st == FSDP_OK) fill_box(*in, sp->shape, zero, (uint64_t)rank + 1);
+    return st;
+}
+
+/* Element e of (x0 * pre + x1 * pre) + ... over W ranks (rank r holds value(r + 1, e)), divided
+ * by W for the average, times post: what a reduction with fsdp_reduce_options computes. */
+static float serial_scaled(int64_t e, int W, fsdp_reduce_op op, const fsdp_reduce_options *o) {
+    const float pre = o->pre_scale != 0.0f ? o->pre_scale : 1.0f;
+    const float post = o->post_scale != 0.0f ? o->post_scale : 1.0f;
+    float acc = value(1, e) * pre;
+    for (int r = 1; r < W; r++) {
+        float x = value((uint64_t)r + 1, e) * pre;
+        acc += x;
+    }
+    if (op == FSDP_REDUCE_AVG) acc /= (float)W;
+    return acc * post;
+}
+
 static fsdp_status reduce_scatter_case(fsdp_ctx *ctx, int rank, int W, fsdp_dtype dtype,
                                        const spec *sp, fsdp_reduce_op op) {
-    int d = norm_dim(sp->dim, sp->ndim);
-    int64_t at[FSDP_MAX_DIMS] = {0}, zero[FSDP_MAX_DIMS] = {0}, local[FSDP_MAX_DIMS];
-    memcpy(local, sp->shape, sizeof local);
-    fsdp_chunk_range(sp->shape[d], W, rank, &at[d], &local[d]);
-    fsdp_tensor *in = NULL, *out = NULL;
-    fsdp_status st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, sp->shape, &in);
-    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, dtype, FSDP_CPU, sp->ndim, local, &out);
-    if (st == FSDP_OK) {
-        fill_box(in, sp->shape, zero, (uint64_t)rank + 1);
-        st = fsdp_reduce_scatter(ctx, NULL, out, in, sp->dim, op);
-    }
+    int64_t at[FSDP_MAX_DIMS], local[FSDP_MAX_DIMS];
+    fsdp_tensor *in, *out;
+    fsdp_status st = scatter_tensors(ctx, rank, W, dtype, sp, at, local, &in, &out);
+    if (st == FSDP_OK) st = fsdp_reduce_scatter(ctx, NULL, out, in, sp->dim, op);
     for (int64_t i = 0; st == FSDP_OK && i < fsdp_tensor_numel(out); i++) {
         int64_t e = to_global(i, sp->ndim, local, at, sp->shape);
         float want = serial_reduce(e, W, op, dtype);
@@ -278,30 +302,16 @@ static const fsdp_reduce_options ex_opts[] = {
 
 static fsdp_status reduce_scatter_ex_case(fsdp_ctx *ctx, int rank, int W, const spec *sp,
                                           fsdp_reduce_op op, const fsdp_reduce_options *o) {
-    int d = norm_dim(sp->dim, sp->ndim);
-    int64_t at[FSDP_MAX_DIMS] = {0}, zero[FSDP_MAX_DIMS] = {0}, local[FSDP_MAX_DIMS];
-    memcpy(local, sp->shape, sizeof local);
-    fsdp_chunk_range(sp->shape[d], W, rank, &at[d], &local[d]);
-    fsdp_tensor *in = NULL, *out = NULL;
-    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, sp->ndim, sp->shape, &in);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, sp->ndim, local, &out);
+    int64_t at[FSDP_MAX_DIMS], local[FSDP_MAX_DIMS];
+    fsdp_tensor *in, *out;
+    fsdp_status st = scatter_tensors(ctx, rank, W, FSDP_DTYPE_F32, sp, at, local, &in, &out);
     if (st == FSDP_OK) {
-        fill_box(in, sp->shape, zero, (uint64_t)rank + 1);
         fill_box(out, sp->shape, at, 99);
         st = fsdp_reduce_scatter_ex(ctx, NULL, out, in, sp->dim, op, o);
     }
-    const float pre = o->pre_scale != 0.0f ? o->pre_scale : 1.0f;
-    const float post = o->post_scale != 0.0f ? o->post_scale : 1.0f;
     for (int64_t i = 0; st == FSDP_OK && i < fsdp_tensor_numel(out); i++) {
         int64_t e = to_global(i, sp->ndim, local, at, sp->shape);
-        float acc = value(1, e) * pre;
-        for (int r = 1; r < W; r++) {
-            float x = value((uint64_t)r + 1, e) * pre;
-            acc += x;
-        }
-        if (op == FSDP_REDUCE_AVG) acc /= (float)W;
-        acc *= post;
+        float acc = serial_scaled(e, W, op, o);
         float want = o->accumulate ? value(99, e) + acc : acc;
         if (!same_bits(get(out, i), want))
             st =
@@ -442,16 +452,8 @@ static fsdp_status all_reduce_ex_case(fsdp_ctx *ctx, int rank, int W, const spec
     fsdp_status st = work ? fsdp_all_reduce_start_ex(ctx, NULL, t, op, o, work)
                           : fsdp_all_reduce_ex(ctx, NULL, t, op, o);
     if (st == FSDP_OK && work) st = fsdp_comm_work_wait(ctx, work);
-    const float pre = o->pre_scale != 0.0f ? o->pre_scale : 1.0f;
-    const float post = o->post_scale != 0.0f ? o->post_scale : 1.0f;
     for (int64_t e = 0; st == FSDP_OK && e < fsdp_tensor_numel(t); e++) {
-        float acc = value(1, e) * pre;
-        for (int r = 1; r < W; r++) {
-            float x = value((uint64_t)r + 1, e) * pre;
-            acc += x;
-        }
-        if (op == FSDP_REDUCE_AVG) acc /= (float)W;
-        acc *= post;
+        float acc = serial_scaled(e, W, op, o);
         if (!same_bits(get(t, e), acc))
             st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
                            "all_reduce_ex%s %s pre %g post %g: element %lld is %.9g, want %.9g",
