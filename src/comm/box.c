@@ -66,53 +66,73 @@ static void combine(float *restrict acc, const float *restrict x, int64_t n, fsd
     }
 }
 
-/* f32 sums a block at a time: the block's sum is built in `acc` (L1) straight from the
- * sources, (x0 + x1) + x2 ... as the general loop below, without staging each source in a
- * buffer first, then stored. Every source's block is read before dst's is written, so dst may
- * be one of the sources (the MPI all_reduce and the local in-place one reduce into their own
- * chunk). With `pre` each source element is multiplied by it first, with `post` the sum is
- * multiplied by it, and with `add` the block is added to dst instead of stored: the operations
- * of a scaling pass, the reduction, a scaling pass and an add pass, in that order, each
- * rounded to f32 (the library is built without FMA contraction), in one pass over the data. */
+/* f32 sums a block at a time, (x0 + x1) + x2 ... as the general loop below, without staging
+ * a source in a buffer first: with two sources (or one) the block is reduced and stored in
+ * one pass that streams every source and dst together; with more, the sources but the last
+ * are summed into `acc` (L1) and the last pass adds the last source and stores. Every source's
+ * element is read before dst's is written, so dst may be one of the sources (the MPI all_reduce
+ * and the local in-place one reduce into their own chunk). With `pre` (P) each source element
+ * is multiplied by it first, the sum divided by the number of sources for avg (A), multiplied
+ * by `post` (Q), and with `add` (D) added to dst instead of stored: the operations of a scaling
+ * pass, the reduction, a scaling pass and an add pass, in that order, each rounded to f32 (the
+ * library is built without FMA contraction), in one pass over the data. The flags are
+ * constants at each call of sum_blocks, so every combination is its own loop. */
 #define SUM_BLOCK 1024
+
+static inline __attribute__((always_inline)) void
+sum_blocks(float *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n, float pre,
+           float post, bool P, bool A, bool Q, bool D) {
+    const float div = (float)nsrc;
+    float acc[SUM_BLOCK];
+#define SCALED(x) (P ? (x) * pre : (x))
+#define FINISH(v)                                                                                  \
+    do {                                                                                           \
+        float f_ = (v);                                                                            \
+        if (A) f_ /= div;                                                                          \
+        if (Q) f_ *= post;                                                                         \
+        d[j] = D ? d[j] + f_ : f_;                                                                 \
+    } while (0)
+    for (int64_t i = 0; i < n; i += SUM_BLOCK) {
+        int64_t m = n - i < SUM_BLOCK ? n - i : SUM_BLOCK;
+        const float *x0 = (const float *)srcs[0] + offset + i;
+        const float *last = (const float *)srcs[nsrc - 1] + offset + i;
+        float *d = dst + i;
+        if (nsrc == 1) {
+            for (int64_t j = 0; j < m; j++) FINISH(SCALED(x0[j]));
+        } else if (nsrc == 2) {
+            for (int64_t j = 0; j < m; j++) FINISH(SCALED(x0[j]) + SCALED(last[j]));
+        } else {
+            const float *x1 = (const float *)srcs[1] + offset + i;
+            for (int64_t j = 0; j < m; j++) acc[j] = SCALED(x0[j]) + SCALED(x1[j]);
+            for (int r = 2; r < nsrc - 1; r++) {
+                const float *x = (const float *)srcs[r] + offset + i;
+                for (int64_t j = 0; j < m; j++) acc[j] += SCALED(x[j]);
+            }
+            for (int64_t j = 0; j < m; j++) FINISH(acc[j] + SCALED(last[j]));
+        }
+    }
+#undef FINISH
+#undef SCALED
+}
 
 static void sum_f32(float *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
                     bool avg, float pre, float post, bool add) {
-    float acc[SUM_BLOCK];
-    const bool plain = pre == 1.0f && post == 1.0f && !add;
-    for (int64_t i = 0; i < n; i += SUM_BLOCK) {
-        int64_t m = n - i < SUM_BLOCK ? n - i : SUM_BLOCK;
-        const float *s0 = (const float *)srcs[0] + offset + i;
-        if (nsrc == 1 && plain) {
-            memmove(dst + i, s0, (size_t)m * sizeof(float));
-            continue;
-        }
-        if (pre == 1.0f && nsrc == 1) {
-            memcpy(acc, s0, (size_t)m * sizeof(float));
-        } else if (pre == 1.0f) {
-            const float *s1 = (const float *)srcs[1] + offset + i;
-            for (int64_t j = 0; j < m; j++) acc[j] = s0[j] + s1[j];
-            for (int r = 2; r < nsrc; r++) {
-                const float *x = (const float *)srcs[r] + offset + i;
-                for (int64_t j = 0; j < m; j++) acc[j] += x[j];
-            }
-        } else {
-            for (int64_t j = 0; j < m; j++) acc[j] = s0[j] * pre;
-            for (int r = 1; r < nsrc; r++) {
-                const float *x = (const float *)srcs[r] + offset + i;
-                for (int64_t j = 0; j < m; j++) acc[j] += x[j] * pre;
-            }
-        }
-        if (avg)
-            for (int64_t j = 0; j < m; j++) acc[j] /= (float)nsrc;
-        if (post != 1.0f)
-            for (int64_t j = 0; j < m; j++) acc[j] *= post;
-        if (add) {
-            float *d = dst + i;
-            for (int64_t j = 0; j < m; j++) d[j] += acc[j];
-        } else {
-            memcpy(dst + i, acc, (size_t)m * sizeof(float));
-        }
+    if (nsrc == 1 && pre == 1.0f && post == 1.0f && !add) { /* avg over one: x / 1 */
+        const float *s0 = (const float *)srcs[0] + offset;
+        if (n > 0 && dst != s0) memmove(dst, s0, (size_t)n * sizeof(float));
+        return;
+    }
+    const bool p = pre != 1.0f, q = post != 1.0f;
+    switch ((int)p | (int)avg << 1 | (int)q << 2 | (int)add << 3) {
+#define SUM_CASE(P, A, Q, D)                                                                       \
+    case (P) | (A) << 1 | (Q) << 2 | (D) << 3:                                                     \
+        sum_blocks(dst, srcs, nsrc, offset, n, pre, post, P, A, Q, D);                             \
+        return;
+        SUM_CASE(0, 0, 0, 0) SUM_CASE(1, 0, 0, 0) SUM_CASE(0, 1, 0, 0) SUM_CASE(1, 1, 0, 0)
+        SUM_CASE(0, 0, 1, 0) SUM_CASE(1, 0, 1, 0) SUM_CASE(0, 1, 1, 0) SUM_CASE(1, 1, 1, 0)
+        SUM_CASE(0, 0, 0, 1) SUM_CASE(1, 0, 0, 1) SUM_CASE(0, 1, 0, 1) SUM_CASE(1, 1, 0, 1)
+        SUM_CASE(0, 0, 1, 1) SUM_CASE(1, 0, 1, 1) SUM_CASE(0, 1, 1, 1) SUM_CASE(1, 1, 1, 1)
+#undef SUM_CASE
     }
 }
 
