@@ -291,12 +291,17 @@ static void test_reduce_scatter(void) {
 /* fsdp_reduce_scatter_ex: the scaled, accumulated reduction is bitwise the separate passes:
  * every input times pre, the sum in rank order (the average's division), times post, added to
  * what out held. pre 1/3 and post 0.3 are not powers of two, so a fused multiply-add or another
- * order would show. */
+ * order would show. With sum and avg, the sets below make every combination of pre, avg, post
+ * and accumulate (each has its own loop in the reduction). */
 static const fsdp_reduce_options ex_opts[] = {
     {.pre_scale = 0.5f},
     {.pre_scale = 1.0f / 3.0f, .post_scale = 0.3f, .accumulate = true},
     {.accumulate = true},
     {.post_scale = 0.25f},
+    {.pre_scale = 1.0f},
+    {.pre_scale = 1.0f / 3.0f, .post_scale = 0.3f},
+    {.pre_scale = 0.75f, .accumulate = true},
+    {.post_scale = 1.0f / 3.0f, .accumulate = true},
 };
 #define N_EX_OPTS ((int)(sizeof ex_opts / sizeof ex_opts[0]))
 

@@ -79,12 +79,13 @@ static void combine(float *restrict acc, const float *restrict x, int64_t n, fsd
  * constants at each call of sum_blocks, so every combination is its own loop. */
 #define SUM_BLOCK 1024
 
-static inline __attribute__((always_inline)) void
-sum_blocks(float *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n, float pre,
-           float post, bool P, bool A, bool Q, bool D) {
+static inline __attribute__((always_inline)) void sum_blocks(float *dst, const void *const *srcs,
+                                                             int nsrc, int64_t offset, int64_t n,
+                                                             float pre, float post, bool P, bool A,
+                                                             bool Q, bool D) {
     const float div = (float)nsrc;
     float acc[SUM_BLOCK];
-#define SCALED(x) (P ? (x) * pre : (x))
+#define SCALED(x) (P ? (x)*pre : (x))
 #define FINISH(v)                                                                                  \
     do {                                                                                           \
         float f_ = (v);                                                                            \
@@ -127,11 +128,23 @@ static void sum_f32(float *dst, const void *const *srcs, int nsrc, int64_t offse
 #define SUM_CASE(P, A, Q, D)                                                                       \
     case (P) | (A) << 1 | (Q) << 2 | (D) << 3:                                                     \
         sum_blocks(dst, srcs, nsrc, offset, n, pre, post, P, A, Q, D);                             \
-        return;
-        SUM_CASE(0, 0, 0, 0) SUM_CASE(1, 0, 0, 0) SUM_CASE(0, 1, 0, 0) SUM_CASE(1, 1, 0, 0)
-        SUM_CASE(0, 0, 1, 0) SUM_CASE(1, 0, 1, 0) SUM_CASE(0, 1, 1, 0) SUM_CASE(1, 1, 1, 0)
-        SUM_CASE(0, 0, 0, 1) SUM_CASE(1, 0, 0, 1) SUM_CASE(0, 1, 0, 1) SUM_CASE(1, 1, 0, 1)
-        SUM_CASE(0, 0, 1, 1) SUM_CASE(1, 0, 1, 1) SUM_CASE(0, 1, 1, 1) SUM_CASE(1, 1, 1, 1)
+        return
+        SUM_CASE(0, 0, 0, 0);
+        SUM_CASE(1, 0, 0, 0);
+        SUM_CASE(0, 1, 0, 0);
+        SUM_CASE(1, 1, 0, 0);
+        SUM_CASE(0, 0, 1, 0);
+        SUM_CASE(1, 0, 1, 0);
+        SUM_CASE(0, 1, 1, 0);
+        SUM_CASE(1, 1, 1, 0);
+        SUM_CASE(0, 0, 0, 1);
+        SUM_CASE(1, 0, 0, 1);
+        SUM_CASE(0, 1, 0, 1);
+        SUM_CASE(1, 1, 0, 1);
+        SUM_CASE(0, 0, 1, 1);
+        SUM_CASE(1, 0, 1, 1);
+        SUM_CASE(0, 1, 1, 1);
+        SUM_CASE(1, 1, 1, 1);
 #undef SUM_CASE
     }
 }
