@@ -441,6 +441,70 @@ static void test_mismatch_and_load_value(void) {
     free(root);
 }
 
+/* ---- metadata that only one rank gets wrong ---- */
+
+/* Each rank saves its own full MLP (step 1); rank `bad` gives an extra named "no spaces".
+ * Every rank must fail alike (bad: the invalid argument, naming the extra; the others: an I/O
+ * error naming rank `bad`), nothing is committed, and a right save (step 2) then works. */
+typedef struct {
+    const char *dir;
+    int bad;
+} one_bad_meta;
+
+static fsdp_status one_bad_meta_rank(fsdp_ctx *ctx, int rank, void *user) {
+    const one_bad_meta *c = user;
+    fsdp_module *m = NULL;
+    fsdp_state *st = NULL;
+    fsdp_ckpt_writer *w = NULL;
+    fsdp_status s = fsdp_model_mlp(ctx, 3, (int64_t[]){10, 16, 10}, FSDP_ACT_RELU, &m);
+    if (s == FSDP_OK) s = fsdp_state_create(ctx, &(fsdp_state_sources){.model = m}, &st);
+    if (s == FSDP_OK) s = fsdp_ckpt_writer_create(ctx, c->dir, NULL, &w);
+    if (s != FSDP_OK) goto done;
+    const char *names[] = {rank == c->bad ? "no spaces" : "seed"};
+    const int64_t values[] = {7};
+    fsdp_ckpt_meta meta = {.step = 1, .n_extras = 1, .extra_names = names, .extra_values = values};
+    fsdp_status got = fsdp_ckpt_save(ctx, w, st, &meta);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d could not prepare", c->bad);
+    bool ok = rank == c->bad
+                  ? got == FSDP_ERR_INVALID_ARGUMENT && strstr(fsdp_last_error(ctx), "'no spaces'")
+                  : got == FSDP_ERR_IO && strstr(fsdp_last_error(ctx), want);
+    if (!ok) {
+        char said[512]; /* FSDP_FAIL writes the buffer fsdp_last_error reads */
+        snprintf(said, sizeof said, "%s", fsdp_last_error(ctx));
+        s = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "the save gave %s, '%s'", fsdp_status_to_string(got),
+                      said);
+        goto done;
+    }
+    names[0] = "seed";
+    meta.step = 2;
+    s = fsdp_ckpt_save(ctx, w, st, &meta);
+done:
+    fsdp_ckpt_writer_free(ctx, w);
+    fsdp_state_free(st);
+    fsdp_module_free(m);
+    return s;
+}
+
+static void test_meta_bad_on_one_rank(void) {
+    char *root = ckpt_test_tmp_root();
+    char dir[600], path[700];
+    for (int bad = 0; bad < 2; bad++) {
+        snprintf(dir, sizeof dir, "%s/bad%d", root, bad);
+        one_bad_meta c = {.dir = dir, .bad = bad};
+        FSDP_TEST_OK(fsdp_test_run_world(2, 0, one_bad_meta_rank, &c));
+        snprintf(path, sizeof path, "%s/step-00000001", dir);
+        CU_ASSERT_NOT_EQUAL(access(path, F_OK), 0);
+        char *latest = ckpt_test_latest(dir);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(latest);
+        CU_ASSERT_PTR_NOT_NULL(strstr(latest, "step-00000002"));
+        FSDP_TEST_OK(ckpt_test_verify(latest));
+        free(latest);
+    }
+    ckpt_test_remove_tree(root);
+    free(root);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"flat_range_boxes", test_flat_range_boxes},
@@ -451,6 +515,7 @@ int main(int argc, char **argv) {
         {"bad_checkpoints", test_bad_checkpoints},
         {"bad_metadata", test_bad_metadata},
         {"mismatch_and_load_value", test_mismatch_and_load_value},
+        {"meta_bad_on_one_rank", test_meta_bad_on_one_rank},
     };
     return fsdp_test_run(argc, argv, "ckpt", cases, sizeof cases / sizeof cases[0]);
 }

@@ -60,8 +60,10 @@ static double now_seconds(void) {
 
 /* ---- who writes what ---- */
 
-#define REC_VALUES  (2 + 2 * FSDP_MAX_DIMS) /* entry, piece, offset[4], count[4] */
-#define HEAD_VALUES 3                       /* state hash, pieces held, rank 0's mkdir failed */
+#define REC_VALUES        (2 + 2 * FSDP_MAX_DIMS) /* entry, piece, offset[4], count[4] */
+#define HEAD_VALUES       3                       /* state hash, pieces held, HEAD_FAILED_* bits */
+#define HEAD_FAILED_MKDIR 1u                      /* rank 0 could not create the directory */
+#define HEAD_FAILED_LOCAL 2u /* the rank could not describe its state (memory) */
 
 static uint64_t state_hash(const fsdp_state *st) {
     uint64_t h = 1469598103934665603ull;
@@ -112,10 +114,17 @@ static uint64_t *records(const fsdp_state *st, int64_t most) {
     return out;
 }
 
-/* Checks the headers: the same entries everywhere, rank 0's directory made. *most receives
- * the most pieces a rank holds. */
+/* Checks the headers: every rank prepared, the same entries everywhere, rank 0's directory
+ * made. *most receives the most pieces a rank holds. */
 static fsdp_status check_heads(fsdp_ctx *ctx, const job *jb, const uint64_t *heads, int64_t *most) {
     *most = 0;
+    for (int r = 0; r < jb->world; r++)
+        if (heads[HEAD_VALUES * r + 2] & HEAD_FAILED_LOCAL)
+            return FSDP_FAIL(
+                ctx, FSDP_ERR_IO,
+                "checkpoint save: rank %d could not prepare its part (see that "
+                "rank's error); nothing was written, earlier checkpoints are untouched",
+                r);
     for (int r = 0; r < jb->world; r++) {
         const uint64_t *h = heads + HEAD_VALUES * r;
         if (h[0] != heads[0])
@@ -126,7 +135,7 @@ static fsdp_status check_heads(fsdp_ctx *ctx, const job *jb, const uint64_t *hea
                              r);
         *most = (int64_t)h[1] > *most ? (int64_t)h[1] : *most;
     }
-    if (heads[2])
+    if (heads[2] & HEAD_FAILED_MKDIR)
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "checkpoint save: rank 0 could not create '%s'",
                          jb->tmp);
     return FSDP_OK;
@@ -150,18 +159,26 @@ static void decode(const fsdp_state *st, int world, const uint64_t *heads, const
         }
 }
 
-/* Every rank's held regions, after checking every rank lists the same entries. */
+/* Every rank's held regions, after checking every rank lists the same entries. A rank that
+ * failed before (made_dir: rank 0's directory; described: its metadata or its own copies of the
+ * entries) still takes part in the first all_gather, so every rank learns of it there and
+ * returns alike. */
 static fsdp_status exchange(fsdp_ctx *ctx, fsdp_group *g, const job *jb, fsdp_status made_dir,
-                            rec **out, int *n_out) {
+                            fsdp_status described, rec **out, int *n_out) {
     const fsdp_state *st = jb->st;
     int world = jb->world;
-    uint64_t head[HEAD_VALUES] = {state_hash(st), (uint64_t)count_pieces(st), made_dir != FSDP_OK};
+    uint64_t head[HEAD_VALUES] = {state_hash(st), (uint64_t)count_pieces(st),
+                                  (made_dir != FSDP_OK ? HEAD_FAILED_MKDIR : 0) |
+                                      (described != FSDP_OK ? HEAD_FAILED_LOCAL : 0)};
     uint64_t *heads = malloc((size_t)world * sizeof head), *mine = NULL, *all = NULL;
     int64_t most = 0;
     rec *recs = NULL;
     fsdp_status s = heads ? gather(ctx, g, world, head, HEAD_VALUES, heads)
                           : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint exchange");
-    if (s == FSDP_OK) s = made_dir != FSDP_OK ? made_dir : check_heads(ctx, jb, heads, &most);
+    if (s == FSDP_OK)
+        s = described != FSDP_OK  ? described
+            : made_dir != FSDP_OK ? made_dir
+                                  : check_heads(ctx, jb, heads, &most);
     if (s == FSDP_OK) {
         mine = records(st, most);
         all = calloc((size_t)(most * REC_VALUES * world) + 1, sizeof *all);
@@ -499,11 +516,15 @@ static fsdp_status prepare(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb, const fs
     jb->st = st;
     snprintf(jb->final, sizeof jb->final, "%s/step-%08lld", w->dir, (long long)meta->step);
     snprintf(jb->tmp, sizeof jb->tmp, "%s/.step-%08lld.tmp", w->dir, (long long)meta->step);
-    fsdp_status made = jb->rank == 0 ? ckpt_dir_begin(ctx, w->dir, jb->tmp) : FSDP_OK;
-    FSDP_TRY(job_describe(ctx, jb, st, meta));
+    /* What only this rank can get wrong (its metadata, memory) is carried into the exchange's
+     * first all_gather, so every rank fails alike instead of one leaving the others waiting. */
+    fsdp_status local = check_meta(ctx, meta);
+    fsdp_status made =
+        jb->rank == 0 && local == FSDP_OK ? ckpt_dir_begin(ctx, w->dir, jb->tmp) : FSDP_OK;
+    if (local == FSDP_OK) local = job_describe(ctx, jb, st, meta);
     rec *recs = NULL;
     int n = 0;
-    FSDP_TRY(exchange(ctx, g, jb, made, &recs, &n));
+    FSDP_TRY(exchange(ctx, g, jb, made, local, &recs, &n));
     fsdp_status s = assign(ctx, jb, recs, n);
     free(recs);
     return s;
@@ -516,7 +537,6 @@ fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state 
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, meta);
     FSDP_TRY(fsdp_ckpt_writer_wait(ctx, w));
-    FSDP_TRY(check_meta(ctx, meta));
     double t0 = now_seconds();
     job *jb = calloc(1, sizeof *jb);
     if (!jb) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint save");
