@@ -63,7 +63,7 @@ static double now_seconds(void) {
 #define REC_VALUES        (2 + 2 * FSDP_MAX_DIMS) /* entry, piece, offset[4], count[4] */
 #define HEAD_VALUES       3                       /* state hash, pieces held, HEAD_FAILED_* bits */
 #define HEAD_FAILED_MKDIR 1u                      /* rank 0 could not create the directory */
-#define HEAD_FAILED_LOCAL 2u /* the rank could not describe its state (memory) */
+#define HEAD_FAILED_LOCAL 2u /* the rank's metadata was invalid or its memory ran out */
 
 static uint64_t state_hash(const fsdp_state *st) {
     uint64_t h = 1469598103934665603ull;
