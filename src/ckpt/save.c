@@ -160,23 +160,23 @@ static void decode(const fsdp_state *st, int world, const uint64_t *heads, const
 }
 
 /* Every rank's held regions, after checking every rank lists the same entries. A rank that
- * failed before (made_dir: rank 0's directory; described: its metadata or its own copies of the
+ * failed before (made_dir: rank 0's directory; local: its metadata or its own copies of the
  * entries) still takes part in the first all_gather, so every rank learns of it there and
  * returns alike. */
 static fsdp_status exchange(fsdp_ctx *ctx, fsdp_group *g, const job *jb, fsdp_status made_dir,
-                            fsdp_status described, rec **out, int *n_out) {
+                            fsdp_status local, rec **out, int *n_out) {
     const fsdp_state *st = jb->st;
     int world = jb->world;
     uint64_t head[HEAD_VALUES] = {state_hash(st), (uint64_t)count_pieces(st),
                                   (made_dir != FSDP_OK ? HEAD_FAILED_MKDIR : 0) |
-                                      (described != FSDP_OK ? HEAD_FAILED_LOCAL : 0)};
+                                      (local != FSDP_OK ? HEAD_FAILED_LOCAL : 0)};
     uint64_t *heads = malloc((size_t)world * sizeof head), *mine = NULL, *all = NULL;
     int64_t most = 0;
     rec *recs = NULL;
     fsdp_status s = heads ? gather(ctx, g, world, head, HEAD_VALUES, heads)
                           : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint exchange");
     if (s == FSDP_OK)
-        s = described != FSDP_OK  ? described
+        s = local != FSDP_OK      ? local
             : made_dir != FSDP_OK ? made_dir
                                   : check_heads(ctx, jb, heads, &most);
     if (s == FSDP_OK) {
