@@ -28,11 +28,19 @@ typedef enum fsdp_dtype {
     FSDP_DTYPE_COUNT
 } fsdp_dtype;
 
-typedef enum fsdp_device_type { FSDP_DEVICE_CPU = 0, FSDP_DEVICE_CUDA = 1 } fsdp_device_type;
+/* The kinds of device. FSDP_DEVICE_SIM is a simulated GPU, built in every build: CPU kernels
+ * run asynchronously on streams over memory the host cannot read (docs/device.md); tests and CI
+ * run the device path on it where no GPU is present. */
+typedef enum fsdp_device_type {
+    FSDP_DEVICE_CPU = 0,
+    FSDP_DEVICE_CUDA = 1,
+    FSDP_DEVICE_SIM = 2,
+    FSDP_DEVICE_KINDS /* how many kinds there are */
+} fsdp_device_type;
 
 typedef struct fsdp_device {
     fsdp_device_type type;
-    int index; /* GPU ordinal; 0 for the CPU */
+    int index; /* GPU (or simulated GPU) ordinal; 0 for the CPU */
 } fsdp_device;
 
 #define FSDP_CPU ((fsdp_device){FSDP_DEVICE_CPU, 0})
@@ -53,7 +61,7 @@ fsdp_status fsdp_device_synchronize(fsdp_ctx *ctx, fsdp_device device);
 
 size_t fsdp_dtype_size(fsdp_dtype dtype);              /* bytes per element; 0 if unknown */
 const char *fsdp_dtype_to_string(fsdp_dtype dtype);    /* "f32", "bf16", "i32", "f16" */
-const char *fsdp_device_to_string(fsdp_device device); /* "cpu", "cuda" */
+const char *fsdp_device_to_string(fsdp_device device); /* "cpu", "cuda", "sim" */
 
 /* bf16 <-> f32, round to nearest even; NaN stays NaN. */
 fsdp_bf16 fsdp_bf16_from_f32(float x);

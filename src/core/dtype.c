@@ -37,6 +37,7 @@ const char *fsdp_dtype_to_string(fsdp_dtype dtype) {
 const char *fsdp_device_to_string(fsdp_device device) {
     return device.type == FSDP_DEVICE_CPU    ? "cpu"
            : device.type == FSDP_DEVICE_CUDA ? "cuda"
+           : device.type == FSDP_DEVICE_SIM  ? "sim"
                                              : "unknown";
 }
 

@@ -113,11 +113,11 @@ static const fsdp_storage_i cpu_storage = {
 };
 
 /* Written once per type while the library loads (before main or any rank thread), read after. */
-static _Atomic(const fsdp_storage_i *) registered[FSDP_DEVICE_CUDA + 1];
+static _Atomic(const fsdp_storage_i *) registered[FSDP_DEVICE_KINDS];
 
 const fsdp_storage_i *fsdp_storage_for(fsdp_device_type type) {
     if (type == FSDP_DEVICE_CPU) return &cpu_storage;
-    if ((int)type < 0 || type > FSDP_DEVICE_CUDA) return NULL;
+    if ((int)type < 0 || type >= FSDP_DEVICE_KINDS) return NULL;
     return atomic_load(&registered[type]);
 }
 
@@ -126,7 +126,7 @@ const fsdp_storage_i *fsdp_storage_between(fsdp_device dst, fsdp_device src) {
 }
 
 void fsdp_storage_register(fsdp_device_type type, const fsdp_storage_i *iface) {
-    FSDP_ASSERT(type != FSDP_DEVICE_CPU && (int)type >= 0 && type <= FSDP_DEVICE_CUDA);
+    FSDP_ASSERT(type != FSDP_DEVICE_CPU && (int)type >= 0 && type < FSDP_DEVICE_KINDS);
     atomic_store(&registered[type], iface);
 }
 

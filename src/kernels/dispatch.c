@@ -15,6 +15,9 @@ const fsdp_kernels_i *fsdp_kernels_for(fsdp_device device) {
 #else
         return NULL; // a build without CUDA
 #endif
+    case FSDP_DEVICE_SIM:
+    case FSDP_DEVICE_KINDS:
+        break; // the simulated device is not built yet
     }
     return NULL;
 }
