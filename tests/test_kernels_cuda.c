@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/storage.h"    // defines: fsdp_storage_for, fsdp_storage_i
+#include "core/device.h"    // defines: fsdp_device_for, fsdp_device_i
+#include "core/stream.h"    // defines: fsdp_host_alloc, fsdp_host_free
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_close, FSDP_TEST_OK
 #include "kernel_rng.h"      // defines: rng_seed, rng_u32, rng_uniform
 #include "kernels/kernels.h" // defines: fsdp_kernels_i, fsdp_kernels_for
@@ -57,9 +58,9 @@ static void test_table(void) {
                k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->f32_to_f16 &&
                k->f16_to_f32 && k->sgd_update && k->adam_update;
     CU_ASSERT_TRUE(all);
-    const fsdp_storage_i *s = fsdp_storage_for(FSDP_DEVICE_CUDA);
+    const fsdp_device_i *s = fsdp_device_for(FSDP_DEVICE_CUDA);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
-    CU_ASSERT_PTR_EQUAL(s, fsdp_cuda_storage());
+    CU_ASSERT_PTR_EQUAL(s, fsdp_cuda_device());
     CU_ASSERT_STRING_EQUAL(s->name, "cuda");
     CU_ASSERT_TRUE(s->alloc && s->free && s->copy && s->copy_2d && s->fill && s->convert &&
                    s->synchronize && s->device_count);
@@ -84,7 +85,7 @@ static void test_device_out_of_range(void) {
     FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, past, 1, shape, &t), FSDP_ERR_DEVICE,
                     needle);
     void *p = NULL;
-    FSDP_TEST_FAILS(fsdp_storage_for(FSDP_DEVICE_CUDA)->alloc(ctx, count, 64, &p), FSDP_ERR_DEVICE,
+    FSDP_TEST_FAILS(fsdp_device_for(FSDP_DEVICE_CUDA)->alloc(ctx, count, 64, &p), FSDP_ERR_DEVICE,
                     needle);
     CU_ASSERT_PTR_NULL(p);
 #else
@@ -104,8 +105,8 @@ static float *new_uniform(int64_t n, float lo, float hi) {
     return p;
 }
 
-static const fsdp_storage_i *cuda_storage(void) {
-    return fsdp_storage_for(FSDP_DEVICE_CUDA);
+static const fsdp_device_i *cuda_storage(void) {
+    return fsdp_device_for(FSDP_DEVICE_CUDA);
 }
 
 /* nbytes of device memory holding a copy of host (zeroed when host is NULL). */
@@ -203,7 +204,7 @@ static void test_alloc_errors(void) {
 static void test_copy(void) {
     NEED_GPU();
     fsdp_ctx *ctx = fsdp_test_ctx();
-    const fsdp_storage_i *s = cuda_storage();
+    const fsdp_device_i *s = cuda_storage();
     rng_seed(1);
     int64_t n = 100003;
     float *h = new_uniform(n, -1, 1), *back = new_uniform(n, 0, 0);
@@ -230,7 +231,7 @@ static void test_copy(void) {
 
     /* pinned host memory: an asynchronous copy in, synchronize, out */
     float *pinned = NULL;
-    FSDP_TEST_OK(fsdp_cuda_host_alloc(ctx, (size_t)n * 4, (void **)&pinned));
+    FSDP_TEST_OK(fsdp_host_alloc(ctx, FSDP_DEVICE_CUDA, (size_t)n * 4, (void **)&pinned));
     CU_ASSERT_EQUAL(pinned[n - 1], 0.0f);
     memcpy(pinned, h, (size_t)n * 4);
     FSDP_TEST_OK(s->copy(ctx, b, CUDA0, pinned, FSDP_CPU, (size_t)n * 4));
@@ -238,8 +239,8 @@ static void test_copy(void) {
     memset(pinned, 0, (size_t)n * 4);
     FSDP_TEST_OK(s->copy(ctx, pinned, FSDP_CPU, b, CUDA0, (size_t)n * 4));
     CU_ASSERT_EQUAL(memcmp(pinned, h, (size_t)n * 4), 0);
-    fsdp_cuda_host_free(pinned);
-    fsdp_cuda_host_free(NULL);
+    fsdp_host_free(FSDP_DEVICE_CUDA, pinned);
+    fsdp_host_free(FSDP_DEVICE_CUDA, NULL);
     dev_free(a), dev_free(b), dev_free(box), dev_free(box2);
     free(h), free(back);
 }
@@ -247,7 +248,7 @@ static void test_copy(void) {
 static void test_fill_convert(void) {
     NEED_GPU();
     fsdp_ctx *ctx = fsdp_test_ctx();
-    const fsdp_storage_i *s = cuda_storage();
+    const fsdp_device_i *s = cuda_storage();
     int64_t n = 1027;
     float v = -2.5f, *got = new_uniform(n, 0, 0);
     float *d = dev_floats(NULL, n + 1);

@@ -7,7 +7,7 @@
 
 #include "core/ctx_impl.h"
 #include "core/error.h"
-#include "core/storage.h"
+#include "core/device.h"
 #include "core/tensor_impl.h"
 #include "harness.h"
 
@@ -460,8 +460,8 @@ static void test_module_to_refusals(void) {
     fsdp_tensor *view;
     FSDP_TEST_OK(fsdp_tensor_view(ctx, data, 0, 1, (int64_t[]){4}, &view));
     FSDP_TEST_FAILS(fsdp_tensor_move(ctx, data, (fsdp_device){FSDP_DEVICE_CUDA, 0}),
-                    fsdp_storage_for(FSDP_DEVICE_CUDA) &&
-                            fsdp_storage_for(FSDP_DEVICE_CUDA)->device_count() > 0
+                    fsdp_device_for(FSDP_DEVICE_CUDA) &&
+                            fsdp_device_for(FSDP_DEVICE_CUDA)->device_count() > 0
                         ? FSDP_ERR_STATE
                         : FSDP_ERR_DEVICE,
                     "cuda:0");

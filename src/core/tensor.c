@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "core/storage.h"
+#include "core/device.h"
 #include "core/tensor_impl.h"
 
 /* The most elements a tensor may have: its byte size must fit an int64_t for any dtype (up to
@@ -57,7 +57,7 @@ static fsdp_status check_dtype_device(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_devi
                          "unknown dtype %d; use FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16 or "
                          "FSDP_DTYPE_I32",
                          (int)dtype);
-    return fsdp_storage_check_device(ctx, device);
+    return fsdp_device_check(ctx, device);
 }
 
 static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device,
@@ -66,7 +66,7 @@ static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device,
     if (!s) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a tensor handle");
     /* never a NULL data pointer, even for an empty tensor */
     fsdp_status st =
-        fsdp_storage_for(device.type)->alloc(ctx, device.index, nbytes ? nbytes : 1, &s->data);
+        fsdp_device_for(device.type)->alloc(ctx, device.index, nbytes ? nbytes : 1, &s->data);
     if (st != FSDP_OK) {
         free(s);
         return st;
@@ -110,7 +110,7 @@ static fsdp_storage *no_storage_for(fsdp_device d) {
 static void storage_release(fsdp_storage *s) {
     if (!s || is_no_storage(s) || atomic_fetch_sub(&s->refs, 1) != 1) return;
     if (s->owned)
-        fsdp_storage_for(s->device.type)->free(s->device.index, s->data);
+        fsdp_device_for(s->device.type)->free(s->device.index, s->data);
     else if (s->release)
         s->release(s->release_arg);
     free(s);
@@ -203,7 +203,7 @@ fsdp_status fsdp_tensor_relocatable(fsdp_ctx *ctx, const fsdp_tensor *t, const c
 void fsdp_tensor_relocate(fsdp_tensor *t, void *data, fsdp_storage_release_fn release, void *arg) {
     fsdp_storage *s = t->storage;
     if (s->nbytes) memcpy(data, s->data, s->nbytes);
-    fsdp_storage_for(s->device.type)->free(s->device.index, s->data);
+    fsdp_device_for(s->device.type)->free(s->device.index, s->data);
     s->data = data;
     s->owned = false;
     s->release = release;
@@ -315,7 +315,7 @@ fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const in
 fsdp_status fsdp_tensor_move(fsdp_ctx *ctx, fsdp_tensor *t, fsdp_device device) {
     fsdp_device from = t->storage->device;
     if (from.type == device.type && from.index == device.index) return FSDP_OK;
-    FSDP_TRY(fsdp_storage_check_device(ctx, device));
+    FSDP_TRY(fsdp_device_check(ctx, device));
     if (is_no_storage(t->storage))
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "moving a tensor to %s:%d: it has no storage (a sharded FSDP parameter); "
@@ -330,7 +330,7 @@ fsdp_status fsdp_tensor_move(fsdp_ctx *ctx, fsdp_tensor *t, fsdp_device device) 
     fsdp_storage *s;
     size_t nbytes = fsdp_tensor_nbytes(t);
     FSDP_TRY(storage_new(ctx, nbytes, device, &s));
-    fsdp_status st = fsdp_storage_between(device, from)
+    fsdp_status st = fsdp_device_between(device, from)
                          ->copy(ctx, s->data, device, fsdp_tensor_data(t), from, nbytes);
     if (st != FSDP_OK) {
         storage_release(s);
@@ -429,7 +429,7 @@ fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor 
     const void *s = fsdp_tensor_data(src);
     if (dst->dtype == src->dtype) {
         if (same_device && d == s) return FSDP_OK;
-        return fsdp_storage_between(dd, sd)->copy(ctx, d, dd, s, sd, fsdp_tensor_nbytes(src));
+        return fsdp_device_between(dd, sd)->copy(ctx, d, dd, s, sd, fsdp_tensor_nbytes(src));
     }
     if (!same_device)
         return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
@@ -437,7 +437,7 @@ fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor 
                          "one device, then copy between devices",
                          fsdp_dtype_to_string(src->dtype), fsdp_device_to_string(sd),
                          fsdp_dtype_to_string(dst->dtype), fsdp_device_to_string(dd));
-    return fsdp_storage_for(dd.type)->convert(ctx, dd.index, d, dst->dtype, s, src->dtype,
+    return fsdp_device_for(dd.type)->convert(ctx, dd.index, d, dst->dtype, s, src->dtype,
                                               src->numel);
 }
 
@@ -448,12 +448,12 @@ fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value) {
     fsdp_device dev = t->storage->device;
     if (t->dtype == FSDP_DTYPE_BF16) {
         fsdp_bf16 v = fsdp_bf16_from_f32(value);
-        return fsdp_storage_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
+        return fsdp_device_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
                                                 t->numel);
     }
     if (t->dtype == FSDP_DTYPE_F16) {
         fsdp_f16 v = fsdp_f16_from_f32(value);
-        return fsdp_storage_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
+        return fsdp_device_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
                                                 t->numel);
     }
     if (t->dtype == FSDP_DTYPE_I32) { /* the value truncated toward zero, as a C cast */
@@ -461,9 +461,9 @@ fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value) {
             return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                              "fsdp_tensor_fill: %g is not an i32 value", (double)value);
         int32_t v = (int32_t)value;
-        return fsdp_storage_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
+        return fsdp_device_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
                                                 t->numel);
     }
-    return fsdp_storage_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &value,
+    return fsdp_device_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &value,
                                             sizeof value, t->numel);
 }

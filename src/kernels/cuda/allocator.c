@@ -2,12 +2,14 @@
  * serve later allocations of about their size, so a steady-state training step makes no
  * cudaMalloc (which is slow and synchronizes); several rank threads may share a device.
  *
- * Stream safety: every thread queues its work on its own default stream. When a block is freed,
- * an event is recorded on the freeing thread's stream; a different thread that takes the block
- * from the cache makes its stream wait for that event (cudaStreamWaitEvent: no host wait), so
- * its writes cannot overtake the previous owner's queued reads and writes. The same thread
- * reuses its own blocks without waiting: its stream runs in order. Threads are told apart by a
- * serial number that is never reused. A block must be freed by the thread whose stream last
+ * Stream safety: every thread queues its work on its current stream (its own default stream
+ * unless set otherwise). When a block is freed, an event is recorded on the freeing thread's
+ * current stream; a taker on another stream (another thread, or the same thread on another
+ * stream) makes its stream wait for that event (cudaStreamWaitEvent: no host wait), so its
+ * writes cannot overtake the previous owner's queued reads and writes. The same thread on the
+ * same stream reuses its blocks without waiting: its stream runs in order. Threads are told
+ * apart by a serial number that is never reused (every thread's default stream has the same
+ * handle, cudaStreamPerThread). A block must be freed by the thread whose stream last
  * used it (one rank = one thread), or after that thread's work has finished. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -25,6 +27,7 @@ typedef struct block {
     size_t size;       // rounded
     cudaEvent_t freed; // recorded at the last free; created on the first
     uint64_t freer;    // the serial of the thread that last freed it
+    cudaStream_t on;   // and the stream it was current on then
     struct block *next;
 } block;
 
@@ -133,8 +136,8 @@ fsdp_status fsdp_cuda_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void
     }
     pthread_mutex_unlock(&p->mu);
     if (b) {
-        if (b->freer != me)
-            FSDP_CUDA_TRY(ctx, cudaStreamWaitEvent(cudaStreamPerThread, b->freed, 0));
+        if (b->freer != me || b->on != fsdp_cuda_stream())
+            FSDP_CUDA_TRY(ctx, cudaStreamWaitEvent(fsdp_cuda_stream(), b->freed, 0));
         *out = b->ptr;
         return FSDP_OK;
     }
@@ -143,6 +146,7 @@ fsdp_status fsdp_cuda_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void
     if (!b) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a block record");
     b->size = size;
     b->freer = me;
+    b->on = fsdp_cuda_stream();
     cudaError_t err = cudaMalloc(&b->ptr, size);
     if (err == cudaErrorMemoryAllocation) { // the cache may hold what is missing
         (void)cudaGetLastError();
@@ -180,7 +184,8 @@ void fsdp_cuda_block_free(int device, void *ptr) {
     cudaGetDevice(&previous);
     if (previous != device) cudaSetDevice(device);
     if (!b->freed) FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&b->freed, cudaEventDisableTiming));
-    FSDP_CUDA_CHECK(cudaEventRecord(b->freed, cudaStreamPerThread));
+    b->on = fsdp_cuda_stream();
+    FSDP_CUDA_CHECK(cudaEventRecord(b->freed, b->on));
     if (previous != device) cudaSetDevice(previous);
     b->freer = fsdp_cuda_thread_serial();
 

@@ -14,7 +14,7 @@ extern "C" void fsdp_cuda_bias_add(float *out, const float *bias, int64_t rows, 
     if (rows <= 0 || cols <= 0) return;
     dim3 grid((unsigned)((cols + FSDP_CUDA_THREADS - 1) / FSDP_CUDA_THREADS),
               (unsigned)(rows < 1024 ? rows : 1024));
-    bias_add_kernel<<<grid, FSDP_CUDA_THREADS>>>(out, bias, rows, cols);
+    bias_add_kernel<<<grid, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(out, bias, rows, cols);
     FSDP_CUDA_LAUNCHED("bias_add");
 }
 
@@ -32,6 +32,7 @@ __global__ void scale_matrix_kernel(float *C, int64_t ldc, int64_t M, int64_t N,
 
 extern "C" void fsdp_cuda_scale_matrix(float *C, int64_t ldc, int64_t M, int64_t N, float beta) {
     if (M <= 0 || N <= 0) return;
-    scale_matrix_kernel<<<fsdp_grid(M * N), FSDP_CUDA_THREADS>>>(C, ldc, M, N, beta);
+    scale_matrix_kernel<<<fsdp_grid(M * N), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(C, ldc, M,
+                                                                                        N, beta);
     FSDP_CUDA_LAUNCHED("gemm (K = 0)");
 }

@@ -108,7 +108,8 @@ __global__ void fsdp_map2_kernel(float *out, const float *a, const float *b, int
 template <class F> void fsdp_map1(const char *name, float *out, const float *a, int64_t n, F f) {
     if (n <= 0) return;
     bool vec = FSDP_CUDA_ALIGNED16(out) && FSDP_CUDA_ALIGNED16(a);
-    fsdp_map1_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS>>>(out, a, n, vec, f);
+    fsdp_map1_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        out, a, n, vec, f);
     FSDP_CUDA_LAUNCHED(name);
 }
 
@@ -116,7 +117,8 @@ template <class F>
 void fsdp_map2(const char *name, float *out, const float *a, const float *b, int64_t n, F f) {
     if (n <= 0) return;
     bool vec = FSDP_CUDA_ALIGNED16(out) && FSDP_CUDA_ALIGNED16(a) && FSDP_CUDA_ALIGNED16(b);
-    fsdp_map2_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS>>>(out, a, b, n, vec, f);
+    fsdp_map2_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        out, a, b, n, vec, f);
     FSDP_CUDA_LAUNCHED(name);
 }
 

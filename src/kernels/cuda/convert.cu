@@ -46,15 +46,15 @@ static bool aligned8(const void *p) {
 extern "C" void fsdp_cuda_f32_to_bf16(fsdp_bf16 *dst, const float *src, int64_t n) {
     if (n <= 0) return;
     bool vec = FSDP_CUDA_ALIGNED16(src) && aligned8(dst);
-    f32_to_bf16_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS>>>((uint16_t *)dst, src, n,
-                                                                          vec);
+    f32_to_bf16_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        (uint16_t *)dst, src, n, vec);
     FSDP_CUDA_LAUNCHED("f32_to_bf16");
 }
 
 extern "C" void fsdp_cuda_bf16_to_f32(float *dst, const fsdp_bf16 *src, int64_t n) {
     if (n <= 0) return;
     bool vec = FSDP_CUDA_ALIGNED16(dst) && aligned8(src);
-    bf16_to_f32_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS>>>(
+    bf16_to_f32_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         dst, (const uint16_t *)src, n, vec);
     FSDP_CUDA_LAUNCHED("bf16_to_f32");
 }
@@ -94,12 +94,14 @@ __global__ void f16_to_f32_kernel(float *dst, const uint16_t *src, int64_t n) {
 
 extern "C" void fsdp_cuda_f32_to_f16(fsdp_f16 *dst, const float *src, int64_t n) {
     if (n <= 0) return;
-    f32_to_f16_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS>>>((uint16_t *)dst, src, n);
+    f32_to_f16_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>((uint16_t *)dst,
+                                                                                  src, n);
     FSDP_CUDA_LAUNCHED("f32_to_f16");
 }
 
 extern "C" void fsdp_cuda_f16_to_f32(float *dst, const fsdp_f16 *src, int64_t n) {
     if (n <= 0) return;
-    f16_to_f32_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS>>>(dst, (const uint16_t *)src, n);
+    f16_to_f32_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        dst, (const uint16_t *)src, n);
     FSDP_CUDA_LAUNCHED("f16_to_f32");
 }

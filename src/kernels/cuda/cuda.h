@@ -1,7 +1,7 @@
-/* cuda.h: what the CUDA device offers beyond the storage interface and the operator table: the
- * probe that tests skip on, the caching allocator's counters, TF32 for this thread's GEMMs and
- * pinned host memory for staging. Internal to libfsdp (tests and benchmarks read it); it
- * includes no CUDA header, so any C file can include it. */
+/* cuda.h: what the CUDA device offers beyond its record (core/device.h) and its operator table:
+ * the probe that tests skip on, the caching allocator's counters and TF32 for this thread's
+ * GEMMs. Internal to libfsdp (tests and benchmarks read it); it includes no CUDA header, so any
+ * C file can include it. */
 #ifndef FSDP_KERNELS_CUDA_H
 #define FSDP_KERNELS_CUDA_H
 
@@ -9,12 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/storage.h"    // defines: fsdp_storage_i
+#include "core/device.h"     // defines: fsdp_device_i
 #include "kernels/kernels.h" // defines: fsdp_kernels_i
 
-/* The CUDA operator table and storage interface (the storage registers itself at load). */
+/* The CUDA operator table and the CUDA device's record (kernels/devices.c registers it). */
 const fsdp_kernels_i *fsdp_kernels_cuda(void);
-const fsdp_storage_i *fsdp_cuda_storage(void);
+const fsdp_device_i *fsdp_cuda_device(void);
 
 /* How many CUDA devices this process can use; when none, and why is not NULL, writes the
  * reason (the runtime's error, e.g. "cudaGetDeviceCount: CUDA driver version is insufficient
@@ -41,12 +41,5 @@ void fsdp_cuda_empty_cache(int device);
  * accumulation; about 1e-3 relative). Off by default: GEMMs are exact f32. */
 void fsdp_cuda_thread_set_tf32(bool allow);
 bool fsdp_cuda_thread_tf32(void);
-
-/* Page-locked host memory (nbytes > 0, zeroed), for staging and offload: copies between it and
- * a device are asynchronous. A copy from it to a device returns before the bytes are read, so
- * the caller must not change them until the device's stream has passed the copy (synchronize).
- * Free with fsdp_cuda_host_free (NULL does nothing). */
-fsdp_status fsdp_cuda_host_alloc(fsdp_ctx *ctx, size_t nbytes, void **out);
-void fsdp_cuda_host_free(void *ptr);
 
 #endif

@@ -41,7 +41,19 @@ void fsdp_cuda_check_blas(cublasStatus_t st, const char *file, int line, const c
 
 /* ---- this thread's state (thread.c) ---- */
 
-/* This thread's cuBLAS handle for its current device, on its default stream, with the math
+/* The most devices a thread keeps a current stream for. */
+#define FSDP_CUDA_MAX_DEVICES 64
+
+/* This thread's current stream of its current device (of `device`): the one set with
+ * fsdp_cuda_stream_set, else its default stream (cudaStreamPerThread). Every kernel, copy and
+ * fill of the CUDA device runs on it. */
+cudaStream_t fsdp_cuda_stream(void);
+cudaStream_t fsdp_cuda_stream_of(int device);
+/* Makes `stream` (NULL: the default) this thread's current stream of `device`; returns the
+ * previous setting (NULL for the default). */
+cudaStream_t fsdp_cuda_stream_set(int device, cudaStream_t stream);
+
+/* This thread's cuBLAS handle for its current device, on its current stream, with the math
  * mode of fsdp_cuda_thread_set_tf32; created on first use, destroyed when the thread exits. */
 cublasHandle_t fsdp_cuda_blas(void);
 

@@ -33,7 +33,7 @@ extern "C" void fsdp_cuda_scale(float *out, const float *inp, float alpha, int64
 extern "C" void fsdp_cuda_copy(float *dst, const float *src, int64_t n) {
     if (n <= 0 || dst == src) return;
     FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice,
-                                    cudaStreamPerThread));
+                                    fsdp_cuda_stream()));
 }
 
 extern "C" void fsdp_cuda_fill(float *out, float value, int64_t n) {
@@ -47,8 +47,10 @@ template <class T> __global__ void fill_bits_kernel(T *dst, T bits, int64_t n) {
 extern "C" cudaError_t fsdp_cuda_fill_bits(void *dst, uint32_t bits, size_t elem_size, int64_t n) {
     if (n <= 0) return cudaSuccess;
     if (elem_size == 4)
-        fill_bits_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS>>>((uint32_t *)dst, bits, n);
+        fill_bits_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+            (uint32_t *)dst, bits, n);
     else
-        fill_bits_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS>>>((uint16_t *)dst, (uint16_t)bits, n);
+        fill_bits_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+            (uint16_t *)dst, (uint16_t)bits, n);
     return cudaGetLastError();
 }

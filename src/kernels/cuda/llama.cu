@@ -18,7 +18,8 @@ __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, cons
 extern "C" void fsdp_cuda_embedding_forward(float *out, const int32_t *tokens, const float *weight,
                                             int64_t n, int64_t C) {
     if (n <= 0 || C <= 0) return;
-    embedding_forward_kernel<<<fsdp_grid(n * C), FSDP_CUDA_THREADS>>>(out, tokens, weight, n, C);
+    embedding_forward_kernel<<<fsdp_grid(n * C), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        out, tokens, weight, n, C);
     FSDP_CUDA_LAUNCHED("embedding_forward");
 }
 
@@ -32,7 +33,8 @@ __global__ void embedding_backward_kernel(float *dweight, const float *dout, con
 extern "C" void fsdp_cuda_embedding_backward(float *dweight, const float *dout,
                                              const int32_t *tokens, int64_t n, int64_t C) {
     if (n <= 0 || C <= 0) return;
-    embedding_backward_kernel<<<fsdp_grid(C), FSDP_CUDA_THREADS>>>(dweight, dout, tokens, n, C);
+    embedding_backward_kernel<<<fsdp_grid(C), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        dweight, dout, tokens, n, C);
     FSDP_CUDA_LAUNCHED("embedding_backward");
 }
 
@@ -56,7 +58,8 @@ static void rope(const char *name, float *out, const float *inp, const float *co
                  float sign, int64_t B, int64_t T, int64_t H, int64_t D) {
     int64_t pairs = B * T * H * (D / 2);
     if (pairs <= 0) return;
-    rope_kernel<<<fsdp_grid(pairs), FSDP_CUDA_THREADS>>>(out, inp, cos, sin, sign, B, T, H, D);
+    rope_kernel<<<fsdp_grid(pairs), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(out, inp, cos, sin,
+                                                                                sign, B, T, H, D);
     FSDP_CUDA_LAUNCHED(name);
 }
 
@@ -111,7 +114,7 @@ extern "C" void fsdp_cuda_attention_forward(float *out, float *lse, float *scrat
     (void)scratch;
     int64_t rows = B * NH * T;
     if (rows <= 0) return;
-    attention_forward_kernel<<<fsdp_grid(rows), FSDP_CUDA_THREADS>>>(
+    attention_forward_kernel<<<fsdp_grid(rows), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         out, lse, q, k, v, B, T, NH, NKV, D, 1.0f / sqrtf((float)D));
     FSDP_CUDA_LAUNCHED("attention_forward");
 }
@@ -181,12 +184,12 @@ extern "C" void fsdp_cuda_attention_backward(float *dq, float *dk, float *dv, fl
     if (B <= 0 || T <= 0) return;
     float scale = 1.0f / sqrtf((float)D);
     if (NH > 0) {
-        attention_dq_kernel<<<fsdp_grid(B * NH * T), FSDP_CUDA_THREADS>>>(
+        attention_dq_kernel<<<fsdp_grid(B * NH * T), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
             dq, dout, q, k, v, out, lse, B, T, NH, NKV, D, scale);
         FSDP_CUDA_LAUNCHED("attention_backward (dq)");
     }
     if (NKV > 0) {
-        attention_dkv_kernel<<<fsdp_grid(B * NKV * T), FSDP_CUDA_THREADS>>>(
+        attention_dkv_kernel<<<fsdp_grid(B * NKV * T), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
             dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, D, scale);
         FSDP_CUDA_LAUNCHED("attention_backward (dk, dv)");
     }
@@ -221,7 +224,8 @@ __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *do
 extern "C" void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float *dout,
                                           const float *gate, const float *up, int64_t n) {
     if (n <= 0) return;
-    swiglu_backward_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS>>>(dgate, dup, dout, gate, up, n);
+    swiglu_backward_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        dgate, dup, dout, gate, up, n);
     FSDP_CUDA_LAUNCHED("swiglu_backward");
 }
 
@@ -269,26 +273,27 @@ extern "C" void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, cons
     }
     double *scratch = fsdp_cuda_scratch();
     unsigned blocks = fsdp_partial_blocks(rows);
-    count_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, targets, ignore_index, rows);
+    count_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(scratch, targets,
+                                                                       ignore_index, rows);
     FSDP_CUDA_LAUNCHED("cross_entropy_ignore (count)");
-    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch,
-                                                       (int)blocks);
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        scratch + FSDP_CUDA_PARTIALS, scratch, (int)blocks);
     FSDP_CUDA_LAUNCHED("cross_entropy_ignore (count total)");
     double n = fsdp_cuda_fetch_double(scratch + FSDP_CUDA_PARTIALS);
     blocks = (unsigned)(rows < FSDP_CUDA_PARTIALS ? rows : FSDP_CUDA_PARTIALS);
     FSDP_CUDA_CHECK(
-        cudaMemsetAsync(scratch + FSDP_CUDA_PARTIALS + 1, 0, sizeof(double), cudaStreamPerThread));
-    cross_entropy_ignore_kernel<<<blocks, FSDP_CUDA_THREADS>>>(
+        cudaMemsetAsync(scratch + FSDP_CUDA_PARTIALS + 1, 0, sizeof(double), fsdp_cuda_stream()));
+    cross_entropy_ignore_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         scratch, scratch + FSDP_CUDA_PARTIALS + 1, dlogits, logits, targets, ignore_index, rows,
         classes, n);
     FSDP_CUDA_LAUNCHED("cross_entropy_ignore");
-    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch,
-                                                       (int)blocks);
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        scratch + FSDP_CUDA_PARTIALS, scratch, (int)blocks);
     FSDP_CUDA_LAUNCHED("cross_entropy_ignore (total)");
     double host[2];
     FSDP_CUDA_CHECK(cudaMemcpyAsync(host, scratch + FSDP_CUDA_PARTIALS, sizeof host,
-                                    cudaMemcpyDeviceToHost, cudaStreamPerThread));
-    FSDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+                                    cudaMemcpyDeviceToHost, fsdp_cuda_stream()));
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(fsdp_cuda_stream()));
     FSDP_ASSERT(host[1] == 0.0); // a target outside [0, classes), as the CPU asserts
     *loss = (float)(host[0] / n);
 }

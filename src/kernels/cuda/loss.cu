@@ -24,10 +24,11 @@ extern "C" void fsdp_cuda_mse_loss(float *loss, float *dout, const float *out, c
     }
     double *scratch = fsdp_cuda_scratch();
     unsigned blocks = fsdp_partial_blocks(n);
-    mse_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, dout, out, target, n, 2.0 / (double)n);
+    mse_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(scratch, dout, out, target, n,
+                                                                     2.0 / (double)n);
     FSDP_CUDA_LAUNCHED("mse_loss");
-    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch,
-                                                       (int)blocks);
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        scratch + FSDP_CUDA_PARTIALS, scratch, (int)blocks);
     FSDP_CUDA_LAUNCHED("mse_loss (total)");
     *loss = (float)(fsdp_cuda_fetch_double(scratch + FSDP_CUDA_PARTIALS) / (double)n);
 }
@@ -60,17 +61,17 @@ extern "C" void fsdp_cuda_cross_entropy(float *loss, float *dlogits, const float
     double *scratch = fsdp_cuda_scratch();
     unsigned blocks = (unsigned)(rows < FSDP_CUDA_PARTIALS ? rows : FSDP_CUDA_PARTIALS);
     FSDP_CUDA_CHECK(
-        cudaMemsetAsync(scratch + FSDP_CUDA_PARTIALS + 1, 0, sizeof(double), cudaStreamPerThread));
-    cross_entropy_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, scratch + FSDP_CUDA_PARTIALS + 1,
-                                                        dlogits, logits, targets, rows, classes);
+        cudaMemsetAsync(scratch + FSDP_CUDA_PARTIALS + 1, 0, sizeof(double), fsdp_cuda_stream()));
+    cross_entropy_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        scratch, scratch + FSDP_CUDA_PARTIALS + 1, dlogits, logits, targets, rows, classes);
     FSDP_CUDA_LAUNCHED("cross_entropy");
-    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch,
-                                                       (int)blocks);
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        scratch + FSDP_CUDA_PARTIALS, scratch, (int)blocks);
     FSDP_CUDA_LAUNCHED("cross_entropy (total)");
     double host[2];
     FSDP_CUDA_CHECK(cudaMemcpyAsync(host, scratch + FSDP_CUDA_PARTIALS, sizeof host,
-                                    cudaMemcpyDeviceToHost, cudaStreamPerThread));
-    FSDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+                                    cudaMemcpyDeviceToHost, fsdp_cuda_stream()));
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(fsdp_cuda_stream()));
     FSDP_ASSERT(host[1] == 0.0); // a target outside [0, classes), as the CPU asserts
     *loss = (float)(host[0] / (double)rows);
 }

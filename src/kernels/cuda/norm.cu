@@ -24,7 +24,8 @@ extern "C" void fsdp_cuda_rmsnorm_forward(float *out, float *rstd, const float *
                                           int64_t cols) {
     if (rows <= 0) return;
     unsigned blocks = (unsigned)(rows < NORM_MAX_BLOCKS ? rows : NORM_MAX_BLOCKS);
-    rmsnorm_forward_kernel<<<blocks, FSDP_CUDA_THREADS>>>(out, rstd, inp, weight, eps, rows, cols);
+    rmsnorm_forward_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        out, rstd, inp, weight, eps, rows, cols);
     FSDP_CUDA_LAUNCHED("rmsnorm_forward");
 }
 
@@ -53,8 +54,8 @@ extern "C" void fsdp_cuda_rmsnorm_backward(float *dinp, float *dweight, const fl
                                            int64_t rows, int64_t cols) {
     if (rows <= 0 || cols <= 0) return;
     unsigned blocks = (unsigned)(rows < NORM_MAX_BLOCKS ? rows : NORM_MAX_BLOCKS);
-    rmsnorm_backward_kernel<<<blocks, FSDP_CUDA_THREADS>>>(dinp, dout, inp, weight, rstd, rows,
-                                                           cols);
+    rmsnorm_backward_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        dinp, dout, inp, weight, rstd, rows, cols);
     FSDP_CUDA_LAUNCHED("rmsnorm_backward");
     fsdp_cuda_column_sum(dweight, dout, inp, rstd, rows, cols);
 }

@@ -79,7 +79,8 @@ extern "C" void fsdp_cuda_sgd_update(float *p, const float *g, float *buf, int64
                                      const fsdp_sgd_step_args *a) {
     if (n <= 0) return;
     bool vec = FSDP_CUDA_ALIGNED16(p) && FSDP_CUDA_ALIGNED16(g) && FSDP_CUDA_ALIGNED16(buf);
-    sgd_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS>>>(p, g, buf, n, vec, *a);
+    sgd_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        p, g, buf, n, vec, *a);
     FSDP_CUDA_LAUNCHED("sgd_update");
 }
 
@@ -88,6 +89,7 @@ extern "C" void fsdp_cuda_adam_update(float *p, const float *g, float *m, float 
     if (n <= 0) return;
     bool vec = FSDP_CUDA_ALIGNED16(p) && FSDP_CUDA_ALIGNED16(g) && FSDP_CUDA_ALIGNED16(m) &&
                FSDP_CUDA_ALIGNED16(v) && FSDP_CUDA_ALIGNED16(vmax);
-    adam_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS>>>(p, g, m, v, vmax, n, vec, *a);
+    adam_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        p, g, m, v, vmax, n, vec, *a);
     FSDP_CUDA_LAUNCHED("adam_update");
 }

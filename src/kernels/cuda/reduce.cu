@@ -19,10 +19,11 @@ static double sum_of(const float *x, int64_t n, bool square) {
     if (n <= 0) return 0.0;
     double *scratch = fsdp_cuda_scratch();
     unsigned blocks = fsdp_partial_blocks(n);
-    sum_partials_kernel<<<blocks, FSDP_CUDA_THREADS>>>(scratch, x, n, square);
+    sum_partials_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(scratch, x, n,
+                                                                              square);
     FSDP_CUDA_LAUNCHED("sum (partials)");
-    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS>>>(scratch + FSDP_CUDA_PARTIALS, scratch,
-                                                       (int)blocks);
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        scratch + FSDP_CUDA_PARTIALS, scratch, (int)blocks);
     FSDP_CUDA_LAUNCHED("sum (final)");
     return fsdp_cuda_fetch_double(scratch + FSDP_CUDA_PARTIALS);
 }
@@ -49,13 +50,14 @@ extern "C" double fsdp_cuda_max_abs(const float *x, int64_t n) {
     if (n <= 0) return 0.0;
     double *scratch = fsdp_cuda_scratch();
     unsigned int *bits = (unsigned int *)scratch;
-    FSDP_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof *bits, cudaStreamPerThread));
-    max_abs_kernel<<<fsdp_partial_blocks(n), FSDP_CUDA_THREADS>>>(bits, x, n);
+    FSDP_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof *bits, fsdp_cuda_stream()));
+    max_abs_kernel<<<fsdp_partial_blocks(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(bits, x,
+                                                                                         n);
     FSDP_CUDA_LAUNCHED("max_abs");
     unsigned int m = 0;
     FSDP_CUDA_CHECK(
-        cudaMemcpyAsync(&m, bits, sizeof m, cudaMemcpyDeviceToHost, cudaStreamPerThread));
-    FSDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+        cudaMemcpyAsync(&m, bits, sizeof m, cudaMemcpyDeviceToHost, fsdp_cuda_stream()));
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(fsdp_cuda_stream()));
     float best;
     memcpy(&best, &m, sizeof best);
     return (double)best;
@@ -94,7 +96,7 @@ extern "C" void fsdp_cuda_column_sum(float *dst, const float *a, const float *b,
                                      int64_t rows, int64_t cols) {
     if (cols <= 0) return;
     dim3 block(COL_X, COL_Y);
-    column_sum_kernel<<<(unsigned)((cols + COL_X - 1) / COL_X), block>>>(dst, a, b, scale, rows,
-                                                                         cols);
+    column_sum_kernel<<<(unsigned)((cols + COL_X - 1) / COL_X), block, 0, fsdp_cuda_stream()>>>(
+        dst, a, b, scale, rows, cols);
     FSDP_CUDA_LAUNCHED("column_sum");
 }

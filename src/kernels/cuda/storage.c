@@ -1,4 +1,4 @@
-/* storage.c: the CUDA storage interface (core/storage.h): memory from the caching allocator,
+/* storage.c: the CUDA storage interface (core/device.h): memory from the caching allocator,
  * copies, fills and conversions queued on the calling thread's default stream (its rank's
  * compute stream), and pinned host memory. Every CUDA failure becomes a status with CUDA's
  * message. */
@@ -27,7 +27,7 @@ static fsdp_status cuda_alloc(fsdp_ctx *ctx, int index, size_t nbytes, void **ou
     FSDP_TRY(use_device(ctx, index));
     void *p = NULL;
     FSDP_TRY(fsdp_cuda_block_alloc(ctx, index, nbytes, &p));
-    cudaError_t err = cudaMemsetAsync(p, 0, nbytes, cudaStreamPerThread);
+    cudaError_t err = cudaMemsetAsync(p, 0, nbytes, fsdp_cuda_stream());
     if (err != cudaSuccess) {
         fsdp_cuda_block_free(index, p);
         return fsdp_cuda_fail(ctx, err, __FILE__, __LINE__, "cudaMemsetAsync (zeroing)");
@@ -47,15 +47,15 @@ static int copy_device(fsdp_device dst_dev, fsdp_device src_dev) {
 
 /* Device to host waits for the copy (the host reads right after). Host to device from pageable
  * memory returns once the runtime has staged the bytes, so the caller may reuse its buffer at
- * once; from pinned memory (fsdp_cuda_host_alloc) it is asynchronous (see cuda.h). Device to
+ * once; from pinned memory (host_alloc) it is asynchronous (core/device.h). Device to
  * device is asynchronous, in stream order. */
 static fsdp_status cuda_copy(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, const void *src,
                              fsdp_device src_dev, size_t nbytes) {
     if (nbytes == 0 || dst == src) return FSDP_OK;
     FSDP_TRY(use_device(ctx, copy_device(dst_dev, src_dev)));
-    FSDP_CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, cudaStreamPerThread));
+    FSDP_CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, fsdp_cuda_stream()));
     if (dst_dev.type == FSDP_DEVICE_CPU)
-        FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(cudaStreamPerThread));
+        FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(fsdp_cuda_stream()));
     return FSDP_OK;
 }
 
@@ -65,13 +65,12 @@ static fsdp_status cuda_copy_2d(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, s
     if (width == 0 || rows == 0) return FSDP_OK;
     FSDP_TRY(use_device(ctx, copy_device(dst_dev, src_dev)));
     if (rows == 1)
-        FSDP_CUDA_TRY(ctx,
-                      cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, cudaStreamPerThread));
+        FSDP_CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, fsdp_cuda_stream()));
     else
         FSDP_CUDA_TRY(ctx, cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
-                                             cudaMemcpyDefault, cudaStreamPerThread));
+                                             cudaMemcpyDefault, fsdp_cuda_stream()));
     if (dst_dev.type == FSDP_DEVICE_CPU)
-        FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(cudaStreamPerThread));
+        FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(fsdp_cuda_stream()));
     return FSDP_OK;
 }
 
@@ -119,29 +118,13 @@ static fsdp_status cuda_convert(fsdp_ctx *ctx, int index, void *dst, fsdp_dtype 
 
 static fsdp_status cuda_synchronize(fsdp_ctx *ctx, int index) {
     FSDP_TRY(use_device(ctx, index));
-    FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(cudaStreamPerThread));
+    FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(fsdp_cuda_stream()));
     return FSDP_OK;
-}
-
-static const fsdp_storage_i cuda_storage = {
-    .name = "cuda",
-    .device_count = cuda_device_count,
-    .alloc = cuda_alloc,
-    .free = cuda_free,
-    .copy = cuda_copy,
-    .copy_2d = cuda_copy_2d,
-    .fill = cuda_fill,
-    .convert = cuda_convert,
-    .synchronize = cuda_synchronize,
-};
-
-const fsdp_storage_i *fsdp_cuda_storage(void) {
-    return &cuda_storage;
 }
 
 /* ---- pinned host memory ---- */
 
-fsdp_status fsdp_cuda_host_alloc(fsdp_ctx *ctx, size_t nbytes, void **out) {
+static fsdp_status cuda_host_alloc(fsdp_ctx *ctx, size_t nbytes, void **out) {
     char why[160] = "";
     if (fsdp_cuda_device_count(why, sizeof why) == 0)
         return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
@@ -153,6 +136,112 @@ fsdp_status fsdp_cuda_host_alloc(fsdp_ctx *ctx, size_t nbytes, void **out) {
     return FSDP_OK;
 }
 
-void fsdp_cuda_host_free(void *ptr) {
+static void cuda_host_free(void *ptr) {
     if (ptr && cudaFreeHost(ptr) != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* ---- streams and events ---- */
+
+static fsdp_status cuda_stream_create(fsdp_ctx *ctx, int index, void **out) {
+    FSDP_TRY(use_device(ctx, index));
+    cudaStream_t s = NULL;
+    FSDP_CUDA_TRY(ctx, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    *out = s;
+    return FSDP_OK;
+}
+
+/* cudaStreamDestroy returns at once and frees the stream after its queued work. */
+static void cuda_stream_destroy(int index, void *stream) {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    if (previous != index) cudaSetDevice(index);
+    if (cudaStreamDestroy(stream) != cudaSuccess) (void)cudaGetLastError();
+    if (previous != index) cudaSetDevice(previous);
+}
+
+static void *cuda_stream_current(int index) {
+    return fsdp_cuda_stream_of(index) == cudaStreamPerThread ? NULL : fsdp_cuda_stream_of(index);
+}
+
+static void cuda_stream_set_current(int index, void *stream) {
+    fsdp_cuda_stream_set(index, stream);
+}
+
+/* The stream a handle names (NULL: the thread's current stream of device index). */
+static cudaStream_t stream_of(int index, void *handle) {
+    return handle ? (cudaStream_t)handle : fsdp_cuda_stream_of(index);
+}
+
+static fsdp_status cuda_stream_synchronize(fsdp_ctx *ctx, int index, void *stream) {
+    FSDP_TRY(use_device(ctx, index));
+    FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(stream_of(index, stream)));
+    return FSDP_OK;
+}
+
+static fsdp_status cuda_event_create(fsdp_ctx *ctx, int index, void **out) {
+    FSDP_TRY(use_device(ctx, index));
+    cudaEvent_t e = NULL;
+    FSDP_CUDA_TRY(ctx, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *out = e;
+    return FSDP_OK;
+}
+
+static void cuda_event_destroy(int index, void *event) {
+    (void)index;
+    if (cudaEventDestroy(event) != cudaSuccess) (void)cudaGetLastError();
+}
+
+static fsdp_status cuda_event_record(fsdp_ctx *ctx, int index, void *event, void *stream) {
+    FSDP_TRY(use_device(ctx, index));
+    FSDP_CUDA_TRY(ctx, cudaEventRecord(event, stream_of(index, stream)));
+    return FSDP_OK;
+}
+
+static fsdp_status cuda_stream_wait_event(fsdp_ctx *ctx, int index, void *stream, void *event) {
+    FSDP_TRY(use_device(ctx, index));
+    FSDP_CUDA_TRY(ctx, cudaStreamWaitEvent(stream_of(index, stream), event, 0));
+    return FSDP_OK;
+}
+
+static fsdp_status cuda_event_synchronize(fsdp_ctx *ctx, int index, void *event) {
+    (void)index;
+    FSDP_CUDA_TRY(ctx, cudaEventSynchronize(event));
+    return FSDP_OK;
+}
+
+static bool cuda_event_query(int index, void *event) {
+    (void)index;
+    cudaError_t err = cudaEventQuery(event);
+    if (err == cudaErrorNotReady) (void)cudaGetLastError();
+    return err == cudaSuccess;
+}
+
+static const fsdp_device_i cuda_record = {
+    .name = "cuda",
+    .device_count = cuda_device_count,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .copy = cuda_copy,
+    .copy_2d = cuda_copy_2d,
+    .fill = cuda_fill,
+    .convert = cuda_convert,
+    .synchronize = cuda_synchronize,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_current = cuda_stream_current,
+    .stream_set_current = cuda_stream_set_current,
+    .stream_synchronize = cuda_stream_synchronize,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .stream_wait_event = cuda_stream_wait_event,
+    .event_synchronize = cuda_event_synchronize,
+    .event_query = cuda_event_query,
+    .kernels = fsdp_kernels_cuda,
+};
+
+const fsdp_device_i *fsdp_cuda_device(void) {
+    return &cuda_record;
 }

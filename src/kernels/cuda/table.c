@@ -1,6 +1,5 @@
-/* table.c: the CUDA operator table, fsdp_kernels_cuda(), and the registration of the CUDA
- * storage when the library loads: whatever links the table (dispatch.c does) links the storage,
- * in the static library too. */
+/* table.c: the CUDA operator table, fsdp_kernels_cuda() (kernels/devices.c registers it with
+ * the CUDA device's record). */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/cuda/llama_cuda.h"
 
@@ -46,9 +45,4 @@ static const fsdp_kernels_i cuda_kernels = {
 
 const fsdp_kernels_i *fsdp_kernels_cuda(void) {
     return &cuda_kernels;
-}
-
-/* Only stores a pointer: no CUDA call runs before a CUDA tensor is made. */
-__attribute__((constructor)) static void register_cuda_storage(void) {
-    fsdp_storage_register(FSDP_DEVICE_CUDA, fsdp_cuda_storage());
 }

@@ -1,6 +1,6 @@
-/* thread.c: the CUDA state of a host thread (its cuBLAS handle, TF32 setting and scratch
- * memory, freed when the thread exits), the process's device count, and CUDA errors turned
- * into statuses or, inside table entries, into an abort with CUDA's message. */
+/* thread.c: the CUDA state of a host thread (its current stream per device, its cuBLAS handle,
+ * TF32 setting and scratch memory, freed when the thread exits), the process's device count, and
+ * CUDA errors turned into statuses or, inside table entries, into an abort with CUDA's message. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -68,9 +68,11 @@ typedef struct cuda_thread {
     bool allow_tf32;
     cublasHandle_t blas; // on blas_device, NULL until first use
     int blas_device;
-    bool blas_tf32;  // the math mode blas was last set to
-    double *scratch; // FSDP_CUDA_SCRATCH doubles on scratch_device, NULL until first use
+    bool blas_tf32;           // the math mode blas was last set to
+    cudaStream_t blas_stream; // the stream blas was last set to
+    double *scratch;          // FSDP_CUDA_SCRATCH doubles on scratch_device, NULL until first use
     int scratch_device;
+    cudaStream_t current[FSDP_CUDA_MAX_DEVICES]; // NULL: the thread's default stream
 } cuda_thread;
 
 static pthread_key_t thread_key;
@@ -139,9 +141,14 @@ cublasHandle_t fsdp_cuda_blas(void) {
     }
     if (!t->blas) {
         FSDP_CUDA_CHECK_BLAS(cublasCreate(&t->blas));
-        FSDP_CUDA_CHECK_BLAS(cublasSetStream(t->blas, cudaStreamPerThread));
+        t->blas_stream = NULL;
         t->blas_device = dev;
         t->blas_tf32 = !t->allow_tf32; // forces the mode below
+    }
+    cudaStream_t stream = fsdp_cuda_stream();
+    if (!t->blas_stream || t->blas_stream != stream) {
+        FSDP_CUDA_CHECK_BLAS(cublasSetStream(t->blas, stream));
+        t->blas_stream = stream;
     }
     if (t->blas_tf32 != t->allow_tf32) {
         FSDP_CUDA_CHECK_BLAS(cublasSetMathMode(t->blas, t->allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
@@ -149,6 +156,24 @@ cublasHandle_t fsdp_cuda_blas(void) {
         t->blas_tf32 = t->allow_tf32;
     }
     return t->blas;
+}
+
+cudaStream_t fsdp_cuda_stream_of(int device) {
+    FSDP_ASSERT(device >= 0 && device < FSDP_CUDA_MAX_DEVICES);
+    cudaStream_t s = this_thread()->current[device];
+    return s ? s : cudaStreamPerThread;
+}
+
+cudaStream_t fsdp_cuda_stream(void) {
+    return fsdp_cuda_stream_of(current_device());
+}
+
+cudaStream_t fsdp_cuda_stream_set(int device, cudaStream_t stream) {
+    FSDP_ASSERT(device >= 0 && device < FSDP_CUDA_MAX_DEVICES);
+    cuda_thread *t = this_thread();
+    cudaStream_t previous = t->current[device];
+    t->current[device] = stream;
+    return previous;
 }
 
 double *fsdp_cuda_scratch(void) {
@@ -169,9 +194,8 @@ double *fsdp_cuda_scratch(void) {
 
 double fsdp_cuda_fetch_double(const double *dev) {
     double v = 0.0;
-    FSDP_CUDA_CHECK(
-        cudaMemcpyAsync(&v, dev, sizeof v, cudaMemcpyDeviceToHost, cudaStreamPerThread));
-    FSDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+    FSDP_CUDA_CHECK(cudaMemcpyAsync(&v, dev, sizeof v, cudaMemcpyDeviceToHost, fsdp_cuda_stream()));
+    FSDP_CUDA_CHECK(cudaStreamSynchronize(fsdp_cuda_stream()));
     return v;
 }
 

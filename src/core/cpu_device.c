@@ -1,11 +1,12 @@
-/* storage.c: the registry of device memory interfaces and the CPU's own: aligned host memory,
- * memmove, element fill and the f32 <-> bf16 and f32 <-> f16 conversions. */
+/* cpu_device.c: the registry of device records (core/device.h) and the CPU's memory face:
+ * aligned host memory, memmove, element fill and the f32 <-> bf16 and f32 <-> f16
+ * conversions. The CPU runs everything at once: it has no queues. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/device.h"
 #include "core/error.h"
-#include "core/storage.h"
 
 #define CPU_ALIGN 64
 
@@ -100,7 +101,12 @@ static fsdp_status cpu_convert(fsdp_ctx *ctx, int index, void *dst, fsdp_dtype d
     return FSDP_OK;
 }
 
-static const fsdp_storage_i cpu_storage = {
+/* Pinned memory is plain memory on the CPU: nothing runs asynchronously. */
+static fsdp_status cpu_host_alloc(fsdp_ctx *ctx, size_t nbytes, void **out) {
+    return cpu_alloc(ctx, 0, nbytes, out);
+}
+
+static const fsdp_device_i cpu_memory = {
     .name = "cpu",
     .device_count = cpu_device_count,
     .alloc = cpu_alloc,
@@ -110,44 +116,50 @@ static const fsdp_storage_i cpu_storage = {
     .fill = cpu_fill,
     .convert = cpu_convert,
     .synchronize = NULL,
+    .host_alloc = cpu_host_alloc,
+    .host_free = free,
 };
 
-/* Written once per type while the library loads (before main or any rank thread), read after. */
-static _Atomic(const fsdp_storage_i *) registered[FSDP_DEVICE_KINDS];
+const fsdp_device_i *fsdp_device_cpu_memory(void) {
+    return &cpu_memory;
+}
 
-const fsdp_storage_i *fsdp_storage_for(fsdp_device_type type) {
-    if (type == FSDP_DEVICE_CPU) return &cpu_storage;
+/* Written once per kind while the library loads (before main or any rank thread), read after.
+ * The CPU's memory face serves until the device layer registers the CPU's whole record. */
+static _Atomic(const fsdp_device_i *) registered[FSDP_DEVICE_KINDS] = {&cpu_memory};
+
+const fsdp_device_i *fsdp_device_for(fsdp_device_type type) {
     if ((int)type < 0 || type >= FSDP_DEVICE_KINDS) return NULL;
     return atomic_load(&registered[type]);
 }
 
-const fsdp_storage_i *fsdp_storage_between(fsdp_device dst, fsdp_device src) {
-    return fsdp_storage_for(dst.type != FSDP_DEVICE_CPU ? dst.type : src.type);
+const fsdp_device_i *fsdp_device_between(fsdp_device dst, fsdp_device src) {
+    return fsdp_device_for(dst.type != FSDP_DEVICE_CPU ? dst.type : src.type);
 }
 
-void fsdp_storage_register(fsdp_device_type type, const fsdp_storage_i *iface) {
-    FSDP_ASSERT(type != FSDP_DEVICE_CPU && (int)type >= 0 && type < FSDP_DEVICE_KINDS);
-    atomic_store(&registered[type], iface);
+void fsdp_device_register(fsdp_device_type type, const fsdp_device_i *record) {
+    FSDP_ASSERT((int)type >= 0 && type < FSDP_DEVICE_KINDS && record);
+    atomic_store(&registered[type], record);
 }
 
 int fsdp_device_count(fsdp_device_type type) {
-    const fsdp_storage_i *s = fsdp_storage_for(type);
+    const fsdp_device_i *s = fsdp_device_for(type);
     return s ? s->device_count() : 0;
 }
 
 fsdp_status fsdp_device_synchronize(fsdp_ctx *ctx, fsdp_device device) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
-    FSDP_TRY(fsdp_storage_check_device(ctx, device));
-    const fsdp_storage_i *s = fsdp_storage_for(device.type);
+    FSDP_TRY(fsdp_device_check(ctx, device));
+    const fsdp_device_i *s = fsdp_device_for(device.type);
     return s->synchronize ? s->synchronize(ctx, device.index) : FSDP_OK;
 }
 
-fsdp_status fsdp_storage_check_device(fsdp_ctx *ctx, fsdp_device device) {
-    const fsdp_storage_i *s = fsdp_storage_for(device.type);
+fsdp_status fsdp_device_check(fsdp_ctx *ctx, fsdp_device device) {
+    const fsdp_device_i *s = fsdp_device_for(device.type);
     if (!s)
         return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
                          "device %s:%d is not available: this build of libfsdp has no %s support "
-                         "(rebuild with the CUDA toolkit installed, or use the cpu)",
+                         "(rebuild with the CUDA toolkit installed, or use the cpu or sim)",
                          fsdp_device_to_string(device), device.index,
                          fsdp_device_to_string(device));
     int count = s->device_count();

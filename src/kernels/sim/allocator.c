@@ -1,0 +1,189 @@
+/* allocator.c: the sim device's caching allocator, with CUDA's semantics: blocks rounded as
+ * CUDA rounds them (512 bytes below 1 MiB, 2 MiB above), kept when freed and handed out again
+ * for about their size, so a steady-state step takes no device memory. A freed block remembers
+ * the stream it was freed on and an event recorded there; a later owner on another stream makes
+ * its stream wait for that event (no host wait), so its work cannot overtake the work queued
+ * before the free. Fresh blocks hold the NaN pattern of memory.c. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels/sim/sim_impl.h"
+
+#define SMALL_LIMIT ((size_t)1 << 20)
+#define LARGE_ROUND ((size_t)2 << 20)
+#define BUCKETS     1024
+
+typedef struct block {
+    void *ptr;
+    size_t size;        // rounded
+    sim_stream *stream; // where it was last freed (NULL: never freed)
+    sim_event *freed;   // recorded there at that free
+    struct block *next;
+} block;
+
+typedef struct pool {
+    pthread_mutex_t mu;
+    block *cached;        // free blocks
+    block *used[BUCKETS]; // blocks handed out, hashed by address
+    fsdp_sim_memory_stats stats;
+} pool;
+
+static pool pools[SIM_MAX_DEVICES] = {
+    [0 ... SIM_MAX_DEVICES - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER},
+};
+
+static size_t round_size(size_t nbytes) {
+    size_t r = nbytes < SMALL_LIMIT ? SIM_ALIGN : LARGE_ROUND;
+    return (nbytes + r - 1) / r * r;
+}
+
+static size_t bucket_of(const void *ptr) {
+    return ((uintptr_t)ptr / SIM_ALIGN) % BUCKETS;
+}
+
+/* The cached block that fits `size` best without wasting more than a quarter of itself;
+ * unlinked. Called with the pool's lock. */
+static block *take_cached(pool *p, size_t size) {
+    block **best = NULL;
+    for (block **at = &p->cached; *at; at = &(*at)->next) {
+        size_t have = (*at)->size;
+        if (have < size || have - size > have / 4) continue;
+        if (!best || have < (*best)->size) best = at;
+    }
+    if (!best) return NULL;
+    block *b = *best;
+    *best = b->next;
+    return b;
+}
+
+/* Returns every cached block of the pool to the device, after the work before its free. */
+static void release_cached(int device) {
+    pool *p = &pools[device];
+    pthread_mutex_lock(&p->mu);
+    block *list = p->cached;
+    p->cached = NULL;
+    for (block *b = list; b; b = b->next) p->stats.reserved -= b->size;
+    pthread_mutex_unlock(&p->mu);
+    while (list) {
+        block *b = list;
+        list = b->next;
+        if (b->freed) sim_event_sync(b->freed);
+        sim_event_free(b->freed);
+        sim_device_give(device, b->ptr, b->size);
+        free(b);
+    }
+}
+
+static fsdp_status out_of_memory(fsdp_ctx *ctx, int device, size_t size) {
+    fsdp_sim_memory_stats s = fsdp_sim_memory_stats_get(device);
+    return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
+                     "sim:%d is out of memory: tried to allocate %zu bytes with %zu of %zu bytes "
+                     "in use (%zu held); the simulated device has FSDP_SIM_MEMORY=%zu bytes: "
+                     "raise it, or use less memory (smaller batch or model, more sharding)",
+                     device, size, s.in_use, s.capacity, s.reserved, s.capacity);
+}
+
+fsdp_status sim_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void **out) {
+    FSDP_TRY(sim_window_ensure(ctx));
+    size_t size = round_size(nbytes);
+    if (size < nbytes || size > sim_capacity()) return out_of_memory(ctx, device, nbytes);
+    pool *p = &pools[device];
+    pthread_mutex_lock(&p->mu);
+    block *b = take_cached(p, size);
+    bool fresh = !b;
+    if (b) p->stats.cache_hits++;
+    pthread_mutex_unlock(&p->mu);
+    if (b) {
+        sim_stream *now = sim_stream_of(device, sim_stream_current_handle(device));
+        if (b->stream != now && b->freed) sim_stream_wait_event(now, b->freed);
+    } else {
+        void *ptr = sim_device_take(device, size);
+        if (!ptr) {
+            release_cached(device); // as CUDA's allocator frees its cache before it gives up
+            ptr = sim_device_take(device, size);
+        }
+        if (!ptr) return out_of_memory(ctx, device, nbytes);
+        b = calloc(1, sizeof *b);
+        if (!b) {
+            sim_device_give(device, ptr, size);
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "sim: no host memory for a block");
+        }
+        b->ptr = ptr;
+        b->size = size;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (fresh) {
+        p->stats.device_allocs++;
+        p->stats.reserved += size;
+    }
+    size_t k = bucket_of(b->ptr);
+    b->next = p->used[k];
+    p->used[k] = b;
+    p->stats.in_use += b->size;
+    if (p->stats.in_use > p->stats.peak_in_use) p->stats.peak_in_use = p->stats.in_use;
+    pthread_mutex_unlock(&p->mu);
+    sim_fault_track(b->ptr, b->size, device);
+    *out = b->ptr;
+    return FSDP_OK;
+}
+
+void sim_block_free(int device, void *ptr) {
+    if (!ptr) return;
+    pool *p = &pools[device];
+    pthread_mutex_lock(&p->mu);
+    block *b = NULL;
+    for (block **at = &p->used[bucket_of(ptr)]; *at; at = &(*at)->next)
+        if ((*at)->ptr == ptr) {
+            b = *at;
+            *at = b->next;
+            break;
+        }
+    if (b) p->stats.in_use -= b->size;
+    pthread_mutex_unlock(&p->mu);
+    if (!b) {
+        fprintf(stderr, "libfsdp: sim:%d: free of %p, which this device did not hand out\n", device,
+                ptr);
+        abort();
+    }
+    sim_fault_untrack(ptr);
+    sim_stream *now = sim_stream_of(device, sim_stream_current_handle(device));
+    if (!b->freed) b->freed = sim_event_new(device);
+    FSDP_ASSERT(b->freed);
+    b->stream = now;
+    sim_event_record(b->freed, now);
+    pthread_mutex_lock(&p->mu);
+    b->next = p->cached;
+    p->cached = b;
+    pthread_mutex_unlock(&p->mu);
+}
+
+fsdp_sim_memory_stats fsdp_sim_memory_stats_get(int device) {
+    if (device < 0 || device >= sim_device_count()) return (fsdp_sim_memory_stats){0};
+    pool *p = &pools[device];
+    pthread_mutex_lock(&p->mu);
+    fsdp_sim_memory_stats s = p->stats;
+    pthread_mutex_unlock(&p->mu);
+    s.capacity = sim_capacity();
+    return s;
+}
+
+void fsdp_sim_empty_cache(int device) {
+    if (device >= 0 && device < sim_device_count()) release_cached(device);
+}
+
+void sim_blocks_release(void) {
+    for (int d = 0; d < SIM_MAX_DEVICES; d++) {
+        release_cached(d);
+        pool *p = &pools[d];
+        pthread_mutex_lock(&p->mu);
+        for (int k = 0; k < BUCKETS; k++)
+            while (p->used[k]) { // leaked: fault.c has reported them
+                block *b = p->used[k];
+                p->used[k] = b->next;
+                sim_event_free(b->freed);
+                free(b);
+            }
+        pthread_mutex_unlock(&p->mu);
+    }
+}

@@ -1,0 +1,52 @@
+/* sim.h: what the simulated GPU offers beyond its device record (core/device.h): its record,
+ * its operator table, the stream modes and the caching allocator's counters. Internal to
+ * libfsdp (tests and benchmarks read it). The design and its settings (FSDP_SIM_DEVICES,
+ * FSDP_SIM_MEMORY, FSDP_SIM_MODE, FSDP_SIM_SEED) are in docs/device.md. */
+#ifndef FSDP_KERNELS_SIM_H
+#define FSDP_KERNELS_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/device.h"     // defines: fsdp_device_i
+#include "kernels/kernels.h" // defines: fsdp_kernels_i
+
+/* The record of the sim device kind and its operator table (the CPU kernels run by the
+ * streams on translated pointers). */
+const fsdp_device_i *fsdp_device_sim(void);
+const fsdp_kernels_i *fsdp_kernels_sim(void);
+
+/* How a stream runs its queue:
+ *   EAGER:    as soon as work is queued;
+ *   DEFERRED: only up to what someone waits for (an event or stream synchronize, a stream
+ *             waiting on an event, a value read back, a query); a missing wait reads stale
+ *             data every time. The default;
+ *   JITTER:   as EAGER, with random delays before each piece of work (FSDP_SIM_SEED). */
+typedef enum fsdp_sim_mode {
+    FSDP_SIM_EAGER = 0,
+    FSDP_SIM_DEFERRED = 1,
+    FSDP_SIM_JITTER = 2
+} fsdp_sim_mode;
+
+/* The mode in effect (FSDP_SIM_MODE=eager|deferred|jitter at the first use), and a change of
+ * it for the whole process, which applies to work queued afterwards. */
+fsdp_sim_mode fsdp_sim_mode_get(void);
+void fsdp_sim_mode_set(fsdp_sim_mode mode);
+
+/* The caching allocator of one sim device, as fsdp_cuda_memory_stats. */
+typedef struct fsdp_sim_memory_stats {
+    int64_t device_allocs; /* blocks taken from the device's memory (the cudaMalloc calls) */
+    int64_t cache_hits;    /* allocations served from the cache */
+    size_t reserved;       /* bytes held from the device: in use plus cached */
+    size_t in_use;         /* bytes handed out and not yet freed */
+    size_t peak_in_use;    /* highest in_use so far */
+    size_t capacity;       /* the device's memory (FSDP_SIM_MEMORY) */
+} fsdp_sim_memory_stats;
+
+/* Zeroes when the device index is out of range or the device was never used. */
+fsdp_sim_memory_stats fsdp_sim_memory_stats_get(int device);
+
+/* Returns the cached blocks of a device to its memory, after the work that last used them. */
+void fsdp_sim_empty_cache(int device);
+
+#endif

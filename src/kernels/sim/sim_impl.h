@@ -1,0 +1,176 @@
+/* sim_impl.h: what the files of src/kernels/sim share and nothing outside reads: the address
+ * window (memory.c), the table of live allocations that the fault handler reads (fault.c), the
+ * streams and events (stream.c), the caching allocator (allocator.c) and the ThreadSanitizer
+ * annotations the streams publish their real edges with. */
+#ifndef FSDP_KERNELS_SIM_IMPL_H
+#define FSDP_KERNELS_SIM_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "kernels/sim/sim.h"
+
+#define SIM_MAX_DEVICES 16
+#define SIM_ALIGN       512 /* every block starts on this boundary, as cudaMalloc's do */
+
+/* ---- the address window (memory.c) ----
+ * One reservation of 2 x span bytes: the first half holds the device addresses (never
+ * readable: a host dereference faults at once), the second the data (the shadow), at the fixed
+ * offset `span`. Device d owns [d * capacity, (d + 1) * capacity) of the first half. */
+
+/* FSDP_SIM_DEVICES (default 2, at most SIM_MAX_DEVICES) and FSDP_SIM_MEMORY (default 8 GiB;
+ * suffixes K, M, G), read once. */
+int sim_device_count(void);
+size_t sim_capacity(void);
+
+/* Reserves the window on first use; FSDP_ERR_DEVICE when the system refuses. */
+fsdp_status sim_window_ensure(fsdp_ctx *ctx);
+/* The device whose addresses hold p (0 <= result < count), or -1 for any other pointer. */
+int sim_device_of(const void *p);
+/* The shadow address of a device address, for the streams' workers (NULL stays NULL). */
+void *sim_shadow(const void *p);
+/* The span between a device address and its shadow; 0 before the window exists. */
+size_t sim_window_span(void);
+/* Device memory in the first-fit sense of cudaMalloc: size (a multiple of SIM_ALIGN) bytes of
+ * device d, or NULL when its capacity is used up. Fresh memory holds a NaN pattern (0xff
+ * bytes), as uninitialised GPU memory holds garbage. */
+void *sim_device_take(int device, size_t size);
+void sim_device_give(int device, void *ptr, size_t size);
+/* Frees the bookkeeping of every device's memory at exit (the mapping stays). */
+void sim_window_release(void);
+
+/* ---- live allocations (fault.c): what a fault report names ---- */
+
+#define SIM_FRAMES 12
+typedef struct sim_alloc_site {
+    const void *ptr;
+    size_t size;
+    int device;
+    int nframes;
+    void *frames[SIM_FRAMES]; /* the call stack that made it */
+} sim_alloc_site;
+
+/* Records a block handed out (installing the fault handler on first use) / forgets it. */
+void sim_fault_track(const void *ptr, size_t size, int device);
+void sim_fault_untrack(const void *ptr);
+/* Prints the allocations still live (device memory leaks) to stderr; returns their count. */
+int sim_fault_report_live(void);
+void sim_fault_release(void);
+
+/* ---- streams and events (stream.c) ---- */
+
+typedef struct sim_stream sim_stream;
+typedef struct sim_event sim_event;
+
+/* A new stream of device d (its worker thread starts with it). NULL when out of memory or
+ * threads. */
+sim_stream *sim_stream_new(int device);
+/* Runs what is queued, then joins and frees the stream. */
+void sim_stream_free(sim_stream *s);
+/* The calling thread's current stream of device d (its default stream, made on first use,
+ * unless set otherwise); never NULL. handle: NULL for the default. */
+sim_stream *sim_stream_of(int device, void *handle);
+void *sim_stream_current_handle(int device);
+void sim_stream_set_current_handle(int device, void *handle);
+int sim_stream_device(const sim_stream *s);
+
+/* Queues run(arg copy) on s: `size` bytes at arg are copied now (a launch copies its
+ * arguments), and run sees the copy when the stream reaches it. */
+void sim_launch(sim_stream *s, void (*run)(void *arg), const void *arg, size_t size);
+/* Waits until s has run everything queued so far. */
+void sim_stream_sync(sim_stream *s);
+
+sim_event *sim_event_new(int device);
+void sim_event_free(sim_event *e);
+void sim_event_record(sim_event *e, sim_stream *s);
+void sim_stream_wait_event(sim_stream *s, sim_event *e);
+void sim_event_sync(sim_event *e);
+bool sim_event_done(sim_event *e);
+/* The stream an event was last recorded on (NULL: never recorded). */
+const sim_stream *sim_event_stream(const sim_event *e);
+
+/* Runs and joins every stream still alive (the threads' default streams included), at exit. */
+void sim_streams_release(void);
+
+/* ---- the caching allocator (allocator.c) ---- */
+
+/* size bytes (> 0) on device d, taken in the order of the calling thread's current stream;
+ * FSDP_ERR_OUT_OF_MEMORY with the device's figures when it is full. Not zeroed. */
+fsdp_status sim_block_alloc(fsdp_ctx *ctx, int device, size_t size, void **out);
+void sim_block_free(int device, void *ptr);
+void sim_blocks_release(void);
+
+/* ---- kernel launches (launch.c): the table's wrappers (table.c, table_llama.c) ---- */
+
+/* The device of a kernel's main array, whose current stream runs the kernel; a pointer that
+ * is not sim memory ends the process with a message naming the kernel, as a GPU faults. */
+int sim_kernel_device(const void *p, const char *kernel);
+/* The shadow address the worker uses for p, which must be memory of `device` (or NULL). */
+void *sim_kernel_ptr(int device, const void *p);
+/* Queues run on the calling thread's current stream of device; _call also waits for it (the
+ * entries that hand a value to the host). */
+void sim_kernel_launch(int device, void (*run)(void *arg), const void *arg, size_t size);
+void sim_kernel_call(int device, void (*run)(void *arg), const void *arg, size_t size);
+
+/* The Llama entries (table_llama.c), semantics in kernels/kernels.h. */
+void sim_embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t n,
+                           int64_t C);
+void sim_embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int64_t n,
+                            int64_t C);
+void sim_rope_forward(float *out, const float *inp, const float *cos, const float *sin, int64_t B,
+                      int64_t T, int64_t H, int64_t D);
+void sim_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,
+                       int64_t B, int64_t T, int64_t H, int64_t D);
+void sim_attention_forward(float *out, float *lse, float *scratch, const float *q, const float *k,
+                           const float *v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                           int64_t D);
+void sim_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                            const float *q, const float *k, const float *v, const float *out,
+                            const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                            int64_t D);
+void sim_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
+void sim_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                         const float *up, int64_t n);
+void sim_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
+                              const int32_t *targets, int32_t ignore_index, int64_t rows,
+                              int64_t classes);
+
+/* ---- ThreadSanitizer ----
+ * The queues' own locks would chain every host wait to every stream and hide a missing
+ * cross-stream wait, so their synchronisation and bookkeeping are hidden from TSan and only
+ * the real edges are published: launch -> work, work -> event -> waiter. */
+#if defined(__SANITIZE_THREAD__)
+#define SIM_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SIM_TSAN 1
+#endif
+#endif
+#ifdef SIM_TSAN
+void AnnotateIgnoreSyncBegin(const char *file, int line);
+void AnnotateIgnoreSyncEnd(const char *file, int line);
+void AnnotateIgnoreReadsBegin(const char *file, int line);
+void AnnotateIgnoreReadsEnd(const char *file, int line);
+void AnnotateIgnoreWritesBegin(const char *file, int line);
+void AnnotateIgnoreWritesEnd(const char *file, int line);
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define SIM_HIDE_BEGIN()                                                                           \
+    (AnnotateIgnoreSyncBegin(__FILE__, __LINE__), AnnotateIgnoreReadsBegin(__FILE__, __LINE__),    \
+     AnnotateIgnoreWritesBegin(__FILE__, __LINE__))
+#define SIM_HIDE_END()                                                                             \
+    (AnnotateIgnoreWritesEnd(__FILE__, __LINE__), AnnotateIgnoreReadsEnd(__FILE__, __LINE__),      \
+     AnnotateIgnoreSyncEnd(__FILE__, __LINE__))
+#define SIM_PUBLISH(addr) __tsan_release(addr)
+#define SIM_OBSERVE(addr) __tsan_acquire(addr)
+#else
+#define SIM_HIDE_BEGIN()  ((void)0)
+#define SIM_HIDE_END()    ((void)0)
+#define SIM_PUBLISH(addr) ((void)(addr))
+#define SIM_OBSERVE(addr) ((void)(addr))
+#endif
+
+#endif
