@@ -59,6 +59,13 @@ int fsdp_device_count(fsdp_device_type type);
  * the CPU. For timing and for handing device memory to code outside libfsdp. */
 fsdp_status fsdp_device_synchronize(fsdp_ctx *ctx, fsdp_device device);
 
+/* The device a rank computes on (default: the cpu). Setting it checks that the device exists
+ * and gives the rank its streams there: its compute stream (the calling thread's default stream
+ * of the device, where its kernels run) and a communication stream of its own, made on first
+ * use and released with the context. Streams and events are internal (src/core/stream.h). */
+fsdp_status fsdp_ctx_set_device(fsdp_ctx *ctx, fsdp_device device);
+fsdp_device fsdp_ctx_device(const fsdp_ctx *ctx);
+
 size_t fsdp_dtype_size(fsdp_dtype dtype);              /* bytes per element; 0 if unknown */
 const char *fsdp_dtype_to_string(fsdp_dtype dtype);    /* "f32", "bf16", "i32", "f16" */
 const char *fsdp_device_to_string(fsdp_device device); /* "cpu", "cuda", "sim" */

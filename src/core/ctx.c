@@ -6,6 +6,7 @@
 #include <strings.h>
 
 #include "core/ctx_impl.h"
+#include "core/device.h" // defines: fsdp_device_check
 #include "core/error.h"
 
 static const char *const level_names[] = {"default", "debug", "info", "warn", "error", "off"};
@@ -59,6 +60,7 @@ fsdp_status fsdp_ctx_create(const fsdp_ctx_options *opts, fsdp_ctx **out) {
     ctx->seed = o.seed;
     ctx->rank = o.rank;
     ctx->device = FSDP_CPU;
+    ctx->comm_stream = (fsdp_stream){FSDP_CPU, NULL};
     ctx->log_level = o.log_level == FSDP_LOG_DEFAULT ? level_from_env() : o.log_level;
     ctx->log_fn = o.log_fn ? o.log_fn : log_to_stderr;
     ctx->log_user = o.log_fn ? o.log_user : ctx;
@@ -69,7 +71,33 @@ fsdp_status fsdp_ctx_create(const fsdp_ctx_options *opts, fsdp_ctx **out) {
 void fsdp_ctx_free(fsdp_ctx *ctx) {
     if (ctx && ctx->prof_on) fsdp_profile_stop(ctx);
     if (ctx && ctx->comm_release) ctx->comm_release(ctx->comm);
+    if (ctx) fsdp_stream_destroy(ctx->comm_stream);
     free(ctx);
+}
+
+fsdp_status fsdp_ctx_set_device(fsdp_ctx *ctx, fsdp_device device) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_TRY(fsdp_device_check(ctx, device));
+    if (device.type == ctx->device.type && device.index == ctx->device.index) return FSDP_OK;
+    fsdp_stream_destroy(ctx->comm_stream); // after the work queued on it
+    ctx->comm_stream = (fsdp_stream){device, NULL};
+    ctx->device = device;
+    return FSDP_OK;
+}
+
+fsdp_device fsdp_ctx_device(const fsdp_ctx *ctx) {
+    return ctx->device;
+}
+
+fsdp_stream fsdp_ctx_compute_stream(const fsdp_ctx *ctx) {
+    return (fsdp_stream){ctx->device, NULL};
+}
+
+fsdp_status fsdp_ctx_comm_stream(fsdp_ctx *ctx, fsdp_stream *out) {
+    if (!ctx->comm_stream.handle && ctx->device.type != FSDP_DEVICE_CPU)
+        FSDP_TRY(fsdp_stream_create(ctx, ctx->device, &ctx->comm_stream));
+    *out = ctx->comm_stream;
+    return FSDP_OK;
 }
 
 uint64_t fsdp_ctx_seed(const fsdp_ctx *ctx) {

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 
 #include "core/error.h"
+#include "core/stream.h"
 #include "fsdp/ctx.h"
 #include "fsdp/profile.h"
 #include "fsdp/tensor.h"
@@ -19,7 +20,8 @@ typedef enum fsdp_phase { FSDP_PHASE_NONE = 0, FSDP_PHASE_FORWARD, FSDP_PHASE_BA
 struct fsdp_ctx {
     uint64_t seed;
     int rank;
-    fsdp_device device;
+    fsdp_device device;      /* fsdp_ctx_set_device; the cpu by default */
+    fsdp_stream comm_stream; /* on device, made by fsdp_ctx_comm_stream; handle NULL before */
     fsdp_log_level log_level;
     fsdp_log_fn log_fn;
     void *log_user;
@@ -51,6 +53,12 @@ struct fsdp_ctx {
  * thread logs through another context (fsdp_world_run's, under MPI) still names that rank.
  * fsdp_world_run sets it on every thread that runs a rank. Returns the previous value. */
 int fsdp_log_thread_rank_swap(int rank);
+
+/* The rank's streams on its device: compute (the calling thread's default stream there, where
+ * its kernels run) and communication (its own, made on first use: FSDP_ERR_DEVICE when the
+ * device cannot make one). On the cpu both are the no-op stream. */
+fsdp_stream fsdp_ctx_compute_stream(const fsdp_ctx *ctx);
+fsdp_status fsdp_ctx_comm_stream(fsdp_ctx *ctx, fsdp_stream *out);
 
 /* Pushes a running module's name (not copied: it must outlive the scope). Deeper nesting
  * than FSDP_SCOPE_MAX is counted but not recorded. */

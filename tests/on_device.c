@@ -1,0 +1,52 @@
+/* on_device.c: the device of the device-parametrised suites (on_device.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "on_device.h"
+
+static bool chosen;
+static fsdp_device device;
+
+static fsdp_device choose(void) {
+    const char *want = getenv("FSDP_TEST_DEVICE");
+    const char *require = getenv("FSDP_TEST_REQUIRE_DEVICE");
+    int gpus = fsdp_device_count(FSDP_DEVICE_CUDA);
+    if (want && *want && strcmp(want, "cuda") && strcmp(want, "sim")) {
+        fprintf(stderr, "FSDP_TEST_DEVICE=%s: use cuda or sim\n", want);
+        exit(1);
+    }
+    if (require && *require && strcmp(require, "cuda")) {
+        fprintf(stderr, "FSDP_TEST_REQUIRE_DEVICE=%s: the only device it can require is cuda\n",
+                require);
+        exit(1);
+    }
+    bool need_cuda = (require && *require) || (want && !strcmp(want, "cuda"));
+    if (need_cuda && gpus == 0) {
+        fprintf(stderr,
+                "%s=cuda, but this build or machine has no usable CUDA device: failing instead "
+                "of running on the simulated device\n",
+                require && *require ? "FSDP_TEST_REQUIRE_DEVICE" : "FSDP_TEST_DEVICE");
+        exit(1);
+    }
+    if (gpus > 0 && !(want && !strcmp(want, "sim"))) {
+        printf("device: cuda:0\n");
+        return (fsdp_device){FSDP_DEVICE_CUDA, 0};
+    }
+    const char *mode = getenv("FSDP_SIM_MODE");
+    printf("device: sim:0 (streams %s; %s)\n", mode && *mode ? mode : "deferred",
+           gpus ? "chosen by FSDP_TEST_DEVICE" : "no CUDA device");
+    return (fsdp_device){FSDP_DEVICE_SIM, 0};
+}
+
+fsdp_device fsdp_test_device(void) {
+    if (!chosen) {
+        device = choose();
+        chosen = true;
+    }
+    return device;
+}
+
+bool fsdp_test_device_is_cuda(void) {
+    return fsdp_test_device().type == FSDP_DEVICE_CUDA;
+}
