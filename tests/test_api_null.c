@@ -305,6 +305,7 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_init_tensor, "ctx t init", fsdp_init_tensor(C, A(1, f->t), A(2, &f->init), 1, 2))    \
     /* tensor.h */                                                                                 \
     CALL(fsdp_device_synchronize, "ctx", fsdp_device_synchronize(C, FSDP_CPU))                     \
+    CALL(fsdp_ctx_set_device, "ctx", fsdp_ctx_set_device(C, FSDP_CPU))                             \
     CALL(fsdp_tensor_create, "ctx shape out",                                                      \
          fsdp_tensor_create(C, FSDP_DTYPE_F32, FSDP_CPU, 2, A(1, f->shape), A(2, &f->made_t)))     \
     CALL(fsdp_tensor_create_like, "ctx src out",                                                   \
