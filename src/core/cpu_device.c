@@ -165,9 +165,10 @@ fsdp_status fsdp_device_check(fsdp_ctx *ctx, fsdp_device device) {
     int count = s->device_count();
     if (device.index < 0 || device.index >= count)
         return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
-                         "device %s:%d is not available: this machine has %d %s device%s%s",
+                         "device %s:%d is not available: this machine has %d %s device%s%s%s%s",
                          fsdp_device_to_string(device), device.index, count,
                          fsdp_device_to_string(device), count == 1 ? "" : "s",
-                         count ? "" : " (is the driver loaded and the device visible?)");
+                         s->count_note ? " (" : "", s->count_note ? s->count_note : "",
+                         s->count_note ? ")" : "");
     return FSDP_OK;
 }

@@ -18,8 +18,10 @@ struct fsdp_kernels_i; // kernels/kernels.h: core stores the table, never calls 
 typedef struct fsdp_device_i {
     const char *name; /* "cpu", "cuda", "sim" */
 
-    /* How many devices of this kind the machine has (0 when none can be used). */
+    /* How many devices of this kind the machine has (0 when none can be used), and what a user
+     * can do about it, said when an index is out of range. */
     int (*device_count)(void);
+    const char *count_note;
 
     /* ---- memory ---- */
 

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
 #include "core/device.h"
+#include "core/error.h"
 #include "core/tensor_impl.h"
 
 /* The most elements a tensor may have: its byte size must fit an int64_t for any dtype (up to
@@ -438,7 +438,7 @@ fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor 
                          fsdp_dtype_to_string(src->dtype), fsdp_device_to_string(sd),
                          fsdp_dtype_to_string(dst->dtype), fsdp_device_to_string(dd));
     return fsdp_device_for(dd.type)->convert(ctx, dd.index, d, dst->dtype, s, src->dtype,
-                                              src->numel);
+                                             src->numel);
 }
 
 fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value) {
@@ -449,12 +449,12 @@ fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value) {
     if (t->dtype == FSDP_DTYPE_BF16) {
         fsdp_bf16 v = fsdp_bf16_from_f32(value);
         return fsdp_device_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
-                                                t->numel);
+                                               t->numel);
     }
     if (t->dtype == FSDP_DTYPE_F16) {
         fsdp_f16 v = fsdp_f16_from_f32(value);
         return fsdp_device_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
-                                                t->numel);
+                                               t->numel);
     }
     if (t->dtype == FSDP_DTYPE_I32) { /* the value truncated toward zero, as a C cast */
         if (!(value >= (float)INT32_MIN && value < 2147483648.0f))
@@ -462,8 +462,8 @@ fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value) {
                              "fsdp_tensor_fill: %g is not an i32 value", (double)value);
         int32_t v = (int32_t)value;
         return fsdp_device_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &v, sizeof v,
-                                                t->numel);
+                                               t->numel);
     }
     return fsdp_device_for(dev.type)->fill(ctx, dev.index, fsdp_tensor_data(t), &value,
-                                            sizeof value, t->numel);
+                                           sizeof value, t->numel);
 }

@@ -219,6 +219,7 @@ static bool cuda_event_query(int index, void *event) {
 static const fsdp_device_i cuda_record = {
     .name = "cuda",
     .device_count = cuda_device_count,
+    .count_note = "is the driver loaded and the device visible? CUDA_VISIBLE_DEVICES selects them",
     .alloc = cuda_alloc,
     .free = cuda_free,
     .copy = cuda_copy,

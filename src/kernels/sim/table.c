@@ -33,18 +33,18 @@ static void sim_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
                      int64_t ldc) {
     int dev = sim_kernel_device(A, "gemm");
     gemm_args call = {trans_a,
-                   trans_b,
-                   M,
-                   N,
-                   K,
-                   alpha,
-                   sim_kernel_ptr(dev, A),
-                   lda,
-                   sim_kernel_ptr(dev, B),
-                   ldb,
-                   beta,
-                   sim_kernel_ptr(dev, C),
-                   ldc};
+                      trans_b,
+                      M,
+                      N,
+                      K,
+                      alpha,
+                      sim_kernel_ptr(dev, A),
+                      lda,
+                      sim_kernel_ptr(dev, B),
+                      ldb,
+                      beta,
+                      sim_kernel_ptr(dev, C),
+                      ldc};
     sim_kernel_launch(dev, run_gemm, &call, sizeof call);
 }
 
@@ -116,7 +116,7 @@ static void run_relu_backward(void *arg) {
 static void sim_relu_backward(float *dinp, const float *inp, const float *dout, int64_t n) {
     int dev = sim_kernel_device(dinp, "relu_backward");
     relu_backward_args call = {sim_kernel_ptr(dev, dinp), sim_kernel_ptr(dev, inp),
-                            sim_kernel_ptr(dev, dout), n};
+                               sim_kernel_ptr(dev, dout), n};
     sim_kernel_launch(dev, run_relu_backward, &call, sizeof call);
 }
 
@@ -152,7 +152,7 @@ static void run_sigmoid_backward(void *arg) {
 static void sim_sigmoid_backward(float *dinp, const float *out, const float *dout, int64_t n) {
     int dev = sim_kernel_device(dinp, "sigmoid_backward");
     sigmoid_backward_args call = {sim_kernel_ptr(dev, dinp), sim_kernel_ptr(dev, out),
-                               sim_kernel_ptr(dev, dout), n};
+                                  sim_kernel_ptr(dev, dout), n};
     sim_kernel_launch(dev, run_sigmoid_backward, &call, sizeof call);
 }
 
@@ -188,7 +188,7 @@ static void run_gelu_backward(void *arg) {
 static void sim_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n) {
     int dev = sim_kernel_device(dinp, "gelu_backward");
     gelu_backward_args call = {sim_kernel_ptr(dev, dinp), sim_kernel_ptr(dev, inp),
-                            sim_kernel_ptr(dev, dout), n};
+                               sim_kernel_ptr(dev, dout), n};
     sim_kernel_launch(dev, run_gelu_backward, &call, sizeof call);
 }
 
@@ -212,12 +212,12 @@ static void sim_rmsnorm_forward(float *out, float *rstd, const float *inp, const
                                 float eps, int64_t rows, int64_t cols) {
     int dev = sim_kernel_device(out, "rmsnorm_forward");
     rmsnorm_forward_args call = {sim_kernel_ptr(dev, out),
-                              sim_kernel_ptr(dev, rstd),
-                              sim_kernel_ptr(dev, inp),
-                              sim_kernel_ptr(dev, weight),
-                              eps,
-                              rows,
-                              cols};
+                                 sim_kernel_ptr(dev, rstd),
+                                 sim_kernel_ptr(dev, inp),
+                                 sim_kernel_ptr(dev, weight),
+                                 eps,
+                                 rows,
+                                 cols};
     sim_kernel_launch(dev, run_rmsnorm_forward, &call, sizeof call);
 }
 
@@ -243,13 +243,13 @@ static void sim_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
                                  int64_t cols) {
     int dev = sim_kernel_device(dinp, "rmsnorm_backward");
     rmsnorm_backward_args call = {sim_kernel_ptr(dev, dinp),
-                               sim_kernel_ptr(dev, dweight),
-                               sim_kernel_ptr(dev, dout),
-                               sim_kernel_ptr(dev, inp),
-                               sim_kernel_ptr(dev, weight),
-                               sim_kernel_ptr(dev, rstd),
-                               rows,
-                               cols};
+                                  sim_kernel_ptr(dev, dweight),
+                                  sim_kernel_ptr(dev, dout),
+                                  sim_kernel_ptr(dev, inp),
+                                  sim_kernel_ptr(dev, weight),
+                                  sim_kernel_ptr(dev, rstd),
+                                  rows,
+                                  cols};
     sim_kernel_launch(dev, run_rmsnorm_backward, &call, sizeof call);
 }
 
@@ -415,7 +415,7 @@ static void sim_mse_loss(float *loss, float *dout, const float *out, const float
                          int64_t n) {
     int dev = sim_kernel_device(out, "mse_loss");
     mse_loss_args call = {loss, sim_kernel_ptr(dev, dout), sim_kernel_ptr(dev, out),
-                       sim_kernel_ptr(dev, target), n};
+                          sim_kernel_ptr(dev, target), n};
     sim_kernel_call(dev, run_mse_loss, &call, sizeof call);
 }
 
@@ -438,11 +438,11 @@ static void sim_cross_entropy(float *loss, float *dlogits, const float *logits,
                               const int32_t *targets, int64_t rows, int64_t classes) {
     int dev = sim_kernel_device(logits, "cross_entropy");
     cross_entropy_args call = {loss,
-                            sim_kernel_ptr(dev, dlogits),
-                            sim_kernel_ptr(dev, logits),
-                            sim_kernel_ptr(dev, targets),
-                            rows,
-                            classes};
+                               sim_kernel_ptr(dev, dlogits),
+                               sim_kernel_ptr(dev, logits),
+                               sim_kernel_ptr(dev, targets),
+                               rows,
+                               classes};
     sim_kernel_call(dev, run_cross_entropy, &call, sizeof call);
 }
 
@@ -530,8 +530,8 @@ static void run_sgd_update(void *arg) {
 static void sim_sgd_update(float *p, const float *g, float *buf, int64_t n,
                            const fsdp_sgd_step_args *args) {
     int dev = sim_kernel_device(p, "sgd_update");
-    sgd_update_args call = {sim_kernel_ptr(dev, p), sim_kernel_ptr(dev, g), sim_kernel_ptr(dev, buf),
-                         n, *args};
+    sgd_update_args call = {sim_kernel_ptr(dev, p), sim_kernel_ptr(dev, g),
+                            sim_kernel_ptr(dev, buf), n, *args};
     sim_kernel_launch(dev, run_sgd_update, &call, sizeof call);
 }
 
@@ -554,12 +554,12 @@ static void sim_adam_update(float *p, const float *g, float *m, float *v, float 
                             const fsdp_adam_step_args *args) {
     int dev = sim_kernel_device(p, "adam_update");
     adam_update_args call = {sim_kernel_ptr(dev, p),
-                          sim_kernel_ptr(dev, g),
-                          sim_kernel_ptr(dev, m),
-                          sim_kernel_ptr(dev, v),
-                          sim_kernel_ptr(dev, vmax),
-                          n,
-                          *args};
+                             sim_kernel_ptr(dev, g),
+                             sim_kernel_ptr(dev, m),
+                             sim_kernel_ptr(dev, v),
+                             sim_kernel_ptr(dev, vmax),
+                             n,
+                             *args};
     sim_kernel_launch(dev, run_adam_update, &call, sizeof call);
 }
 

@@ -20,7 +20,7 @@ void sim_embedding_forward(float *out, const int32_t *tokens, const float *weigh
                            int64_t C) {
     int dev = sim_kernel_device(out, "embedding_forward");
     embedding_forward_args call = {sim_kernel_ptr(dev, out), sim_kernel_ptr(dev, tokens),
-                                sim_kernel_ptr(dev, weight), n, C};
+                                   sim_kernel_ptr(dev, weight), n, C};
     sim_kernel_launch(dev, run_embedding_forward, &call, sizeof call);
 }
 
@@ -41,7 +41,7 @@ void sim_embedding_backward(float *dweight, const float *dout, const int32_t *to
                             int64_t C) {
     int dev = sim_kernel_device(dweight, "embedding_backward");
     embedding_backward_args call = {sim_kernel_ptr(dev, dweight), sim_kernel_ptr(dev, dout),
-                                 sim_kernel_ptr(dev, tokens), n, C};
+                                    sim_kernel_ptr(dev, tokens), n, C};
     sim_kernel_launch(dev, run_embedding_backward, &call, sizeof call);
 }
 
@@ -65,13 +65,13 @@ void sim_rope_forward(float *out, const float *inp, const float *cos, const floa
                       int64_t T, int64_t H, int64_t D) {
     int dev = sim_kernel_device(out, "rope_forward");
     rope_forward_args call = {sim_kernel_ptr(dev, out),
-                           sim_kernel_ptr(dev, inp),
-                           sim_kernel_ptr(dev, cos),
-                           sim_kernel_ptr(dev, sin),
-                           B,
-                           T,
-                           H,
-                           D};
+                              sim_kernel_ptr(dev, inp),
+                              sim_kernel_ptr(dev, cos),
+                              sim_kernel_ptr(dev, sin),
+                              B,
+                              T,
+                              H,
+                              D};
     sim_kernel_launch(dev, run_rope_forward, &call, sizeof call);
 }
 
@@ -95,13 +95,13 @@ void sim_rope_backward(float *dinp, const float *dout, const float *cos, const f
                        int64_t B, int64_t T, int64_t H, int64_t D) {
     int dev = sim_kernel_device(dinp, "rope_backward");
     rope_backward_args call = {sim_kernel_ptr(dev, dinp),
-                            sim_kernel_ptr(dev, dout),
-                            sim_kernel_ptr(dev, cos),
-                            sim_kernel_ptr(dev, sin),
-                            B,
-                            T,
-                            H,
-                            D};
+                               sim_kernel_ptr(dev, dout),
+                               sim_kernel_ptr(dev, cos),
+                               sim_kernel_ptr(dev, sin),
+                               B,
+                               T,
+                               H,
+                               D};
     sim_kernel_launch(dev, run_rope_backward, &call, sizeof call);
 }
 
@@ -130,16 +130,16 @@ void sim_attention_forward(float *out, float *lse, float *scratch, const float *
                            int64_t D) {
     int dev = sim_kernel_device(out, "attention_forward");
     attention_forward_args call = {sim_kernel_ptr(dev, out),
-                                sim_kernel_ptr(dev, lse),
-                                sim_kernel_ptr(dev, scratch),
-                                sim_kernel_ptr(dev, q),
-                                sim_kernel_ptr(dev, k),
-                                sim_kernel_ptr(dev, v),
-                                B,
-                                T,
-                                NH,
-                                NKV,
-                                D};
+                                   sim_kernel_ptr(dev, lse),
+                                   sim_kernel_ptr(dev, scratch),
+                                   sim_kernel_ptr(dev, q),
+                                   sim_kernel_ptr(dev, k),
+                                   sim_kernel_ptr(dev, v),
+                                   B,
+                                   T,
+                                   NH,
+                                   NKV,
+                                   D};
     sim_kernel_launch(dev, run_attention_forward, &call, sizeof call);
 }
 
@@ -173,20 +173,20 @@ void sim_attention_backward(float *dq, float *dk, float *dv, float *scratch, con
                             int64_t D) {
     int dev = sim_kernel_device(dq, "attention_backward");
     attention_backward_args call = {sim_kernel_ptr(dev, dq),
-                                 sim_kernel_ptr(dev, dk),
-                                 sim_kernel_ptr(dev, dv),
-                                 sim_kernel_ptr(dev, scratch),
-                                 sim_kernel_ptr(dev, dout),
-                                 sim_kernel_ptr(dev, q),
-                                 sim_kernel_ptr(dev, k),
-                                 sim_kernel_ptr(dev, v),
-                                 sim_kernel_ptr(dev, out),
-                                 sim_kernel_ptr(dev, lse),
-                                 B,
-                                 T,
-                                 NH,
-                                 NKV,
-                                 D};
+                                    sim_kernel_ptr(dev, dk),
+                                    sim_kernel_ptr(dev, dv),
+                                    sim_kernel_ptr(dev, scratch),
+                                    sim_kernel_ptr(dev, dout),
+                                    sim_kernel_ptr(dev, q),
+                                    sim_kernel_ptr(dev, k),
+                                    sim_kernel_ptr(dev, v),
+                                    sim_kernel_ptr(dev, out),
+                                    sim_kernel_ptr(dev, lse),
+                                    B,
+                                    T,
+                                    NH,
+                                    NKV,
+                                    D};
     sim_kernel_launch(dev, run_attention_backward, &call, sizeof call);
 }
 
@@ -205,7 +205,7 @@ static void run_swiglu_forward(void *arg) {
 void sim_swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
     int dev = sim_kernel_device(out, "swiglu_forward");
     swiglu_forward_args call = {sim_kernel_ptr(dev, out), sim_kernel_ptr(dev, gate),
-                             sim_kernel_ptr(dev, up), n};
+                                sim_kernel_ptr(dev, up), n};
     sim_kernel_launch(dev, run_swiglu_forward, &call, sizeof call);
 }
 
@@ -227,8 +227,8 @@ void sim_swiglu_backward(float *dgate, float *dup, const float *dout, const floa
                          const float *up, int64_t n) {
     int dev = sim_kernel_device(dgate, "swiglu_backward");
     swiglu_backward_args call = {sim_kernel_ptr(dev, dgate), sim_kernel_ptr(dev, dup),
-                              sim_kernel_ptr(dev, dout),  sim_kernel_ptr(dev, gate),
-                              sim_kernel_ptr(dev, up),    n};
+                                 sim_kernel_ptr(dev, dout),  sim_kernel_ptr(dev, gate),
+                                 sim_kernel_ptr(dev, up),    n};
     sim_kernel_launch(dev, run_swiglu_backward, &call, sizeof call);
 }
 
@@ -253,11 +253,11 @@ void sim_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
                               int64_t classes) {
     int dev = sim_kernel_device(logits, "cross_entropy_ignore");
     cross_entropy_ignore_args call = {loss,
-                                   sim_kernel_ptr(dev, dlogits),
-                                   sim_kernel_ptr(dev, logits),
-                                   sim_kernel_ptr(dev, targets),
-                                   ignore_index,
-                                   rows,
-                                   classes};
+                                      sim_kernel_ptr(dev, dlogits),
+                                      sim_kernel_ptr(dev, logits),
+                                      sim_kernel_ptr(dev, targets),
+                                      ignore_index,
+                                      rows,
+                                      classes};
     sim_kernel_call(dev, run_cross_entropy_ignore, &call, sizeof call);
 }

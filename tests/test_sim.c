@@ -1,0 +1,411 @@
+/* test_sim.c: the simulated GPU itself (src/kernels/sim): memory the host cannot touch (a host
+ * read dies naming the allocation), the caching allocator (NaN-filled fresh blocks, reuse,
+ * cross-stream reuse ordered by events, the FSDP_SIM_MEMORY cap), streams and events in every
+ * mode, and the negative controls the device path relies on: a missing cross-stream wait reads
+ * stale data in deferred mode (and is a ThreadSanitizer report in the TSan build), and a pinned
+ * buffer changed before its copy ran is what the copy reads. The scenarios that must end a
+ * process run in a child: this program started again with `--scenario NAME`. */
+#define _POSIX_C_SOURCE 200809L /* popen, setenv */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "core/device.h"          // defines: fsdp_device_for
+#include "core/stream.h"          // defines: fsdp_stream_create, fsdp_event_record, fsdp_host_alloc
+#include "harness.h"              // defines: fsdp_test_run, fsdp_test_ctx, FSDP_TEST_OK
+#include "kernels/kernels.h"      // defines: fsdp_kernels_for
+#include "kernels/sim/sim_impl.h" // defines: sim_block_alloc, fsdp_sim_mode_set
+
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+
+#define SIM0   ((fsdp_device){FSDP_DEVICE_SIM, 0})
+#define SIM1   ((fsdp_device){FSDP_DEVICE_SIM, 1})
+#define CAP_MB 64 /* FSDP_SIM_MEMORY of this program (set before the first use) */
+
+static const char *self_exe;
+
+static const fsdp_device_i *sim(void) {
+    return fsdp_device_for(FSDP_DEVICE_SIM);
+}
+
+/* n floats on sim:0, zeroed. */
+static float *dev_alloc(int64_t n) {
+    void *p = NULL;
+    FSDP_TEST_OK(sim()->alloc(fsdp_test_ctx(), 0, (size_t)n * 4, &p));
+    return p;
+}
+
+static void dev_put(float *dev, const float *host, int64_t n) {
+    FSDP_TEST_OK(sim()->copy(fsdp_test_ctx(), dev, SIM0, host, FSDP_CPU, (size_t)n * 4));
+}
+
+static void dev_get(float *host, const float *dev, int64_t n) {
+    FSDP_TEST_OK(sim()->copy(fsdp_test_ctx(), host, FSDP_CPU, dev, SIM0, (size_t)n * 4));
+}
+
+static bool all_equal(const float *x, int64_t n, float want) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(x[i] == want)) return false;
+    return true;
+}
+
+/* Runs this program again with `--scenario name`; returns its exit status as the shell
+ * reports it (128 + signal for a death) and its output (stdout and stderr) in out. */
+static int run_scenario(const char *name, char *out, size_t size) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' --scenario %s 2>&1", self_exe, name);
+    FILE *f = popen(cmd, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    size_t len = fread(out, 1, size - 1, f);
+    out[len] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ---- the scenarios run in a child (no CUnit there: plain checks, the exit status says) ---- */
+
+#define REQUIRE(call)                                                                              \
+    do {                                                                                           \
+        if ((call) != FSDP_OK) {                                                                   \
+            fprintf(stderr, "%s failed: %s\n", #call, fsdp_last_error(ctx));                       \
+            return 3;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+static int scenario_host_read(fsdp_ctx *ctx) {
+    float *d = NULL;
+    REQUIRE(sim()->alloc(ctx, 0, 4000, (void **)&d));
+    volatile float x = d[10]; // the bug this device exists to catch
+    printf("read %g: the host read of device memory did not fault\n", (double)x);
+    return 0;
+}
+
+/* Stream a writes 5s into x; stream b copies x to y without waiting for a. */
+static int scenario_missing_wait(fsdp_ctx *ctx) {
+    enum { n = 256 };
+    float *x = NULL, *y = NULL, host[n];
+    REQUIRE(sim()->alloc(ctx, 0, sizeof host, (void **)&x));
+    REQUIRE(sim()->alloc(ctx, 0, sizeof host, (void **)&y));
+    REQUIRE(fsdp_device_synchronize(ctx, SIM0)); // the zeroing has run
+    fsdp_stream a, b;
+    REQUIRE(fsdp_stream_create(ctx, SIM0, &a));
+    REQUIRE(fsdp_stream_create(ctx, SIM0, &b));
+    fsdp_stream was = fsdp_stream_set_current(a);
+    fsdp_kernels_for(SIM0)->fill(x, 5.0f, n);
+    fsdp_stream_set_current(b);
+    fsdp_kernels_for(SIM0)->copy(y, x, n); // no fsdp_stream_wait(b, an event after the fill)
+    REQUIRE(fsdp_stream_synchronize(ctx, b));
+    fsdp_stream_set_current(was);
+    REQUIRE(sim()->copy(ctx, host, FSDP_CPU, y, SIM0, sizeof host));
+    printf("y[0] = %g\n", (double)host[0]);
+    fsdp_stream_destroy(a);
+    fsdp_stream_destroy(b);
+    sim()->free(0, x);
+    sim()->free(0, y);
+    return 0;
+}
+
+static int scenario(const char *name) {
+    fsdp_ctx *ctx = NULL;
+    if (fsdp_ctx_create(NULL, &ctx) != FSDP_OK) return 3;
+    int st = !strcmp(name, "host_read")      ? scenario_host_read(ctx)
+             : !strcmp(name, "missing_wait") ? scenario_missing_wait(ctx)
+                                             : (fprintf(stderr, "unknown scenario %s\n", name), 2);
+    fsdp_ctx_free(ctx);
+    return st;
+}
+
+/* ---- memory ---- */
+
+static void test_record(void) {
+    const fsdp_device_i *d = sim();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+    CU_ASSERT_STRING_EQUAL(d->name, "sim");
+    CU_ASSERT_EQUAL(d->device_count(), 2); // FSDP_SIM_DEVICES is unset: the default
+    CU_ASSERT_EQUAL(fsdp_device_count(FSDP_DEVICE_SIM), 2);
+    CU_ASSERT_PTR_EQUAL(fsdp_kernels_for(SIM0), fsdp_kernels_sim());
+    CU_ASSERT_STRING_EQUAL(fsdp_device_to_string(SIM0), "sim");
+    fsdp_tensor *t = NULL;
+    FSDP_TEST_FAILS(fsdp_tensor_create(fsdp_test_ctx(), FSDP_DTYPE_F32,
+                                       (fsdp_device){FSDP_DEVICE_SIM, 2}, 1, (int64_t[]){4}, &t),
+                    FSDP_ERR_DEVICE, "sim:2", "2 sim devices", "FSDP_SIM_DEVICES");
+}
+
+/* A host read of device memory ends the process with a message naming the allocation. */
+static void test_host_read_dies(void) {
+    char out[8192];
+    int st = run_scenario("host_read", out, sizeof out);
+    CU_ASSERT_NOT_EQUAL(st, 0);
+    CU_ASSERT_PTR_NULL(strstr(out, "did not fault"));
+#if defined(__SANITIZE_ADDRESS__)
+    // AddressSanitizer's own handler may report the fault first; the death is what counts.
+    CU_ASSERT_TRUE(strstr(out, "sim:0") || strstr(out, "SEGV"));
+#else
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "the host touched memory of the simulated device sim:0"));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(out, "40 bytes into an allocation of 4096 bytes at"));
+#endif
+    if (st == 0 || !strstr(out, "sim:0")) printf("\n    child said: %s", out);
+}
+
+/* Fresh blocks hold NaNs (uninitialised device memory); alloc and tensors hand out zeros. */
+static void test_fresh_blocks(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    void *raw = NULL;
+    FSDP_TEST_OK(sim_block_alloc(ctx, 1, 3 * 4096, &raw)); // no zeroing: the allocator's block
+    uint32_t bits[3 * 1024];
+    FSDP_TEST_OK(sim()->copy(ctx, bits, FSDP_CPU, raw, SIM1, sizeof bits));
+    bool nan = true;
+    for (int i = 0; i < 3 * 1024; i++) nan = nan && bits[i] == 0xffffffffu;
+    CU_ASSERT_TRUE(nan);
+    sim_block_free(1, raw);
+    FSDP_TEST_OK(sim()->alloc(ctx, 1, 3 * 4096, &raw)); // the same block, zeroed
+    float host[3 * 1024];
+    FSDP_TEST_OK(sim()->copy(ctx, host, FSDP_CPU, raw, SIM1, sizeof host));
+    CU_ASSERT_TRUE(all_equal(host, 3 * 1024, 0.0f));
+    sim()->free(1, raw);
+    fsdp_sim_empty_cache(1);
+    fsdp_sim_memory_stats s = fsdp_sim_memory_stats_get(1);
+    CU_ASSERT_EQUAL(s.in_use, 0);
+    CU_ASSERT_EQUAL(s.reserved, 0);
+    CU_ASSERT_EQUAL(s.device_allocs, 1);
+    CU_ASSERT_EQUAL(s.cache_hits, 1);
+}
+
+static void test_cache_and_cap(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_sim_empty_cache(0);
+    fsdp_sim_memory_stats before = fsdp_sim_memory_stats_get(0);
+    CU_ASSERT_EQUAL(before.capacity, (size_t)CAP_MB << 20);
+    void *a = NULL, *b = NULL, *c = NULL;
+    size_t big = (size_t)40 << 20; // two do not fit under the cap
+    FSDP_TEST_OK(sim()->alloc(ctx, 0, big, &a));
+    FSDP_TEST_FAILS(sim()->alloc(ctx, 0, big, &b), FSDP_ERR_OUT_OF_MEMORY, "sim:0", "out of memory",
+                    "FSDP_SIM_MEMORY");
+    CU_ASSERT_PTR_NULL(b);
+    sim()->free(0, a);
+    FSDP_TEST_OK(sim()->alloc(ctx, 0, big, &c)); // the cached block comes back
+    CU_ASSERT_PTR_EQUAL(c, a);
+    fsdp_sim_memory_stats s = fsdp_sim_memory_stats_get(0);
+    CU_ASSERT_EQUAL(s.device_allocs - before.device_allocs, 1);
+    CU_ASSERT_EQUAL(s.cache_hits - before.cache_hits, 1);
+    CU_ASSERT_EQUAL(s.in_use, before.in_use + big);
+    // A smaller request does not take the big cached block (it would waste more than a quarter),
+    // and with the cache full the device frees its cache before it gives up.
+    sim()->free(0, c);
+    FSDP_TEST_OK(sim()->alloc(ctx, 0, (size_t)20 << 20, &b));
+    CU_ASSERT_NOT_EQUAL(b, c);
+    sim()->free(0, b);
+    fsdp_sim_empty_cache(0);
+    CU_ASSERT_EQUAL(fsdp_sim_memory_stats_get(0).reserved, before.reserved);
+}
+
+/* A block freed on stream a with a's write still queued, then taken on stream b: b's zeroing
+ * waits for a's write (deferred mode leaves a's work unrun until someone waits for it), so the
+ * block reads zeros now and after a has drained. */
+static void test_cross_stream_reuse(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_sim_mode_set(FSDP_SIM_DEFERRED);
+    fsdp_sim_empty_cache(0);
+    const int64_t n = 4096;
+    fsdp_stream a, b;
+    FSDP_TEST_OK(fsdp_stream_create(ctx, SIM0, &a));
+    FSDP_TEST_OK(fsdp_stream_create(ctx, SIM0, &b));
+    fsdp_stream was = fsdp_stream_set_current(a);
+    float *x = dev_alloc(n);
+    fsdp_kernels_for(SIM0)->fill(x, 7.0f, n);
+    sim()->free(0, x); // a's fill is still queued
+    fsdp_stream_set_current(b);
+    float *y = dev_alloc(n);
+    CU_ASSERT_PTR_EQUAL(y, x); // the cached block
+    float host[4096];
+    dev_get(host, y, n); // on b: its zeroing after a's fill
+    CU_ASSERT_TRUE(all_equal(host, n, 0.0f));
+    fsdp_stream_set_current(was);
+    fsdp_stream_destroy(a);
+    fsdp_stream_set_current(b);
+    dev_get(host, y, n);
+    CU_ASSERT_TRUE(all_equal(host, n, 0.0f));
+    sim()->free(0, y);
+    fsdp_stream_set_current(was);
+    fsdp_stream_destroy(b);
+}
+
+/* ---- streams and events ---- */
+
+/* x <- fill on stream a; b waits for a's event, copies x to y; the host reads y. */
+static bool ordered_copy(fsdp_sim_mode mode, bool wait) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_sim_mode_set(mode);
+    const int64_t n = 1000;
+    float *x = dev_alloc(n), *y = dev_alloc(n);
+    FSDP_TEST_OK(fsdp_device_synchronize(ctx, SIM0));
+    fsdp_stream a, b;
+    fsdp_event done;
+    FSDP_TEST_OK(fsdp_stream_create(ctx, SIM0, &a));
+    FSDP_TEST_OK(fsdp_stream_create(ctx, SIM0, &b));
+    FSDP_TEST_OK(fsdp_event_create(ctx, SIM0, &done));
+    fsdp_stream was = fsdp_stream_set_current(a);
+    fsdp_kernels_for(SIM0)->fill(x, 3.0f, n);
+    FSDP_TEST_OK(fsdp_event_record(ctx, done, a));
+    fsdp_stream_set_current(b);
+    if (wait) FSDP_TEST_OK(fsdp_stream_wait(ctx, b, done));
+    fsdp_kernels_for(SIM0)->copy(y, x, n);
+    float host[1000];
+    dev_get(host, y, n); // a copy to the host waits for b
+    fsdp_stream_set_current(was);
+    bool right = all_equal(host, n, 3.0f);
+    if (wait) CU_ASSERT_TRUE(fsdp_event_query(done)); // b waited for it
+    FSDP_TEST_OK(fsdp_event_synchronize(ctx, done));
+    CU_ASSERT_TRUE(fsdp_event_query(done));
+    fsdp_event_destroy(done);
+    fsdp_stream_destroy(a);
+    fsdp_stream_destroy(b);
+    sim()->free(0, x);
+    sim()->free(0, y);
+    fsdp_sim_mode_set(FSDP_SIM_DEFERRED);
+    return right;
+}
+
+static void test_streams_order(void) {
+    CU_ASSERT_TRUE(ordered_copy(FSDP_SIM_DEFERRED, true));
+    CU_ASSERT_TRUE(ordered_copy(FSDP_SIM_EAGER, true));
+    for (int i = 0; i < 20; i++) CU_ASSERT_TRUE(ordered_copy(FSDP_SIM_JITTER, true));
+}
+
+/* The negative control: without the wait, deferred mode reads the stale zeros every time. In
+ * the TSan build the same run must be reported as a race (it runs in a child, whose report and
+ * exit status are read here). */
+static void test_missing_wait_is_caught(void) {
+#ifdef UNDER_TSAN
+    char out[16384];
+    int st = run_scenario("missing_wait", out, sizeof out);
+    CU_ASSERT_NOT_EQUAL(st, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "ThreadSanitizer: data race"));
+    if (!strstr(out, "ThreadSanitizer: data race")) printf("\n    child said: %s", out);
+#else
+    for (int i = 0; i < 5; i++) CU_ASSERT_FALSE(ordered_copy(FSDP_SIM_DEFERRED, false));
+#endif
+}
+
+/* Events: a never-recorded event is complete; a query asks for the work (deferred mode runs
+ * it) without waiting; a stream waits only for the latest record. */
+static void test_events(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_event e;
+    FSDP_TEST_OK(fsdp_event_create(ctx, SIM0, &e));
+    CU_ASSERT_TRUE(fsdp_event_query(e));
+    FSDP_TEST_OK(fsdp_event_synchronize(ctx, e));
+    float *x = dev_alloc(64);
+    fsdp_kernels_for(SIM0)->fill(x, 2.0f, 64);
+    FSDP_TEST_OK(fsdp_event_record(ctx, e, fsdp_stream_current(SIM0)));
+    bool done = false;
+    for (int i = 0; i < 10000 && !done; i++) {
+        done = fsdp_event_query(e);
+        if (!done) fsdp_test_sleep_ms(1);
+    }
+    CU_ASSERT_TRUE(done);
+    // Streams and events of different devices do not meet.
+    fsdp_stream other;
+    FSDP_TEST_OK(fsdp_stream_create(ctx, SIM1, &other));
+    FSDP_TEST_FAILS(fsdp_stream_wait(ctx, other, e), FSDP_ERR_DEVICE, "sim:0", "sim:1");
+    fsdp_stream_destroy(other);
+    fsdp_event_destroy(e);
+    sim()->free(0, x);
+    // The CPU's streams and events are no-ops.
+    fsdp_event c;
+    FSDP_TEST_OK(fsdp_event_create(ctx, FSDP_CPU, &c));
+    FSDP_TEST_OK(fsdp_event_record(ctx, c, fsdp_stream_current(FSDP_CPU)));
+    CU_ASSERT_TRUE(fsdp_event_query(c));
+    fsdp_event_destroy(c);
+}
+
+/* Pinned memory is read when the copy runs; pageable memory when the copy is made. */
+static void test_pinned_reuse(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_sim_mode_set(FSDP_SIM_DEFERRED);
+    const int64_t n = 512;
+    float *pinned = NULL;
+    FSDP_TEST_OK(fsdp_host_alloc(ctx, FSDP_DEVICE_SIM, (size_t)n * 4, (void **)&pinned));
+    CU_ASSERT_TRUE(all_equal(pinned, n, 0.0f));
+    float pageable[512], back[512];
+    float *x = dev_alloc(n), *y = dev_alloc(n);
+    for (int64_t i = 0; i < n; i++) pinned[i] = pageable[i] = 1.0f;
+    dev_put(x, pinned, n);
+    dev_put(y, pageable, n);
+    for (int64_t i = 0; i < n; i++) pinned[i] = pageable[i] = 2.0f; // reused before the copies ran
+    dev_get(back, x, n);
+    CU_ASSERT_TRUE(all_equal(back, n, 2.0f)); // the control: the copy read the buffer late
+    dev_get(back, y, n);
+    CU_ASSERT_TRUE(all_equal(back, n, 1.0f));
+    // The right way: wait for the copy before the buffer changes.
+    for (int64_t i = 0; i < n; i++) pinned[i] = 4.0f;
+    dev_put(x, pinned, n);
+    FSDP_TEST_OK(fsdp_device_synchronize(ctx, SIM0));
+    for (int64_t i = 0; i < n; i++) pinned[i] = 5.0f;
+    dev_get(back, x, n);
+    CU_ASSERT_TRUE(all_equal(back, n, 4.0f));
+    fsdp_host_free(FSDP_DEVICE_SIM, pinned);
+    sim()->free(0, x);
+    sim()->free(0, y);
+}
+
+/* Another thread's default stream: its work is finished when the thread has exited. */
+static void *thread_fill(void *arg) {
+    fsdp_kernels_for(SIM0)->fill(arg, 9.0f, 100);
+    return NULL;
+}
+
+static void test_thread_streams(void) {
+    float *x = dev_alloc(100);
+    FSDP_TEST_OK(fsdp_device_synchronize(fsdp_test_ctx(), SIM0));
+    pthread_t t;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, thread_fill, x), 0);
+    pthread_join(t, NULL);
+    float host[100];
+    dev_get(host, x, 100);
+    CU_ASSERT_TRUE(all_equal(host, 100, 9.0f));
+    sim()->free(0, x);
+}
+
+/* A rank's context: its device, its compute stream and its own communication stream. */
+static void test_ctx_streams(void) {
+    fsdp_ctx *ctx = NULL;
+    FSDP_TEST_OK(fsdp_ctx_create(NULL, &ctx));
+    CU_ASSERT_EQUAL(fsdp_ctx_device(ctx).type, FSDP_DEVICE_CPU);
+    CU_ASSERT_EQUAL(fsdp_ctx_set_device(ctx, (fsdp_device){FSDP_DEVICE_SIM, 5}), FSDP_ERR_DEVICE);
+    CU_ASSERT_EQUAL(fsdp_ctx_device(ctx).type, FSDP_DEVICE_CPU);
+    FSDP_TEST_OK(fsdp_ctx_set_device(ctx, SIM1));
+    CU_ASSERT_EQUAL(fsdp_ctx_device(ctx).index, 1);
+    fsdp_ctx_free(ctx);
+}
+
+int main(int argc, char **argv) {
+    self_exe = argv[0];
+    setenv("FSDP_SIM_MEMORY", "64M", 1); // before the first use reads it
+    unsetenv("FSDP_SIM_DEVICES");
+    if (argc == 3 && !strcmp(argv[1], "--scenario")) return scenario(argv[2]);
+    static const fsdp_test_case cases[] = {
+        {"record", test_record},
+        {"host_read_dies", test_host_read_dies},
+        {"fresh_blocks", test_fresh_blocks},
+        {"cache_and_cap", test_cache_and_cap},
+        {"cross_stream_reuse", test_cross_stream_reuse},
+        {"streams_order", test_streams_order},
+        {"missing_wait_is_caught", test_missing_wait_is_caught},
+        {"events", test_events},
+        {"pinned_reuse", test_pinned_reuse},
+        {"thread_streams", test_thread_streams},
+        {"ctx_streams", test_ctx_streams},
+    };
+    return fsdp_test_run(argc, argv, "sim", cases, sizeof cases / sizeof cases[0]);
+}
