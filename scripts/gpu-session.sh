@@ -18,8 +18,9 @@
 #
 # Test dependencies missing on the GPU machine (CUnit, inih): if a .debs/ directory exists at the
 # repository root, the first phase unpacks every .deb in it over / and runs ldconfig (as root).
-# To carry libcunit1, libcunit1-dev, libinih1, libinih-dev and libinireader0 there, in a
-# checkout (in a git worktree, use the file `git rev-parse --git-path info/exclude` names):
+# To carry libcunit1, libcunit1-dev, libinih1, libinih-dev and libinireader0 there (packages of
+# the GPU machine's release), in a checkout (in a git worktree, use the file that
+# `git rev-parse --git-path info/exclude` names):
 #   echo /.debs/ >> .git/info/exclude; mkdir -p .debs
 #   (cd .debs && apt-get download libcunit1 libcunit1-dev libinih1 libinih-dev libinireader0)
 #
