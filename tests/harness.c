@@ -1,10 +1,11 @@
-/* harness.c: the shared CUnit main, per-test context, tensor comparison, and the multi-rank
- * runner: rank threads of a local world, or under mpirun one rank per process of an MPI
- * world, with the processes agreeing on every case's result. */
+/* harness.c: the shared CUnit main, per-test context, skipped cases, tensor comparison, and the
+ * multi-rank runner: rank threads of a local world, or under mpirun one rank per process of an
+ * MPI world, with the processes agreeing on every case's result. */
 #define _POSIX_C_SOURCE 200809L // clock_gettime, nanosleep
 #include "harness.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,10 @@ static struct {
     int skipped;
 } g_mpi;
 
+/* The running case's declared skips and the worlds it ran; the cases counted as skipped. */
+static struct { int skips, worlds; } g_case;
+static unsigned g_skipped_cases;
+
 fsdp_ctx *fsdp_test_ctx(void) {
     return g_ctx;
 }
@@ -33,6 +38,7 @@ bool fsdp_test_mpi(void) {
 static int setup_case(void) {
     fsdp_ctx_options opts = {.seed = 1234};
     g_mpi.records_before = CU_get_number_of_failure_records();
+    g_case.skips = g_case.worlds = 0;
     return fsdp_ctx_create(&opts, &g_ctx) == FSDP_OK ? 0 : 1;
 }
 
@@ -94,6 +100,7 @@ static void agree_on_case(void) {
 }
 
 static int teardown_case(void) {
+    if (g_case.skips > 0 && g_case.worlds == 0) g_skipped_cases++;
     if (g_mpi.on) agree_on_case();
     fsdp_ctx_free(g_ctx);
     g_ctx = NULL;
@@ -161,12 +168,29 @@ int fsdp_test_run(int argc, char **argv, const char *suite, const fsdp_test_case
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
     unsigned run = CU_get_number_of_tests_run();
     CU_cleanup_registry();
+    bool all_skipped = run > 0 && g_skipped_cases == run;
     if (g_mpi.on && g_mpi.rank == 0)
         printf("%s under MPI (%d processes): %d multi-rank runs skipped (they need another "
                "number of processes)\n",
                suite, g_mpi.size, g_mpi.skipped);
+    if (g_skipped_cases > 0 && g_mpi.rank == 0) {
+        printf("%s: %u of %u cases skipped", suite, g_skipped_cases, run);
+        if (all_skipped) printf(", so the suite exits %d (skipped)", FSDP_TEST_SKIPPED);
+        printf("\n");
+    }
     fsdp_world_free(g_mpi.world);
-    return (failed == 0 && run == (unsigned)added) ? 0 : 1;
+    if (failed != 0 || run != (unsigned)added) return 1;
+    return all_skipped ? FSDP_TEST_SKIPPED : 0;
+}
+
+void fsdp_test_skip(const char *fmt, ...) {
+    g_case.skips++;
+    if (g_mpi.rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("\n    skipped: ");
+    vprintf(fmt, ap);
+    va_end(ap);
 }
 
 bool fsdp_test_message_has(const char *message, const char *const *needles) {
@@ -223,11 +247,10 @@ int fsdp_test_hosted_ranks(int n, int *first) {
 fsdp_status fsdp_test_run_world(int n, int timeout_ms, fsdp_rank_fn fn, void *user) {
     if (g_mpi.on && n != g_mpi.size) {
         g_mpi.skipped++;
-        if (g_mpi.rank == 0)
-            printf("\n    skipped: a run on %d ranks (this MPI job has %d processes)", n,
-                   g_mpi.size);
+        fsdp_test_skip("a run on %d ranks (this MPI job has %d processes)", n, g_mpi.size);
         return FSDP_OK;
     }
+    g_case.worlds++;
     fsdp_world *w = NULL;
     fsdp_world_options o = {.backend = g_mpi.on ? FSDP_BACKEND_MPI : FSDP_BACKEND_LOCAL,
                             .nranks = n,

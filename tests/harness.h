@@ -17,7 +17,12 @@ typedef struct fsdp_test_case {
     void (*fn)(void);
 } fsdp_test_case;
 
-/* Runs the cases as one CUnit suite; returns the process exit status (0 when all pass).
+/* The exit status of a suite whose every case that ran was skipped and none failed (CTest's
+ * SKIP_RETURN_CODE for every entry, so CTest shows it as "Skipped", not "Passed"). */
+#define FSDP_TEST_SKIPPED 77
+
+/* Runs the cases as one CUnit suite; returns the process exit status (0 when all pass, and when
+ * some cases ran and the others were skipped; FSDP_TEST_SKIPPED when every case was skipped).
  * argv[1], when given, runs only the case of that name. With `--mpi` among the arguments, or
  * under mpirun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK set), the suite runs in every
  * process of the MPI job: fsdp_test_run_world then runs each process's rank of an MPI world,
@@ -51,6 +56,13 @@ fsdp_ctx *fsdp_test_ctx(void);
 
 bool fsdp_test_message_has(const char *message, const char *const *needles);
 
+/* Declares the running case skipped: prints "skipped: <reason>" in the suite's report (rank 0
+ * only, under MPI). Call it where the case gives up, before it checks anything (no GPU, a
+ * variable CTest sets is missing, ...), from the case's own thread. The case then counts as
+ * skipped unless it also ran a world through fsdp_test_run_world (which declares its runs of
+ * another size skipped this way). A skipped case that fails still fails. */
+void fsdp_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Compares n floats; prints "name: max abs diff A, max rel diff R (n elements)" and
  * returns true when every element satisfies |got - want| <= atol + rtol * |want|. */
 bool fsdp_test_close(const char *name, const float *got, const float *want, int64_t n, double rtol,
@@ -61,7 +73,8 @@ bool fsdp_test_close(const char *name, const float *got, const float *want, int6
 /* Runs fn on the n ranks of a fresh world (timeout_ms per collective wait; 0 for the
  * default); the first failing rank's message lands in the test context. Locally the ranks are
  * n threads of this process. Under MPI this process runs its own rank of an MPI world when
- * the job has n processes; otherwise the run is skipped (a line says so) and returns FSDP_OK.
+ * the job has n processes; otherwise the run is skipped (fsdp_test_skip says so) and returns
+ * FSDP_OK.
  * So a rank function must check its own results: under MPI, `user` is this process's copy,
  * and what other ranks write to theirs never reaches it. */
 fsdp_status fsdp_test_run_world(int n, int timeout_ms, fsdp_rank_fn fn, void *user);

@@ -269,7 +269,7 @@ static bool process_alive(pid_t pid) {
 static void run_mpi_fault(const char *env, const char *mode, bool nonzero_exit) {
     const char *mpirun = getenv(env);
     if (!mpirun || !*mpirun || !*FSDP_FAULTS_EXE) {
-        printf("\n    skipped: %s is not set (CTest's test_comm_faults_mpi_* entries set it)", env);
+        fsdp_test_skip("%s is not set (CTest's test_comm_faults_mpi_* entries set it)", env);
         return;
     }
     char dir[2048], out_path[2100], cmd[8192];

@@ -154,7 +154,7 @@ static fsdp_status skip_one(fsdp_ctx *ctx, int rank, void *user) {
 static void run_skipped(bool nonblocking) {
     int first = 0;
     if (fsdp_test_hosted_ranks(3, &first) == 0) {
-        printf("\n    skipped: needs 3 ranks (test_comm_trace_mpi3 under mpirun)");
+        fsdp_test_skip("needs 3 ranks (test_comm_trace_mpi3 under mpirun)");
         return;
     }
     double t0 = fsdp_test_now();
@@ -210,7 +210,7 @@ static fsdp_status never_use(fsdp_ctx *ctx, int rank, void *user) {
 static void test_never_used_group(void) {
     int first = 0;
     if (fsdp_test_hosted_ranks(3, &first) == 0) {
-        printf("\n    skipped: needs 3 ranks (test_comm_trace_mpi3 under mpirun)");
+        fsdp_test_skip("needs 3 ranks (test_comm_trace_mpi3 under mpirun)");
         return;
     }
     double t0 = fsdp_test_now();
@@ -249,7 +249,7 @@ static char *slurp(const char *path) {
 static void test_dump_on_failure(void) {
     int first = 0, count = fsdp_test_hosted_ranks(3, &first);
     if (count == 0) {
-        printf("\n    skipped: needs 3 ranks (test_comm_trace_mpi3 under mpirun)");
+        fsdp_test_skip("needs 3 ranks (test_comm_trace_mpi3 under mpirun)");
         return;
     }
     char dir[512];
@@ -303,7 +303,7 @@ static fsdp_status leave_early(fsdp_ctx *ctx, int rank, void *user) {
 static void test_returned_early(void) {
     int first = 0;
     if (fsdp_test_hosted_ranks(2, &first) == 0) {
-        printf("\n    skipped: needs 2 ranks (test_comm_trace_mpi2 under mpirun)");
+        fsdp_test_skip("needs 2 ranks (test_comm_trace_mpi2 under mpirun)");
         return;
     }
     double t0 = fsdp_test_now();
@@ -334,7 +334,7 @@ static fsdp_status busy(fsdp_ctx *ctx, int rank, void *user) {
 static void test_busy_rank(void) {
     int first = 0;
     if (fsdp_test_hosted_ranks(2, &first) == 0) {
-        printf("\n    skipped: needs 2 ranks (test_comm_trace_mpi2 under mpirun)");
+        fsdp_test_skip("needs 2 ranks (test_comm_trace_mpi2 under mpirun)");
         return;
     }
     double t0 = fsdp_test_now();

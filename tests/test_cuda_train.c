@@ -17,8 +17,8 @@ static fsdp_device gpu(void) {
 
 static bool have_gpu(void) {
     if (fsdp_device_count(FSDP_DEVICE_CUDA) > 0) return true;
-    printf("\n    skipped: no usable CUDA device (this build %s CUDA support)",
-           fsdp_cuda_set_allow_tf32(fsdp_test_ctx(), false) == FSDP_OK ? "has" : "has no");
+    fsdp_test_skip("no usable CUDA device (this build %s CUDA support)",
+                   fsdp_cuda_set_allow_tf32(fsdp_test_ctx(), false) == FSDP_OK ? "has" : "has no");
     fsdp_clear_error(fsdp_test_ctx());
     return false;
 }

@@ -33,7 +33,7 @@ static bool have_gpu(void) {
     snprintf(skip_reason, sizeof skip_reason,
              "this build has no CUDA (configured with -DFSDP_CUDA=OFF or without the toolkit)");
 #endif
-    printf("\n    skipped: %s", skip_reason);
+    fsdp_test_skip("%s", skip_reason);
     return false;
 }
 #define NEED_GPU()                                                                                 \

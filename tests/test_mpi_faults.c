@@ -46,7 +46,7 @@ static fsdp_status nothing(fsdp_ctx *ctx, int rank, void *user) {
  * fails the CTest entry by its timeout) with the call failed on every rank or on none. */
 static void run_sweep(fsdp_comm_op op) {
     if (!fsdp_test_mpi()) {
-        printf("\n    skipped: runs under mpirun only (test_mpi_faults_mpi2, _mpi3)");
+        fsdp_test_skip("runs under mpirun only (test_mpi_faults_mpi2, _mpi3)");
         return;
     }
     /* The others create their world first, so that rank 0's short timeout does not apply to
@@ -57,7 +57,7 @@ static void run_sweep(fsdp_comm_op op) {
     int rank = -1, size = fsdp_world_size(align);
     fsdp_test_hosted_ranks(size, &rank);
     if (size < 2) {
-        printf("\n    skipped: needs 2 or more processes");
+        fsdp_test_skip("needs 2 or more processes");
         fsdp_world_free(align);
         return;
     }

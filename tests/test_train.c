@@ -72,7 +72,7 @@ static fsdp_status run(fsdp_ctx *ctx, train_result *res, char *err) {
 /* examples/mlp.ini, the run `make train` does, learns its teacher. */
 static void test_example_learns(void) {
 #ifdef FSDP_TEST_TSAN
-    printf("\n    skipped under ThreadSanitizer: one rank, 5000 steps (minutes there)");
+    fsdp_test_skip("under ThreadSanitizer: one rank, 5000 steps (minutes there)");
     return;
 #endif
     char err[TRAIN_ERROR_SIZE] = "";
@@ -265,7 +265,7 @@ static void test_write_errors(void) {
     char err[TRAIN_ERROR_SIZE] = "";
     train_result res;
     if (access("/dev/full", W_OK) != 0) {
-        printf("\n    skipped: no /dev/full");
+        fsdp_test_skip("no /dev/full");
         return;
     }
     train_config_init(&g_cfg);
@@ -792,7 +792,7 @@ static void test_progress_bar_terminal(void) {
     if (master >= 0 && grantpt(master) == 0 && unlockpt(master) == 0)
         slave = open(ptsname(master), O_RDWR | O_NOCTTY);
     if (slave < 0) {
-        printf("\n    skipped: no pseudo-terminal");
+        fsdp_test_skip("no pseudo-terminal");
         if (master >= 0) close(master);
         return;
     }
@@ -1201,7 +1201,7 @@ static void mpi_matches_local(const char *mpirun, int np, const char *const *ove
 static void test_tool_exit_status(void) {
     char cmd[4096], base[2048], out[8192];
     if (!*FSDP_TRAIN_EXE || access("/dev/full", W_OK) != 0) {
-        printf("\n    skipped: no fsdp-train or no /dev/full");
+        fsdp_test_skip("no fsdp-train or no /dev/full");
         return;
     }
     snprintf(base, sizeof base,
@@ -1254,7 +1254,7 @@ static void test_tool_exit_status(void) {
 static void test_mpi_matches_local(void) {
     const char *mpirun = getenv("FSDP_TRAIN_MPIRUN");
     if (!mpirun || !*mpirun || !*FSDP_TRAIN_EXE) {
-        printf("\n    skipped: FSDP_TRAIN_MPIRUN is not set (CTest's test_train_mpi2 sets it)");
+        fsdp_test_skip("FSDP_TRAIN_MPIRUN is not set (CTest's test_train_mpi2 sets it)");
         return;
     }
     /* the process count of the FSDP_TRAIN_MPIRUN command (CTest's entries: 2 and 4) */
@@ -1294,8 +1294,8 @@ static void test_mpi_matches_local(void) {
 static void test_mpi_config_mismatch(void) {
     const char *mpiexec = getenv("FSDP_TRAIN_MPIEXEC"), *np = getenv("FSDP_TRAIN_MPIEXEC_NP");
     if (!mpiexec || !*mpiexec || !np || !*np || !*FSDP_TRAIN_EXE) {
-        printf("\n    skipped: FSDP_TRAIN_MPIEXEC is not set (CTest's test_train_mpi_mismatch "
-               "sets it)");
+        fsdp_test_skip("FSDP_TRAIN_MPIEXEC is not set (CTest's test_train_mpi_mismatch "
+                       "sets it)");
         return;
     }
     char small[2048] = "", cmd[8192], out[8192], a[1024], b[1024];
@@ -1365,7 +1365,7 @@ static void load_digits(const char *const *overrides) {
  * in well under a minute. */
 static void test_digits_example(void) {
 #ifdef FSDP_TEST_TSAN
-    printf("\n    skipped under ThreadSanitizer: 600 steps on 4 rank threads");
+    fsdp_test_skip("under ThreadSanitizer: 600 steps on 4 rank threads");
     return;
 #endif
     char err[TRAIN_ERROR_SIZE] = "";

@@ -783,8 +783,7 @@ static int shell(const char *command, char *output, size_t size) {
 static void test_mpi_resume(void) {
     const char *mpirun = getenv("FSDP_TRAIN_MPIRUN");
     if (!mpirun || !*mpirun || !*FSDP_TRAIN_EXE) {
-        printf(
-            "\n    skipped: FSDP_TRAIN_MPIRUN is not set (CTest's test_train_ckpt_mpi2 sets it)");
+        fsdp_test_skip("FSDP_TRAIN_MPIRUN is not set (CTest's test_train_ckpt_mpi2 sets it)");
         return;
     }
     char cmd[4096], out[8192], err[TRAIN_ERROR_SIZE];

@@ -1,0 +1,370 @@
+#!/usr/bin/env bash
+# gpu-session.sh: what a GPU machine checks, in one command and a bounded time (default 450 s):
+# the environment, a build for sm_90, the GPU suites, compute-sanitizer (memcheck, racecheck,
+# initcheck) on the CUDA suites, the GPU benchmark against PyTorch, and the scaling benchmark.
+#
+#   scripts/gpu-session.sh [--dry-run] OUT_DIR
+#   scripts/gpu-session.sh --list-phases
+#
+# Each phase runs under its own timeout, writes OUT_DIR/<phase>.log and, as soon as it ends,
+# appends a line to OUT_DIR/summary.tsv (after a header line), so a session cut short still
+# reports what it did: phase, status (ok, fail, skip or timeout), seconds, and a note (why it
+# was skipped, what failed, or its key figure). The exit status is 0 when no phase failed or
+# timed out, 1 otherwise, 2 for a usage error.
+#
+# Without a GPU (`nvidia-smi -L` fails), or with --dry-run, the session records the environment
+# and marks every other phase skipped with the reason; the build is skipped too, since CI builds
+# compile the CUDA code already. tests/gpu_session_dry_run.sh runs it so in CTest.
+#
+# Test dependencies missing on the GPU machine (CUnit, inih): if a .debs/ directory exists at the
+# repository root, the first phase unpacks every .deb in it over / and runs ldconfig (as root).
+# To carry libcunit1, libcunit1-dev, libinih1, libinih-dev and libinireader0 there (packages of
+# the GPU machine's release), in a checkout (in a git worktree, use the file that
+# `git rev-parse --git-path info/exclude` names):
+#   echo /.debs/ >> .git/info/exclude; mkdir -p .debs
+#   (cd .debs && apt-get download libcunit1 libcunit1-dev libinih1 libinih-dev libinireader0)
+#
+# Environment: GPU_SESSION_BUDGET (seconds for the whole session, default 450),
+# GPU_SESSION_BUILD (the build directory, default build-gpu at the repository root), JOBS
+# (build parallelism, default all cores).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+self="$repo/scripts/gpu-session.sh"
+build=${GPU_SESSION_BUILD:-$repo/build-gpu}
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+budget=${GPU_SESSION_BUDGET:-450}
+if [ -d /usr/local/cuda/bin ]; then PATH="/usr/local/cuda/bin:$PATH"; fi
+
+PHASES=(deps env build gpu-tests memcheck-kernels memcheck-train memcheck-llama
+    racecheck-kernels initcheck-kernels racecheck-llama initcheck-llama bench scaling)
+# The most seconds each phase may take; the session's budget may leave it less.
+declare -A CAP=([deps]=60 [env]=60 [build]=240 [gpu-tests]=120 [memcheck-kernels]=90
+    [memcheck-train]=45 [memcheck-llama]=60 [racecheck-kernels]=90 [initcheck-kernels]=90
+    [racecheck-llama]=60 [initcheck-llama]=60 [bench]=120 [scaling]=150)
+# The suite each sanitizer phase runs.
+declare -A SUITE=([kernels]=test_kernels_cuda [train]=test_cuda_train [llama]=test_llama_cuda)
+# Seconds a phase leaves to the benchmarks after it, and the least worth starting a phase with.
+RESERVE_BENCH=120
+RESERVE_SCALING=60
+MIN_PHASE=15
+
+usage() {
+    echo "usage: scripts/gpu-session.sh [--dry-run] OUT_DIR | --list-phases" >&2
+    exit 2
+}
+
+# ---- phases (each runs as `gpu-session.sh --phase NAME`, its output in NAME.log) ----
+
+# The phase's status and note, for the session to record (without it, the exit status decides).
+result() { printf '%s\t%s\n' "$1" "$2" >"$GPU_SESSION_OUT/.$GPU_SESSION_PHASE.result"; }
+
+# This phase's log: its standard output and error, which the session writes there.
+own_log() { echo "$GPU_SESSION_OUT/$GPU_SESSION_PHASE.log"; }
+
+# Prints the command, then runs it.
+run() {
+    echo "+ $*"
+    "$@"
+}
+
+# A section of env.log: the command and its output, whatever its status.
+show() {
+    printf '\n== %s\n' "$*"
+    timeout 30 "$@" 2>&1 || echo "(exit status $?)"
+}
+
+phase_deps() {
+    shopt -s nullglob
+    local debs=("$repo"/.debs/*.deb) f names=()
+    if [ ${#debs[@]} -eq 0 ]; then
+        result skip "no .deb files in .debs/"
+        return 0
+    fi
+    for f in "${debs[@]}"; do
+        run dpkg -x "$f" /
+        names+=("$(basename "$f" | cut -d_ -f1)")
+    done
+    run ldconfig
+    result ok "unpacked ${#debs[@]}: ${names[*]}"
+}
+
+phase_env() {
+    show nvidia-smi
+    show nvidia-smi -L
+    show nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+    show cat /proc/driver/nvidia/version
+    show nvcc --version
+    show compute-sanitizer --version
+    show gcc --version
+    show cmake --version
+    printf '\n== CUDA toolkit components (version.json)\n'
+    grep -A1 -E '"(cuda|cuda_cudart|libcublas|cuda_sanitizer_api)"' \
+        /usr/local/cuda/version.json 2>&1 || true
+    printf '\n== cuBLAS, cuDNN and NCCL libraries (ldconfig)\n'
+    ldconfig -p 2>/dev/null | grep -E 'libcublas|libcudnn|libnccl' || echo "(none registered)"
+    printf '\n== NVIDIA and torch Python packages\n'
+    timeout 60 python3 -m pip list 2>/dev/null | grep -iE '^(torch|nvidia-)' || echo "(none)"
+    show python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'
+    show python3 -c 'import torch
+print("cudnn", torch.backends.cudnn.version())
+try:
+    print("nccl", torch.cuda.nccl.version())
+except Exception as e:
+    print("nccl unknown:", e)
+print("cuda available", torch.cuda.is_available())'
+    show nproc
+    show lscpu
+    local gpu nvcc torch
+    gpu=$(timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null |
+        head -1 | sed 's/, / driver /') || true
+    nvcc=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -1) || true
+    torch=$(timeout 60 python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' \
+        2>/dev/null) || true
+    result ok "GPU: ${gpu:-none}; nvcc ${nvcc:-none}; torch ${torch:-none}; $(nproc) CPUs"
+}
+
+phase_build() {
+    run cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFSDP_WERROR=ON -DFSDP_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90
+    run cmake --build "$build" -j "$jobs"
+    result ok "$build, FSDP_CUDA=ON, sm_90, -j $jobs"
+}
+
+# The CTest entries named in a ctest log that did not pass: "name (Failed), ...".
+not_passed() {
+    grep -oE '[0-9]+ - [A-Za-z0-9_]+ \([A-Za-z ]+\)' "$1" | sed 's/^[0-9]* - //' | paste -sd, - |
+        sed 's/,/, /g'
+}
+
+phase_gpu_tests() {
+    local log rc=0
+    log=$(own_log)
+    # One at a time: test_kernels_cuda exhausts the GPU's memory on purpose.
+    echo "+ FSDP_TEST_REQUIRE_DEVICE=cuda ctest --test-dir $build -L gpu --no-tests=error --output-on-failure"
+    FSDP_TEST_REQUIRE_DEVICE=cuda ctest --test-dir "$build" -L gpu --no-tests=error \
+        --output-on-failure || rc=$?
+    local line bad
+    line=$(grep -E 'tests passed' "$log" | tail -1) || true
+    bad=$(not_passed "$log") || true
+    if [ "$rc" -ne 0 ]; then
+        result fail "${line:-ctest exit status $rc}: ${bad:-see gpu-tests.log}"
+    elif grep -q '(Skipped)' "$log"; then
+        result fail "skipped on a GPU machine: $bad"
+    else
+        result ok "$line"
+    fi
+}
+
+# The executable of a CTest entry, from the build's test list.
+executable_of() {
+    local exe
+    exe=$(ctest --test-dir "$build" --show-only=json-v1 2>/dev/null | python3 -c '
+import json, sys
+for t in json.load(sys.stdin)["tests"]:
+    if t["name"] == sys.argv[1]:
+        print(t["command"][0])' "$1" 2>/dev/null) || true
+    if [ -z "$exe" ]; then exe=$(find "$build" -type f -name "$1" -perm -u+x | head -1); fi
+    echo "$exe"
+}
+
+# compute-sanitizer TOOL on SUITE. API errors are not reported: test_kernels_cuda provokes a
+# failing cudaMalloc on purpose (and this is the invocation docs/cuda.md reports).
+sanitize() {
+    local tool=$1 suite=$2 san exe rc=0
+    san=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null) || true
+    if [ -z "$san" ]; then
+        result skip "compute-sanitizer not found (PATH, /usr/local/cuda)"
+        return 0
+    fi
+    exe=$(executable_of "$suite")
+    if [ -z "$exe" ] || [ ! -x "$exe" ]; then
+        result fail "no executable for $suite in $build"
+        return 0
+    fi
+    local log
+    log=$(own_log)
+    cd "$(dirname "$exe")"
+    echo "+ FSDP_TEST_REQUIRE_DEVICE=cuda $san --tool $tool --error-exitcode 1 --report-api-errors no $exe"
+    FSDP_TEST_REQUIRE_DEVICE=cuda "$san" --tool "$tool" --error-exitcode 1 \
+        --report-api-errors no "$exe" || rc=$?
+    local summary failed
+    summary=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1 | sed 's/^=* *//') || true
+    failed=$(grep -oE 'Test: [A-Za-z0-9_]+ \.\.\.FAILED' "$log" | cut -d' ' -f2 | paste -sd, -) || true
+    case $rc in
+    0) result ok "$suite: ${summary:-no summary line}" ;;
+    77) result fail "$suite: every case skipped, so the GPU was not exercised" ;;
+    *) result fail "$suite exit status $rc: ${summary:-no summary line}${failed:+; failed cases: $failed}" ;;
+    esac
+}
+
+phase_bench() {
+    local log rc=0
+    log=$(own_log)
+    run bash "$repo/bench/cuda_mlp.sh" "$build" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        result fail "bench/cuda_mlp.sh exit status $rc"
+        return 0
+    fi
+    local ours ratios
+    ours=$(awk '$1 == "libfsdp" && ($2 == "f32" || $2 == "tf32") {printf "%s%s %s ms", s, $2, $3; s = ", "}' "$log")
+    ratios=$(awk 'NF == 4 && ($1 == "f32" || $1 == "tf32") && $4 != "n/a" {printf "%s%s %s", s, $1, $4; s = ", "}' "$log")
+    if [ -z "$ours" ]; then
+        result fail "bench_cuda_mlp timed no step: $(grep -m1 '^bench_cuda_mlp' "$log" || echo 'see bench.log')"
+    elif [ -z "$ratios" ]; then
+        result ok "libfsdp $ours; no PyTorch comparison (PyTorch with CUDA not importable)"
+    else
+        result ok "PyTorch ms / libfsdp ms (above 1: libfsdp faster): $ratios; libfsdp $ours"
+    fi
+}
+
+phase_scaling() {
+    local log rc=0
+    log=$(own_log)
+    run bash "$repo/bench/scaling.sh" "$build" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        result fail "bench/scaling.sh exit status $rc"
+        return 0
+    fi
+    # The goals section, shortened: speed-ups of 2 ranks, PyTorch, busbw as a fraction of memcpy.
+    local goals
+    goals=$(sed -n '/^== 4\. goals/,$p' "$log" | awk '
+        /^2 ranks >=/ { r = r (r ? ", " : "") $(NF - 1) " " $NF }
+        /^one rank with 2 threads/ { sub(/^[^:]*: /, ""); t = $0 }
+        /^(all_gather|reduce_scatter) / { b = b (b ? ", " : "") $1 " " $2 / 1048576 " MiB " $NF }
+        END {
+            if (r) printf "2 ranks / 1 rank (goal 1.7x): %s", r
+            if (t) printf "; 1 rank, 2 threads vs PyTorch: %s", t
+            if (b) printf "; busbw / memcpy (goal 50%%): %s", b
+        }')
+    result ok "${goals:-no goals section in scaling.log}"
+}
+
+run_phase_body() {
+    GPU_SESSION_PHASE=$1
+    case $1 in
+    deps) phase_deps ;;
+    env) phase_env ;;
+    build) phase_build ;;
+    gpu-tests) phase_gpu_tests ;;
+    memcheck-* | racecheck-* | initcheck-*) sanitize "${1%%-*}" "${SUITE[${1#*-}]}" ;;
+    bench) phase_bench ;;
+    scaling) phase_scaling ;;
+    *) echo "no phase $1" >&2 && exit 2 ;;
+    esac
+}
+
+# ---- the session ----
+
+now() { date +%s.%N; }
+
+# Appends a line to summary.tsv (tabs and newlines in the note become spaces) and shows it.
+record() {
+    local note
+    note=$(printf '%s' "$4" | tr '\t\n' '  ')
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$note" >>"$out/summary.tsv"
+    printf '%-18s %-7s %6ss  %s\n' "$1" "$2" "$3" "$note"
+    if [ "$2" = fail ] || [ "$2" = timeout ]; then failed=1; fi
+}
+
+# Runs a phase under its timeout (its cap, less what the budget leaves after keeping `reserve`
+# seconds for later phases), or records it skipped for `reason` when that is not empty.
+session_phase() {
+    local name=$1 reason=$2 reserve=$3
+    if [ -n "$reason" ]; then
+        record "$name" skip 0.0 "$reason"
+        return 0
+    fi
+    local left limit
+    left=$((deadline - $(date +%s)))
+    limit=$((left - reserve))
+    if [ "$limit" -gt "${CAP[$name]}" ]; then limit=${CAP[$name]}; fi
+    if [ "$limit" -lt "$MIN_PHASE" ]; then
+        local why="not started: $left s of the session's $budget s left"
+        if [ "$reserve" -gt 0 ]; then why="$why, $reserve s of them kept for the benchmarks"; fi
+        record "$name" skip 0.0 "$why"
+        return 0
+    fi
+    local t0 rc=0 secs status note
+    t0=$(now)
+    rm -f "$out/.$name.result"
+    GPU_SESSION_OUT=$out timeout -k 10 "$limit" bash "$self" --phase "$name" >"$out/$name.log" 2>&1 ||
+        rc=$?
+    secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        status=timeout note="stopped at its limit of $limit s (see $name.log)"
+    elif [ -f "$out/.$name.result" ]; then
+        IFS=$'\t' read -r status note <"$out/.$name.result"
+        if [ "$rc" -ne 0 ] && [ "$status" = ok ]; then status=fail note="exit status $rc; $note"; fi
+    elif [ "$rc" -eq 0 ]; then
+        status=ok note=""
+    else
+        status=fail note="exit status $rc: $(grep -m1 -iE 'error|fail' "$out/$name.log" | cut -c1-200)"
+    fi
+    record "$name" "$status" "$secs" "$note"
+    last_status=$status
+}
+
+main() {
+    local dry=0 out_arg=""
+    while [ $# -gt 0 ]; do
+        case $1 in
+        --dry-run) dry=1 ;;
+        --list-phases)
+            printf '%s\n' "${PHASES[@]}"
+            exit 0
+            ;;
+        --phase)
+            [ $# -eq 2 ] || usage
+            run_phase_body "$2"
+            exit 0
+            ;;
+        -*) usage ;;
+        *)
+            [ -z "$out_arg" ] || usage
+            out_arg=$1
+            ;;
+        esac
+        shift
+    done
+    [ -n "$out_arg" ] || usage
+    mkdir -p "$out_arg"
+    out=$(cd "$out_arg" && pwd)
+    printf 'phase\tstatus\tseconds\tnote\n' >"$out/summary.tsv"
+    deadline=$(($(date +%s) + budget))
+    failed=0
+
+    local reason=""
+    if [ "$dry" = 1 ]; then
+        reason="dry run (--dry-run)"
+    elif ! timeout 30 nvidia-smi -L >/dev/null 2>&1; then
+        reason="no NVIDIA GPU visible: nvidia-smi -L failed"
+    fi
+    echo "gpu-session: $repo -> $out (budget $budget s)${reason:+; $reason}"
+
+    local deps_reason=$reason
+    if [ ! -d "$repo/.debs" ]; then
+        deps_reason="no .debs/ directory: CUnit and inih come from the system"
+    elif [ -n "$reason" ]; then deps_reason="$reason: nothing unpacked"; fi
+    session_phase deps "$deps_reason" 0
+    session_phase env "" 0
+    local build_reason=${reason:+$reason; CI builds already compile the CUDA code}
+    last_status=skip
+    session_phase build "$build_reason" $((RESERVE_BENCH + RESERVE_SCALING))
+    local after=$reason
+    if [ -z "$after" ] && [ "$last_status" != ok ]; then
+        after="the build phase did not succeed"
+    fi
+    local p
+    for p in gpu-tests memcheck-kernels memcheck-train memcheck-llama racecheck-kernels \
+        initcheck-kernels racecheck-llama initcheck-llama; do
+        session_phase "$p" "$after" $((RESERVE_BENCH + RESERVE_SCALING))
+    done
+    session_phase bench "$after" "$RESERVE_SCALING"
+    session_phase scaling "$after" 0
+    rm -f "$out"/.*.result
+    echo "gpu-session: summary in $out/summary.tsv"
+    exit "$failed"
+}
+
+main "$@"
