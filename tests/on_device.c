@@ -1,8 +1,10 @@
-/* on_device.c: the device of the device-parametrised suites (on_device.h). */
+/* on_device.c: the device of the device-parametrised suites and their comparisons with the
+ * CPU (on_device.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "harness.h" // defines: fsdp_test_close
 #include "on_device.h"
 
 static bool chosen;
@@ -49,4 +51,24 @@ fsdp_device fsdp_test_device(void) {
 
 bool fsdp_test_device_is_cuda(void) {
     return fsdp_test_device().type == FSDP_DEVICE_CUDA;
+}
+
+double fsdp_test_device_tol(double tol) {
+    return fsdp_test_device_is_cuda() ? tol : 0.0;
+}
+
+bool fsdp_test_device_close(const char *name, const float *got, const float *want, int64_t n,
+                            double rtol, double atol) {
+    if (fsdp_test_device_is_cuda()) return fsdp_test_close(name, got, want, n, rtol, atol);
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof *got)) {
+            if (first < 0) first = i;
+            bad++;
+        }
+    printf("\n    %-40s %lld of %lld elements differ bitwise", name, (long long)bad, (long long)n);
+    if (bad)
+        printf("\n    %s: first at %lld: got %.9g want %.9g", name, (long long)first, got[first],
+               want[first]);
+    return bad == 0;
 }

@@ -1,11 +1,13 @@
 /* on_device.h: the device the device-parametrised suites run on: cuda:0 where a GPU is
  * usable, sim:0 (the simulated GPU, deferred streams) otherwise, so CI runs the device path on
  * every commit. FSDP_TEST_DEVICE=cuda|sim chooses; FSDP_TEST_REQUIRE_DEVICE=cuda turns the
- * fallback to sim into a failure (for machines that have a GPU: scripts/gpu-session.sh). */
+ * fallback to sim into a failure (for machines that have a GPU: scripts/gpu-session.sh). Results
+ * are compared with the CPU's bit for bit on sim and within tolerances on CUDA. */
 #ifndef FSDP_TESTS_ON_DEVICE_H
 #define FSDP_TESTS_ON_DEVICE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "fsdp/tensor.h"
 
@@ -15,5 +17,15 @@ fsdp_device fsdp_test_device(void);
 
 /* Whether the run's device is a real GPU (CUDA), where the CUDA-only cases apply. */
 bool fsdp_test_device_is_cuda(void);
+
+/* The tolerance of a result of the run's device against the CPU table's: `tol` on CUDA (GPU
+ * arithmetic rounds and sums in other orders), 0 on sim, which runs the CPU's own kernels. */
+double fsdp_test_device_tol(double tol);
+
+/* n floats the run's device computed (copied back to the host) against the CPU's: on sim bit
+ * for bit, printing how many elements differ and the first; on CUDA fsdp_test_close's
+ * |got - want| <= atol + rtol |want|. */
+bool fsdp_test_device_close(const char *name, const float *got, const float *want, int64_t n,
+                            double rtol, double atol);
 
 #endif

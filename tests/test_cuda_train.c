@@ -1,26 +1,20 @@
-/* test_cuda_train.c: the single-GPU training path end to end, against the CPU run of the same
- * model: an MLP built and initialised on the CPU, moved with fsdp_module_to, trained with MSE
- * and each optimizer (SGD with momentum and Nesterov, Adam, AdamW); the per-step losses and the
- * final parameters must equal the CPU run's to f32 rounding (the GPU sums in another order).
- * Cross-entropy and the sum loss are checked the same way. Every case skips, saying why, when
- * there is no usable CUDA device. */
+/* test_cuda_train.c: the single-device training path end to end, on cuda:0 where a GPU is
+ * usable and on sim:0 (the simulated GPU) otherwise, against the CPU run of the same model: an
+ * MLP built and initialised on the CPU, moved with fsdp_module_to, trained with MSE and each
+ * optimizer (SGD with momentum and Nesterov, Adam, AdamW); the per-step losses and the final
+ * parameters must equal the CPU run's, bit for bit on sim (it runs the CPU's kernels) and to
+ * f32 rounding on CUDA (the GPU sums in another order). Cross-entropy and the sum loss are
+ * checked the same way. */
 #include <math.h>
 #include <string.h>
 
 #include "harness.h"
+#include "on_device.h" // defines: fsdp_test_device, fsdp_test_device_close
 
 #define STEPS 6
 
-static fsdp_device gpu(void) {
-    return (fsdp_device){FSDP_DEVICE_CUDA, 0};
-}
-
-static bool have_gpu(void) {
-    if (fsdp_device_count(FSDP_DEVICE_CUDA) > 0) return true;
-    fsdp_test_skip("no usable CUDA device (this build %s CUDA support)",
-                   fsdp_cuda_set_allow_tf32(fsdp_test_ctx(), false) == FSDP_OK ? "has" : "has no");
-    fsdp_clear_error(fsdp_test_ctx());
-    return false;
+static fsdp_device dev(void) {
+    return fsdp_test_device();
 }
 
 /* A copy of t on `device`. */
@@ -92,22 +86,27 @@ static fsdp_status compare_param(fsdp_ctx *ctx, fsdp_param *p, const char *name,
     fsdp_param *w = fsdp_module_get_param(a->want, name);
     FSDP_RANK_CHECK(ctx, w, "no parameter %s in the CPU model", name);
     a->compared++;
-    return fsdp_test_rank_close(ctx, name, fsdp_param_data(p), fsdp_param_data(w), 1e-4, 1e-6,
-                                NULL);
+    fsdp_tensor *got = fsdp_param_data(p), *want = fsdp_param_data(w);
+    if (fsdp_test_device_is_cuda()) // the tolerances are for GPU arithmetic
+        return fsdp_test_rank_close(ctx, name, got, want, 1e-4, 1e-6, NULL);
+    FSDP_RANK_CHECK(ctx, fsdp_tensor_same_shape(got, want), "%s: shapes differ", name);
+    FSDP_RANK_CHECK(ctx,
+                    !memcmp(fsdp_tensor_data(got), fsdp_tensor_data(want), fsdp_tensor_nbytes(got)),
+                    "%s: not bitwise equal to the CPU run's", name);
+    return FSDP_OK;
 }
 
 static void check_training(optim_kind kind) {
-    if (!have_gpu()) return;
-    float cpu_losses[STEPS], gpu_losses[STEPS];
+    float cpu_losses[STEPS], dev_losses[STEPS];
     fsdp_module *cpu = train(FSDP_CPU, kind, cpu_losses);
-    fsdp_module *dev = train(gpu(), kind, gpu_losses);
-    FSDP_TEST_CLOSE("losses", gpu_losses, cpu_losses, STEPS, 1e-5, 1e-7);
+    fsdp_module *on_dev = train(dev(), kind, dev_losses);
+    CU_ASSERT_TRUE(fsdp_test_device_close("losses", dev_losses, cpu_losses, STEPS, 1e-5, 1e-7));
     CU_ASSERT_TRUE(cpu_losses[STEPS - 1] < cpu_losses[0]); /* it trained */
     compare_args a = {.want = cpu};
-    FSDP_TEST_OK(fsdp_module_visit_params(fsdp_test_ctx(), dev, compare_param, &a));
+    FSDP_TEST_OK(fsdp_module_visit_params(fsdp_test_ctx(), on_dev, compare_param, &a));
     CU_ASSERT_EQUAL(a.compared, 6);
     fsdp_module_free(cpu);
-    fsdp_module_free(dev);
+    fsdp_module_free(on_dev);
 }
 
 static void test_sgd_nesterov(void) {
@@ -120,25 +119,25 @@ static void test_adamw(void) {
     check_training(OPT_ADAMW);
 }
 
-/* Cross-entropy (targets on the host) and the sum loss on the GPU equal the CPU's. */
+/* Cross-entropy (targets on the host) and the sum loss on the device equal the CPU's. */
 static void test_losses(void) {
-    if (!have_gpu()) return;
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_tensor *lh = fsdp_test_random(2, (int64_t[]){17, 11}, -30, 30, 3);
-    fsdp_tensor *l = on(lh, gpu()), *dh, *dd, *dback;
+    fsdp_tensor *l = on(lh, dev()), *dh, *dd, *dback;
     FSDP_TEST_OK(fsdp_tensor_create_like(ctx, lh, &dh));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, gpu(), 2, (int64_t[]){17, 11}, &dd));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev(), 2, (int64_t[]){17, 11}, &dd));
     int32_t targets[17];
     for (int i = 0; i < 17; i++) targets[i] = (i * 5) % 11;
     float want, got;
     FSDP_TEST_OK(fsdp_loss_cross_entropy(ctx, lh, targets, &want, dh));
     FSDP_TEST_OK(fsdp_loss_cross_entropy(ctx, l, targets, &got, dd));
-    FSDP_TEST_CLOSE("cross-entropy", &got, &want, 1, 1e-5, 1e-7);
+    CU_ASSERT_TRUE(fsdp_test_device_close("cross-entropy", &got, &want, 1, 1e-5, 1e-7));
     dback = on(dd, FSDP_CPU);
-    FSDP_TEST_CLOSE("d logits", fsdp_tensor_f32(dback), fsdp_tensor_f32(dh), 17 * 11, 1e-5, 1e-7);
+    CU_ASSERT_TRUE(fsdp_test_device_close("d logits", fsdp_tensor_f32(dback), fsdp_tensor_f32(dh),
+                                          17 * 11, 1e-5, 1e-7));
     FSDP_TEST_OK(fsdp_loss_sum(ctx, lh, &want, NULL));
     FSDP_TEST_OK(fsdp_loss_sum(ctx, l, &got, NULL));
-    FSDP_TEST_CLOSE("sum", &got, &want, 1, 1e-5, 1e-4);
+    CU_ASSERT_TRUE(fsdp_test_device_close("sum", &got, &want, 1, 1e-5, 1e-4));
     fsdp_tensor_free(lh);
     fsdp_tensor_free(l);
     fsdp_tensor_free(dh);
@@ -153,5 +152,6 @@ int main(int argc, char **argv) {
         {"adamw", test_adamw},
         {"losses", test_losses},
     };
+    fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "cuda_train", cases, sizeof cases / sizeof cases[0]);
 }

@@ -1,56 +1,86 @@
-/* test_kernels_cuda.c: the CUDA device against the CPU: every entry of the CUDA operator table
- * on random inputs compared with the CPU table's results, the CUDA storage (caching allocator,
- * copies, fills, conversions, pinned memory, tensors) and its errors. Without a usable GPU (or
- * in a build without CUDA) every case that needs one prints why it skipped and passes. */
+/* test_kernels_cuda.c: a device against the CPU, on cuda:0 where a GPU is usable and on sim:0
+ * (the simulated GPU) otherwise: every entry of the device's operator table on random inputs
+ * compared with the CPU table's results (bit for bit on sim), the device's storage (caching
+ * allocator, copies, fills, conversions, pinned memory, tensors) and its errors. The cases of
+ * CUDA-only features (TF32 GEMMs) say why they skip elsewhere. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/device.h"    // defines: fsdp_device_for, fsdp_device_i
-#include "core/stream.h"    // defines: fsdp_host_alloc, fsdp_host_free
+#include "core/device.h"     // defines: fsdp_device_for, fsdp_device_i
+#include "core/stream.h"     // defines: fsdp_host_alloc, fsdp_host_free
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_close, FSDP_TEST_OK
 #include "kernel_rng.h"      // defines: rng_seed, rng_u32, rng_uniform
 #include "kernels/kernels.h" // defines: fsdp_kernels_i, fsdp_kernels_for
+#include "kernels/sim/sim.h" // defines: fsdp_sim_memory_stats_get, fsdp_sim_empty_cache
+#include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_close
 #include "optim/update.h"    // defines: fsdp_sgd_update, fsdp_adam_update
 #ifdef FSDP_HAVE_CUDA
 #include "kernels/cuda/cuda.h" // defines: fsdp_cuda_device_count, fsdp_cuda_memory_stats_get
 #endif
 
-#define CUDA0 ((fsdp_device){FSDP_DEVICE_CUDA, 0})
+/* ---- the device of the run ---- */
 
-/* ---- skipping ---- */
+static fsdp_device dev(void) {
+    return fsdp_test_device();
+}
 
-static char skip_reason[256];
+static const fsdp_device_i *storage(void) {
+    return fsdp_device_for(dev().type);
+}
 
-/* Whether device 0 can run the case; otherwise prints why the case skips. */
-static bool have_gpu(void) {
-#ifdef FSDP_HAVE_CUDA
-    char why[200] = "";
-    if (fsdp_cuda_device_count(why, sizeof why) > 0) return true;
-    snprintf(skip_reason, sizeof skip_reason, "no CUDA device (%s)", why);
-#else
-    snprintf(skip_reason, sizeof skip_reason,
-             "this build has no CUDA (configured with -DFSDP_CUDA=OFF or without the toolkit)");
-#endif
-    fsdp_test_skip("%s", skip_reason);
+static const fsdp_kernels_i *K(void) {
+    return fsdp_kernels_for(dev());
+}
+
+/* Whether the case, which tests a CUDA-only feature (`what`), runs; otherwise says why not. */
+static bool cuda_only(const char *what) {
+    if (fsdp_test_device_is_cuda()) return true;
+    fsdp_test_skip("%s is CUDA's, and this run is on %s:%d", what, fsdp_device_to_string(dev()),
+                   dev().index);
     return false;
 }
-#define NEED_GPU()                                                                                 \
-    do {                                                                                           \
-        if (!have_gpu()) return;                                                                   \
-    } while (0)
 
-/* ---- table and registration (no GPU needed) ---- */
+/* The caching allocator's counters of the run's device (fsdp_cuda_memory_stats or
+ * fsdp_sim_memory_stats), and its cache emptied. */
+typedef struct alloc_counters {
+    int64_t device_allocs; // blocks taken from the device: cudaMalloc calls on CUDA
+    int64_t cache_hits;
+    size_t reserved, in_use, peak_in_use;
+} alloc_counters;
 
-static void test_table(void) {
-    const fsdp_kernels_i *cpu = fsdp_kernels_for(FSDP_CPU);
-    CU_ASSERT_TRUE(cpu->sgd_update && cpu->adam_update);
+static alloc_counters counters(void) {
 #ifdef FSDP_HAVE_CUDA
-    const fsdp_kernels_i *k = fsdp_kernels_for(CUDA0);
+    if (fsdp_test_device_is_cuda()) {
+        fsdp_cuda_memory_stats s = fsdp_cuda_memory_stats_get(dev().index);
+        return (alloc_counters){s.malloc_calls, s.cache_hits, s.reserved, s.in_use, s.peak_in_use};
+    }
+#endif
+    fsdp_sim_memory_stats s = fsdp_sim_memory_stats_get(dev().index);
+    return (alloc_counters){s.device_allocs, s.cache_hits, s.reserved, s.in_use, s.peak_in_use};
+}
+
+static void empty_cache(void) {
+#ifdef FSDP_HAVE_CUDA
+    if (fsdp_test_device_is_cuda()) {
+        fsdp_cuda_empty_cache(dev().index);
+        return;
+    }
+#endif
+    fsdp_sim_empty_cache(dev().index);
+}
+
+/* ---- table and registration ---- */
+
+/* Every entry of a device kind's operator table and device record is there. */
+static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
+                             const fsdp_device_i *record) {
+    fsdp_device d = {type, 0};
+    const fsdp_kernels_i *k = fsdp_kernels_for(d);
     CU_ASSERT_PTR_NOT_NULL_FATAL(k);
-    CU_ASSERT_PTR_EQUAL(k, fsdp_kernels_cuda());
-    CU_ASSERT_STRING_EQUAL(k->name, "cuda");
+    CU_ASSERT_PTR_EQUAL(k, table);
+    CU_ASSERT_STRING_EQUAL(k->name, fsdp_device_to_string(d));
     bool all = k->gemm && k->bias_add && k->bias_backward && k->relu_forward && k->relu_backward &&
                k->sigmoid_forward && k->sigmoid_backward && k->gelu_forward && k->gelu_backward &&
                k->rmsnorm_forward && k->rmsnorm_backward && k->add && k->axpy && k->scale &&
@@ -58,44 +88,63 @@ static void test_table(void) {
                k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->f32_to_f16 &&
                k->f16_to_f32 && k->sgd_update && k->adam_update;
     CU_ASSERT_TRUE(all);
-    const fsdp_device_i *s = fsdp_device_for(FSDP_DEVICE_CUDA);
+    const fsdp_device_i *s = fsdp_device_for(type);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
-    CU_ASSERT_PTR_EQUAL(s, fsdp_cuda_device());
-    CU_ASSERT_STRING_EQUAL(s->name, "cuda");
+    CU_ASSERT_PTR_EQUAL(s, record);
+    CU_ASSERT_STRING_EQUAL(s->name, fsdp_device_to_string(d));
     CU_ASSERT_TRUE(s->alloc && s->free && s->copy && s->copy_2d && s->fill && s->convert &&
-                   s->synchronize && s->device_count);
-    CU_ASSERT_EQUAL(s->device_count(), fsdp_cuda_device_count(NULL, 0));
+                   s->synchronize && s->device_count && s->host_alloc && s->host_free);
+    CU_ASSERT_EQUAL(s->device_count(), fsdp_device_count(type));
+}
+
+static void test_table(void) {
+    const fsdp_kernels_i *cpu = fsdp_kernels_for(FSDP_CPU);
+    CU_ASSERT_TRUE(cpu->sgd_update && cpu->adam_update);
+    check_registered(FSDP_DEVICE_SIM, fsdp_kernels_sim(), fsdp_device_sim());
+    CU_ASSERT_TRUE(fsdp_device_count(FSDP_DEVICE_SIM) >= 1);
+#ifdef FSDP_HAVE_CUDA
+    check_registered(FSDP_DEVICE_CUDA, fsdp_kernels_cuda(), fsdp_cuda_device());
+    CU_ASSERT_EQUAL(fsdp_device_count(FSDP_DEVICE_CUDA), fsdp_cuda_device_count(NULL, 0));
 #else
-    CU_ASSERT_PTR_NULL(fsdp_kernels_for(CUDA0));
-    printf("\n    (this build has no CUDA: only the CPU entries were checked)");
+    CU_ASSERT_PTR_NULL(fsdp_kernels_for((fsdp_device){FSDP_DEVICE_CUDA, 0}));
+    printf("\n    (this build has no CUDA: its table was not checked)");
 #endif
 }
 
-/* A device index past the machine's devices is refused with a message naming the count (here
- * too, where the count may be 0). */
-static void test_device_out_of_range(void) {
+/* A device index past the machine's devices is refused by tensor creation and by the device's
+ * own allocation, with a message naming the count (`own` is the allocation's words). */
+static void check_past_last(fsdp_device_type type, const char *own) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     int64_t shape[1] = {4};
     fsdp_tensor *t = NULL;
-#ifdef FSDP_HAVE_CUDA
-    int count = fsdp_cuda_device_count(NULL, 0);
-    char needle[64];
-    snprintf(needle, sizeof needle, "this machine has %d cuda device", count);
-    fsdp_device past = {FSDP_DEVICE_CUDA, count};
+    int count = fsdp_device_count(type);
+    fsdp_device past = {type, count};
+    char needle[64], own_needle[64];
+    snprintf(needle, sizeof needle, "this machine has %d %s device", count,
+             fsdp_device_to_string(past));
+    snprintf(own_needle, sizeof own_needle, own, count);
     FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, past, 1, shape, &t), FSDP_ERR_DEVICE,
                     needle);
-    void *p = NULL;
-    FSDP_TEST_FAILS(fsdp_device_for(FSDP_DEVICE_CUDA)->alloc(ctx, count, 64, &p), FSDP_ERR_DEVICE,
-                    needle);
-    CU_ASSERT_PTR_NULL(p);
-#else
-    FSDP_TEST_FAILS(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, CUDA0, 1, shape, &t), FSDP_ERR_DEVICE,
-                    "no cuda support");
-#endif
     CU_ASSERT_PTR_NULL(t);
+    void *p = NULL;
+    FSDP_TEST_FAILS(fsdp_device_for(type)->alloc(ctx, count, 64, &p), FSDP_ERR_DEVICE, own_needle);
+    CU_ASSERT_PTR_NULL(p);
 }
 
+/* The run's device kind first; in a CUDA build CUDA's too (here with a count that may be 0). */
+static void test_device_out_of_range(void) {
+    check_past_last(FSDP_DEVICE_SIM, "%d simulated device");
 #ifdef FSDP_HAVE_CUDA
+    check_past_last(FSDP_DEVICE_CUDA, "this machine has %d cuda device");
+#else
+    fsdp_tensor *t = NULL;
+    FSDP_TEST_FAILS(fsdp_tensor_create(fsdp_test_ctx(), FSDP_DTYPE_F32,
+                                       (fsdp_device){FSDP_DEVICE_CUDA, 0}, 1, (int64_t[]){4}, &t),
+                    FSDP_ERR_DEVICE, "no cuda support");
+    CU_ASSERT_PTR_NULL(t);
+#endif
+}
+
 /* ---- helpers: RNG, device buffers, comparisons ---- */
 
 static float *new_uniform(int64_t n, float lo, float hi) {
@@ -105,16 +154,16 @@ static float *new_uniform(int64_t n, float lo, float hi) {
     return p;
 }
 
-static const fsdp_device_i *cuda_storage(void) {
-    return fsdp_device_for(FSDP_DEVICE_CUDA);
+/* Host bytes to device memory (taken at the call). */
+static void dev_put(void *d, const void *host, size_t nbytes) {
+    FSDP_TEST_OK(storage()->copy(fsdp_test_ctx(), d, dev(), host, FSDP_CPU, nbytes));
 }
 
 /* nbytes of device memory holding a copy of host (zeroed when host is NULL). */
 static void *dev_new(const void *host, size_t nbytes) {
     void *d = NULL;
-    FSDP_TEST_OK(cuda_storage()->alloc(fsdp_test_ctx(), 0, nbytes ? nbytes : 4, &d));
-    if (host && nbytes)
-        FSDP_TEST_OK(cuda_storage()->copy(fsdp_test_ctx(), d, CUDA0, host, FSDP_CPU, nbytes));
+    FSDP_TEST_OK(storage()->alloc(fsdp_test_ctx(), dev().index, nbytes ? nbytes : 4, &d));
+    if (host && nbytes) dev_put(d, host, nbytes);
     return d;
 }
 
@@ -122,38 +171,39 @@ static float *dev_floats(const float *host, int64_t n) {
     return dev_new(host, (size_t)n * sizeof(float));
 }
 
-static void dev_get(void *host, const void *dev, size_t nbytes) {
-    if (nbytes)
-        FSDP_TEST_OK(cuda_storage()->copy(fsdp_test_ctx(), host, FSDP_CPU, dev, CUDA0, nbytes));
+/* Device memory to the host (the copy waits for the work queued before it). */
+static void dev_get(void *host, const void *d, size_t nbytes) {
+    if (nbytes) FSDP_TEST_OK(storage()->copy(fsdp_test_ctx(), host, FSDP_CPU, d, dev(), nbytes));
 }
 
 static void dev_free(void *d) {
-    cuda_storage()->free(0, d);
+    storage()->free(dev().index, d);
 }
 
-/* Device floats (n) against the CPU's result. */
-static bool dev_close(const char *name, const float *dev, const float *want, int64_t n, double rtol,
+/* Device floats (n) against the CPU's result: bit for bit on sim, within rtol and atol on CUDA
+ * (the tolerances are for GPU arithmetic). */
+static bool dev_close(const char *name, const float *d, const float *want, int64_t n, double rtol,
                       double atol) {
     float *got = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    dev_get(got, dev, (size_t)n * sizeof(float));
-    bool ok = fsdp_test_close(name, got, want, n, rtol, atol);
+    dev_get(got, d, (size_t)n * sizeof(float));
+    bool ok = fsdp_test_device_close(name, got, want, n, rtol, atol);
     free(got);
     return ok;
 }
-#define DEV_CLOSE(name, dev, want, n, rtol, atol)                                                  \
-    CU_ASSERT_TRUE(dev_close((name), (dev), (want), (n), (rtol), (atol)))
+#define DEV_CLOSE(name, d, want, n, rtol, atol)                                                    \
+    CU_ASSERT_TRUE(dev_close((name), (d), (want), (n), (rtol), (atol)))
 
+/* A value the device handed back against the CPU's: equal on sim, within rtol on CUDA. */
 static bool close_scalar(const char *name, double got, double want, double rtol) {
     double d = fabs(got - want);
     printf("\n    %-40s got %.17g want %.17g (abs diff %.3g)", name, got, want, d);
-    return d <= rtol * fabs(want) || (isnan(got) && isnan(want));
+    return d <= fsdp_test_device_tol(rtol) * fabs(want) || (isnan(got) && isnan(want));
 }
 #define CLOSE_S(name, got, want, rtol) CU_ASSERT_TRUE(close_scalar((name), (got), (want), (rtol)))
 
 /* ---- storage ---- */
 
 static void test_alloc_reuse(void) {
-    NEED_GPU();
     fsdp_ctx *ctx = fsdp_test_ctx();
     const size_t sizes[] = {1, 700, 4096, (1u << 20) + 1, 3u << 20};
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
@@ -161,15 +211,15 @@ static void test_alloc_reuse(void) {
         void *a = dev_new(NULL, n);
         unsigned char *junk = malloc(n);
         memset(junk, 0xAB, n);
-        FSDP_TEST_OK(cuda_storage()->copy(ctx, a, CUDA0, junk, FSDP_CPU, n));
+        FSDP_TEST_OK(storage()->copy(ctx, a, dev(), junk, FSDP_CPU, n));
         dev_free(a);
-        fsdp_cuda_memory_stats before = fsdp_cuda_memory_stats_get(0);
+        alloc_counters before = counters();
         void *b = dev_new(NULL, n); // the same size again: from the cache, zeroed
-        fsdp_cuda_memory_stats after = fsdp_cuda_memory_stats_get(0);
-        printf("\n    %zu bytes: cudaMalloc calls %lld -> %lld, cache hits %lld -> %lld", n,
-               (long long)before.malloc_calls, (long long)after.malloc_calls,
+        alloc_counters after = counters();
+        printf("\n    %zu bytes: device allocations %lld -> %lld, cache hits %lld -> %lld", n,
+               (long long)before.device_allocs, (long long)after.device_allocs,
                (long long)before.cache_hits, (long long)after.cache_hits);
-        CU_ASSERT_EQUAL(after.malloc_calls, before.malloc_calls);
+        CU_ASSERT_EQUAL(after.device_allocs, before.device_allocs);
         CU_ASSERT_EQUAL(after.cache_hits, before.cache_hits + 1);
         CU_ASSERT_PTR_EQUAL(b, a);
         CU_ASSERT_TRUE(after.in_use >= n && after.reserved >= after.in_use);
@@ -182,17 +232,20 @@ static void test_alloc_reuse(void) {
         dev_free(b);
         free(junk);
     }
-    fsdp_cuda_empty_cache(0);
-    fsdp_cuda_memory_stats s = fsdp_cuda_memory_stats_get(0);
+    empty_cache();
+    alloc_counters s = counters();
     CU_ASSERT_EQUAL(s.reserved, s.in_use);
 }
 
+/* More memory than the device has: out of memory, naming the device and what ran out. */
 static void test_alloc_errors(void) {
-    NEED_GPU();
     fsdp_ctx *ctx = fsdp_test_ctx();
     void *p = NULL;
-    FSDP_TEST_FAILS(cuda_storage()->alloc(ctx, 0, (size_t)1 << 50, &p), FSDP_ERR_OUT_OF_MEMORY,
-                    "cuda:0", "cudaMalloc");
+    const char *what = fsdp_test_device_is_cuda() ? "cudaMalloc" : "FSDP_SIM_MEMORY";
+    char name[32];
+    snprintf(name, sizeof name, "%s:%d", fsdp_device_to_string(dev()), dev().index);
+    FSDP_TEST_FAILS(storage()->alloc(ctx, dev().index, (size_t)1 << 50, &p), FSDP_ERR_OUT_OF_MEMORY,
+                    name, what);
     CU_ASSERT_PTR_NULL(p);
     float x = 3.0f, y = 0.0f; // the failure leaves no error behind
     float *d = dev_floats(&x, 1);
@@ -202,28 +255,27 @@ static void test_alloc_errors(void) {
 }
 
 static void test_copy(void) {
-    NEED_GPU();
     fsdp_ctx *ctx = fsdp_test_ctx();
-    const fsdp_device_i *s = cuda_storage();
+    const fsdp_device_i *s = storage();
     rng_seed(1);
     int64_t n = 100003;
     float *h = new_uniform(n, -1, 1), *back = new_uniform(n, 0, 0);
     float *a = dev_floats(h, n), *b = dev_floats(NULL, n);
-    FSDP_TEST_OK(s->copy(ctx, b, CUDA0, a, CUDA0, (size_t)n * 4));           // D2D
-    FSDP_TEST_OK(s->copy(ctx, b + 1, CUDA0, b, CUDA0, (size_t)(n - 1) * 4)); // overlapping
+    FSDP_TEST_OK(s->copy(ctx, b, dev(), a, dev(), (size_t)n * 4));           // D2D
+    FSDP_TEST_OK(s->copy(ctx, b + 1, dev(), b, dev(), (size_t)(n - 1) * 4)); // overlapping
     dev_get(back, b, (size_t)n * 4);
     CU_ASSERT_EQUAL(back[0], h[0]);
     CU_ASSERT_EQUAL(memcmp(back + 1, h, (size_t)(n - 1) * 4), 0);
-    FSDP_TEST_OK(s->synchronize(ctx, 0));
+    FSDP_TEST_OK(s->synchronize(ctx, dev().index));
 
     /* copy_2d: a 5 x 7 box of a 9 x 11 host matrix into a 5 x 8 device one, out again */
     float m[9 * 11], out[5 * 7] = {0};
     for (int i = 0; i < 99; i++) m[i] = (float)i;
     float *box = dev_floats(NULL, 5 * 8);
-    FSDP_TEST_OK(s->copy_2d(ctx, box, CUDA0, 8 * 4, m + 2 * 11 + 3, FSDP_CPU, 11 * 4, 7 * 4, 5));
+    FSDP_TEST_OK(s->copy_2d(ctx, box, dev(), 8 * 4, m + 2 * 11 + 3, FSDP_CPU, 11 * 4, 7 * 4, 5));
     float *box2 = dev_floats(NULL, 5 * 8);
-    FSDP_TEST_OK(s->copy_2d(ctx, box2, CUDA0, 8 * 4, box, CUDA0, 8 * 4, 7 * 4, 5));
-    FSDP_TEST_OK(s->copy_2d(ctx, out, FSDP_CPU, 7 * 4, box2, CUDA0, 8 * 4, 7 * 4, 5));
+    FSDP_TEST_OK(s->copy_2d(ctx, box2, dev(), 8 * 4, box, dev(), 8 * 4, 7 * 4, 5));
+    FSDP_TEST_OK(s->copy_2d(ctx, out, FSDP_CPU, 7 * 4, box2, dev(), 8 * 4, 7 * 4, 5));
     bool ok = true;
     for (int r = 0; r < 5; r++)
         for (int c = 0; c < 7; c++) ok = ok && out[r * 7 + c] == m[(r + 2) * 11 + c + 3];
@@ -231,56 +283,55 @@ static void test_copy(void) {
 
     /* pinned host memory: an asynchronous copy in, synchronize, out */
     float *pinned = NULL;
-    FSDP_TEST_OK(fsdp_host_alloc(ctx, FSDP_DEVICE_CUDA, (size_t)n * 4, (void **)&pinned));
+    FSDP_TEST_OK(fsdp_host_alloc(ctx, dev().type, (size_t)n * 4, (void **)&pinned));
     CU_ASSERT_EQUAL(pinned[n - 1], 0.0f);
     memcpy(pinned, h, (size_t)n * 4);
-    FSDP_TEST_OK(s->copy(ctx, b, CUDA0, pinned, FSDP_CPU, (size_t)n * 4));
-    FSDP_TEST_OK(s->synchronize(ctx, 0));
+    FSDP_TEST_OK(s->copy(ctx, b, dev(), pinned, FSDP_CPU, (size_t)n * 4));
+    FSDP_TEST_OK(s->synchronize(ctx, dev().index));
     memset(pinned, 0, (size_t)n * 4);
-    FSDP_TEST_OK(s->copy(ctx, pinned, FSDP_CPU, b, CUDA0, (size_t)n * 4));
+    FSDP_TEST_OK(s->copy(ctx, pinned, FSDP_CPU, b, dev(), (size_t)n * 4));
     CU_ASSERT_EQUAL(memcmp(pinned, h, (size_t)n * 4), 0);
-    fsdp_host_free(FSDP_DEVICE_CUDA, pinned);
-    fsdp_host_free(FSDP_DEVICE_CUDA, NULL);
+    fsdp_host_free(dev().type, pinned);
+    fsdp_host_free(dev().type, NULL);
     dev_free(a), dev_free(b), dev_free(box), dev_free(box2);
     free(h), free(back);
 }
 
 static void test_fill_convert(void) {
-    NEED_GPU();
     fsdp_ctx *ctx = fsdp_test_ctx();
-    const fsdp_device_i *s = cuda_storage();
+    const fsdp_device_i *s = storage();
     int64_t n = 1027;
     float v = -2.5f, *got = new_uniform(n, 0, 0);
     float *d = dev_floats(NULL, n + 1);
-    FSDP_TEST_OK(s->fill(ctx, 0, d + 1, &v, 4, n)); // unaligned start
+    FSDP_TEST_OK(s->fill(ctx, dev().index, d + 1, &v, 4, n)); // unaligned start
     dev_get(got, d + 1, (size_t)n * 4);
     bool ok = true;
     for (int64_t i = 0; i < n; i++) ok = ok && got[i] == v;
     CU_ASSERT_TRUE(ok);
     fsdp_bf16 hb = fsdp_bf16_from_f32(1.75f), bb[1027];
     fsdp_bf16 *db = dev_new(NULL, (size_t)n * 2);
-    FSDP_TEST_OK(s->fill(ctx, 0, db, &hb, 2, n));
+    FSDP_TEST_OK(s->fill(ctx, dev().index, db, &hb, 2, n));
     dev_get(bb, db, (size_t)n * 2);
     ok = true;
     for (int64_t i = 0; i < n; i++) ok = ok && bb[i] == hb;
     CU_ASSERT_TRUE(ok);
-    FSDP_TEST_FAILS(s->fill(ctx, 0, d, &v, 8, n), FSDP_ERR_DTYPE, "8 bytes");
+    FSDP_TEST_FAILS(s->fill(ctx, dev().index, d, &v, 8, n), FSDP_ERR_DTYPE, "8 bytes");
 
     rng_seed(2);
     float *h = new_uniform(n, -100, 100);
-    FSDP_TEST_OK(s->copy(ctx, d, CUDA0, h, FSDP_CPU, (size_t)n * 4));
-    FSDP_TEST_OK(s->convert(ctx, 0, db, FSDP_DTYPE_BF16, d, FSDP_DTYPE_F32, n));
+    FSDP_TEST_OK(s->copy(ctx, d, dev(), h, FSDP_CPU, (size_t)n * 4));
+    FSDP_TEST_OK(s->convert(ctx, dev().index, db, FSDP_DTYPE_BF16, d, FSDP_DTYPE_F32, n));
     dev_get(bb, db, (size_t)n * 2);
     ok = true;
     for (int64_t i = 0; i < n; i++) ok = ok && bb[i] == fsdp_bf16_from_f32(h[i]);
     CU_ASSERT_TRUE(ok);
-    FSDP_TEST_OK(s->convert(ctx, 0, d, FSDP_DTYPE_F32, db, FSDP_DTYPE_BF16, n));
+    FSDP_TEST_OK(s->convert(ctx, dev().index, d, FSDP_DTYPE_F32, db, FSDP_DTYPE_BF16, n));
     dev_get(got, d, (size_t)n * 4);
     ok = true;
     for (int64_t i = 0; i < n; i++) ok = ok && got[i] == fsdp_bf16_to_f32(bb[i]);
     CU_ASSERT_TRUE(ok);
-    FSDP_TEST_FAILS(s->convert(ctx, 0, d, FSDP_DTYPE_F32, d, FSDP_DTYPE_F32, n), FSDP_ERR_DTYPE,
-                    "no conversion");
+    FSDP_TEST_FAILS(s->convert(ctx, dev().index, d, FSDP_DTYPE_F32, d, FSDP_DTYPE_F32, n),
+                    FSDP_ERR_DTYPE, "no conversion");
     dev_free(d), dev_free(db);
     free(got), free(h);
 }
@@ -288,16 +339,15 @@ static void test_fill_convert(void) {
 /* Tensors on the device through the public API: create, copy from and to the CPU, fill,
  * convert by copying into a bf16 tensor on the same device. */
 static void test_tensor(void) {
-    NEED_GPU();
     fsdp_ctx *ctx = fsdp_test_ctx();
     int64_t shape[2] = {33, 17}, n = 33 * 17;
     fsdp_tensor *h = NULL, *d = NULL, *d2 = NULL, *db = NULL, *back = NULL;
     FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, &h));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, CUDA0, 2, shape, &d));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, CUDA0, 2, shape, &d2));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, CUDA0, 2, shape, &db));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev(), 2, shape, &d));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev(), 2, shape, &d2));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, dev(), 2, shape, &db));
     FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, shape, &back));
-    CU_ASSERT_EQUAL(fsdp_tensor_device(d).type, FSDP_DEVICE_CUDA);
+    CU_ASSERT_EQUAL(fsdp_tensor_device(d).type, dev().type);
     float *hp = fsdp_tensor_f32(h);
     rng_seed(3);
     for (int64_t i = 0; i < n; i++) hp[i] = rng_uniform(-3, 3);
@@ -333,10 +383,10 @@ typedef struct thread_job {
 static void *first_thread(void *arg) {
     thread_job *j = arg;
     int64_t n = 1 << 20;
-    j->ok = cuda_storage()->alloc(j->ctx, 0, (size_t)n * 4, (void **)&j->block) == FSDP_OK;
+    j->ok = storage()->alloc(j->ctx, dev().index, (size_t)n * 4, (void **)&j->block) == FSDP_OK;
     if (!j->ok) return NULL;
-    fsdp_kernels_for(CUDA0)->fill(j->block, 7.0f, n); // queued work still running at the free
-    cuda_storage()->free(0, j->block);
+    fsdp_kernels_for(dev())->fill(j->block, 7.0f, n); // queued work still running at the free
+    storage()->free(dev().index, j->block);
     return NULL;
 }
 
@@ -344,30 +394,30 @@ static void *second_thread(void *arg) {
     thread_job *j = arg;
     int64_t n = 1 << 20;
     float *p = NULL, first = -1.0f;
-    j->ok = cuda_storage()->alloc(j->ctx, 0, (size_t)n * 4, (void **)&p) == FSDP_OK &&
-            cuda_storage()->copy(j->ctx, &first, FSDP_CPU, p, CUDA0, 4) == FSDP_OK;
+    j->ok = storage()->alloc(j->ctx, dev().index, (size_t)n * 4, (void **)&p) == FSDP_OK &&
+            storage()->copy(j->ctx, &first, FSDP_CPU, p, dev(), 4) == FSDP_OK;
     j->ok = j->ok && p == j->block && first == 0.0f; // zeroed after the first thread's fill
     printf("\n    reused the other thread's block: %s, first element %g",
            p == j->block ? "yes" : "no", first);
-    /* this thread's own cuBLAS handle */
+    /* this thread's own cuBLAS handle on CUDA, its own default stream on both */
     float A[6] = {1, 2, 3, 4, 5, 6}, B[6] = {1, 0, 0, 1, 1, 1}, C[4];
     float *dA = NULL, *dB = NULL;
-    j->ok = j->ok && cuda_storage()->alloc(j->ctx, 0, 24, (void **)&dA) == FSDP_OK &&
-            cuda_storage()->alloc(j->ctx, 0, 24, (void **)&dB) == FSDP_OK &&
-            cuda_storage()->copy(j->ctx, dA, CUDA0, A, FSDP_CPU, 24) == FSDP_OK &&
-            cuda_storage()->copy(j->ctx, dB, CUDA0, B, FSDP_CPU, 24) == FSDP_OK;
+    j->ok = j->ok && storage()->alloc(j->ctx, dev().index, 24, (void **)&dA) == FSDP_OK &&
+            storage()->alloc(j->ctx, dev().index, 24, (void **)&dB) == FSDP_OK &&
+            storage()->copy(j->ctx, dA, dev(), A, FSDP_CPU, 24) == FSDP_OK &&
+            storage()->copy(j->ctx, dB, dev(), B, FSDP_CPU, 24) == FSDP_OK;
     if (j->ok) {
-        fsdp_kernels_for(CUDA0)->gemm(false, false, 2, 2, 3, 1.0f, dA, 3, dB, 2, 0.0f, p, 2);
-        j->ok = cuda_storage()->copy(j->ctx, C, FSDP_CPU, p, CUDA0, 16) == FSDP_OK;
+        fsdp_kernels_for(dev())->gemm(false, false, 2, 2, 3, 1.0f, dA, 3, dB, 2, 0.0f, p, 2);
+        j->ok = storage()->copy(j->ctx, C, FSDP_CPU, p, dev(), 16) == FSDP_OK;
         j->ok = j->ok && C[0] == 4 && C[1] == 5 && C[2] == 10 && C[3] == 11;
     }
-    cuda_storage()->free(0, dA), cuda_storage()->free(0, dB), cuda_storage()->free(0, p);
+    storage()->free(dev().index, dA), storage()->free(dev().index, dB),
+        storage()->free(dev().index, p);
     return NULL;
 }
 
 static void test_threads(void) {
-    NEED_GPU();
-    fsdp_cuda_empty_cache(0);
+    empty_cache();
     thread_job j = {.ctx = fsdp_test_ctx()};
     pthread_t t;
     CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, first_thread, &j), 0);
@@ -379,10 +429,6 @@ static void test_threads(void) {
 }
 
 /* ---- kernels against the CPU ---- */
-
-static const fsdp_kernels_i *K(void) {
-    return fsdp_kernels_for(CUDA0);
-}
 
 typedef struct gemm_case {
     int64_t M, N, K;
@@ -416,7 +462,8 @@ static double gemm_compare(const gemm_case *g, double rtol, bool check) {
                  (long long)g->N, (long long)g->K, g->ta ? " A^T" : "", g->tb ? " B^T" : "",
                  (long long)g->pad);
         // f32 sums of K products in another order: 1e-5 relative, plus K roundings near 0
-        FSDP_TEST_CLOSE(name, got, C, g->M * ldc, rtol, 1e-6 * (double)(g->K + 1));
+        CU_ASSERT_TRUE(
+            fsdp_test_device_close(name, got, C, g->M * ldc, rtol, 1e-6 * (double)(g->K + 1)));
     }
     free(A), free(B), free(C), free(got);
     dev_free(dA), dev_free(dB), dev_free(dC);
@@ -424,7 +471,6 @@ static double gemm_compare(const gemm_case *g, double rtol, bool check) {
 }
 
 static void test_gemm(void) {
-    NEED_GPU();
     rng_seed(10);
     const gemm_case cases[] = {
         {1, 1, 1, false, false, 0, 1, 0},       {7, 5, 3, false, false, 0, 1, 0},
@@ -438,7 +484,8 @@ static void test_gemm(void) {
 }
 
 static void test_gemm_tf32(void) {
-    NEED_GPU();
+    if (!cuda_only("TF32 for f32 GEMMs (fsdp_cuda_thread_set_tf32)")) return;
+#ifdef FSDP_HAVE_CUDA
     rng_seed(11);
     gemm_case big = {512, 512, 1024, false, true, 0, 1, 0};
     CU_ASSERT_FALSE(fsdp_cuda_thread_tf32()); // off by default
@@ -449,10 +496,10 @@ static void test_gemm_tf32(void) {
     fsdp_cuda_thread_set_tf32(false);
     err = gemm_compare(&big, 1e-5, true); // exact f32 again
     CU_ASSERT_TRUE(err < 1e-5);
+#endif
 }
 
 static void test_bias(void) {
-    NEED_GPU();
     rng_seed(12);
     const int64_t shapes[][2] = {{37, 70}, {1000, 33}, {1, 1}};
     for (int s = 0; s < 3; s++) {
@@ -476,46 +523,45 @@ typedef void (*unary_fn)(float *out, const float *inp, int64_t n);
 typedef void (*binary_fn)(float *out, const float *a, const float *b, int64_t n);
 
 /* out = f(inp) on both tables, out of place at offset `off` floats and in place. */
-static void check_unary(const char *name, unary_fn cpu, unary_fn gpu, int64_t n, int64_t off,
+static void check_unary(const char *name, unary_fn cpu, unary_fn on_dev, int64_t n, int64_t off,
                         float lo, float hi) {
     float *x = new_uniform(n + off, lo, hi), *want = new_uniform(n + off, 0, 0);
     float *dx = dev_floats(x, n + off), *dy = dev_floats(NULL, n + off);
     cpu(want + off, x + off, n);
-    gpu(dy + off, dx + off, n);
+    on_dev(dy + off, dx + off, n);
     DEV_CLOSE(name, dy + off, want + off, n, 1e-5, 1e-6);
-    gpu(dx + off, dx + off, n); // in place
+    on_dev(dx + off, dx + off, n); // in place
     DEV_CLOSE(name, dx + off, want + off, n, 1e-5, 1e-6);
     free(x), free(want);
     dev_free(dx), dev_free(dy);
 }
 
 /* in_place: also run with out == the second input (not for composites that write out first). */
-static void check_binary_at(const char *name, binary_fn cpu, binary_fn gpu, int64_t n, int64_t off,
-                            float lo, float hi, bool in_place) {
+static void check_binary_at(const char *name, binary_fn cpu, binary_fn on_dev, int64_t n,
+                            int64_t off, float lo, float hi, bool in_place) {
     float *a = new_uniform(n + off, lo, hi), *b = new_uniform(n + off, -1, 1);
     float *want = new_uniform(n + off, 0, 0);
     float *da = dev_floats(a, n + off), *db = dev_floats(b, n + off);
     float *dy = dev_floats(NULL, n + off);
     cpu(want + off, a + off, b + off, n);
-    gpu(dy + off, da + off, db + off, n);
+    on_dev(dy + off, da + off, db + off, n);
     DEV_CLOSE(name, dy + off, want + off, n, 1e-5, 1e-6);
     if (in_place) {
-        gpu(db + off, da + off, db + off, n); // in place over the second input
+        on_dev(db + off, da + off, db + off, n); // in place over the second input
         DEV_CLOSE(name, db + off, want + off, n, 1e-5, 1e-6);
     }
     free(a), free(b), free(want);
     dev_free(da), dev_free(db), dev_free(dy);
 }
 
-static void check_binary(const char *name, binary_fn cpu, binary_fn gpu, int64_t n, int64_t off,
+static void check_binary(const char *name, binary_fn cpu, binary_fn on_dev, int64_t n, int64_t off,
                          float lo, float hi) {
-    check_binary_at(name, cpu, gpu, n, off, lo, hi, true);
+    check_binary_at(name, cpu, on_dev, n, off, lo, hi, true);
 }
 
 static const int64_t sizes[] = {1, 3, 1001, 4099, 1 << 18};
 
 static void test_activations(void) {
-    NEED_GPU();
     const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = K();
     rng_seed(13);
     for (int s = 0; s < 5; s++)
@@ -537,42 +583,40 @@ static void cpu_axpy(float *y, const float *a, const float *x, int64_t n) {
     fsdp_kernels_for(FSDP_CPU)->copy(y, a, n);
     fsdp_kernels_for(FSDP_CPU)->axpy(y, -0.75f, x, n);
 }
-static void gpu_axpy(float *y, const float *a, const float *x, int64_t n) {
+static void dev_axpy(float *y, const float *a, const float *x, int64_t n) {
     K()->copy(y, a, n);
     K()->axpy(y, -0.75f, x, n);
 }
 static void cpu_scale(float *out, const float *x, int64_t n) {
     fsdp_kernels_for(FSDP_CPU)->scale(out, x, 1.25f, n);
 }
-static void gpu_scale(float *out, const float *x, int64_t n) {
+static void dev_scale(float *out, const float *x, int64_t n) {
     K()->scale(out, x, 1.25f, n);
 }
 static void cpu_fill(float *out, const float *x, int64_t n) {
     (void)x;
     fsdp_kernels_for(FSDP_CPU)->fill(out, 0.3f, n);
 }
-static void gpu_fill(float *out, const float *x, int64_t n) {
+static void dev_fill(float *out, const float *x, int64_t n) {
     (void)x;
     K()->fill(out, 0.3f, n);
 }
 
 static void test_elementwise(void) {
-    NEED_GPU();
     const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = K();
     rng_seed(14);
     for (int s = 0; s < 5; s++)
         for (int64_t off = 0; off < 2; off++) {
             int64_t n = sizes[s];
             check_binary("add", c->add, g->add, n, off, -5, 5);
-            check_binary_at("axpy", cpu_axpy, gpu_axpy, n, off, -5, 5, false);
-            check_unary("scale", cpu_scale, gpu_scale, n, off, -5, 5);
+            check_binary_at("axpy", cpu_axpy, dev_axpy, n, off, -5, 5, false);
+            check_unary("scale", cpu_scale, dev_scale, n, off, -5, 5);
             check_unary("copy", c->copy, g->copy, n, off, -5, 5);
-            check_unary("fill", cpu_fill, gpu_fill, n, off, -5, 5);
+            check_unary("fill", cpu_fill, dev_fill, n, off, -5, 5);
         }
 }
 
 static void test_rmsnorm(void) {
-    NEED_GPU();
     rng_seed(15);
     const int64_t shapes[][2] = {{17, 1000}, {3, 4097}, {300, 64}, {1, 1}};
     for (int s = 0; s < 4; s++) {
@@ -600,7 +644,6 @@ static void test_rmsnorm(void) {
 }
 
 static void test_reductions(void) {
-    NEED_GPU();
     rng_seed(16);
     const int64_t ns[] = {0, 1, 1000, (1 << 20) + 7};
     for (int s = 0; s < 4; s++) {
@@ -613,10 +656,9 @@ static void test_reductions(void) {
         CU_ASSERT_EQUAL(K()->max_abs(d, n), c->max_abs(x, n));
         if (n > 1) { // max |x| at the end, then a NaN
             float big = -3.5f, nan = NAN;
-            FSDP_TEST_OK(
-                cuda_storage()->copy(fsdp_test_ctx(), d + n - 1, CUDA0, &big, FSDP_CPU, 4));
+            dev_put(d + n - 1, &big, 4);
             CU_ASSERT_EQUAL(K()->max_abs(d, n), 3.5);
-            FSDP_TEST_OK(cuda_storage()->copy(fsdp_test_ctx(), d + 1, CUDA0, &nan, FSDP_CPU, 4));
+            dev_put(d + 1, &nan, 4);
             CU_ASSERT_TRUE(isnan(K()->max_abs(d, n)));
         }
         free(x);
@@ -625,7 +667,6 @@ static void test_reductions(void) {
 }
 
 static void test_losses(void) {
-    NEED_GPU();
     rng_seed(17);
     const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU);
     const int64_t ns[] = {1, 1001, 300000};
@@ -678,7 +719,6 @@ static float bits_f32(uint32_t b) {
 }
 
 static void test_bf16(void) {
-    NEED_GPU();
     const uint32_t special[] = {
         0x3F808000u, 0x3F818000u, 0x3F80C000u, 0x3F807FFFu, // ties to even both ways, near ties
         0x7F800001u, 0xFFC00001u, 0x7FFFFFFFu, 0x7F800000u, // NaNs (signalling too), inf
@@ -686,7 +726,7 @@ static void test_bf16(void) {
         0x7F7FFFFFu, 0x7F7F8000u, 0xFF7FFFFFu, 0x00008000u, // max (rounds to inf), ties at 0
     };
     int64_t nspec = sizeof special / sizeof *special, n = nspec + 100003;
-    float *x = new_uniform(n, 0, 0);
+    float *x = new_uniform(n + 4, 0, 0); // the device copy holds 4 floats more (zeros)
     rng_seed(18);
     for (int64_t i = 0; i < n; i++) x[i] = bits_f32(i < nspec ? special[i] : rng_u32());
     fsdp_bf16 *want = malloc((size_t)n * 2), *got = malloc((size_t)n * 2);
@@ -710,7 +750,7 @@ static void test_bf16(void) {
             bad += f32_bits(back[i]) != (uint32_t)want[i + off] << 16;
         CU_ASSERT_EQUAL(bad, 0);
         free(back);
-        FSDP_TEST_OK(cuda_storage()->copy(fsdp_test_ctx(), d, CUDA0, x, FSDP_CPU, (size_t)n * 4));
+        dev_put(d, x, (size_t)n * 4);
     }
     free(x), free(want), free(got);
     dev_free(d), dev_free(db);
@@ -719,7 +759,6 @@ static void test_bf16(void) {
 /* f32 -> f16 and back on the device equal the CPU's bits: f16 ties, subnormals and their ties,
  * the overflow threshold, NaNs, then random bit patterns; every f16 widened. */
 static void test_f16(void) {
-    NEED_GPU();
     const uint32_t special[] = {
         0x3F801000u, 0x3F803000u, 0x33000000u, 0x33400000u, // ties to even, 2^-25 tie, above
         0x477FF000u, 0x477FEFFFu, 0x7F800001u, 0xFFC00001u, // 65520 (inf), below it, NaNs
@@ -775,17 +814,16 @@ static void run_optim_case(const char *name, bool adam, bool decoupled, bool wit
                             .maximize = decoupled};
     for (int step = 1; step <= 4; step++) {
         for (int64_t i = 0; i < n + off; i++) g[i] = rng_uniform(-1, 1);
-        FSDP_TEST_OK(
-            cuda_storage()->copy(fsdp_test_ctx(), dg, CUDA0, g, FSDP_CPU, (size_t)(n + off) * 4));
+        dev_put(dg, g, (size_t)(n + off) * 4);
         if (adam) {
             fsdp_adam_update(FSDP_CPU, p + off, g + off, s0 + off, s1 + off,
                              with_state ? s2 + off : NULL, n, &ao, decoupled, step);
-            fsdp_adam_update(CUDA0, dp + off, dg + off, d0 + off, d1 + off,
+            fsdp_adam_update(dev(), dp + off, dg + off, d0 + off, d1 + off,
                              with_state ? d2 + off : NULL, n, &ao, decoupled, step);
         } else {
             fsdp_sgd_update(FSDP_CPU, p + off, g + off, with_state ? s0 + off : NULL, n, &so,
                             step == 1);
-            fsdp_sgd_update(CUDA0, dp + off, dg + off, with_state ? d0 + off : NULL, n, &so,
+            fsdp_sgd_update(dev(), dp + off, dg + off, with_state ? d0 + off : NULL, n, &so,
                             step == 1);
         }
     }
@@ -795,7 +833,7 @@ static void run_optim_case(const char *name, bool adam, bool decoupled, bool wit
     for (int64_t i = 0; i < n; i++) diff += f32_bits(got[i]) != f32_bits(p[off + i]);
     printf("\n    %s (n %lld, offset %lld): %lld elements not bitwise equal", name, (long long)n,
            (long long)off, (long long)diff);
-    FSDP_TEST_CLOSE(name, got, p + off, n, 1e-6, 0);
+    CU_ASSERT_TRUE(fsdp_test_device_close(name, got, p + off, n, 1e-6, 0));
     if (with_state || adam) DEV_CLOSE("  state 0", d0 + off, s0 + off, n, 1e-6, 0);
     if (adam) DEV_CLOSE("  state 1", d1 + off, s1 + off, n, 1e-6, 0);
     if (adam && with_state) DEV_CLOSE("  vmax", d2 + off, s2 + off, n, 1e-6, 0);
@@ -804,7 +842,6 @@ static void run_optim_case(const char *name, bool adam, bool decoupled, bool wit
 }
 
 static void test_optim(void) {
-    NEED_GPU();
     rng_seed(19);
     const int64_t ns[] = {1, 1003, 1 << 16};
     for (int s = 0; s < 3; s++)
@@ -816,18 +853,11 @@ static void test_optim(void) {
             run_optim_case("adamw", true, true, false, ns[s], off);
         }
 }
-#else
-/* The device cases, in a build without CUDA. */
-static void test_device_cases(void) {
-    CU_ASSERT_FALSE(have_gpu()); // prints why they do not run
-}
-#endif // FSDP_HAVE_CUDA
 
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"table", test_table},
         {"device_out_of_range", test_device_out_of_range},
-#ifdef FSDP_HAVE_CUDA
         {"alloc_reuse", test_alloc_reuse},
         {"alloc_errors", test_alloc_errors},
         {"copy", test_copy},
@@ -845,9 +875,7 @@ int main(int argc, char **argv) {
         {"bf16", test_bf16},
         {"f16", test_f16},
         {"optim", test_optim},
-#else
-        {"device_cases", test_device_cases},
-#endif
     };
+    fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "kernels_cuda", cases, sizeof cases / sizeof *cases);
 }

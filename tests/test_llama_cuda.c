@@ -1,7 +1,7 @@
-/* test_llama_cuda.c: the Llama kernels of the CUDA table against the CPU table's on random
- * inputs, and fsdp_model_llama moved to the GPU against the same Hugging Face fixture as
- * test_llama. Without a usable GPU (or in a build without CUDA) each case says why it skips, and
- * the suite reports itself skipped. */
+/* test_llama_cuda.c: the Llama kernels of a device's table against the CPU table's on random
+ * inputs, and fsdp_model_llama moved to the device against the same Hugging Face fixture as
+ * test_llama; on cuda:0 where a GPU is usable and on sim:0 (the simulated GPU) otherwise, where
+ * every result must equal the CPU's bit for bit (the model's too: it is run on the CPU as well). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,21 +11,10 @@
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_close, FSDP_TEST_OK
 #include "kernel_rng.h"      // defines: rng_seed, rng_uniform
 #include "kernels/kernels.h" // defines: fsdp_kernels_for
-#ifdef FSDP_HAVE_CUDA
-#include "kernels/cuda/cuda.h" // defines: fsdp_cuda_device_count
-#endif
+#include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_close
 
-#define CUDA0 ((fsdp_device){FSDP_DEVICE_CUDA, 0})
-
-static bool have_gpu(void) {
-#ifdef FSDP_HAVE_CUDA
-    char why[200] = "";
-    if (fsdp_cuda_device_count(why, sizeof why) > 0) return true;
-    fsdp_test_skip("no CUDA device (%s)", why);
-#else
-    fsdp_test_skip("this build has no CUDA");
-#endif
-    return false;
+static fsdp_device dev(void) {
+    return fsdp_test_device();
 }
 
 /* ---- device buffers ---- */
@@ -40,7 +29,7 @@ static dbuf up(const void *host, fsdp_dtype dtype, int64_t n) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     dbuf b = {NULL, n};
     int64_t shape[1] = {n > 0 ? n : 1};
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, dtype, CUDA0, 1, shape, &b.t));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, dtype, dev(), 1, shape, &b.t));
     if (host) {
         fsdp_tensor *h = NULL;
         FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, (void *)host, dtype, FSDP_CPU, 1, shape, &h));
@@ -54,7 +43,8 @@ static float *f(dbuf b) {
     return fsdp_tensor_data(b.t);
 }
 
-/* compares the device buffer with the CPU's result */
+/* compares the device buffer with the CPU's result: bit for bit on sim, within rtol and atol on
+ * CUDA (the tolerances are for GPU arithmetic) */
 static void same(const char *name, dbuf b, const float *want, double rtol, double atol) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     float *got = calloc((size_t)b.n + 1, sizeof(float));
@@ -62,7 +52,7 @@ static void same(const char *name, dbuf b, const float *want, double rtol, doubl
     FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, got, FSDP_DTYPE_F32, FSDP_CPU, 1,
                                        (int64_t[]){b.n > 0 ? b.n : 1}, &h));
     FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, b.t));
-    FSDP_TEST_CLOSE(name, got, want, b.n, rtol, atol);
+    CU_ASSERT_TRUE(fsdp_test_device_close(name, got, want, b.n, rtol, atol));
     fsdp_tensor_free(h);
     free(got);
 }
@@ -76,8 +66,7 @@ static float *uniform(int64_t n, float lo, float hi) {
 /* ---- kernels against the CPU ---- */
 
 static void test_kernels_match_cpu(void) {
-    if (!have_gpu()) return;
-    const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = fsdp_kernels_for(CUDA0);
+    const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = fsdp_kernels_for(dev());
     CU_ASSERT_TRUE_FATAL(g->embedding_forward && g->embedding_backward && g->rope_forward &&
                          g->rope_backward && g->attention_forward && g->attention_backward &&
                          g->swiglu_forward && g->swiglu_backward && g->cross_entropy_ignore);
@@ -111,12 +100,14 @@ static void test_kernels_match_cpu(void) {
     same("rope backward", gy, y, 1e-6, 1e-7);
     /* attention */
     float *q = uniform(nq, -1.5f, 1.5f), *k = uniform(nk, -1.5f, 1.5f), *v = uniform(nk, -1, 1);
-    float *o = uniform(nq, 0, 0), *lse = uniform(B * NH * T, 0, 0), *scr = uniform(T * T, 0, 0);
+    /* scratch: (T, T) for forward, (2, T, T) for backward */
+    float *o = uniform(nq, 0, 0), *lse = uniform(B * NH * T, 0, 0);
+    float *scr = uniform(2 * T * T, 0, 0);
     float *dout = uniform(nq, -1, 1), *dq = uniform(nq, 0, 0), *dk = uniform(nk, 0, 0);
     float *dv = uniform(nk, 0, 0);
     dbuf gq = up(q, FSDP_DTYPE_F32, nq), gk = up(k, FSDP_DTYPE_F32, nk);
     dbuf gv = up(v, FSDP_DTYPE_F32, nk), go = up(NULL, FSDP_DTYPE_F32, nq);
-    dbuf gl = up(NULL, FSDP_DTYPE_F32, B * NH * T), gs = up(NULL, FSDP_DTYPE_F32, T * T);
+    dbuf gl = up(NULL, FSDP_DTYPE_F32, B * NH * T), gs = up(NULL, FSDP_DTYPE_F32, 2 * T * T);
     dbuf gdo = up(dout, FSDP_DTYPE_F32, nq), gdq = up(NULL, FSDP_DTYPE_F32, nq);
     dbuf gdk = up(NULL, FSDP_DTYPE_F32, nk), gdv = up(NULL, FSDP_DTYPE_F32, nk);
     c->attention_forward(o, lse, scr, q, k, v, B, T, NH, NKV, D);
@@ -142,13 +133,14 @@ static void test_kernels_match_cpu(void) {
     /* cross-entropy with ignored rows */
     int32_t tg[N];
     for (int i = 0; i < N; i++) tg[i] = i % 4 == 1 ? -100 : (int32_t)(rng_u32() % V);
-    float *lg = uniform(N * V, -3, 3), *dl = uniform(N * V, 0, 0), lc = 0, lgpu = 0;
+    float *lg = uniform(N * V, -3, 3), *dl = uniform(N * V, 0, 0), lc = 0, ldev = 0;
     dbuf glg = up(lg, FSDP_DTYPE_F32, N * V), gdl = up(NULL, FSDP_DTYPE_F32, N * V);
     dbuf gtg = up(tg, FSDP_DTYPE_I32, N);
     c->cross_entropy_ignore(&lc, dl, lg, tg, -100, N, V);
-    g->cross_entropy_ignore(&lgpu, f(gdl), f(glg), fsdp_tensor_data(gtg.t), -100, N, V);
-    printf("\n    cross_entropy_ignore loss cpu %.9g cuda %.9g", lc, lgpu);
-    CU_ASSERT_TRUE(fabsf(lc - lgpu) <= 1e-6f * fabsf(lc));
+    g->cross_entropy_ignore(&ldev, f(gdl), f(glg), fsdp_tensor_data(gtg.t), -100, N, V);
+    printf("\n    cross_entropy_ignore loss cpu %.9g %s %.9g", lc, fsdp_device_to_string(dev()),
+           ldev);
+    CU_ASSERT_TRUE(fabsf(lc - ldev) <= fsdp_test_device_tol(1e-6) * fabsf(lc));
     same("cross_entropy_ignore dlogits", gdl, dl, 1e-5, 1e-8);
     dbuf all[] = {gt, gw, ge,  gdy, gdw, gcs, gx,  gy,  gq,  gk,  gv, go,
                   gl, gs, gdo, gdq, gdk, gdv, gsw, gsg, glg, gdl, gtg};
@@ -158,11 +150,73 @@ static void test_kernels_match_cpu(void) {
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 
-/* ---- the model on the GPU against Hugging Face ---- */
+/* ---- the model on the device against Hugging Face ---- */
+
+/* What a forward and backward of the model gave, on the host: the loss, the logits and every
+ * parameter's gradient in the fixture's order. */
+typedef struct llama_run {
+    float loss;
+    fsdp_tensor *logits;
+    fsdp_tensor **grads;
+    int n;
+} llama_run;
+
+static void llama_run_free(llama_run *r) {
+    fsdp_tensor_free(r->logits);
+    for (int i = 0; i < r->n; i++) fsdp_tensor_free(r->grads[i]);
+    free(r->grads);
+}
+
+/* A copy of t on the host. */
+static fsdp_tensor *to_host(const fsdp_tensor *t) {
+    fsdp_tensor *h = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(fsdp_test_ctx(), fsdp_tensor_dtype(t), FSDP_CPU,
+                                    fsdp_tensor_ndim(t), fsdp_tensor_shape(t), &h));
+    FSDP_TEST_OK(fsdp_tensor_copy(fsdp_test_ctx(), h, t));
+    return h;
+}
+
+/* The fixture's model with its weights, moved to `device`: cross-entropy on its tokens and
+ * targets, forward and backward. */
+static llama_run run_llama(const fixture *fx, const fsdp_llama_config *cfg, fsdp_device device) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    const fixture_tensor *tok = fixture_require(fx, "tokens", FIXTURE_I32);
+    const fixture_tensor *tgt = fixture_require(fx, "targets", FIXTURE_I32);
+    CU_ASSERT_FATAL(tok && tgt);
+    fsdp_module *m = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, cfg, &m));
+    for (int i = 0; i < fixture_num_params(fx); i++) {
+        const fixture_tensor *t = fixture_param(fx, i);
+        CU_ASSERT_EQUAL_FATAL(
+            fixture_copy_into(ctx, t, fsdp_param_data(fsdp_module_get_param(m, t->name))), 0);
+    }
+    FSDP_TEST_OK(fsdp_module_to(ctx, m, device));
+    fsdp_tensor *th = NULL, *td = NULL, *dl = NULL;
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, tok->data, FSDP_DTYPE_I32, FSDP_CPU, tok->ndim,
+                                       tok->shape, &th));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, device, tok->ndim, tok->shape, &td));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, td, th));
+    const fsdp_tensor *logits = NULL;
+    llama_run r = {.loss = NAN, .n = fixture_num_params(fx)};
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, td, &logits));
+    FSDP_TEST_OK(fsdp_tensor_create_like(ctx, logits, &dl));
+    FSDP_TEST_OK(
+        fsdp_loss_cross_entropy_ignore(ctx, logits, tgt->data, FSDP_IGNORE_INDEX, &r.loss, dl));
+    FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dl, NULL));
+    r.logits = to_host(logits);
+    r.grads = calloc((size_t)r.n, sizeof *r.grads);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(r.grads);
+    for (int i = 0; i < r.n; i++)
+        r.grads[i] = to_host(fsdp_param_grad(fsdp_module_get_param(m, fixture_param(fx, i)->name)));
+    fsdp_tensor_free(th);
+    fsdp_tensor_free(td);
+    fsdp_tensor_free(dl);
+    fsdp_module_free(m);
+    return r;
+}
 
 static void test_model_matches_hf(void) {
-    if (!have_gpu()) return;
-    fsdp_ctx *ctx = fsdp_test_ctx();
     fixture fx;
     CU_ASSERT_EQUAL_FATAL(fixture_load_named("llama_tiny", &fx), 0);
     const int32_t *ci = fixture_require(&fx, "config", FIXTURE_I32)->data;
@@ -176,53 +230,37 @@ static void test_model_matches_hf(void) {
                              .max_seq_len = ci[6],
                              .norm_eps = (float)cf[0],
                              .rope_theta = (float)cf[1]};
-    const fixture_tensor *tok = fixture_require(&fx, "tokens", FIXTURE_I32);
-    const fixture_tensor *tgt = fixture_require(&fx, "targets", FIXTURE_I32);
-    fsdp_module *m = NULL;
-    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
-    for (int i = 0; i < fixture_num_params(&fx); i++) {
-        const fixture_tensor *t = fixture_param(&fx, i);
-        CU_ASSERT_EQUAL_FATAL(
-            fixture_copy_into(ctx, t, fsdp_param_data(fsdp_module_get_param(m, t->name))), 0);
-    }
-    FSDP_TEST_OK(fsdp_module_to(ctx, m, CUDA0));
-    fsdp_tensor *th = NULL, *td = NULL, *dl = NULL, *lh = NULL, *gh = NULL;
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, tok->data, FSDP_DTYPE_I32, FSDP_CPU, tok->ndim,
-                                       tok->shape, &th));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, CUDA0, tok->ndim, tok->shape, &td));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, td, th));
-    const fsdp_tensor *logits = NULL;
-    float loss = NAN;
-    FSDP_TEST_OK(fsdp_module_forward(ctx, m, td, &logits));
-    FSDP_TEST_OK(fsdp_tensor_create_like(ctx, logits, &dl));
-    FSDP_TEST_OK(
-        fsdp_loss_cross_entropy_ignore(ctx, logits, tgt->data, FSDP_IGNORE_INDEX, &loss, dl));
-    FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
-    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dl, NULL));
+    llama_run r = run_llama(&fx, &cfg, dev());
     float want = *(const float *)fixture_require(&fx, "loss", FIXTURE_F32)->data;
-    printf("\n    loss %.9g, PyTorch %.9g", loss, want);
-    CU_ASSERT_TRUE(fabsf(loss - want) <= 1e-5f * fabsf(want));
+    printf("\n    loss %.9g, PyTorch %.9g", r.loss, want);
+    CU_ASSERT_TRUE(fabsf(r.loss - want) <= 1e-5f * fabsf(want));
     const fixture_tensor *lw = fixture_require(&fx, "logits", FIXTURE_F32);
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, lw->ndim, lw->shape, &lh));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, lh, logits));
-    FSDP_TEST_CLOSE("logits", fsdp_tensor_f32(lh), lw->data, lw->numel, 1e-5, 1e-5);
+    CU_ASSERT_EQUAL_FATAL(fsdp_tensor_numel(r.logits), lw->numel);
+    FSDP_TEST_CLOSE("logits", fsdp_tensor_f32(r.logits), lw->data, lw->numel, 1e-5, 1e-5);
     char key[160];
-    for (int i = 0; i < fixture_num_params(&fx); i++) {
-        const fixture_tensor *t = fixture_param(&fx, i);
-        snprintf(key, sizeof key, "grad.%s", t->name);
+    for (int i = 0; i < r.n; i++) {
+        snprintf(key, sizeof key, "grad.%s", fixture_param(&fx, i)->name);
         const fixture_tensor *gw = fixture_require(&fx, key, FIXTURE_F32);
-        FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, gw->ndim, gw->shape, &gh));
-        FSDP_TEST_OK(fsdp_tensor_copy(ctx, gh, fsdp_param_grad(fsdp_module_get_param(m, t->name))));
+        CU_ASSERT_EQUAL_FATAL(fsdp_tensor_numel(r.grads[i]), gw->numel);
         double mx = 0;
         for (int64_t j = 0; j < gw->numel; j++) mx = fmax(mx, fabs(((const float *)gw->data)[j]));
-        FSDP_TEST_CLOSE(key, fsdp_tensor_f32(gh), gw->data, gw->numel, 1e-5, 1e-6 * mx);
-        fsdp_tensor_free(gh);
+        FSDP_TEST_CLOSE(key, fsdp_tensor_f32(r.grads[i]), gw->data, gw->numel, 1e-5, 1e-6 * mx);
     }
-    fsdp_tensor_free(th);
-    fsdp_tensor_free(td);
-    fsdp_tensor_free(dl);
-    fsdp_tensor_free(lh);
-    fsdp_module_free(m);
+    if (!fsdp_test_device_is_cuda()) { // the sim runs the CPU's kernels: the CPU's bits
+        llama_run c = run_llama(&fx, &cfg, FSDP_CPU);
+        CU_ASSERT_TRUE(fsdp_test_device_close("loss against the CPU", &r.loss, &c.loss, 1, 0, 0));
+        CU_ASSERT_TRUE(fsdp_test_device_close("logits against the CPU", fsdp_tensor_f32(r.logits),
+                                              fsdp_tensor_f32(c.logits),
+                                              fsdp_tensor_numel(c.logits), 0, 0));
+        for (int i = 0; i < r.n; i++) {
+            snprintf(key, sizeof key, "grad.%s against the CPU", fixture_param(&fx, i)->name);
+            CU_ASSERT_TRUE(fsdp_test_device_close(key, fsdp_tensor_f32(r.grads[i]),
+                                                  fsdp_tensor_f32(c.grads[i]),
+                                                  fsdp_tensor_numel(c.grads[i]), 0, 0));
+        }
+        llama_run_free(&c);
+    }
+    llama_run_free(&r);
     fixture_free(&fx);
 }
 
@@ -231,5 +269,6 @@ int main(int argc, char **argv) {
         {"kernels_match_cpu", test_kernels_match_cpu},
         {"model_matches_hf", test_model_matches_hf},
     };
+    fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "llama_cuda", cases, (int)(sizeof cases / sizeof cases[0]));
 }
