@@ -114,6 +114,18 @@ static int scenario_missing_wait(fsdp_ctx *ctx) {
     return 0;
 }
 
+/* A kernel writes 392 bytes into an allocation of 196: the guard in the block's slack says so
+ * when the block is freed. */
+static int scenario_overrun(fsdp_ctx *ctx) {
+    float *x = NULL;
+    REQUIRE(sim()->alloc(ctx, 0, 196, (void **)&x));
+    fsdp_kernels_for(SIM0)->fill(x, 1.0f, 98);
+    sim()->free(0, x);
+    REQUIRE(fsdp_device_synchronize(ctx, SIM0));
+    printf("the overrun went unnoticed\n");
+    return 0;
+}
+
 /* A pinned buffer changed while its copy to the device is still queued. */
 static int scenario_pinned_reuse(fsdp_ctx *ctx) {
     enum { n = 512 };
@@ -136,6 +148,7 @@ static int scenario(const char *name) {
     int st = !strcmp(name, "host_read")      ? scenario_host_read(ctx)
              : !strcmp(name, "missing_wait") ? scenario_missing_wait(ctx)
              : !strcmp(name, "pinned_reuse") ? scenario_pinned_reuse(ctx)
+             : !strcmp(name, "overrun")      ? scenario_overrun(ctx)
                                              : (fprintf(stderr, "unknown scenario %s\n", name), 2);
     fsdp_ctx_free(ctx);
     return st;
@@ -180,9 +193,21 @@ static void test_host_read_dies(void) {
     CU_ASSERT_TRUE(strstr(out, "sim:0") || strstr(out, "SEGV"));
 #else
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "the host touched memory of the simulated device sim:0"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "40 bytes into an allocation of 4096 bytes at"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "40 bytes into an allocation of 4000 bytes at"));
 #endif
     if (st == 0 || !strstr(out, "sim:0")) printf("\n    child said: %s", out);
+}
+
+/* Work that writes past the end of its allocation is caught at the free, naming it. */
+static void test_overrun_dies(void) {
+    char out[8192];
+    int st = run_scenario("overrun", out, sizeof out);
+    CU_ASSERT_NOT_EQUAL(st, 0);
+    CU_ASSERT_PTR_NULL(strstr(out, "went unnoticed"));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(out, "wrote up to 196 bytes past the end of an allocation of 196 bytes"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "the allocation was made by:"));
+    if (st == 0 || !strstr(out, "past the end")) printf("\n    child said: %s", out);
 }
 
 /* Fresh blocks hold NaNs (uninitialised device memory); alloc and tensors hand out zeros. */
@@ -427,6 +452,7 @@ int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"record", test_record},
         {"host_read_dies", test_host_read_dies},
+        {"overrun_dies", test_overrun_dies},
         {"fresh_blocks", test_fresh_blocks},
         {"cache_and_cap", test_cache_and_cap},
         {"cross_stream_reuse", test_cross_stream_reuse},

@@ -3,10 +3,14 @@
  * for about their size, so a steady-state step takes no device memory. A freed block remembers
  * the stream it was freed on and an event recorded there; a later owner on another stream makes
  * its stream wait for that event (no host wait), so its work cannot overtake the work queued
- * before the free. Fresh blocks hold the NaN pattern of memory.c. */
+ * before the free. Fresh blocks hold the NaN pattern of memory.c. The rounding's slack past
+ * what was asked for is a guard: filled with a pattern when the block is handed out and checked,
+ * in stream order, when it is freed, so work that wrote past the end of its allocation ends the
+ * process with a message naming the allocation. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/sim/sim_impl.h"
 
@@ -28,6 +32,36 @@ typedef struct pool {
     block *used[BUCKETS]; // blocks handed out, hashed by address
     fsdp_sim_memory_stats stats;
 } pool;
+
+#define GUARD_BYTE 0xcd
+
+/* ---- the guard past the asked size, written and checked on the owner's stream ---- */
+
+typedef struct guard_args {
+    unsigned char *tail; // shadow address of the slack
+    size_t n;
+    sim_alloc_site site; // check only: the allocation, for the message
+} guard_args;
+
+static void run_guard_set(void *arg) {
+    guard_args *a = arg;
+    memset(a->tail, GUARD_BYTE, a->n);
+}
+
+static void run_guard_check(void *arg) {
+    guard_args *a = arg;
+    size_t last = a->n;
+    while (last > 0 && a->tail[last - 1] == GUARD_BYTE) last--;
+    if (last == 0) return;
+    fprintf(stderr,
+            "libfsdp: sim:%d: work on the device wrote up to %zu bytes past the end of an "
+            "allocation of %zu bytes at %p (a kernel or copy given too small a buffer); the "
+            "allocation was made by:\n",
+            a->site.device, last, a->site.asked, a->site.ptr);
+    fflush(stderr);
+    sim_fault_print_site(&a->site);
+    abort();
+}
 
 static pool pools[SIM_MAX_DEVICES] = {
     [0 ... SIM_MAX_DEVICES - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER},
@@ -123,7 +157,12 @@ fsdp_status sim_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void **out
     p->stats.in_use += b->size;
     if (p->stats.in_use > p->stats.peak_in_use) p->stats.peak_in_use = p->stats.in_use;
     pthread_mutex_unlock(&p->mu);
-    sim_fault_track(b->ptr, b->size, device);
+    sim_fault_track(b->ptr, b->size, nbytes, device);
+    if (nbytes < b->size) {
+        guard_args g = {(unsigned char *)sim_shadow(b->ptr) + nbytes, b->size - nbytes, {0}};
+        sim_launch(sim_stream_of(device, sim_stream_current_handle(device)), run_guard_set, &g,
+                   sizeof g);
+    }
     *out = b->ptr;
     return FSDP_OK;
 }
@@ -146,8 +185,14 @@ void sim_block_free(int device, void *ptr) {
                 ptr);
         abort();
     }
-    sim_fault_untrack(ptr);
+    guard_args g = {0};
+    sim_fault_untrack(ptr, &g.site);
     sim_stream *now = sim_stream_of(device, sim_stream_current_handle(device));
+    if (g.site.asked < b->size) {
+        g.tail = (unsigned char *)sim_shadow(ptr) + g.site.asked;
+        g.n = b->size - g.site.asked;
+        sim_launch(now, run_guard_check, &g, sizeof g);
+    }
     if (!b->freed) b->freed = sim_event_new(device);
     FSDP_ASSERT(b->freed);
     b->stream = now;

@@ -63,7 +63,7 @@ static void on_fault(int sig, siginfo_t *info, void *context) {
             snprintf(line, sizeof line,
                      "libfsdp: it lies %zu bytes into an allocation of %zu bytes at %p on "
                      "sim:%d, made by:\n",
-                     (size_t)((const char *)addr - (const char *)hit->site.ptr), hit->site.size,
+                     (size_t)((const char *)addr - (const char *)hit->site.ptr), hit->site.asked,
                      hit->site.ptr, hit->site.device);
             say(line);
             backtrace_symbols_fd((void *const *)hit->site.frames, hit->site.nframes, STDERR_FILENO);
@@ -85,11 +85,11 @@ static void install(void) {
     sigaction(SIGSEGV, &sa, &previous);
 }
 
-void sim_fault_track(const void *ptr, size_t size, int device) {
+void sim_fault_track(const void *ptr, size_t size, size_t asked, int device) {
     pthread_once(&handler_once, install);
     site_node *n = calloc(1, sizeof *n);
     FSDP_ASSERT(n); // a few bytes of bookkeeping
-    n->site = (sim_alloc_site){.ptr = ptr, .size = size, .device = device};
+    n->site = (sim_alloc_site){.ptr = ptr, .size = size, .asked = asked, .device = device};
     n->site.nframes = backtrace(n->site.frames, SIM_FRAMES);
     pthread_mutex_lock(&mu);
     n->next = sites;
@@ -97,7 +97,11 @@ void sim_fault_track(const void *ptr, size_t size, int device) {
     pthread_mutex_unlock(&mu);
 }
 
-void sim_fault_untrack(const void *ptr) {
+void sim_fault_print_site(const sim_alloc_site *site) {
+    backtrace_symbols_fd((void *const *)site->frames, site->nframes, STDERR_FILENO);
+}
+
+void sim_fault_untrack(const void *ptr, sim_alloc_site *site) {
     pthread_mutex_lock(&mu);
     site_node *gone = NULL;
     for (site_node **at = &sites; *at; at = &(*at)->next)
@@ -107,6 +111,8 @@ void sim_fault_untrack(const void *ptr) {
             break;
         }
     pthread_mutex_unlock(&mu);
+    FSDP_ASSERT(gone); // every block handed out is tracked
+    *site = gone->site;
     free(gone);
 }
 

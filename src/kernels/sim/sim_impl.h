@@ -47,15 +47,19 @@ void sim_window_release(void);
 #define SIM_FRAMES 12
 typedef struct sim_alloc_site {
     const void *ptr;
-    size_t size;
+    size_t size;  /* the block's, rounded */
+    size_t asked; /* what the caller asked for */
     int device;
     int nframes;
     void *frames[SIM_FRAMES]; /* the call stack that made it */
 } sim_alloc_site;
 
-/* Records a block handed out (installing the fault handler on first use) / forgets it. */
-void sim_fault_track(const void *ptr, size_t size, int device);
-void sim_fault_untrack(const void *ptr);
+/* Records a block handed out (installing the fault handler on first use); forgets it, with its
+ * record to *site. */
+void sim_fault_track(const void *ptr, size_t size, size_t asked, int device);
+void sim_fault_untrack(const void *ptr, sim_alloc_site *site);
+/* Prints where an allocation was made (its call stack) to stderr. */
+void sim_fault_print_site(const sim_alloc_site *site);
 /* Prints the allocations still live (device memory leaks) to stderr; returns their count. */
 int sim_fault_report_live(void);
 void sim_fault_release(void);
