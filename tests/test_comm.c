@@ -2,10 +2,11 @@
  * or under mpirun the processes of an MPI job), f32, bf16 and f16, with uneven and empty chunks:
  * each result is compared bitwise with a serial computation in rank order, and replicated
  * results with every other rank's. Then the failures: mismatches across ranks, a rank
- * rejecting its arguments, a rank that never arrives (timeout), a rank that has returned, and
- * bad arguments. Rank bodies never call CUnit (it is not thread-safe): they return a status
- * with a message, which fsdp_world_run hands to the main thread. What a body leaves for the
- * main thread is about its own rank only, since under MPI each process has its own copy. */
+ * rejecting its arguments, tensors on a device (on every rank, or on one), a rank that never
+ * arrives (timeout), a rank that has returned, and bad arguments. Rank bodies never call CUnit (it
+ * is not thread-safe): they return a status with a message, which fsdp_world_run hands to the main
+ * thread. What a body leaves for the main thread is about its own rank only, since under MPI each
+ * process has its own copy. */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_SET */
 #include <math.h>
 #include <sched.h>
@@ -1040,6 +1041,103 @@ static void test_rank_rejects_arguments(void) {
     FSDP_TEST_OK(fsdp_test_run_world(4, 20000, reject_body, NULL));
 }
 
+/* ---- tensors on a device ---- */
+
+#define SIM0 ((fsdp_device){FSDP_DEVICE_SIM, 0})
+
+/* Every value of t is v. */
+static fsdp_status all_equal(fsdp_ctx *ctx, const fsdp_tensor *t, float v, const char *what) {
+    const float *x = fsdp_tensor_f32(t);
+    for (int64_t i = 0; i < fsdp_tensor_numel(t); i++)
+        FSDP_RANK_CHECK(ctx, x[i] == v, "%s: element %lld is %g, want %g", what, (long long)i, x[i],
+                        v);
+    return FSDP_OK;
+}
+
+/* Each public collective, every rank passing a tensor on sim:0 (the input or output of a pair,
+ * the other on the CPU): refused on every rank with its own message (the local and mpi backends
+ * move CPU tensors only in this version), before the rendezvous. */
+static fsdp_status device_everywhere(fsdp_ctx *ctx, fsdp_tensor *cpu, fsdp_tensor *dev,
+                                     fsdp_tensor *full, fsdp_tensor *full_dev,
+                                     fsdp_comm_work *work) {
+    const fsdp_reduce_options half = {.post_scale = 0.5f};
+    const fsdp_reduce_op sum = FSDP_REDUCE_SUM;
+    fsdp_status st = FSDP_OK;
+#define DEVICE(call, ...)                                                                          \
+    if (st == FSDP_OK)                                                                             \
+    st = expect_failure(ctx, (call), FSDP_ERR_DEVICE,                                              \
+                        (const char *[]){"is on sim:0", "does not move sim tensors",               \
+                                         "cpu tensors only in this version", "fsdp_tensor_copy",   \
+                                         __VA_ARGS__, NULL})
+    DEVICE(fsdp_all_gather(ctx, NULL, full, dev, 0), "all_gather", "the input tensor");
+    DEVICE(fsdp_all_gather(ctx, NULL, full_dev, cpu, 0), "all_gather", "the output tensor");
+    DEVICE(fsdp_reduce_scatter(ctx, NULL, cpu, full_dev, 0, sum), "reduce_scatter", "input");
+    DEVICE(fsdp_reduce_scatter_ex(ctx, NULL, dev, full, 0, sum, &half), "reduce_scatter",
+           "the output tensor");
+    DEVICE(fsdp_all_reduce(ctx, NULL, dev, sum), "all_reduce", "the given tensor");
+    DEVICE(fsdp_all_reduce_ex(ctx, NULL, dev, sum, &half), "all_reduce", "the given tensor");
+    DEVICE(fsdp_all_reduce_start(ctx, NULL, dev, sum, work), "all_reduce", "the given tensor");
+    DEVICE(fsdp_all_reduce_start_ex(ctx, NULL, dev, sum, &half, work), "all_reduce", "given");
+    DEVICE(fsdp_broadcast(ctx, NULL, dev, 0), "broadcast", "the given tensor");
+    DEVICE(fsdp_all_to_all(ctx, NULL, full, full_dev, 0, 0), "all_to_all", "the input tensor");
+#undef DEVICE
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, !fsdp_comm_work_pending(work), "a refused start left its work busy");
+    return st;
+}
+
+/* Only rank 1's tensor is on sim:0: rank 1 fails with its own message, its peers at once with
+ * the same status naming it, and nothing moves. */
+static fsdp_status device_on_one(fsdp_ctx *ctx, int rank, fsdp_tensor *cpu, fsdp_tensor *dev,
+                                 fsdp_tensor *full) {
+    fsdp_tensor *mine = rank == 1 ? dev : cpu;
+    const char *own[] = {"is on sim:0", "fsdp_tensor_copy", NULL};
+    const char *peer[] = {"rank 1 rejected its arguments", "is on sim:0", NULL};
+    const char *const *says = rank == 1 ? own : peer;
+    double t0 = fsdp_test_now();
+    fsdp_status st = expect_failure(ctx, fsdp_all_reduce(ctx, NULL, mine, FSDP_REDUCE_SUM),
+                                    FSDP_ERR_DEVICE, says);
+    if (st == FSDP_OK)
+        st = expect_failure(ctx, fsdp_broadcast(ctx, NULL, mine, 0), FSDP_ERR_DEVICE, says);
+    if (st == FSDP_OK)
+        st = expect_failure(ctx, fsdp_all_gather(ctx, NULL, full, mine, 0), FSDP_ERR_DEVICE, says);
+    double waited = fsdp_test_now() - t0;
+    if (st == FSDP_OK && waited > 10.0)
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                       "the failures took %.1f s: they waited for a timeout", waited);
+    return st;
+}
+
+static fsdp_status device_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int64_t n = 4, W = fsdp_world_size(fsdp_ctx_world(ctx)), wn = W * n;
+    fsdp_tensor *cpu = NULL, *dev = NULL, *full = NULL, *full_dev = NULL;
+    fsdp_comm_work *work = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &cpu);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, SIM0, 1, &n, &dev);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &wn, &full);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, SIM0, 1, &wn, &full_dev);
+    if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &work);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, cpu, (float)(rank + 1));
+    if (st == FSDP_OK) st = device_everywhere(ctx, cpu, dev, full, full_dev, work);
+    if (st == FSDP_OK) st = device_on_one(ctx, rank, cpu, dev, full);
+    /* The CPU tensors given alongside are as they were, and the group still works. */
+    if (st == FSDP_OK) st = all_equal(ctx, cpu, (float)(rank + 1), "this rank's tensor");
+    if (st == FSDP_OK) st = all_equal(ctx, full, 0.0f, "the output");
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, NULL, cpu, FSDP_REDUCE_SUM);
+    if (st == FSDP_OK) st = all_equal(ctx, cpu, (float)(W * (W + 1) / 2), "the all_reduce after");
+    fsdp_comm_work_free(work);
+    fsdp_tensor_free(cpu);
+    fsdp_tensor_free(dev);
+    fsdp_tensor_free(full);
+    fsdp_tensor_free(full_dev);
+    return st;
+}
+
+static void test_device_tensors(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 20000, device_body, NULL));
+}
+
 /* Rank 3 skips an all_reduce (busy elsewhere for longer than the timeout): ranks 0-2 fail
  * with FSDP_ERR_TIMEOUT naming it, and the poisoned group then fails at once for rank 3. */
 static fsdp_status skip_body(fsdp_ctx *ctx, int rank, void *user) {
@@ -1744,6 +1842,7 @@ int main(int argc, char **argv) {
         {"groups", test_groups},
         {"mismatch_across_ranks", test_mismatch_across_ranks},
         {"rank_rejects_arguments", test_rank_rejects_arguments},
+        {"device_tensors", test_device_tensors},
         {"timeout_names_missing_rank", test_timeout_names_missing_rank},
         {"returned_rank_fails_peers", test_returned_rank_fails_peers},
         {"bad_arguments", test_bad_arguments},

@@ -2,16 +2,19 @@
  * names the fix, and leave the model and its gradients as they were: a data-parallel group
  * across tensor-parallel shards (given or defaulted), fsdp_module_zero_grad and an optimizer
  * on a wrapped model's own parameters, TP after FSDP, summon_full_params inside forward,
- * freeing the model before its FSDP state. Also PyTorch's gradient divide factors. */
+ * freeing the model before its FSDP state, a model on a device (FSDP and replicate run on CPU
+ * tensors only in this version). Also PyTorch's gradient divide factors. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsdp/dp_impl.h" // defines: fsdp_dp_divide_factors
+#include "core/tensor_impl.h" // defines: fsdp_tensor_move
+#include "fsdp/dp_impl.h"     // defines: fsdp_dp_divide_factors
 #include "harness.h"
 #include "stacked_batches.h"
 
 #define SEED   7
 #define LAYERS 3
+#define SIM0   ((fsdp_device){FSDP_DEVICE_SIM, 0})
 
 /* ---- a copy of every parameter value and gradient of a module, compared bitwise ---- */
 
@@ -340,6 +343,69 @@ static void test_free_model_first(void) {
     FSDP_TEST_OK(fsdp_test_run_world(2, 0, free_order_rank, NULL));
 }
 
+/* ---- a model on a device ---- */
+
+/* The refusals of a model (or one gradient of it) on sim:0: each names the tensor, its device and
+ * the fix, on every rank. */
+static fsdp_status refuse_on_device(fsdp_ctx *ctx, fsdp_module *m, const char *tensor) {
+    static const char *paths[] = {"layers.1"};
+    fsdp_sharded *sh = NULL;
+    fsdp_replicate *r = NULL;
+    const char *move = "fsdp_module_to(ctx, model, FSDP_CPU)";
+    EXPECT_FAIL(ctx, fsdp_fully_shard(ctx, m, NULL, &sh), FSDP_ERR_DEVICE, "fsdp_fully_shard",
+                tensor, "is on sim:0", "FSDP does not take device tensors yet", move,
+                "before wrapping it");
+    /* Nested units, and a broadcast of the states asked for: refused before either. */
+    EXPECT_FAIL(ctx,
+                fsdp_fully_shard(ctx, m,
+                                 &(fsdp_fully_shard_options){.wrap_paths = paths,
+                                                             .n_wrap_paths = 1,
+                                                             .sync_module_states = true},
+                                 &sh),
+                FSDP_ERR_DEVICE, "fsdp_fully_shard", tensor, "sim:0");
+    EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_DEVICE,
+                "fsdp_replicate_apply", tensor, "is on sim:0",
+                "replicate does not take device tensors yet", move, "before replicating it");
+    FSDP_RANK_CHECK(ctx, sh == NULL && r == NULL, "a refused wrap handed out a state");
+    return FSDP_OK;
+}
+
+static fsdp_status device_model_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_module *m = NULL;
+    fsdp_sharded *sh = NULL;
+    snapshot s = {0};
+    fsdp_status st = build(ctx, &m);
+    if (st == FSDP_OK) st = fwd_bwd(ctx, m, rank, 2); /* gradients that are not zero */
+    if (st == FSDP_OK) st = snapshot_take(ctx, m, &s);
+    if (st == FSDP_OK) st = fsdp_module_to(ctx, m, SIM0);
+    if (st == FSDP_OK) st = refuse_on_device(ctx, m, "parameter 'layers.0.net1.weight'");
+    /* No hook was added (fsdp_module_to refuses a tree with hooks) and no value changed. */
+    if (st == FSDP_OK) st = fsdp_module_to(ctx, m, FSDP_CPU);
+    if (st == FSDP_OK) st = snapshot_check(ctx, m, &s, "after the refusals on sim:0");
+    /* One gradient on the device is found too. */
+    fsdp_tensor *g = fsdp_param_grad(fsdp_module_get_param(m, "layers.2.net2.weight"));
+    if (st == FSDP_OK) st = fsdp_tensor_move(ctx, g, SIM0);
+    if (st == FSDP_OK)
+        st = refuse_on_device(ctx, m, "gradient of parameter 'layers.2.net2.weight'");
+    if (st == FSDP_OK) st = fsdp_tensor_move(ctx, g, FSDP_CPU);
+    if (st == FSDP_OK) st = snapshot_check(ctx, m, &s, "after the refusals of a device gradient");
+    /* Back on the CPU, it wraps and trains. */
+    static const char *paths[] = {"layers.1"};
+    if (st == FSDP_OK)
+        st = fsdp_fully_shard(
+            ctx, m, &(fsdp_fully_shard_options){.wrap_paths = paths, .n_wrap_paths = 1}, &sh);
+    if (st == FSDP_OK) st = fwd_bwd(ctx, m, rank, 2);
+    snapshot_free(&s);
+    fsdp_sharded_free(sh);
+    fsdp_module_free(m);
+    return st;
+}
+
+static void test_device_model(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, device_model_rank, NULL));
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"divide_factors", test_divide_factors},
@@ -348,6 +414,7 @@ int main(int argc, char **argv) {
         {"tp_after_fsdp", test_tp_after_fsdp},
         {"summon_in_forward", test_summon_in_forward},
         {"free_model_first", test_free_model_first},
+        {"device_model", test_device_model},
     };
     return fsdp_test_run(argc, argv, "fsdp_misuse", cases, sizeof cases / sizeof cases[0]);
 }

@@ -205,7 +205,9 @@ void fsdp_chunk_range(int64_t n, int parts, int index, int64_t *offset, int64_t 
 /* ---- collectives ----
  * Every rank of the group calls the same collective with the same global shape, dtype and
  * parameters, in the same order. group NULL means the world group. Tensors are CPU, f32, bf16
- * or f16, the same dtype for input and output; dims may be negative (counted from the end).
+ * or f16, the same dtype for input and output; dims may be negative (counted from the end). A
+ * tensor on a device is refused (FSDP_ERR_DEVICE): the local and mpi backends move CPU tensors
+ * only in this version.
  * Reductions run in rank order 0..W-1 in f32 (bf16 and f16 are widened exactly, reduced, then
  * rounded once to nearest even: a sum of f16 values beyond 65504 becomes inf),
  * so results are deterministic and replicated results are bitwise equal on every rank.

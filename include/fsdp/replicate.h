@@ -97,7 +97,9 @@ typedef struct fsdp_replicate_options {
  * may be NULL for all defaults. *out (may be NULL) is borrowed: it belongs to root. A group of one
  * rank makes no collective. Gradients accumulate across backwards as usual; clear them
  * (fsdp_optimizer_zero_grad) between steps. Buffers are synchronised at setup only (DDP also
- * re-broadcasts them before every forward; no layer of libfsdp changes a buffer in forward). */
+ * re-broadcasts them before every forward; no layer of libfsdp changes a buffer in forward).
+ * Replicate runs on CPU tensors only in this version: a model with a parameter, gradient or
+ * buffer on a device is refused (FSDP_ERR_DEVICE, nothing changed). */
 fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                                  const fsdp_replicate_options *opts, fsdp_replicate **out);
 

@@ -77,7 +77,8 @@ typedef struct fsdp_dtensor_spec {
  * communication). global_shape (ndim entries of local's ndim) may be NULL: then every Shard
  * is taken as even, global = local * mesh size, as PyTorch assumes; pass it for uneven
  * shards. With global_shape, the local shape must be this rank's block; a mismatch is an
- * error naming both. */
+ * error naming both. DTensors hold CPU tensors only in this version: a local tensor on a
+ * device is refused (FSDP_ERR_DEVICE), as are redistributing and distributing one. */
 fsdp_status fsdp_dtensor_from_local(fsdp_ctx *ctx, const fsdp_tensor *local, const fsdp_mesh *mesh,
                                     const fsdp_placement *placements, const int64_t *global_shape,
                                     fsdp_dtensor **out);
@@ -172,7 +173,8 @@ typedef struct fsdp_tp_options {
 /* Applies one style to module m over a 1-d mesh (e.g. mesh["tp"]): distributes m's
  * parameters as the style says and installs its hooks. Colwise needs a Linear, Rowwise a
  * Linear or an Embedding. opts may be NULL. Every rank of the mesh calls it (the parameters are
- * broadcast). */
+ * broadcast). m's subtree must be on the CPU: a parameter, gradient or buffer on a device is
+ * refused (FSDP_ERR_DEVICE, nothing applied), as by fsdp_tp_parallelize for the whole root. */
 fsdp_status fsdp_tp_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
                           const fsdp_tp_style *style, const fsdp_tp_options *opts);
 

@@ -22,8 +22,10 @@
  * different coordinates along a tensor-parallel mesh dim where a parameter is Shard or Partial
  * (also the default world group on a TP model: there is no guessing; pass the mesh's dp
  * group); fsdp_module_zero_grad, an optimizer, or fsdp_tp_parallelize on the wrapped model's
- * own parameters (FSDP keeps them in its shards: use fsdp_sharded_flat_params(sh)); and
- * fsdp_summon_full_params inside forward or backward. */
+ * own parameters (FSDP keeps them in its shards: use fsdp_sharded_flat_params(sh));
+ * fsdp_summon_full_params inside forward or backward; and a model with a parameter, gradient or
+ * buffer on a device (FSDP_ERR_DEVICE: FSDP runs on CPU tensors only in this version; move the
+ * model to the CPU with fsdp_module_to before wrapping it). */
 #ifndef FSDP_WRAP_H
 #define FSDP_WRAP_H
 

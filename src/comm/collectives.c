@@ -89,6 +89,10 @@ static fsdp_status reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op, fsdp_st
     return st;
 }
 
+/* Every tensor of every collective passes here before the rendezvous: a dtype the backends do
+ * not carry, or a device other than the one the backend moves (the local and mpi backends:
+ * the CPU; a device tensor is refused rather than read through its pointer), fails this rank,
+ * and reject() makes its peers fail naming it. */
 static fsdp_status check_tensor(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
                                 const fsdp_tensor *t, const char *what) {
     const char *name = fsdp_comm_op_to_string(op);
@@ -101,13 +105,14 @@ static fsdp_status check_tensor(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op
                          what, fsdp_dtype_to_string(t->dtype));
     fsdp_device dev = fsdp_tensor_device(t);
     const fsdp_comm_backend_i *be = &g->world->backend.iface;
-    if (dev.type != be->device)
-        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
-                         "%s on group %s: the %s tensor is on %s:%d; the %s backend moves %s "
-                         "tensors",
-                         name, g->desc, what, fsdp_device_to_string(dev), dev.index, be->name,
-                         fsdp_device_to_string((fsdp_device){be->device, 0}));
-    return FSDP_OK;
+    if (dev.type == be->device) return FSDP_OK;
+    const char *moves = fsdp_device_to_string((fsdp_device){be->device, 0});
+    return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                     "%s on group %s: the %s tensor is on %s:%d, and the %s backend does not move "
+                     "%s tensors (it moves %s tensors only in this version): copy it into a %s "
+                     "tensor (fsdp_tensor_copy) for the collective, and back after",
+                     name, g->desc, what, fsdp_device_to_string(dev), dev.index, be->name,
+                     fsdp_device_to_string(dev), moves, moves);
 }
 
 static fsdp_status check_pair(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,

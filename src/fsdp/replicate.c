@@ -527,6 +527,8 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                          "replicate: %s is replicated already; apply it once per model",
                          fsdp_nn_describe(root, desc, sizeof desc));
     }
+    FSDP_TRY(
+        fsdp_nn_check_on_cpu(ctx, root, "fsdp_replicate_apply", "replicate", "replicating it"));
     fsdp_replicate_options o = opts ? *opts : (fsdp_replicate_options){0};
     fsdp_group *group = o.group ? o.group : fsdp_ctx_world_group(ctx);
     if (!group)

@@ -493,6 +493,7 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
                          "fsdp_world_run");
     if (fsdp_nn_has_hook(root, FSDP_HOOK_PRE_FORWARD, fsdp_shard_pre_forward))
         return FSDP_FAIL(ctx, FSDP_ERR_STATE, "fsdp_fully_shard: the model is already wrapped");
+    FSDP_TRY(fsdp_nn_check_on_cpu(ctx, root, "fsdp_fully_shard", "FSDP", "wrapping it"));
     /* Before anything changes: a group across TP shards would average different shards. */
     FSDP_TRY(fsdp_dp_check_group(ctx, root, group, "fsdp_fully_shard", ".group", !o.group));
     if (o.replicate_group)

@@ -1,5 +1,6 @@
 /* device.c: fsdp_module_to, moving a module tree's parameters, gradients and buffers to
- * another device before the model is parallelised or given hooks. */
+ * another device before the model is parallelised or given hooks, and the check of the
+ * parallel layers that run on CPU tensors only (fsdp_nn_check_on_cpu). */
 #include "core/error.h"
 #include "core/tensor_impl.h"
 #include "nn/module_impl.h"
@@ -66,4 +67,50 @@ fsdp_status fsdp_module_to(fsdp_ctx *ctx, fsdp_module *m, fsdp_device device) {
     FSDP_TRY(fsdp_nn_check_unmanaged(ctx, m, "fsdp_module_to"));
     FSDP_TRY(fsdp_module_visit(ctx, m, check_movable, NULL));
     return fsdp_module_visit(ctx, m, move_module, &a);
+}
+
+/* ---- the parallel layers' check (nn/nn.h) ---- */
+
+typedef struct cpu_check {
+    const char *kind; /* "parameter", "gradient of parameter", "buffer" */
+    const fsdp_module *module;
+    const char *name;   /* local name in module */
+    fsdp_device device; /* where it is */
+} cpu_check;
+
+static bool found_off_cpu(cpu_check *c, const fsdp_module *m, const char *kind, const char *name,
+                          const fsdp_tensor *t) {
+    if (!t || fsdp_tensor_device(t).type == FSDP_DEVICE_CPU) return false;
+    *c = (cpu_check){kind, m, name, fsdp_tensor_device(t)};
+    return true;
+}
+
+/* FSDP_ERR_DEVICE (no message: a signal that stops the walk) at the first tensor of m that is
+ * not on the CPU, described in *user. */
+static fsdp_status find_off_cpu(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    (void)ctx;
+    cpu_check *c = user;
+    for (int i = 0; i < m->n_params; i++) {
+        const fsdp_param *p = m->params[i];
+        if (found_off_cpu(c, m, "parameter", p->name, p->data) ||
+            found_off_cpu(c, m, "gradient of parameter", p->name, p->grad))
+            return FSDP_ERR_DEVICE;
+    }
+    for (int i = 0; i < m->n_buffers; i++)
+        if (found_off_cpu(c, m, "buffer", m->buffers[i].name, m->buffers[i].data))
+            return FSDP_ERR_DEVICE;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_nn_check_on_cpu(fsdp_ctx *ctx, fsdp_module *m, const char *who, const char *layer,
+                                 const char *before) {
+    cpu_check c = {0};
+    if (fsdp_module_visit(ctx, m, find_off_cpu, &c) == FSDP_OK || !c.module) return FSDP_OK;
+    const char *fqn = c.module->fqn;
+    return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                     "%s: %s '%s%s%s' is on %s:%d, and %s does not take device tensors yet (it "
+                     "runs on CPU tensors only in this version): move the model to the CPU with "
+                     "fsdp_module_to(ctx, model, FSDP_CPU) before %s",
+                     who, c.kind, fqn, fqn[0] ? "." : "", c.name, fsdp_device_to_string(c.device),
+                     c.device.index, layer, before);
 }

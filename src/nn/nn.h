@@ -45,6 +45,14 @@ const char *fsdp_nn_param_manager(const fsdp_param *p);
  * advice when there is one; FSDP_OK otherwise. Nothing is changed. */
 fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *what);
 
+/* The parallel layers (FSDP, replicate, tensor parallelism) run on CPU tensors only in this
+ * version. FSDP_ERR_DEVICE when a parameter, gradient or buffer of m's subtree is on another
+ * device, naming it and its device: `who` names the call ("fsdp_fully_shard"), `layer` what
+ * runs on the CPU only ("FSDP"), `before` what the model must be moved back before
+ * ("wrapping it"). Nothing is changed. */
+fsdp_status fsdp_nn_check_on_cpu(fsdp_ctx *ctx, fsdp_module *m, const char *who, const char *layer,
+                                 const char *before);
+
 /* Whether m is an Embedding (fsdp_embedding_create). */
 bool fsdp_nn_is_embedding(const fsdp_module *m);
 /* Embedding m's weight now holds the rows [start, start + its rows) of the vocabulary (TP's

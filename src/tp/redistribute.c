@@ -31,6 +31,16 @@ bool fsdp_placement_equal(fsdp_placement a, fsdp_placement b) {
     return a.kind == b.kind && (a.kind != FSDP_PLACEMENT_SHARD || a.dim == b.dim);
 }
 
+fsdp_status tp_check_cpu(fsdp_ctx *ctx, const fsdp_tensor *t, const char *who, const char *what) {
+    fsdp_device dev = fsdp_tensor_device(t);
+    if (dev.type == FSDP_DEVICE_CPU) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                     "%s: %s is on %s:%d, and tensor parallelism (DTensor) does not take device "
+                     "tensors yet (it runs on CPU tensors only in this version): copy it into a "
+                     "CPU tensor (fsdp_tensor_copy) first",
+                     who, what, fsdp_device_to_string(dev), dev.index);
+}
+
 static bool is_shard(fsdp_placement p, int dim) {
     return p.kind == FSDP_PLACEMENT_SHARD && p.dim == dim;
 }
@@ -242,6 +252,7 @@ fsdp_status tp_redistribute(fsdp_ctx *ctx, const fsdp_dtensor_spec *from, const 
                             const fsdp_placement *to, tp_work *w, fsdp_tensor **out,
                             const fsdp_tensor **result) {
     fsdp_dtensor_spec target, cur = *from;
+    FSDP_TRY(tp_check_cpu(ctx, in, "redistribute", "the local tensor"));
     FSDP_TRY(tp_spec_init(ctx, &target, from->mesh, to, from->ndim, from->shape, "redistribute"));
     int64_t off[FSDP_MAX_DIMS], len[FSDP_MAX_DIMS];
     tp_spec_block(from, off, len);

@@ -502,6 +502,8 @@ fsdp_status fsdp_tp_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
                          "%s on %s: tensor parallelism takes a 1-d mesh, this one has %d dims; "
                          "pass the tp dim's sub-mesh (fsdp_mesh_dim(ctx, mesh, \"tp\", &tp))",
                          fsdp_tp_style_kind_to_string(style->kind), where, fsdp_mesh_ndim(mesh));
+    FSDP_TRY(
+        fsdp_nn_check_on_cpu(ctx, m, "fsdp_tp_apply", "tensor parallelism", "parallelising it"));
     FSDP_TRY(tp_style_check(ctx, m, style));
     fsdp_tp_options o = opts ? *opts : (fsdp_tp_options){0};
     style_state *s = calloc(1, sizeof *s);
