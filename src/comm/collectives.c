@@ -1,7 +1,8 @@
-/* collectives.c: the public collectives. Each checks this rank's own arguments, counts the
- * call in comm-debug, then hands it to the backend, so nothing reaches a backend uncounted.
- * A rank whose arguments are wrong tells its peers through the backend's reject entry so
- * they fail at once instead of waiting for it. */
+/* collectives.c: the public collectives. Each describes its call (a `coll`) and passes it through
+ * one front end (issue): the group resolved, a flight-recorder record, this rank's own
+ * arguments checked, the call counted in comm-debug, then handed to the backend and timed, so
+ * nothing reaches a backend uncounted. A rank whose arguments are wrong tells its peers through
+ * the backend's reject entry so they fail at once instead of waiting for it. */
 #include <math.h> // defines: isfinite
 #include <stdint.h>
 #include <stdio.h>
@@ -69,10 +70,6 @@ static fsdp_status call_end_as(fsdp_ctx *ctx, fsdp_comm_op op, call_mark m, fsdp
     prof_end(ctx, op, m.prof);
     fsdp_comm_debug_timed(ctx, m.debug_t0);
     return fsdp_trace_end(ctx, m.seq, st, in_flight);
-}
-
-static fsdp_status call_end(fsdp_ctx *ctx, fsdp_comm_op op, call_mark m, fsdp_status st) {
-    return call_end_as(ctx, op, m, st, false);
 }
 
 /* This rank will not make call seq (its arguments failed with st): let the peers know,
@@ -192,11 +189,52 @@ static fsdp_status check_reduce_op(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm
                      fsdp_comm_op_to_string(op), g->desc, (int)rop);
 }
 
+/* ---- the front end every collective passes through ---- */
+
+/* One collective as the front end sees it; its check normalises its dims and options. */
+typedef struct coll {
+    fsdp_comm_op op;
+    fsdp_group *group; /* NULL until resolved: the world group */
+    fsdp_tensor *out;
+    const fsdp_tensor *in;
+    const fsdp_tensor *counted; /* what the flight recorder describes and comm-debug counts */
+    int dim, dim2; /* all_gather, reduce_scatter: dim; all_to_all: split_dim, concat_dim */
+    int root;
+    fsdp_reduce_op rop;
+    const fsdp_reduce_options *opts; /* as given */
+    const fsdp_reduce_options *fuse; /* checked: NULL, or &norm */
+    fsdp_reduce_options norm;
+    fsdp_comm_work *work; /* a non-blocking start's */
+    uint64_t seq;         /* its flight-recorder record */
+} coll;
+
+/* Resolves the group, opens the call's flight-recorder record, checks this rank's arguments
+ * (check), counts the call in comm-debug and hands it to the backend (run), timed; a rank whose
+ * arguments fail tells its peers (reject) instead of making the call. */
+static fsdp_status issue(fsdp_ctx *ctx, coll *c, fsdp_status (*check)(fsdp_ctx *, coll *),
+                         fsdp_status (*run)(fsdp_ctx *, coll *)) {
+    FSDP_TRY(resolve(ctx, &c->group, c->op));
+    c->seq = fsdp_trace_begin(ctx, c->group, c->op);
+    fsdp_status st = check(ctx, c);
+    if (st == FSDP_OK && c->counted) fsdp_trace_describe(ctx, c->seq, c->counted);
+    if (st == FSDP_OK)
+        st = fsdp_comm_debug_note(ctx, c->group, c->op,
+                                  c->counted ? (int64_t)fsdp_tensor_nbytes(c->counted) : 0);
+    if (st != FSDP_OK) return reject(ctx, c->group, c->op, st, c->seq);
+    call_mark mark = call_begin(ctx, c->op, c->seq);
+    st = run(ctx, c);
+    st = call_end_as(ctx, c->op, mark, st, st == FSDP_OK && c->work && c->work->pending);
+    FSDP_TRY_AT(ctx, st);
+    return FSDP_OK;
+}
+
 /* ---- the collectives ---- */
 
-static fsdp_status check_all_gather(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_tensor *out,
-                                    const fsdp_tensor *in, int *dim) {
+static fsdp_status check_all_gather(fsdp_ctx *ctx, coll *c) {
     const fsdp_comm_op op = FSDP_COMM_ALL_GATHER;
+    const fsdp_group *g = c->group;
+    const fsdp_tensor *out = c->out, *in = c->in;
+    int *dim = &c->dim;
     FSDP_TRY(check_pair(ctx, g, op, out, in));
     FSDP_TRY(check_dim(ctx, g, op, out->ndim, dim, "dim"));
     FSDP_TRY(expect_chunk(ctx, g, op, in, "input", out->shape, *dim, "the output"));
@@ -216,23 +254,22 @@ static fsdp_status check_all_gather(fsdp_ctx *ctx, const fsdp_group *g, const fs
                      g->desc, *dim);
 }
 
+static fsdp_status run_all_gather(fsdp_ctx *ctx, coll *c) {
+    return c->group->world->backend.iface.all_gather(ctx, c->group, c->out, c->in, c->dim);
+}
+
 fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
                             const fsdp_tensor *in, int dim) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_ARG_NOT_NULL(ctx, in);
-    const fsdp_comm_op op = FSDP_COMM_ALL_GATHER;
-    FSDP_TRY(resolve(ctx, &group, op));
-    const uint64_t seq = fsdp_trace_begin(ctx, group, op);
-    fsdp_status st = check_all_gather(ctx, group, out, in, &dim);
-    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, out);
-    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(out));
-    if (st != FSDP_OK) return reject(ctx, group, op, st, seq);
-    call_mark mark = call_begin(ctx, op, seq);
-    st = group->world->backend.iface.all_gather(ctx, group, out, in, dim);
-    st = call_end(ctx, op, mark, st);
-    FSDP_TRY_AT(ctx, st);
-    return FSDP_OK;
+    coll c = {.op = FSDP_COMM_ALL_GATHER,
+              .group = group,
+              .out = out,
+              .in = in,
+              .counted = out,
+              .dim = dim};
+    return issue(ctx, &c, check_all_gather, run_all_gather);
 }
 
 /* A u64 travels as U64_FLOATS f32 integers of 22 bits each, exact in f32 whatever the backend
@@ -273,14 +310,25 @@ fsdp_status fsdp_all_gather_u64(fsdp_ctx *ctx, fsdp_group *group, const uint64_t
     return st;
 }
 
-static fsdp_status check_reduce_scatter(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_tensor *out,
-                                        const fsdp_tensor *in, int *dim, fsdp_reduce_op rop) {
+static fsdp_status check_fuse(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op cop,
+                              const fsdp_tensor *in, fsdp_reduce_op rop,
+                              const fsdp_reduce_options *opts, fsdp_reduce_options *norm,
+                              const fsdp_reduce_options **fuse);
+
+static fsdp_status check_reduce_scatter(fsdp_ctx *ctx, coll *c) {
     const fsdp_comm_op op = FSDP_COMM_REDUCE_SCATTER;
-    FSDP_TRY(check_reduce_op(ctx, g, op, rop));
-    FSDP_TRY(check_pair(ctx, g, op, out, in));
-    FSDP_TRY(check_dim(ctx, g, op, in->ndim, dim, "dim"));
-    FSDP_TRY(expect_chunk(ctx, g, op, out, "output", in->shape, *dim, "the input"));
-    return no_overlap(ctx, g, op, out, in);
+    const fsdp_group *g = c->group;
+    FSDP_TRY(check_reduce_op(ctx, g, op, c->rop));
+    FSDP_TRY(check_pair(ctx, g, op, c->out, c->in));
+    FSDP_TRY(check_dim(ctx, g, op, c->in->ndim, &c->dim, "dim"));
+    FSDP_TRY(expect_chunk(ctx, g, op, c->out, "output", c->in->shape, c->dim, "the input"));
+    FSDP_TRY(no_overlap(ctx, g, op, c->out, c->in));
+    return check_fuse(ctx, g, op, c->in, c->rop, c->opts, &c->norm, &c->fuse);
+}
+
+static fsdp_status run_reduce_scatter(fsdp_ctx *ctx, coll *c) {
+    return c->group->world->backend.iface.reduce_scatter(ctx, c->group, c->out, c->in, c->dim,
+                                                         c->rop, c->fuse);
 }
 
 /* The options of fsdp_reduce_scatter_ex and fsdp_all_reduce_ex(_start), checked: *fuse is NULL
@@ -322,21 +370,15 @@ fsdp_status fsdp_reduce_scatter_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_ARG_NOT_NULL(ctx, in);
-    const fsdp_comm_op cop = FSDP_COMM_REDUCE_SCATTER;
-    FSDP_TRY(resolve(ctx, &group, cop));
-    const uint64_t seq = fsdp_trace_begin(ctx, group, cop);
-    fsdp_reduce_options norm;
-    const fsdp_reduce_options *fuse = NULL;
-    fsdp_status st = check_reduce_scatter(ctx, group, out, in, &dim, op);
-    if (st == FSDP_OK) st = check_fuse(ctx, group, cop, in, op, opts, &norm, &fuse);
-    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, in);
-    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(in));
-    if (st != FSDP_OK) return reject(ctx, group, cop, st, seq);
-    call_mark mark = call_begin(ctx, cop, seq);
-    st = group->world->backend.iface.reduce_scatter(ctx, group, out, in, dim, op, fuse);
-    st = call_end(ctx, cop, mark, st);
-    FSDP_TRY_AT(ctx, st);
-    return FSDP_OK;
+    coll c = {.op = FSDP_COMM_REDUCE_SCATTER,
+              .group = group,
+              .out = out,
+              .in = in,
+              .counted = in,
+              .dim = dim,
+              .rop = op,
+              .opts = opts};
+    return issue(ctx, &c, check_reduce_scatter, run_reduce_scatter);
 }
 
 fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
@@ -347,26 +389,53 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
     return fsdp_reduce_scatter_ex(ctx, group, out, in, dim, op, NULL);
 }
 
+static fsdp_status check_all_reduce(fsdp_ctx *ctx, coll *c) {
+    const fsdp_comm_op op = FSDP_COMM_ALL_REDUCE;
+    if (c->work && c->work->pending)
+        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                         "all_reduce on group %s: the work given to fsdp_all_reduce_start is still "
+                         "in flight (a %s on group %s); wait for it (fsdp_comm_work_wait) first",
+                         c->group->desc, fsdp_comm_op_to_string((fsdp_comm_op)c->work->op),
+                         c->work->group->desc);
+    FSDP_TRY(check_reduce_op(ctx, c->group, op, c->rop));
+    FSDP_TRY(check_tensor(ctx, c->group, op, c->out, "given"));
+    return check_fuse(ctx, c->group, op, c->out, c->rop, c->opts, &c->norm, &c->fuse);
+}
+
+static fsdp_status run_all_reduce(fsdp_ctx *ctx, coll *c) {
+    return c->group->world->backend.iface.all_reduce(ctx, c->group, c->out, c->rop, c->fuse);
+}
+
+/* A backend without a non-blocking all_reduce makes the blocking call: the work is complete. */
+static fsdp_status run_all_reduce_start(fsdp_ctx *ctx, coll *c) {
+    const fsdp_comm_backend_i *be = &c->group->world->backend.iface;
+    if (!be->all_reduce_start) return run_all_reduce(ctx, c);
+    fsdp_comm_work *work = c->work;
+    work->pending = true;
+    work->op = c->op;
+    work->group = c->group;
+    work->debug_row = fsdp_comm_debug_last(ctx, &work->debug_session);
+    work->trace_seq = c->seq;
+    fsdp_status st = be->all_reduce_start(ctx, c->group, c->out, c->rop, c->fuse, work);
+    if (st != FSDP_OK) {
+        work->pending = false;
+        work->group = NULL;
+    }
+    return st;
+}
+
 fsdp_status fsdp_all_reduce_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op,
                                const fsdp_reduce_options *opts) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, t);
-    const fsdp_comm_op cop = FSDP_COMM_ALL_REDUCE;
-    FSDP_TRY(resolve(ctx, &group, cop));
-    const uint64_t seq = fsdp_trace_begin(ctx, group, cop);
-    fsdp_reduce_options norm;
-    const fsdp_reduce_options *fuse = NULL;
-    fsdp_status st = check_reduce_op(ctx, group, cop, op);
-    if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
-    if (st == FSDP_OK) st = check_fuse(ctx, group, cop, t, op, opts, &norm, &fuse);
-    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, t);
-    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
-    if (st != FSDP_OK) return reject(ctx, group, cop, st, seq);
-    call_mark mark = call_begin(ctx, cop, seq);
-    st = group->world->backend.iface.all_reduce(ctx, group, t, op, fuse);
-    st = call_end(ctx, cop, mark, st);
-    FSDP_TRY_AT(ctx, st);
-    return FSDP_OK;
+    coll c = {.op = FSDP_COMM_ALL_REDUCE,
+              .group = group,
+              .out = t,
+              .in = t,
+              .counted = t,
+              .rop = op,
+              .opts = opts};
+    return issue(ctx, &c, check_all_reduce, run_all_reduce);
 }
 
 fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op) {
@@ -389,71 +458,42 @@ fsdp_status fsdp_all_reduce_start_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tens
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, t);
     FSDP_ARG_NOT_NULL(ctx, work);
-    const fsdp_comm_op cop = FSDP_COMM_ALL_REDUCE;
-    FSDP_TRY(resolve(ctx, &group, cop));
-    const uint64_t seq = fsdp_trace_begin(ctx, group, cop);
-    fsdp_reduce_options norm;
-    const fsdp_reduce_options *fuse = NULL;
-    fsdp_status st = FSDP_OK;
-    if (work->pending)
-        st = FSDP_FAIL(ctx, FSDP_ERR_STATE,
-                       "all_reduce on group %s: the work given to fsdp_all_reduce_start is still "
-                       "in flight (a %s on group %s); wait for it (fsdp_comm_work_wait) first",
-                       group->desc, fsdp_comm_op_to_string((fsdp_comm_op)work->op),
-                       work->group->desc);
-    if (st == FSDP_OK) st = check_reduce_op(ctx, group, cop, op);
-    if (st == FSDP_OK) st = check_tensor(ctx, group, cop, t, "given");
-    if (st == FSDP_OK) st = check_fuse(ctx, group, cop, t, op, opts, &norm, &fuse);
-    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, t);
-    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, cop, (int64_t)fsdp_tensor_nbytes(t));
-    if (st != FSDP_OK) return reject(ctx, group, cop, st, seq);
-    const fsdp_comm_backend_i *be = &group->world->backend.iface;
-    call_mark mark = call_begin(ctx, cop, seq);
-    if (!be->all_reduce_start) {
-        st = be->all_reduce(ctx, group, t, op, fuse);
-        st = call_end(ctx, cop, mark, st);
-        FSDP_TRY_AT(ctx, st);
-        return FSDP_OK;
-    }
-    work->pending = true;
-    work->op = cop;
-    work->group = group;
-    work->debug_row = fsdp_comm_debug_last(ctx, &work->debug_session);
-    work->trace_seq = seq;
-    st = be->all_reduce_start(ctx, group, t, op, fuse, work);
-    st = call_end_as(ctx, cop, mark, st, st == FSDP_OK);
-    if (st != FSDP_OK) {
-        work->pending = false;
-        work->group = NULL;
-        FSDP_TRY_AT(ctx, st);
-    }
-    return FSDP_OK;
+    coll c = {.op = FSDP_COMM_ALL_REDUCE,
+              .group = group,
+              .out = t,
+              .in = t,
+              .counted = t,
+              .rop = op,
+              .opts = opts,
+              .work = work};
+    return issue(ctx, &c, check_all_reduce, run_all_reduce_start);
+}
+
+static fsdp_status check_broadcast(fsdp_ctx *ctx, coll *c) {
+    FSDP_TRY(check_tensor(ctx, c->group, c->op, c->out, "given"));
+    if (c->root >= 0 && c->root < c->group->size) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                     "broadcast on group %s: root %d is not a group rank (use 0..%d)",
+                     c->group->desc, c->root, c->group->size - 1);
+}
+
+static fsdp_status run_broadcast(fsdp_ctx *ctx, coll *c) {
+    return c->group->world->backend.iface.broadcast(ctx, c->group, c->out, c->root);
 }
 
 fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, t);
-    const fsdp_comm_op op = FSDP_COMM_BROADCAST;
-    FSDP_TRY(resolve(ctx, &group, op));
-    const uint64_t seq = fsdp_trace_begin(ctx, group, op);
-    fsdp_status st = check_tensor(ctx, group, op, t, "given");
-    if (st == FSDP_OK && (root < 0 || root >= group->size))
-        st = FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                       "broadcast on group %s: root %d is not a group rank (use 0..%d)",
-                       group->desc, root, group->size - 1);
-    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, t);
-    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(t));
-    if (st != FSDP_OK) return reject(ctx, group, op, st, seq);
-    call_mark mark = call_begin(ctx, op, seq);
-    st = group->world->backend.iface.broadcast(ctx, group, t, root);
-    st = call_end(ctx, op, mark, st);
-    FSDP_TRY_AT(ctx, st);
-    return FSDP_OK;
+    coll c = {
+        .op = FSDP_COMM_BROADCAST, .group = group, .out = t, .in = t, .counted = t, .root = root};
+    return issue(ctx, &c, check_broadcast, run_broadcast);
 }
 
-static fsdp_status check_all_to_all(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_tensor *out,
-                                    const fsdp_tensor *in, int *split_dim, int *concat_dim) {
+static fsdp_status check_all_to_all(fsdp_ctx *ctx, coll *call) {
     const fsdp_comm_op op = FSDP_COMM_ALL_TO_ALL;
+    const fsdp_group *g = call->group;
+    const fsdp_tensor *out = call->out, *in = call->in;
+    int *split_dim = &call->dim, *concat_dim = &call->dim2;
     FSDP_TRY(check_pair(ctx, g, op, out, in));
     FSDP_TRY(check_dim(ctx, g, op, in->ndim, split_dim, "split_dim"));
     FSDP_TRY(check_dim(ctx, g, op, in->ndim, concat_dim, "concat_dim"));
@@ -480,35 +520,36 @@ static fsdp_status check_all_to_all(fsdp_ctx *ctx, const fsdp_group *g, const fs
     return expect_chunk(ctx, g, op, out, "output", global, s, "the global shape");
 }
 
+static fsdp_status run_all_to_all(fsdp_ctx *ctx, coll *c) {
+    return c->group->world->backend.iface.all_to_all(ctx, c->group, c->out, c->in, c->dim, c->dim2);
+}
+
 fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
                             const fsdp_tensor *in, int split_dim, int concat_dim) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_ARG_NOT_NULL(ctx, in);
-    const fsdp_comm_op op = FSDP_COMM_ALL_TO_ALL;
-    FSDP_TRY(resolve(ctx, &group, op));
-    const uint64_t seq = fsdp_trace_begin(ctx, group, op);
-    fsdp_status st = check_all_to_all(ctx, group, out, in, &split_dim, &concat_dim);
-    if (st == FSDP_OK) fsdp_trace_describe(ctx, seq, in);
-    if (st == FSDP_OK) st = fsdp_comm_debug_note(ctx, group, op, (int64_t)fsdp_tensor_nbytes(in));
-    if (st != FSDP_OK) return reject(ctx, group, op, st, seq);
-    call_mark mark = call_begin(ctx, op, seq);
-    st = group->world->backend.iface.all_to_all(ctx, group, out, in, split_dim, concat_dim);
-    st = call_end(ctx, op, mark, st);
-    FSDP_TRY_AT(ctx, st);
+    coll c = {.op = FSDP_COMM_ALL_TO_ALL,
+              .group = group,
+              .out = out,
+              .in = in,
+              .counted = in,
+              .dim = split_dim,
+              .dim2 = concat_dim};
+    return issue(ctx, &c, check_all_to_all, run_all_to_all);
+}
+
+static fsdp_status check_nothing(fsdp_ctx *ctx, coll *c) {
+    (void)ctx, (void)c;
     return FSDP_OK;
+}
+
+static fsdp_status run_barrier(fsdp_ctx *ctx, coll *c) {
+    return c->group->world->backend.iface.barrier(ctx, c->group);
 }
 
 fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
-    const fsdp_comm_op op = FSDP_COMM_BARRIER;
-    FSDP_TRY(resolve(ctx, &group, op));
-    const uint64_t seq = fsdp_trace_begin(ctx, group, op);
-    fsdp_status st = fsdp_comm_debug_note(ctx, group, op, 0);
-    if (st != FSDP_OK) return reject(ctx, group, op, st, seq);
-    call_mark mark = call_begin(ctx, op, seq);
-    st = group->world->backend.iface.barrier(ctx, group);
-    st = call_end(ctx, op, mark, st);
-    FSDP_TRY_AT(ctx, st);
-    return FSDP_OK;
+    coll c = {.op = FSDP_COMM_BARRIER, .group = group};
+    return issue(ctx, &c, check_nothing, run_barrier);
 }
