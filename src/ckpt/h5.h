@@ -51,6 +51,14 @@ fsdp_status h5_write_bytes(fsdp_ctx *ctx, hid_t file, const char *path, const vo
                            size_t len);
 fsdp_status h5_read_bytes(fsdp_ctx *ctx, hid_t file, const char *path, size_t max_len, char **out,
                           size_t *len);
+/* Opens the dataset at path after checking (h5_check.c) that it has rank ndim, the dims `want`
+ * (when not NULL; *dims receives them), exactly the element type ftype, no filter but zstd and
+ * Fletcher32, and every chunk stored whole with every filter applied. */
+fsdp_status h5_dataset_open(fsdp_ctx *ctx, hid_t file, const char *path, hid_t ftype, int ndim,
+                            const hsize_t *want, hid_t *ds, hsize_t *dims);
+/* "float of 4 bytes, little-endian, sign bit 31, exponent bits 23..30 (bias 127), ..." */
+void h5_type_describe(hid_t type, char *buf, size_t size);
+
 /* Stored (on-disk) bytes of the dataset at path, or -1. */
 int64_t h5_stored_bytes(hid_t file, const char *path);
 
