@@ -2,7 +2,8 @@
  * checkpoint in a way that the chunk checksums do not see, and checks that loading and verify
  * (the library's and `fsdp-ckpt verify`) refuse it naming the file, the problem and the fix: a
  * piece's element type with one bit flipped (byte order) or another exponent bias; a chunk
- * stored shorter than its size, or with its checksum filter skipped. */
+ * stored shorter than its size, or with its checksum filter skipped; a FIFO in place of a
+ * shard (refused before it is opened: the case cannot hang). */
 #define _POSIX_C_SOURCE 200809L /* mkfifo, strdup, alarm */
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,8 +24,8 @@ static const ckpt_layout layout_1x1 = {"1x1 plain", 1, 1, MODE_PLAIN, 0, 1, fals
 
 /* ---- saving and checking ---- */
 
-/* Trains 2 steps at 2x2 with Adam, uncompressed, saving after each (keep 2) into root/c:
- * *step1 and *step2 (malloc'ed) are the two checkpoints. */
+/* Trains 2 steps at 2x2 with Adam, uncompressed, saving after each (keep 2)
+ * into root/c: *step1 and *step2 (malloc'ed) are the two checkpoints. */
 static void save_two(char **root, char **step1, char **step2) {
     *root = ckpt_test_tmp_root();
     char dir[600];
@@ -49,15 +50,16 @@ static fsdp_status load_1x1(const char *path) {
     return ckpt_test_run_job(&layout_1x1, OPT_ADAM, path, NULL, 2, 0);
 }
 
-/* `fsdp-ckpt verify PATH`: its exit status; *out receives stdout and stderr (malloc'ed). */
+/* `fsdp-ckpt verify PATH`: its exit status; *out receives stdout and stderr
+ * (malloc'ed). */
 static int tool_verify(const char *path, char **out) {
     char cmd[1600];
     snprintf(cmd, sizeof cmd, "'%s' verify '%s' 2>&1", FSDP_CKPT_EXE, path);
     return fsdp_test_shell(cmd, out);
 }
 
-/* Asserts that load, the library's verify and the tool's verify all fail with status `want`
- * and messages naming every needle. */
+/* Asserts that load, the library's verify and the tool's verify all fail with
+ * status `want` and messages naming every needle. */
 #define REFUSED(path, want, ...)                                                                   \
     do {                                                                                           \
         FSDP_TEST_FAILS(load_1x1(path), want, __VA_ARGS__);                                        \
@@ -78,8 +80,9 @@ static void copy_file(const char *from, const char *to) {
 
 /* ---- rewriting a piece's dataset with HDF5 ---- */
 
-/* The dataset "<tensor>/<id>" of the first piece that file rank 1 holds with at least 4
- * elements (into ds), its tensor's name (malloc'ed, returned) and the shard's path. */
+/* The dataset "<tensor>/<id>" of the first piece that file rank 1 holds with at
+ * least 4 elements (into ds), its tensor's name (malloc'ed, returned) and the
+ * shard's path. */
 static char *first_piece(const char *path, char *ds, size_t ds_size, char *file, size_t f_size) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_ckpt *ck;
@@ -103,9 +106,9 @@ static char *first_piece(const char *path, char *ds, size_t ds_size, char *file,
     return name;
 }
 
-/* Replaces the dataset of first_piece with one of element type `type` whose stored bytes are
- * the same (same shape, chunks and filters): only the type description differs. Returns the
- * tensor's name (malloc'ed). */
+/* Replaces the dataset of first_piece with one of element type `type` whose
+ * stored bytes are the same (same shape, chunks and filters): only the type
+ * description differs. Returns the tensor's name (malloc'ed). */
 static char *retype_piece(const char *path, hid_t type) {
     char ds[400], file[700];
     char *name = first_piece(path, ds, sizeof ds, file, sizeof file);
@@ -130,9 +133,9 @@ static char *retype_piece(const char *path, hid_t type) {
     return name;
 }
 
-/* Writes chunk 0 of first_piece's dataset directly: `bytes` bytes of `data`, with the filters
- * of filter_mask marked as not applied. Returns the tensor's name (malloc'ed); *chunk_bytes
- * receives the size of a chunk. */
+/* Writes chunk 0 of first_piece's dataset directly: `bytes` bytes of `data`,
+ * with the filters of filter_mask marked as not applied. Returns the tensor's
+ * name (malloc'ed); *chunk_bytes receives the size of a chunk. */
 static char *write_chunk0(const char *path, unsigned filter_mask, size_t bytes, const void *data,
                           size_t *chunk_bytes) {
     char ds[400], file[700];
@@ -154,8 +157,9 @@ static char *write_chunk0(const char *path, unsigned filter_mask, size_t bytes, 
 
 /* ---- the cases ---- */
 
-/* One bit of a piece's type description flipped (little- to big-endian f32): the stored bytes
- * and their checksums are as saved, but HDF5 would convert every value. */
+/* One bit of a piece's type description flipped (little- to big-endian f32):
+ * the stored bytes and their checksums are as saved, but HDF5 would convert
+ * every value. */
 static void test_type_bit_flip(void) {
     char *root, *s1, *s2;
     save_two(&root, &s1, &s2);
@@ -171,7 +175,8 @@ static void test_type_bit_flip(void) {
     done(root, s1, s2);
 }
 
-/* A crafted exponent bias (126 instead of 127) would double every value of the piece. */
+/* A crafted exponent bias (126 instead of 127) would double every value of the
+ * piece. */
 static void test_exponent_bias(void) {
     char *root, *s1, *s2;
     save_two(&root, &s1, &s2);
@@ -186,9 +191,9 @@ static void test_exponent_bias(void) {
     done(root, s1, s2);
 }
 
-/* A chunk stored shorter than its size (its checksum filter marked as skipped): HDF5 would
- * copy a whole chunk out of the shorter buffer. And a whole chunk with its checksum skipped:
- * nothing would check its values. */
+/* A chunk stored shorter than its size (its checksum filter marked as skipped):
+ * HDF5 would copy a whole chunk out of the shorter buffer. And a whole chunk
+ * with its checksum skipped: nothing would check its values. */
 static void test_short_chunk(void) {
     char *root, *s1, *s2;
     save_two(&root, &s1, &s2);
@@ -213,11 +218,37 @@ static void test_short_chunk(void) {
     done(root, s1, s2);
 }
 
+/* A FIFO in place of a shard file: refused before it is opened (opening would
+ * wait for a writer forever; the alarm ends the test instead). */
+static void test_fifo_shard(void) {
+    char *root, *s1, *s2, file[700];
+    save_two(&root, &s1, &s2);
+    snprintf(file, sizeof file, "%s/shard-00001.h5", s2);
+    CU_ASSERT_EQUAL_FATAL(unlink(file), 0);
+    CU_ASSERT_EQUAL_FATAL(mkfifo(file, 0600), 0);
+    alarm(120);
+    REFUSED(s2, FSDP_ERR_IO, "shard-00001.h5", "not a regular file");
+    snprintf(file, sizeof file, "%s/metadata.h5", s2);
+    CU_ASSERT_EQUAL_FATAL(unlink(file), 0);
+    CU_ASSERT_EQUAL_FATAL(mkfifo(file, 0600), 0);
+    fsdp_ckpt *ck = NULL;
+    FSDP_TEST_FAILS(fsdp_ckpt_open(fsdp_test_ctx(), s2, &ck), FSDP_ERR_IO, "metadata.h5",
+                    "not a regular file");
+    /* A FIFO as the state dict to import. */
+    char out[800];
+    snprintf(out, sizeof out, "%s/imported", root);
+    FSDP_TEST_FAILS(fsdp_ckpt_import(fsdp_test_ctx(), file, out, NULL), FSDP_ERR_IO, "metadata.h5",
+                    "not a regular file (a FIFO)");
+    alarm(0);
+    done(root, s1, s2);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"type_bit_flip", test_type_bit_flip},
         {"exponent_bias", test_exponent_bias},
         {"short_chunk", test_short_chunk},
+        {"fifo_shard", test_fifo_shard},
     };
     return fsdp_test_run(argc, argv, "ckpt_tamper", cases, sizeof cases / sizeof cases[0]);
 }

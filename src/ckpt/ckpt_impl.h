@@ -64,6 +64,9 @@ fsdp_status ckpt_meta_write(fsdp_ctx *ctx, const char *dir, const ckpt_meta *m);
 fsdp_status ckpt_meta_read(fsdp_ctx *ctx, const char *dir, ckpt_meta *m);
 void ckpt_meta_free(ckpt_meta *m);
 
+/* FSDP_OK when path is a regular file (after symbolic links), else FSDP_ERR_IO naming it and
+ * what it is. Checked before a file is opened: opening a FIFO waits for a writer forever. */
+fsdp_status ckpt_check_regular(fsdp_ctx *ctx, const char *path);
 /* fsync a file or directory by path (durability before the commit). */
 fsdp_status ckpt_sync_path(fsdp_ctx *ctx, const char *path);
 

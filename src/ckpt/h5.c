@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_impl.h"
 #include "ckpt/zstd_filter.h"
 #include "core/error.h"
 
@@ -38,6 +39,8 @@ fsdp_status h5_create(fsdp_ctx *ctx, const char *path, hid_t *out) {
 }
 
 fsdp_status h5_open(fsdp_ctx *ctx, const char *path, hid_t *out) {
+    *out = -1;
+    FSDP_TRY(ckpt_check_regular(ctx, path));
     *out = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     return *out < 0 ? h5_fail(ctx, "cannot open", path) : FSDP_OK;
 }

@@ -15,7 +15,9 @@ void h5_unlock(void);
 /* FSDP_ERR_IO: "<what> '<path>': <HDF5's innermost message>". */
 fsdp_status h5_fail(fsdp_ctx *ctx, const char *what, const char *path);
 
-/* Files: create (truncating) or open read-only. FSDP_ERR_IO naming the path. */
+/* Files: create (truncating) or open read-only (a regular file only:
+ * ckpt_check_regular). FSDP_ERR_IO naming the
+ * path. */
 fsdp_status h5_create(fsdp_ctx *ctx, const char *path, hid_t *out);
 fsdp_status h5_open(fsdp_ctx *ctx, const char *path, hid_t *out);
 

@@ -269,8 +269,9 @@ fsdp_status fsdp_ckpt_import(fsdp_ctx *ctx, const char *src_path, const char *di
     FSDP_TRY(check_options(ctx, &o));
     import_source src;
     struct stat sb;
-    fsdp_status s = stat(src_path, &sb) == 0 && S_ISDIR(sb.st_mode)
-                        ? import_open_hf_dir(ctx, src_path, &src)
+    bool dir_src = stat(src_path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (!dir_src) FSDP_TRY(ckpt_check_regular(ctx, src_path)); /* before is_hdf5 opens it */
+    fsdp_status s = dir_src             ? import_open_hf_dir(ctx, src_path, &src)
                     : is_hdf5(src_path) ? import_open_h5(ctx, src_path, &src)
                                         : import_open_safetensors(ctx, src_path, &src);
     if (s == FSDP_OK) s = check_names(ctx, &src);
