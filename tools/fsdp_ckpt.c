@@ -161,17 +161,33 @@ static int cmd_inspect(fsdp_ctx *ctx, int argc, char **argv) {
 
 static const char *const usage_verify =
     "usage: fsdp-ckpt verify DIR\n"
-    "Checks the metadata and that the pieces tile every tensor (as loading does), then reads\n"
-    "every piece in full, which checks each chunk's Fletcher32 checksum and zstd frame.\n"
-    "Prints \"ok: N tensors, M pieces, B bytes verified\", or names each failing tensor and\n"
-    "exits 1. A directory without its commit marker (an interrupted save) fails.\n";
+    "Checks the metadata and that the pieces tile every tensor (as loading does), that every\n"
+    "shard file belongs to this checkpoint (its id and rank), then reads every piece in full:\n"
+    "each chunk's type, size, Fletcher32 checksum and zstd frame, and the values against the\n"
+    "digest metadata.h5 records. Prints \"ok: N tensors, M pieces, B bytes verified\", or\n"
+    "names each failing shard and tensor and exits 1. A directory without its commit marker\n"
+    "(an interrupted save) fails. A checkpoint of format 1 has no ids or digests to check:\n"
+    "the line says so.\n";
+
+/* Every shard file bound to the checkpoint; bad[r] set for each that is not. */
+static int verify_shards(fsdp_ctx *ctx, fsdp_ckpt *ck, bool *bad) {
+    int n = 0;
+    for (int r = 0; r < fsdp_ckpt_world_size(ck); r++)
+        if ((bad[r] = fsdp_ckpt_check_shard(ctx, ck, r) != FSDP_OK)) {
+            fprintf(stderr, "fsdp-ckpt verify: shard-%05d.h5: %s\n", r, fsdp_last_error(ctx));
+            n++;
+        }
+    return n;
+}
 
 static int cmd_verify(fsdp_ctx *ctx, int argc, char **argv) {
     if (argc == 2 && is_help(argv[1])) return printf("%s", usage_verify), EXIT_OK;
     if (argc != 2) return fprintf(stderr, "%s", usage_verify), EXIT_USAGE;
     fsdp_ckpt *ck = open_arg(ctx, "verify", argv[1]);
     if (!ck) return EXIT_FAILED;
-    int n = fsdp_ckpt_num_tensors(ck), bad = 0;
+    bool *bad_shard = calloc((size_t)fsdp_ckpt_world_size(ck) + 1, 1);
+    if (!bad_shard) return fsdp_ckpt_close(ck), fprintf(stderr, "out of memory\n"), EXIT_FAILED;
+    int n = fsdp_ckpt_num_tensors(ck), bad = 0, bad_files = verify_shards(ctx, ck, bad_shard);
     int64_t pieces = 0, bytes = 0;
     for (int t = 0; t < n; t++) {
         fsdp_ckpt_tensor x;
@@ -179,6 +195,10 @@ static int cmd_verify(fsdp_ctx *ctx, int argc, char **argv) {
         for (int k = 0; k < x.n_pieces; k++) {
             fsdp_ckpt_piece p;
             fsdp_ckpt_piece_get(ctx, ck, t, k, &p);
+            if (bad_shard[p.file_rank]) { /* named above */
+                bad++;
+                break;
+            }
             int64_t numel = 1;
             for (int d = 0; d < p.region.ndim; d++) numel *= p.region.count[d];
             size_t size = (size_t)numel * fsdp_dtype_size(x.dtype);
@@ -194,16 +214,22 @@ static int cmd_verify(fsdp_ctx *ctx, int argc, char **argv) {
             pieces++, bytes += (int64_t)size;
         }
     }
+    int version = fsdp_ckpt_format_version(ck);
     fsdp_ckpt_close(ck);
-    if (bad) {
+    free(bad_shard);
+    if (bad || bad_files) {
         fprintf(stderr,
-                "fsdp-ckpt verify: %d of %d tensors failed; the checkpoint is damaged: resume "
-                "from an earlier one\n",
-                bad, n);
+                "fsdp-ckpt verify: %d of %d tensors and %d shard files failed; the checkpoint is "
+                "damaged or mixes files of two saves: restore the files named above from the "
+                "same save, or resume from an earlier checkpoint\n",
+                bad, n, bad_files);
         return EXIT_FAILED;
     }
-    printf("ok: %d tensors, %lld pieces, %lld bytes verified\n", n, (long long)pieces,
-           (long long)bytes);
+    printf("ok: %d tensors, %lld pieces, %lld bytes verified%s\n", n, (long long)pieces,
+           (long long)bytes,
+           version < 2 ? " (format 1: no checkpoint id or digests to check; save it again to "
+                         "write format 2)"
+                       : ", every shard bound to metadata.h5, every value matching its digest");
     return EXIT_OK;
 }
 

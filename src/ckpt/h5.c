@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt_impl.h"
+#include "ckpt/region.h"
 #include "ckpt/zstd_filter.h"
 #include "core/error.h"
 
@@ -235,6 +236,64 @@ fsdp_status h5_read_part(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype
                             "failed)",
                             path)
                   : FSDP_OK;
+}
+
+/* The slab of `stored` (ndim >= 1) that iteration `at` covers, given k, the outermost dim read in
+ * blocks of `block` (the dims before k one index at a time, those after whole). */
+static void slab_of(const fsdp_state_region *stored, int k, int64_t block, const int64_t *at,
+                    fsdp_state_region *slab) {
+    *slab = *stored;
+    for (int d = 0; d < k; d++) slab->offset[d] += at[d], slab->count[d] = 1;
+    slab->offset[k] += at[k];
+    slab->count[k] = stored->count[k] - at[k] < block ? stored->count[k] - at[k] : block;
+}
+
+fsdp_status h5_read_rows(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype dtype,
+                         const fsdp_state_region *stored, size_t budget, h5_rows_fn fn,
+                         void *user) {
+    int nd = stored->ndim, k = 0;
+    size_t elem = fsdp_dtype_size(dtype), inner = elem;
+    hsize_t want[FSDP_MAX_DIMS], dims[FSDP_MAX_DIMS], off[FSDP_MAX_DIMS], cnt[FSDP_MAX_DIMS];
+    for (int d = 0; d < nd; d++) want[d] = (hsize_t)stored->count[d];
+    /* k: the outermost dim whose inner rows fit the budget; blocks of it per slab */
+    for (k = nd - 1; k > 0 && inner * (size_t)stored->count[k] <= budget; k--)
+        inner *= (size_t)stored->count[k];
+    int64_t block = nd ? (int64_t)(budget / inner) : 1;
+    block = block < 1 ? 1 : nd && block > stored->count[k] ? stored->count[k] : block;
+    hid_t ds;
+    FSDP_TRY(h5_dataset_open(ctx, file, path, file_type(dtype), nd, want, &ds, dims));
+    void *buf = malloc((size_t)block * inner + 1);
+    hid_t fspace = H5Dget_space(ds);
+    fsdp_status s = buf ? FSDP_OK : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "reading '%s'", path);
+    int64_t at[FSDP_MAX_DIMS] = {0};
+    while (s == FSDP_OK) {
+        fsdp_state_region slab = *stored;
+        hid_t mspace = H5Screate(H5S_SCALAR);
+        if (nd) {
+            slab_of(stored, k, block, at, &slab);
+            to_hsize(&slab, stored, off, cnt);
+            H5Sselect_hyperslab(fspace, H5S_SELECT_SET, off, NULL, cnt, NULL);
+            H5Sclose(mspace);
+            hsize_t n = (hsize_t)region_numel(&slab);
+            mspace = H5Screate_simple(1, &n, NULL);
+        }
+        if (H5Dread(ds, mem_type(dtype), mspace, fspace, H5P_DEFAULT, buf) < 0)
+            s = h5_fail(ctx, "cannot read (corrupt or truncated: checksum or decompression failed)",
+                        path);
+        H5Sclose(mspace);
+        if (s == FSDP_OK) s = fn(ctx, &slab, buf, user);
+        int d = nd ? k : -1; /* the next slab: dim k by blocks, the dims before it by one */
+        for (at[k] += nd ? slab.count[k] : 0; d >= 0; d--) {
+            if (d < k) at[d]++;
+            if (at[d] < stored->count[d]) break;
+            at[d] = 0;
+        }
+        if (d < 0) break;
+    }
+    H5Sclose(fspace);
+    H5Dclose(ds);
+    free(buf);
+    return s;
 }
 
 /* Whether `bytes` of uncompressed data can be in the file at all: no table or string of

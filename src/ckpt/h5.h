@@ -43,6 +43,15 @@ fsdp_status h5_write_table(fsdp_ctx *ctx, hid_t file, const char *path, int64_t 
 fsdp_status h5_read_part(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype dtype,
                          const fsdp_state_region *stored, const fsdp_state_region *part, void *dst,
                          const fsdp_state_region *dst_box);
+/* Reads the whole dataset of a piece at path (its global box `stored`, whose dims it must have)
+ * in order, in slabs of at most `budget` bytes (at least one element): whole rows of the inner
+ * dims, blocks of one dim, one index of the outer dims, so each slab is a box and their values,
+ * row-major, follow each other as in the dataset. Calls fn with each slab (a box in global
+ * coordinates) and its values; stops at the first failure. */
+typedef fsdp_status (*h5_rows_fn)(fsdp_ctx *ctx, const fsdp_state_region *slab, const void *values,
+                                  void *user);
+fsdp_status h5_read_rows(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype dtype,
+                         const fsdp_state_region *stored, size_t budget, h5_rows_fn fn, void *user);
 /* Reads a whole int64 table of `cols` columns; *rows receives its rows (at most max_rows),
  * *out a malloc'ed copy. */
 fsdp_status h5_read_table(fsdp_ctx *ctx, hid_t file, const char *path, int cols, int64_t max_rows,

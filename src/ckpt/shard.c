@@ -49,17 +49,24 @@ fsdp_status ckpt_check_regular(fsdp_ctx *ctx, const char *path) {
                                             : "special file");
 }
 
-fsdp_status ckpt_shard_create(fsdp_ctx *ctx, const char *dir, int rank, int level,
+fsdp_status ckpt_shard_create(fsdp_ctx *ctx, const char *dir, int rank, int level, ckpt_id id,
                               ckpt_shard_writer *w) {
     ckpt_shard_path(dir, rank, w->path, sizeof w->path);
     w->level = level;
-    return h5_create(ctx, w->path, &w->file);
+    FSDP_TRY(h5_create(ctx, w->path, &w->file));
+    fsdp_status s = ckpt_shard_bind(ctx, w->file, id, rank);
+    return s == FSDP_OK ? s : ckpt_shard_close(ctx, w, s);
 }
 
 fsdp_status ckpt_shard_put(fsdp_ctx *ctx, ckpt_shard_writer *w, const char *tensor, int id,
-                           fsdp_dtype dtype, const region *box, const void *data) {
+                           fsdp_dtype dtype, const region *box, const void *data,
+                           uint64_t *digest) {
     char ds[FSDP_STATE_NAME_MAX + 32];
     ckpt_piece_dataset(tensor, id, ds, sizeof ds);
+    ckpt_digest d;
+    ckpt_digest_init(&d);
+    ckpt_digest_values(&d, data, (size_t)region_numel(box), fsdp_dtype_size(dtype));
+    *digest = ckpt_digest_final(&d);
     return h5_write(ctx, w->file, ds, dtype, box->ndim, box->count, data, w->level);
 }
 
