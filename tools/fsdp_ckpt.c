@@ -3,8 +3,10 @@
  * unsharded .h5 or .safetensors file, or a Hugging Face model directory) and import (a PyTorch
  * state dict or a Hugging Face model directory as a checkpoint).
  * docs/checkpoint.md, "fsdp-ckpt".
- * Exit status: 0 success, 1 the command failed (or found a difference), 2 bad command line. */
+ * Exit status: 0 success, 1 the command failed (or found a difference, or its output could not
+ * be written), 2 bad command line. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +33,8 @@ static const char *const usage_main =
     "\n"
     "DIR is a checkpoint directory (step-XXXXXXXX) or a directory of checkpoints, whose newest\n"
     "committed one is taken.\n"
-    "Exit status: 0 success, 1 failure (or a difference), 2 bad command line.\n";
+    "Exit status: 0 success, 1 failure (or a difference, or output that could not be\n"
+    "written), 2 bad command line.\n";
 
 static bool is_help(const char *a) {
     return !strcmp(a, "--help") || !strcmp(a, "-h");
@@ -505,9 +508,21 @@ static int cmd_import(fsdp_ctx *ctx, int argc, char **argv) {
     return EXIT_OK;
 }
 
+/* rc, or EXIT_FAILED when what the command printed could not all be written (a full disk, a
+ * closed pipe): a command whose output is lost has failed. */
+static int flushed(int rc, const char *cmd) {
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    fprintf(stderr,
+            "fsdp-ckpt %s: cannot write the output to stdout%s%s: check the disk or the "
+            "pipe it goes to\n",
+            cmd, errno ? ": " : "", errno ? strerror(errno) : "");
+    return rc == EXIT_OK ? EXIT_FAILED : rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return fprintf(stderr, "%s", usage_main), EXIT_USAGE;
-    if (is_help(argv[1])) return printf("%s", usage_main), EXIT_OK;
+    if (is_help(argv[1])) return printf("%s", usage_main), flushed(EXIT_OK, "--help");
     static const struct {
         const char *name;
         int (*run)(fsdp_ctx *, int, char **);
@@ -526,7 +541,7 @@ int main(int argc, char **argv) {
         }
         int rc = cmds[i].run(ctx, argc - 1, argv + 1);
         fsdp_ctx_free(ctx);
-        return rc;
+        return flushed(rc, argv[1]);
     }
     fprintf(stderr, "fsdp-ckpt: unknown command '%s'\n%s", argv[1], usage_main);
     return EXIT_USAGE;

@@ -75,6 +75,10 @@ void ckpt_meta_free(ckpt_meta *m);
 /* FSDP_OK when path is a regular file (after symbolic links), else FSDP_ERR_IO naming it and
  * what it is. Checked before a file is opened: opening a FIFO waits for a writer forever. */
 fsdp_status ckpt_check_regular(fsdp_ctx *ctx, const char *path);
+/* Removes what a failed export or save left at path, when it is a regular file: never a
+ * device, a FIFO or a link the caller named as the output (only the file behind a link was
+ * written). */
+void ckpt_remove_partial(const char *path);
 /* fsync a file or directory by path (durability before the commit). */
 fsdp_status ckpt_sync_path(fsdp_ctx *ctx, const char *path);
 

@@ -24,6 +24,8 @@ void h5_unlock(void) {
 
 static herr_t innermost(unsigned n, const H5E_error2_t *err, void *user) {
     if (n == 0) snprintf(user, 256, "%s (in %s)", err->desc, err->func_name);
+    for (char *c = user; n == 0 && *c; c++) /* one line: HDF5's own text has newlines */
+        if (*c == '\n') *c = ' ';
     return 0;
 }
 

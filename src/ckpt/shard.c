@@ -49,6 +49,11 @@ fsdp_status ckpt_check_regular(fsdp_ctx *ctx, const char *path) {
                                             : "special file");
 }
 
+void ckpt_remove_partial(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && S_ISREG(sb.st_mode)) unlink(path);
+}
+
 fsdp_status ckpt_shard_create(fsdp_ctx *ctx, const char *dir, int rank, int level, ckpt_id id,
                               ckpt_shard_writer *w) {
     ckpt_shard_path(dir, rank, w->path, sizeof w->path);
