@@ -240,7 +240,7 @@ static fsdp_status take_rows(fsdp_ctx *ctx, const fsdp_state_region *slab, const
 }
 
 /* A piece read in slabs of any budget (one element, a row, rows, blocks, all of it) gives its
- * values in row-major order, each slab a box inside the piece. */
+ * values in row-major order, each slab a box inside the piece; a scalar piece is one slab. */
 static void test_read_rows_slabs(void) {
     char *root = ckpt_test_tmp_root(), file[700];
     snprintf(file, sizeof file, "%s/rows.h5", root);
@@ -260,6 +260,11 @@ static void test_read_rows_slabs(void) {
         CU_ASSERT_TRUE(r.inside);
         CU_ASSERT_EQUAL(memcmp(r.got, v, sizeof v), 0);
     }
+    fsdp_state_region scalar = {.ndim = 0};
+    FSDP_TEST_OK(h5_write(ctx, f, "s", FSDP_DTYPE_F32, 0, NULL, v + 7, 1));
+    rows_seen r = {.stored = scalar, .inside = true};
+    FSDP_TEST_OK(h5_read_rows(ctx, f, "s", FSDP_DTYPE_F32, &scalar, 4, take_rows, &r));
+    CU_ASSERT_TRUE(r.n == 1 && r.got[0] == 7.0f);
     H5Fclose(f);
     h5_unlock();
     ckpt_test_remove_tree(root);

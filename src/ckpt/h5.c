@@ -258,7 +258,7 @@ fsdp_status h5_read_rows(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype
     hsize_t want[FSDP_MAX_DIMS], dims[FSDP_MAX_DIMS], off[FSDP_MAX_DIMS], cnt[FSDP_MAX_DIMS];
     for (int d = 0; d < nd; d++) want[d] = (hsize_t)stored->count[d];
     /* k: the outermost dim whose inner rows fit the budget; blocks of it per slab */
-    for (k = nd - 1; k > 0 && inner * (size_t)stored->count[k] <= budget; k--)
+    for (k = nd ? nd - 1 : 0; k > 0 && inner * (size_t)stored->count[k] <= budget; k--)
         inner *= (size_t)stored->count[k];
     int64_t block = nd ? (int64_t)(budget / inner) : 1;
     block = block < 1 ? 1 : nd && block > stored->count[k] ? stored->count[k] : block;
