@@ -267,6 +267,8 @@ fsdp_status ckpt_test_verify(const char *path) {
             free(buf);
         }
     }
+    for (int r = 0; s == FSDP_OK && r < fsdp_ckpt_world_size(ck); r++)
+        s = fsdp_ckpt_check_shard(ctx, ck, r); /* also those that hold no piece */
     fsdp_ckpt_close(ck);
     return s;
 }

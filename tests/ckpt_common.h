@@ -74,7 +74,8 @@ char *ckpt_test_latest(const char *dir);
  * name (malloc'ed) or NULL. */
 char *ckpt_test_flip_value_byte(const char *path, int rank);
 
-/* What `fsdp-ckpt verify` does: opens the checkpoint and reads every piece in full. Returns
+/* What `fsdp-ckpt verify` does: opens the checkpoint, reads every piece in full and checks
+ * every shard file (fsdp_ckpt_check_shard). Returns
  * FSDP_OK, or the first failure, its message (naming the tensor) in the test context. */
 fsdp_status ckpt_test_verify(const char *path);
 /* Every tensor of checkpoint a equals b's: bitwise (rtol < 0) or within rtol/atol; prints the

@@ -150,6 +150,7 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
          fsdp_ckpt_read(C, A(1, f->ck), 0, A(2, &f->region), A(3, f->buf)))                        \
     CALL(fsdp_ckpt_piece_stored_bytes, "ctx ck out",                                               \
          fsdp_ckpt_piece_stored_bytes(C, A(1, f->ck), 0, 0, A(2, &f->i64)))                        \
+    CALL(fsdp_ckpt_check_shard, "ctx ck", fsdp_ckpt_check_shard(C, A(1, f->ck), 0))                \
     CALL(fsdp_ckpt_export_h5, "ctx ck path",                                                       \
          fsdp_ckpt_export_h5(C, A(1, f->ck), A(2, f->export_path), NULL))                          \
     CALL(fsdp_ckpt_export_safetensors, "ctx ck path",                                              \

@@ -2,12 +2,15 @@
  * inspect lists every tensor with its shape; verify passes, and names the tensor of a flipped
  * byte; diff finds no difference with itself and one with more training; export to .h5 (read
  * back by h5dump when installed) and to .safetensors (parsed here) holds fsdp_ckpt_read's
- * values. */
-#define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup, popen */
+ * values; output that cannot be written (a full disk, a missing directory, stdout on
+ * /dev/full) fails the command. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup, popen, symlink */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt_common.h"
 #include "harness.h"
@@ -300,6 +303,54 @@ static void test_export_safetensors(void) {
     free(root);
 }
 
+/* Output that cannot be written fails the command (exit 1) naming what, and a partial export
+ * is removed only when it is a regular file: an export to /dev/full (through a link with the
+ * suffix the command wants) or into a path under a regular file, and stdout on /dev/full for
+ * every command. /dev/full is left as it was. */
+static void test_output_errors(void) {
+    struct stat sb;
+    if (stat("/dev/full", &sb) != 0 || !S_ISCHR(sb.st_mode)) {
+        printf("\n    skipped: no /dev/full");
+        return;
+    }
+    char *root = ckpt_test_tmp_root(), *path = save_2x2(root, "c", 1, false), *out;
+    char file[700], cmd[2000];
+    static const char *const suffixes[] = {"h5", "safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(file, sizeof file, "%s/full.%s", root, suffixes[i]);
+        CU_ASSERT_EQUAL_FATAL(symlink("/dev/full", file), 0);
+        CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s'", path, file), 1);
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "full."));
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "fsdp-ckpt export:"));
+        free(out);
+        CU_ASSERT_TRUE(stat("/dev/full", &sb) == 0 && S_ISCHR(sb.st_mode));
+    }
+    snprintf(file, sizeof file, "%s/plain", root); /* a regular file where a directory goes */
+    FILE *f = fopen(file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fclose(f);
+    CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s/x.h5'", path, file), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "plain/x.h5"));
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "export '%s' --out '%s/x.safetensors'", path, file), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "plain/x.safetensors"));
+    free(out);
+    static const char *const commands[] = {"inspect '%s'", "verify '%s'", "diff '%s' '%s'",
+                                           "export '%s' --out '%s/m.h5'", "--help"};
+    for (int i = 0; i < 5; i++) {
+        char args[1600];
+        snprintf(args, sizeof args, commands[i], path, i == 3 ? root : path);
+        snprintf(cmd, sizeof cmd, "'%s' %s 2>&1 >/dev/full", FSDP_CKPT_EXE, args);
+        CU_ASSERT_EQUAL(fsdp_test_shell(cmd, &out), 1);
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "cannot write"));
+        if (!strstr(out, "cannot write")) fprintf(stderr, "\n  %s said: %s", args, out);
+        free(out);
+    }
+    ckpt_test_remove_tree(root);
+    free(path);
+    free(root);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"inspect", test_inspect},
@@ -307,6 +358,7 @@ int main(int argc, char **argv) {
         {"diff", test_diff},
         {"export_h5", test_export_h5},
         {"export_safetensors", test_export_safetensors},
+        {"output_errors", test_output_errors},
     };
     return fsdp_test_run(argc, argv, "ckpt_tool", cases, sizeof cases / sizeof cases[0]);
 }

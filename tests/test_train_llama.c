@@ -9,12 +9,13 @@
  * and to float32 rounding at another; a run's checkpoint exports as a Hugging Face model
  * directory (its config.json saved with it) whose import gives its parameters bitwise;
  * examples/llama-austen.ini checks out. */
-#define _POSIX_C_SOURCE 200809L // mkdtemp
+#define _POSIX_C_SOURCE 200809L // mkdtemp, mkfifo, alarm
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt_common.h" // defines: ckpt_test_remove_tree
@@ -317,6 +318,13 @@ static void test_bad_files(void) {
     refuse("held-out", h, N_TOKENS, 0, FSDP_ERR_CONFIG,
            SET("the 60 held-out tokens", "3 sequences", "[data] batch_size = 4"),
            SET("data.eval_fraction=0.01"));
+    /* a FIFO: refused before it is opened (which would wait for a writer; the alarm ends the
+     * test instead of hanging) */
+    unlink(scratch("fifo"));
+    CU_ASSERT_EQUAL_FATAL(mkfifo(scratch("fifo"), 0600), 0);
+    alarm(120);
+    refuse("fifo", h, -1, 0, FSDP_ERR_IO, SET("not a regular file (a FIFO)", "token file"), NULL);
+    alarm(0);
     /* a file that is not there */
     small_config(SET("data.path=/nonexistent/x.tok"));
     char err[TRAIN_ERROR_SIZE];

@@ -3,8 +3,10 @@
  * unsharded .h5 or .safetensors file, or a Hugging Face model directory) and import (a PyTorch
  * state dict or a Hugging Face model directory as a checkpoint).
  * docs/checkpoint.md, "fsdp-ckpt".
- * Exit status: 0 success, 1 the command failed (or found a difference), 2 bad command line. */
+ * Exit status: 0 success, 1 the command failed (or found a difference, or its output could not
+ * be written), 2 bad command line. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +33,8 @@ static const char *const usage_main =
     "\n"
     "DIR is a checkpoint directory (step-XXXXXXXX) or a directory of checkpoints, whose newest\n"
     "committed one is taken.\n"
-    "Exit status: 0 success, 1 failure (or a difference), 2 bad command line.\n";
+    "Exit status: 0 success, 1 failure (or a difference, or output that could not be\n"
+    "written), 2 bad command line.\n";
 
 static bool is_help(const char *a) {
     return !strcmp(a, "--help") || !strcmp(a, "-h");
@@ -161,17 +164,33 @@ static int cmd_inspect(fsdp_ctx *ctx, int argc, char **argv) {
 
 static const char *const usage_verify =
     "usage: fsdp-ckpt verify DIR\n"
-    "Checks the metadata and that the pieces tile every tensor (as loading does), then reads\n"
-    "every piece in full, which checks each chunk's Fletcher32 checksum and zstd frame.\n"
-    "Prints \"ok: N tensors, M pieces, B bytes verified\", or names each failing tensor and\n"
-    "exits 1. A directory without its commit marker (an interrupted save) fails.\n";
+    "Checks the metadata and that the pieces tile every tensor (as loading does), that every\n"
+    "shard file belongs to this checkpoint (its id and rank), then reads every piece in full:\n"
+    "each chunk's type, size, Fletcher32 checksum and zstd frame, and the values against the\n"
+    "digest metadata.h5 records. Prints \"ok: N tensors, M pieces, B bytes verified\", or\n"
+    "names each failing shard and tensor and exits 1. A directory without its commit marker\n"
+    "(an interrupted save) fails. A checkpoint of format 1 has no ids or digests to check:\n"
+    "the line says so.\n";
+
+/* Every shard file bound to the checkpoint; bad[r] set for each that is not. */
+static int verify_shards(fsdp_ctx *ctx, fsdp_ckpt *ck, bool *bad) {
+    int n = 0;
+    for (int r = 0; r < fsdp_ckpt_world_size(ck); r++)
+        if ((bad[r] = fsdp_ckpt_check_shard(ctx, ck, r) != FSDP_OK)) {
+            fprintf(stderr, "fsdp-ckpt verify: shard-%05d.h5: %s\n", r, fsdp_last_error(ctx));
+            n++;
+        }
+    return n;
+}
 
 static int cmd_verify(fsdp_ctx *ctx, int argc, char **argv) {
     if (argc == 2 && is_help(argv[1])) return printf("%s", usage_verify), EXIT_OK;
     if (argc != 2) return fprintf(stderr, "%s", usage_verify), EXIT_USAGE;
     fsdp_ckpt *ck = open_arg(ctx, "verify", argv[1]);
     if (!ck) return EXIT_FAILED;
-    int n = fsdp_ckpt_num_tensors(ck), bad = 0;
+    bool *bad_shard = calloc((size_t)fsdp_ckpt_world_size(ck) + 1, 1);
+    if (!bad_shard) return fsdp_ckpt_close(ck), fprintf(stderr, "out of memory\n"), EXIT_FAILED;
+    int n = fsdp_ckpt_num_tensors(ck), bad = 0, bad_files = verify_shards(ctx, ck, bad_shard);
     int64_t pieces = 0, bytes = 0;
     for (int t = 0; t < n; t++) {
         fsdp_ckpt_tensor x;
@@ -179,6 +198,10 @@ static int cmd_verify(fsdp_ctx *ctx, int argc, char **argv) {
         for (int k = 0; k < x.n_pieces; k++) {
             fsdp_ckpt_piece p;
             fsdp_ckpt_piece_get(ctx, ck, t, k, &p);
+            if (bad_shard[p.file_rank]) { /* named above */
+                bad++;
+                break;
+            }
             int64_t numel = 1;
             for (int d = 0; d < p.region.ndim; d++) numel *= p.region.count[d];
             size_t size = (size_t)numel * fsdp_dtype_size(x.dtype);
@@ -194,16 +217,22 @@ static int cmd_verify(fsdp_ctx *ctx, int argc, char **argv) {
             pieces++, bytes += (int64_t)size;
         }
     }
+    int version = fsdp_ckpt_format_version(ck);
     fsdp_ckpt_close(ck);
-    if (bad) {
+    free(bad_shard);
+    if (bad || bad_files) {
         fprintf(stderr,
-                "fsdp-ckpt verify: %d of %d tensors failed; the checkpoint is damaged: resume "
-                "from an earlier one\n",
-                bad, n);
+                "fsdp-ckpt verify: %d of %d tensors and %d shard files failed; the checkpoint is "
+                "damaged or mixes files of two saves: restore the files named above from the "
+                "same save, or resume from an earlier checkpoint\n",
+                bad, n, bad_files);
         return EXIT_FAILED;
     }
-    printf("ok: %d tensors, %lld pieces, %lld bytes verified\n", n, (long long)pieces,
-           (long long)bytes);
+    printf("ok: %d tensors, %lld pieces, %lld bytes verified%s\n", n, (long long)pieces,
+           (long long)bytes,
+           version < 2 ? " (format 1: no checkpoint id or digests to check; save it again to "
+                         "write format 2)"
+                       : ", every shard bound to metadata.h5, every value matching its digest");
     return EXIT_OK;
 }
 
@@ -479,9 +508,21 @@ static int cmd_import(fsdp_ctx *ctx, int argc, char **argv) {
     return EXIT_OK;
 }
 
+/* rc, or EXIT_FAILED when what the command printed could not all be written (a full disk, a
+ * closed pipe): a command whose output is lost has failed. */
+static int flushed(int rc, const char *cmd) {
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    fprintf(stderr,
+            "fsdp-ckpt %s: cannot write the output to stdout%s%s: check the disk or the "
+            "pipe it goes to\n",
+            cmd, errno ? ": " : "", errno ? strerror(errno) : "");
+    return rc == EXIT_OK ? EXIT_FAILED : rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return fprintf(stderr, "%s", usage_main), EXIT_USAGE;
-    if (is_help(argv[1])) return printf("%s", usage_main), EXIT_OK;
+    if (is_help(argv[1])) return printf("%s", usage_main), flushed(EXIT_OK, "--help");
     static const struct {
         const char *name;
         int (*run)(fsdp_ctx *, int, char **);
@@ -500,7 +541,7 @@ int main(int argc, char **argv) {
         }
         int rc = cmds[i].run(ctx, argc - 1, argv + 1);
         fsdp_ctx_free(ctx);
-        return rc;
+        return flushed(rc, argv[1]);
     }
     fprintf(stderr, "fsdp-ckpt: unknown command '%s'\n%s", argv[1], usage_main);
     return EXIT_USAGE;

@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h> // defines: fstat, S_ISREG
+#include <sys/stat.h> // defines: stat, fstat, S_ISREG
 
 #include "train_data.h" // defines: TRAIN_MAX_DATA_BYTES
 
@@ -210,6 +210,18 @@ fsdp_status train_tokens_load(const train_config *cfg, train_tokens *t, char *er
     memset(t, 0, sizeof *t);
     char name[TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 64];
     file_text(cfg, name, sizeof name);
+    /* Refused before it is opened: opening a FIFO would wait for a writer forever. */
+    struct stat sb;
+    if (stat(cfg->data.path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        snprintf(err, err_size,
+                 "cannot read %s: not a regular file (a %s); give the path of a token file "
+                 "(write one with tools/text_to_tokens.py)",
+                 name,
+                 S_ISFIFO(sb.st_mode)  ? "FIFO"
+                 : S_ISDIR(sb.st_mode) ? "directory"
+                                       : "device or socket");
+        return FSDP_ERR_IO;
+    }
     FILE *f = fopen(cfg->data.path, "rb");
     if (!f) {
         snprintf(err, err_size, "cannot open %s: %s", name, strerror(errno));

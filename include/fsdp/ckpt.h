@@ -100,7 +100,9 @@ void fsdp_state_set_steps(fsdp_state *st, int64_t steps);
 
 /* ---- checkpoints: saving ---- */
 
-#define FSDP_CKPT_FORMAT_VERSION 1
+/* Format 2 binds a checkpoint's files together: a checkpoint id in metadata.h5 and every
+ * shard, and a digest of every piece's values (docs/checkpoint.md). Format 1 still loads. */
+#define FSDP_CKPT_FORMAT_VERSION 2
 #define FSDP_CKPT_MAX_EXTRAS     64
 
 /* What a checkpoint records beside the tensors. */
@@ -184,6 +186,9 @@ const char *fsdp_ckpt_library_version(const fsdp_ckpt *ck);
  * imported Hugging Face directory's config.json); "" when none was given. */
 const char *fsdp_ckpt_model_config(const fsdp_ckpt *ck);
 int64_t fsdp_ckpt_optim_steps(const fsdp_ckpt *ck); /* the optimizer's step count */
+/* The format version it was written in (1: its files are not bound together, nothing to check
+ * beyond the checksums). */
+int fsdp_ckpt_format_version(const fsdp_ckpt *ck);
 /* A named integer of fsdp_ckpt_meta; FSDP_ERR_NOT_FOUND when it was not saved. */
 fsdp_status fsdp_ckpt_extra(fsdp_ctx *ctx, const fsdp_ckpt *ck, const char *name, int64_t *out);
 
@@ -209,10 +214,19 @@ fsdp_status fsdp_ckpt_piece_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, int k
 /* The index of the tensor called name, or -1. */
 int fsdp_ckpt_find(const fsdp_ckpt *ck, const char *name);
 /* Reads a region of tensor t into host memory (row-major, the tensor's dtype) from the pieces
- * that overlap it, checking each chunk's checksum. FSDP_ERR_IO when part of the region is in
- * no piece, or a file is missing, truncated or corrupt (naming the tensor and the file). */
+ * that overlap it, checking each chunk's checksum; the first read of a piece (format 2) reads
+ * it whole and checks its values against the digest metadata.h5 records, and opening a shard
+ * checks that it belongs to this checkpoint. FSDP_ERR_IO when part of the region is in no
+ * piece, or a file is missing, truncated, corrupt or from another save (naming the tensor and
+ * the file). On failure dst holds no meaningful values. */
 fsdp_status fsdp_ckpt_read(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_state_region *region,
                            void *dst);
+
+/* Opens shard file `rank` (0 .. world size - 1) and checks that it is a regular file, an HDF5
+ * file and (format 2) bound to this checkpoint as that rank: FSDP_ERR_IO naming the file, the
+ * problem and the fix otherwise. `fsdp-ckpt verify` checks every shard this way, also those
+ * that hold no piece. */
+fsdp_status fsdp_ckpt_check_shard(fsdp_ctx *ctx, fsdp_ckpt *ck, int rank);
 
 /* The bytes piece k of tensor t takes on disk: its dataset in its shard file after compression
  * and checksums (fsdp_ckpt_piece_get tells the file). FSDP_ERR_IO naming the file when the
@@ -328,7 +342,10 @@ typedef struct fsdp_ckpt_load_options {
 /* Loads the checkpoint into the state under its current layout, whatever layout saved it:
  * for each region this rank holds, the overlapping parts of the saved pieces are read; the
  * optimizer's step count is restored. Shapes and dtypes must match (the error names the tensor
- * and both shapes). Makes no collective. opts may be NULL (strict). */
+ * and both shapes). Before any value changes, every shard it reads is checked to belong to
+ * this checkpoint and (format 2) every piece it reads is read whole and checked against its
+ * digest, so a damaged or foreign file fails the load with the state as it was. Makes no
+ * collective. opts may be NULL (strict). */
 fsdp_status fsdp_ckpt_load(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st,
                            const fsdp_ckpt_load_options *opts);
 

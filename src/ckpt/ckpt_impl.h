@@ -6,6 +6,7 @@
 
 #include <hdf5.h>
 
+#include "ckpt/bind.h"
 #include "ckpt/region.h"
 
 #define CKPT_FORMAT_NAME    "libfsdp-checkpoint"
@@ -13,6 +14,7 @@
 #define CKPT_COMMIT         "commit"
 #define CKPT_TENSOR_COLS    7  /* kind, dtype, ndim, shape[4] */
 #define CKPT_PIECE_COLS     11 /* tensor, file_rank, id, offset[4], count[4] */
+#define CKPT_HEADER_COLS    6  /* format_version, step, optim_steps, world_size, id (2 words) */
 #define CKPT_MAX_TENSORS    (1 << 24)
 #define CKPT_MAX_PIECES     (1 << 28)
 #define CKPT_MAX_WORLD      (1 << 20)
@@ -31,11 +33,16 @@ typedef struct ckpt_tensor {
 typedef struct ckpt_piece {
     int tensor, file_rank, id;
     region box;
+    uint64_t digest; /* of its values as written (format 2; bind.h) */
 } ckpt_piece;
 
 /* What metadata.h5 holds. */
 typedef struct ckpt_meta {
     int64_t version, step, optim_steps, world_size;
+    /* Format 2: the checkpoint id that every shard carries, and the pieces' digests. A reader
+     * of format 1 (bound false) has neither to check. */
+    bool bound;
+    ckpt_id id;
     char *library_version, *layout, *config, *names, *extra_names;
     char *model_config; /* "" when the optional dataset is absent */
     ckpt_tensor *tensors;
@@ -50,7 +57,8 @@ typedef struct ckpt_meta {
 struct fsdp_ckpt {
     char *path;
     ckpt_meta meta;
-    hid_t *files; /* per file rank, opened on first use (-1 before) */
+    hid_t *files;   /* per file rank, opened and checked on first use (-1 before) */
+    bool *verified; /* per piece: its digest was checked (format 2) */
 };
 
 /* "<dir>/shard-<5 digits>.h5" into buf. */
@@ -64,6 +72,13 @@ fsdp_status ckpt_meta_write(fsdp_ctx *ctx, const char *dir, const ckpt_meta *m);
 fsdp_status ckpt_meta_read(fsdp_ctx *ctx, const char *dir, ckpt_meta *m);
 void ckpt_meta_free(ckpt_meta *m);
 
+/* FSDP_OK when path is a regular file (after symbolic links), else FSDP_ERR_IO naming it and
+ * what it is. Checked before a file is opened: opening a FIFO waits for a writer forever. */
+fsdp_status ckpt_check_regular(fsdp_ctx *ctx, const char *path);
+/* Removes what a failed export or save left at path, when it is a regular file: never a
+ * device, a FIFO or a link the caller named as the output (only the file behind a link was
+ * written). */
+void ckpt_remove_partial(const char *path);
 /* fsync a file or directory by path (durability before the commit). */
 fsdp_status ckpt_sync_path(fsdp_ctx *ctx, const char *path);
 
@@ -75,12 +90,13 @@ typedef struct ckpt_shard_writer {
     int level; /* zstd level of every piece, or FSDP_CKPT_NO_COMPRESSION */
 } ckpt_shard_writer;
 
-/* Creates "<dir>/shard-<5 digits>.h5" (truncating). */
-fsdp_status ckpt_shard_create(fsdp_ctx *ctx, const char *dir, int rank, int level,
+/* Creates "<dir>/shard-<5 digits>.h5" (truncating), bound to checkpoint `id` as `rank`. */
+fsdp_status ckpt_shard_create(fsdp_ctx *ctx, const char *dir, int rank, int level, ckpt_id id,
                               ckpt_shard_writer *w);
-/* Writes the values of box (row-major, dtype) as piece `id` of `tensor`. */
+/* Writes the values of box (row-major, dtype) as piece `id` of `tensor`; *digest receives the
+ * digest of the values (bind.h) that the metadata records. */
 fsdp_status ckpt_shard_put(fsdp_ctx *ctx, ckpt_shard_writer *w, const char *tensor, int id,
-                           fsdp_dtype dtype, const region *box, const void *data);
+                           fsdp_dtype dtype, const region *box, const void *data, uint64_t *digest);
 /* Closes the file; returns s, or the close's failure when s is FSDP_OK. The caller flushes it
  * (ckpt_sync_path on w->path) after releasing the lock. */
 fsdp_status ckpt_shard_close(fsdp_ctx *ctx, ckpt_shard_writer *w, fsdp_status s);

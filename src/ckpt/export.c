@@ -2,9 +2,11 @@
  * per tensor with its global shape (fsdp_ckpt_export_h5), or safetensors
  * (fsdp_ckpt_export_safetensors). */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ckpt/ckpt_impl.h"
 #include "ckpt/h5.h"
@@ -59,7 +61,7 @@ fsdp_status fsdp_ckpt_export_h5(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
     h5_lock();
     if (H5Fclose(file) < 0 && s == FSDP_OK) s = h5_fail(ctx, "cannot close", path);
     h5_unlock();
-    if (s != FSDP_OK) remove(path);
+    if (s != FSDP_OK) ckpt_remove_partial(path);
     return s;
 }
 
@@ -145,10 +147,12 @@ static fsdp_status write_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, bool with_opt
         if (!buf) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "exporting '%s'", x->name);
         s = fsdp_ckpt_read(ctx, ck, t, &all, buf);
         if (s == FSDP_OK && fwrite(buf, 1, bytes, f) != bytes)
-            s = FSDP_FAIL(ctx, FSDP_ERR_IO, "writing tensor '%s' failed (disk full?)", x->name);
+            s = FSDP_FAIL(ctx, FSDP_ERR_IO, "writing tensor '%s' failed: %s", x->name,
+                          strerror(errno));
         free(buf);
     }
-    if (s == FSDP_OK && ferror(f)) s = FSDP_FAIL(ctx, FSDP_ERR_IO, "writing failed (disk full?)");
+    if (s == FSDP_OK && ferror(f))
+        s = FSDP_FAIL(ctx, FSDP_ERR_IO, "writing failed: %s", strerror(errno));
     return s;
 }
 
@@ -175,10 +179,13 @@ fsdp_status fsdp_ckpt_export_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, const cha
                          path);
     fsdp_status s = write_safetensors(ctx, ck, o.with_optim, f);
     if (fclose(f) != 0 && s == FSDP_OK)
-        s = FSDP_FAIL(ctx, FSDP_ERR_IO, "closing '%s' failed (disk full?)", path);
+        s = FSDP_FAIL(ctx, FSDP_ERR_IO,
+                      "writing '%s' failed: %s; check that its disk has room and that it is "
+                      "writable",
+                      path, strerror(errno));
     if (s != FSDP_OK) {
         s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, "export to '%s'", path);
-        remove(path);
+        ckpt_remove_partial(path);
     }
     return s;
 }

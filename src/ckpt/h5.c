@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_impl.h"
+#include "ckpt/region.h"
 #include "ckpt/zstd_filter.h"
 #include "core/error.h"
 
@@ -22,6 +24,8 @@ void h5_unlock(void) {
 
 static herr_t innermost(unsigned n, const H5E_error2_t *err, void *user) {
     if (n == 0) snprintf(user, 256, "%s (in %s)", err->desc, err->func_name);
+    for (char *c = user; n == 0 && *c; c++) /* one line: HDF5's own text has newlines */
+        if (*c == '\n') *c = ' ';
     return 0;
 }
 
@@ -38,6 +42,8 @@ fsdp_status h5_create(fsdp_ctx *ctx, const char *path, hid_t *out) {
 }
 
 fsdp_status h5_open(fsdp_ctx *ctx, const char *path, hid_t *out) {
+    *out = -1;
+    FSDP_TRY(ckpt_check_regular(ctx, path));
     *out = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     return *out < 0 ? h5_fail(ctx, "cannot open", path) : FSDP_OK;
 }
@@ -63,20 +69,23 @@ fsdp_status h5_attr_write_str(fsdp_ctx *ctx, hid_t loc, const char *name, const 
     return rc < 0 ? h5_fail(ctx, "cannot write attribute", name) : FSDP_OK;
 }
 
-/* The attribute, which must be a scalar of the given class. */
+/* The attribute, which must be a scalar of the given class: an integer exactly as libfsdp
+ * writes it (a flipped byte order or size would change the value HDF5 converts). */
 static fsdp_status open_scalar_attr(fsdp_ctx *ctx, hid_t loc, const char *name, H5T_class_t cls,
                                     hid_t *out) {
     *out = H5Aopen(loc, name, H5P_DEFAULT);
     if (*out < 0) return h5_fail(ctx, "missing attribute", name);
     hid_t space = H5Aget_space(*out), type = H5Aget_type(*out);
     bool ok = space >= 0 && type >= 0 && H5Sget_simple_extent_type(space) == H5S_SCALAR &&
-              H5Tget_class(type) == cls;
+              H5Tget_class(type) == cls &&
+              (cls != H5T_INTEGER || H5Tequal(type, H5T_STD_I64LE) > 0);
     if (space >= 0) H5Sclose(space);
     if (type >= 0) H5Tclose(type);
     if (ok) return FSDP_OK;
     H5Aclose(*out);
+    H5Eclear2(H5E_DEFAULT);
     return FSDP_FAIL(ctx, FSDP_ERR_IO, "attribute '%s' is not a scalar %s", name,
-                     cls == H5T_INTEGER ? "integer" : "string");
+                     cls == H5T_INTEGER ? "little-endian 64-bit integer" : "string");
 }
 
 fsdp_status h5_attr_read_i64(fsdp_ctx *ctx, hid_t loc, const char *name, int64_t *v) {
@@ -192,96 +201,6 @@ fsdp_status h5_write_bytes(fsdp_ctx *ctx, hid_t file, const char *path, const vo
                          FSDP_CKPT_NO_COMPRESSION);
 }
 
-/* A zstd dataset must record its chunk size (cd_values[1], as libfsdp writes it), so the
- * filter refuses a frame of any other size: HDF5 itself does not check what a filter returns.
- * Datasets without the filter pass. */
-static fsdp_status check_zstd_chunk(fsdp_ctx *ctx, hid_t ds, const char *path, size_t elem) {
-    hid_t dcpl = H5Dget_create_plist(ds);
-    fsdp_status s = FSDP_OK;
-    unsigned flags, cd[4] = {0};
-    size_t n = 4;
-    if (dcpl >= 0 &&
-        H5Pget_filter_by_id2(dcpl, FSDP_H5Z_ZSTD, &flags, &n, cd, 0, NULL, NULL) >= 0) {
-        hsize_t chunk[FSDP_MAX_DIMS] = {0};
-        int nd = H5Pget_chunk(dcpl, FSDP_MAX_DIMS, chunk);
-        uint64_t bytes = elem;
-        for (int d = 0; d < nd; d++) bytes *= chunk[d];
-        if (nd < 1 || n < 2 || cd[1] != bytes)
-            s = FSDP_FAIL(ctx, FSDP_ERR_IO,
-                          "dataset '%s' is zstd-compressed without its chunk size recorded (not "
-                          "written by libfsdp, or damaged); refusing to decode it",
-                          path);
-    }
-    H5Eclear2(H5E_DEFAULT);
-    if (dcpl >= 0) H5Pclose(dcpl);
-    return s;
-}
-
-/* Every chunk of a chunked dataset (or the storage of a contiguous one) present in the file:
- * HDF5 returns fill values for what was never written, so a dataset whose shape claims more
- * than the file holds (damaged, or not written by libfsdp) would otherwise read as zeros, and
- * a table's shape would size an allocation that nothing in the file backs. */
-static bool fully_written(hid_t ds, int ndim, const hsize_t *dims, size_t elem) {
-    hsize_t numel = 1;
-    for (int d = 0; d < ndim; d++) {
-        if (dims[d] && numel > (HSIZE_UNDEF / 2) / elem / dims[d]) return false;
-        numel *= dims[d];
-    }
-    if (numel == 0) return true;
-    hid_t dcpl = H5Dget_create_plist(ds);
-    if (dcpl < 0) return false;
-    H5D_layout_t layout = H5Pget_layout(dcpl);
-    bool ok = layout == H5D_COMPACT;
-    if (layout == H5D_CONTIGUOUS) ok = H5Dget_storage_size(ds) >= numel * elem;
-    if (layout == H5D_CHUNKED) {
-        hsize_t chunk[FSDP_MAX_DIMS], want = 1, have = 0;
-        ok = ndim >= 1 && H5Pget_chunk(dcpl, FSDP_MAX_DIMS, chunk) == ndim;
-        for (int d = 0; ok && d < ndim; d++) {
-            ok = chunk[d] > 0;
-            if (ok) want *= (dims[d] + chunk[d] - 1) / chunk[d]; /* <= numel: no overflow */
-        }
-        hid_t space = ok ? H5Dget_space(ds) : -1; /* HDF5 1.10 refuses H5S_ALL here */
-        ok = space >= 0 && H5Dget_num_chunks(ds, space, &have) >= 0 && have == want;
-        if (space >= 0) H5Sclose(space);
-    }
-    H5Pclose(dcpl);
-    H5Eclear2(H5E_DEFAULT);
-    return ok;
-}
-
-/* Opens the dataset and checks its rank, dims and element type class/size, and that the file
- * holds all of it. */
-static fsdp_status open_checked(fsdp_ctx *ctx, hid_t file, const char *path, int ndim,
-                                const hsize_t *want, hid_t mtype, hid_t *ds, hsize_t *dims) {
-    *ds = H5Dopen2(file, path, H5P_DEFAULT);
-    if (*ds < 0) return h5_fail(ctx, "missing dataset", path);
-    hid_t space = H5Dget_space(*ds), type = H5Dget_type(*ds);
-    int nd = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
-    bool ok = nd == ndim && type >= 0 && H5Tget_class(type) == H5Tget_class(mtype) &&
-              H5Tget_size(type) == H5Tget_size(mtype);
-    if (ok && ndim > 0) H5Sget_simple_extent_dims(space, dims, NULL);
-    for (int d = 0; ok && want && d < ndim; d++) ok = dims[d] == want[d];
-    if (space >= 0) H5Sclose(space);
-    if (type >= 0) H5Tclose(type);
-    if (ok && !fully_written(*ds, ndim, dims, H5Tget_size(mtype))) {
-        H5Dclose(*ds);
-        return FSDP_FAIL(ctx, FSDP_ERR_IO,
-                         "dataset '%s' is not all in its file (chunks missing, never written or "
-                         "truncated): the file is damaged or was not written by libfsdp",
-                         path);
-    }
-    if (ok) {
-        fsdp_status s = check_zstd_chunk(ctx, *ds, path, H5Tget_size(mtype));
-        if (s != FSDP_OK) H5Dclose(*ds);
-        return s;
-    }
-    H5Dclose(*ds);
-    return FSDP_FAIL(ctx, FSDP_ERR_IO,
-                     "dataset '%s' has another rank, shape or element type than its metadata says "
-                     "(the file was changed or belongs to another checkpoint)",
-                     path);
-}
-
 static void to_hsize(const fsdp_state_region *r, const fsdp_state_region *base, hsize_t *off,
                      hsize_t *cnt) {
     for (int d = 0; d < r->ndim; d++) {
@@ -297,7 +216,7 @@ fsdp_status h5_read_part(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype
     hsize_t want[FSDP_MAX_DIMS], dims[FSDP_MAX_DIMS], off[FSDP_MAX_DIMS], cnt[FSDP_MAX_DIMS];
     for (int d = 0; d < nd; d++) want[d] = (hsize_t)stored->count[d];
     hid_t ds;
-    FSDP_TRY(open_checked(ctx, file, path, nd, want, mem_type(dtype), &ds, dims));
+    FSDP_TRY(h5_dataset_open(ctx, file, path, file_type(dtype), nd, want, &ds, dims));
     hid_t fspace = H5Dget_space(ds), mspace;
     if (nd == 0) {
         mspace = H5Screate(H5S_SCALAR);
@@ -321,6 +240,64 @@ fsdp_status h5_read_part(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype
                   : FSDP_OK;
 }
 
+/* The slab of `stored` (ndim >= 1) that iteration `at` covers, given k, the outermost dim read in
+ * blocks of `block` (the dims before k one index at a time, those after whole). */
+static void slab_of(const fsdp_state_region *stored, int k, int64_t block, const int64_t *at,
+                    fsdp_state_region *slab) {
+    *slab = *stored;
+    for (int d = 0; d < k; d++) slab->offset[d] += at[d], slab->count[d] = 1;
+    slab->offset[k] += at[k];
+    slab->count[k] = stored->count[k] - at[k] < block ? stored->count[k] - at[k] : block;
+}
+
+fsdp_status h5_read_rows(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype dtype,
+                         const fsdp_state_region *stored, size_t budget, h5_rows_fn fn,
+                         void *user) {
+    int nd = stored->ndim, k = 0;
+    size_t elem = fsdp_dtype_size(dtype), inner = elem;
+    hsize_t want[FSDP_MAX_DIMS], dims[FSDP_MAX_DIMS], off[FSDP_MAX_DIMS], cnt[FSDP_MAX_DIMS];
+    for (int d = 0; d < nd; d++) want[d] = (hsize_t)stored->count[d];
+    /* k: the outermost dim whose inner rows fit the budget; blocks of it per slab */
+    for (k = nd ? nd - 1 : 0; k > 0 && inner * (size_t)stored->count[k] <= budget; k--)
+        inner *= (size_t)stored->count[k];
+    int64_t block = nd ? (int64_t)(budget / inner) : 1;
+    block = block < 1 ? 1 : nd && block > stored->count[k] ? stored->count[k] : block;
+    hid_t ds;
+    FSDP_TRY(h5_dataset_open(ctx, file, path, file_type(dtype), nd, want, &ds, dims));
+    void *buf = malloc((size_t)block * inner + 1);
+    hid_t fspace = H5Dget_space(ds);
+    fsdp_status s = buf ? FSDP_OK : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "reading '%s'", path);
+    int64_t at[FSDP_MAX_DIMS] = {0};
+    while (s == FSDP_OK) {
+        fsdp_state_region slab = *stored;
+        hid_t mspace = H5Screate(H5S_SCALAR);
+        if (nd) {
+            slab_of(stored, k, block, at, &slab);
+            to_hsize(&slab, stored, off, cnt);
+            H5Sselect_hyperslab(fspace, H5S_SELECT_SET, off, NULL, cnt, NULL);
+            H5Sclose(mspace);
+            hsize_t n = (hsize_t)region_numel(&slab);
+            mspace = H5Screate_simple(1, &n, NULL);
+        }
+        if (H5Dread(ds, mem_type(dtype), mspace, fspace, H5P_DEFAULT, buf) < 0)
+            s = h5_fail(ctx, "cannot read (corrupt or truncated: checksum or decompression failed)",
+                        path);
+        H5Sclose(mspace);
+        if (s == FSDP_OK) s = fn(ctx, &slab, buf, user);
+        int d = nd ? k : -1; /* the next slab: dim k by blocks, the dims before it by one */
+        for (at[k] += nd ? slab.count[k] : 0; d >= 0; d--) {
+            if (d < k) at[d]++;
+            if (at[d] < stored->count[d]) break;
+            at[d] = 0;
+        }
+        if (d < 0) break;
+    }
+    H5Sclose(fspace);
+    H5Dclose(ds);
+    free(buf);
+    return s;
+}
+
 /* Whether `bytes` of uncompressed data can be in the file at all: no table or string of
  * metadata.h5 is larger than the file, so nothing larger is allocated for one. */
 static bool fits_file(hid_t file, uint64_t bytes) {
@@ -334,7 +311,7 @@ fsdp_status h5_read_table(fsdp_ctx *ctx, hid_t file, const char *path, int cols,
                           int64_t *rows, int64_t **out) {
     hid_t ds;
     hsize_t dims[2];
-    FSDP_TRY(open_checked(ctx, file, path, 2, NULL, H5T_NATIVE_INT64, &ds, dims));
+    FSDP_TRY(h5_dataset_open(ctx, file, path, H5T_STD_I64LE, 2, NULL, &ds, dims));
     if (dims[1] != (hsize_t)cols || dims[0] > (hsize_t)max_rows ||
         !fits_file(file, dims[0] * dims[1] * sizeof(int64_t))) {
         H5Dclose(ds);
@@ -360,7 +337,7 @@ fsdp_status h5_read_bytes(fsdp_ctx *ctx, hid_t file, const char *path, size_t ma
                           size_t *len) {
     hid_t ds;
     hsize_t dims[1];
-    FSDP_TRY(open_checked(ctx, file, path, 1, NULL, H5T_NATIVE_UINT8, &ds, dims));
+    FSDP_TRY(h5_dataset_open(ctx, file, path, H5T_STD_U8LE, 1, NULL, &ds, dims));
     if (dims[0] > max_len || !fits_file(file, dims[0])) {
         H5Dclose(ds);
         return FSDP_FAIL(ctx, FSDP_ERR_IO,

@@ -15,7 +15,9 @@ void h5_unlock(void);
 /* FSDP_ERR_IO: "<what> '<path>': <HDF5's innermost message>". */
 fsdp_status h5_fail(fsdp_ctx *ctx, const char *what, const char *path);
 
-/* Files: create (truncating) or open read-only. FSDP_ERR_IO naming the path. */
+/* Files: create (truncating) or open read-only (a regular file only:
+ * ckpt_check_regular). FSDP_ERR_IO naming the
+ * path. */
 fsdp_status h5_create(fsdp_ctx *ctx, const char *path, hid_t *out);
 fsdp_status h5_open(fsdp_ctx *ctx, const char *path, hid_t *out);
 
@@ -41,6 +43,15 @@ fsdp_status h5_write_table(fsdp_ctx *ctx, hid_t file, const char *path, int64_t 
 fsdp_status h5_read_part(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype dtype,
                          const fsdp_state_region *stored, const fsdp_state_region *part, void *dst,
                          const fsdp_state_region *dst_box);
+/* Reads the whole dataset of a piece at path (its global box `stored`, whose dims it must have)
+ * in order, in slabs of at most `budget` bytes (at least one element): whole rows of the inner
+ * dims, blocks of one dim, one index of the outer dims, so each slab is a box and their values,
+ * row-major, follow each other as in the dataset. Calls fn with each slab (a box in global
+ * coordinates) and its values; stops at the first failure. */
+typedef fsdp_status (*h5_rows_fn)(fsdp_ctx *ctx, const fsdp_state_region *slab, const void *values,
+                                  void *user);
+fsdp_status h5_read_rows(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype dtype,
+                         const fsdp_state_region *stored, size_t budget, h5_rows_fn fn, void *user);
 /* Reads a whole int64 table of `cols` columns; *rows receives its rows (at most max_rows),
  * *out a malloc'ed copy. */
 fsdp_status h5_read_table(fsdp_ctx *ctx, hid_t file, const char *path, int cols, int64_t max_rows,
@@ -51,6 +62,14 @@ fsdp_status h5_write_bytes(fsdp_ctx *ctx, hid_t file, const char *path, const vo
                            size_t len);
 fsdp_status h5_read_bytes(fsdp_ctx *ctx, hid_t file, const char *path, size_t max_len, char **out,
                           size_t *len);
+/* Opens the dataset at path after checking (h5_check.c) that it has rank ndim, the dims `want`
+ * (when not NULL; *dims receives them), exactly the element type ftype, no filter but zstd and
+ * Fletcher32, and every chunk stored whole with every filter applied. */
+fsdp_status h5_dataset_open(fsdp_ctx *ctx, hid_t file, const char *path, hid_t ftype, int ndim,
+                            const hsize_t *want, hid_t *ds, hsize_t *dims);
+/* "float of 4 bytes, little-endian, sign bit 31, exponent bits 23..30 (bias 127), ..." */
+void h5_type_describe(hid_t type, char *buf, size_t size);
+
 /* Stored (on-disk) bytes of the dataset at path, or -1. */
 int64_t h5_stored_bytes(hid_t file, const char *path);
 

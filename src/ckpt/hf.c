@@ -285,8 +285,12 @@ static fsdp_status write_text(fsdp_ctx *ctx, const char *path, const char *text)
     size_t n = strlen(text);
     bool ok = fwrite(text, 1, n, f) == n;
     ok = fclose(f) == 0 && ok;
-    if (!ok) remove(path);
-    return ok ? FSDP_OK : FSDP_FAIL(ctx, FSDP_ERR_IO, "writing '%s' failed (disk full?)", path);
+    if (!ok) ckpt_remove_partial(path);
+    return ok ? FSDP_OK
+              : FSDP_FAIL(ctx, FSDP_ERR_IO,
+                          "writing '%s' failed: %s; check that its disk has room and that it is "
+                          "writable",
+                          path, strerror(errno));
 }
 
 fsdp_status fsdp_ckpt_export_hf(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *dir,
@@ -327,6 +331,6 @@ fsdp_status fsdp_ckpt_export_hf(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *dir,
     char weights[4200];
     snprintf(weights, sizeof weights, "%s/model.safetensors", dir);
     s = fsdp_ckpt_export_safetensors(ctx, ck, weights, NULL);
-    if (s != FSDP_OK) remove(path);
+    if (s != FSDP_OK) ckpt_remove_partial(path);
     return s;
 }

@@ -141,8 +141,8 @@ static fsdp_status convert(fsdp_ctx *ctx, const import_source *src, const import
 
 /* Tensor i read, converted and written as piece 0 of the shard. Memory: the tensor once, in
  * the larger of its file dtype and its checkpoint dtype. */
-static fsdp_status import_tensor_values(fsdp_ctx *ctx, import_source *src, int i,
-                                        const ckpt_meta *m, ckpt_shard_writer *sw) {
+static fsdp_status import_tensor_values(fsdp_ctx *ctx, import_source *src, int i, ckpt_meta *m,
+                                        ckpt_shard_writer *sw) {
     const import_tensor *t = &src->tensors[i];
     const ckpt_tensor *x = &m->tensors[i];
     size_t in = import_dtype_size(t->dtype), out = fsdp_dtype_size(x->dtype);
@@ -152,7 +152,8 @@ static fsdp_status import_tensor_values(fsdp_ctx *ctx, import_source *src, int i
     if (s == FSDP_OK) s = convert(ctx, src, t, buf, x->dtype);
     if (s == FSDP_OK) {
         h5_lock();
-        s = ckpt_shard_put(ctx, sw, x->name, 0, x->dtype, &m->pieces[i].box, buf);
+        s = ckpt_shard_put(ctx, sw, x->name, 0, x->dtype, &m->pieces[i].box, buf,
+                           &m->pieces[i].digest);
         h5_unlock();
     }
     free(buf);
@@ -165,6 +166,7 @@ static fsdp_status describe(fsdp_ctx *ctx, const import_source *src,
                             const fsdp_ckpt_import_options *o, ckpt_meta *m) {
     m->step = o->step;
     m->world_size = 1;
+    m->id = ckpt_id_new();
     m->layout = (char *)"imported";
     m->config = (char *)"";
     m->model_config = src->model_config;
@@ -196,7 +198,7 @@ static fsdp_status write_checkpoint(fsdp_ctx *ctx, import_source *src, const cha
     ckpt_shard_writer sw;
     if (s == FSDP_OK) {
         h5_lock();
-        s = ckpt_shard_create(ctx, tmp, 0, o->zstd_level, &sw);
+        s = ckpt_shard_create(ctx, tmp, 0, o->zstd_level, m.id, &sw);
         h5_unlock();
     }
     if (s == FSDP_OK) {
@@ -269,8 +271,9 @@ fsdp_status fsdp_ckpt_import(fsdp_ctx *ctx, const char *src_path, const char *di
     FSDP_TRY(check_options(ctx, &o));
     import_source src;
     struct stat sb;
-    fsdp_status s = stat(src_path, &sb) == 0 && S_ISDIR(sb.st_mode)
-                        ? import_open_hf_dir(ctx, src_path, &src)
+    bool dir_src = stat(src_path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (!dir_src) FSDP_TRY(ckpt_check_regular(ctx, src_path)); /* before is_hdf5 opens it */
+    fsdp_status s = dir_src             ? import_open_hf_dir(ctx, src_path, &src)
                     : is_hdf5(src_path) ? import_open_h5(ctx, src_path, &src)
                                         : import_open_safetensors(ctx, src_path, &src);
     if (s == FSDP_OK) s = check_names(ctx, &src);

@@ -25,14 +25,24 @@ fsdp_status fsdp_ckpt_open(fsdp_ctx *ctx, const char *path, fsdp_ckpt **out) {
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_ckpt_open");
     }
     fsdp_status s = ckpt_meta_read(ctx, path, &ck->meta);
-    if (s == FSDP_OK && !(ck->files = malloc((size_t)ck->meta.world_size * sizeof *ck->files)))
+    if (s == FSDP_OK && (!(ck->files = malloc((size_t)ck->meta.world_size * sizeof *ck->files)) ||
+                         !(ck->verified = calloc((size_t)ck->meta.n_pieces + 1, 1))))
         s = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_ckpt_open");
     if (s != FSDP_OK) {
+        free(ck->files);
+        ckpt_meta_free(&ck->meta); /* zeroed when the read failed */
         free(ck->path);
         free(ck);
         return s;
     }
     for (int64_t r = 0; r < ck->meta.world_size; r++) ck->files[r] = -1;
+    if (!ck->meta.bound)
+        fsdp_log(ctx, FSDP_LOG_WARN,
+                 "checkpoint '%s' has format %lld, from before shard files were bound to their "
+                 "metadata: a shard of another save in its directory would not be noticed, and "
+                 "its values have no digests to check; it loads as before; save it again to "
+                 "write format %d",
+                 path, (long long)ck->meta.version, FSDP_CKPT_FORMAT_VERSION);
     *out = ck;
     return FSDP_OK;
 }
@@ -44,6 +54,7 @@ void fsdp_ckpt_close(fsdp_ckpt *ck) {
         if (ck->files[r] >= 0) H5Fclose(ck->files[r]);
     h5_unlock();
     free(ck->files);
+    free(ck->verified);
     ckpt_meta_free(&ck->meta);
     free(ck->path);
     free(ck);
@@ -69,6 +80,9 @@ const char *fsdp_ckpt_library_version(const fsdp_ckpt *ck) {
 }
 int64_t fsdp_ckpt_optim_steps(const fsdp_ckpt *ck) {
     return ck ? ck->meta.optim_steps : 0;
+}
+int fsdp_ckpt_format_version(const fsdp_ckpt *ck) {
+    return ck ? (int)ck->meta.version : 0;
 }
 
 fsdp_status fsdp_ckpt_extra(fsdp_ctx *ctx, const fsdp_ckpt *ck, const char *name, int64_t *out) {
@@ -126,17 +140,40 @@ fsdp_status fsdp_ckpt_piece_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, int k
     return FSDP_OK;
 }
 
-/* The shard file of rank r, opened once (call with the HDF5 lock held). A process that only
- * reads (never saved) must register the zstd filter before it reads a compressed dataset. */
+/* The shard file of rank r, opened once, and (format 2) checked to be bound to this checkpoint
+ * as rank r (call with the HDF5 lock held). A process that only reads (never saved) must
+ * register the zstd filter before it reads a compressed dataset. */
 static fsdp_status shard_file(fsdp_ctx *ctx, fsdp_ckpt *ck, int r, hid_t *out) {
     if (ck->files[r] < 0) {
         FSDP_TRY(fsdp_zstd_filter_register(ctx));
-        char path[4200];
+        char path[4200], name[32];
         ckpt_shard_path(ck->path, r, path, sizeof path);
-        FSDP_TRY(h5_open(ctx, path, &ck->files[r]));
+        snprintf(name, sizeof name, "shard-%05d.h5", r);
+        hid_t f;
+        FSDP_TRY(h5_open(ctx, path, &f));
+        fsdp_status s = ck->meta.bound ? ckpt_shard_check(ctx, f, name, r, ck->meta.id) : FSDP_OK;
+        if (s != FSDP_OK) {
+            H5Fclose(f);
+            return s;
+        }
+        ck->files[r] = f;
     }
     *out = ck->files[r];
     return FSDP_OK;
+}
+
+fsdp_status fsdp_ckpt_check_shard(fsdp_ctx *ctx, fsdp_ckpt *ck, int rank) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, ck);
+    if (rank < 0 || rank >= ck->meta.world_size)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_ckpt_check_shard: rank %d; the checkpoint has shards 0..%lld", rank,
+                         (long long)ck->meta.world_size - 1);
+    hid_t f;
+    h5_lock();
+    fsdp_status s = shard_file(ctx, ck, rank, &f);
+    h5_unlock();
+    return s;
 }
 
 fsdp_status fsdp_ckpt_piece_stored_bytes(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, int k, int64_t *out) {
@@ -162,18 +199,70 @@ fsdp_status fsdp_ckpt_piece_stored_bytes(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, in
     return FSDP_OK;
 }
 
+/* ---- reading pieces, checking their digests ---- */
+
+#define READ_BUDGET ((size_t)8 << 20) /* bytes of a piece held at once while it is checked */
+
+/* A piece read whole for its digest; the part of it inside `part` copied to dst (laid out as
+ * dst_box), when dst is given. */
+typedef struct piece_read {
+    ckpt_digest d;
+    const region *part, *dst_box;
+    void *dst;
+    size_t elem;
+} piece_read;
+
+static fsdp_status take_slab(fsdp_ctx *ctx, const region *slab, const void *values, void *user) {
+    piece_read *r = user;
+    region cut;
+    ckpt_digest_values(&r->d, values, (size_t)region_numel(slab), r->elem);
+    if (r->dst && region_intersect(slab, r->part, &cut))
+        region_copy(r->dst, r->dst_box, values, slab, &cut, r->elem);
+    (void)ctx;
+    return FSDP_OK;
+}
+
+/* Piece `pi` (its `part` into dst laid out as dst_box): the first time (format 2), read whole
+ * and checked against its digest; afterwards, and in format 1, only the part. Call with the
+ * HDF5 lock held. */
+static fsdp_status read_piece(fsdp_ctx *ctx, fsdp_ckpt *ck, int pi, const region *part, void *dst,
+                              const region *dst_box) {
+    const ckpt_piece *p = &ck->meta.pieces[pi];
+    const ckpt_tensor *x = &ck->meta.tensors[p->tensor];
+    hid_t file;
+    FSDP_TRYF(ctx, shard_file(ctx, ck, p->file_rank, &file), "tensor '%s'", x->name);
+    char ds[FSDP_STATE_NAME_MAX + 32];
+    ckpt_piece_dataset(x->name, p->id, ds, sizeof ds);
+    if (!ck->meta.bound || ck->verified[pi]) {
+        if (!dst) return FSDP_OK;
+        FSDP_TRYF(ctx, h5_read_part(ctx, file, ds, x->dtype, &p->box, part, dst, dst_box),
+                  "tensor '%s' in shard-%05d.h5", x->name, p->file_rank);
+        return FSDP_OK;
+    }
+    piece_read r = {
+        .part = part, .dst_box = dst_box, .dst = dst, .elem = fsdp_dtype_size(x->dtype)};
+    ckpt_digest_init(&r.d);
+    FSDP_TRYF(ctx, h5_read_rows(ctx, file, ds, x->dtype, &p->box, READ_BUDGET, take_slab, &r),
+              "tensor '%s' in shard-%05d.h5", x->name, p->file_rank);
+    uint64_t got = ckpt_digest_final(&r.d);
+    if (got != p->digest)
+        return FSDP_FAIL(ctx, FSDP_ERR_IO,
+                         "tensor '%s' in shard-%05d.h5: dataset '%s' holds other values than its "
+                         "save wrote (digest %016llx, metadata.h5 records %016llx): the shard was "
+                         "changed after the save or comes from another one; restore it from the "
+                         "same save or use an earlier checkpoint",
+                         x->name, p->file_rank, ds, (unsigned long long)got,
+                         (unsigned long long)p->digest);
+    ck->verified[pi] = true;
+    return FSDP_OK;
+}
+
 static fsdp_status read_locked(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const region *want, void *dst) {
     const ckpt_tensor *x = &ck->meta.tensors[t];
     for (int k = 0; k < x->n_pieces; k++) {
-        const ckpt_piece *p = &ck->meta.pieces[x->first_piece + k];
         region part;
-        if (!region_intersect(&p->box, want, &part)) continue;
-        hid_t file;
-        FSDP_TRYF(ctx, shard_file(ctx, ck, p->file_rank, &file), "tensor '%s'", x->name);
-        char ds[FSDP_STATE_NAME_MAX + 32];
-        ckpt_piece_dataset(x->name, p->id, ds, sizeof ds);
-        FSDP_TRYF(ctx, h5_read_part(ctx, file, ds, x->dtype, &p->box, &part, dst, want),
-                  "tensor '%s' in shard-%05d.h5", x->name, p->file_rank);
+        if (region_intersect(&ck->meta.pieces[x->first_piece + k].box, want, &part))
+            FSDP_TRY(read_piece(ctx, ck, x->first_piece + k, &part, dst, want));
     }
     return FSDP_OK;
 }
@@ -249,6 +338,29 @@ static fsdp_status check_extra_tensors(fsdp_ctx *ctx, const fsdp_ckpt *ck, const
     return FSDP_OK;
 }
 
+/* Every piece that a region of st overlaps: its shard opened and bound to this checkpoint,
+ * and (format 2) its values read whole and checked against their digest, so that a damaged or
+ * foreign file fails the load before any value changes. */
+static fsdp_status check_pieces(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st) {
+    fsdp_status s = FSDP_OK;
+    h5_lock();
+    for (int i = 0; s == FSDP_OK && i < st->n_entries; i++) {
+        const state_entry *e = &st->entries[i];
+        int t = fsdp_ckpt_find(ck, e->name);
+        const ckpt_tensor *x = t >= 0 ? &ck->meta.tensors[t] : NULL;
+        for (int k = 0; x && s == FSDP_OK && k < x->n_pieces; k++) {
+            int pi = x->first_piece + k;
+            for (int j = 0; s == FSDP_OK && j < e->n_pieces; j++)
+                if (region_intersect(&ck->meta.pieces[pi].box, &e->pieces[j].box, NULL)) {
+                    s = read_piece(ctx, ck, pi, NULL, NULL, NULL);
+                    break;
+                }
+        }
+    }
+    h5_unlock();
+    return s;
+}
+
 fsdp_status fsdp_ckpt_load(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st,
                            const fsdp_ckpt_load_options *opts) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
@@ -272,6 +384,7 @@ fsdp_status fsdp_ckpt_load(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st,
                      e->name);
         }
     }
+    FSDP_TRY(check_pieces(ctx, ck, st));
     for (int i = 0; i < st->n_entries; i++) {
         int t = fsdp_ckpt_find(ck, st->entries[i].name);
         if (t >= 0) FSDP_TRY(load_entry(ctx, ck, t, &st->entries[i]));

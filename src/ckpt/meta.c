@@ -48,6 +48,8 @@ static fsdp_status write_tables(fsdp_ctx *ctx, hid_t f, const ckpt_meta *m) {
     if (s == FSDP_OK) s = h5_write_bytes(ctx, f, "names", joined, len);
     if (s == FSDP_OK) s = h5_write_table(ctx, f, "tensors", m->n_tensors, CKPT_TENSOR_COLS, tt);
     if (s == FSDP_OK) s = h5_write_table(ctx, f, "pieces", m->n_pieces, CKPT_PIECE_COLS, pt);
+    for (int i = 0; s == FSDP_OK && i < m->n_pieces; i++) pt[i] = (int64_t)m->pieces[i].digest;
+    if (s == FSDP_OK) s = h5_write_table(ctx, f, "piece_digests", m->n_pieces, 1, pt);
     if (s == FSDP_OK) s = h5_write_bytes(ctx, f, "extra_names", extras, elen);
     if (s == FSDP_OK) s = h5_write_table(ctx, f, "extra_values", m->n_extras, 1, m->extra_value);
     free(joined);
@@ -58,13 +60,22 @@ static fsdp_status write_tables(fsdp_ctx *ctx, hid_t f, const ckpt_meta *m) {
     return s;
 }
 
+/* The attributes, and the header: the same numbers and the checkpoint id in a checksummed
+ * dataset (attributes have no checksum), which reading compares with the attributes. */
 static fsdp_status write_attrs(fsdp_ctx *ctx, hid_t f, const ckpt_meta *m) {
+    char id[CKPT_ID_CHARS + 1];
+    ckpt_id_format(m->id, id);
     FSDP_TRY(h5_attr_write_str(ctx, f, "format", CKPT_FORMAT_NAME));
     FSDP_TRY(h5_attr_write_i64(ctx, f, "format_version", FSDP_CKPT_FORMAT_VERSION));
     FSDP_TRY(h5_attr_write_str(ctx, f, "library_version", FSDP_VERSION_STRING));
     FSDP_TRY(h5_attr_write_i64(ctx, f, "step", m->step));
     FSDP_TRY(h5_attr_write_i64(ctx, f, "optim_steps", m->optim_steps));
     FSDP_TRY(h5_attr_write_i64(ctx, f, "world_size", m->world_size));
+    FSDP_TRY(h5_attr_write_str(ctx, f, CKPT_ID_ATTR, id));
+    int64_t header[CKPT_HEADER_COLS] = {FSDP_CKPT_FORMAT_VERSION, m->step,
+                                        m->optim_steps,           m->world_size,
+                                        (int64_t)m->id.hi,        (int64_t)m->id.lo};
+    FSDP_TRY(h5_write_table(ctx, f, "header", 1, CKPT_HEADER_COLS, header));
     const char *layout = m->layout ? m->layout : "", *config = m->config ? m->config : "";
     FSDP_TRY(h5_write_bytes(ctx, f, "layout", layout, strlen(layout)));
     FSDP_TRY(h5_write_bytes(ctx, f, "config", config, strlen(config)));
@@ -112,6 +123,44 @@ static fsdp_status split_names(fsdp_ctx *ctx, const char *path, char *buf, size_
     return at == len ? FSDP_OK : bad(ctx, path, "names left over in the table", (long long)at);
 }
 
+/* Format 2: the checksummed header must repeat the attributes, and the id must parse. */
+static fsdp_status read_binding(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
+    int64_t rows = 0, *h = NULL;
+    char *text = NULL;
+    if (H5Lexists(f, "header", H5P_DEFAULT) <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return FSDP_FAIL(ctx, FSDP_ERR_IO,
+                         "checkpoint metadata '%s' says format %lld but has no 'header' (the "
+                         "checksummed copy of its numbers and checkpoint id): it was edited or "
+                         "damaged; restore metadata.h5 from the same save or use another "
+                         "checkpoint",
+                         path, (long long)m->version);
+    }
+    FSDP_TRY(h5_read_table(ctx, f, "header", CKPT_HEADER_COLS, 1, &rows, &h));
+    fsdp_status s = rows == 1 ? FSDP_OK : bad(ctx, path, "header rows", (long long)rows);
+    static const char *const names[] = {"format_version", "step", "optim_steps", "world_size"};
+    const int64_t attrs[] = {m->version, m->step, m->optim_steps, m->world_size};
+    for (int i = 0; s == FSDP_OK && i < 4; i++)
+        if (h[i] != attrs[i])
+            s = FSDP_FAIL(ctx, FSDP_ERR_IO,
+                          "checkpoint metadata '%s': attribute '%s' is %lld, but the checksummed "
+                          "header says %lld: the attribute was edited or damaged; restore "
+                          "metadata.h5 from the same save or use another checkpoint",
+                          path, names[i], (long long)attrs[i], (long long)h[i]);
+    if (s == FSDP_OK) s = h5_attr_read_str(ctx, f, CKPT_ID_ATTR, CKPT_ID_CHARS, &text);
+    if (s == FSDP_OK &&
+        (!ckpt_id_parse(text, &m->id) || m->id.hi != (uint64_t)h[4] || m->id.lo != (uint64_t)h[5]))
+        s = FSDP_FAIL(ctx, FSDP_ERR_IO,
+                      "checkpoint metadata '%s': attribute '%s' ('%.40s') is not the id its "
+                      "checksummed header records: the file was edited or damaged; restore "
+                      "metadata.h5 from the same save or use another checkpoint",
+                      path, CKPT_ID_ATTR, text);
+    free(text);
+    free(h);
+    m->bound = s == FSDP_OK;
+    return s;
+}
+
 static fsdp_status read_attrs(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
     char *format = NULL;
     FSDP_TRY(h5_attr_read_str(ctx, f, "format", 64, &format));
@@ -133,6 +182,7 @@ static fsdp_status read_attrs(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_met
     if (m->world_size < 1 || m->world_size > CKPT_MAX_WORLD)
         return bad(ctx, path, "world_size", (long long)m->world_size);
     if (m->step < 0 || m->optim_steps < 0) return bad(ctx, path, "step", (long long)m->step);
+    if (m->version >= 2) FSDP_TRY(read_binding(ctx, f, path, m));
     size_t len;
     FSDP_TRY(h5_read_bytes(ctx, f, "layout", CKPT_MAX_TEXT, &m->layout, &len));
     FSDP_TRY(h5_read_bytes(ctx, f, "config", CKPT_MAX_TEXT, &m->config, &len));
@@ -239,6 +289,17 @@ static fsdp_status check_cover(fsdp_ctx *ctx, const char *path, ckpt_meta *m) {
     return FSDP_OK;
 }
 
+/* One digest per row of the pieces table, in its order. */
+static fsdp_status read_digests(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
+    int64_t rows = 0, *d = NULL;
+    FSDP_TRY(h5_read_table(ctx, f, "piece_digests", 1, CKPT_MAX_PIECES, &rows, &d));
+    fsdp_status s =
+        rows == m->n_pieces ? FSDP_OK : bad(ctx, path, "piece digests, not one per piece", rows);
+    for (int i = 0; s == FSDP_OK && i < m->n_pieces; i++) m->pieces[i].digest = (uint64_t)d[i];
+    free(d);
+    return s;
+}
+
 static fsdp_status read_pieces(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
     int64_t rows, *pt = NULL;
     FSDP_TRY(h5_read_table(ctx, f, "pieces", CKPT_PIECE_COLS, CKPT_MAX_PIECES, &rows, &pt));
@@ -266,6 +327,7 @@ static fsdp_status read_pieces(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_me
                           path, t->name);
     }
     free(pt);
+    if (s == FSDP_OK && m->bound) s = read_digests(ctx, f, path, m);
     if (s != FSDP_OK) return s;
     qsort(m->pieces, (size_t)m->n_pieces, sizeof *m->pieces, by_tensor);
     return check_cover(ctx, path, m);

@@ -23,7 +23,8 @@
 typedef struct frag {
     int rank, entry, piece, id;
     region box;
-    void *staged; /* async: the values, owned */
+    void *staged;    /* async: the values, owned */
+    uint64_t digest; /* of the values written (bind.h) */
 } frag;
 
 /* One save: what the writing (this thread, or the async thread) needs. */
@@ -35,8 +36,10 @@ typedef struct job {
     fsdp_dtype *dtypes;
     int n_entries;
     frag *frags;
-    int n_frags;
-    bool has_meta; /* rank 0 */
+    int n_frags, most_frags; /* this rank's fragments; the most any rank writes */
+    uint64_t *digests; /* the commit's: mine, every rank's (most_frags each), a count per rank */
+    ckpt_id id;        /* rank 0's, binding every file of the save */
+    bool has_meta;     /* rank 0 */
     ckpt_meta meta;
     char *meta_text[3]; /* owned layout, config and model_config copies */
     fsdp_ctx *tctx;     /* async: the thread's context for its failure */
@@ -61,8 +64,8 @@ static double now_seconds(void) {
 /* ---- who writes what ---- */
 
 #define REC_VALUES        (2 + 2 * FSDP_MAX_DIMS) /* entry, piece, offset[4], count[4] */
-#define HEAD_VALUES       3                       /* state hash, pieces held, HEAD_FAILED_* bits */
-#define HEAD_FAILED_MKDIR 1u                      /* rank 0 could not create the directory */
+#define HEAD_VALUES       5  /* state hash, pieces held, HEAD_FAILED_* bits, rank 0's id (2) */
+#define HEAD_FAILED_MKDIR 1u /* rank 0 could not create the directory */
 #define HEAD_FAILED_LOCAL 2u /* the rank's metadata was invalid or its memory ran out */
 
 static uint64_t state_hash(const fsdp_state *st) {
@@ -163,13 +166,14 @@ static void decode(const fsdp_state *st, int world, const uint64_t *heads, const
  * failed before (made_dir: rank 0's directory; local: its metadata or its own copies of the
  * entries) still takes part in the first all_gather, so every rank learns of it there and
  * returns alike. */
-static fsdp_status exchange(fsdp_ctx *ctx, fsdp_group *g, const job *jb, fsdp_status made_dir,
+static fsdp_status exchange(fsdp_ctx *ctx, fsdp_group *g, job *jb, fsdp_status made_dir,
                             fsdp_status local, rec **out, int *n_out) {
     const fsdp_state *st = jb->st;
     int world = jb->world;
     uint64_t head[HEAD_VALUES] = {state_hash(st), (uint64_t)count_pieces(st),
                                   (made_dir != FSDP_OK ? HEAD_FAILED_MKDIR : 0) |
-                                      (local != FSDP_OK ? HEAD_FAILED_LOCAL : 0)};
+                                      (local != FSDP_OK ? HEAD_FAILED_LOCAL : 0),
+                                  jb->id.hi, jb->id.lo};
     uint64_t *heads = malloc((size_t)world * sizeof head), *mine = NULL, *all = NULL;
     int64_t most = 0;
     rec *recs = NULL;
@@ -188,6 +192,7 @@ static fsdp_status exchange(fsdp_ctx *ctx, fsdp_group *g, const job *jb, fsdp_st
     }
     if (s == FSDP_OK && most) s = gather(ctx, g, world, mine, most * REC_VALUES, all);
     if (s == FSDP_OK) decode(st, world, heads, all, most, recs, n_out);
+    if (s == FSDP_OK) jb->id = (ckpt_id){heads[3], heads[4]};
     free(heads);
     free(mine);
     free(all);
@@ -287,6 +292,15 @@ static fsdp_status assign(fsdp_ctx *ctx, job *jb, rec *recs, int n) {
         i = j;
     }
     if (!rc && jb->has_meta) rc = meta_pieces(&jb->meta, &all);
+    int *count = rc ? NULL : calloc((size_t)jb->world + 1, sizeof *count);
+    rc = rc || !count;
+    for (int f = 0; !rc && f < all.n; f++)
+        if (++count[all.v[f].rank] > jb->most_frags) jb->most_frags = count[all.v[f].rank];
+    free(count);
+    /* allocated now, so that the commit's all_gather cannot fail on one rank alone */
+    size_t n_dig = (size_t)(jb->world + 1) * (size_t)jb->most_frags + (size_t)jb->world;
+    jb->digests = rc ? NULL : calloc(n_dig + 1, sizeof *jb->digests);
+    rc = rc || !jb->digests;
     free(order);
     free(next_id);
     free(all.v);
@@ -333,7 +347,7 @@ static fsdp_status write_frags(fsdp_ctx *ctx, job *jb, ckpt_shard_writer *sw) {
         void *owned = NULL;
         if (!data) FSDP_TRY(fetch(ctx, jb->st, f, &data, &owned));
         fsdp_status s = ckpt_shard_put(ctx, sw, jb->names[f->entry], f->id, jb->dtypes[f->entry],
-                                       &f->box, data);
+                                       &f->box, data, &f->digest);
         free(owned);
         if (f->staged) free(f->staged), f->staged = NULL;
         FSDP_TRY(s);
@@ -341,15 +355,15 @@ static fsdp_status write_frags(fsdp_ctx *ctx, job *jb, ckpt_shard_writer *sw) {
     return FSDP_OK;
 }
 
-/* This rank's shard file, and rank 0's metadata, into the temporary directory. */
+/* This rank's shard file into the temporary directory (rank 0 writes the metadata at the
+ * commit, once it has every piece's digest). */
 static fsdp_status write_files(fsdp_ctx *ctx, job *jb) {
     ckpt_shard_writer sw;
     h5_lock();
-    fsdp_status s = ckpt_shard_create(ctx, jb->tmp, jb->rank, jb->level, &sw);
+    fsdp_status s = ckpt_shard_create(ctx, jb->tmp, jb->rank, jb->level, jb->id, &sw);
     if (s == FSDP_OK) s = ckpt_shard_close(ctx, &sw, write_frags(ctx, jb, &sw));
     h5_unlock();
     if (s == FSDP_OK) s = ckpt_sync_path(ctx, sw.path);
-    if (s == FSDP_OK && jb->has_meta) s = ckpt_meta_write(ctx, jb->tmp, &jb->meta);
     return s;
 }
 
@@ -357,6 +371,7 @@ static void job_free(job *jb) {
     if (!jb) return;
     for (int i = 0; i < jb->n_frags; i++) free(jb->frags[i].staged);
     free(jb->frags);
+    free(jb->digests);
     for (int i = 0; jb->names && i < jb->n_entries; i++) free(jb->names[i]);
     free(jb->names);
     free(jb->dtypes);
@@ -481,8 +496,24 @@ static fsdp_status agree(fsdp_ctx *ctx, fsdp_group *g, bool failed, bool *any) {
     return s;
 }
 
-/* After every rank wrote: rank 0 renames the directory into place, then everyone learns
- * whether it did. */
+/* After every rank wrote its shard: rank 0 learns every piece's digest for the metadata, by
+ * one all_gather of the digests of each rank's fragments, in the order assign listed them (the
+ * metadata's pieces are every rank's fragments in that order). Every rank gathers the same
+ * count: assign succeeded everywhere on the same records. */
+static fsdp_status collect(fsdp_ctx *ctx, fsdp_group *g, job *jb) {
+    int64_t n = jb->most_frags;
+    uint64_t *mine = jb->digests, *all = mine + n, *next = all + n * jb->world;
+    for (int i = 0; i < jb->n_frags; i++) mine[i] = jb->frags[i].digest;
+    if (n) FSDP_TRY(gather(ctx, g, jb->world, mine, n, all));
+    for (int i = 0; jb->has_meta && i < jb->meta.n_pieces; i++) {
+        int r = jb->meta.pieces[i].file_rank;
+        jb->meta.pieces[i].digest = all[(uint64_t)r * (uint64_t)n + next[r]++];
+    }
+    return FSDP_OK;
+}
+
+/* After every rank wrote: rank 0 writes the metadata and renames the directory into place,
+ * then everyone learns whether it did. */
 static fsdp_status commit(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb) {
     fsdp_group *g = fsdp_ctx_world_group(ctx);
     bool any;
@@ -495,8 +526,11 @@ static fsdp_status commit(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb) {
                          "checkpoint '%s' was not committed: another rank failed to write its "
                          "shard (see that rank's error); earlier checkpoints are untouched",
                          jb->final);
+    FSDP_TRY(collect(ctx, g, jb));
     fsdp_status s = FSDP_OK;
-    if (jb->rank == 0) s = ckpt_dir_commit(ctx, jb->tmp, jb->final, w->dir, w->opts.keep);
+    if (jb->has_meta) s = ckpt_meta_write(ctx, jb->tmp, &jb->meta);
+    if (s == FSDP_OK && jb->rank == 0)
+        s = ckpt_dir_commit(ctx, jb->tmp, jb->final, w->dir, w->opts.keep);
     FSDP_TRY(agree(ctx, g, s != FSDP_OK, &any));
     if (s != FSDP_OK) return s;
     if (any)
@@ -519,12 +553,14 @@ static fsdp_status prepare(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb, const fs
     /* What only this rank can get wrong (its metadata, memory) is carried into the exchange's
      * first all_gather, so every rank fails alike instead of one leaving the others waiting. */
     fsdp_status local = check_meta(ctx, meta);
+    if (jb->rank == 0) jb->id = ckpt_id_new(); /* every rank takes it at the exchange */
     fsdp_status made =
         jb->rank == 0 && local == FSDP_OK ? ckpt_dir_begin(ctx, w->dir, jb->tmp) : FSDP_OK;
     if (local == FSDP_OK) local = job_describe(ctx, jb, st, meta);
     rec *recs = NULL;
     int n = 0;
     FSDP_TRY(exchange(ctx, g, jb, made, local, &recs, &n));
+    jb->meta.id = jb->id;
     fsdp_status s = assign(ctx, jb, recs, n);
     free(recs);
     return s;

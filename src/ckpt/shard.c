@@ -1,8 +1,12 @@
 /* shard.c: the files of a checkpoint directory: shard paths, piece dataset names, a shard file
- * written piece by piece (by a save and by an import), and flushing a file to disk. */
+ * written piece by piece (by a save and by an import), flushing a file to disk, and refusing
+ * to open what is not a regular file. */
 #define _POSIX_C_SOURCE 200809L /* fsync */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/ckpt_impl.h"
@@ -27,17 +31,47 @@ fsdp_status ckpt_sync_path(fsdp_ctx *ctx, const char *path) {
     return FSDP_OK;
 }
 
-fsdp_status ckpt_shard_create(fsdp_ctx *ctx, const char *dir, int rank, int level,
+fsdp_status ckpt_check_regular(fsdp_ctx *ctx, const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    if (S_ISREG(sb.st_mode)) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_IO,
+                     "'%s' is not a regular file (a %s): libfsdp reads checkpoints and data only "
+                     "from regular files (opening a FIFO could wait forever); put the file "
+                     "itself there, or copy the data into a regular file and use that",
+                     path,
+                     S_ISFIFO(sb.st_mode)   ? "FIFO"
+                     : S_ISDIR(sb.st_mode)  ? "directory"
+                     : S_ISCHR(sb.st_mode)  ? "character device"
+                     : S_ISBLK(sb.st_mode)  ? "block device"
+                     : S_ISSOCK(sb.st_mode) ? "socket"
+                                            : "special file");
+}
+
+void ckpt_remove_partial(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && S_ISREG(sb.st_mode)) unlink(path);
+}
+
+fsdp_status ckpt_shard_create(fsdp_ctx *ctx, const char *dir, int rank, int level, ckpt_id id,
                               ckpt_shard_writer *w) {
     ckpt_shard_path(dir, rank, w->path, sizeof w->path);
     w->level = level;
-    return h5_create(ctx, w->path, &w->file);
+    FSDP_TRY(h5_create(ctx, w->path, &w->file));
+    fsdp_status s = ckpt_shard_bind(ctx, w->file, id, rank);
+    return s == FSDP_OK ? s : ckpt_shard_close(ctx, w, s);
 }
 
 fsdp_status ckpt_shard_put(fsdp_ctx *ctx, ckpt_shard_writer *w, const char *tensor, int id,
-                           fsdp_dtype dtype, const region *box, const void *data) {
+                           fsdp_dtype dtype, const region *box, const void *data,
+                           uint64_t *digest) {
     char ds[FSDP_STATE_NAME_MAX + 32];
     ckpt_piece_dataset(tensor, id, ds, sizeof ds);
+    ckpt_digest d;
+    ckpt_digest_init(&d);
+    ckpt_digest_values(&d, data, (size_t)region_numel(box), fsdp_dtype_size(dtype));
+    *digest = ckpt_digest_final(&d);
     return h5_write(ctx, w->file, ds, dtype, box->ndim, box->count, data, w->level);
 }
 

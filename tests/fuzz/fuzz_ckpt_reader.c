@@ -1,7 +1,8 @@
 /* fuzz_ckpt_reader.c: a structure-aware fuzz target over the checkpoint reader. An input is a
  * program of mutations applied to a small valid checkpoint (metadata attributes and tables,
- * names, shard dataset shapes, types and names, zstd frames and filter parameters, missing or
- * truncated files, and optionally raw byte flips); the result is written as a checkpoint and
+ * the header and piece digests, names, shard dataset shapes, types and names, zstd frames and
+ * filter parameters, shard ids and ranks, missing or truncated files, and optionally raw byte
+ * flips); the result is written as a checkpoint and
  * goes through latest, open, the inspect enumeration, verify (every piece read) and load into a
  * model. Built as a libFuzzer target (FSDP_LIBFUZZER) or with its own driver:
  *   fuzz_ckpt_reader [--iterations N] [--seconds S] [--seed X] [--raw PERCENT] [--verbose]
@@ -18,6 +19,7 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include "ckpt/bind.h"
 #include "ckpt/ckpt_impl.h"
 #include "ckpt/h5.h"
 #include "ckpt/zstd_filter.h"
@@ -29,20 +31,22 @@
 #define MAX_BYTES 8192
 #define READ_CAP  ((int64_t)1 << 24) /* bytes: larger reads are skipped, not failures */
 #define WORLD     2                  /* shard files of the base checkpoint */
-#define N_ATTRS   6
+#define N_ATTRS   7
 #define N_BLOBS   4
-#define N_TABLES  3
+#define N_TABLES  5
 #define MAX_OPS   12
 
 /* ---- the checkpoint as values ---- */
 
-enum { A_FORMAT, A_VERSION, A_LIBVER, A_STEP, A_OPTIM, A_WORLD };
-static const char *const attr_names[N_ATTRS] = {"format", "format_version", "library_version",
-                                                "step",   "optim_steps",    "world_size"};
+enum { A_FORMAT, A_VERSION, A_LIBVER, A_STEP, A_OPTIM, A_WORLD, A_ID };
+static const char *const attr_names[N_ATTRS] = {"format",    "format_version", "library_version",
+                                                "step",      "optim_steps",    "world_size",
+                                                CKPT_ID_ATTR};
 enum { B_NAMES, B_EXTRA_NAMES, B_LAYOUT, B_CONFIG };
 static const char *const blob_names[N_BLOBS] = {"names", "extra_names", "layout", "config"};
-enum { T_TENSORS, T_PIECES, T_EXTRAS };
-static const char *const table_names[N_TABLES] = {"tensors", "pieces", "extra_values"};
+enum { T_TENSORS, T_PIECES, T_EXTRAS, T_HEADER, T_DIGESTS };
+static const char *const table_names[N_TABLES] = {"tensors", "pieces", "extra_values", "header",
+                                                  "piece_digests"};
 
 typedef struct attr {
     bool present;
@@ -89,6 +93,7 @@ typedef struct spec {
     bool commit;
     int file_mode[WORLD + 1]; /* 0 as written, 1 missing, 2 truncated, 3 empty */
     uint32_t file_arg[WORLD + 1];
+    int shard_bind[WORLD]; /* 0 as written, 1 another id, 2 no id, 3 another rank, 4 neither */
     int n_raw;
     struct {
         int file;
@@ -147,7 +152,7 @@ static void spec_copy(spec *dst, const spec *src) {
 static void add_piece(spec *s, int t, const char *name, int file, int id, int ndim,
                       const int64_t *off, const int64_t *cnt, const unsigned char *values,
                       size_t elem) {
-    table *p = &s->tables[T_PIECES];
+    table *p = &s->tables[T_PIECES], *dig = &s->tables[T_DIGESTS];
     int64_t *row = p->v + p->rows++ * CKPT_PIECE_COLS;
     row[0] = t, row[1] = file, row[2] = id;
     for (int d = 0; d < ndim; d++) row[3 + d] = off[d], row[7 + d] = cnt[d];
@@ -159,7 +164,13 @@ static void add_piece(spec *s, int t, const char *name, int file, int id, int nd
     for (int d = 1; d < ndim; d++) inner *= cnt[d];
     ds->data = malloc((size_t)n * elem + 1);
     memcpy(ds->data, values + (size_t)(ndim ? off[0] * inner : 0) * elem, (size_t)n * elem);
+    ckpt_digest d;
+    ckpt_digest_init(&d);
+    ckpt_digest_values(&d, ds->data, (size_t)n, elem);
+    dig->v[dig->rows++] = (int64_t)ckpt_digest_final(&d);
 }
+
+static const ckpt_id base_id = {0x0123456789abcdefULL, 0xfedcba9876543210ULL};
 
 static void make_base(spec *s) {
     memset(s, 0, sizeof *s);
@@ -168,6 +179,13 @@ static void make_base(spec *s) {
     snprintf(s->attrs[A_LIBVER].s, sizeof s->attrs[A_LIBVER].s, "%s", FSDP_VERSION_STRING);
     s->attrs[A_VERSION].i = FSDP_CKPT_FORMAT_VERSION;
     s->attrs[A_STEP].i = 7, s->attrs[A_OPTIM].i = 0, s->attrs[A_WORLD].i = WORLD;
+    ckpt_id_format(base_id, s->attrs[A_ID].s);
+    s->tables[T_HEADER] = (table){
+        .present = true,
+        .rows = 1,
+        .cols = CKPT_HEADER_COLS,
+        .v = {FSDP_CKPT_FORMAT_VERSION, 7, 0, WORLD, (int64_t)base_id.hi, (int64_t)base_id.lo}};
+    s->tables[T_DIGESTS] = (table){.present = true, .cols = 1};
     for (int b = 0; b < N_BLOBS; b++) s->blobs[b].present = true;
     memcpy(s->blobs[B_LAYOUT].b, "1x1 fuzz", s->blobs[B_LAYOUT].len = 8);
     memcpy(s->blobs[B_CONFIG].b, "[model]\nkind = mlp\n", s->blobs[B_CONFIG].len = 19);
@@ -410,9 +428,12 @@ static void mutate(input *in, spec *s) {
             s->file_mode[f] = (int)(u8(in) % 4), s->file_arg[f] = u32(in);
             break;
         }
-        case 8:
-            if (u8(in) % 16 == 5) s->commit = false;
+        case 8: {
+            unsigned c = u8(in) % 16;
+            if (c == 5) s->commit = false;
+            if (c >= 12) s->shard_bind[u8(in) % WORLD] = 1 + (int)(c - 12);
             break;
+        }
         default:
             if (s->n_raw < 8 && g.raw_percent > 0) {
                 s->raw[s->n_raw].file = (int)(u8(in) % (WORLD + 1));
@@ -517,7 +538,7 @@ static void write_metadata(const spec *s) {
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (f < 0) return;
     for (int a = 0; a < N_ATTRS; a++)
-        write_attr(f, attr_names[a], &s->attrs[a], a != A_FORMAT && a != A_LIBVER);
+        write_attr(f, attr_names[a], &s->attrs[a], a != A_FORMAT && a != A_LIBVER && a != A_ID);
     for (int b = 0; b < N_BLOBS; b++) write_blob(f, blob_names[b], &s->blobs[b]);
     for (int t = 0; t < N_TABLES; t++) write_table(f, table_names[t], &s->tables[t]);
     H5Fclose(f);
@@ -695,6 +716,14 @@ static void write_spec(const spec *s) {
     for (int r = 0; r < WORLD; r++) {
         ckpt_shard_path(g.dir, r, path, sizeof path);
         hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+        int mode = s->shard_bind[r];
+        ckpt_id id = mode == 1 ? (ckpt_id){base_id.hi, base_id.lo + 1} : base_id;
+        if (f >= 0 && (mode == 0 || mode == 1 || mode == 3)) {
+            char text[CKPT_ID_CHARS + 1];
+            ckpt_id_format(id, text);
+            h5_attr_write_str(g.ctx, f, CKPT_ID_ATTR, text);
+        }
+        if (f >= 0 && mode != 4) h5_attr_write_i64(g.ctx, f, CKPT_RANK_ATTR, mode == 3 ? r + 1 : r);
         for (int i = 0; f >= 0 && i < s->n_ds; i++)
             if (s->ds[i].file == r) write_dset(f, &s->ds[i]);
         if (f >= 0) H5Fclose(f);
@@ -804,7 +833,9 @@ static void run_one(const uint8_t *data, size_t size) {
 }
 
 static int setup(void) {
-    if (fsdp_ctx_create(NULL, &g.ctx) != FSDP_OK) return 1;
+    /* quiet: a mutated format version makes every other input warn about format 1 */
+    if (fsdp_ctx_create(&(fsdp_ctx_options){.log_level = FSDP_LOG_ERROR}, &g.ctx) != FSDP_OK)
+        return 1;
     fsdp_ctx *ctx = g.ctx;
     if (fsdp_model_mlp_stacked(ctx, 1, &g.model) != FSDP_OK ||
         fsdp_adam_create(ctx, g.model, &(fsdp_adam_options){.lr = 1e-2}, &g.opt) != FSDP_OK ||
