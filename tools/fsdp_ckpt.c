@@ -6,7 +6,9 @@
  * Exit status: 0 success, 1 the command failed (or found a difference, or its output could not
  * be written), 2 bad command line. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
+#include <assert.h>
 #include <errno.h>
+#include <getopt.h> /* defines: getopt_long, struct option, optarg, optind, optopt */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,12 +34,99 @@ static const char *const usage_main =
     "                       directory as a checkpoint in D\n"
     "\n"
     "DIR is a checkpoint directory (step-XXXXXXXX) or a directory of checkpoints, whose newest\n"
-    "committed one is taken.\n"
+    "committed one is taken. Options go before or after the arguments, as --name VALUE or\n"
+    "--name=VALUE (or any unambiguous start of the name); \"--\" ends them.\n"
     "Exit status: 0 success, 1 failure (or a difference, or output that could not be\n"
     "written), 2 bad command line.\n";
 
 static bool is_help(const char *a) {
     return !strcmp(a, "--help") || !strcmp(a, "-h");
+}
+
+/* One long option of a command: --name VALUE sets *value, or --name (no value) sets *flag. */
+typedef struct opt_spec {
+    const char *name;
+    const char **value; /* NULL for a flag */
+    bool *flag;         /* NULL for an option with a value */
+} opt_spec;
+
+enum { MAX_OPTS = 8, OPT_BASE = 256 }; /* getopt_long's code for specs[i] is OPT_BASE + i */
+
+/* Prints "fsdp-ckpt CMD: PROBLEM" and cmd's usage; returns EXIT_USAGE. */
+static int usage_error(const char *cmd, const char *usage, const char *problem) {
+    fprintf(stderr, "fsdp-ckpt %s: %s\n%s", cmd, problem, usage);
+    return EXIT_USAGE;
+}
+
+/* The argument getopt_long refused (code c) as a problem for usage_error, into what. */
+static void refused_argument(int c, char **argv, const opt_spec *specs, char *what, size_t size) {
+    if (c == ':')
+        snprintf(what, size, "--%s needs a value", specs[optopt - OPT_BASE].name);
+    else if (optopt >= OPT_BASE) /* --flag=VALUE */
+        snprintf(what, size, "--%s takes no value", specs[optopt - OPT_BASE].name);
+    else if (optopt) /* an unknown short option */
+        snprintf(what, size, "unexpected argument '-%c'", optopt);
+    else
+        snprintf(what, size, "unexpected argument '%s'", argv[optind - 1]);
+}
+
+/* Parses the arguments of cmd (argv[0] is the command's name) with getopt_long: --help or -h,
+ * the n_specs options of specs (also as --name=VALUE), and at most max_pos positional
+ * arguments, into pos[0..] in their order (those not given stay as they were). Options and
+ * positional arguments mix in any order; after "--" every argument is positional. Returns -1
+ * when the command goes on, EXIT_OK after printing usage for --help, EXIT_USAGE after
+ * printing the problem and usage. */
+static int parse_args(const char *cmd, const char *usage, int argc, char **argv,
+                      const opt_spec *specs, int n_specs, const char **pos, int max_pos) {
+    assert(n_specs <= MAX_OPTS);
+    struct option longopts[MAX_OPTS + 2] = {{.name = "help", .has_arg = no_argument, .val = 'h'}};
+    for (int i = 0; i < n_specs; i++)
+        longopts[i + 1] = (struct option){
+            .name = specs[i].name,
+            .has_arg = specs[i].value ? required_argument : no_argument,
+            .val = OPT_BASE + i,
+        };
+    char what[300];
+    int n_pos = 0, c;
+    optind = 1;
+    /* "-": positional arguments come back in their place as code 1, whatever POSIXLY_CORRECT
+     * says; ":": getopt prints nothing and answers ':' for a missing value. */
+    while ((c = getopt_long(argc, argv, "-:h", longopts, NULL)) != -1) {
+        if (c == 'h') return printf("%s", usage), EXIT_OK;
+        if (c >= OPT_BASE && c < OPT_BASE + n_specs) {
+            const opt_spec *o = &specs[c - OPT_BASE];
+            if (o->value)
+                *o->value = optarg;
+            else
+                *o->flag = true;
+            continue;
+        }
+        if (c == 1 && n_pos < max_pos) {
+            pos[n_pos++] = optarg;
+            continue;
+        }
+        if (c == 1)
+            snprintf(what, sizeof what, "unexpected argument '%s'", optarg);
+        else
+            refused_argument(c, argv, specs, what, sizeof what);
+        return usage_error(cmd, usage, what);
+    }
+    for (; optind < argc; optind++) {
+        if (n_pos == max_pos) {
+            snprintf(what, sizeof what, "unexpected argument '%s'", argv[optind]);
+            return usage_error(cmd, usage, what);
+        }
+        pos[n_pos++] = argv[optind];
+    }
+    return -1;
+}
+
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* The arguments of a command that takes DIR and no option (inspect, verify), as parse_args. */
+static int parse_dir(const char *cmd, const char *usage, int argc, char **argv, const char **dir) {
+    int rc = parse_args(cmd, usage, argc, argv, NULL, 0, dir, 1);
+    return rc < 0 && !*dir ? usage_error(cmd, usage, "needs DIR") : rc;
 }
 
 static bool file_exists(const char *dir, const char *name) {
@@ -100,9 +189,10 @@ static const char *const usage_inspect =
     "and their ratio, then the totals.\n";
 
 static int cmd_inspect(fsdp_ctx *ctx, int argc, char **argv) {
-    if (argc == 2 && is_help(argv[1])) return printf("%s", usage_inspect), EXIT_OK;
-    if (argc != 2) return fprintf(stderr, "%s", usage_inspect), EXIT_USAGE;
-    fsdp_ckpt *ck = open_arg(ctx, "inspect", argv[1]);
+    const char *dir = NULL;
+    int parsed = parse_dir("inspect", usage_inspect, argc, argv, &dir);
+    if (parsed >= 0) return parsed;
+    fsdp_ckpt *ck = open_arg(ctx, "inspect", dir);
     if (!ck) return EXIT_FAILED;
     printf("step:             %lld\n", (long long)fsdp_ckpt_step(ck));
     printf("optimizer steps:  %lld\n", (long long)fsdp_ckpt_optim_steps(ck));
@@ -184,9 +274,10 @@ static int verify_shards(fsdp_ctx *ctx, fsdp_ckpt *ck, bool *bad) {
 }
 
 static int cmd_verify(fsdp_ctx *ctx, int argc, char **argv) {
-    if (argc == 2 && is_help(argv[1])) return printf("%s", usage_verify), EXIT_OK;
-    if (argc != 2) return fprintf(stderr, "%s", usage_verify), EXIT_USAGE;
-    fsdp_ckpt *ck = open_arg(ctx, "verify", argv[1]);
+    const char *dir = NULL;
+    int parsed = parse_dir("verify", usage_verify, argc, argv, &dir);
+    if (parsed >= 0) return parsed;
+    fsdp_ckpt *ck = open_arg(ctx, "verify", dir);
     if (!ck) return EXIT_FAILED;
     bool *bad_shard = calloc((size_t)fsdp_ckpt_world_size(ck) + 1, 1);
     if (!bad_shard) return fsdp_ckpt_close(ck), fprintf(stderr, "out of memory\n"), EXIT_FAILED;
@@ -311,30 +402,24 @@ static bool diff_tensor(fsdp_ctx *ctx, fsdp_ckpt *a, fsdp_ckpt *b, int t, int wi
 
 static bool parse_tol(const char *flag, const char *v, double *out) {
     char *end;
-    *out = v ? strtod(v, &end) : -1.0;
-    if (v && *v && !*end && *out >= 0.0 && isfinite(*out)) return true;
+    *out = strtod(v, &end);
+    if (*v && !*end && *out >= 0.0 && isfinite(*out)) return true;
     fprintf(stderr, "fsdp-ckpt diff: %s wants a number >= 0, e.g. %s 1e-6\n%s", flag, flag,
             usage_diff);
     return false;
 }
 
 static int cmd_diff(fsdp_ctx *ctx, int argc, char **argv) {
-    const char *pa = NULL, *pb = NULL;
-    double rtol = 0.0, atol = 0.0;
-    for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i])) return printf("%s", usage_diff), EXIT_OK;
-        if (!strcmp(argv[i], "--rtol") || !strcmp(argv[i], "--atol")) {
-            double *dst = argv[i][2] == 'r' ? &rtol : &atol;
-            if (!parse_tol(argv[i], i + 1 < argc ? argv[i + 1] : NULL, dst)) return EXIT_USAGE;
-            i++;
-        } else if (argv[i][0] == '-' || (pa && pb)) {
-            fprintf(stderr, "fsdp-ckpt diff: unexpected argument '%s'\n%s", argv[i], usage_diff);
-            return EXIT_USAGE;
-        } else {
-            *(pa ? &pb : &pa) = argv[i];
-        }
-    }
-    if (!pb) return fprintf(stderr, "fsdp-ckpt diff: needs A and B\n%s", usage_diff), EXIT_USAGE;
+    const char *pos[2] = {NULL, NULL}, *rtol_arg = "0", *atol_arg = "0";
+    const opt_spec specs[] = {{.name = "rtol", .value = &rtol_arg},
+                              {.name = "atol", .value = &atol_arg}};
+    int parsed = parse_args("diff", usage_diff, argc, argv, specs, COUNT(specs), pos, 2);
+    if (parsed >= 0) return parsed;
+    double rtol, atol;
+    if (!parse_tol("--rtol", rtol_arg, &rtol) || !parse_tol("--atol", atol_arg, &atol))
+        return EXIT_USAGE;
+    const char *pa = pos[0], *pb = pos[1];
+    if (!pb) return usage_error("diff", usage_diff, "needs A and B");
     fsdp_ckpt *a = open_arg(ctx, "diff", pa), *b = a ? open_arg(ctx, "diff", pb) : NULL;
     if (!b) return fsdp_ckpt_close(a), EXIT_FAILED;
     int width = 4, differ = 0, missing = 0;
@@ -394,24 +479,12 @@ static bool ends_with(const char *s, const char *suffix) {
 static int cmd_export(fsdp_ctx *ctx, int argc, char **argv) {
     const char *dir = NULL, *out = NULL, *compress = "none", *format = NULL;
     bool with_optim = false;
-    for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i])) return printf("%s", usage_export), EXIT_OK;
-        const char **opt = !strcmp(argv[i], "--out")        ? &out
-                           : !strcmp(argv[i], "--compress") ? &compress
-                           : !strcmp(argv[i], "--format")   ? &format
-                                                            : NULL;
-        if (opt && i + 1 < argc) {
-            *opt = argv[++i];
-        } else if (!strcmp(argv[i], "--with-optim")) {
-            with_optim = true;
-        } else if (argv[i][0] != '-' && !dir) {
-            dir = argv[i];
-        } else {
-            fprintf(stderr, "fsdp-ckpt export: unexpected argument '%s'\n%s", argv[i],
-                    usage_export);
-            return EXIT_USAGE;
-        }
-    }
+    const opt_spec specs[] = {{.name = "out", .value = &out},
+                              {.name = "compress", .value = &compress},
+                              {.name = "format", .value = &format},
+                              {.name = "with-optim", .flag = &with_optim}};
+    int parsed = parse_args("export", usage_export, argc, argv, specs, COUNT(specs), &dir, 1);
+    if (parsed >= 0) return parsed;
     bool hf = format && !strcmp(format, "hf");
     bool h5 = !hf && out && (ends_with(out, ".h5") || ends_with(out, ".hdf5"));
     bool st = !hf && out && ends_with(out, ".safetensors");
@@ -428,7 +501,7 @@ static int cmd_export(fsdp_ctx *ctx, int argc, char **argv) {
         : !h5 && zstd                       ? "safetensors has no compression: drop --compress zstd"
         : hf && with_optim ? "a Hugging Face model holds no optimizer state: drop --with-optim"
                            : NULL;
-    if (problem) return fprintf(stderr, "fsdp-ckpt export: %s\n%s", problem, usage_export), 2;
+    if (problem) return usage_error("export", usage_export, problem);
     fsdp_ckpt *ck = open_arg(ctx, "export", dir);
     if (!ck) return EXIT_FAILED;
     fsdp_ckpt_export_options o = {.with_optim = with_optim, .zstd_level = zstd ? 3 : 0};
@@ -464,23 +537,12 @@ static const char *const usage_import =
 
 static int cmd_import(fsdp_ctx *ctx, int argc, char **argv) {
     const char *file = NULL, *out = NULL, *compress = "zstd", *dtype = "f32", *step = "0";
-    for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i])) return printf("%s", usage_import), EXIT_OK;
-        const char **opt = !strcmp(argv[i], "--out")        ? &out
-                           : !strcmp(argv[i], "--compress") ? &compress
-                           : !strcmp(argv[i], "--dtype")    ? &dtype
-                           : !strcmp(argv[i], "--step")     ? &step
-                                                            : NULL;
-        if (opt && i + 1 < argc) {
-            *opt = argv[++i];
-        } else if (argv[i][0] != '-' && !file) {
-            file = argv[i];
-        } else {
-            fprintf(stderr, "fsdp-ckpt import: unexpected argument '%s'\n%s", argv[i],
-                    usage_import);
-            return EXIT_USAGE;
-        }
-    }
+    const opt_spec specs[] = {{.name = "out", .value = &out},
+                              {.name = "compress", .value = &compress},
+                              {.name = "dtype", .value = &dtype},
+                              {.name = "step", .value = &step}};
+    int parsed = parse_args("import", usage_import, argc, argv, specs, COUNT(specs), &file, 1);
+    if (parsed >= 0) return parsed;
     char *end;
     long long n = strtoll(step, &end, 10);
     const char *problem =
@@ -490,7 +552,7 @@ static int cmd_import(fsdp_ctx *ctx, int argc, char **argv) {
         : strcmp(compress, "none") && strcmp(compress, "zstd") ? "--compress is none or zstd"
         : strcmp(dtype, "f32") && strcmp(dtype, "keep")        ? "--dtype is f32 or keep"
                                                                : NULL;
-    if (problem) return fprintf(stderr, "fsdp-ckpt import: %s\n%s", problem, usage_import), 2;
+    if (problem) return usage_error("import", usage_import, problem);
     fsdp_ckpt_import_options o = {
         .step = n,
         .dtype = strcmp(dtype, "keep") ? FSDP_CKPT_IMPORT_TO_F32 : FSDP_CKPT_IMPORT_KEEP,
