@@ -1,11 +1,13 @@
 # The two commands of the README: `make train` and `make test`. Each installs what is missing,
-# configures and builds, then trains or runs every test. Other targets are for developers.
+# configures and builds what it runs (the trainer alone, or everything), then trains or runs
+# every test. Other targets are for developers.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 CONFIG     ?= examples/digits.ini
+PREFIX     ?= /usr/local
 
 .PHONY: all deps configure build train test sanitize-build test-sanitize test-tsan fuzz-config \
 	bench bench-mpi bench-scaling install format clean
@@ -23,7 +25,9 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-train: build
+# Builds only the trainer (the library and fsdp-train, not the tests and benchmarks), then trains.
+train: configure
+	cmake --build $(BUILD) -j $(JOBS) --target fsdp-train
 	$(BUILD)/fsdp-train --config $(CONFIG)
 
 test: build
@@ -84,8 +88,9 @@ bench-overlap: build
 	OPENBLAS_NUM_THREADS=1 mpirun -np $(NP) --oversubscribe $(MPIRUN_FLAGS) \
 	    $(BUILD)/bench/bench_ddp_overlap
 
+# Into PREFIX (default /usr/local, as CMake's), e.g. make install PREFIX=$HOME/.local
 install: build
-	cmake --install $(BUILD)
+	cmake --install $(BUILD) --prefix "$(PREFIX)"
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
