@@ -1498,6 +1498,65 @@ static void test_bad_arguments(void) {
     FSDP_TEST_OK(fsdp_test_run_world(1, 5000, bad_args_body, NULL));
 }
 
+/* Integers move exactly: 64-bit values beyond every float's mantissa through
+ * fsdp_all_gather_u64 (2 i32 per value), i32 tensors through broadcast and all_to_all; the
+ * reductions refuse i32, naming the collectives that take it. */
+static fsdp_status integers_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    enum { N = 3 };
+    uint64_t mine[N] = {UINT64_MAX - (uint64_t)rank, ((uint64_t)rank << 53) | 1u,
+                        0x8000000000000001ull ^ (uint64_t)rank};
+    uint64_t all[N * 8];
+    FSDP_TRY(fsdp_all_gather_u64(ctx, NULL, mine, N, all));
+    for (int r = 0; r < W; r++) {
+        FSDP_RANK_CHECK(ctx, all[r * N] == UINT64_MAX - (uint64_t)r, "value 0 of rank %d", r);
+        FSDP_RANK_CHECK(ctx, all[r * N + 1] == (((uint64_t)r << 53) | 1u), "value 1 of rank %d", r);
+        FSDP_RANK_CHECK(ctx, all[r * N + 2] == (0x8000000000000001ull ^ (uint64_t)r),
+                        "value 2 of rank %d", r);
+    }
+    FSDP_TRY(fsdp_all_gather_u64(ctx, NULL, mine, 0, all)); // nothing to gather
+    fsdp_tensor *t = NULL, *a = NULL, *b = NULL;
+    const int64_t n = 2 * W;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 1, &n, &t);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 1, &n, &a);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 1, &n, &b);
+    int32_t *pt = st == FSDP_OK ? fsdp_tensor_data(t) : NULL, *pa = NULL, *pb = NULL;
+    if (pt) {
+        pa = fsdp_tensor_data(a), pb = fsdp_tensor_data(b);
+        for (int64_t i = 0; i < n; i++) {
+            pt[i] = rank == W - 1 ? INT32_MIN + (int32_t)i : 0;
+            pa[i] = rank * 1000 + (int32_t)i; // piece i / 2 goes to rank i / 2
+        }
+        st = fsdp_broadcast(ctx, NULL, t, W - 1);
+    }
+    for (int64_t i = 0; st == FSDP_OK && i < n; i++)
+        FSDP_RANK_CHECK(ctx, pt[i] == INT32_MIN + (int32_t)i, "broadcast element %lld",
+                        (long long)i);
+    if (st == FSDP_OK) st = fsdp_all_to_all(ctx, NULL, b, a, 0, 0);
+    for (int64_t i = 0; st == FSDP_OK && i < n; i++) // from rank i / 2, its piece `rank`
+        FSDP_RANK_CHECK(ctx, pb[i] == (int32_t)(i / 2) * 1000 + 2 * rank + (int32_t)(i % 2),
+                        "all_to_all element %lld", (long long)i);
+    if (st == FSDP_OK) {
+        fsdp_status refused = fsdp_all_reduce(ctx, NULL, t, FSDP_REDUCE_SUM);
+        FSDP_RANK_CHECK(ctx,
+                        refused == FSDP_ERR_DTYPE &&
+                            strstr(fsdp_last_error(ctx), "i32 only moves in all_gather"),
+                        "all_reduce of i32: %s", fsdp_last_error(ctx));
+        fsdp_clear_error(ctx);
+        st = fsdp_barrier(ctx, NULL); // the group is still usable
+    }
+    fsdp_tensor_free(t);
+    fsdp_tensor_free(a);
+    fsdp_tensor_free(b);
+    return st;
+}
+
+static void test_integers_exact(void) {
+    for (int i = 0; i < N_WORLD_SIZES; i++)
+        FSDP_TEST_OK(fsdp_test_run_world(world_sizes[i], 20000, integers_body, NULL));
+}
+
 static void test_world_errors(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_world *w = NULL;
@@ -1846,6 +1905,7 @@ int main(int argc, char **argv) {
         {"timeout_names_missing_rank", test_timeout_names_missing_rank},
         {"returned_rank_fails_peers", test_returned_rank_fails_peers},
         {"bad_arguments", test_bad_arguments},
+        {"integers_exact", test_integers_exact},
         {"world_errors", test_world_errors},
         {"world_runs", test_world_runs},
         {"rank_sets_own_message", test_rank_sets_own_message},

@@ -205,7 +205,8 @@ void fsdp_chunk_range(int64_t n, int parts, int index, int64_t *offset, int64_t 
 /* ---- collectives ----
  * Every rank of the group calls the same collective with the same global shape, dtype and
  * parameters, in the same order. group NULL means the world group. Tensors are CPU, f32, bf16
- * or f16, the same dtype for input and output; dims may be negative (counted from the end). A
+ * or f16 (the collectives that only copy, all_gather, broadcast and all_to_all, also i32, bit
+ * for bit), the same dtype for input and output; dims may be negative (counted from the end). A
  * tensor on a device is refused (FSDP_ERR_DEVICE): the local and mpi backends move CPU tensors
  * only in this version.
  * Reductions run in rank order 0..W-1 in f32 (bf16 and f16 are widened exactly, reduced, then
@@ -233,8 +234,8 @@ const char *fsdp_reduce_op_to_string(fsdp_reduce_op op); /* "sum", "avg", "max" 
 fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
                             const fsdp_tensor *in, int dim);
 /* out[r * n + i] = in[i] of group rank r: n 64-bit integers per rank, gathered exactly (one
- * all_gather of f32 carrying 22 bits each, counted by comm-debug as such). For metadata such as
- * hashes and sizes; group NULL is the world group. */
+ * all_gather of 2n i32 elements per rank, their bits copied, counted by comm-debug as such). For
+ * metadata such as hashes and sizes; group NULL is the world group. */
 fsdp_status fsdp_all_gather_u64(fsdp_ctx *ctx, fsdp_group *group, const uint64_t *in, int64_t n,
                                 uint64_t *out);
 /* out = rank r's chunk along `dim` of the reduction over ranks of `in` (full shape on every

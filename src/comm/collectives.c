@@ -90,16 +90,26 @@ static fsdp_status reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op, fsdp_st
  * not carry, or a device other than the one the backend moves (the local and mpi backends:
  * the CPU; a device tensor is refused rather than read through its pointer), fails this rank,
  * and reject() makes its peers fail naming it. */
+/* Whether op only copies its elements (no arithmetic): those also move i32 tensors (token ids,
+ * integer metadata), bit for bit. */
+static bool copies_only(fsdp_comm_op op) {
+    return op == FSDP_COMM_ALL_GATHER || op == FSDP_COMM_BROADCAST || op == FSDP_COMM_ALL_TO_ALL;
+}
+
 static fsdp_status check_tensor(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
                                 const fsdp_tensor *t, const char *what) {
     const char *name = fsdp_comm_op_to_string(op);
     if (!t)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s on group %s: the %s tensor is NULL",
                          name, g->desc, what);
-    if (t->dtype != FSDP_DTYPE_F32 && t->dtype != FSDP_DTYPE_BF16 && t->dtype != FSDP_DTYPE_F16)
-        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
-                         "%s on group %s: the %s tensor is %s; use f32, bf16 or f16", name, g->desc,
-                         what, fsdp_dtype_to_string(t->dtype));
+    bool floats =
+        t->dtype == FSDP_DTYPE_F32 || t->dtype == FSDP_DTYPE_BF16 || t->dtype == FSDP_DTYPE_F16;
+    if (!floats && !(t->dtype == FSDP_DTYPE_I32 && copies_only(op)))
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "%s on group %s: the %s tensor is %s; use %s", name,
+                         g->desc, what, fsdp_dtype_to_string(t->dtype),
+                         copies_only(op) ? "f32, bf16, f16 or i32"
+                                         : "f32, bf16 or f16 (i32 only moves in all_gather, "
+                                           "broadcast and all_to_all)");
     fsdp_device dev = fsdp_tensor_device(t);
     const fsdp_comm_backend_i *be = &g->world->backend.iface;
     if (dev.type == be->device) return FSDP_OK;
@@ -272,39 +282,27 @@ fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     return issue(ctx, &c, check_all_gather, run_all_gather);
 }
 
-/* A u64 travels as U64_FLOATS f32 integers of 22 bits each, exact in f32 whatever the backend
- * does with floats it only copies. */
-#define U64_FLOATS 3
-
+/* A u64 travels as two i32 elements, its bits copied as they are. */
 fsdp_status fsdp_all_gather_u64(fsdp_ctx *ctx, fsdp_group *group, const uint64_t *in, int64_t n,
                                 uint64_t *out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, in);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_TRY(resolve(ctx, &group, FSDP_COMM_ALL_GATHER));
-    if (n < 0 || (n && (!in || !out)) || n > INT64_MAX / U64_FLOATS / group->size)
+    if (n < 0 || n > INT64_MAX / 2 / group->size)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_all_gather_u64 on group %s: %lld values at %p -> %p", group->desc,
-                         (long long)n, (const void *)in, (void *)out);
-    int64_t mine = n * U64_FLOATS, all = mine * group->size;
+                         "fsdp_all_gather_u64 on group %s: %lld values (use 0 or more, and fewer "
+                         "than fit a tensor)",
+                         group->desc, (long long)n);
+    int64_t mine = 2 * n, all = mine * group->size;
     fsdp_tensor *tin = NULL, *tout = NULL;
-    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &mine, &tin);
-    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &all, &tout);
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 1, &mine, &tin);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 1, &all, &tout);
     if (st == FSDP_OK) {
-        float *p = fsdp_tensor_f32(tin);
-        for (int64_t i = 0; i < n; i++)
-            for (int j = 0; j < U64_FLOATS; j++)
-                p[i * U64_FLOATS + j] = (float)((in[i] >> (22 * j)) & 0x3fffff);
+        if (n) memcpy(fsdp_tensor_data(tin), in, (size_t)n * sizeof *in);
         st = fsdp_all_gather(ctx, group, tout, tin, 0);
     }
-    if (st == FSDP_OK) {
-        const float *q = fsdp_tensor_f32(tout);
-        for (int64_t i = 0; i < n * group->size; i++) {
-            out[i] = 0;
-            for (int j = 0; j < U64_FLOATS; j++)
-                out[i] |= (uint64_t)q[i * U64_FLOATS + j] << (22 * j);
-        }
-    }
+    if (st == FSDP_OK && n) memcpy(out, fsdp_tensor_data(tout), (size_t)all * sizeof(int32_t));
     fsdp_tensor_free(tin);
     fsdp_tensor_free(tout);
     return st;
