@@ -134,10 +134,6 @@ void *sim_shadow(const void *p) {
     return p ? (char *)p + span : NULL;
 }
 
-size_t sim_window_span(void) {
-    return base ? span : 0;
-}
-
 /* ---- the memory of each device: free ranges, first fit ---- */
 
 typedef struct range {

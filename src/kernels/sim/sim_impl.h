@@ -14,7 +14,9 @@
 #include "kernels/sim/sim.h"
 
 #define SIM_MAX_DEVICES 16
-#define SIM_ALIGN       512 /* every block starts on this boundary, as cudaMalloc's do */
+#define SIM_STR_(x)     #x
+#define SIM_STR(x)      SIM_STR_(x) /* a macro's value as a string literal */
+#define SIM_ALIGN       512         /* every block starts on this boundary, as cudaMalloc's do */
 
 /* ---- the address window (memory.c) ----
  * One reservation of 2 x span bytes: the first half holds the device addresses (never
@@ -32,8 +34,6 @@ fsdp_status sim_window_ensure(fsdp_ctx *ctx);
 int sim_device_of(const void *p);
 /* The shadow address of a device address, for the streams' workers (NULL stays NULL). */
 void *sim_shadow(const void *p);
-/* The span between a device address and its shadow; 0 before the window exists. */
-size_t sim_window_span(void);
 /* Device memory in the first-fit sense of cudaMalloc: size (a multiple of SIM_ALIGN) bytes of
  * device d, or NULL when its capacity is used up. Fresh memory holds a NaN pattern (0xff
  * bytes), as uninitialised GPU memory holds garbage. */
@@ -93,8 +93,6 @@ void sim_event_record(sim_event *e, sim_stream *s);
 void sim_stream_wait_event(sim_stream *s, sim_event *e);
 void sim_event_sync(sim_event *e);
 bool sim_event_done(sim_event *e);
-/* The stream an event was last recorded on (NULL: never recorded). */
-const sim_stream *sim_event_stream(const sim_event *e);
 
 /* Runs and joins every stream still alive (the threads' default streams included), at exit. */
 void sim_streams_release(void);

@@ -408,7 +408,7 @@ static bool sim_event_query(int index, void *event) {
 static const fsdp_device_i sim_record = {
     .name = "sim",
     .device_count = sim_count,
-    .count_note = "FSDP_SIM_DEVICES sets how many, up to 16",
+    .count_note = "FSDP_SIM_DEVICES sets how many, up to " SIM_STR(SIM_MAX_DEVICES),
     .alloc = sim_alloc,
     .free = sim_free,
     .copy = sim_copy,

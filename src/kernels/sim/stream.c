@@ -335,10 +335,6 @@ bool sim_event_done(sim_event *e) {
     return done;
 }
 
-const sim_stream *sim_event_stream(const sim_event *e) {
-    return e->on;
-}
-
 void sim_stream_sync(sim_stream *s) {
     if (!s) return;
     sim_event e = {.device = s->device, .refs = 1};
