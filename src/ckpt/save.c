@@ -16,6 +16,7 @@
 #include "ckpt/dir.h"
 #include "ckpt/h5.h"
 #include "ckpt/state_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 
 /* A part of a held region that this rank writes: values of `box` (inside piece `piece` of
@@ -208,17 +209,12 @@ static fsdp_status exchange(fsdp_ctx *ctx, fsdp_group *g, job *jb, fsdp_status m
 
 typedef struct frag_list {
     frag *v;
-    int n, cap;
+    int n;
+    int64_t cap;
 } frag_list;
 
 static int frag_push(frag_list *l, frag f) {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 16;
-        frag *grown = realloc(l->v, (size_t)cap * sizeof *grown);
-        if (!grown) return 1;
-        l->v = grown;
-        l->cap = cap;
-    }
+    if (!fsdp_array_reserve((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v)) return 1;
     l->v[l->n++] = f;
     return 0;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ckpt/state_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 
 const char *fsdp_state_kind_to_string(fsdp_state_kind kind) {
@@ -32,13 +33,9 @@ static fsdp_status add_entry(fsdp_ctx *ctx, fsdp_state *st, const char *name,
             return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                              "two state entries are called '%s': rename a module or parameter",
                              name);
-    if (st->n_entries == st->cap_entries) {
-        int cap = st->cap_entries ? 2 * st->cap_entries : 16;
-        state_entry *grown = realloc(st->entries, (size_t)cap * sizeof *grown);
-        if (!grown) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list the state");
-        st->entries = grown;
-        st->cap_entries = cap;
-    }
+    if (!fsdp_array_reserve((void **)&st->entries, &st->cap_entries, st->n_entries + 1,
+                            sizeof *st->entries))
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list the state");
     state_entry *e = &st->entries[st->n_entries];
     *e = (state_entry){.kind = kind, .dtype = dtype, .ndim = ndim};
     memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
@@ -60,13 +57,9 @@ typedef struct emit_ctx {
 static int emit_piece(const region *box, void *user) {
     emit_ctx *ec = user;
     state_entry *e = ec->e;
-    if (e->n_pieces == e->cap_pieces) {
-        int cap = e->cap_pieces ? 2 * e->cap_pieces : 4;
-        state_piece *grown = realloc(e->pieces, (size_t)cap * sizeof *grown);
-        if (!grown) return 1;
-        e->pieces = grown;
-        e->cap_pieces = cap;
-    }
+    if (!fsdp_array_reserve((void **)&e->pieces, &e->cap_pieces, e->n_pieces + 1,
+                            sizeof *e->pieces))
+        return 1;
     e->pieces[e->n_pieces++] = (state_piece){.box = *box, .src = ec->src, .elem = ec->elem};
     ec->elem += region_numel(box);
     return 0;

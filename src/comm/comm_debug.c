@@ -8,6 +8,7 @@
 #include <time.h> // defines: clock_gettime
 
 #include "comm/comm_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 
 fsdp_comm_phase fsdp_comm_phase_of(const fsdp_ctx *ctx) {
@@ -47,15 +48,9 @@ fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_o
             row = r;
     }
     if (!row) {
-        if (d->n_rows == d->cap_rows) {
-            int cap = d->cap_rows ? 2 * d->cap_rows : 16;
-            fsdp_comm_debug_row *rows = realloc(d->rows, (size_t)cap * sizeof *rows);
-            if (!rows)
-                return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "comm-debug: cannot grow to %d rows",
-                                 cap);
-            d->rows = rows;
-            d->cap_rows = cap;
-        }
+        if (!fsdp_array_reserve((void **)&d->rows, &d->cap_rows, d->n_rows + 1, sizeof *d->rows))
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "comm-debug: cannot grow to %d rows",
+                             d->n_rows + 1);
         char *name = strdup(module);
         if (!name)
             return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "comm-debug: cannot copy a module name");

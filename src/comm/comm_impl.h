@@ -191,7 +191,8 @@ typedef struct fsdp_comm_debug_row {
 typedef struct fsdp_comm_debug {
     bool active;
     fsdp_comm_debug_row *rows;
-    int n_rows, cap_rows;
+    int n_rows;
+    int64_t cap_rows;
     int last_row;     /* the row of the collective noted last, which fsdp_comm_debug_timed times */
     unsigned session; /* counts fsdp_comm_debug_begin calls: rows of an earlier one are gone */
 } fsdp_comm_debug;

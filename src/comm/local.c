@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "comm/comm_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 #include "core/prof_impl.h" // defines: fsdp_prof_now
 #include "core/tensor_impl.h"
@@ -54,9 +55,9 @@ struct local_group {
     fsdp_status poison_status;
     char poison_msg[FSDP_ERROR_MAX];
     /* Set by the judge for the current call, read by every member. */
-    const void **srcs; /* per member: its input data */
-    void *scratch;     /* all_reduce result */
-    size_t scratch_cap;
+    const void **srcs;         /* per member: its input data */
+    void *scratch;             /* all_reduce result */
+    int64_t scratch_cap;       /* bytes */
     local_group **split_group; /* split: per member, its new group (NULL for no color) */
     int *split_rank;
     struct shared_block *share_block; /* fsdp_group_share_shards: the block being shared */
@@ -210,18 +211,11 @@ static void judge(local_group *lg, const fsdp_group *g) {
     if (mine->op == FSDP_COMM_ALL_REDUCE &&
         fsdp_tensor_nbytes(mine->out) < ALL_REDUCE_IN_PLACE_BYTES) {
         size_t need = fsdp_tensor_nbytes(mine->out);
-        if (need > lg->scratch_cap) {
-            size_t cap = lg->scratch_cap ? lg->scratch_cap : 4096;
-            while (cap < need) cap *= 2;
-            void *p = realloc(lg->scratch, cap);
-            if (!p) {
-                set_verdict(lg, FSDP_ERR_OUT_OF_MEMORY,
-                            "all_reduce on group %s: cannot allocate %zu bytes of shared scratch",
-                            g->desc, cap);
-                return;
-            }
-            lg->scratch = p;
-            lg->scratch_cap = cap;
+        if (!fsdp_array_reserve(&lg->scratch, &lg->scratch_cap, (int64_t)need, 1)) {
+            set_verdict(lg, FSDP_ERR_OUT_OF_MEMORY,
+                        "all_reduce on group %s: cannot allocate %zu bytes of shared scratch",
+                        g->desc, need);
+            return;
         }
     }
 }

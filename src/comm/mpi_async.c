@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "comm/mpi_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 #include "core/tensor_impl.h"
 
@@ -34,7 +35,7 @@ struct mpi_work {
     const void **srcs;
     int cap_members;
     char *buf; /* the pieces received */
-    size_t cap_buf;
+    int64_t cap_buf;
     fsdp_status failed; /* detached by a failure: its status and message */
     char msg[FSDP_ERROR_MAX];
 };
@@ -110,13 +111,7 @@ static bool reserve(mpi_work *w, int W, size_t bytes) {
         if (!w->cap_members) return false;
         for (int m = 0; m < W; m++) w->call_ptrs[m] = &w->calls[m];
     }
-    if (bytes > w->cap_buf) {
-        char *b = realloc(w->buf, bytes);
-        if (!b) return false;
-        w->buf = b;
-        w->cap_buf = bytes;
-    }
-    return true;
+    return fsdp_array_reserve((void **)&w->buf, &w->cap_buf, (int64_t)bytes, 1);
 }
 
 fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,

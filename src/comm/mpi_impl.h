@@ -71,7 +71,8 @@ typedef struct mpi_reqs {
     int *member;
     bool *recv;
     int *done_idx;
-    int n, cap;
+    int n;
+    int64_t cap;        /* of the four arrays, which grow together */
     uint64_t group_seq; /* the call's number on its group when it is not the group's newest
                          * (a non-blocking call's), else 0 */
 } mpi_reqs;
@@ -126,11 +127,11 @@ struct mpi_group {
     int32_t *ready;   /* per member: its confirmation (confirm) */
     fsdp_call *calls; /* per member: decoded */
     const fsdp_call **call_ptrs;
-    const void **srcs; /* per member: its piece of a reduction */
-    mpi_reqs rq;       /* the requests of the current step of a blocking call */
-    mpi_work *works;   /* non-blocking all_reduces not yet complete, in start order */
-    void *scratch;     /* received and packed pieces */
-    size_t scratch_cap;
+    const void **srcs;   /* per member: its piece of a reduction */
+    mpi_reqs rq;         /* the requests of the current step of a blocking call */
+    mpi_work *works;     /* non-blocking all_reduces not yet complete, in start order */
+    void *scratch;       /* received and packed pieces */
+    int64_t scratch_cap; /* bytes */
     char msg[FSDP_ERROR_MAX];
 };
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "comm/mpi_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 
 /* "where: MPI_Comm_split failed: <MPI's text>"; `what` may be the call's text, of which the
@@ -312,20 +313,15 @@ static int gone_member(const fsdp_group *g, const mpi_group *mg, const mpi_reqs 
 
 /* ---- requests ---- */
 
+/* Room for `need` requests in each of rs's four arrays. */
 static bool grow_requests(mpi_reqs *rs, int need) {
-    if (need <= rs->cap) return true;
-    int cap = rs->cap ? rs->cap : 16;
-    while (cap < need) cap *= 2;
-    MPI_Request *reqs = realloc(rs->reqs, (size_t)cap * sizeof *reqs);
-    if (reqs) rs->reqs = reqs;
-    int *member = realloc(rs->member, (size_t)cap * sizeof *member);
-    if (member) rs->member = member;
-    bool *recv = realloc(rs->recv, (size_t)cap * sizeof *recv);
-    if (recv) rs->recv = recv;
-    int *idx = realloc(rs->done_idx, (size_t)cap * sizeof *idx);
-    if (idx) rs->done_idx = idx;
-    if (!reqs || !member || !recv || !idx) return false;
-    rs->cap = cap;
+    int64_t cap[4] = {rs->cap, rs->cap, rs->cap, rs->cap};
+    if (!fsdp_array_reserve((void **)&rs->reqs, &cap[0], need, sizeof *rs->reqs) ||
+        !fsdp_array_reserve((void **)&rs->member, &cap[1], need, sizeof *rs->member) ||
+        !fsdp_array_reserve((void **)&rs->recv, &cap[2], need, sizeof *rs->recv) ||
+        !fsdp_array_reserve((void **)&rs->done_idx, &cap[3], need, sizeof *rs->done_idx))
+        return false;
+    rs->cap = cap[0];
     return true;
 }
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/array.h"
 #include "core/error.h"
 #include "core/tensor_impl.h"
 #include "fsdp/dp_impl.h"
@@ -63,7 +64,7 @@ typedef struct chooser {
     fsdp_sharded *sh;
     fsdp_module **picked; /* modules that become nested units */
     int n_picked;
-    int cap;
+    int64_t cap;
 } chooser;
 
 static bool listed(const char *s, const char *const *list, int n) {
@@ -96,13 +97,8 @@ static fsdp_status choose(fsdp_ctx *ctx, chooser *c, fsdp_module *m, int64_t *le
                                     o->wrap_paths, o->n_wrap_paths) ||
                              (o->min_num_params > 0 && own >= o->min_num_params));
     if (wrap && own > 0) {
-        if (c->n_picked == c->cap) {
-            int cap = c->cap ? 2 * c->cap : 8;
-            fsdp_module **p = realloc(c->picked, (size_t)cap * sizeof *p);
-            if (!p) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list FSDP units");
-            c->picked = p;
-            c->cap = cap;
-        }
+        if (!fsdp_array_reserve((void **)&c->picked, &c->cap, c->n_picked + 1, sizeof *c->picked))
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list FSDP units");
         c->picked[c->n_picked++] = m;
         own = 0;
     }
