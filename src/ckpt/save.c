@@ -17,6 +17,7 @@
 #include "ckpt/h5.h"
 #include "ckpt/state_impl.h"
 #include "core/array.h"
+#include "core/clock.h"
 #include "core/error.h"
 
 /* A part of a held region that this rank writes: values of `box` (inside piece `piece` of
@@ -55,12 +56,6 @@ struct fsdp_ckpt_writer {
     double blocking;
     char last[4096];
 };
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- who writes what ---- */
 
@@ -569,7 +564,7 @@ fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state 
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, meta);
     FSDP_TRY(fsdp_ckpt_writer_wait(ctx, w));
-    double t0 = now_seconds();
+    double t0 = fsdp_clock_now();
     job *jb = calloc(1, sizeof *jb);
     if (!jb) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint save");
     fsdp_status s = prepare(ctx, w, jb, st, meta);
@@ -582,7 +577,7 @@ fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state 
             s = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "cannot start the checkpoint writer thread");
         if (s == FSDP_OK) {
             w->inflight = jb;
-            w->blocking = now_seconds() - t0;
+            w->blocking = fsdp_clock_now() - t0;
             return FSDP_OK;
         }
     }
@@ -594,7 +589,7 @@ fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state 
     fsdp_status c = commit(ctx, w, jb);
     jb->tctx = tctx;
     job_free(jb);
-    w->blocking = now_seconds() - t0;
+    w->blocking = fsdp_clock_now() - t0;
     return c;
 }
 

@@ -5,10 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h> // defines: clock_gettime
 
 #include "comm/comm_impl.h"
 #include "core/array.h"
+#include "core/clock.h"
 #include "core/error.h"
 
 fsdp_comm_phase fsdp_comm_phase_of(const fsdp_ctx *ctx) {
@@ -67,9 +67,7 @@ fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_o
 double fsdp_comm_debug_clock(const fsdp_ctx *ctx) {
     const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     if (!b || !b->debug.active) return 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return fsdp_clock_now();
 }
 
 void fsdp_comm_debug_timed(fsdp_ctx *ctx, double t0) {

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "comm/comm_impl.h"
+#include "core/clock.h"
 
 /* Message kinds. A tag is (run % RUN_TAGS) * TAG_KINDS + kind: messages left over from an
  * earlier run of the world (after a timeout) never match a later run's. The largest tag,
@@ -135,9 +136,11 @@ struct mpi_group {
     char msg[FSDP_ERROR_MAX];
 };
 
-static inline double now_s(clockid_t clock) {
+/* CLOCK_REALTIME seconds: a time other processes compare with theirs (mpi_note.finished).
+ * Durations and deadlines read the monotonic fsdp_clock_now. */
+static inline double realtime_s(void) {
     struct timespec t;
-    clock_gettime(clock, &t);
+    clock_gettime(CLOCK_REALTIME, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 

@@ -107,8 +107,8 @@ static void forensics(const fsdp_group *g, mpi_world *mw, const bool *missing, u
         fsdp_mpi_send_copy(mw, mw->comm, g->ranks[m], TAG_TRACE_ASK, &ask, sizeof ask);
         asked++;
     }
-    const double start = now_s(CLOCK_MONOTONIC);
-    for (int polls = 0; answered < asked && now_s(CLOCK_MONOTONIC) - start < 1e-3 * TRACE_ASK_MS;
+    const double start = fsdp_clock_now();
+    for (int polls = 0; answered < asked && fsdp_clock_now() - start < 1e-3 * TRACE_ASK_MS;
          polls++) {
         fsdp_mpi_serve_trace(mw); /* a member may be asking this rank at the same time */
         int flag = 0;
@@ -137,7 +137,7 @@ static void forensics(const fsdp_group *g, mpi_world *mw, const bool *missing, u
             polls = 0;
             continue;
         }
-        fsdp_mpi_back_off(polls, now_s(CLOCK_MONOTONIC) - start);
+        fsdp_mpi_back_off(polls, fsdp_clock_now() - start);
     }
     fsdp_trace_forensics(buf, size, group_seq, g->desc, g->size, g->ranks, missing, views,
                          TRACE_ASK_MS);
@@ -406,7 +406,7 @@ fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
 fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
                               int op, wait_kind kind) {
     mpi_world *mw = mg->mw;
-    const double start = now_s(CLOCK_MONOTONIC), limit = 1e-3 * mw->world->timeout_ms;
+    const double start = fsdp_clock_now(), limit = 1e-3 * mw->world->timeout_ms;
     const double every = fsdp_comm_log_every_s(mw->world->timeout_ms);
     double progress = start, next_check = start, gone_since = -1, warned = start;
     int open = rs->n;
@@ -420,7 +420,7 @@ fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
                      fsdp_last_error(ctx));
             return fsdp_mpi_fail_and_poison_set(ctx, mg, rs, FSDP_ERR_COMM, msg);
         }
-        double t = now_s(CLOCK_MONOTONIC);
+        double t = fsdp_clock_now();
         if (done == MPI_UNDEFINED) break;
         if (done > 0) {
             open -= done;
@@ -547,7 +547,7 @@ fsdp_status fsdp_mpi_arrive_judge(fsdp_ctx *ctx, const fsdp_group *g, mpi_group 
     }
     /* Peers that gave up on an earlier call (timed out, then poisoned the group) left their
      * calls of it behind; their poison notes follow them. */
-    for (double t0 = now_s(CLOCK_MONOTONIC); now_s(CLOCK_MONOTONIC) - t0 < SETTLE_S;)
+    for (double t0 = fsdp_clock_now(); fsdp_clock_now() - t0 < SETTLE_S;)
         if (receive_poison(mg)) return fsdp_mpi_fail_poisoned(ctx, g, mg, op);
     return FSDP_FAIL(ctx, st, "%s", mg->msg);
 }
