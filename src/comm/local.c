@@ -229,18 +229,6 @@ static void poison(local_group *lg, fsdp_status status, const char *msg) {
     pthread_cond_broadcast(&lg->cv);
 }
 
-static fsdp_status fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const local_group *lg,
-                                 int op) {
-    char msg[FSDP_ERROR_MAX];
-    fsdp_comm_failure f = {.kind = FSDP_FAILURE_POISONED,
-                           .op = op,
-                           .group_desc = g->desc,
-                           .poison_status = lg->poison_status,
-                           .poison_msg = lg->poison_msg};
-    fsdp_status st = fsdp_comm_failure_format(&f, msg, sizeof msg);
-    return FSDP_FAIL(ctx, st, "%s", msg);
-}
-
 /* The first member that has not entered stage `target` and whose function has returned, or
  * -1. */
 static int gone_member(const local_group *lg, uint64_t target) {
@@ -342,7 +330,8 @@ static fsdp_status wait_stage(fsdp_ctx *ctx, const fsdp_group *g, local_group *l
     bool timed_out = false;
     for (;;) {
         if (lg->stage >= target) return FSDP_OK;
-        if (lg->poisoned) return fail_poisoned(ctx, g, lg, op);
+        if (lg->poisoned)
+            return fsdp_comm_fail_poisoned(ctx, g, op, lg->poison_status, lg->poison_msg);
         int gone = gone_member(lg, target);
         if (gone >= 0) return fail_gone(ctx, g, lg, op, gone);
         if (timed_out) return fail_timeout(ctx, g, lg, op, target);
@@ -367,7 +356,7 @@ static fsdp_status rendezvous(fsdp_ctx *ctx, const fsdp_group *g, int op, const 
     pthread_mutex_lock(&lg->mu);
     fsdp_status st = FSDP_OK;
     if (lg->poisoned) {
-        st = fail_poisoned(ctx, g, lg, op);
+        st = fsdp_comm_fail_poisoned(ctx, g, op, lg->poison_status, lg->poison_msg);
     } else {
         if (post) lg->calls[g->rank] = post;
         uint64_t target = ++lg->entered[g->rank];

@@ -209,7 +209,8 @@ static fsdp_status check_live(fsdp_ctx *ctx, mpi_work *w) {
         return FSDP_FAIL(ctx, w->failed != FSDP_OK ? w->failed : FSDP_ERR_STATE, "%s", w->msg);
     if (!w->mg->poisoned) return FSDP_OK;
     mpi_group *mg = w->mg;
-    return fail_all_with(ctx, mg, fsdp_mpi_fail_poisoned(ctx, w->g, mg, OP));
+    return fail_all_with(ctx, mg,
+                         fsdp_comm_fail_poisoned(ctx, w->g, OP, mg->poison_status, mg->poison_msg));
 }
 
 fsdp_status fsdp_mpi_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) {

@@ -185,8 +185,6 @@ fsdp_status fsdp_mpi_fail_and_poison_set(fsdp_ctx *ctx, mpi_group *mg, mpi_reqs 
 void fsdp_mpi_abandon(mpi_reqs *rs);
 /* Marks the group unusable and tells its members, so that they fail at once. */
 void fsdp_mpi_poison(mpi_group *mg, fsdp_status status, const char *msg);
-/* Fails with the message of the failure that poisoned the group. */
-fsdp_status fsdp_mpi_fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, int op);
 /* Receives the exit notes that have arrived: their ranks' results go into the world. */
 void fsdp_mpi_receive_exit_notes(mpi_world *mw);
 /* Posts a receive (recv) or send of `bytes` at buf with group member `member`, into the

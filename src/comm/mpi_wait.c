@@ -146,18 +146,6 @@ static void forensics(const fsdp_group *g, mpi_world *mw, const bool *missing, u
 
 /* ---- failing: poison, timeouts, ranks that have gone ---- */
 
-fsdp_status fsdp_mpi_fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg,
-                                   int op) {
-    char msg[FSDP_ERROR_MAX];
-    fsdp_comm_failure f = {.kind = FSDP_FAILURE_POISONED,
-                           .op = op,
-                           .group_desc = g->desc,
-                           .poison_status = mg->poison_status,
-                           .poison_msg = mg->poison_msg};
-    fsdp_status st = fsdp_comm_failure_format(&f, msg, sizeof msg);
-    return FSDP_FAIL(ctx, st, "%s", msg);
-}
-
 /* Marks the group unusable and tells the other members, so that they fail at once. */
 void fsdp_mpi_poison(mpi_group *mg, fsdp_status status, const char *msg) {
     if (mg->poisoned) return;
@@ -432,7 +420,7 @@ fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
             next_check = t + 1e-3;
             if (receive_poison(mg)) {
                 fsdp_mpi_abandon(rs);
-                return fsdp_mpi_fail_poisoned(ctx, g, mg, op);
+                return fsdp_comm_fail_poisoned(ctx, g, op, mg->poison_status, mg->poison_msg);
             }
             fsdp_mpi_receive_exit_notes(mw);
             fsdp_mpi_serve_trace(mw);
@@ -517,7 +505,8 @@ fsdp_status fsdp_mpi_arrive_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *
                                  mpi_desc *descs, const fsdp_call *mine) {
     /* A poison note that has arrived may need a few rounds of MPI's progress to be seen. */
     for (int i = 0; i < ENTRY_PROBES && !mg->poisoned; i++) receive_poison(mg);
-    if (mg->poisoned) return fsdp_mpi_fail_poisoned(ctx, g, mg, mine->op);
+    if (mg->poisoned)
+        return fsdp_comm_fail_poisoned(ctx, g, mine->op, mg->poison_status, mg->poison_msg);
     fsdp_mpi_reap_sends(mg->mw);
     size_t len = encode(&descs[g->rank], mine);
     rs->n = 0;
@@ -543,12 +532,14 @@ fsdp_status fsdp_mpi_arrive_judge(fsdp_ctx *ctx, const fsdp_group *g, mpi_group 
          * data step must not start (a send of its still in flight could be read), and a call
          * without one (barrier, split) is settled by confirm. */
         for (int i = 0; i < ENTRY_PROBES && !mg->poisoned; i++) receive_poison(mg);
-        return mg->poisoned ? fsdp_mpi_fail_poisoned(ctx, g, mg, op) : FSDP_OK;
+        return mg->poisoned ? fsdp_comm_fail_poisoned(ctx, g, op, mg->poison_status, mg->poison_msg)
+                            : FSDP_OK;
     }
     /* Peers that gave up on an earlier call (timed out, then poisoned the group) left their
      * calls of it behind; their poison notes follow them. */
     for (double t0 = fsdp_clock_now(); fsdp_clock_now() - t0 < SETTLE_S;)
-        if (receive_poison(mg)) return fsdp_mpi_fail_poisoned(ctx, g, mg, op);
+        if (receive_poison(mg))
+            return fsdp_comm_fail_poisoned(ctx, g, op, mg->poison_status, mg->poison_msg);
     return FSDP_FAIL(ctx, st, "%s", mg->msg);
 }
 
