@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/tensor_impl.h"
 #include "fsdp/dp_impl.h"
+#include "fsdp/flat.h"
 #include "fsdp/shard_impl.h"
 #include "nn/nn.h"
 
@@ -288,6 +289,14 @@ static fsdp_status flat_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
 
 static const fsdp_module_ops flat_ops = {
     .kind = "FlatParams", .forward = flat_forward, .backward = flat_backward};
+
+bool fsdp_module_is_flat_params(const fsdp_module *m) {
+    return m && fsdp_nn_module_ops(m) == &flat_ops;
+}
+
+fsdp_sharded *fsdp_module_flat_params_owner(const fsdp_module *m) {
+    return fsdp_module_is_flat_params(m) ? fsdp_module_impl(m) : NULL;
+}
 
 /* Every parameter's place in its unit's flat buffer and in this rank's shard. */
 static fsdp_status make_segments(fsdp_ctx *ctx, fsdp_sharded *sh) {

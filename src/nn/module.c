@@ -84,6 +84,9 @@ void fsdp_module_free(fsdp_module *m) {
 void *fsdp_module_impl(const fsdp_module *m) {
     return m->impl;
 }
+const fsdp_module_ops *fsdp_nn_module_ops(const fsdp_module *m) {
+    return m->ops;
+}
 const char *fsdp_module_kind(const fsdp_module *m) {
     return m->ops->kind;
 }
