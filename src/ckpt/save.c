@@ -610,9 +610,9 @@ fsdp_status fsdp_ckpt_writer_create(fsdp_ctx *ctx, const char *dir, const fsdp_c
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, dir);
     FSDP_ARG_NOT_NULL(ctx, out);
-    if (!dir || !*dir || !out)
+    if (!*dir)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_ckpt_writer_create: a directory and out are required");
+                         "fsdp_ckpt_writer_create: dir is empty; name the checkpoint directory");
     fsdp_ckpt_options o = opts ? *opts : (fsdp_ckpt_options){0};
     if (o.zstd_level != FSDP_CKPT_NO_COMPRESSION && (o.zstd_level < 0 || o.zstd_level > 19))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,

@@ -231,10 +231,9 @@ fsdp_status fsdp_state_create(fsdp_ctx *ctx, const fsdp_state_sources *src, fsdp
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, src);
     FSDP_ARG_NOT_NULL(ctx, out);
-    if (!src || !src->model || !out)
+    if (!src->model)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_state_create: NULL argument (sources, sources->model and out are "
-                         "required)");
+                         "fsdp_state_create: sources->model is NULL (the model is required)");
     *out = NULL;
     fsdp_state *st = calloc(1, sizeof *st);
     if (!st) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a state");
@@ -293,7 +292,6 @@ fsdp_status fsdp_state_entry_get(fsdp_ctx *ctx, const fsdp_state *st, int i,
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_TRY(check_index(ctx, st, i, -1));
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_entry_get: NULL out");
     const state_entry *e = &st->entries[i];
     *out = (fsdp_state_entry){.name = e->name,
                               .param_name = e->param_name,
@@ -313,7 +311,6 @@ fsdp_status fsdp_state_region_get(fsdp_ctx *ctx, const fsdp_state *st, int i, in
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_TRY(check_index(ctx, st, i, k));
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_region_get: NULL out");
     *out = st->entries[i].pieces[k].box;
     return FSDP_OK;
 }
@@ -369,7 +366,6 @@ fsdp_status fsdp_state_read_region(fsdp_ctx *ctx, const fsdp_state *st, int i, i
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, dst);
     FSDP_TRY(check_index(ctx, st, i, k));
-    if (!dst) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_read_region: NULL dst");
     return state_piece_read(ctx, &st->entries[i], k, dst);
 }
 
@@ -379,7 +375,6 @@ fsdp_status fsdp_state_write_region(fsdp_ctx *ctx, const fsdp_state *st, int i, 
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, src);
     FSDP_TRY(check_index(ctx, st, i, k));
-    if (!src) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_write_region: NULL src");
     return state_piece_write(ctx, &st->entries[i], k, src);
 }
 

@@ -165,10 +165,9 @@ fsdp_status fsdp_comm_debug_record(fsdp_ctx *ctx, int i, fsdp_comm_record *out) 
     FSDP_ARG_NOT_NULL(ctx, out);
     const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     int n = b ? b->debug.n_rows : 0;
-    if (!out || i < 0 || i >= n)
+    if (i < 0 || i >= n)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_comm_debug_record: record %d does not exist (there are %d)%s", i, n,
-                         out ? "" : ", and out is NULL");
+                         "fsdp_comm_debug_record: record %d does not exist (there are %d)", i, n);
     const fsdp_comm_debug_row *r = &b->debug.rows[i];
     *out = (fsdp_comm_record){
         .op = r->op, .group = r->group, .module = r->module, .phase = r->phase, .count = r->count};
@@ -199,9 +198,8 @@ fsdp_status fsdp_comm_debug_print(fsdp_ctx *ctx, FILE *f) {
     }
     fsdp_comm_count total = fsdp_comm_debug_total(ctx);
     fsdp_comm_count barriers = fsdp_comm_debug_count(ctx, FSDP_COMM_BARRIER, NULL);
-    fprintf(f, "comm-debug, rank %d: %lld collectives, %lld bytes; barriers: %lld\n",
-            ctx ? ctx->rank : 0, (long long)total.calls, (long long)total.bytes,
-            (long long)barriers.calls);
+    fprintf(f, "comm-debug, rank %d: %lld collectives, %lld bytes; barriers: %lld\n", ctx->rank,
+            (long long)total.calls, (long long)total.bytes, (long long)barriers.calls);
     fprintf(f, "%-14s  %-*s  %-8s  %8s  %14s  %s\n", "op", group_w, "group", "phase", "calls",
             "bytes", "module");
     for (int i = 0; i < n; i++) {
@@ -237,8 +235,8 @@ fsdp_status fsdp_comm_debug_write_json(fsdp_ctx *ctx, FILE *f) {
     const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     int n = b ? b->debug.n_rows : 0;
     fsdp_comm_count total = fsdp_comm_debug_total(ctx);
-    fprintf(f, "{\"rank\":%d,\"total\":{\"calls\":%lld,\"bytes\":%lld},\"records\":[",
-            ctx ? ctx->rank : 0, (long long)total.calls, (long long)total.bytes);
+    fprintf(f, "{\"rank\":%d,\"total\":{\"calls\":%lld,\"bytes\":%lld},\"records\":[", ctx->rank,
+            (long long)total.calls, (long long)total.bytes);
     for (int i = 0; i < n; i++) {
         const fsdp_comm_debug_row *r = &b->debug.rows[i];
         fprintf(f, "%s{\"op\":\"%s\",\"group\":", i ? "," : "", fsdp_comm_op_to_string(r->op));

@@ -22,11 +22,10 @@ fsdp_status fsdp_module_create(fsdp_ctx *ctx, const fsdp_module_ops *ops, void *
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, ops);
     FSDP_ARG_NOT_NULL(ctx, out);
-    if (!ops || !ops->forward || !ops->backward || !ops->kind || !out) {
-        if (ops && ops->free_impl) ops->free_impl(impl);
+    if (!ops->forward || !ops->backward || !ops->kind) {
+        if (ops->free_impl) ops->free_impl(impl);
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_module_create: ops needs kind, forward and backward, and out must "
-                         "not be NULL");
+                         "fsdp_module_create: ops needs kind, forward and backward");
     }
     fsdp_module *m = calloc(1, sizeof *m);
     if (m) {
@@ -458,10 +457,6 @@ void fsdp_nn_param_set_manager(fsdp_param *p, const char *manager) {
     p->manager = manager;
 }
 
-const char *fsdp_nn_param_manager(const fsdp_param *p) {
-    return p->manager;
-}
-
 static fsdp_status find_managed(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     (void)ctx, (void)name;
     if (p->manager) {
@@ -487,7 +482,7 @@ fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, m);
     FSDP_ARG_NOT_NULL(ctx, fn);
-    if ((int)point < 0 || point >= FSDP_HOOK_POINT_COUNT || !fn) {
+    if ((int)point < 0 || point >= FSDP_HOOK_POINT_COUNT) {
         if (free_user) free_user(user);
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_module_add_hook: hook point %d or function invalid", (int)point);

@@ -44,7 +44,6 @@ void fsdp_nn_param_set_hook_applied(fsdp_param *p, bool on);
  * managed parameter's gradient is not zeroed by fsdp_module_zero_grad (refused, naming this
  * text), optimizers refuse it, and TP refuses to distribute it. */
 void fsdp_nn_param_set_manager(fsdp_param *p, const char *manager);
-const char *fsdp_nn_param_manager(const fsdp_param *p);
 /* FSDP_ERR_STATE naming `what`, the first managed parameter of m's subtree and its manager's
  * advice when there is one; FSDP_OK otherwise. Nothing is changed. */
 fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *what);

@@ -92,8 +92,9 @@ fsdp_status fsdp_tp_parallelize(fsdp_ctx *ctx, fsdp_module *root, const fsdp_mes
     FSDP_ARG_NOT_NULL(ctx, root);
     FSDP_ARG_NOT_NULL(ctx, mesh);
     if (n > 0) FSDP_ARG_NOT_NULL(ctx, plan);
-    if (!root || !mesh || (n > 0 && !plan) || n < 0)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tp_parallelize: NULL argument");
+    if (n < 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_tp_parallelize: n is %d; the plan's length is 0 or more", n);
     FSDP_TRY(fsdp_nn_check_on_cpu(ctx, root, "fsdp_tp_parallelize", "tensor parallelism",
                                   "parallelising it"));
     module_list *matches = calloc((size_t)n + 1, sizeof *matches);
