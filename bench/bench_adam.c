@@ -4,7 +4,7 @@
  * STREAM-style triad, a read of the four arrays, and Adam's own traffic without its arithmetic.
  * Adam must read p, g, m, v (16 B) and write p, m, v (12 B) per element: bytes/s = 28 n / time,
  * reported as a fraction of the best measured bandwidth. */
-#define _POSIX_C_SOURCE 200809L // clock_gettime, sysconf
+#define _POSIX_C_SOURCE 200809L // sysconf
 
 #include <pthread.h>
 #include <stdbool.h>

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h> // defines: nanosleep
 #include <unistd.h>
 
 #include "bench_util.h"

@@ -4,7 +4,6 @@
  * and reduce_scatter, where bytes is the full tensor (all_reduce: each rank's buffer;
  * all_gather: the gathered output; reduce_scatter: the input). The ceiling is this machine's
  * memcpy bandwidth, measured in the same run. */
-#define _POSIX_C_SOURCE 200809L // clock_gettime
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -3,7 +3,6 @@
  * bench/cuda_mlp.py times in PyTorch, so bench/cuda_mlp.sh can print their ratio.
  * Default: widths 4096-8192-8192-4096 (134 M parameters), batch 8192, ReLU.
  * Usage: bench_cuda_mlp [--widths a,b,c,...] [--batch N] [--steps N] [--mode f32|tf32|all] */
-#define _POSIX_C_SOURCE 200809L // clock_gettime
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,7 +6,6 @@
  * under mpirun. The schedules take turns, round after round (a fresh model each time), so that
  * a machine whose load changes affects them alike; the ratios are against the
  * buckets-after-backward row of the same run. */
-#define _POSIX_C_SOURCE 200809L // clock_gettime
 
 #include <stdbool.h>
 #include <stdio.h>

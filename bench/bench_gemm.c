@@ -1,7 +1,6 @@
 /* bench_gemm.c: sgemm through the CPU kernel table (fsdp_kernels_cpu()->gemm) against
  * cblas_sgemm called directly, in the same run: warm-up, then the median of --reps timed
  * repetitions of each, interleaved. GFLOP/s = 2 M N K / time; ratio = table / direct. */
-#define _POSIX_C_SOURCE 200809L // clock_gettime
 
 #include <cblas.h> // defines: cblas_sgemm, openblas_get_num_threads, openblas_get_config
 #include <errno.h>

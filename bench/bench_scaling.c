@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h> // defines: clock_gettime (the process's CPU time)
 #include <unistd.h>
 
 #include "bench_util.h"

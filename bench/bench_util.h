@@ -1,16 +1,15 @@
-/* bench_util.h: what every benchmark shares: a monotonic clock and the median of timings.
- * Include after defining _POSIX_C_SOURCE (for clock_gettime). */
+/* bench_util.h: what every benchmark shares: a monotonic clock (core's) and the median of
+ * timings. */
 #ifndef FSDP_BENCH_UTIL_H
 #define FSDP_BENCH_UTIL_H
 
 #include <stdlib.h>
-#include <time.h>
+
+#include "core/clock.h"
 
 /* Seconds on the monotonic clock. */
 static inline double bench_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return fsdp_clock_now();
 }
 
 static inline int bench_cmp_double(const void *a, const void *b) {

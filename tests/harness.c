@@ -1,7 +1,7 @@
 /* harness.c: the shared CUnit main, per-test context, skipped cases, tensor comparison, and the
  * multi-rank runner: rank threads of a local world, or under mpirun one rank per process of an
  * MPI world, with the processes agreeing on every case's result. */
-#define _POSIX_C_SOURCE 200809L // clock_gettime, nanosleep
+#define _POSIX_C_SOURCE 200809L // nanosleep
 #include "harness.h"
 
 #include <math.h>
@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "core/clock.h" // defines: fsdp_clock_now
 
 static fsdp_ctx *g_ctx;
 
@@ -282,9 +284,7 @@ fsdp_status fsdp_test_rank_close(fsdp_ctx *ctx, const char *what, const fsdp_ten
 }
 
 double fsdp_test_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    return fsdp_clock_now();
 }
 
 void fsdp_test_sleep_ms(long ms) {

@@ -99,7 +99,7 @@ fsdp_status fsdp_test_rank_close(fsdp_ctx *ctx, const char *what, const fsdp_ten
                                  const fsdp_tensor *want, double rtol, double atol,
                                  double *max_abs);
 
-/* CLOCK_MONOTONIC in seconds, for bounding a case's wall time. */
+/* CLOCK_MONOTONIC in seconds (core's fsdp_clock_now), for bounding a case's wall time. */
 double fsdp_test_now(void);
 /* Sleeps ms milliseconds (a rank computing, arriving late, ...). */
 void fsdp_test_sleep_ms(long ms);

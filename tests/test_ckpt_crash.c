@@ -37,14 +37,8 @@ typedef struct save_note {
     double t;
 } save_note;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void note_save(int64_t step, void *user) {
-    save_note n = {.step = step, .t = now()};
+    save_note n = {.step = step, .t = fsdp_test_now()};
     if (write(*(int *)user, &n, sizeof n) != (ssize_t)sizeof n) _exit(3);
 }
 

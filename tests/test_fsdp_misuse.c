@@ -1,7 +1,8 @@
 /* test_fsdp_misuse.c: the plausible mistakes with FSDP and replicate fail with a message that
  * names the fix, and leave the model and its gradients as they were: a data-parallel group
  * across tensor-parallel shards (given or defaulted), fsdp_module_zero_grad and an optimizer
- * on a wrapped model's own parameters, TP after FSDP, summon_full_params inside forward,
+ * on a wrapped model's own parameters, clipping a part of the shards alone, TP after FSDP,
+ * summon_full_params inside forward,
  * freeing the model before its FSDP state, a model on a device (FSDP and replicate run on CPU
  * tensors only in this version). Also PyTorch's gradient divide factors. */
 #include <stdlib.h>
@@ -226,6 +227,45 @@ static void test_own_params(void) {
     FSDP_TEST_OK(fsdp_test_run_world(2, 0, own_params_rank, NULL));
 }
 
+/* ---- clipping a part of the shards ---- */
+
+/* With use_orig_params the shards are a module tree; clip_grad_norm takes the whole of it (the
+ * norm needs every group that shards a part) and refuses a module under it. */
+static fsdp_status clip_part_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_module *m = NULL;
+    fsdp_sharded *sh = NULL;
+    snapshot s = {0};
+    fsdp_status st = build(ctx, &m);
+    static const char *paths[] = {"layers.1"};
+    if (st == FSDP_OK)
+        st = fsdp_fully_shard(ctx, m,
+                              &(fsdp_fully_shard_options){
+                                  .wrap_paths = paths, .n_wrap_paths = 1, .use_orig_params = true},
+                              &sh);
+    if (st == FSDP_OK) st = fwd_bwd(ctx, m, rank, 2);
+    fsdp_module *flat = sh ? fsdp_sharded_flat_params(sh) : NULL;
+    if (st == FSDP_OK) st = snapshot_take(ctx, flat, &s);
+    if (st == FSDP_OK) {
+        FSDP_RANK_CHECK(ctx, fsdp_module_num_children(flat) > 0, "no module under the shards");
+        EXPECT_FAIL(ctx, fsdp_clip_grad_norm(ctx, fsdp_module_child(flat, 0), 1.0, 2.0, NULL),
+                    FSDP_ERR_INVALID_ARGUMENT, "is an FSDP shard inside the optimizer's module",
+                    "fsdp_sharded_clip_grad_norm");
+        st = snapshot_check(ctx, flat, &s, "after the refused clip");
+    }
+    double norm = 0;
+    if (st == FSDP_OK) st = fsdp_clip_grad_norm(ctx, flat, 1e30, 2.0, &norm);
+    if (st == FSDP_OK) FSDP_RANK_CHECK(ctx, norm > 0, "the shards' gradient norm is %g", norm);
+    snapshot_free(&s);
+    fsdp_sharded_free(sh);
+    fsdp_module_free(m);
+    return st;
+}
+
+static void test_clip_part_of_shards(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, clip_part_rank, NULL));
+}
+
 /* ---- TP after FSDP ---- */
 
 static fsdp_status tp_after_rank(fsdp_ctx *ctx, int rank, void *user) {
@@ -411,6 +451,7 @@ int main(int argc, char **argv) {
         {"divide_factors", test_divide_factors},
         {"tp_group", test_tp_group},
         {"own_params", test_own_params},
+        {"clip_part_of_shards", test_clip_part_of_shards},
         {"tp_after_fsdp", test_tp_after_fsdp},
         {"summon_in_forward", test_summon_in_forward},
         {"free_model_first", test_free_model_first},

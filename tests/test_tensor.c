@@ -1,8 +1,10 @@
 /* test_tensor.c: fsdp_tensor creation, shapes, views and their ownership, resize, copy with
- * bf16 conversion, fill, and the error messages of bad input. */
+ * bf16 conversion, fill, and the error messages of bad input; core's growable array. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "core/array.h"
 #include "core/tensor_impl.h"
 #include "harness.h"
 
@@ -229,6 +231,31 @@ static void test_sizes_never_overflow(void) {
     fsdp_tensor_free(t);
 }
 
+/* fsdp_array_reserve keeps the elements, doubles the capacity, and refuses a byte count that
+ * overflows without touching the array. */
+static void test_array_reserve(void) {
+    int *a = NULL;
+    int64_t cap = 0;
+    CU_ASSERT_TRUE(fsdp_array_reserve((void **)&a, &cap, 0, sizeof *a));
+    CU_ASSERT_PTR_NULL(a);
+    CU_ASSERT_TRUE(fsdp_array_reserve((void **)&a, &cap, 1, sizeof *a));
+    CU_ASSERT_EQUAL(cap, 8);
+    for (int i = 0; i < 100; i++) {
+        CU_ASSERT_FATAL(fsdp_array_reserve((void **)&a, &cap, i + 1, sizeof *a));
+        a[i] = i;
+    }
+    CU_ASSERT_EQUAL(cap, 128);
+    for (int i = 0; i < 100; i++) CU_ASSERT_EQUAL(a[i], i);
+    int *before = a;
+    CU_ASSERT_TRUE(fsdp_array_reserve((void **)&a, &cap, 128, sizeof *a));
+    CU_ASSERT_PTR_EQUAL(a, before);
+    CU_ASSERT_FALSE(fsdp_array_reserve((void **)&a, &cap, INT64_MAX, sizeof *a));
+    CU_ASSERT_FALSE(fsdp_array_reserve((void **)&a, &cap, INT64_MAX / 2, 64));
+    CU_ASSERT_PTR_EQUAL(a, before);
+    CU_ASSERT_EQUAL(cap, 128);
+    free(a);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"create_shapes", test_create_shapes},
@@ -241,6 +268,7 @@ int main(int argc, char **argv) {
         {"from_blob", test_from_blob},
         {"status_and_log", test_status_and_log},
         {"log_levels", test_log_levels},
+        {"array_reserve", test_array_reserve},
     };
     return fsdp_test_run(argc, argv, "tensor", cases, sizeof cases / sizeof cases[0]);
 }

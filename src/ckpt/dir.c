@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 
 static fsdp_status make_dirs(fsdp_ctx *ctx, const char *dir) {
@@ -84,19 +85,14 @@ static long long *committed_steps(const char *dir, int *n) {
     DIR *d = opendir(dir);
     if (!d) return NULL;
     long long *steps = NULL;
-    int cap = 0;
+    int64_t cap = 0;
     struct dirent *de;
     char path[4400];
     while ((de = readdir(d))) {
         long long s = step_of(de->d_name, 0);
         snprintf(path, sizeof path, "%s/%s/%s", dir, de->d_name, CKPT_COMMIT);
         if (s < 0 || access(path, F_OK) != 0) continue;
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 16;
-            long long *grown = realloc(steps, (size_t)cap * sizeof *grown);
-            if (!grown) break;
-            steps = grown;
-        }
+        if (!fsdp_array_reserve((void **)&steps, &cap, *n + 1, sizeof *steps)) break;
         steps[(*n)++] = s;
     }
     closedir(d);

@@ -10,6 +10,7 @@
 #include "ckpt/h5.h"
 #include "ckpt/import_source.h"
 #include "ckpt/zstd_filter.h"
+#include "core/array.h"
 #include "core/error.h"
 
 /* H5Ovisit's callback and its object info changed in HDF5 1.12. */
@@ -26,7 +27,7 @@ typedef H5O_info_t obj_info;
 typedef struct visit {
     fsdp_ctx *ctx;
     import_source *src;
-    int cap;
+    int64_t cap; /* of src->tensors */
     fsdp_status status;
 } visit;
 
@@ -88,12 +89,9 @@ static void classify(hid_t ds, import_tensor *t) {
 static fsdp_status add_dataset(visit *v, const char *name) {
     import_source *src = v->src;
     fsdp_ctx *ctx = v->ctx;
-    if (src->n_tensors == v->cap) {
-        int cap = v->cap ? 2 * v->cap : 32;
-        import_tensor *grown = realloc(src->tensors, (size_t)cap * sizeof *grown);
-        if (!grown) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "import");
-        src->tensors = grown, v->cap = cap;
-    }
+    if (!fsdp_array_reserve((void **)&src->tensors, &v->cap, src->n_tensors + 1,
+                            sizeof *src->tensors))
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "import");
     import_tensor *t = &src->tensors[src->n_tensors];
     *t = (import_tensor){.numel = 1};
     if (strlen(name) >= sizeof t->name)

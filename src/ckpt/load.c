@@ -112,7 +112,7 @@ fsdp_status fsdp_ckpt_tensor_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, fsdp
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, ck);
     FSDP_ARG_NOT_NULL(ctx, out);
-    if (!ck || !out || t < 0 || t >= ck->meta.n_tensors)
+    if (t < 0 || t >= ck->meta.n_tensors)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "checkpoint tensor %d does not exist", t);
     const ckpt_tensor *x = &ck->meta.tensors[t];
     *out = (fsdp_ckpt_tensor){.name = x->name,
@@ -129,8 +129,7 @@ fsdp_status fsdp_ckpt_piece_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, int k
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, ck);
     FSDP_ARG_NOT_NULL(ctx, out);
-    if (!ck || !out || t < 0 || t >= ck->meta.n_tensors || k < 0 ||
-        k >= ck->meta.tensors[t].n_pieces)
+    if (t < 0 || t >= ck->meta.n_tensors || k < 0 || k >= ck->meta.tensors[t].n_pieces)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "checkpoint piece %d of tensor %d does "
                          "not exist",
@@ -182,8 +181,6 @@ fsdp_status fsdp_ckpt_piece_stored_bytes(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, in
     FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_ckpt_piece p;
     FSDP_TRY(fsdp_ckpt_piece_get(ctx, ck, t, k, &p));
-    if (!out)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_piece_stored_bytes: NULL");
     const char *name = ck->meta.tensors[t].name;
     char ds[FSDP_STATE_NAME_MAX + 32];
     ckpt_piece_dataset(name, p.id, ds, sizeof ds);

@@ -16,6 +16,8 @@
 #include "ckpt/dir.h"
 #include "ckpt/h5.h"
 #include "ckpt/state_impl.h"
+#include "core/array.h"
+#include "core/clock.h"
 #include "core/error.h"
 
 /* A part of a held region that this rank writes: values of `box` (inside piece `piece` of
@@ -54,12 +56,6 @@ struct fsdp_ckpt_writer {
     double blocking;
     char last[4096];
 };
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- who writes what ---- */
 
@@ -208,17 +204,12 @@ static fsdp_status exchange(fsdp_ctx *ctx, fsdp_group *g, job *jb, fsdp_status m
 
 typedef struct frag_list {
     frag *v;
-    int n, cap;
+    int n;
+    int64_t cap;
 } frag_list;
 
 static int frag_push(frag_list *l, frag f) {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 16;
-        frag *grown = realloc(l->v, (size_t)cap * sizeof *grown);
-        if (!grown) return 1;
-        l->v = grown;
-        l->cap = cap;
-    }
+    if (!fsdp_array_reserve((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v)) return 1;
     l->v[l->n++] = f;
     return 0;
 }
@@ -573,7 +564,7 @@ fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state 
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, meta);
     FSDP_TRY(fsdp_ckpt_writer_wait(ctx, w));
-    double t0 = now_seconds();
+    double t0 = fsdp_clock_now();
     job *jb = calloc(1, sizeof *jb);
     if (!jb) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint save");
     fsdp_status s = prepare(ctx, w, jb, st, meta);
@@ -586,7 +577,7 @@ fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state 
             s = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "cannot start the checkpoint writer thread");
         if (s == FSDP_OK) {
             w->inflight = jb;
-            w->blocking = now_seconds() - t0;
+            w->blocking = fsdp_clock_now() - t0;
             return FSDP_OK;
         }
     }
@@ -598,7 +589,7 @@ fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state 
     fsdp_status c = commit(ctx, w, jb);
     jb->tctx = tctx;
     job_free(jb);
-    w->blocking = now_seconds() - t0;
+    w->blocking = fsdp_clock_now() - t0;
     return c;
 }
 
@@ -619,9 +610,9 @@ fsdp_status fsdp_ckpt_writer_create(fsdp_ctx *ctx, const char *dir, const fsdp_c
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, dir);
     FSDP_ARG_NOT_NULL(ctx, out);
-    if (!dir || !*dir || !out)
+    if (!*dir)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_ckpt_writer_create: a directory and out are required");
+                         "fsdp_ckpt_writer_create: dir is empty; name the checkpoint directory");
     fsdp_ckpt_options o = opts ? *opts : (fsdp_ckpt_options){0};
     if (o.zstd_level != FSDP_CKPT_NO_COMPRESSION && (o.zstd_level < 0 || o.zstd_level > 19))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,

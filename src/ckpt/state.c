@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ckpt/state_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 
 const char *fsdp_state_kind_to_string(fsdp_state_kind kind) {
@@ -32,13 +33,9 @@ static fsdp_status add_entry(fsdp_ctx *ctx, fsdp_state *st, const char *name,
             return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                              "two state entries are called '%s': rename a module or parameter",
                              name);
-    if (st->n_entries == st->cap_entries) {
-        int cap = st->cap_entries ? 2 * st->cap_entries : 16;
-        state_entry *grown = realloc(st->entries, (size_t)cap * sizeof *grown);
-        if (!grown) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list the state");
-        st->entries = grown;
-        st->cap_entries = cap;
-    }
+    if (!fsdp_array_reserve((void **)&st->entries, &st->cap_entries, st->n_entries + 1,
+                            sizeof *st->entries))
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list the state");
     state_entry *e = &st->entries[st->n_entries];
     *e = (state_entry){.kind = kind, .dtype = dtype, .ndim = ndim};
     memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
@@ -60,13 +57,9 @@ typedef struct emit_ctx {
 static int emit_piece(const region *box, void *user) {
     emit_ctx *ec = user;
     state_entry *e = ec->e;
-    if (e->n_pieces == e->cap_pieces) {
-        int cap = e->cap_pieces ? 2 * e->cap_pieces : 4;
-        state_piece *grown = realloc(e->pieces, (size_t)cap * sizeof *grown);
-        if (!grown) return 1;
-        e->pieces = grown;
-        e->cap_pieces = cap;
-    }
+    if (!fsdp_array_reserve((void **)&e->pieces, &e->cap_pieces, e->n_pieces + 1,
+                            sizeof *e->pieces))
+        return 1;
     e->pieces[e->n_pieces++] = (state_piece){.box = *box, .src = ec->src, .elem = ec->elem};
     ec->elem += region_numel(box);
     return 0;
@@ -238,10 +231,9 @@ fsdp_status fsdp_state_create(fsdp_ctx *ctx, const fsdp_state_sources *src, fsdp
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, src);
     FSDP_ARG_NOT_NULL(ctx, out);
-    if (!src || !src->model || !out)
+    if (!src->model)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_state_create: NULL argument (sources, sources->model and out are "
-                         "required)");
+                         "fsdp_state_create: sources->model is NULL (the model is required)");
     *out = NULL;
     fsdp_state *st = calloc(1, sizeof *st);
     if (!st) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a state");
@@ -300,7 +292,6 @@ fsdp_status fsdp_state_entry_get(fsdp_ctx *ctx, const fsdp_state *st, int i,
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_TRY(check_index(ctx, st, i, -1));
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_entry_get: NULL out");
     const state_entry *e = &st->entries[i];
     *out = (fsdp_state_entry){.name = e->name,
                               .param_name = e->param_name,
@@ -320,7 +311,6 @@ fsdp_status fsdp_state_region_get(fsdp_ctx *ctx, const fsdp_state *st, int i, in
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_TRY(check_index(ctx, st, i, k));
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_region_get: NULL out");
     *out = st->entries[i].pieces[k].box;
     return FSDP_OK;
 }
@@ -376,7 +366,6 @@ fsdp_status fsdp_state_read_region(fsdp_ctx *ctx, const fsdp_state *st, int i, i
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, dst);
     FSDP_TRY(check_index(ctx, st, i, k));
-    if (!dst) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_read_region: NULL dst");
     return state_piece_read(ctx, &st->entries[i], k, dst);
 }
 
@@ -386,7 +375,6 @@ fsdp_status fsdp_state_write_region(fsdp_ctx *ctx, const fsdp_state *st, int i, 
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, src);
     FSDP_TRY(check_index(ctx, st, i, k));
-    if (!src) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_state_write_region: NULL src");
     return state_piece_write(ctx, &st->entries[i], k, src);
 }
 

@@ -21,12 +21,14 @@ typedef struct state_entry {
     int ndim;
     int64_t shape[FSDP_MAX_DIMS];
     state_piece *pieces;
-    int n_pieces, cap_pieces;
+    int n_pieces;
+    int64_t cap_pieces;
 } state_entry;
 
 struct fsdp_state {
     state_entry *entries;
-    int n_entries, cap_entries;
+    int n_entries;
+    int64_t cap_entries;
     fsdp_optimizer *optimizer;
 };
 

@@ -5,9 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h> // defines: clock_gettime
 
 #include "comm/comm_impl.h"
+#include "core/array.h"
+#include "core/clock.h"
 #include "core/error.h"
 
 fsdp_comm_phase fsdp_comm_phase_of(const fsdp_ctx *ctx) {
@@ -47,15 +48,9 @@ fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_o
             row = r;
     }
     if (!row) {
-        if (d->n_rows == d->cap_rows) {
-            int cap = d->cap_rows ? 2 * d->cap_rows : 16;
-            fsdp_comm_debug_row *rows = realloc(d->rows, (size_t)cap * sizeof *rows);
-            if (!rows)
-                return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "comm-debug: cannot grow to %d rows",
-                                 cap);
-            d->rows = rows;
-            d->cap_rows = cap;
-        }
+        if (!fsdp_array_reserve((void **)&d->rows, &d->cap_rows, d->n_rows + 1, sizeof *d->rows))
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "comm-debug: cannot grow to %d rows",
+                             d->n_rows + 1);
         char *name = strdup(module);
         if (!name)
             return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "comm-debug: cannot copy a module name");
@@ -72,9 +67,7 @@ fsdp_status fsdp_comm_debug_note(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_o
 double fsdp_comm_debug_clock(const fsdp_ctx *ctx) {
     const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     if (!b || !b->debug.active) return 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return fsdp_clock_now();
 }
 
 void fsdp_comm_debug_timed(fsdp_ctx *ctx, double t0) {
@@ -172,10 +165,9 @@ fsdp_status fsdp_comm_debug_record(fsdp_ctx *ctx, int i, fsdp_comm_record *out) 
     FSDP_ARG_NOT_NULL(ctx, out);
     const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     int n = b ? b->debug.n_rows : 0;
-    if (!out || i < 0 || i >= n)
+    if (i < 0 || i >= n)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_comm_debug_record: record %d does not exist (there are %d)%s", i, n,
-                         out ? "" : ", and out is NULL");
+                         "fsdp_comm_debug_record: record %d does not exist (there are %d)", i, n);
     const fsdp_comm_debug_row *r = &b->debug.rows[i];
     *out = (fsdp_comm_record){
         .op = r->op, .group = r->group, .module = r->module, .phase = r->phase, .count = r->count};
@@ -206,9 +198,8 @@ fsdp_status fsdp_comm_debug_print(fsdp_ctx *ctx, FILE *f) {
     }
     fsdp_comm_count total = fsdp_comm_debug_total(ctx);
     fsdp_comm_count barriers = fsdp_comm_debug_count(ctx, FSDP_COMM_BARRIER, NULL);
-    fprintf(f, "comm-debug, rank %d: %lld collectives, %lld bytes; barriers: %lld\n",
-            ctx ? ctx->rank : 0, (long long)total.calls, (long long)total.bytes,
-            (long long)barriers.calls);
+    fprintf(f, "comm-debug, rank %d: %lld collectives, %lld bytes; barriers: %lld\n", ctx->rank,
+            (long long)total.calls, (long long)total.bytes, (long long)barriers.calls);
     fprintf(f, "%-14s  %-*s  %-8s  %8s  %14s  %s\n", "op", group_w, "group", "phase", "calls",
             "bytes", "module");
     for (int i = 0; i < n; i++) {
@@ -244,8 +235,8 @@ fsdp_status fsdp_comm_debug_write_json(fsdp_ctx *ctx, FILE *f) {
     const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     int n = b ? b->debug.n_rows : 0;
     fsdp_comm_count total = fsdp_comm_debug_total(ctx);
-    fprintf(f, "{\"rank\":%d,\"total\":{\"calls\":%lld,\"bytes\":%lld},\"records\":[",
-            ctx ? ctx->rank : 0, (long long)total.calls, (long long)total.bytes);
+    fprintf(f, "{\"rank\":%d,\"total\":{\"calls\":%lld,\"bytes\":%lld},\"records\":[", ctx->rank,
+            (long long)total.calls, (long long)total.bytes);
     for (int i = 0; i < n; i++) {
         const fsdp_comm_debug_row *r = &b->debug.rows[i];
         fprintf(f, "%s{\"op\":\"%s\",\"group\":", i ? "," : "", fsdp_comm_op_to_string(r->op));

@@ -191,7 +191,8 @@ typedef struct fsdp_comm_debug_row {
 typedef struct fsdp_comm_debug {
     bool active;
     fsdp_comm_debug_row *rows;
-    int n_rows, cap_rows;
+    int n_rows;
+    int64_t cap_rows;
     int last_row;     /* the row of the collective noted last, which fsdp_comm_debug_timed times */
     unsigned session; /* counts fsdp_comm_debug_begin calls: rows of an earlier one are gone */
 } fsdp_comm_debug;
@@ -340,6 +341,11 @@ void fsdp_comm_wait_log(fsdp_ctx *ctx, int op, const char *group_desc, int n_mem
  * out after 100 ms: rank 3 did not arrive (arrived: 0,1,2). ..."); returns its status
  * (FSDP_ERR_TIMEOUT, FSDP_ERR_COMM, or the poisoning failure's). */
 fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size_t size);
+/* A call of `op` on group g, whose group an earlier failure poisoned (poison_status and
+ * poison_msg, as the backend kept them): records that failure's message, named by this call,
+ * in ctx and returns its status. Both backends fail this way. */
+fsdp_status fsdp_comm_fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, int op,
+                                    fsdp_status poison_status, const char *poison_msg);
 /* "1,3": the members m < n with mask[m] == want, as world ranks (ranks[m]; ranks NULL: m
  * itself), cut where buf is full; returns how many there are. */
 int fsdp_comm_rank_list(const int *ranks, const bool *mask, int n, bool want, char *buf,

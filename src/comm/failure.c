@@ -5,6 +5,7 @@
 #include <stdio.h>
 
 #include "comm/comm_impl.h"
+#include "core/error.h"
 
 int fsdp_comm_rank_list(const int *ranks, const bool *mask, int n, bool want, char *buf,
                         size_t size) {
@@ -19,6 +20,18 @@ int fsdp_comm_rank_list(const int *ranks, const bool *mask, int n, bool want, ch
                                      ranks ? ranks[m] : m);
     }
     return count;
+}
+
+fsdp_status fsdp_comm_fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, int op,
+                                    fsdp_status poison_status, const char *poison_msg) {
+    char msg[FSDP_ERROR_MAX];
+    fsdp_comm_failure f = {.kind = FSDP_FAILURE_POISONED,
+                           .op = op,
+                           .group_desc = g->desc,
+                           .poison_status = poison_status,
+                           .poison_msg = poison_msg};
+    fsdp_status st = fsdp_comm_failure_format(&f, msg, sizeof msg);
+    return FSDP_FAIL(ctx, st, "%s", msg);
 }
 
 fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size_t size) {

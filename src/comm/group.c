@@ -140,10 +140,9 @@ fsdp_status fsdp_group_new(fsdp_ctx *ctx, fsdp_group *parent, int nranks, const 
     *out = NULL;
     FSDP_TRY(fsdp_group_resolve_parent(ctx, &parent, what));
     if (label) FSDP_TRY(fsdp_group_check_label(ctx, label, what));
-    if (nranks < 1 || !ranks)
+    if (nranks < 1)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "%s: a group needs at least one rank (nranks %d, ranks %s)", what, nranks,
-                         ranks ? "given" : "NULL");
+                         "%s: a group needs at least one rank (nranks %d)", what, nranks);
     int mine = -1;
     for (int i = 0; i < nranks; i++) {
         int in_parent = 0;

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "comm/comm_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 #include "core/prof_impl.h" // defines: fsdp_prof_now
 #include "core/tensor_impl.h"
@@ -54,9 +55,9 @@ struct local_group {
     fsdp_status poison_status;
     char poison_msg[FSDP_ERROR_MAX];
     /* Set by the judge for the current call, read by every member. */
-    const void **srcs; /* per member: its input data */
-    void *scratch;     /* all_reduce result */
-    size_t scratch_cap;
+    const void **srcs;         /* per member: its input data */
+    void *scratch;             /* all_reduce result */
+    int64_t scratch_cap;       /* bytes */
     local_group **split_group; /* split: per member, its new group (NULL for no color) */
     int *split_rank;
     struct shared_block *share_block; /* fsdp_group_share_shards: the block being shared */
@@ -210,18 +211,11 @@ static void judge(local_group *lg, const fsdp_group *g) {
     if (mine->op == FSDP_COMM_ALL_REDUCE &&
         fsdp_tensor_nbytes(mine->out) < ALL_REDUCE_IN_PLACE_BYTES) {
         size_t need = fsdp_tensor_nbytes(mine->out);
-        if (need > lg->scratch_cap) {
-            size_t cap = lg->scratch_cap ? lg->scratch_cap : 4096;
-            while (cap < need) cap *= 2;
-            void *p = realloc(lg->scratch, cap);
-            if (!p) {
-                set_verdict(lg, FSDP_ERR_OUT_OF_MEMORY,
-                            "all_reduce on group %s: cannot allocate %zu bytes of shared scratch",
-                            g->desc, cap);
-                return;
-            }
-            lg->scratch = p;
-            lg->scratch_cap = cap;
+        if (!fsdp_array_reserve(&lg->scratch, &lg->scratch_cap, (int64_t)need, 1)) {
+            set_verdict(lg, FSDP_ERR_OUT_OF_MEMORY,
+                        "all_reduce on group %s: cannot allocate %zu bytes of shared scratch",
+                        g->desc, need);
+            return;
         }
     }
 }
@@ -233,18 +227,6 @@ static void poison(local_group *lg, fsdp_status status, const char *msg) {
     lg->poison_status = status;
     snprintf(lg->poison_msg, sizeof lg->poison_msg, "%s", msg);
     pthread_cond_broadcast(&lg->cv);
-}
-
-static fsdp_status fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const local_group *lg,
-                                 int op) {
-    char msg[FSDP_ERROR_MAX];
-    fsdp_comm_failure f = {.kind = FSDP_FAILURE_POISONED,
-                           .op = op,
-                           .group_desc = g->desc,
-                           .poison_status = lg->poison_status,
-                           .poison_msg = lg->poison_msg};
-    fsdp_status st = fsdp_comm_failure_format(&f, msg, sizeof msg);
-    return FSDP_FAIL(ctx, st, "%s", msg);
 }
 
 /* The first member that has not entered stage `target` and whose function has returned, or
@@ -348,7 +330,8 @@ static fsdp_status wait_stage(fsdp_ctx *ctx, const fsdp_group *g, local_group *l
     bool timed_out = false;
     for (;;) {
         if (lg->stage >= target) return FSDP_OK;
-        if (lg->poisoned) return fail_poisoned(ctx, g, lg, op);
+        if (lg->poisoned)
+            return fsdp_comm_fail_poisoned(ctx, g, op, lg->poison_status, lg->poison_msg);
         int gone = gone_member(lg, target);
         if (gone >= 0) return fail_gone(ctx, g, lg, op, gone);
         if (timed_out) return fail_timeout(ctx, g, lg, op, target);
@@ -373,7 +356,7 @@ static fsdp_status rendezvous(fsdp_ctx *ctx, const fsdp_group *g, int op, const 
     pthread_mutex_lock(&lg->mu);
     fsdp_status st = FSDP_OK;
     if (lg->poisoned) {
-        st = fail_poisoned(ctx, g, lg, op);
+        st = fsdp_comm_fail_poisoned(ctx, g, op, lg->poison_status, lg->poison_msg);
     } else {
         if (post) lg->calls[g->rank] = post;
         uint64_t target = ++lg->entered[g->rank];

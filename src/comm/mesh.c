@@ -230,7 +230,6 @@ fsdp_status fsdp_mesh_dim(fsdp_ctx *ctx, const fsdp_mesh *mesh, const char *name
     FSDP_ARG_NOT_NULL(ctx, name);
     FSDP_ARG_NOT_NULL(ctx, out);
     int k;
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_mesh_dim: out is NULL");
     *out = NULL;
     FSDP_TRY(find_dim(ctx, mesh, name, &k, "fsdp_mesh_dim"));
     *out = mesh->dims[k];
@@ -243,7 +242,6 @@ fsdp_status fsdp_mesh_get_group(fsdp_ctx *ctx, const fsdp_mesh *mesh, const char
     FSDP_ARG_NOT_NULL(ctx, mesh);
     FSDP_ARG_NOT_NULL(ctx, out);
     int k;
-    if (!out) return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_mesh_get_group: out is NULL");
     *out = NULL;
     FSDP_TRY(find_dim(ctx, mesh, name, &k, "fsdp_mesh_get_group"));
     *out = mesh->groups[k];

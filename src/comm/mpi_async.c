@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "comm/mpi_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 #include "core/tensor_impl.h"
 
@@ -34,7 +35,7 @@ struct mpi_work {
     const void **srcs;
     int cap_members;
     char *buf; /* the pieces received */
-    size_t cap_buf;
+    int64_t cap_buf;
     fsdp_status failed; /* detached by a failure: its status and message */
     char msg[FSDP_ERROR_MAX];
 };
@@ -110,13 +111,7 @@ static bool reserve(mpi_work *w, int W, size_t bytes) {
         if (!w->cap_members) return false;
         for (int m = 0; m < W; m++) w->call_ptrs[m] = &w->calls[m];
     }
-    if (bytes > w->cap_buf) {
-        char *b = realloc(w->buf, bytes);
-        if (!b) return false;
-        w->buf = b;
-        w->cap_buf = bytes;
-    }
-    return true;
+    return fsdp_array_reserve((void **)&w->buf, &w->cap_buf, (int64_t)bytes, 1);
 }
 
 fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
@@ -214,7 +209,8 @@ static fsdp_status check_live(fsdp_ctx *ctx, mpi_work *w) {
         return FSDP_FAIL(ctx, w->failed != FSDP_OK ? w->failed : FSDP_ERR_STATE, "%s", w->msg);
     if (!w->mg->poisoned) return FSDP_OK;
     mpi_group *mg = w->mg;
-    return fail_all_with(ctx, mg, fsdp_mpi_fail_poisoned(ctx, w->g, mg, OP));
+    return fail_all_with(ctx, mg,
+                         fsdp_comm_fail_poisoned(ctx, w->g, OP, mg->poison_status, mg->poison_msg));
 }
 
 fsdp_status fsdp_mpi_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "comm/mpi_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 #include "core/tensor_impl.h"
 
@@ -17,18 +18,10 @@ static const int64_t zeros[FSDP_MAX_DIMS] = {0};
 /* A scratch buffer of at least `bytes`, kept by the group. */
 static fsdp_status scratch(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, size_t bytes,
                            char **out) {
-    if (bytes > mg->scratch_cap) {
-        size_t cap = mg->scratch_cap ? mg->scratch_cap : 4096;
-        while (cap < bytes) cap *= 2;
-        void *p = realloc(mg->scratch, cap);
-        if (!p) {
-            char msg[FSDP_ERROR_MAX];
-            snprintf(msg, sizeof msg, "group %s: cannot allocate %zu bytes of scratch", g->desc,
-                     cap);
-            return fsdp_mpi_fail_and_poison(ctx, mg, FSDP_ERR_OUT_OF_MEMORY, msg);
-        }
-        mg->scratch = p;
-        mg->scratch_cap = cap;
+    if (!fsdp_array_reserve(&mg->scratch, &mg->scratch_cap, (int64_t)bytes, 1)) {
+        char msg[FSDP_ERROR_MAX];
+        snprintf(msg, sizeof msg, "group %s: cannot allocate %zu bytes of scratch", g->desc, bytes);
+        return fsdp_mpi_fail_and_poison(ctx, mg, FSDP_ERR_OUT_OF_MEMORY, msg);
     }
     *out = mg->scratch;
     return FSDP_OK;

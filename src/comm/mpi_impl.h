@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "comm/comm_impl.h"
+#include "core/clock.h"
 
 /* Message kinds. A tag is (run % RUN_TAGS) * TAG_KINDS + kind: messages left over from an
  * earlier run of the world (after a timeout) never match a later run's. The largest tag,
@@ -71,7 +72,8 @@ typedef struct mpi_reqs {
     int *member;
     bool *recv;
     int *done_idx;
-    int n, cap;
+    int n;
+    int64_t cap;        /* of the four arrays, which grow together */
     uint64_t group_seq; /* the call's number on its group when it is not the group's newest
                          * (a non-blocking call's), else 0 */
 } mpi_reqs;
@@ -126,17 +128,19 @@ struct mpi_group {
     int32_t *ready;   /* per member: its confirmation (confirm) */
     fsdp_call *calls; /* per member: decoded */
     const fsdp_call **call_ptrs;
-    const void **srcs; /* per member: its piece of a reduction */
-    mpi_reqs rq;       /* the requests of the current step of a blocking call */
-    mpi_work *works;   /* non-blocking all_reduces not yet complete, in start order */
-    void *scratch;     /* received and packed pieces */
-    size_t scratch_cap;
+    const void **srcs;   /* per member: its piece of a reduction */
+    mpi_reqs rq;         /* the requests of the current step of a blocking call */
+    mpi_work *works;     /* non-blocking all_reduces not yet complete, in start order */
+    void *scratch;       /* received and packed pieces */
+    int64_t scratch_cap; /* bytes */
     char msg[FSDP_ERROR_MAX];
 };
 
-static inline double now_s(clockid_t clock) {
+/* CLOCK_REALTIME seconds: a time other processes compare with theirs (mpi_note.finished).
+ * Durations and deadlines read the monotonic fsdp_clock_now. */
+static inline double realtime_s(void) {
     struct timespec t;
-    clock_gettime(clock, &t);
+    clock_gettime(CLOCK_REALTIME, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -181,8 +185,6 @@ fsdp_status fsdp_mpi_fail_and_poison_set(fsdp_ctx *ctx, mpi_group *mg, mpi_reqs 
 void fsdp_mpi_abandon(mpi_reqs *rs);
 /* Marks the group unusable and tells its members, so that they fail at once. */
 void fsdp_mpi_poison(mpi_group *mg, fsdp_status status, const char *msg);
-/* Fails with the message of the failure that poisoned the group. */
-fsdp_status fsdp_mpi_fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, int op);
 /* Receives the exit notes that have arrived: their ranks' results go into the world. */
 void fsdp_mpi_receive_exit_notes(mpi_world *mw);
 /* Posts a receive (recv) or send of `bytes` at buf with group member `member`, into the

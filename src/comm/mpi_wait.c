@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "comm/mpi_impl.h"
+#include "core/array.h"
 #include "core/error.h"
 
 /* "where: MPI_Comm_split failed: <MPI's text>"; `what` may be the call's text, of which the
@@ -106,8 +107,8 @@ static void forensics(const fsdp_group *g, mpi_world *mw, const bool *missing, u
         fsdp_mpi_send_copy(mw, mw->comm, g->ranks[m], TAG_TRACE_ASK, &ask, sizeof ask);
         asked++;
     }
-    const double start = now_s(CLOCK_MONOTONIC);
-    for (int polls = 0; answered < asked && now_s(CLOCK_MONOTONIC) - start < 1e-3 * TRACE_ASK_MS;
+    const double start = fsdp_clock_now();
+    for (int polls = 0; answered < asked && fsdp_clock_now() - start < 1e-3 * TRACE_ASK_MS;
          polls++) {
         fsdp_mpi_serve_trace(mw); /* a member may be asking this rank at the same time */
         int flag = 0;
@@ -136,7 +137,7 @@ static void forensics(const fsdp_group *g, mpi_world *mw, const bool *missing, u
             polls = 0;
             continue;
         }
-        fsdp_mpi_back_off(polls, now_s(CLOCK_MONOTONIC) - start);
+        fsdp_mpi_back_off(polls, fsdp_clock_now() - start);
     }
     fsdp_trace_forensics(buf, size, group_seq, g->desc, g->size, g->ranks, missing, views,
                          TRACE_ASK_MS);
@@ -144,18 +145,6 @@ static void forensics(const fsdp_group *g, mpi_world *mw, const bool *missing, u
 }
 
 /* ---- failing: poison, timeouts, ranks that have gone ---- */
-
-fsdp_status fsdp_mpi_fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg,
-                                   int op) {
-    char msg[FSDP_ERROR_MAX];
-    fsdp_comm_failure f = {.kind = FSDP_FAILURE_POISONED,
-                           .op = op,
-                           .group_desc = g->desc,
-                           .poison_status = mg->poison_status,
-                           .poison_msg = mg->poison_msg};
-    fsdp_status st = fsdp_comm_failure_format(&f, msg, sizeof msg);
-    return FSDP_FAIL(ctx, st, "%s", msg);
-}
 
 /* Marks the group unusable and tells the other members, so that they fail at once. */
 void fsdp_mpi_poison(mpi_group *mg, fsdp_status status, const char *msg) {
@@ -312,20 +301,15 @@ static int gone_member(const fsdp_group *g, const mpi_group *mg, const mpi_reqs 
 
 /* ---- requests ---- */
 
+/* Room for `need` requests in each of rs's four arrays. */
 static bool grow_requests(mpi_reqs *rs, int need) {
-    if (need <= rs->cap) return true;
-    int cap = rs->cap ? rs->cap : 16;
-    while (cap < need) cap *= 2;
-    MPI_Request *reqs = realloc(rs->reqs, (size_t)cap * sizeof *reqs);
-    if (reqs) rs->reqs = reqs;
-    int *member = realloc(rs->member, (size_t)cap * sizeof *member);
-    if (member) rs->member = member;
-    bool *recv = realloc(rs->recv, (size_t)cap * sizeof *recv);
-    if (recv) rs->recv = recv;
-    int *idx = realloc(rs->done_idx, (size_t)cap * sizeof *idx);
-    if (idx) rs->done_idx = idx;
-    if (!reqs || !member || !recv || !idx) return false;
-    rs->cap = cap;
+    int64_t cap[4] = {rs->cap, rs->cap, rs->cap, rs->cap};
+    if (!fsdp_array_reserve((void **)&rs->reqs, &cap[0], need, sizeof *rs->reqs) ||
+        !fsdp_array_reserve((void **)&rs->member, &cap[1], need, sizeof *rs->member) ||
+        !fsdp_array_reserve((void **)&rs->recv, &cap[2], need, sizeof *rs->recv) ||
+        !fsdp_array_reserve((void **)&rs->done_idx, &cap[3], need, sizeof *rs->done_idx))
+        return false;
+    rs->cap = cap[0];
     return true;
 }
 
@@ -410,7 +394,7 @@ fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
 fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
                               int op, wait_kind kind) {
     mpi_world *mw = mg->mw;
-    const double start = now_s(CLOCK_MONOTONIC), limit = 1e-3 * mw->world->timeout_ms;
+    const double start = fsdp_clock_now(), limit = 1e-3 * mw->world->timeout_ms;
     const double every = fsdp_comm_log_every_s(mw->world->timeout_ms);
     double progress = start, next_check = start, gone_since = -1, warned = start;
     int open = rs->n;
@@ -424,7 +408,7 @@ fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
                      fsdp_last_error(ctx));
             return fsdp_mpi_fail_and_poison_set(ctx, mg, rs, FSDP_ERR_COMM, msg);
         }
-        double t = now_s(CLOCK_MONOTONIC);
+        double t = fsdp_clock_now();
         if (done == MPI_UNDEFINED) break;
         if (done > 0) {
             open -= done;
@@ -436,7 +420,7 @@ fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
             next_check = t + 1e-3;
             if (receive_poison(mg)) {
                 fsdp_mpi_abandon(rs);
-                return fsdp_mpi_fail_poisoned(ctx, g, mg, op);
+                return fsdp_comm_fail_poisoned(ctx, g, op, mg->poison_status, mg->poison_msg);
             }
             fsdp_mpi_receive_exit_notes(mw);
             fsdp_mpi_serve_trace(mw);
@@ -521,7 +505,8 @@ fsdp_status fsdp_mpi_arrive_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *
                                  mpi_desc *descs, const fsdp_call *mine) {
     /* A poison note that has arrived may need a few rounds of MPI's progress to be seen. */
     for (int i = 0; i < ENTRY_PROBES && !mg->poisoned; i++) receive_poison(mg);
-    if (mg->poisoned) return fsdp_mpi_fail_poisoned(ctx, g, mg, mine->op);
+    if (mg->poisoned)
+        return fsdp_comm_fail_poisoned(ctx, g, mine->op, mg->poison_status, mg->poison_msg);
     fsdp_mpi_reap_sends(mg->mw);
     size_t len = encode(&descs[g->rank], mine);
     rs->n = 0;
@@ -547,12 +532,14 @@ fsdp_status fsdp_mpi_arrive_judge(fsdp_ctx *ctx, const fsdp_group *g, mpi_group 
          * data step must not start (a send of its still in flight could be read), and a call
          * without one (barrier, split) is settled by confirm. */
         for (int i = 0; i < ENTRY_PROBES && !mg->poisoned; i++) receive_poison(mg);
-        return mg->poisoned ? fsdp_mpi_fail_poisoned(ctx, g, mg, op) : FSDP_OK;
+        return mg->poisoned ? fsdp_comm_fail_poisoned(ctx, g, op, mg->poison_status, mg->poison_msg)
+                            : FSDP_OK;
     }
     /* Peers that gave up on an earlier call (timed out, then poisoned the group) left their
      * calls of it behind; their poison notes follow them. */
-    for (double t0 = now_s(CLOCK_MONOTONIC); now_s(CLOCK_MONOTONIC) - t0 < SETTLE_S;)
-        if (receive_poison(mg)) return fsdp_mpi_fail_poisoned(ctx, g, mg, op);
+    for (double t0 = fsdp_clock_now(); fsdp_clock_now() - t0 < SETTLE_S;)
+        if (receive_poison(mg))
+            return fsdp_comm_fail_poisoned(ctx, g, op, mg->poison_status, mg->poison_msg);
     return FSDP_FAIL(ctx, st, "%s", mg->msg);
 }
 

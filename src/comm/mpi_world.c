@@ -178,7 +178,7 @@ static void mpi_reset(void *context) {
 static void mpi_rank_exited(void *context, int rank) {
     mpi_world *mw = context;
     const fsdp_rank_result *res = &mw->world->results[rank];
-    mpi_note note = {.status = res->status, .finished = now_s(CLOCK_REALTIME)};
+    mpi_note note = {.status = res->status, .finished = realtime_s()};
     snprintf(note.message, sizeof note.message, "%s", res->message);
     snprintf(note.origin, sizeof note.origin, "%s", res->origin);
     snprintf(note.trail, sizeof note.trail, "%s", res->trail);
@@ -227,14 +227,14 @@ static void mpi_collect_results(fsdp_ctx *ctx, void *context) {
     mpi_world *mw = context;
     fsdp_world *w = mw->world;
     const double every = fsdp_comm_log_every_s(w->timeout_ms);
-    double start = now_s(CLOCK_MONOTONIC), warned = start, failure_seen = -1;
+    double start = fsdp_clock_now(), warned = start, failure_seen = -1;
     for (int polls = 0;; polls++) {
         fsdp_mpi_receive_exit_notes(mw);
         fsdp_mpi_reap_sends(mw);
         int missing = 0;
         for (int r = 0; r < mw->size; r++) missing += !mw->noted[r];
         if (missing == 0) break;
-        double t = now_s(CLOCK_MONOTONIC);
+        double t = fsdp_clock_now();
         char list[256];
         fsdp_comm_rank_list(NULL, mw->noted, mw->size, false, list, sizeof list);
         int failed = first_failed(mw);
@@ -314,12 +314,12 @@ static const fsdp_comm_backend_i mpi_iface = {
 static fsdp_status dup_world(fsdp_ctx *ctx, int timeout_ms, MPI_Comm *comm) {
     MPI_Request req;
     MPI_TRY(ctx, MPI_Comm_idup(MPI_COMM_WORLD, comm, &req), "fsdp_world_create");
-    double start = now_s(CLOCK_MONOTONIC);
+    double start = fsdp_clock_now();
     for (int polls = 0;; polls++) {
         int done = 0;
         MPI_TRY(ctx, MPI_Test(&req, &done, MPI_STATUS_IGNORE), "fsdp_world_create");
         if (done) break;
-        double waited = now_s(CLOCK_MONOTONIC) - start;
+        double waited = fsdp_clock_now() - start;
         if (waited * 1e3 >= timeout_ms)
             return FSDP_FAIL(ctx, FSDP_ERR_TIMEOUT,
                              "fsdp_world_create: timed out after %d ms waiting for the other "

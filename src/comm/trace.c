@@ -15,13 +15,8 @@
 #include <time.h>
 
 #include "comm/comm_impl.h"
+#include "core/clock.h"
 #include "core/error.h"
-
-static double mono_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 fsdp_trace_ring *fsdp_trace_ring_new(void) {
     fsdp_trace_ring *ring = calloc(1, sizeof *ring);
@@ -62,7 +57,7 @@ uint64_t fsdp_trace_begin(fsdp_ctx *ctx, fsdp_group *g, int op) {
     uint64_t group_seq = ++g->calls;
     if (!ring) return 0;
     const char *module = fsdp_ctx_scope_top(ctx);
-    double now = mono_now();
+    double now = fsdp_clock_now();
     pthread_mutex_lock(&ring->mu);
     uint64_t seq = ++ring->calls;
     fsdp_trace_rec *r = rec_of(ring, seq);
@@ -99,7 +94,7 @@ static void dump_on_failure(fsdp_ctx *ctx, fsdp_trace_ring *ring);
 fsdp_status fsdp_trace_end(fsdp_ctx *ctx, uint64_t seq, fsdp_status st, bool in_flight) {
     fsdp_trace_ring *ring = ring_of(ctx);
     if (!ring) return st;
-    double now = mono_now();
+    double now = fsdp_clock_now();
     pthread_mutex_lock(&ring->mu);
     fsdp_trace_rec *r = rec_of(ring, seq);
     if (r) {
@@ -150,7 +145,7 @@ static void copy_aged(fsdp_trace_rec *dst, const fsdp_trace_rec *src, double now
 void fsdp_trace_view_build(fsdp_trace_ring *ring, uint64_t group_id, fsdp_trace_view *v) {
     *v = (fsdp_trace_view){.answered = 1};
     if (!ring) return;
-    double now = mono_now();
+    double now = fsdp_clock_now();
     pthread_mutex_lock(&ring->mu);
     uint64_t newest = ring->calls;
     uint64_t oldest = newest > FSDP_TRACE_DEPTH ? newest - FSDP_TRACE_DEPTH + 1 : 1;
@@ -322,7 +317,7 @@ void fsdp_trace_forensics(char *buf, size_t size, uint64_t group_seq, const char
 static bool write_ring(fsdp_trace_ring *ring, int rank, int last, FILE *f) {
     fsdp_trace_rec *recs = malloc(FSDP_TRACE_DEPTH * sizeof *recs);
     if (!recs) return false;
-    double now = mono_now();
+    double now = fsdp_clock_now();
     pthread_mutex_lock(&ring->mu);
     uint64_t newest = ring->calls;
     uint64_t kept = newest < FSDP_TRACE_DEPTH ? newest : FSDP_TRACE_DEPTH;

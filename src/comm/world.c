@@ -13,6 +13,7 @@
 #include <unistd.h> // defines: sysconf
 
 #include "comm/comm_impl.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "kernels/kernels.h" // defines: fsdp_kernels_cpu_threads_enter
 
@@ -268,12 +269,6 @@ typedef struct rank_job {
     pthread_t thread;
 } rank_job;
 
-static double mono_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Records what a rank returned (its context's failure, when it recorded one), tells the
  * backend it has gone, and the run that it has returned. */
 static void finish_rank(fsdp_world *w, int rank, fsdp_status st, const fsdp_error_record *err) {
@@ -292,7 +287,7 @@ static void finish_rank(fsdp_world *w, int rank, fsdp_status st, const fsdp_erro
     if (w->backend.iface.rank_exited) w->backend.iface.rank_exited(w->backend.context, rank);
     pthread_mutex_lock(&w->run_mu);
     if (st != FSDP_OK && w->first_failure_at == 0) {
-        w->first_failure_at = mono_s();
+        w->first_failure_at = fsdp_clock_now();
         w->first_failed = rank;
     }
     w->run_left--;
@@ -373,7 +368,7 @@ static int supervise(fsdp_world *w, rank_job **jobs, int count) {
             continue;
         }
         double until = w->first_failure_at + 1e-3 * w->grace_ms;
-        if (mono_s() >= until) break;
+        if (fsdp_clock_now() >= until) break;
         struct timespec t = monotonic_at(until);
         pthread_cond_timedwait(&w->run_cv, &w->run_mu, &t);
     }

@@ -20,7 +20,7 @@ fsdp_status fsdp_log_level_parse(const char *text, fsdp_log_level *out) {
     FSDP_ARG_NOT_NULL(NULL, text);
     FSDP_ARG_NOT_NULL(NULL, out);
     for (int l = FSDP_LOG_DEBUG; l <= FSDP_LOG_OFF; l++) {
-        if (text && strcasecmp(text, level_names[l]) == 0) {
+        if (strcasecmp(text, level_names[l]) == 0) {
             *out = (fsdp_log_level)l;
             return FSDP_OK;
         }

@@ -1,8 +1,6 @@
 /* profile.c: fsdp_profile_start/stop/read. The running profile is a thread-local pointer
  * into the context that started it, so the kernel table (which has no context) can find it. */
-#define _POSIX_C_SOURCE 200809L
 #include <string.h>
-#include <time.h>
 
 #include "core/ctx_impl.h"
 #include "core/error.h"
@@ -12,12 +10,6 @@ static _Thread_local fsdp_profile *current;
 
 fsdp_profile *fsdp_prof_current(void) {
     return current;
-}
-
-double fsdp_prof_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 fsdp_status fsdp_profile_start(fsdp_ctx *ctx) {

@@ -19,6 +19,24 @@ bool fsdp_shard_reshard_after_forward(const fsdp_sharded *sh) {
     return sh->opts.strategy == FSDP_FULL_SHARD || sh->opts.strategy == FSDP_HYBRID_SHARD;
 }
 
+/* Whether a unit's gradient is reduced in the fused pass: one fsdp_reduce_scatter_ex that
+ * pre-divides, reduce_scatters over the group, post-divides and adds into the shard's gradient
+ * (bitwise the separate passes, without the reduced buffer). The rule, from the strategy and
+ * the options: fused exactly when
+ *   - the strategy shards over more than one rank (not NO_SHARD, not a group of one),
+ *   - and no replicate group of more than one rank follows (HYBRID_SHARD across replicas needs
+ *     the all_reduce over replicas between the reduce_scatter and the post-divide),
+ *   - and parameters are not offloaded (the add then goes through the shard's host stage),
+ *   - and the comm hook is the default one,
+ *   - reducing in f32 (no mixed-precision reduce_dtype).
+ * Otherwise the comm hook's passes run (fsdp_dp_reduce, into pool blocks), then the add. */
+static bool reduces_fused(const fsdp_sharded *sh) {
+    const fsdp_fully_shard_options *o = &sh->opts;
+    return fsdp_shard_sharded_strategy(sh) && !sh->replicate && !o->offload_params &&
+           o->comm_hook.kind == FSDP_COMM_HOOK_DEFAULT &&
+           o->mixed_precision.reduce_dtype == FSDP_DTYPE_F32;
+}
+
 fsdp_status fsdp_shard_bind_params(fsdp_ctx *ctx, unit *u, const fsdp_tensor *base) {
     for (int i = 0; i < u->n_params; i++)
         FSDP_TRY(fsdp_tensor_rebind(ctx, fsdp_param_data(u->params[i]), base, u->offsets[i]));
@@ -169,15 +187,6 @@ static fsdp_status accumulate(fsdp_ctx *ctx, unit *u, const fsdp_tensor *src) {
     return FSDP_OK;
 }
 
-/* The default hook in f32, sharded over one group, without offload: the pre-divide, the
- * reduce_scatter, the post-divide and the add to the shard's gradient are one pass
- * (fsdp_reduce_scatter_ex), bitwise what the separate passes give, without the reduced
- * buffer. */
-static bool fused_reduction(const fsdp_sharded *sh) {
-    return fsdp_shard_sharded_strategy(sh) && !sh->replicate && !sh->opts.offload_params &&
-           sh->opts.comm_hook.kind == FSDP_COMM_HOOK_DEFAULT && sh->grad_dtype == FSDP_DTYPE_F32;
-}
-
 /* Averages the unit's full gradient over the data-parallel ranks into its shard's gradient
  * through the comm hook (comm_hook.c; the default: divide by the pre factor; reduce_scatter
  * over the group, all_reduce for NO_SHARD; all_reduce over the replicate group for
@@ -186,7 +195,7 @@ static bool fused_reduction(const fsdp_sharded *sh) {
 static fsdp_status reduce_grad(fsdp_ctx *ctx, unit *u) {
     fsdp_sharded *sh = u->owner;
     if (u->numel == 0) return FSDP_OK;
-    if (fused_reduction(sh)) {
+    if (reduces_fused(sh)) {
         fsdp_reduce_options o = {.pre_scale = fsdp_dp_inverse(sh->pre_factor),
                                  .post_scale = fsdp_dp_inverse(sh->post_factor),
                                  .accumulate = true};

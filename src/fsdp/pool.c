@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "core/array.h"
 #include "core/error.h"
 #include "core/tensor_impl.h"
 #include "kernels/kernels.h"
@@ -29,13 +30,9 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
             best = b;
     }
     if (!best) {
-        if (pool->n_blocks == pool->cap_blocks) {
-            int cap = pool->cap_blocks ? 2 * pool->cap_blocks : 8;
-            fsdp_pool_block *p = realloc(pool->blocks, (size_t)cap * sizeof *p);
-            if (!p) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "FSDP pool: cannot grow");
-            pool->blocks = p;
-            pool->cap_blocks = cap;
-        }
+        if (!fsdp_array_reserve((void **)&pool->blocks, &pool->cap_blocks, pool->n_blocks + 1,
+                                sizeof *pool->blocks))
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "FSDP pool: cannot grow");
         best = &pool->blocks[pool->n_blocks];
         int64_t len = n > 0 ? n : 1;
         fsdp_status st = fsdp_tensor_create(ctx, dtype, pool->device, 1, &len, &best->buf);

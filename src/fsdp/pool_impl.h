@@ -20,7 +20,8 @@ typedef struct fsdp_pool {
     fsdp_device device;
     bool poison; /* fill blocks with NaN when they come back */
     fsdp_pool_block *blocks;
-    int n_blocks, cap_blocks;
+    int n_blocks;
+    int64_t cap_blocks;
     int64_t in_use_bytes; /* bytes of the tensors bound now */
     int64_t peak_in_use_bytes;
     int64_t reserved_bytes; /* bytes of all blocks */

@@ -519,8 +519,6 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, root);
     if (out) *out = NULL;
-    if (!root)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_replicate_apply: root is NULL");
     if (fsdp_nn_has_hook(root, FSDP_HOOK_POST_BACKWARD, post_backward)) {
         char desc[160];
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,

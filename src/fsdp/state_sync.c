@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/array.h"
 #include "core/error.h"
 #include "fsdp/dp_impl.h"
 #include "kernels/kernels.h"
@@ -11,19 +12,16 @@
 typedef struct state_list {
     fsdp_tensor **t;
     const char **name; /* parameters only; buffers by their module's */
-    int n, cap;
+    int n;
+    int64_t cap; /* of both arrays, which grow together */
 } state_list;
 
 static fsdp_status list_push(fsdp_ctx *ctx, state_list *l, fsdp_tensor *t, const char *name) {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 64;
-        fsdp_tensor **t2 = realloc(l->t, (size_t)cap * sizeof *t2);
-        if (t2) l->t = t2;
-        const char **n2 = t2 ? realloc(l->name, (size_t)cap * sizeof *n2) : NULL;
-        if (!n2) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list module states");
-        l->name = n2;
-        l->cap = cap;
-    }
+    int64_t cap_t = l->cap, cap_name = l->cap;
+    if (!fsdp_array_reserve((void **)&l->t, &cap_t, l->n + 1, sizeof *l->t) ||
+        !fsdp_array_reserve((void **)&l->name, &cap_name, l->n + 1, sizeof *l->name))
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list module states");
+    l->cap = cap_t;
     l->t[l->n] = t;
     l->name[l->n++] = name;
     return FSDP_OK;

@@ -6,9 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/array.h"
 #include "core/error.h"
 #include "core/tensor_impl.h"
 #include "fsdp/dp_impl.h"
+#include "fsdp/flat.h"
 #include "fsdp/shard_impl.h"
 #include "nn/nn.h"
 
@@ -63,7 +65,7 @@ typedef struct chooser {
     fsdp_sharded *sh;
     fsdp_module **picked; /* modules that become nested units */
     int n_picked;
-    int cap;
+    int64_t cap;
 } chooser;
 
 static bool listed(const char *s, const char *const *list, int n) {
@@ -96,13 +98,8 @@ static fsdp_status choose(fsdp_ctx *ctx, chooser *c, fsdp_module *m, int64_t *le
                                     o->wrap_paths, o->n_wrap_paths) ||
                              (o->min_num_params > 0 && own >= o->min_num_params));
     if (wrap && own > 0) {
-        if (c->n_picked == c->cap) {
-            int cap = c->cap ? 2 * c->cap : 8;
-            fsdp_module **p = realloc(c->picked, (size_t)cap * sizeof *p);
-            if (!p) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list FSDP units");
-            c->picked = p;
-            c->cap = cap;
-        }
+        if (!fsdp_array_reserve((void **)&c->picked, &c->cap, c->n_picked + 1, sizeof *c->picked))
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list FSDP units");
         c->picked[c->n_picked++] = m;
         own = 0;
     }
@@ -292,6 +289,14 @@ static fsdp_status flat_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
 
 static const fsdp_module_ops flat_ops = {
     .kind = "FlatParams", .forward = flat_forward, .backward = flat_backward};
+
+bool fsdp_module_is_flat_params(const fsdp_module *m) {
+    return m && fsdp_nn_module_ops(m) == &flat_ops;
+}
+
+fsdp_sharded *fsdp_module_flat_params_owner(const fsdp_module *m) {
+    return fsdp_module_is_flat_params(m) ? fsdp_module_impl(m) : NULL;
+}
 
 /* Every parameter's place in its unit's flat buffer and in this rank's shard. */
 static fsdp_status make_segments(fsdp_ctx *ctx, fsdp_sharded *sh) {

@@ -81,6 +81,10 @@ static const fsdp_module_ops linear_ops = {.kind = "Linear",
                                            .backward = linear_backward,
                                            .free_impl = linear_free};
 
+bool fsdp_nn_is_linear(const fsdp_module *m) {
+    return m && m->ops == &linear_ops;
+}
+
 fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_features, bool bias,
                                fsdp_module **out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);

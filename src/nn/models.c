@@ -174,7 +174,7 @@ fsdp_status fsdp_activation_parse(const char *text, fsdp_activation *out) {
     FSDP_ARG_NOT_NULL(NULL, text);
     FSDP_ARG_NOT_NULL(NULL, out);
     for (int a = 0; a <= FSDP_ACT_NONE; a++) {
-        if (text && strcasecmp(text, activation_names[a]) == 0) {
+        if (strcasecmp(text, activation_names[a]) == 0) {
             *out = (fsdp_activation)a;
             return FSDP_OK;
         }
@@ -205,7 +205,7 @@ fsdp_status fsdp_model_mlp(fsdp_ctx *ctx, int n_widths, const int64_t *widths, f
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, widths);
     FSDP_ARG_NOT_NULL(ctx, out);
-    if (n_widths < 2 || !widths)
+    if (n_widths < 2)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "MLP: %d widths given; it needs at least an input and an output width",
                          n_widths);

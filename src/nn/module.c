@@ -4,21 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/array.h"
 #include "core/ctx_impl.h"
 #include "core/error.h"
 #include "core/tensor_impl.h"
 #include "nn/module_impl.h"
-
-/* Grows *arr (of *cap elements of `size` bytes) so that it holds at least n + 1. */
-static bool grow(void **arr, int *cap, int n, size_t size) {
-    if (n < *cap) return true;
-    int new_cap = *cap ? *cap * 2 : 4;
-    void *p = realloc(*arr, (size_t)new_cap * size);
-    if (!p) return false;
-    *arr = p;
-    *cap = new_cap;
-    return true;
-}
 
 static char *dup_string(const char *s) {
     size_t n = strlen(s) + 1;
@@ -32,11 +22,10 @@ fsdp_status fsdp_module_create(fsdp_ctx *ctx, const fsdp_module_ops *ops, void *
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, ops);
     FSDP_ARG_NOT_NULL(ctx, out);
-    if (!ops || !ops->forward || !ops->backward || !ops->kind || !out) {
-        if (ops && ops->free_impl) ops->free_impl(impl);
+    if (!ops->forward || !ops->backward || !ops->kind) {
+        if (ops->free_impl) ops->free_impl(impl);
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_module_create: ops needs kind, forward and backward, and out must "
-                         "not be NULL");
+                         "fsdp_module_create: ops needs kind, forward and backward");
     }
     fsdp_module *m = calloc(1, sizeof *m);
     if (m) {
@@ -93,6 +82,9 @@ void fsdp_module_free(fsdp_module *m) {
 
 void *fsdp_module_impl(const fsdp_module *m) {
     return m->impl;
+}
+const fsdp_module_ops *fsdp_nn_module_ops(const fsdp_module *m) {
+    return m->ops;
 }
 const char *fsdp_module_kind(const fsdp_module *m) {
     return m->ops->kind;
@@ -201,8 +193,8 @@ fsdp_status fsdp_module_add_child(fsdp_ctx *ctx, fsdp_module *m, const char *nam
                        "fsdp_module_add_child: module '%s' already has a parent", child->fqn);
     if (st == FSDP_OK) st = check_new_name(ctx, m, name, "child");
     char *copy = st == FSDP_OK ? dup_string(name) : NULL;
-    if (st == FSDP_OK && (!copy || !grow((void **)&m->children, &m->cap_children, m->n_children,
-                                         sizeof *m->children)))
+    if (st == FSDP_OK && (!copy || !fsdp_array_reserve((void **)&m->children, &m->cap_children,
+                                                       m->n_children + 1, sizeof *m->children)))
         st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add child '%s'", name);
     if (st != FSDP_OK) {
         free(copy);
@@ -264,7 +256,8 @@ fsdp_status fsdp_module_add_param(fsdp_ctx *ctx, fsdp_module *m, const char *nam
     FSDP_TRY(check_new_name(ctx, m, name, "parameter"));
     fsdp_param *p = calloc(1, sizeof *p);
     if (!p || !(p->name = dup_string(name)) ||
-        !grow((void **)&m->params, &m->cap_params, m->n_params, sizeof *m->params)) {
+        !fsdp_array_reserve((void **)&m->params, &m->cap_params, m->n_params + 1,
+                            sizeof *m->params)) {
         param_free(p);
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add parameter '%s'", name);
     }
@@ -294,7 +287,8 @@ fsdp_status fsdp_module_add_buffer(fsdp_ctx *ctx, fsdp_module *m, const char *na
     if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
     FSDP_TRY(check_new_name(ctx, m, name, "buffer"));
     fsdp_buffer b = {.name = dup_string(name), .init = init};
-    if (!b.name || !grow((void **)&m->buffers, &m->cap_buffers, m->n_buffers, sizeof *m->buffers)) {
+    if (!b.name || !fsdp_array_reserve((void **)&m->buffers, &m->cap_buffers, m->n_buffers + 1,
+                                       sizeof *m->buffers)) {
         free(b.name);
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add buffer '%s'", name);
     }
@@ -463,10 +457,6 @@ void fsdp_nn_param_set_manager(fsdp_param *p, const char *manager) {
     p->manager = manager;
 }
 
-const char *fsdp_nn_param_manager(const fsdp_param *p) {
-    return p->manager;
-}
-
 static fsdp_status find_managed(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     (void)ctx, (void)name;
     if (p->manager) {
@@ -492,13 +482,13 @@ fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, m);
     FSDP_ARG_NOT_NULL(ctx, fn);
-    if ((int)point < 0 || point >= FSDP_HOOK_POINT_COUNT || !fn) {
+    if ((int)point < 0 || point >= FSDP_HOOK_POINT_COUNT) {
         if (free_user) free_user(user);
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_module_add_hook: hook point %d or function invalid", (int)point);
     }
-    if (!grow((void **)&m->hooks[point], &m->cap_hooks[point], m->n_hooks[point],
-              sizeof(fsdp_hook))) {
+    if (!fsdp_array_reserve((void **)&m->hooks[point], &m->cap_hooks[point], m->n_hooks[point] + 1,
+                            sizeof(fsdp_hook))) {
         if (free_user) free_user(user);
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add a hook");
     }
@@ -624,13 +614,8 @@ fsdp_status fsdp_nn_record_activation(fsdp_ctx *ctx, fsdp_tensor *t) {
     if (!m || (ctx->phase != FSDP_PHASE_FORWARD && ctx->recompute_depth == 0)) return FSDP_OK;
     for (int i = 0; i < m->n_acts; i++)
         if (m->acts[i] == t) return FSDP_OK;
-    if (m->n_acts == m->cap_acts) {
-        int cap = m->cap_acts ? 2 * m->cap_acts : 4;
-        fsdp_tensor **a = realloc(m->acts, (size_t)cap * sizeof *a);
-        if (!a) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot record an activation");
-        m->acts = a;
-        m->cap_acts = cap;
-    }
+    if (!fsdp_array_reserve((void **)&m->acts, &m->cap_acts, m->n_acts + 1, sizeof *m->acts))
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot record an activation");
     m->acts[m->n_acts++] = t;
     return FSDP_OK;
 }

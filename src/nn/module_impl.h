@@ -65,18 +65,23 @@ struct fsdp_module {
     char *fqn;  /* "" for a root */
     fsdp_module *parent;
     fsdp_module **children;
-    int n_children, cap_children;
+    int n_children;
+    int64_t cap_children;
     fsdp_param **params;
-    int n_params, cap_params;
+    int n_params;
+    int64_t cap_params;
     fsdp_buffer *buffers;
-    int n_buffers, cap_buffers;
+    int n_buffers;
+    int64_t cap_buffers;
     fsdp_hook *hooks[FSDP_HOOK_POINT_COUNT];
-    int n_hooks[FSDP_HOOK_POINT_COUNT], cap_hooks[FSDP_HOOK_POINT_COUNT];
+    int n_hooks[FSDP_HOOK_POINT_COUNT];
+    int64_t cap_hooks[FSDP_HOOK_POINT_COUNT];
     int next_hook_id;
     /* The buffers this module's own forward made with fsdp_nn_buffer (its activations: outputs
      * and what it saves for backward). Handles only: the kind's impl owns them. */
     fsdp_tensor **acts;
-    int n_acts, cap_acts;
+    int n_acts;
+    int64_t cap_acts;
     fsdp_ckpt ckpt; /* activation checkpointing (checkpoint.c) */
 };
 

@@ -20,6 +20,10 @@ bool fsdp_nn_has_hook(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn 
 /* How many of m's hooks at point run a function other than fn. */
 int fsdp_nn_num_hooks_other_than(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn);
 
+/* m's ops, the vtable of its kind: the layer that defines a kind recognises its modules by
+ * comparing this with its own ops, never by the kind's name. */
+const fsdp_module_ops *fsdp_nn_module_ops(const fsdp_module *m);
+
 /* The module's name for messages, written into buf: "Linear 'net1'" or "Linear (root)". */
 const char *fsdp_nn_describe(const fsdp_module *m, char *buf, size_t size);
 
@@ -40,7 +44,6 @@ void fsdp_nn_param_set_hook_applied(fsdp_param *p, bool on);
  * managed parameter's gradient is not zeroed by fsdp_module_zero_grad (refused, naming this
  * text), optimizers refuse it, and TP refuses to distribute it. */
 void fsdp_nn_param_set_manager(fsdp_param *p, const char *manager);
-const char *fsdp_nn_param_manager(const fsdp_param *p);
 /* FSDP_ERR_STATE naming `what`, the first managed parameter of m's subtree and its manager's
  * advice when there is one; FSDP_OK otherwise. Nothing is changed. */
 fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *what);
@@ -53,6 +56,8 @@ fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *w
 fsdp_status fsdp_nn_check_on_cpu(fsdp_ctx *ctx, fsdp_module *m, const char *who, const char *layer,
                                  const char *before);
 
+/* Whether m is a Linear (fsdp_linear_create). */
+bool fsdp_nn_is_linear(const fsdp_module *m);
 /* Whether m is an Embedding (fsdp_embedding_create). */
 bool fsdp_nn_is_embedding(const fsdp_module *m);
 /* Embedding m's weight now holds the rows [start, start + its rows) of the vocabulary (TP's

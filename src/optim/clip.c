@@ -2,9 +2,9 @@
  * or across the ranks that shard them: local |g|^p sums are kept apart by the groups that
  * shard them and added up over exactly those groups (fsdp/norm_impl.h). */
 #include <math.h>
-#include <string.h>
 
 #include "core/error.h"
+#include "fsdp/flat.h"
 #include "fsdp/norm_impl.h"
 #include "fsdp/optim.h"
 #include "fsdp/tp.h"
@@ -16,7 +16,7 @@ static fsdp_status add_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, voi
     if (!fsdp_param_requires_grad(p)) return FSDP_OK;
     /* FSDP's shards are clipped through fsdp_sharded_clip_grad_norm, which knows which group
      * shards each part of them; a part of its module tree cannot be clipped alone. */
-    if (strcmp(fsdp_module_kind(fsdp_param_module(p)), "FlatParams") == 0)
+    if (fsdp_module_is_flat_params(fsdp_param_module(p)))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "clip_grad_norm: '%s' is an FSDP shard inside the optimizer's module; "
                          "pass the whole fsdp_sharded_flat_params(sh) module (or call "
@@ -59,9 +59,8 @@ fsdp_status fsdp_clip_grad_norm(fsdp_ctx *ctx, fsdp_module *m, double max_norm, 
     FSDP_TRY(fsdp_clip_check(ctx, max_norm, norm_type));
     /* The module FSDP hands the optimizer: its shards are summed over the groups that shard
      * each part of them. */
-    if (strcmp(fsdp_module_kind(m), "FlatParams") == 0 && fsdp_module_impl(m))
-        return fsdp_sharded_clip_grad_norm(ctx, fsdp_module_impl(m), max_norm, norm_type,
-                                           total_norm);
+    fsdp_sharded *sh = fsdp_module_flat_params_owner(m);
+    if (sh) return fsdp_sharded_clip_grad_norm(ctx, sh, max_norm, norm_type, total_norm);
     fsdp_norm_acc a;
     fsdp_norm_acc_init(&a, norm_type);
     FSDP_TRY(norm_acc_add_module(ctx, &a, m));

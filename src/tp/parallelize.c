@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/array.h"
 #include "core/error.h"
 #include "nn/nn.h"
 #include "tp/tp_impl.h"
@@ -14,17 +15,13 @@
 /* A growable list of modules. */
 typedef struct module_list {
     fsdp_module **items;
-    int n, cap;
+    int n;
+    int64_t cap;
 } module_list;
 
 static fsdp_status list_push(fsdp_ctx *ctx, module_list *l, fsdp_module *m) {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 8;
-        fsdp_module **items = realloc(l->items, (size_t)cap * sizeof *items);
-        if (!items) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot grow a module list");
-        l->items = items;
-        l->cap = cap;
-    }
+    if (!fsdp_array_reserve((void **)&l->items, &l->cap, l->n + 1, sizeof *l->items))
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot grow a module list");
     l->items[l->n++] = m;
     return FSDP_OK;
 }
@@ -95,8 +92,9 @@ fsdp_status fsdp_tp_parallelize(fsdp_ctx *ctx, fsdp_module *root, const fsdp_mes
     FSDP_ARG_NOT_NULL(ctx, root);
     FSDP_ARG_NOT_NULL(ctx, mesh);
     if (n > 0) FSDP_ARG_NOT_NULL(ctx, plan);
-    if (!root || !mesh || (n > 0 && !plan) || n < 0)
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tp_parallelize: NULL argument");
+    if (n < 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_tp_parallelize: n is %d; the plan's length is 0 or more", n);
     FSDP_TRY(fsdp_nn_check_on_cpu(ctx, root, "fsdp_tp_parallelize", "tensor parallelism",
                                   "parallelising it"));
     module_list *matches = calloc((size_t)n + 1, sizeof *matches);

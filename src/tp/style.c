@@ -3,7 +3,6 @@
  * after it, and in backward moves the gradients back the same way (Partial read as
  * Replicate), so the module's own forward and backward run on plain local tensors. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "core/error.h"
 #include "kernels/kernels.h"
@@ -418,7 +417,7 @@ fsdp_status tp_style_check(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tp_st
     FSDP_TRY(resolve_style(ctx, style, where, &resolved));
     bool rowwise_embedding = style->kind == FSDP_TP_ROWWISE && fsdp_nn_is_embedding(m);
     if ((style->kind == FSDP_TP_COLWISE || style->kind == FSDP_TP_ROWWISE) &&
-        strcmp(fsdp_module_kind(m), "Linear") != 0 && !rowwise_embedding)
+        !fsdp_nn_is_linear(m) && !rowwise_embedding)
         return FSDP_FAIL(
             ctx, FSDP_ERR_INVALID_ARGUMENT, "%s applies to Linear modules%s; %s is a %s",
             fsdp_tp_style_kind_to_string(style->kind),
@@ -453,7 +452,7 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_
     if (s->style.kind == FSDP_TP_ROWWISE && fsdp_nn_is_embedding(m))
         return setup_embedding(ctx, m, s, src_rank);
     if (s->style.kind == FSDP_TP_COLWISE || s->style.kind == FSDP_TP_ROWWISE) {
-        if (strcmp(fsdp_module_kind(m), "Linear") != 0)
+        if (!fsdp_nn_is_linear(m))
             return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                              "%s applies to Linear modules; %s is a %s", name, where,
                              fsdp_module_kind(m));

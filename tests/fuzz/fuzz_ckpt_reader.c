@@ -9,13 +9,12 @@
  *                    [FILE...]
  * runs N seeded random programs (or for S seconds; raw byte flips in PERCENT of them), printing
  * each refusal with --verbose, or replays the given inputs. */
-#define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup, truncate, clock_gettime */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup, truncate */
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -23,6 +22,7 @@
 #include "ckpt/ckpt_impl.h"
 #include "ckpt/h5.h"
 #include "ckpt/zstd_filter.h"
+#include "core/clock.h"
 #include "fsdp/fsdp.h"
 
 #define MAX_ROWS  128
@@ -897,12 +897,6 @@ static uint64_t next(uint64_t *s) { /* splitmix64 */
     return z ^ (z >> 31);
 }
 
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int replay(const char *file) {
     FILE *f = fopen(file, "rb");
     if (!f) return fprintf(stderr, "cannot read %s\n", file), 1;
@@ -942,11 +936,11 @@ int main(int argc, char **argv) {
         teardown();
         return rc;
     }
-    double start = seconds();
+    double start = fsdp_clock_now();
     uint64_t rng = seed;
     long n = 0;
     uint8_t buf[96];
-    for (; limit > 0 ? seconds() - start < limit : n < iterations; n++) {
+    for (; limit > 0 ? fsdp_clock_now() - start < limit : n < iterations; n++) {
         size_t len = 1 + next(&rng) % sizeof buf;
         for (size_t i = 0; i < len; i++) buf[i] = (uint8_t)next(&rng);
         /* Raw byte flips (op 9) only in raw_percent of the inputs. */
@@ -956,11 +950,11 @@ int main(int argc, char **argv) {
         run_one(buf, len);
         if ((n + 1) % 1000 == 0)
             printf("  %ld inputs, %.0f s: %ld opened, %ld loaded, %ld reads\n", n + 1,
-                   seconds() - start, g.opened, g.loaded, g.verified);
+                   fsdp_clock_now() - start, g.opened, g.loaded, g.verified);
     }
     printf("fuzz_ckpt_reader: %ld inputs in %.1f s (seed %llu, raw %d%%): %ld opened, %ld "
            "loaded, %ld regions read; no crash\n",
-           n, seconds() - start, (unsigned long long)seed, g.raw_percent, g.opened, g.loaded,
+           n, fsdp_clock_now() - start, (unsigned long long)seed, g.raw_percent, g.opened, g.loaded,
            g.verified);
     teardown();
     return 0;
