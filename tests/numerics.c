@@ -15,6 +15,16 @@ double fsdp_test_gamma(int64_t k) {
     return ku < 1.0 ? ku / (1.0 - ku) : INFINITY;
 }
 
+double fsdp_test_sum_tol(int64_t k, int depth) {
+    return 8.0 * sqrt((double)k * depth) * FSDP_TEST_U32;
+}
+
+double fsdp_test_max_abs(const float *x, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)x[i]));
+    return m;
+}
+
 double fsdp_test_adam_step_bound(double beta1, double beta2, int t) {
     double bc1 = 1.0 - pow(beta1, t), bc2 = 1.0 - pow(beta2, t), s = 0.0;
     for (int i = 1; i <= t; i++) {

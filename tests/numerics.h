@@ -19,6 +19,17 @@
  * most twice that; the typical difference is about sqrt(k) u. */
 double fsdp_test_gamma(int64_t k);
 
+/* The tolerance, relative to the largest magnitude of a tensor, for two float32 evaluations of
+ * it that pass through `depth` chained sums of up to k terms each in different orders (another
+ * BLAS kernel, another split over ranks, PyTorch's kernels): 8 sqrt(k depth) u. Each rounding
+ * is an error of up to u of a partial sum, whose scale the tensor's largest magnitude bounds;
+ * with terms of mixed signs the errors add as a random walk (Higham and Mary, SIAM J. Sci.
+ * Comput. 41(5), 2019), so the two evaluations differ by about sqrt(k depth / 3) u of that
+ * scale, and this allows 14 times as much, still far below the worst case 2 k depth u. */
+double fsdp_test_sum_tol(int64_t k, int depth);
+/* max |x[i]| over n floats (0 when n is 0). */
+double fsdp_test_max_abs(const float *x, int64_t n);
+
 /* Adam's (and AdamW's) largest move of one element in its step t (1, 2, ...), as a multiple of
  * lr: the bias-corrected |m / (sqrt(v) + eps)| is at most sqrt(sum_i a_i^2 / b_i) for i = 1..t
  * (Cauchy-Schwarz), with a_i = (1 - beta1) beta1^(t-i) / (1 - beta1^t) and b_i likewise with
