@@ -63,7 +63,7 @@ void fsdp_test_adam_add(fsdp_test_adam_check *c, const char *name, const float *
     for (int64_t i = 0; i < n; i++) {
         double d = fabs((double)got[i] - (double)want[i]);
         if (isnan(d)) d = INFINITY;
-        if (d > c->bulk) {
+        if (d > c->bulk + c->bulk_rtol * fabs((double)want[i])) {
             c->exceptions++;
             if (!(d <= c->move)) c->beyond_move++;
         } else if (d > c->max_bulk) {
@@ -84,9 +84,10 @@ bool fsdp_test_adam_ok(const fsdp_test_adam_check *c, char *why, size_t len) {
                  (long long)c->beyond_move, c->move, c->worst);
     else if (c->exceptions > c->max_exceptions)
         snprintf(why, len,
-                 "%lld of %lld elements differ by more than %.3g (at most %lld may): largest %s",
-                 (long long)c->exceptions, (long long)c->n, c->bulk, (long long)c->max_exceptions,
-                 c->worst);
+                 "%lld of %lld elements differ by more than %.3g + %.3g |want| (at most %lld "
+                 "may): largest %s",
+                 (long long)c->exceptions, (long long)c->n, c->bulk, c->bulk_rtol,
+                 (long long)c->max_exceptions, c->worst);
     else
         return true;
     return false;

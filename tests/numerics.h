@@ -53,6 +53,7 @@ double fsdp_test_quantile_abs_diff(const float *a, const float *b, int64_t n, do
  * fsdp_test_adam_add, then ask fsdp_test_adam_ok. */
 typedef struct fsdp_test_adam_check {
     double bulk;            /* every element but the exceptions within this */
+    double bulk_rtol;       /* ... plus this times |want| (0 for the noise rule) */
     double move;            /* an exception within this */
     int64_t max_exceptions; /* how many may exceed bulk */
     /* what was seen */
