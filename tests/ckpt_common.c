@@ -49,7 +49,6 @@ static fsdp_status build(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
     r->dp_index = fsdp_mesh_coordinate(r->mesh, 0) * shard + fsdp_mesh_coordinate(r->mesh, 1);
     FSDP_TRY(fsdp_model_mlp_stacked(ctx, 2, &r->model));
     FSDP_TRY(fsdp_module_reset_parameters(ctx, r->model, SEED));
-    if (jb->nudge) FSDP_TRY(fsdp_test_nudge_params(ctx, r->model, 77));
     if (l->tp > 1) {
         FSDP_TRY(fsdp_mesh_dim(ctx, r->mesh, "tp", &r->tp));
         fsdp_tp_plan_entry plan[] = {{"layers.*.net1", FSDP_COLWISE()},
@@ -145,6 +144,11 @@ static fsdp_status job_rank(fsdp_ctx *ctx, int rank, void *user) {
     run r = {0};
     fsdp_status s = build(ctx, jb, &r);
     if (s == FSDP_OK && jb->load) s = load(ctx, jb, &r);
+    if (s == FSDP_OK && jb->nudge) {
+        FSDP_RANK_CHECK(ctx, jb->l->mode == MODE_PLAIN && jb->l->tp == 1,
+                        "ckpt_job.nudge: layout %s is not one plain rank", jb->l->name);
+        s = fsdp_test_nudge_params(ctx, r.model, 77);
+    }
     fsdp_ckpt_writer *w = NULL;
     bool each = jb->async || jb->each_step;
     fsdp_ckpt_options wo = {.zstd_level = jb->raw ? FSDP_CKPT_NO_COMPRESSION : 0,

@@ -50,8 +50,9 @@ typedef struct ckpt_job {
     float *forward_out;
     ckpt_save_hook before_save; /* or NULL */
     void *hook_user;
-    /* Start from the seed's parameters nudged by one ulp (fsdp_test_nudge_params): a run whose
-     * difference from the same run unnudged is its rounding noise. */
+    /* Start from the seed's (or the loaded) parameters nudged by one ulp
+     * (fsdp_test_nudge_params): a run whose difference from the same run unnudged is its
+     * rounding noise. One plain rank (MODE_PLAIN, 1x1) only. */
     bool nudge;
 } ckpt_job;
 
