@@ -10,11 +10,6 @@
 #include "core/error.h" // defines: FSDP_FAIL
 #include "fsdp/rng.h"   // defines: fsdp_rng_uniform
 
-double fsdp_test_gamma(int64_t k) {
-    double ku = (double)k * FSDP_TEST_U32;
-    return ku < 1.0 ? ku / (1.0 - ku) : INFINITY;
-}
-
 double fsdp_test_sum_tol(int64_t k, int depth) {
     return 8.0 * sqrt((double)k * depth) * FSDP_TEST_U32;
 }

@@ -1,7 +1,7 @@
 /* numerics.h: the bounds the numerical suites share, derived from float32 arithmetic rather
  * than tuned to one machine's BLAS kernel (docs/testing.md "Bounds"): the unit roundoff, the
- * rounding bound of a sum, and the statistical comparison of two Adam runs whose gradients
- * were summed in different orders. */
+ * tolerance of chained sums evaluated in another order, and the statistical comparison of two
+ * Adam runs whose gradients were summed in different orders. */
 #ifndef FSDP_TEST_NUMERICS_H
 #define FSDP_TEST_NUMERICS_H
 
@@ -12,12 +12,6 @@
 
 /* float32's unit roundoff u = 2^-24: one rounding changes a value by at most u of it. */
 #define FSDP_TEST_U32 0x1p-24
-
-/* The worst-case rounding error of a float32 sum of k terms, relative to the sum of their
- * magnitudes: gamma_k = k u / (1 - k u) (Higham, Accuracy and Stability, 3.1). Two sums of the
- * same terms in different orders (another BLAS kernel, another split over ranks) differ by at
- * most twice that; the typical difference is about sqrt(k) u. */
-double fsdp_test_gamma(int64_t k);
 
 /* The tolerance, relative to the largest magnitude of a tensor, for two float32 evaluations of
  * it that pass through `depth` chained sums of up to k terms each in different orders (another
