@@ -9,8 +9,8 @@ CMAKE_ARGS ?=
 CONFIG     ?= examples/digits.ini
 PREFIX     ?= /usr/local
 
-.PHONY: all deps configure build train test sanitize-build test-sanitize test-tsan fuzz-config \
-	bench bench-mpi bench-scaling install format clean
+.PHONY: all deps configure build train test test-coretypes sanitize-build test-sanitize test-tsan \
+	fuzz-config bench bench-mpi bench-scaling install format clean
 
 all: build
 
@@ -32,6 +32,12 @@ train: configure
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# The numerical suites (CTest label numerics) again under every OpenBLAS kernel family this CPU
+# can execute (OPENBLAS_CORETYPE Prescott, Sandybridge, Haswell, Zen, and SkylakeX with
+# AVX-512), so that no bound holds for one kernel only (docs/testing.md "Bounds").
+test-coretypes: build
+	sh scripts/test-coretypes.sh $(BUILD) $(JOBS)
 
 # The same tests under AddressSanitizer and UndefinedBehaviorSanitizer, warnings as errors.
 # Debug (asserts on) at -O1, as the sanitizers' authors advise for speed: on the 2-core

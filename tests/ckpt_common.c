@@ -14,7 +14,7 @@
 #define SEED   5
 #define BATCH  CKPT_TEST_BATCH
 #define IN_DIM CKPT_TEST_DIM
-#define LR     1e-2
+#define LR     CKPT_LR
 
 typedef struct run {
     fsdp_mesh *mesh, *tp;
@@ -144,6 +144,11 @@ static fsdp_status job_rank(fsdp_ctx *ctx, int rank, void *user) {
     run r = {0};
     fsdp_status s = build(ctx, jb, &r);
     if (s == FSDP_OK && jb->load) s = load(ctx, jb, &r);
+    if (s == FSDP_OK && jb->nudge) {
+        FSDP_RANK_CHECK(ctx, jb->l->mode == MODE_PLAIN && jb->l->tp == 1,
+                        "ckpt_job.nudge: layout %s is not one plain rank", jb->l->name);
+        s = fsdp_test_nudge_params(ctx, r.model, 77);
+    }
     fsdp_ckpt_writer *w = NULL;
     bool each = jb->async || jb->each_step;
     fsdp_ckpt_options wo = {.zstd_level = jb->raw ? FSDP_CKPT_NO_COMPRESSION : 0,
@@ -273,7 +278,13 @@ fsdp_status ckpt_test_verify(const char *path) {
     return s;
 }
 
-bool ckpt_test_same(const char *pa, const char *pb, double rtol, double atol, const char *what) {
+/* Calls fn on every tensor of checkpoint a with the tensor of the same name in b, both read
+ * whole; false (with a message) when they do not match in tensors, shapes or steps, or when fn
+ * returns false. */
+typedef bool (*pair_fn)(const fsdp_ckpt_tensor *t, const float *va, const float *vb, int64_t n,
+                        void *user);
+
+static bool each_pair(const char *pa, const char *pb, pair_fn fn, void *user, const char *what) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_ckpt *a = NULL, *b = NULL;
     bool ok = pa && pb && fsdp_ckpt_open(ctx, pa, &a) == FSDP_OK &&
@@ -291,16 +302,7 @@ bool ckpt_test_same(const char *pa, const char *pb, double rtol, double atol, co
         float *va = malloc((size_t)n * 4 + 4), *vb = malloc((size_t)n * 4 + 4);
         ok = ok && fsdp_ckpt_read(ctx, a, t, &all, va) == FSDP_OK &&
              fsdp_ckpt_read(ctx, b, u, &all, vb) == FSDP_OK;
-        for (int64_t i = 0; ok && i < n; i++) {
-            double d = fabs((double)va[i] - vb[i]);
-            bool good =
-                rtol < 0 ? memcmp(&va[i], &vb[i], 4) == 0 : d <= atol + rtol * fabs((double)vb[i]);
-            if (!good) {
-                fprintf(stderr, "\n  %s: %s[%lld] is %.9g, want %.9g\n", what, ta.name,
-                        (long long)i, va[i], vb[i]);
-                ok = false;
-            }
-        }
+        ok = ok && fn(&ta, va, vb, n, user);
         free(va);
         free(vb);
     }
@@ -308,4 +310,103 @@ bool ckpt_test_same(const char *pa, const char *pb, double rtol, double atol, co
     fsdp_ckpt_close(a);
     fsdp_ckpt_close(b);
     return ok;
+}
+
+typedef struct same_cmp {
+    double rtol, atol; /* rtol < 0: bitwise */
+    const char *what;
+    double max_abs, used; /* the largest difference, and the largest over its bound */
+    char worst[96];
+} same_cmp;
+
+static bool same_tensor(const fsdp_ckpt_tensor *t, const float *va, const float *vb, int64_t n,
+                        void *user) {
+    same_cmp *c = user;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)va[i] - vb[i]), bound = c->atol + c->rtol * fabs((double)vb[i]);
+        bool good = c->rtol < 0 ? memcmp(&va[i], &vb[i], 4) == 0 : d <= bound;
+        c->max_abs = fmax(c->max_abs, d);
+        if (c->rtol >= 0 && d / bound > c->used) {
+            c->used = d / bound;
+            snprintf(c->worst, sizeof c->worst, "%.60s[%lld]", t->name, (long long)i);
+        }
+        if (!good) {
+            fprintf(stderr, "\n  %s: %s[%lld] is %.9g, want %.9g\n", c->what, t->name, (long long)i,
+                    va[i], vb[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+bool ckpt_test_same(const char *pa, const char *pb, double rtol, double atol, const char *what) {
+    same_cmp c = {.rtol = rtol, .atol = atol, .what = what};
+    bool ok = each_pair(pa, pb, same_tensor, &c, what);
+    if (ok && rtol >= 0)
+        printf("\n    %s: max abs diff %.3g, %.2g of the bound (at %s)", what, c.max_abs, c.used,
+               c.worst);
+    return ok;
+}
+
+typedef struct adam_cmp {
+    same_cmp state; /* everything but the parameters */
+    fsdp_test_adam_check *rule;
+} adam_cmp;
+
+static bool adam_tensor(const fsdp_ckpt_tensor *t, const float *va, const float *vb, int64_t n,
+                        void *user) {
+    adam_cmp *c = user;
+    if (t->kind != FSDP_STATE_PARAM) return same_tensor(t, va, vb, n, &c->state);
+    fsdp_test_adam_add(c->rule, t->name, va, vb, n);
+    return true;
+}
+
+bool ckpt_test_same_adam(const char *pa, const char *pb, fsdp_test_adam_check *rule, double rtol,
+                         double atol, const char *what) {
+    adam_cmp c = {.state = {.rtol = rtol, .atol = atol, .what = what}, .rule = rule};
+    char why[256];
+    bool ok = each_pair(pa, pb, adam_tensor, &c, what);
+    if (ok && !fsdp_test_adam_ok(rule, why, sizeof why)) {
+        fprintf(stderr, "\n  %s: parameters: %s\n", what, why);
+        ok = false;
+    }
+    if (ok)
+        printf("\n    %s: parameters max abs diff %.3g (%.2g x the bound, %lld elements beyond "
+               "it); moments %.2g of their bound",
+               what, rule->max_abs, rule->max_abs / rule->bulk, (long long)rule->exceptions,
+               c.state.used);
+    return ok;
+}
+
+typedef struct noise_cmp {
+    float *a, *b;
+    int64_t n, cap;
+} noise_cmp;
+
+static bool collect_params(const fsdp_ckpt_tensor *t, const float *va, const float *vb, int64_t n,
+                           void *user) {
+    noise_cmp *c = user;
+    if (t->kind != FSDP_STATE_PARAM) return true;
+    if (c->n + n > c->cap) {
+        c->cap = 2 * (c->n + n);
+        float *a = realloc(c->a, (size_t)c->cap * 4),
+              *b = a ? realloc(c->b, (size_t)c->cap * 4) : NULL;
+        if (a) c->a = a;
+        if (b) c->b = b;
+        if (!a || !b) return false;
+    }
+    memcpy(c->a + c->n, va, (size_t)n * 4);
+    memcpy(c->b + c->n, vb, (size_t)n * 4);
+    c->n += n;
+    return true;
+}
+
+double ckpt_test_param_noise(const char *pa, const char *pb, double q) {
+    noise_cmp c = {0};
+    double noise = each_pair(pa, pb, collect_params, &c, "noise")
+                       ? fsdp_test_quantile_abs_diff(c.a, c.b, c.n, q)
+                       : NAN;
+    free(c.a);
+    free(c.b);
+    return noise;
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "fsdp/fsdp.h"
+#include "numerics.h" // defines: fsdp_test_adam_check
 
 typedef enum ckpt_mode { MODE_PLAIN, MODE_FSDP, MODE_REPLICATE } ckpt_mode;
 
@@ -27,7 +28,7 @@ typedef enum ckpt_optim { OPT_ADAM, OPT_SGD } ckpt_optim;
 typedef void (*ckpt_save_hook)(int64_t step, void *user);
 
 /* One run: train `steps` after loading `load` (NULL: from the seed), then save to `save`.
- * Adam and SGD (momentum 0.9) use lr 1e-2; the loss is MSE. */
+ * Adam and SGD (momentum 0.9) use lr CKPT_LR; the loss is MSE. */
 typedef struct ckpt_job {
     bool async;     /* save every step (keep 2), asynchronously */
     bool each_step; /* save every step synchronously (keep 2) */
@@ -49,10 +50,15 @@ typedef struct ckpt_job {
     float *forward_out;
     ckpt_save_hook before_save; /* or NULL */
     void *hook_user;
+    /* Start from the seed's (or the loaded) parameters nudged by one ulp
+     * (fsdp_test_nudge_params): a run whose difference from the same run unnudged is its
+     * rounding noise. One plain rank (MODE_PLAIN, 1x1) only. */
+    bool nudge;
 } ckpt_job;
 
-#define CKPT_TEST_BATCH 12 /* the global batch: divisible by every dp size of the matrix */
-#define CKPT_TEST_DIM   10 /* the model's input and output width */
+#define CKPT_TEST_BATCH 12   /* the global batch: divisible by every dp size of the matrix */
+#define CKPT_LR         1e-2 /* Adam's and SGD's learning rate */
+#define CKPT_TEST_DIM   10   /* the model's input and output width */
 
 /* Runs a job on dp x tp rank threads (or its rank of an MPI job). */
 fsdp_status ckpt_test_run(const ckpt_job *jb);
@@ -79,7 +85,14 @@ char *ckpt_test_flip_value_byte(const char *path, int rank);
  * FSDP_OK, or the first failure, its message (naming the tensor) in the test context. */
 fsdp_status ckpt_test_verify(const char *path);
 /* Every tensor of checkpoint a equals b's: bitwise (rtol < 0) or within rtol/atol; prints the
- * first difference, labelled `what`. */
+ * first difference, labelled `what`, and (with rtol >= 0) the largest difference. */
 bool ckpt_test_same(const char *a, const char *b, double rtol, double atol, const char *what);
+/* Two Adam runs' checkpoints (tests/numerics.h): the parameters by `rule` (what it saw is added
+ * to *rule), every other tensor (Adam's moments, buffers) within rtol/atol. */
+bool ckpt_test_same_adam(const char *a, const char *b, fsdp_test_adam_check *rule, double rtol,
+                         double atol, const char *what);
+/* The q-quantile of |a - b| over the parameters of checkpoints a and b: with b the same run
+ * nudged (ckpt_job.nudge), a's rounding noise. NAN when they cannot be read. */
+double ckpt_test_param_noise(const char *a, const char *b, double q);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "dp_common.h" // defines: dp_build_model, dp_batch_block, dp_forward_backward
 #include "harness.h"
+#include "numerics.h" // defines: fsdp_test_adam_check, fsdp_test_nudge_params
 
 typedef struct scenario {
     const char *name;
@@ -32,6 +33,9 @@ typedef struct rank_state {
     fsdp_sharded *sh;
     fsdp_optimizer *ref_opt, *dist_opt;
     fsdp_tensor *x, *labels, *x_local, *labels_local, *dref, *ddist;
+    /* Adam: the reference again from parameters nudged by one ulp (its rounding noise), and
+     * twice the largest move Adam has made so far (numerics.h) */
+    dp_adam_noise noise;
 } rank_state;
 
 static void rank_state_release(rank_state *rs) {
@@ -40,6 +44,7 @@ static void rank_state_release(rank_state *rs) {
     fsdp_sharded_free(rs->sh);
     fsdp_module_free(rs->ref);
     fsdp_module_free(rs->dist);
+    dp_adam_noise_release(&rs->noise);
     fsdp_tensor *t[] = {rs->x, rs->labels, rs->x_local, rs->labels_local, rs->dref, rs->ddist};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) fsdp_tensor_free(t[i]);
 }
@@ -79,6 +84,7 @@ static fsdp_status setup_optimizers(fsdp_ctx *ctx, const scenario *s, rank_state
     if (s->adam) {
         FSDP_TRY(fsdp_adam_create(ctx, rs->ref, &s->adam_opts, &rs->ref_opt));
         FSDP_TRY(fsdp_adam_create(ctx, flat, &s->adam_opts, &rs->dist_opt));
+        FSDP_TRY(dp_adam_noise_init(ctx, &rs->noise, s->batch_dim, &s->adam_opts, false));
     } else {
         FSDP_TRY(fsdp_sgd_create(ctx, rs->ref, &s->sgd, &rs->ref_opt));
         FSDP_TRY(fsdp_sgd_create(ctx, flat, &s->sgd, &rs->dist_opt));
@@ -106,6 +112,8 @@ typedef struct param_cmp {
     fsdp_module *dist;
     const char *stage;
     double max_abs;
+    double bulk_used;   /* Adam: the largest difference over the rule's bulk bound */
+    int64_t exceptions; /* Adam: the most elements beyond the bulk after one step */
 } param_cmp;
 
 static fsdp_status compare_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
@@ -119,10 +127,25 @@ static fsdp_status compare_param(fsdp_ctx *ctx, fsdp_param *p, const char *name,
 }
 
 /* Every parameter of the sharded model, gathered by summon_full_params, against the
- * reference's. */
+ * reference's. SGD: every element within rtol 1e-5, atol 1e-6. SGD moves a parameter by lr
+ * times its gradient, a sum over the 128 samples whose terms the ranks add in another order
+ * (f32: a few u of their magnitudes, about 1e-7 of gradients up to ~10; lr 0.1, 3 steps,
+ * momentum 0.9: about 5e-7 of parameters up to 4.6, seen 3.6e-7). Adam (after a step): the
+ * statistical rule of tests/numerics.h against the reference's rounding noise (dp_common.h). */
 static fsdp_status compare_all(fsdp_ctx *ctx, rank_state *rs, param_cmp *cmp) {
     FSDP_TRY(fsdp_summon_full_params(ctx, rs->sh, NULL));
-    fsdp_status st = fsdp_module_visit_params(ctx, rs->ref, compare_param, cmp);
+    fsdp_status st;
+    if (rs->noise.steps > 0) {
+        fsdp_test_adam_check c;
+        st = dp_adam_compare(ctx, &rs->noise, rs->ref, rs->dist, cmp->stage, &c);
+        if (st == FSDP_OK) {
+            cmp->max_abs = fmax(cmp->max_abs, c.max_abs);
+            cmp->bulk_used = fmax(cmp->bulk_used, c.max_abs / c.bulk);
+            if (c.exceptions > cmp->exceptions) cmp->exceptions = c.exceptions;
+        }
+    } else {
+        st = fsdp_module_visit_params(ctx, rs->ref, compare_param, cmp);
+    }
     fsdp_status rel = fsdp_release_full_params(ctx, rs->sh);
     return st != FSDP_OK ? st : rel;
 }
@@ -164,6 +187,9 @@ static fsdp_status train_step(fsdp_ctx *ctx, const scenario *s, rank_state *rs, 
         s->name, step, (long long)ag_f, units, (long long)ag_b, nonroot, (long long)rs_b, units,
         (long long)total);
     FSDP_TRY(fsdp_optimizer_step(ctx, rs->ref_opt));
+    if (rs->noise.model)
+        FSDP_TRY(dp_adam_noise_step(ctx, &rs->noise, rs->x, rs->labels, (float)(1.0 / s->world),
+                                    fsdp_optimizer_lr(rs->ref_opt)));
     /* The ranks' losses add up to the reference's. */
     char stage[96];
     snprintf(stage, sizeof stage, "%s step %d", s->name, step);
@@ -184,6 +210,9 @@ static fsdp_status data_parallel_run(fsdp_ctx *ctx, int rank, const scenario *s,
     if (rank == 0)
         printf("\n    %s (%d ranks, batch %lld, %d units): max abs diff %.3g", s->name, s->world,
                (long long)s->batch, fsdp_sharded_num_units(rs->sh), cmp.max_abs);
+    if (rank == 0 && rs->noise.model)
+        printf(" (%.2g x the bound, at most %lld elements beyond it)", cmp.bulk_used,
+               (long long)cmp.exceptions);
     return FSDP_OK;
 }
 
@@ -271,6 +300,7 @@ static fsdp_status groups_run(fsdp_ctx *ctx, int rank, const scenario *s, rank_s
     }
     FSDP_TRY(fsdp_adamw_create(ctx, rs->ref, &o, &rs->ref_opt));
     FSDP_TRY(fsdp_adamw_create(ctx, flat, &o, &rs->dist_opt));
+    FSDP_TRY(dp_adam_noise_init(ctx, &rs->noise, s->batch_dim, &o, true));
     int g;
     FSDP_TRY(fsdp_optimizer_param_group(ctx, rs->dist_opt, "net2.weight", &g));
     FSDP_RANK_CHECK(ctx, g == 1, "net2.weight is in group %d, want 1", g);
@@ -282,7 +312,10 @@ static fsdp_status groups_run(fsdp_ctx *ctx, int rank, const scenario *s, rank_s
         fsdp_optimizer_set_lr(rs->dist_opt, lr);
         FSDP_TRY(train_step(ctx, s, rs, step, &cmp));
     }
-    if (rank == 0) printf("\n    %s (%d ranks): max abs diff %.3g", s->name, s->world, cmp.max_abs);
+    if (rank == 0)
+        printf("\n    %s (%d ranks): max abs diff %.3g (%.2g x the bound, at most %lld elements "
+               "beyond it)",
+               s->name, s->world, cmp.max_abs, cmp.bulk_used, (long long)cmp.exceptions);
     return FSDP_OK;
 }
 

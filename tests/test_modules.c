@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "core/ctx_impl.h"
-#include "core/error.h"
 #include "core/device.h"
+#include "core/error.h"
 #include "core/tensor_impl.h"
 #include "harness.h"
 
@@ -178,6 +178,7 @@ static void test_hooks_order_scope_and_replacement(void) {
     const float *b1 = fsdp_tensor_f32(fsdp_param_data(fsdp_module_get_param(m, "net1.bias")));
     const float *w2 = fsdp_tensor_f32(fsdp_param_data(fsdp_module_get_param(m, "net2.weight")));
     const float *b2 = fsdp_tensor_f32(fsdp_param_data(fsdp_module_get_param(m, "net2.bias")));
+    /* a 17-term float32 sum against double: at most gamma_17 sum |terms| (< 1e-6 here) */
     for (int o = 0; o < 10; o++) {
         double acc = b2[o];
         for (int i = 0; i < 16; i++) acc += (double)w2[o * 16 + i] * fmax(b1[i], 0.0);
@@ -231,7 +232,9 @@ static double probe_loss(fsdp_module *m, const fsdp_tensor *x, const fsdp_tensor
 }
 
 /* Central differences of probe_loss with respect to n elements of v; h = 1e-2 in f32 gives
- * about 1e-3 relative error on these smooth models. */
+ * about 1e-3 relative error on these smooth models (the truncation, h^2 / 6 of the third
+ * derivative, and the loss's float32 rounding over 2h); the bound, rtol 2e-2 + atol 2e-3, is
+ * 20 times that (seen 0.004 of it). */
 static bool check_fd(const char *name, fsdp_module *m, const fsdp_tensor *x, const fsdp_tensor *r,
                      float *v, const float *analytic, int64_t n) {
     const float h = 1e-2f;
@@ -311,6 +314,8 @@ static void test_gradients_accumulate_and_frozen_params(void) {
     FSDP_TEST_OK(fsdp_module_backward(ctx, m, dy, NULL));
     float twice[32];
     for (int i = 0; i < 32; i++) twice[i] = 2.0f * once[i];
+    /* g + g is exactly 2 g; a GEMM kernel that accumulates into the gradient (beta 1) rounds
+     * each of its few terms against it instead: a few u (rtol 1e-6 = 17 u) */
     FSDP_TEST_CLOSE("net2.weight grad after two backwards", fsdp_tensor_f32(fsdp_param_grad(w)),
                     twice, 32, 1e-6, 0);
     const float *fg = fsdp_tensor_f32(fsdp_param_grad(frozen));
@@ -424,6 +429,7 @@ static void test_sgd_update_equations(void) {
         }
         float want[6];
         for (int i = 0; i < 6; i++) want[i] = (float)p[i];
+        /* elementwise float32 against double: a few roundings per step, 4 steps (17 u) */
         FSDP_TEST_CLOSE("sgd weight after 4 steps", pw, want, 6, 1e-6, 1e-7);
         FSDP_TEST_OK(fsdp_optimizer_zero_grad(ctx, opt));
         CU_ASSERT_EQUAL(gw[5], 0.0f);
