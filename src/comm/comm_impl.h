@@ -340,8 +340,9 @@ void fsdp_comm_wait_log(fsdp_ctx *ctx, int op, const char *group_desc, int n_mem
  * out after 100 ms: rank 3 did not arrive (arrived: 0,1,2). ..."); returns its status
  * (FSDP_ERR_TIMEOUT, FSDP_ERR_COMM, or the poisoning failure's). */
 fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size_t size);
-/* "1,3": the members m < n with mask[m] == want, as world ranks (ranks[m]; ranks NULL: m
- * itself), cut where buf is full; returns how many there are. */
+/* "1,3,8-15": the members m < n with mask[m] == want, as world ranks (ranks[m]; ranks NULL: m
+ * itself), a run of 4 or more consecutive ranks as "first-last"; when buf is too small, the
+ * items that fit and ",..." (never part of a number). Returns how many members there are. */
 int fsdp_comm_rank_list(const int *ranks, const bool *mask, int n, bool want, char *buf,
                         size_t size);
 
