@@ -373,6 +373,14 @@ static void test_bad_metadata(void) {
     FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "metadata.h5", twice,
                     "two tensors");
     free(twice);
+    /* A negative step count is named as what it is, with its own value (before: "step (2)"). */
+    snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
+    CU_ASSERT_EQUAL(system(cmd), 0);
+    set_attr_i64(file, "optim_steps", -5);
+    FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "metadata.h5",
+                    "optim_steps is negative (-5)");
+    set_attr_i64(file, "step", -3);
+    FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "step is negative (-3)");
     /* Put back: it opens again. */
     snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
     CU_ASSERT_EQUAL(system(cmd), 0);
