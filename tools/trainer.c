@@ -874,7 +874,12 @@ static fsdp_status save(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
                         const train_progress *prog, bool commit, train_result *res, char *err,
                         size_t err_size) {
     double blocked = 0;
-    TRY(train_saver_save(ctx, &s->saver, prog, commit, &blocked));
+    fsdp_status st = train_saver_save(ctx, &s->saver, prog, commit, &blocked);
+    if (st != FSDP_OK) { /* named here: a save inside the loop is no failure of "training" */
+        snprintf(err, err_size, "saving the checkpoint of step %lld: %s", (long long)prog->step,
+                 fsdp_last_error(ctx));
+        return st;
+    }
     snprintf(res->saved, sizeof res->saved, "%s", fsdp_ckpt_writer_last_path(s->saver.writer));
     if (!s->out) return FSDP_OK;
     bar_clear(s);
@@ -1289,11 +1294,24 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
         st = train_tokens_load(cfg, &tokens, err, err_size);
         job.tokens = &tokens;
     }
+    int left = 0;
     if (st == FSDP_OK) {
         job.my_rank = -1;
-        st = fsdp_world_run(ctx, world, rank_main, &job);
-        if (st != FSDP_OK) failure_message(ctx, world, &job, st, err, err_size);
-        if (result) *result = job.result;
+        /* on the heap: a rank thread left running may write to it after this returns */
+        train_job *run = malloc(sizeof *run);
+        if (run) *run = job;
+        st = run ? fsdp_world_run(ctx, world, rank_main, run) : FSDP_ERR_OUT_OF_MEMORY;
+        if (run) job = *run;
+        if (st != FSDP_OK && run) failure_message(ctx, world, &job, st, err, err_size);
+        if (!run) snprintf(err, err_size, "out of memory for the run of %d ranks", size);
+        left = fsdp_world_threads_left(world);
+        if (result) *result = job.result, result->threads_left = left;
+        if (!left) free(run);
+    }
+    if (left) { /* a thread left running may still read what the job points to: nothing is
+                   freed (src, data and tokens live in this frame: the process must end now) */
+        fsdp_world_free(world);
+        return st;
     }
     train_sources_free(&src);
     train_data_free(&data);
