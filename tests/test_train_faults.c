@@ -1,13 +1,18 @@
 /* test_train_faults.c: fsdp-train (the binary, FSDP_TRAIN_EXE) when the machine gets in the
- * way: under a file size limit (a disk that fills while a checkpoint is written), and with one
- * rank's open() never answered (a rank thread stuck inside HDF5). Each ends by itself with exit
- * status 1 and a message that says what happened (no signal 11, no hang, no HDF5 text). */
+ * way: under a file size limit (a disk that fills while a checkpoint is written), with one
+ * rank's open() never answered (a rank thread stuck inside HDF5), on a checkpoint directory
+ * another run holds or that it cannot write. Each ends by itself with exit status 1 and a
+ * message that says what happened (no signal 11, no hang, no HDF5 text). */
 #define _POSIX_C_SOURCE 200809L // posix_spawn, kill
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ckpt_common.h" // defines: ckpt_test_tmp_root, ckpt_test_remove_tree
@@ -150,6 +155,105 @@ static void test_stuck_in_hdf5(void) {
     free(out);
 }
 
+/* Starts fsdp-train with g_small and `extra` (argv entries), its output into log. */
+static pid_t start_tool(const char *const *extra, const char *log) {
+    const char *argv[64];
+    char sets[N_SMALL][128];
+    int n = 0;
+    argv[n++] = FSDP_TRAIN_EXE;
+    argv[n++] = "--config";
+    argv[n++] = FSDP_SOURCE_DIR "/examples/mlp.ini";
+    for (int i = 0; i < N_SMALL; i++) {
+        snprintf(sets[i], sizeof sets[i], "--set=%s", g_small[i]);
+        argv[n++] = sets[i];
+    }
+    for (int i = 0; extra[i] && n < 62; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = -1;
+    extern char **environ;
+    if (posix_spawn(&pid, FSDP_TRAIN_EXE, &fa, NULL, (char *const *)argv, environ) != 0) pid = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+}
+
+/* Whether file holds `text`, polled every 10 ms for up to `seconds`. */
+static bool wait_for_text(const char *file, const char *text, int seconds) {
+    for (int i = 0; i < seconds * 100; i++) {
+        char buf[4096] = "";
+        FILE *f = fopen(file, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        buf[n] = '\0';
+        if (strstr(buf, text)) return true;
+        fsdp_test_sleep_ms(10);
+    }
+    return false;
+}
+
+/* A second run on a checkpoint directory that a running one holds is refused before it trains,
+ * naming the process that holds it; before, both trained and saved into it, one replacing and
+ * pruning the other's checkpoints (and failing to flush a directory the other removed). */
+static void test_dir_in_use(void) {
+    if (!*FSDP_TRAIN_EXE) return;
+    const char *dir = scratch("shared"), *log = scratch("first.log");
+    char dir_set[1200], pid_text[64], sets[1400], *out = NULL;
+    snprintf(dir_set, sizeof dir_set, "--set=checkpoint.dir=%s", dir);
+    pid_t pid = start_tool(SET("--set=train.steps=100000000", "--set=checkpoint.every=50",
+                               "--set=train.log_every=100000", dir_set),
+                           log);
+    CU_ASSERT_TRUE_FATAL(pid > 0);
+    snprintf(pid_text, sizeof pid_text, "process %ld on ", (long)pid);
+    char lock[1200];
+    snprintf(lock, sizeof lock, "%s/.lock", dir);
+    bool held = wait_for_text(lock, pid_text, 120) && wait_for_text(log, "loss", 120);
+    CU_ASSERT_TRUE(held);
+    snprintf(sets, sizeof sets, "--set checkpoint.dir='%s' --set train.steps=8", dir);
+    int status = tool("exec", sets, &out);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    CU_ASSERT_EQUAL(status, 1);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        out, SET("[checkpoint] dir = ", "is in use by another run", pid_text, "(FSDP_ERR_STATE)")));
+    CU_ASSERT_PTR_NULL(strstr(out, "loss"));
+    free(out);
+}
+
+/* A checkpoint directory the run cannot write is refused before training (exit status 1), not
+ * at the first save after training for `every` steps: here a path under a regular file, and a
+ * directory without write permission when not running as root. */
+static void test_dir_unwritable(void) {
+    if (!*FSDP_TRAIN_EXE) return;
+    const char *file = scratch("plain-file");
+    FILE *f = fopen(file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fclose(f);
+    char sets[1400], *out = NULL;
+    snprintf(sets, sizeof sets, "--set checkpoint.dir='%s/ck' --set train.steps=8", file);
+    CU_ASSERT_EQUAL(tool("exec", sets, &out), 1);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        out, SET("cannot write checkpoints into [checkpoint] dir = ", "Not a directory",
+                 "(FSDP_ERR_IO)")));
+    CU_ASSERT_PTR_NULL(strstr(out, "loss"));
+    free(out);
+    if (geteuid() == 0) {
+        fsdp_test_skip("running as root, which may write any directory: only the path under a "
+                       "file was tried");
+        return;
+    }
+    const char *ro = scratch("read-only");
+    mkdir(ro, 0555);
+    snprintf(sets, sizeof sets, "--set checkpoint.dir='%s' --set train.steps=8", ro);
+    CU_ASSERT_EQUAL(tool("exec", sets, &out), 1);
+    CU_ASSERT_TRUE(fsdp_test_message_has(out, SET("cannot write to", "Permission denied")));
+    CU_ASSERT_PTR_NULL(strstr(out, "loss"));
+    free(out);
+    chmod(ro, 0755);
+}
+
 static int setup(void) {
     g_root = ckpt_test_tmp_root();
     return g_root ? 0 : 1;
@@ -159,6 +263,8 @@ int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"full_disk", test_full_disk},
         {"stuck_in_hdf5", test_stuck_in_hdf5},
+        {"dir_in_use", test_dir_in_use},
+        {"dir_unwritable", test_dir_unwritable},
     };
     if (setup() != 0) return 2;
     int rc =

@@ -29,6 +29,16 @@ fsdp_status train_sources_resolve(fsdp_ctx *ctx, const train_config *cfg, train_
                                   char *err, size_t err_size);
 void train_sources_free(train_sources *src);
 
+/* [checkpoint] dir, claimed by this run before training (by the process of rank 0): the
+ * directory is made (with its parents) and a lock file, <dir>/.lock, is written with this
+ * process's id and locked (flock, held until train_ckpt_release_dir or the process ends). A
+ * directory this run cannot write fails at once (FSDP_ERR_IO) instead of at the first save; a
+ * directory another run holds fails (FSDP_ERR_STATE) naming that run's process: two runs saving
+ * into one directory would replace and prune each other's checkpoints. *fd receives the lock's
+ * descriptor (-1 on failure); the message goes into err. */
+fsdp_status train_ckpt_claim_dir(const train_config *cfg, int *fd, char *err, size_t err_size);
+void train_ckpt_release_dir(int fd); /* -1: nothing */
+
 /* Where the loop stands: what a checkpoint saves beside the tensors, as named integers
  * (extras) "train.step", "data.position", "log.loss_sum_bits" (the double's bits) and
  * "log.steps_since". The data are functions of the global sample index and training draws

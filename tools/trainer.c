@@ -1280,6 +1280,9 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
     } else if (st == FSDP_OK) {
         st = train_layout_resolve(cfg, size, &job.layout, err, err_size);
     }
+    int lock = -1; /* [checkpoint] dir, claimed before anything reads or writes it */
+    if (st == FSDP_OK && cfg->checkpoint.dir[0] && fsdp_world_hosts_rank(world, 0))
+        st = train_ckpt_claim_dir(cfg, &lock, err, err_size);
     train_sources src; /* resolved once per process: the ranks only read it */
     memset(&src, 0, sizeof src);
     job.src = &src;
@@ -1318,5 +1321,6 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
     train_tokens_free(&tokens);
     free(job.messages);
     fsdp_world_free(world);
+    train_ckpt_release_dir(lock);
     return st;
 }
