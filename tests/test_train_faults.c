@@ -1,11 +1,15 @@
-/* test_train_faults.c: fsdp-train (the binary, FSDP_TRAIN_EXE) when the machine gets in the
- * way: under a file size limit (a disk that fills while a checkpoint is written), with one
- * rank's open() never answered (a rank thread stuck inside HDF5), on a checkpoint directory
- * another run holds or that it cannot write. Each ends by itself with exit status 1 and a
- * message that says what happened (no signal 11, no hang, no HDF5 text). */
+/* test_train_faults.c: fsdp-train when the machine or the run's own numbers get in the way. The
+ * binary (FSDP_TRAIN_EXE) under a file size limit (a disk that fills while a checkpoint is
+ * written), with one rank's open() never answered (a rank thread stuck inside HDF5), on a
+ * checkpoint directory another run holds or that it cannot write: each ends by itself with exit
+ * status 1 and a message that says what happened (no signal 11, no hang, no HDF5 text). And
+ * train_run from a diverged checkpoint resumed and from NaN [model] init parameters: each fails
+ * naming what is to blame. */
 #define _POSIX_C_SOURCE 200809L // posix_spawn, kill
 
 #include <fcntl.h>
+#include <hdf5.h>
+#include <math.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -37,7 +41,8 @@
 #endif
 #endif
 
-static char *g_root; /* this run's scratch directory */
+static train_config g_cfg; /* large: keep it off the stack */
+static char *g_root;       /* this run's scratch directory */
 
 #define SET(...) ((const char *const[]){__VA_ARGS__, NULL})
 
@@ -254,17 +259,89 @@ static void test_dir_unwritable(void) {
     chmod(ro, 0755);
 }
 
+/* ---- what the numbers hide (train_run in this process) ---------------------------------- */
+
+static void set(const char *assignment) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    FSDP_TEST_OK(train_config_set(&g_cfg, assignment, err, sizeof err));
+}
+
+/* train_run on g_small with the overrides; the error in err. */
+static fsdp_status run(const char *const *overrides, train_result *res, char *err) {
+    train_config_init(&g_cfg);
+    for (int i = 0; i < N_SMALL; i++) set(g_small[i]);
+    set("log.level=warn");
+    for (int i = 0; overrides[i]; i++) set(overrides[i]);
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, res, err, TRAIN_ERROR_SIZE);
+    printf("\n    %s", st == FSDP_OK ? "(ok)" : err);
+    return st;
+}
+
+/* tests/fixtures/train_mlp.h5 (a PyTorch state dict of g_small's model) copied to
+ * <root>/<name>.h5 with `value` at element `at` of tensor `tensor`. */
+static const char *poisoned_state_dict(const char *name, const char *tensor, int at, float value) {
+    static char path[1200];
+    snprintf(path, sizeof path, "%s/%s.h5", g_root, name);
+    static const char *const names[] = {"0.weight", "0.bias",   "2.weight",
+                                        "2.bias",   "4.weight", "4.bias"};
+    hid_t in = H5Fopen(FSDP_FIXTURE_DIR "/train_mlp.h5", H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t out = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    CU_ASSERT_FATAL(in >= 0 && out >= 0);
+    for (int i = 0; i < 6; i++) {
+        hid_t ds = H5Dopen2(in, names[i], H5P_DEFAULT), space = H5Dget_space(ds);
+        hssize_t n = H5Sget_simple_extent_npoints(space);
+        float *v = malloc((size_t)n * sizeof *v);
+        H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+        if (strcmp(names[i], tensor) == 0) v[at] = value;
+        hid_t copy =
+            H5Dcreate2(out, names[i], H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        H5Dwrite(copy, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+        H5Dclose(copy);
+        free(v);
+        H5Sclose(space);
+        H5Dclose(ds);
+    }
+    H5Fclose(out);
+    H5Fclose(in);
+    return path;
+}
+
+/* A loss that is not finite before the first step blames where the parameters came from: a
+ * resumed checkpoint saved after its run diverged (lr 1e30: its last update overflowed the
+ * outputs), or a [model] init file with a NaN bias; not "the teacher's targets", as before. */
+static void test_start_blamed(void) {
+    char dir_set[1200], err[TRAIN_ERROR_SIZE];
+    train_result res;
+    snprintf(dir_set, sizeof dir_set, "checkpoint.dir=%s", scratch("diverged"));
+    CU_ASSERT_EQUAL(run(SET(dir_set, "optim.lr=1e30", "train.steps=1"), &res, err), FSDP_ERR_STATE);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, SET("the update of step 1 diverged")));
+    CU_ASSERT_EQUAL(run(SET(dir_set, "optim.lr=1e30", "train.steps=2"), &res, err), FSDP_ERR_STATE);
+    CU_ASSERT_TRUE(
+        fsdp_test_message_has(err, SET("the whole-dataset loss at the resumed step is",
+                                       "the parameters of the checkpoint it resumed from",
+                                       "step-00000001", "resume from an earlier checkpoint")));
+    CU_ASSERT_PTR_NULL(strstr(err, "teacher"));
+
+    char init[1300];
+    snprintf(init, sizeof init, "model.init=%s", poisoned_state_dict("nan_bias", "4.bias", 1, NAN));
+    CU_ASSERT_EQUAL(run(SET(init, "train.steps=2"), &res, err), FSDP_ERR_STATE);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, SET("the whole-dataset loss before training is",
+                                                  "the parameters of [model] init", "nan_bias.h5",
+                                                  "are not finite")));
+    CU_ASSERT_PTR_NULL(strstr(err, "teacher"));
+}
+
 static int setup(void) {
     g_root = ckpt_test_tmp_root();
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     return g_root ? 0 : 1;
 }
 
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
-        {"full_disk", test_full_disk},
-        {"stuck_in_hdf5", test_stuck_in_hdf5},
-        {"dir_in_use", test_dir_in_use},
-        {"dir_unwritable", test_dir_unwritable},
+        {"full_disk", test_full_disk},       {"stuck_in_hdf5", test_stuck_in_hdf5},
+        {"dir_in_use", test_dir_in_use},     {"dir_unwritable", test_dir_unwritable},
+        {"start_blamed", test_start_blamed},
     };
     if (setup() != 0) return 2;
     int rc =

@@ -230,6 +230,24 @@ fsdp_status train_sources_resolve(fsdp_ctx *ctx, const train_config *cfg, train_
     return st;
 }
 
+void train_ckpt_start_blame(const train_config *cfg, const train_sources *src, char *buf,
+                            size_t size) {
+    char key[1024];
+    buf[0] = '\0';
+    if (src->resume[0])
+        snprintf(buf, size,
+                 "the parameters of the checkpoint it resumed from, '%s', are not finite or "
+                 "overflow float32 (was it saved after its run diverged?): resume from an earlier "
+                 "checkpoint (--set checkpoint.resume=<its step directory>) or start anew "
+                 "(--set checkpoint.resume=none)",
+                 src->resume);
+    else if (src->init[0])
+        snprintf(buf, size,
+                 "the parameters of %s are not finite or overflow float32 (saved after a run "
+                 "diverged?): give other initial parameters",
+                 train_config_key_text(cfg, "model", "init", key, sizeof key));
+}
+
 void train_sources_free(train_sources *src) {
     if (src->tmp[0]) remove_tree(src->tmp);
     src->tmp[0] = '\0';

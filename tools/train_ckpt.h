@@ -28,6 +28,11 @@ typedef struct train_sources {
 fsdp_status train_sources_resolve(fsdp_ctx *ctx, const train_config *cfg, train_sources *src,
                                   char *err, size_t err_size);
 void train_sources_free(train_sources *src);
+/* For a loss that is not finite before any step: the parameters the run started from when they
+ * came from a checkpoint (resumed) or [model] init, named as what to blame and the fix; "" when
+ * they are random (then the data or the initialisation are to blame). */
+void train_ckpt_start_blame(const train_config *cfg, const train_sources *src, char *buf,
+                            size_t size);
 
 /* [checkpoint] dir, claimed by this run before training (by the process of rank 0): the
  * directory is made (with its parents) and a lock file, <dir>/.lock, is written with this

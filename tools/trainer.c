@@ -842,11 +842,13 @@ static fsdp_status close_metrics(train_state *s, char *err, size_t err_size) {
 
 /* A loss that is not finite: writes "<what>; lower <the keys that can have caused it>" into
  * err. The keys are those the run uses: lr once a step was taken, weight_decay when not 0, the
- * label noise when not 0; each with its value and origin. */
-static fsdp_status not_finite(const train_config *cfg, bool trained, char *err, size_t err_size,
-                              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static fsdp_status not_finite(const train_config *cfg, bool trained, char *err, size_t err_size,
-                              const char *fmt, ...) {
+ * label noise when not 0; each with its value and origin. Before any step of a run that did not
+ * start from random parameters, `start` (train_ckpt_start_blame) is blamed instead. */
+static fsdp_status not_finite(const train_config *cfg, bool trained, const char *start, char *err,
+                              size_t err_size, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static fsdp_status not_finite(const train_config *cfg, bool trained, const char *start, char *err,
+                              size_t err_size, const char *fmt, ...) {
     const char *keys[3][2];
     int n = 0;
     if (trained) keys[n][0] = "optim", keys[n++][1] = "lr";
@@ -856,9 +858,13 @@ static fsdp_status not_finite(const train_config *cfg, bool trained, char *err, 
     va_start(ap, fmt);
     vsnprintf(err, err_size, fmt, ap);
     va_end(ap);
+    if (!trained && start && *start) n = 0;
     if (n == 0)
-        train_append(err, err_size,
-                     "; the teacher's targets or the initial model overflow float32");
+        train_append(err, err_size, "; %s",
+                     start && *start ? start
+                     : cfg->data.kind == TRAIN_DATA_SYNTHETIC
+                         ? "the teacher's targets or the initial model overflow float32"
+                         : "the initial model overflows float32 on this data");
     for (int i = 0; i < n; i++) {
         char text[TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 64];
         const char *sep = i == 0 ? "; lower " : i < n - 1 ? ", " : " or ";
@@ -963,8 +969,8 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         TRY(train_step(ctx, cfg, s, k0, &loss));
         prog->position = (k0 + cfg->data.batch_size) % s->n_train;
         if (!isfinite(loss)) /* the same global loss on every rank: all stop here */
-            return not_finite(cfg, true, err, err_size, "the loss became %g at step %lld", loss,
-                              (long long)step);
+            return not_finite(cfg, true, NULL, err, err_size, "the loss became %g at step %lld",
+                              loss, (long long)step);
         if (cfg->optim.clip_grad_norm > 0 && s->sh)
             TRY(fsdp_sharded_clip_grad_norm(ctx, s->sh, cfg->optim.clip_grad_norm, 2.0,
                                             &grad_norm));
@@ -1098,9 +1104,12 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
         what = "evaluating the initial loss";
         st = dataset_loss(ctx, &s, &res->first_loss);
     }
-    if (st == FSDP_OK && !isfinite(res->first_loss))
-        st = not_finite(cfg, false, err, err_size, "the whole-dataset loss %s is %g",
+    if (st == FSDP_OK && !isfinite(res->first_loss)) {
+        char start[3 * TRAIN_CKPT_PATH];
+        train_ckpt_start_blame(cfg, src, start, sizeof start);
+        st = not_finite(cfg, false, start, err, err_size, "the whole-dataset loss %s is %g",
                         prog.step ? "at the resumed step" : "before training", res->first_loss);
+    }
     if (st == FSDP_OK && s.out)
         st = print_first_loss(cfg, &s, res->first_loss, prog.step, err, err_size);
     if (st == FSDP_OK && prog.step > 0 && s.n_eval > 0) { /* where a resumed run stands */
@@ -1135,7 +1144,7 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
     }
     if (st == FSDP_OK && !res->interrupted && !isfinite(res->last_loss))
         /* the last update is checked only here */
-        st = not_finite(cfg, true, err, err_size,
+        st = not_finite(cfg, true, NULL, err, err_size,
                         "the whole-dataset loss after training is %g (%g before): the update "
                         "of step %lld diverged",
                         res->last_loss, res->first_loss, (long long)res->steps);
