@@ -3,8 +3,8 @@
  * written), with one rank's open() never answered (a rank thread stuck inside HDF5), on a
  * checkpoint directory another run holds or that it cannot write: each ends by itself with exit
  * status 1 and a message that says what happened (no signal 11, no hang, no HDF5 text). And
- * train_run from a diverged checkpoint resumed and from NaN [model] init parameters: each fails
- * naming what is to blame. */
+ * train_run with NaN parameters that a ReLU keeps out of the loss, a diverged checkpoint resumed
+ * and NaN [model] init parameters: each fails naming what is to blame. */
 #define _POSIX_C_SOURCE 200809L // posix_spawn, kill
 
 #include <fcntl.h>
@@ -306,6 +306,26 @@ static const char *poisoned_state_dict(const char *name, const char *tensor, int
     return path;
 }
 
+/* A NaN weight feeding hidden unit 3 of the first layer makes that unit's input NaN, which the
+ * ReLU turns into 0: the loss stays finite and falls, and the NaN stays in the model (its
+ * gradient is 0 too). The run fails naming the parameter (on 1 rank and on 2 FSDP shards);
+ * before, it ended with status 0 and the NaN in the model. */
+static void test_nan_params_hidden(void) {
+    char init[1300], err[TRAIN_ERROR_SIZE];
+    snprintf(init, sizeof init, "model.init=%s",
+             poisoned_state_dict("nan_hidden", "0.weight", 3 * 8 + 5, NAN));
+    train_result res;
+    for (int ranks = 1; ranks <= 2; ranks++) {
+        char r[32];
+        snprintf(r, sizeof r, "parallel.ranks=%d", ranks);
+        CU_ASSERT_EQUAL(run(SET(init, r, "train.steps=4"), &res, err), FSDP_ERR_STATE);
+        CU_ASSERT_TRUE(isfinite(res.last_loss));
+        CU_ASSERT_TRUE(fsdp_test_message_has(
+            err, SET("after training, '0.weight' holds NaN or infinite values",
+                     "though the whole-dataset loss is", "lower [optim] lr")));
+    }
+}
+
 /* A loss that is not finite before the first step blames where the parameters came from: a
  * resumed checkpoint saved after its run diverged (lr 1e30: its last update overflowed the
  * outputs), or a [model] init file with a NaN bias; not "the teacher's targets", as before. */
@@ -339,8 +359,11 @@ static int setup(void) {
 
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
-        {"full_disk", test_full_disk},       {"stuck_in_hdf5", test_stuck_in_hdf5},
-        {"dir_in_use", test_dir_in_use},     {"dir_unwritable", test_dir_unwritable},
+        {"full_disk", test_full_disk},
+        {"stuck_in_hdf5", test_stuck_in_hdf5},
+        {"dir_in_use", test_dir_in_use},
+        {"dir_unwritable", test_dir_unwritable},
+        {"nan_params_hidden", test_nan_params_hidden},
         {"start_blamed", test_start_blamed},
     };
     if (setup() != 0) return 2;

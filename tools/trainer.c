@@ -23,6 +23,7 @@
 #include "fsdp/version.h" // defines: FSDP_VERSION_STRING
 #include "train_ckpt.h"   // defines: train_sources, train_saver, train_ckpt_resume
 #include "train_data.h"   // defines: train_data_load, train_order_sample
+#include "train_finite.h" // defines: train_params_finite
 #include "train_llama.h"  // defines: train_llama_build, train_llama_forward_loss, train_llama_loss
 #include "train_tokens.h" // defines: train_tokens_load
 
@@ -1148,6 +1149,16 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
                         "the whole-dataset loss after training is %g (%g before): the update "
                         "of step %lld diverged",
                         res->last_loss, res->first_loss, (long long)res->steps);
+    char bad[TRAIN_MAX_STRING] = ""; /* a ReLU hides NaN parameters from the loss */
+    if (st == FSDP_OK && !res->interrupted) {
+        what = "checking the final parameters";
+        fsdp_state_sources params = {.model = s.model, .sharded = s.sh};
+        st = train_params_finite(ctx, &params, bad, sizeof bad);
+    }
+    if (st == FSDP_OK && bad[0])
+        st = not_finite(cfg, true, NULL, err, err_size,
+                        "after training, %s, though the whole-dataset loss is %g", bad,
+                        res->last_loss);
     if (st == FSDP_OK && s.metrics) st = close_metrics(&s, err, err_size);
     if (st == FSDP_OK && s.out && !res->interrupted && s.llama) {
         fprintf(s.out,
