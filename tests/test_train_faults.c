@@ -84,6 +84,10 @@ static void no_hdf5_text(const char *out) {
     CU_ASSERT_PTR_NULL(strstr(out, "buf ="));
 }
 
+/* Under AddressSanitizer, no leak report: HDF5 never frees the file it could not close (H5close
+ * would crash on it, so fsdp-train does not call it after a failure). */
+#define NO_LEAK_CHECK "ASAN_OPTIONS=\"$ASAN_OPTIONS:detect_leaks=0\""
+
 /* A disk that fills while a checkpoint is written (here: a file size limit, which fails the
  * write with EFBIG as a full disk does with ENOSPC; and a 64 KiB tmpfs where mounting one is
  * allowed): the run fails with exit status 1 and the reason, the save named by its step, not
@@ -95,7 +99,7 @@ static void test_full_disk(void) {
              "--set checkpoint.dir='%s' --set checkpoint.every=2 --set train.steps=4 "
              "--set parallel.ranks=2",
              scratch("full"));
-    int status = tool("ulimit -f 2; trap '' XFSZ; exec", sets, &out);
+    int status = tool("ulimit -f 2; trap '' XFSZ; " NO_LEAK_CHECK " exec", sets, &out);
     CU_ASSERT_EQUAL(status, 1);
     CU_ASSERT_TRUE(fsdp_test_message_has(
         out, SET("saving the checkpoint of step 2", "File too large", "(FSDP_ERR_IO)")));
@@ -117,7 +121,7 @@ static void test_full_disk(void) {
     snprintf(sets, sizeof sets,
              "--set checkpoint.dir='%s/ck' --set train.steps=2 --set model.widths=8,256,256,4",
              mnt);
-    status = tool("exec", sets, &out);
+    status = tool(NO_LEAK_CHECK " exec", sets, &out);
     CU_ASSERT_EQUAL(status, 1);
     CU_ASSERT_TRUE(fsdp_test_message_has(
         out, SET("saving the checkpoint of step 2", "No space left on device")));
