@@ -5,13 +5,11 @@
  * status 1 and a message that says what happened (no signal 11, no hang, no HDF5 text). And
  * train_run with NaN parameters that a ReLU keeps out of the loss, a diverged checkpoint resumed
  * and NaN [model] init parameters: each fails naming what is to blame. */
-#define _POSIX_C_SOURCE 200809L // posix_spawn, kill
+#define _POSIX_C_SOURCE 200809L // kill
 
-#include <fcntl.h>
 #include <hdf5.h>
 #include <math.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +19,7 @@
 
 #include "ckpt_common.h" // defines: ckpt_test_tmp_root, ckpt_test_remove_tree
 #include "harness.h"
-#include "shell.h"        // defines: fsdp_test_shell
+#include "shell.h"        // defines: fsdp_test_shell, fsdp_test_spawn
 #include "train_config.h" // defines: train_config_init, train_config_set
 #include "trainer.h"      // defines: train_run
 
@@ -178,15 +176,7 @@ static pid_t start_tool(const char *const *extra, const char *log) {
     }
     for (int i = 0; extra[i] && n < 62; i++) argv[n++] = extra[i];
     argv[n] = NULL;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = -1;
-    extern char **environ;
-    if (posix_spawn(&pid, FSDP_TRAIN_EXE, &fa, NULL, (char *const *)argv, environ) != 0) pid = -1;
-    posix_spawn_file_actions_destroy(&fa);
-    return pid;
+    return fsdp_test_spawn(argv, log);
 }
 
 /* Whether file holds `text`, polled every 10 ms for up to `seconds`. */
