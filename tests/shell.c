@@ -1,8 +1,11 @@
-/* shell.c: fsdp_test_shell, popen and read to the end into a growing buffer. */
-#define _POSIX_C_SOURCE 200809L // popen, pclose
+/* shell.c: fsdp_test_shell, popen and read to the end into a growing buffer; fsdp_test_spawn,
+ * posix_spawn with stdout and stderr into a file. */
+#define _POSIX_C_SOURCE 200809L // popen, pclose, posix_spawn
 
 #include "shell.h"
 
+#include <fcntl.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -26,4 +29,17 @@ int fsdp_test_shell(const char *command, char **output) {
     *output = text;
     int status = pclose(p);
     return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+pid_t fsdp_test_spawn(const char *const *argv, const char *log) {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = -1;
+    extern char **environ;
+    fflush(stdout);
+    if (posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, environ) != 0) pid = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
 }

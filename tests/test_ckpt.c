@@ -220,6 +220,36 @@ static void test_async_and_keep(void) {
     free(root);
 }
 
+/* What earlier saves left in the directory goes at the next save: a step directory without its
+ * commit marker (a removal cut short by a kill: the marker goes first) and a failed save's
+ * temporary directory; before, the first stayed forever. Committed checkpoints stay. */
+static void test_leftovers_removed(void) {
+    char *root = ckpt_test_tmp_root();
+    char dir[600], half[700], tmp[700], file[800], kept[700];
+    snprintf(dir, sizeof dir, "%s/c", root);
+    FSDP_TEST_OK(ckpt_test_run_job(&matrix[3], OPT_ADAM, NULL, dir, 0, 2));
+    snprintf(half, sizeof half, "%s/step-00000001", dir);
+    snprintf(tmp, sizeof tmp, "%s/.step-00000007.tmp", dir);
+    const char *left[] = {half, tmp};
+    for (int i = 0; i < 2; i++) {
+        CU_ASSERT_EQUAL(mkdir(left[i], 0755), 0);
+        snprintf(file, sizeof file, "%s/shard-00000.h5", left[i]);
+        FILE *f = fopen(file, "w");
+        CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+        fputs("half", f);
+        fclose(f);
+    }
+    FSDP_TEST_OK(ckpt_test_run_job(&matrix[3], OPT_ADAM, NULL, dir, 0, 3));
+    CU_ASSERT_NOT_EQUAL(access(half, F_OK), 0);
+    CU_ASSERT_NOT_EQUAL(access(tmp, F_OK), 0);
+    for (int step = 2; step <= 3; step++) {
+        snprintf(kept, sizeof kept, "%s/step-%08d/commit", dir, step);
+        CU_ASSERT_EQUAL(access(kept, F_OK), 0);
+    }
+    ckpt_test_remove_tree(root);
+    free(root);
+}
+
 /* ---- bad checkpoints ---- */
 
 /* A saved 2x2 checkpoint in a fresh directory; *dir and *path are malloc'ed. */
@@ -416,6 +446,14 @@ static void test_bad_metadata(void) {
     FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "metadata.h5", twice,
                     "two tensors");
     free(twice);
+    /* A negative step count is named as what it is, with its own value (before: "step (2)"). */
+    snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
+    CU_ASSERT_EQUAL(system(cmd), 0);
+    set_attr_i64(file, "optim_steps", -5);
+    FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "metadata.h5",
+                    "optim_steps is negative (-5)");
+    set_attr_i64(file, "step", -3);
+    FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "step is negative (-3)");
     /* Put back: it opens again. */
     snprintf(cmd, sizeof cmd, "cp '%s.bak' '%s'", file, file);
     CU_ASSERT_EQUAL(system(cmd), 0);
@@ -555,6 +593,7 @@ int main(int argc, char **argv) {
         {"reshard_matrix", test_reshard_matrix},
         {"resume_sgd_momentum", test_resume_sgd_momentum},
         {"async_and_keep", test_async_and_keep},
+        {"leftovers_removed", test_leftovers_removed},
         {"bad_checkpoints", test_bad_checkpoints},
         {"bad_metadata", test_bad_metadata},
         {"mismatch_and_load_value", test_mismatch_and_load_value},

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/comm_impl.h" // defines: fsdp_comm_rank_list
 #include "harness.h"
 
 #ifndef FSDP_FAULTS_EXE
@@ -364,12 +365,55 @@ static void test_mpi_killed_rank(void) {
     run_mpi_fault("FSDP_FAULTS_MPIRUN_RECOVERY", "kill", false);
 }
 
+/* Every item of list is a whole rank below n, or a run "a-b" of them, or the "..." that ends a
+ * list cut short. */
+static bool whole_ranks(const char *list, int n) {
+    for (const char *p = list; *p;) {
+        if (strcmp(p, "...") == 0) return true;
+        char *end;
+        long a = strtol(p, &end, 10), b = a;
+        if (end == p) return false;
+        if (*end == '-') b = strtol(end + 1, &end, 10);
+        if (a < 0 || b >= n || b < a || (*end && *end != ',')) return false;
+        p = *end ? end + 1 : end;
+    }
+    return true;
+}
+
+/* The lists of ranks the waits and timeouts name, for 1024 ranks: runs of consecutive ranks
+ * as "first-last", and a list cut short (every second rank) ends after a whole rank with
+ * "...", within the 256 bytes the messages give it; before, the list was cut inside a number
+ * ("...,166,16"), naming a rank that is not late. */
+static void test_rank_list_whole_numbers(void) {
+    enum { N = 1024 };
+    static bool late[N];
+    char buf[256];
+    memset(late, 0, sizeof late);
+    late[1000] = true;
+    CU_ASSERT_EQUAL(fsdp_comm_rank_list(NULL, late, N, false, buf, sizeof buf), N - 1);
+    CU_ASSERT_STRING_EQUAL(buf, "0-999,1001-1023");
+    CU_ASSERT_EQUAL(fsdp_comm_rank_list(NULL, late, N, true, buf, sizeof buf), 1);
+    CU_ASSERT_STRING_EQUAL(buf, "1000");
+    for (int r = 0; r < N; r++) late[r] = r % 2 == 1;
+    CU_ASSERT_EQUAL(fsdp_comm_rank_list(NULL, late, N, true, buf, sizeof buf), N / 2);
+    printf("\n    every second rank of %d: %s", N, buf);
+    CU_ASSERT_TRUE(whole_ranks(buf, N));
+    CU_ASSERT_TRUE(strlen(buf) > 200 && strcmp(buf + strlen(buf) - 4, ",...") == 0);
+    int members[3] = {4, 5, 9};
+    bool all[3] = {true, true, true};
+    CU_ASSERT_EQUAL(fsdp_comm_rank_list(members, all, 3, true, buf, sizeof buf), 3);
+    CU_ASSERT_STRING_EQUAL(buf, "4,5,9");
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--child") == 0) return child_main(argv[2], argv[3]);
     static const fsdp_test_case cases[] = {
-        {"stuck_rank_thread", test_stuck_rank_thread}, {"free_while_stuck", test_free_while_stuck},
-        {"waiting_rank_logs", test_waiting_rank_logs}, {"mpi_stopped_rank", test_mpi_stopped_rank},
+        {"stuck_rank_thread", test_stuck_rank_thread},
+        {"free_while_stuck", test_free_while_stuck},
+        {"waiting_rank_logs", test_waiting_rank_logs},
+        {"mpi_stopped_rank", test_mpi_stopped_rank},
         {"mpi_killed_rank", test_mpi_killed_rank},
+        {"rank_list_whole_numbers", test_rank_list_whole_numbers},
     };
     return fsdp_test_run(argc, argv, "comm_faults", cases, (int)(sizeof cases / sizeof cases[0]));
 }

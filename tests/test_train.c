@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h> // defines: mkfifo
 #include <sys/wait.h>
 #include <termios.h> // defines: tcgetattr, tcsetattr, OPOST
 #include <unistd.h>
@@ -1573,6 +1574,91 @@ static void test_h5_data(void) {
            SET("cannot read data file", "[data] path", "No such file"));
 }
 
+/* How the x of a stored_x file is stored. */
+typedef enum x_storage {
+    X_HALF_CHUNKS,   /* chunked by 10 rows, only the first 2 of its 4 chunks written */
+    X_NEVER_WRITTEN, /* contiguous, created and never written */
+    X_VIRTUAL,       /* virtual, its rows from dataset x of <name>-src.h5 */
+    X_VIRTUAL_SAME,  /* virtual, from dataset x_src of the same file, half its chunks written */
+} x_storage;
+
+/* good_spec's file whose x (40, 4) is stored as `how` says; y is whole. */
+static const char *stored_x(const char *name, x_storage how) {
+    static char path[1024];
+    char src[1100];
+    snprintf(path, sizeof path, "%s/test_train_%s.h5", FSDP_BINARY_DIR, name);
+    snprintf(src, sizeof src, "%s/test_train_%s-src.h5", FSDP_BINARY_DIR, name);
+    h5_spec sp = good_spec();
+    sp.x_name = "unused";
+    write_h5(name, sp); /* y, and an x under another name */
+    float x[40 * 4];
+    for (int i = 0; i < 40 * 4; i++) x[i] = (float)(i % 7) / 7.0f;
+    hsize_t dims[2] = {40, 4}, chunk[2] = {10, 4}, half[2] = {20, 4}, zero[2] = {0, 0};
+    hid_t space = H5Screate_simple(2, dims, NULL), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_FATAL(f >= 0);
+    const char *chunked = how == X_VIRTUAL_SAME ? "x_src" : "x";
+    if (how == X_HALF_CHUNKS || how == X_VIRTUAL_SAME) {
+        H5Pset_chunk(dcpl, 2, chunk);
+        hid_t ds = H5Dcreate2(f, chunked, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+        hid_t mem = H5Screate_simple(2, half, NULL), sel = H5Scopy(space);
+        H5Sselect_hyperslab(sel, H5S_SELECT_SET, zero, NULL, half, NULL);
+        H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, sel, H5P_DEFAULT, x);
+        H5Sclose(sel);
+        H5Sclose(mem);
+        H5Dclose(ds);
+    }
+    if (how == X_NEVER_WRITTEN)
+        H5Dclose(H5Dcreate2(f, "x", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    if (how == X_VIRTUAL) {
+        hid_t sf = H5Fcreate(src, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+        hid_t ds =
+            H5Dcreate2(sf, "x", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x);
+        H5Dclose(ds);
+        H5Fclose(sf);
+    }
+    if (how == X_VIRTUAL || how == X_VIRTUAL_SAME) {
+        H5Pclose(dcpl);
+        dcpl = H5Pcreate(H5P_DATASET_CREATE);
+        const char *base = strrchr(src, '/') + 1; /* found next to the file */
+        H5Pset_virtual(dcpl, space, how == X_VIRTUAL ? base : ".", how == X_VIRTUAL ? "x" : "x_src",
+                       space);
+        H5Dclose(H5Dcreate2(f, "x", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
+    }
+    H5Fclose(f);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    return path;
+}
+
+/* HDF5 reads zeros where a dataset's file stores nothing: chunks never written, a contiguous
+ * dataset never written, a virtual dataset's source file that is missing or not a regular
+ * file (a FIFO: opening it would wait for a writer), a virtual source with chunks missing. Each
+ * is refused before any value is read (status FSDP_ERR_IO, naming the dataset and what is
+ * missing); before, the run trained on the zeros and succeeded. A virtual dataset whose source
+ * is there trains. */
+static void test_h5_data_not_stored(void) {
+    h5_run(stored_x("half", X_HALF_CHUNKS), NULL, FSDP_ERR_IO,
+           SET("dataset 'x' ([data] x) has 2 of its 4 chunks in the file", "never written",
+               "HDF5 would read zeros"));
+    h5_run(stored_x("unwritten", X_NEVER_WRITTEN), NULL, FSDP_ERR_IO,
+           SET("dataset 'x' ([data] x) was never written"));
+    h5_run(stored_x("virtual", X_VIRTUAL), NULL, FSDP_OK, NULL);
+    const char *path = stored_x("virtual", X_VIRTUAL);
+    char src[1100];
+    snprintf(src, sizeof src, "%s/test_train_virtual-src.h5", FSDP_BINARY_DIR);
+    remove(src);
+    h5_run(path, NULL, FSDP_ERR_IO,
+           SET("dataset 'x' ([data] x) is virtual, and its source 0, dataset 'x' of file",
+               "test_train_virtual-src.h5', does not exist"));
+    CU_ASSERT_EQUAL(mkfifo(src, 0600), 0);
+    h5_run(path, NULL, FSDP_ERR_IO, SET("test_train_virtual-src.h5', is not a regular file"));
+    remove(src);
+    h5_run(stored_x("virtual_same", X_VIRTUAL_SAME), NULL, FSDP_ERR_IO,
+           SET("dataset 'x' ([data] x) has 2 of its 4 chunks in the file"));
+}
+
 /* A run on an HDF5 file of more training samples than [data] samples (the synthetic count,
  * 4096 by default) stops where its stream position is past 4096 and resumes: the position is
  * checked against the file's training samples (6000 rows, 4500 for training: step 8 of
@@ -1661,6 +1747,7 @@ int main(int argc, char **argv) {
         {"digits_example", test_digits_example},
         {"digits_layouts", test_digits_layouts},
         {"h5_data", test_h5_data},
+        {"h5_data_not_stored", test_h5_data_not_stored},
         {"shuffle", test_shuffle},
         {"h5_resume_past_samples", test_h5_resume_past_samples},
     };

@@ -6,12 +6,10 @@
  * key; [model] init takes a PyTorch state dict's parameters; SIGKILL mid-training loses
  * nothing but the steps since the last checkpoint; SIGINT and SIGTERM save and exit 130; and,
  * when CTest's MPI entry asks for it, the same under mpirun. */
-#define _POSIX_C_SOURCE 200809L // posix_spawn, setenv, nanosleep, open_memstream
+#define _POSIX_C_SOURCE 200809L // setenv, nanosleep, open_memstream, kill
 
-#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +20,7 @@
 
 #include "ckpt_common.h" // defines: ckpt_test_tmp_root, ckpt_test_remove_tree
 #include "harness.h"
+#include "shell.h"        // defines: fsdp_test_spawn
 #include "train_config.h" // defines: train_config_init, train_config_set
 #include "trainer.h"      // defines: train_run, train_stop_signal
 
@@ -644,15 +643,7 @@ static pid_t start_tool(const char *const *extra, const char *log) {
     }
     for (int i = 0; extra[i] && n < 62; i++) argv[n++] = extra[i];
     argv[n] = NULL;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = -1;
-    extern char **environ;
-    if (posix_spawn(&pid, FSDP_TRAIN_EXE, &fa, NULL, (char *const *)argv, environ) != 0) pid = -1;
-    posix_spawn_file_actions_destroy(&fa);
-    return pid;
+    return fsdp_test_spawn(argv, log);
 }
 
 /* Waits up to `seconds` for pid; its wait status, or -1 after killing it. */

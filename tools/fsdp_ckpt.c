@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "fsdp/fsdp.h"
+#include "tool_exit.h" // defines: tool_exit_begin, tool_exit
 
 enum { EXIT_OK = 0, EXIT_FAILED = 1, EXIT_USAGE = 2 };
 
@@ -583,6 +584,7 @@ static int flushed(int rc, const char *cmd) {
 }
 
 int main(int argc, char **argv) {
+    tool_exit_begin();
     if (argc < 2) return fprintf(stderr, "%s", usage_main), EXIT_USAGE;
     if (is_help(argv[1])) return printf("%s", usage_main), flushed(EXIT_OK, "--help");
     static const struct {
@@ -603,7 +605,8 @@ int main(int argc, char **argv) {
         }
         int rc = cmds[i].run(ctx, argc - 1, argv + 1);
         fsdp_ctx_free(ctx);
-        return flushed(rc, argv[1]);
+        /* a failed export or import may leave HDF5 holding a file it could not close */
+        return tool_exit(flushed(rc, argv[1]), rc == EXIT_OK ? TOOL_END_CLEAN : TOOL_END_FAILED);
     }
     fprintf(stderr, "fsdp-ckpt: unknown command '%s'\n%s", argv[1], usage_main);
     return EXIT_USAGE;

@@ -9,10 +9,12 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "fsdp/fsdp.h"
+#include "tool_exit.h"    // defines: tool_exit_begin, tool_exit
 #include "train_config.h" // defines: train_cli_parse, train_config_print_help
 #include "trainer.h"      // defines: train_run
 
@@ -42,13 +44,14 @@ static void on_stop_signal(int sig) {
     train_stop_signal = sig;
 }
 
-/* SIGINT and SIGTERM stop the run at a step boundary with a checkpoint; the handler is reset
- * when it runs, so a second signal ends the process the default way. */
-static void catch_stop_signals(void) {
+/* SIGINT and SIGTERM stop the run at a step boundary with a checkpoint (on); the handler is
+ * reset when it runs, so a second signal ends the process the default way. Once the ranks are
+ * done nothing reads the note any more: the signals end the process again (off). */
+static void catch_stop_signals(bool on) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESETHAND;
+    sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+    sa.sa_flags = on ? SA_RESETHAND : 0;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -70,6 +73,7 @@ static void print_interrupted(const train_config *cfg, const train_result *res) 
 int main(int argc, char **argv) {
     static train_config cfg; /* large: keep it off the stack */
     char err[TRAIN_ERROR_SIZE] = "";
+    tool_exit_begin();
     train_cli_action action;
     if (train_cli_parse(argc, argv, &cfg, &action, err, sizeof err) != FSDP_OK) {
         fprintf(stderr, "fsdp-train: %s\n", err);
@@ -87,9 +91,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsdp-train: cannot create the context (out of memory?)\n");
         return EXIT_RUN_FAILED;
     }
-    if (cfg.checkpoint.dir[0]) catch_stop_signals();
+    if (cfg.checkpoint.dir[0]) catch_stop_signals(true);
     train_result res;
     fsdp_status st = train_run(ctx, &cfg, stdout, &res, err, sizeof err);
+    if (cfg.checkpoint.dir[0]) catch_stop_signals(false);
     /* Once the ranks have run, every process has the same outcome: rank 0 tells it. Before
      * (res.rank -1: the world could not be made or laid out) each process does. */
     if (st != FSDP_OK && res.rank <= 0)
@@ -97,8 +102,9 @@ int main(int argc, char **argv) {
     fsdp_ctx_free(ctx);
     if (st == FSDP_OK && res.interrupted) {
         if (res.rank <= 0) print_interrupted(&cfg, &res);
-        return finish(EXIT_INTERRUPTED);
+        return tool_exit(finish(EXIT_INTERRUPTED), TOOL_END_CLEAN);
     }
-    if (st == FSDP_OK) return finish(EXIT_OK);
-    return finish(st == FSDP_ERR_CONFIG ? EXIT_USAGE : EXIT_RUN_FAILED);
+    if (st == FSDP_OK) return tool_exit(finish(EXIT_OK), TOOL_END_CLEAN);
+    int status = finish(st == FSDP_ERR_CONFIG ? EXIT_USAGE : EXIT_RUN_FAILED);
+    return tool_exit(status, res.threads_left ? TOOL_END_THREADS_LEFT : TOOL_END_FAILED);
 }

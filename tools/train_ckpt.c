@@ -1,19 +1,21 @@
 /* train_ckpt.c: fsdp-train's checkpoints: resolving [model] init and [checkpoint] resume,
  * loading a checkpoint at the run's layout with messages that name the tensor, the shapes,
  * the key and the fix, and saving the run with the loop's position. */
-#define _POSIX_C_SOURCE 200809L // open_memstream, mkdtemp, stat
+#define _DEFAULT_SOURCE // flock; and POSIX 2008: open_memstream, mkdtemp, stat
 
 #include "train_ckpt.h"
 #include "train_llama.h"
 
 #include <dirent.h> // defines: opendir, readdir
 #include <errno.h>
+#include <fcntl.h> // defines: open, O_CLOEXEC
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h> // defines: flock
 #include <sys/stat.h> // defines: stat, S_ISDIR, S_ISREG
 #include <time.h>
-#include <unistd.h> // defines: rmdir
+#include <unistd.h> // defines: rmdir, pread, pwrite, ftruncate, gethostname
 
 /* The extras a checkpoint of fsdp-train holds (train_progress). */
 static const char *const g_extra_names[] = {"train.step", "data.position", "log.loss_sum_bits",
@@ -42,6 +44,72 @@ static void remove_tree(const char *path) {
     }
     closedir(d);
     rmdir(path);
+}
+
+/* Makes dir and its parents; 0, or -1 with errno. */
+static int make_dirs(const char *dir) {
+    char path[TRAIN_CKPT_PATH];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(path, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Who holds the lock of fd: "process 1234 on host" as its holder wrote it, or "" when unknown. */
+static void lock_holder(int fd, char *buf, size_t size) {
+    ssize_t n = pread(fd, buf, size - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+}
+
+fsdp_status train_ckpt_claim_dir(const train_config *cfg, int *fd, char *err, size_t err_size) {
+    const char *dir = cfg->checkpoint.dir;
+    char path[TRAIN_CKPT_PATH + 16], key[1024], me[128], other[256] = "";
+    train_config_key_text(cfg, "checkpoint", "dir", key, sizeof key);
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    bool made = make_dirs(dir) == 0;
+    *fd = made ? open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
+    if (*fd < 0) {
+        snprintf(err, err_size,
+                 "cannot write checkpoints into %s: %s '%s': %s; give a directory this run can "
+                 "write",
+                 key, made ? "cannot write to" : "cannot create", dir, strerror(errno));
+        return FSDP_ERR_IO;
+    }
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        lock_holder(*fd, other, sizeof other);
+        close(*fd);
+        *fd = -1;
+        if (e == EWOULDBLOCK)
+            snprintf(err, err_size,
+                     "%s is in use by another run (%s, which holds '%s'): two runs saving into "
+                     "one directory would replace and prune each other's checkpoints; give this "
+                     "run another directory, or wait until that run has ended",
+                     key, other[0] ? other : "a process that did not say which", path);
+        else
+            snprintf(err, err_size, "cannot lock '%s' (%s): %s", path, key, strerror(e));
+        return e == EWOULDBLOCK ? FSDP_ERR_STATE : FSDP_ERR_IO;
+    }
+    char host[64] = "";
+    gethostname(host, sizeof host - 1);
+    int len = snprintf(me, sizeof me, "process %ld on %s\n", (long)getpid(), host[0] ? host : "?");
+    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, me, (size_t)len, 0) != len) {
+        snprintf(err, err_size, "cannot write checkpoints into %s: cannot write '%s': %s", key,
+                 path, strerror(errno));
+        train_ckpt_release_dir(*fd);
+        *fd = -1;
+        return FSDP_ERR_IO;
+    }
+    return FSDP_OK;
+}
+
+void train_ckpt_release_dir(int fd) {
+    if (fd >= 0) close(fd); /* the lock goes with it */
 }
 
 /* path itself when it is a committed checkpoint, else the newest committed one under it. */
@@ -160,6 +228,24 @@ fsdp_status train_sources_resolve(fsdp_ctx *ctx, const train_config *cfg, train_
     if (st == FSDP_OK) st = resolve_init(ctx, cfg, src, err, err_size);
     fsdp_ctx_free(own);
     return st;
+}
+
+void train_ckpt_start_blame(const train_config *cfg, const train_sources *src, char *buf,
+                            size_t size) {
+    char key[1024];
+    buf[0] = '\0';
+    if (src->resume[0])
+        snprintf(buf, size,
+                 "the parameters of the checkpoint it resumed from, '%s', are not finite or "
+                 "overflow float32 (was it saved after its run diverged?): resume from an earlier "
+                 "checkpoint (--set checkpoint.resume=<its step directory>) or start anew "
+                 "(--set checkpoint.resume=none)",
+                 src->resume);
+    else if (src->init[0])
+        snprintf(buf, size,
+                 "the parameters of %s are not finite or overflow float32 (saved after a run "
+                 "diverged?): give other initial parameters",
+                 train_config_key_text(cfg, "model", "init", key, sizeof key));
 }
 
 void train_sources_free(train_sources *src) {

@@ -28,6 +28,21 @@ typedef struct train_sources {
 fsdp_status train_sources_resolve(fsdp_ctx *ctx, const train_config *cfg, train_sources *src,
                                   char *err, size_t err_size);
 void train_sources_free(train_sources *src);
+/* For a loss that is not finite before any step: the parameters the run started from when they
+ * came from a checkpoint (resumed) or [model] init, named as what to blame and the fix; "" when
+ * they are random (then the data or the initialisation are to blame). */
+void train_ckpt_start_blame(const train_config *cfg, const train_sources *src, char *buf,
+                            size_t size);
+
+/* [checkpoint] dir, claimed by this run before training (by the process of rank 0): the
+ * directory is made (with its parents) and a lock file, <dir>/.lock, is written with this
+ * process's id and locked (flock, held until train_ckpt_release_dir or the process ends). A
+ * directory this run cannot write fails at once (FSDP_ERR_IO) instead of at the first save; a
+ * directory another run holds fails (FSDP_ERR_STATE) naming that run's process: two runs saving
+ * into one directory would replace and prune each other's checkpoints. *fd receives the lock's
+ * descriptor (-1 on failure); the message goes into err. */
+fsdp_status train_ckpt_claim_dir(const train_config *cfg, int *fd, char *err, size_t err_size);
+void train_ckpt_release_dir(int fd); /* -1: nothing */
 
 /* Where the loop stands: what a checkpoint saves beside the tensors, as named integers
  * (extras) "train.step", "data.position", "log.loss_sum_bits" (the double's bits) and

@@ -115,7 +115,156 @@ static fsdp_status check_class(reader *r, hid_t ds, const char *key, const char 
     return FSDP_ERR_CONFIG;
 }
 
-static fsdp_status read_all(reader *r, hid_t ds, hid_t mem_type, void *buf, const char *name) {
+/* ---- what the file stores --------------------------------------------------------------- */
+
+/* HDF5 reads the fill value (zeros) for what a dataset's file never stored: chunks never
+ * written, contiguous space never allocated, a virtual dataset's source that is missing. Training
+ * would go on, on zeros; each is refused instead, before any value is read. */
+
+#define MAX_VIRTUAL_DEPTH 4 /* a virtual dataset's source may itself be virtual, this deep */
+
+static fsdp_status not_stored(reader *r, const char *key, const char *name, const char *why) {
+    snprintf(r->err, r->err_size,
+             "data file '%s': dataset '%s' ([data] %s) %s; HDF5 would read zeros for what is "
+             "missing: write the whole dataset into the file (or restore its sources)",
+             r->path, name, key, why);
+    return FSDP_ERR_IO;
+}
+
+static fsdp_status check_storage(reader *r, hid_t ds, const char *key, const char *name, int depth);
+
+/* Every chunk of the chunk grid is in the file (H5Dget_num_chunks counts the stored ones). */
+static fsdp_status check_chunks(reader *r, hid_t ds, hid_t dcpl, const char *key,
+                                const char *name) {
+    hid_t space = H5Dget_space(ds);
+    int nd = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
+    hsize_t dims[H5S_MAX_RANK], chunk[H5S_MAX_RANK], want = 1, have = 0;
+    bool ok = nd >= 1 && H5Sget_simple_extent_dims(space, dims, NULL) == nd &&
+              H5Pget_chunk(dcpl, H5S_MAX_RANK, chunk) == nd;
+    for (int d = 0; ok && d < nd; d++)
+        if ((ok = chunk[d] > 0)) want *= (dims[d] + chunk[d] - 1) / chunk[d];
+    ok = ok && H5Dget_num_chunks(ds, space, &have) >= 0;
+    if (space >= 0) H5Sclose(space);
+    H5Eclear2(H5E_DEFAULT);
+    if (ok && have == want) return FSDP_OK;
+    char why[192];
+    if (ok)
+        snprintf(why, sizeof why,
+                 "has %llu of its %llu chunks in the file (the others were never "
+                 "written)",
+                 (unsigned long long)have, (unsigned long long)want);
+    else
+        snprintf(why, sizeof why, "is chunked, but its chunks cannot be counted");
+    return not_stored(r, key, name, why);
+}
+
+/* Whether source dataset src holds all that mapping i of a virtual dataset (dcpl) takes from it:
+ * the bounds of its selection inside src's dims; a whole-source selection ("all", whose extent
+ * HDF5 1.10 does not keep) as many elements as the mapping's part of the virtual dataset. */
+static bool source_covers(hid_t dcpl, size_t i, hid_t src) {
+    hid_t sel = H5Pget_virtual_srcspace(dcpl, i), vsel = H5Pget_virtual_vspace(dcpl, i);
+    hid_t space = H5Dget_space(src);
+    int nd = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
+    hsize_t start[H5S_MAX_RANK], end[H5S_MAX_RANK], dims[H5S_MAX_RANK];
+    bool ok =
+        sel >= 0 && vsel >= 0 && nd >= 0 && H5Sget_simple_extent_dims(space, dims, NULL) == nd;
+    if (ok && H5Sget_select_type(sel) == H5S_SEL_ALL)
+        ok = H5Sget_select_npoints(vsel) <= H5Sget_simple_extent_npoints(space);
+    else if (ok)
+        ok = H5Sget_simple_extent_ndims(sel) == nd && H5Sget_select_bounds(sel, start, end) >= 0;
+    for (int d = 0; ok && nd > 0 && H5Sget_select_type(sel) != H5S_SEL_ALL && d < nd; d++)
+        ok = end[d] < dims[d];
+    if (sel >= 0) H5Sclose(sel);
+    if (vsel >= 0) H5Sclose(vsel);
+    if (space >= 0) H5Sclose(space);
+    H5Eclear2(H5E_DEFAULT);
+    return ok;
+}
+
+/* Source i of a virtual dataset (dcpl): its file found as HDF5 looks for it (next to the data
+ * file, then as named), a regular file (a FIFO would block the open), holding the dataset, itself
+ * stored, and at least as large as the part the mapping takes from it. */
+static fsdp_status check_source(reader *r, hid_t dcpl, size_t i, const char *key, const char *name,
+                                int depth) {
+    char file[1024], dset[1024], path[2200], why[2600];
+    ssize_t fl = H5Pget_virtual_filename(dcpl, i, file, sizeof file);
+    ssize_t dl = H5Pget_virtual_dsetname(dcpl, i, dset, sizeof dset);
+    if (fl <= 0 || dl <= 0 || fl >= (ssize_t)sizeof file || dl >= (ssize_t)sizeof dset)
+        return not_stored(r, key, name, "is virtual, and a source's name cannot be read");
+    if (strchr(file, '%') || strchr(dset, '%')) {
+        snprintf(why, sizeof why,
+                 "is virtual with a printf-style source name ('%s', '%s'), "
+                 "which fsdp-train does not follow",
+                 file, dset);
+        return not_stored(r, key, name, why);
+    }
+    const char *slash = strrchr(r->path, '/');
+    struct stat sb;
+    snprintf(path, sizeof path, "%.*s%s", slash ? (int)(slash - r->path + 1) : 0, r->path, file);
+    if (file[0] != '/' && stat(path, &sb) != 0) snprintf(path, sizeof path, "%s", file);
+    bool same = strcmp(file, ".") == 0;
+    const char *missing = NULL;
+    if (!same && stat(path, &sb) != 0)
+        missing = "does not exist";
+    else if (!same && !S_ISREG(sb.st_mode))
+        missing = "is not a regular file";
+    hid_t f = same || missing ? -1 : H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (!same && !missing && f < 0) missing = "is not an HDF5 file";
+    hid_t at = same ? r->file : f;
+    hid_t src = missing ? -1 : H5Dopen2(at, dset, H5P_DEFAULT);
+    if (!missing && src < 0) missing = "does not hold that dataset";
+    if (!missing && !source_covers(dcpl, i, src))
+        missing = "is smaller than the part mapped from it";
+    H5Eclear2(H5E_DEFAULT);
+    fsdp_status st = FSDP_OK;
+    if (missing) {
+        snprintf(why, sizeof why,
+                 "is virtual, and its source %zu, dataset '%s' of file '%.1100s', %s", i, dset,
+                 same ? r->path : path, missing);
+        st = not_stored(r, key, name, why);
+    } else if (depth >= MAX_VIRTUAL_DEPTH) {
+        st = not_stored(r, key, name, "is virtual over more than 4 levels of virtual sources");
+    } else {
+        st = check_storage(r, src, key, name, depth + 1);
+    }
+    if (src >= 0) H5Dclose(src);
+    if (f >= 0) H5Fclose(f);
+    return st;
+}
+
+/* What the dataset's layout says the file stores is there (depth: how many virtual datasets
+ * led here). */
+static fsdp_status check_storage(reader *r, hid_t ds, const char *key, const char *name,
+                                 int depth) {
+    hid_t dcpl = H5Dget_create_plist(ds);
+    if (dcpl < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return not_stored(r, key, name, "has a storage description that cannot be read");
+    }
+    H5D_layout_t layout = H5Pget_layout(dcpl);
+    H5D_space_status_t status = H5D_SPACE_STATUS_ERROR;
+    size_t n = 0;
+    fsdp_status st = FSDP_OK;
+    if (layout == H5D_CHUNKED) {
+        st = check_chunks(r, ds, dcpl, key, name);
+    } else if (layout == H5D_VIRTUAL) {
+        if (H5Pget_virtual_count(dcpl, &n) < 0 || n == 0)
+            st = not_stored(r, key, name, "is virtual without sources");
+        for (size_t i = 0; st == FSDP_OK && i < n; i++)
+            st = check_source(r, dcpl, i, key, name, depth);
+    } else if (layout == H5D_CONTIGUOUS && H5Pget_external_count(dcpl) == 0 &&
+               (H5Dget_space_status(ds, &status) < 0 || status != H5D_SPACE_STATUS_ALLOCATED)) {
+        st = not_stored(r, key, name, "was never written (the file holds no values for it)");
+    }
+    H5Pclose(dcpl);
+    H5Eclear2(H5E_DEFAULT);
+    return st;
+}
+
+static fsdp_status read_all(reader *r, hid_t ds, hid_t mem_type, void *buf, const char *key,
+                            const char *name) {
+    fsdp_status st = check_storage(r, ds, key, name, 0);
+    if (st != FSDP_OK) return st;
     if (H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0) return FSDP_OK;
     H5Eclear2(H5E_DEFAULT);
     snprintf(r->err, r->err_size,
@@ -168,11 +317,11 @@ static fsdp_status read_targets(reader *r, hid_t ds, train_data *d) {
     if (st != FSDP_OK) return st;
     if (!classify) {
         if (!(d->y = alloc_bytes(r, d->n * d->out * (int64_t)sizeof(float), &st))) return st;
-        if ((st = read_all(r, ds, H5T_NATIVE_FLOAT, d->y, name))) return st;
+        if ((st = read_all(r, ds, H5T_NATIVE_FLOAT, d->y, "y", name))) return st;
         return check_finite(r, d->y, d->n, d->out, "y", name);
     }
     long long *ids = alloc_bytes(r, d->n * (int64_t)sizeof(long long), &st);
-    if (ids) st = read_all(r, ds, H5T_NATIVE_LLONG, ids, name);
+    if (ids) st = read_all(r, ds, H5T_NATIVE_LLONG, ids, "y", name);
     if (st == FSDP_OK && !(d->labels = alloc_bytes(r, d->n * (int64_t)sizeof(int32_t), &st)))
         st = FSDP_ERR_OUT_OF_MEMORY;
     for (int64_t i = 0; st == FSDP_OK && i < d->n; i++) {
@@ -212,7 +361,7 @@ static fsdp_status read_file(reader *r, train_data *d) {
     }
     if (st == FSDP_OK && !(d->x = alloc_bytes(r, d->n * d->in * (int64_t)sizeof(float), &st)))
         st = FSDP_ERR_OUT_OF_MEMORY;
-    if (st == FSDP_OK) st = read_all(r, xs, H5T_NATIVE_FLOAT, d->x, cfg->data.x);
+    if (st == FSDP_OK) st = read_all(r, xs, H5T_NATIVE_FLOAT, d->x, "x", cfg->data.x);
     if (st == FSDP_OK) st = check_finite(r, d->x, d->n, d->in, "x", cfg->data.x);
     if (st == FSDP_OK) st = open_dataset(r, "y", cfg->data.y, &ys);
     if (st == FSDP_OK) st = read_targets(r, ys, d);

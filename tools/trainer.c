@@ -23,6 +23,7 @@
 #include "fsdp/version.h" // defines: FSDP_VERSION_STRING
 #include "train_ckpt.h"   // defines: train_sources, train_saver, train_ckpt_resume
 #include "train_data.h"   // defines: train_data_load, train_order_sample
+#include "train_finite.h" // defines: train_params_finite
 #include "train_llama.h"  // defines: train_llama_build, train_llama_forward_loss, train_llama_loss
 #include "train_tokens.h" // defines: train_tokens_load
 
@@ -842,11 +843,13 @@ static fsdp_status close_metrics(train_state *s, char *err, size_t err_size) {
 
 /* A loss that is not finite: writes "<what>; lower <the keys that can have caused it>" into
  * err. The keys are those the run uses: lr once a step was taken, weight_decay when not 0, the
- * label noise when not 0; each with its value and origin. */
-static fsdp_status not_finite(const train_config *cfg, bool trained, char *err, size_t err_size,
-                              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static fsdp_status not_finite(const train_config *cfg, bool trained, char *err, size_t err_size,
-                              const char *fmt, ...) {
+ * label noise when not 0; each with its value and origin. Before any step of a run that did not
+ * start from random parameters, `start` (train_ckpt_start_blame) is blamed instead. */
+static fsdp_status not_finite(const train_config *cfg, bool trained, const char *start, char *err,
+                              size_t err_size, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static fsdp_status not_finite(const train_config *cfg, bool trained, const char *start, char *err,
+                              size_t err_size, const char *fmt, ...) {
     const char *keys[3][2];
     int n = 0;
     if (trained) keys[n][0] = "optim", keys[n++][1] = "lr";
@@ -856,9 +859,13 @@ static fsdp_status not_finite(const train_config *cfg, bool trained, char *err, 
     va_start(ap, fmt);
     vsnprintf(err, err_size, fmt, ap);
     va_end(ap);
+    if (!trained && start && *start) n = 0;
     if (n == 0)
-        train_append(err, err_size,
-                     "; the teacher's targets or the initial model overflow float32");
+        train_append(err, err_size, "; %s",
+                     start && *start ? start
+                     : cfg->data.kind == TRAIN_DATA_SYNTHETIC
+                         ? "the teacher's targets or the initial model overflow float32"
+                         : "the initial model overflows float32 on this data");
     for (int i = 0; i < n; i++) {
         char text[TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 64];
         const char *sep = i == 0 ? "; lower " : i < n - 1 ? ", " : " or ";
@@ -874,7 +881,12 @@ static fsdp_status save(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
                         const train_progress *prog, bool commit, train_result *res, char *err,
                         size_t err_size) {
     double blocked = 0;
-    TRY(train_saver_save(ctx, &s->saver, prog, commit, &blocked));
+    fsdp_status st = train_saver_save(ctx, &s->saver, prog, commit, &blocked);
+    if (st != FSDP_OK) { /* named here: a save inside the loop is no failure of "training" */
+        snprintf(err, err_size, "saving the checkpoint of step %lld: %s", (long long)prog->step,
+                 fsdp_last_error(ctx));
+        return st;
+    }
     snprintf(res->saved, sizeof res->saved, "%s", fsdp_ckpt_writer_last_path(s->saver.writer));
     if (!s->out) return FSDP_OK;
     bar_clear(s);
@@ -958,8 +970,8 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         TRY(train_step(ctx, cfg, s, k0, &loss));
         prog->position = (k0 + cfg->data.batch_size) % s->n_train;
         if (!isfinite(loss)) /* the same global loss on every rank: all stop here */
-            return not_finite(cfg, true, err, err_size, "the loss became %g at step %lld", loss,
-                              (long long)step);
+            return not_finite(cfg, true, NULL, err, err_size, "the loss became %g at step %lld",
+                              loss, (long long)step);
         if (cfg->optim.clip_grad_norm > 0 && s->sh)
             TRY(fsdp_sharded_clip_grad_norm(ctx, s->sh, cfg->optim.clip_grad_norm, 2.0,
                                             &grad_norm));
@@ -1093,9 +1105,12 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
         what = "evaluating the initial loss";
         st = dataset_loss(ctx, &s, &res->first_loss);
     }
-    if (st == FSDP_OK && !isfinite(res->first_loss))
-        st = not_finite(cfg, false, err, err_size, "the whole-dataset loss %s is %g",
+    if (st == FSDP_OK && !isfinite(res->first_loss)) {
+        char start[3 * TRAIN_CKPT_PATH];
+        train_ckpt_start_blame(cfg, src, start, sizeof start);
+        st = not_finite(cfg, false, start, err, err_size, "the whole-dataset loss %s is %g",
                         prog.step ? "at the resumed step" : "before training", res->first_loss);
+    }
     if (st == FSDP_OK && s.out)
         st = print_first_loss(cfg, &s, res->first_loss, prog.step, err, err_size);
     if (st == FSDP_OK && prog.step > 0 && s.n_eval > 0) { /* where a resumed run stands */
@@ -1130,10 +1145,20 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
     }
     if (st == FSDP_OK && !res->interrupted && !isfinite(res->last_loss))
         /* the last update is checked only here */
-        st = not_finite(cfg, true, err, err_size,
+        st = not_finite(cfg, true, NULL, err, err_size,
                         "the whole-dataset loss after training is %g (%g before): the update "
                         "of step %lld diverged",
                         res->last_loss, res->first_loss, (long long)res->steps);
+    char bad[TRAIN_MAX_STRING] = ""; /* a ReLU hides NaN parameters from the loss */
+    if (st == FSDP_OK && !res->interrupted) {
+        what = "checking the final parameters";
+        fsdp_state_sources params = {.model = s.model, .sharded = s.sh};
+        st = train_params_finite(ctx, &params, bad, sizeof bad);
+    }
+    if (st == FSDP_OK && bad[0])
+        st = not_finite(cfg, true, NULL, err, err_size,
+                        "after training, %s, though the whole-dataset loss is %g", bad,
+                        res->last_loss);
     if (st == FSDP_OK && s.metrics) st = close_metrics(&s, err, err_size);
     if (st == FSDP_OK && s.out && !res->interrupted && s.llama) {
         fprintf(s.out,
@@ -1275,6 +1300,9 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
     } else if (st == FSDP_OK) {
         st = train_layout_resolve(cfg, size, &job.layout, err, err_size);
     }
+    int lock = -1; /* [checkpoint] dir, claimed before anything reads or writes it */
+    if (st == FSDP_OK && cfg->checkpoint.dir[0] && fsdp_world_hosts_rank(world, 0))
+        st = train_ckpt_claim_dir(cfg, &lock, err, err_size);
     train_sources src; /* resolved once per process: the ranks only read it */
     memset(&src, 0, sizeof src);
     job.src = &src;
@@ -1289,16 +1317,30 @@ fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_r
         st = train_tokens_load(cfg, &tokens, err, err_size);
         job.tokens = &tokens;
     }
+    int left = 0;
     if (st == FSDP_OK) {
         job.my_rank = -1;
-        st = fsdp_world_run(ctx, world, rank_main, &job);
-        if (st != FSDP_OK) failure_message(ctx, world, &job, st, err, err_size);
-        if (result) *result = job.result;
+        /* on the heap: a rank thread left running may write to it after this returns */
+        train_job *run = malloc(sizeof *run);
+        if (run) *run = job;
+        st = run ? fsdp_world_run(ctx, world, rank_main, run) : FSDP_ERR_OUT_OF_MEMORY;
+        if (run) job = *run;
+        if (st != FSDP_OK && run) failure_message(ctx, world, &job, st, err, err_size);
+        if (!run) snprintf(err, err_size, "out of memory for the run of %d ranks", size);
+        left = fsdp_world_threads_left(world);
+        if (result) *result = job.result, result->threads_left = left;
+        if (!left) free(run);
+    }
+    if (left) { /* a thread left running may still read what the job points to: nothing is
+                   freed (src, data and tokens live in this frame: the process must end now) */
+        fsdp_world_free(world);
+        return st;
     }
     train_sources_free(&src);
     train_data_free(&data);
     train_tokens_free(&tokens);
     free(job.messages);
     fsdp_world_free(world);
+    train_ckpt_release_dir(lock);
     return st;
 }

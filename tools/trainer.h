@@ -49,6 +49,10 @@ typedef struct train_result {
     char saved[TRAIN_CKPT_PATH];
     /* The run stopped early on train_stop_signal (at step `steps`, saved in `saved`). */
     bool interrupted;
+    /* Rank threads still running when train_run returned, left after the grace period (stuck
+     * in a call: a file system that does not answer). What they use stays allocated; the
+     * process should end without exit handlers (fsdp_world_threads_left). */
+    int threads_left;
 } train_result;
 
 /* Set to the signal's number by fsdp-train's SIGINT/SIGTERM handler (a store to a lock-free

@@ -143,8 +143,18 @@ typedef fsdp_status (*fsdp_rank_fn)(fsdp_ctx *ctx, int rank, void *user);
 fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, void *user);
 
 int fsdp_world_size(const fsdp_world *world);
+/* Whether this process runs rank `rank` of the world (local: every rank; mpi: its own). */
+bool fsdp_world_hosts_rank(const fsdp_world *world, int rank);
+/* The world's timeout (fsdp_world_options.timeout_ms, or its default) in milliseconds; 0 for
+ * NULL. What waits on other ranks (a collective, or libfsdp's HDF5 lock) waits at most this. */
+int fsdp_world_timeout_ms(const fsdp_world *world);
 fsdp_backend fsdp_world_backend(const fsdp_world *world);
 const char *fsdp_backend_to_string(fsdp_backend backend); /* "local", "mpi", "nccl" */
+/* How many rank threads that runs of this world left running after their grace period have
+ * not returned yet (local; 0 under mpi). While any has not, it may hold locks (a stdio stream's,
+ * HDF5's): a program that ends then should flush what it must and leave with _exit, since exit
+ * handlers could wait for those locks forever. */
+int fsdp_world_threads_left(fsdp_world *world);
 /* After fsdp_world_run: what rank `rank` returned, and its message ("" when FSDP_OK). */
 fsdp_status fsdp_world_rank_status(const fsdp_world *world, int rank);
 const char *fsdp_world_rank_error(const fsdp_world *world, int rank);

@@ -59,6 +59,7 @@ struct fsdp_ckpt {
     ckpt_meta meta;
     hid_t *files;   /* per file rank, opened and checked on first use (-1 before) */
     bool *verified; /* per piece: its digest was checked (format 2) */
+    int lock_ms;    /* how long closing waits for the HDF5 lock (h5_lock_ms of the opener) */
 };
 
 /* "<dir>/shard-<5 digits>.h5" into buf. */

@@ -62,17 +62,30 @@ static long long step_of(const char *name, int tmp) {
     return atoll(p);
 }
 
+/* Whether dir/name holds its commit marker. */
+static bool has_marker(const char *dir, const char *name) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s/%s", dir, name, CKPT_COMMIT);
+    return access(path, F_OK) == 0;
+}
+
 fsdp_status ckpt_dir_begin(fsdp_ctx *ctx, const char *dir, const char *tmp) {
     FSDP_TRY(make_dirs(ctx, dir));
     DIR *d = opendir(dir);
     if (!d) return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot list '%s': %s", dir, strerror(errno));
     struct dirent *de;
     char path[4400];
-    while ((de = readdir(d)))
-        if (step_of(de->d_name, 1) >= 0) {
-            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-            ckpt_dir_remove(path);
-        }
+    /* What saves left: a failed save's temporary directory, and a step directory without its
+     * marker (a removal cut short: its marker goes first), which is never loaded. */
+    while ((de = readdir(d))) {
+        bool left = step_of(de->d_name, 1) >= 0 ||
+                    (step_of(de->d_name, 0) >= 0 && !has_marker(dir, de->d_name));
+        if (!left) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (ckpt_dir_remove(path) != 0)
+            fsdp_log(ctx, FSDP_LOG_WARN, "could not remove '%s', left by an earlier save: %s", path,
+                     strerror(errno));
+    }
     closedir(d);
     if (mkdir(tmp, 0755) != 0)
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
@@ -87,11 +100,9 @@ static long long *committed_steps(const char *dir, int *n) {
     long long *steps = NULL;
     int64_t cap = 0;
     struct dirent *de;
-    char path[4400];
     while ((de = readdir(d))) {
         long long s = step_of(de->d_name, 0);
-        snprintf(path, sizeof path, "%s/%s/%s", dir, de->d_name, CKPT_COMMIT);
-        if (s < 0 || access(path, F_OK) != 0) continue;
+        if (s < 0 || !has_marker(dir, de->d_name)) continue;
         if (!fsdp_array_reserve((void **)&steps, &cap, *n + 1, sizeof *steps)) break;
         steps[(*n)++] = s;
     }

@@ -5,8 +5,9 @@
 
 #include "fsdp/ckpt.h"
 
-/* Rank 0 before a save: creates dir (and its parents), removes temporary directories left by
- * failed saves, and creates tmp. */
+/* Rank 0 before a save: creates dir (and its parents), removes what earlier saves left
+ * (temporary directories of failed saves, step directories without their commit marker, as a
+ * removal cut short leaves them), and creates tmp. */
 fsdp_status ckpt_dir_begin(fsdp_ctx *ctx, const char *dir, const char *tmp);
 /* Rank 0 after every rank wrote: the commit marker into tmp, flushed; tmp renamed to final
  * (replacing an older final); then all but the newest `keep` checkpoints removed (keep 0: all

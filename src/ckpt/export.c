@@ -23,8 +23,8 @@ static fsdp_status export_tensor(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, hid_t file
     void *buf = malloc((size_t)n * fsdp_dtype_size(x.dtype) + 1);
     if (!buf) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "exporting '%s'", x.name);
     fsdp_status s = fsdp_ckpt_read(ctx, ck, t, &all, buf);
+    if (s == FSDP_OK) s = h5_lock(ctx);
     if (s == FSDP_OK) {
-        h5_lock();
         s = h5_write(ctx, file, x.name, x.dtype, x.ndim, x.shape, buf, level);
         if (s == FSDP_OK && x.dtype == FSDP_DTYPE_BF16) {
             hid_t ds = H5Dopen2(file, x.name, H5P_DEFAULT);
@@ -50,7 +50,7 @@ fsdp_status fsdp_ckpt_export_h5(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
                          o.zstd_level);
     int level = o.zstd_level > 0 ? o.zstd_level : FSDP_CKPT_NO_COMPRESSION;
     hid_t file;
-    h5_lock();
+    FSDP_TRY(h5_lock(ctx));
     fsdp_status s = h5_create(ctx, path, &file);
     h5_unlock();
     FSDP_TRY(s);
@@ -58,9 +58,13 @@ fsdp_status fsdp_ckpt_export_h5(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
         if (o.with_optim || ck->meta.tensors[t].kind != FSDP_STATE_OPTIM)
             s = export_tensor(ctx, ck, t, file, level);
     if (s != FSDP_OK) s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, "export to '%s'", path);
-    h5_lock();
-    if (H5Fclose(file) < 0 && s == FSDP_OK) s = h5_fail(ctx, "cannot close", path);
-    h5_unlock();
+    fsdp_status locked = h5_lock(ctx); /* not taken: the file stays open */
+    if (locked == FSDP_OK) {
+        if (H5Fclose(file) < 0 && s == FSDP_OK) s = h5_fail(ctx, "cannot close", path);
+        h5_unlock();
+    } else if (s == FSDP_OK) {
+        s = locked;
+    }
     if (s != FSDP_OK) ckpt_remove_partial(path);
     return s;
 }

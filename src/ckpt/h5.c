@@ -3,8 +3,10 @@
 #include "ckpt/h5.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ckpt/ckpt_impl.h"
 #include "ckpt/region.h"
@@ -13,18 +15,57 @@
 
 static pthread_mutex_t h5_mutex = PTHREAD_MUTEX_INITIALIZER;
 
-void h5_lock(void) {
-    pthread_mutex_lock(&h5_mutex);
+int h5_lock_ms(const fsdp_ctx *ctx) {
+    return ctx ? fsdp_world_timeout_ms(fsdp_ctx_world(ctx)) : 0;
+}
+
+bool h5_lock_within(int ms) {
+    if (ms <= 0) {
+        pthread_mutex_lock(&h5_mutex);
+    } else {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until); /* the clock pthread_mutex_timedlock reads */
+        until.tv_sec += ms / 1000;
+        until.tv_nsec += (long)(ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        if (pthread_mutex_timedlock(&h5_mutex, &until) != 0) return false;
+    }
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* HDF5 prints nothing; h5_fail reports */
+    return true;
+}
+
+fsdp_status h5_lock(fsdp_ctx *ctx) {
+    return h5_lock_for(ctx, h5_lock_ms(ctx));
+}
+
+fsdp_status h5_lock_for(fsdp_ctx *ctx, int ms) {
+    if (h5_lock_within(ms)) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_TIMEOUT,
+                     "waited %d ms (the world's timeout) to use HDF5: another thread of this "
+                     "process has been inside an HDF5 call all that time (libfsdp makes one HDF5 "
+                     "call at a time), reading or writing a file that does not answer (a hung "
+                     "network file system?)",
+                     ms);
 }
 
 void h5_unlock(void) {
     pthread_mutex_unlock(&h5_mutex);
 }
 
+/* HDF5's innermost error as one line. A failed system call ("file write failed: time = ...,
+ * filename = ..., errno = 28, error message = ..., buf = 0x5651681fbbd8, ...") becomes what
+ * failed and why ("file write failed: No space left on device"): the rest repeats the path and
+ * shows addresses that mean nothing to the reader. */
 static herr_t innermost(unsigned n, const H5E_error2_t *err, void *user) {
-    if (n == 0) snprintf(user, 256, "%s (in %s)", err->desc, err->func_name);
-    for (char *c = user; n == 0 && *c; c++) /* one line: HDF5's own text has newlines */
+    if (n != 0) return 0;
+    const char *at = strstr(err->desc, "errno = ");
+    const char *colon = strchr(err->desc, ':');
+    int code = at ? atoi(at + 8) : 0;
+    if (code > 0 && colon)
+        snprintf(user, 256, "%.*s: %s", (int)(colon - err->desc), err->desc, strerror(code));
+    else
+        snprintf(user, 256, "%s (in %s)", err->desc, err->func_name);
+    for (char *c = user; *c; c++) /* one line: HDF5's own text has newlines */
         if (*c == '\n') *c = ' ';
     return 0;
 }

@@ -5,11 +5,23 @@
 #define FSDP_CKPT_H5_H
 
 #include <hdf5.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "fsdp/ckpt.h"
 
-void h5_lock(void);
+/* Takes libfsdp's HDF5 lock (and turns HDF5's error printing off on this thread). A rank of a
+ * world waits at most the world's timeout (h5_lock_ms): a thread stuck inside an HDF5 call (a
+ * file system that does not answer) holds the lock, and the other ranks must fail in time
+ * instead of waiting for it forever; FSDP_ERR_TIMEOUT then, saying so. Without a world it
+ * waits as long as it takes. */
+fsdp_status h5_lock(fsdp_ctx *ctx);
+/* The bound h5_lock applies for ctx (0: none; ctx may be NULL); h5_lock with another bound (an
+ * async writer's, whose context has no world); and taking the lock within ms (0: no bound),
+ * false when it was not taken, for what has no context to fail in (closing). */
+int h5_lock_ms(const fsdp_ctx *ctx);
+fsdp_status h5_lock_for(fsdp_ctx *ctx, int ms);
+bool h5_lock_within(int ms);
 void h5_unlock(void);
 
 /* FSDP_ERR_IO: "<what> '<path>': <HDF5's innermost message>". */

@@ -150,8 +150,8 @@ static fsdp_status import_tensor_values(fsdp_ctx *ctx, import_source *src, int i
     if (!buf) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "importing tensor '%s'", t->name);
     fsdp_status s = src->iface->read(ctx, src, i, buf);
     if (s == FSDP_OK) s = convert(ctx, src, t, buf, x->dtype);
+    if (s == FSDP_OK) s = h5_lock(ctx);
     if (s == FSDP_OK) {
-        h5_lock();
         s = ckpt_shard_put(ctx, sw, x->name, 0, x->dtype, &m->pieces[i].box, buf,
                            &m->pieces[i].digest);
         h5_unlock();
@@ -196,8 +196,8 @@ static fsdp_status write_checkpoint(fsdp_ctx *ctx, import_source *src, const cha
     bool made = false;
     if (s == FSDP_OK) made = (s = ckpt_dir_begin(ctx, dir, tmp)) == FSDP_OK;
     ckpt_shard_writer sw;
+    if (s == FSDP_OK) s = h5_lock(ctx);
     if (s == FSDP_OK) {
-        h5_lock();
         s = ckpt_shard_create(ctx, tmp, 0, o->zstd_level, m.id, &sw);
         h5_unlock();
     }
@@ -212,9 +212,13 @@ static fsdp_status write_checkpoint(fsdp_ctx *ctx, import_source *src, const cha
                 converted++;
             }
         }
-        h5_lock();
-        s = ckpt_shard_close(ctx, &sw, s);
-        h5_unlock();
+        fsdp_status locked = h5_lock(ctx); /* not taken: the file stays open */
+        if (locked == FSDP_OK) {
+            s = ckpt_shard_close(ctx, &sw, s);
+            h5_unlock();
+        } else if (s == FSDP_OK) {
+            s = locked;
+        }
         if (s == FSDP_OK) s = ckpt_sync_path(ctx, sw.path);
         if (s == FSDP_OK && converted)
             fsdp_log(ctx, FSDP_LOG_WARN,

@@ -153,7 +153,7 @@ static hid_t half_le(void) {
 /* The values as little-endian bytes of the tensor's dtype (HDF5 converts the byte order). */
 static fsdp_status h5src_read(fsdp_ctx *ctx, import_source *src, int i, void *dst) {
     const import_tensor *t = &src->tensors[i];
-    h5_lock();
+    FSDP_TRY(h5_lock(ctx));
     hid_t mem = t->dtype == IMPORT_F16    ? half_le()
                 : t->dtype == IMPORT_F32  ? H5Tcopy(H5T_IEEE_F32LE)
                 : t->dtype == IMPORT_F64  ? H5Tcopy(H5T_IEEE_F64LE)
@@ -170,9 +170,10 @@ static fsdp_status h5src_read(fsdp_ctx *ctx, import_source *src, int i, void *ds
 }
 
 static void h5src_close(import_source *src) {
-    h5_lock();
-    if (src->h5 >= 0) H5Fclose(src->h5);
-    h5_unlock();
+    if (src->h5 >= 0 && h5_lock_within(src->lock_ms)) { /* not taken: the file stays open */
+        H5Fclose(src->h5);
+        h5_unlock();
+    }
     src->h5 = -1;
     for (int i = 0; i < src->n_tensors; i++) free(src->tensors[i].h5_path);
 }
@@ -180,9 +181,9 @@ static void h5src_close(import_source *src) {
 static const import_source_i h5_iface = {.read = h5src_read, .close = h5src_close};
 
 fsdp_status import_open_h5(fsdp_ctx *ctx, const char *path, import_source *out) {
-    *out = (import_source){.iface = &h5_iface, .path = path, .h5 = -1};
+    *out = (import_source){.iface = &h5_iface, .path = path, .h5 = -1, .lock_ms = h5_lock_ms(ctx)};
     FSDP_TRY(fsdp_zstd_filter_register(ctx)); /* a zstd-compressed export reads back */
-    h5_lock();
+    FSDP_TRY(h5_lock(ctx));
     fsdp_status s = h5_open(ctx, path, &out->h5);
     visit v = {.ctx = ctx, .src = out};
     if (s == FSDP_OK && VISIT_OBJECTS(out->h5, on_object, &v) < 0 && v.status == FSDP_OK)

@@ -48,6 +48,7 @@ struct import_source {
     FILE *file;           /* safetensors */
     uint64_t data_start;  /* safetensors: the first byte of the data section */
     hid_t h5;             /* HDF5 */
+    int lock_ms;          /* HDF5: how long closing waits for the HDF5 lock (h5_lock_ms) */
     import_source *parts; /* a Hugging Face directory: its safetensors files */
     int n_parts;
     char *model_config; /* a Hugging Face directory: the text of its config.json */

@@ -36,6 +36,7 @@ fsdp_status fsdp_ckpt_open(fsdp_ctx *ctx, const char *path, fsdp_ckpt **out) {
         return s;
     }
     for (int64_t r = 0; r < ck->meta.world_size; r++) ck->files[r] = -1;
+    ck->lock_ms = h5_lock_ms(ctx);
     if (!ck->meta.bound)
         fsdp_log(ctx, FSDP_LOG_WARN,
                  "checkpoint '%s' has format %lld, from before shard files were bound to their "
@@ -49,10 +50,11 @@ fsdp_status fsdp_ckpt_open(fsdp_ctx *ctx, const char *path, fsdp_ckpt **out) {
 
 void fsdp_ckpt_close(fsdp_ckpt *ck) {
     if (!ck) return;
-    h5_lock();
-    for (int64_t r = 0; ck->files && r < ck->meta.world_size; r++)
-        if (ck->files[r] >= 0) H5Fclose(ck->files[r]);
-    h5_unlock();
+    if (h5_lock_within(ck->lock_ms)) { /* not taken: the files stay open */
+        for (int64_t r = 0; ck->files && r < ck->meta.world_size; r++)
+            if (ck->files[r] >= 0) H5Fclose(ck->files[r]);
+        h5_unlock();
+    }
     free(ck->files);
     free(ck->verified);
     ckpt_meta_free(&ck->meta);
@@ -169,7 +171,7 @@ fsdp_status fsdp_ckpt_check_shard(fsdp_ctx *ctx, fsdp_ckpt *ck, int rank) {
                          "fsdp_ckpt_check_shard: rank %d; the checkpoint has shards 0..%lld", rank,
                          (long long)ck->meta.world_size - 1);
     hid_t f;
-    h5_lock();
+    FSDP_TRY(h5_lock(ctx));
     fsdp_status s = shard_file(ctx, ck, rank, &f);
     h5_unlock();
     return s;
@@ -184,7 +186,7 @@ fsdp_status fsdp_ckpt_piece_stored_bytes(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, in
     const char *name = ck->meta.tensors[t].name;
     char ds[FSDP_STATE_NAME_MAX + 32];
     ckpt_piece_dataset(name, p.id, ds, sizeof ds);
-    h5_lock();
+    FSDP_TRY(h5_lock(ctx));
     hid_t file;
     fsdp_status s = shard_file(ctx, ck, p.file_rank, &file);
     *out = s == FSDP_OK ? h5_stored_bytes(file, ds) : -1;
@@ -278,7 +280,7 @@ fsdp_status fsdp_ckpt_read(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_state
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "region %s lies outside '%s'",
                          region_to_string(want, buf, sizeof buf), x->name);
     /* The pieces tile the tensor (checked at open), so every element is read exactly once. */
-    h5_lock();
+    FSDP_TRY(h5_lock(ctx));
     fsdp_status s = read_locked(ctx, ck, t, want, dst);
     h5_unlock();
     return s;
@@ -340,7 +342,7 @@ static fsdp_status check_extra_tensors(fsdp_ctx *ctx, const fsdp_ckpt *ck, const
  * foreign file fails the load before any value changes. */
 static fsdp_status check_pieces(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st) {
     fsdp_status s = FSDP_OK;
-    h5_lock();
+    FSDP_TRY(h5_lock(ctx));
     for (int i = 0; s == FSDP_OK && i < st->n_entries; i++) {
         const state_entry *e = &st->entries[i];
         int t = fsdp_ckpt_find(ck, e->name);

@@ -87,7 +87,7 @@ static fsdp_status write_attrs(fsdp_ctx *ctx, hid_t f, const ckpt_meta *m) {
 fsdp_status ckpt_meta_write(fsdp_ctx *ctx, const char *dir, const ckpt_meta *m) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_METADATA);
-    h5_lock();
+    FSDP_TRY(h5_lock(ctx));
     hid_t f;
     fsdp_status s = h5_create(ctx, path, &f);
     if (s == FSDP_OK) {
@@ -181,7 +181,9 @@ static fsdp_status read_attrs(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_met
     FSDP_TRY(h5_attr_read_i64(ctx, f, "world_size", &m->world_size));
     if (m->world_size < 1 || m->world_size > CKPT_MAX_WORLD)
         return bad(ctx, path, "world_size", (long long)m->world_size);
-    if (m->step < 0 || m->optim_steps < 0) return bad(ctx, path, "step", (long long)m->step);
+    if (m->step < 0) return bad(ctx, path, "step is negative", (long long)m->step);
+    if (m->optim_steps < 0)
+        return bad(ctx, path, "optim_steps is negative", (long long)m->optim_steps);
     if (m->version >= 2) FSDP_TRY(read_binding(ctx, f, path, m));
     size_t len;
     FSDP_TRY(h5_read_bytes(ctx, f, "layout", CKPT_MAX_TEXT, &m->layout, &len));
@@ -350,7 +352,7 @@ fsdp_status ckpt_meta_read(fsdp_ctx *ctx, const char *dir, ckpt_meta *m) {
     memset(m, 0, sizeof *m);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_METADATA);
-    h5_lock();
+    FSDP_TRY(h5_lock(ctx));
     hid_t f;
     fsdp_status s = h5_open(ctx, path, &f);
     if (s == FSDP_OK) {

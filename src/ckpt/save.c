@@ -33,6 +33,7 @@ typedef struct frag {
 typedef struct job {
     char tmp[4096], final[4096];
     int rank, world, level;
+    int lock_ms;          /* the rank's bound on waiting for the HDF5 lock (h5_lock_ms) */
     const fsdp_state *st; /* sync only: values are read from it while writing */
     char **names;         /* entry names (copied for async) */
     fsdp_dtype *dtypes;
@@ -350,7 +351,7 @@ static fsdp_status write_frags(fsdp_ctx *ctx, job *jb, ckpt_shard_writer *sw) {
  * commit, once it has every piece's digest). */
 static fsdp_status write_files(fsdp_ctx *ctx, job *jb) {
     ckpt_shard_writer sw;
-    h5_lock();
+    FSDP_TRY(h5_lock_for(ctx, jb->lock_ms));
     fsdp_status s = ckpt_shard_create(ctx, jb->tmp, jb->rank, jb->level, jb->id, &sw);
     if (s == FSDP_OK) s = ckpt_shard_close(ctx, &sw, write_frags(ctx, jb, &sw));
     h5_unlock();
@@ -538,6 +539,7 @@ static fsdp_status prepare(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb, const fs
     jb->rank = g ? fsdp_group_rank(g) : 0;
     jb->has_meta = jb->rank == 0;
     jb->level = w->opts.zstd_level;
+    jb->lock_ms = h5_lock_ms(ctx);
     jb->st = st;
     snprintf(jb->final, sizeof jb->final, "%s/step-%08lld", w->dir, (long long)meta->step);
     snprintf(jb->tmp, sizeof jb->tmp, "%s/.step-%08lld.tmp", w->dir, (long long)meta->step);

@@ -346,8 +346,9 @@ fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size
  * in ctx and returns its status. Both backends fail this way. */
 fsdp_status fsdp_comm_fail_poisoned(fsdp_ctx *ctx, const fsdp_group *g, int op,
                                     fsdp_status poison_status, const char *poison_msg);
-/* "1,3": the members m < n with mask[m] == want, as world ranks (ranks[m]; ranks NULL: m
- * itself), cut where buf is full; returns how many there are. */
+/* "1,3,8-15": the members m < n with mask[m] == want, as world ranks (ranks[m]; ranks NULL: m
+ * itself), a run of 4 or more consecutive ranks as "first-last"; when buf is too small, the
+ * items that fit and ",..." (never part of a number). Returns how many members there are. */
 int fsdp_comm_rank_list(const int *ranks, const bool *mask, int n, bool want, char *buf,
                         size_t size);
 

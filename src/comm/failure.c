@@ -7,17 +7,37 @@
 #include "comm/comm_impl.h"
 #include "core/error.h"
 
+/* One item of a rank list: a rank, or a run of at least 4 consecutive ones as "first-last". */
+static int rank_item(char *buf, size_t size, int first, int last) {
+    if (last - first >= 3) return snprintf(buf, size, "%d-%d", first, last);
+    int len = 0;
+    for (int r = first; r <= last; r++)
+        len += snprintf(buf + len, size - (size_t)len, "%s%d", r > first ? "," : "", r);
+    return len;
+}
+
 int fsdp_comm_rank_list(const int *ranks, const bool *mask, int n, bool want, char *buf,
                         size_t size) {
     size_t used = 0;
     int count = 0;
+    bool cut = false;
     buf[0] = '\0';
     for (int m = 0; m < n; m++) {
         if (mask[m] != want) continue;
+        int first = ranks ? ranks[m] : m, last = first;
         count++;
-        if (used < size)
-            used += (size_t)snprintf(buf + used, size - used, "%s%d", used ? "," : "",
-                                     ranks ? ranks[m] : m);
+        while (m + 1 < n && mask[m + 1] == want && (ranks ? ranks[m + 1] : m + 1) == last + 1)
+            m++, last++, count++;
+        if (cut) continue;
+        char item[48];
+        size_t len = (size_t)rank_item(item, sizeof item, first, last) + (used ? 1 : 0);
+        /* whole items only, and room for ",..." after the last one that fits */
+        if (used + len + 4 >= size) {
+            cut = true;
+            if (used + 4 < size) snprintf(buf + used, size - used, "%s...", used ? "," : "");
+            continue;
+        }
+        used += (size_t)snprintf(buf + used, size - used, "%s%s", used ? "," : "", item);
     }
     return count;
 }

@@ -198,6 +198,15 @@ void fsdp_world_free(fsdp_world *world) {
 int fsdp_world_size(const fsdp_world *world) {
     return world ? world->size : 0;
 }
+bool fsdp_world_hosts_rank(const fsdp_world *world, int rank) {
+    if (!world) return false;
+    int first = 0, count = 0;
+    world->backend.iface.hosted_ranks(world->backend.context, &first, &count);
+    return rank >= first && rank < first + count;
+}
+int fsdp_world_timeout_ms(const fsdp_world *world) {
+    return world ? world->timeout_ms : 0;
+}
 fsdp_backend fsdp_world_backend(const fsdp_world *world) {
     return world->kind;
 }
@@ -402,11 +411,17 @@ static int supervise(fsdp_world *w, rank_job **jobs, int count) {
     return left;
 }
 
+int fsdp_world_threads_left(fsdp_world *world) {
+    if (!world) return 0;
+    pthread_mutex_lock(&world->run_mu);
+    int n = world->abandoned;
+    pthread_mutex_unlock(&world->run_mu);
+    return n;
+}
+
 /* Refuses a run while a thread left running by an earlier run still uses the world. */
 static fsdp_status check_no_thread_left(fsdp_ctx *ctx, fsdp_world *world) {
-    pthread_mutex_lock(&world->run_mu);
-    int abandoned = world->abandoned;
-    pthread_mutex_unlock(&world->run_mu);
+    int abandoned = fsdp_world_threads_left(world);
     if (abandoned == 0) return FSDP_OK;
     bool *left = calloc((size_t)world->size, sizeof *left);
     char list[256] = "?";

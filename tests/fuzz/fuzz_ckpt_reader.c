@@ -711,7 +711,7 @@ static void write_spec(const spec *s) {
     }
     snprintf(path, sizeof path, "%s/%s", g.dir, CKPT_COMMIT);
     unlink(path);
-    h5_lock();
+    (void)h5_lock(NULL); /* no world: waits as long as it takes */
     write_metadata(s);
     for (int r = 0; r < WORLD; r++) {
         ckpt_shard_path(g.dir, r, path, sizeof path);
