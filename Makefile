@@ -10,7 +10,7 @@ CONFIG     ?= examples/digits.ini
 PREFIX     ?= /usr/local
 
 .PHONY: all deps configure build train test test-coretypes sanitize-build test-sanitize test-tsan \
-	fuzz-config bench bench-mpi bench-scaling install format clean
+	fuzz-config fuzz-ckpt bench bench-mpi bench-scaling install format clean
 
 all: build
 
@@ -69,6 +69,13 @@ FUZZ_SEED  ?= 1
 fuzz-config: sanitize-build
 	python3 tests/config_fuzz.py --exe $(ASAN_BUILD)/fsdp-train --count $(FUZZ_COUNT) \
 	    --seed $(FUZZ_SEED) --jobs $(JOBS)
+
+# The checkpoint reader's fuzz target for FUZZ_MINUTES under ASan and UBSan (libFuzzer with
+# clang, else the standalone driver): scripts/fuzz-ckpt.sh. CI runs its short seeded campaign as
+# the fuzz_ckpt_reader test.
+FUZZ_MINUTES ?= 5
+fuzz-ckpt: deps
+	sh scripts/fuzz-ckpt.sh $(FUZZ_MINUTES)
 
 bench: build
 	$(BUILD)/bench/bench_gemm
