@@ -52,31 +52,6 @@ void h5_unlock(void) {
     pthread_mutex_unlock(&h5_mutex);
 }
 
-/* HDF5's innermost error as one line. A failed system call ("file write failed: time = ...,
- * filename = ..., errno = 28, error message = ..., buf = 0x5651681fbbd8, ...") becomes what
- * failed and why ("file write failed: No space left on device"): the rest repeats the path and
- * shows addresses that mean nothing to the reader. */
-static herr_t innermost(unsigned n, const H5E_error2_t *err, void *user) {
-    if (n != 0) return 0;
-    const char *at = strstr(err->desc, "errno = ");
-    const char *colon = strchr(err->desc, ':');
-    int code = at ? atoi(at + 8) : 0;
-    if (code > 0 && colon)
-        snprintf(user, 256, "%.*s: %s", (int)(colon - err->desc), err->desc, strerror(code));
-    else
-        snprintf(user, 256, "%s (in %s)", err->desc, err->func_name);
-    for (char *c = user; *c; c++) /* one line: HDF5's own text has newlines */
-        if (*c == '\n') *c = ' ';
-    return 0;
-}
-
-fsdp_status h5_fail(fsdp_ctx *ctx, const char *what, const char *path) {
-    char msg[256] = "no detail from HDF5";
-    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost, msg);
-    H5Eclear2(H5E_DEFAULT);
-    return FSDP_FAIL(ctx, FSDP_ERR_IO, "%s '%s': %s", what, path, msg);
-}
-
 fsdp_status h5_create(fsdp_ctx *ctx, const char *path, hid_t *out) {
     *out = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     return *out < 0 ? h5_fail(ctx, "cannot create", path) : FSDP_OK;
