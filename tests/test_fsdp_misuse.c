@@ -2,7 +2,7 @@
  * names the fix, and leave the model and its gradients as they were: a data-parallel group
  * across tensor-parallel shards (given or defaulted), fsdp_module_zero_grad and an optimizer
  * on a wrapped model's own parameters, clipping a part of the shards alone, TP after FSDP,
- * summon_full_params inside forward,
+ * summon_full_params inside forward and the model run inside summon_full_params,
  * freeing the model before its FSDP state, a model on a device (FSDP and replicate run on CPU
  * tensors only in this version). Also PyTorch's gradient divide factors. */
 #include <stdlib.h>
@@ -348,6 +348,43 @@ static void test_summon_in_forward(void) {
     FSDP_TEST_OK(fsdp_test_run_world(2, 0, summon_rank, NULL));
 }
 
+/* ---- the model run inside summon_full_params ---- */
+
+/* A forward between summon and release would free the summoned copy the caller is reading:
+ * the root unit refuses to leave SUMMONED, naming itself, the state and the call; the release
+ * that follows writes the same values back, and the next step runs. */
+static fsdp_status forward_in_summon_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_module *m = NULL;
+    fsdp_sharded *sh = NULL;
+    snapshot s = {0};
+    fsdp_status st = wrapped(ctx, rank, 2, &m, &sh);
+    if (st == FSDP_OK) st = snapshot_take(ctx, fsdp_sharded_flat_params(sh), &s);
+    if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh, NULL);
+    if (st == FSDP_OK) {
+        fsdp_tensor *x = NULL;
+        const fsdp_tensor *out;
+        st = stacked_batch_rows(ctx, 100, 0, 2, &x);
+        if (st == FSDP_OK)
+            EXPECT_FAIL(ctx, fsdp_module_forward(ctx, m, x, &out), FSDP_ERR_STATE,
+                        "FSDP unit '(root)'", "the pre-forward hook",
+                        "unshard it in state SUMMONED", "fsdp_release_full_params");
+        fsdp_tensor_free(x);
+    }
+    if (st == FSDP_OK) st = fsdp_release_full_params(ctx, sh);
+    if (st == FSDP_OK)
+        st = snapshot_check(ctx, fsdp_sharded_flat_params(sh), &s, "after forward in summon");
+    if (st == FSDP_OK) st = fwd_bwd(ctx, m, rank, 2);
+    snapshot_free(&s);
+    fsdp_sharded_free(sh);
+    fsdp_module_free(m);
+    return st;
+}
+
+static void test_forward_in_summon(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, forward_in_summon_rank, NULL));
+}
+
 /* ---- freeing the model before its FSDP state ---- */
 
 static fsdp_status free_order_rank(fsdp_ctx *ctx, int rank, void *user) {
@@ -454,6 +491,7 @@ int main(int argc, char **argv) {
         {"clip_part_of_shards", test_clip_part_of_shards},
         {"tp_after_fsdp", test_tp_after_fsdp},
         {"summon_in_forward", test_summon_in_forward},
+        {"forward_in_summon", test_forward_in_summon},
         {"free_model_first", test_free_model_first},
         {"device_model", test_device_model},
     };

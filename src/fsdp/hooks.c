@@ -9,10 +9,6 @@
 #include "fsdp/shard_impl.h"
 #include "kernels/kernels.h"
 
-bool fsdp_shard_sharded_strategy(const fsdp_sharded *sh) {
-    return sh->opts.strategy != FSDP_NO_SHARD && sh->world > 1;
-}
-
 /* FULL_SHARD and HYBRID_SHARD free non-root parameters after forward and after every
  * backward; the others keep them until the synchronising backward ends. */
 bool fsdp_shard_reshard_after_forward(const fsdp_sharded *sh) {
@@ -53,7 +49,7 @@ void fsdp_shard_release_params(unit *u) {
 fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const fsdp_tensor *shard) {
     fsdp_sharded *sh = u->owner;
     if (!sh->opts.offload_params) return fsdp_all_gather(ctx, sh->group, full, shard, 0);
-    FSDP_TRY(fsdp_tensor_rebind(ctx, u->mine, full, (int64_t)sh->rank * u->shard_numel));
+    FSDP_TRY(fsdp_tensor_rebind(ctx, u->mine, full, (int64_t)fsdp_shard_rank(sh) * u->shard_numel));
     fsdp_status st = fsdp_tensor_copy(ctx, u->mine, shard);
     if (st == FSDP_OK) st = fsdp_all_gather(ctx, sh->group, full, u->mine, 0);
     fsdp_tensor_release_storage(u->mine);
@@ -69,7 +65,8 @@ static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
     const fsdp_tensor *shard = fsdp_param_data(u->flat);
     fsdp_status st;
     if (fsdp_shard_sharded_strategy(sh)) {
-        st = fsdp_tensor_rebind(ctx, u->low_mine, u->low_full, (int64_t)sh->rank * u->shard_numel);
+        st = fsdp_tensor_rebind(ctx, u->low_mine, u->low_full,
+                                (int64_t)fsdp_shard_rank(sh) * u->shard_numel);
         if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->low_mine, shard);
         if (st == FSDP_OK) st = fsdp_all_gather(ctx, sh->group, u->low_full, u->low_mine, 0);
         fsdp_tensor_release_storage(u->low_mine);
@@ -107,16 +104,15 @@ static fsdp_status gather_shared(fsdp_ctx *ctx, unit *u, bool *done) {
     return FSDP_OK;
 }
 
-static fsdp_status unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, bool may_share) {
-    if (u->unsharded || u->numel == 0) return FSDP_OK; /* a unit without parameters is silent */
+/* Gathers the unit's parameters into its pool block (or in place in the group's shared block)
+ * and binds them there; on failure they are left without storage and the block given back. */
+static fsdp_status gather_params(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, bool may_share) {
+    if (u->numel == 0) return FSDP_OK; /* a unit without parameters is silent */
     fsdp_sharded *sh = u->owner;
     if (may_share && dtype == FSDP_DTYPE_F32) {
         bool done;
         FSDP_TRY(gather_shared(ctx, u, &done));
-        if (done) {
-            u->unsharded = true;
-            return FSDP_OK;
-        }
+        if (done) return FSDP_OK;
     }
     FSDP_TRY(fsdp_pool_take(ctx, &sh->pool, u->full));
     fsdp_status st = dtype != FSDP_DTYPE_F32 ? gather_low(ctx, u)
@@ -127,52 +123,72 @@ static fsdp_status unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, bool may_sh
     if (st != FSDP_OK) {
         fsdp_shard_release_params(u);
         fsdp_pool_give(&sh->pool, u->full);
-        return st;
     }
-    u->unsharded = true;
-    return FSDP_OK;
+    return st;
 }
 
-fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype) {
-    return unshard(ctx, u, dtype, true);
+static bool gathered(const unit *u) {
+    return u->state == UNIT_GATHERED || u->state == UNIT_BACKWARD ||
+           u->state == UNIT_GATHERED_GRAD_PENDING;
 }
 
-fsdp_status fsdp_shard_unshard_copy(fsdp_ctx *ctx, unit *u) {
-    return unshard(ctx, u, FSDP_DTYPE_F32, false);
+fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, const char *call) {
+    if (gathered(u)) return FSDP_OK;
+    FSDP_TRY(fsdp_shard_check_move(ctx, u, UNIT_UNSHARD, call));
+    FSDP_TRY(gather_params(ctx, u, dtype, true));
+    return fsdp_shard_move(ctx, u, UNIT_UNSHARD, call);
+}
+
+fsdp_status fsdp_shard_gather_copy(fsdp_ctx *ctx, unit *u) {
+    return gather_params(ctx, u, FSDP_DTYPE_F32, false);
 }
 
 /* Frees the gathered parameters: the parameters lose their storage, the block goes back to
  * the pool (gathered in place: nothing to give back). */
-void fsdp_shard_reshard(unit *u) {
-    if (!u->unsharded || u->resident) return;
+void fsdp_shard_free_full(unit *u) {
+    if (u->numel == 0) return;
     fsdp_shard_release_params(u);
     fsdp_pool_give(&u->owner->pool, u->full);
-    u->unsharded = false;
+}
+
+fsdp_status fsdp_shard_reshard(fsdp_ctx *ctx, unit *u, const char *call) {
+    if (fsdp_shard_resident(u->owner) || u->state == UNIT_SHARDED || u->state == UNIT_GRAD_PENDING)
+        return FSDP_OK;
+    FSDP_TRY(fsdp_shard_move(ctx, u, UNIT_RESHARD, call));
+    fsdp_shard_free_full(u);
+    return FSDP_OK;
 }
 
 /* Binds the parameter gradients to a zeroed full gradient buffer. */
-fsdp_status fsdp_shard_take_grads(fsdp_ctx *ctx, unit *u) {
-    if (u->grad_bound || u->numel == 0) return FSDP_OK;
+fsdp_status fsdp_shard_bind_grads(fsdp_ctx *ctx, unit *u) {
+    if (u->numel == 0) return FSDP_OK;
     FSDP_TRY(fsdp_pool_take(ctx, &u->owner->pool, u->full_grad));
     fsdp_status st = fsdp_tensor_fill(ctx, u->full_grad, 0.0f);
     for (int i = 0; st == FSDP_OK && i < u->n_params; i++)
         st = fsdp_tensor_rebind(ctx, fsdp_param_grad(u->params[i]), u->full_grad, u->offsets[i]);
-    if (st != FSDP_OK) {
-        for (int i = 0; i < u->n_params; i++)
-            fsdp_tensor_release_storage(fsdp_param_grad(u->params[i]));
-        fsdp_pool_give(&u->owner->pool, u->full_grad);
-        return st;
-    }
-    u->grad_bound = true;
-    return FSDP_OK;
+    if (st != FSDP_OK) fsdp_shard_unbind_grads(u);
+    return st;
 }
 
-void fsdp_shard_give_grads(unit *u) {
-    if (!u->grad_bound) return;
+void fsdp_shard_unbind_grads(unit *u) {
+    if (u->numel == 0) return;
     for (int i = 0; i < u->n_params; i++)
         fsdp_tensor_release_storage(fsdp_param_grad(u->params[i]));
     fsdp_pool_give(&u->owner->pool, u->full_grad);
-    u->grad_bound = false;
+}
+
+fsdp_status fsdp_shard_take_grads(fsdp_ctx *ctx, unit *u, const char *call) {
+    if (u->state == UNIT_BACKWARD) return FSDP_OK;
+    FSDP_TRY(fsdp_shard_check_move(ctx, u, UNIT_TAKE_GRADS, call));
+    /* Pending gradients are bound already and accumulate. */
+    if (u->state == UNIT_GATHERED) FSDP_TRY(fsdp_shard_bind_grads(ctx, u));
+    return fsdp_shard_move(ctx, u, UNIT_TAKE_GRADS, call);
+}
+
+fsdp_status fsdp_shard_give_grads(fsdp_ctx *ctx, unit *u, const char *call) {
+    FSDP_TRY(fsdp_shard_move(ctx, u, UNIT_REDUCED, call));
+    fsdp_shard_unbind_grads(u);
+    return FSDP_OK;
 }
 
 /* shard gradient += src. With offload src is copied to the host first and added there. */
@@ -199,10 +215,8 @@ static fsdp_status reduce_grad(fsdp_ctx *ctx, unit *u) {
         fsdp_reduce_options o = {.pre_scale = fsdp_dp_inverse(sh->pre_factor),
                                  .post_scale = fsdp_dp_inverse(sh->post_factor),
                                  .accumulate = true};
-        FSDP_TRY(fsdp_reduce_scatter_ex(ctx, sh->group, fsdp_param_grad(u->flat), u->full_grad, 0,
-                                        FSDP_REDUCE_SUM, &o));
-        u->grad_pending = false;
-        return FSDP_OK;
+        return fsdp_reduce_scatter_ex(ctx, sh->group, fsdp_param_grad(u->flat), u->full_grad, 0,
+                                      FSDP_REDUCE_SUM, &o);
     }
     bool sharded = fsdp_shard_sharded_strategy(sh), low = sh->grad_dtype != FSDP_DTYPE_F32;
     fsdp_status st = FSDP_OK;
@@ -225,7 +239,6 @@ static fsdp_status reduce_grad(fsdp_ctx *ctx, unit *u) {
     fsdp_pool_give(&sh->pool, u->low_reduced);
     fsdp_pool_give(&sh->pool, u->low_grad);
     if (sharded) fsdp_pool_give(&sh->pool, u->reduced);
-    if (st == FSDP_OK) u->grad_pending = false;
     return st;
 }
 
@@ -235,7 +248,7 @@ fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poin
                                    const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     unit *u = user;
-    return fsdp_shard_unshard(ctx, u, u->owner->param_dtype);
+    return fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-forward hook");
 }
 
 fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
@@ -247,7 +260,8 @@ fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
      * its post-forward logic in the recomputed forward too). */
     if (ctx->recompute_depth > 0) return FSDP_OK;
     /* The root keeps its parameters: its backward starts right after forward. */
-    if (fsdp_shard_reshard_after_forward(u->owner) && !u->is_root) fsdp_shard_reshard(u);
+    if (fsdp_shard_reshard_after_forward(u->owner) && !u->is_root)
+        return fsdp_shard_reshard(ctx, u, "the post-forward hook");
     return FSDP_OK;
 }
 
@@ -255,23 +269,25 @@ fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
                                     const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     unit *u = user;
-    FSDP_TRY(fsdp_shard_unshard(ctx, u, u->owner->param_dtype));
-    return fsdp_shard_take_grads(ctx, u); /* under no_sync, still bound with what was accumulated */
+    FSDP_TRY(fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-backward hook"));
+    /* under no_sync, still bound with what was accumulated */
+    return fsdp_shard_take_grads(ctx, u, "the pre-backward hook");
 }
 
 fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                      const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     unit *u = user;
+    static const char call[] = "the post-backward hook";
     if (!u->owner->sync) {
         /* no_sync: the full gradient stays bound and accumulates; FULL_SHARD still frees the
          * parameters (PyTorch's _should_free_in_backward). */
-        u->grad_pending = true;
-        if (fsdp_shard_reshard_after_forward(u->owner)) fsdp_shard_reshard(u);
+        FSDP_TRY(fsdp_shard_move(ctx, u, UNIT_KEEP_GRADS, call));
+        if (fsdp_shard_reshard_after_forward(u->owner)) return fsdp_shard_reshard(ctx, u, call);
         return FSDP_OK;
     }
+    FSDP_TRY(fsdp_shard_check_move(ctx, u, UNIT_REDUCED, call));
     FSDP_TRY(reduce_grad(ctx, u));
-    fsdp_shard_give_grads(u);
-    fsdp_shard_reshard(u);
-    return FSDP_OK;
+    FSDP_TRY(fsdp_shard_give_grads(ctx, u, call));
+    return fsdp_shard_reshard(ctx, u, call);
 }

@@ -10,6 +10,28 @@
 #include "fsdp/pool_impl.h"
 #include "fsdp/wrap.h"
 
+/* The life of an FSDP unit: what its parameters and its full gradient are bound to. A unit
+ * moves only through fsdp_shard_move, which refuses a move the table of unit_state.c does not
+ * list. A resident unit (unit_resident) is never SHARDED: its parameters are the flat
+ * parameter itself. */
+typedef enum unit_state {
+    UNIT_SHARDED,      /* parameters without storage: this rank's shard is the only copy */
+    UNIT_GATHERED,     /* parameters bound to the gathered full parameter (forward; kept after it by
+                        * the root and by SHARD_GRAD_OP and NO_SHARD) */
+    UNIT_BACKWARD,     /* gathered, and the parameter gradients bound to the full gradient: from
+                        * pre-backward to the reduction in post-backward */
+    UNIT_GRAD_PENDING, /* no_sync after backward: parameters freed, the full gradient holds the
+                        * gradients of no_sync backwards, not reduced yet */
+    UNIT_GATHERED_GRAD_PENDING, /* the same with the parameters gathered (kept after backward,
+                                 * or gathered again by the next forward) */
+    UNIT_SUMMONED,         /* summon_full_params: parameters bound to a full copy of this rank's own
+                            * (with_grads: the gradients to the gathered reduced gradient) */
+    UNIT_SUMMONED_ON_HOST, /* the same, the parameters bound to a host copy (offload_to_cpu, or
+                            * a resident unit without writeback); the device copy is kept only
+                            * when the unit was gathered before, or is resident */
+    UNIT_STATE_COUNT
+} unit_state;
+
 /* One FSDP unit: a module whose parameters (nested units' excluded) share a flat buffer. */
 typedef struct unit {
     fsdp_sharded *owner;
@@ -23,10 +45,9 @@ typedef struct unit {
     int64_t numel;       /* N: the flat elements (parameters and alignment gaps) */
     int64_t shard_numel; /* S = ceil(N / W) when sharded, else N */
     int64_t padded;      /* W * S when sharded, else N */
-    /* NO_SHARD (or a group of one) without offload: the full flat parameter is the optimizer's
-     * parameter itself, always bound; nothing to gather. */
-    bool resident;
-    fsdp_tensor *full; /* (padded): bound to a pool block while unsharded */
+    unit_state state;
+    unit_state summon_from; /* the state summon_full_params found, which release returns to */
+    fsdp_tensor *full;      /* (padded): bound to a pool block while unsharded */
     /* (padded) Rank threads: the block where the group's shards of this unit live side by side
      * (fsdp_group_share_shards, made at the unit's first gather): the forward and backward
      * gathers bind the parameters here, and the all_gather into it moves nothing. NULL when
@@ -44,10 +65,6 @@ typedef struct unit {
     fsdp_tensor *low_grad;    /* (padded) grad_dtype: the rounded full gradient */
     fsdp_tensor *low_reduced; /* (S) grad_dtype: its reduce_scatter output */
     fsdp_param *flat;         /* the shard (S) the optimizer steps; resident: views full */
-    bool unsharded;           /* the parameters are bound to full, which holds current values */
-    bool grad_bound;          /* the parameter gradients are bound to full_grad */
-    bool grad_pending;        /* full_grad holds gradients of no_sync backwards */
-    bool summon_was_unsharded;
     int hook_ids[4];
 } unit;
 
@@ -55,8 +72,6 @@ struct fsdp_sharded {
     fsdp_fully_shard_options opts;
     fsdp_group *group;     /* shards the parameters */
     fsdp_group *replicate; /* HYBRID_SHARD: holds copies of the same shard; else NULL */
-    int world, rank;       /* in group */
-    int dp_size;           /* world times the replicate group's size */
     double pre_factor, post_factor;
     fsdp_dtype param_dtype; /* what parameters are gathered in */
     fsdp_dtype grad_dtype;  /* what a built-in comm hook reduces in (f32 for a user hook) */
@@ -78,8 +93,42 @@ struct fsdp_sharded {
     bool unwrapping; /* fsdp_sharded_free is removing the hooks */
 };
 
-/* Whether the strategy shards (not NO_SHARD, more than one rank). */
+/* The shard group's size and this rank's index in it (what the group says, not a copy). */
+int fsdp_shard_world(const fsdp_sharded *sh);
+int fsdp_shard_rank(const fsdp_sharded *sh);
+/* Whether the strategy shards (not NO_SHARD, more than one rank in the group). */
 bool fsdp_shard_sharded_strategy(const fsdp_sharded *sh);
+/* NO_SHARD (or a group of one) without offload, in f32: every unit's full flat parameter is the
+ * optimizer's parameter itself, always bound; nothing to gather. */
+bool fsdp_shard_resident(const fsdp_sharded *sh);
+
+/* ---- the unit's life (unit_state.c) ---- */
+
+/* What moves a unit from state to state (the table of unit_state.c). */
+typedef enum unit_event {
+    UNIT_UNSHARD,        /* SHARDED -> GATHERED, GRAD_PENDING -> GATHERED_GRAD_PENDING */
+    UNIT_RESHARD,        /* the reverse */
+    UNIT_TAKE_GRADS,     /* pre-backward: GATHERED or GATHERED_GRAD_PENDING -> BACKWARD */
+    UNIT_REDUCED,        /* post-backward: BACKWARD -> GATHERED, the gradient reduced */
+    UNIT_KEEP_GRADS,     /* post-backward under no_sync: BACKWARD -> GATHERED_GRAD_PENDING */
+    UNIT_SUMMON,         /* a state outside forward and backward -> SUMMONED */
+    UNIT_SUMMON_TO_HOST, /* SUMMONED -> SUMMONED_ON_HOST */
+    UNIT_RELEASE,        /* SUMMONED or SUMMONED_ON_HOST -> the state the summon found */
+    UNIT_EVENT_COUNT
+} unit_event;
+
+const char *fsdp_unit_state_name(unit_state s);
+const char *fsdp_unit_event_name(unit_event e);
+/* FSDP_ERR_STATE naming the unit, its state, the event and `call` (the public call or hook that
+ * asked) when the table does not list the move; FSDP_OK otherwise. */
+fsdp_status fsdp_shard_check_move(fsdp_ctx *ctx, const unit *u, unit_event event, const char *call);
+/* The same check, then the move: the only place a unit's state changes after it is built. */
+fsdp_status fsdp_shard_move(fsdp_ctx *ctx, unit *u, unit_event event, const char *call);
+/* What the state says: the unit holds its full parameter on the compute device (summoned on
+ * the host: that buffer is still held); its full gradient holds unreduced gradients of no_sync
+ * backwards (summoned: it did when summoned). */
+bool fsdp_unit_gathered(const unit *u);
+bool fsdp_unit_grad_pending(const unit *u);
 /* FULL_SHARD and HYBRID_SHARD free non-root parameters after forward and every backward. */
 bool fsdp_shard_reshard_after_forward(const fsdp_sharded *sh);
 /* Points the unit's parameters into base at their offsets / takes their storage away. */
@@ -87,17 +136,26 @@ fsdp_status fsdp_shard_bind_params(fsdp_ctx *ctx, unit *u, const fsdp_tensor *ba
 void fsdp_shard_release_params(unit *u);
 /* full <- every rank's shard, in order (through the device with offload). */
 fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const fsdp_tensor *shard);
-/* Gathers the unit's full parameters and points its parameters into them / lets them go. The
- * gather runs in `dtype` (the shards rounded to it; f32: exact), the values widened into
- * u->full, a pool block; in f32 on rank threads it is in place in u->shared_full instead. */
-fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype);
-/* The same into a pool block of this rank's own, always (summon_full_params: what the caller
- * writes there must not reach the peers' shards). */
-fsdp_status fsdp_shard_unshard_copy(fsdp_ctx *ctx, unit *u);
-void fsdp_shard_reshard(unit *u);
-/* Binds the parameter gradients to a zeroed full gradient block / gives it back. */
-fsdp_status fsdp_shard_take_grads(fsdp_ctx *ctx, unit *u);
-void fsdp_shard_give_grads(unit *u);
+/* Gathers the unit's full parameters and points its parameters into them. The gather runs in
+ * `dtype` (the shards rounded to it; f32: exact), the values widened into u->full, a pool
+ * block; in f32 on rank threads it is in place in u->shared_full instead. Moves SHARDED to GATHERED
+ * and GRAD_PENDING to GATHERED_GRAD_PENDING; a gathered unit is left as it is. */
+fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, const char *call);
+/* Frees the gathered parameters (a resident unit keeps them): the reverse moves. */
+fsdp_status fsdp_shard_reshard(fsdp_ctx *ctx, unit *u, const char *call);
+/* Binds the parameter gradients to a zeroed full gradient block (GATHERED to BACKWARD; a unit
+ * with pending gradients keeps them and enters BACKWARD) / gives the block back after the
+ * reduction (BACKWARD to GATHERED). */
+fsdp_status fsdp_shard_take_grads(fsdp_ctx *ctx, unit *u, const char *call);
+fsdp_status fsdp_shard_give_grads(fsdp_ctx *ctx, unit *u, const char *call);
+
+/* The binding work alone, without a move (summon.c moves the unit itself): gather into a pool
+ * block of this rank's own, always (what the caller writes there must not reach the peers'
+ * shards) / free it / bind the gradients to a zeroed block / give it back. */
+fsdp_status fsdp_shard_gather_copy(fsdp_ctx *ctx, unit *u);
+void fsdp_shard_free_full(unit *u);
+fsdp_status fsdp_shard_bind_grads(fsdp_ctx *ctx, unit *u);
+void fsdp_shard_unbind_grads(unit *u);
 
 /* The four hooks of a unit (user: the unit). */
 fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,

@@ -9,7 +9,7 @@
 /* Binds the parameter gradients to a full buffer holding the reduced gradient: the shards
  * gathered (or, unsharded, copied). */
 static fsdp_status summon_grads(fsdp_ctx *ctx, unit *u) {
-    FSDP_TRY(fsdp_shard_take_grads(ctx, u));
+    FSDP_TRY(fsdp_shard_bind_grads(ctx, u));
     if (fsdp_shard_sharded_strategy(u->owner))
         return fsdp_shard_gather(ctx, u, u->full_grad, fsdp_param_grad(u->flat));
     fsdp_tensor *part;
@@ -19,18 +19,55 @@ static fsdp_status summon_grads(fsdp_ctx *ctx, unit *u) {
     return st;
 }
 
+static bool gathered_before(const unit *u) {
+    return u->summon_from == UNIT_GATHERED || u->summon_from == UNIT_GATHERED_GRAD_PENDING;
+}
+
 /* Moves the unit's parameters to a host copy of the full buffer, freeing the device block
  * when the unit was sharded before the summon (offload_to_cpu, or a resident unit summoned
  * without writeback). */
 static fsdp_status summon_to_host(fsdp_ctx *ctx, unit *u) {
-    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &u->padded, &u->summon_host));
-    FSDP_TRY(fsdp_tensor_copy(ctx, u->summon_host, u->full));
-    FSDP_TRY(fsdp_shard_bind_params(ctx, u, u->summon_host));
-    if (!u->summon_was_unsharded && !u->resident) {
-        fsdp_pool_give(&u->owner->pool, u->full);
-        u->unsharded = false;
+    fsdp_status st =
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &u->padded, &u->summon_host);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->summon_host, u->full);
+    if (st == FSDP_OK) st = fsdp_shard_bind_params(ctx, u, u->summon_host);
+    if (st != FSDP_OK) { /* still SUMMONED: the parameters go back to the device copy */
+        if (fsdp_shard_bind_params(ctx, u, u->full) != FSDP_OK) fsdp_shard_release_params(u);
+        fsdp_tensor_free(u->summon_host);
+        u->summon_host = NULL;
+        return st;
     }
+    FSDP_TRY(fsdp_shard_move(ctx, u, UNIT_SUMMON_TO_HOST, "fsdp_summon_full_params"));
+    if (!gathered_before(u) && !fsdp_shard_resident(u->owner))
+        fsdp_pool_give(&u->owner->pool, u->full);
     return FSDP_OK;
+}
+
+/* One unit into SUMMONED (its own full copy, with_grads: the reduced gradient); on failure
+ * it is left in the state it was found in. */
+static fsdp_status summon_unit(fsdp_ctx *ctx, unit *u, const fsdp_summon_options *o) {
+    bool was_gathered = fsdp_unit_gathered(u);
+    FSDP_TRY(fsdp_shard_move(ctx, u, UNIT_SUMMON, "fsdp_summon_full_params"));
+    /* A failed gather leaves nothing bound. */
+    fsdp_status st = was_gathered ? FSDP_OK : fsdp_shard_gather_copy(ctx, u);
+    if (st == FSDP_OK && o->with_grads) {
+        st = summon_grads(ctx, u);
+        if (st != FSDP_OK) {
+            fsdp_shard_unbind_grads(u);
+            if (!was_gathered) fsdp_shard_free_full(u);
+        }
+    }
+    if (st != FSDP_OK) /* undone: back where it was (a legal move, which cannot fail) */
+        (void)fsdp_shard_move(ctx, u, UNIT_RELEASE, "fsdp_summon_full_params");
+    return st;
+}
+
+/* rank0_only on another rank: every rank gathers, the others free at once. */
+static fsdp_status unsummon_unit(fsdp_ctx *ctx, unit *u) {
+    static const char call[] = "fsdp_summon_full_params(rank0_only)";
+    if (u->owner->summon.with_grads) fsdp_shard_unbind_grads(u);
+    if (!gathered_before(u)) fsdp_shard_free_full(u);
+    return fsdp_shard_move(ctx, u, UNIT_RELEASE, call);
 }
 
 fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
@@ -53,12 +90,12 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
                          "summon_full_params: rank0_only with writeback is not allowed (the "
                          "other ranks have nothing to write back); set writeback false");
     for (int i = 0; o.with_grads && i < sh->n_units; i++)
-        if (sh->units[i]->grad_pending)
+        if (fsdp_unit_grad_pending(sh->units[i]))
             return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                              "summon_full_params(with_grads): gradients of no_sync backwards "
                              "are not reduced yet; run a backward with sync on first");
     sh->summon = o;
-    bool keep = !o.rank0_only || sh->rank == 0;
+    bool keep = !o.rank0_only || fsdp_shard_rank(sh) == 0;
     fsdp_status st = FSDP_OK;
     for (int i = 0; st == FSDP_OK && i < sh->n_units; i++) {
         unit *u = sh->units[i];
@@ -66,18 +103,16 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
          * out (and writes back) the f32 values. So are those gathered in place in the block
          * the group's shards share: summon hands out a copy of this rank's own, which the
          * caller may write without touching the peers' shards. */
-        if (u->unsharded && (sh->param_dtype != FSDP_DTYPE_F32 || u->shared_full))
-            fsdp_shard_reshard(u);
-        u->summon_was_unsharded = u->unsharded;
+        if (fsdp_unit_gathered(u) && (sh->param_dtype != FSDP_DTYPE_F32 || u->shared_full))
+            st = fsdp_shard_reshard(ctx, u, "fsdp_summon_full_params");
+        if (st != FSDP_OK) break;
+        u->summon_from = u->state;
         if (u->numel == 0) continue;
-        st = fsdp_shard_unshard_copy(ctx, u);
-        if (st == FSDP_OK && o.with_grads) st = summon_grads(ctx, u);
+        st = summon_unit(ctx, u, &o);
         if (st != FSDP_OK) break;
         if (!keep) {
-            /* rank0_only: every rank gathers, the others free at once. */
-            fsdp_shard_give_grads(u);
-            if (!u->summon_was_unsharded) fsdp_shard_reshard(u);
-        } else if (o.offload_to_cpu || (u->resident && !o.writeback)) {
+            st = unsummon_unit(ctx, u);
+        } else if (o.offload_to_cpu || (fsdp_shard_resident(sh) && !o.writeback)) {
             /* A resident unit's parameters are the flat parameter itself: without writeback
              * they are handed out as a copy, so edits are dropped as for the others. */
             st = summon_to_host(ctx, u);
@@ -96,8 +131,10 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
 /* writeback: this rank's part of the full values goes back into its shard. */
 static fsdp_status write_back(fsdp_ctx *ctx, unit *u, const fsdp_tensor *full) {
     fsdp_sharded *sh = u->owner;
-    if (full == u->full && u->resident) return FSDP_OK; /* the parameters are the flat param */
-    int64_t at = fsdp_shard_sharded_strategy(sh) ? (int64_t)sh->rank * u->shard_numel : 0;
+    /* the parameters are the flat param */
+    if (full == u->full && fsdp_shard_resident(sh)) return FSDP_OK;
+    int64_t at =
+        fsdp_shard_sharded_strategy(sh) ? (int64_t)fsdp_shard_rank(sh) * u->shard_numel : 0;
     fsdp_tensor *part;
     FSDP_TRY(fsdp_tensor_view(ctx, full, at, 1, &u->shard_numel, &part));
     fsdp_status st = fsdp_tensor_copy(ctx, fsdp_param_data(u->flat), part);
@@ -116,23 +153,27 @@ fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
     bool writeback = sh->summon.writeback && !sh->summon.rank0_only;
     for (int i = 0; i < sh->n_units; i++) {
         unit *u = sh->units[i];
+        if (u->state != UNIT_SUMMONED && u->state != UNIT_SUMMONED_ON_HOST) continue;
         fsdp_status s = FSDP_OK;
-        if (u->summon_host) {
+        bool kept_full = fsdp_unit_gathered(u); /* the device copy is still held */
+        if (u->state == UNIT_SUMMONED_ON_HOST) {
             if (writeback) s = write_back(ctx, u, u->summon_host);
-            if (u->unsharded) {
+            if (kept_full) {
                 if (s == FSDP_OK) s = fsdp_shard_bind_params(ctx, u, u->full);
-                if (s == FSDP_OK && writeback && u->resident)
+                if (s == FSDP_OK && writeback && fsdp_shard_resident(sh))
                     s = fsdp_tensor_copy(ctx, u->full, u->summon_host);
             } else {
                 fsdp_shard_release_params(u);
             }
             fsdp_tensor_free(u->summon_host);
             u->summon_host = NULL;
-        } else if (u->unsharded && writeback) {
+        } else if (writeback) {
             s = write_back(ctx, u, u->full);
         }
-        if (sh->summon.with_grads) fsdp_shard_give_grads(u);
-        if (!u->summon_was_unsharded) fsdp_shard_reshard(u);
+        if (sh->summon.with_grads) fsdp_shard_unbind_grads(u);
+        if (!gathered_before(u) && kept_full) fsdp_shard_free_full(u);
+        fsdp_status m = fsdp_shard_move(ctx, u, UNIT_RELEASE, "fsdp_release_full_params");
+        if (s == FSDP_OK) s = m;
         if (st == FSDP_OK) st = s;
     }
     sh->summoned = false;

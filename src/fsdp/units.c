@@ -182,6 +182,7 @@ static fsdp_status unit_collect(fsdp_ctx *ctx, fsdp_sharded *sh, const chooser *
     unit *u = calloc(1, sizeof *u);
     if (!u) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an FSDP unit");
     u->owner = sh;
+    u->state = u->summon_from = UNIT_SHARDED;
     u->module = m;
     u->is_root = m == sh->root;
     for (int h = 0; h < 4; h++) u->hook_ids[h] = -1;
@@ -226,12 +227,10 @@ static fsdp_status unit_collect(fsdp_ctx *ctx, fsdp_sharded *sh, const chooser *
  * parameter, and leaves the model's parameters views of the full buffer when resident, without
  * storage otherwise. */
 static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
-    int64_t W = sh->world;
+    int64_t W = fsdp_shard_world(sh);
     bool sharded = fsdp_shard_sharded_strategy(sh);
     u->shard_numel = sharded ? (u->numel + W - 1) / W : u->numel;
     u->padded = sharded ? u->shard_numel * W : u->numel;
-    /* Under mixed precision the parameters are a rounded copy, never the flat parameter. */
-    u->resident = !sharded && !sh->opts.offload_params && sh->param_dtype == FSDP_DTYPE_F32;
     fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &u->padded, &u->full);
     if (st == FSDP_OK) st = low_handles(ctx, sh, u, sharded);
     if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, u->full, 0.0f);
@@ -258,12 +257,13 @@ static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
     if (st == FSDP_OK && u->n_params)
         fsdp_param_set_requires_grad(u->flat, fsdp_param_requires_grad(u->params[0]));
     if (st != FSDP_OK) return st;
-    if (u->resident) {
-        u->unsharded = true;
+    /* Under mixed precision the parameters are a rounded copy, never the flat parameter. */
+    if (fsdp_shard_resident(sh)) {
+        u->state = UNIT_GATHERED; /* and so for its whole life */
         return fsdp_tensor_rebind(ctx, fsdp_param_data(u->flat), u->full, 0);
     }
     memcpy(fsdp_tensor_f32(fsdp_param_data(u->flat)),
-           f + (sharded ? (int64_t)sh->rank * u->shard_numel : 0),
+           f + (sharded ? (int64_t)fsdp_shard_rank(sh) * u->shard_numel : 0),
            (size_t)u->shard_numel * sizeof(float));
     /* Start sharded, as after a step: the flattening buffer is freed. */
     fsdp_shard_release_params(u);
@@ -306,7 +306,8 @@ static fsdp_status make_segments(fsdp_ctx *ctx, fsdp_sharded *sh) {
     if (!sh->segments) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot list FSDP segments");
     for (int i = 0; i < sh->n_units; i++) {
         unit *u = sh->units[i];
-        int64_t lo_shard = fsdp_shard_sharded_strategy(sh) ? (int64_t)sh->rank * u->shard_numel : 0;
+        int64_t lo_shard =
+            fsdp_shard_sharded_strategy(sh) ? (int64_t)fsdp_shard_rank(sh) * u->shard_numel : 0;
         int64_t hi_shard = lo_shard + u->shard_numel;
         for (int k = 0; k < u->n_params; k++) {
             fsdp_flat_segment *s = &sh->segments[sh->n_segments];
@@ -510,16 +511,15 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
     sh->group = group;
     sh->replicate =
         o.replicate_group && fsdp_group_size(o.replicate_group) > 1 ? o.replicate_group : NULL;
-    sh->world = fsdp_group_size(group);
-    sh->rank = fsdp_group_rank(group);
-    sh->dp_size = sh->world * (o.replicate_group ? fsdp_group_size(o.replicate_group) : 1);
     sh->root = root;
     sh->sync = true;
     sh->handle_held = true;
     sh->pool.device = FSDP_CPU;
     sh->pool.poison = o.poison_resharded;
     /* Over the whole data-parallel size, as PyTorch. */
-    fsdp_dp_divide_factors(sh->dp_size, &sh->pre_factor, &sh->post_factor);
+    int dp_size =
+        fsdp_group_size(group) * (o.replicate_group ? fsdp_group_size(o.replicate_group) : 1);
+    fsdp_dp_divide_factors(dp_size, &sh->pre_factor, &sh->post_factor);
     sh->param_dtype = o.mixed_precision.param_dtype;
     sh->grad_dtype = o.comm_hook.kind == FSDP_COMM_HOOK_USER
                          ? FSDP_DTYPE_F32
