@@ -214,6 +214,63 @@ static void test_plan_refuses(void) {
     FSDP_TEST_OK(fsdp_llama_tp_plan(ctx, &mha, 4, false, plan, &n));
 }
 
+/* A sequence the tp size does not divide: the plan's SequenceParallel norms would read uneven
+ * shards as even ones, so the first forward stops where the embedding splits the sequence,
+ * before any collective, on every rank alike, naming the length, the tp size and the fix; the
+ * same model then runs a sequence of 6. */
+static fsdp_status uneven_sequence_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)rank, (void)user;
+    fsdp_mesh *tp = NULL;
+    fsdp_module *m = NULL;
+    fsdp_tensor *tok5 = NULL, *tok6 = NULL;
+    fsdp_tp_plan_entry plan[FSDP_LLAMA_TP_PLAN_LEN];
+    int n = 0;
+    int32_t tokens[2 * 6];
+    for (int i = 0; i < 2 * 6; i++) tokens[i] = (int32_t)((i * 7 + 1) % CFG.vocab_size);
+    const fsdp_tensor *logits;
+    fsdp_status st = fsdp_mesh_create(ctx, 1, (int[]){2}, (const char *[]){"tp"}, &tp);
+    if (st == FSDP_OK) st = fsdp_model_llama(ctx, &CFG, &m);
+    if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, SEED);
+    if (st == FSDP_OK) st = fsdp_llama_tp_plan(ctx, &CFG, 2, true, plan, &n);
+    if (st == FSDP_OK) st = fsdp_tp_parallelize(ctx, m, tp, n, plan, NULL);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_from_blob(ctx, tokens, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){2, 5},
+                                   &tok5);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_from_blob(ctx, tokens, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){2, 6},
+                                   &tok6);
+    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
+    if (st == FSDP_OK) {
+        fsdp_status got = fsdp_module_forward(ctx, m, tok5, &logits);
+        const char *msg = fsdp_last_error(ctx);
+        FSDP_RANK_CHECK(ctx, got == FSDP_ERR_SHAPE, "a sequence of 5 at tp 2 returned %s",
+                        fsdp_status_to_string(got));
+        static const char *const needles[] = {"model.embed_tokens", "sequence length 5",
+                                              "tp size 2", "multiple of 2"};
+        for (int i = 0; i < 4; i++)
+            FSDP_RANK_CHECK(ctx, msg && strstr(msg, needles[i]),
+                            "a sequence of 5 at tp 2: message \"%s\" lacks \"%s\"",
+                            msg ? msg : "(none)", needles[i]);
+        st = fsdp_comm_debug_end(ctx);
+        FSDP_RANK_CHECK(ctx, st != FSDP_OK || fsdp_comm_debug_num_records(ctx) == 0,
+                        "the refused forward ran %d kinds of collective",
+                        fsdp_comm_debug_num_records(ctx));
+    }
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, tok6, &logits);
+    if (st == FSDP_OK)
+        FSDP_RANK_CHECK(ctx, fsdp_tensor_dim(logits, 1) == 6, "a sequence of 6: logits of %lld",
+                        (long long)fsdp_tensor_dim(logits, 1));
+    fsdp_tensor_free(tok6);
+    fsdp_tensor_free(tok5);
+    fsdp_module_free(m);
+    fsdp_mesh_free(tp);
+    return st;
+}
+
+static void test_uneven_sequence(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, uneven_sequence_rank, NULL));
+}
+
 /* ---- training at (dp, tp) against one rank ---- */
 
 static float ref_loss[STEPS];  /* the single-rank run's loss per step */
@@ -497,6 +554,7 @@ int main(int argc, char **argv) {
         {"embedding_rowwise", test_embedding_rowwise},
         {"loss_parallel", test_loss_parallel},
         {"plan_refuses", test_plan_refuses},
+        {"uneven_sequence", test_uneven_sequence},
         {"layouts", test_layouts},
         {"layouts_uneven_vocab", test_layouts_uneven_vocab},
     };

@@ -116,9 +116,16 @@ fsdp_status fsdp_tp_parallelize(fsdp_ctx *ctx, fsdp_module *root, const fsdp_mes
     for (int e = 0; st == FSDP_OK && e < n; e++)
         for (int i = 0; st == FSDP_OK && i < matches[e].n; i++)
             st = tp_style_check(ctx, matches[e].items[i], &plan[e].style);
+    /* SequenceParallel reads the sequence shards it receives as even ones: where the sequence
+     * is split (a Rowwise output that leaves sharded), it must divide by the tp size. */
+    bool sequence_parallel = false;
+    for (int e = 0; e < n; e++)
+        if (matches[e].n && plan[e].style.kind == FSDP_TP_SEQUENCE_PARALLEL)
+            sequence_parallel = true;
     for (int e = 0; st == FSDP_OK && e < n; e++)
         for (int i = 0; st == FSDP_OK && i < matches[e].n; i++)
-            st = fsdp_tp_apply(ctx, matches[e].items[i], mesh, &plan[e].style, opts);
+            st = tp_style_apply(ctx, matches[e].items[i], mesh, &plan[e].style, opts,
+                                sequence_parallel);
     for (int e = 0; e < n; e++) free(matches[e].items);
     free(matches);
     return st;

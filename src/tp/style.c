@@ -22,6 +22,10 @@ typedef struct style_state {
     const fsdp_mesh *mesh;
     fsdp_param *weight, *bias; /* Colwise/Rowwise: the Linear's (or the Embedding's weight) */
     bool embedding;            /* Rowwise on an Embedding: vocabulary-sharded table */
+    /* The output leaves sharded as a local tensor into a plan with SequenceParallel, whose
+     * styles take local shards as even (PyTorch's from_local): the sharded dim (the sequence)
+     * must divide by the tp size (tp_style_apply's even_output). */
+    bool even_output;
     site in_fwd, out_fwd, out_bwd, in_bwd;
     /* Forward's record for backward: the input as it came (placements and global shape),
      * whether it came as a DTensor, and the output as the op made it and as it left. */
@@ -180,9 +184,31 @@ static fsdp_status op_output_spec(fsdp_ctx *ctx, const style_state *s, const fsd
     return FSDP_OK;
 }
 
+/* A sequence that the tp size does not divide would leave uneven local shards, which the
+ * SequenceParallel styles downstream read as even ones: refused before anything moves, alike on
+ * every rank (the output's global shape is the same everywhere). */
+static fsdp_status check_even_output(fsdp_ctx *ctx, const style_state *s, const fsdp_module *m,
+                                     fsdp_placement to) {
+    if (to.kind != FSDP_PLACEMENT_SHARD) return FSDP_OK;
+    int ndim = s->op_out_spec.ndim;
+    int d = to.dim < 0 ? to.dim + ndim : to.dim;
+    int tp = fsdp_mesh_size(s->mesh, 0);
+    if (d < 0 || d >= ndim || s->op_out_spec.shape[d] % tp == 0) return FSDP_OK;
+    char where[200];
+    long long len = (long long)s->op_out_spec.shape[d];
+    return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                     "%s on %s: the sequence length %lld (dim %d of its output) is not divisible "
+                     "by the tp size %d, and sequence parallelism (the plan's SequenceParallel "
+                     "styles) splits the sequence evenly over the tp ranks; use a sequence "
+                     "length that is a multiple of %d (for example %lld), or a tp size that "
+                     "divides %lld",
+                     fsdp_tp_style_kind_to_string(s->style.kind),
+                     fsdp_nn_describe(m, where, sizeof where), len, d, tp, tp, (len / tp + 1) * tp,
+                     len);
+}
+
 static fsdp_status post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                 const fsdp_tensor **io, void *user) {
-    (void)m;
     (void)point;
     style_state *s = user;
     const fsdp_tensor *y = *io;
@@ -199,6 +225,7 @@ static fsdp_status post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
     fsdp_placement to = s->style.kind == FSDP_TP_PREPARE_OUTPUT ? s->style.desired_output_layouts
                         : s->style.kind == FSDP_TP_SEQUENCE_PARALLEL ? s->op_out_spec.placements[0]
                                                                      : s->style.output_layouts;
+    if (s->even_output) FSDP_TRY(check_even_output(ctx, s, m, to));
     s->out_is_dtensor = s->style.use_local_output == FSDP_TP_NO;
     return site_move(ctx, &s->out_fwd, &s->op_out_spec, y, to, s->out_is_dtensor, io, &s->out_spec);
 }
@@ -490,6 +517,12 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_
 
 fsdp_status fsdp_tp_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
                           const fsdp_tp_style *style, const fsdp_tp_options *opts) {
+    return tp_style_apply(ctx, m, mesh, style, opts, false);
+}
+
+fsdp_status tp_style_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
+                           const fsdp_tp_style *style, const fsdp_tp_options *opts,
+                           bool even_output) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, m);
     FSDP_ARG_NOT_NULL(ctx, mesh);
@@ -509,6 +542,9 @@ fsdp_status fsdp_tp_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
     if (!s) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate TP style state");
     s->mesh = mesh;
     fsdp_status st = resolve_style(ctx, style, where, &s->style);
+    /* Rowwise is where a plan splits the sequence (Shard(1) out of the Partial sum). */
+    s->even_output =
+        even_output && s->style.kind == FSDP_TP_ROWWISE && s->style.use_local_output == FSDP_TP_YES;
     if (st == FSDP_OK) st = setup(ctx, m, s, o.src_rank, where);
     if (st != FSDP_OK) {
         style_state_free(s);

@@ -59,4 +59,11 @@ fsdp_status tp_dtensor_wrap(fsdp_ctx *ctx, const fsdp_tensor *t, const fsdp_dten
  * Linear or an Embedding, a module takes one style), without changing anything. */
 fsdp_status tp_style_check(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tp_style *style);
 
+/* fsdp_tp_apply; with even_output, a Rowwise output that leaves sharded as a local tensor must
+ * split evenly over the tp ranks (the sequence a plan with SequenceParallel shards), or the
+ * forward fails there, before it communicates, naming the length, the tp size and the fix. */
+fsdp_status tp_style_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
+                           const fsdp_tp_style *style, const fsdp_tp_options *opts,
+                           bool even_output);
+
 #endif
