@@ -20,7 +20,7 @@
  * way up (FSDP_TRY_AT, FSDP_TRYF) puts its file:line in front of the trail, and FSDP_TRYF also
  * puts its context in front of the message:
  *   message "loading 'fc1.weight': all_gather on group 'dp' ...: the input is (3, 2) ..."
- *   trail   "src/fsdp/unit.c:80 -> src/comm/collectives.c:190 -> src/comm/local.c:310"
+ *   trail   "src/dp/unit.c:80 -> src/comm/collectives.c:190 -> src/comm/local.c:310"
  *   origin  "src/comm/local.c:310" */
 typedef struct fsdp_error_record {
     fsdp_status status;

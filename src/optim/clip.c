@@ -4,8 +4,8 @@
 #include <math.h>
 
 #include "core/error.h"
-#include "fsdp/flat.h"
-#include "fsdp/norm_impl.h"
+#include "dp/flat.h"
+#include "dp/norm_impl.h"
 #include "fsdp/optim.h"
 #include "fsdp/tp.h"
 #include "fsdp/wrap.h"

@@ -2,7 +2,7 @@
  * the moves between states that the hooks, summon_full_params and its release make, and the one
  * function that moves a unit, refusing a move the table does not list. */
 #include "core/error.h"
-#include "fsdp/shard_impl.h"
+#include "dp/shard_impl.h"
 
 int fsdp_shard_world(const fsdp_sharded *sh) {
     return fsdp_group_size(sh->group);

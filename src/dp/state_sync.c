@@ -6,7 +6,7 @@
 
 #include "core/array.h"
 #include "core/error.h"
-#include "fsdp/dp_impl.h"
+#include "dp/dp_impl.h"
 #include "kernels/kernels.h"
 
 typedef struct state_list {

@@ -1,8 +1,8 @@
 /* flat.h: what the layers above FSDP (the optimizers) may ask about its flat-parameter
  * modules, the ones fsdp_sharded_flat_params hands out. Recognised by their ops, not by the kind
  * name they print ("FlatParams"). */
-#ifndef FSDP_FSDP_FLAT_H
-#define FSDP_FSDP_FLAT_H
+#ifndef FSDP_DP_FLAT_H
+#define FSDP_DP_FLAT_H
 
 #include <stdbool.h>
 

@@ -4,9 +4,9 @@
  * share a group set share one accumulator, and fsdp_norm_acc_total makes one all_reduce per
  * distinct group. The optimizers' fsdp_clip_grad_norm adds a module's parameters this way;
  * FSDP's flat shards add their segments with the data-parallel group as well. It lives in
- * src/fsdp, below both users (optim calls fsdp, never the reverse). Internal to libfsdp. */
-#ifndef FSDP_FSDP_NORM_IMPL_H
-#define FSDP_FSDP_NORM_IMPL_H
+ * src/dp, below both users (optim calls fsdp, never the reverse). Internal to libfsdp. */
+#ifndef FSDP_DP_NORM_IMPL_H
+#define FSDP_DP_NORM_IMPL_H
 
 #include <stdbool.h>
 #include <stdint.h>

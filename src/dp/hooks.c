@@ -5,8 +5,8 @@
 #include "core/ctx_impl.h" // defines: recompute_depth
 #include "core/error.h"
 #include "core/tensor_impl.h"
-#include "fsdp/dp_impl.h"
-#include "fsdp/shard_impl.h"
+#include "dp/dp_impl.h"
+#include "dp/shard_impl.h"
 #include "kernels/kernels.h"
 
 /* FULL_SHARD and HYBRID_SHARD free non-root parameters after forward and after every

@@ -3,8 +3,8 @@
  * block goes back to the pool (not to the allocator) when they are not: after the first step
  * every request finds a cached block, so nothing is allocated per step, and memory held is the
  * most that was in use at once (what PyTorch's caching allocator gives FSDP). Internal. */
-#ifndef FSDP_FSDP_POOL_IMPL_H
-#define FSDP_FSDP_POOL_IMPL_H
+#ifndef FSDP_DP_POOL_IMPL_H
+#define FSDP_DP_POOL_IMPL_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -4,7 +4,7 @@
 #include <stdio.h>
 
 #include "core/error.h"
-#include "fsdp/dp_impl.h"
+#include "dp/dp_impl.h"
 #include "fsdp/tp.h"
 
 void fsdp_dp_divide_factors(int dp_size, double *pre, double *post) {

@@ -1,9 +1,9 @@
 /* dp_impl.h: what FSDP (fully_shard) and replicate share below both: the check that a
  * data-parallel group does not cross tensor-parallel shards, the one module-state broadcast
  * (FSDP's sync_module_states, replicate's initial sync), the gradient divide factors, and the
- * one body that reduces a gradient through a comm hook (comm_hook.c). Internal to src/fsdp. */
-#ifndef FSDP_FSDP_DP_IMPL_H
-#define FSDP_FSDP_DP_IMPL_H
+ * one body that reduces a gradient through a comm hook (comm_hook.c). Internal to src/dp. */
+#ifndef FSDP_DP_DP_IMPL_H
+#define FSDP_DP_DP_IMPL_H
 
 #include <stdbool.h>
 #include <stdint.h>

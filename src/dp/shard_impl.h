@@ -1,13 +1,13 @@
 /* shard_impl.h: the state of an FSDP wrapping (units, flat buffers, the pool) and the
  * functions its files share: units.c builds and frees it, hooks.c runs the gathers and
- * reductions, summon.c and shards.c read it. Internal to src/fsdp. */
-#ifndef FSDP_FSDP_SHARD_IMPL_H
-#define FSDP_FSDP_SHARD_IMPL_H
+ * reductions, summon.c and shards.c read it. Internal to src/dp. */
+#ifndef FSDP_DP_SHARD_IMPL_H
+#define FSDP_DP_SHARD_IMPL_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "fsdp/pool_impl.h"
+#include "dp/pool_impl.h"
 #include "fsdp/wrap.h"
 
 /* The life of an FSDP unit: what its parameters and its full gradient are bound to. A unit

@@ -1,7 +1,7 @@
 /* pool.c: the caching pool of pool_impl.h: a short list of blocks of one dtype each, best fit
  * among those of the tensor's dtype, no splitting (FSDP asks for the same few sizes in the same
  * order every step). */
-#include "fsdp/pool_impl.h"
+#include "dp/pool_impl.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "fsdp/norm_impl.h"
+#include "dp/norm_impl.h"
 #include "kernels/kernels.h"
 
 void fsdp_norm_acc_init(fsdp_norm_acc *a, double norm_type) {

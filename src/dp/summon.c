@@ -4,7 +4,7 @@
 #include "core/ctx_impl.h"
 #include "core/error.h"
 #include "core/tensor_impl.h"
-#include "fsdp/shard_impl.h"
+#include "dp/shard_impl.h"
 
 /* Binds the parameter gradients to a full buffer holding the reduced gradient: the shards
  * gathered (or, unsharded, copied). */

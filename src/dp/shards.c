@@ -3,8 +3,8 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "fsdp/norm_impl.h"
-#include "fsdp/shard_impl.h"
+#include "dp/norm_impl.h"
+#include "dp/shard_impl.h"
 #include "fsdp/tp.h"
 #include "kernels/kernels.h"
 

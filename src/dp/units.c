@@ -9,9 +9,9 @@
 #include "core/array.h"
 #include "core/error.h"
 #include "core/tensor_impl.h"
-#include "fsdp/dp_impl.h"
-#include "fsdp/flat.h"
-#include "fsdp/shard_impl.h"
+#include "dp/dp_impl.h"
+#include "dp/flat.h"
+#include "dp/shard_impl.h"
 #include "nn/nn.h"
 
 /* With use_orig_params every parameter starts at a multiple of this many elements (16 bytes of

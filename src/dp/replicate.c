@@ -12,7 +12,7 @@
 #include "core/ctx_impl.h" // defines: fsdp_ctx_scope_push, fsdp_ctx_scope_pop
 #include "core/error.h"
 #include "core/tensor_impl.h"
-#include "fsdp/dp_impl.h"
+#include "dp/dp_impl.h"
 #include "fsdp/replicate.h"
 #include "kernels/kernels.h"
 #include "nn/nn.h"

@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "fsdp/comm_hook.h"
-#include "fsdp/dp_impl.h"
+#include "dp/dp_impl.h"
 #include "kernels/kernels.h"
 
 const char *fsdp_comm_hook_kind_to_string(fsdp_comm_hook_kind kind) {
