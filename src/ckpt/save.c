@@ -41,6 +41,7 @@ typedef struct job {
     frag *frags;
     int n_frags, most_frags; /* this rank's fragments; the most any rank writes */
     uint64_t *digests; /* the commit's: mine, every rank's (most_frags each), a count per rank */
+    uint64_t *flags;   /* agree's: mine, then one per rank (world + 1) */
     ckpt_id id;        /* rank 0's, binding every file of the save */
     bool has_meta;     /* rank 0 */
     ckpt_meta meta;
@@ -364,6 +365,7 @@ static void job_free(job *jb) {
     for (int i = 0; i < jb->n_frags; i++) free(jb->frags[i].staged);
     free(jb->frags);
     free(jb->digests);
+    free(jb->flags);
     for (int i = 0; jb->names && i < jb->n_entries; i++) free(jb->names[i]);
     free(jb->names);
     free(jb->dtypes);
@@ -474,18 +476,18 @@ static fsdp_status stage(fsdp_ctx *ctx, job *jb) {
     return FSDP_OK;
 }
 
-/* All ranks: whether any failed (an all_reduce of max over the world). */
-static fsdp_status agree(fsdp_ctx *ctx, fsdp_group *g, bool failed, bool *any) {
-    float flag = failed ? 1.0f : 0.0f;
+/* All ranks: whether any failed. The flag travels as an integer, one all_gather of a word per
+ * rank into jb->flags (allocated before the save's first collective, so the commit's cannot
+ * fail on one rank alone). */
+static fsdp_status agree(fsdp_ctx *ctx, fsdp_group *g, job *jb, bool failed, bool *any) {
     *any = failed;
     if (!g || fsdp_group_size(g) == 1) return FSDP_OK;
-    int64_t one = 1;
-    fsdp_tensor *t = NULL;
-    FSDP_TRY(fsdp_tensor_from_blob(ctx, &flag, FSDP_DTYPE_F32, FSDP_CPU, 1, &one, &t));
-    fsdp_status s = fsdp_all_reduce(ctx, g, t, FSDP_REDUCE_MAX);
-    fsdp_tensor_free(t);
-    *any = flag != 0.0f;
-    return s;
+    uint64_t *mine = jb->flags, *all = mine + 1;
+    *mine = failed ? 1 : 0;
+    FSDP_TRY(fsdp_all_gather_u64(ctx, g, mine, 1, all));
+    for (int r = 0; r < jb->world; r++)
+        if (all[r]) *any = true;
+    return FSDP_OK;
 }
 
 /* After every rank wrote its shard: rank 0 learns every piece's digest for the metadata, by
@@ -511,7 +513,7 @@ static fsdp_status commit(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb) {
     bool any;
     if (jb->tctx && jb->status != FSDP_OK)
         FSDP_FAIL(ctx, jb->status, "%s", fsdp_last_error(jb->tctx));
-    FSDP_TRY(agree(ctx, g, jb->status != FSDP_OK, &any));
+    FSDP_TRY(agree(ctx, g, jb, jb->status != FSDP_OK, &any));
     if (jb->status != FSDP_OK) return jb->status;
     if (any)
         return FSDP_FAIL(ctx, FSDP_ERR_IO,
@@ -523,7 +525,7 @@ static fsdp_status commit(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb) {
     if (jb->has_meta) s = ckpt_meta_write(ctx, jb->tmp, &jb->meta);
     if (s == FSDP_OK && jb->rank == 0)
         s = ckpt_dir_commit(ctx, jb->tmp, jb->final, w->dir, w->opts.keep);
-    FSDP_TRY(agree(ctx, g, s != FSDP_OK, &any));
+    FSDP_TRY(agree(ctx, g, jb, s != FSDP_OK, &any));
     if (s != FSDP_OK) return s;
     if (any)
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "checkpoint '%s': rank 0 could not commit it",
@@ -568,7 +570,12 @@ fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state 
     FSDP_TRY(fsdp_ckpt_writer_wait(ctx, w));
     double t0 = fsdp_clock_now();
     job *jb = calloc(1, sizeof *jb);
-    if (!jb) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint save");
+    fsdp_group *g = fsdp_ctx_world_group(ctx);
+    if (jb) jb->flags = calloc((size_t)(g ? fsdp_group_size(g) : 1) + 1, sizeof *jb->flags);
+    if (!jb || !jb->flags) {
+        job_free(jb);
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "checkpoint save");
+    }
     fsdp_status s = prepare(ctx, w, jb, st, meta);
     if (s == FSDP_OK && w->opts.async) {
         /* The writer thread logs under its own context, as this rank. */
