@@ -22,8 +22,13 @@ int fsdp_test_shell(const char *command, char **output) {
     for (size_t got; (got = fread(text + len, 1, cap - len - 1, p)) > 0;) {
         len += got;
         if (cap - len > 1) continue;
-        text = realloc(text, cap *= 2);
-        if (!text) abort();
+        char *grown = realloc(text, cap *= 2);
+        if (!grown) {
+            free(text);
+            pclose(p);
+            abort();
+        }
+        *output = text = grown;
     }
     text[len] = '\0';
     *output = text;

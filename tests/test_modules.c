@@ -488,6 +488,50 @@ static void test_module_to_refusals(void) {
     fsdp_module_free(m);
 }
 
+/* ---- fsdp_module_create owns impl from the call on ---- */
+
+static int created_impl_frees;
+static void count_impl_free(void *impl) {
+    created_impl_frees++;
+    free(impl);
+}
+static fsdp_status never_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                 const fsdp_tensor **out) {
+    (void)m, (void)in, (void)out;
+    return fsdp_ctx_set_error(ctx, FSDP_ERR_INTERNAL, "not run");
+}
+static fsdp_status never_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                  const fsdp_tensor **din) {
+    (void)m, (void)dout, (void)din;
+    return fsdp_ctx_set_error(ctx, FSDP_ERR_INTERNAL, "not run");
+}
+
+/* Every refused call releases impl once (under the sanitizers a leak fails the suite too); a
+ * created module releases it when freed. */
+static void test_create_releases_impl(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    static const fsdp_module_ops ops = {.kind = "Counted",
+                                        .forward = never_forward,
+                                        .backward = never_backward,
+                                        .free_impl = count_impl_free};
+    static const fsdp_module_ops no_forward = {.kind = "Counted", .free_impl = count_impl_free};
+    fsdp_module *m = NULL;
+    created_impl_frees = 0;
+    FSDP_TEST_FAILS(fsdp_module_create(ctx, &ops, malloc(8), NULL), FSDP_ERR_INVALID_ARGUMENT,
+                    "out is NULL");
+    CU_ASSERT_EQUAL(created_impl_frees, 1);
+    CU_ASSERT_EQUAL(fsdp_module_create(NULL, &ops, malloc(8), &m), FSDP_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NULL(m);
+    CU_ASSERT_EQUAL(created_impl_frees, 2);
+    FSDP_TEST_FAILS(fsdp_module_create(ctx, &no_forward, malloc(8), &m), FSDP_ERR_INVALID_ARGUMENT,
+                    "kind, forward and backward");
+    CU_ASSERT_EQUAL(created_impl_frees, 3);
+    FSDP_TEST_OK(fsdp_module_create(ctx, &ops, malloc(8), &m));
+    CU_ASSERT_EQUAL(created_impl_frees, 3);
+    fsdp_module_free(m);
+    CU_ASSERT_EQUAL(created_impl_frees, 4);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"seed_model_names", test_seed_model_names},
@@ -501,6 +545,7 @@ int main(int argc, char **argv) {
         {"init_is_layout_independent", test_init_is_layout_independent},
         {"sgd_update_equations", test_sgd_update_equations},
         {"module_to_refusals", test_module_to_refusals},
+        {"create_releases_impl", test_create_releases_impl},
     };
     return fsdp_test_run(argc, argv, "modules", cases, sizeof cases / sizeof cases[0]);
 }

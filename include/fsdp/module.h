@@ -38,8 +38,9 @@ typedef struct fsdp_module_ops {
 } fsdp_module_ops;
 
 /* Creates a module of a kind described by ops; impl is the kind's private state, owned by the
- * module from now on (released with ops->free_impl). The module has no name until it is
- * added to a parent; a root module's name is "". */
+ * module from now on (released with ops->free_impl; a call that fails releases it too, unless
+ * ops itself is NULL). The module has no name until it is added to a parent; a root module's
+ * name is "". */
 fsdp_status fsdp_module_create(fsdp_ctx *ctx, const fsdp_module_ops *ops, void *impl,
                                fsdp_module **out);
 /* Frees the module, its subtree, hooks, parameters and buffers. NULL does nothing. Do not

@@ -19,6 +19,8 @@ static char *dup_string(const char *s) {
 
 fsdp_status fsdp_module_create(fsdp_ctx *ctx, const fsdp_module_ops *ops, void *impl,
                                fsdp_module **out) {
+    /* impl is the module's from the call on: a refused call releases it too. */
+    if ((!ctx || !out) && ops && ops->free_impl) ops->free_impl(impl);
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, ops);
     FSDP_ARG_NOT_NULL(ctx, out);

@@ -517,6 +517,10 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_
 
 fsdp_status fsdp_tp_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
                           const fsdp_tp_style *style, const fsdp_tp_options *opts) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, mesh);
+    FSDP_ARG_NOT_NULL(ctx, style);
     return tp_style_apply(ctx, m, mesh, style, opts, false);
 }
 
