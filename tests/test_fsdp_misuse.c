@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/tensor_impl.h" // defines: fsdp_tensor_move
-#include "dp/dp_impl.h"     // defines: fsdp_dp_divide_factors
+#include "dp/dp_impl.h"       // defines: fsdp_dp_divide_factors
 #include "harness.h"
 #include "stacked_batches.h"
 

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 
 #include "core/error.h"
-#include "fsdp/comm_hook.h"
 #include "dp/dp_impl.h"
+#include "fsdp/comm_hook.h"
 #include "kernels/kernels.h"
 
 const char *fsdp_comm_hook_kind_to_string(fsdp_comm_hook_kind kind) {
