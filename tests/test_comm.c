@@ -1055,8 +1055,9 @@ static fsdp_status all_equal(fsdp_ctx *ctx, const fsdp_tensor *t, float v, const
 }
 
 /* Each public collective, every rank passing a tensor on sim:0 (the input or output of a pair,
- * the other on the CPU): refused on every rank with its own message (the local and mpi backends
- * move CPU tensors only in this version), before the rendezvous. */
+ * the other on the CPU) while its context's device is the CPU: refused on every rank with its
+ * own message (collectives run on the rank's device: test_comm_device moves device tensors),
+ * before the rendezvous. */
 static fsdp_status device_everywhere(fsdp_ctx *ctx, fsdp_tensor *cpu, fsdp_tensor *dev,
                                      fsdp_tensor *full, fsdp_tensor *full_dev,
                                      fsdp_comm_work *work) {
@@ -1066,9 +1067,9 @@ static fsdp_status device_everywhere(fsdp_ctx *ctx, fsdp_tensor *cpu, fsdp_tenso
 #define DEVICE(call, ...)                                                                          \
     if (st == FSDP_OK)                                                                             \
     st = expect_failure(ctx, (call), FSDP_ERR_DEVICE,                                              \
-                        (const char *[]){"is on sim:0", "does not move sim tensors",               \
-                                         "cpu tensors only in this version", "fsdp_tensor_copy",   \
-                                         __VA_ARGS__, NULL})
+                        (const char *[]){"is on sim:0", "this rank's device is cpu:0",             \
+                                         "fsdp_ctx_set_device", "fsdp_tensor_copy", __VA_ARGS__,   \
+                                         NULL})
     DEVICE(fsdp_all_gather(ctx, NULL, full, dev, 0), "all_gather", "the input tensor");
     DEVICE(fsdp_all_gather(ctx, NULL, full_dev, cpu, 0), "all_gather", "the output tensor");
     DEVICE(fsdp_reduce_scatter(ctx, NULL, cpu, full_dev, 0, sum), "reduce_scatter", "input");

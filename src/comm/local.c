@@ -16,52 +16,11 @@
 #include <time.h>
 
 #include "comm/comm_impl.h"
+#include "comm/local_impl.h"
 #include "core/array.h"
 #include "core/error.h"
 #include "core/prof_impl.h" // defines: fsdp_prof_now
 #include "core/tensor_impl.h"
-
-#define LOCAL_MAX_RANKS FSDP_LOCAL_MAX_RANKS
-
-/* From this size up an all_reduce works in place (three stages); below it through the shared
- * scratch (two stages: a rendezvous costs more than copying a small tensor twice). Every rank
- * takes the same way: the ranks agree on the shape. */
-#define ALL_REDUCE_IN_PLACE_BYTES (256 * 1024)
-
-typedef struct local_group local_group;
-
-typedef struct local_world {
-    fsdp_world *world;
-    int size;
-    local_group *world_group;
-    _Atomic(local_group *) groups; /* every group state, newest first; freed with the world */
-} local_world;
-
-struct local_group {
-    local_world *lw;
-    local_group *next;
-    int size;
-    int *ranks; /* world ranks of the members */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    /* The rendezvous, under mu. */
-    uint64_t stage;          /* stages every member has completed */
-    int waiting;             /* members in the current stage */
-    uint64_t *entered;       /* per member: stages entered */
-    const fsdp_call **calls; /* per member: its current call, on its stack */
-    fsdp_status verdict;     /* the judgement of the current call */
-    char verdict_msg[FSDP_ERROR_MAX];
-    bool poisoned; /* a wait failed: the group is unusable */
-    fsdp_status poison_status;
-    char poison_msg[FSDP_ERROR_MAX];
-    /* Set by the judge for the current call, read by every member. */
-    const void **srcs;         /* per member: its input data */
-    void *scratch;             /* all_reduce result */
-    int64_t scratch_cap;       /* bytes */
-    local_group **split_group; /* split: per member, its new group (NULL for no color) */
-    int *split_rank;
-    struct shared_block *share_block; /* fsdp_group_share_shards: the block being shared */
-};
 
 /* ---- group states ---- */
 
@@ -75,6 +34,7 @@ static void group_state_free(local_group *lg) {
     free(lg->scratch);
     free(lg->split_group);
     free(lg->split_rank);
+    fsdp_local_events_free(lg->events, lg->size);
     free(lg);
 }
 
@@ -90,6 +50,7 @@ static local_group *group_state_new(local_world *lw, int size, const int *ranks)
     lg->srcs = calloc(n, sizeof *lg->srcs);
     lg->split_group = calloc(n, sizeof *lg->split_group);
     lg->split_rank = calloc(n, sizeof *lg->split_rank);
+    lg->events = calloc(n, sizeof *lg->events);
     pthread_condattr_t attr;
     bool sync_ok = pthread_condattr_init(&attr) == 0;
     sync_ok = sync_ok && pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) == 0 &&
@@ -100,12 +61,12 @@ static local_group *group_state_new(local_world *lw, int size, const int *ranks)
         sync_ok = false;
     }
     if (!sync_ok || !lg->ranks || !lg->entered || !lg->calls || !lg->srcs || !lg->split_group ||
-        !lg->split_rank) {
+        !lg->split_rank || !lg->events) {
         if (sync_ok) {
             group_state_free(lg);
         } else {
             free(lg->ranks), free(lg->entered), free(lg->calls), free(lg->srcs);
-            free(lg->split_group), free(lg->split_rank), free(lg);
+            free(lg->split_group), free(lg->split_rank), free(lg->events), free(lg);
         }
         return NULL;
     }
@@ -229,6 +190,17 @@ static void poison(local_group *lg, fsdp_status status, const char *msg) {
     pthread_cond_broadcast(&lg->cv);
 }
 
+void fsdp_local_poison(const fsdp_group *g, fsdp_status status, const char *msg) {
+    local_group *lg = g->state;
+    pthread_mutex_lock(&lg->mu);
+    char why[FSDP_ERROR_MAX];
+    snprintf(why, sizeof why, "%s on group %s failed on world rank %d: %s",
+             fsdp_call_op_name(lg->calls[g->rank] ? lg->calls[g->rank]->op : 0), g->desc,
+             lg->ranks[g->rank], msg);
+    poison(lg, status, why);
+    pthread_mutex_unlock(&lg->mu);
+}
+
 /* The first member that has not entered stage `target` and whose function has returned, or
  * -1. */
 static int gone_member(const local_group *lg, uint64_t target) {
@@ -348,10 +320,8 @@ static fsdp_status wait_stage(fsdp_ctx *ctx, const fsdp_group *g, local_group *l
     }
 }
 
-/* Enters the next stage of g's rendezvous and waits for every member. The first stage of a
- * call posts it (`post`); the last rank to post judges the call, and every rank returns the
- * verdict. */
-static fsdp_status rendezvous(fsdp_ctx *ctx, const fsdp_group *g, int op, const fsdp_call *post) {
+fsdp_status fsdp_local_rendezvous(fsdp_ctx *ctx, const fsdp_group *g, int op,
+                                  const fsdp_call *post) {
     local_group *lg = g->state;
     pthread_mutex_lock(&lg->mu);
     fsdp_status st = FSDP_OK;
@@ -390,8 +360,9 @@ static void copy_end(fsdp_ctx *ctx, int op, double t0) {
 
 static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int dim) {
+    if (fsdp_local_on_device(out)) return fsdp_local_device_all_gather(ctx, g, out, in, dim);
     fsdp_call c = fsdp_call_all_gather(out, in, dim);
-    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     const double t0 = copy_begin(ctx);
     int64_t at[FSDP_MAX_DIMS] = {0};
@@ -402,14 +373,16 @@ static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
                       zeros, src->shape, out->ndim, fsdp_dtype_size(out->dtype));
     }
     copy_end(ctx, c.op, t0);
-    return rendezvous(ctx, g, c.op, NULL);
+    return fsdp_local_rendezvous(ctx, g, c.op, NULL);
 }
 
 static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                         const fsdp_tensor *in, int dim, fsdp_reduce_op op,
                                         const fsdp_reduce_options *fuse) {
+    if (fsdp_local_on_device(out))
+        return fsdp_local_device_reduce_scatter(ctx, g, out, in, dim, op, fuse);
     fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
-    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     int64_t outer = 1, inner = 1, n = in->shape[dim], begin, len;
     for (int i = 0; i < dim; i++) outer *= in->shape[i];
@@ -422,13 +395,14 @@ static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tenso
         fsdp_reduce_run_fused(dst + (size_t)(o * len * inner) * esize, lg->srcs, g->size,
                               (o * n + begin) * inner, len * inner, in->dtype, op, fuse);
     copy_end(ctx, c.op, t0);
-    return rendezvous(ctx, g, c.op, NULL);
+    return fsdp_local_rendezvous(ctx, g, c.op, NULL);
 }
 
 static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
                                     const fsdp_reduce_options *fuse) {
+    if (fsdp_local_on_device(t)) return fsdp_local_device_all_reduce(ctx, g, t, op, fuse, NULL);
     fsdp_call c = fsdp_call_all_reduce(t, op);
-    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     int64_t begin, len;
     fsdp_chunk_range(t->numel, g->size, g->rank, &begin, &len);
@@ -442,7 +416,7 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
             fsdp_reduce_run_fused(mine + (size_t)begin * esize, lg->srcs, g->size, begin, len,
                                   t->dtype, op, fuse);
         copy_end(ctx, c.op, t0);
-        FSDP_TRY(rendezvous(ctx, g, c.op, NULL));
+        FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, NULL));
         /* ...then copies every other rank's reduced chunk from that rank's tensor... */
         t0 = copy_begin(ctx);
         for (int r = 0; r < g->size; r++) {
@@ -454,7 +428,7 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
         }
         copy_end(ctx, c.op, t0);
         /* ...and returns once nobody reads its tensor any more. */
-        return rendezvous(ctx, g, c.op, NULL);
+        return fsdp_local_rendezvous(ctx, g, c.op, NULL);
     }
     /* Each rank reduces its chunk of the elements into the shared scratch... */
     double t0 = copy_begin(ctx);
@@ -462,7 +436,7 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
         fsdp_reduce_run_fused((char *)lg->scratch + (size_t)begin * esize, lg->srcs, g->size, begin,
                               len, t->dtype, op, fuse);
     copy_end(ctx, c.op, t0);
-    FSDP_TRY(rendezvous(ctx, g, c.op, NULL));
+    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, NULL));
     /* ...and once all are written (and nobody reads the inputs), every rank copies the whole.
      * The scratch is not touched again before every rank has arrived at its next call. An
      * empty tensor (a dp rank without samples) has no storage and the scratch may be NULL:
@@ -474,20 +448,23 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
 }
 
 static fsdp_status local_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
+    if (fsdp_local_on_device(t)) return fsdp_local_device_broadcast(ctx, g, t, root);
     fsdp_call c = fsdp_call_broadcast(t, root);
-    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     const double t0 = copy_begin(ctx);
     if (g->rank != root && t->numel > 0)
         memcpy(fsdp_tensor_data(t), fsdp_tensor_data(lg->calls[root]->out), fsdp_tensor_nbytes(t));
     copy_end(ctx, c.op, t0);
-    return rendezvous(ctx, g, c.op, NULL);
+    return fsdp_local_rendezvous(ctx, g, c.op, NULL);
 }
 
 static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int split_dim, int concat_dim) {
+    if (fsdp_local_on_device(out))
+        return fsdp_local_device_all_to_all(ctx, g, out, in, split_dim, concat_dim);
     fsdp_call c = fsdp_call_all_to_all(out, in, split_dim, concat_dim);
-    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     const double t0 = copy_begin(ctx);
     int64_t at = 0; /* where along concat_dim the next rank's piece goes */
@@ -503,23 +480,35 @@ static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
         at += box[concat_dim];
     }
     copy_end(ctx, c.op, t0);
-    return rendezvous(ctx, g, c.op, NULL);
+    return fsdp_local_rendezvous(ctx, g, c.op, NULL);
+}
+
+/* On the host the call is complete when it returns (the work is idle); on a device the work
+ * holds the call's completion event. */
+static fsdp_status local_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
+                                          fsdp_reduce_op op, const fsdp_reduce_options *fuse,
+                                          fsdp_comm_work *work) {
+    if (fsdp_local_on_device(t)) return fsdp_local_device_all_reduce(ctx, g, t, op, fuse, work);
+    fsdp_status st = local_all_reduce(ctx, g, t, op, fuse);
+    work->pending = false;
+    work->group = NULL;
+    return st;
 }
 
 static fsdp_status local_barrier(fsdp_ctx *ctx, fsdp_group *g) {
     fsdp_call c = {.op = FSDP_COMM_BARRIER};
-    return rendezvous(ctx, g, c.op, &c);
+    return fsdp_local_rendezvous(ctx, g, c.op, &c);
 }
 
 static void local_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
     fsdp_call c = {.op = op, .rejected = ctx->error.status, .reject_msg = ctx->error.message};
-    (void)rendezvous(ctx, g, op, &c);
+    (void)fsdp_local_rendezvous(ctx, g, op, &c);
 }
 
 static fsdp_status local_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
                                const char *agree, fsdp_group_info *out) {
     fsdp_call c = {.op = FSDP_OP_SPLIT, .color = color, .key = key, .agree = agree};
-    FSDP_TRY(rendezvous(ctx, parent, c.op, &c));
+    FSDP_TRY(fsdp_local_rendezvous(ctx, parent, c.op, &c));
     const local_group *lg = parent->state;
     local_group *child = lg->split_group[parent->rank];
     *out = (fsdp_group_info){0};
@@ -537,7 +526,7 @@ static fsdp_status local_share_shards(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor 
                                       fsdp_tensor **full) {
     fsdp_call c = {.op = FSDP_OP_SHARE, .dtype = shard->dtype, .ndim = 1, .in = shard};
     c.shape[0] = shard->numel;
-    FSDP_TRY(rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     shared_block *b = lg->share_block; /* read before the next rendezvous lets a new call in */
     char *data = (char *)b + SHARED_HEADER;
@@ -547,7 +536,7 @@ static fsdp_status local_share_shards(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor 
     fsdp_status st =
         fsdp_tensor_over(ctx, data, shard->dtype, 1, &total, shared_block_release, b, full);
     if (st != FSDP_OK) shared_block_release(b); /* the hold *full would have had */
-    fsdp_status done = rendezvous(ctx, g, c.op, NULL);
+    fsdp_status done = fsdp_local_rendezvous(ctx, g, c.op, NULL);
     if (st == FSDP_OK && done != FSDP_OK) {
         fsdp_tensor_free(*full);
         *full = NULL;
@@ -608,6 +597,7 @@ static void local_free(void *context) {
 static const fsdp_comm_backend_i local_iface = {
     .name = "local",
     .device = FSDP_DEVICE_CPU,
+    .moves_devices = true,
     .hosted_ranks = local_hosted_ranks,
     .world_group = local_world_group,
     .split = local_split,
@@ -618,6 +608,10 @@ static const fsdp_comm_backend_i local_iface = {
     .broadcast = local_broadcast,
     .all_to_all = local_all_to_all,
     .barrier = local_barrier,
+    .all_reduce_start = local_all_reduce_start,
+    .work_test = fsdp_local_work_test,
+    .work_wait = fsdp_local_work_wait,
+    .work_wait_stream = fsdp_local_work_wait_stream,
     .reject = local_reject,
     .reset = local_reset,
     .rank_exited = local_rank_exited,
