@@ -23,30 +23,6 @@ void fsdp_local_test_skip_input_wait(bool on) {
 
 /* ---- events ---- */
 
-/* Events a member made on an earlier device: peers may still read their handles until the
- * group is freed, so they are kept until then. */
-typedef struct retired_events {
-    struct retired_events *next;
-    local_events events;
-} retired_events;
-
-static void events_destroy(local_events *e) {
-    for (int k = 0; k < LOCAL_EV_COUNT; k++) fsdp_event_destroy(e->ev[k]);
-}
-
-void fsdp_local_events_free(local_events *events, int n) {
-    if (!events) return;
-    for (int r = 0; r < n; r++) {
-        events_destroy(&events[r]);
-        for (retired_events *old = events[r].retired, *next; old; old = next) {
-            next = old->next;
-            events_destroy(&old->events);
-            free(old);
-        }
-    }
-    free(events);
-}
-
 static bool same_device(fsdp_device a, fsdp_device b) {
     return a.type == b.type && a.index == b.index;
 }
@@ -55,7 +31,7 @@ static bool same_device(fsdp_device a, fsdp_device b) {
 static fsdp_status events_on(fsdp_ctx *ctx, local_events *mine, fsdp_device dev) {
     if (mine->ev[0].handle && same_device(mine->ev[0].device, dev)) return FSDP_OK;
     if (mine->ev[0].handle) {
-        retired_events *old = malloc(sizeof *old);
+        local_retired_events *old = malloc(sizeof *old);
         if (!old) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate event records");
         old->events = *mine;
         old->events.retired = NULL;

@@ -1,6 +1,6 @@
-/* local_impl.h: the state the files of the local backend share (local.c: the rendezvous, the
- * host collectives and the world; local_device.c: the collectives on device tensors): the world
- * and group states, and the rendezvous every call passes. Internal to src/comm. */
+/* local_impl.h: the state the files of the local backend share (local_group.c: the group
+ * states and their rendezvous; local.c: the host collectives and the world; local_device.c: the
+ * collectives on device tensors). Internal to src/comm. */
 #ifndef FSDP_COMM_LOCAL_IMPL_H
 #define FSDP_COMM_LOCAL_IMPL_H
 
@@ -22,8 +22,15 @@
 enum { LOCAL_EV_READY, LOCAL_EV_S1, LOCAL_EV_S2, LOCAL_EV_END, LOCAL_EV_COUNT };
 typedef struct local_events {
     fsdp_event ev[LOCAL_EV_COUNT];
-    struct retired_events *retired; /* made on devices the member left (local_device.c) */
+    struct local_retired_events *retired; /* made on devices the member left */
 } local_events;
+
+/* Events a member made on an earlier device: peers may still read their handles until the
+ * group is freed, so they are kept until then. */
+typedef struct local_retired_events {
+    struct local_retired_events *next;
+    local_events events;
+} local_retired_events;
 
 typedef struct local_group local_group;
 
@@ -64,6 +71,23 @@ struct local_group {
     local_events *events;
 };
 
+/* ---- local_group.c ---- */
+
+/* A new group state over `size` world ranks, added to the world's list. NULL when out of
+ * memory. */
+local_group *fsdp_local_group_new(local_world *lw, int size, const int *ranks);
+/* Frees it, with its members' events. */
+void fsdp_local_group_free(local_group *lg);
+
+/* A block of shards (fsdp_group_share_shards), made by the judge: a count of the storages on
+ * the block, then its data from SHARED_HEADER bytes on. Every member holds two (its relocated
+ * shard and its full tensor); the last to let go frees it (fsdp_local_shared_release). */
+typedef struct shared_block {
+    atomic_int refs;
+} shared_block;
+#define SHARED_HEADER 64
+void fsdp_local_shared_release(void *block);
+
 /* Enters the next stage of g's rendezvous and waits for every member (each wait has the
  * world's deadline). The first stage of a call posts it (`post`); the last rank to post judges
  * the call, and every rank returns the verdict. */
@@ -99,9 +123,6 @@ fsdp_status fsdp_local_device_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
 fsdp_status fsdp_local_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
 fsdp_status fsdp_local_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
 fsdp_status fsdp_local_work_wait_stream(fsdp_ctx *ctx, fsdp_comm_work *work, fsdp_stream stream);
-/* Frees the events of a group's members (with the group state). */
-void fsdp_local_events_free(local_events *events, int n);
-
 /* A test's negative control: while on, a device collective does not make its communication
  * stream wait for the peers' READY events (only its own), so it reads inputs their streams
  * have not written yet. Never on outside the tests. */
