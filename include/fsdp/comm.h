@@ -4,8 +4,8 @@
  * A world is created once per process and runs one function per rank (fsdp_world_run); each
  * rank gets its own fsdp_ctx bound to the world, and every call below takes that context.
  * Backends: `local` (the ranks are threads of this process sharing memory, also on devices; the
- * embedded default) is always built; `mpi` (one process per rank under mpirun, CPU tensors) is built
- * when CMake finds an MPI (fsdp_backend_available tells); `nccl` is planned and refused with
+ * embedded default) is always built; `mpi` (one process per rank under mpirun, CPU tensors) is
+ * built when CMake finds an MPI (fsdp_backend_available tells); `nccl` is planned and refused with
  * FSDP_ERR_UNSUPPORTED. Both backends give bitwise the same results.
  *
  * Ownership: the caller owns a world (fsdp_world_free), groups made by fsdp_group_split and
