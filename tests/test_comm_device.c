@@ -358,6 +358,37 @@ static void test_four_ranks(void) {
     FSDP_TEST_OK(fsdp_test_run_world(4, 60000, all_cases_body, NULL));
 }
 
+/* A rank may change its device between calls: each all_reduce on the new devices is right (the
+ * events the ranks made on their old devices stay valid for peers still waiting on them). */
+static fsdp_status change_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    const int64_t n = 7;
+    fsdp_status st = FSDP_OK;
+    for (int round = 0; round < 3 && st == FSDP_OK; round++) {
+        const fsdp_device dev = rank_device(rank + round);
+        fsdp_tensor *h = NULL, *d = NULL;
+        st = fsdp_ctx_set_device(ctx, dev);
+        if (st == FSDP_OK) st = fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &n, &h);
+        if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, h, (float)(rank + round));
+        if (st == FSDP_OK) st = on(ctx, h, dev, &d);
+        if (st == FSDP_OK) st = fsdp_all_reduce(ctx, NULL, d, SUM);
+        if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, h, d);
+        const float want = (float)(W * (W - 1) / 2 + W * round);
+        for (int64_t i = 0; st == FSDP_OK && i < n; i++)
+            if (fsdp_tensor_f32(h)[i] != want)
+                st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "round %d: element %lld is %g, want %g",
+                               round, (long long)i, (double)fsdp_tensor_f32(h)[i], (double)want);
+        fsdp_tensor_free(h), fsdp_tensor_free(d);
+    }
+    return st;
+}
+
+static void test_device_change(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 20000, change_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 20000, change_body, NULL));
+}
+
 /* ---- refusals and failures ---- */
 
 static fsdp_status expect_failure(fsdp_ctx *ctx, fsdp_status got, fsdp_status want,
@@ -524,6 +555,7 @@ int main(int argc, char **argv) {
         {"two_ranks", test_two_ranks},
         {"four_ranks", test_four_ranks},
         {"input_reuse", test_input_reuse},
+        {"device_change", test_device_change},
         {"mixed_devices", test_mixed_devices},
         {"absent_rank_times_out", test_absent_rank_times_out},
         {"negative_control", test_negative_control},

@@ -55,6 +55,9 @@ typedef struct dev_call {
     fsdp_stream caller; /* the caller's current stream at entry */
     fsdp_stream comm;   /* the rank's communication stream */
     fsdp_stream saved;  /* the current stream while a stage runs */
+    /* Every member's event handles, taken once the call is posted (a member whose device
+     * changes by its next call makes new ones while this member may still wait). */
+    void *ev[FSDP_REDUCE_N_MAX][LOCAL_EV_COUNT];
 } dev_call;
 
 static local_events *mine(const dev_call *d) {
@@ -65,13 +68,13 @@ static local_events *mine(const dev_call *d) {
  * rendezvous. A rank that cannot take part posts a rejection, so its peers fail naming it. */
 static fsdp_status dev_begin(dev_call *d, fsdp_ctx *ctx, fsdp_group *g, fsdp_device dev,
                              const fsdp_call *post) {
-    *d = (dev_call){.ctx = ctx,
-                    .g = g,
-                    .lg = g->state,
-                    .op = post->op,
-                    .dev = dev,
-                    .rec = fsdp_device_for(dev.type),
-                    .caller = fsdp_stream_current(dev)};
+    d->ctx = ctx;
+    d->g = g;
+    d->lg = g->state;
+    d->op = post->op;
+    d->dev = dev;
+    d->rec = fsdp_device_for(dev.type);
+    d->caller = fsdp_stream_current(dev);
     fsdp_status st = FSDP_OK;
     if (g->size > FSDP_REDUCE_N_MAX)
         st = FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
@@ -81,7 +84,12 @@ static fsdp_status dev_begin(dev_call *d, fsdp_ctx *ctx, fsdp_group *g, fsdp_dev
     if (st == FSDP_OK) st = fsdp_ctx_comm_stream(ctx, &d->comm);
     if (st == FSDP_OK) st = events_on(ctx, mine(d), dev);
     if (st == FSDP_OK) st = fsdp_event_record(ctx, mine(d)->ev[LOCAL_EV_READY], d->caller);
-    if (st == FSDP_OK) return fsdp_local_rendezvous(ctx, g, post->op, post);
+    if (st == FSDP_OK) {
+        FSDP_TRY(fsdp_local_rendezvous(ctx, g, post->op, post));
+        for (int r = 0; r < g->size; r++)
+            for (int k = 0; k < LOCAL_EV_COUNT; k++) d->ev[r][k] = d->lg->events[r].ev[k].handle;
+        return FSDP_OK;
+    }
     fsdp_error_record own;
     fsdp_error_save(ctx, &own);
     fsdp_call reject = {.op = post->op, .rejected = st, .reject_msg = own.message};
@@ -97,8 +105,8 @@ static fsdp_status comm_waits(const dev_call *d, int ev) {
     const bool skip = ev == LOCAL_EV_READY && atomic_load(&skip_input_wait);
     for (int r = 0; r < d->g->size; r++) {
         if (skip && r != d->g->rank) continue;
-        void *event = d->lg->events[r].ev[ev].handle;
-        FSDP_TRY(d->rec->stream_wait_event(d->ctx, d->comm.device.index, d->comm.handle, event));
+        FSDP_TRY(
+            d->rec->stream_wait_event(d->ctx, d->comm.device.index, d->comm.handle, d->ev[r][ev]));
     }
     return FSDP_OK;
 }

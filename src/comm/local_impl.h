@@ -65,9 +65,9 @@ struct local_group {
     local_group **split_group; /* split: per member, its new group (NULL for no color) */
     int *split_rank;
     struct shared_block *share_block; /* fsdp_group_share_shards: the block being shared */
-    /* Per member, its events for device collectives: written by the member before it enters
-     * a stage, read by the others after every member has entered it. A member records an
-     * event again only after a later stage that its readers enter after reading it. */
+    /* Per member, its events for device collectives: made by the member before it posts a
+     * call, their handles read by the others once every member has posted it. A member
+     * records an event again only after a stage that its readers enter after waiting for it. */
     local_events *events;
 };
 
