@@ -3,9 +3,10 @@
  * memory; sizes are element counts; all math is f32, row-major, contiguous.
  * Conventions (llm.c style): outputs first, then saved state, then inputs, then sizes.
  * "+=" marks entries that accumulate into their output; all others overwrite it.
- * No entry allocates memory. On CUDA every entry runs on the calling thread's current device
- * and default stream (the rank's compute stream); entries that return a value to the host
- * (reductions, losses) wait for it. */
+ * No entry allocates memory. On CUDA and sim every entry runs on the calling thread's current
+ * stream of the arrays' device (its default stream, the rank's compute stream, unless another
+ * was made current: the collectives run reduce_n on the communication stream); entries that
+ * return a value to the host (reductions, losses) wait for it. */
 #ifndef FSDP_KERNELS_H
 #define FSDP_KERNELS_H
 
