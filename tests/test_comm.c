@@ -1055,20 +1055,24 @@ static fsdp_status all_equal(fsdp_ctx *ctx, const fsdp_tensor *t, float v, const
 }
 
 /* Each public collective, every rank passing a tensor on sim:0 (the input or output of a pair,
- * the other on the CPU): refused on every rank with its own message (the local and mpi backends
- * move CPU tensors only in this version), before the rendezvous. */
+ * the other on the CPU) while its context's device is the CPU: refused on every rank with its
+ * own message before the rendezvous (local: collectives run on the rank's device, and
+ * test_comm_device moves device tensors; mpi: no device tensors). */
 static fsdp_status device_everywhere(fsdp_ctx *ctx, fsdp_tensor *cpu, fsdp_tensor *dev,
                                      fsdp_tensor *full, fsdp_tensor *full_dev,
                                      fsdp_comm_work *work) {
     const fsdp_reduce_options half = {.post_scale = 0.5f};
     const fsdp_reduce_op sum = FSDP_REDUCE_SUM;
     fsdp_status st = FSDP_OK;
+    /* local: the rank's device is the CPU; mpi: no device tensors at all */
+    const char *why = fsdp_test_mpi() ? "the mpi backend does not move sim tensors"
+                                      : "this rank's device is cpu:0";
+    const char *fix = fsdp_test_mpi() ? "the local backend" : "fsdp_ctx_set_device";
 #define DEVICE(call, ...)                                                                          \
     if (st == FSDP_OK)                                                                             \
-    st = expect_failure(ctx, (call), FSDP_ERR_DEVICE,                                              \
-                        (const char *[]){"is on sim:0", "does not move sim tensors",               \
-                                         "cpu tensors only in this version", "fsdp_tensor_copy",   \
-                                         __VA_ARGS__, NULL})
+    st = expect_failure(                                                                           \
+        ctx, (call), FSDP_ERR_DEVICE,                                                              \
+        (const char *[]){"is on sim:0", why, fix, "fsdp_tensor_copy", __VA_ARGS__, NULL})
     DEVICE(fsdp_all_gather(ctx, NULL, full, dev, 0), "all_gather", "the input tensor");
     DEVICE(fsdp_all_gather(ctx, NULL, full_dev, cpu, 0), "all_gather", "the output tensor");
     DEVICE(fsdp_reduce_scatter(ctx, NULL, cpu, full_dev, 0, sum), "reduce_scatter", "input");

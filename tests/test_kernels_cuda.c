@@ -756,6 +756,70 @@ static void test_bf16(void) {
     dev_free(d), dev_free(db);
 }
 
+/* reduce_n (the collectives' fused reduction) equals the CPU's bits on every device: the inputs
+ * combined in order, in f32 (bf16 and f16 widened, the result rounded once; CUDA without FMA
+ * contraction), for sums, averages and maxima (NaN wins), 1 to 5 inputs, the f32 scales and
+ * accumulate, and the output aliasing the first input. */
+static void test_reduce_n(void) {
+    const fsdp_dtype dtypes[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+    const fsdp_reduce_n_args variants[] = {
+        {FSDP_REDUCE_KIND_SUM, 1.0f, 1.0f, false}, {FSDP_REDUCE_KIND_AVG, 1.0f, 1.0f, false},
+        {FSDP_REDUCE_KIND_MAX, 1.0f, 1.0f, false}, {FSDP_REDUCE_KIND_SUM, 0.5f, 3.0f, false},
+        {FSDP_REDUCE_KIND_AVG, 1.0f, 0.25f, true}, {FSDP_REDUCE_KIND_SUM, 1.0f, 1.0f, true},
+    };
+    const int64_t count = 1003;
+    rng_seed(31);
+    for (size_t t = 0; t < sizeof dtypes / sizeof *dtypes; t++) {
+        const fsdp_dtype dtype = dtypes[t];
+        const size_t esize = fsdp_dtype_size(dtype), bytes = (size_t)count * esize;
+        for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
+            const fsdp_reduce_n_args *a = &variants[v];
+            bool scaled = a->pre_scale != 1.0f || a->post_scale != 1.0f || a->accumulate;
+            if (scaled && dtype != FSDP_DTYPE_F32) continue; /* f32 sums only */
+            for (int n = 1; n <= 5; n++) {
+                for (int alias = 0; alias < 2; alias++) {
+                    unsigned char *host[6], *want = malloc(bytes), *got = malloc(bytes);
+                    const void *cpu_in[5], *dev_in[5];
+                    void *dev_buf[6];
+                    for (int r = 0; r <= n; r++) { /* r == n: the output's starting values */
+                        float *x = new_uniform(count, -100.0f, 100.0f);
+                        if (r == 1) x[7] = NAN; /* max: NaN wins; sums: NaN propagates */
+                        host[r] = malloc(bytes);
+                        for (int64_t i = 0; i < count; i++) {
+                            if (dtype == FSDP_DTYPE_F32)
+                                memcpy(host[r] + 4 * i, &x[i], 4);
+                            else if (dtype == FSDP_DTYPE_BF16)
+                                ((fsdp_bf16 *)host[r])[i] = fsdp_bf16_from_f32(x[i]);
+                            else
+                                ((fsdp_f16 *)host[r])[i] = fsdp_f16_from_f32(x[i] * 0.01f);
+                        }
+                        free(x);
+                        dev_buf[r] = dev_new(host[r], bytes);
+                        if (r < n) cpu_in[r] = host[r], dev_in[r] = dev_buf[r];
+                    }
+                    unsigned char *cpu_out = alias ? host[0] : host[n];
+                    void *dev_out = alias ? dev_buf[0] : dev_buf[n];
+                    fsdp_kernels_for(FSDP_CPU)->reduce_n(cpu_out, cpu_in, n, count, dtype, a);
+                    memcpy(want, cpu_out, bytes);
+                    K()->reduce_n(dev_out, dev_in, n, count, dtype, a);
+                    dev_get(got, dev_out, bytes);
+                    int64_t bad = 0;
+                    for (int64_t i = 0; i < count; i++)
+                        bad +=
+                            memcmp(got + (size_t)i * esize, want + (size_t)i * esize, esize) != 0;
+                    if (bad)
+                        printf("\n    reduce_n %s variant %zu, %d inputs%s: %lld of %lld differ",
+                               fsdp_dtype_to_string(dtype), v, n, alias ? " (aliased)" : "",
+                               (long long)bad, (long long)count);
+                    CU_ASSERT_EQUAL(bad, 0);
+                    for (int r = 0; r <= n; r++) free(host[r]), dev_free(dev_buf[r]);
+                    free(want), free(got);
+                }
+            }
+        }
+    }
+}
+
 /* f32 -> f16 and back on the device equal the CPU's bits: f16 ties, subnormals and their ties,
  * the overflow threshold, NaNs, then random bit patterns; every f16 widened. */
 static void test_f16(void) {
@@ -874,6 +938,7 @@ int main(int argc, char **argv) {
         {"losses", test_losses},
         {"bf16", test_bf16},
         {"f16", test_f16},
+        {"reduce_n", test_reduce_n},
         {"optim", test_optim},
     };
     fsdp_test_device(); // chosen, and printed, before the first case

@@ -3,9 +3,9 @@
  *
  * A world is created once per process and runs one function per rank (fsdp_world_run); each
  * rank gets its own fsdp_ctx bound to the world, and every call below takes that context.
- * Backends: `local` (the ranks are threads of this process sharing memory; the embedded
- * default) is always built; `mpi` (one process per rank under mpirun, CPU tensors) is built
- * when CMake finds an MPI (fsdp_backend_available tells); `nccl` is planned and refused with
+ * Backends: `local` (the ranks are threads of this process sharing memory, also on devices; the
+ * embedded default) is always built; `mpi` (one process per rank under mpirun, CPU tensors) is
+ * built when CMake finds an MPI (fsdp_backend_available tells); `nccl` is planned and refused with
  * FSDP_ERR_UNSUPPORTED. Both backends give bitwise the same results.
  *
  * Ownership: the caller owns a world (fsdp_world_free), groups made by fsdp_group_split and
@@ -34,7 +34,7 @@ typedef struct fsdp_mesh fsdp_mesh;
 /* ---- world ---- */
 
 typedef enum fsdp_backend {
-    FSDP_BACKEND_LOCAL = 0, /* ranks are threads of this process; CPU tensors */
+    FSDP_BACKEND_LOCAL = 0, /* ranks are threads of this process; CPU and device tensors */
     FSDP_BACKEND_MPI,       /* one process per rank under mpirun; CPU tensors */
     FSDP_BACKEND_NCCL,      /* planned: GPU tensors, one GPU per rank */
     FSDP_BACKEND_COUNT
@@ -214,11 +214,13 @@ void fsdp_chunk_range(int64_t n, int parts, int index, int64_t *offset, int64_t 
 
 /* ---- collectives ----
  * Every rank of the group calls the same collective with the same global shape, dtype and
- * parameters, in the same order. group NULL means the world group. Tensors are CPU, f32, bf16
- * or f16 (the collectives that only copy, all_gather, broadcast and all_to_all, also i32, bit
- * for bit), the same dtype for input and output; dims may be negative (counted from the end). A
- * tensor on a device is refused (FSDP_ERR_DEVICE): the local and mpi backends move CPU tensors
- * only in this version.
+ * parameters, in the same order. group NULL means the world group. Tensors are f32, bf16 or
+ * f16 (the collectives that only copy, all_gather, broadcast and all_to_all, also i32, bit for
+ * bit), the same dtype for input and output; dims may be negative (counted from the end). They
+ * are CPU tensors, or on the local backend tensors on the rank's device (fsdp_ctx_set_device),
+ * of one device kind on every rank: the data then moves on the rank's streams and the call
+ * returns without waiting for it (the caller's current stream waits; docs/device.md). Any
+ * other device is refused (FSDP_ERR_DEVICE, naming the fix).
  * Reductions run in rank order 0..W-1 in f32 (bf16 and f16 are widened exactly, reduced, then
  * rounded once to nearest even: a sum of f16 values beyond 65504 becomes inf),
  * so results are deterministic and replicated results are bitwise equal on every rank.
@@ -295,8 +297,10 @@ fsdp_status fsdp_all_reduce_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
  * calls on the backend); the wait has the deadlines of a blocking call (timeout_ms for the
  * peers to arrive and without data progress; a member that returned or poisoned the group
  * fails it at once) and reports a disagreement among the ranks' calls as the blocking call
- * does. On the local backend the start makes the whole call and the work is complete when it
- * returns. Several works may be in flight on one group; wait for them in any order. */
+ * does. On the local backend the start makes the whole call on host tensors, and the work is
+ * complete when it returns; on device tensors it queues the call on the rank's communication
+ * stream and the wait synchronizes its completion (docs/device.md). Several works may be in
+ * flight on one group; wait for them in any order. */
 typedef struct fsdp_comm_work fsdp_comm_work;
 
 /* A new idle work; the caller owns it (fsdp_comm_work_free). */

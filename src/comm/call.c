@@ -16,6 +16,7 @@ const char *fsdp_call_op_name(int op) {
 
 static void set_global_shape(fsdp_call *c, const fsdp_tensor *t) {
     c->dtype = t->dtype;
+    c->device = fsdp_tensor_device(t).type;
     c->ndim = t->ndim;
     memcpy(c->shape, t->shape, sizeof c->shape);
 }
@@ -67,6 +68,9 @@ static void show_agree(const fsdp_call *c, char *buf, size_t size) {
 static void show_dtype(const fsdp_call *c, char *buf, size_t size) {
     snprintf(buf, size, "%s", fsdp_dtype_to_string(c->dtype));
 }
+static void show_device(const fsdp_call *c, char *buf, size_t size) {
+    snprintf(buf, size, "%s", fsdp_device_to_string((fsdp_device){c->device, 0}));
+}
 static void show_shape(const fsdp_call *c, char *buf, size_t size) {
     size_t used = (size_t)snprintf(buf, size, "(");
     for (int i = 0; i < c->ndim && used < size; i++)
@@ -96,6 +100,9 @@ static bool same_agree(const fsdp_call *a, const fsdp_call *b) {
 static bool same_dtype(const fsdp_call *a, const fsdp_call *b) {
     return a->dtype == b->dtype;
 }
+static bool same_device(const fsdp_call *a, const fsdp_call *b) {
+    return a->device == b->device;
+}
 static bool same_shape(const fsdp_call *a, const fsdp_call *b) {
     if (a->ndim != b->ndim) return false;
     for (int i = 0; i < a->ndim; i++)
@@ -124,6 +131,10 @@ static const struct agreement {
      FSDP_ERR_COMM, same_op, show_op},
     {"the group to make", FSDP_ERR_INVALID_ARGUMENT, same_agree, show_agree},
     {"the dtype", FSDP_ERR_DTYPE, same_dtype, show_dtype},
+    {"the device kind of the tensors (every rank's tensors of a collective are on one kind: "
+     "move them with fsdp_tensor_copy or fsdp_module_to, or give every rank a device of that "
+     "kind with fsdp_ctx_set_device)",
+     FSDP_ERR_DEVICE, same_device, show_device},
     {"the global shape (all_gather: the output; reduce_scatter: the input; all_to_all: the "
      "shape both are chunks of)",
      FSDP_ERR_SHAPE, same_shape, show_shape},

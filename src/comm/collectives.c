@@ -87,9 +87,9 @@ static fsdp_status reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op, fsdp_st
 }
 
 /* Every tensor of every collective passes here before the rendezvous: a dtype the backends do
- * not carry, or a device other than the one the backend moves (the local and mpi backends:
- * the CPU; a device tensor is refused rather than read through its pointer), fails this rank,
- * and reject() makes its peers fail naming it. */
+ * not carry, or a device the backend does not move (mpi: the CPU only, a device tensor is
+ * refused rather than read through its pointer; local: also the rank's own device, set with
+ * fsdp_ctx_set_device), fails this rank, and reject() makes its peers fail naming it. */
 /* Whether op only copies its elements (no arithmetic): those also move i32 tensors (token ids,
  * integer metadata), bit for bit. */
 static bool copies_only(fsdp_comm_op op) {
@@ -113,13 +113,25 @@ static fsdp_status check_tensor(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op
     fsdp_device dev = fsdp_tensor_device(t);
     const fsdp_comm_backend_i *be = &g->world->backend.iface;
     if (dev.type == be->device) return FSDP_OK;
+    const char *kind = fsdp_device_to_string(dev);
+    if (be->moves_devices) {
+        if (dev.type == ctx->device.type && dev.index == ctx->device.index) return FSDP_OK;
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "%s on group %s: the %s tensor is on %s:%d but this rank's device is "
+                         "%s:%d; a rank's collectives run on its device's streams: call "
+                         "fsdp_ctx_set_device(ctx, (fsdp_device){FSDP_DEVICE_%s, %d}) on the "
+                         "rank's context first, or copy the tensor to %s:%d (fsdp_tensor_copy)",
+                         name, g->desc, what, kind, dev.index, fsdp_device_to_string(ctx->device),
+                         ctx->device.index, dev.type == FSDP_DEVICE_SIM ? "SIM" : "CUDA", dev.index,
+                         fsdp_device_to_string(ctx->device), ctx->device.index);
+    }
     const char *moves = fsdp_device_to_string((fsdp_device){be->device, 0});
     return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
                      "%s on group %s: the %s tensor is on %s:%d, and the %s backend does not move "
                      "%s tensors (it moves %s tensors only in this version): copy it into a %s "
-                     "tensor (fsdp_tensor_copy) for the collective, and back after",
-                     name, g->desc, what, fsdp_device_to_string(dev), dev.index, be->name,
-                     fsdp_device_to_string(dev), moves, moves);
+                     "tensor (fsdp_tensor_copy) for the collective, and back after, or run the "
+                     "ranks as threads of one process (the local backend) to keep it on %s",
+                     name, g->desc, what, kind, dev.index, be->name, kind, moves, moves, kind);
 }
 
 static fsdp_status check_pair(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
@@ -127,6 +139,14 @@ static fsdp_status check_pair(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op o
     FSDP_TRY(check_tensor(ctx, g, op, out, "output"));
     FSDP_TRY(check_tensor(ctx, g, op, in, "input"));
     const char *name = fsdp_comm_op_to_string(op);
+    fsdp_device od = fsdp_tensor_device(out), id = fsdp_tensor_device(in);
+    if (od.type != id.type || od.index != id.index)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "%s on group %s: the input is on %s:%d and the output on %s:%d; both "
+                         "must be on one device (the rank's): copy one of them over "
+                         "(fsdp_tensor_copy)",
+                         name, g->desc, fsdp_device_to_string(id), id.index,
+                         fsdp_device_to_string(od), od.index);
     if (out->dtype != in->dtype)
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
                          "%s on group %s: the input is %s and the output %s; both must have one "

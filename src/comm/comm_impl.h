@@ -10,6 +10,7 @@
 
 #include "core/ctx_impl.h"
 #include "fsdp/comm.h"
+#include "kernels/kernels.h" // defines: fsdp_reduce_n_args
 
 #define FSDP_GROUP_DESC_MAX 160
 
@@ -30,6 +31,9 @@ typedef struct fsdp_group_info {
 typedef struct fsdp_comm_backend_i {
     const char *name;
     fsdp_device_type device; /* whose tensors it moves */
+    /* It also moves device tensors (every tensor of a call on the context's device, one device
+     * kind on every rank), on the ranks' streams (docs/device.md). */
+    bool moves_devices;
 
     /* The ranks this process hosts: [*first, *first + *count). */
     void (*hosted_ranks)(void *context, int *first, int *count);
@@ -63,11 +67,15 @@ typedef struct fsdp_comm_backend_i {
      * backend's, NULL at first; set work->free_state with it) and returns; work_test advances
      * it without blocking, work_wait completes it. Both report a failure once and leave the
      * work done. NULL: fsdp_all_reduce_start makes the blocking call and the work is complete
-     * at once (the local backend). */
+     * at once. (The local backend's is complete at once for host tensors; for device tensors
+     * the work holds the call's completion event.) */
     fsdp_status (*all_reduce_start)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
                                     const fsdp_reduce_options *fuse, fsdp_comm_work *work);
     fsdp_status (*work_test)(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
     fsdp_status (*work_wait)(fsdp_ctx *ctx, fsdp_comm_work *work);
+    /* (optional) Completes the work without a host wait where it can: work queued on `stream`
+     * from now on runs after the call. NULL: work_wait. */
+    fsdp_status (*work_wait_stream)(fsdp_ctx *ctx, fsdp_comm_work *work, fsdp_stream stream);
 
     /* (optional) This rank will not make collective `op` on g because its arguments were
      * invalid (the message is in ctx): let the peers fail at once naming this rank instead
@@ -259,10 +267,11 @@ fsdp_status fsdp_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks
 
 /* One rank's call on a group. */
 typedef struct fsdp_call {
-    int op;                 /* fsdp_comm_op, or FSDP_OP_SPLIT */
-    fsdp_status rejected;   /* not FSDP_OK: this rank's arguments were invalid... */
-    const char *reject_msg; /* ...and why */
-    fsdp_dtype dtype;       /* the fields below must agree on every rank */
+    int op;                  /* fsdp_comm_op, or FSDP_OP_SPLIT */
+    fsdp_status rejected;    /* not FSDP_OK: this rank's arguments were invalid... */
+    const char *reject_msg;  /* ...and why */
+    fsdp_dtype dtype;        /* the fields below must agree on every rank */
+    fsdp_device_type device; /* the tensors' kind (CPU for calls without tensors) */
     int ndim;
     int64_t shape[FSDP_MAX_DIMS]; /* the global shape of the call */
     int dim, dim2, root;
@@ -432,15 +441,26 @@ void fsdp_trace_forensics(char *buf, size_t size, uint64_t group_seq, const char
                           const fsdp_trace_view *views, int asked_ms);
 
 /* box.c: the data movement of the backends, over contiguous row-major tensors. */
-/* Copies a box of `box` elements per dim from src (shape src_shape, box at src_at) into dst
- * (shape dst_shape, box at dst_at); all four arrays have ndim entries. Runs that are
- * contiguous in both are copied with one memcpy; a run whose source is its destination is
- * skipped (in-place all_gather). */
+/* The runs of a box copy: `rows` runs of `bytes`, the i-th at byte offsets dst_off + i *
+ * dst_pitch and src_off + i * src_pitch of the two tensors' data. */
+typedef fsdp_status (*fsdp_box_run_fn)(void *user, size_t dst_off, size_t src_off, size_t bytes,
+                                       size_t rows, size_t dst_pitch, size_t src_pitch);
+/* Calls run for the runs that copy a box of `box` elements per dim from a tensor of shape
+ * src_shape (box at src_at) into one of shape dst_shape (box at dst_at), all four arrays of
+ * ndim entries: runs contiguous in both are joined, and the rows of the dim before them go in
+ * one call. Stops at the first status that is not FSDP_OK and returns it. */
+fsdp_status fsdp_box_runs(const int64_t *dst_shape, const int64_t *dst_at, const int64_t *src_shape,
+                          const int64_t *src_at, const int64_t *box, int ndim, size_t esize,
+                          fsdp_box_run_fn run, void *user);
+/* fsdp_box_runs with memcpy on host memory: from src into dst; a run whose source is its
+ * destination is skipped (in-place all_gather). */
 void fsdp_box_copy(void *dst, const int64_t *dst_shape, const int64_t *dst_at, const void *src,
                    const int64_t *src_shape, const int64_t *src_at, const int64_t *box, int ndim,
                    size_t esize);
-/* dst[i] = reduce over r = 0..nsrc-1 (in that order) of srcs[r][offset + i], i < n, computed
- * in f32 and stored once in dtype. */
+/* reduce_n's arguments for a collective's reduction (fuse: NULL, or checked options). */
+fsdp_reduce_n_args fsdp_reduce_args(fsdp_reduce_op op, const fsdp_reduce_options *fuse);
+/* dst[i] = reduce over r = 0..nsrc-1 (in that order) of srcs[r][offset + i], i < n, on host
+ * memory (the CPU's reduce_n), computed in f32 and stored once in dtype. */
 void fsdp_reduce_run(void *dst, const void *const *srcs, int nsrc, int64_t offset, int64_t n,
                      fsdp_dtype dtype, fsdp_reduce_op op);
 /* The same with fsdp_reduce_scatter_ex's options (f32, not MAX; NULL: fsdp_reduce_run): each

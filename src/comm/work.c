@@ -1,9 +1,11 @@
 /* work.c: the handles of non-blocking collectives (fsdp_comm_work): create, test, wait, free.
  * The call itself starts in collectives.c; a backend without non-blocking entries completes it
- * there, and its works are never pending. Tests and waits are timed under the start's
- * comm-debug row. */
+ * there, and its works are never pending. A wait is on the host (fsdp_comm_work_wait) or, for
+ * a call on device tensors, on a stream (fsdp_comm_work_wait_stream). Tests and waits are timed
+ * under the start's comm-debug row. */
 #include <stdlib.h>
 
+#include "comm/comm_device.h"
 #include "comm/comm_impl.h"
 #include "core/error.h"
 #include "core/prof_impl.h" // defines: fsdp_prof_now
@@ -41,13 +43,14 @@ static const fsdp_comm_backend_i *backend_of(const fsdp_comm_work *work) {
     return &work->group->world->backend.iface;
 }
 
-fsdp_status fsdp_comm_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
-    FSDP_ARG_NOT_NULL(ctx, ctx);
-    FSDP_ARG_NOT_NULL(ctx, work);
-    if (!work->pending) return FSDP_OK;
+/* Completes a pending work by `finish` (the backend's host or stream wait), timed and recorded
+ * as its wait. */
+static fsdp_status complete(fsdp_ctx *ctx, fsdp_comm_work *work, const fsdp_stream *stream) {
     double t0 = fsdp_comm_debug_clock(ctx), p0 = prof_begin(ctx);
     fsdp_trace_waiting(ctx, work->trace_seq);
-    fsdp_status st = backend_of(work)->work_wait(ctx, work);
+    const fsdp_comm_backend_i *be = backend_of(work);
+    fsdp_status st = stream && be->work_wait_stream ? be->work_wait_stream(ctx, work, *stream)
+                                                    : be->work_wait(ctx, work);
     prof_end(ctx, work, p0);
     fsdp_comm_debug_timed_row(ctx, work->debug_row, work->debug_session, t0);
     fsdp_trace_end(ctx, work->trace_seq, st, false);
@@ -55,6 +58,20 @@ fsdp_status fsdp_comm_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
     work->group = NULL;
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
+}
+
+fsdp_status fsdp_comm_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, work);
+    if (!work->pending) return FSDP_OK;
+    return complete(ctx, work, NULL);
+}
+
+fsdp_status fsdp_comm_work_wait_stream(fsdp_ctx *ctx, fsdp_comm_work *work, fsdp_stream stream) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, work);
+    if (!work->pending) return FSDP_OK;
+    return complete(ctx, work, &stream);
 }
 
 fsdp_status fsdp_comm_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) {

@@ -3,9 +3,10 @@
  * memory; sizes are element counts; all math is f32, row-major, contiguous.
  * Conventions (llm.c style): outputs first, then saved state, then inputs, then sizes.
  * "+=" marks entries that accumulate into their output; all others overwrite it.
- * No entry allocates memory. On CUDA every entry runs on the calling thread's current device
- * and default stream (the rank's compute stream); entries that return a value to the host
- * (reductions, losses) wait for it. */
+ * No entry allocates memory. On CUDA and sim every entry runs on the calling thread's current
+ * stream of the arrays' device (its default stream, the rank's compute stream, unless another
+ * was made current: the collectives run reduce_n on the communication stream); entries that
+ * return a value to the host (reductions, losses) wait for it. */
 #ifndef FSDP_KERNELS_H
 #define FSDP_KERNELS_H
 
@@ -32,6 +33,27 @@ typedef struct fsdp_sgd_step_args {
 typedef struct fsdp_adam_step_args {
     float sign, l2, shrink, w1, beta2, w2, eps, neg_step_size, bc2_sqrt;
 } fsdp_adam_step_args;
+
+/* How reduce_n combines its inputs: the collectives' reductions. */
+typedef enum fsdp_reduce_kind {
+    FSDP_REDUCE_KIND_SUM = 0,
+    FSDP_REDUCE_KIND_AVG, /* the sum divided by n */
+    FSDP_REDUCE_KIND_MAX, /* NaN wins */
+} fsdp_reduce_kind;
+
+/* What reduce_n does besides combining. The scales and accumulate apply to f32 sums and
+ * averages only (the other reductions ignore them); per element, each input times pre_scale,
+ * the reduction, times post_scale, then stored or (accumulate) added to out, each step rounded
+ * to f32 as separate passes would round it. */
+typedef struct fsdp_reduce_n_args {
+    fsdp_reduce_kind kind;
+    float pre_scale;  /* 1: none */
+    float post_scale; /* 1: none */
+    bool accumulate;
+} fsdp_reduce_n_args;
+
+/* The inputs one reduce_n takes at most (CUDA passes their pointers as a launch argument). */
+#define FSDP_REDUCE_N_MAX 256
 
 typedef struct fsdp_kernels_i {
     const char *name; /* "cpu", "cuda" */
@@ -73,6 +95,14 @@ typedef struct fsdp_kernels_i {
     double (*sum)(const float *x, int64_t n);
     double (*sum_squares)(const float *x, int64_t n);
     double (*max_abs)(const float *x, int64_t n);
+
+    /* out (count) = in[0] op in[1] op ... op in[n-1], each in (count), 1 <= n <=
+     * FSDP_REDUCE_N_MAX, per element left to right (in[0] first) in f32: bf16 and f16 widened
+     * exactly and the result rounded once to nearest even, so every device gives the CPU's
+     * bits (the collectives run it in rank order). `in` is a host array of this device's
+     * pointers; out may be one of them (the same elements), else overlaps none. */
+    void (*reduce_n)(void *out, const void *const *in, int n, int64_t count, fsdp_dtype dtype,
+                     const fsdp_reduce_n_args *args);
 
     /* Losses: the scalar to *loss (host); dout (may be NULL) = d(loss)/d(out), written.
      * targets, like every other array, are this device's memory. */
@@ -150,6 +180,11 @@ const fsdp_kernels_i *fsdp_kernels_for(fsdp_device device);
 /* The CPU table (src/kernels/cpu/). The CUDA table is fsdp_kernels_cuda() in
  * kernels/cuda/cuda.h, in builds with CUDA. */
 const fsdp_kernels_i *fsdp_kernels_cpu(void);
+
+/* The CPU's reduce_n with `offset` elements added to every input (not to out), for host callers
+ * holding arrays of any number of inputs (the comm backends reduce host tensors with it). */
+void fsdp_kernels_cpu_reduce_at(void *out, const void *const *in, int n, int64_t offset,
+                                int64_t count, fsdp_dtype dtype, const fsdp_reduce_n_args *args);
 
 /* Threads of rank threads (src/kernels/cpu/threads.c). OpenBLAS has one thread count for the
  * whole process, and its threaded GEMMs do not run side by side: calls from several rank

@@ -50,6 +50,10 @@ void fsdp_cpu_column_sum(float *dst, const float *a, const float *b, const float
 void fsdp_cpu_column_sum_ld(float *dst, const float *a, const float *b, const float *scale,
                             int64_t rows, int64_t cols, int64_t ld);
 
+/* reduce_n.c */
+void fsdp_cpu_reduce_n(void *out, const void *const *in, int n, int64_t count, fsdp_dtype dtype,
+                       const fsdp_reduce_n_args *args);
+
 /* loss.c */
 void fsdp_cpu_mse_loss(float *loss, float *dout, const float *out, const float *target, int64_t n);
 void fsdp_cpu_cross_entropy(float *loss, float *dlogits, const float *logits,

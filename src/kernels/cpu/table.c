@@ -28,6 +28,7 @@ static const fsdp_kernels_i cpu_kernels = {
     .sum = fsdp_cpu_sum,
     .sum_squares = fsdp_cpu_sum_squares,
     .max_abs = fsdp_cpu_max_abs,
+    .reduce_n = fsdp_cpu_reduce_n,
     .mse_loss = fsdp_cpu_mse_loss,
     .cross_entropy = fsdp_cpu_cross_entropy,
     .f32_to_bf16 = fsdp_cpu_f32_to_bf16,

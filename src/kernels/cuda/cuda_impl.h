@@ -126,6 +126,10 @@ double fsdp_cuda_max_abs(const float *x, int64_t n);
 void fsdp_cuda_column_sum(float *dst, const float *a, const float *b, const float *scale,
                           int64_t rows, int64_t cols);
 
+/* reduce_n.cu */
+void fsdp_cuda_reduce_n(void *out, const void *const *in, int n, int64_t count, fsdp_dtype dtype,
+                        const fsdp_reduce_n_args *args);
+
 /* loss.cu */
 void fsdp_cuda_mse_loss(float *loss, float *dout, const float *out, const float *target, int64_t n);
 void fsdp_cuda_cross_entropy(float *loss, float *dlogits, const float *logits,

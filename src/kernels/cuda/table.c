@@ -24,6 +24,7 @@ static const fsdp_kernels_i cuda_kernels = {
     .sum = fsdp_cuda_sum,
     .sum_squares = fsdp_cuda_sum_squares,
     .max_abs = fsdp_cuda_max_abs,
+    .reduce_n = fsdp_cuda_reduce_n,
     .mse_loss = fsdp_cuda_mse_loss,
     .cross_entropy = fsdp_cuda_cross_entropy,
     .f32_to_bf16 = fsdp_cuda_f32_to_bf16,

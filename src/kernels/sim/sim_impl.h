@@ -117,6 +117,10 @@ void *sim_kernel_ptr(int device, const void *p);
 void sim_kernel_launch(int device, void (*run)(void *arg), const void *arg, size_t size);
 void sim_kernel_call(int device, void (*run)(void *arg), const void *arg, size_t size);
 
+/* reduce_n (reduce_n.c), semantics in kernels/kernels.h. */
+void sim_reduce_n(void *out, const void *const *in, int n, int64_t count, fsdp_dtype dtype,
+                  const fsdp_reduce_n_args *args);
+
 /* The Llama entries (table_llama.c), semantics in kernels/kernels.h. */
 void sim_embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t n,
                            int64_t C);

@@ -584,6 +584,7 @@ static const fsdp_kernels_i sim_kernels = {
     .sum = sim_sum,
     .sum_squares = sim_sum_squares,
     .max_abs = sim_max_abs,
+    .reduce_n = sim_reduce_n,
     .mse_loss = sim_mse_loss,
     .cross_entropy = sim_cross_entropy,
     .f32_to_bf16 = sim_f32_to_bf16,

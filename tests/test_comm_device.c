@@ -1,0 +1,564 @@
+/* test_comm_device.c: the local backend's collectives on device tensors (src/comm/local_device.c).
+ * Every public collective, with 2 and 4 rank threads, each rank on a simulated GPU of its own
+ * (sim:(rank % 2), deferred streams: a stream runs only up to what somebody waits for, so a
+ * missing wait reads stale data every time), its result copied back and compared bit for bit
+ * with the same collective on CPU tensors (the reductions run in rank order on both); sizes of
+ * 1, 7 and others that are not multiples of the world; the non-blocking all_reduce waited for
+ * on a stream and on the host; comm-debug counts equal to the CPU's; refusals of mixed device
+ * kinds and of a device other than the rank's; a rank that never arrives times out naming it;
+ * and the negative control: with the wait for the peers' inputs dropped, the result is wrong. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_device.h" // defines: fsdp_comm_work_wait_stream
+#include "comm/local_impl.h"  // defines: fsdp_local_test_skip_input_wait
+#include "core/stream.h"      // defines: fsdp_stream_current
+#include "fsdp/comm.h"
+#include "harness.h"         // defines: fsdp_test_run_world, FSDP_RANK_CHECK, FSDP_TEST_OK
+#include "kernels/sim/sim.h" // defines: fsdp_sim_mode_set
+
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+
+/* Each rank's device: two ranks share a sim device in a world of 4. */
+static fsdp_device rank_device(int rank) {
+    return (fsdp_device){FSDP_DEVICE_SIM, rank % 2};
+}
+
+/* ---- the cases ---- */
+
+typedef enum kind {
+    K_ALL_REDUCE,
+    K_START_HOST,   /* fsdp_all_reduce_start_ex, then fsdp_comm_work_test and _wait */
+    K_START_STREAM, /* fsdp_all_reduce_start_ex, then fsdp_comm_work_wait_stream */
+    K_REDUCE_SCATTER,
+    K_ALL_GATHER,
+    K_BROADCAST,
+    K_ALL_TO_ALL,
+    K_BARRIER,
+} kind;
+
+/* One call. shape is the global shape (all_reduce, broadcast: the tensor; reduce_scatter: the
+ * input; all_gather: the output; all_to_all: the shape both are chunks of); a first dim of
+ * -k means k x the world size. */
+typedef struct coll_case {
+    kind kind;
+    fsdp_dtype dtype;
+    fsdp_reduce_op op;
+    int ndim;
+    int64_t shape[3];
+    int dim, dim2; /* all_to_all: split_dim, concat_dim */
+    int root;      /* broadcast: -1 for the last rank */
+    fsdp_reduce_options opts;
+} coll_case;
+
+#define F32  FSDP_DTYPE_F32
+#define BF16 FSDP_DTYPE_BF16
+#define F16  FSDP_DTYPE_F16
+#define I32  FSDP_DTYPE_I32
+#define SUM  FSDP_REDUCE_SUM
+#define AVG  FSDP_REDUCE_AVG
+#define MAX  FSDP_REDUCE_MAX
+
+static const coll_case cases[] = {
+    {.kind = K_ALL_REDUCE, .dtype = F32, .op = SUM, .ndim = 1, .shape = {1}},
+    {.kind = K_ALL_REDUCE, .dtype = F32, .op = SUM, .ndim = 1, .shape = {7}},
+    {.kind = K_ALL_REDUCE, .dtype = F32, .op = SUM, .ndim = 2, .shape = {3, 5}},
+    {.kind = K_ALL_REDUCE,
+     .dtype = F32,
+     .op = SUM,
+     .ndim = 1,
+     .shape = {70001}}, /* above the host's in-place threshold */
+    {.kind = K_ALL_REDUCE, .dtype = F32, .op = AVG, .ndim = 1, .shape = {7}},
+    {.kind = K_ALL_REDUCE, .dtype = F32, .op = MAX, .ndim = 1, .shape = {13}},
+    {.kind = K_ALL_REDUCE, .dtype = BF16, .op = SUM, .ndim = 1, .shape = {7}},
+    {.kind = K_ALL_REDUCE, .dtype = F16, .op = AVG, .ndim = 1, .shape = {9}},
+    {.kind = K_ALL_REDUCE, .dtype = BF16, .op = MAX, .ndim = 1, .shape = {5}},
+    {.kind = K_ALL_REDUCE,
+     .dtype = F32,
+     .op = SUM,
+     .ndim = 1,
+     .shape = {7},
+     .opts = {.pre_scale = 0.25f, .post_scale = 3.0f}},
+    {.kind = K_ALL_REDUCE,
+     .dtype = F32,
+     .op = AVG,
+     .ndim = 1,
+     .shape = {11},
+     .opts = {.post_scale = 0.5f}},
+    {.kind = K_START_HOST, .dtype = F32, .op = SUM, .ndim = 1, .shape = {7}},
+    {.kind = K_START_HOST, .dtype = BF16, .op = AVG, .ndim = 1, .shape = {1}},
+    {.kind = K_START_STREAM, .dtype = F32, .op = AVG, .ndim = 1, .shape = {13}},
+    {.kind = K_START_STREAM,
+     .dtype = F32,
+     .op = SUM,
+     .ndim = 1,
+     .shape = {7},
+     .opts = {.post_scale = 0.5f}},
+    {.kind = K_REDUCE_SCATTER,
+     .dtype = F32,
+     .op = SUM,
+     .ndim = 1,
+     .shape = {1}}, /* every rank but 0 gets nothing */
+    {.kind = K_REDUCE_SCATTER, .dtype = F32, .op = SUM, .ndim = 1, .shape = {7}},
+    {.kind = K_REDUCE_SCATTER, .dtype = F32, .op = SUM, .ndim = 2, .shape = {3, 7}, .dim = 1},
+    {.kind = K_REDUCE_SCATTER, .dtype = F32, .op = AVG, .ndim = 2, .shape = {7, 2}},
+    {.kind = K_REDUCE_SCATTER, .dtype = F32, .op = MAX, .ndim = 1, .shape = {9}},
+    {.kind = K_REDUCE_SCATTER, .dtype = BF16, .op = SUM, .ndim = 1, .shape = {6}},
+    {.kind = K_REDUCE_SCATTER, .dtype = F16, .op = AVG, .ndim = 1, .shape = {10}},
+    {.kind = K_REDUCE_SCATTER,
+     .dtype = F32,
+     .op = SUM,
+     .ndim = 1,
+     .shape = {7},
+     .opts = {.pre_scale = 0.5f, .post_scale = 2.0f}},
+    {.kind = K_REDUCE_SCATTER,
+     .dtype = F32,
+     .op = AVG,
+     .ndim = 2,
+     .shape = {3, 5},
+     .dim = 1,
+     .opts = {.accumulate = true}},
+    {.kind = K_REDUCE_SCATTER,
+     .dtype = F32,
+     .op = SUM,
+     .ndim = 1,
+     .shape = {7},
+     .opts = {.post_scale = 0.5f, .accumulate = true}},
+    {.kind = K_ALL_GATHER, .dtype = F32, .op = SUM, .ndim = 1, .shape = {1}},
+    {.kind = K_ALL_GATHER, .dtype = F32, .op = SUM, .ndim = 1, .shape = {7}},
+    {.kind = K_ALL_GATHER, .dtype = F32, .op = SUM, .ndim = 2, .shape = {3, 7}, .dim = 1},
+    {.kind = K_ALL_GATHER, .dtype = F32, .op = SUM, .ndim = 3, .shape = {4, 5, 3}, .dim = 1},
+    {.kind = K_ALL_GATHER, .dtype = BF16, .op = SUM, .ndim = 1, .shape = {7}},
+    {.kind = K_ALL_GATHER, .dtype = I32, .op = SUM, .ndim = 1, .shape = {9}},
+    {.kind = K_BROADCAST, .dtype = F32, .op = SUM, .ndim = 1, .shape = {7}, .root = 0},
+    {.kind = K_BROADCAST, .dtype = F32, .op = SUM, .ndim = 1, .shape = {1}, .root = 1},
+    {.kind = K_BROADCAST, .dtype = BF16, .op = SUM, .ndim = 2, .shape = {5, 3}, .root = -1},
+    {.kind = K_ALL_TO_ALL,
+     .dtype = F32,
+     .op = SUM,
+     .ndim = 2,
+     .shape = {7, 5},
+     .dim = 0,
+     .dim2 = 1},
+    {.kind = K_ALL_TO_ALL,
+     .dtype = F32,
+     .op = SUM,
+     .ndim = 2,
+     .shape = {5, 7},
+     .dim = 1,
+     .dim2 = 0},
+    {.kind = K_ALL_TO_ALL,
+     .dtype = F32,
+     .op = SUM,
+     .ndim = 2,
+     .shape = {-2, 3},
+     .dim = 0,
+     .dim2 = 0},
+    {.kind = K_ALL_TO_ALL,
+     .dtype = I32,
+     .op = SUM,
+     .ndim = 3,
+     .shape = {3, 7, 2},
+     .dim = 1,
+     .dim2 = 2},
+    {.kind = K_BARRIER, .dtype = F32, .op = SUM, .ndim = 1, .shape = {1}},
+};
+#define N_CASES ((int)(sizeof cases / sizeof cases[0]))
+
+static uint64_t mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+/* Values of mixed magnitude and sign, so that the order of a sum shows in its bits. */
+static fsdp_status fill(fsdp_tensor *t, uint64_t salt) {
+    void *p = fsdp_tensor_data(t);
+    for (int64_t i = 0; i < fsdp_tensor_numel(t); i++) {
+        uint64_t h = mix(salt * 1000003u + (uint64_t)i);
+        float v = (float)((int64_t)(h % 20001) - 10000) * 1e-4f * (float)(1 + (h >> 32) % 1000);
+        switch (fsdp_tensor_dtype(t)) {
+        case FSDP_DTYPE_F32:
+            ((float *)p)[i] = v;
+            break;
+        case FSDP_DTYPE_BF16:
+            ((fsdp_bf16 *)p)[i] = fsdp_bf16_from_f32(v);
+            break;
+        case FSDP_DTYPE_F16:
+            ((fsdp_f16 *)p)[i] = fsdp_f16_from_f32(v * 1e-3f);
+            break;
+        default:
+            ((int32_t *)p)[i] = (int32_t)(h % 100000);
+            break;
+        }
+    }
+    return FSDP_OK;
+}
+
+/* The shapes of this rank's input and output for case c in a world of W. */
+static void shapes_of(const coll_case *c, int rank, int W, int64_t *in, int64_t *out) {
+    int64_t g[3];
+    memcpy(g, c->shape, sizeof g);
+    if (g[0] < 0) g[0] = -g[0] * W;
+    memcpy(in, g, sizeof g);
+    memcpy(out, g, sizeof g);
+    if (c->kind == K_REDUCE_SCATTER) fsdp_chunk_range(g[c->dim], W, rank, NULL, &out[c->dim]);
+    if (c->kind == K_ALL_GATHER) fsdp_chunk_range(g[c->dim], W, rank, NULL, &in[c->dim]);
+    if (c->kind == K_ALL_TO_ALL && c->dim != c->dim2) {
+        fsdp_chunk_range(g[c->dim2], W, rank, NULL, &in[c->dim2]);
+        fsdp_chunk_range(g[c->dim], W, rank, NULL, &out[c->dim]);
+    }
+}
+
+static bool in_place(const coll_case *c) {
+    return c->kind == K_ALL_REDUCE || c->kind == K_START_HOST || c->kind == K_START_STREAM ||
+           c->kind == K_BROADCAST;
+}
+
+static const fsdp_reduce_options *opts_of(const coll_case *c) {
+    const fsdp_reduce_options *o = &c->opts;
+    return o->pre_scale == 0.0f && o->post_scale == 0.0f && !o->accumulate ? NULL : o;
+}
+
+/* Makes case c's call on out and in (one tensor for the in-place ones). */
+static fsdp_status call(fsdp_ctx *ctx, const coll_case *c, int W, fsdp_tensor *out, fsdp_tensor *in,
+                        fsdp_comm_work *work) {
+    switch (c->kind) {
+    case K_ALL_REDUCE:
+        return fsdp_all_reduce_ex(ctx, NULL, out, c->op, opts_of(c));
+    case K_START_HOST: {
+        FSDP_TRY(fsdp_all_reduce_start_ex(ctx, NULL, out, c->op, opts_of(c), work));
+        bool done = false;
+        FSDP_TRY(fsdp_comm_work_test(ctx, work, &done));
+        return fsdp_comm_work_wait(ctx, work);
+    }
+    case K_START_STREAM:
+        FSDP_TRY(fsdp_all_reduce_start_ex(ctx, NULL, out, c->op, opts_of(c), work));
+        return fsdp_comm_work_wait_stream(ctx, work, fsdp_stream_current(fsdp_tensor_device(out)));
+    case K_REDUCE_SCATTER:
+        return fsdp_reduce_scatter_ex(ctx, NULL, out, in, c->dim, c->op, opts_of(c));
+    case K_ALL_GATHER:
+        return fsdp_all_gather(ctx, NULL, out, in, c->dim);
+    case K_BROADCAST:
+        return fsdp_broadcast(ctx, NULL, out, c->root < 0 ? W - 1 : c->root);
+    case K_ALL_TO_ALL:
+        return fsdp_all_to_all(ctx, NULL, out, in, c->dim, c->dim2);
+    case K_BARRIER:
+        return fsdp_barrier(ctx, NULL);
+    }
+    return FSDP_ERR_INTERNAL;
+}
+
+/* A copy of host tensor h on dev. */
+static fsdp_status on(fsdp_ctx *ctx, const fsdp_tensor *h, fsdp_device dev, fsdp_tensor **out) {
+    FSDP_TRY(fsdp_tensor_create(ctx, fsdp_tensor_dtype(h), dev, fsdp_tensor_ndim(h),
+                                fsdp_tensor_shape(h), out));
+    return fsdp_tensor_copy(ctx, *out, h);
+}
+
+/* Runs case c on tensors of dev (the inputs made on the host with salt, copied over), and
+ * leaves the output and then the input, copied back, in *result (malloc'd, *nbytes). */
+static fsdp_status run_case(fsdp_ctx *ctx, int rank, int W, const coll_case *c, fsdp_device dev,
+                            uint64_t salt, unsigned char **result, size_t *nbytes) {
+    int64_t in_shape[3], out_shape[3];
+    shapes_of(c, rank, W, in_shape, out_shape);
+    fsdp_tensor *hin = NULL, *hout = NULL, *din = NULL, *dout = NULL;
+    fsdp_comm_work *work = NULL;
+    *result = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, c->dtype, FSDP_CPU, c->ndim, in_shape, &hin);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, c->dtype, FSDP_CPU, c->ndim, out_shape, &hout);
+    if (st == FSDP_OK) st = fill(hin, salt * 131u + (uint64_t)rank);
+    if (st == FSDP_OK) st = fill(hout, salt * 131u + 64u + (uint64_t)rank); /* accumulate */
+    if (st == FSDP_OK) st = on(ctx, hin, dev, &din);
+    if (st == FSDP_OK) st = in_place(c) ? FSDP_OK : on(ctx, hout, dev, &dout);
+    if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &work);
+    if (st == FSDP_OK) st = call(ctx, c, W, in_place(c) ? din : dout, din, work);
+    if (st == FSDP_OK && !in_place(c)) st = fsdp_tensor_copy(ctx, hout, dout);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, hin, din);
+    size_t a = in_place(c) ? 0 : fsdp_tensor_nbytes(hout), b = fsdp_tensor_nbytes(hin);
+    if (st == FSDP_OK && !(*result = malloc(a + b + 1)))
+        st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "no memory for a result");
+    if (st == FSDP_OK) {
+        if (a) memcpy(*result, fsdp_tensor_data(hout), a);
+        if (b) memcpy(*result + a, fsdp_tensor_data(hin), b);
+        *nbytes = a + b;
+    }
+    fsdp_comm_work_free(work);
+    fsdp_tensor_free(hin), fsdp_tensor_free(hout), fsdp_tensor_free(din), fsdp_tensor_free(dout);
+    return st;
+}
+
+/* Every case on CPU tensors, then on this rank's device, with comm-debug counting each pass:
+ * the results bit for bit and the counts per collective equal. The rank's context is on its
+ * device for both (the CPU pass is the metadata that keeps working beside device tensors). */
+static fsdp_status all_cases_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    const fsdp_device dev = rank_device(rank);
+    FSDP_TRY(fsdp_ctx_set_device(ctx, dev));
+    unsigned char *want[N_CASES] = {0};
+    size_t want_n[N_CASES] = {0};
+    fsdp_comm_count counts[2][FSDP_COMM_OP_COUNT];
+    fsdp_status st = FSDP_OK;
+    for (int pass = 0; pass < 2 && st == FSDP_OK; pass++) {
+        st = fsdp_comm_debug_begin(ctx);
+        for (int k = 0; k < N_CASES && st == FSDP_OK; k++) {
+            const coll_case *c = &cases[k];
+            unsigned char *got = NULL;
+            size_t n = 0;
+            st = run_case(ctx, rank, W, c, pass ? dev : FSDP_CPU, (uint64_t)k + 1, &got, &n);
+            if (st != FSDP_OK) break;
+            if (!pass) {
+                want[k] = got, want_n[k] = n;
+                continue;
+            }
+            bool same = n == want_n[k] && memcmp(got, want[k], n) == 0;
+            size_t first = 0;
+            while (!same && first < n && first < want_n[k] && got[first] == want[k][first]) first++;
+            free(got);
+            FSDP_RANK_CHECK(ctx, same,
+                            "case %d (kind %d, %s, %s): the result on %s:%d differs from the "
+                            "CPU's (%zu and %zu bytes, first difference at byte %zu)",
+                            k, (int)c->kind, fsdp_dtype_to_string(c->dtype),
+                            fsdp_reduce_op_to_string(c->op), fsdp_device_to_string(dev), dev.index,
+                            n, want_n[k], first);
+        }
+        for (int op = 0; op < FSDP_COMM_OP_COUNT; op++)
+            counts[pass][op] = fsdp_comm_debug_count(ctx, (fsdp_comm_op)op, NULL);
+        if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+    }
+    for (int k = 0; k < N_CASES; k++) free(want[k]);
+    FSDP_TRY(st);
+    for (int op = 1; op < FSDP_COMM_OP_COUNT; op++) {
+        const fsdp_comm_count *a = &counts[0][op], *b = &counts[1][op];
+        FSDP_RANK_CHECK(ctx, a->calls == b->calls && a->bytes == b->bytes && a->calls > 0,
+                        "comm-debug counts %s: %lld calls, %lld bytes on the CPU; %lld, %lld on "
+                        "the device",
+                        fsdp_comm_op_to_string((fsdp_comm_op)op), (long long)a->calls,
+                        (long long)a->bytes, (long long)b->calls, (long long)b->bytes);
+    }
+    return FSDP_OK;
+}
+
+static void test_two_ranks(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 60000, all_cases_body, NULL));
+}
+
+static void test_four_ranks(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(4, 60000, all_cases_body, NULL));
+}
+
+/* A rank may change its device between calls: each all_reduce on the new devices is right (the
+ * events the ranks made on their old devices stay valid for peers still waiting on them). */
+static fsdp_status change_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    const int64_t n = 7;
+    fsdp_status st = FSDP_OK;
+    for (int round = 0; round < 3 && st == FSDP_OK; round++) {
+        const fsdp_device dev = rank_device(rank + round);
+        fsdp_tensor *h = NULL, *d = NULL;
+        st = fsdp_ctx_set_device(ctx, dev);
+        if (st == FSDP_OK) st = fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &n, &h);
+        if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, h, (float)(rank + round));
+        if (st == FSDP_OK) st = on(ctx, h, dev, &d);
+        if (st == FSDP_OK) st = fsdp_all_reduce(ctx, NULL, d, SUM);
+        if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, h, d);
+        const float want = (float)(W * (W - 1) / 2 + W * round);
+        for (int64_t i = 0; st == FSDP_OK && i < n; i++)
+            if (fsdp_tensor_f32(h)[i] != want)
+                st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "round %d: element %lld is %g, want %g",
+                               round, (long long)i, (double)fsdp_tensor_f32(h)[i], (double)want);
+        fsdp_tensor_free(h), fsdp_tensor_free(d);
+    }
+    return st;
+}
+
+static void test_device_change(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 20000, change_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 20000, change_body, NULL));
+}
+
+/* ---- refusals and failures ---- */
+
+static fsdp_status expect_failure(fsdp_ctx *ctx, fsdp_status got, fsdp_status want,
+                                  const char *const *needles) {
+    const char *msg = fsdp_last_error(ctx);
+    FSDP_RANK_CHECK(ctx, got == want, "expected %s, got %s: %s", fsdp_status_to_string(want),
+                    fsdp_status_to_string(got), msg);
+    FSDP_RANK_CHECK(ctx, fsdp_test_message_has(msg, needles), "the message \"%s\" lacks a part",
+                    msg);
+    return FSDP_OK;
+}
+
+/* Rank 1's tensor on the CPU, rank 0's on its device: every rank fails naming the device
+ * kinds; then a tensor on a device other than the rank's is refused by its rank, its peer
+ * failing at once naming it; the group still works after both. */
+static fsdp_status mixed_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int64_t n = 7;
+    fsdp_tensor *t = NULL, *other = NULL;
+    FSDP_TRY(fsdp_ctx_set_device(ctx, rank_device(0)));
+    fsdp_status st = fsdp_tensor_create(ctx, F32, rank == 0 ? rank_device(0) : FSDP_CPU, 1, &n, &t);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, F32, rank_device(1), 1, &n, &other);
+    const char *kinds[] = {"all_reduce", "device kind",         "rank 0 sim",
+                           "rank 1 cpu", "fsdp_ctx_set_device", NULL};
+    if (st == FSDP_OK)
+        st = expect_failure(ctx, fsdp_all_reduce(ctx, NULL, t, SUM), FSDP_ERR_DEVICE, kinds);
+    const char *own[] = {"broadcast", "is on sim:1", "this rank's device is sim:0",
+                         "fsdp_ctx_set_device", NULL};
+    const char *peer[] = {"broadcast", "rank 1 rejected its arguments", "is on sim:1", NULL};
+    if (st == FSDP_OK)
+        st = expect_failure(ctx, fsdp_broadcast(ctx, NULL, rank == 1 ? other : t, 0),
+                            FSDP_ERR_DEVICE, rank == 1 ? own : peer);
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    fsdp_tensor_free(t), fsdp_tensor_free(other);
+    return st;
+}
+
+static void test_mixed_devices(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 20000, mixed_body, NULL));
+}
+
+/* Rank 1 is busy past the timeout: rank 0's device all_reduce fails with FSDP_ERR_TIMEOUT naming
+ * the collective and the rank, instead of waiting on a device event forever. */
+static fsdp_status timeout_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    FSDP_TRY(fsdp_ctx_set_device(ctx, rank_device(rank)));
+    if (rank == 1) {
+        fsdp_test_sleep_ms(1500);
+        return FSDP_OK;
+    }
+    const int64_t n = 7;
+    fsdp_tensor *t = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, F32, rank_device(rank), 1, &n, &t));
+    const char *says[] = {"all_reduce", "timed out", "rank 1", NULL};
+    double t0 = fsdp_test_now();
+    fsdp_status st =
+        expect_failure(ctx, fsdp_all_reduce(ctx, NULL, t, SUM), FSDP_ERR_TIMEOUT, says);
+    double waited = fsdp_test_now() - t0;
+    fsdp_tensor_free(t);
+    FSDP_TRY(st);
+    FSDP_RANK_CHECK(ctx, waited < 1.4, "the timeout of 300 ms took %.2f s", waited);
+    return FSDP_OK;
+}
+
+static void test_absent_rank_times_out(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 300, timeout_body, NULL));
+}
+
+/* The rule that protects inputs: right after an all_gather returns, each rank overwrites its
+ * input on its stream. Rank 0 reads back (running its streams) while the others wait at a host
+ * barrier; their streams read rank 0's input only after. The collective completes only when
+ * every reader is done, so rank 0's overwrite waits for them, and every output is the gather
+ * of the original inputs. */
+static fsdp_status reuse_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    const fsdp_device dev = rank_device(rank);
+    const int64_t n = 5, wn = n * W;
+    FSDP_TRY(fsdp_ctx_set_device(ctx, dev));
+    fsdp_tensor *h = NULL, *hout = NULL, *d = NULL, *dout = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &n, &h);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &wn, &hout);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, h, (float)(rank + 1));
+    if (st == FSDP_OK) st = on(ctx, h, dev, &d);
+    if (st == FSDP_OK) st = on(ctx, hout, dev, &dout);
+    if (st == FSDP_OK) st = fsdp_all_gather(ctx, NULL, dout, d, 0);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, d, -1.0f); /* the input, reused at once */
+    if (st == FSDP_OK && rank == 0) st = fsdp_tensor_copy(ctx, hout, dout);
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    if (st == FSDP_OK && rank != 0) st = fsdp_tensor_copy(ctx, hout, dout);
+    const float *x = st == FSDP_OK ? fsdp_tensor_f32(hout) : NULL;
+    for (int64_t i = 0; x && i < wn && st == FSDP_OK; i++)
+        if (x[i] != (float)(i / n + 1))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                           "element %lld of the gather is %g, want %g (an input was overwritten "
+                           "before a reader's stream read it)",
+                           (long long)i, (double)x[i], (double)(i / n + 1));
+    fsdp_tensor_free(h), fsdp_tensor_free(hout), fsdp_tensor_free(d), fsdp_tensor_free(dout);
+    return st;
+}
+
+static void test_input_reuse(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 20000, reuse_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 20000, reuse_body, NULL));
+}
+
+/* ---- the negative control ---- */
+
+typedef struct control {
+    uint64_t salt; /* the inputs' (each run's differ from what reused blocks held before) */
+    bool right;    /* out: rank 0's result was the CPU's */
+} control;
+
+/* An all_reduce on fresh device tensors whose inputs are queued (deferred) on each rank's
+ * stream: rank 0 reads its result back first while rank 1 waits at a host barrier, so rank 1's
+ * stream has run only what rank 0's collective made it wait for. */
+static fsdp_status control_body(fsdp_ctx *ctx, int rank, void *user) {
+    control *ctl = user;
+    const fsdp_device dev = rank_device(rank);
+    const int64_t n = 37;
+    const uint64_t salt = ctl->salt;
+    FSDP_TRY(fsdp_ctx_set_device(ctx, dev));
+    fsdp_tensor *h = NULL, *want = NULL, *d = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &n, &h);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &n, &want);
+    if (st == FSDP_OK) st = fill(want, salt + (uint64_t)rank);
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, NULL, want, SUM); /* on the CPU */
+    if (st == FSDP_OK) st = fill(h, salt + (uint64_t)rank);
+    if (st == FSDP_OK) st = on(ctx, h, dev, &d);
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, NULL, d, SUM);
+    if (st == FSDP_OK && rank == 0) {
+        st = fsdp_tensor_copy(ctx, h, d);
+        if (st == FSDP_OK) ctl->right = !memcmp(fsdp_tensor_data(h), fsdp_tensor_data(want), 4 * n);
+    }
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    if (st == FSDP_OK && rank == 1) st = fsdp_tensor_copy(ctx, h, d);
+    fsdp_tensor_free(h), fsdp_tensor_free(want), fsdp_tensor_free(d);
+    return st;
+}
+
+static void test_negative_control(void) {
+#ifdef UNDER_TSAN
+    fsdp_test_skip("the dropped wait is a data race, which ThreadSanitizer reports (as it must)");
+    return;
+#endif
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_mode_get(), FSDP_SIM_DEFERRED);
+    for (int i = 0; i < 3; i++) {
+        control with = {.salt = 1000u + 2u * (uint64_t)i}, without = {.salt = with.salt + 1u};
+        FSDP_TEST_OK(fsdp_test_run_world(2, 20000, control_body, &with));
+        fsdp_local_test_skip_input_wait(true);
+        fsdp_status st = fsdp_test_run_world(2, 20000, control_body, &without);
+        fsdp_local_test_skip_input_wait(false);
+        FSDP_TEST_OK(st);
+        CU_ASSERT_TRUE(with.right);     /* with every wait: the CPU's bits */
+        CU_ASSERT_FALSE(without.right); /* without the peers' READY: stale input, every time */
+    }
+}
+
+int main(int argc, char **argv) {
+    setenv("FSDP_SIM_DEVICES", "2", 1); /* before the first use reads them */
+    setenv("FSDP_SIM_MEMORY", "256M", 1);
+    unsetenv("FSDP_SIM_MODE"); /* deferred */
+    static const fsdp_test_case tests[] = {
+        {"two_ranks", test_two_ranks},
+        {"four_ranks", test_four_ranks},
+        {"input_reuse", test_input_reuse},
+        {"device_change", test_device_change},
+        {"mixed_devices", test_mixed_devices},
+        {"absent_rank_times_out", test_absent_rank_times_out},
+        {"negative_control", test_negative_control},
+    };
+    return fsdp_test_run(argc, argv, "comm_device", tests, sizeof tests / sizeof tests[0]);
+}
