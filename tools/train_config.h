@@ -1,5 +1,6 @@
-/* train_config.h: fsdp-train's configuration. One table of keys drives the INI parser
- * (libinih), --set overrides, validation and --help, so they cannot drift apart. */
+/* train_config.h: fsdp-train's configuration. One description of the keys (train_keys.h: the
+ * common ones and each model kind's own) drives the INI parser (libinih), --set overrides,
+ * validation and --help, so they cannot drift apart. */
 #ifndef FSDP_TOOLS_TRAIN_CONFIG_H
 #define FSDP_TOOLS_TRAIN_CONFIG_H
 
@@ -35,10 +36,11 @@ typedef struct train_float_list {
     double v[TRAIN_MAX_FLOAT_LIST];
 } train_float_list;
 
-/* [model] kind: which model. */
+/* [model] kind: which model, the index of its entry in the table of model kinds
+ * (train_kind.h, train_kinds.c); the first two are named here. */
 typedef enum train_model_kind {
-    TRAIN_MODEL_MLP = 0, /* fsdp_model_mlp over [model] widths */
-    TRAIN_MODEL_LLAMA,   /* fsdp_model_llama over [model] dim, n_layers, ... (train_llama.h) */
+    TRAIN_MODEL_MLP = 0, /* fsdp_model_mlp over [model] widths (kind_mlp.c) */
+    TRAIN_MODEL_LLAMA,   /* fsdp_model_llama over [model] dim, n_layers, ... (kind_llama.c) */
 } train_model_kind;
 
 /* [data] kind: where the samples come from. */
@@ -102,6 +104,8 @@ typedef enum train_progress_style {
 
 /* The values of every key (see train_config_print_help for their meaning and defaults). */
 typedef struct train_config {
+    /* [model]: the kind, and the values of every kind's own keys (each kind's file lists its
+     * keys: a key only its kind may set) */
     struct {
         train_model_kind kind;
         train_int_list widths; /* mlp: input, hidden..., output */
@@ -219,13 +223,15 @@ fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_si
  * TRAIN_MAX_NO_DECAY. */
 int train_config_no_decay(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]);
 
-/* The modules of the model [model] describes, as its root (an nn.Sequential) names its
- * children: "0", "1", ... with their kind ("Linear", "ReLU", "GELU", "Sigmoid", "RMSNorm") and,
- * for a Linear, its index among the Linear layers (else -1). Returns their number (at most
- * TRAIN_MAX_MODULES). */
+/* The modules of the model [model] describes, walked from the module tree its kind builds (at
+ * the smallest sizes): every module under the root in pre-order, by its fully qualified name
+ * ("0", "1", ... for the MLP's nn.Sequential; "layers.0.net1" for MLPStacked), with its kind
+ * ("Linear", "ReLU", "GELU", "Sigmoid", "RMSNorm", ...) and, for a Linear, its index among the
+ * Linear layers (else -1). Returns their number (at most TRAIN_MAX_MODULES; 0 when the model
+ * cannot be built). */
 #define TRAIN_MAX_MODULES (2 * TRAIN_MAX_LIST)
 typedef struct train_module_info {
-    char name[12]; /* as trainer.c's module paths */
+    char name[64]; /* fsdp_module_fqn */
     const char *kind;
     int linear; /* Linear i of the MLP, or -1 */
 } train_module_info;
@@ -252,10 +258,6 @@ fsdp_status train_config_tp_plan(const train_config *cfg, train_tp_style *styles
 /* Splits [model] checkpoint_activations into patterns, as train_config_no_decay does. */
 int train_config_checkpoint_patterns(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]);
 
-/* kind = llama: whether decoder layer `layer` (model.layers.<layer>) matches pattern number
- * `pattern` of [model] checkpoint_activations, or any of them when pattern < 0. */
-bool train_config_llama_checkpointed(const train_config *cfg, int64_t layer, int pattern);
-
 /* [parallel] backend with auto resolved: TRAIN_BACKEND_MPI when the process was started by
  * mpirun (OMPI_COMM_WORLD_SIZE, or PMI_SIZE of MPICH's launchers, is set), else
  * TRAIN_BACKEND_LOCAL. */
@@ -280,6 +282,10 @@ typedef struct train_layout {
     int shard;    /* hybrid_shard: ranks per shard group (mesh dim "shard"); else dp */
 } train_layout;
 
+/* Where the world size comes from, for messages: "a world of 4 ranks ([parallel] ranks = 4
+ * (run.ini:9))". */
+void train_config_describe_world(const train_config *cfg, int world, char *buf, size_t size);
+
 /* Lays out a world of `world` ranks as cfg says and checks it: tp divides the world, each dp
  * rank gets samples (batch_size >= dp), hybrid_shard has dp >= 2 and replicas dividing dp.
  * FSDP_ERR_CONFIG with a message naming the keys and their origins on failure. */
@@ -292,6 +298,23 @@ void train_layout_describe(const train_config *cfg, const train_layout *layout, 
 
 /* The origin text of a key ("default", "run.ini:12", ...), or NULL for an unknown key. */
 const char *train_config_origin(const train_config *cfg, const char *section, const char *name);
+
+/* The value of [section] name as a file would hold it ("full_shard", "0.2"); returns buf. */
+const char *train_config_value(const train_config *cfg, const char *section, const char *name,
+                               char *buf, size_t size);
+
+/* Whether key [section] name holds a value other than its default. */
+bool train_config_changed(const train_config *cfg, const char *section, const char *name);
+
+/* Fails naming [section] name when it was changed from its default although `applies` (a
+ * condition described by `to`, with the key dsec.dname that decides it) does not hold: writes
+ * "[section] name = value (origin) applies to <to>, but <dsec dname>; remove it or change
+ * <dname>" into err and returns true. */
+bool train_config_key_not_for(const train_config *cfg, const char *section, const char *name,
+                              bool applies, const char *to, const char *dsec, const char *dname,
+                              char *err, size_t err_size);
+
+#define TRAIN_KEY_TEXT_SIZE 768 /* enough for most key texts; a longer one is truncated */
 
 /* "[section] name = value (origin)" of a key of the table, for messages; returns buf. */
 const char *train_config_key_text(const train_config *cfg, const char *section, const char *name,
