@@ -108,7 +108,6 @@ static fsdp_status llama_check(const train_config *cfg, char *err, size_t err_si
         llama_tp_divides(cfg, "n_kv_heads", kv, "key/value heads", err, err_size) ||
         llama_tp_divides(cfg, "ffn_hidden", ffn, "SwiGLU width", err, err_size))
         return FSDP_ERR_CONFIG;
-    return FSDP_OK;
     return check_llama_checkpointing(cfg, err, err_size);
 }
 

@@ -70,7 +70,7 @@ typedef struct train_state {
     void *feed;             /* the kind's feed of this rank's data */
     train_feed_info info;   /* n_train, n_eval, len */
     int64_t per_sample;     /* tokens of a sample (the kind's tokens_per_sample), or 0 */
-    fsdp_tensor *loss;      /* (1): this rank's share of a batch loss, then the sum */
+    fsdp_tensor *loss;      /* (2): this rank's share of a batch loss (and 0), then sums */
     FILE *out;              /* rank 0's progress stream, or NULL */
     const char *out_name;   /* "the progress to stdout", for messages */
     FILE *metrics;          /* rank 0's metrics file, or NULL */
@@ -217,7 +217,7 @@ static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const voi
                           .input = input};
     s->micro = env.micro;
     s->per_sample = s->kind->tokens_per_sample ? s->kind->tokens_per_sample(cfg) : 0;
-    if ((st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){1}, &s->loss)))
+    if ((st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){2}, &s->loss)))
         return st;
     return s->kind->feed_create(ctx, &env, &s->feed, &s->info);
 }
@@ -230,6 +230,7 @@ static fsdp_status sum_over_dp(fsdp_ctx *ctx, train_state *s, double share, doub
         return FSDP_OK;
     }
     fsdp_tensor_f32(s->loss)[0] = (float)share;
+    fsdp_tensor_f32(s->loss)[1] = 0; /* the count the samples' evaluation sums beside it */
     TRY(fsdp_all_reduce(ctx, s->dp, s->loss, FSDP_REDUCE_SUM));
     *total = fsdp_tensor_f32(s->loss)[0];
     return FSDP_OK;
