@@ -11,6 +11,8 @@
 #include "train_plan.h"    // defines: train_plan_apply, train_plan_check_checkpointing
 #include "train_samples.h" // defines: train_samples_create, train_samples_step
 
+extern const train_kind train_kind_mlp; /* below */
+
 /* Returns the status of expr when it fails. */
 #define TRY(expr)                                                                                  \
     do {                                                                                           \
@@ -62,12 +64,13 @@ static fsdp_status mlp_check(const train_config *cfg, char *err, size_t err_size
                  train_config_key_text(cfg, "model", "widths", b, sizeof b), (long long)classes);
         return FSDP_ERR_CONFIG;
     }
-    fsdp_status cst = train_plan_check_checkpointing(cfg, err, err_size);
+    fsdp_status cst = train_plan_check_checkpointing(&train_kind_mlp, cfg, err, err_size);
     if (cst != FSDP_OK) return cst;
     int64_t tp = cfg->parallel.tp;
     int n_linear = cfg->model.widths.n - 1;
     train_tp_style styles[TRAIN_MAX_LIST];
-    fsdp_status st = train_config_tp_plan(cfg, styles, err, err_size);
+    fsdp_status st =
+        train_plan_styles_list(&train_kind_mlp, cfg, styles, TRAIN_MAX_LIST, err, err_size);
     if (st != FSDP_OK) return st;
     if (train_config_key_not_for(cfg, "model", "tp_plan", tp > 1, "tp > 1", "parallel", "tp", err,
                                  err_size))

@@ -5,26 +5,12 @@
 #include <string.h>
 
 #include "train_config.h"
-#include "train_keys.h" // defines: train_key_at, train_key_kinds, train_split_patterns
-#include "train_kind.h" // defines: train_kind_of, train_kind_at
+#include "train_kind.h" // defines: train_kind_of
 
 static int smallest_prime_factor(int n) {
     for (int p = 2; p * p <= n; p++)
         if (n % p == 0) return p;
     return n;
-}
-
-void train_config_describe_world(const train_config *cfg, int world, char *buf, size_t size) {
-    char k[TRAIN_KEY_TEXT_SIZE];
-    buf[0] = '\0';
-    if (cfg->parallel.ranks > 0)
-        train_append(buf, size, "a world of %d ranks (%s)", world,
-                     train_config_key_text(cfg, "parallel", "ranks", k, sizeof k));
-    else if (train_config_backend(cfg) == TRAIN_BACKEND_MPI)
-        train_append(buf, size, "a world of %d ranks (the processes of the MPI job)", world);
-    else
-        train_append(buf, size, "a world of %d ranks (%s: as many as tp)", world,
-                     train_config_key_text(cfg, "parallel", "ranks", k, sizeof k));
 }
 
 fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layout *out, char *err,
@@ -319,24 +305,15 @@ static fsdp_status check_optim(const train_config *cfg, char *err, size_t err_si
     return FSDP_OK;
 }
 
-int train_config_no_decay(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]) {
-    return train_split_patterns(cfg->optim.no_decay, TRAIN_MAX_NO_DECAY, patterns);
-}
-
-int train_config_checkpoint_patterns(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]) {
-    return train_split_patterns(cfg->model.checkpoint_activations, TRAIN_MAX_ACT_PATTERNS,
-                                patterns);
-}
-
 /* The kinds of a mask, "kind = mlp or mlp_stacked", into buf. */
 static void describe_kinds(unsigned kinds, char *buf, size_t size) {
     int n = 0, total = 0;
-    for (int c = 0; c < train_kind_count(); c++) total += (kinds >> c) & 1u;
+    for (int c = 0; train_key_kind_name(c); c++) total += (kinds >> c) & 1u;
     snprintf(buf, size, "kind = ");
-    for (int c = 0; c < train_kind_count(); c++)
+    for (int c = 0; train_key_kind_name(c); c++)
         if (kinds & 1u << c)
             train_append(buf, size, "%s%s", n++ ? (n == total ? " or " : ", ") : "",
-                         train_kind_at(c)->name);
+                         train_key_kind_name(c));
 }
 
 /* The [model] rules: a key of a kind is set only under that kind; the checkpoint_activations

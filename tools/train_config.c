@@ -1,370 +1,436 @@
-/* train_config.c: fsdp-train's configuration read from its sources: defaults, the INI file,
- * --set and the command line, each value parsed by its key (train_keys.h) and remembered with
- * where it came from. */
-#define _POSIX_C_SOURCE 200809L // open flags, fstat
-
+/* train_config.c: fsdp-train's configuration keys: the sections, the common keys and the
+ * model kinds' own joined into one list (train_config_register_kinds), and a configuration's
+ * keys read back for messages: their text, origin and whether they were changed. */
 #include "train_config.h"
 
-#include <ctype.h>
-#include <errno.h>
-#include <fcntl.h> // defines: open, O_NONBLOCK
-#include <ini.h>   // defines: ini_parse_stream, ini_reader, ini_handler
+#include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h> // defines: fstat, S_ISREG
-#include <unistd.h>   // defines: read, close
 
-#include "train_keys.h" // defines: train_key_at, train_key_find, train_key_parse
+typedef struct section_def {
+    const char *name;
+    const char *help;
+} section_def;
 
-/* ---- naming keys ---------------------------------------------------------------------------- */
+static const section_def g_sections[] = {
+    {"model", "the model: an MLP of Linear layers with an activation between them, or a "
+              "Llama-style decoder (kind = llama) trained on a token file"},
+    {"parallel", "the ranks and how they share the work: data parallelism (FSDP or replicas) "
+                 "over dp ranks, tensor parallelism over tp ranks, world = dp * tp"},
+    {"data", "the dataset, synthetic (a random teacher MLP), an HDF5 file or a token file, the "
+             "task, the held-out split and the batches"},
+    {"optim", "the optimizer (SGD, Adam, AdamW as in PyTorch), its learning rate schedule and "
+              "gradient clipping"},
+    {"train", "the training loop"},
+    {"checkpoint", "sharded checkpoints of the run (parameters, optimizer state, data position), "
+                   "resuming from them at any layout, and the save on SIGINT/SIGTERM"},
+    {"log", "progress lines and the metrics file"},
+};
+#define N_SECTIONS ((int)(sizeof g_sections / sizeof g_sections[0]))
 
-/* Appends printf-style text to buf (size bytes), keeping it NUL-terminated. */
-void train_append(char *buf, size_t size, const char *fmt, ...) {
-    size_t len = strlen(buf);
-    if (len + 1 >= size) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + len, size - len, fmt, ap);
-    va_end(ap);
-}
+static const char *const g_level_names[] = {"debug", "info", "warn", "error", "off", NULL};
+/* These enums are the index of the name: train_backend, train_mode, fsdp_sharding_strategy,
+ * train_wrap. */
+static const char *const g_backend_names[] = {"local", "mpi", "auto", NULL};
+static const char *const g_mode_names[] = {"fsdp", "replicate", NULL};
+static const char *const g_strategy_names[] = {"full_shard", "shard_grad_op", "no_shard",
+                                               "hybrid_shard", NULL};
+static const char *const g_wrap_names[] = {"none", "layer", NULL};
+static const char *const g_data_kind_names[] = {"synthetic", "h5", "tokens", NULL};
+static const char *const g_task_names[] = {"regression", "classification", NULL};
+static const char *const g_optim_names[] = {"sgd", "adam", "adamw", NULL};
+static const char *const g_schedule_names[] = {"constant", "warmup", "cosine", NULL};
+/* train_progress_style is the index of the name too. */
+static const char *const g_progress_names[] = {"auto", "bar", "lines", NULL};
+/* [parallel] mixed_precision: "param" (reduce in the same dtype, PyTorch's default) or
+ * "param,reduce", each row's dtypes below. */
+static const char *const g_mp_names[] = {"none",    "bf16",     "f16",     "bf16,f32",
+                                         "f16,f32", "f32,bf16", "f32,f16", NULL};
+static const fsdp_dtype g_mp_dtypes[][2] = {
+    {FSDP_DTYPE_F32, FSDP_DTYPE_F32}, {FSDP_DTYPE_BF16, FSDP_DTYPE_BF16},
+    {FSDP_DTYPE_F16, FSDP_DTYPE_F16}, {FSDP_DTYPE_BF16, FSDP_DTYPE_F32},
+    {FSDP_DTYPE_F16, FSDP_DTYPE_F32}, {FSDP_DTYPE_F32, FSDP_DTYPE_BF16},
+    {FSDP_DTYPE_F32, FSDP_DTYPE_F16}};
+static const char *const g_hook_names[] = {"default", "bf16", "fp16", NULL};
 
-static void list_keys(const char *section, char *buf, size_t size) {
-    int n = 0;
-    for (int i = 0; i < train_key_count(); i++)
-        if (strcmp(train_key_at(i)->section, section) == 0)
-            train_append(buf, size, "%s%s", n++ ? ", " : "", train_key_at(i)->name);
-}
-
-static void list_sections(char *buf, size_t size) {
-    for (int i = 0; i < train_section_count(); i++)
-        train_append(buf, size, "%s[%s]", i ? ", " : "", train_section_name(i));
-}
-
-/* Sets key `idx` from text; on failure writes "<where>: bad value ..." into err. */
-static bool set_key(train_config *cfg, int idx, const char *text, const char *where, char *err,
-                    size_t err_size) {
-    const train_key *k = train_key_at(idx);
-    char why[512];
-    if (!train_key_parse(k, text, cfg, why, sizeof why)) {
-        snprintf(err, err_size, "%s: bad value '%s' for [%s] %s: %s", where, text, k->section,
-                 k->name, why);
-        return false;
-    }
-    /* keep the end of an overlong origin: it holds the line number */
-    size_t n = strlen(where), keep = TRAIN_MAX_ORIGIN - 4;
-    if (n < TRAIN_MAX_ORIGIN) {
-        memcpy(cfg->origin[idx], where, n + 1);
-    } else {
-        memcpy(cfg->origin[idx], "...", 3);
-        memcpy(cfg->origin[idx] + 3, where + n - keep, keep + 1);
-    }
+static bool parse_level(const char *text, int *value) {
+    fsdp_log_level level;
+    if (fsdp_log_level_parse(text, &level) != FSDP_OK) return false;
+    *value = (int)level;
     return true;
 }
 
-/* Resolves [section] name; on failure writes "<where>: unknown ..." into err. */
-static int lookup(const char *section, const char *name, const char *where, char *err,
-                  size_t err_size) {
-    char allowed[512] = "";
-    if (train_section_find(section) < 0) {
-        list_sections(allowed, sizeof allowed);
-        if (!*section)
-            snprintf(err, err_size, "%s: key '%s' is outside any section; allowed sections: %s",
-                     where, name, allowed);
-        else
-            snprintf(err, err_size, "%s: unknown section [%s]; allowed sections: %s", where,
-                     section, allowed);
-        return -1;
-    }
-    int idx = train_key_find(section, name);
-    if (idx < 0) {
-        list_keys(section, allowed, sizeof allowed);
-        snprintf(err, err_size, "%s: unknown key '%s' in section [%s]; allowed keys: %s", where,
-                 name, section, allowed);
-    }
-    return idx;
+_Static_assert(sizeof(fsdp_log_level) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(train_backend) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(train_mode) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(fsdp_sharding_strategy) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(train_wrap) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(train_data_kind) == sizeof(int) && sizeof(train_task) == sizeof(int) &&
+                   sizeof(train_optim_name) == sizeof(int) && sizeof(train_schedule) == sizeof(int),
+               "enum keys are stored as int");
+_Static_assert(TRAIN_DATA_H5 == 1 && TRAIN_TASK_CLASSIFICATION == 1 && TRAIN_OPTIM_ADAMW == 2 &&
+                   TRAIN_SCHEDULE_COSINE == 2 && (int)FSDP_LR_COSINE == 2 &&
+                   (int)FSDP_LR_LINEAR_WARMUP == 1,
+               "the enums above are the index of their name (and the schedule the library's)");
+_Static_assert(sizeof(train_model_kind) == sizeof(int) && TRAIN_DATA_TOKENS == 2,
+               "enum keys are stored as int, the index of their name");
+_Static_assert(sizeof(train_progress_style) == sizeof(int) && TRAIN_PROGRESS_LINES == 2,
+               "enum keys are stored as int, the index of their name");
+_Static_assert(TRAIN_BACKEND_AUTO == 2 && TRAIN_MODE_REPLICATE == 1 && TRAIN_WRAP_LAYER == 1 &&
+                   FSDP_HYBRID_SHARD == 3,
+               "the enums above are the index of their name");
+
+/* The joined list of keys (train_config_register_kinds). */
+static struct {
+    pthread_once_t once;
+    const train_kind_keys *kinds; /* registered */
+    int n_kinds;
+    const char *kind_names[TRAIN_MAX_KINDS + 1]; /* the [model] kind key's values */
+    int n;
+    const train_key *keys[TRAIN_MAX_KEYS];
+    unsigned kind_mask[TRAIN_MAX_KEYS]; /* the kinds that declare each key */
+} g_table = {.once = PTHREAD_ONCE_INIT};
+
+static const char *kind_help(int c);
+
+/* The common keys before the kinds' own [model] keys, ... */
+static const train_key g_keys_first[] = {
+    {.section = "model",
+     .name = "kind",
+     .type = KEY_ENUM,
+     .offset = TRAIN_KEY_OFF(model.kind),
+     .def = "mlp",
+     .names = g_table.kind_names,
+     .help_at = kind_help,
+     .help = "the model"},
+};
+
+/* ... and after them. */
+static const train_key g_keys_last[] = {
+    STRING_KEY("model", "init", model.init, "random",
+               "initial parameters: random (drawn from train.seed), or the path of a state to "
+               "take them from: a checkpoint step directory (a run's directory: its newest "
+               "checkpoint), a PyTorch state dict (.safetensors or HDF5) of the model's names "
+               "(mlp: nn.Sequential's 0.weight, 0.bias, 2.weight, ...), or a Hugging Face "
+               "model directory (config.json with model.safetensors or its shards). Parameters "
+               "only: the optimizer starts "
+               "fresh. Ignored when the run resumes"),
+    STRING_KEY("model", "checkpoint_activations", model.checkpoint_activations, "",
+               "comma-separated module name patterns (fnmatch) whose activations are "
+               "recomputed in backward instead of kept (fsdp_checkpoint_wrap), e.g. 0,2 or *; "
+               "each must match a module (llama: a decoder layer, model.layers.<i>: "
+               "model.layers.* for every one). Same results, less memory, one more forward"),
+    ENUM_KEY("parallel", "backend", parallel.backend, "auto", g_backend_names, NULL,
+             "where the ranks run: local (rank threads in this process), mpi (one process per "
+             "rank, started by mpirun), auto (mpi when started by mpirun, else local)"),
+    INT_KEY("parallel", "ranks", parallel.ranks, "0", 0, 4096,
+            "number of ranks, dp * tp. local: the rank threads (at most 1024), 0 means tp (one "
+            "dp rank). mpi: the process count decides; 0 or that count"),
+    INT_KEY("parallel", "threads_per_rank", parallel.threads_per_rank, "0", 0, 1024,
+            "threads of each rank (its kernels split over them); 0: the cores "
+            "(OPENBLAS_NUM_THREADS when set) divided by the ranks on this machine, at least 1"),
+    INT_KEY("parallel", "tp", parallel.tp, "1", 1, 4096,
+            "tensor-parallel size: mlp, the Linear layers in Colwise/Rowwise pairs over tp ranks "
+            "(with an odd count the output Linear stays whole on every tp rank), tp dividing "
+            "the hidden width each pair splits; llama, torchtitan's plan with loss parallel, "
+            "tp dividing n_heads, n_kv_heads and ffn_hidden"),
+    ENUM_KEY("parallel", "mode", parallel.mode, "fsdp", g_mode_names, NULL,
+             "data parallelism over the dp = ranks / tp ranks: fsdp (fully sharded, see "
+             "strategy) or replicate (a whole replica per rank, gradients all_reduced, as DDP)"),
+    ENUM_KEY("parallel", "strategy", parallel.strategy, "full_shard", g_strategy_names, NULL,
+             "fsdp sharding strategy: full_shard, shard_grad_op (keep gathered parameters "
+             "from forward to backward), no_shard (DDP-like), hybrid_shard (full_shard within "
+             "a shard group, replicated across the replica groups)"),
+    INT_KEY("parallel", "replicas", parallel.replicas, "0", 0, 4096,
+            "hybrid_shard: number of replica groups, dividing dp; each shard group has dp / "
+            "replicas ranks. 0 picks the smallest prime factor of dp"),
+    BOOL_KEY("parallel", "offload", parallel.offload, "false",
+             "fsdp: keep the parameter shards, their gradients and the optimizer step in host "
+             "memory (CPUOffload(offload_params=True))"),
+    ENUM_KEY("parallel", "wrap", parallel.wrap, "none", g_wrap_names, NULL,
+             "fsdp units: none (the root only) or layer (mlp: one nested unit per hidden Linear, "
+             "the root keeps the output Linear; llama: one per decoder layer, the root keeps "
+             "the embedding, the final norm and lm_head)"),
+    BOOL_KEY("parallel", "use_orig_params", parallel.use_orig_params, "false",
+             "fsdp: the optimizer steps views of the original parameters instead of flat "
+             "shards"),
+    BOOL_KEY("parallel", "sync_module_states", parallel.sync_module_states, "false",
+             "broadcast the parameters from rank 0 at setup: tp shards from tp rank 0, then "
+             "fsdp or replicate from dp rank 0 (every rank initialises the same values from "
+             "train.seed anyway)"),
+    INT_KEY("parallel", "timeout_s", parallel.timeout_s, "300", 1, 86400,
+            "seconds a rank waits in a collective before the run fails with a timeout (the "
+            "environment variable FSDP_COMM_TRACE_DIR: where each failing rank writes its last "
+            "collectives)"),
+    ENUM_KEY("parallel", "mixed_precision", parallel.mixed_precision, "none", g_mp_names, NULL,
+             "the dtypes forward and backward compute with and gradients are reduced in "
+             "(MixedPrecision(param_dtype, reduce_dtype), FSDP's or DDP's), param or "
+             "param,reduce: bf16 computes with bf16 parameters (fsdp: gathered in bf16) and "
+             "reduces gradients in bf16; bf16,f32 reduces in f32; f32,bf16 only reduces in "
+             "bf16. The parameters the optimizer steps stay f32. none: f32 throughout"),
+    ENUM_KEY("parallel", "comm_hook", parallel.comm_hook, "default", g_hook_names, NULL,
+             "how gradients are reduced over dp (register_comm_hook): default (the average in "
+             "f32), bf16 or fp16 (bf16_compress_hook, fp16_compress_hook: cast, reduce in "
+             "half the bytes, cast back); not with a mixed_precision that sets the "
+             "reduce dtype"),
+    FLOAT_KEY("parallel", "bucket_mb", parallel.bucket_mb, "0", 0, INCL, 1048576, INCL,
+              "replicate: the gradient buckets' size cap in MiB (DDP's bucket_cap_mb); 0: DDP's "
+              "default, 25 MiB with a first bucket of 1 MiB"),
+    BOOL_KEY("parallel", "pin_threads", parallel.pin_threads, "false",
+             "pin each rank thread (and its worker threads) to its own cores, in rank order"),
+
+    ENUM_KEY("data", "kind", data.kind, "synthetic", g_data_kind_names, NULL,
+             "where the samples come from: synthetic (inputs from the counter RNG, targets from "
+             "a fixed random teacher MLP; samples, seed, teacher_widths and noise describe it), "
+             "h5 (datasets x and y of the HDF5 file path, held in memory by every rank) or "
+             "tokens (the token file path, for [model] kind = llama: sequences of "
+             "max_seq_len + 1 tokens at offsets drawn from seed)"),
+    STRING_KEY("data", "path", data.path, "",
+               "kind = h5: the HDF5 file; kind = tokens: the token file (written by "
+               "tools/text_to_tokens.py); a path relative to the working directory"),
+    STRING_KEY("data", "x", data.x, "x",
+               "kind = h5: the inputs' dataset, float (samples, widths[0])"),
+    STRING_KEY("data", "y", data.y, "y",
+               "kind = h5: the targets' dataset: regression float (samples, output width); "
+               "classification integer class ids (samples,) in [0, output width)"),
+    ENUM_KEY("data", "task", data.task, "regression", g_task_names, NULL,
+             "regression (MSE loss) or classification (cross-entropy over the output width = "
+             "the number of classes, accuracy reported; synthetic: the class is the argmax of "
+             "the teacher's output)"),
+    FLOAT_KEY("data", "eval_fraction", data.eval_fraction, "0", 0, INCL, 1, EXCL,
+              "fraction of the samples held out for evaluation: the last "
+              "floor(samples * eval_fraction) samples in file order (shuffle the file "
+              "beforehand if it is sorted; kind = tokens: the last tokens of the file); 0: no "
+              "held-out split"),
+    BOOL_KEY("data", "shuffle", data.shuffle, "false",
+             "visit the training samples in a new permutation every epoch, drawn from seed and "
+             "the epoch by global index (the same batches on every layout); false: in order"),
+    INT_KEY("data", "eval_batches", data.eval_batches, "4", 1, 1000000,
+            "kind = tokens: batches of batch_size sequences an evaluation scores: the first "
+            "ones of the held-out tokens, cut into sequences of max_seq_len + 1 tokens (as "
+            "many as there are, up to this), and as many evenly spaced ones of the training "
+            "tokens for the loss before and after training"),
+    INT_KEY("data", "samples", data.samples, "4096", 1, 100000000,
+            "synthetic: number of samples in the dataset; the batches cycle through them"),
+    INT_KEY("data", "batch_size", data.batch_size, "64", 1, 10000000,
+            "samples per step (kind = tokens: sequences, a multiple of dp)"),
+    INT_KEY("data", "seed", data.seed, "1", 0, TRAIN_KEY_BIG,
+            "seed of the shuffle, (tokens) of the sequences' offsets and (synthetic) of the "
+            "inputs, the teacher's parameters and the label noise"),
+    LIST_KEY("data", "teacher_widths", data.teacher_widths, "64", 0, TRAIN_MAX_LIST - 2, 1,
+             TRAIN_WIDTH_MAX,
+             "synthetic: hidden widths of the teacher MLP (its input and output widths are the "
+             "model's); empty for a linear teacher"),
+    FLOAT_KEY("data", "noise", data.noise, "0", 0, INCL, HUGE_VAL, INCL,
+              "synthetic: standard deviation of Gaussian noise added to the targets "
+              "(regression)"),
+
+    ENUM_KEY("optim", "name", optim.name, "sgd", g_optim_names, NULL,
+             "the optimizer, as PyTorch's: sgd, adam (weight_decay as L2 in the gradient) or "
+             "adamw (decoupled weight decay)"),
+    FLOAT_KEY("optim", "lr", optim.lr, "0.2", 0, EXCL, HUGE_VAL, INCL,
+              "learning rate; with a schedule, its peak"),
+    FLOAT_KEY("optim", "momentum", optim.momentum, "0.9", 0, INCL, 1, EXCL,
+              "sgd: momentum factor (0: none)"),
+    BOOL_KEY("optim", "nesterov", optim.nesterov, "false",
+             "sgd: Nesterov momentum (needs momentum > 0)"),
+    FLOATS_KEY("optim", "betas", optim.betas, "0.9,0.999", 2, 0, INCL, 1, EXCL,
+               "adam, adamw: beta1,beta2, the decay rates of the moment estimates"),
+    FLOAT_KEY("optim", "eps", optim.eps, "1e-08", 0, EXCL, 1, INCL,
+              "adam, adamw: added to the denominator"),
+    FLOAT_KEY("optim", "weight_decay", optim.weight_decay, "0", 0, INCL, HUGE_VAL, INCL,
+              "sgd and adam: L2 penalty added to the gradient (weight_decay * parameter); "
+              "adamw: decoupled decay (parameter *= 1 - lr * weight_decay)"),
+    STRING_KEY("optim", "no_decay", optim.no_decay, "",
+               "comma-separated parameter name patterns (fnmatch, * matches any text, dots "
+               "too) whose parameters get weight_decay 0, e.g. *.bias; names are "
+               "nn.Sequential's: 0.weight, 0.bias, 2.weight, ... Each pattern must match a "
+               "parameter. Under mode = fsdp it needs use_orig_params = true"),
+    FLOAT_KEY("optim", "clip_grad_norm", optim.clip_grad_norm, "0", 0, INCL, HUGE_VAL, INCL,
+              "clip the gradients to this global L2 norm (over every shard and tp rank) before "
+              "each update; 0: no clipping"),
+    ENUM_KEY("optim", "schedule", optim.schedule, "constant", g_schedule_names, NULL,
+             "learning rate schedule: constant (lr), warmup (lr * step / warmup_steps, then "
+             "lr), cosine (the warmup, then cosine from lr down to min_lr at the last step)"),
+    INT_KEY("optim", "warmup_steps", optim.warmup_steps, "0", 0, TRAIN_KEY_BIG,
+            "warmup and cosine: steps of linear warmup (0: none); cosine needs fewer than "
+            "[train] steps"),
+    FLOAT_KEY("optim", "min_lr", optim.min_lr, "0", 0, INCL, HUGE_VAL, INCL,
+              "cosine: the learning rate at the last step, at most lr"),
+
+    INT_KEY("train", "steps", train.steps, "5000", 1, TRAIN_KEY_BIG, "optimizer steps to run"),
+    INT_KEY("train", "seed", train.seed, "0", 0, TRAIN_KEY_BIG,
+            "seed of the model's parameter initialisation"),
+    INT_KEY("train", "log_every", train.log_every, "500", 1, TRAIN_KEY_BIG,
+            "steps between progress lines and metrics records (the last step is always "
+            "logged)"),
+    INT_KEY("train", "eval_every", train.eval_every, "0", 0, TRAIN_KEY_BIG,
+            "steps between evaluations on the held-out split ([data] eval_fraction > 0): its "
+            "loss and, for classification, accuracy, printed and in the metrics; 0: after the "
+            "last step only"),
+    INT_KEY("train", "grad_accum", train.grad_accum, "1", 1, 1048576,
+            "gradient accumulation: micro-batches per step, dividing [data] batch_size; each "
+            "runs forward and backward on batch_size / grad_accum samples without reducing "
+            "gradients (no_sync), and the last one reduces them all"),
+
+    STRING_KEY("checkpoint", "dir", checkpoint.dir, "",
+               "directory of the run's checkpoints, a step-<8 digits> directory per save; "
+               "empty: no checkpoints, no resume = auto, no save on SIGINT/SIGTERM"),
+    INT_KEY("checkpoint", "every", checkpoint.every, "0", 0, TRAIN_KEY_BIG,
+            "steps between checkpoints; 0: only the final one (with dir set, one is always "
+            "saved at the end of training and on SIGINT/SIGTERM)"),
+    INT_KEY("checkpoint", "keep", checkpoint.keep, "0", 0, 1000000,
+            "newest checkpoints kept in dir, older ones deleted after each save; 0 keeps all"),
+    STRING_KEY("checkpoint", "resume", checkpoint.resume, "auto",
+               "auto: continue from the newest complete checkpoint in dir, or start fresh "
+               "when there is none; none: start fresh; or the path of a checkpoint step "
+               "directory to continue from. The model, data and optim keys must be the "
+               "checkpoint's; the parallel layout may differ"),
+    BOOL_KEY("checkpoint", "async", checkpoint.async, "false",
+             "write checkpoints in a background thread while training goes on (a step waits "
+             "only while the values are copied)"),
+
+    ENUM_KEY("log", "level", log.level, "info", g_level_names, parse_level,
+             "debug and info print progress lines (debug also the effective config); warn, "
+             "error and off print only problems"),
+    STRING_KEY("log", "metrics", log.metrics, "",
+               "path of a JSON-lines file to append one record per logged step to (with the "
+               "steps' compute and communication seconds and rank 0's collectives per op); "
+               "empty for none"),
+    BOOL_KEY("log", "comm_debug", log.comm_debug, "false",
+             "print rank 0's collectives of one step (the run's second) as a table (op, group, "
+             "phase, calls, bytes, module), from the comm-debug layer; the progress lines then "
+             "split the steps' time into compute and comm"),
+    ENUM_KEY("log", "progress", log.progress, "auto", g_progress_names, NULL,
+             "between the log lines: auto (a progress bar when stdout is a terminal, nothing "
+             "else), bar (always the bar, redrawn in place with \\r) or lines (only the log "
+             "lines)"),
+};
+
+fsdp_mixed_precision train_config_mixed_precision(const train_config *cfg) {
+    const fsdp_dtype *d = g_mp_dtypes[cfg->parallel.mixed_precision];
+    return (fsdp_mixed_precision){.param_dtype = d[0], .reduce_dtype = d[1]};
 }
 
-void train_config_init(train_config *cfg) {
-    memset(cfg, 0, sizeof *cfg);
-    for (int i = 0; i < train_key_count(); i++) {
-        char err[TRAIN_ERROR_SIZE];
-        if (!set_key(cfg, i, train_key_at(i)->def, "default", err, sizeof err)) {
-            fprintf(stderr, "fsdp-train: broken default in the key table: %s\n", err);
-            abort();
-        }
+int train_section_count(void) {
+    return N_SECTIONS;
+}
+const char *train_section_name(int i) {
+    return g_sections[i].name;
+}
+const char *train_section_help(int i) {
+    return g_sections[i].help;
+}
+
+int train_section_find(const char *name) {
+    for (int i = 0; i < N_SECTIONS; i++)
+        if (strcmp(g_sections[i].name, name) == 0) return i;
+    return -1;
+}
+
+/* ---- the one list ---------------------------------------------------------------------------- */
+
+/* A key that two kinds declare is one value: they must agree on all but the help. */
+static bool same_key(const train_key *a, const train_key *b) {
+    return a->type == b->type && a->offset == b->offset && strcmp(a->def, b->def) == 0 &&
+           a->imin == b->imin && a->imax == b->imax && a->fmin == b->fmin && a->fmax == b->fmax &&
+           a->fmin_open == b->fmin_open && a->fmax_open == b->fmax_open &&
+           a->min_count == b->min_count && a->max_count == b->max_count && a->names == b->names &&
+           a->parse_enum == b->parse_enum;
+}
+
+static void broken(const char *what, const train_key *k) {
+    fprintf(stderr, "fsdp-train: broken key table: %s ([%s] %s)\n", what, k->section, k->name);
+    abort();
+}
+
+static void add_key(const train_key *k, int kind) {
+    for (int i = 0; i < g_table.n; i++) {
+        const train_key *o = g_table.keys[i];
+        if (strcmp(o->section, k->section) != 0 || strcmp(o->name, k->name) != 0) continue;
+        if (kind < 0 || !g_table.kind_mask[i] || !same_key(o, k))
+            broken("a key declared twice, differently", k);
+        g_table.kind_mask[i] |= 1u << kind;
+        return;
+    }
+    if (g_table.n == TRAIN_MAX_KEYS) broken("more keys than TRAIN_MAX_KEYS", k);
+    g_table.kind_mask[g_table.n] = kind < 0 ? 0 : 1u << kind;
+    g_table.keys[g_table.n++] = k;
+}
+
+static void build_table(void) {
+    for (size_t i = 0; i < sizeof g_keys_first / sizeof g_keys_first[0]; i++)
+        add_key(&g_keys_first[i], -1);
+    for (int c = 0; c < g_table.n_kinds; c++) {
+        g_table.kind_names[c] = g_table.kinds[c].name;
+        for (int i = 0; i < g_table.kinds[c].n_keys; i++) add_key(&g_table.kinds[c].keys[i], c);
+    }
+    for (size_t i = 0; i < sizeof g_keys_last / sizeof g_keys_last[0]; i++)
+        add_key(&g_keys_last[i], -1);
+}
+
+void train_config_register_kinds(const train_kind_keys *kinds, int n) {
+    if (!g_table.kinds) { /* under train_kinds_register's pthread_once */
+        g_table.kinds = kinds;
+        g_table.n_kinds = n < TRAIN_MAX_KINDS ? n : TRAIN_MAX_KINDS;
+    }
+    pthread_once(&g_table.once, build_table);
+}
+
+/* The list, joined: a key is read only after the kinds registered (train_kinds_register). */
+static void joined(void) {
+    if (!g_table.kinds) {
+        fprintf(stderr, "fsdp-train: the key table was read before the model kinds registered "
+                        "(train_kinds_register)\n");
+        abort();
     }
 }
 
-const char *train_config_origin(const train_config *cfg, const char *section, const char *name) {
-    int idx = train_key_find(section, name);
-    return idx < 0 ? NULL : cfg->origin[idx];
+int train_key_count(void) {
+    joined();
+    return g_table.n;
 }
 
-/* ---- the INI file ------------------------------------------------------------------------- */
-
-/* What a file that is not a regular one is, for messages. */
-static const char *file_kind(mode_t mode) {
-    if (S_ISDIR(mode)) return "a directory";
-    if (S_ISFIFO(mode)) return "a FIFO";
-    if (S_ISCHR(mode)) return "a character device";
-    if (S_ISBLK(mode)) return "a block device";
-    if (S_ISSOCK(mode)) return "a socket";
-    return "neither a file nor a directory";
+const train_key *train_key_at(int i) {
+    joined();
+    return g_table.keys[i];
 }
 
-/* Reads the regular file at path whole into *text (size bytes; the caller frees it). Anything
- * else is refused before a byte is read: a FIFO would block and a device may never end. So is
- * a file of more than TRAIN_MAX_CONFIG_BYTES bytes, however its size was reported. */
-static fsdp_status read_config_file(const char *path, char **text, size_t *size, char *err,
-                                    size_t err_size) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC); /* a FIFO: no wait */
-    if (fd < 0) {
-        snprintf(err, err_size, "cannot open config '%s': %s", path, strerror(errno));
-        return FSDP_ERR_IO;
-    }
-    struct stat sb;
-    bool stat_ok = fstat(fd, &sb) == 0;
-    if (!stat_ok || !S_ISREG(sb.st_mode)) {
-        if (!stat_ok)
-            snprintf(err, err_size, "cannot read config '%s': %s", path, strerror(errno));
-        else
-            snprintf(err, err_size,
-                     "cannot read config '%s': not a regular file (%s); give the path of an INI "
-                     "file",
-                     path, file_kind(sb.st_mode));
-        close(fd);
-        return FSDP_ERR_IO;
-    }
-    size_t cap = TRAIN_MAX_CONFIG_BYTES, n = 0;
-    char *buf = malloc(cap + 1); /* one byte more tells a file over the cap */
-    while (buf && n <= cap) {
-        ssize_t got = read(fd, buf + n, cap + 1 - n);
-        if (got == 0) break;
-        if (got > 0) {
-            n += (size_t)got;
-        } else if (errno != EINTR) {
-            snprintf(err, err_size, "cannot read config '%s': %s", path, strerror(errno));
-            free(buf);
-            close(fd);
-            return FSDP_ERR_IO;
-        }
-    }
-    close(fd);
-    if (!buf) {
-        snprintf(err, err_size, "cannot read config '%s': out of memory", path);
-        return FSDP_ERR_OUT_OF_MEMORY;
-    }
-    if (n > cap) {
-        snprintf(err, err_size,
-                 "cannot read config '%s': larger than the limit of %d bytes (1 MiB); a config "
-                 "file is a few lines of text",
-                 path, TRAIN_MAX_CONFIG_BYTES);
-        free(buf);
-        return FSDP_ERR_CONFIG;
-    }
-    *text = buf;
-    *size = n;
-    return FSDP_OK;
+unsigned train_key_kinds(int i) {
+    joined();
+    return g_table.kind_mask[i];
 }
 
-typedef struct ini_state {
-    train_config *cfg;
-    const char *path;
-    const char *text; /* the whole file, size bytes, no NUL among them */
-    size_t size;
-    size_t pos;    /* where the next line starts */
-    int line;      /* lines handed to libinih so far: the one it is parsing */
-    bool indented; /* that line starts with white space */
-    int last_key;  /* key set by the previous handler call, -1 after a section line */
-    int key_line[TRAIN_MAX_KEYS]; /* line that set each key in this file, 0 if none */
-    int err_line;                 /* line of the first error, 0 while none */
-    char *err;
-    size_t err_size;
-} ini_state;
-
-static void ini_fail(ini_state *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void ini_fail(ini_state *st, const char *fmt, ...) {
-    int n = snprintf(st->err, st->err_size, "%s:%d: ", st->path, st->line);
-    va_list ap;
-    va_start(ap, fmt);
-    if (n >= 0 && (size_t)n < st->err_size) vsnprintf(st->err + n, st->err_size - n, fmt, ap);
-    va_end(ap);
-    st->err_line = st->line;
+const char *train_key_kind_name(int c) {
+    joined();
+    return c >= 0 && c < g_table.n_kinds ? g_table.kinds[c].name : NULL;
 }
 
-/* Checks a "[section]" line, which libinih never shows the handler when the section is empty:
- * the section must exist and nothing but white space or a comment (" ;...") may follow the
- * ']' (libinih ignores the rest). The ']' is found as libinih finds it; a line without one is
- * left to libinih's syntax error. */
-static bool check_section_line(ini_state *st, const char *line) {
-    while (isspace((unsigned char)*line)) line++;
-    if (*line != '[') return true;
-    const char *end = line + 1;
-    bool space = false;
-    while (*end && *end != ']' && !(space && *end == ';')) space = isspace((unsigned char)*end++);
-    if (*end != ']') return true;
-    int len = (int)(end - line - 1);
-    char name[128];
-    snprintf(name, sizeof name, "%.*s", len, line + 1);
-    if (len >= (int)sizeof name || train_section_find(name) < 0) {
-        char allowed[256] = "";
-        list_sections(allowed, sizeof allowed);
-        ini_fail(st, "unknown section [%.*s]; allowed sections: %s", len, line + 1, allowed);
-        return false;
-    }
-    const char *rest = end + 1, *text = rest;
-    while (isspace((unsigned char)*text)) text++;
-    if (*text && !(text > rest && *text == ';')) {
-        size_t n = strlen(text);
-        while (n && isspace((unsigned char)text[n - 1])) n--;
-        ini_fail(st,
-                 "text after ']' in the section header [%s]: '%.*s'; only a comment (' ; ...') "
-                 "may follow it",
-                 name, (int)n, text);
-        return false;
-    }
-    return true;
+const char *train_key_kind_help(int i, int c) {
+    joined();
+    if (!(g_table.kind_mask[i] & 1u << c)) return NULL;
+    const train_kind_keys *k = &g_table.kinds[c];
+    for (int j = 0; j < k->n_keys; j++)
+        if (strcmp(k->keys[j].section, g_table.keys[i]->section) == 0 &&
+            strcmp(k->keys[j].name, g_table.keys[i]->name) == 0)
+            return k->keys[j].help;
+    return NULL;
 }
 
-/* libinih's reader: hands it the next line of the file, read whole beforehand, into its
- * buffer of num bytes. Counts lines as libinih does, refuses a line longer than TRAIN_MAX_LINE
- * characters (or than libinih's buffer holds, were that less) instead of letting it be cut,
- * and checks section headers. */
-static char *ini_read(char *str, int num, void *stream) {
-    ini_state *st = stream;
-    if (st->err_line || st->pos >= st->size) return NULL; /* stop at the first error */
-    const char *s = st->text + st->pos;
-    const char *nl = memchr(s, '\n', st->size - st->pos);
-    size_t len = nl ? (size_t)(nl - s) : st->size - st->pos; /* without the newline */
-    st->pos += len + (nl != NULL);
-    st->line++;
-    if (st->line == 1 && len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) s += 3, len -= 3; /* BOM */
-    size_t limit = num - 2 < TRAIN_MAX_LINE ? (size_t)num - 2 : TRAIN_MAX_LINE;
-    if (len > limit) {
-        ini_fail(st, "line is longer than %zu characters (it has %zu)", limit, len);
-        return NULL;
-    }
-    memcpy(str, s, len);
-    str[len] = '\0';
-    st->indented = isspace((unsigned char)str[0]);
-    if (!(st->indented && st->last_key >= 0)) { /* else libinih takes it as a continuation */
-        if (!check_section_line(st, str)) return NULL;
-        if (str[strspn(str, " \t\r\v\f")] == '[') st->last_key = -1;
-    }
-    return str;
+static const char *kind_help(int c) {
+    return c >= 0 && c < g_table.n_kinds ? g_table.kinds[c].help : NULL;
 }
 
-static int ini_handle(void *user, const char *section, const char *name, const char *value) {
-    ini_state *st = user;
-    if (st->err_line) return 0;
-    char where[1024]; /* origins keep TRAIN_MAX_ORIGIN bytes of it */
-    snprintf(where, sizeof where, "%s:%d", st->path, st->line);
-    if (st->indented && st->last_key >= 0 &&
-        strcmp(train_key_at(st->last_key)->section, section) == 0 &&
-        strcmp(train_key_at(st->last_key)->name, name) == 0) {
-        ini_fail(st,
-                 "indented line continues the value of [%s] %s (a multi-line value, which is "
-                 "not supported); remove the indentation",
-                 section, name);
-        return 0;
-    }
-    int idx = lookup(section, name, where, st->err, st->err_size);
-    if (idx < 0) {
-        st->err_line = st->line;
-        return 0;
-    }
-    if (st->key_line[idx]) {
-        ini_fail(st, "[%s] %s is set twice (first on line %d)", section, name, st->key_line[idx]);
-        return 0;
-    }
-    if (!set_key(st->cfg, idx, value, where, st->err, st->err_size)) {
-        st->err_line = st->line;
-        return 0;
-    }
-    st->key_line[idx] = st->line;
-    st->last_key = idx;
-    return 1;
-}
-
-fsdp_status train_config_load(train_config *cfg, const char *path, char *err, size_t err_size) {
-    char *text = NULL;
-    size_t size = 0;
-    fsdp_status status = read_config_file(path, &text, &size, err, err_size);
-    if (status != FSDP_OK) return status;
-    const char *nul = memchr(text, '\0', size);
-    if (nul) { /* libinih would end the line there and read what follows as another line */
-        size_t offset = (size_t)(nul - text);
-        int line = 1;
-        for (const char *p = text; (p = memchr(p, '\n', (size_t)(nul - p))); p++) line++;
-        snprintf(err, err_size,
-                 "%s:%d: NUL byte at byte offset %zu; a config file is text without NUL bytes "
-                 "(is this the right file?)",
-                 path, line, offset);
-        free(text);
-        return FSDP_ERR_CONFIG;
-    }
-    ini_state st = {.cfg = cfg,
-                    .path = path,
-                    .text = text,
-                    .size = size,
-                    .last_key = -1,
-                    .err = err,
-                    .err_size = err_size};
-    int rc = ini_parse_stream(ini_read, &st, ini_handle, &st);
-    free(text);
-    if (rc > 0 && (st.err_line == 0 || rc < st.err_line)) {
-        snprintf(err, err_size,
-                 "%s:%d: syntax error: expected '[section]', 'key = value' or a comment "
-                 "(starting with ; or #)",
-                 path, rc);
-        return FSDP_ERR_CONFIG;
-    }
-    if (rc < 0) {
-        snprintf(err, err_size, "cannot parse config '%s': out of memory", path);
-        return FSDP_ERR_OUT_OF_MEMORY;
-    }
-    return st.err_line ? FSDP_ERR_CONFIG : FSDP_OK;
-}
-
-/* ---- --set, checks, help ------------------------------------------------------------------ */
-
-/* Copies s[0, n) without surrounding white space into buf, cut to fit; returns its length
- * uncut. */
-static size_t copy_trimmed(char *buf, size_t size, const char *s, size_t n) {
-    while (n && (*s == ' ' || *s == '\t')) s++, n--;
-    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t')) n--;
-    snprintf(buf, size, "%.*s", (int)n, s);
-    return n;
-}
-
-fsdp_status train_config_set(train_config *cfg, const char *assignment, char *err,
-                             size_t err_size) {
-    char where[1024]; /* origins keep TRAIN_MAX_ORIGIN bytes of it */
-    snprintf(where, sizeof where, "--set %s", assignment);
-    const char *eq = strchr(assignment, '=');
-    const char *dot = eq ? memchr(assignment, '.', (size_t)(eq - assignment)) : NULL;
-    if (!eq || !dot) {
-        snprintf(err, err_size, "bad --set '%s': expected section.key=value, e.g. optim.lr=0.1",
-                 assignment);
-        return FSDP_ERR_CONFIG;
-    }
-    /* a section or key name cut to 63 bytes matches no key: it is reported unknown */
-    char section[64], name[64], value[TRAIN_MAX_VALUE + 1];
-    copy_trimmed(section, sizeof section, assignment, (size_t)(dot - assignment));
-    copy_trimmed(name, sizeof name, dot + 1, (size_t)(eq - dot - 1));
-    size_t len = copy_trimmed(value, sizeof value, eq + 1, strlen(eq + 1));
-    int idx = lookup(section, name, where, err, err_size);
-    if (idx < 0) return FSDP_ERR_CONFIG;
-    if (len > TRAIN_MAX_VALUE) {
-        snprintf(err, err_size,
-                 "--set %.*s%.40s...: the value of [%s] %s has %zu characters, longer than the "
-                 "limit of %d characters",
-                 (int)(eq + 1 - assignment), assignment, eq + 1, section, name, len,
-                 TRAIN_MAX_VALUE);
-        return FSDP_ERR_CONFIG;
-    }
-    return set_key(cfg, idx, value, where, err, err_size) ? FSDP_OK : FSDP_ERR_CONFIG;
+int train_key_find(const char *section, const char *name) {
+    int n = train_key_count();
+    for (int i = 0; i < n; i++)
+        if (strcmp(g_table.keys[i]->section, section) == 0 &&
+            strcmp(g_table.keys[i]->name, name) == 0)
+            return i;
+    return -1;
 }
 
 const char *train_config_key_text(const train_config *cfg, const char *section, const char *name,
@@ -419,69 +485,31 @@ bool train_config_key_not_for(const train_config *cfg, const char *section, cons
     return true;
 }
 
-/* ---- the command line ----------------------------------------------------------------------- */
-
-/* The option's value: "--opt=VALUE" or the next argument. NULL (and err) when missing. */
-static const char *option_value(int argc, char **argv, int *i, const char *opt, char *err,
-                                size_t err_size) {
-    size_t n = strlen(opt);
-    if (argv[*i][n] == '=') return argv[*i] + n + 1;
-    if (*i + 1 < argc) return argv[++*i];
-    snprintf(err, err_size, "%s needs a value; see fsdp-train --help", opt);
-    return NULL;
+const char *train_config_origin(const train_config *cfg, const char *section, const char *name) {
+    int idx = train_key_find(section, name);
+    return idx < 0 ? NULL : cfg->origin[idx];
 }
 
-static bool is_option(const char *arg, const char *opt) {
-    size_t n = strlen(opt);
-    return strncmp(arg, opt, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
+void train_config_describe_world(const train_config *cfg, int world, char *buf, size_t size) {
+    char k[TRAIN_KEY_TEXT_SIZE];
+    buf[0] = '\0';
+    if (cfg->parallel.ranks > 0)
+        train_append(buf, size, "a world of %d ranks (%s)", world,
+                     train_config_key_text(cfg, "parallel", "ranks", k, sizeof k));
+    else if (train_config_backend(cfg) == TRAIN_BACKEND_MPI)
+        train_append(buf, size, "a world of %d ranks (the processes of the MPI job)", world);
+    else
+        train_append(buf, size, "a world of %d ranks (%s: as many as tp)", world,
+                     train_config_key_text(cfg, "parallel", "ranks", k, sizeof k));
 }
 
-fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_action *action,
-                            char *err, size_t err_size) {
-    *action = TRAIN_CLI_RUN;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            *action = TRAIN_CLI_HELP;
-            return FSDP_OK;
-        }
-        if (strcmp(argv[i], "--version") == 0) *action = TRAIN_CLI_VERSION;
-    }
-    if (*action == TRAIN_CLI_VERSION) return FSDP_OK;
+int train_config_no_decay(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]) {
+    return train_split_patterns(cfg->optim.no_decay, TRAIN_MAX_NO_DECAY, patterns);
+}
 
-    const char *config = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (is_option(argv[i], "--config")) {
-            const char *v = option_value(argc, argv, &i, "--config", err, err_size);
-            if (!v) return FSDP_ERR_CONFIG;
-            if (config) {
-                snprintf(err, err_size, "--config given twice ('%s' and '%s')", config, v);
-                return FSDP_ERR_CONFIG;
-            }
-            config = v;
-        } else if (is_option(argv[i], "--set")) {
-            if (!option_value(argc, argv, &i, "--set", err, err_size)) return FSDP_ERR_CONFIG;
-        } else {
-            snprintf(err, err_size, "unknown argument '%s'; see fsdp-train --help", argv[i]);
-            return FSDP_ERR_CONFIG;
-        }
-    }
-    if (!config) {
-        snprintf(err, err_size, "missing --config FILE; see fsdp-train --help");
-        return FSDP_ERR_CONFIG;
-    }
-    train_config_init(cfg);
-    fsdp_status st = train_config_load(cfg, config, err, err_size);
-    if (st != FSDP_OK) return st;
-    for (int i = 1; i < argc; i++) {
-        if (is_option(argv[i], "--config")) {
-            option_value(argc, argv, &i, "--config", err, err_size);
-        } else if (is_option(argv[i], "--set")) {
-            const char *v = option_value(argc, argv, &i, "--set", err, err_size);
-            st = train_config_set(cfg, v, err, err_size);
-            if (st != FSDP_OK) return st;
-        }
-    }
-    return train_config_check(cfg, err, err_size);
+int train_config_checkpoint_patterns(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]) {
+    return train_split_patterns(cfg->model.checkpoint_activations, TRAIN_MAX_ACT_PATTERNS,
+                                patterns);
 }
 
 fsdp_ctx_options train_config_ctx_options(const train_config *cfg) {

@@ -9,13 +9,12 @@
 #include <stdio.h>
 
 #include "fsdp/fsdp.h"
+#include "train_keys.h" // defines: train_key, train_int_list, train_append
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define TRAIN_MAX_LIST   16   /* entries of an int-list key */
-#define TRAIN_MAX_STRING 512  /* bytes of a string key, with its terminating NUL */
 #define TRAIN_MAX_KEYS   96   /* keys in the table */
 #define TRAIN_MAX_ORIGIN 160  /* bytes of one origin text */
 #define TRAIN_ERROR_SIZE 1024 /* a good size for the err buffers below */
@@ -23,18 +22,6 @@ extern "C" {
 #define TRAIN_MAX_VALUE        (TRAIN_MAX_STRING - 1) /* characters of a --set value */
 #define TRAIN_MAX_LINE         198     /* characters of a config line, its newline not counted */
 #define TRAIN_MAX_CONFIG_BYTES 1048576 /* bytes of a config file (1 MiB) */
-
-typedef struct train_int_list {
-    int n;
-    int64_t v[TRAIN_MAX_LIST];
-} train_int_list;
-
-#define TRAIN_MAX_FLOAT_LIST 4 /* entries of a float-list key */
-
-typedef struct train_float_list {
-    int n;
-    double v[TRAIN_MAX_FLOAT_LIST];
-} train_float_list;
 
 /* [model] kind: which model, the index of its entry in the table of model kinds
  * (train_kind.h, train_kinds.c); the first two are named here. */
@@ -190,6 +177,42 @@ typedef struct train_config {
      * "--set optim.lr=0.1". */
     char origin[TRAIN_MAX_KEYS][TRAIN_MAX_ORIGIN];
 } train_config;
+
+/* ---- the one list of keys ---- */
+
+/* A model kind's part of the list: its name, help and own [model] keys (train_kind.h). */
+typedef struct train_kind_keys {
+    const char *name;
+    const char *help;
+    const train_key *keys;
+    int n_keys;
+} train_kind_keys;
+
+#define TRAIN_MAX_KINDS 32
+
+/* Joins the common keys with the kinds' (n at most TRAIN_MAX_KINDS, by [model] kind's value),
+ * once: the first call wins (train_kinds_register makes it, before any key is read); kinds
+ * stays the caller's. A key that two kinds declare must be declared alike (all but the help):
+ * else, or with more than TRAIN_MAX_KEYS keys, the table is broken and this aborts. */
+void train_config_register_kinds(const train_kind_keys *kinds, int n);
+
+/* The sections, in the order the help and the written configuration show them. */
+int train_section_count(void);
+const char *train_section_name(int i);
+const char *train_section_help(int i);
+int train_section_find(const char *name); /* -1 when unknown */
+
+/* Every key once, by index: the common [model] kind, then the kinds' own [model] keys (a key
+ * that several kinds declare is one key), then the other common keys. */
+int train_key_count(void);
+const train_key *train_key_at(int i);
+int train_key_find(const char *section, const char *name); /* -1 when unknown */
+/* The model kinds that declare key i, as a bit mask of their indices; 0 for a common key. */
+unsigned train_key_kinds(int i);
+/* The kinds' own help for key i (of kind c), or NULL when kind c does not declare it. */
+const char *train_key_kind_help(int i, int c);
+/* The registered kinds' names, by index: NULL past the last. */
+const char *train_key_kind_name(int c);
 
 /* Sets every key to its default. */
 void train_config_init(train_config *cfg);
@@ -368,10 +391,6 @@ typedef enum train_cli_action {
  * the checked configuration. Errors (FSDP_ERR_CONFIG or FSDP_ERR_IO) are written into err. */
 fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_action *action,
                             char *err, size_t err_size);
-
-/* Appends printf-style text to the NUL-terminated buf of `size` bytes, truncating. */
-void train_append(char *buf, size_t size, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 /* Context options for a run: seed = train.seed, log level = log.level. */
 fsdp_ctx_options train_config_ctx_options(const train_config *cfg);

@@ -7,8 +7,7 @@
 #include <string.h>
 
 #include "train_config.h"
-#include "train_keys.h" // defines: train_key_at, train_key_format, train_key_parse
-#include "train_kind.h" // defines: train_kind_at
+#include "train_kind.h" // defines: train_kinds_register
 
 /* Writes text word-wrapped to 80 columns: the first line indented by `first` spaces, the others
  * by `rest`. */
@@ -37,22 +36,17 @@ static void print_key_help(FILE *f, int i) {
     unsigned kinds = train_key_kinds(i);
     if (!kinds && k->help_at) {
         snprintf(text, sizeof text, "%s:", k->help);
-        for (int v = 0; k->name_at(v); v++)
-            train_append(text, sizeof text, "%s %s (%s)",
-                         v ? (k->name_at(v + 1) ? "," : " or") : "", k->name_at(v), k->help_at(v));
+        for (int v = 0; k->names[v]; v++)
+            train_append(text, sizeof text, "%s %s (%s)", v ? (k->names[v + 1] ? "," : " or") : "",
+                         k->names[v], k->help_at(v));
         print_wrapped(f, 6, 6, text);
     } else if (!kinds) {
         print_wrapped(f, 6, 6, k->help);
     }
-    for (int c = 0; c < train_kind_count(); c++) {
+    for (int c = 0; train_key_kind_name(c); c++) {
         if (!(kinds & 1u << c)) continue;
-        const train_kind *kind = train_kind_at(c);
-        for (int j = 0; j < kind->n_keys; j++)
-            if (strcmp(kind->keys[j].name, k->name) == 0 &&
-                strcmp(kind->keys[j].section, k->section) == 0) {
-                snprintf(text, sizeof text, "%s: %s", kind->name, kind->keys[j].help);
-                print_wrapped(f, 6, 6, text);
-            }
+        snprintf(text, sizeof text, "%s: %s", train_key_kind_name(c), train_key_kind_help(i, c));
+        print_wrapped(f, 6, 6, text);
     }
 }
 
@@ -70,6 +64,7 @@ static void print_key(FILE *f, int i) {
 }
 
 void train_config_print_help(FILE *f) {
+    train_kinds_register(); /* the kinds' keys join the list */
     fprintf(f,
             "usage: fsdp-train --config FILE [--set section.key=value ...]\n"
             "       fsdp-train --help | --version\n\n"

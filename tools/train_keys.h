@@ -1,16 +1,36 @@
-/* train_keys.h: the one description of fsdp-train's configuration keys (section, name, type,
- * default, bounds, help): the common keys of train_keys.c and each model kind's own [model]
- * keys (train_kind.h). Parsing, formatting, validation and --help all read it. */
+/* train_keys.h: how fsdp-train describes a configuration key (section, name, type, default,
+ * bounds, help), parses a value of it and writes it back, below the configuration itself: the
+ * common keys (train_config.c) and each model kind's own [model] keys (train_kind.h) are
+ * train_key entries, and parsing, formatting, validation and --help all read them. */
 #ifndef FSDP_TOOLS_TRAIN_KEYS_H
 #define FSDP_TOOLS_TRAIN_KEYS_H
 
+#include <stdbool.h>
 #include <stddef.h>
-
-#include "train_config.h"
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#define TRAIN_MAX_LIST   16  /* entries of an int-list key */
+#define TRAIN_MAX_STRING 512 /* bytes of a string key, with its terminating NUL */
+
+typedef struct train_int_list {
+    int n;
+    int64_t v[TRAIN_MAX_LIST];
+} train_int_list;
+
+#define TRAIN_MAX_FLOAT_LIST 4 /* entries of a float-list key */
+
+typedef struct train_float_list {
+    int n;
+    double v[TRAIN_MAX_FLOAT_LIST];
+} train_float_list;
+
+/* Appends printf-style text to the NUL-terminated buf of `size` bytes, truncating. */
+void train_append(char *buf, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 typedef enum train_key_type {
     KEY_INT,
@@ -26,7 +46,7 @@ typedef struct train_key {
     const char *section;
     const char *name;
     train_key_type type;
-    size_t offset;   /* of the value in train_config */
+    size_t offset;   /* of the value in the configuration (train_config) */
     const char *def; /* the default, parsed like a value from a file */
     int64_t imin;    /* int, int-list entries: inclusive range */
     int64_t imax;
@@ -40,9 +60,7 @@ typedef struct train_key {
     const char *const *names;                /* enum: allowed values, NULL-terminated */
     bool (*parse_enum)(const char *, int *); /* enum: text (one of names) -> value; NULL: the
                                                 value is the name's index */
-    const char *(*name_at)(int i); /* enum (optional): the allowed values by index, NULL past
-                                      the last, instead of names (the model kinds' table) */
-    const char *(*help_at)(int i); /* enum (optional): each value's help, for --help */
+    const char *(*help_at)(int i);           /* enum (optional): each value's help, for --help */
     const char *help;
 } train_key;
 
@@ -91,33 +109,16 @@ typedef struct train_key {
         .fmax = hi, .fmax_open = hi_open, .help = text                                             \
     }
 
-/* The sections, in the order the help and the written configuration show them. */
-int train_section_count(void);
-const char *train_section_name(int i);
-const char *train_section_help(int i);
-int train_section_find(const char *name); /* -1 when unknown */
-
-/* Every key once, by index: the common [model] kind, then the kinds' own [model] keys (a key
- * that several kinds declare is one key: it must be declared alike, only its help may differ),
- * then the other common keys. */
-int train_key_count(void);
-const train_key *train_key_at(int i);
-int train_key_find(const char *section, const char *name); /* -1 when unknown */
-/* The model kinds (train_kind_at indices) that declare key i, as a bit mask; 0 for a common
- * key. */
-unsigned train_key_kinds(int i);
-
 /* What a value of the key must be: "a float > 0", "one of relu, gelu, sigmoid", ... */
 void train_key_describe_expected(const train_key *k, char *buf, size_t size);
 const char *train_key_type_name(const train_key *k);
 
-/* Parses text as a value of key k into cfg; on failure writes what is wrong after "bad value
- * 'text' for [section] key: " into why. */
-bool train_key_parse(const train_key *k, const char *text, train_config *cfg, char *why,
-                     size_t why_size);
-/* Writes key k's value in cfg as it would appear in a file: the canonical text, equal for equal
- * values only. */
-void train_key_format(const train_config *cfg, const train_key *k, char *buf, size_t size);
+/* Parses text as a value of key k into the configuration at cfg (a train_config); on failure
+ * writes what is wrong after "bad value 'text' for [section] key: " into why. */
+bool train_key_parse(const train_key *k, const char *text, void *cfg, char *why, size_t why_size);
+/* Writes key k's value in the configuration at cfg as it would appear in a file: the canonical
+ * text, equal for equal values only. */
+void train_key_format(const void *cfg, const train_key *k, char *buf, size_t size);
 
 /* One item of a comma-separated list: len bytes at text, the white space around it removed. */
 typedef struct train_list_item {

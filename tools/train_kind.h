@@ -7,7 +7,6 @@
 #define FSDP_TOOLS_TRAIN_KIND_H
 
 #include "train_config.h"
-#include "train_keys.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -97,17 +96,13 @@ typedef struct train_kind {
     fsdp_status (*export_config)(fsdp_ctx *ctx, const train_config *cfg, char **json);
 } train_kind;
 
-/* The table. */
+/* The table (train_kinds.c). */
 int train_kind_count(void);
 const train_kind *train_kind_at(int i);
-const char *train_kind_name(int i); /* NULL past the last: the [model] kind key's values */
-const char *train_kind_help(int i); /* NULL past the last */
 const train_kind *train_kind_of(const train_config *cfg);
-
-/* The modules of the model cfg describes, as kind->build(shape_only) names them: every module
- * under the root, pre-order, with its kind and, for a Linear, its index among the Linear layers
- * (else -1). Returns their number (at most max), or -1 when the model cannot be built. */
-int train_kind_modules(const train_config *cfg, train_module_info *m, int max);
+/* Joins the kinds' own keys to the list of keys (train_config_register_kinds), once; before
+ * any key is read (train_config_init and train_config_print_help call it). */
+void train_kinds_register(void);
 
 #ifdef __cplusplus
 }

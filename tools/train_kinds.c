@@ -1,10 +1,10 @@
-/* train_kinds.c: the table of fsdp-train's model kinds ([model] kind), and the module tree of
- * the model a configuration describes, for the checks of module names. Adding a kind: its file
- * (tools/kind_<name>.c, which CMake picks up) and its line below. */
-#include "train_kind.h"
+/* train_kinds.c: the table of fsdp-train's model kinds ([model] kind), their keys joined to the
+ * list of keys, and the module names and TP styles of the model a configuration describes.
+ * Adding a kind: its file (tools/kind_<name>.c, which CMake picks up) and its line below. */
+#include <pthread.h>
 
-#include <stdlib.h>
-#include <string.h>
+#include "train_kind.h"
+#include "train_plan.h" // defines: train_plan_modules, train_plan_styles
 
 extern const train_kind train_kind_mlp;   /* kind_mlp.c */
 extern const train_kind train_kind_llama; /* kind_llama.c */
@@ -16,7 +16,7 @@ static const train_kind *const g_kinds[] = {
 };
 #define N_KINDS ((int)(sizeof g_kinds / sizeof g_kinds[0]))
 _Static_assert(TRAIN_MODEL_MLP == 0 && TRAIN_MODEL_LLAMA == 1, "the table's first two entries");
-_Static_assert(N_KINDS <= 32, "train_key_kinds is a 32-bit mask");
+_Static_assert(N_KINDS <= TRAIN_MAX_KINDS, "raise TRAIN_MAX_KINDS");
 
 int train_kind_count(void) {
     return N_KINDS;
@@ -24,53 +24,34 @@ int train_kind_count(void) {
 const train_kind *train_kind_at(int i) {
     return g_kinds[i];
 }
-const char *train_kind_name(int i) {
-    return i >= 0 && i < N_KINDS ? g_kinds[i]->name : NULL;
-}
-const char *train_kind_help(int i) {
-    return i >= 0 && i < N_KINDS ? g_kinds[i]->help : NULL;
-}
 
 const train_kind *train_kind_of(const train_config *cfg) {
     int i = (int)cfg->model.kind;
     return g_kinds[i >= 0 && i < N_KINDS ? i : 0];
 }
 
-typedef struct module_walk {
-    train_module_info *m;
-    int max, n, n_linear;
-} module_walk;
+static train_kind_keys g_keys[N_KINDS];
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
-static fsdp_status visit(fsdp_ctx *ctx, fsdp_module *m, void *user) {
-    (void)ctx;
-    module_walk *w = user;
-    if (!fsdp_module_parent(m)) return FSDP_OK; /* the root */
-    bool linear = strcmp(fsdp_module_kind(m), "Linear") == 0;
-    if (w->n < w->max) {
-        train_module_info *i = &w->m[w->n];
-        snprintf(i->name, sizeof i->name, "%s", fsdp_module_fqn(m));
-        i->kind = fsdp_module_kind(m); /* a string literal of the layer */
-        i->linear = linear ? w->n_linear : -1;
-    }
-    w->n++;
-    w->n_linear += linear;
-    return FSDP_OK;
+static void register_kinds(void) {
+    for (int i = 0; i < N_KINDS; i++)
+        g_keys[i] = (train_kind_keys){.name = g_kinds[i]->name,
+                                      .help = g_kinds[i]->help,
+                                      .keys = g_kinds[i]->keys,
+                                      .n_keys = g_kinds[i]->n_keys};
+    train_config_register_kinds(g_keys, N_KINDS);
 }
 
-int train_kind_modules(const train_config *cfg, train_module_info *m, int max) {
-    fsdp_ctx *ctx = NULL;
-    fsdp_module *model = NULL;
-    module_walk w = {.m = m, .max = max};
-    fsdp_ctx_options o = {.log_level = FSDP_LOG_OFF};
-    bool ok = fsdp_ctx_create(&o, &ctx) == FSDP_OK &&
-              train_kind_of(cfg)->build(ctx, cfg, true, &model) == FSDP_OK &&
-              fsdp_module_visit(ctx, model, visit, &w) == FSDP_OK;
-    fsdp_module_free(model);
-    fsdp_ctx_free(ctx);
-    return ok ? w.n : -1;
+void train_kinds_register(void) {
+    pthread_once(&g_once, register_kinds);
 }
 
 int train_config_modules(const train_config *cfg, train_module_info *modules) {
-    int n = train_kind_modules(cfg, modules, TRAIN_MAX_MODULES);
+    int n = train_plan_modules(train_kind_of(cfg), cfg, modules, TRAIN_MAX_MODULES);
     return n < 0 ? 0 : n < TRAIN_MAX_MODULES ? n : TRAIN_MAX_MODULES;
+}
+
+fsdp_status train_config_tp_plan(const train_config *cfg, train_tp_style *styles, char *err,
+                                 size_t err_size) {
+    return train_plan_styles_list(train_kind_of(cfg), cfg, styles, TRAIN_MAX_LIST, err, err_size);
 }

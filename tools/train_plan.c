@@ -8,9 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train_keys.h" // defines: train_split_list, train_item_text
-#include "train_kind.h" // defines: train_kind_of, train_kind_modules
-
 /* Returns the status of expr when it fails. */
 #define TRY(expr)                                                                                  \
     do {                                                                                           \
@@ -147,12 +144,49 @@ static fsdp_status plan_styles(const train_config *cfg, const train_module_info 
     return FSDP_ERR_CONFIG;
 }
 
+typedef struct module_walk {
+    train_module_info *m;
+    fsdp_module **linear; /* (optional) the Linear layers, in order */
+    int max, n, n_linear;
+} module_walk;
+
+static fsdp_status visit(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    (void)ctx;
+    module_walk *w = user;
+    if (!fsdp_module_parent(m)) return FSDP_OK; /* the root */
+    bool linear = strcmp(fsdp_module_kind(m), "Linear") == 0;
+    if (w->n < w->max) {
+        train_module_info *i = &w->m[w->n];
+        snprintf(i->name, sizeof i->name, "%s", fsdp_module_fqn(m));
+        i->kind = fsdp_module_kind(m); /* a string literal of the layer */
+        i->linear = linear ? w->n_linear : -1;
+        if (linear && w->linear) w->linear[w->n_linear] = m;
+    }
+    w->n++;
+    w->n_linear += linear;
+    return FSDP_OK;
+}
+
+int train_plan_modules(const train_kind *kind, const train_config *cfg, train_module_info *m,
+                       int max) {
+    fsdp_ctx *ctx = NULL;
+    fsdp_module *model = NULL;
+    module_walk w = {.m = m, .max = max};
+    fsdp_ctx_options o = {.log_level = FSDP_LOG_OFF};
+    bool ok = fsdp_ctx_create(&o, &ctx) == FSDP_OK &&
+              kind->build(ctx, cfg, true, &model) == FSDP_OK &&
+              fsdp_module_visit(ctx, model, visit, &w) == FSDP_OK;
+    fsdp_module_free(model);
+    fsdp_ctx_free(ctx);
+    return ok ? w.n : -1;
+}
+
 /* The modules of cfg's model on the heap (*m, the caller frees it): their number, or -1. */
-static int walk_modules(const train_config *cfg, train_module_info **m) {
-    int n = train_kind_modules(cfg, NULL, 0);
+static int walk_modules(const train_kind *kind, const train_config *cfg, train_module_info **m) {
+    int n = train_plan_modules(kind, cfg, NULL, 0);
     *m = n < 0 ? NULL : malloc((size_t)(n ? n : 1) * sizeof **m);
     if (!*m) return -1;
-    return train_kind_modules(cfg, *m, n);
+    return train_plan_modules(kind, cfg, *m, n);
 }
 
 static int count_linear(const train_module_info *m, int n) {
@@ -161,89 +195,89 @@ static int count_linear(const train_module_info *m, int n) {
     return k;
 }
 
-fsdp_status train_plan_styles(const train_config *cfg, train_tp_style *styles, int *n_linear,
-                              char *err, size_t err_size) {
+/* The styles of modules m, checked (a model of too many Linear layers refused). */
+static fsdp_status styles_of(const train_config *cfg, const train_module_info *m, int n_mod,
+                             train_tp_style *styles, int *n_linear, char *err, size_t err_size) {
+    *n_linear = count_linear(m, n_mod);
+    if (*n_linear <= TRAIN_MAX_PLAN_LINEAR)
+        return plan_styles(cfg, m, n_mod, *n_linear, styles, err, err_size);
+    snprintf(err, err_size,
+             "the model has %d Linear layers; tensor parallelism by [model] tp_plan takes at "
+             "most %d: use fewer layers or tp = 1",
+             *n_linear, TRAIN_MAX_PLAN_LINEAR);
+    return FSDP_ERR_CONFIG;
+}
+
+fsdp_status train_plan_styles(const train_kind *kind, const train_config *cfg,
+                              train_tp_style *styles, int *n_linear, char *err, size_t err_size) {
     train_module_info *m = NULL;
-    int n_mod = walk_modules(cfg, &m);
+    int n_mod = walk_modules(kind, cfg, &m);
     fsdp_status st = FSDP_OK;
-    *n_linear = n_mod < 0 ? 0 : count_linear(m, n_mod);
+    *n_linear = 0;
     if (n_mod < 0) {
         snprintf(err, err_size, "cannot list the modules of [model] kind = %s: out of memory",
-                 train_kind_of(cfg)->name);
+                 kind->name);
         st = FSDP_ERR_OUT_OF_MEMORY;
-    } else if (*n_linear > TRAIN_MAX_PLAN_LINEAR) {
-        snprintf(err, err_size,
-                 "the model has %d Linear layers; tensor parallelism by [model] tp_plan takes at "
-                 "most %d: use fewer layers or tp = 1",
-                 *n_linear, TRAIN_MAX_PLAN_LINEAR);
-        st = FSDP_ERR_CONFIG;
     } else {
-        st = plan_styles(cfg, m, n_mod, *n_linear, styles, err, err_size);
+        st = styles_of(cfg, m, n_mod, styles, n_linear, err, err_size);
     }
     free(m);
     return st;
 }
 
-fsdp_status train_config_tp_plan(const train_config *cfg, train_tp_style *styles, char *err,
-                                 size_t err_size) {
+fsdp_status train_plan_styles_list(const train_kind *kind, const train_config *cfg,
+                                   train_tp_style *styles, int n, char *err, size_t err_size) {
     train_tp_style all[TRAIN_MAX_PLAN_LINEAR];
     int n_linear = 0;
-    fsdp_status st = train_plan_styles(cfg, all, &n_linear, err, err_size);
-    for (int i = 0; i < TRAIN_MAX_LIST; i++) styles[i] = st == FSDP_OK ? all[i] : TRAIN_TP_NONE;
+    fsdp_status st = train_plan_styles(kind, cfg, all, &n_linear, err, err_size);
+    for (int i = 0; i < n; i++)
+        styles[i] = st == FSDP_OK && i < TRAIN_MAX_PLAN_LINEAR ? all[i] : TRAIN_TP_NONE;
     return st;
 }
 
 /* ---- on the built model ------------------------------------------------------------------- */
 
-typedef struct linear_walk {
-    fsdp_module *linear[TRAIN_MAX_PLAN_LINEAR];
-    int n;
-} linear_walk;
-
-static fsdp_status find_linear(fsdp_ctx *ctx, fsdp_module *m, void *user) {
-    (void)ctx;
-    linear_walk *w = user;
-    if (strcmp(fsdp_module_kind(m), "Linear") != 0) return FSDP_OK;
-    if (w->n < TRAIN_MAX_PLAN_LINEAR) w->linear[w->n] = m;
-    w->n++;
-    return FSDP_OK;
-}
-
 fsdp_status train_plan_apply(fsdp_ctx *ctx, const train_config *cfg, fsdp_module *model,
                              const fsdp_mesh *tp) {
-    train_tp_style styles[TRAIN_MAX_PLAN_LINEAR];
+    int n_all = 0;
+    module_walk w = {.max = 0};
+    TRY(fsdp_module_visit(ctx, model, visit, &w)); /* count them */
+    n_all = w.n;
+    train_module_info *m = malloc((size_t)(n_all ? n_all : 1) * sizeof *m);
+    fsdp_module **linear = malloc((size_t)(w.n_linear ? w.n_linear : 1) * sizeof *linear);
+    train_tp_style *styles = malloc(TRAIN_MAX_PLAN_LINEAR * sizeof *styles);
+    fsdp_tp_plan_entry *plan = malloc((size_t)(w.n_linear ? w.n_linear : 1) * sizeof *plan);
+    fsdp_status st = m && linear && styles && plan ? FSDP_OK : FSDP_ERR_OUT_OF_MEMORY;
+    if (st != FSDP_OK) fsdp_ctx_set_error(ctx, st, "out of memory for the tensor-parallel plan");
+    w = (module_walk){.m = m, .linear = linear, .max = n_all};
+    if (st == FSDP_OK) st = fsdp_module_visit(ctx, model, visit, &w);
     char err[TRAIN_ERROR_SIZE];
-    int n_linear = 0;
-    if (train_plan_styles(cfg, styles, &n_linear, err, sizeof err) != FSDP_OK)
-        return fsdp_ctx_set_error(ctx, FSDP_ERR_CONFIG, "%s", err); /* checked before */
-    linear_walk w = {.n = 0};
-    TRY(fsdp_module_visit(ctx, model, find_linear, &w));
-    if (w.n != n_linear)
-        return fsdp_ctx_set_error(ctx, FSDP_ERR_INTERNAL,
-                                  "the model has %d Linear layers, its shape %d", w.n, n_linear);
-    fsdp_tp_plan_entry *plan = malloc((size_t)(n_linear ? n_linear : 1) * sizeof *plan);
-    if (!plan) return fsdp_ctx_set_error(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory for a plan");
-    int n = 0;
-    for (int i = 0; i < n_linear; i++) /* the Linear layers by their paths in the built model */
+    int n_linear = 0, n = 0;
+    if (st == FSDP_OK && (st = styles_of(cfg, m, n_all, styles, &n_linear, err, sizeof err)))
+        fsdp_ctx_set_error(ctx, st, "%s", err); /* not reached: the configuration was checked */
+    for (int i = 0; st == FSDP_OK && i < n_linear; i++) /* by their paths in the built model */
         if (styles[i] != TRAIN_TP_NONE)
-            plan[n++] = (fsdp_tp_plan_entry){fsdp_module_fqn(w.linear[i]),
+            plan[n++] = (fsdp_tp_plan_entry){fsdp_module_fqn(linear[i]),
                                              styles[i] == TRAIN_TP_COLWISE ? FSDP_COLWISE()
                                                                            : FSDP_ROWWISE()};
     /* every rank initialised the same values from train.seed: no broadcast needed */
     fsdp_tp_options o = {.src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK};
-    fsdp_status st = fsdp_tp_parallelize(ctx, model, tp, n, plan, &o);
+    if (st == FSDP_OK) st = fsdp_tp_parallelize(ctx, model, tp, n, plan, &o);
+    free(m);
+    free(linear);
+    free(styles);
     free(plan);
     return st;
 }
 
-fsdp_status train_plan_check_checkpointing(const train_config *cfg, char *err, size_t err_size) {
+fsdp_status train_plan_check_checkpointing(const train_kind *kind, const train_config *cfg,
+                                           char *err, size_t err_size) {
     char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING], key[TRAIN_KEY_TEXT_SIZE];
     int n = train_config_checkpoint_patterns(cfg, patterns);
     if (n <= 0) return FSDP_OK;
     fsdp_ctx *ctx = NULL;
     fsdp_module *model = NULL, **mods = malloc(TRAIN_MAX_LAYERS * sizeof *mods);
     fsdp_ctx_options o = {.log_level = FSDP_LOG_OFF};
-    const train_kind *kind = train_kind_of(cfg);
     fsdp_status st = mods ? fsdp_ctx_create(&o, &ctx) : FSDP_ERR_OUT_OF_MEMORY;
     if (st == FSDP_OK) st = kind->build(ctx, cfg, true, &model);
     int n_mod = st == FSDP_OK ? kind->checkpointable(model, mods, TRAIN_MAX_LAYERS) : 0;
@@ -271,13 +305,14 @@ fsdp_status train_plan_check_checkpointing(const train_config *cfg, char *err, s
     return st;
 }
 
-fsdp_status train_plan_checkpoint(fsdp_ctx *ctx, const train_config *cfg, fsdp_module *model) {
+fsdp_status train_plan_checkpoint(fsdp_ctx *ctx, const train_kind *kind, const train_config *cfg,
+                                  fsdp_module *model) {
     char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING];
     int n = train_config_checkpoint_patterns(cfg, patterns);
     if (n <= 0) return FSDP_OK;
     fsdp_module **mods = malloc(TRAIN_MAX_LAYERS * sizeof *mods);
     if (!mods) return fsdp_ctx_set_error(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
-    int n_mod = train_kind_of(cfg)->checkpointable(model, mods, TRAIN_MAX_LAYERS);
+    int n_mod = kind->checkpointable(model, mods, TRAIN_MAX_LAYERS);
     fsdp_status st = FSDP_OK;
     for (int i = 0; st == FSDP_OK && i < n_mod; i++) {
         bool match = false;

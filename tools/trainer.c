@@ -200,7 +200,7 @@ static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const voi
                              (st = s->kind->parallelize(ctx, cfg, s->model, tp))))
         return st;
     *what = "checkpointing activations";
-    if ((st = train_plan_checkpoint(ctx, cfg, s->model))) return st;
+    if ((st = train_plan_checkpoint(ctx, s->kind, cfg, s->model))) return st;
     *what = cfg->parallel.mode == TRAIN_MODE_FSDP ? "applying FSDP" : "making the replicas";
     if ((st = apply_dp(ctx, cfg, s))) return st;
     *what = "creating the optimizer";
