@@ -11,13 +11,6 @@
 #include "train_llama.h"  // defines: train_llama_create, train_llama_forward_loss
 #include "train_tokens.h" // defines: train_tokens_load
 
-/* Returns the status of expr when it fails. */
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        fsdp_status try_st_ = (expr);                                                              \
-        if (try_st_ != FSDP_OK) return try_st_;                                                    \
-    } while (0)
-
 static const train_key g_keys[] = {
     INT_KEY("model", "dim", model.dim, "64", 2, TRAIN_WIDTH_MAX,
             "hidden size (Hugging Face's hidden_size); n_heads divides it into heads of "
@@ -149,7 +142,7 @@ static fsdp_status llama_build(fsdp_ctx *ctx, const train_config *cfg, bool shap
                                 .max_seq_len = 1,
                                 .norm_eps = c.norm_eps,
                                 .rope_theta = c.rope_theta};
-    TRY(fsdp_model_llama(ctx, &c, out));
+    TRAIN_TRY(fsdp_model_llama(ctx, &c, out));
     if (shape_only || fsdp_ctx_seed(ctx) == (uint64_t)cfg->train.seed) return FSDP_OK;
     return fsdp_module_reset_parameters(ctx, *out, (uint64_t)cfg->train.seed);
 }
@@ -168,7 +161,7 @@ static fsdp_status llama_parallelize(fsdp_ctx *ctx, const train_config *cfg, fsd
     fsdp_llama_config c = train_llama_config(cfg);
     fsdp_tp_plan_entry plan[FSDP_LLAMA_TP_PLAN_LEN];
     int n = 0;
-    TRY(fsdp_llama_tp_plan(ctx, &c, fsdp_mesh_size(tp, 0), true, plan, &n));
+    TRAIN_TRY(fsdp_llama_tp_plan(ctx, &c, fsdp_mesh_size(tp, 0), true, plan, &n));
     fsdp_tp_options o = {.src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK};
     return fsdp_tp_parallelize(ctx, model, tp, n, plan, &o);
 }

@@ -13,13 +13,6 @@
 
 extern const train_kind train_kind_mlp; /* below */
 
-/* Returns the status of expr when it fails. */
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        fsdp_status try_st_ = (expr);                                                              \
-        if (try_st_ != FSDP_OK) return try_st_;                                                    \
-    } while (0)
-
 static const char *const g_activation_names[] = {"relu", "gelu", "sigmoid", NULL};
 /* train_norm is the index of the name. */
 static const char *const g_norm_names[] = {"none", "rmsnorm", NULL};
@@ -109,11 +102,11 @@ static fsdp_status mlp_build(fsdp_ctx *ctx, const train_config *cfg, bool shape_
     const train_int_list *w = shape_only ? &ones : &cfg->model.widths;
     uint64_t seed = (uint64_t)cfg->train.seed;
     if (cfg->model.norm == TRAIN_NORM_NONE) {
-        TRY(fsdp_model_mlp(ctx, w->n, w->v, cfg->model.activation, out));
+        TRAIN_TRY(fsdp_model_mlp(ctx, w->n, w->v, cfg->model.activation, out));
         return fsdp_ctx_seed(ctx) == seed ? FSDP_OK : fsdp_module_reset_parameters(ctx, *out, seed);
     }
     fsdp_module *m = NULL, *layer = NULL;
-    TRY(fsdp_sequential_create(ctx, &m));
+    TRAIN_TRY(fsdp_sequential_create(ctx, &m));
     fsdp_status st = fsdp_rmsnorm_create(ctx, w->v[0], FLT_EPSILON, &layer);
     if (st == FSDP_OK) st = fsdp_sequential_append(ctx, m, layer);
     for (int i = 0; st == FSDP_OK && i + 1 < w->n; i++) {

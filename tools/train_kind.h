@@ -12,6 +12,13 @@
 extern "C" {
 #endif
 
+/* Returns the status of expr when it fails (the trainer's and the kinds' files). */
+#define TRAIN_TRY(expr)                                                                            \
+    do {                                                                                           \
+        fsdp_status train_try_st_ = (expr);                                                        \
+        if (train_try_st_ != FSDP_OK) return train_try_st_;                                        \
+    } while (0)
+
 /* What a rank's feed of data is told about the rank. */
 typedef struct train_rank_env {
     const train_config *cfg;

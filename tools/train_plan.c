@@ -8,13 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Returns the status of expr when it fails. */
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        fsdp_status try_st_ = (expr);                                                              \
-        if (try_st_ != FSDP_OK) return try_st_;                                                    \
-    } while (0)
-
 /* "0 (Linear), 1 (ReLU), ..." for messages. */
 static void describe_modules(const train_module_info *m, int n, char *buf, size_t size) {
     buf[0] = '\0';
@@ -241,7 +234,7 @@ fsdp_status train_plan_apply(fsdp_ctx *ctx, const train_config *cfg, fsdp_module
                              const fsdp_mesh *tp) {
     int n_all = 0;
     module_walk w = {.max = 0};
-    TRY(fsdp_module_visit(ctx, model, visit, &w)); /* count them */
+    TRAIN_TRY(fsdp_module_visit(ctx, model, visit, &w)); /* count them */
     n_all = w.n;
     train_module_info *m = malloc((size_t)(n_all ? n_all : 1) * sizeof *m);
     fsdp_module **linear = malloc((size_t)(w.n_linear ? w.n_linear : 1) * sizeof *linear);

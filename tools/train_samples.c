@@ -10,13 +10,6 @@
 
 #include "train_data.h" // defines: train_data_load, train_order_sample
 
-/* Returns the status of expr when it fails. */
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        fsdp_status try_st_ = (expr);                                                              \
-        if (try_st_ != FSDP_OK) return try_st_;                                                    \
-    } while (0)
-
 /* What one rank holds. */
 typedef struct samples {
     const train_config *cfg;
@@ -109,7 +102,7 @@ static fsdp_status make_data(fsdp_ctx *ctx, const train_config *cfg, const train
         memcpy(fsdp_tensor_f32(s->x), data->x, (size_t)(n * in) * sizeof(float));
         if (data->y) memcpy(fsdp_tensor_f32(s->y), data->y, (size_t)(n * out) * sizeof(float));
     } else {
-        TRY(make_dataset(ctx, cfg, s->x, s->y));
+        TRAIN_TRY(make_dataset(ctx, cfg, s->x, s->y));
     }
     if (!s->classify) return FSDP_OK;
     if (!(s->labels = malloc((size_t)n * sizeof *s->labels))) return FSDP_ERR_OUT_OF_MEMORY;
@@ -132,7 +125,7 @@ static fsdp_status sum_over_dp(fsdp_ctx *ctx, samples *s, double share, double c
     }
     fsdp_tensor_f32(s->loss)[0] = (float)share;
     fsdp_tensor_f32(s->loss)[1] = (float)count;
-    TRY(fsdp_all_reduce(ctx, s->dp, s->loss, FSDP_REDUCE_SUM));
+    TRAIN_TRY(fsdp_all_reduce(ctx, s->dp, s->loss, FSDP_REDUCE_SUM));
     *total = fsdp_tensor_f32(s->loss)[0];
     if (total_count) *total_count = fsdp_tensor_f32(s->loss)[1];
     return FSDP_OK;
@@ -272,7 +265,7 @@ fsdp_status train_samples_step(fsdp_ctx *ctx, void *feed, fsdp_module *model, in
     *loss = 0;
     *dout = s->dout;
     gather_batch(s, k0);
-    TRY(fsdp_module_forward(ctx, model, s->xb, &pred));
+    TRAIN_TRY(fsdp_module_forward(ctx, model, s->xb, &pred));
     if (s->len > 0 && s->classify) return fsdp_loss_cross_entropy(ctx, pred, s->lb, loss, s->dout);
     if (s->len > 0) return fsdp_loss_mse(ctx, pred, s->yb, loss, s->dout);
     return FSDP_OK;

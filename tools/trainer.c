@@ -24,13 +24,6 @@
 
 atomic_int train_stop_signal = 0;
 
-/* Returns the status of expr when it fails. */
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        fsdp_status try_st_ = (expr);                                                              \
-        if (try_st_ != FSDP_OK) return try_st_;                                                    \
-    } while (0)
-
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -139,8 +132,8 @@ static fsdp_status apply_dp(fsdp_ctx *ctx, const train_config *cfg, train_state 
                                   .comm_hook = {.kind = cfg->parallel.comm_hook},
                                   .mixed_precision = train_config_mixed_precision(cfg)};
     if (cfg->parallel.strategy == FSDP_HYBRID_SHARD) {
-        TRY(fsdp_mesh_get_group(ctx, s->mesh, "shard", &o.group));
-        TRY(fsdp_mesh_get_group(ctx, s->mesh, "replicate", &o.replicate_group));
+        TRAIN_TRY(fsdp_mesh_get_group(ctx, s->mesh, "shard", &o.group));
+        TRAIN_TRY(fsdp_mesh_get_group(ctx, s->mesh, "replicate", &o.replicate_group));
     }
     if (cfg->parallel.wrap == TRAIN_WRAP_LAYER) /* the kind's units */
         s->kind->wrap_layers(s->model, &o, s->wrap, TRAIN_MAX_LAYERS);
@@ -162,7 +155,7 @@ static fsdp_status make_optimizer(fsdp_ctx *ctx, const train_config *cfg, fsdp_m
                                   .warmup_steps = cfg->optim.warmup_steps,
                                   .total_steps = cfg->train.steps,
                                   .min_lr = cfg->optim.min_lr};
-    TRY(fsdp_lr_schedule_check(ctx, &s->sched));
+    TRAIN_TRY(fsdp_lr_schedule_check(ctx, &s->sched));
     if (cfg->optim.name == TRAIN_OPTIM_SGD) {
         fsdp_sgd_options o = {.lr = cfg->optim.lr,
                               .momentum = cfg->optim.momentum,
@@ -231,7 +224,7 @@ static fsdp_status sum_over_dp(fsdp_ctx *ctx, train_state *s, double share, doub
     }
     fsdp_tensor_f32(s->loss)[0] = (float)share;
     fsdp_tensor_f32(s->loss)[1] = 0; /* the count the samples' evaluation sums beside it */
-    TRY(fsdp_all_reduce(ctx, s->dp, s->loss, FSDP_REDUCE_SUM));
+    TRAIN_TRY(fsdp_all_reduce(ctx, s->dp, s->loss, FSDP_REDUCE_SUM));
     *total = fsdp_tensor_f32(s->loss)[0];
     return FSDP_OK;
 }
@@ -261,19 +254,19 @@ static fsdp_status train_step(fsdp_ctx *ctx, const train_config *cfg, train_stat
                               double *loss) {
     int64_t b = cfg->data.batch_size, n_micro = cfg->train.grad_accum;
     double share = 0; /* this rank's part of the batch loss */
-    TRY(fsdp_optimizer_zero_grad(ctx, s->opt));
+    TRAIN_TRY(fsdp_optimizer_zero_grad(ctx, s->opt));
     int64_t len = s->info.len;
     for (int64_t m = 0; m < n_micro; m++) {
         fsdp_tensor *dout = NULL;
         float l = 0;
         if (n_micro > 1) set_sync(s, m == n_micro - 1);
-        TRY(s->kind->step(ctx, s->feed, s->model, start + m * s->micro, &l, &dout));
+        TRAIN_TRY(s->kind->step(ctx, s->feed, s->model, start + m * s->micro, &l, &dout));
         double scale = (double)len * s->layout.dp / (double)b;
         if (scale != 1.0) {
             float *d = fsdp_tensor_f32(dout);
             for (int64_t i = 0; i < fsdp_tensor_numel(dout); i++) d[i] *= (float)scale;
         }
-        TRY(fsdp_module_backward(ctx, s->model, dout, NULL)); /* no input gradient */
+        TRAIN_TRY(fsdp_module_backward(ctx, s->model, dout, NULL)); /* no input gradient */
         share += (double)l * (double)len / (double)b;
     }
     return sum_over_dp(ctx, s, share, loss);
@@ -406,7 +399,7 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
         else
             fprintf(s->out, "  (%lld held-out samples)\n", (long long)s->info.n_eval);
     }
-    if (s->out) TRY(flush_checked(s->out, s->out_name, err, err_size));
+    if (s->out) TRAIN_TRY(flush_checked(s->out, s->out_name, err, err_size));
     if (s->metrics) {
         fprintf(s->metrics, "{\"step\": %lld", (long long)step);
         if (r->progress) {
@@ -427,7 +420,7 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
                 fprintf(s->metrics, ", \"eval_perplexity\": %.9g", exp(r->eval_loss));
         }
         fprintf(s->metrics, "}\n");
-        TRY(flush_checked(s->metrics, s->metrics_name, err, err_size));
+        TRAIN_TRY(flush_checked(s->metrics, s->metrics_name, err, err_size));
     }
     return FSDP_OK;
 }
@@ -572,7 +565,7 @@ static fsdp_status agree_stop(fsdp_ctx *ctx, train_state *s, bool *stop) {
         return FSDP_OK;
     }
     fsdp_tensor_f32(s->stop)[0] = mine;
-    TRY(fsdp_all_reduce(ctx, fsdp_ctx_world_group(ctx), s->stop, FSDP_REDUCE_MAX));
+    TRAIN_TRY(fsdp_all_reduce(ctx, fsdp_ctx_world_group(ctx), s->stop, FSDP_REDUCE_MAX));
     *stop = fsdp_tensor_f32(s->stop)[0] > 0;
     return FSDP_OK;
 }
@@ -600,7 +593,7 @@ static fsdp_status print_comm_table(fsdp_ctx *ctx, train_state *s, int64_t step,
                                     size_t err_size) {
     bar_clear(s);
     fprintf(s->out, "comm_debug: the collectives of step %lld on rank 0\n", (long long)step);
-    TRY(fsdp_comm_debug_print(ctx, s->out));
+    TRAIN_TRY(fsdp_comm_debug_print(ctx, s->out));
     return flush_checked(s->out, s->out_name, err, err_size);
 }
 
@@ -618,36 +611,37 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
      * evaluation before it left gathered (FSDP's root keeps them after forward) */
     int64_t table_step = first < cfg->train.steps ? first + 1 : first;
     train_comm before = {0}, after = {0}; /* op 0 (FSDP_COMM_ANY) stays 0 */
-    if (s->counting) TRY(fsdp_comm_debug_begin(ctx));
+    if (s->counting) TRAIN_TRY(fsdp_comm_debug_begin(ctx));
     /* no allocation in here (but in a checkpoint's save, and comm-debug's first counts) */
     for (int64_t step = first; step <= cfg->train.steps; step++) {
         double loss = 0, lr = fsdp_lr_at(&s->sched, step - 1), grad_norm = NAN;
         int64_t k0 = (step - 1) * cfg->data.batch_size; /* the batch's first stream position */
         double t_step = now_seconds();
         if (s->counting && step == table_step && step > first) { /* count it alone */
-            TRY(fsdp_comm_debug_end(ctx));
-            TRY(fsdp_comm_debug_begin(ctx));
+            TRAIN_TRY(fsdp_comm_debug_end(ctx));
+            TRAIN_TRY(fsdp_comm_debug_begin(ctx));
         }
         if (s->counting) comm_read(ctx, &before);
-        TRY(train_step(ctx, cfg, s, k0, &loss));
+        TRAIN_TRY(train_step(ctx, cfg, s, k0, &loss));
         prog->position = (k0 + cfg->data.batch_size) % s->info.n_train;
         if (!isfinite(loss)) /* the same global loss on every rank: all stop here */
             return not_finite(cfg, true, NULL, err, err_size, "the loss became %g at step %lld",
                               loss, (long long)step);
         if (cfg->optim.clip_grad_norm > 0 && s->sh)
-            TRY(fsdp_sharded_clip_grad_norm(ctx, s->sh, cfg->optim.clip_grad_norm, 2.0,
-                                            &grad_norm));
+            TRAIN_TRY(fsdp_sharded_clip_grad_norm(ctx, s->sh, cfg->optim.clip_grad_norm, 2.0,
+                                                  &grad_norm));
         else if (cfg->optim.clip_grad_norm > 0)
-            TRY(fsdp_clip_grad_norm(ctx, s->model, cfg->optim.clip_grad_norm, 2.0, &grad_norm));
+            TRAIN_TRY(
+                fsdp_clip_grad_norm(ctx, s->model, cfg->optim.clip_grad_norm, 2.0, &grad_norm));
         fsdp_optimizer_set_lr(s->opt, lr);
-        TRY(fsdp_optimizer_step(ctx, s->opt));
+        TRAIN_TRY(fsdp_optimizer_step(ctx, s->opt));
         if (s->counting) {
             comm_read(ctx, &after);
             comm_add(&s->comm, &before, &after);
             s->comm.step_seconds += now_seconds() - t_step;
         }
         if (s->counting && cfg->log.comm_debug && s->out && step == table_step)
-            TRY(print_comm_table(ctx, s, step, err, err_size));
+            TRAIN_TRY(print_comm_table(ctx, s, step, err, err_size));
         prog->step = res->steps = step;
         res->grad_norm = grad_norm;
         if (res->n_step_losses < TRAIN_TRACE_STEPS) res->step_loss[res->n_step_losses++] = loss;
@@ -655,7 +649,7 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         prog->since++;
         since_line++;
         bool stop = false, regular = step % cfg->train.log_every == 0;
-        if (s->saving) TRY(agree_stop(ctx, s, &stop));
+        if (s->saving) TRAIN_TRY(agree_stop(ctx, s, &stop));
         stop = stop && step < cfg->train.steps; /* the last step: the run ends anyway */
         bool last = step == cfg->train.steps;
         train_report r = {.progress = regular || last || stop,
@@ -665,7 +659,7 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         if (s->info.n_eval > 0 &&
             (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0))) {
             r.eval = true;
-            TRY(s->kind->loss(ctx, s->feed, s->model, true, &r.eval_loss, &r.eval_accuracy));
+            TRAIN_TRY(s->kind->loss(ctx, s->feed, s->model, true, &r.eval_loss, &r.eval_accuracy));
             res->eval_loss = r.eval_loss;
             res->eval_accuracy = r.eval_accuracy;
             if (res->n_evals < TRAIN_TRACE_STEPS) res->eval_step[res->n_evals++] = step;
@@ -675,7 +669,7 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
             r.loss = prog->loss_sum / (double)prog->since;
             r.samples_per_s = (double)(since_line * cfg->data.batch_size) / fmax(t - t_last, 1e-9);
             r.elapsed = t - t0;
-            TRY(report(cfg, s, step, &r, err, err_size));
+            TRAIN_TRY(report(cfg, s, step, &r, err, err_size));
             if (r.progress) {
                 t_last = t;
                 since_line = 0;
@@ -689,9 +683,9 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         }
         if (s->saving && cfg->checkpoint.every > 0 && step % cfg->checkpoint.every == 0 &&
             step < cfg->train.steps)
-            TRY(save(ctx, cfg, s, prog, false, res, err, err_size));
+            TRAIN_TRY(save(ctx, cfg, s, prog, false, res, err, err_size));
         if (s->bar.on && step < cfg->train.steps)
-            TRY(bar_draw(cfg, s, prog, first, loss, now_seconds() - t0, err, err_size));
+            TRAIN_TRY(bar_draw(cfg, s, prog, first, loss, now_seconds() - t0, err, err_size));
     }
     return s->counting ? fsdp_comm_debug_end(ctx) : FSDP_OK;
 }
@@ -703,14 +697,14 @@ static fsdp_status start_from(fsdp_ctx *ctx, const train_config *cfg, train_stat
     fsdp_state_sources from = {.model = s->model, .sharded = s->sh, .optimizer = s->opt};
     if (src->init[0]) {
         *what = "loading [model] init";
-        TRY(train_ckpt_init(ctx, cfg, &from, src->init, err, err_size));
+        TRAIN_TRY(train_ckpt_init(ctx, cfg, &from, src->init, err, err_size));
         if (s->out) fprintf(s->out, "init: parameters from %s\n", cfg->model.init);
     }
     if (src->resume[0]) {
         char layout[256] = "";
         *what = "resuming";
-        TRY(train_ckpt_resume(ctx, cfg, &from, src->resume, s->info.n_train, prog, layout,
-                              sizeof layout, err, err_size));
+        TRAIN_TRY(train_ckpt_resume(ctx, cfg, &from, src->resume, s->info.n_train, prog, layout,
+                                    sizeof layout, err, err_size));
         res->start_step = res->steps = prog->step;
         snprintf(res->resumed_from, sizeof res->resumed_from, "%s", src->resume);
         if (s->out)
