@@ -6,13 +6,15 @@
 #include "train_kind.h"
 #include "train_plan.h" // defines: train_plan_modules, train_plan_styles
 
-extern const train_kind train_kind_mlp;   /* kind_mlp.c */
-extern const train_kind train_kind_llama; /* kind_llama.c */
+extern const train_kind train_kind_mlp;         /* kind_mlp.c */
+extern const train_kind train_kind_llama;       /* kind_llama.c */
+extern const train_kind train_kind_mlp_stacked; /* kind_mlp_stacked.c */
 
 /* By [model] kind's value: its index here (train_model_kind names the first two). */
 static const train_kind *const g_kinds[] = {
     &train_kind_mlp,
     &train_kind_llama,
+    &train_kind_mlp_stacked,
 };
 #define N_KINDS ((int)(sizeof g_kinds / sizeof g_kinds[0]))
 _Static_assert(TRAIN_MODEL_MLP == 0 && TRAIN_MODEL_LLAMA == 1, "the table's first two entries");
