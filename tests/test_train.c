@@ -1,4 +1,4 @@
-/* test_train.c: fsdp-train's training run (train_run in tools/trainer.c, the one the tool
+/* test_train.c: fsdp-train's training run (train_run in tools/train_world.c, the one the tool
  * runs): examples/mlp.ini learns its teacher (loss > 10x lower); a run is deterministic and
  * independent of the context's seed, writes its metrics file and stops when the loss diverges.
  * Distributed runs: every [parallel] mode and strategy on 2 and 4 rank threads, tp 2 x dp 2,

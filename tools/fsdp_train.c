@@ -1,5 +1,5 @@
 /* fsdp_train.c: fsdp-train, the config-file trainer. Parses the command line and the config
- * (tools/train_config.c), then runs the training it describes (tools/trainer.c) on the ranks
+ * (tools/train_read.c), then runs the training it describes (tools/train_world.c) on the ranks
  * [parallel] asks for: rank threads, or this process's rank under mpirun.
  * With [checkpoint] dir set, SIGINT and SIGTERM stop the run after the current step with a
  * checkpoint (a second one ends the process at once).

@@ -4,7 +4,7 @@
 #define _DEFAULT_SOURCE // flock; and POSIX 2008: open_memstream, mkdtemp, stat
 
 #include "train_ckpt.h"
-#include "train_llama.h"
+#include "train_kind.h" // defines: train_kind_of
 
 #include <dirent.h> // defines: opendir, readdir
 #include <errno.h>
@@ -418,11 +418,9 @@ fsdp_status train_saver_create(fsdp_ctx *ctx, const train_config *cfg,
     if (!f) return FSDP_ERR_OUT_OF_MEMORY;
     train_config_write(cfg, f);
     if (fclose(f) != 0) return FSDP_ERR_OUT_OF_MEMORY;
-    if (cfg->model.kind == TRAIN_MODEL_LLAMA) {
-        /* The model's shape as Hugging Face writes it, so that a checkpoint of the run exports
-         * as a model directory transformers loads. */
-        fsdp_llama_config lc = train_llama_config(cfg);
-        fsdp_status st = fsdp_llama_config_to_hf_json(ctx, &lc, &sv->model_config);
+    const train_kind *kind = train_kind_of(cfg); /* its configuration for other programs */
+    if (kind->export_config) {
+        fsdp_status st = kind->export_config(ctx, cfg, &sv->model_config);
         if (st != FSDP_OK) return st;
     }
     fsdp_ckpt_options o = {.keep = (int)cfg->checkpoint.keep, .async = cfg->checkpoint.async};

@@ -77,7 +77,8 @@ typedef struct train_saver {
     fsdp_state *state;
     fsdp_ckpt_writer *writer;
     char *config;       /* train_config_write's text, kept in every checkpoint */
-    char *model_config; /* llama: its Hugging Face config.json (fsdp-ckpt export --format hf) */
+    char *model_config; /* the kind's export_config (llama: Hugging Face's config.json, for
+                           fsdp-ckpt export --format hf), or NULL */
     char layout[256];
 } train_saver;
 

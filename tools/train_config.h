@@ -1,5 +1,6 @@
-/* train_config.h: fsdp-train's configuration. One table of keys drives the INI parser
- * (libinih), --set overrides, validation and --help, so they cannot drift apart. */
+/* train_config.h: fsdp-train's configuration. One description of the keys (train_keys.h: the
+ * common ones and each model kind's own) drives the INI parser (libinih), --set overrides,
+ * validation and --help, so they cannot drift apart. */
 #ifndef FSDP_TOOLS_TRAIN_CONFIG_H
 #define FSDP_TOOLS_TRAIN_CONFIG_H
 
@@ -8,13 +9,12 @@
 #include <stdio.h>
 
 #include "fsdp/fsdp.h"
+#include "train_keys.h" // defines: train_key, train_int_list, train_append
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define TRAIN_MAX_LIST   16   /* entries of an int-list key */
-#define TRAIN_MAX_STRING 512  /* bytes of a string key, with its terminating NUL */
 #define TRAIN_MAX_KEYS   96   /* keys in the table */
 #define TRAIN_MAX_ORIGIN 160  /* bytes of one origin text */
 #define TRAIN_ERROR_SIZE 1024 /* a good size for the err buffers below */
@@ -23,22 +23,11 @@ extern "C" {
 #define TRAIN_MAX_LINE         198     /* characters of a config line, its newline not counted */
 #define TRAIN_MAX_CONFIG_BYTES 1048576 /* bytes of a config file (1 MiB) */
 
-typedef struct train_int_list {
-    int n;
-    int64_t v[TRAIN_MAX_LIST];
-} train_int_list;
-
-#define TRAIN_MAX_FLOAT_LIST 4 /* entries of a float-list key */
-
-typedef struct train_float_list {
-    int n;
-    double v[TRAIN_MAX_FLOAT_LIST];
-} train_float_list;
-
-/* [model] kind: which model. */
+/* [model] kind: which model, the index of its entry in the table of model kinds
+ * (train_kind.h, train_kinds.c); the first two are named here. */
 typedef enum train_model_kind {
-    TRAIN_MODEL_MLP = 0, /* fsdp_model_mlp over [model] widths */
-    TRAIN_MODEL_LLAMA,   /* fsdp_model_llama over [model] dim, n_layers, ... (train_llama.h) */
+    TRAIN_MODEL_MLP = 0, /* fsdp_model_mlp over [model] widths (kind_mlp.c) */
+    TRAIN_MODEL_LLAMA,   /* fsdp_model_llama over [model] dim, n_layers, ... (kind_llama.c) */
 } train_model_kind;
 
 /* [data] kind: where the samples come from. */
@@ -102,6 +91,8 @@ typedef enum train_progress_style {
 
 /* The values of every key (see train_config_print_help for their meaning and defaults). */
 typedef struct train_config {
+    /* [model]: the kind, and the values of every kind's own keys (each kind's file lists its
+     * keys: a key only its kind may set) */
     struct {
         train_model_kind kind;
         train_int_list widths; /* mlp: input, hidden..., output */
@@ -187,6 +178,42 @@ typedef struct train_config {
     char origin[TRAIN_MAX_KEYS][TRAIN_MAX_ORIGIN];
 } train_config;
 
+/* ---- the one list of keys ---- */
+
+/* A model kind's part of the list: its name, help and own [model] keys (train_kind.h). */
+typedef struct train_kind_keys {
+    const char *name;
+    const char *help;
+    const train_key *keys;
+    int n_keys;
+} train_kind_keys;
+
+#define TRAIN_MAX_KINDS 32
+
+/* Joins the common keys with the kinds' (n at most TRAIN_MAX_KINDS, by [model] kind's value),
+ * once: the first call wins (train_kinds_register makes it, before any key is read); kinds
+ * stays the caller's. A key that two kinds declare must be declared alike (all but the help):
+ * else, or with more than TRAIN_MAX_KEYS keys, the table is broken and this aborts. */
+void train_config_register_kinds(const train_kind_keys *kinds, int n);
+
+/* The sections, in the order the help and the written configuration show them. */
+int train_section_count(void);
+const char *train_section_name(int i);
+const char *train_section_help(int i);
+int train_section_find(const char *name); /* -1 when unknown */
+
+/* Every key once, by index: the common [model] kind, then the kinds' own [model] keys (a key
+ * that several kinds declare is one key), then the other common keys. */
+int train_key_count(void);
+const train_key *train_key_at(int i);
+int train_key_find(const char *section, const char *name); /* -1 when unknown */
+/* The model kinds that declare key i, as a bit mask of their indices; 0 for a common key. */
+unsigned train_key_kinds(int i);
+/* The kinds' own help for key i (of kind c), or NULL when kind c does not declare it. */
+const char *train_key_kind_help(int i, int c);
+/* The registered kinds' names, by index: NULL past the last. */
+const char *train_key_kind_name(int c);
+
 /* Sets every key to its default. */
 void train_config_init(train_config *cfg);
 
@@ -219,13 +246,15 @@ fsdp_status train_config_check(const train_config *cfg, char *err, size_t err_si
  * TRAIN_MAX_NO_DECAY. */
 int train_config_no_decay(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]);
 
-/* The modules of the model [model] describes, as its root (an nn.Sequential) names its
- * children: "0", "1", ... with their kind ("Linear", "ReLU", "GELU", "Sigmoid", "RMSNorm") and,
- * for a Linear, its index among the Linear layers (else -1). Returns their number (at most
- * TRAIN_MAX_MODULES). */
+/* The modules of the model [model] describes, walked from the module tree its kind builds (at
+ * the smallest sizes): every module under the root in pre-order, by its fully qualified name
+ * ("0", "1", ... for the MLP's nn.Sequential; "layers.0.net1" for MLPStacked), with its kind
+ * ("Linear", "ReLU", "GELU", "Sigmoid", "RMSNorm", ...) and, for a Linear, its index among the
+ * Linear layers (else -1). Returns their number (at most TRAIN_MAX_MODULES; 0 when the model
+ * cannot be built). */
 #define TRAIN_MAX_MODULES (2 * TRAIN_MAX_LIST)
 typedef struct train_module_info {
-    char name[12]; /* as trainer.c's module paths */
+    char name[64]; /* fsdp_module_fqn */
     const char *kind;
     int linear; /* Linear i of the MLP, or -1 */
 } train_module_info;
@@ -252,10 +281,6 @@ fsdp_status train_config_tp_plan(const train_config *cfg, train_tp_style *styles
 /* Splits [model] checkpoint_activations into patterns, as train_config_no_decay does. */
 int train_config_checkpoint_patterns(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]);
 
-/* kind = llama: whether decoder layer `layer` (model.layers.<layer>) matches pattern number
- * `pattern` of [model] checkpoint_activations, or any of them when pattern < 0. */
-bool train_config_llama_checkpointed(const train_config *cfg, int64_t layer, int pattern);
-
 /* [parallel] backend with auto resolved: TRAIN_BACKEND_MPI when the process was started by
  * mpirun (OMPI_COMM_WORLD_SIZE, or PMI_SIZE of MPICH's launchers, is set), else
  * TRAIN_BACKEND_LOCAL. */
@@ -280,6 +305,10 @@ typedef struct train_layout {
     int shard;    /* hybrid_shard: ranks per shard group (mesh dim "shard"); else dp */
 } train_layout;
 
+/* Where the world size comes from, for messages: "a world of 4 ranks ([parallel] ranks = 4
+ * (run.ini:9))". */
+void train_config_describe_world(const train_config *cfg, int world, char *buf, size_t size);
+
 /* Lays out a world of `world` ranks as cfg says and checks it: tp divides the world, each dp
  * rank gets samples (batch_size >= dp), hybrid_shard has dp >= 2 and replicas dividing dp.
  * FSDP_ERR_CONFIG with a message naming the keys and their origins on failure. */
@@ -292,6 +321,23 @@ void train_layout_describe(const train_config *cfg, const train_layout *layout, 
 
 /* The origin text of a key ("default", "run.ini:12", ...), or NULL for an unknown key. */
 const char *train_config_origin(const train_config *cfg, const char *section, const char *name);
+
+/* The value of [section] name as a file would hold it ("full_shard", "0.2"); returns buf. */
+const char *train_config_value(const train_config *cfg, const char *section, const char *name,
+                               char *buf, size_t size);
+
+/* Whether key [section] name holds a value other than its default. */
+bool train_config_changed(const train_config *cfg, const char *section, const char *name);
+
+/* Fails naming [section] name when it was changed from its default although `applies` (a
+ * condition described by `to`, with the key dsec.dname that decides it) does not hold: writes
+ * "[section] name = value (origin) applies to <to>, but <dsec dname>; remove it or change
+ * <dname>" into err and returns true. */
+bool train_config_key_not_for(const train_config *cfg, const char *section, const char *name,
+                              bool applies, const char *to, const char *dsec, const char *dname,
+                              char *err, size_t err_size);
+
+#define TRAIN_KEY_TEXT_SIZE 768 /* enough for most key texts; a longer one is truncated */
 
 /* "[section] name = value (origin)" of a key of the table, for messages; returns buf. */
 const char *train_config_key_text(const train_config *cfg, const char *section, const char *name,
@@ -345,10 +391,6 @@ typedef enum train_cli_action {
  * the checked configuration. Errors (FSDP_ERR_CONFIG or FSDP_ERR_IO) are written into err. */
 fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_action *action,
                             char *err, size_t err_size);
-
-/* Appends printf-style text to the NUL-terminated buf of `size` bytes, truncating. */
-void train_append(char *buf, size_t size, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 /* Context options for a run: seed = train.seed, log level = log.level. */
 fsdp_ctx_options train_config_ctx_options(const train_config *cfg);

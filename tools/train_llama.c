@@ -1,8 +1,9 @@
-/* train_llama.c: fsdp-train's Llama: fsdp_model_llama from the [model] keys, torchtitan's plan
- * over tp with loss parallel, activation checkpointing per decoder layer, and one rank's
- * sequences of a token file fed through it for a step or an evaluation. */
+/* train_llama.c: fsdp-train's Llama (kind_llama.c): fsdp_model_llama's config from the [model]
+ * keys, and one rank's sequences of a token file fed through it for a step or an
+ * evaluation. */
 #include "train_llama.h"
 
+#include <fnmatch.h> // defines: fnmatch
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,11 +58,20 @@ int64_t train_llama_param_count(const train_config *cfg) {
     return 2 * c.vocab_size * c.dim + c.dim + c.n_layers * layer;
 }
 
+bool train_llama_checkpointed(const train_config *cfg, int64_t layer, int pattern) {
+    char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING], name[32];
+    int n = train_config_checkpoint_patterns(cfg, patterns);
+    snprintf(name, sizeof name, "model.layers.%lld", (long long)layer);
+    for (int p = 0; p < n; p++)
+        if ((pattern < 0 || p == pattern) && fnmatch(patterns[p], name, 0) == 0) return true;
+    return false;
+}
+
 void train_llama_describe(const train_config *cfg, char *buf, size_t size) {
     fsdp_llama_config c = resolved(cfg);
     char ckpt[64] = "";
     int n_ckpt = 0;
-    for (int i = 0; i < c.n_layers; i++) n_ckpt += train_config_llama_checkpointed(cfg, i, -1);
+    for (int i = 0; i < c.n_layers; i++) n_ckpt += train_llama_checkpointed(cfg, i, -1);
     if (n_ckpt) snprintf(ckpt, sizeof ckpt, ", activations of %d checkpointed", n_ckpt);
     snprintf(buf, size,
              "Llama dim %lld, %d layer%s, %d heads (%d key/value), ffn %lld, vocab %lld, "
@@ -69,35 +79,6 @@ void train_llama_describe(const train_config *cfg, char *buf, size_t size) {
              (long long)c.dim, c.n_layers, c.n_layers == 1 ? "" : "s", c.n_heads, c.n_kv_heads,
              (long long)c.ffn_hidden, (long long)c.vocab_size, (long long)c.max_seq_len,
              (long long)train_llama_param_count(cfg), ckpt);
-}
-
-fsdp_status train_llama_build(fsdp_ctx *ctx, const train_config *cfg, const fsdp_mesh *mesh,
-                              fsdp_module **model) {
-    fsdp_llama_config c = train_llama_config(cfg);
-    fsdp_module *m = NULL;
-    TRY(fsdp_model_llama(ctx, &c, &m));
-    *model = m; /* the caller frees it, also on failure below */
-    fsdp_mesh *tp = NULL;
-    TRY(fsdp_mesh_dim(ctx, mesh, "tp", &tp));
-    int tp_size = fsdp_mesh_size(tp, 0);
-    if (tp_size > 1) {
-        fsdp_tp_plan_entry plan[FSDP_LLAMA_TP_PLAN_LEN];
-        int n = 0;
-        TRY(fsdp_llama_tp_plan(ctx, &c, tp_size, true, plan, &n));
-        fsdp_tp_options o = {.src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK};
-        TRY(fsdp_tp_parallelize(ctx, m, tp, n, plan, &o));
-    }
-    for (int i = 0; i < c.n_layers; i++)
-        if (train_config_llama_checkpointed(cfg, i, -1)) {
-            char path[32];
-            snprintf(path, sizeof path, "model.layers.%d", i);
-            fsdp_module *layer = fsdp_module_find(m, path);
-            if (!layer)
-                return fsdp_ctx_set_error(ctx, FSDP_ERR_INTERNAL, "the Llama model has no %s",
-                                          path);
-            TRY(fsdp_checkpoint_wrap(ctx, layer));
-        }
-    return FSDP_OK;
 }
 
 fsdp_status train_llama_create(fsdp_ctx *ctx, const train_config *cfg, const train_tokens *tokens,

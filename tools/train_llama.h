@@ -1,7 +1,7 @@
-/* train_llama.h: fsdp-train's [model] kind = llama: the model with torchtitan's plan over tp
- * and activation checkpointing per decoder layer, and what one rank does with a token file's
- * sequences: a step's forward and loss (loss parallel over tp), and the loss over the held-out
- * or probe sequences. FSDP and the optimizer stay the trainer's. */
+/* train_llama.h: fsdp-train's [model] kind = llama (kind_llama.c): the model's config, and what
+ * one rank does with a token file's sequences: a step's forward and loss (loss parallel over
+ * tp), and the loss over the held-out or probe sequences. FSDP and the optimizer stay the
+ * trainer's. */
 #ifndef FSDP_TOOLS_TRAIN_LLAMA_H
 #define FSDP_TOOLS_TRAIN_LLAMA_H
 
@@ -25,11 +25,9 @@ int64_t train_llama_param_count(const train_config *cfg);
  * parameters)" into buf. */
 void train_llama_describe(const train_config *cfg, char *buf, size_t size);
 
-/* Builds the model (parameters from the ctx seed), applies fsdp_llama_tp_plan with loss
- * parallel over mesh dim "tp" when it has several ranks, then fsdp_checkpoint_wrap on every
- * decoder layer that [model] checkpoint_activations names. *model is the caller's. */
-fsdp_status train_llama_build(fsdp_ctx *ctx, const train_config *cfg, const fsdp_mesh *mesh,
-                              fsdp_module **model);
+/* Whether decoder layer `layer` (model.layers.<layer>) matches pattern number `pattern` of
+ * [model] checkpoint_activations, or any of them when pattern < 0. */
+bool train_llama_checkpointed(const train_config *cfg, int64_t layer, int pattern);
 
 /* What one rank holds to feed the model: its slice [off, off + len) of every (micro-)batch of
  * `batch` sequences (batch_size / grad_accum), as (len, max_seq_len) token ids and next-token

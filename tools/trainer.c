@@ -1,16 +1,12 @@
-/* trainer.c: fsdp-train's training run: an MLP fits a dataset (a fixed random teacher network
- * on inputs drawn from the counter RNG by global sample index, or an HDF5 file's samples) by
- * regression (MSE) or classification (cross-entropy), with SGD, Adam or AdamW under a learning
- * rate schedule, on a world of ranks: tensor parallelism over tp, FSDP or replicas over dp,
- * each dp rank on its slice of every batch; the held-out split is evaluated as it goes. The
- * tool and tests/test_train.c share it. */
+/* trainer.c: fsdp-train's training run: the model of any kind (train_kind.h) fits its data with
+ * SGD, Adam or AdamW under a learning rate schedule, on a world of ranks: tensor parallelism
+ * over tp, FSDP or replicas over dp, each dp rank on its slice of every batch; the held-out
+ * split is evaluated as it goes. The tool and the tests share it. */
 #define _POSIX_C_SOURCE 200809L // clock_gettime, open_memstream, mkdtemp, stat
 
-#include "trainer.h"
+#include "train_rank.h"
 
 #include <errno.h>
-#include <float.h>   // defines: FLT_EPSILON
-#include <fnmatch.h> // defines: fnmatch
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,90 +18,16 @@
 
 #include "fsdp/version.h" // defines: FSDP_VERSION_STRING
 #include "train_ckpt.h"   // defines: train_sources, train_saver, train_ckpt_resume
-#include "train_data.h"   // defines: train_data_load, train_order_sample
 #include "train_finite.h" // defines: train_params_finite
-#include "train_llama.h"  // defines: train_llama_build, train_llama_forward_loss, train_llama_loss
-#include "train_tokens.h" // defines: train_tokens_load
+#include "train_kind.h"   // defines: train_kind_of, train_rank_env, train_feed_info
+#include "train_plan.h"   // defines: train_plan_checkpoint
 
 atomic_int train_stop_signal = 0;
-
-/* Returns the status of expr when it fails. */
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        fsdp_status try_st_ = (expr);                                                              \
-        if (try_st_ != FSDP_OK) return try_st_;                                                    \
-    } while (0)
 
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void format_widths(const int64_t *w, int n, char *buf, size_t size) {
-    buf[0] = '\0';
-    for (int i = 0; i < n; i++) train_append(buf, size, "%s%lld", i ? "-" : "", (long long)w[i]);
-}
-
-/* The teacher's widths: the model's input, data.teacher_widths, the model's output. */
-static int teacher_widths(const train_config *cfg, int64_t *w) {
-    int n = 0;
-    w[n++] = cfg->model.widths.v[0];
-    for (int i = 0; i < cfg->data.teacher_widths.n; i++) w[n++] = cfg->data.teacher_widths.v[i];
-    w[n++] = cfg->model.widths.v[cfg->model.widths.n - 1];
-    return n;
-}
-
-/* Dataset streams and the teacher's seed: fixed functions of data.seed, distinct from any
- * parameter's stream so the teacher never equals the student's initialisation. */
-#define STREAM_INPUTS  "fsdp-train/inputs"
-#define STREAM_NOISE   "fsdp-train/noise"
-#define STREAM_TEACHER "fsdp-train/teacher"
-
-/* x (samples, in): x[i][j] = normal(data.seed, inputs, i*in + j); y (samples, out) = teacher(x)
- * + noise. Both are functions of the global sample index only. */
-static fsdp_status make_dataset(fsdp_ctx *ctx, const train_config *cfg, fsdp_tensor *x,
-                                fsdp_tensor *y) {
-    uint64_t seed = (uint64_t)cfg->data.seed;
-    int64_t n = fsdp_tensor_numel(x);
-    float *xs = fsdp_tensor_f32(x);
-    uint64_t inputs = fsdp_rng_stream(STREAM_INPUTS);
-    for (int64_t i = 0; i < n; i++) xs[i] = fsdp_rng_normal(seed, inputs, (uint64_t)i);
-
-    int64_t w[TRAIN_MAX_LIST];
-    int nw = teacher_widths(cfg, w);
-    fsdp_module *teacher = NULL;
-    const fsdp_tensor *out = NULL;
-    fsdp_status st = fsdp_model_mlp(ctx, nw, w, cfg->model.activation, &teacher);
-    if (st == FSDP_OK)
-        st = fsdp_module_reset_parameters(ctx, teacher, seed ^ fsdp_rng_stream(STREAM_TEACHER));
-    if (st == FSDP_OK) st = fsdp_module_forward(ctx, teacher, x, &out);
-    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, y, out);
-    fsdp_module_free(teacher);
-    if (st != FSDP_OK || cfg->data.noise == 0) return st;
-    float *ys = fsdp_tensor_f32(y);
-    uint64_t noise = fsdp_rng_stream(STREAM_NOISE);
-    for (int64_t i = 0; i < fsdp_tensor_numel(y); i++)
-        ys[i] += (float)cfg->data.noise * fsdp_rng_normal(seed, noise, (uint64_t)i);
-    return FSDP_OK;
-}
-
-/* Class ids (samples) of a synthetic classification dataset: the argmax of the teacher's
- * output row (the first maximum). */
-static void argmax_rows(const float *v, int64_t rows, int64_t cols, int32_t *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        int32_t best = 0;
-        for (int64_t c = 1; c < cols; c++)
-            if (v[r * cols + c] > v[r * cols + best]) best = (int32_t)c;
-        out[r] = best;
-    }
-}
-
-/* Parameters of the MLP over widths (the whole model, whatever the layout). */
-static int64_t mlp_param_count(const train_int_list *w) {
-    int64_t n = 0;
-    for (int i = 0; i + 1 < w->n; i++) n += w->v[i] * w->v[i + 1] + w->v[i + 1];
-    return n;
 }
 
 /* Collectives of the training steps since the last metrics record, on rank 0 (from its
@@ -123,37 +45,28 @@ typedef struct train_bar {
     double last_draw; /* when it was drawn */
 } train_bar;
 
-/* What one rank holds. Linear i of the MLP is child "2i" of its Sequential ("2i+1" with
- * norm = rmsnorm, whose RMSNorm is child "0"). */
+/* What one rank holds. */
 typedef struct train_state {
     train_layout layout;
-    fsdp_mesh *mesh;                /* (dp, tp), or (replicate, shard, tp) for hybrid_shard */
-    fsdp_group *dp;                 /* the data-parallel group: the mesh's, or dp_owned */
-    fsdp_group *dp_owned;           /* hybrid_shard: the replicate x shard ranks of this tp index */
-    int dp_rank;                    /* this rank's index in dp */
-    char paths[TRAIN_MAX_LIST][12]; /* module paths of the Linear layers, "0", "2", ... (with
-                                       norm = rmsnorm "1", "3", ...) */
-    const char *path_ptrs[TRAIN_MAX_LIST];
-    fsdp_tp_plan_entry plan[TRAIN_MAX_LIST];
+    fsdp_mesh *mesh;        /* (dp, tp), or (replicate, shard, tp) for hybrid_shard */
+    fsdp_group *dp;         /* the data-parallel group: the mesh's, or dp_owned */
+    fsdp_group *dp_owned;   /* hybrid_shard: the replicate x shard ranks of this tp index */
+    int dp_rank;            /* this rank's index in dp */
+    const train_kind *kind; /* [model] kind */
+    const char *wrap[TRAIN_MAX_LAYERS]; /* wrap = layer: the units' paths or kinds */
     fsdp_module *model;
     fsdp_sharded *sh;    /* mode fsdp */
     fsdp_replicate *rep; /* mode replicate: borrowed from the model */
     int64_t micro;       /* samples of a micro-batch: batch_size / grad_accum */
     fsdp_optimizer *opt;
-    fsdp_lr_schedule sched;  /* [optim] schedule over [train] steps */
-    bool classify;           /* [data] task = classification */
-    fsdp_tensor *x, *y;      /* the dataset, on every rank: (samples, in), (samples, out) */
-    int32_t *labels;         /* classification: (samples) class ids */
-    int64_t n_train, n_eval; /* training samples [0, n_train), held-out [n_train, samples) */
-    train_order order;       /* the training samples' order */
-    fsdp_tensor *xb, *yb;    /* this rank's slice of a batch: (len, in), (len, out) */
-    int32_t *lb;             /* classification: (len) the slice's class ids */
-    fsdp_tensor *dout;       /* d(global loss)/d(prediction) * dp: (len, out) */
-    fsdp_tensor *loss;       /* (2): this rank's shares of a loss and a count, then sums */
-    int64_t off, len;        /* the slice: samples [off, off + len) of each batch */
-    FILE *out;               /* rank 0's progress stream, or NULL */
-    const char *out_name;    /* "the progress to stdout", for messages */
-    FILE *metrics;           /* rank 0's metrics file, or NULL */
+    fsdp_lr_schedule sched; /* [optim] schedule over [train] steps */
+    void *feed;             /* the kind's feed of this rank's data */
+    train_feed_info info;   /* n_train, n_eval, len */
+    int64_t per_sample;     /* tokens of a sample (the kind's tokens_per_sample), or 0 */
+    fsdp_tensor *loss;      /* (2): this rank's share of a batch loss (and 0), then sums */
+    FILE *out;              /* rank 0's progress stream, or NULL */
+    const char *out_name;   /* "the progress to stdout", for messages */
+    FILE *metrics;          /* rank 0's metrics file, or NULL */
     char metrics_name[TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 64]; /* for messages */
     train_saver saver; /* [checkpoint] dir set: the writer and the state it saves */
     bool saving;       /* saver is made */
@@ -161,27 +74,15 @@ typedef struct train_state {
     bool counting;     /* rank 0 counts its collectives: [log] comm_debug or metrics */
     train_comm comm;   /* what the steps since the last record communicated */
     train_bar bar;     /* the progress bar */
-    /* [model] kind = llama: the token file's sequences (then x, y, xb, yb are unused; n_train
-     * and n_eval count the probe and held-out sequences) */
-    train_llama *llama;
-    const train_tokens *tokens;
 } train_state;
 
 static void train_state_free(fsdp_ctx *ctx, train_state *s) {
     if (s->saving) train_saver_free(ctx, &s->saver); /* commits a save in flight */
-    train_llama_free(s->llama);
+    if (s->feed) s->kind->feed_free(s->feed);
     fsdp_tensor_free(s->stop);
     fsdp_optimizer_free(s->opt);
     fsdp_sharded_free(s->sh);
     fsdp_module_free(s->model);
-    fsdp_tensor_free(s->x);
-    fsdp_tensor_free(s->y);
-    free(s->labels);
-    free(s->lb);
-    train_order_free(&s->order);
-    fsdp_tensor_free(s->xb);
-    fsdp_tensor_free(s->yb);
-    fsdp_tensor_free(s->dout);
     fsdp_tensor_free(s->loss);
     fsdp_group_free(s->dp_owned);
     fsdp_mesh_free(s->mesh);
@@ -211,41 +112,6 @@ static fsdp_status setup_mesh(fsdp_ctx *ctx, const train_config *cfg, train_stat
     return st;
 }
 
-/* Tensor parallelism as [model] tp_plan says (by default Linear 2k Colwise and Linear 2k+1
- * Rowwise over tp, so the hidden width between them is sharded and the pair's output is
- * replicated again; with an odd number of Linear layers the last one stays whole on every tp
- * rank). The plan was checked with the configuration. */
-static fsdp_status apply_tp(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
-    train_tp_style styles[TRAIN_MAX_LIST];
-    char err[TRAIN_ERROR_SIZE];
-    if (train_config_tp_plan(cfg, styles, err, sizeof err) != FSDP_OK)
-        return FSDP_ERR_CONFIG; /* not reached: train_run checked the configuration */
-    int n = 0;
-    for (int i = 0; i + 1 < cfg->model.widths.n; i++)
-        if (styles[i] != TRAIN_TP_NONE)
-            s->plan[n++] = (fsdp_tp_plan_entry){
-                s->paths[i], styles[i] == TRAIN_TP_COLWISE ? FSDP_COLWISE() : FSDP_ROWWISE()};
-    fsdp_mesh *tp = NULL;
-    TRY(fsdp_mesh_dim(ctx, s->mesh, "tp", &tp));
-    /* every rank initialised the same values from train.seed: no broadcast needed */
-    fsdp_tp_options o = {.src_rank = cfg->parallel.sync_module_states ? 0 : FSDP_NO_SRC_RANK};
-    return fsdp_tp_parallelize(ctx, s->model, tp, n, s->plan, &o);
-}
-
-/* [model] checkpoint_activations: every module a pattern matches recomputes its activations in
- * backward (the patterns were checked with the configuration). */
-static fsdp_status apply_checkpointing(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
-    char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING];
-    train_module_info m[TRAIN_MAX_MODULES];
-    int n = train_config_checkpoint_patterns(cfg, patterns), n_mod = train_config_modules(cfg, m);
-    for (int i = 0; i < n_mod; i++) {
-        bool match = false;
-        for (int p = 0; p < n && !match; p++) match = fnmatch(patterns[p], m[i].name, 0) == 0;
-        if (match) TRY(fsdp_checkpoint_wrap(ctx, fsdp_module_find(s->model, m[i].name)));
-    }
-    return FSDP_OK;
-}
-
 /* FSDP over dp (hybrid_shard: over shard, replicated over replicate), or replicas. */
 static fsdp_status apply_dp(fsdp_ctx *ctx, const train_config *cfg, train_state *s) {
     if (cfg->parallel.mode == TRAIN_MODE_REPLICATE) {
@@ -266,22 +132,12 @@ static fsdp_status apply_dp(fsdp_ctx *ctx, const train_config *cfg, train_state 
                                   .comm_hook = {.kind = cfg->parallel.comm_hook},
                                   .mixed_precision = train_config_mixed_precision(cfg)};
     if (cfg->parallel.strategy == FSDP_HYBRID_SHARD) {
-        TRY(fsdp_mesh_get_group(ctx, s->mesh, "shard", &o.group));
-        TRY(fsdp_mesh_get_group(ctx, s->mesh, "replicate", &o.replicate_group));
+        TRAIN_TRY(fsdp_mesh_get_group(ctx, s->mesh, "shard", &o.group));
+        TRAIN_TRY(fsdp_mesh_get_group(ctx, s->mesh, "replicate", &o.replicate_group));
     }
-    static const char *const llama_layer[] = {TRAIN_LLAMA_LAYER_KIND};
-    if (cfg->parallel.wrap == TRAIN_WRAP_LAYER && s->llama) { /* a unit per decoder layer */
-        o.wrap_kinds = llama_layer;
-        o.n_wrap_kinds = 1;
-    } else if (cfg->parallel.wrap == TRAIN_WRAP_LAYER) { /* every Linear but the output one */
-        o.wrap_paths = s->path_ptrs;
-        o.n_wrap_paths = cfg->model.widths.n - 2;
-    }
+    if (cfg->parallel.wrap == TRAIN_WRAP_LAYER) /* the kind's units */
+        s->kind->wrap_layers(s->model, &o, s->wrap, TRAIN_MAX_LAYERS);
     return fsdp_fully_shard(ctx, s->model, &o, &s->sh);
-}
-
-static fsdp_status new_f32(fsdp_ctx *ctx, int64_t rows, int64_t cols, fsdp_tensor **out) {
-    return fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){rows, cols}, out);
 }
 
 /* The optimizer [optim] names over params, with weight_decay 0 for the no_decay patterns
@@ -299,7 +155,7 @@ static fsdp_status make_optimizer(fsdp_ctx *ctx, const train_config *cfg, fsdp_m
                                   .warmup_steps = cfg->optim.warmup_steps,
                                   .total_steps = cfg->train.steps,
                                   .min_lr = cfg->optim.min_lr};
-    TRY(fsdp_lr_schedule_check(ctx, &s->sched));
+    TRAIN_TRY(fsdp_lr_schedule_check(ctx, &s->sched));
     if (cfg->optim.name == TRAIN_OPTIM_SGD) {
         fsdp_sgd_options o = {.lr = cfg->optim.lr,
                               .momentum = cfg->optim.momentum,
@@ -322,218 +178,62 @@ static fsdp_status make_optimizer(fsdp_ctx *ctx, const train_config *cfg, fsdp_m
                                                : fsdp_adamw_create(ctx, params, &o, &s->opt);
 }
 
-/* The model [model] describes, initialised from train.seed: fsdp_model_mlp, or with norm =
- * rmsnorm the same layers after an RMSNorm over the input (nn.RMSNorm's default eps, float32's
- * machine epsilon), as nn.Sequential(RMSNorm(w0), Linear, act, ..., Linear) names them. */
-static fsdp_status build_model(fsdp_ctx *ctx, const train_config *cfg, fsdp_module **out) {
-    const train_int_list *w = &cfg->model.widths;
-    uint64_t seed = (uint64_t)cfg->train.seed;
-    if (cfg->model.norm == TRAIN_NORM_NONE) {
-        TRY(fsdp_model_mlp(ctx, w->n, w->v, cfg->model.activation, out));
-        return fsdp_ctx_seed(ctx) == seed ? FSDP_OK : fsdp_module_reset_parameters(ctx, *out, seed);
-    }
-    fsdp_module *m = NULL, *layer = NULL;
-    TRY(fsdp_sequential_create(ctx, &m));
-    fsdp_status st = fsdp_rmsnorm_create(ctx, w->v[0], FLT_EPSILON, &layer);
-    if (st == FSDP_OK) st = fsdp_sequential_append(ctx, m, layer);
-    for (int i = 0; st == FSDP_OK && i + 1 < w->n; i++) {
-        st = fsdp_linear_create(ctx, w->v[i], w->v[i + 1], true, &layer);
-        if (st == FSDP_OK) st = fsdp_sequential_append(ctx, m, layer);
-        if (st != FSDP_OK || i + 2 == w->n) continue;
-        fsdp_activation act = cfg->model.activation;
-        st = act == FSDP_ACT_GELU      ? fsdp_gelu_create(ctx, &layer)
-             : act == FSDP_ACT_SIGMOID ? fsdp_sigmoid_create(ctx, &layer)
-                                       : fsdp_relu_create(ctx, &layer);
-        if (st == FSDP_OK) st = fsdp_sequential_append(ctx, m, layer);
-    }
-    if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, seed);
-    if (st != FSDP_OK) {
-        fsdp_module_free(m);
-        return st;
-    }
-    *out = m;
-    return FSDP_OK;
-}
-
-/* The rank's copy of the dataset: the h5 data read by the process, or the synthetic teacher's;
- * with classification the class ids. */
-static fsdp_status make_data(fsdp_ctx *ctx, const train_config *cfg, const train_data *data,
-                             train_state *s) {
-    int64_t n = fsdp_tensor_dim(s->x, 0), in = fsdp_tensor_dim(s->x, 1);
-    int64_t out = fsdp_tensor_dim(s->y, 1);
-    if (data) {
-        memcpy(fsdp_tensor_f32(s->x), data->x, (size_t)(n * in) * sizeof(float));
-        if (data->y) memcpy(fsdp_tensor_f32(s->y), data->y, (size_t)(n * out) * sizeof(float));
-    } else {
-        TRY(make_dataset(ctx, cfg, s->x, s->y));
-    }
-    if (!s->classify) return FSDP_OK;
-    if (!(s->labels = malloc((size_t)n * sizeof *s->labels))) return FSDP_ERR_OUT_OF_MEMORY;
-    if (data)
-        memcpy(s->labels, data->labels, (size_t)n * sizeof *s->labels);
-    else
-        argmax_rows(fsdp_tensor_f32(s->y), n, out, s->labels);
-    return FSDP_OK;
-}
-
-/* [model] kind = llama (after the mesh): the model with TP (train_llama.c), FSDP or replicate
- * over dp, the optimizer and this rank's batch of sequences. */
-static fsdp_status llama_setup(fsdp_ctx *ctx, const train_config *cfg, train_state *s,
-                               const char **what) {
-    s->n_train = s->tokens->n_probe;
-    s->n_eval = s->tokens->n_eval;
-    s->micro = cfg->data.batch_size / cfg->train.grad_accum;
-    fsdp_chunk_range(s->micro, s->layout.dp, s->dp_rank, &s->off, &s->len);
-    fsdp_status st = train_llama_build(ctx, cfg, s->mesh, &s->model);
-    if (st == FSDP_OK && fsdp_ctx_seed(ctx) != (uint64_t)cfg->train.seed)
-        st = fsdp_module_reset_parameters(ctx, s->model, (uint64_t)cfg->train.seed);
-    *what = "allocating the batch";
-    if (st == FSDP_OK)
-        st = train_llama_create(
-            ctx, cfg, s->tokens, s->micro, s->dp, s->layout.dp, s->dp_rank, s->layout.tp,
-            fsdp_mesh_coordinate(s->mesh, fsdp_mesh_ndim(s->mesh) - 1), &s->llama, &s->dout);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){2}, &s->loss);
-    if (st == FSDP_OK) st = train_order_init(&s->order, cfg, s->n_train);
-    *what = cfg->parallel.mode == TRAIN_MODE_FSDP ? "applying FSDP" : "making the replicas";
-    if (st == FSDP_OK) st = apply_dp(ctx, cfg, s);
-    *what = "creating the optimizer";
-    fsdp_module *params = s->sh ? fsdp_sharded_flat_params(s->sh) : s->model;
-    return st == FSDP_OK ? make_optimizer(ctx, cfg, params, s) : st;
-}
-
-/* Builds the mesh, the model with its parallelism, the optimizer, the dataset and this rank's
- * batch tensors; all allocation of a run is here. data: the h5 dataset, NULL for synthetic. */
-static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const train_data *data,
+/* Builds the mesh, the model with its parallelism, the optimizer and this rank's feed of data;
+ * all allocation of a run is here. input: what the kind loaded for this process. */
+static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const void *input,
                                train_state *s, const char **what) {
-    const train_int_list *w = &cfg->model.widths;
-    int64_t in = w->v[0], out = w->v[w->n - 1];
-    int64_t n = data ? data->n : cfg->data.samples, b = cfg->data.batch_size;
-    s->classify = cfg->data.task == TRAIN_TASK_CLASSIFICATION;
-    s->n_eval = train_data_eval_count(cfg, n);
-    s->n_train = n - s->n_eval;
-    train_module_info mods[TRAIN_MAX_MODULES];
-    int n_mod = train_config_modules(cfg, mods);
-    for (int i = 0; i < n_mod; i++) {
-        if (mods[i].linear < 0) continue;
-        memcpy(s->paths[mods[i].linear], mods[i].name, sizeof s->paths[0]); /* both 12 bytes */
-        s->path_ptrs[mods[i].linear] = s->paths[mods[i].linear];
-    }
     fsdp_status st;
     *what = "creating the device mesh";
     if ((st = setup_mesh(ctx, cfg, s))) return st;
     *what = "building the model";
-    if (s->tokens) return llama_setup(ctx, cfg, s, what);
-    if ((st = build_model(ctx, cfg, &s->model))) return st;
+    if ((st = s->kind->build(ctx, cfg, false, &s->model))) return st;
     *what = "applying tensor parallelism";
-    if (s->layout.tp > 1 && (st = apply_tp(ctx, cfg, s))) return st;
+    fsdp_mesh *tp = NULL;
+    if (s->layout.tp > 1 && ((st = fsdp_mesh_dim(ctx, s->mesh, "tp", &tp)) ||
+                             (st = s->kind->parallelize(ctx, cfg, s->model, tp))))
+        return st;
     *what = "checkpointing activations";
-    if ((st = apply_checkpointing(ctx, cfg, s))) return st;
+    if ((st = train_plan_checkpoint(ctx, s->kind, cfg, s->model))) return st;
     *what = cfg->parallel.mode == TRAIN_MODE_FSDP ? "applying FSDP" : "making the replicas";
     if ((st = apply_dp(ctx, cfg, s))) return st;
     *what = "creating the optimizer";
     fsdp_module *params = s->sh ? fsdp_sharded_flat_params(s->sh) : s->model;
     if ((st = make_optimizer(ctx, cfg, params, s))) return st;
-    *what = "allocating the dataset";
-    s->micro = b / cfg->train.grad_accum;
-    fsdp_chunk_range(s->micro, s->layout.dp, s->dp_rank, &s->off, &s->len);
-    if ((st = new_f32(ctx, n, in, &s->x)) || (st = new_f32(ctx, n, out, &s->y)) ||
-        (st = new_f32(ctx, s->len, in, &s->xb)) || (st = new_f32(ctx, s->len, out, &s->yb)) ||
-        (st = new_f32(ctx, s->len, out, &s->dout)) ||
-        (st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){2}, &s->loss)) ||
-        (st = train_order_init(&s->order, cfg, s->n_train)))
+    *what = "allocating the data";
+    train_rank_env env = {.cfg = cfg,
+                          .layout = &s->layout,
+                          .mesh = s->mesh,
+                          .dp = s->dp,
+                          .dp_rank = s->dp_rank,
+                          .tp_rank = fsdp_mesh_coordinate(s->mesh, fsdp_mesh_ndim(s->mesh) - 1),
+                          .micro = cfg->data.batch_size / cfg->train.grad_accum,
+                          .input = input};
+    s->micro = env.micro;
+    s->per_sample = s->kind->tokens_per_sample ? s->kind->tokens_per_sample(cfg) : 0;
+    if ((st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){2}, &s->loss)))
         return st;
-    if (s->classify && !(s->lb = malloc((size_t)(s->len ? s->len : 1) * sizeof *s->lb)))
-        return FSDP_ERR_OUT_OF_MEMORY;
-    *what = data ? "copying the dataset" : "computing the teacher's targets";
-    return make_data(ctx, cfg, data, s);
+    return s->kind->feed_create(ctx, &env, &s->feed, &s->info);
 }
 
-/* The sums over dp of each rank's `share` (the rank's loss weighted by its part of the
- * samples) and `count` (its correct predictions, exact in f32 below 2^24): the global values,
- * the same on every rank. One rank: its own. */
-static fsdp_status sum_over_dp(fsdp_ctx *ctx, train_state *s, double share, double count,
-                               double *total, double *total_count) {
+/* The sum over dp of each rank's `share` (its loss weighted by its part of the samples): the
+ * global value, the same on every rank. One rank: its own. */
+static fsdp_status sum_over_dp(fsdp_ctx *ctx, train_state *s, double share, double *total) {
     if (s->layout.dp == 1) {
         *total = share;
-        if (total_count) *total_count = count;
         return FSDP_OK;
     }
     fsdp_tensor_f32(s->loss)[0] = (float)share;
-    fsdp_tensor_f32(s->loss)[1] = (float)count;
-    TRY(fsdp_all_reduce(ctx, s->dp, s->loss, FSDP_REDUCE_SUM));
+    fsdp_tensor_f32(s->loss)[1] = 0; /* the count the samples' evaluation sums beside it */
+    TRAIN_TRY(fsdp_all_reduce(ctx, s->dp, s->loss, FSDP_REDUCE_SUM));
     *total = fsdp_tensor_f32(s->loss)[0];
-    if (total_count) *total_count = fsdp_tensor_f32(s->loss)[1];
     return FSDP_OK;
 }
 
-/* Rows of pred (rows, out) whose argmax is the label. */
-static int64_t count_correct(const fsdp_tensor *pred, const int32_t *labels, int64_t rows) {
-    int32_t *best = malloc((size_t)(rows ? rows : 1) * sizeof *best);
-    if (!best) return -1;
-    argmax_rows(fsdp_tensor_f32(pred), rows, fsdp_tensor_dim(pred, 1), best);
-    int64_t n = 0;
-    for (int64_t r = 0; r < rows; r++) n += best[r] == labels[r];
-    free(best);
-    return n;
-}
-
-/* The loss of the model over samples [first, first + n) (one forward, no gradients), and
- * with classification the fraction of them it classifies right (else NAN): each dp rank takes
- * its torch.chunk of the samples. */
-static fsdp_status range_loss(fsdp_ctx *ctx, train_state *s, int64_t first, int64_t n, double *loss,
-                              double *accuracy) {
-    if (s->llama) { /* [0, n_train): the probe sequences; else the held-out ones */
-        if (accuracy) *accuracy = NAN;
-        return train_llama_loss(ctx, s->llama, s->model, first > 0, loss);
-    }
-    int64_t off, len;
-    int64_t in = fsdp_tensor_dim(s->x, 1), out = fsdp_tensor_dim(s->y, 1);
-    fsdp_chunk_range(n, s->layout.dp, s->dp_rank, &off, &len);
-    off += first;
-    fsdp_tensor *x = NULL, *y = NULL;
-    const fsdp_tensor *pred = NULL;
-    float l = 0;
-    int64_t right = 0;
-    fsdp_status st = fsdp_tensor_view(ctx, s->x, off * in, 2, (int64_t[]){len, in}, &x);
-    if (st == FSDP_OK) st = fsdp_tensor_view(ctx, s->y, off * out, 2, (int64_t[]){len, out}, &y);
-    if (st == FSDP_OK) st = fsdp_module_forward(ctx, s->model, x, &pred); /* every rank joins */
-    if (st == FSDP_OK && len > 0 && s->classify)
-        st = fsdp_loss_cross_entropy(ctx, pred, s->labels + off, &l, NULL);
-    else if (st == FSDP_OK && len > 0)
-        st = fsdp_loss_mse(ctx, pred, y, &l, NULL);
-    if (st == FSDP_OK && len > 0 && s->classify &&
-        (right = count_correct(pred, s->labels + off, len)) < 0)
-        st = FSDP_ERR_OUT_OF_MEMORY;
-    double total_right = 0;
-    if (st == FSDP_OK)
-        st = sum_over_dp(ctx, s, (double)l * (double)len / (double)n, (double)right, loss,
-                         &total_right);
-    if (accuracy) *accuracy = s->classify ? total_right / (double)n : NAN;
-    fsdp_tensor_free(x);
-    fsdp_tensor_free(y);
-    return st;
-}
-
-/* The loss over the training samples. */
+/* The loss over the training part of the data (the kind's: the training samples, the probe
+ * sequences). */
 static fsdp_status dataset_loss(fsdp_ctx *ctx, train_state *s, double *loss) {
-    return range_loss(ctx, s, 0, s->n_train, loss, NULL);
-}
-
-/* Copies the rows of the batch slice into xb, yb (regression) or lb (classification): row r is
- * sample train_order_sample(k0 + off + r). */
-static void gather_batch(train_state *s, int64_t k0) {
-    int64_t in = fsdp_tensor_dim(s->x, 1), out = fsdp_tensor_dim(s->y, 1);
-    const float *x = fsdp_tensor_f32(s->x), *y = fsdp_tensor_f32(s->y);
-    float *xb = fsdp_tensor_f32(s->xb), *yb = fsdp_tensor_f32(s->yb);
-    for (int64_t r = 0; r < s->len; r++) {
-        int64_t i = train_order_sample(&s->order, k0 + s->off + r);
-        memcpy(xb + r * in, x + i * in, (size_t)in * sizeof(float));
-        if (s->classify)
-            s->lb[r] = s->labels[i];
-        else
-            memcpy(yb + r * out, y + i * out, (size_t)out * sizeof(float));
-    }
+    double accuracy;
+    return s->kind->loss(ctx, s->feed, s->model, false, loss, &accuracy);
 }
 
 /* Gradient reduction on (sync) or off (no_sync: backward accumulates locally) for the
@@ -554,31 +254,22 @@ static fsdp_status train_step(fsdp_ctx *ctx, const train_config *cfg, train_stat
                               double *loss) {
     int64_t b = cfg->data.batch_size, n_micro = cfg->train.grad_accum;
     double share = 0; /* this rank's part of the batch loss */
-    TRY(fsdp_optimizer_zero_grad(ctx, s->opt));
+    TRAIN_TRY(fsdp_optimizer_zero_grad(ctx, s->opt));
+    int64_t len = s->info.len;
     for (int64_t m = 0; m < n_micro; m++) {
-        const fsdp_tensor *pred = NULL;
+        fsdp_tensor *dout = NULL;
         float l = 0;
         if (n_micro > 1) set_sync(s, m == n_micro - 1);
-        if (s->llama) { /* the slice's sequences of the token file */
-            TRY(train_llama_forward_loss(ctx, s->llama, s->model, start + m * s->micro, s->dout,
-                                         &l));
-        } else {
-            gather_batch(s, start + m * s->micro);
-            TRY(fsdp_module_forward(ctx, s->model, s->xb, &pred));
-            if (s->len > 0 && s->classify)
-                TRY(fsdp_loss_cross_entropy(ctx, pred, s->lb, &l, s->dout));
-            else if (s->len > 0)
-                TRY(fsdp_loss_mse(ctx, pred, s->yb, &l, s->dout));
-        }
-        double scale = (double)s->len * s->layout.dp / (double)b;
+        TRAIN_TRY(s->kind->step(ctx, s->feed, s->model, start + m * s->micro, &l, &dout));
+        double scale = (double)len * s->layout.dp / (double)b;
         if (scale != 1.0) {
-            float *d = fsdp_tensor_f32(s->dout);
-            for (int64_t i = 0; i < fsdp_tensor_numel(s->dout); i++) d[i] *= (float)scale;
+            float *d = fsdp_tensor_f32(dout);
+            for (int64_t i = 0; i < fsdp_tensor_numel(dout); i++) d[i] *= (float)scale;
         }
-        TRY(fsdp_module_backward(ctx, s->model, s->dout, NULL)); /* no input gradient */
-        share += (double)l * (double)s->len / (double)b;
+        TRAIN_TRY(fsdp_module_backward(ctx, s->model, dout, NULL)); /* no input gradient */
+        share += (double)l * (double)len / (double)b;
     }
-    return sum_over_dp(ctx, s, share, 0, loss, NULL);
+    return sum_over_dp(ctx, s, share, loss);
 }
 
 /* Flushes f; when that or an earlier write to f failed, writes "cannot write <name>: <why>"
@@ -637,11 +328,12 @@ static fsdp_status bar_draw(const train_config *cfg, train_state *s, const train
     bar[WIDTH] = '\0';
     format_duration(elapsed / (double)done * (double)(total - step), eta, sizeof eta);
     int digits = snprintf(NULL, 0, "%lld", (long long)total);
-    int64_t per_step = cfg->data.batch_size * (s->llama ? cfg->model.max_seq_len : 1);
+    int64_t per_step = cfg->data.batch_size * (s->per_sample ? s->per_sample : 1);
     fprintf(s->out, "\r\033[Kstep %*lld/%lld [%s] %3d%%  loss %.6f  %.0f %s/s  ETA %s", digits,
             (long long)step, (long long)total, bar, (int)(100 * step / total),
             prog->since ? prog->loss_sum / (double)prog->since : loss,
-            (double)(done * per_step) / fmax(elapsed, 1e-9), s->llama ? "tokens" : "samples", eta);
+            (double)(done * per_step) / fmax(elapsed, 1e-9), s->per_sample ? "tokens" : "samples",
+            eta);
     s->bar.shown = true;
     s->bar.last_draw = now;
     return flush_checked(s->out, s->out_name, err, err_size);
@@ -686,9 +378,9 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
         fprintf(s->out, "step %*lld/%lld  loss %.6f  lr %.3g", digits, (long long)step,
                 (long long)cfg->train.steps, r->loss, r->lr);
         if (!isnan(r->grad_norm)) fprintf(s->out, "  grad_norm %.3g", r->grad_norm);
-        if (s->llama) /* sequences of max_seq_len targets */
-            fprintf(s->out, "  tokens/s %.0f  time %.2fs",
-                    r->samples_per_s * (double)cfg->model.max_seq_len, r->elapsed);
+        if (s->per_sample) /* sequences of per_sample targets */
+            fprintf(s->out, "  tokens/s %.0f  time %.2fs", r->samples_per_s * (double)s->per_sample,
+                    r->elapsed);
         else
             fprintf(s->out, "  samples/s %.0f  time %.2fs", r->samples_per_s, r->elapsed);
         if (r->comm) /* the steps' time since the last line, split */
@@ -701,21 +393,21 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
                 (long long)cfg->train.steps, r->eval_loss);
         if (!isnan(r->eval_accuracy))
             fprintf(s->out, "  accuracy %.2f%%", 100.0 * r->eval_accuracy);
-        if (s->llama)
+        if (s->per_sample)
             fprintf(s->out, "  perplexity %.3f  (%lld held-out sequences)\n", exp(r->eval_loss),
-                    (long long)s->n_eval);
+                    (long long)s->info.n_eval);
         else
-            fprintf(s->out, "  (%lld held-out samples)\n", (long long)s->n_eval);
+            fprintf(s->out, "  (%lld held-out samples)\n", (long long)s->info.n_eval);
     }
-    if (s->out) TRY(flush_checked(s->out, s->out_name, err, err_size));
+    if (s->out) TRAIN_TRY(flush_checked(s->out, s->out_name, err, err_size));
     if (s->metrics) {
         fprintf(s->metrics, "{\"step\": %lld", (long long)step);
         if (r->progress) {
             fprintf(s->metrics, ", \"loss\": %.9g, \"samples_per_s\": %.1f, \"time_s\": %.6f",
                     r->loss, r->samples_per_s, r->elapsed);
-            if (s->llama)
+            if (s->per_sample)
                 fprintf(s->metrics, ", \"tokens_per_s\": %.1f",
-                        r->samples_per_s * (double)cfg->model.max_seq_len);
+                        r->samples_per_s * (double)s->per_sample);
             fprintf(s->metrics, ", \"lr\": %.9g", r->lr);
             if (!isnan(r->grad_norm)) fprintf(s->metrics, ", \"grad_norm\": %.9g", r->grad_norm);
             if (r->comm) write_comm(s->metrics, r->comm);
@@ -724,45 +416,13 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
             fprintf(s->metrics, ", \"eval_loss\": %.9g", r->eval_loss);
             if (!isnan(r->eval_accuracy))
                 fprintf(s->metrics, ", \"eval_accuracy\": %.9g", r->eval_accuracy);
-            if (s->llama) fprintf(s->metrics, ", \"eval_perplexity\": %.9g", exp(r->eval_loss));
+            if (s->per_sample)
+                fprintf(s->metrics, ", \"eval_perplexity\": %.9g", exp(r->eval_loss));
         }
         fprintf(s->metrics, "}\n");
-        TRY(flush_checked(s->metrics, s->metrics_name, err, err_size));
+        TRAIN_TRY(flush_checked(s->metrics, s->metrics_name, err, err_size));
     }
     return FSDP_OK;
-}
-
-/* The first line of an MLP run: the model and the data. */
-static void mlp_banner(const train_config *cfg, train_state *s) {
-    char mw[256], tw[256];
-    int64_t w[TRAIN_MAX_LIST];
-    format_widths(cfg->model.widths.v, cfg->model.widths.n, mw, sizeof mw);
-    format_widths(w, teacher_widths(cfg, w), tw, sizeof tw);
-    fprintf(s->out, "fsdp-train %s: MLP %s (%s, %lld parameters), ", FSDP_VERSION_STRING, mw,
-            fsdp_activation_to_string(cfg->model.activation),
-            (long long)mlp_param_count(&cfg->model.widths));
-    if (cfg->data.kind == TRAIN_DATA_H5)
-        fprintf(s->out, "data %s", cfg->data.path);
-    else
-        fprintf(s->out, "teacher %s", tw);
-    fprintf(s->out, ", %lld samples (%lld held out), batch %lld, %s\n",
-            (long long)(s->n_train + s->n_eval), (long long)s->n_eval,
-            (long long)cfg->data.batch_size, s->classify ? "classification" : "regression");
-}
-
-/* The model and data lines of a Llama run. */
-static void llama_banner(const train_config *cfg, train_state *s) {
-    char model[256];
-    const train_tokens *t = s->tokens;
-    train_llama_describe(cfg, model, sizeof model);
-    fprintf(s->out, "fsdp-train %s: %s\n", FSDP_VERSION_STRING, model);
-    fprintf(s->out,
-            "data: %s, %lld tokens (%lld held out), batches of %lld sequences (%lld tokens); "
-            "unigram entropy %.4f nats/token (perplexity %.2f)\n",
-            cfg->data.path, (long long)t->count, (long long)(t->count - t->n_train),
-            (long long)cfg->data.batch_size,
-            (long long)(cfg->data.batch_size * cfg->model.max_seq_len), t->entropy,
-            exp(t->entropy));
 }
 
 /* The model and layout lines (and under debug the configuration). */
@@ -771,10 +431,8 @@ static void print_banner(const train_config *cfg, train_state *s) {
     train_layout_describe(cfg, &s->layout, lw, sizeof lw);
     static const char *const optim[] = {"SGD", "Adam", "AdamW"};
     static const char *const sched[] = {"constant", "warmup", "cosine"};
-    if (s->llama)
-        llama_banner(cfg, s);
-    else
-        mlp_banner(cfg, s);
+    fprintf(s->out, "fsdp-train %s: ", FSDP_VERSION_STRING);
+    s->kind->banner(cfg, s->feed, s->out);
     fprintf(s->out, "optim: %s lr %g, %s schedule", optim[cfg->optim.name], cfg->optim.lr,
             sched[cfg->optim.schedule]);
     if (cfg->optim.name == TRAIN_OPTIM_SGD) fprintf(s->out, ", momentum %g", cfg->optim.momentum);
@@ -792,10 +450,7 @@ static fsdp_status print_first_loss(const train_config *cfg, train_state *s, dou
                                     int64_t step, char *err, size_t err_size) {
     int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
     fprintf(s->out, "step %*lld/%lld  loss %.6f  (%s, %s)\n", digits, (long long)step,
-            (long long)cfg->train.steps, first_loss,
-            s->llama    ? "probe sequences of the training tokens"
-            : s->n_eval ? "training samples"
-                        : "whole dataset",
+            (long long)cfg->train.steps, first_loss, s->info.train_part,
             step ? "at the resumed step" : "before training");
     return flush_checked(s->out, s->out_name, err, err_size);
 }
@@ -910,7 +565,7 @@ static fsdp_status agree_stop(fsdp_ctx *ctx, train_state *s, bool *stop) {
         return FSDP_OK;
     }
     fsdp_tensor_f32(s->stop)[0] = mine;
-    TRY(fsdp_all_reduce(ctx, fsdp_ctx_world_group(ctx), s->stop, FSDP_REDUCE_MAX));
+    TRAIN_TRY(fsdp_all_reduce(ctx, fsdp_ctx_world_group(ctx), s->stop, FSDP_REDUCE_MAX));
     *stop = fsdp_tensor_f32(s->stop)[0] > 0;
     return FSDP_OK;
 }
@@ -938,7 +593,7 @@ static fsdp_status print_comm_table(fsdp_ctx *ctx, train_state *s, int64_t step,
                                     size_t err_size) {
     bar_clear(s);
     fprintf(s->out, "comm_debug: the collectives of step %lld on rank 0\n", (long long)step);
-    TRY(fsdp_comm_debug_print(ctx, s->out));
+    TRAIN_TRY(fsdp_comm_debug_print(ctx, s->out));
     return flush_checked(s->out, s->out_name, err, err_size);
 }
 
@@ -956,36 +611,37 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
      * evaluation before it left gathered (FSDP's root keeps them after forward) */
     int64_t table_step = first < cfg->train.steps ? first + 1 : first;
     train_comm before = {0}, after = {0}; /* op 0 (FSDP_COMM_ANY) stays 0 */
-    if (s->counting) TRY(fsdp_comm_debug_begin(ctx));
+    if (s->counting) TRAIN_TRY(fsdp_comm_debug_begin(ctx));
     /* no allocation in here (but in a checkpoint's save, and comm-debug's first counts) */
     for (int64_t step = first; step <= cfg->train.steps; step++) {
         double loss = 0, lr = fsdp_lr_at(&s->sched, step - 1), grad_norm = NAN;
         int64_t k0 = (step - 1) * cfg->data.batch_size; /* the batch's first stream position */
         double t_step = now_seconds();
         if (s->counting && step == table_step && step > first) { /* count it alone */
-            TRY(fsdp_comm_debug_end(ctx));
-            TRY(fsdp_comm_debug_begin(ctx));
+            TRAIN_TRY(fsdp_comm_debug_end(ctx));
+            TRAIN_TRY(fsdp_comm_debug_begin(ctx));
         }
         if (s->counting) comm_read(ctx, &before);
-        TRY(train_step(ctx, cfg, s, k0, &loss));
-        prog->position = (k0 + cfg->data.batch_size) % s->n_train;
+        TRAIN_TRY(train_step(ctx, cfg, s, k0, &loss));
+        prog->position = (k0 + cfg->data.batch_size) % s->info.n_train;
         if (!isfinite(loss)) /* the same global loss on every rank: all stop here */
             return not_finite(cfg, true, NULL, err, err_size, "the loss became %g at step %lld",
                               loss, (long long)step);
         if (cfg->optim.clip_grad_norm > 0 && s->sh)
-            TRY(fsdp_sharded_clip_grad_norm(ctx, s->sh, cfg->optim.clip_grad_norm, 2.0,
-                                            &grad_norm));
+            TRAIN_TRY(fsdp_sharded_clip_grad_norm(ctx, s->sh, cfg->optim.clip_grad_norm, 2.0,
+                                                  &grad_norm));
         else if (cfg->optim.clip_grad_norm > 0)
-            TRY(fsdp_clip_grad_norm(ctx, s->model, cfg->optim.clip_grad_norm, 2.0, &grad_norm));
+            TRAIN_TRY(
+                fsdp_clip_grad_norm(ctx, s->model, cfg->optim.clip_grad_norm, 2.0, &grad_norm));
         fsdp_optimizer_set_lr(s->opt, lr);
-        TRY(fsdp_optimizer_step(ctx, s->opt));
+        TRAIN_TRY(fsdp_optimizer_step(ctx, s->opt));
         if (s->counting) {
             comm_read(ctx, &after);
             comm_add(&s->comm, &before, &after);
             s->comm.step_seconds += now_seconds() - t_step;
         }
         if (s->counting && cfg->log.comm_debug && s->out && step == table_step)
-            TRY(print_comm_table(ctx, s, step, err, err_size));
+            TRAIN_TRY(print_comm_table(ctx, s, step, err, err_size));
         prog->step = res->steps = step;
         res->grad_norm = grad_norm;
         if (res->n_step_losses < TRAIN_TRACE_STEPS) res->step_loss[res->n_step_losses++] = loss;
@@ -993,17 +649,17 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         prog->since++;
         since_line++;
         bool stop = false, regular = step % cfg->train.log_every == 0;
-        if (s->saving) TRY(agree_stop(ctx, s, &stop));
+        if (s->saving) TRAIN_TRY(agree_stop(ctx, s, &stop));
         stop = stop && step < cfg->train.steps; /* the last step: the run ends anyway */
         bool last = step == cfg->train.steps;
         train_report r = {.progress = regular || last || stop,
                           .lr = lr,
                           .grad_norm = grad_norm,
                           .comm = s->counting ? &s->comm : NULL};
-        if (s->n_eval > 0 &&
+        if (s->info.n_eval > 0 &&
             (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0))) {
             r.eval = true;
-            TRY(range_loss(ctx, s, s->n_train, s->n_eval, &r.eval_loss, &r.eval_accuracy));
+            TRAIN_TRY(s->kind->loss(ctx, s->feed, s->model, true, &r.eval_loss, &r.eval_accuracy));
             res->eval_loss = r.eval_loss;
             res->eval_accuracy = r.eval_accuracy;
             if (res->n_evals < TRAIN_TRACE_STEPS) res->eval_step[res->n_evals++] = step;
@@ -1013,7 +669,7 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
             r.loss = prog->loss_sum / (double)prog->since;
             r.samples_per_s = (double)(since_line * cfg->data.batch_size) / fmax(t - t_last, 1e-9);
             r.elapsed = t - t0;
-            TRY(report(cfg, s, step, &r, err, err_size));
+            TRAIN_TRY(report(cfg, s, step, &r, err, err_size));
             if (r.progress) {
                 t_last = t;
                 since_line = 0;
@@ -1027,9 +683,9 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         }
         if (s->saving && cfg->checkpoint.every > 0 && step % cfg->checkpoint.every == 0 &&
             step < cfg->train.steps)
-            TRY(save(ctx, cfg, s, prog, false, res, err, err_size));
+            TRAIN_TRY(save(ctx, cfg, s, prog, false, res, err, err_size));
         if (s->bar.on && step < cfg->train.steps)
-            TRY(bar_draw(cfg, s, prog, first, loss, now_seconds() - t0, err, err_size));
+            TRAIN_TRY(bar_draw(cfg, s, prog, first, loss, now_seconds() - t0, err, err_size));
     }
     return s->counting ? fsdp_comm_debug_end(ctx) : FSDP_OK;
 }
@@ -1041,14 +697,14 @@ static fsdp_status start_from(fsdp_ctx *ctx, const train_config *cfg, train_stat
     fsdp_state_sources from = {.model = s->model, .sharded = s->sh, .optimizer = s->opt};
     if (src->init[0]) {
         *what = "loading [model] init";
-        TRY(train_ckpt_init(ctx, cfg, &from, src->init, err, err_size));
+        TRAIN_TRY(train_ckpt_init(ctx, cfg, &from, src->init, err, err_size));
         if (s->out) fprintf(s->out, "init: parameters from %s\n", cfg->model.init);
     }
     if (src->resume[0]) {
         char layout[256] = "";
         *what = "resuming";
-        TRY(train_ckpt_resume(ctx, cfg, &from, src->resume, s->n_train, prog, layout, sizeof layout,
-                              err, err_size));
+        TRAIN_TRY(train_ckpt_resume(ctx, cfg, &from, src->resume, s->info.n_train, prog, layout,
+                                    sizeof layout, err, err_size));
         res->start_step = res->steps = prog->step;
         snprintf(res->resumed_from, sizeof res->resumed_from, "%s", src->resume);
         if (s->out)
@@ -1075,22 +731,19 @@ static fsdp_status setup_saving(fsdp_ctx *ctx, const train_config *cfg, train_st
     return st;
 }
 
-/* The run on one rank of the world (ctx bound to it). out: rank 0's progress stream or NULL;
- * metrics are written by rank 0. */
-static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layout *layout,
-                              const train_sources *src, const train_data *data,
-                              const train_tokens *tokens, FILE *out, train_result *res, char *err,
-                              size_t err_size) {
+fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layout *layout,
+                       const train_sources *src, const void *input, FILE *out, train_result *res,
+                       char *err, size_t err_size) {
     bool rank0 = fsdp_ctx_rank(ctx) == 0;
     train_state s = {.layout = *layout,
-                     .tokens = tokens,
+                     .kind = train_kind_of(cfg),
                      .out = rank0 ? out : NULL,
                      .out_name = out == stdout ? "the progress to stdout" : "the progress output"};
     train_progress prog = {0};
     const char *what = "";
     err[0] = '\0';
     res->eval_loss = res->eval_accuracy = res->grad_norm = NAN;
-    fsdp_status st = train_setup(ctx, cfg, data, &s, &what);
+    fsdp_status st = train_setup(ctx, cfg, input, &s, &what);
     if (st == FSDP_OK) {
         what = "setting up checkpoints";
         st = setup_saving(ctx, cfg, &s);
@@ -1113,10 +766,10 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
     }
     if (st == FSDP_OK && s.out)
         st = print_first_loss(cfg, &s, res->first_loss, prog.step, err, err_size);
-    if (st == FSDP_OK && prog.step > 0 && s.n_eval > 0) { /* where a resumed run stands */
+    if (st == FSDP_OK && prog.step > 0 && s.info.n_eval > 0) { /* where a resumed run stands */
         train_report r = {.eval = true};
         what = "evaluating at the resumed step";
-        st = range_loss(ctx, &s, s.n_train, s.n_eval, &r.eval_loss, &r.eval_accuracy);
+        st = s.kind->loss(ctx, s.feed, s.model, true, &r.eval_loss, &r.eval_accuracy);
         if (st == FSDP_OK) {
             res->eval_loss = r.eval_loss, res->eval_accuracy = r.eval_accuracy;
             FILE *metrics = s.metrics; /* a line for the reader, no record */
@@ -1160,187 +813,14 @@ static fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const trai
                         "after training, %s, though the whole-dataset loss is %g", bad,
                         res->last_loss);
     if (st == FSDP_OK && s.metrics) st = close_metrics(&s, err, err_size);
-    if (st == FSDP_OK && s.out && !res->interrupted && s.llama) {
-        fprintf(s.out,
-                "done: %lld steps in %.2fs (%.0f tokens/s); probe-sequence loss %.6f -> %.6f, "
-                "%.1fx lower; %.4f nats/token %s the unigram entropy %.4f\n",
-                (long long)ran, res->seconds, res->samples_per_s * (double)cfg->model.max_seq_len,
-                res->first_loss, res->last_loss, res->first_loss / fmax(res->last_loss, 1e-30),
-                fabs(res->last_loss - s.tokens->entropy),
-                res->last_loss < s.tokens->entropy ? "below" : "above", s.tokens->entropy);
-        st = flush_checked(s.out, s.out_name, err, err_size);
-    } else if (st == FSDP_OK && s.out && !res->interrupted) {
-        fprintf(s.out,
-                "done: %lld steps in %.2fs (%.0f samples/s); %s loss %.6f -> %.6f, "
-                "%.1fx lower\n",
-                (long long)ran, res->seconds, res->samples_per_s,
-                s.n_eval ? "training-samples" : "whole-dataset", res->first_loss, res->last_loss,
-                res->first_loss / fmax(res->last_loss, 1e-30));
+    if (st == FSDP_OK && s.out && !res->interrupted) {
+        double per_s = res->samples_per_s * (double)(s.per_sample ? s.per_sample : 1);
+        fprintf(s.out, "done: %lld steps in %.2fs (%.0f %s/s)", (long long)ran, res->seconds, per_s,
+                s.per_sample ? "tokens" : "samples");
+        s.kind->done(cfg, s.feed, s.out, res->first_loss, res->last_loss);
         st = flush_checked(s.out, s.out_name, err, err_size);
     }
     if (st != FSDP_OK && !err[0]) snprintf(err, err_size, "%s: %s", what, fsdp_last_error(ctx));
     train_state_free(ctx, &s);
-    return st;
-}
-
-/* ---- the world ---------------------------------------------------------------------------- */
-
-typedef struct train_job {
-    const train_config *cfg;
-    const train_sources *src;
-    const train_data *data;     /* kind = h5: read once by this process; else NULL */
-    const train_tokens *tokens; /* kind = tokens: read once by this process; else NULL */
-    train_layout layout;
-    FILE *out;
-    bool mpi;
-    train_result result; /* rank 0's; under mpi this process's rank's */
-    int my_rank;         /* the rank that wrote result */
-    fsdp_status my_status;
-    char *messages; /* world size x TRAIN_ERROR_SIZE: each hosted rank's message, "" if none */
-} train_job;
-
-static fsdp_status rank_main(fsdp_ctx *ctx, int rank, void *user) {
-    train_job *job = user;
-    train_result res = {.layout = job->layout, .rank = rank};
-    char *err = job->messages + (size_t)rank * TRAIN_ERROR_SIZE;
-    fsdp_status st = train_rank(ctx, job->cfg, &job->layout, job->src, job->data, job->tokens,
-                                rank == 0 ? job->out : NULL, &res, err, TRAIN_ERROR_SIZE);
-    if (rank == 0 || job->mpi) {
-        job->result = res;
-        job->my_rank = rank;
-        job->my_status = st;
-    }
-    return st;
-}
-
-/* Under mpi, before anything else: the processes compare their configurations, which each
- * read from its own command line and files (rank threads share one). */
-static fsdp_status agree_main(fsdp_ctx *ctx, int rank, void *user) {
-    train_job *job = user;
-    fsdp_status st = train_config_agree(
-        ctx, NULL, job->cfg, job->messages + (size_t)rank * TRAIN_ERROR_SIZE, TRAIN_ERROR_SIZE);
-    job->my_rank = rank;
-    job->my_status = st;
-    return st;
-}
-
-/* The message of a failed run, from the ranks this process hosts: the rank that failed first
- * (fsdp_world_run's choice) when it is here, else this process's own rank when it failed the
- * same way (under mpi the other processes' tool messages do not travel), else the library's. */
-static void failure_message(fsdp_ctx *ctx, fsdp_world *world, const train_job *job, fsdp_status st,
-                            char *err, size_t err_size) {
-    const char *library = ctx ? fsdp_last_error(ctx) : "";
-    int size = fsdp_world_size(world), failed = -1;
-    for (int r = 0; r < size && failed < 0; r++) {
-        char text[TRAIN_ERROR_SIZE + 32];
-        snprintf(text, sizeof text, "rank %d: %s", r, fsdp_world_rank_error(world, r));
-        if (fsdp_world_rank_status(world, r) != FSDP_OK && strcmp(text, library) == 0) failed = r;
-    }
-    int pick = -1;
-    if (failed >= 0 && (!job->mpi || failed == job->my_rank) &&
-        job->messages[(size_t)failed * TRAIN_ERROR_SIZE])
-        pick = failed;
-    else if (job->my_rank >= 0 && job->my_status == st &&
-             job->messages[(size_t)job->my_rank * TRAIN_ERROR_SIZE])
-        pick = job->my_rank;
-    if (pick < 0)
-        snprintf(err, err_size, "%s", library);
-    else if (size == 1)
-        snprintf(err, err_size, "%s", job->messages + (size_t)pick * TRAIN_ERROR_SIZE);
-    else
-        snprintf(err, err_size, "rank %d: %s", pick,
-                 job->messages + (size_t)pick * TRAIN_ERROR_SIZE);
-}
-
-fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_result *result,
-                      char *err, size_t err_size) {
-    train_result res = {.rank = -1};
-    if (result) *result = res;
-    err[0] = '\0';
-    if (cfg->log.level != FSDP_LOG_DEBUG && cfg->log.level != FSDP_LOG_INFO) out = NULL;
-    fsdp_status st = train_config_check(cfg, err, err_size);
-    if (st != FSDP_OK) return st;
-    bool mpi = train_config_backend(cfg) == TRAIN_BACKEND_MPI;
-    fsdp_world_options wo = {.backend = mpi ? FSDP_BACKEND_MPI : FSDP_BACKEND_LOCAL,
-                             .nranks = mpi ? 0 : train_config_world_size(cfg),
-                             .timeout_ms = (int)(cfg->parallel.timeout_s * 1000),
-                             .threads_per_rank = (int)cfg->parallel.threads_per_rank,
-                             .pin_threads = cfg->parallel.pin_threads,
-                             .ctx = train_config_ctx_options(cfg)};
-    fsdp_world *world = NULL;
-    if ((st = fsdp_world_create(ctx, &wo, &world)) != FSDP_OK) {
-        snprintf(err, err_size, "creating the %s world: %s", mpi ? "mpi" : "local",
-                 ctx ? fsdp_last_error(ctx) : fsdp_status_to_string(st));
-        return st;
-    }
-    int size = fsdp_world_size(world);
-    train_job job = {.cfg = cfg, .out = out, .mpi = mpi, .my_rank = -1};
-    if (!(job.messages = calloc((size_t)size, TRAIN_ERROR_SIZE))) {
-        snprintf(err, err_size, "out of memory for the messages of %d ranks", size);
-        st = FSDP_ERR_OUT_OF_MEMORY;
-    }
-    if (st == FSDP_OK && mpi && size > 1 &&
-        (st = fsdp_world_run(ctx, world, agree_main, &job)) != FSDP_OK) {
-        /* every process has the same message: rank 0 tells it (result.rank) */
-        const char *mine =
-            job.my_rank >= 0 ? job.messages + (size_t)job.my_rank * TRAIN_ERROR_SIZE : "";
-        if (*mine)
-            snprintf(err, err_size, "%s", mine);
-        else
-            failure_message(ctx, world, &job, st, err, err_size);
-        if (result) result->rank = job.my_rank;
-    } else if (st == FSDP_OK && mpi && cfg->parallel.ranks > 0 && cfg->parallel.ranks != size) {
-        snprintf(err, err_size,
-                 "[parallel] ranks = %lld (%s), but mpirun started %d processes; under mpi the "
-                 "process count decides: set ranks = 0 (or %d), or start %lld processes "
-                 "(mpirun -np %lld)",
-                 (long long)cfg->parallel.ranks, train_config_origin(cfg, "parallel", "ranks"),
-                 size, size, (long long)cfg->parallel.ranks, (long long)cfg->parallel.ranks);
-        st = FSDP_ERR_CONFIG;
-    } else if (st == FSDP_OK) {
-        st = train_layout_resolve(cfg, size, &job.layout, err, err_size);
-    }
-    int lock = -1; /* [checkpoint] dir, claimed before anything reads or writes it */
-    if (st == FSDP_OK && cfg->checkpoint.dir[0] && fsdp_world_hosts_rank(world, 0))
-        st = train_ckpt_claim_dir(cfg, &lock, err, err_size);
-    train_sources src; /* resolved once per process: the ranks only read it */
-    memset(&src, 0, sizeof src);
-    job.src = &src;
-    if (st == FSDP_OK) st = train_sources_resolve(ctx, cfg, &src, err, err_size);
-    train_data data = {0};
-    if (st == FSDP_OK && cfg->data.kind == TRAIN_DATA_H5) {
-        st = train_data_load(cfg, &data, err, err_size);
-        job.data = &data;
-    }
-    train_tokens tokens = {0};
-    if (st == FSDP_OK && cfg->data.kind == TRAIN_DATA_TOKENS) {
-        st = train_tokens_load(cfg, &tokens, err, err_size);
-        job.tokens = &tokens;
-    }
-    int left = 0;
-    if (st == FSDP_OK) {
-        job.my_rank = -1;
-        /* on the heap: a rank thread left running may write to it after this returns */
-        train_job *run = malloc(sizeof *run);
-        if (run) *run = job;
-        st = run ? fsdp_world_run(ctx, world, rank_main, run) : FSDP_ERR_OUT_OF_MEMORY;
-        if (run) job = *run;
-        if (st != FSDP_OK && run) failure_message(ctx, world, &job, st, err, err_size);
-        if (!run) snprintf(err, err_size, "out of memory for the run of %d ranks", size);
-        left = fsdp_world_threads_left(world);
-        if (result) *result = job.result, result->threads_left = left;
-        if (!left) free(run);
-    }
-    if (left) { /* a thread left running may still read what the job points to: nothing is
-                   freed (src, data and tokens live in this frame: the process must end now) */
-        fsdp_world_free(world);
-        return st;
-    }
-    train_sources_free(&src);
-    train_data_free(&data);
-    train_tokens_free(&tokens);
-    free(job.messages);
-    fsdp_world_free(world);
-    train_ckpt_release_dir(lock);
     return st;
 }
