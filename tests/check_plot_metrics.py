@@ -141,7 +141,8 @@ def main():
             ("notokens", "--x tokens needs", None),
         ]
         contents = {
-            "malformed": ['{"step": 1, "loss": 2.0}', '{"step": 2, "loss": 1.5}', '{"step": 3, "lo'],
+            "malformed": ['{"step": 1, "loss": 2.0}', '{"step": 2, "loss": 1.5}',
+                          '{"step": 3, "lo'],
             "nostep": ['{"loss": 2.0}'],
             "array": ['[1, 2]'],
             "string": ['{"step": 1, "loss": "low"}'],

@@ -148,7 +148,8 @@ def plot(runs, x, out, title, paths):
                 if len(keys) > 1:
                     parts.append(LABELS.get(key, key))
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colours[i % len(colours)],
-                        linestyle="--" if key.startswith("eval_") else "-", marker="o" if len(pts) < 30 else None,
+                        linestyle="--" if key.startswith("eval_") else "-",
+                        marker="o" if len(pts) < 30 else None,
                         markersize=3, label=", ".join(parts) or None)
         if log and all(r[k] > 0 for _, _, recs in runs for r in recs for k in keys if k in r):
             ax.set_yscale("log")

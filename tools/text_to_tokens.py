@@ -23,7 +23,8 @@ entropy of the tokens (nats per token: the loss of a model that knows only their
 
     python3 tools/text_to_tokens.py book.txt -o book.tok
     python3 tools/text_to_tokens.py a.txt b.txt -o ab.tok --tokenizer gpt2
-    python3 tools/text_to_tokens.py book.txt -o book.bin --tokenizer llama/tokenizer.json --format bin
+    python3 tools/text_to_tokens.py book.txt -o book.bin --format bin \\
+        --tokenizer llama/tokenizer.json
 """
 import argparse
 import math
