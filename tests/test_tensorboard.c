@@ -229,7 +229,7 @@ static void test_write_read(void) {
     CU_ASSERT_TRUE(isnan(ev[7].value));
     CU_ASSERT_EQUAL(ev[7].step, 7);
     CU_ASSERT_EQUAL(strlen(ev[8].tag), TB_MAX_TAG);
-    printf("\n    %s: %d records, framing and CRCs hold", base, n);
+    printf("\n    %s: %d records, framing and CRCs hold", strrchr(path, '/') + 1, n);
 
     /* a flipped byte of a value, and of a length, is caught */
     FILE *f = fopen(path, "r+b");
