@@ -123,11 +123,9 @@ void train_llama_free(train_llama *l) {
 
 /* Row r of the slice: the sequence that starts at token `start`. */
 static void fill_row(train_llama *l, int64_t r, int64_t start) {
-    const uint32_t *ids = l->tokens->ids + start;
-    for (int64_t t = 0; t < l->T; t++) {
-        l->ids[r * l->T + t] = (int32_t)ids[t];
-        l->targets[r * l->T + t] = (int32_t)ids[t + 1];
-    }
+    /* ids below vocab_size (checked at load): the same values as int32 */
+    train_tokens_read(l->tokens, start, l->T, (uint32_t *)(l->ids + r * l->T));
+    train_tokens_read(l->tokens, start + 1, l->T, (uint32_t *)(l->targets + r * l->T));
 }
 
 /* Forward of the filled slice and its mean loss (dout may be NULL). */
