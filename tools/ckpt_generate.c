@@ -198,20 +198,16 @@ typedef struct gen_args {
     bool ids;
 } gen_args;
 
-/* The prompt's tokens into *toks (malloc'ed), *n of them. */
-static bool prompt_tokens(const gen_args *g, int64_t vocab, int32_t **toks, int64_t *n) {
+/* The prompt's tokens into *toks (malloc'ed), *n of them: its bytes, or the ids of
+ * --prompt-ids; false (usage) when those are not a list of ids. */
+static bool parse_prompt(const gen_args *g, int32_t **toks, int64_t *n) {
     size_t cap = g->prompt ? strlen(g->prompt) : strlen(g->prompt_ids) / 2 + 1;
     *n = 0;
-    if (!(*toks = malloc((cap + 1) * sizeof **toks))) return false;
+    if (!(*toks = malloc((cap + 1) * sizeof **toks))) {
+        fprintf(stderr, "fsdp-ckpt generate: out of memory for the prompt\n");
+        return false;
+    }
     if (g->prompt) {
-        if (vocab != BYTE_VOCAB) {
-            fprintf(stderr,
-                    "fsdp-ckpt generate: --prompt TEXT is read with the byte tokenizer, but this "
-                    "model's vocabulary is %lld, not %d: it was trained on other tokens; pass the "
-                    "prompt as token ids with --prompt-ids\n",
-                    (long long)vocab, BYTE_VOCAB);
-            return false;
-        }
         for (const unsigned char *p = (const unsigned char *)g->prompt; *p; p++)
             (*toks)[(*n)++] = *p;
         return true;
@@ -220,25 +216,43 @@ static bool prompt_tokens(const gen_args *g, int64_t vocab, int32_t **toks, int6
         char *end;
         errno = 0;
         long long id = strtoll(p, &end, 10);
-        if (end == p || errno || (*end && *end != ',')) {
+        if (end == p || errno || (*end && *end != ',') || id < 0 || id > INT32_MAX) {
             fprintf(stderr,
-                    "fsdp-ckpt generate: --prompt-ids '%s' is not a list of token ids "
-                    "separated by commas (\"15496,995\")\n",
+                    "fsdp-ckpt generate: --prompt-ids '%s' is not a list of token ids (integers "
+                    ">= 0) separated by commas (\"15496,995\")\n",
                     g->prompt_ids);
-            return false;
-        }
-        if (id < 0 || id >= vocab) {
-            fprintf(stderr,
-                    "fsdp-ckpt generate: prompt token %lld (at %lld) is not in the model's "
-                    "vocabulary [0, %lld): the ids come from another tokenizer; use the one the "
-                    "model was trained with\n",
-                    id, (long long)*n, (long long)vocab);
             return false;
         }
         (*toks)[(*n)++] = (int32_t)id;
         p = *end ? end + 1 : end;
     }
     return true;
+}
+
+/* The prompt fits the model: text needs the byte vocabulary, ids must be below vocab, and it
+ * is not empty. */
+static bool check_prompt(const gen_args *g, int64_t vocab, const int32_t *toks, int64_t n) {
+    if (g->prompt && vocab != BYTE_VOCAB) {
+        fprintf(stderr,
+                "fsdp-ckpt generate: --prompt TEXT is read with the byte tokenizer, but this "
+                "model's vocabulary is %lld, not %d: it was trained on other tokens; pass the "
+                "prompt as token ids with --prompt-ids\n",
+                (long long)vocab, BYTE_VOCAB);
+        return false;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (toks[i] >= vocab) {
+            fprintf(stderr,
+                    "fsdp-ckpt generate: prompt token %d (at %lld) is not in the model's "
+                    "vocabulary [0, %lld): the ids come from another tokenizer; use the one the "
+                    "model was trained with\n",
+                    toks[i], (long long)i, (long long)vocab);
+            return false;
+        }
+    if (n == 0)
+        fprintf(stderr, "fsdp-ckpt generate: the prompt is empty; generation continues a "
+                        "prompt: give it at least one token\n");
+    return n > 0;
 }
 
 /* Prints one generated token as text (a byte) or an id, and flushes. */
@@ -250,17 +264,11 @@ static bool emit(const gen_args *g, bool bytes, int64_t i, int32_t tok) {
     return fflush(stdout) == 0;
 }
 
-static int generate(fsdp_ctx *ctx, const gen_args *g, loaded *m) {
-    int64_t vocab = m->cfg.vocab_size, n = 0, L = m->cfg.max_seq_len;
-    int32_t *toks = NULL;
+static int generate(fsdp_ctx *ctx, const gen_args *g, loaded *m, const int32_t *toks, int64_t n) {
+    int64_t vocab = m->cfg.vocab_size, L = m->cfg.max_seq_len;
     fsdp_llama_cache *cache = NULL;
     int rc = EXIT_FAILED;
-    if (!prompt_tokens(g, vocab, &toks, &n)) goto done;
-    if (n == 0) {
-        fprintf(stderr, "fsdp-ckpt generate: the prompt is empty; generation continues a "
-                        "prompt: give it at least one token\n");
-        goto done;
-    }
+    if (!check_prompt(g, vocab, toks, n)) goto done;
     if (n + g->max_new > L) {
         char fix[96];
         if (n < L)
@@ -300,7 +308,6 @@ failed:
     fprintf(stderr, "fsdp-ckpt generate: %s\n", fsdp_last_error(ctx));
 done:
     fsdp_llama_cache_free(cache);
-    free(toks);
     return rc;
 }
 
@@ -337,10 +344,18 @@ int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
             return EXIT_USAGE;
         }
     }
+    int32_t *toks = NULL;
+    int64_t n = 0;
     loaded m;
-    if (!load_model(ctx, "generate", g.dir, &m)) return EXIT_FAILED;
-    rc = generate(ctx, &g, &m);
-    loaded_free(&m);
+    if (!parse_prompt(&g, &toks, &n))
+        rc = toks ? EXIT_USAGE : EXIT_FAILED;
+    else if (!load_model(ctx, "generate", g.dir, &m))
+        rc = EXIT_FAILED;
+    else {
+        rc = generate(ctx, &g, &m, toks, n);
+        loaded_free(&m);
+    }
+    free(toks);
     return rc;
 }
 
