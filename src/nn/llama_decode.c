@@ -247,10 +247,11 @@ static fsdp_status check_call(fsdp_ctx *ctx, const fsdp_llama_cache *c, const in
     return FSDP_OK;
 }
 
-fsdp_status fsdp_llama_decode(fsdp_ctx *ctx, fsdp_llama_cache *c, const int32_t *tokens, int64_t n,
-                              const float **logits) {
+fsdp_status fsdp_llama_decode(fsdp_ctx *ctx, fsdp_llama_cache *cache, const int32_t *tokens,
+                              int64_t n, const float **logits) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
-    FSDP_ARG_NOT_NULL(ctx, c);
+    FSDP_ARG_NOT_NULL(ctx, cache);
+    fsdp_llama_cache *c = cache;
     FSDP_ARG_NOT_NULL(ctx, tokens);
     FSDP_ARG_NOT_NULL(ctx, logits);
     FSDP_TRY(check_call(ctx, c, tokens, n));
