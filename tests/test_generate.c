@@ -7,7 +7,7 @@
  * byte-level Llama a few steps, `fsdp-ckpt generate` with a seed gives the same tokens twice,
  * and its greedy tokens are the model's own argmax with a full forward over the growing
  * sequence; `fsdp-ckpt eval` prints the loss a full forward computes here; bad inputs fail
- * naming the fix. */
+ * naming the fix; `fsdp-ckpt export --format hf` of the byte-level model writes its tokenizer. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 
 #include <math.h>
@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* access */
 
 #include "ckpt_common.h" // defines: ckpt_test_tmp_root, ckpt_test_remove_tree, ckpt_test_latest
 #include "harness.h"
@@ -500,6 +501,48 @@ static void tool_errors(void) {
     free(out);
 }
 
+/* The whole of a text file, malloc'ed ("" when it cannot be read). */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *text = calloc(1, 1 << 20);
+    if (f && text) text[fread(text, 1, (1 << 20) - 1, f)] = '\0';
+    if (f) fclose(f);
+    return text;
+}
+
+/* export --format hf of a byte-level model adds its tokenizer: byte b is token b, shown as
+ * GPT-2's byte-level character (a space as U+0120, a newline as U+010A); other vocabularies get
+ * none. */
+static void tool_export_tokenizer(void) {
+    if (!trained_run()) return;
+    char *out = NULL, hf[800], path[900];
+    snprintf(hf, sizeof hf, "%s/hf", g_root);
+    CU_ASSERT_EQUAL(tool(&out, "export --format hf '%s' --out '%s'", g_run, hf), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "and the byte tokenizer"));
+    free(out);
+    snprintf(path, sizeof path, "%s/tokenizer.json", hf);
+    char *tok = slurp(path);
+    const char *want[] = {"\"type\": \"ByteLevel\"", "\"type\": \"BPE\"", "\"a\": 97",
+                          "\"\xc4\xa0\": 32",        "\"\xc4\x8a\": 10",  "\"\xc4\x80\": 0",
+                          "\"\xc3\xbf\": 255",       "\"merges\": []"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        CU_ASSERT_PTR_NOT_NULL(strstr(tok, want[i]));
+        if (!strstr(tok, want[i])) printf("\n  tokenizer.json lacks %s", want[i]);
+    }
+    free(tok);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", hf);
+    tok = slurp(path);
+    CU_ASSERT_PTR_NOT_NULL(strstr(tok, "PreTrainedTokenizerFast"));
+    free(tok);
+    fsdp_llama_config v64 = tiny;
+    snprintf(hf, sizeof hf, "%s/hf64", g_root);
+    CU_ASSERT_EQUAL(
+        tool(&out, "export --format hf '%s' --out '%s'", save("export64", &tiny, &v64), hf), 0);
+    free(out);
+    snprintf(path, sizeof path, "%s/tokenizer.json", hf);
+    CU_ASSERT_EQUAL(access(path, F_OK), -1);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"decode_matches_forward", decode_matches_forward},
@@ -508,6 +551,7 @@ int main(int argc, char **argv) {
         {"tool_generate", tool_generate},
         {"tool_eval", tool_eval},
         {"tool_errors", tool_errors},
+        {"tool_export_tokenizer", tool_export_tokenizer},
     };
     int rc = fsdp_test_run(argc, argv, "generate", cases, (int)(sizeof cases / sizeof cases[0]));
     if (g_root) ckpt_test_remove_tree(g_root);

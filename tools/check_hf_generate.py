@@ -10,6 +10,11 @@ step (a full forward over libfsdp's sequence) must hold a tie: libfsdp's token w
 largest logit's magnitude of the largest (the float32 bound tools/check_hf_export.py uses for the
 logits of the two implementations).
 
+The exported directory of the byte-level model has its tokenizer (tokenizer.json): where
+transformers imports (tokenizers is all it needs for this), AutoTokenizer.from_pretrained must
+encode the prompt as its bytes and decode libfsdp's tokens to the text `fsdp-ckpt generate`
+prints; this part runs (and can fail) even when torch is missing, before the skip.
+
 Run by CTest (entry check_hf_generate) with the build's tools, or by hand:
     python3 tools/check_hf_generate.py --fsdp-train build/fsdp-train \\
         --fsdp-ckpt build/fsdp-ckpt
@@ -93,21 +98,38 @@ def main():
     p.add_argument("--fsdp-ckpt", required=True, help="the build's fsdp-ckpt")
     args = p.parse_args()
     try:
-        import torch
-        from transformers import LlamaForCausalLM
-        import safetensors  # noqa: F401
+        from transformers import AutoTokenizer
     except ImportError as e:
-        print(f"skipped: this check needs torch, transformers and safetensors in python3 ({e}); "
+        print(f"skipped: this check needs transformers (and torch) in python3 ({e}); "
               "pip install torch transformers safetensors")
         return SKIP
-    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as work:
         ckpt = train(args, work)
         out = run([args.fsdp_ckpt, "generate", ckpt, "--prompt", PROMPT, "--max-new-tokens",
                    str(NEW), "--ids"])
         ours = [int(x) for x in out.split()]
+        text = subprocess.run([args.fsdp_ckpt, "generate", ckpt, "--prompt", PROMPT,
+                               "--max-new-tokens", str(NEW)], stdout=subprocess.PIPE,
+                              check=True).stdout
         hf = os.path.join(work, "hf")
         run([args.fsdp_ckpt, "export", "--format", "hf", ckpt, "--out", hf])
+        tok = AutoTokenizer.from_pretrained(hf)
+        encoded, decoded = tok(PROMPT)["input_ids"], tok.decode(ours).encode()
+        tok_ok = encoded == list(PROMPT.encode()) and decoded + b"\n" == text
+        print(f"tokenizer: the prompt as {encoded}, libfsdp's tokens as {decoded!r} "
+              f"({'ok' if tok_ok else 'FAILED'}: generate printed {text!r})", flush=True)
+        if not tok_ok:
+            print("FAILED")
+            return 1
+        try:
+            import torch
+            from transformers import LlamaForCausalLM
+            import safetensors  # noqa: F401
+        except ImportError as e:
+            print(f"skipped: the rest of this check needs torch, transformers and safetensors in "
+                  f"python3 ({e}); pip install torch transformers safetensors")
+            return SKIP
+        torch.set_num_threads(1)
         model = LlamaForCausalLM.from_pretrained(hf, attn_implementation="eager")
         model = model.to(torch.float32).eval()
         prompt = torch.tensor([list(PROMPT.encode())])

@@ -345,7 +345,9 @@ static const char *const usage_export =
     "  .safetensors  the safetensors format (F32, BF16); no compression\n"
     "--format hf writes a Hugging Face model directory OUTDIR (created when missing):\n"
     "config.json and model.safetensors, which transformers' LlamaForCausalLM.from_pretrained\n"
-    "(OUTDIR) loads. The checkpoint must be of a Llama model saved with its configuration\n"
+    "(OUTDIR) loads; for a byte-level model (vocabulary 256) also tokenizer.json and\n"
+    "tokenizer_config.json, its byte tokenizer for AutoTokenizer.from_pretrained(OUTDIR).\n"
+    "The checkpoint must be of a Llama model saved with its configuration\n"
     "(fsdp_ckpt_meta.model_config; imported Hugging Face directories have it). --format h5 or\n"
     "safetensors is the same as the --out suffix.\n";
 
@@ -389,7 +391,8 @@ static int cmd_export(fsdp_ctx *ctx, int argc, char **argv) {
     fsdp_ckpt_close(ck);
     if (s != FSDP_OK) return fprintf(stderr, "fsdp-ckpt export: %s\n", fsdp_last_error(ctx)), 1;
     if (hf)
-        printf("wrote %s/config.json and %s/model.safetensors\n", out, out);
+        printf("wrote %s/config.json and %s/model.safetensors%s\n", out, out,
+               ckpt_file_exists(out, "tokenizer.json") ? " and the byte tokenizer" : "");
     else
         printf("wrote %s\n", out);
     return EXIT_OK;
