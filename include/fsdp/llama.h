@@ -93,8 +93,10 @@ int64_t fsdp_llama_cache_len(const fsdp_llama_cache *cache); /* positions fed so
  * rotary positions of the full forward. *logits (vocab_size floats, owned by the cache, valid
  * until its next call) are those of the last token fed. Feeding a whole sequence at once from
  * position 0 computes exactly what fsdp_module_forward does on it (the same kernels on the same
- * shapes, so the last position's logits are bitwise equal); position by position the products
- * are summed in other orders (float32 rounding). Refused: n < 1, a token outside
+ * shapes, so the last position's logits are bitwise equal on a rank without worker threads;
+ * with threads_per_rank > 1 the attention's GEMMs may be split over them where the kernel's are
+ * not, to float32 rounding); position by position the products are summed in other orders
+ * (float32 rounding). Refused: n < 1, a token outside
  * [0, vocab_size), len + n beyond the cache's max_len (the message names the lengths and the
  * fix). On failure the cache is unchanged. */
 fsdp_status fsdp_llama_decode(fsdp_ctx *ctx, fsdp_llama_cache *cache, const int32_t *tokens,
