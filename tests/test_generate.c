@@ -187,6 +187,7 @@ static void sampling(void) {
 
 static char *g_root; /* scratch directory of the suite */
 static char g_run[700], g_tokens[700];
+static char g_eval_line[200]; /* fsdp-train's last "eval" line */
 
 /* Runs `fsdp-ckpt ARGS` (stdout and stderr together into *out, malloc'ed); returns its exit
  * status. */
@@ -252,6 +253,9 @@ static bool trained_run(void) {
     snprintf(cmd, sizeof cmd, "'%s' --config '%s' 2>&1", FSDP_TRAIN_EXE, ini);
     int rc = fsdp_test_shell(cmd, &out);
     if (rc != 0) printf("\n%s", out);
+    for (const char *l = out; l && (l = strstr(l, "eval ")); l++)
+        if (l == out || l[-1] == '\n')
+            snprintf(g_eval_line, sizeof g_eval_line, "%.*s", (int)strcspn(l, "\n"), l);
     free(out);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     snprintf(g_run, sizeof g_run, "%s/run", g_root);
@@ -389,6 +393,25 @@ static void tool_eval(void) {
     snprintf(args, sizeof args, "'%s' --batch 3 --seq 10", path);
     check_eval(args, full_forward_loss(m, ids, n, 3, 10));
     fsdp_module_free(m);
+    /* the run's own evaluation: its held-out tokens (the last 10 %: 600 of 6000) cut as it cuts
+     * them, 16 sequences (its eval_batches x batch_size), in a file of their own */
+    static uint16_t text[6000];
+    make_text(text, 6000);
+    snprintf(path, sizeof path, "%s/held.tok", g_root);
+    write_tokens(path, text + 5400, 16 * RUN_T + 1, 256);
+    char *out = NULL, want[64];
+    const char *at = strstr(g_eval_line, "loss ");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_eval_line, "(16 held-out sequences)"));
+    CU_ASSERT_EQUAL(tool(&out, "eval '%s' '%s'", g_run, path), 0);
+    const char *got = strstr(out, "loss ");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(got);
+    snprintf(want, sizeof want, "%.6f", strtod(at + 5, NULL)); /* fsdp-train prints 6 decimals */
+    char mine[64];
+    snprintf(mine, sizeof mine, "%.6f", strtod(got + 5, NULL));
+    printf("\n  fsdp-train: \"%s\"; eval of its held-out tokens: loss %s", g_eval_line, mine);
+    CU_ASSERT_STRING_EQUAL(mine, want);
+    free(out);
 }
 
 /* ---- bad input ---- */
