@@ -7,7 +7,8 @@
  * byte-level Llama a few steps, `fsdp-ckpt generate` with a seed gives the same tokens twice,
  * and its greedy tokens are the model's own argmax with a full forward over the growing
  * sequence; `fsdp-ckpt eval` prints the loss a full forward computes here; bad inputs fail
- * naming the fix; `fsdp-ckpt export --format hf` of the byte-level model writes its tokenizer. */
+ * naming the fix; `fsdp-ckpt export --format hf` of the byte-level model writes its tokenizer,
+ * and generate reads the exported directory as it reads the run. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 
 #include <math.h>
@@ -557,6 +558,13 @@ static void tool_export_tokenizer(void) {
     tok = slurp(path);
     CU_ASSERT_PTR_NOT_NULL(strstr(tok, "PreTrainedTokenizerFast"));
     free(tok);
+    /* the exported directory generates what the run does: the same parameters, bit for bit */
+    char *a = NULL, *b = NULL;
+    const char *fmt = "generate '%s' --prompt 'the cat ' --max-new-tokens 12 --ids";
+    CU_ASSERT_EQUAL(tool(&a, fmt, g_run), 0);
+    CU_ASSERT_EQUAL(tool(&b, fmt, hf), 0);
+    CU_ASSERT_STRING_EQUAL(a, b);
+    free(a), free(b);
     fsdp_llama_config v64 = tiny;
     snprintf(hf, sizeof hf, "%s/hf64", g_root);
     CU_ASSERT_EQUAL(

@@ -133,14 +133,17 @@ def main():
         model = LlamaForCausalLM.from_pretrained(hf, attn_implementation="eager")
         model = model.to(torch.float32).eval()
         prompt = torch.tensor([list(PROMPT.encode())])
+        # no end-of-sequence token: the byte model has none, and generate must not stop early
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
         with torch.no_grad():
-            gen = model.generate(prompt, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
-                                 num_beams=1, pad_token_id=0, eos_token_id=None)
+            gen = model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                 max_new_tokens=NEW, do_sample=False, num_beams=1)
             theirs = gen[0, prompt.shape[1]:].tolist()
             logits = model(torch.tensor([list(PROMPT.encode()) + ours])).logits[0]
         print(f"libfsdp:      {ours}\ntransformers: {theirs}", flush=True)
-        ok = len(ours) == NEW
-        for i in range(min(len(ours), NEW)):
+        ok = len(ours) == NEW and len(theirs) == NEW
+        for i in range(min(len(ours), len(theirs))):
             row = logits[len(PROMPT) - 1 + i]
             gap = float(row.max() - row[ours[i]]) / float(row.abs().max())
             if ours[i] != theirs[i] or gap > 0:
