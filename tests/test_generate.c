@@ -391,6 +391,10 @@ static void tool_eval(void) {
     char args[900];
     snprintf(args, sizeof args, "'%s'", path); /* the run's batch_size and max_seq_len */
     check_eval(args, full_forward_loss(m, ids, n, RUN_B, RUN_T));
+    char *said = NULL;
+    CU_ASSERT_EQUAL(tool(&said, "eval '%s' '%s'", g_run, path), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(said, "sequences 16 of 32 tokens, batch 4 ("));
+    free(said);
     snprintf(args, sizeof args, "'%s' --batch 3 --seq 10", path);
     check_eval(args, full_forward_loss(m, ids, n, 3, 10));
     fsdp_module_free(m);
