@@ -370,8 +370,9 @@ static const char *const usage_eval =
     "tools/text_to_tokens.py). The file is cut into consecutive sequences of T + 1 tokens that\n"
     "share their last and first token (sequence j starts at token j * T), as fsdp-train cuts its\n"
     "held-out tokens, and scored B sequences at a time, whole batches only; the loss is the\n"
-    "mean over the batches, summed as fsdp-train's evaluation sums it, so the held-out tokens\n"
-    "of a run in a file of their own give the run's evaluation loss.\n"
+    "mean over the batches, summed as fsdp-train's evaluation sums it, so a file of a run's\n"
+    "held-out tokens, as many as its evaluation scores (eval_batches x batch_size sequences),\n"
+    "gives that run's evaluation loss.\n"
     "\n"
     "  --batch B   sequences per forward (default: the checkpoint's [data] batch_size, else 8)\n"
     "  --seq T     tokens per sequence (default: the model's max_seq_len; at most that)\n";
