@@ -488,6 +488,13 @@ static void tool_errors(void) {
     fails(2, NEEDLES("--temperature '-1'"), "generate '%s' --prompt a --temperature -1", g_run);
     fails(1, NEEDLES("max_seq_len 32", "lower --max-new-tokens to 24"),
           "generate '%s' --prompt 'the cat ' --max-new-tokens 25", g_run);
+    fails(1, NEEDLES("no room", "at most 31 tokens"), "generate '%s' --prompt '%s'", g_run,
+          "0123456789012345678901234567890123456789");
+    char *fit = NULL; /* by default as many as fit: 32 - 8 */
+    CU_ASSERT_EQUAL(tool(&fit, "generate '%s' --prompt 'the cat ' --ids", g_run), 0);
+    int32_t all[40];
+    CU_ASSERT_EQUAL(parse_ids(fit, all, 40), 24);
+    free(fit);
     fails(1, NEEDLES("neither a checkpoint", "pass a checkpoint directory"),
           "generate '%s/missing' --prompt a", g_root);
     /* eval's token files */

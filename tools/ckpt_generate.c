@@ -180,8 +180,8 @@ static const char *const usage_generate =
     "  --prompt-ids IDS      the prompt as token ids, \"15496,995\" (any vocabulary; for a\n"
     "                        GPT-2 model: python3 -c 'import tiktoken; print(tiktoken\n"
     "                        .get_encoding(\"gpt2\").encode(\"Hello\"))')\n"
-    "  --max-new-tokens N    tokens to generate (default 64); the prompt and them must fit the\n"
-    "                        model's max_seq_len\n"
+    "  --max-new-tokens N    tokens to generate (default 64, or as many as fit); the prompt\n"
+    "                        and them must fit the model's max_seq_len\n"
     "  --temperature T       0 (default): greedy, the most likely token; T > 0: draw from the\n"
     "                        softmax of logits / T\n"
     "  --top-k K             draw only among the K most likely tokens (default 0: all)\n"
@@ -193,7 +193,7 @@ static const char *const usage_generate =
 
 typedef struct gen_args {
     const char *dir, *prompt, *prompt_ids;
-    int64_t max_new, top_k, seed;
+    int64_t max_new, top_k, seed; /* max_new 0: 64, or as many as fit */
     double temperature;
     bool ids;
 } gen_args;
@@ -269,17 +269,18 @@ static int generate(fsdp_ctx *ctx, const gen_args *g, loaded *m, const int32_t *
     fsdp_llama_cache *cache = NULL;
     int rc = EXIT_FAILED;
     if (!check_prompt(g, vocab, toks, n)) goto done;
-    if (n + g->max_new > L) {
-        char fix[96];
+    int64_t max_new = g->max_new ? g->max_new : (L - n < 64 ? L - n : 64);
+    if (n + max_new > L || max_new < 1) {
         if (n < L)
-            snprintf(fix, sizeof fix, "lower --max-new-tokens to %lld", (long long)(L - n));
+            fprintf(stderr,
+                    "fsdp-ckpt generate: the prompt's %lld tokens and --max-new-tokens %lld "
+                    "exceed the model's max_seq_len %lld; lower --max-new-tokens to %lld\n",
+                    (long long)n, (long long)max_new, (long long)L, (long long)(L - n));
         else
-            snprintf(fix, sizeof fix, "shorten the prompt to at most %lld tokens",
-                     (long long)(L - 1));
-        fprintf(stderr,
-                "fsdp-ckpt generate: the prompt's %lld tokens and --max-new-tokens %lld exceed "
-                "the model's max_seq_len %lld; %s\n",
-                (long long)n, (long long)g->max_new, (long long)L, fix);
+            fprintf(stderr,
+                    "fsdp-ckpt generate: the prompt's %lld tokens leave no room for a new one in "
+                    "the model's max_seq_len %lld; shorten the prompt to at most %lld tokens\n",
+                    (long long)n, (long long)L, (long long)(L - 1));
         goto done;
     }
     bool bytes = vocab == BYTE_VOCAB;
@@ -294,11 +295,11 @@ static int generate(fsdp_ctx *ctx, const gen_args *g, loaded *m, const int32_t *
     if (fsdp_llama_cache_create(ctx, m->model, 0, &cache) != FSDP_OK ||
         fsdp_llama_decode(ctx, cache, toks, n, &logits) != FSDP_OK)
         goto failed;
-    for (int64_t i = 0; i < g->max_new; i++) {
+    for (int64_t i = 0; i < max_new; i++) {
         int32_t tok;
         if (fsdp_sample_logits(ctx, logits, vocab, &so, (uint64_t)i, &tok) != FSDP_OK) goto failed;
         if (!emit(g, bytes, i, tok)) break; /* the caller reports the lost output */
-        if (i + 1 < g->max_new && fsdp_llama_decode(ctx, cache, &tok, 1, &logits) != FSDP_OK)
+        if (i + 1 < max_new && fsdp_llama_decode(ctx, cache, &tok, 1, &logits) != FSDP_OK)
             goto failed;
     }
     putchar('\n');
@@ -312,7 +313,7 @@ done:
 }
 
 int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
-    gen_args g = {.max_new = 64};
+    gen_args g = {0};
     const char *max_new = NULL, *temp = NULL, *top_k = NULL, *seed = NULL;
     const opt_spec specs[] = {{"prompt", &g.prompt, NULL},
                               {"prompt-ids", &g.prompt_ids, NULL},
