@@ -48,9 +48,12 @@ typedef struct fx {
     fsdp_optim_state ostate;
     fsdp_flat_segment seg;
     fsdp_llama_config llama, llama_out;
+    int32_t token;
+    const float *logits;
     /* the objects */
     fsdp_tensor *t, *t2, *x, *dy;
-    fsdp_module *model, *seq, *child, *sh_model;
+    fsdp_module *model, *seq, *child, *sh_model, *llama_model;
+    fsdp_llama_cache *cache;
     fsdp_param *param;
     fsdp_optimizer *opt;
     fsdp_mesh *mesh;
@@ -69,6 +72,7 @@ typedef struct fx {
     fsdp_tensor *made_t;
     const fsdp_tensor *made_ct;
     fsdp_module *made_m;
+    fsdp_llama_cache *made_cache;
     fsdp_optimizer *made_opt;
     fsdp_mesh *made_mesh;
     fsdp_group *made_group;
@@ -241,6 +245,12 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
          fsdp_llama_decoder_layer_create(C, A(1, &f->llama), A(2, &f->made_m)))                    \
     CALL(fsdp_model_llama, "ctx cfg out", fsdp_model_llama(C, A(1, &f->llama), A(2, &f->made_m)))  \
     CALL(fsdp_model_net, "ctx out", fsdp_model_net(C, 4, A(1, &f->made_m)))                        \
+    CALL(fsdp_llama_cache_create, "ctx model out",                                                 \
+         fsdp_llama_cache_create(C, A(1, f->llama_model), 0, A(2, &f->made_cache)))                \
+    CALL(fsdp_llama_decode, "ctx cache tokens logits",                                             \
+         fsdp_llama_decode(C, A(1, f->cache), A(2, f->targets), 1, A(3, &f->logits)))              \
+    CALL(fsdp_sample_logits, "ctx logits token",                                                   \
+         fsdp_sample_logits(C, A(1, f->buf), 4, NULL, 0, A(2, &f->token)))                         \
     NOCTX(fsdp_activation_parse, "text out", fsdp_activation_parse(A(0, "relu"), A(1, &f->act)))   \
     CALL(fsdp_model_mlp, "ctx widths out",                                                         \
          fsdp_model_mlp(C, 2, A(1, f->widths), FSDP_ACT_RELU, A(2, &f->made_m)))                   \
@@ -385,6 +395,7 @@ static const struct {
     {"fsdp_ckpt_export_hf", "opts", "the defaults"},
     {"fsdp_ckpt_import", "opts", "the defaults"},
     {"fsdp_ckpt_load", "opts", "strict"},
+    {"fsdp_sample_logits", "opts", "greedy"},
     {"fsdp_ckpt_writer_create", "opts", "the defaults"},
     {"fsdp_ctx_create", "opts", "the defaults"},
     {"fsdp_fully_shard", "opts", "the defaults"},
@@ -573,6 +584,8 @@ static fsdp_status fx_setup(fsdp_ctx *ctx, fx *f) {
     FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, x_shape, &f->dy));
     FSDP_TRY(fsdp_model_mlp_module(ctx, &f->model));
     FSDP_TRY(fsdp_model_mlp_module(ctx, &f->sh_model));
+    FSDP_TRY(fsdp_model_llama(ctx, &f->llama, &f->llama_model));
+    FSDP_TRY(fsdp_llama_cache_create(ctx, f->llama_model, 0, &f->cache));
     FSDP_TRY(fsdp_sequential_create(ctx, &f->seq));
     FSDP_TRY(fsdp_identity_create(ctx, &f->child));
     f->param = fsdp_module_get_param(f->model, "net1.weight");
@@ -613,6 +626,9 @@ static void fx_teardown(fx *f) {
     fsdp_module_free(f->seq);
     fsdp_module_free(f->sh_model);
     fsdp_module_free(f->model);
+    fsdp_llama_cache_free(f->cache);
+    fsdp_llama_cache_free(f->made_cache);
+    fsdp_module_free(f->llama_model);
     fsdp_tensor_free(f->dy);
     fsdp_tensor_free(f->x);
     fsdp_tensor_free(f->t2);

@@ -1,24 +1,22 @@
 /* fsdp_ckpt.c: fsdp-ckpt, the checkpoint tool: inspect (metadata and per-tensor sizes), verify
  * (read every piece, checking checksums), diff (two checkpoints, any layouts), export (one
  * unsharded .h5 or .safetensors file, or a Hugging Face model directory) and import (a PyTorch
- * state dict or a Hugging Face model directory as a checkpoint).
+ * state dict or a Hugging Face model directory as a checkpoint); generate and eval, which use a
+ * trained Llama, are in ckpt_generate.c, the shared command-line pieces in ckpt_cli.c.
  * docs/checkpoint.md, "fsdp-ckpt".
  * Exit status: 0 success, 1 the command failed (or found a difference, or its output could not
  * be written), 2 bad command line. */
-#define _POSIX_C_SOURCE 200809L /* strdup */
-#include <assert.h>
 #include <errno.h>
-#include <getopt.h> /* defines: getopt_long, struct option, optarg, optind, optopt */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ckpt_cli.h"      // defines: ckpt_parse_args, ckpt_open_arg, EXIT_OK, opt_spec
+#include "ckpt_generate.h" // defines: ckpt_cmd_generate, ckpt_cmd_eval
 #include "fsdp/fsdp.h"
 #include "tool_exit.h" // defines: tool_exit_begin, tool_exit
-
-enum { EXIT_OK = 0, EXIT_FAILED = 1, EXIT_USAGE = 2 };
 
 /* ---- shared ---- */
 
@@ -33,136 +31,15 @@ static const char *const usage_main =
     "                       a Hugging Face model directory F\n"
     "  import SRC --out D   a PyTorch state dict (.safetensors or .h5) or a Hugging Face model\n"
     "                       directory as a checkpoint in D\n"
+    "  generate DIR --prompt TEXT\n"
+    "                       continue a prompt with a Llama (greedy, or sampled with a seed)\n"
+    "  eval DIR TOKENS      a Llama's loss and perplexity on a token file\n"
     "\n"
     "DIR is a checkpoint directory (step-XXXXXXXX) or a directory of checkpoints, whose newest\n"
     "committed one is taken. Options go before or after the arguments, as --name VALUE or\n"
     "--name=VALUE (or any unambiguous start of the name); \"--\" ends them.\n"
     "Exit status: 0 success, 1 failure (or a difference, or output that could not be\n"
     "written), 2 bad command line.\n";
-
-static bool is_help(const char *a) {
-    return !strcmp(a, "--help") || !strcmp(a, "-h");
-}
-
-/* One long option of a command: --name VALUE sets *value, or --name (no value) sets *flag. */
-typedef struct opt_spec {
-    const char *name;
-    const char **value; /* NULL for a flag */
-    bool *flag;         /* NULL for an option with a value */
-} opt_spec;
-
-enum { MAX_OPTS = 8, OPT_BASE = 256 }; /* getopt_long's code for specs[i] is OPT_BASE + i */
-
-/* Prints "fsdp-ckpt CMD: PROBLEM" and cmd's usage; returns EXIT_USAGE. */
-static int usage_error(const char *cmd, const char *usage, const char *problem) {
-    fprintf(stderr, "fsdp-ckpt %s: %s\n%s", cmd, problem, usage);
-    return EXIT_USAGE;
-}
-
-/* The argument getopt_long refused (code c) as a problem for usage_error, into what. */
-static void refused_argument(int c, char **argv, const opt_spec *specs, char *what, size_t size) {
-    if (c == ':')
-        snprintf(what, size, "--%s needs a value", specs[optopt - OPT_BASE].name);
-    else if (optopt >= OPT_BASE) /* --flag=VALUE */
-        snprintf(what, size, "--%s takes no value", specs[optopt - OPT_BASE].name);
-    else if (optopt) /* an unknown short option */
-        snprintf(what, size, "unexpected argument '-%c'", optopt);
-    else
-        snprintf(what, size, "unexpected argument '%s'", argv[optind - 1]);
-}
-
-/* Parses the arguments of cmd (argv[0] is the command's name) with getopt_long: --help or -h,
- * the n_specs options of specs (also as --name=VALUE), and at most max_pos positional
- * arguments, into pos[0..] in their order (those not given stay as they were). Options and
- * positional arguments mix in any order; after "--" every argument is positional. Returns -1
- * when the command goes on, EXIT_OK after printing usage for --help, EXIT_USAGE after
- * printing the problem and usage. */
-static int parse_args(const char *cmd, const char *usage, int argc, char **argv,
-                      const opt_spec *specs, int n_specs, const char **pos, int max_pos) {
-    assert(n_specs <= MAX_OPTS);
-    struct option longopts[MAX_OPTS + 2] = {{.name = "help", .has_arg = no_argument, .val = 'h'}};
-    for (int i = 0; i < n_specs; i++)
-        longopts[i + 1] = (struct option){
-            .name = specs[i].name,
-            .has_arg = specs[i].value ? required_argument : no_argument,
-            .val = OPT_BASE + i,
-        };
-    char what[300];
-    int n_pos = 0, c;
-    optind = 1;
-    /* "-": positional arguments come back in their place as code 1, whatever POSIXLY_CORRECT
-     * says; ":": getopt prints nothing and answers ':' for a missing value. */
-    while ((c = getopt_long(argc, argv, "-:h", longopts, NULL)) != -1) {
-        if (c == 'h') return printf("%s", usage), EXIT_OK;
-        if (c >= OPT_BASE && c < OPT_BASE + n_specs) {
-            const opt_spec *o = &specs[c - OPT_BASE];
-            if (o->value)
-                *o->value = optarg;
-            else
-                *o->flag = true;
-            continue;
-        }
-        if (c == 1 && n_pos < max_pos) {
-            pos[n_pos++] = optarg;
-            continue;
-        }
-        if (c == 1)
-            snprintf(what, sizeof what, "unexpected argument '%s'", optarg);
-        else
-            refused_argument(c, argv, specs, what, sizeof what);
-        return usage_error(cmd, usage, what);
-    }
-    for (; optind < argc; optind++) {
-        if (n_pos == max_pos) {
-            snprintf(what, sizeof what, "unexpected argument '%s'", argv[optind]);
-            return usage_error(cmd, usage, what);
-        }
-        pos[n_pos++] = argv[optind];
-    }
-    return -1;
-}
-
-#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
-
-/* The arguments of a command that takes DIR and no option (inspect, verify), as parse_args. */
-static int parse_dir(const char *cmd, const char *usage, int argc, char **argv, const char **dir) {
-    int rc = parse_args(cmd, usage, argc, argv, NULL, 0, dir, 1);
-    return rc < 0 && !*dir ? usage_error(cmd, usage, "needs DIR") : rc;
-}
-
-static bool file_exists(const char *dir, const char *name) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    struct stat sb;
-    return stat(path, &sb) == 0;
-}
-
-/* Opens DIR: a checkpoint itself (it has metadata.h5) or the newest under a root. Prints the
- * problem and its fix on failure. */
-static fsdp_ckpt *open_arg(fsdp_ctx *ctx, const char *cmd, const char *arg) {
-    char *path = NULL;
-    if (file_exists(arg, "metadata.h5")) {
-        path = strdup(arg);
-    } else if (fsdp_ckpt_latest(ctx, arg, &path) != FSDP_OK) {
-        fprintf(stderr,
-                "fsdp-ckpt %s: '%s' is neither a checkpoint (no metadata.h5) nor a directory "
-                "holding a committed step-XXXXXXXX: %s\n  pass a checkpoint directory or the "
-                "directory a run saved into\n",
-                cmd, arg, fsdp_last_error(ctx));
-        return NULL;
-    }
-    fsdp_ckpt *ck = NULL;
-    if (!path || fsdp_ckpt_open(ctx, path, &ck) != FSDP_OK) {
-        fprintf(stderr, "fsdp-ckpt %s: %s\n", cmd, path ? fsdp_last_error(ctx) : "out of memory");
-        if (path && file_exists(path, "metadata.h5") && !file_exists(path, "commit"))
-            fprintf(stderr,
-                    "  the save never committed (interrupted?): use an earlier step, or the "
-                    "root directory to take the newest committed one\n");
-        ck = NULL;
-    }
-    free(path);
-    return ck;
-}
 
 static int64_t tensor_numel(const fsdp_ckpt_tensor *x) {
     int64_t n = 1;
@@ -191,9 +68,9 @@ static const char *const usage_inspect =
 
 static int cmd_inspect(fsdp_ctx *ctx, int argc, char **argv) {
     const char *dir = NULL;
-    int parsed = parse_dir("inspect", usage_inspect, argc, argv, &dir);
+    int parsed = ckpt_parse_dir("inspect", usage_inspect, argc, argv, &dir);
     if (parsed >= 0) return parsed;
-    fsdp_ckpt *ck = open_arg(ctx, "inspect", dir);
+    fsdp_ckpt *ck = ckpt_open_arg(ctx, "inspect", dir);
     if (!ck) return EXIT_FAILED;
     printf("step:             %lld\n", (long long)fsdp_ckpt_step(ck));
     printf("optimizer steps:  %lld\n", (long long)fsdp_ckpt_optim_steps(ck));
@@ -276,9 +153,9 @@ static int verify_shards(fsdp_ctx *ctx, fsdp_ckpt *ck, bool *bad) {
 
 static int cmd_verify(fsdp_ctx *ctx, int argc, char **argv) {
     const char *dir = NULL;
-    int parsed = parse_dir("verify", usage_verify, argc, argv, &dir);
+    int parsed = ckpt_parse_dir("verify", usage_verify, argc, argv, &dir);
     if (parsed >= 0) return parsed;
-    fsdp_ckpt *ck = open_arg(ctx, "verify", dir);
+    fsdp_ckpt *ck = ckpt_open_arg(ctx, "verify", dir);
     if (!ck) return EXIT_FAILED;
     bool *bad_shard = calloc((size_t)fsdp_ckpt_world_size(ck) + 1, 1);
     if (!bad_shard) return fsdp_ckpt_close(ck), fprintf(stderr, "out of memory\n"), EXIT_FAILED;
@@ -414,14 +291,14 @@ static int cmd_diff(fsdp_ctx *ctx, int argc, char **argv) {
     const char *pos[2] = {NULL, NULL}, *rtol_arg = "0", *atol_arg = "0";
     const opt_spec specs[] = {{.name = "rtol", .value = &rtol_arg},
                               {.name = "atol", .value = &atol_arg}};
-    int parsed = parse_args("diff", usage_diff, argc, argv, specs, COUNT(specs), pos, 2);
+    int parsed = ckpt_parse_args("diff", usage_diff, argc, argv, specs, COUNT(specs), pos, 2);
     if (parsed >= 0) return parsed;
     double rtol, atol;
     if (!parse_tol("--rtol", rtol_arg, &rtol) || !parse_tol("--atol", atol_arg, &atol))
         return EXIT_USAGE;
     const char *pa = pos[0], *pb = pos[1];
-    if (!pb) return usage_error("diff", usage_diff, "needs A and B");
-    fsdp_ckpt *a = open_arg(ctx, "diff", pa), *b = a ? open_arg(ctx, "diff", pb) : NULL;
+    if (!pb) return ckpt_usage_error("diff", usage_diff, "needs A and B");
+    fsdp_ckpt *a = ckpt_open_arg(ctx, "diff", pa), *b = a ? ckpt_open_arg(ctx, "diff", pb) : NULL;
     if (!b) return fsdp_ckpt_close(a), EXIT_FAILED;
     int width = 4, differ = 0, missing = 0;
     bool io_error = false;
@@ -468,7 +345,9 @@ static const char *const usage_export =
     "  .safetensors  the safetensors format (F32, BF16); no compression\n"
     "--format hf writes a Hugging Face model directory OUTDIR (created when missing):\n"
     "config.json and model.safetensors, which transformers' LlamaForCausalLM.from_pretrained\n"
-    "(OUTDIR) loads. The checkpoint must be of a Llama model saved with its configuration\n"
+    "(OUTDIR) loads; for a byte-level model (vocabulary 256) also tokenizer.json and\n"
+    "tokenizer_config.json, its byte tokenizer for AutoTokenizer.from_pretrained(OUTDIR).\n"
+    "The checkpoint must be of a Llama model saved with its configuration\n"
     "(fsdp_ckpt_meta.model_config; imported Hugging Face directories have it). --format h5 or\n"
     "safetensors is the same as the --out suffix.\n";
 
@@ -484,7 +363,7 @@ static int cmd_export(fsdp_ctx *ctx, int argc, char **argv) {
                               {.name = "compress", .value = &compress},
                               {.name = "format", .value = &format},
                               {.name = "with-optim", .flag = &with_optim}};
-    int parsed = parse_args("export", usage_export, argc, argv, specs, COUNT(specs), &dir, 1);
+    int parsed = ckpt_parse_args("export", usage_export, argc, argv, specs, COUNT(specs), &dir, 1);
     if (parsed >= 0) return parsed;
     bool hf = format && !strcmp(format, "hf");
     bool h5 = !hf && out && (ends_with(out, ".h5") || ends_with(out, ".hdf5"));
@@ -502,8 +381,8 @@ static int cmd_export(fsdp_ctx *ctx, int argc, char **argv) {
         : !h5 && zstd                       ? "safetensors has no compression: drop --compress zstd"
         : hf && with_optim ? "a Hugging Face model holds no optimizer state: drop --with-optim"
                            : NULL;
-    if (problem) return usage_error("export", usage_export, problem);
-    fsdp_ckpt *ck = open_arg(ctx, "export", dir);
+    if (problem) return ckpt_usage_error("export", usage_export, problem);
+    fsdp_ckpt *ck = ckpt_open_arg(ctx, "export", dir);
     if (!ck) return EXIT_FAILED;
     fsdp_ckpt_export_options o = {.with_optim = with_optim, .zstd_level = zstd ? 3 : 0};
     fsdp_status s = hf   ? fsdp_ckpt_export_hf(ctx, ck, out, NULL)
@@ -512,7 +391,8 @@ static int cmd_export(fsdp_ctx *ctx, int argc, char **argv) {
     fsdp_ckpt_close(ck);
     if (s != FSDP_OK) return fprintf(stderr, "fsdp-ckpt export: %s\n", fsdp_last_error(ctx)), 1;
     if (hf)
-        printf("wrote %s/config.json and %s/model.safetensors\n", out, out);
+        printf("wrote %s/config.json and %s/model.safetensors%s\n", out, out,
+               ckpt_file_exists(out, "tokenizer.json") ? " and the byte tokenizer" : "");
     else
         printf("wrote %s\n", out);
     return EXIT_OK;
@@ -542,7 +422,7 @@ static int cmd_import(fsdp_ctx *ctx, int argc, char **argv) {
                               {.name = "compress", .value = &compress},
                               {.name = "dtype", .value = &dtype},
                               {.name = "step", .value = &step}};
-    int parsed = parse_args("import", usage_import, argc, argv, specs, COUNT(specs), &file, 1);
+    int parsed = ckpt_parse_args("import", usage_import, argc, argv, specs, COUNT(specs), &file, 1);
     if (parsed >= 0) return parsed;
     char *end;
     long long n = strtoll(step, &end, 10);
@@ -553,7 +433,7 @@ static int cmd_import(fsdp_ctx *ctx, int argc, char **argv) {
         : strcmp(compress, "none") && strcmp(compress, "zstd") ? "--compress is none or zstd"
         : strcmp(dtype, "f32") && strcmp(dtype, "keep")        ? "--dtype is f32 or keep"
                                                                : NULL;
-    if (problem) return usage_error("import", usage_import, problem);
+    if (problem) return ckpt_usage_error("import", usage_import, problem);
     fsdp_ckpt_import_options o = {
         .step = n,
         .dtype = strcmp(dtype, "keep") ? FSDP_CKPT_IMPORT_TO_F32 : FSDP_CKPT_IMPORT_KEEP,
@@ -564,7 +444,7 @@ static int cmd_import(fsdp_ctx *ctx, int argc, char **argv) {
     }
     char path[4200];
     snprintf(path, sizeof path, "%s/step-%08lld", out, n);
-    fsdp_ckpt *ck = open_arg(ctx, "import", path);
+    fsdp_ckpt *ck = ckpt_open_arg(ctx, "import", path);
     if (!ck) return EXIT_FAILED;
     printf("wrote %s: %d tensors\n", path, fsdp_ckpt_num_tensors(ck));
     fsdp_ckpt_close(ck);
@@ -586,15 +466,13 @@ static int flushed(int rc, const char *cmd) {
 int main(int argc, char **argv) {
     tool_exit_begin();
     if (argc < 2) return fprintf(stderr, "%s", usage_main), EXIT_USAGE;
-    if (is_help(argv[1])) return printf("%s", usage_main), flushed(EXIT_OK, "--help");
+    if (ckpt_is_help(argv[1])) return printf("%s", usage_main), flushed(EXIT_OK, "--help");
     static const struct {
         const char *name;
         int (*run)(fsdp_ctx *, int, char **);
-    } cmds[] = {{"inspect", cmd_inspect},
-                {"verify", cmd_verify},
-                {"diff", cmd_diff},
-                {"export", cmd_export},
-                {"import", cmd_import}};
+    } cmds[] = {{"inspect", cmd_inspect}, {"verify", cmd_verify}, {"diff", cmd_diff},
+                {"export", cmd_export},   {"import", cmd_import}, {"generate", ckpt_cmd_generate},
+                {"eval", ckpt_cmd_eval}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         if (strcmp(argv[1], cmds[i].name)) continue;
         fsdp_ctx *ctx = NULL;

@@ -281,7 +281,10 @@ fsdp_status fsdp_llama_config_from_hf_json(fsdp_ctx *ctx, const char *json, fsdp
  * must describe a Llama), and model.safetensors with the parameters, so that
  * transformers.LlamaForCausalLM.from_pretrained(dir) loads it with no missing or unexpected
  * key. Before writing, the checkpoint's parameters must be exactly the Llama's, by name and
- * shape (the error names the first that differs); optimizer state is not written. torch_dtype
+ * shape (the error names the first that differs); optimizer state is not written. A model of
+ * vocabulary 256 (the byte tokenizer of tools/text_to_tokens.py) also gets tokenizer.json and
+ * tokenizer_config.json: that tokenizer (a ByteLevel BPE without merges, token id = byte value)
+ * for AutoTokenizer.from_pretrained(dir). torch_dtype
  * is "float32" (from_pretrained's default; bf16 parameters are stored as BF16 and upcast when
  * loaded). opts may be NULL; with_optim and zstd_level must be unset. */
 fsdp_status fsdp_ckpt_export_hf(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *dir,

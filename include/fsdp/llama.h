@@ -69,6 +69,57 @@ fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_conf
  * position and padding get FSDP_IGNORE_INDEX). */
 fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_module **out);
 
+/* ---- generation (docs/models.md, "Generation") ---- */
+
+/* A key/value cache over a Llama (fsdp_model_llama, plain: one rank, no tensor parallelism or
+ * FSDP, on the CPU) for generating: each decoder layer's rotated keys and values of the
+ * positions fed so far, up to max_len of them. */
+typedef struct fsdp_llama_cache fsdp_llama_cache;
+
+/* A cache for model, which it borrows (the model must outlive it and keep its structure) for
+ * max_len positions (0: the model's max_seq_len; at most that). FSDP_ERR_INVALID_ARGUMENT when
+ * model is not a fsdp_model_llama; FSDP_ERR_STATE when its parameters are distributed (TP or
+ * FSDP); FSDP_ERR_DEVICE when they are not on the CPU. The caller owns *out. */
+fsdp_status fsdp_llama_cache_create(fsdp_ctx *ctx, fsdp_module *model, int64_t max_len,
+                                    fsdp_llama_cache **out);
+void fsdp_llama_cache_free(fsdp_llama_cache *cache); /* NULL does nothing */
+/* Forgets every position: the next fsdp_llama_decode starts a new sequence at position 0. */
+void fsdp_llama_cache_reset(fsdp_llama_cache *cache);
+int64_t fsdp_llama_cache_len(const fsdp_llama_cache *cache); /* positions fed so far */
+
+/* Feeds tokens[0..n) at positions len .. len + n - 1 (len = the positions fed before): a
+ * prompt at once (prefill), then one token at a time. Each layer's queries attend to the cached
+ * keys and values of every earlier position and their own, with the grouped-query heads and the
+ * rotary positions of the full forward. *logits (vocab_size floats, owned by the cache, valid
+ * until its next call) are those of the last token fed. Feeding a whole sequence at once from
+ * position 0 computes exactly what fsdp_module_forward does on it (the same kernels on the same
+ * shapes, so the last position's logits are bitwise equal on a rank without worker threads;
+ * with threads_per_rank > 1 the attention's GEMMs may be split over them where the kernel's are
+ * not, to float32 rounding); position by position the products are summed in other orders
+ * (float32 rounding). Refused: n < 1, a token outside
+ * [0, vocab_size), len + n beyond the cache's max_len (the message names the lengths and the
+ * fix). On failure the cache is unchanged. */
+fsdp_status fsdp_llama_decode(fsdp_ctx *ctx, fsdp_llama_cache *cache, const int32_t *tokens,
+                              int64_t n, const float **logits);
+
+/* How fsdp_sample_logits picks a token. Zero fields: greedy. */
+typedef struct fsdp_sample_options {
+    /* 0 (default): greedy, the largest logit (the first of equal ones); > 0: draw from
+     * softmax(logits / temperature) */
+    float temperature;
+    int64_t top_k; /* 0 (default): the whole vocabulary; k > 0: only the k largest logits */
+    uint64_t seed; /* with draw, picks the random number: the same (seed, draw), the same token */
+} fsdp_sample_options;
+
+/* A token from logits (n of them, finite) into *token: greedy, or the draw-th random choice of
+ * seed, u = fsdp_rng_uniform(seed, fsdp_rng_stream("fsdp/sample"), draw) in [0, 1), taken
+ * through the cumulative probabilities of the kept logits in decreasing order (ties by index),
+ * computed in double. Deterministic: no state besides the arguments. opts may be NULL
+ * (greedy). FSDP_ERR_INVALID_ARGUMENT for n < 1, a negative or non-finite temperature, a
+ * negative top_k or a logit that is NaN or infinite. */
+fsdp_status fsdp_sample_logits(fsdp_ctx *ctx, const float *logits, int64_t n,
+                               const fsdp_sample_options *opts, uint64_t draw, int32_t *token);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,7 @@
 /* hf.c: Hugging Face interchange for Llama models: a config.json written from and read into
  * fsdp_llama_config (with jansson), and a checkpoint exported as a model directory
- * (config.json + model.safetensors) that transformers' LlamaForCausalLM.from_pretrained loads. */
+ * (config.json + model.safetensors, and for a byte-level model of vocabulary 256 its tokenizer)
+ * that transformers' LlamaForCausalLM.from_pretrained and AutoTokenizer.from_pretrained load. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <jansson.h>
@@ -293,6 +294,77 @@ static fsdp_status write_text(fsdp_ctx *ctx, const char *path, const char *text)
                           path, strerror(errno));
 }
 
+/* ---- the byte tokenizer ---- */
+
+#define BYTE_VOCAB 256 /* tools/text_to_tokens.py's byte tokenizer: token id = byte value */
+
+/* The character GPT-2's byte-level pre-tokenizer shows byte b as (bytes_to_unicode: printable
+ * Latin-1 bytes as themselves, the others as U+0100 onwards in byte order), UTF-8 into out. */
+static void byte_char(int b, char out[3]) {
+    int cp = b, extra = 0;
+    bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    if (!printable) {
+        for (int c = 0; c < b; c++)
+            extra += !((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE));
+        cp = 256 + extra;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp, out[1] = '\0';
+    } else {
+        out[0] = (char)(0xC0 | cp >> 6), out[1] = (char)(0x80 | (cp & 0x3F)), out[2] = '\0';
+    }
+}
+
+/* tokenizer.json (Hugging Face tokenizers) of the byte tokenizer: a ByteLevel pre-tokenizer and
+ * decoder around a BPE without merges whose 256 tokens are the bytes, id = byte value; and a
+ * tokenizer_config.json naming PreTrainedTokenizerFast, so AutoTokenizer.from_pretrained(dir)
+ * encodes and decodes text for the model. */
+static fsdp_status write_byte_tokenizer(fsdp_ctx *ctx, const char *dir, int64_t max_len) {
+    json_t *vocab = json_object();
+    for (int b = 0; vocab && b < BYTE_VOCAB; b++) {
+        char ch[3];
+        byte_char(b, ch);
+        if (json_object_set_new(vocab, ch, json_integer(b)) != 0) json_decref(vocab), vocab = NULL;
+    }
+    const char *bl = "{s:s, s:b, s:b, s:b}";
+    json_t *tok = vocab
+                      ? json_pack("{s:s, s:n, s:n, s:[], s:n, s:o, s:n, s:o, s:{s:s, s:n, s:n, "
+                                  "s:n, s:n, s:b, s:b, s:b, "
+                                  "s:o, s:[]}}",
+                                  "version", "1.0", "truncation", "padding", "added_tokens",
+                                  "normalizer", "pre_tokenizer",
+                                  json_pack(bl, "type", "ByteLevel", "add_prefix_space", 0,
+                                            "trim_offsets", 0, "use_regex", 0),
+                                  "post_processor", "decoder",
+                                  json_pack(bl, "type", "ByteLevel", "add_prefix_space", 0,
+                                            "trim_offsets", 0, "use_regex", 0),
+                                  "model", "type", "BPE", "dropout", "unk_token",
+                                  "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", 0,
+                                  "byte_fallback", 0, "ignore_merges", 0, "vocab", vocab, "merges")
+                      : NULL;
+    json_t *cfg =
+        json_pack("{s:s, s:I, s:b}", "tokenizer_class", "PreTrainedTokenizerFast",
+                  "model_max_length", (json_int_t)max_len, "clean_up_tokenization_spaces", 0);
+    int flags = JSON_INDENT(2) | JSON_PRESERVE_ORDER;
+    char *t1 = tok ? json_dumps(tok, flags) : NULL, *t2 = cfg ? json_dumps(cfg, flags) : NULL;
+    json_decref(tok);
+    json_decref(cfg);
+    char path[4200];
+    fsdp_status s =
+        t1 && t2 ? FSDP_OK : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "the byte tokenizer's JSON");
+    if (s == FSDP_OK) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        s = write_text(ctx, path, t1);
+    }
+    if (s == FSDP_OK) {
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        s = write_text(ctx, path, t2);
+    }
+    free(t1);
+    free(t2);
+    return s;
+}
+
 fsdp_status fsdp_ckpt_export_hf(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *dir,
                                 const fsdp_ckpt_export_options *opts) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
@@ -331,6 +403,8 @@ fsdp_status fsdp_ckpt_export_hf(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *dir,
     char weights[4200];
     snprintf(weights, sizeof weights, "%s/model.safetensors", dir);
     s = fsdp_ckpt_export_safetensors(ctx, ck, weights, NULL);
+    if (s == FSDP_OK && c.vocab_size == BYTE_VOCAB)
+        s = write_byte_tokenizer(ctx, dir, c.max_seq_len);
     if (s != FSDP_OK) ckpt_remove_partial(path);
     return s;
 }

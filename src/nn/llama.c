@@ -77,6 +77,14 @@ static const fsdp_module_ops decoder_layer_ops = {.kind = "LlamaDecoderLayer",
                                                   .backward = decoder_layer_backward,
                                                   .free_impl = decoder_layer_free};
 
+bool fsdp_llama_decoder_layer_parts(const fsdp_module *m, fsdp_module *parts[4]) {
+    if (!m || m->ops != &decoder_layer_ops) return false;
+    const decoder_layer *d = m->impl;
+    parts[0] = d->input_layernorm, parts[1] = d->self_attn;
+    parts[2] = d->post_attention_layernorm, parts[3] = d->mlp;
+    return true;
+}
+
 /* A norm of c.dim added to parent as name. */
 static fsdp_status add_norm(fsdp_ctx *ctx, fsdp_module *parent, const char *name,
                             const fsdp_llama_config *c, fsdp_module **child) {

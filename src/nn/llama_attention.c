@@ -33,8 +33,20 @@ static void llama_attention_free(void *impl) {
     free(a);
 }
 
-/* cos and sin of position t times Llama's inverse frequency theta^(-2i / hd), computed in f32
- * as Hugging Face's rotary embedding does, into a->rope on dev (remade when T or dev change). */
+void fsdp_llama_rope_table(float *cos, float *sin, int64_t t0, int64_t T, int64_t head_dim,
+                           float theta) {
+    int64_t h = head_dim / 2;
+    for (int64_t i = 0; i < h; i++) {
+        float inv = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+        for (int64_t t = 0; t < T; t++) {
+            float ang = (float)(t0 + t) * inv;
+            cos[t * h + i] = cosf(ang);
+            sin[t * h + i] = sinf(ang);
+        }
+    }
+}
+
+/* The rope table of positions 0 .. T-1 in a->rope on dev (remade when T or dev change). */
 static fsdp_status make_rope(fsdp_ctx *ctx, llama_attention *a, int64_t T, fsdp_device dev) {
     int64_t h = a->head_dim / 2;
     if (a->rope && fsdp_tensor_dim(a->rope, 1) == T &&
@@ -46,15 +58,8 @@ static fsdp_status make_rope(fsdp_ctx *ctx, llama_attention *a, int64_t T, fsdp_
     int64_t shape[3] = {2, T, h};
     fsdp_tensor *host;
     FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, shape, &host));
-    float *c = fsdp_tensor_f32(host), *s = c + T * h;
-    for (int64_t i = 0; i < h; i++) {
-        float inv = 1.0f / powf(a->rope_theta, (float)(2 * i) / (float)a->head_dim);
-        for (int64_t t = 0; t < T; t++) {
-            float ang = (float)t * inv;
-            c[t * h + i] = cosf(ang);
-            s[t * h + i] = sinf(ang);
-        }
-    }
+    float *c = fsdp_tensor_f32(host);
+    fsdp_llama_rope_table(c, c + T * h, 0, T, a->head_dim, a->rope_theta);
     if (dev.type == FSDP_DEVICE_CPU) {
         a->rope = host;
         return FSDP_OK;
@@ -158,6 +163,19 @@ static const fsdp_module_ops llama_attention_ops = {.kind = "LlamaAttention",
                                                     .forward = llama_attention_forward,
                                                     .backward = llama_attention_backward,
                                                     .free_impl = llama_attention_free};
+
+bool fsdp_llama_attention_parts(const fsdp_module *m, fsdp_llama_attention_info *out) {
+    if (!m || m->ops != &llama_attention_ops) return false;
+    const llama_attention *a = m->impl;
+    *out = (fsdp_llama_attention_info){.q_proj = a->q_proj,
+                                       .k_proj = a->k_proj,
+                                       .v_proj = a->v_proj,
+                                       .o_proj = a->o_proj,
+                                       .head_dim = a->head_dim,
+                                       .max_seq_len = a->max_seq_len,
+                                       .rope_theta = a->rope_theta};
+    return true;
+}
 
 fsdp_status fsdp_llama_attention_create(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
                                         fsdp_module **out) {

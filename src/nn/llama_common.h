@@ -1,5 +1,6 @@
 /* llama_common.h: what the Llama layers (embedding.c, llama_attention.c, llama_mlp.c, llama.c)
- * share inside src/nn (llama_common.c, but for fsdp_llama_mlp_build in llama_mlp.c): the kernel
+ * share inside src/nn (llama_common.c, but for fsdp_llama_mlp_build in llama_mlp.c and the
+ * accessors of llama_attention.c and llama.c that generation reads): the kernel
  * table check, the bias-free projections they own, and the configuration's checks. */
 #ifndef FSDP_NN_LLAMA_COMMON_H
 #define FSDP_NN_LLAMA_COMMON_H
@@ -34,6 +35,24 @@ fsdp_status fsdp_llama_sum_grads(fsdp_ctx *ctx, fsdp_tensor **dst, const fsdp_te
 /* fsdp_llama_mlp_create with the projections' weights ~ normal(0, std) (llama_mlp.c). */
 fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, float std,
                                  fsdp_module **out);
+
+/* cos (T, hd / 2) and sin (T, hd / 2) of positions t0 .. t0 + T - 1 times Llama's inverse
+ * frequencies theta^(-2i / hd), in f32 as Hugging Face's rotary embedding computes them: the
+ * attention's table (llama_attention.c) and the generation cache's (llama_decode.c) are one. */
+void fsdp_llama_rope_table(float *cos, float *sin, int64_t t0, int64_t T, int64_t head_dim,
+                           float theta);
+
+/* What generation (llama_decode.c) reads of a LlamaAttention (llama_attention.c). */
+typedef struct fsdp_llama_attention_info {
+    fsdp_module *q_proj, *k_proj, *v_proj, *o_proj;
+    int64_t head_dim, max_seq_len;
+    float rope_theta;
+} fsdp_llama_attention_info;
+/* false when m is not a LlamaAttention. */
+bool fsdp_llama_attention_parts(const fsdp_module *m, fsdp_llama_attention_info *out);
+/* A LlamaDecoderLayer's input_layernorm, self_attn, post_attention_layernorm and mlp in
+ * parts[0..3] (llama.c); false when m is not one. */
+bool fsdp_llama_decoder_layer_parts(const fsdp_module *m, fsdp_module *parts[4]);
 
 /* FSDP_ERR_INVALID_ARGUMENT: "Llama config: field = value; rule". */
 fsdp_status fsdp_llama_bad_config(fsdp_ctx *ctx, const char *field, long long value,

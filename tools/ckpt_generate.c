@@ -1,0 +1,534 @@
+/* ckpt_generate.c: fsdp-ckpt generate (a Llama checkpoint continues a prompt, token by token,
+ * through the key/value cache of fsdp_llama_decode) and fsdp-ckpt eval (its loss and
+ * perplexity on a token file, computed as fsdp-train's evaluation computes it).
+ * docs/checkpoint.md, "Using a trained Llama". */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include "ckpt_generate.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <ini.h> /* defines: ini_parse_string */
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt_cli.h"     // defines: ckpt_parse_args, ckpt_open_arg, opt_spec, EXIT_OK
+#include "train_tokens.h" // defines: TRAIN_TOKENS_MAGIC, TRAIN_TOKENS_VERSION, _HEADER
+
+#define BYTE_VOCAB 256 /* tools/text_to_tokens.py's byte tokenizer: one id per byte */
+
+/* ---- the model of a checkpoint ---- */
+
+/* A Llama loaded from a checkpoint, a run directory or a Hugging Face model directory. */
+typedef struct loaded {
+    fsdp_module *model;
+    fsdp_llama_config cfg; /* resolved */
+    char *config;          /* the checkpoint's training configuration text ("" when none) */
+    char tmp[4200];        /* the import of a Hugging Face directory; "" when none */
+} loaded;
+
+/* Removes path and everything under it (the temporary import); missing is fine. */
+static void remove_tree(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) {
+        remove(path);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char child[4500];
+        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+        struct stat sb;
+        if (lstat(child, &sb) == 0 && S_ISDIR(sb.st_mode))
+            remove_tree(child);
+        else
+            remove(child);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+static void loaded_free(loaded *m) {
+    fsdp_module_free(m->model);
+    free(m->config);
+    if (m->tmp[0]) remove_tree(m->tmp);
+    memset(m, 0, sizeof *m);
+}
+
+/* A Hugging Face model directory imported into a temporary checkpoint; *path is its step. */
+static bool import_hf(fsdp_ctx *ctx, const char *cmd, const char *dir, loaded *m, char *path,
+                      size_t size) {
+    const char *base = getenv("TMPDIR");
+    snprintf(m->tmp, sizeof m->tmp, "%s/fsdp-ckpt-hf-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(m->tmp)) {
+        fprintf(stderr, "fsdp-ckpt %s: cannot make a temporary directory '%s' for the import: %s\n",
+                cmd, m->tmp, strerror(errno));
+        m->tmp[0] = '\0';
+        return false;
+    }
+    fsdp_ckpt_import_options o = {.zstd_level = FSDP_CKPT_NO_COMPRESSION};
+    if (fsdp_ckpt_import(ctx, dir, m->tmp, &o) != FSDP_OK) {
+        fprintf(stderr, "fsdp-ckpt %s: importing the Hugging Face directory '%s': %s\n", cmd, dir,
+                fsdp_last_error(ctx));
+        return false;
+    }
+    snprintf(path, size, "%s/step-00000000", m->tmp);
+    return true;
+}
+
+/* Every parameter of the model is in the checkpoint (the shapes are checked by the load). */
+static bool has_every_param(fsdp_ctx *ctx, const char *cmd, fsdp_ckpt *ck, const fsdp_state *st,
+                            const char *arg) {
+    for (int i = 0; i < fsdp_state_num_entries(st); i++) {
+        fsdp_state_entry e;
+        if (fsdp_state_entry_get(ctx, st, i, &e) != FSDP_OK) return false;
+        if (fsdp_ckpt_find(ck, e.name) >= 0) continue;
+        fprintf(stderr,
+                "fsdp-ckpt %s: '%s' has no tensor '%s', which the Llama of its model "
+                "configuration has: its tensors are not that Llama's; pass a checkpoint of "
+                "fsdp-train's [model] kind = llama or a Hugging Face Llama directory\n",
+                cmd, arg, e.name);
+        return false;
+    }
+    return true;
+}
+
+/* Builds the Llama that ck's model configuration describes and loads its parameters. */
+static bool load_llama(fsdp_ctx *ctx, const char *cmd, const char *arg, fsdp_ckpt *ck, loaded *m) {
+    const char *json = fsdp_ckpt_model_config(ck);
+    if (!json[0]) {
+        fprintf(stderr,
+                "fsdp-ckpt %s: '%s' is not a Llama checkpoint: it holds no model configuration "
+                "(a checkpoint of fsdp-train's [model] kind = llama and an imported Hugging Face "
+                "Llama directory do); generate and eval need a Llama\n",
+                cmd, arg);
+        return false;
+    }
+    if (fsdp_llama_config_from_hf_json(ctx, json, &m->cfg) != FSDP_OK) {
+        fprintf(stderr, "fsdp-ckpt %s: '%s' is not a Llama this libfsdp builds: %s\n", cmd, arg,
+                fsdp_last_error(ctx));
+        return false;
+    }
+    fsdp_state *st = NULL;
+    fsdp_ckpt_load_options lo = {.non_strict = true}; /* optimizer state and extras ignored */
+    bool ok = fsdp_model_llama(ctx, &m->cfg, &m->model) == FSDP_OK &&
+              fsdp_state_create(ctx, &(fsdp_state_sources){.model = m->model}, &st) == FSDP_OK;
+    if (!ok) fprintf(stderr, "fsdp-ckpt %s: building its Llama: %s\n", cmd, fsdp_last_error(ctx));
+    ok = ok && has_every_param(ctx, cmd, ck, st, arg);
+    if (ok && fsdp_ckpt_load(ctx, ck, st, &lo) != FSDP_OK) {
+        fprintf(stderr, "fsdp-ckpt %s: loading '%s': %s\n", cmd, arg, fsdp_last_error(ctx));
+        ok = false;
+    }
+    fsdp_state_free(st);
+    return ok;
+}
+
+/* arg: a checkpoint, a directory of them (the newest) or a Hugging Face model directory. */
+static bool load_model(fsdp_ctx *ctx, const char *cmd, const char *arg, loaded *m) {
+    memset(m, 0, sizeof *m);
+    char path[4300];
+    snprintf(path, sizeof path, "%s", arg);
+    if (ckpt_file_exists(arg, "config.json") && !ckpt_file_exists(arg, "metadata.h5") &&
+        !import_hf(ctx, cmd, arg, m, path, sizeof path))
+        return loaded_free(m), false;
+    fsdp_ckpt *ck = ckpt_open_arg(ctx, cmd, path);
+    bool ok = ck && load_llama(ctx, cmd, arg, ck, m);
+    if (ok && !(m->config = strdup(fsdp_ckpt_config(ck)))) {
+        fprintf(stderr, "fsdp-ckpt %s: out of memory\n", cmd);
+        ok = false;
+    }
+    fsdp_ckpt_close(ck);
+    if (!ok) loaded_free(m);
+    return ok;
+}
+
+/* ---- numbers on the command line ---- */
+
+static bool parse_i64(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t hi,
+                      int64_t *out) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "fsdp-ckpt %s: %s '%s' is not an integer in [%lld, %lld]\n", cmd, flag, v,
+                (long long)lo, (long long)hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+/* ---- generate ---- */
+
+static const char *const usage_generate =
+    "usage: fsdp-ckpt generate DIR (--prompt TEXT | --prompt-ids IDS) [options]\n"
+    "\n"
+    "Continues a prompt with the Llama of DIR: a checkpoint of fsdp-train's [model] kind =\n"
+    "llama, the directory a run saved into (its newest committed checkpoint), or a Hugging Face\n"
+    "Llama directory (config.json and model.safetensors). The prompt is fed at once, then each\n"
+    "new token one at a time through a key/value cache, and printed as it comes.\n"
+    "\n"
+    "  --prompt TEXT         the prompt's bytes as tokens: for a model of vocabulary 256, the\n"
+    "                        byte tokenizer of tools/text_to_tokens.py (the generated bytes are\n"
+    "                        printed as text)\n"
+    "  --prompt-ids IDS      the prompt as token ids, \"15496,995\" (any vocabulary; for a\n"
+    "                        GPT-2 model: python3 -c 'import tiktoken; print(tiktoken\n"
+    "                        .get_encoding(\"gpt2\").encode(\"Hello\"))')\n"
+    "  --max-new-tokens N    tokens to generate (default 64, or as many as fit); the prompt\n"
+    "                        and them must fit the model's max_seq_len\n"
+    "  --temperature T       0 (default): greedy, the most likely token; T > 0: draw from the\n"
+    "                        softmax of logits / T\n"
+    "  --top-k K             draw only among the K most likely tokens (default 0: all)\n"
+    "  --seed S              the draws' seed (default 0): the same seed, the same tokens\n"
+    "  --ids                 print token ids (space-separated) instead of text\n"
+    "\n"
+    "A model whose vocabulary is not 256 has no tokenizer in libfsdp: it takes --prompt-ids and\n"
+    "prints token ids (decode them with the tokenizer it was trained with).\n";
+
+typedef struct gen_args {
+    const char *dir, *prompt, *prompt_ids;
+    int64_t max_new, top_k, seed; /* max_new 0: 64, or as many as fit */
+    double temperature;
+    bool ids;
+} gen_args;
+
+/* The prompt's tokens into *toks (malloc'ed), *n of them: its bytes, or the ids of
+ * --prompt-ids; false (usage) when those are not a list of ids. */
+static bool parse_prompt(const gen_args *g, int32_t **toks, int64_t *n) {
+    size_t cap = g->prompt ? strlen(g->prompt) : strlen(g->prompt_ids) / 2 + 1;
+    *n = 0;
+    if (!(*toks = malloc((cap + 1) * sizeof **toks))) {
+        fprintf(stderr, "fsdp-ckpt generate: out of memory for the prompt\n");
+        return false;
+    }
+    if (g->prompt) {
+        for (const unsigned char *p = (const unsigned char *)g->prompt; *p; p++)
+            (*toks)[(*n)++] = *p;
+        return true;
+    }
+    for (const char *p = g->prompt_ids; *p;) {
+        char *end;
+        errno = 0;
+        long long id = strtoll(p, &end, 10);
+        if (end == p || errno || (*end && *end != ',') || id < 0 || id > INT32_MAX) {
+            fprintf(stderr,
+                    "fsdp-ckpt generate: --prompt-ids '%s' is not a list of token ids (integers "
+                    ">= 0) separated by commas (\"15496,995\")\n",
+                    g->prompt_ids);
+            return false;
+        }
+        (*toks)[(*n)++] = (int32_t)id;
+        p = *end ? end + 1 : end;
+    }
+    return true;
+}
+
+/* The prompt fits the model: text needs the byte vocabulary, ids must be below vocab, and it
+ * is not empty. */
+static bool check_prompt(const gen_args *g, int64_t vocab, const int32_t *toks, int64_t n) {
+    if (g->prompt && vocab != BYTE_VOCAB) {
+        fprintf(stderr,
+                "fsdp-ckpt generate: --prompt TEXT is read with the byte tokenizer, but this "
+                "model's vocabulary is %lld, not %d: it was trained on other tokens; pass the "
+                "prompt as token ids with --prompt-ids\n",
+                (long long)vocab, BYTE_VOCAB);
+        return false;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (toks[i] >= vocab) {
+            fprintf(stderr,
+                    "fsdp-ckpt generate: prompt token %d (at %lld) is not in the model's "
+                    "vocabulary [0, %lld): the ids come from another tokenizer; use the one the "
+                    "model was trained with\n",
+                    toks[i], (long long)i, (long long)vocab);
+            return false;
+        }
+    if (n == 0)
+        fprintf(stderr, "fsdp-ckpt generate: the prompt is empty; generation continues a "
+                        "prompt: give it at least one token\n");
+    return n > 0;
+}
+
+/* Prints one generated token as text (a byte) or an id, and flushes. */
+static bool emit(const gen_args *g, bool bytes, int64_t i, int32_t tok) {
+    if (bytes && !g->ids)
+        putchar(tok);
+    else
+        printf("%s%d", i ? " " : "", tok);
+    return fflush(stdout) == 0;
+}
+
+static int generate(fsdp_ctx *ctx, const gen_args *g, loaded *m, const int32_t *toks, int64_t n) {
+    int64_t vocab = m->cfg.vocab_size, L = m->cfg.max_seq_len;
+    fsdp_llama_cache *cache = NULL;
+    int rc = EXIT_FAILED;
+    if (!check_prompt(g, vocab, toks, n)) goto done;
+    int64_t max_new = g->max_new ? g->max_new : (L - n < 64 ? L - n : 64);
+    if (n + max_new > L || max_new < 1) {
+        if (n < L)
+            fprintf(stderr,
+                    "fsdp-ckpt generate: the prompt's %lld tokens and --max-new-tokens %lld "
+                    "exceed the model's max_seq_len %lld; lower --max-new-tokens to %lld\n",
+                    (long long)n, (long long)max_new, (long long)L, (long long)(L - n));
+        else
+            fprintf(stderr,
+                    "fsdp-ckpt generate: the prompt's %lld tokens leave no room for a new one in "
+                    "the model's max_seq_len %lld; shorten the prompt to at most %lld tokens\n",
+                    (long long)n, (long long)L, (long long)(L - 1));
+        goto done;
+    }
+    bool bytes = vocab == BYTE_VOCAB;
+    if (!bytes)
+        fprintf(stderr,
+                "fsdp-ckpt generate: printing token ids: libfsdp has no tokenizer for a "
+                "vocabulary of %lld (decode them with the one the model was trained with)\n",
+                (long long)vocab);
+    fsdp_sample_options so = {
+        .temperature = (float)g->temperature, .top_k = g->top_k, .seed = (uint64_t)g->seed};
+    const float *logits;
+    if (fsdp_llama_cache_create(ctx, m->model, 0, &cache) != FSDP_OK ||
+        fsdp_llama_decode(ctx, cache, toks, n, &logits) != FSDP_OK)
+        goto failed;
+    for (int64_t i = 0; i < max_new; i++) {
+        int32_t tok;
+        if (fsdp_sample_logits(ctx, logits, vocab, &so, (uint64_t)i, &tok) != FSDP_OK) goto failed;
+        if (!emit(g, bytes, i, tok)) break; /* the caller reports the lost output */
+        if (i + 1 < max_new && fsdp_llama_decode(ctx, cache, &tok, 1, &logits) != FSDP_OK)
+            goto failed;
+    }
+    putchar('\n');
+    rc = EXIT_OK;
+    goto done;
+failed:
+    fprintf(stderr, "fsdp-ckpt generate: %s\n", fsdp_last_error(ctx));
+done:
+    fsdp_llama_cache_free(cache);
+    return rc;
+}
+
+int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
+    gen_args g = {0};
+    const char *max_new = NULL, *temp = NULL, *top_k = NULL, *seed = NULL;
+    const opt_spec specs[] = {{"prompt", &g.prompt, NULL},
+                              {"prompt-ids", &g.prompt_ids, NULL},
+                              {"max-new-tokens", &max_new, NULL},
+                              {"temperature", &temp, NULL},
+                              {"top-k", &top_k, NULL},
+                              {"seed", &seed, NULL},
+                              {"ids", NULL, &g.ids}};
+    int rc =
+        ckpt_parse_args("generate", usage_generate, argc, argv, specs, COUNT(specs), &g.dir, 1);
+    if (rc >= 0) return rc;
+    if (!g.dir) return ckpt_usage_error("generate", usage_generate, "needs DIR");
+    if (!g.prompt == !g.prompt_ids)
+        return ckpt_usage_error(
+            "generate", usage_generate,
+            "needs the prompt: --prompt TEXT or --prompt-ids IDS (one of them)");
+    if (max_new && !parse_i64("generate", "--max-new-tokens", max_new, 1, 1 << 24, &g.max_new))
+        return EXIT_USAGE;
+    if (top_k && !parse_i64("generate", "--top-k", top_k, 0, INT32_MAX, &g.top_k))
+        return EXIT_USAGE;
+    if (seed && !parse_i64("generate", "--seed", seed, 0, INT64_MAX, &g.seed)) return EXIT_USAGE;
+    if (temp) {
+        char *end;
+        g.temperature = strtod(temp, &end);
+        if (end == temp || *end || !(g.temperature >= 0) || !isfinite(g.temperature)) {
+            fprintf(stderr,
+                    "fsdp-ckpt generate: --temperature '%s' is not a number >= 0 (0: greedy)\n",
+                    temp);
+            return EXIT_USAGE;
+        }
+    }
+    int32_t *toks = NULL;
+    int64_t n = 0;
+    loaded m;
+    if (!parse_prompt(&g, &toks, &n))
+        rc = toks ? EXIT_USAGE : EXIT_FAILED;
+    else if (!load_model(ctx, "generate", g.dir, &m))
+        rc = EXIT_FAILED;
+    else {
+        rc = generate(ctx, &g, &m, toks, n);
+        loaded_free(&m);
+    }
+    free(toks);
+    return rc;
+}
+
+/* ---- eval ---- */
+
+static const char *const usage_eval =
+    "usage: fsdp-ckpt eval DIR TOKENS [--batch B] [--seq T]\n"
+    "\n"
+    "The loss (mean cross-entropy of each next token, nats per token) and the perplexity\n"
+    "(e^loss) of the Llama of DIR (a checkpoint, a run's directory or a Hugging Face Llama\n"
+    "directory, as for generate) on the token file TOKENS (fsdp-train's format, written by\n"
+    "tools/text_to_tokens.py). The file is cut into consecutive sequences of T + 1 tokens that\n"
+    "share their last and first token (sequence j starts at token j * T), as fsdp-train cuts its\n"
+    "held-out tokens, and scored B sequences at a time, whole batches only; the loss is the\n"
+    "mean over the batches, summed as fsdp-train's evaluation sums it, so a file of a run's\n"
+    "held-out tokens, as many as its evaluation scores (eval_batches x batch_size sequences),\n"
+    "gives that run's evaluation loss.\n"
+    "\n"
+    "  --batch B   sequences per forward (default: the checkpoint's [data] batch_size, else 8)\n"
+    "  --seq T     tokens per sequence (default: the model's max_seq_len; at most that)\n";
+
+/* The [data] batch_size of a training configuration text (INI). */
+static int batch_key(void *user, const char *section, const char *name, const char *value) {
+    if (!strcmp(section, "data") && !strcmp(name, "batch_size")) {
+        char *end;
+        long long v = strtoll(value, &end, 10);
+        if (end != value && !*end && v >= 1 && v <= INT32_MAX) *(int64_t *)user = v;
+    }
+    return 1;
+}
+
+static uint64_t le(const unsigned char *b, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = v << 8 | b[i];
+    return v;
+}
+
+/* Reads a token file whole, every field checked against its size and every id against vocab;
+ * *ids (malloc'ed) and *count on success, or false after printing the problem and the fix. */
+static bool read_tokens(const char *path, int64_t vocab, int32_t **ids, int64_t *count) {
+    struct stat sb;
+    int missing = stat(path, &sb) != 0 ? errno : 0;
+    if (missing || !S_ISREG(sb.st_mode)) { /* a FIFO would block forever: refused unopened */
+        fprintf(stderr,
+                "fsdp-ckpt eval: cannot read the token file '%s': %s; give the path of "
+                "a token file (tools/text_to_tokens.py writes one)\n",
+                path, missing ? strerror(missing) : "not a regular file");
+        return false;
+    }
+    FILE *f = fopen(path, "rb");
+    unsigned char h[TRAIN_TOKENS_HEADER];
+    int64_t size = (int64_t)sb.st_size;
+    const char *bad = NULL;
+    if (!f) {
+        fprintf(stderr, "fsdp-ckpt eval: cannot open '%s': %s\n", path, strerror(errno));
+        return false;
+    }
+    uint64_t bytes = 0, n = 0, file_vocab = 0;
+    if (size < TRAIN_TOKENS_HEADER || fread(h, 1, sizeof h, f) != sizeof h ||
+        memcmp(h, TRAIN_TOKENS_MAGIC, 8) != 0)
+        bad = "it is not a token file (no \"FSDPTOK\" header)";
+    else if (le(h + 8, 4) != TRAIN_TOKENS_VERSION)
+        bad = "its format version is not 1, the one this fsdp-ckpt reads";
+    else if ((bytes = le(h + 12, 4)) != 2 && bytes != 4)
+        bad = "its header's bytes per id is neither 2 nor 4 (a damaged header)";
+    else if ((n = le(h + 16, 8)) == 0 || n > (uint64_t)(size - TRAIN_TOKENS_HEADER) / bytes ||
+             n * bytes != (uint64_t)(size - TRAIN_TOKENS_HEADER))
+        bad = "its header's count does not match its size (empty, truncated or not written whole)";
+    else if ((file_vocab = le(h + 24, 8)) > (uint64_t)vocab)
+        bad = "its tokenizer's vocabulary (the header's vocab) is larger than the model's";
+    unsigned char *raw = bad ? NULL : malloc((size_t)(n * bytes));
+    *ids = bad ? NULL : malloc((size_t)n * sizeof **ids);
+    if (!bad && (!raw || !*ids)) bad = "it does not fit in memory";
+    if (!bad && fread(raw, (size_t)bytes, (size_t)n, f) != (size_t)n) bad = "it cannot be read";
+    fclose(f);
+    for (uint64_t i = 0; !bad && i < n; i++) {
+        uint64_t id = le(raw + i * bytes, (int)bytes);
+        if ((int64_t)id >= vocab) {
+            fprintf(stderr,
+                    "fsdp-ckpt eval: '%s': token %" PRIu64 " is %" PRIu64 ", not in the model's "
+                    "vocabulary [0, %lld): the file was written with another tokenizer than the "
+                    "model's\n",
+                    path, i, id, (long long)vocab);
+            bad = "";
+        }
+        (*ids)[i] = (int32_t)id;
+    }
+    free(raw);
+    if (bad && *bad)
+        fprintf(stderr,
+                "fsdp-ckpt eval: '%s': %s (header vocab %" PRIu64 ", model vocab %lld); write it "
+                "with tools/text_to_tokens.py and the model's tokenizer\n",
+                path, bad, file_vocab, (long long)vocab);
+    if (bad) {
+        free(*ids);
+        *ids = NULL;
+        return false;
+    }
+    *count = (int64_t)n;
+    return true;
+}
+
+/* The mean loss over n sequences (a multiple of B) of T + 1 tokens, B at a time. */
+static fsdp_status eval_loss(fsdp_ctx *ctx, fsdp_module *model, const int32_t *ids, int64_t n,
+                             int64_t B, int64_t T, double *loss) {
+    int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
+    fsdp_tensor *x = NULL;
+    fsdp_status st = in && tg ? fsdp_tensor_from_blob(ctx, in, FSDP_DTYPE_I32, FSDP_CPU, 2,
+                                                      (int64_t[]){B, T}, &x)
+                              : fsdp_ctx_set_error(ctx, FSDP_ERR_OUT_OF_MEMORY,
+                                                   "out of memory for a batch of %lld x %lld",
+                                                   (long long)B, (long long)T);
+    double share = 0;
+    for (int64_t b0 = 0; st == FSDP_OK && b0 < n; b0 += B) {
+        for (int64_t r = 0; r < B; r++)
+            for (int64_t t = 0; t < T; t++) {
+                in[r * T + t] = ids[(b0 + r) * T + t];
+                tg[r * T + t] = ids[(b0 + r) * T + t + 1];
+            }
+        const fsdp_tensor *logits;
+        float batch = 0;
+        st = fsdp_module_forward(ctx, model, x, &logits);
+        if (st == FSDP_OK)
+            st = fsdp_loss_cross_entropy_ignore(ctx, logits, tg, FSDP_IGNORE_INDEX, &batch, NULL);
+        share += (double)batch * (double)B / (double)n; /* as fsdp-train's evaluation sums */
+    }
+    fsdp_tensor_free(x);
+    free(in);
+    free(tg);
+    *loss = share;
+    return st;
+}
+
+int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
+    const char *pos[2] = {NULL, NULL}, *batch = NULL, *seq = NULL;
+    const opt_spec specs[] = {{"batch", &batch, NULL}, {"seq", &seq, NULL}};
+    int rc = ckpt_parse_args("eval", usage_eval, argc, argv, specs, COUNT(specs), pos, 2);
+    if (rc >= 0) return rc;
+    if (!pos[1]) return ckpt_usage_error("eval", usage_eval, "needs DIR and TOKENS");
+    int64_t B = 0, T = 0, count = 0;
+    if (batch && !parse_i64("eval", "--batch", batch, 1, 1 << 20, &B)) return EXIT_USAGE;
+    if (seq && !parse_i64("eval", "--seq", seq, 1, 1 << 24, &T)) return EXIT_USAGE;
+    loaded m;
+    if (!load_model(ctx, "eval", pos[0], &m)) return EXIT_FAILED;
+    int32_t *ids = NULL;
+    rc = EXIT_FAILED;
+    if (!B) ini_parse_string(m.config, batch_key, &B);
+    if (!B) B = 8;
+    if (!T) T = m.cfg.max_seq_len;
+    if (T > m.cfg.max_seq_len) {
+        fprintf(stderr,
+                "fsdp-ckpt eval: --seq %lld is longer than the model's max_seq_len %lld; "
+                "lower --seq\n",
+                (long long)T, (long long)m.cfg.max_seq_len);
+    } else if (read_tokens(pos[1], m.cfg.vocab_size, &ids, &count)) {
+        int64_t windows = count >= T + 1 ? (count - 1) / T : 0, n = windows / B * B;
+        double loss;
+        if (n == 0)
+            fprintf(stderr,
+                    "fsdp-ckpt eval: '%s' has %lld tokens: %lld sequences of --seq + 1 = %lld, "
+                    "fewer than one batch of %lld; lower --batch or --seq, or use a longer file\n",
+                    pos[1], (long long)count, (long long)windows, (long long)(T + 1), (long long)B);
+        else if (eval_loss(ctx, m.model, ids, n, B, T, &loss) != FSDP_OK)
+            fprintf(stderr, "fsdp-ckpt eval: %s\n", fsdp_last_error(ctx));
+        else {
+            printf("sequences %lld of %lld tokens, batch %lld (%lld of %lld tokens scored)\n",
+                   (long long)n, (long long)T, (long long)B, (long long)(n * T), (long long)count);
+            printf("loss %.9g nats per token\nperplexity %.9g\n", loss, exp(loss));
+            rc = EXIT_OK;
+        }
+    }
+    free(ids);
+    loaded_free(&m);
+    return rc;
+}
