@@ -1723,8 +1723,9 @@ static void test_error_trail(void) {
     snprintf(want, sizeof want, "tests/test_comm.c:%d", origin_line);
     CU_ASSERT_STRING_EQUAL(fsdp_last_error_origin(ctx), want);
     snprintf(want, sizeof want,
-             "tests/test_comm.c:%d -> tests/test_comm.c:%d -> tests/test_comm.c:%d", context_line,
-             hop_line, origin_line);
+             "tests/test_comm.c:%d (load_param) -> tests/test_comm.c:%d (load_piece) -> "
+             "tests/test_comm.c:%d",
+             context_line, hop_line, origin_line);
     CU_ASSERT_STRING_EQUAL(fsdp_last_error_trail(ctx), want);
     /* A callee that failed without a message: the status names it. */
     fsdp_clear_error(ctx);
@@ -1775,7 +1776,8 @@ static void check_trail_across_ranks(int n) {
     CU_ASSERT_TRUE(strncmp(msg, "rank ", 5) == 0 && strstr(msg, ": step 3: ") &&
                    strstr(msg, "rank 0 bf16, rank 1 f32"));
     char hop[96];
-    snprintf(hop, sizeof hop, " -> tests/test_comm.c:%d -> src/comm/collectives.c:", context_line);
+    snprintf(hop, sizeof hop,
+             " -> tests/test_comm.c:%d (step) -> src/comm/collectives.c:", context_line);
     CU_ASSERT_EQUAL(strncmp(trail, "src/comm/world.c:", 17), 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(trail, hop));
     size_t tl = strlen(trail), ol = strlen(origin);

@@ -152,7 +152,7 @@ uint64_t ckpt_digest_final(const ckpt_digest *d) {
 fsdp_status ckpt_shard_bind(fsdp_ctx *ctx, hid_t file, ckpt_id id, int rank) {
     char text[CKPT_ID_CHARS + 1];
     ckpt_id_format(id, text);
-    FSDP_TRY(h5_attr_write_str(ctx, file, CKPT_ID_ATTR, text));
+    FSDP_TRY_AT(ctx, h5_attr_write_str(ctx, file, CKPT_ID_ATTR, text));
     return h5_attr_write_i64(ctx, file, CKPT_RANK_ATTR, rank);
 }
 

@@ -70,7 +70,7 @@ static bool has_marker(const char *dir, const char *name) {
 }
 
 fsdp_status ckpt_dir_begin(fsdp_ctx *ctx, const char *dir, const char *tmp) {
-    FSDP_TRY(make_dirs(ctx, dir));
+    FSDP_TRY_AT(ctx, make_dirs(ctx, dir));
     DIR *d = opendir(dir);
     if (!d) return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot list '%s': %s", dir, strerror(errno));
     struct dirent *de;
@@ -136,19 +136,19 @@ static fsdp_status write_marker(fsdp_ctx *ctx, const char *tmp) {
     bool ok = f && fprintf(f, "libfsdp checkpoint format %d\n", FSDP_CKPT_FORMAT_VERSION) > 0;
     if (f && fclose(f) != 0) ok = false;
     if (!ok) return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
-    FSDP_TRY(ckpt_sync_path(ctx, path));
+    FSDP_TRY_AT(ctx, ckpt_sync_path(ctx, path));
     return ckpt_sync_path(ctx, tmp);
 }
 
 fsdp_status ckpt_dir_commit(fsdp_ctx *ctx, const char *tmp, const char *final, const char *dir,
                             int keep) {
-    FSDP_TRY(write_marker(ctx, tmp));
+    FSDP_TRY_AT(ctx, write_marker(ctx, tmp));
     if (ckpt_dir_remove(final) != 0 && errno != ENOENT)
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot replace '%s': %s", final, strerror(errno));
     if (rename(tmp, final) != 0)
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, final,
                          strerror(errno));
-    FSDP_TRY(ckpt_sync_path(ctx, dir));
+    FSDP_TRY_AT(ctx, ckpt_sync_path(ctx, dir));
     if (keep > 0) prune(ctx, dir, keep);
     return FSDP_OK;
 }

@@ -16,7 +16,7 @@
  * around the write: fsdp_ckpt_read takes it itself). */
 static fsdp_status export_tensor(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, hid_t file, int level) {
     fsdp_ckpt_tensor x;
-    FSDP_TRY(fsdp_ckpt_tensor_get(ctx, ck, t, &x));
+    FSDP_TRY_AT(ctx, fsdp_ckpt_tensor_get(ctx, ck, t, &x));
     fsdp_state_region all = {.ndim = x.ndim};
     int64_t n = 1;
     for (int d = 0; d < x.ndim; d++) n *= all.count[d] = x.shape[d];
@@ -50,14 +50,15 @@ fsdp_status fsdp_ckpt_export_h5(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
                          o.zstd_level);
     int level = o.zstd_level > 0 ? o.zstd_level : FSDP_CKPT_NO_COMPRESSION;
     hid_t file;
-    FSDP_TRY(h5_lock(ctx));
+    FSDP_TRY_AT(ctx, h5_lock(ctx));
     fsdp_status s = h5_create(ctx, path, &file);
     h5_unlock();
-    FSDP_TRY(s);
+    FSDP_TRY_AT(ctx, s);
     for (int t = 0; s == FSDP_OK && t < ck->meta.n_tensors; t++)
         if (o.with_optim || ck->meta.tensors[t].kind != FSDP_STATE_OPTIM)
             s = export_tensor(ctx, ck, t, file, level);
-    if (s != FSDP_OK) s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, "export to '%s'", path);
+    if (s != FSDP_OK)
+        s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, __func__, "export to '%s'", path);
     fsdp_status locked = h5_lock(ctx); /* not taken: the file stays open */
     if (locked == FSDP_OK) {
         if (H5Fclose(file) < 0 && s == FSDP_OK) s = h5_fail(ctx, "cannot close", path);
@@ -188,7 +189,7 @@ fsdp_status fsdp_ckpt_export_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, const cha
                       "writable",
                       path, strerror(errno));
     if (s != FSDP_OK) {
-        s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, "export to '%s'", path);
+        s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, __func__, "export to '%s'", path);
         ckpt_remove_partial(path);
     }
     return s;

@@ -59,7 +59,7 @@ fsdp_status h5_create(fsdp_ctx *ctx, const char *path, hid_t *out) {
 
 fsdp_status h5_open(fsdp_ctx *ctx, const char *path, hid_t *out) {
     *out = -1;
-    FSDP_TRY(ckpt_check_regular(ctx, path));
+    FSDP_TRY_AT(ctx, ckpt_check_regular(ctx, path));
     *out = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     return *out < 0 ? h5_fail(ctx, "cannot open", path) : FSDP_OK;
 }
@@ -106,7 +106,7 @@ static fsdp_status open_scalar_attr(fsdp_ctx *ctx, hid_t loc, const char *name, 
 
 fsdp_status h5_attr_read_i64(fsdp_ctx *ctx, hid_t loc, const char *name, int64_t *v) {
     hid_t a;
-    FSDP_TRY(open_scalar_attr(ctx, loc, name, H5T_INTEGER, &a));
+    FSDP_TRY_AT(ctx, open_scalar_attr(ctx, loc, name, H5T_INTEGER, &a));
     herr_t rc = H5Aread(a, H5T_NATIVE_INT64, v);
     H5Aclose(a);
     return rc < 0 ? h5_fail(ctx, "cannot read attribute", name) : FSDP_OK;
@@ -115,7 +115,7 @@ fsdp_status h5_attr_read_i64(fsdp_ctx *ctx, hid_t loc, const char *name, int64_t
 fsdp_status h5_attr_read_str(fsdp_ctx *ctx, hid_t loc, const char *name, size_t max_len,
                              char **out) {
     hid_t a;
-    FSDP_TRY(open_scalar_attr(ctx, loc, name, H5T_STRING, &a));
+    FSDP_TRY_AT(ctx, open_scalar_attr(ctx, loc, name, H5T_STRING, &a));
     hid_t ftype = H5Aget_type(a);
     size_t size = H5Tget_size(ftype);
     bool variable = H5Tis_variable_str(ftype) > 0;
@@ -232,7 +232,7 @@ fsdp_status h5_read_part(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype
     hsize_t want[FSDP_MAX_DIMS], dims[FSDP_MAX_DIMS], off[FSDP_MAX_DIMS], cnt[FSDP_MAX_DIMS];
     for (int d = 0; d < nd; d++) want[d] = (hsize_t)stored->count[d];
     hid_t ds;
-    FSDP_TRY(h5_dataset_open(ctx, file, path, file_type(dtype), nd, want, &ds, dims));
+    FSDP_TRY_AT(ctx, h5_dataset_open(ctx, file, path, file_type(dtype), nd, want, &ds, dims));
     hid_t fspace = H5Dget_space(ds), mspace;
     if (nd == 0) {
         mspace = H5Screate(H5S_SCALAR);
@@ -279,7 +279,7 @@ fsdp_status h5_read_rows(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype
     int64_t block = nd ? (int64_t)(budget / inner) : 1;
     block = block < 1 ? 1 : nd && block > stored->count[k] ? stored->count[k] : block;
     hid_t ds;
-    FSDP_TRY(h5_dataset_open(ctx, file, path, file_type(dtype), nd, want, &ds, dims));
+    FSDP_TRY_AT(ctx, h5_dataset_open(ctx, file, path, file_type(dtype), nd, want, &ds, dims));
     void *buf = malloc((size_t)block * inner + 1);
     hid_t fspace = H5Dget_space(ds);
     fsdp_status s = buf ? FSDP_OK : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "reading '%s'", path);
@@ -327,7 +327,7 @@ fsdp_status h5_read_table(fsdp_ctx *ctx, hid_t file, const char *path, int cols,
                           int64_t *rows, int64_t **out) {
     hid_t ds;
     hsize_t dims[2];
-    FSDP_TRY(h5_dataset_open(ctx, file, path, H5T_STD_I64LE, 2, NULL, &ds, dims));
+    FSDP_TRY_AT(ctx, h5_dataset_open(ctx, file, path, H5T_STD_I64LE, 2, NULL, &ds, dims));
     if (dims[1] != (hsize_t)cols || dims[0] > (hsize_t)max_rows ||
         !fits_file(file, dims[0] * dims[1] * sizeof(int64_t))) {
         H5Dclose(ds);
@@ -353,7 +353,7 @@ fsdp_status h5_read_bytes(fsdp_ctx *ctx, hid_t file, const char *path, size_t ma
                           size_t *len) {
     hid_t ds;
     hsize_t dims[1];
-    FSDP_TRY(h5_dataset_open(ctx, file, path, H5T_STD_U8LE, 1, NULL, &ds, dims));
+    FSDP_TRY_AT(ctx, h5_dataset_open(ctx, file, path, H5T_STD_U8LE, 1, NULL, &ds, dims));
     if (dims[0] > max_len || !fits_file(file, dims[0])) {
         H5Dclose(ds);
         return FSDP_FAIL(ctx, FSDP_ERR_IO,

@@ -123,7 +123,7 @@ static fsdp_status check_chunk(fsdp_ctx *ctx, const char *path, const pipeline *
 static fsdp_status check_chunks(fsdp_ctx *ctx, hid_t ds, hid_t dcpl, const char *path, int ndim,
                                 const hsize_t *dims, size_t elem) {
     pipeline p;
-    FSDP_TRY(check_pipeline(ctx, dcpl, path, &p));
+    FSDP_TRY_AT(ctx, check_pipeline(ctx, dcpl, path, &p));
     hsize_t chunk[FSDP_MAX_DIMS], want = 1, have = 0, bytes = elem;
     if (ndim < 1 || H5Pget_chunk(dcpl, FSDP_MAX_DIMS, chunk) != ndim)
         return not_all_there(ctx, path);
@@ -146,7 +146,7 @@ static fsdp_status check_chunks(fsdp_ctx *ctx, hid_t ds, hid_t dcpl, const char 
             H5Eclear2(H5E_DEFAULT);
             return not_all_there(ctx, path);
         }
-        FSDP_TRY(check_chunk(ctx, path, &p, index, mask, size, bytes));
+        FSDP_TRY_AT(ctx, check_chunk(ctx, path, &p, index, mask, size, bytes));
         for (int d = ndim - 1; d >= 0; d--) {
             at[d] += chunk[d];
             if (at[d] < dims[d]) break;

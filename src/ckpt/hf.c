@@ -34,7 +34,7 @@ fsdp_status fsdp_llama_config_to_hf_json(fsdp_ctx *ctx, const fsdp_llama_config 
     FSDP_ARG_NOT_NULL(ctx, cfg);
     FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_llama_config c;
-    FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
+    FSDP_TRY_AT(ctx, fsdp_llama_config_resolve(ctx, cfg, &c));
     if (c.n_layers < 1 || c.vocab_size < 1)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "Llama config for Hugging Face: n_layers (%d) and vocab_size (%lld) must "
@@ -118,12 +118,12 @@ static fsdp_status check_supported(fsdp_ctx *ctx, json_t *j) {
                          json_is_string(mt) ? "\"" : "",
                          json_is_string(mt) ? json_string_value(mt) : "missing",
                          json_is_string(mt) ? "\"" : "");
-    FSDP_TRY(require_bool(ctx, j, "tie_word_embeddings", false,
-                          "libfsdp's Llama has its own lm_head (untied); untie the weights "
-                          "(copy embed_tokens into lm_head) before saving"));
-    FSDP_TRY(
-        require_bool(ctx, j, "attention_bias", false, "libfsdp's Llama attention has no biases"));
-    FSDP_TRY(require_bool(ctx, j, "mlp_bias", false, "libfsdp's Llama MLP has no biases"));
+    FSDP_TRY_AT(ctx, require_bool(ctx, j, "tie_word_embeddings", false,
+                                  "libfsdp's Llama has its own lm_head (untied); untie the weights "
+                                  "(copy embed_tokens into lm_head) before saving"));
+    FSDP_TRY_AT(ctx, require_bool(ctx, j, "attention_bias", false,
+                                  "libfsdp's Llama attention has no biases"));
+    FSDP_TRY_AT(ctx, require_bool(ctx, j, "mlp_bias", false, "libfsdp's Llama MLP has no biases"));
     json_t *act = json_object_get(j, "hidden_act");
     if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
         return bad_key(ctx, "hidden_act", "must be \"silu\" (SwiGLU), the only MLP libfsdp builds");
@@ -145,17 +145,17 @@ static fsdp_status read_config(fsdp_ctx *ctx, json_t *j, fsdp_llama_config *c) {
     if (!json_is_object(j))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "Hugging Face config.json is not a JSON object");
-    FSDP_TRY(check_supported(ctx, j));
+    FSDP_TRY_AT(ctx, check_supported(ctx, j));
     int64_t dim = 0, layers = 0, heads = 0, kv = 0, vocab = 0, ffn = 0, seq = 2048;
-    FSDP_TRY(get_int(ctx, j, "hidden_size", true, 1, 1 << 20, &dim));
-    FSDP_TRY(get_int(ctx, j, "num_hidden_layers", true, 1, HF_MAX_LAYERS, &layers));
-    FSDP_TRY(get_int(ctx, j, "num_attention_heads", true, 1, 1 << 20, &heads));
-    FSDP_TRY(get_int(ctx, j, "num_key_value_heads", false, 1, 1 << 20, &kv));
-    FSDP_TRY(get_int(ctx, j, "vocab_size", true, 1, INT32_MAX, &vocab));
-    FSDP_TRY(get_int(ctx, j, "intermediate_size", true, 1, (int64_t)1 << 24, &ffn));
-    FSDP_TRY(get_int(ctx, j, "max_position_embeddings", false, 1, (int64_t)1 << 24, &seq));
+    FSDP_TRY_AT(ctx, get_int(ctx, j, "hidden_size", true, 1, 1 << 20, &dim));
+    FSDP_TRY_AT(ctx, get_int(ctx, j, "num_hidden_layers", true, 1, HF_MAX_LAYERS, &layers));
+    FSDP_TRY_AT(ctx, get_int(ctx, j, "num_attention_heads", true, 1, 1 << 20, &heads));
+    FSDP_TRY_AT(ctx, get_int(ctx, j, "num_key_value_heads", false, 1, 1 << 20, &kv));
+    FSDP_TRY_AT(ctx, get_int(ctx, j, "vocab_size", true, 1, INT32_MAX, &vocab));
+    FSDP_TRY_AT(ctx, get_int(ctx, j, "intermediate_size", true, 1, (int64_t)1 << 24, &ffn));
+    FSDP_TRY_AT(ctx, get_int(ctx, j, "max_position_embeddings", false, 1, (int64_t)1 << 24, &seq));
     int64_t head_dim = dim / heads;
-    FSDP_TRY(get_int(ctx, j, "head_dim", false, 1, 1 << 20, &head_dim));
+    FSDP_TRY_AT(ctx, get_int(ctx, j, "head_dim", false, 1, 1 << 20, &head_dim));
     if (head_dim * heads != dim)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                          "Hugging Face config.json: head_dim %lld times num_attention_heads %lld "
@@ -172,11 +172,11 @@ static fsdp_status read_config(fsdp_ctx *ctx, json_t *j, fsdp_llama_config *c) {
                              .norm_eps = 1e-6f,
                              .rope_theta = 10000.0f,
                              .init_std = 0.02f};
-    FSDP_TRY(get_real(ctx, j, "rms_norm_eps", &c->norm_eps));
-    FSDP_TRY(get_real(ctx, j, "initializer_range", &c->init_std));
+    FSDP_TRY_AT(ctx, get_real(ctx, j, "rms_norm_eps", &c->norm_eps));
+    FSDP_TRY_AT(ctx, get_real(ctx, j, "initializer_range", &c->init_std));
     json_t *rp = json_object_get(j, "rope_parameters"); /* transformers 5; wins over the old key */
-    FSDP_TRY(get_real(ctx, j, "rope_theta", &c->rope_theta));
-    if (json_is_object(rp)) FSDP_TRY(get_real(ctx, rp, "rope_theta", &c->rope_theta));
+    FSDP_TRY_AT(ctx, get_real(ctx, j, "rope_theta", &c->rope_theta));
+    if (json_is_object(rp)) FSDP_TRY_AT(ctx, get_real(ctx, rp, "rope_theta", &c->rope_theta));
     return FSDP_OK;
 }
 
@@ -199,7 +199,8 @@ fsdp_status fsdp_llama_config_from_hf_json(fsdp_ctx *ctx, const char *json,
     fsdp_status s = read_config(ctx, j, &c);
     json_decref(j);
     if (s == FSDP_OK) s = fsdp_llama_config_resolve(ctx, &c, out);
-    if (s != FSDP_OK) s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, "Hugging Face config.json");
+    if (s != FSDP_OK)
+        s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, __func__, "Hugging Face config.json");
     return s;
 }
 
@@ -388,14 +389,14 @@ fsdp_status fsdp_ckpt_export_hf(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *dir,
     fsdp_llama_config c;
     fsdp_status s = fsdp_llama_config_from_hf_json(ctx, ck->meta.model_config, &c);
     if (s != FSDP_OK)
-        return fsdp_error_hop(ctx, s, __FILE__, __LINE__, "the model configuration of '%s'",
-                              ck->path);
-    FSDP_TRY(check_llama_tensors(ctx, ck, &c));
+        return fsdp_error_hop(ctx, s, __FILE__, __LINE__, __func__,
+                              "the model configuration of '%s'", ck->path);
+    FSDP_TRY_AT(ctx, check_llama_tensors(ctx, ck, &c));
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot create directory '%s': %s", dir,
                          strerror(errno));
     char *text = NULL, path[4200];
-    FSDP_TRY(fsdp_llama_config_to_hf_json(ctx, &c, &text));
+    FSDP_TRY_AT(ctx, fsdp_llama_config_to_hf_json(ctx, &c, &text));
     snprintf(path, sizeof path, "%s/config.json", dir);
     s = write_text(ctx, path, text);
     free(text);

@@ -178,7 +178,7 @@ static fsdp_status describe(fsdp_ctx *ctx, const import_source *src,
         const import_tensor *t = &src->tensors[i];
         ckpt_tensor *x = &m->tensors[i];
         *x = (ckpt_tensor){.name = (char *)t->name, .kind = FSDP_STATE_PARAM, .ndim = t->ndim};
-        FSDP_TRY(target_dtype(ctx, src, t, o->dtype, &x->dtype));
+        FSDP_TRY_AT(ctx, target_dtype(ctx, src, t, o->dtype, &x->dtype));
         memcpy(x->shape, t->shape, sizeof x->shape);
         m->pieces[i] = (ckpt_piece){.tensor = i, .box = {.ndim = t->ndim}};
         memcpy(m->pieces[i].box.count, t->shape, sizeof t->shape);
@@ -272,11 +272,11 @@ fsdp_status fsdp_ckpt_import(fsdp_ctx *ctx, const char *src_path, const char *di
     if (strlen(dir) > 3000)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "import: directory path too long");
     fsdp_ckpt_import_options o = opts ? *opts : (fsdp_ckpt_import_options){0};
-    FSDP_TRY(check_options(ctx, &o));
+    FSDP_TRY_AT(ctx, check_options(ctx, &o));
     import_source src;
     struct stat sb;
     bool dir_src = stat(src_path, &sb) == 0 && S_ISDIR(sb.st_mode);
-    if (!dir_src) FSDP_TRY(ckpt_check_regular(ctx, src_path)); /* before is_hdf5 opens it */
+    if (!dir_src) FSDP_TRY_AT(ctx, ckpt_check_regular(ctx, src_path)); /* before is_hdf5 opens it */
     fsdp_status s = dir_src             ? import_open_hf_dir(ctx, src_path, &src)
                     : is_hdf5(src_path) ? import_open_h5(ctx, src_path, &src)
                                         : import_open_safetensors(ctx, src_path, &src);

@@ -153,7 +153,7 @@ static hid_t half_le(void) {
 /* The values as little-endian bytes of the tensor's dtype (HDF5 converts the byte order). */
 static fsdp_status h5src_read(fsdp_ctx *ctx, import_source *src, int i, void *dst) {
     const import_tensor *t = &src->tensors[i];
-    FSDP_TRY(h5_lock(ctx));
+    FSDP_TRY_AT(ctx, h5_lock(ctx));
     hid_t mem = t->dtype == IMPORT_F16    ? half_le()
                 : t->dtype == IMPORT_F32  ? H5Tcopy(H5T_IEEE_F32LE)
                 : t->dtype == IMPORT_F64  ? H5Tcopy(H5T_IEEE_F64LE)
@@ -165,7 +165,8 @@ static fsdp_status h5src_read(fsdp_ctx *ctx, import_source *src, int i, void *ds
     if (mem >= 0) H5Tclose(mem);
     fsdp_status s = rc < 0 ? h5_fail(ctx, "cannot read dataset", t->h5_path) : FSDP_OK;
     h5_unlock();
-    if (s != FSDP_OK) s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, "import '%s'", src->path);
+    if (s != FSDP_OK)
+        s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, __func__, "import '%s'", src->path);
     return s;
 }
 
@@ -182,8 +183,8 @@ static const import_source_i h5_iface = {.read = h5src_read, .close = h5src_clos
 
 fsdp_status import_open_h5(fsdp_ctx *ctx, const char *path, import_source *out) {
     *out = (import_source){.iface = &h5_iface, .path = path, .h5 = -1, .lock_ms = h5_lock_ms(ctx)};
-    FSDP_TRY(fsdp_zstd_filter_register(ctx)); /* a zstd-compressed export reads back */
-    FSDP_TRY(h5_lock(ctx));
+    FSDP_TRY_AT(ctx, fsdp_zstd_filter_register(ctx)); /* a zstd-compressed export reads back */
+    FSDP_TRY_AT(ctx, h5_lock(ctx));
     fsdp_status s = h5_open(ctx, path, &out->h5);
     visit v = {.ctx = ctx, .src = out};
     if (s == FSDP_OK && VISIT_OBJECTS(out->h5, on_object, &v) < 0 && v.status == FSDP_OK)

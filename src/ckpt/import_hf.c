@@ -176,7 +176,7 @@ fsdp_status import_open_hf_dir(fsdp_ctx *ctx, const char *dir, import_source *ou
     char path[4200];
     bool missing;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FSDP_TRY(read_text(ctx, path, FSDP_HF_CONFIG_MAX, &missing, &out->model_config));
+    FSDP_TRY_AT(ctx, read_text(ctx, path, FSDP_HF_CONFIG_MAX, &missing, &out->model_config));
     if (missing)
         return FSDP_FAIL(ctx, FSDP_ERR_IO,
                          "'%s' is a directory without config.json, so not a Hugging Face model "
@@ -184,11 +184,11 @@ fsdp_status import_open_hf_dir(fsdp_ctx *ctx, const char *dir, import_source *ou
                          "directory where one is taken",
                          dir);
     json_t *j = NULL;
-    FSDP_TRY(parse_object(ctx, path, out->model_config, &j));
+    FSDP_TRY_AT(ctx, parse_object(ctx, path, out->model_config, &j));
     json_decref(j);
     char *index = NULL;
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    FSDP_TRY(read_text(ctx, path, HF_MAX_INDEX, &missing, &index));
+    FSDP_TRY_AT(ctx, read_text(ctx, path, HF_MAX_INDEX, &missing, &index));
     fsdp_status s = FSDP_OK;
     if (missing) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);

@@ -18,7 +18,7 @@ fsdp_status fsdp_ckpt_open(fsdp_ctx *ctx, const char *path, fsdp_ckpt **out) {
     FSDP_ARG_NOT_NULL(ctx, path);
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
-    FSDP_TRY(ckpt_dir_check_committed(ctx, path));
+    FSDP_TRY_AT(ctx, ckpt_dir_check_committed(ctx, path));
     fsdp_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck || !(ck->path = strdup(path))) {
         free(ck);
@@ -146,12 +146,12 @@ fsdp_status fsdp_ckpt_piece_get(fsdp_ctx *ctx, const fsdp_ckpt *ck, int t, int k
  * register the zstd filter before it reads a compressed dataset. */
 static fsdp_status shard_file(fsdp_ctx *ctx, fsdp_ckpt *ck, int r, hid_t *out) {
     if (ck->files[r] < 0) {
-        FSDP_TRY(fsdp_zstd_filter_register(ctx));
+        FSDP_TRY_AT(ctx, fsdp_zstd_filter_register(ctx));
         char path[4200], name[32];
         ckpt_shard_path(ck->path, r, path, sizeof path);
         snprintf(name, sizeof name, "shard-%05d.h5", r);
         hid_t f;
-        FSDP_TRY(h5_open(ctx, path, &f));
+        FSDP_TRY_AT(ctx, h5_open(ctx, path, &f));
         fsdp_status s = ck->meta.bound ? ckpt_shard_check(ctx, f, name, r, ck->meta.id) : FSDP_OK;
         if (s != FSDP_OK) {
             H5Fclose(f);
@@ -171,7 +171,7 @@ fsdp_status fsdp_ckpt_check_shard(fsdp_ctx *ctx, fsdp_ckpt *ck, int rank) {
                          "fsdp_ckpt_check_shard: rank %d; the checkpoint has shards 0..%lld", rank,
                          (long long)ck->meta.world_size - 1);
     hid_t f;
-    FSDP_TRY(h5_lock(ctx));
+    FSDP_TRY_AT(ctx, h5_lock(ctx));
     fsdp_status s = shard_file(ctx, ck, rank, &f);
     h5_unlock();
     return s;
@@ -182,11 +182,11 @@ fsdp_status fsdp_ckpt_piece_stored_bytes(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, in
     FSDP_ARG_NOT_NULL(ctx, ck);
     FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_ckpt_piece p;
-    FSDP_TRY(fsdp_ckpt_piece_get(ctx, ck, t, k, &p));
+    FSDP_TRY_AT(ctx, fsdp_ckpt_piece_get(ctx, ck, t, k, &p));
     const char *name = ck->meta.tensors[t].name;
     char ds[FSDP_STATE_NAME_MAX + 32];
     ckpt_piece_dataset(name, p.id, ds, sizeof ds);
-    FSDP_TRY(h5_lock(ctx));
+    FSDP_TRY_AT(ctx, h5_lock(ctx));
     hid_t file;
     fsdp_status s = shard_file(ctx, ck, p.file_rank, &file);
     *out = s == FSDP_OK ? h5_stored_bytes(file, ds) : -1;
@@ -261,7 +261,7 @@ static fsdp_status read_locked(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const region
     for (int k = 0; k < x->n_pieces; k++) {
         region part;
         if (region_intersect(&ck->meta.pieces[x->first_piece + k].box, want, &part))
-            FSDP_TRY(read_piece(ctx, ck, x->first_piece + k, &part, dst, want));
+            FSDP_TRY_AT(ctx, read_piece(ctx, ck, x->first_piece + k, &part, dst, want));
     }
     return FSDP_OK;
 }
@@ -280,7 +280,7 @@ fsdp_status fsdp_ckpt_read(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_state
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "region %s lies outside '%s'",
                          region_to_string(want, buf, sizeof buf), x->name);
     /* The pieces tile the tensor (checked at open), so every element is read exactly once. */
-    FSDP_TRY(h5_lock(ctx));
+    FSDP_TRY_AT(ctx, h5_lock(ctx));
     fsdp_status s = read_locked(ctx, ck, t, want, dst);
     h5_unlock();
     return s;
@@ -317,7 +317,7 @@ static fsdp_status load_entry(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const state_e
         fsdp_status s = fsdp_ckpt_read(ctx, ck, t, &e->pieces[k].box, host);
         if (s == FSDP_OK && tmp) s = state_piece_write(ctx, e, k, tmp);
         free(tmp);
-        FSDP_TRY(s);
+        FSDP_TRY_AT(ctx, s);
     }
     return FSDP_OK;
 }
@@ -342,7 +342,7 @@ static fsdp_status check_extra_tensors(fsdp_ctx *ctx, const fsdp_ckpt *ck, const
  * foreign file fails the load before any value changes. */
 static fsdp_status check_pieces(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st) {
     fsdp_status s = FSDP_OK;
-    FSDP_TRY(h5_lock(ctx));
+    FSDP_TRY_AT(ctx, h5_lock(ctx));
     for (int i = 0; s == FSDP_OK && i < st->n_entries; i++) {
         const state_entry *e = &st->entries[i];
         int t = fsdp_ckpt_find(ck, e->name);
@@ -366,13 +366,13 @@ fsdp_status fsdp_ckpt_load(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st,
     FSDP_ARG_NOT_NULL(ctx, ck);
     FSDP_ARG_NOT_NULL(ctx, st);
     bool strict = !(opts && opts->non_strict);
-    FSDP_TRY(check_extra_tensors(ctx, ck, st, strict));
+    FSDP_TRY_AT(ctx, check_extra_tensors(ctx, ck, st, strict));
     /* Everything is checked before any value changes. */
     for (int i = 0; i < st->n_entries; i++) {
         const state_entry *e = &st->entries[i];
         int t = fsdp_ckpt_find(ck, e->name);
         if (t >= 0) {
-            FSDP_TRY(check_match(ctx, ck, &ck->meta.tensors[t], e));
+            FSDP_TRY_AT(ctx, check_match(ctx, ck, &ck->meta.tensors[t], e));
         } else if (strict) {
             return FSDP_FAIL(ctx, FSDP_ERR_NOT_FOUND,
                              "checkpoint '%s' has no tensor '%s' (saved by another model or "
@@ -383,10 +383,10 @@ fsdp_status fsdp_ckpt_load(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st,
                      e->name);
         }
     }
-    FSDP_TRY(check_pieces(ctx, ck, st));
+    FSDP_TRY_AT(ctx, check_pieces(ctx, ck, st));
     for (int i = 0; i < st->n_entries; i++) {
         int t = fsdp_ckpt_find(ck, st->entries[i].name);
-        if (t >= 0) FSDP_TRY(load_entry(ctx, ck, t, &st->entries[i]));
+        if (t >= 0) FSDP_TRY_AT(ctx, load_entry(ctx, ck, t, &st->entries[i]));
     }
     fsdp_state_set_steps((fsdp_state *)st, ck->meta.optim_steps);
     return FSDP_OK;

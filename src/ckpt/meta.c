@@ -65,20 +65,20 @@ static fsdp_status write_tables(fsdp_ctx *ctx, hid_t f, const ckpt_meta *m) {
 static fsdp_status write_attrs(fsdp_ctx *ctx, hid_t f, const ckpt_meta *m) {
     char id[CKPT_ID_CHARS + 1];
     ckpt_id_format(m->id, id);
-    FSDP_TRY(h5_attr_write_str(ctx, f, "format", CKPT_FORMAT_NAME));
-    FSDP_TRY(h5_attr_write_i64(ctx, f, "format_version", FSDP_CKPT_FORMAT_VERSION));
-    FSDP_TRY(h5_attr_write_str(ctx, f, "library_version", FSDP_VERSION_STRING));
-    FSDP_TRY(h5_attr_write_i64(ctx, f, "step", m->step));
-    FSDP_TRY(h5_attr_write_i64(ctx, f, "optim_steps", m->optim_steps));
-    FSDP_TRY(h5_attr_write_i64(ctx, f, "world_size", m->world_size));
-    FSDP_TRY(h5_attr_write_str(ctx, f, CKPT_ID_ATTR, id));
+    FSDP_TRY_AT(ctx, h5_attr_write_str(ctx, f, "format", CKPT_FORMAT_NAME));
+    FSDP_TRY_AT(ctx, h5_attr_write_i64(ctx, f, "format_version", FSDP_CKPT_FORMAT_VERSION));
+    FSDP_TRY_AT(ctx, h5_attr_write_str(ctx, f, "library_version", FSDP_VERSION_STRING));
+    FSDP_TRY_AT(ctx, h5_attr_write_i64(ctx, f, "step", m->step));
+    FSDP_TRY_AT(ctx, h5_attr_write_i64(ctx, f, "optim_steps", m->optim_steps));
+    FSDP_TRY_AT(ctx, h5_attr_write_i64(ctx, f, "world_size", m->world_size));
+    FSDP_TRY_AT(ctx, h5_attr_write_str(ctx, f, CKPT_ID_ATTR, id));
     int64_t header[CKPT_HEADER_COLS] = {FSDP_CKPT_FORMAT_VERSION, m->step,
                                         m->optim_steps,           m->world_size,
                                         (int64_t)m->id.hi,        (int64_t)m->id.lo};
-    FSDP_TRY(h5_write_table(ctx, f, "header", 1, CKPT_HEADER_COLS, header));
+    FSDP_TRY_AT(ctx, h5_write_table(ctx, f, "header", 1, CKPT_HEADER_COLS, header));
     const char *layout = m->layout ? m->layout : "", *config = m->config ? m->config : "";
-    FSDP_TRY(h5_write_bytes(ctx, f, "layout", layout, strlen(layout)));
-    FSDP_TRY(h5_write_bytes(ctx, f, "config", config, strlen(config)));
+    FSDP_TRY_AT(ctx, h5_write_bytes(ctx, f, "layout", layout, strlen(layout)));
+    FSDP_TRY_AT(ctx, h5_write_bytes(ctx, f, "config", config, strlen(config)));
     /* Optional (readers before it ignore it), so written only when there is one. */
     if (!m->model_config || !*m->model_config) return FSDP_OK;
     return h5_write_bytes(ctx, f, "model_config", m->model_config, strlen(m->model_config));
@@ -87,7 +87,7 @@ static fsdp_status write_attrs(fsdp_ctx *ctx, hid_t f, const ckpt_meta *m) {
 fsdp_status ckpt_meta_write(fsdp_ctx *ctx, const char *dir, const ckpt_meta *m) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_METADATA);
-    FSDP_TRY(h5_lock(ctx));
+    FSDP_TRY_AT(ctx, h5_lock(ctx));
     hid_t f;
     fsdp_status s = h5_create(ctx, path, &f);
     if (s == FSDP_OK) {
@@ -136,7 +136,7 @@ static fsdp_status read_binding(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_m
                          "checkpoint",
                          path, (long long)m->version);
     }
-    FSDP_TRY(h5_read_table(ctx, f, "header", CKPT_HEADER_COLS, 1, &rows, &h));
+    FSDP_TRY_AT(ctx, h5_read_table(ctx, f, "header", CKPT_HEADER_COLS, 1, &rows, &h));
     fsdp_status s = rows == 1 ? FSDP_OK : bad(ctx, path, "header rows", (long long)rows);
     static const char *const names[] = {"format_version", "step", "optim_steps", "world_size"};
     const int64_t attrs[] = {m->version, m->step, m->optim_steps, m->world_size};
@@ -163,11 +163,11 @@ static fsdp_status read_binding(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_m
 
 static fsdp_status read_attrs(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
     char *format = NULL;
-    FSDP_TRY(h5_attr_read_str(ctx, f, "format", 64, &format));
+    FSDP_TRY_AT(ctx, h5_attr_read_str(ctx, f, "format", 64, &format));
     bool ours = !strcmp(format, CKPT_FORMAT_NAME);
     free(format);
     if (!ours) return FSDP_FAIL(ctx, FSDP_ERR_IO, "'%s' is not libfsdp checkpoint metadata", path);
-    FSDP_TRY(h5_attr_read_i64(ctx, f, "format_version", &m->version));
+    FSDP_TRY_AT(ctx, h5_attr_read_i64(ctx, f, "format_version", &m->version));
     if (m->version > FSDP_CKPT_FORMAT_VERSION)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                          "'%s' has checkpoint format version %lld, newer than the version %d "
@@ -175,19 +175,19 @@ static fsdp_status read_attrs(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_met
                          path, (long long)m->version, FSDP_CKPT_FORMAT_VERSION,
                          FSDP_VERSION_STRING);
     if (m->version < 1) return bad(ctx, path, "format_version", (long long)m->version);
-    FSDP_TRY(h5_attr_read_str(ctx, f, "library_version", 64, &m->library_version));
-    FSDP_TRY(h5_attr_read_i64(ctx, f, "step", &m->step));
-    FSDP_TRY(h5_attr_read_i64(ctx, f, "optim_steps", &m->optim_steps));
-    FSDP_TRY(h5_attr_read_i64(ctx, f, "world_size", &m->world_size));
+    FSDP_TRY_AT(ctx, h5_attr_read_str(ctx, f, "library_version", 64, &m->library_version));
+    FSDP_TRY_AT(ctx, h5_attr_read_i64(ctx, f, "step", &m->step));
+    FSDP_TRY_AT(ctx, h5_attr_read_i64(ctx, f, "optim_steps", &m->optim_steps));
+    FSDP_TRY_AT(ctx, h5_attr_read_i64(ctx, f, "world_size", &m->world_size));
     if (m->world_size < 1 || m->world_size > CKPT_MAX_WORLD)
         return bad(ctx, path, "world_size", (long long)m->world_size);
     if (m->step < 0) return bad(ctx, path, "step is negative", (long long)m->step);
     if (m->optim_steps < 0)
         return bad(ctx, path, "optim_steps is negative", (long long)m->optim_steps);
-    if (m->version >= 2) FSDP_TRY(read_binding(ctx, f, path, m));
+    if (m->version >= 2) FSDP_TRY_AT(ctx, read_binding(ctx, f, path, m));
     size_t len;
-    FSDP_TRY(h5_read_bytes(ctx, f, "layout", CKPT_MAX_TEXT, &m->layout, &len));
-    FSDP_TRY(h5_read_bytes(ctx, f, "config", CKPT_MAX_TEXT, &m->config, &len));
+    FSDP_TRY_AT(ctx, h5_read_bytes(ctx, f, "layout", CKPT_MAX_TEXT, &m->layout, &len));
+    FSDP_TRY_AT(ctx, h5_read_bytes(ctx, f, "config", CKPT_MAX_TEXT, &m->config, &len));
     htri_t has = H5Lexists(f, "model_config", H5P_DEFAULT);
     if (has < 0) return h5_fail(ctx, "cannot look for model_config in", path);
     if (has)
@@ -220,7 +220,8 @@ static fsdp_status check_unique(fsdp_ctx *ctx, const char *path, char **names, i
 static fsdp_status read_tensors(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
     int64_t rows, *tt = NULL;
     size_t len;
-    FSDP_TRY(h5_read_table(ctx, f, "tensors", CKPT_TENSOR_COLS, CKPT_MAX_TENSORS, &rows, &tt));
+    FSDP_TRY_AT(ctx,
+                h5_read_table(ctx, f, "tensors", CKPT_TENSOR_COLS, CKPT_MAX_TENSORS, &rows, &tt));
     m->n_tensors = (int)rows;
     m->tensors = calloc((size_t)rows + 1, sizeof *m->tensors);
     char **names = calloc((size_t)rows + 1, sizeof *names);
@@ -294,7 +295,7 @@ static fsdp_status check_cover(fsdp_ctx *ctx, const char *path, ckpt_meta *m) {
 /* One digest per row of the pieces table, in its order. */
 static fsdp_status read_digests(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
     int64_t rows = 0, *d = NULL;
-    FSDP_TRY(h5_read_table(ctx, f, "piece_digests", 1, CKPT_MAX_PIECES, &rows, &d));
+    FSDP_TRY_AT(ctx, h5_read_table(ctx, f, "piece_digests", 1, CKPT_MAX_PIECES, &rows, &d));
     fsdp_status s =
         rows == m->n_pieces ? FSDP_OK : bad(ctx, path, "piece digests, not one per piece", rows);
     for (int i = 0; s == FSDP_OK && i < m->n_pieces; i++) m->pieces[i].digest = (uint64_t)d[i];
@@ -304,7 +305,7 @@ static fsdp_status read_digests(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_m
 
 static fsdp_status read_pieces(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
     int64_t rows, *pt = NULL;
-    FSDP_TRY(h5_read_table(ctx, f, "pieces", CKPT_PIECE_COLS, CKPT_MAX_PIECES, &rows, &pt));
+    FSDP_TRY_AT(ctx, h5_read_table(ctx, f, "pieces", CKPT_PIECE_COLS, CKPT_MAX_PIECES, &rows, &pt));
     m->n_pieces = (int)rows;
     m->pieces = calloc((size_t)rows + 1, sizeof *m->pieces);
     fsdp_status s = m->pieces ? FSDP_OK : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "metadata");
@@ -338,12 +339,13 @@ static fsdp_status read_pieces(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_me
 static fsdp_status read_extras(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
     int64_t rows, *vals = NULL;
     size_t len;
-    FSDP_TRY(h5_read_table(ctx, f, "extra_values", 1, FSDP_CKPT_MAX_EXTRAS, &rows, &vals));
+    FSDP_TRY_AT(ctx, h5_read_table(ctx, f, "extra_values", 1, FSDP_CKPT_MAX_EXTRAS, &rows, &vals));
     m->n_extras = (int)rows;
     memcpy(m->extra_value, vals, (size_t)rows * sizeof *vals);
     free(vals);
-    FSDP_TRY(h5_read_bytes(ctx, f, "extra_names", FSDP_CKPT_MAX_EXTRAS * CKPT_EXTRA_NAME_MAX,
-                           &m->extra_names, &len));
+    FSDP_TRY_AT(ctx,
+                h5_read_bytes(ctx, f, "extra_names", FSDP_CKPT_MAX_EXTRAS * CKPT_EXTRA_NAME_MAX,
+                              &m->extra_names, &len));
     return split_names(ctx, path, m->extra_names, len, m->n_extras, CKPT_EXTRA_NAME_MAX,
                        m->extra_name);
 }
@@ -352,7 +354,7 @@ fsdp_status ckpt_meta_read(fsdp_ctx *ctx, const char *dir, ckpt_meta *m) {
     memset(m, 0, sizeof *m);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_METADATA);
-    FSDP_TRY(h5_lock(ctx));
+    FSDP_TRY_AT(ctx, h5_lock(ctx));
     hid_t f;
     fsdp_status s = h5_open(ctx, path, &f);
     if (s == FSDP_OK) {

@@ -209,7 +209,7 @@ static const import_source_i st_iface = {.read = st_read, .close = st_close};
 
 fsdp_status import_open_safetensors(fsdp_ctx *ctx, const char *path, import_source *out) {
     *out = (import_source){.iface = &st_iface, .path = path, .h5 = -1};
-    FSDP_TRY(ckpt_check_regular(ctx, path));
+    FSDP_TRY_AT(ctx, ckpt_check_regular(ctx, path));
     if (!(out->file = fopen(path, "rb")))
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "cannot open '%s': check the path", path);
     unsigned char n8[8];

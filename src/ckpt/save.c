@@ -338,12 +338,12 @@ static fsdp_status write_frags(fsdp_ctx *ctx, job *jb, ckpt_shard_writer *sw) {
         frag *f = &jb->frags[i];
         const void *data = f->staged;
         void *owned = NULL;
-        if (!data) FSDP_TRY(fetch(ctx, jb->st, f, &data, &owned));
+        if (!data) FSDP_TRY_AT(ctx, fetch(ctx, jb->st, f, &data, &owned));
         fsdp_status s = ckpt_shard_put(ctx, sw, jb->names[f->entry], f->id, jb->dtypes[f->entry],
                                        &f->box, data, &f->digest);
         free(owned);
         if (f->staged) free(f->staged), f->staged = NULL;
-        FSDP_TRY(s);
+        FSDP_TRY_AT(ctx, s);
     }
     return FSDP_OK;
 }
@@ -352,7 +352,7 @@ static fsdp_status write_frags(fsdp_ctx *ctx, job *jb, ckpt_shard_writer *sw) {
  * commit, once it has every piece's digest). */
 static fsdp_status write_files(fsdp_ctx *ctx, job *jb) {
     ckpt_shard_writer sw;
-    FSDP_TRY(h5_lock_for(ctx, jb->lock_ms));
+    FSDP_TRY_AT(ctx, h5_lock_for(ctx, jb->lock_ms));
     fsdp_status s = ckpt_shard_create(ctx, jb->tmp, jb->rank, jb->level, jb->id, &sw);
     if (s == FSDP_OK) s = ckpt_shard_close(ctx, &sw, write_frags(ctx, jb, &sw));
     h5_unlock();
@@ -463,7 +463,7 @@ static fsdp_status stage(fsdp_ctx *ctx, job *jb) {
         frag *f = &jb->frags[i];
         const void *data;
         void *owned;
-        FSDP_TRY(fetch(ctx, jb->st, f, &data, &owned));
+        FSDP_TRY_AT(ctx, fetch(ctx, jb->st, f, &data, &owned));
         if (!owned) {
             size_t bytes = (size_t)region_numel(&f->box) * fsdp_dtype_size(jb->dtypes[f->entry]);
             if (!(owned = malloc(bytes + 1)))
@@ -484,7 +484,7 @@ static fsdp_status agree(fsdp_ctx *ctx, fsdp_group *g, job *jb, bool failed, boo
     if (!g || fsdp_group_size(g) == 1) return FSDP_OK;
     uint64_t *mine = jb->flags, *all = mine + 1;
     *mine = failed ? 1 : 0;
-    FSDP_TRY(fsdp_all_gather_u64(ctx, g, mine, 1, all));
+    FSDP_TRY_AT(ctx, fsdp_all_gather_u64(ctx, g, mine, 1, all));
     for (int r = 0; r < jb->world; r++)
         if (all[r]) *any = true;
     return FSDP_OK;
@@ -498,7 +498,7 @@ static fsdp_status collect(fsdp_ctx *ctx, fsdp_group *g, job *jb) {
     int64_t n = jb->most_frags;
     uint64_t *mine = jb->digests, *all = mine + n, *next = all + n * jb->world;
     for (int i = 0; i < jb->n_frags; i++) mine[i] = jb->frags[i].digest;
-    if (n) FSDP_TRY(gather(ctx, g, jb->world, mine, n, all));
+    if (n) FSDP_TRY_AT(ctx, gather(ctx, g, jb->world, mine, n, all));
     for (int i = 0; jb->has_meta && i < jb->meta.n_pieces; i++) {
         int r = jb->meta.pieces[i].file_rank;
         jb->meta.pieces[i].digest = all[(uint64_t)r * (uint64_t)n + next[r]++];
@@ -513,19 +513,19 @@ static fsdp_status commit(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb) {
     bool any;
     if (jb->tctx && jb->status != FSDP_OK)
         FSDP_FAIL(ctx, jb->status, "%s", fsdp_last_error(jb->tctx));
-    FSDP_TRY(agree(ctx, g, jb, jb->status != FSDP_OK, &any));
+    FSDP_TRY_AT(ctx, agree(ctx, g, jb, jb->status != FSDP_OK, &any));
     if (jb->status != FSDP_OK) return jb->status;
     if (any)
         return FSDP_FAIL(ctx, FSDP_ERR_IO,
                          "checkpoint '%s' was not committed: another rank failed to write its "
                          "shard (see that rank's error); earlier checkpoints are untouched",
                          jb->final);
-    FSDP_TRY(collect(ctx, g, jb));
+    FSDP_TRY_AT(ctx, collect(ctx, g, jb));
     fsdp_status s = FSDP_OK;
     if (jb->has_meta) s = ckpt_meta_write(ctx, jb->tmp, &jb->meta);
     if (s == FSDP_OK && jb->rank == 0)
         s = ckpt_dir_commit(ctx, jb->tmp, jb->final, w->dir, w->opts.keep);
-    FSDP_TRY(agree(ctx, g, jb, s != FSDP_OK, &any));
+    FSDP_TRY_AT(ctx, agree(ctx, g, jb, s != FSDP_OK, &any));
     if (s != FSDP_OK) return s;
     if (any)
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "checkpoint '%s': rank 0 could not commit it",
@@ -554,7 +554,7 @@ static fsdp_status prepare(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb, const fs
     if (local == FSDP_OK) local = job_describe(ctx, jb, st, meta);
     rec *recs = NULL;
     int n = 0;
-    FSDP_TRY(exchange(ctx, g, jb, made, local, &recs, &n));
+    FSDP_TRY_AT(ctx, exchange(ctx, g, jb, made, local, &recs, &n));
     jb->meta.id = jb->id;
     fsdp_status s = assign(ctx, jb, recs, n);
     free(recs);
@@ -567,7 +567,7 @@ fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state 
     FSDP_ARG_NOT_NULL(ctx, w);
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, meta);
-    FSDP_TRY(fsdp_ckpt_writer_wait(ctx, w));
+    FSDP_TRY_AT(ctx, fsdp_ckpt_writer_wait(ctx, w));
     double t0 = fsdp_clock_now();
     job *jb = calloc(1, sizeof *jb);
     fsdp_group *g = fsdp_ctx_world_group(ctx);

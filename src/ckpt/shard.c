@@ -32,7 +32,7 @@ fsdp_status ckpt_shard_create(fsdp_ctx *ctx, const char *dir, int rank, int leve
                               ckpt_shard_writer *w) {
     ckpt_shard_path(dir, rank, w->path, sizeof w->path);
     w->level = level;
-    FSDP_TRY(h5_create(ctx, w->path, &w->file));
+    FSDP_TRY_AT(ctx, h5_create(ctx, w->path, &w->file));
     fsdp_status s = ckpt_shard_bind(ctx, w->file, id, rank);
     return s == FSDP_OK ? s : ckpt_shard_close(ctx, w, s);
 }

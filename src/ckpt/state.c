@@ -130,8 +130,8 @@ static fsdp_status add_model_param(fsdp_ctx *ctx, fsdp_param *p, const char *nam
     block b;
     FSDP_TRYF(ctx, block_of(ctx, p, &b), "parameter '%s'", name);
     state_entry *e;
-    FSDP_TRY(add_entry(ctx, bd->st, name, name, FSDP_STATE_PARAM, fsdp_tensor_dtype(data), b.ndim,
-                       b.shape, &e));
+    FSDP_TRY_AT(ctx, add_entry(ctx, bd->st, name, name, FSDP_STATE_PARAM, fsdp_tensor_dtype(data),
+                               b.ndim, b.shape, &e));
     return add_range(ctx, e, &b, 0, block_numel(&b), data, 0);
 }
 
@@ -139,15 +139,15 @@ static fsdp_status add_sharded_params(fsdp_ctx *ctx, fsdp_state *st, fsdp_sharde
     int n = fsdp_sharded_num_segments(sh);
     for (int i = 0; i < n; i++) {
         fsdp_flat_segment s;
-        FSDP_TRY(fsdp_sharded_segment(ctx, sh, i, &s));
+        FSDP_TRY_AT(ctx, fsdp_sharded_segment(ctx, sh, i, &s));
         fsdp_tensor *flat = fsdp_param_data(fsdp_sharded_unit_flat_param(sh, s.unit));
         block b;
         FSDP_TRYF(ctx, block_of(ctx, s.param, &b), "parameter '%s'", s.fqn);
         state_entry *e;
-        FSDP_TRY(add_entry(ctx, st, s.fqn, s.fqn, FSDP_STATE_PARAM, fsdp_tensor_dtype(flat), b.ndim,
-                           b.shape, &e));
-        FSDP_TRY(add_range(ctx, e, &b, s.shard_begin, s.shard_begin + s.shard_numel, flat,
-                           s.shard_offset));
+        FSDP_TRY_AT(ctx, add_entry(ctx, st, s.fqn, s.fqn, FSDP_STATE_PARAM, fsdp_tensor_dtype(flat),
+                                   b.ndim, b.shape, &e));
+        FSDP_TRY_AT(ctx, add_range(ctx, e, &b, s.shard_begin, s.shard_begin + s.shard_numel, flat,
+                                   s.shard_offset));
     }
     return FSDP_OK;
 }
@@ -161,9 +161,9 @@ static fsdp_status add_buffers(fsdp_ctx *ctx, fsdp_module *m, void *user) {
         block b = {.ndim = fsdp_tensor_ndim(t)};
         for (int d = 0; d < b.ndim; d++) b.shape[d] = b.len[d] = fsdp_tensor_dim(t, d);
         state_entry *e;
-        FSDP_TRY(add_entry(ctx, bd->st, name, name, FSDP_STATE_BUFFER, fsdp_tensor_dtype(t), b.ndim,
-                           b.shape, &e));
-        FSDP_TRY(add_range(ctx, e, &b, 0, fsdp_tensor_numel(t), t, 0));
+        FSDP_TRY_AT(ctx, add_entry(ctx, bd->st, name, name, FSDP_STATE_BUFFER, fsdp_tensor_dtype(t),
+                                   b.ndim, b.shape, &e));
+        FSDP_TRY_AT(ctx, add_range(ctx, e, &b, 0, fsdp_tensor_numel(t), t, 0));
     }
     return FSDP_OK;
 }
@@ -177,8 +177,8 @@ static fsdp_status add_optim_entry(fsdp_ctx *ctx, fsdp_state *st, const fsdp_opt
     block b;
     FSDP_TRYF(ctx, block_of(ctx, p, &b), "optimizer state of '%s'", param_name);
     state_entry *e;
-    FSDP_TRY(add_entry(ctx, st, name, param_name, FSDP_STATE_OPTIM, fsdp_tensor_dtype(os->value),
-                       b.ndim, b.shape, &e));
+    FSDP_TRY_AT(ctx, add_entry(ctx, st, name, param_name, FSDP_STATE_OPTIM,
+                               fsdp_tensor_dtype(os->value), b.ndim, b.shape, &e));
     e->optim_kind = os->kind;
     return add_range(ctx, e, &b, lo < 0 ? 0 : lo, lo < 0 ? block_numel(&b) : hi, os->value, elem);
 }
@@ -198,13 +198,13 @@ static fsdp_status add_sharded_optim(fsdp_ctx *ctx, fsdp_state *st, fsdp_sharded
     bool found = false;
     for (int i = 0; i < fsdp_sharded_num_segments(sh); i++) {
         fsdp_flat_segment s;
-        FSDP_TRY(fsdp_sharded_segment(ctx, sh, i, &s));
+        FSDP_TRY_AT(ctx, fsdp_sharded_segment(ctx, sh, i, &s));
         bool mine = unit >= 0 ? s.unit == unit : !strcmp(s.fqn, os->param_name);
         if (!mine) continue;
         found = true;
         int64_t elem = unit >= 0 ? s.shard_offset : 0;
-        FSDP_TRY(add_optim_entry(ctx, st, os, s.fqn, s.param, s.shard_begin,
-                                 s.shard_begin + s.shard_numel, elem));
+        FSDP_TRY_AT(ctx, add_optim_entry(ctx, st, os, s.fqn, s.param, s.shard_begin,
+                                         s.shard_begin + s.shard_numel, elem));
     }
     if (!found && unit < 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
@@ -218,11 +218,11 @@ static fsdp_status add_optim(fsdp_ctx *ctx, build *bd) {
     fsdp_optimizer *opt = bd->src->optimizer;
     for (int i = 0; i < fsdp_optimizer_num_states(opt); i++) {
         fsdp_optim_state os;
-        FSDP_TRY(fsdp_optimizer_get_state(ctx, opt, i, &os));
+        FSDP_TRY_AT(ctx, fsdp_optimizer_get_state(ctx, opt, i, &os));
         if (bd->src->sharded)
-            FSDP_TRY(add_sharded_optim(ctx, bd->st, bd->src->sharded, &os));
+            FSDP_TRY_AT(ctx, add_sharded_optim(ctx, bd->st, bd->src->sharded, &os));
         else
-            FSDP_TRY(add_optim_entry(ctx, bd->st, &os, os.param_name, os.param, -1, -1, 0));
+            FSDP_TRY_AT(ctx, add_optim_entry(ctx, bd->st, &os, os.param_name, os.param, -1, -1, 0));
     }
     return FSDP_OK;
 }
@@ -291,7 +291,7 @@ fsdp_status fsdp_state_entry_get(fsdp_ctx *ctx, const fsdp_state *st, int i,
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, out);
-    FSDP_TRY(check_index(ctx, st, i, -1));
+    FSDP_TRY_AT(ctx, check_index(ctx, st, i, -1));
     const state_entry *e = &st->entries[i];
     *out = (fsdp_state_entry){.name = e->name,
                               .param_name = e->param_name,
@@ -310,7 +310,7 @@ fsdp_status fsdp_state_region_get(fsdp_ctx *ctx, const fsdp_state *st, int i, in
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, out);
-    FSDP_TRY(check_index(ctx, st, i, k));
+    FSDP_TRY_AT(ctx, check_index(ctx, st, i, k));
     *out = st->entries[i].pieces[k].box;
     return FSDP_OK;
 }
@@ -334,7 +334,9 @@ static fsdp_status piece_copy(fsdp_ctx *ctx, const state_entry *e, int k, void *
         s = to_host ? fsdp_tensor_copy(ctx, blob, view) : fsdp_tensor_copy(ctx, view, blob);
     fsdp_tensor_free(view);
     fsdp_tensor_free(blob);
-    return s == FSDP_OK ? s : fsdp_error_hop(ctx, s, __FILE__, __LINE__, "state '%s'", e->name);
+    return s == FSDP_OK
+               ? s
+               : fsdp_error_hop(ctx, s, __FILE__, __LINE__, __func__, "state '%s'", e->name);
 }
 
 static fsdp_status check_storage(fsdp_ctx *ctx, const state_entry *e, int k) {
@@ -346,7 +348,7 @@ static fsdp_status check_storage(fsdp_ctx *ctx, const state_entry *e, int k) {
 }
 
 fsdp_status state_piece_read(fsdp_ctx *ctx, const state_entry *e, int k, void *dst) {
-    FSDP_TRY(check_storage(ctx, e, k));
+    FSDP_TRY_AT(ctx, check_storage(ctx, e, k));
     void *host = state_piece_host(e, k);
     if (!host) return piece_copy(ctx, e, k, dst, true);
     memcpy(dst, host, (size_t)region_numel(&e->pieces[k].box) * fsdp_dtype_size(e->dtype));
@@ -354,7 +356,7 @@ fsdp_status state_piece_read(fsdp_ctx *ctx, const state_entry *e, int k, void *d
 }
 
 fsdp_status state_piece_write(fsdp_ctx *ctx, const state_entry *e, int k, const void *src) {
-    FSDP_TRY(check_storage(ctx, e, k));
+    FSDP_TRY_AT(ctx, check_storage(ctx, e, k));
     void *host = state_piece_host(e, k);
     if (!host) return piece_copy(ctx, e, k, (void *)src, false);
     memmove(host, src, (size_t)region_numel(&e->pieces[k].box) * fsdp_dtype_size(e->dtype));
@@ -365,7 +367,7 @@ fsdp_status fsdp_state_read_region(fsdp_ctx *ctx, const fsdp_state *st, int i, i
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, dst);
-    FSDP_TRY(check_index(ctx, st, i, k));
+    FSDP_TRY_AT(ctx, check_index(ctx, st, i, k));
     return state_piece_read(ctx, &st->entries[i], k, dst);
 }
 
@@ -374,7 +376,7 @@ fsdp_status fsdp_state_write_region(fsdp_ctx *ctx, const fsdp_state *st, int i, 
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, st);
     FSDP_ARG_NOT_NULL(ctx, src);
-    FSDP_TRY(check_index(ctx, st, i, k));
+    FSDP_TRY_AT(ctx, check_index(ctx, st, i, k));
     return state_piece_write(ctx, &st->entries[i], k, src);
 }
 
@@ -386,8 +388,8 @@ static fsdp_status host_value(fsdp_ctx *ctx, const fsdp_tensor *value, fsdp_tens
         *data = fsdp_tensor_data(value);
         return FSDP_OK;
     }
-    FSDP_TRY(fsdp_tensor_create(ctx, fsdp_tensor_dtype(value), FSDP_CPU, fsdp_tensor_ndim(value),
-                                fsdp_tensor_shape(value), owned));
+    FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, fsdp_tensor_dtype(value), FSDP_CPU,
+                                        fsdp_tensor_ndim(value), fsdp_tensor_shape(value), owned));
     fsdp_status s = fsdp_tensor_copy(ctx, *owned, value);
     *data = fsdp_tensor_data(*owned);
     return s;
@@ -422,11 +424,11 @@ fsdp_status fsdp_state_load_value(fsdp_ctx *ctx, const fsdp_state *st, const cha
     int i = fsdp_state_find(st, name);
     if (i < 0) return FSDP_FAIL(ctx, FSDP_ERR_NOT_FOUND, "the state has no entry '%s'", name);
     const state_entry *e = &st->entries[i];
-    FSDP_TRY(check_value(ctx, e, value));
+    FSDP_TRY_AT(ctx, check_value(ctx, e, value));
     region whole = {.ndim = e->ndim};
     memcpy(whole.count, e->shape, sizeof whole.count);
-    fsdp_tensor *owned;
-    const void *data;
+    fsdp_tensor *owned = NULL;
+    const void *data = NULL;
     fsdp_status s = host_value(ctx, value, &owned, &data);
     size_t size = fsdp_dtype_size(e->dtype);
     for (int k = 0; s == FSDP_OK && k < e->n_pieces; k++) {

@@ -136,8 +136,8 @@ static fsdp_status check_tensor(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op
 
 static fsdp_status check_pair(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op op,
                               const fsdp_tensor *out, const fsdp_tensor *in) {
-    FSDP_TRY(check_tensor(ctx, g, op, out, "output"));
-    FSDP_TRY(check_tensor(ctx, g, op, in, "input"));
+    FSDP_TRY_AT(ctx, check_tensor(ctx, g, op, out, "output"));
+    FSDP_TRY_AT(ctx, check_tensor(ctx, g, op, in, "input"));
     const char *name = fsdp_comm_op_to_string(op);
     fsdp_device od = fsdp_tensor_device(out), id = fsdp_tensor_device(in);
     if (od.type != id.type || od.index != id.index)
@@ -243,7 +243,7 @@ typedef struct coll {
  * arguments fail tells its peers (reject) instead of making the call. */
 static fsdp_status issue(fsdp_ctx *ctx, coll *c, fsdp_status (*check)(fsdp_ctx *, coll *),
                          fsdp_status (*run)(fsdp_ctx *, coll *)) {
-    FSDP_TRY(resolve(ctx, &c->group, c->op));
+    FSDP_TRY_AT(ctx, resolve(ctx, &c->group, c->op));
     c->seq = fsdp_trace_begin(ctx, c->group, c->op);
     fsdp_status st = check(ctx, c);
     if (st == FSDP_OK && c->counted) fsdp_trace_describe(ctx, c->seq, c->counted);
@@ -265,9 +265,9 @@ static fsdp_status check_all_gather(fsdp_ctx *ctx, coll *c) {
     const fsdp_group *g = c->group;
     const fsdp_tensor *out = c->out, *in = c->in;
     int *dim = &c->dim;
-    FSDP_TRY(check_pair(ctx, g, op, out, in));
-    FSDP_TRY(check_dim(ctx, g, op, out->ndim, dim, "dim"));
-    FSDP_TRY(expect_chunk(ctx, g, op, in, "input", out->shape, *dim, "the output"));
+    FSDP_TRY_AT(ctx, check_pair(ctx, g, op, out, in));
+    FSDP_TRY_AT(ctx, check_dim(ctx, g, op, out->ndim, dim, "dim"));
+    FSDP_TRY_AT(ctx, expect_chunk(ctx, g, op, in, "input", out->shape, *dim, "the output"));
     if (!overlap(out, in)) return FSDP_OK;
     /* In place: the input must be exactly this rank's chunk of the output, contiguous. */
     int64_t outer = 1, inner = 1, off;
@@ -308,7 +308,7 @@ fsdp_status fsdp_all_gather_u64(fsdp_ctx *ctx, fsdp_group *group, const uint64_t
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, in);
     FSDP_ARG_NOT_NULL(ctx, out);
-    FSDP_TRY(resolve(ctx, &group, FSDP_COMM_ALL_GATHER));
+    FSDP_TRY_AT(ctx, resolve(ctx, &group, FSDP_COMM_ALL_GATHER));
     if (n < 0 || n > INT64_MAX / 2 / group->size)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_all_gather_u64 on group %s: %lld values (use 0 or more, and fewer "
@@ -336,11 +336,11 @@ static fsdp_status check_fuse(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op c
 static fsdp_status check_reduce_scatter(fsdp_ctx *ctx, coll *c) {
     const fsdp_comm_op op = FSDP_COMM_REDUCE_SCATTER;
     const fsdp_group *g = c->group;
-    FSDP_TRY(check_reduce_op(ctx, g, op, c->rop));
-    FSDP_TRY(check_pair(ctx, g, op, c->out, c->in));
-    FSDP_TRY(check_dim(ctx, g, op, c->in->ndim, &c->dim, "dim"));
-    FSDP_TRY(expect_chunk(ctx, g, op, c->out, "output", c->in->shape, c->dim, "the input"));
-    FSDP_TRY(no_overlap(ctx, g, op, c->out, c->in));
+    FSDP_TRY_AT(ctx, check_reduce_op(ctx, g, op, c->rop));
+    FSDP_TRY_AT(ctx, check_pair(ctx, g, op, c->out, c->in));
+    FSDP_TRY_AT(ctx, check_dim(ctx, g, op, c->in->ndim, &c->dim, "dim"));
+    FSDP_TRY_AT(ctx, expect_chunk(ctx, g, op, c->out, "output", c->in->shape, c->dim, "the input"));
+    FSDP_TRY_AT(ctx, no_overlap(ctx, g, op, c->out, c->in));
     return check_fuse(ctx, g, op, c->in, c->rop, c->opts, &c->norm, &c->fuse);
 }
 
@@ -415,8 +415,8 @@ static fsdp_status check_all_reduce(fsdp_ctx *ctx, coll *c) {
                          "in flight (a %s on group %s); wait for it (fsdp_comm_work_wait) first",
                          c->group->desc, fsdp_comm_op_to_string((fsdp_comm_op)c->work->op),
                          c->work->group->desc);
-    FSDP_TRY(check_reduce_op(ctx, c->group, op, c->rop));
-    FSDP_TRY(check_tensor(ctx, c->group, op, c->out, "given"));
+    FSDP_TRY_AT(ctx, check_reduce_op(ctx, c->group, op, c->rop));
+    FSDP_TRY_AT(ctx, check_tensor(ctx, c->group, op, c->out, "given"));
     return check_fuse(ctx, c->group, op, c->out, c->rop, c->opts, &c->norm, &c->fuse);
 }
 
@@ -488,7 +488,7 @@ fsdp_status fsdp_all_reduce_start_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tens
 }
 
 static fsdp_status check_broadcast(fsdp_ctx *ctx, coll *c) {
-    FSDP_TRY(check_tensor(ctx, c->group, c->op, c->out, "given"));
+    FSDP_TRY_AT(ctx, check_tensor(ctx, c->group, c->op, c->out, "given"));
     if (c->root >= 0 && c->root < c->group->size) return FSDP_OK;
     return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                      "broadcast on group %s: root %d is not a group rank (use 0..%d)",
@@ -512,10 +512,10 @@ static fsdp_status check_all_to_all(fsdp_ctx *ctx, coll *call) {
     const fsdp_group *g = call->group;
     const fsdp_tensor *out = call->out, *in = call->in;
     int *split_dim = &call->dim, *concat_dim = &call->dim2;
-    FSDP_TRY(check_pair(ctx, g, op, out, in));
-    FSDP_TRY(check_dim(ctx, g, op, in->ndim, split_dim, "split_dim"));
-    FSDP_TRY(check_dim(ctx, g, op, in->ndim, concat_dim, "concat_dim"));
-    FSDP_TRY(no_overlap(ctx, g, op, out, in));
+    FSDP_TRY_AT(ctx, check_pair(ctx, g, op, out, in));
+    FSDP_TRY_AT(ctx, check_dim(ctx, g, op, in->ndim, split_dim, "split_dim"));
+    FSDP_TRY_AT(ctx, check_dim(ctx, g, op, in->ndim, concat_dim, "concat_dim"));
+    FSDP_TRY_AT(ctx, no_overlap(ctx, g, op, out, in));
     int s = *split_dim, c = *concat_dim;
     char a[96], b[96];
     if (s == c) {
@@ -533,8 +533,9 @@ static fsdp_status check_all_to_all(fsdp_ctx *ctx, coll *call) {
     int64_t global[FSDP_MAX_DIMS];
     memcpy(global, in->shape, sizeof global);
     global[c] = out->shape[c];
-    FSDP_TRY(expect_chunk(ctx, g, op, in, "input", global, c,
-                          "the global shape (the input's, with the output's concat_dim size)"));
+    FSDP_TRY_AT(ctx,
+                expect_chunk(ctx, g, op, in, "input", global, c,
+                             "the global shape (the input's, with the output's concat_dim size)"));
     return expect_chunk(ctx, g, op, out, "output", global, s, "the global shape");
 }
 

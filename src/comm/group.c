@@ -110,7 +110,7 @@ fsdp_status fsdp_group_split_agreed(fsdp_ctx *ctx, fsdp_group *parent, int color
     fsdp_trace_end(ctx, seq, st, false);
     FSDP_TRY_AT(ctx, st);
     if (!info.state) return FSDP_OK;
-    FSDP_TRY(fsdp_group_make(ctx, parent->world, &info, label ? label : "group", out));
+    FSDP_TRY_AT(ctx, fsdp_group_make(ctx, parent->world, &info, label ? label : "group", out));
     (*out)->id = child_id(parent->id, split_no, color);
     return FSDP_OK;
 }
@@ -121,8 +121,8 @@ fsdp_status fsdp_group_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int k
     FSDP_ARG_NOT_NULL(ctx, out);
     static const char what[] = "fsdp_group_split";
     *out = NULL;
-    FSDP_TRY(fsdp_group_resolve_parent(ctx, &parent, what));
-    if (label) FSDP_TRY(fsdp_group_check_label(ctx, label, what));
+    FSDP_TRY_AT(ctx, fsdp_group_resolve_parent(ctx, &parent, what));
+    if (label) FSDP_TRY_AT(ctx, fsdp_group_check_label(ctx, label, what));
     if (color < 0 && color != FSDP_GROUP_NO_COLOR)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "%s: color %d is negative; use a color >= 0, or FSDP_GROUP_NO_COLOR "
@@ -138,8 +138,8 @@ fsdp_status fsdp_group_new(fsdp_ctx *ctx, fsdp_group *parent, int nranks, const 
     FSDP_ARG_NOT_NULL(ctx, out);
     static const char what[] = "fsdp_group_new";
     *out = NULL;
-    FSDP_TRY(fsdp_group_resolve_parent(ctx, &parent, what));
-    if (label) FSDP_TRY(fsdp_group_check_label(ctx, label, what));
+    FSDP_TRY_AT(ctx, fsdp_group_resolve_parent(ctx, &parent, what));
+    if (label) FSDP_TRY_AT(ctx, fsdp_group_check_label(ctx, label, what));
     if (nranks < 1)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "%s: a group needs at least one rank (nranks %d)", what, nranks);
@@ -190,7 +190,7 @@ fsdp_status fsdp_group_share_shards(fsdp_ctx *ctx, fsdp_group *group, fsdp_tenso
     FSDP_ARG_NOT_NULL(ctx, shard);
     FSDP_ARG_NOT_NULL(ctx, full);
     *full = NULL;
-    FSDP_TRY(fsdp_group_resolve_parent(ctx, &group, "fsdp_group_share_shards"));
+    FSDP_TRY_AT(ctx, fsdp_group_resolve_parent(ctx, &group, "fsdp_group_share_shards"));
     const fsdp_comm_backend_i *b = &group->world->backend.iface;
     fsdp_status st = fsdp_tensor_ndim(shard) == 1
                          ? fsdp_tensor_relocatable(ctx, shard, "fsdp_group_share_shards")

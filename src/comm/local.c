@@ -35,7 +35,7 @@ static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
                                     const fsdp_tensor *in, int dim) {
     if (fsdp_local_on_device(out)) return fsdp_local_device_all_gather(ctx, g, out, in, dim);
     fsdp_call c = fsdp_call_all_gather(out, in, dim);
-    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     const double t0 = copy_begin(ctx);
     int64_t at[FSDP_MAX_DIMS] = {0};
@@ -55,7 +55,7 @@ static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tenso
     if (fsdp_local_on_device(out))
         return fsdp_local_device_reduce_scatter(ctx, g, out, in, dim, op, fuse);
     fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
-    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     int64_t outer = 1, inner = 1, n = in->shape[dim], begin, len;
     for (int i = 0; i < dim; i++) outer *= in->shape[i];
@@ -75,7 +75,7 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
                                     const fsdp_reduce_options *fuse) {
     if (fsdp_local_on_device(t)) return fsdp_local_device_all_reduce(ctx, g, t, op, fuse, NULL);
     fsdp_call c = fsdp_call_all_reduce(t, op);
-    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     int64_t begin, len;
     fsdp_chunk_range(t->numel, g->size, g->rank, &begin, &len);
@@ -89,7 +89,7 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
             fsdp_reduce_run_fused(mine + (size_t)begin * esize, lg->srcs, g->size, begin, len,
                                   t->dtype, op, fuse);
         copy_end(ctx, c.op, t0);
-        FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, NULL));
+        FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, NULL));
         /* ...then copies every other rank's reduced chunk from that rank's tensor... */
         t0 = copy_begin(ctx);
         for (int r = 0; r < g->size; r++) {
@@ -109,7 +109,7 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
         fsdp_reduce_run_fused((char *)lg->scratch + (size_t)begin * esize, lg->srcs, g->size, begin,
                               len, t->dtype, op, fuse);
     copy_end(ctx, c.op, t0);
-    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, NULL));
+    FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, NULL));
     /* ...and once all are written (and nobody reads the inputs), every rank copies the whole.
      * The scratch is not touched again before every rank has arrived at its next call. An
      * empty tensor (a dp rank without samples) has no storage and the scratch may be NULL:
@@ -123,7 +123,7 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
 static fsdp_status local_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
     if (fsdp_local_on_device(t)) return fsdp_local_device_broadcast(ctx, g, t, root);
     fsdp_call c = fsdp_call_broadcast(t, root);
-    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     const double t0 = copy_begin(ctx);
     if (g->rank != root && t->numel > 0)
@@ -137,7 +137,7 @@ static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
     if (fsdp_local_on_device(out))
         return fsdp_local_device_all_to_all(ctx, g, out, in, split_dim, concat_dim);
     fsdp_call c = fsdp_call_all_to_all(out, in, split_dim, concat_dim);
-    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     const double t0 = copy_begin(ctx);
     int64_t at = 0; /* where along concat_dim the next rank's piece goes */
@@ -181,7 +181,7 @@ static void local_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
 static fsdp_status local_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
                                const char *agree, fsdp_group_info *out) {
     fsdp_call c = {.op = FSDP_OP_SPLIT, .color = color, .key = key, .agree = agree};
-    FSDP_TRY(fsdp_local_rendezvous(ctx, parent, c.op, &c));
+    FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, parent, c.op, &c));
     const local_group *lg = parent->state;
     local_group *child = lg->split_group[parent->rank];
     *out = (fsdp_group_info){0};
@@ -199,7 +199,7 @@ static fsdp_status local_share_shards(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor 
                                       fsdp_tensor **full) {
     fsdp_call c = {.op = FSDP_OP_SHARE, .dtype = shard->dtype, .ndim = 1, .in = shard};
     c.shape[0] = shard->numel;
-    FSDP_TRY(fsdp_local_rendezvous(ctx, g, c.op, &c));
+    FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
     shared_block *b = lg->share_block; /* read before the next rendezvous lets a new call in */
     char *data = (char *)b + SHARED_HEADER;

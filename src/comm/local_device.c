@@ -39,7 +39,8 @@ static fsdp_status events_on(fsdp_ctx *ctx, local_events *mine, fsdp_device dev)
         mine->retired = old;
     }
     for (int k = 0; k < LOCAL_EV_COUNT; k++) mine->ev[k] = (fsdp_event){dev, NULL};
-    for (int k = 0; k < LOCAL_EV_COUNT; k++) FSDP_TRY(fsdp_event_create(ctx, dev, &mine->ev[k]));
+    for (int k = 0; k < LOCAL_EV_COUNT; k++)
+        FSDP_TRY_AT(ctx, fsdp_event_create(ctx, dev, &mine->ev[k]));
     return FSDP_OK;
 }
 
@@ -85,7 +86,7 @@ static fsdp_status dev_begin(dev_call *d, fsdp_ctx *ctx, fsdp_group *g, fsdp_dev
     if (st == FSDP_OK) st = events_on(ctx, mine(d), dev);
     if (st == FSDP_OK) st = fsdp_event_record(ctx, mine(d)->ev[LOCAL_EV_READY], d->caller);
     if (st == FSDP_OK) {
-        FSDP_TRY(fsdp_local_rendezvous(ctx, g, post->op, post));
+        FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, post->op, post));
         for (int r = 0; r < g->size; r++)
             for (int k = 0; k < LOCAL_EV_COUNT; k++) d->ev[r][k] = d->lg->events[r].ev[k].handle;
         return FSDP_OK;
@@ -105,8 +106,8 @@ static fsdp_status comm_waits(const dev_call *d, int ev) {
     const bool skip = ev == LOCAL_EV_READY && atomic_load(&skip_input_wait);
     for (int r = 0; r < d->g->size; r++) {
         if (skip && r != d->g->rank) continue;
-        FSDP_TRY(
-            d->rec->stream_wait_event(d->ctx, d->comm.device.index, d->comm.handle, d->ev[r][ev]));
+        FSDP_TRY_AT(d->ctx, d->rec->stream_wait_event(d->ctx, d->comm.device.index, d->comm.handle,
+                                                      d->ev[r][ev]));
     }
     return FSDP_OK;
 }
@@ -163,7 +164,7 @@ static fsdp_status work_event(fsdp_ctx *ctx, fsdp_comm_work *work, fsdp_device d
     if (!w->end.handle || !same_device(w->end.device, dev)) {
         fsdp_event_destroy(w->end);
         w->end = (fsdp_event){dev, NULL};
-        FSDP_TRY(fsdp_event_create(ctx, dev, &w->end));
+        FSDP_TRY_AT(ctx, fsdp_event_create(ctx, dev, &w->end));
     }
     *out = w->end;
     return FSDP_OK;
@@ -173,10 +174,10 @@ static fsdp_status work_event(fsdp_ctx *ctx, fsdp_comm_work *work, fsdp_device d
  * member has finished that stage (nobody reads this member's tensors any more) and records the
  * end; the caller's stream waits for it, or (work) the work holds it. */
 static fsdp_status dev_finish(dev_call *d, int last, fsdp_comm_work *work) {
-    FSDP_TRY(comm_waits(d, last));
+    FSDP_TRY_AT(d->ctx, comm_waits(d, last));
     fsdp_event end = mine(d)->ev[LOCAL_EV_END];
-    if (work) FSDP_TRY(work_event(d->ctx, work, d->dev, &end));
-    FSDP_TRY(fsdp_event_record(d->ctx, end, d->comm));
+    if (work) FSDP_TRY_AT(d->ctx, work_event(d->ctx, work, d->dev, &end));
+    FSDP_TRY_AT(d->ctx, fsdp_event_record(d->ctx, end, d->comm));
     return work ? FSDP_OK : fsdp_stream_wait(d->ctx, d->caller, end);
 }
 
@@ -214,7 +215,7 @@ static fsdp_status stage_alloc(const dev_call *d, size_t bytes, char **out) {
     *out = NULL;
     if (bytes == 0) return FSDP_OK;
     void *p = NULL;
-    FSDP_TRY(d->rec->alloc(d->ctx, d->dev.index, bytes, &p));
+    FSDP_TRY_AT(d->ctx, d->rec->alloc(d->ctx, d->dev.index, bytes, &p));
     *out = p;
     return FSDP_OK;
 }
@@ -243,7 +244,7 @@ static fsdp_status reduce_run(const dev_call *d, void *dst, int64_t offset, int6
         in[r] = src;
         if (same_device(on, d->dev)) continue;
         char *copy = staging + (size_t)k++ * bytes;
-        FSDP_TRY(d->rec->copy(d->ctx, copy, d->dev, src, on, bytes));
+        FSDP_TRY_AT(d->ctx, d->rec->copy(d->ctx, copy, d->dev, src, on, bytes));
         in[r] = copy;
     }
     fsdp_kernels_for(d->dev)->reduce_n(dst, in, d->g->size, count, dtype, args);
@@ -256,7 +257,7 @@ fsdp_status fsdp_local_device_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
                                          const fsdp_tensor *in, int dim) {
     fsdp_call c = fsdp_call_all_gather(out, in, dim);
     dev_call d;
-    FSDP_TRY(dev_begin(&d, ctx, g, fsdp_tensor_device(out), &c));
+    FSDP_TRY_AT(ctx, dev_begin(&d, ctx, g, fsdp_tensor_device(out), &c));
     fsdp_status st = stage_open(&d, LOCAL_EV_READY);
     int64_t at[FSDP_MAX_DIMS] = {0}, zeros[FSDP_MAX_DIMS] = {0};
     for (int r = 0; r < g->size && st == FSDP_OK; r++) {
@@ -264,7 +265,7 @@ fsdp_status fsdp_local_device_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
         fsdp_chunk_range(out->shape[dim], g->size, r, &at[dim], NULL);
         st = box_copy(&d, out, at, src, zeros, src->shape);
     }
-    FSDP_TRY(stage_close(&d, st, LOCAL_EV_S1));
+    FSDP_TRY_AT(ctx, stage_close(&d, st, LOCAL_EV_S1));
     return dev_finish(&d, LOCAL_EV_S1, NULL);
 }
 
@@ -273,7 +274,7 @@ fsdp_status fsdp_local_device_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_
                                              const fsdp_reduce_options *fuse) {
     fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
     dev_call d;
-    FSDP_TRY(dev_begin(&d, ctx, g, fsdp_tensor_device(out), &c));
+    FSDP_TRY_AT(ctx, dev_begin(&d, ctx, g, fsdp_tensor_device(out), &c));
     int64_t outer = 1, inner = 1, n = in->shape[dim], begin, len;
     for (int i = 0; i < dim; i++) outer *= in->shape[i];
     for (int i = dim + 1; i < in->ndim; i++) inner *= in->shape[i];
@@ -288,7 +289,7 @@ fsdp_status fsdp_local_device_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_
         st = reduce_run(&d, dst + (size_t)(o * len * inner) * esize, (o * n + begin) * inner,
                         len * inner, in->dtype, &args, staging);
     d.rec->free(d.dev.index, staging); /* on the communication stream, after its readers */
-    FSDP_TRY(stage_close(&d, st, LOCAL_EV_S1));
+    FSDP_TRY_AT(ctx, stage_close(&d, st, LOCAL_EV_S1));
     return dev_finish(&d, LOCAL_EV_S1, NULL);
 }
 
@@ -300,7 +301,7 @@ fsdp_status fsdp_local_device_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
                                          fsdp_comm_work *work) {
     fsdp_call c = fsdp_call_all_reduce(t, op);
     dev_call d;
-    FSDP_TRY(dev_begin(&d, ctx, g, fsdp_tensor_device(t), &c));
+    FSDP_TRY_AT(ctx, dev_begin(&d, ctx, g, fsdp_tensor_device(t), &c));
     int64_t begin, len;
     fsdp_chunk_range(t->numel, g->size, g->rank, &begin, &len);
     const size_t esize = fsdp_dtype_size(t->dtype);
@@ -312,7 +313,7 @@ fsdp_status fsdp_local_device_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
     if (st == FSDP_OK)
         st = reduce_run(&d, data + (size_t)begin * esize, begin, len, t->dtype, &args, staging);
     d.rec->free(d.dev.index, staging);
-    FSDP_TRY(stage_close(&d, st, LOCAL_EV_S1));
+    FSDP_TRY_AT(ctx, stage_close(&d, st, LOCAL_EV_S1));
     st = stage_open(&d, LOCAL_EV_S1);
     for (int r = 0; r < g->size && st == FSDP_OK; r++) {
         int64_t b, m;
@@ -323,20 +324,20 @@ fsdp_status fsdp_local_device_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
                              (const char *)fsdp_tensor_data(owner) + (size_t)b * esize,
                              fsdp_tensor_device(owner), (size_t)m * esize);
     }
-    FSDP_TRY(stage_close(&d, st, LOCAL_EV_S2));
+    FSDP_TRY_AT(ctx, stage_close(&d, st, LOCAL_EV_S2));
     return dev_finish(&d, LOCAL_EV_S2, work);
 }
 
 fsdp_status fsdp_local_device_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
     fsdp_call c = fsdp_call_broadcast(t, root);
     dev_call d;
-    FSDP_TRY(dev_begin(&d, ctx, g, fsdp_tensor_device(t), &c));
+    FSDP_TRY_AT(ctx, dev_begin(&d, ctx, g, fsdp_tensor_device(t), &c));
     fsdp_status st = stage_open(&d, LOCAL_EV_READY);
     const fsdp_tensor *src = d.lg->calls[root]->out;
     if (st == FSDP_OK && g->rank != root && t->numel > 0)
         st = d.rec->copy(ctx, fsdp_tensor_data(t), d.dev, fsdp_tensor_data(src),
                          fsdp_tensor_device(src), fsdp_tensor_nbytes(t));
-    FSDP_TRY(stage_close(&d, st, LOCAL_EV_S1));
+    FSDP_TRY_AT(ctx, stage_close(&d, st, LOCAL_EV_S1));
     return dev_finish(&d, LOCAL_EV_S1, NULL);
 }
 
@@ -344,7 +345,7 @@ fsdp_status fsdp_local_device_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
                                          const fsdp_tensor *in, int split_dim, int concat_dim) {
     fsdp_call c = fsdp_call_all_to_all(out, in, split_dim, concat_dim);
     dev_call d;
-    FSDP_TRY(dev_begin(&d, ctx, g, fsdp_tensor_device(out), &c));
+    FSDP_TRY_AT(ctx, dev_begin(&d, ctx, g, fsdp_tensor_device(out), &c));
     fsdp_status st = stage_open(&d, LOCAL_EV_READY);
     int64_t at = 0; /* where along concat_dim the next member's piece goes */
     for (int r = 0; r < g->size && st == FSDP_OK; r++) {
@@ -357,7 +358,7 @@ fsdp_status fsdp_local_device_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
         st = box_copy(&d, out, dst_at, src, src_at, box);
         at += box[concat_dim];
     }
-    FSDP_TRY(stage_close(&d, st, LOCAL_EV_S1));
+    FSDP_TRY_AT(ctx, stage_close(&d, st, LOCAL_EV_S1));
     return dev_finish(&d, LOCAL_EV_S1, NULL);
 }
 

@@ -105,7 +105,7 @@ static fsdp_status make_sub(fsdp_ctx *ctx, fsdp_mesh *m, int k) {
 
 static fsdp_status build(fsdp_ctx *ctx, fsdp_mesh *m, const char *agree) {
     fsdp_group *world = NULL;
-    FSDP_TRY(fsdp_group_resolve_parent(ctx, &world, "fsdp_mesh_create"));
+    FSDP_TRY_AT(ctx, fsdp_group_resolve_parent(ctx, &world, "fsdp_mesh_create"));
     for (int k = 0; k < m->ndim; k++) {
         /* Ranks that share every coordinate but k form dim k's group, ordered along k. */
         int color = 0;
@@ -115,7 +115,7 @@ static fsdp_status build(fsdp_ctx *ctx, fsdp_mesh *m, const char *agree) {
                                                  &m->groups[k]));
         m->groups[k]->borrowed = true;
     }
-    for (int k = 0; k < m->ndim; k++) FSDP_TRY(make_sub(ctx, m, k));
+    for (int k = 0; k < m->ndim; k++) FSDP_TRY_AT(ctx, make_sub(ctx, m, k));
     return FSDP_OK;
 }
 
@@ -132,7 +132,7 @@ fsdp_status fsdp_mesh_create(fsdp_ctx *ctx, int ndim, const int *shape, const ch
                          "fsdp_mesh_create: this context is not bound to a world; create the "
                          "mesh inside fsdp_world_run, on the context passed to the rank's "
                          "function");
-    FSDP_TRY(check_args(ctx, ndim, shape, names));
+    FSDP_TRY_AT(ctx, check_args(ctx, ndim, shape, names));
     char agree[160];
     size_t used = (size_t)snprintf(agree, sizeof agree, "mesh (");
     int64_t total = 1;
@@ -231,7 +231,7 @@ fsdp_status fsdp_mesh_dim(fsdp_ctx *ctx, const fsdp_mesh *mesh, const char *name
     FSDP_ARG_NOT_NULL(ctx, out);
     int k;
     *out = NULL;
-    FSDP_TRY(find_dim(ctx, mesh, name, &k, "fsdp_mesh_dim"));
+    FSDP_TRY_AT(ctx, find_dim(ctx, mesh, name, &k, "fsdp_mesh_dim"));
     *out = mesh->dims[k];
     return FSDP_OK;
 }
@@ -243,7 +243,7 @@ fsdp_status fsdp_mesh_get_group(fsdp_ctx *ctx, const fsdp_mesh *mesh, const char
     FSDP_ARG_NOT_NULL(ctx, out);
     int k;
     *out = NULL;
-    FSDP_TRY(find_dim(ctx, mesh, name, &k, "fsdp_mesh_get_group"));
+    FSDP_TRY_AT(ctx, find_dim(ctx, mesh, name, &k, "fsdp_mesh_get_group"));
     *out = mesh->groups[k];
     return FSDP_OK;
 }

@@ -196,7 +196,7 @@ static fsdp_status advance(fsdp_ctx *ctx, mpi_group *mg, const mpi_work *until, 
         next = x->next;
         bool last = x == until, moved = true;
         while (moved && x->mg && x->step < STEP_GATHER && x->step + 1 <= floor)
-            FSDP_TRY(step_on(ctx, mg, x, block, &moved));
+            FSDP_TRY_AT(ctx, step_on(ctx, mg, x, block, &moved));
         if (x->mg && x->step < floor) floor = x->step;
         if (last) break;
     }
@@ -216,10 +216,10 @@ static fsdp_status check_live(fsdp_ctx *ctx, mpi_work *w) {
 fsdp_status fsdp_mpi_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) {
     mpi_work *w = work->state;
     *done = false;
-    FSDP_TRY(check_live(ctx, w));
+    FSDP_TRY_AT(ctx, check_live(ctx, w));
     mpi_group *mg = w->mg;
-    FSDP_TRY(advance(ctx, mg, NULL, false));
-    FSDP_TRY(check_live(ctx, w));
+    FSDP_TRY_AT(ctx, advance(ctx, mg, NULL, false));
+    FSDP_TRY_AT(ctx, check_live(ctx, w));
     if (w->step != STEP_GATHER) return FSDP_OK;
     fsdp_status st = fsdp_mpi_test_set(ctx, w->g, mg, &w->rq, OP, done);
     if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
@@ -229,10 +229,10 @@ fsdp_status fsdp_mpi_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) 
 
 fsdp_status fsdp_mpi_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
     mpi_work *w = work->state;
-    FSDP_TRY(check_live(ctx, w));
+    FSDP_TRY_AT(ctx, check_live(ctx, w));
     mpi_group *mg = w->mg;
-    FSDP_TRY(advance(ctx, mg, w, true));
-    FSDP_TRY(check_live(ctx, w));
+    FSDP_TRY_AT(ctx, advance(ctx, mg, w, true));
+    FSDP_TRY_AT(ctx, check_live(ctx, w));
     fsdp_status st = fsdp_mpi_wait_set(ctx, w->g, mg, &w->rq, OP, WAIT_DATA);
     if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
     unlink_work(w);

@@ -37,7 +37,7 @@ static void outer_inner(const int64_t *shape, int ndim, int dim, int64_t *outer,
 fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                 const fsdp_tensor *in, int dim) {
     fsdp_call c = fsdp_call_all_gather(out, in, dim);
-    FSDP_TRY(fsdp_mpi_arrive(ctx, g, &c));
+    FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
     const size_t esize = fsdp_dtype_size(out->dtype);
     int64_t outer, inner, n = out->shape[dim], off, len, at[FSDP_MAX_DIMS] = {0};
@@ -49,7 +49,7 @@ fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
             fsdp_chunk_range(n, g->size, m, NULL, &len);
             if (m != g->rank) total += outer * len * inner;
         }
-        FSDP_TRY(scratch(ctx, g, mg, (size_t)total * esize, &buf));
+        FSDP_TRY_AT(ctx, scratch(ctx, g, mg, (size_t)total * esize, &buf));
     }
     int64_t packed = 0;
     for (int m = 0; m < g->size; m++) {
@@ -57,17 +57,17 @@ fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
         if (m == g->rank) continue;
         size_t bytes = (size_t)(outer * len * inner) * esize;
         void *dst = outer > 1 ? buf + (size_t)packed * esize : o + (size_t)(off * inner) * esize;
-        FSDP_TRY(fsdp_mpi_post(ctx, g, mg, true, m, TAG_DATA, dst, bytes));
+        FSDP_TRY_AT(ctx, fsdp_mpi_post(ctx, g, mg, true, m, TAG_DATA, dst, bytes));
         packed += outer * len * inner;
     }
     for (int m = 0; m < g->size; m++)
         if (m != g->rank)
-            FSDP_TRY(fsdp_mpi_post(ctx, g, mg, false, m, TAG_DATA, fsdp_tensor_data(in),
-                                   fsdp_tensor_nbytes(in)));
+            FSDP_TRY_AT(ctx, fsdp_mpi_post(ctx, g, mg, false, m, TAG_DATA, fsdp_tensor_data(in),
+                                           fsdp_tensor_nbytes(in)));
     fsdp_chunk_range(n, g->size, g->rank, &at[dim], NULL);
     fsdp_box_copy(o, out->shape, at, fsdp_tensor_data(in), in->shape, zeros, in->shape, out->ndim,
                   esize);
-    FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
+    FSDP_TRY_AT(ctx, fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
     if (outer == 1) return FSDP_OK;
     int64_t shape[FSDP_MAX_DIMS];
     memcpy(shape, out->shape, sizeof shape);
@@ -86,7 +86,7 @@ fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
                                     const fsdp_tensor *in, int dim, fsdp_reduce_op op,
                                     const fsdp_reduce_options *fuse) {
     fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
-    FSDP_TRY(fsdp_mpi_arrive(ctx, g, &c));
+    FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
     const int W = g->size, r = g->rank;
     const size_t esize = fsdp_dtype_size(in->dtype);
@@ -99,7 +99,7 @@ fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
     size_t recv_bytes = (size_t)((W - 1) * mine) * esize;
     size_t bytes = recv_bytes + (outer > 1 ? fsdp_tensor_nbytes(in) : 0);
     char *buf = NULL;
-    FSDP_TRY(scratch(ctx, g, mg, bytes, &buf));
+    FSDP_TRY_AT(ctx, scratch(ctx, g, mg, bytes, &buf));
     int64_t shape[FSDP_MAX_DIMS], at[FSDP_MAX_DIMS] = {0};
     memcpy(shape, in->shape, sizeof shape);
     for (int m = 0, slot = 0; m < W; m++) {
@@ -117,14 +117,14 @@ fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
             continue;
         }
         mg->srcs[m] = buf + (size_t)(slot++ * mine) * esize;
-        FSDP_TRY(fsdp_mpi_post(ctx, g, mg, false, m, TAG_DATA, (void *)piece,
-                               (size_t)(outer * len * inner) * esize));
+        FSDP_TRY_AT(ctx, fsdp_mpi_post(ctx, g, mg, false, m, TAG_DATA, (void *)piece,
+                                       (size_t)(outer * len * inner) * esize));
     }
     for (int m = 0; m < W; m++)
         if (m != r)
-            FSDP_TRY(fsdp_mpi_post(ctx, g, mg, true, m, TAG_DATA, (void *)mg->srcs[m],
-                                   (size_t)mine * esize));
-    FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
+            FSDP_TRY_AT(ctx, fsdp_mpi_post(ctx, g, mg, true, m, TAG_DATA, (void *)mg->srcs[m],
+                                           (size_t)mine * esize));
+    FSDP_TRY_AT(ctx, fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
     if (mine > 0)
         fsdp_reduce_run_fused(fsdp_tensor_data(out), mg->srcs, W, 0, mine, in->dtype, op, fuse);
     return FSDP_OK;
@@ -144,11 +144,11 @@ fsdp_status fsdp_mpi_all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi
             continue;
         }
         srcs[m] = buf + (size_t)(slot++ * len) * esize;
-        FSDP_TRY(
-            fsdp_mpi_post_in(ctx, g, mg, rs, true, m, kind, (void *)srcs[m], (size_t)len * esize));
+        FSDP_TRY_AT(ctx, fsdp_mpi_post_in(ctx, g, mg, rs, true, m, kind, (void *)srcs[m],
+                                          (size_t)len * esize));
         fsdp_chunk_range(t->numel, W, m, &off, &n);
-        FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, false, m, kind, x + (size_t)off * esize,
-                                  (size_t)n * esize));
+        FSDP_TRY_AT(ctx, fsdp_mpi_post_in(ctx, g, mg, rs, false, m, kind, x + (size_t)off * esize,
+                                          (size_t)n * esize));
     }
     return FSDP_OK;
 }
@@ -167,10 +167,10 @@ fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_g
     for (int m = 0; m < W; m++) {
         if (m == r) continue;
         fsdp_chunk_range(t->numel, W, m, &off, &n);
-        FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, true, m, kind, x + (size_t)off * esize,
-                                  (size_t)n * esize));
-        FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, false, m, kind, x + (size_t)begin * esize,
-                                  (size_t)len * esize));
+        FSDP_TRY_AT(ctx, fsdp_mpi_post_in(ctx, g, mg, rs, true, m, kind, x + (size_t)off * esize,
+                                          (size_t)n * esize));
+        FSDP_TRY_AT(ctx, fsdp_mpi_post_in(ctx, g, mg, rs, false, m, kind, x + (size_t)begin * esize,
+                                          (size_t)len * esize));
     }
     return FSDP_OK;
 }
@@ -178,29 +178,31 @@ fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_g
 fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
                                 const fsdp_reduce_options *fuse) {
     fsdp_call c = fsdp_call_all_reduce(t, op);
-    FSDP_TRY(fsdp_mpi_arrive(ctx, g, &c));
+    FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
     int64_t len;
     fsdp_chunk_range(t->numel, g->size, g->rank, NULL, &len);
     char *buf = NULL;
-    FSDP_TRY(scratch(ctx, g, mg, (size_t)((g->size - 1) * len) * fsdp_dtype_size(t->dtype), &buf));
+    FSDP_TRY_AT(
+        ctx, scratch(ctx, g, mg, (size_t)((g->size - 1) * len) * fsdp_dtype_size(t->dtype), &buf));
     /* 1: each rank gathers every rank's values of its chunk of the elements and reduces them
      * in rank order into its own tensor (reading its own block before writing it)... */
-    FSDP_TRY(fsdp_mpi_all_reduce_exchange(ctx, g, mg, &mg->rq, t, mg->srcs, buf, TAG_DATA));
-    FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
+    FSDP_TRY_AT(ctx, fsdp_mpi_all_reduce_exchange(ctx, g, mg, &mg->rq, t, mg->srcs, buf, TAG_DATA));
+    FSDP_TRY_AT(ctx, fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
     /* 2: ...then every rank sends its reduced chunk to all (an all_gather of the chunks). */
-    FSDP_TRY(fsdp_mpi_all_reduce_gather(ctx, g, mg, &mg->rq, t, op, fuse, mg->srcs, TAG_DATA));
+    FSDP_TRY_AT(ctx,
+                fsdp_mpi_all_reduce_gather(ctx, g, mg, &mg->rq, t, op, fuse, mg->srcs, TAG_DATA));
     return fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA);
 }
 
 fsdp_status fsdp_mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
     fsdp_call c = fsdp_call_broadcast(t, root);
-    FSDP_TRY(fsdp_mpi_arrive(ctx, g, &c));
+    FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
     for (int m = 0; m < g->size; m++) {
         if (m == g->rank || (g->rank != root && m != root)) continue;
-        FSDP_TRY(fsdp_mpi_post(ctx, g, mg, g->rank != root, m, TAG_DATA, fsdp_tensor_data(t),
-                               fsdp_tensor_nbytes(t)));
+        FSDP_TRY_AT(ctx, fsdp_mpi_post(ctx, g, mg, g->rank != root, m, TAG_DATA,
+                                       fsdp_tensor_data(t), fsdp_tensor_nbytes(t)));
     }
     return fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA);
 }
@@ -208,7 +210,7 @@ fsdp_status fsdp_mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int
 fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                 const fsdp_tensor *in, int split_dim, int concat_dim) {
     fsdp_call c = fsdp_call_all_to_all(out, in, split_dim, concat_dim);
-    FSDP_TRY(fsdp_mpi_arrive(ctx, g, &c));
+    FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
     const int W = g->size, r = g->rank, nd = in->ndim, s = split_dim, k = concat_dim;
     const size_t esize = fsdp_dtype_size(in->dtype);
@@ -218,7 +220,7 @@ fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
     int64_t src_at[FSDP_MAX_DIMS] = {0}, dst_at[FSDP_MAX_DIMS] = {0};
     size_t total = fsdp_tensor_nbytes(in) + fsdp_tensor_nbytes(out);
     char *buf = NULL, *send_area, *recv_area;
-    FSDP_TRY(scratch(ctx, g, mg, total, &buf));
+    FSDP_TRY_AT(ctx, scratch(ctx, g, mg, total, &buf));
     send_area = buf;
     recv_area = buf + fsdp_tensor_nbytes(in);
     size_t sent = 0, received = 0;
@@ -241,12 +243,14 @@ fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
         for (int i = 0; i < nd; i++) recv_bytes *= (size_t)recv_box[i];
         fsdp_box_copy(send_area + sent, send_box, zeros, fsdp_tensor_data(in), in->shape, src_at,
                       send_box, nd, esize);
-        FSDP_TRY(fsdp_mpi_post(ctx, g, mg, true, m, TAG_DATA, recv_area + received, recv_bytes));
-        FSDP_TRY(fsdp_mpi_post(ctx, g, mg, false, m, TAG_DATA, send_area + sent, send_bytes));
+        FSDP_TRY_AT(ctx,
+                    fsdp_mpi_post(ctx, g, mg, true, m, TAG_DATA, recv_area + received, recv_bytes));
+        FSDP_TRY_AT(ctx,
+                    fsdp_mpi_post(ctx, g, mg, false, m, TAG_DATA, send_area + sent, send_bytes));
         sent += send_bytes;
         received += recv_bytes;
     }
-    FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
+    FSDP_TRY_AT(ctx, fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
     received = 0;
     at = 0;
     for (int m = 0; m < W; m++) {
@@ -267,7 +271,7 @@ fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
 
 fsdp_status fsdp_mpi_barrier(fsdp_ctx *ctx, fsdp_group *g) {
     fsdp_call c = {.op = FSDP_COMM_BARRIER};
-    FSDP_TRY(fsdp_mpi_arrive(ctx, g, &c));
+    FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     return fsdp_mpi_confirm(ctx, g, c.op);
 }
 

@@ -512,11 +512,12 @@ fsdp_status fsdp_mpi_arrive_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *
     rs->n = 0;
     for (int m = 0; m < g->size; m++)
         if (m != g->rank)
-            FSDP_TRY(
-                fsdp_mpi_post_in(ctx, g, mg, rs, true, m, TAG_DESC, &descs[m], sizeof(mpi_desc)));
+            FSDP_TRY_AT(ctx, fsdp_mpi_post_in(ctx, g, mg, rs, true, m, TAG_DESC, &descs[m],
+                                              sizeof(mpi_desc)));
     for (int m = 0; m < g->size; m++)
         if (m != g->rank)
-            FSDP_TRY(fsdp_mpi_post_in(ctx, g, mg, rs, false, m, TAG_DESC, &descs[g->rank], len));
+            FSDP_TRY_AT(ctx,
+                        fsdp_mpi_post_in(ctx, g, mg, rs, false, m, TAG_DESC, &descs[g->rank], len));
     return FSDP_OK;
 }
 
@@ -547,8 +548,8 @@ fsdp_status fsdp_mpi_arrive_judge(fsdp_ctx *ctx, const fsdp_group *g, mpi_group 
  * and the calls are judged (every member reaches the same verdict from the same calls). */
 fsdp_status fsdp_mpi_arrive(fsdp_ctx *ctx, const fsdp_group *g, const fsdp_call *mine) {
     mpi_group *mg = g->state;
-    FSDP_TRY(fsdp_mpi_arrive_post(ctx, g, mg, &mg->rq, mg->descs, mine));
-    FSDP_TRY(fsdp_mpi_wait_all(ctx, g, mg, mine->op, WAIT_ARRIVAL));
+    FSDP_TRY_AT(ctx, fsdp_mpi_arrive_post(ctx, g, mg, &mg->rq, mg->descs, mine));
+    FSDP_TRY_AT(ctx, fsdp_mpi_wait_all(ctx, g, mg, mine->op, WAIT_ARRIVAL));
     return fsdp_mpi_arrive_judge(ctx, g, mg, mg->descs, mg->calls, mg->call_ptrs, mine->op);
 }
 
@@ -567,11 +568,11 @@ fsdp_status fsdp_mpi_confirm(fsdp_ctx *ctx, const fsdp_group *g, int op) {
     mg->ready[g->rank] = 1;
     for (int m = 0; m < g->size; m++)
         if (m != g->rank)
-            FSDP_TRY(
-                fsdp_mpi_post(ctx, g, mg, true, m, TAG_READY, &mg->ready[m], sizeof *mg->ready));
+            FSDP_TRY_AT(ctx, fsdp_mpi_post(ctx, g, mg, true, m, TAG_READY, &mg->ready[m],
+                                           sizeof *mg->ready));
     for (int m = 0; m < g->size; m++)
         if (m != g->rank)
-            FSDP_TRY(fsdp_mpi_post(ctx, g, mg, false, m, TAG_READY, &mg->ready[g->rank],
-                                   sizeof *mg->ready));
+            FSDP_TRY_AT(ctx, fsdp_mpi_post(ctx, g, mg, false, m, TAG_READY, &mg->ready[g->rank],
+                                           sizeof *mg->ready));
     return fsdp_mpi_wait_all(ctx, g, mg, op, WAIT_CONFIRM);
 }

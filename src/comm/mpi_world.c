@@ -90,8 +90,8 @@ static mpi_group *group_state_new(mpi_world *mw, MPI_Comm comm, int size, int ra
 static fsdp_status mpi_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
                              const char *agree, fsdp_group_info *out) {
     fsdp_call c = {.op = FSDP_OP_SPLIT, .color = color, .key = key, .agree = agree};
-    FSDP_TRY(fsdp_mpi_arrive(ctx, parent, &c));
-    FSDP_TRY(fsdp_mpi_confirm(ctx, parent, c.op));
+    FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, parent, &c));
+    FSDP_TRY_AT(ctx, fsdp_mpi_confirm(ctx, parent, c.op));
     mpi_group *pg = parent->state;
     mpi_world *mw = pg->mw;
     /* Every member has arrived and confirmed, so MPI_Comm_split (which has no non-blocking
@@ -333,7 +333,7 @@ static fsdp_status dup_world(fsdp_ctx *ctx, int timeout_ms, MPI_Comm *comm) {
 }
 
 fsdp_status fsdp_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks) {
-    FSDP_TRY(ensure_initialised(ctx));
+    FSDP_TRY_AT(ctx, ensure_initialised(ctx));
     int size = 0, rank = 0;
     MPI_TRY(ctx, MPI_Comm_size(MPI_COMM_WORLD, &size), "fsdp_world_create");
     MPI_TRY(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank), "fsdp_world_create");

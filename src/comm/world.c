@@ -503,7 +503,7 @@ static fsdp_status report(fsdp_ctx *ctx, fsdp_world *world, int left) {
     snprintf(e.origin, sizeof e.origin, "%s", first_failure->origin);
     snprintf(e.trail, sizeof e.trail, "%s", first_failure->trail);
     fsdp_error_restore(ctx, &e);
-    return fsdp_error_hop(ctx, e.status, __FILE__, __LINE__, NULL);
+    return fsdp_error_hop(ctx, e.status, __FILE__, __LINE__, __func__, NULL);
 }
 
 /* How many ranks share this machine's cores (*sharing) and where this process's first rank

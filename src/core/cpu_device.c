@@ -149,7 +149,7 @@ int fsdp_device_count(fsdp_device_type type) {
 
 fsdp_status fsdp_device_synchronize(fsdp_ctx *ctx, fsdp_device device) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
-    FSDP_TRY(fsdp_device_check(ctx, device));
+    FSDP_TRY_AT(ctx, fsdp_device_check(ctx, device));
     const fsdp_device_i *s = fsdp_device_for(device.type);
     return s->synchronize ? s->synchronize(ctx, device.index) : FSDP_OK;
 }

@@ -77,7 +77,7 @@ void fsdp_ctx_free(fsdp_ctx *ctx) {
 
 fsdp_status fsdp_ctx_set_device(fsdp_ctx *ctx, fsdp_device device) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
-    FSDP_TRY(fsdp_device_check(ctx, device));
+    FSDP_TRY_AT(ctx, fsdp_device_check(ctx, device));
     if (device.type == ctx->device.type && device.index == ctx->device.index) return FSDP_OK;
     fsdp_stream_destroy(ctx->comm_stream); // after the work queued on it
     ctx->comm_stream = (fsdp_stream){device, NULL};
@@ -95,7 +95,7 @@ fsdp_stream fsdp_ctx_compute_stream(const fsdp_ctx *ctx) {
 
 fsdp_status fsdp_ctx_comm_stream(fsdp_ctx *ctx, fsdp_stream *out) {
     if (!ctx->comm_stream.handle && ctx->device.type != FSDP_DEVICE_CPU)
-        FSDP_TRY(fsdp_stream_create(ctx, ctx->device, &ctx->comm_stream));
+        FSDP_TRY_AT(ctx, fsdp_stream_create(ctx, ctx->device, &ctx->comm_stream));
     *out = ctx->comm_stream;
     return FSDP_OK;
 }

@@ -13,7 +13,7 @@
 
 #define FSDP_ERROR_MAX  2048
 #define FSDP_ORIGIN_MAX 128
-#define FSDP_TRAIL_MAX  512
+#define FSDP_TRAIL_MAX  1024
 
 /* The failure a context records (fsdp_last_error and friends). A failure starts at its
  * origin (FSDP_FAIL: message, origin and a trail that is the origin alone); every hop on the
@@ -33,11 +33,13 @@ typedef struct fsdp_error_record {
  * ctx may be NULL. */
 fsdp_status fsdp_error_set(fsdp_ctx *ctx, fsdp_status status, const char *file, int line,
                            const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-/* A failure `status` passing file:line on its way up: file:line goes in front of the trail
- * and, when fmt is not NULL, "<fmt>: " in front of the message. A callee that returned a
- * failure without recording one gets the status's name as its message. Returns status. */
+/* A failure `status` passing file:line in function `func` on its way up: "file:line (func)"
+ * goes in front of the trail and, when fmt is not NULL, "<fmt>: " in front of the message. A
+ * callee that returned a failure without recording one gets the status's name as its message.
+ * Returns status. */
 fsdp_status fsdp_error_hop(fsdp_ctx *ctx, fsdp_status status, const char *file, int line,
-                           const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+                           const char *func, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
 /* Copies the context's failure out and back (a call that must fail with its own failure
  * after a step that may record another). */
 void fsdp_error_save(const fsdp_ctx *ctx, fsdp_error_record *out);
@@ -47,19 +49,21 @@ const fsdp_error_record *fsdp_error_of(const fsdp_ctx *ctx);
 
 #define FSDP_FAIL(ctx, status, ...) fsdp_error_set((ctx), (status), __FILE__, __LINE__, __VA_ARGS__)
 
-/* Returns the status of expr when it fails, as it is. */
+/* Returns the status of expr when it fails, as it is: only for code that has no context to
+ * record a hop in (every relay that has one uses FSDP_TRY_AT, so a trail has a line per hop). */
 #define FSDP_TRY(expr)                                                                             \
     do {                                                                                           \
         fsdp_status fsdp_try_st_ = (expr);                                                         \
         if (fsdp_try_st_ != FSDP_OK) return fsdp_try_st_;                                          \
     } while (0)
 
-/* Returns the status of expr when it fails, adding this file:line to the failure's trail. */
+/* Returns the status of expr when it fails, adding this file:line and function to the failure's
+ * trail: the library's way of passing a failure up. */
 #define FSDP_TRY_AT(ctx, expr)                                                                     \
     do {                                                                                           \
         fsdp_status fsdp_try_st_ = (expr);                                                         \
         if (fsdp_try_st_ != FSDP_OK)                                                               \
-            return fsdp_error_hop((ctx), fsdp_try_st_, __FILE__, __LINE__, NULL);                  \
+            return fsdp_error_hop((ctx), fsdp_try_st_, __FILE__, __LINE__, __func__, NULL);        \
     } while (0)
 
 /* Returns the status of expr when it fails, adding this file:line to the trail and the
@@ -68,7 +72,7 @@ const fsdp_error_record *fsdp_error_of(const fsdp_ctx *ctx);
     do {                                                                                           \
         fsdp_status fsdp_try_st_ = (expr);                                                         \
         if (fsdp_try_st_ != FSDP_OK)                                                               \
-            return fsdp_error_hop((ctx), fsdp_try_st_, __FILE__, __LINE__, __VA_ARGS__);           \
+            return fsdp_error_hop((ctx), fsdp_try_st_, __FILE__, __LINE__, __func__, __VA_ARGS__); \
     } while (0)
 
 /* The entry check of a public function (docs/api.md, "NULL arguments"): when the required

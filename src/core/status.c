@@ -126,7 +126,7 @@ static void prepend(char *buf, size_t size, const char *prefix) {
 }
 
 fsdp_status fsdp_error_hop(fsdp_ctx *ctx, fsdp_status status, const char *file, int line,
-                           const char *fmt, ...) {
+                           const char *func, const char *fmt, ...) {
     if (!ctx || status == FSDP_OK) return status;
     fsdp_error_record *e = &ctx->error;
     if (e->status == FSDP_OK) { /* the callee returned a failure it did not record */
@@ -145,9 +145,9 @@ fsdp_status fsdp_error_hop(fsdp_ctx *ctx, fsdp_status status, const char *file, 
     }
     /* A trail that is full keeps its outermost hops and its origin: inner hops give way to
      * "...". */
-    char trail[FSDP_TRAIL_MAX + FSDP_ORIGIN_MAX + 16];
-    snprintf(trail, sizeof trail, "%s:%d%s%s", source_relative(file), line,
-             e->trail[0] ? " -> " : "", e->trail);
+    char trail[FSDP_TRAIL_MAX + FSDP_ORIGIN_MAX + 512];
+    snprintf(trail, sizeof trail, "%s:%d%s%s%s%s%s", source_relative(file), line, func ? " (" : "",
+             func ? func : "", func ? ")" : "", e->trail[0] ? " -> " : "", e->trail);
     const size_t origin_len = strlen(e->origin);
     while (strlen(trail) >= sizeof e->trail) {
         /* Drop the innermost hop before "... -> origin" (or before the origin). */

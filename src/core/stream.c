@@ -16,7 +16,7 @@ static const fsdp_device_i *queues_of(fsdp_device device) {
 fsdp_status fsdp_stream_create(fsdp_ctx *ctx, fsdp_device device, fsdp_stream *out) {
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = (fsdp_stream){device, NULL};
-    FSDP_TRY(fsdp_device_check(ctx, device));
+    FSDP_TRY_AT(ctx, fsdp_device_check(ctx, device));
     const fsdp_device_i *d = queues_of(device);
     return d ? d->stream_create(ctx, device.index, &out->handle) : FSDP_OK;
 }
@@ -46,7 +46,7 @@ fsdp_status fsdp_stream_synchronize(fsdp_ctx *ctx, fsdp_stream stream) {
 fsdp_status fsdp_event_create(fsdp_ctx *ctx, fsdp_device device, fsdp_event *out) {
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = (fsdp_event){device, NULL};
-    FSDP_TRY(fsdp_device_check(ctx, device));
+    FSDP_TRY_AT(ctx, fsdp_device_check(ctx, device));
     const fsdp_device_i *d = queues_of(device);
     return d ? d->event_create(ctx, device.index, &out->handle) : FSDP_OK;
 }
@@ -69,14 +69,14 @@ static fsdp_status check_same_device(fsdp_ctx *ctx, fsdp_event event, fsdp_strea
 }
 
 fsdp_status fsdp_event_record(fsdp_ctx *ctx, fsdp_event event, fsdp_stream stream) {
-    FSDP_TRY(check_same_device(ctx, event, stream, "fsdp_event_record"));
+    FSDP_TRY_AT(ctx, check_same_device(ctx, event, stream, "fsdp_event_record"));
     const fsdp_device_i *d = queues_of(event.device);
     if (!d || !event.handle) return FSDP_OK;
     return d->event_record(ctx, event.device.index, event.handle, stream.handle);
 }
 
 fsdp_status fsdp_stream_wait(fsdp_ctx *ctx, fsdp_stream stream, fsdp_event event) {
-    FSDP_TRY(check_same_device(ctx, event, stream, "fsdp_stream_wait"));
+    FSDP_TRY_AT(ctx, check_same_device(ctx, event, stream, "fsdp_stream_wait"));
     const fsdp_device_i *d = queues_of(event.device);
     if (!d || !event.handle) return FSDP_OK;
     return d->stream_wait_event(ctx, event.device.index, stream.handle, event.handle);
@@ -96,7 +96,7 @@ bool fsdp_event_query(fsdp_event event) {
 fsdp_status fsdp_host_alloc(fsdp_ctx *ctx, fsdp_device_type type, size_t nbytes, void **out) {
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
-    FSDP_TRY(fsdp_device_check(ctx, (fsdp_device){type, 0}));
+    FSDP_TRY_AT(ctx, fsdp_device_check(ctx, (fsdp_device){type, 0}));
     return fsdp_device_for(type)->host_alloc(ctx, nbytes, out);
 }
 

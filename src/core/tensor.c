@@ -140,11 +140,12 @@ fsdp_status fsdp_tensor_create(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device devi
     if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
-    FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_create"));
-    FSDP_TRY(check_dtype_device(ctx, dtype, device));
+    FSDP_TRY_AT(ctx, check_shape(ctx, ndim, shape, "fsdp_tensor_create"));
+    FSDP_TRY_AT(ctx, check_dtype_device(ctx, dtype, device));
     fsdp_storage *s;
-    FSDP_TRY(storage_new(ctx, (size_t)fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype),
-                         device, &s));
+    FSDP_TRY_AT(ctx,
+                storage_new(ctx, (size_t)fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype),
+                            device, &s));
     fsdp_status st = tensor_new(ctx, s, 0, dtype, ndim, shape, out);
     if (st != FSDP_OK) storage_release(s);
     return st;
@@ -163,8 +164,8 @@ fsdp_status fsdp_tensor_from_blob(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, f
     if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
-    FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_from_blob"));
-    FSDP_TRY(check_dtype_device(ctx, dtype, device));
+    FSDP_TRY_AT(ctx, check_shape(ctx, ndim, shape, "fsdp_tensor_from_blob"));
+    FSDP_TRY_AT(ctx, check_dtype_device(ctx, dtype, device));
     int64_t numel = fsdp_shape_numel(ndim, shape);
     if (!data && numel > 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_tensor_from_blob: data is NULL");
@@ -183,7 +184,7 @@ fsdp_status fsdp_tensor_from_blob(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, f
 fsdp_status fsdp_tensor_over(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, int ndim,
                              const int64_t *shape, fsdp_storage_release_fn release, void *arg,
                              fsdp_tensor **out) {
-    FSDP_TRY(fsdp_tensor_from_blob(ctx, data, dtype, FSDP_CPU, ndim, shape, out));
+    FSDP_TRY_AT(ctx, fsdp_tensor_from_blob(ctx, data, dtype, FSDP_CPU, ndim, shape, out));
     (*out)->storage->release = release;
     (*out)->storage->release_arg = arg;
     return FSDP_OK;
@@ -222,7 +223,7 @@ fsdp_status fsdp_tensor_view(fsdp_ctx *ctx, const fsdp_tensor *base, int64_t off
     if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
-    FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_view"));
+    FSDP_TRY_AT(ctx, check_shape(ctx, ndim, shape, "fsdp_tensor_view"));
     int64_t numel = fsdp_shape_numel(ndim, shape);
     if (!range_inside(offset, numel, base->numel)) {
         char buf[64];
@@ -232,7 +233,8 @@ fsdp_status fsdp_tensor_view(fsdp_ctx *ctx, const fsdp_tensor *base, int64_t off
                          (long long)offset, (long long)range_end(offset, numel),
                          fsdp_tensor_shape_string(base, buf, sizeof buf), (long long)base->numel);
     }
-    FSDP_TRY(tensor_new(ctx, base->storage, base->offset + offset, base->dtype, ndim, shape, out));
+    FSDP_TRY_AT(
+        ctx, tensor_new(ctx, base->storage, base->offset + offset, base->dtype, ndim, shape, out));
     if (!is_no_storage(base->storage)) atomic_fetch_add(&base->storage->refs, 1);
     return FSDP_OK;
 }
@@ -274,8 +276,8 @@ void fsdp_tensor_release_storage(fsdp_tensor *t) {
 
 fsdp_status fsdp_tensor_create_unbound(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device,
                                        int ndim, const int64_t *shape, fsdp_tensor **out) {
-    FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_create_unbound"));
-    FSDP_TRY(check_dtype_device(ctx, dtype, device));
+    FSDP_TRY_AT(ctx, check_shape(ctx, ndim, shape, "fsdp_tensor_create_unbound"));
+    FSDP_TRY_AT(ctx, check_dtype_device(ctx, dtype, device));
     return tensor_new(ctx, no_storage_for(device), 0, dtype, ndim, shape, out);
 }
 
@@ -291,7 +293,7 @@ fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const in
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, t);
     if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
-    FSDP_TRY(check_shape(ctx, ndim, shape, "fsdp_tensor_resize"));
+    FSDP_TRY_AT(ctx, check_shape(ctx, ndim, shape, "fsdp_tensor_resize"));
     int64_t numel = fsdp_shape_numel(ndim, shape);
     if (fits(t->storage, t->dtype, t->offset, numel)) {
         set_shape(t, ndim, shape);
@@ -304,7 +306,8 @@ fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const in
             "not owned, so it cannot be reallocated; resize the owner instead",
             (long long)numel);
     fsdp_storage *s;
-    FSDP_TRY(storage_new(ctx, (size_t)numel * fsdp_dtype_size(t->dtype), t->storage->device, &s));
+    FSDP_TRY_AT(
+        ctx, storage_new(ctx, (size_t)numel * fsdp_dtype_size(t->dtype), t->storage->device, &s));
     storage_release(t->storage);
     t->storage = s;
     t->offset = 0;
@@ -315,7 +318,7 @@ fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const in
 fsdp_status fsdp_tensor_move(fsdp_ctx *ctx, fsdp_tensor *t, fsdp_device device) {
     fsdp_device from = t->storage->device;
     if (from.type == device.type && from.index == device.index) return FSDP_OK;
-    FSDP_TRY(fsdp_device_check(ctx, device));
+    FSDP_TRY_AT(ctx, fsdp_device_check(ctx, device));
     if (is_no_storage(t->storage))
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "moving a tensor to %s:%d: it has no storage (a sharded FSDP parameter); "
@@ -329,7 +332,7 @@ fsdp_status fsdp_tensor_move(fsdp_ctx *ctx, fsdp_tensor *t, fsdp_device device) 
                          fsdp_device_to_string(device), device.index);
     fsdp_storage *s;
     size_t nbytes = fsdp_tensor_nbytes(t);
-    FSDP_TRY(storage_new(ctx, nbytes, device, &s));
+    FSDP_TRY_AT(ctx, storage_new(ctx, nbytes, device, &s));
     fsdp_status st = fsdp_device_between(device, from)
                          ->copy(ctx, s->data, device, fsdp_tensor_data(t), from, nbytes);
     if (st != FSDP_OK) {
@@ -415,8 +418,8 @@ fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor 
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, dst);
     FSDP_ARG_NOT_NULL(ctx, src);
-    FSDP_TRY(check_storage(ctx, dst, "fsdp_tensor_copy"));
-    FSDP_TRY(check_storage(ctx, src, "fsdp_tensor_copy"));
+    FSDP_TRY_AT(ctx, check_storage(ctx, dst, "fsdp_tensor_copy"));
+    FSDP_TRY_AT(ctx, check_storage(ctx, src, "fsdp_tensor_copy"));
     if (dst->numel != src->numel) {
         char a[64], b[64];
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "fsdp_tensor_copy: %s into %s: element counts differ",
@@ -444,7 +447,7 @@ fsdp_status fsdp_tensor_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor 
 fsdp_status fsdp_tensor_fill(fsdp_ctx *ctx, fsdp_tensor *t, float value) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, t);
-    FSDP_TRY(check_storage(ctx, t, "fsdp_tensor_fill"));
+    FSDP_TRY_AT(ctx, check_storage(ctx, t, "fsdp_tensor_fill"));
     fsdp_device dev = t->storage->device;
     if (t->dtype == FSDP_DTYPE_BF16) {
         fsdp_bf16 v = fsdp_bf16_from_f32(value);

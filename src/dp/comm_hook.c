@@ -75,11 +75,11 @@ static void divide(fsdp_tensor *t, double factor) {
 static fsdp_status reduce_in(fsdp_ctx *ctx, const fsdp_dp_reduce_args *a, fsdp_tensor *in,
                              fsdp_tensor *out, fsdp_tensor **res) {
     if (out)
-        FSDP_TRY(fsdp_reduce_scatter(ctx, a->group, out, in, 0, FSDP_REDUCE_SUM));
+        FSDP_TRY_AT(ctx, fsdp_reduce_scatter(ctx, a->group, out, in, 0, FSDP_REDUCE_SUM));
     else if (fsdp_group_size(a->group) > 1)
-        FSDP_TRY(fsdp_all_reduce(ctx, a->group, in, FSDP_REDUCE_SUM));
+        FSDP_TRY_AT(ctx, fsdp_all_reduce(ctx, a->group, in, FSDP_REDUCE_SUM));
     *res = out ? out : in;
-    if (a->replicate) FSDP_TRY(fsdp_all_reduce(ctx, a->replicate, *res, FSDP_REDUCE_SUM));
+    if (a->replicate) FSDP_TRY_AT(ctx, fsdp_all_reduce(ctx, a->replicate, *res, FSDP_REDUCE_SUM));
     return FSDP_OK;
 }
 
@@ -93,13 +93,13 @@ fsdp_status fsdp_dp_reduce(fsdp_ctx *ctx, const fsdp_dp_reduce_args *a) {
     fsdp_tensor *res;
     divide(a->grad, a->pre);
     if (dtype == FSDP_DTYPE_F32) {
-        FSDP_TRY(reduce_in(ctx, a, a->grad, a->out, &res));
+        FSDP_TRY_AT(ctx, reduce_in(ctx, a, a->grad, a->out, &res));
     } else {
         fsdp_tensor *low;
-        FSDP_TRY(fsdp_tensor_copy(ctx, a->low_grad, a->grad)); /* round once */
-        FSDP_TRY(reduce_in(ctx, a, a->low_grad, a->out ? a->low_out : NULL, &low));
+        FSDP_TRY_AT(ctx, fsdp_tensor_copy(ctx, a->low_grad, a->grad)); /* round once */
+        FSDP_TRY_AT(ctx, reduce_in(ctx, a, a->low_grad, a->out ? a->low_out : NULL, &low));
         res = a->out ? a->out : a->grad;
-        FSDP_TRY(fsdp_tensor_copy(ctx, res, low)); /* exact */
+        FSDP_TRY_AT(ctx, fsdp_tensor_copy(ctx, res, low)); /* exact */
     }
     divide(res, a->post);
     return FSDP_OK;

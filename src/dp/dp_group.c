@@ -37,7 +37,8 @@ static fsdp_status check_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, v
     for (int d = 0; d < spec->mesh_ndim; d++) {
         if (spec->placements[d].kind == FSDP_PLACEMENT_REPLICATE) continue;
         fsdp_group *line;
-        FSDP_TRY(fsdp_mesh_get_group(ctx, spec->mesh, fsdp_mesh_dim_name(spec->mesh, d), &line));
+        FSDP_TRY_AT(ctx,
+                    fsdp_mesh_get_group(ctx, spec->mesh, fsdp_mesh_dim_name(spec->mesh, d), &line));
         if (fsdp_group_size(line) < 2) continue;
         int first = fsdp_group_world_rank(c->group, 0);
         int want = line_coordinate(line, first);
@@ -58,7 +59,7 @@ fsdp_status fsdp_dp_check_group(fsdp_ctx *ctx, fsdp_module *root, fsdp_group *gr
                                 const char *who, const char *field, bool given_null) {
     if (!group || fsdp_group_size(group) < 2) return FSDP_OK;
     group_check c = {.group = group};
-    FSDP_TRY(fsdp_module_visit_params(ctx, root, check_param, &c));
+    FSDP_TRY_AT(ctx, fsdp_module_visit_params(ctx, root, check_param, &c));
     if (!c.bad) return FSDP_OK;
     const char *pfqn = fsdp_module_fqn(fsdp_param_module(c.bad));
     return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,

@@ -35,7 +35,8 @@ static bool reduces_fused(const fsdp_sharded *sh) {
 
 fsdp_status fsdp_shard_bind_params(fsdp_ctx *ctx, unit *u, const fsdp_tensor *base) {
     for (int i = 0; i < u->n_params; i++)
-        FSDP_TRY(fsdp_tensor_rebind(ctx, fsdp_param_data(u->params[i]), base, u->offsets[i]));
+        FSDP_TRY_AT(ctx,
+                    fsdp_tensor_rebind(ctx, fsdp_param_data(u->params[i]), base, u->offsets[i]));
     return FSDP_OK;
 }
 
@@ -49,7 +50,8 @@ void fsdp_shard_release_params(unit *u) {
 fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const fsdp_tensor *shard) {
     fsdp_sharded *sh = u->owner;
     if (!sh->opts.offload_params) return fsdp_all_gather(ctx, sh->group, full, shard, 0);
-    FSDP_TRY(fsdp_tensor_rebind(ctx, u->mine, full, (int64_t)fsdp_shard_rank(sh) * u->shard_numel));
+    FSDP_TRY_AT(
+        ctx, fsdp_tensor_rebind(ctx, u->mine, full, (int64_t)fsdp_shard_rank(sh) * u->shard_numel));
     fsdp_status st = fsdp_tensor_copy(ctx, u->mine, shard);
     if (st == FSDP_OK) st = fsdp_all_gather(ctx, sh->group, full, u->mine, 0);
     fsdp_tensor_release_storage(u->mine);
@@ -61,7 +63,7 @@ fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const f
  * which is then gathered in place; unsharded, the whole flat parameter is rounded. */
 static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
     fsdp_sharded *sh = u->owner;
-    FSDP_TRY(fsdp_pool_take(ctx, &sh->pool, u->low_full));
+    FSDP_TRY_AT(ctx, fsdp_pool_take(ctx, &sh->pool, u->low_full));
     const fsdp_tensor *shard = fsdp_param_data(u->flat);
     fsdp_status st;
     if (fsdp_shard_sharded_strategy(sh)) {
@@ -91,10 +93,10 @@ static fsdp_status gather_shared(fsdp_ctx *ctx, unit *u, bool *done) {
     fsdp_tensor *shard = fsdp_param_data(u->flat);
     if (!u->share_asked) {
         u->share_asked = true;
-        FSDP_TRY(fsdp_group_share_shards(ctx, sh->group, shard, &u->shared_full));
+        FSDP_TRY_AT(ctx, fsdp_group_share_shards(ctx, sh->group, shard, &u->shared_full));
     }
     if (!u->shared_full) return FSDP_OK;
-    FSDP_TRY(fsdp_all_gather(ctx, sh->group, u->shared_full, shard, 0));
+    FSDP_TRY_AT(ctx, fsdp_all_gather(ctx, sh->group, u->shared_full, shard, 0));
     fsdp_status st = fsdp_shard_bind_params(ctx, u, u->shared_full);
     if (st != FSDP_OK) {
         fsdp_shard_release_params(u);
@@ -111,10 +113,10 @@ static fsdp_status gather_params(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, bool 
     fsdp_sharded *sh = u->owner;
     if (may_share && dtype == FSDP_DTYPE_F32) {
         bool done;
-        FSDP_TRY(gather_shared(ctx, u, &done));
+        FSDP_TRY_AT(ctx, gather_shared(ctx, u, &done));
         if (done) return FSDP_OK;
     }
-    FSDP_TRY(fsdp_pool_take(ctx, &sh->pool, u->full));
+    FSDP_TRY_AT(ctx, fsdp_pool_take(ctx, &sh->pool, u->full));
     fsdp_status st = dtype != FSDP_DTYPE_F32 ? gather_low(ctx, u)
                      : fsdp_shard_sharded_strategy(sh)
                          ? fsdp_shard_gather(ctx, u, u->full, fsdp_param_data(u->flat))
@@ -134,8 +136,8 @@ static bool gathered(const unit *u) {
 
 fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, const char *call) {
     if (gathered(u)) return FSDP_OK;
-    FSDP_TRY(fsdp_shard_check_move(ctx, u, UNIT_UNSHARD, call));
-    FSDP_TRY(gather_params(ctx, u, dtype, true));
+    FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, UNIT_UNSHARD, call));
+    FSDP_TRY_AT(ctx, gather_params(ctx, u, dtype, true));
     return fsdp_shard_move(ctx, u, UNIT_UNSHARD, call);
 }
 
@@ -154,7 +156,7 @@ void fsdp_shard_free_full(unit *u) {
 fsdp_status fsdp_shard_reshard(fsdp_ctx *ctx, unit *u, const char *call) {
     if (fsdp_shard_resident(u->owner) || u->state == UNIT_SHARDED || u->state == UNIT_GRAD_PENDING)
         return FSDP_OK;
-    FSDP_TRY(fsdp_shard_move(ctx, u, UNIT_RESHARD, call));
+    FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_RESHARD, call));
     fsdp_shard_free_full(u);
     return FSDP_OK;
 }
@@ -162,7 +164,7 @@ fsdp_status fsdp_shard_reshard(fsdp_ctx *ctx, unit *u, const char *call) {
 /* Binds the parameter gradients to a zeroed full gradient buffer. */
 fsdp_status fsdp_shard_bind_grads(fsdp_ctx *ctx, unit *u) {
     if (u->numel == 0) return FSDP_OK;
-    FSDP_TRY(fsdp_pool_take(ctx, &u->owner->pool, u->full_grad));
+    FSDP_TRY_AT(ctx, fsdp_pool_take(ctx, &u->owner->pool, u->full_grad));
     fsdp_status st = fsdp_tensor_fill(ctx, u->full_grad, 0.0f);
     for (int i = 0; st == FSDP_OK && i < u->n_params; i++)
         st = fsdp_tensor_rebind(ctx, fsdp_param_grad(u->params[i]), u->full_grad, u->offsets[i]);
@@ -179,14 +181,14 @@ void fsdp_shard_unbind_grads(unit *u) {
 
 fsdp_status fsdp_shard_take_grads(fsdp_ctx *ctx, unit *u, const char *call) {
     if (u->state == UNIT_BACKWARD) return FSDP_OK;
-    FSDP_TRY(fsdp_shard_check_move(ctx, u, UNIT_TAKE_GRADS, call));
+    FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, UNIT_TAKE_GRADS, call));
     /* Pending gradients are bound already and accumulate. */
-    if (u->state == UNIT_GATHERED) FSDP_TRY(fsdp_shard_bind_grads(ctx, u));
+    if (u->state == UNIT_GATHERED) FSDP_TRY_AT(ctx, fsdp_shard_bind_grads(ctx, u));
     return fsdp_shard_move(ctx, u, UNIT_TAKE_GRADS, call);
 }
 
 fsdp_status fsdp_shard_give_grads(fsdp_ctx *ctx, unit *u, const char *call) {
-    FSDP_TRY(fsdp_shard_move(ctx, u, UNIT_REDUCED, call));
+    FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_REDUCED, call));
     fsdp_shard_unbind_grads(u);
     return FSDP_OK;
 }
@@ -195,7 +197,7 @@ fsdp_status fsdp_shard_give_grads(fsdp_ctx *ctx, unit *u, const char *call) {
 static fsdp_status accumulate(fsdp_ctx *ctx, unit *u, const fsdp_tensor *src) {
     fsdp_tensor *g = fsdp_param_grad(u->flat);
     if (u->owner->opts.offload_params) {
-        FSDP_TRY(fsdp_tensor_copy(ctx, u->stage, src));
+        FSDP_TRY_AT(ctx, fsdp_tensor_copy(ctx, u->stage, src));
         src = u->stage;
     }
     fsdp_kernels_for(fsdp_tensor_device(g))
@@ -269,7 +271,7 @@ fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
                                     const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     unit *u = user;
-    FSDP_TRY(fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-backward hook"));
+    FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-backward hook"));
     /* under no_sync, still bound with what was accumulated */
     return fsdp_shard_take_grads(ctx, u, "the pre-backward hook");
 }
@@ -282,12 +284,12 @@ fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_po
     if (!u->owner->sync) {
         /* no_sync: the full gradient stays bound and accumulates; FULL_SHARD still frees the
          * parameters (PyTorch's _should_free_in_backward). */
-        FSDP_TRY(fsdp_shard_move(ctx, u, UNIT_KEEP_GRADS, call));
+        FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_KEEP_GRADS, call));
         if (fsdp_shard_reshard_after_forward(u->owner)) return fsdp_shard_reshard(ctx, u, call);
         return FSDP_OK;
     }
-    FSDP_TRY(fsdp_shard_check_move(ctx, u, UNIT_REDUCED, call));
-    FSDP_TRY(reduce_grad(ctx, u));
-    FSDP_TRY(fsdp_shard_give_grads(ctx, u, call));
+    FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, UNIT_REDUCED, call));
+    FSDP_TRY_AT(ctx, reduce_grad(ctx, u));
+    FSDP_TRY_AT(ctx, fsdp_shard_give_grads(ctx, u, call));
     return fsdp_shard_reshard(ctx, u, call);
 }

@@ -48,7 +48,7 @@ fsdp_status fsdp_norm_acc_add(fsdp_ctx *ctx, fsdp_norm_acc *a, fsdp_device devic
     for (int i = 0; i < n_groups; i++)
         if (groups[i] && fsdp_group_size(groups[i]) > 1) used[n_used++] = groups[i];
     fsdp_norm_key *key = NULL;
-    FSDP_TRY(find_key(ctx, a, used, n_used, &key));
+    FSDP_TRY_AT(ctx, find_key(ctx, a, used, n_used, &key));
     if (n <= 0) return FSDP_OK;
     const fsdp_kernels_i *k = fsdp_kernels_for(device);
     if (a->inf)
@@ -69,8 +69,8 @@ fsdp_status fsdp_norm_spec_groups(fsdp_ctx *ctx, const fsdp_param *p, const fsdp
                              "clip_grad_norm: parameter '%s' of '%s' has a placement that is "
                              "neither Shard nor Replicate on mesh dim %d",
                              fsdp_param_name(p), fsdp_module_fqn(fsdp_param_module(p)), d);
-        FSDP_TRY(fsdp_mesh_get_group(ctx, spec->mesh, fsdp_mesh_dim_name(spec->mesh, d),
-                                     &groups[(*n)++]));
+        FSDP_TRY_AT(ctx, fsdp_mesh_get_group(ctx, spec->mesh, fsdp_mesh_dim_name(spec->mesh, d),
+                                             &groups[(*n)++]));
     }
     return FSDP_OK;
 }
@@ -93,10 +93,11 @@ fsdp_status fsdp_norm_acc_total(fsdp_ctx *ctx, fsdp_norm_acc *a, double *total) 
                 for (int r = 0; r < a->keys[q].n_groups; r++)
                     if (a->keys[q].groups[r] == g) vec[len++] = (float)a->keys[q].acc;
             fsdp_tensor *t;
-            FSDP_TRY(fsdp_tensor_from_blob(ctx, vec, FSDP_DTYPE_F32, FSDP_CPU, 1, &len, &t));
+            FSDP_TRY_AT(ctx,
+                        fsdp_tensor_from_blob(ctx, vec, FSDP_DTYPE_F32, FSDP_CPU, 1, &len, &t));
             fsdp_status st = fsdp_all_reduce(ctx, g, t, a->inf ? FSDP_REDUCE_MAX : FSDP_REDUCE_SUM);
             fsdp_tensor_free(t);
-            FSDP_TRY(st);
+            FSDP_TRY_AT(ctx, st);
             len = 0;
             for (int q = k; q < a->n_keys; q++)
                 for (int r = 0; r < a->keys[q].n_groups; r++)

@@ -43,7 +43,7 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
         if (pool->reserved_bytes > pool->peak_reserved_bytes)
             pool->peak_reserved_bytes = pool->reserved_bytes;
     }
-    FSDP_TRY(fsdp_tensor_rebind(ctx, t, best->buf, 0));
+    FSDP_TRY_AT(ctx, fsdp_tensor_rebind(ctx, t, best->buf, 0));
     best->in_use = true;
     pool->in_use_bytes += n * esize;
     if (pool->in_use_bytes > pool->peak_in_use_bytes) pool->peak_in_use_bytes = pool->in_use_bytes;

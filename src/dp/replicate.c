@@ -133,14 +133,14 @@ static fsdp_status collect_trainable(fsdp_ctx *ctx, fsdp_param *p, const char *n
 static fsdp_status layout_buckets(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
                                   int64_t first_cap, int64_t cap, int64_t *max_numel) {
     int n = 0;
-    FSDP_TRY(fsdp_module_visit_params(ctx, root, count_trainable, &n));
+    FSDP_TRY_AT(ctx, fsdp_module_visit_params(ctx, root, count_trainable, &n));
     r->params = calloc((size_t)n + 1, sizeof *r->params);
     r->numel = calloc((size_t)n + 1, sizeof *r->numel);
     r->offset = calloc((size_t)n + 1, sizeof *r->offset);
     r->bucket_start = calloc((size_t)n + 1, sizeof *r->bucket_start);
     if (!r->params || !r->numel || !r->offset || !r->bucket_start)
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate replicate buckets");
-    FSDP_TRY(fsdp_module_visit_params(ctx, root, collect_trainable, r));
+    FSDP_TRY_AT(ctx, fsdp_module_visit_params(ctx, root, collect_trainable, r));
     for (int i = 0, j = r->n_params - 1; i < j; i++, j--) {
         fsdp_param *p = r->params[i];
         r->params[i] = r->params[j], r->params[j] = p;
@@ -208,13 +208,13 @@ static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b, fsdp_c
                              .index = b,
                              .grad = r->bucket[b],
                              .low_grad = r->low_bucket ? r->low_bucket[b] : NULL};
-    FSDP_TRY(fsdp_dp_reduce(ctx, &a));
+    FSDP_TRY_AT(ctx, fsdp_dp_reduce(ctx, &a));
     copy_out(r, b);
     return FSDP_OK;
 }
 
 static fsdp_status finish_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b) {
-    FSDP_TRY(fsdp_comm_work_wait(ctx, r->work[b]));
+    FSDP_TRY_AT(ctx, fsdp_comm_work_wait(ctx, r->work[b]));
     copy_out(r, b);
     return FSDP_OK;
 }
@@ -331,11 +331,11 @@ static fsdp_status pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
                                 const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     fsdp_replicate *r = user;
-    FSDP_TRY(to_low(ctx, r));
+    FSDP_TRY_AT(ctx, to_low(ctx, r));
     r->active = r->sync && r->world > 1 && !r->after_backward;
     if (!r->active) return FSDP_OK;
     /* A backward that failed part way may have left calls in flight. */
-    for (int b = 0; b < r->n_buckets; b++) FSDP_TRY(fsdp_comm_work_wait(ctx, r->work[b]));
+    for (int b = 0; b < r->n_buckets; b++) FSDP_TRY_AT(ctx, fsdp_comm_work_wait(ctx, r->work[b]));
     for (int i = 0; i < r->n_params; i++) r->ready[i] = false;
     for (int b = 0; b < r->n_buckets; b++)
         r->missing[b] = r->bucket_start[b + 1] - r->bucket_start[b];
@@ -348,12 +348,13 @@ static fsdp_status reduce_all(fsdp_ctx *ctx, fsdp_replicate *r) {
         if (!r->active) return FSDP_OK;
         r->active = false;
         /* Gradients no hook finalised (the root's own, a module that did not run) go now. */
-        FSDP_TRY(start_ready(ctx, r, true));
-        for (int b = 0; overlaps(r) && b < r->n_buckets; b++) FSDP_TRY(finish_bucket(ctx, r, b));
+        FSDP_TRY_AT(ctx, start_ready(ctx, r, true));
+        for (int b = 0; overlaps(r) && b < r->n_buckets; b++)
+            FSDP_TRY_AT(ctx, finish_bucket(ctx, r, b));
         return FSDP_OK;
     }
     if (!r->sync || r->world == 1) return FSDP_OK;
-    for (int b = 0; b < r->n_buckets; b++) FSDP_TRY(reduce_bucket(ctx, r, b, NULL));
+    for (int b = 0; b < r->n_buckets; b++) FSDP_TRY_AT(ctx, reduce_bucket(ctx, r, b, NULL));
     return FSDP_OK;
 }
 
@@ -391,7 +392,7 @@ static fsdp_status prepare_during(fsdp_ctx *ctx, fsdp_replicate *r) {
     if (!r->ready_at || !r->bucket_of || !r->ready || !r->missing || !r->work)
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate replicate's schedule");
     for (int b = 0; b < r->n_buckets; b++) {
-        FSDP_TRY(fsdp_comm_work_create(ctx, &r->work[b]));
+        FSDP_TRY_AT(ctx, fsdp_comm_work_create(ctx, &r->work[b]));
         for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++) r->bucket_of[i] = b;
     }
     for (int i = 0; i < r->n_params; i++) r->ready_at[i] = ready_module(r->root, r->params[i]);
@@ -458,7 +459,7 @@ static fsdp_status bind_grads(fsdp_ctx *ctx, fsdp_replicate *r) {
         for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++) {
             fsdp_tensor *g = fsdp_param_grad(r->params[i]);
             k->copy(buf + r->offset[i], fsdp_tensor_f32(g), r->numel[i]);
-            FSDP_TRY(fsdp_tensor_rebind(ctx, g, r->bucket[b], r->offset[i]));
+            FSDP_TRY_AT(ctx, fsdp_tensor_rebind(ctx, g, r->bucket[b], r->offset[i]));
         }
     }
     return FSDP_OK;
@@ -470,40 +471,41 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
     /* DDP: the first bucket is 1 MiB with the default cap, the cap itself with one given. */
     int64_t first = o->bucket_bytes ? o->bucket_bytes : FSDP_REPLICATE_FIRST_BUCKET_BYTES;
     int64_t grad_max = 0, total = 0;
-    FSDP_TRY(layout_buckets(ctx, r, root, first, cap, &grad_max));
+    FSDP_TRY_AT(ctx, layout_buckets(ctx, r, root, first, cap, &grad_max));
     for (int i = 0; i < r->n_params; i++) total += r->numel[i];
     /* After backward, and with a hook that reduces a bucket whole, one bucket is reduced at a
      * time; during backward with the default hook several are in flight (a group of one
      * reduces nothing). */
     bool apart = !r->after_backward && r->world > 1 && overlaps(r);
     int64_t stage = apart ? total : grad_max, at = 0;
-    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &stage, &r->stage));
+    FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &stage, &r->stage));
     for (int b = 0; b < r->n_buckets; b++) {
         int last = r->bucket_start[b + 1] - 1;
         int64_t n = r->offset[last] + r->numel[last];
-        FSDP_TRY(fsdp_tensor_view(ctx, r->stage, apart ? at : 0, 1, &n, &r->bucket[b]));
+        FSDP_TRY_AT(ctx, fsdp_tensor_view(ctx, r->stage, apart ? at : 0, 1, &n, &r->bucket[b]));
         at += n;
     }
-    if (apart) FSDP_TRY(bind_grads(ctx, r));
+    if (apart) FSDP_TRY_AT(ctx, bind_grads(ctx, r));
     fsdp_dtype low = fsdp_dp_hook_dtype(r->hook.kind, r->mp.reduce_dtype);
     if (r->hook.kind != FSDP_COMM_HOOK_USER && low != FSDP_DTYPE_F32) {
-        FSDP_TRY(fsdp_tensor_create(ctx, low, FSDP_CPU, 1, &grad_max, &r->low_stage));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, low, FSDP_CPU, 1, &grad_max, &r->low_stage));
         r->low_bucket = calloc((size_t)r->n_buckets + 1, sizeof *r->low_bucket);
         if (!r->low_bucket)
             return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate buckets");
         for (int b = 0; b < r->n_buckets; b++) {
             int64_t n = fsdp_tensor_numel(r->bucket[b]);
-            FSDP_TRY(fsdp_tensor_view(ctx, r->low_stage, 0, 1, &n, &r->low_bucket[b]));
+            FSDP_TRY_AT(ctx, fsdp_tensor_view(ctx, r->low_stage, 0, 1, &n, &r->low_bucket[b]));
         }
     }
     if (r->mp.param_dtype != FSDP_DTYPE_F32 && r->n_params > 0) {
         int64_t largest = 0;
         for (int i = 0; i < r->n_params; i++)
             largest = r->numel[i] > largest ? r->numel[i] : largest;
-        FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &total, &r->master));
-        FSDP_TRY(fsdp_tensor_create(ctx, r->mp.param_dtype, FSDP_CPU, 1, &largest, &r->round));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &total, &r->master));
+        FSDP_TRY_AT(ctx,
+                    fsdp_tensor_create(ctx, r->mp.param_dtype, FSDP_CPU, 1, &largest, &r->round));
     }
-    if (!r->after_backward) FSDP_TRY(prepare_during(ctx, r));
+    if (!r->after_backward) FSDP_TRY_AT(ctx, prepare_during(ctx, r));
     if (o->src_rank == FSDP_NO_SRC_RANK || r->world == 1) return FSDP_OK;
     /* DDP's initial sync: buckets formed as the gradient buckets are. */
     fsdp_dp_sync_options so = {.bucket_bytes = cap,
@@ -525,15 +527,16 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                          "replicate: %s is replicated already; apply it once per model",
                          fsdp_nn_describe(root, desc, sizeof desc));
     }
-    FSDP_TRY(
-        fsdp_nn_check_on_cpu(ctx, root, "fsdp_replicate_apply", "replicate", "replicating it"));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_on_cpu(ctx, root, "fsdp_replicate_apply", "replicate",
+                                          "replicating it"));
     fsdp_replicate_options o = opts ? *opts : (fsdp_replicate_options){0};
     fsdp_group *group = o.group ? o.group : fsdp_ctx_world_group(ctx);
     if (!group)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "replicate: no group given and the context is bound to no world; call "
                          "it inside fsdp_world_run");
-    FSDP_TRY(fsdp_dp_check_group(ctx, root, group, "fsdp_replicate_apply", ".group", !o.group));
+    FSDP_TRY_AT(ctx,
+                fsdp_dp_check_group(ctx, root, group, "fsdp_replicate_apply", ".group", !o.group));
     int world = fsdp_group_size(group);
     if (o.bucket_bytes < 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
@@ -544,9 +547,9 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                          "replicate: src_rank %d is not a rank of group '%s' (size %d); use "
                          "0..%d or FSDP_NO_SRC_RANK",
                          o.src_rank, fsdp_group_label(group), world, world - 1);
-    FSDP_TRY(fsdp_dp_check_hook(ctx, &o.comm_hook, "fsdp_replicate_apply"));
-    FSDP_TRY(fsdp_dp_check_mixed_precision(ctx, &o.mixed_precision, &o.comm_hook,
-                                           "fsdp_replicate_apply"));
+    FSDP_TRY_AT(ctx, fsdp_dp_check_hook(ctx, &o.comm_hook, "fsdp_replicate_apply"));
+    FSDP_TRY_AT(ctx, fsdp_dp_check_mixed_precision(ctx, &o.mixed_precision, &o.comm_hook,
+                                                   "fsdp_replicate_apply"));
     fsdp_replicate *r = calloc(1, sizeof *r);
     if (!r) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate replicate state");
     r->group = group;
@@ -561,7 +564,7 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
         replicate_free(r);
         return st;
     }
-    FSDP_TRY(install_hooks(ctx, r)); /* r belongs to root from here, or is freed */
+    FSDP_TRY_AT(ctx, install_hooks(ctx, r)); /* r belongs to root from here, or is freed */
     if (out) *out = r;
     return FSDP_OK;
 }
@@ -627,9 +630,10 @@ fsdp_status fsdp_batch_slice(fsdp_ctx *ctx, const fsdp_tensor *global, int batch
         if (i > d) inner *= gshape[i];
     }
     if (*out)
-        FSDP_TRY(fsdp_tensor_resize(ctx, *out, ndim, shape));
+        FSDP_TRY_AT(ctx, fsdp_tensor_resize(ctx, *out, ndim, shape));
     else
-        FSDP_TRY(fsdp_tensor_create(ctx, fsdp_tensor_dtype(global), FSDP_CPU, ndim, shape, out));
+        FSDP_TRY_AT(ctx,
+                    fsdp_tensor_create(ctx, fsdp_tensor_dtype(global), FSDP_CPU, ndim, shape, out));
     size_t es = fsdp_dtype_size(fsdp_tensor_dtype(global));
     const char *src = fsdp_tensor_data(global);
     char *dst = fsdp_tensor_data(*out);

@@ -12,8 +12,8 @@ fsdp_status fsdp_sharded_clip_grad_norm(fsdp_ctx *ctx, fsdp_sharded *sh, double 
                                         double norm_type, double *total_norm) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, sh);
-    FSDP_TRY(fsdp_clip_check(ctx, max_norm, norm_type));
-    FSDP_TRY(fsdp_shard_check_model(ctx, sh, "fsdp_sharded_clip_grad_norm"));
+    FSDP_TRY_AT(ctx, fsdp_clip_check(ctx, max_norm, norm_type));
+    FSDP_TRY_AT(ctx, fsdp_shard_check_model(ctx, sh, "fsdp_sharded_clip_grad_norm"));
     fsdp_norm_acc a;
     fsdp_norm_acc_init(&a, norm_type);
     /* Each parameter's part of the shard: summed over the group when sharded (replicas hold
@@ -27,13 +27,14 @@ fsdp_status fsdp_sharded_clip_grad_norm(fsdp_ctx *ctx, fsdp_sharded *sh, double 
         if (fsdp_shard_sharded_strategy(sh)) groups[n++] = sh->group;
         const fsdp_dtensor_spec *spec = fsdp_param_dtensor_spec(s->param);
         int n_tp = 0;
-        if (spec) FSDP_TRY(fsdp_norm_spec_groups(ctx, s->param, spec, groups + n, &n_tp));
-        FSDP_TRY(fsdp_norm_acc_add(ctx, &a, fsdp_tensor_device(fsdp_param_grad(u->flat)),
-                                   fsdp_tensor_f32(fsdp_param_grad(u->flat)) + s->shard_offset,
-                                   s->shard_numel, groups, n + n_tp));
+        if (spec) FSDP_TRY_AT(ctx, fsdp_norm_spec_groups(ctx, s->param, spec, groups + n, &n_tp));
+        FSDP_TRY_AT(ctx,
+                    fsdp_norm_acc_add(ctx, &a, fsdp_tensor_device(fsdp_param_grad(u->flat)),
+                                      fsdp_tensor_f32(fsdp_param_grad(u->flat)) + s->shard_offset,
+                                      s->shard_numel, groups, n + n_tp));
     }
     double total;
-    FSDP_TRY(fsdp_norm_acc_total(ctx, &a, &total));
+    FSDP_TRY_AT(ctx, fsdp_norm_acc_total(ctx, &a, &total));
     if (total_norm) *total_norm = total;
     float coef;
     if (fsdp_clip_coef(max_norm, total, &coef))

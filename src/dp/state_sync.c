@@ -34,7 +34,8 @@ static fsdp_status list_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, vo
 
 static fsdp_status list_buffers(fsdp_ctx *ctx, fsdp_module *m, void *user) {
     for (int i = 0; i < fsdp_module_num_buffers(m); i++)
-        FSDP_TRY(list_push(ctx, user, fsdp_module_buffer(m, i), fsdp_module_buffer_name(m, i)));
+        FSDP_TRY_AT(ctx,
+                    list_push(ctx, user, fsdp_module_buffer(m, i), fsdp_module_buffer_name(m, i)));
     return FSDP_OK;
 }
 
@@ -59,10 +60,10 @@ static fsdp_status broadcast_bucket(fsdp_ctx *ctx, fsdp_group *group, const stat
         fill += n;
     }
     fsdp_tensor *view;
-    FSDP_TRY(fsdp_tensor_view(ctx, stage, 0, 1, &fill, &view));
+    FSDP_TRY_AT(ctx, fsdp_tensor_view(ctx, stage, 0, 1, &fill, &view));
     fsdp_status st = fsdp_broadcast(ctx, group, view, src);
     fsdp_tensor_free(view);
-    FSDP_TRY(st);
+    FSDP_TRY_AT(ctx, st);
     if (is_src) return FSDP_OK;
     fill = 0;
     for (int i = first; i < last; i++) {

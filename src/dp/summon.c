@@ -9,11 +9,11 @@
 /* Binds the parameter gradients to a full buffer holding the reduced gradient: the shards
  * gathered (or, unsharded, copied). */
 static fsdp_status summon_grads(fsdp_ctx *ctx, unit *u) {
-    FSDP_TRY(fsdp_shard_bind_grads(ctx, u));
+    FSDP_TRY_AT(ctx, fsdp_shard_bind_grads(ctx, u));
     if (fsdp_shard_sharded_strategy(u->owner))
         return fsdp_shard_gather(ctx, u, u->full_grad, fsdp_param_grad(u->flat));
     fsdp_tensor *part;
-    FSDP_TRY(fsdp_tensor_view(ctx, u->full_grad, 0, 1, &u->numel, &part));
+    FSDP_TRY_AT(ctx, fsdp_tensor_view(ctx, u->full_grad, 0, 1, &u->numel, &part));
     fsdp_status st = fsdp_tensor_copy(ctx, part, fsdp_param_grad(u->flat));
     fsdp_tensor_free(part);
     return st;
@@ -37,7 +37,7 @@ static fsdp_status summon_to_host(fsdp_ctx *ctx, unit *u) {
         u->summon_host = NULL;
         return st;
     }
-    FSDP_TRY(fsdp_shard_move(ctx, u, UNIT_SUMMON_TO_HOST, "fsdp_summon_full_params"));
+    FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_SUMMON_TO_HOST, "fsdp_summon_full_params"));
     if (!gathered_before(u) && !fsdp_shard_resident(u->owner))
         fsdp_pool_give(&u->owner->pool, u->full);
     return FSDP_OK;
@@ -47,7 +47,7 @@ static fsdp_status summon_to_host(fsdp_ctx *ctx, unit *u) {
  * it is left in the state it was found in. */
 static fsdp_status summon_unit(fsdp_ctx *ctx, unit *u, const fsdp_summon_options *o) {
     bool was_gathered = fsdp_unit_gathered(u);
-    FSDP_TRY(fsdp_shard_move(ctx, u, UNIT_SUMMON, "fsdp_summon_full_params"));
+    FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_SUMMON, "fsdp_summon_full_params"));
     /* A failed gather leaves nothing bound. */
     fsdp_status st = was_gathered ? FSDP_OK : fsdp_shard_gather_copy(ctx, u);
     if (st == FSDP_OK && o->with_grads) {
@@ -74,7 +74,7 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
                                     const fsdp_summon_options *opts) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, sh);
-    FSDP_TRY(fsdp_shard_check_model(ctx, sh, "fsdp_summon_full_params"));
+    FSDP_TRY_AT(ctx, fsdp_shard_check_model(ctx, sh, "fsdp_summon_full_params"));
     if (ctx->phase != FSDP_PHASE_NONE)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "summon_full_params inside %s: call it between steps, outside the "
@@ -136,7 +136,7 @@ static fsdp_status write_back(fsdp_ctx *ctx, unit *u, const fsdp_tensor *full) {
     int64_t at =
         fsdp_shard_sharded_strategy(sh) ? (int64_t)fsdp_shard_rank(sh) * u->shard_numel : 0;
     fsdp_tensor *part;
-    FSDP_TRY(fsdp_tensor_view(ctx, full, at, 1, &u->shard_numel, &part));
+    FSDP_TRY_AT(ctx, fsdp_tensor_view(ctx, full, at, 1, &u->shard_numel, &part));
     fsdp_status st = fsdp_tensor_copy(ctx, fsdp_param_data(u->flat), part);
     fsdp_tensor_free(part);
     return st;
@@ -145,7 +145,7 @@ static fsdp_status write_back(fsdp_ctx *ctx, unit *u, const fsdp_tensor *full) {
 fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, sh);
-    FSDP_TRY(fsdp_shard_check_model(ctx, sh, "fsdp_release_full_params"));
+    FSDP_TRY_AT(ctx, fsdp_shard_check_model(ctx, sh, "fsdp_release_full_params"));
     if (!sh->summoned)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "release_full_params without summon_full_params first");

@@ -101,7 +101,7 @@ fsdp_status fsdp_shard_check_move(fsdp_ctx *ctx, const unit *u, unit_event event
 }
 
 fsdp_status fsdp_shard_move(fsdp_ctx *ctx, unit *u, unit_event event, const char *call) {
-    FSDP_TRY(fsdp_shard_check_move(ctx, u, event, call));
+    FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, event, call));
     u->state = next_state(u, event);
     return FSDP_OK;
 }

@@ -87,7 +87,7 @@ static fsdp_status choose(fsdp_ctx *ctx, chooser *c, fsdp_module *m, int64_t *le
         own += fsdp_tensor_numel(fsdp_param_data(fsdp_module_param(m, i)));
     for (int i = 0; i < fsdp_module_num_children(m); i++) {
         int64_t sub;
-        FSDP_TRY(choose(ctx, c, fsdp_module_child(m, i), &sub));
+        FSDP_TRY_AT(ctx, choose(ctx, c, fsdp_module_child(m, i), &sub));
         own += sub;
     }
     const fsdp_fully_shard_options *o = &c->sh->opts;
@@ -161,17 +161,17 @@ static fsdp_status empty_handle(fsdp_ctx *ctx, int64_t n, fsdp_tensor **out) {
 /* The unbound handles of mixed precision and of the low-precision comm hooks. */
 static fsdp_status low_handles(fsdp_ctx *ctx, const fsdp_sharded *sh, unit *u, bool sharded) {
     if (sh->param_dtype != FSDP_DTYPE_F32) {
-        FSDP_TRY(fsdp_tensor_create_unbound(ctx, sh->param_dtype, FSDP_CPU, 1, &u->padded,
-                                            &u->low_full));
-        FSDP_TRY(fsdp_tensor_create_unbound(ctx, sh->param_dtype, FSDP_CPU, 1, &u->shard_numel,
-                                            &u->low_mine));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create_unbound(ctx, sh->param_dtype, FSDP_CPU, 1, &u->padded,
+                                                    &u->low_full));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create_unbound(ctx, sh->param_dtype, FSDP_CPU, 1,
+                                                    &u->shard_numel, &u->low_mine));
     }
     if (sh->grad_dtype != FSDP_DTYPE_F32) {
-        FSDP_TRY(
-            fsdp_tensor_create_unbound(ctx, sh->grad_dtype, FSDP_CPU, 1, &u->padded, &u->low_grad));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create_unbound(ctx, sh->grad_dtype, FSDP_CPU, 1, &u->padded,
+                                                    &u->low_grad));
         if (sharded)
-            FSDP_TRY(fsdp_tensor_create_unbound(ctx, sh->grad_dtype, FSDP_CPU, 1, &u->shard_numel,
-                                                &u->low_reduced));
+            FSDP_TRY_AT(ctx, fsdp_tensor_create_unbound(ctx, sh->grad_dtype, FSDP_CPU, 1,
+                                                        &u->shard_numel, &u->low_reduced));
     }
     return FSDP_OK;
 }
@@ -343,12 +343,12 @@ static fsdp_status mirror_module(fsdp_ctx *ctx, fsdp_sharded *sh, const fsdp_mod
         *out = sh->orig;
         return FSDP_OK;
     }
-    fsdp_module *parent;
-    FSDP_TRY(mirror_module(ctx, sh, fsdp_module_parent(m), &parent));
+    fsdp_module *parent = NULL;
+    FSDP_TRY_AT(ctx, mirror_module(ctx, sh, fsdp_module_parent(m), &parent));
     fsdp_module *child = fsdp_module_find(parent, fsdp_module_name(m));
     if (!child) {
-        FSDP_TRY(fsdp_module_create(ctx, &flat_ops, NULL, &child));
-        FSDP_TRY(fsdp_module_add_child(ctx, parent, fsdp_module_name(m), child));
+        FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &flat_ops, NULL, &child));
+        FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, parent, fsdp_module_name(m), child));
     }
     *out = child;
     return FSDP_OK;
@@ -364,12 +364,12 @@ static fsdp_status mirror_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, 
     const unit *u = sh->units[s->unit];
     fsdp_module *at;
     fsdp_param *view;
-    FSDP_TRY(mirror_module(ctx, sh, fsdp_param_module(p), &at));
-    FSDP_TRY(fsdp_module_add_param(ctx, at, fsdp_param_name(p), 1, &s->shard_numel,
-                                   (fsdp_init){.kind = FSDP_INIT_ZEROS}, &view));
+    FSDP_TRY_AT(ctx, mirror_module(ctx, sh, fsdp_param_module(p), &at));
+    FSDP_TRY_AT(ctx, fsdp_module_add_param(ctx, at, fsdp_param_name(p), 1, &s->shard_numel,
+                                           (fsdp_init){.kind = FSDP_INIT_ZEROS}, &view));
     fsdp_param_set_requires_grad(view, fsdp_param_requires_grad(p));
-    FSDP_TRY(
-        fsdp_tensor_rebind(ctx, fsdp_param_data(view), fsdp_param_data(u->flat), s->shard_offset));
+    FSDP_TRY_AT(ctx, fsdp_tensor_rebind(ctx, fsdp_param_data(view), fsdp_param_data(u->flat),
+                                        s->shard_offset));
     return fsdp_tensor_rebind(ctx, fsdp_param_grad(view), fsdp_param_grad(u->flat),
                               s->shard_offset);
 }
@@ -395,14 +395,14 @@ static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_fully_shard_options *
     if (o->min_num_params < 0 || o->n_wrap_kinds < 0 || o->n_wrap_paths < 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_fully_shard: negative min_num_params or list length");
-    FSDP_TRY(fsdp_dp_check_hook(ctx, &o->comm_hook, "fsdp_fully_shard"));
+    FSDP_TRY_AT(ctx, fsdp_dp_check_hook(ctx, &o->comm_hook, "fsdp_fully_shard"));
     if (o->comm_hook.kind == FSDP_COMM_HOOK_USER && o->strategy == FSDP_HYBRID_SHARD)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                          "fsdp_fully_shard: a user comm hook is not supported with HYBRID_SHARD "
                          "(as in PyTorch); use the default, BF16 or FP16 hook, or another "
                          "strategy");
-    FSDP_TRY(
-        fsdp_dp_check_mixed_precision(ctx, &o->mixed_precision, &o->comm_hook, "fsdp_fully_shard"));
+    FSDP_TRY_AT(ctx, fsdp_dp_check_mixed_precision(ctx, &o->mixed_precision, &o->comm_hook,
+                                                   "fsdp_fully_shard"));
     return FSDP_OK;
 }
 
@@ -411,7 +411,7 @@ static fsdp_status order_units(fsdp_ctx *ctx, const chooser *c, fsdp_module *m, 
                                int *n) {
     if (m == c->sh->root || is_unit_module(c, m)) order[(*n)++] = m;
     for (int i = 0; i < fsdp_module_num_children(m); i++)
-        FSDP_TRY(order_units(ctx, c, fsdp_module_child(m, i), order, n));
+        FSDP_TRY_AT(ctx, order_units(ctx, c, fsdp_module_child(m, i), order, n));
     return FSDP_OK;
 }
 
@@ -420,8 +420,8 @@ static fsdp_status wrap(fsdp_ctx *ctx, fsdp_sharded *sh) {
     /* Before flattening, as PyTorch: the shard group first, then across replicas. */
     if (o->sync_module_states) {
         fsdp_dp_sync_options so = {.bucket_bytes = SYNC_BUCKET_BYTES, .who = "sync_module_states"};
-        FSDP_TRY(fsdp_dp_sync_states(ctx, sh->root, sh->group, &so));
-        if (sh->replicate) FSDP_TRY(fsdp_dp_sync_states(ctx, sh->root, sh->replicate, &so));
+        FSDP_TRY_AT(ctx, fsdp_dp_sync_states(ctx, sh->root, sh->group, &so));
+        if (sh->replicate) FSDP_TRY_AT(ctx, fsdp_dp_sync_states(ctx, sh->root, sh->replicate, &so));
     }
     chooser c = {.sh = sh};
     int64_t left;
@@ -491,7 +491,7 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     fsdp_fully_shard_options o = opts ? *opts : (fsdp_fully_shard_options){0};
-    FSDP_TRY(check_options(ctx, &o));
+    FSDP_TRY_AT(ctx, check_options(ctx, &o));
     fsdp_group *group = o.group ? o.group : fsdp_ctx_world_group(ctx);
     if (!group)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
@@ -499,12 +499,12 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
                          "fsdp_world_run");
     if (fsdp_nn_has_hook(root, FSDP_HOOK_PRE_FORWARD, fsdp_shard_pre_forward))
         return FSDP_FAIL(ctx, FSDP_ERR_STATE, "fsdp_fully_shard: the model is already wrapped");
-    FSDP_TRY(fsdp_nn_check_on_cpu(ctx, root, "fsdp_fully_shard", "FSDP", "wrapping it"));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_on_cpu(ctx, root, "fsdp_fully_shard", "FSDP", "wrapping it"));
     /* Before anything changes: a group across TP shards would average different shards. */
-    FSDP_TRY(fsdp_dp_check_group(ctx, root, group, "fsdp_fully_shard", ".group", !o.group));
+    FSDP_TRY_AT(ctx, fsdp_dp_check_group(ctx, root, group, "fsdp_fully_shard", ".group", !o.group));
     if (o.replicate_group)
-        FSDP_TRY(fsdp_dp_check_group(ctx, root, o.replicate_group, "fsdp_fully_shard",
-                                     ".replicate_group", false));
+        FSDP_TRY_AT(ctx, fsdp_dp_check_group(ctx, root, o.replicate_group, "fsdp_fully_shard",
+                                             ".replicate_group", false));
     fsdp_sharded *sh = calloc(1, sizeof *sh);
     if (!sh) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate FSDP state");
     sh->opts = o;

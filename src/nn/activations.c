@@ -27,9 +27,10 @@ static void pointwise_free(void *impl) {
 static fsdp_status pointwise_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
                                      const fsdp_tensor **out) {
     pointwise *p = m->impl;
-    FSDP_TRY(fsdp_nn_check_input(ctx, m, in, -1));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_input(ctx, m, in, -1));
     fsdp_device dev = fsdp_tensor_device(in);
-    FSDP_TRY(fsdp_nn_buffer(ctx, &p->output, dev, fsdp_tensor_ndim(in), fsdp_tensor_shape(in)));
+    FSDP_TRY_AT(ctx,
+                fsdp_nn_buffer(ctx, &p->output, dev, fsdp_tensor_ndim(in), fsdp_tensor_shape(in)));
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     float *y = fsdp_tensor_f32(p->output);
     const float *x = fsdp_tensor_f32(in);
@@ -62,7 +63,8 @@ static fsdp_status pointwise_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
     }
     if (!din) return FSDP_OK; /* no parameters: nothing else to do */
     fsdp_device dev = fsdp_tensor_device(dout);
-    FSDP_TRY(fsdp_nn_buffer(ctx, &p->dinput, dev, fsdp_tensor_ndim(dout), fsdp_tensor_shape(dout)));
+    FSDP_TRY_AT(
+        ctx, fsdp_nn_buffer(ctx, &p->dinput, dev, fsdp_tensor_ndim(dout), fsdp_tensor_shape(dout)));
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     float *dx = fsdp_tensor_f32(p->dinput);
     const float *dy = fsdp_tensor_f32(dout);

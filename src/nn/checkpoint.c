@@ -44,8 +44,8 @@ static fsdp_status keep_output(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor 
     }
     if (!*o || !fsdp_tensor_has_storage(*o) || fsdp_tensor_capacity(*o) < fsdp_tensor_numel(y)) {
         fsdp_tensor *fresh;
-        FSDP_TRY(fsdp_tensor_create(ctx, fsdp_tensor_dtype(y), fsdp_tensor_device(y),
-                                    fsdp_tensor_ndim(y), fsdp_tensor_shape(y), &fresh));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, fsdp_tensor_dtype(y), fsdp_tensor_device(y),
+                                            fsdp_tensor_ndim(y), fsdp_tensor_shape(y), &fresh));
         if (*o) {
             fsdp_tensor_alias(*o, fresh);
             fsdp_tensor_free(fresh);
@@ -53,7 +53,7 @@ static fsdp_status keep_output(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor 
             *o = fresh;
         }
     } else {
-        FSDP_TRY(fsdp_tensor_resize(ctx, *o, fsdp_tensor_ndim(y), fsdp_tensor_shape(y)));
+        FSDP_TRY_AT(ctx, fsdp_tensor_resize(ctx, *o, fsdp_tensor_ndim(y), fsdp_tensor_shape(y)));
     }
     return fsdp_tensor_copy(ctx, *o, y);
 }
@@ -61,7 +61,7 @@ static fsdp_status keep_output(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor 
 static fsdp_status checkpoint_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
                                       const fsdp_tensor **out) {
     const fsdp_tensor *y;
-    FSDP_TRY(fsdp_nn_run_forward(ctx, m, in, &y, true));
+    FSDP_TRY_AT(ctx, fsdp_nn_run_forward(ctx, m, in, &y, true));
     if (ctx->recompute_depth > 0) {
         /* Inside an enclosing module's recompute: a plain forward, its backward follows. */
         m->ckpt.state = FSDP_CKPT_LIVE;
@@ -69,7 +69,7 @@ static fsdp_status checkpoint_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
         return FSDP_OK;
     }
     if (recorded_in(m, y)) {
-        FSDP_TRY(keep_output(ctx, m, y));
+        FSDP_TRY_AT(ctx, keep_output(ctx, m, y));
         y = m->ckpt.output;
     }
     release_subtree(m, false);
@@ -96,7 +96,7 @@ static fsdp_status checkpoint_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp
         ctx->recompute_depth++;
         fsdp_status st = fsdp_nn_run_forward(ctx, m, m->ckpt.input, &y, false);
         ctx->recompute_depth--;
-        FSDP_TRY(st);
+        FSDP_TRY_AT(ctx, st);
     }
     fsdp_status st = fsdp_nn_run_backward(ctx, m, dout, din);
     if (st != FSDP_OK || ctx->recompute_depth > 0) return st;

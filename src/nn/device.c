@@ -51,11 +51,11 @@ static fsdp_status find_elsewhere(fsdp_ctx *ctx, fsdp_module *m, void *user) {
 static fsdp_status move_module(fsdp_ctx *ctx, fsdp_module *m, void *user) {
     const move_args *a = user;
     for (int i = 0; i < m->n_params; i++) {
-        FSDP_TRY(fsdp_tensor_move(ctx, m->params[i]->data, a->device));
-        FSDP_TRY(fsdp_tensor_move(ctx, m->params[i]->grad, a->device));
+        FSDP_TRY_AT(ctx, fsdp_tensor_move(ctx, m->params[i]->data, a->device));
+        FSDP_TRY_AT(ctx, fsdp_tensor_move(ctx, m->params[i]->grad, a->device));
     }
     for (int i = 0; i < m->n_buffers; i++)
-        FSDP_TRY(fsdp_tensor_move(ctx, m->buffers[i].data, a->device));
+        FSDP_TRY_AT(ctx, fsdp_tensor_move(ctx, m->buffers[i].data, a->device));
     return FSDP_OK;
 }
 
@@ -64,8 +64,8 @@ fsdp_status fsdp_module_to(fsdp_ctx *ctx, fsdp_module *m, fsdp_device device) {
     FSDP_ARG_NOT_NULL(ctx, m);
     move_args a = {device};
     if (fsdp_module_visit(ctx, m, find_elsewhere, &a) == FSDP_OK) return FSDP_OK; /* all there */
-    FSDP_TRY(fsdp_nn_check_unmanaged(ctx, m, "fsdp_module_to"));
-    FSDP_TRY(fsdp_module_visit(ctx, m, check_movable, NULL));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_unmanaged(ctx, m, "fsdp_module_to"));
+    FSDP_TRY_AT(ctx, fsdp_module_visit(ctx, m, check_movable, NULL));
     return fsdp_module_visit(ctx, m, move_module, &a);
 }
 

@@ -60,8 +60,8 @@ static fsdp_status shard_ids(fsdp_ctx *ctx, const fsdp_module *m, embedding *e,
     if (!e->local_ids || fsdp_tensor_numel(e->local_ids) != fsdp_tensor_numel(in)) {
         fsdp_tensor_free(e->local_ids);
         e->local_ids = NULL;
-        FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, fsdp_tensor_ndim(in),
-                                    fsdp_tensor_shape(in), &e->local_ids));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, fsdp_tensor_ndim(in),
+                                            fsdp_tensor_shape(in), &e->local_ids));
     }
     const int32_t *tok = fsdp_tensor_data(in);
     int32_t *ids = fsdp_tensor_data(e->local_ids);
@@ -84,8 +84,9 @@ static fsdp_status embedding_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
     embedding *e = m->impl;
     int64_t C = fsdp_tensor_dim(e->weight->data, 1);
     bool sharded = e->vocab_start >= 0;
-    FSDP_TRY(check_tokens(ctx, m, in,
-                          sharded ? e->num_embeddings : fsdp_tensor_dim(e->weight->data, 0)));
+    FSDP_TRY_AT(ctx,
+                check_tokens(ctx, m, in,
+                             sharded ? e->num_embeddings : fsdp_tensor_dim(e->weight->data, 0)));
     fsdp_device dev = fsdp_tensor_device(in);
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, dev, embedding_forward, k);
@@ -93,11 +94,11 @@ static fsdp_status embedding_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
     int64_t shape[FSDP_MAX_DIMS];
     for (int i = 0; i < nd; i++) shape[i] = fsdp_tensor_dim(in, i);
     shape[nd] = C;
-    FSDP_TRY(fsdp_nn_buffer(ctx, &e->output, dev, nd + 1, shape));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &e->output, dev, nd + 1, shape));
     e->input = in;
     if (sharded) {
         int64_t rows, n = fsdp_tensor_numel(in);
-        FSDP_TRY(shard_ids(ctx, m, e, in, &rows));
+        FSDP_TRY_AT(ctx, shard_ids(ctx, m, e, in, &rows));
         float *y = fsdp_tensor_f32(e->output);
         if (rows > 0)
             k->embedding_forward(y, fsdp_tensor_data(e->local_ids),
@@ -124,9 +125,9 @@ static fsdp_status embedding_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
     if (e->vocab_start >= 0) { /* only this rank's rows, from the rows of dout it looked up */
         int64_t rows = fsdp_tensor_dim(e->weight->data, 0), n = fsdp_tensor_numel(e->input);
         if (rows == 0) return FSDP_OK;
-        FSDP_TRY(fsdp_nn_buffer(ctx, &e->dmasked, fsdp_tensor_device(dout), fsdp_tensor_ndim(dout),
-                                fsdp_tensor_shape(dout)));
-        FSDP_TRY(fsdp_tensor_copy(ctx, e->dmasked, dout));
+        FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &e->dmasked, fsdp_tensor_device(dout),
+                                        fsdp_tensor_ndim(dout), fsdp_tensor_shape(dout)));
+        FSDP_TRY_AT(ctx, fsdp_tensor_copy(ctx, e->dmasked, dout));
         mask_rows(fsdp_tensor_f32(e->dmasked), fsdp_tensor_data(e->input), n, C, e->vocab_start,
                   rows);
         k->embedding_backward(fsdp_tensor_f32(e->weight->grad), fsdp_tensor_f32(e->dmasked),
@@ -157,7 +158,7 @@ fsdp_status fsdp_embedding_create(fsdp_ctx *ctx, int64_t num_embeddings, int64_t
     e->num_embeddings = num_embeddings;
     e->vocab_start = -1;
     fsdp_module *m;
-    FSDP_TRY(fsdp_module_create(ctx, &embedding_ops, e, &m));
+    FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &embedding_ops, e, &m));
     fsdp_status st =
         fsdp_module_add_param(ctx, m, "weight", 2, (int64_t[]){num_embeddings, dim},
                               (fsdp_init){.kind = FSDP_INIT_NORMAL, .a = 0, .b = 1}, &e->weight);

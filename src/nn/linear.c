@@ -28,14 +28,14 @@ static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tens
     linear *l = m->impl;
     const fsdp_tensor *w = l->weight->data;
     int64_t OC = fsdp_tensor_dim(w, 0), C = fsdp_tensor_dim(w, 1);
-    FSDP_TRY(fsdp_nn_check_input(ctx, m, in, C));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_input(ctx, m, in, C));
     int64_t rows = fsdp_tensor_numel(in) / (C ? C : 1);
     int64_t shape[FSDP_MAX_DIMS];
     int nd = fsdp_tensor_ndim(in);
     for (int i = 0; i < nd; i++) shape[i] = fsdp_tensor_dim(in, i);
     shape[nd - 1] = OC;
     fsdp_device dev = fsdp_tensor_device(in);
-    FSDP_TRY(fsdp_nn_buffer(ctx, &l->output, dev, nd, shape));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &l->output, dev, nd, shape));
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     float *y = fsdp_tensor_f32(l->output);
     k->gemm(false, true, rows, OC, C, 1.0f, fsdp_tensor_f32(in), C, fsdp_tensor_f32(w), C, 0.0f, y,
@@ -67,8 +67,8 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
     if (l->bias && l->bias->requires_grad && !l->bias->hook_applied)
         k->bias_backward(fsdp_tensor_f32(l->bias->grad), dy, rows, OC);
     if (din) { /* dx (rows, C) = dy (rows, OC) @ W (OC, C) */
-        FSDP_TRY(fsdp_nn_buffer(ctx, &l->dinput, fsdp_tensor_device(dout),
-                                fsdp_tensor_ndim(l->input), fsdp_tensor_shape(l->input)));
+        FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &l->dinput, fsdp_tensor_device(dout),
+                                        fsdp_tensor_ndim(l->input), fsdp_tensor_shape(l->input)));
         k->gemm(false, false, rows, C, OC, 1.0f, dy, OC, fsdp_tensor_f32(w), C, 0.0f,
                 fsdp_tensor_f32(l->dinput), C);
         *din = l->dinput;
@@ -96,7 +96,7 @@ fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_f
     linear *l = calloc(1, sizeof *l);
     if (!l) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a Linear layer");
     fsdp_module *m;
-    FSDP_TRY(fsdp_module_create(ctx, &linear_ops, l, &m));
+    FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &linear_ops, l, &m));
     float bound = 1.0f / sqrtf((float)in_features); /* PyTorch's nn.Linear default */
     fsdp_init init = {.kind = FSDP_INIT_UNIFORM, .a = -bound, .b = bound};
     fsdp_status st = fsdp_module_add_param(

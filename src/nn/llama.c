@@ -44,13 +44,13 @@ static fsdp_status decoder_layer_forward(fsdp_ctx *ctx, fsdp_module *m, const fs
                                          const fsdp_tensor **out) {
     decoder_layer *d = m->impl;
     const fsdp_tensor *n1, *a, *n2, *f;
-    FSDP_TRY(fsdp_nn_check_input(ctx, m, in, -1));
-    FSDP_TRY(fsdp_module_forward(ctx, d->input_layernorm, in, &n1));
-    FSDP_TRY(fsdp_module_forward(ctx, d->self_attn, n1, &a));
-    FSDP_TRY(residual(ctx, m, &d->h, in, a));
-    FSDP_TRY(fsdp_module_forward(ctx, d->post_attention_layernorm, d->h, &n2));
-    FSDP_TRY(fsdp_module_forward(ctx, d->mlp, n2, &f));
-    FSDP_TRY(residual(ctx, m, &d->output, d->h, f));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_input(ctx, m, in, -1));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, d->input_layernorm, in, &n1));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, d->self_attn, n1, &a));
+    FSDP_TRY_AT(ctx, residual(ctx, m, &d->h, in, a));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, d->post_attention_layernorm, d->h, &n2));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, d->mlp, n2, &f));
+    FSDP_TRY_AT(ctx, residual(ctx, m, &d->output, d->h, f));
     *out = d->output;
     return FSDP_OK;
 }
@@ -61,13 +61,13 @@ static fsdp_status decoder_layer_backward(fsdp_ctx *ctx, fsdp_module *m, const f
     if (!d->output || !fsdp_tensor_same_shape(dout, d->output))
         return fsdp_llama_no_forward(ctx, m);
     const fsdp_tensor *dn2, *dh_branch, *dn1, *dx_branch;
-    FSDP_TRY(fsdp_module_backward(ctx, d->mlp, dout, &dn2));
-    FSDP_TRY(fsdp_module_backward(ctx, d->post_attention_layernorm, dn2, &dh_branch));
-    FSDP_TRY(fsdp_llama_sum_grads(ctx, &d->dh, dout, dh_branch, NULL));
-    FSDP_TRY(fsdp_module_backward(ctx, d->self_attn, d->dh, &dn1));
-    FSDP_TRY(fsdp_module_backward(ctx, d->input_layernorm, dn1, din ? &dx_branch : NULL));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->mlp, dout, &dn2));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->post_attention_layernorm, dn2, &dh_branch));
+    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &d->dh, dout, dh_branch, NULL));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->self_attn, d->dh, &dn1));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->input_layernorm, dn1, din ? &dx_branch : NULL));
     if (!din) return FSDP_OK;
-    FSDP_TRY(fsdp_llama_sum_grads(ctx, &d->dinput, d->dh, dx_branch, NULL));
+    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &d->dinput, d->dh, dx_branch, NULL));
     *din = d->dinput;
     return FSDP_OK;
 }
@@ -89,8 +89,8 @@ bool fsdp_llama_decoder_layer_parts(const fsdp_module *m, fsdp_module *parts[4])
 static fsdp_status add_norm(fsdp_ctx *ctx, fsdp_module *parent, const char *name,
                             const fsdp_llama_config *c, fsdp_module **child) {
     fsdp_module *n;
-    FSDP_TRY(fsdp_rmsnorm_create(ctx, c->dim, c->norm_eps, &n));
-    FSDP_TRY(fsdp_module_add_child(ctx, parent, name, n));
+    FSDP_TRY_AT(ctx, fsdp_rmsnorm_create(ctx, c->dim, c->norm_eps, &n));
+    FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, parent, name, n));
     if (child) *child = n;
     return FSDP_OK;
 }
@@ -99,13 +99,13 @@ static fsdp_status add_norm(fsdp_ctx *ctx, fsdp_module *parent, const char *name
 static fsdp_status build_decoder_layer(fsdp_ctx *ctx, fsdp_module *m, decoder_layer *d,
                                        const fsdp_llama_config *c) {
     fsdp_module *child;
-    FSDP_TRY(fsdp_llama_attention_create(ctx, c, &child));
-    FSDP_TRY(fsdp_module_add_child(ctx, m, "self_attn", child));
+    FSDP_TRY_AT(ctx, fsdp_llama_attention_create(ctx, c, &child));
+    FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, m, "self_attn", child));
     d->self_attn = child;
-    FSDP_TRY(fsdp_llama_mlp_build(ctx, c->dim, c->ffn_hidden, c->init_std, &child));
-    FSDP_TRY(fsdp_module_add_child(ctx, m, "mlp", child));
+    FSDP_TRY_AT(ctx, fsdp_llama_mlp_build(ctx, c->dim, c->ffn_hidden, c->init_std, &child));
+    FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, m, "mlp", child));
     d->mlp = child;
-    FSDP_TRY(add_norm(ctx, m, "input_layernorm", c, &d->input_layernorm));
+    FSDP_TRY_AT(ctx, add_norm(ctx, m, "input_layernorm", c, &d->input_layernorm));
     return add_norm(ctx, m, "post_attention_layernorm", c, &d->post_attention_layernorm);
 }
 
@@ -115,11 +115,11 @@ fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_conf
     FSDP_ARG_NOT_NULL(ctx, cfg);
     FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_llama_config c;
-    FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
+    FSDP_TRY_AT(ctx, fsdp_llama_config_resolve(ctx, cfg, &c));
     decoder_layer *d = calloc(1, sizeof *d);
     if (!d) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaDecoderLayer");
     fsdp_module *m;
-    FSDP_TRY(fsdp_module_create(ctx, &decoder_layer_ops, d, &m));
+    FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &decoder_layer_ops, d, &m));
     fsdp_status st = build_decoder_layer(ctx, m, d, &c);
     if (st != FSDP_OK) {
         fsdp_module_free(m);
@@ -134,19 +134,19 @@ fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_conf
 /* model (embed_tokens, layers, norm) then lm_head: Sequentials run them in that order. */
 static fsdp_status build_llama(fsdp_ctx *ctx, fsdp_module *root, const fsdp_llama_config *c) {
     fsdp_module *model, *embed, *layers, *lm_head;
-    FSDP_TRY(fsdp_sequential_create(ctx, &model));
-    FSDP_TRY(fsdp_module_add_child(ctx, root, "model", model));
-    FSDP_TRY(fsdp_embedding_create(ctx, c->vocab_size, c->dim, &embed));
+    FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &model));
+    FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, root, "model", model));
+    FSDP_TRY_AT(ctx, fsdp_embedding_create(ctx, c->vocab_size, c->dim, &embed));
     embed->params[0]->init = (fsdp_init){.kind = FSDP_INIT_NORMAL, .a = 0.0f, .b = c->init_std};
-    FSDP_TRY(fsdp_module_add_child(ctx, model, "embed_tokens", embed));
-    FSDP_TRY(fsdp_sequential_create(ctx, &layers));
-    FSDP_TRY(fsdp_module_add_child(ctx, model, "layers", layers));
+    FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, model, "embed_tokens", embed));
+    FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &layers));
+    FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, model, "layers", layers));
     for (int i = 0; i < c->n_layers; i++) {
         fsdp_module *layer;
-        FSDP_TRY(fsdp_llama_decoder_layer_create(ctx, c, &layer));
-        FSDP_TRY(fsdp_sequential_append(ctx, layers, layer));
+        FSDP_TRY_AT(ctx, fsdp_llama_decoder_layer_create(ctx, c, &layer));
+        FSDP_TRY_AT(ctx, fsdp_sequential_append(ctx, layers, layer));
     }
-    FSDP_TRY(add_norm(ctx, model, "norm", c, NULL));
+    FSDP_TRY_AT(ctx, add_norm(ctx, model, "norm", c, NULL));
     return fsdp_llama_add_proj(ctx, root, "lm_head", c->dim, c->vocab_size, c->init_std, &lm_head);
 }
 
@@ -155,13 +155,13 @@ fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_m
     FSDP_ARG_NOT_NULL(ctx, cfg);
     FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_llama_config c;
-    FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
+    FSDP_TRY_AT(ctx, fsdp_llama_config_resolve(ctx, cfg, &c));
     if (c.n_layers < 1)
         return fsdp_llama_bad_config(ctx, "n_layers", c.n_layers, "the model needs >= 1");
     if (c.vocab_size < 1)
         return fsdp_llama_bad_config(ctx, "vocab_size", c.vocab_size, "the model needs >= 1");
     fsdp_module *root;
-    FSDP_TRY(fsdp_sequential_create(ctx, &root));
+    FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &root));
     fsdp_status st = build_llama(ctx, root, &c);
     if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, root, fsdp_ctx_seed(ctx));
     if (st != FSDP_OK) {

@@ -57,7 +57,7 @@ static fsdp_status make_rope(fsdp_ctx *ctx, llama_attention *a, int64_t T, fsdp_
     a->rope = NULL;
     int64_t shape[3] = {2, T, h};
     fsdp_tensor *host;
-    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, shape, &host));
+    FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, shape, &host));
     float *c = fsdp_tensor_f32(host);
     fsdp_llama_rope_table(c, c + T * h, 0, T, a->head_dim, a->rope_theta);
     if (dev.type == FSDP_DEVICE_CPU) {
@@ -107,18 +107,18 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
     fsdp_device dev = fsdp_tensor_device(in);
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, dev, attention_forward, k);
-    FSDP_TRY(read_heads(ctx, m, a));
+    FSDP_TRY_AT(ctx, read_heads(ctx, m, a));
     int64_t NH = a->n_heads, NKV = a->n_kv_heads;
     const fsdp_tensor *q, *kk;
-    FSDP_TRY(fsdp_module_forward(ctx, a->q_proj, in, &q));
-    FSDP_TRY(fsdp_module_forward(ctx, a->k_proj, in, &kk));
-    FSDP_TRY(fsdp_module_forward(ctx, a->v_proj, in, &a->v));
-    FSDP_TRY(make_rope(ctx, a, T, dev));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &a->q, dev, 3, (int64_t[]){B, T, NH * hd}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &a->k, dev, 3, (int64_t[]){B, T, NKV * hd}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &a->att, dev, 3, (int64_t[]){B, T, NH * hd}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &a->lse, dev, 3, (int64_t[]){B, NH, T}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &a->scratch, dev, 3, (int64_t[]){2, T, T}));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, a->q_proj, in, &q));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, a->k_proj, in, &kk));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, a->v_proj, in, &a->v));
+    FSDP_TRY_AT(ctx, make_rope(ctx, a, T, dev));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->q, dev, 3, (int64_t[]){B, T, NH * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->k, dev, 3, (int64_t[]){B, T, NKV * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->att, dev, 3, (int64_t[]){B, T, NH * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->lse, dev, 3, (int64_t[]){B, NH, T}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->scratch, dev, 3, (int64_t[]){2, T, T}));
     const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
     k->rope_forward(fsdp_tensor_f32(a->q), fsdp_tensor_f32(q), cos, sin, B, T, NH, hd);
     k->rope_forward(fsdp_tensor_f32(a->k), fsdp_tensor_f32(kk), cos, sin, B, T, NKV, hd);
@@ -138,10 +138,10 @@ static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const
     LLAMA_KERNELS(ctx, m, dev, attention_backward, k);
     int64_t B = a->B, T = a->T, NH = a->n_heads, NKV = a->n_kv_heads, hd = a->head_dim;
     const fsdp_tensor *datt, *dxq, *dxk, *dxv;
-    FSDP_TRY(fsdp_module_backward(ctx, a->o_proj, dout, &datt));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &a->dq, dev, 3, (int64_t[]){B, T, NH * hd}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &a->dk, dev, 3, (int64_t[]){B, T, NKV * hd}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &a->dv, dev, 3, (int64_t[]){B, T, NKV * hd}));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->o_proj, dout, &datt));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dq, dev, 3, (int64_t[]){B, T, NH * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dk, dev, 3, (int64_t[]){B, T, NKV * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dv, dev, 3, (int64_t[]){B, T, NKV * hd}));
     float *dq = fsdp_tensor_f32(a->dq), *dk = fsdp_tensor_f32(a->dk);
     k->attention_backward(dq, dk, fsdp_tensor_f32(a->dv), fsdp_tensor_f32(a->scratch),
                           fsdp_tensor_f32(datt), fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k),
@@ -150,11 +150,11 @@ static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const
     const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
     k->rope_backward(dq, dq, cos, sin, B, T, NH, hd);
     k->rope_backward(dk, dk, cos, sin, B, T, NKV, hd);
-    FSDP_TRY(fsdp_module_backward(ctx, a->q_proj, a->dq, din ? &dxq : NULL));
-    FSDP_TRY(fsdp_module_backward(ctx, a->k_proj, a->dk, din ? &dxk : NULL));
-    FSDP_TRY(fsdp_module_backward(ctx, a->v_proj, a->dv, din ? &dxv : NULL));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->q_proj, a->dq, din ? &dxq : NULL));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->k_proj, a->dk, din ? &dxk : NULL));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->v_proj, a->dv, din ? &dxv : NULL));
     if (!din) return FSDP_OK;
-    FSDP_TRY(fsdp_llama_sum_grads(ctx, &a->dinput, dxq, dxk, dxv));
+    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &a->dinput, dxq, dxk, dxv));
     *din = a->dinput;
     return FSDP_OK;
 }
@@ -183,14 +183,14 @@ fsdp_status fsdp_llama_attention_create(fsdp_ctx *ctx, const fsdp_llama_config *
     FSDP_ARG_NOT_NULL(ctx, cfg);
     FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_llama_config c;
-    FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
+    FSDP_TRY_AT(ctx, fsdp_llama_config_resolve(ctx, cfg, &c));
     llama_attention *a = calloc(1, sizeof *a);
     if (!a) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaAttention");
     int64_t hd = c.dim / c.n_heads;
     a->n_heads = c.n_heads, a->n_kv_heads = c.n_kv_heads, a->head_dim = hd;
     a->max_seq_len = c.max_seq_len, a->rope_theta = c.rope_theta;
     fsdp_module *m;
-    FSDP_TRY(fsdp_module_create(ctx, &llama_attention_ops, a, &m));
+    FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &llama_attention_ops, a, &m));
     float std = c.init_std;
     fsdp_status st = fsdp_llama_add_proj(ctx, m, "q_proj", c.dim, c.n_heads * hd, std, &a->q_proj);
     if (st == FSDP_OK)

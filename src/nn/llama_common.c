@@ -23,9 +23,9 @@ const fsdp_kernels_i *fsdp_llama_kernels(fsdp_ctx *ctx, const fsdp_module *m, fs
 fsdp_status fsdp_llama_add_proj(fsdp_ctx *ctx, fsdp_module *parent, const char *name, int64_t in,
                                 int64_t out, float std, fsdp_module **child) {
     fsdp_module *l;
-    FSDP_TRY(fsdp_linear_create(ctx, in, out, false, &l));
+    FSDP_TRY_AT(ctx, fsdp_linear_create(ctx, in, out, false, &l));
     l->params[0]->init = (fsdp_init){.kind = FSDP_INIT_NORMAL, .a = 0.0f, .b = std};
-    FSDP_TRY(fsdp_module_add_child(ctx, parent, name, l));
+    FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, parent, name, l));
     if (child) *child = l;
     return FSDP_OK;
 }
@@ -33,7 +33,7 @@ fsdp_status fsdp_llama_add_proj(fsdp_ctx *ctx, fsdp_module *parent, const char *
 fsdp_status fsdp_llama_sum_grads(fsdp_ctx *ctx, fsdp_tensor **dst, const fsdp_tensor *a,
                                  const fsdp_tensor *b, const fsdp_tensor *c) {
     fsdp_device dev = fsdp_tensor_device(a);
-    FSDP_TRY(fsdp_nn_buffer(ctx, dst, dev, fsdp_tensor_ndim(a), fsdp_tensor_shape(a)));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, dst, dev, fsdp_tensor_ndim(a), fsdp_tensor_shape(a)));
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     float *d = fsdp_tensor_f32(*dst);
     int64_t n = fsdp_tensor_numel(a);

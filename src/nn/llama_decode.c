@@ -113,10 +113,10 @@ fsdp_status fsdp_llama_cache_create(fsdp_ctx *ctx, fsdp_module *model, int64_t m
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, model);
     FSDP_ARG_NOT_NULL(ctx, out);
-    FSDP_TRY(fsdp_nn_check_unmanaged(ctx, model, "fsdp_llama_cache_create"));
-    FSDP_TRY(fsdp_nn_check_on_cpu(ctx, model, "fsdp_llama_cache_create", "generation",
-                                  "creating the cache"));
-    FSDP_TRY(fsdp_module_visit_params(ctx, model, check_plain, NULL));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_unmanaged(ctx, model, "fsdp_llama_cache_create"));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_on_cpu(ctx, model, "fsdp_llama_cache_create", "generation",
+                                          "creating the cache"));
+    FSDP_TRY_AT(ctx, fsdp_module_visit_params(ctx, model, check_plain, NULL));
     fsdp_llama_cache *c = calloc(1, sizeof *c);
     if (!c) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a Llama cache");
     c->model = model;
@@ -181,9 +181,9 @@ static fsdp_status attend(fsdp_ctx *ctx, fsdp_llama_cache *c, cache_layer *L, co
     const fsdp_kernels_i *k = fsdp_kernels_for(FSDP_CPU);
     int64_t NH = c->NH, NKV = c->NKV, hd = c->hd, kvw = NKV * hd;
     const fsdp_tensor *q, *kk, *v;
-    FSDP_TRY(fsdp_module_forward(ctx, L->a.q_proj, n1, &q));
-    FSDP_TRY(fsdp_module_forward(ctx, L->a.k_proj, n1, &kk));
-    FSDP_TRY(fsdp_module_forward(ctx, L->a.v_proj, n1, &v));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, L->a.q_proj, n1, &q));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, L->a.k_proj, n1, &kk));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, L->a.v_proj, n1, &v));
     const float *cos = fsdp_tensor_f32(c->rope), *sin = cos + n * (hd / 2);
     k->rope_forward(fsdp_tensor_f32(c->q), fsdp_tensor_f32(q), cos, sin, 1, n, NH, hd);
     k->rope_forward(L->k + p0 * kvw, fsdp_tensor_f32(kk), cos, sin, 1, n, NKV, hd);
@@ -204,11 +204,11 @@ static fsdp_status layer_step(fsdp_ctx *ctx, fsdp_llama_cache *c, cache_layer *L
     const fsdp_kernels_i *k = fsdp_kernels_for(FSDP_CPU);
     int64_t numel = n * c->dim;
     const fsdp_tensor *n1, *a, *n2, *f;
-    FSDP_TRY(fsdp_module_forward(ctx, L->attn_norm, c->x, &n1));
-    FSDP_TRY(attend(ctx, c, L, n1, p0, n, &a));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, L->attn_norm, c->x, &n1));
+    FSDP_TRY_AT(ctx, attend(ctx, c, L, n1, p0, n, &a));
     k->add(fsdp_tensor_f32(c->h), fsdp_tensor_f32(c->x), fsdp_tensor_f32(a), numel);
-    FSDP_TRY(fsdp_module_forward(ctx, L->mlp_norm, c->h, &n2));
-    FSDP_TRY(fsdp_module_forward(ctx, L->mlp, n2, &f));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, L->mlp_norm, c->h, &n2));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, L->mlp, n2, &f));
     k->add(fsdp_tensor_f32(c->x), fsdp_tensor_f32(c->h), fsdp_tensor_f32(f), numel);
     return FSDP_OK;
 }
@@ -216,12 +216,12 @@ static fsdp_status layer_step(fsdp_ctx *ctx, fsdp_llama_cache *c, cache_layer *L
 /* The call's buffers for n positions from p0. */
 static fsdp_status make_buffers(fsdp_ctx *ctx, fsdp_llama_cache *c, int64_t p0, int64_t n) {
     int64_t qw = c->NH * c->hd, h = c->hd / 2;
-    FSDP_TRY(fsdp_nn_buffer(ctx, &c->x, FSDP_CPU, 3, (int64_t[]){1, n, c->dim}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &c->h, FSDP_CPU, 3, (int64_t[]){1, n, c->dim}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &c->q, FSDP_CPU, 3, (int64_t[]){1, n, qw}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &c->att, FSDP_CPU, 3, (int64_t[]){1, n, qw}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &c->rope, FSDP_CPU, 3, (int64_t[]){2, n, h}));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &c->scores, FSDP_CPU, 2, (int64_t[]){n, p0 + n}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &c->x, FSDP_CPU, 3, (int64_t[]){1, n, c->dim}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &c->h, FSDP_CPU, 3, (int64_t[]){1, n, c->dim}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &c->q, FSDP_CPU, 3, (int64_t[]){1, n, qw}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &c->att, FSDP_CPU, 3, (int64_t[]){1, n, qw}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &c->rope, FSDP_CPU, 3, (int64_t[]){2, n, h}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &c->scores, FSDP_CPU, 2, (int64_t[]){n, p0 + n}));
     float *cos = fsdp_tensor_f32(c->rope);
     fsdp_llama_rope_table(cos, cos + n * h, p0, n, c->hd, c->layers[0].a.rope_theta);
     return fsdp_tensor_resize(ctx, c->ids, 2, (int64_t[]){1, n});
@@ -254,17 +254,18 @@ fsdp_status fsdp_llama_decode(fsdp_ctx *ctx, fsdp_llama_cache *cache, const int3
     fsdp_llama_cache *c = cache;
     FSDP_ARG_NOT_NULL(ctx, tokens);
     FSDP_ARG_NOT_NULL(ctx, logits);
-    FSDP_TRY(check_call(ctx, c, tokens, n));
+    FSDP_TRY_AT(ctx, check_call(ctx, c, tokens, n));
     int64_t p0 = c->len;
-    FSDP_TRY(make_buffers(ctx, c, p0, n));
+    FSDP_TRY_AT(ctx, make_buffers(ctx, c, p0, n));
     memcpy(fsdp_tensor_data(c->ids), tokens, (size_t)n * sizeof *tokens);
     const fsdp_tensor *e, *y, *out;
-    FSDP_TRY(fsdp_module_forward(ctx, c->embed, c->ids, &e));
-    FSDP_TRY(fsdp_tensor_copy(ctx, c->x, e));
-    for (int l = 0; l < c->n_layers; l++) FSDP_TRY(layer_step(ctx, c, &c->layers[l], p0, n));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, c->embed, c->ids, &e));
+    FSDP_TRY_AT(ctx, fsdp_tensor_copy(ctx, c->x, e));
+    for (int l = 0; l < c->n_layers; l++)
+        FSDP_TRY_AT(ctx, layer_step(ctx, c, &c->layers[l], p0, n));
     /* Every position through the norm and lm_head, as the full forward: the same shapes. */
-    FSDP_TRY(fsdp_module_forward(ctx, c->norm, c->x, &y));
-    FSDP_TRY(fsdp_module_forward(ctx, c->lm_head, y, &out));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, c->norm, c->x, &y));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, c->lm_head, y, &out));
     c->len = p0 + n;
     memcpy(c->logits, fsdp_tensor_f32(out) + (n - 1) * c->vocab, (size_t)c->vocab * sizeof(float));
     *logits = c->logits;

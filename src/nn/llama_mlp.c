@@ -29,8 +29,8 @@ static fsdp_status llama_mlp_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
     fsdp_device dev = fsdp_tensor_device(in);
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, dev, swiglu_forward, k);
-    FSDP_TRY(fsdp_module_forward(ctx, p->gate_proj, in, &p->gate));
-    FSDP_TRY(fsdp_module_forward(ctx, p->up_proj, in, &p->up));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, p->gate_proj, in, &p->gate));
+    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, p->up_proj, in, &p->up));
     if (!fsdp_tensor_same_shape(p->gate, p->up)) {
         char desc[160], a[64], b[64];
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: gate_proj gives %s but up_proj %s",
@@ -38,8 +38,8 @@ static fsdp_status llama_mlp_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
                          fsdp_tensor_shape_string(p->gate, a, sizeof a),
                          fsdp_tensor_shape_string(p->up, b, sizeof b));
     }
-    FSDP_TRY(fsdp_nn_buffer(ctx, &p->hidden, dev, fsdp_tensor_ndim(p->gate),
-                            fsdp_tensor_shape(p->gate)));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->hidden, dev, fsdp_tensor_ndim(p->gate),
+                                    fsdp_tensor_shape(p->gate)));
     k->swiglu_forward(fsdp_tensor_f32(p->hidden), fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up),
                       fsdp_tensor_numel(p->gate));
     return fsdp_module_forward(ctx, p->down_proj, p->hidden, out);
@@ -53,18 +53,18 @@ static fsdp_status llama_mlp_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, dev, swiglu_backward, k);
     const fsdp_tensor *dh, *dxg, *dxu;
-    FSDP_TRY(fsdp_module_backward(ctx, p->down_proj, dout, &dh));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, p->down_proj, dout, &dh));
     int nd = fsdp_tensor_ndim(p->gate);
     const int64_t *shape = fsdp_tensor_shape(p->gate);
-    FSDP_TRY(fsdp_nn_buffer(ctx, &p->dgate, dev, nd, shape));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &p->dup, dev, nd, shape));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->dgate, dev, nd, shape));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->dup, dev, nd, shape));
     k->swiglu_backward(fsdp_tensor_f32(p->dgate), fsdp_tensor_f32(p->dup), fsdp_tensor_f32(dh),
                        fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up),
                        fsdp_tensor_numel(p->gate));
-    FSDP_TRY(fsdp_module_backward(ctx, p->gate_proj, p->dgate, din ? &dxg : NULL));
-    FSDP_TRY(fsdp_module_backward(ctx, p->up_proj, p->dup, din ? &dxu : NULL));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, p->gate_proj, p->dgate, din ? &dxg : NULL));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, p->up_proj, p->dup, din ? &dxu : NULL));
     if (!din) return FSDP_OK;
-    FSDP_TRY(fsdp_llama_sum_grads(ctx, &p->dinput, dxg, dxu, NULL));
+    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &p->dinput, dxg, dxu, NULL));
     *din = p->dinput;
     return FSDP_OK;
 }
@@ -84,7 +84,7 @@ fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, flo
     llama_mlp *p = calloc(1, sizeof *p);
     if (!p) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaMLP");
     fsdp_module *m;
-    FSDP_TRY(fsdp_module_create(ctx, &llama_mlp_ops, p, &m));
+    FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &llama_mlp_ops, p, &m));
     fsdp_status st = fsdp_llama_add_proj(ctx, m, "gate_proj", dim, hidden, std, &p->gate_proj);
     if (st == FSDP_OK) st = fsdp_llama_add_proj(ctx, m, "up_proj", dim, hidden, std, &p->up_proj);
     if (st == FSDP_OK)

@@ -24,7 +24,7 @@ fsdp_status fsdp_loss_sum(fsdp_ctx *ctx, const fsdp_tensor *out, float *loss, fs
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_ARG_NOT_NULL(ctx, loss);
-    FSDP_TRY(check_grad_target(ctx, "sum loss", out, dout));
+    FSDP_TRY_AT(ctx, check_grad_target(ctx, "sum loss", out, dout));
     const fsdp_kernels_i *k = fsdp_kernels_for(fsdp_tensor_device(out));
     *loss = (float)k->sum(fsdp_tensor_f32(out), fsdp_tensor_numel(out));
     if (dout) k->fill(fsdp_tensor_f32(dout), 1.0f, fsdp_tensor_numel(dout));
@@ -37,7 +37,7 @@ fsdp_status fsdp_loss_mse(fsdp_ctx *ctx, const fsdp_tensor *out, const fsdp_tens
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_ARG_NOT_NULL(ctx, target);
     FSDP_ARG_NOT_NULL(ctx, loss);
-    FSDP_TRY(check_grad_target(ctx, "MSE loss", out, dout));
+    FSDP_TRY_AT(ctx, check_grad_target(ctx, "MSE loss", out, dout));
     if (!fsdp_tensor_same_shape(out, target) || fsdp_tensor_dtype(target) != FSDP_DTYPE_F32) {
         char a[64], b[64];
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
@@ -57,8 +57,8 @@ fsdp_status fsdp_loss_mse(fsdp_ctx *ctx, const fsdp_tensor *out, const fsdp_tens
 static fsdp_status stage_targets(fsdp_ctx *ctx, const int32_t *targets, int64_t rows,
                                  fsdp_device dev, fsdp_tensor **out) {
     fsdp_tensor *host;
-    FSDP_TRY(
-        fsdp_tensor_from_blob(ctx, (void *)targets, FSDP_DTYPE_F32, FSDP_CPU, 1, &rows, &host));
+    FSDP_TRY_AT(ctx, fsdp_tensor_from_blob(ctx, (void *)targets, FSDP_DTYPE_F32, FSDP_CPU, 1, &rows,
+                                           &host));
     fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 1, &rows, out);
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, *out, host);
     fsdp_tensor_free(host);
@@ -75,7 +75,7 @@ fsdp_status fsdp_loss_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,
     FSDP_ARG_NOT_NULL(ctx, logits);
     FSDP_ARG_NOT_NULL(ctx, targets);
     FSDP_ARG_NOT_NULL(ctx, loss);
-    FSDP_TRY(check_grad_target(ctx, "cross-entropy loss", logits, dlogits));
+    FSDP_TRY_AT(ctx, check_grad_target(ctx, "cross-entropy loss", logits, dlogits));
     if (fsdp_tensor_ndim(logits) != 2 || fsdp_tensor_dim(logits, 0) == 0) {
         char a[64];
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
@@ -92,7 +92,7 @@ fsdp_status fsdp_loss_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,
     fsdp_device dev = fsdp_tensor_device(logits);
     fsdp_tensor *staged = NULL;
     if (dev.type != FSDP_DEVICE_CPU) /* the kernel reads the targets where the logits are */
-        FSDP_TRY(stage_targets(ctx, targets, rows, dev, &staged));
+        FSDP_TRY_AT(ctx, stage_targets(ctx, targets, rows, dev, &staged));
     fsdp_kernels_for(dev)->cross_entropy(
         loss, dlogits ? fsdp_tensor_f32(dlogits) : NULL, fsdp_tensor_f32(logits),
         staged ? fsdp_tensor_data(staged) : targets, rows, classes);
@@ -108,7 +108,7 @@ fsdp_status fsdp_loss_cross_entropy_ignore(fsdp_ctx *ctx, const fsdp_tensor *log
     FSDP_ARG_NOT_NULL(ctx, targets);
     FSDP_ARG_NOT_NULL(ctx, loss);
     const char *what = "cross-entropy loss (ignore_index)";
-    FSDP_TRY(check_grad_target(ctx, what, logits, dlogits));
+    FSDP_TRY_AT(ctx, check_grad_target(ctx, what, logits, dlogits));
     if (fsdp_tensor_ndim(logits) < 2 || fsdp_tensor_dim(logits, -1) == 0) {
         char a[64];
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: logits %s must be (..., C) with C > 0", what,
@@ -128,7 +128,7 @@ fsdp_status fsdp_loss_cross_entropy_ignore(fsdp_ctx *ctx, const fsdp_tensor *log
                          what, fsdp_device_to_string(dev));
     fsdp_tensor *staged = NULL;
     if (dev.type != FSDP_DEVICE_CPU) /* the kernel reads the targets where the logits are */
-        FSDP_TRY(stage_targets(ctx, targets, rows, dev, &staged));
+        FSDP_TRY_AT(ctx, stage_targets(ctx, targets, rows, dev, &staged));
     k->cross_entropy_ignore(loss, dlogits ? fsdp_tensor_f32(dlogits) : NULL,
                             fsdp_tensor_f32(logits), staged ? fsdp_tensor_data(staged) : targets,
                             ignore_index, rows, classes);

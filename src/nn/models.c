@@ -17,13 +17,13 @@
 static fsdp_status add_linear(fsdp_ctx *ctx, fsdp_module *parent, const char *name, int64_t in,
                               int64_t out) {
     fsdp_module *l;
-    FSDP_TRY(fsdp_linear_create(ctx, in, out, true, &l));
+    FSDP_TRY_AT(ctx, fsdp_linear_create(ctx, in, out, true, &l));
     return fsdp_module_add_child(ctx, parent, name, l);
 }
 
 static fsdp_status add_relu(fsdp_ctx *ctx, fsdp_module *parent, const char *name) {
     fsdp_module *r;
-    FSDP_TRY(fsdp_relu_create(ctx, &r));
+    FSDP_TRY_AT(ctx, fsdp_relu_create(ctx, &r));
     return fsdp_module_add_child(ctx, parent, name, r);
 }
 
@@ -39,8 +39,8 @@ static fsdp_status finish(fsdp_ctx *ctx, fsdp_module *m, fsdp_status st, fsdp_mo
 }
 
 static fsdp_status build_mlp_module(fsdp_ctx *ctx, fsdp_module *m) {
-    FSDP_TRY(add_linear(ctx, m, "net1", 10, 16));
-    FSDP_TRY(add_relu(ctx, m, "relu"));
+    FSDP_TRY_AT(ctx, add_linear(ctx, m, "net1", 10, 16));
+    FSDP_TRY_AT(ctx, add_relu(ctx, m, "relu"));
     return add_linear(ctx, m, "net2", 16, 10);
 }
 
@@ -48,19 +48,19 @@ fsdp_status fsdp_model_mlp_module(fsdp_ctx *ctx, fsdp_module **out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_module *m;
-    FSDP_TRY(fsdp_sequential_create(ctx, &m));
+    FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &m));
     return finish(ctx, m, build_mlp_module(ctx, m), out);
 }
 
 static fsdp_status build_mlp_stacked(fsdp_ctx *ctx, fsdp_module *m, int n_layers) {
     fsdp_module *layers;
-    FSDP_TRY(fsdp_sequential_create(ctx, &layers));
-    FSDP_TRY(fsdp_module_add_child(ctx, m, "layers", layers));
+    FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &layers));
+    FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, m, "layers", layers));
     for (int i = 0; i < n_layers; i++) {
         fsdp_module *block;
-        FSDP_TRY(fsdp_sequential_create(ctx, &block));
-        FSDP_TRY(fsdp_sequential_append(ctx, layers, block));
-        FSDP_TRY(build_mlp_module(ctx, block));
+        FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &block));
+        FSDP_TRY_AT(ctx, fsdp_sequential_append(ctx, layers, block));
+        FSDP_TRY_AT(ctx, build_mlp_module(ctx, block));
     }
     return FSDP_OK;
 }
@@ -72,7 +72,7 @@ fsdp_status fsdp_model_mlp_stacked(fsdp_ctx *ctx, int n_layers, fsdp_module **ou
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "MLPStacked: n_layers is %d; it must be >= 1", n_layers);
     fsdp_module *m;
-    FSDP_TRY(fsdp_sequential_create(ctx, &m));
+    FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &m));
     return finish(ctx, m, build_mlp_stacked(ctx, m, n_layers), out);
 }
 
@@ -93,9 +93,10 @@ static fsdp_status simple_mlp_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
                                       const fsdp_tensor **out) {
     simple_mlp *s = m->impl;
     const fsdp_tensor *x;
-    FSDP_TRY(fsdp_nn_chain_forward(ctx, m->children, m->n_children, in, &x));
+    FSDP_TRY_AT(ctx, fsdp_nn_chain_forward(ctx, m->children, m->n_children, in, &x));
     fsdp_device dev = fsdp_tensor_device(x);
-    FSDP_TRY(fsdp_nn_buffer(ctx, &s->output, dev, fsdp_tensor_ndim(x), fsdp_tensor_shape(x)));
+    FSDP_TRY_AT(ctx,
+                fsdp_nn_buffer(ctx, &s->output, dev, fsdp_tensor_ndim(x), fsdp_tensor_shape(x)));
     fsdp_kernels_for(dev)->sigmoid_forward(fsdp_tensor_f32(s->output), fsdp_tensor_f32(x),
                                            fsdp_tensor_numel(x));
     *out = s->output;
@@ -110,8 +111,8 @@ static fsdp_status simple_mlp_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp
                          "SimpleMLP: backward needs a forward first, and an output gradient of the "
                          "output's shape");
     fsdp_device dev = fsdp_tensor_device(dout);
-    FSDP_TRY(
-        fsdp_nn_buffer(ctx, &s->dlogits, dev, fsdp_tensor_ndim(dout), fsdp_tensor_shape(dout)));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &s->dlogits, dev, fsdp_tensor_ndim(dout),
+                                    fsdp_tensor_shape(dout)));
     fsdp_kernels_for(dev)->sigmoid_backward(fsdp_tensor_f32(s->dlogits), fsdp_tensor_f32(s->output),
                                             fsdp_tensor_f32(dout), fsdp_tensor_numel(dout));
     return fsdp_nn_chain_backward(ctx, m->children, m->n_children, s->dlogits, din);
@@ -128,7 +129,7 @@ fsdp_status fsdp_model_simple_mlp(fsdp_ctx *ctx, fsdp_module **out) {
     simple_mlp *s = calloc(1, sizeof *s);
     if (!s) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate SimpleMLP");
     fsdp_module *m;
-    FSDP_TRY(fsdp_module_create(ctx, &simple_mlp_ops, s, &m));
+    FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &simple_mlp_ops, s, &m));
     fsdp_status st = add_linear(ctx, m, "net1", 50, 32);
     if (st == FSDP_OK) st = add_relu(ctx, m, "relu");
     if (st == FSDP_OK) st = add_linear(ctx, m, "net2", 32, 8);
@@ -139,7 +140,7 @@ fsdp_status fsdp_model_simple_model(fsdp_ctx *ctx, fsdp_module **out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_module *m;
-    FSDP_TRY(fsdp_sequential_create(ctx, &m));
+    FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &m));
     fsdp_status st = add_linear(ctx, m, "net1", 5, 8);
     if (st == FSDP_OK) st = add_relu(ctx, m, "relu");
     if (st == FSDP_OK) st = add_linear(ctx, m, "net2", 8, 4);
@@ -154,7 +155,7 @@ fsdp_status fsdp_model_net(fsdp_ctx *ctx, int64_t dim, fsdp_module **out) {
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "Net: dim is %lld; it must be positive",
                          (long long)dim);
     fsdp_module *m;
-    FSDP_TRY(fsdp_sequential_create(ctx, &m));
+    FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &m));
     fsdp_status st = FSDP_OK;
     for (int i = 1; i <= 4 && st == FSDP_OK; i++) {
         char name[16];
@@ -186,13 +187,13 @@ static fsdp_status append_activation(fsdp_ctx *ctx, fsdp_module *seq, fsdp_activ
     fsdp_module *a = NULL;
     switch (act) {
     case FSDP_ACT_RELU:
-        FSDP_TRY(fsdp_relu_create(ctx, &a));
+        FSDP_TRY_AT(ctx, fsdp_relu_create(ctx, &a));
         break;
     case FSDP_ACT_GELU:
-        FSDP_TRY(fsdp_gelu_create(ctx, &a));
+        FSDP_TRY_AT(ctx, fsdp_gelu_create(ctx, &a));
         break;
     case FSDP_ACT_SIGMOID:
-        FSDP_TRY(fsdp_sigmoid_create(ctx, &a));
+        FSDP_TRY_AT(ctx, fsdp_sigmoid_create(ctx, &a));
         break;
     case FSDP_ACT_NONE:
         return FSDP_OK;
@@ -212,7 +213,7 @@ fsdp_status fsdp_model_mlp(fsdp_ctx *ctx, int n_widths, const int64_t *widths, f
     if ((int)act < 0 || act > FSDP_ACT_NONE)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "MLP: unknown activation %d", (int)act);
     fsdp_module *m;
-    FSDP_TRY(fsdp_sequential_create(ctx, &m));
+    FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &m));
     fsdp_status st = FSDP_OK;
     for (int i = 0; i + 1 < n_widths && st == FSDP_OK; i++) {
         fsdp_module *l;

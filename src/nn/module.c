@@ -124,7 +124,7 @@ static fsdp_status update_fqn(fsdp_ctx *ctx, fsdp_module *m) {
     snprintf(fqn, n, "%s%s%s", pfqn, pfqn[0] ? "." : "", m->name);
     free(m->fqn);
     m->fqn = fqn;
-    for (int i = 0; i < m->n_children; i++) FSDP_TRY(update_fqn(ctx, m->children[i]));
+    for (int i = 0; i < m->n_children; i++) FSDP_TRY_AT(ctx, update_fqn(ctx, m->children[i]));
     return FSDP_OK;
 }
 
@@ -255,7 +255,7 @@ fsdp_status fsdp_module_add_param(fsdp_ctx *ctx, fsdp_module *m, const char *nam
     FSDP_ARG_NOT_NULL(ctx, m);
     FSDP_ARG_NOT_NULL(ctx, name);
     if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
-    FSDP_TRY(check_new_name(ctx, m, name, "parameter"));
+    FSDP_TRY_AT(ctx, check_new_name(ctx, m, name, "parameter"));
     fsdp_param *p = calloc(1, sizeof *p);
     if (!p || !(p->name = dup_string(name)) ||
         !fsdp_array_reserve((void **)&m->params, &m->cap_params, m->n_params + 1,
@@ -287,7 +287,7 @@ fsdp_status fsdp_module_add_buffer(fsdp_ctx *ctx, fsdp_module *m, const char *na
     FSDP_ARG_NOT_NULL(ctx, m);
     FSDP_ARG_NOT_NULL(ctx, name);
     if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
-    FSDP_TRY(check_new_name(ctx, m, name, "buffer"));
+    FSDP_TRY_AT(ctx, check_new_name(ctx, m, name, "buffer"));
     fsdp_buffer b = {.name = dup_string(name), .init = init};
     if (!b.name || !fsdp_array_reserve((void **)&m->buffers, &m->cap_buffers, m->n_buffers + 1,
                                        sizeof *m->buffers)) {
@@ -350,9 +350,9 @@ fsdp_status fsdp_module_visit(fsdp_ctx *ctx, fsdp_module *m, fsdp_module_visit_f
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, m);
     FSDP_ARG_NOT_NULL(ctx, fn);
-    FSDP_TRY(fn(ctx, m, user));
+    FSDP_TRY_AT(ctx, fn(ctx, m, user));
     for (int i = 0; i < m->n_children; i++)
-        FSDP_TRY(fsdp_module_visit(ctx, m->children[i], fn, user));
+        FSDP_TRY_AT(ctx, fsdp_module_visit(ctx, m->children[i], fn, user));
     return FSDP_OK;
 }
 
@@ -367,7 +367,7 @@ static fsdp_status visit_module_params(fsdp_ctx *ctx, fsdp_module *m, void *user
     char fqn[512];
     for (int i = 0; i < m->n_params; i++) {
         member_fqn(m, m->params[i]->name, fqn, sizeof fqn);
-        FSDP_TRY(w->fn(ctx, m->params[i], fqn + w->root_len, w->user));
+        FSDP_TRY_AT(ctx, w->fn(ctx, m->params[i], fqn + w->root_len, w->user));
     }
     return FSDP_OK;
 }
@@ -394,12 +394,12 @@ static fsdp_status reset_module(fsdp_ctx *ctx, fsdp_module *m, void *user) {
     for (int i = 0; i < m->n_params; i++) {
         fsdp_param *p = m->params[i];
         member_fqn(m, p->name, fqn, sizeof fqn);
-        FSDP_TRY(fsdp_init_tensor(ctx, p->data, &p->init, seed, fsdp_rng_stream(fqn)));
+        FSDP_TRY_AT(ctx, fsdp_init_tensor(ctx, p->data, &p->init, seed, fsdp_rng_stream(fqn)));
     }
     for (int i = 0; i < m->n_buffers; i++) {
         member_fqn(m, m->buffers[i].name, fqn, sizeof fqn);
-        FSDP_TRY(fsdp_init_tensor(ctx, m->buffers[i].data, &m->buffers[i].init, seed,
-                                  fsdp_rng_stream(fqn)));
+        FSDP_TRY_AT(ctx, fsdp_init_tensor(ctx, m->buffers[i].data, &m->buffers[i].init, seed,
+                                          fsdp_rng_stream(fqn)));
     }
     return FSDP_OK;
 }
@@ -415,7 +415,7 @@ static fsdp_status zero_module_grads(fsdp_ctx *ctx, fsdp_module *m, void *user) 
     /* A gradient without storage (an FSDP unit's, while sharded) holds nothing to zero. */
     for (int i = 0; i < m->n_params; i++)
         if (fsdp_tensor_has_storage(m->params[i]->grad))
-            FSDP_TRY(fsdp_tensor_fill(ctx, m->params[i]->grad, 0.0f));
+            FSDP_TRY_AT(ctx, fsdp_tensor_fill(ctx, m->params[i]->grad, 0.0f));
     return FSDP_OK;
 }
 
@@ -424,7 +424,7 @@ fsdp_status fsdp_module_zero_grad(fsdp_ctx *ctx, fsdp_module *m) {
     FSDP_ARG_NOT_NULL(ctx, m);
     /* A wrapper (FSDP) keeps these gradients in its shards: zeroing the model would leave the
      * ones the optimizer steps untouched. Refused before anything is zeroed. */
-    FSDP_TRY(fsdp_nn_check_unmanaged(ctx, m, "fsdp_module_zero_grad"));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_unmanaged(ctx, m, "fsdp_module_zero_grad"));
     return fsdp_module_visit(ctx, m, zero_module_grads, NULL);
 }
 
@@ -504,7 +504,7 @@ fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
 fsdp_status fsdp_nn_add_hook_front(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                    fsdp_hook_fn fn, void *user, void (*free_user)(void *),
                                    int *id) {
-    FSDP_TRY(fsdp_module_add_hook(ctx, m, point, fn, user, free_user, id));
+    FSDP_TRY_AT(ctx, fsdp_module_add_hook(ctx, m, point, fn, user, free_user, id));
     fsdp_hook *h = m->hooks[point];
     fsdp_hook added = h[m->n_hooks[point] - 1];
     memmove(&h[1], &h[0], (size_t)(m->n_hooks[point] - 1) * sizeof *h);
@@ -552,7 +552,7 @@ int fsdp_nn_num_hooks_other_than(const fsdp_module *m, fsdp_hook_point point, fs
 static fsdp_status run_hooks(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                              const fsdp_tensor **io) {
     for (int i = 0; i < m->n_hooks[point]; i++)
-        FSDP_TRY(m->hooks[point][i].fn(ctx, m, point, io, m->hooks[point][i].user));
+        FSDP_TRY_AT(ctx, m->hooks[point][i].fn(ctx, m, point, io, m->hooks[point][i].user));
     return FSDP_OK;
 }
 
@@ -625,15 +625,15 @@ fsdp_status fsdp_nn_record_activation(fsdp_ctx *ctx, fsdp_tensor *t) {
 fsdp_status fsdp_nn_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, int ndim,
                            const int64_t *shape) {
     if (!*t) {
-        FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, device, ndim, shape, t));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, device, ndim, shape, t));
     } else if (!fsdp_tensor_has_storage(*t)) {
         /* Released by activation checkpointing: new storage under the same handle. */
         fsdp_tensor *fresh;
-        FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, device, ndim, shape, &fresh));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, device, ndim, shape, &fresh));
         fsdp_tensor_alias(*t, fresh);
         fsdp_tensor_free(fresh);
     } else {
-        FSDP_TRY(fsdp_tensor_resize(ctx, *t, ndim, shape));
+        FSDP_TRY_AT(ctx, fsdp_tensor_resize(ctx, *t, ndim, shape));
     }
     return fsdp_nn_record_activation(ctx, *t);
 }

@@ -29,11 +29,12 @@ static fsdp_status rmsnorm_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
                                    const fsdp_tensor **out) {
     rmsnorm *r = m->impl;
     int64_t C = fsdp_tensor_numel(r->weight->data);
-    FSDP_TRY(fsdp_nn_check_input(ctx, m, in, C));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_input(ctx, m, in, C));
     int64_t rows = fsdp_tensor_numel(in) / C;
     fsdp_device dev = fsdp_tensor_device(in);
-    FSDP_TRY(fsdp_nn_buffer(ctx, &r->output, dev, fsdp_tensor_ndim(in), fsdp_tensor_shape(in)));
-    FSDP_TRY(fsdp_nn_buffer(ctx, &r->rstd, dev, 1, &rows));
+    FSDP_TRY_AT(ctx,
+                fsdp_nn_buffer(ctx, &r->output, dev, fsdp_tensor_ndim(in), fsdp_tensor_shape(in)));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &r->rstd, dev, 1, &rows));
     fsdp_kernels_for(dev)->rmsnorm_forward(fsdp_tensor_f32(r->output), fsdp_tensor_f32(r->rstd),
                                            fsdp_tensor_f32(in), fsdp_tensor_f32(r->weight->data),
                                            r->eps, rows, C);
@@ -55,11 +56,12 @@ static fsdp_status rmsnorm_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_te
     int64_t C = fsdp_tensor_numel(r->weight->data), rows = fsdp_tensor_numel(dout) / C;
     fsdp_device dev = fsdp_tensor_device(dout);
     /* The kernel computes both gradients in one pass; it always needs an input-grad buffer. */
-    FSDP_TRY(fsdp_nn_buffer(ctx, &r->dinput, dev, fsdp_tensor_ndim(dout), fsdp_tensor_shape(dout)));
+    FSDP_TRY_AT(
+        ctx, fsdp_nn_buffer(ctx, &r->dinput, dev, fsdp_tensor_ndim(dout), fsdp_tensor_shape(dout)));
     if (!r->weight->requires_grad && !din) return FSDP_OK;
     fsdp_tensor *dweight = r->weight->grad;
     if (!r->weight->requires_grad) { /* input gradient only: the weight grad goes to a sink */
-        FSDP_TRY(fsdp_nn_buffer(ctx, &r->dweight_sink, dev, 1, &C));
+        FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &r->dweight_sink, dev, 1, &C));
         dweight = r->dweight_sink;
     }
     fsdp_kernels_for(dev)->rmsnorm_backward(fsdp_tensor_f32(r->dinput), fsdp_tensor_f32(dweight),
@@ -86,7 +88,7 @@ fsdp_status fsdp_rmsnorm_create(fsdp_ctx *ctx, int64_t dim, float eps, fsdp_modu
     if (!r) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an RMSNorm layer");
     r->eps = eps;
     fsdp_module *m;
-    FSDP_TRY(fsdp_module_create(ctx, &rmsnorm_ops, r, &m));
+    FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &rmsnorm_ops, r, &m));
     fsdp_status st = fsdp_module_add_param(ctx, m, "weight", 1, &dim,
                                            (fsdp_init){.kind = FSDP_INIT_ONES}, &r->weight);
     if (st != FSDP_OK) {

@@ -57,7 +57,7 @@ fsdp_status fsdp_sample_logits(fsdp_ctx *ctx, const float *logits, int64_t n,
     FSDP_ARG_NOT_NULL(ctx, logits);
     FSDP_ARG_NOT_NULL(ctx, token);
     fsdp_sample_options o = opts ? *opts : (fsdp_sample_options){0};
-    FSDP_TRY(check_args(ctx, logits, n, &o));
+    FSDP_TRY_AT(ctx, check_args(ctx, logits, n, &o));
     if (o.temperature == 0.0f || o.top_k == 1) {
         *token = argmax(logits, n);
         return FSDP_OK;

@@ -8,7 +8,7 @@
 fsdp_status fsdp_nn_chain_forward(fsdp_ctx *ctx, fsdp_module *const *children, int n,
                                   const fsdp_tensor *in, const fsdp_tensor **out) {
     const fsdp_tensor *x = in;
-    for (int i = 0; i < n; i++) FSDP_TRY(fsdp_module_forward(ctx, children[i], x, &x));
+    for (int i = 0; i < n; i++) FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, children[i], x, &x));
     *out = x;
     return FSDP_OK;
 }
@@ -17,7 +17,7 @@ fsdp_status fsdp_nn_chain_backward(fsdp_ctx *ctx, fsdp_module *const *children, 
                                    const fsdp_tensor *dout, const fsdp_tensor **din) {
     const fsdp_tensor *d = dout;
     for (int i = n - 1; i >= 0; i--)
-        FSDP_TRY(fsdp_module_backward(ctx, children[i], d, (i > 0 || din) ? &d : NULL));
+        FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, children[i], d, (i > 0 || din) ? &d : NULL));
     if (din) *din = d;
     return FSDP_OK;
 }

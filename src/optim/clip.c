@@ -31,7 +31,7 @@ static fsdp_status add_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, voi
     fsdp_group *groups[FSDP_MESH_MAX_DIMS];
     int n_groups = 0;
     const fsdp_dtensor_spec *spec = fsdp_param_dtensor_spec(p);
-    if (spec) FSDP_TRY(fsdp_norm_spec_groups(ctx, p, spec, groups, &n_groups));
+    if (spec) FSDP_TRY_AT(ctx, fsdp_norm_spec_groups(ctx, p, spec, groups, &n_groups));
     return fsdp_norm_acc_add(ctx, user, fsdp_tensor_device(grad), g, fsdp_tensor_numel(grad),
                              groups, n_groups);
 }
@@ -56,19 +56,19 @@ fsdp_status fsdp_clip_grad_norm(fsdp_ctx *ctx, fsdp_module *m, double max_norm, 
                                 double *total_norm) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, m);
-    FSDP_TRY(fsdp_clip_check(ctx, max_norm, norm_type));
+    FSDP_TRY_AT(ctx, fsdp_clip_check(ctx, max_norm, norm_type));
     /* The module FSDP hands the optimizer: its shards are summed over the groups that shard
      * each part of them. */
     fsdp_sharded *sh = fsdp_module_flat_params_owner(m);
     if (sh) return fsdp_sharded_clip_grad_norm(ctx, sh, max_norm, norm_type, total_norm);
     fsdp_norm_acc a;
     fsdp_norm_acc_init(&a, norm_type);
-    FSDP_TRY(norm_acc_add_module(ctx, &a, m));
+    FSDP_TRY_AT(ctx, norm_acc_add_module(ctx, &a, m));
     double total;
-    FSDP_TRY(fsdp_norm_acc_total(ctx, &a, &total));
+    FSDP_TRY_AT(ctx, fsdp_norm_acc_total(ctx, &a, &total));
     if (total_norm) *total_norm = total;
     float coef;
     if (fsdp_clip_coef(max_norm, total, &coef))
-        FSDP_TRY(fsdp_module_visit_params(ctx, m, scale, &coef));
+        FSDP_TRY_AT(ctx, fsdp_module_visit_params(ctx, m, scale, &coef));
     return FSDP_OK;
 }

@@ -218,7 +218,8 @@ static fsdp_status assign_slots(fsdp_ctx *ctx, fsdp_optimizer *opt, int n_state)
         slot->first_state = opt->n_states;
         opt->n_states += slot->n_state;
         for (int s = 0; s < slot->n_state; s++)
-            FSDP_TRY(fsdp_tensor_create_like(ctx, fsdp_param_data(slot->param), &slot->state[s]));
+            FSDP_TRY_AT(
+                ctx, fsdp_tensor_create_like(ctx, fsdp_param_data(slot->param), &slot->state[s]));
     }
     return FSDP_OK;
 }
@@ -236,9 +237,9 @@ static fsdp_status optimizer_new(fsdp_ctx *ctx, fsdp_module *m, optim_kind kind,
                          "n_param_groups groups",
                          name, n_groups, groups ? "set" : "NULL");
     /* A wrapped model's own parameters are not what is trained: FSDP steps its shards. */
-    FSDP_TRY(fsdp_nn_check_unmanaged(ctx, m, name));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_unmanaged(ctx, m, name));
     int n = 0;
-    FSDP_TRY(fsdp_module_visit_params(ctx, m, count_param, &n));
+    FSDP_TRY_AT(ctx, fsdp_module_visit_params(ctx, m, count_param, &n));
     fsdp_optimizer *opt = calloc(1, sizeof *opt);
     if (opt) opt->slots = calloc((size_t)(n ? n : 1), sizeof *opt->slots);
     if (opt) opt->groups = calloc((size_t)n_groups + 1, sizeof *opt->groups);
@@ -273,7 +274,7 @@ fsdp_status fsdp_sgd_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_sgd_option
     FSDP_ARG_NOT_NULL(ctx, m);
     FSDP_ARG_NOT_NULL(ctx, opts);
     FSDP_ARG_NOT_NULL(ctx, out);
-    FSDP_TRY(check_sgd(ctx, "SGD", opts, false));
+    FSDP_TRY_AT(ctx, check_sgd(ctx, "SGD", opts, false));
     return optimizer_new(ctx, m, OPTIM_SGD, opts, NULL, opts->param_groups, opts->n_param_groups, 1,
                          out);
 }
@@ -287,7 +288,7 @@ static fsdp_status adam_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_adam_op
     if (o.beta1 == 0.0) o.beta1 = 0.9;
     if (o.beta2 == 0.0) o.beta2 = 0.999;
     if (o.eps == 0.0) o.eps = 1e-8;
-    FSDP_TRY(check_adam(ctx, name, &o, false));
+    FSDP_TRY_AT(ctx, check_adam(ctx, name, &o, false));
     return optimizer_new(ctx, m, kind, NULL, &o, opts->param_groups, opts->n_param_groups,
                          o.amsgrad ? 3 : 2, out);
 }
@@ -348,7 +349,7 @@ static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const opt
 fsdp_status fsdp_optimizer_step(fsdp_ctx *ctx, fsdp_optimizer *opt) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, opt);
-    for (int i = 0; i < opt->n_slots; i++) FSDP_TRY(step_slot(ctx, opt, &opt->slots[i]));
+    for (int i = 0; i < opt->n_slots; i++) FSDP_TRY_AT(ctx, step_slot(ctx, opt, &opt->slots[i]));
     opt->steps++;
     return FSDP_OK;
 }
@@ -368,7 +369,7 @@ fsdp_status fsdp_optimizer_zero_grad(fsdp_ctx *ctx, fsdp_optimizer *opt) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, opt);
     for (int i = 0; i < opt->n_slots; i++)
-        FSDP_TRY(zero_grad(ctx, fsdp_param_grad(opt->slots[i].param)));
+        FSDP_TRY_AT(ctx, zero_grad(ctx, fsdp_param_grad(opt->slots[i].param)));
     return FSDP_OK;
 }
 

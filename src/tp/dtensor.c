@@ -68,10 +68,10 @@ fsdp_status fsdp_dtensor_from_local(fsdp_ctx *ctx, const fsdp_tensor *local, con
     FSDP_ARG_NOT_NULL(ctx, placements);
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
-    FSDP_TRY(tp_check_cpu(ctx, local, "fsdp_dtensor_from_local", "the local tensor"));
+    FSDP_TRY_AT(ctx, tp_check_cpu(ctx, local, "fsdp_dtensor_from_local", "the local tensor"));
     fsdp_dtensor_spec spec;
-    FSDP_TRY(tp_spec_init(ctx, &spec, mesh, placements, local->ndim, local->shape,
-                          "fsdp_dtensor_from_local"));
+    FSDP_TRY_AT(ctx, tp_spec_init(ctx, &spec, mesh, placements, local->ndim, local->shape,
+                                  "fsdp_dtensor_from_local"));
     if (global_shape) {
         for (int d = 0; d < local->ndim; d++) spec.shape[d] = global_shape[d];
     } else {
@@ -79,7 +79,7 @@ fsdp_status fsdp_dtensor_from_local(fsdp_ctx *ctx, const fsdp_tensor *local, con
             if (spec.placements[i].kind == FSDP_PLACEMENT_SHARD)
                 spec.shape[spec.placements[i].dim] *= fsdp_mesh_size(mesh, i);
     }
-    FSDP_TRY(check_block(ctx, &spec, local, "fsdp_dtensor_from_local"));
+    FSDP_TRY_AT(ctx, check_block(ctx, &spec, local, "fsdp_dtensor_from_local"));
     return tp_dtensor_wrap(ctx, local, &spec, out);
 }
 
@@ -109,7 +109,7 @@ fsdp_status fsdp_distribute_tensor(fsdp_ctx *ctx, const fsdp_tensor *global, con
     FSDP_ARG_NOT_NULL(ctx, placements);
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
-    FSDP_TRY(tp_check_cpu(ctx, global, "fsdp_distribute_tensor", "the global tensor"));
+    FSDP_TRY_AT(ctx, tp_check_cpu(ctx, global, "fsdp_distribute_tensor", "the global tensor"));
     int n = fsdp_mesh_ndim(mesh), mesh_size = 1;
     for (int i = 0; i < n; i++) mesh_size *= fsdp_mesh_size(mesh, i);
     if (src_rank != FSDP_NO_SRC_RANK && (src_rank < 0 || src_rank >= mesh_size))
@@ -120,14 +120,14 @@ fsdp_status fsdp_distribute_tensor(fsdp_ctx *ctx, const fsdp_tensor *global, con
     fsdp_placement replicate[FSDP_MESH_MAX_DIMS];
     for (int i = 0; i < n; i++) replicate[i] = FSDP_REPLICATE;
     fsdp_dtensor_spec spec;
-    FSDP_TRY(tp_spec_init(ctx, &spec, mesh, placements, global->ndim, global->shape,
-                          "fsdp_distribute_tensor"));
+    FSDP_TRY_AT(ctx, tp_spec_init(ctx, &spec, mesh, placements, global->ndim, global->shape,
+                                  "fsdp_distribute_tensor"));
     fsdp_dtensor *whole;
     if (src_rank == FSDP_NO_SRC_RANK) {
-        FSDP_TRY(fsdp_dtensor_from_local(ctx, global, mesh, replicate, NULL, &whole));
+        FSDP_TRY_AT(ctx, fsdp_dtensor_from_local(ctx, global, mesh, replicate, NULL, &whole));
     } else {
         fsdp_tensor *copy;
-        FSDP_TRY(fsdp_tensor_create_like(ctx, global, &copy));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create_like(ctx, global, &copy));
         fsdp_status st = fsdp_tensor_copy(ctx, copy, global);
         /* One broadcast per mesh dim from the source's coordinate: after dim i, every rank
          * whose coordinates after i equal the source's holds its values; after the last, all. */
@@ -141,7 +141,7 @@ fsdp_status fsdp_distribute_tensor(fsdp_ctx *ctx, const fsdp_tensor *global, con
         }
         if (st == FSDP_OK) st = fsdp_dtensor_from_local(ctx, copy, mesh, replicate, NULL, &whole);
         fsdp_tensor_free(copy);
-        FSDP_TRY(st);
+        FSDP_TRY_AT(ctx, st);
     }
     fsdp_status st = redistribute_new(ctx, whole, spec.placements, out);
     fsdp_dtensor_free(whole);
@@ -166,8 +166,8 @@ fsdp_status fsdp_dtensor_redistribute_backward(fsdp_ctx *ctx, const fsdp_dtensor
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
     fsdp_dtensor_spec before;
-    FSDP_TRY(tp_spec_init(ctx, &before, grad->spec.mesh, from, grad->spec.ndim, grad->spec.shape,
-                          "fsdp_dtensor_redistribute_backward"));
+    FSDP_TRY_AT(ctx, tp_spec_init(ctx, &before, grad->spec.mesh, from, grad->spec.ndim,
+                                  grad->spec.shape, "fsdp_dtensor_redistribute_backward"));
     fsdp_placement to[FSDP_MESH_MAX_DIMS];
     tp_backward_placements(&before, to);
     return redistribute_new(ctx, grad, to, out);
@@ -210,7 +210,7 @@ fsdp_status fsdp_param_full_tensor(fsdp_ctx *ctx, const fsdp_param *p, bool grad
     const fsdp_tensor *t = grad ? fsdp_param_grad(p) : fsdp_param_data(p);
     const fsdp_dtensor_spec *spec = fsdp_nn_param_dist(p);
     if (!spec) {
-        FSDP_TRY(fsdp_tensor_create_like(ctx, t, out));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create_like(ctx, t, out));
         return fsdp_tensor_copy(ctx, *out, t);
     }
     return gather_full(ctx, spec, t, out);

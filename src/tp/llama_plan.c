@@ -11,7 +11,7 @@ fsdp_status fsdp_llama_tp_plan(fsdp_ctx *ctx, const fsdp_llama_config *cfg, int 
     FSDP_ARG_NOT_NULL(ctx, plan);
     FSDP_ARG_NOT_NULL(ctx, n);
     fsdp_llama_config c;
-    FSDP_TRY(fsdp_llama_config_resolve(ctx, cfg, &c));
+    FSDP_TRY_AT(ctx, fsdp_llama_config_resolve(ctx, cfg, &c));
     if (tp_size < 1)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "Llama TP plan: tp size %d; it must be >= 1", tp_size);

@@ -100,7 +100,7 @@ fsdp_status fsdp_loss_parallel_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *l
     FSDP_ARG_NOT_NULL(ctx, loss);
     fsdp_group *g;
     int64_t start = 0, V = 0, global = 0;
-    FSDP_TRY(vocab_shard(ctx, logits, &g, &start, &V, &global));
+    FSDP_TRY_AT(ctx, vocab_shard(ctx, logits, &g, &start, &V, &global));
     if (!g)
         return fsdp_loss_cross_entropy_ignore(ctx, logits, targets, ignore_index, loss, dlogits);
     char a[64], b[64];

@@ -114,7 +114,8 @@ fsdp_status fsdp_placement_local_block(fsdp_ctx *ctx, const fsdp_mesh *mesh,
     if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, offset);
     if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, length);
     fsdp_dtensor_spec spec;
-    FSDP_TRY(tp_spec_init(ctx, &spec, mesh, placements, ndim, shape, "fsdp_placement_local_block"));
+    FSDP_TRY_AT(
+        ctx, tp_spec_init(ctx, &spec, mesh, placements, ndim, shape, "fsdp_placement_local_block"));
     tp_spec_block(&spec, offset, length);
     return FSDP_OK;
 }
@@ -139,7 +140,7 @@ fsdp_status tp_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_dtype dtype, fsdp_dev
         fsdp_tensor_device(*t).index == device.index && numel <= fsdp_tensor_capacity(*t))
         return fsdp_tensor_resize(ctx, *t, ndim, shape);
     fsdp_tensor *fresh;
-    FSDP_TRY(fsdp_tensor_create(ctx, dtype, device, ndim, shape, &fresh));
+    FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, dtype, device, ndim, shape, &fresh));
     fsdp_tensor_free(*t);
     *t = fresh;
     return FSDP_OK;
@@ -220,7 +221,7 @@ static fsdp_status run_step(fsdp_ctx *ctx, const fsdp_dtensor_spec *spec, int i,
                             const fsdp_tensor *in, fsdp_tensor *out) {
     fsdp_placement from = spec->placements[i];
     fsdp_group *g;
-    FSDP_TRY(fsdp_mesh_get_group(ctx, spec->mesh, fsdp_mesh_dim_name(spec->mesh, i), &g));
+    FSDP_TRY_AT(ctx, fsdp_mesh_get_group(ctx, spec->mesh, fsdp_mesh_dim_name(spec->mesh, i), &g));
     int coord = fsdp_mesh_coordinate(spec->mesh, i), size = fsdp_mesh_size(spec->mesh, i);
     switch (from.kind) {
     case FSDP_PLACEMENT_SHARD:
@@ -230,7 +231,7 @@ static fsdp_status run_step(fsdp_ctx *ctx, const fsdp_dtensor_spec *spec, int i,
     case FSDP_PLACEMENT_PARTIAL:
         if (to.kind == FSDP_PLACEMENT_SHARD)
             return fsdp_reduce_scatter(ctx, g, out, in, to.dim, FSDP_REDUCE_SUM);
-        FSDP_TRY(fsdp_tensor_copy(ctx, out, in));
+        FSDP_TRY_AT(ctx, fsdp_tensor_copy(ctx, out, in));
         return fsdp_all_reduce(ctx, g, out, FSDP_REDUCE_SUM);
     case FSDP_PLACEMENT_REPLICATE:
         if (to.kind == FSDP_PLACEMENT_SHARD) {
@@ -252,8 +253,9 @@ fsdp_status tp_redistribute(fsdp_ctx *ctx, const fsdp_dtensor_spec *from, const 
                             const fsdp_placement *to, tp_work *w, fsdp_tensor **out,
                             const fsdp_tensor **result) {
     fsdp_dtensor_spec target, cur = *from;
-    FSDP_TRY(tp_check_cpu(ctx, in, "redistribute", "the local tensor"));
-    FSDP_TRY(tp_spec_init(ctx, &target, from->mesh, to, from->ndim, from->shape, "redistribute"));
+    FSDP_TRY_AT(ctx, tp_check_cpu(ctx, in, "redistribute", "the local tensor"));
+    FSDP_TRY_AT(
+        ctx, tp_spec_init(ctx, &target, from->mesh, to, from->ndim, from->shape, "redistribute"));
     int64_t off[FSDP_MAX_DIMS], len[FSDP_MAX_DIMS];
     tp_spec_block(from, off, len);
     for (int d = 0; d < from->ndim; d++)
@@ -277,8 +279,9 @@ fsdp_status tp_redistribute(fsdp_ctx *ctx, const fsdp_dtensor_spec *from, const 
         if (fsdp_mesh_size(from->mesh, steps[s].mesh_dim) > 1) {
             fsdp_tensor **dst = k == nlive - 1 ? out : &w->buf[k % 2];
             tp_spec_block(&next, off, len);
-            FSDP_TRY(tp_buffer(ctx, dst, in->dtype, fsdp_tensor_device(in), from->ndim, len));
-            FSDP_TRY(run_step(ctx, &cur, steps[s].mesh_dim, steps[s].to, x, *dst));
+            FSDP_TRY_AT(ctx,
+                        tp_buffer(ctx, dst, in->dtype, fsdp_tensor_device(in), from->ndim, len));
+            FSDP_TRY_AT(ctx, run_step(ctx, &cur, steps[s].mesh_dim, steps[s].to, x, *dst));
             x = *dst;
             k++;
         }

@@ -91,8 +91,8 @@ static fsdp_status arriving_spec(fsdp_ctx *ctx, const style_state *s, const fsdp
         *spec = dt->spec;
         return FSDP_OK;
     }
-    FSDP_TRY(tp_spec_init(ctx, spec, s->mesh, &placement, t->ndim, t->shape,
-                          fsdp_tp_style_kind_to_string(s->style.kind)));
+    FSDP_TRY_AT(ctx, tp_spec_init(ctx, spec, s->mesh, &placement, t->ndim, t->shape,
+                                  fsdp_tp_style_kind_to_string(s->style.kind)));
     if (spec->placements[0].kind == FSDP_PLACEMENT_SHARD)
         spec->shape[spec->placements[0].dim] *= fsdp_mesh_size(s->mesh, 0);
     return FSDP_OK;
@@ -104,16 +104,17 @@ static fsdp_status site_move(fsdp_ctx *ctx, site *st, const fsdp_dtensor_spec *f
                              const fsdp_tensor *t, fsdp_placement to, bool as_dtensor,
                              const fsdp_tensor **io, fsdp_dtensor_spec *to_spec) {
     const fsdp_tensor *result;
-    FSDP_TRY(tp_redistribute(ctx, from, t, &to, &st->work, &st->buf, &result));
+    FSDP_TRY_AT(ctx, tp_redistribute(ctx, from, t, &to, &st->work, &st->buf, &result));
     fsdp_dtensor_spec spec;
-    FSDP_TRY(tp_spec_init(ctx, &spec, from->mesh, &to, from->ndim, from->shape, "redistribute"));
+    FSDP_TRY_AT(ctx,
+                tp_spec_init(ctx, &spec, from->mesh, &to, from->ndim, from->shape, "redistribute"));
     if (to_spec) *to_spec = spec;
     if (!as_dtensor) {
         *io = result;
         return FSDP_OK;
     }
     if (!st->handle) {
-        FSDP_TRY(tp_dtensor_wrap(ctx, result, &spec, &st->handle));
+        FSDP_TRY_AT(ctx, tp_dtensor_wrap(ctx, result, &spec, &st->handle));
     } else {
         fsdp_tensor_alias(st->handle->local, result);
         st->handle->spec = spec;
@@ -144,7 +145,7 @@ static fsdp_status pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point po
     style_state *s = user;
     const fsdp_tensor *x = *io;
     s->in_was_dtensor = fsdp_dtensor_of(x) != NULL;
-    FSDP_TRY(arriving_spec(ctx, s, x, s->style.input_layouts, &s->in_spec));
+    FSDP_TRY_AT(ctx, arriving_spec(ctx, s, x, s->style.input_layouts, &s->in_spec));
     bool as_dtensor =
         s->style.kind == FSDP_TP_PREPARE_INPUT
             ? s->style.use_local_output == FSDP_TP_NO
@@ -173,7 +174,7 @@ static fsdp_status op_output_spec(fsdp_ctx *ctx, const style_state *s, const fsd
     default:
         return arriving_spec(ctx, s, y, s->style.output_layouts, spec);
     }
-    FSDP_TRY(tp_spec_init(ctx, spec, s->mesh, &p, y->ndim, y->shape, what));
+    FSDP_TRY_AT(ctx, tp_spec_init(ctx, spec, s->mesh, &p, y->ndim, y->shape, what));
     if (p.kind == FSDP_PLACEMENT_SHARD) {
         int d = spec->placements[0].dim;
         /* Colwise: the Linear's global out_features; SequenceParallel: the input's dim. */
@@ -213,7 +214,7 @@ static fsdp_status post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
     style_state *s = user;
     const fsdp_tensor *y = *io;
     if (s->style.kind == FSDP_TP_PREPARE_INPUT) return FSDP_OK;
-    FSDP_TRY(op_output_spec(ctx, s, y, &s->op_out_spec));
+    FSDP_TRY_AT(ctx, op_output_spec(ctx, s, y, &s->op_out_spec));
     if (s->bias && fsdp_mesh_coordinate(s->mesh, 0) == 0) {
         /* Rowwise: the Replicate bias joins the Partial sum once, on coordinate 0. The output
          * is this module's own buffer (a Linear), so adding in place is safe. */
@@ -225,7 +226,7 @@ static fsdp_status post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
     fsdp_placement to = s->style.kind == FSDP_TP_PREPARE_OUTPUT ? s->style.desired_output_layouts
                         : s->style.kind == FSDP_TP_SEQUENCE_PARALLEL ? s->op_out_spec.placements[0]
                                                                      : s->style.output_layouts;
-    if (s->even_output) FSDP_TRY(check_even_output(ctx, s, m, to));
+    if (s->even_output) FSDP_TRY_AT(ctx, check_even_output(ctx, s, m, to));
     s->out_is_dtensor = s->style.use_local_output == FSDP_TP_NO;
     return site_move(ctx, &s->out_fwd, &s->op_out_spec, y, to, s->out_is_dtensor, io, &s->out_spec);
 }
@@ -236,17 +237,17 @@ static fsdp_status post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
 static fsdp_status sp_grads(fsdp_ctx *ctx, style_state *s, bool before) {
     fsdp_group *g = NULL;
     bool partial = s->in_spec.placements[0].kind == FSDP_PLACEMENT_SHARD;
-    if (!before && partial) FSDP_TRY(fsdp_mesh_get_group(ctx, s->mesh, NULL, &g));
+    if (!before && partial) FSDP_TRY_AT(ctx, fsdp_mesh_get_group(ctx, s->mesh, NULL, &g));
     for (int i = 0; i < s->n_params; i++) {
         fsdp_param *p = s->params[i];
         if (before) {
             s->real[i] = fsdp_param_grad(p);
-            FSDP_TRY(fsdp_tensor_fill(ctx, s->scratch[i], 0.0f));
+            FSDP_TRY_AT(ctx, fsdp_tensor_fill(ctx, s->scratch[i], 0.0f));
             fsdp_nn_param_swap_grad(p, s->scratch[i]);
             continue;
         }
         fsdp_nn_param_swap_grad(p, s->real[i]);
-        if (partial) FSDP_TRY(fsdp_all_reduce(ctx, g, s->scratch[i], FSDP_REDUCE_SUM));
+        if (partial) FSDP_TRY_AT(ctx, fsdp_all_reduce(ctx, g, s->scratch[i], FSDP_REDUCE_SUM));
         fsdp_tensor *grad = fsdp_param_grad(p);
         fsdp_kernels_for(fsdp_tensor_device(grad))
             ->axpy(fsdp_tensor_f32(grad), 1.0f, fsdp_tensor_f32(s->scratch[i]),
@@ -260,7 +261,7 @@ static fsdp_status pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
     (void)m;
     (void)point;
     style_state *s = user;
-    if (s->style.kind == FSDP_TP_SEQUENCE_PARALLEL) FSDP_TRY(sp_grads(ctx, s, true));
+    if (s->style.kind == FSDP_TP_SEQUENCE_PARALLEL) FSDP_TRY_AT(ctx, sp_grads(ctx, s, true));
     if (s->style.kind == FSDP_TP_PREPARE_INPUT) return FSDP_OK;
     const fsdp_tensor *dy = *io;
     fsdp_dtensor_spec grad_spec;
@@ -277,7 +278,7 @@ static fsdp_status pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
     tp_backward_placements(&s->op_out_spec, &to);
     bool as_dtensor =
         fsdp_dtensor_of(dy) && s->style.kind != FSDP_TP_COLWISE && s->style.kind != FSDP_TP_ROWWISE;
-    FSDP_TRY(site_move(ctx, &s->out_bwd, &grad_spec, dy, to, as_dtensor, io, NULL));
+    FSDP_TRY_AT(ctx, site_move(ctx, &s->out_bwd, &grad_spec, dy, to, as_dtensor, io, NULL));
     if (s->bias && fsdp_param_requires_grad(s->bias)) { /* Rowwise: the gradient is Replicate now */
         int64_t oc = fsdp_tensor_dim(fsdp_param_grad(s->bias), 0);
         fsdp_kernels_for(fsdp_tensor_device(*io))
@@ -292,7 +293,7 @@ static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
     (void)m;
     (void)point;
     style_state *s = user;
-    if (s->style.kind == FSDP_TP_SEQUENCE_PARALLEL) FSDP_TRY(sp_grads(ctx, s, false));
+    if (s->style.kind == FSDP_TP_SEQUENCE_PARALLEL) FSDP_TRY_AT(ctx, sp_grads(ctx, s, false));
     const fsdp_tensor *dx = *io;
     if (!dx || s->style.kind == FSDP_TP_PREPARE_OUTPUT) return FSDP_OK;
     /* The input gradient as the op made it: Colwise's is Partial (a sum over the sharded
@@ -303,8 +304,8 @@ static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
     } else {
         fsdp_placement p =
             s->style.kind == FSDP_TP_COLWISE ? FSDP_PARTIAL : op_input_placement(s, &s->in_spec);
-        FSDP_TRY(tp_spec_init(ctx, &grad_spec, s->mesh, &p, s->in_spec.ndim, s->in_spec.shape,
-                              "input gradient"));
+        FSDP_TRY_AT(ctx, tp_spec_init(ctx, &grad_spec, s->mesh, &p, s->in_spec.ndim,
+                                      s->in_spec.shape, "input gradient"));
     }
     fsdp_placement to;
     tp_backward_placements(&s->in_spec, &to);
@@ -324,7 +325,8 @@ static fsdp_status distribute_param(fsdp_ctx *ctx, fsdp_param *p, const fsdp_mes
                          "style",
                          fsdp_param_name(p), fsdp_module_fqn(fsdp_param_module(p)));
     fsdp_dtensor *dt;
-    FSDP_TRY(fsdp_distribute_tensor(ctx, fsdp_param_data(p), mesh, &placement, src_rank, &dt));
+    FSDP_TRY_AT(ctx,
+                fsdp_distribute_tensor(ctx, fsdp_param_data(p), mesh, &placement, src_rank, &dt));
     fsdp_tensor *data = NULL, *grad = NULL;
     fsdp_dtensor_spec *spec = malloc(sizeof *spec);
     fsdp_status st = spec ? fsdp_tensor_create_like(ctx, dt->local, &data)
@@ -441,7 +443,7 @@ fsdp_status tp_style_check(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tp_st
     char where[200];
     fsdp_nn_describe(m, where, sizeof where);
     fsdp_tp_style resolved;
-    FSDP_TRY(resolve_style(ctx, style, where, &resolved));
+    FSDP_TRY_AT(ctx, resolve_style(ctx, style, where, &resolved));
     bool rowwise_embedding = style->kind == FSDP_TP_ROWWISE && fsdp_nn_is_embedding(m);
     if ((style->kind == FSDP_TP_COLWISE || style->kind == FSDP_TP_ROWWISE) &&
         !fsdp_nn_is_linear(m) && !rowwise_embedding)
@@ -456,7 +458,7 @@ fsdp_status tp_style_check(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tp_st
                              "module takes one style",
                              where, fsdp_param_name(fsdp_module_param(m, i)));
     /* TP after FSDP: the wrapper holds these parameters in its flat buffers. */
-    FSDP_TRY(fsdp_nn_check_unmanaged(ctx, (fsdp_module *)m, "fsdp_tp_parallelize"));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_unmanaged(ctx, (fsdp_module *)m, "fsdp_tp_parallelize"));
     return FSDP_OK;
 }
 
@@ -466,7 +468,7 @@ fsdp_status tp_style_check(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tp_st
 static fsdp_status setup_embedding(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_rank) {
     s->embedding = true;
     s->weight = fsdp_module_get_param(m, "weight");
-    FSDP_TRY(distribute_param(ctx, s->weight, s->mesh, FSDP_SHARD(0), src_rank));
+    FSDP_TRY_AT(ctx, distribute_param(ctx, s->weight, s->mesh, FSDP_SHARD(0), src_rank));
     int64_t off[FSDP_MAX_DIMS], len[FSDP_MAX_DIMS];
     tp_spec_block(fsdp_nn_param_dist(s->weight), off, len);
     return fsdp_nn_embedding_shard_vocab(ctx, m, off[0]);
@@ -486,11 +488,11 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_
         bool col = s->style.kind == FSDP_TP_COLWISE;
         s->weight = fsdp_module_get_param(m, "weight");
         fsdp_param *bias = fsdp_module_get_param(m, "bias");
-        FSDP_TRY(distribute_param(ctx, s->weight, s->mesh, col ? FSDP_SHARD(0) : FSDP_SHARD(1),
-                                  src_rank));
+        FSDP_TRY_AT(ctx, distribute_param(ctx, s->weight, s->mesh,
+                                          col ? FSDP_SHARD(0) : FSDP_SHARD(1), src_rank));
         if (bias) {
-            FSDP_TRY(distribute_param(ctx, bias, s->mesh, col ? FSDP_SHARD(0) : FSDP_REPLICATE,
-                                      src_rank));
+            FSDP_TRY_AT(ctx, distribute_param(ctx, bias, s->mesh,
+                                              col ? FSDP_SHARD(0) : FSDP_REPLICATE, src_rank));
             if (!col) {
                 fsdp_nn_param_set_hook_applied(bias, true);
                 s->bias = bias;
@@ -501,16 +503,17 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_
     if (s->style.kind != FSDP_TP_SEQUENCE_PARALLEL) return FSDP_OK;
     /* SequenceParallel: every parameter of the subtree is replicated. */
     int n = 0;
-    FSDP_TRY(fsdp_module_visit_params(ctx, m, count_param, &n));
+    FSDP_TRY_AT(ctx, fsdp_module_visit_params(ctx, m, count_param, &n));
     s->params = calloc((size_t)n + 1, sizeof *s->params);
     s->scratch = calloc((size_t)n + 1, sizeof *s->scratch);
     s->real = calloc((size_t)n + 1, sizeof *s->real);
     if (!s->params || !s->scratch || !s->real)
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate %s state", name);
-    FSDP_TRY(fsdp_module_visit_params(ctx, m, collect_param, s));
+    FSDP_TRY_AT(ctx, fsdp_module_visit_params(ctx, m, collect_param, s));
     for (int i = 0; i < s->n_params; i++) {
-        FSDP_TRY(distribute_param(ctx, s->params[i], s->mesh, FSDP_REPLICATE, src_rank));
-        FSDP_TRY(fsdp_tensor_create_like(ctx, fsdp_param_grad(s->params[i]), &s->scratch[i]));
+        FSDP_TRY_AT(ctx, distribute_param(ctx, s->params[i], s->mesh, FSDP_REPLICATE, src_rank));
+        FSDP_TRY_AT(ctx,
+                    fsdp_tensor_create_like(ctx, fsdp_param_grad(s->params[i]), &s->scratch[i]));
     }
     return FSDP_OK;
 }
@@ -538,9 +541,9 @@ fsdp_status tp_style_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
                          "%s on %s: tensor parallelism takes a 1-d mesh, this one has %d dims; "
                          "pass the tp dim's sub-mesh (fsdp_mesh_dim(ctx, mesh, \"tp\", &tp))",
                          fsdp_tp_style_kind_to_string(style->kind), where, fsdp_mesh_ndim(mesh));
-    FSDP_TRY(
-        fsdp_nn_check_on_cpu(ctx, m, "fsdp_tp_apply", "tensor parallelism", "parallelising it"));
-    FSDP_TRY(tp_style_check(ctx, m, style));
+    FSDP_TRY_AT(ctx, fsdp_nn_check_on_cpu(ctx, m, "fsdp_tp_apply", "tensor parallelism",
+                                          "parallelising it"));
+    FSDP_TRY_AT(ctx, tp_style_check(ctx, m, style));
     fsdp_tp_options o = opts ? *opts : (fsdp_tp_options){0};
     style_state *s = calloc(1, sizeof *s);
     if (!s) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate TP style state");

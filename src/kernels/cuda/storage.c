@@ -24,9 +24,9 @@ static int cuda_device_count(void) {
 
 /* Zeroed on this thread's stream: the zeros come before any later work of the thread. */
 static fsdp_status cuda_alloc(fsdp_ctx *ctx, int index, size_t nbytes, void **out) {
-    FSDP_TRY(use_device(ctx, index));
+    FSDP_TRY_AT(ctx, use_device(ctx, index));
     void *p = NULL;
-    FSDP_TRY(fsdp_cuda_block_alloc(ctx, index, nbytes, &p));
+    FSDP_TRY_AT(ctx, fsdp_cuda_block_alloc(ctx, index, nbytes, &p));
     cudaError_t err = cudaMemsetAsync(p, 0, nbytes, fsdp_cuda_stream());
     if (err != cudaSuccess) {
         fsdp_cuda_block_free(index, p);
@@ -52,7 +52,7 @@ static int copy_device(fsdp_device dst_dev, fsdp_device src_dev) {
 static fsdp_status cuda_copy(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, const void *src,
                              fsdp_device src_dev, size_t nbytes) {
     if (nbytes == 0 || dst == src) return FSDP_OK;
-    FSDP_TRY(use_device(ctx, copy_device(dst_dev, src_dev)));
+    FSDP_TRY_AT(ctx, use_device(ctx, copy_device(dst_dev, src_dev)));
     FSDP_CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, fsdp_cuda_stream()));
     if (dst_dev.type == FSDP_DEVICE_CPU)
         FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(fsdp_cuda_stream()));
@@ -63,7 +63,7 @@ static fsdp_status cuda_copy_2d(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, s
                                 const void *src, fsdp_device src_dev, size_t src_pitch,
                                 size_t width, size_t rows) {
     if (width == 0 || rows == 0) return FSDP_OK;
-    FSDP_TRY(use_device(ctx, copy_device(dst_dev, src_dev)));
+    FSDP_TRY_AT(ctx, use_device(ctx, copy_device(dst_dev, src_dev)));
     if (rows == 1)
         FSDP_CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, fsdp_cuda_stream()));
     else
@@ -88,7 +88,7 @@ static fsdp_status cuda_fill(fsdp_ctx *ctx, int index, void *dst, const void *va
                          elem_size);
     }
     if (n <= 0) return FSDP_OK;
-    FSDP_TRY(use_device(ctx, index));
+    FSDP_TRY_AT(ctx, use_device(ctx, index));
     FSDP_CUDA_TRY(ctx, fsdp_cuda_fill_bits(dst, bits, elem_size, n));
     return FSDP_OK;
 }
@@ -103,7 +103,7 @@ static fsdp_status cuda_convert(fsdp_ctx *ctx, int index, void *dst, fsdp_dtype 
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "no conversion from %s to %s",
                          fsdp_dtype_to_string(src_dtype), fsdp_dtype_to_string(dst_dtype));
     if (n <= 0) return FSDP_OK;
-    FSDP_TRY(use_device(ctx, index));
+    FSDP_TRY_AT(ctx, use_device(ctx, index));
     FSDP_CUDA_TRY(ctx, cudaGetLastError()); // an earlier failure is not this conversion's
     if (narrow)
         fsdp_cuda_f32_to_bf16(dst, src, n);
@@ -117,7 +117,7 @@ static fsdp_status cuda_convert(fsdp_ctx *ctx, int index, void *dst, fsdp_dtype 
 }
 
 static fsdp_status cuda_synchronize(fsdp_ctx *ctx, int index) {
-    FSDP_TRY(use_device(ctx, index));
+    FSDP_TRY_AT(ctx, use_device(ctx, index));
     FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(fsdp_cuda_stream()));
     return FSDP_OK;
 }
@@ -143,7 +143,7 @@ static void cuda_host_free(void *ptr) {
 /* ---- streams and events ---- */
 
 static fsdp_status cuda_stream_create(fsdp_ctx *ctx, int index, void **out) {
-    FSDP_TRY(use_device(ctx, index));
+    FSDP_TRY_AT(ctx, use_device(ctx, index));
     cudaStream_t s = NULL;
     FSDP_CUDA_TRY(ctx, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     *out = s;
@@ -173,13 +173,13 @@ static cudaStream_t stream_of(int index, void *handle) {
 }
 
 static fsdp_status cuda_stream_synchronize(fsdp_ctx *ctx, int index, void *stream) {
-    FSDP_TRY(use_device(ctx, index));
+    FSDP_TRY_AT(ctx, use_device(ctx, index));
     FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(stream_of(index, stream)));
     return FSDP_OK;
 }
 
 static fsdp_status cuda_event_create(fsdp_ctx *ctx, int index, void **out) {
-    FSDP_TRY(use_device(ctx, index));
+    FSDP_TRY_AT(ctx, use_device(ctx, index));
     cudaEvent_t e = NULL;
     FSDP_CUDA_TRY(ctx, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     *out = e;
@@ -192,13 +192,13 @@ static void cuda_event_destroy(int index, void *event) {
 }
 
 static fsdp_status cuda_event_record(fsdp_ctx *ctx, int index, void *event, void *stream) {
-    FSDP_TRY(use_device(ctx, index));
+    FSDP_TRY_AT(ctx, use_device(ctx, index));
     FSDP_CUDA_TRY(ctx, cudaEventRecord(event, stream_of(index, stream)));
     return FSDP_OK;
 }
 
 static fsdp_status cuda_stream_wait_event(fsdp_ctx *ctx, int index, void *stream, void *event) {
-    FSDP_TRY(use_device(ctx, index));
+    FSDP_TRY_AT(ctx, use_device(ctx, index));
     FSDP_CUDA_TRY(ctx, cudaStreamWaitEvent(stream_of(index, stream), event, 0));
     return FSDP_OK;
 }

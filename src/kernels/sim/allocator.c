@@ -119,7 +119,7 @@ static fsdp_status out_of_memory(fsdp_ctx *ctx, int device, size_t size) {
 }
 
 fsdp_status sim_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void **out) {
-    FSDP_TRY(sim_window_ensure(ctx));
+    FSDP_TRY_AT(ctx, sim_window_ensure(ctx));
     size_t size = round_size(nbytes);
     if (size < nbytes || size > sim_capacity()) return out_of_memory(ctx, device, nbytes);
     pool *p = &pools[device];

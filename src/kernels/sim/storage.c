@@ -201,9 +201,9 @@ static void run_convert(void *arg) {
 
 /* Zeroed on the current stream: the zeros come before any later work of the thread. */
 static fsdp_status sim_alloc(fsdp_ctx *ctx, int index, size_t nbytes, void **out) {
-    FSDP_TRY(begin(ctx, index));
+    FSDP_TRY_AT(ctx, begin(ctx, index));
     void *p = NULL;
-    FSDP_TRY(sim_block_alloc(ctx, index, nbytes, &p));
+    FSDP_TRY_AT(ctx, sim_block_alloc(ctx, index, nbytes, &p));
     bytes_args a = {sim_shadow(p), NULL, nbytes};
     sim_launch(current(index), run_bytes, &a, sizeof a);
     *out = p;
@@ -219,9 +219,11 @@ static fsdp_status copy_sides(fsdp_ctx *ctx, const void *dst, fsdp_device dst_de
                               fsdp_device src_dev, int *index) {
     bool dst_sim = dst_dev.type == FSDP_DEVICE_SIM, src_sim = src_dev.type == FSDP_DEVICE_SIM;
     *index = dst_sim ? dst_dev.index : src_dev.index;
-    FSDP_TRY(begin(ctx, *index));
-    if (dst_sim) FSDP_TRY(check_on(ctx, dst, dst_dev.index, "copy to the simulated device"));
-    if (src_sim) FSDP_TRY(check_on(ctx, src, src_dev.index, "copy from the simulated device"));
+    FSDP_TRY_AT(ctx, begin(ctx, *index));
+    if (dst_sim)
+        FSDP_TRY_AT(ctx, check_on(ctx, dst, dst_dev.index, "copy to the simulated device"));
+    if (src_sim)
+        FSDP_TRY_AT(ctx, check_on(ctx, src, src_dev.index, "copy from the simulated device"));
     return FSDP_OK;
 }
 
@@ -231,7 +233,7 @@ static fsdp_status sim_copy(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, const
                             fsdp_device src_dev, size_t nbytes) {
     if (nbytes == 0 || dst == src) return FSDP_OK;
     int index;
-    FSDP_TRY(copy_sides(ctx, dst, dst_dev, src, src_dev, &index));
+    FSDP_TRY_AT(ctx, copy_sides(ctx, dst, dst_dev, src, src_dev, &index));
     sim_stream *s = current(index);
     bool from_host = src_dev.type != FSDP_DEVICE_SIM, to_host = dst_dev.type != FSDP_DEVICE_SIM;
     void *d = to_host ? dst : sim_shadow(dst);
@@ -261,12 +263,12 @@ static fsdp_status sim_copy_2d(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, si
     if (from_host && !is_pinned(src, (rows - 1) * src_pitch + width)) {
         // Pageable rows: one row at a time, each taken now.
         for (size_t r = 0; r < rows; r++)
-            FSDP_TRY(sim_copy(ctx, (char *)dst + r * dst_pitch, dst_dev,
-                              (const char *)src + r * src_pitch, src_dev, width));
+            FSDP_TRY_AT(ctx, sim_copy(ctx, (char *)dst + r * dst_pitch, dst_dev,
+                                      (const char *)src + r * src_pitch, src_dev, width));
         return FSDP_OK;
     }
     int index;
-    FSDP_TRY(copy_sides(ctx, dst, dst_dev, src, src_dev, &index));
+    FSDP_TRY_AT(ctx, copy_sides(ctx, dst, dst_dev, src, src_dev, &index));
     sim_stream *s = current(index);
     rows_args a = {to_host ? dst : sim_shadow(dst),
                    from_host ? src : sim_shadow(src),
@@ -293,8 +295,8 @@ static fsdp_status sim_fill(fsdp_ctx *ctx, int index, void *dst, const void *val
                          elem_size);
     }
     if (n <= 0) return FSDP_OK;
-    FSDP_TRY(begin(ctx, index));
-    FSDP_TRY(check_on(ctx, dst, index, "fill"));
+    FSDP_TRY_AT(ctx, begin(ctx, index));
+    FSDP_TRY_AT(ctx, check_on(ctx, dst, index, "fill"));
     a.dst = sim_shadow(dst);
     sim_launch(current(index), run_fill, &a, sizeof a);
     return FSDP_OK;
@@ -310,16 +312,16 @@ static fsdp_status sim_convert(fsdp_ctx *ctx, int index, void *dst, fsdp_dtype d
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "no conversion from %s to %s",
                          fsdp_dtype_to_string(src_dtype), fsdp_dtype_to_string(dst_dtype));
     if (n <= 0) return FSDP_OK;
-    FSDP_TRY(begin(ctx, index));
-    FSDP_TRY(check_on(ctx, dst, index, "convert"));
-    FSDP_TRY(check_on(ctx, src, index, "convert"));
+    FSDP_TRY_AT(ctx, begin(ctx, index));
+    FSDP_TRY_AT(ctx, check_on(ctx, dst, index, "convert"));
+    FSDP_TRY_AT(ctx, check_on(ctx, src, index, "convert"));
     convert_args a = {sim_shadow(dst), sim_shadow(src), dst_dtype, src_dtype, n};
     sim_launch(current(index), run_convert, &a, sizeof a);
     return FSDP_OK;
 }
 
 static fsdp_status sim_synchronize(fsdp_ctx *ctx, int index) {
-    FSDP_TRY(begin(ctx, index));
+    FSDP_TRY_AT(ctx, begin(ctx, index));
     sim_stream_sync(current(index));
     return FSDP_OK;
 }
@@ -328,7 +330,7 @@ static fsdp_status sim_synchronize(fsdp_ctx *ctx, int index) {
 
 /* The stream a handle names on device index (NULL: the thread's current). */
 static fsdp_status stream_on(fsdp_ctx *ctx, int index, void *handle, sim_stream **out) {
-    FSDP_TRY(begin(ctx, index));
+    FSDP_TRY_AT(ctx, begin(ctx, index));
     if (handle && sim_stream_device(handle) != index)
         return FSDP_FAIL(ctx, FSDP_ERR_DEVICE, "a stream of sim:%d used as one of sim:%d",
                          sim_stream_device(handle), index);
@@ -337,7 +339,7 @@ static fsdp_status stream_on(fsdp_ctx *ctx, int index, void *handle, sim_stream 
 }
 
 static fsdp_status sim_stream_create(fsdp_ctx *ctx, int index, void **out) {
-    FSDP_TRY(begin(ctx, index));
+    FSDP_TRY_AT(ctx, begin(ctx, index));
     sim_stream *s = sim_stream_new(index);
     if (!s)
         return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
@@ -362,13 +364,13 @@ static void sim_stream_set_current(int index, void *stream) {
 
 static fsdp_status sim_stream_synchronize(fsdp_ctx *ctx, int index, void *stream) {
     sim_stream *s = NULL;
-    FSDP_TRY(stream_on(ctx, index, stream, &s));
+    FSDP_TRY_AT(ctx, stream_on(ctx, index, stream, &s));
     sim_stream_sync(s);
     return FSDP_OK;
 }
 
 static fsdp_status sim_event_create(fsdp_ctx *ctx, int index, void **out) {
-    FSDP_TRY(begin(ctx, index));
+    FSDP_TRY_AT(ctx, begin(ctx, index));
     sim_event *e = sim_event_new(index);
     if (!e) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "sim:%d: no memory for an event", index);
     *out = e;
@@ -382,14 +384,14 @@ static void sim_event_destroy(int index, void *event) {
 
 static fsdp_status sim_event_record_on(fsdp_ctx *ctx, int index, void *event, void *stream) {
     sim_stream *s = NULL;
-    FSDP_TRY(stream_on(ctx, index, stream, &s));
+    FSDP_TRY_AT(ctx, stream_on(ctx, index, stream, &s));
     sim_event_record(event, s);
     return FSDP_OK;
 }
 
 static fsdp_status sim_stream_wait(fsdp_ctx *ctx, int index, void *stream, void *event) {
     sim_stream *s = NULL;
-    FSDP_TRY(stream_on(ctx, index, stream, &s));
+    FSDP_TRY_AT(ctx, stream_on(ctx, index, stream, &s));
     sim_stream_wait_event(s, event);
     return FSDP_OK;
 }
