@@ -415,6 +415,17 @@ static void test_bad_metadata(void) {
     fclose(f);
     FSDP_TEST_FAILS(fsdp_ckpt_open(ctx, path, &ck), FSDP_ERR_IO, "metadata.h5");
     CU_ASSERT_PTR_NULL(ck);
+    /* The trail has a hop per function the failure passed, the public call first, each with
+     * its function, and the origin last (docs/comm.md, "Error trails"). */
+    const char *trail = fsdp_last_error_trail(ctx), *origin = fsdp_last_error_origin(ctx);
+    int hops = 0;
+    for (const char *p = strstr(trail, " -> "); p; p = strstr(p + 4, " -> ")) hops++;
+    CU_ASSERT_EQUAL(strncmp(trail, "src/ckpt/load.c:", 16), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(trail, " (fsdp_ckpt_open) -> src/ckpt/"));
+    CU_ASSERT_TRUE(hops >= 2);
+    CU_ASSERT_TRUE(strlen(origin) > 0 && strlen(trail) > strlen(origin) &&
+                   strcmp(trail + strlen(trail) - strlen(origin), origin) == 0);
+    if (hops < 2) fprintf(stderr, "\n  trail: %s\n", trail);
     /* Truncated: in its superblock, and halfway. */
     struct stat sb;
     snprintf(cmd, sizeof cmd, "%s.bak", file);

@@ -189,5 +189,5 @@ fsdp_status ckpt_shard_check(fsdp_ctx *ctx, hid_t file, const char *name, int ra
                       "%s was written by rank %lld of its save, not rank %d (renamed?): put each "
                       "shard back under its own name",
                       name, (long long)r, rank);
-    return s;
+    return FSDP_PASS(ctx, s);
 }

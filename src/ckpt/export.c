@@ -35,7 +35,7 @@ static fsdp_status export_tensor(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, hid_t file
         h5_unlock();
     }
     free(buf);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 fsdp_status fsdp_ckpt_export_h5(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
@@ -67,7 +67,7 @@ fsdp_status fsdp_ckpt_export_h5(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
         s = locked;
     }
     if (s != FSDP_OK) ckpt_remove_partial(path);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 /* ---- safetensors ---- */
@@ -158,7 +158,7 @@ static fsdp_status write_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, bool with_opt
     }
     if (s == FSDP_OK && ferror(f))
         s = FSDP_FAIL(ctx, FSDP_ERR_IO, "writing failed: %s", strerror(errno));
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 fsdp_status fsdp_ckpt_export_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *path,
@@ -192,5 +192,5 @@ fsdp_status fsdp_ckpt_export_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, const cha
         s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, __func__, "export to '%s'", path);
         ckpt_remove_partial(path);
     }
-    return s;
+    return FSDP_PASS(ctx, s);
 }

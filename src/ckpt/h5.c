@@ -194,7 +194,7 @@ static fsdp_status write_dataset(fsdp_ctx *ctx, hid_t file, const char *path, hi
     H5Sclose(space);
     H5Pclose(lcpl);
     H5Pclose(dcpl);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status h5_write(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype dtype, int ndim,
@@ -311,7 +311,7 @@ fsdp_status h5_read_rows(fsdp_ctx *ctx, hid_t file, const char *path, fsdp_dtype
     H5Sclose(fspace);
     H5Dclose(ds);
     free(buf);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 /* Whether `bytes` of uncompressed data can be in the file at all: no table or string of

@@ -175,7 +175,7 @@ static fsdp_status check_zstd_chunk(fsdp_ctx *ctx, hid_t dcpl, const char *path,
                           path);
     }
     H5Eclear2(H5E_DEFAULT);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 /* The storage holds all of the dataset, as libfsdp writes it: HDF5 returns fill values for
@@ -204,7 +204,7 @@ static fsdp_status check_storage(fsdp_ctx *ctx, hid_t ds, const char *path, int 
     }
     H5Pclose(dcpl);
     H5Eclear2(H5E_DEFAULT);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 fsdp_status h5_dataset_open(fsdp_ctx *ctx, hid_t file, const char *path, hid_t ftype, int ndim,
@@ -225,5 +225,5 @@ fsdp_status h5_dataset_open(fsdp_ctx *ctx, hid_t file, const char *path, hid_t f
     if (s == FSDP_OK) s = check_type(ctx, *ds, path, ftype);
     if (s == FSDP_OK) s = check_storage(ctx, *ds, path, ndim, dims, H5Tget_size(ftype));
     if (s != FSDP_OK) H5Dclose(*ds);
-    return s;
+    return FSDP_PASS(ctx, s);
 }

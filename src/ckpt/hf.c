@@ -201,7 +201,7 @@ fsdp_status fsdp_llama_config_from_hf_json(fsdp_ctx *ctx, const char *json,
     if (s == FSDP_OK) s = fsdp_llama_config_resolve(ctx, &c, out);
     if (s != FSDP_OK)
         s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, __func__, "Hugging Face config.json");
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 /* ---- export as a model directory ---- */
@@ -363,7 +363,7 @@ static fsdp_status write_byte_tokenizer(fsdp_ctx *ctx, const char *dir, int64_t 
     }
     free(t1);
     free(t2);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 fsdp_status fsdp_ckpt_export_hf(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *dir,
@@ -400,12 +400,12 @@ fsdp_status fsdp_ckpt_export_hf(fsdp_ctx *ctx, fsdp_ckpt *ck, const char *dir,
     snprintf(path, sizeof path, "%s/config.json", dir);
     s = write_text(ctx, path, text);
     free(text);
-    if (s != FSDP_OK) return s;
+    if (s != FSDP_OK) return FSDP_PASS(ctx, s);
     char weights[4200];
     snprintf(weights, sizeof weights, "%s/model.safetensors", dir);
     s = fsdp_ckpt_export_safetensors(ctx, ck, weights, NULL);
     if (s == FSDP_OK && c.vocab_size == BYTE_VOCAB)
         s = write_byte_tokenizer(ctx, dir, c.max_seq_len);
     if (s != FSDP_OK) ckpt_remove_partial(path);
-    return s;
+    return FSDP_PASS(ctx, s);
 }

@@ -51,7 +51,7 @@ static fsdp_status check_names(fsdp_ctx *ctx, const import_source *src) {
                           "one in nested groups?): keep one",
                           src->path, order[i]->name);
     free(order);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 /* The dtype tensor t becomes under the policy, or a failure naming it. */
@@ -157,7 +157,7 @@ static fsdp_status import_tensor_values(fsdp_ctx *ctx, import_source *src, int i
         h5_unlock();
     }
     free(buf);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 /* The metadata of the imported checkpoint: one tensor and one whole piece per source tensor,
@@ -230,7 +230,7 @@ static fsdp_status write_checkpoint(fsdp_ctx *ctx, import_source *src, const cha
     if (s != FSDP_OK && made) ckpt_dir_remove(tmp);
     free(m.tensors);
     free(m.pieces);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 /* Whether the file starts with the HDF5 signature (else it is read as safetensors). */
@@ -284,5 +284,5 @@ fsdp_status fsdp_ckpt_import(fsdp_ctx *ctx, const char *src_path, const char *di
     if (s == FSDP_OK) s = write_checkpoint(ctx, &src, dir, &o);
     src.iface->close(&src);
     free(src.tensors);
-    return s;
+    return FSDP_PASS(ctx, s);
 }

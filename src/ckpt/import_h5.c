@@ -167,7 +167,7 @@ static fsdp_status h5src_read(fsdp_ctx *ctx, import_source *src, int i, void *ds
     h5_unlock();
     if (s != FSDP_OK)
         s = fsdp_error_hop(ctx, s, __FILE__, __LINE__, __func__, "import '%s'", src->path);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 static void h5src_close(import_source *src) {
@@ -191,5 +191,5 @@ fsdp_status import_open_h5(fsdp_ctx *ctx, const char *path, import_source *out) 
         s = h5_fail(ctx, "cannot list the datasets of", path);
     if (s == FSDP_OK) s = v.status;
     h5_unlock();
-    return s;
+    return FSDP_PASS(ctx, s);
 }

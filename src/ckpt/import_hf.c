@@ -151,7 +151,7 @@ static fsdp_status open_indexed(fsdp_ctx *ctx, import_source *src, const char *d
                       "missing from its file; save the model again",
                       index_path, json_object_size(map), (long long)total);
     free(files);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 /* The parts' tensors listed one after another as this source's. */
@@ -213,5 +213,5 @@ fsdp_status import_open_hf_dir(fsdp_ctx *ctx, const char *dir, import_source *ou
         free(index);
     }
     if (s == FSDP_OK) s = list_tensors(ctx, out);
-    return s;
+    return FSDP_PASS(ctx, s);
 }

@@ -33,7 +33,7 @@ fsdp_status fsdp_ckpt_open(fsdp_ctx *ctx, const char *path, fsdp_ckpt **out) {
         ckpt_meta_free(&ck->meta); /* zeroed when the read failed */
         free(ck->path);
         free(ck);
-        return s;
+        return FSDP_PASS(ctx, s);
     }
     for (int64_t r = 0; r < ck->meta.world_size; r++) ck->files[r] = -1;
     ck->lock_ms = h5_lock_ms(ctx);
@@ -155,7 +155,7 @@ static fsdp_status shard_file(fsdp_ctx *ctx, fsdp_ckpt *ck, int r, hid_t *out) {
         fsdp_status s = ck->meta.bound ? ckpt_shard_check(ctx, f, name, r, ck->meta.id) : FSDP_OK;
         if (s != FSDP_OK) {
             H5Fclose(f);
-            return s;
+            return FSDP_PASS(ctx, s);
         }
         ck->files[r] = f;
     }
@@ -174,7 +174,7 @@ fsdp_status fsdp_ckpt_check_shard(fsdp_ctx *ctx, fsdp_ckpt *ck, int rank) {
     FSDP_TRY_AT(ctx, h5_lock(ctx));
     fsdp_status s = shard_file(ctx, ck, rank, &f);
     h5_unlock();
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 fsdp_status fsdp_ckpt_piece_stored_bytes(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, int k, int64_t *out) {
@@ -283,7 +283,7 @@ fsdp_status fsdp_ckpt_read(fsdp_ctx *ctx, fsdp_ckpt *ck, int t, const fsdp_state
     FSDP_TRY_AT(ctx, h5_lock(ctx));
     fsdp_status s = read_locked(ctx, ck, t, want, dst);
     h5_unlock();
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 static fsdp_status check_match(fsdp_ctx *ctx, const fsdp_ckpt *ck, const ckpt_tensor *x,
@@ -357,7 +357,7 @@ static fsdp_status check_pieces(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *
         }
     }
     h5_unlock();
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 fsdp_status fsdp_ckpt_load(fsdp_ctx *ctx, fsdp_ckpt *ck, const fsdp_state *st,

@@ -57,7 +57,7 @@ static fsdp_status write_tables(fsdp_ctx *ctx, hid_t f, const ckpt_meta *m) {
     free(names);
     free(tt);
     free(pt);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 /* The attributes, and the header: the same numbers and the checkpoint id in a checksummed
@@ -97,7 +97,7 @@ fsdp_status ckpt_meta_write(fsdp_ctx *ctx, const char *dir, const ckpt_meta *m) 
     }
     h5_unlock();
     if (s == FSDP_OK) s = ckpt_sync_path(ctx, path);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 /* ---- reading, trusting nothing ---- */
@@ -158,7 +158,7 @@ static fsdp_status read_binding(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_m
     free(text);
     free(h);
     m->bound = s == FSDP_OK;
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 static fsdp_status read_attrs(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
@@ -214,7 +214,7 @@ static fsdp_status check_unique(fsdp_ctx *ctx, const char *path, char **names, i
                                       path, sorted[i])
                           : FSDP_OK;
     free(sorted);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 static fsdp_status read_tensors(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
@@ -255,7 +255,7 @@ static fsdp_status read_tensors(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_m
     }
     free(names);
     free(tt);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 static int by_tensor(const void *a, const void *b) {
@@ -300,7 +300,7 @@ static fsdp_status read_digests(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_m
         rows == m->n_pieces ? FSDP_OK : bad(ctx, path, "piece digests, not one per piece", rows);
     for (int i = 0; s == FSDP_OK && i < m->n_pieces; i++) m->pieces[i].digest = (uint64_t)d[i];
     free(d);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 static fsdp_status read_pieces(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_meta *m) {
@@ -331,7 +331,7 @@ static fsdp_status read_pieces(fsdp_ctx *ctx, hid_t f, const char *path, ckpt_me
     }
     free(pt);
     if (s == FSDP_OK && m->bound) s = read_digests(ctx, f, path, m);
-    if (s != FSDP_OK) return s;
+    if (s != FSDP_OK) return FSDP_PASS(ctx, s);
     qsort(m->pieces, (size_t)m->n_pieces, sizeof *m->pieces, by_tensor);
     return check_cover(ctx, path, m);
 }
@@ -366,7 +366,7 @@ fsdp_status ckpt_meta_read(fsdp_ctx *ctx, const char *dir, ckpt_meta *m) {
     }
     h5_unlock();
     if (s != FSDP_OK) ckpt_meta_free(m);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 void ckpt_meta_free(ckpt_meta *m) {

@@ -186,7 +186,7 @@ static fsdp_status parse_header(fsdp_ctx *ctx, import_source *src, const char *t
     }
     json_decref(root);
     if (s == FSDP_OK) s = check_tiling(ctx, src->path, src->tensors, src->n_tensors, data_len);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 static fsdp_status st_read(fsdp_ctx *ctx, import_source *src, int i, void *dst) {
@@ -240,5 +240,5 @@ fsdp_status import_open_safetensors(fsdp_ctx *ctx, const char *path, import_sour
     out->data_start = 8 + len;
     if (s == FSDP_OK) s = parse_header(ctx, out, text, (size_t)len, (uint64_t)size - 8 - len);
     free(text);
-    return s;
+    return FSDP_PASS(ctx, s);
 }

@@ -196,7 +196,7 @@ static fsdp_status exchange(fsdp_ctx *ctx, fsdp_group *g, job *jb, fsdp_status m
     free(all);
     if (s != FSDP_OK) {
         free(recs);
-        return s;
+        return FSDP_PASS(ctx, s);
     }
     *out = recs;
     return FSDP_OK;
@@ -323,7 +323,7 @@ static fsdp_status fetch(fsdp_ctx *ctx, const fsdp_state *st, const frag *f, con
     if (s != FSDP_OK || whole) {
         *data = *owned = piece;
         if (s != FSDP_OK) free(piece), *owned = NULL;
-        return s;
+        return FSDP_PASS(ctx, s);
     }
     void *part = malloc((size_t)region_numel(&f->box) * size + 1);
     if (part) region_copy(part, &f->box, piece, &p->box, &f->box, size);
@@ -357,7 +357,7 @@ static fsdp_status write_files(fsdp_ctx *ctx, job *jb) {
     if (s == FSDP_OK) s = ckpt_shard_close(ctx, &sw, write_frags(ctx, jb, &sw));
     h5_unlock();
     if (s == FSDP_OK) s = ckpt_sync_path(ctx, sw.path);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 static void job_free(job *jb) {
@@ -526,7 +526,7 @@ static fsdp_status commit(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb) {
     if (s == FSDP_OK && jb->rank == 0)
         s = ckpt_dir_commit(ctx, jb->tmp, jb->final, w->dir, w->opts.keep);
     FSDP_TRY_AT(ctx, agree(ctx, g, jb, s != FSDP_OK, &any));
-    if (s != FSDP_OK) return s;
+    if (s != FSDP_OK) return FSDP_PASS(ctx, s);
     if (any)
         return FSDP_FAIL(ctx, FSDP_ERR_IO, "checkpoint '%s': rank 0 could not commit it",
                          jb->final);
@@ -558,7 +558,7 @@ static fsdp_status prepare(fsdp_ctx *ctx, fsdp_ckpt_writer *w, job *jb, const fs
     jb->meta.id = jb->id;
     fsdp_status s = assign(ctx, jb, recs, n);
     free(recs);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 fsdp_status fsdp_ckpt_save(fsdp_ctx *ctx, fsdp_ckpt_writer *w, const fsdp_state *st,
@@ -611,7 +611,7 @@ fsdp_status fsdp_ckpt_writer_wait(fsdp_ctx *ctx, fsdp_ckpt_writer *w) {
     pthread_join(w->thread, NULL);
     fsdp_status s = commit(ctx, w, jb);
     job_free(jb);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 fsdp_status fsdp_ckpt_writer_create(fsdp_ctx *ctx, const char *dir, const fsdp_ckpt_options *opts,

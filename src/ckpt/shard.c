@@ -52,5 +52,5 @@ fsdp_status ckpt_shard_put(fsdp_ctx *ctx, ckpt_shard_writer *w, const char *tens
 fsdp_status ckpt_shard_close(fsdp_ctx *ctx, ckpt_shard_writer *w, fsdp_status s) {
     if (H5Fclose(w->file) < 0 && s == FSDP_OK) s = h5_fail(ctx, "cannot close", w->path);
     w->file = -1;
-    return s;
+    return FSDP_PASS(ctx, s);
 }

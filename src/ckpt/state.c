@@ -245,7 +245,7 @@ fsdp_status fsdp_state_create(fsdp_ctx *ctx, const fsdp_state_sources *src, fsdp
     if (s == FSDP_OK && src->optimizer) s = add_optim(ctx, &bd);
     if (s != FSDP_OK) {
         fsdp_state_free(st);
-        return s;
+        return FSDP_PASS(ctx, s);
     }
     *out = st;
     return FSDP_OK;
@@ -392,7 +392,7 @@ static fsdp_status host_value(fsdp_ctx *ctx, const fsdp_tensor *value, fsdp_tens
                                         fsdp_tensor_ndim(value), fsdp_tensor_shape(value), owned));
     fsdp_status s = fsdp_tensor_copy(ctx, *owned, value);
     *data = fsdp_tensor_data(*owned);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 static fsdp_status check_value(fsdp_ctx *ctx, const state_entry *e, const fsdp_tensor *value) {
@@ -444,7 +444,7 @@ fsdp_status fsdp_state_load_value(fsdp_ctx *ctx, const fsdp_state *st, const cha
         free(tmp);
     }
     fsdp_tensor_free(owned);
-    return s;
+    return FSDP_PASS(ctx, s);
 }
 
 int64_t fsdp_state_steps(const fsdp_state *st) {

@@ -77,13 +77,13 @@ static fsdp_status call_end_as(fsdp_ctx *ctx, fsdp_comm_op op, call_mark m, fsdp
 static fsdp_status reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op, fsdp_status st,
                           uint64_t seq) {
     fsdp_trace_end(ctx, seq, st, false);
-    if (!g->world->backend.iface.reject) return st;
+    if (!g->world->backend.iface.reject) return FSDP_PASS(ctx, st);
     fsdp_error_record mine;
     fsdp_error_save(ctx, &mine);
     g->world->backend.iface.reject(ctx, g, op);
     fsdp_error_restore(ctx, &mine);
     ctx->error.status = st;
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* Every tensor of every collective passes here before the rendezvous: a dtype the backends do
@@ -325,7 +325,7 @@ fsdp_status fsdp_all_gather_u64(fsdp_ctx *ctx, fsdp_group *group, const uint64_t
     if (st == FSDP_OK && n) memcpy(out, fsdp_tensor_data(tout), (size_t)all * sizeof(int32_t));
     fsdp_tensor_free(tin);
     fsdp_tensor_free(tout);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 static fsdp_status check_fuse(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op cop,
@@ -439,7 +439,7 @@ static fsdp_status run_all_reduce_start(fsdp_ctx *ctx, coll *c) {
         work->pending = false;
         work->group = NULL;
     }
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_all_reduce_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op,

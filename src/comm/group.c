@@ -197,7 +197,7 @@ fsdp_status fsdp_group_share_shards(fsdp_ctx *ctx, fsdp_group *group, fsdp_tenso
                          : FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
                                      "fsdp_group_share_shards: the shard must be 1-D, not %d-D",
                                      fsdp_tensor_ndim(shard));
-    if (!b->share_shards) return st;
+    if (!b->share_shards) return FSDP_PASS(ctx, st);
     const uint64_t seq = fsdp_trace_begin(ctx, group, FSDP_OP_SHARE);
     if (st != FSDP_OK) {
         fsdp_trace_end(ctx, seq, st, false);
@@ -207,7 +207,7 @@ fsdp_status fsdp_group_share_shards(fsdp_ctx *ctx, fsdp_group *group, fsdp_tenso
             b->reject(ctx, group, (fsdp_comm_op)FSDP_OP_SHARE);
             fsdp_error_restore(ctx, &mine);
         }
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     fsdp_trace_describe(ctx, seq, shard);
     st = b->share_shards(ctx, group, shard, full);

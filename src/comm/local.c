@@ -165,7 +165,7 @@ static fsdp_status local_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_ten
     fsdp_status st = local_all_reduce(ctx, g, t, op, fuse);
     work->pending = false;
     work->group = NULL;
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 static fsdp_status local_barrier(fsdp_ctx *ctx, fsdp_group *g) {
@@ -215,7 +215,7 @@ static fsdp_status local_share_shards(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor 
         *full = NULL;
         st = done;
     }
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* ---- the world ---- */

@@ -96,7 +96,7 @@ static fsdp_status dev_begin(dev_call *d, fsdp_ctx *ctx, fsdp_group *g, fsdp_dev
     fsdp_call reject = {.op = post->op, .rejected = st, .reject_msg = own.message};
     (void)fsdp_local_rendezvous(ctx, g, post->op, &reject);
     fsdp_error_restore(ctx, &own);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* The communication stream waits for event `ev` of every member (with the negative control

@@ -347,5 +347,5 @@ fsdp_status fsdp_local_rendezvous(fsdp_ctx *ctx, const fsdp_group *g, int op,
             st = FSDP_FAIL(ctx, lg->verdict, "%s", lg->verdict_msg);
     }
     pthread_mutex_unlock(&lg->mu);
-    return st;
+    return FSDP_PASS(ctx, st);
 }

@@ -167,7 +167,7 @@ fsdp_status fsdp_mesh_create(fsdp_ctx *ctx, int ndim, const int *shape, const ch
     fsdp_status st = build(ctx, m, agree);
     if (st != FSDP_OK) {
         mesh_destroy(m);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = m;
     return FSDP_OK;

@@ -66,7 +66,7 @@ static void fail_all(mpi_group *mg, fsdp_status status, const char *msg) {
 
 static fsdp_status fail_all_with(fsdp_ctx *ctx, mpi_group *mg, fsdp_status st) {
     fail_all(mg, st, fsdp_last_error(ctx));
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 void fsdp_mpi_works_detach(mpi_group *mg) {

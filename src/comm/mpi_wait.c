@@ -224,7 +224,7 @@ static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *m
                            .forensics = why};
     fsdp_status st = fail_wait(ctx, mg, rs, &f);
     free(open);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 static fsdp_status fail_gone(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,

@@ -44,7 +44,7 @@ static fsdp_status ensure_initialised(fsdp_ctx *ctx) {
         }
     }
     pthread_mutex_unlock(&init_mu);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* ---- group states ---- */
@@ -369,7 +369,7 @@ fsdp_status fsdp_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks
     free(ranks);
     if (st != FSDP_OK) {
         free(mw->noted), free(mw->finished), free(mw);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     mw->world = world;
     mw->comm = comm;

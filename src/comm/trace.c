@@ -93,7 +93,7 @@ static void dump_on_failure(fsdp_ctx *ctx, fsdp_trace_ring *ring);
 
 fsdp_status fsdp_trace_end(fsdp_ctx *ctx, uint64_t seq, fsdp_status st, bool in_flight) {
     fsdp_trace_ring *ring = ring_of(ctx);
-    if (!ring) return st;
+    if (!ring) return FSDP_PASS(ctx, st);
     double now = fsdp_clock_now();
     pthread_mutex_lock(&ring->mu);
     fsdp_trace_rec *r = rec_of(ring, seq);
@@ -105,7 +105,7 @@ fsdp_status fsdp_trace_end(fsdp_ctx *ctx, uint64_t seq, fsdp_status st, bool in_
     }
     pthread_mutex_unlock(&ring->mu);
     if (st == FSDP_ERR_TIMEOUT || st == FSDP_ERR_COMM) dump_on_failure(ctx, ring);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 void fsdp_trace_waiting(fsdp_ctx *ctx, uint64_t seq) {

@@ -145,7 +145,7 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
         pthread_cond_destroy(&w->run_cv);
         free(w->trace_dir);
         free(w);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     w->results = calloc((size_t)w->size, sizeof *w->results);
     if (!w->results) {
@@ -238,7 +238,7 @@ static fsdp_status bind(fsdp_ctx *ctx, fsdp_world *world, int rank) {
     fsdp_status st = fsdp_group_make(ctx, world, &info, "world", &b->world_group);
     if (st != FSDP_OK) {
         free(b);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     b->world_group->borrowed = true;
     b->world_group->id = 1;
@@ -535,7 +535,7 @@ fsdp_status fsdp_world_run(fsdp_ctx *ctx, fsdp_world *world, fsdp_rank_fn fn, vo
     fsdp_status st = check_no_thread_left(ctx, world);
     if (st != FSDP_OK) {
         atomic_store(&world->running, false);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     if (world->backend.iface.reset) world->backend.iface.reset(world->backend.context);
     atomic_store(&world->failures, 0);

@@ -57,6 +57,12 @@ const fsdp_error_record *fsdp_error_of(const fsdp_ctx *ctx);
         if (fsdp_try_st_ != FSDP_OK) return fsdp_try_st_;                                          \
     } while (0)
 
+/* `st` (an fsdp_status, checked at compile time), adding this file:line and function to the
+ * failure's trail when it is one: for a relay that cleans up before it passes a failure on
+ * (`return FSDP_PASS(ctx, st);`). */
+#define FSDP_PASS(ctx, st)                                                                         \
+    fsdp_error_hop((ctx), _Generic((st), fsdp_status : (st)), __FILE__, __LINE__, __func__, NULL)
+
 /* Returns the status of expr when it fails, adding this file:line and function to the failure's
  * trail: the library's way of passing a failure up. */
 #define FSDP_TRY_AT(ctx, expr)                                                                     \

@@ -69,7 +69,7 @@ static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device,
         fsdp_device_for(device.type)->alloc(ctx, device.index, nbytes ? nbytes : 1, &s->data);
     if (st != FSDP_OK) {
         free(s);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     s->nbytes = nbytes;
     atomic_init(&s->refs, 1);
@@ -148,7 +148,7 @@ fsdp_status fsdp_tensor_create(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device devi
                             device, &s));
     fsdp_status st = tensor_new(ctx, s, 0, dtype, ndim, shape, out);
     if (st != FSDP_OK) storage_release(s);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_tensor_create_like(fsdp_ctx *ctx, const fsdp_tensor *src, fsdp_tensor **out) {
@@ -178,7 +178,7 @@ fsdp_status fsdp_tensor_from_blob(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, f
     s->device = device;
     fsdp_status st = tensor_new(ctx, s, 0, dtype, ndim, shape, out);
     if (st != FSDP_OK) storage_release(s);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_tensor_over(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, int ndim,
@@ -337,7 +337,7 @@ fsdp_status fsdp_tensor_move(fsdp_ctx *ctx, fsdp_tensor *t, fsdp_device device) 
                          ->copy(ctx, s->data, device, fsdp_tensor_data(t), from, nbytes);
     if (st != FSDP_OK) {
         storage_release(s);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     storage_release(t->storage);
     t->storage = s;

@@ -147,5 +147,5 @@ fsdp_status fsdp_comm_hook_run(fsdp_ctx *ctx, fsdp_comm_hook_kind kind,
     if (st == FSDP_OK) st = fsdp_dp_reduce(ctx, &a);
     fsdp_tensor_free(a.low_grad);
     fsdp_tensor_free(a.low_out);
-    return st;
+    return FSDP_PASS(ctx, st);
 }

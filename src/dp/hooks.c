@@ -55,7 +55,7 @@ fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const f
     fsdp_status st = fsdp_tensor_copy(ctx, u->mine, shard);
     if (st == FSDP_OK) st = fsdp_all_gather(ctx, sh->group, full, u->mine, 0);
     fsdp_tensor_release_storage(u->mine);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* Mixed precision: full <- the gather of every rank's shard rounded to low_full's dtype, widened
@@ -77,7 +77,7 @@ static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
     }
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->full, u->low_full);
     fsdp_pool_give(&sh->pool, u->low_full);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* Rank threads, f32, sharded, without offload: the group's shards of the unit move side by
@@ -100,7 +100,7 @@ static fsdp_status gather_shared(fsdp_ctx *ctx, unit *u, bool *done) {
     fsdp_status st = fsdp_shard_bind_params(ctx, u, u->shared_full);
     if (st != FSDP_OK) {
         fsdp_shard_release_params(u);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *done = true;
     return FSDP_OK;
@@ -126,7 +126,7 @@ static fsdp_status gather_params(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, bool 
         fsdp_shard_release_params(u);
         fsdp_pool_give(&sh->pool, u->full);
     }
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 static bool gathered(const unit *u) {
@@ -169,7 +169,7 @@ fsdp_status fsdp_shard_bind_grads(fsdp_ctx *ctx, unit *u) {
     for (int i = 0; st == FSDP_OK && i < u->n_params; i++)
         st = fsdp_tensor_rebind(ctx, fsdp_param_grad(u->params[i]), u->full_grad, u->offsets[i]);
     if (st != FSDP_OK) fsdp_shard_unbind_grads(u);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 void fsdp_shard_unbind_grads(unit *u) {
@@ -241,7 +241,7 @@ static fsdp_status reduce_grad(fsdp_ctx *ctx, unit *u) {
     fsdp_pool_give(&sh->pool, u->low_reduced);
     fsdp_pool_give(&sh->pool, u->low_grad);
     if (sharded) fsdp_pool_give(&sh->pool, u->reduced);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* ---- hooks ---- */

@@ -36,7 +36,7 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
         best = &pool->blocks[pool->n_blocks];
         int64_t len = n > 0 ? n : 1;
         fsdp_status st = fsdp_tensor_create(ctx, dtype, pool->device, 1, &len, &best->buf);
-        if (st != FSDP_OK) return st;
+        if (st != FSDP_OK) return FSDP_PASS(ctx, st);
         best->in_use = false;
         pool->n_blocks++;
         pool->reserved_bytes += len * esize;

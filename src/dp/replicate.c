@@ -237,7 +237,7 @@ static fsdp_status start_ready(fsdp_ctx *ctx, fsdp_replicate *r, bool all) {
         st = fsdp_comm_work_test(ctx, r->work[b], &done);
     }
     fsdp_ctx_scope_pop(ctx);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* On a module whose backward finalises gradients: marks them and starts what is ready. */
@@ -364,7 +364,7 @@ static fsdp_status post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
     fsdp_replicate *r = user;
     fsdp_status st = reduce_all(ctx, r);
     to_full(r); /* also when the reduction failed: the f32 values are never lost */
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* ---- setup ---- */
@@ -443,7 +443,7 @@ static fsdp_status install_hooks(fsdp_ctx *ctx, fsdp_replicate *r) {
     }
     free(ids);
     free(mods);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* When every bucket has a place of its own in the stage (reduction during backward with the
@@ -562,7 +562,7 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
     fsdp_status st = setup(ctx, r, root, &o);
     if (st != FSDP_OK) {
         replicate_free(r);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     FSDP_TRY_AT(ctx, install_hooks(ctx, r)); /* r belongs to root from here, or is freed */
     if (out) *out = r;

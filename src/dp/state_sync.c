@@ -122,7 +122,7 @@ fsdp_status fsdp_dp_sync_states(fsdp_ctx *ctx, fsdp_module *root, fsdp_group *gr
     if (st != FSDP_OK || fsdp_group_size(group) == 1) {
         free(l.t);
         free(l.name);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     for (int i = 0; st == FSDP_OK && i < l.n; i++)
         if (!is_f32_cpu(l.t[i])) st = fsdp_broadcast(ctx, group, l.t[i], o->src);
@@ -140,5 +140,5 @@ fsdp_status fsdp_dp_sync_states(fsdp_ctx *ctx, fsdp_module *root, fsdp_group *gr
     free(starts);
     free(l.t);
     free(l.name);
-    return st;
+    return FSDP_PASS(ctx, st);
 }

@@ -16,7 +16,7 @@ static fsdp_status summon_grads(fsdp_ctx *ctx, unit *u) {
     FSDP_TRY_AT(ctx, fsdp_tensor_view(ctx, u->full_grad, 0, 1, &u->numel, &part));
     fsdp_status st = fsdp_tensor_copy(ctx, part, fsdp_param_grad(u->flat));
     fsdp_tensor_free(part);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 static bool gathered_before(const unit *u) {
@@ -35,7 +35,7 @@ static fsdp_status summon_to_host(fsdp_ctx *ctx, unit *u) {
         if (fsdp_shard_bind_params(ctx, u, u->full) != FSDP_OK) fsdp_shard_release_params(u);
         fsdp_tensor_free(u->summon_host);
         u->summon_host = NULL;
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_SUMMON_TO_HOST, "fsdp_summon_full_params"));
     if (!gathered_before(u) && !fsdp_shard_resident(u->owner))
@@ -59,7 +59,7 @@ static fsdp_status summon_unit(fsdp_ctx *ctx, unit *u, const fsdp_summon_options
     }
     if (st != FSDP_OK) /* undone: back where it was (a legal move, which cannot fail) */
         (void)fsdp_shard_move(ctx, u, UNIT_RELEASE, "fsdp_summon_full_params");
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* rank0_only on another rank: every rank gathers, the others free at once. */
@@ -125,7 +125,7 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
         fsdp_release_full_params(ctx, sh);
         fsdp_error_restore(ctx, &failure);
     }
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* writeback: this rank's part of the full values goes back into its shard. */
@@ -139,7 +139,7 @@ static fsdp_status write_back(fsdp_ctx *ctx, unit *u, const fsdp_tensor *full) {
     FSDP_TRY_AT(ctx, fsdp_tensor_view(ctx, full, at, 1, &u->shard_numel, &part));
     fsdp_status st = fsdp_tensor_copy(ctx, fsdp_param_data(u->flat), part);
     fsdp_tensor_free(part);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
@@ -177,5 +177,5 @@ fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
         if (st == FSDP_OK) st = s;
     }
     sh->summoned = false;
-    return st;
+    return FSDP_PASS(ctx, st);
 }

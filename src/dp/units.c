@@ -256,7 +256,7 @@ static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
                                    (fsdp_init){.kind = FSDP_INIT_ZEROS}, &u->flat);
     if (st == FSDP_OK && u->n_params)
         fsdp_param_set_requires_grad(u->flat, fsdp_param_requires_grad(u->params[0]));
-    if (st != FSDP_OK) return st;
+    if (st != FSDP_OK) return FSDP_PASS(ctx, st);
     /* Under mixed precision the parameters are a rounded copy, never the flat parameter. */
     if (fsdp_shard_resident(sh)) {
         u->state = UNIT_GATHERED; /* and so for its whole life */
@@ -481,7 +481,7 @@ static fsdp_status wrap(fsdp_ctx *ctx, fsdp_sharded *sh) {
     for (int i = 0; st == FSDP_OK && i < sh->n_units; i++)
         for (int p = 0; p < sh->units[i]->n_params; p++)
             fsdp_nn_param_set_manager(sh->units[i]->params[p], managed_advice);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_shard_options *opts,
@@ -527,7 +527,7 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
     fsdp_status st = wrap(ctx, sh);
     if (st != FSDP_OK) {
         fsdp_sharded_free(sh);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = sh;
     return FSDP_OK;

@@ -99,7 +99,7 @@ static fsdp_status checkpoint_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp
         FSDP_TRY_AT(ctx, st);
     }
     fsdp_status st = fsdp_nn_run_backward(ctx, m, dout, din);
-    if (st != FSDP_OK || ctx->recompute_depth > 0) return st;
+    if (st != FSDP_OK || ctx->recompute_depth > 0) return FSDP_PASS(ctx, st);
     release_subtree(m, true);
     m->ckpt.state = FSDP_CKPT_DONE;
     return FSDP_OK;

@@ -164,7 +164,7 @@ fsdp_status fsdp_embedding_create(fsdp_ctx *ctx, int64_t num_embeddings, int64_t
                               (fsdp_init){.kind = FSDP_INIT_NORMAL, .a = 0, .b = 1}, &e->weight);
     if (st != FSDP_OK) {
         fsdp_module_free(m);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = m;
     return FSDP_OK;

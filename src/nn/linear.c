@@ -105,7 +105,7 @@ fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_f
         st = fsdp_module_add_param(ctx, m, "bias", 1, (int64_t[]){out_features}, init, &l->bias);
     if (st != FSDP_OK) {
         fsdp_module_free(m);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = m;
     return FSDP_OK;

@@ -123,7 +123,7 @@ fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_conf
     fsdp_status st = build_decoder_layer(ctx, m, d, &c);
     if (st != FSDP_OK) {
         fsdp_module_free(m);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = m;
     return FSDP_OK;
@@ -166,7 +166,7 @@ fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_m
     if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, root, fsdp_ctx_seed(ctx));
     if (st != FSDP_OK) {
         fsdp_module_free(root);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = root;
     return FSDP_OK;

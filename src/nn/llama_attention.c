@@ -67,7 +67,7 @@ static fsdp_status make_rope(fsdp_ctx *ctx, llama_attention *a, int64_t T, fsdp_
     fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 3, shape, &a->rope);
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, a->rope, host);
     fsdp_tensor_free(host);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 /* The head counts the projections give: NH = q rows / hd, NKV = k rows / hd = v rows / hd. */
@@ -201,7 +201,7 @@ fsdp_status fsdp_llama_attention_create(fsdp_ctx *ctx, const fsdp_llama_config *
         st = fsdp_llama_add_proj(ctx, m, "o_proj", c.n_heads * hd, c.dim, std, &a->o_proj);
     if (st != FSDP_OK) {
         fsdp_module_free(m);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = m;
     return FSDP_OK;

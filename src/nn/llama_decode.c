@@ -144,7 +144,7 @@ fsdp_status fsdp_llama_cache_create(fsdp_ctx *ctx, fsdp_module *model, int64_t m
                                 &c->ids);
     if (st != FSDP_OK) {
         fsdp_llama_cache_free(c);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = c;
     return FSDP_OK;

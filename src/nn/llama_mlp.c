@@ -91,7 +91,7 @@ fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, flo
         st = fsdp_llama_add_proj(ctx, m, "down_proj", hidden, dim, std, &p->down_proj);
     if (st != FSDP_OK) {
         fsdp_module_free(m);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = m;
     return FSDP_OK;

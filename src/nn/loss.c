@@ -66,7 +66,7 @@ static fsdp_status stage_targets(fsdp_ctx *ctx, const int32_t *targets, int64_t 
         fsdp_tensor_free(*out);
         *out = NULL;
     }
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_loss_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,

@@ -32,7 +32,7 @@ static fsdp_status finish(fsdp_ctx *ctx, fsdp_module *m, fsdp_status st, fsdp_mo
     if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, fsdp_ctx_seed(ctx));
     if (st != FSDP_OK) {
         fsdp_module_free(m);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = m;
     return FSDP_OK;

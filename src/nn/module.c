@@ -201,7 +201,7 @@ fsdp_status fsdp_module_add_child(fsdp_ctx *ctx, fsdp_module *m, const char *nam
     if (st != FSDP_OK) {
         free(copy);
         free_refused_child(m, child);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     free(child->name);
     child->name = copy;
@@ -274,7 +274,7 @@ fsdp_status fsdp_module_add_param(fsdp_ctx *ctx, fsdp_module *m, const char *nam
     if (st == FSDP_OK) st = fsdp_init_tensor(ctx, p->data, &init, ctx->seed, fsdp_rng_stream(fqn));
     if (st != FSDP_OK) {
         param_free(p);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     m->params[m->n_params++] = p;
     if (out) *out = p;
@@ -301,7 +301,7 @@ fsdp_status fsdp_module_add_buffer(fsdp_ctx *ctx, fsdp_module *m, const char *na
     if (st != FSDP_OK) {
         fsdp_tensor_free(b.data);
         free(b.name);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     m->buffers[m->n_buffers++] = b;
     if (out) *out = b.data;
@@ -572,7 +572,7 @@ fsdp_status fsdp_nn_run_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor
     fsdp_ctx_scope_pop(ctx);
     ctx->phase = outer;
     if (st == FSDP_OK) *out = y;
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_module_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
@@ -597,7 +597,7 @@ fsdp_status fsdp_nn_run_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     fsdp_ctx_scope_pop(ctx);
     ctx->phase = outer;
     if (st == FSDP_OK && din) *din = dx;
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_module_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,

@@ -93,7 +93,7 @@ fsdp_status fsdp_rmsnorm_create(fsdp_ctx *ctx, int64_t dim, float eps, fsdp_modu
                                            (fsdp_init){.kind = FSDP_INIT_ONES}, &r->weight);
     if (st != FSDP_OK) {
         fsdp_module_free(m);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = m;
     return FSDP_OK;

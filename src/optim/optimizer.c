@@ -262,7 +262,7 @@ static fsdp_status optimizer_new(fsdp_ctx *ctx, fsdp_module *m, optim_kind kind,
     if (st == FSDP_OK) st = assign_slots(ctx, opt, n_state);
     if (st != FSDP_OK) {
         fsdp_optimizer_free(opt);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *out = opt;
     return FSDP_OK;

@@ -15,7 +15,7 @@ fsdp_status tp_dtensor_wrap(fsdp_ctx *ctx, const fsdp_tensor *t, const fsdp_dten
     fsdp_status st = fsdp_tensor_view(ctx, t, 0, t->ndim, t->shape, &dt->local);
     if (st != FSDP_OK) {
         free(dt);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     dt->local->dist = dt;
     dt->spec = *spec;
@@ -97,7 +97,7 @@ static fsdp_status redistribute_new(fsdp_ctx *ctx, const fsdp_dtensor *dt, const
     if (st == FSDP_OK) st = tp_dtensor_wrap(ctx, result, &spec, out);
     tp_work_release(&w);
     fsdp_tensor_free(buf); /* the DTensor holds its own reference */
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_distribute_tensor(fsdp_ctx *ctx, const fsdp_tensor *global, const fsdp_mesh *mesh,
@@ -145,7 +145,7 @@ fsdp_status fsdp_distribute_tensor(fsdp_ctx *ctx, const fsdp_tensor *global, con
     }
     fsdp_status st = redistribute_new(ctx, whole, spec.placements, out);
     fsdp_dtensor_free(whole);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_dtensor_redistribute(fsdp_ctx *ctx, const fsdp_dtensor *dt,
@@ -186,7 +186,7 @@ static fsdp_status gather_full(fsdp_ctx *ctx, const fsdp_dtensor_spec *spec,
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, *out, result);
     tp_work_release(&w);
     fsdp_tensor_free(buf);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_dtensor_full_tensor(fsdp_ctx *ctx, const fsdp_dtensor *dt, fsdp_tensor **out) {

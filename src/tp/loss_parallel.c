@@ -88,7 +88,7 @@ static fsdp_status sharded_loss(fsdp_ctx *ctx, fsdp_group *g, const float *x, co
     fsdp_tensor_free(tmax);
     fsdp_tensor_free(tsum);
     free(buf);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_loss_parallel_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,

@@ -83,7 +83,7 @@ static fsdp_status match_key(fsdp_ctx *ctx, fsdp_module *root, const char *key, 
     } else {
         free(cur.items);
     }
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_tp_parallelize(fsdp_ctx *ctx, fsdp_module *root, const fsdp_mesh *mesh, int n,
@@ -128,5 +128,5 @@ fsdp_status fsdp_tp_parallelize(fsdp_ctx *ctx, fsdp_module *root, const fsdp_mes
                                 sequence_parallel);
     for (int e = 0; e < n; e++) free(matches[e].items);
     free(matches);
-    return st;
+    return FSDP_PASS(ctx, st);
 }

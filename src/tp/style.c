@@ -338,7 +338,7 @@ static fsdp_status distribute_param(fsdp_ctx *ctx, fsdp_param *p, const fsdp_mes
         fsdp_tensor_free(grad);
         free(spec);
         fsdp_dtensor_free(dt);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     *spec = dt->spec;
     fsdp_dtensor_free(dt);
@@ -555,7 +555,7 @@ fsdp_status tp_style_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
     if (st == FSDP_OK) st = setup(ctx, m, s, o.src_rank, where);
     if (st != FSDP_OK) {
         style_state_free(s);
-        return st;
+        return FSDP_PASS(ctx, st);
     }
     /* The first hook owns the state (fsdp_module_add_hook frees it if it cannot add it); the
      * others borrow it. */
@@ -569,5 +569,5 @@ fsdp_status tp_style_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
     if (st != FSDP_OK)
         for (int i = 3; i >= 0; i--)
             if (ids[i] >= 0) fsdp_module_remove_hook(ctx, m, ids[i]);
-    return st;
+    return FSDP_PASS(ctx, st);
 }

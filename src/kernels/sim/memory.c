@@ -121,7 +121,7 @@ fsdp_status sim_window_ensure(fsdp_ctx *ctx) {
         }
     }
     pthread_mutex_unlock(&window_mu);
-    return st;
+    return FSDP_PASS(ctx, st);
 }
 
 int sim_device_of(const void *p) {
