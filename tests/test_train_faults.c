@@ -101,6 +101,9 @@ static void test_full_disk(void) {
     CU_ASSERT_EQUAL(status, 1);
     CU_ASSERT_TRUE(fsdp_test_message_has(
         out, SET("saving the checkpoint of step 2", "File too large", "(FSDP_ERR_IO)")));
+    /* The way the failure came up, a hop a line, through the checkpoint's save. */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "(FSDP_ERR_IO)\n  at src/"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "\n  at src/ckpt/save.c:"));
     CU_ASSERT_PTR_NULL(strstr(out, "training:"));
     no_hdf5_text(out);
     free(out);

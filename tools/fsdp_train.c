@@ -20,6 +20,20 @@
 
 enum { EXIT_OK = 0, EXIT_RUN_FAILED = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 };
 
+/* The way the library's failure came up (docs/comm.md, "Error trails"), a hop a line
+ * ("  at file:line (function)"), outermost call first, when the run failed with the failure
+ * the context holds. */
+static void print_trail(const fsdp_ctx *ctx, fsdp_status st) {
+    const char *trail = fsdp_last_error_trail(ctx);
+    if (fsdp_last_status(ctx) != st || !trail[0]) return;
+    for (const char *hop = trail; hop;) {
+        const char *next = strstr(hop, " -> ");
+        int len = next ? (int)(next - hop) : (int)strlen(hop);
+        fprintf(stderr, "  at %.*s\n", len, hop);
+        hop = next ? next + 4 : NULL;
+    }
+}
+
 /* The exit status once stdout is flushed: a success whose output could not all be written
  * (a full disk, /dev/full) is a failure. */
 static int finish(int status) {
@@ -97,8 +111,10 @@ int main(int argc, char **argv) {
     if (cfg.checkpoint.dir[0]) catch_stop_signals(false);
     /* Once the ranks have run, every process has the same outcome: rank 0 tells it. Before
      * (res.rank -1: the world could not be made or laid out) each process does. */
-    if (st != FSDP_OK && res.rank <= 0)
+    if (st != FSDP_OK && res.rank <= 0) {
         fprintf(stderr, "fsdp-train: %s (%s)\n", err, fsdp_status_to_string(st));
+        print_trail(ctx, st);
+    }
     fsdp_ctx_free(ctx);
     if (st == FSDP_OK && res.interrupted) {
         if (res.rank <= 0) print_interrupted(&cfg, &res);
