@@ -1165,6 +1165,9 @@ static void mpi_matches_local(const char *mpirun, int np, const char *const *ove
     int status = shell(cmd, out, sizeof out);
     if (status != 0) printf("\n    exit status %d:\n%s", status, out);
     CU_ASSERT_EQUAL_FATAL(status, 0);
+    /* Each process has a pseudo-terminal under mpirun: progress = auto draws no bar there. */
+    CU_ASSERT_PTR_NULL(strchr(out, '\r'));
+    CU_ASSERT_PTR_NULL(strstr(out, "\033["));
 
     train_result local;
     char ranks[32];
@@ -1267,7 +1270,7 @@ static void test_mpi_matches_local(void) {
     int np = np_text && *np_text ? atoi(np_text) : 2;
     CU_ASSERT_TRUE_FATAL(np == 2 || np == 4);
     if (np == 2) {
-        mpi_matches_local(mpirun, np, SET("parallel.wrap=layer"));
+        mpi_matches_local(mpirun, np, SET("parallel.wrap=layer", "log.level=info"));
         mpi_matches_local(mpirun, np, SET("parallel.tp=2", "parallel.mode=replicate"));
     } else { /* (dp, tp) = (2, 2) with FSDP per Linear, and (4, 1) replicas */
         mpi_matches_local(mpirun, np, SET("parallel.tp=2", "parallel.wrap=layer"));

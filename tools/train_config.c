@@ -305,9 +305,9 @@ static const train_key g_keys_last[] = {
              "phase, calls, bytes, module), from the comm-debug layer; the progress lines then "
              "split the steps' time into compute and comm"),
     ENUM_KEY("log", "progress", log.progress, "auto", g_progress_names, NULL,
-             "between the log lines: auto (a progress bar when stdout is a terminal, nothing "
-             "else), bar (always the bar, redrawn in place with \\r) or lines (only the log "
-             "lines)"),
+             "between the log lines: auto (a progress bar when stdout is a terminal and the "
+             "ranks are threads, not under mpirun; nothing else), bar (always the bar, redrawn "
+             "in place with \\r) or lines (only the log lines)"),
 };
 
 fsdp_mixed_precision train_config_mixed_precision(const train_config *cfg) {

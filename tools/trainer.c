@@ -752,8 +752,12 @@ fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layou
     if (st == FSDP_OK) st = start_from(ctx, cfg, &s, src, &prog, res, &what, err, err_size);
     if (st == FSDP_OK && rank0 && cfg->log.metrics[0]) st = open_metrics(cfg, &s, err, err_size);
     s.counting = rank0 && ((cfg->log.comm_debug && s.out) || s.metrics);
+    /* auto: a bar only on a terminal of rank threads; under mpirun every rank has a
+     * pseudo-terminal that mpirun copies into whatever its own output is (a file, a pipe). */
+    bool terminal =
+        s.out && isatty(fileno(s.out)) && train_config_backend(cfg) != TRAIN_BACKEND_MPI;
     s.bar.on = s.out && (cfg->log.progress == TRAIN_PROGRESS_BAR ||
-                         (cfg->log.progress == TRAIN_PROGRESS_AUTO && isatty(fileno(s.out))));
+                         (cfg->log.progress == TRAIN_PROGRESS_AUTO && terminal));
     if (st == FSDP_OK) {
         what = "evaluating the initial loss";
         st = dataset_loss(ctx, &s, &res->first_loss);
