@@ -189,8 +189,10 @@ static const train_key g_keys_last[] = {
              "tokens (the token file path, for [model] kind = llama: sequences of "
              "max_seq_len + 1 tokens at offsets drawn from seed)"),
     STRING_KEY("data", "path", data.path, "",
-               "kind = h5: the HDF5 file; kind = tokens: the token file (written by "
-               "tools/text_to_tokens.py); a path relative to the working directory"),
+               "kind = h5: the HDF5 file; kind = tokens: a token file (written by "
+               "tools/text_to_tokens.py), an llm.c .bin shard, a 1-D .npy array of ids, or a "
+               "glob pattern of such shards read in name order; a path relative to the "
+               "working directory"),
     STRING_KEY("data", "x", data.x, "x",
                "kind = h5: the inputs' dataset, float (samples, widths[0])"),
     STRING_KEY("data", "y", data.y, "y",
