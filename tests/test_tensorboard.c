@@ -3,9 +3,11 @@
  * masked CRC of the data) checked and each Event decoded by a protobuf reader written here
  * (first record file_version "brain.Event:2", then the scalars: tag, step, float value bit for
  * bit, wall time); a flipped byte is caught by the CRC; the file name; directories made,
- * unwritable places and bad tags refused with their message. tools/check_tensorboard.py reads
- * the same kind of file with TensorBoard itself. */
-#define _POSIX_C_SOURCE 200809L // mkdtemp
+ * unwritable places and bad tags refused with their message. fsdp-train's [log] tensorboard:
+ * a run's events have the tags, steps and values (as float32) of its metrics file's records,
+ * and a directory that cannot be made is refused before training with the key named.
+ * tools/check_tensorboard.py reads the same kind of file with TensorBoard itself. */
+#define _POSIX_C_SOURCE 200809L // mkdtemp, popen
 
 #include <math.h>
 #include <stdio.h>
@@ -17,7 +19,9 @@
 
 #include "ckpt_common.h" // defines: ckpt_test_remove_tree
 #include "harness.h"
+#include "train_config.h" // defines: train_config_init, train_config_set
 #include "train_tensorboard.h"
+#include "trainer.h" // defines: train_run
 
 /* expr returns FSDP_OK; else prints msg (the writer's or tb_open's message). */
 #define TB_OK(expr, msg)                                                                           \
@@ -290,6 +294,126 @@ static void test_refused(void) {
     }
 }
 
+/* The number after `"key": ` in a metrics record, or NAN when the key is missing. */
+static double json_number(const char *line, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(line, pat);
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+static train_config g_cfg; /* large: keep it off the stack */
+
+static void set(const char *assignment) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    fsdp_status st = train_config_set(&g_cfg, assignment, err, sizeof err);
+    if (st != FSDP_OK) printf("\n    %s", err);
+    CU_ASSERT_EQUAL_FATAL(st, FSDP_OK);
+}
+
+/* fsdp-train with [log] tensorboard and metrics on 2 rank threads: one event file (rank 0's),
+ * whose events after the file_version are, in order, the scalars of the metrics records: the
+ * same steps, tags by key (loss -> train/loss, eval_loss -> eval/loss, ...) and each value the
+ * record's as float32. The records print loss, lr, grad_norm and eval values with %.9g, which
+ * holds a float32 exactly except when the double lies within the text's rounding (5e-9
+ * relative) of the midpoint of two floats: then the neighbour float is allowed, checked to be
+ * that case. samples_per_s is printed with %.1f: within 0.05 plus float32 rounding. */
+static void test_trainer(void) {
+    char err[TRAIN_ERROR_SIZE] = "", a[1200];
+    train_result res;
+    train_config_init(&g_cfg);
+    set("train.steps=30");
+    set("train.log_every=10");
+    set("train.eval_every=15");
+    set("data.eval_fraction=0.25");
+    set("optim.clip_grad_norm=1");
+    set("parallel.ranks=2");
+    set("log.level=warn");
+    snprintf(a, sizeof a, "log.metrics=%s", scratch("run/metrics.jsonl"));
+    set(a);
+    mkdir(scratch("run"), 0755);
+    snprintf(a, sizeof a, "log.tensorboard=%s", scratch("run/tb"));
+    set(a);
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err);
+    if (st != FSDP_OK) printf("\n    %s", err);
+    CU_ASSERT_EQUAL_FATAL(st, FSDP_OK);
+
+    /* the one event file */
+    char cmd[1300], path[1100] = "";
+    snprintf(cmd, sizeof cmd, "ls %s | wc -l", scratch("run/tb"));
+    FILE *ls = popen(cmd, "r");
+    int files = 0;
+    CU_ASSERT_EQUAL(fscanf(ls, "%d", &files), 1);
+    pclose(ls);
+    CU_ASSERT_EQUAL_FATAL(files, 1);
+    snprintf(cmd, sizeof cmd, "ls %s/events.out.tfevents.*", scratch("run/tb"));
+    ls = popen(cmd, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fgets(path, sizeof path, ls));
+    pclose(ls);
+    path[strcspn(path, "\n")] = '\0';
+    static event ev[256];
+    int n = read_events(path, ev, 256);
+    CU_ASSERT_FATAL(n > 1);
+    CU_ASSERT_STRING_EQUAL(ev[0].file_version, TB_FILE_VERSION);
+
+    static const char *const keys[][2] = {
+        {"loss", "train/loss"},
+        {"samples_per_s", "train/samples_per_s"},
+        {"tokens_per_s", "train/tokens_per_s"},
+        {"lr", "train/lr"},
+        {"grad_norm", "train/grad_norm"},
+        {"eval_loss", "eval/loss"},
+        {"eval_accuracy", "eval/accuracy"},
+        {"eval_perplexity", "eval/perplexity"},
+    };
+    FILE *f = fopen(scratch("run/metrics.jsonl"), "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    char line[4096];
+    int at = 1, records = 0, evals = 0, rounded = 0;
+    while (fgets(line, sizeof line, f)) {
+        long long step = (long long)json_number(line, "step");
+        records++;
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+            double want = json_number(line, keys[k][0]);
+            if (isnan(want)) continue;
+            CU_ASSERT_FATAL(at < n);
+            const event *e = &ev[at++];
+            CU_ASSERT_STRING_EQUAL(e->tag, keys[k][1]);
+            CU_ASSERT_EQUAL(e->step, step);
+            CU_ASSERT_EQUAL(e->n_values, 1);
+            evals += strncmp(keys[k][1], "eval/", 5) == 0;
+            float w = (float)want;
+            if (k == 1 || k == 2) { /* %.1f */
+                CU_ASSERT_TRUE(fabs((double)e->value - want) <= 0.05 + 6e-8 * fabs(want));
+            } else if (e->value != w) {
+                rounded++;
+                CU_ASSERT_EQUAL(nextafterf(w, e->value), e->value);
+                double mid = ((double)w + (double)e->value) / 2;
+                CU_ASSERT_TRUE(fabs(want - mid) <= 5e-9 * fabs(want));
+            }
+        }
+    }
+    fclose(f);
+    CU_ASSERT_EQUAL(at, n);      /* no event without its record */
+    CU_ASSERT_EQUAL(records, 4); /* steps 10, 15 (eval only), 20, 30 */
+    CU_ASSERT_EQUAL(evals, 2);   /* eval/loss at steps 15 and 30 (regression: no accuracy) */
+    printf("\n    %d records, %d events match (%d at a float32 midpoint)", records, n - 1, rounded);
+
+    /* a directory that cannot be made: refused before training, naming the key */
+    FILE *blocker = fopen(scratch("run/file"), "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(blocker);
+    fclose(blocker);
+    snprintf(a, sizeof a, "log.tensorboard=%s", scratch("run/file/tb"));
+    set(a);
+    set("log.metrics=");
+    err[0] = '\0';
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err), FSDP_ERR_IO);
+    printf("\n    %s", err);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "[log] tensorboard"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "cannot make the TensorBoard directory"));
+    CU_ASSERT_EQUAL(res.steps, 0);
+}
+
 static int setup(void) {
     char tmpl[] = "/tmp/test_tensorboard-XXXXXX";
     if (!mkdtemp(tmpl)) return -1;
@@ -303,6 +427,7 @@ int main(int argc, char **argv) {
         {"write_read", test_write_read},
         {"two_writers", test_two_writers},
         {"refused", test_refused},
+        {"trainer", test_trainer},
     };
     if (setup() != 0) return 2;
     int rc = fsdp_test_run(argc, argv, "tensorboard", cases, (int)(sizeof cases / sizeof cases[0]));

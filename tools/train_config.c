@@ -302,6 +302,11 @@ static const train_key g_keys_last[] = {
                "path of a JSON-lines file to append one record per logged step to (with the "
                "steps' compute and communication seconds and rank 0's collectives per op); "
                "empty for none"),
+    STRING_KEY("log", "tensorboard", log.tensorboard, "",
+               "directory (made when missing) of a TensorBoard event file that rank 0 writes the "
+               "metrics records' scalars to, at the same steps: train/loss, train/lr, "
+               "train/grad_norm, train/samples_per_s (tokens_per_s), eval/loss, eval/accuracy, "
+               "eval/perplexity; empty for none"),
     BOOL_KEY("log", "comm_debug", log.comm_debug, "false",
              "print rank 0's collectives of one step (the run's second) as a table (op, group, "
              "phase, calls, bytes, module), from the comm-debug layer; the progress lines then "

@@ -169,8 +169,9 @@ typedef struct train_config {
     } checkpoint;
     struct {
         fsdp_log_level level;
-        char metrics[TRAIN_MAX_STRING]; /* "" for none */
-        bool comm_debug;                /* print rank 0's collectives of a step */
+        char metrics[TRAIN_MAX_STRING];     /* "" for none */
+        char tensorboard[TRAIN_MAX_STRING]; /* event file directory; "" for none */
+        bool comm_debug;                    /* print rank 0's collectives of a step */
         train_progress_style progress;
     } log;
     /* Where each key's value came from, by table index: "default", "run.ini:12" or

@@ -16,11 +16,12 @@
 #include <time.h>
 #include <unistd.h> // defines: isatty
 
-#include "fsdp/version.h" // defines: FSDP_VERSION_STRING
-#include "train_ckpt.h"   // defines: train_sources, train_saver, train_ckpt_resume
-#include "train_finite.h" // defines: train_params_finite
-#include "train_kind.h"   // defines: train_kind_of, train_rank_env, train_feed_info
-#include "train_plan.h"   // defines: train_plan_checkpoint
+#include "fsdp/version.h"      // defines: FSDP_VERSION_STRING
+#include "train_ckpt.h"        // defines: train_sources, train_saver, train_ckpt_resume
+#include "train_finite.h"      // defines: train_params_finite
+#include "train_kind.h"        // defines: train_kind_of, train_rank_env, train_feed_info
+#include "train_plan.h"        // defines: train_plan_checkpoint
+#include "train_tensorboard.h" // defines: tb_open, tb_scalar, tb_flush, tb_close
 
 atomic_int train_stop_signal = 0;
 
@@ -68,6 +69,7 @@ typedef struct train_state {
     const char *out_name;   /* "the progress to stdout", for messages */
     FILE *metrics;          /* rank 0's metrics file, or NULL */
     char metrics_name[TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 64]; /* for messages */
+    tb_writer *tb;     /* rank 0's TensorBoard writer ([log] tensorboard), or NULL */
     train_saver saver; /* [checkpoint] dir set: the writer and the state it saves */
     bool saving;       /* saver is made */
     fsdp_tensor *stop; /* (1): the stop flag, the max over the world (several ranks) */
@@ -87,6 +89,7 @@ static void train_state_free(fsdp_ctx *ctx, train_state *s) {
     fsdp_group_free(s->dp_owned);
     fsdp_mesh_free(s->mesh);
     if (s->metrics) fclose(s->metrics);
+    tb_close(s->tb); /* a failed run's records so far */
 }
 
 /* The mesh and the dp group. hybrid_shard's mesh is (replicate, shard, tp) and its dp group
@@ -369,7 +372,36 @@ static void write_comm(FILE *f, const train_comm *c) {
     }
 }
 
-/* The progress and evaluation lines and one metrics record of a logged step. */
+/* The metrics record's scalars as TensorBoard events of the step, flushed. */
+static fsdp_status write_tb(const train_config *cfg, train_state *s, int64_t step,
+                            const train_report *r, char *err, size_t err_size) {
+    struct {
+        bool on;
+        const char *tag;
+        double value;
+    } v[] = {
+        {r->progress, "train/loss", r->loss},
+        {r->progress, "train/samples_per_s", r->samples_per_s},
+        {r->progress && s->per_sample, "train/tokens_per_s",
+         r->samples_per_s * (double)s->per_sample},
+        {r->progress, "train/lr", r->lr},
+        {r->progress && !isnan(r->grad_norm), "train/grad_norm", r->grad_norm},
+        {r->eval, "eval/loss", r->eval_loss},
+        {r->eval && !isnan(r->eval_accuracy), "eval/accuracy", r->eval_accuracy},
+        {r->eval && s->per_sample, "eval/perplexity", exp(r->eval_loss)},
+    };
+    fsdp_status st = FSDP_OK;
+    for (size_t i = 0; i < sizeof v / sizeof v[0] && st == FSDP_OK; i++)
+        if (v[i].on) st = tb_scalar(s->tb, v[i].tag, step, v[i].value);
+    if (st == FSDP_OK) st = tb_flush(s->tb);
+    if (st != FSDP_OK)
+        snprintf(err, err_size, "cannot write the TensorBoard events ([log] tensorboard, %s): %s",
+                 train_config_origin(cfg, "log", "tensorboard"), tb_last_error(s->tb));
+    return st;
+}
+
+/* The progress and evaluation lines and one metrics record (and TensorBoard events) of a
+ * logged step. */
 static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
                           const train_report *r, char *err, size_t err_size) {
     int digits = snprintf(NULL, 0, "%lld", (long long)cfg->train.steps);
@@ -422,7 +454,7 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
         fprintf(s->metrics, "}\n");
         TRAIN_TRY(flush_checked(s->metrics, s->metrics_name, err, err_size));
     }
-    return FSDP_OK;
+    return s->tb ? write_tb(cfg, s, step, r, err, err_size) : FSDP_OK;
 }
 
 /* The model and layout lines (and under debug the configuration). */
@@ -481,6 +513,17 @@ static fsdp_status open_metrics(const train_config *cfg, train_state *s, char *e
     if ((s->metrics = fopen(cfg->log.metrics, "a"))) return FSDP_OK;
     snprintf(err, err_size, "cannot open %s: %s", s->metrics_name, strerror(errno));
     return FSDP_ERR_IO;
+}
+
+/* Rank 0's TensorBoard writer: a directory that cannot be made or written is refused here,
+ * before training. */
+static fsdp_status open_tb(const train_config *cfg, train_state *s, char *err, size_t err_size) {
+    char why[TRAIN_MAX_STRING + 256];
+    fsdp_status st = tb_open(cfg->log.tensorboard, &s->tb, why, sizeof why);
+    if (st != FSDP_OK)
+        snprintf(err, err_size, "[log] tensorboard = %s (%s): %s", cfg->log.tensorboard,
+                 train_config_origin(cfg, "log", "tensorboard"), why);
+    return st;
 }
 
 /* Closes the metrics file; its last write may fail only here. */
@@ -751,6 +794,7 @@ fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layou
     if (st == FSDP_OK && s.out) print_banner(cfg, &s);
     if (st == FSDP_OK) st = start_from(ctx, cfg, &s, src, &prog, res, &what, err, err_size);
     if (st == FSDP_OK && rank0 && cfg->log.metrics[0]) st = open_metrics(cfg, &s, err, err_size);
+    if (st == FSDP_OK && rank0 && cfg->log.tensorboard[0]) st = open_tb(cfg, &s, err, err_size);
     s.counting = rank0 && ((cfg->log.comm_debug && s.out) || s.metrics);
     /* auto: a bar only on a terminal of rank threads; under mpirun every rank has a
      * pseudo-terminal that mpirun copies into whatever its own output is (a file, a pipe). */
@@ -777,9 +821,10 @@ fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layou
         if (st == FSDP_OK) {
             res->eval_loss = r.eval_loss, res->eval_accuracy = r.eval_accuracy;
             FILE *metrics = s.metrics; /* a line for the reader, no record */
-            s.metrics = NULL;
+            tb_writer *tb = s.tb;
+            s.metrics = NULL, s.tb = NULL;
             st = report(cfg, &s, prog.step, &r, err, err_size);
-            s.metrics = metrics;
+            s.metrics = metrics, s.tb = tb;
         }
     }
     double t0 = now_seconds();
@@ -817,6 +862,13 @@ fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layou
                         "after training, %s, though the whole-dataset loss is %g", bad,
                         res->last_loss);
     if (st == FSDP_OK && s.metrics) st = close_metrics(&s, err, err_size);
+    if (st == FSDP_OK && s.tb) {
+        st = tb_close(s.tb);
+        if (st != FSDP_OK)
+            snprintf(err, err_size, "cannot write the TensorBoard events ([log] tensorboard, %s)",
+                     train_config_origin(cfg, "log", "tensorboard"));
+        s.tb = NULL;
+    }
     if (st == FSDP_OK && s.out && !res->interrupted) {
         double per_s = res->samples_per_s * (double)(s.per_sample ? s.per_sample : 1);
         fprintf(s.out, "done: %lld steps in %.2fs (%.0f %s/s)", (long long)ran, res->seconds, per_s,
