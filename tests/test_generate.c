@@ -216,6 +216,34 @@ static void write_tokens(const char *path, const uint16_t *ids, int64_t n, uint6
     CU_ASSERT_EQUAL(fclose(f), 0);
 }
 
+/* The same ids as an llm.c .bin shard (GPT-2 magic: uint16 ids after 256 int32 of header). */
+static void write_llmc(const char *path, const uint16_t *ids, int64_t n) {
+    FILE *f = fopen(path, "wb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    int32_t h[256] = {20240520, 1, (int32_t)n}; /* magic, version, count; little-endian host */
+    fwrite(h, sizeof h, 1, f);
+    for (int64_t i = 0; i < n; i++) fputc(ids[i] & 0xff, f), fputc(ids[i] >> 8, f);
+    CU_ASSERT_EQUAL(fclose(f), 0);
+}
+
+/* The same ids as a NumPy .npy array of '<i4' (format 1.0, header padded to 64 bytes). */
+static void write_npy(const char *path, const uint16_t *ids, int64_t n) {
+    FILE *f = fopen(path, "wb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    char dict[119];
+    int len =
+        snprintf(dict, sizeof dict, "{'descr': '<i4', 'fortran_order': False, 'shape': (%lld,), }",
+                 (long long)n);
+    memset(dict + len, ' ', sizeof dict - 1 - (size_t)len);
+    dict[sizeof dict - 2] = '\n'; /* 10 + 118 = 128 bytes before the data, the newline last */
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    fputc((sizeof dict - 1) & 0xff, f), fputc((sizeof dict - 1) >> 8, f);
+    fwrite(dict, 1, sizeof dict - 1, f);
+    for (int64_t i = 0; i < n; i++)
+        fputc(ids[i] & 0xff, f), fputc(ids[i] >> 8, f), fputc(0, f), fputc(0, f);
+    CU_ASSERT_EQUAL(fclose(f), 0);
+}
+
 /* Words of a small vocabulary drawn by a fixed LCG, as bytes. */
 static int64_t make_text(uint16_t *ids, int64_t n) {
     static const char *const words[] = {"the", "cat", "sat", "on", "a", "mat", "dog", "ran"};
@@ -397,6 +425,23 @@ static void tool_eval(void) {
     free(said);
     snprintf(args, sizeof args, "'%s' --batch 3 --seq 10", path);
     check_eval(args, full_forward_loss(m, ids, n, 3, 10));
+    /* the same tokens as an llm.c .bin shard, a .npy array and a glob of two .bin shards: the
+     * same ids in the same order, so bitwise the same loss (check_eval's 9 digits) */
+    double full = full_forward_loss(m, ids, n, RUN_B, RUN_T);
+    snprintf(path, sizeof path, "%s/eval.bin", g_root);
+    write_llmc(path, ids, n);
+    snprintf(args, sizeof args, "'%s'", path);
+    check_eval(args, full);
+    snprintf(path, sizeof path, "%s/eval.npy", g_root);
+    write_npy(path, ids, n);
+    snprintf(args, sizeof args, "'%s'", path);
+    check_eval(args, full);
+    snprintf(path, sizeof path, "%s/shard_0.bin", g_root);
+    write_llmc(path, ids, 100);
+    snprintf(path, sizeof path, "%s/shard_1.bin", g_root);
+    write_llmc(path, ids + 100, n - 100);
+    snprintf(args, sizeof args, "'%s/shard_*.bin'", g_root);
+    check_eval(args, full);
     fsdp_module_free(m);
     /* the run's own evaluation: its held-out tokens (the last 10 %: 600 of 6000) cut as it cuts
      * them, 16 sequences (its eval_batches x batch_size), in a file of their own */
@@ -500,6 +545,7 @@ static void tool_errors(void) {
     /* eval's token files */
     fails(1, NEEDLES("cannot read the token file", "No such file"), "eval '%s' '%s/none.tok'",
           g_run, g_root);
+    fails(1, NEEDLES("matches no file", "shard_*.bin"), "eval '%s' '%s/none_*.bin'", g_run, g_root);
     char path[800];
     uint16_t ids[200];
     make_text(ids, 200);

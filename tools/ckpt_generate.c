@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <glob.h>
 #include <ini.h> /* defines: ini_parse_string */
 #include <inttypes.h>
 #include <limits.h>
@@ -17,8 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt_cli.h"     // defines: ckpt_parse_args, ckpt_open_arg, opt_spec, EXIT_OK
-#include "train_tokens.h" // defines: TRAIN_TOKENS_MAGIC, TRAIN_TOKENS_VERSION, _HEADER
+#include "ckpt_cli.h"            // defines: ckpt_parse_args, ckpt_open_arg, opt_spec, EXIT_OK
+#include "train_token_formats.h" // defines: train_token_layout_read, train_token_layout_id
 
 #define BYTE_VOCAB 256 /* tools/text_to_tokens.py's byte tokenizer: one id per byte */
 
@@ -367,8 +368,10 @@ static const char *const usage_eval =
     "\n"
     "The loss (mean cross-entropy of each next token, nats per token) and the perplexity\n"
     "(e^loss) of the Llama of DIR (a checkpoint, a run's directory or a Hugging Face Llama\n"
-    "directory, as for generate) on the token file TOKENS (fsdp-train's format, written by\n"
-    "tools/text_to_tokens.py). The file is cut into consecutive sequences of T + 1 tokens that\n"
+    "directory, as for generate) on TOKENS, read as fsdp-train reads [data] path: a token\n"
+    "file (fsdp-train's own, written by tools/text_to_tokens.py, an llm.c .bin shard or a .npy\n"
+    "array) or a quoted glob pattern ('data/shard_*.bin') whose files, sorted by name, are read\n"
+    "as one stream. The tokens are cut into consecutive sequences of T + 1 tokens that\n"
     "share their last and first token (sequence j starts at token j * T), as fsdp-train cuts its\n"
     "held-out tokens, and scored B sequences at a time, whole batches only; the loss is the\n"
     "mean over the batches, summed as fsdp-train's evaluation sums it, so a file of a run's\n"
@@ -388,15 +391,12 @@ static int batch_key(void *user, const char *section, const char *name, const ch
     return 1;
 }
 
-static uint64_t le(const unsigned char *b, int n) {
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--) v = v << 8 | b[i];
-    return v;
-}
-
-/* Reads a token file whole, every field checked against its size and every id against vocab;
- * *ids (malloc'ed) and *count on success, or false after printing the problem and the fix. */
-static bool read_tokens(const char *path, int64_t vocab, int32_t **ids, int64_t *count) {
+/* Appends the ids of one token file (any format of train_token_formats.h, told apart by its
+ * first bytes) to *ids (*count of them, *cap allocated), every header field checked against
+ * the file's size by train_token_layout_read and every id against vocab; false after printing
+ * the problem and the fix. */
+static bool read_token_file(const char *path, int64_t vocab, int32_t **ids, int64_t *count,
+                            int64_t *cap) {
     struct stat sb;
     int missing = stat(path, &sb) != 0 ? errno : 0;
     if (missing || !S_ISREG(sb.st_mode)) { /* a FIFO would block forever: refused unopened */
@@ -407,56 +407,88 @@ static bool read_tokens(const char *path, int64_t vocab, int32_t **ids, int64_t 
         return false;
     }
     FILE *f = fopen(path, "rb");
-    unsigned char h[TRAIN_TOKENS_HEADER];
-    int64_t size = (int64_t)sb.st_size;
-    const char *bad = NULL;
     if (!f) {
         fprintf(stderr, "fsdp-ckpt eval: cannot open '%s': %s\n", path, strerror(errno));
         return false;
     }
-    uint64_t bytes = 0, n = 0, file_vocab = 0;
-    if (size < TRAIN_TOKENS_HEADER || fread(h, 1, sizeof h, f) != sizeof h ||
-        memcmp(h, TRAIN_TOKENS_MAGIC, 8) != 0)
-        bad = "it is not a token file (no \"FSDPTOK\" header)";
-    else if (le(h + 8, 4) != TRAIN_TOKENS_VERSION)
-        bad = "its format version is not 1, the one this fsdp-ckpt reads";
-    else if ((bytes = le(h + 12, 4)) != 2 && bytes != 4)
-        bad = "its header's bytes per id is neither 2 nor 4 (a damaged header)";
-    else if ((n = le(h + 16, 8)) == 0 || n > (uint64_t)(size - TRAIN_TOKENS_HEADER) / bytes ||
-             n * bytes != (uint64_t)(size - TRAIN_TOKENS_HEADER))
-        bad = "its header's count does not match its size (empty, truncated or not written whole)";
-    else if ((file_vocab = le(h + 24, 8)) > (uint64_t)vocab)
+    int64_t size = (int64_t)sb.st_size;
+    unsigned char *raw = (uint64_t)size < SIZE_MAX ? malloc((size_t)size + 1) : NULL;
+    char name[PATH_MAX + 32], err[1024];
+    snprintf(name, sizeof name, "token file '%s'", path);
+    train_token_layout l = {0};
+    const char *bad = NULL;
+    if (!raw)
+        bad = "it does not fit in memory";
+    else if (fread(raw, 1, (size_t)size, f) != (size_t)size)
+        bad = "it cannot be read";
+    else if (train_token_layout_read(raw, (size_t)size, size, name, &l, err, sizeof err) != FSDP_OK)
+        bad = err;
+    else if (l.vocab > (uint64_t)vocab)
         bad = "its tokenizer's vocabulary (the header's vocab) is larger than the model's";
-    unsigned char *raw = bad ? NULL : malloc((size_t)(n * bytes));
-    *ids = bad ? NULL : malloc((size_t)n * sizeof **ids);
-    if (!bad && (!raw || !*ids)) bad = "it does not fit in memory";
-    if (!bad && fread(raw, (size_t)bytes, (size_t)n, f) != (size_t)n) bad = "it cannot be read";
+    else if (l.count > INT64_MAX - *count || *count + l.count > INT32_MAX)
+        bad = "the files hold more than 2^31 tokens";
     fclose(f);
-    for (uint64_t i = 0; !bad && i < n; i++) {
-        uint64_t id = le(raw + i * bytes, (int)bytes);
-        if ((int64_t)id >= vocab) {
+    if (!bad && *count + l.count > *cap) {
+        int64_t want = *count + l.count;
+        int32_t *grown = realloc(*ids, (size_t)want * sizeof **ids);
+        if (grown)
+            *ids = grown, *cap = want;
+        else
+            bad = "it does not fit in memory";
+    }
+    for (int64_t i = 0; !bad && i < l.count; i++) {
+        int64_t id = train_token_layout_id(&l, raw + l.offset, i);
+        if (id < 0 || id >= vocab) {
             fprintf(stderr,
-                    "fsdp-ckpt eval: '%s': token %" PRIu64 " is %" PRIu64 ", not in the model's "
-                    "vocabulary [0, %lld): the file was written with another tokenizer than the "
-                    "model's\n",
-                    path, i, id, (long long)vocab);
-            bad = "";
+                    "fsdp-ckpt eval: '%s': token %lld is %lld, not in the model's vocabulary "
+                    "[0, %lld): the file was written with another tokenizer than the model's\n",
+                    path, (long long)i, (long long)id, (long long)vocab);
+            free(raw);
+            return false;
         }
-        (*ids)[i] = (int32_t)id;
+        (*ids)[*count + i] = (int32_t)id;
     }
     free(raw);
-    if (bad && *bad)
+    if (bad == err)
+        fprintf(stderr, "fsdp-ckpt eval: %s\n", err);
+    else if (bad)
         fprintf(stderr,
-                "fsdp-ckpt eval: '%s': %s (header vocab %" PRIu64 ", model vocab %lld); write it "
+                "fsdp-ckpt eval: '%s': %s (header vocab %llu, model vocab %lld); write it "
                 "with tools/text_to_tokens.py and the model's tokenizer\n",
-                path, bad, file_vocab, (long long)vocab);
-    if (bad) {
-        free(*ids);
-        *ids = NULL;
+                path, bad, (unsigned long long)l.vocab, (long long)vocab);
+    if (bad) return false;
+    *count += l.count;
+    return true;
+}
+
+/* Reads TOKENS whole into *ids (malloc'ed), *count of them: the file it names, or the
+ * matches of a glob pattern (`*`, `?`, `[`; a path naming an existing file is that file)
+ * sorted by name and read in order as one stream, as fsdp-train reads [data] path; false after
+ * printing the problem and the fix. */
+static bool read_tokens(const char *path, int64_t vocab, int32_t **ids, int64_t *count) {
+    struct stat sb;
+    glob_t g;
+    bool pattern = strpbrk(path, "*?[") && stat(path, &sb) != 0, ok = true;
+    int rc = pattern ? glob(path, 0, NULL, &g) : 0; /* sorted by name */
+    if (rc != 0) {
+        if (rc != GLOB_NOMATCH) globfree(&g);
+        fprintf(stderr,
+                "fsdp-ckpt eval: the pattern '%s' %s; give a token file, or a pattern that "
+                "matches the shards (e.g. 'data/shard_*.bin')\n",
+                path, rc == GLOB_NOMATCH ? "matches no file" : "cannot be expanded (a read error)");
         return false;
     }
-    *count = (int64_t)n;
-    return true;
+    int64_t cap = 0;
+    *ids = NULL, *count = 0;
+    for (size_t i = 0; ok && i < (pattern ? g.gl_pathc : 1); i++)
+        ok = read_token_file(pattern ? g.gl_pathv[i] : path, vocab, ids, count, &cap);
+    if (pattern) globfree(&g);
+    if (ok && *count == 0) {
+        fprintf(stderr, "fsdp-ckpt eval: '%s' holds no tokens; give a file with tokens\n", path);
+        ok = false;
+    }
+    if (!ok) free(*ids), *ids = NULL;
+    return ok;
 }
 
 /* The mean loss over n sequences (a multiple of B) of T + 1 tokens, B at a time. */
