@@ -9,9 +9,17 @@ file_version must be "brain.Event:2") and the scalars through `EventAccumulator`
 for bit after rounding the expected doubles to float32). Exits 77 (skipped) when tensorboard is
 not installed (pip install tensorboard).
 
-    python3 tools/check_tensorboard.py --driver build/tests/tb_driver
+With --train FSDP_TRAIN --config INI it also runs fsdp-train (30 steps with [log] tensorboard
+and metrics, an evaluation every 15) and reads the event file it wrote: the scalars of every
+tag must be those of the metrics records' keys (loss -> train/loss, eval_loss -> eval/loss,
+...) at the same steps, each within float32 rounding (2^-24 relative) of the record's value
+plus the record's text rounding (%.9g: 5e-9 relative; the throughput's %.1f: 0.05).
+
+    python3 tools/check_tensorboard.py --driver build/tests/tb_driver \
+        [--train build/fsdp-train --config examples/mlp.ini]
 """
 import argparse
+import json
 import os
 import struct
 import subprocess
@@ -27,6 +35,8 @@ def f32(x):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--driver", required=True, help="the tb_driver executable")
+    ap.add_argument("--train", help="the fsdp-train executable: check a run's event file too")
+    ap.add_argument("--config", help="the configuration fsdp-train runs (with --train)")
     args = ap.parse_args()
     try:
         from tensorboard.backend.event_processing import event_accumulator, event_file_loader
@@ -75,6 +85,63 @@ def main():
         n = sum(len(p) for p in want.values())
         print(f"check_tensorboard.py: {os.path.basename(path)}: {len(events)} events, "
               f"{n} scalars of {len(want)} tags read by TensorBoard as written")
+    if args.train:
+        return check_train(args, event_accumulator)
+    return 0
+
+
+TAGS = {"loss": "train/loss", "samples_per_s": "train/samples_per_s",
+        "tokens_per_s": "train/tokens_per_s", "lr": "train/lr", "grad_norm": "train/grad_norm",
+        "eval_loss": "eval/loss", "eval_accuracy": "eval/accuracy",
+        "eval_perplexity": "eval/perplexity"}
+
+
+def check_train(args, event_accumulator):
+    """fsdp-train's event file against its metrics file, read by TensorBoard."""
+    if not args.config:
+        print("check_tensorboard.py: --train needs --config")
+        return 2
+    with tempfile.TemporaryDirectory() as d:
+        sets = ["train.steps=30", "train.log_every=10", "train.eval_every=15",
+                "data.eval_fraction=0.25", "optim.clip_grad_norm=1", "checkpoint.dir=",
+                "log.level=warn", f"log.metrics={d}/metrics.jsonl", f"log.tensorboard={d}/tb"]
+        cmd = [os.path.abspath(args.train), "--config", os.path.abspath(args.config)]
+        for a in sets:
+            cmd += ["--set", a]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=d)
+        if out.returncode != 0:
+            print(f"check_tensorboard.py: fsdp-train failed ({out.returncode}): {out.stderr}")
+            return 1
+        want = {}
+        with open(os.path.join(d, "metrics.jsonl")) as f:
+            for line in f:
+                rec = json.loads(line)
+                for key, tag in TAGS.items():
+                    if key in rec:
+                        want.setdefault(tag, []).append((rec["step"], rec[key], key))
+        acc = event_accumulator.EventAccumulator(os.path.join(d, "tb"))
+        acc.Reload()
+        tags = sorted(acc.Tags()["scalars"])
+        if tags != sorted(want):
+            print(f"check_tensorboard.py: fsdp-train's scalar tags {tags}, want {sorted(want)}")
+            return 1
+        bad = 0
+        for tag, points in want.items():
+            got = [(e.step, e.value) for e in acc.Scalars(tag)]
+            if [s for s, _ in got] != [s for s, _, _ in points]:
+                print(f"check_tensorboard.py: {tag}: steps {[s for s, _ in got]}, want "
+                      f"{[s for s, _, _ in points]}")
+                bad += 1
+                continue
+            for (step, value), (_, w, key) in zip(got, points):
+                text = 0.05 if key.endswith("_per_s") else 5e-9 * abs(w)
+                if abs(value - w) > text + 2.0**-24 * abs(w):
+                    print(f"check_tensorboard.py: {tag} at step {step}: {value}, want {w}")
+                    bad += 1
+        if bad:
+            return 1
+        print(f"check_tensorboard.py: fsdp-train's event file: {sum(map(len, want.values()))} "
+              f"scalars of {len(want)} tags as its metrics records")
     return 0
 
 
