@@ -2,10 +2,9 @@
  * through the key/value cache of fsdp_llama_decode) and fsdp-ckpt eval (its loss and
  * perplexity on a token file, computed as fsdp-train's evaluation computes it).
  * docs/checkpoint.md, "Using a trained Llama". */
-#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#define _POSIX_C_SOURCE 200809L /* glob, strdup */
 #include "ckpt_generate.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <glob.h>
 #include <ini.h> /* defines: ini_parse_string */
@@ -19,6 +18,7 @@
 #include <unistd.h>
 
 #include "ckpt_cli.h"            // defines: ckpt_parse_args, ckpt_open_arg, opt_spec, EXIT_OK
+#include "tool_fs.h"             // defines: tool_make_scratch_dir, tool_remove_tree
 #include "train_token_formats.h" // defines: train_token_layout_read, train_token_layout_id
 
 #define BYTE_VOCAB 256 /* tools/text_to_tokens.py's byte tokenizer: one id per byte */
@@ -33,41 +33,17 @@ typedef struct loaded {
     char tmp[4200];        /* the import of a Hugging Face directory; "" when none */
 } loaded;
 
-/* Removes path and everything under it (the temporary import); missing is fine. */
-static void remove_tree(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) {
-        remove(path);
-        return;
-    }
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char child[4500];
-        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-        struct stat sb;
-        if (lstat(child, &sb) == 0 && S_ISDIR(sb.st_mode))
-            remove_tree(child);
-        else
-            remove(child);
-    }
-    closedir(d);
-    rmdir(path);
-}
-
 static void loaded_free(loaded *m) {
     fsdp_module_free(m->model);
     free(m->config);
-    if (m->tmp[0]) remove_tree(m->tmp);
+    if (m->tmp[0]) tool_remove_tree(m->tmp);
     memset(m, 0, sizeof *m);
 }
 
 /* A Hugging Face model directory imported into a temporary checkpoint; *path is its step. */
 static bool import_hf(fsdp_ctx *ctx, const char *cmd, const char *dir, loaded *m, char *path,
                       size_t size) {
-    const char *base = getenv("TMPDIR");
-    snprintf(m->tmp, sizeof m->tmp, "%s/fsdp-ckpt-hf-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(m->tmp)) {
+    if (!tool_make_scratch_dir("fsdp-ckpt-hf", m->tmp, sizeof m->tmp)) {
         fprintf(stderr, "fsdp-ckpt %s: cannot make a temporary directory '%s' for the import: %s\n",
                 cmd, m->tmp, strerror(errno));
         m->tmp[0] = '\0';

@@ -1,12 +1,12 @@
 /* train_ckpt.c: fsdp-train's checkpoints: resolving [model] init and [checkpoint] resume,
  * loading a checkpoint at the run's layout with messages that name the tensor, the shapes,
  * the key and the fix, and saving the run with the loop's position. */
-#define _DEFAULT_SOURCE // flock; and POSIX 2008: open_memstream, mkdtemp, stat
+#define _DEFAULT_SOURCE // flock; and POSIX 2008: open_memstream, stat
 
 #include "train_ckpt.h"
+#include "tool_fs.h"    // defines: tool_make_scratch_dir, tool_remove_tree
 #include "train_kind.h" // defines: train_kind_of
 
-#include <dirent.h> // defines: opendir, readdir
 #include <errno.h>
 #include <fcntl.h> // defines: open, O_CLOEXEC
 #include <stdio.h>
@@ -15,7 +15,7 @@
 #include <sys/file.h> // defines: flock
 #include <sys/stat.h> // defines: stat, S_ISDIR, S_ISREG
 #include <time.h>
-#include <unistd.h> // defines: rmdir, pread, pwrite, ftruncate, gethostname
+#include <unistd.h> // defines: pread, pwrite, ftruncate, gethostname
 
 /* The extras a checkpoint of fsdp-train holds (train_progress). */
 static const char *const g_extra_names[] = {"train.step", "data.position", "log.loss_sum_bits",
@@ -23,28 +23,6 @@ static const char *const g_extra_names[] = {"train.step", "data.position", "log.
 #define N_EXTRAS ((int)(sizeof g_extra_names / sizeof g_extra_names[0]))
 
 /* ---- what the run starts from --------------------------------------------------------------- */
-
-/* Removes path and everything under it; missing is fine. */
-static void remove_tree(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) {
-        remove(path);
-        return;
-    }
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        char child[TRAIN_CKPT_PATH + 300];
-        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-        struct stat sb;
-        if (lstat(child, &sb) == 0 && S_ISDIR(sb.st_mode))
-            remove_tree(child);
-        else
-            remove(child);
-    }
-    closedir(d);
-    rmdir(path);
-}
 
 /* Makes dir and its parents; 0, or -1 with errno. */
 static int make_dirs(const char *dir) {
@@ -195,9 +173,7 @@ static fsdp_status resolve_init(fsdp_ctx *ctx, const train_config *cfg, train_so
         }
         return st;
     }
-    const char *base = getenv("TMPDIR");
-    snprintf(src->tmp, sizeof src->tmp, "%s/fsdp-train-init-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(src->tmp)) {
+    if (!tool_make_scratch_dir("fsdp-train-init", src->tmp, sizeof src->tmp)) {
         snprintf(err, err_size, "importing %s: cannot make a temporary directory '%s': %s", key,
                  src->tmp, strerror(errno));
         src->tmp[0] = '\0';
@@ -249,7 +225,7 @@ void train_ckpt_start_blame(const train_config *cfg, const train_sources *src, c
 }
 
 void train_sources_free(train_sources *src) {
-    if (src->tmp[0]) remove_tree(src->tmp);
+    if (src->tmp[0]) tool_remove_tree(src->tmp);
     src->tmp[0] = '\0';
 }
 
