@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train_estimate.h" // defines: train_estimate_llama
 #include "train_kind.h"   // defines: train_kind
 #include "train_llama.h"  // defines: train_llama_create, train_llama_forward_loss
 #include "train_tokens.h" // defines: train_tokens_load
@@ -293,4 +294,5 @@ const train_kind train_kind_llama = {
     .banner = llama_banner,
     .done = llama_done,
     .export_config = llama_export_config,
+    .estimate = train_estimate_llama,
 };

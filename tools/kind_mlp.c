@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "fsdp/version.h"  // defines: FSDP_VERSION_STRING
+#include "train_estimate.h" // defines: train_estimate_mlp
 #include "train_kind.h"    // defines: train_kind
 #include "train_plan.h"    // defines: train_plan_apply, train_plan_check_checkpointing
 #include "train_samples.h" // defines: train_samples_create, train_samples_step
@@ -193,4 +194,5 @@ const train_kind train_kind_mlp = {
     .loss = train_samples_loss,
     .banner = mlp_banner,
     .done = train_samples_done,
+    .estimate = train_estimate_mlp,
 };

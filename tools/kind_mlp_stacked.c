@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "train_estimate.h" // defines: train_estimate_mlp_stacked
 #include "train_kind.h"    // defines: train_kind
 #include "train_plan.h"    // defines: train_plan_apply, train_plan_check_checkpointing
 #include "train_samples.h" // defines: train_samples_create, train_samples_step
@@ -109,4 +110,5 @@ const train_kind train_kind_mlp_stacked = {
     .loss = train_samples_loss,
     .banner = stacked_banner,
     .done = train_samples_done,
+    .estimate = train_estimate_mlp_stacked,
 };
