@@ -104,28 +104,43 @@ static fsdp_status measure_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_optimizer *opt = NULL;
     void *feed = NULL;
     const char *wrap[TRAIN_MAX_LAYERS];
-    fsdp_status st = fsdp_mesh_create(ctx, 2, (int[]){l->dp, l->tp},
-                                      (const char *[]){"dp", "tp"}, &mesh);
-    if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "dp", &dp);
+    bool hybrid = cfg->parallel.strategy == FSDP_HYBRID_SHARD;
+    fsdp_group *dp_owned = NULL, *shard = NULL, *replicate = NULL;
+    fsdp_status st;
+    if (hybrid) { /* (replicate, shard, tp), dp the replicate x shard ranks of a tp index */
+        st = fsdp_mesh_create(ctx, 3, (int[]){l->replicas, l->shard, l->tp},
+                              (const char *[]){"replicate", "shard", "tp"}, &mesh);
+        if (st == FSDP_OK)
+            st = fsdp_group_split(ctx, NULL, fsdp_mesh_coordinate(mesh, 2), fsdp_ctx_rank(ctx),
+                                  "dp", &dp_owned);
+        if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "shard", &shard);
+        if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "replicate", &replicate);
+        dp = dp_owned;
+    } else {
+        st = fsdp_mesh_create(ctx, 2, (int[]){l->dp, l->tp}, (const char *[]){"dp", "tp"}, &mesh);
+        if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "dp", &dp);
+        shard = dp;
+    }
     if (st == FSDP_OK) st = kind->build(ctx, cfg, false, &model);
     if (st == FSDP_OK && l->tp > 1) st = fsdp_mesh_dim(ctx, mesh, "tp", &tp);
     if (st == FSDP_OK && l->tp > 1) st = kind->parallelize(ctx, cfg, model, tp);
     if (st == FSDP_OK) st = train_plan_checkpoint(ctx, kind, cfg, model);
     fsdp_fully_shard_options o = {.strategy = cfg->parallel.strategy,
-                                  .group = dp,
+                                  .group = shard,
+                                  .replicate_group = replicate,
                                   .offload_params = cfg->parallel.offload,
                                   .use_orig_params = cfg->parallel.use_orig_params,
                                   .comm_hook = {.kind = cfg->parallel.comm_hook},
                                   .mixed_precision = train_config_mixed_precision(cfg)};
-    if (cfg->parallel.wrap == TRAIN_WRAP_LAYER) kind->wrap_layers(model, &o, wrap, TRAIN_MAX_LAYERS);
+    if (cfg->parallel.wrap == TRAIN_WRAP_LAYER)
+        kind->wrap_layers(model, &o, wrap, TRAIN_MAX_LAYERS);
     if (st == FSDP_OK) st = fsdp_fully_shard(ctx, model, &o, &sh);
     if (st == FSDP_OK) {
         fsdp_module *params = fsdp_sharded_flat_params(sh);
         if (cfg->optim.name == TRAIN_OPTIM_SGD)
-            st = fsdp_sgd_create(ctx, params,
-                                 &(fsdp_sgd_options){.lr = cfg->optim.lr,
-                                                     .momentum = cfg->optim.momentum},
-                                 &opt);
+            st = fsdp_sgd_create(
+                ctx, params,
+                &(fsdp_sgd_options){.lr = cfg->optim.lr, .momentum = cfg->optim.momentum}, &opt);
         else
             st = fsdp_adamw_create(ctx, params, &(fsdp_adam_options){.lr = cfg->optim.lr}, &opt);
     }
@@ -159,6 +174,7 @@ static fsdp_status measure_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_optimizer_free(opt);
     fsdp_sharded_free(sh);
     fsdp_module_free(model);
+    fsdp_group_free(dp_owned);
     fsdp_mesh_free(mesh);
     return st;
 }
@@ -217,8 +233,8 @@ static int tool_table(table_row *rows, int max) {
         }
         table_row r;
         char phase[16];
-        if (!in_table ||
-            sscanf(line, "%23s %15s %15s %" SCNd64 " %" SCNd64, r.op, r.dim, phase, &r.calls, &r.bytes) != 5) {
+        if (!in_table || sscanf(line, "%23s %15s %15s %" SCNd64 " %" SCNd64, r.op, r.dim, phase,
+                                &r.calls, &r.bytes) != 5) {
             in_table = false;
             continue;
         }
@@ -292,8 +308,8 @@ static void check_layout(const char *name, const char *ckpt_pattern) {
     CU_ASSERT_FATAL(train_config_set(&g_cfg, set, err, sizeof err) == FSDP_OK);
     CU_ASSERT_FATAL(measure(&g_cfg, &e.layout, m));
     for (int r = 0; r < e.layout.world; r++) {
-        CU_ASSERT(equal("checkpointed activation bytes", r, e.ranks[r].act_ckpt_bytes,
-                        m[r].act_bytes));
+        CU_ASSERT(
+            equal("checkpointed activation bytes", r, e.ranks[r].act_ckpt_bytes, m[r].act_bytes));
         CU_ASSERT(equal("peak device bytes, checkpointed", r, e.ranks[r].device_bytes,
                         m[r].device_bytes));
     }
@@ -314,11 +330,17 @@ static void check_layout(const char *name, const char *ckpt_pattern) {
     train_estimate_free(&e);
 }
 
-static const char *const g_mlp[] = {
-    "model.widths=16,32,32,32,8", "model.norm=rmsnorm",     "data.samples=256",
-    "data.batch_size=16",         "optim.name=sgd",         "optim.lr=0.05",
-    "log.level=off",              "parallel.backend=local", "parallel.timeout_s=60",
-    "parallel.wrap=layer",        NULL};
+static const char *const g_mlp[] = {"model.widths=16,32,32,32,8",
+                                    "model.norm=rmsnorm",
+                                    "data.samples=256",
+                                    "data.batch_size=16",
+                                    "optim.name=sgd",
+                                    "optim.lr=0.05",
+                                    "log.level=off",
+                                    "parallel.backend=local",
+                                    "parallel.timeout_s=60",
+                                    "parallel.wrap=layer",
+                                    NULL};
 
 static void test_mlp_layouts(void) {
     struct {
@@ -331,7 +353,16 @@ static void test_mlp_layouts(void) {
          SET("parallel.ranks=4", "parallel.tp=2", "parallel.strategy=shard_grad_op",
              "parallel.use_orig_params=true", "train.grad_accum=2", "optim.name=adamw",
              "optim.lr=0.001", "optim.clip_grad_norm=1")},
-        {"mlp (2, 1) bf16 mixed precision", SET("parallel.ranks=2", "parallel.mixed_precision=bf16")},
+        {"mlp (2, 1) bf16 mixed precision",
+         SET("parallel.ranks=2", "parallel.mixed_precision=bf16")},
+        {"mlp (2, 2) offload, bf16 comm hook",
+         SET("parallel.ranks=4", "parallel.tp=2", "parallel.offload=true",
+             "parallel.comm_hook=bf16")},
+        {"mlp (2, 1) no_shard", SET("parallel.ranks=2", "parallel.strategy=no_shard")},
+        {"mlp (4, 1) hybrid_shard, 2 replicas",
+         SET("parallel.ranks=4", "parallel.strategy=hybrid_shard", "parallel.replicas=2")},
+        {"mlp (3, 1) full_shard, uneven slices and shards",
+         SET("parallel.ranks=3", "data.batch_size=10")},
     };
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         CU_ASSERT_FATAL(configure(g_mlp, layouts[i].set));
@@ -339,15 +370,35 @@ static void test_mlp_layouts(void) {
     }
 }
 
-static const char *const g_llama[] = {
-    "model.kind=llama",    "model.dim=32",          "model.n_layers=2",
-    "model.n_heads=4",     "model.n_kv_heads=2",    "model.vocab_size=256",
-    "model.max_seq_len=16", "data.kind=tokens",     "data.path=" FSDP_SOURCE_DIR
-                                                     "/examples/data/austen-pride.tok",
-    "data.batch_size=4",   "data.eval_batches=1",   "optim.name=adamw",
-    "optim.lr=0.001",      "optim.clip_grad_norm=1", "log.level=off",
-    "parallel.backend=local", "parallel.timeout_s=60", "parallel.wrap=layer",
-    NULL};
+static void test_stacked_layouts(void) {
+    CU_ASSERT_FATAL(
+        configure(SET("model.kind=mlp_stacked", "model.n_layers=3", "data.samples=64",
+                      "data.batch_size=8", "optim.name=sgd", "log.level=off",
+                      "parallel.backend=local", "parallel.timeout_s=60", "parallel.wrap=layer"),
+                  SET("parallel.ranks=4", "parallel.tp=2")));
+    check_layout("mlp_stacked (2, 2) fsdp + tp", "layers.*");
+}
+
+static const char *const g_llama[] = {"model.kind=llama",
+                                      "model.dim=32",
+                                      "model.n_layers=2",
+                                      "model.n_heads=4",
+                                      "model.n_kv_heads=2",
+                                      "model.vocab_size=256",
+                                      "model.max_seq_len=16",
+                                      "data.kind=tokens",
+                                      "data.path=" FSDP_SOURCE_DIR
+                                      "/examples/data/austen-pride.tok",
+                                      "data.batch_size=4",
+                                      "data.eval_batches=1",
+                                      "optim.name=adamw",
+                                      "optim.lr=0.001",
+                                      "optim.clip_grad_norm=1",
+                                      "log.level=off",
+                                      "parallel.backend=local",
+                                      "parallel.timeout_s=60",
+                                      "parallel.wrap=layer",
+                                      NULL};
 
 static void test_llama_layouts(void) {
     struct {
@@ -356,8 +407,8 @@ static void test_llama_layouts(void) {
     } layouts[] = {
         {"llama (2, 1) full_shard", SET("parallel.ranks=2")},
         {"llama (2, 2) fsdp + tp", SET("parallel.ranks=4", "parallel.tp=2")},
-        {"llama (1, 2) tp, uneven vocabulary", SET("parallel.ranks=2", "parallel.tp=2",
-                                                  "model.vocab_size=257")},
+        {"llama (1, 2) tp, uneven vocabulary",
+         SET("parallel.ranks=2", "parallel.tp=2", "model.vocab_size=257")},
     };
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         CU_ASSERT_FATAL(configure(g_llama, layouts[i].set));
@@ -423,6 +474,7 @@ static void test_command_line(void) {
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"mlp_layouts", test_mlp_layouts},
+        {"stacked_layouts", test_stacked_layouts},
         {"llama_layouts", test_llama_layouts},
         {"command_line", test_command_line},
     };

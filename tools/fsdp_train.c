@@ -3,7 +3,7 @@
  * [parallel] asks for: rank threads, or this process's rank under mpirun.
  * With [checkpoint] dir set, SIGINT and SIGTERM stop the run after the current step with a
  * checkpoint (a second one ends the process at once).
- * --plan prints the run's estimated memory and communication instead (tools/train_estimate.c).
+ * --plan prints the run's estimated memory and communication instead (train_estimate.h).
  * Exit status: 0 success, 1 the run failed (also: stdout could not be written), 2 bad
  * command line or config, 130 stopped by SIGINT or SIGTERM (with a checkpoint saved). */
 #define _POSIX_C_SOURCE 200809L // sigaction
@@ -16,9 +16,10 @@
 
 #include "fsdp/fsdp.h"
 #include "tool_exit.h"    // defines: tool_exit_begin, tool_exit
-#include "train_config.h"   // defines: train_cli_parse, train_config_print_help
-#include "train_estimate.h" // defines: train_estimate_main
+#include "train_config.h" // defines: train_cli_parse, train_config_print_help
 #include "trainer.h"      // defines: train_run
+
+#include "train_estimate.h" // defines: train_estimate_main
 
 enum { EXIT_OK = 0, EXIT_RUN_FAILED = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 };
 

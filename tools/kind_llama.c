@@ -7,10 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train_estimate.h" // defines: train_estimate_llama
 #include "train_kind.h"   // defines: train_kind
 #include "train_llama.h"  // defines: train_llama_create, train_llama_forward_loss
 #include "train_tokens.h" // defines: train_tokens_load
+
+#include "train_estimate.h" // defines: train_estimate_llama
 
 static const train_key g_keys[] = {
     INT_KEY("model", "dim", model.dim, "64", 2, TRAIN_WIDTH_MAX,

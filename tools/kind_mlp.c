@@ -7,10 +7,11 @@
 #include <string.h>
 
 #include "fsdp/version.h"  // defines: FSDP_VERSION_STRING
-#include "train_estimate.h" // defines: train_estimate_mlp
 #include "train_kind.h"    // defines: train_kind
 #include "train_plan.h"    // defines: train_plan_apply, train_plan_check_checkpointing
 #include "train_samples.h" // defines: train_samples_create, train_samples_step
+
+#include "train_estimate.h" // defines: train_estimate_mlp
 
 extern const train_kind train_kind_mlp; /* below */
 

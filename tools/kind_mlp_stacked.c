@@ -6,10 +6,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "train_estimate.h" // defines: train_estimate_mlp_stacked
 #include "train_kind.h"    // defines: train_kind
 #include "train_plan.h"    // defines: train_plan_apply, train_plan_check_checkpointing
 #include "train_samples.h" // defines: train_samples_create, train_samples_step
+
+#include "train_estimate.h" // defines: train_estimate_mlp_stacked
 
 enum { WIDTH = 10, HIDDEN = 16 }; /* MLPModule: Linear(10, 16), relu, Linear(16, 10) */
 

@@ -117,7 +117,7 @@ typedef struct sim_fsdp {
     sim_unit *units;
     int n_units;
     bool sharded, resident, shared, fused, reshard_after_forward, replicated;
-    int group_size; /* W: the ranks FSDP shards over */
+    int group_size;     /* W: the ranks FSDP shards over */
     int pesize, gesize; /* bytes of an element gathered, reduced */
     const char *dim;    /* the group FSDP shards over: "dp", or "shard" for hybrid_shard */
     sim_pool pool;
@@ -265,17 +265,18 @@ static int64_t lay_out_units(sim_fsdp *s, const train_est_model *m, int shard_in
 static void count_clipping(const sim_fsdp *s, const train_est_model *m, train_est_rank *r) {
     bool rep = false, tp = false;
     for (int i = 0; i < m->n_params; i++) {
-        if (m->params[i].tp_sharded) tp = true;
-        else rep = true;
+        if (m->params[i].tp_sharded)
+            tp = true;
+        else
+            rep = true;
     }
     if (s->sharded) count(r, FSDP_COMM_ALL_REDUCE, s->dim, 1, 4 * (rep + tp));
     if (tp) count(r, FSDP_COMM_ALL_REDUCE, "tp", 1, 4);
 }
 
 static fsdp_status estimate_rank(const train_config *cfg, const train_kind *kind,
-                                 const train_layout *l, int rank, int64_t micro,
-                                 train_est_rank *r, const char **note, char *err,
-                                 size_t err_size) {
+                                 const train_layout *l, int rank, int64_t micro, train_est_rank *r,
+                                 const char **note, char *err, size_t err_size) {
     *r = (train_est_rank){.rank = rank, .dp_index = rank / l->tp, .tp_index = rank % l->tp};
     int64_t off, rows;
     fsdp_chunk_range(micro, l->dp, r->dp_index, &off, &rows);
@@ -302,8 +303,8 @@ static fsdp_status estimate_rank(const train_config *cfg, const train_kind *kind
               c->parallel.comm_hook == FSDP_COMM_HOOK_DEFAULT && mp.reduce_dtype == FSDP_DTYPE_F32;
     s.reshard_after_forward = c->parallel.strategy == FSDP_FULL_SHARD || hybrid;
     s.units = calloc((size_t)s.n_units, sizeof *s.units);
-    int64_t optim = s.units ? lay_out_units(&s, &m, hybrid ? r->dp_index % l->shard : r->dp_index)
-                            : -1;
+    int64_t optim =
+        s.units ? lay_out_units(&s, &m, hybrid ? r->dp_index % l->shard : r->dp_index) : -1;
     if (optim < 0) {
         free(s.units);
         train_est_model_free(&m);

@@ -68,8 +68,8 @@ bool train_est_checkpointed(const train_config *cfg, const char *name, bool all)
 /* The kinds' estimates (train_estimate_kinds.c), for their entries of the table. */
 fsdp_status train_estimate_mlp(const train_config *cfg, const train_layout *l, int tp_index,
                                int64_t rows, train_est_model *m, char *err, size_t err_size);
-fsdp_status train_estimate_mlp_stacked(const train_config *cfg, const train_layout *l,
-                                       int tp_index, int64_t rows, train_est_model *m, char *err,
+fsdp_status train_estimate_mlp_stacked(const train_config *cfg, const train_layout *l, int tp_index,
+                                       int64_t rows, train_est_model *m, char *err,
                                        size_t err_size);
 fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l, int tp_index,
                                  int64_t rows, train_est_model *m, char *err, size_t err_size);
@@ -88,13 +88,13 @@ typedef struct train_est_step_comm {
 /* The figures of one rank. Bytes per rank. */
 typedef struct train_est_rank {
     int rank, dp_index, tp_index;
-    int64_t param_bytes;   /* FSDP's flat shards (f32), on the host with offload */
-    int64_t grad_bytes;    /* their gradients, the same */
-    int64_t optim_bytes;   /* optimizer state (momentum, Adam's moments), beside the shards */
+    int64_t param_bytes;    /* FSDP's flat shards (f32), on the host with offload */
+    int64_t grad_bytes;     /* their gradients, the same */
+    int64_t optim_bytes;    /* optimizer state (momentum, Adam's moments), beside the shards */
     int64_t gathered_bytes; /* the pool's peak: gathered parameters, full gradients and
                                reduction buffers in flight */
-    int64_t device_bytes;  /* fsdp_sharded_memory's peak_device_bytes: the pool's peak plus the
-                              shards on the device */
+    int64_t device_bytes;   /* fsdp_sharded_memory's peak_device_bytes: the pool's peak plus the
+                               shards on the device */
     int64_t act_bytes, act_ckpt_bytes; /* one micro-batch (above) */
     int64_t total_bytes; /* device_bytes + optimizer state (not offloaded) + activations as
                             configured */

@@ -57,8 +57,8 @@ typedef struct chain {
  * the layer is the first module (no input gradient). A checkpointed module keeps a copy of its
  * output when that output is its own buffer. */
 static fsdp_status chain_estimate(const train_kind *kind, const train_config *cfg,
-                                  const train_layout *l, int tp_index, int64_t rows,
-                                  const chain *c, train_est_model *m, char *err, size_t err_size) {
+                                  const train_layout *l, int tp_index, int64_t rows, const chain *c,
+                                  train_est_model *m, char *err, size_t err_size) {
     train_tp_style styles[TRAIN_MAX_PLAN_LINEAR];
     if (l->tp > 1)
         TRAIN_TRY(train_plan_styles_list(kind, cfg, styles, TRAIN_MAX_PLAN_LINEAR, err, err_size));
@@ -133,8 +133,8 @@ fsdp_status train_estimate_mlp(const train_config *cfg, const train_layout *l, i
     return st;
 }
 
-fsdp_status train_estimate_mlp_stacked(const train_config *cfg, const train_layout *l,
-                                       int tp_index, int64_t rows, train_est_model *m, char *err,
+fsdp_status train_estimate_mlp_stacked(const train_config *cfg, const train_layout *l, int tp_index,
+                                       int64_t rows, train_est_model *m, char *err,
                                        size_t err_size) {
     chain *c = calloc(1, sizeof *c);
     if (!c) return out_of_memory(err, err_size);
@@ -142,7 +142,7 @@ fsdp_status train_estimate_mlp_stacked(const train_config *cfg, const train_layo
     bool wrap = cfg->parallel.wrap == TRAIN_WRAP_LAYER;
     c->nested = true;
     for (int64_t b = 0; b < n && b < TRAIN_MAX_LAYERS; b++) { /* net1 Linear(10, 16), relu, net2 */
-        int unit = wrap && b + 1 < n ? (int)b + 1 : 0; /* the root keeps the last block */
+        int unit = wrap && b + 1 < n ? (int)b + 1 : 0;        /* the root keeps the last block */
         c->mods[c->n++] = (chain_mod){'L', 10, 16, c->n_groups, unit};
         c->mods[c->n++] = (chain_mod){'A', 0, 0, c->n_groups, unit};
         c->mods[c->n++] = (chain_mod){'L', 16, 10, c->n_groups, unit};

@@ -29,8 +29,10 @@ static const char *human(int64_t bytes, char *buf, size_t size) {
     double v = (double)bytes;
     int u = 0;
     while (v >= 1024 && u < 4) v /= 1024, u++;
-    if (u == 0) snprintf(buf, size, "%" PRId64 " B", bytes);
-    else snprintf(buf, size, "%.1f %s", v, units[u]);
+    if (u == 0)
+        snprintf(buf, size, "%" PRId64 " B", bytes);
+    else
+        snprintf(buf, size, "%.1f %s", v, units[u]);
     return buf;
 }
 
@@ -60,10 +62,11 @@ void train_estimate_print(const train_config *cfg, const train_estimate *e, FILE
     bool ckpt = train_config_checkpoint_patterns(cfg, pats) > 0;
     fprintf(f, "plan: %s\n", layout);
     fprintf(f,
-            "plan: micro-batch of %" PRId64 " samples (batch_size %" PRId64
-            " / grad_accum %" PRId64 "), split over dp %d; estimated, nothing ran\n",
+            "plan: micro-batch of %" PRId64 " samples (batch_size %" PRId64 " / grad_accum %" PRId64
+            "), split over dp %d; estimated, nothing ran\n",
             e->micro, cfg->data.batch_size, cfg->train.grad_accum, e->layout.dp);
-    fprintf(f, "\nmemory per rank%s:\n", cfg->parallel.offload ? " (params, grads, optimizer on the host: offload)" : "");
+    fprintf(f, "\nmemory per rank%s:\n",
+            cfg->parallel.offload ? " (params, grads, optimizer on the host: offload)" : "");
     fprintf(f, "%-16s %10s %10s %10s %10s %10s %11s %11s %10s\n", "ranks", "params", "grads",
             "optimizer", "gathered", "device", "activations", "act_ckpt", "total");
     for (int r = 0; r < e->layout.world; r++) {
@@ -76,15 +79,16 @@ void train_estimate_print(const train_config *cfg, const train_estimate *e, FILE
                 human(x->device_bytes, g, sizeof g), human(x->act_bytes, h, sizeof h),
                 human(x->act_ckpt_bytes, k, sizeof k), human(x->total_bytes, t, sizeof t));
     }
-    fprintf(f,
-            "  params, grads: FSDP's flat shards and their gradients (f32); optimizer: its state "
-            "beside them;\n  gathered: the pool's peak over a step (gathered units, full "
-            "gradients, reduction buffers);\n  device: gathered + the shards (fsdp_sharded_memory's "
-            "peak_device_bytes); activations: what one\n  micro-batch's forward keeps for "
-            "backward, act_ckpt: the same with %s checkpointed;\n  total: device + optimizer + "
-            "activations (%s)\n",
-            ckpt ? "[model] checkpoint_activations" : "every checkpointable module",
-            ckpt ? "checkpointed, as configured" : "not checkpointed, as configured");
+    fprintf(
+        f,
+        "  params, grads: FSDP's flat shards and their gradients (f32); optimizer: its state "
+        "beside them;\n  gathered: the pool's peak over a step (gathered units, full "
+        "gradients, reduction buffers);\n  device: gathered + the shards (fsdp_sharded_memory's "
+        "peak_device_bytes); activations: what one\n  micro-batch's forward keeps for "
+        "backward, act_ckpt: the same with %s checkpointed;\n  total: device + optimizer + "
+        "activations (%s)\n",
+        ckpt ? "[model] checkpoint_activations" : "every checkpointable module",
+        ckpt ? "checkpointed, as configured" : "not checkpointed, as configured");
     for (int r = 0; r < e->layout.world; r++) {
         if (!first_of_group(e, r)) continue;
         const train_est_rank *x = &e->ranks[r];
@@ -106,8 +110,8 @@ static json_t *rank_json(const train_est_rank *x) {
                                               fsdp_comm_op_to_string(x->comm[i].op), "dim",
                                               x->comm[i].dim, "calls", (json_int_t)x->comm[i].calls,
                                               "bytes", (json_int_t)x->comm[i].bytes));
-    return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "rank", x->rank,
-                     "dp_index", x->dp_index, "tp_index", x->tp_index, "param_bytes",
+    return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "rank",
+                     x->rank, "dp_index", x->dp_index, "tp_index", x->tp_index, "param_bytes",
                      (json_int_t)x->param_bytes, "grad_bytes", (json_int_t)x->grad_bytes,
                      "optimizer_bytes", (json_int_t)x->optim_bytes, "gathered_bytes",
                      (json_int_t)x->gathered_bytes, "device_bytes", (json_int_t)x->device_bytes,
@@ -123,11 +127,10 @@ void train_estimate_write_json(const train_config *cfg, const train_estimate *e,
     for (int r = 0; ranks && r < e->layout.world; r++)
         json_array_append_new(ranks, rank_json(&e->ranks[r]));
     json_t *root = json_pack(
-        "{s:s, s:i, s:i, s:i, s:I, s:I, s:b, s:s, s:o}", "layout", layout, "world",
-        e->layout.world, "dp", e->layout.dp, "tp", e->layout.tp, "micro_batch",
-        (json_int_t)e->micro, "grad_accum", (json_int_t)cfg->train.grad_accum, "offload",
-        cfg->parallel.offload, "activations_counted", e->activation_note ? e->activation_note : "",
-        "ranks", ranks);
+        "{s:s, s:i, s:i, s:i, s:I, s:I, s:b, s:s, s:o}", "layout", layout, "world", e->layout.world,
+        "dp", e->layout.dp, "tp", e->layout.tp, "micro_batch", (json_int_t)e->micro, "grad_accum",
+        (json_int_t)cfg->train.grad_accum, "offload", cfg->parallel.offload, "activations_counted",
+        e->activation_note ? e->activation_note : "", "ranks", ranks);
     if (root) json_dumpf(root, f, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     fputc('\n', f);
     json_decref(root);
@@ -141,8 +144,10 @@ int train_estimate_main(const train_config *cfg, bool json, FILE *out) {
         fprintf(stderr, "fsdp-train: %s\n", err);
         return st == FSDP_ERR_CONFIG ? 2 : 1;
     }
-    if (json) train_estimate_write_json(cfg, &e, out);
-    else train_estimate_print(cfg, &e, out);
+    if (json)
+        train_estimate_write_json(cfg, &e, out);
+    else
+        train_estimate_print(cfg, &e, out);
     train_estimate_free(&e);
     return 0;
 }
