@@ -330,6 +330,14 @@ static void check_layout(const char *name, const char *ckpt_pattern) {
     train_estimate_free(&e);
 }
 
+/* The cases on rank threads compare every rank of worlds of several sizes: under mpirun only
+ * mpi_pool runs. */
+static bool skip_under_mpi(void) {
+    if (!fsdp_test_mpi()) return false;
+    fsdp_test_skip("the rank-thread layouts run outside mpirun; mpi_pool runs here");
+    return true;
+}
+
 static const char *const g_mlp[] = {"model.widths=16,32,32,32,8",
                                     "model.norm=rmsnorm",
                                     "data.samples=256",
@@ -343,6 +351,7 @@ static const char *const g_mlp[] = {"model.widths=16,32,32,32,8",
                                     NULL};
 
 static void test_mlp_layouts(void) {
+    if (skip_under_mpi()) return;
     struct {
         const char *name;
         const char *const *set;
@@ -371,6 +380,7 @@ static void test_mlp_layouts(void) {
 }
 
 static void test_stacked_layouts(void) {
+    if (skip_under_mpi()) return;
     CU_ASSERT_FATAL(
         configure(SET("model.kind=mlp_stacked", "model.n_layers=3", "data.samples=64",
                       "data.batch_size=8", "optim.name=sgd", "log.level=off",
@@ -401,6 +411,7 @@ static const char *const g_llama[] = {"model.kind=llama",
                                       NULL};
 
 static void test_llama_layouts(void) {
+    if (skip_under_mpi()) return;
     struct {
         const char *name;
         const char *const *set;
@@ -413,6 +424,50 @@ static void test_llama_layouts(void) {
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         CU_ASSERT_FATAL(configure(g_llama, layouts[i].set));
         check_layout(layouts[i].name, "model.layers.*");
+    }
+}
+
+/* Under mpirun (CTest's test_train_plan_mpi2 and _mpi4): with [parallel] backend = mpi the
+ * gathered parameters take pool blocks (no group-shared block between processes), and the plan
+ * models that: this process's rank of each layout whose world is the job's size, its shard,
+ * peak device, optimizer and activation bytes against the plan's. */
+static void test_mpi_pool(void) {
+    if (!fsdp_test_mpi()) {
+        fsdp_test_skip("runs under mpirun (CTest's test_train_plan_mpi2 and test_train_plan_mpi4)");
+        return;
+    }
+    struct {
+        const char *name;
+        const char *const *base, *const *set;
+    } layouts[] = {
+        {"mlp (2, 1) full_shard", g_mlp, SET("parallel.backend=mpi", "parallel.ranks=2")},
+        {"mlp (2, 2) fsdp + tp", g_mlp,
+         SET("parallel.backend=mpi", "parallel.ranks=4", "parallel.tp=2")},
+        {"mlp (2, 2) shard_grad_op, grad_accum 2", g_mlp,
+         SET("parallel.backend=mpi", "parallel.ranks=4", "parallel.tp=2",
+             "parallel.strategy=shard_grad_op", "train.grad_accum=2")},
+        {"llama (2, 1) full_shard", g_llama, SET("parallel.backend=mpi", "parallel.ranks=2")},
+        {"llama (2, 2) fsdp + tp", g_llama,
+         SET("parallel.backend=mpi", "parallel.ranks=4", "parallel.tp=2")},
+    };
+    char err[TRAIN_ERROR_SIZE] = "";
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+        CU_ASSERT_FATAL(configure(layouts[i].base, layouts[i].set));
+        train_estimate e;
+        CU_ASSERT_FATAL(train_estimate_make(&g_cfg, 0, &e, err, sizeof err) == FSDP_OK);
+        int first, n = fsdp_test_hosted_ranks(e.layout.world, &first);
+        measured m[MAX_RANKS];
+        CU_ASSERT_FATAL(measure(&g_cfg, &e.layout, m));
+        for (int r = first; r < first + n; r++) {
+            const train_est_rank *x = &e.ranks[r];
+            CU_ASSERT(equal("params + grads", r, x->param_bytes + x->grad_bytes, m[r].shard_bytes));
+            CU_ASSERT(equal("peak device bytes", r, x->device_bytes, m[r].device_bytes));
+            CU_ASSERT(equal("optimizer bytes", r, x->optim_bytes, m[r].optim_bytes));
+            CU_ASSERT(equal("activation bytes", r, x->act_bytes, m[r].act_bytes));
+            printf("\n    %s, rank %d: device %lld B (gathered %lld B)", layouts[i].name, r,
+                   (long long)m[r].device_bytes, (long long)x->gathered_bytes);
+        }
+        train_estimate_free(&e);
     }
 }
 
@@ -473,9 +528,8 @@ static void test_command_line(void) {
 
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
-        {"mlp_layouts", test_mlp_layouts},
-        {"stacked_layouts", test_stacked_layouts},
-        {"llama_layouts", test_llama_layouts},
+        {"mlp_layouts", test_mlp_layouts},     {"stacked_layouts", test_stacked_layouts},
+        {"llama_layouts", test_llama_layouts}, {"mpi_pool", test_mpi_pool},
         {"command_line", test_command_line},
     };
     return fsdp_test_run(argc, argv, "train_plan", cases, (int)(sizeof cases / sizeof cases[0]));
