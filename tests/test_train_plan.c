@@ -367,6 +367,8 @@ static void test_mlp_layouts(void) {
         {"mlp (2, 2) offload, bf16 comm hook",
          SET("parallel.ranks=4", "parallel.tp=2", "parallel.offload=true",
              "parallel.comm_hook=bf16")},
+        {"mlp (2, 1) bf16 parameters, fp16 comm hook",
+         SET("parallel.ranks=2", "parallel.mixed_precision=bf16,f32", "parallel.comm_hook=fp16")},
         {"mlp (2, 1) no_shard", SET("parallel.ranks=2", "parallel.strategy=no_shard")},
         {"mlp (4, 1) hybrid_shard, 2 replicas",
          SET("parallel.ranks=4", "parallel.strategy=hybrid_shard", "parallel.replicas=2")},

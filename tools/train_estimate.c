@@ -58,7 +58,7 @@ bool train_est_checkpointed(const train_config *cfg, const char *name, bool all)
 
 typedef struct sim_block {
     int64_t numel;
-    int esize;
+    fsdp_dtype dtype;
     bool in_use;
 } sim_block;
 
@@ -69,12 +69,16 @@ typedef struct sim_pool {
     bool oom;
 } sim_pool;
 
-/* The block a tensor of n elements of esize bytes is bound to (fsdp_pool_take), or -1. */
-static int pool_take(sim_pool *p, int64_t n, int esize) {
+static int dtype_bytes(fsdp_dtype d) {
+    return d == FSDP_DTYPE_F32 ? 4 : 2;
+}
+
+/* The block a tensor of n elements of dtype is bound to (fsdp_pool_take), or -1. */
+static int pool_take(sim_pool *p, int64_t n, fsdp_dtype dtype) {
     int best = -1;
     for (int i = 0; i < p->n; i++) {
         sim_block *b = &p->blocks[i];
-        if (!b->in_use && b->esize == esize && b->numel >= n &&
+        if (!b->in_use && b->dtype == dtype && b->numel >= n &&
             (best < 0 || b->numel < p->blocks[best].numel))
             best = i;
     }
@@ -89,8 +93,8 @@ static int pool_take(sim_pool *p, int64_t n, int esize) {
             p->blocks = b, p->cap = cap;
         }
         best = p->n++;
-        p->blocks[best] = (sim_block){n > 0 ? n : 1, esize, false};
-        p->reserved += p->blocks[best].numel * esize;
+        p->blocks[best] = (sim_block){n > 0 ? n : 1, dtype, false};
+        p->reserved += p->blocks[best].numel * dtype_bytes(dtype);
         if (p->reserved > p->peak) p->peak = p->reserved;
     }
     p->blocks[best].in_use = true;
@@ -117,9 +121,10 @@ typedef struct sim_fsdp {
     sim_unit *units;
     int n_units;
     bool sharded, resident, shared, fused, reshard_after_forward, replicated;
-    int group_size;     /* W: the ranks FSDP shards over */
-    int pesize, gesize; /* bytes of an element gathered, reduced */
-    const char *dim;    /* the group FSDP shards over: "dp", or "shard" for hybrid_shard */
+    int group_size;            /* W: the ranks FSDP shards over */
+    fsdp_dtype pdtype, gdtype; /* what parameters are gathered in, gradients reduced in */
+    int pesize, gesize;        /* their bytes */
+    const char *dim;           /* the group FSDP shards over: "dp", or "shard" for hybrid_shard */
     sim_pool pool;
     train_est_rank *r; /* where the collectives are counted */
 } sim_fsdp;
@@ -138,10 +143,6 @@ static void count(train_est_rank *r, fsdp_comm_op op, const char *dim, int64_t c
     r->comm[i].bytes += bytes;
 }
 
-static int dtype_bytes(fsdp_dtype d) {
-    return d == FSDP_DTYPE_F32 ? 4 : 2;
-}
-
 /* hooks.c's gather_params: into the group's shared block (rank threads, f32), or a pool block
  * (in param_dtype through a low-precision block first); one all_gather when sharded. */
 static void unshard(sim_fsdp *s, sim_unit *u) {
@@ -149,10 +150,10 @@ static void unshard(sim_fsdp *s, sim_unit *u) {
     u->gathered = true;
     if (u->numel == 0) return;
     if (s->sharded) count(s->r, FSDP_COMM_ALL_GATHER, s->dim, 1, u->padded * s->pesize);
-    if (s->shared && s->pesize == 4) return;
-    u->full = pool_take(&s->pool, u->padded, 4);
-    if (s->pesize != 4) {
-        int low = pool_take(&s->pool, u->padded, s->pesize);
+    if (s->shared && s->pdtype == FSDP_DTYPE_F32) return;
+    u->full = pool_take(&s->pool, u->padded, FSDP_DTYPE_F32);
+    if (s->pdtype != FSDP_DTYPE_F32) {
+        int low = pool_take(&s->pool, u->padded, s->pdtype);
         pool_give(&s->pool, &low);
     }
 }
@@ -167,7 +168,7 @@ static void pre_backward(sim_fsdp *s, sim_unit *u) {
     unshard(s, u);
     if (u->grads_bound || u->numel == 0) return;
     u->grads_bound = true;
-    u->grad = pool_take(&s->pool, u->padded, 4);
+    u->grad = pool_take(&s->pool, u->padded, FSDP_DTYPE_F32);
 }
 
 /* hooks.c's post-backward and reduce_grad: under no_sync the gradient stays bound; else the
@@ -179,11 +180,11 @@ static void post_backward(sim_fsdp *s, sim_unit *u, bool sync) {
     }
     if (u->numel > 0) {
         int reduced = -1, low_grad = -1, low_reduced = -1;
-        bool low = s->gesize != 4;
+        bool low = s->gdtype != FSDP_DTYPE_F32;
         if (!s->fused) {
-            if (s->sharded) reduced = pool_take(&s->pool, u->shard, 4);
-            if (low) low_grad = pool_take(&s->pool, u->padded, s->gesize);
-            if (low && s->sharded) low_reduced = pool_take(&s->pool, u->shard, s->gesize);
+            if (s->sharded) reduced = pool_take(&s->pool, u->shard, FSDP_DTYPE_F32);
+            if (low) low_grad = pool_take(&s->pool, u->padded, s->gdtype);
+            if (low && s->sharded) low_reduced = pool_take(&s->pool, u->shard, s->gdtype);
         }
         if (s->sharded)
             count(s->r, FSDP_COMM_REDUCE_SCATTER, s->dim, 1, u->padded * s->gesize);
@@ -295,8 +296,10 @@ static fsdp_status estimate_rank(const train_config *cfg, const train_kind *kind
     s.dim = hybrid ? "shard" : "dp";
     s.sharded = c->parallel.strategy != FSDP_NO_SHARD && s.group_size > 1;
     s.replicated = hybrid && l->replicas > 1;
-    s.pesize = dtype_bytes(mp.param_dtype);
-    s.gesize = dtype_bytes(grad_dtype(c));
+    s.pdtype = mp.param_dtype;
+    s.gdtype = grad_dtype(c);
+    s.pesize = dtype_bytes(s.pdtype);
+    s.gesize = dtype_bytes(s.gdtype);
     s.resident = !s.sharded && !c->parallel.offload && mp.param_dtype == FSDP_DTYPE_F32;
     s.shared = l->backend == TRAIN_BACKEND_LOCAL && s.sharded && !c->parallel.offload;
     s.fused = s.sharded && !s.replicated && !c->parallel.offload &&
