@@ -45,7 +45,7 @@ typedef struct chain_mod {
 typedef struct chain {
     chain_mod mods[CHAIN_MAX];
     int n;
-    char names[TRAIN_MAX_LAYERS][24]; /* the checkpointable modules' names */
+    char names[TRAIN_MAX_LAYERS][32]; /* the checkpointable modules' names */
     int n_groups;
     bool nested; /* the checkpointable modules hold the chain's modules (else they are them) */
 } chain;
@@ -141,12 +141,12 @@ fsdp_status train_estimate_mlp_stacked(const train_config *cfg, const train_layo
     int64_t n = cfg->model.n_layers;
     bool wrap = cfg->parallel.wrap == TRAIN_WRAP_LAYER;
     c->nested = true;
-    for (int64_t b = 0; b < n && b < TRAIN_MAX_LAYERS; b++) { /* net1 Linear(10, 16), relu, net2 */
-        int unit = wrap && b + 1 < n ? (int)b + 1 : 0;        /* the root keeps the last block */
+    for (int b = 0; b < n && b < TRAIN_MAX_LAYERS; b++) { /* net1 Linear(10, 16), relu, net2 */
+        int unit = wrap && b + 1 < n ? b + 1 : 0;         /* the root keeps the last block */
         c->mods[c->n++] = (chain_mod){'L', 10, 16, c->n_groups, unit};
         c->mods[c->n++] = (chain_mod){'A', 0, 0, c->n_groups, unit};
         c->mods[c->n++] = (chain_mod){'L', 16, 10, c->n_groups, unit};
-        snprintf(c->names[c->n_groups], sizeof c->names[0], "layers.%lld", (long long)b);
+        snprintf(c->names[c->n_groups], sizeof c->names[0], "layers.%d", b);
         c->n_groups++;
     }
     fsdp_status st =
