@@ -10,11 +10,11 @@
  *     (parameters and gradients) and peak_device_bytes (the pool's peak plus the shards), the
  *     optimizer's state tensors, and fsdp_module_activation_bytes right after the first
  *     forward, without and with activation checkpointing.
- * Every figure is deterministic (sizes and counts, no timing), and the estimate replays the
- * pool's block rule and the hooks' order, so they are required to be equal; the 5% the plan
- * promises is the bound for what it leaves out elsewhere (the model input, the loss's and
- * backward's buffers, TP's hook-owned tensors, allocator overhead), which none of these
- * figures contain. */
+ * Every figure is a size or a count (no timing), and the estimate replays the pool's block rule
+ * and the hooks' order, so each is required to equal the measured one exactly: stricter than the
+ * 5% a plan could be allowed, and possible because these figures hold none of what the plan
+ * leaves out (the model input, the loss's and backward's buffers, TP's hook-owned tensors,
+ * evaluations, the allocator's overhead: docs/train.md, "Planning a run"). */
 #define _POSIX_C_SOURCE 200809L // open_memstream
 
 #include <inttypes.h> // defines: SCNd64
