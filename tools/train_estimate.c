@@ -372,8 +372,8 @@ fsdp_status train_estimate_make(const train_config *cfg, int world, train_estima
     if (world <= 0) world = train_config_world_size(cfg);
     if (world <= 0) {
         snprintf(err, err_size,
-                 "--plan needs the world size: under mpirun set [parallel] ranks (e.g. --set "
-                 "parallel.ranks=8), or run it without mpirun");
+                 "--plan needs the world size, which under [parallel] backend = mpi with ranks = "
+                 "0 is the MPI job's: set [parallel] ranks (e.g. --set parallel.ranks=8)");
         return FSDP_ERR_CONFIG;
     }
     fsdp_status st = train_layout_resolve(cfg, world, &out->layout, err, err_size);

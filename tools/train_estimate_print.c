@@ -67,13 +67,13 @@ void train_estimate_print(const train_config *cfg, const train_estimate *e, FILE
             e->micro, cfg->data.batch_size, cfg->train.grad_accum, e->layout.dp);
     fprintf(f, "\nmemory per rank%s:\n",
             cfg->parallel.offload ? " (params, grads, optimizer on the host: offload)" : "");
-    fprintf(f, "%-16s %10s %10s %10s %10s %10s %11s %11s %10s\n", "ranks", "params", "grads",
+    fprintf(f, "%-28s %10s %10s %10s %10s %10s %11s %11s %10s\n", "ranks", "params", "grads",
             "optimizer", "gathered", "device", "activations", "act_ckpt", "total");
     for (int r = 0; r < e->layout.world; r++) {
         if (!first_of_group(e, r)) continue;
         const train_est_rank *x = &e->ranks[r];
         rank_list(e, r, ranks, sizeof ranks);
-        fprintf(f, "%-16s %10s %10s %10s %10s %10s %11s %11s %10s\n", ranks,
+        fprintf(f, "%-28s %10s %10s %10s %10s %10s %11s %11s %10s\n", ranks,
                 human(x->param_bytes, a, sizeof a), human(x->grad_bytes, b, sizeof b),
                 human(x->optim_bytes, c, sizeof c), human(x->gathered_bytes, d, sizeof d),
                 human(x->device_bytes, g, sizeof g), human(x->act_bytes, h, sizeof h),
