@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h> // defines: WIFEXITED, WEXITSTATUS
 
 #include "harness.h"
 #include "train_config.h"   // defines: train_config_init, train_config_set, train_layout_resolve
@@ -519,6 +520,25 @@ static void test_command_line(void) {
     train_estimate_free(&e);
     json_decref(root);
     free(text);
+
+    /* the binary: --plan --json on stdout (status 0), the same figures; --json alone: status 2 */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s --config %s --plan --json 2>&1", FSDP_TRAIN_EXE, path);
+    FILE *p = popen(cmd, "r");
+    CU_ASSERT_FATAL(p != NULL);
+    json_t *tool = json_loadf(p, JSON_DISABLE_EOF_CHECK, &jerr);
+    CU_ASSERT_EQUAL(pclose(p), 0);
+    CU_ASSERT_FATAL(tool != NULL);
+    CU_ASSERT_FATAL(train_estimate_make(&cfg, 0, &e, err, sizeof err) == FSDP_OK);
+    json_t *r1 = json_array_get(json_object_get(tool, "ranks"), 1);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(r1, "total_bytes")), e.ranks[1].total_bytes);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(r1, "gathered_bytes")),
+                    e.ranks[1].gathered_bytes);
+    train_estimate_free(&e);
+    json_decref(tool);
+    snprintf(cmd, sizeof cmd, "%s --config %s --json > /dev/null 2>&1", FSDP_TRAIN_EXE, path);
+    int status = system(cmd);
+    CU_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 2);
 
     /* replicate is not modelled: refused, saying so */
     CU_ASSERT(train_config_set(&cfg, "parallel.mode=replicate", err, sizeof err) == FSDP_OK);
