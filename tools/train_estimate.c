@@ -3,10 +3,12 @@
  * units out as src/dp/units.c flattens them, replays one optimizer step's gathers, gradient
  * bindings and reductions through a copy of the caching pool's rule (src/dp/pool.c: best fit
  * among the free blocks of the dtype, a new block of exactly the size otherwise, no splitting)
- * and counts the collectives as comm-debug does. Printing is in train_estimate_print.c. */
+ * and counts the collectives as comm-debug does; under [parallel] mode = replicate it lays out
+ * the gradient buckets as replicate.c does. Printing is in train_estimate_print.c. */
 #include "train_estimate.h"
 
 #include <fnmatch.h> // defines: fnmatch
+#include <math.h>    // defines: ceil
 #include <stdlib.h>
 #include <string.h>
 
@@ -263,7 +265,7 @@ static int64_t lay_out_units(sim_fsdp *s, const train_est_model *m, int shard_in
 /* The gradient-norm all_reduces of clipping (src/dp/norm.c): one per group, of a float per
  * distinct set of groups that contains it; parameters replicated over tp form one set ({dp}),
  * those sharded over tp another ({dp, tp}). */
-static void count_clipping(const sim_fsdp *s, const train_est_model *m, train_est_rank *r) {
+static void count_clipping(const char *shard_dim, const train_est_model *m, train_est_rank *r) {
     bool rep = false, tp = false;
     for (int i = 0; i < m->n_params; i++) {
         if (m->params[i].tp_sharded)
@@ -271,8 +273,65 @@ static void count_clipping(const sim_fsdp *s, const train_est_model *m, train_es
         else
             rep = true;
     }
-    if (s->sharded) count(r, FSDP_COMM_ALL_REDUCE, s->dim, 1, 4 * (rep + tp));
+    if (shard_dim) count(r, FSDP_COMM_ALL_REDUCE, shard_dim, 1, 4 * (rep + tp));
     if (tp) count(r, FSDP_COMM_ALL_REDUCE, "tp", 1, 4);
+}
+
+/* What every mode adds to a step: the activations, the model's collectives on tp (and the
+ * recompute's), the loss's all_reduce over dp, clipping's, the stop flag's over the world; the
+ * total. shard_dim: the mesh dim FSDP shards over, NULL when it does not shard. */
+static void count_step_extras(const train_config *c, const train_layout *l,
+                              const train_est_model *m, train_est_rank *r, const char *shard_dim) {
+    char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING];
+    bool ckpt = train_config_checkpoint_patterns(c, patterns) > 0;
+    int64_t n = c->train.grad_accum;
+    r->act_bytes = m->act_bytes;
+    r->act_ckpt_bytes = m->act_ckpt_bytes;
+    for (int i = 0; l->tp > 1 && i < m->n_tp; i++)
+        count(r, m->tp[i].op, "tp", m->tp[i].calls * n, m->tp[i].bytes * n);
+    for (int i = 0; l->tp > 1 && ckpt && i < m->n_tp_ckpt; i++)
+        count(r, m->tp_ckpt[i].op, "tp", m->tp_ckpt[i].calls * n, m->tp_ckpt[i].bytes * n);
+    if (l->dp > 1) count(r, FSDP_COMM_ALL_REDUCE, "dp", 1, 8); /* the batch loss and a 0 */
+    if (c->optim.clip_grad_norm > 0) count_clipping(shard_dim, m, r);
+    if (c->checkpoint.dir[0] && l->world > 1) count(r, FSDP_COMM_ALL_REDUCE, "world", 1, 4);
+    r->total_bytes = r->device_bytes + (c->parallel.offload ? 0 : r->optim_bytes) +
+                     (ckpt ? r->act_ckpt_bytes : r->act_bytes);
+}
+
+/* mode = replicate (src/dp/replicate.c): every rank holds its whole local parameters and
+ * gradients; the trainable parameters, last registered first, form buckets as DDP does (the
+ * first closes at 1 MiB, or at bucket_mb when set, the others at 25 MiB or bucket_mb), each
+ * all_reduced over dp in the reduction's dtype. The buckets' buffers (replicate.c's setup): with
+ * the default f32 reduction during backward the gradients live in one buffer of every bucket
+ * (nothing beyond them), else one as large as the largest bucket; a bf16/fp16 reduction adds
+ * one of that size in its dtype; bf16/f16 parameters an f32 copy of all and a rounding buffer
+ * of the largest. Returns the optimizer's elements. */
+static int64_t replicate_memory(const train_config *c, const train_layout *l,
+                                const train_est_model *m, train_est_rank *r) {
+    int64_t first = FSDP_REPLICATE_FIRST_BUCKET_BYTES, cap = FSDP_REPLICATE_DEFAULT_BUCKET_BYTES;
+    if (c->parallel.bucket_mb > 0) first = cap = (int64_t)ceil(c->parallel.bucket_mb * 1024 * 1024);
+    fsdp_mixed_precision mp = train_config_mixed_precision(c);
+    fsdp_dtype g = grad_dtype(c);
+    int64_t total = 0, largest = 0, fill = 0, grad_max = 0;
+    int nb = 0;
+    for (int i = m->n_params - 1; i >= 0; i--) {
+        int64_t e = m->params[i].numel;
+        total += e, fill += e;
+        largest = e > largest ? e : largest;
+        if (4 * fill < (nb == 0 ? first : cap) && i > 0) continue;
+        grad_max = fill > grad_max ? fill : grad_max;
+        if (l->dp > 1) count(r, FSDP_COMM_ALL_REDUCE, "dp", 1, fill * dtype_bytes(g));
+        nb++, fill = 0;
+    }
+    bool apart = l->dp > 1 && c->parallel.comm_hook == FSDP_COMM_HOOK_DEFAULT &&
+                 mp.reduce_dtype == FSDP_DTYPE_F32;
+    r->param_bytes = r->grad_bytes = 4 * total;
+    r->gathered_bytes = apart ? 0 : 4 * grad_max;
+    if (g != FSDP_DTYPE_F32) r->gathered_bytes += dtype_bytes(g) * grad_max;
+    if (mp.param_dtype != FSDP_DTYPE_F32 && m->n_params > 0)
+        r->gathered_bytes += 4 * total + dtype_bytes(mp.param_dtype) * largest;
+    r->device_bytes = r->param_bytes + r->grad_bytes + r->gathered_bytes;
+    return total;
 }
 
 static fsdp_status estimate_rank(const train_config *cfg, const train_kind *kind,
@@ -289,6 +348,13 @@ static fsdp_status estimate_rank(const train_config *cfg, const train_kind *kind
     }
     *note = m.activation_note;
     const train_config *c = cfg;
+    int states = c->optim.name != TRAIN_OPTIM_SGD ? 2 : c->optim.momentum > 0 ? 1 : 0;
+    if (c->parallel.mode == TRAIN_MODE_REPLICATE) {
+        r->optim_bytes = 4 * states * replicate_memory(c, l, &m, r);
+        count_step_extras(c, l, &m, r, NULL);
+        train_est_model_free(&m);
+        return FSDP_OK;
+    }
     bool hybrid = c->parallel.strategy == FSDP_HYBRID_SHARD;
     fsdp_mixed_precision mp = train_config_mixed_precision(c);
     sim_fsdp s = {.cfg = c, .n_units = m.n_units > 0 ? m.n_units : 1, .r = r};
@@ -316,7 +382,6 @@ static fsdp_status estimate_rank(const train_config *cfg, const train_kind *kind
     }
     for (int k = 0; k < s.n_units; k++) r->param_bytes += 4 * s.units[k].shard;
     r->grad_bytes = r->param_bytes;
-    int states = c->optim.name != TRAIN_OPTIM_SGD ? 2 : c->optim.momentum > 0 ? 1 : 0;
     r->optim_bytes = 4 * states * optim;
 
     /* Two steps: the first finds the root gathered by the loss evaluation before training (and
@@ -332,21 +397,7 @@ static fsdp_status estimate_rank(const train_config *cfg, const train_kind *kind
     free(s.units);
     r->device_bytes = r->gathered_bytes + (c->parallel.offload ? 0 : 2 * r->param_bytes);
 
-    char patterns[TRAIN_MAX_ACT_PATTERNS][TRAIN_MAX_STRING];
-    bool ckpt = train_config_checkpoint_patterns(cfg, patterns) > 0;
-    r->act_bytes = m.act_bytes;
-    r->act_ckpt_bytes = m.act_ckpt_bytes;
-    for (int i = 0; l->tp > 1 && i < m.n_tp; i++)
-        count(r, m.tp[i].op, "tp", m.tp[i].calls * c->train.grad_accum,
-              m.tp[i].bytes * c->train.grad_accum);
-    for (int i = 0; l->tp > 1 && ckpt && i < m.n_tp_ckpt; i++)
-        count(r, m.tp_ckpt[i].op, "tp", m.tp_ckpt[i].calls * c->train.grad_accum,
-              m.tp_ckpt[i].bytes * c->train.grad_accum);
-    if (l->dp > 1) count(r, FSDP_COMM_ALL_REDUCE, "dp", 1, 8); /* the batch loss and a 0 */
-    if (c->optim.clip_grad_norm > 0) count_clipping(&s, &m, r);
-    if (c->checkpoint.dir[0] && l->world > 1) count(r, FSDP_COMM_ALL_REDUCE, "world", 1, 4);
-    r->total_bytes = r->device_bytes + (c->parallel.offload ? 0 : r->optim_bytes) +
-                     (ckpt ? r->act_ckpt_bytes : r->act_bytes);
+    count_step_extras(c, l, &m, r, s.sharded ? s.dim : NULL);
     train_est_model_free(&m);
     if (!oom) return FSDP_OK;
     snprintf(err, err_size, "--plan: out of memory");
@@ -357,14 +408,6 @@ fsdp_status train_estimate_make(const train_config *cfg, int world, train_estima
                                 size_t err_size) {
     memset(out, 0, sizeof *out);
     const train_kind *kind = train_kind_of(cfg);
-    char key[TRAIN_KEY_TEXT_SIZE];
-    if (cfg->parallel.mode != TRAIN_MODE_FSDP) {
-        snprintf(err, err_size,
-                 "--plan estimates [parallel] mode = fsdp; %s is not modelled yet: plan the run "
-                 "with mode = fsdp and strategy = no_shard for whole replicas",
-                 train_config_key_text(cfg, "parallel", "mode", key, sizeof key));
-        return FSDP_ERR_CONFIG;
-    }
     if (!kind->estimate) {
         snprintf(err, err_size, "--plan has no estimate for [model] kind = %s yet", kind->name);
         return FSDP_ERR_CONFIG;

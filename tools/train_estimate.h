@@ -92,7 +92,7 @@ typedef struct train_est_rank {
     int64_t grad_bytes;     /* their gradients, the same */
     int64_t optim_bytes;    /* optimizer state (momentum, Adam's moments), beside the shards */
     int64_t gathered_bytes; /* the pool's peak: gathered parameters, full gradients and
-                               reduction buffers in flight */
+                               reduction buffers in flight (replicate: its buckets' buffers) */
     int64_t device_bytes;   /* fsdp_sharded_memory's peak_device_bytes: the pool's peak plus the
                                shards on the device */
     int64_t act_bytes, act_ckpt_bytes; /* one micro-batch (above) */
@@ -111,7 +111,7 @@ typedef struct train_estimate {
 
 /* The estimate of cfg's run on a world of `world` ranks (0: train_config_world_size, or under
  * mpi without ranks, refused: the world size is needed). FSDP_ERR_CONFIG with a message when the
- * configuration is one the estimate does not model ([parallel] mode = replicate). */
+ * kind has no estimate. */
 fsdp_status train_estimate_make(const train_config *cfg, int world, train_estimate *out, char *err,
                                 size_t err_size);
 void train_estimate_free(train_estimate *e);

@@ -79,16 +79,16 @@ void train_estimate_print(const train_config *cfg, const train_estimate *e, FILE
                 human(x->device_bytes, g, sizeof g), human(x->act_bytes, h, sizeof h),
                 human(x->act_ckpt_bytes, k, sizeof k), human(x->total_bytes, t, sizeof t));
     }
-    fprintf(
-        f,
-        "  params, grads: FSDP's flat shards and their gradients (f32); optimizer: its state "
-        "beside them;\n  gathered: the pool's peak over a step (gathered units, full "
-        "gradients, reduction buffers);\n  device: gathered + the shards (fsdp_sharded_memory's "
-        "peak_device_bytes); activations: what one\n  micro-batch's forward keeps for "
-        "backward, act_ckpt: the same with %s checkpointed;\n  total: device + optimizer + "
-        "activations (%s)\n",
-        ckpt ? "[model] checkpoint_activations" : "every checkpointable module",
-        ckpt ? "checkpointed, as configured" : "not checkpointed, as configured");
+    fprintf(f,
+            "  params, grads: FSDP's flat shards and their gradients (f32); optimizer: its state "
+            "beside them;\n  gathered: the pool's peak over a step (gathered units, full "
+            "gradients, reduction buffers;\n  replicate: its gradient buckets' buffers);\n  "
+            "device: gathered + the shards (fsdp_sharded_memory's "
+            "peak_device_bytes); activations: what one\n  micro-batch's forward keeps for "
+            "backward, act_ckpt: the same with %s checkpointed;\n  total: device + optimizer + "
+            "activations (%s)\n",
+            ckpt ? "[model] checkpoint_activations" : "every checkpointable module",
+            ckpt ? "checkpointed, as configured" : "not checkpointed, as configured");
     for (int r = 0; r < e->layout.world; r++) {
         if (!first_of_group(e, r)) continue;
         const train_est_rank *x = &e->ranks[r];
