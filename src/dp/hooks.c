@@ -85,11 +85,15 @@ static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
  * at the same point, so they ask together), and from then on its gathers bind the parameters
  * there: the all_gather finds every shard in place and copies nothing. The shards are written
  * only by the optimizer step, after the reduce_scatter that follows every rank's last read of
- * the unit in a step and before the all_gather that precedes the first in the next. */
+ * the unit in a step and before the all_gather that precedes the first in the next. The blocks
+ * are host memory, so a model on a device gathers into its pool instead. */
 static fsdp_status gather_shared(fsdp_ctx *ctx, unit *u, bool *done) {
     fsdp_sharded *sh = u->owner;
     *done = false;
-    if (!fsdp_shard_sharded_strategy(sh) || sh->opts.offload_params) return FSDP_OK;
+    /* The backend's shared blocks are host memory: a model on a device gathers into the pool. */
+    if (!fsdp_shard_sharded_strategy(sh) || sh->opts.offload_params ||
+        sh->pool.device.type != FSDP_DEVICE_CPU)
+        return FSDP_OK;
     fsdp_tensor *shard = fsdp_param_data(u->flat);
     if (!u->share_asked) {
         u->share_asked = true;
