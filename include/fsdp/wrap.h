@@ -23,9 +23,14 @@
  * (also the default world group on a TP model: there is no guessing; pass the mesh's dp
  * group); fsdp_module_zero_grad, an optimizer, or fsdp_tp_parallelize on the wrapped model's
  * own parameters (FSDP keeps them in its shards: use fsdp_sharded_flat_params(sh));
- * fsdp_summon_full_params inside forward or backward; and a model with a parameter, gradient or
- * buffer on a device (FSDP_ERR_DEVICE: FSDP runs on CPU tensors only in this version; move the
- * model to the CPU with fsdp_module_to before wrapping it). */
+ * fsdp_summon_full_params inside forward or backward; a model whose parameters, gradients and
+ * buffers are not all on one device, or on a device other than the rank's (FSDP_ERR_DEVICE:
+ * call fsdp_ctx_set_device, or move the model with fsdp_module_to, before wrapping it); and
+ * offload_params with a model on a device (FSDP_ERR_UNSUPPORTED: not built yet).
+ *
+ * A model on the rank's device (fsdp_ctx_set_device, then fsdp_module_to) is wrapped there: its
+ * flat shards, their gradients, the pool and every gathered buffer are device tensors, and the
+ * collectives run on the rank's communication stream (docs/fsdp.md, "On a device"). */
 #ifndef FSDP_WRAP_H
 #define FSDP_WRAP_H
 
