@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "comm/local_impl.h" // defines: fsdp_local_test_skip_input_wait
+#include "dp/shard_impl.h"   // defines: fsdp_shard_test_trace, fsdp_shard_test_skip_prefetch_wait
 #include "dp_common.h"       // defines: dp_build_model, dp_batch_block, DP_SEED
 #include "harness.h"         // defines: fsdp_test_run_world, FSDP_RANK_CHECK, FSDP_TEST_OK
 #include "kernels/sim/sim.h" // defines: fsdp_sim_mode_get
@@ -31,11 +32,15 @@
 #endif
 #endif
 
-#define SEED       7
-#define LAYERS     3
-#define MAX_RANKS  4
-#define MAX_VALUES (1 << 16)
-#define N_PHASES   (FSDP_COMM_PHASE_BACKWARD + 1)
+#define SEED                 7
+#define LAYERS               3
+#define MAX_RANKS            4
+#define MAX_VALUES           (1 << 16)
+#define MAX_LAYERS           5
+#define MAX_LOG              4096
+#define LOG_COMPUTE_FORWARD  10 /* a unit's module begins its forward (a hook after FSDP's) */
+#define LOG_COMPUTE_BACKWARD 11 /* ... its backward */
+#define N_PHASES             (FSDP_COMM_PHASE_BACKWARD + 1)
 
 typedef enum model_kind { MODEL_STACKED, MODEL_SIMPLE } model_kind;
 typedef enum optim_kind { OPT_SGD, OPT_SGD_MOMENTUM, OPT_ADAM } optim_kind;
@@ -52,6 +57,9 @@ typedef struct spec {
     fsdp_dtype param_dtype, reduce_dtype;
     bool clip, no_sync, checkpoint, sync_states, summons;
     int steps;
+    int layers; /* MLPStacked's (0: LAYERS); nested: every layer but layers.0 is a unit */
+    /* Prefetch, on the sim run only (the CPU run it must equal has none) */
+    bool forward_prefetch, backward_prefetch, limit;
 } spec;
 
 /* What one rank saw, in order: compared with memcmp between the CPU and the sim run. */
@@ -59,6 +67,10 @@ typedef struct rank_out {
     float *values;
     int64_t n;
     int64_t calls[FSDP_COMM_OP_COUNT][N_PHASES], bytes[FSDP_COMM_OP_COUNT][N_PHASES];
+    /* prefetch runs: the order of FSDP's prefetch events and the units' computations */
+    int log[MAX_LOG][3]; /* event, unit, non-root units gathered */
+    int n_log;
+    bool log_full;
 } rank_out;
 
 typedef struct run {
@@ -116,23 +128,123 @@ static fsdp_status record_summoned(fsdp_ctx *ctx, fsdp_sharded *sh, fsdp_module 
     return st != FSDP_OK ? st : rel;
 }
 
+/* ---- prefetch: the order of events ---- */
+
+static void log_event(rank_out *o, int ev, int unit_index, int in_flight) {
+    if (o->n_log == MAX_LOG) {
+        o->log_full = true;
+        return;
+    }
+    o->log[o->n_log][0] = ev;
+    o->log[o->n_log][1] = unit_index;
+    o->log[o->n_log][2] = in_flight;
+    o->n_log++;
+}
+
+static void on_prefetch(void *user, int unit_index, fsdp_prefetch_event ev, int in_flight) {
+    log_event(user, (int)ev, unit_index, in_flight);
+}
+
+typedef struct unit_hook {
+    rank_out *o;
+    int index;
+} unit_hook;
+
+static fsdp_status on_compute(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                              const fsdp_tensor **io, void *user) {
+    (void)ctx, (void)m, (void)io;
+    const unit_hook *h = user;
+    log_event(h->o, point == FSDP_HOOK_PRE_FORWARD ? LOG_COMPUTE_FORWARD : LOG_COMPUTE_BACKWARD,
+              h->index, -1);
+    return FSDP_OK;
+}
+
+/* The observer of FSDP's prefetch events and, on every unit's module, hooks that run after
+ * FSDP's pre-forward and pre-backward hooks, right before the module computes. */
+static fsdp_status watch(fsdp_ctx *ctx, fsdp_sharded *sh, fsdp_module *m, rank_out *o,
+                         unit_hook *hooks) {
+    fsdp_shard_test_trace(sh, on_prefetch, o);
+    for (int u = 0; u < fsdp_sharded_num_units(sh); u++) {
+        fsdp_module *um = fsdp_module_find(m, fsdp_sharded_unit_path(sh, u));
+        FSDP_RANK_CHECK(ctx, um != NULL, "no module at unit %d's path", u);
+        hooks[u] = (unit_hook){o, u};
+        FSDP_TRY(fsdp_module_add_hook(ctx, um, FSDP_HOOK_PRE_FORWARD, on_compute, &hooks[u], NULL,
+                                      NULL));
+        FSDP_TRY(fsdp_module_add_hook(ctx, um, FSDP_HOOK_PRE_BACKWARD, on_compute, &hooks[u], NULL,
+                                      NULL));
+    }
+    return FSDP_OK;
+}
+
+/* The order a prefetch run must show (printing what is wrong): no unit computes before its
+ * parameters were gathered, and a gather issued ahead (ISSUED) is waited for (WAITED) by the
+ * compute stream before its unit computes; a prefetched gather is issued before the unit that
+ * issued it computes (the next computation is another unit's); under limit_all_gathers no
+ * prefetch leaves more than FSDP_PREFETCH_LIMIT non-root units gathered. *issued, *skipped and
+ * *most (the most gathered units after a prefetch) for the caller's counts. */
+static bool check_order(const spec *s, int rank, const rank_out *o, int *issued, int *skipped,
+                        int *most) {
+    *issued = *skipped = *most = 0;
+    if (o->log_full) {
+        printf("\n  %s rank %d: more than %d events\n", s->name, rank, MAX_LOG);
+        return false;
+    }
+    for (int i = 0; i < o->n_log; i++) {
+        int ev = o->log[i][0], u = o->log[i][1];
+        if (ev == FSDP_PREFETCH_SKIPPED) ++*skipped;
+        if (ev == FSDP_PREFETCH_ISSUED) {
+            ++*issued;
+            if (o->log[i][2] > *most) *most = o->log[i][2];
+            if (s->limit && o->log[i][2] > FSDP_PREFETCH_LIMIT) {
+                printf("\n  %s rank %d: event %d: %d units gathered after a prefetch\n", s->name,
+                       rank, i, o->log[i][2]);
+                return false;
+            }
+            int k = i + 1;
+            while (k < o->n_log && o->log[k][0] < LOG_COMPUTE_FORWARD) k++;
+            if (k < o->n_log && o->log[k][1] == u) {
+                printf("\n  %s rank %d: unit %d's prefetch (event %d) is not ahead of another "
+                       "unit's computation\n",
+                       s->name, rank, u, i);
+                return false;
+            }
+        }
+        if (ev < LOG_COMPUTE_FORWARD) continue;
+        int g = i - 1;
+        while (g >= 0 && !(o->log[g][1] == u && (o->log[g][0] == FSDP_PREFETCH_ISSUED ||
+                                                 o->log[g][0] == FSDP_PREFETCH_OWN)))
+            g--;
+        bool waited = g >= 0 && o->log[g][0] == FSDP_PREFETCH_OWN;
+        for (int k = g + 1; g >= 0 && k < i && !waited; k++)
+            waited = o->log[k][0] == FSDP_PREFETCH_WAITED && o->log[k][1] == u;
+        if (!waited) {
+            printf("\n  %s rank %d: unit %d computes (event %d) %s\n", s->name, rank, u, i,
+                   g < 0 ? "before any gather" : "before the wait for its prefetched gather");
+            return false;
+        }
+    }
+    return true;
+}
+
 /* ---- the model, its data and a step ---- */
 
 static fsdp_status build(fsdp_ctx *ctx, const spec *s, int rank, fsdp_module **m) {
     /* sync_module_states: every rank starts from its own values, rank 0's win */
     uint64_t seed = (s->model == MODEL_SIMPLE ? DP_SEED : SEED) + (s->sync_states ? rank : 0);
     if (s->model == MODEL_SIMPLE) return dp_build_model(ctx, 0, seed, m);
-    FSDP_TRY(fsdp_model_mlp_stacked(ctx, LAYERS, m));
+    FSDP_TRY(fsdp_model_mlp_stacked(ctx, s->layers ? s->layers : LAYERS, m));
     return fsdp_module_reset_parameters(ctx, *m, seed);
 }
 
 static fsdp_status case_options(fsdp_ctx *ctx, const spec *s, fsdp_mesh **mesh,
                                 fsdp_fully_shard_options *o) {
-    static const char *stacked[] = {"layers.1", "layers.2"}, *simple[] = {"net1", "net2"};
+    static const char *stacked[] = {"layers.1", "layers.2", "layers.3", "layers.4"},
+                      *simple[] = {"net1", "net2"};
+    int n_stacked = (s->layers ? s->layers : LAYERS) - 1;
     *o = (fsdp_fully_shard_options){
         .strategy = s->strategy,
         .wrap_paths = s->nested ? (s->model == MODEL_SIMPLE ? simple : stacked) : NULL,
-        .n_wrap_paths = s->nested ? 2 : 0,
+        .n_wrap_paths = s->nested ? (s->model == MODEL_SIMPLE ? 2 : n_stacked) : 0,
         .use_orig_params = s->orig,
         .sync_module_states = s->sync_states,
         .poison_resharded = true,
@@ -268,8 +380,16 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_optimizer *opt = NULL;
     fsdp_mesh *mesh = NULL;
     fsdp_fully_shard_options fo;
+    unit_hook hooks[MAX_LAYERS];
+    bool prefetch = r->on_device && (s->forward_prefetch || s->backward_prefetch);
     fsdp_status st = r->on_device ? fsdp_ctx_set_device(ctx, dev) : FSDP_OK;
     if (st == FSDP_OK) st = case_options(ctx, s, &mesh, &fo);
+    if (r->on_device) {
+        fo.forward_prefetch = s->forward_prefetch;
+        fo.backward_prefetch =
+            s->backward_prefetch ? FSDP_BACKWARD_PRE : FSDP_BACKWARD_PREFETCH_NONE;
+        fo.limit_all_gathers = s->limit;
+    }
     if (st == FSDP_OK) st = build(ctx, s, rank, &m);
     if (st == FSDP_OK) st = fsdp_module_to(ctx, m, dev);
     if (st == FSDP_OK && s->checkpoint)
@@ -289,6 +409,7 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
                         fsdp_device_to_string(at), at.index, fsdp_device_to_string(gat), gat.index,
                         fsdp_device_to_string(dev), dev.index);
     }
+    if (st == FSDP_OK && prefetch) st = watch(ctx, sh, m, o, hooks);
     if (st == FSDP_OK) st = make_optimizer(ctx, s, fsdp_sharded_flat_params(sh), &opt);
     for (int step = 0; st == FSDP_OK && step < s->steps; step++)
         st = train_step(ctx, s, m, sh, opt, step, rank, dev, o);
@@ -532,6 +653,126 @@ static fsdp_status refuse_rank(fsdp_ctx *ctx, int rank, void *user) {
     return st;
 }
 
+/* ---- prefetch ---- */
+
+/* A prefetch scenario on sim against the CPU run without prefetch, bitwise, and its order;
+ * returns (through the pointers) rank 0's counts of issued and skipped prefetches and the most
+ * units gathered after one. */
+static void check_prefetch(const spec *s, int *issued, int *skipped, int *most) {
+    run cpu, dev;
+    run_init(&cpu, s, false);
+    run_init(&dev, s, true);
+    FSDP_TEST_OK(fsdp_test_run_world(s->world, 60000, rank_fn, &cpu));
+    FSDP_TEST_OK(fsdp_test_run_world(s->world, 60000, rank_fn, &dev));
+    bool same = same_runs(&cpu, &dev, false);
+    if (!same) printf("  (scenario %s on %d ranks)\n", s->name, s->world);
+    CU_ASSERT_TRUE(same);
+    for (int r = 0; r < s->world; r++) {
+        int i, k, m;
+        CU_ASSERT_TRUE(check_order(s, r, &dev.out[r], &i, &k, &m));
+        if (r == 0) *issued = i, *skipped = k, *most = m;
+    }
+    run_free(&cpu);
+    run_free(&dev);
+}
+
+/* MLPStacked(5), every layer but the first a unit (5 units with the root), FULL_SHARD, forward
+ * and backward prefetch: from the second step on (the first records the order) every unit but
+ * the last in each direction prefetches the next: 4 per direction and step. Also with
+ * limit_all_gathers (never reached: a unit frees before the next but one is gathered), mixed
+ * precision, use_orig_params with clipping and no_sync, at 2 and 4 ranks. */
+static void test_prefetch_order(void) {
+    for (int w = 2; w <= 4; w += 2)
+        for (int k = 0; k < 4; k++) {
+            spec s = {.name = "prefetch FULL_SHARD",
+                      .world = w,
+                      .strategy = FSDP_FULL_SHARD,
+                      .nested = true,
+                      .layers = 5,
+                      .steps = 3,
+                      .forward_prefetch = true,
+                      .backward_prefetch = true,
+                      .limit = k == 1};
+            if (k == 2) s.param_dtype = s.reduce_dtype = FSDP_DTYPE_BF16;
+            if (k == 3) s.orig = s.clip = s.no_sync = true;
+            int issued, skipped, most;
+            check_prefetch(&s, &issued, &skipped, &most);
+            /* the first forward-backward pass records the order; no_sync makes two per step */
+            int passes = s.steps * (s.no_sync ? 2 : 1);
+            int want = 2 * (passes - 1) * 4;
+            CU_ASSERT_EQUAL(issued, want);
+            CU_ASSERT_EQUAL(skipped, 0);
+            CU_ASSERT_TRUE(most <= FSDP_PREFETCH_LIMIT);
+        }
+    /* one direction at a time */
+    for (int dir = 0; dir < 2; dir++) {
+        spec s = {.name = dir ? "prefetch backward only" : "prefetch forward only",
+                  .world = 4,
+                  .strategy = FSDP_FULL_SHARD,
+                  .nested = true,
+                  .layers = 5,
+                  .steps = 3,
+                  .forward_prefetch = !dir,
+                  .backward_prefetch = dir};
+        int issued, skipped, most;
+        check_prefetch(&s, &issued, &skipped, &most);
+        CU_ASSERT_EQUAL(issued, (s.steps - 1) * 4);
+    }
+}
+
+/* SHARD_GRAD_OP keeps every unit gathered from forward to backward, so forward prefetch alone
+ * gathers all 4 non-root units ahead; limit_all_gathers stops prefetching at 2 (the rest gather
+ * in their own hooks), bitwise the same results. */
+static void test_prefetch_limit(void) {
+    for (int limit = 0; limit < 2; limit++) {
+        spec s = {.name = limit ? "prefetch limit SHARD_GRAD_OP" : "prefetch SHARD_GRAD_OP",
+                  .world = 2,
+                  .strategy = FSDP_SHARD_GRAD_OP,
+                  .nested = true,
+                  .layers = 5,
+                  .steps = 3,
+                  .forward_prefetch = true,
+                  .limit = limit};
+        int issued, skipped, most;
+        check_prefetch(&s, &issued, &skipped, &most);
+        if (limit) {
+            CU_ASSERT_TRUE(skipped > 0);
+            CU_ASSERT_TRUE(most <= FSDP_PREFETCH_LIMIT);
+        } else {
+            CU_ASSERT_EQUAL(skipped, 0);
+            CU_ASSERT_EQUAL(most, 4);
+        }
+    }
+}
+
+/* Without the compute stream's wait for a prefetched gather, a unit computes with its block
+ * before the gather into it ran (deferred mode): the results differ from the CPU's. */
+static void test_prefetch_negative_control(void) {
+#ifdef UNDER_TSAN
+    fsdp_test_skip("the dropped wait is a data race, which ThreadSanitizer reports (as it must)");
+    return;
+#endif
+    spec s = {.name = "prefetch negative control",
+              .world = 2,
+              .strategy = FSDP_FULL_SHARD,
+              .nested = true,
+              .layers = 5,
+              .steps = 3,
+              .forward_prefetch = true,
+              .backward_prefetch = true};
+    run cpu, without;
+    run_init(&cpu, &s, false);
+    run_init(&without, &s, true);
+    FSDP_TEST_OK(fsdp_test_run_world(2, 60000, rank_fn, &cpu));
+    fsdp_shard_test_skip_prefetch_wait(true);
+    fsdp_status st = fsdp_test_run_world(2, 60000, rank_fn, &without);
+    fsdp_shard_test_skip_prefetch_wait(false);
+    FSDP_TEST_OK(st);
+    CU_ASSERT_FALSE(same_runs(&cpu, &without, true));
+    run_free(&cpu);
+    run_free(&without);
+}
+
 static void test_refusals(void) {
     FSDP_TEST_OK(fsdp_test_run_world(2, 60000, refuse_rank, NULL));
 }
@@ -547,6 +788,9 @@ int main(int argc, char **argv) {
         {"mixed_precision", test_mixed_precision},
         {"clip_no_sync_checkpoint_summon", test_clip_no_sync_checkpoint_summon},
         {"negative_control", test_negative_control},
+        {"prefetch_order", test_prefetch_order},
+        {"prefetch_limit", test_prefetch_limit},
+        {"prefetch_negative_control", test_prefetch_negative_control},
         {"refusals", test_refusals},
     };
     return fsdp_test_run(argc, argv, "fsdp_device", tests, sizeof tests / sizeof tests[0]);

@@ -59,6 +59,14 @@ typedef enum fsdp_sharding_strategy {
 
 const char *fsdp_sharding_strategy_to_string(fsdp_sharding_strategy s); /* "FULL_SHARD", ... */
 
+/* FSDP1's BackwardPrefetch: what a unit's pre-backward hook gathers besides its own unit. */
+typedef enum fsdp_backward_prefetch {
+    FSDP_BACKWARD_PREFETCH_NONE = 0, /* each unit gathers in its own pre-backward hook */
+    FSDP_BACKWARD_PRE, /* also the next unit in backward order, before this unit's backward
+                          computes (PyTorch's BackwardPrefetch.BACKWARD_PRE) */
+    FSDP_BACKWARD_PREFETCH_COUNT
+} fsdp_backward_prefetch;
+
 /* fsdp_mixed_precision (comm_hook.h): FSDP1's MixedPrecision; see its fields there. */
 
 typedef struct fsdp_fully_shard_options {
@@ -107,7 +115,22 @@ typedef struct fsdp_fully_shard_options {
      * PyTorch), and not with a reduce_dtype other than f32 for a non-default hook. */
     fsdp_comm_hook comm_hook;
     fsdp_mixed_precision mixed_precision; /* default: everything f32 */
+    /* Prefetch (FSDP1's forward_prefetch, backward_prefetch, limit_all_gathers): a unit's
+     * pre-forward hook (forward_prefetch) or pre-backward hook (FSDP_BACKWARD_PRE) also issues
+     * the gather of the unit that runs next, in the order the hooks ran in the first step,
+     * before the unit computes. On a device the gather runs on a stream of its own while the
+     * unit computes, and the next unit's compute stream waits for it; on the CPU only the order
+     * changes. limit_all_gathers: a prefetch is not issued while FSDP_PREFETCH_LIMIT (2)
+     * non-root units hold gathered parameters (a unit's own gather is never held back).
+     * Results are bitwise those without prefetch. Defaults: off. */
+    bool forward_prefetch;
+    fsdp_backward_prefetch backward_prefetch;
+    bool limit_all_gathers;
 } fsdp_fully_shard_options;
+
+/* The most gathered non-root units a prefetch may leave under limit_all_gathers (PyTorch's
+ * rate limiter allows two all_gathers in flight). */
+#define FSDP_PREFETCH_LIMIT 2
 
 /* Wraps root: chooses the units, flattens and shards their parameters (local TP shards for
  * distributed parameters) and installs the hooks. Every rank of the group calls it with the

@@ -141,6 +141,7 @@ static bool gathered(const unit *u) {
 fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, const char *call) {
     if (gathered(u)) return FSDP_OK;
     FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, UNIT_UNSHARD, call));
+    if (!u->owner->prefetching && u->numel) fsdp_prefetch_trace(u, FSDP_PREFETCH_OWN);
     FSDP_TRY_AT(ctx, gather_params(ctx, u, dtype, true));
     return fsdp_shard_move(ctx, u, UNIT_UNSHARD, call);
 }
@@ -160,6 +161,7 @@ void fsdp_shard_free_full(unit *u) {
 fsdp_status fsdp_shard_reshard(fsdp_ctx *ctx, unit *u, const char *call) {
     if (fsdp_shard_resident(u->owner) || u->state == UNIT_SHARDED || u->state == UNIT_GRAD_PENDING)
         return FSDP_OK;
+    FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u)); /* its gather ends before its block is freed */
     FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_RESHARD, call));
     fsdp_shard_free_full(u);
     return FSDP_OK;
@@ -254,7 +256,10 @@ fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poin
                                    const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     unit *u = user;
-    return fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-forward hook");
+    FSDP_TRY_AT(ctx, fsdp_prefetch_note(ctx, u, false));
+    FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-forward hook"));
+    FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u));
+    return fsdp_prefetch_next(ctx, u, false); /* before this unit computes */
 }
 
 fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
@@ -275,7 +280,10 @@ fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
                                     const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     unit *u = user;
+    FSDP_TRY_AT(ctx, fsdp_prefetch_note(ctx, u, true));
     FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-backward hook"));
+    FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u));
+    FSDP_TRY_AT(ctx, fsdp_prefetch_next(ctx, u, true));
     /* under no_sync, still bound with what was accumulated */
     return fsdp_shard_take_grads(ctx, u, "the pre-backward hook");
 }
