@@ -60,6 +60,7 @@ typedef struct spec {
     int layers; /* MLPStacked's (0: LAYERS); nested: every layer but layers.0 is a unit */
     /* Prefetch, on the sim run only (the CPU run it must equal has none) */
     bool forward_prefetch, backward_prefetch, limit;
+    bool offload; /* offload_params (CPU runs only: refused on a device) */
 } spec;
 
 /* What one rank saw, in order: compared with memcmp between the CPU and the sim run. */
@@ -76,6 +77,7 @@ typedef struct rank_out {
 typedef struct run {
     const spec *s;
     bool on_device;
+    bool prefetch; /* the spec's prefetch options apply (sim runs; a CPU run when asked) */
     rank_out out[MAX_RANKS];
 } run;
 
@@ -381,10 +383,11 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_mesh *mesh = NULL;
     fsdp_fully_shard_options fo;
     unit_hook hooks[MAX_LAYERS];
-    bool prefetch = r->on_device && (s->forward_prefetch || s->backward_prefetch);
+    bool prefetch = r->prefetch && (s->forward_prefetch || s->backward_prefetch);
     fsdp_status st = r->on_device ? fsdp_ctx_set_device(ctx, dev) : FSDP_OK;
     if (st == FSDP_OK) st = case_options(ctx, s, &mesh, &fo);
-    if (r->on_device) {
+    fo.offload_params = s->offload;
+    if (r->prefetch) {
         fo.forward_prefetch = s->forward_prefetch;
         fo.backward_prefetch =
             s->backward_prefetch ? FSDP_BACKWARD_PRE : FSDP_BACKWARD_PREFETCH_NONE;
@@ -433,7 +436,7 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
 static void run_init(run *r, const spec *s, bool on_device) {
     memset(r, 0, sizeof *r);
     r->s = s;
-    r->on_device = on_device;
+    r->on_device = r->prefetch = on_device;
     for (int i = 0; i < s->world; i++) {
         r->out[i].values = calloc(MAX_VALUES, sizeof(float));
         CU_ASSERT_PTR_NOT_NULL_FATAL(r->out[i].values);
@@ -745,6 +748,38 @@ static void test_prefetch_limit(void) {
     }
 }
 
+/* On the CPU prefetch only reorders the collectives: with and without it (also under CPU
+ * offload, whose gathers copy each shard to the compute device first), bitwise the same
+ * results and comm-debug counts, and the same order rules. */
+static void test_prefetch_cpu(void) {
+    for (int offload = 0; offload < 2; offload++) {
+        spec s = {.name = offload ? "prefetch on the CPU, offload" : "prefetch on the CPU",
+                  .world = 4,
+                  .strategy = FSDP_FULL_SHARD,
+                  .nested = true,
+                  .layers = 5,
+                  .steps = 3,
+                  .forward_prefetch = true,
+                  .backward_prefetch = true,
+                  .limit = true,
+                  .offload = offload};
+        run plain, ahead;
+        run_init(&plain, &s, false);
+        run_init(&ahead, &s, false);
+        ahead.prefetch = true;
+        FSDP_TEST_OK(fsdp_test_run_world(s.world, 60000, rank_fn, &plain));
+        FSDP_TEST_OK(fsdp_test_run_world(s.world, 60000, rank_fn, &ahead));
+        CU_ASSERT_TRUE(same_runs(&plain, &ahead, false));
+        for (int r = 0; r < s.world; r++) {
+            int issued, skipped, most;
+            CU_ASSERT_TRUE(check_order(&s, r, &ahead.out[r], &issued, &skipped, &most));
+            CU_ASSERT_EQUAL(issued, 2 * (s.steps - 1) * 4);
+        }
+        run_free(&plain);
+        run_free(&ahead);
+    }
+}
+
 /* Without the compute stream's wait for a prefetched gather, a unit computes with its block
  * before the gather into it ran (deferred mode): the results differ from the CPU's. */
 static void test_prefetch_negative_control(void) {
@@ -790,6 +825,7 @@ int main(int argc, char **argv) {
         {"negative_control", test_negative_control},
         {"prefetch_order", test_prefetch_order},
         {"prefetch_limit", test_prefetch_limit},
+        {"prefetch_cpu", test_prefetch_cpu},
         {"prefetch_negative_control", test_prefetch_negative_control},
         {"refusals", test_refusals},
     };
