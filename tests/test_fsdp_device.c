@@ -3,14 +3,16 @@
  * fsdp_module_to and wraps it; the run must give the CPU run's results bit for bit: the
  * parameters after every step (read inside summon_full_params), the losses, the clipping norms
  * and the comm-debug counts (calls and bytes) of every collective in every phase. Scenarios:
- * test_fsdp's (MLPStacked under each strategy, root only and nested, use_orig_params, 2 and 4
- * ranks), seed 001's fully_shard half (test_data_parallel: SimpleMLP with SGD, SGD with
- * momentum and Adam, per-layer units), mixed precision (bf16 and f16 param_dtype, bf16
- * reduce_dtype), clipping, no_sync, activation checkpointing, sync_module_states and
- * summon_full_params with each option. The negative control drops the collectives' wait for
- * their inputs (a test hook of the local backend): the sim run then differs from the CPU's.
- * Refused: a model on another device than its rank's, offload on a device, a model across two
- * devices. */
+ * test_fsdp's (MLPStacked under each strategy, root only and nested, use_orig_params, CPU
+ * offload into pinned host memory, 2 and 4 ranks), seed 001's fully_shard half
+ * (test_data_parallel: SimpleMLP with SGD, SGD with momentum and Adam, per-layer units), mixed
+ * precision (bf16 and f16 param_dtype, bf16 reduce_dtype), clipping, no_sync, activation
+ * checkpointing, sync_module_states and summon_full_params with each option; prefetch
+ * (forward, BACKWARD_PRE, limit_all_gathers) by the order of its events. Negative controls drop
+ * one wait each (the collectives' wait for their inputs, the compute stream's wait for a
+ * prefetched gather, the host's wait for the copies from pinned shards): the sim run then
+ * differs from the CPU's. Refused: a model on another device than its rank's, a model across
+ * two devices. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdio.h>
@@ -60,7 +62,7 @@ typedef struct spec {
     int layers; /* MLPStacked's (0: LAYERS); nested: every layer but layers.0 is a unit */
     /* Prefetch, on the sim run only (the CPU run it must equal has none) */
     bool forward_prefetch, backward_prefetch, limit;
-    bool offload; /* offload_params (CPU runs only: refused on a device) */
+    bool offload; /* offload_params: pinned host shards on a device */
 } spec;
 
 /* What one rank saw, in order: compared with memcmp between the CPU and the sim run. */
@@ -400,17 +402,18 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
             ctx, fsdp_module_find(m, s->model == MODEL_SIMPLE ? "net1" : "layers.1"));
     if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
     if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &fo, &sh);
-    /* the shards and their gradients live where the model was moved */
+    /* the shards and their gradients live where the model was moved (offload: on the host) */
+    fsdp_device home = s->offload ? FSDP_CPU : dev;
     for (int u = 0; st == FSDP_OK && u < fsdp_sharded_num_units(sh); u++) {
         fsdp_param *flat = fsdp_sharded_unit_flat_param(sh, u);
         fsdp_device at = fsdp_tensor_device(fsdp_param_data(flat)),
                     gat = fsdp_tensor_device(fsdp_param_grad(flat));
         FSDP_RANK_CHECK(ctx,
-                        at.type == dev.type && at.index == dev.index && gat.type == dev.type &&
-                            gat.index == dev.index,
+                        at.type == home.type && at.index == home.index && gat.type == home.type &&
+                            gat.index == home.index,
                         "unit %d's shard is on %s:%d, its gradient on %s:%d, want %s:%d", u,
                         fsdp_device_to_string(at), at.index, fsdp_device_to_string(gat), gat.index,
-                        fsdp_device_to_string(dev), dev.index);
+                        fsdp_device_to_string(home), home.index);
     }
     if (st == FSDP_OK && prefetch) st = watch(ctx, sh, m, o, hooks);
     if (st == FSDP_OK) st = make_optimizer(ctx, s, fsdp_sharded_flat_params(sh), &opt);
@@ -503,16 +506,18 @@ static void strategies(bool nested) {
                                                  FSDP_HYBRID_SHARD};
     for (int w = 2; w <= 4; w += 2)
         for (int k = 0; k < 4; k++)
-            for (int orig = 0; orig < 2; orig++) {
-                spec s = {.name = fsdp_sharding_strategy_to_string(all[k]),
-                          .world = w,
-                          .strategy = all[k],
-                          .nested = nested,
-                          .orig = orig,
-                          .replicate = 2,
-                          .steps = 3};
-                check_spec(&s);
-            }
+            for (int orig = 0; orig < 2; orig++)
+                for (int offload = 0; offload < 2; offload++) {
+                    spec s = {.name = fsdp_sharding_strategy_to_string(all[k]),
+                              .world = w,
+                              .strategy = all[k],
+                              .nested = nested,
+                              .orig = orig,
+                              .replicate = 2,
+                              .steps = 3,
+                              .offload = offload};
+                    check_spec(&s);
+                }
 }
 
 static void test_strategies_root(void) {
@@ -554,16 +559,18 @@ static void test_mixed_precision(void) {
               {FSDP_DTYPE_F16, FSDP_DTYPE_F32, FSDP_SHARD_GRAD_OP},
               {FSDP_DTYPE_BF16, FSDP_DTYPE_BF16, FSDP_NO_SHARD}};
     for (int w = 2; w <= 4; w += 2)
-        for (size_t k = 0; k < sizeof mp / sizeof *mp; k++) {
-            spec s = {.name = "mixed precision",
-                      .world = w,
-                      .strategy = mp[k].strategy,
-                      .nested = true,
-                      .param_dtype = mp[k].param,
-                      .reduce_dtype = mp[k].reduce,
-                      .steps = 3};
-            check_spec(&s);
-        }
+        for (size_t k = 0; k < sizeof mp / sizeof *mp; k++)
+            for (int offload = 0; offload < 2; offload++) {
+                spec s = {.name = "mixed precision",
+                          .world = w,
+                          .strategy = mp[k].strategy,
+                          .nested = true,
+                          .param_dtype = mp[k].param,
+                          .reduce_dtype = mp[k].reduce,
+                          .steps = 3,
+                          .offload = offload};
+                check_spec(&s);
+            }
 }
 
 /* Clipping by the global norm, no_sync accumulation, activation checkpointing of a nested
@@ -574,7 +581,10 @@ static void test_clip_no_sync_checkpoint_summon(void) {
     for (int w = 2; w <= 4; w += 2)
         for (int k = 0; k < 3; k++)
             for (int orig = 0; orig < 2; orig++) {
-                spec s = {.name = "clip, no_sync, checkpoint, sync_module_states, summon",
+                spec s = {.name = orig ? "clip, no_sync, checkpoint, sync_module_states, summon, "
+                                         "offload"
+                                       : "clip, no_sync, checkpoint, sync_module_states, summon",
+                          .offload = orig,
                           .world = w,
                           .strategy = all[k],
                           .nested = true,
@@ -635,14 +645,16 @@ static fsdp_status refuse_rank(fsdp_ctx *ctx, int rank, void *user) {
         FSDP_RANK_CHECK(
             ctx, got == FSDP_ERR_DEVICE && strstr(fsdp_last_error(ctx), "fsdp_ctx_set_device"),
             "model on sim, context on the CPU: %s", fsdp_last_error(ctx));
-    if (st == FSDP_OK) st = fsdp_ctx_set_device(ctx, sim);
-    got = st == FSDP_OK
-              ? fsdp_fully_shard(ctx, m, &(fsdp_fully_shard_options){.offload_params = true}, &sh)
-              : st;
+    /* the rank's context on the other sim device */
+    fsdp_device other = {FSDP_DEVICE_SIM, (rank + 1) % 2};
+    if (st == FSDP_OK) st = fsdp_ctx_set_device(ctx, other);
+    got = st == FSDP_OK ? fsdp_fully_shard(ctx, m, NULL, &sh) : st;
     if (st == FSDP_OK)
-        FSDP_RANK_CHECK(
-            ctx, got == FSDP_ERR_UNSUPPORTED && strstr(fsdp_last_error(ctx), "offload_params"),
-            "offload on sim: %s", fsdp_last_error(ctx));
+        FSDP_RANK_CHECK(ctx,
+                        got == FSDP_ERR_DEVICE &&
+                            strstr(fsdp_last_error(ctx), "this rank's device is sim:"),
+                        "model on one sim device, context on the other: %s", fsdp_last_error(ctx));
+    if (st == FSDP_OK) st = fsdp_ctx_set_device(ctx, sim);
     /* one layer back on the CPU: the model is across two devices */
     if (st == FSDP_OK) st = fsdp_module_to(ctx, fsdp_module_find(m, "layers.2"), FSDP_CPU);
     got = st == FSDP_OK ? fsdp_fully_shard(ctx, m, NULL, &sh) : st;
@@ -808,6 +820,73 @@ static void test_prefetch_negative_control(void) {
     run_free(&without);
 }
 
+/* Offload on a device: a forward whose output nobody reads yet, then every shard written on
+ * the host (as a checkpoint load between steps writes it), then the output read: it must be the
+ * forward of the old values. FSDP's host wait at the end of the root's forward is what keeps
+ * the copies from the pinned shards ahead of the write; without it (the negative control) the
+ * deferred copies read the new values and the output differs from the CPU's. */
+static fsdp_status offload_write_rank(fsdp_ctx *ctx, int rank, void *user) {
+    run *r = user;
+    rank_out *o = &r->out[rank];
+    fsdp_device dev = r->on_device ? (fsdp_device){FSDP_DEVICE_SIM, rank % 2} : FSDP_CPU;
+    fsdp_module *m = NULL;
+    fsdp_sharded *sh = NULL;
+    fsdp_mesh *mesh = NULL;
+    fsdp_tensor *xh = NULL, *yh = NULL, *x = NULL;
+    fsdp_fully_shard_options fo;
+    fsdp_status st = r->on_device ? fsdp_ctx_set_device(ctx, dev) : FSDP_OK;
+    if (st == FSDP_OK) st = case_options(ctx, r->s, &mesh, &fo);
+    fo.offload_params = true;
+    if (st == FSDP_OK) st = build(ctx, r->s, rank, &m);
+    if (st == FSDP_OK) st = fsdp_module_to(ctx, m, dev);
+    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &fo, &sh);
+    if (st == FSDP_OK) st = batch(ctx, r->s, 0, 0, STACKED_BATCH, &xh, &yh);
+    if (st == FSDP_OK) st = to_device(ctx, xh, dev, &x);
+    const fsdp_tensor *out = NULL;
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, x, &out);
+    /* every rank's forward has been issued before any rank writes (the rule for writing the
+     * shards: between steps) */
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    for (int u = 0; st == FSDP_OK && u < fsdp_sharded_num_units(sh); u++)
+        st = fsdp_tensor_fill(ctx, fsdp_param_data(fsdp_sharded_unit_flat_param(sh, u)), 0.5f);
+    if (st == FSDP_OK) st = record(ctx, o, out);
+    fsdp_tensor_free(xh), fsdp_tensor_free(yh), fsdp_tensor_free(x);
+    fsdp_sharded_free(sh);
+    fsdp_module_free(m);
+    fsdp_mesh_free(mesh);
+    return st;
+}
+
+static void test_offload_write_after_forward(void) {
+#ifdef UNDER_TSAN
+    bool control = false; /* the dropped wait is a data race, which ThreadSanitizer reports */
+#else
+    bool control = true;
+#endif
+    spec s = {.name = "offload: shards written after a forward",
+              .world = 2,
+              .strategy = FSDP_FULL_SHARD,
+              .nested = true,
+              .offload = true};
+    run cpu, dev, without;
+    run_init(&cpu, &s, false);
+    run_init(&dev, &s, true);
+    run_init(&without, &s, true);
+    FSDP_TEST_OK(fsdp_test_run_world(2, 60000, offload_write_rank, &cpu));
+    FSDP_TEST_OK(fsdp_test_run_world(2, 60000, offload_write_rank, &dev));
+    CU_ASSERT_TRUE(cpu.out[0].n > 0 && same_runs(&cpu, &dev, false));
+    if (control) {
+        fsdp_shard_test_skip_offload_sync(true);
+        fsdp_status st = fsdp_test_run_world(2, 60000, offload_write_rank, &without);
+        fsdp_shard_test_skip_offload_sync(false);
+        FSDP_TEST_OK(st);
+        CU_ASSERT_FALSE(same_runs(&cpu, &without, true));
+    }
+    run_free(&cpu);
+    run_free(&dev);
+    run_free(&without);
+}
+
 static void test_refusals(void) {
     FSDP_TEST_OK(fsdp_test_run_world(2, 60000, refuse_rank, NULL));
 }
@@ -827,6 +906,7 @@ int main(int argc, char **argv) {
         {"prefetch_limit", test_prefetch_limit},
         {"prefetch_cpu", test_prefetch_cpu},
         {"prefetch_negative_control", test_prefetch_negative_control},
+        {"offload_write_after_forward", test_offload_write_after_forward},
         {"refusals", test_refusals},
     };
     return fsdp_test_run(argc, argv, "fsdp_device", tests, sizeof tests / sizeof tests[0]);

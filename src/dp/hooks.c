@@ -58,15 +58,35 @@ fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const f
     return FSDP_PASS(ctx, st);
 }
 
+/* The f32 shard (n elements) where a rounding copy can read it: itself, or with offload on a
+ * device (a copy cannot convert between devices) a copy on the device in full at `at`, which
+ * the widening overwrites later. */
+static fsdp_status shard_on_device(fsdp_ctx *ctx, unit *u, int64_t at, const fsdp_tensor **out) {
+    const fsdp_tensor *shard = fsdp_param_data(u->flat);
+    *out = shard;
+    if (!fsdp_offload_on_device(u->owner)) return FSDP_OK;
+    FSDP_TRY_AT(ctx, fsdp_tensor_rebind(ctx, u->mine, u->full, at));
+    fsdp_status st = fsdp_tensor_copy(ctx, u->mine, shard);
+    if (st != FSDP_OK) fsdp_tensor_release_storage(u->mine);
+    *out = u->mine;
+    return FSDP_PASS(ctx, st);
+}
+
 /* Mixed precision: full <- the gather of every rank's shard rounded to low_full's dtype, widened
  * exactly. This rank's shard is rounded into its chunk of low_full (from the host with offload),
  * which is then gathered in place; unsharded, the whole flat parameter is rounded. */
 static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
     fsdp_sharded *sh = u->owner;
     FSDP_TRY_AT(ctx, fsdp_pool_take(ctx, &sh->pool, u->low_full));
-    const fsdp_tensor *shard = fsdp_param_data(u->flat);
-    fsdp_status st;
-    if (fsdp_shard_sharded_strategy(sh)) {
+    const fsdp_tensor *shard;
+    bool sharded = fsdp_shard_sharded_strategy(sh);
+    fsdp_status st = shard_on_device(
+        ctx, u, sharded ? (int64_t)fsdp_shard_rank(sh) * u->shard_numel : 0, &shard);
+    if (st != FSDP_OK) {
+        fsdp_pool_give(&sh->pool, u->low_full);
+        return FSDP_PASS(ctx, st);
+    }
+    if (sharded) {
         st = fsdp_tensor_rebind(ctx, u->low_mine, u->low_full,
                                 (int64_t)fsdp_shard_rank(sh) * u->shard_numel);
         if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->low_mine, shard);
@@ -75,6 +95,7 @@ static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
     } else {
         st = fsdp_tensor_copy(ctx, u->low_full, shard);
     }
+    if (shard == u->mine) fsdp_tensor_release_storage(u->mine);
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->full, u->low_full);
     fsdp_pool_give(&sh->pool, u->low_full);
     return FSDP_PASS(ctx, st);
@@ -270,6 +291,8 @@ fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
      * follows at once, so the parameters gathered for the recompute stay (PyTorch's FSDP skips
      * its post-forward logic in the recomputed forward too). */
     if (ctx->recompute_depth > 0) return FSDP_OK;
+    /* Offload on a device: the forward's copies have read the pinned shards. */
+    if (u->is_root) FSDP_TRY_AT(ctx, fsdp_offload_sync(ctx, u->owner));
     /* The root keeps its parameters: its backward starts right after forward. */
     if (fsdp_shard_reshard_after_forward(u->owner) && !u->is_root)
         return fsdp_shard_reshard(ctx, u, "the post-forward hook");
@@ -303,5 +326,7 @@ fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_po
     FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, UNIT_REDUCED, call));
     FSDP_TRY_AT(ctx, reduce_grad(ctx, u));
     FSDP_TRY_AT(ctx, fsdp_shard_give_grads(ctx, u, call));
-    return fsdp_shard_reshard(ctx, u, call);
+    FSDP_TRY_AT(ctx, fsdp_shard_reshard(ctx, u, call));
+    /* the end of backward: the optimizer may write the pinned shards next */
+    return u->is_root ? fsdp_offload_sync(ctx, u->owner) : FSDP_OK;
 }

@@ -194,6 +194,18 @@ fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
 fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                      const fsdp_tensor **io, void *user);
 
+/* ---- CPU offload of a model on a device (offload.c) ---- */
+
+/* offload_params with the model on a device (not the CPU). */
+bool fsdp_offload_on_device(const fsdp_sharded *sh);
+/* Moves the unit's shard and its gradient (CPU tensors) into pinned host memory. */
+fsdp_status fsdp_offload_pin(fsdp_ctx *ctx, const fsdp_sharded *sh, unit *u);
+/* The host waits until the copies queued so far (on the compute and unshard streams) have
+ * read the pinned shards; nothing without offload on a device. */
+fsdp_status fsdp_offload_sync(fsdp_ctx *ctx, const fsdp_sharded *sh);
+/* Tests: the negative control that drops that wait (every state, while on). */
+void fsdp_shard_test_skip_offload_sync(bool on);
+
 /* ---- prefetch (prefetch.c) ---- */
 
 /* Records u in the order of its hooks (backward: pre-backward) the first time it runs. */

@@ -253,7 +253,8 @@ static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
     if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, u->full, 0.0f);
     if (st == FSDP_OK) st = empty_handle(ctx, sh, u->padded, &u->full_grad);
     if (st == FSDP_OK && sharded) st = empty_handle(ctx, sh, u->shard_numel, &u->reduced);
-    if (st == FSDP_OK && sharded) st = empty_handle(ctx, sh, u->shard_numel, &u->mine);
+    if (st == FSDP_OK && (sharded || sh->opts.offload_params))
+        st = empty_handle(ctx, sh, u->shard_numel, &u->mine);
     for (int i = 0; st == FSDP_OK && i < u->n_params; i++) {
         fsdp_param *p = u->params[i];
         st = copy_range(ctx, u->full, u->offsets[i], fsdp_param_data(p), 0,
@@ -272,9 +273,13 @@ static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
                                    (fsdp_init){.kind = FSDP_INIT_ZEROS}, &u->flat);
     if (st == FSDP_OK && u->n_params)
         fsdp_param_set_requires_grad(u->flat, fsdp_param_requires_grad(u->params[0]));
-    /* made on the CPU (zeros): the shard and its gradient live on the model's device */
-    if (st == FSDP_OK) st = fsdp_tensor_move(ctx, fsdp_param_data(u->flat), dev);
-    if (st == FSDP_OK) st = fsdp_tensor_move(ctx, fsdp_param_grad(u->flat), dev);
+    /* made on the CPU (zeros): the shard and its gradient live on the model's device, or with
+     * offload in host memory (pinned for a device model) */
+    if (st == FSDP_OK && !sh->opts.offload_params)
+        st = fsdp_tensor_move(ctx, fsdp_param_data(u->flat), dev);
+    if (st == FSDP_OK && !sh->opts.offload_params)
+        st = fsdp_tensor_move(ctx, fsdp_param_grad(u->flat), dev);
+    if (st == FSDP_OK) st = fsdp_offload_pin(ctx, sh, u);
     if (st != FSDP_OK) return FSDP_PASS(ctx, st);
     /* Under mixed precision the parameters are a rounded copy, never the flat parameter. */
     if (fsdp_shard_resident(sh)) {
@@ -431,8 +436,8 @@ static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_fully_shard_options *
 }
 
 /* A model on a device is wrapped on that device, which must be the rank's (its collectives run
- * on the rank's streams). Offload to pinned host memory is not built for device models. */
-static fsdp_status check_device(fsdp_ctx *ctx, fsdp_device dev, const fsdp_fully_shard_options *o) {
+ * on the rank's streams). */
+static fsdp_status check_device(fsdp_ctx *ctx, fsdp_device dev) {
     if (dev.type == FSDP_DEVICE_CPU) return FSDP_OK;
     fsdp_device mine = fsdp_ctx_device(ctx);
     if (mine.type != dev.type || mine.index != dev.index)
@@ -443,12 +448,6 @@ static fsdp_status check_device(fsdp_ctx *ctx, fsdp_device dev, const fsdp_fully
                          "the model with fsdp_module_to(ctx, model, fsdp_ctx_device(ctx))",
                          fsdp_device_to_string(dev), dev.index, fsdp_device_to_string(mine),
                          mine.index);
-    if (o->offload_params)
-        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "fsdp_fully_shard: offload_params with a model on %s:%d is not built "
-                         "yet (the shards would live in pinned host memory); wrap it without "
-                         "offload, or keep the model on the CPU for offload",
-                         fsdp_device_to_string(dev), dev.index);
     return FSDP_OK;
 }
 
@@ -548,7 +547,7 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
     fsdp_device dev;
     FSDP_TRY_AT(
         ctx, fsdp_nn_check_one_device(ctx, root, "fsdp_fully_shard", "FSDP", "wrapping it", &dev));
-    FSDP_TRY_AT(ctx, check_device(ctx, dev, &o));
+    FSDP_TRY_AT(ctx, check_device(ctx, dev));
     /* Before anything changes: a group across TP shards would average different shards. */
     FSDP_TRY_AT(ctx, fsdp_dp_check_group(ctx, root, group, "fsdp_fully_shard", ".group", !o.group));
     if (o.replicate_group)
