@@ -25,8 +25,7 @@
  * own parameters (FSDP keeps them in its shards: use fsdp_sharded_flat_params(sh));
  * fsdp_summon_full_params inside forward or backward; a model whose parameters, gradients and
  * buffers are not all on one device, or on a device other than the rank's (FSDP_ERR_DEVICE:
- * call fsdp_ctx_set_device, or move the model with fsdp_module_to, before wrapping it); and
- * offload_params with a model on a device (FSDP_ERR_UNSUPPORTED: not built yet).
+ * call fsdp_ctx_set_device, or move the model with fsdp_module_to, before wrapping it).
  *
  * A model on the rank's device (fsdp_ctx_set_device, then fsdp_module_to) is wrapped there: its
  * flat shards, their gradients, the pool and every gathered buffer are device tensors, and the
@@ -93,7 +92,10 @@ typedef struct fsdp_fully_shard_options {
     /* CPU offload (PyTorch's CPUOffload(offload_params=True)): the flat shards and their
      * gradients live in host memory and the optimizer steps them there; each gather copies the
      * shard to the compute device first, and each reduced gradient shard is copied back and
-     * added to the host gradient (so no_sync accumulation works under offload too). */
+     * added to the host gradient (so no_sync accumulation works under offload too). With the
+     * model on a device the host memory is pinned, the copies to the device are asynchronous,
+     * and the host waits for them at the end of the root's forward and backward and around
+     * summon_full_params, before anything may write a shard. */
     bool offload_params;
     /* Before flattening, broadcast every managed parameter (the local block of a TP parameter)
      * and every buffer of the model from rank 0 of the group (and of replicate_group), so all
