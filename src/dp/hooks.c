@@ -58,9 +58,9 @@ fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const f
     return FSDP_PASS(ctx, st);
 }
 
-/* The f32 shard (n elements) where a rounding copy can read it: itself, or with offload on a
- * device (a copy cannot convert between devices) a copy on the device in full at `at`, which
- * the widening overwrites later. */
+/* The f32 shard where a rounding copy can read it: itself, or with offload on a device (a copy
+ * cannot convert between devices) a copy on the device in u->full at `at`, which the widening
+ * overwrites later. */
 static fsdp_status shard_on_device(fsdp_ctx *ctx, unit *u, int64_t at, const fsdp_tensor **out) {
     const fsdp_tensor *shard = fsdp_param_data(u->flat);
     *out = shard;
@@ -320,8 +320,9 @@ fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_po
         /* no_sync: the full gradient stays bound and accumulates; FULL_SHARD still frees the
          * parameters (PyTorch's _should_free_in_backward). */
         FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_KEEP_GRADS, call));
-        if (fsdp_shard_reshard_after_forward(u->owner)) return fsdp_shard_reshard(ctx, u, call);
-        return FSDP_OK;
+        if (fsdp_shard_reshard_after_forward(u->owner))
+            FSDP_TRY_AT(ctx, fsdp_shard_reshard(ctx, u, call));
+        return u->is_root ? fsdp_offload_sync(ctx, u->owner) : FSDP_OK;
     }
     FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, UNIT_REDUCED, call));
     FSDP_TRY_AT(ctx, reduce_grad(ctx, u));
