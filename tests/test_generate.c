@@ -464,6 +464,45 @@ static void tool_eval(void) {
     free(out);
 }
 
+/* The ids `fsdp-ckpt generate` prints for g_run (malloc'ed; NULL on failure), under prefix. */
+static char *layout_ids(const char *prefix, const char *extra) {
+    char cmd[4000], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s '%s' generate '%s' --prompt 'the cat ' --max-new-tokens 16 --ids %s 2>/dev/null",
+             prefix, FSDP_CKPT_EXE, g_run, extra);
+    int rc = fsdp_test_shell(cmd, &out);
+    if (rc != 0) printf("\n  %s: rc %d\n%s", cmd, rc, out ? out : "");
+    if (rc != 0) free(out), out = NULL;
+    return out;
+}
+
+/* fsdp-ckpt generate on rank threads at tp 2, dp 2 x tp 2 and dp 3 (and under mpirun with
+ * FSDP_CKPT_MPIRUN at tp 2), greedy and sampled with a seed: the same tokens as one rank with
+ * its key/value cache. Each token comes from a full forward of the padded sequence over the
+ * split model, whose logits differ from one rank's by float32 rounding (the eval bound above);
+ * only a near tie could pick another token, and none does on this run. */
+static void generate_layouts(void) {
+    static const char *const modes[] = {"", "--temperature 0.8 --top-k 20 --seed 3"};
+    static const char *const layouts[] = {"--tp 2", "--world 4 --tp 2", "--world 3"};
+    const char *mpirun = getenv("FSDP_CKPT_MPIRUN");
+    char extra[300];
+    for (size_t m = 0; m < 2; m++) {
+        char *one = layout_ids("", modes[m]);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(one);
+        CU_ASSERT_TRUE(strlen(one) > 16); /* 16 ids */
+        for (size_t i = 0; i < sizeof layouts / sizeof layouts[0] + (mpirun ? 1 : 0); i++) {
+            bool mpi = i == sizeof layouts / sizeof layouts[0];
+            snprintf(extra, sizeof extra, "%s %s", modes[m], mpi ? "--tp 2" : layouts[i]);
+            char *got = layout_ids(mpi ? mpirun : "", extra);
+            printf("\n  generate %s%s: %s", mpi ? "mpirun -np 2 " : "", extra,
+                   got && !strcmp(got, one) ? "the same tokens" : "DIFFERENT tokens");
+            CU_ASSERT_TRUE(got && !strcmp(got, one));
+            free(got);
+        }
+        free(one);
+    }
+}
+
 /* The loss `fsdp-ckpt eval` prints for g_run on path with the extra arguments (NAN on failure);
  * prefix runs it under a launcher ("" for none). */
 static double layout_loss(const char *prefix, const char *path, const char *extra) {
@@ -488,8 +527,9 @@ static double layout_loss(const char *prefix, const char *path, const char *extr
  * sums of o_proj and down_proj (at most ffn_hidden = 64 terms, split in 2) and the vocabulary's
  * softmax sums over 2 shards, float32 rounding that carries about 6 deep per layer (2 layers)
  * into the logits; the 84 u of rtol 1e-5 are test_train_llama's bound for the same plan. A
- * --tp that does not divide the ranks, or that the heads do not divide, is refused. */
-static void tool_eval_layouts(void) {
+ * --tp that does not divide the ranks, or that the heads do not divide, is refused. Then
+ * generate at layouts (generate_layouts). */
+static void tool_layouts(void) {
     if (!trained_run()) return;
     static uint16_t ids[16 * RUN_T + 1];
     int64_t n = make_text(ids, 16 * RUN_T + 1);
@@ -520,6 +560,7 @@ static void tool_eval_layouts(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "divisible"));
     if (!strstr(out, "divisible")) printf("\n%s", out);
     free(out);
+    generate_layouts();
 }
 
 /* ---- bad input ---- */
@@ -696,7 +737,7 @@ int main(int argc, char **argv) {
         {"sampling", sampling},
         {"tool_generate", tool_generate},
         {"tool_eval", tool_eval},
-        {"tool_eval_layouts", tool_eval_layouts},
+        {"tool_layouts", tool_layouts},
         {"tool_errors", tool_errors},
         {"tool_export_tokenizer", tool_export_tokenizer},
     };

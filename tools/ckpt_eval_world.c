@@ -67,13 +67,13 @@ typedef struct eval_job {
 
 /* The Llama at this rank's place of the mesh, its parameters loaded from the checkpoint. */
 static fsdp_status load_part(fsdp_ctx *ctx, const ckpt_eval_layout *l, const fsdp_mesh *mesh,
-                             fsdp_module **model) {
+                             bool loss_parallel, fsdp_module **model) {
     EVAL_TRY(fsdp_model_llama(ctx, l->cfg, model));
     if (l->tp > 1) {
         fsdp_tp_plan_entry plan[FSDP_LLAMA_TP_PLAN_LEN];
         int n = 0;
         fsdp_mesh *tp = NULL;
-        EVAL_TRY(fsdp_llama_tp_plan(ctx, l->cfg, l->tp, true, plan, &n));
+        EVAL_TRY(fsdp_llama_tp_plan(ctx, l->cfg, l->tp, loss_parallel, plan, &n));
         EVAL_TRY(fsdp_mesh_dim(ctx, mesh, "tp", &tp));
         fsdp_tp_options o = {.src_rank = FSDP_NO_SRC_RANK}; /* the load sets every value */
         EVAL_TRY(fsdp_tp_parallelize(ctx, *model, tp, n, plan, &o));
@@ -110,7 +110,7 @@ static fsdp_status eval_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_tensor *losses = NULL;
     fsdp_group *dp = NULL;
     fsdp_status s = fsdp_mesh_create(ctx, 2, shape, names, &mesh);
-    if (s == FSDP_OK) s = load_part(ctx, l, mesh, &model);
+    if (s == FSDP_OK) s = load_part(ctx, l, mesh, true, &model);
     if (s == FSDP_OK) s = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &nb, &losses);
     if (s == FSDP_OK) s = fsdp_mesh_get_group(ctx, mesh, "dp", &dp);
     if (s == FSDP_OK)
@@ -155,6 +155,107 @@ int ckpt_eval_world(fsdp_ctx *ctx, const ckpt_eval_layout *l, const ckpt_eval_da
         rc = EXIT_OK;
     }
     free(job.losses);
+    fsdp_world_free(world);
+    return rc;
+}
+
+/* ---- generate on a world ---- */
+
+/* n rounded up to a multiple of k. */
+static int64_t pad_to(int64_t n, int k) {
+    return (n + k - 1) / k * k;
+}
+
+typedef struct gen_job {
+    const ckpt_eval_layout *l;
+    const int32_t *prompt;
+    int64_t n, max_new;
+    const fsdp_sample_options *so;
+    bool (*emit)(void *user, int64_t i, int32_t tok);
+    void *user;
+} gen_job;
+
+/* Every rank runs the full forward of the growing sequence and samples the same token from the
+ * same gathered logits (the sampler depends on the logits, the seed and the step only); rank 0
+ * hands it to emit. */
+static fsdp_status gen_rank(fsdp_ctx *ctx, int rank, void *user) {
+    gen_job *job = user;
+    const ckpt_eval_layout *l = job->l;
+    int world = fsdp_world_size(fsdp_ctx_world(ctx));
+    int shape[2] = {world / l->tp, l->tp};
+    const char *names[2] = {"dp", "tp"};
+    int64_t V = l->cfg->vocab_size, total = pad_to(job->n + job->max_new, l->tp);
+    int32_t *seq = calloc((size_t)total, sizeof *seq);
+    fsdp_mesh *mesh = NULL;
+    fsdp_module *model = NULL;
+    fsdp_status s = seq ? fsdp_mesh_create(ctx, 2, shape, names, &mesh)
+                        : fsdp_ctx_set_error(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if (s == FSDP_OK) s = load_part(ctx, l, mesh, false, &model); /* logits gathered over tp */
+    if (seq) memcpy(seq, job->prompt, (size_t)job->n * sizeof *seq);
+    for (int64_t i = 0, len = job->n; s == FSDP_OK && i < job->max_new; i++, len++) {
+        fsdp_tensor *x = NULL;
+        const fsdp_tensor *logits = NULL;
+        int32_t tok = 0;
+        /* Sequence parallelism splits the sequence evenly over tp, and the TP buffers keep
+         * their first shape: every forward is padded on the right with token 0 to the longest
+         * one's length (a multiple of tp), which causal attention keeps from the earlier
+         * positions; the logits of position len - 1 are read. */
+        int64_t padded = pad_to(job->n + job->max_new - 1, l->tp);
+        for (int64_t p = len; p < padded; p++) seq[p] = 0;
+        s = fsdp_tensor_from_blob(ctx, seq, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){1, padded},
+                                  &x);
+        if (s == FSDP_OK) s = fsdp_module_forward(ctx, model, x, &logits);
+        if (s == FSDP_OK)
+            s = fsdp_sample_logits(ctx, (const float *)fsdp_tensor_data(logits) + (len - 1) * V, V,
+                                   job->so, (uint64_t)i, &tok);
+        fsdp_tensor_free(x);
+        if (s == FSDP_OK) seq[len] = tok;
+        if (s == FSDP_OK && rank == 0 && !job->emit(job->user, i, tok))
+            s = fsdp_ctx_set_error(ctx, FSDP_ERR_IO, "writing the generated tokens failed");
+    }
+    fsdp_module_free(model);
+    fsdp_mesh_free(mesh);
+    free(seq);
+    return s;
+}
+
+int ckpt_generate_world(fsdp_ctx *ctx, const ckpt_eval_layout *l, const int32_t *prompt, int64_t n,
+                        int64_t max_new, const fsdp_sample_options *so,
+                        bool (*emit)(void *user, int64_t i, int32_t tok), void *user,
+                        bool *printer) {
+    fsdp_world_options wo = {.backend = l->world ? FSDP_BACKEND_LOCAL : FSDP_BACKEND_MPI,
+                             .nranks = l->world};
+    fsdp_world *world = NULL;
+    if (fsdp_world_create(ctx, &wo, &world) != FSDP_OK) {
+        fprintf(stderr, "fsdp-ckpt generate: cannot make the world of ranks: %s\n",
+                fsdp_last_error(ctx));
+        return EXIT_FAILED;
+    }
+    int size = fsdp_world_size(world), rc = EXIT_FAILED;
+    gen_job job = {
+        .l = l, .prompt = prompt, .n = n, .max_new = max_new, .so = so, .emit = emit, .user = user};
+    *printer = fsdp_world_hosts_rank(world, 0);
+    int64_t last = pad_to(n + max_new - 1, l->tp); /* the longest forward */
+    if (last > l->cfg->max_seq_len) {
+        fprintf(stderr,
+                "fsdp-ckpt generate: at tp %d the sequence is padded to a multiple of %d, %lld "
+                "tokens for the last new one, past the model's max_seq_len %lld; lower "
+                "--max-new-tokens by %lld\n",
+                l->tp, l->tp, (long long)last, (long long)l->cfg->max_seq_len,
+                (long long)(last - l->cfg->max_seq_len));
+        rc = EXIT_USAGE;
+    } else if (size % l->tp != 0) {
+        fprintf(stderr,
+                "fsdp-ckpt generate: --tp %d does not divide the %d ranks; give a --tp that "
+                "divides them\n",
+                l->tp, size);
+        rc = EXIT_USAGE;
+    } else if (fsdp_world_run(ctx, world, gen_rank, &job) != FSDP_OK) {
+        fprintf(stderr, "fsdp-ckpt generate: on %d ranks (tp %d): %s\n", size, l->tp,
+                fsdp_last_error(ctx));
+    } else {
+        rc = EXIT_OK;
+    }
     fsdp_world_free(world);
     return rc;
 }

@@ -43,6 +43,17 @@ typedef struct ckpt_eval_layout {
 int ckpt_eval_world(fsdp_ctx *ctx, const ckpt_eval_layout *l, const ckpt_eval_data *d, double *loss,
                     bool *printer);
 
+/* Generates max_new tokens after prompt[0..n) on a world as ckpt_eval_world makes it, the Llama
+ * split over tp by the plan with its logits gathered (no loss parallel): each token is sampled by
+ * fsdp_sample_logits (so: temperature, top-k, seed; step i) from a full forward of the sequence
+ * so far (no key/value cache), the same on every rank; rank 0 passes each to emit (false: stop,
+ * the output failed). *printer: whether this process hosts rank 0. Prints the problem on
+ * failure; returns the tool's exit status. */
+int ckpt_generate_world(fsdp_ctx *ctx, const ckpt_eval_layout *l, const int32_t *prompt, int64_t n,
+                        int64_t max_new, const fsdp_sample_options *so,
+                        bool (*emit)(void *user, int64_t i, int32_t tok), void *user,
+                        bool *printer);
+
 /* Whether this process was started by mpirun (Open MPI or a PMI launcher). */
 bool ckpt_under_mpirun(void);
 

@@ -175,6 +175,11 @@ static const char *const usage_generate =
     "  --top-k K             draw only among the K most likely tokens (default 0: all)\n"
     "  --seed S              the draws' seed (default 0): the same seed, the same tokens\n"
     "  --ids                 print token ids (space-separated) instead of text\n"
+    "  --tp T, --world N     generate on a world of rank threads (N, default T; under mpirun its\n"
+    "                        processes), the model split over tp with fsdp-train's Llama plan,\n"
+    "                        each rank loading its part; every token from a full forward of the\n"
+    "                        sequence so far (no key/value cache), the same tokens as one rank\n"
+    "                        up to float32 rounding at near ties\n"
     "\n"
     "A model whose vocabulary is not 256 has no tokenizer in libfsdp: it takes --prompt-ids and\n"
     "prints token ids (decode them with the tokenizer it was trained with).\n";
@@ -184,6 +189,8 @@ typedef struct gen_args {
     int64_t max_new, top_k, seed; /* max_new 0: 64, or as many as fit */
     double temperature;
     bool ids;
+    ckpt_eval_layout lay; /* --world, --tp: on a world when lay.world > 0 or under mpirun */
+    bool on_world;
 } gen_args;
 
 /* The prompt's tokens into *toks (malloc'ed), *n of them: its bytes, or the ids of
@@ -243,6 +250,30 @@ static bool check_prompt(const gen_args *g, int64_t vocab, const int32_t *toks, 
     return n > 0;
 }
 
+/* --world and --tp: 0 ranks means one rank without a world (or, under mpirun, the job). */
+static bool parse_layout(const char *cmd, const char *world, const char *tp, ckpt_eval_layout *l) {
+    int64_t w = 0, t = 1;
+    if (world && !parse_i64(cmd, "--world", world, 1, FSDP_LOCAL_MAX_RANKS, &w)) return false;
+    if (tp && !parse_i64(cmd, "--tp", tp, 1, FSDP_LOCAL_MAX_RANKS, &t)) return false;
+    if (ckpt_under_mpirun() && world) {
+        fprintf(stderr,
+                "fsdp-ckpt %s: under mpirun the ranks are mpirun's processes; leave out --world "
+                "(and give -np)\n",
+                cmd);
+        return false;
+    }
+    if (w && w % t) {
+        fprintf(stderr,
+                "fsdp-ckpt %s: --tp %lld does not divide --world %lld; give a --tp that divides "
+                "it (dp = world / tp)\n",
+                cmd, (long long)t, (long long)w);
+        return false;
+    }
+    if (!w && !ckpt_under_mpirun() && t > 1) w = t; /* --tp alone: a world of tp ranks */
+    l->world = (int)w, l->tp = (int)t;
+    return true;
+}
+
 /* Prints one generated token as text (a byte) or an id, and flushes. */
 static bool emit(const gen_args *g, bool bytes, int64_t i, int32_t tok) {
     if (bytes && !g->ids)
@@ -250,6 +281,16 @@ static bool emit(const gen_args *g, bool bytes, int64_t i, int32_t tok) {
     else
         printf("%s%d", i ? " " : "", tok);
     return fflush(stdout) == 0;
+}
+
+typedef struct emit_to {
+    const gen_args *g;
+    bool bytes;
+} emit_to;
+
+static bool emit_token(void *user, int64_t i, int32_t tok) {
+    const emit_to *e = user;
+    return emit(e->g, e->bytes, i, tok);
 }
 
 static int generate(fsdp_ctx *ctx, const gen_args *g, loaded *m, const int32_t *toks, int64_t n) {
@@ -279,6 +320,15 @@ static int generate(fsdp_ctx *ctx, const gen_args *g, loaded *m, const int32_t *
                 (long long)vocab);
     fsdp_sample_options so = {
         .temperature = (float)g->temperature, .top_k = g->top_k, .seed = (uint64_t)g->seed};
+    if (g->on_world) {
+        ckpt_eval_layout lay = g->lay;
+        lay.ckpt = m->path, lay.cfg = &m->cfg;
+        emit_to e = {g, bytes};
+        bool printer = true;
+        rc = ckpt_generate_world(ctx, &lay, toks, n, max_new, &so, emit_token, &e, &printer);
+        if (rc == EXIT_OK && printer) putchar('\n');
+        goto done;
+    }
     const float *logits;
     if (fsdp_llama_cache_create(ctx, m->model, 0, &cache) != FSDP_OK ||
         fsdp_llama_decode(ctx, cache, toks, n, &logits) != FSDP_OK)
@@ -302,8 +352,11 @@ done:
 
 int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
     gen_args g = {0};
-    const char *max_new = NULL, *temp = NULL, *top_k = NULL, *seed = NULL;
+    const char *max_new = NULL, *temp = NULL, *top_k = NULL, *seed = NULL, *world = NULL,
+               *tp = NULL;
     const opt_spec specs[] = {{"prompt", &g.prompt, NULL},
+                              {"world", &world, NULL},
+                              {"tp", &tp, NULL},
                               {"prompt-ids", &g.prompt_ids, NULL},
                               {"max-new-tokens", &max_new, NULL},
                               {"temperature", &temp, NULL},
@@ -323,6 +376,9 @@ int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
     if (top_k && !parse_i64("generate", "--top-k", top_k, 0, INT32_MAX, &g.top_k))
         return EXIT_USAGE;
     if (seed && !parse_i64("generate", "--seed", seed, 0, INT64_MAX, &g.seed)) return EXIT_USAGE;
+    if (!parse_layout("generate", world, tp, &g.lay)) return EXIT_USAGE;
+    g.on_world = g.lay.world > 0 || ckpt_under_mpirun();
+    g.lay.arg = g.dir;
     if (temp) {
         char *end;
         g.temperature = strtod(temp, &end);
@@ -338,7 +394,7 @@ int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
     loaded m;
     if (!parse_prompt(&g, &toks, &n))
         rc = toks ? EXIT_USAGE : EXIT_FAILED;
-    else if (!load_model(ctx, "generate", g.dir, &m, true))
+    else if (!load_model(ctx, "generate", g.dir, &m, !g.on_world))
         rc = EXIT_FAILED;
     else {
         rc = generate(ctx, &g, &m, toks, n);
@@ -495,28 +551,6 @@ static fsdp_status eval_loss(fsdp_ctx *ctx, fsdp_module *model, const ckpt_eval_
     return st;
 }
 
-/* --world and --tp: 0 ranks means one rank without a world (or, under mpirun, the job). */
-static bool parse_layout(const char *world, const char *tp, ckpt_eval_layout *l) {
-    int64_t w = 0, t = 1;
-    if (world && !parse_i64("eval", "--world", world, 1, FSDP_LOCAL_MAX_RANKS, &w)) return false;
-    if (tp && !parse_i64("eval", "--tp", tp, 1, FSDP_LOCAL_MAX_RANKS, &t)) return false;
-    if (ckpt_under_mpirun() && world) {
-        fprintf(stderr, "fsdp-ckpt eval: under mpirun the ranks are mpirun's processes; leave "
-                        "out --world (and give -np)\n");
-        return false;
-    }
-    if (w && w % t) {
-        fprintf(stderr,
-                "fsdp-ckpt eval: --tp %lld does not divide --world %lld; give a --tp that divides "
-                "it (dp = world / tp)\n",
-                (long long)t, (long long)w);
-        return false;
-    }
-    if (!w && !ckpt_under_mpirun() && t > 1) w = t; /* --tp alone: a world of tp ranks */
-    l->world = (int)w, l->tp = (int)t;
-    return true;
-}
-
 int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
     const char *pos[2] = {NULL, NULL}, *batch = NULL, *seq = NULL, *world = NULL, *tp = NULL;
     const opt_spec specs[] = {
@@ -528,7 +562,7 @@ int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
     if (batch && !parse_i64("eval", "--batch", batch, 1, 1 << 20, &B)) return EXIT_USAGE;
     if (seq && !parse_i64("eval", "--seq", seq, 1, 1 << 24, &T)) return EXIT_USAGE;
     ckpt_eval_layout lay = {.arg = pos[0]};
-    if (!parse_layout(world, tp, &lay)) return EXIT_USAGE;
+    if (!parse_layout("eval", world, tp, &lay)) return EXIT_USAGE;
     bool on_world = lay.world > 0 || ckpt_under_mpirun(), printer = true;
     loaded m;
     if (!load_model(ctx, "eval", pos[0], &m, !on_world)) return EXIT_FAILED;
