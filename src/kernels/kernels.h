@@ -125,6 +125,11 @@ typedef struct fsdp_kernels_i {
                        const fsdp_sgd_step_args *args);
     void (*adam_update)(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
                         const fsdp_adam_step_args *args);
+    /* adam_update, and in the same pass p_bf16 (n) = the updated p rounded to bf16 (the bits of
+     * fsdp_bf16_from_f32): the f32 master shard and the bf16 copy a bf16 forward reads, with one
+     * read of the state. p, m, v and vmax get adam_update's bits. */
+    void (*adam_update_bf16)(float *p, fsdp_bf16 *p_bf16, const float *g, float *m, float *v,
+                             float *vmax, int64_t n, const fsdp_adam_step_args *args);
 
     /* ---- the Llama layers (docs/models.md). A table may leave them NULL: the layers then
      * refuse tensors of its device. ---- */
