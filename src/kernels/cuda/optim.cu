@@ -52,8 +52,8 @@ __global__ void sgd_kernel(float *p, const float *g, float *buf, int64_t n, bool
 
 /* LP: also lp[j] = p[j] rounded to bf16 (a template argument, so plain Adam has no test). */
 template <bool LP>
-__global__ void adam_kernel(float *p, uint16_t *lp, const float *g, float *m, float *v,
-                            float *vmax, int64_t n, bool vec, fsdp_adam_step_args a) {
+__global__ void adam_kernel(float *p, uint16_t *lp, const float *g, float *m, float *v, float *vmax,
+                            int64_t n, bool vec, fsdp_adam_step_args a) {
     int64_t i = fsdp_tid(), stride = fsdp_stride(), done = 0;
     if (vec) {
         int64_t n4 = n / 4;
