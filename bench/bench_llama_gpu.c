@@ -240,6 +240,11 @@ static fsdp_status time_shape(fsdp_ctx *ctx, const opts *o, const shape *s, doub
     }
     if (!any) return FSDP_OK;
     double t0 = bench_now();
+    if (deadline - t0 < 10) {
+        printf("skip libfsdp %s: %.0f s of the budget left, too few to build it\n", s->name,
+               deadline - t0 > 0 ? deadline - t0 : 0);
+        return FSDP_OK;
+    }
     fsdp_status st = run_build(&r, s);
     if (st == FSDP_ERR_OUT_OF_MEMORY) {
         printf("skip libfsdp %s: out of device memory building it: %s\n", s->name,

@@ -6,7 +6,7 @@
 # bench/README.md, "llama_gpu.sh".
 #
 #   bench/llama_gpu.sh [--dry-run] [--budget-s SEC] [--steps N] [--shapes S,M] [--libfsdp-only]
-#                      [BUILD_DIR]
+#                      [--libfsdp-shapes S] [BUILD_DIR]
 #   bench/llama_gpu.sh --device sim --shapes tiny [BUILD_DIR]   (the plumbing, on no GPU)
 #
 # MFU = tokens/s x (6N + 12 L d T) / peak, N the parameters less the input embedding table,
@@ -19,13 +19,14 @@
 # rest; a run that would not fit is skipped with the reason.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=build budget=900 steps=10 shapes=S,M dry=0 device=cuda torch=1
+build=build budget=900 steps=10 shapes=S,M dry=0 device=cuda torch=1 our_shapes=""
 while [ $# -gt 0 ]; do
     case $1 in
     --dry-run) dry=1 ;;
     --budget-s) budget=$2 && shift ;;
     --steps) steps=$2 && shift ;;
     --shapes) shapes=$2 && shift ;;
+    --libfsdp-shapes) our_shapes=$2 && shift ;;
     --device) device=$2 && shift ;;
     --libfsdp-only) torch=0 ;;
     -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
@@ -38,6 +39,7 @@ done
     { echo "llama_gpu.sh: --budget-s $budget: give whole seconds, at least 10" >&2 && exit 2; }
 [[ "$steps" =~ ^[0-9]+$ ]] && [ "$steps" -ge 10 ] ||
     { echo "llama_gpu.sh: --steps $steps: the median needs at least 10 steps" >&2 && exit 2; }
+our_shapes=${our_shapes:-$shapes}
 case $device in cuda | sim) ;; *) echo "llama_gpu.sh: --device $device: cuda or sim" >&2 && exit 2 ;; esac
 start=$(date +%s)
 
@@ -60,6 +62,7 @@ fi
 peaks=$(peaks_of "$gpu")
 echo "llama_gpu: plan: shapes $shapes (S: dim 768, 12 layers, 12/4 heads, ffn 2048, vocab 32000,"
 echo "  T 1024, B 16; M: dim 2048, 16 layers, 32/8 heads, ffn 8192, vocab 128256, T 2048, B 4),"
+if [ "$our_shapes" != "$shapes" ]; then echo "  libfsdp on shapes $our_shapes only (--libfsdp-shapes)"; fi
 echo "  modes f32, tf32, bf16; libfsdp (bench_llama_gpu), PyTorch eager with SDPA and"
 echo "  torch.compile (llama_gpu.py); AdamW; median of $steps steps after warm-up; budget $budget s"
 echo "  MFU = tokens/s x (6N + 12 L d T) / peak, N = parameters less the input embedding"
@@ -82,7 +85,7 @@ left() { echo $((budget - ($(date +%s) - start))); }
 # 30 s past it stops a step that hangs (the lines made so far are kept).
 ours_budget=$((budget * 2 / 5))
 if [ -x "$build/bench/bench_llama_gpu" ]; then
-    timeout -k 5 $((ours_budget + 30)) "$build/bench/bench_llama_gpu" --device "$device" --shapes "$shapes" \
+    timeout -k 5 $((ours_budget + 30)) "$build/bench/bench_llama_gpu" --device "$device" --shapes "$our_shapes" \
         --steps "$steps" --budget-s "$ours_budget" --peaks "$peaks" | tee "$out/ours" ||
         echo "llama_gpu: bench_llama_gpu exit status $? (figures above, if any, stand)"
 else
@@ -90,7 +93,7 @@ else
         tee "$out/ours"
 fi
 
-theirs_budget=$(($(left) - 60)) # importing torch and CUDA's start-up come first
+theirs_budget=$(($(left) - 25)) # importing torch and CUDA's start-up come first
 pydev=cuda probe='import torch; assert torch.cuda.is_available()'
 if [ "$device" = sim ]; then pydev=cpu probe='import torch'; fi
 if [ "$torch" = 0 ]; then
@@ -100,7 +103,7 @@ elif ! python3 -c "$probe" 2>/dev/null; then
 elif [ "$theirs_budget" -lt 20 ]; then
     echo "llama_gpu: PyTorch not run: $(left) s of the budget left" | tee "$out/theirs"
 else
-    timeout -k 5 $((theirs_budget + 60)) python3 "$here/llama_gpu.py" --shapes "$shapes" \
+    timeout -k 5 $((theirs_budget + 40)) python3 "$here/llama_gpu.py" --shapes "$shapes" \
         --steps "$steps" --budget-s "$theirs_budget" --peaks "$peaks" --device "$pydev" |
         tee "$out/theirs" ||
         echo "llama_gpu: llama_gpu.py exit status $? (figures above, if any, stand)"

@@ -149,6 +149,15 @@ typedef struct fsdp_kernels_i {
     /* its transpose: dinp (B, T, H, D) from dout; dinp may be dout */
     void (*rope_backward)(float *dinp, const float *dout, const float *cos, const float *sin,
                           int64_t B, int64_t T, int64_t H, int64_t D);
+    /* rope_forward of q (B, T, NH, D) into qo and of k (B, T, NKV, D) into ko in one pass (one
+     * launch), each element the bits rope_forward gives it; qo may be q and ko may be k. */
+    void (*rope_qk_forward)(float *qo, float *ko, const float *q, const float *k, const float *cos,
+                            const float *sin, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                            int64_t D);
+    /* the same for rope_backward: dq (B, T, NH, D), dk (B, T, NKV, D) from dqo, dko */
+    void (*rope_qk_backward)(float *dq, float *dk, const float *dqo, const float *dko,
+                             const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                             int64_t NKV, int64_t D);
     /* Causal attention with grouped-query heads. q (B, T, NH, D), k and v (B, T, NKV, D), NKV
      * divides NH: query head h reads key/value head h / (NH / NKV). Per (b, h):
      *   out (T, D) = softmax(q k^T / sqrt(D), keys j <= i only) v;

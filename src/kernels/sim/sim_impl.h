@@ -128,6 +128,12 @@ void sim_embedding_backward(float *dweight, const float *dout, const int32_t *to
                             int64_t C);
 void sim_rope_forward(float *out, const float *inp, const float *cos, const float *sin, int64_t B,
                       int64_t T, int64_t H, int64_t D);
+void sim_rope_qk_forward(float *qo, float *ko, const float *q, const float *k, const float *cos,
+                         const float *sin, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                         int64_t D);
+void sim_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
+                          const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                          int64_t NKV, int64_t D);
 void sim_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,
                        int64_t B, int64_t T, int64_t H, int64_t D);
 void sim_attention_forward(float *out, float *lse, float *scratch, const float *q, const float *k,
