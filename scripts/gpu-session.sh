@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-session.sh: what a GPU machine checks, in one command and a bounded time (default 450 s):
+# gpu-session.sh: what a GPU machine checks, in one command and a bounded time (default 540 s):
 # the environment, a build for sm_90, the GPU suites, compute-sanitizer (memcheck, racecheck,
 # initcheck) on the CUDA suites, the Llama and MLP GPU benchmarks against PyTorch, and the
 # scaling benchmark.
@@ -46,7 +46,7 @@ declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [memcheck-kernels
 # The suite each sanitizer phase runs.
 declare -A SUITE=([kernels]=test_kernels_cuda [train]=test_cuda_train [llama]=test_llama_cuda)
 # Seconds a phase leaves to the benchmarks after it, and the least worth starting a phase with.
-RESERVE_LLAMA=180
+RESERVE_LLAMA=150
 RESERVE_BENCH=120
 RESERVE_SCALING=60
 MIN_PHASE=15
