@@ -47,6 +47,7 @@ start=$(date +%s)
 peaks_of() {
     case $1 in
     *H100*PCIe*) echo 51.2,378,756 ;;
+    *H100*NVL*) echo 0,0,0 ;; # other clocks than SXM: no figure kept here, so no MFU
     *H100* | *H200* | *GH200*) echo 66.9,494.7,989 ;; # SXM / HBM3 and HBM3e: the same peaks
     *A100*) echo 19.5,156,312 ;;
     *) echo 0,0,0 ;;
