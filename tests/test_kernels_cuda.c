@@ -86,7 +86,8 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
                k->rmsnorm_forward && k->rmsnorm_backward && k->add && k->axpy && k->scale &&
                k->copy && k->fill && k->sum && k->sum_squares && k->max_abs && k->mse_loss &&
                k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->f32_to_f16 &&
-               k->f16_to_f32 && k->sgd_update && k->adam_update && k->adam_update_bf16;
+               k->f16_to_f32 && k->sgd_update && k->adam_update && k->adam_update_bf16 &&
+               k->gemm_bf16;
     CU_ASSERT_TRUE(all);
     const fsdp_device_i *s = fsdp_device_for(type);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
@@ -99,7 +100,7 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
 
 static void test_table(void) {
     const fsdp_kernels_i *cpu = fsdp_kernels_for(FSDP_CPU);
-    CU_ASSERT_TRUE(cpu->sgd_update && cpu->adam_update && cpu->adam_update_bf16);
+    CU_ASSERT_TRUE(cpu->sgd_update && cpu->adam_update && cpu->adam_update_bf16 && cpu->gemm_bf16);
     check_registered(FSDP_DEVICE_SIM, fsdp_kernels_sim(), fsdp_device_sim());
     CU_ASSERT_TRUE(fsdp_device_count(FSDP_DEVICE_SIM) >= 1);
 #ifdef FSDP_HAVE_CUDA
@@ -1000,6 +1001,72 @@ static void test_adam_bf16(void) {
         for (int64_t off = 0; off < 2; off++) run_adam_bf16_case(ns[s], off, s % 2 == 1);
 }
 
+/* gemm_bf16 against a float64 reference of the same bf16 inputs: the products are exact (8-bit
+ * significands), so the only error is the f32 accumulation of K terms, the alpha multiply and
+ * the beta term: |C - ref| <= (K + 3) 2^-24 (|alpha| sum_k |a b| + |beta c|) (the classical
+ * bound of a sum of K terms in any order, gamma_K, plus two roundings). CUDA gets 4 times that:
+ * cuBLAS's tensor-core accumulation order and alignment are its own, and this has not run on a
+ * GPU yet. On sim the bits are also the CPU's. Shapes cross the CPU's blocks (32 x 128 x 128),
+ * with both transposes, padded strides, beta 0 over NaN (overwritten) and 0.5, and K = 0. */
+static void run_gemm_bf16_case(int64_t M, int64_t N, int64_t K, bool ta, bool tb, float beta) {
+    int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+    int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb, nc = M * ldc;
+    fsdp_bf16 *A = malloc((size_t)(na + 1) * 2), *B = malloc((size_t)(nb + 1) * 2);
+    float *C0 = new_uniform(nc, -1, 1), *c_cpu = malloc((size_t)(nc + 1) * 4);
+    float *c_dev = malloc((size_t)(nc + 1) * 4);
+    for (int64_t i = 0; i < na; i++) A[i] = fsdp_bf16_from_f32(rng_uniform(-2, 2));
+    for (int64_t i = 0; i < nb; i++) B[i] = fsdp_bf16_from_f32(rng_uniform(-2, 2));
+    if (beta == 0.0f)
+        for (int64_t i = 0; i < nc; i++) C0[i] = NAN;
+    const float alpha = 0.75f;
+    memcpy(c_cpu, C0, (size_t)nc * 4);
+    fsdp_kernels_cpu()->gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, c_cpu, ldc);
+    fsdp_bf16 *dA = dev_new(A, (size_t)na * 2), *dB = dev_new(B, (size_t)nb * 2);
+    float *dC = dev_floats(C0, nc);
+    fsdp_kernels_for(dev())->gemm_bf16(ta, tb, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
+    dev_get(c_dev, dC, (size_t)nc * 4);
+    double worst_cpu = 0, worst_dev = 0, slack = fsdp_test_device_is_cuda() ? 4.0 : 1.0;
+    int64_t bits = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double a = fsdp_bf16_to_f32(ta ? A[k * lda + i] : A[i * lda + k]);
+                double b = fsdp_bf16_to_f32(tb ? B[j * ldb + k] : B[k * ldb + j]);
+                acc += a * b, mag += fabs(a * b);
+            }
+            double c = beta == 0.0f ? 0.0 : (double)C0[i * ldc + j];
+            double ref = alpha * acc + beta * c;
+            double bound = (double)(K + 3) * 0x1p-24 * (fabs(alpha) * mag + fabs(beta * c)) + 1e-30;
+            float got_cpu = c_cpu[i * ldc + j], got_dev = c_dev[i * ldc + j];
+            double e_cpu = fabs(got_cpu - ref) / bound, e_dev = fabs(got_dev - ref) / bound;
+            worst_cpu = isnan(e_cpu) || e_cpu > worst_cpu ? e_cpu : worst_cpu;
+            worst_dev = isnan(e_dev) || e_dev > worst_dev ? e_dev : worst_dev;
+            bits += f32_bits(got_cpu) != f32_bits(got_dev);
+        }
+    printf(
+        "\n    gemm_bf16 %lldx%lldx%lld%s%s beta %g: error / bound CPU %.3f, device %.3f (bound x "
+        "%.0f); %lld elements differ in bits",
+        (long long)M, (long long)N, (long long)K, ta ? " A^T" : "", tb ? " B^T" : "", (double)beta,
+        worst_cpu, worst_dev, slack, (long long)bits);
+    CU_ASSERT_TRUE(worst_cpu <= 1.0);
+    CU_ASSERT_TRUE(worst_dev <= slack);
+    if (!fsdp_test_device_is_cuda()) CU_ASSERT_EQUAL(bits, 0);
+    free(A), free(B), free(C0), free(c_cpu), free(c_dev);
+    dev_free(dA), dev_free(dB), dev_free(dC);
+}
+
+static void test_gemm_bf16(void) {
+    rng_seed(29);
+    for (int t = 0; t < 4; t++) {
+        run_gemm_bf16_case(5, 7, 3, t & 1, t & 2, 0.5f);
+        run_gemm_bf16_case(70, 300, 257, t & 1, t & 2, t < 2 ? 0.0f : 0.5f);
+    }
+    run_gemm_bf16_case(33, 129, 1, false, false, 0.0f);
+    run_gemm_bf16_case(4, 6, 0, false, true, 0.5f);
+    run_gemm_bf16_case(3, 2, 0, true, false, 0.0f);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"table", test_table},
@@ -1023,6 +1090,7 @@ int main(int argc, char **argv) {
         {"reduce_n", test_reduce_n},
         {"optim", test_optim},
         {"adam_bf16", test_adam_bf16},
+        {"gemm_bf16", test_gemm_bf16},
     };
     fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "kernels_cuda", cases, sizeof cases / sizeof *cases);

@@ -63,6 +63,13 @@ typedef struct fsdp_kernels_i {
     void (*gemm)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                  int64_t ldc);
+    /* gemm with bf16 A and B (widened exactly) and f32 C: every product exact, accumulated in
+     * f32 in an order each device chooses (the CPU by blocks of K, CUDA on tensor cores), so
+     * devices agree to f32 accumulation rounding, not bit for bit. C is not rounded to bf16:
+     * the caller rounds where its precision policy says. */
+    void (*gemm_bf16)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb, float beta,
+                      float *C, int64_t ldc);
     /* out (rows, cols) += bias (cols) broadcast over rows */
     void (*bias_add)(float *out, const float *bias, int64_t rows, int64_t cols);
     /* dbias (cols) += sum over rows of dout (rows, cols) */

@@ -38,6 +38,7 @@ static const fsdp_kernels_i cpu_kernels = {
     .sgd_update = fsdp_cpu_par_sgd_update,
     .adam_update = fsdp_cpu_par_adam_update,
     .adam_update_bf16 = fsdp_cpu_par_adam_update_bf16,
+    .gemm_bf16 = fsdp_cpu_gemm_bf16,
     .embedding_forward = fsdp_cpu_embedding_forward,
     .embedding_backward = fsdp_cpu_embedding_backward,
     .rope_forward = fsdp_cpu_rope_forward,

@@ -34,6 +34,7 @@ static const fsdp_kernels_i cuda_kernels = {
     .sgd_update = fsdp_cuda_sgd_update,
     .adam_update = fsdp_cuda_adam_update,
     .adam_update_bf16 = fsdp_cuda_adam_update_bf16,
+    .gemm_bf16 = fsdp_cuda_gemm_bf16,
     .embedding_forward = fsdp_cuda_embedding_forward,
     .embedding_backward = fsdp_cuda_embedding_backward,
     .rope_forward = fsdp_cuda_rope_forward,

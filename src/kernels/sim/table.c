@@ -616,6 +616,7 @@ static const fsdp_kernels_i sim_kernels = {
     .sgd_update = sim_sgd_update,
     .adam_update = sim_adam_update,
     .adam_update_bf16 = sim_adam_update_bf16,
+    .gemm_bf16 = sim_gemm_bf16,
     .embedding_forward = sim_embedding_forward,
     .embedding_backward = sim_embedding_backward,
     .rope_forward = sim_rope_forward,
