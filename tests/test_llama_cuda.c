@@ -264,9 +264,54 @@ static void test_model_matches_hf(void) {
     fixture_free(&fx);
 }
 
+/* rope_qk_forward and rope_qk_backward: on the CPU the bits of rope_forward / rope_backward on
+ * q and on k (out of place and in place); on the device against the CPU's, as rope's. */
+static void test_rope_qk(void) {
+    const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = fsdp_kernels_for(dev());
+    CU_ASSERT_TRUE_FATAL(c->rope_qk_forward && c->rope_qk_backward && g->rope_qk_forward &&
+                         g->rope_qk_backward);
+    rng_seed(22);
+    enum { B = 3, T = 5, NH = 6, NKV = 2, D = 8 };
+    int64_t nq = B * T * NH * D, nk = B * T * NKV * D, h = D / 2;
+    float *cs = uniform(2 * T * h, -1, 1), *q = uniform(nq, -2, 2), *k = uniform(nk, -2, 2);
+    const float *sn = cs + T * h;
+    float *q1 = uniform(nq, 0, 0), *k1 = uniform(nk, 0, 0), *q2 = uniform(nq, 0, 0);
+    float *k2 = uniform(nk, 0, 0);
+    dbuf gcs = up(cs, FSDP_DTYPE_F32, 2 * T * h), gq = up(q, FSDP_DTYPE_F32, nq);
+    dbuf gk = up(k, FSDP_DTYPE_F32, nk), gqo = up(NULL, FSDP_DTYPE_F32, nq);
+    dbuf gko = up(NULL, FSDP_DTYPE_F32, nk);
+    for (int backward = 0; backward < 2; backward++) {
+        const char *what = backward ? "rope_qk_backward" : "rope_qk_forward";
+        void (*one)(float *, const float *, const float *, const float *, int64_t, int64_t, int64_t,
+                    int64_t) = backward ? c->rope_backward : c->rope_forward;
+        void (*both)(float *, float *, const float *, const float *, const float *, const float *,
+                     int64_t, int64_t, int64_t, int64_t, int64_t) =
+            backward ? c->rope_qk_backward : c->rope_qk_forward;
+        one(q1, q, cs, sn, B, T, NH, D);
+        one(k1, k, cs, sn, B, T, NKV, D);
+        both(q2, k2, q, k, cs, sn, B, T, NH, NKV, D);
+        CU_ASSERT_EQUAL(memcmp(q1, q2, (size_t)nq * 4), 0);
+        CU_ASSERT_EQUAL(memcmp(k1, k2, (size_t)nk * 4), 0);
+        memcpy(q2, q, (size_t)nq * 4), memcpy(k2, k, (size_t)nk * 4);
+        both(q2, k2, q2, k2, cs, sn, B, T, NH, NKV, D); /* in place */
+        CU_ASSERT_EQUAL(memcmp(q1, q2, (size_t)nq * 4), 0);
+        CU_ASSERT_EQUAL(memcmp(k1, k2, (size_t)nk * 4), 0);
+        printf("\n    %s: CPU bitwise two single calls, out of place and in place", what);
+        (backward ? g->rope_qk_backward : g->rope_qk_forward)(f(gqo), f(gko), f(gq), f(gk), f(gcs),
+                                                              f(gcs) + T * h, B, T, NH, NKV, D);
+        /* 1e-6 relative, 1e-7 absolute on CUDA, as rope's: the same operations per element */
+        same(backward ? "  q backward" : "  q forward", gqo, q1, 1e-6, 1e-7);
+        same(backward ? "  k backward" : "  k forward", gko, k1, 1e-6, 1e-7);
+    }
+    dbuf all[] = {gcs, gq, gk, gqo, gko};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i].t);
+    free(cs), free(q), free(k), free(q1), free(k1), free(q2), free(k2);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"kernels_match_cpu", test_kernels_match_cpu},
+        {"rope_qk", test_rope_qk},
         {"model_matches_hf", test_model_matches_hf},
     };
     fsdp_test_device(); // chosen, and printed, before the first case

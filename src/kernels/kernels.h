@@ -63,6 +63,13 @@ typedef struct fsdp_kernels_i {
     void (*gemm)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                  int64_t ldc);
+    /* gemm with bf16 A and B (widened exactly) and f32 C: every product exact, accumulated in
+     * f32 in an order each device chooses (the CPU by blocks of K, CUDA on tensor cores), so
+     * devices agree to f32 accumulation rounding, not bit for bit. C is not rounded to bf16:
+     * the caller rounds where its precision policy says. */
+    void (*gemm_bf16)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb, float beta,
+                      float *C, int64_t ldc);
     /* out (rows, cols) += bias (cols) broadcast over rows */
     void (*bias_add)(float *out, const float *bias, int64_t rows, int64_t cols);
     /* dbias (cols) += sum over rows of dout (rows, cols) */
@@ -125,6 +132,11 @@ typedef struct fsdp_kernels_i {
                        const fsdp_sgd_step_args *args);
     void (*adam_update)(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
                         const fsdp_adam_step_args *args);
+    /* adam_update, and in the same pass p_bf16 (n) = the updated p rounded to bf16 (the bits of
+     * fsdp_bf16_from_f32): the f32 master shard and the bf16 copy a bf16 forward reads, with one
+     * read of the state. p, m, v and vmax get adam_update's bits. */
+    void (*adam_update_bf16)(float *p, fsdp_bf16 *p_bf16, const float *g, float *m, float *v,
+                             float *vmax, int64_t n, const fsdp_adam_step_args *args);
 
     /* ---- the Llama layers (docs/models.md). A table may leave them NULL: the layers then
      * refuse tensors of its device. ---- */
@@ -144,6 +156,15 @@ typedef struct fsdp_kernels_i {
     /* its transpose: dinp (B, T, H, D) from dout; dinp may be dout */
     void (*rope_backward)(float *dinp, const float *dout, const float *cos, const float *sin,
                           int64_t B, int64_t T, int64_t H, int64_t D);
+    /* rope_forward of q (B, T, NH, D) into qo and of k (B, T, NKV, D) into ko in one pass (one
+     * launch), each element the bits rope_forward gives it; qo may be q and ko may be k. */
+    void (*rope_qk_forward)(float *qo, float *ko, const float *q, const float *k, const float *cos,
+                            const float *sin, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                            int64_t D);
+    /* the same for rope_backward: dq (B, T, NH, D), dk (B, T, NKV, D) from dqo, dko */
+    void (*rope_qk_backward)(float *dq, float *dk, const float *dqo, const float *dko,
+                             const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                             int64_t NKV, int64_t D);
     /* Causal attention with grouped-query heads. q (B, T, NH, D), k and v (B, T, NKV, D), NKV
      * divides NH: query head h reads key/value head h / (NH / NKV). Per (b, h):
      *   out (T, D) = softmax(q k^T / sqrt(D), keys j <= i only) v;

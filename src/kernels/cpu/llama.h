@@ -17,6 +17,12 @@ void fsdp_cpu_rope_forward(float *out, const float *inp, const float *cos, const
                            int64_t B, int64_t T, int64_t H, int64_t D);
 void fsdp_cpu_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,
                             int64_t B, int64_t T, int64_t H, int64_t D);
+void fsdp_cpu_rope_qk_forward(float *qo, float *ko, const float *q, const float *k,
+                              const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                              int64_t NKV, int64_t D);
+void fsdp_cpu_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
+                               const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                               int64_t NKV, int64_t D);
 
 /* attention.c */
 void fsdp_cpu_attention_forward(float *out, float *lse, float *scratch, const float *q,

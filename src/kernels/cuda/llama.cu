@@ -75,6 +75,45 @@ extern "C" void fsdp_cuda_rope_backward(float *dinp, const float *dout, const fl
     rope("rope_backward", dinp, dout, cos, sin, -1.0f, B, T, H, D);
 }
 
+/* q (B, T, NH, D) into qo and k (B, T, NKV, D) into ko in one launch: element e is one pair
+ * (i, i + h) of one head of one position, the heads of q first, then those of k. */
+__global__ void rope_qk_kernel(float *qo, float *ko, const float *q, const float *k,
+                               const float *cos, const float *sin, float sign, int64_t B, int64_t T,
+                               int64_t NH, int64_t NKV, int64_t D) {
+    int64_t h = D / 2, heads = NH + NKV, pairs = B * T * heads * h;
+    for (int64_t e = fsdp_tid(); e < pairs; e += fsdp_stride()) {
+        int64_t i = e % h, head = (e / h) % heads, row = e / (h * heads), t = row % T;
+        bool is_q = head < NH;
+        const float *x = is_q ? q + (row * NH + head) * D : k + (row * NKV + head - NH) * D;
+        float *y = is_q ? qo + (row * NH + head) * D : ko + (row * NKV + head - NH) * D;
+        float c = cos[t * h + i], s = sign * sin[t * h + i], x1 = x[i], x2 = x[i + h];
+        y[i] = x1 * c - x2 * s;
+        y[i + h] = x2 * c + x1 * s;
+    }
+}
+
+static void rope_qk(const char *name, float *qo, float *ko, const float *q, const float *k,
+                    const float *cos, const float *sin, float sign, int64_t B, int64_t T,
+                    int64_t NH, int64_t NKV, int64_t D) {
+    int64_t pairs = B * T * (NH + NKV) * (D / 2);
+    if (pairs <= 0) return;
+    rope_qk_kernel<<<fsdp_grid(pairs), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        qo, ko, q, k, cos, sin, sign, B, T, NH, NKV, D);
+    FSDP_CUDA_LAUNCHED(name);
+}
+
+extern "C" void fsdp_cuda_rope_qk_forward(float *qo, float *ko, const float *q, const float *k,
+                                          const float *cos, const float *sin, int64_t B, int64_t T,
+                                          int64_t NH, int64_t NKV, int64_t D) {
+    rope_qk("rope_qk_forward", qo, ko, q, k, cos, sin, 1.0f, B, T, NH, NKV, D);
+}
+
+extern "C" void fsdp_cuda_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
+                                           const float *cos, const float *sin, int64_t B, int64_t T,
+                                           int64_t NH, int64_t NKV, int64_t D) {
+    rope_qk("rope_qk_backward", dq, dk, dqo, dko, cos, sin, -1.0f, B, T, NH, NKV, D);
+}
+
 /* ---- attention ---- */
 
 __device__ inline float dot(const float *a, const float *b, int64_t D) {

@@ -17,6 +17,12 @@ void fsdp_cuda_rope_forward(float *out, const float *inp, const float *cos, cons
                             int64_t B, int64_t T, int64_t H, int64_t D);
 void fsdp_cuda_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,
                              int64_t B, int64_t T, int64_t H, int64_t D);
+void fsdp_cuda_rope_qk_forward(float *qo, float *ko, const float *q, const float *k,
+                               const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                               int64_t NKV, int64_t D);
+void fsdp_cuda_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
+                                const float *cos, const float *sin, int64_t B, int64_t T,
+                                int64_t NH, int64_t NKV, int64_t D);
 void fsdp_cuda_attention_forward(float *out, float *lse, float *scratch, const float *q,
                                  const float *k, const float *v, int64_t B, int64_t T, int64_t NH,
                                  int64_t NKV, int64_t D);

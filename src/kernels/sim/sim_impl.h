@@ -128,6 +128,16 @@ void sim_embedding_backward(float *dweight, const float *dout, const int32_t *to
                             int64_t C);
 void sim_rope_forward(float *out, const float *inp, const float *cos, const float *sin, int64_t B,
                       int64_t T, int64_t H, int64_t D);
+/* table_bf16.c */
+void sim_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                   const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb, float beta,
+                   float *C, int64_t ldc);
+void sim_rope_qk_forward(float *qo, float *ko, const float *q, const float *k, const float *cos,
+                         const float *sin, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                         int64_t D);
+void sim_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
+                          const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                          int64_t NKV, int64_t D);
 void sim_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,
                        int64_t B, int64_t T, int64_t H, int64_t D);
 void sim_attention_forward(float *out, float *lse, float *scratch, const float *q, const float *k,

@@ -75,6 +75,51 @@ void sim_rope_forward(float *out, const float *inp, const float *cos, const floa
     sim_kernel_launch(dev, run_rope_forward, &call, sizeof call);
 }
 
+typedef struct rope_qk_args {
+    float *qo, *ko;
+    const float *q, *k, *cos, *sin;
+    int64_t B, T, NH, NKV, D;
+    bool backward;
+} rope_qk_args;
+
+static void run_rope_qk(void *arg) {
+    rope_qk_args *a = arg;
+    const fsdp_kernels_i *cpu = fsdp_kernels_cpu();
+    (a->backward ? cpu->rope_qk_backward : cpu->rope_qk_forward)(
+        a->qo, a->ko, a->q, a->k, a->cos, a->sin, a->B, a->T, a->NH, a->NKV, a->D);
+}
+
+static void rope_qk(const char *name, bool backward, float *qo, float *ko, const float *q,
+                    const float *k, const float *cos, const float *sin, int64_t B, int64_t T,
+                    int64_t NH, int64_t NKV, int64_t D) {
+    int dev = sim_kernel_device(qo, name);
+    rope_qk_args call = {sim_kernel_ptr(dev, qo),
+                         sim_kernel_ptr(dev, ko),
+                         sim_kernel_ptr(dev, q),
+                         sim_kernel_ptr(dev, k),
+                         sim_kernel_ptr(dev, cos),
+                         sim_kernel_ptr(dev, sin),
+                         B,
+                         T,
+                         NH,
+                         NKV,
+                         D,
+                         backward};
+    sim_kernel_launch(dev, run_rope_qk, &call, sizeof call);
+}
+
+void sim_rope_qk_forward(float *qo, float *ko, const float *q, const float *k, const float *cos,
+                         const float *sin, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                         int64_t D) {
+    rope_qk("rope_qk_forward", false, qo, ko, q, k, cos, sin, B, T, NH, NKV, D);
+}
+
+void sim_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
+                          const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                          int64_t NKV, int64_t D) {
+    rope_qk("rope_qk_backward", true, dq, dk, dqo, dko, cos, sin, B, T, NH, NKV, D);
+}
+
 typedef struct rope_backward_args {
     float *dinp;
     const float *dout;
