@@ -80,12 +80,19 @@ static void test_kernels_match_cpu(void) {
     dbuf gt = up(tok, FSDP_DTYPE_I32, N), gw = up(w, FSDP_DTYPE_F32, V * C);
     dbuf ge = up(NULL, FSDP_DTYPE_F32, N * C), gdy = up(dy, FSDP_DTYPE_F32, N * C);
     dbuf gdw = up(dw, FSDP_DTYPE_F32, V * C);
-    c->embedding_forward(e, tok, w, N, C);
-    g->embedding_forward(f(ge), fsdp_tensor_data(gt.t), f(gw), N, C);
+    c->embedding_forward(e, tok, w, N, C, 0, V);
+    g->embedding_forward(f(ge), fsdp_tensor_data(gt.t), f(gw), N, C, 0, V);
     same("embedding forward", ge, e, 0, 0);
-    c->embedding_backward(dw, dy, tok, N, C);
-    g->embedding_backward(f(gdw), f(gdy), fsdp_tensor_data(gt.t), N, C);
+    c->embedding_backward(dw, dy, tok, N, C, 0, V);
+    g->embedding_backward(f(gdw), f(gdy), fsdp_tensor_data(gt.t), N, C, 0, V);
     same("embedding backward", gdw, dw, 0, 0);
+    /* a vocabulary range [3, 7) of the table (tensor parallelism's shard): zeros elsewhere */
+    c->embedding_forward(e, tok, w + 3 * C, N, C, 3, 4);
+    g->embedding_forward(f(ge), fsdp_tensor_data(gt.t), f(gw) + 3 * C, N, C, 3, 4);
+    same("embedding forward of a vocabulary range", ge, e, 0, 0);
+    c->embedding_backward(dw + 3 * C, dy, tok, N, C, 3, 4);
+    g->embedding_backward(f(gdw) + 3 * C, f(gdy), fsdp_tensor_data(gt.t), N, C, 3, 4);
+    same("embedding backward of a vocabulary range", gdw, dw, 0, 0);
     /* rope */
     int64_t nq = B * T * NH * D, nk = B * T * NKV * D;
     float *cs = uniform(2 * T * (D / 2), -1, 1), *x = uniform(nq, -1, 1), *y = uniform(nq, 0, 0);

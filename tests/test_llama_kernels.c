@@ -31,14 +31,28 @@ static void test_embedding(void) {
     float *dout = new_uniform(N * C, -1, 1), *dw = new_uniform(V * C, -1, 1);
     double *want = to_doubles(dw, V * C);
     int32_t tok[N] = {3, 0, 6, 3, 2, 3};
-    k->embedding_forward(out, tok, w, N, C);
+    k->embedding_forward(out, tok, w, N, C, 0, V);
     for (int i = 0; i < N; i++)
         CU_ASSERT_EQUAL(memcmp(out + i * C, w + tok[i] * C, sizeof(float) * C), 0);
     for (int i = 0; i < N; i++)
         for (int c = 0; c < C; c++) want[tok[i] * C + c] += dout[i * C + c];
-    k->embedding_backward(dw, dout, tok, N, C);
+    k->embedding_backward(dw, dout, tok, N, C, 0, V);
     CLOSE_D("embedding dweight", dw, want, V * C, 1e-6, 1e-7);
-    free(w), free(out), free(dout), free(dw), free(want);
+    /* A vocabulary range [2, 5) of the table (tensor parallelism's shard, rows 2..4 of w):
+     * tokens outside give zero rows and add nothing; 3 and 2 land on local rows 1 and 0. */
+    enum { START = 2, ROWS = 3 };
+    float *dws = new_uniform(ROWS * C, -1, 1);
+    double *want_s = to_doubles(dws, ROWS * C);
+    k->embedding_forward(out, tok, w + START * C, N, C, START, ROWS);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            bool in = tok[i] >= START && tok[i] < START + ROWS;
+            CU_ASSERT_EQUAL(out[i * C + c], in ? w[tok[i] * C + c] : 0.0f);
+            if (in) want_s[(tok[i] - START) * C + c] += dout[i * C + c];
+        }
+    k->embedding_backward(dws, dout, tok, N, C, START, ROWS);
+    CLOSE_D("embedding dweight of a vocabulary range", dws, want_s, ROWS * C, 1e-6, 1e-7);
+    free(w), free(out), free(dout), free(dw), free(want), free(dws), free(want_s);
 }
 
 /* ---- rotary embedding ---- */

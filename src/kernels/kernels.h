@@ -129,12 +129,16 @@ typedef struct fsdp_kernels_i {
     /* ---- the Llama layers (docs/models.md). A table may leave them NULL: the layers then
      * refuse tensors of its device. ---- */
 
-    /* out (n, C) = the rows weight[tokens[i]] of weight (V, C); tokens (n) in [0, V) */
+    /* weight (rows, C) holds the vocabulary rows [start, start + rows) (the whole table: start
+     * 0, rows V; a vocabulary shard of tensor parallelism: its range). out (n, C) row i =
+     * weight[tokens[i] - start] when tokens[i] is in the range, zeros otherwise; tokens (n) in
+     * [0, V). */
     void (*embedding_forward)(float *out, const int32_t *tokens, const float *weight, int64_t n,
-                              int64_t C);
-    /* dweight (V, C) += dout (n, C) row i added to row tokens[i], in order of i */
+                              int64_t C, int64_t start, int64_t rows);
+    /* dweight (rows, C) += dout (n, C) row i added to row tokens[i] - start for the tokens in
+     * the range (the others add nothing), in order of i */
     void (*embedding_backward)(float *dweight, const float *dout, const int32_t *tokens, int64_t n,
-                               int64_t C);
+                               int64_t C, int64_t start, int64_t rows);
     /* Rotary position embedding in Hugging Face Llama's rotate_half layout over x (B, T, H, D),
      * D even, h = D / 2: with c = cos[t, i], s = sin[t, i] (cos, sin (T, h)), for i < h
      *   out[i] = x[i] c - x[i + h] s;  out[i + h] = x[i + h] c + x[i] s.

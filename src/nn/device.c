@@ -1,6 +1,7 @@
 /* device.c: fsdp_module_to, moving a module tree's parameters, gradients and buffers to
- * another device before the model is parallelised or given hooks, and the check of the
- * parallel layers that run on CPU tensors only (fsdp_nn_check_on_cpu). */
+ * another device before the model is parallelised or given hooks, the check of the parallel
+ * layers that run on CPU tensors only (fsdp_nn_check_on_cpu) and that of those that take one
+ * device, whichever it is (fsdp_nn_check_one_device). */
 #include "core/error.h"
 #include "core/tensor_impl.h"
 #include "nn/module_impl.h"
@@ -113,4 +114,56 @@ fsdp_status fsdp_nn_check_on_cpu(fsdp_ctx *ctx, fsdp_module *m, const char *who,
                      "fsdp_module_to(ctx, model, FSDP_CPU) before %s",
                      who, c.kind, fqn, fqn[0] ? "." : "", c.name, fsdp_device_to_string(c.device),
                      c.device.index, layer, before);
+}
+
+typedef struct one_check {
+    bool seen;
+    fsdp_device first;
+    cpu_check off; /* the first tensor elsewhere */
+} one_check;
+
+static bool found_elsewhere(one_check *c, const fsdp_module *m, const char *kind, const char *name,
+                            const fsdp_tensor *t) {
+    if (!t) return false;
+    fsdp_device d = fsdp_tensor_device(t);
+    if (!c->seen) {
+        c->seen = true;
+        c->first = d;
+        return false;
+    }
+    if (d.type == c->first.type && d.index == c->first.index) return false;
+    c->off = (cpu_check){kind, m, name, d};
+    return true;
+}
+
+/* FSDP_ERR_DEVICE (no message: a signal) at the first tensor of m on another device than the
+ * first one seen. */
+static fsdp_status find_second_device(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    (void)ctx;
+    one_check *c = user;
+    for (int i = 0; i < m->n_params; i++) {
+        const fsdp_param *p = m->params[i];
+        if (found_elsewhere(c, m, "parameter", p->name, p->data) ||
+            found_elsewhere(c, m, "gradient of parameter", p->name, p->grad))
+            return FSDP_ERR_DEVICE;
+    }
+    for (int i = 0; i < m->n_buffers; i++)
+        if (found_elsewhere(c, m, "buffer", m->buffers[i].name, m->buffers[i].data))
+            return FSDP_ERR_DEVICE;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_nn_check_one_device(fsdp_ctx *ctx, fsdp_module *m, const char *who,
+                                     const char *before) {
+    one_check c = {0};
+    if (fsdp_module_visit(ctx, m, find_second_device, &c) == FSDP_OK || !c.off.module)
+        return FSDP_OK;
+    const char *fqn = c.off.module->fqn;
+    return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                     "%s: %s '%s%s%s' is on %s:%d while the model's first tensor is on %s:%d; "
+                     "a model runs on one device: move all of it with fsdp_module_to(ctx, model, "
+                     "device) before %s",
+                     who, c.off.kind, fqn, fqn[0] ? "." : "", c.off.name,
+                     fsdp_device_to_string(c.off.device), c.off.device.index,
+                     fsdp_device_to_string(c.first), c.first.index, before);
 }

@@ -56,6 +56,13 @@ fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *w
 fsdp_status fsdp_nn_check_on_cpu(fsdp_ctx *ctx, fsdp_module *m, const char *who, const char *layer,
                                  const char *before);
 
+/* The layers that run on any device (tensor parallelism) take a subtree whose parameters,
+ * gradients and buffers all live on one device: FSDP_ERR_DEVICE naming the first tensor on
+ * another device than the subtree's first, both devices, `who` (the call) and the fix (move
+ * the model with fsdp_module_to before `before`). Nothing is changed. */
+fsdp_status fsdp_nn_check_one_device(fsdp_ctx *ctx, fsdp_module *m, const char *who,
+                                     const char *before);
+
 /* Whether m is a Linear (fsdp_linear_create). */
 bool fsdp_nn_is_linear(const fsdp_module *m);
 /* Whether m is an Embedding (fsdp_embedding_create). */

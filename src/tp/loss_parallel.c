@@ -1,6 +1,8 @@
 /* loss_parallel.c: cross-entropy over logits sharded along the vocabulary (PyTorch's
  * loss_parallel): the row max and the sum of exponentials are all_reduced over the tp mesh,
- * the target's logit comes from the rank whose shard holds it, and the gradient stays local. */
+ * the target's logit comes from the rank whose shard holds it, and the gradient stays local.
+ * Logits on a device are staged through the host (the statistics are host work, as on the
+ * CPU), their gradient copied back. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -104,18 +106,19 @@ fsdp_status fsdp_loss_parallel_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *l
     if (!g)
         return fsdp_loss_cross_entropy_ignore(ctx, logits, targets, ignore_index, loss, dlogits);
     char a[64], b[64];
-    if (fsdp_tensor_dtype(logits) != FSDP_DTYPE_F32 ||
-        fsdp_tensor_device(logits).type != FSDP_DEVICE_CPU)
-        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE, "%s: f32 CPU logits only for now (got %s on %s)",
-                         WHAT, fsdp_dtype_to_string(fsdp_tensor_dtype(logits)),
-                         fsdp_device_to_string(fsdp_tensor_device(logits)));
+    fsdp_device dev = fsdp_tensor_device(logits);
+    if (fsdp_tensor_dtype(logits) != FSDP_DTYPE_F32)
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "%s: f32 logits only (got %s on %s)", WHAT,
+                         fsdp_dtype_to_string(fsdp_tensor_dtype(logits)),
+                         fsdp_device_to_string(dev));
     if (dlogits &&
         (!fsdp_tensor_same_shape(dlogits, logits) || fsdp_tensor_dtype(dlogits) != FSDP_DTYPE_F32 ||
-         fsdp_tensor_device(dlogits).type != FSDP_DEVICE_CPU))
+         fsdp_tensor_device(dlogits).type != dev.type ||
+         fsdp_tensor_device(dlogits).index != dev.index))
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
-                         "%s: dlogits %s must be f32 on the CPU, shaped as the local logits %s",
-                         WHAT, fsdp_tensor_shape_string(dlogits, a, sizeof a),
-                         fsdp_tensor_shape_string(logits, b, sizeof b));
+                         "%s: dlogits %s must be f32 on %s:%d, shaped as the local logits %s", WHAT,
+                         fsdp_tensor_shape_string(dlogits, a, sizeof a), fsdp_device_to_string(dev),
+                         dev.index, fsdp_tensor_shape_string(logits, b, sizeof b));
     int64_t rows = 1;
     for (int d = 0; d < fsdp_tensor_ndim(logits) - 1; d++) rows *= fsdp_tensor_dim(logits, d);
     for (int64_t i = 0; i < rows; i++)
@@ -124,6 +127,21 @@ fsdp_status fsdp_loss_parallel_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *l
                              "%s: target %d of row %lld is neither a class in [0, %lld) nor the "
                              "ignore index %d",
                              WHAT, targets[i], (long long)i, (long long)global, ignore_index);
-    return sharded_loss(ctx, g, fsdp_tensor_f32(logits), targets, ignore_index, rows, start, V,
-                        loss, dlogits ? fsdp_tensor_f32(dlogits) : NULL);
+    if (dev.type == FSDP_DEVICE_CPU)
+        return sharded_loss(ctx, g, fsdp_tensor_f32(logits), targets, ignore_index, rows, start, V,
+                            loss, dlogits ? fsdp_tensor_f32(dlogits) : NULL);
+    /* Device logits: staged through the host, where the statistics are computed exactly as on
+     * the CPU (so the loss and the gradient have the CPU's bits); the gradient goes back. */
+    fsdp_tensor *hx = NULL, *hd = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, fsdp_tensor_ndim(logits),
+                                        fsdp_tensor_shape(logits), &hx);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, hx, logits);
+    if (st == FSDP_OK && dlogits) st = fsdp_tensor_create_like(ctx, hx, &hd);
+    if (st == FSDP_OK)
+        st = sharded_loss(ctx, g, fsdp_tensor_f32(hx), targets, ignore_index, rows, start, V, loss,
+                          hd ? fsdp_tensor_f32(hd) : NULL);
+    if (st == FSDP_OK && hd) st = fsdp_tensor_copy(ctx, dlogits, hd);
+    fsdp_tensor_free(hx);
+    fsdp_tensor_free(hd);
+    return FSDP_PASS(ctx, st);
 }

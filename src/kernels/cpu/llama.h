@@ -8,9 +8,9 @@
 
 /* embedding.c */
 void fsdp_cpu_embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t n,
-                                int64_t C);
+                                int64_t C, int64_t start, int64_t rows);
 void fsdp_cpu_embedding_backward(float *dweight, const float *dout, const int32_t *tokens,
-                                 int64_t n, int64_t C);
+                                 int64_t n, int64_t C, int64_t start, int64_t rows);
 
 /* rope.c */
 void fsdp_cpu_rope_forward(float *out, const float *inp, const float *cos, const float *sin,

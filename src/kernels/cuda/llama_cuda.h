@@ -10,9 +10,9 @@ extern "C" {
 #endif
 
 void fsdp_cuda_embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t n,
-                                 int64_t C);
+                                 int64_t C, int64_t start, int64_t rows);
 void fsdp_cuda_embedding_backward(float *dweight, const float *dout, const int32_t *tokens,
-                                  int64_t n, int64_t C);
+                                  int64_t n, int64_t C, int64_t start, int64_t rows);
 void fsdp_cuda_rope_forward(float *out, const float *inp, const float *cos, const float *sin,
                             int64_t B, int64_t T, int64_t H, int64_t D);
 void fsdp_cuda_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,

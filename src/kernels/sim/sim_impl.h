@@ -123,9 +123,9 @@ void sim_reduce_n(void *out, const void *const *in, int n, int64_t count, fsdp_d
 
 /* The Llama entries (table_llama.c), semantics in kernels/kernels.h. */
 void sim_embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t n,
-                           int64_t C);
+                           int64_t C, int64_t start, int64_t rows);
 void sim_embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int64_t n,
-                            int64_t C);
+                            int64_t C, int64_t start, int64_t rows);
 void sim_rope_forward(float *out, const float *inp, const float *cos, const float *sin, int64_t B,
                       int64_t T, int64_t H, int64_t D);
 void sim_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,

@@ -7,20 +7,25 @@ typedef struct embedding_forward_args {
     float *out;
     const int32_t *tokens;
     const float *weight;
-    int64_t n;
-    int64_t C;
+    int64_t n, C, start, rows;
 } embedding_forward_args;
 
 static void run_embedding_forward(void *arg) {
     embedding_forward_args *a = arg;
-    fsdp_kernels_cpu()->embedding_forward(a->out, a->tokens, a->weight, a->n, a->C);
+    fsdp_kernels_cpu()->embedding_forward(a->out, a->tokens, a->weight, a->n, a->C, a->start,
+                                          a->rows);
 }
 
 void sim_embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t n,
-                           int64_t C) {
+                           int64_t C, int64_t start, int64_t rows) {
     int dev = sim_kernel_device(out, "embedding_forward");
-    embedding_forward_args call = {sim_kernel_ptr(dev, out), sim_kernel_ptr(dev, tokens),
-                                   sim_kernel_ptr(dev, weight), n, C};
+    embedding_forward_args call = {sim_kernel_ptr(dev, out),
+                                   sim_kernel_ptr(dev, tokens),
+                                   sim_kernel_ptr(dev, weight),
+                                   n,
+                                   C,
+                                   start,
+                                   rows};
     sim_kernel_launch(dev, run_embedding_forward, &call, sizeof call);
 }
 
@@ -28,20 +33,25 @@ typedef struct embedding_backward_args {
     float *dweight;
     const float *dout;
     const int32_t *tokens;
-    int64_t n;
-    int64_t C;
+    int64_t n, C, start, rows;
 } embedding_backward_args;
 
 static void run_embedding_backward(void *arg) {
     embedding_backward_args *a = arg;
-    fsdp_kernels_cpu()->embedding_backward(a->dweight, a->dout, a->tokens, a->n, a->C);
+    fsdp_kernels_cpu()->embedding_backward(a->dweight, a->dout, a->tokens, a->n, a->C, a->start,
+                                           a->rows);
 }
 
 void sim_embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int64_t n,
-                            int64_t C) {
+                            int64_t C, int64_t start, int64_t rows) {
     int dev = sim_kernel_device(dweight, "embedding_backward");
-    embedding_backward_args call = {sim_kernel_ptr(dev, dweight), sim_kernel_ptr(dev, dout),
-                                    sim_kernel_ptr(dev, tokens), n, C};
+    embedding_backward_args call = {sim_kernel_ptr(dev, dweight),
+                                    sim_kernel_ptr(dev, dout),
+                                    sim_kernel_ptr(dev, tokens),
+                                    n,
+                                    C,
+                                    start,
+                                    rows};
     sim_kernel_launch(dev, run_embedding_backward, &call, sizeof call);
 }
 
