@@ -9,7 +9,8 @@
  * mesh (2 and 4 ranks) and a 2x2 mesh (test_dtensor's); the eight parallelize_api scenarios of
  * test_tp (Colwise, Rowwise, PrepareModuleInput/Output, plan keys with wildcards); the Llama
  * with its TP plan (vocabulary-sharded embedding, SequenceParallel, loss parallel) at (dp, tp) =
- * (1, 2) and (1, 4), and with lm_head Replicate and the plain loss. Then the refusals (a model on
+ * (1, 2) and (1, 4), with lm_head Replicate and the plain loss, and with replicate (DDP) over dp
+ * at (2, 2). Then the refusals (a model on
  * two devices, an input on another device than the model) and the negative control: with the
  * collectives' wait for the peers' inputs dropped, a device run differs from the CPU's. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -339,6 +340,7 @@ static const fsdp_llama_config CFG = {.dim = 32,
                                       .max_seq_len = 16};
 
 typedef struct llama_case {
+    int dp; /* 0 or 1: TP only; 2: replicate over dp (each dp rank its half of the batch) */
     int tp;
     bool plain_loss; /* lm_head's output Replicate and the ordinary cross-entropy */
 } llama_case;
@@ -352,9 +354,10 @@ static void make_batch(int step, int32_t *tokens, int32_t *targets) {
             targets[b * SEQ + t] = t + 1 < SEQ ? tokens[b * SEQ + t + 1] : FSDP_IGNORE_INDEX;
 }
 
-/* The model on dev with the plan over a (1, tp) mesh's tp dim, STEPS Adam steps on the whole
- * batch (tokens uploaded each step), recording each step's loss and logits and, at the end, the
- * local parameters and gradients and the last step's collectives. */
+/* The model on dev with the plan over a (dp, tp) mesh's tp dim and replicate over dp when dp
+ * is 2, STEPS Adam steps on this dp rank's rows of the batch (tokens uploaded each step), recording
+ * each step's loss and logits and, at the end, the local parameters and gradients and the last
+ * step's collectives. */
 static fsdp_status llama_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const void *arg,
                               record *r) {
     (void)rank;
@@ -364,22 +367,29 @@ static fsdp_status llama_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const vo
     fsdp_optimizer *opt = NULL;
     fsdp_tensor *htok = NULL, *tok = NULL, *dlogits = NULL;
     fsdp_tp_plan_entry plan[FSDP_LLAMA_TP_PLAN_LEN];
-    int n = 0;
+    int n = 0, dp = c->dp > 1 ? c->dp : 1;
     int32_t tokens[BATCH * SEQ], targets[BATCH * SEQ];
+    fsdp_group *dpg = NULL;
     fsdp_status st =
-        fsdp_mesh_create(ctx, 2, (int[]){1, c->tp}, (const char *[]){"dp", "tp"}, &mesh);
+        fsdp_mesh_create(ctx, 2, (int[]){dp, c->tp}, (const char *[]){"dp", "tp"}, &mesh);
     if (st == FSDP_OK) st = fsdp_mesh_dim(ctx, mesh, "tp", &tp);
+    if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "dp", &dpg);
     if (st == FSDP_OK) st = fsdp_model_llama(ctx, &CFG, &m);
     if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, SEED);
     if (st == FSDP_OK) st = fsdp_module_to(ctx, m, dev);
     if (st == FSDP_OK) st = fsdp_llama_tp_plan(ctx, &CFG, c->tp, !c->plain_loss, plan, &n);
     if (st == FSDP_OK) st = fsdp_tp_parallelize(ctx, m, tp, n, plan, NULL);
+    if (st == FSDP_OK && dp > 1)
+        st = fsdp_replicate_apply(
+            ctx, m, &(fsdp_replicate_options){.group = dpg, .src_rank = FSDP_NO_SRC_RANK}, NULL);
     if (st == FSDP_OK) st = fsdp_adam_create(ctx, m, &(fsdp_adam_options){.lr = 1e-2}, &opt);
+    int64_t off, len; /* this dp rank's rows of the batch */
+    fsdp_chunk_range(BATCH, dp, fsdp_mesh_coordinate(mesh, 0), &off, &len);
     if (st == FSDP_OK)
-        st = fsdp_tensor_from_blob(ctx, tokens, FSDP_DTYPE_I32, FSDP_CPU, 2,
-                                   (int64_t[]){BATCH, SEQ}, &htok);
+        st = fsdp_tensor_from_blob(ctx, tokens + off * SEQ, FSDP_DTYPE_I32, FSDP_CPU, 2,
+                                   (int64_t[]){len, SEQ}, &htok);
     if (st == FSDP_OK)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, (int64_t[]){BATCH, SEQ}, &tok);
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, (int64_t[]){len, SEQ}, &tok);
     for (int s = 0; st == FSDP_OK && s < STEPS; s++) {
         make_batch(s, tokens, targets);
         const fsdp_tensor *logits, *unused;
@@ -391,10 +401,11 @@ static fsdp_status llama_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const vo
         if (st == FSDP_OK) st = put_tensor(ctx, r, "logits", logits);
         if (st == FSDP_OK && !dlogits) st = fsdp_tensor_create_like(ctx, logits, &dlogits);
         if (st == FSDP_OK)
-            st = c->plain_loss ? fsdp_loss_cross_entropy_ignore(ctx, logits, targets,
-                                                                FSDP_IGNORE_INDEX, &loss, dlogits)
-                               : fsdp_loss_parallel_cross_entropy(
-                                     ctx, logits, targets, FSDP_IGNORE_INDEX, &loss, dlogits);
+            st = c->plain_loss
+                     ? fsdp_loss_cross_entropy_ignore(ctx, logits, targets + off * SEQ,
+                                                      FSDP_IGNORE_INDEX, &loss, dlogits)
+                     : fsdp_loss_parallel_cross_entropy(ctx, logits, targets + off * SEQ,
+                                                        FSDP_IGNORE_INDEX, &loss, dlogits);
         if (st == FSDP_OK) st = put(ctx, r, "loss", &loss, sizeof loss);
         if (st == FSDP_OK) st = put_tensor(ctx, r, "dlogits", dlogits);
         if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dlogits, &unused);
@@ -402,8 +413,10 @@ static fsdp_status llama_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const vo
         if (st == FSDP_OK && s == STEPS - 1) st = fsdp_comm_debug_end(ctx);
     }
     if (st == FSDP_OK) st = put_comm(ctx, r, "comm-debug");
-    if (st == FSDP_OK && fsdp_comm_debug_count(ctx, FSDP_COMM_ANY, "tp").calls == 0)
-        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "the Llama step made no collective on tp");
+    if (st == FSDP_OK &&
+        (fsdp_comm_debug_count(ctx, FSDP_COMM_ANY, "tp").calls == 0 ||
+         (dp > 1 && fsdp_comm_debug_count(ctx, FSDP_COMM_ALL_REDUCE, "dp").calls == 0)))
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "the Llama step made no collective on tp or dp");
     if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, m, put_param, r);
     fsdp_tensor_free(htok), fsdp_tensor_free(tok), fsdp_tensor_free(dlogits);
     fsdp_optimizer_free(opt);
@@ -423,6 +436,12 @@ static void test_llama_tp2(void) {
 
 static void test_llama_tp4(void) {
     llama_case c = {.tp = 4};
+    FSDP_TEST_OK(fsdp_test_run_world(4, 60000, llama_body, &c));
+}
+
+/* replicate over dp composed with the plan over tp: the (dp, tp) = (2, 2) layout */
+static void test_llama_replicate_2x2(void) {
+    llama_case c = {.dp = 2, .tp = 2};
     FSDP_TEST_OK(fsdp_test_run_world(4, 60000, llama_body, &c));
 }
 
@@ -531,6 +550,7 @@ int main(int argc, char **argv) {
         {"llama_tp2", test_llama_tp2},
         {"llama_tp4", test_llama_tp4},
         {"llama_tp2_plain_loss", test_llama_tp2_plain_loss},
+        {"llama_replicate_2x2", test_llama_replicate_2x2},
         {"refusals", test_refusals},
         {"negative_control", test_negative_control},
     };
