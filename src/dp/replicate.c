@@ -5,7 +5,10 @@
  * final (DDP's order), and the root's post-backward hook waits for them; or, with
  * reduce_after_backward, every bucket after backward. With mixed precision the root's forward
  * and backward run with the parameters rounded to param_dtype (from an f32 master copy) and the
- * buckets are reduced in reduce_dtype. Also the batch split by sample index. */
+ * buckets are reduced in reduce_dtype. All of it runs where the model lives: on a device the
+ * buckets are device memory, the copies and roundings that device's kernels on the compute
+ * stream, and the compute stream waits for each bucket's all_reduce (the host does not). Also
+ * the batch split by sample index. */
 #include <stdlib.h>
 #include <string.h>
 
