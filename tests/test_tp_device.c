@@ -7,12 +7,13 @@
  * the comm-debug records (op, group, module, phase, calls, bytes): the same collectives. The
  * scenarios: DTensor redistribution of every placement pair, forward and backward, on a 1-d
  * mesh (2 and 4 ranks) and a 2x2 mesh (test_dtensor's); the eight parallelize_api scenarios of
- * test_tp (Colwise, Rowwise, PrepareModuleInput/Output, plan keys with wildcards); the Llama
+ * test_tp (Colwise, Rowwise, PrepareModuleInput/Output, plan keys with wildcards), its
+ * SequenceParallel chain (rows sharded) and its DTensor hand-over between styles; the Llama
  * with its TP plan (vocabulary-sharded embedding, SequenceParallel, loss parallel) at (dp, tp) =
  * (1, 2) and (1, 4), with lm_head Replicate and the plain loss, and with replicate (DDP) over dp
- * at (2, 2). Then the refusals (a model on
- * two devices, an input on another device than the model) and the negative control: with the
- * collectives' wait for the peers' inputs dropped, a device run differs from the CPU's. */
+ * at (2, 2). Then the refusals (a model on two devices, an input on another device than the
+ * model) and the negative control: with the collectives' wait for the peers' inputs dropped,
+ * a device run differs from the CPU's. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,7 +147,7 @@ typedef struct style_case {
     const char *name;
     fsdp_status (*build)(fsdp_ctx *ctx, fsdp_module **out);
     int n_plan;
-    fsdp_tp_plan_entry plan[2]; /* n_plan 0: apply `style` to the root */
+    fsdp_tp_plan_entry plan[3]; /* n_plan 0: apply `style` to the root */
     fsdp_tp_style style;
     int64_t inp_rows, inp_cols;
     bool local_input; /* each rank's own input (a shard), else the same on every rank */
@@ -161,6 +162,24 @@ static fsdp_status linear_10_16(fsdp_ctx *ctx, fsdp_module **out) {
 }
 static fsdp_status mlp_stacked_2(fsdp_ctx *ctx, fsdp_module **out) {
     return fsdp_model_mlp_stacked(ctx, 2, out);
+}
+/* Sequential(RMSNorm(10), MLPModule) (test_tp's sequence-parallel chain) */
+static fsdp_status norm_mlp(fsdp_ctx *ctx, fsdp_module **out) {
+    fsdp_module *norm = NULL, *mlp = NULL;
+    FSDP_TRY(fsdp_sequential_create(ctx, out));
+    FSDP_TRY(fsdp_rmsnorm_create(ctx, 10, 1e-6f, &norm));
+    FSDP_TRY(fsdp_sequential_append(ctx, *out, norm));
+    FSDP_TRY(fsdp_model_mlp_module(ctx, &mlp));
+    return fsdp_sequential_append(ctx, *out, mlp);
+}
+/* Sequential(Linear(10, 16), Linear(16, 10)) (test_tp's DTensor hand-over) */
+static fsdp_status two_linears(fsdp_ctx *ctx, fsdp_module **out) {
+    fsdp_module *l1 = NULL, *l2 = NULL;
+    FSDP_TRY(fsdp_sequential_create(ctx, out));
+    FSDP_TRY(fsdp_linear_create(ctx, 10, 16, true, &l1));
+    FSDP_TRY(fsdp_sequential_append(ctx, *out, l1));
+    FSDP_TRY(fsdp_linear_create(ctx, 16, 10, true, &l2));
+    return fsdp_sequential_append(ctx, *out, l2);
 }
 
 static fsdp_status put_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
@@ -235,7 +254,7 @@ static fsdp_status style_body(fsdp_ctx *ctx, int rank, void *user) {
     return cpu_then_device(ctx, rank, style_pass, c, c->name, NULL);
 }
 
-#define N_STYLES 8
+#define N_STYLES 10
 static style_case STYLES[N_STYLES];
 
 /* Fills STYLES (the style macros are compound literals, which a static initialiser cannot
@@ -291,6 +310,26 @@ static void init_styles(void) {
          .plan = {{"layers.*.net[1]", FSDP_COLWISE()}, {"layers.*.net[2]", FSDP_ROWWISE()}},
          .inp_rows = 12,
          .inp_cols = 10},
+        /* each rank's 4 rows: the norm under SequenceParallel(Shard(0)), net1 Colwise from
+         * Shard(0), net2 Rowwise back to Shard(0) */
+        {.name = "sequence_parallel",
+         .build = norm_mlp,
+         .n_plan = 3,
+         .plan = {{"0", FSDP_SEQUENCE_PARALLEL(.input_layouts = FSDP_SHARD(0),
+                                               .use_local_output = FSDP_TP_YES)},
+                  {"1.net1", FSDP_COLWISE(.input_layouts = FSDP_SHARD(0))},
+                  {"1.net2", FSDP_ROWWISE(.output_layouts = FSDP_SHARD(0))}},
+         .inp_rows = 4,
+         .inp_cols = 10,
+         .local_input = true},
+        /* net1 hands net2 a DTensor (Shard(-1)); net2's input_layouts are ignored */
+        {.name = "dtensor_handover",
+         .build = two_linears,
+         .n_plan = 2,
+         .plan = {{"0", FSDP_COLWISE(.use_local_output = FSDP_TP_NO)},
+                  {"1", FSDP_ROWWISE(.input_layouts = FSDP_REPLICATE)}},
+         .inp_rows = 8,
+         .inp_cols = 10},
     };
     memcpy(STYLES, s, sizeof s);
 }
@@ -323,6 +362,12 @@ static void test_parallelize_module_with_digit(void) {
 }
 static void test_parallelize_module_multi_wildcard(void) {
     run_style(7);
+}
+static void test_sequence_parallel(void) {
+    run_style(8);
+}
+static void test_dtensor_handover(void) {
+    run_style(9);
 }
 
 /* ---- the Llama with its TP plan ---- */
@@ -547,6 +592,8 @@ int main(int argc, char **argv) {
         {"parallelize_module_with_question", test_parallelize_module_with_question},
         {"parallelize_module_with_digit", test_parallelize_module_with_digit},
         {"parallelize_module_multi_wildcard", test_parallelize_module_multi_wildcard},
+        {"sequence_parallel", test_sequence_parallel},
+        {"dtensor_handover", test_dtensor_handover},
         {"llama_tp2", test_llama_tp2},
         {"llama_tp4", test_llama_tp4},
         {"llama_tp2_plain_loss", test_llama_tp2_plain_loss},
