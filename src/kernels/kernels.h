@@ -176,6 +176,25 @@ typedef struct fsdp_kernels_i {
     void (*cross_entropy_ignore)(float *loss, float *dlogits, const float *logits,
                                  const int32_t *targets, int32_t ignore_index, int64_t rows,
                                  int64_t classes);
+
+    /* Cross-entropy over logits (rows, V) that hold the classes [start, start + V) of a
+     * vocabulary sharded over ranks (loss parallel, src/tp/loss_parallel.c), in three steps
+     * with collectives between; targets (rows) are this device's memory, each ignore_index or
+     * a class of the whole vocabulary. Sums run in double per row, in class order.
+     * mx (rows) = each row's largest logit (-inf when V is 0). */
+    void (*vocab_row_max)(float *mx, const float *logits, int64_t rows, int64_t V);
+    /* With mx the rows' maxima over every shard: se (rows) = sum over c of exp(x[c] - mx), in
+     * double rounded once; xt (rows) = x[target - start] when the target's class is here, else
+     * 0; both 0 on ignored rows. */
+    void (*vocab_exp_sums)(float *se, float *xt, const float *logits, const float *mx,
+                           const int32_t *targets, int32_t ignore_index, int64_t start,
+                           int64_t rows, int64_t V);
+    /* With se summed over every shard and lse = mx + log(se) in double: dlogits (rows, V) =
+     * exp(x - lse) / n, minus 1 / n at the target's class when it is here, each rounded once;
+     * 0 on ignored rows. n: the rows not ignored over the whole batch. */
+    void (*vocab_ce_grad)(float *dlogits, const float *logits, const float *mx, const float *se,
+                          const int32_t *targets, int32_t ignore_index, int64_t start, int64_t rows,
+                          int64_t V, int64_t n);
 } fsdp_kernels_i;
 
 /* The table for a device, or NULL when this build has none for it. */

@@ -37,4 +37,13 @@ void fsdp_cpu_cross_entropy_ignore(float *loss, float *dlogits, const float *log
                                    const int32_t *targets, int32_t ignore_index, int64_t rows,
                                    int64_t classes);
 
+/* vocab_loss.c */
+void fsdp_cpu_vocab_row_max(float *mx, const float *logits, int64_t rows, int64_t V);
+void fsdp_cpu_vocab_exp_sums(float *se, float *xt, const float *logits, const float *mx,
+                             const int32_t *targets, int32_t ignore_index, int64_t start,
+                             int64_t rows, int64_t V);
+void fsdp_cpu_vocab_ce_grad(float *dlogits, const float *logits, const float *mx, const float *se,
+                            const int32_t *targets, int32_t ignore_index, int64_t start,
+                            int64_t rows, int64_t V, int64_t n);
+
 #endif

@@ -271,3 +271,68 @@ void sim_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
                                       classes};
     sim_kernel_call(dev, run_cross_entropy_ignore, &call, sizeof call);
 }
+
+typedef struct vocab_args {
+    float *a, *b;           /* mx; se, xt; dlogits */
+    const float *x, *m, *s; /* logits, mx, se */
+    const int32_t *targets;
+    int32_t ignore_index;
+    int64_t start, rows, V, n;
+} vocab_args;
+
+static void run_vocab_row_max(void *arg) {
+    vocab_args *a = arg;
+    fsdp_kernels_cpu()->vocab_row_max(a->a, a->x, a->rows, a->V);
+}
+
+void sim_vocab_row_max(float *mx, const float *logits, int64_t rows, int64_t V) {
+    int dev = sim_kernel_device(mx, "vocab_row_max");
+    vocab_args call = {
+        .a = sim_kernel_ptr(dev, mx), .x = sim_kernel_ptr(dev, logits), .rows = rows, .V = V};
+    sim_kernel_launch(dev, run_vocab_row_max, &call, sizeof call);
+}
+
+static void run_vocab_exp_sums(void *arg) {
+    vocab_args *a = arg;
+    fsdp_kernels_cpu()->vocab_exp_sums(a->a, a->b, a->x, a->m, a->targets, a->ignore_index,
+                                       a->start, a->rows, a->V);
+}
+
+void sim_vocab_exp_sums(float *se, float *xt, const float *logits, const float *mx,
+                        const int32_t *targets, int32_t ignore_index, int64_t start, int64_t rows,
+                        int64_t V) {
+    int dev = sim_kernel_device(se, "vocab_exp_sums");
+    vocab_args call = {.a = sim_kernel_ptr(dev, se),
+                       .b = sim_kernel_ptr(dev, xt),
+                       .x = sim_kernel_ptr(dev, logits),
+                       .m = sim_kernel_ptr(dev, mx),
+                       .targets = sim_kernel_ptr(dev, targets),
+                       .ignore_index = ignore_index,
+                       .start = start,
+                       .rows = rows,
+                       .V = V};
+    sim_kernel_launch(dev, run_vocab_exp_sums, &call, sizeof call);
+}
+
+static void run_vocab_ce_grad(void *arg) {
+    vocab_args *a = arg;
+    fsdp_kernels_cpu()->vocab_ce_grad(a->a, a->x, a->m, a->s, a->targets, a->ignore_index, a->start,
+                                      a->rows, a->V, a->n);
+}
+
+void sim_vocab_ce_grad(float *dlogits, const float *logits, const float *mx, const float *se,
+                       const int32_t *targets, int32_t ignore_index, int64_t start, int64_t rows,
+                       int64_t V, int64_t n) {
+    int dev = sim_kernel_device(dlogits, "vocab_ce_grad");
+    vocab_args call = {.a = sim_kernel_ptr(dev, dlogits),
+                       .x = sim_kernel_ptr(dev, logits),
+                       .m = sim_kernel_ptr(dev, mx),
+                       .s = sim_kernel_ptr(dev, se),
+                       .targets = sim_kernel_ptr(dev, targets),
+                       .ignore_index = ignore_index,
+                       .start = start,
+                       .rows = rows,
+                       .V = V,
+                       .n = n};
+    sim_kernel_launch(dev, run_vocab_ce_grad, &call, sizeof call);
+}
