@@ -5,7 +5,9 @@
  * the comm-debug records (op, group, module, phase, calls, bytes) bitwise equal to the CPU
  * run's. The scenarios: SGD with several buckets reduced during backward (the non-blocking
  * all_reduce started from the post-backward hooks on the communication stream, the compute
- * stream made to wait), one bucket, Adam, reduction after backward, the bf16 compressing hook,
+ * stream made to wait; the order pinned: when net1's backward begins, the buckets of net2's
+ * gradients have been issued, after backward none), one bucket, Adam, reduction after backward,
+ * the bf16 compressing hook,
  * mixed precision (bf16 parameters, bf16 reduction), and replicate over dp with TP over tp on a
  * 2x2 mesh. Then the refusal of the initial broadcast on a device, and the negative control:
  * with the collectives' wait for the peers' inputs dropped, the device run differs. */
@@ -40,7 +42,21 @@ typedef struct rep_case {
     fsdp_comm_hook_kind hook;
     fsdp_dtype param_dtype, reduce_dtype; /* 0: f32 */
     int want_buckets;
+    int want_started; /* dp all_reduces issued when net1's backward begins (dp > 1) */
 } rep_case;
+
+/* How many all_reduces on dp this step's backward had issued when net1's began. */
+typedef struct started_probe {
+    int64_t base, started;
+} started_probe;
+
+static fsdp_status count_started(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                 const fsdp_tensor **io, void *user) {
+    (void)m, (void)point, (void)io;
+    started_probe *p = user;
+    p->started = fsdp_comm_debug_count(ctx, FSDP_COMM_ALL_REDUCE, "dp").calls - p->base;
+    return FSDP_OK;
+}
 
 static fsdp_status put_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     record *r = user;
@@ -86,6 +102,10 @@ static fsdp_status rep_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const void
     if (st == FSDP_OK && fsdp_replicate_num_buckets(rep) != c->want_buckets)
         st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s: %d buckets, want %d", c->name,
                        fsdp_replicate_num_buckets(rep), c->want_buckets);
+    started_probe probe = {0, -1};
+    if (st == FSDP_OK)
+        st = fsdp_module_add_hook(ctx, fsdp_module_find(m, "net1"), FSDP_HOOK_PRE_BACKWARD,
+                                  count_started, &probe, NULL, NULL);
     if (st == FSDP_OK)
         st = c->adam
                  ? fsdp_adam_create(ctx, m, &(fsdp_adam_options){.lr = 0.01}, &opt)
@@ -103,7 +123,17 @@ static fsdp_status rep_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const void
         if (st == FSDP_OK) st = put_tensor(ctx, r, "output", y);
         if (st == FSDP_OK && !dout) st = fsdp_tensor_create_like(ctx, y, &dout);
         if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, dout, 1.0f / (float)dp);
+        probe.base = fsdp_comm_debug_count(ctx, FSDP_COMM_ALL_REDUCE, "dp").calls;
+        probe.started = -1;
         if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dout, NULL);
+        /* the buckets whose gradients were final before net1's backward were issued by then
+         * (on a device: enqueued on the communication stream before net1's kernels) */
+        int64_t want_started = dp > 1 ? c->want_started : 0;
+        if (st == FSDP_OK && probe.started != want_started)
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL,
+                           "%s step %d: %lld all_reduces on dp issued when net1's backward began, "
+                           "want %lld",
+                           c->name, s, (long long)probe.started, (long long)want_started);
         if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, m, put_param, r);
         if (st == FSDP_OK) st = fsdp_optimizer_step(ctx, opt);
         fsdp_tensor_free(h), fsdp_tensor_free(x);
@@ -143,7 +173,10 @@ static void run_case(const rep_case *c, int w0, int w1) {
 /* bucket_bytes 1: SimpleMLP's 4 gradients in 4 buckets, each started when its module's backward
  * ends (1024: net2's two, then net1's two). */
 static void test_sgd_buckets_during_backward(void) {
-    rep_case c = {.name = "sgd, 4 buckets during backward", .bucket_bytes = 1, .want_buckets = 4};
+    rep_case c = {.name = "sgd, 4 buckets during backward",
+                  .bucket_bytes = 1,
+                  .want_buckets = 4,
+                  .want_started = 2};
     run_case(&c, 2, 4);
 }
 
@@ -153,7 +186,11 @@ static void test_sgd_one_bucket(void) {
 }
 
 static void test_adam(void) {
-    rep_case c = {.name = "adam, 2 buckets", .adam = true, .bucket_bytes = 1024, .want_buckets = 2};
+    rep_case c = {.name = "adam, 2 buckets",
+                  .adam = true,
+                  .bucket_bytes = 1024,
+                  .want_buckets = 2,
+                  .want_started = 1};
     run_case(&c, 2, 4);
 }
 
@@ -169,7 +206,8 @@ static void test_bf16_hook(void) {
     rep_case c = {.name = "sgd, bf16 compress hook",
                   .bucket_bytes = 1024,
                   .hook = FSDP_COMM_HOOK_BF16,
-                  .want_buckets = 2};
+                  .want_buckets = 2,
+                  .want_started = 1}; /* a compressing hook reduces a bucket whole when ready */
     run_case(&c, 2, 4);
 }
 
@@ -178,13 +216,18 @@ static void test_mixed_precision(void) {
                   .adam = true,
                   .bucket_bytes = 1,
                   .want_buckets = 4,
+                  .want_started = 2,
                   .param_dtype = FSDP_DTYPE_BF16,
                   .reduce_dtype = FSDP_DTYPE_BF16};
     run_case(&c, 2, 4);
 }
 
 static void test_tp_2x2(void) {
-    rep_case c = {.name = "2x2 dp + tp, sgd", .tp = 2, .bucket_bytes = 1, .want_buckets = 4};
+    rep_case c = {.name = "2x2 dp + tp, sgd",
+                  .tp = 2,
+                  .bucket_bytes = 1,
+                  .want_buckets = 4,
+                  .want_started = 2};
     run_case(&c, 4, 4);
 }
 
@@ -215,7 +258,8 @@ static void test_refusal(void) {
     FSDP_TEST_OK(fsdp_test_run_world(2, 20000, refusal_body, NULL));
 }
 
-static const rep_case CONTROL = {.name = "control", .bucket_bytes = 1, .want_buckets = 4};
+static const rep_case CONTROL = {
+    .name = "control", .bucket_bytes = 1, .want_buckets = 4, .want_started = 2};
 
 static fsdp_status control_body(fsdp_ctx *ctx, int rank, void *user) {
     return cpu_then_device(ctx, rank, rep_pass, &CONTROL, "control", (bool *)user + rank);
