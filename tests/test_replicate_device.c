@@ -231,6 +231,46 @@ static void test_tp_2x2(void) {
     run_case(&c, 4, 4);
 }
 
+/* fsdp_batch_slice of a (4, 7, 5) batch (f32 and bf16) along every dim, on the CPU and on the
+ * device (copies on the device, never through the host); an *out on another device refused. */
+static fsdp_status slice_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const void *arg,
+                              record *r) {
+    (void)rank, (void)arg;
+    int64_t shape[3] = {4, 7, 5};
+    fsdp_tensor *h = NULL, *hb = NULL, *g = NULL, *gb = NULL, *out = NULL, *outb = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, shape, &h);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 3, shape, &hb);
+    if (st == FSDP_OK) {
+        for (int i = 0; i < 140; i++) fsdp_tensor_f32(h)[i] = (float)i * 0.37f - 9.0f;
+        st = fsdp_tensor_copy(ctx, hb, h);
+    }
+    if (st == FSDP_OK) st = to_dev(ctx, h, dev, &g);
+    if (st == FSDP_OK) st = to_dev(ctx, hb, dev, &gb);
+    for (int dim = -1; st == FSDP_OK && dim < 3; dim++) {
+        st = fsdp_batch_slice(ctx, g, dim, NULL, &out);
+        if (st == FSDP_OK) st = fsdp_batch_slice(ctx, gb, dim, NULL, &outb);
+        if (st == FSDP_OK) st = put_tensor(ctx, r, "f32 slice", out);
+        if (st == FSDP_OK) st = put_tensor(ctx, r, "bf16 slice", outb);
+    }
+    if (st == FSDP_OK && dev.type != FSDP_DEVICE_CPU) {
+        fsdp_status bad = fsdp_batch_slice(ctx, h, 0, NULL, &out); /* out is on dev */
+        FSDP_RANK_CHECK(ctx, bad == FSDP_ERR_DEVICE && strstr(fsdp_last_error(ctx), "*out is on"),
+                        "an *out on another device: %s", fsdp_last_error(ctx));
+    }
+    fsdp_tensor_free(h), fsdp_tensor_free(hb), fsdp_tensor_free(g), fsdp_tensor_free(gb);
+    fsdp_tensor_free(out), fsdp_tensor_free(outb);
+    return st;
+}
+
+static fsdp_status slice_body(fsdp_ctx *ctx, int rank, void *user) {
+    return cpu_then_device(ctx, rank, slice_pass, user, "batch slice", NULL);
+}
+
+static void test_batch_slice(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(3, 20000, slice_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 20000, slice_body, NULL));
+}
+
 /* The initial broadcast (src_rank set, the default 0) on a device model is refused naming the
  * option and the fix; with FSDP_NO_SRC_RANK it is taken. */
 static fsdp_status refusal_body(fsdp_ctx *ctx, int rank, void *user) {
@@ -297,6 +337,7 @@ int main(int argc, char **argv) {
         {"bf16_hook", test_bf16_hook},
         {"mixed_precision", test_mixed_precision},
         {"tp_2x2", test_tp_2x2},
+        {"batch_slice", test_batch_slice},
         {"refusal", test_refusal},
         {"negative_control", test_negative_control},
     };

@@ -10,10 +10,10 @@
  * stream, and the compute stream waits for each bucket's all_reduce (the host does not). Also
  * the batch split by sample index. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "comm/comm_device.h" // defines: fsdp_comm_work_wait_stream
 #include "core/ctx_impl.h"    // defines: fsdp_ctx_scope_push, fsdp_ctx_scope_pop
+#include "core/device.h"      // defines: fsdp_device_for
 #include "core/error.h"
 #include "core/stream.h" // defines: fsdp_stream_current
 #include "core/tensor_impl.h"
@@ -630,14 +630,19 @@ fsdp_status fsdp_batch_slice(fsdp_ctx *ctx, const fsdp_tensor *global, int batch
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_batch_slice: batch dim %d is outside a %d-d tensor", batch_dim,
                          ndim);
-    if (fsdp_tensor_device(global).type != FSDP_DEVICE_CPU)
-        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "fsdp_batch_slice: the batch must be on the CPU");
+    fsdp_device dev = fsdp_tensor_device(global);
     if (*out && fsdp_tensor_dtype(*out) != fsdp_tensor_dtype(global))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_batch_slice: *out is %s but the batch is %s",
                          fsdp_dtype_to_string(fsdp_tensor_dtype(*out)),
                          fsdp_dtype_to_string(fsdp_tensor_dtype(global)));
+    if (*out &&
+        (fsdp_tensor_device(*out).type != dev.type || fsdp_tensor_device(*out).index != dev.index))
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "fsdp_batch_slice: *out is on %s:%d but the batch on %s:%d; pass an "
+                         "*out on the batch's device (or NULL)",
+                         fsdp_device_to_string(fsdp_tensor_device(*out)),
+                         fsdp_tensor_device(*out).index, fsdp_device_to_string(dev), dev.index);
     const int64_t *gshape = fsdp_tensor_shape(global);
     int64_t off, len, shape[FSDP_MAX_DIMS], outer = 1, inner = 1;
     fsdp_batch_range(ctx, group, gshape[d], &off, &len);
@@ -649,14 +654,14 @@ fsdp_status fsdp_batch_slice(fsdp_ctx *ctx, const fsdp_tensor *global, int batch
     if (*out)
         FSDP_TRY_AT(ctx, fsdp_tensor_resize(ctx, *out, ndim, shape));
     else
-        FSDP_TRY_AT(ctx,
-                    fsdp_tensor_create(ctx, fsdp_tensor_dtype(global), FSDP_CPU, ndim, shape, out));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, fsdp_tensor_dtype(global), dev, ndim, shape, out));
     size_t es = fsdp_dtype_size(fsdp_tensor_dtype(global));
-    const char *src = fsdp_tensor_data(global);
-    char *dst = fsdp_tensor_data(*out);
     size_t row = (size_t)(len * inner) * es;
-    for (int64_t o = 0; o < outer && row > 0; o++)
-        memcpy(dst + (size_t)o * row, src + ((size_t)(o * gshape[d] + off) * (size_t)inner) * es,
-               row);
-    return FSDP_OK;
+    if (row == 0 || outer == 0) return FSDP_OK;
+    /* outer runs of `row` bytes, through the device's record (never a host copy of device
+     * memory) */
+    const char *src = fsdp_tensor_data(global);
+    return fsdp_device_for(dev.type)->copy_2d(
+        ctx, fsdp_tensor_data(*out), dev, row, src + (size_t)off * (size_t)inner * es, dev,
+        (size_t)gshape[d] * (size_t)inner * es, row, (size_t)outer);
 }
