@@ -422,9 +422,10 @@ static void test_free_model_first(void) {
 
 /* ---- a model on a device ---- */
 
-/* The refusals of a model (or one gradient of it) on sim:0: each names the tensor, its device and
- * the fix, on every rank. */
-static fsdp_status refuse_on_device(fsdp_ctx *ctx, fsdp_module *m, const char *tensor) {
+/* The refusals of a model (whole: all of it, else one gradient of it) on sim:0: each names the
+ * tensor, its device and the fix, on every rank. Replicate takes a model on one device, but not
+ * the initial broadcast there (src_rank 0 by default). */
+static fsdp_status refuse_on_device(fsdp_ctx *ctx, fsdp_module *m, const char *tensor, bool whole) {
     static const char *paths[] = {"layers.1"};
     fsdp_sharded *sh = NULL;
     fsdp_replicate *r = NULL;
@@ -440,9 +441,13 @@ static fsdp_status refuse_on_device(fsdp_ctx *ctx, fsdp_module *m, const char *t
                                                              .sync_module_states = true},
                                  &sh),
                 FSDP_ERR_DEVICE, "fsdp_fully_shard", tensor, "sim:0");
-    EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_DEVICE,
-                "fsdp_replicate_apply", tensor, "is on sim:0",
-                "replicate does not take device tensors yet", move, "before replicating it");
+    if (whole)
+        EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_UNSUPPORTED,
+                    "replicate: the model is on sim:0", "initial broadcast", "FSDP_NO_SRC_RANK");
+    else
+        EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_DEVICE,
+                    "fsdp_replicate_apply", tensor, "is on sim:0", "a model runs on one device",
+                    "fsdp_module_to", "before replicating it");
     FSDP_RANK_CHECK(ctx, sh == NULL && r == NULL, "a refused wrap handed out a state");
     return FSDP_OK;
 }
@@ -456,7 +461,7 @@ static fsdp_status device_model_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = fwd_bwd(ctx, m, rank, 2); /* gradients that are not zero */
     if (st == FSDP_OK) st = snapshot_take(ctx, m, &s);
     if (st == FSDP_OK) st = fsdp_module_to(ctx, m, SIM0);
-    if (st == FSDP_OK) st = refuse_on_device(ctx, m, "parameter 'layers.0.net1.weight'");
+    if (st == FSDP_OK) st = refuse_on_device(ctx, m, "parameter 'layers.0.net1.weight'", true);
     /* No hook was added (fsdp_module_to refuses a tree with hooks) and no value changed. */
     if (st == FSDP_OK) st = fsdp_module_to(ctx, m, FSDP_CPU);
     if (st == FSDP_OK) st = snapshot_check(ctx, m, &s, "after the refusals on sim:0");
@@ -464,7 +469,7 @@ static fsdp_status device_model_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_tensor *g = fsdp_param_grad(fsdp_module_get_param(m, "layers.2.net2.weight"));
     if (st == FSDP_OK) st = fsdp_tensor_move(ctx, g, SIM0);
     if (st == FSDP_OK)
-        st = refuse_on_device(ctx, m, "gradient of parameter 'layers.2.net2.weight'");
+        st = refuse_on_device(ctx, m, "gradient of parameter 'layers.2.net2.weight'", false);
     if (st == FSDP_OK) st = fsdp_tensor_move(ctx, g, FSDP_CPU);
     if (st == FSDP_OK) st = snapshot_check(ctx, m, &s, "after the refusals of a device gradient");
     /* Back on the CPU, it wraps and trains. */

@@ -516,14 +516,6 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
     }
     if (!r->after_backward) FSDP_TRY_AT(ctx, prepare_during(ctx, r));
     if (o->src_rank == FSDP_NO_SRC_RANK || r->world == 1) return FSDP_OK;
-    if (r->dev.type != FSDP_DEVICE_CPU)
-        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "replicate: the model is on %s:%d, and the initial broadcast of its "
-                         "parameters and buffers (src_rank %d) runs on CPU tensors only in this "
-                         "version; set fsdp_replicate_options.src_rank = FSDP_NO_SRC_RANK (the "
-                         "parameters start alike on every rank when initialised from the same "
-                         "seed) or broadcast them before replicating",
-                         fsdp_device_to_string(r->dev), r->dev.index, o->src_rank);
     /* DDP's initial sync: buckets formed as the gradient buckets are. */
     fsdp_dp_sync_options so = {.bucket_bytes = cap,
                                .close_at_least = true,
@@ -531,6 +523,30 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
                                .who = "replicate",
                                .f32_only = true};
     return fsdp_dp_sync_states(ctx, root, r->group, &so);
+}
+
+/* The device of the model's first parameter (the CPU when it has none). */
+static fsdp_status first_device(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)ctx, (void)name;
+    *(fsdp_device *)user = fsdp_tensor_device(fsdp_param_data(p));
+    return FSDP_ERR_STATE; /* a signal that stops the walk, no message */
+}
+
+/* The initial broadcast (state_sync.c) takes CPU tensors only: on a device model it is refused
+ * before anything changes. */
+static fsdp_status check_sync_device(fsdp_ctx *ctx, fsdp_module *root,
+                                     const fsdp_replicate_options *o, int world) {
+    fsdp_device dev = FSDP_CPU;
+    (void)fsdp_module_visit_params(ctx, root, first_device, &dev);
+    if (dev.type == FSDP_DEVICE_CPU || o->src_rank == FSDP_NO_SRC_RANK || world == 1)
+        return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                     "replicate: the model is on %s:%d, and the initial broadcast of its "
+                     "parameters and buffers (src_rank %d) runs on CPU tensors only in this "
+                     "version; set fsdp_replicate_options.src_rank = FSDP_NO_SRC_RANK (the "
+                     "parameters start alike on every rank when initialised from the same seed) "
+                     "or broadcast them before replicating",
+                     fsdp_device_to_string(dev), dev.index, o->src_rank);
 }
 
 fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
@@ -563,6 +579,7 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                          "replicate: src_rank %d is not a rank of group '%s' (size %d); use "
                          "0..%d or FSDP_NO_SRC_RANK",
                          o.src_rank, fsdp_group_label(group), world, world - 1);
+    FSDP_TRY_AT(ctx, check_sync_device(ctx, root, &o, world));
     FSDP_TRY_AT(ctx, fsdp_dp_check_hook(ctx, &o.comm_hook, "fsdp_replicate_apply"));
     FSDP_TRY_AT(ctx, fsdp_dp_check_mixed_precision(ctx, &o.mixed_precision, &o.comm_hook,
                                                    "fsdp_replicate_apply"));
