@@ -525,19 +525,10 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
     return fsdp_dp_sync_states(ctx, root, r->group, &so);
 }
 
-/* The device of the model's first parameter (the CPU when it has none). */
-static fsdp_status first_device(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
-    (void)ctx, (void)name;
-    *(fsdp_device *)user = fsdp_tensor_device(fsdp_param_data(p));
-    return FSDP_ERR_STATE; /* a signal that stops the walk, no message */
-}
-
 /* The initial broadcast (state_sync.c) takes CPU tensors only: on a device model it is refused
  * before anything changes. */
-static fsdp_status check_sync_device(fsdp_ctx *ctx, fsdp_module *root,
+static fsdp_status check_sync_device(fsdp_ctx *ctx, fsdp_device dev,
                                      const fsdp_replicate_options *o, int world) {
-    fsdp_device dev = FSDP_CPU;
-    (void)fsdp_module_visit_params(ctx, root, first_device, &dev);
     if (dev.type == FSDP_DEVICE_CPU || o->src_rank == FSDP_NO_SRC_RANK || world == 1)
         return FSDP_OK;
     return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
@@ -560,7 +551,9 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                          "replicate: %s is replicated already; apply it once per model",
                          fsdp_nn_describe(root, desc, sizeof desc));
     }
-    FSDP_TRY_AT(ctx, fsdp_nn_check_one_device(ctx, root, "fsdp_replicate_apply", "replicating it"));
+    fsdp_device dev; /* the model's */
+    FSDP_TRY_AT(ctx, fsdp_nn_check_one_device(ctx, root, "fsdp_replicate_apply", "replicate",
+                                              "replicating it", &dev));
     fsdp_replicate_options o = opts ? *opts : (fsdp_replicate_options){0};
     fsdp_group *group = o.group ? o.group : fsdp_ctx_world_group(ctx);
     if (!group)
@@ -579,7 +572,7 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                          "replicate: src_rank %d is not a rank of group '%s' (size %d); use "
                          "0..%d or FSDP_NO_SRC_RANK",
                          o.src_rank, fsdp_group_label(group), world, world - 1);
-    FSDP_TRY_AT(ctx, check_sync_device(ctx, root, &o, world));
+    FSDP_TRY_AT(ctx, check_sync_device(ctx, dev, &o, world));
     FSDP_TRY_AT(ctx, fsdp_dp_check_hook(ctx, &o.comm_hook, "fsdp_replicate_apply"));
     FSDP_TRY_AT(ctx, fsdp_dp_check_mixed_precision(ctx, &o.mixed_precision, &o.comm_hook,
                                                    "fsdp_replicate_apply"));

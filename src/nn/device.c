@@ -1,7 +1,6 @@
 /* device.c: fsdp_module_to, moving a module tree's parameters, gradients and buffers to
- * another device before the model is parallelised or given hooks, the check of the parallel
- * layers that run on CPU tensors only (fsdp_nn_check_on_cpu) and that of those that take one
- * device, whichever it is (fsdp_nn_check_one_device). */
+ * another device before the model is parallelised or given hooks, and the check of the
+ * parallel layers that run on CPU tensors only (fsdp_nn_check_on_cpu). */
 #include "core/error.h"
 #include "core/tensor_impl.h"
 #include "nn/module_impl.h"
@@ -35,6 +34,10 @@ static fsdp_status check_movable(fsdp_ctx *ctx, fsdp_module *m, void *user) {
 static bool on_device(const fsdp_tensor *t, fsdp_device d) {
     fsdp_device at = fsdp_tensor_device(t);
     return at.type == d.type && at.index == d.index;
+}
+
+static bool same_device(fsdp_device a, fsdp_device b) {
+    return a.type == b.type && a.index == b.index;
 }
 
 /* FSDP_ERR_STATE (no message: a signal) when some tensor of m is not on the device yet. */
@@ -116,54 +119,61 @@ fsdp_status fsdp_nn_check_on_cpu(fsdp_ctx *ctx, fsdp_module *m, const char *who,
                      c.device.index, layer, before);
 }
 
-typedef struct one_check {
-    bool seen;
-    fsdp_device first;
-    cpu_check off; /* the first tensor elsewhere */
-} one_check;
+/* ---- one device for a whole tree ---- */
 
-static bool found_elsewhere(one_check *c, const fsdp_module *m, const char *kind, const char *name,
+typedef struct one_device {
+    bool have;        /* the first tensor was seen */
+    fsdp_device want; /* its device */
+    cpu_check found;  /* the first tensor elsewhere */
+} one_device;
+
+static bool found_elsewhere(one_device *o, const fsdp_module *m, const char *kind, const char *name,
                             const fsdp_tensor *t) {
     if (!t) return false;
     fsdp_device d = fsdp_tensor_device(t);
-    if (!c->seen) {
-        c->seen = true;
-        c->first = d;
+    if (!o->have) {
+        o->have = true;
+        o->want = d;
         return false;
     }
-    if (d.type == c->first.type && d.index == c->first.index) return false;
-    c->off = (cpu_check){kind, m, name, d};
+    if (same_device(d, o->want)) return false;
+    o->found = (cpu_check){kind, m, name, d};
     return true;
 }
 
 /* FSDP_ERR_DEVICE (no message: a signal) at the first tensor of m on another device than the
- * first one seen. */
+ * first tensor seen, described in *user. */
 static fsdp_status find_second_device(fsdp_ctx *ctx, fsdp_module *m, void *user) {
     (void)ctx;
-    one_check *c = user;
+    one_device *o = user;
     for (int i = 0; i < m->n_params; i++) {
         const fsdp_param *p = m->params[i];
-        if (found_elsewhere(c, m, "parameter", p->name, p->data) ||
-            found_elsewhere(c, m, "gradient of parameter", p->name, p->grad))
+        if (found_elsewhere(o, m, "parameter", p->name, p->data) ||
+            found_elsewhere(o, m, "gradient of parameter", p->name, p->grad))
             return FSDP_ERR_DEVICE;
     }
     for (int i = 0; i < m->n_buffers; i++)
-        if (found_elsewhere(c, m, "buffer", m->buffers[i].name, m->buffers[i].data))
+        if (found_elsewhere(o, m, "buffer", m->buffers[i].name, m->buffers[i].data))
             return FSDP_ERR_DEVICE;
     return FSDP_OK;
 }
 
 fsdp_status fsdp_nn_check_one_device(fsdp_ctx *ctx, fsdp_module *m, const char *who,
-                                     const char *before) {
-    one_check c = {0};
-    if (fsdp_module_visit(ctx, m, find_second_device, &c) == FSDP_OK || !c.off.module)
+                                     const char *layer, const char *before, fsdp_device *device) {
+    one_device o = {0};
+    o.want = FSDP_CPU;
+    *device = FSDP_CPU;
+    if (fsdp_module_visit(ctx, m, find_second_device, &o) == FSDP_OK || !o.found.module) {
+        *device = o.want;
         return FSDP_OK;
-    const char *fqn = c.off.module->fqn;
+    }
+    const char *fqn = o.found.module->fqn;
     return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
-                     "%s: %s '%s%s%s' is on %s:%d while the model's first tensor is on %s:%d; "
-                     "a model runs on one device: move all of it with fsdp_module_to(ctx, model, "
-                     "device) before %s",
-                     who, c.off.kind, fqn, fqn[0] ? "." : "", c.off.name,
-                     fsdp_device_to_string(c.off.device), c.off.device.index,
-                     fsdp_device_to_string(c.first), c.first.index, before);
+                     "%s: %s '%s%s%s' is on %s:%d but the model's first tensor is on %s:%d; %s "
+                     "takes a model whose parameters, gradients and buffers are all on one "
+                     "device: move the whole model with fsdp_module_to(ctx, model, device) "
+                     "before %s",
+                     who, o.found.kind, fqn, fqn[0] ? "." : "", o.found.name,
+                     fsdp_device_to_string(o.found.device), o.found.device.index,
+                     fsdp_device_to_string(o.want), o.want.index, layer, before);
 }

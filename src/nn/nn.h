@@ -56,12 +56,12 @@ fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *w
 fsdp_status fsdp_nn_check_on_cpu(fsdp_ctx *ctx, fsdp_module *m, const char *who, const char *layer,
                                  const char *before);
 
-/* The layers that run on any device (tensor parallelism) take a subtree whose parameters,
- * gradients and buffers all live on one device: FSDP_ERR_DEVICE naming the first tensor on
- * another device than the subtree's first, both devices, `who` (the call) and the fix (move
- * the model with fsdp_module_to before `before`). Nothing is changed. */
+/* The one device every parameter, gradient and buffer of m's subtree is on, in *device (the
+ * CPU for a tree without tensors). FSDP_ERR_DEVICE when a tensor is on another device than the
+ * first one met, naming both and the fix (who, layer and before as fsdp_nn_check_on_cpu's).
+ * Nothing is changed. */
 fsdp_status fsdp_nn_check_one_device(fsdp_ctx *ctx, fsdp_module *m, const char *who,
-                                     const char *before);
+                                     const char *layer, const char *before, fsdp_device *device);
 
 /* Whether m is a Linear (fsdp_linear_create). */
 bool fsdp_nn_is_linear(const fsdp_module *m);

@@ -557,7 +557,9 @@ fsdp_status tp_style_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
                          "%s on %s: tensor parallelism takes a 1-d mesh, this one has %d dims; "
                          "pass the tp dim's sub-mesh (fsdp_mesh_dim(ctx, mesh, \"tp\", &tp))",
                          fsdp_tp_style_kind_to_string(style->kind), where, fsdp_mesh_ndim(mesh));
-    FSDP_TRY_AT(ctx, fsdp_nn_check_one_device(ctx, m, "fsdp_tp_apply", "parallelising it"));
+    fsdp_device dev; /* the module's: the style runs there */
+    FSDP_TRY_AT(ctx, fsdp_nn_check_one_device(ctx, m, "fsdp_tp_apply", "tensor parallelism",
+                                              "parallelising it", &dev));
     FSDP_TRY_AT(ctx, tp_style_check(ctx, m, style));
     fsdp_tp_options o = opts ? *opts : (fsdp_tp_options){0};
     style_state *s = calloc(1, sizeof *s);
