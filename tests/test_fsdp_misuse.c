@@ -424,15 +424,15 @@ static void test_free_model_first(void) {
 /* ---- a model on a device ---- */
 
 /* The refusals of a model (or one gradient of it) on sim:0 while the rank's context is on the
- * CPU, on every rank. replicate names the tensor, its device and the fix; FSDP wraps a model
- * on the rank's device: for a whole model on sim:0 it names both devices and the fix
- * (fsdp_ctx_set_device or fsdp_module_to), for a model across two devices the tensor that is
- * elsewhere (`whole` says which). */
+ * CPU, on every rank. FSDP wraps a model on the rank's device: for a whole model on sim:0 it
+ * names both devices and the fix (fsdp_ctx_set_device or fsdp_module_to), for a model across
+ * two devices the tensor that is elsewhere (`whole` says which). Replicate takes a model on one
+ * device, but not the initial broadcast there (src_rank 0 by default), and names the tensor of
+ * a model across two devices. */
 static fsdp_status refuse_on_device(fsdp_ctx *ctx, fsdp_module *m, const char *tensor, bool whole) {
     static const char *paths[] = {"layers.1"};
     fsdp_sharded *sh = NULL;
     fsdp_replicate *r = NULL;
-    const char *move = "fsdp_module_to(ctx, model, FSDP_CPU)";
     if (whole)
         EXPECT_FAIL(ctx, fsdp_fully_shard(ctx, m, NULL, &sh), FSDP_ERR_DEVICE, "fsdp_fully_shard",
                     "the model is on sim:0 but this rank's device is cpu:0", "fsdp_ctx_set_device",
@@ -449,9 +449,13 @@ static fsdp_status refuse_on_device(fsdp_ctx *ctx, fsdp_module *m, const char *t
                              .wrap_paths = paths, .n_wrap_paths = 1, .sync_module_states = true},
                          &sh),
         FSDP_ERR_DEVICE, "fsdp_fully_shard", whole ? "this rank's device" : tensor, "sim:0");
-    EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_DEVICE,
-                "fsdp_replicate_apply", tensor, "is on sim:0",
-                "replicate does not take device tensors yet", move, "before replicating it");
+    if (whole)
+        EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_UNSUPPORTED,
+                    "replicate: the model is on sim:0", "initial broadcast", "FSDP_NO_SRC_RANK");
+    else
+        EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_DEVICE,
+                    "fsdp_replicate_apply", tensor, "is on sim:0", "all on one device",
+                    "fsdp_module_to", "before replicating it");
     FSDP_RANK_CHECK(ctx, sh == NULL && r == NULL, "a refused wrap handed out a state");
     return FSDP_OK;
 }

@@ -69,7 +69,8 @@ static void test_kernels_match_cpu(void) {
     const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = fsdp_kernels_for(dev());
     CU_ASSERT_TRUE_FATAL(g->embedding_forward && g->embedding_backward && g->rope_forward &&
                          g->rope_backward && g->attention_forward && g->attention_backward &&
-                         g->swiglu_forward && g->swiglu_backward && g->cross_entropy_ignore);
+                         g->swiglu_forward && g->swiglu_backward && g->cross_entropy_ignore &&
+                         g->vocab_row_max && g->vocab_exp_sums && g->vocab_ce_grad);
     rng_seed(21);
     enum { B = 2, T = 7, NH = 4, NKV = 2, D = 6, V = 11, C = 5, N = B * T };
     /* embedding */
@@ -80,12 +81,19 @@ static void test_kernels_match_cpu(void) {
     dbuf gt = up(tok, FSDP_DTYPE_I32, N), gw = up(w, FSDP_DTYPE_F32, V * C);
     dbuf ge = up(NULL, FSDP_DTYPE_F32, N * C), gdy = up(dy, FSDP_DTYPE_F32, N * C);
     dbuf gdw = up(dw, FSDP_DTYPE_F32, V * C);
-    c->embedding_forward(e, tok, w, N, C);
-    g->embedding_forward(f(ge), fsdp_tensor_data(gt.t), f(gw), N, C);
+    c->embedding_forward(e, tok, w, N, C, 0, V);
+    g->embedding_forward(f(ge), fsdp_tensor_data(gt.t), f(gw), N, C, 0, V);
     same("embedding forward", ge, e, 0, 0);
-    c->embedding_backward(dw, dy, tok, N, C);
-    g->embedding_backward(f(gdw), f(gdy), fsdp_tensor_data(gt.t), N, C);
+    c->embedding_backward(dw, dy, tok, N, C, 0, V);
+    g->embedding_backward(f(gdw), f(gdy), fsdp_tensor_data(gt.t), N, C, 0, V);
     same("embedding backward", gdw, dw, 0, 0);
+    /* a vocabulary range [3, 7) of the table (tensor parallelism's shard): zeros elsewhere */
+    c->embedding_forward(e, tok, w + 3 * C, N, C, 3, 4);
+    g->embedding_forward(f(ge), fsdp_tensor_data(gt.t), f(gw) + 3 * C, N, C, 3, 4);
+    same("embedding forward of a vocabulary range", ge, e, 0, 0);
+    c->embedding_backward(dw + 3 * C, dy, tok, N, C, 3, 4);
+    g->embedding_backward(f(gdw) + 3 * C, f(gdy), fsdp_tensor_data(gt.t), N, C, 3, 4);
+    same("embedding backward of a vocabulary range", gdw, dw, 0, 0);
     /* rope */
     int64_t nq = B * T * NH * D, nk = B * T * NKV * D;
     float *cs = uniform(2 * T * (D / 2), -1, 1), *x = uniform(nq, -1, 1), *y = uniform(nq, 0, 0);
@@ -142,6 +150,21 @@ static void test_kernels_match_cpu(void) {
            ldev);
     CU_ASSERT_TRUE(fabsf(lc - ldev) <= fsdp_test_device_tol(1e-6) * fabsf(lc));
     same("cross_entropy_ignore dlogits", gdl, dl, 1e-5, 1e-8);
+    /* loss parallel's pieces, the logits read as the classes [3, 3 + V) of a larger vocabulary
+     * (targets below 3 or past 3 + V are another shard's), over 9 counted rows in all: the
+     * maxima and target logits exact, the double sums and the gradient as cross_entropy's */
+    const int32_t *gtgt = fsdp_tensor_data(gtg.t);
+    float *vs = uniform(3 * N, 0, 0), *vd = uniform(N * V, 0, 0);
+    dbuf gvs = up(NULL, FSDP_DTYPE_F32, 3 * N), gvd = up(NULL, FSDP_DTYPE_F32, N * V);
+    c->vocab_row_max(vs, lg, N, V);
+    g->vocab_row_max(f(gvs), f(glg), N, V);
+    c->vocab_exp_sums(vs + N, vs + 2 * N, lg, vs, tg, -100, 3, N, V);
+    g->vocab_exp_sums(f(gvs) + N, f(gvs) + 2 * N, f(glg), f(gvs), gtgt, -100, 3, N, V);
+    c->vocab_ce_grad(vd, lg, vs, vs + N, tg, -100, 3, N, V, 9);
+    g->vocab_ce_grad(f(gvd), f(glg), f(gvs), f(gvs) + N, gtgt, -100, 3, N, V, 9);
+    same("vocab_row_max and vocab_exp_sums", gvs, vs, 1e-6, 0);
+    same("vocab_ce_grad", gvd, vd, 1e-5, 1e-8);
+    fsdp_tensor_free(gvs.t), fsdp_tensor_free(gvd.t), free(vs), free(vd);
     dbuf all[] = {gt, gw, ge,  gdy, gdw, gcs, gx,  gy,  gq,  gk,  gv, go,
                   gl, gs, gdo, gdq, gdk, gdv, gsw, gsg, glg, gdl, gtg};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i].t);

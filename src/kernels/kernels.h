@@ -141,12 +141,16 @@ typedef struct fsdp_kernels_i {
     /* ---- the Llama layers (docs/models.md). A table may leave them NULL: the layers then
      * refuse tensors of its device. ---- */
 
-    /* out (n, C) = the rows weight[tokens[i]] of weight (V, C); tokens (n) in [0, V) */
+    /* weight (rows, C) holds the vocabulary rows [start, start + rows) (the whole table: start
+     * 0, rows V; a vocabulary shard of tensor parallelism: its range). out (n, C) row i =
+     * weight[tokens[i] - start] when tokens[i] is in the range, zeros otherwise; tokens (n) in
+     * [0, V). */
     void (*embedding_forward)(float *out, const int32_t *tokens, const float *weight, int64_t n,
-                              int64_t C);
-    /* dweight (V, C) += dout (n, C) row i added to row tokens[i], in order of i */
+                              int64_t C, int64_t start, int64_t rows);
+    /* dweight (rows, C) += dout (n, C) row i added to row tokens[i] - start for the tokens in
+     * the range (the others add nothing), in order of i */
     void (*embedding_backward)(float *dweight, const float *dout, const int32_t *tokens, int64_t n,
-                               int64_t C);
+                               int64_t C, int64_t start, int64_t rows);
     /* Rotary position embedding in Hugging Face Llama's rotate_half layout over x (B, T, H, D),
      * D even, h = D / 2: with c = cos[t, i], s = sin[t, i] (cos, sin (T, h)), for i < h
      *   out[i] = x[i] c - x[i + h] s;  out[i + h] = x[i + h] c + x[i] s.
@@ -193,6 +197,25 @@ typedef struct fsdp_kernels_i {
     void (*cross_entropy_ignore)(float *loss, float *dlogits, const float *logits,
                                  const int32_t *targets, int32_t ignore_index, int64_t rows,
                                  int64_t classes);
+
+    /* Cross-entropy over logits (rows, V) that hold the classes [start, start + V) of a
+     * vocabulary sharded over ranks (loss parallel, src/tp/loss_parallel.c), in three steps
+     * with collectives between; targets (rows) are this device's memory, each ignore_index or
+     * a class of the whole vocabulary. Sums run in double per row, in class order.
+     * mx (rows) = each row's largest logit (-inf when V is 0). */
+    void (*vocab_row_max)(float *mx, const float *logits, int64_t rows, int64_t V);
+    /* With mx the rows' maxima over every shard: se (rows) = sum over c of exp(x[c] - mx), in
+     * double rounded once; xt (rows) = x[target - start] when the target's class is here, else
+     * 0; both 0 on ignored rows. */
+    void (*vocab_exp_sums)(float *se, float *xt, const float *logits, const float *mx,
+                           const int32_t *targets, int32_t ignore_index, int64_t start,
+                           int64_t rows, int64_t V);
+    /* With se summed over every shard and lse = mx + log(se) in double: dlogits (rows, V) =
+     * exp(x - lse) / n, minus 1 / n at the target's class when it is here, each rounded once;
+     * 0 on ignored rows. n: the rows not ignored over the whole batch. */
+    void (*vocab_ce_grad)(float *dlogits, const float *logits, const float *mx, const float *se,
+                          const int32_t *targets, int32_t ignore_index, int64_t start, int64_t rows,
+                          int64_t V, int64_t n);
 } fsdp_kernels_i;
 
 /* The table for a device, or NULL when this build has none for it. */

@@ -50,6 +50,9 @@ static const fsdp_kernels_i cpu_kernels = {
     .swiglu_forward = fsdp_cpu_swiglu_forward,
     .swiglu_backward = fsdp_cpu_swiglu_backward,
     .cross_entropy_ignore = fsdp_cpu_cross_entropy_ignore,
+    .vocab_row_max = fsdp_cpu_vocab_row_max,
+    .vocab_exp_sums = fsdp_cpu_vocab_exp_sums,
+    .vocab_ce_grad = fsdp_cpu_vocab_ce_grad,
 };
 
 const fsdp_kernels_i *fsdp_kernels_cpu(void) {

@@ -10,31 +10,37 @@
 /* ---- embedding ---- */
 
 __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *weight,
-                                         int64_t n, int64_t C) {
-    for (int64_t e = fsdp_tid(); e < n * C; e += fsdp_stride())
-        out[e] = weight[(int64_t)tokens[e / C] * C + e % C];
+                                         int64_t n, int64_t C, int64_t start, int64_t rows) {
+    for (int64_t e = fsdp_tid(); e < n * C; e += fsdp_stride()) {
+        int64_t r = (int64_t)tokens[e / C] - start;
+        out[e] = r >= 0 && r < rows ? weight[r * C + e % C] : 0.0f;
+    }
 }
 
 extern "C" void fsdp_cuda_embedding_forward(float *out, const int32_t *tokens, const float *weight,
-                                            int64_t n, int64_t C) {
+                                            int64_t n, int64_t C, int64_t start, int64_t rows) {
     if (n <= 0 || C <= 0) return;
     embedding_forward_kernel<<<fsdp_grid(n * C), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        out, tokens, weight, n, C);
+        out, tokens, weight, n, C, start, rows);
     FSDP_CUDA_LAUNCHED("embedding_forward");
 }
 
 /* one thread per column, rows in token order: the CPU's order of additions */
 __global__ void embedding_backward_kernel(float *dweight, const float *dout, const int32_t *tokens,
-                                          int64_t n, int64_t C) {
+                                          int64_t n, int64_t C, int64_t start, int64_t rows) {
     for (int64_t c = fsdp_tid(); c < C; c += fsdp_stride())
-        for (int64_t i = 0; i < n; i++) dweight[(int64_t)tokens[i] * C + c] += dout[i * C + c];
+        for (int64_t i = 0; i < n; i++) {
+            int64_t r = (int64_t)tokens[i] - start;
+            if (r >= 0 && r < rows) dweight[r * C + c] += dout[i * C + c];
+        }
 }
 
 extern "C" void fsdp_cuda_embedding_backward(float *dweight, const float *dout,
-                                             const int32_t *tokens, int64_t n, int64_t C) {
+                                             const int32_t *tokens, int64_t n, int64_t C,
+                                             int64_t start, int64_t rows) {
     if (n <= 0 || C <= 0) return;
     embedding_backward_kernel<<<fsdp_grid(C), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        dweight, dout, tokens, n, C);
+        dweight, dout, tokens, n, C, start, rows);
     FSDP_CUDA_LAUNCHED("embedding_backward");
 }
 

@@ -46,6 +46,9 @@ static const fsdp_kernels_i cuda_kernels = {
     .swiglu_forward = fsdp_cuda_swiglu_forward,
     .swiglu_backward = fsdp_cuda_swiglu_backward,
     .cross_entropy_ignore = fsdp_cuda_cross_entropy_ignore,
+    .vocab_row_max = fsdp_cuda_vocab_row_max,
+    .vocab_exp_sums = fsdp_cuda_vocab_exp_sums,
+    .vocab_ce_grad = fsdp_cuda_vocab_ce_grad,
 };
 
 const fsdp_kernels_i *fsdp_kernels_cuda(void) {

@@ -628,6 +628,9 @@ static const fsdp_kernels_i sim_kernels = {
     .swiglu_forward = sim_swiglu_forward,
     .swiglu_backward = sim_swiglu_backward,
     .cross_entropy_ignore = sim_cross_entropy_ignore,
+    .vocab_row_max = sim_vocab_row_max,
+    .vocab_exp_sums = sim_vocab_exp_sums,
+    .vocab_ce_grad = sim_vocab_ce_grad,
 };
 
 const fsdp_kernels_i *fsdp_kernels_sim(void) {
