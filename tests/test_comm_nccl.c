@@ -29,9 +29,10 @@ int main(int argc, char **argv) {
 #include <math.h>
 #include <stdatomic.h>
 
-#include "comm/nccl_lib.h" // defines: fsdp_nccl_library_use
-#include "comm_cases.h"    // defines: cases, run_case, shapes_of, fill
-#include "core/clock.h"    // defines: fsdp_clock_now
+#include "comm/nccl_lib.h"   // defines: fsdp_nccl_library_use
+#include "comm_cases.h"      // defines: cases, run_case, shapes_of, fill
+#include "core/clock.h"      // defines: fsdp_clock_now
+#include "kernels/kernels.h" // defines: fsdp_kernels_for
 #include "kernels/sim/sim.h"
 #include "nccl_standin/standin.h" // defines: standin_inject_fn, standin_live_fn
 
@@ -44,7 +45,10 @@ static standin_live_fn live_comms;
  * Ranks sharing a device would share its caching allocator, whose cross-stream rule can make
  * one rank's communication stream wait for another's, behind a collective that waits for the
  * first: the deadlock two ranks on one GPU risk. */
+static bool real_nccl; /* FSDP_TEST_NCCL_REAL=1: the real NCCL on CUDA devices */
+static bool one_gpu;   /* every rank on cuda:0 (two ranks on one GPU, NCCL 2.30+) */
 static fsdp_device rank_device(int rank) {
+    if (real_nccl) return (fsdp_device){FSDP_DEVICE_CUDA, one_gpu ? 0 : rank};
     return (fsdp_device){FSDP_DEVICE_SIM, rank};
 }
 
@@ -226,7 +230,7 @@ static void every_collective(int W) {
     for (int r = 0; r < MAX_W; r++)
         for (int k = 0; k < N_CASES; k++) free(ref->want[r][k]);
     free(ref);
-    CU_ASSERT_EQUAL(live_comms(), 0);
+    if (live_comms) CU_ASSERT_EQUAL(live_comms(), 0);
 }
 
 static void test_two_ranks(void) {
@@ -382,7 +386,110 @@ static void test_async_error(void) {
     expect_failure(ASYNC, 2, STANDIN_FAULT_ASYNC_ERROR, FSDP_ERR_COMM, needles);
 }
 
+/* ---- the library: the real one named by its version, a missing one refused ---- */
+
+static void test_library(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_nccl_library_use("/nonexistent/libnccl.so.2", NULL, FSDP_DEVICE_CUDA);
+    fsdp_world_options o = {.backend = FSDP_BACKEND_NCCL, .nranks = 2};
+    fsdp_world *w = NULL;
+    FSDP_TEST_FAILS(fsdp_world_create(ctx, &o, &w), FSDP_ERR_UNSUPPORTED,
+                    "/nonexistent/libnccl.so.2", FSDP_NCCL_LIBRARY_ENV);
+    CU_ASSERT_PTR_NULL(w);
+    /* The library CMake found (this build has the backend, so it found one): opened and named
+     * by its version without a GPU. */
+    fsdp_nccl_library_use(NULL, NULL, FSDP_DEVICE_CUDA);
+    const fsdp_nccl_lib *lib = NULL;
+    FSDP_TEST_OK(fsdp_nccl_library_open(ctx, &lib));
+    if (lib) {
+        printf("\n  default: %s (%s)\n", lib->name, lib->path);
+        CU_ASSERT_EQUAL(strncmp(lib->name, "NCCL 2.", 7), 0);
+        CU_ASSERT_EQUAL(lib->device, FSDP_DEVICE_CUDA);
+    }
+    fsdp_nccl_library_use(FSDP_TEST_NCCL_STANDIN, "stand-in NCCL", FSDP_DEVICE_SIM);
+    FSDP_TEST_OK(fsdp_nccl_library_open(ctx, &lib));
+    if (lib) CU_ASSERT_STRING_EQUAL(lib->name, "stand-in NCCL");
+}
+
+/* ---- the real NCCL on a GPU (scripts/gpu-session.sh: FSDP_TEST_NCCL_REAL=1) ---- */
+
+static bool have_gpu(void) {
+    if (fsdp_device_count(FSDP_DEVICE_CUDA) > 0) return true;
+    fsdp_test_skip("no CUDA device: the real NCCL runs on a GPU");
+    return false;
+}
+
+static void test_real_world1(void) {
+    if (have_gpu()) every_collective(1);
+}
+
+static void test_real_split(void) {
+    mesh_case m11 = {{1, 1}};
+    if (have_gpu()) FSDP_TEST_OK(run_world(FSDP_BACKEND_NCCL, 1, 20000, mesh_body, &m11, NULL));
+}
+
+/* The compute stream busy with GEMMs for far longer than the timeout, then an all_reduce queued
+ * behind them: the poll times out and aborts the communicator. */
+static fsdp_status abort_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const fsdp_device dev = rank_device(rank);
+    const int64_t n = 4096, shape[2] = {n, n}, len = 1024;
+    FSDP_TRY(fsdp_ctx_set_device(ctx, dev));
+    fsdp_tensor *a = NULL, *c = NULL, *t = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, F32, dev, 2, shape, &a);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, F32, dev, 2, shape, &c);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, F32, dev, 1, &len, &t);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, a, 1e-3f);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, t, 1.0f);
+    for (int i = 0; i < 200 && st == FSDP_OK; i++) /* 200 x 137 GFLOP: a second or more */
+        fsdp_kernels_for(dev)->gemm(false, false, n, n, n, 1.0f, fsdp_tensor_f32(a), n,
+                                    fsdp_tensor_f32(a), n, 0.0f, fsdp_tensor_f32(c), n);
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, NULL, t, SUM);
+    fsdp_tensor_free(a), fsdp_tensor_free(c), fsdp_tensor_free(t);
+    return st;
+}
+
+static void test_real_abort(void) {
+    if (!have_gpu()) return;
+    fsdp_status ranks[1];
+    const double t0 = fsdp_clock_now();
+    fsdp_status st = run_world(FSDP_BACKEND_NCCL, 1, 50, abort_body, NULL, ranks);
+    const char *msg = fsdp_last_error(fsdp_test_ctx());
+    printf("\n  (%.2f s) %s\n", fsdp_clock_now() - t0, msg);
+    const char *const needles[] = {"NCCL 2.", "all_reduce", "timed out", "aborted", NULL};
+    CU_ASSERT_EQUAL(st, FSDP_ERR_TIMEOUT);
+    CU_ASSERT_TRUE(fsdp_test_message_has(msg, needles));
+}
+
+/* Two ranks on one GPU: NCCL refuses it before 2.30, and 2.30 allows it experimentally
+ * (NCCL_MULTI_RANK_GPU_ENABLE=1, set by the session). */
+static void test_real_two_ranks_one_gpu(void) {
+    if (!have_gpu()) return;
+    const fsdp_nccl_lib *lib = NULL;
+    FSDP_TEST_OK(fsdp_nccl_library_open(fsdp_test_ctx(), &lib));
+    printf("\n  %s (%s)\n", lib->name, lib->path);
+    if (lib->version < 23000) {
+        fsdp_test_skip("%s refuses two ranks on one GPU (2.30 allows it)", lib->name);
+        return;
+    }
+    one_gpu = true;
+    every_collective(2);
+    one_gpu = false;
+}
+
 int main(int argc, char **argv) {
+    const char *real = getenv("FSDP_TEST_NCCL_REAL");
+    if (real && !strcmp(real, "1")) { /* the library CMake found, on the GPUs */
+        real_nccl = true;
+        static const fsdp_test_case real_tests[] = {
+            {"real_world1", test_real_world1},
+            {"real_split", test_real_split},
+            {"real_abort", test_real_abort},
+            {"real_two_ranks_one_gpu", test_real_two_ranks_one_gpu},
+        };
+        return fsdp_test_run(argc, argv, "comm_nccl_real", real_tests,
+                             sizeof real_tests / sizeof real_tests[0]);
+    }
     setenv("FSDP_SIM_DEVICES", "8", 1); /* before the first use reads them */
     setenv("FSDP_SIM_MEMORY", "256M", 1);
     unsetenv("FSDP_SIM_MODE"); /* deferred */
@@ -406,6 +513,7 @@ int main(int argc, char **argv) {
         {"rank_stops", test_rank_stops},
         {"rank_hangs_in_nccl", test_rank_hangs_in_nccl},
         {"async_error", test_async_error},
+        {"library", test_library},
     };
     return fsdp_test_run(argc, argv, "comm_nccl", tests, sizeof tests / sizeof tests[0]);
 }
