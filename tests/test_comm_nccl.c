@@ -29,7 +29,7 @@ int main(int argc, char **argv) {
 #include <math.h>
 #include <stdatomic.h>
 
-#include "comm/nccl_lib.h"   // defines: fsdp_nccl_library_use
+#include "comm/nccl_impl.h"  // defines: fsdp_nccl_library_use, fsdp_nccl_test_skip_ready_wait
 #include "comm_cases.h"      // defines: cases, run_case, shapes_of, fill
 #include "core/clock.h"      // defines: fsdp_clock_now
 #include "kernels/kernels.h" // defines: fsdp_kernels_for
@@ -37,6 +37,14 @@ int main(int argc, char **argv) {
 #include "nccl_standin/standin.h" // defines: standin_inject_fn, standin_live_fn
 
 #define MAX_W 8
+
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
 
 static standin_inject_fn inject;
 static standin_live_fn live_comms;
@@ -386,6 +394,95 @@ static void test_async_error(void) {
     expect_failure(ASYNC, 2, STANDIN_FAULT_ASYNC_ERROR, FSDP_ERR_COMM, needles);
 }
 
+/* ---- a work that never completes; the negative control of the stream order ---- */
+
+/* The non-blocking all_reduce whose NCCL work hangs on rank 1: fsdp_comm_work_wait polls it
+ * against the deadline too, aborts and names the call. */
+static fsdp_status work_hang_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int64_t n = 9;
+    FSDP_TRY(fsdp_ctx_set_device(ctx, rank_device(rank)));
+    fsdp_tensor *h = NULL, *t = NULL;
+    fsdp_comm_work *work = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &n, &h));
+    fsdp_status st = on(ctx, h, rank_device(rank), &t);
+    if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &work);
+    if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, NULL, t, SUM, work);
+    bool done = false;
+    if (st == FSDP_OK) st = fsdp_comm_work_test(ctx, work, &done);
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, work);
+    fsdp_comm_work_free(work);
+    fsdp_tensor_free(h), fsdp_tensor_free(t);
+    return st;
+}
+
+static void test_work_hangs_in_nccl(void) {
+    fsdp_status ranks[2];
+    inject(2, 1, STANDIN_FAULT_HANG);
+    const double t0 = fsdp_clock_now();
+    fsdp_status st = run_world(FSDP_BACKEND_NCCL, 2, 1000, work_hang_body, NULL, ranks);
+    const double took = fsdp_clock_now() - t0;
+    inject(0, 0, STANDIN_FAULT_NONE);
+    const char *msg = fsdp_last_error(fsdp_test_ctx());
+    printf("\n  (%.2f s) %s\n", took, msg);
+    const char *const needles[] = {"stand-in NCCL", "all_reduce", "timed out", NULL};
+    CU_ASSERT_EQUAL(st, FSDP_ERR_TIMEOUT);
+    CU_ASSERT_TRUE(fsdp_test_message_has(msg, needles));
+    CU_ASSERT_TRUE(took < 3.0 + 2.0 + 2.0); /* timeout, polls and the grace period at most */
+    CU_ASSERT_NOT_EQUAL(ranks[0], FSDP_OK);
+    CU_ASSERT_NOT_EQUAL(ranks[1], FSDP_OK);
+    CU_ASSERT_EQUAL(live_comms(), 0);
+}
+
+typedef struct control {
+    uint64_t salt;
+    bool right; /* out: rank 0's result was the CPU's */
+} control;
+
+/* An all_reduce of fresh device tensors whose inputs are queued (deferred) on each rank's
+ * stream; rank 0 reads its result first while rank 1 waits at a host barrier. Two addends sum
+ * alike in any order, so the right result is the CPU's bits. */
+static fsdp_status control_body(fsdp_ctx *ctx, int rank, void *user) {
+    control *ctl = user;
+    const fsdp_device dev = rank_device(rank);
+    const int64_t n = 37;
+    FSDP_TRY(fsdp_ctx_set_device(ctx, dev));
+    fsdp_tensor *h = NULL, *want = NULL, *d = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &n, &h);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &n, &want);
+    if (st == FSDP_OK) st = fill(want, ctl->salt + (uint64_t)rank);
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, NULL, want, SUM); /* host: the local path */
+    if (st == FSDP_OK) st = fill(h, ctl->salt + (uint64_t)rank);
+    if (st == FSDP_OK) st = on(ctx, h, dev, &d);
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, NULL, d, SUM);
+    if (st == FSDP_OK && rank == 0) {
+        st = fsdp_tensor_copy(ctx, h, d);
+        if (st == FSDP_OK) ctl->right = !memcmp(fsdp_tensor_data(h), fsdp_tensor_data(want), 4 * n);
+    }
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    if (st == FSDP_OK && rank == 1) st = fsdp_tensor_copy(ctx, h, d);
+    fsdp_tensor_free(h), fsdp_tensor_free(want), fsdp_tensor_free(d);
+    return st;
+}
+
+static void test_negative_control(void) {
+#ifdef UNDER_TSAN
+    fsdp_test_skip("the dropped wait is a data race, which ThreadSanitizer reports (as it must)");
+    return;
+#endif
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_mode_get(), FSDP_SIM_DEFERRED);
+    for (int i = 0; i < 3; i++) {
+        control with = {.salt = 2000u + 2u * (uint64_t)i}, without = {.salt = with.salt + 1u};
+        FSDP_TEST_OK(run_world(FSDP_BACKEND_NCCL, 2, 20000, control_body, &with, NULL));
+        fsdp_nccl_test_skip_ready_wait(true);
+        fsdp_status st = run_world(FSDP_BACKEND_NCCL, 2, 20000, control_body, &without, NULL);
+        fsdp_nccl_test_skip_ready_wait(false);
+        FSDP_TEST_OK(st);
+        CU_ASSERT_TRUE(with.right);     /* with the wait: the CPU's bits */
+        CU_ASSERT_FALSE(without.right); /* without it: stale inputs, every time */
+    }
+}
+
 /* ---- the library: the real one named by its version, a missing one refused ---- */
 
 static void test_library(void) {
@@ -513,6 +610,8 @@ int main(int argc, char **argv) {
         {"rank_stops", test_rank_stops},
         {"rank_hangs_in_nccl", test_rank_hangs_in_nccl},
         {"async_error", test_async_error},
+        {"work_hangs_in_nccl", test_work_hangs_in_nccl},
+        {"negative_control", test_negative_control},
         {"library", test_library},
     };
     return fsdp_test_run(argc, argv, "comm_nccl", tests, sizeof tests / sizeof tests[0]);

@@ -77,6 +77,11 @@ fsdp_status fsdp_nccl_fail(nccl_call *c, const char *what, ncclResult_t r);
 /* NCCL's type for d. */
 ncclDataType_t fsdp_nccl_dtype(fsdp_dtype d);
 
+/* A test's negative control: while on, the communication stream does not wait for the caller's
+ * stream before the NCCL calls, so they read inputs the caller's stream has not written yet.
+ * Never on outside the tests. */
+void fsdp_nccl_test_skip_ready_wait(bool on);
+
 /* ---- nccl_collectives.c ---- */
 
 fsdp_status fsdp_nccl_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
