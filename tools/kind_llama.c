@@ -11,6 +11,8 @@
 #include "train_llama.h"  // defines: train_llama_create, train_llama_forward_loss
 #include "train_tokens.h" // defines: train_tokens_load
 
+#include "train_estimate.h" // defines: train_estimate_llama
+
 static const train_key g_keys[] = {
     INT_KEY("model", "dim", model.dim, "64", 2, TRAIN_WIDTH_MAX,
             "hidden size (Hugging Face's hidden_size); n_heads divides it into heads of "
@@ -293,4 +295,5 @@ const train_kind train_kind_llama = {
     .banner = llama_banner,
     .done = llama_done,
     .export_config = llama_export_config,
+    .estimate = train_estimate_llama,
 };
