@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-session.sh: what a GPU machine checks, in one command and a bounded time (default 540 s):
-# the environment, a build for sm_90, the GPU suites, compute-sanitizer (memcheck, racecheck,
+# the environment, a build for sm_90, the GPU suites, the real NCCL at world size 1 (and two
+# ranks on the GPU where NCCL is 2.30 or newer), compute-sanitizer (memcheck, racecheck,
 # initcheck) on the CUDA suites, the Llama and MLP GPU benchmarks against PyTorch, and the
 # scaling benchmark.
 #
@@ -37,10 +38,10 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 budget=${GPU_SESSION_BUDGET:-540}
 if [ -d /usr/local/cuda/bin ]; then PATH="/usr/local/cuda/bin:$PATH"; fi
 
-PHASES=(deps env build gpu-tests memcheck-kernels memcheck-train memcheck-llama
+PHASES=(deps env build gpu-tests nccl memcheck-kernels memcheck-train memcheck-llama
     racecheck-kernels initcheck-kernels racecheck-llama initcheck-llama bench-llama bench scaling)
 # The most seconds each phase may take; the session's budget may leave it less.
-declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [memcheck-kernels]=90
+declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [nccl]=90 [memcheck-kernels]=90
     [memcheck-train]=45 [memcheck-llama]=60 [racecheck-kernels]=90 [initcheck-kernels]=90
     [racecheck-llama]=60 [initcheck-llama]=60 [bench-llama]=200 [bench]=120 [scaling]=150)
 # The suite each sanitizer phase runs.
@@ -162,6 +163,29 @@ phase_gpu_tests() {
     fi
 }
 
+# The nccl backend over the real NCCL on cuda:0 (test_comm_nccl with FSDP_TEST_NCCL_REAL=1): at
+# world size 1 every collective against the local backend, a mesh split and an abort; with
+# NCCL 2.30 or newer also two ranks on the one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1), which NCCL
+# calls experimental and which may lock: the phase's timeout bounds it.
+phase_nccl() {
+    local exe="$build/tests/test_comm_nccl" log rc=0
+    log=$(own_log)
+    if [ ! -x "$exe" ]; then
+        result fail "no $exe: the build has no nccl backend (CMake found no NCCL?)"
+        return 0
+    fi
+    echo "+ FSDP_TEST_NCCL_REAL=1 NCCL_MULTI_RANK_GPU_ENABLE=1 FSDP_TEST_REQUIRE_DEVICE=cuda $exe"
+    FSDP_TEST_NCCL_REAL=1 NCCL_MULTI_RANK_GPU_ENABLE=1 FSDP_TEST_REQUIRE_DEVICE=cuda \
+        timeout -k 5 80 "$exe" || rc=$?
+    local summary
+    summary=$(grep -E '^ +tests ' "$log" | tail -1 | tr -s ' ') || true
+    if [ "$rc" -ne 0 ]; then
+        result fail "exit status $rc (124: timed out);${summary:- see nccl.log}"
+    else
+        result ok "$(grep -m1 -oE 'NCCL [0-9]+\.[0-9]+\.[0-9]+' "$log" || true);$summary"
+    fi
+}
+
 # The executable of a CTest entry, from the build's test list.
 executable_of() {
     local exe
@@ -276,6 +300,7 @@ run_phase_body() {
     env) phase_env ;;
     build) phase_build ;;
     gpu-tests) phase_gpu_tests ;;
+    nccl) phase_nccl ;;
     memcheck-* | racecheck-* | initcheck-*) sanitize "${1%%-*}" "${SUITE[${1#*-}]}" ;;
     bench-llama) phase_bench_llama ;;
     bench) phase_bench ;;
@@ -386,7 +411,7 @@ main() {
         after="the build phase did not succeed"
     fi
     local p
-    for p in gpu-tests memcheck-kernels memcheck-train memcheck-llama racecheck-kernels \
+    for p in gpu-tests nccl memcheck-kernels memcheck-train memcheck-llama racecheck-kernels \
         initcheck-kernels racecheck-llama initcheck-llama; do
         session_phase "$p" "$after" $((RESERVE_LLAMA + RESERVE_BENCH + RESERVE_SCALING))
     done

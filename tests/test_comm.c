@@ -1578,9 +1578,13 @@ static void test_world_errors(void) {
         CU_ASSERT_TRUE(fsdp_backend_available(FSDP_BACKEND_MPI));
     }
     CU_ASSERT_TRUE(fsdp_backend_available(FSDP_BACKEND_LOCAL));
+#ifdef FSDP_HAVE_NCCL /* test_comm_nccl runs it */
+    CU_ASSERT_TRUE(fsdp_backend_available(FSDP_BACKEND_NCCL));
+#else
     CU_ASSERT_FALSE(fsdp_backend_available(FSDP_BACKEND_NCCL));
     FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_NCCL}, &w),
-                    FSDP_ERR_UNSUPPORTED, "'nccl'");
+                    FSDP_ERR_UNSUPPORTED, "'nccl'", "needs CUDA and NCCL");
+#endif
     FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.nranks = -2}, &w),
                     FSDP_ERR_INVALID_ARGUMENT, "nranks is -2");
     FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.nranks = 5000}, &w),

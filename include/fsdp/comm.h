@@ -5,8 +5,10 @@
  * rank gets its own fsdp_ctx bound to the world, and every call below takes that context.
  * Backends: `local` (the ranks are threads of this process sharing memory, also on devices; the
  * embedded default) is always built; `mpi` (one process per rank under mpirun, CPU tensors) is
- * built when CMake finds an MPI (fsdp_backend_available tells); `nccl` is planned and refused with
- * FSDP_ERR_UNSUPPORTED. Both backends give bitwise the same results.
+ * built when CMake finds an MPI (fsdp_backend_available tells); `nccl` (rank threads of this
+ * process, one GPU each, NCCL moving their device tensors; host tensors move as on `local`) is
+ * built with CUDA when CMake finds NCCL. `local` and `mpi` give bitwise the same results; NCCL's
+ * reductions are not in rank order, so on `nccl` they agree within rounding (docs/comm.md).
  *
  * Ownership: the caller owns a world (fsdp_world_free), groups made by fsdp_group_split and
  * fsdp_group_new (fsdp_group_free) and meshes (fsdp_mesh_free). Handles returned by accessors
@@ -36,7 +38,7 @@ typedef struct fsdp_mesh fsdp_mesh;
 typedef enum fsdp_backend {
     FSDP_BACKEND_LOCAL = 0, /* ranks are threads of this process; CPU and device tensors */
     FSDP_BACKEND_MPI,       /* one process per rank under mpirun; CPU tensors */
-    FSDP_BACKEND_NCCL,      /* planned: GPU tensors, one GPU per rank */
+    FSDP_BACKEND_NCCL,      /* rank threads of this process, NCCL on their GPUs (docs/comm.md) */
     FSDP_BACKEND_COUNT
 } fsdp_backend;
 

@@ -259,6 +259,9 @@ fsdp_status fsdp_local_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nran
 /* mpi_world.c (built with FSDP_HAVE_MPI): the MPI backend (one process per rank),
  * initialising MPI when nobody has; nranks must be 0 or the MPI world size. */
 fsdp_status fsdp_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks);
+/* nccl.c (built with FSDP_HAVE_NCCL): the nccl backend over nranks rank threads (0 meaning 1),
+ * NCCL moving their device tensors. */
+fsdp_status fsdp_nccl_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks);
 
 /* ---- call.c: what a rank asks of a group, compared across the ranks ---- */
 

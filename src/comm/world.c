@@ -26,6 +26,9 @@ static const struct backend_entry {
 #ifdef FSDP_HAVE_MPI
     {FSDP_BACKEND_MPI, fsdp_mpi_backend_create},
 #endif
+#ifdef FSDP_HAVE_NCCL
+    {FSDP_BACKEND_NCCL, fsdp_nccl_backend_create},
+#endif
 };
 
 static const struct backend_entry *find_backend(fsdp_backend kind) {
@@ -77,10 +80,15 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
                          "fsdp_world_create: the 'mpi' backend is not part of this build (CMake "
                          "found no MPI, or FSDP_WITH_MPI is OFF); install an MPI (Debian: "
                          "libopenmpi-dev openmpi-bin) and reconfigure, or use FSDP_BACKEND_LOCAL");
+    if (!entry && o.backend == FSDP_BACKEND_NCCL)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "fsdp_world_create: the 'nccl' backend is not part of this build (it "
+                         "needs CUDA and NCCL: CMake found no NCCL, or FSDP_CUDA or FSDP_NCCL is "
+                         "OFF); install NCCL and reconfigure, or use FSDP_BACKEND_LOCAL");
     if (!entry)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "fsdp_world_create: the '%s' backend is not part of this build (it is "
-                         "planned, not written yet); use FSDP_BACKEND_LOCAL",
+                         "fsdp_world_create: the '%s' backend is not part of this build; use "
+                         "FSDP_BACKEND_LOCAL",
                          fsdp_backend_to_string(o.backend));
     if (o.nranks < 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,

@@ -1,0 +1,99 @@
+/* nccl_impl.h: the state the files of the nccl backend share (nccl.c: the world, its groups
+ * and communicators, the works and the deadline; nccl_collectives.c: the collectives on device
+ * tensors). The backend runs over the local backend's rank threads: the local rendezvous
+ * judges every call (so a rank that skips or stops is named as on the local backend) and moves
+ * host tensors; NCCL moves device tensors on each rank's communication stream. Internal to
+ * src/comm. */
+#ifndef FSDP_COMM_NCCL_IMPL_H
+#define FSDP_COMM_NCCL_IMPL_H
+
+#include "comm/local_impl.h"
+#include "comm/nccl_lib.h"
+#include "core/device.h" // defines: fsdp_device_i
+
+typedef struct nccl_group nccl_group;
+
+typedef struct nccl_world {
+    fsdp_world *world;
+    fsdp_comm_backend host; /* the local backend: rendezvous, splits, host tensors */
+    const fsdp_nccl_lib *lib;
+    ncclUniqueId id; /* the world communicator's, shared by the rank threads */
+    nccl_group *world_group;
+    pthread_mutex_t mu; /* guards groups */
+    nccl_group *groups; /* every group state, newest first; freed with the world */
+} nccl_world;
+
+struct nccl_group {
+    nccl_group *next;
+    nccl_world *nw;
+    local_group *lg; /* its host state */
+    int size;
+    /* Per member, written by that member only: its communicator (NULL before its first device
+     * collective on the world group, and after an abort). */
+    ncclComm_t *comms;
+};
+
+/* What one member's call on the device path holds from its start to its end. */
+typedef struct nccl_call {
+    fsdp_ctx *ctx;
+    fsdp_group *g;
+    nccl_group *ng;
+    const fsdp_nccl_lib *lib;
+    int op;
+    ncclComm_t comm;
+    fsdp_device dev;
+    const fsdp_device_i *rec;
+    fsdp_stream caller; /* the caller's current stream at entry */
+    fsdp_stream comm_stream;
+    fsdp_stream saved; /* the current stream while the call enqueues */
+    fsdp_event ready;  /* on the caller's stream: the inputs are written */
+    fsdp_event end;    /* on the communication stream: the call is complete */
+    double deadline;   /* fsdp_clock_now() seconds */
+} nccl_call;
+
+/* ---- nccl.c ---- */
+
+/* The host view of g: the same handle with the local group state, for the local backend's
+ * entries and rendezvous. */
+fsdp_group fsdp_nccl_host_view(const fsdp_group *g);
+/* Starts a device call: checks the device against the library's, posts `post` at the local
+ * rendezvous (a rank that cannot take part posts a rejection), makes this member's
+ * communicator, and makes the communication stream (current until fsdp_nccl_call_launched)
+ * wait for the caller's stream. */
+fsdp_status fsdp_nccl_call_begin(nccl_call *c, fsdp_ctx *ctx, fsdp_group *g, fsdp_device dev,
+                                 const fsdp_call *post);
+/* The NCCL calls are enqueued (st: how that went): restores the caller's stream and records
+ * the end. */
+fsdp_status fsdp_nccl_call_launched(nccl_call *c, fsdp_status st);
+/* Completes a blocking call: polls its end against the deadline and the communicator's
+ * asynchronous error (a failure aborts the communicator and poisons the group), then the
+ * caller's stream waits for it. Frees the call's events. */
+fsdp_status fsdp_nccl_call_finish(nccl_call *c);
+/* Hands the call to a work (all_reduce_start) instead. */
+fsdp_status fsdp_nccl_call_to_work(nccl_call *c, fsdp_comm_work *work);
+/* Fails the call after an NCCL function returned r (not ncclSuccess): names the library, the
+ * call, the group and the rank. */
+fsdp_status fsdp_nccl_fail(nccl_call *c, const char *what, ncclResult_t r);
+/* NCCL's type for d. */
+ncclDataType_t fsdp_nccl_dtype(fsdp_dtype d);
+
+/* A test's negative control: while on, the communication stream does not wait for the caller's
+ * stream before the NCCL calls, so they read inputs the caller's stream has not written yet.
+ * Never on outside the tests. */
+void fsdp_nccl_test_skip_ready_wait(bool on);
+
+/* ---- nccl_collectives.c ---- */
+
+fsdp_status fsdp_nccl_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                 const fsdp_tensor *in, int dim);
+fsdp_status fsdp_nccl_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                     const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                     const fsdp_reduce_options *fuse);
+/* work NULL: blocking. */
+fsdp_status fsdp_nccl_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
+                                 const fsdp_reduce_options *fuse, fsdp_comm_work *work);
+fsdp_status fsdp_nccl_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root);
+fsdp_status fsdp_nccl_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                 const fsdp_tensor *in, int split_dim, int concat_dim);
+
+#endif

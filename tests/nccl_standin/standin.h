@@ -1,0 +1,22 @@
+/* standin.h: what the stand-in NCCL (libfsdp_nccl_standin.so) offers tests beyond NCCL's own
+ * functions: faults injected into a rank's next collective. The tests resolve these with dlsym
+ * from the library the backend opened. */
+#ifndef FSDP_NCCL_STANDIN_H
+#define FSDP_NCCL_STANDIN_H
+
+/* What happens to the next collective that rank `rank` of a communicator of `nranks` ranks
+ * enqueues (once, then the injection is spent). */
+typedef enum standin_fault {
+    STANDIN_FAULT_NONE = 0,
+    STANDIN_FAULT_HANG,        /* its work never completes, until the communicator is aborted */
+    STANDIN_FAULT_ASYNC_ERROR, /* its work ends with ncclSystemError as the async error */
+} standin_fault;
+
+typedef void (*standin_inject_fn)(int nranks, int rank, standin_fault fault);
+#define STANDIN_INJECT_SYMBOL "fsdpStandinInject"
+
+/* How many communicators are alive (made and not destroyed or aborted): 0 after a clean end. */
+typedef int (*standin_live_fn)(void);
+#define STANDIN_LIVE_SYMBOL "fsdpStandinLiveComms"
+
+#endif
