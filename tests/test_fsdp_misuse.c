@@ -426,9 +426,9 @@ static void test_free_model_first(void) {
 /* The refusals of a model (or one gradient of it) on sim:0 while the rank's context is on the
  * CPU, on every rank. FSDP wraps a model on the rank's device: for a whole model on sim:0 it
  * names both devices and the fix (fsdp_ctx_set_device or fsdp_module_to), for a model across
- * two devices the tensor that is elsewhere (`whole` says which). Replicate takes a model on one
- * device, but not the initial broadcast there (src_rank 0 by default), and names the tensor of
- * a model across two devices. */
+ * two devices the tensor that is elsewhere (`whole` says which). Replicate likewise: a model on
+ * one device must be on the rank's, and a model across two devices is refused naming the
+ * tensor. */
 static fsdp_status refuse_on_device(fsdp_ctx *ctx, fsdp_module *m, const char *tensor, bool whole) {
     static const char *paths[] = {"layers.1"};
     fsdp_sharded *sh = NULL;
@@ -450,8 +450,9 @@ static fsdp_status refuse_on_device(fsdp_ctx *ctx, fsdp_module *m, const char *t
                          &sh),
         FSDP_ERR_DEVICE, "fsdp_fully_shard", whole ? "this rank's device" : tensor, "sim:0");
     if (whole)
-        EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_UNSUPPORTED,
-                    "replicate: the model is on sim:0", "initial broadcast", "FSDP_NO_SRC_RANK");
+        EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_DEVICE,
+                    "replicate: the model is on sim:0 but this rank's device is cpu:0",
+                    "fsdp_ctx_set_device", "fsdp_module_to");
     else
         EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_DEVICE,
                     "fsdp_replicate_apply", tensor, "is on sim:0", "all on one device",

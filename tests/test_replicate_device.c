@@ -9,7 +9,8 @@
  * gradients have been issued, after backward none), one bucket, Adam, reduction after backward,
  * the bf16 compressing hook,
  * mixed precision (bf16 parameters, bf16 reduction), and replicate over dp with TP over tp on a
- * 2x2 mesh. Then the refusal of the initial broadcast on a device, and the negative control:
+ * 2x2 mesh. Then the initial broadcast (src_rank 0) on a device, the refusal of a model on
+ * another device than the rank's, and the negative control:
  * with the collectives' wait for the peers' inputs dropped, the device run differs. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
@@ -271,25 +272,60 @@ static void test_batch_slice(void) {
     FSDP_TEST_OK(fsdp_test_run_world(4, 20000, slice_body, NULL));
 }
 
-/* The initial broadcast (src_rank set, the default 0) on a device model is refused naming the
- * option and the fix; with FSDP_NO_SRC_RANK it is taken. */
+/* The initial broadcast (src_rank 0, the default) on a device model: every rank builds its
+ * replica from its own seed, so only the broadcast makes them equal; in buckets of 1024 bytes
+ * (several broadcasts), the parameters before and after, and the comm-debug records, bitwise
+ * the CPU run's (test_replicate checks on the CPU that the replicas become rank 0's). */
+static fsdp_status sync_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const void *arg, record *r) {
+    (void)arg;
+    fsdp_module *m = NULL;
+    fsdp_status st = dp_build_model(ctx, 0, DP_SEED + (uint64_t)rank, &m);
+    if (st == FSDP_OK) st = fsdp_module_to(ctx, m, dev);
+    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, m, put_param, r);
+    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
+    if (st == FSDP_OK)
+        st = fsdp_replicate_apply(ctx, m, &(fsdp_replicate_options){.bucket_bytes = 1024}, NULL);
+    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+    if (st == FSDP_OK && fsdp_comm_debug_count(ctx, FSDP_COMM_BROADCAST, NULL).calls < 2)
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "initial sync: %lld broadcasts, want 2 or more",
+                       (long long)fsdp_comm_debug_count(ctx, FSDP_COMM_BROADCAST, NULL).calls);
+    if (st == FSDP_OK) st = put_comm(ctx, r, "comm-debug");
+    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, m, put_param, r);
+    fsdp_module_free(m);
+    return st;
+}
+
+static fsdp_status sync_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    return cpu_then_device(ctx, rank, sync_pass, NULL, "initial broadcast", NULL);
+}
+
+static void test_initial_broadcast(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 20000, sync_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 20000, sync_body, NULL));
+}
+
+/* A device model while the rank's context is on another device: refused before anything
+ * changes, naming both devices and the fix. */
 static fsdp_status refusal_body(fsdp_ctx *ctx, int rank, void *user) {
     (void)user;
     fsdp_module *m = NULL;
-    fsdp_status st = fsdp_ctx_set_device(ctx, rank_device(rank));
+    fsdp_status st = fsdp_ctx_set_device(ctx, rank_device(rank + 1));
     if (st == FSDP_OK) st = dp_build_model(ctx, 0, DP_SEED, &m);
     if (st == FSDP_OK) st = fsdp_module_to(ctx, m, rank_device(rank));
     if (st == FSDP_OK) {
-        fsdp_status got = fsdp_replicate_apply(ctx, m, NULL, NULL);
+        fsdp_replicate *rep = NULL;
+        fsdp_status got = fsdp_replicate_apply(ctx, m, NULL, &rep);
         const char *e = fsdp_last_error(ctx);
         FSDP_RANK_CHECK(ctx,
-                        got == FSDP_ERR_UNSUPPORTED && strstr(e, "initial broadcast") &&
-                            strstr(e, "FSDP_NO_SRC_RANK"),
-                        "replicate with src_rank 0 on sim: %s (%s)", fsdp_status_to_string(got), e);
+                        got == FSDP_ERR_DEVICE && rep == NULL &&
+                            strstr(e, "but this rank's device is") &&
+                            strstr(e, "fsdp_ctx_set_device"),
+                        "replicate of a model on another device than the rank's: %s (%s)",
+                        fsdp_status_to_string(got), e);
     }
-    if (st == FSDP_OK)
-        st = fsdp_replicate_apply(ctx, m, &(fsdp_replicate_options){.src_rank = FSDP_NO_SRC_RANK},
-                                  NULL);
+    if (st == FSDP_OK) st = fsdp_ctx_set_device(ctx, rank_device(rank));
+    if (st == FSDP_OK) st = fsdp_replicate_apply(ctx, m, NULL, NULL);
     fsdp_module_free(m);
     return st;
 }
@@ -338,6 +374,7 @@ int main(int argc, char **argv) {
         {"mixed_precision", test_mixed_precision},
         {"tp_2x2", test_tp_2x2},
         {"batch_slice", test_batch_slice},
+        {"initial_broadcast", test_initial_broadcast},
         {"refusal", test_refusal},
         {"negative_control", test_negative_control},
     };

@@ -72,3 +72,18 @@ fsdp_status fsdp_dp_check_group(fsdp_ctx *ctx, fsdp_module *root, fsdp_group *gr
                      given_null ? " (the default: no group given)" : "", c.rank_a, c.rank_b, c.dim,
                      pfqn, *pfqn ? "." : "", fsdp_param_name(c.bad), field);
 }
+
+fsdp_status fsdp_dp_check_rank_device(fsdp_ctx *ctx, fsdp_device dev, const char *who,
+                                      const char *doing) {
+    if (dev.type == FSDP_DEVICE_CPU) return FSDP_OK;
+    fsdp_device mine = fsdp_ctx_device(ctx);
+    if (mine.type != dev.type || mine.index != dev.index)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "%s: the model is on %s:%d but this rank's device is %s:%d; data "
+                         "parallelism gathers and reduces on the rank's device: call "
+                         "fsdp_ctx_set_device(ctx, the model's device) before %s, or move the "
+                         "model with fsdp_module_to(ctx, model, fsdp_ctx_device(ctx))",
+                         who, fsdp_device_to_string(dev), dev.index, fsdp_device_to_string(mine),
+                         mine.index, doing);
+    return FSDP_OK;
+}

@@ -50,6 +50,10 @@ fsdp_status fsdp_dp_check_hook(fsdp_ctx *ctx, const fsdp_comm_hook *hook, const 
 fsdp_dtype fsdp_dp_hook_dtype(fsdp_comm_hook_kind kind, fsdp_dtype reduce_dtype);
 /* mp's dtypes are f32, bf16 or f16, and a reduce_dtype other than f32 comes with the default
  * hook; else FSDP_ERR_INVALID_ARGUMENT naming the field, `who` the caller. */
+/* A model on a device (dev: fsdp_nn_check_one_device's answer) must be on the rank's device,
+ * where its collectives run; who names the caller, doing what it was about to do. */
+fsdp_status fsdp_dp_check_rank_device(fsdp_ctx *ctx, fsdp_device dev, const char *who,
+                                      const char *doing);
 fsdp_status fsdp_dp_check_mixed_precision(fsdp_ctx *ctx, const fsdp_mixed_precision *mp,
                                           const fsdp_comm_hook *hook, const char *who);
 

@@ -525,21 +525,6 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
     return fsdp_dp_sync_states(ctx, root, r->group, &so);
 }
 
-/* The initial broadcast (state_sync.c) takes CPU tensors only: on a device model it is refused
- * before anything changes. */
-static fsdp_status check_sync_device(fsdp_ctx *ctx, fsdp_device dev,
-                                     const fsdp_replicate_options *o, int world) {
-    if (dev.type == FSDP_DEVICE_CPU || o->src_rank == FSDP_NO_SRC_RANK || world == 1)
-        return FSDP_OK;
-    return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                     "replicate: the model is on %s:%d, and the initial broadcast of its "
-                     "parameters and buffers (src_rank %d) runs on CPU tensors only in this "
-                     "version; set fsdp_replicate_options.src_rank = FSDP_NO_SRC_RANK (the "
-                     "parameters start alike on every rank when initialised from the same seed) "
-                     "or broadcast them before replicating",
-                     fsdp_device_to_string(dev), dev.index, o->src_rank);
-}
-
 fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                                  const fsdp_replicate_options *opts, fsdp_replicate **out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
@@ -554,6 +539,7 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
     fsdp_device dev; /* the model's */
     FSDP_TRY_AT(ctx, fsdp_nn_check_one_device(ctx, root, "fsdp_replicate_apply", "replicate",
                                               "replicating it", &dev));
+    FSDP_TRY_AT(ctx, fsdp_dp_check_rank_device(ctx, dev, "replicate", "replicating it"));
     fsdp_replicate_options o = opts ? *opts : (fsdp_replicate_options){0};
     fsdp_group *group = o.group ? o.group : fsdp_ctx_world_group(ctx);
     if (!group)
@@ -572,7 +558,6 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                          "replicate: src_rank %d is not a rank of group '%s' (size %d); use "
                          "0..%d or FSDP_NO_SRC_RANK",
                          o.src_rank, fsdp_group_label(group), world, world - 1);
-    FSDP_TRY_AT(ctx, check_sync_device(ctx, dev, &o, world));
     FSDP_TRY_AT(ctx, fsdp_dp_check_hook(ctx, &o.comm_hook, "fsdp_replicate_apply"));
     FSDP_TRY_AT(ctx, fsdp_dp_check_mixed_precision(ctx, &o.mixed_precision, &o.comm_hook,
                                                    "fsdp_replicate_apply"));

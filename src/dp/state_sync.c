@@ -39,8 +39,22 @@ static fsdp_status list_buffers(fsdp_ctx *ctx, fsdp_module *m, void *user) {
     return FSDP_OK;
 }
 
-static bool is_f32_cpu(const fsdp_tensor *t) {
-    return fsdp_tensor_dtype(t) == FSDP_DTYPE_F32 && fsdp_tensor_device(t).type == FSDP_DEVICE_CPU;
+/* Whether t is f32 (nothing else is broadcast by f32_only callers: DDP's initial sync) on d. */
+static fsdp_status check_f32_on(fsdp_ctx *ctx, const char *who, const char *name,
+                                const fsdp_tensor *t, const char *first, fsdp_device d) {
+    fsdp_device td = fsdp_tensor_device(t);
+    if (fsdp_tensor_dtype(t) != FSDP_DTYPE_F32)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "%s: '%s' is %s; %s broadcasts f32 parameters and buffers only: keep the "
+                         "model in f32 (mixed precision rounds copies, not the parameters)",
+                         who, name, fsdp_dtype_to_string(fsdp_tensor_dtype(t)), who);
+    if (td.type != d.type || td.index != d.index)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "%s: '%s' is on %s:%d and '%s' on %s:%d; the model must be on one device: "
+                         "move it with fsdp_module_to first",
+                         who, name, fsdp_device_to_string(td), td.index, first,
+                         fsdp_device_to_string(d), d.index);
+    return FSDP_OK;
 }
 
 /* Packed into buckets: the f32 tensors on the list's device (a model on one device: all its f32
@@ -133,10 +147,7 @@ fsdp_status fsdp_dp_sync_states(fsdp_ctx *ctx, fsdp_module *root, fsdp_group *gr
     fsdp_status st = fsdp_module_visit_params(ctx, root, list_param, &l);
     if (st == FSDP_OK) st = fsdp_module_visit(ctx, root, list_buffers, &l);
     for (int i = 0; st == FSDP_OK && o->f32_only && i < l.n; i++)
-        if (!is_f32_cpu(l.t[i]))
-            st = FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                           "%s: '%s' is not an f32 CPU tensor; %s supports those only", o->who,
-                           l.name[i], o->who);
+        st = check_f32_on(ctx, o->who, l.name[i], l.t[i], l.name[0], fsdp_tensor_device(l.t[0]));
     if (st != FSDP_OK || fsdp_group_size(group) == 1) {
         free(l.t);
         free(l.name);

@@ -435,22 +435,6 @@ static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_fully_shard_options *
     return FSDP_OK;
 }
 
-/* A model on a device is wrapped on that device, which must be the rank's (its collectives run
- * on the rank's streams). */
-static fsdp_status check_device(fsdp_ctx *ctx, fsdp_device dev) {
-    if (dev.type == FSDP_DEVICE_CPU) return FSDP_OK;
-    fsdp_device mine = fsdp_ctx_device(ctx);
-    if (mine.type != dev.type || mine.index != dev.index)
-        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
-                         "fsdp_fully_shard: the model is on %s:%d but this rank's device is "
-                         "%s:%d; FSDP gathers and reduces on the rank's device: call "
-                         "fsdp_ctx_set_device(ctx, the model's device) before wrapping, or move "
-                         "the model with fsdp_module_to(ctx, model, fsdp_ctx_device(ctx))",
-                         fsdp_device_to_string(dev), dev.index, fsdp_device_to_string(mine),
-                         mine.index);
-    return FSDP_OK;
-}
-
 /* The units' modules in pre-order: the root, then the picked modules as the tree visits them. */
 static fsdp_status order_units(fsdp_ctx *ctx, const chooser *c, fsdp_module *m, fsdp_module **order,
                                int *n) {
@@ -547,7 +531,7 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
     fsdp_device dev;
     FSDP_TRY_AT(
         ctx, fsdp_nn_check_one_device(ctx, root, "fsdp_fully_shard", "FSDP", "wrapping it", &dev));
-    FSDP_TRY_AT(ctx, check_device(ctx, dev));
+    FSDP_TRY_AT(ctx, fsdp_dp_check_rank_device(ctx, dev, "fsdp_fully_shard", "wrapping"));
     /* Before anything changes: a group across TP shards would average different shards. */
     FSDP_TRY_AT(ctx, fsdp_dp_check_group(ctx, root, group, "fsdp_fully_shard", ".group", !o.group));
     if (o.replicate_group)
