@@ -20,7 +20,9 @@
 #include <unistd.h>
 
 #include "ckpt_common.h" // defines: ckpt_test_remove_tree
+#include "fixture.h"     // defines: fixture_load_named, fixture_require
 #include "harness.h"
+#include "numerics.h"     // defines: fsdp_test_sum_tol
 #include "train_config.h" // defines: train_config_init, train_config_set, train_config_load
 #include "train_llama.h"  // defines: train_llama_config
 #include "train_tokens.h" // defines: TRAIN_TOKENS_MAGIC, TRAIN_TOKENS_HEADER
@@ -558,6 +560,147 @@ static void test_hf_export(void) {
     fsdp_ckpt_close(ck);
 }
 
+/* ---- [model] init = a Hugging Face directory ---------------------------------------------- */
+
+#define HF_INIT_DIR FSDP_FIXTURE_DIR "/hf_llama_init"
+
+/* The configuration of a run from tests/fixtures/hf_llama_init (tools/gen_hf_init_fixture.py):
+ * no shape key, the probe sequences of its token file as the one batch of the first loss. */
+static void hf_init_config(const char *tokens, const char *init, const char *const *overrides) {
+    char path[1300], key[1300];
+    static const char *const base[] = {
+        "model.kind=llama",       "data.kind=tokens",     "data.batch_size=4",
+        "data.eval_batches=1",    "data.eval_fraction=0", "optim.name=sgd",
+        "optim.lr=0.01",          "train.steps=1",        "log.level=off",
+        "parallel.backend=local", "parallel.timeout_s=60"};
+    train_config_init(&g_cfg);
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) set(base[i]);
+    snprintf(path, sizeof path, "data.path=%s", tokens);
+    set(path);
+    snprintf(key, sizeof key, "model.init=%s", init);
+    set(key);
+    for (int i = 0; overrides && overrides[i]; i++) set(overrides[i]);
+}
+
+/* A run refused before training with FSDP_ERR_CONFIG, its message holding every needle. */
+static void hf_init_refused(const char *tokens, const char *init, const char *const *overrides,
+                            const char *const *needles) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_result res;
+    hf_init_config(tokens, init, overrides);
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    bool all = true;
+    for (int i = 0; needles[i]; i++) all = all && strstr(err, needles[i]) != NULL;
+    CU_ASSERT_TRUE(all);
+    printf("\n    %s: %s", overrides && overrides[0] ? overrides[0] : init, err);
+}
+
+/* A copy of the fixture's config.json in dir with `from` replaced by `to` (config.json only:
+ * the run is refused before the weights are read). */
+static void edited_config(const char *dir, const char *from, const char *to) {
+    char path[1300];
+    mkdir(dir, 0700);
+    FILE *f = fopen(HF_INIT_DIR "/config.json", "rb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *at = strstr(text, from);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *o = fopen(path, "wb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    fprintf(o, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    fclose(o);
+}
+
+/* [model] init = a Hugging Face directory gives the shape: the keys take config.json's values
+ * (and say so as their origin); training starts from its weights: the first loss is
+ * transformers' on the same sequences; a key set otherwise, a max_seq_len beyond
+ * max_position_embeddings and unsupported features are refused naming both sides. */
+static void test_hf_init(void) {
+    fixture fx;
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named("hf_llama_init", &fx), 0);
+    const fixture_tensor *tok = fixture_require(&fx, "tokens", FIXTURE_I32);
+    const fixture_tensor *loss = fixture_require(&fx, "loss", FIXTURE_F64);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tok);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(loss);
+    uint32_t *ids = malloc((size_t)tok->numel * sizeof *ids);
+    for (int64_t i = 0; i < tok->numel; i++) ids[i] = (uint32_t)((int32_t *)tok->data)[i];
+    char tokens[1200], err[TRAIN_ERROR_SIZE] = "";
+    snprintf(tokens, sizeof tokens, "%s", scratch("hf_init.tok"));
+    CU_ASSERT_TRUE_FATAL(write_file(
+        tokens, (header){TRAIN_TOKENS_MAGIC, 1, 2, (uint64_t)tok->numel, 64}, ids, tok->numel, 0));
+    free(ids);
+
+    /* the shape, from config.json */
+    hf_init_config(tokens, HF_INIT_DIR, NULL);
+    bool changed = false;
+    FSDP_TEST_OK(train_config_adopt_init(&g_cfg, &changed, err, sizeof err));
+    CU_ASSERT_TRUE(changed);
+    CU_ASSERT_EQUAL(g_cfg.model.dim, 32);
+    CU_ASSERT_EQUAL(g_cfg.model.n_layers, 2);
+    CU_ASSERT_EQUAL(g_cfg.model.n_heads, 4);
+    CU_ASSERT_EQUAL(g_cfg.model.n_kv_heads, 2);
+    CU_ASSERT_EQUAL(g_cfg.model.vocab_size, 64);
+    CU_ASSERT_EQUAL(g_cfg.model.ffn_hidden, 48);
+    CU_ASSERT_EQUAL(g_cfg.model.max_seq_len, 16);
+    CU_ASSERT_EQUAL((float)g_cfg.model.norm_eps, 1e-5f);
+    CU_ASSERT_EQUAL((float)g_cfg.model.rope_theta, 5000.0f);
+    const char *origin = train_config_origin(&g_cfg, "model", "dim");
+    CU_ASSERT_TRUE(origin && strstr(origin, "config.json, hidden_size"));
+    FSDP_TEST_OK(train_config_adopt_init(&g_cfg, &changed, err, sizeof err)); /* again: agrees */
+    CU_ASSERT_FALSE(changed);
+    FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+
+    /* training starts from its weights. |got - want| <= TOL x want: both compute the loss in
+     * float32 in other orders; the sums have at most 64 terms (the softmax over the vocabulary;
+     * dim 32, ffn 48, 16 positions) through about 22 operations forward (test_llama.c's
+     * count, the same shape), so fsdp_test_sum_tol(64, 22) bounds the relative error. */
+    train_result res;
+    hf_init_config(tokens, HF_INIT_DIR, NULL);
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err);
+    FSDP_TEST_OK(st);
+    if (st != FSDP_OK) printf("\n    train_run: %s", err);
+    double want = *(double *)loss->data, tol = fsdp_test_sum_tol(64, 22) * fabs(want);
+    CU_ASSERT_TRUE(fabs(res.first_loss - want) <= tol);
+    printf("\n    first loss %.7f, transformers' %.7f (|diff| %.2g, bound %.2g)", res.first_loss,
+           want, fabs(res.first_loss - want), tol);
+    /* a key set to the same value, and a shorter max_seq_len, are taken */
+    hf_init_config(tokens, HF_INIT_DIR, SET("model.dim=32", "model.max_seq_len=8"));
+    FSDP_TEST_OK(train_config_adopt_init(&g_cfg, &changed, err, sizeof err));
+    CU_ASSERT_EQUAL(g_cfg.model.max_seq_len, 8);
+
+    /* disagreements and what the model does not build, refused naming both sides */
+    hf_init_refused(tokens, HF_INIT_DIR, SET("model.dim=64"),
+                    (const char *const[]){"[model] dim = 64 (--set model.dim=64)",
+                                          "hidden_size = 32", "hf_llama_init/config.json",
+                                          "[model] init =", NULL});
+    hf_init_refused(
+        tokens, HF_INIT_DIR, SET("model.n_kv_heads=4"),
+        (const char *const[]){"[model] n_kv_heads = 4", "num_key_value_heads = 2", NULL});
+    hf_init_refused(tokens, HF_INIT_DIR, SET("model.rope_theta=10000"),
+                    (const char *const[]){"[model] rope_theta = 10000", "rope_theta = 5000", NULL});
+    hf_init_refused(
+        tokens, HF_INIT_DIR, SET("model.max_seq_len=32"),
+        (const char *const[]){"[model] max_seq_len = 32", "max_position_embeddings = 16", NULL});
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s", scratch("hf_bias"));
+    edited_config(dir, "\"attention_bias\": false", "\"attention_bias\": true");
+    hf_init_refused(tokens, dir, NULL,
+                    (const char *const[]){"[model] init", "\"attention_bias\"", "no biases", NULL});
+    snprintf(dir, sizeof dir, "%s", scratch("hf_type"));
+    edited_config(dir, "\"model_type\": \"llama\"", "\"model_type\": \"mistral\"");
+    hf_init_refused(tokens, dir, NULL,
+                    (const char *const[]){"\"model_type\" is \"mistral\"", "\"llama\"", NULL});
+    snprintf(dir, sizeof dir, "%s", scratch("hf_huge"));
+    edited_config(dir, "\"hidden_size\": 32", "\"hidden_size\": 99999999999999999999");
+    hf_init_refused(tokens, dir, NULL, (const char *const[]){"[model] init", "config.json", NULL});
+    fixture_free(&fx);
+}
+
 /* ---- the example -------------------------------------------------------------------------- */
 
 /* examples/llama-austen.ini checks out, and its token file loads: byte tokens, entropy ~3.09. */
@@ -595,6 +738,7 @@ int main(int argc, char **argv) {
         {"config_errors", test_config_errors},
         {"resume", test_resume},
         {"hf_export", test_hf_export},
+        {"hf_init", test_hf_init},
         {"example", test_example},
     };
     if (setup() != 0) return 2;

@@ -8,7 +8,8 @@
 #include <string.h>
 
 #include "train_kind.h"   // defines: train_kind
-#include "train_llama.h"  // defines: train_llama_create, train_llama_forward_loss
+#include "train_llama.h"  // defines: train_llama_create, train_llama_forward_loss,
+                          // train_llama_adopt_init
 #include "train_tokens.h" // defines: train_tokens_load
 
 static const train_key g_keys[] = {
@@ -278,6 +279,11 @@ const train_kind train_kind_llama = {
     .data_kinds = 1u << TRAIN_DATA_TOKENS,
     .data_advice = "a Llama model trains on a token file; set [data] kind = tokens and [data] path",
     .tokens_per_sample = llama_tokens_per_sample,
+    .adopt_init = train_llama_adopt_init,
+    .state_advice = "Hugging Face's LlamaForCausalLM names (model.embed_tokens.weight, "
+                    "model.layers.<i>.self_attn.q_proj.weight, ..., model.norm.weight, "
+                    "lm_head.weight)",
+    .shape_keys = "dim, n_layers, n_heads, n_kv_heads, vocab_size and ffn_hidden",
     .check = llama_check,
     .check_layout = llama_check_layout,
     .build = llama_build,

@@ -320,6 +320,16 @@ fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layou
 void train_layout_describe(const train_config *cfg, const train_layout *layout, char *buf,
                            size_t size);
 
+/* Sets [section] name from text as if read at `where` (its origin from now on): the key's
+ * parser checks the value; FSDP_ERR_CONFIG with "<where>: bad value ..." otherwise. */
+fsdp_status train_config_set_from(train_config *cfg, const char *section, const char *name,
+                                  const char *text, const char *where, char *err, size_t err_size);
+
+/* The kind's adopt_init (train_kind.h): [model] keys from the shape [model] init describes
+ * (a Hugging Face config.json); *changed when a key took a value. fsdp-train's command line
+ * and train_run call it before train_config_check. */
+fsdp_status train_config_adopt_init(train_config *cfg, bool *changed, char *err, size_t err_size);
+
 /* The origin text of a key ("default", "run.ini:12", ...), or NULL for an unknown key. */
 const char *train_config_origin(const train_config *cfg, const char *section, const char *name);
 
