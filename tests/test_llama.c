@@ -43,15 +43,25 @@ static fsdp_llama_config fixture_config(const fixture *fx) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(cf);
     const int32_t *i = ci->data;
     const double *f = cf->data;
-    return (fsdp_llama_config){.dim = i[0],
-                               .n_layers = i[1],
-                               .n_heads = i[2],
-                               .n_kv_heads = i[3],
-                               .vocab_size = i[4],
-                               .ffn_hidden = i[5],
-                               .max_seq_len = i[6],
-                               .norm_eps = (float)f[0],
-                               .rope_theta = (float)f[1]};
+    fsdp_llama_config c = {.dim = i[0],
+                           .n_layers = i[1],
+                           .n_heads = i[2],
+                           .n_kv_heads = i[3],
+                           .vocab_size = i[4],
+                           .ffn_hidden = i[5],
+                           .max_seq_len = i[6],
+                           .norm_eps = (float)f[0],
+                           .rope_theta = (float)f[1]};
+    const fixture_tensor *rs = fixture_get(fx, "rope_scaling"); /* llama_rope3 */
+    if (rs && rs->dtype == FIXTURE_F64 && rs->numel == 4) {
+        const double *r = rs->data;
+        c.rope_scaling = (fsdp_llama_rope_scaling){.type = FSDP_LLAMA_ROPE_LLAMA3,
+                                                   .factor = (float)r[0],
+                                                   .low_freq_factor = (float)r[1],
+                                                   .high_freq_factor = (float)r[2],
+                                                   .original_max_len = (int64_t)r[3]};
+    }
+    return c;
 }
 
 typedef struct name_check {
@@ -94,10 +104,10 @@ static void test_names_match_hf(void) {
 
 /* One forward, loss and backward of the fixture's batch against PyTorch: logits, loss and
  * every parameter gradient; then a second step on the reused buffers gives the same bits. */
-static void test_matches_hf(void) {
+static void matches_hf(const char *fixture_name) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fixture fx;
-    CU_ASSERT_EQUAL_FATAL(fixture_load_named("llama_tiny", &fx), 0);
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named(fixture_name, &fx), 0);
     fsdp_llama_config cfg = fixture_config(&fx);
     const fixture_tensor *tok = fixture_require(&fx, "tokens", FIXTURE_I32);
     const fixture_tensor *tgt = fixture_require(&fx, "targets", FIXTURE_I32);
@@ -155,10 +165,36 @@ static void test_matches_hf(void) {
         }
     }
     free(first);
+    /* generation: the first sequence fed a token at a time through the key/value cache gives
+     * the fixture's logits of its last position (the cache's rotary table is the forward's) */
+    const fixture_tensor *lw = fixture_require(&fx, "logits", FIXTURE_F32);
+    int64_t T = tok->shape[1], V = cfg.vocab_size;
+    fsdp_llama_cache *cache = NULL;
+    const float *dl = NULL;
+    FSDP_TEST_OK(fsdp_llama_cache_create(ctx, m, 0, &cache));
+    for (int64_t t = 0; cache && t < T; t++)
+        FSDP_TEST_OK(fsdp_llama_decode(ctx, cache, (const int32_t *)tok->data + t, 1, &dl));
+    if (dl && lw) {
+        const float *want = (const float *)lw->data + (T - 1) * V;
+        double worst = 0, bound = TOL * fsdp_test_max_abs(want, V);
+        for (int64_t v = 0; v < V; v++) worst = fmax(worst, fabs(dl[v] - want[v]));
+        printf("\n    decoded token by token: last logits within %.3g (bound %.3g)", worst, bound);
+        CU_ASSERT_TRUE(worst <= bound);
+    }
+    fsdp_llama_cache_free(cache);
     fsdp_tensor_free(dlogits);
     fsdp_tensor_free(tokens);
     fsdp_module_free(m);
     fixture_free(&fx);
+}
+
+static void test_matches_hf(void) {
+    matches_hf("llama_tiny");
+}
+
+/* Llama 3's rope scaling (llama_rope3.bin: frequencies kept, interpolated and divided). */
+static void test_rope3_matches_hf(void) {
+    matches_hf("llama_rope3");
 }
 
 /* Zero fields take the documented defaults. */
@@ -428,6 +464,7 @@ int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"names_match_hf", test_names_match_hf},
         {"matches_hf", test_matches_hf},
+        {"rope3_matches_hf", test_rope3_matches_hf},
         {"config_defaults", test_config_defaults},
         {"config_refused", test_config_refused},
         {"inputs_refused", test_inputs_refused},

@@ -616,6 +616,63 @@ static void edited_config(const char *dir, const char *from, const char *to) {
     fclose(o);
 }
 
+/* dir/config.json: the fixture's shape with Llama 3.2's rope scaling of rope_type `type`. */
+static void write_rope_config(const char *dir, const char *type) {
+    char path[1300];
+    mkdir(dir, 0700);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fprintf(f,
+            "{\"model_type\": \"llama\", \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+            " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 64,"
+            " \"intermediate_size\": 48, \"max_position_embeddings\": 16,"
+            " \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, \"rope_scaling\":"
+            " {\"rope_type\": \"%s\", \"factor\": 32.0, \"low_freq_factor\": 1.0,"
+            " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}\n",
+            type);
+    fclose(f);
+}
+
+/* Llama 3's rope_scaling comes with the shape: the five rope keys take it, the configuration's
+ * model writes it back into config.json, a rope_scaling = none set against it and a yarn
+ * scaling are refused. */
+static void hf_init_rope3(const char *tokens) {
+    char dir[1200], err[TRAIN_ERROR_SIZE] = "";
+    bool changed = false;
+    snprintf(dir, sizeof dir, "%s", scratch("hf_rope3"));
+    write_rope_config(dir, "llama3");
+    hf_init_config(tokens, dir, NULL);
+    FSDP_TEST_OK(train_config_adopt_init(&g_cfg, &changed, err, sizeof err));
+    CU_ASSERT_EQUAL(g_cfg.model.rope_scaling, 1);
+    CU_ASSERT_EQUAL((float)g_cfg.model.rope_factor, 32.0f);
+    CU_ASSERT_EQUAL((float)g_cfg.model.rope_low_freq_factor, 1.0f);
+    CU_ASSERT_EQUAL((float)g_cfg.model.rope_high_freq_factor, 4.0f);
+    CU_ASSERT_EQUAL(g_cfg.model.rope_original_max_len, 8192);
+    CU_ASSERT_EQUAL((float)g_cfg.model.rope_theta, 500000.0f);
+    FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_llama_config lc = train_llama_config(&g_cfg), back;
+    char *json = NULL;
+    FSDP_TEST_OK(fsdp_llama_config_to_hf_json(ctx, &lc, &json));
+    FSDP_TEST_OK(fsdp_llama_config_from_hf_json(ctx, json ? json : "", &back));
+    CU_ASSERT_TRUE(json && strstr(json, "\"rope_type\": \"llama3\""));
+    CU_ASSERT_EQUAL(back.rope_scaling.type, FSDP_LLAMA_ROPE_LLAMA3);
+    CU_ASSERT_EQUAL(back.rope_scaling.factor, 32.0f);
+    CU_ASSERT_EQUAL(back.rope_scaling.low_freq_factor, 1.0f);
+    CU_ASSERT_EQUAL(back.rope_scaling.high_freq_factor, 4.0f);
+    CU_ASSERT_EQUAL(back.rope_scaling.original_max_len, 8192);
+    free(json);
+    hf_init_refused(
+        tokens, dir, SET("model.rope_scaling=none"),
+        (const char *const[]){"[model] rope_scaling = none", "rope_scaling = llama3", NULL});
+    snprintf(dir, sizeof dir, "%s", scratch("hf_yarn"));
+    write_rope_config(dir, "yarn");
+    hf_init_refused(
+        tokens, dir, NULL,
+        (const char *const[]){"\"rope_scaling\".\"rope_type\" is \"yarn\"", "\"llama3\"", NULL});
+}
+
 /* [model] init = a Hugging Face directory gives the shape: the keys take config.json's values
  * (and say so as their origin); training starts from its weights: the first loss is
  * transformers' on the same sequences; a key set otherwise, a max_seq_len beyond
@@ -696,8 +753,11 @@ static void test_hf_init(void) {
     hf_init_refused(tokens, dir, NULL,
                     (const char *const[]){"\"model_type\" is \"mistral\"", "\"llama\"", NULL});
     snprintf(dir, sizeof dir, "%s", scratch("hf_huge"));
-    edited_config(dir, "\"hidden_size\": 32", "\"hidden_size\": 99999999999999999999");
-    hf_init_refused(tokens, dir, NULL, (const char *const[]){"[model] init", "config.json", NULL});
+    edited_config(dir, "\"hidden_size\": 32", "\"hidden_size\": 1099511627776");
+    hf_init_refused(
+        tokens, dir, NULL,
+        (const char *const[]){"\"hidden_size\" is 1099511627776", "1 .. 1048576", NULL});
+    hf_init_rope3(tokens);
     fixture_free(&fx);
 }
 

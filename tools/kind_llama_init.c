@@ -24,6 +24,7 @@ typedef struct hf_key {
     double have;      /* this configuration's, resolved (0 for a default of "take the model's") */
     bool is_float;    /* compared as float32 */
     bool upper_bound; /* max_seq_len: a set value may be shorter than the file's */
+    const char *text; /* the value as the key's text when not a number (an enum) */
 } hf_key;
 
 /* The whole config.json (at most FSDP_HF_CONFIG_MAX bytes, a regular file, no NUL byte) into
@@ -79,6 +80,20 @@ static int hf_keys(const train_config *cfg, const fsdp_llama_config *c, hf_key *
     HF_KEY("norm_eps", "rms_norm_eps", c->norm_eps, (float)cfg->model.norm_eps, .is_float = true);
     HF_KEY("rope_theta", "rope_theta", c->rope_theta, (float)cfg->model.rope_theta,
            .is_float = true);
+    const fsdp_llama_rope_scaling *r = &c->rope_scaling;
+    bool llama3 = r->type == FSDP_LLAMA_ROPE_LLAMA3;
+    HF_KEY("rope_scaling", "rope_scaling", llama3, cfg->model.rope_scaling,
+           .text = llama3 ? "llama3" : "none");
+    if (llama3) {
+        HF_KEY("rope_factor", "rope_scaling.factor", r->factor, (float)cfg->model.rope_factor,
+               .is_float = true);
+        HF_KEY("rope_low_freq_factor", "rope_scaling.low_freq_factor", r->low_freq_factor,
+               (float)cfg->model.rope_low_freq_factor, .is_float = true);
+        HF_KEY("rope_high_freq_factor", "rope_scaling.high_freq_factor", r->high_freq_factor,
+               (float)cfg->model.rope_high_freq_factor, .is_float = true);
+        HF_KEY("rope_original_max_len", "rope_scaling.original_max_position_embeddings",
+               r->original_max_len, cfg->model.rope_original_max_len, .is_float = false);
+    }
 #undef HF_KEY
     return n;
 }
@@ -95,19 +110,25 @@ static fsdp_status disagree(const train_config *cfg, const hf_key *k, const char
                  "of at most that many positions; train on at most %.9g, or remove [model] %s "
                  "to take the model's",
                  mine, k->hf, k->value, path, init, k->value, k->key);
-    else
+    else {
+        char value[64];
+        if (k->text)
+            snprintf(value, sizeof value, "%s", k->text);
+        else
+            snprintf(value, sizeof value, "%.9g", k->value);
         snprintf(err, err_size,
-                 "%s disagrees with %s = %.9g in '%s' (%s), which gives the model's shape: "
-                 "remove [model] %s to take the model's value (or set it to %.9g), or give "
+                 "%s disagrees with %s = %s in '%s' (%s), which gives the model's shape: "
+                 "remove [model] %s to take the model's value (or set it to %s), or give "
                  "another [model] init",
-                 mine, k->hf, k->value, path, init, k->key, k->value);
+                 mine, k->hf, value, path, init, k->key, value);
+    }
     return FSDP_ERR_CONFIG;
 }
 
 /* The file's values into the keys left at their defaults; the others checked. */
 static fsdp_status adopt(train_config *cfg, const fsdp_llama_config *c, const char *path,
                          bool *changed, char *err, size_t err_size) {
-    hf_key k[16];
+    hf_key k[24];
     int n = hf_keys(cfg, c, k);
     for (int i = 0; i < n; i++) {
         const char *origin = train_config_origin(cfg, "model", k[i].key);
@@ -118,7 +139,10 @@ static fsdp_status adopt(train_config *cfg, const fsdp_llama_config *c, const ch
             continue;
         }
         char text[64], where[TRAIN_MAX_STRING + 128];
-        snprintf(text, sizeof text, k[i].is_float ? "%.9g" : "%.0f", k[i].value);
+        if (k[i].text)
+            snprintf(text, sizeof text, "%s", k[i].text);
+        else
+            snprintf(text, sizeof text, k[i].is_float ? "%.9g" : "%.0f", k[i].value);
         snprintf(where, sizeof where, "%s, %s", path, k[i].hf);
         fsdp_status st = train_config_set_from(cfg, "model", k[i].key, text, where, err, err_size);
         if (st != FSDP_OK) {

@@ -105,6 +105,10 @@ typedef struct train_config {
         /* llama: fsdp_llama_config's fields (0 for n_kv_heads and ffn_hidden: its default) */
         int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size, ffn_hidden, max_seq_len;
         double norm_eps, rope_theta;
+        /* llama: Llama 3's rope scaling (fsdp_llama_rope_scaling): 0 none, 1 llama3 */
+        int rope_scaling;
+        double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+        int64_t rope_original_max_len;
     } model;
     struct {
         train_backend backend;

@@ -31,15 +31,22 @@ struct train_llama {
 };
 
 fsdp_llama_config train_llama_config(const train_config *cfg) {
-    return (fsdp_llama_config){.dim = cfg->model.dim,
-                               .n_layers = (int)cfg->model.n_layers,
-                               .n_heads = (int)cfg->model.n_heads,
-                               .n_kv_heads = (int)cfg->model.n_kv_heads,
-                               .vocab_size = cfg->model.vocab_size,
-                               .ffn_hidden = cfg->model.ffn_hidden,
-                               .max_seq_len = cfg->model.max_seq_len,
-                               .norm_eps = (float)cfg->model.norm_eps,
-                               .rope_theta = (float)cfg->model.rope_theta};
+    return (fsdp_llama_config){
+        .dim = cfg->model.dim,
+        .n_layers = (int)cfg->model.n_layers,
+        .n_heads = (int)cfg->model.n_heads,
+        .n_kv_heads = (int)cfg->model.n_kv_heads,
+        .vocab_size = cfg->model.vocab_size,
+        .ffn_hidden = cfg->model.ffn_hidden,
+        .max_seq_len = cfg->model.max_seq_len,
+        .norm_eps = (float)cfg->model.norm_eps,
+        .rope_theta = (float)cfg->model.rope_theta,
+        .rope_scaling = {.type = cfg->model.rope_scaling ? FSDP_LLAMA_ROPE_LLAMA3
+                                                         : FSDP_LLAMA_ROPE_DEFAULT,
+                         .factor = (float)cfg->model.rope_factor,
+                         .low_freq_factor = (float)cfg->model.rope_low_freq_factor,
+                         .high_freq_factor = (float)cfg->model.rope_high_freq_factor,
+                         .original_max_len = cfg->model.rope_original_max_len}};
 }
 
 /* The config with its defaults filled in (the keys were checked by train_config_check). */

@@ -223,7 +223,8 @@ static fsdp_status make_buffers(fsdp_ctx *ctx, fsdp_llama_cache *c, int64_t p0, 
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &c->rope, FSDP_CPU, 3, (int64_t[]){2, n, h}));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &c->scores, FSDP_CPU, 2, (int64_t[]){n, p0 + n}));
     float *cos = fsdp_tensor_f32(c->rope);
-    fsdp_llama_rope_table(cos, cos + n * h, p0, n, c->hd, c->layers[0].a.rope_theta);
+    fsdp_llama_rope_table(cos, cos + n * h, p0, n, c->hd, c->layers[0].a.rope_theta,
+                          &c->layers[0].a.rope_scaling);
     return fsdp_tensor_resize(ctx, c->ids, 2, (int64_t[]){1, n});
 }
 
