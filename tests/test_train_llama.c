@@ -247,6 +247,24 @@ static void test_uneven_vocab(void) {
         2, RTOL);
 }
 
+/* Llama 3's rope scaling (factor 8, original length 100: with head size 8 and theta 10000 the
+ * frequencies are kept, interpolated and divided) at (2, 2) against one rank, and a run that
+ * differs from the unscaled one (the keys reach the model). */
+static void test_rope_scaling(void) {
+    train_result ref, plain;
+    char err[TRAIN_ERROR_SIZE];
+#define ROPE3 "model.rope_scaling=llama3", "model.rope_original_max_len=100"
+    FSDP_TEST_OK(run_sgd(SET("parallel.ranks=1", ROPE3), &ref, err));
+    FSDP_TEST_OK(run_sgd(SET("parallel.ranks=1"), &plain, err));
+    printf("\n    probe loss before training %.7f, without the scaling %.7f", ref.first_loss,
+           plain.first_loss);
+    CU_ASSERT_NOT_EQUAL(ref.first_loss, plain.first_loss);
+    check_layout(&ref, "(2, 2) rope_scaling llama3",
+                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer", ROPE3), 2, 2,
+                 RTOL);
+#undef ROPE3
+}
+
 /* More steps: the probe and held-out losses end below the text's unigram entropy. */
 static void test_learns(void) {
     train_result res;
@@ -793,6 +811,7 @@ int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"layouts", test_layouts},
         {"uneven_vocab", test_uneven_vocab},
+        {"rope_scaling", test_rope_scaling},
         {"learns", test_learns},
         {"bad_files", test_bad_files},
         {"config_errors", test_config_errors},
