@@ -91,6 +91,16 @@ static void test_config_roundtrip(void) {
     CU_ASSERT_TRUE(same_config(&back, &again));
     CU_ASSERT_EQUAL(memcmp(&back.rope_scaling, &again.rope_scaling, sizeof back.rope_scaling), 0);
     free(text);
+    /* tied embeddings: read, and written back */
+    const char *tied =
+        "{\"model_type\": \"llama\", \"hidden_size\": 32, \"num_hidden_layers\": 3,"
+        " \"num_attention_heads\": 4, \"vocab_size\": 100, \"intermediate_size\": 64,"
+        " \"tie_word_embeddings\": true}";
+    FSDP_TEST_OK(fsdp_llama_config_from_hf_json(ctx, tied, &back));
+    CU_ASSERT_TRUE(back.tie_word_embeddings);
+    FSDP_TEST_OK(fsdp_llama_config_to_hf_json(ctx, &back, &text));
+    CU_ASSERT_TRUE(text && strstr(text, "\"tie_word_embeddings\": true"));
+    free(text);
 }
 
 static void refused(const char *json, fsdp_status want, const char *needle) {
@@ -110,8 +120,8 @@ static void test_config_refused(void) {
     refused("{\"model_type\": \"llama\", \"hidden_size\": 32, \"num_hidden_layers\": 2, "
             "\"num_attention_heads\": 4, \"intermediate_size\": 8}",
             FSDP_ERR_INVALID_ARGUMENT, "\"vocab_size\" is missing");
-    refused("{\"model_type\": \"llama\", " BASE ", \"tie_word_embeddings\": true}",
-            FSDP_ERR_UNSUPPORTED, "tie_word_embeddings");
+    refused("{\"model_type\": \"llama\", " BASE ", \"tie_word_embeddings\": 1}",
+            FSDP_ERR_INVALID_ARGUMENT, "\"tie_word_embeddings\" must be true or false");
     refused("{\"model_type\": \"llama\", " BASE ", \"attention_bias\": true}", FSDP_ERR_UNSUPPORTED,
             "attention_bias");
     refused("{\"model_type\": \"llama\", " BASE ", \"mlp_bias\": true}", FSDP_ERR_UNSUPPORTED,

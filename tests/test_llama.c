@@ -10,6 +10,7 @@
 
 #include "ckpt_common.h" // defines: ckpt_test_tmp_root, ckpt_test_latest, ckpt_test_remove_tree
 #include "fixture.h"
+#include "fsdp/tp.h"
 #include "harness.h"
 #include "nn/nn.h"    // defines: fsdp_nn_param_replace
 #include "numerics.h" // defines: fsdp_test_sum_tol, fsdp_test_max_abs
@@ -52,7 +53,8 @@ static fsdp_llama_config fixture_config(const fixture *fx) {
                            .max_seq_len = i[6],
                            .norm_eps = (float)f[0],
                            .rope_theta = (float)f[1]};
-    const fixture_tensor *rs = fixture_get(fx, "rope_scaling"); /* llama_rope3 */
+    c.tie_word_embeddings = !fixture_get(fx, "grad.lm_head.weight"); /* llama_tied */
+    const fixture_tensor *rs = fixture_get(fx, "rope_scaling");      /* llama_rope3 */
     if (rs && rs->dtype == FIXTURE_F64 && rs->numel == 4) {
         const double *r = rs->data;
         c.rope_scaling = (fsdp_llama_rope_scaling){.type = FSDP_LLAMA_ROPE_LLAMA3,
@@ -190,6 +192,13 @@ static void matches_hf(const char *fixture_name) {
 
 static void test_matches_hf(void) {
     matches_hf("llama_tiny");
+}
+
+/* Tied embeddings (llama_tied.bin): lm_head over model.embed_tokens.weight, one parameter whose
+ * gradient sums both uses; the parameters are transformers' named_parameters(), lm_head
+ * absent. */
+static void test_tied_matches_hf(void) {
+    matches_hf("llama_tied");
 }
 
 /* Llama 3's rope scaling (llama_rope3.bin: frequencies kept, interpolated and divided). */
@@ -450,9 +459,9 @@ static fsdp_status llama_fsdp_rank(fsdp_ctx *ctx, int rank, void *user) {
     return st;
 }
 
-static void test_fsdp_matches_hf(void) {
+static void fsdp_matches_hf(const char *fixture_name) {
     fixture fx;
-    CU_ASSERT_EQUAL_FATAL(fixture_load_named("llama_tiny", &fx), 0);
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named(fixture_name, &fx), 0);
     CU_ASSERT_PTR_NOT_NULL_FATAL(fixture_require(&fx, "tokens", FIXTURE_I32));
     CU_ASSERT_PTR_NOT_NULL_FATAL(fixture_require(&fx, "targets", FIXTURE_I32));
     fsdp_job job = {&fx, fixture_config(&fx)};
@@ -460,11 +469,82 @@ static void test_fsdp_matches_hf(void) {
     fixture_free(&fx);
 }
 
+static void test_fsdp_matches_hf(void) {
+    fsdp_matches_hf("llama_tiny");
+}
+
+/* Tied embeddings under FSDP: the root unit holds the embedding and lm_head, the shared
+ * weight's gradient sums both uses before its reduction: transformers' gradients. */
+static void test_fsdp_tied_matches_hf(void) {
+    fsdp_matches_hf("llama_tied");
+}
+
+/* A wrap that puts the embedding in a unit of its own would leave lm_head reading its tied
+ * weight resharded: refused before anything moves, naming both modules and the fix. */
+static fsdp_status tied_split_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)rank;
+    fsdp_module *m = NULL;
+    fsdp_sharded *sh = NULL;
+    fsdp_status st = fsdp_model_llama(ctx, user, &m);
+    const char *paths[] = {"model.embed_tokens"};
+    if (st == FSDP_OK) {
+        fsdp_status got = fsdp_fully_shard(
+            ctx, m, &(fsdp_fully_shard_options){.wrap_paths = paths, .n_wrap_paths = 1}, &sh);
+        const char *msg = fsdp_last_error(ctx);
+        FSDP_RANK_CHECK(ctx,
+                        got == FSDP_ERR_INVALID_ARGUMENT && strstr(msg, "tied weights") &&
+                            strstr(msg, "'lm_head'") && strstr(msg, "model.embed_tokens") &&
+                            strstr(msg, "wrap a module that holds both"),
+                        "a split of tied weights: status %d, '%s'", (int)got, msg);
+        if (rank == 0) printf("\n    %s", msg);
+    }
+    fsdp_sharded_free(sh);
+    fsdp_module_free(m);
+    return st;
+}
+
+/* Tensor parallelism on a tied lm_head alone (the embedding not sharded first): its weight has
+ * no placement yet, and it would need the embedding's; refused naming both and the fix. */
+static fsdp_status tied_tp_rank(fsdp_ctx *ctx, int rank, void *user) {
+    fsdp_module *m = NULL;
+    fsdp_mesh *tp = NULL;
+    fsdp_status st = fsdp_model_llama(ctx, user, &m);
+    if (st == FSDP_OK) st = fsdp_mesh_create(ctx, 1, (int[]){2}, (const char *[]){"tp"}, &tp);
+    if (st == FSDP_OK) {
+        fsdp_tp_plan_entry plan[] = {{"lm_head", FSDP_COLWISE()}};
+        fsdp_status got = fsdp_tp_parallelize(ctx, m, tp, 1, plan, NULL);
+        const char *msg = fsdp_last_error(ctx);
+        FSDP_RANK_CHECK(ctx,
+                        got == FSDP_ERR_INVALID_ARGUMENT && strstr(msg, "tied to") &&
+                            strstr(msg, "model.embed_tokens") &&
+                            strstr(msg, "no style has distributed yet") &&
+                            strstr(msg, "RowwiseParallel"),
+                        "a tied lm_head alone under TP: status %d, '%s'", (int)got, msg);
+        if (rank == 0) printf("\n    %s", msg);
+    }
+    fsdp_mesh_free(tp);
+    fsdp_module_free(m);
+    return st;
+}
+
+static void test_tp_tied_alone_refused(void) {
+    fsdp_llama_config cfg = {
+        .dim = 16, .n_layers = 1, .n_heads = 2, .vocab_size = 32, .tie_word_embeddings = true};
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, tied_tp_rank, &cfg));
+}
+
+static void test_fsdp_tied_split_refused(void) {
+    fsdp_llama_config cfg = {
+        .dim = 16, .n_layers = 1, .n_heads = 2, .vocab_size = 32, .tie_word_embeddings = true};
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, tied_split_rank, &cfg));
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"names_match_hf", test_names_match_hf},
         {"matches_hf", test_matches_hf},
         {"rope3_matches_hf", test_rope3_matches_hf},
+        {"tied_matches_hf", test_tied_matches_hf},
         {"config_defaults", test_config_defaults},
         {"config_refused", test_config_refused},
         {"inputs_refused", test_inputs_refused},
@@ -472,6 +552,9 @@ int main(int argc, char **argv) {
         {"i32_tensor", test_i32_tensor},
         {"import_hf_state_dict", test_import_hf_state_dict},
         {"fsdp_matches_hf", test_fsdp_matches_hf},
+        {"fsdp_tied_matches_hf", test_fsdp_tied_matches_hf},
+        {"fsdp_tied_split_refused", test_fsdp_tied_split_refused},
+        {"tp_tied_alone_refused", test_tp_tied_alone_refused},
     };
     return fsdp_test_run(argc, argv, "llama", cases, (int)(sizeof cases / sizeof cases[0]));
 }

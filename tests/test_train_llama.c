@@ -265,6 +265,37 @@ static void test_rope_scaling(void) {
 #undef ROPE3
 }
 
+static void hf_export_case(const char *name, const char *const *overrides, bool tied);
+
+/* Tied embeddings (tie_embeddings: lm_head over the embedding's weight): (2, 1) with FSDP per
+ * layer (the root holds both uses), (1, 2) with the embedding's and lm_head's Shard(0) the one
+ * placement of the shared weight, and (2, 2), against one rank under SGD; a loss other than the
+ * untied model's; a checkpoint of the (2, 2) run exports without lm_head.weight and with
+ * tie_word_embeddings true, and imports back bitwise. */
+static void test_tied(void) {
+    train_result ref, untied;
+    char err[TRAIN_ERROR_SIZE];
+    FSDP_TEST_OK(run_sgd(SET("parallel.ranks=1", "model.tie_embeddings=true"), &ref, err));
+    FSDP_TEST_OK(run_sgd(SET("parallel.ranks=1"), &untied, err));
+    printf("\n    one rank, tied: probe loss %.6f -> %.6f (untied: %.6f -> %.6f)", ref.first_loss,
+           ref.last_loss, untied.first_loss, untied.last_loss);
+    CU_ASSERT_TRUE(ref.last_loss < ref.first_loss);
+    CU_ASSERT_NOT_EQUAL(ref.first_loss, untied.first_loss);
+    check_layout(&ref, "(2, 1) tied, fsdp wrap layer",
+                 SET("parallel.ranks=2", "parallel.wrap=layer", "model.tie_embeddings=true"), 2, 1,
+                 RTOL);
+    check_layout(&ref, "(1, 2) tied, tp",
+                 SET("parallel.ranks=2", "parallel.tp=2", "model.tie_embeddings=true"), 1, 2, RTOL);
+    check_layout(&ref, "(2, 2) tied, fsdp wrap layer, tp",
+                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer",
+                     "model.tie_embeddings=true"),
+                 2, 2, RTOL);
+    hf_export_case("hf-tied",
+                   SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer",
+                       "model.tie_embeddings=true"),
+                   true);
+}
+
 /* More steps: the probe and held-out losses end below the text's unigram entropy. */
 static void test_learns(void) {
     train_result res;
@@ -518,13 +549,12 @@ static void test_resume(void) {
 /* A run's checkpoint carries the model's config.json (fsdp_ckpt_model_config), which reads
  * back as the [model] keys; fsdp_ckpt_export_hf writes it as a model directory, and importing
  * that directory gives every parameter of the checkpoint bitwise. */
-static void test_hf_export(void) {
+static void hf_export_case(const char *name, const char *const *overrides, bool tied) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     train_result res;
     char dir[1200], step[1300], hf[1300], back[1300];
-    snprintf(dir, sizeof dir, "%s", scratch("hf-run"));
-    FSDP_TEST_OK(
-        run_ckpt(dir, NULL, SET("parallel.ranks=2", "parallel.tp=2"), "train.steps=3", &res));
+    snprintf(dir, sizeof dir, "%s", scratch(name));
+    FSDP_TEST_OK(run_ckpt(dir, NULL, overrides, "train.steps=3", &res));
     snprintf(step, sizeof step, "%s/step-00000003", dir);
     snprintf(hf, sizeof hf, "%s-hf", dir);
     snprintf(back, sizeof back, "%s-back", dir);
@@ -545,6 +575,7 @@ static void test_hf_export(void) {
     CU_ASSERT_EQUAL(got.max_seq_len, want_r.max_seq_len);
     CU_ASSERT_EQUAL(got.norm_eps, want_r.norm_eps);
     CU_ASSERT_EQUAL(got.rope_theta, want_r.rope_theta);
+    CU_ASSERT_EQUAL(got.tie_word_embeddings, tied);
     FSDP_TEST_OK(fsdp_ckpt_export_hf(ctx, ck, hf, NULL));
     FSDP_TEST_OK(fsdp_ckpt_import(ctx, hf, back, NULL));
     snprintf(back + strlen(back), sizeof back - strlen(back), "/step-00000000");
@@ -568,14 +599,19 @@ static void test_hf_export(void) {
         free(va);
         free(vb);
     }
-    /* 2 layers of 9 tensors, the embedding, the final norm and lm_head */
-    CU_ASSERT_EQUAL(n, 2 * 9 + 3);
+    /* 2 layers of 9 tensors, the embedding, the final norm and (untied) lm_head */
+    CU_ASSERT_EQUAL(n, 2 * 9 + (tied ? 2 : 3));
+    CU_ASSERT_EQUAL(fsdp_ckpt_find(imp, "lm_head.weight") >= 0, !tied);
     CU_ASSERT_EQUAL(same, n);
-    printf("\n    step 3 of a (1, 2) run: config.json reads back as the [model] keys; %d of %d "
-           "parameters bitwise after export --format hf and import",
-           same, n);
+    printf("\n    %s: step 3's config.json reads back as the [model] keys; %d of %d parameters "
+           "bitwise after export --format hf and import",
+           name, same, n);
     fsdp_ckpt_close(imp);
     fsdp_ckpt_close(ck);
+}
+
+static void test_hf_export(void) {
+    hf_export_case("hf-run", SET("parallel.ranks=2", "parallel.tp=2"), false);
 }
 
 /* ---- [model] init = a Hugging Face directory ---------------------------------------------- */
@@ -632,6 +668,42 @@ static void edited_config(const char *dir, const char *from, const char *to) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(o);
     fprintf(o, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
     fclose(o);
+}
+
+/* tests/fixtures/hf_llama_tied: transformers' save of a tied model (no lm_head.weight in its
+ * model.safetensors) as [model] init: tie_embeddings comes from config.json, the import needs
+ * no lm_head.weight, and the first loss is transformers' (the bound of test_hf_init). */
+static void hf_init_tied(void) {
+    fixture fx;
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named("hf_llama_tied", &fx), 0);
+    const fixture_tensor *tok = fixture_require(&fx, "tokens", FIXTURE_I32);
+    const fixture_tensor *loss = fixture_require(&fx, "loss", FIXTURE_F64);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tok);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(loss);
+    uint32_t *ids = malloc((size_t)tok->numel * sizeof *ids);
+    for (int64_t i = 0; i < tok->numel; i++) ids[i] = (uint32_t)((int32_t *)tok->data)[i];
+    char tokens[1200], err[TRAIN_ERROR_SIZE] = "";
+    snprintf(tokens, sizeof tokens, "%s", scratch("hf_tied.tok"));
+    CU_ASSERT_TRUE_FATAL(write_file(
+        tokens, (header){TRAIN_TOKENS_MAGIC, 1, 2, (uint64_t)tok->numel, 64}, ids, tok->numel, 0));
+    free(ids);
+    bool changed = false;
+    hf_init_config(tokens, FSDP_FIXTURE_DIR "/hf_llama_tied", NULL);
+    FSDP_TEST_OK(train_config_adopt_init(&g_cfg, &changed, err, sizeof err));
+    CU_ASSERT_TRUE(g_cfg.model.tie_embeddings);
+    train_result res;
+    hf_init_config(tokens, FSDP_FIXTURE_DIR "/hf_llama_tied", NULL);
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err);
+    FSDP_TEST_OK(st);
+    if (st != FSDP_OK) printf("\n    train_run: %s", err);
+    double want = *(double *)loss->data, tol = fsdp_test_sum_tol(64, 22) * fabs(want);
+    CU_ASSERT_TRUE(fabs(res.first_loss - want) <= tol);
+    printf("\n    tied: first loss %.7f, transformers' %.7f (|diff| %.2g, bound %.2g)",
+           res.first_loss, want, fabs(res.first_loss - want), tol);
+    hf_init_refused(tokens, FSDP_FIXTURE_DIR "/hf_llama_tied", SET("model.tie_embeddings=false"),
+                    (const char *const[]){"[model] tie_embeddings = false",
+                                          "tie_word_embeddings = true", NULL});
+    fixture_free(&fx);
 }
 
 /* dir/config.json: the fixture's shape with Llama 3.2's rope scaling of rope_type `type`. */
@@ -776,6 +848,7 @@ static void test_hf_init(void) {
         tokens, dir, NULL,
         (const char *const[]){"\"hidden_size\" is 1099511627776", "1 .. 1048576", NULL});
     hf_init_rope3(tokens);
+    hf_init_tied();
     fixture_free(&fx);
 }
 
@@ -812,6 +885,7 @@ int main(int argc, char **argv) {
         {"layouts", test_layouts},
         {"uneven_vocab", test_uneven_vocab},
         {"rope_scaling", test_rope_scaling},
+        {"tied", test_tied},
         {"learns", test_learns},
         {"bad_files", test_bad_files},
         {"config_errors", test_config_errors},

@@ -18,7 +18,8 @@ prints; this part runs (and can fail) even when torch is missing, before the ski
 Run by CTest (entry check_hf_generate, and check_hf_generate_rope3 with
 --set model.rope_scaling=llama3 --set model.rope_original_max_len=100 --rope-type llama3: Llama
 3's rope scaling through generate and the export's config.json, which transformers must read as
-llama3 with scaled frequencies) with the build's tools, or by hand:
+llama3 with scaled frequencies; and check_hf_generate_tied with --set model.tie_embeddings=true
+--tied: an export without lm_head.weight that transformers loads with lm_head tied) with the build's tools, or by hand:
     python3 tools/check_hf_generate.py --fsdp-train build/fsdp-train \\
         --fsdp-ckpt build/fsdp-ckpt [--set section.key=value ...]
 Exits 77 (CTest's skip) with the reason when torch or transformers cannot be imported.
@@ -104,6 +105,9 @@ def main():
                    help="passed to fsdp-train (e.g. model.rope_scaling=llama3)")
     p.add_argument("--rope-type", default="default",
                    help="the rope_type transformers must read from the exported config.json")
+    p.add_argument("--tied", action="store_true",
+                   help="transformers must load the export with tied embeddings (lm_head is "
+                        "embed_tokens' weight)")
     args = p.parse_args()
     try:
         from transformers import AutoTokenizer
@@ -150,6 +154,14 @@ def main():
               f"{args.rope_type!r}), its frequencies {'scaled' if scaled else 'unscaled'} "
               f"({'ok' if rope_ok else 'FAILED'})", flush=True)
         if not rope_ok:
+            print("FAILED")
+            return 1
+        tied = model.lm_head.weight is model.model.embed_tokens.weight
+        tie_ok = tied == args.tied and bool(model.config.tie_word_embeddings) == args.tied
+        print(f"tie: tie_word_embeddings {model.config.tie_word_embeddings}, lm_head "
+              f"{'is' if tied else 'is not'} the embedding's weight "
+              f"({'ok' if tie_ok else 'FAILED'})", flush=True)
+        if not tie_ok:
             print("FAILED")
             return 1
         prompt = torch.tensor([list(PROMPT.encode())])

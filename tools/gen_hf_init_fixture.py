@@ -2,7 +2,10 @@
 """Generate the Hugging Face model directory fsdp-train starts from in tests/test_train_llama.c
 ([model] init = <directory>): tests/fixtures/hf_llama_init/ (config.json and model.safetensors
 as LlamaForCausalLM.save_pretrained writes them) and tests/fixtures/hf_llama_init.bin, the loss
-transformers computes on the sequences fsdp-train scores before its first step. Needs `torch`
+transformers computes on the sequences fsdp-train scores before its first step; and the same
+with tied embeddings (tie_word_embeddings=True), tests/fixtures/hf_llama_tied/ (whose
+model.safetensors has no lm_head.weight: transformers saves the shared tensor once) and
+hf_llama_tied.bin. Needs `torch`
 and `transformers` (pip); libfsdp's build and tests never do.
 
     python3 tools/gen_hf_init_fixture.py              # writes into tests/fixtures/
@@ -40,7 +43,7 @@ EPS, THETA = 1e-5, 5000.0
 N, B, T = 200, 4, 16  # T = MAX_POS: fsdp-train takes max_seq_len from the directory
 
 
-def build():
+def build(tie):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
@@ -54,7 +57,7 @@ def build():
         rms_norm_eps=EPS,
         rope_theta=THETA,
         initializer_range=0.15,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie,
         attention_bias=False,
         mlp_bias=False,
         attn_implementation="eager",
@@ -72,8 +75,13 @@ def main(argv=None):
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures"))
     args = ap.parse_args(argv)
-    torch.manual_seed(zlib.crc32(b"hf_llama_init"))
-    model = build()
+    for name, tie in (("hf_llama_init", False), ("hf_llama_tied", True)):
+        write_case(name, tie, args.out)
+
+
+def write_case(name, tie, out_dir):
+    torch.manual_seed(zlib.crc32(name.encode()))
+    model = build(tie)
     tokens = torch.randint(0, VOCAB, (N,), dtype=torch.int64)
     starts = [j * (N - T - 1) // (B - 1) for j in range(B)]
     probe = torch.stack([tokens[s : s + T + 1] for s in starts])
@@ -81,19 +89,26 @@ def main(argv=None):
         logits = model(input_ids=probe[:, :T]).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), probe[:, 1:].reshape(-1))
     if not torch.isfinite(loss):
-        raise ValueError("hf_llama_init: the loss is not finite")
-    d = os.path.join(args.out, "hf_llama_init")
+        raise ValueError(f"{name}: the loss is not finite")
+    d = os.path.join(out_dir, name)
     shutil.rmtree(d, ignore_errors=True)
     model.save_pretrained(d, safe_serialization=True)
     for extra in os.listdir(d):  # config.json and model.safetensors only
         if extra not in ("config.json", "model.safetensors"):
             os.remove(os.path.join(d, extra))
+        else:
+            os.chmod(os.path.join(d, extra), 0o644)
+    if tie:  # transformers saves the shared tensor once, as the embedding
+        from safetensors import safe_open
+
+        with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+            assert "lm_head.weight" not in f.keys(), list(f.keys())
     tensors = [
         ("tokens", tokens.to(torch.int32)),
         ("probe", probe.to(torch.int32)),
         ("loss", loss.to(torch.float64)),
     ]
-    path = os.path.join(args.out, "hf_llama_init.bin")
+    path = os.path.join(out_dir, name + ".bin")
     size = write_fixture(path, tensors)
     print(f"{path}: {size} bytes, loss {loss.item():.6f}; {d}: {sorted(os.listdir(d))}")
 

@@ -6,10 +6,12 @@ as Hugging Face saves it, which the test imports by name; and tests/fixtures/lla
 the same kind of model with Llama 3's rope scaling (rope_scaling rope_type "llama3", factor 8,
 low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 64: with head size 8 and
 theta 5000 its four frequencies' wavelengths, 6.3, 53, 444 and 3737, fall in the kept, the
-interpolated and the divided ranges). Needs `transformers` (pip); libfsdp's build and tests
-never do.
+interpolated and the divided ranges); and tests/fixtures/llama_tied.bin, the same kind of model
+with tied embeddings (tie_word_embeddings=True: lm_head uses model.embed_tokens.weight, which is
+listed once, its gradient the sum of both uses). Needs `transformers` (pip); libfsdp's build and
+tests never do.
 
-    python3 tools/gen_llama_fixture.py                # writes all three into tests/fixtures/
+    python3 tools/gen_llama_fixture.py                # writes all four into tests/fixtures/
     python3 tools/gen_llama_fixture.py --only llama_rope3
     python3 tools/gen_llama_fixture.py --out DIR
 
@@ -50,9 +52,10 @@ B, T = 2, 8
 
 
 ROPE3 = (8.0, 1.0, 4.0, 64)  # factor, low_freq_factor, high_freq_factor, original max
+CASES = ("llama_tiny", "llama_rope3", "llama_tied")
 
 
-def build(rope_scaling=None):
+def build(rope_scaling=None, tie=False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
@@ -67,7 +70,7 @@ def build(rope_scaling=None):
         rope_theta=THETA,
         rope_scaling=rope_scaling,
         initializer_range=0.15,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie,
         attention_bias=False,
         mlp_bias=False,
         attn_implementation="eager",
@@ -84,9 +87,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures"))
-    ap.add_argument("--only", choices=["llama_tiny", "llama_rope3"])
+    ap.add_argument("--only", choices=list(CASES))
     args = ap.parse_args(argv)
-    for case in ("llama_tiny", "llama_rope3"):
+    for case in CASES:
         if args.only in (None, case):
             write_case(case, args.out)
 
@@ -99,7 +102,11 @@ def write_case(case, out_dir):
         f, lo, hi, orig = ROPE3
         scaling = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo,
                    "high_freq_factor": hi, "original_max_position_embeddings": orig}
-    model = build(scaling)
+    tied = case == "llama_tied"
+    model = build(scaling, tie=tied)
+    if tied:  # one parameter: named_parameters() lists the embedding alone
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        assert "lm_head.weight" not in dict(model.named_parameters())
     hd = DIM // HEADS
     default = 1.0 / (THETA ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     scaled = not torch.equal(model.model.rotary_emb.inv_freq, default)
@@ -137,7 +144,7 @@ def write_case(case, out_dir):
     path = os.path.join(out_dir, case + ".bin")
     size = write_fixture(path, tensors)
     print(f"{path}: {len(tensors)} tensors, {size} bytes, loss {out.loss.item():.6f}")
-    if rope3:
+    if case != "llama_tiny":
         return
     from safetensors.torch import save_file
 

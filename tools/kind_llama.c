@@ -39,6 +39,9 @@ static const train_key g_keys[] = {
               "RMSNorm epsilon (rms_norm_eps)"),
     FLOAT_KEY("model", "rope_theta", model.rope_theta, "10000", 1, EXCL, 1e30, INCL,
               "base of the rotary embedding (rope_theta)"),
+    BOOL_KEY("model", "tie_embeddings", model.tie_embeddings, "false",
+             "lm_head shares model.embed_tokens.weight (tie_word_embeddings): one parameter, "
+             "saved once; the root FSDP unit holds both uses"),
     ENUM_KEY("model", "rope_scaling", model.rope_scaling, "none", g_rope_scalings, NULL,
              "scaling of the rotary frequencies (rope_scaling's rope_type): none, or llama3 "
              "(Llama 3.1 and 3.2's, over rope_factor, rope_low_freq_factor, "

@@ -80,6 +80,8 @@ static int hf_keys(const train_config *cfg, const fsdp_llama_config *c, hf_key *
     HF_KEY("norm_eps", "rms_norm_eps", c->norm_eps, (float)cfg->model.norm_eps, .is_float = true);
     HF_KEY("rope_theta", "rope_theta", c->rope_theta, (float)cfg->model.rope_theta,
            .is_float = true);
+    HF_KEY("tie_embeddings", "tie_word_embeddings", c->tie_word_embeddings,
+           cfg->model.tie_embeddings, .text = c->tie_word_embeddings ? "true" : "false");
     const fsdp_llama_rope_scaling *r = &c->rope_scaling;
     bool llama3 = r->type == FSDP_LLAMA_ROPE_LLAMA3;
     HF_KEY("rope_scaling", "rope_scaling", llama3, cfg->model.rope_scaling,

@@ -109,6 +109,7 @@ typedef struct train_config {
         int rope_scaling;
         double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
         int64_t rope_original_max_len;
+        bool tie_embeddings; /* llama: lm_head shares the embedding's weight */
     } model;
     struct {
         train_backend backend;

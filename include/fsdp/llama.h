@@ -49,6 +49,9 @@ typedef struct fsdp_llama_config {
     float init_std;      /* Linear and Embedding weights ~ normal(0, init_std)
                           * (initializer_range); 0: 0.02. Norm weights are ones. */
     fsdp_llama_rope_scaling rope_scaling; /* (rope_scaling); zero: none */
+    /* (tie_word_embeddings) lm_head shares model.embed_tokens.weight: one parameter, the
+     * gradients of both uses summed into it; lm_head then has no parameter of its own. */
+    bool tie_word_embeddings;
 } fsdp_llama_config;
 
 /* cfg with every zero field replaced by its default; FSDP_ERR_INVALID_ARGUMENT naming the
@@ -84,10 +87,11 @@ fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_conf
                                             fsdp_module **out);
 
 /* LlamaForCausalLM: model.embed_tokens, model.layers.0 .. n_layers-1, model.norm, lm_head
- * (untied). Input (B, T) i32 token ids, output (B, T, vocab_size) logits. Parameters are
- * initialised as described in fsdp_llama_config from the ctx seed. For Hugging Face's loss,
- * score logits[b, t] against labels[b, t + 1] with fsdp_loss_cross_entropy_ignore (the last
- * position and padding get FSDP_IGNORE_INDEX). */
+ * (untied, or with tie_word_embeddings a Linear over the embedding's weight). Input (B, T) i32
+ * token ids, output (B, T, vocab_size) logits. Parameters are initialised as described in
+ * fsdp_llama_config from the ctx seed. For Hugging Face's loss, score logits[b, t] against
+ * labels[b, t + 1] with fsdp_loss_cross_entropy_ignore (the last position and padding get
+ * FSDP_IGNORE_INDEX). */
 fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_module **out);
 
 /* ---- generation (docs/models.md, "Generation") ---- */

@@ -67,7 +67,8 @@ fsdp_status fsdp_llama_config_to_hf_json(fsdp_ctx *ctx, const fsdp_llama_config 
         (json_int_t)c.vocab_size, "max_position_embeddings", (json_int_t)c.max_seq_len,
         "rms_norm_eps", short_real(c.norm_eps), "rope_theta", short_real(c.rope_theta),
         "rope_parameters", rope, "initializer_range", short_real(c.init_std), "hidden_act", "silu",
-        "attention_bias", 0, "mlp_bias", 0, "tie_word_embeddings", 0, "torch_dtype", "float32");
+        "attention_bias", 0, "mlp_bias", 0, "tie_word_embeddings", (int)c.tie_word_embeddings,
+        "torch_dtype", "float32");
     /* transformers 4 reads rope_scaling, 5 rope_parameters (and takes rope_scaling first) */
     if (j && llama3 && json_object_set_new(j, "rope_scaling", rope_llama3_json(rs, false, 0)) != 0)
         json_decref(j), j = NULL;
@@ -136,9 +137,6 @@ static fsdp_status check_supported(fsdp_ctx *ctx, json_t *j) {
                          json_is_string(mt) ? "\"" : "",
                          json_is_string(mt) ? json_string_value(mt) : "missing",
                          json_is_string(mt) ? "\"" : "");
-    FSDP_TRY_AT(ctx, require_bool(ctx, j, "tie_word_embeddings", false,
-                                  "libfsdp's Llama has its own lm_head (untied); untie the weights "
-                                  "(copy embed_tokens into lm_head) before saving"));
     FSDP_TRY_AT(ctx, require_bool(ctx, j, "attention_bias", false,
                                   "libfsdp's Llama attention has no biases"));
     FSDP_TRY_AT(ctx, require_bool(ctx, j, "mlp_bias", false, "libfsdp's Llama MLP has no biases"));
@@ -237,6 +235,10 @@ static fsdp_status read_config(fsdp_ctx *ctx, json_t *j, fsdp_llama_config *c) {
     json_t *rp = json_object_get(j, "rope_parameters"); /* transformers 5; wins over the old key */
     FSDP_TRY_AT(ctx, get_real(ctx, j, "rope_theta", &c->rope_theta));
     if (json_is_object(rp)) FSDP_TRY_AT(ctx, get_real(ctx, rp, "rope_theta", &c->rope_theta));
+    json_t *tie = json_object_get(j, "tie_word_embeddings"); /* LlamaConfig's default: false */
+    if (tie && !json_is_null(tie) && !json_is_boolean(tie))
+        return bad_key(ctx, "tie_word_embeddings", "must be true or false");
+    c->tie_word_embeddings = json_is_true(tie);
     return read_rope_scaling(ctx, j, seq, &c->rope_scaling);
 }
 
@@ -288,7 +290,7 @@ static bool llama_param(const fsdp_llama_config *c, int i, char *name, size_t si
     } else if (i == last) {
         snprintf(name, size, "model.norm.weight");
         *ndim = 1, shape[0] = c->dim;
-    } else if (i == last + 1) {
+    } else if (i == last + 1 && !c->tie_word_embeddings) { /* tied: the embedding's, once */
         snprintf(name, size, "lm_head.weight");
         *ndim = 2, shape[0] = c->vocab_size, shape[1] = c->dim;
     } else {

@@ -72,7 +72,8 @@ static fsdp_status check_plain(fsdp_ctx *ctx, fsdp_param *p, const char *name, v
 
 /* The weight's rows (dim 0) of a Linear or Embedding child. */
 static int64_t rows_of(const fsdp_module *m) {
-    return fsdp_tensor_dim(fsdp_module_param(m, 0)->data, 0);
+    const fsdp_param *w = fsdp_nn_is_linear(m) ? fsdp_nn_linear_weight(m) : fsdp_module_param(m, 0);
+    return fsdp_tensor_dim(w->data, 0);
 }
 
 /* Reads the layers and their sizes from the model's tree. */
