@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# gpu-session.sh: what a GPU machine checks, in one command and a bounded time (default 450 s):
+# gpu-session.sh: what a GPU machine checks, in one command and a bounded time (default 540 s):
 # the environment, a build for sm_90, the GPU suites, compute-sanitizer (memcheck, racecheck,
-# initcheck) on the CUDA suites, the GPU benchmark against PyTorch, and the scaling benchmark.
+# initcheck) on the CUDA suites, the Llama and MLP GPU benchmarks against PyTorch, and the
+# scaling benchmark.
 #
 #   scripts/gpu-session.sh [--dry-run] OUT_DIR
 #   scripts/gpu-session.sh --list-phases
@@ -24,7 +25,7 @@
 #   echo /.debs/ >> .git/info/exclude; mkdir -p .debs
 #   (cd .debs && apt-get download libcunit1 libcunit1-dev libinih1 libinih-dev libinireader0)
 #
-# Environment: GPU_SESSION_BUDGET (seconds for the whole session, default 450),
+# Environment: GPU_SESSION_BUDGET (seconds for the whole session, default 540),
 # GPU_SESSION_BUILD (the build directory, default build-gpu at the repository root), JOBS
 # (build parallelism, default all cores).
 set -euo pipefail
@@ -33,18 +34,19 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 self="$repo/scripts/gpu-session.sh"
 build=${GPU_SESSION_BUILD:-$repo/build-gpu}
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
-budget=${GPU_SESSION_BUDGET:-450}
+budget=${GPU_SESSION_BUDGET:-540}
 if [ -d /usr/local/cuda/bin ]; then PATH="/usr/local/cuda/bin:$PATH"; fi
 
 PHASES=(deps env build gpu-tests memcheck-kernels memcheck-train memcheck-llama
-    racecheck-kernels initcheck-kernels racecheck-llama initcheck-llama bench scaling)
+    racecheck-kernels initcheck-kernels racecheck-llama initcheck-llama bench-llama bench scaling)
 # The most seconds each phase may take; the session's budget may leave it less.
-declare -A CAP=([deps]=60 [env]=60 [build]=240 [gpu-tests]=120 [memcheck-kernels]=90
+declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [memcheck-kernels]=90
     [memcheck-train]=45 [memcheck-llama]=60 [racecheck-kernels]=90 [initcheck-kernels]=90
-    [racecheck-llama]=60 [initcheck-llama]=60 [bench]=120 [scaling]=150)
+    [racecheck-llama]=60 [initcheck-llama]=60 [bench-llama]=200 [bench]=120 [scaling]=150)
 # The suite each sanitizer phase runs.
 declare -A SUITE=([kernels]=test_kernels_cuda [train]=test_cuda_train [llama]=test_llama_cuda)
 # Seconds a phase leaves to the benchmarks after it, and the least worth starting a phase with.
+RESERVE_LLAMA=150
 RESERVE_BENCH=120
 RESERVE_SCALING=60
 MIN_PHASE=15
@@ -105,22 +107,26 @@ phase_env() {
     ldconfig -p 2>/dev/null | grep -E 'libcublas|libcudnn|libnccl' || echo "(none registered)"
     printf '\n== NVIDIA and torch Python packages\n'
     timeout 60 python3 -m pip list 2>/dev/null | grep -iE '^(torch|nvidia-)' || echo "(none)"
-    show python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'
-    show python3 -c 'import torch
+    # One import of torch (slow on a loaded machine): its first line is the summary's.
+    printf '\n== torch: version, CUDA, cuDNN, NCCL\n'
+    local torch_info
+    torch_info=$(timeout 60 python3 -c 'import torch
+print(torch.__version__, "CUDA", torch.version.cuda)
 print("cudnn", torch.backends.cudnn.version())
 try:
     print("nccl", torch.cuda.nccl.version())
 except Exception as e:
     print("nccl unknown:", e)
-print("cuda available", torch.cuda.is_available())'
+print("cuda available", torch.cuda.is_available())' 2>&1) || torch_info="(exit status $?) $torch_info"
+    echo "$torch_info"
     show nproc
     show lscpu
     local gpu nvcc torch
     gpu=$(timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null |
         head -1 | sed 's/, / driver /') || true
     nvcc=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -1) || true
-    torch=$(timeout 60 python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' \
-        2>/dev/null) || true
+    torch=none
+    if [[ "$torch_info" != "(exit status"* ]]; then torch=$(head -1 <<<"$torch_info"); fi
     result ok "GPU: ${gpu:-none}; nvcc ${nvcc:-none}; torch ${torch:-none}; $(nproc) CPUs"
 }
 
@@ -218,6 +224,29 @@ phase_bench() {
     fi
 }
 
+# bench/llama_gpu.sh within this phase's limit (GPU_SESSION_LIMIT), less time to print the table.
+# libfsdp runs shape S only here: building M initialises 1.5 G parameters on the CPU, and its
+# f32 attention kernel (one thread per query row) would not give 12 steps of M in the time.
+phase_bench_llama() {
+    local log rc=0
+    log=$(own_log)
+    run bash "$repo/bench/llama_gpu.sh" --budget-s $((${GPU_SESSION_LIMIT:-200} - 10)) \
+        --libfsdp-shapes S "$build" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        result fail "bench/llama_gpu.sh exit status $rc"
+        return 0
+    fi
+    # Each figure: who, shape, mode, ms/step and MFU; then the goals' verdicts.
+    local figures goals
+    figures=$(awk '$1 == "result" {printf "%s%s %s %s %s ms mfu %s", s, $2, $3, $4, $6, $10; s = "; "}' "$log")
+    goals=$(grep '^goal ' "$log" | paste -sd';' -) || true
+    if [ -z "$figures" ]; then
+        result fail "no figure: $(grep -m1 -E 'skipped|not importable|exit status' "$log" || echo 'see bench-llama.log')"
+    else
+        result ok "$figures${goals:+ | $goals}"
+    fi
+}
+
 phase_scaling() {
     local log rc=0
     log=$(own_log)
@@ -248,6 +277,7 @@ run_phase_body() {
     build) phase_build ;;
     gpu-tests) phase_gpu_tests ;;
     memcheck-* | racecheck-* | initcheck-*) sanitize "${1%%-*}" "${SUITE[${1#*-}]}" ;;
+    bench-llama) phase_bench_llama ;;
     bench) phase_bench ;;
     scaling) phase_scaling ;;
     *) echo "no phase $1" >&2 && exit 2 ;;
@@ -288,8 +318,8 @@ session_phase() {
     local t0 rc=0 secs status note
     t0=$(now)
     rm -f "$out/.$name.result"
-    GPU_SESSION_OUT=$out timeout -k 10 "$limit" bash "$self" --phase "$name" >"$out/$name.log" 2>&1 ||
-        rc=$?
+    GPU_SESSION_OUT=$out GPU_SESSION_LIMIT=$limit timeout -k 10 "$limit" bash "$self" --phase "$name" \
+        >"$out/$name.log" 2>&1 || rc=$?
     secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
         status=timeout note="stopped at its limit of $limit s (see $name.log)"
@@ -350,7 +380,7 @@ main() {
     session_phase env "" 0
     local build_reason=${reason:+$reason; CI builds already compile the CUDA code}
     last_status=skip
-    session_phase build "$build_reason" $((RESERVE_BENCH + RESERVE_SCALING))
+    session_phase build "$build_reason" $((RESERVE_LLAMA + RESERVE_BENCH + RESERVE_SCALING))
     local after=$reason
     if [ -z "$after" ] && [ "$last_status" != ok ]; then
         after="the build phase did not succeed"
@@ -358,8 +388,9 @@ main() {
     local p
     for p in gpu-tests memcheck-kernels memcheck-train memcheck-llama racecheck-kernels \
         initcheck-kernels racecheck-llama initcheck-llama; do
-        session_phase "$p" "$after" $((RESERVE_BENCH + RESERVE_SCALING))
+        session_phase "$p" "$after" $((RESERVE_LLAMA + RESERVE_BENCH + RESERVE_SCALING))
     done
+    session_phase bench-llama "$after" $((RESERVE_BENCH + RESERVE_SCALING))
     session_phase bench "$after" "$RESERVE_SCALING"
     session_phase scaling "$after" 0
     rm -f "$out"/.*.result

@@ -380,7 +380,8 @@ static void test_scripted_counts(void) {
     FSDP_TEST_OK(fsdp_test_run_world(4, 20000, scripted_body, NULL));
 }
 
-/* Refused calls are not counted; begin and end misuse; JSON escaping of labels. */
+/* Refused calls are not counted; begin and end misuse; JSON escaping of labels, and a label
+ * that is not UTF-8 refused. */
 static fsdp_status misc_body(fsdp_ctx *ctx, int rank, void *user) {
     (void)rank, (void)user;
     fsdp_status st = fsdp_comm_debug_end(ctx);
@@ -410,6 +411,21 @@ static fsdp_status misc_body(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK && strcmp(json, want) != 0)
         st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "JSON is %s, want %s", json, want);
     free(json);
+    json = NULL;
+    /* a label that is not UTF-8 cannot be a JSON string: refused, naming it */
+    fsdp_group *latin1 = NULL;
+    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
+    if (st == FSDP_OK) st = fsdp_group_split(ctx, NULL, 0, 0, "caf\xe9", &latin1);
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, latin1, t, FSDP_REDUCE_MAX);
+    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+    if (st == FSDP_OK) {
+        fsdp_status bad = capture(ctx, fsdp_comm_debug_write_json, &json);
+        if (bad != FSDP_ERR_INVALID_ARGUMENT || !strstr(fsdp_last_error(ctx), "not UTF-8"))
+            st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "a Latin-1 label gave %s: %s",
+                           fsdp_status_to_string(bad), fsdp_last_error(ctx));
+    }
+    free(json);
+    fsdp_group_free(latin1);
     fsdp_group_free(odd);
     fsdp_tensor_free(t);
     return st;

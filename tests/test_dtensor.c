@@ -2,17 +2,14 @@
  * pair of placements on 1-d meshes of 3 and 4 ranks and on 2x2 and 3x2 meshes, with uneven
  * shapes (13 rows on 4 ranks leaves a short last shard; 3 columns on 4 ranks an empty one),
  * forward and backward; the collectives each 1-d redistribution makes; from_local,
- * distribute_tensor and their errors; tensors on a device (DTensor runs on CPU tensors only in
- * this version).
+ * distribute_tensor and their errors. The same pairs on device tensors, bitwise against
+ * these CPU runs: test_tp_device.
  *
  * Values are small integers, so every sum is exact and results compare bitwise. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/tensor_impl.h" // defines: fsdp_tensor_move
 #include "harness.h"
-
-#define SIM0 ((fsdp_device){FSDP_DEVICE_SIM, 0})
 
 /* ---- serial reference ---- */
 
@@ -383,84 +380,6 @@ static void test_from_local_and_distribute(void) {
     FSDP_TEST_OK(fsdp_test_run_world(4, 0, construct_rank, NULL));
 }
 
-/* ---- tensors on a device ---- */
-
-static fsdp_status expect_device(fsdp_ctx *ctx, fsdp_status got, const char *what,
-                                 const char *says) {
-    const char *e = fsdp_last_error(ctx);
-    FSDP_RANK_CHECK(ctx, got == FSDP_ERR_DEVICE, "%s returned %s, want FSDP_ERR_DEVICE (%s)", what,
-                    fsdp_status_to_string(got), e);
-    FSDP_RANK_CHECK(ctx,
-                    strstr(e, says) &&
-                        strstr(e, "tensor parallelism (DTensor) does not take device tensors "
-                                  "yet") &&
-                        strstr(e, "fsdp_tensor_copy"),
-                    "%s: message \"%s\" lacks \"%s\" or the fix", what, e, says);
-    return FSDP_OK;
-}
-
-/* from_local and distribute_tensor of a tensor on sim:0, and redistribute, its backward and
- * full_tensor of a DTensor whose local tensor is there, are refused on every rank before any
- * collective, naming the call and the fix; moved back to the CPU, the DTensor redistributes as
- * before. */
-static fsdp_status device_rank(fsdp_ctx *ctx, int rank, void *user) {
-    (void)rank, (void)user;
-    fsdp_mesh *mesh;
-    FSDP_TRY(fsdp_mesh_create(ctx, 1, (int[]){4}, (const char *[]){"tp"}, &mesh));
-    const int64_t global[2] = {13, 3};
-    const uint64_t stream = 3;
-    fsdp_tensor *t = NULL, *dev = NULL, *full = NULL;
-    fsdp_dtensor *dt = NULL, *out = NULL;
-    fsdp_status st = make_local(ctx, mesh, &FSDP_SHARD(0), 2, global, stream, &t);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, SIM0, 2, fsdp_tensor_shape(t), &dev);
-    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, dev, t);
-    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
-    if (st == FSDP_OK)
-        st =
-            expect_device(ctx, fsdp_dtensor_from_local(ctx, dev, mesh, &FSDP_SHARD(0), global, &dt),
-                          "from_local", "fsdp_dtensor_from_local: the local tensor is on sim:0");
-    if (st == FSDP_OK)
-        st = expect_device(ctx, fsdp_distribute_tensor(ctx, dev, mesh, &FSDP_SHARD(0), 0, &dt),
-                           "distribute_tensor",
-                           "fsdp_distribute_tensor: the global tensor is on sim:0");
-    if (st == FSDP_OK) FSDP_RANK_CHECK(ctx, dt == NULL, "a refused construction made a DTensor");
-    /* No call makes a DTensor on a device: move one's local tensor there (it holds its storage
-     * alone once t is freed) to reach redistribute's own check. */
-    if (st == FSDP_OK) st = fsdp_dtensor_from_local(ctx, t, mesh, &FSDP_SHARD(0), global, &dt);
-    fsdp_tensor_free(t);
-    t = NULL;
-    if (st == FSDP_OK) st = fsdp_tensor_move(ctx, fsdp_dtensor_local(dt), SIM0);
-    const char *says = "redistribute: the local tensor is on sim:0";
-    if (st == FSDP_OK)
-        st = expect_device(ctx, fsdp_dtensor_redistribute(ctx, dt, &FSDP_REPLICATE, &out),
-                           "redistribute", says);
-    if (st == FSDP_OK)
-        st = expect_device(ctx, fsdp_dtensor_redistribute_backward(ctx, dt, &FSDP_REPLICATE, &out),
-                           "redistribute_backward", says);
-    if (st == FSDP_OK)
-        st = expect_device(ctx, fsdp_dtensor_full_tensor(ctx, dt, &full), "full_tensor", says);
-    if (st == FSDP_OK) FSDP_RANK_CHECK(ctx, !out && !full, "a refused call handed out a result");
-    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
-    if (st == FSDP_OK)
-        FSDP_RANK_CHECK(ctx, fsdp_comm_debug_total(ctx).calls == 0,
-                        "the refused calls made %lld collectives",
-                        (long long)fsdp_comm_debug_total(ctx).calls);
-    if (st == FSDP_OK) st = fsdp_tensor_move(ctx, fsdp_dtensor_local(dt), FSDP_CPU);
-    if (st == FSDP_OK) st = fsdp_dtensor_redistribute(ctx, dt, &FSDP_REPLICATE, &out);
-    if (st == FSDP_OK) st = check_dtensor(ctx, out, &FSDP_REPLICATE, stream, "back on the CPU");
-    fsdp_dtensor_free(out);
-    fsdp_dtensor_free(dt);
-    fsdp_tensor_free(dev);
-    fsdp_tensor_free(t);
-    fsdp_mesh_free(mesh);
-    return st;
-}
-
-static void test_device_tensors(void) {
-    FSDP_TEST_OK(fsdp_test_run_world(4, 0, device_rank, NULL));
-}
-
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"pairs_1d_4_ranks", test_pairs_1d_4_ranks},
@@ -470,7 +389,6 @@ int main(int argc, char **argv) {
         {"comm_per_redistribution", test_comm_per_redistribution},
         {"size_one_mesh_dim", test_size_one_mesh_dim},
         {"from_local_and_distribute", test_from_local_and_distribute},
-        {"device_tensors", test_device_tensors},
     };
     return fsdp_test_run(argc, argv, "dtensor", cases, sizeof cases / sizeof cases[0]);
 }

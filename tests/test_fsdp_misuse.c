@@ -3,8 +3,9 @@
  * across tensor-parallel shards (given or defaulted), fsdp_module_zero_grad and an optimizer
  * on a wrapped model's own parameters, clipping a part of the shards alone, TP after FSDP,
  * summon_full_params inside forward and the model run inside summon_full_params,
- * freeing the model before its FSDP state, a model on a device (FSDP and replicate run on CPU
- * tensors only in this version). Also PyTorch's gradient divide factors. */
+ * freeing the model before its FSDP state, a model on a device while the rank's context is on
+ * the CPU, or across two devices (replicate runs on CPU tensors only in this version; FSDP on
+ * the rank's device, tests/test_fsdp_device.c). Also PyTorch's gradient divide factors. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -422,27 +423,39 @@ static void test_free_model_first(void) {
 
 /* ---- a model on a device ---- */
 
-/* The refusals of a model (or one gradient of it) on sim:0: each names the tensor, its device and
- * the fix, on every rank. */
-static fsdp_status refuse_on_device(fsdp_ctx *ctx, fsdp_module *m, const char *tensor) {
+/* The refusals of a model (or one gradient of it) on sim:0 while the rank's context is on the
+ * CPU, on every rank. FSDP wraps a model on the rank's device: for a whole model on sim:0 it
+ * names both devices and the fix (fsdp_ctx_set_device or fsdp_module_to), for a model across
+ * two devices the tensor that is elsewhere (`whole` says which). Replicate takes a model on one
+ * device, but not the initial broadcast there (src_rank 0 by default), and names the tensor of
+ * a model across two devices. */
+static fsdp_status refuse_on_device(fsdp_ctx *ctx, fsdp_module *m, const char *tensor, bool whole) {
     static const char *paths[] = {"layers.1"};
     fsdp_sharded *sh = NULL;
     fsdp_replicate *r = NULL;
-    const char *move = "fsdp_module_to(ctx, model, FSDP_CPU)";
-    EXPECT_FAIL(ctx, fsdp_fully_shard(ctx, m, NULL, &sh), FSDP_ERR_DEVICE, "fsdp_fully_shard",
-                tensor, "is on sim:0", "FSDP does not take device tensors yet", move,
-                "before wrapping it");
+    if (whole)
+        EXPECT_FAIL(ctx, fsdp_fully_shard(ctx, m, NULL, &sh), FSDP_ERR_DEVICE, "fsdp_fully_shard",
+                    "the model is on sim:0 but this rank's device is cpu:0", "fsdp_ctx_set_device",
+                    "fsdp_module_to");
+    else
+        EXPECT_FAIL(ctx, fsdp_fully_shard(ctx, m, NULL, &sh), FSDP_ERR_DEVICE, "fsdp_fully_shard",
+                    tensor, "is on sim:0", "all on one device", "fsdp_module_to",
+                    "before wrapping it");
     /* Nested units, and a broadcast of the states asked for: refused before either. */
-    EXPECT_FAIL(ctx,
-                fsdp_fully_shard(ctx, m,
-                                 &(fsdp_fully_shard_options){.wrap_paths = paths,
-                                                             .n_wrap_paths = 1,
-                                                             .sync_module_states = true},
-                                 &sh),
-                FSDP_ERR_DEVICE, "fsdp_fully_shard", tensor, "sim:0");
-    EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_DEVICE,
-                "fsdp_replicate_apply", tensor, "is on sim:0",
-                "replicate does not take device tensors yet", move, "before replicating it");
+    EXPECT_FAIL(
+        ctx,
+        fsdp_fully_shard(ctx, m,
+                         &(fsdp_fully_shard_options){
+                             .wrap_paths = paths, .n_wrap_paths = 1, .sync_module_states = true},
+                         &sh),
+        FSDP_ERR_DEVICE, "fsdp_fully_shard", whole ? "this rank's device" : tensor, "sim:0");
+    if (whole)
+        EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_UNSUPPORTED,
+                    "replicate: the model is on sim:0", "initial broadcast", "FSDP_NO_SRC_RANK");
+    else
+        EXPECT_FAIL(ctx, fsdp_replicate_apply(ctx, m, NULL, &r), FSDP_ERR_DEVICE,
+                    "fsdp_replicate_apply", tensor, "is on sim:0", "all on one device",
+                    "fsdp_module_to", "before replicating it");
     FSDP_RANK_CHECK(ctx, sh == NULL && r == NULL, "a refused wrap handed out a state");
     return FSDP_OK;
 }
@@ -456,7 +469,7 @@ static fsdp_status device_model_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = fwd_bwd(ctx, m, rank, 2); /* gradients that are not zero */
     if (st == FSDP_OK) st = snapshot_take(ctx, m, &s);
     if (st == FSDP_OK) st = fsdp_module_to(ctx, m, SIM0);
-    if (st == FSDP_OK) st = refuse_on_device(ctx, m, "parameter 'layers.0.net1.weight'");
+    if (st == FSDP_OK) st = refuse_on_device(ctx, m, "parameter 'layers.0.net1.weight'", true);
     /* No hook was added (fsdp_module_to refuses a tree with hooks) and no value changed. */
     if (st == FSDP_OK) st = fsdp_module_to(ctx, m, FSDP_CPU);
     if (st == FSDP_OK) st = snapshot_check(ctx, m, &s, "after the refusals on sim:0");
@@ -464,7 +477,7 @@ static fsdp_status device_model_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_tensor *g = fsdp_param_grad(fsdp_module_get_param(m, "layers.2.net2.weight"));
     if (st == FSDP_OK) st = fsdp_tensor_move(ctx, g, SIM0);
     if (st == FSDP_OK)
-        st = refuse_on_device(ctx, m, "gradient of parameter 'layers.2.net2.weight'");
+        st = refuse_on_device(ctx, m, "gradient of parameter 'layers.2.net2.weight'", false);
     if (st == FSDP_OK) st = fsdp_tensor_move(ctx, g, FSDP_CPU);
     if (st == FSDP_OK) st = snapshot_check(ctx, m, &s, "after the refusals of a device gradient");
     /* Back on the CPU, it wraps and trains. */

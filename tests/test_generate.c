@@ -464,6 +464,105 @@ static void tool_eval(void) {
     free(out);
 }
 
+/* The ids `fsdp-ckpt generate` prints for g_run (malloc'ed; NULL on failure), under prefix. */
+static char *layout_ids(const char *prefix, const char *extra) {
+    char cmd[4000], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s '%s' generate '%s' --prompt 'the cat ' --max-new-tokens 16 --ids %s 2>/dev/null",
+             prefix, FSDP_CKPT_EXE, g_run, extra);
+    int rc = fsdp_test_shell(cmd, &out);
+    if (rc != 0) printf("\n  %s: rc %d\n%s", cmd, rc, out ? out : "");
+    if (rc != 0) free(out), out = NULL;
+    return out;
+}
+
+/* fsdp-ckpt generate on rank threads at tp 2, dp 2 x tp 2 and dp 3 (and under mpirun with
+ * FSDP_CKPT_MPIRUN at tp 2), greedy and sampled with a seed: the same tokens as one rank with
+ * its key/value cache. Each token comes from a full forward of the padded sequence over the
+ * split model, whose logits differ from one rank's by float32 rounding (the eval bound above);
+ * only a near tie could pick another token, and none does on this run. */
+static void generate_layouts(void) {
+    static const char *const modes[] = {"", "--temperature 0.8 --top-k 20 --seed 3"};
+    static const char *const layouts[] = {"--tp 2", "--world 4 --tp 2", "--world 3"};
+    const char *mpirun = getenv("FSDP_CKPT_MPIRUN");
+    char extra[300];
+    for (size_t m = 0; m < 2; m++) {
+        char *one = layout_ids("", modes[m]);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(one);
+        CU_ASSERT_TRUE(strlen(one) > 16); /* 16 ids */
+        for (size_t i = 0; i < sizeof layouts / sizeof layouts[0] + (mpirun ? 1 : 0); i++) {
+            bool mpi = i == sizeof layouts / sizeof layouts[0];
+            snprintf(extra, sizeof extra, "%s %s", modes[m], mpi ? "--tp 2" : layouts[i]);
+            char *got = layout_ids(mpi ? mpirun : "", extra);
+            printf("\n  generate %s%s: %s", mpi ? "mpirun -np 2 " : "", extra,
+                   got && !strcmp(got, one) ? "the same tokens" : "DIFFERENT tokens");
+            CU_ASSERT_TRUE(got && !strcmp(got, one));
+            free(got);
+        }
+        free(one);
+    }
+}
+
+/* The loss `fsdp-ckpt eval` prints for g_run on path with the extra arguments (NAN on failure);
+ * prefix runs it under a launcher ("" for none). */
+static double layout_loss(const char *prefix, const char *path, const char *extra) {
+    char cmd[4000], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s '%s' eval '%s' '%s' %s 2>&1", prefix, FSDP_CKPT_EXE, g_run, path,
+             extra);
+    int rc = fsdp_test_shell(cmd, &out);
+    const char *at = out ? strstr(out, "\nloss ") : NULL;
+    double loss = rc == 0 && at ? strtod(at + 6, NULL) : NAN;
+    if (isnan(loss)) printf("\n  %s: rc %d\n%s", cmd, rc, out ? out : "");
+    /* one rank prints: a single result line whatever the number of ranks or processes */
+    CU_ASSERT_TRUE(!at || !strstr(at + 1, "\nloss "));
+    free(out);
+    return loss;
+}
+
+/* fsdp-ckpt eval on rank threads at (dp, tp) layouts (each rank loads its part of the run's
+ * checkpoint; tp with the Llama plan and loss parallel; batches dealt over dp, 3 uneven), and
+ * under mpirun when FSDP_CKPT_MPIRUN gives its command for 2 processes: the loss of one rank
+ * without a world, within rtol 1e-5. Bound: dp alone scores each batch with the same shapes
+ * (only the GEMM's split over a rank's worker threads may round differently); tp reorders the
+ * sums of o_proj and down_proj (at most ffn_hidden = 64 terms, split in 2) and the vocabulary's
+ * softmax sums over 2 shards, float32 rounding that carries about 6 deep per layer (2 layers)
+ * into the logits; the 84 u of rtol 1e-5 are test_train_llama's bound for the same plan. A
+ * --tp that does not divide the ranks, or that the heads do not divide, is refused. Then
+ * generate at layouts (generate_layouts). */
+static void tool_layouts(void) {
+    if (!trained_run()) return;
+    static uint16_t ids[16 * RUN_T + 1];
+    int64_t n = make_text(ids, 16 * RUN_T + 1);
+    char path[800];
+    snprintf(path, sizeof path, "%s/layouts.tok", g_root);
+    write_tokens(path, ids, n, 256);
+    double one = layout_loss("", path, "");
+    CU_ASSERT_FATAL(isfinite(one));
+    static const char *const layouts[] = {"--world 1", "--world 2", "--world 3", "--tp 2",
+                                          "--world 4 --tp 2"};
+    char extra[200];
+    const char *mpirun = getenv("FSDP_CKPT_MPIRUN");
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0] + (mpirun ? 2 : 0); i++) {
+        bool mpi = i >= sizeof layouts / sizeof layouts[0];
+        snprintf(extra, sizeof extra, "%s", mpi ? (i % 2 ? "--tp 2" : "") : layouts[i]);
+        double got = layout_loss(mpi ? mpirun : "", path, extra);
+        double rel = fabs(got - one) / one;
+        printf("\n  eval %s%s: loss %.9g, one rank %.9g (relative %.2g)",
+               mpi ? "mpirun -np 2 " : "", extra, got, one, rel);
+        CU_ASSERT_TRUE(rel <= 1e-5);
+    }
+    char *out = NULL;
+    CU_ASSERT_EQUAL(tool(&out, "eval '%s' '%s' --world 3 --tp 2", g_run, path), 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "--tp 2 does not divide --world 3"));
+    free(out);
+    /* 2 key/value heads do not split over 4 */
+    CU_ASSERT_EQUAL(tool(&out, "eval '%s' '%s' --tp 4", g_run, path), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "divisible"));
+    if (!strstr(out, "divisible")) printf("\n%s", out);
+    free(out);
+    generate_layouts();
+}
+
 /* ---- bad input ---- */
 
 typedef struct save_job {
@@ -638,6 +737,7 @@ int main(int argc, char **argv) {
         {"sampling", sampling},
         {"tool_generate", tool_generate},
         {"tool_eval", tool_eval},
+        {"tool_layouts", tool_layouts},
         {"tool_errors", tool_errors},
         {"tool_export_tokenizer", tool_export_tokenizer},
     };

@@ -86,7 +86,8 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
                k->rmsnorm_forward && k->rmsnorm_backward && k->add && k->axpy && k->scale &&
                k->copy && k->fill && k->sum && k->sum_squares && k->max_abs && k->mse_loss &&
                k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->f32_to_f16 &&
-               k->f16_to_f32 && k->sgd_update && k->adam_update;
+               k->f16_to_f32 && k->sgd_update && k->adam_update && k->adam_update_bf16 &&
+               k->gemm_bf16;
     CU_ASSERT_TRUE(all);
     const fsdp_device_i *s = fsdp_device_for(type);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
@@ -99,7 +100,7 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
 
 static void test_table(void) {
     const fsdp_kernels_i *cpu = fsdp_kernels_for(FSDP_CPU);
-    CU_ASSERT_TRUE(cpu->sgd_update && cpu->adam_update);
+    CU_ASSERT_TRUE(cpu->sgd_update && cpu->adam_update && cpu->adam_update_bf16 && cpu->gemm_bf16);
     check_registered(FSDP_DEVICE_SIM, fsdp_kernels_sim(), fsdp_device_sim());
     CU_ASSERT_TRUE(fsdp_device_count(FSDP_DEVICE_SIM) >= 1);
 #ifdef FSDP_HAVE_CUDA
@@ -918,6 +919,154 @@ static void test_optim(void) {
         }
 }
 
+/* adam_update_bf16: on the CPU its p, m, v and vmax are adam_update's bits and p_bf16 is
+ * fsdp_bf16_from_f32 of the updated p, with 1 and 2 worker threads (the split path); on the
+ * device p, m, v and vmax match the CPU's as run_optim_case's do, and p_bf16 is
+ * fsdp_bf16_from_f32 of the device's own p, bit for bit (rounding is exact). Three AdamW steps;
+ * the first elements of p are inf, -inf, a finite value beyond bf16's largest, a subnormal and
+ * 0. */
+static void run_adam_bf16_case(int64_t n, int64_t off, bool amsgrad) {
+    const fsdp_kernels_i *cpu = fsdp_kernels_cpu();
+    int64_t len = n + off;
+    float *p0 = new_uniform(len, -1, 1), *g = new_uniform(len, -1, 1);
+    const float special[] = {INFINITY, -INFINITY, 3.39e38f, -1e-40f, 0.0f};
+    for (int64_t i = 0; i < 5 && i < n; i++) p0[off + i] = special[i];
+    /* [0] adam_update, [1] adam_update_bf16 on the CPU, [2] on the device (copied back) */
+    float *p[3], *m[3], *v[3], *x[3];
+    for (int r = 0; r < 3; r++) {
+        p[r] = malloc((size_t)len * 4), m[r] = calloc((size_t)len, 4);
+        v[r] = calloc((size_t)len, 4), x[r] = calloc((size_t)len, 4);
+        CU_ASSERT_FATAL(p[r] && m[r] && v[r] && x[r]);
+        memcpy(p[r], p0, (size_t)len * 4);
+    }
+    fsdp_bf16 *lp = calloc((size_t)len, 2), *dlp_host = calloc((size_t)len, 2);
+    float *dp = dev_floats(p0, len), *dg = dev_floats(NULL, len), *dm = dev_floats(NULL, len);
+    float *dv = dev_floats(NULL, len), *dx = dev_floats(NULL, len);
+    fsdp_bf16 *dlp = dev_new(NULL, (size_t)len * 2);
+    const float lr = 1e-3f, wd = 0.1f, b1 = 0.9f, b2 = 0.999f;
+    int64_t bad_cpu = 0, bad_lp = 0, bad_dlp = 0;
+    for (int step = 1; step <= 3; step++) {
+        for (int64_t i = 0; i < len; i++) g[i] = rng_uniform(-1, 1);
+        dev_put(dg, g, (size_t)len * 4);
+        float bc1 = 1.0f - powf(b1, (float)step), bc2 = 1.0f - powf(b2, (float)step);
+        fsdp_adam_step_args a = {.sign = 1,
+                                 .l2 = 0,
+                                 .shrink = 1 - lr * wd,
+                                 .w1 = 1 - b1,
+                                 .beta2 = b2,
+                                 .w2 = 1 - b2,
+                                 .eps = 1e-8f,
+                                 .neg_step_size = -lr / bc1,
+                                 .bc2_sqrt = sqrtf(bc2)};
+        CU_ASSERT_EQUAL(fsdp_kernels_cpu_workers_start(step == 2 ? 2 : 1, -1), step == 2 ? 2 : 1);
+        cpu->adam_update(p[0] + off, g + off, m[0] + off, v[0] + off, amsgrad ? x[0] + off : NULL,
+                         n, &a);
+        cpu->adam_update_bf16(p[1] + off, lp + off, g + off, m[1] + off, v[1] + off,
+                              amsgrad ? x[1] + off : NULL, n, &a);
+        fsdp_kernels_cpu_workers_stop();
+        K()->adam_update_bf16(dp + off, dlp + off, dg + off, dm + off, dv + off,
+                              amsgrad ? dx + off : NULL, n, &a);
+        /* checked after every step: the split step's copy is not overwritten unseen */
+        dev_get(p[2], dp, (size_t)len * 4);
+        dev_get(dlp_host, dlp, (size_t)len * 2);
+        for (int64_t i = off; i < len; i++) {
+            bad_cpu +=
+                f32_bits(p[0][i]) != f32_bits(p[1][i]) || f32_bits(m[0][i]) != f32_bits(m[1][i]) ||
+                f32_bits(v[0][i]) != f32_bits(v[1][i]) || f32_bits(x[0][i]) != f32_bits(x[1][i]);
+            bad_lp += lp[i] != fsdp_bf16_from_f32(p[1][i]);
+            bad_dlp += dlp_host[i] != fsdp_bf16_from_f32(p[2][i]);
+        }
+    }
+    printf("\n    adam_update_bf16 (n %lld, offset %lld%s): %lld CPU elements unlike adam_update, "
+           "%lld CPU and %lld device bf16 copies unlike their p rounded",
+           (long long)n, (long long)off, amsgrad ? ", amsgrad" : "", (long long)bad_cpu,
+           (long long)bad_lp, (long long)bad_dlp);
+    CU_ASSERT_EQUAL(bad_cpu, 0);
+    CU_ASSERT_EQUAL(bad_lp, 0);
+    CU_ASSERT_EQUAL(bad_dlp, 0);
+    /* 1e-6 relative on CUDA, as run_optim_case: the same IEEE operations, expected bitwise */
+    CU_ASSERT_TRUE(fsdp_test_device_close("  p", p[2] + off, p[0] + off, n, 1e-6, 0));
+    DEV_CLOSE("  m", dm + off, m[0] + off, n, 1e-6, 0);
+    DEV_CLOSE("  v", dv + off, v[0] + off, n, 1e-6, 0);
+    if (amsgrad) DEV_CLOSE("  vmax", dx + off, x[0] + off, n, 1e-6, 0);
+    for (int r = 0; r < 3; r++) free(p[r]), free(m[r]), free(v[r]), free(x[r]);
+    free(p0), free(g), free(lp), free(dlp_host);
+    dev_free(dp), dev_free(dg), dev_free(dm), dev_free(dv), dev_free(dx), dev_free(dlp);
+}
+
+static void test_adam_bf16(void) {
+    rng_seed(23);
+    const int64_t ns[] = {1, 7, 1003, 1 << 17};
+    for (int s = 0; s < 4; s++)
+        for (int64_t off = 0; off < 2; off++) run_adam_bf16_case(ns[s], off, s % 2 == 1);
+}
+
+/* gemm_bf16 against a float64 reference of the same bf16 inputs: the products are exact (8-bit
+ * significands), so the only error is the f32 accumulation of K terms, the alpha multiply and
+ * the beta term: |C - ref| <= (K + 3) 2^-24 (|alpha| sum_k |a b| + |beta c|) (the classical
+ * bound of a sum of K terms in any order, gamma_K, plus two roundings). CUDA gets 4 times that:
+ * cuBLAS's tensor-core accumulation order and alignment are its own, and this has not run on a
+ * GPU yet. On sim the bits are also the CPU's. Shapes cross the CPU's blocks (32 x 128 x 128),
+ * with both transposes, padded strides, beta 0 over NaN (overwritten) and 0.5, and K = 0. */
+static void run_gemm_bf16_case(int64_t M, int64_t N, int64_t K, bool ta, bool tb, float beta) {
+    int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+    int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb, nc = M * ldc;
+    fsdp_bf16 *A = malloc((size_t)(na + 1) * 2), *B = malloc((size_t)(nb + 1) * 2);
+    float *C0 = new_uniform(nc, -1, 1), *c_cpu = malloc((size_t)(nc + 1) * 4);
+    float *c_dev = malloc((size_t)(nc + 1) * 4);
+    for (int64_t i = 0; i < na; i++) A[i] = fsdp_bf16_from_f32(rng_uniform(-2, 2));
+    for (int64_t i = 0; i < nb; i++) B[i] = fsdp_bf16_from_f32(rng_uniform(-2, 2));
+    if (beta == 0.0f)
+        for (int64_t i = 0; i < nc; i++) C0[i] = NAN;
+    const float alpha = 0.75f;
+    memcpy(c_cpu, C0, (size_t)nc * 4);
+    fsdp_kernels_cpu()->gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, c_cpu, ldc);
+    fsdp_bf16 *dA = dev_new(A, (size_t)na * 2), *dB = dev_new(B, (size_t)nb * 2);
+    float *dC = dev_floats(C0, nc);
+    fsdp_kernels_for(dev())->gemm_bf16(ta, tb, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
+    dev_get(c_dev, dC, (size_t)nc * 4);
+    double worst_cpu = 0, worst_dev = 0, slack = fsdp_test_device_is_cuda() ? 4.0 : 1.0;
+    int64_t bits = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double a = fsdp_bf16_to_f32(ta ? A[k * lda + i] : A[i * lda + k]);
+                double b = fsdp_bf16_to_f32(tb ? B[j * ldb + k] : B[k * ldb + j]);
+                acc += a * b, mag += fabs(a * b);
+            }
+            double c = beta == 0.0f ? 0.0 : (double)C0[i * ldc + j];
+            double ref = alpha * acc + beta * c;
+            double bound = (double)(K + 3) * 0x1p-24 * (fabs(alpha) * mag + fabs(beta * c)) + 1e-30;
+            float got_cpu = c_cpu[i * ldc + j], got_dev = c_dev[i * ldc + j];
+            double e_cpu = fabs(got_cpu - ref) / bound, e_dev = fabs(got_dev - ref) / bound;
+            worst_cpu = isnan(e_cpu) || e_cpu > worst_cpu ? e_cpu : worst_cpu;
+            worst_dev = isnan(e_dev) || e_dev > worst_dev ? e_dev : worst_dev;
+            bits += f32_bits(got_cpu) != f32_bits(got_dev);
+        }
+    printf(
+        "\n    gemm_bf16 %lldx%lldx%lld%s%s beta %g: error / bound CPU %.3f, device %.3f (bound x "
+        "%.0f); %lld elements differ in bits",
+        (long long)M, (long long)N, (long long)K, ta ? " A^T" : "", tb ? " B^T" : "", (double)beta,
+        worst_cpu, worst_dev, slack, (long long)bits);
+    CU_ASSERT_TRUE(worst_cpu <= 1.0);
+    CU_ASSERT_TRUE(worst_dev <= slack);
+    if (!fsdp_test_device_is_cuda()) CU_ASSERT_EQUAL(bits, 0);
+    free(A), free(B), free(C0), free(c_cpu), free(c_dev);
+    dev_free(dA), dev_free(dB), dev_free(dC);
+}
+
+static void test_gemm_bf16(void) {
+    rng_seed(29);
+    for (int t = 0; t < 4; t++) {
+        run_gemm_bf16_case(5, 7, 3, t & 1, t & 2, 0.5f);
+        run_gemm_bf16_case(70, 300, 257, t & 1, t & 2, t < 2 ? 0.0f : 0.5f);
+    }
+    run_gemm_bf16_case(33, 129, 1, false, false, 0.0f);
+    run_gemm_bf16_case(4, 6, 0, false, true, 0.5f);
+    run_gemm_bf16_case(3, 2, 0, true, false, 0.0f);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"table", test_table},
@@ -940,6 +1089,8 @@ int main(int argc, char **argv) {
         {"f16", test_f16},
         {"reduce_n", test_reduce_n},
         {"optim", test_optim},
+        {"adam_bf16", test_adam_bf16},
+        {"gemm_bf16", test_gemm_bf16},
     };
     fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "kernels_cuda", cases, sizeof cases / sizeof *cases);

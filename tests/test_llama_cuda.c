@@ -69,7 +69,8 @@ static void test_kernels_match_cpu(void) {
     const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = fsdp_kernels_for(dev());
     CU_ASSERT_TRUE_FATAL(g->embedding_forward && g->embedding_backward && g->rope_forward &&
                          g->rope_backward && g->attention_forward && g->attention_backward &&
-                         g->swiglu_forward && g->swiglu_backward && g->cross_entropy_ignore);
+                         g->swiglu_forward && g->swiglu_backward && g->cross_entropy_ignore &&
+                         g->vocab_row_max && g->vocab_exp_sums && g->vocab_ce_grad);
     rng_seed(21);
     enum { B = 2, T = 7, NH = 4, NKV = 2, D = 6, V = 11, C = 5, N = B * T };
     /* embedding */
@@ -80,12 +81,19 @@ static void test_kernels_match_cpu(void) {
     dbuf gt = up(tok, FSDP_DTYPE_I32, N), gw = up(w, FSDP_DTYPE_F32, V * C);
     dbuf ge = up(NULL, FSDP_DTYPE_F32, N * C), gdy = up(dy, FSDP_DTYPE_F32, N * C);
     dbuf gdw = up(dw, FSDP_DTYPE_F32, V * C);
-    c->embedding_forward(e, tok, w, N, C);
-    g->embedding_forward(f(ge), fsdp_tensor_data(gt.t), f(gw), N, C);
+    c->embedding_forward(e, tok, w, N, C, 0, V);
+    g->embedding_forward(f(ge), fsdp_tensor_data(gt.t), f(gw), N, C, 0, V);
     same("embedding forward", ge, e, 0, 0);
-    c->embedding_backward(dw, dy, tok, N, C);
-    g->embedding_backward(f(gdw), f(gdy), fsdp_tensor_data(gt.t), N, C);
+    c->embedding_backward(dw, dy, tok, N, C, 0, V);
+    g->embedding_backward(f(gdw), f(gdy), fsdp_tensor_data(gt.t), N, C, 0, V);
     same("embedding backward", gdw, dw, 0, 0);
+    /* a vocabulary range [3, 7) of the table (tensor parallelism's shard): zeros elsewhere */
+    c->embedding_forward(e, tok, w + 3 * C, N, C, 3, 4);
+    g->embedding_forward(f(ge), fsdp_tensor_data(gt.t), f(gw) + 3 * C, N, C, 3, 4);
+    same("embedding forward of a vocabulary range", ge, e, 0, 0);
+    c->embedding_backward(dw + 3 * C, dy, tok, N, C, 3, 4);
+    g->embedding_backward(f(gdw) + 3 * C, f(gdy), fsdp_tensor_data(gt.t), N, C, 3, 4);
+    same("embedding backward of a vocabulary range", gdw, dw, 0, 0);
     /* rope */
     int64_t nq = B * T * NH * D, nk = B * T * NKV * D;
     float *cs = uniform(2 * T * (D / 2), -1, 1), *x = uniform(nq, -1, 1), *y = uniform(nq, 0, 0);
@@ -142,6 +150,21 @@ static void test_kernels_match_cpu(void) {
            ldev);
     CU_ASSERT_TRUE(fabsf(lc - ldev) <= fsdp_test_device_tol(1e-6) * fabsf(lc));
     same("cross_entropy_ignore dlogits", gdl, dl, 1e-5, 1e-8);
+    /* loss parallel's pieces, the logits read as the classes [3, 3 + V) of a larger vocabulary
+     * (targets below 3 or past 3 + V are another shard's), over 9 counted rows in all: the
+     * maxima and target logits exact, the double sums and the gradient as cross_entropy's */
+    const int32_t *gtgt = fsdp_tensor_data(gtg.t);
+    float *vs = uniform(3 * N, 0, 0), *vd = uniform(N * V, 0, 0);
+    dbuf gvs = up(NULL, FSDP_DTYPE_F32, 3 * N), gvd = up(NULL, FSDP_DTYPE_F32, N * V);
+    c->vocab_row_max(vs, lg, N, V);
+    g->vocab_row_max(f(gvs), f(glg), N, V);
+    c->vocab_exp_sums(vs + N, vs + 2 * N, lg, vs, tg, -100, 3, N, V);
+    g->vocab_exp_sums(f(gvs) + N, f(gvs) + 2 * N, f(glg), f(gvs), gtgt, -100, 3, N, V);
+    c->vocab_ce_grad(vd, lg, vs, vs + N, tg, -100, 3, N, V, 9);
+    g->vocab_ce_grad(f(gvd), f(glg), f(gvs), f(gvs) + N, gtgt, -100, 3, N, V, 9);
+    same("vocab_row_max and vocab_exp_sums", gvs, vs, 1e-6, 0);
+    same("vocab_ce_grad", gvd, vd, 1e-5, 1e-8);
+    fsdp_tensor_free(gvs.t), fsdp_tensor_free(gvd.t), free(vs), free(vd);
     dbuf all[] = {gt, gw, ge,  gdy, gdw, gcs, gx,  gy,  gq,  gk,  gv, go,
                   gl, gs, gdo, gdq, gdk, gdv, gsw, gsg, glg, gdl, gtg};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i].t);
@@ -264,9 +287,54 @@ static void test_model_matches_hf(void) {
     fixture_free(&fx);
 }
 
+/* rope_qk_forward and rope_qk_backward: on the CPU the bits of rope_forward / rope_backward on
+ * q and on k (out of place and in place); on the device against the CPU's, as rope's. */
+static void test_rope_qk(void) {
+    const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = fsdp_kernels_for(dev());
+    CU_ASSERT_TRUE_FATAL(c->rope_qk_forward && c->rope_qk_backward && g->rope_qk_forward &&
+                         g->rope_qk_backward);
+    rng_seed(22);
+    enum { B = 3, T = 5, NH = 6, NKV = 2, D = 8 };
+    int64_t nq = B * T * NH * D, nk = B * T * NKV * D, h = D / 2;
+    float *cs = uniform(2 * T * h, -1, 1), *q = uniform(nq, -2, 2), *k = uniform(nk, -2, 2);
+    const float *sn = cs + T * h;
+    float *q1 = uniform(nq, 0, 0), *k1 = uniform(nk, 0, 0), *q2 = uniform(nq, 0, 0);
+    float *k2 = uniform(nk, 0, 0);
+    dbuf gcs = up(cs, FSDP_DTYPE_F32, 2 * T * h), gq = up(q, FSDP_DTYPE_F32, nq);
+    dbuf gk = up(k, FSDP_DTYPE_F32, nk), gqo = up(NULL, FSDP_DTYPE_F32, nq);
+    dbuf gko = up(NULL, FSDP_DTYPE_F32, nk);
+    for (int backward = 0; backward < 2; backward++) {
+        const char *what = backward ? "rope_qk_backward" : "rope_qk_forward";
+        void (*one)(float *, const float *, const float *, const float *, int64_t, int64_t, int64_t,
+                    int64_t) = backward ? c->rope_backward : c->rope_forward;
+        void (*both)(float *, float *, const float *, const float *, const float *, const float *,
+                     int64_t, int64_t, int64_t, int64_t, int64_t) =
+            backward ? c->rope_qk_backward : c->rope_qk_forward;
+        one(q1, q, cs, sn, B, T, NH, D);
+        one(k1, k, cs, sn, B, T, NKV, D);
+        both(q2, k2, q, k, cs, sn, B, T, NH, NKV, D);
+        CU_ASSERT_EQUAL(memcmp(q1, q2, (size_t)nq * 4), 0);
+        CU_ASSERT_EQUAL(memcmp(k1, k2, (size_t)nk * 4), 0);
+        memcpy(q2, q, (size_t)nq * 4), memcpy(k2, k, (size_t)nk * 4);
+        both(q2, k2, q2, k2, cs, sn, B, T, NH, NKV, D); /* in place */
+        CU_ASSERT_EQUAL(memcmp(q1, q2, (size_t)nq * 4), 0);
+        CU_ASSERT_EQUAL(memcmp(k1, k2, (size_t)nk * 4), 0);
+        printf("\n    %s: CPU bitwise two single calls, out of place and in place", what);
+        (backward ? g->rope_qk_backward : g->rope_qk_forward)(f(gqo), f(gko), f(gq), f(gk), f(gcs),
+                                                              f(gcs) + T * h, B, T, NH, NKV, D);
+        /* 1e-6 relative, 1e-7 absolute on CUDA, as rope's: the same operations per element */
+        same(backward ? "  q backward" : "  q forward", gqo, q1, 1e-6, 1e-7);
+        same(backward ? "  k backward" : "  k forward", gko, k1, 1e-6, 1e-7);
+    }
+    dbuf all[] = {gcs, gq, gk, gqo, gko};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i].t);
+    free(cs), free(q), free(k), free(q1), free(k1), free(q2), free(k2);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"kernels_match_cpu", test_kernels_match_cpu},
+        {"rope_qk", test_rope_qk},
         {"model_matches_hf", test_model_matches_hf},
     };
     fsdp_test_device(); // chosen, and printed, before the first case

@@ -31,14 +31,81 @@ static void test_embedding(void) {
     float *dout = new_uniform(N * C, -1, 1), *dw = new_uniform(V * C, -1, 1);
     double *want = to_doubles(dw, V * C);
     int32_t tok[N] = {3, 0, 6, 3, 2, 3};
-    k->embedding_forward(out, tok, w, N, C);
+    k->embedding_forward(out, tok, w, N, C, 0, V);
     for (int i = 0; i < N; i++)
         CU_ASSERT_EQUAL(memcmp(out + i * C, w + tok[i] * C, sizeof(float) * C), 0);
     for (int i = 0; i < N; i++)
         for (int c = 0; c < C; c++) want[tok[i] * C + c] += dout[i * C + c];
-    k->embedding_backward(dw, dout, tok, N, C);
+    k->embedding_backward(dw, dout, tok, N, C, 0, V);
     CLOSE_D("embedding dweight", dw, want, V * C, 1e-6, 1e-7);
-    free(w), free(out), free(dout), free(dw), free(want);
+    /* A vocabulary range [2, 5) of the table (tensor parallelism's shard, rows 2..4 of w):
+     * tokens outside give zero rows and add nothing; 3 and 2 land on local rows 1 and 0. */
+    enum { START = 2, ROWS = 3 };
+    float *dws = new_uniform(ROWS * C, -1, 1);
+    double *want_s = to_doubles(dws, ROWS * C);
+    k->embedding_forward(out, tok, w + START * C, N, C, START, ROWS);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            bool in = tok[i] >= START && tok[i] < START + ROWS;
+            CU_ASSERT_EQUAL(out[i * C + c], in ? w[tok[i] * C + c] : 0.0f);
+            if (in) want_s[(tok[i] - START) * C + c] += dout[i * C + c];
+        }
+    k->embedding_backward(dws, dout, tok, N, C, START, ROWS);
+    /* Each element adds at most 3 rows (token 3 three times) in f32 to a value in [-1, 1):
+     * within 3 u (1.8e-7) relative of the double sum, inside rtol 1e-6 + atol 1e-7. */
+    CLOSE_D("embedding dweight of a vocabulary range", dws, want_s, ROWS * C, 1e-6, 1e-7);
+    free(w), free(out), free(dout), free(dw), free(want), free(dws), free(want_s);
+}
+
+/* ---- loss parallel's pieces ---- */
+
+/* Logits (6, 11) split into the classes [0, 5) and [5, 11) of two shards: the maxima combined
+ * by max, the sums of exponentials and target logits by addition (as the all_reduces do), then
+ * each shard's gradient, against cross_entropy_ignore over the whole logits. The shards sum in
+ * double, round each sum to f32 once and add the two in f32: lse differs from the whole row's
+ * by about 2 u (1.2e-7 absolute at lse ~ 3); the loss (a mean of lse - x[t] ~ 2) and each
+ * gradient element exp(x - lse) / n then within 2e-7 relative, inside rtol 1e-6 (+ atol 1e-8
+ * for elements near 0). */
+static void test_vocab_loss(void) {
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    enum { R = 6, V = 11, V0 = 5, V1 = V - V0 };
+    rng_seed(5);
+    float *x = new_uniform(R * V, -2, 2), *d = new_floats(R * V);
+    float x0[R * V0], x1[R * V1], st0[3 * R], st1[3 * R], d0[R * V0], d1[R * V1];
+    int32_t tg[R] = {3, -100, 7, 10, 0, 5};
+    for (int r = 0; r < R; r++) {
+        memcpy(x0 + r * V0, x + r * V, sizeof(float) * V0);
+        memcpy(x1 + r * V1, x + r * V + V0, sizeof(float) * V1);
+    }
+    float loss = 0;
+    k->cross_entropy_ignore(&loss, d, x, tg, -100, R, V);
+    k->vocab_row_max(st0, x0, R, V0);
+    k->vocab_row_max(st1, x1, R, V1);
+    for (int r = 0; r < R; r++) st0[r] = st1[r] = st0[r] > st1[r] ? st0[r] : st1[r];
+    k->vocab_exp_sums(st0 + R, st0 + 2 * R, x0, st0, tg, -100, 0, R, V0);
+    k->vocab_exp_sums(st1 + R, st1 + 2 * R, x1, st1, tg, -100, V0, R, V1);
+    for (int i = R; i < 3 * R; i++) st0[i] = st1[i] = st0[i] + st1[i];
+    double total = 0;
+    for (int r = 0; r < R; r++) {
+        if (tg[r] == -100) {
+            CU_ASSERT_TRUE(st0[R + r] == 0.0f && st0[2 * R + r] == 0.0f);
+            continue;
+        }
+        CU_ASSERT_EQUAL(st0[2 * R + r], x[r * V + tg[r]]); /* the target logit, from its shard */
+        total += (double)st0[r] + log((double)st0[R + r]) - (double)st0[2 * R + r];
+    }
+    double got = total / 5.0;
+    CU_ASSERT_TRUE(fabs(got - loss) <= 1e-6 * fabs(loss));
+    k->vocab_ce_grad(d0, x0, st0, st0 + R, tg, -100, 0, R, V0, 5);
+    k->vocab_ce_grad(d1, x1, st1, st1 + R, tg, -100, V0, R, V1, 5);
+    double *want = to_doubles(d, R * V);
+    float got_d[R * V];
+    for (int r = 0; r < R; r++) {
+        memcpy(got_d + r * V, d0 + r * V0, sizeof(float) * V0);
+        memcpy(got_d + r * V + V0, d1 + r * V1, sizeof(float) * V1);
+    }
+    CLOSE_D("loss-parallel gradient", got_d, want, R * V, 1e-6, 1e-8);
+    free(x), free(d), free(want);
 }
 
 /* ---- rotary embedding ---- */
@@ -320,6 +387,7 @@ int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"dispatch", test_dispatch},
         {"embedding", test_embedding},
+        {"vocab_loss", test_vocab_loss},
         {"rope", test_rope},
         {"attention", test_attention},
         {"attention_causal_and_stable", test_attention_causal_and_stable},

@@ -5,7 +5,7 @@
  * cross-checked against PyTorch 2.x CommDebugMode on 4 gloo ranks, tools/tp_comm_counts.py).
  * Then: input gradients through Colwise -> Rowwise, SequenceParallel with sharded rows (the
  * tensor-parallel half of REFERENCE.md section 5), DTensor hand-over between styles, plan
- * errors, and a model or input on a device (TP runs on CPU tensors only in this version). Every
+ * errors (device tensors: test_tp_device, bitwise against these CPU runs). Every
  * rank builds the reference itself, so the bodies need no shared memory. The seed scenarios and the
  * chains run on 2, 3 (uneven chunks) and 4 ranks; under MPI each runs at the job's size. */
 #include <math.h>
@@ -16,7 +16,6 @@
 
 #define WORLD 4
 #define SEED  5
-#define SIM0  ((fsdp_device){FSDP_DEVICE_SIM, 0})
 
 /* The world sizes the seed scenarios and the chains run on. */
 static const int sizes[] = {2, 3, 4};
@@ -613,83 +612,6 @@ static void test_plan_errors(void) {
     FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, plan_errors_rank, NULL));
 }
 
-/* ---- a model or an input on a device ---- */
-
-/* got must be `want` with a message naming every needle (NULL-terminated). */
-static fsdp_status refused(fsdp_ctx *ctx, fsdp_status got, fsdp_status want, const char *what,
-                           const char *const *needles) {
-    const char *e = fsdp_last_error(ctx);
-    FSDP_RANK_CHECK(ctx, got == want, "%s returned %s, want %s (%s)", what,
-                    fsdp_status_to_string(got), fsdp_status_to_string(want), e);
-    for (int i = 0; needles[i]; i++)
-        FSDP_RANK_CHECK(ctx, strstr(e, needles[i]), "%s: message \"%s\" lacks \"%s\"", what, e,
-                        needles[i]);
-    return FSDP_OK;
-}
-#define REFUSED(ctx, expr, want, ...)                                                              \
-    refused((ctx), (expr), (want), #expr, (const char *const[]){__VA_ARGS__, NULL})
-
-/* A model on sim:0 is refused by fsdp_tp_parallelize and fsdp_tp_apply, naming the parameter and
- * the fix, with nothing distributed and no hook added (it moves back); a device input to the
- * parallelised CPU model is refused by its style's redistribution before any collective, and
- * the model then runs on CPU inputs as before. */
-static fsdp_status device_model_rank(fsdp_ctx *ctx, int rank, void *user) {
-    (void)rank, (void)user;
-    fsdp_mesh *mesh = NULL;
-    fsdp_module *ref = NULL, *m = NULL;
-    fsdp_tensor *x = NULL, *x_dev = NULL;
-    const fsdp_tensor *out = NULL, *ref_out = NULL;
-    const char *move = "fsdp_module_to(ctx, model, FSDP_CPU) before parallelising it";
-    fsdp_tp_plan_entry plan[] = {{"net1", FSDP_COLWISE()}, {"net2", FSDP_ROWWISE()}};
-    fsdp_status st = make_mesh(ctx, &mesh);
-    if (st == FSDP_OK) st = build_pair(ctx, &(scenario){.build = fsdp_model_mlp_module}, &ref, &m);
-    if (st == FSDP_OK) st = fsdp_module_to(ctx, m, SIM0);
-    if (st == FSDP_OK)
-        st = REFUSED(ctx, fsdp_tp_parallelize(ctx, m, mesh, 2, plan, NULL), FSDP_ERR_DEVICE,
-                     "fsdp_tp_parallelize", "parameter 'net1.weight' is on sim:0",
-                     "tensor parallelism does not take device tensors yet", move);
-    if (st == FSDP_OK)
-        st = REFUSED(ctx,
-                     fsdp_tp_apply(ctx, fsdp_module_find(m, "net2"), mesh, &FSDP_ROWWISE(), NULL),
-                     FSDP_ERR_DEVICE, "fsdp_tp_apply", "parameter 'net2.weight' is on sim:0", move);
-    if (st == FSDP_OK) st = fsdp_module_to(ctx, m, FSDP_CPU);
-    if (st == FSDP_OK) st = compare_params(ctx, ref, m, false, 0.0, "after the refusals");
-    if (st == FSDP_OK)
-        FSDP_RANK_CHECK(ctx, !fsdp_param_dtensor_spec(fsdp_module_get_param(m, "net1.weight")),
-                        "net1 was parallelized although it was refused");
-    /* On the CPU it parallelises; an input on the device is refused in the first hook. */
-    if (st == FSDP_OK) st = fsdp_tp_parallelize(ctx, m, mesh, 2, plan, NULL);
-    if (st == FSDP_OK) st = rand_tensor(ctx, 2, (int64_t[]){4, 10}, 7, &x);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, SIM0, 2, (int64_t[]){4, 10}, &x_dev);
-    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, x_dev, x);
-    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
-    if (st == FSDP_OK)
-        st = REFUSED(ctx, fsdp_module_forward(ctx, m, x_dev, &out), FSDP_ERR_DEVICE,
-                     "redistribute: the local tensor is on sim:0",
-                     "tensor parallelism (DTensor) does not take device tensors yet",
-                     "fsdp_tensor_copy");
-    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
-    if (st == FSDP_OK)
-        FSDP_RANK_CHECK(ctx, fsdp_comm_debug_total(ctx).calls == 0,
-                        "the refused forward made %lld collectives",
-                        (long long)fsdp_comm_debug_total(ctx).calls);
-    if (st == FSDP_OK) st = fsdp_module_forward(ctx, ref, x, &ref_out);
-    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, x, &out);
-    if (st == FSDP_OK)
-        st = fsdp_test_rank_close(ctx, "output after the refusal", out, ref_out, 1e-5, 1e-6, NULL);
-    fsdp_tensor_free(x);
-    fsdp_tensor_free(x_dev);
-    fsdp_module_free(ref);
-    fsdp_module_free(m);
-    fsdp_mesh_free(mesh);
-    return st;
-}
-
-static void test_device_model(void) {
-    FSDP_TEST_OK(fsdp_test_run_world(2, 0, device_model_rank, NULL));
-}
-
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"linear_row_wise_parallel", test_linear_row_wise_parallel},
@@ -704,7 +626,6 @@ int main(int argc, char **argv) {
         {"dtensor_handover", test_dtensor_handover},
         {"sequence_parallel", test_sequence_parallel},
         {"plan_errors", test_plan_errors},
-        {"device_model", test_device_model},
     };
     return fsdp_test_run(argc, argv, "tp", cases, sizeof cases / sizeof cases[0]);
 }

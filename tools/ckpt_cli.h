@@ -16,7 +16,7 @@ typedef struct opt_spec {
     bool *flag;         /* NULL for an option with a value */
 } opt_spec;
 
-enum { MAX_OPTS = 8, OPT_BASE = 256 }; /* getopt_long's code for specs[i] is OPT_BASE + i */
+enum { MAX_OPTS = 12, OPT_BASE = 256 }; /* getopt_long's code for specs[i] is OPT_BASE + i */
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "ckpt_cli.h"            // defines: ckpt_parse_args, ckpt_open_arg, opt_spec, EXIT_OK
+#include "ckpt_eval_world.h"     // defines: ckpt_eval_batches, ckpt_eval_world
 #include "tool_fs.h"             // defines: tool_make_scratch_dir, tool_remove_tree
 #include "train_token_formats.h" // defines: train_token_layout_read, train_token_layout_id
 
@@ -31,6 +32,7 @@ typedef struct loaded {
     fsdp_llama_config cfg; /* resolved */
     char *config;          /* the checkpoint's training configuration text ("" when none) */
     char tmp[4200];        /* the import of a Hugging Face directory; "" when none */
+    char path[4300];       /* the checkpoint read (a step directory) */
 } loaded;
 
 static void loaded_free(loaded *m) {
@@ -77,7 +79,8 @@ static bool has_every_param(fsdp_ctx *ctx, const char *cmd, fsdp_ckpt *ck, const
 }
 
 /* Builds the Llama that ck's model configuration describes and loads its parameters. */
-static bool load_llama(fsdp_ctx *ctx, const char *cmd, const char *arg, fsdp_ckpt *ck, loaded *m) {
+static bool load_llama(fsdp_ctx *ctx, const char *cmd, const char *arg, fsdp_ckpt *ck, loaded *m,
+                       bool build) {
     const char *json = fsdp_ckpt_model_config(ck);
     if (!json[0]) {
         fprintf(stderr,
@@ -92,6 +95,7 @@ static bool load_llama(fsdp_ctx *ctx, const char *cmd, const char *arg, fsdp_ckp
                 fsdp_last_error(ctx));
         return false;
     }
+    if (!build) return true;
     fsdp_state *st = NULL;
     fsdp_ckpt_load_options lo = {.non_strict = true}; /* optimizer state and extras ignored */
     bool ok = fsdp_model_llama(ctx, &m->cfg, &m->model) == FSDP_OK &&
@@ -106,16 +110,23 @@ static bool load_llama(fsdp_ctx *ctx, const char *cmd, const char *arg, fsdp_ckp
     return ok;
 }
 
-/* arg: a checkpoint, a directory of them (the newest) or a Hugging Face model directory. */
-static bool load_model(fsdp_ctx *ctx, const char *cmd, const char *arg, loaded *m) {
+/* arg: a checkpoint, a directory of them (the newest) or a Hugging Face model directory. Without
+ * build, only its configuration is read (m->model stays NULL) and m->path names the checkpoint,
+ * for ranks that each build their part. */
+static bool load_model(fsdp_ctx *ctx, const char *cmd, const char *arg, loaded *m, bool build) {
     memset(m, 0, sizeof *m);
-    char path[4300];
-    snprintf(path, sizeof path, "%s", arg);
+    char *path = m->path;
+    snprintf(path, sizeof m->path, "%s", arg);
     if (ckpt_file_exists(arg, "config.json") && !ckpt_file_exists(arg, "metadata.h5") &&
-        !import_hf(ctx, cmd, arg, m, path, sizeof path))
+        !import_hf(ctx, cmd, arg, m, path, sizeof m->path))
         return loaded_free(m), false;
     fsdp_ckpt *ck = ckpt_open_arg(ctx, cmd, path);
-    bool ok = ck && load_llama(ctx, cmd, arg, ck, m);
+    char *newest = NULL; /* a run's directory: its newest checkpoint, which ck is */
+    if (ck && !ckpt_file_exists(path, "metadata.h5") &&
+        fsdp_ckpt_latest(ctx, path, &newest) == FSDP_OK)
+        snprintf(m->path, sizeof m->path, "%s", newest);
+    free(newest);
+    bool ok = ck && load_llama(ctx, cmd, arg, ck, m, build);
     if (ok && !(m->config = strdup(fsdp_ckpt_config(ck)))) {
         fprintf(stderr, "fsdp-ckpt %s: out of memory\n", cmd);
         ok = false;
@@ -164,6 +175,11 @@ static const char *const usage_generate =
     "  --top-k K             draw only among the K most likely tokens (default 0: all)\n"
     "  --seed S              the draws' seed (default 0): the same seed, the same tokens\n"
     "  --ids                 print token ids (space-separated) instead of text\n"
+    "  --tp T, --world N     generate on a world of rank threads (N, default T; under mpirun its\n"
+    "                        processes), the model split over tp with fsdp-train's Llama plan,\n"
+    "                        each rank loading its part; every token from a full forward of the\n"
+    "                        sequence so far (no key/value cache), the same tokens as one rank\n"
+    "                        up to float32 rounding at near ties\n"
     "\n"
     "A model whose vocabulary is not 256 has no tokenizer in libfsdp: it takes --prompt-ids and\n"
     "prints token ids (decode them with the tokenizer it was trained with).\n";
@@ -173,6 +189,8 @@ typedef struct gen_args {
     int64_t max_new, top_k, seed; /* max_new 0: 64, or as many as fit */
     double temperature;
     bool ids;
+    ckpt_eval_layout lay; /* --world, --tp: on a world when lay.world > 0 or under mpirun */
+    bool on_world;
 } gen_args;
 
 /* The prompt's tokens into *toks (malloc'ed), *n of them: its bytes, or the ids of
@@ -232,6 +250,30 @@ static bool check_prompt(const gen_args *g, int64_t vocab, const int32_t *toks, 
     return n > 0;
 }
 
+/* --world and --tp: 0 ranks means one rank without a world (or, under mpirun, the job). */
+static bool parse_layout(const char *cmd, const char *world, const char *tp, ckpt_eval_layout *l) {
+    int64_t w = 0, t = 1;
+    if (world && !parse_i64(cmd, "--world", world, 1, FSDP_LOCAL_MAX_RANKS, &w)) return false;
+    if (tp && !parse_i64(cmd, "--tp", tp, 1, FSDP_LOCAL_MAX_RANKS, &t)) return false;
+    if (ckpt_under_mpirun() && world) {
+        fprintf(stderr,
+                "fsdp-ckpt %s: under mpirun the ranks are mpirun's processes; leave out --world "
+                "(and give -np)\n",
+                cmd);
+        return false;
+    }
+    if (w && w % t) {
+        fprintf(stderr,
+                "fsdp-ckpt %s: --tp %lld does not divide --world %lld; give a --tp that divides "
+                "it (dp = world / tp)\n",
+                cmd, (long long)t, (long long)w);
+        return false;
+    }
+    if (!w && !ckpt_under_mpirun() && t > 1) w = t; /* --tp alone: a world of tp ranks */
+    l->world = (int)w, l->tp = (int)t;
+    return true;
+}
+
 /* Prints one generated token as text (a byte) or an id, and flushes. */
 static bool emit(const gen_args *g, bool bytes, int64_t i, int32_t tok) {
     if (bytes && !g->ids)
@@ -239,6 +281,16 @@ static bool emit(const gen_args *g, bool bytes, int64_t i, int32_t tok) {
     else
         printf("%s%d", i ? " " : "", tok);
     return fflush(stdout) == 0;
+}
+
+typedef struct emit_to {
+    const gen_args *g;
+    bool bytes;
+} emit_to;
+
+static bool emit_token(void *user, int64_t i, int32_t tok) {
+    const emit_to *e = user;
+    return emit(e->g, e->bytes, i, tok);
 }
 
 static int generate(fsdp_ctx *ctx, const gen_args *g, loaded *m, const int32_t *toks, int64_t n) {
@@ -268,6 +320,15 @@ static int generate(fsdp_ctx *ctx, const gen_args *g, loaded *m, const int32_t *
                 (long long)vocab);
     fsdp_sample_options so = {
         .temperature = (float)g->temperature, .top_k = g->top_k, .seed = (uint64_t)g->seed};
+    if (g->on_world) {
+        ckpt_eval_layout lay = g->lay;
+        lay.ckpt = m->path, lay.cfg = &m->cfg;
+        emit_to e = {g, bytes};
+        bool printer = true;
+        rc = ckpt_generate_world(ctx, &lay, toks, n, max_new, &so, emit_token, &e, &printer);
+        if (rc == EXIT_OK && printer) putchar('\n');
+        goto done;
+    }
     const float *logits;
     if (fsdp_llama_cache_create(ctx, m->model, 0, &cache) != FSDP_OK ||
         fsdp_llama_decode(ctx, cache, toks, n, &logits) != FSDP_OK)
@@ -291,8 +352,11 @@ done:
 
 int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
     gen_args g = {0};
-    const char *max_new = NULL, *temp = NULL, *top_k = NULL, *seed = NULL;
+    const char *max_new = NULL, *temp = NULL, *top_k = NULL, *seed = NULL, *world = NULL,
+               *tp = NULL;
     const opt_spec specs[] = {{"prompt", &g.prompt, NULL},
+                              {"world", &world, NULL},
+                              {"tp", &tp, NULL},
                               {"prompt-ids", &g.prompt_ids, NULL},
                               {"max-new-tokens", &max_new, NULL},
                               {"temperature", &temp, NULL},
@@ -312,6 +376,9 @@ int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
     if (top_k && !parse_i64("generate", "--top-k", top_k, 0, INT32_MAX, &g.top_k))
         return EXIT_USAGE;
     if (seed && !parse_i64("generate", "--seed", seed, 0, INT64_MAX, &g.seed)) return EXIT_USAGE;
+    if (!parse_layout("generate", world, tp, &g.lay)) return EXIT_USAGE;
+    g.on_world = g.lay.world > 0 || ckpt_under_mpirun();
+    g.lay.arg = g.dir;
     if (temp) {
         char *end;
         g.temperature = strtod(temp, &end);
@@ -327,7 +394,7 @@ int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
     loaded m;
     if (!parse_prompt(&g, &toks, &n))
         rc = toks ? EXIT_USAGE : EXIT_FAILED;
-    else if (!load_model(ctx, "generate", g.dir, &m))
+    else if (!load_model(ctx, "generate", g.dir, &m, !g.on_world))
         rc = EXIT_FAILED;
     else {
         rc = generate(ctx, &g, &m, toks, n);
@@ -340,7 +407,7 @@ int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
 /* ---- eval ---- */
 
 static const char *const usage_eval =
-    "usage: fsdp-ckpt eval DIR TOKENS [--batch B] [--seq T]\n"
+    "usage: fsdp-ckpt eval DIR TOKENS [--batch B] [--seq T] [--world N] [--tp T]\n"
     "\n"
     "The loss (mean cross-entropy of each next token, nats per token) and the perplexity\n"
     "(e^loss) of the Llama of DIR (a checkpoint, a run's directory or a Hugging Face Llama\n"
@@ -355,7 +422,13 @@ static const char *const usage_eval =
     "gives that run's evaluation loss.\n"
     "\n"
     "  --batch B   sequences per forward (default: the checkpoint's [data] batch_size, else 8)\n"
-    "  --seq T     tokens per sequence (default: the model's max_seq_len; at most that)\n";
+    "  --seq T     tokens per sequence (default: the model's max_seq_len; at most that)\n"
+    "  --world N   run on N rank threads (default: one rank, no world); under mpirun the\n"
+    "              ranks are its processes (-np N) and --world is left out\n"
+    "  --tp T      tensor-parallel size (default 1; alone: a world of T ranks): the model is\n"
+    "              split over tp with fsdp-train's Llama plan and loss parallel, the batches\n"
+    "              dealt over dp = ranks / tp; each rank loads only its part of the checkpoint.\n"
+    "              The loss equals one rank's to float32 rounding (docs/checkpoint.md)\n";
 
 /* The [data] batch_size of a training configuration text (INI). */
 static int batch_key(void *user, const char *section, const char *name, const char *value) {
@@ -467,48 +540,32 @@ static bool read_tokens(const char *path, int64_t vocab, int32_t **ids, int64_t 
     return ok;
 }
 
-/* The mean loss over n sequences (a multiple of B) of T + 1 tokens, B at a time. */
-static fsdp_status eval_loss(fsdp_ctx *ctx, fsdp_module *model, const int32_t *ids, int64_t n,
-                             int64_t B, int64_t T, double *loss) {
-    int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
-    fsdp_tensor *x = NULL;
-    fsdp_status st = in && tg ? fsdp_tensor_from_blob(ctx, in, FSDP_DTYPE_I32, FSDP_CPU, 2,
-                                                      (int64_t[]){B, T}, &x)
-                              : fsdp_ctx_set_error(ctx, FSDP_ERR_OUT_OF_MEMORY,
-                                                   "out of memory for a batch of %lld x %lld",
-                                                   (long long)B, (long long)T);
-    double share = 0;
-    for (int64_t b0 = 0; st == FSDP_OK && b0 < n; b0 += B) {
-        for (int64_t r = 0; r < B; r++)
-            for (int64_t t = 0; t < T; t++) {
-                in[r * T + t] = ids[(b0 + r) * T + t];
-                tg[r * T + t] = ids[(b0 + r) * T + t + 1];
-            }
-        const fsdp_tensor *logits;
-        float batch = 0;
-        st = fsdp_module_forward(ctx, model, x, &logits);
-        if (st == FSDP_OK)
-            st = fsdp_loss_cross_entropy_ignore(ctx, logits, tg, FSDP_IGNORE_INDEX, &batch, NULL);
-        share += (double)batch * (double)B / (double)n; /* as fsdp-train's evaluation sums */
-    }
-    fsdp_tensor_free(x);
-    free(in);
-    free(tg);
-    *loss = share;
+/* The mean loss over d's sequences on this one rank. */
+static fsdp_status eval_loss(fsdp_ctx *ctx, fsdp_module *model, const ckpt_eval_data *d,
+                             double *loss) {
+    float *losses = calloc((size_t)(d->n_seq / d->B), sizeof *losses);
+    if (!losses) return fsdp_ctx_set_error(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    fsdp_status st = ckpt_eval_batches(ctx, model, d, 0, 1, losses);
+    *loss = ckpt_eval_mean(d, losses);
+    free(losses);
     return st;
 }
 
 int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
-    const char *pos[2] = {NULL, NULL}, *batch = NULL, *seq = NULL;
-    const opt_spec specs[] = {{"batch", &batch, NULL}, {"seq", &seq, NULL}};
+    const char *pos[2] = {NULL, NULL}, *batch = NULL, *seq = NULL, *world = NULL, *tp = NULL;
+    const opt_spec specs[] = {
+        {"batch", &batch, NULL}, {"seq", &seq, NULL}, {"world", &world, NULL}, {"tp", &tp, NULL}};
     int rc = ckpt_parse_args("eval", usage_eval, argc, argv, specs, COUNT(specs), pos, 2);
     if (rc >= 0) return rc;
     if (!pos[1]) return ckpt_usage_error("eval", usage_eval, "needs DIR and TOKENS");
     int64_t B = 0, T = 0, count = 0;
     if (batch && !parse_i64("eval", "--batch", batch, 1, 1 << 20, &B)) return EXIT_USAGE;
     if (seq && !parse_i64("eval", "--seq", seq, 1, 1 << 24, &T)) return EXIT_USAGE;
+    ckpt_eval_layout lay = {.arg = pos[0]};
+    if (!parse_layout("eval", world, tp, &lay)) return EXIT_USAGE;
+    bool on_world = lay.world > 0 || ckpt_under_mpirun(), printer = true;
     loaded m;
-    if (!load_model(ctx, "eval", pos[0], &m)) return EXIT_FAILED;
+    if (!load_model(ctx, "eval", pos[0], &m, !on_world)) return EXIT_FAILED;
     int32_t *ids = NULL;
     rc = EXIT_FAILED;
     if (!B) ini_parse_string(m.config, batch_key, &B);
@@ -522,18 +579,23 @@ int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
     } else if (read_tokens(pos[1], m.cfg.vocab_size, &ids, &count)) {
         int64_t windows = count >= T + 1 ? (count - 1) / T : 0, n = windows / B * B;
         double loss;
+        ckpt_eval_data d = {.ids = ids, .n_seq = n, .B = B, .T = T};
+        lay.ckpt = m.path, lay.cfg = &m.cfg;
         if (n == 0)
             fprintf(stderr,
                     "fsdp-ckpt eval: '%s' has %lld tokens: %lld sequences of --seq + 1 = %lld, "
                     "fewer than one batch of %lld; lower --batch or --seq, or use a longer file\n",
                     pos[1], (long long)count, (long long)windows, (long long)(T + 1), (long long)B);
-        else if (eval_loss(ctx, m.model, ids, n, B, T, &loss) != FSDP_OK)
+        else if (on_world)
+            rc = ckpt_eval_world(ctx, &lay, &d, &loss, &printer);
+        else if (eval_loss(ctx, m.model, &d, &loss) != FSDP_OK)
             fprintf(stderr, "fsdp-ckpt eval: %s\n", fsdp_last_error(ctx));
-        else {
+        else
+            rc = EXIT_OK;
+        if (rc == EXIT_OK && printer) {
             printf("sequences %lld of %lld tokens, batch %lld (%lld of %lld tokens scored)\n",
                    (long long)n, (long long)T, (long long)B, (long long)(n * T), (long long)count);
             printf("loss %.9g nats per token\nperplexity %.9g\n", loss, exp(loss));
-            rc = EXIT_OK;
         }
     }
     free(ids);

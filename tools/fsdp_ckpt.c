@@ -34,6 +34,7 @@ static const char *const usage_main =
     "  generate DIR --prompt TEXT\n"
     "                       continue a prompt with a Llama (greedy, or sampled with a seed)\n"
     "  eval DIR TOKENS      a Llama's loss and perplexity on a token file\n"
+    "                       (both also on rank threads or under mpirun: --world N, --tp T)\n"
     "\n"
     "DIR is a checkpoint directory (step-XXXXXXXX) or a directory of checkpoints, whose newest\n"
     "committed one is taken. Options go before or after the arguments, as --name VALUE or\n"

@@ -3,6 +3,7 @@
  * [parallel] asks for: rank threads, or this process's rank under mpirun.
  * With [checkpoint] dir set, SIGINT and SIGTERM stop the run after the current step with a
  * checkpoint (a second one ends the process at once).
+ * --plan prints the run's estimated memory and communication instead (train_estimate.h).
  * Exit status: 0 success, 1 the run failed (also: stdout could not be written), 2 bad
  * command line or config, 130 stopped by SIGINT or SIGTERM (with a checkpoint saved). */
 #define _POSIX_C_SOURCE 200809L // sigaction
@@ -17,6 +18,8 @@
 #include "tool_exit.h"    // defines: tool_exit_begin, tool_exit
 #include "train_config.h" // defines: train_cli_parse, train_config_print_help
 #include "trainer.h"      // defines: train_run
+
+#include "train_estimate.h" // defines: train_estimate_main
 
 enum { EXIT_OK = 0, EXIT_RUN_FAILED = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 };
 
@@ -98,6 +101,8 @@ int main(int argc, char **argv) {
         return finish(EXIT_OK);
     }
     if (action == TRAIN_CLI_VERSION) return finish(print_version());
+    if (action == TRAIN_CLI_PLAN || action == TRAIN_CLI_PLAN_JSON)
+        return finish(train_estimate_main(&cfg, action == TRAIN_CLI_PLAN_JSON, stdout));
 
     fsdp_ctx_options opts = train_config_ctx_options(&cfg);
     fsdp_ctx *ctx = NULL;

@@ -12,6 +12,8 @@
                           // train_llama_adopt_init
 #include "train_tokens.h" // defines: train_tokens_load
 
+#include "train_estimate.h" // defines: train_estimate_llama
+
 static const char *const g_rope_scalings[] = {"none", "llama3", NULL};
 
 static const train_key g_keys[] = {
@@ -334,4 +336,5 @@ const train_kind train_kind_llama = {
     .banner = llama_banner,
     .done = llama_done,
     .export_config = llama_export_config,
+    .estimate = train_estimate_llama,
 };

@@ -11,6 +11,8 @@
 #include "train_plan.h"    // defines: train_plan_apply, train_plan_check_checkpointing
 #include "train_samples.h" // defines: train_samples_create, train_samples_step
 
+#include "train_estimate.h" // defines: train_estimate_mlp
+
 extern const train_kind train_kind_mlp; /* below */
 
 static const char *const g_activation_names[] = {"relu", "gelu", "sigmoid", NULL};
@@ -195,4 +197,5 @@ const train_kind train_kind_mlp = {
     .loss = train_samples_loss,
     .banner = mlp_banner,
     .done = train_samples_done,
+    .estimate = train_estimate_mlp,
 };

@@ -10,6 +10,8 @@
 #include "train_plan.h"    // defines: train_plan_apply, train_plan_check_checkpointing
 #include "train_samples.h" // defines: train_samples_create, train_samples_step
 
+#include "train_estimate.h" // defines: train_estimate_mlp_stacked
+
 enum { WIDTH = 10, HIDDEN = 16 }; /* MLPModule: Linear(10, 16), relu, Linear(16, 10) */
 
 extern const train_kind train_kind_mlp_stacked; /* below */
@@ -112,4 +114,5 @@ const train_kind train_kind_mlp_stacked = {
     .loss = train_samples_loss,
     .banner = stacked_banner,
     .done = train_samples_done,
+    .estimate = train_estimate_mlp_stacked,
 };

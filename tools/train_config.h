@@ -399,12 +399,15 @@ void train_config_print_help(FILE *f);
 typedef enum train_cli_action {
     TRAIN_CLI_RUN = 0,
     TRAIN_CLI_HELP,
-    TRAIN_CLI_VERSION
+    TRAIN_CLI_VERSION,
+    TRAIN_CLI_PLAN,     /* --plan: the estimate of the run (train_estimate.h), no training */
+    TRAIN_CLI_PLAN_JSON /* --plan --json */
 } train_cli_action;
 
 /* Parses fsdp-train's arguments (argv[0] is the program): --config FILE, --set A (repeatable,
- * applied after the file in the order given), --help, --version. For TRAIN_CLI_RUN, cfg holds
- * the checked configuration. Errors (FSDP_ERR_CONFIG or FSDP_ERR_IO) are written into err. */
+ * applied after the file in the order given), --plan [--json], --help, --version. For
+ * TRAIN_CLI_RUN and the plans, cfg holds the checked configuration. Errors (FSDP_ERR_CONFIG or
+ * FSDP_ERR_IO) are written into err. */
 fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_action *action,
                             char *err, size_t err_size);
 

@@ -66,13 +66,21 @@ static void print_key(FILE *f, int i) {
 void train_config_print_help(FILE *f) {
     train_kinds_register(); /* the kinds' keys join the list */
     fprintf(f,
-            "usage: fsdp-train --config FILE [--set section.key=value ...]\n"
+            "usage: fsdp-train --config FILE [--set section.key=value ...] [--plan [--json]]\n"
             "       fsdp-train --help | --version\n\n"
             "Trains the model a config file describes and prints its progress.\n\n"
             "options:\n"
             "  --config FILE            the run's configuration, an INI file\n"
             "  --set section.key=value  overrides one key after the file is read;\n"
             "                           repeatable, applied in order\n"
+            "  --plan                   trains nothing: prints, per rank, the bytes of\n"
+            "                           parameters, gradients, optimizer state, gathered\n"
+            "                           FSDP units in flight and activations (with and\n"
+            "                           without activation checkpointing), and the\n"
+            "                           collectives of one step by op and mesh dim, as\n"
+            "                           comm-debug counts them; estimated from the\n"
+            "                           configuration, without running a rank\n"
+            "  --json                   with --plan: the same as one JSON object\n"
             "  --help                   prints this help\n"
             "  --version                prints the version\n\n"
             "exit status: 0 success; 1 the run failed (a library call, a loss that is\n"

@@ -40,6 +40,8 @@ typedef struct train_feed_info {
                                samples", "whole dataset", ... */
 } train_feed_info;
 
+struct train_est_model; /* train_estimate.h */
+
 #define TRAIN_MAX_LAYERS 1024 /* modules a kind offers for checkpointing or wrapping */
 
 typedef struct train_kind {
@@ -112,6 +114,13 @@ typedef struct train_kind {
     /* The model's configuration for other programs, kept with each checkpoint (Hugging Face's
      * config.json); *json is the caller's, NULL when none. (optional) */
     fsdp_status (*export_config)(fsdp_ctx *ctx, const train_config *cfg, char **json);
+
+    /* fsdp-train --plan: the model on the rank of tp index tp_index whose dp slice of a
+     * micro-batch has `rows` samples, without building it: its parameters by FSDP unit, the
+     * activations a forward keeps and its collectives on tp (train_estimate.h). (optional: a
+     * kind without it is refused by --plan) */
+    fsdp_status (*estimate)(const train_config *cfg, const train_layout *l, int tp_index,
+                            int64_t rows, struct train_est_model *m, char *err, size_t err_size);
 } train_kind;
 
 /* The table (train_kinds.c). */

@@ -399,8 +399,13 @@ fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_
     if (*action == TRAIN_CLI_VERSION) return FSDP_OK;
 
     const char *config = NULL;
+    bool plan = false, json = false;
     for (int i = 1; i < argc; i++) {
-        if (is_option(argv[i], "--config")) {
+        if (strcmp(argv[i], "--plan") == 0) {
+            plan = true;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            json = true;
+        } else if (is_option(argv[i], "--config")) {
             const char *v = option_value(argc, argv, &i, "--config", err, err_size);
             if (!v) return FSDP_ERR_CONFIG;
             if (config) {
@@ -419,6 +424,11 @@ fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_
         snprintf(err, err_size, "missing --config FILE; see fsdp-train --help");
         return FSDP_ERR_CONFIG;
     }
+    if (json && !plan) {
+        snprintf(err, err_size, "--json goes with --plan (the plan as JSON); add --plan");
+        return FSDP_ERR_CONFIG;
+    }
+    if (plan) *action = json ? TRAIN_CLI_PLAN_JSON : TRAIN_CLI_PLAN;
     train_config_init(cfg);
     fsdp_status st = train_config_load(cfg, config, err, err_size);
     if (st != FSDP_OK) return st;

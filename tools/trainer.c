@@ -20,6 +20,7 @@
 #include "train_ckpt.h"        // defines: train_sources, train_saver, train_ckpt_resume
 #include "train_finite.h"      // defines: train_params_finite
 #include "train_kind.h"        // defines: train_kind_of, train_rank_env, train_feed_info
+#include "train_metrics.h"     // defines: train_report, train_metrics_write
 #include "train_plan.h"        // defines: train_plan_checkpoint
 #include "train_tensorboard.h" // defines: tb_open, tb_scalar, tb_flush, tb_close
 
@@ -30,14 +31,6 @@ static double now_seconds(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-
-/* Collectives of the training steps since the last metrics record, on rank 0 (from its
- * comm-debug counters): per op (fsdp_comm_op) calls, bytes and seconds; the steps' wall time. */
-typedef struct train_comm {
-    fsdp_comm_count count[FSDP_COMM_OP_COUNT];
-    double seconds[FSDP_COMM_OP_COUNT];
-    double step_seconds;
-} train_comm;
 
 /* The progress bar on rank 0's output, redrawn in place between the log lines. */
 typedef struct train_bar {
@@ -284,20 +277,6 @@ static fsdp_status flush_checked(FILE *f, const char *name, char *err, size_t er
     return FSDP_ERR_IO;
 }
 
-/* What a logged step reports. */
-typedef struct train_report {
-    bool progress;        /* a progress line: loss, samples_per_s, elapsed, lr, grad_norm */
-    double loss;          /* batch losses averaged since the last line */
-    double samples_per_s; /* since the last line */
-    double elapsed;       /* seconds since the loop started */
-    double lr;            /* of the step's update */
-    double grad_norm;     /* before clipping; NAN without clipping */
-    bool eval;            /* an evaluation: eval_loss, eval_accuracy */
-    double eval_loss;
-    double eval_accuracy;   /* NAN for regression */
-    const train_comm *comm; /* progress with counting on: the steps' collectives, else NULL */
-} train_report;
-
 /* Takes the progress bar off its line, so that a line can be written there. */
 static void bar_clear(train_state *s) {
     if (!s->bar.shown) return;
@@ -340,36 +319,6 @@ static fsdp_status bar_draw(const train_config *cfg, train_state *s, const train
     s->bar.shown = true;
     s->bar.last_draw = now;
     return flush_checked(s->out, s->out_name, err, err_size);
-}
-
-/* The seconds of the steps in collectives, and the rest of the steps' wall time. */
-static double comm_seconds(const train_comm *c) {
-    double sum = 0;
-    for (int op = FSDP_COMM_ANY + 1; op < FSDP_COMM_OP_COUNT; op++) sum += c->seconds[op];
-    return sum;
-}
-
-static double comm_compute_seconds(const train_comm *c) {
-    return fmax(c->step_seconds - comm_seconds(c), 0);
-}
-
-static const fsdp_comm_op g_comm_ops[] = {FSDP_COMM_ALL_GATHER, FSDP_COMM_REDUCE_SCATTER,
-                                          FSDP_COMM_ALL_REDUCE, FSDP_COMM_BROADCAST,
-                                          FSDP_COMM_ALL_TO_ALL};
-
-/* The metrics fields of the steps' collectives: compute and communication seconds, calls and
- * bytes per op. */
-static void write_comm(FILE *f, const train_comm *c) {
-    fprintf(f, ", \"compute_s\": %.6f, \"comm_s\": %.6f", comm_compute_seconds(c), comm_seconds(c));
-    for (int k = 0; k < 2; k++) {
-        fprintf(f, ", \"comm_%s\": {", k ? "bytes" : "calls");
-        for (size_t i = 0; i < sizeof g_comm_ops / sizeof g_comm_ops[0]; i++) {
-            const fsdp_comm_count *n = &c->count[g_comm_ops[i]];
-            fprintf(f, "%s\"%s\": %lld", i ? ", " : "", fsdp_comm_op_to_string(g_comm_ops[i]),
-                    (long long)(k ? n->bytes : n->calls));
-        }
-        fputc('}', f);
-    }
 }
 
 /* The metrics record's scalars as TensorBoard events of the step, flushed. */
@@ -416,8 +365,8 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
         else
             fprintf(s->out, "  samples/s %.0f  time %.2fs", r->samples_per_s, r->elapsed);
         if (r->comm) /* the steps' time since the last line, split */
-            fprintf(s->out, "  compute %.3fs  comm %.3fs", comm_compute_seconds(r->comm),
-                    comm_seconds(r->comm));
+            fprintf(s->out, "  compute %.3fs  comm %.3fs", train_comm_compute_seconds(r->comm),
+                    train_comm_seconds(r->comm));
         fputc('\n', s->out);
     }
     if (s->out && r->eval) {
@@ -433,25 +382,10 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
     }
     if (s->out) TRAIN_TRY(flush_checked(s->out, s->out_name, err, err_size));
     if (s->metrics) {
-        fprintf(s->metrics, "{\"step\": %lld", (long long)step);
-        if (r->progress) {
-            fprintf(s->metrics, ", \"loss\": %.9g, \"samples_per_s\": %.1f, \"time_s\": %.6f",
-                    r->loss, r->samples_per_s, r->elapsed);
-            if (s->per_sample)
-                fprintf(s->metrics, ", \"tokens_per_s\": %.1f",
-                        r->samples_per_s * (double)s->per_sample);
-            fprintf(s->metrics, ", \"lr\": %.9g", r->lr);
-            if (!isnan(r->grad_norm)) fprintf(s->metrics, ", \"grad_norm\": %.9g", r->grad_norm);
-            if (r->comm) write_comm(s->metrics, r->comm);
+        if (train_metrics_write(s->metrics, step, r, s->per_sample) != 0 && !ferror(s->metrics)) {
+            snprintf(err, err_size, "cannot write %s: out of memory", s->metrics_name);
+            return FSDP_ERR_OUT_OF_MEMORY;
         }
-        if (r->eval) {
-            fprintf(s->metrics, ", \"eval_loss\": %.9g", r->eval_loss);
-            if (!isnan(r->eval_accuracy))
-                fprintf(s->metrics, ", \"eval_accuracy\": %.9g", r->eval_accuracy);
-            if (s->per_sample)
-                fprintf(s->metrics, ", \"eval_perplexity\": %.9g", exp(r->eval_loss));
-        }
-        fprintf(s->metrics, "}\n");
         TRAIN_TRY(flush_checked(s->metrics, s->metrics_name, err, err_size));
     }
     return s->tb ? write_tb(cfg, s, step, r, err, err_size) : FSDP_OK;

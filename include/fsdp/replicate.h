@@ -128,9 +128,10 @@ void fsdp_batch_range(const fsdp_ctx *ctx, const fsdp_group *group, int64_t n, i
 
 /* Copies this rank's slice of a global batch along batch_dim (PyTorch's input_batch_dim;
  * negative counts from the end): the samples fsdp_batch_range gives for that dim's length.
- * global is a CPU tensor of any dtype. When *out is NULL a new tensor is made (the caller
- * owns it); otherwise *out, of global's dtype, is resized and refilled, so a training loop
- * allocates nothing once shapes are steady. */
+ * global is a tensor of any dtype on the CPU or a device; the slice is made there (on a device
+ * by copies queued on the calling thread's current stream). When *out is NULL a new tensor is
+ * made on global's device (the caller owns it); otherwise *out, of global's dtype and device,
+ * is resized and refilled, so a training loop allocates nothing once shapes are steady. */
 fsdp_status fsdp_batch_slice(fsdp_ctx *ctx, const fsdp_tensor *global, int batch_dim,
                              const fsdp_group *group, fsdp_tensor **out);
 

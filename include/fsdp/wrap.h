@@ -23,9 +23,13 @@
  * (also the default world group on a TP model: there is no guessing; pass the mesh's dp
  * group); fsdp_module_zero_grad, an optimizer, or fsdp_tp_parallelize on the wrapped model's
  * own parameters (FSDP keeps them in its shards: use fsdp_sharded_flat_params(sh));
- * fsdp_summon_full_params inside forward or backward; and a model with a parameter, gradient or
- * buffer on a device (FSDP_ERR_DEVICE: FSDP runs on CPU tensors only in this version; move the
- * model to the CPU with fsdp_module_to before wrapping it). */
+ * fsdp_summon_full_params inside forward or backward; a model whose parameters, gradients and
+ * buffers are not all on one device, or on a device other than the rank's (FSDP_ERR_DEVICE:
+ * call fsdp_ctx_set_device, or move the model with fsdp_module_to, before wrapping it).
+ *
+ * A model on the rank's device (fsdp_ctx_set_device, then fsdp_module_to) is wrapped there: its
+ * flat shards, their gradients, the pool and every gathered buffer are device tensors, and the
+ * collectives run on the rank's communication stream (docs/fsdp.md, "On a device"). */
 #ifndef FSDP_WRAP_H
 #define FSDP_WRAP_H
 
@@ -54,6 +58,14 @@ typedef enum fsdp_sharding_strategy {
 
 const char *fsdp_sharding_strategy_to_string(fsdp_sharding_strategy s); /* "FULL_SHARD", ... */
 
+/* FSDP1's BackwardPrefetch: what a unit's pre-backward hook gathers besides its own unit. */
+typedef enum fsdp_backward_prefetch {
+    FSDP_BACKWARD_PREFETCH_NONE = 0, /* each unit gathers in its own pre-backward hook */
+    FSDP_BACKWARD_PRE, /* also the next unit in backward order, before this unit's backward
+                          computes (PyTorch's BackwardPrefetch.BACKWARD_PRE) */
+    FSDP_BACKWARD_PREFETCH_COUNT
+} fsdp_backward_prefetch;
+
 /* fsdp_mixed_precision (comm_hook.h): FSDP1's MixedPrecision; see its fields there. */
 
 typedef struct fsdp_fully_shard_options {
@@ -80,7 +92,10 @@ typedef struct fsdp_fully_shard_options {
     /* CPU offload (PyTorch's CPUOffload(offload_params=True)): the flat shards and their
      * gradients live in host memory and the optimizer steps them there; each gather copies the
      * shard to the compute device first, and each reduced gradient shard is copied back and
-     * added to the host gradient (so no_sync accumulation works under offload too). */
+     * added to the host gradient (so no_sync accumulation works under offload too). With the
+     * model on a device the host memory is pinned, the copies to the device are asynchronous,
+     * and the host waits for them at the end of the root's forward and backward and around
+     * summon_full_params, before anything may write a shard. */
     bool offload_params;
     /* Before flattening, broadcast every managed parameter (the local block of a TP parameter)
      * and every buffer of the model from rank 0 of the group (and of replicate_group), so all
@@ -102,7 +117,22 @@ typedef struct fsdp_fully_shard_options {
      * PyTorch), and not with a reduce_dtype other than f32 for a non-default hook. */
     fsdp_comm_hook comm_hook;
     fsdp_mixed_precision mixed_precision; /* default: everything f32 */
+    /* Prefetch (FSDP1's forward_prefetch, backward_prefetch, limit_all_gathers): a unit's
+     * pre-forward hook (forward_prefetch) or pre-backward hook (FSDP_BACKWARD_PRE) also issues
+     * the gather of the unit that runs next, in the order the hooks ran in the first step,
+     * before the unit computes. On a device the gather runs on a stream of its own while the
+     * unit computes, and the next unit's compute stream waits for it; on the CPU only the order
+     * changes. limit_all_gathers: a prefetch is not issued while FSDP_PREFETCH_LIMIT (2)
+     * non-root units hold gathered parameters (a unit's own gather is never held back).
+     * Results are bitwise those without prefetch. Defaults: off. */
+    bool forward_prefetch;
+    fsdp_backward_prefetch backward_prefetch;
+    bool limit_all_gathers;
 } fsdp_fully_shard_options;
+
+/* The most gathered non-root units a prefetch may leave under limit_all_gathers (PyTorch's
+ * rate limiter allows two all_gathers in flight). */
+#define FSDP_PREFETCH_LIMIT 2
 
 /* Wraps root: chooses the units, flattens and shards their parameters (local TP shards for
  * distributed parameters) and installs the hooks. Every rank of the group calls it with the

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h> // defines: json_pack, json_dumps
+
 #include "ckpt/ckpt_impl.h"
 #include "ckpt/h5.h"
 #include "core/error.h"
@@ -82,39 +84,45 @@ static int64_t tensor_bytes(const ckpt_tensor *x) {
     return n;
 }
 
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
+/* Appends to head one tensor's entry: its name -> {dtype, shape, data_offsets} (in this order);
+ * a name that is not UTF-8 (which a JSON key must be) is refused. */
+static fsdp_status header_entry(fsdp_ctx *ctx, const ckpt_tensor *x, int64_t off, json_t *head) {
+    json_t *shape = json_array();
+    for (int d = 0; shape && d < x->ndim; d++)
+        if (json_array_append_new(shape, json_integer((json_int_t)x->shape[d])) != 0)
+            json_decref(shape), shape = NULL;
+    json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype",
+                          x->dtype == FSDP_DTYPE_BF16 ? "BF16" : "F32", "shape", shape,
+                          "data_offsets", (json_int_t)off, (json_int_t)(off + tensor_bytes(x)));
+    if (!e) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "safetensors header");
+    if (json_object_set_new(head, x->name, e) == 0) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                     "tensor '%s': its name is not UTF-8 text, which a safetensors header (JSON) "
+                     "needs; export to HDF5 instead",
+                     x->name);
 }
 
-/* The safetensors header: metadata, then every exported tensor with its byte range (data in
- * this order). */
-static void safetensors_header(const fsdp_ckpt *ck, bool with_optim, FILE *f) {
-    fprintf(f, "{\"__metadata__\":{\"format\":\"pt\",\"step\":\"%lld\",\"optim_steps\":\"%lld\"}",
-            (long long)ck->meta.step, (long long)ck->meta.optim_steps);
+/* *text = the safetensors header (malloc'ed): metadata, then every exported tensor with its byte
+ * range (data in this order), compact JSON in insertion order. */
+static fsdp_status safetensors_header(fsdp_ctx *ctx, const fsdp_ckpt *ck, bool with_optim,
+                                      char **text) {
+    char step[32], optim_steps[32];
+    snprintf(step, sizeof step, "%lld", (long long)ck->meta.step);
+    snprintf(optim_steps, sizeof optim_steps, "%lld", (long long)ck->meta.optim_steps);
+    json_t *head = json_pack("{s:{s:s, s:s, s:s}}", "__metadata__", "format", "pt", "step", step,
+                             "optim_steps", optim_steps);
+    fsdp_status s = head ? FSDP_OK : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "safetensors header");
     int64_t off = 0;
-    for (int t = 0; t < ck->meta.n_tensors; t++) {
+    for (int t = 0; s == FSDP_OK && t < ck->meta.n_tensors; t++) {
         const ckpt_tensor *x = &ck->meta.tensors[t];
         if (!exported(x, with_optim)) continue;
-        fputc(',', f);
-        json_string(f, x->name);
-        fprintf(f, ":{\"dtype\":\"%s\",\"shape\":[", x->dtype == FSDP_DTYPE_BF16 ? "BF16" : "F32");
-        for (int d = 0; d < x->ndim; d++)
-            fprintf(f, "%s%lld", d ? "," : "", (long long)x->shape[d]);
-        fprintf(f, "],\"data_offsets\":[%lld,%lld]}", (long long)off,
-                (long long)(off + tensor_bytes(x)));
+        s = header_entry(ctx, x, off, head);
         off += tensor_bytes(x);
     }
-    fputc('}', f);
+    *text = s == FSDP_OK ? json_dumps(head, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(head);
+    if (s == FSDP_OK && !*text) s = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "safetensors header");
+    return FSDP_PASS(ctx, s);
 }
 
 static bool little_endian(void) {
@@ -126,14 +134,8 @@ static bool little_endian(void) {
  * of 8 bytes, then each exported tensor's values. */
 static fsdp_status write_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, bool with_optim, FILE *f) {
     char *head = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&head, &len);
-    if (!mem) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "safetensors header");
-    safetensors_header(ck, with_optim, mem);
-    if (fclose(mem) != 0 || !head) {
-        free(head);
-        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "safetensors header");
-    }
+    FSDP_TRY(safetensors_header(ctx, ck, with_optim, &head));
+    size_t len = strlen(head);
     size_t padded = (len + 7) / 8 * 8;
     unsigned char n8[8];
     for (int i = 0; i < 8; i++) n8[i] = (unsigned char)((uint64_t)padded >> (8 * i));

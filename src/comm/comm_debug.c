@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h> // defines: json_pack, json_dumpf
+
 #include "comm/comm_impl.h"
 #include "core/array.h"
 #include "core/clock.h"
@@ -211,22 +213,33 @@ fsdp_status fsdp_comm_debug_print(fsdp_ctx *ctx, FILE *f) {
     return check_written(ctx, f, "fsdp_comm_debug_print");
 }
 
-/* Writes s as a JSON string: quotes, backslashes and control characters escaped. */
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p == '\n')
-            fputs("\\n", f);
-        else if (*p == '\t')
-            fputs("\\t", f);
-        else if (*p < 0x20 || *p == 0x7f)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
+/* *out = a JSON string of s; refused when s is not UTF-8, which JSON strings must be. */
+static fsdp_status json_text(fsdp_ctx *ctx, const char *what, const char *s, json_t **out) {
+    *out = json_string(s);
+    if (*out) return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                     "fsdp_comm_debug_write_json: the %s name '%s' is not UTF-8 text, which JSON "
+                     "needs; name it in UTF-8",
+                     what, s);
+}
+
+/* Appends one record (op, group, module, phase, calls, bytes, in this order) to records. */
+static fsdp_status json_record(fsdp_ctx *ctx, const fsdp_comm_debug_row *r, json_t *records) {
+    json_t *group = NULL, *module = NULL;
+    FSDP_TRY(json_text(ctx, "group", r->group, &group));
+    fsdp_status st = json_text(ctx, "module", r->module, &module);
+    if (st != FSDP_OK) {
+        json_decref(group);
+        return FSDP_PASS(ctx, st);
     }
-    fputc('"', f);
+    /* "o" hands group and module to the record, which json_pack frees on failure too. */
+    json_t *j =
+        json_pack("{s:s, s:o, s:o, s:s, s:I, s:I}", "op", fsdp_comm_op_to_string(r->op), "group",
+                  group, "module", module, "phase", fsdp_comm_phase_to_string(r->phase), "calls",
+                  (json_int_t)r->count.calls, "bytes", (json_int_t)r->count.bytes);
+    if (!j || json_array_append_new(records, j) != 0)
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_comm_debug_write_json");
+    return FSDP_OK;
 }
 
 fsdp_status fsdp_comm_debug_write_json(fsdp_ctx *ctx, FILE *f) {
@@ -235,18 +248,17 @@ fsdp_status fsdp_comm_debug_write_json(fsdp_ctx *ctx, FILE *f) {
     const fsdp_comm_binding *b = fsdp_comm_binding_of(ctx);
     int n = b ? b->debug.n_rows : 0;
     fsdp_comm_count total = fsdp_comm_debug_total(ctx);
-    fprintf(f, "{\"rank\":%d,\"total\":{\"calls\":%lld,\"bytes\":%lld},\"records\":[", ctx->rank,
-            (long long)total.calls, (long long)total.bytes);
-    for (int i = 0; i < n; i++) {
-        const fsdp_comm_debug_row *r = &b->debug.rows[i];
-        fprintf(f, "%s{\"op\":\"%s\",\"group\":", i ? "," : "", fsdp_comm_op_to_string(r->op));
-        json_string(f, r->group);
-        fputs(",\"module\":", f);
-        json_string(f, r->module);
-        fprintf(f, ",\"phase\":\"%s\",\"calls\":%lld,\"bytes\":%lld}",
-                fsdp_comm_phase_to_string(r->phase), (long long)r->count.calls,
-                (long long)r->count.bytes);
-    }
-    fputs("]}\n", f);
-    return check_written(ctx, f, "fsdp_comm_debug_write_json");
+    json_t *records = json_array();
+    json_t *root =
+        json_pack("{s:i, s:{s:I, s:I}, s:o}", "rank", ctx->rank, "total", "calls",
+                  (json_int_t)total.calls, "bytes", (json_int_t)total.bytes, "records", records);
+    fsdp_status st =
+        root ? FSDP_OK : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_comm_debug_write_json");
+    for (int i = 0; st == FSDP_OK && i < n; i++) st = json_record(ctx, &b->debug.rows[i], records);
+    /* Compact (",", ":") in insertion order, one line per rank: the bytes the readers know. */
+    if (st == FSDP_OK &&
+        (json_dumpf(root, f, JSON_COMPACT | JSON_PRESERVE_ORDER) != 0 || fputc('\n', f) == EOF))
+        st = FSDP_FAIL(ctx, FSDP_ERR_IO, "fsdp_comm_debug_write_json: writing failed");
+    json_decref(root);
+    return st == FSDP_OK ? check_written(ctx, f, "fsdp_comm_debug_write_json") : FSDP_PASS(ctx, st);
 }

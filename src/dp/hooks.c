@@ -58,15 +58,35 @@ fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const f
     return FSDP_PASS(ctx, st);
 }
 
+/* The f32 shard where a rounding copy can read it: itself, or with offload on a device (a copy
+ * cannot convert between devices) a copy on the device in u->full at `at`, which the widening
+ * overwrites later. */
+static fsdp_status shard_on_device(fsdp_ctx *ctx, unit *u, int64_t at, const fsdp_tensor **out) {
+    const fsdp_tensor *shard = fsdp_param_data(u->flat);
+    *out = shard;
+    if (!fsdp_offload_on_device(u->owner)) return FSDP_OK;
+    FSDP_TRY_AT(ctx, fsdp_tensor_rebind(ctx, u->mine, u->full, at));
+    fsdp_status st = fsdp_tensor_copy(ctx, u->mine, shard);
+    if (st != FSDP_OK) fsdp_tensor_release_storage(u->mine);
+    *out = u->mine;
+    return FSDP_PASS(ctx, st);
+}
+
 /* Mixed precision: full <- the gather of every rank's shard rounded to low_full's dtype, widened
  * exactly. This rank's shard is rounded into its chunk of low_full (from the host with offload),
  * which is then gathered in place; unsharded, the whole flat parameter is rounded. */
 static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
     fsdp_sharded *sh = u->owner;
     FSDP_TRY_AT(ctx, fsdp_pool_take(ctx, &sh->pool, u->low_full));
-    const fsdp_tensor *shard = fsdp_param_data(u->flat);
-    fsdp_status st;
-    if (fsdp_shard_sharded_strategy(sh)) {
+    const fsdp_tensor *shard;
+    bool sharded = fsdp_shard_sharded_strategy(sh);
+    fsdp_status st = shard_on_device(
+        ctx, u, sharded ? (int64_t)fsdp_shard_rank(sh) * u->shard_numel : 0, &shard);
+    if (st != FSDP_OK) {
+        fsdp_pool_give(&sh->pool, u->low_full);
+        return FSDP_PASS(ctx, st);
+    }
+    if (sharded) {
         st = fsdp_tensor_rebind(ctx, u->low_mine, u->low_full,
                                 (int64_t)fsdp_shard_rank(sh) * u->shard_numel);
         if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->low_mine, shard);
@@ -75,6 +95,7 @@ static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
     } else {
         st = fsdp_tensor_copy(ctx, u->low_full, shard);
     }
+    if (shard == u->mine) fsdp_tensor_release_storage(u->mine);
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->full, u->low_full);
     fsdp_pool_give(&sh->pool, u->low_full);
     return FSDP_PASS(ctx, st);
@@ -85,11 +106,15 @@ static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
  * at the same point, so they ask together), and from then on its gathers bind the parameters
  * there: the all_gather finds every shard in place and copies nothing. The shards are written
  * only by the optimizer step, after the reduce_scatter that follows every rank's last read of
- * the unit in a step and before the all_gather that precedes the first in the next. */
+ * the unit in a step and before the all_gather that precedes the first in the next. The blocks
+ * are host memory, so a model on a device gathers into its pool instead. */
 static fsdp_status gather_shared(fsdp_ctx *ctx, unit *u, bool *done) {
     fsdp_sharded *sh = u->owner;
     *done = false;
-    if (!fsdp_shard_sharded_strategy(sh) || sh->opts.offload_params) return FSDP_OK;
+    /* The backend's shared blocks are host memory: a model on a device gathers into the pool. */
+    if (!fsdp_shard_sharded_strategy(sh) || sh->opts.offload_params ||
+        sh->pool.device.type != FSDP_DEVICE_CPU)
+        return FSDP_OK;
     fsdp_tensor *shard = fsdp_param_data(u->flat);
     if (!u->share_asked) {
         u->share_asked = true;
@@ -137,6 +162,7 @@ static bool gathered(const unit *u) {
 fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, const char *call) {
     if (gathered(u)) return FSDP_OK;
     FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, UNIT_UNSHARD, call));
+    if (!u->owner->prefetching && u->numel) fsdp_prefetch_trace(u, FSDP_PREFETCH_OWN);
     FSDP_TRY_AT(ctx, gather_params(ctx, u, dtype, true));
     return fsdp_shard_move(ctx, u, UNIT_UNSHARD, call);
 }
@@ -156,6 +182,7 @@ void fsdp_shard_free_full(unit *u) {
 fsdp_status fsdp_shard_reshard(fsdp_ctx *ctx, unit *u, const char *call) {
     if (fsdp_shard_resident(u->owner) || u->state == UNIT_SHARDED || u->state == UNIT_GRAD_PENDING)
         return FSDP_OK;
+    FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u)); /* its gather ends before its block is freed */
     FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_RESHARD, call));
     fsdp_shard_free_full(u);
     return FSDP_OK;
@@ -250,7 +277,10 @@ fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poin
                                    const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     unit *u = user;
-    return fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-forward hook");
+    FSDP_TRY_AT(ctx, fsdp_prefetch_note(ctx, u, false));
+    FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-forward hook"));
+    FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u));
+    return fsdp_prefetch_next(ctx, u, false); /* before this unit computes */
 }
 
 fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
@@ -261,6 +291,8 @@ fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
      * follows at once, so the parameters gathered for the recompute stay (PyTorch's FSDP skips
      * its post-forward logic in the recomputed forward too). */
     if (ctx->recompute_depth > 0) return FSDP_OK;
+    /* Offload on a device: the forward's copies have read the pinned shards. */
+    if (u->is_root) FSDP_TRY_AT(ctx, fsdp_offload_sync(ctx, u->owner));
     /* The root keeps its parameters: its backward starts right after forward. */
     if (fsdp_shard_reshard_after_forward(u->owner) && !u->is_root)
         return fsdp_shard_reshard(ctx, u, "the post-forward hook");
@@ -271,7 +303,10 @@ fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
                                     const fsdp_tensor **io, void *user) {
     (void)m, (void)point, (void)io;
     unit *u = user;
+    FSDP_TRY_AT(ctx, fsdp_prefetch_note(ctx, u, true));
     FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-backward hook"));
+    FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u));
+    FSDP_TRY_AT(ctx, fsdp_prefetch_next(ctx, u, true));
     /* under no_sync, still bound with what was accumulated */
     return fsdp_shard_take_grads(ctx, u, "the pre-backward hook");
 }
@@ -285,11 +320,14 @@ fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_po
         /* no_sync: the full gradient stays bound and accumulates; FULL_SHARD still frees the
          * parameters (PyTorch's _should_free_in_backward). */
         FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_KEEP_GRADS, call));
-        if (fsdp_shard_reshard_after_forward(u->owner)) return fsdp_shard_reshard(ctx, u, call);
-        return FSDP_OK;
+        if (fsdp_shard_reshard_after_forward(u->owner))
+            FSDP_TRY_AT(ctx, fsdp_shard_reshard(ctx, u, call));
+        return u->is_root ? fsdp_offload_sync(ctx, u->owner) : FSDP_OK;
     }
     FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, UNIT_REDUCED, call));
     FSDP_TRY_AT(ctx, reduce_grad(ctx, u));
     FSDP_TRY_AT(ctx, fsdp_shard_give_grads(ctx, u, call));
-    return fsdp_shard_reshard(ctx, u, call);
+    FSDP_TRY_AT(ctx, fsdp_shard_reshard(ctx, u, call));
+    /* the end of backward: the optimizer may write the pinned shards next */
+    return u->is_root ? fsdp_offload_sync(ctx, u->owner) : FSDP_OK;
 }

@@ -18,6 +18,16 @@ static fsdp_pool_block *block_of(const fsdp_pool *pool, const fsdp_tensor *t) {
     return NULL;
 }
 
+/* A block last used on another stream than the current one: the current stream waits for all
+ * that stream has queued (which includes the block's last use). */
+static fsdp_status after_last_user(fsdp_ctx *ctx, fsdp_pool *pool, const fsdp_pool_block *b) {
+    fsdp_stream now = fsdp_stream_current(pool->device);
+    if (now.handle == b->last_on.handle) return FSDP_OK;
+    if (!pool->cross.handle) FSDP_TRY_AT(ctx, fsdp_event_create(ctx, pool->device, &pool->cross));
+    FSDP_TRY_AT(ctx, fsdp_event_record(ctx, pool->cross, b->last_on));
+    return fsdp_stream_wait(ctx, now, pool->cross);
+}
+
 fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
     int64_t n = fsdp_tensor_numel(t);
     fsdp_dtype dtype = fsdp_tensor_dtype(t);
@@ -38,11 +48,13 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
         fsdp_status st = fsdp_tensor_create(ctx, dtype, pool->device, 1, &len, &best->buf);
         if (st != FSDP_OK) return FSDP_PASS(ctx, st);
         best->in_use = false;
+        best->last_on = fsdp_stream_current(pool->device);
         pool->n_blocks++;
         pool->reserved_bytes += len * esize;
         if (pool->reserved_bytes > pool->peak_reserved_bytes)
             pool->peak_reserved_bytes = pool->reserved_bytes;
     }
+    FSDP_TRY_AT(ctx, after_last_user(ctx, pool, best));
     FSDP_TRY_AT(ctx, fsdp_tensor_rebind(ctx, t, best->buf, 0));
     best->in_use = true;
     pool->in_use_bytes += n * esize;
@@ -55,6 +67,7 @@ void fsdp_pool_give(fsdp_pool *pool, fsdp_tensor *t) {
     if (!b) return;
     pool->in_use_bytes -= fsdp_tensor_numel(t) * (int64_t)fsdp_dtype_size(fsdp_tensor_dtype(t));
     b->in_use = false;
+    b->last_on = fsdp_stream_current(pool->device);
     fsdp_tensor_release_storage(t);
     /* Low-precision blocks are scratch, written whole before every read: not poisoned. */
     if (pool->poison && fsdp_tensor_dtype(b->buf) == FSDP_DTYPE_F32)
@@ -68,6 +81,8 @@ void fsdp_pool_clear(fsdp_pool *pool) {
     pool->blocks = NULL;
     pool->n_blocks = pool->cap_blocks = 0;
     pool->reserved_bytes = pool->in_use_bytes = 0;
+    fsdp_event_destroy(pool->cross);
+    pool->cross = (fsdp_event){0};
 }
 
 void fsdp_pool_reset_peak(fsdp_pool *pool) {

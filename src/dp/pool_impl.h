@@ -9,11 +9,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/stream.h"
 #include "fsdp/tensor.h"
 
 typedef struct fsdp_pool_block {
-    fsdp_tensor *buf; /* 1-D, the block's memory, of the dtype of the first tensor bound to it */
-    bool in_use;      /* a tensor is bound to it */
+    fsdp_tensor *buf;    /* 1-D, the block's memory, of the dtype of the first tensor bound to it */
+    bool in_use;         /* a tensor is bound to it */
+    fsdp_stream last_on; /* the current stream when it was given back (its last user's) */
 } fsdp_pool_block;
 
 typedef struct fsdp_pool {
@@ -26,6 +28,9 @@ typedef struct fsdp_pool {
     int64_t peak_in_use_bytes;
     int64_t reserved_bytes; /* bytes of all blocks */
     int64_t peak_reserved_bytes;
+    /* The caching allocator's cross-stream rule: a block given back on one stream and taken on
+     * another makes the taker wait for what the giver's stream has queued (this event). */
+    fsdp_event cross;
 } fsdp_pool;
 
 /* Binds t (any dtype and shape, without storage or not) to the smallest free block of its

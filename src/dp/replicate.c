@@ -5,12 +5,17 @@
  * final (DDP's order), and the root's post-backward hook waits for them; or, with
  * reduce_after_backward, every bucket after backward. With mixed precision the root's forward
  * and backward run with the parameters rounded to param_dtype (from an f32 master copy) and the
- * buckets are reduced in reduce_dtype. Also the batch split by sample index. */
+ * buckets are reduced in reduce_dtype. All of it runs where the model lives: on a device the
+ * buckets are device memory, the copies and roundings that device's kernels on the compute
+ * stream, and the compute stream waits for each bucket's all_reduce (the host does not). Also
+ * the batch split by sample index. */
 #include <stdlib.h>
-#include <string.h>
 
-#include "core/ctx_impl.h" // defines: fsdp_ctx_scope_push, fsdp_ctx_scope_pop
+#include "comm/comm_device.h" // defines: fsdp_comm_work_wait_stream
+#include "core/ctx_impl.h"    // defines: fsdp_ctx_scope_push, fsdp_ctx_scope_pop
+#include "core/device.h"      // defines: fsdp_device_for
 #include "core/error.h"
+#include "core/stream.h" // defines: fsdp_stream_current
 #include "core/tensor_impl.h"
 #include "dp/dp_impl.h"
 #include "fsdp/replicate.h"
@@ -19,6 +24,7 @@
 
 struct fsdp_replicate {
     fsdp_group *group;
+    fsdp_device dev; /* where the model lives (one device): buckets and copies are there */
     int world;
     bool sync;
     fsdp_param **params; /* trainable, reverse registration order (gradients' ready order) */
@@ -119,9 +125,10 @@ static fsdp_status collect_trainable(fsdp_ctx *ctx, fsdp_param *p, const char *n
     fsdp_replicate *r = user;
     if (!fsdp_param_requires_grad(p)) return FSDP_OK;
     fsdp_tensor *g = fsdp_param_grad(p);
-    if (!fsdp_tensor_f32(g) || fsdp_tensor_device(g).type != FSDP_DEVICE_CPU)
+    if (!fsdp_tensor_f32(g))
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "replicate: the gradient of '%s' is not an f32 CPU tensor", name);
+                         "replicate: the gradient of '%s' is not an f32 tensor", name);
+    r->dev = fsdp_tensor_device(g);
     r->numel[r->n_params] = fsdp_tensor_numel(g);
     r->params[r->n_params++] = p;
     return FSDP_OK;
@@ -157,7 +164,7 @@ static fsdp_status layout_buckets(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module 
 /* Copies bucket b's averaged gradients back to the parameters (nothing for those that live in
  * it: the copy kernel skips a copy onto itself). */
 static void copy_out(fsdp_replicate *r, int b) {
-    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    const fsdp_kernels_i *k = fsdp_kernels_for(r->dev);
     const float *buf = fsdp_tensor_f32(r->bucket[b]);
     for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++)
         k->copy(fsdp_tensor_f32(fsdp_param_grad(r->params[i])), buf + r->offset[i], r->numel[i]);
@@ -174,7 +181,7 @@ static bool overlaps(const fsdp_replicate *r) {
  * reduction (the default: all_reduce(sum) in f32), out. With a work (the default hook, during
  * backward) the all_reduce is only started on it; finish_bucket waits and copies out. */
 static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b, fsdp_comm_work *work) {
-    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    const fsdp_kernels_i *k = fsdp_kernels_for(r->dev);
     float *buf = fsdp_tensor_f32(r->bucket[b]);
     bool user = r->hook.kind == FSDP_COMM_HOOK_USER;
     float inv = 1.0f / (float)r->world;
@@ -213,8 +220,10 @@ static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b, fsdp_c
     return FSDP_OK;
 }
 
+/* Waits for bucket b's all_reduce and copies it out: on a device the compute stream waits for
+ * it (the host does not), so the copies and whatever follows on that stream see the sums. */
 static fsdp_status finish_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b) {
-    FSDP_TRY_AT(ctx, fsdp_comm_work_wait(ctx, r->work[b]));
+    FSDP_TRY_AT(ctx, fsdp_comm_work_wait_stream(ctx, r->work[b], fsdp_stream_current(r->dev)));
     copy_out(r, b);
     return FSDP_OK;
 }
@@ -269,7 +278,7 @@ static fsdp_status grads_ready(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point po
  * place to param_dtype (widened back exactly); nothing when they are rounded already. */
 static fsdp_status to_low(fsdp_ctx *ctx, fsdp_replicate *r) {
     if (!r->master || r->low) return FSDP_OK;
-    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    const fsdp_kernels_i *k = fsdp_kernels_for(r->dev);
     float *master = fsdp_tensor_f32(r->master);
     void *low = fsdp_tensor_data(r->round);
     bool bf16 = r->mp.param_dtype == FSDP_DTYPE_BF16;
@@ -304,7 +313,7 @@ static fsdp_status to_low(fsdp_ctx *ctx, fsdp_replicate *r) {
 /* The parameters' f32 values back from the master copy. */
 static void to_full(fsdp_replicate *r) {
     if (!r->master || !r->low) return;
-    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    const fsdp_kernels_i *k = fsdp_kernels_for(r->dev);
     const float *master = fsdp_tensor_f32(r->master);
     int64_t at = 0;
     for (int i = 0; i < r->n_params; i++) {
@@ -453,7 +462,7 @@ static fsdp_status install_hooks(fsdp_ctx *ctx, fsdp_replicate *r) {
  * copies (the same division, the same reduction). A gradient that is rebound elsewhere later
  * is copied in and out again. */
 static fsdp_status bind_grads(fsdp_ctx *ctx, fsdp_replicate *r) {
-    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    const fsdp_kernels_i *k = fsdp_kernels_for(r->dev);
     for (int b = 0; b < r->n_buckets; b++) {
         float *buf = fsdp_tensor_f32(r->bucket[b]);
         for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++) {
@@ -478,7 +487,7 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
      * reduces nothing). */
     bool apart = !r->after_backward && r->world > 1 && overlaps(r);
     int64_t stage = apart ? total : grad_max, at = 0;
-    FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &stage, &r->stage));
+    FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, r->dev, 1, &stage, &r->stage));
     for (int b = 0; b < r->n_buckets; b++) {
         int last = r->bucket_start[b + 1] - 1;
         int64_t n = r->offset[last] + r->numel[last];
@@ -488,7 +497,7 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
     if (apart) FSDP_TRY_AT(ctx, bind_grads(ctx, r));
     fsdp_dtype low = fsdp_dp_hook_dtype(r->hook.kind, r->mp.reduce_dtype);
     if (r->hook.kind != FSDP_COMM_HOOK_USER && low != FSDP_DTYPE_F32) {
-        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, low, FSDP_CPU, 1, &grad_max, &r->low_stage));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, low, r->dev, 1, &grad_max, &r->low_stage));
         r->low_bucket = calloc((size_t)r->n_buckets + 1, sizeof *r->low_bucket);
         if (!r->low_bucket)
             return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate buckets");
@@ -501,9 +510,9 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
         int64_t largest = 0;
         for (int i = 0; i < r->n_params; i++)
             largest = r->numel[i] > largest ? r->numel[i] : largest;
-        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &total, &r->master));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, r->dev, 1, &total, &r->master));
         FSDP_TRY_AT(ctx,
-                    fsdp_tensor_create(ctx, r->mp.param_dtype, FSDP_CPU, 1, &largest, &r->round));
+                    fsdp_tensor_create(ctx, r->mp.param_dtype, r->dev, 1, &largest, &r->round));
     }
     if (!r->after_backward) FSDP_TRY_AT(ctx, prepare_during(ctx, r));
     if (o->src_rank == FSDP_NO_SRC_RANK || r->world == 1) return FSDP_OK;
@@ -514,6 +523,21 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
                                .who = "replicate",
                                .f32_only = true};
     return fsdp_dp_sync_states(ctx, root, r->group, &so);
+}
+
+/* The initial broadcast (state_sync.c) takes CPU tensors only: on a device model it is refused
+ * before anything changes. */
+static fsdp_status check_sync_device(fsdp_ctx *ctx, fsdp_device dev,
+                                     const fsdp_replicate_options *o, int world) {
+    if (dev.type == FSDP_DEVICE_CPU || o->src_rank == FSDP_NO_SRC_RANK || world == 1)
+        return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                     "replicate: the model is on %s:%d, and the initial broadcast of its "
+                     "parameters and buffers (src_rank %d) runs on CPU tensors only in this "
+                     "version; set fsdp_replicate_options.src_rank = FSDP_NO_SRC_RANK (the "
+                     "parameters start alike on every rank when initialised from the same seed) "
+                     "or broadcast them before replicating",
+                     fsdp_device_to_string(dev), dev.index, o->src_rank);
 }
 
 fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
@@ -527,8 +551,9 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                          "replicate: %s is replicated already; apply it once per model",
                          fsdp_nn_describe(root, desc, sizeof desc));
     }
-    FSDP_TRY_AT(ctx, fsdp_nn_check_on_cpu(ctx, root, "fsdp_replicate_apply", "replicate",
-                                          "replicating it"));
+    fsdp_device dev; /* the model's */
+    FSDP_TRY_AT(ctx, fsdp_nn_check_one_device(ctx, root, "fsdp_replicate_apply", "replicate",
+                                              "replicating it", &dev));
     fsdp_replicate_options o = opts ? *opts : (fsdp_replicate_options){0};
     fsdp_group *group = o.group ? o.group : fsdp_ctx_world_group(ctx);
     if (!group)
@@ -547,6 +572,7 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
                          "replicate: src_rank %d is not a rank of group '%s' (size %d); use "
                          "0..%d or FSDP_NO_SRC_RANK",
                          o.src_rank, fsdp_group_label(group), world, world - 1);
+    FSDP_TRY_AT(ctx, check_sync_device(ctx, dev, &o, world));
     FSDP_TRY_AT(ctx, fsdp_dp_check_hook(ctx, &o.comm_hook, "fsdp_replicate_apply"));
     FSDP_TRY_AT(ctx, fsdp_dp_check_mixed_precision(ctx, &o.mixed_precision, &o.comm_hook,
                                                    "fsdp_replicate_apply"));
@@ -559,6 +585,7 @@ fsdp_status fsdp_replicate_apply(fsdp_ctx *ctx, fsdp_module *root,
     r->sync = true;
     r->root = root;
     r->after_backward = o.reduce_after_backward;
+    r->dev = FSDP_CPU; /* until a trainable parameter says otherwise */
     fsdp_status st = setup(ctx, r, root, &o);
     if (st != FSDP_OK) {
         replicate_free(r);
@@ -613,14 +640,19 @@ fsdp_status fsdp_batch_slice(fsdp_ctx *ctx, const fsdp_tensor *global, int batch
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_batch_slice: batch dim %d is outside a %d-d tensor", batch_dim,
                          ndim);
-    if (fsdp_tensor_device(global).type != FSDP_DEVICE_CPU)
-        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "fsdp_batch_slice: the batch must be on the CPU");
+    fsdp_device dev = fsdp_tensor_device(global);
     if (*out && fsdp_tensor_dtype(*out) != fsdp_tensor_dtype(global))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_batch_slice: *out is %s but the batch is %s",
                          fsdp_dtype_to_string(fsdp_tensor_dtype(*out)),
                          fsdp_dtype_to_string(fsdp_tensor_dtype(global)));
+    if (*out &&
+        (fsdp_tensor_device(*out).type != dev.type || fsdp_tensor_device(*out).index != dev.index))
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "fsdp_batch_slice: *out is on %s:%d but the batch on %s:%d; pass an "
+                         "*out on the batch's device (or NULL)",
+                         fsdp_device_to_string(fsdp_tensor_device(*out)),
+                         fsdp_tensor_device(*out).index, fsdp_device_to_string(dev), dev.index);
     const int64_t *gshape = fsdp_tensor_shape(global);
     int64_t off, len, shape[FSDP_MAX_DIMS], outer = 1, inner = 1;
     fsdp_batch_range(ctx, group, gshape[d], &off, &len);
@@ -632,14 +664,14 @@ fsdp_status fsdp_batch_slice(fsdp_ctx *ctx, const fsdp_tensor *global, int batch
     if (*out)
         FSDP_TRY_AT(ctx, fsdp_tensor_resize(ctx, *out, ndim, shape));
     else
-        FSDP_TRY_AT(ctx,
-                    fsdp_tensor_create(ctx, fsdp_tensor_dtype(global), FSDP_CPU, ndim, shape, out));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, fsdp_tensor_dtype(global), dev, ndim, shape, out));
     size_t es = fsdp_dtype_size(fsdp_tensor_dtype(global));
-    const char *src = fsdp_tensor_data(global);
-    char *dst = fsdp_tensor_data(*out);
     size_t row = (size_t)(len * inner) * es;
-    for (int64_t o = 0; o < outer && row > 0; o++)
-        memcpy(dst + (size_t)o * row, src + ((size_t)(o * gshape[d] + off) * (size_t)inner) * es,
-               row);
-    return FSDP_OK;
+    if (row == 0 || outer == 0) return FSDP_OK;
+    /* outer runs of `row` bytes, through the device's record (never a host copy of device
+     * memory) */
+    const char *src = fsdp_tensor_data(global);
+    return fsdp_device_for(dev.type)->copy_2d(
+        ctx, fsdp_tensor_data(*out), dev, row, src + (size_t)off * (size_t)inner * es, dev,
+        (size_t)gshape[d] * (size_t)inner * es, row, (size_t)outer);
 }

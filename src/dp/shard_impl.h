@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/stream.h"
 #include "dp/pool_impl.h"
 #include "fsdp/wrap.h"
 
@@ -66,7 +67,22 @@ typedef struct unit {
     fsdp_tensor *low_reduced; /* (S) grad_dtype: its reduce_scatter output */
     fsdp_param *flat;         /* the shard (S) the optimizer steps; resident: views full */
     int hook_ids[4];
+    /* Prefetch (prefetch.c): the gather was issued ahead of the unit's own hook, on the state's
+     * unshard stream; `gathered` fires when it is done, and the compute stream waits for it
+     * before the unit's parameters are read (or freed). */
+    bool prefetched;
+    fsdp_event gathered;
 } unit;
+
+/* What prefetch.c reports to a test's observer (fsdp_shard_test_trace). */
+typedef enum fsdp_prefetch_event {
+    FSDP_PREFETCH_ISSUED,  /* a unit's gather issued ahead of it, on the unshard stream */
+    FSDP_PREFETCH_SKIPPED, /* not issued: limit_all_gathers, and the limit reached */
+    FSDP_PREFETCH_WAITED,  /* the compute stream made to wait for a prefetched gather */
+    FSDP_PREFETCH_OWN      /* a unit's gather issued by its own hook (or a summon) */
+} fsdp_prefetch_event;
+/* in_flight: the non-root units holding gathered parameters after the event. */
+typedef void (*fsdp_prefetch_trace_fn)(void *user, int unit, fsdp_prefetch_event ev, int in_flight);
 
 struct fsdp_sharded {
     fsdp_fully_shard_options opts;
@@ -91,6 +107,17 @@ struct fsdp_sharded {
      * handle (until fsdp_sharded_free) holds it; the last to let go frees it. */
     bool model_held, handle_held;
     bool unwrapping; /* fsdp_sharded_free is removing the hooks */
+    /* Prefetch (prefetch.c): the units in the order their pre-forward ([0]) and pre-backward
+     * ([1]) hooks first ran; the stream prefetched gathers run on and the event that orders it
+     * after the compute stream (made at the first prefetch); a test's observer. */
+    unit **order[2];
+    int n_order[2];
+    fsdp_stream unshard;
+    fsdp_event issue;
+    bool prefetch_ready; /* unshard and issue made */
+    bool prefetching;    /* a prefetched gather is being issued */
+    fsdp_prefetch_trace_fn trace;
+    void *trace_user;
 };
 
 /* The shard group's size and this rank's index in it (what the group says, not a copy). */
@@ -166,6 +193,39 @@ fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
                                     const fsdp_tensor **io, void *user);
 fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                      const fsdp_tensor **io, void *user);
+
+/* ---- CPU offload of a model on a device (offload.c) ---- */
+
+/* offload_params with the model on a device (not the CPU). */
+bool fsdp_offload_on_device(const fsdp_sharded *sh);
+/* Moves the unit's shard and its gradient (CPU tensors) into pinned host memory. */
+fsdp_status fsdp_offload_pin(fsdp_ctx *ctx, const fsdp_sharded *sh, unit *u);
+/* The host waits until the copies queued so far (on the compute and unshard streams) have
+ * read the pinned shards; nothing without offload on a device. */
+fsdp_status fsdp_offload_sync(fsdp_ctx *ctx, const fsdp_sharded *sh);
+/* Tests: the negative control that drops that wait (every state, while on). */
+void fsdp_shard_test_skip_offload_sync(bool on);
+
+/* ---- prefetch (prefetch.c) ---- */
+
+/* Records u in the order of its hooks (backward: pre-backward) the first time it runs. */
+fsdp_status fsdp_prefetch_note(fsdp_ctx *ctx, unit *u, bool backward);
+/* Issues the gather of the unit after u in that order when the options ask for it and it is
+ * sharded (not inside a recompute). */
+fsdp_status fsdp_prefetch_next(fsdp_ctx *ctx, unit *u, bool backward);
+/* A prefetched unit: the current stream waits for its gather (then it is an ordinary gathered
+ * unit). Nothing for another unit. fsdp_prefetch_join: every prefetched unit. */
+fsdp_status fsdp_prefetch_wait(fsdp_ctx *ctx, unit *u);
+fsdp_status fsdp_prefetch_join(fsdp_ctx *ctx, fsdp_sharded *sh);
+/* The non-root units holding gathered parameters. */
+int fsdp_prefetch_in_flight(const fsdp_sharded *sh);
+void fsdp_prefetch_trace(const unit *u, fsdp_prefetch_event ev);
+/* Waits for the unshard stream and frees it, the events and the orders. */
+void fsdp_prefetch_release(fsdp_sharded *sh);
+/* Tests: an observer of the prefetch events of sh (NULL: none); the negative control that
+ * drops the compute stream's wait for a prefetched gather (every state, while on). */
+void fsdp_shard_test_trace(fsdp_sharded *sh, fsdp_prefetch_trace_fn fn, void *user);
+void fsdp_shard_test_skip_prefetch_wait(bool on);
 
 /* FSDP_ERR_STATE naming `what` when the model was freed before the state. */
 fsdp_status fsdp_shard_check_model(fsdp_ctx *ctx, const fsdp_sharded *sh, const char *what);

@@ -7,13 +7,13 @@
 #include "core/array.h"
 #include "core/error.h"
 #include "dp/dp_impl.h"
-#include "kernels/kernels.h"
 
 typedef struct state_list {
     fsdp_tensor **t;
     const char **name; /* parameters only; buffers by their module's */
     int n;
-    int64_t cap; /* of both arrays, which grow together */
+    int64_t cap;     /* of both arrays, which grow together */
+    fsdp_device dev; /* where the packed tensors are: the first f32 tensor's device */
 } state_list;
 
 static fsdp_status list_push(fsdp_ctx *ctx, state_list *l, fsdp_tensor *t, const char *name) {
@@ -43,20 +43,38 @@ static bool is_f32_cpu(const fsdp_tensor *t) {
     return fsdp_tensor_dtype(t) == FSDP_DTYPE_F32 && fsdp_tensor_device(t).type == FSDP_DEVICE_CPU;
 }
 
+/* Packed into buckets: the f32 tensors on the list's device (a model on one device: all its f32
+ * tensors); the others are broadcast alone. */
+static bool is_packed(const state_list *l, const fsdp_tensor *t) {
+    fsdp_device d = fsdp_tensor_device(t);
+    return fsdp_tensor_dtype(t) == FSDP_DTYPE_F32 && d.type == l->dev.type &&
+           d.index == l->dev.index;
+}
+
+/* dst[dst_at..) <- src[src_at..), n elements, through the device record (no host access). */
+static fsdp_status copy_flat(fsdp_ctx *ctx, fsdp_tensor *dst, int64_t dst_at,
+                             const fsdp_tensor *src, int64_t src_at, int64_t n) {
+    fsdp_tensor *to = NULL, *from = NULL;
+    fsdp_status st = fsdp_tensor_view(ctx, dst, dst_at, 1, &n, &to);
+    if (st == FSDP_OK) st = fsdp_tensor_view(ctx, src, src_at, 1, &n, &from);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, to, from);
+    fsdp_tensor_free(to);
+    fsdp_tensor_free(from);
+    return FSDP_PASS(ctx, st);
+}
+
 /* Broadcasts the f32 tensors t[first..last) through stage, packed in order. */
 static fsdp_status broadcast_bucket(fsdp_ctx *ctx, fsdp_group *group, const state_list *l,
                                     int first, int last, fsdp_tensor *stage, int src) {
     int count = 0;
-    for (int i = first; i < last; i++) count += is_f32_cpu(l->t[i]);
+    for (int i = first; i < last; i++) count += is_packed(l, l->t[i]);
     if (count == 1) return fsdp_broadcast(ctx, group, l->t[first], src);
-    const fsdp_kernels_i *k = fsdp_kernels_cpu();
-    float *buf = fsdp_tensor_f32(stage);
     bool is_src = fsdp_group_rank(group) == src;
     int64_t fill = 0;
     for (int i = first; i < last; i++) {
-        if (!is_f32_cpu(l->t[i])) continue;
+        if (!is_packed(l, l->t[i])) continue;
         int64_t n = fsdp_tensor_numel(l->t[i]);
-        if (is_src) k->copy(buf + fill, fsdp_tensor_f32(l->t[i]), n);
+        if (is_src) FSDP_TRY_AT(ctx, copy_flat(ctx, stage, fill, l->t[i], 0, n));
         fill += n;
     }
     fsdp_tensor *view;
@@ -67,9 +85,9 @@ static fsdp_status broadcast_bucket(fsdp_ctx *ctx, fsdp_group *group, const stat
     if (is_src) return FSDP_OK;
     fill = 0;
     for (int i = first; i < last; i++) {
-        if (!is_f32_cpu(l->t[i])) continue;
+        if (!is_packed(l, l->t[i])) continue;
         int64_t n = fsdp_tensor_numel(l->t[i]);
-        k->copy(fsdp_tensor_f32(l->t[i]), buf + fill, n);
+        FSDP_TRY_AT(ctx, copy_flat(ctx, l->t[i], 0, stage, fill, n));
         fill += n;
     }
     return FSDP_OK;
@@ -85,7 +103,7 @@ static int form_buckets(const state_list *l, const fsdp_dp_sync_options *o, int 
     int64_t fill = 0;
     *most = 0;
     for (int i = 0; i < l->n; i++) {
-        if (!is_f32_cpu(l->t[i])) continue;
+        if (!is_packed(l, l->t[i])) continue;
         int64_t n = fsdp_tensor_numel(l->t[i]);
         bool close_before = !o->close_at_least && count > 0 && (n > cap || fill + n > cap);
         if (close_before) {
@@ -124,8 +142,14 @@ fsdp_status fsdp_dp_sync_states(fsdp_ctx *ctx, fsdp_module *root, fsdp_group *gr
         free(l.name);
         return FSDP_PASS(ctx, st);
     }
+    l.dev = FSDP_CPU;
+    for (int i = 0; i < l.n; i++)
+        if (fsdp_tensor_dtype(l.t[i]) == FSDP_DTYPE_F32) {
+            l.dev = fsdp_tensor_device(l.t[i]);
+            break;
+        }
     for (int i = 0; st == FSDP_OK && i < l.n; i++)
-        if (!is_f32_cpu(l.t[i])) st = fsdp_broadcast(ctx, group, l.t[i], o->src);
+        if (!is_packed(&l, l.t[i])) st = fsdp_broadcast(ctx, group, l.t[i], o->src);
     int *starts = malloc(((size_t)l.n + 1) * sizeof *starts);
     if (!starts && st == FSDP_OK)
         st = FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "%s: cannot form broadcast buckets", o->who);
@@ -133,7 +157,7 @@ fsdp_status fsdp_dp_sync_states(fsdp_ctx *ctx, fsdp_module *root, fsdp_group *gr
     int nb = st == FSDP_OK ? form_buckets(&l, o, starts, &most) : 0;
     fsdp_tensor *stage = NULL;
     if (st == FSDP_OK && most > 0)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &most, &stage);
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, l.dev, 1, &most, &stage);
     for (int b = 0; st == FSDP_OK && b < nb; b++)
         st = broadcast_bucket(ctx, group, &l, starts[b], starts[b + 1], stage, o->src);
     fsdp_tensor_free(stage);

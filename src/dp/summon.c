@@ -94,6 +94,8 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
             return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                              "summon_full_params(with_grads): gradients of no_sync backwards "
                              "are not reduced yet; run a backward with sync on first");
+    FSDP_TRY_AT(ctx, fsdp_prefetch_join(ctx, sh));
+    FSDP_TRY_AT(ctx, fsdp_offload_sync(ctx, sh));
     sh->summon = o;
     bool keep = !o.rank0_only || fsdp_shard_rank(sh) == 0;
     fsdp_status st = FSDP_OK;
@@ -149,6 +151,8 @@ fsdp_status fsdp_release_full_params(fsdp_ctx *ctx, fsdp_sharded *sh) {
     if (!sh->summoned)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "release_full_params without summon_full_params first");
+    /* offload on a device: the summon's copies have read the shards the write-back writes */
+    FSDP_TRY_AT(ctx, fsdp_offload_sync(ctx, sh));
     fsdp_status st = FSDP_OK;
     bool writeback = sh->summon.writeback && !sh->summon.rank0_only;
     for (int i = 0; i < sh->n_units; i++) {

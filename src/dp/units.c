@@ -184,24 +184,26 @@ static void unit_free(unit *u) {
     free(u);
 }
 
-/* A handle of n elements on the device that holds no memory until the pool binds it. */
-static fsdp_status empty_handle(fsdp_ctx *ctx, int64_t n, fsdp_tensor **out) {
-    return fsdp_tensor_create_unbound(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, out);
+/* A handle of n elements on the model's device that holds no memory until the pool binds it. */
+static fsdp_status empty_handle(fsdp_ctx *ctx, const fsdp_sharded *sh, int64_t n,
+                                fsdp_tensor **out) {
+    return fsdp_tensor_create_unbound(ctx, FSDP_DTYPE_F32, sh->pool.device, 1, &n, out);
 }
 
 /* The unbound handles of mixed precision and of the low-precision comm hooks. */
 static fsdp_status low_handles(fsdp_ctx *ctx, const fsdp_sharded *sh, unit *u, bool sharded) {
+    const fsdp_device dev = sh->pool.device;
     if (sh->param_dtype != FSDP_DTYPE_F32) {
-        FSDP_TRY_AT(ctx, fsdp_tensor_create_unbound(ctx, sh->param_dtype, FSDP_CPU, 1, &u->padded,
+        FSDP_TRY_AT(ctx, fsdp_tensor_create_unbound(ctx, sh->param_dtype, dev, 1, &u->padded,
                                                     &u->low_full));
-        FSDP_TRY_AT(ctx, fsdp_tensor_create_unbound(ctx, sh->param_dtype, FSDP_CPU, 1,
-                                                    &u->shard_numel, &u->low_mine));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create_unbound(ctx, sh->param_dtype, dev, 1, &u->shard_numel,
+                                                    &u->low_mine));
     }
     if (sh->grad_dtype != FSDP_DTYPE_F32) {
-        FSDP_TRY_AT(ctx, fsdp_tensor_create_unbound(ctx, sh->grad_dtype, FSDP_CPU, 1, &u->padded,
-                                                    &u->low_grad));
+        FSDP_TRY_AT(
+            ctx, fsdp_tensor_create_unbound(ctx, sh->grad_dtype, dev, 1, &u->padded, &u->low_grad));
         if (sharded)
-            FSDP_TRY_AT(ctx, fsdp_tensor_create_unbound(ctx, sh->grad_dtype, FSDP_CPU, 1,
+            FSDP_TRY_AT(ctx, fsdp_tensor_create_unbound(ctx, sh->grad_dtype, dev, 1,
                                                         &u->shard_numel, &u->low_reduced));
     }
     return FSDP_OK;
@@ -254,26 +256,41 @@ static fsdp_status unit_collect(fsdp_ctx *ctx, fsdp_sharded *sh, const chooser *
     return FSDP_OK;
 }
 
+/* dst <- the `n` elements of src starting at `at`, through the device record (src may be on a
+ * device: no host access). dst_at: where in dst. */
+static fsdp_status copy_range(fsdp_ctx *ctx, fsdp_tensor *dst, int64_t dst_at,
+                              const fsdp_tensor *src, int64_t at, int64_t n) {
+    fsdp_tensor *to = NULL, *from = NULL;
+    fsdp_status st = fsdp_tensor_view(ctx, dst, dst_at, 1, &n, &to);
+    if (st == FSDP_OK) st = fsdp_tensor_view(ctx, src, at, 1, &n, &from);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, to, from);
+    fsdp_tensor_free(to);
+    fsdp_tensor_free(from);
+    return FSDP_PASS(ctx, st);
+}
+
 /* Flattens the unit's parameters (zeros in the gaps and the padding), makes its shard
  * parameter, and leaves the model's parameters views of the full buffer when resident, without
- * storage otherwise. */
+ * storage otherwise. Everything is made on the model's device (sh->pool.device) and filled by
+ * its copies: the host never touches device memory. */
 static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
     int64_t W = fsdp_shard_world(sh);
     bool sharded = fsdp_shard_sharded_strategy(sh);
+    const fsdp_device dev = sh->pool.device;
     u->shard_numel = sharded ? (u->numel + W - 1) / W : u->numel;
     u->padded = sharded ? u->shard_numel * W : u->numel;
-    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &u->padded, &u->full);
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 1, &u->padded, &u->full);
     if (st == FSDP_OK) st = low_handles(ctx, sh, u, sharded);
     if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, u->full, 0.0f);
-    if (st == FSDP_OK) st = empty_handle(ctx, u->padded, &u->full_grad);
-    if (st == FSDP_OK && sharded) st = empty_handle(ctx, u->shard_numel, &u->reduced);
-    if (st == FSDP_OK && sharded) st = empty_handle(ctx, u->shard_numel, &u->mine);
-    float *f = st == FSDP_OK ? fsdp_tensor_f32(u->full) : NULL;
+    if (st == FSDP_OK) st = empty_handle(ctx, sh, u->padded, &u->full_grad);
+    if (st == FSDP_OK && sharded) st = empty_handle(ctx, sh, u->shard_numel, &u->reduced);
+    if (st == FSDP_OK && (sharded || sh->opts.offload_params))
+        st = empty_handle(ctx, sh, u->shard_numel, &u->mine);
     for (int i = 0; st == FSDP_OK && i < u->n_params; i++) {
         fsdp_param *p = u->params[i];
-        memcpy(f + u->offsets[i], fsdp_tensor_f32(fsdp_param_data(p)),
-               fsdp_tensor_nbytes(fsdp_param_data(p)));
-        st = fsdp_tensor_rebind(ctx, fsdp_param_data(p), u->full, u->offsets[i]);
+        st = copy_range(ctx, u->full, u->offsets[i], fsdp_param_data(p), 0,
+                        fsdp_tensor_numel(fsdp_param_data(p)));
+        if (st == FSDP_OK) st = fsdp_tensor_rebind(ctx, fsdp_param_data(p), u->full, u->offsets[i]);
         fsdp_tensor_release_storage(fsdp_param_grad(p));
     }
     /* The optimizer's view: this rank's chunk (resident: the whole buffer itself). */
@@ -287,15 +304,22 @@ static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
                                    (fsdp_init){.kind = FSDP_INIT_ZEROS}, &u->flat);
     if (st == FSDP_OK && u->n_params)
         fsdp_param_set_requires_grad(u->flat, fsdp_param_requires_grad(u->params[0]));
+    /* made on the CPU (zeros): the shard and its gradient live on the model's device, or with
+     * offload in host memory (pinned for a device model) */
+    if (st == FSDP_OK && !sh->opts.offload_params)
+        st = fsdp_tensor_move(ctx, fsdp_param_data(u->flat), dev);
+    if (st == FSDP_OK && !sh->opts.offload_params)
+        st = fsdp_tensor_move(ctx, fsdp_param_grad(u->flat), dev);
+    if (st == FSDP_OK) st = fsdp_offload_pin(ctx, sh, u);
     if (st != FSDP_OK) return FSDP_PASS(ctx, st);
     /* Under mixed precision the parameters are a rounded copy, never the flat parameter. */
     if (fsdp_shard_resident(sh)) {
         u->state = UNIT_GATHERED; /* and so for its whole life */
         return fsdp_tensor_rebind(ctx, fsdp_param_data(u->flat), u->full, 0);
     }
-    memcpy(fsdp_tensor_f32(fsdp_param_data(u->flat)),
-           f + (sharded ? (int64_t)fsdp_shard_rank(sh) * u->shard_numel : 0),
-           (size_t)u->shard_numel * sizeof(float));
+    FSDP_TRY_AT(ctx, copy_range(ctx, fsdp_param_data(u->flat), 0, u->full,
+                                sharded ? (int64_t)fsdp_shard_rank(sh) * u->shard_numel : 0,
+                                u->shard_numel));
     /* Start sharded, as after a step: the flattening buffer is freed. */
     fsdp_shard_release_params(u);
     fsdp_tensor_release_storage(u->full);
@@ -426,6 +450,11 @@ static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_fully_shard_options *
     if (o->min_num_params < 0 || o->n_wrap_kinds < 0 || o->n_wrap_paths < 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_fully_shard: negative min_num_params or list length");
+    if ((int)o->backward_prefetch < 0 || o->backward_prefetch >= FSDP_BACKWARD_PREFETCH_COUNT)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_fully_shard: unknown backward_prefetch %d; use "
+                         "FSDP_BACKWARD_PREFETCH_NONE or FSDP_BACKWARD_PRE",
+                         (int)o->backward_prefetch);
     FSDP_TRY_AT(ctx, fsdp_dp_check_hook(ctx, &o->comm_hook, "fsdp_fully_shard"));
     if (o->comm_hook.kind == FSDP_COMM_HOOK_USER && o->strategy == FSDP_HYBRID_SHARD)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
@@ -434,6 +463,22 @@ static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_fully_shard_options *
                          "strategy");
     FSDP_TRY_AT(ctx, fsdp_dp_check_mixed_precision(ctx, &o->mixed_precision, &o->comm_hook,
                                                    "fsdp_fully_shard"));
+    return FSDP_OK;
+}
+
+/* A model on a device is wrapped on that device, which must be the rank's (its collectives run
+ * on the rank's streams). */
+static fsdp_status check_device(fsdp_ctx *ctx, fsdp_device dev) {
+    if (dev.type == FSDP_DEVICE_CPU) return FSDP_OK;
+    fsdp_device mine = fsdp_ctx_device(ctx);
+    if (mine.type != dev.type || mine.index != dev.index)
+        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                         "fsdp_fully_shard: the model is on %s:%d but this rank's device is "
+                         "%s:%d; FSDP gathers and reduces on the rank's device: call "
+                         "fsdp_ctx_set_device(ctx, the model's device) before wrapping, or move "
+                         "the model with fsdp_module_to(ctx, model, fsdp_ctx_device(ctx))",
+                         fsdp_device_to_string(dev), dev.index, fsdp_device_to_string(mine),
+                         mine.index);
     return FSDP_OK;
 }
 
@@ -531,7 +576,10 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
                          "fsdp_world_run");
     if (fsdp_nn_has_hook(root, FSDP_HOOK_PRE_FORWARD, fsdp_shard_pre_forward))
         return FSDP_FAIL(ctx, FSDP_ERR_STATE, "fsdp_fully_shard: the model is already wrapped");
-    FSDP_TRY_AT(ctx, fsdp_nn_check_on_cpu(ctx, root, "fsdp_fully_shard", "FSDP", "wrapping it"));
+    fsdp_device dev;
+    FSDP_TRY_AT(
+        ctx, fsdp_nn_check_one_device(ctx, root, "fsdp_fully_shard", "FSDP", "wrapping it", &dev));
+    FSDP_TRY_AT(ctx, check_device(ctx, dev));
     /* Before anything changes: a group across TP shards would average different shards. */
     FSDP_TRY_AT(ctx, fsdp_dp_check_group(ctx, root, group, "fsdp_fully_shard", ".group", !o.group));
     if (o.replicate_group)
@@ -546,7 +594,7 @@ fsdp_status fsdp_fully_shard(fsdp_ctx *ctx, fsdp_module *root, const fsdp_fully_
     sh->root = root;
     sh->sync = true;
     sh->handle_held = true;
-    sh->pool.device = FSDP_CPU;
+    sh->pool.device = dev;
     sh->pool.poison = o.poison_resharded;
     /* Over the whole data-parallel size, as PyTorch. */
     int dp_size =
@@ -576,6 +624,7 @@ static void own_storage(fsdp_ctx *tmp, fsdp_tensor *t) {
 }
 
 static void sharded_destroy(fsdp_sharded *sh) {
+    fsdp_prefetch_release(sh); /* its stream's work ends before the blocks go */
     for (int i = 0; i < sh->n_units; i++) unit_free(sh->units[i]);
     free(sh->units);
     for (int i = 0; i < sh->n_segments; i++) free((char *)sh->segments[i].fqn);

@@ -63,6 +63,13 @@ typedef struct fsdp_kernels_i {
     void (*gemm)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                  int64_t ldc);
+    /* gemm with bf16 A and B (widened exactly) and f32 C: every product exact, accumulated in
+     * f32 in an order each device chooses (the CPU by blocks of K, CUDA on tensor cores), so
+     * devices agree to f32 accumulation rounding, not bit for bit. C is not rounded to bf16:
+     * the caller rounds where its precision policy says. */
+    void (*gemm_bf16)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb, float beta,
+                      float *C, int64_t ldc);
     /* out (rows, cols) += bias (cols) broadcast over rows */
     void (*bias_add)(float *out, const float *bias, int64_t rows, int64_t cols);
     /* dbias (cols) += sum over rows of dout (rows, cols) */
@@ -125,16 +132,25 @@ typedef struct fsdp_kernels_i {
                        const fsdp_sgd_step_args *args);
     void (*adam_update)(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
                         const fsdp_adam_step_args *args);
+    /* adam_update, and in the same pass p_bf16 (n) = the updated p rounded to bf16 (the bits of
+     * fsdp_bf16_from_f32): the f32 master shard and the bf16 copy a bf16 forward reads, with one
+     * read of the state. p, m, v and vmax get adam_update's bits. */
+    void (*adam_update_bf16)(float *p, fsdp_bf16 *p_bf16, const float *g, float *m, float *v,
+                             float *vmax, int64_t n, const fsdp_adam_step_args *args);
 
     /* ---- the Llama layers (docs/models.md). A table may leave them NULL: the layers then
      * refuse tensors of its device. ---- */
 
-    /* out (n, C) = the rows weight[tokens[i]] of weight (V, C); tokens (n) in [0, V) */
+    /* weight (rows, C) holds the vocabulary rows [start, start + rows) (the whole table: start
+     * 0, rows V; a vocabulary shard of tensor parallelism: its range). out (n, C) row i =
+     * weight[tokens[i] - start] when tokens[i] is in the range, zeros otherwise; tokens (n) in
+     * [0, V). */
     void (*embedding_forward)(float *out, const int32_t *tokens, const float *weight, int64_t n,
-                              int64_t C);
-    /* dweight (V, C) += dout (n, C) row i added to row tokens[i], in order of i */
+                              int64_t C, int64_t start, int64_t rows);
+    /* dweight (rows, C) += dout (n, C) row i added to row tokens[i] - start for the tokens in
+     * the range (the others add nothing), in order of i */
     void (*embedding_backward)(float *dweight, const float *dout, const int32_t *tokens, int64_t n,
-                               int64_t C);
+                               int64_t C, int64_t start, int64_t rows);
     /* Rotary position embedding in Hugging Face Llama's rotate_half layout over x (B, T, H, D),
      * D even, h = D / 2: with c = cos[t, i], s = sin[t, i] (cos, sin (T, h)), for i < h
      *   out[i] = x[i] c - x[i + h] s;  out[i + h] = x[i + h] c + x[i] s.
@@ -144,6 +160,15 @@ typedef struct fsdp_kernels_i {
     /* its transpose: dinp (B, T, H, D) from dout; dinp may be dout */
     void (*rope_backward)(float *dinp, const float *dout, const float *cos, const float *sin,
                           int64_t B, int64_t T, int64_t H, int64_t D);
+    /* rope_forward of q (B, T, NH, D) into qo and of k (B, T, NKV, D) into ko in one pass (one
+     * launch), each element the bits rope_forward gives it; qo may be q and ko may be k. */
+    void (*rope_qk_forward)(float *qo, float *ko, const float *q, const float *k, const float *cos,
+                            const float *sin, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                            int64_t D);
+    /* the same for rope_backward: dq (B, T, NH, D), dk (B, T, NKV, D) from dqo, dko */
+    void (*rope_qk_backward)(float *dq, float *dk, const float *dqo, const float *dko,
+                             const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                             int64_t NKV, int64_t D);
     /* Causal attention with grouped-query heads. q (B, T, NH, D), k and v (B, T, NKV, D), NKV
      * divides NH: query head h reads key/value head h / (NH / NKV). Per (b, h):
      *   out (T, D) = softmax(q k^T / sqrt(D), keys j <= i only) v;
@@ -172,6 +197,25 @@ typedef struct fsdp_kernels_i {
     void (*cross_entropy_ignore)(float *loss, float *dlogits, const float *logits,
                                  const int32_t *targets, int32_t ignore_index, int64_t rows,
                                  int64_t classes);
+
+    /* Cross-entropy over logits (rows, V) that hold the classes [start, start + V) of a
+     * vocabulary sharded over ranks (loss parallel, src/tp/loss_parallel.c), in three steps
+     * with collectives between; targets (rows) are this device's memory, each ignore_index or
+     * a class of the whole vocabulary. Sums run in double per row, in class order.
+     * mx (rows) = each row's largest logit (-inf when V is 0). */
+    void (*vocab_row_max)(float *mx, const float *logits, int64_t rows, int64_t V);
+    /* With mx the rows' maxima over every shard: se (rows) = sum over c of exp(x[c] - mx), in
+     * double rounded once; xt (rows) = x[target - start] when the target's class is here, else
+     * 0; both 0 on ignored rows. */
+    void (*vocab_exp_sums)(float *se, float *xt, const float *logits, const float *mx,
+                           const int32_t *targets, int32_t ignore_index, int64_t start,
+                           int64_t rows, int64_t V);
+    /* With se summed over every shard and lse = mx + log(se) in double: dlogits (rows, V) =
+     * exp(x - lse) / n, minus 1 / n at the target's class when it is here, each rounded once;
+     * 0 on ignored rows. n: the rows not ignored over the whole batch. */
+    void (*vocab_ce_grad)(float *dlogits, const float *logits, const float *mx, const float *se,
+                          const int32_t *targets, int32_t ignore_index, int64_t start, int64_t rows,
+                          int64_t V, int64_t n);
 } fsdp_kernels_i;
 
 /* The table for a device, or NULL when this build has none for it. */

@@ -36,6 +36,10 @@ static bool on_device(const fsdp_tensor *t, fsdp_device d) {
     return at.type == d.type && at.index == d.index;
 }
 
+static bool same_device(fsdp_device a, fsdp_device b) {
+    return a.type == b.type && a.index == b.index;
+}
+
 /* FSDP_ERR_STATE (no message: a signal) when some tensor of m is not on the device yet. */
 static fsdp_status find_elsewhere(fsdp_ctx *ctx, fsdp_module *m, void *user) {
     (void)ctx;
@@ -113,4 +117,63 @@ fsdp_status fsdp_nn_check_on_cpu(fsdp_ctx *ctx, fsdp_module *m, const char *who,
                      "fsdp_module_to(ctx, model, FSDP_CPU) before %s",
                      who, c.kind, fqn, fqn[0] ? "." : "", c.name, fsdp_device_to_string(c.device),
                      c.device.index, layer, before);
+}
+
+/* ---- one device for a whole tree ---- */
+
+typedef struct one_device {
+    bool have;        /* the first tensor was seen */
+    fsdp_device want; /* its device */
+    cpu_check found;  /* the first tensor elsewhere */
+} one_device;
+
+static bool found_elsewhere(one_device *o, const fsdp_module *m, const char *kind, const char *name,
+                            const fsdp_tensor *t) {
+    if (!t) return false;
+    fsdp_device d = fsdp_tensor_device(t);
+    if (!o->have) {
+        o->have = true;
+        o->want = d;
+        return false;
+    }
+    if (same_device(d, o->want)) return false;
+    o->found = (cpu_check){kind, m, name, d};
+    return true;
+}
+
+/* FSDP_ERR_DEVICE (no message: a signal) at the first tensor of m on another device than the
+ * first tensor seen, described in *user. */
+static fsdp_status find_second_device(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    (void)ctx;
+    one_device *o = user;
+    for (int i = 0; i < m->n_params; i++) {
+        const fsdp_param *p = m->params[i];
+        if (found_elsewhere(o, m, "parameter", p->name, p->data) ||
+            found_elsewhere(o, m, "gradient of parameter", p->name, p->grad))
+            return FSDP_ERR_DEVICE;
+    }
+    for (int i = 0; i < m->n_buffers; i++)
+        if (found_elsewhere(o, m, "buffer", m->buffers[i].name, m->buffers[i].data))
+            return FSDP_ERR_DEVICE;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_nn_check_one_device(fsdp_ctx *ctx, fsdp_module *m, const char *who,
+                                     const char *layer, const char *before, fsdp_device *device) {
+    one_device o = {0};
+    o.want = FSDP_CPU;
+    *device = FSDP_CPU;
+    if (fsdp_module_visit(ctx, m, find_second_device, &o) == FSDP_OK || !o.found.module) {
+        *device = o.want;
+        return FSDP_OK;
+    }
+    const char *fqn = o.found.module->fqn;
+    return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                     "%s: %s '%s%s%s' is on %s:%d but the model's first tensor is on %s:%d; %s "
+                     "takes a model whose parameters, gradients and buffers are all on one "
+                     "device: move the whole model with fsdp_module_to(ctx, model, device) "
+                     "before %s",
+                     who, o.found.kind, fqn, fqn[0] ? "." : "", o.found.name,
+                     fsdp_device_to_string(o.found.device), o.found.device.index,
+                     fsdp_device_to_string(o.want), o.want.index, layer, before);
 }

@@ -1,8 +1,8 @@
 /* embedding.c: Embedding, out[..., :] = weight[token, :] for i32 token ids, and its weight
  * gradient (a scatter-add). Token ids have no gradient. A vocabulary-sharded table (TP's
- * RowwiseParallel) holds rows [vocab_start, vocab_start + rows) and gives zeros elsewhere. */
+ * RowwiseParallel) holds rows [vocab_start, vocab_start + rows) and gives zeros elsewhere; the
+ * kernel table does both on the tokens' device (the CPU or a device, where the ids stay). */
 #include <stdlib.h>
-#include <string.h>
 
 #include "core/error.h"
 #include "nn/llama_common.h"
@@ -14,15 +14,11 @@ typedef struct embedding {
     int64_t vocab_start;      /* first token of the weight's rows; -1: the whole table */
     const fsdp_tensor *input; /* (...) i32 token ids, kept for backward */
     fsdp_tensor *output;      /* (..., C) */
-    fsdp_tensor *local_ids;   /* (...) i32, vocab-sharded: token - vocab_start, 0 when outside */
-    fsdp_tensor *dmasked;     /* (..., C) vocab-sharded: dout with rows outside zeroed */
 } embedding;
 
 static void embedding_free(void *impl) {
     embedding *e = impl;
     fsdp_tensor_free(e->output);
-    fsdp_tensor_free(e->local_ids);
-    fsdp_tensor_free(e->dmasked);
     free(e);
 }
 
@@ -46,39 +42,6 @@ static fsdp_status check_tokens(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_
     return FSDP_OK;
 }
 
-/* Vocab-sharded: e->local_ids = token - vocab_start for the tokens this rank's rows hold, 0
- * (a valid row, masked after) for the others; *rows is how many rows the table has. */
-static fsdp_status shard_ids(fsdp_ctx *ctx, const fsdp_module *m, embedding *e,
-                             const fsdp_tensor *in, int64_t *rows) {
-    *rows = fsdp_tensor_dim(e->weight->data, 0);
-    if (fsdp_tensor_device(in).type != FSDP_DEVICE_CPU) {
-        char desc[160];
-        return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
-                         "%s: a vocabulary-sharded embedding runs on the CPU only for now",
-                         fsdp_nn_describe(m, desc, sizeof desc));
-    }
-    if (!e->local_ids || fsdp_tensor_numel(e->local_ids) != fsdp_tensor_numel(in)) {
-        fsdp_tensor_free(e->local_ids);
-        e->local_ids = NULL;
-        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, fsdp_tensor_ndim(in),
-                                            fsdp_tensor_shape(in), &e->local_ids));
-    }
-    const int32_t *tok = fsdp_tensor_data(in);
-    int32_t *ids = fsdp_tensor_data(e->local_ids);
-    for (int64_t i = 0; i < fsdp_tensor_numel(in); i++) {
-        int64_t r = (int64_t)tok[i] - e->vocab_start;
-        ids[i] = r >= 0 && r < *rows ? (int32_t)r : 0;
-    }
-    return FSDP_OK;
-}
-
-/* Zeroes the C-wide rows of x (n rows) whose token lies outside [start, start + rows). */
-static void mask_rows(float *x, const int32_t *tok, int64_t n, int64_t C, int64_t start,
-                      int64_t rows) {
-    for (int64_t i = 0; i < n; i++)
-        if (tok[i] < start || tok[i] >= start + rows) memset(x + i * C, 0, (size_t)C * sizeof *x);
-}
-
 static fsdp_status embedding_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
                                      const fsdp_tensor **out) {
     embedding *e = m->impl;
@@ -96,19 +59,9 @@ static fsdp_status embedding_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
     shape[nd] = C;
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &e->output, dev, nd + 1, shape));
     e->input = in;
-    if (sharded) {
-        int64_t rows, n = fsdp_tensor_numel(in);
-        FSDP_TRY_AT(ctx, shard_ids(ctx, m, e, in, &rows));
-        float *y = fsdp_tensor_f32(e->output);
-        if (rows > 0)
-            k->embedding_forward(y, fsdp_tensor_data(e->local_ids),
-                                 fsdp_tensor_f32(e->weight->data), n, C);
-        mask_rows(y, fsdp_tensor_data(in), n, C, e->vocab_start, rows);
-        *out = e->output;
-        return FSDP_OK;
-    }
+    int64_t start = sharded ? e->vocab_start : 0, rows = fsdp_tensor_dim(e->weight->data, 0);
     k->embedding_forward(fsdp_tensor_f32(e->output), fsdp_tensor_data(in),
-                         fsdp_tensor_f32(e->weight->data), fsdp_tensor_numel(in), C);
+                         fsdp_tensor_f32(e->weight->data), fsdp_tensor_numel(in), C, start, rows);
     *out = e->output;
     return FSDP_OK;
 }
@@ -122,20 +75,11 @@ static fsdp_status embedding_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, fsdp_tensor_device(dout), embedding_backward, k);
     int64_t C = fsdp_tensor_dim(e->weight->data, 1);
-    if (e->vocab_start >= 0) { /* only this rank's rows, from the rows of dout it looked up */
-        int64_t rows = fsdp_tensor_dim(e->weight->data, 0), n = fsdp_tensor_numel(e->input);
-        if (rows == 0) return FSDP_OK;
-        FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &e->dmasked, fsdp_tensor_device(dout),
-                                        fsdp_tensor_ndim(dout), fsdp_tensor_shape(dout)));
-        FSDP_TRY_AT(ctx, fsdp_tensor_copy(ctx, e->dmasked, dout));
-        mask_rows(fsdp_tensor_f32(e->dmasked), fsdp_tensor_data(e->input), n, C, e->vocab_start,
-                  rows);
-        k->embedding_backward(fsdp_tensor_f32(e->weight->grad), fsdp_tensor_f32(e->dmasked),
-                              fsdp_tensor_data(e->local_ids), n, C);
-        return FSDP_OK;
-    }
+    int64_t start = e->vocab_start >= 0 ? e->vocab_start : 0;
+    int64_t rows = fsdp_tensor_dim(e->weight->data, 0);
+    if (rows == 0) return FSDP_OK; /* a vocabulary shard with no rows */
     k->embedding_backward(fsdp_tensor_f32(e->weight->grad), fsdp_tensor_f32(dout),
-                          fsdp_tensor_data(e->input), fsdp_tensor_numel(e->input), C);
+                          fsdp_tensor_data(e->input), fsdp_tensor_numel(e->input), C, start, rows);
     return FSDP_OK;
 }
 

@@ -139,8 +139,8 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->lse, dev, 3, (int64_t[]){B, NH, T}));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->scratch, dev, 3, (int64_t[]){2, T, T}));
     const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
-    k->rope_forward(fsdp_tensor_f32(a->q), fsdp_tensor_f32(q), cos, sin, B, T, NH, hd);
-    k->rope_forward(fsdp_tensor_f32(a->k), fsdp_tensor_f32(kk), cos, sin, B, T, NKV, hd);
+    k->rope_qk_forward(fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k), fsdp_tensor_f32(q),
+                       fsdp_tensor_f32(kk), cos, sin, B, T, NH, NKV, hd);
     k->attention_forward(fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse),
                          fsdp_tensor_f32(a->scratch), fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k),
                          fsdp_tensor_f32(a->v), B, T, NH, NKV, hd);
@@ -167,8 +167,7 @@ static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const
                           fsdp_tensor_f32(a->v), fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse),
                           B, T, NH, NKV, hd);
     const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
-    k->rope_backward(dq, dq, cos, sin, B, T, NH, hd);
-    k->rope_backward(dk, dk, cos, sin, B, T, NKV, hd);
+    k->rope_qk_backward(dq, dk, dq, dk, cos, sin, B, T, NH, NKV, hd);
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->q_proj, a->dq, din ? &dxq : NULL));
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->k_proj, a->dk, din ? &dxk : NULL));
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->v_proj, a->dv, din ? &dxv : NULL));

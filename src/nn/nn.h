@@ -56,6 +56,13 @@ fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *w
 fsdp_status fsdp_nn_check_on_cpu(fsdp_ctx *ctx, fsdp_module *m, const char *who, const char *layer,
                                  const char *before);
 
+/* The one device every parameter, gradient and buffer of m's subtree is on, in *device (the
+ * CPU for a tree without tensors). FSDP_ERR_DEVICE when a tensor is on another device than the
+ * first one met, naming both and the fix (who, layer and before as fsdp_nn_check_on_cpu's).
+ * Nothing is changed. */
+fsdp_status fsdp_nn_check_one_device(fsdp_ctx *ctx, fsdp_module *m, const char *who,
+                                     const char *layer, const char *before, fsdp_device *device);
+
 /* Whether m is a Linear (fsdp_linear_create). */
 bool fsdp_nn_is_linear(const fsdp_module *m);
 /* A Linear without bias whose weight is `weight`, a parameter another module owns and holds

@@ -68,7 +68,6 @@ fsdp_status fsdp_dtensor_from_local(fsdp_ctx *ctx, const fsdp_tensor *local, con
     FSDP_ARG_NOT_NULL(ctx, placements);
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
-    FSDP_TRY_AT(ctx, tp_check_cpu(ctx, local, "fsdp_dtensor_from_local", "the local tensor"));
     fsdp_dtensor_spec spec;
     FSDP_TRY_AT(ctx, tp_spec_init(ctx, &spec, mesh, placements, local->ndim, local->shape,
                                   "fsdp_dtensor_from_local"));
@@ -109,7 +108,6 @@ fsdp_status fsdp_distribute_tensor(fsdp_ctx *ctx, const fsdp_tensor *global, con
     FSDP_ARG_NOT_NULL(ctx, placements);
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
-    FSDP_TRY_AT(ctx, tp_check_cpu(ctx, global, "fsdp_distribute_tensor", "the global tensor"));
     int n = fsdp_mesh_ndim(mesh), mesh_size = 1;
     for (int i = 0; i < n; i++) mesh_size *= fsdp_mesh_size(mesh, i);
     if (src_rank != FSDP_NO_SRC_RANK && (src_rank < 0 || src_rank >= mesh_size))

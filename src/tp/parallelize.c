@@ -95,8 +95,9 @@ fsdp_status fsdp_tp_parallelize(fsdp_ctx *ctx, fsdp_module *root, const fsdp_mes
     if (n < 0)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_tp_parallelize: n is %d; the plan's length is 0 or more", n);
-    FSDP_TRY_AT(ctx, fsdp_nn_check_on_cpu(ctx, root, "fsdp_tp_parallelize", "tensor parallelism",
-                                          "parallelising it"));
+    fsdp_device dev; /* the model's: the styles run there */
+    FSDP_TRY_AT(ctx, fsdp_nn_check_one_device(ctx, root, "fsdp_tp_parallelize",
+                                              "tensor parallelism", "parallelising it", &dev));
     module_list *matches = calloc((size_t)n + 1, sizeof *matches);
     if (!matches) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate plan matches");
     fsdp_status st = FSDP_OK;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "tp/tp_impl.h"
 
@@ -29,16 +30,6 @@ const char *fsdp_placement_to_string(fsdp_placement p, char *buf, size_t size) {
 
 bool fsdp_placement_equal(fsdp_placement a, fsdp_placement b) {
     return a.kind == b.kind && (a.kind != FSDP_PLACEMENT_SHARD || a.dim == b.dim);
-}
-
-fsdp_status tp_check_cpu(fsdp_ctx *ctx, const fsdp_tensor *t, const char *who, const char *what) {
-    fsdp_device dev = fsdp_tensor_device(t);
-    if (dev.type == FSDP_DEVICE_CPU) return FSDP_OK;
-    return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
-                     "%s: %s is on %s:%d, and tensor parallelism (DTensor) does not take device "
-                     "tensors yet (it runs on CPU tensors only in this version): copy it into a "
-                     "CPU tensor (fsdp_tensor_copy) first",
-                     who, what, fsdp_device_to_string(dev), dev.index);
 }
 
 static bool is_shard(fsdp_placement p, int dim) {
@@ -202,18 +193,26 @@ static int plan(const fsdp_placement *from, const fsdp_placement *to, int n, ste
 
 /* ---- execution ---- */
 
-/* dst = src's elements [off, off + dst dim d) along dim d (all other dims equal). */
-static void slice_copy(fsdp_tensor *dst, const fsdp_tensor *src, int d, int64_t off) {
+/* dst = src's elements [off, off + dst dim d) along dim d (all other dims equal), as `outer`
+ * runs of one contiguous block each, through the device record of the tensors' device: on a
+ * device the runs are queued on the calling thread's current stream (the rank's compute
+ * stream), after the collective that made src (its blocking form made that stream wait). */
+static fsdp_status slice_copy(fsdp_ctx *ctx, fsdp_tensor *dst, const fsdp_tensor *src, int d,
+                              int64_t off) {
     size_t es = fsdp_dtype_size(src->dtype);
     int64_t outer = 1, inner = 1;
     for (int k = 0; k < d; k++) outer *= src->shape[k];
     for (int k = d + 1; k < src->ndim; k++) inner *= src->shape[k];
     int64_t len = dst->shape[d], full = src->shape[d];
+    if (outer == 0 || len == 0 || inner == 0) return FSDP_OK;
+    fsdp_device dev = fsdp_tensor_device(src);
+    const fsdp_device_i *rec = fsdp_device_for(dev.type);
+    FSDP_ASSERT(rec && rec->copy_2d);
     const char *s = fsdp_tensor_data(src);
     char *t = fsdp_tensor_data(dst);
-    for (int64_t o = 0; o < outer; o++)
-        memcpy(t + (size_t)(o * len * inner) * es, s + (size_t)((o * full + off) * inner) * es,
-               (size_t)(len * inner) * es);
+    return rec->copy_2d(ctx, t, dev, (size_t)(len * inner) * es, s + (size_t)(off * inner) * es,
+                        dev, (size_t)(full * inner) * es, (size_t)(len * inner) * es,
+                        (size_t)outer);
 }
 
 /* One step on mesh dim i: out (already shaped for the new placements) from in. */
@@ -237,8 +236,7 @@ static fsdp_status run_step(fsdp_ctx *ctx, const fsdp_dtensor_spec *spec, int i,
         if (to.kind == FSDP_PLACEMENT_SHARD) {
             int64_t off, len;
             fsdp_chunk_range(in->shape[to.dim], size, coord, &off, &len);
-            slice_copy(out, in, to.dim, off);
-            return FSDP_OK;
+            return slice_copy(ctx, out, in, to.dim, off);
         }
         /* Replicate -> Partial: the value on coordinate 0, zeros elsewhere: the sum is exact. */
         if (coord == 0) return fsdp_tensor_copy(ctx, out, in);
@@ -253,7 +251,6 @@ fsdp_status tp_redistribute(fsdp_ctx *ctx, const fsdp_dtensor_spec *from, const 
                             const fsdp_placement *to, tp_work *w, fsdp_tensor **out,
                             const fsdp_tensor **result) {
     fsdp_dtensor_spec target, cur = *from;
-    FSDP_TRY_AT(ctx, tp_check_cpu(ctx, in, "redistribute", "the local tensor"));
     FSDP_TRY_AT(
         ctx, tp_spec_init(ctx, &target, from->mesh, to, from->ndim, from->shape, "redistribute"));
     int64_t off[FSDP_MAX_DIMS], len[FSDP_MAX_DIMS];

@@ -138,12 +138,28 @@ static fsdp_placement op_input_placement(const style_state *s, const fsdp_dtenso
 
 /* ---- the four hooks ---- */
 
+/* An input on another device than the style's parameters is refused before it moves. */
+static fsdp_status check_input_device(fsdp_ctx *ctx, const fsdp_module *m, const style_state *s,
+                                      const fsdp_tensor *x) {
+    const fsdp_param *p = s->weight ? s->weight : s->n_params ? s->params[0] : NULL;
+    if (!p) return FSDP_OK; /* PrepareModuleInput/Output own no parameters */
+    fsdp_device a = fsdp_tensor_device(x), b = fsdp_tensor_device(fsdp_param_data(p));
+    if (a.type == b.type && a.index == b.index) return FSDP_OK;
+    char where[200];
+    return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                     "%s on %s: the input is on %s:%d and the parameters on %s:%d; copy the input "
+                     "to the model's device (fsdp_tensor_copy) first",
+                     fsdp_tp_style_kind_to_string(s->style.kind),
+                     fsdp_nn_describe(m, where, sizeof where), fsdp_device_to_string(a), a.index,
+                     fsdp_device_to_string(b), b.index);
+}
+
 static fsdp_status pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                const fsdp_tensor **io, void *user) {
-    (void)m;
     (void)point;
     style_state *s = user;
     const fsdp_tensor *x = *io;
+    FSDP_TRY_AT(ctx, check_input_device(ctx, m, s, x));
     s->in_was_dtensor = fsdp_dtensor_of(x) != NULL;
     FSDP_TRY_AT(ctx, arriving_spec(ctx, s, x, s->style.input_layouts, &s->in_spec));
     bool as_dtensor =
@@ -565,8 +581,9 @@ fsdp_status tp_style_apply(fsdp_ctx *ctx, fsdp_module *m, const fsdp_mesh *mesh,
                          "%s on %s: tensor parallelism takes a 1-d mesh, this one has %d dims; "
                          "pass the tp dim's sub-mesh (fsdp_mesh_dim(ctx, mesh, \"tp\", &tp))",
                          fsdp_tp_style_kind_to_string(style->kind), where, fsdp_mesh_ndim(mesh));
-    FSDP_TRY_AT(ctx, fsdp_nn_check_on_cpu(ctx, m, "fsdp_tp_apply", "tensor parallelism",
-                                          "parallelising it"));
+    fsdp_device dev; /* the module's: the style runs there */
+    FSDP_TRY_AT(ctx, fsdp_nn_check_one_device(ctx, m, "fsdp_tp_apply", "tensor parallelism",
+                                              "parallelising it", &dev));
     FSDP_TRY_AT(ctx, tp_style_check(ctx, m, style));
     fsdp_tp_options o = opts ? *opts : (fsdp_tp_options){0};
     style_state *s = calloc(1, sizeof *s);

@@ -19,12 +19,6 @@ typedef struct tp_work {
 
 void tp_work_release(tp_work *w);
 
-/* Tensor parallelism runs on CPU tensors only in this version: FSDP_ERR_DEVICE, naming `who`
- * (the call) and `what` ("the local tensor"), when t is on another device. Every DTensor
- * construction and redistribution checks its tensor here before it communicates; modules are
- * checked by fsdp_nn_check_on_cpu. */
-fsdp_status tp_check_cpu(fsdp_ctx *ctx, const fsdp_tensor *t, const char *who, const char *what);
-
 /* Fills spec from a mesh, mesh-ndim placements and a global shape, checking that every
  * placement is set and every Shard dim is inside the tensor (normalised to 0..ndim-1).
  * `what` names the caller in messages. */

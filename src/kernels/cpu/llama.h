@@ -8,15 +8,21 @@
 
 /* embedding.c */
 void fsdp_cpu_embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t n,
-                                int64_t C);
+                                int64_t C, int64_t start, int64_t rows);
 void fsdp_cpu_embedding_backward(float *dweight, const float *dout, const int32_t *tokens,
-                                 int64_t n, int64_t C);
+                                 int64_t n, int64_t C, int64_t start, int64_t rows);
 
 /* rope.c */
 void fsdp_cpu_rope_forward(float *out, const float *inp, const float *cos, const float *sin,
                            int64_t B, int64_t T, int64_t H, int64_t D);
 void fsdp_cpu_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,
                             int64_t B, int64_t T, int64_t H, int64_t D);
+void fsdp_cpu_rope_qk_forward(float *qo, float *ko, const float *q, const float *k,
+                              const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                              int64_t NKV, int64_t D);
+void fsdp_cpu_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
+                               const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                               int64_t NKV, int64_t D);
 
 /* attention.c */
 void fsdp_cpu_attention_forward(float *out, float *lse, float *scratch, const float *q,
@@ -36,5 +42,14 @@ void fsdp_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const
 void fsdp_cpu_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
                                    const int32_t *targets, int32_t ignore_index, int64_t rows,
                                    int64_t classes);
+
+/* vocab_loss.c */
+void fsdp_cpu_vocab_row_max(float *mx, const float *logits, int64_t rows, int64_t V);
+void fsdp_cpu_vocab_exp_sums(float *se, float *xt, const float *logits, const float *mx,
+                             const int32_t *targets, int32_t ignore_index, int64_t start,
+                             int64_t rows, int64_t V);
+void fsdp_cpu_vocab_ce_grad(float *dlogits, const float *logits, const float *mx, const float *se,
+                            const int32_t *targets, int32_t ignore_index, int64_t start,
+                            int64_t rows, int64_t V, int64_t n);
 
 #endif

@@ -1,6 +1,7 @@
 /* optim.c: the fused SGD and Adam/AdamW element loops on the CPU, over the step's scalars
  * (kernels.h: fsdp_sgd_step_args, fsdp_adam_step_args) in PyTorch's operation order. */
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -46,10 +47,21 @@ void fsdp_cpu_sgd_update(float *restrict p, const float *restrict g, float *rest
     }
 }
 
-FSDP_UPDATE_CLONES
-void fsdp_cpu_adam_update(float *restrict p, const float *restrict g, float *restrict m,
-                          float *restrict v, float *restrict vmax, int64_t n,
-                          const fsdp_adam_step_args *a) {
+/* x rounded to bf16 to nearest even, NaN kept a quiet NaN: fsdp_bf16_from_f32's rule (and
+ * convert.c's), inline so that the loop stays vectorisable. */
+static inline fsdp_bf16 round_bf16(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    uint32_t nan = (bits >> 16) | 0x40u;
+    return (fsdp_bf16)((bits & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+/* The Adam loop; lp (may be NULL) gets each updated p rounded to bf16. Inlined into both entry
+ * points, where lp is a constant NULL or not, so neither loop tests it per element. */
+static inline __attribute__((always_inline)) void
+adam_loop(float *restrict p, fsdp_bf16 *restrict lp, const float *restrict g, float *restrict m,
+          float *restrict v, float *restrict vmax, int64_t n, const fsdp_adam_step_args *a) {
     const float sign = a->sign, l2 = a->l2, shrink = a->shrink, w1 = a->w1, beta2 = a->beta2;
     const float w2 = a->w2, eps = a->eps, neg_step_size = a->neg_step_size;
     const float bc2_sqrt = a->bc2_sqrt;
@@ -62,5 +74,20 @@ void fsdp_cpu_adam_update(float *restrict p, const float *restrict g, float *res
         if (vmax) vv = vmax[i] = fmaxf(vmax[i], v[i]);
         float denom = sqrtf(vv) / bc2_sqrt + eps;
         p[i] = pi + neg_step_size * m[i] / denom;
+        if (lp) lp[i] = round_bf16(p[i]);
     }
+}
+
+FSDP_UPDATE_CLONES
+void fsdp_cpu_adam_update(float *restrict p, const float *restrict g, float *restrict m,
+                          float *restrict v, float *restrict vmax, int64_t n,
+                          const fsdp_adam_step_args *a) {
+    adam_loop(p, NULL, g, m, v, vmax, n, a);
+}
+
+FSDP_UPDATE_CLONES
+void fsdp_cpu_adam_update_bf16(float *restrict p, fsdp_bf16 *restrict p_bf16,
+                               const float *restrict g, float *restrict m, float *restrict v,
+                               float *restrict vmax, int64_t n, const fsdp_adam_step_args *a) {
+    adam_loop(p, p_bf16, g, m, v, vmax, n, a);
 }

@@ -86,6 +86,7 @@ typedef struct ew_job {
     float s;
     const void *args;
     float *m, *v, *vmax;
+    fsdp_bf16 *lp; /* adam_update_bf16's copy */
 } ew_job;
 
 enum {
@@ -162,8 +163,13 @@ static void ew_part(void *arg, int part, int parts) {
         fsdp_cpu_sgd_update(o, a, j->m ? j->m + b : NULL, n, (const fsdp_sgd_step_args *)j->args);
         break;
     case EW_ADAM:
-        fsdp_cpu_adam_update(o, a, j->m + b, j->v + b, j->vmax ? j->vmax + b : NULL, n,
-                             (const fsdp_adam_step_args *)j->args);
+        if (j->lp)
+            fsdp_cpu_adam_update_bf16(o, j->lp + b, a, j->m + b, j->v + b,
+                                      j->vmax ? j->vmax + b : NULL, n,
+                                      (const fsdp_adam_step_args *)j->args);
+        else
+            fsdp_cpu_adam_update(o, a, j->m + b, j->v + b, j->vmax ? j->vmax + b : NULL, n,
+                                 (const fsdp_adam_step_args *)j->args);
         break;
     }
 }
@@ -279,4 +285,20 @@ void fsdp_cpu_par_adam_update(float *p, const float *g, float *m, float *v, floa
     }
     ew_run((ew_job){
         .kind = EW_ADAM, .n = n, .out = p, .a = g, .m = m, .v = v, .vmax = vmax, .args = args});
+}
+void fsdp_cpu_par_adam_update_bf16(float *p, fsdp_bf16 *p_bf16, const float *g, float *m, float *v,
+                                   float *vmax, int64_t n, const fsdp_adam_step_args *args) {
+    if (!worth(n)) {
+        fsdp_cpu_adam_update_bf16(p, p_bf16, g, m, v, vmax, n, args);
+        return;
+    }
+    ew_run((ew_job){.kind = EW_ADAM,
+                    .n = n,
+                    .out = p,
+                    .a = g,
+                    .m = m,
+                    .v = v,
+                    .vmax = vmax,
+                    .lp = p_bf16,
+                    .args = args});
 }

@@ -28,5 +28,7 @@ void fsdp_cpu_par_sgd_update(float *p, const float *g, float *buf, int64_t n,
                              const fsdp_sgd_step_args *args);
 void fsdp_cpu_par_adam_update(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
                               const fsdp_adam_step_args *args);
+void fsdp_cpu_par_adam_update_bf16(float *p, fsdp_bf16 *p_bf16, const float *g, float *m, float *v,
+                                   float *vmax, int64_t n, const fsdp_adam_step_args *args);
 
 #endif

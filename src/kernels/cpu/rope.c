@@ -1,35 +1,59 @@
 /* rope.c: rotary position embedding on the CPU in Hugging Face Llama's rotate_half layout (the
- * two halves of each head rotate together, not interleaved pairs), and its transpose. */
+ * two halves of each head rotate together, not interleaved pairs), and its transpose; for one
+ * tensor, or for q and k in one pass. */
+#include <stddef.h>
+
 #include "kernels/cpu/llama.h"
 
-/* x (B, T, H, D) rotated by +angle (sign 1) or -angle (sign -1); cos, sin (T, D / 2). */
-static void rotate(float *out, const float *inp, const float *cos, const float *sin, float sign,
-                   int64_t B, int64_t T, int64_t H, int64_t D) {
+/* The H heads of one position, x (H, D) into y (H, D), rotated by +angle (sign 1) or -angle
+ * (sign -1); c, s (D / 2): that position's cos and sin. */
+static void rotate_heads(float *y, const float *x, const float *c, const float *s, float sign,
+                         int64_t H, int64_t D) {
+    int64_t h = D / 2;
+    for (int64_t hd = 0; hd < H; hd++, x += D, y += D) {
+        for (int64_t i = 0; i < h; i++) {
+            float x1 = x[i], x2 = x[i + h], si = sign * s[i];
+            y[i] = x1 * c[i] - x2 * si;
+            y[i + h] = x2 * c[i] + x1 * si;
+        }
+    }
+}
+
+/* q (B, T, NH, D) into qo and, when k is not NULL, k (B, T, NKV, D) into ko, position by
+ * position; cos, sin (T, D / 2). */
+static void rotate(float *qo, float *ko, const float *q, const float *k, const float *cos,
+                   const float *sin, float sign, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                   int64_t D) {
     int64_t h = D / 2;
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < T; t++) {
             const float *c = cos + t * h, *s = sin + t * h; // (h)
-            for (int64_t hd = 0; hd < H; hd++) {
-                int64_t off = ((b * T + t) * H + hd) * D;
-                const float *x = inp + off; // (D)
-                float *y = out + off;       // (D)
-                for (int64_t i = 0; i < h; i++) {
-                    float x1 = x[i], x2 = x[i + h], si = sign * s[i];
-                    y[i] = x1 * c[i] - x2 * si;
-                    y[i + h] = x2 * c[i] + x1 * si;
-                }
-            }
+            int64_t row = b * T + t;
+            rotate_heads(qo + row * NH * D, q + row * NH * D, c, s, sign, NH, D);
+            if (k) rotate_heads(ko + row * NKV * D, k + row * NKV * D, c, s, sign, NKV, D);
         }
     }
 }
 
 void fsdp_cpu_rope_forward(float *out, const float *inp, const float *cos, const float *sin,
                            int64_t B, int64_t T, int64_t H, int64_t D) {
-    rotate(out, inp, cos, sin, 1.0f, B, T, H, D);
+    rotate(out, NULL, inp, NULL, cos, sin, 1.0f, B, T, H, 0, D);
 }
 
 /* A rotation's transpose is the rotation by the opposite angle. */
 void fsdp_cpu_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,
                             int64_t B, int64_t T, int64_t H, int64_t D) {
-    rotate(dinp, dout, cos, sin, -1.0f, B, T, H, D);
+    rotate(dinp, NULL, dout, NULL, cos, sin, -1.0f, B, T, H, 0, D);
+}
+
+void fsdp_cpu_rope_qk_forward(float *qo, float *ko, const float *q, const float *k,
+                              const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                              int64_t NKV, int64_t D) {
+    rotate(qo, ko, q, k, cos, sin, 1.0f, B, T, NH, NKV, D);
+}
+
+void fsdp_cpu_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
+                               const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                               int64_t NKV, int64_t D) {
+    rotate(dq, dk, dqo, dko, cos, sin, -1.0f, B, T, NH, NKV, D);
 }

@@ -37,15 +37,22 @@ static const fsdp_kernels_i cpu_kernels = {
     .f16_to_f32 = fsdp_cpu_f16_to_f32,
     .sgd_update = fsdp_cpu_par_sgd_update,
     .adam_update = fsdp_cpu_par_adam_update,
+    .adam_update_bf16 = fsdp_cpu_par_adam_update_bf16,
+    .gemm_bf16 = fsdp_cpu_gemm_bf16,
     .embedding_forward = fsdp_cpu_embedding_forward,
     .embedding_backward = fsdp_cpu_embedding_backward,
     .rope_forward = fsdp_cpu_rope_forward,
     .rope_backward = fsdp_cpu_rope_backward,
+    .rope_qk_forward = fsdp_cpu_rope_qk_forward,
+    .rope_qk_backward = fsdp_cpu_rope_qk_backward,
     .attention_forward = fsdp_cpu_attention_forward,
     .attention_backward = fsdp_cpu_attention_backward,
     .swiglu_forward = fsdp_cpu_swiglu_forward,
     .swiglu_backward = fsdp_cpu_swiglu_backward,
     .cross_entropy_ignore = fsdp_cpu_cross_entropy_ignore,
+    .vocab_row_max = fsdp_cpu_vocab_row_max,
+    .vocab_exp_sums = fsdp_cpu_vocab_exp_sums,
+    .vocab_ce_grad = fsdp_cpu_vocab_ce_grad,
 };
 
 const fsdp_kernels_i *fsdp_kernels_cpu(void) {

@@ -79,6 +79,10 @@ TIMED_VOID(T_OPTIMIZER, adam_update,
            (float *p, const float *g, float *m, float *v, float *vm, int64_t n,
             const fsdp_adam_step_args *a),
            (p, g, m, v, vm, n, a))
+TIMED_VOID(T_OPTIMIZER, adam_update_bf16,
+           (float *p, fsdp_bf16 *lp, const float *g, float *m, float *v, float *vm, int64_t n,
+            const fsdp_adam_step_args *a),
+           (p, lp, g, m, v, vm, n, a))
 
 const fsdp_kernels_i *fsdp_cpu_timed_table(const fsdp_kernels_i *untimed) {
     static fsdp_kernels_i timed;
@@ -115,6 +119,7 @@ const fsdp_kernels_i *fsdp_cpu_timed_table(const fsdp_kernels_i *untimed) {
             timed.bf16_to_f32 = timed_bf16_to_f32;
             timed.sgd_update = timed_sgd_update;
             timed.adam_update = timed_adam_update;
+            timed.adam_update_bf16 = timed_adam_update_bf16;
             __atomic_store_n(&made, true, __ATOMIC_RELEASE);
         }
         __atomic_clear(&lock, __ATOMIC_RELEASE);

@@ -10,31 +10,37 @@
 /* ---- embedding ---- */
 
 __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *weight,
-                                         int64_t n, int64_t C) {
-    for (int64_t e = fsdp_tid(); e < n * C; e += fsdp_stride())
-        out[e] = weight[(int64_t)tokens[e / C] * C + e % C];
+                                         int64_t n, int64_t C, int64_t start, int64_t rows) {
+    for (int64_t e = fsdp_tid(); e < n * C; e += fsdp_stride()) {
+        int64_t r = (int64_t)tokens[e / C] - start;
+        out[e] = r >= 0 && r < rows ? weight[r * C + e % C] : 0.0f;
+    }
 }
 
 extern "C" void fsdp_cuda_embedding_forward(float *out, const int32_t *tokens, const float *weight,
-                                            int64_t n, int64_t C) {
+                                            int64_t n, int64_t C, int64_t start, int64_t rows) {
     if (n <= 0 || C <= 0) return;
     embedding_forward_kernel<<<fsdp_grid(n * C), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        out, tokens, weight, n, C);
+        out, tokens, weight, n, C, start, rows);
     FSDP_CUDA_LAUNCHED("embedding_forward");
 }
 
 /* one thread per column, rows in token order: the CPU's order of additions */
 __global__ void embedding_backward_kernel(float *dweight, const float *dout, const int32_t *tokens,
-                                          int64_t n, int64_t C) {
+                                          int64_t n, int64_t C, int64_t start, int64_t rows) {
     for (int64_t c = fsdp_tid(); c < C; c += fsdp_stride())
-        for (int64_t i = 0; i < n; i++) dweight[(int64_t)tokens[i] * C + c] += dout[i * C + c];
+        for (int64_t i = 0; i < n; i++) {
+            int64_t r = (int64_t)tokens[i] - start;
+            if (r >= 0 && r < rows) dweight[r * C + c] += dout[i * C + c];
+        }
 }
 
 extern "C" void fsdp_cuda_embedding_backward(float *dweight, const float *dout,
-                                             const int32_t *tokens, int64_t n, int64_t C) {
+                                             const int32_t *tokens, int64_t n, int64_t C,
+                                             int64_t start, int64_t rows) {
     if (n <= 0 || C <= 0) return;
     embedding_backward_kernel<<<fsdp_grid(C), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        dweight, dout, tokens, n, C);
+        dweight, dout, tokens, n, C, start, rows);
     FSDP_CUDA_LAUNCHED("embedding_backward");
 }
 
@@ -73,6 +79,45 @@ extern "C" void fsdp_cuda_rope_backward(float *dinp, const float *dout, const fl
                                         const float *sin, int64_t B, int64_t T, int64_t H,
                                         int64_t D) {
     rope("rope_backward", dinp, dout, cos, sin, -1.0f, B, T, H, D);
+}
+
+/* q (B, T, NH, D) into qo and k (B, T, NKV, D) into ko in one launch: element e is one pair
+ * (i, i + h) of one head of one position, the heads of q first, then those of k. */
+__global__ void rope_qk_kernel(float *qo, float *ko, const float *q, const float *k,
+                               const float *cos, const float *sin, float sign, int64_t B, int64_t T,
+                               int64_t NH, int64_t NKV, int64_t D) {
+    int64_t h = D / 2, heads = NH + NKV, pairs = B * T * heads * h;
+    for (int64_t e = fsdp_tid(); e < pairs; e += fsdp_stride()) {
+        int64_t i = e % h, head = (e / h) % heads, row = e / (h * heads), t = row % T;
+        bool is_q = head < NH;
+        const float *x = is_q ? q + (row * NH + head) * D : k + (row * NKV + head - NH) * D;
+        float *y = is_q ? qo + (row * NH + head) * D : ko + (row * NKV + head - NH) * D;
+        float c = cos[t * h + i], s = sign * sin[t * h + i], x1 = x[i], x2 = x[i + h];
+        y[i] = x1 * c - x2 * s;
+        y[i + h] = x2 * c + x1 * s;
+    }
+}
+
+static void rope_qk(const char *name, float *qo, float *ko, const float *q, const float *k,
+                    const float *cos, const float *sin, float sign, int64_t B, int64_t T,
+                    int64_t NH, int64_t NKV, int64_t D) {
+    int64_t pairs = B * T * (NH + NKV) * (D / 2);
+    if (pairs <= 0) return;
+    rope_qk_kernel<<<fsdp_grid(pairs), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        qo, ko, q, k, cos, sin, sign, B, T, NH, NKV, D);
+    FSDP_CUDA_LAUNCHED(name);
+}
+
+extern "C" void fsdp_cuda_rope_qk_forward(float *qo, float *ko, const float *q, const float *k,
+                                          const float *cos, const float *sin, int64_t B, int64_t T,
+                                          int64_t NH, int64_t NKV, int64_t D) {
+    rope_qk("rope_qk_forward", qo, ko, q, k, cos, sin, 1.0f, B, T, NH, NKV, D);
+}
+
+extern "C" void fsdp_cuda_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
+                                           const float *cos, const float *sin, int64_t B, int64_t T,
+                                           int64_t NH, int64_t NKV, int64_t D) {
+    rope_qk("rope_qk_backward", dq, dk, dqo, dko, cos, sin, -1.0f, B, T, NH, NKV, D);
 }
 
 /* ---- attention ---- */

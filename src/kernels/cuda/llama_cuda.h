@@ -10,13 +10,19 @@ extern "C" {
 #endif
 
 void fsdp_cuda_embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t n,
-                                 int64_t C);
+                                 int64_t C, int64_t start, int64_t rows);
 void fsdp_cuda_embedding_backward(float *dweight, const float *dout, const int32_t *tokens,
-                                  int64_t n, int64_t C);
+                                  int64_t n, int64_t C, int64_t start, int64_t rows);
 void fsdp_cuda_rope_forward(float *out, const float *inp, const float *cos, const float *sin,
                             int64_t B, int64_t T, int64_t H, int64_t D);
 void fsdp_cuda_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,
                              int64_t B, int64_t T, int64_t H, int64_t D);
+void fsdp_cuda_rope_qk_forward(float *qo, float *ko, const float *q, const float *k,
+                               const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                               int64_t NKV, int64_t D);
+void fsdp_cuda_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
+                                const float *cos, const float *sin, int64_t B, int64_t T,
+                                int64_t NH, int64_t NKV, int64_t D);
 void fsdp_cuda_attention_forward(float *out, float *lse, float *scratch, const float *q,
                                  const float *k, const float *v, int64_t B, int64_t T, int64_t NH,
                                  int64_t NKV, int64_t D);
@@ -30,6 +36,13 @@ void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, cons
 void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
                                     const int32_t *targets, int32_t ignore_index, int64_t rows,
                                     int64_t classes);
+void fsdp_cuda_vocab_row_max(float *mx, const float *logits, int64_t rows, int64_t V);
+void fsdp_cuda_vocab_exp_sums(float *se, float *xt, const float *logits, const float *mx,
+                              const int32_t *targets, int32_t ignore_index, int64_t start,
+                              int64_t rows, int64_t V);
+void fsdp_cuda_vocab_ce_grad(float *dlogits, const float *logits, const float *mx, const float *se,
+                             const int32_t *targets, int32_t ignore_index, int64_t start,
+                             int64_t rows, int64_t V, int64_t n);
 
 #ifdef __cplusplus
 }

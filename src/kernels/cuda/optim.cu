@@ -1,8 +1,10 @@
 /* optim.cu: the fused SGD and Adam/AdamW steps on the device, one kernel per shard, float4
  * loads when every array is 16-byte aligned. Each element takes the CPU loop's IEEE f32
  * operations in its order (kernels/cpu/optim.c), spelled as _rn intrinsics so that no
- * compiler flag can contract or approximate them: the bits equal the CPU's. */
+ * compiler flag can contract or approximate them: the bits equal the CPU's. Adam can also
+ * write the updated parameters rounded to bf16 in the same pass (adam_update_bf16). */
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dtype.cuh"
 
 __device__ inline void sgd_element(float &p, float g, float *buf, const fsdp_sgd_step_args &a) {
     float d = __fadd_rn(__fmul_rn(a.sign, g), __fmul_rn(a.weight_decay, p));
@@ -48,8 +50,10 @@ __global__ void sgd_kernel(float *p, const float *g, float *buf, int64_t n, bool
     for (int64_t j = done + i; j < n; j += stride) sgd_element(p[j], g[j], buf ? buf + j : buf, a);
 }
 
-__global__ void adam_kernel(float *p, const float *g, float *m, float *v, float *vmax, int64_t n,
-                            bool vec, fsdp_adam_step_args a) {
+/* LP: also lp[j] = p[j] rounded to bf16 (a template argument, so plain Adam has no test). */
+template <bool LP>
+__global__ void adam_kernel(float *p, uint16_t *lp, const float *g, float *m, float *v, float *vmax,
+                            int64_t n, bool vec, fsdp_adam_step_args a) {
     int64_t i = fsdp_tid(), stride = fsdp_stride(), done = 0;
     if (vec) {
         int64_t n4 = n / 4;
@@ -68,11 +72,19 @@ __global__ void adam_kernel(float *p, const float *g, float *m, float *v, float 
             reinterpret_cast<float4 *>(m)[j] = mv;
             reinterpret_cast<float4 *>(v)[j] = vv;
             if (vmax) reinterpret_cast<float4 *>(vmax)[j] = xv;
+            if (LP) {
+                lp[4 * j] = bf16_from_bits(__float_as_uint(pv.x));
+                lp[4 * j + 1] = bf16_from_bits(__float_as_uint(pv.y));
+                lp[4 * j + 2] = bf16_from_bits(__float_as_uint(pv.z));
+                lp[4 * j + 3] = bf16_from_bits(__float_as_uint(pv.w));
+            }
         }
         done = n4 * 4;
     }
-    for (int64_t j = done + i; j < n; j += stride)
+    for (int64_t j = done + i; j < n; j += stride) {
         adam_element(p[j], g[j], m[j], v[j], vmax ? vmax + j : vmax, a);
+        if (LP) lp[j] = bf16_from_bits(__float_as_uint(p[j]));
+    }
 }
 
 extern "C" void fsdp_cuda_sgd_update(float *p, const float *g, float *buf, int64_t n,
@@ -89,7 +101,18 @@ extern "C" void fsdp_cuda_adam_update(float *p, const float *g, float *m, float 
     if (n <= 0) return;
     bool vec = FSDP_CUDA_ALIGNED16(p) && FSDP_CUDA_ALIGNED16(g) && FSDP_CUDA_ALIGNED16(m) &&
                FSDP_CUDA_ALIGNED16(v) && FSDP_CUDA_ALIGNED16(vmax);
-    adam_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        p, g, m, v, vmax, n, vec, *a);
+    adam_kernel<false><<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        p, nullptr, g, m, v, vmax, n, vec, *a);
     FSDP_CUDA_LAUNCHED("adam_update");
+}
+
+extern "C" void fsdp_cuda_adam_update_bf16(float *p, uint16_t *p_bf16, const float *g, float *m,
+                                           float *v, float *vmax, int64_t n,
+                                           const fsdp_adam_step_args *a) {
+    if (n <= 0) return;
+    bool vec = FSDP_CUDA_ALIGNED16(p) && FSDP_CUDA_ALIGNED16(g) && FSDP_CUDA_ALIGNED16(m) &&
+               FSDP_CUDA_ALIGNED16(v) && FSDP_CUDA_ALIGNED16(vmax);
+    adam_kernel<true><<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        p, p_bf16, g, m, v, vmax, n, vec, *a);
+    FSDP_CUDA_LAUNCHED("adam_update_bf16");
 }

@@ -33,15 +33,22 @@ static const fsdp_kernels_i cuda_kernels = {
     .f16_to_f32 = fsdp_cuda_f16_to_f32,
     .sgd_update = fsdp_cuda_sgd_update,
     .adam_update = fsdp_cuda_adam_update,
+    .adam_update_bf16 = fsdp_cuda_adam_update_bf16,
+    .gemm_bf16 = fsdp_cuda_gemm_bf16,
     .embedding_forward = fsdp_cuda_embedding_forward,
     .embedding_backward = fsdp_cuda_embedding_backward,
     .rope_forward = fsdp_cuda_rope_forward,
     .rope_backward = fsdp_cuda_rope_backward,
+    .rope_qk_forward = fsdp_cuda_rope_qk_forward,
+    .rope_qk_backward = fsdp_cuda_rope_qk_backward,
     .attention_forward = fsdp_cuda_attention_forward,
     .attention_backward = fsdp_cuda_attention_backward,
     .swiglu_forward = fsdp_cuda_swiglu_forward,
     .swiglu_backward = fsdp_cuda_swiglu_backward,
     .cross_entropy_ignore = fsdp_cuda_cross_entropy_ignore,
+    .vocab_row_max = fsdp_cuda_vocab_row_max,
+    .vocab_exp_sums = fsdp_cuda_vocab_exp_sums,
+    .vocab_ce_grad = fsdp_cuda_vocab_ce_grad,
 };
 
 const fsdp_kernels_i *fsdp_kernels_cuda(void) {

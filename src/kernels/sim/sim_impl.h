@@ -123,11 +123,21 @@ void sim_reduce_n(void *out, const void *const *in, int n, int64_t count, fsdp_d
 
 /* The Llama entries (table_llama.c), semantics in kernels/kernels.h. */
 void sim_embedding_forward(float *out, const int32_t *tokens, const float *weight, int64_t n,
-                           int64_t C);
+                           int64_t C, int64_t start, int64_t rows);
 void sim_embedding_backward(float *dweight, const float *dout, const int32_t *tokens, int64_t n,
-                            int64_t C);
+                            int64_t C, int64_t start, int64_t rows);
 void sim_rope_forward(float *out, const float *inp, const float *cos, const float *sin, int64_t B,
                       int64_t T, int64_t H, int64_t D);
+/* table_bf16.c */
+void sim_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                   const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb, float beta,
+                   float *C, int64_t ldc);
+void sim_rope_qk_forward(float *qo, float *ko, const float *q, const float *k, const float *cos,
+                         const float *sin, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                         int64_t D);
+void sim_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
+                          const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                          int64_t NKV, int64_t D);
 void sim_rope_backward(float *dinp, const float *dout, const float *cos, const float *sin,
                        int64_t B, int64_t T, int64_t H, int64_t D);
 void sim_attention_forward(float *out, float *lse, float *scratch, const float *q, const float *k,
@@ -143,6 +153,13 @@ void sim_swiglu_backward(float *dgate, float *dup, const float *dout, const floa
 void sim_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
                               const int32_t *targets, int32_t ignore_index, int64_t rows,
                               int64_t classes);
+void sim_vocab_row_max(float *mx, const float *logits, int64_t rows, int64_t V);
+void sim_vocab_exp_sums(float *se, float *xt, const float *logits, const float *mx,
+                        const int32_t *targets, int32_t ignore_index, int64_t start, int64_t rows,
+                        int64_t V);
+void sim_vocab_ce_grad(float *dlogits, const float *logits, const float *mx, const float *se,
+                       const int32_t *targets, int32_t ignore_index, int64_t start, int64_t rows,
+                       int64_t V, int64_t n);
 
 /* ---- ThreadSanitizer ----
  * The queues' own locks would chain every host wait to every stream and hide a missing

@@ -563,6 +563,28 @@ static void sim_adam_update(float *p, const float *g, float *m, float *v, float 
     sim_kernel_launch(dev, run_adam_update, &call, sizeof call);
 }
 
+typedef struct adam_update_bf16_args {
+    adam_update_args base;
+    fsdp_bf16 *p_bf16;
+} adam_update_bf16_args;
+
+static void run_adam_update_bf16(void *arg) {
+    adam_update_bf16_args *c = arg;
+    adam_update_args *a = &c->base;
+    fsdp_kernels_cpu()->adam_update_bf16(a->p, c->p_bf16, a->g, a->m, a->v, a->vmax, a->n,
+                                         &a->args);
+}
+
+static void sim_adam_update_bf16(float *p, fsdp_bf16 *p_bf16, const float *g, float *m, float *v,
+                                 float *vmax, int64_t n, const fsdp_adam_step_args *args) {
+    int dev = sim_kernel_device(p, "adam_update_bf16");
+    adam_update_bf16_args call = {{sim_kernel_ptr(dev, p), sim_kernel_ptr(dev, g),
+                                   sim_kernel_ptr(dev, m), sim_kernel_ptr(dev, v),
+                                   sim_kernel_ptr(dev, vmax), n, *args},
+                                  sim_kernel_ptr(dev, p_bf16)};
+    sim_kernel_launch(dev, run_adam_update_bf16, &call, sizeof call);
+}
+
 static const fsdp_kernels_i sim_kernels = {
     .name = "sim",
     .gemm = sim_gemm,
@@ -593,15 +615,22 @@ static const fsdp_kernels_i sim_kernels = {
     .f16_to_f32 = sim_f16_to_f32,
     .sgd_update = sim_sgd_update,
     .adam_update = sim_adam_update,
+    .adam_update_bf16 = sim_adam_update_bf16,
+    .gemm_bf16 = sim_gemm_bf16,
     .embedding_forward = sim_embedding_forward,
     .embedding_backward = sim_embedding_backward,
     .rope_forward = sim_rope_forward,
     .rope_backward = sim_rope_backward,
+    .rope_qk_forward = sim_rope_qk_forward,
+    .rope_qk_backward = sim_rope_qk_backward,
     .attention_forward = sim_attention_forward,
     .attention_backward = sim_attention_backward,
     .swiglu_forward = sim_swiglu_forward,
     .swiglu_backward = sim_swiglu_backward,
     .cross_entropy_ignore = sim_cross_entropy_ignore,
+    .vocab_row_max = sim_vocab_row_max,
+    .vocab_exp_sums = sim_vocab_exp_sums,
+    .vocab_ce_grad = sim_vocab_ce_grad,
 };
 
 const fsdp_kernels_i *fsdp_kernels_sim(void) {

@@ -1,0 +1,298 @@
+/* bench_llama_gpu.c: libfsdp's side of bench/llama_gpu.sh: one Llama training step (forward,
+ * cross-entropy, backward, AdamW) on one device, per shape and compute mode, as the median of
+ * the timed steps, tokens/s and MFU. bench/llama_gpu.py times PyTorch on the same shapes.
+ * Modes: f32, tf32 (CUDA only) and bf16 (not in libfsdp yet: reported as skipped, with why).
+ * Shapes: S (dim 768, 12 layers), M (the Llama-3.2-1B shape) and tiny (for the CTest on sim).
+ * A deadline (--budget-s) skips, with the reason, every run that would not finish before it. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h" // defines: bench_now, bench_median
+#include "fsdp/cuda.h"  // defines: fsdp_cuda_set_allow_tf32
+#include "fsdp/fsdp.h"
+
+#define MAX_STEPS 1000
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        fsdp_status st_ = (expr);                                                                  \
+        if (st_ != FSDP_OK) return st_;                                                            \
+    } while (0)
+
+typedef struct shape {
+    const char *name;
+    int64_t dim, ffn, vocab;
+    int layers, heads, kv_heads, seq, batch;
+} shape;
+
+static const shape SHAPES[] = {
+    {"S", 768, 2048, 32000, 12, 12, 4, 1024, 16},
+    {"M", 2048, 8192, 128256, 16, 32, 8, 2048, 4},
+    {"tiny", 64, 128, 256, 2, 4, 2, 32, 2},
+};
+#define N_SHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
+
+static const char *const MODES[] = {"f32", "tf32", "bf16"};
+#define N_MODES 3
+
+typedef struct opts {
+    fsdp_device dev;
+    bool shape_on[N_SHAPES], mode_on[N_MODES];
+    double peak_tflops[N_MODES]; /* 0: unknown, no MFU */
+    int steps, warmup;
+    double budget_s;
+} opts;
+
+static int usage(void) {
+    fprintf(
+        stderr,
+        "usage: bench_llama_gpu [--device cuda|sim] [--shapes S,M,tiny] [--modes f32,tf32,bf16]\n"
+        "                       [--steps N] [--warmup W] [--budget-s SEC]\n"
+        "                       [--peaks F32,TF32,BF16 (TFLOP/s, for MFU)]\n"
+        "Default: cuda, shapes S,M, modes f32,tf32,bf16, 2 warm-up and 10 timed steps, a\n"
+        "budget of 600 s, no MFU. Prints one line per run:\n"
+        "  result libfsdp SHAPE MODE step_ms MS tokens_per_s TPS mfu X loss L\n"
+        "  skip libfsdp SHAPE MODE: REASON\n");
+    return 2;
+}
+
+/* Sets on[i] for each comma-separated name of names[] in list; false on an unknown name. */
+static bool parse_list(const char *list, const char *const *names, int n, bool *on) {
+    memset(on, 0, (size_t)n * sizeof *on);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        int i = 0;
+        while (i < n && strcmp(tok, names[i])) i++;
+        if (i == n) {
+            fprintf(stderr, "bench_llama_gpu: unknown name '%s' in '%s'\n", tok, list);
+            return false;
+        }
+        on[i] = true;
+    }
+    return true;
+}
+
+static bool parse(int argc, char **argv, opts *o) {
+    *o = (opts){.dev = {FSDP_DEVICE_CUDA, 0}, .steps = 10, .warmup = 2, .budget_s = 600};
+    o->shape_on[0] = o->shape_on[1] = true;
+    for (int m = 0; m < N_MODES; m++) o->mode_on[m] = true;
+    const char *shape_names[N_SHAPES];
+    for (int s = 0; s < N_SHAPES; s++) shape_names[s] = SHAPES[s].name;
+    for (int i = 1; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) return false;
+        if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cuda") && strcmp(v, "sim")) return false;
+            o->dev.type = strcmp(v, "sim") ? FSDP_DEVICE_CUDA : FSDP_DEVICE_SIM;
+        } else if (!strcmp(a, "--shapes")) {
+            if (!parse_list(v, shape_names, N_SHAPES, o->shape_on)) return false;
+        } else if (!strcmp(a, "--modes")) {
+            if (!parse_list(v, MODES, N_MODES, o->mode_on)) return false;
+        } else if (!strcmp(a, "--steps")) {
+            o->steps = atoi(v);
+        } else if (!strcmp(a, "--warmup")) {
+            o->warmup = atoi(v);
+        } else if (!strcmp(a, "--budget-s")) {
+            o->budget_s = atof(v);
+        } else if (!strcmp(a, "--peaks")) {
+            double *p = o->peak_tflops;
+            if (sscanf(v, "%lf,%lf,%lf", &p[0], &p[1], &p[2]) != 3) return false;
+        } else {
+            return false;
+        }
+    }
+    if (o->steps < 1 || o->steps > MAX_STEPS || o->warmup < 1 || o->warmup > 100 ||
+        !(o->budget_s > 0)) {
+        fprintf(stderr, "bench_llama_gpu: need 1..%d steps, 1..100 warm-up steps, a budget > 0\n",
+                MAX_STEPS);
+        return false;
+    }
+    return true;
+}
+
+/* FLOP per token of one training step: 6N + 12 L d T, N the parameters less the input
+ * embedding table (a lookup does no multiply-adds; lm_head is a GEMM and counts). */
+static double flop_per_token(const shape *s, int64_t params) {
+    double n = (double)(params - s->vocab * s->dim);
+    return 6.0 * n + 12.0 * s->layers * (double)s->dim * s->seq;
+}
+
+typedef struct run {
+    fsdp_ctx *ctx;
+    fsdp_device dev;
+    fsdp_module *model;
+    fsdp_optimizer *opt;
+    fsdp_tensor *tokens, *dlogits;
+    int32_t *targets; /* host: the next token, the last of each row ignored */
+    float loss;
+} run;
+
+static void run_free(run *r) {
+    fsdp_tensor_free(r->dlogits);
+    fsdp_tensor_free(r->tokens);
+    fsdp_optimizer_free(r->opt);
+    fsdp_module_free(r->model);
+    free(r->targets);
+    *r = (run){.ctx = r->ctx, .dev = r->dev};
+}
+
+/* The model (initialised on the CPU, then moved), its AdamW and a batch of tokens on r->dev. */
+static fsdp_status run_build(run *r, const shape *s) {
+    fsdp_ctx *ctx = r->ctx;
+    fsdp_llama_config cfg = {.dim = s->dim,
+                             .n_layers = s->layers,
+                             .n_heads = s->heads,
+                             .n_kv_heads = s->kv_heads,
+                             .vocab_size = s->vocab,
+                             .ffn_hidden = s->ffn,
+                             .max_seq_len = s->seq};
+    int64_t n = (int64_t)s->batch * s->seq;
+    fsdp_tensor *host = NULL;
+    r->targets = malloc((size_t)n * sizeof *r->targets);
+    if (!r->targets) {
+        fprintf(stderr, "bench_llama_gpu: cannot allocate %lld targets\n", (long long)n);
+        return FSDP_ERR_INTERNAL;
+    }
+    TRY(fsdp_model_llama(ctx, &cfg, &r->model));
+    TRY(fsdp_module_to(ctx, r->model, r->dev));
+    TRY(fsdp_adamw_create(ctx, r->model, &(fsdp_adam_options){.lr = 1e-4, .weight_decay = 0.01},
+                          &r->opt));
+    int64_t shp[2] = {s->batch, s->seq};
+    TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 2, shp, &host));
+    int32_t *ids = fsdp_tensor_data(host);
+    uint32_t lcg = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        lcg = lcg * 1664525u + 1013904223u;
+        ids[i] = (int32_t)((lcg >> 8) % (uint32_t)s->vocab);
+    }
+    for (int64_t i = 0; i < n; i++)
+        r->targets[i] = (i + 1) % s->seq ? ids[i + 1] : FSDP_IGNORE_INDEX;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, r->dev, 2, shp, &r->tokens);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, r->tokens, host);
+    fsdp_tensor_free(host);
+    return st;
+}
+
+/* One step, ended by a device synchronize; its seconds to *secs. */
+static fsdp_status run_step(run *r, double *secs) {
+    fsdp_ctx *ctx = r->ctx;
+    double t0 = bench_now();
+    const fsdp_tensor *logits;
+    TRY(fsdp_optimizer_zero_grad(ctx, r->opt));
+    TRY(fsdp_module_forward(ctx, r->model, r->tokens, &logits));
+    if (!r->dlogits) TRY(fsdp_tensor_create_like(ctx, logits, &r->dlogits));
+    TRY(fsdp_loss_cross_entropy_ignore(ctx, logits, r->targets, FSDP_IGNORE_INDEX, &r->loss,
+                                       r->dlogits));
+    TRY(fsdp_module_backward(ctx, r->model, r->dlogits, NULL));
+    TRY(fsdp_optimizer_step(ctx, r->opt));
+    TRY(fsdp_device_synchronize(ctx, r->dev));
+    *secs = bench_now() - t0;
+    return FSDP_OK;
+}
+
+/* Why a mode cannot run on this device, or NULL. */
+static const char *mode_unavailable(const opts *o, int mode) {
+    if (mode == 2)
+        return "libfsdp has no bf16 compute yet (bf16 is a storage type; its kernels are f32)";
+    if (mode == 1 && o->dev.type != FSDP_DEVICE_CUDA)
+        return "TF32 is a CUDA tensor-core mode; this device has none";
+    return NULL;
+}
+
+/* The warm-up, then the timed steps of one mode, or a skip line when they would pass the
+ * deadline. Returns non-OK only for a failure of the library. */
+static fsdp_status time_mode(run *r, const opts *o, const shape *s, int mode, double deadline,
+                             int64_t params) {
+    fsdp_ctx *ctx = r->ctx;
+    if (r->dev.type == FSDP_DEVICE_CUDA) TRY(fsdp_cuda_set_allow_tf32(ctx, mode == 1));
+    double t[MAX_STEPS], last = 0;
+    for (int w = 0; w < o->warmup; w++) TRY(run_step(r, &last));
+    double left = deadline - bench_now();
+    if (last * o->steps > left) {
+        printf("skip libfsdp %s %s: a step takes %.2f s, so %d steps need %.0f s; %.0f s of the "
+               "budget are left\n",
+               s->name, MODES[mode], last, o->steps, last * o->steps, left > 0 ? left : 0);
+        return FSDP_OK;
+    }
+    for (int i = 0; i < o->steps; i++) TRY(run_step(r, &t[i]));
+    double sec = bench_median(t, o->steps), tps = (double)s->batch * s->seq / sec;
+    double peak = o->peak_tflops[mode];
+    char mfu[32] = "n/a";
+    if (peak > 0)
+        snprintf(mfu, sizeof mfu, "%.4f", tps * flop_per_token(s, params) / (peak * 1e12));
+    printf("result libfsdp %s %s step_ms %.2f tokens_per_s %.1f mfu %s loss %.4f\n", s->name,
+           MODES[mode], 1e3 * sec, tps, mfu, (double)r->loss);
+    return FSDP_OK;
+}
+
+/* Every selected mode of one shape, on one model (the modes continue its training). */
+static fsdp_status time_shape(fsdp_ctx *ctx, const opts *o, const shape *s, double deadline) {
+    run r = {.ctx = ctx, .dev = o->dev};
+    bool any = false;
+    for (int m = 0; m < N_MODES; m++) {
+        if (!o->mode_on[m]) continue;
+        const char *why = mode_unavailable(o, m);
+        if (why) printf("skip libfsdp %s %s: %s\n", s->name, MODES[m], why);
+        any |= !why;
+    }
+    if (!any) return FSDP_OK;
+    double t0 = bench_now();
+    if (deadline - t0 < 10) {
+        printf("skip libfsdp %s: %.0f s of the budget left, too few to build it\n", s->name,
+               deadline - t0 > 0 ? deadline - t0 : 0);
+        return FSDP_OK;
+    }
+    fsdp_status st = run_build(&r, s);
+    if (st == FSDP_ERR_OUT_OF_MEMORY) {
+        printf("skip libfsdp %s: out of device memory building it: %s\n", s->name,
+               fsdp_last_error(ctx));
+        run_free(&r);
+        return FSDP_OK;
+    }
+    int64_t params = r.model ? fsdp_module_param_count(r.model) : 0;
+    if (st == FSDP_OK)
+        printf("libfsdp %s: %.1f M parameters, batch %d x seq %d, built and moved to %s:%d in "
+               "%.1f s, FLOP/token 6N + 12 L d T = %.4g\n",
+               s->name, (double)params / 1e6, s->batch, s->seq, fsdp_device_to_string(o->dev),
+               o->dev.index, bench_now() - t0, flop_per_token(s, params));
+    for (int m = 0; st == FSDP_OK && m < N_MODES; m++)
+        if (o->mode_on[m] && !mode_unavailable(o, m)) {
+            if (bench_now() >= deadline)
+                printf("skip libfsdp %s %s: the budget of %.0f s is spent\n", s->name, MODES[m],
+                       o->budget_s);
+            else
+                st = time_mode(&r, o, s, m, deadline, params);
+        }
+    if (st == FSDP_ERR_OUT_OF_MEMORY) {
+        printf("skip libfsdp %s: out of device memory: %s\n", s->name, fsdp_last_error(ctx));
+        st = FSDP_OK;
+    }
+    run_free(&r);
+    return st;
+}
+
+int main(int argc, char **argv) {
+    opts o;
+    if (!parse(argc, argv, &o)) return usage();
+    double deadline = bench_now() + o.budget_s;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each line out as it is made: a timeout keeps them */
+    if (fsdp_device_count(o.dev.type) == 0) {
+        printf("bench_llama_gpu: skipped: no %s device in this build or on this machine\n",
+               fsdp_device_to_string(o.dev));
+        return 0;
+    }
+    fsdp_ctx *ctx;
+    if (fsdp_ctx_create(&(fsdp_ctx_options){.seed = 1}, &ctx) != FSDP_OK) return 1;
+    printf("libfsdp llama on %s:%d: AdamW (lr 1e-4, weight decay 0.01), %d warm-up + median of %d "
+           "timed steps, budget %.0f s\n",
+           fsdp_device_to_string(o.dev), o.dev.index, o.warmup, o.steps, o.budget_s);
+    fsdp_status st = FSDP_OK;
+    for (int s = 0; st == FSDP_OK && s < N_SHAPES; s++)
+        if (o.shape_on[s]) st = time_shape(ctx, &o, &SHAPES[s], deadline);
+    if (st != FSDP_OK) fprintf(stderr, "bench_llama_gpu: %s\n", fsdp_last_error(ctx));
+    fsdp_ctx_free(ctx);
+    return st == FSDP_OK ? 0 : 1;
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# llama_gpu.sh: the GPU Llama training-step benchmark, libfsdp against PyTorch on the same card
+# in the same run: bench_llama_gpu (libfsdp), then llama_gpu.py (PyTorch eager with SDPA, and
+# torch.compile), on shapes S and M in modes f32, TF32 and bf16, each the median of the timed
+# steps after a warm-up; then one table of ms/step, tokens/s and MFU, and the goals.
+# bench/README.md, "llama_gpu.sh".
+#
+#   bench/llama_gpu.sh [--dry-run] [--budget-s SEC] [--steps N] [--shapes S,M] [--libfsdp-only]
+#                      [--libfsdp-shapes S] [BUILD_DIR]
+#   bench/llama_gpu.sh --device sim --shapes tiny [BUILD_DIR]   (the plumbing, on no GPU)
+#
+# MFU = tokens/s x (6N + 12 L d T) / peak, N the parameters less the input embedding table,
+# L layers, d the model width, T the sequence length; the peak is the card's dense figure for
+# the mode (peaks_of below; an unknown card gets no MFU). Without a GPU (nvidia-smi fails), or
+# with --dry-run, it prints the plan, says why it skipped and exits 0; without PyTorch with
+# CUDA it times libfsdp alone and says so. --device sim runs libfsdp on the simulated GPU and
+# PyTorch (when importable) on the CPU: a check of the script and drivers, not a measurement.
+# The budget (default 900 s) bounds the whole run: libfsdp gets up to 40% of it, PyTorch the
+# rest; a run that would not fit is skipped with the reason.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=build budget=900 steps=10 shapes=S,M dry=0 device=cuda torch=1 our_shapes=""
+while [ $# -gt 0 ]; do
+    case $1 in
+    --dry-run) dry=1 ;;
+    --budget-s) budget=$2 && shift ;;
+    --steps) steps=$2 && shift ;;
+    --shapes) shapes=$2 && shift ;;
+    --libfsdp-shapes) our_shapes=$2 && shift ;;
+    --device) device=$2 && shift ;;
+    --libfsdp-only) torch=0 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
+    -*) echo "llama_gpu.sh: unknown option $1 (see --help)" >&2 && exit 2 ;;
+    *) build=$1 ;;
+    esac
+    shift
+done
+[[ "$budget" =~ ^[0-9]+$ ]] && [ "$budget" -ge 10 ] ||
+    { echo "llama_gpu.sh: --budget-s $budget: give whole seconds, at least 10" >&2 && exit 2; }
+[[ "$steps" =~ ^[0-9]+$ ]] && [ "$steps" -ge 10 ] ||
+    { echo "llama_gpu.sh: --steps $steps: the median needs at least 10 steps" >&2 && exit 2; }
+our_shapes=${our_shapes:-$shapes}
+case $device in cuda | sim) ;; *) echo "llama_gpu.sh: --device $device: cuda or sim" >&2 && exit 2 ;; esac
+start=$(date +%s)
+
+# Dense peaks in TFLOP/s of f32, TF32 and bf16 (NVIDIA's data sheets, without sparsity).
+peaks_of() {
+    case $1 in
+    *H100*PCIe*) echo 51.2,378,756 ;;
+    *H100*NVL*) echo 0,0,0 ;; # other clocks than SXM: no figure kept here, so no MFU
+    *H100* | *H200* | *GH200*) echo 66.9,494.7,989 ;; # SXM / HBM3 and HBM3e: the same peaks
+    *A100*) echo 19.5,156,312 ;;
+    *) echo 0,0,0 ;;
+    esac
+}
+
+gpu=""
+if [ "$device" = sim ]; then
+    gpu="sim (the simulated GPU; PyTorch on the CPU)"
+elif [ "$dry" = 0 ]; then
+    gpu=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) || gpu=""
+fi
+peaks=$(peaks_of "$gpu")
+echo "llama_gpu: plan: shapes $shapes (S: dim 768, 12 layers, 12/4 heads, ffn 2048, vocab 32000,"
+echo "  T 1024, B 16; M: dim 2048, 16 layers, 32/8 heads, ffn 8192, vocab 128256, T 2048, B 4),"
+if [ "$our_shapes" != "$shapes" ]; then echo "  libfsdp on shapes $our_shapes only (--libfsdp-shapes)"; fi
+echo "  modes f32, tf32, bf16; libfsdp (bench_llama_gpu), PyTorch eager with SDPA and"
+echo "  torch.compile (llama_gpu.py); AdamW; median of $steps steps after warm-up; budget $budget s"
+echo "  MFU = tokens/s x (6N + 12 L d T) / peak, N = parameters less the input embedding"
+echo "  peaks (TFLOP/s, f32,tf32,bf16) for '${gpu:-no GPU}': $peaks"
+if [ "$dry" = 1 ]; then
+    echo "llama_gpu: skipped: dry run (--dry-run)"
+    exit 0
+fi
+if [ -z "$gpu" ]; then
+    echo "llama_gpu: skipped: no NVIDIA GPU visible (nvidia-smi failed)"
+    exit 0
+fi
+if [ "$peaks" = 0,0,0 ]; then echo "llama_gpu: no peak figures for '$gpu': MFU is n/a"; fi
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+left() { echo $((budget - ($(date +%s) - start))); }
+
+# libfsdp: up to 40% of the budget; its own deadline skips what would not fit, and a timeout
+# 30 s past it stops a step that hangs (the lines made so far are kept).
+ours_budget=$((budget * 2 / 5))
+if [ -x "$build/bench/bench_llama_gpu" ]; then
+    timeout -k 5 $((ours_budget + 30)) "$build/bench/bench_llama_gpu" --device "$device" --shapes "$our_shapes" \
+        --steps "$steps" --budget-s "$ours_budget" --peaks "$peaks" | tee "$out/ours" ||
+        echo "llama_gpu: bench_llama_gpu exit status $? (figures above, if any, stand)"
+else
+    echo "llama_gpu: no $build/bench/bench_llama_gpu: build the benchmarks (FSDP_BUILD_BENCH=ON)" |
+        tee "$out/ours"
+fi
+
+theirs_budget=$(($(left) - 25)) # importing torch and CUDA's start-up come first
+pydev=cuda probe='import torch; assert torch.cuda.is_available()'
+if [ "$device" = sim ]; then pydev=cpu probe='import torch'; fi
+if [ "$torch" = 0 ]; then
+    echo "llama_gpu: PyTorch not run (--libfsdp-only)" | tee "$out/theirs"
+elif ! python3 -c "$probe" 2>/dev/null; then
+    echo "llama_gpu: PyTorch (on $pydev) is not importable here: no comparison" | tee "$out/theirs"
+elif [ "$theirs_budget" -lt 20 ]; then
+    echo "llama_gpu: PyTorch not run: $(left) s of the budget left" | tee "$out/theirs"
+else
+    timeout -k 5 $((theirs_budget + 40)) python3 "$here/llama_gpu.py" --shapes "$shapes" \
+        --steps "$steps" --budget-s "$theirs_budget" --peaks "$peaks" --device "$pydev" |
+        tee "$out/theirs" ||
+        echo "llama_gpu: llama_gpu.py exit status $? (figures above, if any, stand)"
+fi
+
+# ---- the table: one row per shape and mode ----
+echo
+echo "== llama_gpu on $gpu (ms/step, tokens/s, MFU; eager/libfsdp above 1: libfsdp faster)"
+cat "$out/ours" "$out/theirs" | awk -v shapes="$shapes" '
+    $1 == "result" { k = $2 " " $3 " " $4; ms[k] = $6; tps[k] = $8; mfu[k] = $10 }
+    function cell(k) {
+        if (!(k in ms)) return sprintf("%24s", "-")
+        return sprintf("%8.1f %9.0f %5s", ms[k], tps[k], mfu[k])
+    }
+    END {
+        printf "%-5s %-5s %24s %24s %24s %14s\n", "shape", "mode", "libfsdp", "torch eager",
+            "torch compile", "eager/libfsdp"
+        n = split(shapes, sh, ",")
+        split("f32 tf32 bf16", md, " ")
+        for (i = 1; i <= n; i++) {
+            for (j = 1; j <= 3; j++) {
+                o = "libfsdp " sh[i] " " md[j]; e = "torch-eager " sh[i] " " md[j]
+                r = "-"
+                if ((o in ms) && (e in ms)) r = sprintf("%.3f", ms[e] / ms[o])
+                printf "%-5s %-5s %s %s %s %14s\n", sh[i], md[j], cell(o), cell(e),
+                    cell("torch-compile " sh[i] " " md[j]), r
+            }
+        }
+        # The goals (bench/README.md): bf16 at S faster than eager and MFU >= 0.40; M >= 0.45.
+        for (i = 1; i <= n; i++) {
+            goal = sh[i] == "M" ? 0.45 : 0.40
+            o = "libfsdp " sh[i] " bf16"; e = "torch-eager " sh[i] " bf16"
+            if (!(o in ms)) {
+                printf "goal %s bf16 (faster than eager SDPA, MFU >= %.2f): not measured, no libfsdp bf16 figure\n", sh[i], goal
+                continue
+            }
+            fast = "no eager figure"
+            if (e in ms) fast = ms[o] < ms[e] ? "met" : "missed"
+            printf "goal %s bf16: faster than eager SDPA: %s; MFU %s (goal %.2f)\n", sh[i], fast, mfu[o], goal
+        }
+    }'
+grep -h '^skip\|^sdpa' "$out/ours" "$out/theirs" || true

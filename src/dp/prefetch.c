@@ -1,0 +1,140 @@
+/* prefetch.c: FSDP1's prefetch on the rank's streams: a unit's hook issues the gather of the
+ * unit that runs after it (forward_prefetch: the next in forward order; BACKWARD_PRE: the next
+ * in backward order), before its own computation, on the state's unshard stream, so that on a
+ * device the gather runs while the unit computes; the unit that was prefetched makes the
+ * compute stream wait for the gather's event before its parameters are read.
+ * limit_all_gathers holds the gathered units (the root excluded) to FSDP_PREFETCH_LIMIT when
+ * prefetching. The order is the order the hooks first ran in (the first step's), as PyTorch
+ * records it; nothing is prefetched before a unit has run once. */
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "core/ctx_impl.h" // defines: recompute_depth
+#include "core/error.h"
+#include "dp/shard_impl.h"
+
+static atomic_bool skip_wait;
+
+void fsdp_shard_test_skip_prefetch_wait(bool on) {
+    atomic_store(&skip_wait, on);
+}
+
+void fsdp_shard_test_trace(fsdp_sharded *sh, fsdp_prefetch_trace_fn fn, void *user) {
+    sh->trace = fn;
+    sh->trace_user = user;
+}
+
+void fsdp_prefetch_trace(const unit *u, fsdp_prefetch_event ev) {
+    const fsdp_sharded *sh = u->owner;
+    if (sh->trace) sh->trace(sh->trace_user, u->index, ev, fsdp_prefetch_in_flight(sh));
+}
+
+int fsdp_prefetch_in_flight(const fsdp_sharded *sh) {
+    int n = 0;
+    for (int i = 0; i < sh->n_units; i++)
+        n += !sh->units[i]->is_root && fsdp_unit_gathered(sh->units[i]);
+    return n;
+}
+
+fsdp_status fsdp_prefetch_note(fsdp_ctx *ctx, unit *u, bool backward) {
+    fsdp_sharded *sh = u->owner;
+    int b = backward;
+    if (ctx->recompute_depth > 0) return FSDP_OK; /* a recompute is not the forward order */
+    for (int i = 0; i < sh->n_order[b]; i++)
+        if (sh->order[b][i] == u) return FSDP_OK;
+    if (!sh->order[b]) {
+        sh->order[b] = calloc((size_t)sh->n_units, sizeof *sh->order[b]);
+        if (!sh->order[b])
+            return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot record FSDP's unit order");
+    }
+    if (sh->n_order[b] < sh->n_units) sh->order[b][sh->n_order[b]++] = u;
+    return FSDP_OK;
+}
+
+/* The unit after u in the recorded order, or NULL. */
+static unit *next_of(const fsdp_sharded *sh, const unit *u, int b) {
+    for (int i = 0; i + 1 < sh->n_order[b]; i++)
+        if (sh->order[b][i] == u) return sh->order[b][i + 1];
+    return NULL;
+}
+
+/* The unshard stream and the event that orders it after the compute stream, made once. */
+static fsdp_status ready(fsdp_ctx *ctx, fsdp_sharded *sh) {
+    if (sh->prefetch_ready) return FSDP_OK;
+    fsdp_device dev = sh->pool.device;
+    sh->unshard = (fsdp_stream){dev, NULL};
+    sh->issue = (fsdp_event){dev, NULL};
+    if (dev.type != FSDP_DEVICE_CPU) {
+        FSDP_TRY_AT(ctx, fsdp_stream_create(ctx, dev, &sh->unshard));
+        FSDP_TRY_AT(ctx, fsdp_event_create(ctx, dev, &sh->issue));
+    }
+    for (int i = 0; i < sh->n_units; i++) {
+        sh->units[i]->gathered = (fsdp_event){dev, NULL};
+        if (dev.type != FSDP_DEVICE_CPU)
+            FSDP_TRY_AT(ctx, fsdp_event_create(ctx, dev, &sh->units[i]->gathered));
+    }
+    sh->prefetch_ready = true;
+    return FSDP_OK;
+}
+
+/* Gathers v on the unshard stream, after everything the compute stream has queued (the
+ * shard's last write, the last use of the pool blocks it takes); v->gathered fires when done. */
+static fsdp_status issue(fsdp_ctx *ctx, unit *v, const char *call) {
+    fsdp_sharded *sh = v->owner;
+    FSDP_TRY_AT(ctx, ready(ctx, sh));
+    fsdp_stream compute = fsdp_stream_current(sh->pool.device);
+    FSDP_TRY_AT(ctx, fsdp_event_record(ctx, sh->issue, compute));
+    FSDP_TRY_AT(ctx, fsdp_stream_wait(ctx, sh->unshard, sh->issue));
+    fsdp_stream_set_current(sh->unshard);
+    sh->prefetching = true;
+    fsdp_status st = fsdp_shard_unshard(ctx, v, sh->param_dtype, call);
+    sh->prefetching = false;
+    fsdp_stream_set_current(compute);
+    if (st == FSDP_OK) st = fsdp_event_record(ctx, v->gathered, sh->unshard);
+    if (st != FSDP_OK) return FSDP_PASS(ctx, st);
+    v->prefetched = true;
+    fsdp_prefetch_trace(v, FSDP_PREFETCH_ISSUED);
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_prefetch_next(fsdp_ctx *ctx, unit *u, bool backward) {
+    fsdp_sharded *sh = u->owner;
+    bool on =
+        backward ? sh->opts.backward_prefetch == FSDP_BACKWARD_PRE : sh->opts.forward_prefetch;
+    if (!on || ctx->recompute_depth > 0) return FSDP_OK;
+    unit *v = next_of(sh, u, backward);
+    if (!v || v->numel == 0 || (v->state != UNIT_SHARDED && v->state != UNIT_GRAD_PENDING))
+        return FSDP_OK;
+    if (sh->opts.limit_all_gathers && fsdp_prefetch_in_flight(sh) >= FSDP_PREFETCH_LIMIT) {
+        fsdp_prefetch_trace(v, FSDP_PREFETCH_SKIPPED);
+        return FSDP_OK;
+    }
+    return issue(ctx, v, backward ? "the backward prefetch" : "the forward prefetch");
+}
+
+fsdp_status fsdp_prefetch_wait(fsdp_ctx *ctx, unit *u) {
+    if (!u->prefetched) return FSDP_OK;
+    u->prefetched = false;
+    fsdp_prefetch_trace(u, FSDP_PREFETCH_WAITED);
+    if (atomic_load(&skip_wait)) return FSDP_OK;
+    return fsdp_stream_wait(ctx, fsdp_stream_current(u->owner->pool.device), u->gathered);
+}
+
+fsdp_status fsdp_prefetch_join(fsdp_ctx *ctx, fsdp_sharded *sh) {
+    for (int i = 0; i < sh->n_units; i++) FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, sh->units[i]));
+    return FSDP_OK;
+}
+
+void fsdp_prefetch_release(fsdp_sharded *sh) {
+    for (int i = 0; i < sh->n_units; i++) {
+        fsdp_event_destroy(sh->units[i]->gathered);
+        sh->units[i]->gathered = (fsdp_event){0};
+    }
+    if (sh->prefetch_ready) {
+        fsdp_stream_destroy(sh->unshard); /* waits for its work */
+        fsdp_event_destroy(sh->issue);
+    }
+    sh->prefetch_ready = false;
+    free(sh->order[0]);
+    free(sh->order[1]);
+}
