@@ -69,6 +69,38 @@ static void test_config_roundtrip(void) {
                      " \"rope_theta\": 30000}, \"rope_scaling\": null}";
     FSDP_TEST_OK(fsdp_llama_config_from_hf_json(ctx, v5, &back));
     CU_ASSERT_EQUAL(back.rope_theta, 30000.0f);
+    CU_ASSERT_EQUAL(back.rope_scaling.type, FSDP_LLAMA_ROPE_DEFAULT);
+    /* Llama 3's rope scaling: the old "type" spelling, original_max_position_embeddings from
+     * max_position_embeddings when absent (transformers' fallback); written back as
+     * rope_parameters and rope_scaling, which read back the same */
+    const char *l3 = "{\"model_type\": \"llama\", \"hidden_size\": 32, \"num_hidden_layers\": 3,"
+                     " \"num_attention_heads\": 4, \"vocab_size\": 100, \"intermediate_size\": 64,"
+                     " \"max_position_embeddings\": 4096, \"rope_scaling\": {\"type\": \"llama3\","
+                     " \"factor\": 8.0, \"low_freq_factor\": 1, \"high_freq_factor\": 4.0}}";
+    FSDP_TEST_OK(fsdp_llama_config_from_hf_json(ctx, l3, &back));
+    CU_ASSERT_EQUAL(back.rope_scaling.type, FSDP_LLAMA_ROPE_LLAMA3);
+    CU_ASSERT_EQUAL(back.rope_scaling.factor, 8.0f);
+    CU_ASSERT_EQUAL(back.rope_scaling.low_freq_factor, 1.0f);
+    CU_ASSERT_EQUAL(back.rope_scaling.high_freq_factor, 4.0f);
+    CU_ASSERT_EQUAL(back.rope_scaling.original_max_len, 4096);
+    char *text = NULL;
+    fsdp_llama_config again;
+    FSDP_TEST_OK(fsdp_llama_config_to_hf_json(ctx, &back, &text));
+    CU_ASSERT_TRUE(text && strstr(text, "\"rope_scaling\"") && strstr(text, "\"rope_parameters\""));
+    FSDP_TEST_OK(fsdp_llama_config_from_hf_json(ctx, text ? text : "", &again));
+    CU_ASSERT_TRUE(same_config(&back, &again));
+    CU_ASSERT_EQUAL(memcmp(&back.rope_scaling, &again.rope_scaling, sizeof back.rope_scaling), 0);
+    free(text);
+    /* tied embeddings: read, and written back */
+    const char *tied =
+        "{\"model_type\": \"llama\", \"hidden_size\": 32, \"num_hidden_layers\": 3,"
+        " \"num_attention_heads\": 4, \"vocab_size\": 100, \"intermediate_size\": 64,"
+        " \"tie_word_embeddings\": true}";
+    FSDP_TEST_OK(fsdp_llama_config_from_hf_json(ctx, tied, &back));
+    CU_ASSERT_TRUE(back.tie_word_embeddings);
+    FSDP_TEST_OK(fsdp_llama_config_to_hf_json(ctx, &back, &text));
+    CU_ASSERT_TRUE(text && strstr(text, "\"tie_word_embeddings\": true"));
+    free(text);
 }
 
 static void refused(const char *json, fsdp_status want, const char *needle) {
@@ -88,8 +120,8 @@ static void test_config_refused(void) {
     refused("{\"model_type\": \"llama\", \"hidden_size\": 32, \"num_hidden_layers\": 2, "
             "\"num_attention_heads\": 4, \"intermediate_size\": 8}",
             FSDP_ERR_INVALID_ARGUMENT, "\"vocab_size\" is missing");
-    refused("{\"model_type\": \"llama\", " BASE ", \"tie_word_embeddings\": true}",
-            FSDP_ERR_UNSUPPORTED, "tie_word_embeddings");
+    refused("{\"model_type\": \"llama\", " BASE ", \"tie_word_embeddings\": 1}",
+            FSDP_ERR_INVALID_ARGUMENT, "\"tie_word_embeddings\" must be true or false");
     refused("{\"model_type\": \"llama\", " BASE ", \"attention_bias\": true}", FSDP_ERR_UNSUPPORTED,
             "attention_bias");
     refused("{\"model_type\": \"llama\", " BASE ", \"mlp_bias\": true}", FSDP_ERR_UNSUPPORTED,
@@ -101,6 +133,18 @@ static void test_config_refused(void) {
     refused("{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"rope_type\": "
             "\"yarn\"}}",
             FSDP_ERR_UNSUPPORTED, "rope_type");
+    refused("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\": \"llama3\", "
+            "\"low_freq_factor\": 1, \"high_freq_factor\": 4}}",
+            FSDP_ERR_INVALID_ARGUMENT, "\"factor\" is missing");
+    refused("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\": \"llama3\", "
+            "\"factor\": 8, \"low_freq_factor\": 4, \"high_freq_factor\": 1}}",
+            FSDP_ERR_INVALID_ARGUMENT, "low_freq_factor < high_freq_factor");
+    refused("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\": \"llama3\", "
+            "\"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+            "\"original_max_position_embeddings\": -1}}",
+            FSDP_ERR_INVALID_ARGUMENT, "original_max_position_embeddings");
+    refused("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": [1]}",
+            FSDP_ERR_INVALID_ARGUMENT, "\"rope_scaling\" must be an object or null");
     refused("{\"model_type\": \"llama\", " BASE ", \"head_dim\": 16}", FSDP_ERR_UNSUPPORTED,
             "head_dim 16");
     refused("{\"model_type\": \"llama\", " BASE ", \"num_key_value_heads\": 3}",

@@ -10,6 +10,7 @@
 
 #include "ckpt_common.h" // defines: ckpt_test_tmp_root, ckpt_test_latest, ckpt_test_remove_tree
 #include "fixture.h"
+#include "fsdp/tp.h"
 #include "harness.h"
 #include "nn/nn.h"    // defines: fsdp_nn_param_replace
 #include "numerics.h" // defines: fsdp_test_sum_tol, fsdp_test_max_abs
@@ -43,15 +44,26 @@ static fsdp_llama_config fixture_config(const fixture *fx) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(cf);
     const int32_t *i = ci->data;
     const double *f = cf->data;
-    return (fsdp_llama_config){.dim = i[0],
-                               .n_layers = i[1],
-                               .n_heads = i[2],
-                               .n_kv_heads = i[3],
-                               .vocab_size = i[4],
-                               .ffn_hidden = i[5],
-                               .max_seq_len = i[6],
-                               .norm_eps = (float)f[0],
-                               .rope_theta = (float)f[1]};
+    fsdp_llama_config c = {.dim = i[0],
+                           .n_layers = i[1],
+                           .n_heads = i[2],
+                           .n_kv_heads = i[3],
+                           .vocab_size = i[4],
+                           .ffn_hidden = i[5],
+                           .max_seq_len = i[6],
+                           .norm_eps = (float)f[0],
+                           .rope_theta = (float)f[1]};
+    c.tie_word_embeddings = !fixture_get(fx, "grad.lm_head.weight"); /* llama_tied */
+    const fixture_tensor *rs = fixture_get(fx, "rope_scaling");      /* llama_rope3 */
+    if (rs && rs->dtype == FIXTURE_F64 && rs->numel == 4) {
+        const double *r = rs->data;
+        c.rope_scaling = (fsdp_llama_rope_scaling){.type = FSDP_LLAMA_ROPE_LLAMA3,
+                                                   .factor = (float)r[0],
+                                                   .low_freq_factor = (float)r[1],
+                                                   .high_freq_factor = (float)r[2],
+                                                   .original_max_len = (int64_t)r[3]};
+    }
+    return c;
 }
 
 typedef struct name_check {
@@ -94,10 +106,10 @@ static void test_names_match_hf(void) {
 
 /* One forward, loss and backward of the fixture's batch against PyTorch: logits, loss and
  * every parameter gradient; then a second step on the reused buffers gives the same bits. */
-static void test_matches_hf(void) {
+static void matches_hf(const char *fixture_name) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fixture fx;
-    CU_ASSERT_EQUAL_FATAL(fixture_load_named("llama_tiny", &fx), 0);
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named(fixture_name, &fx), 0);
     fsdp_llama_config cfg = fixture_config(&fx);
     const fixture_tensor *tok = fixture_require(&fx, "tokens", FIXTURE_I32);
     const fixture_tensor *tgt = fixture_require(&fx, "targets", FIXTURE_I32);
@@ -155,10 +167,43 @@ static void test_matches_hf(void) {
         }
     }
     free(first);
+    /* generation: the first sequence fed a token at a time through the key/value cache gives
+     * the fixture's logits of its last position (the cache's rotary table is the forward's) */
+    const fixture_tensor *lw = fixture_require(&fx, "logits", FIXTURE_F32);
+    int64_t T = tok->shape[1], V = cfg.vocab_size;
+    fsdp_llama_cache *cache = NULL;
+    const float *dl = NULL;
+    FSDP_TEST_OK(fsdp_llama_cache_create(ctx, m, 0, &cache));
+    for (int64_t t = 0; cache && t < T; t++)
+        FSDP_TEST_OK(fsdp_llama_decode(ctx, cache, (const int32_t *)tok->data + t, 1, &dl));
+    if (dl && lw) {
+        const float *want = (const float *)lw->data + (T - 1) * V;
+        double worst = 0, bound = TOL * fsdp_test_max_abs(want, V);
+        for (int64_t v = 0; v < V; v++) worst = fmax(worst, fabs(dl[v] - want[v]));
+        printf("\n    decoded token by token: last logits within %.3g (bound %.3g)", worst, bound);
+        CU_ASSERT_TRUE(worst <= bound);
+    }
+    fsdp_llama_cache_free(cache);
     fsdp_tensor_free(dlogits);
     fsdp_tensor_free(tokens);
     fsdp_module_free(m);
     fixture_free(&fx);
+}
+
+static void test_matches_hf(void) {
+    matches_hf("llama_tiny");
+}
+
+/* Tied embeddings (llama_tied.bin): lm_head over model.embed_tokens.weight, one parameter whose
+ * gradient sums both uses; the parameters are transformers' named_parameters(), lm_head
+ * absent. */
+static void test_tied_matches_hf(void) {
+    matches_hf("llama_tied");
+}
+
+/* Llama 3's rope scaling (llama_rope3.bin: frequencies kept, interpolated and divided). */
+static void test_rope3_matches_hf(void) {
+    matches_hf("llama_rope3");
 }
 
 /* Zero fields take the documented defaults. */
@@ -414,9 +459,9 @@ static fsdp_status llama_fsdp_rank(fsdp_ctx *ctx, int rank, void *user) {
     return st;
 }
 
-static void test_fsdp_matches_hf(void) {
+static void fsdp_matches_hf(const char *fixture_name) {
     fixture fx;
-    CU_ASSERT_EQUAL_FATAL(fixture_load_named("llama_tiny", &fx), 0);
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named(fixture_name, &fx), 0);
     CU_ASSERT_PTR_NOT_NULL_FATAL(fixture_require(&fx, "tokens", FIXTURE_I32));
     CU_ASSERT_PTR_NOT_NULL_FATAL(fixture_require(&fx, "targets", FIXTURE_I32));
     fsdp_job job = {&fx, fixture_config(&fx)};
@@ -424,10 +469,82 @@ static void test_fsdp_matches_hf(void) {
     fixture_free(&fx);
 }
 
+static void test_fsdp_matches_hf(void) {
+    fsdp_matches_hf("llama_tiny");
+}
+
+/* Tied embeddings under FSDP: the root unit holds the embedding and lm_head, the shared
+ * weight's gradient sums both uses before its reduction: transformers' gradients. */
+static void test_fsdp_tied_matches_hf(void) {
+    fsdp_matches_hf("llama_tied");
+}
+
+/* A wrap that puts the embedding in a unit of its own would leave lm_head reading its tied
+ * weight resharded: refused before anything moves, naming both modules and the fix. */
+static fsdp_status tied_split_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)rank;
+    fsdp_module *m = NULL;
+    fsdp_sharded *sh = NULL;
+    fsdp_status st = fsdp_model_llama(ctx, user, &m);
+    const char *paths[] = {"model.embed_tokens"};
+    if (st == FSDP_OK) {
+        fsdp_status got = fsdp_fully_shard(
+            ctx, m, &(fsdp_fully_shard_options){.wrap_paths = paths, .n_wrap_paths = 1}, &sh);
+        const char *msg = fsdp_last_error(ctx);
+        FSDP_RANK_CHECK(ctx,
+                        got == FSDP_ERR_INVALID_ARGUMENT && strstr(msg, "tied weights") &&
+                            strstr(msg, "'lm_head'") && strstr(msg, "model.embed_tokens") &&
+                            strstr(msg, "wrap a module that holds both"),
+                        "a split of tied weights: status %d, '%s'", (int)got, msg);
+        if (rank == 0) printf("\n    %s", msg);
+    }
+    fsdp_sharded_free(sh);
+    fsdp_module_free(m);
+    return st;
+}
+
+/* Tensor parallelism on a tied lm_head alone (the embedding not sharded first): its weight has
+ * no placement yet, and it would need the embedding's; refused naming both and the fix. */
+static fsdp_status tied_tp_rank(fsdp_ctx *ctx, int rank, void *user) {
+    fsdp_module *m = NULL;
+    fsdp_mesh *tp = NULL;
+    fsdp_status st = fsdp_model_llama(ctx, user, &m);
+    if (st == FSDP_OK) st = fsdp_mesh_create(ctx, 1, (int[]){2}, (const char *[]){"tp"}, &tp);
+    if (st == FSDP_OK) {
+        fsdp_tp_plan_entry plan[] = {{"lm_head", FSDP_COLWISE()}};
+        fsdp_status got = fsdp_tp_parallelize(ctx, m, tp, 1, plan, NULL);
+        const char *msg = fsdp_last_error(ctx);
+        FSDP_RANK_CHECK(ctx,
+                        got == FSDP_ERR_INVALID_ARGUMENT && strstr(msg, "tied to") &&
+                            strstr(msg, "model.embed_tokens") &&
+                            strstr(msg, "no style has distributed yet") &&
+                            strstr(msg, "RowwiseParallel"),
+                        "a tied lm_head alone under TP: status %d, '%s'", (int)got, msg);
+        if (rank == 0) printf("\n    %s", msg);
+    }
+    fsdp_mesh_free(tp);
+    fsdp_module_free(m);
+    return st;
+}
+
+static void test_tp_tied_alone_refused(void) {
+    fsdp_llama_config cfg = {
+        .dim = 16, .n_layers = 1, .n_heads = 2, .vocab_size = 32, .tie_word_embeddings = true};
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, tied_tp_rank, &cfg));
+}
+
+static void test_fsdp_tied_split_refused(void) {
+    fsdp_llama_config cfg = {
+        .dim = 16, .n_layers = 1, .n_heads = 2, .vocab_size = 32, .tie_word_embeddings = true};
+    FSDP_TEST_OK(fsdp_test_run_world(2, 0, tied_split_rank, &cfg));
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"names_match_hf", test_names_match_hf},
         {"matches_hf", test_matches_hf},
+        {"rope3_matches_hf", test_rope3_matches_hf},
+        {"tied_matches_hf", test_tied_matches_hf},
         {"config_defaults", test_config_defaults},
         {"config_refused", test_config_refused},
         {"inputs_refused", test_inputs_refused},
@@ -435,6 +552,9 @@ int main(int argc, char **argv) {
         {"i32_tensor", test_i32_tensor},
         {"import_hf_state_dict", test_import_hf_state_dict},
         {"fsdp_matches_hf", test_fsdp_matches_hf},
+        {"fsdp_tied_matches_hf", test_fsdp_tied_matches_hf},
+        {"fsdp_tied_split_refused", test_fsdp_tied_split_refused},
+        {"tp_tied_alone_refused", test_tp_tied_alone_refused},
     };
     return fsdp_test_run(argc, argv, "llama", cases, (int)(sizeof cases / sizeof cases[0]));
 }

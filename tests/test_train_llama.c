@@ -20,7 +20,9 @@
 #include <unistd.h>
 
 #include "ckpt_common.h" // defines: ckpt_test_remove_tree
+#include "fixture.h"     // defines: fixture_load_named, fixture_require
 #include "harness.h"
+#include "numerics.h"     // defines: fsdp_test_sum_tol
 #include "train_config.h" // defines: train_config_init, train_config_set, train_config_load
 #include "train_llama.h"  // defines: train_llama_config
 #include "train_tokens.h" // defines: TRAIN_TOKENS_MAGIC, TRAIN_TOKENS_HEADER
@@ -243,6 +245,55 @@ static void test_uneven_vocab(void) {
         &ref, "(2, 2) vocab 257",
         SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer", "model.vocab_size=257"), 2,
         2, RTOL);
+}
+
+/* Llama 3's rope scaling (factor 8, original length 100: with head size 8 and theta 10000 the
+ * frequencies are kept, interpolated and divided) at (2, 2) against one rank, and a run that
+ * differs from the unscaled one (the keys reach the model). */
+static void test_rope_scaling(void) {
+    train_result ref, plain;
+    char err[TRAIN_ERROR_SIZE];
+#define ROPE3 "model.rope_scaling=llama3", "model.rope_original_max_len=100"
+    FSDP_TEST_OK(run_sgd(SET("parallel.ranks=1", ROPE3), &ref, err));
+    FSDP_TEST_OK(run_sgd(SET("parallel.ranks=1"), &plain, err));
+    printf("\n    probe loss before training %.7f, without the scaling %.7f", ref.first_loss,
+           plain.first_loss);
+    CU_ASSERT_NOT_EQUAL(ref.first_loss, plain.first_loss);
+    check_layout(&ref, "(2, 2) rope_scaling llama3",
+                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer", ROPE3), 2, 2,
+                 RTOL);
+#undef ROPE3
+}
+
+static void hf_export_case(const char *name, const char *const *overrides, bool tied);
+
+/* Tied embeddings (tie_embeddings: lm_head over the embedding's weight): (2, 1) with FSDP per
+ * layer (the root holds both uses), (1, 2) with the embedding's and lm_head's Shard(0) the one
+ * placement of the shared weight, and (2, 2), against one rank under SGD; a loss other than the
+ * untied model's; a checkpoint of the (2, 2) run exports without lm_head.weight and with
+ * tie_word_embeddings true, and imports back bitwise. */
+static void test_tied(void) {
+    train_result ref, untied;
+    char err[TRAIN_ERROR_SIZE];
+    FSDP_TEST_OK(run_sgd(SET("parallel.ranks=1", "model.tie_embeddings=true"), &ref, err));
+    FSDP_TEST_OK(run_sgd(SET("parallel.ranks=1"), &untied, err));
+    printf("\n    one rank, tied: probe loss %.6f -> %.6f (untied: %.6f -> %.6f)", ref.first_loss,
+           ref.last_loss, untied.first_loss, untied.last_loss);
+    CU_ASSERT_TRUE(ref.last_loss < ref.first_loss);
+    CU_ASSERT_NOT_EQUAL(ref.first_loss, untied.first_loss);
+    check_layout(&ref, "(2, 1) tied, fsdp wrap layer",
+                 SET("parallel.ranks=2", "parallel.wrap=layer", "model.tie_embeddings=true"), 2, 1,
+                 RTOL);
+    check_layout(&ref, "(1, 2) tied, tp",
+                 SET("parallel.ranks=2", "parallel.tp=2", "model.tie_embeddings=true"), 1, 2, RTOL);
+    check_layout(&ref, "(2, 2) tied, fsdp wrap layer, tp",
+                 SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer",
+                     "model.tie_embeddings=true"),
+                 2, 2, RTOL);
+    hf_export_case("hf-tied",
+                   SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer",
+                       "model.tie_embeddings=true"),
+                   true);
 }
 
 /* More steps: the probe and held-out losses end below the text's unigram entropy. */
@@ -498,13 +549,12 @@ static void test_resume(void) {
 /* A run's checkpoint carries the model's config.json (fsdp_ckpt_model_config), which reads
  * back as the [model] keys; fsdp_ckpt_export_hf writes it as a model directory, and importing
  * that directory gives every parameter of the checkpoint bitwise. */
-static void test_hf_export(void) {
+static void hf_export_case(const char *name, const char *const *overrides, bool tied) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     train_result res;
     char dir[1200], step[1300], hf[1300], back[1300];
-    snprintf(dir, sizeof dir, "%s", scratch("hf-run"));
-    FSDP_TEST_OK(
-        run_ckpt(dir, NULL, SET("parallel.ranks=2", "parallel.tp=2"), "train.steps=3", &res));
+    snprintf(dir, sizeof dir, "%s", scratch(name));
+    FSDP_TEST_OK(run_ckpt(dir, NULL, overrides, "train.steps=3", &res));
     snprintf(step, sizeof step, "%s/step-00000003", dir);
     snprintf(hf, sizeof hf, "%s-hf", dir);
     snprintf(back, sizeof back, "%s-back", dir);
@@ -525,6 +575,7 @@ static void test_hf_export(void) {
     CU_ASSERT_EQUAL(got.max_seq_len, want_r.max_seq_len);
     CU_ASSERT_EQUAL(got.norm_eps, want_r.norm_eps);
     CU_ASSERT_EQUAL(got.rope_theta, want_r.rope_theta);
+    CU_ASSERT_EQUAL(got.tie_word_embeddings, tied);
     FSDP_TEST_OK(fsdp_ckpt_export_hf(ctx, ck, hf, NULL));
     FSDP_TEST_OK(fsdp_ckpt_import(ctx, hf, back, NULL));
     snprintf(back + strlen(back), sizeof back - strlen(back), "/step-00000000");
@@ -548,14 +599,257 @@ static void test_hf_export(void) {
         free(va);
         free(vb);
     }
-    /* 2 layers of 9 tensors, the embedding, the final norm and lm_head */
-    CU_ASSERT_EQUAL(n, 2 * 9 + 3);
+    /* 2 layers of 9 tensors, the embedding, the final norm and (untied) lm_head */
+    CU_ASSERT_EQUAL(n, 2 * 9 + (tied ? 2 : 3));
+    CU_ASSERT_EQUAL(fsdp_ckpt_find(imp, "lm_head.weight") >= 0, !tied);
     CU_ASSERT_EQUAL(same, n);
-    printf("\n    step 3 of a (1, 2) run: config.json reads back as the [model] keys; %d of %d "
-           "parameters bitwise after export --format hf and import",
-           same, n);
+    printf("\n    %s: step 3's config.json reads back as the [model] keys; %d of %d parameters "
+           "bitwise after export --format hf and import",
+           name, same, n);
     fsdp_ckpt_close(imp);
     fsdp_ckpt_close(ck);
+}
+
+static void test_hf_export(void) {
+    hf_export_case("hf-run", SET("parallel.ranks=2", "parallel.tp=2"), false);
+}
+
+/* ---- [model] init = a Hugging Face directory ---------------------------------------------- */
+
+#define HF_INIT_DIR FSDP_FIXTURE_DIR "/hf_llama_init"
+
+/* The configuration of a run from tests/fixtures/hf_llama_init (tools/gen_hf_init_fixture.py):
+ * no shape key, the probe sequences of its token file as the one batch of the first loss. */
+static void hf_init_config(const char *tokens, const char *init, const char *const *overrides) {
+    char path[1300], key[1300];
+    static const char *const base[] = {
+        "model.kind=llama",       "data.kind=tokens",     "data.batch_size=4",
+        "data.eval_batches=1",    "data.eval_fraction=0", "optim.name=sgd",
+        "optim.lr=0.01",          "train.steps=1",        "log.level=off",
+        "parallel.backend=local", "parallel.timeout_s=60"};
+    train_config_init(&g_cfg);
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) set(base[i]);
+    snprintf(path, sizeof path, "data.path=%s", tokens);
+    set(path);
+    snprintf(key, sizeof key, "model.init=%s", init);
+    set(key);
+    for (int i = 0; overrides && overrides[i]; i++) set(overrides[i]);
+}
+
+/* A run refused before training with FSDP_ERR_CONFIG, its message holding every needle. */
+static void hf_init_refused(const char *tokens, const char *init, const char *const *overrides,
+                            const char *const *needles) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_result res;
+    hf_init_config(tokens, init, overrides);
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    bool all = true;
+    for (int i = 0; needles[i]; i++) all = all && strstr(err, needles[i]) != NULL;
+    CU_ASSERT_TRUE(all);
+    printf("\n    %s: %s", overrides && overrides[0] ? overrides[0] : init, err);
+}
+
+/* A copy of the fixture's config.json in dir with `from` replaced by `to` (config.json only:
+ * the run is refused before the weights are read). */
+static void edited_config(const char *dir, const char *from, const char *to) {
+    char path[1300];
+    mkdir(dir, 0700);
+    FILE *f = fopen(HF_INIT_DIR "/config.json", "rb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *at = strstr(text, from);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *o = fopen(path, "wb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    fprintf(o, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    fclose(o);
+}
+
+/* tests/fixtures/hf_llama_tied: transformers' save of a tied model (no lm_head.weight in its
+ * model.safetensors) as [model] init: tie_embeddings comes from config.json, the import needs
+ * no lm_head.weight, and the first loss is transformers' (the bound of test_hf_init). */
+static void hf_init_tied(void) {
+    fixture fx;
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named("hf_llama_tied", &fx), 0);
+    const fixture_tensor *tok = fixture_require(&fx, "tokens", FIXTURE_I32);
+    const fixture_tensor *loss = fixture_require(&fx, "loss", FIXTURE_F64);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tok);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(loss);
+    uint32_t *ids = malloc((size_t)tok->numel * sizeof *ids);
+    for (int64_t i = 0; i < tok->numel; i++) ids[i] = (uint32_t)((int32_t *)tok->data)[i];
+    char tokens[1200], err[TRAIN_ERROR_SIZE] = "";
+    snprintf(tokens, sizeof tokens, "%s", scratch("hf_tied.tok"));
+    CU_ASSERT_TRUE_FATAL(write_file(
+        tokens, (header){TRAIN_TOKENS_MAGIC, 1, 2, (uint64_t)tok->numel, 64}, ids, tok->numel, 0));
+    free(ids);
+    bool changed = false;
+    hf_init_config(tokens, FSDP_FIXTURE_DIR "/hf_llama_tied", NULL);
+    FSDP_TEST_OK(train_config_adopt_init(&g_cfg, &changed, err, sizeof err));
+    CU_ASSERT_TRUE(g_cfg.model.tie_embeddings);
+    train_result res;
+    hf_init_config(tokens, FSDP_FIXTURE_DIR "/hf_llama_tied", NULL);
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err);
+    FSDP_TEST_OK(st);
+    if (st != FSDP_OK) printf("\n    train_run: %s", err);
+    double want = *(double *)loss->data, tol = fsdp_test_sum_tol(64, 22) * fabs(want);
+    CU_ASSERT_TRUE(fabs(res.first_loss - want) <= tol);
+    printf("\n    tied: first loss %.7f, transformers' %.7f (|diff| %.2g, bound %.2g)",
+           res.first_loss, want, fabs(res.first_loss - want), tol);
+    hf_init_refused(tokens, FSDP_FIXTURE_DIR "/hf_llama_tied", SET("model.tie_embeddings=false"),
+                    (const char *const[]){"[model] tie_embeddings = false",
+                                          "tie_word_embeddings = true", NULL});
+    fixture_free(&fx);
+}
+
+/* dir/config.json: the fixture's shape with Llama 3.2's rope scaling of rope_type `type`. */
+static void write_rope_config(const char *dir, const char *type) {
+    char path[1300];
+    mkdir(dir, 0700);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fprintf(f,
+            "{\"model_type\": \"llama\", \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+            " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 64,"
+            " \"intermediate_size\": 48, \"max_position_embeddings\": 16,"
+            " \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, \"rope_scaling\":"
+            " {\"rope_type\": \"%s\", \"factor\": 32.0, \"low_freq_factor\": 1.0,"
+            " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}\n",
+            type);
+    fclose(f);
+}
+
+/* Llama 3's rope_scaling comes with the shape: the five rope keys take it, the configuration's
+ * model writes it back into config.json, a rope_scaling = none set against it and a yarn
+ * scaling are refused. */
+static void hf_init_rope3(const char *tokens) {
+    char dir[1200], err[TRAIN_ERROR_SIZE] = "";
+    bool changed = false;
+    snprintf(dir, sizeof dir, "%s", scratch("hf_rope3"));
+    write_rope_config(dir, "llama3");
+    hf_init_config(tokens, dir, NULL);
+    FSDP_TEST_OK(train_config_adopt_init(&g_cfg, &changed, err, sizeof err));
+    CU_ASSERT_EQUAL(g_cfg.model.rope_scaling, 1);
+    CU_ASSERT_EQUAL((float)g_cfg.model.rope_factor, 32.0f);
+    CU_ASSERT_EQUAL((float)g_cfg.model.rope_low_freq_factor, 1.0f);
+    CU_ASSERT_EQUAL((float)g_cfg.model.rope_high_freq_factor, 4.0f);
+    CU_ASSERT_EQUAL(g_cfg.model.rope_original_max_len, 8192);
+    CU_ASSERT_EQUAL((float)g_cfg.model.rope_theta, 500000.0f);
+    FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_llama_config lc = train_llama_config(&g_cfg), back;
+    char *json = NULL;
+    FSDP_TEST_OK(fsdp_llama_config_to_hf_json(ctx, &lc, &json));
+    FSDP_TEST_OK(fsdp_llama_config_from_hf_json(ctx, json ? json : "", &back));
+    CU_ASSERT_TRUE(json && strstr(json, "\"rope_type\": \"llama3\""));
+    CU_ASSERT_EQUAL(back.rope_scaling.type, FSDP_LLAMA_ROPE_LLAMA3);
+    CU_ASSERT_EQUAL(back.rope_scaling.factor, 32.0f);
+    CU_ASSERT_EQUAL(back.rope_scaling.low_freq_factor, 1.0f);
+    CU_ASSERT_EQUAL(back.rope_scaling.high_freq_factor, 4.0f);
+    CU_ASSERT_EQUAL(back.rope_scaling.original_max_len, 8192);
+    free(json);
+    hf_init_refused(
+        tokens, dir, SET("model.rope_scaling=none"),
+        (const char *const[]){"[model] rope_scaling = none", "rope_scaling = llama3", NULL});
+    snprintf(dir, sizeof dir, "%s", scratch("hf_yarn"));
+    write_rope_config(dir, "yarn");
+    hf_init_refused(
+        tokens, dir, NULL,
+        (const char *const[]){"\"rope_scaling\".\"rope_type\" is \"yarn\"", "\"llama3\"", NULL});
+}
+
+/* [model] init = a Hugging Face directory gives the shape: the keys take config.json's values
+ * (and say so as their origin); training starts from its weights: the first loss is
+ * transformers' on the same sequences; a key set otherwise, a max_seq_len beyond
+ * max_position_embeddings and unsupported features are refused naming both sides. */
+static void test_hf_init(void) {
+    fixture fx;
+    CU_ASSERT_EQUAL_FATAL(fixture_load_named("hf_llama_init", &fx), 0);
+    const fixture_tensor *tok = fixture_require(&fx, "tokens", FIXTURE_I32);
+    const fixture_tensor *loss = fixture_require(&fx, "loss", FIXTURE_F64);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tok);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(loss);
+    uint32_t *ids = malloc((size_t)tok->numel * sizeof *ids);
+    for (int64_t i = 0; i < tok->numel; i++) ids[i] = (uint32_t)((int32_t *)tok->data)[i];
+    char tokens[1200], err[TRAIN_ERROR_SIZE] = "";
+    snprintf(tokens, sizeof tokens, "%s", scratch("hf_init.tok"));
+    CU_ASSERT_TRUE_FATAL(write_file(
+        tokens, (header){TRAIN_TOKENS_MAGIC, 1, 2, (uint64_t)tok->numel, 64}, ids, tok->numel, 0));
+    free(ids);
+
+    /* the shape, from config.json */
+    hf_init_config(tokens, HF_INIT_DIR, NULL);
+    bool changed = false;
+    FSDP_TEST_OK(train_config_adopt_init(&g_cfg, &changed, err, sizeof err));
+    CU_ASSERT_TRUE(changed);
+    CU_ASSERT_EQUAL(g_cfg.model.dim, 32);
+    CU_ASSERT_EQUAL(g_cfg.model.n_layers, 2);
+    CU_ASSERT_EQUAL(g_cfg.model.n_heads, 4);
+    CU_ASSERT_EQUAL(g_cfg.model.n_kv_heads, 2);
+    CU_ASSERT_EQUAL(g_cfg.model.vocab_size, 64);
+    CU_ASSERT_EQUAL(g_cfg.model.ffn_hidden, 48);
+    CU_ASSERT_EQUAL(g_cfg.model.max_seq_len, 16);
+    CU_ASSERT_EQUAL((float)g_cfg.model.norm_eps, 1e-5f);
+    CU_ASSERT_EQUAL((float)g_cfg.model.rope_theta, 5000.0f);
+    const char *origin = train_config_origin(&g_cfg, "model", "dim");
+    CU_ASSERT_TRUE(origin && strstr(origin, "config.json, hidden_size"));
+    FSDP_TEST_OK(train_config_adopt_init(&g_cfg, &changed, err, sizeof err)); /* again: agrees */
+    CU_ASSERT_FALSE(changed);
+    FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+
+    /* training starts from its weights. |got - want| <= TOL x want: both compute the loss in
+     * float32 in other orders; the sums have at most 64 terms (the softmax over the vocabulary;
+     * dim 32, ffn 48, 16 positions) through about 22 operations forward (test_llama.c's
+     * count, the same shape), so fsdp_test_sum_tol(64, 22) bounds the relative error. */
+    train_result res;
+    hf_init_config(tokens, HF_INIT_DIR, NULL);
+    fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err);
+    FSDP_TEST_OK(st);
+    if (st != FSDP_OK) printf("\n    train_run: %s", err);
+    double want = *(double *)loss->data, tol = fsdp_test_sum_tol(64, 22) * fabs(want);
+    CU_ASSERT_TRUE(fabs(res.first_loss - want) <= tol);
+    printf("\n    first loss %.7f, transformers' %.7f (|diff| %.2g, bound %.2g)", res.first_loss,
+           want, fabs(res.first_loss - want), tol);
+    /* a key set to the same value, and a shorter max_seq_len, are taken */
+    hf_init_config(tokens, HF_INIT_DIR, SET("model.dim=32", "model.max_seq_len=8"));
+    FSDP_TEST_OK(train_config_adopt_init(&g_cfg, &changed, err, sizeof err));
+    CU_ASSERT_EQUAL(g_cfg.model.max_seq_len, 8);
+
+    /* disagreements and what the model does not build, refused naming both sides */
+    hf_init_refused(tokens, HF_INIT_DIR, SET("model.dim=64"),
+                    (const char *const[]){"[model] dim = 64 (--set model.dim=64)",
+                                          "hidden_size = 32", "hf_llama_init/config.json",
+                                          "[model] init =", NULL});
+    hf_init_refused(
+        tokens, HF_INIT_DIR, SET("model.n_kv_heads=4"),
+        (const char *const[]){"[model] n_kv_heads = 4", "num_key_value_heads = 2", NULL});
+    hf_init_refused(tokens, HF_INIT_DIR, SET("model.rope_theta=10000"),
+                    (const char *const[]){"[model] rope_theta = 10000", "rope_theta = 5000", NULL});
+    hf_init_refused(
+        tokens, HF_INIT_DIR, SET("model.max_seq_len=32"),
+        (const char *const[]){"[model] max_seq_len = 32", "max_position_embeddings = 16", NULL});
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s", scratch("hf_bias"));
+    edited_config(dir, "\"attention_bias\": false", "\"attention_bias\": true");
+    hf_init_refused(tokens, dir, NULL,
+                    (const char *const[]){"[model] init", "\"attention_bias\"", "no biases", NULL});
+    snprintf(dir, sizeof dir, "%s", scratch("hf_type"));
+    edited_config(dir, "\"model_type\": \"llama\"", "\"model_type\": \"mistral\"");
+    hf_init_refused(tokens, dir, NULL,
+                    (const char *const[]){"\"model_type\" is \"mistral\"", "\"llama\"", NULL});
+    snprintf(dir, sizeof dir, "%s", scratch("hf_huge"));
+    edited_config(dir, "\"hidden_size\": 32", "\"hidden_size\": 1099511627776");
+    hf_init_refused(
+        tokens, dir, NULL,
+        (const char *const[]){"\"hidden_size\" is 1099511627776", "1 .. 1048576", NULL});
+    hf_init_rope3(tokens);
+    hf_init_tied();
+    fixture_free(&fx);
 }
 
 /* ---- the example -------------------------------------------------------------------------- */
@@ -590,11 +884,14 @@ int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"layouts", test_layouts},
         {"uneven_vocab", test_uneven_vocab},
+        {"rope_scaling", test_rope_scaling},
+        {"tied", test_tied},
         {"learns", test_learns},
         {"bad_files", test_bad_files},
         {"config_errors", test_config_errors},
         {"resume", test_resume},
         {"hf_export", test_hf_export},
+        {"hf_init", test_hf_init},
         {"example", test_example},
     };
     if (setup() != 0) return 2;

@@ -15,9 +15,13 @@ transformers imports (tokenizers is all it needs for this), AutoTokenizer.from_p
 encode the prompt as its bytes and decode libfsdp's tokens to the text `fsdp-ckpt generate`
 prints; this part runs (and can fail) even when torch is missing, before the skip.
 
-Run by CTest (entry check_hf_generate) with the build's tools, or by hand:
+Run by CTest (entry check_hf_generate, and check_hf_generate_rope3 with
+--set model.rope_scaling=llama3 --set model.rope_original_max_len=100 --rope-type llama3: Llama
+3's rope scaling through generate and the export's config.json, which transformers must read as
+llama3 with scaled frequencies; and check_hf_generate_tied with --set model.tie_embeddings=true
+--tied: an export without lm_head.weight that transformers loads with lm_head tied) with the build's tools, or by hand:
     python3 tools/check_hf_generate.py --fsdp-train build/fsdp-train \\
-        --fsdp-ckpt build/fsdp-ckpt
+        --fsdp-ckpt build/fsdp-ckpt [--set section.key=value ...]
 Exits 77 (CTest's skip) with the reason when torch or transformers cannot be imported.
 Needs: pip install torch transformers safetensors.
 """
@@ -88,7 +92,8 @@ log_every = 10
 dir = {work}/run
 every = 30
 """)
-    run([args.fsdp_train, "--config", ini])
+    sets = [a for kv in args.set for a in ("--set", kv)]
+    run([args.fsdp_train, "--config", ini] + sets)
     return os.path.join(work, "run")
 
 
@@ -96,6 +101,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--fsdp-train", required=True, help="the build's fsdp-train")
     p.add_argument("--fsdp-ckpt", required=True, help="the build's fsdp-ckpt")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="passed to fsdp-train (e.g. model.rope_scaling=llama3)")
+    p.add_argument("--rope-type", default="default",
+                   help="the rope_type transformers must read from the exported config.json")
+    p.add_argument("--tied", action="store_true",
+                   help="transformers must load the export with tied embeddings (lm_head is "
+                        "embed_tokens' weight)")
     args = p.parse_args()
     try:
         from transformers import AutoTokenizer
@@ -132,6 +144,26 @@ def main():
         torch.set_num_threads(1)
         model = LlamaForCausalLM.from_pretrained(hf, attn_implementation="eager")
         model = model.to(torch.float32).eval()
+        rope = model.config.rope_parameters or {}
+        hd = model.config.hidden_size // model.config.num_attention_heads
+        plain = 1.0 / (rope.get("rope_theta", 10000.0)
+                       ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+        scaled = not torch.equal(model.model.rotary_emb.inv_freq, plain)
+        rope_ok = rope.get("rope_type") == args.rope_type and scaled == (args.rope_type != "default")
+        print(f"rope: transformers reads rope_type {rope.get('rope_type')!r} (want "
+              f"{args.rope_type!r}), its frequencies {'scaled' if scaled else 'unscaled'} "
+              f"({'ok' if rope_ok else 'FAILED'})", flush=True)
+        if not rope_ok:
+            print("FAILED")
+            return 1
+        tied = model.lm_head.weight is model.model.embed_tokens.weight
+        tie_ok = tied == args.tied and bool(model.config.tie_word_embeddings) == args.tied
+        print(f"tie: tie_word_embeddings {model.config.tie_word_embeddings}, lm_head "
+              f"{'is' if tied else 'is not'} the embedding's weight "
+              f"({'ok' if tie_ok else 'FAILED'})", flush=True)
+        if not tie_ok:
+            print("FAILED")
+            return 1
         prompt = torch.tensor([list(PROMPT.encode())])
         # no end-of-sequence token: the byte model has none, and generate must not stop early
         model.generation_config.eos_token_id = None

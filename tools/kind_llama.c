@@ -8,10 +8,13 @@
 #include <string.h>
 
 #include "train_kind.h"   // defines: train_kind
-#include "train_llama.h"  // defines: train_llama_create, train_llama_forward_loss
+#include "train_llama.h"  // defines: train_llama_create, train_llama_forward_loss,
+                          // train_llama_adopt_init
 #include "train_tokens.h" // defines: train_tokens_load
 
 #include "train_estimate.h" // defines: train_estimate_llama
+
+static const char *const g_rope_scalings[] = {"none", "llama3", NULL};
 
 static const train_key g_keys[] = {
     INT_KEY("model", "dim", model.dim, "64", 2, TRAIN_WIDTH_MAX,
@@ -38,6 +41,23 @@ static const train_key g_keys[] = {
               "RMSNorm epsilon (rms_norm_eps)"),
     FLOAT_KEY("model", "rope_theta", model.rope_theta, "10000", 1, EXCL, 1e30, INCL,
               "base of the rotary embedding (rope_theta)"),
+    BOOL_KEY("model", "tie_embeddings", model.tie_embeddings, "false",
+             "lm_head shares model.embed_tokens.weight (tie_word_embeddings): one parameter, "
+             "saved once; the root FSDP unit holds both uses"),
+    ENUM_KEY("model", "rope_scaling", model.rope_scaling, "none", g_rope_scalings, NULL,
+             "scaling of the rotary frequencies (rope_scaling's rope_type): none, or llama3 "
+             "(Llama 3.1 and 3.2's, over rope_factor, rope_low_freq_factor, "
+             "rope_high_freq_factor and rope_original_max_len)"),
+    FLOAT_KEY("model", "rope_factor", model.rope_factor, "8", 1, INCL, 1e30, INCL,
+              "rope_scaling = llama3: the low frequencies' divisor (factor)"),
+    FLOAT_KEY("model", "rope_low_freq_factor", model.rope_low_freq_factor, "1", 0, EXCL, 1e30, INCL,
+              "rope_scaling = llama3: low_freq_factor"),
+    FLOAT_KEY("model", "rope_high_freq_factor", model.rope_high_freq_factor, "4", 0, EXCL, 1e30,
+              INCL, "rope_scaling = llama3: high_freq_factor, above rope_low_freq_factor"),
+    INT_KEY("model", "rope_original_max_len", model.rope_original_max_len, "8192", 1,
+            INT64_C(1) << 24,
+            "rope_scaling = llama3: the context length the model was pretrained on "
+            "(original_max_position_embeddings)"),
 
 };
 
@@ -98,6 +118,22 @@ static fsdp_status llama_check(const train_config *cfg, char *err, size_t err_si
                  train_config_key_text(cfg, "model", "n_heads", b, sizeof b), (long long)heads);
         return FSDP_ERR_CONFIG;
     }
+    if (cfg->model.rope_scaling &&
+        cfg->model.rope_high_freq_factor <= cfg->model.rope_low_freq_factor) {
+        snprintf(err, err_size,
+                 "%s must be above %s (llama3's frequencies between the two "
+                 "wavelength bounds are interpolated)",
+                 train_config_key_text(cfg, "model", "rope_high_freq_factor", a, sizeof a),
+                 train_config_key_text(cfg, "model", "rope_low_freq_factor", b, sizeof b));
+        return FSDP_ERR_CONFIG;
+    }
+    static const char *const rope_keys[] = {"rope_factor", "rope_low_freq_factor",
+                                            "rope_high_freq_factor", "rope_original_max_len"};
+    for (int i = 0; i < 4; i++)
+        if (train_config_key_not_for(cfg, "model", rope_keys[i], cfg->model.rope_scaling != 0,
+                                     "rope_scaling = llama3", "model", "rope_scaling", err,
+                                     err_size))
+            return FSDP_ERR_CONFIG;
     int64_t ffn = cfg->model.ffn_hidden ? cfg->model.ffn_hidden : (8 * dim / 3 + 255) / 256 * 256;
     if (llama_tp_divides(cfg, "n_heads", heads, "query heads", err, err_size) ||
         llama_tp_divides(cfg, "n_kv_heads", kv, "key/value heads", err, err_size) ||
@@ -280,6 +316,11 @@ const train_kind train_kind_llama = {
     .data_kinds = 1u << TRAIN_DATA_TOKENS,
     .data_advice = "a Llama model trains on a token file; set [data] kind = tokens and [data] path",
     .tokens_per_sample = llama_tokens_per_sample,
+    .adopt_init = train_llama_adopt_init,
+    .state_advice = "Hugging Face's LlamaForCausalLM names (model.embed_tokens.weight, "
+                    "model.layers.<i>.self_attn.q_proj.weight, ..., model.norm.weight, "
+                    "lm_head.weight)",
+    .shape_keys = "dim, n_layers, n_heads, n_kv_heads, vocab_size and ffn_hidden",
     .check = llama_check,
     .check_layout = llama_check_layout,
     .build = llama_build,

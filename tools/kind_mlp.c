@@ -177,6 +177,8 @@ static void mlp_banner(const train_config *cfg, const void *feed, FILE *out) {
 const train_kind train_kind_mlp = {
     .name = "mlp",
     .help = "Linear layers over widths, with an activation between them",
+    .state_advice = "nn.Sequential(Linear, activation, Linear, ...) names them (0.weight, "
+                    "0.bias, 2.weight, ...)",
     .keys = g_keys,
     .n_keys = (int)(sizeof g_keys / sizeof g_keys[0]),
     .data_kinds = 1u << TRAIN_DATA_SYNTHETIC | 1u << TRAIN_DATA_H5,

@@ -93,6 +93,9 @@ const train_kind train_kind_mlp_stacked = {
     .name = "mlp_stacked",
     .help = "the seed's MLPStacked: n_layers blocks layers.<i> of net1 Linear(10, 16), relu, "
             "net2 Linear(16, 10); synthetic data",
+    .state_advice = "MLPStacked names them (layers.<i>.net1.weight, layers.<i>.net1.bias, "
+                    "layers.<i>.net2.weight, layers.<i>.net2.bias)",
+    .shape_keys = "n_layers",
     .keys = g_keys,
     .n_keys = (int)(sizeof g_keys / sizeof g_keys[0]),
     .data_kinds = 1u << TRAIN_DATA_SYNTHETIC,

@@ -239,8 +239,57 @@ static void format_shape(int ndim, const int64_t *shape, char *buf, size_t size)
     train_append(buf, size, ")");
 }
 
+/* The MLP's key that differs from the saved configuration: norm (a saved configuration without
+ * it had none), or widths; *saved its saved value ("" when unknown). */
+static const char *mlp_shape_key(const train_config *cfg, fsdp_ckpt *ck, char *saved, size_t size) {
+    const char *norm = cfg->model.norm == TRAIN_NORM_RMSNORM ? "rmsnorm" : "none";
+    if (!train_config_saved_value(fsdp_ckpt_config(ck), "model", "norm", saved, size))
+        snprintf(saved, size, "none");
+    if (strcmp(saved, norm) != 0) return "norm";
+    if (!train_config_saved_value(fsdp_ckpt_config(ck), "model", "widths", saved, size))
+        saved[0] = '\0';
+    return "widths";
+}
+
+/* What to change when a state's tensor has another shape than this model's: the kind's keys
+ * (the MLP: widths, or norm, with the saved value), for a resumed run or an init. */
+static void shape_advice(const train_config *cfg, fsdp_ckpt *ck, bool resume, char *err,
+                         size_t err_size) {
+    const train_kind *kind = train_kind_of(cfg);
+    char key[1024], saved[TRAIN_MAX_STRING];
+    if (kind->shape_keys) { /* a kind with its own shape keys (llama) */
+        train_append(err, err_size, "the shape of [model] kind = %s is set by [model] %s); ",
+                     kind->name, kind->shape_keys);
+        if (resume)
+            train_append(err, err_size,
+                         "set those [model] keys to the checkpoint's, or start anew: "
+                         "[checkpoint] resume = none, or another [checkpoint] dir");
+        else
+            train_append(err, err_size,
+                         "set those [model] keys to the state's, or give another [model] init "
+                         "(a Hugging Face model directory gives them itself)");
+        return;
+    }
+    const char *name = mlp_shape_key(cfg, ck, saved, sizeof saved);
+    train_append(err, err_size, "%s", train_config_key_text(cfg, "model", name, key, sizeof key));
+    if (saved[0]) train_append(err, err_size, "; it was saved with %s = %s", name, saved);
+    train_append(err, err_size, "); ");
+    if (resume)
+        train_append(err, err_size,
+                     "set [model] %s to the checkpoint's, or start anew: [checkpoint] "
+                     "resume = none, or another [checkpoint] dir",
+                     name);
+    else if (strcmp(name, "norm") == 0)
+        train_append(err, err_size,
+                     "set [model] norm to the state's, or give another [model] init");
+    else
+        train_append(err, err_size,
+                     "set [model] widths to the state's (Linear i's weight is (widths[i+1], "
+                     "widths[i])), or give another [model] init");
+}
+
 /* The first parameter of the state whose shape differs in ck: the message names it, both
- * shapes, [model] widths here and there, and the fix. */
+ * shapes, the kind's shape keys here and there, and the fix. */
 static fsdp_status check_shapes(fsdp_ctx *ctx, const train_config *cfg, const fsdp_state *st,
                                 fsdp_ckpt *ck, const char *path, bool resume, char *err,
                                 size_t err_size) {
@@ -253,38 +302,14 @@ static fsdp_status check_shapes(fsdp_ctx *ctx, const train_config *cfg, const fs
         bool same = t.ndim == e.ndim;
         for (int d = 0; same && d < e.ndim; d++) same = t.shape[d] == e.shape[d];
         if (same) continue;
-        char theirs[128], mine[128], key[1024], saved[TRAIN_MAX_STRING];
+        char theirs[128], mine[128];
         format_shape(t.ndim, t.shape, theirs, sizeof theirs);
         format_shape(e.ndim, e.shape, mine, sizeof mine);
-        /* the key that differs: norm (a saved configuration without it had none), or widths */
-        const char *norm = cfg->model.norm == TRAIN_NORM_RMSNORM ? "rmsnorm" : "none";
-        const char *name = "widths";
-        if (!train_config_saved_value(fsdp_ckpt_config(ck), "model", "norm", saved, sizeof saved))
-            snprintf(saved, sizeof saved, "none");
-        if (strcmp(saved, norm) != 0)
-            name = "norm";
-        else if (!train_config_saved_value(fsdp_ckpt_config(ck), "model", "widths", saved,
-                                           sizeof saved))
-            saved[0] = '\0';
         snprintf(err, err_size,
                  "checkpoint '%s' holds another model: tensor '%s' is %s there but %s in this "
-                 "model (%s",
-                 path, e.name, theirs, mine,
-                 train_config_key_text(cfg, "model", name, key, sizeof key));
-        if (saved[0]) train_append(err, err_size, "; it was saved with %s = %s", name, saved);
-        train_append(err, err_size, "); ");
-        if (resume)
-            train_append(err, err_size,
-                         "set [model] %s to the checkpoint's, or start anew: [checkpoint] "
-                         "resume = none, or another [checkpoint] dir",
-                         name);
-        else if (strcmp(name, "norm") == 0)
-            train_append(err, err_size,
-                         "set [model] norm to the state's, or give another [model] init");
-        else
-            train_append(err, err_size,
-                         "set [model] widths to the state's (Linear i's weight is (widths[i+1], "
-                         "widths[i])), or give another [model] init");
+                 "model (",
+                 path, e.name, theirs, mine);
+        shape_advice(cfg, ck, resume, err, err_size);
         return FSDP_ERR_CONFIG;
     }
     return FSDP_OK;
@@ -313,10 +338,9 @@ fsdp_status train_ckpt_init(fsdp_ctx *ctx, const train_config *cfg, const fsdp_s
     if (s == FSDP_OK && (s = fsdp_ckpt_load(ctx, ck, st, NULL)) != FSDP_OK)
         snprintf(err, err_size,
                  "loading the parameters of %s: %s; the state must hold every parameter of the "
-                 "MLP, named as nn.Sequential(Linear, activation, Linear, ...) names them "
-                 "(0.weight, 0.bias, 2.weight, ...), and nothing else",
-                 train_config_key_text(cfg, "model", "init", key, sizeof key),
-                 fsdp_last_error(ctx));
+                 "[model] kind = %s, named as %s, and nothing else",
+                 train_config_key_text(cfg, "model", "init", key, sizeof key), fsdp_last_error(ctx),
+                 train_kind_of(cfg)->name, train_kind_of(cfg)->state_advice);
     fsdp_ckpt_close(ck);
     fsdp_state_free(st);
     return s;

@@ -115,9 +115,13 @@ static const train_key g_keys_last[] = {
                "take them from: a checkpoint step directory (a run's directory: its newest "
                "checkpoint), a PyTorch state dict (.safetensors or HDF5) of the model's names "
                "(mlp: nn.Sequential's 0.weight, 0.bias, 2.weight, ...), or a Hugging Face "
-               "model directory (config.json with model.safetensors or its shards). Parameters "
-               "only: the optimizer starts "
-               "fresh. Ignored when the run resumes"),
+               "model directory (config.json with model.safetensors or its shards; for llama "
+               "its config.json gives the shape: dim, n_layers, n_heads, n_kv_heads, "
+               "vocab_size, ffn_hidden, max_seq_len, norm_eps, rope_theta, tie_embeddings and "
+               "the rope_scaling "
+               "keys left unset take "
+               "its values, set ones must agree, max_seq_len may be shorter). Parameters "
+               "only: the optimizer starts fresh. Ignored when the run resumes"),
     STRING_KEY("model", "checkpoint_activations", model.checkpoint_activations, "",
                "comma-separated module name patterns (fnmatch) whose activations are "
                "recomputed in backward instead of kept (fsdp_checkpoint_wrap), e.g. 0,2 or *; "

@@ -105,6 +105,11 @@ typedef struct train_config {
         /* llama: fsdp_llama_config's fields (0 for n_kv_heads and ffn_hidden: its default) */
         int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size, ffn_hidden, max_seq_len;
         double norm_eps, rope_theta;
+        /* llama: Llama 3's rope scaling (fsdp_llama_rope_scaling): 0 none, 1 llama3 */
+        int rope_scaling;
+        double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+        int64_t rope_original_max_len;
+        bool tie_embeddings; /* llama: lm_head shares the embedding's weight */
     } model;
     struct {
         train_backend backend;
@@ -319,6 +324,16 @@ fsdp_status train_layout_resolve(const train_config *cfg, int world, train_layou
 /* "4 ranks (local): dp 2 x tp 2" and the mode: "fsdp full_shard, wrap layer". */
 void train_layout_describe(const train_config *cfg, const train_layout *layout, char *buf,
                            size_t size);
+
+/* Sets [section] name from text as if read at `where` (its origin from now on): the key's
+ * parser checks the value; FSDP_ERR_CONFIG with "<where>: bad value ..." otherwise. */
+fsdp_status train_config_set_from(train_config *cfg, const char *section, const char *name,
+                                  const char *text, const char *where, char *err, size_t err_size);
+
+/* The kind's adopt_init (train_kind.h): [model] keys from the shape [model] init describes
+ * (a Hugging Face config.json); *changed when a key took a value. fsdp-train's command line
+ * and train_run call it before train_config_check. */
+fsdp_status train_config_adopt_init(train_config *cfg, bool *changed, char *err, size_t err_size);
 
 /* The origin text of a key ("default", "run.ini:12", ...), or NULL for an unknown key. */
 const char *train_config_origin(const train_config *cfg, const char *section, const char *name);

@@ -180,7 +180,8 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
     int64_t V = chunk_len(c.vocab_size, tp, tp_index), Ts = chunk_len(T, tp, tp_index);
     bool wrap = cfg->parallel.wrap == TRAIN_WRAP_LAYER, sh = tp > 1;
     /* parameters in pre-order: model.embed_tokens, model.layers.<i> (self_attn q, k, v, o; mlp
-     * gate, up, down; input_layernorm; post_attention_layernorm), model.norm, lm_head */
+     * gate, up, down; input_layernorm; post_attention_layernorm), model.norm, lm_head (none when
+     * tied: it uses the embedding's) */
     bool ok = train_est_param_add(m, 0, V * C, sh);
     for (int64_t i = 0; ok && i < c.n_layers; i++) {
         int u = wrap ? (int)i + 1 : 0;
@@ -191,7 +192,8 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
              train_est_param_add(m, u, F * C, sh) && train_est_param_add(m, u, C * F, sh) &&
              train_est_param_add(m, u, C, false) && train_est_param_add(m, u, C, false);
     }
-    ok = ok && train_est_param_add(m, 0, C, false) && train_est_param_add(m, 0, V * C, sh);
+    ok = ok && train_est_param_add(m, 0, C, false);                              /* model.norm */
+    if (!c.tie_word_embeddings) ok = ok && train_est_param_add(m, 0, V * C, sh); /* lm_head */
     if (!ok) return out_of_memory(err, err_size);
 
     /* activations, in floats: each norm its output and 1 / rms per row; attention the q, k, v

@@ -57,6 +57,17 @@ typedef struct train_kind {
      * counts tokens and evaluations report perplexity. NULL: samples. (optional) */
     int64_t (*tokens_per_sample)(const train_config *cfg);
 
+    /* When [model] init names a description of the model's shape (a Hugging Face directory's
+     * config.json), its [model] keys left at their defaults take the described values and
+     * those set in the configuration must agree: FSDP_ERR_CONFIG naming both values and both
+     * places otherwise. *changed tells whether a key took a value. Before check; a second call
+     * changes nothing. (optional) */
+    fsdp_status (*adopt_init)(train_config *cfg, bool *changed, char *err, size_t err_size);
+    /* What a state of initial parameters ([model] init) must hold, and which [model] keys give
+     * the shape of its tensors, for the messages of a state that does not fit. */
+    const char *state_advice;
+    const char *shape_keys;
+
     /* Rules that join its keys with the others, after every key was parsed. (optional) */
     fsdp_status (*check)(const train_config *cfg, char *err, size_t err_size);
     /* Rules on the layout. (optional) */

@@ -31,15 +31,23 @@ struct train_llama {
 };
 
 fsdp_llama_config train_llama_config(const train_config *cfg) {
-    return (fsdp_llama_config){.dim = cfg->model.dim,
-                               .n_layers = (int)cfg->model.n_layers,
-                               .n_heads = (int)cfg->model.n_heads,
-                               .n_kv_heads = (int)cfg->model.n_kv_heads,
-                               .vocab_size = cfg->model.vocab_size,
-                               .ffn_hidden = cfg->model.ffn_hidden,
-                               .max_seq_len = cfg->model.max_seq_len,
-                               .norm_eps = (float)cfg->model.norm_eps,
-                               .rope_theta = (float)cfg->model.rope_theta};
+    return (fsdp_llama_config){
+        .dim = cfg->model.dim,
+        .n_layers = (int)cfg->model.n_layers,
+        .n_heads = (int)cfg->model.n_heads,
+        .n_kv_heads = (int)cfg->model.n_kv_heads,
+        .vocab_size = cfg->model.vocab_size,
+        .ffn_hidden = cfg->model.ffn_hidden,
+        .max_seq_len = cfg->model.max_seq_len,
+        .norm_eps = (float)cfg->model.norm_eps,
+        .rope_theta = (float)cfg->model.rope_theta,
+        .rope_scaling = {.type = cfg->model.rope_scaling ? FSDP_LLAMA_ROPE_LLAMA3
+                                                         : FSDP_LLAMA_ROPE_DEFAULT,
+                         .factor = (float)cfg->model.rope_factor,
+                         .low_freq_factor = (float)cfg->model.rope_low_freq_factor,
+                         .high_freq_factor = (float)cfg->model.rope_high_freq_factor,
+                         .original_max_len = cfg->model.rope_original_max_len},
+        .tie_word_embeddings = cfg->model.tie_embeddings};
 }
 
 /* The config with its defaults filled in (the keys were checked by train_config_check). */
@@ -55,7 +63,7 @@ int64_t train_llama_param_count(const train_config *cfg) {
     int64_t hd = c.dim / c.n_heads;
     int64_t attn = c.dim * hd * (2 * c.n_heads + 2 * c.n_kv_heads);
     int64_t layer = attn + 3 * c.dim * c.ffn_hidden + 2 * c.dim;
-    return 2 * c.vocab_size * c.dim + c.dim + c.n_layers * layer;
+    return (c.tie_word_embeddings ? 1 : 2) * c.vocab_size * c.dim + c.dim + c.n_layers * layer;
 }
 
 bool train_llama_checkpointed(const train_config *cfg, int64_t layer, int pattern) {

@@ -54,6 +54,10 @@ fsdp_status train_llama_forward_loss(fsdp_ctx *ctx, train_llama *l, fsdp_module 
 fsdp_status train_llama_loss(fsdp_ctx *ctx, train_llama *l, fsdp_module *model, bool held_out,
                              double *loss);
 
+/* [model] init = <Hugging Face model directory>: the [model] keys from its config.json
+ * (kind_llama_init.c; train_kind.h's adopt_init). */
+fsdp_status train_llama_adopt_init(train_config *cfg, bool *changed, char *err, size_t err_size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -353,6 +353,22 @@ fsdp_status train_config_set(train_config *cfg, const char *assignment, char *er
     return set_key(cfg, idx, value, where, err, err_size) ? FSDP_OK : FSDP_ERR_CONFIG;
 }
 
+fsdp_status train_config_set_from(train_config *cfg, const char *section, const char *name,
+                                  const char *text, const char *where, char *err, size_t err_size) {
+    int idx = train_key_find(section, name);
+    if (idx < 0) {
+        snprintf(err, err_size, "%s: no key [%s] %s", where, section, name);
+        return FSDP_ERR_CONFIG;
+    }
+    return set_key(cfg, idx, text, where, err, err_size) ? FSDP_OK : FSDP_ERR_CONFIG;
+}
+
+fsdp_status train_config_adopt_init(train_config *cfg, bool *changed, char *err, size_t err_size) {
+    const train_kind *kind = train_kind_of(cfg);
+    *changed = false;
+    return kind->adopt_init ? kind->adopt_init(cfg, changed, err, err_size) : FSDP_OK;
+}
+
 /* ---- the command line ----------------------------------------------------------------------- */
 
 /* The option's value: "--opt=VALUE" or the next argument. NULL (and err) when missing. */
@@ -425,5 +441,7 @@ fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_
             if (st != FSDP_OK) return st;
         }
     }
-    return train_config_check(cfg, err, err_size);
+    bool adopted;
+    st = train_config_adopt_init(cfg, &adopted, err, err_size);
+    return st == FSDP_OK ? train_config_check(cfg, err, err_size) : st;
 }

@@ -76,12 +76,38 @@ static void failure_message(fsdp_ctx *ctx, fsdp_world *world, const train_job *j
                  job->messages + (size_t)pick * TRAIN_ERROR_SIZE);
 }
 
+static fsdp_status train_run_checked(fsdp_ctx *ctx, const train_config *cfg, FILE *out,
+                                     train_result *result, char *err, size_t err_size);
+
 fsdp_status train_run(fsdp_ctx *ctx, const train_config *cfg, FILE *out, train_result *result,
                       char *err, size_t err_size) {
     train_result res = {.rank = -1};
     if (result) *result = res;
     err[0] = '\0';
     if (cfg->log.level != FSDP_LOG_DEBUG && cfg->log.level != FSDP_LOG_INFO) out = NULL;
+    /* [model] init's shape taken into a copy (on the heap, large; like the job below, kept
+     * when a rank thread is left running) */
+    train_config *adopted = malloc(sizeof *adopted);
+    bool changed = false;
+    if (!adopted) {
+        snprintf(err, err_size, "out of memory for the configuration");
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    *adopted = *cfg;
+    fsdp_status st = train_config_adopt_init(adopted, &changed, err, err_size);
+    if (st != FSDP_OK || !changed) free(adopted);
+    if (st != FSDP_OK) return st;
+    if (changed) cfg = adopted;
+    train_result mine;
+    st = train_run_checked(ctx, cfg, out, &mine, err, err_size);
+    if (result) *result = mine;
+    if (changed && !mine.threads_left) free(adopted);
+    return st;
+}
+
+static fsdp_status train_run_checked(fsdp_ctx *ctx, const train_config *cfg, FILE *out,
+                                     train_result *result, char *err, size_t err_size) {
+    *result = (train_result){.rank = -1};
     fsdp_status st = train_config_check(cfg, err, err_size);
     if (st != FSDP_OK) return st;
     bool mpi = train_config_backend(cfg) == TRAIN_BACKEND_MPI;

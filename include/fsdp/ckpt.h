@@ -265,15 +265,22 @@ fsdp_status fsdp_ckpt_export_safetensors(fsdp_ctx *ctx, fsdp_ckpt *ck, const cha
 /* The config.json of a Hugging Face LlamaForCausalLM of cfg's shape (cfg resolved first:
  * architectures, model_type "llama", hidden_size, intermediate_size, num_attention_heads,
  * num_key_value_heads, num_hidden_layers, vocab_size, max_position_embeddings, rms_norm_eps,
- * rope_theta, initializer_range, hidden_act "silu", head_dim, attention_bias and mlp_bias false,
- * tie_word_embeddings false, torch_dtype "float32"). *out is malloc'ed; the caller frees it. */
+ * rope_theta, rope_parameters, initializer_range, hidden_act "silu", head_dim, attention_bias
+ * and mlp_bias false, tie_word_embeddings as cfg says (tied: no lm_head.weight in the export),
+ * torch_dtype "float32"; with Llama 3's rope
+ * scaling, rope_parameters and rope_scaling of rope_type "llama3" with factor, low_freq_factor,
+ * high_freq_factor and original_max_position_embeddings). *out is malloc'ed; the caller frees it.
+ */
 fsdp_status fsdp_llama_config_to_hf_json(fsdp_ctx *ctx, const fsdp_llama_config *cfg, char **out);
 
 /* Reads a Hugging Face config.json text (as fsdp_llama_config_to_hf_json writes, or from a
  * model on the Hub) into *out, resolved. Refused, naming the key and the fix: a model_type other
  * than "llama", a missing or out-of-range size, and what fsdp_model_llama does not build
- * (tied embeddings, attention or MLP biases, an activation other than silu, a head_dim other
- * than hidden_size / num_attention_heads, rope_scaling). Unknown keys are ignored. */
+ * (attention or MLP biases, an activation other than silu, a head_dim other
+ * than hidden_size / num_attention_heads, a rope_scaling (or rope_parameters) rope_type other
+ * than "default" and "llama3"). rope_scaling is read first, then rope_parameters; llama3's
+ * original_max_position_embeddings defaults to max_position_embeddings as in transformers.
+ * Unknown keys are ignored. */
 fsdp_status fsdp_llama_config_from_hf_json(fsdp_ctx *ctx, const char *json, fsdp_llama_config *out);
 
 /* Writes the checkpoint as a Hugging Face model directory dir (created when missing):

@@ -12,6 +12,26 @@
 extern "C" {
 #endif
 
+/* The rotary embedding's frequencies: Llama's own (theta^(-2i / hd)), or Llama 3's scaling of
+ * them (Hugging Face's rope_scaling / rope_parameters with rope_type "llama3", as transformers'
+ * _compute_llama3_parameters: a frequency whose wavelength 2 pi / f exceeds
+ * original_max_len / low_freq_factor is divided by factor, one whose wavelength is below
+ * original_max_len / high_freq_factor is kept, and those between are interpolated with
+ * s = (original_max_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+ * as (1 - s) f / factor + s f; in float32). */
+typedef enum fsdp_llama_rope_type {
+    FSDP_LLAMA_ROPE_DEFAULT = 0, /* theta^(-2i / hd), no scaling */
+    FSDP_LLAMA_ROPE_LLAMA3 = 1,  /* Llama 3.1 / 3.2's scaling */
+} fsdp_llama_rope_type;
+
+typedef struct fsdp_llama_rope_scaling {
+    fsdp_llama_rope_type type; /* default FSDP_LLAMA_ROPE_DEFAULT; the fields below then unused */
+    float factor;              /* llama3: >= 1 (Llama 3.1: 8, Llama 3.2: 32) */
+    float low_freq_factor;     /* llama3: > 0 (1) */
+    float high_freq_factor;    /* llama3: > low_freq_factor (4) */
+    int64_t original_max_len;  /* llama3: original_max_position_embeddings, >= 1 (8192) */
+} fsdp_llama_rope_scaling;
+
 /* The shape of a Llama model. Zero fields take the documented default, so designated
  * initialisers name only what differs:
  *   fsdp_llama_config cfg = {.dim = 32, .n_layers = 2, .n_heads = 4, .vocab_size = 64}; */
@@ -28,6 +48,10 @@ typedef struct fsdp_llama_config {
     float rope_theta;    /* rotary base (rope_theta); 0: 10000 */
     float init_std;      /* Linear and Embedding weights ~ normal(0, init_std)
                           * (initializer_range); 0: 0.02. Norm weights are ones. */
+    fsdp_llama_rope_scaling rope_scaling; /* (rope_scaling); zero: none */
+    /* (tie_word_embeddings) lm_head shares model.embed_tokens.weight: one parameter, the
+     * gradients of both uses summed into it; lm_head then has no parameter of its own. */
+    bool tie_word_embeddings;
 } fsdp_llama_config;
 
 /* cfg with every zero field replaced by its default; FSDP_ERR_INVALID_ARGUMENT naming the
@@ -63,10 +87,11 @@ fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_conf
                                             fsdp_module **out);
 
 /* LlamaForCausalLM: model.embed_tokens, model.layers.0 .. n_layers-1, model.norm, lm_head
- * (untied). Input (B, T) i32 token ids, output (B, T, vocab_size) logits. Parameters are
- * initialised as described in fsdp_llama_config from the ctx seed. For Hugging Face's loss,
- * score logits[b, t] against labels[b, t + 1] with fsdp_loss_cross_entropy_ignore (the last
- * position and padding get FSDP_IGNORE_INDEX). */
+ * (untied, or with tie_word_embeddings a Linear over the embedding's weight). Input (B, T) i32
+ * token ids, output (B, T, vocab_size) logits. Parameters are initialised as described in
+ * fsdp_llama_config from the ctx seed. For Hugging Face's loss, score logits[b, t] against
+ * labels[b, t + 1] with fsdp_loss_cross_entropy_ignore (the last position and padding get
+ * FSDP_IGNORE_INDEX). */
 fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_module **out);
 
 /* ---- generation (docs/models.md, "Generation") ---- */

@@ -29,6 +29,18 @@ static double short_real(float f) {
     return strtod(buf, NULL);
 }
 
+/* Llama 3's rope scaling as Hugging Face writes it (with rope_theta in rope_parameters). */
+static json_t *rope_llama3_json(const fsdp_llama_rope_scaling *rs, bool with_theta, float theta) {
+    json_t *r =
+        json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", "llama3", "factor",
+                  short_real(rs->factor), "low_freq_factor", short_real(rs->low_freq_factor),
+                  "high_freq_factor", short_real(rs->high_freq_factor),
+                  "original_max_position_embeddings", (json_int_t)rs->original_max_len);
+    if (r && with_theta && json_object_set_new(r, "rope_theta", json_real(short_real(theta))) != 0)
+        json_decref(r), r = NULL;
+    return r;
+}
+
 fsdp_status fsdp_llama_config_to_hf_json(fsdp_ctx *ctx, const fsdp_llama_config *cfg, char **out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, cfg);
@@ -40,8 +52,11 @@ fsdp_status fsdp_llama_config_to_hf_json(fsdp_ctx *ctx, const fsdp_llama_config 
                          "Llama config for Hugging Face: n_layers (%d) and vocab_size (%lld) must "
                          "be at least 1",
                          c.n_layers, (long long)c.vocab_size);
-    json_t *rope =
-        json_pack("{s:s, s:f}", "rope_type", "default", "rope_theta", short_real(c.rope_theta));
+    const fsdp_llama_rope_scaling *rs = &c.rope_scaling;
+    bool llama3 = rs->type == FSDP_LLAMA_ROPE_LLAMA3;
+    json_t *rope = llama3 ? rope_llama3_json(rs, true, c.rope_theta)
+                          : json_pack("{s:s, s:f}", "rope_type", "default", "rope_theta",
+                                      short_real(c.rope_theta));
     json_t *j = json_pack(
         "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:o, s:f, s:s, s:b, s:b, "
         "s:b, s:s}",
@@ -52,7 +67,11 @@ fsdp_status fsdp_llama_config_to_hf_json(fsdp_ctx *ctx, const fsdp_llama_config 
         (json_int_t)c.vocab_size, "max_position_embeddings", (json_int_t)c.max_seq_len,
         "rms_norm_eps", short_real(c.norm_eps), "rope_theta", short_real(c.rope_theta),
         "rope_parameters", rope, "initializer_range", short_real(c.init_std), "hidden_act", "silu",
-        "attention_bias", 0, "mlp_bias", 0, "tie_word_embeddings", 0, "torch_dtype", "float32");
+        "attention_bias", 0, "mlp_bias", 0, "tie_word_embeddings", (int)c.tie_word_embeddings,
+        "torch_dtype", "float32");
+    /* transformers 4 reads rope_scaling, 5 rope_parameters (and takes rope_scaling first) */
+    if (j && llama3 && json_object_set_new(j, "rope_scaling", rope_llama3_json(rs, false, 0)) != 0)
+        json_decref(j), j = NULL;
     char *text =
         j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) : NULL;
     json_decref(j);
@@ -118,26 +137,65 @@ static fsdp_status check_supported(fsdp_ctx *ctx, json_t *j) {
                          json_is_string(mt) ? "\"" : "",
                          json_is_string(mt) ? json_string_value(mt) : "missing",
                          json_is_string(mt) ? "\"" : "");
-    FSDP_TRY_AT(ctx, require_bool(ctx, j, "tie_word_embeddings", false,
-                                  "libfsdp's Llama has its own lm_head (untied); untie the weights "
-                                  "(copy embed_tokens into lm_head) before saving"));
     FSDP_TRY_AT(ctx, require_bool(ctx, j, "attention_bias", false,
                                   "libfsdp's Llama attention has no biases"));
     FSDP_TRY_AT(ctx, require_bool(ctx, j, "mlp_bias", false, "libfsdp's Llama MLP has no biases"));
     json_t *act = json_object_get(j, "hidden_act");
     if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
         return bad_key(ctx, "hidden_act", "must be \"silu\" (SwiGLU), the only MLP libfsdp builds");
-    json_t *rs = json_object_get(j, "rope_scaling");
-    if (rs && !json_is_null(rs))
+    return FSDP_OK;
+}
+
+/* A number of the rope scaling object `key` names, > 0 and finite. */
+static fsdp_status rope_real(fsdp_ctx *ctx, json_t *r, const char *key, const char *field,
+                             float *v) {
+    json_t *x = json_object_get(r, field);
+    double d = json_number_value(x);
+    if (!json_is_number(x) || !(d > 0) || !isfinite((float)d))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Hugging Face config.json: \"%s\".\"%s\" %s; Llama 3's rope scaling "
+                         "needs it as a positive number",
+                         key, field,
+                         x ? "is not a positive number within float32's range" : "is missing");
+    *v = (float)d;
+    return FSDP_OK;
+}
+
+/* The rotary scaling: "rope_scaling" (transformers 4, and first in 5) or else
+ * "rope_parameters" (5): none, "default" or "llama3"; any other type is refused. */
+static fsdp_status read_rope_scaling(fsdp_ctx *ctx, json_t *j, int64_t max_pos,
+                                     fsdp_llama_rope_scaling *out) {
+    const char *key = "rope_scaling";
+    json_t *r = json_object_get(j, key);
+    if (!r || json_is_null(r)) r = json_object_get(j, key = "rope_parameters");
+    *out = (fsdp_llama_rope_scaling){0};
+    if (!r || json_is_null(r)) return FSDP_OK;
+    if (!json_is_object(r)) return bad_key(ctx, key, "must be an object or null");
+    json_t *t = json_object_get(r, "rope_type");
+    if (!t) t = json_object_get(r, "type"); /* the older spelling */
+    const char *type = json_is_string(t) ? json_string_value(t) : NULL;
+    if (!t || (type && !strcmp(type, "default"))) return FSDP_OK;
+    if (!type || strcmp(type, "llama3"))
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "Hugging Face config.json: \"rope_scaling\" is set; libfsdp implements "
-                         "the default rotary embedding only (remove it to train without scaling)");
-    json_t *rp = json_object_get(j, "rope_parameters");
-    json_t *rt = json_is_object(rp) ? json_object_get(rp, "rope_type") : NULL;
-    if (rt && (!json_is_string(rt) || strcmp(json_string_value(rt), "default")))
-        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
-                         "Hugging Face config.json: \"rope_parameters\".\"rope_type\" is not "
-                         "\"default\"; libfsdp implements the default rotary embedding only");
+                         "Hugging Face config.json: \"%s\".\"rope_type\" is %s%.32s%s; libfsdp "
+                         "implements \"default\" (no scaling) and \"llama3\" (Llama 3.1 and "
+                         "3.2) only",
+                         key, type ? "\"" : "", type ? type : "not a string", type ? "\"" : "");
+    out->type = FSDP_LLAMA_ROPE_LLAMA3;
+    FSDP_TRY_AT(ctx, rope_real(ctx, r, key, "factor", &out->factor));
+    FSDP_TRY_AT(ctx, rope_real(ctx, r, key, "low_freq_factor", &out->low_freq_factor));
+    FSDP_TRY_AT(ctx, rope_real(ctx, r, key, "high_freq_factor", &out->high_freq_factor));
+    out->original_max_len = max_pos; /* transformers' fallback */
+    json_t *o = json_object_get(r, "original_max_position_embeddings");
+    if (o && !json_is_null(o)) {
+        if (!json_is_integer(o) || json_integer_value(o) < 1 ||
+            json_integer_value(o) > ((json_int_t)1 << 24))
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "Hugging Face config.json: \"%s\".\"original_max_position_"
+                             "embeddings\" must be a whole number in 1 .. 2^24",
+                             key);
+        out->original_max_len = json_integer_value(o);
+    }
     return FSDP_OK;
 }
 
@@ -177,7 +235,11 @@ static fsdp_status read_config(fsdp_ctx *ctx, json_t *j, fsdp_llama_config *c) {
     json_t *rp = json_object_get(j, "rope_parameters"); /* transformers 5; wins over the old key */
     FSDP_TRY_AT(ctx, get_real(ctx, j, "rope_theta", &c->rope_theta));
     if (json_is_object(rp)) FSDP_TRY_AT(ctx, get_real(ctx, rp, "rope_theta", &c->rope_theta));
-    return FSDP_OK;
+    json_t *tie = json_object_get(j, "tie_word_embeddings"); /* LlamaConfig's default: false */
+    if (tie && !json_is_null(tie) && !json_is_boolean(tie))
+        return bad_key(ctx, "tie_word_embeddings", "must be true or false");
+    c->tie_word_embeddings = json_is_true(tie);
+    return read_rope_scaling(ctx, j, seq, &c->rope_scaling);
 }
 
 fsdp_status fsdp_llama_config_from_hf_json(fsdp_ctx *ctx, const char *json,
@@ -228,7 +290,7 @@ static bool llama_param(const fsdp_llama_config *c, int i, char *name, size_t si
     } else if (i == last) {
         snprintf(name, size, "model.norm.weight");
         *ndim = 1, shape[0] = c->dim;
-    } else if (i == last + 1) {
+    } else if (i == last + 1 && !c->tie_word_embeddings) { /* tied: the embedding's, once */
         snprintf(name, size, "lm_head.weight");
         *ndim = 2, shape[0] = c->vocab_size, shape[1] = c->dim;
     } else {

@@ -107,6 +107,37 @@ static fsdp_status choose(fsdp_ctx *ctx, chooser *c, fsdp_module *m, int64_t *le
     return FSDP_OK;
 }
 
+/* The unit module that holds m's parameters: m's nearest picked ancestor (itself included),
+ * else the root. */
+static const fsdp_module *unit_of(const chooser *c, const fsdp_module *m) {
+    for (; m && m != c->sh->root; m = fsdp_module_parent(m))
+        if (is_unit_module(c, m)) return m;
+    return c->sh->root;
+}
+
+/* A Linear over a weight another module owns (tied weights) must be in that module's unit, as
+ * FSDP1 requires of a shared parameter: another unit would read it resharded. */
+static fsdp_status check_tied(fsdp_ctx *ctx, const chooser *c, const fsdp_module *m) {
+    const fsdp_param *w = fsdp_nn_linear_weight(m);
+    const fsdp_module *owner = w ? fsdp_param_module(w) : NULL;
+    if (owner && owner != m && unit_of(c, owner) != unit_of(c, m)) {
+        char a[200], b[200];
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_fully_shard: %s uses the weight of %s (tied weights), but the wrap "
+                         "puts them in two units (%s and %s); a shared parameter lives in one "
+                         "unit: wrap a module that holds both (the root), not %s alone",
+                         fsdp_nn_describe(m, a, sizeof a), fsdp_nn_describe(owner, b, sizeof b),
+                         unit_of(c, m) == c->sh->root ? "the root" : fsdp_module_fqn(unit_of(c, m)),
+                         unit_of(c, owner) == c->sh->root ? "the root"
+                                                          : fsdp_module_fqn(unit_of(c, owner)),
+                         unit_of(c, owner) != c->sh->root ? fsdp_module_fqn(unit_of(c, owner))
+                                                          : fsdp_module_fqn(unit_of(c, m)));
+    }
+    for (int i = 0; i < fsdp_module_num_children(m); i++)
+        FSDP_TRY_AT(ctx, check_tied(ctx, c, fsdp_module_child(m, i)));
+    return FSDP_OK;
+}
+
 /* Pre-order over m's subtree, skipping other units: the unit's parameters, each at the next
  * free offset (aligned with use_orig_params). */
 static void collect(const chooser *c, unit *u, fsdp_module *m, bool count) {
@@ -455,6 +486,7 @@ static fsdp_status wrap(fsdp_ctx *ctx, fsdp_sharded *sh) {
     chooser c = {.sh = sh};
     int64_t left;
     fsdp_status st = choose(ctx, &c, sh->root, &left);
+    if (st == FSDP_OK) st = check_tied(ctx, &c, sh->root);
     if (st == FSDP_OK) st = fsdp_module_create(ctx, &flat_ops, sh, &sh->flat_store);
     fsdp_module **order = NULL;
     int n_order = 0;

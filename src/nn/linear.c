@@ -85,6 +85,24 @@ bool fsdp_nn_is_linear(const fsdp_module *m) {
     return m && m->ops == &linear_ops;
 }
 
+fsdp_param *fsdp_nn_linear_weight(const fsdp_module *m) {
+    return fsdp_nn_is_linear(m) ? ((const linear *)m->impl)->weight : NULL;
+}
+
+fsdp_status fsdp_nn_linear_create_tied(fsdp_ctx *ctx, fsdp_param *weight, fsdp_module **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, weight);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    if (fsdp_tensor_ndim(weight->data) != 2)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "a tied Linear needs a 2-d (out, in) weight; '%s' has %d dims",
+                         weight->name, fsdp_tensor_ndim(weight->data));
+    linear *l = calloc(1, sizeof *l);
+    if (!l) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a Linear layer");
+    l->weight = weight; /* not registered: its owner holds it */
+    return fsdp_module_create(ctx, &linear_ops, l, out);
+}
+
 fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_features, bool bias,
                                fsdp_module **out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);

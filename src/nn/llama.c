@@ -147,7 +147,13 @@ static fsdp_status build_llama(fsdp_ctx *ctx, fsdp_module *root, const fsdp_llam
         FSDP_TRY_AT(ctx, fsdp_sequential_append(ctx, layers, layer));
     }
     FSDP_TRY_AT(ctx, add_norm(ctx, model, "norm", c, NULL));
-    return fsdp_llama_add_proj(ctx, root, "lm_head", c->dim, c->vocab_size, c->init_std, &lm_head);
+    if (!c->tie_word_embeddings)
+        return fsdp_llama_add_proj(ctx, root, "lm_head", c->dim, c->vocab_size, c->init_std,
+                                   &lm_head);
+    FSDP_TRY_AT(ctx, fsdp_nn_linear_create_tied(ctx, embed->params[0], &lm_head));
+    fsdp_status st = fsdp_module_add_child(ctx, root, "lm_head", lm_head);
+    if (st != FSDP_OK) fsdp_module_free(lm_head);
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_module **out) {

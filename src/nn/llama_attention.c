@@ -13,6 +13,7 @@ typedef struct llama_attention {
     int64_t n_heads, n_kv_heads; /* this rank's heads, from the last forward (all, without TP) */
     int64_t head_dim, max_seq_len;
     float rope_theta;
+    fsdp_llama_rope_scaling rope_scaling;
     fsdp_module *q_proj, *k_proj, *v_proj, *o_proj;
     int64_t B, T;         /* of the last forward */
     fsdp_tensor *rope;    /* (2, T, hd / 2): cos then sin of positions 0 .. T-1 */
@@ -33,11 +34,29 @@ static void llama_attention_free(void *impl) {
     free(a);
 }
 
+/* Llama 3's scaling of one inverse frequency, in float32 in transformers' order (its Python
+ * scalars, 2 pi and the wavelength bounds, rounded to float32 as torch does against a float32
+ * tensor). */
+static float llama3_scale(float inv, const fsdp_llama_rope_scaling *s) {
+    const float two_pi = 6.283185307179586f;
+    double old_len = (double)s->original_max_len;
+    float low_wavelen = (float)(old_len / s->low_freq_factor);
+    float high_wavelen = (float)(old_len / s->high_freq_factor);
+    float wavelen = two_pi / inv;
+    float scaled = wavelen > low_wavelen ? inv / s->factor : inv;
+    if (wavelen < high_wavelen || wavelen > low_wavelen) return scaled;
+    float span = (float)((double)s->high_freq_factor - (double)s->low_freq_factor);
+    float smooth = ((float)old_len / wavelen - s->low_freq_factor) / span;
+    return (1.0f - smooth) * scaled / s->factor + smooth * scaled;
+}
+
 void fsdp_llama_rope_table(float *cos, float *sin, int64_t t0, int64_t T, int64_t head_dim,
-                           float theta) {
+                           float theta, const fsdp_llama_rope_scaling *scaling) {
     int64_t h = head_dim / 2;
+    bool llama3 = scaling && scaling->type == FSDP_LLAMA_ROPE_LLAMA3;
     for (int64_t i = 0; i < h; i++) {
         float inv = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+        if (llama3) inv = llama3_scale(inv, scaling);
         for (int64_t t = 0; t < T; t++) {
             float ang = (float)(t0 + t) * inv;
             cos[t * h + i] = cosf(ang);
@@ -59,7 +78,7 @@ static fsdp_status make_rope(fsdp_ctx *ctx, llama_attention *a, int64_t T, fsdp_
     fsdp_tensor *host;
     FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, shape, &host));
     float *c = fsdp_tensor_f32(host);
-    fsdp_llama_rope_table(c, c + T * h, 0, T, a->head_dim, a->rope_theta);
+    fsdp_llama_rope_table(c, c + T * h, 0, T, a->head_dim, a->rope_theta, &a->rope_scaling);
     if (dev.type == FSDP_DEVICE_CPU) {
         a->rope = host;
         return FSDP_OK;
@@ -172,7 +191,8 @@ bool fsdp_llama_attention_parts(const fsdp_module *m, fsdp_llama_attention_info 
                                        .o_proj = a->o_proj,
                                        .head_dim = a->head_dim,
                                        .max_seq_len = a->max_seq_len,
-                                       .rope_theta = a->rope_theta};
+                                       .rope_theta = a->rope_theta,
+                                       .rope_scaling = a->rope_scaling};
     return true;
 }
 
@@ -188,6 +208,7 @@ fsdp_status fsdp_llama_attention_create(fsdp_ctx *ctx, const fsdp_llama_config *
     int64_t hd = c.dim / c.n_heads;
     a->n_heads = c.n_heads, a->n_kv_heads = c.n_kv_heads, a->head_dim = hd;
     a->max_seq_len = c.max_seq_len, a->rope_theta = c.rope_theta;
+    a->rope_scaling = c.rope_scaling;
     fsdp_module *m;
     FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &llama_attention_ops, a, &m));
     float std = c.init_std;

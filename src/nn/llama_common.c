@@ -1,5 +1,6 @@
 /* llama_common.c: what the Llama layers share (llama_common.h): the kernel table check, the
  * bias-free projections, branch gradient sums, and the configuration's defaults and checks. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -58,6 +59,27 @@ fsdp_status fsdp_llama_bad_config(fsdp_ctx *ctx, const char *field, long long va
                      rule);
 }
 
+/* Llama 3's scaling needs its four numbers in range; the default type ignores them. */
+static fsdp_status check_rope_scaling(fsdp_ctx *ctx, const fsdp_llama_rope_scaling *s) {
+    if (s->type == FSDP_LLAMA_ROPE_DEFAULT) return FSDP_OK;
+    if (s->type != FSDP_LLAMA_ROPE_LLAMA3)
+        return fsdp_llama_bad_config(
+            ctx, "rope_scaling.type", s->type,
+            "it must be FSDP_LLAMA_ROPE_DEFAULT or FSDP_LLAMA_ROPE_LLAMA3");
+    if (!(s->factor >= 1.0f) || !isfinite(s->factor) || !(s->low_freq_factor > 0.0f) ||
+        !(s->high_freq_factor > s->low_freq_factor) || !isfinite(s->high_freq_factor))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Llama config: rope_scaling (llama3) factor = %g, low_freq_factor = %g, "
+                         "high_freq_factor = %g; factor must be >= 1 and 0 < low_freq_factor < "
+                         "high_freq_factor, all finite",
+                         (double)s->factor, (double)s->low_freq_factor,
+                         (double)s->high_freq_factor);
+    if (s->original_max_len < 1 || s->original_max_len > (1 << 24))
+        return fsdp_llama_bad_config(ctx, "rope_scaling.original_max_len", s->original_max_len,
+                                     "it must be in [1, 2^24]");
+    return FSDP_OK;
+}
+
 fsdp_status fsdp_llama_config_resolve(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
                                       fsdp_llama_config *out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
@@ -92,6 +114,7 @@ fsdp_status fsdp_llama_config_resolve(fsdp_ctx *ctx, const fsdp_llama_config *cf
     if (!(c.rope_theta > 1.0f))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "Llama config: rope_theta = %g; it must be > 1", (double)c.rope_theta);
+    FSDP_TRY_AT(ctx, check_rope_scaling(ctx, &c.rope_scaling));
     if (c.init_std == 0.0f) c.init_std = 0.02f;
     if (!(c.init_std > 0.0f))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,

@@ -37,16 +37,18 @@ fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, flo
                                  fsdp_module **out);
 
 /* cos (T, hd / 2) and sin (T, hd / 2) of positions t0 .. t0 + T - 1 times Llama's inverse
- * frequencies theta^(-2i / hd), in f32 as Hugging Face's rotary embedding computes them: the
+ * frequencies theta^(-2i / hd), scaled as `scaling` says (fsdp_llama_rope_scaling; NULL or
+ * type default: none), in f32 as Hugging Face's rotary embedding computes them: the
  * attention's table (llama_attention.c) and the generation cache's (llama_decode.c) are one. */
 void fsdp_llama_rope_table(float *cos, float *sin, int64_t t0, int64_t T, int64_t head_dim,
-                           float theta);
+                           float theta, const fsdp_llama_rope_scaling *scaling);
 
 /* What generation (llama_decode.c) reads of a LlamaAttention (llama_attention.c). */
 typedef struct fsdp_llama_attention_info {
     fsdp_module *q_proj, *k_proj, *v_proj, *o_proj;
     int64_t head_dim, max_seq_len;
     float rope_theta;
+    fsdp_llama_rope_scaling rope_scaling;
 } fsdp_llama_attention_info;
 /* false when m is not a LlamaAttention. */
 bool fsdp_llama_attention_parts(const fsdp_module *m, fsdp_llama_attention_info *out);

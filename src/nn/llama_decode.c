@@ -72,7 +72,8 @@ static fsdp_status check_plain(fsdp_ctx *ctx, fsdp_param *p, const char *name, v
 
 /* The weight's rows (dim 0) of a Linear or Embedding child. */
 static int64_t rows_of(const fsdp_module *m) {
-    return fsdp_tensor_dim(fsdp_module_param(m, 0)->data, 0);
+    const fsdp_param *w = fsdp_nn_is_linear(m) ? fsdp_nn_linear_weight(m) : fsdp_module_param(m, 0);
+    return fsdp_tensor_dim(w->data, 0);
 }
 
 /* Reads the layers and their sizes from the model's tree. */
@@ -223,7 +224,8 @@ static fsdp_status make_buffers(fsdp_ctx *ctx, fsdp_llama_cache *c, int64_t p0, 
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &c->rope, FSDP_CPU, 3, (int64_t[]){2, n, h}));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &c->scores, FSDP_CPU, 2, (int64_t[]){n, p0 + n}));
     float *cos = fsdp_tensor_f32(c->rope);
-    fsdp_llama_rope_table(cos, cos + n * h, p0, n, c->hd, c->layers[0].a.rope_theta);
+    fsdp_llama_rope_table(cos, cos + n * h, p0, n, c->hd, c->layers[0].a.rope_theta,
+                          &c->layers[0].a.rope_scaling);
     return fsdp_tensor_resize(ctx, c->ids, 2, (int64_t[]){1, n});
 }
 

@@ -65,6 +65,16 @@ fsdp_status fsdp_nn_check_one_device(fsdp_ctx *ctx, fsdp_module *m, const char *
 
 /* Whether m is a Linear (fsdp_linear_create). */
 bool fsdp_nn_is_linear(const fsdp_module *m);
+/* A Linear without bias whose weight is `weight`, a parameter another module owns and holds
+ * (tied weights: Hugging Face's tie_word_embeddings, the output projection sharing the
+ * embedding's (vocab, dim) table). The Linear has no parameter of its own: it reads weight's
+ * values at each call (whatever tensor parallelism or FSDP put there) and accumulates its
+ * gradient into weight's, after or before the owner's own use. The owner must outlive it (both
+ * in one tree). */
+fsdp_status fsdp_nn_linear_create_tied(fsdp_ctx *ctx, fsdp_param *weight, fsdp_module **out);
+/* A Linear's weight: its own, or the tied one (then not among its parameters); NULL when m is
+ * not a Linear. */
+fsdp_param *fsdp_nn_linear_weight(const fsdp_module *m);
 /* Whether m is an Embedding (fsdp_embedding_create). */
 bool fsdp_nn_is_embedding(const fsdp_module *m);
 /* Embedding m's weight now holds the rows [start, start + its rows) of the vocabulary (TP's

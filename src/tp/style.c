@@ -490,6 +490,29 @@ static fsdp_status setup_embedding(fsdp_ctx *ctx, fsdp_module *m, style_state *s
     return fsdp_nn_embedding_shard_vocab(ctx, m, off[0]);
 }
 
+/* ColwiseParallel on a Linear whose weight another module owns (tied weights, the output
+ * projection over the embedding's table): that module's style has placed it, and a parameter has
+ * one placement, so it must already be Shard(0) over this mesh (the embedding's RowwiseParallel
+ * over the vocabulary, earlier in the plan); nothing is distributed again. */
+static fsdp_status setup_tied(fsdp_ctx *ctx, style_state *s, const char *name, const char *where) {
+    const fsdp_dtensor_spec *sp = fsdp_nn_param_dist(s->weight);
+    bool ok = s->style.kind == FSDP_TP_COLWISE && sp && sp->mesh == s->mesh &&
+              sp->placements[0].kind == FSDP_PLACEMENT_SHARD && sp->placements[0].dim == 0;
+    if (ok) return FSDP_OK;
+    char owner[200];
+    fsdp_nn_describe(fsdp_param_module(s->weight), owner, sizeof owner);
+    return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                     "%s on %s: its weight is tied to '%s' of %s, which %s; a tied weight has one "
+                     "placement: give %s RowwiseParallel (Shard(0) over the vocabulary) earlier "
+                     "in the plan and this Linear ColwiseParallel (Shard(0) too), or untie the "
+                     "weights",
+                     name, where, fsdp_param_name(s->weight), owner,
+                     s->style.kind != FSDP_TP_COLWISE ? "would need another placement"
+                     : !sp                            ? "no style has distributed yet"
+                                                      : "is not Shard(0) over this mesh",
+                     owner);
+}
+
 /* Distributes the parameters the style owns and prepares its state. */
 static fsdp_status setup(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_rank,
                          const char *where) {
@@ -502,7 +525,8 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_module *m, style_state *s, int src_
                              "%s applies to Linear modules; %s is a %s", name, where,
                              fsdp_module_kind(m));
         bool col = s->style.kind == FSDP_TP_COLWISE;
-        s->weight = fsdp_module_get_param(m, "weight");
+        s->weight = fsdp_nn_linear_weight(m);
+        if (fsdp_param_module(s->weight) != m) return setup_tied(ctx, s, name, where);
         fsdp_param *bias = fsdp_module_get_param(m, "bias");
         FSDP_TRY_AT(ctx, distribute_param(ctx, s->weight, s->mesh,
                                           col ? FSDP_SHARD(0) : FSDP_SHARD(1), src_rank));
