@@ -167,6 +167,19 @@ fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, const c
     return fsdp_shard_move(ctx, u, UNIT_UNSHARD, call);
 }
 
+/* Gathers the unit that runs after u (fsdp_prefetch_pick) on the unshard stream, after
+ * everything the compute stream has queued (the shard's last write, the last use of the pool
+ * blocks it takes); its gathered event fires when done. */
+static fsdp_status prefetch_next(fsdp_ctx *ctx, unit *u, bool backward) {
+    unit *v = fsdp_prefetch_pick(ctx, u, backward);
+    if (!v) return FSDP_OK;
+    fsdp_stream compute;
+    FSDP_TRY_AT(ctx, fsdp_prefetch_begin(ctx, v->owner, &compute));
+    fsdp_status st = fsdp_shard_unshard(
+        ctx, v, v->owner->param_dtype, backward ? "the backward prefetch" : "the forward prefetch");
+    return fsdp_prefetch_end(ctx, v, compute, st);
+}
+
 fsdp_status fsdp_shard_gather_copy(fsdp_ctx *ctx, unit *u) {
     return gather_params(ctx, u, FSDP_DTYPE_F32, false);
 }
@@ -280,7 +293,7 @@ fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poin
     FSDP_TRY_AT(ctx, fsdp_prefetch_note(ctx, u, false));
     FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-forward hook"));
     FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u));
-    return fsdp_prefetch_next(ctx, u, false); /* before this unit computes */
+    return prefetch_next(ctx, u, false); /* before this unit computes */
 }
 
 fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
@@ -306,7 +319,7 @@ fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
     FSDP_TRY_AT(ctx, fsdp_prefetch_note(ctx, u, true));
     FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-backward hook"));
     FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u));
-    FSDP_TRY_AT(ctx, fsdp_prefetch_next(ctx, u, true));
+    FSDP_TRY_AT(ctx, prefetch_next(ctx, u, true));
     /* under no_sync, still bound with what was accumulated */
     return fsdp_shard_take_grads(ctx, u, "the pre-backward hook");
 }

@@ -77,17 +77,18 @@ static fsdp_status ready(fsdp_ctx *ctx, fsdp_sharded *sh) {
     return FSDP_OK;
 }
 
-/* Gathers v on the unshard stream, after everything the compute stream has queued (the
- * shard's last write, the last use of the pool blocks it takes); v->gathered fires when done. */
-static fsdp_status issue(fsdp_ctx *ctx, unit *v, const char *call) {
-    fsdp_sharded *sh = v->owner;
+fsdp_status fsdp_prefetch_begin(fsdp_ctx *ctx, fsdp_sharded *sh, fsdp_stream *compute) {
     FSDP_TRY_AT(ctx, ready(ctx, sh));
-    fsdp_stream compute = fsdp_stream_current(sh->pool.device);
-    FSDP_TRY_AT(ctx, fsdp_event_record(ctx, sh->issue, compute));
+    *compute = fsdp_stream_current(sh->pool.device);
+    FSDP_TRY_AT(ctx, fsdp_event_record(ctx, sh->issue, *compute));
     FSDP_TRY_AT(ctx, fsdp_stream_wait(ctx, sh->unshard, sh->issue));
     fsdp_stream_set_current(sh->unshard);
     sh->prefetching = true;
-    fsdp_status st = fsdp_shard_unshard(ctx, v, sh->param_dtype, call);
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_prefetch_end(fsdp_ctx *ctx, unit *v, fsdp_stream compute, fsdp_status st) {
+    fsdp_sharded *sh = v->owner;
     sh->prefetching = false;
     fsdp_stream_set_current(compute);
     if (st == FSDP_OK) st = fsdp_event_record(ctx, v->gathered, sh->unshard);
@@ -97,19 +98,19 @@ static fsdp_status issue(fsdp_ctx *ctx, unit *v, const char *call) {
     return FSDP_OK;
 }
 
-fsdp_status fsdp_prefetch_next(fsdp_ctx *ctx, unit *u, bool backward) {
+unit *fsdp_prefetch_pick(fsdp_ctx *ctx, unit *u, bool backward) {
     fsdp_sharded *sh = u->owner;
     bool on =
         backward ? sh->opts.backward_prefetch == FSDP_BACKWARD_PRE : sh->opts.forward_prefetch;
-    if (!on || ctx->recompute_depth > 0) return FSDP_OK;
+    if (!on || ctx->recompute_depth > 0) return NULL;
     unit *v = next_of(sh, u, backward);
     if (!v || v->numel == 0 || (v->state != UNIT_SHARDED && v->state != UNIT_GRAD_PENDING))
-        return FSDP_OK;
+        return NULL;
     if (sh->opts.limit_all_gathers && fsdp_prefetch_in_flight(sh) >= FSDP_PREFETCH_LIMIT) {
         fsdp_prefetch_trace(v, FSDP_PREFETCH_SKIPPED);
-        return FSDP_OK;
+        return NULL;
     }
-    return issue(ctx, v, backward ? "the backward prefetch" : "the forward prefetch");
+    return v;
 }
 
 fsdp_status fsdp_prefetch_wait(fsdp_ctx *ctx, unit *u) {

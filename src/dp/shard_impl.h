@@ -210,9 +210,14 @@ void fsdp_shard_test_skip_offload_sync(bool on);
 
 /* Records u in the order of its hooks (backward: pre-backward) the first time it runs. */
 fsdp_status fsdp_prefetch_note(fsdp_ctx *ctx, unit *u, bool backward);
-/* Issues the gather of the unit after u in that order when the options ask for it and it is
- * sharded (not inside a recompute). */
-fsdp_status fsdp_prefetch_next(fsdp_ctx *ctx, unit *u, bool backward);
+/* The unit after u in that order, to be gathered now: when the options ask for it, it is
+ * sharded, the limit of units in flight allows it and no recompute runs; else NULL. */
+unit *fsdp_prefetch_pick(fsdp_ctx *ctx, unit *u, bool backward);
+/* Around a prefetch's gather: begin makes the unshard stream wait for the compute stream
+ * (*compute) and makes it current; end (given the gather's status) makes compute current
+ * again and records the unit's gathered event on the unshard stream. */
+fsdp_status fsdp_prefetch_begin(fsdp_ctx *ctx, fsdp_sharded *sh, fsdp_stream *compute);
+fsdp_status fsdp_prefetch_end(fsdp_ctx *ctx, unit *v, fsdp_stream compute, fsdp_status st);
 /* A prefetched unit: the current stream waits for its gather (then it is an ordinary gathered
  * unit). Nothing for another unit. fsdp_prefetch_join: every prefetched unit. */
 fsdp_status fsdp_prefetch_wait(fsdp_ctx *ctx, unit *u);
