@@ -20,9 +20,9 @@
 
 typedef struct block {
     void *ptr;
-    size_t size;        // rounded
-    sim_stream *stream; // where it was last freed (NULL: never freed)
-    sim_event *freed;   // recorded there at that free
+    size_t size;      // rounded
+    uint64_t stream;  // the serial of the stream it was last freed on (0: never freed)
+    sim_event *freed; // recorded there at that free
     struct block *next;
 } block;
 
@@ -129,8 +129,11 @@ fsdp_status sim_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void **out
     if (b) p->stats.cache_hits++;
     pthread_mutex_unlock(&p->mu);
     if (b) {
+        /* Told by serial, not address: the freeing thread's default stream may be gone (its
+         * thread ended) and a new stream made at its address, whose work is not ordered after
+         * the old one's. */
         sim_stream *now = sim_stream_of(device, sim_stream_current_handle(device));
-        if (b->stream != now && b->freed) sim_stream_wait_event(now, b->freed);
+        if (b->stream != sim_stream_serial(now) && b->freed) sim_stream_wait_event(now, b->freed);
     } else {
         void *ptr = sim_device_take(device, size);
         if (!ptr) {
@@ -195,7 +198,7 @@ void sim_block_free(int device, void *ptr) {
     }
     if (!b->freed) b->freed = sim_event_new(device);
     FSDP_ASSERT(b->freed);
-    b->stream = now;
+    b->stream = sim_stream_serial(now);
     sim_event_record(b->freed, now);
     pthread_mutex_lock(&p->mu);
     b->next = p->cached;

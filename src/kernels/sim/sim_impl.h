@@ -80,6 +80,9 @@ sim_stream *sim_stream_of(int device, void *handle);
 void *sim_stream_current_handle(int device);
 void sim_stream_set_current_handle(int device, void *handle);
 int sim_stream_device(const sim_stream *s);
+/* A number that tells s from every stream before and after it (1, 2, ...): a freed stream's
+ * address can come back for a new one, its serial never does. */
+uint64_t sim_stream_serial(const sim_stream *s);
 
 /* Queues run(arg copy) on s: `size` bytes at arg are copied now (a launch copies its
  * arguments), and run sees the copy when the stream reaches it. */

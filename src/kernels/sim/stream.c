@@ -38,6 +38,7 @@ struct sim_stream {
     uint64_t queued, done, demand;
     bool stopping;
     unsigned jitter;
+    uint64_t serial;         // never reused, unlike the address after a free
     sim_stream *prev, *next; // the live streams
 };
 
@@ -54,6 +55,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t progress = PTHREAD_COND_INITIALIZER; // any op finished, or demand rose
 static sim_stream *live;
 static _Atomic bool shut; // after sim_streams_release: work runs at once on the caller
+static _Atomic uint64_t serials;
 
 /* ---- the mode ---- */
 
@@ -168,6 +170,7 @@ sim_stream *sim_stream_new(int device) {
     sim_stream *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->device = device;
+    s->serial = ++serials;
     pthread_cond_init(&s->wake, NULL);
     s->jitter = jitter_seed * 2654435761u + (unsigned)(uintptr_t)s;
     bool ok = pthread_create(&s->thread, NULL, worker, s) == 0;
@@ -212,6 +215,10 @@ void sim_stream_free(sim_stream *s) {
 
 int sim_stream_device(const sim_stream *s) {
     return s->device;
+}
+
+uint64_t sim_stream_serial(const sim_stream *s) {
+    return s->serial;
 }
 
 /* Queues o on s, or runs it at once after the streams were released at exit. */
