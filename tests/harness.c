@@ -254,7 +254,13 @@ fsdp_status fsdp_test_run_world(int n, int timeout_ms, fsdp_rank_fn fn, void *us
     }
     g_case.worlds++;
     fsdp_world *w = NULL;
-    fsdp_world_options o = {.backend = g_mpi.on ? FSDP_BACKEND_MPI : FSDP_BACKEND_LOCAL,
+    /* FSDP_TEST_BACKEND=nccl: a suite whose program opened an NCCL (the stand-in) runs its
+     * worlds on the nccl backend instead of the local one. */
+    const char *be = getenv("FSDP_TEST_BACKEND");
+    bool nccl = !g_mpi.on && be && strcmp(be, "nccl") == 0;
+    fsdp_world_options o = {.backend = g_mpi.on ? FSDP_BACKEND_MPI
+                                       : nccl   ? FSDP_BACKEND_NCCL
+                                                : FSDP_BACKEND_LOCAL,
                             .nranks = n,
                             .timeout_ms = timeout_ms};
     fsdp_status st = fsdp_world_create(g_ctx, &o, &w);

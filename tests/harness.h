@@ -75,6 +75,8 @@ bool fsdp_test_close(const char *name, const float *got, const float *want, int6
  * n threads of this process. Under MPI this process runs its own rank of an MPI world when
  * the job has n processes; otherwise the run is skipped (fsdp_test_skip says so) and returns
  * FSDP_OK.
+ * With FSDP_TEST_BACKEND=nccl (and no MPI) the world is on the nccl backend instead of the local
+ * one; the program must have opened an NCCL first (fsdp_nccl_library_use: the stand-in).
  * So a rank function must check its own results: under MPI, `user` is this process's copy,
  * and what other ranks write to theirs never reaches it. */
 fsdp_status fsdp_test_run_world(int n, int timeout_ms, fsdp_rank_fn fn, void *user);

@@ -22,6 +22,9 @@
 #include "dp_common.h"       // defines: dp_build_model, dp_batch_block
 #include "harness.h"         // defines: fsdp_test_run_world, FSDP_RANK_CHECK, FSDP_TEST_OK
 #include "kernels/sim/sim.h" // defines: fsdp_sim_mode_get
+#ifdef FSDP_TEST_NCCL_STANDIN
+#include "comm/nccl_impl.h" // defines: fsdp_nccl_library_use
+#endif
 
 #if defined(__SANITIZE_THREAD__)
 #define UNDER_TSAN 1
@@ -167,6 +170,11 @@ static fsdp_status rep_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void run_case(const rep_case *c, int w0, int w1) {
+    /* On the nccl backend (FSDP_TEST_BACKEND=nccl) only 2 ranks: a sum of two terms is the same
+     * in either order (IEEE addition commutes), so the stand-in's unordered reduction is still
+     * bitwise the CPU run's; at 4 ranks it is not (a bounded comparison is still to come). */
+    const char *be = getenv("FSDP_TEST_BACKEND");
+    if (be && strcmp(be, "nccl") == 0 && w1 > 2) w1 = 2;
     for (int w = w0; w <= w1; w += 2)
         FSDP_TEST_OK(fsdp_test_run_world(w, 60000, rep_body, (void *)c));
 }
@@ -344,6 +352,12 @@ static fsdp_status control_body(fsdp_ctx *ctx, int rank, void *user) {
 /* With the wait for the peers' inputs dropped, the buckets' all_reduces read stale inputs and
  * the run differs from the CPU's on some rank; with it, it is the CPU's. */
 static void test_negative_control(void) {
+    const char *be = getenv("FSDP_TEST_BACKEND");
+    if (be && strcmp(be, "nccl") == 0) {
+        fsdp_test_skip("the dropped wait is the local backend's; the nccl backend has its own "
+                       "negative control in test_comm_nccl");
+        return;
+    }
 #ifdef UNDER_TSAN
     fsdp_test_skip("the dropped wait is a data race, which ThreadSanitizer reports (as it must)");
     return;
@@ -365,6 +379,9 @@ int main(int argc, char **argv) {
     setenv("FSDP_SIM_DEVICES", "2", 1); /* before the first use reads them */
     setenv("FSDP_SIM_MEMORY", "256M", 1);
     unsetenv("FSDP_SIM_MODE"); /* deferred */
+#ifdef FSDP_TEST_NCCL_STANDIN
+    fsdp_nccl_library_use(FSDP_TEST_NCCL_STANDIN, "stand-in NCCL", FSDP_DEVICE_SIM);
+#endif
     static const fsdp_test_case tests[] = {
         {"sgd_buckets_during_backward", test_sgd_buckets_during_backward},
         {"sgd_one_bucket", test_sgd_one_bucket},
