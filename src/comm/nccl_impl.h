@@ -1,9 +1,9 @@
-/* nccl_impl.h: the state the files of the nccl backend share (nccl.c: the world, its groups
- * and communicators, the works and the deadline; nccl_collectives.c: the collectives on device
- * tensors). The backend runs over the local backend's rank threads: the local rendezvous
- * judges every call (so a rank that skips or stops is named as on the local backend) and moves
- * host tensors; NCCL moves device tensors on each rank's communication stream. Internal to
- * src/comm. */
+/* nccl_impl.h: the state the files of the nccl backend share (nccl.c: the vtable and the
+ * world; nccl_call.c: the groups and their communicators, one call's start and end, the works
+ * and the deadline; nccl_collectives.c: the collectives on device tensors). The backend runs over
+ * the local backend's rank threads: the local rendezvous judges every call (so a rank that skips or
+ * stops is named as on the local backend) and moves host tensors; NCCL moves device tensors on each
+ * rank's communication stream. Internal to src/comm. */
 #ifndef FSDP_COMM_NCCL_IMPL_H
 #define FSDP_COMM_NCCL_IMPL_H
 
@@ -51,8 +51,22 @@ typedef struct nccl_call {
     double deadline;   /* fsdp_clock_now() seconds */
 } nccl_call;
 
-/* ---- nccl.c ---- */
+/* ---- nccl_call.c ---- */
 
+/* g's state on this backend. */
+nccl_group *fsdp_nccl_group_of(const fsdp_group *g);
+/* The group state over lg (made once, by whichever member comes first). NULL: out of memory. */
+nccl_group *fsdp_nccl_group_for(nccl_world *nw, local_group *lg);
+/* Destroys the members' communicators and frees ng (the world's end). */
+void fsdp_nccl_group_free(nccl_group *ng);
+/* c's member's communicator on c->ng into c->comm: the world group's is made at its first use
+ * (ncclCommInitRank); a split's was made by the split (ncclCommSplit); none after an abort is
+ * an error. */
+fsdp_status fsdp_nccl_member_comm(nccl_call *c);
+/* The vtable's work entries: a work the nccl backend started, or the local backend's. */
+fsdp_status fsdp_nccl_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
+fsdp_status fsdp_nccl_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
+fsdp_status fsdp_nccl_work_wait_stream(fsdp_ctx *ctx, fsdp_comm_work *work, fsdp_stream stream);
 /* The host view of g: the same handle with the local group state, for the local backend's
  * entries and rendezvous. */
 fsdp_group fsdp_nccl_host_view(const fsdp_group *g);
