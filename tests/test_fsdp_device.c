@@ -62,7 +62,8 @@ typedef struct spec {
     int layers; /* MLPStacked's (0: LAYERS); nested: every layer but layers.0 is a unit */
     /* Prefetch, on the sim run only (the CPU run it must equal has none) */
     bool forward_prefetch, backward_prefetch, limit;
-    bool offload; /* offload_params: pinned host shards on a device */
+    bool backward_post; /* backward_prefetch is FSDP_BACKWARD_POST, not FSDP_BACKWARD_PRE */
+    bool offload;       /* offload_params: pinned host shards on a device */
 } spec;
 
 /* What one rank saw, in order: compared with memcmp between the CPU and the sim run. */
@@ -180,10 +181,31 @@ static fsdp_status watch(fsdp_ctx *ctx, fsdp_sharded *sh, fsdp_module *m, rank_o
     return FSDP_OK;
 }
 
+/* Whether event i lies between two backward computations (the last before it and the first
+ * after it): a prefetch issued there came from a post-backward hook (BACKWARD_POST); one issued
+ * by the root's pre-forward hook follows the last pass's backward but precedes a forward. */
+static bool inside_backward(const rank_out *o, int i) {
+    int before = i, after = i;
+    while (--before >= 0 && o->log[before][0] < LOG_COMPUTE_FORWARD) continue;
+    while (++after < o->n_log && o->log[after][0] < LOG_COMPUTE_FORWARD) continue;
+    return before >= 0 && after < o->n_log && o->log[before][0] == LOG_COMPUTE_BACKWARD &&
+           o->log[after][0] == LOG_COMPUTE_BACKWARD;
+}
+
+/* Whether unit u's backward computed between event i and the last forward computation before
+ * it. */
+static bool backward_ran_since_forward(const rank_out *o, int i, int u) {
+    while (--i >= 0 && o->log[i][0] != LOG_COMPUTE_FORWARD)
+        if (o->log[i][0] == LOG_COMPUTE_BACKWARD && o->log[i][1] == u) return true;
+    return false;
+}
+
 /* The order a prefetch run must show (printing what is wrong): no unit computes before its
  * parameters were gathered, and a gather issued ahead (ISSUED) is waited for (WAITED) by the
  * compute stream before its unit computes; a prefetched gather is issued before the unit that
- * issued it computes (the next computation is another unit's); under limit_all_gathers no
+ * issued it computes (the next computation is another unit's), or, from a post-backward hook
+ * (BACKWARD_POST), after the issuing unit's backward and before the prefetched unit's backward
+ * has run in that pass; under limit_all_gathers no
  * prefetch leaves more than FSDP_PREFETCH_LIMIT non-root units gathered. *issued, *skipped and
  * *most (the most gathered units after a prefetch) for the caller's counts. */
 static bool check_order(const spec *s, int rank, const rank_out *o, int *issued, int *skipped,
@@ -203,6 +225,15 @@ static bool check_order(const spec *s, int rank, const rank_out *o, int *issued,
                 printf("\n  %s rank %d: event %d: %d units gathered after a prefetch\n", s->name,
                        rank, i, o->log[i][2]);
                 return false;
+            }
+            if (s->backward_post && inside_backward(o, i)) {
+                if (backward_ran_since_forward(o, i, u)) {
+                    printf("\n  %s rank %d: unit %d's post-backward prefetch (event %d) comes "
+                           "after its own backward\n",
+                           s->name, rank, u, i);
+                    return false;
+                }
+                continue;
             }
             int k = i + 1;
             while (k < o->n_log && o->log[k][0] < LOG_COMPUTE_FORWARD) k++;
@@ -391,8 +422,9 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
     fo.offload_params = s->offload;
     if (r->prefetch) {
         fo.forward_prefetch = s->forward_prefetch;
-        fo.backward_prefetch =
-            s->backward_prefetch ? FSDP_BACKWARD_PRE : FSDP_BACKWARD_PREFETCH_NONE;
+        fo.backward_prefetch = !s->backward_prefetch ? FSDP_BACKWARD_PREFETCH_NONE
+                               : s->backward_post    ? FSDP_BACKWARD_POST
+                                                     : FSDP_BACKWARD_PRE;
         fo.limit_all_gathers = s->limit;
     }
     if (st == FSDP_OK) st = build(ctx, s, rank, &m);
@@ -735,6 +767,33 @@ static void test_prefetch_order(void) {
     }
 }
 
+/* BACKWARD_POST: a unit's post-backward hook gathers the first unit in backward order whose
+ * backward has not started, after its own gradients were reduced: layers.4 -> layers.3 -> 2 ->
+ * 1, and nothing after the root's (the end of backward) nor in the first pass (which records
+ * the order): 3 per pass from the second on; with forward prefetch too, 4 + 3. Bitwise the CPU
+ * run's, with no_sync (its post-backward hook keeps the gradients and still prefetches) and
+ * use_orig_params with clipping, and under mixed precision. */
+static void test_prefetch_backward_post(void) {
+    for (int k = 0; k < 3; k++) {
+        spec s = {.name = "prefetch BACKWARD_POST",
+                  .world = k == 1 ? 4 : 2,
+                  .strategy = FSDP_FULL_SHARD,
+                  .nested = true,
+                  .layers = 5,
+                  .steps = 3,
+                  .forward_prefetch = k == 1,
+                  .backward_prefetch = true,
+                  .backward_post = true};
+        if (k == 1) s.param_dtype = s.reduce_dtype = FSDP_DTYPE_BF16;
+        if (k == 2) s.orig = s.clip = s.no_sync = true;
+        int issued, skipped, most;
+        check_prefetch(&s, &issued, &skipped, &most);
+        int passes = s.steps * (s.no_sync ? 2 : 1);
+        CU_ASSERT_EQUAL(issued, (passes - 1) * (s.forward_prefetch ? 4 + 3 : 3));
+        CU_ASSERT_EQUAL(skipped, 0);
+    }
+}
+
 /* SHARD_GRAD_OP keeps every unit gathered from forward to backward, so forward prefetch alone
  * gathers all 4 non-root units ahead; limit_all_gathers stops prefetching at 2 (the rest gather
  * in their own hooks), bitwise the same results. */
@@ -903,6 +962,7 @@ int main(int argc, char **argv) {
         {"clip_no_sync_checkpoint_summon", test_clip_no_sync_checkpoint_summon},
         {"negative_control", test_negative_control},
         {"prefetch_order", test_prefetch_order},
+        {"prefetch_backward_post", test_prefetch_backward_post},
         {"prefetch_limit", test_prefetch_limit},
         {"prefetch_cpu", test_prefetch_cpu},
         {"prefetch_negative_control", test_prefetch_negative_control},

@@ -71,8 +71,18 @@ typedef struct unit {
      * unshard stream; `gathered` fires when it is done, and the compute stream waits for it
      * before the unit's parameters are read (or freed). */
     bool prefetched;
+    /* Its pre-backward hook ran in the backward under way (reset by the root's pre-forward):
+     * BACKWARD_POST prefetches the first unit in backward order without it. */
+    bool backward_started;
     fsdp_event gathered;
 } unit;
+
+/* The hook that prefetches: a pre-forward, pre-backward or post-backward hook. */
+typedef enum fsdp_prefetch_at {
+    FSDP_PREFETCH_AT_FORWARD,
+    FSDP_PREFETCH_AT_PRE_BACKWARD,
+    FSDP_PREFETCH_AT_POST_BACKWARD
+} fsdp_prefetch_at;
 
 /* What prefetch.c reports to a test's observer (fsdp_shard_test_trace). */
 typedef enum fsdp_prefetch_event {
@@ -212,7 +222,7 @@ void fsdp_shard_test_skip_offload_sync(bool on);
 fsdp_status fsdp_prefetch_note(fsdp_ctx *ctx, unit *u, bool backward);
 /* The unit after u in that order, to be gathered now: when the options ask for it, it is
  * sharded, the limit of units in flight allows it and no recompute runs; else NULL. */
-unit *fsdp_prefetch_pick(fsdp_ctx *ctx, unit *u, bool backward);
+unit *fsdp_prefetch_pick(fsdp_ctx *ctx, unit *u, fsdp_prefetch_at at);
 /* Around a prefetch's gather: begin makes the unshard stream wait for the compute stream
  * (*compute) and makes it current; end (given the gather's status) makes compute current
  * again and records the unit's gathered event on the unshard stream. */

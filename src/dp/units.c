@@ -453,7 +453,7 @@ static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_fully_shard_options *
     if ((int)o->backward_prefetch < 0 || o->backward_prefetch >= FSDP_BACKWARD_PREFETCH_COUNT)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_fully_shard: unknown backward_prefetch %d; use "
-                         "FSDP_BACKWARD_PREFETCH_NONE or FSDP_BACKWARD_PRE",
+                         "FSDP_BACKWARD_PREFETCH_NONE, FSDP_BACKWARD_PRE or FSDP_BACKWARD_POST",
                          (int)o->backward_prefetch);
     FSDP_TRY_AT(ctx, fsdp_dp_check_hook(ctx, &o->comm_hook, "fsdp_fully_shard"));
     if (o->comm_hook.kind == FSDP_COMM_HOOK_USER && o->strategy == FSDP_HYBRID_SHARD)
