@@ -56,11 +56,15 @@ static void setf(const char *key, const char *value) {
     set(a);
 }
 
-static void configure(const char *const *model, const char *const *layout, const char *device) {
+/* The run's configuration; dir and metrics may be NULL (none), layout may set them again. */
+static void configure(const char *const *model, const char *const *layout, const char *device,
+                      const char *dir, const char *metrics) {
     train_config_init(&g_cfg);
     for (int i = 0; g_common[i]; i++) set(g_common[i]);
     for (int i = 0; model[i]; i++) set(model[i]);
     if (model == g_llama) setf("data.path", g_tokens);
+    if (dir) setf("checkpoint.dir", dir);
+    if (metrics) setf("log.metrics", metrics);
     for (int i = 0; layout[i]; i++) set(layout[i]);
     setf("parallel.device", device);
 }
@@ -101,9 +105,7 @@ static fsdp_status run(const char *name, const char *const *model, const char *c
     char err[TRAIN_ERROR_SIZE] = "", metrics[1200];
     snprintf(o->dir, sizeof o->dir, "%s/%s-%s", g_root, name, device);
     snprintf(metrics, sizeof metrics, "%s/%s-%s.jsonl", g_root, name, device);
-    configure(model, layout, device);
-    setf("checkpoint.dir", o->dir);
-    setf("log.metrics", metrics);
+    configure(model, layout, device, o->dir, metrics);
     size_t size = 0;
     FILE *f = open_memstream(&o->text, &size);
     fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, f, &o->res, err, sizeof err);
@@ -182,6 +184,44 @@ static void test_llama_full_shard(void) {
     cpu_against_sim("llama_2x1", g_llama, SET("parallel.ranks=2", "parallel.strategy=full_shard"));
 }
 
+/* A checkpoint of a cpu run resumed on sim, and one of a sim run resumed on cpu, end where an
+ * uninterrupted cpu run does, bit for bit (losses of the resumed steps and the checkpoint). */
+static void resume_across(const char *first, const char *second) {
+    char name[64], dir[1300];
+    snprintf(name, sizeof name, "resume_%s_then_%s", first, second);
+    const char *const *layout = SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer");
+    run_out a = {0}, b = {0}, whole = {0};
+    FSDP_TEST_OK(
+        run(name, g_mlp,
+            SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer", "train.steps=3"), first,
+            &a));
+    snprintf(dir, sizeof dir, "checkpoint.dir=%s", a.dir); /* resume = auto: from step 3 */
+    FSDP_TEST_OK(run(name, g_mlp,
+                     SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer", dir), second,
+                     &b));
+    snprintf(name, sizeof name, "whole_for_%s_then_%s", first, second);
+    FSDP_TEST_OK(run(name, g_mlp, layout, "cpu", &whole));
+    CU_ASSERT_EQUAL(b.res.start_step, 3);
+    CU_ASSERT_EQUAL(b.res.n_step_losses, 3);
+    CU_ASSERT_EQUAL(whole.res.n_step_losses, 6);
+    bool losses = b.res.n_step_losses == 3 && whole.res.n_step_losses == 6 &&
+                  same_bits(b.res.step_loss, whole.res.step_loss + 3, 3 * sizeof(double));
+    CU_ASSERT_TRUE(losses);
+    double diff = 0;
+    bool bitwise = false;
+    CU_ASSERT_TRUE(ckpt_test_compare(b.res.saved, whole.res.saved, &diff, &bitwise));
+    CU_ASSERT_TRUE(bitwise);
+    printf("\n    3 steps on %s, 3 more on %s: %s 6 on cpu (checkpoint max diff %.1e)", first,
+           second, losses && bitwise ? "bitwise" : "DIFFER from", diff);
+    free(a.text), free(b.text), free(whole.text), free(a.metrics), free(b.metrics),
+        free(whole.metrics);
+}
+
+static void test_resume_other_device(void) {
+    resume_across("cpu", "sim");
+    resume_across("sim", "cpu");
+}
+
 /* An unknown device when the key is read; cuda on a machine without a GPU and any device under
  * the mpi backend when the configuration is checked; each message names the key and the fix. */
 static void test_refusals(void) {
@@ -193,7 +233,7 @@ static void test_refusals(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "device"));
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "sim"));
     if (fsdp_device_count(FSDP_DEVICE_CUDA) == 0) {
-        configure(g_mlp, SET("parallel.ranks=2"), "cuda");
+        configure(g_mlp, SET("parallel.ranks=2"), "cuda", NULL, NULL);
         err[0] = '\0';
         CU_ASSERT_EQUAL(train_config_check(&g_cfg, err, sizeof err), FSDP_ERR_CONFIG);
         printf("\n    %s", err);
@@ -208,7 +248,7 @@ static void test_refusals(void) {
         printf("\n    (a GPU is usable here: cuda is not refused)");
     }
     if (fsdp_backend_available(FSDP_BACKEND_MPI)) {
-        configure(g_mlp, SET("parallel.backend=mpi"), "sim");
+        configure(g_mlp, SET("parallel.backend=mpi"), "sim", NULL, NULL);
         err[0] = '\0';
         CU_ASSERT_EQUAL(train_config_check(&g_cfg, err, sizeof err), FSDP_ERR_CONFIG);
         printf("\n    %s", err);
@@ -251,8 +291,11 @@ static int write_tokens(const char *path) {
 
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
-        {"mlp_fsdp_tp", test_mlp_fsdp_tp},     {"mlp_full_shard", test_mlp_full_shard},
-        {"llama_fsdp_tp", test_llama_fsdp_tp}, {"llama_full_shard", test_llama_full_shard},
+        {"mlp_fsdp_tp", test_mlp_fsdp_tp},
+        {"mlp_full_shard", test_mlp_full_shard},
+        {"llama_fsdp_tp", test_llama_fsdp_tp},
+        {"llama_full_shard", test_llama_full_shard},
+        {"resume_other_device", test_resume_other_device},
         {"refusals", test_refusals},
     };
     setenv("FSDP_SIM_DEVICES", "2", 1); /* before the first use reads them */
