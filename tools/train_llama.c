@@ -29,8 +29,8 @@ struct train_llama {
     int32_t *ids;       /* (len, T) inputs */
     int32_t *targets;   /* (len, T) next tokens */
     fsdp_tensor *input; /* ids as an i32 (len, T) tensor */
-    fsdp_tensor *dev; /* its copy on the ctx's device, uploaded at each forward; NULL on the CPU */
-    fsdp_tensor *sum; /* (1): a loss share, summed over dp */
+    fsdp_tensor *dev;   /* input on the ctx's device (NULL: the CPU's), each forward's */
+    fsdp_tensor *sum;   /* (1): a loss share, summed over dp */
 };
 
 fsdp_llama_config train_llama_config(const train_config *cfg) {

@@ -63,14 +63,16 @@ typedef struct train_state {
     const char *out_name;   /* "the progress to stdout", for messages */
     FILE *metrics;          /* rank 0's metrics file, or NULL */
     char metrics_name[TRAIN_MAX_STRING + TRAIN_MAX_ORIGIN + 64]; /* for messages */
-    tb_writer *tb;          /* rank 0's TensorBoard writer ([log] tensorboard), or NULL */
-    train_saver saver;      /* [checkpoint] dir set: the writer and the state it saves */
-    bool saving;            /* saver is made */
-    fsdp_tensor *stop;      /* (1): the stop flag, the max over the world (several ranks) */
-    bool counting;          /* rank 0 counts its collectives: [log] comm_debug or metrics */
-    train_comm comm;        /* what the steps since the last record communicated */
-    train_bar bar;          /* the progress bar */
-    char device[32];        /* this rank's device ("sim:1"), [parallel] device */
+    tb_writer *tb;     /* rank 0's TensorBoard writer ([log] tensorboard), or NULL */
+    train_saver saver; /* [checkpoint] dir set: the writer and the state it saves */
+    bool saving;       /* saver is made */
+    fsdp_tensor *stop; /* (1): the stop flag, the max over the world (several ranks) */
+    bool counting;     /* rank 0 counts its collectives: [log] comm_debug or metrics */
+    train_comm comm;   /* what the steps since the last record communicated */
+    train_bar bar;     /* the progress bar */
+
+    /* [parallel] device */
+    char device[32];        /* this rank's device ("sim:1") */
     fsdp_tensor *dout_host; /* a device run's host copy of dout to scale, or NULL */
 } train_state;
 
