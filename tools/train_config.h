@@ -110,6 +110,7 @@ typedef struct train_config {
         double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
         int64_t rope_original_max_len;
         bool tie_embeddings; /* llama: lm_head shares the embedding's weight */
+        int autocast;        /* llama: the compute policy, 0 f32, 1 bf16 (compute_dtype) */
     } model;
     struct {
         train_backend backend;

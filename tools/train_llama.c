@@ -50,7 +50,8 @@ fsdp_llama_config train_llama_config(const train_config *cfg) {
                          .low_freq_factor = (float)cfg->model.rope_low_freq_factor,
                          .high_freq_factor = (float)cfg->model.rope_high_freq_factor,
                          .original_max_len = cfg->model.rope_original_max_len},
-        .tie_word_embeddings = cfg->model.tie_embeddings};
+        .tie_word_embeddings = cfg->model.tie_embeddings,
+        .compute_dtype = cfg->model.autocast ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32};
 }
 
 /* The config with its defaults filled in (the keys were checked by train_config_check). */
