@@ -12,7 +12,12 @@
  * one wait each (the collectives' wait for their inputs, the compute stream's wait for a
  * prefetched gather, the host's wait for the copies from pinned shards): the sim run then
  * differs from the CPU's. Refused: a model on another device than its rank's, a model across
- * two devices. */
+ * two devices.
+ * With FSDP_TEST_BACKEND=nccl (CTest's test_fsdp_device_nccl) the worlds run on the nccl backend
+ * over the stand-in NCCL, each rank on its own sim device (sim:rank): bitwise still where every
+ * group has 2 ranks, and in groups of 4 the float32 SGD runs' values (Adam and 16-bit runs: their
+ * counts and order only) within the bound of the unordered sums (device_record.c record_nccl_bound;
+ * docs/comm.md "The NCCL backend"). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdio.h>

@@ -11,7 +11,12 @@
  * mixed precision (bf16 parameters, bf16 reduction), and replicate over dp with TP over tp on a
  * 2x2 mesh. Then the initial broadcast (src_rank 0) on a device, the refusal of a model on
  * another device than the rank's, and the negative control:
- * with the collectives' wait for the peers' inputs dropped, the device run differs. */
+ * with the collectives' wait for the peers' inputs dropped, the device run differs.
+ * With FSDP_TEST_BACKEND=nccl (CTest's test_replicate_device_nccl) the worlds run on the nccl
+ * backend over the stand-in NCCL, each rank on its own sim device (sim:rank): bitwise still where
+ * every group has 2 ranks, and in groups of 4 the float32 SGD cases' values (Adam and 16-bit cases
+ * stay at 2 ranks) within the bound of the unordered sums (device_record.c record_nccl_bound;
+ * docs/comm.md "The NCCL backend"). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>

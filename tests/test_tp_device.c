@@ -13,7 +13,12 @@
  * (1, 2) and (1, 4), with lm_head Replicate and the plain loss, and with replicate (DDP) over dp
  * at (2, 2). Then the refusals (a model on two devices, an input on another device than the
  * model) and the negative control: with the collectives' wait for the peers' inputs dropped,
- * a device run differs from the CPU's. */
+ * a device run differs from the CPU's.
+ * With FSDP_TEST_BACKEND=nccl (CTest's test_tp_device_nccl) the worlds run on the nccl backend over
+ * the stand-in NCCL, each rank on its own sim device (sim:rank): bitwise still where every group
+ * has 2 ranks, and in groups of 4 the float32 values (the Llama with SGD there instead of Adam)
+ * within the bound of the unordered sums (device_record.c record_nccl_bound; docs/comm.md "The NCCL
+ * backend"). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>
