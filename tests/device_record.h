@@ -76,6 +76,8 @@ double record_nccl_bound(int n, int sums);
 /* fsdp_test_run_world(n, 60 s, fn, user) with record_nccl_bound(n, sums) as the tolerance of
  * its comparisons; on nccl prints the largest difference seen against the bound. */
 fsdp_status record_run_world(int n, int sums, fsdp_rank_fn fn, void *user);
+/* The largest difference the last record_run_world saw (what it printed on nccl). */
+double record_last_diff(void);
 
 /* A copy on dev of host tensor h. */
 fsdp_status to_dev(fsdp_ctx *ctx, fsdp_tensor *h, fsdp_device dev, fsdp_tensor **out);

@@ -506,6 +506,10 @@ static void test_llama_tp2(void) {
 static void test_llama_tp4(void) {
     llama_case c = {.tp = 4};
     FSDP_TEST_OK(record_run_world(4, LLAMA_SUMS, llama_body, &c));
+    /* On nccl the stand-in sums the tp groups of 4 in another order than rank order (one that
+     * depends only on the call, so this repeats): some values differ in their bits, so the run
+     * took the stand-in's path and the bound, not bitwise equality, is what it passed. */
+    if (on_nccl()) CU_ASSERT_TRUE(record_last_diff() > 0);
 }
 
 /* replicate over dp composed with the plan over tp: the (dp, tp) = (2, 2) layout */
