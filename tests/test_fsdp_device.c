@@ -20,6 +20,7 @@
  * docs/comm.md "The NCCL backend"). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -388,6 +389,28 @@ static fsdp_status forward_backward(fsdp_ctx *ctx, const spec *s, fsdp_module *m
 }
 
 /* One step: no_sync splits the rows in two, the first backward without reduction. */
+/* The negative control's order (test_negative_control): after each backward, rank 0 runs its
+ * device work to the end while the other ranks wait on the host, so that rank 0's collectives
+ * read its peers' gradients before their backward ran (their streams run only when somebody
+ * waits for them, and without the input wait nobody has). Otherwise the ranks' host waits
+ * could run every backward before any collective read, and the missing wait would not show. */
+static atomic_bool order_ranks;
+static atomic_int rank0_done; /* steps whose device work rank 0 has finished */
+
+static fsdp_status after_backward(fsdp_ctx *ctx, int step, int rank, fsdp_device dev) {
+    if (!atomic_load(&order_ranks)) return FSDP_OK;
+    if (rank == 0) {
+        FSDP_TRY(fsdp_device_synchronize(ctx, dev));
+        atomic_store(&rank0_done, step + 1);
+        return FSDP_OK;
+    }
+    for (int ms = 0; atomic_load(&rank0_done) <= step; ms++) {
+        FSDP_RANK_CHECK(ctx, ms < 60000, "rank 0 did not finish step %d in a minute", step);
+        fsdp_test_sleep_ms(1);
+    }
+    return FSDP_OK;
+}
+
 static fsdp_status train_step(fsdp_ctx *ctx, const spec *s, fsdp_module *m, fsdp_sharded *sh,
                               fsdp_optimizer *opt, int step, int rank, fsdp_device dev,
                               rank_out *o) {
@@ -404,6 +427,7 @@ static fsdp_status train_step(fsdp_ctx *ctx, const spec *s, fsdp_module *m, fsdp
     } else {
         FSDP_TRY(forward_backward(ctx, s, m, step, off, len, dev, o));
     }
+    FSDP_TRY(after_backward(ctx, step, rank, dev));
     if (s->clip) {
         double norm;
         FSDP_TRY(fsdp_sharded_clip_grad_norm(ctx, sh, 0.05, 2.0, &norm));
@@ -762,7 +786,10 @@ static void test_negative_control(void) {
     FSDP_TEST_OK(fsdp_test_run_world(2, 60000, rank_fn, &cpu));
     FSDP_TEST_OK(fsdp_test_run_world(2, 60000, rank_fn, &with));
     fsdp_local_test_skip_input_wait(true);
+    atomic_store(&order_ranks, true);
+    atomic_store(&rank0_done, 0);
     fsdp_status st = fsdp_test_run_world(2, 60000, rank_fn, &without);
+    atomic_store(&order_ranks, false);
     fsdp_local_test_skip_input_wait(false);
     FSDP_TEST_OK(st);
     CU_ASSERT_TRUE(same_runs(&cpu, &with, false));
