@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/stage.h" // defines: CKPT_STAGE_ALIGN
 #include "ckpt_common.h"
 #include "harness.h"
 #include "kernels/sim/sim.h" // defines: fsdp_sim_mode_get, fsdp_sim_pinned_bytes
@@ -135,7 +136,8 @@ static void count_pins(int64_t step, void *user) {
     if (step >= 0 && step < ALL_STEPS + 2) p->at[step] = fsdp_sim_pinned_bytes();
 }
 
-/* The bytes of every piece of checkpoint dir/step-<step>. */
+/* The bytes of every piece of checkpoint dir/step-<step>, each rounded up to CKPT_STAGE_ALIGN as
+ * staged. */
 static size_t stored_bytes(const char *dir, int step) {
     char path[700];
     snprintf(path, sizeof path, "%s/step-%08d", dir, step);
@@ -151,7 +153,8 @@ static size_t stored_bytes(const char *dir, int step) {
             fsdp_ckpt_piece_get(ctx, ck, t, k, &p);
             int64_t e = 1;
             for (int d = 0; d < p.region.ndim; d++) e *= p.region.count[d];
-            n += (size_t)e * fsdp_dtype_size(ti.dtype);
+            size_t b = (size_t)e * fsdp_dtype_size(ti.dtype);
+            n += (b + CKPT_STAGE_ALIGN - 1) / CKPT_STAGE_ALIGN * CKPT_STAGE_ALIGN;
         }
     }
     fsdp_ckpt_close(ck);
@@ -159,7 +162,8 @@ static size_t stored_bytes(const char *dir, int step) {
 }
 
 /* An async save on sim (one rank, every step, keep 3): while a save is in flight (just before
- * the next one, which waits for it) the pinned host memory holds exactly the bytes it writes;
+ * the next one, which waits for it) the pinned host memory holds exactly the bytes it writes
+ * (each piece rounded up to CKPT_STAGE_ALIGN);
  * all of it is released by the end. On the CPU the staging takes no pinned sim memory. */
 static void test_async_stages_pinned(void) {
     char *root = ckpt_test_tmp_root();

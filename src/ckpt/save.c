@@ -466,8 +466,8 @@ static fsdp_status job_describe(fsdp_ctx *ctx, job *jb, const fsdp_state *st,
 static fsdp_status stage(fsdp_ctx *ctx, job *jb) {
     FSDP_TRY_AT(ctx, ckpt_stage_create(ctx, jb->st, &jb->stage));
     for (int i = 0; i < jb->n_frags; i++)
-        FSDP_TRY_AT(
-            ctx, ckpt_stage_piece(ctx, jb->stage, jb->st, jb->frags[i].entry, jb->frags[i].piece));
+        ckpt_stage_mark(jb->stage, jb->frags[i].entry, jb->frags[i].piece);
+    FSDP_TRY_AT(ctx, ckpt_stage_copy(ctx, jb->stage, jb->st));
     jb->st = NULL;
     return FSDP_OK;
 }

@@ -1,6 +1,7 @@
-/* stage.c: an async save's host copies of the held pieces (stage.h): one buffer per piece,
- * pinned host memory of the piece's device kind, filled by one device-to-host copy (a memcpy
- * on the CPU), released when the save's job is. */
+/* stage.c: an async save's host copies of the held pieces (stage.h): the marked pieces laid out
+ * one after another in one buffer per device kind, pinned host memory of that kind
+ * (fsdp_host_alloc), each filled by one device-to-host copy (a memcpy on the CPU) on the
+ * calling thread's current stream; released with the save's job. */
 #include "ckpt/stage.h"
 
 #include <stdlib.h>
@@ -9,8 +10,9 @@
 #include "core/stream.h"
 
 typedef struct slot {
-    void *host; /* NULL until staged; fsdp_host_alloc'ed on `type` */
+    bool marked;
     fsdp_device_type type;
+    size_t at, bytes; /* where in its kind's buffer, how many */
     region box;
 } slot;
 
@@ -19,7 +21,7 @@ struct ckpt_stage {
     int *first; /* entry i's pieces are slots[first[i] .. first[i + 1]) */
     fsdp_dtype *dtypes;
     slot *slots;
-    size_t bytes;
+    char *buf[FSDP_DEVICE_KINDS]; /* per device kind; NULL when none is staged */
 };
 
 fsdp_status ckpt_stage_create(fsdp_ctx *ctx, const fsdp_state *st, ckpt_stage **out) {
@@ -41,8 +43,10 @@ fsdp_status ckpt_stage_create(fsdp_ctx *ctx, const fsdp_state *st, ckpt_stage **
         sg->first[i] = at;
         sg->dtypes[i] = e->dtype;
         for (int k = 0; k < e->n_pieces; k++, at++) {
-            sg->slots[at].box = e->pieces[k].box;
-            sg->slots[at].type = fsdp_tensor_device(e->pieces[k].src).type;
+            slot *s = &sg->slots[at];
+            s->box = e->pieces[k].box;
+            s->type = fsdp_tensor_device(e->pieces[k].src).type;
+            s->bytes = (size_t)region_numel(&s->box) * fsdp_dtype_size(e->dtype);
         }
         sg->first[i + 1] = at;
     }
@@ -50,49 +54,56 @@ fsdp_status ckpt_stage_create(fsdp_ctx *ctx, const fsdp_state *st, ckpt_stage **
     return FSDP_OK;
 }
 
-fsdp_status ckpt_stage_piece(fsdp_ctx *ctx, ckpt_stage *sg, const fsdp_state *st, int i, int k) {
-    slot *s = &sg->slots[sg->first[i] + k];
-    if (s->host) return FSDP_OK;
-    const state_entry *e = &st->entries[i];
-    size_t bytes = (size_t)region_numel(&s->box) * fsdp_dtype_size(e->dtype);
-    void *p = NULL;
-    /* host_alloc wants at least a byte; an empty piece still gets a buffer */
-    FSDP_TRY_AT(ctx, fsdp_host_alloc(ctx, s->type, bytes ? bytes : 1, &p));
-    fsdp_status st_read = state_piece_read(ctx, e, k, p);
-    if (st_read != FSDP_OK) {
-        fsdp_host_free(s->type, p);
-        return FSDP_PASS(ctx, st_read);
+void ckpt_stage_mark(ckpt_stage *sg, int i, int k) {
+    sg->slots[sg->first[i] + k].marked = true;
+}
+
+fsdp_status ckpt_stage_copy(fsdp_ctx *ctx, ckpt_stage *sg, const fsdp_state *st) {
+    size_t total[FSDP_DEVICE_KINDS] = {0};
+    int n = sg->first[sg->n_entries];
+    for (int j = 0; j < n; j++) {
+        slot *s = &sg->slots[j];
+        FSDP_ASSERT(s->type >= 0 && s->type < FSDP_DEVICE_KINDS);
+        if (!s->marked) continue;
+        s->at = total[s->type];
+        total[s->type] += (s->bytes + CKPT_STAGE_ALIGN - 1) / CKPT_STAGE_ALIGN * CKPT_STAGE_ALIGN;
     }
-    s->host = p;
-    sg->bytes += bytes;
+    for (int t = 0; t < FSDP_DEVICE_KINDS; t++) {
+        void *p = NULL;
+        if (total[t]) FSDP_TRY_AT(ctx, fsdp_host_alloc(ctx, (fsdp_device_type)t, total[t], &p));
+        sg->buf[t] = p;
+    }
+    for (int i = 0; i < st->n_entries; i++)
+        for (int k = 0; k < st->entries[i].n_pieces; k++) {
+            const slot *s = &sg->slots[sg->first[i] + k];
+            if (s->marked && s->bytes)
+                FSDP_TRY_AT(ctx,
+                            state_piece_read(ctx, &st->entries[i], k, sg->buf[s->type] + s->at));
+        }
     return FSDP_OK;
 }
 
 fsdp_status ckpt_stage_values(fsdp_ctx *ctx, const ckpt_stage *sg, int i, int k, const region *box,
                               const void **data, void **owned) {
     const slot *s = &sg->slots[sg->first[i] + k];
-    FSDP_ASSERT(s->host); /* save.c stages every piece a fragment reads */
+    FSDP_ASSERT(s->marked); /* save.c marks every piece a fragment reads */
+    const char *piece = sg->buf[s->type] + s->at;
     *owned = NULL;
     if (region_equal(box, &s->box)) {
-        *data = s->host;
+        *data = piece;
         return FSDP_OK;
     }
     size_t size = fsdp_dtype_size(sg->dtypes[i]);
     void *part = malloc((size_t)region_numel(box) * size + 1);
     if (!part) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "async checkpoint write");
-    region_copy(part, box, s->host, &s->box, box, size);
+    region_copy(part, box, piece, &s->box, box, size);
     *data = *owned = part;
     return FSDP_OK;
 }
 
-size_t ckpt_stage_bytes(const ckpt_stage *sg) {
-    return sg ? sg->bytes : 0;
-}
-
 void ckpt_stage_free(ckpt_stage *sg) {
     if (!sg) return;
-    int n = sg->first ? sg->first[sg->n_entries] : 0;
-    for (int j = 0; sg->slots && j < n; j++) fsdp_host_free(sg->slots[j].type, sg->slots[j].host);
+    for (int t = 0; t < FSDP_DEVICE_KINDS; t++) fsdp_host_free((fsdp_device_type)t, sg->buf[t]);
     free(sg->first);
     free(sg->dtypes);
     free(sg->slots);
