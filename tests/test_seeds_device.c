@@ -1,16 +1,18 @@
-/* test_seeds_device.c: the data-parallel seed ports of test_seeds_dp rerun on device tensors.
+/* test_seeds_device.c: the seed ports of test_seeds_dp and test_fsdp_2d rerun on device tensors.
  * Each scenario runs in every rank thread twice, on CPU tensors and then on the rank's
  * simulated GPU, sim:(rank % 2), in deferred mode (device_record.h cpu_then_device), and the
  * two runs must record the same bytes: outputs, gradients, parameters after the optimizer step,
  * the replicate buckets, and the comm-debug records (op, group, module, phase, calls, bytes).
- * test_seeds_dp checks the CPU run against the seeds' own references (the un-parallelized
- * model, one big batch), so a run bitwise the CPU's meets them too.
+ * test_seeds_dp and test_fsdp_2d check the CPU run against the seeds' own references (the
+ * un-parallelized model, one big batch, FSDP alone), so a run bitwise the CPU's meets them too.
  *
  * Seed 004 (test_replicate_with_compiler.py): Net(2000) under replicate over 2 ranks with fc1
  * checkpointed (3 buckets, 3 all_reduce in backward); no_sync accumulation over two
  * micro-batches; DDP_TP_Test.test_ddp_tp, the 2-D Net (Colwise/Rowwise over tp, replicate over dp)
  * on 4 ranks. Seed 002 (test_ddp_2d_parallel.py): MLPModule as DDP over 4 ranks and as TP + DDP on
- * (dp 2, tp 2), Adam lr 3e-5, outputs, gradients, a step, a second forward. The negative
+ * (dp 2, tp 2), Adam lr 3e-5, outputs, gradients, a step, a second forward. Seed 003
+ * (test_fsdp_tp_integration.py, as test_fsdp_2d ports it): FSDP over TP against FSDP alone,
+ * over cpu offload x strategy x use_orig_params. The negative
  * control drops the device collectives' wait for their peers' inputs: seed 002 then differs. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
@@ -311,6 +313,169 @@ static void test_seed002_2d_ddp_integration(void) {
     FSDP_TEST_OK(fsdp_test_run_world(4, 0, seed002_body, NULL));
 }
 
+/* ---- seed 003: test_fsdp_tp_integration ---- */
+
+/* test_fsdp_2d's port of seed 003: SimpleModel A under FSDP over the world, B with net1
+ * Colwise(input Shard(0)) and net2 Rowwise(output Shard(0)) over tp and FSDP over dp, every
+ * rank its own (2, 3, 5) input; the seed's _sync_tp_grads on B's shards, an SGD step, a second
+ * forward. Recorded: both outputs of both forwards, both models' shard gradients after the
+ * correction and shards after the step, the collectives. */
+typedef struct seed003_case {
+    bool offload, orig;
+    fsdp_sharding_strategy strategy;
+} seed003_case;
+
+#define SEED003_SEED 7
+#define SEED003_LR   0.1
+
+/* t's bytes, wherever it lives (offloaded shards are on the host in both passes). */
+static fsdp_status put_anywhere(fsdp_ctx *ctx, record *r, const char *label, const fsdp_tensor *t) {
+    fsdp_tensor *h;
+    FSDP_TRY(fsdp_tensor_create(ctx, fsdp_tensor_dtype(t), FSDP_CPU, fsdp_tensor_ndim(t),
+                                fsdp_tensor_shape(t), &h));
+    fsdp_status st = fsdp_tensor_copy(ctx, h, t);
+    if (st == FSDP_OK) st = put(ctx, r, label, fsdp_tensor_data(h), fsdp_tensor_nbytes(h));
+    fsdp_tensor_free(h);
+    return st;
+}
+
+/* Every unit's flat shard (or its gradient). */
+static fsdp_status put_shards(fsdp_ctx *ctx, record *r, const char *what, fsdp_sharded *sh,
+                              bool grad) {
+    for (int u = 0; u < fsdp_sharded_num_units(sh); u++) {
+        fsdp_param *flat = fsdp_sharded_unit_flat_param(sh, u);
+        char label[48];
+        snprintf(label, sizeof label, "%s unit %d%s", what, u, grad ? " grad" : "");
+        FSDP_TRY(put_anywhere(ctx, r, label, grad ? fsdp_param_grad(flat) : fsdp_param_data(flat)));
+    }
+    return FSDP_OK;
+}
+
+/* The seed's _sync_tp_grads (test_fsdp_2d sync_tp_grads): net3's parts summed over tp, then
+ * every part divided by the tp size, through a host copy when the gradient is on a device. */
+static fsdp_status seed003_sync_tp_grads(fsdp_ctx *ctx, fsdp_sharded *sh, bool orig,
+                                         fsdp_group *tp) {
+    float inv = 1.0f / (float)fsdp_group_size(tp);
+    for (int i = 0; i < fsdp_sharded_num_segments(sh); i++) {
+        fsdp_flat_segment s;
+        FSDP_TRY(fsdp_sharded_segment(ctx, sh, i, &s));
+        if (s.shard_numel == 0) continue;
+        bool net3 = strncmp(s.fqn, "net3.", 5) == 0;
+        fsdp_tensor *g = NULL, *h = NULL;
+        fsdp_module *params = fsdp_sharded_flat_params(sh);
+        fsdp_param *view = orig ? fsdp_module_get_param(params, s.fqn) : NULL;
+        FSDP_RANK_CHECK(ctx, !orig || view, "use_orig_params: no parameter %s", s.fqn);
+        fsdp_status st =
+            orig ? fsdp_tensor_view(ctx, fsdp_param_grad(view), 0, 1, &s.shard_numel, &g)
+                 : fsdp_tensor_view(ctx, fsdp_param_grad(fsdp_module_param(params, s.unit)),
+                                    s.shard_offset, 1, &s.shard_numel, &g);
+        if (st == FSDP_OK && net3) st = fsdp_all_reduce(ctx, tp, g, FSDP_REDUCE_SUM);
+        if (st == FSDP_OK)
+            st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &s.shard_numel, &h);
+        if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, h, g);
+        for (int64_t k = 0; st == FSDP_OK && k < s.shard_numel; k++) fsdp_tensor_f32(h)[k] *= inv;
+        if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, g, h);
+        fsdp_tensor_free(g);
+        fsdp_tensor_free(h);
+        FSDP_TRY(st);
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status seed003_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const void *arg,
+                                record *out) {
+    const seed003_case *c = arg;
+    fsdp_mesh *mesh = NULL, *tp = NULL;
+    fsdp_group *dp = NULL, *tp_group = NULL;
+    fsdp_module *a = NULL, *b = NULL;
+    fsdp_sharded *sa = NULL, *sb = NULL;
+    fsdp_optimizer *oa = NULL, *ob = NULL;
+    fsdp_tensor *h = NULL, *x = NULL, *dy = NULL;
+    fsdp_sgd_options sgd = {.lr = SEED003_LR};
+    fsdp_status st = fsdp_mesh_create(ctx, 2, (int[]){2, 2}, (const char *[]){"dp", "tp"}, &mesh);
+    if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "dp", &dp);
+    if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "tp", &tp_group);
+    if (st == FSDP_OK) st = fsdp_mesh_dim(ctx, mesh, "tp", &tp);
+    for (int i = 0; st == FSDP_OK && i < 2; i++) {
+        fsdp_module **m = i ? &b : &a;
+        st = fsdp_model_simple_model(ctx, m);
+        if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, *m, SEED003_SEED);
+        if (st == FSDP_OK) st = place(ctx, *m, dev);
+    }
+    fsdp_tp_plan_entry plan[] = {
+        {"net1", FSDP_COLWISE(.input_layouts = FSDP_SHARD(0))},
+        {"net2", FSDP_ROWWISE(.output_layouts = FSDP_SHARD(0))},
+    };
+    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
+    if (st == FSDP_OK) st = fsdp_tp_parallelize(ctx, b, tp, 2, plan, NULL);
+    fsdp_fully_shard_options o = {
+        .strategy = c->strategy, .offload_params = c->offload, .use_orig_params = c->orig};
+    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, a, &o, &sa);
+    o.group = dp;
+    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, b, &o, &sb);
+    if (st == FSDP_OK) st = fsdp_sgd_create(ctx, fsdp_sharded_flat_params(sa), &sgd, &oa);
+    if (st == FSDP_OK) st = fsdp_sgd_create(ctx, fsdp_sharded_flat_params(sb), &sgd, &ob);
+    fsdp_init init = {.kind = FSDP_INIT_UNIFORM, .a = 0.0f, .b = 1.0f};
+    for (int pass = 0; st == FSDP_OK && pass < 2; pass++) {
+        const fsdp_tensor *ya = NULL, *yb = NULL;
+        fsdp_tensor_free(h);
+        fsdp_tensor_free(x);
+        h = x = NULL;
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, (int64_t[]){2, 3, 5}, &h);
+        if (st == FSDP_OK)
+            st = fsdp_init_tensor(ctx, h, &init, SEED003_SEED, 1 + (uint64_t)rank + 16 * pass);
+        if (st == FSDP_OK) st = upload(ctx, h, dev, &x);
+        if (st == FSDP_OK) st = fsdp_module_forward(ctx, a, x, &ya);
+        if (st == FSDP_OK) st = put_tensor(ctx, out, "A output", ya);
+        if (st == FSDP_OK) st = fsdp_module_forward(ctx, b, x, &yb);
+        if (st == FSDP_OK) st = put_tensor(ctx, out, "B output", yb);
+        if (pass == 1) break;
+        if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, ya, &dy);
+        if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, dy, 1.0f);
+        if (st == FSDP_OK) st = fsdp_module_backward(ctx, a, dy, NULL);
+        if (st == FSDP_OK) st = fsdp_module_backward(ctx, b, dy, NULL);
+        if (st == FSDP_OK) st = seed003_sync_tp_grads(ctx, sb, c->orig, tp_group);
+        if (st == FSDP_OK) st = put_shards(ctx, out, "A", sa, true);
+        if (st == FSDP_OK) st = put_shards(ctx, out, "B", sb, true);
+        if (st == FSDP_OK) st = fsdp_optimizer_step(ctx, oa);
+        if (st == FSDP_OK) st = fsdp_optimizer_step(ctx, ob);
+        if (st == FSDP_OK) st = put_shards(ctx, out, "A", sa, false);
+        if (st == FSDP_OK) st = put_shards(ctx, out, "B", sb, false);
+    }
+    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+    if (st == FSDP_OK) st = put_comm(ctx, out, "collectives");
+    fsdp_tensor_free(h);
+    fsdp_tensor_free(x);
+    fsdp_tensor_free(dy);
+    fsdp_optimizer_free(oa);
+    fsdp_optimizer_free(ob);
+    fsdp_sharded_free(sa);
+    fsdp_sharded_free(sb);
+    fsdp_module_free(a);
+    fsdp_module_free(b);
+    fsdp_mesh_free(mesh);
+    return st;
+}
+
+static fsdp_status seed003_body(fsdp_ctx *ctx, int rank, void *user) {
+    return cpu_then_device(ctx, rank, seed003_pass, user, "seed 003", NULL);
+}
+
+/* test_fsdp_2d's matrix: cpu offload x strategy x use_orig_params. */
+static void test_seed003_fsdp_tp_integration(void) {
+    fsdp_sharding_strategy strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP};
+    for (int offload = 0; offload < 2; offload++)
+        for (int s = 0; s < 2; s++)
+            for (int orig = 0; orig < 2; orig++) {
+                seed003_case c = {.offload = offload, .orig = orig, .strategy = strategies[s]};
+                fsdp_status st = fsdp_test_run_world(4, 0, seed003_body, &c);
+                if (st != FSDP_OK)
+                    fprintf(stderr, "\n  offload_params %d, %s, use_orig_params %d\n", offload,
+                            fsdp_sharding_strategy_to_string(strategies[s]), orig);
+                FSDP_TEST_OK(st);
+            }
+}
+
 /* With the device collectives' wait for their peers' inputs dropped, seed 002 on sim reads
  * stale buffers and differs from the CPU run on some rank, twice out of twice; with the wait
  * it is the CPU's. */
@@ -342,6 +507,7 @@ int main(int argc, char **argv) {
         {"seed004_no_sync", test_seed004_no_sync},
         {"seed004_ddp_tp", test_seed004_ddp_tp},
         {"seed002_2d_ddp_integration", test_seed002_2d_ddp_integration},
+        {"seed003_fsdp_tp_integration", test_seed003_fsdp_tp_integration},
         {"negative_control", test_negative_control},
     };
     return fsdp_test_run(argc, argv, "seeds_device", tests, sizeof tests / sizeof tests[0]);
