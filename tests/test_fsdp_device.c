@@ -20,9 +20,9 @@
 #include <string.h>
 
 #include "comm/local_impl.h" // defines: fsdp_local_test_skip_input_wait
-#include "dp/shard_impl.h"   // defines: fsdp_shard_test_trace, fsdp_shard_test_skip_prefetch_wait
-#include "dp_common.h"       // defines: dp_build_model, dp_batch_block, DP_SEED
-#include "harness.h"         // defines: fsdp_test_run_world, FSDP_RANK_CHECK, FSDP_TEST_OK
+#include "dp/shard_impl.h" // defines: fsdp_shard_test_trace, fsdp_shard_test_skip_prefetch_wait, fsdp_shard_test_skip_reduce_join
+#include "dp_common.h"     // defines: dp_build_model, dp_batch_block, DP_SEED
+#include "harness.h"       // defines: fsdp_test_run_world, FSDP_RANK_CHECK, FSDP_TEST_OK
 #include "kernels/sim/sim.h" // defines: fsdp_sim_mode_get
 #include "stacked_batches.h" // defines: stacked_batch_rows, STACKED_BATCH
 
@@ -40,6 +40,7 @@
 #define MAX_VALUES           (1 << 16)
 #define MAX_LAYERS           5
 #define MAX_LOG              4096
+#define MAX_STEPS            8
 #define LOG_COMPUTE_FORWARD  10 /* a unit's module begins its forward (a hook after FSDP's) */
 #define LOG_COMPUTE_BACKWARD 11 /* ... its backward */
 #define N_PHASES             (FSDP_COMM_PHASE_BACKWARD + 1)
@@ -62,7 +63,8 @@ typedef struct spec {
     int layers; /* MLPStacked's (0: LAYERS); nested: every layer but layers.0 is a unit */
     /* Prefetch, on the sim run only (the CPU run it must equal has none) */
     bool forward_prefetch, backward_prefetch, limit;
-    bool offload; /* offload_params: pinned host shards on a device */
+    bool backward_post; /* backward_prefetch is FSDP_BACKWARD_POST, not FSDP_BACKWARD_PRE */
+    bool offload;       /* offload_params: pinned host shards on a device */
 } spec;
 
 /* What one rank saw, in order: compared with memcmp between the CPU and the sim run. */
@@ -74,6 +76,7 @@ typedef struct rank_out {
     int log[MAX_LOG][3]; /* event, unit, non-root units gathered */
     int n_log;
     bool log_full;
+    int64_t reserved[MAX_STEPS]; /* the FSDP pool's bytes after each step */
 } rank_out;
 
 typedef struct run {
@@ -180,10 +183,31 @@ static fsdp_status watch(fsdp_ctx *ctx, fsdp_sharded *sh, fsdp_module *m, rank_o
     return FSDP_OK;
 }
 
+/* Whether event i lies between two backward computations (the last before it and the first
+ * after it): a prefetch issued there came from a post-backward hook (BACKWARD_POST); one issued
+ * by the root's pre-forward hook follows the last pass's backward but precedes a forward. */
+static bool inside_backward(const rank_out *o, int i) {
+    int before = i, after = i;
+    while (--before >= 0 && o->log[before][0] < LOG_COMPUTE_FORWARD) continue;
+    while (++after < o->n_log && o->log[after][0] < LOG_COMPUTE_FORWARD) continue;
+    return before >= 0 && after < o->n_log && o->log[before][0] == LOG_COMPUTE_BACKWARD &&
+           o->log[after][0] == LOG_COMPUTE_BACKWARD;
+}
+
+/* Whether unit u's backward computed between event i and the last forward computation before
+ * it. */
+static bool backward_ran_since_forward(const rank_out *o, int i, int u) {
+    while (--i >= 0 && o->log[i][0] != LOG_COMPUTE_FORWARD)
+        if (o->log[i][0] == LOG_COMPUTE_BACKWARD && o->log[i][1] == u) return true;
+    return false;
+}
+
 /* The order a prefetch run must show (printing what is wrong): no unit computes before its
  * parameters were gathered, and a gather issued ahead (ISSUED) is waited for (WAITED) by the
  * compute stream before its unit computes; a prefetched gather is issued before the unit that
- * issued it computes (the next computation is another unit's); under limit_all_gathers no
+ * issued it computes (the next computation is another unit's), or, from a post-backward hook
+ * (BACKWARD_POST), after the issuing unit's backward and before the prefetched unit's backward
+ * has run in that pass; under limit_all_gathers no
  * prefetch leaves more than FSDP_PREFETCH_LIMIT non-root units gathered. *issued, *skipped and
  * *most (the most gathered units after a prefetch) for the caller's counts. */
 static bool check_order(const spec *s, int rank, const rank_out *o, int *issued, int *skipped,
@@ -203,6 +227,15 @@ static bool check_order(const spec *s, int rank, const rank_out *o, int *issued,
                 printf("\n  %s rank %d: event %d: %d units gathered after a prefetch\n", s->name,
                        rank, i, o->log[i][2]);
                 return false;
+            }
+            if (s->backward_post && inside_backward(o, i)) {
+                if (backward_ran_since_forward(o, i, u)) {
+                    printf("\n  %s rank %d: unit %d's post-backward prefetch (event %d) comes "
+                           "after its own backward\n",
+                           s->name, rank, u, i);
+                    return false;
+                }
+                continue;
             }
             int k = i + 1;
             while (k < o->n_log && o->log[k][0] < LOG_COMPUTE_FORWARD) k++;
@@ -391,8 +424,9 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
     fo.offload_params = s->offload;
     if (r->prefetch) {
         fo.forward_prefetch = s->forward_prefetch;
-        fo.backward_prefetch =
-            s->backward_prefetch ? FSDP_BACKWARD_PRE : FSDP_BACKWARD_PREFETCH_NONE;
+        fo.backward_prefetch = !s->backward_prefetch ? FSDP_BACKWARD_PREFETCH_NONE
+                               : s->backward_post    ? FSDP_BACKWARD_POST
+                                                     : FSDP_BACKWARD_PRE;
         fo.limit_all_gathers = s->limit;
     }
     if (st == FSDP_OK) st = build(ctx, s, rank, &m);
@@ -417,8 +451,12 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
     }
     if (st == FSDP_OK && prefetch) st = watch(ctx, sh, m, o, hooks);
     if (st == FSDP_OK) st = make_optimizer(ctx, s, fsdp_sharded_flat_params(sh), &opt);
-    for (int step = 0; st == FSDP_OK && step < s->steps; step++)
+    for (int step = 0; st == FSDP_OK && step < s->steps; step++) {
         st = train_step(ctx, s, m, sh, opt, step, rank, dev, o);
+        fsdp_memory_stats ms;
+        fsdp_sharded_memory(sh, &ms);
+        if (step < MAX_STEPS) o->reserved[step] = ms.reserved_bytes;
+    }
     if (st == FSDP_OK && s->summons) st = summon_options(ctx, sh, m, rank, o);
     if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
     for (int op = 0; st == FSDP_OK && op < FSDP_COMM_OP_COUNT; op++)
@@ -492,7 +530,10 @@ static void check_spec(const spec *s) {
     FSDP_TEST_OK(fsdp_test_run_world(s->world, 60000, rank_fn, &cpu));
     FSDP_TEST_OK(fsdp_test_run_world(s->world, 60000, rank_fn, &dev));
     bool same = same_runs(&cpu, &dev, false);
-    if (!same) printf("  (scenario %s on %d ranks)\n", s->name, s->world);
+    if (!same)
+        printf("  (scenario %s on %d ranks: %s, param %s, reduce %s%s)\n", s->name, s->world,
+               fsdp_sharding_strategy_to_string(s->strategy), fsdp_dtype_to_string(s->param_dtype),
+               fsdp_dtype_to_string(s->reduce_dtype), s->offload ? ", offload" : "");
     CU_ASSERT_TRUE(same);
     CU_ASSERT_TRUE(cpu.out[0].n > 0 && total_calls(&cpu) > 0); /* it did train and communicate */
     run_free(&cpu);
@@ -680,7 +721,10 @@ static void check_prefetch(const spec *s, int *issued, int *skipped, int *most) 
     FSDP_TEST_OK(fsdp_test_run_world(s->world, 60000, rank_fn, &cpu));
     FSDP_TEST_OK(fsdp_test_run_world(s->world, 60000, rank_fn, &dev));
     bool same = same_runs(&cpu, &dev, false);
-    if (!same) printf("  (scenario %s on %d ranks)\n", s->name, s->world);
+    if (!same)
+        printf("  (scenario %s on %d ranks: %s, param %s, reduce %s%s)\n", s->name, s->world,
+               fsdp_sharding_strategy_to_string(s->strategy), fsdp_dtype_to_string(s->param_dtype),
+               fsdp_dtype_to_string(s->reduce_dtype), s->offload ? ", offload" : "");
     CU_ASSERT_TRUE(same);
     for (int r = 0; r < s->world; r++) {
         int i, k, m;
@@ -733,6 +777,133 @@ static void test_prefetch_order(void) {
         check_prefetch(&s, &issued, &skipped, &most);
         CU_ASSERT_EQUAL(issued, (s.steps - 1) * 4);
     }
+}
+
+/* BACKWARD_POST: a unit's post-backward hook gathers the first unit in backward order whose
+ * backward has not started, after its own gradients were reduced: layers.4 -> layers.3 -> 2 ->
+ * 1, and nothing after the root's (the end of backward) nor in the first pass (which records
+ * the order): 3 per pass from the second on; with forward prefetch too, 4 + 3. Bitwise the CPU
+ * run's, with no_sync (its post-backward hook keeps the gradients and still prefetches) and
+ * use_orig_params with clipping, and under mixed precision. */
+static void test_prefetch_backward_post(void) {
+    for (int k = 0; k < 3; k++) {
+        spec s = {.name = "prefetch BACKWARD_POST",
+                  .world = k == 1 ? 4 : 2,
+                  .strategy = FSDP_FULL_SHARD,
+                  .nested = true,
+                  .layers = 5,
+                  .steps = 3,
+                  .forward_prefetch = k == 1,
+                  .backward_prefetch = true,
+                  .backward_post = true};
+        if (k == 1) s.param_dtype = s.reduce_dtype = FSDP_DTYPE_BF16;
+        if (k == 2) s.orig = s.clip = s.no_sync = true;
+        int issued, skipped, most;
+        check_prefetch(&s, &issued, &skipped, &most);
+        int passes = s.steps * (s.no_sync ? 2 : 1);
+        CU_ASSERT_EQUAL(issued, (passes - 1) * (s.forward_prefetch ? 4 + 3 : 3));
+        CU_ASSERT_EQUAL(skipped, 0);
+    }
+}
+
+/* The order the post-backward stream must show in a run of `passes` backward passes of n_units
+ * units (printing what is wrong): every unit's reduction issued in each pass, each non-root
+ * one before another unit's backward computes and with no join of the compute stream before
+ * that, and one join per pass, after the root's reduction (the root is unit 0). */
+static bool check_reduce_order(const spec *s, int rank, const rank_out *o, int passes,
+                               int n_units) {
+    int issued = 0, joined = 0, last = -1;
+    bool awaiting = false; /* a non-root reduction not yet followed by a backward computation */
+    for (int i = 0; i < o->n_log; i++) {
+        int ev = o->log[i][0], u = o->log[i][1];
+        if (ev == FSDP_REDUCE_ISSUED) {
+            issued++;
+            last = u;
+            awaiting = u != 0;
+        } else if (ev == FSDP_REDUCE_JOINED) {
+            joined++;
+            if (awaiting || last != 0) {
+                printf("\n  %s rank %d: event %d joins the post-backward stream after unit %d's "
+                       "reduction, %s\n",
+                       s->name, rank, i, last,
+                       awaiting ? "before the next unit's backward" : "not the root's");
+                return false;
+            }
+        } else if (ev == LOG_COMPUTE_BACKWARD && awaiting) {
+            if (u == last) {
+                printf("\n  %s rank %d: unit %d computes again after its reduction\n", s->name,
+                       rank, u);
+                return false;
+            }
+            awaiting = false;
+        }
+    }
+    if (issued != passes * n_units || joined != passes) {
+        printf("\n  %s rank %d: %d reductions and %d joins, want %d and %d\n", s->name, rank,
+               issued, joined, passes * n_units, passes);
+        return false;
+    }
+    return true;
+}
+
+/* The gradient reductions on the post-backward stream (fsdp.md, "On a device"): on sim, in
+ * deferred mode, bitwise the CPU run; in every pass each unit's reduction is issued before the
+ * next unit's backward computes and the compute stream joins the post-backward stream once,
+ * after the root's, so the reductions run under the rest of backward; the pool holds the same
+ * bytes after the second and the third step (its cross-stream rule allocates a block once
+ * instead of waiting for a reduction in flight, and does not grow). FULL_SHARD (the fused
+ * reduce_scatter), HYBRID_SHARD (reduce_scatter then the replicas' all_reduce) and bf16 mixed
+ * precision (reduce_dtype bf16: rounded, reduced, widened), with BACKWARD_PRE prefetch. The
+ * negative control: without the join the optimizer steps before the reductions ran and the
+ * results differ. */
+static void test_reduce_overlap(void) {
+    for (int k = 0; k < 3; k++) {
+        spec s = {.name = "post-backward stream",
+                  .world = k == 1 ? 4 : 2,
+                  .strategy = k == 1 ? FSDP_HYBRID_SHARD : FSDP_FULL_SHARD,
+                  .replicate = 2,
+                  .nested = true,
+                  .layers = 5,
+                  .steps = 3,
+                  .backward_prefetch = true};
+        if (k == 2) s.param_dtype = s.reduce_dtype = FSDP_DTYPE_BF16;
+        run cpu, dev;
+        run_init(&cpu, &s, false);
+        run_init(&dev, &s, true);
+        FSDP_TEST_OK(fsdp_test_run_world(s.world, 60000, rank_fn, &cpu));
+        FSDP_TEST_OK(fsdp_test_run_world(s.world, 60000, rank_fn, &dev));
+        CU_ASSERT_TRUE(same_runs(&cpu, &dev, false));
+        for (int r = 0; r < s.world; r++) {
+            CU_ASSERT_TRUE(check_reduce_order(&s, r, &dev.out[r], s.steps, 5));
+            CU_ASSERT_EQUAL(dev.out[r].reserved[1], dev.out[r].reserved[2]);
+        }
+        run_free(&cpu);
+        run_free(&dev);
+    }
+}
+
+static void test_reduce_negative_control(void) {
+#ifdef UNDER_TSAN
+    fsdp_test_skip("the dropped join is a data race, which ThreadSanitizer reports (as it must)");
+    return;
+#endif
+    spec s = {.name = "post-backward negative control",
+              .world = 2,
+              .strategy = FSDP_FULL_SHARD,
+              .nested = true,
+              .layers = 5,
+              .steps = 3};
+    run cpu, without;
+    run_init(&cpu, &s, false);
+    run_init(&without, &s, true);
+    FSDP_TEST_OK(fsdp_test_run_world(2, 60000, rank_fn, &cpu));
+    fsdp_shard_test_skip_reduce_join(true);
+    fsdp_status st = fsdp_test_run_world(2, 60000, rank_fn, &without);
+    fsdp_shard_test_skip_reduce_join(false);
+    FSDP_TEST_OK(st);
+    CU_ASSERT_FALSE(same_runs(&cpu, &without, true));
+    run_free(&cpu);
+    run_free(&without);
 }
 
 /* SHARD_GRAD_OP keeps every unit gathered from forward to backward, so forward prefetch alone
@@ -903,7 +1074,10 @@ int main(int argc, char **argv) {
         {"clip_no_sync_checkpoint_summon", test_clip_no_sync_checkpoint_summon},
         {"negative_control", test_negative_control},
         {"prefetch_order", test_prefetch_order},
+        {"prefetch_backward_post", test_prefetch_backward_post},
         {"prefetch_limit", test_prefetch_limit},
+        {"reduce_overlap", test_reduce_overlap},
+        {"reduce_negative_control", test_reduce_negative_control},
         {"prefetch_cpu", test_prefetch_cpu},
         {"prefetch_negative_control", test_prefetch_negative_control},
         {"offload_write_after_forward", test_offload_write_after_forward},

@@ -58,11 +58,15 @@ typedef enum fsdp_sharding_strategy {
 
 const char *fsdp_sharding_strategy_to_string(fsdp_sharding_strategy s); /* "FULL_SHARD", ... */
 
-/* FSDP1's BackwardPrefetch: what a unit's pre-backward hook gathers besides its own unit. */
+/* FSDP1's BackwardPrefetch: which hook of a unit also gathers the unit that runs next in
+ * backward. */
 typedef enum fsdp_backward_prefetch {
     FSDP_BACKWARD_PREFETCH_NONE = 0, /* each unit gathers in its own pre-backward hook */
-    FSDP_BACKWARD_PRE, /* also the next unit in backward order, before this unit's backward
-                          computes (PyTorch's BackwardPrefetch.BACKWARD_PRE) */
+    FSDP_BACKWARD_PRE,  /* the pre-backward hook: the next unit in backward order, before this
+                           unit's backward computes (PyTorch's BackwardPrefetch.BACKWARD_PRE) */
+    FSDP_BACKWARD_POST, /* the post-backward hook: the first unit whose backward has not
+                           started, after this unit's gradients are computed and reduced
+                           (BackwardPrefetch.BACKWARD_POST) */
     FSDP_BACKWARD_PREFETCH_COUNT
 } fsdp_backward_prefetch;
 
@@ -118,13 +122,13 @@ typedef struct fsdp_fully_shard_options {
     fsdp_comm_hook comm_hook;
     fsdp_mixed_precision mixed_precision; /* default: everything f32 */
     /* Prefetch (FSDP1's forward_prefetch, backward_prefetch, limit_all_gathers): a unit's
-     * pre-forward hook (forward_prefetch) or pre-backward hook (FSDP_BACKWARD_PRE) also issues
-     * the gather of the unit that runs next, in the order the hooks ran in the first step,
-     * before the unit computes. On a device the gather runs on a stream of its own while the
-     * unit computes, and the next unit's compute stream waits for it; on the CPU only the order
-     * changes. limit_all_gathers: a prefetch is not issued while FSDP_PREFETCH_LIMIT (2)
-     * non-root units hold gathered parameters (a unit's own gather is never held back).
-     * Results are bitwise those without prefetch. Defaults: off. */
+     * pre-forward hook (forward_prefetch), pre-backward hook (FSDP_BACKWARD_PRE) or post-backward
+     * hook (FSDP_BACKWARD_POST) also issues the gather of the unit that runs next, in the order the
+     * hooks ran in the first step, before the unit computes. On a device the gather runs on a
+     * stream of its own while the unit computes, and the next unit's compute stream waits for it;
+     * on the CPU only the order changes. limit_all_gathers: a prefetch is not issued while
+     * FSDP_PREFETCH_LIMIT (2) non-root units hold gathered parameters (a unit's own gather is never
+     * held back). Results are bitwise those without prefetch. Defaults: off. */
     bool forward_prefetch;
     fsdp_backward_prefetch backward_prefetch;
     bool limit_all_gathers;

@@ -170,13 +170,14 @@ fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, const c
 /* Gathers the unit that runs after u (fsdp_prefetch_pick) on the unshard stream, after
  * everything the compute stream has queued (the shard's last write, the last use of the pool
  * blocks it takes); its gathered event fires when done. */
-static fsdp_status prefetch_next(fsdp_ctx *ctx, unit *u, bool backward) {
-    unit *v = fsdp_prefetch_pick(ctx, u, backward);
+static fsdp_status prefetch_next(fsdp_ctx *ctx, unit *u, fsdp_prefetch_at at) {
+    unit *v = fsdp_prefetch_pick(ctx, u, at);
     if (!v) return FSDP_OK;
     fsdp_stream compute;
     FSDP_TRY_AT(ctx, fsdp_prefetch_begin(ctx, v->owner, &compute));
-    fsdp_status st = fsdp_shard_unshard(
-        ctx, v, v->owner->param_dtype, backward ? "the backward prefetch" : "the forward prefetch");
+    fsdp_status st = fsdp_shard_unshard(ctx, v, v->owner->param_dtype,
+                                        at == FSDP_PREFETCH_AT_FORWARD ? "the forward prefetch"
+                                                                       : "the backward prefetch");
     return fsdp_prefetch_end(ctx, v, compute, st);
 }
 
@@ -293,7 +294,7 @@ fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poin
     FSDP_TRY_AT(ctx, fsdp_prefetch_note(ctx, u, false));
     FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-forward hook"));
     FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u));
-    return prefetch_next(ctx, u, false); /* before this unit computes */
+    return prefetch_next(ctx, u, FSDP_PREFETCH_AT_FORWARD); /* before this unit computes */
 }
 
 fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
@@ -319,7 +320,7 @@ fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
     FSDP_TRY_AT(ctx, fsdp_prefetch_note(ctx, u, true));
     FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-backward hook"));
     FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u));
-    FSDP_TRY_AT(ctx, prefetch_next(ctx, u, true));
+    FSDP_TRY_AT(ctx, prefetch_next(ctx, u, FSDP_PREFETCH_AT_PRE_BACKWARD));
     /* under no_sync, still bound with what was accumulated */
     return fsdp_shard_take_grads(ctx, u, "the pre-backward hook");
 }
@@ -335,12 +336,24 @@ fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_po
         FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_KEEP_GRADS, call));
         if (fsdp_shard_reshard_after_forward(u->owner))
             FSDP_TRY_AT(ctx, fsdp_shard_reshard(ctx, u, call));
+        FSDP_TRY_AT(ctx, prefetch_next(ctx, u, FSDP_PREFETCH_AT_POST_BACKWARD));
         return u->is_root ? fsdp_offload_sync(ctx, u->owner) : FSDP_OK;
     }
     FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, UNIT_REDUCED, call));
-    FSDP_TRY_AT(ctx, reduce_grad(ctx, u));
-    FSDP_TRY_AT(ctx, fsdp_shard_give_grads(ctx, u, call));
+    /* The reduction on the post-backward stream, under the next unit's backward. */
+    fsdp_stream compute;
+    FSDP_TRY_AT(ctx, fsdp_post_backward_begin(ctx, u->owner, &compute));
+    fsdp_status st = reduce_grad(ctx, u);
+    if (st == FSDP_OK) st = fsdp_shard_give_grads(ctx, u, call);
+    fsdp_post_backward_end(u->owner, compute);
+    FSDP_TRY_AT(ctx, st);
+    if (u->numel) fsdp_prefetch_trace(u, FSDP_REDUCE_ISSUED);
     FSDP_TRY_AT(ctx, fsdp_shard_reshard(ctx, u, call));
-    /* the end of backward: the optimizer may write the pinned shards next */
-    return u->is_root ? fsdp_offload_sync(ctx, u->owner) : FSDP_OK;
+    /* BACKWARD_POST: the next unit's gather, while what runs before its backward computes */
+    FSDP_TRY_AT(ctx, prefetch_next(ctx, u, FSDP_PREFETCH_AT_POST_BACKWARD));
+    if (!u->is_root) return FSDP_OK;
+    /* the end of backward: the gradients are complete on the compute stream; the optimizer
+     * may write the pinned shards next */
+    FSDP_TRY_AT(ctx, fsdp_post_backward_join(ctx, u->owner));
+    return fsdp_offload_sync(ctx, u->owner);
 }

@@ -1,7 +1,9 @@
 /* prefetch.c: FSDP1's prefetch on the rank's streams: a unit's hook issues the gather of the
- * unit that runs after it (forward_prefetch: the next in forward order; BACKWARD_PRE: the next
- * in backward order), before its own computation, on the state's unshard stream, so that on a
- * device the gather runs while the unit computes; the unit that was prefetched makes the
+ * unit that runs after it (forward_prefetch: the next in forward order, before the unit
+ * computes; BACKWARD_PRE: the next in backward order, before the unit computes; BACKWARD_POST:
+ * the first unit in backward order whose backward has not started, after the unit's gradients
+ * were reduced) on the state's unshard stream, so that on a device the gather runs while
+ * computation goes on; the unit that was prefetched makes the
  * compute stream wait for the gather's event before its parameters are read.
  * limit_all_gathers holds the gathered units (the root excluded) to FSDP_PREFETCH_LIMIT when
  * prefetching. The order is the order the hooks first ran in (the first step's), as PyTorch
@@ -40,6 +42,11 @@ fsdp_status fsdp_prefetch_note(fsdp_ctx *ctx, unit *u, bool backward) {
     fsdp_sharded *sh = u->owner;
     int b = backward;
     if (ctx->recompute_depth > 0) return FSDP_OK; /* a recompute is not the forward order */
+    if (backward) {
+        u->backward_started = true;
+    } else if (u->is_root) { /* a new pass: no unit's backward has started */
+        for (int i = 0; i < sh->n_units; i++) sh->units[i]->backward_started = false;
+    }
     for (int i = 0; i < sh->n_order[b]; i++)
         if (sh->order[b][i] == u) return FSDP_OK;
     if (!sh->order[b]) {
@@ -55,6 +62,14 @@ fsdp_status fsdp_prefetch_note(fsdp_ctx *ctx, unit *u, bool backward) {
 static unit *next_of(const fsdp_sharded *sh, const unit *u, int b) {
     for (int i = 0; i + 1 < sh->n_order[b]; i++)
         if (sh->order[b][i] == u) return sh->order[b][i + 1];
+    return NULL;
+}
+
+/* The first unit in backward order whose backward has not started (a post-backward hook's
+ * next: with nested units, the unit after u in that order may have run already), or NULL. */
+static unit *first_not_started(const fsdp_sharded *sh) {
+    for (int i = 0; i < sh->n_order[1]; i++)
+        if (!sh->order[1][i]->backward_started) return sh->order[1][i];
     return NULL;
 }
 
@@ -98,12 +113,19 @@ fsdp_status fsdp_prefetch_end(fsdp_ctx *ctx, unit *v, fsdp_stream compute, fsdp_
     return FSDP_OK;
 }
 
-unit *fsdp_prefetch_pick(fsdp_ctx *ctx, unit *u, bool backward) {
+unit *fsdp_prefetch_pick(fsdp_ctx *ctx, unit *u, fsdp_prefetch_at at) {
     fsdp_sharded *sh = u->owner;
     bool on =
-        backward ? sh->opts.backward_prefetch == FSDP_BACKWARD_PRE : sh->opts.forward_prefetch;
+        at == FSDP_PREFETCH_AT_FORWARD
+            ? sh->opts.forward_prefetch
+            : sh->opts.backward_prefetch ==
+                  (at == FSDP_PREFETCH_AT_PRE_BACKWARD ? FSDP_BACKWARD_PRE : FSDP_BACKWARD_POST);
     if (!on || ctx->recompute_depth > 0) return NULL;
-    unit *v = next_of(sh, u, backward);
+    /* The root's post-backward hook is the end of backward: nothing runs after it. */
+    if (at == FSDP_PREFETCH_AT_POST_BACKWARD && u->is_root) return NULL;
+    unit *v = at == FSDP_PREFETCH_AT_POST_BACKWARD
+                  ? first_not_started(sh)
+                  : next_of(sh, u, at == FSDP_PREFETCH_AT_PRE_BACKWARD);
     if (!v || v->numel == 0 || (v->state != UNIT_SHARDED && v->state != UNIT_GRAD_PENDING))
         return NULL;
     if (sh->opts.limit_all_gathers && fsdp_prefetch_in_flight(sh) >= FSDP_PREFETCH_LIMIT) {

@@ -71,15 +71,27 @@ typedef struct unit {
      * unshard stream; `gathered` fires when it is done, and the compute stream waits for it
      * before the unit's parameters are read (or freed). */
     bool prefetched;
+    /* Its pre-backward hook ran in the backward under way (reset by the root's pre-forward):
+     * BACKWARD_POST prefetches the first unit in backward order without it. */
+    bool backward_started;
     fsdp_event gathered;
 } unit;
+
+/* The hook that prefetches: a pre-forward, pre-backward or post-backward hook. */
+typedef enum fsdp_prefetch_at {
+    FSDP_PREFETCH_AT_FORWARD,
+    FSDP_PREFETCH_AT_PRE_BACKWARD,
+    FSDP_PREFETCH_AT_POST_BACKWARD
+} fsdp_prefetch_at;
 
 /* What prefetch.c reports to a test's observer (fsdp_shard_test_trace). */
 typedef enum fsdp_prefetch_event {
     FSDP_PREFETCH_ISSUED,  /* a unit's gather issued ahead of it, on the unshard stream */
     FSDP_PREFETCH_SKIPPED, /* not issued: limit_all_gathers, and the limit reached */
     FSDP_PREFETCH_WAITED,  /* the compute stream made to wait for a prefetched gather */
-    FSDP_PREFETCH_OWN      /* a unit's gather issued by its own hook (or a summon) */
+    FSDP_PREFETCH_OWN,     /* a unit's gather issued by its own hook (or a summon) */
+    FSDP_REDUCE_ISSUED,    /* a unit's gradient reduction issued on the post-backward stream */
+    FSDP_REDUCE_JOINED     /* the compute stream made to wait for the post-backward stream */
 } fsdp_prefetch_event;
 /* in_flight: the non-root units holding gathered parameters after the event. */
 typedef void (*fsdp_prefetch_trace_fn)(void *user, int unit, fsdp_prefetch_event ev, int in_flight);
@@ -118,6 +130,11 @@ struct fsdp_sharded {
     bool prefetching;    /* a prefetched gather is being issued */
     fsdp_prefetch_trace_fn trace;
     void *trace_user;
+    /* The post-backward stream (post_backward.c), made at the first reduction on a device; the
+     * events that order it after the compute stream and the compute stream after it. */
+    fsdp_stream post;
+    fsdp_event grads_done, reduced;
+    bool post_ready;
 };
 
 /* The shard group's size and this rank's index in it (what the group says, not a copy). */
@@ -206,13 +223,28 @@ fsdp_status fsdp_offload_sync(fsdp_ctx *ctx, const fsdp_sharded *sh);
 /* Tests: the negative control that drops that wait (every state, while on). */
 void fsdp_shard_test_skip_offload_sync(bool on);
 
+/* ---- the post-backward stream (post_backward.c) ---- */
+
+/* Around a unit's gradient reduction: begin makes the post-backward stream wait for the
+ * compute stream (*compute) and current; end makes the compute stream current again. Nothing
+ * on the CPU. */
+fsdp_status fsdp_post_backward_begin(fsdp_ctx *ctx, fsdp_sharded *sh, fsdp_stream *compute);
+void fsdp_post_backward_end(fsdp_sharded *sh, fsdp_stream compute);
+/* The end of backward: the current (compute) stream waits for every reduction queued, and the
+ * pool's blocks given back on the post-backward stream become the compute stream's. */
+fsdp_status fsdp_post_backward_join(fsdp_ctx *ctx, fsdp_sharded *sh);
+/* Waits for the stream's work and frees it and its events. */
+void fsdp_post_backward_release(fsdp_sharded *sh);
+/* Tests: the negative control that drops the join (every state, while on). */
+void fsdp_shard_test_skip_reduce_join(bool on);
+
 /* ---- prefetch (prefetch.c) ---- */
 
 /* Records u in the order of its hooks (backward: pre-backward) the first time it runs. */
 fsdp_status fsdp_prefetch_note(fsdp_ctx *ctx, unit *u, bool backward);
 /* The unit after u in that order, to be gathered now: when the options ask for it, it is
  * sharded, the limit of units in flight allows it and no recompute runs; else NULL. */
-unit *fsdp_prefetch_pick(fsdp_ctx *ctx, unit *u, bool backward);
+unit *fsdp_prefetch_pick(fsdp_ctx *ctx, unit *u, fsdp_prefetch_at at);
 /* Around a prefetch's gather: begin makes the unshard stream wait for the compute stream
  * (*compute) and makes it current; end (given the gather's status) makes compute current
  * again and records the unit's gathered event on the unshard stream. */

@@ -453,7 +453,7 @@ static fsdp_status check_options(fsdp_ctx *ctx, const fsdp_fully_shard_options *
     if ((int)o->backward_prefetch < 0 || o->backward_prefetch >= FSDP_BACKWARD_PREFETCH_COUNT)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_fully_shard: unknown backward_prefetch %d; use "
-                         "FSDP_BACKWARD_PREFETCH_NONE or FSDP_BACKWARD_PRE",
+                         "FSDP_BACKWARD_PREFETCH_NONE, FSDP_BACKWARD_PRE or FSDP_BACKWARD_POST",
                          (int)o->backward_prefetch);
     FSDP_TRY_AT(ctx, fsdp_dp_check_hook(ctx, &o->comm_hook, "fsdp_fully_shard"));
     if (o->comm_hook.kind == FSDP_COMM_HOOK_USER && o->strategy == FSDP_HYBRID_SHARD)
@@ -609,6 +609,7 @@ static void own_storage(fsdp_ctx *tmp, fsdp_tensor *t) {
 
 static void sharded_destroy(fsdp_sharded *sh) {
     fsdp_prefetch_release(sh); /* its stream's work ends before the blocks go */
+    fsdp_post_backward_release(sh);
     for (int i = 0; i < sh->n_units; i++) unit_free(sh->units[i]);
     free(sh->units);
     for (int i = 0; i < sh->n_segments; i++) free((char *)sh->segments[i].fqn);
