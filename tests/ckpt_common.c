@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "ckpt/region.h"
+#include "device_record.h" // defines: rank_device, to_dev
 #include "harness.h"
 
 #define SEED   5
@@ -25,6 +26,8 @@ typedef struct run {
     fsdp_state *state;
     fsdp_tensor *x, *y, *dout;
     int dp_index;
+    fsdp_device dev;      /* where the model and the batches live */
+    fsdp_module *stepped; /* what the optimizer steps: the model or FSDP's flat parameters */
 } run;
 
 static void run_free(fsdp_ctx *ctx, run *r) {
@@ -49,6 +52,11 @@ static fsdp_status build(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
     r->dp_index = fsdp_mesh_coordinate(r->mesh, 0) * shard + fsdp_mesh_coordinate(r->mesh, 1);
     FSDP_TRY(fsdp_model_mlp_stacked(ctx, 2, &r->model));
     FSDP_TRY(fsdp_module_reset_parameters(ctx, r->model, SEED));
+    r->dev = jb->device ? rank_device(fsdp_ctx_rank(ctx)) : FSDP_CPU;
+    if (jb->device) {
+        FSDP_TRY(fsdp_ctx_set_device(ctx, r->dev));
+        FSDP_TRY(fsdp_module_to(ctx, r->model, r->dev));
+    }
     if (l->tp > 1) {
         FSDP_TRY(fsdp_mesh_dim(ctx, r->mesh, "tp", &r->tp));
         fsdp_tp_plan_entry plan[] = {{"layers.*.net1", FSDP_COLWISE()},
@@ -72,6 +80,7 @@ static fsdp_status build(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
         FSDP_TRY(
             fsdp_replicate_apply(ctx, r->model, &(fsdp_replicate_options){.group = r->dp}, NULL));
     }
+    r->stepped = stepped;
     if (jb->opt == OPT_ADAM)
         FSDP_TRY(fsdp_adam_create(ctx, stepped, &(fsdp_adam_options){.lr = LR}, &r->opt));
     else
@@ -93,12 +102,20 @@ static fsdp_status batch(fsdp_ctx *ctx, const ckpt_job *jb, run *r, int64_t s) {
     if (jb->fixed_x) {
         memcpy(fsdp_tensor_data(r->x), jb->fixed_x + off * IN_DIM, (size_t)(len * IN_DIM) * 4);
         memcpy(fsdp_tensor_data(r->y), jb->fixed_y + off * IN_DIM, (size_t)(len * IN_DIM) * 4);
-        return FSDP_OK;
+    } else {
+        fsdp_init u = {.kind = FSDP_INIT_UNIFORM, .a = -1.0f, .b = 1.0f};
+        int64_t shape[2] = {BATCH, IN_DIM}, start[2] = {off, 0};
+        FSDP_TRY(fsdp_init_block(ctx, r->x, &u, 100 + (uint64_t)s, 1, 2, shape, start));
+        FSDP_TRY(fsdp_init_block(ctx, r->y, &u, 100 + (uint64_t)s, 2, 2, shape, start));
     }
-    fsdp_init u = {.kind = FSDP_INIT_UNIFORM, .a = -1.0f, .b = 1.0f};
-    int64_t shape[2] = {BATCH, IN_DIM}, start[2] = {off, 0};
-    FSDP_TRY(fsdp_init_block(ctx, r->x, &u, 100 + (uint64_t)s, 1, 2, shape, start));
-    return fsdp_init_block(ctx, r->y, &u, 100 + (uint64_t)s, 2, 2, shape, start);
+    if (!jb->device) return FSDP_OK;
+    fsdp_tensor *hx = r->x, *hy = r->y;
+    r->x = r->y = NULL;
+    fsdp_status st = to_dev(ctx, hx, r->dev, &r->x);
+    if (st == FSDP_OK) st = to_dev(ctx, hy, r->dev, &r->y);
+    fsdp_tensor_free(hx);
+    fsdp_tensor_free(hy);
+    return st;
 }
 
 /* The output for the fixed batch: this dp rank's rows into jb->forward_out (by tp rank 0). */
@@ -126,6 +143,33 @@ static fsdp_status train(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
     return FSDP_OK;
 }
 
+static bool same_device(const fsdp_tensor *t, fsdp_device d) {
+    fsdp_device at = fsdp_tensor_device(t);
+    return at.type == d.type && at.index == d.index;
+}
+
+static fsdp_status param_where(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    const run *r = user;
+    FSDP_RANK_CHECK(ctx, same_device(fsdp_param_data(p), r->dev), "parameter %s is on %s, not %s",
+                    name, fsdp_device_to_string(fsdp_tensor_device(fsdp_param_data(p))),
+                    fsdp_device_to_string(r->dev));
+    return FSDP_OK;
+}
+
+/* What a device run saves and loads is on its device (the shards and their optimizer state on
+ * the host under offload_params), so the checkpoint really moves device tensors. */
+static fsdp_status check_where(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
+    if (!jb->device || jb->l->offload) return FSDP_OK;
+    FSDP_TRY(fsdp_module_visit_params(ctx, r->stepped, param_where, r));
+    for (int i = 0; i < fsdp_optimizer_num_states(r->opt); i++) {
+        fsdp_optim_state os;
+        FSDP_TRY(fsdp_optimizer_get_state(ctx, r->opt, i, &os));
+        FSDP_RANK_CHECK(ctx, same_device(os.value, r->dev), "optimizer state of %s is on %s",
+                        os.param_name, fsdp_device_to_string(fsdp_tensor_device(os.value)));
+    }
+    return FSDP_OK;
+}
+
 /* Loads jb->load into the run's state, or (load_model_only) into a state of the model alone. */
 static fsdp_status load(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
     fsdp_ckpt *ck = NULL;
@@ -142,6 +186,8 @@ static fsdp_status load(fsdp_ctx *ctx, const ckpt_job *jb, run *r) {
 static fsdp_status job_rank(fsdp_ctx *ctx, int rank, void *user) {
     const ckpt_job *jb = user;
     run r = {0};
+    FSDP_RANK_CHECK(ctx, !jb->device || (!jb->forward_out && !jb->nudge),
+                    "ckpt_job.device: forward_out and nudge read host memory");
     fsdp_status s = build(ctx, jb, &r);
     if (s == FSDP_OK && jb->load) s = load(ctx, jb, &r);
     if (s == FSDP_OK && jb->nudge) {
@@ -168,6 +214,7 @@ static fsdp_status job_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_ckpt_meta meta = {.step = jb->first_step + jb->steps, .layout = jb->l->name};
     if (s == FSDP_OK && w && jb->before_save && rank == 0)
         jb->before_save(meta.step, jb->hook_user);
+    if (s == FSDP_OK) s = check_where(ctx, jb, &r);
     if (s == FSDP_OK && w) s = fsdp_ckpt_save(ctx, w, r.state, &meta);
     fsdp_ckpt_writer_free(ctx, w);
     run_free(ctx, &r);

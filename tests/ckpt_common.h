@@ -1,7 +1,8 @@
-/* ckpt_common.h: what the checkpoint suites (test_ckpt, test_ckpt_tool, test_ckpt_crash) share: a
- * small MLP (MLPStacked(2)) laid out by a `ckpt_layout` (dp x tp mesh, plain, FSDP of any strategy
- * or replicate), trained with Adam or SGD on batches drawn from global indices, loaded from and
- * saved to checkpoints; and the scratch directories, the newest checkpoint, a flipped byte. */
+/* ckpt_common.h: what the checkpoint suites (test_ckpt, test_ckpt_tool, test_ckpt_crash,
+ * test_ckpt_device) share: a small MLP (MLPStacked(2)) laid out by a `ckpt_layout` (dp x tp mesh,
+ * plain, FSDP of any strategy or replicate), on the CPU or on sim devices, trained with Adam or SGD
+ * on batches drawn from global indices, loaded from and saved to checkpoints; and the scratch
+ * directories, the newest checkpoint, a flipped byte. */
 #ifndef FSDP_TEST_CKPT_COMMON_H
 #define FSDP_TEST_CKPT_COMMON_H
 
@@ -54,6 +55,10 @@ typedef struct ckpt_job {
      * (fsdp_test_nudge_params): a run whose difference from the same run unnudged is its
      * rounding noise. One plain rank (MODE_PLAIN, 1x1) only. */
     bool nudge;
+    /* Run every rank on its simulated GPU, sim:(rank % 2) (device_record.h rank_device): the
+     * model moved there before TP and FSDP, each step's batch uploaded, the state saved from
+     * and loaded into device tensors. Not with forward_out or nudge (they read host memory). */
+    bool device;
 } ckpt_job;
 
 #define CKPT_TEST_BATCH 12   /* the global batch: divisible by every dp size of the matrix */

@@ -1,8 +1,9 @@
 /* save.c: sharded checkpoint save. Every rank lists the regions it holds; one all_gather tells
  * every rank what the others hold, so each writes the parts no lower rank holds (replicated
  * values once) and rank 0 writes the table of all pieces; the directory is committed by a
- * rename once every rank has written. Async: the values are copied to host memory and a
- * thread writes them; the commit waits for the next save or wait. */
+ * rename once every rank has written. Async: the pieces are copied to host memory (pinned for
+ * device tensors: stage.h), so the save waits only for those copies, and a thread writes them;
+ * the commit waits for the next save or wait. */
 #define _POSIX_C_SOURCE 200809L /* strdup, strnlen, stpcpy, fsync */
 #include <errno.h>
 #include <pthread.h>
@@ -15,6 +16,7 @@
 #include "ckpt/ckpt_impl.h"
 #include "ckpt/dir.h"
 #include "ckpt/h5.h"
+#include "ckpt/stage.h"
 #include "ckpt/state_impl.h"
 #include "core/array.h"
 #include "core/clock.h"
@@ -25,7 +27,6 @@
 typedef struct frag {
     int rank, entry, piece, id;
     region box;
-    void *staged;    /* async: the values, owned */
     uint64_t digest; /* of the values written (bind.h) */
 } frag;
 
@@ -35,6 +36,7 @@ typedef struct job {
     int rank, world, level;
     int lock_ms;          /* the rank's bound on waiting for the HDF5 lock (h5_lock_ms) */
     const fsdp_state *st; /* sync only: values are read from it while writing */
+    ckpt_stage *stage;    /* async only: the host copies of the pieces the fragments read */
     char **names;         /* entry names (copied for async) */
     fsdp_dtype *dtypes;
     int n_entries;
@@ -336,13 +338,16 @@ static fsdp_status fetch(fsdp_ctx *ctx, const fsdp_state *st, const frag *f, con
 static fsdp_status write_frags(fsdp_ctx *ctx, job *jb, ckpt_shard_writer *sw) {
     for (int i = 0; i < jb->n_frags; i++) {
         frag *f = &jb->frags[i];
-        const void *data = f->staged;
-        void *owned = NULL;
-        if (!data) FSDP_TRY_AT(ctx, fetch(ctx, jb->st, f, &data, &owned));
+        const void *data;
+        void *owned;
+        if (jb->stage)
+            FSDP_TRY_AT(
+                ctx, ckpt_stage_values(ctx, jb->stage, f->entry, f->piece, &f->box, &data, &owned));
+        else
+            FSDP_TRY_AT(ctx, fetch(ctx, jb->st, f, &data, &owned));
         fsdp_status s = ckpt_shard_put(ctx, sw, jb->names[f->entry], f->id, jb->dtypes[f->entry],
                                        &f->box, data, &f->digest);
         free(owned);
-        if (f->staged) free(f->staged), f->staged = NULL;
         FSDP_TRY_AT(ctx, s);
     }
     return FSDP_OK;
@@ -362,7 +367,7 @@ static fsdp_status write_files(fsdp_ctx *ctx, job *jb) {
 
 static void job_free(job *jb) {
     if (!jb) return;
-    for (int i = 0; i < jb->n_frags; i++) free(jb->frags[i].staged);
+    ckpt_stage_free(jb->stage);
     free(jb->frags);
     free(jb->digests);
     free(jb->flags);
@@ -457,21 +462,12 @@ static fsdp_status job_describe(fsdp_ctx *ctx, job *jb, const fsdp_state *st,
     return FSDP_OK;
 }
 
-/* Async: every fragment's values copied to host memory now. */
+/* Async: every piece a fragment reads copied to host memory now (stage.h). */
 static fsdp_status stage(fsdp_ctx *ctx, job *jb) {
-    for (int i = 0; i < jb->n_frags; i++) {
-        frag *f = &jb->frags[i];
-        const void *data;
-        void *owned;
-        FSDP_TRY_AT(ctx, fetch(ctx, jb->st, f, &data, &owned));
-        if (!owned) {
-            size_t bytes = (size_t)region_numel(&f->box) * fsdp_dtype_size(jb->dtypes[f->entry]);
-            if (!(owned = malloc(bytes + 1)))
-                return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "async checkpoint staging");
-            memcpy(owned, data, bytes);
-        }
-        f->staged = owned;
-    }
+    FSDP_TRY_AT(ctx, ckpt_stage_create(ctx, jb->st, &jb->stage));
+    for (int i = 0; i < jb->n_frags; i++)
+        ckpt_stage_mark(jb->stage, jb->frags[i].entry, jb->frags[i].piece);
+    FSDP_TRY_AT(ctx, ckpt_stage_copy(ctx, jb->stage, jb->st));
     jb->st = NULL;
     return FSDP_OK;
 }

@@ -46,6 +46,10 @@ typedef struct fsdp_sim_memory_stats {
 /* Zeroes when the device index is out of range or the device was never used. */
 fsdp_sim_memory_stats fsdp_sim_memory_stats_get(int device);
 
+/* Bytes of pinned host memory (host_alloc) handed out and not yet freed, over every sim
+ * device. */
+size_t fsdp_sim_pinned_bytes(void);
+
 /* Returns the cached blocks of a device to its memory, after the work that last used them. */
 void fsdp_sim_empty_cache(int device);
 

@@ -106,6 +106,14 @@ static void pinned_release(void) {
     pthread_mutex_unlock(&pinned_mu);
 }
 
+size_t fsdp_sim_pinned_bytes(void) {
+    size_t n = 0;
+    pthread_mutex_lock(&pinned_mu);
+    for (const pinned *q = pins; q; q = q->next) n += q->size;
+    pthread_mutex_unlock(&pinned_mu);
+    return n;
+}
+
 static void sim_host_free(void *ptr) {
     if (!ptr) return;
     pthread_mutex_lock(&pinned_mu);
