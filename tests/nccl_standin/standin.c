@@ -8,7 +8,17 @@
  * round to the element type at every step, as a ring does, so tests must compare within a
  * bound. A group (ncclGroupStart/End) becomes one closure. ncclCommAbort releases every closure
  * waiting on the clique, whose members then report ncclRemoteError. Faults are injected through
- * fsdpStandinInject (standin.h). */
+ * fsdpStandinInject (standin.h).
+ *
+ * Cross-process mode (fsdpStandinCrossProcess, built with MPI): the ranks of a communicator are
+ * the processes of an MPI job, one rank each (the world's rank r is MPI_COMM_WORLD's rank r).
+ * ncclCommInitRank duplicates MPI_COMM_WORLD for the clique, ncclCommSplit splits the parent's
+ * communicator; a closure sends its operations and its input bytes (read on the stream's thread
+ * from the sim device's memory) to every member and receives theirs, then computes its result
+ * as above. ncclCommAbort tells the other members, whose closures then end with ncclRemoteError.
+ * The closures call MPI on the streams' threads while the host thread calls it too, so the
+ * program must have initialised MPI with MPI_THREAD_MULTIPLE (ncclCommInitRank refuses
+ * otherwise). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <nccl.h>
@@ -16,9 +26,15 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#ifdef FSDP_STANDIN_MPI
+#include <mpi.h>
+#endif
 
 #include "kernels/kernels.h"
 #include "kernels/sim/sim_impl.h"
@@ -64,6 +80,8 @@ typedef struct clique {
     uint64_t id;
     int n, joined, refs; /* refs: communicators not yet freed */
     bool aborted;
+    bool xp;   /* cross-process: the members are MPI processes */
+    void *mpi; /* cross-process: the clique's MPI communicator (an MPI_Comm, malloc'd) */
     coll *colls;
     split_rec *splits;
 } clique;
@@ -89,6 +107,19 @@ static struct {
 
 void fsdpStandinInject(int nranks, int rank, standin_fault fault);
 int fsdpStandinLiveComms(void);
+int fsdpStandinCrossProcess(int on);
+
+static atomic_bool cross_process; /* ids made from now on are for processes */
+
+int fsdpStandinCrossProcess(int on) {
+#ifdef FSDP_STANDIN_MPI
+    atomic_store(&cross_process, on != 0);
+    return 1;
+#else
+    (void)on;
+    return 0;
+#endif
+}
 
 void fsdpStandinInject(int nranks, int rank, standin_fault fault) {
     pthread_mutex_lock(&inject.mu);
@@ -136,6 +167,10 @@ static void clique_free(clique *cl) {
             break;
         }
     pthread_mutex_unlock(&registry_mu);
+#ifdef FSDP_STANDIN_MPI
+    if (cl->mpi) MPI_Comm_free((MPI_Comm *)cl->mpi);
+#endif
+    free(cl->mpi);
     while (cl->colls) {
         coll *c = cl->colls;
         cl->colls = c->next;
@@ -192,6 +227,11 @@ static struct timespec deadline_in(int seconds) {
     return t;
 }
 
+/* Cross-process mode (below the data). */
+static ncclResult_t xp_init_rank(ncclComm_t *out, int nranks, int rank, const uint64_t *words);
+static ncclResult_t xp_split(ncclComm_t comm, int color, int key, ncclComm_t *out);
+static void xp_tell_abort(clique *cl, int me);
+
 /* ---- the library's own functions ---- */
 
 ncclResult_t ncclGetVersion(int *version) {
@@ -222,16 +262,20 @@ const char *ncclGetErrorString(ncclResult_t r) {
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
     if (!id) return ncclInvalidArgument;
     memset(id, 0, sizeof *id);
-    const uint64_t words[2] = {MAGIC, atomic_fetch_add(&next_id, 1)};
+    /* The process's id and the mode tell ids made by different processes apart. */
+    const uint64_t words[3] = {MAGIC, atomic_fetch_add(&next_id, 1),
+                               (uint64_t)getpid() << 1 | (uint64_t)atomic_load(&cross_process)};
     memcpy(id->internal, words, sizeof words);
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
-    uint64_t words[2];
+    uint64_t words[3];
     memcpy(words, id.internal, sizeof words);
     if (!out || words[0] != MAGIC || nranks < 1 || nranks > 256 || rank < 0 || rank >= nranks)
         return ncclInvalidArgument;
+    if (words[2] & 1) return xp_init_rank(out, nranks, rank, words);
+    if (words[2] >> 1 != (uint64_t)getpid()) return ncclInvalidUsage; /* another process's */
     pthread_mutex_lock(&registry_mu);
     clique *cl = registry;
     while (cl && cl->id != words[1]) cl = cl->next;
@@ -296,6 +340,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *out,
     (void)config;
     if (!comm || !out) return ncclInvalidArgument;
     clique *cl = comm->cl;
+    if (cl->xp) return xp_split(comm, color, key, out);
     pthread_mutex_lock(&cl->mu);
     const uint64_t no = comm->splits++;
     split_rec *s = cl->splits;
@@ -344,6 +389,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *out,
 static ncclResult_t comm_release(ncclComm_t comm, bool abort) {
     if (!comm) return ncclInvalidArgument;
     clique *cl = comm->cl;
+    if (abort && cl->xp) xp_tell_abort(cl, comm->rank);
     pthread_mutex_lock(&cl->mu);
     if (abort) {
         cl->aborted = true;
@@ -410,9 +456,26 @@ static void reduce(void *out, const void *const *src, int n, int first, size_t c
     k->reduce_n(out, order, n, (int64_t)count, dt, &args);
 }
 
+/* The bytes operation o reads from its send buffer. */
+static size_t send_bytes(const op *o, int n) {
+    fsdp_dtype dt = FSDP_DTYPE_F32;
+    (void)type_of(o->type, &dt);
+    if (o->kind == K_RECV) return 0;
+    return o->count * fsdp_dtype_size(dt) * (o->kind == K_REDUCE_SCATTER ? (size_t)n : 1);
+}
+
+/* What member m's i-th operation sends: in its device memory, or (cross-process) in data[m],
+ * the inputs of its operations one after the other. */
+static const void *source(const coll *c, const char *const *data, int n, int m, int i) {
+    if (!data) return sim_shadow(c->ops[m][i].send);
+    size_t off = 0;
+    for (int j = 0; j < i; j++) off += send_bytes(&c->ops[m][j], n);
+    return data[m] + off;
+}
+
 /* The result of member `me`'s operation o, into a new host buffer (*out; NULL for a send). */
-static ncclResult_t compute(const coll *c, int n, int me, uint64_t seq, const op *o, int nth,
-                            void **out) {
+static ncclResult_t compute(const coll *c, const char *const *data, int n, int me, uint64_t seq,
+                            const op *o, int nth, void **out) {
     *out = NULL;
     fsdp_dtype dt;
     if (!type_of(o->type, &dt)) return ncclInvalidArgument;
@@ -427,7 +490,7 @@ static ncclResult_t compute(const coll *c, int n, int me, uint64_t seq, const op
         for (int i = 0, k = 0; i < c->nops[o->peer]; i++) {
             if (peer[i].kind != K_SEND || peer[i].peer != me || k++ != nth) continue;
             if (peer[i].count != o->count || peer[i].type != o->type) return ncclInvalidUsage;
-            if (bytes) memcpy(buf, sim_shadow(peer[i].send), bytes);
+            if (bytes) memcpy(buf, source(c, data, n, o->peer, i), bytes);
             return ncclSuccess;
         }
         return ncclInvalidUsage;
@@ -438,7 +501,7 @@ static ncclResult_t compute(const coll *c, int n, int me, uint64_t seq, const op
         if (c->nops[m] != 1 || p->kind != o->kind || p->count != o->count || p->type != o->type ||
             p->red != o->red || p->peer != o->peer)
             return ncclInvalidUsage; /* the members disagree */
-        src[m] = sim_shadow(p->send);
+        src[m] = source(c, data, n, m, 0);
     }
     const int first = (int)((seq * 5 + 1) % (uint64_t)n);
     switch (o->kind) {
@@ -482,6 +545,272 @@ static ncclResult_t meet(clique *cl, const int *count, const struct timespec *en
     return *count >= cl->n ? ncclSuccess : cl->aborted ? ncclRemoteError : ncclSystemError;
 }
 
+/* ---- cross-process mode: the members are MPI processes ---- */
+
+#ifdef FSDP_STANDIN_MPI
+enum { TAG_ABORT = 0 }; /* then two tags per sequence number: the operations, the inputs */
+
+typedef struct wire_op {
+    int32_t kind, type, red, peer;
+    uint64_t count;
+} wire_op;
+
+typedef struct wire { /* a member's operations as they travel */
+    int32_t nops, pad;
+    wire_op ops[MAX_OPS];
+} wire;
+
+static ncclResult_t xp_refuse(const char *why) {
+    fprintf(stderr, "stand-in NCCL WARN %s\n", why);
+    return ncclInvalidUsage;
+}
+
+static bool past(const struct timespec *end) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec > end->tv_sec || (now.tv_sec == end->tv_sec && now.tv_nsec >= end->tv_nsec);
+}
+
+static void nap(void) {
+    const struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+}
+
+/* A set-up request of the host thread (a duplicate, an exchange of ids), until the deadline. */
+static bool xp_wait_setup(MPI_Request *req) {
+    const struct timespec end = deadline_in(WAIT_LIMIT_S);
+    for (;;) {
+        int done = 0;
+        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+        if (done) return true;
+        if (past(&end)) return false; /* a member never came; the request is left to MPI */
+        nap();
+    }
+}
+
+/* A communicator of the clique over comm (taken over), this process its rank in comm. */
+static ncclResult_t xp_clique(MPI_Comm comm, ncclComm_t *out) {
+    int n = 0, r = 0;
+    MPI_Comm_size(comm, &n);
+    MPI_Comm_rank(comm, &r);
+    clique *cl = n <= 256 ? clique_new(n) : NULL;
+    MPI_Comm *held = malloc(sizeof *held);
+    if (!cl || !held) {
+        free(held);
+        if (cl) clique_free(cl);
+        MPI_Comm_free(&comm);
+        return ncclSystemError;
+    }
+    *held = comm;
+    cl->mpi = held;
+    cl->xp = true;
+    cl->joined = n;
+    pthread_mutex_lock(&cl->mu);
+    struct ncclComm *c = comm_new(cl, r);
+    pthread_mutex_unlock(&cl->mu);
+    if (!c) {
+        clique_free(cl);
+        return ncclSystemError;
+    }
+    *out = c;
+    return ncclSuccess;
+}
+
+static ncclResult_t xp_init_rank(ncclComm_t *out, int nranks, int rank, const uint64_t *words) {
+    int init = 0, level = 0, size = 0, me = -1;
+    MPI_Initialized(&init);
+    if (!init) return xp_refuse("cross-process mode: MPI is not initialised");
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+        return xp_refuse("cross-process mode needs MPI initialised with MPI_THREAD_MULTIPLE (the "
+                         "closures call MPI on the streams' threads)");
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (nranks != size || rank != me)
+        return xp_refuse("cross-process mode: ncclCommInitRank's nranks and rank must be "
+                         "MPI_COMM_WORLD's size and this process's rank");
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Request req;
+    if (MPI_Comm_idup(MPI_COMM_WORLD, &comm, &req) != MPI_SUCCESS) return ncclSystemError;
+    if (!xp_wait_setup(&req)) return ncclSystemError;
+    /* Every member must pass the same id, as NCCL requires: the one rank 0 made. */
+    uint64_t mine[2] = {words[1], words[2]}, *all = calloc((size_t)size * 2, sizeof *all);
+    bool same = all && MPI_Iallgather(mine, 2, MPI_UINT64_T, all, 2, MPI_UINT64_T, comm, &req) ==
+                           MPI_SUCCESS;
+    same = same && xp_wait_setup(&req);
+    for (int m = 0; same && m < size; m++)
+        same = all[2 * m] == mine[0] && all[2 * m + 1] == mine[1];
+    free(all);
+    if (!same) {
+        MPI_Comm_free(&comm);
+        return xp_refuse("cross-process mode: the members of ncclCommInitRank passed different "
+                         "unique ids (every rank must use the id rank 0 made)");
+    }
+    return xp_clique(comm, out);
+}
+
+static ncclResult_t xp_split(ncclComm_t comm, int color, int key, ncclComm_t *out) {
+    MPI_Comm child = MPI_COMM_NULL;
+    *out = NULL;
+    if (MPI_Comm_split(*(MPI_Comm *)comm->cl->mpi,
+                       color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key,
+                       &child) != MPI_SUCCESS)
+        return ncclSystemError;
+    return child == MPI_COMM_NULL ? ncclSuccess : xp_clique(child, out);
+}
+
+static void xp_tell_abort(clique *cl, int me) {
+    static const int note = 1;
+    for (int m = 0; m < cl->n; m++) {
+        MPI_Request req;
+        if (m != me &&
+            MPI_Isend(&note, 1, MPI_INT, m, TAG_ABORT, *(MPI_Comm *)cl->mpi, &req) == MPI_SUCCESS)
+            MPI_Request_free(&req);
+    }
+}
+
+/* Waits for the requests, as long as the clique is not aborted (here or by a member's note)
+ * and the time is not up. On failure the receives are cancelled and the sends left to MPI;
+ * *keep is set when a send has not completed (its buffer must then stay). */
+static ncclResult_t xp_wait(clique *cl, MPI_Request *req, const bool *recv, int nreq,
+                            const struct timespec *end, bool *keep) {
+    MPI_Comm mc = *(MPI_Comm *)cl->mpi;
+    ncclResult_t r = ncclSystemError;
+    for (;;) {
+        int done = 0, note = 0;
+        if (MPI_Testall(nreq, req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
+        if (done) return ncclSuccess;
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_ABORT, mc, &note, MPI_STATUS_IGNORE);
+        pthread_mutex_lock(&cl->mu);
+        if (note) cl->aborted = true;
+        const bool aborted = cl->aborted;
+        pthread_mutex_unlock(&cl->mu);
+        if (aborted) {
+            r = ncclRemoteError;
+            break;
+        }
+        if (past(end)) break;
+        nap();
+    }
+    for (int i = 0; i < nreq; i++) {
+        if (req[i] == MPI_REQUEST_NULL) continue;
+        if (recv[i]) {
+            MPI_Cancel(&req[i]);
+            MPI_Wait(&req[i], MPI_STATUS_IGNORE);
+        } else {
+            MPI_Request_free(&req[i]);
+            *keep = true;
+        }
+    }
+    return r;
+}
+
+/* One closure across the processes: every member's operations, then their inputs, to every
+ * member; then this member's results. */
+static void xp_run(launch *a) {
+    struct ncclComm *comm = a->comm;
+    clique *cl = comm->cl;
+    const int n = cl->n, me = comm->rank, tag = 1 + (int)(a->seq % 10000) * 2;
+    const MPI_Comm mc = *(MPI_Comm *)cl->mpi;
+    const struct timespec end = deadline_in(WAIT_LIMIT_S);
+    wire *w = calloc((size_t)n, sizeof *w);
+    op *ops = calloc((size_t)n * MAX_OPS, sizeof *ops);
+    const op **opp = calloc((size_t)n, sizeof *opp);
+    int *nops = calloc((size_t)n, sizeof *nops);
+    char **data = calloc((size_t)n, sizeof *data);
+    MPI_Request *req = calloc((size_t)n * 2, sizeof *req);
+    bool *recv = calloc((size_t)n * 2, sizeof *recv), keep = false;
+    void *results[MAX_OPS] = {0};
+    ncclResult_t r = w && ops && opp && nops && data && req && recv ? ncclSuccess : ncclSystemError;
+    size_t mine = 0;
+    for (int i = 0; i < a->nops && r == ncclSuccess; i++) {
+        const op *o = &a->ops[i];
+        w[me].ops[i] = (wire_op){o->kind, (int32_t)o->type, (int32_t)o->red, o->peer, o->count};
+        mine += send_bytes(o, n);
+    }
+    if (r == ncclSuccess) w[me].nops = a->nops;
+    if (r == ncclSuccess && !(data[me] = malloc(mine ? mine : 1))) r = ncclSystemError;
+    for (int i = 0, off = 0; i < a->nops && r == ncclSuccess; i++) {
+        const size_t b = send_bytes(&a->ops[i], n);
+        if (b) memcpy(data[me] + off, sim_shadow(a->ops[i].send), b);
+        off += (int)b;
+    }
+    int nreq = 0;
+    for (int m = 0; m < n && r == ncclSuccess; m++) {
+        if (m == me) continue;
+        recv[nreq] = true;
+        MPI_Irecv(&w[m], (int)sizeof *w, MPI_BYTE, m, tag, mc, &req[nreq++]);
+        recv[nreq] = false;
+        MPI_Isend(&w[me], (int)sizeof *w, MPI_BYTE, m, tag, mc, &req[nreq++]);
+    }
+    if (r == ncclSuccess) r = xp_wait(cl, req, recv, nreq, &end, &keep);
+    nreq = 0;
+    for (int m = 0; m < n && r == ncclSuccess; m++) {
+        opp[m] = &ops[(size_t)m * MAX_OPS];
+        nops[m] = w[m].nops;
+        if (nops[m] < 0 || nops[m] > MAX_OPS) r = ncclInvalidUsage;
+        size_t bytes = 0;
+        for (int i = 0; i < nops[m] && r == ncclSuccess; i++) {
+            const wire_op *x = &w[m].ops[i];
+            ops[(size_t)m * MAX_OPS + i] =
+                (op){x->kind, NULL, NULL, x->count, (ncclDataType_t)x->type, (ncclRedOp_t)x->red,
+                     x->peer};
+            bytes += send_bytes(&ops[(size_t)m * MAX_OPS + i], n);
+        }
+        if (m == me || r != ncclSuccess) continue;
+        if (bytes > (size_t)INT32_MAX || !(data[m] = malloc(bytes ? bytes : 1))) {
+            r = ncclSystemError;
+            break;
+        }
+        recv[nreq] = true;
+        MPI_Irecv(data[m], (int)bytes, MPI_BYTE, m, tag + 1, mc, &req[nreq++]);
+        recv[nreq] = false;
+        MPI_Isend(data[me], (int)mine, MPI_BYTE, m, tag + 1, mc, &req[nreq++]);
+    }
+    if (r == ncclSuccess) r = xp_wait(cl, req, recv, nreq, &end, &keep);
+    const coll c = {.ops = opp, .nops = nops};
+    int nth_recv[256] = {0};
+    for (int i = 0; i < a->nops && r == ncclSuccess; i++) {
+        const op *o = &a->ops[i];
+        r = compute(&c, (const char *const *)data, n, me, a->seq, o,
+                    o->kind == K_RECV ? nth_recv[o->peer]++ : 0, &results[i]);
+    }
+    for (int i = 0; i < a->nops; i++) {
+        const op *o = &a->ops[i];
+        fsdp_dtype dt = FSDP_DTYPE_F32;
+        (void)type_of(o->type, &dt);
+        const size_t bytes =
+            o->count * fsdp_dtype_size(dt) * (o->kind == K_ALL_GATHER ? (size_t)n : 1);
+        if (r == ncclSuccess && results[i] && bytes) memcpy(sim_shadow(o->recv), results[i], bytes);
+        free(results[i]);
+    }
+    for (int m = 0; data && m < n; m++)
+        if (m != me || !keep) free(data[m]);
+    if (!keep) free(w);
+    free(ops), free(opp), free(nops), free(data), free(req), free(recv);
+    pthread_mutex_lock(&cl->mu);
+    if (r != ncclSuccess) fail(comm, r);
+    comm_unref_unlock(comm);
+}
+#else
+static ncclResult_t xp_init_rank(ncclComm_t *out, int nranks, int rank, const uint64_t *words) {
+    (void)out, (void)nranks, (void)rank, (void)words;
+    return ncclInvalidUsage;
+}
+static ncclResult_t xp_split(ncclComm_t comm, int color, int key, ncclComm_t *out) {
+    (void)comm, (void)color, (void)key, (void)out;
+    return ncclInvalidUsage;
+}
+static void xp_tell_abort(clique *cl, int me) {
+    (void)cl, (void)me;
+}
+static void xp_run(launch *a) {
+    pthread_mutex_lock(&a->comm->cl->mu);
+    fail(a->comm, ncclInvalidUsage);
+    comm_unref_unlock(a->comm);
+}
+#endif
+
 static void run(void *arg) {
     launch *a = arg;
     struct ncclComm *comm = a->comm;
@@ -498,6 +827,11 @@ static void run(void *arg) {
     }
     if (a->fault) {
         comm_unref_unlock(comm);
+        return;
+    }
+    if (cl->xp) {
+        pthread_mutex_unlock(&cl->mu);
+        xp_run(a);
         return;
     }
     coll *c = cl->colls;
@@ -522,7 +856,8 @@ static void run(void *arg) {
     int nth_recv[256] = {0};
     for (int i = 0; i < a->nops && r == ncclSuccess; i++) {
         const op *o = &a->ops[i];
-        r = compute(c, n, me, a->seq, o, o->kind == K_RECV ? nth_recv[o->peer]++ : 0, &results[i]);
+        r = compute(c, NULL, n, me, a->seq, o, o->kind == K_RECV ? nth_recv[o->peer]++ : 0,
+                    &results[i]);
     }
     pthread_mutex_lock(&cl->mu);
     if (r != ncclSuccess) cl->aborted = true; /* the others must not wait for this member */

@@ -19,4 +19,10 @@ typedef void (*standin_inject_fn)(int nranks, int rank, standin_fault fault);
 typedef int (*standin_live_fn)(void);
 #define STANDIN_LIVE_SYMBOL "fsdpStandinLiveComms"
 
+/* Cross-process mode (stand-in built with MPI): ids made from now on (on != 0) are for
+ * communicators whose ranks are the processes of an MPI job (standin.c). Returns 0 when this
+ * stand-in has no such mode. */
+typedef int (*standin_cross_fn)(int on);
+#define STANDIN_CROSS_SYMBOL "fsdpStandinCrossProcess"
+
 #endif
