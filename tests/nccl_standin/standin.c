@@ -669,9 +669,46 @@ static void xp_tell_abort(clique *cl, int me) {
     }
 }
 
+/* Sends of failed closures still in flight, with the buffers they read: freed once MPI has
+ * finished them (looked at as each closure starts), else kept to the end of the process. */
+typedef struct parked {
+    struct parked *next;
+    MPI_Request *req;
+    int nreq;
+    void *bufs[2];
+} parked;
+static pthread_mutex_t parked_mu = PTHREAD_MUTEX_INITIALIZER;
+static parked *parked_sends;
+
+static void park(MPI_Request *req, int nreq, void *a, void *b) {
+    parked *p = malloc(sizeof *p);
+    if (!p) return; /* the buffers stay allocated: MPI may still read them */
+    *p = (parked){.req = req, .nreq = nreq, .bufs = {a, b}};
+    pthread_mutex_lock(&parked_mu);
+    p->next = parked_sends;
+    parked_sends = p;
+    pthread_mutex_unlock(&parked_mu);
+}
+
+static void reap_parked(void) {
+    pthread_mutex_lock(&parked_mu);
+    for (parked **at = &parked_sends; *at;) {
+        parked *p = *at;
+        int done = 0;
+        MPI_Testall(p->nreq, p->req, &done, MPI_STATUSES_IGNORE);
+        if (!done) {
+            at = &p->next;
+            continue;
+        }
+        *at = p->next;
+        free(p->req), free(p->bufs[0]), free(p->bufs[1]), free(p);
+    }
+    pthread_mutex_unlock(&parked_mu);
+}
+
 /* Waits for the requests, as long as the clique is not aborted (here or by a member's note)
- * and the time is not up. On failure the receives are cancelled and the sends left to MPI;
- * *keep is set when a send has not completed (its buffer must then stay). */
+ * and the time is not up. On failure the receives are cancelled and the sends left in req;
+ * *keep is set when one has not completed (it and its buffers are then parked). */
 static ncclResult_t xp_wait(clique *cl, MPI_Request *req, const bool *recv, int nreq,
                             const struct timespec *end, bool *keep) {
     MPI_Comm mc = *(MPI_Comm *)cl->mpi;
@@ -698,8 +735,9 @@ static ncclResult_t xp_wait(clique *cl, MPI_Request *req, const bool *recv, int 
             MPI_Cancel(&req[i]);
             MPI_Wait(&req[i], MPI_STATUS_IGNORE);
         } else {
-            MPI_Request_free(&req[i]);
-            *keep = true;
+            int sent = 0;
+            MPI_Test(&req[i], &sent, MPI_STATUS_IGNORE);
+            *keep = *keep || !sent;
         }
     }
     return r;
@@ -713,6 +751,7 @@ static void xp_run(launch *a) {
     const int n = cl->n, me = comm->rank, tag = 1 + (int)(a->seq % 10000) * 2;
     const MPI_Comm mc = *(MPI_Comm *)cl->mpi;
     const struct timespec end = deadline_in(WAIT_LIMIT_S);
+    reap_parked();
     wire *w = calloc((size_t)n, sizeof *w);
     op *ops = calloc((size_t)n * MAX_OPS, sizeof *ops);
     const op **opp = calloc((size_t)n, sizeof *opp);
@@ -744,7 +783,7 @@ static void xp_run(launch *a) {
         MPI_Isend(&w[me], (int)sizeof *w, MPI_BYTE, m, tag, mc, &req[nreq++]);
     }
     if (r == ncclSuccess) r = xp_wait(cl, req, recv, nreq, &end, &keep);
-    nreq = 0;
+    if (r == ncclSuccess) nreq = 0; /* else req keeps the sends still in flight */
     for (int m = 0; m < n && r == ncclSuccess; m++) {
         opp[m] = &ops[(size_t)m * MAX_OPS];
         nops[m] = w[m].nops;
@@ -786,8 +825,12 @@ static void xp_run(launch *a) {
     }
     for (int m = 0; data && m < n; m++)
         if (m != me || !keep) free(data[m]);
-    if (!keep) free(w);
-    free(ops), free(opp), free(nops), free(data), free(req), free(recv);
+    if (keep) {
+        park(req, nreq, w, data[me]);
+    } else {
+        free(w), free(req);
+    }
+    free(ops), free(opp), free(nops), free(data), free(recv);
     pthread_mutex_lock(&cl->mu);
     if (r != ncclSuccess) fail(comm, r);
     comm_unref_unlock(comm);
