@@ -650,6 +650,20 @@ static void test_processes_mesh(void) {
     }
     FSDP_TEST_OK(run_world(nccl_backend, mpi_size, 20000, mesh_body, &m, NULL));
     CU_ASSERT_EQUAL(live_comms(), 0);
+    /* One world run three times, its groups split anew each run (the mpi backend frees a run's
+     * split groups when the next starts, and their communicators go with them): 3 world
+     * communicators' worth of groups would be alive otherwise. */
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_world_options o = {.backend = nccl_backend, .timeout_ms = 20000, .grace_ms = 2000};
+    fsdp_world *w = NULL;
+    FSDP_TEST_OK(fsdp_world_create(ctx, &o, &w));
+    for (int run = 0; run < 3; run++) {
+        FSDP_TEST_OK(fsdp_world_run(ctx, w, mesh_body, &m));
+        /* the world's communicator and this run's two dims' */
+        CU_ASSERT_EQUAL(live_comms(), 3);
+    }
+    fsdp_world_free(w);
+    CU_ASSERT_EQUAL(live_comms(), 0);
 }
 
 static void test_process_skips(void) {

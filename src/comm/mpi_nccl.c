@@ -75,6 +75,7 @@ fsdp_status fsdp_nccl_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int n
         world->backend = (fsdp_comm_backend){0};
         return FSDP_PASS(ctx, st);
     }
-    static const nccl_host_ops ops = {.arrive = mpi_arrive, .poison = mpi_poison};
+    static const nccl_host_ops ops = {
+        .arrive = mpi_arrive, .poison = mpi_poison, .groups_per_run = true};
     return fsdp_nccl_backend_wrap(ctx, world, &ops, lib, &note.id);
 }

@@ -126,6 +126,17 @@ static void nccl_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
 
 static void nccl_reset(void *context) {
     nccl_world *nw = context;
+    if (nw->ops.groups_per_run) { /* no rank runs now: the groups are nobody's */
+        for (nccl_group **at = &nw->groups; *at;) {
+            nccl_group *ng = *at;
+            if (ng == nw->world_group) {
+                at = &ng->next;
+                continue;
+            }
+            *at = ng->next;
+            fsdp_nccl_group_free(ng);
+        }
+    }
     if (nw->host.iface.reset) nw->host.iface.reset(nw->host.context);
 }
 

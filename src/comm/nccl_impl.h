@@ -23,6 +23,9 @@ typedef struct nccl_host_ops {
     fsdp_status (*arrive)(fsdp_ctx *ctx, const fsdp_group *hv, const fsdp_call *mine);
     /* The group failed on this member: its peers fail at their next meeting. */
     void (*poison)(const fsdp_group *hv, fsdp_status status, const char *msg);
+    /* The host backend frees the states of the groups split in a run when the next run starts
+     * (mpi), so their NCCL groups go then too: a new state may reuse an old one's address. */
+    bool groups_per_run;
 } nccl_host_ops;
 
 typedef struct nccl_world {
