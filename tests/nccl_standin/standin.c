@@ -32,67 +32,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef FSDP_STANDIN_MPI
-#include <mpi.h>
-#endif
-
 #include "kernels/kernels.h"
 #include "kernels/sim/sim_impl.h"
 #include "standin.h"
-
-#define MAGIC        0x5354414e44494e31ull
-#define WAIT_LIMIT_S 120 /* a closure gives up (ncclSystemError) after this long */
-#define MAX_OPS      64  /* operations in one group */
-
-enum { K_ALL_REDUCE, K_REDUCE_SCATTER, K_ALL_GATHER, K_BROADCAST, K_SEND, K_RECV };
-
-typedef struct op {
-    int kind;
-    const void *send;
-    void *recv;
-    size_t count;
-    ncclDataType_t type;
-    ncclRedOp_t red;
-    int peer; /* root of a broadcast, peer of a send or receive */
-} op;
-
-typedef struct coll { /* one sequence number's meeting */
-    struct coll *next;
-    uint64_t seq;
-    int arrived, computed, left;
-    const op **ops; /* per member: its operations */
-    int *nops;
-} coll;
-
-typedef struct split_rec {
-    struct split_rec *next;
-    uint64_t no;
-    int posted, taken;
-    bool built;
-    int *color, *key;
-    struct ncclComm **result;
-} split_rec;
-
-typedef struct clique {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct clique *next; /* in the registry (made by ncclCommInitRank) */
-    uint64_t id;
-    int n, joined, refs; /* refs: communicators not yet freed */
-    bool aborted;
-    bool xp;   /* cross-process: the members are MPI processes */
-    void *mpi; /* cross-process: the clique's MPI communicator (an MPI_Comm, malloc'd) */
-    coll *colls;
-    split_rec *splits;
-} clique;
-
-struct ncclComm {
-    clique *cl;
-    int rank;
-    uint64_t seq, splits; /* collectives and splits enqueued (owner thread) */
-    _Atomic ncclResult_t async_error;
-    int refs; /* under cl->mu: the owner until destroy or abort, plus closures not yet run */
-};
+#include "standin_impl.h"
 
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static clique *registry;
@@ -146,7 +89,7 @@ static standin_fault take_fault(const struct ncclComm *c) {
 
 /* ---- cliques and communicators ---- */
 
-static clique *clique_new(int n) {
+clique *clique_new(int n) {
     clique *cl = calloc(1, sizeof *cl);
     if (!cl) return NULL;
     pthread_mutex_init(&cl->mu, NULL);
@@ -159,7 +102,7 @@ static clique *clique_new(int n) {
     return cl;
 }
 
-static void clique_free(clique *cl) {
+void clique_free(clique *cl) {
     pthread_mutex_lock(&registry_mu);
     for (clique **p = &registry; *p; p = &(*p)->next)
         if (*p == cl) {
@@ -167,9 +110,7 @@ static void clique_free(clique *cl) {
             break;
         }
     pthread_mutex_unlock(&registry_mu);
-#ifdef FSDP_STANDIN_MPI
-    if (cl->mpi) MPI_Comm_free((MPI_Comm *)cl->mpi);
-#endif
+    if (cl->mpi) xp_comm_free(cl->mpi);
     free(cl->mpi);
     while (cl->colls) {
         coll *c = cl->colls;
@@ -191,7 +132,7 @@ static void clique_free(clique *cl) {
     free(cl);
 }
 
-static struct ncclComm *comm_new(clique *cl, int rank) {
+struct ncclComm *comm_new(clique *cl, int rank) {
     struct ncclComm *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->cl = cl;
@@ -204,7 +145,7 @@ static struct ncclComm *comm_new(clique *cl, int rank) {
 }
 
 /* Drops one reference (cl->mu held; released here). */
-static void comm_unref_unlock(struct ncclComm *c) {
+void comm_unref_unlock(struct ncclComm *c) {
     clique *cl = c->cl;
     bool free_cl = false;
     if (--c->refs == 0) {
@@ -220,7 +161,7 @@ static bool wait_until(clique *cl, const struct timespec *deadline) {
     return pthread_cond_timedwait(&cl->cv, &cl->mu, deadline) != ETIMEDOUT;
 }
 
-static struct timespec deadline_in(int seconds) {
+struct timespec deadline_in(int seconds) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     t.tv_sec += seconds;
@@ -228,9 +169,6 @@ static struct timespec deadline_in(int seconds) {
 }
 
 /* Cross-process mode (below the data). */
-static ncclResult_t xp_init_rank(ncclComm_t *out, int nranks, int rank, const uint64_t *words);
-static ncclResult_t xp_split(ncclComm_t comm, int color, int key, ncclComm_t *out);
-static void xp_tell_abort(clique *cl, int me);
 
 /* ---- the library's own functions ---- */
 
@@ -416,7 +354,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *error) {
 
 /* ---- the data: computed by the closures on the streams' threads ---- */
 
-static bool type_of(ncclDataType_t t, fsdp_dtype *out) {
+bool type_of(ncclDataType_t t, fsdp_dtype *out) {
     switch (t) {
     case ncclFloat32:
         *out = FSDP_DTYPE_F32;
@@ -457,7 +395,7 @@ static void reduce(void *out, const void *const *src, int n, int first, size_t c
 }
 
 /* The bytes operation o reads from its send buffer. */
-static size_t send_bytes(const op *o, int n) {
+size_t send_bytes(const op *o, int n) {
     fsdp_dtype dt = FSDP_DTYPE_F32;
     (void)type_of(o->type, &dt);
     if (o->kind == K_RECV) return 0;
@@ -474,8 +412,8 @@ static const void *source(const coll *c, const char *const *data, int n, int m, 
 }
 
 /* The result of member `me`'s operation o, into a new host buffer (*out; NULL for a send). */
-static ncclResult_t compute(const coll *c, const char *const *data, int n, int me, uint64_t seq,
-                            const op *o, int nth, void **out) {
+ncclResult_t compute(const coll *c, const char *const *data, int n, int me, uint64_t seq,
+                     const op *o, int nth, void **out) {
     *out = NULL;
     fsdp_dtype dt;
     if (!type_of(o->type, &dt)) return ncclInvalidArgument;
@@ -524,16 +462,7 @@ static ncclResult_t compute(const coll *c, const char *const *data, int n, int m
     return ncclSuccess;
 }
 
-/* A closure's arguments (copied at launch). */
-typedef struct launch {
-    struct ncclComm *comm;
-    uint64_t seq;
-    standin_fault fault;
-    int nops;
-    op ops[MAX_OPS];
-} launch;
-
-static void fail(struct ncclComm *c, ncclResult_t r) {
+void fail(struct ncclComm *c, ncclResult_t r) {
     ncclResult_t none = ncclSuccess;
     atomic_compare_exchange_strong(&c->async_error, &none, r);
 }
@@ -545,309 +474,22 @@ static ncclResult_t meet(clique *cl, const int *count, const struct timespec *en
     return *count >= cl->n ? ncclSuccess : cl->aborted ? ncclRemoteError : ncclSystemError;
 }
 
-/* ---- cross-process mode: the members are MPI processes ---- */
-
-#ifdef FSDP_STANDIN_MPI
-enum { TAG_ABORT = 0 }; /* then two tags per sequence number: the operations, the inputs */
-
-typedef struct wire_op {
-    int32_t kind, type, red, peer;
-    uint64_t count;
-} wire_op;
-
-typedef struct wire { /* a member's operations as they travel */
-    int32_t nops, pad;
-    wire_op ops[MAX_OPS];
-} wire;
-
-static ncclResult_t xp_refuse(const char *why) {
-    fprintf(stderr, "stand-in NCCL WARN %s\n", why);
-    return ncclInvalidUsage;
-}
-
-static bool past(const struct timespec *end) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return now.tv_sec > end->tv_sec || (now.tv_sec == end->tv_sec && now.tv_nsec >= end->tv_nsec);
-}
-
-static void nap(void) {
-    const struct timespec ts = {0, 50000};
-    nanosleep(&ts, NULL);
-}
-
-/* A set-up request of the host thread (a duplicate, an exchange of ids), until the deadline. */
-static bool xp_wait_setup(MPI_Request *req) {
-    const struct timespec end = deadline_in(WAIT_LIMIT_S);
-    for (;;) {
-        int done = 0;
-        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
-        if (done) return true;
-        if (past(&end)) return false; /* a member never came; the request is left to MPI */
-        nap();
-    }
-}
-
-/* A communicator of the clique over comm (taken over), this process its rank in comm. */
-static ncclResult_t xp_clique(MPI_Comm comm, ncclComm_t *out) {
-    int n = 0, r = 0;
-    MPI_Comm_size(comm, &n);
-    MPI_Comm_rank(comm, &r);
-    clique *cl = n <= 256 ? clique_new(n) : NULL;
-    MPI_Comm *held = malloc(sizeof *held);
-    if (!cl || !held) {
-        free(held);
-        if (cl) clique_free(cl);
-        MPI_Comm_free(&comm);
-        return ncclSystemError;
-    }
-    *held = comm;
-    cl->mpi = held;
-    cl->xp = true;
-    cl->joined = n;
-    pthread_mutex_lock(&cl->mu);
-    struct ncclComm *c = comm_new(cl, r);
-    pthread_mutex_unlock(&cl->mu);
-    if (!c) {
-        clique_free(cl);
-        return ncclSystemError;
-    }
-    *out = c;
-    return ncclSuccess;
-}
-
-static ncclResult_t xp_init_rank(ncclComm_t *out, int nranks, int rank, const uint64_t *words) {
-    int init = 0, level = 0, size = 0, me = -1;
-    MPI_Initialized(&init);
-    if (!init) return xp_refuse("cross-process mode: MPI is not initialised");
-    MPI_Query_thread(&level);
-    if (level < MPI_THREAD_MULTIPLE)
-        return xp_refuse("cross-process mode needs MPI initialised with MPI_THREAD_MULTIPLE (the "
-                         "closures call MPI on the streams' threads)");
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    if (nranks != size || rank != me)
-        return xp_refuse("cross-process mode: ncclCommInitRank's nranks and rank must be "
-                         "MPI_COMM_WORLD's size and this process's rank");
-    MPI_Comm comm = MPI_COMM_NULL;
-    MPI_Request req;
-    if (MPI_Comm_idup(MPI_COMM_WORLD, &comm, &req) != MPI_SUCCESS) return ncclSystemError;
-    if (!xp_wait_setup(&req)) return ncclSystemError;
-    /* Every member must pass the same id, as NCCL requires: the one rank 0 made. */
-    uint64_t mine[2] = {words[1], words[2]}, *all = calloc((size_t)size * 2, sizeof *all);
-    bool same = all && MPI_Iallgather(mine, 2, MPI_UINT64_T, all, 2, MPI_UINT64_T, comm, &req) ==
-                           MPI_SUCCESS;
-    same = same && xp_wait_setup(&req);
-    for (int m = 0; same && m < size; m++)
-        same = all[2 * m] == mine[0] && all[2 * m + 1] == mine[1];
-    free(all);
-    if (!same) {
-        MPI_Comm_free(&comm);
-        return xp_refuse("cross-process mode: the members of ncclCommInitRank passed different "
-                         "unique ids (every rank must use the id rank 0 made)");
-    }
-    return xp_clique(comm, out);
-}
-
-static ncclResult_t xp_split(ncclComm_t comm, int color, int key, ncclComm_t *out) {
-    MPI_Comm child = MPI_COMM_NULL;
-    *out = NULL;
-    if (MPI_Comm_split(*(MPI_Comm *)comm->cl->mpi,
-                       color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key,
-                       &child) != MPI_SUCCESS)
-        return ncclSystemError;
-    return child == MPI_COMM_NULL ? ncclSuccess : xp_clique(child, out);
-}
-
-static void xp_tell_abort(clique *cl, int me) {
-    static const int note = 1;
-    for (int m = 0; m < cl->n; m++) {
-        MPI_Request req;
-        if (m != me &&
-            MPI_Isend(&note, 1, MPI_INT, m, TAG_ABORT, *(MPI_Comm *)cl->mpi, &req) == MPI_SUCCESS)
-            MPI_Request_free(&req);
-    }
-}
-
-/* Sends of failed closures still in flight, with the buffers they read: freed once MPI has
- * finished them (looked at as each closure starts), else kept to the end of the process. */
-typedef struct parked {
-    struct parked *next;
-    MPI_Request *req;
-    int nreq;
-    void *bufs[2];
-} parked;
-static pthread_mutex_t parked_mu = PTHREAD_MUTEX_INITIALIZER;
-static parked *parked_sends;
-
-static void park(MPI_Request *req, int nreq, void *a, void *b) {
-    parked *p = malloc(sizeof *p);
-    if (!p) return; /* the buffers stay allocated: MPI may still read them */
-    *p = (parked){.req = req, .nreq = nreq, .bufs = {a, b}};
-    pthread_mutex_lock(&parked_mu);
-    p->next = parked_sends;
-    parked_sends = p;
-    pthread_mutex_unlock(&parked_mu);
-}
-
-static void reap_parked(void) {
-    pthread_mutex_lock(&parked_mu);
-    for (parked **at = &parked_sends; *at;) {
-        parked *p = *at;
-        int done = 0;
-        MPI_Testall(p->nreq, p->req, &done, MPI_STATUSES_IGNORE);
-        if (!done) {
-            at = &p->next;
-            continue;
-        }
-        *at = p->next;
-        free(p->req), free(p->bufs[0]), free(p->bufs[1]), free(p);
-    }
-    pthread_mutex_unlock(&parked_mu);
-}
-
-/* Waits for the requests, as long as the clique is not aborted (here or by a member's note)
- * and the time is not up. On failure the receives are cancelled and the sends left in req;
- * *keep is set when one has not completed (it and its buffers are then parked). */
-static ncclResult_t xp_wait(clique *cl, MPI_Request *req, const bool *recv, int nreq,
-                            const struct timespec *end, bool *keep) {
-    MPI_Comm mc = *(MPI_Comm *)cl->mpi;
-    ncclResult_t r = ncclSystemError;
-    for (;;) {
-        int done = 0, note = 0;
-        if (MPI_Testall(nreq, req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
-        if (done) return ncclSuccess;
-        MPI_Iprobe(MPI_ANY_SOURCE, TAG_ABORT, mc, &note, MPI_STATUS_IGNORE);
-        pthread_mutex_lock(&cl->mu);
-        if (note) cl->aborted = true;
-        const bool aborted = cl->aborted;
-        pthread_mutex_unlock(&cl->mu);
-        if (aborted) {
-            r = ncclRemoteError;
-            break;
-        }
-        if (past(end)) break;
-        nap();
-    }
-    for (int i = 0; i < nreq; i++) {
-        if (req[i] == MPI_REQUEST_NULL) continue;
-        if (recv[i]) {
-            MPI_Cancel(&req[i]);
-            MPI_Wait(&req[i], MPI_STATUS_IGNORE);
-        } else {
-            int sent = 0;
-            MPI_Test(&req[i], &sent, MPI_STATUS_IGNORE);
-            *keep = *keep || !sent;
-        }
-    }
-    return r;
-}
-
-/* One closure across the processes: every member's operations, then their inputs, to every
- * member; then this member's results. */
-static void xp_run(launch *a) {
-    struct ncclComm *comm = a->comm;
-    clique *cl = comm->cl;
-    const int n = cl->n, me = comm->rank, tag = 1 + (int)(a->seq % 10000) * 2;
-    const MPI_Comm mc = *(MPI_Comm *)cl->mpi;
-    const struct timespec end = deadline_in(WAIT_LIMIT_S);
-    reap_parked();
-    wire *w = calloc((size_t)n, sizeof *w);
-    op *ops = calloc((size_t)n * MAX_OPS, sizeof *ops);
-    const op **opp = calloc((size_t)n, sizeof *opp);
-    int *nops = calloc((size_t)n, sizeof *nops);
-    char **data = calloc((size_t)n, sizeof *data);
-    MPI_Request *req = calloc((size_t)n * 2, sizeof *req);
-    bool *recv = calloc((size_t)n * 2, sizeof *recv), keep = false;
-    void *results[MAX_OPS] = {0};
-    ncclResult_t r = w && ops && opp && nops && data && req && recv ? ncclSuccess : ncclSystemError;
-    size_t mine = 0;
-    for (int i = 0; i < a->nops && r == ncclSuccess; i++) {
-        const op *o = &a->ops[i];
-        w[me].ops[i] = (wire_op){o->kind, (int32_t)o->type, (int32_t)o->red, o->peer, o->count};
-        mine += send_bytes(o, n);
-    }
-    if (r == ncclSuccess) w[me].nops = a->nops;
-    if (r == ncclSuccess && !(data[me] = malloc(mine ? mine : 1))) r = ncclSystemError;
-    for (int i = 0, off = 0; i < a->nops && r == ncclSuccess; i++) {
-        const size_t b = send_bytes(&a->ops[i], n);
-        if (b) memcpy(data[me] + off, sim_shadow(a->ops[i].send), b);
-        off += (int)b;
-    }
-    int nreq = 0;
-    for (int m = 0; m < n && r == ncclSuccess; m++) {
-        if (m == me) continue;
-        recv[nreq] = true;
-        MPI_Irecv(&w[m], (int)sizeof *w, MPI_BYTE, m, tag, mc, &req[nreq++]);
-        recv[nreq] = false;
-        MPI_Isend(&w[me], (int)sizeof *w, MPI_BYTE, m, tag, mc, &req[nreq++]);
-    }
-    if (r == ncclSuccess) r = xp_wait(cl, req, recv, nreq, &end, &keep);
-    if (r == ncclSuccess) nreq = 0; /* else req keeps the sends still in flight */
-    for (int m = 0; m < n && r == ncclSuccess; m++) {
-        opp[m] = &ops[(size_t)m * MAX_OPS];
-        nops[m] = w[m].nops;
-        if (nops[m] < 0 || nops[m] > MAX_OPS) r = ncclInvalidUsage;
-        size_t bytes = 0;
-        for (int i = 0; i < nops[m] && r == ncclSuccess; i++) {
-            const wire_op *x = &w[m].ops[i];
-            ops[(size_t)m * MAX_OPS + i] =
-                (op){x->kind, NULL, NULL, x->count, (ncclDataType_t)x->type, (ncclRedOp_t)x->red,
-                     x->peer};
-            bytes += send_bytes(&ops[(size_t)m * MAX_OPS + i], n);
-        }
-        if (m == me || r != ncclSuccess) continue;
-        if (bytes > (size_t)INT32_MAX || !(data[m] = malloc(bytes ? bytes : 1))) {
-            r = ncclSystemError;
-            break;
-        }
-        recv[nreq] = true;
-        MPI_Irecv(data[m], (int)bytes, MPI_BYTE, m, tag + 1, mc, &req[nreq++]);
-        recv[nreq] = false;
-        MPI_Isend(data[me], (int)mine, MPI_BYTE, m, tag + 1, mc, &req[nreq++]);
-    }
-    if (r == ncclSuccess) r = xp_wait(cl, req, recv, nreq, &end, &keep);
-    const coll c = {.ops = opp, .nops = nops};
-    int nth_recv[256] = {0};
-    for (int i = 0; i < a->nops && r == ncclSuccess; i++) {
-        const op *o = &a->ops[i];
-        r = compute(&c, (const char *const *)data, n, me, a->seq, o,
-                    o->kind == K_RECV ? nth_recv[o->peer]++ : 0, &results[i]);
-    }
-    for (int i = 0; i < a->nops; i++) {
-        const op *o = &a->ops[i];
-        fsdp_dtype dt = FSDP_DTYPE_F32;
-        (void)type_of(o->type, &dt);
-        const size_t bytes =
-            o->count * fsdp_dtype_size(dt) * (o->kind == K_ALL_GATHER ? (size_t)n : 1);
-        if (r == ncclSuccess && results[i] && bytes) memcpy(sim_shadow(o->recv), results[i], bytes);
-        free(results[i]);
-    }
-    for (int m = 0; data && m < n; m++)
-        if (m != me || !keep) free(data[m]);
-    if (keep) {
-        park(req, nreq, w, data[me]);
-    } else {
-        free(w), free(req);
-    }
-    free(ops), free(opp), free(nops), free(data), free(recv);
-    pthread_mutex_lock(&cl->mu);
-    if (r != ncclSuccess) fail(comm, r);
-    comm_unref_unlock(comm);
-}
-#else
-static ncclResult_t xp_init_rank(ncclComm_t *out, int nranks, int rank, const uint64_t *words) {
+#ifndef FSDP_STANDIN_MPI /* standin_mpi.c has the cross-process mode */
+ncclResult_t xp_init_rank(ncclComm_t *out, int nranks, int rank, const uint64_t *words) {
     (void)out, (void)nranks, (void)rank, (void)words;
     return ncclInvalidUsage;
 }
-static ncclResult_t xp_split(ncclComm_t comm, int color, int key, ncclComm_t *out) {
+ncclResult_t xp_split(ncclComm_t comm, int color, int key, ncclComm_t *out) {
     (void)comm, (void)color, (void)key, (void)out;
     return ncclInvalidUsage;
 }
-static void xp_tell_abort(clique *cl, int me) {
+void xp_comm_free(void *mpi) {
+    (void)mpi;
+}
+void xp_tell_abort(clique *cl, int me) {
     (void)cl, (void)me;
 }
-static void xp_run(launch *a) {
+void xp_run(launch *a) {
     pthread_mutex_lock(&a->comm->cl->mu);
     fail(a->comm, ncclInvalidUsage);
     comm_unref_unlock(a->comm);
