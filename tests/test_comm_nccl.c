@@ -696,6 +696,27 @@ static void test_process_async_error(void) {
 
 #endif
 
+/* Rank 0's ncclGetUniqueId fails: every process's fsdp_world_create fails (none waits for an id
+ * that never comes), rank 0 with NCCL's error, the others saying that rank 0 could not make it. */
+static void test_process_no_unique_id(void) {
+    int me = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (me == 0) inject(0, 0, STANDIN_FAULT_NO_ID);
+    fsdp_world_options o = {.backend = nccl_backend, .timeout_ms = 20000};
+    fsdp_world *w = NULL;
+    if (me == 0)
+        FSDP_TEST_FAILS(fsdp_world_create(fsdp_test_ctx(), &o, &w), FSDP_ERR_COMM, "stand-in NCCL",
+                        "ncclGetUniqueId returned 2");
+    else
+        FSDP_TEST_FAILS(fsdp_world_create(fsdp_test_ctx(), &o, &w), FSDP_ERR_COMM,
+                        "rank 0 could not make the world's unique id",
+                        "ncclGetUniqueId returned 2");
+    CU_ASSERT_PTR_NULL(w);
+    inject(0, 0, STANDIN_FAULT_NONE);
+    /* The next world forms. */
+    FSDP_TEST_OK(fsdp_world_create(fsdp_test_ctx(), &o, &w));
+    fsdp_world_free(w);
+}
 /* Under mpirun: MPI at MPI_THREAD_MULTIPLE (see the top), the stand-in across processes. */
 static int main_mpi(int argc, char **argv, void *lib) {
 #ifdef FSDP_TEST_NCCL_MPI
@@ -721,6 +742,7 @@ static int main_mpi(int argc, char **argv, void *lib) {
         {"process_hangs_in_nccl", test_process_hangs_in_nccl},
         {"process_async_error", test_process_async_error},
         {"process_work_hangs_in_nccl", test_work_hangs_in_nccl},
+        {"process_no_unique_id", test_process_no_unique_id},
     };
     const int rc =
         fsdp_test_run(argc, argv, "comm_nccl_mpi", tests, sizeof tests / sizeof tests[0]);

@@ -79,7 +79,8 @@ int fsdpStandinLiveComms(void) {
 static standin_fault take_fault(const struct ncclComm *c) {
     pthread_mutex_lock(&inject.mu);
     standin_fault f = STANDIN_FAULT_NONE;
-    if (inject.fault && inject.nranks == c->cl->n && inject.rank == c->rank) {
+    if (inject.fault && inject.fault != STANDIN_FAULT_NO_ID && inject.nranks == c->cl->n &&
+        inject.rank == c->rank) {
         f = inject.fault;
         inject.fault = STANDIN_FAULT_NONE;
     }
@@ -199,6 +200,11 @@ const char *ncclGetErrorString(ncclResult_t r) {
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
     if (!id) return ncclInvalidArgument;
+    pthread_mutex_lock(&inject.mu);
+    const bool refuse = inject.fault == STANDIN_FAULT_NO_ID;
+    if (refuse) inject.fault = STANDIN_FAULT_NONE;
+    pthread_mutex_unlock(&inject.mu);
+    if (refuse) return ncclSystemError;
     memset(id, 0, sizeof *id);
     /* The process's id and the mode tell ids made by different processes apart. */
     const uint64_t words[3] = {MAGIC, atomic_fetch_add(&next_id, 1),

@@ -10,6 +10,7 @@ typedef enum standin_fault {
     STANDIN_FAULT_NONE = 0,
     STANDIN_FAULT_HANG,        /* its work never completes, until the communicator is aborted */
     STANDIN_FAULT_ASYNC_ERROR, /* its work ends with ncclSystemError as the async error */
+    STANDIN_FAULT_NO_ID,       /* the next ncclGetUniqueId fails (nranks and rank unused) */
 } standin_fault;
 
 typedef void (*standin_inject_fn)(int nranks, int rank, standin_fault fault);
