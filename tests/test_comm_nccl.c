@@ -694,8 +694,6 @@ static void test_process_async_error(void) {
     expect_failure(ASYNC, mpi_size, STANDIN_FAULT_ASYNC_ERROR, FSDP_ERR_COMM, needles);
 }
 
-#endif
-
 /* Rank 0's ncclGetUniqueId fails: every process's fsdp_world_create fails (none waits for an id
  * that never comes), rank 0 with NCCL's error, the others saying that rank 0 could not make it. */
 static void test_process_no_unique_id(void) {
@@ -717,6 +715,8 @@ static void test_process_no_unique_id(void) {
     FSDP_TEST_OK(fsdp_world_create(fsdp_test_ctx(), &o, &w));
     fsdp_world_free(w);
 }
+#endif
+
 /* Under mpirun: MPI at MPI_THREAD_MULTIPLE (see the top), the stand-in across processes. */
 static int main_mpi(int argc, char **argv, void *lib) {
 #ifdef FSDP_TEST_NCCL_MPI
