@@ -8,8 +8,9 @@
  * built when CMake finds an MPI (fsdp_backend_available tells); `nccl` (rank threads of this
  * process, one GPU each, NCCL moving their device tensors; host tensors move as on `local`) is
  * built with CUDA when CMake finds NCCL; `nccl-mpi` (one process per rank and GPU under mpirun,
- * NCCL moving device tensors, host tensors as on `mpi`) when both are. `local` and `mpi` give bitwise the same results; NCCL's
- * reductions are not in rank order, so on `nccl` they agree within rounding (docs/comm.md).
+ * NCCL moving device tensors, host tensors as on `mpi`) when both are. `local` and `mpi` give
+ * bitwise the same results; NCCL's reductions are not in rank order, so on `nccl` they agree within
+ * rounding (docs/comm.md).
  *
  * Ownership: the caller owns a world (fsdp_world_free), groups made by fsdp_group_split and
  * fsdp_group_new (fsdp_group_free) and meshes (fsdp_mesh_free). Handles returned by accessors
