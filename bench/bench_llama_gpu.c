@@ -1,7 +1,8 @@
 /* bench_llama_gpu.c: libfsdp's side of bench/llama_gpu.sh: one Llama training step (forward,
  * cross-entropy, backward, AdamW) on one device, per shape and compute mode, as the median of
  * the timed steps, tokens/s and MFU. bench/llama_gpu.py times PyTorch on the same shapes.
- * Modes: f32, tf32 (CUDA only) and bf16 (not in libfsdp yet: reported as skipped, with why).
+ * Modes: f32, tf32 (CUDA only) and bf16 (the model's bf16 compute policy, fsdp_module_set_autocast:
+ * bf16 GEMMs with f32 accumulation, f32 master weights and AdamW).
  * Shapes: S (dim 768, 12 layers), M (the Llama-3.2-1B shape) and tiny (for the CTest on sim).
  * A deadline (--budget-s) skips, with the reason, every run that would not finish before it. */
 #include <math.h>
@@ -195,8 +196,6 @@ static fsdp_status run_step(run *r, double *secs) {
 
 /* Why a mode cannot run on this device, or NULL. */
 static const char *mode_unavailable(const opts *o, int mode) {
-    if (mode == 2)
-        return "libfsdp has no bf16 compute yet (bf16 is a storage type; its kernels are f32)";
     if (mode == 1 && o->dev.type != FSDP_DEVICE_CUDA)
         return "TF32 is a CUDA tensor-core mode; this device has none";
     return NULL;
@@ -208,6 +207,7 @@ static fsdp_status time_mode(run *r, const opts *o, const shape *s, int mode, do
                              int64_t params) {
     fsdp_ctx *ctx = r->ctx;
     if (r->dev.type == FSDP_DEVICE_CUDA) TRY(fsdp_cuda_set_allow_tf32(ctx, mode == 1));
+    TRY(fsdp_module_set_autocast(ctx, r->model, mode == 2 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32));
     double t[MAX_STEPS], last = 0;
     for (int w = 0; w < o->warmup; w++) TRY(run_step(r, &last));
     double left = deadline - bench_now();

@@ -410,3 +410,44 @@ double ckpt_test_param_noise(const char *pa, const char *pb, double q) {
     free(c.b);
     return noise;
 }
+
+/* ckpt_test_compare (ckpt_common.h) */
+bool ckpt_test_compare(const char *a, const char *b, double *max_diff, bool *bitwise) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_ckpt *ca = NULL, *cb = NULL;
+    FSDP_TEST_OK(fsdp_ckpt_open(ctx, a, &ca));
+    FSDP_TEST_OK(fsdp_ckpt_open(ctx, b, &cb));
+    bool ok = ca && cb && fsdp_ckpt_num_tensors(ca) == fsdp_ckpt_num_tensors(cb);
+    *max_diff = 0;
+    *bitwise = true;
+    for (int t = 0; ok && t < fsdp_ckpt_num_tensors(ca); t++) {
+        fsdp_ckpt_tensor ta, tb;
+        FSDP_TEST_OK(fsdp_ckpt_tensor_get(ctx, ca, t, &ta));
+        int u = fsdp_ckpt_find(cb, ta.name);
+        ok = u >= 0 && fsdp_ckpt_tensor_get(ctx, cb, u, &tb) == FSDP_OK && ta.ndim == tb.ndim;
+        fsdp_state_region all = {.ndim = ta.ndim};
+        int64_t n = 1;
+        for (int d = 0; ok && d < ta.ndim; d++) {
+            ok = ta.shape[d] == tb.shape[d];
+            all.count[d] = ta.shape[d];
+            n *= ta.shape[d];
+        }
+        if (!ok) {
+            printf("\n    %s: not in both checkpoints with one shape", ta.name);
+            break;
+        }
+        float *va = malloc((size_t)n * sizeof(float) + 1),
+              *vb = malloc((size_t)n * sizeof(float) + 1);
+        FSDP_TEST_OK(fsdp_ckpt_read(ctx, ca, t, &all, va));
+        FSDP_TEST_OK(fsdp_ckpt_read(ctx, cb, u, &all, vb));
+        for (int64_t i = 0; i < n; i++) {
+            *max_diff = fmax(*max_diff, fabs((double)va[i] - (double)vb[i]));
+            *bitwise = *bitwise && memcmp(&va[i], &vb[i], sizeof(float)) == 0;
+        }
+        free(va);
+        free(vb);
+    }
+    fsdp_ckpt_close(ca);
+    fsdp_ckpt_close(cb);
+    return ok;
+}

@@ -70,6 +70,11 @@ fsdp_status ckpt_test_run_job(const ckpt_layout *l, ckpt_optim opt, const char *
 /* Adam, uncompressed (so stored values can be found in the file), from step 0. */
 fsdp_status ckpt_test_run_raw(const ckpt_layout *l, const char *save, int64_t steps);
 
+/* Compares every tensor of checkpoints a and b (whole global tensors, read as f32): *max_diff
+ * the largest absolute difference, *bitwise whether every value has the same bits; returns
+ * whether they hold the same names and shapes (printing the first that does not). */
+bool ckpt_test_compare(const char *a, const char *b, double *max_diff, bool *bitwise);
+
 /* A new scratch directory under /tmp (malloc'ed), and removing one. */
 char *ckpt_test_tmp_root(void);
 void ckpt_test_remove_tree(const char *dir);

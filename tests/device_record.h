@@ -10,11 +10,17 @@
 
 #include "fsdp/fsdp.h"
 
+/* Whether the suite's worlds run on the nccl backend (FSDP_TEST_BACKEND=nccl, harness.h). */
+bool on_nccl(void);
+
 /* The device of a rank's second pass: sim:(rank % 2), so two ranks share a sim device in a
- * world of 4 (the suites set FSDP_SIM_DEVICES=2). */
+ * world of 4 (the suites set FSDP_SIM_DEVICES=2); on the nccl backend sim:rank, one device per
+ * rank as NCCL wants one GPU per rank (the suites then set FSDP_SIM_DEVICES=4). */
 fsdp_device rank_device(int rank);
 
-/* One pass's results: labelled bytes, and where the labels start (at most MAX_MARKS). */
+/* One pass's results: labelled bytes, and where the labels start (at most MAX_MARKS), and the
+ * spans of float32 values among them, which a bounded comparison reads as
+ * numbers; everything else (shapes, comm-debug records) is compared bit for bit always. */
 #define MAX_MARKS 512
 
 typedef struct record {
@@ -24,13 +30,19 @@ typedef struct record {
     int n_marks;
     size_t mark_at[MAX_MARKS];
     char mark[MAX_MARKS][48];
+    int n_spans, cap_spans;
+    size_t *span_at; /* where each span starts (byte) */
+    int64_t *span_n; /* its floats */
 } record;
 
 void record_free(record *r);
 
 /* Appends n bytes at src, marked with label (NULL: part of the previous piece). */
 fsdp_status put(fsdp_ctx *ctx, record *r, const char *label, const void *src, size_t n);
-/* Appends t's shape and bytes (copied to the host); t must be on the pass's device (r->dev). */
+/* Appends n float32 values at v, marked with label, as a span of numbers. */
+fsdp_status put_f32(fsdp_ctx *ctx, record *r, const char *label, const float *v, int64_t n);
+/* Appends t's shape and bytes (copied to the host); t must be on the pass's device (r->dev).
+ * An f32 tensor's values are a span of numbers. */
 fsdp_status put_tensor(fsdp_ctx *ctx, record *r, const char *label, const fsdp_tensor *t);
 /* Appends every comm-debug record (op, group, module, phase, calls, bytes) since the last
  * fsdp_comm_debug_begin, in order. */
@@ -39,12 +51,33 @@ fsdp_status put_comm(fsdp_ctx *ctx, record *r, const char *label);
 typedef fsdp_status (*pass_fn)(fsdp_ctx *ctx, int rank, fsdp_device dev, const void *arg,
                                record *out);
 
+/* The tolerance of the comparisons that follow (set before the world runs; 0, the start, is bit
+ * for bit): each span's values may differ by tol times the span's largest magnitude in the CPU
+ * run. Only for the nccl backend's unordered sums: the suites derive tol where they set it. */
+void record_set_tolerance(double tol);
+/* The largest difference seen in the spans since the last call, as a multiple of its span's
+ * largest magnitude (0 when every span was equal); resets it. */
+double record_take_max_diff(void);
+
 /* Runs fn on the CPU (the rank's device set to the CPU) and then on rank_device(rank), and
- * compares the records: FSDP_OK when equal; otherwise a failure naming `what` and the first
- * piece that differs, or, with differs (may be NULL) given, *differs set and FSDP_OK (for a
- * negative control). */
+ * compares the records: FSDP_OK when equal (within the tolerance set, in the spans); otherwise a
+ * failure naming `what` and the first piece that differs, or, with differs (may be NULL) given,
+ * *differs set and FSDP_OK (for a negative control). */
 fsdp_status cpu_then_device(fsdp_ctx *ctx, int rank, pass_fn fn, const void *arg, const char *what,
                             bool *differs);
+
+/* The tolerance of a recorded run whose collectives sum over groups of at most n ranks (the
+ * world's size will do: the bound grows with n), on a value that
+ * passes through `sums` chained such sums (at least 1): on the nccl backend with n > 2,
+ * fsdp_test_sum_tol(n, sums) of a tensor's largest magnitude (derived in device_record.c); 0
+ * (bit for bit) on the local backend, and on nccl for n <= 2. */
+double record_nccl_bound(int n, int sums);
+
+/* fsdp_test_run_world(n, 60 s, fn, user) with record_nccl_bound(n, sums) as the tolerance of
+ * its comparisons; on nccl prints the largest difference seen against the bound. */
+fsdp_status record_run_world(int n, int sums, fsdp_rank_fn fn, void *user);
+/* The largest difference the last record_run_world saw (what it printed on nccl). */
+double record_last_diff(void);
 
 /* A copy on dev of host tensor h. */
 fsdp_status to_dev(fsdp_ctx *ctx, fsdp_tensor *h, fsdp_device dev, fsdp_tensor **out);

@@ -44,9 +44,10 @@ bash "$script" --device sim --shapes tiny --libfsdp-only --budget-s 120 "$build"
 grep -qE '^result libfsdp tiny f32 step_ms [0-9.]+ tokens_per_s [0-9.]+ mfu n/a loss [0-9.]+$' \
     "$tmp/out" || fail "no result line of libfsdp tiny f32"
 grep -qE '^tiny +f32 +[0-9.]+ +[0-9]+ +n/a +-' "$tmp/out" || fail "no table row with libfsdp's figure"
-expect "skip libfsdp tiny bf16: libfsdp has no bf16 compute yet"
+grep -qE '^result libfsdp tiny bf16 step_ms [0-9.]+ tokens_per_s [0-9.]+ mfu n/a loss [0-9.]+$' \
+    "$tmp/out" || fail "no result line of libfsdp tiny bf16 (the bf16 compute policy)"
 expect "skip libfsdp tiny tf32: TF32 is a CUDA tensor-core mode"
-expect "goal tiny bf16 (faster than eager SDPA, MFU >= 0.40): not measured"
+expect "goal tiny bf16: faster than eager SDPA: no eager figure; MFU n/a (goal 0.40)"
 
 rc=0
 bash "$script" --steps 3 "$build" >"$tmp/out" 2>&1 || rc=$?

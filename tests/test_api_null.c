@@ -280,6 +280,8 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
          fsdp_module_reset_parameters(C, A(1, f->model), 1))                                       \
     CALL(fsdp_module_zero_grad, "ctx m", fsdp_module_zero_grad(C, A(1, f->model)))                 \
     CALL(fsdp_module_to, "ctx m", fsdp_module_to(C, A(1, f->model), FSDP_CPU))                     \
+    CALL(fsdp_module_set_autocast, "ctx m",                                                        \
+         fsdp_module_set_autocast(C, A(1, f->model), FSDP_DTYPE_F32))                              \
     CALL(fsdp_module_forward, "ctx m in out",                                                      \
          fsdp_module_forward(C, A(1, f->model), A(2, f->x), A(3, &f->made_ct)))                    \
     CALL(fsdp_module_backward, "ctx m dout",                                                       \

@@ -12,7 +12,12 @@
  * one wait each (the collectives' wait for their inputs, the compute stream's wait for a
  * prefetched gather, the host's wait for the copies from pinned shards): the sim run then
  * differs from the CPU's. Refused: a model on another device than its rank's, a model across
- * two devices. */
+ * two devices.
+ * With FSDP_TEST_BACKEND=nccl (CTest's test_fsdp_device_nccl) the worlds run on the nccl backend
+ * over the stand-in NCCL, each rank on its own sim device (sim:rank): bitwise still where every
+ * group has 2 ranks, and in groups of 4 the float32 SGD runs' values (Adam and 16-bit runs: their
+ * counts and order only) within the bound of the unordered sums (device_record.c record_nccl_bound;
+ * docs/comm.md "The NCCL backend"). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdio.h>
@@ -20,11 +25,15 @@
 #include <string.h>
 
 #include "comm/local_impl.h" // defines: fsdp_local_test_skip_input_wait
-#include "dp/shard_impl.h"   // defines: fsdp_shard_test_trace, fsdp_shard_test_skip_prefetch_wait
+#include "device_record.h"   // defines: on_nccl, rank_device, record_nccl_bound
+#include "dp/shard_impl.h"   // defines: fsdp_shard_test_trace, fsdp_shard_test_skip_*
 #include "dp_common.h"       // defines: dp_build_model, dp_batch_block, DP_SEED
 #include "harness.h"         // defines: fsdp_test_run_world, FSDP_RANK_CHECK, FSDP_TEST_OK
 #include "kernels/sim/sim.h" // defines: fsdp_sim_mode_get
 #include "stacked_batches.h" // defines: stacked_batch_rows, STACKED_BATCH
+#ifdef FSDP_TEST_NCCL_STANDIN
+#include "comm/nccl_impl.h" // defines: fsdp_nccl_library_use
+#endif
 
 #if defined(__SANITIZE_THREAD__)
 #define UNDER_TSAN 1
@@ -40,8 +49,10 @@
 #define MAX_VALUES           (1 << 16)
 #define MAX_LAYERS           5
 #define MAX_LOG              4096
-#define LOG_COMPUTE_FORWARD  10 /* a unit's module begins its forward (a hook after FSDP's) */
-#define LOG_COMPUTE_BACKWARD 11 /* ... its backward */
+#define MAX_STEPS            8
+#define MAX_SPANS            1024 /* recorded tensors and doubles per rank */
+#define LOG_COMPUTE_FORWARD  10   /* a unit's module begins its forward (a hook after FSDP's) */
+#define LOG_COMPUTE_BACKWARD 11   /* ... its backward */
 #define N_PHASES             (FSDP_COMM_PHASE_BACKWARD + 1)
 
 typedef enum model_kind { MODEL_STACKED, MODEL_SIMPLE } model_kind;
@@ -66,15 +77,25 @@ typedef struct spec {
     bool offload;       /* offload_params: pinned host shards on a device */
 } spec;
 
-/* What one rank saw, in order: compared with memcmp between the CPU and the sim run. */
+/* A recorded tensor (n floats) or double (two floats' bits) at values[at]. */
+typedef struct span {
+    int64_t at, n;
+    bool dbl;
+} span;
+
+/* What one rank saw, in order: compared with memcmp between the CPU and the sim run (on nccl
+ * each span within the bound of the unordered sums). */
 typedef struct rank_out {
     float *values;
     int64_t n;
+    span spans[MAX_SPANS];
+    int n_spans;
     int64_t calls[FSDP_COMM_OP_COUNT][N_PHASES], bytes[FSDP_COMM_OP_COUNT][N_PHASES];
     /* prefetch runs: the order of FSDP's prefetch events and the units' computations */
     int log[MAX_LOG][3]; /* event, unit, non-root units gathered */
     int n_log;
     bool log_full;
+    int64_t reserved[MAX_STEPS]; /* the FSDP pool's bytes after each step */
 } rank_out;
 
 typedef struct run {
@@ -86,12 +107,19 @@ typedef struct run {
 
 /* ---- recording ---- */
 
+static fsdp_status add_span(fsdp_ctx *ctx, rank_out *o, int64_t n, bool dbl) {
+    FSDP_RANK_CHECK(ctx, o->n_spans < MAX_SPANS, "more than %d tensors recorded", MAX_SPANS);
+    o->spans[o->n_spans++] = (span){o->n, n, dbl};
+    return FSDP_OK;
+}
+
 /* Appends t's values (on any device) to what the rank saw; a tensor without storage (a rank
  * other than 0 under rank0_only) adds nothing. */
-static fsdp_status record(fsdp_ctx *ctx, rank_out *o, const fsdp_tensor *t) {
+static fsdp_status record_values(fsdp_ctx *ctx, rank_out *o, const fsdp_tensor *t) {
     if (!fsdp_tensor_has_storage(t)) return FSDP_OK;
     int64_t n = fsdp_tensor_numel(t);
     FSDP_RANK_CHECK(ctx, o->n + n <= MAX_VALUES, "more than %d values recorded", MAX_VALUES);
+    FSDP_TRY(add_span(ctx, o, n, false));
     fsdp_tensor *h;
     FSDP_TRY(fsdp_tensor_from_blob(ctx, o->values + o->n, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &h));
     fsdp_tensor *flat = NULL;
@@ -106,6 +134,7 @@ static fsdp_status record(fsdp_ctx *ctx, rank_out *o, const fsdp_tensor *t) {
 /* A double as two floats' bits. */
 static fsdp_status record_double(fsdp_ctx *ctx, rank_out *o, double v) {
     FSDP_RANK_CHECK(ctx, o->n + 2 <= MAX_VALUES, "more than %d values recorded", MAX_VALUES);
+    FSDP_TRY(add_span(ctx, o, 2, true));
     memcpy(o->values + o->n, &v, sizeof v);
     o->n += 2;
     return FSDP_OK;
@@ -119,8 +148,8 @@ typedef struct visit_args {
 static fsdp_status record_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     (void)name;
     const visit_args *a = user;
-    FSDP_TRY(record(ctx, a->o, fsdp_param_data(p)));
-    return a->grads ? record(ctx, a->o, fsdp_param_grad(p)) : FSDP_OK;
+    FSDP_TRY(record_values(ctx, a->o, fsdp_param_data(p)));
+    return a->grads ? record_values(ctx, a->o, fsdp_param_grad(p)) : FSDP_OK;
 }
 
 /* Every parameter (and gradient) of m inside summon_full_params with options so. */
@@ -409,7 +438,7 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
     run *r = user;
     const spec *s = r->s;
     rank_out *o = &r->out[rank];
-    fsdp_device dev = r->on_device ? (fsdp_device){FSDP_DEVICE_SIM, rank % 2} : FSDP_CPU;
+    fsdp_device dev = r->on_device ? rank_device(rank) : FSDP_CPU;
     fsdp_module *m = NULL;
     fsdp_sharded *sh = NULL;
     fsdp_optimizer *opt = NULL;
@@ -449,8 +478,12 @@ static fsdp_status rank_fn(fsdp_ctx *ctx, int rank, void *user) {
     }
     if (st == FSDP_OK && prefetch) st = watch(ctx, sh, m, o, hooks);
     if (st == FSDP_OK) st = make_optimizer(ctx, s, fsdp_sharded_flat_params(sh), &opt);
-    for (int step = 0; st == FSDP_OK && step < s->steps; step++)
+    for (int step = 0; st == FSDP_OK && step < s->steps; step++) {
         st = train_step(ctx, s, m, sh, opt, step, rank, dev, o);
+        fsdp_memory_stats ms;
+        fsdp_sharded_memory(sh, &ms);
+        if (step < MAX_STEPS) o->reserved[step] = ms.reserved_bytes;
+    }
     if (st == FSDP_OK && s->summons) st = summon_options(ctx, sh, m, rank, o);
     if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
     for (int op = 0; st == FSDP_OK && op < FSDP_COMM_OP_COUNT; op++)
@@ -482,17 +515,79 @@ static void run_free(run *r) {
     for (int i = 0; i < MAX_RANKS; i++) free(r->out[i].values);
 }
 
-/* Whether every rank of the two runs saw the same bits; prints the first difference. */
+/* The reductions a recorded value passes through per step, each over the data-parallel group
+ * in an order of NCCL's on nccl: the gradient's reduce_scatter or all_reduce, HYBRID_SHARD's
+ * all_reduce over the replicas after it, and clipping's all_reduce of the squared norms (which
+ * scales every gradient). The forward has none (FSDP only gathers). */
+#define SUMS_PER_STEP 3
+
+/* The tolerance of a run of spec s against the CPU's: bit for bit on the local backend and in
+ * groups of 2; on nccl the bound of its unordered sums over s->steps steps (device_record.c). */
+static double spec_tol(const spec *s) {
+    return record_nccl_bound(s->world, SUMS_PER_STEP * (s->steps > 0 ? s->steps : 1));
+}
+
+/* Whether spec s on nccl is beyond that bound: Adam (its division by sqrt(v) turns a rounding
+ * difference into a move of up to lr) or 16-bit parameters or reductions (a reordered sum
+ * rounds at bf16's or f16's u), on more than 2 ranks. Such a run's values are not compared
+ * (at 2 ranks they are, bit for bit); its comm-debug counts, its record's layout and, with
+ * prefetch, its order still are. */
+static bool nccl_unbounded(const spec *s) {
+    return spec_tol(s) > 0 && (s->optim == OPT_ADAM || s->param_dtype || s->reduce_dtype);
+}
+
+/* The first value of span sp where y leaves x by more than tol times the span's largest
+ * magnitude in x, or -1; *worst raised to the largest such ratio seen. */
+static int64_t span_differs(const float *x, const float *y, const span *sp, double tol,
+                            double *worst) {
+    double scale = 0.0;
+    if (sp->dbl) {
+        double a, b;
+        memcpy(&a, x + sp->at, sizeof a), memcpy(&b, y + sp->at, sizeof b);
+        if (memcmp(&a, &b, sizeof a) == 0) return -1;
+        double d = fabs(a - b) / fabs(a);
+        if (d == d && d > *worst) *worst = d;
+        return d <= tol ? -1 : 0;
+    }
+    for (int64_t k = 0; k < sp->n; k++)
+        if (fabsf(x[sp->at + k]) > scale) scale = fabsf(x[sp->at + k]);
+    for (int64_t k = 0; k < sp->n; k++) {
+        float a = x[sp->at + k], b = y[sp->at + k];
+        if (memcmp(&a, &b, sizeof a) == 0) continue;
+        double d = fabs((double)a - b);
+        if (d == d && scale > 0 && d / scale > *worst) *worst = d / scale;
+        if (!(d <= tol * scale)) return k;
+    }
+    return -1;
+}
+
+/* Whether every rank of the two runs saw the same bits (on nccl: the same within spec_tol);
+ * prints the first difference. */
 static bool same_runs(const run *a, const run *b, bool quiet) {
+    const double tol = spec_tol(a->s);
+    const bool values = !nccl_unbounded(a->s);
+    double worst = 0.0;
     for (int i = 0; i < a->s->world; i++) {
         const rank_out *x = &a->out[i], *y = &b->out[i];
-        if (x->n != y->n) {
+        if (x->n != y->n || x->n_spans != y->n_spans) {
             if (!quiet)
                 printf("\n  %s rank %d: %lld values vs %lld\n", a->s->name, i, (long long)x->n,
                        (long long)y->n);
             return false;
         }
-        for (int64_t k = 0; k < x->n; k++)
+        for (int k = 0; values && tol > 0 && k < x->n_spans; k++) {
+            const span *sp = &x->spans[k];
+            int64_t at = span_differs(x->values, y->values, sp, tol, &worst);
+            if (at >= 0) {
+                if (!quiet)
+                    printf("\n  %s rank %d: value %lld of recorded tensor %d differs beyond the "
+                           "bound %.3g of its largest magnitude: cpu %.9g, sim %.9g\n",
+                           a->s->name, i, (long long)at, k, tol, (double)x->values[sp->at + at],
+                           (double)y->values[sp->at + at]);
+                return false;
+            }
+        }
+        for (int64_t k = 0; values && tol == 0 && k < x->n; k++)
             if (memcmp(&x->values[k], &y->values[k], sizeof(float)) != 0) {
                 if (!quiet)
                     printf("\n  %s rank %d: value %lld of %lld differs: cpu %.9g, sim %.9g\n",
@@ -506,6 +601,13 @@ static bool same_runs(const run *a, const run *b, bool quiet) {
             return false;
         }
     }
+    if (on_nccl() && !quiet && tol > 0 && values)
+        printf("\n    nccl, %s, %d ranks: largest difference %.3g of a tensor's largest "
+               "magnitude (bound %.3g)",
+               a->s->name, a->s->world, worst, tol);
+    if (on_nccl() && !quiet && !values)
+        printf("\n    nccl, %s, %d ranks: Adam or 16 bits, values not compared (counts are)",
+               a->s->name, a->s->world);
     return true;
 }
 
@@ -524,7 +626,10 @@ static void check_spec(const spec *s) {
     FSDP_TEST_OK(fsdp_test_run_world(s->world, 60000, rank_fn, &cpu));
     FSDP_TEST_OK(fsdp_test_run_world(s->world, 60000, rank_fn, &dev));
     bool same = same_runs(&cpu, &dev, false);
-    if (!same) printf("  (scenario %s on %d ranks)\n", s->name, s->world);
+    if (!same)
+        printf("  (scenario %s on %d ranks: %s, param %s, reduce %s%s)\n", s->name, s->world,
+               fsdp_sharding_strategy_to_string(s->strategy), fsdp_dtype_to_string(s->param_dtype),
+               fsdp_dtype_to_string(s->reduce_dtype), s->offload ? ", offload" : "");
     CU_ASSERT_TRUE(same);
     CU_ASSERT_TRUE(cpu.out[0].n > 0 && total_calls(&cpu) > 0); /* it did train and communicate */
     run_free(&cpu);
@@ -635,6 +740,11 @@ static void test_clip_no_sync_checkpoint_summon(void) {
  * reduce_scatter reads the full gradient before backward wrote it), every time in deferred
  * mode: the results differ from the CPU's. */
 static void test_negative_control(void) {
+    if (on_nccl()) {
+        fsdp_test_skip("the dropped wait is the local backend's; the nccl backend has its own "
+                       "negative control in test_comm_nccl");
+        return;
+    }
 #ifdef UNDER_TSAN
     fsdp_test_skip("the dropped wait is a data race, which ThreadSanitizer reports (as it must)");
     return;
@@ -712,7 +822,10 @@ static void check_prefetch(const spec *s, int *issued, int *skipped, int *most) 
     FSDP_TEST_OK(fsdp_test_run_world(s->world, 60000, rank_fn, &cpu));
     FSDP_TEST_OK(fsdp_test_run_world(s->world, 60000, rank_fn, &dev));
     bool same = same_runs(&cpu, &dev, false);
-    if (!same) printf("  (scenario %s on %d ranks)\n", s->name, s->world);
+    if (!same)
+        printf("  (scenario %s on %d ranks: %s, param %s, reduce %s%s)\n", s->name, s->world,
+               fsdp_sharding_strategy_to_string(s->strategy), fsdp_dtype_to_string(s->param_dtype),
+               fsdp_dtype_to_string(s->reduce_dtype), s->offload ? ", offload" : "");
     CU_ASSERT_TRUE(same);
     for (int r = 0; r < s->world; r++) {
         int i, k, m;
@@ -794,6 +907,112 @@ static void test_prefetch_backward_post(void) {
     }
 }
 
+/* The order the post-backward stream must show in a run of `passes` backward passes of n_units
+ * units (printing what is wrong): every unit's reduction issued in each pass, each non-root
+ * one before another unit's backward computes and with no join of the compute stream before
+ * that, and one join per pass, after the root's reduction (the root is unit 0). */
+static bool check_reduce_order(const spec *s, int rank, const rank_out *o, int passes,
+                               int n_units) {
+    int issued = 0, joined = 0, last = -1;
+    bool awaiting = false; /* a non-root reduction not yet followed by a backward computation */
+    for (int i = 0; i < o->n_log; i++) {
+        int ev = o->log[i][0], u = o->log[i][1];
+        if (ev == FSDP_REDUCE_ISSUED) {
+            issued++;
+            last = u;
+            awaiting = u != 0;
+        } else if (ev == FSDP_REDUCE_JOINED) {
+            joined++;
+            if (awaiting || last != 0) {
+                printf("\n  %s rank %d: event %d joins the post-backward stream after unit %d's "
+                       "reduction, %s\n",
+                       s->name, rank, i, last,
+                       awaiting ? "before the next unit's backward" : "not the root's");
+                return false;
+            }
+        } else if (ev == LOG_COMPUTE_BACKWARD && awaiting) {
+            if (u == last) {
+                printf("\n  %s rank %d: unit %d computes again after its reduction\n", s->name,
+                       rank, u);
+                return false;
+            }
+            awaiting = false;
+        }
+    }
+    if (issued != passes * n_units || joined != passes) {
+        printf("\n  %s rank %d: %d reductions and %d joins, want %d and %d\n", s->name, rank,
+               issued, joined, passes * n_units, passes);
+        return false;
+    }
+    return true;
+}
+
+/* The gradient reductions on the post-backward stream (fsdp.md, "On a device"): on sim, in
+ * deferred mode, bitwise the CPU run; in every pass each unit's reduction is issued before the
+ * next unit's backward computes and the compute stream joins the post-backward stream once,
+ * after the root's, so the reductions run under the rest of backward; the pool holds the same
+ * bytes after the second and the third step (its cross-stream rule allocates a block once
+ * instead of waiting for a reduction in flight, and does not grow). FULL_SHARD (the fused
+ * reduce_scatter), HYBRID_SHARD (reduce_scatter then the replicas' all_reduce) and bf16 mixed
+ * precision (reduce_dtype bf16: rounded, reduced, widened), with BACKWARD_PRE prefetch. The
+ * negative control: without the join the optimizer steps before the reductions ran and the
+ * results differ. */
+static void test_reduce_overlap(void) {
+    for (int k = 0; k < 3; k++) {
+        spec s = {.name = "post-backward stream",
+                  .world = k == 1 ? 4 : 2,
+                  .strategy = k == 1 ? FSDP_HYBRID_SHARD : FSDP_FULL_SHARD,
+                  .replicate = 2,
+                  .nested = true,
+                  .layers = 5,
+                  .steps = 3,
+                  .backward_prefetch = true};
+        if (k == 2) s.param_dtype = s.reduce_dtype = FSDP_DTYPE_BF16;
+        run cpu, dev;
+        run_init(&cpu, &s, false);
+        run_init(&dev, &s, true);
+        FSDP_TEST_OK(fsdp_test_run_world(s.world, 60000, rank_fn, &cpu));
+        FSDP_TEST_OK(fsdp_test_run_world(s.world, 60000, rank_fn, &dev));
+        CU_ASSERT_TRUE(same_runs(&cpu, &dev, false));
+        for (int r = 0; r < s.world; r++) {
+            CU_ASSERT_TRUE(check_reduce_order(&s, r, &dev.out[r], s.steps, 5));
+            CU_ASSERT_EQUAL(dev.out[r].reserved[1], dev.out[r].reserved[2]);
+        }
+        run_free(&cpu);
+        run_free(&dev);
+    }
+}
+
+static void test_reduce_negative_control(void) {
+    if (on_nccl()) {
+        fsdp_test_skip("on nccl a blocking collective's host waits for its end, so the "
+                       "reductions have run when the optimizer steps and the dropped join "
+                       "cannot show");
+        return;
+    }
+#ifdef UNDER_TSAN
+    fsdp_test_skip("the dropped join is a data race, which ThreadSanitizer reports (as it must)");
+    return;
+#endif
+    spec s = {.name = "post-backward negative control",
+              .world = 2,
+              .strategy = FSDP_FULL_SHARD,
+              .nested = true,
+              .layers = 5,
+              .steps = 3};
+    run cpu, without;
+    run_init(&cpu, &s, false);
+    run_init(&without, &s, true);
+    FSDP_TEST_OK(fsdp_test_run_world(2, 60000, rank_fn, &cpu));
+    fsdp_shard_test_skip_reduce_join(true);
+    fsdp_status st = fsdp_test_run_world(2, 60000, rank_fn, &without);
+    fsdp_shard_test_skip_reduce_join(false);
+    FSDP_TEST_OK(st);
+    CU_ASSERT_FALSE(same_runs(&cpu, &without, true));
+    run_free(&cpu);
+    run_free(&without);
+}
+
 /* SHARD_GRAD_OP keeps every unit gathered from forward to backward, so forward prefetch alone
  * gathers all 4 non-root units ahead; limit_all_gathers stops prefetching at 2 (the rest gather
  * in their own hooks), bitwise the same results. */
@@ -854,6 +1073,11 @@ static void test_prefetch_cpu(void) {
 /* Without the compute stream's wait for a prefetched gather, a unit computes with its block
  * before the gather into it ran (deferred mode): the results differ from the CPU's. */
 static void test_prefetch_negative_control(void) {
+    if (on_nccl()) {
+        fsdp_test_skip("on nccl a blocking collective's host waits for its end, so the gather has "
+                       "run when the unit computes and the dropped stream wait cannot show");
+        return;
+    }
 #ifdef UNDER_TSAN
     fsdp_test_skip("the dropped wait is a data race, which ThreadSanitizer reports (as it must)");
     return;
@@ -887,7 +1111,7 @@ static void test_prefetch_negative_control(void) {
 static fsdp_status offload_write_rank(fsdp_ctx *ctx, int rank, void *user) {
     run *r = user;
     rank_out *o = &r->out[rank];
-    fsdp_device dev = r->on_device ? (fsdp_device){FSDP_DEVICE_SIM, rank % 2} : FSDP_CPU;
+    fsdp_device dev = r->on_device ? rank_device(rank) : FSDP_CPU;
     fsdp_module *m = NULL;
     fsdp_sharded *sh = NULL;
     fsdp_mesh *mesh = NULL;
@@ -908,7 +1132,7 @@ static fsdp_status offload_write_rank(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
     for (int u = 0; st == FSDP_OK && u < fsdp_sharded_num_units(sh); u++)
         st = fsdp_tensor_fill(ctx, fsdp_param_data(fsdp_sharded_unit_flat_param(sh, u)), 0.5f);
-    if (st == FSDP_OK) st = record(ctx, o, out);
+    if (st == FSDP_OK) st = record_values(ctx, o, out);
     fsdp_tensor_free(xh), fsdp_tensor_free(yh), fsdp_tensor_free(x);
     fsdp_sharded_free(sh);
     fsdp_module_free(m);
@@ -920,7 +1144,9 @@ static void test_offload_write_after_forward(void) {
 #ifdef UNDER_TSAN
     bool control = false; /* the dropped wait is a data race, which ThreadSanitizer reports */
 #else
-    bool control = true;
+    /* on nccl the gather's host wait for its end has also waited for the copies before it on
+     * the stream, so the dropped host wait cannot show */
+    bool control = !on_nccl();
 #endif
     spec s = {.name = "offload: shards written after a forward",
               .world = 2,
@@ -951,7 +1177,11 @@ static void test_refusals(void) {
 }
 
 int main(int argc, char **argv) {
-    setenv("FSDP_SIM_DEVICES", "2", 1); /* before the first use reads them */
+    /* before the first use reads them; on nccl one sim device per rank (rank_device) */
+    setenv("FSDP_SIM_DEVICES", on_nccl() ? "4" : "2", 1);
+#ifdef FSDP_TEST_NCCL_STANDIN
+    fsdp_nccl_library_use(FSDP_TEST_NCCL_STANDIN, "stand-in NCCL", FSDP_DEVICE_SIM);
+#endif
     setenv("FSDP_SIM_MEMORY", "256M", 1);
     unsetenv("FSDP_SIM_MODE"); /* deferred */
     static const fsdp_test_case tests[] = {
@@ -964,6 +1194,8 @@ int main(int argc, char **argv) {
         {"prefetch_order", test_prefetch_order},
         {"prefetch_backward_post", test_prefetch_backward_post},
         {"prefetch_limit", test_prefetch_limit},
+        {"reduce_overlap", test_reduce_overlap},
+        {"reduce_negative_control", test_reduce_negative_control},
         {"prefetch_cpu", test_prefetch_cpu},
         {"prefetch_negative_control", test_prefetch_negative_control},
         {"offload_write_after_forward", test_offload_write_after_forward},

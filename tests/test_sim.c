@@ -378,6 +378,43 @@ static void test_events(void) {
     fsdp_event_destroy(c);
 }
 
+/* An event recorded on stream a (after a fill of x), awaited by stream c (which then copies x
+ * to y), then recorded again on stream b, which runs first: c's wait is for the record on a,
+ * as a CUDA stream's wait is for the record made before it, so y holds the fill. (A sim that
+ * took the later record's completion for the earlier one let c read x before a wrote it: the
+ * local backend's events are recorded again on another stream when collectives alternate
+ * between the compute and the post-backward streams.) */
+static void test_event_rerecorded(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    const int64_t n = 256;
+    float *x = dev_alloc(n), *y = dev_alloc(n);
+    FSDP_TEST_OK(fsdp_device_synchronize(ctx, SIM0));
+    fsdp_stream a, b, c;
+    fsdp_event e;
+    FSDP_TEST_OK(fsdp_stream_create(ctx, SIM0, &a));
+    FSDP_TEST_OK(fsdp_stream_create(ctx, SIM0, &b));
+    FSDP_TEST_OK(fsdp_stream_create(ctx, SIM0, &c));
+    FSDP_TEST_OK(fsdp_event_create(ctx, SIM0, &e));
+    fsdp_stream was = fsdp_stream_set_current(a);
+    fsdp_kernels_for(SIM0)->fill(x, 5.0f, n);
+    FSDP_TEST_OK(fsdp_event_record(ctx, e, a));
+    fsdp_stream_set_current(c);
+    FSDP_TEST_OK(fsdp_stream_wait(ctx, c, e));
+    fsdp_kernels_for(SIM0)->copy(y, x, n);
+    FSDP_TEST_OK(fsdp_event_record(ctx, e, b));
+    FSDP_TEST_OK(fsdp_stream_synchronize(ctx, b)); // b's record of e is passed, a's not yet
+    float host[256];
+    dev_get(host, y, n); // waits for c
+    CU_ASSERT_TRUE(all_equal(host, n, 5.0f));
+    fsdp_stream_set_current(was);
+    fsdp_event_destroy(e);
+    fsdp_stream_destroy(a);
+    fsdp_stream_destroy(b);
+    fsdp_stream_destroy(c);
+    sim()->free(0, x);
+    sim()->free(0, y);
+}
+
 /* Pinned memory is read when the copy runs; pageable memory when the copy is made. */
 static void test_pinned_reuse(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
@@ -459,6 +496,7 @@ int main(int argc, char **argv) {
         {"streams_order", test_streams_order},
         {"missing_wait_is_caught", test_missing_wait_is_caught},
         {"events", test_events},
+        {"event_rerecorded", test_event_rerecorded},
         {"pinned_reuse", test_pinned_reuse},
         {"thread_streams", test_thread_streams},
         {"ctx_streams", test_ctx_streams},

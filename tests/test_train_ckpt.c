@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ckpt_common.h" // defines: ckpt_test_tmp_root, ckpt_test_remove_tree
+#include "ckpt_common.h" // defines: ckpt_test_tmp_root, ckpt_test_remove_tree, ckpt_test_compare
 #include "harness.h"
 #include "shell.h"        // defines: fsdp_test_spawn
 #include "train_config.h" // defines: train_config_init, train_config_set
@@ -96,48 +96,6 @@ static const char *line_loss(const char *out, int64_t step, char *buf, size_t si
     return buf;
 }
 
-/* Compares every tensor of checkpoints a and b (whole global tensors): *max_diff the largest
- * absolute difference; returns whether they hold the same names and shapes. */
-static bool compare_ckpts(const char *a, const char *b, double *max_diff, bool *bitwise) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_ckpt *ca = NULL, *cb = NULL;
-    FSDP_TEST_OK(fsdp_ckpt_open(ctx, a, &ca));
-    FSDP_TEST_OK(fsdp_ckpt_open(ctx, b, &cb));
-    bool ok = ca && cb && fsdp_ckpt_num_tensors(ca) == fsdp_ckpt_num_tensors(cb);
-    *max_diff = 0;
-    *bitwise = true;
-    for (int t = 0; ok && t < fsdp_ckpt_num_tensors(ca); t++) {
-        fsdp_ckpt_tensor ta, tb;
-        FSDP_TEST_OK(fsdp_ckpt_tensor_get(ctx, ca, t, &ta));
-        int u = fsdp_ckpt_find(cb, ta.name);
-        ok = u >= 0 && fsdp_ckpt_tensor_get(ctx, cb, u, &tb) == FSDP_OK && ta.ndim == tb.ndim;
-        fsdp_state_region all = {.ndim = ta.ndim};
-        int64_t n = 1;
-        for (int d = 0; ok && d < ta.ndim; d++) {
-            ok = ta.shape[d] == tb.shape[d];
-            all.count[d] = ta.shape[d];
-            n *= ta.shape[d];
-        }
-        if (!ok) {
-            printf("\n    %s: not in both checkpoints with one shape", ta.name);
-            break;
-        }
-        float *va = malloc((size_t)n * sizeof(float) + 1),
-              *vb = malloc((size_t)n * sizeof(float) + 1);
-        FSDP_TEST_OK(fsdp_ckpt_read(ctx, ca, t, &all, va));
-        FSDP_TEST_OK(fsdp_ckpt_read(ctx, cb, u, &all, vb));
-        for (int64_t i = 0; i < n; i++) {
-            *max_diff = fmax(*max_diff, fabs((double)va[i] - (double)vb[i]));
-            *bitwise = *bitwise && memcmp(&va[i], &vb[i], sizeof(float)) == 0;
-        }
-        free(va);
-        free(vb);
-    }
-    fsdp_ckpt_close(ca);
-    fsdp_ckpt_close(cb);
-    return ok;
-}
-
 static const char *step_dir(const char *dir, int64_t step) {
     static char buf[2][1100];
     static int next;
@@ -191,7 +149,7 @@ static void resume_same_layout(const char *name, const char *const *layout, cons
     }
     double diff;
     bool bitwise;
-    CU_ASSERT_TRUE(compare_ckpts(step_dir(a_dir, 10), step_dir(b_dir, 10), &diff, &bitwise));
+    CU_ASSERT_TRUE(ckpt_test_compare(step_dir(a_dir, 10), step_dir(b_dir, 10), &diff, &bitwise));
     CU_ASSERT_TRUE(bitwise);
     printf("\n    %-28s %d of 5 resumed step losses, final loss, lines of steps 8 and 10 equal; "
            "checkpoints %s (max diff %.1e)",
@@ -339,7 +297,7 @@ static void resume_cross_common(const char *name, const char *const *first,
         rel = fmax(rel, fabs(r2.step_loss[i] - ref.step_loss[5 + i]) / ref.step_loss[5 + i]);
     double diff;
     bool bitwise;
-    CU_ASSERT_TRUE(compare_ckpts(step_dir(ref_dir, 10), step_dir(dir, 10), &diff, &bitwise));
+    CU_ASSERT_TRUE(ckpt_test_compare(step_dir(ref_dir, 10), step_dir(dir, 10), &diff, &bitwise));
     printf("\n    %-40s losses max rel diff %.1e, tensors max abs diff %.1e", name, rel, diff);
     CU_ASSERT_TRUE(rel <= 1e-5);
     if (adam_lr > 0) {
@@ -714,7 +672,7 @@ static void test_sigkill_resume(void) {
     double diff;
     bool bitwise = false;
     CU_ASSERT_TRUE(
-        compare_ckpts(step_dir(dir, at + 7), step_dir(ref_dir, at + 7), &diff, &bitwise));
+        ckpt_test_compare(step_dir(dir, at + 7), step_dir(ref_dir, at + 7), &diff, &bitwise));
     CU_ASSERT_TRUE(bitwise);
     printf("\n    killed after the checkpoint of step %lld; resumed to step %lld: %s the "
            "uninterrupted run (max diff %.1e)",
@@ -816,7 +774,7 @@ static void test_mpi_resume(void) {
         run_ckpt(&r, ref, SET("train.steps=10", "parallel.ranks=2", "parallel.tp=2"), NULL, err));
     double diff;
     bool bitwise = false;
-    CU_ASSERT_TRUE(compare_ckpts(step_dir(dir, 10), step_dir(ref, 10), &diff, &bitwise));
+    CU_ASSERT_TRUE(ckpt_test_compare(step_dir(dir, 10), step_dir(ref, 10), &diff, &bitwise));
     CU_ASSERT_TRUE(bitwise);
     printf("\n    mpi 5 + 5 steps against 10 on rank threads: %s (max diff %.1e)",
            bitwise ? "bitwise" : "DIFFER", diff);

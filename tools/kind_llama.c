@@ -15,6 +15,7 @@
 #include "train_estimate.h" // defines: train_estimate_llama
 
 static const char *const g_rope_scalings[] = {"none", "llama3", NULL};
+static const char *const g_autocasts[] = {"f32", "bf16", NULL};
 
 static const train_key g_keys[] = {
     INT_KEY("model", "dim", model.dim, "64", 2, TRAIN_WIDTH_MAX,
@@ -58,6 +59,10 @@ static const train_key g_keys[] = {
             INT64_C(1) << 24,
             "rope_scaling = llama3: the context length the model was pretrained on "
             "(original_max_position_embeddings)"),
+    ENUM_KEY("model", "autocast", model.autocast, "f32", g_autocasts, NULL,
+             "the compute policy (fsdp_llama_config.compute_dtype): f32, or bf16 (every "
+             "Linear's GEMMs on bf16 inputs with f32 accumulation, their outputs rounded to "
+             "bf16; norms, attention, loss and optimizer f32, master weights f32)"),
 
 };
 

@@ -5,7 +5,8 @@
 #include <string.h>
 
 #include "train_config.h"
-#include "train_kind.h" // defines: train_kind_of
+#include "train_device.h" // defines: train_device_check
+#include "train_kind.h"   // defines: train_kind_of
 
 static int smallest_prime_factor(int n) {
     for (int p = 2; p * p <= n; p++)
@@ -174,7 +175,7 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                      train_config_key_text(cfg, "parallel", "backend", a, sizeof a));
         return FSDP_ERR_CONFIG;
     }
-    return FSDP_OK;
+    return train_device_check(cfg, err, err_size); /* mpi, or a kind with no device here */
 }
 
 /* The [data] rules that join keys. */

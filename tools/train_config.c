@@ -36,6 +36,11 @@ static const char *const g_level_names[] = {"debug", "info", "warn", "error", "o
  * train_wrap. */
 static const char *const g_backend_names[] = {"local", "mpi", "auto", NULL};
 static const char *const g_mode_names[] = {"fsdp", "replicate", NULL};
+/* fsdp_device_type is the index of the name. */
+static const char *const g_device_names[] = {"cpu", "cuda", "sim", NULL};
+_Static_assert(FSDP_DEVICE_CPU == 0 && FSDP_DEVICE_CUDA == 1 && FSDP_DEVICE_SIM == 2 &&
+                   sizeof(fsdp_device_type) == sizeof(int),
+               "[parallel] device is stored as the index of its name");
 static const char *const g_strategy_names[] = {"full_shard", "shard_grad_op", "no_shard",
                                                "hybrid_shard", NULL};
 static const char *const g_wrap_names[] = {"none", "layer", NULL};
@@ -185,6 +190,10 @@ static const train_key g_keys_last[] = {
               "default, 25 MiB with a first bucket of 1 MiB"),
     BOOL_KEY("parallel", "pin_threads", parallel.pin_threads, "false",
              "pin each rank thread (and its worker threads) to its own cores, in rank order"),
+    ENUM_KEY("parallel", "device", parallel.device, "cpu", g_device_names, NULL,
+             "where every rank computes: cpu, cuda (a GPU; rank r on GPU r mod the GPU count, "
+             "so rank threads may share one) or sim (the simulated GPU: rank r on sim device r "
+             "mod FSDP_SIM_DEVICES, bitwise the CPU's results). Not with backend = mpi"),
 
     ENUM_KEY("data", "kind", data.kind, "synthetic", g_data_kind_names, NULL,
              "where the samples come from: synthetic (inputs from the counter RNG, targets from "

@@ -110,6 +110,7 @@ typedef struct train_config {
         double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
         int64_t rope_original_max_len;
         bool tie_embeddings; /* llama: lm_head shares the embedding's weight */
+        int autocast;        /* llama: the compute policy, 0 f32, 1 bf16 (compute_dtype) */
     } model;
     struct {
         train_backend backend;
@@ -128,6 +129,7 @@ typedef struct train_config {
         fsdp_comm_hook_kind comm_hook; /* DEFAULT, BF16 or FP16 */
         double bucket_mb;              /* replicate: bucket cap in MiB; 0: DDP's default */
         bool pin_threads;
+        fsdp_device_type device; /* the kind of device every rank computes on (train_device.h) */
     } parallel;
     struct {
         train_data_kind kind;

@@ -3,6 +3,8 @@
  * evaluation. */
 #include "train_llama.h"
 
+#include "train_device.h" // defines: train_device_mirror
+
 #include <fnmatch.h> // defines: fnmatch
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,7 @@ struct train_llama {
     int32_t *ids;       /* (len, T) inputs */
     int32_t *targets;   /* (len, T) next tokens */
     fsdp_tensor *input; /* ids as an i32 (len, T) tensor */
+    fsdp_tensor *dev;   /* input on the ctx's device (NULL: the CPU's), each forward's */
     fsdp_tensor *sum;   /* (1): a loss share, summed over dp */
 };
 
@@ -47,7 +50,8 @@ fsdp_llama_config train_llama_config(const train_config *cfg) {
                          .low_freq_factor = (float)cfg->model.rope_low_freq_factor,
                          .high_freq_factor = (float)cfg->model.rope_high_freq_factor,
                          .original_max_len = cfg->model.rope_original_max_len},
-        .tie_word_embeddings = cfg->model.tie_embeddings};
+        .tie_word_embeddings = cfg->model.tie_embeddings,
+        .compute_dtype = cfg->model.autocast ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32};
 }
 
 /* The config with its defaults filled in (the keys were checked by train_config_check). */
@@ -114,15 +118,17 @@ fsdp_status train_llama_create(fsdp_ctx *ctx, const train_config *cfg, const tra
     TRY(fsdp_tensor_from_blob(ctx, l->ids, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){l->len, l->T},
                               &l->input));
     TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){1}, &l->sum));
+    TRY(train_device_mirror(ctx, l->input, &l->dev));
     int64_t voff, vlen; /* lm_head's rows on this tp rank */
     fsdp_chunk_range(cfg->model.vocab_size, tp_size, tp_rank, &voff, &vlen);
-    return fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, (int64_t[]){l->len, l->T, vlen},
-                              dout);
+    return fsdp_tensor_create(ctx, FSDP_DTYPE_F32, fsdp_ctx_device(ctx), 3,
+                              (int64_t[]){l->len, l->T, vlen}, dout);
 }
 
 void train_llama_free(train_llama *l) {
     if (!l) return;
     fsdp_tensor_free(l->input);
+    fsdp_tensor_free(l->dev);
     fsdp_tensor_free(l->sum);
     free(l->ids);
     free(l->targets);
@@ -140,7 +146,8 @@ static void fill_row(train_llama *l, int64_t r, int64_t start) {
 static fsdp_status forward_loss(fsdp_ctx *ctx, train_llama *l, fsdp_module *model,
                                 fsdp_tensor *dout, float *loss) {
     const fsdp_tensor *logits = NULL;
-    TRY(fsdp_module_forward(ctx, model, l->input, &logits));
+    if (l->dev && l->len > 0) TRY(fsdp_tensor_copy(ctx, l->dev, l->input)); /* once per forward */
+    TRY(fsdp_module_forward(ctx, model, l->dev ? l->dev : l->input, &logits));
     return l->loss_parallel ? fsdp_loss_parallel_cross_entropy(ctx, logits, l->targets,
                                                                FSDP_IGNORE_INDEX, loss, dout)
                             : fsdp_loss_cross_entropy_ignore(ctx, logits, l->targets,

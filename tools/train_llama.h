@@ -36,7 +36,8 @@ typedef struct train_llama train_llama;
 
 /* tokens and dp (the data-parallel group) are borrowed and must outlive the state. *dout
  * receives a new (len, max_seq_len, local vocab) tensor for the logits' gradient (the
- * caller's). */
+ * caller's). The model's inputs and dout are on the ctx's device (fsdp_ctx_device); the token
+ * ids are read on the host and uploaded at each forward. */
 fsdp_status train_llama_create(fsdp_ctx *ctx, const train_config *cfg, const train_tokens *tokens,
                                int64_t batch, fsdp_group *dp, int dp_size, int dp_rank, int tp_size,
                                int tp_rank, train_llama **out, fsdp_tensor **dout);

@@ -29,6 +29,7 @@ typedef struct train_report {
     double eval_loss;
     double eval_accuracy;   /* NAN for regression */
     const train_comm *comm; /* progress with counting on: the steps' collectives, else NULL */
+    const char *device;     /* rank 0's device ("sim:0") on a progress step; NULL on the CPU */
 } train_report;
 
 /* The seconds of the steps in collectives, and the rest of the steps' wall time. */

@@ -8,7 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train_data.h" // defines: train_data_load, train_order_sample
+#include "train_data.h"   // defines: train_data_load, train_order_sample
+#include "train_device.h" // defines: train_device_mirror, train_device_to_host
 
 /* What one rank holds. */
 typedef struct samples {
@@ -27,6 +28,10 @@ typedef struct samples {
     fsdp_tensor *dout;       /* d(slice loss)/d(prediction): (len, out) */
     fsdp_tensor *loss;       /* (2): this rank's shares of a loss and a count, then sums */
     int64_t off, len;        /* the slice: samples [off, off + len) of each batch */
+    /* On a device ([parallel] device): the dataset uploaded once, the slice's copies (uploaded
+     * once per step) and a host copy of predictions to classify; NULL on the CPU. dout is on
+     * the device. */
+    fsdp_tensor *dx, *dy, *dxb, *dyb, *pred_host;
 } samples;
 
 static void format_widths(const int64_t *w, int n, char *buf, size_t size) {
@@ -131,7 +136,7 @@ static fsdp_status sum_over_dp(fsdp_ctx *ctx, samples *s, double share, double c
     return FSDP_OK;
 }
 
-/* Rows of pred (rows, out) whose argmax is the label. */
+/* Rows of pred (rows, out), on the host, whose argmax is the label. */
 static int64_t count_correct(const fsdp_tensor *pred, const int32_t *labels, int64_t rows) {
     int32_t *best = malloc((size_t)(rows ? rows : 1) * sizeof *best);
     if (!best) return -1;
@@ -155,13 +160,17 @@ static fsdp_status range_loss(fsdp_ctx *ctx, samples *s, fsdp_module *model, int
     const fsdp_tensor *pred = NULL;
     float l = 0;
     int64_t right = 0;
-    fsdp_status st = fsdp_tensor_view(ctx, s->x, off * in, 2, (int64_t[]){len, in}, &x);
-    if (st == FSDP_OK) st = fsdp_tensor_view(ctx, s->y, off * out, 2, (int64_t[]){len, out}, &y);
+    fsdp_status st =
+        fsdp_tensor_view(ctx, s->dx ? s->dx : s->x, off * in, 2, (int64_t[]){len, in}, &x);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_view(ctx, s->dy ? s->dy : s->y, off * out, 2, (int64_t[]){len, out}, &y);
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, model, x, &pred); /* every rank joins */
     if (st == FSDP_OK && len > 0 && s->classify)
         st = fsdp_loss_cross_entropy(ctx, pred, s->labels + off, &l, NULL);
     else if (st == FSDP_OK && len > 0)
         st = fsdp_loss_mse(ctx, pred, y, &l, NULL);
+    if (st == FSDP_OK && len > 0 && s->classify)
+        st = train_device_to_host(ctx, pred, &s->pred_host, &pred);
     if (st == FSDP_OK && len > 0 && s->classify &&
         (right = count_correct(pred, s->labels + off, len)) < 0)
         st = FSDP_ERR_OUT_OF_MEMORY;
@@ -234,13 +243,19 @@ fsdp_status train_samples_create(fsdp_ctx *ctx, const train_rank_env *env, int64
     fsdp_status st;
     if ((st = new_f32(ctx, n, in, &s->x)) || (st = new_f32(ctx, n, out, &s->y)) ||
         (st = new_f32(ctx, s->len, in, &s->xb)) || (st = new_f32(ctx, s->len, out, &s->yb)) ||
-        (st = new_f32(ctx, s->len, out, &s->dout)) ||
+        (st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, fsdp_ctx_device(ctx), 2,
+                                 (int64_t[]){s->len, out}, &s->dout)) ||
         (st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){2}, &s->loss)) ||
         (st = train_order_init(&s->order, cfg, s->n_train)))
         return st;
     if (s->classify && !(s->lb = malloc((size_t)(s->len ? s->len : 1) * sizeof *s->lb)))
         return FSDP_ERR_OUT_OF_MEMORY;
-    return make_data(ctx, cfg, data, s);
+    if ((st = make_data(ctx, cfg, data, s))) return st;
+    if ((st = train_device_mirror(ctx, s->x, &s->dx)) ||
+        (st = train_device_mirror(ctx, s->y, &s->dy)) ||
+        (st = train_device_mirror(ctx, s->xb, &s->dxb)))
+        return st;
+    return train_device_mirror(ctx, s->yb, &s->dyb);
 }
 
 void train_samples_free(void *feed) {
@@ -255,6 +270,11 @@ void train_samples_free(void *feed) {
     fsdp_tensor_free(s->yb);
     fsdp_tensor_free(s->dout);
     fsdp_tensor_free(s->loss);
+    fsdp_tensor_free(s->dx);
+    fsdp_tensor_free(s->dy);
+    fsdp_tensor_free(s->dxb);
+    fsdp_tensor_free(s->dyb);
+    fsdp_tensor_free(s->pred_host);
     free(s);
 }
 
@@ -265,9 +285,13 @@ fsdp_status train_samples_step(fsdp_ctx *ctx, void *feed, fsdp_module *model, in
     *loss = 0;
     *dout = s->dout;
     gather_batch(s, k0);
-    TRAIN_TRY(fsdp_module_forward(ctx, model, s->xb, &pred));
+    if (s->dxb && s->len > 0) { /* the slice uploaded once */
+        TRAIN_TRY(fsdp_tensor_copy(ctx, s->dxb, s->xb));
+        if (!s->classify) TRAIN_TRY(fsdp_tensor_copy(ctx, s->dyb, s->yb));
+    }
+    TRAIN_TRY(fsdp_module_forward(ctx, model, s->dxb ? s->dxb : s->xb, &pred));
     if (s->len > 0 && s->classify) return fsdp_loss_cross_entropy(ctx, pred, s->lb, loss, s->dout);
-    if (s->len > 0) return fsdp_loss_mse(ctx, pred, s->yb, loss, s->dout);
+    if (s->len > 0) return fsdp_loss_mse(ctx, pred, s->dyb ? s->dyb : s->yb, loss, s->dout);
     return FSDP_OK;
 }
 

@@ -18,6 +18,7 @@
 
 #include "fsdp/version.h"      // defines: FSDP_VERSION_STRING
 #include "train_ckpt.h"        // defines: train_sources, train_saver, train_ckpt_resume
+#include "train_device.h"      // defines: train_device_of, train_device_scale
 #include "train_finite.h"      // defines: train_params_finite
 #include "train_kind.h"        // defines: train_kind_of, train_rank_env, train_feed_info
 #include "train_metrics.h"     // defines: train_report, train_metrics_write
@@ -69,6 +70,10 @@ typedef struct train_state {
     bool counting;     /* rank 0 counts its collectives: [log] comm_debug or metrics */
     train_comm comm;   /* what the steps since the last record communicated */
     train_bar bar;     /* the progress bar */
+
+    /* [parallel] device */
+    char device[32];        /* this rank's device ("sim:1") */
+    fsdp_tensor *dout_host; /* a device run's host copy of dout to scale, or NULL */
 } train_state;
 
 static void train_state_free(fsdp_ctx *ctx, train_state *s) {
@@ -79,6 +84,7 @@ static void train_state_free(fsdp_ctx *ctx, train_state *s) {
     fsdp_sharded_free(s->sh);
     fsdp_module_free(s->model);
     fsdp_tensor_free(s->loss);
+    fsdp_tensor_free(s->dout_host);
     fsdp_group_free(s->dp_owned);
     fsdp_mesh_free(s->mesh);
     if (s->metrics) fclose(s->metrics);
@@ -179,10 +185,16 @@ static fsdp_status make_optimizer(fsdp_ctx *ctx, const train_config *cfg, fsdp_m
 static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const void *input,
                                train_state *s, const char **what) {
     fsdp_status st;
+    fsdp_device dev = train_device_of(cfg, fsdp_ctx_rank(ctx));
+    train_device_name(dev, s->device, sizeof s->device);
+    *what = "choosing the device";
+    if ((st = fsdp_ctx_set_device(ctx, dev))) return st;
     *what = "creating the device mesh";
     if ((st = setup_mesh(ctx, cfg, s))) return st;
     *what = "building the model";
     if ((st = s->kind->build(ctx, cfg, false, &s->model))) return st;
+    *what = "moving the model to the device"; /* before TP and FSDP, as model.to(device) */
+    if (dev.type != FSDP_DEVICE_CPU && (st = fsdp_module_to(ctx, s->model, dev))) return st;
     *what = "applying tensor parallelism";
     fsdp_mesh *tp = NULL;
     if (s->layout.tp > 1 && ((st = fsdp_mesh_dim(ctx, s->mesh, "tp", &tp)) ||
@@ -258,10 +270,7 @@ static fsdp_status train_step(fsdp_ctx *ctx, const train_config *cfg, train_stat
         if (n_micro > 1) set_sync(s, m == n_micro - 1);
         TRAIN_TRY(s->kind->step(ctx, s->feed, s->model, start + m * s->micro, &l, &dout));
         double scale = (double)len * s->layout.dp / (double)b;
-        if (scale != 1.0) {
-            float *d = fsdp_tensor_f32(dout);
-            for (int64_t i = 0; i < fsdp_tensor_numel(dout); i++) d[i] *= (float)scale;
-        }
+        if (scale != 1.0) TRAIN_TRY(train_device_scale(ctx, dout, (float)scale, &s->dout_host));
         TRAIN_TRY(fsdp_module_backward(ctx, s->model, dout, NULL)); /* no input gradient */
         share += (double)l * (double)len / (double)b;
     }
@@ -367,6 +376,7 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
         if (r->comm) /* the steps' time since the last line, split */
             fprintf(s->out, "  compute %.3fs  comm %.3fs", train_comm_compute_seconds(r->comm),
                     train_comm_seconds(r->comm));
+        if (r->device) fprintf(s->out, "  on %s", r->device);
         fputc('\n', s->out);
     }
     if (s->out && r->eval) {
@@ -407,7 +417,12 @@ static void print_banner(const train_config *cfg, train_state *s) {
     if (cfg->optim.clip_grad_norm > 0)
         fprintf(s->out, ", clip_grad_norm %g", cfg->optim.clip_grad_norm);
     fprintf(s->out, "\n");
-    fprintf(s->out, "parallel: %s\n", lw);
+    fprintf(s->out, "parallel: %s", lw);
+    if (cfg->parallel.device != FSDP_DEVICE_CPU) /* rank 0 on device 0 */
+        fprintf(s->out, ", device %s (rank r on %s:(r mod %d))", s->device,
+                fsdp_device_to_string(train_device_of(cfg, 0)),
+                fsdp_device_count(cfg->parallel.device));
+    fprintf(s->out, "\n");
     if (cfg->log.level == FSDP_LOG_DEBUG) train_config_write(cfg, s->out);
 }
 
@@ -632,7 +647,8 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
         train_report r = {.progress = regular || last || stop,
                           .lr = lr,
                           .grad_norm = grad_norm,
-                          .comm = s->counting ? &s->comm : NULL};
+                          .comm = s->counting ? &s->comm : NULL,
+                          .device = cfg->parallel.device ? s->device : NULL};
         if (s->info.n_eval > 0 &&
             (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0))) {
             r.eval = true;

@@ -14,6 +14,18 @@ extern "C" {
  * both uniform in +-1/sqrt(in_features) as PyTorch initialises nn.Linear. */
 fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_features, bool bias,
                                fsdp_module **out);
+/* The compute policy of every Linear in m's subtree (an autocast-like policy per model,
+ * docs/models.md "bf16 compute"): FSDP_DTYPE_F32 (the default) or FSDP_DTYPE_BF16. Under bf16
+ * a Linear's three GEMMs (forward, input gradient, weight gradient) read bf16 copies of their
+ * inputs (the input or output gradient, rounded to nearest even, and the f32 weight rounded)
+ * and accumulate in f32; the output and the input gradient are rounded to bf16 (stored widened
+ * in their f32 tensors), the weight gradient is accumulated in f32 into the f32 gradient, the
+ * bias added in f32 before the output's rounding. Every other layer (norms, attention,
+ * softmax, losses) and the optimizer compute in f32 on what they receive. The same on every
+ * device: the CPU and sim widen exactly and round where a GPU writes bf16, so sim gives the
+ * CPU's bits. Takes effect at the next forward; a backward follows its forward's policy.
+ * FSDP_ERR_INVALID_ARGUMENT for any other dtype. */
+fsdp_status fsdp_module_set_autocast(fsdp_ctx *ctx, fsdp_module *m, fsdp_dtype compute_dtype);
 /* y = x: the output is the input tensor itself and the input gradient is the output gradient. */
 fsdp_status fsdp_identity_create(fsdp_ctx *ctx, fsdp_module **out);
 fsdp_status fsdp_relu_create(fsdp_ctx *ctx, fsdp_module **out);

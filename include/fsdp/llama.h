@@ -52,6 +52,11 @@ typedef struct fsdp_llama_config {
     /* (tie_word_embeddings) lm_head shares model.embed_tokens.weight: one parameter, the
      * gradients of both uses summed into it; lm_head then has no parameter of its own. */
     bool tie_word_embeddings;
+    /* The compute policy (fsdp_module_set_autocast, docs/models.md "bf16 compute"):
+     * FSDP_DTYPE_F32 (0, the default) or FSDP_DTYPE_BF16, the Linear layers' GEMMs on bf16
+     * inputs with f32 accumulation and bf16 outputs; norms, attention, loss and optimizer f32.
+     * Parameters, their gradients and the optimizer's state stay f32 either way. */
+    fsdp_dtype compute_dtype;
 } fsdp_llama_config;
 
 /* cfg with every zero field replaced by its default; FSDP_ERR_INVALID_ARGUMENT naming the

@@ -340,11 +340,20 @@ fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_po
         return u->is_root ? fsdp_offload_sync(ctx, u->owner) : FSDP_OK;
     }
     FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, UNIT_REDUCED, call));
-    FSDP_TRY_AT(ctx, reduce_grad(ctx, u));
-    FSDP_TRY_AT(ctx, fsdp_shard_give_grads(ctx, u, call));
+    /* The reduction on the post-backward stream, under the next unit's backward. */
+    fsdp_stream compute;
+    FSDP_TRY_AT(ctx, fsdp_post_backward_begin(ctx, u->owner, &compute));
+    fsdp_status st = reduce_grad(ctx, u);
+    if (st == FSDP_OK) st = fsdp_shard_give_grads(ctx, u, call);
+    fsdp_post_backward_end(u->owner, compute);
+    FSDP_TRY_AT(ctx, st);
+    if (u->numel) fsdp_prefetch_trace(u, FSDP_REDUCE_ISSUED);
     FSDP_TRY_AT(ctx, fsdp_shard_reshard(ctx, u, call));
     /* BACKWARD_POST: the next unit's gather, while what runs before its backward computes */
     FSDP_TRY_AT(ctx, prefetch_next(ctx, u, FSDP_PREFETCH_AT_POST_BACKWARD));
-    /* the end of backward: the optimizer may write the pinned shards next */
-    return u->is_root ? fsdp_offload_sync(ctx, u->owner) : FSDP_OK;
+    if (!u->is_root) return FSDP_OK;
+    /* the end of backward: the gradients are complete on the compute stream; the optimizer
+     * may write the pinned shards next */
+    FSDP_TRY_AT(ctx, fsdp_post_backward_join(ctx, u->owner));
+    return fsdp_offload_sync(ctx, u->owner);
 }

@@ -89,7 +89,9 @@ typedef enum fsdp_prefetch_event {
     FSDP_PREFETCH_ISSUED,  /* a unit's gather issued ahead of it, on the unshard stream */
     FSDP_PREFETCH_SKIPPED, /* not issued: limit_all_gathers, and the limit reached */
     FSDP_PREFETCH_WAITED,  /* the compute stream made to wait for a prefetched gather */
-    FSDP_PREFETCH_OWN      /* a unit's gather issued by its own hook (or a summon) */
+    FSDP_PREFETCH_OWN,     /* a unit's gather issued by its own hook (or a summon) */
+    FSDP_REDUCE_ISSUED,    /* a unit's gradient reduction issued on the post-backward stream */
+    FSDP_REDUCE_JOINED     /* the compute stream made to wait for the post-backward stream */
 } fsdp_prefetch_event;
 /* in_flight: the non-root units holding gathered parameters after the event. */
 typedef void (*fsdp_prefetch_trace_fn)(void *user, int unit, fsdp_prefetch_event ev, int in_flight);
@@ -128,6 +130,11 @@ struct fsdp_sharded {
     bool prefetching;    /* a prefetched gather is being issued */
     fsdp_prefetch_trace_fn trace;
     void *trace_user;
+    /* The post-backward stream (post_backward.c), made at the first reduction on a device; the
+     * events that order it after the compute stream and the compute stream after it. */
+    fsdp_stream post;
+    fsdp_event grads_done, reduced;
+    bool post_ready;
 };
 
 /* The shard group's size and this rank's index in it (what the group says, not a copy). */
@@ -215,6 +222,21 @@ fsdp_status fsdp_offload_pin(fsdp_ctx *ctx, const fsdp_sharded *sh, unit *u);
 fsdp_status fsdp_offload_sync(fsdp_ctx *ctx, const fsdp_sharded *sh);
 /* Tests: the negative control that drops that wait (every state, while on). */
 void fsdp_shard_test_skip_offload_sync(bool on);
+
+/* ---- the post-backward stream (post_backward.c) ---- */
+
+/* Around a unit's gradient reduction: begin makes the post-backward stream wait for the
+ * compute stream (*compute) and current; end makes the compute stream current again. Nothing
+ * on the CPU. */
+fsdp_status fsdp_post_backward_begin(fsdp_ctx *ctx, fsdp_sharded *sh, fsdp_stream *compute);
+void fsdp_post_backward_end(fsdp_sharded *sh, fsdp_stream compute);
+/* The end of backward: the current (compute) stream waits for every reduction queued, and the
+ * pool's blocks given back on the post-backward stream become the compute stream's. */
+fsdp_status fsdp_post_backward_join(fsdp_ctx *ctx, fsdp_sharded *sh);
+/* Waits for the stream's work and frees it and its events. */
+void fsdp_post_backward_release(fsdp_sharded *sh);
+/* Tests: the negative control that drops the join (every state, while on). */
+void fsdp_shard_test_skip_reduce_join(bool on);
 
 /* ---- prefetch (prefetch.c) ---- */
 

@@ -1,5 +1,6 @@
-/* linear.c: Linear, y = x W^T + b over the last dimension. The feature counts are read from
- * the weight's current shape, so a tensor-parallel shard of the weight just works. */
+/* linear.c: Linear, y = x W^T + b over the last dimension, in f32 or under the bf16 compute
+ * policy (fsdp_module_set_autocast). The feature counts are read from the weight's current
+ * shape, so a tensor-parallel shard of the weight just works. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -14,13 +15,82 @@ typedef struct linear {
     const fsdp_tensor *input; /* (rows, in), kept for backward */
     fsdp_tensor *output;      /* (rows, out) */
     fsdp_tensor *dinput;      /* (rows, in) */
+    fsdp_dtype compute;       /* FSDP_DTYPE_F32, or FSDP_DTYPE_BF16: the GEMMs' inputs */
+    fsdp_dtype last_compute;  /* the policy the last forward ran (its backward follows it) */
+    fsdp_tensor *x16, *w16;   /* bf16: (rows, in) and (out, in), rounded in forward, kept */
+    fsdp_tensor *y16;         /* bf16: (rows, max(out, in)), the rounding of outputs and dy */
 } linear;
 
 static void linear_free(void *impl) {
     linear *l = impl;
     fsdp_tensor_free(l->output);
     fsdp_tensor_free(l->dinput);
+    fsdp_tensor_free(l->x16);
+    fsdp_tensor_free(l->w16);
+    fsdp_tensor_free(l->y16);
     free(l);
+}
+
+/* ---- the bf16 compute policy: every GEMM reads bf16 copies of its inputs and accumulates in
+ * f32 (gemm_bf16); its output is rounded to bf16 where a GPU writes a bf16 tensor (the output
+ * and the input gradient), and the weight gradient is accumulated in f32 into the f32 gradient
+ * (as Megatron's fused weight-gradient accumulation). The rounded values are stored widened in
+ * the f32 tensors the other layers read, so they compute on exactly the GPU's inputs. ---- */
+
+/* *t: a bf16 buffer of shape (rows, cols) on device (reused when large enough). */
+static fsdp_status bf16_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, int64_t rows,
+                               int64_t cols) {
+    return fsdp_nn_buffer_dtype(ctx, t, FSDP_DTYPE_BF16, device, 2, (int64_t[]){rows, cols});
+}
+
+/* y (n) <- y rounded to bf16 (round to nearest even), through the bf16 scratch y16. */
+static void round_bf16(const fsdp_kernels_i *k, float *y, fsdp_tensor *y16, int64_t n) {
+    fsdp_bf16 *h = fsdp_tensor_data(y16);
+    k->f32_to_bf16(h, y, n);
+    k->bf16_to_f32(y, h, n);
+}
+
+/* y (rows, OC) = bf16(bf16(x) bf16(W)^T + b): x16 and w16 are kept for backward. */
+static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *k,
+                                const fsdp_tensor *in, int64_t rows, int64_t OC, int64_t C,
+                                bool bias) {
+    fsdp_device dev = fsdp_tensor_device(in);
+    FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->x16, dev, rows, C));
+    FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->w16, dev, OC, C));
+    FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->y16, dev, rows, OC > C ? OC : C));
+    fsdp_bf16 *x16 = fsdp_tensor_data(l->x16), *w16 = fsdp_tensor_data(l->w16);
+    float *y = fsdp_tensor_f32(l->output);
+    k->f32_to_bf16(x16, fsdp_tensor_f32(in), rows * C);
+    k->f32_to_bf16(w16, fsdp_tensor_f32(l->weight->data), OC * C);
+    k->gemm_bf16(false, true, rows, OC, C, 1.0f, x16, C, w16, C, 0.0f, y, OC);
+    if (bias) k->bias_add(y, fsdp_tensor_f32(l->bias->data), rows, OC);
+    round_bf16(k, y, l->y16, rows * OC);
+    return FSDP_OK;
+}
+
+/* dW (OC, C) += bf16(dy)^T x16 in f32; dx (rows, C) = bf16(bf16(dy) w16); the bias gradient
+ * sums dy in f32. */
+static fsdp_status bf16_backward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *k,
+                                 const fsdp_tensor *dout, const fsdp_tensor **din, int64_t rows,
+                                 int64_t OC, int64_t C) {
+    const float *dy = fsdp_tensor_f32(dout);
+    fsdp_bf16 *dy16 = fsdp_tensor_data(l->y16);
+    const fsdp_bf16 *x16 = fsdp_tensor_data(l->x16), *w16 = fsdp_tensor_data(l->w16);
+    k->f32_to_bf16(dy16, dy, rows * OC);
+    if (l->weight->requires_grad)
+        k->gemm_bf16(true, false, OC, C, rows, 1.0f, dy16, OC, x16, C, 1.0f,
+                     fsdp_tensor_f32(l->weight->grad), C);
+    if (l->bias && l->bias->requires_grad && !l->bias->hook_applied)
+        k->bias_backward(fsdp_tensor_f32(l->bias->grad), dy, rows, OC);
+    if (!din) return FSDP_OK;
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &l->dinput, fsdp_tensor_device(dout),
+                                    fsdp_tensor_ndim(l->input), fsdp_tensor_shape(l->input)));
+    float *dx = fsdp_tensor_f32(l->dinput);
+    k->gemm_bf16(false, false, rows, C, OC, 1.0f, dy16, OC, w16, C, 0.0f, dx, C);
+    /* dy16 is read: the scratch now rounds dx (rows * C elements fit: its width is max(OC, C)) */
+    round_bf16(k, dx, l->y16, rows * C);
+    *din = l->dinput;
+    return FSDP_OK;
 }
 
 static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
@@ -38,9 +108,15 @@ static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tens
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &l->output, dev, nd, shape));
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     float *y = fsdp_tensor_f32(l->output);
-    k->gemm(false, true, rows, OC, C, 1.0f, fsdp_tensor_f32(in), C, fsdp_tensor_f32(w), C, 0.0f, y,
-            OC);
-    if (l->bias && !l->bias->hook_applied) k->bias_add(y, fsdp_tensor_f32(l->bias->data), rows, OC);
+    bool bias = l->bias && !l->bias->hook_applied;
+    l->last_compute = l->compute;
+    if (l->compute == FSDP_DTYPE_BF16) {
+        FSDP_TRY_AT(ctx, bf16_forward(ctx, l, k, in, rows, OC, C, bias));
+    } else {
+        k->gemm(false, true, rows, OC, C, 1.0f, fsdp_tensor_f32(in), C, fsdp_tensor_f32(w), C, 0.0f,
+                y, OC);
+        if (bias) k->bias_add(y, fsdp_tensor_f32(l->bias->data), rows, OC);
+    }
     l->input = in;
     *out = l->output;
     return FSDP_OK;
@@ -60,6 +136,7 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
     }
     int64_t rows = fsdp_tensor_numel(dout) / (OC ? OC : 1);
     const fsdp_kernels_i *k = fsdp_kernels_for(fsdp_tensor_device(dout));
+    if (l->last_compute == FSDP_DTYPE_BF16) return bf16_backward(ctx, l, k, dout, din, rows, OC, C);
     const float *dy = fsdp_tensor_f32(dout), *x = fsdp_tensor_f32(l->input);
     if (l->weight->requires_grad) /* dW (OC, C) += dy^T (OC, rows) @ x (rows, C) */
         k->gemm(true, false, OC, C, rows, 1.0f, dy, OC, x, C, 1.0f,
@@ -127,4 +204,22 @@ fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_f
     }
     *out = m;
     return FSDP_OK;
+}
+
+/* Sets the policy of m when it is a Linear. */
+static fsdp_status set_autocast(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    (void)ctx;
+    if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->compute = *(const fsdp_dtype *)user;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_module_set_autocast(fsdp_ctx *ctx, fsdp_module *m, fsdp_dtype compute_dtype) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    if (compute_dtype != FSDP_DTYPE_F32 && compute_dtype != FSDP_DTYPE_BF16)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_module_set_autocast: compute dtype %s is not a policy; use "
+                         "FSDP_DTYPE_BF16 (bf16 GEMM inputs, f32 accumulation) or FSDP_DTYPE_F32",
+                         fsdp_dtype_to_string(compute_dtype));
+    return fsdp_module_visit(ctx, m, set_autocast, &compute_dtype);
 }

@@ -121,6 +121,7 @@ fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_conf
     fsdp_module *m;
     FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &decoder_layer_ops, d, &m));
     fsdp_status st = build_decoder_layer(ctx, m, d, &c);
+    if (st == FSDP_OK) st = fsdp_module_set_autocast(ctx, m, c.compute_dtype);
     if (st != FSDP_OK) {
         fsdp_module_free(m);
         return FSDP_PASS(ctx, st);
@@ -170,6 +171,7 @@ fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_m
     FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &root));
     fsdp_status st = build_llama(ctx, root, &c);
     if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, root, fsdp_ctx_seed(ctx));
+    if (st == FSDP_OK) st = fsdp_module_set_autocast(ctx, root, c.compute_dtype);
     if (st != FSDP_OK) {
         fsdp_module_free(root);
         return FSDP_PASS(ctx, st);

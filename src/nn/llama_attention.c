@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "fsdp/layers.h"
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
 
@@ -219,6 +220,7 @@ fsdp_status fsdp_llama_attention_create(fsdp_ctx *ctx, const fsdp_llama_config *
         st = fsdp_llama_add_proj(ctx, m, "v_proj", c.dim, c.n_kv_heads * hd, std, &a->v_proj);
     if (st == FSDP_OK)
         st = fsdp_llama_add_proj(ctx, m, "o_proj", c.n_heads * hd, c.dim, std, &a->o_proj);
+    if (st == FSDP_OK) st = fsdp_module_set_autocast(ctx, m, c.compute_dtype);
     if (st != FSDP_OK) {
         fsdp_module_free(m);
         return FSDP_PASS(ctx, st);

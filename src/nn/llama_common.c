@@ -119,6 +119,9 @@ fsdp_status fsdp_llama_config_resolve(fsdp_ctx *ctx, const fsdp_llama_config *cf
     if (!(c.init_std > 0.0f))
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "Llama config: init_std = %g; it must be > 0", (double)c.init_std);
+    if (c.compute_dtype != FSDP_DTYPE_F32 && c.compute_dtype != FSDP_DTYPE_BF16)
+        return fsdp_llama_bad_config(ctx, "compute_dtype", c.compute_dtype,
+                                     "it must be FSDP_DTYPE_F32 or FSDP_DTYPE_BF16");
     *out = c;
     return FSDP_OK;
 }

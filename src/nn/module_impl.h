@@ -89,6 +89,9 @@ struct fsdp_module {
  * the way layers keep activation buffers without allocating in steady state. */
 fsdp_status fsdp_nn_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, int ndim,
                            const int64_t *shape);
+/* fsdp_nn_buffer of another dtype (a buffer keeps the dtype it was made with). */
+fsdp_status fsdp_nn_buffer_dtype(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_dtype dtype,
+                                 fsdp_device device, int ndim, const int64_t *shape);
 
 /* What a wrapper (ckpt.iface) runs: run_forward is the plain forward with its hooks
  * (post-forward hooks only when post_hooks), run_backward the plain backward. */

@@ -48,7 +48,11 @@ struct sim_event {
     sim_stream *on;    // where the latest record was queued (NULL: never recorded)
     uint64_t on_seq;   // its marker there
     uint64_t recorded; // records so far
-    uint64_t completed;
+    /* The records queued and not yet passed. An event recorded again on another stream can
+     * complete its later record before its earlier one, and a wait queued between them awaits
+     * the earlier one (as CUDA's does): completion is per record, not the highest passed. */
+    uint64_t *pending;
+    int n_pending, cap_pending;
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -113,7 +117,30 @@ static void demand(sim_stream *s, uint64_t seq) {
 }
 
 static void event_unref(sim_event *e) {
-    if (--e->refs == 0) free(e);
+    if (--e->refs > 0) return;
+    free(e->pending);
+    free(e);
+}
+
+/* Whether record `gen` of e has been passed (0, never recorded: at once). Under mu. */
+static bool passed(const sim_event *e, uint64_t gen) {
+    for (int i = 0; i < e->n_pending; i++)
+        if (e->pending[i] == gen) return false;
+    return true;
+}
+
+/* Record `gen` of e was passed. Under mu. */
+static void pass(sim_event *e, uint64_t gen) {
+    for (int i = 0; i < e->n_pending; i++)
+        if (e->pending[i] == gen) {
+            e->pending[i] = e->pending[--e->n_pending];
+            break;
+        }
+    if (e->n_pending == 0) { // a stack event (sim_stream_sync) must hold nothing after its wait
+        free(e->pending);
+        e->pending = NULL;
+        e->cap_pending = 0;
+    }
 }
 
 static void jitter(sim_stream *s) {
@@ -133,7 +160,7 @@ static void *worker(void *arg) {
         s->head = o->next;
         if (!s->head) s->tail = NULL;
         if (o->kind == OP_WAIT)
-            while (o->event->completed < o->gen) {
+            while (!passed(o->event, o->gen)) {
                 demand(o->on, o->on_seq);
                 pthread_cond_wait(&progress, &mu);
             }
@@ -152,7 +179,7 @@ static void *worker(void *arg) {
 
         SIM_HIDE_BEGIN();
         pthread_mutex_lock(&mu);
-        if (o->kind == OP_MARK && o->event->completed < o->gen) o->event->completed = o->gen;
+        if (o->kind == OP_MARK) pass(o->event, o->gen);
         if (o->kind != OP_RUN) event_unref(o->event);
         s->done = o->seq;
         free(o);
@@ -287,7 +314,15 @@ void sim_event_record(sim_event *e, sim_stream *s) {
     SIM_HIDE_BEGIN();
     pthread_mutex_lock(&mu);
     e->refs++;
+    if (e->n_pending == e->cap_pending) {
+        int cap = e->cap_pending ? 2 * e->cap_pending : 4;
+        uint64_t *grown = realloc(e->pending, (size_t)cap * sizeof *grown);
+        FSDP_ASSERT(grown); // a record has no status to return, as cudaEventRecord's launch
+        e->pending = grown;
+        e->cap_pending = cap;
+    }
     o->gen = ++e->recorded;
+    e->pending[e->n_pending++] = o->gen;
     o->seq = ++s->queued;
     e->on = s;
     e->on_seq = o->seq;
@@ -320,7 +355,7 @@ void sim_event_sync(sim_event *e) {
     SIM_HIDE_BEGIN();
     pthread_mutex_lock(&mu);
     uint64_t gen = e->recorded;
-    while (e->completed < gen) {
+    while (!passed(e, gen)) {
         demand(e->on, e->on_seq);
         pthread_cond_wait(&progress, &mu);
     }
@@ -334,7 +369,7 @@ void sim_event_sync(sim_event *e) {
 bool sim_event_done(sim_event *e) {
     SIM_HIDE_BEGIN();
     pthread_mutex_lock(&mu);
-    bool done = e->completed >= e->recorded;
+    bool done = passed(e, e->recorded);
     if (!done) demand(e->on, e->on_seq);
     pthread_mutex_unlock(&mu);
     SIM_HIDE_END();

@@ -1,0 +1,86 @@
+/* train_device.c: fsdp-train's [parallel] device: which device a rank computes on, the rules
+ * that refuse one the run cannot use, and the host round trips of the feeds and the step. */
+#include "train_device.h"
+
+#include <stdio.h>
+
+fsdp_device train_device_of(const train_config *cfg, int rank) {
+    fsdp_device_type type = cfg->parallel.device;
+    int count = fsdp_device_count(type);
+    if (type == FSDP_DEVICE_CPU || count <= 0) return FSDP_CPU;
+    return (fsdp_device){type, rank % count};
+}
+
+fsdp_status train_device_check(const train_config *cfg, char *err, size_t err_size) {
+    char a[TRAIN_KEY_TEXT_SIZE], b[TRAIN_KEY_TEXT_SIZE];
+    fsdp_device_type type = cfg->parallel.device;
+    if (type == FSDP_DEVICE_CPU) return FSDP_OK;
+    train_config_key_text(cfg, "parallel", "device", a, sizeof a);
+    if (train_config_backend(cfg) == TRAIN_BACKEND_MPI) {
+        snprintf(err, err_size,
+                 "%s needs rank threads in one process (backend = local), but %s runs one "
+                 "process per rank, whose collectives move host tensors only; set backend = "
+                 "local (and ranks), or device = cpu under mpirun",
+                 a, train_config_key_text(cfg, "parallel", "backend", b, sizeof b));
+        return FSDP_ERR_CONFIG;
+    }
+    if (fsdp_device_count(type) > 0) return FSDP_OK;
+    if (type == FSDP_DEVICE_CUDA)
+        snprintf(err, err_size,
+                 "%s, but no GPU is usable here (this build has no CUDA support, or the driver "
+                 "sees no GPU: nvidia-smi, CUDA_VISIBLE_DEVICES); set device = cpu, or device = "
+                 "sim to run the same device path on the simulated GPU",
+                 a);
+    else
+        snprintf(err, err_size,
+                 "%s, but the environment variable FSDP_SIM_DEVICES = 0 leaves no simulated "
+                 "device; set FSDP_SIM_DEVICES to 1..16 (unset: 2), or device = cpu",
+                 a);
+    return FSDP_ERR_CONFIG;
+}
+
+const char *train_device_name(fsdp_device device, char *buf, size_t size) {
+    if (device.type == FSDP_DEVICE_CPU)
+        snprintf(buf, size, "cpu");
+    else
+        snprintf(buf, size, "%s:%d", fsdp_device_to_string(device), device.index);
+    return buf;
+}
+
+fsdp_status train_device_mirror(fsdp_ctx *ctx, const fsdp_tensor *host, fsdp_tensor **dev) {
+    *dev = NULL;
+    fsdp_device d = fsdp_ctx_device(ctx);
+    if (d.type == FSDP_DEVICE_CPU) return FSDP_OK;
+    fsdp_status st = fsdp_tensor_create(ctx, fsdp_tensor_dtype(host), d, fsdp_tensor_ndim(host),
+                                        fsdp_tensor_shape(host), dev);
+    if (st == FSDP_OK && fsdp_tensor_numel(host) > 0) st = fsdp_tensor_copy(ctx, *dev, host);
+    if (st != FSDP_OK) {
+        fsdp_tensor_free(*dev);
+        *dev = NULL;
+    }
+    return st;
+}
+
+fsdp_status train_device_to_host(fsdp_ctx *ctx, const fsdp_tensor *t, fsdp_tensor **scratch,
+                                 const fsdp_tensor **host) {
+    *host = t;
+    if (fsdp_tensor_device(t).type == FSDP_DEVICE_CPU) return FSDP_OK;
+    fsdp_status st = FSDP_OK;
+    if (!*scratch)
+        st = fsdp_tensor_create(ctx, fsdp_tensor_dtype(t), FSDP_CPU, fsdp_tensor_ndim(t),
+                                fsdp_tensor_shape(t), scratch);
+    else if (!fsdp_tensor_same_shape(*scratch, t))
+        st = fsdp_tensor_resize(ctx, *scratch, fsdp_tensor_ndim(t), fsdp_tensor_shape(t));
+    if (st == FSDP_OK && fsdp_tensor_numel(t) > 0) st = fsdp_tensor_copy(ctx, *scratch, t);
+    if (st == FSDP_OK) *host = *scratch;
+    return st;
+}
+
+fsdp_status train_device_scale(fsdp_ctx *ctx, fsdp_tensor *t, float scale, fsdp_tensor **scratch) {
+    const fsdp_tensor *h = NULL;
+    fsdp_status st = train_device_to_host(ctx, t, scratch, &h);
+    if (st != FSDP_OK) return st;
+    float *d = fsdp_tensor_f32(h);
+    for (int64_t i = 0; i < fsdp_tensor_numel(h); i++) d[i] *= scale;
+    return h == t ? FSDP_OK : fsdp_tensor_copy(ctx, t, h);
+}

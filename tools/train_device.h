@@ -1,0 +1,46 @@
+/* train_device.h: fsdp-train's [parallel] device: the device each rank computes on, the rules
+ * that refuse a device the run cannot use, and what the feeds and the step need to keep their
+ * tensors there (docs/train.md, "[parallel]"). */
+#ifndef FSDP_TOOLS_TRAIN_DEVICE_H
+#define FSDP_TOOLS_TRAIN_DEVICE_H
+
+#include <stddef.h>
+
+#include "train_config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The device of world rank `rank`: the CPU, or device rank mod the count of [parallel] device's
+ * kind on this machine (rank threads share a device when there are more ranks than devices).
+ * Call after train_device_check passed. */
+fsdp_device train_device_of(const train_config *cfg, int rank);
+
+/* The rules of [parallel] device, at configuration time: under the mpi backend only the cpu
+ * (its collectives move host tensors), and a device kind this machine has at least one of
+ * (cuda: a usable GPU in a build with CUDA; sim: FSDP_SIM_DEVICES not 0). FSDP_ERR_CONFIG with
+ * a message naming the key and the fix otherwise. */
+fsdp_status train_device_check(const train_config *cfg, char *err, size_t err_size);
+
+/* "sim:0", "cuda:1", "cpu" into buf; returns buf. */
+const char *train_device_name(fsdp_device device, char *buf, size_t size);
+
+/* *dev <- a copy of host tensor `host` on the ctx's device (fsdp_ctx_device), owned by the
+ * caller; NULL when the ctx computes on the CPU (the host tensor serves). */
+fsdp_status train_device_mirror(fsdp_ctx *ctx, const fsdp_tensor *host, fsdp_tensor **dev);
+
+/* t *= scale element by element (f32). A tensor on a device goes through *scratch, a host
+ * tensor of t's shape made at the first call and kept by the caller (fsdp_tensor_free): the
+ * same float products as on the CPU, so a device run stays bitwise the CPU's. */
+fsdp_status train_device_scale(fsdp_ctx *ctx, fsdp_tensor *t, float scale, fsdp_tensor **scratch);
+
+/* A host copy of device tensor t into *scratch (made, or resized to t's shape, as needed; kept
+ * by the caller), for code that reads values on the host; t itself when it is on the CPU. */
+fsdp_status train_device_to_host(fsdp_ctx *ctx, const fsdp_tensor *t, fsdp_tensor **scratch,
+                                 const fsdp_tensor **host);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
