@@ -1585,6 +1585,15 @@ static void test_world_errors(void) {
     FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_NCCL}, &w),
                     FSDP_ERR_UNSUPPORTED, "'nccl'", "needs CUDA and NCCL");
 #endif
+    /* nccl-mpi needs both (test_comm_nccl runs it under mpirun). */
+    CU_ASSERT_EQUAL(fsdp_backend_available(FSDP_BACKEND_NCCL_MPI),
+                    fsdp_backend_available(FSDP_BACKEND_NCCL) &&
+                        fsdp_backend_available(FSDP_BACKEND_MPI));
+    CU_ASSERT_STRING_EQUAL(fsdp_backend_to_string(FSDP_BACKEND_NCCL_MPI), "nccl-mpi");
+    if (!fsdp_backend_available(FSDP_BACKEND_NCCL_MPI))
+        FSDP_TEST_FAILS(
+            fsdp_world_create(ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_NCCL_MPI}, &w),
+            FSDP_ERR_UNSUPPORTED, "'nccl-mpi'", "needs both the mpi and the nccl backends");
     FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.nranks = -2}, &w),
                     FSDP_ERR_INVALID_ARGUMENT, "nranks is -2");
     FSDP_TEST_FAILS(fsdp_world_create(ctx, &(fsdp_world_options){.nranks = 5000}, &w),

@@ -7,7 +7,15 @@
  * the local backend's; splits of 2x2 and 2x4 meshes by ncclCommSplit; a rank that skips a
  * collective, a rank that stops before one, and a rank that hangs inside one end within the
  * timeout naming the rank and the collective; an injected asynchronous error aborts every
- * rank's communicator, leaving none alive. Skipped in builds without the nccl backend. */
+ * rank's communicator, leaving none alive. Skipped in builds without the nccl backend.
+ *
+ * Under mpirun (builds with MPI; the CTest entries labelled mpi) the same cases run on the
+ * nccl-mpi backend, one process per rank: the stand-in in its cross-process mode carries the
+ * collectives between the processes over MPI, and the world's unique id is rank 0's, broadcast
+ * over MPI (the stand-in refuses members with different ids, and makes each process's ids
+ * differ). The stand-in's closures call MPI on the streams' threads, so the program initialises
+ * MPI with MPI_THREAD_MULTIPLE before the harness joins the job; the library itself keeps
+ * asking for MPI_THREAD_SERIALIZED, which is all real NCCL needs. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +44,10 @@ int main(int argc, char **argv) {
 #include "kernels/sim/sim.h"
 #include "nccl_standin/standin.h" // defines: standin_inject_fn, standin_live_fn
 
+#ifdef FSDP_TEST_NCCL_MPI
+#include <mpi.h>
+#endif
+
 #define MAX_W 8
 
 #if defined(__SANITIZE_THREAD__)
@@ -48,6 +60,20 @@ int main(int argc, char **argv) {
 
 static standin_inject_fn inject;
 static standin_live_fn live_comms;
+/* The backend the cases test: nccl (rank threads), or under mpirun nccl-mpi (processes). */
+static fsdp_backend nccl_backend = FSDP_BACKEND_NCCL;
+static int mpi_size; /* under mpirun: the job's processes, else 0 */
+
+/* The sum over the processes of the job (x itself without MPI). */
+static long sum_over_processes(long x) {
+#ifdef FSDP_TEST_NCCL_MPI
+    long all = x;
+    if (mpi_size > 0) MPI_Allreduce(&x, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    return all;
+#else
+    return x;
+#endif
+}
 
 /* One simulated GPU per rank, as NCCL wants (before 2.30 it refuses two ranks on one GPU).
  * Ranks sharing a device would share its caching allocator, whose cross-stream rule can make
@@ -241,14 +267,17 @@ static void every_collective(int W) {
     ref->record = true;
     FSDP_TEST_OK(run_world(FSDP_BACKEND_LOCAL, W, 60000, all_cases_body, ref, NULL));
     ref->record = false;
-    FSDP_TEST_OK(run_world(FSDP_BACKEND_NCCL, W, 60000, all_cases_body, ref, NULL));
+    FSDP_TEST_OK(run_world(nccl_backend, W, 60000, all_cases_body, ref, NULL));
+    /* Under mpirun each process compared its own rank's results. */
+    const long differ = sum_over_processes(atomic_load(&ref->differ));
+    const long compared = sum_over_processes(atomic_load(&ref->compared));
     printf("\n  %d ranks: %ld of %ld sum and average elements differ in their bits from the local "
            "backend's (within the bound)\n",
-           W, atomic_load(&ref->differ), atomic_load(&ref->compared));
+           W, differ, compared);
     CU_ASSERT_TRUE(atomic_load(&ref->compared) > 0);
     /* Two terms add alike in either order; from 4 ranks on the order shows in the bits, which
      * is why the comparison needs the bound. */
-    if (W >= 4) CU_ASSERT_TRUE(atomic_load(&ref->differ) > 0);
+    if (W >= 4) CU_ASSERT_TRUE(differ > 0);
     for (int r = 0; r < MAX_W; r++)
         for (int k = 0; k < N_CASES; k++) free(ref->want[r][k]);
     free(ref);
@@ -370,7 +399,7 @@ static void expect_failure(misstep how, int W, standin_fault fault, fsdp_status 
     if (fault) inject(W, W - 1, fault);
     const int timeout_ms = 1500;
     const double t0 = fsdp_clock_now();
-    fsdp_status st = run_world(FSDP_BACKEND_NCCL, W, timeout_ms, failure_body, &f, ranks);
+    fsdp_status st = run_world(nccl_backend, W, timeout_ms, failure_body, &f, ranks);
     const double took = fsdp_clock_now() - t0;
     if (fault) inject(0, 0, STANDIN_FAULT_NONE);
     const char *msg = fsdp_last_error(fsdp_test_ctx());
@@ -441,10 +470,11 @@ static fsdp_status work_hang_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_work_hangs_in_nccl(void) {
-    fsdp_status ranks[2];
-    inject(2, 1, STANDIN_FAULT_HANG);
+    fsdp_status ranks[MAX_W];
+    const int W = mpi_size ? mpi_size : 2;
+    inject(W, 1, STANDIN_FAULT_HANG);
     const double t0 = fsdp_clock_now();
-    fsdp_status st = run_world(FSDP_BACKEND_NCCL, 2, 1000, work_hang_body, NULL, ranks);
+    fsdp_status st = run_world(nccl_backend, W, 1000, work_hang_body, NULL, ranks);
     const double took = fsdp_clock_now() - t0;
     inject(0, 0, STANDIN_FAULT_NONE);
     const char *msg = fsdp_last_error(fsdp_test_ctx());
@@ -454,9 +484,12 @@ static void test_work_hangs_in_nccl(void) {
     CU_ASSERT_TRUE(st == FSDP_ERR_TIMEOUT || st == FSDP_ERR_COMM);
     CU_ASSERT_TRUE(fsdp_test_message_has(msg, needles));
     CU_ASSERT_TRUE(took < 3.0 + 2.0 + 2.0); /* timeout, polls and the grace period at most */
-    CU_ASSERT_NOT_EQUAL(ranks[0], FSDP_OK);
-    CU_ASSERT_NOT_EQUAL(ranks[1], FSDP_OK);
-    CU_ASSERT_TRUE(ranks[0] == FSDP_ERR_TIMEOUT || ranks[1] == FSDP_ERR_TIMEOUT);
+    bool timed_out = false;
+    for (int r = 0; r < W; r++) {
+        CU_ASSERT_NOT_EQUAL(ranks[r], FSDP_OK);
+        timed_out = timed_out || ranks[r] == FSDP_ERR_TIMEOUT;
+    }
+    CU_ASSERT_TRUE(timed_out);
     CU_ASSERT_EQUAL(live_comms(), 0);
 }
 
@@ -600,6 +633,128 @@ static void test_real_two_ranks_one_gpu(void) {
     one_gpu = false;
 }
 
+/* ---- one process per rank under mpirun (the nccl-mpi backend) ---- */
+
+#ifdef FSDP_TEST_NCCL_MPI
+
+static void test_processes(void) {
+    every_collective(mpi_size);
+}
+
+/* A 2 x (W/2) mesh: every dim's group by ncclCommSplit of the world's communicator. */
+static void test_processes_mesh(void) {
+    mesh_case m = {{2, mpi_size / 2}};
+    if (mpi_size < 2 || mpi_size % 2) {
+        fsdp_test_skip("a 2 x (W/2) mesh needs an even number of processes");
+        return;
+    }
+    FSDP_TEST_OK(run_world(nccl_backend, mpi_size, 20000, mesh_body, &m, NULL));
+    CU_ASSERT_EQUAL(live_comms(), 0);
+    /* One world run three times, its groups split anew each run (the mpi backend frees a run's
+     * split groups when the next starts, and their communicators go with them): 3 world
+     * communicators' worth of groups would be alive otherwise. */
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_world_options o = {.backend = nccl_backend, .timeout_ms = 20000, .grace_ms = 2000};
+    fsdp_world *w = NULL;
+    FSDP_TEST_OK(fsdp_world_create(ctx, &o, &w));
+    for (int run = 0; run < 3; run++) {
+        FSDP_TEST_OK(fsdp_world_run(ctx, w, mesh_body, &m));
+        /* the world's communicator and this run's two dims' */
+        CU_ASSERT_EQUAL(live_comms(), 3);
+    }
+    fsdp_world_free(w);
+    CU_ASSERT_EQUAL(live_comms(), 0);
+}
+
+static void test_process_skips(void) {
+    char last[32];
+    snprintf(last, sizeof last, "%d", mpi_size - 1);
+    const char *const needles[] = {"all_reduce", "barrier", last, NULL};
+    expect_failure(SKIP, mpi_size, STANDIN_FAULT_NONE, FSDP_ERR_COMM, needles);
+}
+
+static void test_process_stops(void) {
+    char last[32];
+    snprintf(last, sizeof last, "rank %d", mpi_size - 1);
+    const char *const needles[] = {"all_reduce", last, NULL};
+    expect_failure(STOP, mpi_size, STANDIN_FAULT_NONE, FSDP_ERR_COMM, needles);
+}
+
+/* The last process's work never ends, so no peer's does: each process's poll times out, aborts
+ * its communicator and names its own rank ("on rank R"). */
+static void test_process_hangs_in_nccl(void) {
+    const char *const needles[] = {"stand-in NCCL", "all_reduce", "on rank", "aborted", NULL};
+    expect_failure(HANG, mpi_size, STANDIN_FAULT_HANG, FSDP_ERR_TIMEOUT, needles);
+}
+
+/* The last process's work fails; its abort reaches the other processes as a remote error. */
+static void test_process_async_error(void) {
+    const char *const needles[] = {"stand-in NCCL", "all_reduce", "asynchronous error", "aborted",
+                                   NULL};
+    expect_failure(ASYNC, mpi_size, STANDIN_FAULT_ASYNC_ERROR, FSDP_ERR_COMM, needles);
+}
+
+/* Rank 0's ncclGetUniqueId fails: every process's fsdp_world_create fails (none waits for an id
+ * that never comes), rank 0 with NCCL's error, the others saying that rank 0 could not make it. */
+static void test_process_no_unique_id(void) {
+    int me = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (me == 0) inject(0, 0, STANDIN_FAULT_NO_ID);
+    fsdp_world_options o = {.backend = nccl_backend, .timeout_ms = 20000};
+    fsdp_world *w = NULL;
+    if (me == 0)
+        FSDP_TEST_FAILS(fsdp_world_create(fsdp_test_ctx(), &o, &w), FSDP_ERR_COMM, "stand-in NCCL",
+                        "ncclGetUniqueId returned 2");
+    else
+        FSDP_TEST_FAILS(fsdp_world_create(fsdp_test_ctx(), &o, &w), FSDP_ERR_COMM,
+                        "rank 0 could not make the world's unique id",
+                        "ncclGetUniqueId returned 2");
+    CU_ASSERT_PTR_NULL(w);
+    inject(0, 0, STANDIN_FAULT_NONE);
+    /* The next world forms. */
+    FSDP_TEST_OK(fsdp_world_create(fsdp_test_ctx(), &o, &w));
+    fsdp_world_free(w);
+}
+#endif
+
+/* Under mpirun: MPI at MPI_THREAD_MULTIPLE (see the top), the stand-in across processes. */
+static int main_mpi(int argc, char **argv, void *lib) {
+#ifdef FSDP_TEST_NCCL_MPI
+    int provided = 0;
+    if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS ||
+        provided < MPI_THREAD_MULTIPLE) {
+        fprintf(stderr, "comm_nccl: this MPI does not provide MPI_THREAD_MULTIPLE, which the "
+                        "stand-in NCCL's cross-process mode needs\n");
+        return 1;
+    }
+    MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+    standin_cross_fn cross = (standin_cross_fn)dlsym(lib, STANDIN_CROSS_SYMBOL);
+    if (!cross || !cross(1)) {
+        fprintf(stderr, "the stand-in NCCL %s has no cross-process mode\n", FSDP_TEST_NCCL_STANDIN);
+        return 1;
+    }
+    nccl_backend = FSDP_BACKEND_NCCL_MPI;
+    static const fsdp_test_case tests[] = {
+        {"processes", test_processes},
+        {"processes_mesh", test_processes_mesh},
+        {"process_skips", test_process_skips},
+        {"process_stops", test_process_stops},
+        {"process_hangs_in_nccl", test_process_hangs_in_nccl},
+        {"process_async_error", test_process_async_error},
+        {"process_work_hangs_in_nccl", test_work_hangs_in_nccl},
+        {"process_no_unique_id", test_process_no_unique_id},
+    };
+    const int rc =
+        fsdp_test_run(argc, argv, "comm_nccl_mpi", tests, sizeof tests / sizeof tests[0]);
+    MPI_Finalize(); /* this program initialised MPI, so the library leaves it to it */
+    return rc;
+#else
+    (void)argc, (void)argv, (void)lib;
+    fprintf(stderr, "comm_nccl: this build has no MPI; run it without mpirun\n");
+    return 1;
+#endif
+}
+
 int main(int argc, char **argv) {
     const char *real = getenv("FSDP_TEST_NCCL_REAL");
     if (real && !strcmp(real, "1")) { /* the library CMake found, on the GPUs */
@@ -627,6 +782,8 @@ int main(int argc, char **argv) {
                 dlerror());
         return 1;
     }
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK"))
+        return main_mpi(argc, argv, lib);
     static const fsdp_test_case tests[] = {
         {"two_ranks", test_two_ranks},
         {"four_ranks", test_four_ranks},

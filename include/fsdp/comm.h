@@ -7,8 +7,10 @@
  * embedded default) is always built; `mpi` (one process per rank under mpirun, CPU tensors) is
  * built when CMake finds an MPI (fsdp_backend_available tells); `nccl` (rank threads of this
  * process, one GPU each, NCCL moving their device tensors; host tensors move as on `local`) is
- * built with CUDA when CMake finds NCCL. `local` and `mpi` give bitwise the same results; NCCL's
- * reductions are not in rank order, so on `nccl` they agree within rounding (docs/comm.md).
+ * built with CUDA when CMake finds NCCL; `nccl-mpi` (one process per rank and GPU under mpirun,
+ * NCCL moving device tensors, host tensors as on `mpi`) when both are. `local` and `mpi` give
+ * bitwise the same results; NCCL's reductions are not in rank order, so on `nccl` they agree within
+ * rounding (docs/comm.md).
  *
  * Ownership: the caller owns a world (fsdp_world_free), groups made by fsdp_group_split and
  * fsdp_group_new (fsdp_group_free) and meshes (fsdp_mesh_free). Handles returned by accessors
@@ -39,6 +41,9 @@ typedef enum fsdp_backend {
     FSDP_BACKEND_LOCAL = 0, /* ranks are threads of this process; CPU and device tensors */
     FSDP_BACKEND_MPI,       /* one process per rank under mpirun; CPU tensors */
     FSDP_BACKEND_NCCL,      /* rank threads of this process, NCCL on their GPUs (docs/comm.md) */
+    /* one process per rank (one GPU each) under mpirun: NCCL moves device tensors, MPI host
+     * tensors and the world's unique id (docs/comm.md) */
+    FSDP_BACKEND_NCCL_MPI,
     FSDP_BACKEND_COUNT
 } fsdp_backend;
 
@@ -56,9 +61,9 @@ typedef enum fsdp_backend {
 
 typedef struct fsdp_world_options {
     fsdp_backend backend; /* default FSDP_BACKEND_LOCAL */
-    /* local: the number of rank threads; default 1, at most FSDP_LOCAL_MAX_RANKS. mpi: 0 (the
-     * default) or the number of processes of the MPI job (MPI_COMM_WORLD's size), which is
-     * always the world size. */
+    /* local and nccl: the number of rank threads; default 1, at most FSDP_LOCAL_MAX_RANKS. mpi
+     * and nccl-mpi: 0 (the default) or the number of processes of the MPI job (MPI_COMM_WORLD's
+     * size), which is always the world size. */
     int nranks;
     /* Longest wait inside a collective, in milliseconds, before it fails with
      * FSDP_ERR_TIMEOUT; default FSDP_COMM_DEFAULT_TIMEOUT_MS. */

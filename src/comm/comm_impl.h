@@ -262,6 +262,9 @@ fsdp_status fsdp_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks
 /* nccl.c (built with FSDP_HAVE_NCCL): the nccl backend over nranks rank threads (0 meaning 1),
  * NCCL moving their device tensors. */
 fsdp_status fsdp_nccl_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks);
+/* mpi_nccl.c (built with both): the nccl backend with one process per rank over the mpi
+ * backend; nranks as the mpi backend's. */
+fsdp_status fsdp_nccl_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks);
 
 /* ---- call.c: what a rank asks of a group, compared across the ranks ---- */
 

@@ -1,8 +1,9 @@
-/* nccl.c: the nccl backend: rank threads of one process (the local backend's, which judge every
- * call at their rendezvous and move host tensors) with one NCCL communicator per rank and group
- * for device tensors. The world's communicator is made from one unique id shared in memory
- * (ncclCommInitRank on each rank thread at its first device collective), each split's by
- * ncclCommSplit of its parent's. A device call enqueues NCCL's work on the rank's communication
+/* nccl.c: the nccl backend: the ranks of a host backend (the local backend's rank threads, or
+ * the mpi backend's processes, mpi_nccl.c; it judges every call and moves host tensors) with one
+ * NCCL communicator per rank and group for device tensors. The world's communicator is made
+ * from one unique id (shared in memory by rank threads, broadcast over MPI to processes;
+ * ncclCommInitRank on each rank at its first device collective), each split's by ncclCommSplit
+ * of its parent's. A device call enqueues NCCL's work on the rank's communication
  * stream after the caller's stream; a blocking call then polls its end against the world's
  * deadline and the communicator's asynchronous error, and on either aborts the communicator
  * (ncclCommAbort) and fails naming the rank and the call, so nothing waits forever. Every
@@ -41,7 +42,7 @@ static fsdp_status nccl_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int 
     nccl_world *nw = world_of(parent);
     fsdp_group hv = fsdp_nccl_host_view(parent);
     FSDP_TRY_AT(ctx, HOST(parent)->split(ctx, &hv, color, key, agree, out));
-    nccl_group *child = out->state ? fsdp_nccl_group_for(nw, out->state) : NULL;
+    nccl_group *child = out->state ? fsdp_nccl_group_for(nw, out->state, out->size) : NULL;
     if (out->state && !child)
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an NCCL group state");
     /* Every member of the parent takes part in ncclCommSplit, also those left out. */
@@ -96,8 +97,7 @@ static fsdp_status nccl_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
                                          fsdp_reduce_op op, const fsdp_reduce_options *fuse,
                                          fsdp_comm_work *work) {
     if (on_device(t)) return fsdp_nccl_all_reduce(ctx, g, t, op, fuse, work);
-    fsdp_group hv = fsdp_nccl_host_view(g);
-    return HOST(g)->all_reduce_start(ctx, &hv, t, op, fuse, work);
+    return HOST(g)->all_reduce_start(ctx, fsdp_nccl_host_view_kept(g), t, op, fuse, work);
 }
 
 static fsdp_status nccl_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
@@ -113,7 +113,7 @@ static fsdp_status nccl_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *ou
     return HOST(g)->all_to_all(ctx, &hv, out, in, split_dim, concat_dim);
 }
 
-/* A barrier has no tensors: the rank threads meet at the local rendezvous. */
+/* A barrier has no tensors: the ranks meet in the host backend. */
 static fsdp_status nccl_barrier(fsdp_ctx *ctx, fsdp_group *g) {
     fsdp_group hv = fsdp_nccl_host_view(g);
     return HOST(g)->barrier(ctx, &hv);
@@ -126,12 +126,28 @@ static void nccl_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
 
 static void nccl_reset(void *context) {
     nccl_world *nw = context;
+    if (nw->ops.groups_per_run) { /* no rank runs now: the groups are nobody's */
+        for (nccl_group **at = &nw->groups; *at;) {
+            nccl_group *ng = *at;
+            if (ng == nw->world_group) {
+                at = &ng->next;
+                continue;
+            }
+            *at = ng->next;
+            fsdp_nccl_group_free(ng);
+        }
+    }
     if (nw->host.iface.reset) nw->host.iface.reset(nw->host.context);
 }
 
 static void nccl_rank_exited(void *context, int rank) {
     nccl_world *nw = context;
     if (nw->host.iface.rank_exited) nw->host.iface.rank_exited(nw->host.context, rank);
+}
+
+static void nccl_collect_results(fsdp_ctx *ctx, void *context) {
+    nccl_world *nw = context;
+    nw->host.iface.collect_results(ctx, nw->host.context);
 }
 
 static void nccl_free(void *context) {
@@ -172,38 +188,51 @@ static const fsdp_comm_backend_i nccl_iface = {
     .free = nccl_free,
 };
 
-fsdp_status fsdp_nccl_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks) {
-    const fsdp_nccl_lib *lib = NULL;
-    FSDP_TRY_AT(ctx, fsdp_nccl_library_open(ctx, &lib));
+fsdp_status fsdp_nccl_id_fail(fsdp_ctx *ctx, const fsdp_nccl_lib *lib, ncclResult_t r) {
+    return FSDP_FAIL(ctx, FSDP_ERR_COMM,
+                     "%s: ncclGetUniqueId returned %d (%s); rerun with NCCL_DEBUG=WARN to see why",
+                     lib->name, (int)r, lib->GetErrorString(r));
+}
+
+fsdp_status fsdp_nccl_backend_wrap(fsdp_ctx *ctx, fsdp_world *world, const nccl_host_ops *ops,
+                                   const fsdp_nccl_lib *lib, const ncclUniqueId *id) {
     nccl_world *nw = calloc(1, sizeof *nw);
-    if (!nw) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate the nccl backend");
+    if (!nw) {
+        if (world->backend.iface.free) world->backend.iface.free(world->backend.context);
+        world->backend = (fsdp_comm_backend){0};
+        return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate the nccl backend");
+    }
     pthread_mutex_init(&nw->mu, NULL);
     nw->world = world;
     nw->lib = lib;
-    ncclResult_t r = lib->GetUniqueId(&nw->id);
-    if (r != ncclSuccess) {
-        pthread_mutex_destroy(&nw->mu);
-        free(nw);
-        return FSDP_FAIL(ctx, FSDP_ERR_COMM,
-                         "%s: ncclGetUniqueId returned %d (%s); rerun with NCCL_DEBUG=WARN to "
-                         "see why",
-                         lib->name, (int)r, lib->GetErrorString(r));
-    }
-    fsdp_status st = fsdp_local_backend_create(ctx, world, nranks);
-    if (st != FSDP_OK) {
-        pthread_mutex_destroy(&nw->mu);
-        free(nw);
-        return FSDP_PASS(ctx, st);
-    }
+    nw->ops = *ops;
+    nw->id = *id;
     nw->host = world->backend;
     fsdp_group_info info = {0};
     nw->host.iface.world_group(nw->host.context, 0, &info);
-    nw->world_group = fsdp_nccl_group_for(nw, info.state);
-    world->backend = (fsdp_comm_backend){.iface = nccl_iface, .context = nw};
+    nw->world_group = fsdp_nccl_group_for(nw, info.state, info.size);
+    fsdp_comm_backend_i iface = nccl_iface;
+    if (nw->host.iface.collect_results) iface.collect_results = nccl_collect_results;
+    world->backend = (fsdp_comm_backend){.iface = iface, .context = nw};
     if (!nw->world_group) {
         nccl_free(nw);
         world->backend = (fsdp_comm_backend){0};
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate the nccl backend");
     }
     return FSDP_OK;
+}
+
+static fsdp_status local_arrive(fsdp_ctx *ctx, const fsdp_group *hv, const fsdp_call *mine) {
+    return fsdp_local_rendezvous(ctx, hv, mine->op, mine);
+}
+
+fsdp_status fsdp_nccl_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks) {
+    const fsdp_nccl_lib *lib = NULL;
+    FSDP_TRY_AT(ctx, fsdp_nccl_library_open(ctx, &lib));
+    ncclUniqueId id;
+    ncclResult_t r = lib->GetUniqueId(&id);
+    if (r != ncclSuccess) return fsdp_nccl_id_fail(ctx, lib, r);
+    FSDP_TRY_AT(ctx, fsdp_local_backend_create(ctx, world, nranks));
+    static const nccl_host_ops ops = {.arrive = local_arrive, .poison = fsdp_local_poison};
+    return fsdp_nccl_backend_wrap(ctx, world, &ops, lib, &id);
 }

@@ -1,9 +1,9 @@
 /* nccl_call.c: the life of one call on the nccl backend's device path: the group states and
- * each member's communicator, the start (device check, the local rendezvous, the communication
- * stream after the caller's), the end polled against the deadline and the communicator's
- * asynchronous error (a failure aborts the communicator, ncclCommAbort, and names the rank and
- * the call), and the works of non-blocking calls. nccl.c (the vtable and the world) and
- * nccl_collectives.c (the NCCL calls) use it; it calls neither. docs/comm.md. */
+ * each member's communicator, the start (device check, the host backend's judging, the
+ * communication stream after the caller's), the end polled against the deadline and the
+ * communicator's asynchronous error (a failure aborts the communicator, ncclCommAbort, and names
+ * the rank and the call), and the works of non-blocking calls. nccl.c (the vtable and the world)
+ * and nccl_collectives.c (the NCCL calls) use it; it calls neither. docs/comm.md. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdatomic.h>
 #include <stdio.h>
@@ -30,24 +30,32 @@ nccl_group *fsdp_nccl_group_of(const fsdp_group *g) {
 
 fsdp_group fsdp_nccl_host_view(const fsdp_group *g) {
     fsdp_group h = *g;
-    h.state = fsdp_nccl_group_of(g)->lg;
+    h.state = fsdp_nccl_group_of(g)->host;
     return h;
 }
 
-/* The group state over lg (made once, by whichever member comes first). NULL: out of memory. */
-nccl_group *fsdp_nccl_group_for(nccl_world *nw, local_group *lg) {
+fsdp_group *fsdp_nccl_host_view_kept(const fsdp_group *g) {
+    fsdp_group *kept = &fsdp_nccl_group_of(g)->views[g->rank];
+    *kept = fsdp_nccl_host_view(g);
+    return kept;
+}
+
+nccl_group *fsdp_nccl_group_for(nccl_world *nw, void *host, int size) {
     pthread_mutex_lock(&nw->mu);
     nccl_group *ng = nw->groups;
-    while (ng && ng->lg != lg) ng = ng->next;
+    while (ng && ng->host != host) ng = ng->next;
     if (!ng && (ng = calloc(1, sizeof *ng)) != NULL) {
-        ng->comms = calloc((size_t)lg->size, sizeof *ng->comms);
-        if (!ng->comms) {
+        ng->comms = calloc((size_t)size, sizeof *ng->comms);
+        ng->views = calloc((size_t)size, sizeof *ng->views);
+        if (!ng->comms || !ng->views) {
+            free(ng->comms);
+            free(ng->views);
             free(ng);
             ng = NULL;
         } else {
             ng->nw = nw;
-            ng->lg = lg;
-            ng->size = lg->size;
+            ng->host = host;
+            ng->size = size;
             ng->next = nw->groups;
             nw->groups = ng;
         }
@@ -61,6 +69,7 @@ void fsdp_nccl_group_free(nccl_group *ng) {
     for (int m = 0; m < ng->size; m++)
         if (ng->comms[m]) (void)lib->CommDestroy(ng->comms[m]);
     free(ng->comms);
+    free(ng->views);
     free(ng);
 }
 
@@ -82,7 +91,7 @@ static void abort_comm(nccl_call *c, fsdp_status st) {
         c->ng->comms[c->g->rank] = NULL;
     }
     fsdp_group hv = fsdp_nccl_host_view(c->g);
-    fsdp_local_poison(&hv, st, fsdp_error_of(c->ctx)->message);
+    c->ng->nw->ops.poison(&hv, st, fsdp_error_of(c->ctx)->message);
 }
 
 fsdp_status fsdp_nccl_fail(nccl_call *c, const char *what, ncclResult_t r) {
@@ -136,7 +145,7 @@ static fsdp_status reject(nccl_call *c, fsdp_status st) {
     fsdp_error_save(c->ctx, &own);
     fsdp_call rej = {.op = c->op, .rejected = st, .reject_msg = own.message};
     fsdp_group hv = fsdp_nccl_host_view(c->g);
-    (void)fsdp_local_rendezvous(c->ctx, &hv, c->op, &rej);
+    (void)c->ng->nw->ops.arrive(c->ctx, &hv, &rej);
     fsdp_error_restore(c->ctx, &own);
     return FSDP_PASS(c->ctx, st);
 }
@@ -167,7 +176,7 @@ fsdp_status fsdp_nccl_call_begin(nccl_call *c, fsdp_ctx *ctx, fsdp_group *g, fsd
         return reject(c, st);
     }
     fsdp_group hv = fsdp_nccl_host_view(g);
-    st = fsdp_local_rendezvous(ctx, &hv, post->op, post);
+    st = ng->nw->ops.arrive(ctx, &hv, post);
     if (st == FSDP_OK) st = fsdp_nccl_member_comm(c);
     if (st == FSDP_OK) st = fsdp_event_record(ctx, c->ready, c->caller);
     if (st == FSDP_OK && !atomic_load(&skip_ready_wait))
@@ -283,16 +292,22 @@ static nccl_work *work_of(const fsdp_comm_work *work) {
     return work->free_state == nccl_work_free ? work->state : NULL;
 }
 
+/* The host backend of ctx's world, whose works are those the nccl backend did not start. */
+static const fsdp_comm_backend_i *host_of(fsdp_ctx *ctx) {
+    const nccl_world *nw = fsdp_ctx_world(ctx)->backend.context;
+    return &nw->host.iface;
+}
+
 fsdp_status fsdp_nccl_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) {
     nccl_work *w = work_of(work);
-    if (!w) return fsdp_local_work_test(ctx, work, done);
+    if (!w) return host_of(ctx)->work_test(ctx, work, done);
     w->call.ctx = ctx;
     return poll_once(&w->call, done);
 }
 
 fsdp_status fsdp_nccl_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
     nccl_work *w = work_of(work);
-    if (!w) return fsdp_local_work_wait(ctx, work);
+    if (!w) return host_of(ctx)->work_wait(ctx, work);
     w->call.ctx = ctx;
     return poll_until_done(&w->call);
 }
@@ -301,7 +316,11 @@ fsdp_status fsdp_nccl_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
  * must fail here rather than leave the stream waiting forever. */
 fsdp_status fsdp_nccl_work_wait_stream(fsdp_ctx *ctx, fsdp_comm_work *work, fsdp_stream stream) {
     nccl_work *w = work_of(work);
-    if (!w) return fsdp_local_work_wait_stream(ctx, work, stream);
+    if (!w) {
+        const fsdp_comm_backend_i *h = host_of(ctx);
+        return h->work_wait_stream ? h->work_wait_stream(ctx, work, stream)
+                                   : h->work_wait(ctx, work);
+    }
     w->call.ctx = ctx;
     FSDP_TRY_AT(ctx, poll_until_done(&w->call));
     return fsdp_stream_wait(ctx, stream, w->call.end);

@@ -1,9 +1,11 @@
 /* nccl_impl.h: the state the files of the nccl backend share (nccl.c: the vtable and the
  * world; nccl_call.c: the groups and their communicators, one call's start and end, the works
- * and the deadline; nccl_collectives.c: the collectives on device tensors). The backend runs over
- * the local backend's rank threads: the local rendezvous judges every call (so a rank that skips or
- * stops is named as on the local backend) and moves host tensors; NCCL moves device tensors on each
- * rank's communication stream. Internal to src/comm. */
+ * and the deadline; nccl_collectives.c: the collectives on device tensors; mpi_nccl.c: the world
+ * of one process per rank over the mpi backend). The backend runs over a host backend: the local
+ * backend's rank threads, or the mpi backend's processes. The host backend judges every call (its
+ * rendezvous or descriptor exchange, so a rank that skips or stops is named as there) and moves
+ * host tensors; NCCL moves device tensors on each rank's communication stream. Internal to
+ * src/comm. */
 #ifndef FSDP_COMM_NCCL_IMPL_H
 #define FSDP_COMM_NCCL_IMPL_H
 
@@ -13,11 +15,27 @@
 
 typedef struct nccl_group nccl_group;
 
+/* How the host backend takes part in a device call. hv is the host view of the group
+ * (fsdp_nccl_host_view). */
+typedef struct nccl_host_ops {
+    /* Every member posts `mine` (a rejection, or the call it makes) and the calls are judged
+     * together: the local rendezvous, or the mpi backend's descriptor exchange. */
+    fsdp_status (*arrive)(fsdp_ctx *ctx, const fsdp_group *hv, const fsdp_call *mine);
+    /* The group failed on this member: its peers fail at their next meeting. */
+    void (*poison)(const fsdp_group *hv, fsdp_status status, const char *msg);
+    /* The host backend frees the states of the groups split in a run when the next run starts
+     * (mpi), so their NCCL groups go then too: a new state may reuse an old one's address. */
+    bool groups_per_run;
+} nccl_host_ops;
+
 typedef struct nccl_world {
     fsdp_world *world;
-    fsdp_comm_backend host; /* the local backend: rendezvous, splits, host tensors */
+    fsdp_comm_backend host; /* the host backend: judging, splits, host tensors */
+    nccl_host_ops ops;
     const fsdp_nccl_lib *lib;
-    ncclUniqueId id; /* the world communicator's, shared by the rank threads */
+    /* The world communicator's: shared by the rank threads (local), or made by rank 0 and
+     * broadcast over MPI (mpi). */
+    ncclUniqueId id;
     nccl_group *world_group;
     pthread_mutex_t mu; /* guards groups */
     nccl_group *groups; /* every group state, newest first; freed with the world */
@@ -26,11 +44,14 @@ typedef struct nccl_world {
 struct nccl_group {
     nccl_group *next;
     nccl_world *nw;
-    local_group *lg; /* its host state */
+    void *host; /* its host backend's state (a local_group, or an mpi_group) */
     int size;
     /* Per member, written by that member only: its communicator (NULL before its first device
      * collective on the world group, and after an abort). */
     ncclComm_t *comms;
+    /* Per member, written by that member only: its host view for the host backend's works,
+     * which keep the group handle they were started with (fsdp_nccl_host_view_kept). */
+    fsdp_group *views;
 };
 
 /* What one member's call on the device path holds from its start to its end. */
@@ -55,8 +76,9 @@ typedef struct nccl_call {
 
 /* g's state on this backend. */
 nccl_group *fsdp_nccl_group_of(const fsdp_group *g);
-/* The group state over lg (made once, by whichever member comes first). NULL: out of memory. */
-nccl_group *fsdp_nccl_group_for(nccl_world *nw, local_group *lg);
+/* The group state over the host state `host` of a group of `size` members (made once, by
+ * whichever member comes first). NULL: out of memory. */
+nccl_group *fsdp_nccl_group_for(nccl_world *nw, void *host, int size);
 /* Destroys the members' communicators and frees ng (the world's end). */
 void fsdp_nccl_group_free(nccl_group *ng);
 /* c's member's communicator on c->ng into c->comm: the world group's is made at its first use
@@ -67,11 +89,14 @@ fsdp_status fsdp_nccl_member_comm(nccl_call *c);
 fsdp_status fsdp_nccl_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
 fsdp_status fsdp_nccl_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
 fsdp_status fsdp_nccl_work_wait_stream(fsdp_ctx *ctx, fsdp_comm_work *work, fsdp_stream stream);
-/* The host view of g: the same handle with the local group state, for the local backend's
- * entries and rendezvous. */
+/* The host view of g: the same handle with the host backend's group state, for its entries. */
 fsdp_group fsdp_nccl_host_view(const fsdp_group *g);
-/* Starts a device call: checks the device against the library's, posts `post` at the local
- * rendezvous (a rank that cannot take part posts a rejection), makes this member's
+/* The same, kept in g's group state for the host backend's non-blocking calls, whose works
+ * keep the handle (a later call of this member rewrites it with the same fields but the call
+ * count, which a work takes at its start). */
+fsdp_group *fsdp_nccl_host_view_kept(const fsdp_group *g);
+/* Starts a device call: checks the device against the library's, posts `post` to the host
+ * backend's judging (a rank that cannot take part posts a rejection), makes this member's
  * communicator, and makes the communication stream (current until fsdp_nccl_call_launched)
  * wait for the caller's stream. */
 fsdp_status fsdp_nccl_call_begin(nccl_call *c, fsdp_ctx *ctx, fsdp_group *g, fsdp_device dev,
@@ -95,6 +120,16 @@ ncclDataType_t fsdp_nccl_dtype(fsdp_dtype d);
  * stream before the NCCL calls, so they read inputs the caller's stream has not written yet.
  * Never on outside the tests. */
 void fsdp_nccl_test_skip_ready_wait(bool on);
+
+/* ---- nccl.c: the world ---- */
+
+/* Puts the nccl backend over the host backend world->backend has (made by the caller; taken
+ * over, freed with the nccl backend even on failure), with `ops`, library `lib` and the world
+ * communicator's `id`. */
+fsdp_status fsdp_nccl_backend_wrap(fsdp_ctx *ctx, fsdp_world *world, const nccl_host_ops *ops,
+                                   const fsdp_nccl_lib *lib, const ncclUniqueId *id);
+/* The message of a failed ncclGetUniqueId. */
+fsdp_status fsdp_nccl_id_fail(fsdp_ctx *ctx, const fsdp_nccl_lib *lib, ncclResult_t r);
 
 /* ---- nccl_collectives.c ---- */
 

@@ -29,6 +29,9 @@ static const struct backend_entry {
 #ifdef FSDP_HAVE_NCCL
     {FSDP_BACKEND_NCCL, fsdp_nccl_backend_create},
 #endif
+#if defined(FSDP_HAVE_NCCL) && defined(FSDP_HAVE_MPI)
+    {FSDP_BACKEND_NCCL_MPI, fsdp_nccl_mpi_backend_create},
+#endif
 };
 
 static const struct backend_entry *find_backend(fsdp_backend kind) {
@@ -49,6 +52,8 @@ const char *fsdp_backend_to_string(fsdp_backend backend) {
         return "mpi";
     case FSDP_BACKEND_NCCL:
         return "nccl";
+    case FSDP_BACKEND_NCCL_MPI:
+        return "nccl-mpi";
     default:
         return "unknown";
     }
@@ -85,6 +90,11 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
                          "fsdp_world_create: the 'nccl' backend is not part of this build (it "
                          "needs CUDA and NCCL: CMake found no NCCL, or FSDP_CUDA or FSDP_NCCL is "
                          "OFF); install NCCL and reconfigure, or use FSDP_BACKEND_LOCAL");
+    if (!entry && o.backend == FSDP_BACKEND_NCCL_MPI)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "fsdp_world_create: the 'nccl-mpi' backend is not part of this build (it "
+                         "needs both the mpi and the nccl backends: CUDA, NCCL and an MPI); "
+                         "install what is missing and reconfigure, or use FSDP_BACKEND_MPI");
     if (!entry)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                          "fsdp_world_create: the '%s' backend is not part of this build; use "
@@ -522,7 +532,7 @@ static fsdp_status report(fsdp_ctx *ctx, fsdp_world *world, int left) {
 static void node_share(const fsdp_world *w, int count, int *sharing, int *slot0) {
     *sharing = count;
     *slot0 = 0;
-    if (w->kind != FSDP_BACKEND_MPI) return;
+    if (w->kind != FSDP_BACKEND_MPI && w->kind != FSDP_BACKEND_NCCL_MPI) return;
     const char *size = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     const char *rank = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     if (!size || !rank) size = getenv("MPI_LOCALNRANKS"), rank = getenv("MPI_LOCALRANKID");

@@ -8,7 +8,17 @@
  * round to the element type at every step, as a ring does, so tests must compare within a
  * bound. A group (ncclGroupStart/End) becomes one closure. ncclCommAbort releases every closure
  * waiting on the clique, whose members then report ncclRemoteError. Faults are injected through
- * fsdpStandinInject (standin.h). */
+ * fsdpStandinInject (standin.h).
+ *
+ * Cross-process mode (fsdpStandinCrossProcess, built with MPI): the ranks of a communicator are
+ * the processes of an MPI job, one rank each (the world's rank r is MPI_COMM_WORLD's rank r).
+ * ncclCommInitRank duplicates MPI_COMM_WORLD for the clique, ncclCommSplit splits the parent's
+ * communicator; a closure sends its operations and its input bytes (read on the stream's thread
+ * from the sim device's memory) to every member and receives theirs, then computes its result
+ * as above. ncclCommAbort tells the other members, whose closures then end with ncclRemoteError.
+ * The closures call MPI on the streams' threads while the host thread calls it too, so the
+ * program must have initialised MPI with MPI_THREAD_MULTIPLE (ncclCommInitRank refuses
+ * otherwise). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <nccl.h>
@@ -16,65 +26,16 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kernels/kernels.h"
 #include "kernels/sim/sim_impl.h"
 #include "standin.h"
-
-#define MAGIC        0x5354414e44494e31ull
-#define WAIT_LIMIT_S 120 /* a closure gives up (ncclSystemError) after this long */
-#define MAX_OPS      64  /* operations in one group */
-
-enum { K_ALL_REDUCE, K_REDUCE_SCATTER, K_ALL_GATHER, K_BROADCAST, K_SEND, K_RECV };
-
-typedef struct op {
-    int kind;
-    const void *send;
-    void *recv;
-    size_t count;
-    ncclDataType_t type;
-    ncclRedOp_t red;
-    int peer; /* root of a broadcast, peer of a send or receive */
-} op;
-
-typedef struct coll { /* one sequence number's meeting */
-    struct coll *next;
-    uint64_t seq;
-    int arrived, computed, left;
-    const op **ops; /* per member: its operations */
-    int *nops;
-} coll;
-
-typedef struct split_rec {
-    struct split_rec *next;
-    uint64_t no;
-    int posted, taken;
-    bool built;
-    int *color, *key;
-    struct ncclComm **result;
-} split_rec;
-
-typedef struct clique {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct clique *next; /* in the registry (made by ncclCommInitRank) */
-    uint64_t id;
-    int n, joined, refs; /* refs: communicators not yet freed */
-    bool aborted;
-    coll *colls;
-    split_rec *splits;
-} clique;
-
-struct ncclComm {
-    clique *cl;
-    int rank;
-    uint64_t seq, splits; /* collectives and splits enqueued (owner thread) */
-    _Atomic ncclResult_t async_error;
-    int refs; /* under cl->mu: the owner until destroy or abort, plus closures not yet run */
-};
+#include "standin_impl.h"
 
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static clique *registry;
@@ -89,6 +50,19 @@ static struct {
 
 void fsdpStandinInject(int nranks, int rank, standin_fault fault);
 int fsdpStandinLiveComms(void);
+int fsdpStandinCrossProcess(int on);
+
+static atomic_bool cross_process; /* ids made from now on are for processes */
+
+int fsdpStandinCrossProcess(int on) {
+#ifdef FSDP_STANDIN_MPI
+    atomic_store(&cross_process, on != 0);
+    return 1;
+#else
+    (void)on;
+    return 0;
+#endif
+}
 
 void fsdpStandinInject(int nranks, int rank, standin_fault fault) {
     pthread_mutex_lock(&inject.mu);
@@ -105,7 +79,8 @@ int fsdpStandinLiveComms(void) {
 static standin_fault take_fault(const struct ncclComm *c) {
     pthread_mutex_lock(&inject.mu);
     standin_fault f = STANDIN_FAULT_NONE;
-    if (inject.fault && inject.nranks == c->cl->n && inject.rank == c->rank) {
+    if (inject.fault && inject.fault != STANDIN_FAULT_NO_ID && inject.nranks == c->cl->n &&
+        inject.rank == c->rank) {
         f = inject.fault;
         inject.fault = STANDIN_FAULT_NONE;
     }
@@ -115,7 +90,7 @@ static standin_fault take_fault(const struct ncclComm *c) {
 
 /* ---- cliques and communicators ---- */
 
-static clique *clique_new(int n) {
+clique *clique_new(int n) {
     clique *cl = calloc(1, sizeof *cl);
     if (!cl) return NULL;
     pthread_mutex_init(&cl->mu, NULL);
@@ -128,7 +103,7 @@ static clique *clique_new(int n) {
     return cl;
 }
 
-static void clique_free(clique *cl) {
+void clique_free(clique *cl) {
     pthread_mutex_lock(&registry_mu);
     for (clique **p = &registry; *p; p = &(*p)->next)
         if (*p == cl) {
@@ -136,6 +111,8 @@ static void clique_free(clique *cl) {
             break;
         }
     pthread_mutex_unlock(&registry_mu);
+    if (cl->mpi) xp_comm_free(cl->mpi);
+    free(cl->mpi);
     while (cl->colls) {
         coll *c = cl->colls;
         cl->colls = c->next;
@@ -156,7 +133,7 @@ static void clique_free(clique *cl) {
     free(cl);
 }
 
-static struct ncclComm *comm_new(clique *cl, int rank) {
+struct ncclComm *comm_new(clique *cl, int rank) {
     struct ncclComm *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->cl = cl;
@@ -169,7 +146,7 @@ static struct ncclComm *comm_new(clique *cl, int rank) {
 }
 
 /* Drops one reference (cl->mu held; released here). */
-static void comm_unref_unlock(struct ncclComm *c) {
+void comm_unref_unlock(struct ncclComm *c) {
     clique *cl = c->cl;
     bool free_cl = false;
     if (--c->refs == 0) {
@@ -185,12 +162,14 @@ static bool wait_until(clique *cl, const struct timespec *deadline) {
     return pthread_cond_timedwait(&cl->cv, &cl->mu, deadline) != ETIMEDOUT;
 }
 
-static struct timespec deadline_in(int seconds) {
+struct timespec deadline_in(int seconds) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     t.tv_sec += seconds;
     return t;
 }
+
+/* Cross-process mode (below the data). */
 
 /* ---- the library's own functions ---- */
 
@@ -221,17 +200,26 @@ const char *ncclGetErrorString(ncclResult_t r) {
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
     if (!id) return ncclInvalidArgument;
+    pthread_mutex_lock(&inject.mu);
+    const bool refuse = inject.fault == STANDIN_FAULT_NO_ID;
+    if (refuse) inject.fault = STANDIN_FAULT_NONE;
+    pthread_mutex_unlock(&inject.mu);
+    if (refuse) return ncclSystemError;
     memset(id, 0, sizeof *id);
-    const uint64_t words[2] = {MAGIC, atomic_fetch_add(&next_id, 1)};
+    /* The process's id and the mode tell ids made by different processes apart. */
+    const uint64_t words[3] = {MAGIC, atomic_fetch_add(&next_id, 1),
+                               (uint64_t)getpid() << 1 | (uint64_t)atomic_load(&cross_process)};
     memcpy(id->internal, words, sizeof words);
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
-    uint64_t words[2];
+    uint64_t words[3];
     memcpy(words, id.internal, sizeof words);
     if (!out || words[0] != MAGIC || nranks < 1 || nranks > 256 || rank < 0 || rank >= nranks)
         return ncclInvalidArgument;
+    if (words[2] & 1) return xp_init_rank(out, nranks, rank, words);
+    if (words[2] >> 1 != (uint64_t)getpid()) return ncclInvalidUsage; /* another process's */
     pthread_mutex_lock(&registry_mu);
     clique *cl = registry;
     while (cl && cl->id != words[1]) cl = cl->next;
@@ -296,6 +284,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *out,
     (void)config;
     if (!comm || !out) return ncclInvalidArgument;
     clique *cl = comm->cl;
+    if (cl->xp) return xp_split(comm, color, key, out);
     pthread_mutex_lock(&cl->mu);
     const uint64_t no = comm->splits++;
     split_rec *s = cl->splits;
@@ -344,6 +333,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *out,
 static ncclResult_t comm_release(ncclComm_t comm, bool abort) {
     if (!comm) return ncclInvalidArgument;
     clique *cl = comm->cl;
+    if (abort && cl->xp) xp_tell_abort(cl, comm->rank);
     pthread_mutex_lock(&cl->mu);
     if (abort) {
         cl->aborted = true;
@@ -370,7 +360,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *error) {
 
 /* ---- the data: computed by the closures on the streams' threads ---- */
 
-static bool type_of(ncclDataType_t t, fsdp_dtype *out) {
+bool type_of(ncclDataType_t t, fsdp_dtype *out) {
     switch (t) {
     case ncclFloat32:
         *out = FSDP_DTYPE_F32;
@@ -410,9 +400,26 @@ static void reduce(void *out, const void *const *src, int n, int first, size_t c
     k->reduce_n(out, order, n, (int64_t)count, dt, &args);
 }
 
+/* The bytes operation o reads from its send buffer. */
+size_t send_bytes(const op *o, int n) {
+    fsdp_dtype dt = FSDP_DTYPE_F32;
+    (void)type_of(o->type, &dt);
+    if (o->kind == K_RECV) return 0;
+    return o->count * fsdp_dtype_size(dt) * (o->kind == K_REDUCE_SCATTER ? (size_t)n : 1);
+}
+
+/* What member m's i-th operation sends: in its device memory, or (cross-process) in data[m],
+ * the inputs of its operations one after the other. */
+static const void *source(const coll *c, const char *const *data, int n, int m, int i) {
+    if (!data) return sim_shadow(c->ops[m][i].send);
+    size_t off = 0;
+    for (int j = 0; j < i; j++) off += send_bytes(&c->ops[m][j], n);
+    return data[m] + off;
+}
+
 /* The result of member `me`'s operation o, into a new host buffer (*out; NULL for a send). */
-static ncclResult_t compute(const coll *c, int n, int me, uint64_t seq, const op *o, int nth,
-                            void **out) {
+ncclResult_t compute(const coll *c, const char *const *data, int n, int me, uint64_t seq,
+                     const op *o, int nth, void **out) {
     *out = NULL;
     fsdp_dtype dt;
     if (!type_of(o->type, &dt)) return ncclInvalidArgument;
@@ -427,7 +434,7 @@ static ncclResult_t compute(const coll *c, int n, int me, uint64_t seq, const op
         for (int i = 0, k = 0; i < c->nops[o->peer]; i++) {
             if (peer[i].kind != K_SEND || peer[i].peer != me || k++ != nth) continue;
             if (peer[i].count != o->count || peer[i].type != o->type) return ncclInvalidUsage;
-            if (bytes) memcpy(buf, sim_shadow(peer[i].send), bytes);
+            if (bytes) memcpy(buf, source(c, data, n, o->peer, i), bytes);
             return ncclSuccess;
         }
         return ncclInvalidUsage;
@@ -438,7 +445,7 @@ static ncclResult_t compute(const coll *c, int n, int me, uint64_t seq, const op
         if (c->nops[m] != 1 || p->kind != o->kind || p->count != o->count || p->type != o->type ||
             p->red != o->red || p->peer != o->peer)
             return ncclInvalidUsage; /* the members disagree */
-        src[m] = sim_shadow(p->send);
+        src[m] = source(c, data, n, m, 0);
     }
     const int first = (int)((seq * 5 + 1) % (uint64_t)n);
     switch (o->kind) {
@@ -461,16 +468,7 @@ static ncclResult_t compute(const coll *c, int n, int me, uint64_t seq, const op
     return ncclSuccess;
 }
 
-/* A closure's arguments (copied at launch). */
-typedef struct launch {
-    struct ncclComm *comm;
-    uint64_t seq;
-    standin_fault fault;
-    int nops;
-    op ops[MAX_OPS];
-} launch;
-
-static void fail(struct ncclComm *c, ncclResult_t r) {
+void fail(struct ncclComm *c, ncclResult_t r) {
     ncclResult_t none = ncclSuccess;
     atomic_compare_exchange_strong(&c->async_error, &none, r);
 }
@@ -481,6 +479,28 @@ static ncclResult_t meet(clique *cl, const int *count, const struct timespec *en
     while (*count < cl->n && !cl->aborted && ok) ok = wait_until(cl, end);
     return *count >= cl->n ? ncclSuccess : cl->aborted ? ncclRemoteError : ncclSystemError;
 }
+
+#ifndef FSDP_STANDIN_MPI /* standin_mpi.c has the cross-process mode */
+ncclResult_t xp_init_rank(ncclComm_t *out, int nranks, int rank, const uint64_t *words) {
+    (void)out, (void)nranks, (void)rank, (void)words;
+    return ncclInvalidUsage;
+}
+ncclResult_t xp_split(ncclComm_t comm, int color, int key, ncclComm_t *out) {
+    (void)comm, (void)color, (void)key, (void)out;
+    return ncclInvalidUsage;
+}
+void xp_comm_free(void *mpi) {
+    (void)mpi;
+}
+void xp_tell_abort(clique *cl, int me) {
+    (void)cl, (void)me;
+}
+void xp_run(launch *a) {
+    pthread_mutex_lock(&a->comm->cl->mu);
+    fail(a->comm, ncclInvalidUsage);
+    comm_unref_unlock(a->comm);
+}
+#endif
 
 static void run(void *arg) {
     launch *a = arg;
@@ -498,6 +518,11 @@ static void run(void *arg) {
     }
     if (a->fault) {
         comm_unref_unlock(comm);
+        return;
+    }
+    if (cl->xp) {
+        pthread_mutex_unlock(&cl->mu);
+        xp_run(a);
         return;
     }
     coll *c = cl->colls;
@@ -522,7 +547,8 @@ static void run(void *arg) {
     int nth_recv[256] = {0};
     for (int i = 0; i < a->nops && r == ncclSuccess; i++) {
         const op *o = &a->ops[i];
-        r = compute(c, n, me, a->seq, o, o->kind == K_RECV ? nth_recv[o->peer]++ : 0, &results[i]);
+        r = compute(c, NULL, n, me, a->seq, o, o->kind == K_RECV ? nth_recv[o->peer]++ : 0,
+                    &results[i]);
     }
     pthread_mutex_lock(&cl->mu);
     if (r != ncclSuccess) cl->aborted = true; /* the others must not wait for this member */

@@ -10,6 +10,7 @@ typedef enum standin_fault {
     STANDIN_FAULT_NONE = 0,
     STANDIN_FAULT_HANG,        /* its work never completes, until the communicator is aborted */
     STANDIN_FAULT_ASYNC_ERROR, /* its work ends with ncclSystemError as the async error */
+    STANDIN_FAULT_NO_ID,       /* the next ncclGetUniqueId fails (nranks and rank unused) */
 } standin_fault;
 
 typedef void (*standin_inject_fn)(int nranks, int rank, standin_fault fault);
@@ -18,5 +19,11 @@ typedef void (*standin_inject_fn)(int nranks, int rank, standin_fault fault);
 /* How many communicators are alive (made and not destroyed or aborted): 0 after a clean end. */
 typedef int (*standin_live_fn)(void);
 #define STANDIN_LIVE_SYMBOL "fsdpStandinLiveComms"
+
+/* Cross-process mode (stand-in built with MPI): ids made from now on (on != 0) are for
+ * communicators whose ranks are the processes of an MPI job (standin.c). Returns 0 when this
+ * stand-in has no such mode. */
+typedef int (*standin_cross_fn)(int on);
+#define STANDIN_CROSS_SYMBOL "fsdpStandinCrossProcess"
 
 #endif
