@@ -117,6 +117,7 @@ static int bench_shape(const shape *s, int reps_flash, int reps_plain) {
 }
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); // each line reaches the log before a timeout's kill
     const char *which = "SM";
     int reps_flash = 10, reps_plain = 3;
     for (int i = 1; i < argc; i++) {
