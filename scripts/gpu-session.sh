@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-session.sh: what a GPU machine checks, in one command and a bounded time (default 540 s):
-# the environment, a build for sm_90, the GPU suites, the real NCCL at world size 1 (and two
+# the environment, a build for sm_90, the GPU suites, the attention kernels (tiled against plain,
+# timed at the Llama benchmark's shapes), the real NCCL at world size 1 (and two
 # ranks on the GPU where NCCL is 2.30 or newer), compute-sanitizer (memcheck, racecheck,
 # initcheck) on the CUDA suites, the Llama and MLP GPU benchmarks against PyTorch, and the
 # scaling benchmark.
@@ -38,12 +39,13 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 budget=${GPU_SESSION_BUDGET:-540}
 if [ -d /usr/local/cuda/bin ]; then PATH="/usr/local/cuda/bin:$PATH"; fi
 
-PHASES=(deps env build gpu-tests nccl memcheck-kernels memcheck-train memcheck-llama
-    racecheck-kernels initcheck-kernels racecheck-llama initcheck-llama bench-llama bench scaling)
+PHASES=(deps env build gpu-tests bench-attention nccl memcheck-kernels memcheck-train
+    memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama initcheck-llama bench-llama
+    bench scaling)
 # The most seconds each phase may take; the session's budget may leave it less.
-declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [nccl]=90 [memcheck-kernels]=90
-    [memcheck-train]=45 [memcheck-llama]=60 [racecheck-kernels]=90 [initcheck-kernels]=90
-    [racecheck-llama]=60 [initcheck-llama]=60 [bench-llama]=200 [bench]=120 [scaling]=150)
+declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [bench-attention]=60 [nccl]=90
+    [memcheck-kernels]=90 [memcheck-train]=45 [memcheck-llama]=60 [racecheck-kernels]=90
+    [initcheck-kernels]=90 [racecheck-llama]=60 [initcheck-llama]=60 [bench-llama]=200 [bench]=120 [scaling]=150)
 # The suite each sanitizer phase runs.
 declare -A SUITE=([kernels]=test_kernels_cuda [train]=test_cuda_train [llama]=test_llama_cuda)
 # Seconds a phase leaves to the benchmarks after it, and the least worth starting a phase with.
@@ -248,6 +250,26 @@ phase_bench() {
     fi
 }
 
+# bench_cuda_attention: the tiled attention against the plain one at shapes S and M (norm-wise,
+# within test_kernels_cuda's bound) and both timed (a forward plus a backward).
+phase_bench_attention() {
+    local log rc=0 exe=$build/bench/bench_cuda_attention
+    log=$(own_log)
+    [ -x "$exe" ] || { result fail "no $exe (built with FSDP_BUILD_BENCH=ON?)" && return 0; }
+    run "$exe" || rc=$?
+    local times bad
+    times=$(awk '$1 == "result" {printf "%s%s %s %s ms", s, $2, $3, $4; s = ", "}
+        $1 == "speedup" {printf "%s%s flash/plain %s", s, $2, $4; s = ", "}' "$log")
+    bad=$(awk '$1 == "compare" && $NF != "ok" {printf "%s%s %s", s, $2, $3; s = ", "}' "$log")
+    if [ "$rc" -ne 0 ]; then
+        result fail "bench_cuda_attention exit status $rc${bad:+; out of bound: $bad}${times:+; $times}"
+    elif [ -z "$times" ]; then
+        result fail "no timing: $(grep -m1 skipped "$log" || echo 'see bench-attention.log')"
+    else
+        result ok "flash within bound of plain; $times"
+    fi
+}
+
 # bench/llama_gpu.sh within this phase's limit (GPU_SESSION_LIMIT), less time to print the table.
 # libfsdp runs shape S only here: building M initialises 1.5 G parameters on the CPU, and its
 # f32 attention kernel (one thread per query row) would not give 12 steps of M in the time.
@@ -302,6 +324,7 @@ run_phase_body() {
     gpu-tests) phase_gpu_tests ;;
     nccl) phase_nccl ;;
     memcheck-* | racecheck-* | initcheck-*) sanitize "${1%%-*}" "${SUITE[${1#*-}]}" ;;
+    bench-attention) phase_bench_attention ;;
     bench-llama) phase_bench_llama ;;
     bench) phase_bench ;;
     scaling) phase_scaling ;;
@@ -411,8 +434,8 @@ main() {
         after="the build phase did not succeed"
     fi
     local p
-    for p in gpu-tests nccl memcheck-kernels memcheck-train memcheck-llama racecheck-kernels \
-        initcheck-kernels racecheck-llama initcheck-llama; do
+    for p in gpu-tests bench-attention nccl memcheck-kernels memcheck-train memcheck-llama \
+        racecheck-kernels initcheck-kernels racecheck-llama initcheck-llama; do
         session_phase "$p" "$after" $((RESERVE_LLAMA + RESERVE_BENCH + RESERVE_SCALING))
     done
     session_phase bench-llama "$after" $((RESERVE_BENCH + RESERVE_SCALING))

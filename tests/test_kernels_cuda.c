@@ -2,7 +2,7 @@
  * (the simulated GPU) otherwise: every entry of the device's operator table on random inputs
  * compared with the CPU table's results (bit for bit on sim), the device's storage (caching
  * allocator, copies, fills, conversions, pinned memory, tensors) and its errors. The cases of
- * CUDA-only features (TF32 GEMMs) say why they skip elsewhere. */
+ * CUDA-only features (TF32 GEMMs, the tiled attention) say why they skip elsewhere. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -1067,6 +1067,140 @@ static void test_gemm_bf16(void) {
     run_gemm_bf16_case(3, 2, 0, true, false, 0.0f);
 }
 
+/* ---- the tiled attention (CUDA only) ---- */
+
+#ifdef FSDP_HAVE_CUDA
+typedef struct attn_case {
+    int64_t B, T, NH, NKV, D;
+} attn_case;
+
+/* One attention's results: out, lse, dq, dk, dv on the host. */
+typedef struct attn_result {
+    float *t[5];
+} attn_result;
+
+static const char *const attn_names[5] = {"out", "lse", "dq", "dk", "dv"};
+
+static void attn_sizes(const attn_case *c, int64_t n[5]) {
+    int64_t tq = c->B * c->T * c->NH * c->D, tk = c->B * c->T * c->NKV * c->D;
+    n[0] = tq, n[1] = c->B * c->NH * c->T, n[2] = tq, n[3] = tk, n[4] = tk;
+}
+
+/* Forward and backward through this thread's CUDA attention path (kind) on host inputs. */
+static attn_result attn_on_device(const attn_case *c, fsdp_cuda_attention kind, const float *q,
+                                  const float *k, const float *v, const float *dout) {
+    int64_t n[5];
+    attn_sizes(c, n);
+    float *dq_ = dev_floats(q, n[0]), *dk_ = dev_floats(k, n[3]), *dv_ = dev_floats(v, n[3]);
+    float *ddo = dev_floats(dout, n[0]), *d[5];
+    for (int i = 0; i < 5; i++) d[i] = dev_floats(NULL, n[i]);
+    fsdp_cuda_thread_set_attention(kind);
+    K()->attention_forward(d[0], d[1], NULL, dq_, dk_, dv_, c->B, c->T, c->NH, c->NKV, c->D);
+    K()->attention_backward(d[2], d[3], d[4], NULL, ddo, dq_, dk_, dv_, d[0], d[1], c->B, c->T,
+                            c->NH, c->NKV, c->D);
+    fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_DEFAULT);
+    attn_result r;
+    for (int i = 0; i < 5; i++) {
+        r.t[i] = new_uniform(n[i], 0, 0);
+        dev_get(r.t[i], d[i], (size_t)n[i] * sizeof(float));
+        dev_free(d[i]);
+    }
+    dev_free(dq_), dev_free(dk_), dev_free(dv_), dev_free(ddo);
+    return r;
+}
+
+static void attn_free(attn_result *r) {
+    for (int i = 0; i < 5; i++) free(r->t[i]);
+}
+
+/* max |got - want| <= tol * max(1, max |want|) per tensor; prints the norm-wise error. */
+static void attn_check(const char *what, const attn_case *c, const attn_result *got,
+                       const attn_result *want, const double tol[5]) {
+    int64_t n[5];
+    attn_sizes(c, n);
+    for (int i = 0; i < 5; i++) {
+        double maxd = 0, maxw = 0;
+        for (int64_t e = 0; e < n[i]; e++) {
+            double dd = fabs((double)got->t[i][e] - want->t[i][e]);
+            if (!(dd <= maxd) && !isnan(maxd)) maxd = dd; // a NaN stays
+            maxw = fmax(maxw, fabs((double)want->t[i][e]));
+        }
+        bool ok = maxd <= tol[i] * fmax(1.0, maxw); // NaN fails
+        printf("\n    attention %s B%lld T%lld NH%lld NKV%lld D%lld %s: max|diff| %.3g, max|want| "
+               "%.3g, bound %.3g%s",
+               what, (long long)c->B, (long long)c->T, (long long)c->NH, (long long)c->NKV,
+               (long long)c->D, attn_names[i], maxd, maxw, tol[i] * fmax(1.0, maxw),
+               ok ? "" : "  FAILED");
+        CU_ASSERT_TRUE(ok);
+    }
+}
+#endif
+
+/* The tiled kernels (fsdp_cuda_thread_set_attention FLASH) against the CPU table and against
+ * the plain CUDA kernels, on ragged tiles (T not a multiple of 32), groups of 1, 3 and 4 query
+ * heads per key-value head, D = 64 and 128 and D not a multiple of 16; above D = 128 the flash
+ * choice runs the plain kernels (equal bit for bit). Inputs uniform in [-1, 1]. */
+static void test_attention_flash(void) {
+    if (!cuda_only("the tiled attention kernels (fsdp_cuda_thread_set_attention)")) return;
+#ifdef FSDP_HAVE_CUDA
+    rng_seed(31);
+    const attn_case cases[] = {
+        {2, 45, 3, 3, 64}, {2, 77, 6, 2, 64}, {3, 100, 8, 2, 128}, {1, 33, 4, 1, 128},
+        {2, 1, 3, 1, 24},  {1, 65, 2, 2, 40}, {1, 20, 2, 1, 136},
+    };
+    const double u = 0x1p-24; // f32 unit roundoff
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const attn_case *c = &cases[ci];
+        int64_t n[5], T = c->T, D = c->D, group = c->NH / c->NKV;
+        attn_sizes(c, n);
+        float *q = new_uniform(n[0], -1, 1), *k = new_uniform(n[3], -1, 1);
+        float *v = new_uniform(n[3], -1, 1), *dout = new_uniform(n[0], -1, 1);
+        float *scratch = new_uniform(2 * T * T, 0, 0);
+        attn_result cpu;
+        for (int i = 0; i < 5; i++) cpu.t[i] = new_uniform(n[i], 0, 0);
+        const fsdp_kernels_i *C = fsdp_kernels_for(FSDP_CPU);
+        C->attention_forward(cpu.t[0], cpu.t[1], scratch, q, k, v, c->B, T, c->NH, c->NKV, D);
+        C->attention_backward(cpu.t[2], cpu.t[3], cpu.t[4], scratch, dout, q, k, v, cpu.t[0],
+                              cpu.t[1], c->B, T, c->NH, c->NKV, D);
+        attn_result plain = attn_on_device(c, FSDP_CUDA_ATTENTION_PLAIN, q, k, v, dout);
+        attn_result flash = attn_on_device(c, FSDP_CUDA_ATTENTION_FLASH, q, k, v, dout);
+        /* Every side sums in its own order (the CPU's scores are an sgemm, the GPU's sequential
+         * dot products; the softmax sums run over tiles). A score q.k / sqrt(D) of inputs in
+         * [-1, 1] has sum |q_d k_d| / sqrt(D) <= sqrt(D), so two orders differ by at most
+         * ts = 2 D u sqrt(D) (1.7e-4 at D = 128). The forward's weights exp(s - lse) carry 2 ts
+         * relative (score and lse) plus exp's rounding, and out, a convex combination of
+         * |v| <= 1, adds the (T + D) roundings of its sums: out <= 3 ts + 2 (T + D) u; lse
+         * <= ts + 2 T u (1 + max |lse|), taken norm-wise. The backward carries the forward's
+         * error through dS = P (dout.v - dout.out), two more dot products of D terms (ts each
+         * relative to their magnitude), and sums over up to group * T rows: 6 ts + 4 (group T
+         * + D) u, norm-wise against the largest gradient entry (entries near 0 after
+         * cancellation carry the large ones' absolute error). Worst cases: errors of random
+         * sign add far less; a wrong mask, tile or head gives errors of order 1e-1 and more. */
+        double ts = 2.0 * (double)D * u * sqrt((double)D);
+        double tol[5] = {3 * ts + 2.0 * (double)(T + D) * u,
+                         ts + 2.0 * (double)T * u * (1.0 + sqrt((double)D) + log((double)T + 1)),
+                         6 * ts + 4.0 * (double)(group * T + D) * u, 0, 0};
+        tol[3] = tol[4] = tol[2];
+        if (D > FSDP_CUDA_FLASH_MAX_D) { // the flash choice falls back to the plain kernels
+            for (int i = 0; i < 5; i++)
+                CU_ASSERT_EQUAL(memcmp(flash.t[i], plain.t[i], (size_t)n[i] * sizeof(float)), 0);
+        } else {
+            attn_check("flash vs cpu", c, &flash, &cpu, tol);
+            attn_check("flash vs plain", c, &flash, &plain, tol);
+        }
+        attn_check("plain vs cpu", c, &plain, &cpu, tol);
+        attn_free(&cpu), attn_free(&plain), attn_free(&flash);
+        free(q), free(k), free(v), free(dout), free(scratch);
+    }
+    /* The choice: unset FSDP_CUDA_ATTENTION means plain; a thread's choice stays its own. */
+    const char *env = getenv("FSDP_CUDA_ATTENTION");
+    if (!env || !*env) CU_ASSERT_EQUAL(fsdp_cuda_thread_attention(), FSDP_CUDA_ATTENTION_PLAIN);
+    fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_FLASH);
+    CU_ASSERT_EQUAL(fsdp_cuda_thread_attention(), FSDP_CUDA_ATTENTION_FLASH);
+    fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_DEFAULT);
+#endif
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"table", test_table},
@@ -1091,6 +1225,7 @@ int main(int argc, char **argv) {
         {"optim", test_optim},
         {"adam_bf16", test_adam_bf16},
         {"gemm_bf16", test_gemm_bf16},
+        {"attention_flash", test_attention_flash},
     };
     fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "kernels_cuda", cases, sizeof cases / sizeof *cases);

@@ -1,7 +1,7 @@
 /* cuda.h: what the CUDA device offers beyond its record (core/device.h) and its operator table:
- * the probe that tests skip on, the caching allocator's counters and TF32 for this thread's
- * GEMMs. Internal to libfsdp (tests and benchmarks read it); it includes no CUDA header, so any
- * C file can include it. */
+ * the probe that tests skip on, the caching allocator's counters, TF32 for this thread's GEMMs
+ * and its attention kernels. Internal to libfsdp (tests and benchmarks read it); it includes no
+ * CUDA header, so any C file can include it. */
 #ifndef FSDP_KERNELS_CUDA_H
 #define FSDP_KERNELS_CUDA_H
 
@@ -41,5 +41,21 @@ void fsdp_cuda_empty_cache(int device);
  * accumulation; about 1e-3 relative). Off by default: GEMMs are exact f32. */
 void fsdp_cuda_thread_set_tf32(bool allow);
 bool fsdp_cuda_thread_tf32(void);
+
+/* Which kernels this thread's attention_forward / attention_backward run: the plain ones (one
+ * thread per score row) or the tiled FlashAttention-2-class ones (shared-memory tiles, online
+ * softmax, no scratch), which cover head dimensions up to FSDP_CUDA_FLASH_MAX_D (the plain ones
+ * run above). DEFAULT follows the environment variable FSDP_CUDA_ATTENTION (plain or flash, read
+ * once; unset means plain, since the tiled kernels have not run on a GPU yet; any other value
+ * aborts with a message). */
+#define FSDP_CUDA_FLASH_MAX_D 128
+typedef enum fsdp_cuda_attention {
+    FSDP_CUDA_ATTENTION_DEFAULT = 0,
+    FSDP_CUDA_ATTENTION_PLAIN,
+    FSDP_CUDA_ATTENTION_FLASH,
+} fsdp_cuda_attention;
+void fsdp_cuda_thread_set_attention(fsdp_cuda_attention kind);
+/* The path chosen for this thread (never DEFAULT). */
+fsdp_cuda_attention fsdp_cuda_thread_attention(void);
 
 #endif

@@ -1,9 +1,9 @@
 /* llama.cu: the Llama layers' kernels on the device, with the CPU's semantics
  * (kernels/cpu/llama.h). Straightforward first versions, deterministic (no atomics): the
- * embedding gradient adds rows in token order per column; attention runs one thread per score
- * row, recomputing scores from q and k in backward and never storing a (T, T) block (the
- * scratch argument is unused); the key/value gradients are summed per key row over the query
- * rows and heads of its group. */
+ * embedding gradient adds rows in token order per column; the plain attention (attention.cu
+ * chooses it or the tiled one) runs one thread per score row, recomputing scores from q and k in
+ * backward and never storing a (T, T) block (the scratch argument is unused); the key/value
+ * gradients are summed per key row over the query rows and heads of its group. */
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/llama_cuda.h"
 
@@ -153,9 +153,10 @@ __global__ void attention_forward_kernel(float *out, float *lse, const float *q,
     }
 }
 
-extern "C" void fsdp_cuda_attention_forward(float *out, float *lse, float *scratch, const float *q,
-                                            const float *k, const float *v, int64_t B, int64_t T,
-                                            int64_t NH, int64_t NKV, int64_t D) {
+extern "C" void fsdp_cuda_attention_forward_plain(float *out, float *lse, float *scratch,
+                                                  const float *q, const float *k, const float *v,
+                                                  int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                                  int64_t D) {
     (void)scratch;
     int64_t rows = B * NH * T;
     if (rows <= 0) return;
@@ -220,11 +221,11 @@ __global__ void attention_dkv_kernel(float *dk, float *dv, const float *dout, co
     }
 }
 
-extern "C" void fsdp_cuda_attention_backward(float *dq, float *dk, float *dv, float *scratch,
-                                             const float *dout, const float *q, const float *k,
-                                             const float *v, const float *out, const float *lse,
-                                             int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                                             int64_t D) {
+extern "C" void fsdp_cuda_attention_backward_plain(float *dq, float *dk, float *dv, float *scratch,
+                                                   const float *dout, const float *q,
+                                                   const float *k, const float *v, const float *out,
+                                                   const float *lse, int64_t B, int64_t T,
+                                                   int64_t NH, int64_t NKV, int64_t D) {
     (void)scratch;
     if (B <= 0 || T <= 0) return;
     float scale = 1.0f / sqrtf((float)D);

@@ -1,0 +1,152 @@
+/* bench_cuda_attention.c: the CUDA table's causal grouped-query attention, forward and backward,
+ * with the plain kernels (one thread per score row) and the tiled ones (FlashAttention-2-class),
+ * at the Llama benchmark's shapes: S (B 16, T 1024, NH 12, NKV 4, D 64) and M (B 4, T 2048,
+ * NH 32, NKV 8, D 64). Per shape: the tiled results against the plain ones (norm-wise, with the
+ * bound of test_kernels_cuda's attention_flash case) and the median time of a forward plus a
+ * backward of each. Built only with CUDA; skips when no GPU is usable. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_cuda_util.h"   // defines: BENCH_CUDA_OK, bench_cuda_median
+#include "kernels/cuda/cuda.h" // defines: fsdp_cuda_thread_set_attention
+#include "kernels/kernels.h"   // defines: fsdp_kernels_for
+
+typedef struct shape {
+    const char *name;
+    int64_t B, T, NH, NKV, D;
+} shape;
+
+static const shape shapes[] = {{"S", 16, 1024, 12, 4, 64}, {"M", 4, 2048, 32, 8, 64}};
+
+/* Device arrays of one run: inputs q, k, v, dout; outputs out, lse, dq, dk, dv. */
+typedef struct attn_run {
+    const shape *s;
+    float *q, *k, *v, *dout, *o[5];
+    int64_t n[5]; // elements of out, lse, dq, dk, dv
+} attn_run;
+
+static const char *const names[5] = {"out", "lse", "dq", "dk", "dv"};
+
+static void fwd_bwd(void *arg) {
+    const attn_run *r = arg;
+    const shape *s = r->s;
+    const fsdp_kernels_i *K = fsdp_kernels_for((fsdp_device){FSDP_DEVICE_CUDA, 0});
+    K->attention_forward(r->o[0], r->o[1], NULL, r->q, r->k, r->v, s->B, s->T, s->NH, s->NKV, s->D);
+    K->attention_backward(r->o[2], r->o[3], r->o[4], NULL, r->dout, r->q, r->k, r->v, r->o[0],
+                          r->o[1], s->B, s->T, s->NH, s->NKV, s->D);
+}
+
+static float *dev_random(int64_t n, unsigned *seed) {
+    float *h = malloc((size_t)n * sizeof(float)), *d;
+    if (!h) exit(1);
+    for (int64_t i = 0; i < n; i++) h[i] = 2.0f * (float)rand_r(seed) / (float)RAND_MAX - 1.0f;
+    BENCH_CUDA_OK(cudaMalloc((void **)&d, (size_t)n * sizeof(float)));
+    BENCH_CUDA_OK(cudaMemcpy(d, h, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
+    free(h);
+    return d;
+}
+
+static float *to_host(const float *d, int64_t n) {
+    float *h = malloc((size_t)n * sizeof(float));
+    if (!h) exit(1);
+    BENCH_CUDA_OK(cudaMemcpy(h, d, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+/* The outputs of one path, on the host, and its median seconds per forward plus backward. */
+static double run_path(attn_run *r, fsdp_cuda_attention kind, int reps, float *host[5]) {
+    fsdp_cuda_thread_set_attention(kind);
+    fwd_bwd(r);
+    for (int i = 0; i < 5; i++) host[i] = to_host(r->o[i], r->n[i]);
+    double t = bench_cuda_median(fwd_bwd, r, reps);
+    fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_DEFAULT);
+    return t;
+}
+
+/* Returns 1 when a tensor is out of its bound (test_kernels_cuda's, for inputs in [-1, 1]). */
+static int compare(const shape *s, float *flash[5], float *plain[5], const int64_t n[5]) {
+    const double u = 0x1p-24, D = (double)s->D, T = (double)s->T;
+    double ts = 2.0 * D * u * sqrt(D), group = (double)(s->NH / s->NKV);
+    double bwd = 6 * ts + 4.0 * (group * T + D) * u;
+    double tol[5] = {3 * ts + 2.0 * (T + D) * u, ts + 2.0 * T * u * (1.0 + sqrt(D) + log(T + 1)),
+                     bwd, bwd, bwd};
+    int bad = 0;
+    for (int i = 0; i < 5; i++) {
+        double maxd = 0, maxw = 0;
+        for (int64_t e = 0; e < n[i]; e++) {
+            double dd = fabs((double)flash[i][e] - plain[i][e]);
+            if (!(dd <= maxd) && !isnan(maxd)) maxd = dd; // a NaN stays
+            maxw = fmax(maxw, fabs((double)plain[i][e]));
+        }
+        double bound = tol[i] * fmax(1.0, maxw);
+        int ok = maxd <= bound; // NaN fails
+        printf("compare %s %-3s max|flash-plain| %.3g max|plain| %.3g bound %.3g %s\n", s->name,
+               names[i], maxd, maxw, bound, ok ? "ok" : "FAIL");
+        bad |= !ok;
+    }
+    return bad;
+}
+
+static int bench_shape(const shape *s, int reps_flash, int reps_plain) {
+    attn_run r = {.s = s};
+    int64_t tq = s->B * s->T * s->NH * s->D, tk = s->B * s->T * s->NKV * s->D;
+    int64_t n[5] = {tq, s->B * s->NH * s->T, tq, tk, tk};
+    memcpy(r.n, n, sizeof n);
+    unsigned seed = 7;
+    r.q = dev_random(tq, &seed), r.k = dev_random(tk, &seed), r.v = dev_random(tk, &seed);
+    r.dout = dev_random(tq, &seed);
+    for (int i = 0; i < 5; i++)
+        BENCH_CUDA_OK(cudaMalloc((void **)&r.o[i], (size_t)n[i] * sizeof(float)));
+    float *plain[5], *flash[5];
+    double tp = run_path(&r, FSDP_CUDA_ATTENTION_PLAIN, reps_plain, plain);
+    double tf = run_path(&r, FSDP_CUDA_ATTENTION_FLASH, reps_flash, flash);
+    int bad = compare(s, flash, plain, n);
+    /* causal attention: 4 T^2 D / 2 flops forward (two GEMMs, half the scores), 10 T^2 D / 2
+     * backward (five GEMMs), per (b, h) */
+    double flops = 7.0 * (double)(s->B * s->NH) * (double)s->T * (double)s->T * (double)s->D;
+    printf("result %s plain %.3f ms %.2f TFLOP/s\n", s->name, 1e3 * tp, flops / tp * 1e-12);
+    printf("result %s flash %.3f ms %.2f TFLOP/s\n", s->name, 1e3 * tf, flops / tf * 1e-12);
+    printf("speedup %s flash/plain %.2fx\n", s->name, tp / tf);
+    for (int i = 0; i < 5; i++) free(plain[i]), free(flash[i]), cudaFree(r.o[i]);
+    cudaFree(r.q), cudaFree(r.k), cudaFree(r.v), cudaFree(r.dout);
+    return bad;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); // each line reaches the log before a timeout's kill
+    const char *which = "SM";
+    int reps_flash = 10, reps_plain = 3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--shapes") && i + 1 < argc)
+            which = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps_flash = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--plain-reps") && i + 1 < argc)
+            reps_plain = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: bench_cuda_attention [--shapes SM] [--reps N (10)] "
+                            "[--plain-reps N (3)]\n");
+            return 2;
+        }
+    }
+    if (reps_flash < 1 || reps_flash > BENCH_CUDA_MAX_REPS || reps_plain < 1 ||
+        reps_plain > BENCH_CUDA_MAX_REPS) {
+        fprintf(stderr, "bench_cuda_attention: --reps and --plain-reps take 1 to %d\n",
+                BENCH_CUDA_MAX_REPS);
+        return 2;
+    }
+    if (fsdp_device_count(FSDP_DEVICE_CUDA) == 0) {
+        printf("bench_cuda_attention: skipped: no usable CUDA device\n");
+        return 0;
+    }
+    int bad = 0;
+    printf("flops per forward + backward: 7 B NH T^2 D (causal: half of 14)\n");
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        if (strchr(which, shapes[i].name[0]))
+            bad |= bench_shape(&shapes[i], reps_flash, reps_plain);
+    return bad;
+}
