@@ -12,6 +12,16 @@
 #include "core/error.h" // defines: FSDP_FAIL
 #include "fsdp/fsdp.h"
 
+/* UNDER_TSAN: this build is under ThreadSanitizer (a negative control whose dropped wait is a
+ * data race is then skipped: TSan reports it, as it must). */
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+
 typedef struct fsdp_test_case {
     const char *name;
     void (*fn)(void);

@@ -19,14 +19,6 @@
 #include "harness.h"         // defines: fsdp_test_run_world, FSDP_RANK_CHECK, FSDP_TEST_OK
 #include "kernels/sim/sim.h" // defines: fsdp_sim_mode_set
 
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-
 /* Each rank's device: two ranks share a sim device in a world of 4. */
 static fsdp_device rank_device(int rank) {
     return (fsdp_device){FSDP_DEVICE_SIM, rank % 2};

@@ -50,14 +50,6 @@ int main(int argc, char **argv) {
 
 #define MAX_W 8
 
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-
 static standin_inject_fn inject;
 static standin_live_fn live_comms;
 /* The backend the cases test: nccl (rank threads), or under mpirun nccl-mpi (processes). */

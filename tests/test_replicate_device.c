@@ -31,14 +31,6 @@
 #include "comm/nccl_impl.h" // defines: fsdp_nccl_library_use
 #endif
 
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-
 #define STEPS 3
 #define BATCH 50 /* uneven over 4 ranks */
 

@@ -24,14 +24,6 @@
 #include "harness.h"         // defines: fsdp_test_run_world, FSDP_RANK_CHECK, FSDP_TEST_OK
 #include "kernels/sim/sim.h" // defines: fsdp_sim_mode_get
 
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-
 /* Seed 004's Net(2000); under ThreadSanitizer, which runs each access some 10 times slower and
  * took 190 CPU-s at 2000, Net(400): the same code paths and buckets' logic (the runs are
  * compared with each other, not with the seed's bucket sizes). */

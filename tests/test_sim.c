@@ -19,14 +19,6 @@
 #include "kernels/kernels.h"      // defines: fsdp_kernels_for
 #include "kernels/sim/sim_impl.h" // defines: sim_block_alloc, fsdp_sim_mode_set
 
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-
 #define SIM0   ((fsdp_device){FSDP_DEVICE_SIM, 0})
 #define SIM1   ((fsdp_device){FSDP_DEVICE_SIM, 1})
 #define CAP_MB 64 /* FSDP_SIM_MEMORY of this program (set before the first use) */

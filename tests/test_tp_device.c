@@ -32,14 +32,6 @@
 #include "comm/nccl_impl.h" // defines: fsdp_nccl_library_use
 #endif
 
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-
 #define SEED 5
 
 static uint64_t mix(uint64_t x) {
