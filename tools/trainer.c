@@ -749,7 +749,7 @@ fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layou
     /* auto: a bar only on a terminal of rank threads; under mpirun every rank has a
      * pseudo-terminal that mpirun copies into whatever its own output is (a file, a pipe). */
     bool terminal =
-        s.out && isatty(fileno(s.out)) && train_config_backend(cfg) != TRAIN_BACKEND_MPI;
+        s.out && isatty(fileno(s.out)) && !train_backend_processes(train_config_backend(cfg));
     s.bar.on = s.out && (cfg->log.progress == TRAIN_PROGRESS_BAR ||
                          (cfg->log.progress == TRAIN_PROGRESS_AUTO && terminal));
     if (st == FSDP_OK) {
