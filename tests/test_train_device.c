@@ -307,7 +307,11 @@ static void test_nccl_refusals(void) {
               NULL); /* 4 rank threads, FSDP_SIM_DEVICES = 2 */
     expect_refused(SET("[parallel] backend = nccl", "the world has 4 ranks", "has 2 devices",
                        "FSDP_SIM_DEVICES"));
-    setenv("OMPI_COMM_WORLD_SIZE", "2", 1); /* as mpirun starts the process */
+    configure(g_mlp, SET("parallel.ranks=2", "parallel.backend=nccl"), "sim", NULL, NULL);
+    expect_refused(SET("[parallel] device = sim", "[parallel] backend = nccl", "FSDP_NCCL_LIBRARY",
+                       "stand-in NCCL"));
+    setenv("FSDP_NCCL_LIBRARY", "libfsdp_nccl_standin.so", 1); /* checked, not opened */
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);                    /* as mpirun starts the process */
     configure(g_mlp, SET("parallel.backend=nccl"), "sim", NULL, NULL);
     CU_ASSERT_EQUAL(train_config_backend(&g_cfg), TRAIN_BACKEND_NCCL_MPI);
     CU_ASSERT_EQUAL(train_config_world_size(&g_cfg), 0); /* the job's size decides */
@@ -320,8 +324,11 @@ static void test_nccl_refusals(void) {
         expect_refused(SET("[parallel] backend = nccl", "[parallel] device = cpu"));
     }
     unsetenv("OMPI_COMM_WORLD_SIZE");
-    configure(g_mlp, SET("parallel.backend=nccl"), "sim", NULL, NULL);
+    configure(g_mlp, SET("parallel.ranks=2", "parallel.backend=nccl"), "sim", NULL, NULL);
     CU_ASSERT_EQUAL(train_config_backend(&g_cfg), TRAIN_BACKEND_NCCL);
+    err[0] = '\0';
+    CU_ASSERT_EQUAL(train_config_check(&g_cfg, err, sizeof err), FSDP_OK); /* 2 ranks, 2 devices */
+    unsetenv("FSDP_NCCL_LIBRARY");
 }
 
 /* The stand-in that FSDP_NCCL_LIBRARY named is the library the runs loaded, and every
@@ -399,6 +406,7 @@ int main(int argc, char **argv) {
 #ifdef FSDP_TEST_NCCL_STANDIN
     /* the library a user would name: no call to a test-only API selects it */
     if (g_nccl) setenv("FSDP_NCCL_LIBRARY", FSDP_TEST_NCCL_STANDIN, 1);
+    if (!g_nccl) unsetenv("FSDP_NCCL_LIBRARY"); /* its refusals expect none */
 #else
     if (g_nccl) {
         printf("test_train_device: no nccl backend and stand-in NCCL in this build: skipped\n");

@@ -28,6 +28,16 @@ fsdp_device train_device_of(const train_config *cfg, int rank) {
     return (fsdp_device){type, rank % count};
 }
 
+const char *train_device_rule(const train_config *cfg, char *buf, size_t size) {
+    const char *kind = fsdp_device_to_string((fsdp_device){cfg->parallel.device, 0});
+    int count = fsdp_device_count(cfg->parallel.device);
+    if (train_config_backend(cfg) == TRAIN_BACKEND_NCCL_MPI)
+        snprintf(buf, size, "node-local rank l on %s:(l mod %d)", kind, count);
+    else
+        snprintf(buf, size, "rank r on %s:(r mod %d)", kind, count);
+    return buf;
+}
+
 fsdp_status train_nccl_check(const train_config *cfg, char *err, size_t err_size) {
     char a[TRAIN_KEY_TEXT_SIZE], b[TRAIN_KEY_TEXT_SIZE];
     train_backend backend = train_config_backend(cfg);
@@ -65,6 +75,16 @@ fsdp_status train_nccl_check(const train_config *cfg, char *err, size_t err_size
                  "device%s here (NCCL refuses two ranks on one GPU); use at most %d ranks, more "
                  "devices (sim: FSDP_SIM_DEVICES), or backend = local",
                  a, world, b, count, count == 1 ? "" : "s", count);
+        return FSDP_ERR_CONFIG;
+    }
+    const char *lib = getenv("FSDP_NCCL_LIBRARY");
+    if (cfg->parallel.device == FSDP_DEVICE_SIM && !(lib && *lib)) {
+        snprintf(err, err_size,
+                 "%s with %s needs the stand-in NCCL, which moves sim memory: set the "
+                 "environment variable FSDP_NCCL_LIBRARY to its libfsdp_nccl_standin.so (the "
+                 "build's default is the real NCCL, which moves cuda memory only), or set "
+                 "device = cuda, or backend = local",
+                 b, a);
         return FSDP_ERR_CONFIG;
     }
     return FSDP_OK;
