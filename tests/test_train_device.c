@@ -20,6 +20,7 @@
 
 #include "ckpt_common.h" // defines: ckpt_test_tmp_root, ckpt_test_remove_tree, ckpt_test_compare
 #include "harness.h"
+#include "shell.h"        // defines: fsdp_test_shell
 #include "train_config.h" // defines: train_config_init, train_config_set, train_config_check
 #include "train_tokens.h" // defines: TRAIN_TOKENS_MAGIC, TRAIN_TOKENS_HEADER
 #include "trainer.h"      // defines: train_run
@@ -331,6 +332,44 @@ static void test_nccl_refusals(void) {
     unsetenv("FSDP_NCCL_LIBRARY");
 }
 
+#ifndef FSDP_TRAIN_EXE
+#define FSDP_TRAIN_EXE ""
+#endif
+
+/* `mpirun -np 2 fsdp-train` (FSDP_TRAIN_MPIRUN, set by CTest's test_train_device_mpi2) with
+ * backend = nccl, which resolves to nccl-mpi there: each process refuses the cpu device, and
+ * sim without FSDP_NCCL_LIBRARY, before making a world (exit status 2, the key and the fix
+ * named once per process); in a build without nccl-mpi, the backend itself. */
+static void test_nccl_under_mpirun(void) {
+    const char *mpirun = getenv("FSDP_TRAIN_MPIRUN");
+    if (!mpirun || !*mpirun || !*FSDP_TRAIN_EXE) {
+        fsdp_test_skip("FSDP_TRAIN_MPIRUN is not set (CTest's test_train_device_mpi2 sets it)");
+        return;
+    }
+    bool built = fsdp_backend_available(FSDP_BACKEND_NCCL_MPI);
+    static const char *const devices[] = {"cpu", "sim"};
+    for (int i = 0; i < 2; i++) {
+        char cmd[4096], *out = NULL;
+        snprintf(cmd, sizeof cmd,
+                 "env -u FSDP_NCCL_LIBRARY %s '%s' --config '%s/examples/mlp.ini' --set "
+                 "parallel.backend=nccl --set parallel.device=%s 2>&1",
+                 mpirun, FSDP_TRAIN_EXE, FSDP_SOURCE_DIR, devices[i]);
+        int status = fsdp_test_shell(cmd, &out);
+        printf("\n    %s: exit %d\n%s", cmd, status, out);
+        CU_ASSERT_EQUAL(status, 2);
+        const char *want = !fsdp_backend_available(FSDP_BACKEND_NCCL) ? "no nccl backend"
+                           : !built                                   ? "no nccl-mpi backend"
+                           : i == 0                                   ? "[parallel] device = cpu"
+                                                                      : "needs the stand-in NCCL";
+        /* once per process: both refused before any world was made */
+        const char *first = strstr(out, want);
+        CU_ASSERT_PTR_NOT_NULL(first);
+        CU_ASSERT_PTR_NOT_NULL(first ? strstr(first + 1, want) : NULL);
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "[parallel] backend = nccl"));
+        free(out);
+    }
+}
+
 /* The stand-in that FSDP_NCCL_LIBRARY named is the library the runs loaded, and every
  * communicator it made was destroyed with its world. */
 static void check_standin_used(void) {
@@ -396,6 +435,7 @@ int main(int argc, char **argv) {
         {"resume_other_device", test_resume_other_device},
         {"refusals", test_refusals},
         {"nccl_refusals", test_nccl_refusals},
+        {"nccl_under_mpirun", test_nccl_under_mpirun},
     };
     static const fsdp_test_case nccl_cases[] = {
         {"nccl_mlp_fsdp_tp", test_nccl_mlp_fsdp_tp},
