@@ -4,15 +4,23 @@
  * threads) give the CPU run's step losses, dataset losses, evaluation, comm-debug table and
  * final checkpoint bit for bit; the progress lines and metrics records name the device (and
  * the CPU run's do not); an unknown device, cuda without a GPU and a device under the mpi
- * backend are refused naming the key and the fix. */
+ * backend are refused naming the key and the fix, and so are the rules of backend = nccl.
+ *
+ * With FSDP_TEST_BACKEND=nccl (CTest's test_train_device_nccl) it runs [parallel] backend =
+ * nccl instead: the stand-in NCCL opened through FSDP_NCCL_LIBRARY alone (its marker makes it
+ * the library of sim devices), one sim device per rank (FSDP_SIM_DEVICES=4), the MLP and the
+ * Llama at (2, 2) against the local backend's cpu run, bit for bit: every group has 2 ranks, and
+ * a sum of two terms is the same in either order. */
 #define _POSIX_C_SOURCE 200809L // setenv, open_memstream
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ckpt_common.h" // defines: ckpt_test_tmp_root, ckpt_test_remove_tree, ckpt_test_compare
 #include "harness.h"
+#include "shell.h"        // defines: fsdp_test_shell
 #include "train_config.h" // defines: train_config_init, train_config_set, train_config_check
 #include "train_tokens.h" // defines: TRAIN_TOKENS_MAGIC, TRAIN_TOKENS_HEADER
 #include "trainer.h"      // defines: train_run
@@ -20,6 +28,8 @@
 static train_config g_cfg; /* large: keep it off the stack */
 static char *g_root;       /* this run's scratch directory */
 static char g_tokens[1100];
+static bool g_nccl;       /* FSDP_TEST_BACKEND=nccl: the sim runs are on backend = nccl */
+static int g_sim_devices; /* FSDP_SIM_DEVICES of this run */
 
 #define SET(...) ((const char *const[]){__VA_ARGS__, NULL})
 
@@ -106,6 +116,7 @@ static fsdp_status run(const char *name, const char *const *model, const char *c
     snprintf(o->dir, sizeof o->dir, "%s/%s-%s", g_root, name, device);
     snprintf(metrics, sizeof metrics, "%s/%s-%s.jsonl", g_root, name, device);
     configure(model, layout, device, o->dir, metrics);
+    if (g_nccl && strcmp(device, "sim") == 0) set("parallel.backend=nccl");
     size_t size = 0;
     FILE *f = open_memstream(&o->text, &size);
     fsdp_status st = train_run(fsdp_test_ctx(), &g_cfg, f, &o->res, err, sizeof err);
@@ -145,14 +156,19 @@ static void cpu_against_sim(const char *name, const char *const *model, const ch
     CU_ASSERT_TRUE(ckpt_test_compare(c.res.saved, s.res.saved, &diff, &bitwise));
     CU_ASSERT_TRUE(bitwise);
     /* the device is shown where the run is on one, and nothing changes on the cpu */
-    CU_ASSERT_PTR_NOT_NULL(strstr(s.text, ", device sim:0 (rank r on sim:(r mod 2))\n"));
+    char line[96];
+    snprintf(line, sizeof line, ", device sim:0 (rank r on sim:(r mod %d))\n", g_sim_devices);
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.text, line));
+    /* the backend that ran: the parallel line's "(nccl)" or "(local)" */
+    CU_ASSERT_PTR_NOT_NULL(strstr(s.text, g_nccl ? " ranks (nccl): " : " ranks (local): "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(c.text, " ranks (local): "));
     CU_ASSERT_PTR_NOT_NULL(strstr(s.text, "  on sim:0\n"));
     CU_ASSERT_PTR_NOT_NULL(s.metrics && strstr(s.metrics, "\"device\": \"sim:0\""));
     CU_ASSERT_PTR_NULL(strstr(c.text, "device"));
     CU_ASSERT_PTR_NULL(c.metrics ? strstr(c.metrics, "device") : "no metrics");
-    printf("\n    %s: %lld steps, loss %.6f -> %.6f, sim %s the cpu (checkpoint max diff %.1e)",
+    printf("\n    %s: %lld steps, loss %.6f -> %.6f, sim%s %s the cpu (checkpoint max diff %.1e)",
            name, (long long)s.res.steps, s.res.first_loss, s.res.last_loss,
-           losses && bitwise ? "bitwise" : "DIFFERS from", diff);
+           g_nccl ? " on nccl" : "", losses && bitwise ? "bitwise" : "DIFFERS from", diff);
     if (!losses || !bitwise || strcmp(c.table, s.table) != 0)
         printf("\n    cpu:\n%s\n    sim:\n%s", c.text, s.text);
     free(c.text), free(s.text), free(c.metrics), free(s.metrics);
@@ -259,6 +275,127 @@ static void test_refusals(void) {
     }
 }
 
+/* Expects train_config_check to refuse g_cfg with a message holding each of the strings. */
+static void expect_refused(const char *const *parts) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    CU_ASSERT_EQUAL(train_config_check(&g_cfg, err, sizeof err), FSDP_ERR_CONFIG);
+    printf("\n    %s", err);
+    for (int i = 0; parts[i]; i++) {
+        bool has = strstr(err, parts[i]) != NULL;
+        CU_ASSERT_TRUE(has);
+        if (!has) printf("\n    (missing: %s)", parts[i]);
+    }
+}
+
+/* backend = nccl: no nccl backend in the build; the cpu device; more rank threads than
+ * devices; under mpirun (the launcher's variable set) it is nccl-mpi, refused when that is not
+ * built. Each message names the key and the fix. */
+static void test_nccl_refusals(void) {
+    if (!fsdp_backend_available(FSDP_BACKEND_NCCL)) {
+        configure(g_mlp, SET("parallel.ranks=2", "parallel.backend=nccl"), "sim", NULL, NULL);
+        expect_refused(SET("[parallel] backend = nccl", "no nccl backend", "backend = local"));
+        return;
+    }
+    configure(g_mlp, SET("parallel.ranks=2", "parallel.backend=nccl"), "cpu", NULL, NULL);
+    expect_refused(SET("[parallel] backend = nccl", "[parallel] device = cpu", "device = cuda",
+                       "FSDP_NCCL_LIBRARY", "backend = local"));
+    train_result res;
+    char err[TRAIN_ERROR_SIZE] = "";
+    CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_EQUAL(res.rank, -1); /* refused before any world was made */
+    configure(g_mlp, SET("parallel.ranks=4", "parallel.tp=2", "parallel.backend=nccl"), "sim", NULL,
+              NULL); /* 4 rank threads, FSDP_SIM_DEVICES = 2 */
+    expect_refused(SET("[parallel] backend = nccl", "the world has 4 ranks", "has 2 devices",
+                       "FSDP_SIM_DEVICES"));
+    configure(g_mlp, SET("parallel.ranks=2", "parallel.backend=nccl"), "sim", NULL, NULL);
+    expect_refused(SET("[parallel] device = sim", "[parallel] backend = nccl", "FSDP_NCCL_LIBRARY",
+                       "stand-in NCCL"));
+    setenv("FSDP_NCCL_LIBRARY", "libfsdp_nccl_standin.so", 1); /* checked, not opened */
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);                    /* as mpirun starts the process */
+    configure(g_mlp, SET("parallel.backend=nccl"), "sim", NULL, NULL);
+    CU_ASSERT_EQUAL(train_config_backend(&g_cfg), TRAIN_BACKEND_NCCL_MPI);
+    CU_ASSERT_EQUAL(train_config_world_size(&g_cfg), 0); /* the job's size decides */
+    if (!fsdp_backend_available(FSDP_BACKEND_NCCL_MPI)) {
+        expect_refused(SET("[parallel] backend = nccl", "no nccl-mpi backend", "without mpirun"));
+    } else {
+        err[0] = '\0';
+        CU_ASSERT_EQUAL(train_config_check(&g_cfg, err, sizeof err), FSDP_OK);
+        configure(g_mlp, SET("parallel.backend=nccl"), "cpu", NULL, NULL);
+        expect_refused(SET("[parallel] backend = nccl", "[parallel] device = cpu"));
+    }
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    configure(g_mlp, SET("parallel.ranks=2", "parallel.backend=nccl"), "sim", NULL, NULL);
+    CU_ASSERT_EQUAL(train_config_backend(&g_cfg), TRAIN_BACKEND_NCCL);
+    err[0] = '\0';
+    CU_ASSERT_EQUAL(train_config_check(&g_cfg, err, sizeof err), FSDP_OK); /* 2 ranks, 2 devices */
+    unsetenv("FSDP_NCCL_LIBRARY");
+}
+
+#ifndef FSDP_TRAIN_EXE
+#define FSDP_TRAIN_EXE ""
+#endif
+
+/* `mpirun -np 2 fsdp-train` (FSDP_TRAIN_MPIRUN, set by CTest's test_train_device_mpi2) with
+ * backend = nccl, which resolves to nccl-mpi there: each process refuses the cpu device, and
+ * sim without FSDP_NCCL_LIBRARY, before making a world (exit status 2, the key and the fix
+ * named once per process); in a build without nccl-mpi, the backend itself. */
+static void test_nccl_under_mpirun(void) {
+    const char *mpirun = getenv("FSDP_TRAIN_MPIRUN");
+    if (!mpirun || !*mpirun || !*FSDP_TRAIN_EXE) {
+        fsdp_test_skip("FSDP_TRAIN_MPIRUN is not set (CTest's test_train_device_mpi2 sets it)");
+        return;
+    }
+    bool built = fsdp_backend_available(FSDP_BACKEND_NCCL_MPI);
+    static const char *const devices[] = {"cpu", "sim"};
+    for (int i = 0; i < 2; i++) {
+        char cmd[4096], *out = NULL;
+        snprintf(cmd, sizeof cmd,
+                 "env -u FSDP_NCCL_LIBRARY %s '%s' --config '%s/examples/mlp.ini' --set "
+                 "parallel.backend=nccl --set parallel.device=%s 2>&1",
+                 mpirun, FSDP_TRAIN_EXE, FSDP_SOURCE_DIR, devices[i]);
+        int status = fsdp_test_shell(cmd, &out);
+        printf("\n    %s: exit %d\n%s", cmd, status, out);
+        CU_ASSERT_EQUAL(status, 2);
+        const char *want = !fsdp_backend_available(FSDP_BACKEND_NCCL) ? "no nccl backend"
+                           : !built                                   ? "no nccl-mpi backend"
+                           : i == 0                                   ? "[parallel] device = cpu"
+                                                                      : "needs the stand-in NCCL";
+        /* once per process: both refused before any world was made */
+        const char *first = strstr(out, want);
+        CU_ASSERT_PTR_NOT_NULL(first);
+        CU_ASSERT_PTR_NOT_NULL(first ? strstr(first + 1, want) : NULL);
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "[parallel] backend = nccl"));
+        free(out);
+    }
+}
+
+/* The stand-in that FSDP_NCCL_LIBRARY named is the library the runs loaded, and every
+ * communicator it made was destroyed with its world. */
+static void check_standin_used(void) {
+    const char *path = getenv("FSDP_NCCL_LIBRARY");
+    void *h = path ? dlopen(path, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+    CU_ASSERT_PTR_NOT_NULL(h);
+    int (*live)(void) = NULL;
+    void *f = h ? dlsym(h, "fsdpStandinLiveComms") : NULL;
+    if (f) memcpy(&live, &f, sizeof f);
+    CU_ASSERT_PTR_NOT_NULL(live);
+    if (live) CU_ASSERT_EQUAL(live(), 0);
+    if (h) dlclose(h);
+}
+
+/* (2, 2) on nccl: the MLP (FSDP per hidden Linear after TP) and the Llama (its TP plan, FSDP per
+ * decoder layer), each against the local backend's cpu run. */
+static void test_nccl_mlp_fsdp_tp(void) {
+    test_mlp_fsdp_tp();
+    check_standin_used();
+}
+
+static void test_nccl_llama_fsdp_tp(void) {
+    test_llama_fsdp_tp();
+    check_standin_used();
+}
+
 static void put_le(unsigned char *p, uint64_t v, int n) {
     for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
@@ -297,16 +434,37 @@ int main(int argc, char **argv) {
         {"llama_full_shard", test_llama_full_shard},
         {"resume_other_device", test_resume_other_device},
         {"refusals", test_refusals},
+        {"nccl_refusals", test_nccl_refusals},
+        {"nccl_under_mpirun", test_nccl_under_mpirun},
     };
-    setenv("FSDP_SIM_DEVICES", "2", 1); /* before the first use reads them */
+    static const fsdp_test_case nccl_cases[] = {
+        {"nccl_mlp_fsdp_tp", test_nccl_mlp_fsdp_tp},
+        {"nccl_llama_fsdp_tp", test_nccl_llama_fsdp_tp},
+    };
+    const char *be = getenv("FSDP_TEST_BACKEND");
+    g_nccl = be && strcmp(be, "nccl") == 0;
+#ifdef FSDP_TEST_NCCL_STANDIN
+    /* the library a user would name: no call to a test-only API selects it */
+    if (g_nccl) setenv("FSDP_NCCL_LIBRARY", FSDP_TEST_NCCL_STANDIN, 1);
+    if (!g_nccl) unsetenv("FSDP_NCCL_LIBRARY"); /* its refusals expect none */
+#else
+    if (g_nccl) {
+        printf("test_train_device: no nccl backend and stand-in NCCL in this build: skipped\n");
+        return FSDP_TEST_SKIPPED;
+    }
+#endif
+    g_sim_devices = g_nccl ? 4 : 2; /* nccl: one per rank; else shared by the rank threads */
+    setenv("FSDP_SIM_DEVICES", g_nccl ? "4" : "2", 1); /* before the first use reads them */
     setenv("FSDP_SIM_MEMORY", "256M", 1);
     unsetenv("FSDP_SIM_MODE"); /* deferred */
     g_root = ckpt_test_tmp_root();
     if (!g_root) return 2;
     snprintf(g_tokens, sizeof g_tokens, "%s/tokens.tok", g_root);
     if (write_tokens(g_tokens) != 0) return 2;
-    int rc =
-        fsdp_test_run(argc, argv, "train_device", cases, (int)(sizeof cases / sizeof cases[0]));
+    int rc = g_nccl ? fsdp_test_run(argc, argv, "train_device_nccl", nccl_cases,
+                                    (int)(sizeof nccl_cases / sizeof nccl_cases[0]))
+                    : fsdp_test_run(argc, argv, "train_device", cases,
+                                    (int)(sizeof cases / sizeof cases[0]));
     ckpt_test_remove_tree(g_root);
     free(g_root);
     return rc;

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "train_config.h"
-#include "train_device.h" // defines: train_device_check
+#include "train_device.h" // defines: train_device_check, train_nccl_check
 #include "train_kind.h"   // defines: train_kind_of
 
 static int smallest_prime_factor(int n) {
@@ -88,7 +88,7 @@ void train_layout_describe(const train_config *cfg, const train_layout *l, char 
     char v[64];
     buf[0] = '\0';
     train_append(buf, size, "%d rank%s (%s): dp %d x tp %d, ", l->world, l->world == 1 ? "" : "s",
-                 l->backend == TRAIN_BACKEND_MPI ? "mpi" : "local", l->dp, l->tp);
+                 train_backend_name(l->backend), l->dp, l->tp);
     if (cfg->parallel.mode == TRAIN_MODE_REPLICATE) {
         train_append(buf, size, "replicate");
     } else {
@@ -148,7 +148,7 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
     fsdp_status st = kind->check ? kind->check(cfg, err, err_size) : FSDP_OK;
     if (st != FSDP_OK) return st;
     int world = train_config_world_size(cfg);
-    if (train_config_backend(cfg) == TRAIN_BACKEND_LOCAL && world > FSDP_LOCAL_MAX_RANKS) {
+    if (!train_backend_processes(train_config_backend(cfg)) && world > FSDP_LOCAL_MAX_RANKS) {
         snprintf(err, err_size,
                  "%s asks for %d rank threads, but the local backend runs at most %d "
                  "(FSDP_LOCAL_MAX_RANKS); use at most %d ranks, or run one process per rank "
@@ -175,6 +175,7 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                      train_config_key_text(cfg, "parallel", "backend", a, sizeof a));
         return FSDP_ERR_CONFIG;
     }
+    if ((st = train_nccl_check(cfg, err, err_size)) != FSDP_OK) return st;
     return train_device_check(cfg, err, err_size); /* mpi, or a kind with no device here */
 }
 

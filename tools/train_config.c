@@ -34,7 +34,7 @@ static const section_def g_sections[] = {
 static const char *const g_level_names[] = {"debug", "info", "warn", "error", "off", NULL};
 /* These enums are the index of the name: train_backend, train_mode, fsdp_sharding_strategy,
  * train_wrap. */
-static const char *const g_backend_names[] = {"local", "mpi", "auto", NULL};
+static const char *const g_backend_names[] = {"local", "mpi", "auto", "nccl", NULL};
 static const char *const g_mode_names[] = {"fsdp", "replicate", NULL};
 /* fsdp_device_type is the index of the name. */
 static const char *const g_device_names[] = {"cpu", "cuda", "sim", NULL};
@@ -134,7 +134,10 @@ static const train_key g_keys_last[] = {
                "model.layers.* for every one). Same results, less memory, one more forward"),
     ENUM_KEY("parallel", "backend", parallel.backend, "auto", g_backend_names, NULL,
              "where the ranks run: local (rank threads in this process), mpi (one process per "
-             "rank, started by mpirun), auto (mpi when started by mpirun, else local)"),
+             "rank, started by mpirun), auto (mpi when started by mpirun, else local), nccl "
+             "(NCCL moves the device tensors: rank threads, one device each, or under mpirun "
+             "one process per rank and device; needs device = cuda, or sim with the stand-in "
+             "NCCL in FSDP_NCCL_LIBRARY)"),
     INT_KEY("parallel", "ranks", parallel.ranks, "0", 0, 4096,
             "number of ranks, dp * tp. local: the rank threads (at most 1024), 0 means tp (one "
             "dp rank). mpi: the process count decides; 0 or that count"),
@@ -193,7 +196,9 @@ static const train_key g_keys_last[] = {
     ENUM_KEY("parallel", "device", parallel.device, "cpu", g_device_names, NULL,
              "where every rank computes: cpu, cuda (a GPU; rank r on GPU r mod the GPU count, "
              "so rank threads may share one) or sim (the simulated GPU: rank r on sim device r "
-             "mod FSDP_SIM_DEVICES, bitwise the CPU's results). Not with backend = mpi"),
+             "mod FSDP_SIM_DEVICES, bitwise the CPU's results). Not with backend = mpi. With "
+             "backend = nccl one device per rank: rank r's (under mpirun: the node-local "
+             "rank's)"),
 
     ENUM_KEY("data", "kind", data.kind, "synthetic", g_data_kind_names, NULL,
              "where the samples come from: synthetic (inputs from the counter RNG, targets from "
@@ -484,14 +489,38 @@ bool train_config_changed(const train_config *cfg, const char *section, const ch
 }
 
 train_backend train_config_backend(const train_config *cfg) {
-    if (cfg->parallel.backend != TRAIN_BACKEND_AUTO) return cfg->parallel.backend;
-    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") ? TRAIN_BACKEND_MPI
-                                                                : TRAIN_BACKEND_LOCAL;
+    bool mpirun = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE");
+    if (cfg->parallel.backend == TRAIN_BACKEND_AUTO)
+        return mpirun ? TRAIN_BACKEND_MPI : TRAIN_BACKEND_LOCAL;
+    if (cfg->parallel.backend == TRAIN_BACKEND_NCCL)
+        return mpirun ? TRAIN_BACKEND_NCCL_MPI : TRAIN_BACKEND_NCCL;
+    return cfg->parallel.backend;
+}
+
+bool train_backend_processes(train_backend backend) {
+    return backend == TRAIN_BACKEND_MPI || backend == TRAIN_BACKEND_NCCL_MPI;
+}
+
+fsdp_backend train_backend_world(train_backend backend) {
+    switch (backend) {
+    case TRAIN_BACKEND_MPI:
+        return FSDP_BACKEND_MPI;
+    case TRAIN_BACKEND_NCCL:
+        return FSDP_BACKEND_NCCL;
+    case TRAIN_BACKEND_NCCL_MPI:
+        return FSDP_BACKEND_NCCL_MPI;
+    default:
+        return FSDP_BACKEND_LOCAL;
+    }
+}
+
+const char *train_backend_name(train_backend backend) {
+    return fsdp_backend_to_string(train_backend_world(backend));
 }
 
 int train_config_world_size(const train_config *cfg) {
     if (cfg->parallel.ranks > 0) return (int)cfg->parallel.ranks;
-    return train_config_backend(cfg) == TRAIN_BACKEND_LOCAL ? (int)cfg->parallel.tp : 0;
+    return train_backend_processes(train_config_backend(cfg)) ? 0 : (int)cfg->parallel.tp;
 }
 
 bool train_config_key_not_for(const train_config *cfg, const char *section, const char *name,
@@ -516,7 +545,7 @@ void train_config_describe_world(const train_config *cfg, int world, char *buf, 
     if (cfg->parallel.ranks > 0)
         train_append(buf, size, "a world of %d ranks (%s)", world,
                      train_config_key_text(cfg, "parallel", "ranks", k, sizeof k));
-    else if (train_config_backend(cfg) == TRAIN_BACKEND_MPI)
+    else if (train_backend_processes(train_config_backend(cfg)))
         train_append(buf, size, "a world of %d ranks (the processes of the MPI job)", world);
     else
         train_append(buf, size, "a world of %d ranks (%s: as many as tp)", world,

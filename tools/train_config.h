@@ -61,7 +61,11 @@ typedef enum train_schedule {
 typedef enum train_backend {
     TRAIN_BACKEND_LOCAL = 0, /* rank threads in this process */
     TRAIN_BACKEND_MPI,       /* one process per rank under mpirun */
-    TRAIN_BACKEND_AUTO       /* mpi when started by mpirun, else local */
+    TRAIN_BACKEND_AUTO,      /* mpi when started by mpirun, else local */
+    /* rank threads on GPUs (or sim devices) with NCCL moving device tensors; under mpirun it
+     * resolves to TRAIN_BACKEND_NCCL_MPI */
+    TRAIN_BACKEND_NCCL,
+    TRAIN_BACKEND_NCCL_MPI /* resolved only (no key value): one process per rank and GPU */
 } train_backend;
 
 /* [parallel] mode: how the data-parallel ranks hold the model. */
@@ -289,10 +293,18 @@ fsdp_status train_config_tp_plan(const train_config *cfg, train_tp_style *styles
 /* Splits [model] checkpoint_activations into patterns, as train_config_no_decay does. */
 int train_config_checkpoint_patterns(const train_config *cfg, char (*patterns)[TRAIN_MAX_STRING]);
 
-/* [parallel] backend with auto resolved: TRAIN_BACKEND_MPI when the process was started by
- * mpirun (OMPI_COMM_WORLD_SIZE, or PMI_SIZE of MPICH's launchers, is set), else
- * TRAIN_BACKEND_LOCAL. */
+/* [parallel] backend with auto and nccl resolved: when the process was started by mpirun
+ * (OMPI_COMM_WORLD_SIZE, or PMI_SIZE of MPICH's launchers, is set) auto is TRAIN_BACKEND_MPI
+ * and nccl TRAIN_BACKEND_NCCL_MPI, else TRAIN_BACKEND_LOCAL and TRAIN_BACKEND_NCCL. */
 train_backend train_config_backend(const train_config *cfg);
+
+/* Whether a resolved backend runs one process per rank (mpi, nccl-mpi) rather than rank
+ * threads of this process (local, nccl). */
+bool train_backend_processes(train_backend backend);
+
+/* The library's backend of a resolved one, and its name ("local", "mpi", "nccl", "nccl-mpi"). */
+fsdp_backend train_backend_world(train_backend backend);
+const char *train_backend_name(train_backend backend);
 
 /* The number of ranks the configuration asks for: ranks, or under local with ranks = 0, tp.
  * 0 under mpi with ranks = 0: the job's size decides, known once the world exists. */
@@ -305,7 +317,7 @@ int train_config_world_size(const train_config *cfg);
  * (dp index, tp index); with hybrid_shard dp = replicas * shard and the dp index is
  * (replica, shard) row-major. */
 typedef struct train_layout {
-    train_backend backend; /* resolved: local or mpi */
+    train_backend backend; /* resolved: local, mpi, nccl or nccl-mpi */
     int world;
     int dp;
     int tp;

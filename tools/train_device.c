@@ -3,12 +3,91 @@
 #include "train_device.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+
+/* The launcher's node-local rank of this process (Open MPI, then MPICH), or -1. */
+static int local_rank(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        char *end = NULL;
+        long r = v && *v ? strtol(v, &end, 10) : -1;
+        if (end && *end == '\0' && r >= 0 && r < 1 << 20) return (int)r;
+    }
+    return -1;
+}
 
 fsdp_device train_device_of(const train_config *cfg, int rank) {
     fsdp_device_type type = cfg->parallel.device;
     int count = fsdp_device_count(type);
     if (type == FSDP_DEVICE_CPU || count <= 0) return FSDP_CPU;
+    if (train_config_backend(cfg) == TRAIN_BACKEND_NCCL_MPI) { /* a process per rank and device */
+        int local = local_rank();
+        return (fsdp_device){type, (local >= 0 ? local : rank) % count};
+    }
     return (fsdp_device){type, rank % count};
+}
+
+const char *train_device_rule(const train_config *cfg, char *buf, size_t size) {
+    const char *kind = fsdp_device_to_string((fsdp_device){cfg->parallel.device, 0});
+    int count = fsdp_device_count(cfg->parallel.device);
+    if (train_config_backend(cfg) == TRAIN_BACKEND_NCCL_MPI)
+        snprintf(buf, size, "node-local rank l on %s:(l mod %d)", kind, count);
+    else
+        snprintf(buf, size, "rank r on %s:(r mod %d)", kind, count);
+    return buf;
+}
+
+fsdp_status train_nccl_check(const train_config *cfg, char *err, size_t err_size) {
+    char a[TRAIN_KEY_TEXT_SIZE], b[TRAIN_KEY_TEXT_SIZE];
+    train_backend backend = train_config_backend(cfg);
+    if (backend != TRAIN_BACKEND_NCCL && backend != TRAIN_BACKEND_NCCL_MPI) return FSDP_OK;
+    train_config_key_text(cfg, "parallel", "backend", a, sizeof a);
+    if (!fsdp_backend_available(FSDP_BACKEND_NCCL)) {
+        snprintf(err, err_size,
+                 "%s, but this build has no nccl backend (it is built when CMake finds CUDA "
+                 "and NCCL, or with -DFSDP_NCCL=ON); use backend = local (or mpi under mpirun), "
+                 "or rebuild with NCCL",
+                 a);
+        return FSDP_ERR_CONFIG;
+    }
+    if (backend == TRAIN_BACKEND_NCCL_MPI && !fsdp_backend_available(FSDP_BACKEND_NCCL_MPI)) {
+        snprintf(err, err_size,
+                 "%s under mpirun runs one process per rank (the nccl-mpi backend), but this "
+                 "build has no nccl-mpi backend (it needs MPI too, and CMake found none); "
+                 "install an MPI (Debian: libopenmpi-dev openmpi-bin) and rebuild, or run "
+                 "without mpirun (rank threads, ranks = the device count)",
+                 a);
+        return FSDP_ERR_CONFIG;
+    }
+    train_config_key_text(cfg, "parallel", "device", b, sizeof b);
+    if (cfg->parallel.device == FSDP_DEVICE_CPU) {
+        snprintf(err, err_size,
+                 "%s moves device tensors with NCCL, but %s; set device = cuda (or device = sim "
+                 "with the stand-in NCCL in FSDP_NCCL_LIBRARY), or backend = local for the cpu",
+                 a, b);
+        return FSDP_ERR_CONFIG;
+    }
+    int world = train_config_world_size(cfg), count = fsdp_device_count(cfg->parallel.device);
+    if (backend == TRAIN_BACKEND_NCCL && count > 0 && world > count) {
+        snprintf(err, err_size,
+                 "%s runs one rank thread per device, but the world has %d ranks and %s has %d "
+                 "device%s here (NCCL refuses two ranks on one GPU); use at most %d ranks, more "
+                 "devices (sim: FSDP_SIM_DEVICES), or backend = local",
+                 a, world, b, count, count == 1 ? "" : "s", count);
+        return FSDP_ERR_CONFIG;
+    }
+    const char *lib = getenv("FSDP_NCCL_LIBRARY");
+    if (cfg->parallel.device == FSDP_DEVICE_SIM && !(lib && *lib)) {
+        snprintf(err, err_size,
+                 "%s with %s needs the stand-in NCCL, which moves sim memory: set the "
+                 "environment variable FSDP_NCCL_LIBRARY to its libfsdp_nccl_standin.so (the "
+                 "build's default is the real NCCL, which moves cuda memory only), or set "
+                 "device = cuda, or backend = local",
+                 b, a);
+        return FSDP_ERR_CONFIG;
+    }
+    return FSDP_OK;
 }
 
 fsdp_status train_device_check(const train_config *cfg, char *err, size_t err_size) {
@@ -20,7 +99,8 @@ fsdp_status train_device_check(const train_config *cfg, char *err, size_t err_si
         snprintf(err, err_size,
                  "%s needs rank threads in one process (backend = local), but %s runs one "
                  "process per rank, whose collectives move host tensors only; set backend = "
-                 "local (and ranks), or device = cpu under mpirun",
+                 "local (and ranks), backend = nccl (NCCL between the processes' devices), or "
+                 "device = cpu under mpirun",
                  a, train_config_key_text(cfg, "parallel", "backend", b, sizeof b));
         return FSDP_ERR_CONFIG;
     }

@@ -13,7 +13,10 @@ extern "C" {
 #endif
 
 /* The device of world rank `rank`: the CPU, or device rank mod the count of [parallel] device's
- * kind on this machine (rank threads share a device when there are more ranks than devices).
+ * kind on this machine (rank threads share a device when there are more ranks than devices);
+ * under nccl-mpi the launcher's node-local rank (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID)
+ * mod the count, so each process of a machine takes its own device (with a
+ * CUDA_VISIBLE_DEVICES of one GPU per process: that one).
  * Call after train_device_check passed. */
 fsdp_device train_device_of(const train_config *cfg, int rank);
 
@@ -22,6 +25,18 @@ fsdp_device train_device_of(const train_config *cfg, int rank);
  * (cuda: a usable GPU in a build with CUDA; sim: FSDP_SIM_DEVICES not 0). FSDP_ERR_CONFIG with
  * a message naming the key and the fix otherwise. */
 fsdp_status train_device_check(const train_config *cfg, char *err, size_t err_size);
+
+/* The rules of [parallel] backend = nccl, at configuration time: a build with the nccl backend
+ * (and under mpirun the nccl-mpi one), a device (not the cpu), with rank threads no more ranks
+ * than devices, and for sim a library in FSDP_NCCL_LIBRARY (the stand-in; the build's default
+ * is the real NCCL, and a real NCCL named there fails when the world makes its communicator).
+ * FSDP_ERR_CONFIG with a message naming the key and the fix otherwise; FSDP_OK for the other
+ * backends. */
+fsdp_status train_nccl_check(const train_config *cfg, char *err, size_t err_size);
+
+/* How ranks map to devices, for the banner: "rank r on sim:(r mod 2)", or under nccl-mpi
+ * "node-local rank l on cuda:(l mod 8)", into buf; returns buf. Not for device = cpu. */
+const char *train_device_rule(const train_config *cfg, char *buf, size_t size);
 
 /* "sim:0", "cuda:1", "cpu" into buf; returns buf. */
 const char *train_device_name(fsdp_device device, char *buf, size_t size);

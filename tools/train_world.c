@@ -110,8 +110,9 @@ static fsdp_status train_run_checked(fsdp_ctx *ctx, const train_config *cfg, FIL
     *result = (train_result){.rank = -1};
     fsdp_status st = train_config_check(cfg, err, err_size);
     if (st != FSDP_OK) return st;
-    bool mpi = train_config_backend(cfg) == TRAIN_BACKEND_MPI;
-    fsdp_world_options wo = {.backend = mpi ? FSDP_BACKEND_MPI : FSDP_BACKEND_LOCAL,
+    train_backend backend = train_config_backend(cfg);
+    bool mpi = train_backend_processes(backend);
+    fsdp_world_options wo = {.backend = train_backend_world(backend),
                              .nranks = mpi ? 0 : train_config_world_size(cfg),
                              .timeout_ms = (int)(cfg->parallel.timeout_s * 1000),
                              .threads_per_rank = (int)cfg->parallel.threads_per_rank,
@@ -119,7 +120,7 @@ static fsdp_status train_run_checked(fsdp_ctx *ctx, const train_config *cfg, FIL
                              .ctx = train_config_ctx_options(cfg)};
     fsdp_world *world = NULL;
     if ((st = fsdp_world_create(ctx, &wo, &world)) != FSDP_OK) {
-        snprintf(err, err_size, "creating the %s world: %s", mpi ? "mpi" : "local",
+        snprintf(err, err_size, "creating the %s world: %s", train_backend_name(backend),
                  ctx ? fsdp_last_error(ctx) : fsdp_status_to_string(st));
         return st;
     }

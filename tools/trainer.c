@@ -18,7 +18,7 @@
 
 #include "fsdp/version.h"      // defines: FSDP_VERSION_STRING
 #include "train_ckpt.h"        // defines: train_sources, train_saver, train_ckpt_resume
-#include "train_device.h"      // defines: train_device_of, train_device_scale
+#include "train_device.h"      // defines: train_device_of, train_device_rule, train_device_scale
 #include "train_finite.h"      // defines: train_params_finite
 #include "train_kind.h"        // defines: train_kind_of, train_rank_env, train_feed_info
 #include "train_metrics.h"     // defines: train_report, train_metrics_write
@@ -418,10 +418,9 @@ static void print_banner(const train_config *cfg, train_state *s) {
         fprintf(s->out, ", clip_grad_norm %g", cfg->optim.clip_grad_norm);
     fprintf(s->out, "\n");
     fprintf(s->out, "parallel: %s", lw);
-    if (cfg->parallel.device != FSDP_DEVICE_CPU) /* rank 0 on device 0 */
-        fprintf(s->out, ", device %s (rank r on %s:(r mod %d))", s->device,
-                fsdp_device_to_string(train_device_of(cfg, 0)),
-                fsdp_device_count(cfg->parallel.device));
+    char rule[96];
+    if (cfg->parallel.device != FSDP_DEVICE_CPU)
+        fprintf(s->out, ", device %s (%s)", s->device, train_device_rule(cfg, rule, sizeof rule));
     fprintf(s->out, "\n");
     if (cfg->log.level == FSDP_LOG_DEBUG) train_config_write(cfg, s->out);
 }
@@ -749,7 +748,7 @@ fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layou
     /* auto: a bar only on a terminal of rank threads; under mpirun every rank has a
      * pseudo-terminal that mpirun copies into whatever its own output is (a file, a pipe). */
     bool terminal =
-        s.out && isatty(fileno(s.out)) && train_config_backend(cfg) != TRAIN_BACKEND_MPI;
+        s.out && isatty(fileno(s.out)) && !train_backend_processes(train_config_backend(cfg));
     s.bar.on = s.out && (cfg->log.progress == TRAIN_PROGRESS_BAR ||
                          (cfg->log.progress == TRAIN_PROGRESS_AUTO && terminal));
     if (st == FSDP_OK) {

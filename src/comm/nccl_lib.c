@@ -1,6 +1,7 @@
 /* nccl_lib.c: opening the NCCL library the nccl backend calls (dlopen), resolving the functions
- * it uses (dlsym) and naming it by its version. Every library opened stays open for the life of
- * the process: communicators made from it may outlive a world until their streams drain. */
+ * it uses (dlsym) and naming it by its version, or as the stand-in NCCL when it carries the
+ * stand-in's marker. Every library opened stays open for the life of the process:
+ * communicators made from it may outlive a world until their streams drain. */
 #define _POSIX_C_SOURCE 200809L
 #include <dlfcn.h>
 #include <pthread.h>
@@ -45,8 +46,26 @@ static fsdp_status resolve(fsdp_ctx *ctx, void *handle, const char *path, const 
     return FSDP_OK;
 }
 
+/* A stand-in's marker (FSDP_NCCL_STANDIN_SYMBOL) in h: *device <- the device kind it serves.
+ * false when h has none (a real NCCL); a marker naming no device kind fails. */
+static fsdp_status standin_marker(fsdp_ctx *ctx, void *h, const char *path, bool *standin,
+                                  fsdp_device_type *device) {
+    const int *kind = dlsym(h, FSDP_NCCL_STANDIN_SYMBOL);
+    *standin = kind != NULL;
+    if (!kind) return FSDP_OK;
+    if (*kind != FSDP_DEVICE_CUDA && *kind != FSDP_DEVICE_SIM)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "the stand-in NCCL %s says it serves device kind %d, which is neither "
+                         "cuda nor sim; rebuild it, or point %s at another library",
+                         path, *kind, FSDP_NCCL_LIBRARY_ENV);
+    *device = (fsdp_device_type)*kind;
+    return FSDP_OK;
+}
+
+/* Opens path. device: the kind asked for; from_marker: a stand-in's marker decides it instead
+ * (the library came from the environment or the build, not from fsdp_nccl_library_use). */
 static fsdp_status open_lib(fsdp_ctx *ctx, const char *path, const char *name,
-                            fsdp_device_type device, fsdp_nccl_lib *lib) {
+                            fsdp_device_type device, bool from_marker, fsdp_nccl_lib *lib) {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
@@ -55,7 +74,14 @@ static fsdp_status open_lib(fsdp_ctx *ctx, const char *path, const char *name,
                          path, dlerror(), FSDP_NCCL_LIBRARY_ENV);
     memset(lib, 0, sizeof *lib);
     snprintf(lib->path, sizeof lib->path, "%s", path);
-    lib->device = device;
+    bool standin = false;
+    fsdp_device_type marked = device;
+    fsdp_status mst = standin_marker(ctx, h, path, &standin, &marked);
+    if (mst != FSDP_OK) {
+        dlclose(h);
+        return FSDP_PASS(ctx, mst);
+    }
+    lib->device = from_marker ? marked : device;
     const struct {
         const char *symbol;
         void *slot;
@@ -91,15 +117,19 @@ static fsdp_status open_lib(fsdp_ctx *ctx, const char *path, const char *name,
     const int minor = v >= 10000 ? v / 100 % 100 : v / 100 % 10;
     if (name && *name)
         snprintf(lib->name, sizeof lib->name, "%s", name);
+    else if (standin)
+        snprintf(lib->name, sizeof lib->name, "%s", FSDP_NCCL_STANDIN_NAME);
     else
         snprintf(lib->name, sizeof lib->name, "NCCL %d.%d.%d", major, minor, v % 100);
     return FSDP_OK;
 }
 
-/* Whether lib is the library (path, name: "" for its version's, device) asks for. */
+/* Whether lib is the library (path, name: "" for its own, device: any when from_marker) asks
+ * for. */
 static bool same_lib(const fsdp_nccl_lib *lib, const char *path, const char *name,
-                     fsdp_device_type device) {
-    return strncmp(lib->path, path, sizeof lib->path) == 0 && lib->device == device &&
+                     fsdp_device_type device, bool from_marker) {
+    return strncmp(lib->path, path, sizeof lib->path) == 0 &&
+           (from_marker || lib->device == device) &&
            (!name[0] || strncmp(lib->name, name, sizeof lib->name) == 0);
 }
 
@@ -115,15 +145,16 @@ fsdp_status fsdp_nccl_library_open(fsdp_ctx *ctx, const fsdp_nccl_lib **out) {
                            : FSDP_NCCL_DEFAULT_LIBRARY);
     snprintf(name, sizeof name, "%s", choice.set ? choice.name : "");
     if (choice.set) device = choice.device;
+    const bool from_marker = !choice.set;
     fsdp_status st = FSDP_OK;
     for (int i = 0; i < n_libs && i < MAX_LIBS && !*out; i++)
-        if (same_lib(&libs[i], path, name, device)) *out = &libs[i];
+        if (same_lib(&libs[i], path, name, device, from_marker)) *out = &libs[i];
     if (!*out && n_libs == MAX_LIBS)
         st = FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
                        "a process opens at most %d NCCL libraries; %s would be one more", MAX_LIBS,
                        path);
     if (!*out && st == FSDP_OK) {
-        st = open_lib(ctx, path, name, device, &libs[n_libs]);
+        st = open_lib(ctx, path, name, device, from_marker, &libs[n_libs]);
         if (st == FSDP_OK) *out = &libs[n_libs++];
     }
     pthread_mutex_unlock(&lib_mu);

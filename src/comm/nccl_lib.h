@@ -12,6 +12,13 @@
 
 #define FSDP_NCCL_LIBRARY_ENV "FSDP_NCCL_LIBRARY"
 
+/* A library that exports this symbol (an int holding an fsdp_device_type) is a stand-in for
+ * NCCL (tests/nccl_standin): when it comes from FSDP_NCCL_LIBRARY or the build's default, it
+ * serves tensors of that device kind (the stand-in: FSDP_DEVICE_SIM) and every message names
+ * it FSDP_NCCL_STANDIN_NAME, never an NCCL version. */
+#define FSDP_NCCL_STANDIN_SYMBOL "fsdpStandinDeviceKind"
+#define FSDP_NCCL_STANDIN_NAME   "stand-in NCCL"
+
 typedef struct fsdp_nccl_lib {
     char name[64];  /* "NCCL 2.28.9" */
     char path[512]; /* the file opened */
@@ -43,10 +50,11 @@ typedef struct fsdp_nccl_lib {
 } fsdp_nccl_lib;
 
 /* The library worlds made from now on use: `path` (a file name dlopen finds, or a path), whose
- * messages say `name` (NULL: "NCCL x.y.z" from its version), serving tensors of `device`.
- * path NULL: back to the default, FSDP_NCCL_LIBRARY from the environment, else the library
- * CMake found, serving FSDP_DEVICE_CUDA. For tests (a stand-in over sim devices) and for
- * programs that carry their own NCCL. */
+ * messages say `name` (NULL: "stand-in NCCL" for a library with the stand-in's marker, else
+ * "NCCL x.y.z" from its version), serving tensors of `device`. path NULL: back to the default,
+ * FSDP_NCCL_LIBRARY from the environment, else the library CMake found, serving
+ * FSDP_DEVICE_CUDA, or the device kind of a stand-in's marker. For tests (a stand-in over sim
+ * devices) and for programs that carry their own NCCL. */
 void fsdp_nccl_library_use(const char *path, const char *name, fsdp_device_type device);
 
 /* The library chosen now, opened on first use and kept open for the process (a table that

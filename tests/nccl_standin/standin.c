@@ -48,6 +48,11 @@ static struct {
     standin_fault fault;
 } inject = {PTHREAD_MUTEX_INITIALIZER, 0, 0, STANDIN_FAULT_NONE};
 
+/* The stand-in's marker (STANDIN_DEVICE_KIND_SYMBOL): opened through FSDP_NCCL_LIBRARY it
+ * serves sim tensors and is named "stand-in NCCL" (src/comm/nccl_lib.c). */
+extern const int fsdpStandinDeviceKind;
+const int fsdpStandinDeviceKind = FSDP_DEVICE_SIM;
+
 void fsdpStandinInject(int nranks, int rank, standin_fault fault);
 int fsdpStandinLiveComms(void);
 int fsdpStandinCrossProcess(int on);

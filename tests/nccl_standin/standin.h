@@ -4,6 +4,11 @@
 #ifndef FSDP_NCCL_STANDIN_H
 #define FSDP_NCCL_STANDIN_H
 
+/* An int holding FSDP_DEVICE_SIM: the marker by which the backend knows a stand-in opened from
+ * FSDP_NCCL_LIBRARY (no fsdp_nccl_library_use needed), serving sim devices and named
+ * "stand-in NCCL" in every message (FSDP_NCCL_STANDIN_SYMBOL, src/comm/nccl_lib.h). */
+#define STANDIN_DEVICE_KIND_SYMBOL "fsdpStandinDeviceKind"
+
 /* What happens to the next collective that rank `rank` of a communicator of `nranks` ranks
  * enqueues (once, then the injection is spent). */
 typedef enum standin_fault {
