@@ -263,6 +263,7 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_loss_cross_entropy_ignore, "ctx logits targets loss",                                \
          fsdp_loss_cross_entropy_ignore(C, A(1, f->t), A(2, f->targets), -100, A(3, &f->loss),     \
                                         NULL))                                                     \
+    CALL(fsdp_loss_scale_grad, "ctx dout", fsdp_loss_scale_grad(C, A(1, f->t), 1.0f))              \
     /* module.h */                                                                                 \
     CALL(fsdp_module_create, "ctx ops out",                                                        \
          fsdp_module_create(C, A(1, &f->ops), NULL, A(2, &f->made_m)))                             \

@@ -1,5 +1,5 @@
 /* train_device.c: fsdp-train's [parallel] device: which device a rank computes on, the rules
- * that refuse one the run cannot use, and the host round trips of the feeds and the step. */
+ * that refuse one the run cannot use, and the host round trips of the feeds. */
 #include "train_device.h"
 
 #include <stdio.h>
@@ -154,13 +154,4 @@ fsdp_status train_device_to_host(fsdp_ctx *ctx, const fsdp_tensor *t, fsdp_tenso
     if (st == FSDP_OK && fsdp_tensor_numel(t) > 0) st = fsdp_tensor_copy(ctx, *scratch, t);
     if (st == FSDP_OK) *host = *scratch;
     return st;
-}
-
-fsdp_status train_device_scale(fsdp_ctx *ctx, fsdp_tensor *t, float scale, fsdp_tensor **scratch) {
-    const fsdp_tensor *h = NULL;
-    fsdp_status st = train_device_to_host(ctx, t, scratch, &h);
-    if (st != FSDP_OK) return st;
-    float *d = fsdp_tensor_f32(h);
-    for (int64_t i = 0; i < fsdp_tensor_numel(h); i++) d[i] *= scale;
-    return h == t ? FSDP_OK : fsdp_tensor_copy(ctx, t, h);
 }

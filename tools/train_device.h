@@ -45,11 +45,6 @@ const char *train_device_name(fsdp_device device, char *buf, size_t size);
  * caller; NULL when the ctx computes on the CPU (the host tensor serves). */
 fsdp_status train_device_mirror(fsdp_ctx *ctx, const fsdp_tensor *host, fsdp_tensor **dev);
 
-/* t *= scale element by element (f32). A tensor on a device goes through *scratch, a host
- * tensor of t's shape made at the first call and kept by the caller (fsdp_tensor_free): the
- * same float products as on the CPU, so a device run stays bitwise the CPU's. */
-fsdp_status train_device_scale(fsdp_ctx *ctx, fsdp_tensor *t, float scale, fsdp_tensor **scratch);
-
 /* A host copy of device tensor t into *scratch (made, or resized to t's shape, as needed; kept
  * by the caller), for code that reads values on the host; t itself when it is on the CPU. */
 fsdp_status train_device_to_host(fsdp_ctx *ctx, const fsdp_tensor *t, fsdp_tensor **scratch,

@@ -18,7 +18,7 @@
 
 #include "fsdp/version.h"      // defines: FSDP_VERSION_STRING
 #include "train_ckpt.h"        // defines: train_sources, train_saver, train_ckpt_resume
-#include "train_device.h"      // defines: train_device_of, train_device_rule, train_device_scale
+#include "train_device.h"      // defines: train_device_of, train_device_rule
 #include "train_finite.h"      // defines: train_params_finite
 #include "train_kind.h"        // defines: train_kind_of, train_rank_env, train_feed_info
 #include "train_metrics.h"     // defines: train_report, train_metrics_write
@@ -72,8 +72,7 @@ typedef struct train_state {
     train_bar bar;     /* the progress bar */
 
     /* [parallel] device */
-    char device[32];        /* this rank's device ("sim:1") */
-    fsdp_tensor *dout_host; /* a device run's host copy of dout to scale, or NULL */
+    char device[32]; /* this rank's device ("sim:1") */
 } train_state;
 
 static void train_state_free(fsdp_ctx *ctx, train_state *s) {
@@ -84,7 +83,6 @@ static void train_state_free(fsdp_ctx *ctx, train_state *s) {
     fsdp_sharded_free(s->sh);
     fsdp_module_free(s->model);
     fsdp_tensor_free(s->loss);
-    fsdp_tensor_free(s->dout_host);
     fsdp_group_free(s->dp_owned);
     fsdp_mesh_free(s->mesh);
     if (s->metrics) fclose(s->metrics);
@@ -270,7 +268,7 @@ static fsdp_status train_step(fsdp_ctx *ctx, const train_config *cfg, train_stat
         if (n_micro > 1) set_sync(s, m == n_micro - 1);
         TRAIN_TRY(s->kind->step(ctx, s->feed, s->model, start + m * s->micro, &l, &dout));
         double scale = (double)len * s->layout.dp / (double)b;
-        if (scale != 1.0) TRAIN_TRY(train_device_scale(ctx, dout, (float)scale, &s->dout_host));
+        if (scale != 1.0) TRAIN_TRY(fsdp_loss_scale_grad(ctx, dout, (float)scale));
         TRAIN_TRY(fsdp_module_backward(ctx, s->model, dout, NULL)); /* no input gradient */
         share += (double)l * (double)len / (double)b;
     }

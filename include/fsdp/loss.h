@@ -28,6 +28,11 @@ fsdp_status fsdp_loss_cross_entropy_ignore(fsdp_ctx *ctx, const fsdp_tensor *log
                                            const int32_t *targets, int32_t ignore_index,
                                            float *loss, fsdp_tensor *dlogits);
 
+/* dout *= factor (f32, with storage), on dout's device: a loss gradient rescaled where this
+ * rank's share of the batch or the gradient accumulation makes its mean differ from the
+ * batch's. Each element is one f32 product, the same on every device. */
+fsdp_status fsdp_loss_scale_grad(fsdp_ctx *ctx, fsdp_tensor *dout, float factor);
+
 #ifdef __cplusplus
 }
 #endif

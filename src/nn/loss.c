@@ -135,3 +135,17 @@ fsdp_status fsdp_loss_cross_entropy_ignore(fsdp_ctx *ctx, const fsdp_tensor *log
     fsdp_tensor_free(staged);
     return FSDP_OK;
 }
+
+fsdp_status fsdp_loss_scale_grad(fsdp_ctx *ctx, fsdp_tensor *dout, float factor) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, dout);
+    if (fsdp_tensor_dtype(dout) != FSDP_DTYPE_F32 || !fsdp_tensor_has_storage(dout))
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "fsdp_loss_scale_grad: the gradient is %s%s; it takes an f32 tensor "
+                         "with storage",
+                         fsdp_dtype_to_string(fsdp_tensor_dtype(dout)),
+                         fsdp_tensor_has_storage(dout) ? "" : " without storage");
+    float *d = fsdp_tensor_f32(dout);
+    fsdp_kernels_for(fsdp_tensor_device(dout))->scale(d, d, factor, fsdp_tensor_numel(dout));
+    return FSDP_OK;
+}
