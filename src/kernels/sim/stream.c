@@ -51,7 +51,8 @@ struct sim_event {
     /* The records queued and not yet passed. An event recorded again on another stream can
      * complete its later record before its earlier one, and a wait queued between them awaits
      * the earlier one (as CUDA's does): completion is per record, not the highest passed. */
-    uint64_t *pending;
+    uint64_t few[4];   // where they are held while they fit (no allocation per record)
+    uint64_t *pending; // few, or a larger heap array (NULL before the first record)
     int n_pending, cap_pending;
 };
 
@@ -118,7 +119,7 @@ static void demand(sim_stream *s, uint64_t seq) {
 
 static void event_unref(sim_event *e) {
     if (--e->refs > 0) return;
-    free(e->pending);
+    if (e->pending != e->few) free(e->pending);
     free(e);
 }
 
@@ -136,11 +137,6 @@ static void pass(sim_event *e, uint64_t gen) {
             e->pending[i] = e->pending[--e->n_pending];
             break;
         }
-    if (e->n_pending == 0) { // a stack event (sim_stream_sync) must hold nothing after its wait
-        free(e->pending);
-        e->pending = NULL;
-        e->cap_pending = 0;
-    }
 }
 
 static void jitter(sim_stream *s) {
@@ -314,10 +310,16 @@ void sim_event_record(sim_event *e, sim_stream *s) {
     SIM_HIDE_BEGIN();
     pthread_mutex_lock(&mu);
     e->refs++;
-    if (e->n_pending == e->cap_pending) {
-        int cap = e->cap_pending ? 2 * e->cap_pending : 4;
-        uint64_t *grown = realloc(e->pending, (size_t)cap * sizeof *grown);
+    if (!e->pending) {
+        e->pending = e->few;
+        e->cap_pending = (int)(sizeof e->few / sizeof e->few[0]);
+    }
+    if (e->n_pending == e->cap_pending) { // records far ahead of the stream (deferred mode)
+        int cap = 2 * e->cap_pending;
+        uint64_t *grown = malloc((size_t)cap * sizeof *grown);
         FSDP_ASSERT(grown); // a record has no status to return, as cudaEventRecord's launch
+        memcpy(grown, e->pending, (size_t)e->n_pending * sizeof *grown);
+        if (e->pending != e->few) free(e->pending);
         e->pending = grown;
         e->cap_pending = cap;
     }
