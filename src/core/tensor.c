@@ -73,6 +73,7 @@ static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device,
     }
     s->nbytes = nbytes;
     atomic_init(&s->refs, 1);
+    atomic_init(&s->write_gen, 0);
     s->owned = true;
     s->device = device;
     *out = s;
@@ -174,6 +175,7 @@ fsdp_status fsdp_tensor_from_blob(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, f
     s->data = data;
     s->nbytes = (size_t)numel * fsdp_dtype_size(dtype);
     atomic_init(&s->refs, 1);
+    atomic_init(&s->write_gen, 0);
     s->owned = false;
     s->device = device;
     fsdp_status st = tensor_new(ctx, s, 0, dtype, ndim, shape, out);
@@ -206,6 +208,7 @@ void fsdp_tensor_relocate(fsdp_tensor *t, void *data, fsdp_storage_release_fn re
     if (s->nbytes) memcpy(data, s->data, s->nbytes);
     fsdp_device_for(s->device.type)->free(s->device.index, s->data);
     s->data = data;
+    atomic_fetch_add_explicit(&s->write_gen, 1, memory_order_relaxed);
     s->owned = false;
     s->release = release;
     s->release_arg = arg;
@@ -377,7 +380,16 @@ int64_t fsdp_tensor_dim(const fsdp_tensor *t, int dim) {
 
 void *fsdp_tensor_data(const fsdp_tensor *t) {
     if (!t->storage->data) return NULL;
+    atomic_fetch_add_explicit(&t->storage->write_gen, 1, memory_order_relaxed);
     return (char *)t->storage->data + (size_t)t->offset * fsdp_dtype_size(t->dtype);
+}
+
+uint64_t fsdp_tensor_write_gen(const fsdp_tensor *t) {
+    return atomic_load_explicit(&t->storage->write_gen, memory_order_relaxed);
+}
+
+const void *fsdp_tensor_storage_id(const fsdp_tensor *t) {
+    return t->storage;
 }
 
 float *fsdp_tensor_f32(const fsdp_tensor *t) {

@@ -18,6 +18,11 @@ typedef struct fsdp_storage {
     fsdp_device device;
     fsdp_storage_release_fn release; /* not owned: called with release_arg when refs drop to 0 */
     void *release_arg;
+    /* Bumped each time a pointer into the memory is handed out (fsdp_tensor_data, so
+     * fsdp_tensor_f32 and every copy, fill and kernel call too) and when the memory moves: a
+     * value that changes whenever the values may have been written (read with
+     * fsdp_tensor_write_gen). Atomic: peers' rank threads may read a shared block. */
+    atomic_uint_least64_t write_gen;
 } fsdp_storage;
 
 struct fsdp_tensor {
@@ -76,6 +81,12 @@ fsdp_status fsdp_tensor_create_unbound(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_dev
 
 /* Elements t can hold from its offset to the end of its storage. */
 int64_t fsdp_tensor_capacity(const fsdp_tensor *t);
+
+/* The write generation of t's storage (fsdp_storage.write_gen) and the storage's identity:
+ * while both read the same as at some moment, nothing can have written t's values since
+ * through libfsdp (only through a raw pointer taken before that moment). Neither bumps it. */
+uint64_t fsdp_tensor_write_gen(const fsdp_tensor *t);
+const void *fsdp_tensor_storage_id(const fsdp_tensor *t);
 
 /* numel of a shape; -1 when a dim is negative or ndim out of range. */
 int64_t fsdp_shape_numel(int ndim, const int64_t *shape);

@@ -74,7 +74,9 @@ static fsdp_status shard_on_device(fsdp_ctx *ctx, unit *u, int64_t at, const fsd
 
 /* Mixed precision: full <- the gather of every rank's shard rounded to low_full's dtype, widened
  * exactly. This rank's shard is rounded into its chunk of low_full (from the host with offload),
- * which is then gathered in place; unsharded, the whole flat parameter is rounded. */
+ * which is then gathered in place; unsharded, the whole flat parameter is rounded. While the
+ * optimizer's bf16 copy of the shard is current (low_copy.c) it is gathered instead: the same
+ * bits, without reading the f32 shard. */
 static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
     fsdp_sharded *sh = u->owner;
     FSDP_TRY_AT(ctx, fsdp_pool_take(ctx, &sh->pool, u->low_full));
@@ -86,7 +88,10 @@ static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
         fsdp_pool_give(&sh->pool, u->low_full);
         return FSDP_PASS(ctx, st);
     }
-    if (sharded) {
+    if (fsdp_low_copy_take(u)) { /* the optimizer's rounding of the shard as it stands */
+        st = sharded ? fsdp_all_gather(ctx, sh->group, u->low_full, u->low_copy, 0)
+                     : fsdp_tensor_copy(ctx, u->low_full, u->low_copy);
+    } else if (sharded) {
         st = fsdp_tensor_rebind(ctx, u->low_mine, u->low_full,
                                 (int64_t)fsdp_shard_rank(sh) * u->shard_numel);
         if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->low_mine, shard);

@@ -67,6 +67,12 @@ typedef struct unit {
     fsdp_tensor *low_grad;    /* (padded) grad_dtype: the rounded full gradient */
     fsdp_tensor *low_reduced; /* (S) grad_dtype: its reduce_scatter output */
     fsdp_param *flat;         /* the shard (S) the optimizer steps; resident: views full */
+    /* (S) bf16 on the shard's device, or NULL: the shard rounded to bf16 by the Adam step that
+     * wrote both in one pass (low_copy.c); current while the shard's storage and write
+     * generation are still the ones recorded when it was written. */
+    fsdp_tensor *low_copy;
+    const void *low_copy_storage;
+    uint64_t low_copy_gen;
     int hook_ids[4];
     /* Prefetch (prefetch.c): the gather was issued ahead of the unit's own hook, on the state's
      * unshard stream; `gathered` fires when it is done, and the compute stream waits for it
@@ -136,6 +142,9 @@ struct fsdp_sharded {
     fsdp_stream post;
     fsdp_event grads_done, reduced;
     bool post_ready;
+    /* bf16 gathers of this rank's units (low_copy.c): those that took this rank's chunk from the
+     * optimizer's bf16 copy, and those that rounded the f32 shard. */
+    int64_t low_copy_used, low_copy_rounded;
 };
 
 /* The shard group's size and this rank's index in it (what the group says, not a copy). */
@@ -264,6 +273,26 @@ void fsdp_prefetch_release(fsdp_sharded *sh);
  * drops the compute stream's wait for a prefetched gather (every state, while on). */
 void fsdp_shard_test_trace(fsdp_sharded *sh, fsdp_prefetch_trace_fn fn, void *user);
 void fsdp_shard_test_skip_prefetch_wait(bool on);
+
+/* ---- the optimizer's bf16 copy of a shard (low_copy.c) ---- */
+
+/* Whether the unit's next bf16 gather may take this rank's chunk from u->low_copy: it exists,
+ * was written by an optimizer step, and the shard's storage and write generation are the ones
+ * recorded then (nothing has touched the f32 shard since). Counts the answer in the owner's
+ * low_copy_used / low_copy_rounded. */
+bool fsdp_low_copy_take(unit *u);
+
+/* Tests: FSDP_LOW_COPY_ON (the default), OFF (no copy made or read: every gather rounds the
+ * shard, the optimizer runs adam_update), or UNCHECKED (the negative control: a gather takes a
+ * copy once written, whatever the shard's generation). Every state, while set. */
+typedef enum fsdp_low_copy_mode {
+    FSDP_LOW_COPY_ON,
+    FSDP_LOW_COPY_OFF,
+    FSDP_LOW_COPY_UNCHECKED
+} fsdp_low_copy_mode;
+void fsdp_shard_test_low_copy(fsdp_low_copy_mode mode);
+/* Tests: the counts of fsdp_low_copy_take over sh's units since it was made. */
+void fsdp_shard_test_low_copy_counts(const fsdp_sharded *sh, int64_t *used, int64_t *rounded);
 
 /* FSDP_ERR_STATE naming `what` when the model was freed before the state. */
 fsdp_status fsdp_shard_check_model(fsdp_ctx *ctx, const fsdp_sharded *sh, const char *what);

@@ -176,6 +176,7 @@ static void unit_free(unit *u) {
     fsdp_tensor_free(u->summon_host);
     fsdp_tensor_free(u->low_full);
     fsdp_tensor_free(u->low_mine);
+    fsdp_tensor_free(u->low_copy);
     fsdp_tensor_free(u->low_grad);
     fsdp_tensor_free(u->low_reduced);
     free(u->params);

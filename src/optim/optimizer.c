@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "dp/flat.h"         // defines: fsdp_flat_low_copy, fsdp_flat_low_copy_written
 #include "kernels/kernels.h" // defines: fsdp_kernels_cpu
 #include "nn/nn.h"
 #include "optim/update.h"
@@ -338,11 +339,21 @@ static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const opt
     float *st[MAX_STATE] = {NULL};
     for (int k = 0; k < s->n_state; k++) st[k] = fsdp_tensor_f32(s->state[k]);
     const optim_group *g = &opt->groups[s->group];
-    if (opt->kind == OPTIM_SGD)
+    if (opt->kind == OPTIM_SGD) {
         fsdp_sgd_update(dev, data, grad, st[0], n, &g->sgd, opt->steps == 0);
-    else
+        return FSDP_OK;
+    }
+    /* An FSDP flat shard gathered in bf16: its rounding written in the same pass. */
+    fsdp_bf16 *low;
+    FSDP_TRY_AT(ctx, fsdp_flat_low_copy(ctx, s->param, &low));
+    if (low) {
+        fsdp_adam_update_bf16(dev, data, low, grad, st[0], st[1], st[2], n, &g->adam,
+                              opt->kind == OPTIM_ADAMW, opt->steps + 1);
+        fsdp_flat_low_copy_written(s->param);
+    } else {
         fsdp_adam_update(dev, data, grad, st[0], st[1], st[2], n, &g->adam,
                          opt->kind == OPTIM_ADAMW, opt->steps + 1);
+    }
     return FSDP_OK;
 }
 

@@ -20,12 +20,12 @@ void fsdp_sgd_update(fsdp_device device, float *p, const float *g, float *buf, i
     fsdp_kernels_for(device)->sgd_update(p, g, buf, n, &a);
 }
 
-void fsdp_adam_update(fsdp_device device, float *p, const float *g, float *m, float *v, float *vmax,
-                      int64_t n, const fsdp_adam_options *o, bool decoupled, int64_t step) {
+/* The step's scalars, as PyTorch computes them. */
+static fsdp_adam_step_args adam_args(const fsdp_adam_options *o, bool decoupled, int64_t step) {
     /* Step-dependent scalars in double, as PyTorch computes them from Python floats. */
     const double bc1 = 1.0 - pow(o->beta1, (double)step);
     const double bc2 = 1.0 - pow(o->beta2, (double)step);
-    const fsdp_adam_step_args a = {
+    return (fsdp_adam_step_args){
         .sign = o->maximize ? -1.0f : 1.0f,
         .l2 = decoupled ? 0.0f : (float)o->weight_decay,
         .shrink = decoupled ? (float)(1.0 - o->lr * o->weight_decay) : 1.0f,
@@ -36,5 +36,17 @@ void fsdp_adam_update(fsdp_device device, float *p, const float *g, float *m, fl
         .neg_step_size = (float)(-(o->lr / bc1)),
         .bc2_sqrt = (float)sqrt(bc2),
     };
+}
+
+void fsdp_adam_update(fsdp_device device, float *p, const float *g, float *m, float *v, float *vmax,
+                      int64_t n, const fsdp_adam_options *o, bool decoupled, int64_t step) {
+    const fsdp_adam_step_args a = adam_args(o, decoupled, step);
     fsdp_kernels_for(device)->adam_update(p, g, m, v, vmax, n, &a);
+}
+
+void fsdp_adam_update_bf16(fsdp_device device, float *p, fsdp_bf16 *p_bf16, const float *g,
+                           float *m, float *v, float *vmax, int64_t n, const fsdp_adam_options *o,
+                           bool decoupled, int64_t step) {
+    const fsdp_adam_step_args a = adam_args(o, decoupled, step);
+    fsdp_kernels_for(device)->adam_update_bf16(p, p_bf16, g, m, v, vmax, n, &a);
 }

@@ -21,5 +21,11 @@ void fsdp_sgd_update(fsdp_device device, float *p, const float *g, float *buf, i
  * (and vmax with amsgrad, else NULL) hold n floats each. o has its defaults filled in. */
 void fsdp_adam_update(fsdp_device device, float *p, const float *g, float *m, float *v, float *vmax,
                       int64_t n, const fsdp_adam_options *o, bool decoupled, int64_t step);
+/* The same step, and in the same pass p_bf16 (n, on `device`) = the updated p rounded to bf16
+ * (fsdp_bf16_from_f32's bits): FSDP's bf16 copy of a flat shard. p and the state get
+ * fsdp_adam_update's bits. */
+void fsdp_adam_update_bf16(fsdp_device device, float *p, fsdp_bf16 *p_bf16, const float *g,
+                           float *m, float *v, float *vmax, int64_t n, const fsdp_adam_options *o,
+                           bool decoupled, int64_t step);
 
 #endif
