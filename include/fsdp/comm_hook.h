@@ -35,9 +35,12 @@ typedef struct fsdp_mixed_precision {
      * backward) rounds this rank's f32 shard once to param_dtype and all_gathers in
      * param_dtype (half the bytes for bf16/f16); the gathered values, widened exactly to f32
      * for the CPU kernels, are the parameters forward and backward use;
-     * fsdp_summon_full_params still gathers the f32 values. Replicate: the root's forward and
-     * backward run with every trainable parameter rounded once to param_dtype (widened exactly
-     * to f32), and the f32 values are back when each returns. */
+     * fsdp_summon_full_params still gathers the f32 values. With param_dtype bf16 and Adam or
+     * AdamW over fsdp_sharded_flat_params, the step writes that rounding in the same pass and
+     * the gathers send it while the shard is untouched since (the same bits; docs/fsdp.md).
+     * Replicate: the root's forward and backward run with every trainable parameter rounded
+     * once to param_dtype (widened exactly to f32), and the f32 values are back when each
+     * returns. */
     fsdp_dtype param_dtype;
     /* Gradients are reduced in this dtype: the f32 gradient divided by the pre factor, rounded
      * to reduce_dtype, reduce_scatter (all_reduce) in reduce_dtype, widened back, divided by
