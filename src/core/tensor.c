@@ -60,6 +60,14 @@ static fsdp_status check_dtype_device(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_devi
     return fsdp_device_check(ctx, device);
 }
 
+/* A new storage's first write generation: a process-wide count of storages in the high 32 bits,
+ * so that a storage made where a freed one lived (the same address) does not repeat its
+ * generations for 2^32 hand-outs, and (storage, generation) names one state of one storage. */
+static uint64_t first_write_gen(void) {
+    static atomic_uint_least64_t storages;
+    return (uint64_t)atomic_fetch_add_explicit(&storages, 1, memory_order_relaxed) << 32;
+}
+
 static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device,
                                fsdp_storage **out) {
     fsdp_storage *s = calloc(1, sizeof *s);
@@ -73,7 +81,7 @@ static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device,
     }
     s->nbytes = nbytes;
     atomic_init(&s->refs, 1);
-    atomic_init(&s->write_gen, 0);
+    atomic_init(&s->write_gen, first_write_gen());
     s->owned = true;
     s->device = device;
     *out = s;
@@ -175,7 +183,7 @@ fsdp_status fsdp_tensor_from_blob(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, f
     s->data = data;
     s->nbytes = (size_t)numel * fsdp_dtype_size(dtype);
     atomic_init(&s->refs, 1);
-    atomic_init(&s->write_gen, 0);
+    atomic_init(&s->write_gen, first_write_gen());
     s->owned = false;
     s->device = device;
     fsdp_status st = tensor_new(ctx, s, 0, dtype, ndim, shape, out);

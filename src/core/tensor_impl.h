@@ -21,7 +21,8 @@ typedef struct fsdp_storage {
     /* Bumped each time a pointer into the memory is handed out (fsdp_tensor_data, so
      * fsdp_tensor_f32 and every copy, fill and kernel call too) and when the memory moves: a
      * value that changes whenever the values may have been written (read with
-     * fsdp_tensor_write_gen). Atomic: peers' rank threads may read a shared block. */
+     * fsdp_tensor_write_gen). It starts at a per-storage base (a count of storages made, in the
+     * high 32 bits). Atomic: peers' rank threads may read a shared block. */
     atomic_uint_least64_t write_gen;
 } fsdp_storage;
 
