@@ -231,9 +231,15 @@ static void run_mode(run *rn, const scenario *s, fsdp_low_copy_mode mode) {
     FSDP_TEST_OK(st);
 }
 
+/* The ranks this process ran: both on rank threads, its own under mpirun (--mpi). */
+static int hosted(int *first) {
+    return fsdp_test_hosted_ranks(WORLD, first);
+}
+
 /* Whether two runs gave the same bits: every loss and every shard value of every rank. */
 static bool same_bits(const run *a, const run *b) {
-    for (int k = 0; k < WORLD; k++) {
+    int first, n = hosted(&first);
+    for (int k = first; k < first + n; k++) {
         const rank_result *x = &a->r[k], *y = &b->r[k];
         if (memcmp(x->loss, y->loss, sizeof x->loss) != 0) return false;
         if (x->n_values != y->n_values ||
@@ -244,7 +250,8 @@ static bool same_bits(const run *a, const run *b) {
 }
 
 static void print_first_difference(const char *what, const run *a, const run *b) {
-    for (int k = 0; k < WORLD; k++) {
+    int first, n = hosted(&first);
+    for (int k = first; k < first + n; k++) {
         for (int i = 0; i < STEPS; i++)
             if (a->r[k].loss[i] != b->r[k].loss[i]) {
                 printf("\n  %s: rank %d loss of step %d: %.9g vs %.9g\n", what, k, i,
@@ -273,7 +280,9 @@ static int64_t check_on_off(const scenario *s, run *on, run *off) {
     run_mode(off, s, FSDP_LOW_COPY_OFF);
     run_mode(on, s, FSDP_LOW_COPY_ON);
     check_same("copy on vs off", on, off);
-    for (int k = 0; k < WORLD; k++) {
+    int first, n = hosted(&first);
+    CU_ASSERT_TRUE(n > 0);
+    for (int k = first; k < first + n; k++) {
         int64_t total = off->r[k].rounded, per_step = total / STEPS;
         CU_ASSERT_EQUAL(off->r[k].used, 0);
         CU_ASSERT_TRUE(per_step > 0 && total == per_step * STEPS);
@@ -283,7 +292,7 @@ static int64_t check_on_off(const scenario *s, run *on, run *off) {
             CU_ASSERT_EQUAL(on->r[k].used, total - per_step);
         }
     }
-    return on->r[0].rounded;
+    return on->r[first].rounded;
 }
 
 /* Adam, AdamW (and Adam with amsgrad) under FULL_SHARD and SHARD_GRAD_OP (and NO_SHARD, whose
@@ -320,8 +329,15 @@ static void test_bitwise_cpu(void) {
     bitwise_cases(false);
 }
 
+/* The mpi backend moves CPU tensors only: the sim cases run on rank threads. */
+static bool skip_sim_under_mpi(void) {
+    if (!fsdp_test_mpi()) return false;
+    fsdp_test_skip("sim devices run on rank threads (the mpi backend moves CPU tensors)");
+    return true;
+}
+
 static void test_bitwise_sim(void) {
-    bitwise_cases(true);
+    if (!skip_sim_under_mpi()) bitwise_cases(true);
 }
 
 /* Where the copy does not apply no gather takes it, and nothing changes: use_orig_params (the
@@ -335,19 +351,21 @@ static void test_not_applied(void) {
         {.opt = OPT_ADAM,
          .strategy = FSDP_FULL_SHARD,
          .nested = true,
-         .sim = true,
-         .offload = true},
+         .param_dtype = FSDP_DTYPE_F16},
         {.opt = OPT_ADAM,
          .strategy = FSDP_FULL_SHARD,
          .nested = true,
-         .param_dtype = FSDP_DTYPE_F16},
+         .sim = true,
+         .offload = true}, /* last: rank threads only */
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    size_t n_cases = sizeof cases / sizeof *cases - (fsdp_test_mpi() ? 1 : 0);
+    for (size_t i = 0; i < n_cases; i++) {
         run on, off;
         run_mode(&off, &cases[i], FSDP_LOW_COPY_OFF);
         run_mode(&on, &cases[i], FSDP_LOW_COPY_ON);
         check_same("not applied: on vs off", &on, &off);
-        for (int k = 0; k < WORLD; k++) {
+        int first, n = hosted(&first);
+        for (int k = first; k < first + n; k++) {
             CU_ASSERT_EQUAL(on.r[k].used, 0);
             CU_ASSERT_EQUAL(on.r[k].rounded, off.r[k].rounded);
         }
@@ -387,7 +405,7 @@ static void test_stale_cpu(void) {
 }
 
 static void test_stale_sim(void) {
-    stale_cases(true);
+    if (!skip_sim_under_mpi()) stale_cases(true);
 }
 
 /* The negative control: with the generation check dropped (FSDP_LOW_COPY_UNCHECKED) a run
@@ -408,7 +426,8 @@ static void test_negative_control(void) {
         if (!same) print_first_difference("unchecked after a writer (expected)", &unchecked, &off);
         CU_ASSERT_FALSE(same);
         /* the step before the writer is untouched */
-        for (int k = 0; k < WORLD; k++)
+        int first, n = hosted(&first);
+        for (int k = first; k < first + n; k++)
             CU_ASSERT_EQUAL(unchecked.r[k].loss[WRITE_STEP], off.r[k].loss[WRITE_STEP]);
     }
 }
