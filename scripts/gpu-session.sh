@@ -2,7 +2,8 @@
 # gpu-session.sh: what a GPU machine checks, in one command and a bounded time (default 540 s):
 # the environment, a build for sm_90, the GPU suites, the attention kernels (tiled against plain,
 # timed at the Llama benchmark's shapes), the bf16 GEMM on cuBLASLt against cublasLtMatmul
-# called directly (the Llama shapes' GEMMs), the real NCCL at world size 1 (and two
+# called directly (the Llama shapes' GEMMs), FSDP at world 1 against PyTorch FSDP2 and
+# prefetch's overlap with two rank threads (bench/fsdp_gpu.sh), the real NCCL at world size 1 (and two
 # ranks on the GPU where NCCL is 2.30 or newer), compute-sanitizer (memcheck, racecheck,
 # initcheck) on the CUDA suites, the Llama and MLP GPU benchmarks against PyTorch, and the
 # scaling benchmark.
@@ -40,11 +41,12 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 budget=${GPU_SESSION_BUDGET:-540}
 if [ -d /usr/local/cuda/bin ]; then PATH="/usr/local/cuda/bin:$PATH"; fi
 
-PHASES=(deps env build gpu-tests bench-attention bench-gemm nccl memcheck-kernels memcheck-train
-    memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama initcheck-llama bench-llama
-    bench scaling)
+PHASES=(deps env build gpu-tests bench-attention bench-gemm bench-fsdp nccl memcheck-kernels
+    memcheck-train memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama
+    initcheck-llama bench-llama bench scaling)
 # The most seconds each phase may take; the session's budget may leave it less.
-declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [bench-attention]=60 [bench-gemm]=45 [nccl]=90
+declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [bench-attention]=60 [bench-gemm]=45
+    [bench-fsdp]=75 [nccl]=90
     [memcheck-kernels]=90 [memcheck-train]=45 [memcheck-llama]=60 [racecheck-kernels]=90
     [initcheck-kernels]=90 [racecheck-llama]=60 [initcheck-llama]=60 [bench-llama]=200 [bench]=120 [scaling]=150)
 # The suite each sanitizer phase runs.
@@ -291,6 +293,25 @@ phase_bench_gemm() {
     fi
 }
 
+# bench/fsdp_gpu.sh: FSDP at world 1 with bf16 mixed precision against PyTorch FSDP2, and the
+# share of all_gather time prefetch hides with two rank threads on the GPU.
+phase_bench_fsdp() {
+    local log rc=0
+    log=$(own_log)
+    run bash "$repo/bench/fsdp_gpu.sh" "$build" || rc=$?
+    local mp ov ratio
+    mp=$(awk '$1 == "result" && $3 == "mp" {printf "%s%s %s ms", s, $2, $5; s = ", "}' "$log")
+    ov=$(awk '$1 == "result" && $3 == "overlap" {printf "2 ranks: off %s ms, on %s ms, gathers %s ms, hidden %s", $5, $7, $9, $11}' "$log")
+    ratio=$(awk '$1 == "ratio" {print "pytorch/libfsdp " $4}' "$log")
+    if [ "$rc" -ne 0 ]; then
+        result fail "bench/fsdp_gpu.sh exit status $rc${mp:+; $mp}"
+    elif [ -z "$mp" ]; then
+        result fail "no figure: $(grep -m1 -E 'skipped|failed' "$log" || echo 'see bench-fsdp.log')"
+    else
+        result ok "$mp${ratio:+ ($ratio)}${ov:+; $ov}"
+    fi
+}
+
 # bench/llama_gpu.sh within this phase's limit (GPU_SESSION_LIMIT), less time to print the table.
 # libfsdp runs shape S only here: building M initialises 1.5 G parameters on the CPU, and its
 # f32 attention kernel (one thread per query row) would not give 12 steps of M in the time.
@@ -347,6 +368,7 @@ run_phase_body() {
     memcheck-* | racecheck-* | initcheck-*) sanitize "${1%%-*}" "${SUITE[${1#*-}]}" ;;
     bench-attention) phase_bench_attention ;;
     bench-gemm) phase_bench_gemm ;;
+    bench-fsdp) phase_bench_fsdp ;;
     bench-llama) phase_bench_llama ;;
     bench) phase_bench ;;
     scaling) phase_scaling ;;
@@ -456,8 +478,9 @@ main() {
         after="the build phase did not succeed"
     fi
     local p
-    for p in gpu-tests bench-attention bench-gemm nccl memcheck-kernels memcheck-train \
-        memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama initcheck-llama; do
+    for p in gpu-tests bench-attention bench-gemm bench-fsdp nccl memcheck-kernels \
+        memcheck-train memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama \
+        initcheck-llama; do
         session_phase "$p" "$after" $((RESERVE_LLAMA + RESERVE_BENCH + RESERVE_SCALING))
     done
     session_phase bench-llama "$after" $((RESERVE_BENCH + RESERVE_SCALING))

@@ -59,7 +59,8 @@ typedef struct unit {
     fsdp_tensor *reduced;     /* (S): reduce_scatter output, bound during the reduction */
     fsdp_tensor *mine;        /* (S): this rank's chunk of a gather output, for offload */
     fsdp_tensor *stage;       /* (S): view of the host staging buffer, for offload */
-    fsdp_tensor *summon_host; /* summon_full_params(offload_to_cpu): the host copy */
+    fsdp_tensor *summon_host; /* the copy summon_full_params hands out: offload_to_cpu's on the
+                                 host, a resident unit's without writeback on its device */
     /* Mixed precision and the low-precision comm hooks: pool-bound handles of that dtype */
     fsdp_tensor *low_full;    /* (padded) param_dtype: the gather of the rounded shards */
     fsdp_tensor *low_mine;    /* (S) param_dtype: this rank's chunk of low_full */

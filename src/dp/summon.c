@@ -23,12 +23,11 @@ static bool gathered_before(const unit *u) {
     return u->summon_from == UNIT_GATHERED || u->summon_from == UNIT_GATHERED_GRAD_PENDING;
 }
 
-/* Moves the unit's parameters to a host copy of the full buffer, freeing the device block
- * when the unit was sharded before the summon (offload_to_cpu, or a resident unit summoned
- * without writeback). */
-static fsdp_status summon_to_host(fsdp_ctx *ctx, unit *u) {
-    fsdp_status st =
-        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &u->padded, &u->summon_host);
+/* Moves the unit's parameters to a copy of the full buffer on `where`, freeing the device
+ * block when the unit was sharded before the summon: a host copy for offload_to_cpu, a copy on
+ * the unit's own device for a resident unit summoned without writeback. */
+static fsdp_status summon_to_copy(fsdp_ctx *ctx, unit *u, fsdp_device where) {
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, where, 1, &u->padded, &u->summon_host);
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->summon_host, u->full);
     if (st == FSDP_OK) st = fsdp_shard_bind_params(ctx, u, u->summon_host);
     if (st != FSDP_OK) { /* still SUMMONED: the parameters go back to the device copy */
@@ -117,7 +116,7 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
         } else if (o.offload_to_cpu || (fsdp_shard_resident(sh) && !o.writeback)) {
             /* A resident unit's parameters are the flat parameter itself: without writeback
              * they are handed out as a copy, so edits are dropped as for the others. */
-            st = summon_to_host(ctx, u);
+            st = summon_to_copy(ctx, u, o.offload_to_cpu ? FSDP_CPU : fsdp_tensor_device(u->full));
         }
     }
     sh->summoned = true; /* release undoes whatever was done, also after a failure */
