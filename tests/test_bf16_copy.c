@@ -7,8 +7,8 @@
  * also equal the CPU). The gathers that took the copy are counted, so the copy cannot be dead:
  * every gather after the first step takes it. Writers of the f32 shard between two steps (a
  * fill through the public tensor API, summon_full_params with writeback, a second optimizer,
- * the state API's region writes that a checkpoint load makes)
- * make the next gathers round again, bitwise as without the copy; the negative control
+ * the state API's region writes that a checkpoint load makes) make the next gathers round
+ * again, bitwise as without the copy; the negative control
  * (FSDP_LOW_COPY_UNCHECKED, which ignores the shard's write generation) then gathers the stale
  * copy and the run differs. Where the copy does not apply (use_orig_params, SGD, offload, f16)
  * no gather takes it. */
@@ -275,7 +275,8 @@ static void check_same(const char *what, const run *a, const run *b) {
 
 /* The copy on and off give the same bits; with it off no gather takes it, every gather rounds;
  * with it on every gather after the first step takes it (the gathers of a step are the same
- * number every step: off's count / STEPS). Returns the on run's rounded count of rank 0. */
+ * number every step: off's count / STEPS). Returns the on run's rounded count of the first
+ * rank this process ran. */
 static int64_t check_on_off(const scenario *s, run *on, run *off) {
     run_mode(off, s, FSDP_LOW_COPY_OFF);
     run_mode(on, s, FSDP_LOW_COPY_ON);
