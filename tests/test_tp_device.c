@@ -23,6 +23,7 @@
  * rank thread on the one GPU, compared within the bound of record_cuda_model (CUDA_K, CUDA_DEPTH
  * below; the Llama with SGD there too); the negative control, sim's, is skipped. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -582,6 +583,46 @@ static void test_refusals(void) {
     FSDP_TEST_OK(fsdp_test_run_world(2, 20000, refusal_body, NULL));
 }
 
+/* ---- the bounded comparison ---- */
+
+/* The bounded mode's comparison (nccl, cuda) itself, on values made to differ: the device pass
+ * records {1, -4, 0.5, 3} with element 2 moved by f times the tolerance times the span's largest
+ * magnitude (4), or made NaN (f < 0). */
+#define BOUND_TOL 1e-3 /* above every suite's cuda bound, so the same on every entry */
+
+static fsdp_status bound_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const void *arg,
+                              record *out) {
+    (void)ctx, (void)rank;
+    const double f = *(const double *)arg;
+    float v[4] = {1.0f, -4.0f, 0.5f, 3.0f};
+    if (dev.type != FSDP_DEVICE_CPU) v[2] = f < 0 ? NAN : (float)(v[2] + f * BOUND_TOL * 4.0);
+    return put_f32(ctx, out, "values", v, 4);
+}
+
+static fsdp_status bound_body(fsdp_ctx *ctx, int rank, void *user) {
+    double *io = user; /* {f, differs} */
+    bool differs = false;
+    FSDP_TRY(cpu_then_device(ctx, rank, bound_pass, io, "bounded comparison", &differs));
+    io[1] = differs;
+    return FSDP_OK;
+}
+
+/* Within the tolerance passes, beyond it (or NaN) differs: the comparison the nccl and cuda
+ * entries rely on is not vacuous. */
+static void test_bounded_comparison(void) {
+    static const struct {
+        double f;
+        bool differs;
+    } cases[] = {{0.0, false}, {0.5, false}, {0.9, false}, {1.5, true}, {-1.0, true}};
+    record_set_tolerance(BOUND_TOL);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double io[2] = {cases[i].f, -1.0};
+        FSDP_TEST_OK(fsdp_test_run_world(1, 20000, bound_body, io));
+        CU_ASSERT_EQUAL(io[1], cases[i].differs ? 1.0 : 0.0);
+    }
+    record_set_tolerance(0.0);
+}
+
 /* ---- the negative control ---- */
 
 static fsdp_status control_body(fsdp_ctx *ctx, int rank, void *user) {
@@ -648,6 +689,7 @@ int main(int argc, char **argv) {
         {"llama_tp2_plain_loss", test_llama_tp2_plain_loss},
         {"llama_replicate_2x2", test_llama_replicate_2x2},
         {"refusals", test_refusals},
+        {"bounded_comparison", test_bounded_comparison},
         {"negative_control", test_negative_control},
     };
     init_styles();
