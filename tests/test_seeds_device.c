@@ -23,7 +23,8 @@
 #include <string.h>
 
 #include "comm/local_impl.h" // defines: fsdp_local_test_skip_input_wait
-#include "device_record.h"   // defines: record, put_tensor, put_comm, cpu_then_device
+#include "device_record.h"   // defines: record, put_tensor, put_comm, cpu_then_device,
+                             // record_run_world
 #include "harness.h"         // defines: fsdp_test_run_world, FSDP_RANK_CHECK, FSDP_TEST_OK
 #include "kernels/sim/sim.h" // defines: fsdp_sim_mode_get
 
@@ -127,7 +128,7 @@ static fsdp_status bucketing_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_seed004_bucketing(void) {
-    FSDP_TEST_OK(fsdp_test_run_world(2, 0, bucketing_body, NULL));
+    FSDP_TEST_OK(record_run_world(2, 0, bucketing_body, NULL));
 }
 
 /* ---- seed 004: no_sync ---- */
@@ -181,7 +182,7 @@ static fsdp_status no_sync_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_seed004_no_sync(void) {
-    FSDP_TEST_OK(fsdp_test_run_world(2, 0, no_sync_body, NULL));
+    FSDP_TEST_OK(record_run_world(2, 0, no_sync_body, NULL));
 }
 
 /* ---- seed 004: DDP_TP_Test.test_ddp_tp ---- */
@@ -230,7 +231,7 @@ static fsdp_status ddp_tp_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_seed004_ddp_tp(void) {
-    FSDP_TEST_OK(fsdp_test_run_world(4, 0, ddp_tp_body, NULL));
+    FSDP_TEST_OK(record_run_world(4, 0, ddp_tp_body, NULL));
 }
 
 /* ---- seed 002: test_2d_ddp_integration_functionality ---- */
@@ -315,7 +316,7 @@ static fsdp_status seed002_body(fsdp_ctx *ctx, int rank, void *user) {
 }
 
 static void test_seed002_2d_ddp_integration(void) {
-    FSDP_TEST_OK(fsdp_test_run_world(4, 0, seed002_body, NULL));
+    FSDP_TEST_OK(record_run_world(4, 0, seed002_body, NULL));
 }
 
 /* ---- seed 003: test_fsdp_tp_integration ---- */
@@ -476,7 +477,7 @@ static void test_seed003_fsdp_tp_integration(void) {
         for (int s = 0; s < 2; s++)
             for (int orig = 0; orig < 2; orig++) {
                 seed003_case c = {.offload = offload, .orig = orig, .strategy = strategies[s]};
-                fsdp_status st = fsdp_test_run_world(4, 0, seed003_body, &c);
+                fsdp_status st = record_run_world(4, 0, seed003_body, &c);
                 if (st != FSDP_OK)
                     fprintf(stderr, "\n  offload_params %d, %s, use_orig_params %d\n", offload,
                             fsdp_sharding_strategy_to_string(strategies[s]), orig);
