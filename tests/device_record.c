@@ -14,9 +14,13 @@ bool on_nccl(void) {
     return be && strcmp(be, "nccl") == 0;
 }
 
+/* Whether this program has a cuda mode (it called record_cuda_model): the other users of this
+ * file (test_comm_device, test_comm_nccl, test_ckpt_device) stay on sim whatever the variable. */
+static bool cuda_capable;
+
 bool on_cuda(void) {
     const char *dev = getenv("FSDP_TEST_DEVICE");
-    return dev && strcmp(dev, "cuda") == 0;
+    return cuda_capable && dev && strcmp(dev, "cuda") == 0;
 }
 
 /* FSDP_TEST_CUDA_REHEARSAL=1 with FSDP_TEST_DEVICE=cuda: the cuda mode's code (one device for
@@ -121,6 +125,7 @@ double record_cuda_bound(void) {
 }
 
 void record_cuda_model(int64_t k, int depth) {
+    cuda_capable = true;
     if (!on_cuda()) return;
     if (k < 1) k = 1;
     if (depth < 1) depth = 1;

@@ -15,8 +15,9 @@
 /* Whether the suite's worlds run on the nccl backend (FSDP_TEST_BACKEND=nccl, harness.h). */
 bool on_nccl(void);
 
-/* Whether the suite's device passes run on cuda:0 (FSDP_TEST_DEVICE=cuda: CTest's <suite>_cuda
- * entries); otherwise on sim, whatever the machine has. */
+/* Whether the suite's device passes run on cuda:0: FSDP_TEST_DEVICE=cuda (CTest's <suite>_cuda
+ * entries) in a program that has the mode (it called record_cuda_model); otherwise on sim,
+ * whatever the machine has. */
 bool on_cuda(void);
 
 /* Whether the device pass is compared with the CPU pass within a bound rather than bit for bit:
@@ -37,7 +38,8 @@ int record_device_mode(void);
  * for every rank (each rank thread's context has its own streams there). */
 fsdp_device rank_device(int rank);
 
-/* The suite's model of its longest path, for the cuda bound (nothing off cuda): k the largest
+/* Gives the program its cuda mode (call it first in main), and the suite's model of its longest
+ * path for the cuda bound (nothing else off cuda): k the largest
  * GEMM inner dimension or summed length, depth the GEMMs and sums chained on a recorded value's
  * path over all the steps. Sets record_cuda_bound() = fsdp_test_sum_tol(k, depth) + 8 depth u
  * (derived in device_record.c), which every comparison on cuda then allows at least. */

@@ -513,11 +513,11 @@ static void test_negative_control(void) {
 
 int main(int argc, char **argv) {
     setenv("FSDP_SIM_DEVICES", "2", 1); /* before the first use reads them */
+    record_cuda_model(CUDA_K, CUDA_DEPTH);
     /* Net(2000) replicated: 64 MB each of parameters, gradients and buckets per rank, two ranks
      * per sim device; the cuda rehearsal puts all four on sim:0 */
     setenv("FSDP_SIM_MEMORY", on_cuda() ? "4G" : "1G", 1);
     unsetenv("FSDP_SIM_MODE"); /* deferred */
-    record_cuda_model(CUDA_K, CUDA_DEPTH);
     int mode = record_device_mode();
     if (mode) return mode;
     static const fsdp_test_case tests[] = {
