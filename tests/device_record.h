@@ -1,22 +1,51 @@
 /* device_record.h: what the device suites (test_tp_device, test_replicate_device) share: a
  * run recorded as labelled bytes (tensors copied back to the host, comm-debug records), the
  * same run on the CPU and then on the rank's simulated GPU compared bit for bit, naming the
- * first piece that differs. */
+ * first piece that differs; with FSDP_TEST_DEVICE=cuda on cuda:0 instead, every rank thread
+ * on the one GPU, compared within a derived bound (record_cuda_model). */
 #ifndef FSDP_TESTS_DEVICE_RECORD_H
 #define FSDP_TESTS_DEVICE_RECORD_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "fsdp/fsdp.h"
 
 /* Whether the suite's worlds run on the nccl backend (FSDP_TEST_BACKEND=nccl, harness.h). */
 bool on_nccl(void);
 
+/* Whether the suite's device passes run on cuda:0: FSDP_TEST_DEVICE=cuda (CTest's <suite>_cuda
+ * entries) in a program that has the mode (it called record_cuda_model); otherwise on sim,
+ * whatever the machine has. */
+bool on_cuda(void);
+
+/* Whether the device pass is compared with the CPU pass within a bound rather than bit for bit:
+ * on nccl (unordered sums) or on cuda (other kernels). The suites then train with SGD where they
+ * would use Adam (whose division by sqrt(v) amplifies a rounding difference up to lr). */
+bool bounded(void);
+
+/* What a suite's main does first: 0 to run (on sim; or on cuda with a GPU present, printing the
+ * device and the bound); FSDP_TEST_SKIPPED (printing why) with FSDP_TEST_DEVICE=cuda and no usable
+ * CUDA device; 1 (printing why) with FSDP_TEST_REQUIRE_DEVICE=cuda and no such device, an unknown
+ * device name, or cuda with FSDP_TEST_BACKEND=nccl. main returns it when it is not 0. Call
+ * record_cuda_model before it. */
+int record_device_mode(void);
+
 /* The device of a rank's second pass: sim:(rank % 2), so two ranks share a sim device in a
  * world of 4 (the suites set FSDP_SIM_DEVICES=2); on the nccl backend sim:rank, one device per
- * rank as NCCL wants one GPU per rank (the suites then set FSDP_SIM_DEVICES=4). */
+ * rank as NCCL wants one GPU per rank (the suites then set FSDP_SIM_DEVICES=4); on cuda cuda:0
+ * for every rank (each rank thread's context has its own streams there). */
 fsdp_device rank_device(int rank);
+
+/* Gives the program its cuda mode (call it first in main), and the suite's model of its longest
+ * path for the cuda bound (nothing else off cuda): k the largest
+ * GEMM inner dimension or summed length, depth the GEMMs and sums chained on a recorded value's
+ * path over all the steps. Sets record_cuda_bound() = fsdp_test_sum_tol(k, depth) + 8 depth u
+ * (derived in device_record.c), which every comparison on cuda then allows at least. */
+void record_cuda_model(int64_t k, int depth);
+/* That bound, as a multiple of a recorded tensor's largest magnitude (0 off cuda). */
+double record_cuda_bound(void);
 
 /* One pass's results: labelled bytes, and where the labels start (at most MAX_MARKS), and the
  * spans of float32 values among them, which a bounded comparison reads as
@@ -73,8 +102,9 @@ fsdp_status cpu_then_device(fsdp_ctx *ctx, int rank, pass_fn fn, const void *arg
  * (bit for bit) on the local backend, and on nccl for n <= 2. */
 double record_nccl_bound(int n, int sums);
 
-/* fsdp_test_run_world(n, 60 s, fn, user) with record_nccl_bound(n, sums) as the tolerance of
- * its comparisons; on nccl prints the largest difference seen against the bound. */
+/* fsdp_test_run_world(n, 60 s, fn, user) with record_nccl_bound(n, sums) (on cuda
+ * record_cuda_bound()) as the tolerance of its comparisons; on nccl and cuda prints the largest
+ * difference seen against the bound. */
 fsdp_status record_run_world(int n, int sums, fsdp_rank_fn fn, void *user);
 /* The largest difference the last record_run_world saw (what it printed on nccl). */
 double record_last_diff(void);

@@ -17,7 +17,11 @@
  * over the stand-in NCCL, each rank on its own sim device (sim:rank): bitwise still where every
  * group has 2 ranks, and in groups of 4 the float32 SGD runs' values (Adam and 16-bit runs: their
  * counts and order only) within the bound of the unordered sums (device_record.c record_nccl_bound;
- * docs/comm.md "The NCCL backend"). */
+ * docs/comm.md "The NCCL backend").
+ * With FSDP_TEST_DEVICE=cuda (CTest's test_fsdp_device_cuda) every rank's pass runs on cuda:0,
+ * the four rank threads sharing the one GPU, and the values are compared within the bound of
+ * record_cuda_model (CUDA_K, CUDA_DEPTH below; Adam and 16-bit runs: their counts and order
+ * only, as on nccl); the negative controls and the refusals, sim's, are skipped there. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdatomic.h>
@@ -47,6 +51,17 @@
 #define LOG_COMPUTE_FORWARD  10   /* a unit's module begins its forward (a hook after FSDP's) */
 #define LOG_COMPUTE_BACKWARD 11   /* ... its backward */
 #define N_PHASES             (FSDP_COMM_PHASE_BACKWARD + 1)
+/* The cuda bound's model (device_record.h record_cuda_model): the largest GEMM K or summed length
+ * is SimpleMLP's input width DP_IN_DIM (50; MLPStacked's widths are 10 and 16, the batch 8); the
+ * longest path is 3 steps of MLPStacked(5) with clipping: per step its 10 forward GEMMs, 10
+ * input-gradient GEMMs, the weight gradient's, the loss's sum and the clipping norm's (23),
+ * and the step (1): 3 x 24. */
+#define CUDA_K     50
+#define CUDA_DEPTH 72
+/* Why a negative control is skipped on cuda. */
+#define SIM_ONLY                                                                                   \
+    "the dropped wait reads stale data every time only on sim's deferred streams; on a GPU the "   \
+    "race may or may not show (the sim entry runs it)"
 
 typedef enum model_kind { MODEL_STACKED, MODEL_SIMPLE } model_kind;
 typedef enum optim_kind { OPT_SGD, OPT_SGD_MOMENTUM, OPT_ADAM } optim_kind;
@@ -538,16 +553,18 @@ static void run_free(run *r) {
 #define SUMS_PER_STEP 3
 
 /* The tolerance of a run of spec s against the CPU's: bit for bit on the local backend and in
- * groups of 2; on nccl the bound of its unordered sums over s->steps steps (device_record.c). */
+ * groups of 2; on nccl the bound of its unordered sums over s->steps steps; on cuda the suite's
+ * bound (device_record.c). */
 static double spec_tol(const spec *s) {
-    return record_nccl_bound(s->world, SUMS_PER_STEP * (s->steps > 0 ? s->steps : 1));
+    return record_nccl_bound(s->world, SUMS_PER_STEP * (s->steps > 0 ? s->steps : 1)) +
+           record_cuda_bound();
 }
 
 /* Whether spec s on nccl is beyond that bound: Adam (its division by sqrt(v) turns a rounding
  * difference into a move of up to lr) or 16-bit parameters or reductions (a reordered sum
- * rounds at bf16's or f16's u), on more than 2 ranks. Such a run's values are not compared
- * (at 2 ranks they are, bit for bit); its comm-debug counts, its record's layout and, with
- * prefetch, its order still are. */
+ * rounds at bf16's or f16's u), on more than 2 ranks; on cuda at any size. Such a run's values are
+ * not compared (at 2 ranks they are, bit for bit); its comm-debug counts, its record's layout and,
+ * with prefetch, its order still are. */
 static bool nccl_unbounded(const spec *s) {
     return spec_tol(s) > 0 && (s->optim == OPT_ADAM || s->param_dtype || s->reduce_dtype);
 }
@@ -617,12 +634,13 @@ static bool same_runs(const run *a, const run *b, bool quiet) {
             return false;
         }
     }
-    if (on_nccl() && !quiet && tol > 0 && values)
-        printf("\n    nccl, %s, %d ranks: largest difference %.3g of a tensor's largest "
+    const char *mode = on_nccl() ? "nccl" : "cuda";
+    if (bounded() && !quiet && tol > 0 && values)
+        printf("\n    %s, %s, %d ranks: largest difference %.3g of a tensor's largest "
                "magnitude (bound %.3g)",
-               a->s->name, a->s->world, worst, tol);
-    if (on_nccl() && !quiet && !values)
-        printf("\n    nccl, %s, %d ranks: Adam or 16 bits, values not compared (counts are)",
+               mode, a->s->name, a->s->world, worst, tol);
+    if (bounded() && !quiet && !values)
+        printf("\n    %s, %s, %d ranks: Adam or 16 bits, values not compared (counts are)", mode,
                a->s->name, a->s->world);
     return true;
 }
@@ -756,6 +774,10 @@ static void test_clip_no_sync_checkpoint_summon(void) {
  * reduce_scatter reads the full gradient before backward wrote it), every time in deferred
  * mode: the results differ from the CPU's. */
 static void test_negative_control(void) {
+    if (on_cuda()) {
+        fsdp_test_skip("%s", SIM_ONLY);
+        return;
+    }
     if (on_nccl()) {
         fsdp_test_skip("the dropped wait is the local backend's; the nccl backend has its own "
                        "negative control in test_comm_nccl");
@@ -1003,6 +1025,10 @@ static void test_reduce_overlap(void) {
 }
 
 static void test_reduce_negative_control(void) {
+    if (on_cuda()) {
+        fsdp_test_skip("%s", SIM_ONLY);
+        return;
+    }
     if (on_nccl()) {
         fsdp_test_skip("on nccl a blocking collective's host waits for its end, so the "
                        "reductions have run when the optimizer steps and the dropped join "
@@ -1092,6 +1118,10 @@ static void test_prefetch_cpu(void) {
 /* Without the compute stream's wait for a prefetched gather, a unit computes with its block
  * before the gather into it ran (deferred mode): the results differ from the CPU's. */
 static void test_prefetch_negative_control(void) {
+    if (on_cuda()) {
+        fsdp_test_skip("%s", SIM_ONLY);
+        return;
+    }
     if (on_nccl()) {
         fsdp_test_skip("on nccl a blocking collective's host waits for its end, so the gather has "
                        "run when the unit computes and the dropped stream wait cannot show");
@@ -1165,7 +1195,7 @@ static void test_offload_write_after_forward(void) {
 #else
     /* on nccl the gather's host wait for its end has also waited for the copies before it on
      * the stream, so the dropped host wait cannot show */
-    bool control = !on_nccl();
+    bool control = !on_nccl() && !on_cuda(); /* on cuda: SIM_ONLY */
 #endif
     spec s = {.name = "offload: shards written after a forward",
               .world = 2,
@@ -1192,6 +1222,11 @@ static void test_offload_write_after_forward(void) {
 }
 
 static void test_refusals(void) {
+    if (on_cuda()) {
+        fsdp_test_skip("the refusals use two sim devices (a model on one, the rank on the other), "
+                       "which one GPU cannot give; the sim entry runs them");
+        return;
+    }
     FSDP_TEST_OK(fsdp_test_run_world(2, 60000, refuse_rank, NULL));
 }
 
@@ -1203,6 +1238,9 @@ int main(int argc, char **argv) {
 #endif
     setenv("FSDP_SIM_MEMORY", "256M", 1);
     unsetenv("FSDP_SIM_MODE"); /* deferred */
+    record_cuda_model(CUDA_K, CUDA_DEPTH);
+    int mode = record_device_mode();
+    if (mode) return mode;
     static const fsdp_test_case tests[] = {
         {"strategies_root", test_strategies_root},
         {"strategies_nested", test_strategies_nested},

@@ -53,6 +53,11 @@ static const fsdp_llama_config CFG = {.dim = 32,
  * backward's as many again, the norm weights' gradients' all_reduce and the gradient's
  * reduce_scatter over dp. */
 #define LLAMA_SUMS (STEPS * (2 * (1 + 2 * 2 + 3) + 2))
+/* The cuda bound's model (device_record.h record_cuda_model), as test_tp_device's Llama: the
+ * largest GEMM K or summed length the vocabulary (64); per step the forward's 22 GEMMs and sums,
+ * the backward's 23, clipping's norm and the update: STEPS x 47. */
+#define CUDA_K     64
+#define CUDA_DEPTH (STEPS * 47)
 
 typedef struct layout_case {
     const char *name;
@@ -158,7 +163,7 @@ static fsdp_status layout_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const v
      * of up to lr (docs/testing.md "Bounds"); SGD carries it through unamplified. */
     fsdp_module *flat = sh ? fsdp_sharded_flat_params(sh) : NULL;
     if (st == FSDP_OK)
-        st = on_nccl() ? fsdp_sgd_create(ctx, flat, &(fsdp_sgd_options){.lr = 0.1}, &opt)
+        st = bounded() ? fsdp_sgd_create(ctx, flat, &(fsdp_sgd_options){.lr = 0.1}, &opt)
                        : fsdp_adam_create(ctx, flat, &(fsdp_adam_options){.lr = LR}, &opt);
     int64_t off, len; /* this dp rank's rows of the batch */
     fsdp_chunk_range(BATCH, c->dp, mesh ? fsdp_mesh_coordinate(mesh, 0) : 0, &off, &len);
@@ -188,7 +193,10 @@ static fsdp_status layout_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const v
         if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dlogits, &unused);
         double norm = 0.0;
         if (st == FSDP_OK && c->clip) st = fsdp_sharded_clip_grad_norm(ctx, sh, 1.0, 2.0, &norm);
-        if (st == FSDP_OK && c->clip) st = put(ctx, r, "clip norm", &norm, sizeof norm);
+        float normf = (float)norm; /* on cuda a number within the bound; else its bits */
+        if (st == FSDP_OK && c->clip)
+            st = on_cuda() ? put_f32(ctx, r, "clip norm", &normf, 1)
+                           : put(ctx, r, "clip norm", &norm, sizeof norm);
         if (st == FSDP_OK) st = fsdp_optimizer_step(ctx, opt);
         if (st == FSDP_OK && s == STEPS - 1) st = fsdp_comm_debug_end(ctx);
     }
@@ -270,6 +278,11 @@ static void test_dp2_tp2_prefetch_clip(void) {
 }
 
 static void test_dp2_tp2_bf16_prefetch(void) {
+    if (on_cuda()) {
+        fsdp_test_skip("bf16 parameters round the passes' f32 differences at bf16's u, beyond the "
+                       "derived bound (device_record.c); the sim entry runs it bit for bit");
+        return;
+    }
     run_layout(&(layout_case){
         .name = "(dp 2, tp 2) bf16, prefetch", .dp = 2, .tp = 2, .bf16 = true, .prefetch = true});
 }
@@ -296,6 +309,11 @@ static bool any(const bool *v, int n) {
  * wait the sim run is the CPU's on every rank, without it it differs on some rank, every time
  * (deferred streams run only up to what somebody waits for). */
 static void run_control(const layout_case *c, void (*skip)(bool), const char *nccl_why) {
+    if (on_cuda()) {
+        fsdp_test_skip("the dropped wait reads stale data every time only on sim's deferred "
+                       "streams; on a GPU the race may or may not show (the sim entry runs it)");
+        return;
+    }
     if (on_nccl()) {
         fsdp_test_skip("%s", nccl_why);
         return;
@@ -344,6 +362,9 @@ int main(int argc, char **argv) {
 #endif
     setenv("FSDP_SIM_MEMORY", "256M", 1);
     unsetenv("FSDP_SIM_MODE"); /* deferred */
+    record_cuda_model(CUDA_K, CUDA_DEPTH);
+    int mode = record_device_mode();
+    if (mode) return mode;
     static const fsdp_test_case tests[] = {
         {"dp2_tp1", test_dp2_tp1},
         {"dp1_tp2", test_dp1_tp2},

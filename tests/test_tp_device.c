@@ -18,8 +18,12 @@
  * the stand-in NCCL, each rank on its own sim device (sim:rank): bitwise still where every group
  * has 2 ranks, and in groups of 4 the float32 values (the Llama with SGD there instead of Adam)
  * within the bound of the unordered sums (device_record.c record_nccl_bound; docs/comm.md "The NCCL
- * backend"). */
+ * backend").
+ * With FSDP_TEST_DEVICE=cuda (CTest's test_tp_device_cuda) the second pass runs on cuda:0, every
+ * rank thread on the one GPU, compared within the bound of record_cuda_model (CUDA_K, CUDA_DEPTH
+ * below; the Llama with SGD there too); the negative control, sim's, is skipped. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -387,6 +391,14 @@ static void test_dtensor_handover(void) {
  * all_reduce, two per decoder layer, loss parallel's three), the backward's as many again, and
  * the norm weights' gradients' all_reduce. */
 #define LLAMA_SUMS (STEPS * (2 * (1 + 2 * 2 + 3) + 1))
+/* The cuda bound's model (device_record.h record_cuda_model): the largest GEMM K or summed length
+ * is the vocabulary (lm_head's gradient, the loss's log-sum-exp: 62, below 64; the width 32, the
+ * MLP's 48, the tokens 32); the longest path is the Llama's STEPS steps: per step the forward's
+ * GEMMs and sums (per decoder layer two RMSNorms, q/k/v, scores, softmax, the weighted sum, o,
+ * gate/up, down: 9; x 2 layers, + the final norm, lm_head and the loss's two sums: 22), the
+ * backward's as many and the weight gradient's (23), and the update (1): 3 x 46. */
+#define CUDA_K     64
+#define CUDA_DEPTH (STEPS * 46)
 
 static const fsdp_llama_config CFG = {.dim = 32,
                                       .n_layers = 2,
@@ -442,7 +454,7 @@ static fsdp_status llama_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const vo
     /* On nccl SGD: Adam divides by sqrt(v), which turns the unordered sums' rounding into moves
      * of up to lr (docs/testing.md "Bounds"); SGD carries it through unamplified. */
     if (st == FSDP_OK)
-        st = on_nccl() ? fsdp_sgd_create(ctx, m, &(fsdp_sgd_options){.lr = 0.1}, &opt)
+        st = bounded() ? fsdp_sgd_create(ctx, m, &(fsdp_sgd_options){.lr = 0.1}, &opt)
                        : fsdp_adam_create(ctx, m, &(fsdp_adam_options){.lr = 1e-2}, &opt);
     int64_t off, len; /* this dp rank's rows of the batch */
     fsdp_chunk_range(BATCH, dp, fsdp_mesh_coordinate(mesh, 0), &off, &len);
@@ -528,6 +540,8 @@ static fsdp_status refusal_body(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_tensor *x = NULL;
     const fsdp_tensor *y = NULL;
     fsdp_tp_plan_entry plan[] = {{"net1", FSDP_COLWISE()}, {"net2", FSDP_ROWWISE()}};
+    char on_dev[48]; /* the message names the parameter's device: sim or cuda */
+    snprintf(on_dev, sizeof on_dev, "'net2.weight' is on %s", fsdp_device_to_string(dev));
     fsdp_status st = fsdp_ctx_set_device(ctx, dev);
     if (st == FSDP_OK) st = fsdp_mesh_create(ctx, 1, (int[]){2}, (const char *[]){"tp"}, &mesh);
     if (st == FSDP_OK) st = fsdp_model_mlp_module(ctx, &m);
@@ -537,8 +551,7 @@ static fsdp_status refusal_body(fsdp_ctx *ctx, int rank, void *user) {
         const char *e = fsdp_last_error(ctx);
         FSDP_RANK_CHECK(ctx,
                         got == FSDP_ERR_DEVICE && strstr(e, "fsdp_tp_parallelize") &&
-                            strstr(e, "'net2.weight' is on sim") && strstr(e, "cpu:0") &&
-                            strstr(e, "fsdp_module_to"),
+                            strstr(e, on_dev) && strstr(e, "cpu:0") && strstr(e, "fsdp_module_to"),
                         "a model on two devices: %s (%s)", fsdp_status_to_string(got), e);
     }
     if (st == FSDP_OK) st = fsdp_module_to(ctx, m, dev);
@@ -552,8 +565,8 @@ static fsdp_status refusal_body(fsdp_ctx *ctx, int rank, void *user) {
         FSDP_RANK_CHECK(ctx,
                         got == FSDP_ERR_DEVICE && strstr(e, "ColwiseParallel") &&
                             strstr(e, "the input is on cpu:0") && strstr(e, "fsdp_tensor_copy"),
-                        "an input on the CPU for a model on sim: %s (%s)",
-                        fsdp_status_to_string(got), e);
+                        "an input on the CPU for a model on %s: %s (%s)",
+                        fsdp_device_to_string(dev), fsdp_status_to_string(got), e);
     }
     if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
     if (st == FSDP_OK)
@@ -570,6 +583,46 @@ static void test_refusals(void) {
     FSDP_TEST_OK(fsdp_test_run_world(2, 20000, refusal_body, NULL));
 }
 
+/* ---- the bounded comparison ---- */
+
+/* The bounded mode's comparison (nccl, cuda) itself, on values made to differ: the device pass
+ * records {1, -4, 0.5, 3} with element 2 moved by f times the tolerance times the span's largest
+ * magnitude (4), or made NaN (f < 0). */
+#define BOUND_TOL 1e-3 /* above every suite's cuda bound, so the same on every entry */
+
+static fsdp_status bound_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const void *arg,
+                              record *out) {
+    (void)ctx, (void)rank;
+    const double f = *(const double *)arg;
+    float v[4] = {1.0f, -4.0f, 0.5f, 3.0f};
+    if (dev.type != FSDP_DEVICE_CPU) v[2] = f < 0 ? NAN : (float)(v[2] + f * BOUND_TOL * 4.0);
+    return put_f32(ctx, out, "values", v, 4);
+}
+
+static fsdp_status bound_body(fsdp_ctx *ctx, int rank, void *user) {
+    double *io = user; /* {f, differs} */
+    bool differs = false;
+    FSDP_TRY(cpu_then_device(ctx, rank, bound_pass, io, "bounded comparison", &differs));
+    io[1] = differs;
+    return FSDP_OK;
+}
+
+/* Within the tolerance passes, beyond it (or NaN) differs: the comparison the nccl and cuda
+ * entries rely on is not vacuous. */
+static void test_bounded_comparison(void) {
+    static const struct {
+        double f;
+        bool differs;
+    } cases[] = {{0.0, false}, {0.5, false}, {0.9, false}, {1.5, true}, {-1.0, true}};
+    record_set_tolerance(BOUND_TOL);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double io[2] = {cases[i].f, -1.0};
+        FSDP_TEST_OK(fsdp_test_run_world(1, 20000, bound_body, io));
+        CU_ASSERT_EQUAL(io[1], cases[i].differs ? 1.0 : 0.0);
+    }
+    record_set_tolerance(0.0);
+}
+
 /* ---- the negative control ---- */
 
 static fsdp_status control_body(fsdp_ctx *ctx, int rank, void *user) {
@@ -580,6 +633,11 @@ static fsdp_status control_body(fsdp_ctx *ctx, int rank, void *user) {
  * its peers' stale (unwritten) buffers and differs from the CPU run on some rank, every time;
  * with the wait it is the CPU's (run again to show the switch was the only change). */
 static void test_negative_control(void) {
+    if (on_cuda()) {
+        fsdp_test_skip("the dropped wait reads stale data every time only on sim's deferred "
+                       "streams; on a GPU the race may or may not show (the sim entry runs it)");
+        return;
+    }
     if (on_nccl()) {
         fsdp_test_skip("the dropped wait is the local backend's; the nccl backend has its own "
                        "negative control in test_comm_nccl");
@@ -610,6 +668,9 @@ int main(int argc, char **argv) {
 #endif
     setenv("FSDP_SIM_MEMORY", "256M", 1);
     unsetenv("FSDP_SIM_MODE"); /* deferred */
+    record_cuda_model(CUDA_K, CUDA_DEPTH);
+    int mode = record_device_mode();
+    if (mode) return mode;
     static const fsdp_test_case tests[] = {
         {"pairs_1d", test_pairs_1d},
         {"pairs_2x2", test_pairs_2x2},
@@ -628,6 +689,7 @@ int main(int argc, char **argv) {
         {"llama_tp2_plain_loss", test_llama_tp2_plain_loss},
         {"llama_replicate_2x2", test_llama_replicate_2x2},
         {"refusals", test_refusals},
+        {"bounded_comparison", test_bounded_comparison},
         {"negative_control", test_negative_control},
     };
     init_styles();
