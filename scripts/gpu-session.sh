@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu-session.sh: what a GPU machine checks, in one command and a bounded time (default 540 s):
 # the environment, a build for sm_90, the GPU suites, the attention kernels (tiled against plain,
-# timed at the Llama benchmark's shapes), FSDP at world 1 against PyTorch FSDP2 and prefetch's
-# overlap with two rank threads (bench/fsdp_gpu.sh), the real NCCL at world size 1 (and two
+# timed at the Llama benchmark's shapes), the bf16 GEMM on cuBLASLt against cublasLtMatmul
+# called directly (the Llama shapes' GEMMs), FSDP at world 1 against PyTorch FSDP2 and
+# prefetch's overlap with two rank threads (bench/fsdp_gpu.sh), the real NCCL at world size 1 (and two
 # ranks on the GPU where NCCL is 2.30 or newer), compute-sanitizer (memcheck, racecheck,
 # initcheck) on the CUDA suites, the Llama and MLP GPU benchmarks against PyTorch, and the
 # scaling benchmark.
@@ -40,11 +41,12 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 budget=${GPU_SESSION_BUDGET:-540}
 if [ -d /usr/local/cuda/bin ]; then PATH="/usr/local/cuda/bin:$PATH"; fi
 
-PHASES=(deps env build gpu-tests bench-attention bench-fsdp nccl memcheck-kernels memcheck-train
-    memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama initcheck-llama bench-llama
-    bench scaling)
+PHASES=(deps env build gpu-tests bench-attention bench-gemm bench-fsdp nccl memcheck-kernels
+    memcheck-train memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama
+    initcheck-llama bench-llama bench scaling)
 # The most seconds each phase may take; the session's budget may leave it less.
-declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [bench-attention]=60 [bench-fsdp]=75 [nccl]=90
+declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [bench-attention]=60 [bench-gemm]=45
+    [bench-fsdp]=75 [nccl]=90
     [memcheck-kernels]=90 [memcheck-train]=45 [memcheck-llama]=60 [racecheck-kernels]=90
     [initcheck-kernels]=90 [racecheck-llama]=60 [initcheck-llama]=60 [bench-llama]=200 [bench]=120 [scaling]=150)
 # The suite each sanitizer phase runs.
@@ -271,6 +273,26 @@ phase_bench_attention() {
     fi
 }
 
+# bench_cuda_gemm bf16: gemm_bf16 on cuBLASLt against cublasLtMatmul called directly at the
+# Llama shapes' GEMMs (and on cuBLAS for reference); ok when the smallest ratio is 0.95 or more.
+phase_bench_gemm() {
+    local log rc=0 exe=$build/bench/bench_cuda_gemm
+    log=$(own_log)
+    [ -x "$exe" ] || { result fail "no $exe (built with FSDP_BUILD_BENCH=ON?)" && return 0; }
+    run "$exe" bf16 || rc=$?
+    local ratio
+    ratio=$(awk '$1 == "lt_ratio_min" {print $2}' "$log")
+    if [ "$rc" -ne 0 ]; then
+        result fail "bench_cuda_gemm bf16 exit status $rc${ratio:+; lt/direct min $ratio}"
+    elif [ -z "$ratio" ]; then
+        result fail "no ratio: $(grep -m1 skipped "$log" || echo 'see bench-gemm.log')"
+    elif awk -v r="$ratio" 'BEGIN {exit !(r >= 0.95)}'; then
+        result ok "bf16 table on cuBLASLt / cublasLtMatmul direct: min $ratio (goal 0.95)"
+    else
+        result fail "bf16 table on cuBLASLt / cublasLtMatmul direct: min $ratio, under 0.95"
+    fi
+}
+
 # bench/fsdp_gpu.sh: FSDP at world 1 with bf16 mixed precision against PyTorch FSDP2, and the
 # share of all_gather time prefetch hides with two rank threads on the GPU.
 phase_bench_fsdp() {
@@ -345,6 +367,7 @@ run_phase_body() {
     nccl) phase_nccl ;;
     memcheck-* | racecheck-* | initcheck-*) sanitize "${1%%-*}" "${SUITE[${1#*-}]}" ;;
     bench-attention) phase_bench_attention ;;
+    bench-gemm) phase_bench_gemm ;;
     bench-fsdp) phase_bench_fsdp ;;
     bench-llama) phase_bench_llama ;;
     bench) phase_bench ;;
@@ -455,8 +478,9 @@ main() {
         after="the build phase did not succeed"
     fi
     local p
-    for p in gpu-tests bench-attention bench-fsdp nccl memcheck-kernels memcheck-train memcheck-llama \
-        racecheck-kernels initcheck-kernels racecheck-llama initcheck-llama; do
+    for p in gpu-tests bench-attention bench-gemm bench-fsdp nccl memcheck-kernels \
+        memcheck-train memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama \
+        initcheck-llama; do
         session_phase "$p" "$after" $((RESERVE_LLAMA + RESERVE_BENCH + RESERVE_SCALING))
     done
     session_phase bench-llama "$after" $((RESERVE_BENCH + RESERVE_SCALING))

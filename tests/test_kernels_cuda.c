@@ -436,6 +436,7 @@ typedef struct gemm_case {
     bool ta, tb;
     int64_t pad; // ld = cols + pad
     float alpha, beta;
+    int64_t off; // A, B and C start this many elements into their blocks (unaligned when odd)
 } gemm_case;
 
 /* Runs one case on both tables; returns max |diff| / max |C| (the norm-wise error). */
@@ -443,15 +444,19 @@ static double gemm_compare(const gemm_case *g, double rtol, bool check) {
     int64_t ar = g->ta ? g->K : g->M, ac = g->ta ? g->M : g->K;
     int64_t br = g->tb ? g->N : g->K, bc = g->tb ? g->K : g->N;
     int64_t lda = ac + g->pad, ldb = bc + g->pad, ldc = g->N + g->pad;
+    int64_t off = g->off;
     float *A = new_uniform(ar * lda, -1, 1), *B = new_uniform(br * ldb, -1, 1);
     float *C = new_uniform(g->M * ldc, -1, 1);
-    float *dA = dev_floats(A, ar * lda), *dB = dev_floats(B, br * ldb);
-    float *dC = dev_floats(C, g->M * ldc);
+    float *dA = dev_floats(NULL, ar * lda + off), *dB = dev_floats(NULL, br * ldb + off);
+    float *dC = dev_floats(NULL, g->M * ldc + off);
+    dev_put(dA + off, A, (size_t)(ar * lda) * 4), dev_put(dB + off, B, (size_t)(br * ldb) * 4);
+    dev_put(dC + off, C, (size_t)(g->M * ldc) * 4);
     fsdp_kernels_for(FSDP_CPU)->gemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, A, lda, B, ldb,
                                      g->beta, C, ldc);
-    K()->gemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, dA, lda, dB, ldb, g->beta, dC, ldc);
+    K()->gemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, dA + off, lda, dB + off, ldb, g->beta,
+              dC + off, ldc);
     float *got = new_uniform(g->M * ldc, 0, 0);
-    dev_get(got, dC, (size_t)(g->M * ldc) * 4);
+    dev_get(got, dC + off, (size_t)(g->M * ldc) * 4);
     double maxd = 0, maxc = 0;
     for (int64_t i = 0; i < g->M * ldc; i++) {
         maxd = fmax(maxd, fabs((double)got[i] - C[i]));
@@ -459,9 +464,9 @@ static double gemm_compare(const gemm_case *g, double rtol, bool check) {
     }
     if (check) {
         char name[96];
-        snprintf(name, sizeof name, "gemm %lldx%lldx%lld%s%s ld+%lld", (long long)g->M,
+        snprintf(name, sizeof name, "gemm %lldx%lldx%lld%s%s ld+%lld off %lld", (long long)g->M,
                  (long long)g->N, (long long)g->K, g->ta ? " A^T" : "", g->tb ? " B^T" : "",
-                 (long long)g->pad);
+                 (long long)g->pad, (long long)off);
         // f32 sums of K products in another order: 1e-5 relative, plus K roundings near 0
         CU_ASSERT_TRUE(
             fsdp_test_device_close(name, got, C, g->M * ldc, rtol, 1e-6 * (double)(g->K + 1)));
@@ -474,12 +479,12 @@ static double gemm_compare(const gemm_case *g, double rtol, bool check) {
 static void test_gemm(void) {
     rng_seed(10);
     const gemm_case cases[] = {
-        {1, 1, 1, false, false, 0, 1, 0},       {7, 5, 3, false, false, 0, 1, 0},
-        {7, 5, 3, true, false, 2, 1.5f, 0.5f},  {7, 5, 3, false, true, 1, 1, 1},
-        {7, 5, 3, true, true, 3, -1, 0.25f},    {64, 48, 33, false, false, 0, 1, 0},
-        {129, 65, 257, false, true, 0, 1, 0},   {129, 65, 257, true, false, 5, 0.5f, 2},
-        {256, 384, 512, false, false, 0, 1, 0}, {17, 9, 0, false, false, 1, 1, 0.5f},
-        {17, 9, 0, true, true, 0, 1, 0},        {0, 9, 4, false, false, 0, 1, 0},
+        {1, 1, 1, false, false, 0, 1, 0, 0},       {7, 5, 3, false, false, 0, 1, 0, 0},
+        {7, 5, 3, true, false, 2, 1.5f, 0.5f, 0},  {7, 5, 3, false, true, 1, 1, 1, 0},
+        {7, 5, 3, true, true, 3, -1, 0.25f, 0},    {64, 48, 33, false, false, 0, 1, 0, 0},
+        {129, 65, 257, false, true, 0, 1, 0, 0},   {129, 65, 257, true, false, 5, 0.5f, 2, 0},
+        {256, 384, 512, false, false, 0, 1, 0, 0}, {17, 9, 0, false, false, 1, 1, 0.5f, 0},
+        {17, 9, 0, true, true, 0, 1, 0, 0},        {0, 9, 4, false, false, 0, 1, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) gemm_compare(&cases[i], 1e-5, true);
 }
@@ -488,7 +493,7 @@ static void test_gemm_tf32(void) {
     if (!cuda_only("TF32 for f32 GEMMs (fsdp_cuda_thread_set_tf32)")) return;
 #ifdef FSDP_HAVE_CUDA
     rng_seed(11);
-    gemm_case big = {512, 512, 1024, false, true, 0, 1, 0};
+    gemm_case big = {512, 512, 1024, false, true, 0, 1, 0, 0};
     CU_ASSERT_FALSE(fsdp_cuda_thread_tf32()); // off by default
     fsdp_cuda_thread_set_tf32(true);
     double err = gemm_compare(&big, 0, false);
@@ -1008,7 +1013,8 @@ static void test_adam_bf16(void) {
  * cuBLAS's tensor-core accumulation order and alignment are its own, and this has not run on a
  * GPU yet. On sim the bits are also the CPU's. Shapes cross the CPU's blocks (32 x 128 x 128),
  * with both transposes, padded strides, beta 0 over NaN (overwritten) and 0.5, and K = 0. */
-static void run_gemm_bf16_case(int64_t M, int64_t N, int64_t K, bool ta, bool tb, float beta) {
+static void run_gemm_bf16_at(int64_t M, int64_t N, int64_t K, bool ta, bool tb, float beta,
+                             int64_t off) {
     int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
     int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb, nc = M * ldc;
     fsdp_bf16 *A = malloc((size_t)(na + 1) * 2), *B = malloc((size_t)(nb + 1) * 2);
@@ -1021,10 +1027,14 @@ static void run_gemm_bf16_case(int64_t M, int64_t N, int64_t K, bool ta, bool tb
     const float alpha = 0.75f;
     memcpy(c_cpu, C0, (size_t)nc * 4);
     fsdp_kernels_cpu()->gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, c_cpu, ldc);
-    fsdp_bf16 *dA = dev_new(A, (size_t)na * 2), *dB = dev_new(B, (size_t)nb * 2);
-    float *dC = dev_floats(C0, nc);
-    fsdp_kernels_for(dev())->gemm_bf16(ta, tb, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
-    dev_get(c_dev, dC, (size_t)nc * 4);
+    fsdp_bf16 *dA = dev_new(NULL, (size_t)(na + off) * 2),
+              *dB = dev_new(NULL, (size_t)(nb + off) * 2);
+    float *dC = dev_floats(NULL, nc + off);
+    dev_put(dA + off, A, (size_t)na * 2), dev_put(dB + off, B, (size_t)nb * 2);
+    dev_put(dC + off, C0, (size_t)nc * 4);
+    fsdp_kernels_for(dev())->gemm_bf16(ta, tb, M, N, K, alpha, dA + off, lda, dB + off, ldb, beta,
+                                       dC + off, ldc);
+    dev_get(c_dev, dC + off, (size_t)nc * 4);
     double worst_cpu = 0, worst_dev = 0, slack = fsdp_test_device_is_cuda() ? 4.0 : 1.0;
     int64_t bits = 0;
     for (int64_t i = 0; i < M; i++)
@@ -1045,15 +1055,19 @@ static void run_gemm_bf16_case(int64_t M, int64_t N, int64_t K, bool ta, bool tb
             bits += f32_bits(got_cpu) != f32_bits(got_dev);
         }
     printf(
-        "\n    gemm_bf16 %lldx%lldx%lld%s%s beta %g: error / bound CPU %.3f, device %.3f (bound x "
-        "%.0f); %lld elements differ in bits",
+        "\n    gemm_bf16 %lldx%lldx%lld%s%s beta %g off %lld: error / bound CPU %.3f, device %.3f "
+        "(bound x %.0f); %lld elements differ in bits",
         (long long)M, (long long)N, (long long)K, ta ? " A^T" : "", tb ? " B^T" : "", (double)beta,
-        worst_cpu, worst_dev, slack, (long long)bits);
+        (long long)off, worst_cpu, worst_dev, slack, (long long)bits);
     CU_ASSERT_TRUE(worst_cpu <= 1.0);
     CU_ASSERT_TRUE(worst_dev <= slack);
     if (!fsdp_test_device_is_cuda()) CU_ASSERT_EQUAL(bits, 0);
     free(A), free(B), free(C0), free(c_cpu), free(c_dev);
     dev_free(dA), dev_free(dB), dev_free(dC);
+}
+
+static void run_gemm_bf16_case(int64_t M, int64_t N, int64_t K, bool ta, bool tb, float beta) {
+    run_gemm_bf16_at(M, N, K, ta, tb, beta, 0);
 }
 
 static void test_gemm_bf16(void) {
@@ -1065,6 +1079,88 @@ static void test_gemm_bf16(void) {
     run_gemm_bf16_case(33, 129, 1, false, false, 0.0f);
     run_gemm_bf16_case(4, 6, 0, false, true, 0.5f);
     run_gemm_bf16_case(3, 2, 0, true, false, 0.0f);
+}
+
+/* ---- GEMMs through cuBLASLt (CUDA only) ---- */
+
+#ifdef FSDP_HAVE_CUDA
+static fsdp_cuda_gemm_lt_stats lt_stats(void) {
+    return fsdp_cuda_gemm_lt_stats_get(dev().index);
+}
+#endif
+
+/* One f32 case through gemm_compare under its bound (1e-5 relative, 1e-6 (K + 1) absolute). */
+static void lt_f32(int64_t M, int64_t N, int64_t K, bool ta, bool tb, int64_t pad, float beta,
+                   int64_t off) {
+    gemm_case g = {M, N, K, ta, tb, pad, 0.75f, beta, off};
+    gemm_compare(&g, 1e-5, true);
+}
+
+/* The table's gemm_bf16 and gemm with this thread's GEMMs on cuBLASLt
+ * (fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_LT)) against the CPU table: bf16 within
+ * run_gemm_bf16_at's derived f32-accumulation bound ((K + 3) 2^-24 (|alpha| sum |a b| + |beta
+ * c|), 4 times on CUDA), f32 within gemm_compare's; M, N, K over 1, 7, 33 and 1000, both
+ * transposes, leading dimensions past the shape, beta 0 (over NaN) and 0.5, operands 2 or 4
+ * bytes past an aligned address (a key of their own: the heuristic is told the alignment).
+ * Elsewhere (sim) the same cases run through the device's own GEMM, bit for bit the CPU's. */
+static void test_gemm_lt(void) {
+#ifdef FSDP_HAVE_CUDA
+    if (fsdp_test_device_is_cuda()) {
+        const char *env = getenv("FSDP_CUDA_GEMM");
+        if (!env || !*env) CU_ASSERT_EQUAL(fsdp_cuda_thread_gemm(), FSDP_CUDA_GEMM_CUBLAS);
+        fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_LT);
+        CU_ASSERT_EQUAL(fsdp_cuda_thread_gemm(), FSDP_CUDA_GEMM_LT);
+    }
+#endif
+    rng_seed(37);
+    static const int64_t dims[][3] = {{1, 1, 1},     {7, 7, 7},       {33, 7, 1},    {1, 33, 7},
+                                      {7, 1, 33},    {1000, 33, 7},   {7, 1000, 33}, {33, 7, 1000},
+                                      {1000, 1, 33}, {33, 1000, 1000}};
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
+        for (int t = 0; t < 4; t++) {
+            int64_t M = dims[i][0], N = dims[i][1], K = dims[i][2], off = (int64_t)(i + t) % 2;
+            float beta = t % 2 ? 0.5f : 0.0f;
+            run_gemm_bf16_at(M, N, K, t & 1, t & 2, beta, off);
+            lt_f32(M, N, K, t & 1, t & 2, t + 1, t < 2 ? 0.0f : -1.5f, off);
+        }
+    run_gemm_bf16_at(4, 6, 0, false, true, 0.5f, 0); // K = 0 scales C before either library
+#ifdef FSDP_HAVE_CUDA
+    fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_DEFAULT);
+#endif
+}
+
+/* The heuristics' cache: a shape met twice asks the heuristic once and hits the second time
+ * (both within gemm_compare's bound); FSDP_CUDA_LT_CACHE_SLOTS + 8 new shapes fill the table
+ * and replace the least recently used entries, each still correct; the first of them, replaced
+ * since, is asked again. */
+static void test_gemm_lt_cache(void) {
+    if (!cuda_only("the cuBLASLt heuristics' cache")) return;
+#ifdef FSDP_HAVE_CUDA
+    fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_LT);
+    rng_seed(41);
+    fsdp_cuda_gemm_lt_stats s0 = lt_stats();
+    lt_f32(61, 59, 67, false, true, 3, 0.0f, 0); // a shape no other case runs
+    fsdp_cuda_gemm_lt_stats s1 = lt_stats();
+    CU_ASSERT_EQUAL(s1.queries, s0.queries + 1);
+    lt_f32(61, 59, 67, false, true, 3, 0.0f, 0);
+    fsdp_cuda_gemm_lt_stats s2 = lt_stats();
+    CU_ASSERT_EQUAL(s2.queries, s1.queries);
+    CU_ASSERT_EQUAL(s2.hits, s1.hits + 1);
+    const int extra = 8, n = FSDP_CUDA_LT_CACHE_SLOTS + extra;
+    for (int i = 0; i < n; i++) lt_f32(2000 + i, 8, 8, false, false, 0, 0.5f, 0);
+    fsdp_cuda_gemm_lt_stats s3 = lt_stats();
+    printf("\n    lt cache: %lld queries, %lld hits, %lld evictions, %lld fallbacks, %d slots",
+           (long long)s3.queries, (long long)s3.hits, (long long)s3.evictions,
+           (long long)s3.fallbacks, s3.slots_used);
+    CU_ASSERT_EQUAL(s3.queries, s2.queries + n);
+    CU_ASSERT_EQUAL(s3.slots_used, FSDP_CUDA_LT_CACHE_SLOTS);
+    CU_ASSERT_TRUE(s3.evictions >= s2.evictions + extra);
+    // f32, 32-byte rows, aligned operands: cuBLASLt has an algorithm for each
+    CU_ASSERT_EQUAL(s3.fallbacks, s2.fallbacks);
+    lt_f32(2000, 8, 8, false, false, 0, 0.5f, 0); // replaced by the later shapes: asked again
+    CU_ASSERT_EQUAL(lt_stats().queries, s3.queries + 1);
+    fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_DEFAULT);
+#endif
 }
 
 /* ---- the tiled attention (CUDA only) ---- */
@@ -1225,6 +1321,8 @@ int main(int argc, char **argv) {
         {"optim", test_optim},
         {"adam_bf16", test_adam_bf16},
         {"gemm_bf16", test_gemm_bf16},
+        {"gemm_lt", test_gemm_lt},
+        {"gemm_lt_cache", test_gemm_lt_cache},
         {"attention_flash", test_attention_flash},
     };
     fsdp_test_device(); // chosen, and printed, before the first case

@@ -1,6 +1,7 @@
 /* cuda.h: what the CUDA device offers beyond its record (core/device.h) and its operator table:
- * the probe that tests skip on, the caching allocator's counters, TF32 for this thread's GEMMs
- * and its attention kernels. Internal to libfsdp (tests and benchmarks read it); it includes no
+ * the probe that tests skip on, the caching allocator's counters, TF32 and the library of this
+ * thread's GEMMs (cuBLAS or cuBLASLt, with the cuBLASLt heuristics' cache counters) and its
+ * attention kernels. Internal to libfsdp (tests and benchmarks read it); it includes no
  * CUDA header, so any C file can include it. */
 #ifndef FSDP_KERNELS_CUDA_H
 #define FSDP_KERNELS_CUDA_H
@@ -41,6 +42,39 @@ void fsdp_cuda_empty_cache(int device);
  * accumulation; about 1e-3 relative). Off by default: GEMMs are exact f32. */
 void fsdp_cuda_thread_set_tf32(bool allow);
 bool fsdp_cuda_thread_tf32(void);
+
+/* Which library this thread's gemm and gemm_bf16 call: cuBLAS (cublasGemmEx) or cuBLASLt
+ * (cublasLtMatmul with the algorithm of cublasLtMatmulAlgoGetHeuristic, cached per device for
+ * FSDP_CUDA_LT_CACHE_SLOTS shapes, and a workspace of FSDP_CUDA_LT_WORKSPACE bytes per thread
+ * and device from the caching allocator). Both compute in f32 (TF32 where this thread allows
+ * it). DEFAULT follows the environment variable FSDP_CUDA_GEMM (cublas or lt, read once; unset
+ * means cublas, since the cuBLASLt path has not run on a GPU yet; any other value aborts with a
+ * message). */
+#define FSDP_CUDA_LT_CACHE_SLOTS 64
+#define FSDP_CUDA_LT_WORKSPACE   ((size_t)32 << 20)
+typedef enum fsdp_cuda_gemm_lib {
+    FSDP_CUDA_GEMM_DEFAULT = 0,
+    FSDP_CUDA_GEMM_CUBLAS,
+    FSDP_CUDA_GEMM_LT,
+} fsdp_cuda_gemm_lib;
+void fsdp_cuda_thread_set_gemm(fsdp_cuda_gemm_lib lib);
+/* The library chosen for this thread (never DEFAULT). */
+fsdp_cuda_gemm_lib fsdp_cuda_thread_gemm(void);
+
+/* The cuBLASLt path's counters on one device (all threads together; zeroes for a device out of
+ * range or never used). A GEMM looks its key up (shape, transposes, leading dimensions, data
+ * and compute type, the alignment of its three pointers): a hit reuses the cached algorithm, a
+ * miss asks cublasLtMatmulAlgoGetHeuristic once and fills a free slot or, when all are taken,
+ * replaces the least recently used entry. A key with no algorithm (the heuristic found none) is
+ * cached too and runs through cublasGemmEx (a fallback). */
+typedef struct fsdp_cuda_gemm_lt_stats {
+    int64_t queries;   /* cublasLtMatmulAlgoGetHeuristic calls */
+    int64_t hits;      /* GEMMs that found their key cached */
+    int64_t evictions; /* entries replaced by a newer key */
+    int64_t fallbacks; /* GEMMs run through cublasGemmEx because no algorithm was found */
+    int slots_used;    /* entries held (<= FSDP_CUDA_LT_CACHE_SLOTS) */
+} fsdp_cuda_gemm_lt_stats;
+fsdp_cuda_gemm_lt_stats fsdp_cuda_gemm_lt_stats_get(int device);
 
 /* Which kernels this thread's attention_forward / attention_backward run: the plain ones (one
  * thread per score row) or the tiled FlashAttention-2-class ones (shared-memory tiles, online

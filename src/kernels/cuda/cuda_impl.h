@@ -36,6 +36,9 @@ void fsdp_cuda_check(cudaError_t err, const char *file, int line, const char *wh
 void fsdp_cuda_check_blas(cublasStatus_t st, const char *file, int line, const char *what);
 #define FSDP_CUDA_CHECK(call)      fsdp_cuda_check((call), __FILE__, __LINE__, #call)
 #define FSDP_CUDA_CHECK_BLAS(call) fsdp_cuda_check_blas((call), __FILE__, __LINE__, #call)
+/* The same for a cuBLASLt call: the message names cuBLASLt and the status. */
+void fsdp_cuda_check_lt(cublasStatus_t st, const char *file, int line, const char *what);
+#define FSDP_CUDA_CHECK_LT(call) fsdp_cuda_check_lt((call), __FILE__, __LINE__, #call)
 /* After a kernel launch: checks that it was launched. */
 #define FSDP_CUDA_LAUNCHED(name) fsdp_cuda_check(cudaGetLastError(), __FILE__, __LINE__, (name))
 
@@ -68,6 +71,13 @@ double fsdp_cuda_fetch_double(const double *dev);
 /* A number for this thread, never reused within the process. */
 uint64_t fsdp_cuda_thread_serial(void);
 
+/* This thread's cuBLASLt state (gemm_lt.c: a handle and a workspace per device), NULL until
+ * gemm_lt.c sets it; thread.c hands it to fsdp_cuda_lt_thread_release when the thread exits,
+ * before the rest of the thread's state goes. */
+typedef struct fsdp_cuda_lt_thread fsdp_cuda_lt_thread;
+fsdp_cuda_lt_thread **fsdp_cuda_thread_lt(void);
+void fsdp_cuda_lt_thread_release(fsdp_cuda_lt_thread *lt);
+
 /* ---- the caching allocator (allocator.c) ---- */
 
 /* nbytes (> 0) on `device`, which is current; not zeroed. Freed with fsdp_cuda_block_free from
@@ -84,7 +94,22 @@ void fsdp_cuda_block_free(int device, void *ptr);
 
 /* ---- kernels: one function per table entry, then helpers ---- */
 
-/* gemm.c */
+/* gemm.c: one GEMM as both libraries take it, after the table's checks (M, N, K > 0, every
+ * size and leading dimension within int, each leading dimension at least its row's length):
+ * row-major C (M, N) = alpha op(A) op(B) + beta C, A and B of ab_type, C f32. */
+typedef struct fsdp_cuda_gemm_args {
+    bool trans_a, trans_b;
+    int64_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    const void *A, *B;
+    float *C;
+    cudaDataType_t ab_type;      // CUDA_R_32F or CUDA_R_16BF
+    cublasComputeType_t compute; // CUBLAS_COMPUTE_32F or CUBLAS_COMPUTE_32F_FAST_TF32
+} fsdp_cuda_gemm_args;
+void fsdp_cuda_gemm_cublas(const fsdp_cuda_gemm_args *g);
+/* gemm_lt.c: the same through cuBLASLt (its heuristic cached; cublasGemmEx where it has no
+ * algorithm for the key). */
+void fsdp_cuda_gemm_lt(const fsdp_cuda_gemm_args *g);
 void fsdp_cuda_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                     int64_t ldc);

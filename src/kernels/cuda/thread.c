@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <cublasLt.h>
+
 #include "fsdp/cuda.h"
 #include "kernels/cuda/cuda_impl.h"
 
@@ -30,6 +32,13 @@ void fsdp_cuda_check_blas(cublasStatus_t st, const char *file, int line, const c
     if (st == CUBLAS_STATUS_SUCCESS) return;
     fprintf(stderr, "libfsdp: cuBLAS error at %s:%d: %s failed: %s (%s)\n", file, line, what,
             cublasGetStatusString(st), cublasGetStatusName(st));
+    abort();
+}
+
+void fsdp_cuda_check_lt(cublasStatus_t st, const char *file, int line, const char *what) {
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "libfsdp: cuBLASLt error at %s:%d: %s failed: %s (%s)\n", file, line, what,
+            cublasLtGetStatusString(st), cublasLtGetStatusName(st));
     abort();
 }
 
@@ -73,6 +82,7 @@ typedef struct cuda_thread {
     double *scratch;          // FSDP_CUDA_SCRATCH doubles on scratch_device, NULL until first use
     int scratch_device;
     cudaStream_t current[FSDP_CUDA_MAX_DEVICES]; // NULL: the thread's default stream
+    fsdp_cuda_lt_thread *lt;                     // gemm_lt.c's, NULL until it sets it
 } cuda_thread;
 
 static pthread_key_t thread_key;
@@ -84,6 +94,7 @@ static atomic_uint_fast64_t next_serial = 1;
  * it: cuBLAS and cudaFree wait for it). */
 static void thread_release(void *arg) {
     cuda_thread *t = arg;
+    if (t->lt) fsdp_cuda_lt_thread_release(t->lt); // it reads the thread's streams: first
     if (t->blas) {
         cudaSetDevice(t->blas_device);
         cublasDestroy(t->blas);
@@ -113,6 +124,10 @@ static cuda_thread *this_thread(void) {
 
 uint64_t fsdp_cuda_thread_serial(void) {
     return this_thread()->serial;
+}
+
+fsdp_cuda_lt_thread **fsdp_cuda_thread_lt(void) {
+    return &this_thread()->lt;
 }
 
 void fsdp_cuda_thread_set_tf32(bool allow) {
