@@ -25,6 +25,11 @@ typedef enum kind {
     K_BARRIER,
 } kind;
 
+/* How a case's call is made: blocking, or started on a work (fsdp_*_start), some unrelated
+ * device work queued, then the work tested and waited for on the host or on the caller's
+ * current stream. */
+typedef enum wait_kind { W_BLOCK, W_HOST, W_STREAM } wait_kind;
+
 /* One call. shape is the global shape (all_reduce, broadcast: the tensor; reduce_scatter: the
  * input; all_gather: the output; all_to_all: the shape both are chunks of); a first dim of
  * -k means k x the world size. */
@@ -37,6 +42,7 @@ typedef struct coll_case {
     int dim, dim2; /* all_to_all: split_dim, concat_dim */
     int root;      /* broadcast: -1 for the last rank */
     fsdp_reduce_options opts;
+    wait_kind wait; /* K_START_HOST and K_START_STREAM: W_HOST and W_STREAM */
 } coll_case;
 
 #define F32  FSDP_DTYPE_F32
@@ -150,6 +156,57 @@ static const coll_case cases[] = {
      .dim = 1,
      .dim2 = 2},
     {.kind = K_BARRIER, .dtype = F32, .op = SUM, .ndim = 1, .shape = {1}},
+    /* every other collective started, waited for on the host and on a stream */
+    {.kind = K_REDUCE_SCATTER, .dtype = F32, .op = SUM, .ndim = 1, .shape = {7}, .wait = W_HOST},
+    {.kind = K_REDUCE_SCATTER,
+     .dtype = BF16,
+     .op = AVG,
+     .ndim = 2,
+     .shape = {3, 7},
+     .dim = 1,
+     .wait = W_STREAM},
+    {.kind = K_REDUCE_SCATTER,
+     .dtype = F32,
+     .op = AVG,
+     .ndim = 2,
+     .shape = {3, 5},
+     .dim = 1,
+     .opts = {.pre_scale = 0.5f, .accumulate = true},
+     .wait = W_HOST},
+    {.kind = K_ALL_GATHER, .dtype = F32, .op = SUM, .ndim = 1, .shape = {7}, .wait = W_STREAM},
+    {.kind = K_ALL_GATHER,
+     .dtype = I32,
+     .op = SUM,
+     .ndim = 3,
+     .shape = {4, 5, 3},
+     .dim = 1,
+     .wait = W_HOST},
+    {.kind = K_BROADCAST,
+     .dtype = F16,
+     .op = SUM,
+     .ndim = 2,
+     .shape = {5, 3},
+     .root = -1,
+     .wait = W_HOST},
+    {.kind = K_BROADCAST, .dtype = F32, .op = SUM, .ndim = 1, .shape = {7}, .wait = W_STREAM},
+    {.kind = K_ALL_TO_ALL,
+     .dtype = F32,
+     .op = SUM,
+     .ndim = 2,
+     .shape = {7, 5},
+     .dim = 0,
+     .dim2 = 1,
+     .wait = W_STREAM},
+    {.kind = K_ALL_TO_ALL,
+     .dtype = BF16,
+     .op = SUM,
+     .ndim = 2,
+     .shape = {-2, 3},
+     .dim = 0,
+     .dim2 = 0,
+     .wait = W_HOST},
+    {.kind = K_BARRIER, .dtype = F32, .op = SUM, .ndim = 1, .shape = {1}, .wait = W_HOST},
+    {.kind = K_BARRIER, .dtype = F32, .op = SUM, .ndim = 1, .shape = {1}, .wait = W_STREAM},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -210,33 +267,69 @@ static const fsdp_reduce_options *opts_of(const coll_case *c) {
     return o->pre_scale == 0.0f && o->post_scale == 0.0f && !o->accumulate ? NULL : o;
 }
 
-/* Makes case c's call on out and in (one tensor for the in-place ones). */
-static fsdp_status call(fsdp_ctx *ctx, const coll_case *c, int W, fsdp_tensor *out, fsdp_tensor *in,
-                        fsdp_comm_work *work) {
+static wait_kind wait_of(const coll_case *c) {
+    return c->kind == K_START_HOST ? W_HOST : c->kind == K_START_STREAM ? W_STREAM : c->wait;
+}
+
+/* Case c's call on out and in (one tensor for the in-place ones), started on work when it is
+ * not NULL. */
+static fsdp_status issue_call(fsdp_ctx *ctx, const coll_case *c, int W, fsdp_tensor *out,
+                              fsdp_tensor *in, fsdp_comm_work *work) {
+    const int root = c->root < 0 ? W - 1 : c->root;
     switch (c->kind) {
     case K_ALL_REDUCE:
-        return fsdp_all_reduce_ex(ctx, NULL, out, c->op, opts_of(c));
-    case K_START_HOST: {
-        FSDP_TRY(fsdp_all_reduce_start_ex(ctx, NULL, out, c->op, opts_of(c), work));
-        bool done = false;
-        FSDP_TRY(fsdp_comm_work_test(ctx, work, &done));
-        return fsdp_comm_work_wait(ctx, work);
-    }
+    case K_START_HOST:
     case K_START_STREAM:
-        FSDP_TRY(fsdp_all_reduce_start_ex(ctx, NULL, out, c->op, opts_of(c), work));
-        return fsdp_comm_work_wait_stream(ctx, work, fsdp_stream_current(fsdp_tensor_device(out)));
+        return work ? fsdp_all_reduce_start_ex(ctx, NULL, out, c->op, opts_of(c), work)
+                    : fsdp_all_reduce_ex(ctx, NULL, out, c->op, opts_of(c));
     case K_REDUCE_SCATTER:
-        return fsdp_reduce_scatter_ex(ctx, NULL, out, in, c->dim, c->op, opts_of(c));
+        return work ? fsdp_reduce_scatter_start_ex(ctx, NULL, out, in, c->dim, c->op, opts_of(c),
+                                                   work)
+                    : fsdp_reduce_scatter_ex(ctx, NULL, out, in, c->dim, c->op, opts_of(c));
     case K_ALL_GATHER:
-        return fsdp_all_gather(ctx, NULL, out, in, c->dim);
+        return work ? fsdp_all_gather_start(ctx, NULL, out, in, c->dim, work)
+                    : fsdp_all_gather(ctx, NULL, out, in, c->dim);
     case K_BROADCAST:
-        return fsdp_broadcast(ctx, NULL, out, c->root < 0 ? W - 1 : c->root);
+        return work ? fsdp_broadcast_start(ctx, NULL, out, root, work)
+                    : fsdp_broadcast(ctx, NULL, out, root);
     case K_ALL_TO_ALL:
-        return fsdp_all_to_all(ctx, NULL, out, in, c->dim, c->dim2);
+        return work ? fsdp_all_to_all_start(ctx, NULL, out, in, c->dim, c->dim2, work)
+                    : fsdp_all_to_all(ctx, NULL, out, in, c->dim, c->dim2);
     case K_BARRIER:
-        return fsdp_barrier(ctx, NULL);
+        return work ? fsdp_barrier_start(ctx, NULL, work) : fsdp_barrier(ctx, NULL);
     }
     return FSDP_ERR_INTERNAL;
+}
+
+/* Called between a start and its wait, after the unrelated device work (NULL: nothing); set
+ * before a run, read by its ranks. */
+static fsdp_status (*between_start_and_wait)(fsdp_ctx *ctx, const coll_case *c,
+                                             fsdp_comm_work *work);
+
+/* Device work that has nothing to do with the call in flight, on the caller's stream of dev. */
+static fsdp_status unrelated_work(fsdp_ctx *ctx, fsdp_device dev) {
+    const int64_t n = 257;
+    fsdp_tensor *t = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 1, &n, &t));
+    fsdp_status st = fsdp_tensor_fill(ctx, t, 3.0f);
+    fsdp_tensor_free(t);
+    return st;
+}
+
+/* Makes case c's call on out and in (one tensor for the in-place ones): blocking, or started
+ * on work and completed as wait_of(c) says. */
+static fsdp_status call(fsdp_ctx *ctx, const coll_case *c, int W, fsdp_tensor *out, fsdp_tensor *in,
+                        fsdp_comm_work *work) {
+    const wait_kind how = wait_of(c);
+    if (how == W_BLOCK) return issue_call(ctx, c, W, out, in, NULL);
+    FSDP_TRY(issue_call(ctx, c, W, out, in, work));
+    const fsdp_device dev = fsdp_tensor_device(in);
+    FSDP_TRY(unrelated_work(ctx, dev));
+    if (between_start_and_wait) FSDP_TRY(between_start_and_wait(ctx, c, work));
+    if (how == W_STREAM) return fsdp_comm_work_wait_stream(ctx, work, fsdp_stream_current(dev));
+    bool done = false;
+    FSDP_TRY(fsdp_comm_work_test(ctx, work, &done));
+    return fsdp_comm_work_wait(ctx, work);
 }
 
 /* A copy of host tensor h on dev. */

@@ -198,6 +198,19 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_broadcast, "ctx t", fsdp_broadcast(C, NULL, A(1, f->t), 0))                          \
     CALL(fsdp_all_to_all, "ctx out in", fsdp_all_to_all(C, NULL, A(1, f->t), A(2, f->t2), 0, 0))   \
     CALL(fsdp_barrier, "ctx", fsdp_barrier(C, NULL))                                               \
+    CALL(fsdp_all_gather_start, "ctx out in work",                                                 \
+         fsdp_all_gather_start(C, NULL, A(1, f->t), A(2, f->t2), 0, A(3, f->work)))                \
+    CALL(fsdp_reduce_scatter_start, "ctx out in work",                                             \
+         fsdp_reduce_scatter_start(C, NULL, A(1, f->t), A(2, f->t2), 0, FSDP_REDUCE_SUM,           \
+                                   A(3, f->work)))                                                 \
+    CALL(fsdp_reduce_scatter_start_ex, "ctx out in work",                                          \
+         fsdp_reduce_scatter_start_ex(C, NULL, A(1, f->t), A(2, f->t2), 0, FSDP_REDUCE_SUM, NULL,  \
+                                      A(3, f->work)))                                              \
+    CALL(fsdp_broadcast_start, "ctx t work",                                                       \
+         fsdp_broadcast_start(C, NULL, A(1, f->t), 0, A(2, f->work)))                              \
+    CALL(fsdp_all_to_all_start, "ctx out in work",                                                 \
+         fsdp_all_to_all_start(C, NULL, A(1, f->t), A(2, f->t2), 0, 0, A(3, f->work)))             \
+    CALL(fsdp_barrier_start, "ctx work", fsdp_barrier_start(C, NULL, A(1, f->work)))               \
     /* comm_hook.h */                                                                              \
     CALL(fsdp_comm_hook_run, "ctx bucket",                                                         \
          fsdp_comm_hook_run(C, FSDP_COMM_HOOK_DEFAULT, A(1, &f->bucket)))                          \
@@ -380,8 +393,15 @@ static const struct {
     {"fsdp_all_reduce_ex", "opts", "a plain all_reduce"},
     {"fsdp_all_reduce_start_ex", "group", "the world group"},
     {"fsdp_all_reduce_start_ex", "opts", "a plain all_reduce"},
+    {"fsdp_all_gather_start", "group", "the world group"},
     {"fsdp_all_to_all", "group", "the world group"},
+    {"fsdp_all_to_all_start", "group", "the world group"},
     {"fsdp_barrier", "group", "the world group"},
+    {"fsdp_barrier_start", "group", "the world group"},
+    {"fsdp_broadcast_start", "group", "the world group"},
+    {"fsdp_reduce_scatter_start", "group", "the world group"},
+    {"fsdp_reduce_scatter_start_ex", "group", "the world group"},
+    {"fsdp_reduce_scatter_start_ex", "opts", "a plain reduce_scatter"},
     {"fsdp_batch_slice", "group", "the world group"},
     {"fsdp_broadcast", "group", "the world group"},
     {"fsdp_reduce_scatter", "group", "the world group"},

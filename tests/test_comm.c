@@ -1444,6 +1444,150 @@ static fsdp_status start_timed_body(fsdp_ctx *ctx, int rank, void *user) {
     return st;
 }
 
+/* ---- every collective started on a work ---- */
+
+/* Collective k on host tensors of this rank (0: all_gather along dim 1, 1: reduce_scatter along
+ * dim 1, 2: reduce_scatter_ex with pre_scale and accumulate, 3: all_reduce_ex with post_scale,
+ * 4: broadcast from the last rank, 5: all_to_all, 6: barrier), filled from `salt`: blocking
+ * (work NULL), or started on work, tested, then waited for. The output's bytes hash into
+ * *hash; *pending: whether the work was in flight after the start. */
+#define N_STARTED 7
+static fsdp_status started_call(fsdp_ctx *ctx, int k, int rank, int W, uint64_t salt,
+                                fsdp_comm_work *work, uint64_t *hash, bool *pending) {
+    const int64_t n = 2 * W + 1, zero[FSDP_MAX_DIMS] = {0};
+    int64_t len = 0, whole[2] = {3, n}, piece[2] = {3, 0}, a2a[2] = {2 * W, 3};
+    fsdp_chunk_range(n, W, rank, NULL, &len);
+    piece[1] = len;
+    const int64_t *in_shape = k == 0 ? piece : k == 5 ? a2a : whole;
+    const int64_t *out_shape = k == 1 || k == 2 ? piece : k == 5 ? a2a : whole;
+    const fsdp_reduce_options acc = {.pre_scale = 0.5f, .accumulate = true},
+                              post = {.post_scale = 3};
+    fsdp_tensor *in = NULL, *out = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, in_shape, &in);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, out_shape, &out);
+    if (st == FSDP_OK)
+        fill_box(in, in_shape, zero, salt), fill_box(out, out_shape, zero, salt + 99);
+    *pending = false;
+    if (st == FSDP_OK) switch (k) {
+        case 0:
+            st = work ? fsdp_all_gather_start(ctx, NULL, out, in, 1, work)
+                      : fsdp_all_gather(ctx, NULL, out, in, 1);
+            break;
+        case 1:
+            st = work ? fsdp_reduce_scatter_start(ctx, NULL, out, in, 1, FSDP_REDUCE_SUM, work)
+                      : fsdp_reduce_scatter(ctx, NULL, out, in, 1, FSDP_REDUCE_SUM);
+            break;
+        case 2:
+            st = work ? fsdp_reduce_scatter_start_ex(ctx, NULL, out, in, 1, FSDP_REDUCE_AVG, &acc,
+                                                     work)
+                      : fsdp_reduce_scatter_ex(ctx, NULL, out, in, 1, FSDP_REDUCE_AVG, &acc);
+            break;
+        case 3:
+            st = work ? fsdp_all_reduce_start_ex(ctx, NULL, out, FSDP_REDUCE_SUM, &post, work)
+                      : fsdp_all_reduce_ex(ctx, NULL, out, FSDP_REDUCE_SUM, &post);
+            break;
+        case 4:
+            st = work ? fsdp_broadcast_start(ctx, NULL, out, W - 1, work)
+                      : fsdp_broadcast(ctx, NULL, out, W - 1);
+            break;
+        case 5:
+            st = work ? fsdp_all_to_all_start(ctx, NULL, out, in, 0, 0, work)
+                      : fsdp_all_to_all(ctx, NULL, out, in, 0, 0);
+            break;
+        default:
+            st = work ? fsdp_barrier_start(ctx, NULL, work) : fsdp_barrier(ctx, NULL);
+            break;
+        }
+    if (st == FSDP_OK && work) {
+        bool done = false;
+        *pending = fsdp_comm_work_pending(work);
+        st = fsdp_comm_work_test(ctx, work, &done);
+        if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, work);
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, !fsdp_comm_work_pending(work), "a work waited for is pending");
+    }
+    if (st == FSDP_OK) *hash = hash_bytes(out);
+    fsdp_tensor_free(in), fsdp_tensor_free(out);
+    return st;
+}
+
+/* Every collective's start on host tensors against its blocking call with the same inputs:
+ * the output bit for bit and the comm-debug counts of every op equal; the work is complete when
+ * the start returns (the local backend's host calls, and the mpi backend's but its
+ * all_reduce, which is in flight until waited for). Then, where a work is in flight (MPI), every
+ * other start on it is refused naming the call in flight, on every rank alike, and the call
+ * still completes right. */
+static fsdp_status every_start_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    fsdp_comm_work *w = NULL;
+    FSDP_TRY(fsdp_comm_work_create(ctx, &w));
+    fsdp_status st = FSDP_OK;
+    for (int k = 0; k < N_STARTED && st == FSDP_OK; k++) {
+        uint64_t hash[2] = {0};
+        bool pending[2] = {false};
+        fsdp_comm_count count[2][FSDP_COMM_OP_COUNT];
+        for (int i = 0; i < 2 && st == FSDP_OK; i++) {
+            st = fsdp_comm_debug_begin(ctx);
+            if (st == FSDP_OK)
+                st = started_call(ctx, k, rank, W, (uint64_t)(rank * 11 + k + 1), i ? w : NULL,
+                                  &hash[i], &pending[i]);
+            for (int op = 0; op < FSDP_COMM_OP_COUNT; op++)
+                count[i][op] = fsdp_comm_debug_count(ctx, (fsdp_comm_op)op, NULL);
+            fsdp_status end = fsdp_comm_debug_end(ctx);
+            if (st == FSDP_OK) st = end;
+        }
+        if (st != FSDP_OK) break;
+        FSDP_RANK_CHECK(ctx, hash[0] == hash[1],
+                        "collective %d: the start's output differs from "
+                        "the blocking call's",
+                        k);
+        const bool in_flight = fsdp_test_mpi() && k == 3;
+        FSDP_RANK_CHECK(ctx, pending[1] == in_flight,
+                        "collective %d: the work was %spending after "
+                        "its start",
+                        k, pending[1] ? "" : "not ");
+        for (int op = 0; op < FSDP_COMM_OP_COUNT; op++)
+            FSDP_RANK_CHECK(ctx,
+                            count[0][op].calls == count[1][op].calls &&
+                                count[0][op].bytes == count[1][op].bytes,
+                            "collective %d: comm-debug %s %lld calls, %lld bytes blocking; %lld, "
+                            "%lld started",
+                            k, fsdp_comm_op_to_string((fsdp_comm_op)op),
+                            (long long)count[0][op].calls, (long long)count[0][op].bytes,
+                            (long long)count[1][op].calls, (long long)count[1][op].bytes);
+    }
+    fsdp_tensor *t = NULL;
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){W}, &t);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, t, (float)rank);
+    if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, NULL, t, FSDP_REDUCE_SUM, w);
+    if (st == FSDP_OK && fsdp_comm_work_pending(w)) {
+        const char *says[] = {"still in flight", "a all_reduce on group", "fsdp_comm_work_wait",
+                              NULL};
+        st =
+            expect_failure(ctx, fsdp_all_gather_start(ctx, NULL, t, t, 0, w), FSDP_ERR_STATE, says);
+        if (st == FSDP_OK)
+            st =
+                expect_failure(ctx, fsdp_broadcast_start(ctx, NULL, t, 0, w), FSDP_ERR_STATE, says);
+        if (st == FSDP_OK)
+            st = expect_failure(ctx, fsdp_barrier_start(ctx, NULL, w), FSDP_ERR_STATE, says);
+    }
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w);
+    for (int64_t i = 0; st == FSDP_OK && i < W; i++)
+        FSDP_RANK_CHECK(ctx, fsdp_tensor_f32(t)[i] == (float)(W * (W - 1) / 2),
+                        "the all_reduce left element %lld %g", (long long)i,
+                        (double)fsdp_tensor_f32(t)[i]);
+    fsdp_tensor_free(t);
+    fsdp_comm_work_free(w);
+    sh->ncases[rank] = N_STARTED;
+    return st;
+}
+
+static void test_every_start(void) {
+    run_all_sizes(every_start_body, false);
+}
+
 static void test_all_reduce_start_timed(void) {
     for (int w = 1; w <= 3; w++) FSDP_TEST_OK(fsdp_test_run_world(w, 0, start_timed_body, NULL));
 }
@@ -1914,6 +2058,7 @@ int main(int argc, char **argv) {
         {"all_reduce_start_mismatch", test_all_reduce_start_mismatch},
         {"all_reduce_start_timed", test_all_reduce_start_timed},
         {"work_wait_fails_not_hangs", test_work_wait_fails_not_hangs},
+        {"every_start", test_every_start},
         {"broadcast", test_broadcast},
         {"all_to_all", test_all_to_all},
         {"barrier", test_barrier},

@@ -119,6 +119,127 @@ static void test_device_change(void) {
     FSDP_TEST_OK(fsdp_test_run_world(4, 20000, change_body, NULL));
 }
 
+/* ---- started collectives ---- */
+
+/* This rank's newest flight-recorder line, without its call numbers and state: "all_gather on
+ * group 'world' (world ranks 0,1) of (4, 5, 3) i32" (out: size bytes). *in_flight: whether the
+ * line says the call is in flight. */
+static fsdp_status last_call(fsdp_ctx *ctx, char *out, size_t size, bool *in_flight) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    FSDP_RANK_CHECK(ctx, f, "open_memstream failed");
+    fsdp_status st = fsdp_comm_trace_print(ctx, 1, f);
+    fclose(f);
+    const char *call = st == FSDP_OK ? strstr(text, ": ") : NULL; /* after "rank R call N" */
+    const char *num = call ? strstr(call, " #") : NULL;           /* the call on the group */
+    const char *group = num ? strstr(num, " on group ") : NULL;   /* the rest... */
+    const char *state = group ? strstr(group, "f32: ") : NULL;    /* ...up to the state */
+    if (group && !state) state = strstr(group, "i32: ");
+    if (group && !state) state = strstr(group, "bf16: ");
+    if (group && !state) state = strstr(group, "f16: ");
+    if (group && !state)
+        state = strstr(group, ": "); /* a barrier has no tensor */
+    else if (state)
+        state = strchr(state, ':');
+    if (st == FSDP_OK && !state)
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "unexpected flight-recorder line: %s", text);
+    if (st == FSDP_OK) {
+        snprintf(out, size, "%.*s%.*s", (int)(num - call - 2), call + 2, (int)(state - group),
+                 group);
+        *in_flight = strstr(state, "not waited for yet") != NULL;
+    }
+    free(text);
+    return st;
+}
+
+/* What the hook between a start and its wait saw: whether the work was pending and the
+ * recorder showed the call in flight. */
+static _Thread_local bool seen_pending, seen_in_flight;
+
+static fsdp_status look_in_flight(fsdp_ctx *ctx, const coll_case *c, fsdp_comm_work *work) {
+    (void)c;
+    char desc[512];
+    seen_pending = fsdp_comm_work_pending(work);
+    return last_call(ctx, desc, sizeof desc, &seen_in_flight);
+}
+
+/* Every started case on CPU tensors and on this rank's device, against the same call made
+ * blocking with the same inputs: the result bit for bit, the comm-debug counts of every op and
+ * the flight-recorder line (op, group, shape, dtype) equal. On the device the work is pending
+ * between its start and its wait (the barrier's, which meets on the host, and every CPU call's
+ * is complete at once) and the recorder shows the call in flight until then. */
+static fsdp_status starts_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    const fsdp_device dev = rank_device(rank);
+    FSDP_TRY(fsdp_ctx_set_device(ctx, dev));
+    int n_started = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < N_CASES; k++) {
+            const coll_case *c = &cases[k];
+            if (wait_of(c) == W_BLOCK) continue;
+            coll_case twin = *c;
+            twin.kind =
+                c->kind == K_START_HOST || c->kind == K_START_STREAM ? K_ALL_REDUCE : c->kind;
+            twin.wait = W_BLOCK;
+            unsigned char *got[2] = {0};
+            size_t n[2] = {0};
+            fsdp_comm_count counts[2][FSDP_COMM_OP_COUNT];
+            char desc[2][512];
+            bool flight = false;
+            fsdp_status st = FSDP_OK;
+            for (int i = 0; i < 2 && st == FSDP_OK; i++) {
+                seen_pending = seen_in_flight = false;
+                st = fsdp_comm_debug_begin(ctx);
+                if (st == FSDP_OK)
+                    st = run_case(ctx, rank, W, i ? c : &twin, pass ? dev : FSDP_CPU,
+                                  (uint64_t)k + 7, &got[i], &n[i]);
+                for (int op = 0; op < FSDP_COMM_OP_COUNT; op++)
+                    counts[i][op] = fsdp_comm_debug_count(ctx, (fsdp_comm_op)op, NULL);
+                fsdp_status end = fsdp_comm_debug_end(ctx);
+                if (st == FSDP_OK) st = end;
+                if (st == FSDP_OK) st = last_call(ctx, desc[i], sizeof desc[i], &flight);
+            }
+            const bool same = st == FSDP_OK && n[0] == n[1] && !memcmp(got[0], got[1], n[0]);
+            free(got[0]), free(got[1]);
+            FSDP_TRY(st);
+            FSDP_RANK_CHECK(ctx, same,
+                            "case %d (kind %d, %s) on %s: the start's result is not "
+                            "the blocking call's",
+                            k, (int)c->kind, fsdp_dtype_to_string(c->dtype),
+                            pass ? "the device" : "the CPU");
+            for (int op = 0; op < FSDP_COMM_OP_COUNT; op++)
+                FSDP_RANK_CHECK(ctx,
+                                counts[0][op].calls == counts[1][op].calls &&
+                                    counts[0][op].bytes == counts[1][op].bytes,
+                                "case %d: comm-debug counts %s %lld calls, %lld bytes blocking; "
+                                "%lld, %lld started",
+                                k, fsdp_comm_op_to_string((fsdp_comm_op)op),
+                                (long long)counts[0][op].calls, (long long)counts[0][op].bytes,
+                                (long long)counts[1][op].calls, (long long)counts[1][op].bytes);
+            FSDP_RANK_CHECK(ctx, !strcmp(desc[0], desc[1]) && !flight,
+                            "case %d: the recorder has \"%s\" blocking and \"%s\" started%s", k,
+                            desc[0], desc[1], flight ? " (in flight after its wait)" : "");
+            const bool queued = pass == 1 && c->kind != K_BARRIER;
+            FSDP_RANK_CHECK(ctx, seen_pending == queued && seen_in_flight == queued,
+                            "case %d on %s: between start and wait the work was %spending and "
+                            "the recorder showed it %sin flight",
+                            k, pass ? "the device" : "the CPU", seen_pending ? "" : "not ",
+                            seen_in_flight ? "" : "not ");
+            n_started++;
+        }
+    FSDP_RANK_CHECK(ctx, n_started >= 24, "only %d started cases ran", n_started);
+    return FSDP_OK;
+}
+
+static void test_starts_as_blocking(void) {
+    between_start_and_wait = look_in_flight;
+    FSDP_TEST_OK(fsdp_test_run_world(2, 60000, starts_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 60000, starts_body, NULL));
+    between_start_and_wait = NULL;
+}
+
 /* ---- refusals and failures ---- */
 
 static fsdp_status expect_failure(fsdp_ctx *ctx, fsdp_status got, fsdp_status want,
@@ -158,6 +279,63 @@ static fsdp_status mixed_body(fsdp_ctx *ctx, int rank, void *user) {
 
 static void test_mixed_devices(void) {
     FSDP_TEST_OK(fsdp_test_run_world(2, 20000, mixed_body, NULL));
+}
+
+/* A work in flight (a device all_reduce) is refused by every start (FSDP_ERR_STATE naming the
+ * call in flight and the start), on every rank alike, so the group stays usable: the
+ * all_reduce then completes with its right result and the work takes the next call. */
+static fsdp_status busy_work_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    const fsdp_device dev = rank_device(rank);
+    const int64_t n = 4, wn = 4 * W;
+    FSDP_TRY(fsdp_ctx_set_device(ctx, dev));
+    fsdp_tensor *h = NULL, *t = NULL, *u = NULL, *big = NULL;
+    fsdp_comm_work *w = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &n, &h);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, h, (float)(rank + 1));
+    if (st == FSDP_OK) st = on(ctx, h, dev, &t);
+    if (st == FSDP_OK) st = on(ctx, h, dev, &u);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, F32, dev, 1, &wn, &big);
+    if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &w);
+    if (st == FSDP_OK) st = fsdp_all_reduce_start(ctx, NULL, t, SUM, w);
+    FSDP_RANK_CHECK(ctx, st != FSDP_OK || fsdp_comm_work_pending(w),
+                    "a device start is not pending");
+    const fsdp_reduce_options half = {.post_scale = 0.5f};
+    for (int k = 0; k < 7 && st == FSDP_OK; k++) {
+        const char *start[] = {"fsdp_all_reduce_start",     "fsdp_all_gather_start",
+                               "fsdp_reduce_scatter_start", "fsdp_reduce_scatter_start",
+                               "fsdp_broadcast_start",      "fsdp_all_to_all_start",
+                               "fsdp_barrier_start"};
+        fsdp_status got = k == 0   ? fsdp_all_reduce_start(ctx, NULL, u, SUM, w)
+                          : k == 1 ? fsdp_all_gather_start(ctx, NULL, big, u, 0, w)
+                          : k == 2 ? fsdp_reduce_scatter_start(ctx, NULL, u, big, 0, SUM, w)
+                          : k == 3
+                              ? fsdp_reduce_scatter_start_ex(ctx, NULL, u, big, 0, SUM, &half, w)
+                          : k == 4 ? fsdp_broadcast_start(ctx, NULL, u, 0, w)
+                          : k == 5 ? fsdp_all_to_all_start(ctx, NULL, big, big, 0, 0, w)
+                                   : fsdp_barrier_start(ctx, NULL, w);
+        const char *says[] = {start[k], "still in flight", "a all_reduce on group",
+                              "fsdp_comm_work_wait", NULL};
+        st = expect_failure(ctx, got, FSDP_ERR_STATE, says);
+        FSDP_RANK_CHECK(ctx, st != FSDP_OK || fsdp_comm_work_pending(w),
+                        "a refused start (%s) ended the work in flight", start[k]);
+    }
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, h, t);
+    const float want = (float)(W * (W + 1) / 2);
+    for (int64_t i = 0; st == FSDP_OK && i < n; i++)
+        FSDP_RANK_CHECK(ctx, fsdp_tensor_f32(h)[i] == want, "element %lld is %g, want %g",
+                        (long long)i, (double)fsdp_tensor_f32(h)[i], (double)want);
+    if (st == FSDP_OK) st = fsdp_all_gather_start(ctx, NULL, big, u, 0, w); /* idle again */
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w);
+    fsdp_comm_work_free(w);
+    fsdp_tensor_free(h), fsdp_tensor_free(t), fsdp_tensor_free(u), fsdp_tensor_free(big);
+    return st;
+}
+
+static void test_busy_work_refused(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 20000, busy_work_body, NULL));
 }
 
 /* Rank 1 is busy past the timeout: rank 0's device all_reduce fails with FSDP_ERR_TIMEOUT naming
@@ -277,6 +455,56 @@ static void test_negative_control(void) {
     }
 }
 
+/* The started form's negative control: an all_gather started on fresh device tensors, its
+ * output read back without waiting for the work (while every rank is still before its wait: a
+ * host barrier follows), holds the output's old values (the call has not run: deferred
+ * streams); after the wait, the gather. */
+static fsdp_status unwaited_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    const fsdp_device dev = rank_device(rank);
+    const int64_t n = 5, wn = n * W;
+    FSDP_TRY(fsdp_ctx_set_device(ctx, dev));
+    fsdp_tensor *h = NULL, *hout = NULL, *d = NULL, *dout = NULL;
+    fsdp_comm_work *w = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &n, &h);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, F32, FSDP_CPU, 1, &wn, &hout);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, h, (float)(rank + 1));
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, hout, -7.0f);
+    if (st == FSDP_OK) st = on(ctx, h, dev, &d);
+    if (st == FSDP_OK) st = on(ctx, hout, dev, &dout);
+    if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &w);
+    if (st == FSDP_OK) st = fsdp_all_gather_start(ctx, NULL, dout, d, 0, w);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, hout, dout); /* no wait: wrong */
+    int stale = 0;
+    for (int64_t i = 0; st == FSDP_OK && i < wn; i++) stale += fsdp_tensor_f32(hout)[i] == -7.0f;
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, hout, dout);
+    int right = 0;
+    for (int64_t i = 0; st == FSDP_OK && i < wn; i++)
+        right += fsdp_tensor_f32(hout)[i] == (float)(i / n + 1);
+    fsdp_comm_work_free(w);
+    fsdp_tensor_free(h), fsdp_tensor_free(hout), fsdp_tensor_free(d), fsdp_tensor_free(dout);
+    FSDP_TRY(st);
+    FSDP_RANK_CHECK(ctx, stale == wn, "read without the wait, %d of %lld elements were old", stale,
+                    (long long)wn);
+    FSDP_RANK_CHECK(ctx, right == wn, "after the wait, %d of %lld elements are the gather's", right,
+                    (long long)wn);
+    return FSDP_OK;
+}
+
+static void test_start_unwaited(void) {
+#ifdef UNDER_TSAN
+    fsdp_test_skip("reading the output before the wait is the race the rule forbids, which "
+                   "ThreadSanitizer reports (as it must)");
+    return;
+#endif
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_mode_get(), FSDP_SIM_DEFERRED);
+    FSDP_TEST_OK(fsdp_test_run_world(2, 20000, unwaited_body, NULL));
+    FSDP_TEST_OK(fsdp_test_run_world(4, 20000, unwaited_body, NULL));
+}
+
 int main(int argc, char **argv) {
     setenv("FSDP_SIM_DEVICES", "2", 1); /* before the first use reads them */
     setenv("FSDP_SIM_MEMORY", "256M", 1);
@@ -286,9 +514,12 @@ int main(int argc, char **argv) {
         {"four_ranks", test_four_ranks},
         {"input_reuse", test_input_reuse},
         {"device_change", test_device_change},
+        {"starts_as_blocking", test_starts_as_blocking},
         {"mixed_devices", test_mixed_devices},
+        {"busy_work_refused", test_busy_work_refused},
         {"absent_rank_times_out", test_absent_rank_times_out},
         {"negative_control", test_negative_control},
+        {"start_unwaited", test_start_unwaited},
     };
     return fsdp_test_run(argc, argv, "comm_device", tests, sizeof tests / sizeof tests[0]);
 }

@@ -201,8 +201,28 @@ static fsdp_status compare(fsdp_ctx *ctx, int rank, int W, int k, const unsigned
     return FSDP_OK;
 }
 
+/* Whether a started case's work is in flight between its start and its wait: every collective
+ * on device tensors but the barrier (the local backend's END, NCCL's end event); on host
+ * tensors only the mpi backend's all_reduce (under mpirun, inside nccl-mpi). */
+static _Thread_local bool tl_on_device, tl_host_all_reduce_pends;
+static atomic_int starts_seen;
+
+static fsdp_status check_pending(fsdp_ctx *ctx, const coll_case *c, fsdp_comm_work *work) {
+    const bool all_reduce =
+        c->kind == K_ALL_REDUCE || c->kind == K_START_HOST || c->kind == K_START_STREAM;
+    const bool want = tl_on_device ? c->kind != K_BARRIER : all_reduce && tl_host_all_reduce_pends;
+    atomic_fetch_add(&starts_seen, 1);
+    FSDP_RANK_CHECK(ctx, fsdp_comm_work_pending(work) == want,
+                    "a started %s on %s tensors: its work is %spending after the start",
+                    fsdp_dtype_to_string(c->dtype), tl_on_device ? "device" : "host",
+                    want ? "not " : "");
+    return FSDP_OK;
+}
+
 static fsdp_status all_cases_body(fsdp_ctx *ctx, int rank, void *user) {
     reference *ref = user;
+    tl_on_device = true;
+    tl_host_all_reduce_pends = !ref->record && mpi_size > 0;
     const int W = fsdp_world_size(fsdp_ctx_world(ctx));
     const fsdp_device dev = rank_device(rank);
     FSDP_TRY(fsdp_ctx_set_device(ctx, dev));
@@ -240,6 +260,7 @@ static fsdp_status all_cases_body(fsdp_ctx *ctx, int rank, void *user) {
     /* The same calls on host tensors (metadata) take the local backend's host path inside the
      * nccl backend: bitwise the local backend's device results (test_comm_device shows those
      * equal to its host results). */
+    tl_on_device = false;
     for (int k = 0; k < N_CASES && st == FSDP_OK && !ref->record; k++) {
         unsigned char *got = NULL;
         size_t n = 0;
@@ -257,9 +278,13 @@ static void every_collective(int W) {
     reference *ref = calloc(1, sizeof *ref);
     CU_ASSERT_PTR_NOT_NULL_FATAL(ref);
     ref->record = true;
+    between_start_and_wait = check_pending;
+    atomic_store(&starts_seen, 0);
     FSDP_TEST_OK(run_world(FSDP_BACKEND_LOCAL, W, 60000, all_cases_body, ref, NULL));
     ref->record = false;
     FSDP_TEST_OK(run_world(nccl_backend, W, 60000, all_cases_body, ref, NULL));
+    between_start_and_wait = NULL;
+    CU_ASSERT_TRUE(atomic_load(&starts_seen) > 0);
     /* Under mpirun each process compared its own rank's results. */
     const long differ = sum_over_processes(atomic_load(&ref->differ));
     const long compared = sum_over_processes(atomic_load(&ref->compared));

@@ -290,24 +290,34 @@ fsdp_status fsdp_all_reduce(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fs
 fsdp_status fsdp_all_reduce_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op,
                                const fsdp_reduce_options *opts);
 
-/* ---- non-blocking all_reduce (PyTorch's async_op=True and Work.wait()) ----
+/* ---- non-blocking collectives (PyTorch's async_op=True and Work.wait()) ----
  *
- * A work is a reusable handle for one collective in flight at a time. fsdp_all_reduce_start
- * makes the same call as fsdp_all_reduce (same checks, counted the same in comm-debug, at the
- * module and phase running when it starts; every rank of the group starts it in the same
- * order relative to its other calls on the group) and returns once the call is under way;
- * fsdp_comm_work_wait completes it. The result is bitwise equal to fsdp_all_reduce's. Until
- * the wait returns, t must stay allocated and must be neither read nor written. On the MPI
- * backend the start waits for no one (it posts this rank's part of the descriptor exchange),
- * the steps of the call advance whenever fsdp_comm_work_test or the wait finds the step
- * before complete, and the data moves inside MPI calls (the tests, the wait, other libfsdp
- * calls on the backend); the wait has the deadlines of a blocking call (timeout_ms for the
- * peers to arrive and without data progress; a member that returned or poisoned the group
- * fails it at once) and reports a disagreement among the ranks' calls as the blocking call
- * does. On the local backend the start makes the whole call on host tensors, and the work is
- * complete when it returns; on device tensors it queues the call on the rank's communication
- * stream and the wait synchronizes its completion (docs/device.md). Several works may be in
- * flight on one group; wait for them in any order. */
+ * A work is a reusable handle for one collective in flight at a time. Every collective has a
+ * started form, fsdp_<op>_start, on a work: it makes the same call as the blocking one (same
+ * checks, counted the same in comm-debug, at the module and phase running when it starts, and
+ * recorded by the flight recorder as in flight until the work completes; every rank of the
+ * group starts it in the same order relative to its other calls on the group) and returns once
+ * the call is under way; fsdp_comm_work_wait completes it. The result is bitwise equal to the
+ * blocking call's. Until the wait returns, the call's tensors must stay allocated, its output
+ * (an in-place call's tensor) must be neither read nor written and its input not written. A
+ * work that is still in flight is refused by a start (FSDP_ERR_STATE, naming the call in
+ * flight), and a call refused for its own arguments leaves the work idle.
+ *
+ * What is left in flight depends on the backend and the tensors: on the local backend a start
+ * on device tensors queues the call on the rank's communication stream and the wait
+ * synchronizes its completion (or fsdp_comm_work_wait_stream makes a stream wait for it;
+ * docs/device.md), and on host tensors it makes the whole call and the work is complete when
+ * it returns (fsdp_comm_work_pending says which). The nccl backend leaves its NCCL calls on
+ * device tensors in flight the same way (host tensors: as the backend below it). On the MPI
+ * backend the all_reduce is truly non-blocking: the start waits for no one (it posts this
+ * rank's part of the descriptor exchange), the steps of the call advance whenever
+ * fsdp_comm_work_test or the wait finds the step before complete, and the data moves inside
+ * MPI calls (the tests, the wait, other libfsdp calls on the backend); the wait has the
+ * deadlines of a blocking call (timeout_ms for the peers to arrive and without data progress; a
+ * member that returned or poisoned the group fails it at once) and reports a disagreement among
+ * the ranks' calls as the blocking call does. Its other collectives' starts make the blocking
+ * call (the work is complete at once). Several works may be in flight on one group; wait for
+ * them in any order. */
 typedef struct fsdp_comm_work fsdp_comm_work;
 
 /* A new idle work; the caller owns it (fsdp_comm_work_free). */
@@ -317,13 +327,33 @@ fsdp_status fsdp_comm_work_create(fsdp_ctx *ctx, fsdp_comm_work **out);
  * timeout; MPI may still read its tensor until fsdp_world_run returns. */
 void fsdp_comm_work_free(fsdp_comm_work *work);
 /* Starts t = the reduction over ranks of t, in place, on work, which must be idle (never
- * started, or waited for); a call refused for its own arguments leaves the work idle. */
+ * started, or waited for). */
 fsdp_status fsdp_all_reduce_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
                                   fsdp_reduce_op op, fsdp_comm_work *work);
 /* The same with fsdp_all_reduce_ex's options (copied: opts need not outlive the call). */
 fsdp_status fsdp_all_reduce_start_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
                                      fsdp_reduce_op op, const fsdp_reduce_options *opts,
                                      fsdp_comm_work *work);
+/* Starts fsdp_all_gather on work. */
+fsdp_status fsdp_all_gather_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                  const fsdp_tensor *in, int dim, fsdp_comm_work *work);
+/* Starts fsdp_reduce_scatter on work; _ex: fsdp_reduce_scatter_ex's (opts copied). */
+fsdp_status fsdp_reduce_scatter_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                      const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                      fsdp_comm_work *work);
+fsdp_status fsdp_reduce_scatter_start_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                         const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                         const fsdp_reduce_options *opts, fsdp_comm_work *work);
+/* Starts fsdp_broadcast on work. */
+fsdp_status fsdp_broadcast_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root,
+                                 fsdp_comm_work *work);
+/* Starts fsdp_all_to_all on work. */
+fsdp_status fsdp_all_to_all_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                  const fsdp_tensor *in, int split_dim, int concat_dim,
+                                  fsdp_comm_work *work);
+/* Starts fsdp_barrier on work (every backend meets at once: the work is complete when it
+ * returns). */
+fsdp_status fsdp_barrier_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_comm_work *work);
 /* Completes the work's call (an idle work returns FSDP_OK at once); the work is idle after,
  * also when it fails. Call it from the rank that started it. */
 fsdp_status fsdp_comm_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);

@@ -1,5 +1,6 @@
-/* collectives.c: the public collectives. Each describes its call (a `coll`) and passes it through
- * one front end (issue): the group resolved, a flight-recorder record, this rank's own
+/* collectives.c: the public collectives, blocking and started (fsdp_*_start, on a work). Each
+ * describes its call (a `coll`) and passes it through one front end (issue): the group
+ * resolved, a flight-recorder record, a start's work checked to be idle, this rank's own
  * arguments checked, the call counted in comm-debug, then handed to the backend and timed, so
  * nothing reaches a backend uncounted. A rank whose arguments are wrong tells its peers through
  * the backend's reject entry so they fail at once instead of waiting for it. */
@@ -238,22 +239,52 @@ typedef struct coll {
     uint64_t seq;         /* its flight-recorder record */
 } coll;
 
-/* Resolves the group, opens the call's flight-recorder record, checks this rank's arguments
- * (check), counts the call in comm-debug and hands it to the backend (run), timed; a rank whose
- * arguments fail tells its peers (reject) instead of making the call. */
+/* A start's work must be idle: one call in flight per work. */
+static fsdp_status check_idle(fsdp_ctx *ctx, const coll *c) {
+    const fsdp_comm_work *w = c->work;
+    if (!w || !w->pending) return FSDP_OK;
+    const char *name = fsdp_comm_op_to_string(c->op);
+    return FSDP_FAIL(ctx, FSDP_ERR_STATE,
+                     "%s on group %s: the work given to fsdp_%s_start is still in flight (a %s on "
+                     "group %s); wait for it (fsdp_comm_work_wait) first, or use another work",
+                     name, c->group->desc, name, fsdp_comm_op_to_string((fsdp_comm_op)w->op),
+                     w->group->desc);
+}
+
+/* Readies a start's work for the backend (comm_impl.h): idle, with the call's op, group,
+ * comm-debug row (noted just before) and flight-recorder record; the backend sets pending when
+ * it leaves the call in flight. */
+static void work_ready(const fsdp_ctx *ctx, const coll *c) {
+    fsdp_comm_work *w = c->work;
+    w->pending = false;
+    w->op = c->op;
+    w->group = c->group;
+    w->debug_row = fsdp_comm_debug_last(ctx, &w->debug_session);
+    w->trace_seq = c->seq;
+}
+
+/* Resolves the group, opens the call's flight-recorder record, checks a start's work and this
+ * rank's arguments (check), counts the call in comm-debug and hands it to the backend (run,
+ * with c->work: NULL, or readied), timed; a rank whose arguments fail tells its peers (reject)
+ * instead of making the call. A start the backend left in flight keeps its record in flight
+ * until the work completes (work.c); one it completed at once ends as a blocking call. */
 static fsdp_status issue(fsdp_ctx *ctx, coll *c, fsdp_status (*check)(fsdp_ctx *, coll *),
                          fsdp_status (*run)(fsdp_ctx *, coll *)) {
     FSDP_TRY_AT(ctx, resolve(ctx, &c->group, c->op));
     c->seq = fsdp_trace_begin(ctx, c->group, c->op);
-    fsdp_status st = check(ctx, c);
+    fsdp_status st = check_idle(ctx, c);
+    if (st == FSDP_OK) st = check(ctx, c);
     if (st == FSDP_OK && c->counted) fsdp_trace_describe(ctx, c->seq, c->counted);
     if (st == FSDP_OK)
         st = fsdp_comm_debug_note(ctx, c->group, c->op,
                                   c->counted ? (int64_t)fsdp_tensor_nbytes(c->counted) : 0);
     if (st != FSDP_OK) return reject(ctx, c->group, c->op, st, c->seq);
+    if (c->work) work_ready(ctx, c);
     call_mark mark = call_begin(ctx, c->op, c->seq);
     st = run(ctx, c);
-    st = call_end_as(ctx, c->op, mark, st, st == FSDP_OK && c->work && c->work->pending);
+    const bool in_flight = st == FSDP_OK && c->work && c->work->pending;
+    if (c->work && !in_flight) c->work->pending = false, c->work->group = NULL;
+    st = call_end_as(ctx, c->op, mark, st, in_flight);
     FSDP_TRY_AT(ctx, st);
     return FSDP_OK;
 }
@@ -285,7 +316,19 @@ static fsdp_status check_all_gather(fsdp_ctx *ctx, coll *c) {
 }
 
 static fsdp_status run_all_gather(fsdp_ctx *ctx, coll *c) {
-    return c->group->world->backend.iface.all_gather(ctx, c->group, c->out, c->in, c->dim);
+    return c->group->world->backend.iface.all_gather(ctx, c->group, c->out, c->in, c->dim, c->work);
+}
+
+static fsdp_status all_gather_on(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                 const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
+    coll c = {.op = FSDP_COMM_ALL_GATHER,
+              .group = group,
+              .out = out,
+              .in = in,
+              .counted = out,
+              .dim = dim,
+              .work = work};
+    return issue(ctx, &c, check_all_gather, run_all_gather);
 }
 
 fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
@@ -293,13 +336,16 @@ fsdp_status fsdp_all_gather(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_ARG_NOT_NULL(ctx, in);
-    coll c = {.op = FSDP_COMM_ALL_GATHER,
-              .group = group,
-              .out = out,
-              .in = in,
-              .counted = out,
-              .dim = dim};
-    return issue(ctx, &c, check_all_gather, run_all_gather);
+    return all_gather_on(ctx, group, out, in, dim, NULL);
+}
+
+fsdp_status fsdp_all_gather_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                  const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_ARG_NOT_NULL(ctx, in);
+    FSDP_ARG_NOT_NULL(ctx, work);
+    return all_gather_on(ctx, group, out, in, dim, work);
 }
 
 /* A u64 travels as two i32 elements, its bits copied as they are. */
@@ -346,7 +392,7 @@ static fsdp_status check_reduce_scatter(fsdp_ctx *ctx, coll *c) {
 
 static fsdp_status run_reduce_scatter(fsdp_ctx *ctx, coll *c) {
     return c->group->world->backend.iface.reduce_scatter(ctx, c->group, c->out, c->in, c->dim,
-                                                         c->rop, c->fuse);
+                                                         c->rop, c->fuse, c->work);
 }
 
 /* The options of fsdp_reduce_scatter_ex and fsdp_all_reduce_ex(_start), checked: *fuse is NULL
@@ -382,12 +428,9 @@ static fsdp_status check_fuse(fsdp_ctx *ctx, const fsdp_group *g, fsdp_comm_op c
     return FSDP_OK;
 }
 
-fsdp_status fsdp_reduce_scatter_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
-                                   const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                   const fsdp_reduce_options *opts) {
-    FSDP_ARG_NOT_NULL(ctx, ctx);
-    FSDP_ARG_NOT_NULL(ctx, out);
-    FSDP_ARG_NOT_NULL(ctx, in);
+static fsdp_status reduce_scatter_on(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                     const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                     const fsdp_reduce_options *opts, fsdp_comm_work *work) {
     coll c = {.op = FSDP_COMM_REDUCE_SCATTER,
               .group = group,
               .out = out,
@@ -395,8 +438,38 @@ fsdp_status fsdp_reduce_scatter_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor
               .counted = in,
               .dim = dim,
               .rop = op,
-              .opts = opts};
+              .opts = opts,
+              .work = work};
     return issue(ctx, &c, check_reduce_scatter, run_reduce_scatter);
+}
+
+fsdp_status fsdp_reduce_scatter_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                   const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                   const fsdp_reduce_options *opts) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_ARG_NOT_NULL(ctx, in);
+    return reduce_scatter_on(ctx, group, out, in, dim, op, opts, NULL);
+}
+
+fsdp_status fsdp_reduce_scatter_start_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                         const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                         const fsdp_reduce_options *opts, fsdp_comm_work *work) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_ARG_NOT_NULL(ctx, in);
+    FSDP_ARG_NOT_NULL(ctx, work);
+    return reduce_scatter_on(ctx, group, out, in, dim, op, opts, work);
+}
+
+fsdp_status fsdp_reduce_scatter_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                      const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                      fsdp_comm_work *work) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_ARG_NOT_NULL(ctx, in);
+    FSDP_ARG_NOT_NULL(ctx, work);
+    return reduce_scatter_on(ctx, group, out, in, dim, op, NULL, work);
 }
 
 fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
@@ -409,37 +482,14 @@ fsdp_status fsdp_reduce_scatter(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *o
 
 static fsdp_status check_all_reduce(fsdp_ctx *ctx, coll *c) {
     const fsdp_comm_op op = FSDP_COMM_ALL_REDUCE;
-    if (c->work && c->work->pending)
-        return FSDP_FAIL(ctx, FSDP_ERR_STATE,
-                         "all_reduce on group %s: the work given to fsdp_all_reduce_start is still "
-                         "in flight (a %s on group %s); wait for it (fsdp_comm_work_wait) first",
-                         c->group->desc, fsdp_comm_op_to_string((fsdp_comm_op)c->work->op),
-                         c->work->group->desc);
     FSDP_TRY_AT(ctx, check_reduce_op(ctx, c->group, op, c->rop));
     FSDP_TRY_AT(ctx, check_tensor(ctx, c->group, op, c->out, "given"));
     return check_fuse(ctx, c->group, op, c->out, c->rop, c->opts, &c->norm, &c->fuse);
 }
 
 static fsdp_status run_all_reduce(fsdp_ctx *ctx, coll *c) {
-    return c->group->world->backend.iface.all_reduce(ctx, c->group, c->out, c->rop, c->fuse);
-}
-
-/* A backend without a non-blocking all_reduce makes the blocking call: the work is complete. */
-static fsdp_status run_all_reduce_start(fsdp_ctx *ctx, coll *c) {
-    const fsdp_comm_backend_i *be = &c->group->world->backend.iface;
-    if (!be->all_reduce_start) return run_all_reduce(ctx, c);
-    fsdp_comm_work *work = c->work;
-    work->pending = true;
-    work->op = c->op;
-    work->group = c->group;
-    work->debug_row = fsdp_comm_debug_last(ctx, &work->debug_session);
-    work->trace_seq = c->seq;
-    fsdp_status st = be->all_reduce_start(ctx, c->group, c->out, c->rop, c->fuse, work);
-    if (st != FSDP_OK) {
-        work->pending = false;
-        work->group = NULL;
-    }
-    return FSDP_PASS(ctx, st);
+    return c->group->world->backend.iface.all_reduce(ctx, c->group, c->out, c->rop, c->fuse,
+                                                     c->work);
 }
 
 fsdp_status fsdp_all_reduce_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, fsdp_reduce_op op,
@@ -484,7 +534,7 @@ fsdp_status fsdp_all_reduce_start_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tens
               .rop = op,
               .opts = opts,
               .work = work};
-    return issue(ctx, &c, check_all_reduce, run_all_reduce_start);
+    return issue(ctx, &c, check_all_reduce, run_all_reduce);
 }
 
 static fsdp_status check_broadcast(fsdp_ctx *ctx, coll *c) {
@@ -496,15 +546,33 @@ static fsdp_status check_broadcast(fsdp_ctx *ctx, coll *c) {
 }
 
 static fsdp_status run_broadcast(fsdp_ctx *ctx, coll *c) {
-    return c->group->world->backend.iface.broadcast(ctx, c->group, c->out, c->root);
+    return c->group->world->backend.iface.broadcast(ctx, c->group, c->out, c->root, c->work);
+}
+
+static fsdp_status broadcast_on(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root,
+                                fsdp_comm_work *work) {
+    coll c = {.op = FSDP_COMM_BROADCAST,
+              .group = group,
+              .out = t,
+              .in = t,
+              .counted = t,
+              .root = root,
+              .work = work};
+    return issue(ctx, &c, check_broadcast, run_broadcast);
 }
 
 fsdp_status fsdp_broadcast(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, t);
-    coll c = {
-        .op = FSDP_COMM_BROADCAST, .group = group, .out = t, .in = t, .counted = t, .root = root};
-    return issue(ctx, &c, check_broadcast, run_broadcast);
+    return broadcast_on(ctx, group, t, root, NULL);
+}
+
+fsdp_status fsdp_broadcast_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t, int root,
+                                 fsdp_comm_work *work) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
+    FSDP_ARG_NOT_NULL(ctx, work);
+    return broadcast_on(ctx, group, t, root, work);
 }
 
 static fsdp_status check_all_to_all(fsdp_ctx *ctx, coll *call) {
@@ -540,7 +608,22 @@ static fsdp_status check_all_to_all(fsdp_ctx *ctx, coll *call) {
 }
 
 static fsdp_status run_all_to_all(fsdp_ctx *ctx, coll *c) {
-    return c->group->world->backend.iface.all_to_all(ctx, c->group, c->out, c->in, c->dim, c->dim2);
+    return c->group->world->backend.iface.all_to_all(ctx, c->group, c->out, c->in, c->dim, c->dim2,
+                                                     c->work);
+}
+
+static fsdp_status all_to_all_on(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                 const fsdp_tensor *in, int split_dim, int concat_dim,
+                                 fsdp_comm_work *work) {
+    coll c = {.op = FSDP_COMM_ALL_TO_ALL,
+              .group = group,
+              .out = out,
+              .in = in,
+              .counted = in,
+              .dim = split_dim,
+              .dim2 = concat_dim,
+              .work = work};
+    return issue(ctx, &c, check_all_to_all, run_all_to_all);
 }
 
 fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
@@ -548,14 +631,17 @@ fsdp_status fsdp_all_to_all(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, out);
     FSDP_ARG_NOT_NULL(ctx, in);
-    coll c = {.op = FSDP_COMM_ALL_TO_ALL,
-              .group = group,
-              .out = out,
-              .in = in,
-              .counted = in,
-              .dim = split_dim,
-              .dim2 = concat_dim};
-    return issue(ctx, &c, check_all_to_all, run_all_to_all);
+    return all_to_all_on(ctx, group, out, in, split_dim, concat_dim, NULL);
+}
+
+fsdp_status fsdp_all_to_all_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *out,
+                                  const fsdp_tensor *in, int split_dim, int concat_dim,
+                                  fsdp_comm_work *work) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_ARG_NOT_NULL(ctx, in);
+    FSDP_ARG_NOT_NULL(ctx, work);
+    return all_to_all_on(ctx, group, out, in, split_dim, concat_dim, work);
 }
 
 static fsdp_status check_nothing(fsdp_ctx *ctx, coll *c) {
@@ -564,11 +650,18 @@ static fsdp_status check_nothing(fsdp_ctx *ctx, coll *c) {
 }
 
 static fsdp_status run_barrier(fsdp_ctx *ctx, coll *c) {
-    return c->group->world->backend.iface.barrier(ctx, c->group);
+    return c->group->world->backend.iface.barrier(ctx, c->group, c->work);
 }
 
 fsdp_status fsdp_barrier(fsdp_ctx *ctx, fsdp_group *group) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     coll c = {.op = FSDP_COMM_BARRIER, .group = group};
+    return issue(ctx, &c, check_nothing, run_barrier);
+}
+
+fsdp_status fsdp_barrier_start(fsdp_ctx *ctx, fsdp_group *group, fsdp_comm_work *work) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, work);
+    coll c = {.op = FSDP_COMM_BARRIER, .group = group, .work = work};
     return issue(ctx, &c, check_nothing, run_barrier);
 }

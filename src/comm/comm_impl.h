@@ -49,28 +49,34 @@ typedef struct fsdp_comm_backend_i {
     fsdp_status (*share_shards)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *shard,
                                 fsdp_tensor **full);
 
+    /* Every collective entry takes `work`: NULL for a blocking call; else the call is a start
+     * (fsdp_*_start), on a work that collectives.c has readied (idle, its op, group, comm-debug
+     * row and flight-recorder record set). An entry that leaves the call in flight sets
+     * work->pending and keeps what work_test / work_wait need in work->state (the backend's,
+     * kept from call to call: an entry that finds another backend's state there frees it by
+     * work->free_state and sets its own free_state with it); one that completes the call at
+     * once (its only form of the op, or a host tensor where only device calls are queued)
+     * leaves work->pending false, and the start returns with the work complete. A failed start
+     * leaves the work idle. */
     fsdp_status (*all_gather)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, const fsdp_tensor *in,
-                              int dim);
+                              int dim, fsdp_comm_work *work);
     /* fuse (here and in the all_reduces): NULL, or the options of fsdp_reduce_scatter_ex /
      * fsdp_all_reduce_ex (f32, normalised: scales of 1 for 0), applied by
      * fsdp_reduce_run_fused. */
     fsdp_status (*reduce_scatter)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                   const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                  const fsdp_reduce_options *fuse);
+                                  const fsdp_reduce_options *fuse, fsdp_comm_work *work);
     fsdp_status (*all_reduce)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
-                              const fsdp_reduce_options *fuse);
-    fsdp_status (*broadcast)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root);
+                              const fsdp_reduce_options *fuse, fsdp_comm_work *work);
+    fsdp_status (*broadcast)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
+                             fsdp_comm_work *work);
     fsdp_status (*all_to_all)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, const fsdp_tensor *in,
-                              int split_dim, int concat_dim);
-    fsdp_status (*barrier)(fsdp_ctx *ctx, fsdp_group *g);
-    /* (optional) A non-blocking all_reduce: starts the call on work (work->state is the
-     * backend's, NULL at first; set work->free_state with it) and returns; work_test advances
-     * it without blocking, work_wait completes it. Both report a failure once and leave the
-     * work done. NULL: fsdp_all_reduce_start makes the blocking call and the work is complete
-     * at once. (The local backend's is complete at once for host tensors; for device tensors
-     * the work holds the call's completion event.) */
-    fsdp_status (*all_reduce_start)(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
-                                    const fsdp_reduce_options *fuse, fsdp_comm_work *work);
+                              int split_dim, int concat_dim, fsdp_comm_work *work);
+    fsdp_status (*barrier)(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_work *work);
+    /* The works the entries above left in flight: work_test advances one without blocking,
+     * work_wait completes it; both report a failure once and leave the work done. (The local
+     * backend's are device calls, whose work holds the call's completion event; the mpi
+     * backend's are all_reduces on host tensors; the nccl backend's are NCCL calls.) */
     fsdp_status (*work_test)(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
     fsdp_status (*work_wait)(fsdp_ctx *ctx, fsdp_comm_work *work);
     /* (optional) Completes the work without a host wait where it can: work queued on `stream`

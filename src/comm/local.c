@@ -31,9 +31,11 @@ static void copy_end(fsdp_ctx *ctx, int op, double t0) {
     if (ctx->prof_on) ctx->prof.comm_copy_s[op] += fsdp_prof_now() - t0;
 }
 
+/* Each entry's work (a start's, comm_impl.h): a call on device tensors leaves its completion
+ * event in it (local_device.c); one on host tensors is complete when the entry returns. */
 static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                    const fsdp_tensor *in, int dim) {
-    if (fsdp_local_on_device(out)) return fsdp_local_device_all_gather(ctx, g, out, in, dim);
+                                    const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
+    if (fsdp_local_on_device(out)) return fsdp_local_device_all_gather(ctx, g, out, in, dim, work);
     fsdp_call c = fsdp_call_all_gather(out, in, dim);
     FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
@@ -51,9 +53,9 @@ static fsdp_status local_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
 
 static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                         const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                        const fsdp_reduce_options *fuse) {
+                                        const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
     if (fsdp_local_on_device(out))
-        return fsdp_local_device_reduce_scatter(ctx, g, out, in, dim, op, fuse);
+        return fsdp_local_device_reduce_scatter(ctx, g, out, in, dim, op, fuse, work);
     fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
     FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
@@ -72,8 +74,8 @@ static fsdp_status local_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tenso
 }
 
 static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
-                                    const fsdp_reduce_options *fuse) {
-    if (fsdp_local_on_device(t)) return fsdp_local_device_all_reduce(ctx, g, t, op, fuse, NULL);
+                                    const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
+    if (fsdp_local_on_device(t)) return fsdp_local_device_all_reduce(ctx, g, t, op, fuse, work);
     fsdp_call c = fsdp_call_all_reduce(t, op);
     FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
@@ -120,8 +122,9 @@ static fsdp_status local_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t
     return FSDP_OK;
 }
 
-static fsdp_status local_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
-    if (fsdp_local_on_device(t)) return fsdp_local_device_broadcast(ctx, g, t, root);
+static fsdp_status local_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
+                                   fsdp_comm_work *work) {
+    if (fsdp_local_on_device(t)) return fsdp_local_device_broadcast(ctx, g, t, root, work);
     fsdp_call c = fsdp_call_broadcast(t, root);
     FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
@@ -133,9 +136,10 @@ static fsdp_status local_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
 }
 
 static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                    const fsdp_tensor *in, int split_dim, int concat_dim) {
+                                    const fsdp_tensor *in, int split_dim, int concat_dim,
+                                    fsdp_comm_work *work) {
     if (fsdp_local_on_device(out))
-        return fsdp_local_device_all_to_all(ctx, g, out, in, split_dim, concat_dim);
+        return fsdp_local_device_all_to_all(ctx, g, out, in, split_dim, concat_dim, work);
     fsdp_call c = fsdp_call_all_to_all(out, in, split_dim, concat_dim);
     FSDP_TRY_AT(ctx, fsdp_local_rendezvous(ctx, g, c.op, &c));
     const local_group *lg = g->state;
@@ -156,19 +160,8 @@ static fsdp_status local_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
     return fsdp_local_rendezvous(ctx, g, c.op, NULL);
 }
 
-/* On the host the call is complete when it returns (the work is idle); on a device the work
- * holds the call's completion event. */
-static fsdp_status local_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
-                                          fsdp_reduce_op op, const fsdp_reduce_options *fuse,
-                                          fsdp_comm_work *work) {
-    if (fsdp_local_on_device(t)) return fsdp_local_device_all_reduce(ctx, g, t, op, fuse, work);
-    fsdp_status st = local_all_reduce(ctx, g, t, op, fuse);
-    work->pending = false;
-    work->group = NULL;
-    return FSDP_PASS(ctx, st);
-}
-
-static fsdp_status local_barrier(fsdp_ctx *ctx, fsdp_group *g) {
+static fsdp_status local_barrier(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_work *work) {
+    (void)work; /* the ranks meet on the host: complete when it returns */
     fsdp_call c = {.op = FSDP_COMM_BARRIER};
     return fsdp_local_rendezvous(ctx, g, c.op, &c);
 }
@@ -281,7 +274,6 @@ static const fsdp_comm_backend_i local_iface = {
     .broadcast = local_broadcast,
     .all_to_all = local_all_to_all,
     .barrier = local_barrier,
-    .all_reduce_start = local_all_reduce_start,
     .work_test = fsdp_local_work_test,
     .work_wait = fsdp_local_work_wait,
     .work_wait_stream = fsdp_local_work_wait_stream,

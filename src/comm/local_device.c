@@ -172,13 +172,15 @@ static fsdp_status work_event(fsdp_ctx *ctx, fsdp_comm_work *work, fsdp_device d
 
 /* Completes the call after its last stage (`last`): the communication stream waits until every
  * member has finished that stage (nobody reads this member's tensors any more) and records the
- * end; the caller's stream waits for it, or (work) the work holds it. */
+ * end; the caller's stream waits for it, or (work, a start) the work holds it, pending. */
 static fsdp_status dev_finish(dev_call *d, int last, fsdp_comm_work *work) {
     FSDP_TRY_AT(d->ctx, comm_waits(d, last));
     fsdp_event end = mine(d)->ev[LOCAL_EV_END];
     if (work) FSDP_TRY_AT(d->ctx, work_event(d->ctx, work, d->dev, &end));
     FSDP_TRY_AT(d->ctx, fsdp_event_record(d->ctx, end, d->comm));
-    return work ? FSDP_OK : fsdp_stream_wait(d->ctx, d->caller, end);
+    if (!work) return fsdp_stream_wait(d->ctx, d->caller, end);
+    work->pending = true;
+    return FSDP_OK;
 }
 
 /* ---- data movement on the communication stream ---- */
@@ -254,7 +256,7 @@ static fsdp_status reduce_run(const dev_call *d, void *dst, int64_t offset, int6
 /* ---- the collectives ---- */
 
 fsdp_status fsdp_local_device_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                         const fsdp_tensor *in, int dim) {
+                                         const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
     fsdp_call c = fsdp_call_all_gather(out, in, dim);
     dev_call d;
     FSDP_TRY_AT(ctx, dev_begin(&d, ctx, g, fsdp_tensor_device(out), &c));
@@ -266,12 +268,13 @@ fsdp_status fsdp_local_device_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
         st = box_copy(&d, out, at, src, zeros, src->shape);
     }
     FSDP_TRY_AT(ctx, stage_close(&d, st, LOCAL_EV_S1));
-    return dev_finish(&d, LOCAL_EV_S1, NULL);
+    return dev_finish(&d, LOCAL_EV_S1, work);
 }
 
 fsdp_status fsdp_local_device_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                              const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                             const fsdp_reduce_options *fuse) {
+                                             const fsdp_reduce_options *fuse,
+                                             fsdp_comm_work *work) {
     fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
     dev_call d;
     FSDP_TRY_AT(ctx, dev_begin(&d, ctx, g, fsdp_tensor_device(out), &c));
@@ -290,7 +293,7 @@ fsdp_status fsdp_local_device_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_
                         len * inner, in->dtype, &args, staging);
     d.rec->free(d.dev.index, staging); /* on the communication stream, after its readers */
     FSDP_TRY_AT(ctx, stage_close(&d, st, LOCAL_EV_S1));
-    return dev_finish(&d, LOCAL_EV_S1, NULL);
+    return dev_finish(&d, LOCAL_EV_S1, work);
 }
 
 /* Three stages, as the host's in-place all_reduce: each member reduces its chunk of every
@@ -328,7 +331,8 @@ fsdp_status fsdp_local_device_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
     return dev_finish(&d, LOCAL_EV_S2, work);
 }
 
-fsdp_status fsdp_local_device_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
+fsdp_status fsdp_local_device_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
+                                        fsdp_comm_work *work) {
     fsdp_call c = fsdp_call_broadcast(t, root);
     dev_call d;
     FSDP_TRY_AT(ctx, dev_begin(&d, ctx, g, fsdp_tensor_device(t), &c));
@@ -338,11 +342,12 @@ fsdp_status fsdp_local_device_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tenso
         st = d.rec->copy(ctx, fsdp_tensor_data(t), d.dev, fsdp_tensor_data(src),
                          fsdp_tensor_device(src), fsdp_tensor_nbytes(t));
     FSDP_TRY_AT(ctx, stage_close(&d, st, LOCAL_EV_S1));
-    return dev_finish(&d, LOCAL_EV_S1, NULL);
+    return dev_finish(&d, LOCAL_EV_S1, work);
 }
 
 fsdp_status fsdp_local_device_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                         const fsdp_tensor *in, int split_dim, int concat_dim) {
+                                         const fsdp_tensor *in, int split_dim, int concat_dim,
+                                         fsdp_comm_work *work) {
     fsdp_call c = fsdp_call_all_to_all(out, in, split_dim, concat_dim);
     dev_call d;
     FSDP_TRY_AT(ctx, dev_begin(&d, ctx, g, fsdp_tensor_device(out), &c));
@@ -359,7 +364,7 @@ fsdp_status fsdp_local_device_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tens
         at += box[concat_dim];
     }
     FSDP_TRY_AT(ctx, stage_close(&d, st, LOCAL_EV_S1));
-    return dev_finish(&d, LOCAL_EV_S1, NULL);
+    return dev_finish(&d, LOCAL_EV_S1, work);
 }
 
 /* ---- works ---- */

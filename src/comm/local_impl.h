@@ -105,21 +105,23 @@ static inline bool fsdp_local_on_device(const fsdp_tensor *t) {
     return fsdp_tensor_device(t).type != FSDP_DEVICE_CPU;
 }
 
+/* work NULL: a blocking call (the caller's current stream waits for it); else the call's
+ * completion event goes to the work (left pending), which the caller waits for. */
 fsdp_status fsdp_local_device_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                         const fsdp_tensor *in, int dim);
+                                         const fsdp_tensor *in, int dim, fsdp_comm_work *work);
 fsdp_status fsdp_local_device_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                              const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                             const fsdp_reduce_options *fuse);
-/* work NULL: a blocking call (the caller's current stream waits for it); else the call's
- * completion event goes to the work, which the caller waits for. */
+                                             const fsdp_reduce_options *fuse, fsdp_comm_work *work);
 fsdp_status fsdp_local_device_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
                                          fsdp_reduce_op op, const fsdp_reduce_options *fuse,
                                          fsdp_comm_work *work);
-fsdp_status fsdp_local_device_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root);
+fsdp_status fsdp_local_device_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
+                                        fsdp_comm_work *work);
 fsdp_status fsdp_local_device_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                         const fsdp_tensor *in, int split_dim, int concat_dim);
-/* The work entries of the local backend: a work of a device all_reduce completes when its
- * event does. */
+                                         const fsdp_tensor *in, int split_dim, int concat_dim,
+                                         fsdp_comm_work *work);
+/* The work entries of the local backend: a work of a device call completes when its event
+ * does. */
 fsdp_status fsdp_local_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
 fsdp_status fsdp_local_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
 fsdp_status fsdp_local_work_wait_stream(fsdp_ctx *ctx, fsdp_comm_work *work, fsdp_stream stream);

@@ -118,6 +118,11 @@ fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor 
                                       fsdp_reduce_op op, const fsdp_reduce_options *fuse,
                                       fsdp_comm_work *work) {
     mpi_group *mg = g->state;
+    if (work->state && work->free_state != work_free_state) {
+        work->free_state(work->state); /* another backend's (the nccl backend's NCCL calls) */
+        work->state = NULL;
+        work->free_state = NULL;
+    }
     mpi_work *w = work->state;
     int64_t len;
     fsdp_chunk_range(t->numel, g->size, g->rank, NULL, &len);
@@ -150,6 +155,7 @@ fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor 
     mpi_work **tail = &mg->works;
     while (*tail) tail = &(*tail)->next;
     *tail = w;
+    work->pending = true;
     return FSDP_OK;
 }
 

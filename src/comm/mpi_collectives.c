@@ -35,7 +35,8 @@ static void outer_inner(const int64_t *shape, int ndim, int dim, int64_t *outer,
 }
 
 fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                const fsdp_tensor *in, int dim) {
+                                const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
+    (void)work; /* blocking: a start is complete when it returns */
     fsdp_call c = fsdp_call_all_gather(out, in, dim);
     FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
@@ -84,7 +85,8 @@ fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
 
 fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                    const fsdp_reduce_options *fuse) {
+                                    const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
+    (void)work; /* blocking: a start is complete when it returns */
     fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
     FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
@@ -176,7 +178,8 @@ fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_g
 }
 
 fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
-                                const fsdp_reduce_options *fuse) {
+                                const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
+    if (work) return fsdp_mpi_all_reduce_start(ctx, g, t, op, fuse, work);
     fsdp_call c = fsdp_call_all_reduce(t, op);
     FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
@@ -195,7 +198,9 @@ fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fs
     return fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA);
 }
 
-fsdp_status fsdp_mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
+fsdp_status fsdp_mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
+                               fsdp_comm_work *work) {
+    (void)work; /* blocking: a start is complete when it returns */
     fsdp_call c = fsdp_call_broadcast(t, root);
     FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
@@ -208,7 +213,9 @@ fsdp_status fsdp_mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int
 }
 
 fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                const fsdp_tensor *in, int split_dim, int concat_dim) {
+                                const fsdp_tensor *in, int split_dim, int concat_dim,
+                                fsdp_comm_work *work) {
+    (void)work; /* blocking: a start is complete when it returns */
     fsdp_call c = fsdp_call_all_to_all(out, in, split_dim, concat_dim);
     FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;
@@ -269,7 +276,8 @@ fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
     return FSDP_OK;
 }
 
-fsdp_status fsdp_mpi_barrier(fsdp_ctx *ctx, fsdp_group *g) {
+fsdp_status fsdp_mpi_barrier(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_work *work) {
+    (void)work; /* blocking: a start is complete when it returns */
     fsdp_call c = {.op = FSDP_COMM_BARRIER};
     FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     return fsdp_mpi_confirm(ctx, g, c.op);

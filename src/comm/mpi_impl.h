@@ -222,13 +222,15 @@ fsdp_status fsdp_mpi_confirm(fsdp_ctx *ctx, const fsdp_group *g, int op);
 
 /* ---- mpi_collectives.c: the backend's collective entries ---- */
 
+/* A start's work (comm_impl.h) goes to the non-blocking all_reduce (mpi_async.c); the other
+ * collectives make the blocking call and leave it complete. */
 fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                const fsdp_tensor *in, int dim);
+                                const fsdp_tensor *in, int dim, fsdp_comm_work *work);
 fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                    const fsdp_reduce_options *fuse);
+                                    const fsdp_reduce_options *fuse, fsdp_comm_work *work);
 fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
-                                const fsdp_reduce_options *fuse);
+                                const fsdp_reduce_options *fuse, fsdp_comm_work *work);
 /* all_reduce's two steps, shared with the non-blocking one. The exchange: every rank's values
  * of this rank's torch.chunk of the elements are received into buf ((W-1) x the chunk), and
  * srcs[m] (W pointers) is set to member m's; this rank's pieces of the others' chunks are
@@ -244,6 +246,7 @@ fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_g
 
 /* ---- mpi_async.c: the non-blocking all_reduce ---- */
 
+/* Starts the all_reduce on work, left pending. */
 fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
                                       fsdp_reduce_op op, const fsdp_reduce_options *fuse,
                                       fsdp_comm_work *work);
@@ -252,10 +255,12 @@ fsdp_status fsdp_mpi_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
 /* The group's state goes (a new run, or the world is freed): its works still pending are
  * abandoned and fail when waited for. */
 void fsdp_mpi_works_detach(mpi_group *mg);
-fsdp_status fsdp_mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root);
+fsdp_status fsdp_mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
+                               fsdp_comm_work *work);
 fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                const fsdp_tensor *in, int split_dim, int concat_dim);
-fsdp_status fsdp_mpi_barrier(fsdp_ctx *ctx, fsdp_group *g);
+                                const fsdp_tensor *in, int split_dim, int concat_dim,
+                                fsdp_comm_work *work);
+fsdp_status fsdp_mpi_barrier(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_work *work);
 void fsdp_mpi_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op);
 
 #endif

@@ -297,7 +297,6 @@ static const fsdp_comm_backend_i mpi_iface = {
     .all_gather = fsdp_mpi_all_gather,
     .reduce_scatter = fsdp_mpi_reduce_scatter,
     .all_reduce = fsdp_mpi_all_reduce,
-    .all_reduce_start = fsdp_mpi_all_reduce_start,
     .work_test = fsdp_mpi_work_test,
     .work_wait = fsdp_mpi_work_wait,
     .broadcast = fsdp_mpi_broadcast,

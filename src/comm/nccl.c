@@ -71,52 +71,55 @@ static bool on_device(const fsdp_tensor *t) {
     return fsdp_tensor_device(t).type != FSDP_DEVICE_CPU;
 }
 
+/* A start (work) on host tensors goes to the host backend with the handle kept in the group
+ * state (its works may keep it, as the mpi backend's all_reduce does). */
+static fsdp_group *host_view(const fsdp_group *g, fsdp_group *hv, const fsdp_comm_work *work) {
+    if (work) return fsdp_nccl_host_view_kept(g);
+    *hv = fsdp_nccl_host_view(g);
+    return hv;
+}
+
 static fsdp_status nccl_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                   const fsdp_tensor *in, int dim) {
-    if (on_device(out)) return fsdp_nccl_all_gather(ctx, g, out, in, dim);
-    fsdp_group hv = fsdp_nccl_host_view(g);
-    return HOST(g)->all_gather(ctx, &hv, out, in, dim);
+                                   const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
+    if (on_device(out)) return fsdp_nccl_all_gather(ctx, g, out, in, dim, work);
+    fsdp_group hv;
+    return HOST(g)->all_gather(ctx, host_view(g, &hv, work), out, in, dim, work);
 }
 
 static fsdp_status nccl_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                        const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                       const fsdp_reduce_options *fuse) {
-    if (on_device(out)) return fsdp_nccl_reduce_scatter(ctx, g, out, in, dim, op, fuse);
-    fsdp_group hv = fsdp_nccl_host_view(g);
-    return HOST(g)->reduce_scatter(ctx, &hv, out, in, dim, op, fuse);
+                                       const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
+    if (on_device(out)) return fsdp_nccl_reduce_scatter(ctx, g, out, in, dim, op, fuse, work);
+    fsdp_group hv;
+    return HOST(g)->reduce_scatter(ctx, host_view(g, &hv, work), out, in, dim, op, fuse, work);
 }
 
 static fsdp_status nccl_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
-                                   const fsdp_reduce_options *fuse) {
-    if (on_device(t)) return fsdp_nccl_all_reduce(ctx, g, t, op, fuse, NULL);
-    fsdp_group hv = fsdp_nccl_host_view(g);
-    return HOST(g)->all_reduce(ctx, &hv, t, op, fuse);
-}
-
-static fsdp_status nccl_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
-                                         fsdp_reduce_op op, const fsdp_reduce_options *fuse,
-                                         fsdp_comm_work *work) {
+                                   const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
     if (on_device(t)) return fsdp_nccl_all_reduce(ctx, g, t, op, fuse, work);
-    return HOST(g)->all_reduce_start(ctx, fsdp_nccl_host_view_kept(g), t, op, fuse, work);
+    fsdp_group hv;
+    return HOST(g)->all_reduce(ctx, host_view(g, &hv, work), t, op, fuse, work);
 }
 
-static fsdp_status nccl_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
-    if (on_device(t)) return fsdp_nccl_broadcast(ctx, g, t, root);
-    fsdp_group hv = fsdp_nccl_host_view(g);
-    return HOST(g)->broadcast(ctx, &hv, t, root);
+static fsdp_status nccl_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
+                                  fsdp_comm_work *work) {
+    if (on_device(t)) return fsdp_nccl_broadcast(ctx, g, t, root, work);
+    fsdp_group hv;
+    return HOST(g)->broadcast(ctx, host_view(g, &hv, work), t, root, work);
 }
 
 static fsdp_status nccl_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                   const fsdp_tensor *in, int split_dim, int concat_dim) {
-    if (on_device(out)) return fsdp_nccl_all_to_all(ctx, g, out, in, split_dim, concat_dim);
-    fsdp_group hv = fsdp_nccl_host_view(g);
-    return HOST(g)->all_to_all(ctx, &hv, out, in, split_dim, concat_dim);
+                                   const fsdp_tensor *in, int split_dim, int concat_dim,
+                                   fsdp_comm_work *work) {
+    if (on_device(out)) return fsdp_nccl_all_to_all(ctx, g, out, in, split_dim, concat_dim, work);
+    fsdp_group hv;
+    return HOST(g)->all_to_all(ctx, host_view(g, &hv, work), out, in, split_dim, concat_dim, work);
 }
 
 /* A barrier has no tensors: the ranks meet in the host backend. */
-static fsdp_status nccl_barrier(fsdp_ctx *ctx, fsdp_group *g) {
-    fsdp_group hv = fsdp_nccl_host_view(g);
-    return HOST(g)->barrier(ctx, &hv);
+static fsdp_status nccl_barrier(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_work *work) {
+    fsdp_group hv;
+    return HOST(g)->barrier(ctx, host_view(g, &hv, work), work);
 }
 
 static void nccl_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
@@ -178,7 +181,6 @@ static const fsdp_comm_backend_i nccl_iface = {
     .broadcast = nccl_broadcast,
     .all_to_all = nccl_all_to_all,
     .barrier = nccl_barrier,
-    .all_reduce_start = nccl_all_reduce_start,
     .work_test = fsdp_nccl_work_test,
     .work_wait = fsdp_nccl_work_wait,
     .work_wait_stream = fsdp_nccl_work_wait_stream,

@@ -285,6 +285,7 @@ fsdp_status fsdp_nccl_call_to_work(nccl_call *c, fsdp_comm_work *work) {
     w->call = *c;
     work->state = w;
     work->free_state = nccl_work_free;
+    work->pending = true;
     return FSDP_OK;
 }
 

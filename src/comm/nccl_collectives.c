@@ -124,13 +124,18 @@ static fsdp_status gather_enqueue(nccl_call *c, fsdp_tensor *out, const fsdp_ten
     return st;
 }
 
+/* The call is enqueued: a blocking call polls it to its end, a start hands it to its work. */
+static fsdp_status finish(nccl_call *c, fsdp_comm_work *work) {
+    return work ? fsdp_nccl_call_to_work(c, work) : fsdp_nccl_call_finish(c);
+}
+
 fsdp_status fsdp_nccl_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                 const fsdp_tensor *in, int dim) {
+                                 const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
     fsdp_call post = fsdp_call_all_gather(out, in, dim);
     nccl_call c;
     FSDP_TRY_AT(ctx, fsdp_nccl_call_begin(&c, ctx, g, fsdp_tensor_device(out), &post));
     FSDP_TRY_AT(ctx, fsdp_nccl_call_launched(&c, gather_enqueue(&c, out, in, dim)));
-    return fsdp_nccl_call_finish(&c);
+    return finish(&c, work);
 }
 
 /* ---- reduce_scatter ---- */
@@ -204,12 +209,12 @@ static fsdp_status scatter_enqueue(nccl_call *c, fsdp_tensor *out, const fsdp_te
 
 fsdp_status fsdp_nccl_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                      const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                     const fsdp_reduce_options *fuse) {
+                                     const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
     fsdp_call post = fsdp_call_reduce_scatter(out, in, dim, op);
     nccl_call c;
     FSDP_TRY_AT(ctx, fsdp_nccl_call_begin(&c, ctx, g, fsdp_tensor_device(out), &post));
     FSDP_TRY_AT(ctx, fsdp_nccl_call_launched(&c, scatter_enqueue(&c, out, in, dim, op, fuse)));
-    return fsdp_nccl_call_finish(&c);
+    return finish(&c, work);
 }
 
 /* ---- all_reduce, broadcast ---- */
@@ -235,10 +240,11 @@ fsdp_status fsdp_nccl_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, f
     nccl_call c;
     FSDP_TRY_AT(ctx, fsdp_nccl_call_begin(&c, ctx, g, fsdp_tensor_device(t), &post));
     FSDP_TRY_AT(ctx, fsdp_nccl_call_launched(&c, reduce_enqueue(&c, t, op, fuse)));
-    return work ? fsdp_nccl_call_to_work(&c, work) : fsdp_nccl_call_finish(&c);
+    return finish(&c, work);
 }
 
-fsdp_status fsdp_nccl_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root) {
+fsdp_status fsdp_nccl_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
+                                fsdp_comm_work *work) {
     fsdp_call post = fsdp_call_broadcast(t, root);
     nccl_call c;
     FSDP_TRY_AT(ctx, fsdp_nccl_call_begin(&c, ctx, g, fsdp_tensor_device(t), &post));
@@ -249,7 +255,7 @@ fsdp_status fsdp_nccl_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, in
                                     fsdp_nccl_dtype(t->dtype), root, c.comm,
                                     (cudaStream_t)c.comm_stream.handle));
     FSDP_TRY_AT(ctx, fsdp_nccl_call_launched(&c, st));
-    return fsdp_nccl_call_finish(&c);
+    return finish(&c, work);
 }
 
 /* ---- all_to_all: ncclSend/ncclRecv in a group, through packed buffers ---- */
@@ -325,10 +331,11 @@ static fsdp_status a2a_enqueue(nccl_call *c, const fsdp_call *post, fsdp_tensor 
 }
 
 fsdp_status fsdp_nccl_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                 const fsdp_tensor *in, int split_dim, int concat_dim) {
+                                 const fsdp_tensor *in, int split_dim, int concat_dim,
+                                 fsdp_comm_work *work) {
     fsdp_call post = fsdp_call_all_to_all(out, in, split_dim, concat_dim);
     nccl_call c;
     FSDP_TRY_AT(ctx, fsdp_nccl_call_begin(&c, ctx, g, fsdp_tensor_device(out), &post));
     FSDP_TRY_AT(ctx, fsdp_nccl_call_launched(&c, a2a_enqueue(&c, &post, out, in)));
-    return fsdp_nccl_call_finish(&c);
+    return finish(&c, work);
 }

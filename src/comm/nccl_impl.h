@@ -108,7 +108,7 @@ fsdp_status fsdp_nccl_call_launched(nccl_call *c, fsdp_status st);
  * asynchronous error (a failure aborts the communicator and poisons the group), then the
  * caller's stream waits for it. Frees the call's events. */
 fsdp_status fsdp_nccl_call_finish(nccl_call *c);
-/* Hands the call to a work (all_reduce_start) instead. */
+/* Hands the call to a start's work instead (left pending: its wait polls the end). */
 fsdp_status fsdp_nccl_call_to_work(nccl_call *c, fsdp_comm_work *work);
 /* Fails the call after an NCCL function returned r (not ncclSuccess): names the library, the
  * call, the group and the rank. */
@@ -133,16 +133,18 @@ fsdp_status fsdp_nccl_id_fail(fsdp_ctx *ctx, const fsdp_nccl_lib *lib, ncclResul
 
 /* ---- nccl_collectives.c ---- */
 
+/* work NULL: blocking (polled to its end); else a start, whose work holds the call. */
 fsdp_status fsdp_nccl_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                 const fsdp_tensor *in, int dim);
+                                 const fsdp_tensor *in, int dim, fsdp_comm_work *work);
 fsdp_status fsdp_nccl_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                      const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                     const fsdp_reduce_options *fuse);
-/* work NULL: blocking. */
+                                     const fsdp_reduce_options *fuse, fsdp_comm_work *work);
 fsdp_status fsdp_nccl_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
                                  const fsdp_reduce_options *fuse, fsdp_comm_work *work);
-fsdp_status fsdp_nccl_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root);
+fsdp_status fsdp_nccl_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
+                                fsdp_comm_work *work);
 fsdp_status fsdp_nccl_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                 const fsdp_tensor *in, int split_dim, int concat_dim);
+                                 const fsdp_tensor *in, int split_dim, int concat_dim,
+                                 fsdp_comm_work *work);
 
 #endif

@@ -1,8 +1,8 @@
 /* work.c: the handles of non-blocking collectives (fsdp_comm_work): create, test, wait, free.
- * The call itself starts in collectives.c; a backend without non-blocking entries completes it
- * there, and its works are never pending. A wait is on the host (fsdp_comm_work_wait) or, for
- * a call on device tensors, on a stream (fsdp_comm_work_wait_stream). Tests and waits are timed
- * under the start's comm-debug row. */
+ * The call itself starts in collectives.c (fsdp_*_start); a backend entry that has no
+ * non-blocking form of the call completes it there, and the work stays idle. A wait is on the host
+ * (fsdp_comm_work_wait) or, for a call on device tensors, on a stream (fsdp_comm_work_wait_stream).
+ * Tests and waits are timed under the start's comm-debug row. */
 #include <stdlib.h>
 
 #include "comm/comm_device.h"
