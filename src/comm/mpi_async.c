@@ -1,5 +1,5 @@
-/* mpi_async.c: the MPI backend's non-blocking all_reduce. The start posts this rank's
- * descriptor and the receives of its peers' (the first half of every call's arrival) and
+/* mpi_async.c: the MPI backend's all_reduce entry and its non-blocking form. The start posts this
+ * rank's descriptor and the receives of its peers' (the first half of every call's arrival) and
  * returns without waiting for anyone; a test or wait that finds the descriptors in judges them
  * as every call is judged and posts the exchange of every rank's pieces of each chunk; one that
  * finds that done reduces this rank's chunk in rank order and posts the gather of the reduced
@@ -112,6 +112,12 @@ static bool reserve(mpi_work *w, int W, size_t bytes) {
         for (int m = 0; m < W; m++) w->call_ptrs[m] = &w->calls[m];
     }
     return fsdp_array_reserve((void **)&w->buf, &w->cap_buf, (int64_t)bytes, 1);
+}
+
+fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
+                                const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
+    if (work) return fsdp_mpi_all_reduce_start(ctx, g, t, op, fuse, work);
+    return fsdp_mpi_all_reduce_blocking(ctx, g, t, op, fuse);
 }
 
 fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,

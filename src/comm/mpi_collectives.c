@@ -177,9 +177,8 @@ fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_g
     return FSDP_OK;
 }
 
-fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
-                                const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
-    if (work) return fsdp_mpi_all_reduce_start(ctx, g, t, op, fuse, work);
+fsdp_status fsdp_mpi_all_reduce_blocking(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
+                                         fsdp_reduce_op op, const fsdp_reduce_options *fuse) {
     fsdp_call c = fsdp_call_all_reduce(t, op);
     FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
     mpi_group *mg = g->state;

@@ -229,8 +229,10 @@ fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
 fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int dim, fsdp_reduce_op op,
                                     const fsdp_reduce_options *fuse, fsdp_comm_work *work);
-fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
-                                const fsdp_reduce_options *fuse, fsdp_comm_work *work);
+/* The blocking all_reduce; the backend's entry is fsdp_mpi_all_reduce (mpi_async.c), which
+ * starts the non-blocking one for a work. */
+fsdp_status fsdp_mpi_all_reduce_blocking(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
+                                         fsdp_reduce_op op, const fsdp_reduce_options *fuse);
 /* all_reduce's two steps, shared with the non-blocking one. The exchange: every rank's values
  * of this rank's torch.chunk of the elements are received into buf ((W-1) x the chunk), and
  * srcs[m] (W pointers) is set to member m's; this rank's pieces of the others' chunks are
@@ -246,6 +248,10 @@ fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_g
 
 /* ---- mpi_async.c: the non-blocking all_reduce ---- */
 
+/* The backend's all_reduce entry: with a work, fsdp_mpi_all_reduce_start; else the blocking
+ * call (mpi_collectives.c). */
+fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
+                                const fsdp_reduce_options *fuse, fsdp_comm_work *work);
 /* Starts the all_reduce on work, left pending. */
 fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
                                       fsdp_reduce_op op, const fsdp_reduce_options *fuse,

@@ -9,6 +9,8 @@
 #include "fsdp/module.h"
 #include "fsdp/wrap.h"
 
+/* The ops of those modules (flat_module.c; units.c makes the modules with them). */
+const fsdp_module_ops *fsdp_flat_params_ops(void);
 /* Whether m is one of FSDP's flat-parameter modules: fsdp_sharded_flat_params(sh) or, with
  * use_orig_params, a module of the tree under it. */
 bool fsdp_module_is_flat_params(const fsdp_module *m);

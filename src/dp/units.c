@@ -327,33 +327,6 @@ static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
     return FSDP_OK;
 }
 
-/* ---- the optimizer's parameters ---- */
-
-static fsdp_status flat_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
-                                const fsdp_tensor **out) {
-    (void)m, (void)in, (void)out;
-    return FSDP_FAIL(ctx, FSDP_ERR_STATE,
-                     "the FSDP flat-parameter module only holds parameters for an optimizer; "
-                     "run the model itself");
-}
-
-static fsdp_status flat_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
-                                 const fsdp_tensor **din) {
-    (void)dout, (void)din;
-    return flat_forward(ctx, m, NULL, NULL);
-}
-
-static const fsdp_module_ops flat_ops = {
-    .kind = "FlatParams", .forward = flat_forward, .backward = flat_backward};
-
-bool fsdp_module_is_flat_params(const fsdp_module *m) {
-    return m && fsdp_nn_module_ops(m) == &flat_ops;
-}
-
-fsdp_sharded *fsdp_module_flat_params_owner(const fsdp_module *m) {
-    return fsdp_module_is_flat_params(m) ? fsdp_module_impl(m) : NULL;
-}
-
 /* Every parameter's place in its unit's flat buffer and in this rank's shard. */
 static fsdp_status make_segments(fsdp_ctx *ctx, fsdp_sharded *sh) {
     int n = 0;
@@ -403,7 +376,7 @@ static fsdp_status mirror_module(fsdp_ctx *ctx, fsdp_sharded *sh, const fsdp_mod
     FSDP_TRY_AT(ctx, mirror_module(ctx, sh, fsdp_module_parent(m), &parent));
     fsdp_module *child = fsdp_module_find(parent, fsdp_module_name(m));
     if (!child) {
-        FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &flat_ops, NULL, &child));
+        FSDP_TRY_AT(ctx, fsdp_module_create(ctx, fsdp_flat_params_ops(), NULL, &child));
         FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, parent, fsdp_module_name(m), child));
     }
     *out = child;
@@ -488,7 +461,7 @@ static fsdp_status wrap(fsdp_ctx *ctx, fsdp_sharded *sh) {
     int64_t left;
     fsdp_status st = choose(ctx, &c, sh->root, &left);
     if (st == FSDP_OK) st = check_tied(ctx, &c, sh->root);
-    if (st == FSDP_OK) st = fsdp_module_create(ctx, &flat_ops, sh, &sh->flat_store);
+    if (st == FSDP_OK) st = fsdp_module_create(ctx, fsdp_flat_params_ops(), sh, &sh->flat_store);
     fsdp_module **order = NULL;
     int n_order = 0;
     if (st == FSDP_OK) {
@@ -511,7 +484,7 @@ static fsdp_status wrap(fsdp_ctx *ctx, fsdp_sharded *sh) {
     free(c.picked);
     if (st == FSDP_OK) st = make_segments(ctx, sh);
     if (st == FSDP_OK && o->use_orig_params) {
-        st = fsdp_module_create(ctx, &flat_ops, sh, &sh->orig);
+        st = fsdp_module_create(ctx, fsdp_flat_params_ops(), sh, &sh->orig);
         if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, sh->root, mirror_param, sh);
     }
     if (st == FSDP_OK && o->offload_params) {

@@ -71,12 +71,11 @@ double fsdp_cuda_fetch_double(const double *dev);
 /* A number for this thread, never reused within the process. */
 uint64_t fsdp_cuda_thread_serial(void);
 
-/* This thread's cuBLASLt state (gemm_lt.c: a handle and a workspace per device), NULL until
- * gemm_lt.c sets it; thread.c hands it to fsdp_cuda_lt_thread_release when the thread exits,
- * before the rest of the thread's state goes. */
-typedef struct fsdp_cuda_lt_thread fsdp_cuda_lt_thread;
-fsdp_cuda_lt_thread **fsdp_cuda_thread_lt(void);
-void fsdp_cuda_lt_thread_release(fsdp_cuda_lt_thread *lt);
+/* This thread's cuBLASLt state (gemm_lt.c's: a handle and a workspace per device), NULL until
+ * gemm_lt.c sets it. `release` (the same function on every call) is what thread.c calls with
+ * it when the thread exits, before the rest of the thread's state goes: thread.c knows the
+ * state only through it, so the thread's state does not depend on the GEMM code above it. */
+void **fsdp_cuda_thread_lt(void (*release)(void *state));
 
 /* ---- the caching allocator (allocator.c) ---- */
 
@@ -107,9 +106,9 @@ typedef struct fsdp_cuda_gemm_args {
     cublasComputeType_t compute; // CUBLAS_COMPUTE_32F or CUBLAS_COMPUTE_32F_FAST_TF32
 } fsdp_cuda_gemm_args;
 void fsdp_cuda_gemm_cublas(const fsdp_cuda_gemm_args *g);
-/* gemm_lt.c: the same through cuBLASLt (its heuristic cached; cublasGemmEx where it has no
- * algorithm for the key). */
-void fsdp_cuda_gemm_lt(const fsdp_cuda_gemm_args *g);
+/* gemm_lt.c: the same through cuBLASLt (its heuristic cached); false, having done nothing,
+ * where cuBLASLt has no algorithm for the key (the caller runs fsdp_cuda_gemm_cublas). */
+bool fsdp_cuda_gemm_lt(const fsdp_cuda_gemm_args *g);
 void fsdp_cuda_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                     int64_t ldc);

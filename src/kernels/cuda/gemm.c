@@ -29,9 +29,7 @@ static void gemm_run(const fsdp_cuda_gemm_args *g) {
     FSDP_ASSERT(g->lda <= INT_MAX && g->ldb <= INT_MAX && g->ldc <= INT_MAX);
     FSDP_ASSERT(g->lda >= (g->trans_a ? g->M : g->K) && g->ldb >= (g->trans_b ? g->K : g->N) &&
                 g->ldc >= g->N);
-    if (fsdp_cuda_thread_gemm() == FSDP_CUDA_GEMM_LT)
-        fsdp_cuda_gemm_lt(g);
-    else
+    if (fsdp_cuda_thread_gemm() != FSDP_CUDA_GEMM_LT || !fsdp_cuda_gemm_lt(g))
         fsdp_cuda_gemm_cublas(g);
 }
 

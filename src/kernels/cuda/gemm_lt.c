@@ -61,9 +61,11 @@ typedef struct lt_device {
     cudaEvent_t done;
 } lt_device;
 
-struct fsdp_cuda_lt_thread {
+typedef struct lt_thread {
     lt_device dev[FSDP_CUDA_MAX_DEVICES];
-};
+} lt_thread;
+
+static void lt_thread_release(void *state);
 
 /* Makes `stream` wait for the workspace's last user when that was another stream. */
 static void workspace_follow(lt_device *d, cudaStream_t stream) {
@@ -76,12 +78,12 @@ static void workspace_follow(lt_device *d, cudaStream_t stream) {
 
 /* This thread's state on `device` (current), ready for a GEMM on `stream`. */
 static lt_device *lt_here(int device, cudaStream_t stream) {
-    fsdp_cuda_lt_thread **lt = fsdp_cuda_thread_lt();
-    if (!*lt) {
-        *lt = calloc(1, sizeof **lt);
-        FSDP_ASSERT(*lt);
+    void **slot = fsdp_cuda_thread_lt(lt_thread_release);
+    if (!*slot) {
+        *slot = calloc(1, sizeof(lt_thread));
+        FSDP_ASSERT(*slot);
     }
-    lt_device *d = &(*lt)->dev[device];
+    lt_device *d = &((lt_thread *)*slot)->dev[device];
     if (!d->handle) FSDP_CUDA_CHECK_LT(cublasLtCreate(&d->handle));
     if (!d->workspace) {
         if (fsdp_cuda_block_alloc(NULL, device, FSDP_CUDA_LT_WORKSPACE, &d->workspace) != FSDP_OK) {
@@ -97,7 +99,9 @@ static lt_device *lt_here(int device, cudaStream_t stream) {
     return d;
 }
 
-void fsdp_cuda_lt_thread_release(fsdp_cuda_lt_thread *lt) {
+/* The thread's state, when it exits (thread.c calls it). */
+static void lt_thread_release(void *state) {
+    lt_thread *lt = state;
     int keep = 0;
     if (cudaGetDevice(&keep) != cudaSuccess) keep = -1;
     for (int dev = 0; dev < FSDP_CUDA_MAX_DEVICES; dev++) {
@@ -264,7 +268,7 @@ static void query(lt_slot *s, cublasLtHandle_t handle, lt_desc *d) {
     if (s->has_algo) s->algo = result.algo;
 }
 
-void fsdp_cuda_gemm_lt(const fsdp_cuda_gemm_args *g) {
+bool fsdp_cuda_gemm_lt(const fsdp_cuda_gemm_args *g) {
     int device = 0;
     FSDP_CUDA_CHECK(cudaGetDevice(&device));
     cudaStream_t stream = fsdp_cuda_stream();
@@ -293,8 +297,7 @@ void fsdp_cuda_gemm_lt(const fsdp_cuda_gemm_args *g) {
         pthread_mutex_lock(&c->mu);
         c->stats.fallbacks++;
         pthread_mutex_unlock(&c->mu);
-        fsdp_cuda_gemm_cublas(g);
-        return;
+        return false; /* the caller runs it through cuBLAS */
     }
     FSDP_CUDA_CHECK_LT(cublasLtMatmul(d->handle, &desc.op, &g->alpha, g->B, &desc.b, g->A, &desc.a,
                                       &g->beta, g->C, &desc.c, g->C, &desc.c, &s.algo, d->workspace,
@@ -303,4 +306,5 @@ void fsdp_cuda_gemm_lt(const fsdp_cuda_gemm_args *g) {
         if (!d->done) FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&d->done, cudaEventDisableTiming));
         FSDP_CUDA_CHECK(cudaEventRecord(d->done, stream));
     }
+    return true;
 }

@@ -82,7 +82,8 @@ typedef struct cuda_thread {
     double *scratch;          // FSDP_CUDA_SCRATCH doubles on scratch_device, NULL until first use
     int scratch_device;
     cudaStream_t current[FSDP_CUDA_MAX_DEVICES]; // NULL: the thread's default stream
-    fsdp_cuda_lt_thread *lt;                     // gemm_lt.c's, NULL until it sets it
+    void *lt;                                    // gemm_lt.c's, NULL until it sets it
+    void (*lt_release)(void *);                  // how gemm_lt.c frees it
 } cuda_thread;
 
 static pthread_key_t thread_key;
@@ -94,7 +95,7 @@ static atomic_uint_fast64_t next_serial = 1;
  * it: cuBLAS and cudaFree wait for it). */
 static void thread_release(void *arg) {
     cuda_thread *t = arg;
-    if (t->lt) fsdp_cuda_lt_thread_release(t->lt); // it reads the thread's streams: first
+    if (t->lt) t->lt_release(t->lt); // it reads the thread's streams: first
     if (t->blas) {
         cudaSetDevice(t->blas_device);
         cublasDestroy(t->blas);
@@ -126,8 +127,10 @@ uint64_t fsdp_cuda_thread_serial(void) {
     return this_thread()->serial;
 }
 
-fsdp_cuda_lt_thread **fsdp_cuda_thread_lt(void) {
-    return &this_thread()->lt;
+void **fsdp_cuda_thread_lt(void (*release)(void *state)) {
+    cuda_thread *t = this_thread();
+    t->lt_release = release;
+    return &t->lt;
 }
 
 void fsdp_cuda_thread_set_tf32(bool allow) {
