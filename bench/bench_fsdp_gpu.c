@@ -110,20 +110,17 @@ static void rank_state_free(rank_state *r) {
     *r = (rank_state){0};
 }
 
-/* rows x cols uniform values in [-1, 1) on dev, from seed (each rank its own rows). */
+/* rows x cols uniform values in [-1, 1) on dev, drawn by the library's RNG (fsdp_init_tensor)
+ * on the host from seed (each rank its own) and copied over. */
 static fsdp_status random_on(fsdp_ctx *ctx, fsdp_device dev, int64_t rows, int64_t cols,
                              unsigned seed, fsdp_tensor **out) {
     fsdp_tensor *host = NULL;
     fsdp_status st =
         fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){rows, cols}, &host);
-    if (st == FSDP_OK) {
-        float *h = fsdp_tensor_f32(host);
-        for (int64_t i = 0; i < rows * cols; i++) {
-            seed = seed * 1664525u + 1013904223u;
-            h[i] = (float)(seed >> 8) / (float)(1u << 23) - 1.0f;
-        }
+    if (st == FSDP_OK)
+        st = fsdp_init_tensor(ctx, host, &(fsdp_init){FSDP_INIT_UNIFORM, -1.0f, 1.0f}, seed, 0);
+    if (st == FSDP_OK)
         st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 2, (int64_t[]){rows, cols}, out);
-    }
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, *out, host);
     fsdp_tensor_free(host);
     return st;
