@@ -7,7 +7,7 @@
  * and two threads missing the same key both query and the second insert finds the first).
  * Handles and workspaces are per thread and device (rank threads sharing a GPU never share
  * either); a workspace comes once from the caching allocator and is handed back when the
- * thread exits. */
+ * thread exits. An epilogue (bias, activation, bias gradient: epilogue.c) is part of the key. */
 #include <cublasLt.h>
 #include <pthread.h>
 #include <stdio.h>
