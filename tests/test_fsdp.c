@@ -880,6 +880,69 @@ static void test_reductions_in_flight(void) {
     }
 }
 
+/* A step whose FSDP hook fails (fsdp_shard_test_fail_hook: layers.1's pre-backward, after
+ * layers.2's reduction was started; under MPI its all_reduce is then in flight) returns that
+ * failure with its message, and leaves no work in flight (the hook completes every unit's works
+ * first); the group still works after it. */
+static fsdp_status failure_rank(fsdp_ctx *ctx, int rank, void *user) {
+    const fsdp_case *c = user;
+    fsdp_module *m = NULL;
+    fsdp_sharded *sh = NULL;
+    fsdp_optimizer *opt = NULL;
+    fsdp_mesh *mesh = NULL;
+    fsdp_fully_shard_options o;
+    fsdp_sgd_options sgd = {.lr = 0.1};
+    int in_flight = 0;
+    fsdp_status st = case_options(ctx, c, &mesh, &o);
+    if (st == FSDP_OK) st = build(ctx, &m);
+    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &o, &sh);
+    if (st == FSDP_OK) st = fsdp_sgd_create(ctx, fsdp_sharded_flat_params(sh), &sgd, &opt);
+    int64_t off, len;
+    fsdp_chunk_range(BATCH, c->world, rank, &off, &len);
+    if (st == FSDP_OK) st = step(ctx, m, opt, 0, off, len, c->world);
+    if (st == FSDP_OK) st = fsdp_optimizer_zero_grad(ctx, opt);
+    if (st == FSDP_OK) fsdp_shard_test_trace(sh, count_in_flight, &in_flight);
+    /* every rank has finished the good step before any rank's hooks may fail */
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    if (st == FSDP_OK) fsdp_shard_test_fail_hook(1, FSDP_HOOK_PRE_BACKWARD);
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    if (st == FSDP_OK) {
+        fsdp_status failed = stacked_forward_backward(ctx, m, 1, off, len, c->world);
+        FSDP_RANK_CHECK(ctx, failed == FSDP_ERR_INTERNAL, "the step returned %s",
+                        fsdp_status_to_string(failed));
+        const char *needles[] = {"the failure a test asked for", NULL};
+        FSDP_RANK_CHECK(ctx, fsdp_test_message_has(fsdp_last_error(ctx), needles),
+                        "the step's message is '%s'", fsdp_last_error(ctx));
+        for (int u = 0; u < fsdp_sharded_num_units(sh); u++)
+            FSDP_RANK_CHECK(ctx,
+                            !fsdp_comm_work_pending(sh->units[u]->gather_work) &&
+                                !fsdp_comm_work_pending(sh->units[u]->reduce_work),
+                            "unit %d has a work in flight after the failed step", u);
+        /* under MPI layers.2's all_reduce was in flight when layers.1's hook failed */
+        FSDP_RANK_CHECK(ctx, in_flight == (fsdp_test_mpi() ? 1 : 0),
+                        "%d reductions in flight in the failed step", in_flight);
+        st = fsdp_barrier(ctx, NULL);
+    }
+    fsdp_shard_test_fail_hook(-1, FSDP_HOOK_PRE_BACKWARD);
+    fsdp_tensor *t = NULL;
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){1}, &t);
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, o.group, t, FSDP_REDUCE_SUM);
+    fsdp_tensor_free(t);
+    fsdp_optimizer_free(opt);
+    fsdp_sharded_free(sh);
+    fsdp_module_free(m);
+    fsdp_mesh_free(mesh);
+    return st;
+}
+
+static void test_failed_step(void) {
+    for (int world = 2; world <= 4; world++) {
+        fsdp_case c = {world, FSDP_NO_SHARD, true, 2, false, false, 2};
+        FSDP_TEST_OK(fsdp_test_run_world(world, 0, failure_rank, &c));
+    }
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"train_full_shard_root", test_train_full_shard_root},
@@ -896,6 +959,7 @@ int main(int argc, char **argv) {
         {"sync_module_states_and_errors", test_sync_module_states_and_errors},
         {"fsdp_tp_extension_grad", test_fsdp_tp_extension_grad},
         {"reductions_in_flight", test_reductions_in_flight},
+        {"failed_step", test_failed_step},
     };
     return fsdp_test_run(argc, argv, "fsdp", cases, sizeof cases / sizeof cases[0]);
 }

@@ -247,6 +247,8 @@ fsdp_status fsdp_shard_take_grads(fsdp_ctx *ctx, unit *u, const char *call) {
 
 /* Each hook's body; the hooks (at the end) drain the works when it fails. */
 static fsdp_status pre_forward(fsdp_ctx *ctx, unit *u) {
+    /* a step that failed outside FSDP's hooks may have left a work in flight */
+    if (u->is_root && ctx->recompute_depth == 0) FSDP_TRY_AT(ctx, fsdp_works_settle(ctx, u->owner));
     FSDP_TRY_AT(ctx, fsdp_prefetch_note(ctx, u, false));
     FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-forward hook"));
     FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u));
@@ -309,28 +311,32 @@ static fsdp_status post_backward(fsdp_ctx *ctx, unit *u) {
 
 fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                    const fsdp_tensor **io, void *user) {
-    (void)m, (void)point, (void)io;
+    (void)m, (void)io;
     unit *u = user;
-    return fsdp_works_drain(ctx, u->owner, pre_forward(ctx, u));
+    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
+    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : pre_forward(ctx, u));
 }
 
 fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                     const fsdp_tensor **io, void *user) {
-    (void)m, (void)point, (void)io;
+    (void)m, (void)io;
     unit *u = user;
-    return fsdp_works_drain(ctx, u->owner, post_forward(ctx, u));
+    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
+    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : post_forward(ctx, u));
 }
 
 fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                     const fsdp_tensor **io, void *user) {
-    (void)m, (void)point, (void)io;
+    (void)m, (void)io;
     unit *u = user;
-    return fsdp_works_drain(ctx, u->owner, pre_backward(ctx, u));
+    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
+    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : pre_backward(ctx, u));
 }
 
 fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                      const fsdp_tensor **io, void *user) {
-    (void)m, (void)point, (void)io;
+    (void)m, (void)io;
     unit *u = user;
-    return fsdp_works_drain(ctx, u->owner, post_backward(ctx, u));
+    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
+    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : post_backward(ctx, u));
 }

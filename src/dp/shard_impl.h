@@ -261,6 +261,11 @@ fsdp_status fsdp_works_settle(fsdp_ctx *ctx, fsdp_sharded *sh);
 /* A hook's failure: every unit's work completed (on a device too) before st is returned, its
  * message kept; FSDP_OK passes through. */
 fsdp_status fsdp_works_drain(fsdp_ctx *ctx, fsdp_sharded *sh, fsdp_status st);
+/* Tests: FSDP's hook at `point` of unit unit_index fails (FSDP_ERR_INTERNAL) before it does
+ * anything, in every state, until called with unit_index -1; fsdp_works_test_failure is that
+ * failure (FSDP_OK for every other hook). */
+void fsdp_shard_test_fail_hook(int unit_index, fsdp_hook_point point);
+fsdp_status fsdp_works_test_failure(fsdp_ctx *ctx, const unit *u, fsdp_hook_point point);
 /* Frees the works (none may be in flight: the hooks drain on failure). */
 void fsdp_works_release(fsdp_sharded *sh);
 

@@ -3,8 +3,24 @@
  * needed (prefetch.c, post_backward.c), settled when the pool needs a block one still holds, at
  * the end of backward and before summon_full_params, and drained when a hook fails, so that no
  * step leaves a collective in flight. */
+#include <stdatomic.h>
+
 #include "core/error.h"
 #include "dp/shard_impl.h"
+
+static atomic_int fail_unit = -1, fail_point = -1;
+
+void fsdp_shard_test_fail_hook(int unit_index, fsdp_hook_point point) {
+    atomic_store(&fail_point, (int)point);
+    atomic_store(&fail_unit, unit_index);
+}
+
+fsdp_status fsdp_works_test_failure(fsdp_ctx *ctx, const unit *u, fsdp_hook_point point) {
+    if (atomic_load(&fail_unit) != u->index || atomic_load(&fail_point) != (int)point)
+        return FSDP_OK;
+    return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "FSDP unit %d: the failure a test asked for",
+                     u->index);
+}
 
 static fsdp_status settle_pool(fsdp_ctx *ctx, void *user) {
     return fsdp_works_settle(ctx, user);
