@@ -192,6 +192,9 @@ typedef struct fsdp_kernels_i {
     /* dgate = dout * up * silu'(gate), dup = dout * silu(gate) (n each), written */
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, int64_t n);
+    /* swiglu_forward with out (n) rounded to bf16: each element the bits f32_to_bf16 gives
+     * swiglu_forward's value (the bf16 compute policy's down_proj reads it as its bf16 input) */
+    void (*swiglu_forward_bf16)(fsdp_bf16 *out, const float *gate, const float *up, int64_t n);
     /* cross_entropy where rows whose target is ignore_index count for nothing (PyTorch's
      * ignore_index): loss = mean over the other rows (NaN when there are none, as PyTorch);
      * dlogits (may be NULL) = (softmax - onehot) / counted rows, 0 on ignored rows. Every

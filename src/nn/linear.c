@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "core/tensor_impl.h" // defines: fsdp_tensor_release_storage
 #include "fsdp/layers.h"
 #include "kernels/kernels.h"
 #include "nn/module_impl.h"
@@ -12,12 +13,13 @@
 typedef struct linear {
     fsdp_param *weight;       /* (out, in) */
     fsdp_param *bias;         /* (out), or NULL */
-    const fsdp_tensor *input; /* (rows, in), kept for backward */
+    const fsdp_tensor *input; /* (rows, in), kept for backward: f32, or bf16 under the policy */
     fsdp_tensor *output;      /* (rows, out) */
     fsdp_tensor *dinput;      /* (rows, in) */
     fsdp_dtype compute;       /* FSDP_DTYPE_F32, or FSDP_DTYPE_BF16: the GEMMs' inputs */
     fsdp_dtype last_compute;  /* the policy the last forward ran (its backward follows it) */
-    fsdp_tensor *x16, *w16;   /* bf16: (rows, in) and (out, in), rounded in forward, kept */
+    fsdp_tensor *x16, *w16;   /* bf16: (rows, in) and (out, in), rounded in forward, kept; no
+                               * x16 when the input is bf16 already (it is read as is) */
     fsdp_tensor *y16;         /* bf16: (rows, max(out, in)), the rounding of outputs and dy */
 } linear;
 
@@ -35,7 +37,9 @@ static void linear_free(void *impl) {
  * f32 (gemm_bf16); its output is rounded to bf16 where a GPU writes a bf16 tensor (the output
  * and the input gradient), and the weight gradient is accumulated in f32 into the f32 gradient
  * (as Megatron's fused weight-gradient accumulation). The rounded values are stored widened in
- * the f32 tensors the other layers read, so they compute on exactly the GPU's inputs. ---- */
+ * the f32 tensors the other layers read, so they compute on exactly the GPU's inputs. A bf16
+ * input (a layer that rounds its output for this Linear, as LlamaMLP's SwiGLU) is the bf16 copy
+ * itself: read in forward and backward as is, with no x16 of its own. ---- */
 
 /* *t: a bf16 buffer of shape (rows, cols) on device (reused when large enough). */
 static fsdp_status bf16_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, int64_t rows,
@@ -50,17 +54,28 @@ static void round_bf16(const fsdp_kernels_i *k, float *y, fsdp_tensor *y16, int6
     k->bf16_to_f32(y, h, n);
 }
 
-/* y (rows, OC) = bf16(bf16(x) bf16(W)^T + b): x16 and w16 are kept for backward. */
+/* The bf16 copy of the input the GEMMs read: the input itself when it is bf16, else x16. */
+static const fsdp_bf16 *kept_x16(const linear *l, const fsdp_tensor *in) {
+    return fsdp_tensor_data(fsdp_tensor_dtype(in) == FSDP_DTYPE_BF16 ? in : l->x16);
+}
+
+/* y (rows, OC) = bf16(bf16(x) bf16(W)^T + b): x16 (or the bf16 input) and w16 are kept for
+ * backward. */
 static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *k,
                                 const fsdp_tensor *in, int64_t rows, int64_t OC, int64_t C,
                                 bool bias) {
     fsdp_device dev = fsdp_tensor_device(in);
-    FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->x16, dev, rows, C));
+    if (fsdp_tensor_dtype(in) == FSDP_DTYPE_BF16) {
+        if (l->x16) fsdp_tensor_release_storage(l->x16); /* an f32 input's copy, not needed now */
+    } else {
+        FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->x16, dev, rows, C));
+        k->f32_to_bf16(fsdp_tensor_data(l->x16), fsdp_tensor_f32(in), rows * C);
+    }
     FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->w16, dev, OC, C));
     FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->y16, dev, rows, OC > C ? OC : C));
-    fsdp_bf16 *x16 = fsdp_tensor_data(l->x16), *w16 = fsdp_tensor_data(l->w16);
+    const fsdp_bf16 *x16 = kept_x16(l, in);
+    fsdp_bf16 *w16 = fsdp_tensor_data(l->w16);
     float *y = fsdp_tensor_f32(l->output);
-    k->f32_to_bf16(x16, fsdp_tensor_f32(in), rows * C);
     k->f32_to_bf16(w16, fsdp_tensor_f32(l->weight->data), OC * C);
     k->gemm_bf16(false, true, rows, OC, C, 1.0f, x16, C, w16, C, 0.0f, y, OC);
     if (bias) k->bias_add(y, fsdp_tensor_f32(l->bias->data), rows, OC);
@@ -75,7 +90,7 @@ static fsdp_status bf16_backward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i 
                                  int64_t OC, int64_t C) {
     const float *dy = fsdp_tensor_f32(dout);
     fsdp_bf16 *dy16 = fsdp_tensor_data(l->y16);
-    const fsdp_bf16 *x16 = fsdp_tensor_data(l->x16), *w16 = fsdp_tensor_data(l->w16);
+    const fsdp_bf16 *x16 = kept_x16(l, l->input), *w16 = fsdp_tensor_data(l->w16);
     k->f32_to_bf16(dy16, dy, rows * OC);
     if (l->weight->requires_grad)
         k->gemm_bf16(true, false, OC, C, rows, 1.0f, dy16, OC, x16, C, 1.0f,
@@ -98,7 +113,15 @@ static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tens
     linear *l = m->impl;
     const fsdp_tensor *w = l->weight->data;
     int64_t OC = fsdp_tensor_dim(w, 0), C = fsdp_tensor_dim(w, 1);
-    FSDP_TRY_AT(ctx, fsdp_nn_check_input(ctx, m, in, C));
+    if (fsdp_tensor_dtype(in) == FSDP_DTYPE_BF16 && l->compute != FSDP_DTYPE_BF16) {
+        char desc[160];
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "%s: input is bf16, which a Linear reads only under the bf16 compute "
+                         "policy; set it with fsdp_module_set_autocast(ctx, m, FSDP_DTYPE_BF16), "
+                         "or pass an f32 input",
+                         fsdp_nn_describe(m, desc, sizeof desc));
+    }
+    FSDP_TRY_AT(ctx, fsdp_nn_check_input_bf16(ctx, m, in, C, l->compute == FSDP_DTYPE_BF16));
     int64_t rows = fsdp_tensor_numel(in) / (C ? C : 1);
     int64_t shape[FSDP_MAX_DIMS];
     int nd = fsdp_tensor_ndim(in);
@@ -164,6 +187,10 @@ bool fsdp_nn_is_linear(const fsdp_module *m) {
 
 fsdp_param *fsdp_nn_linear_weight(const fsdp_module *m) {
     return fsdp_nn_is_linear(m) ? ((const linear *)m->impl)->weight : NULL;
+}
+
+fsdp_dtype fsdp_nn_linear_compute(const fsdp_module *m) {
+    return fsdp_nn_is_linear(m) ? ((const linear *)m->impl)->compute : FSDP_DTYPE_F32;
 }
 
 fsdp_status fsdp_nn_linear_create_tied(fsdp_ctx *ctx, fsdp_param *weight, fsdp_module **out) {

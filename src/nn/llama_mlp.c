@@ -1,15 +1,21 @@
 /* llama_mlp.c: the Llama feed-forward (SwiGLU), down_proj(silu(gate_proj(x)) * up_proj(x)),
- * with Hugging Face's child names (Meta's w1 = gate_proj, w3 = up_proj, w2 = down_proj). */
+ * with Hugging Face's child names (Meta's w1 = gate_proj, w3 = up_proj, w2 = down_proj). When
+ * down_proj runs the bf16 compute policy, which rounds its input to bf16 anyway, the SwiGLU
+ * output is written rounded, in bf16 storage, and down_proj reads it as its bf16 copy: the same
+ * bits as rounding the f32 output there, in half the bytes and without down_proj's own copy. */
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "core/tensor_impl.h" // defines: fsdp_tensor_release_storage
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
+#include "nn/nn.h" // defines: fsdp_nn_linear_compute
 
 typedef struct llama_mlp {
     fsdp_module *gate_proj, *up_proj, *down_proj;
     const fsdp_tensor *gate, *up; /* (rows, hidden): the projections' outputs, for backward */
-    fsdp_tensor *hidden;          /* (rows, hidden) = silu(gate) * up */
+    fsdp_tensor *hidden;          /* (rows, hidden) = silu(gate) * up, f32 */
+    fsdp_tensor *hidden16;        /* (rows, hidden) the same rounded to bf16 */
     fsdp_tensor *dgate, *dup;     /* (rows, hidden) */
     fsdp_tensor *dinput;          /* (rows, dim) */
 } llama_mlp;
@@ -17,6 +23,7 @@ typedef struct llama_mlp {
 static void llama_mlp_free(void *impl) {
     llama_mlp *p = impl;
     fsdp_tensor_free(p->hidden);
+    fsdp_tensor_free(p->hidden16);
     fsdp_tensor_free(p->dgate);
     fsdp_tensor_free(p->dup);
     fsdp_tensor_free(p->dinput);
@@ -38,10 +45,19 @@ static fsdp_status llama_mlp_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
                          fsdp_tensor_shape_string(p->gate, a, sizeof a),
                          fsdp_tensor_shape_string(p->up, b, sizeof b));
     }
-    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->hidden, dev, fsdp_tensor_ndim(p->gate),
-                                    fsdp_tensor_shape(p->gate)));
-    k->swiglu_forward(fsdp_tensor_f32(p->hidden), fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up),
-                      fsdp_tensor_numel(p->gate));
+    int nd = fsdp_tensor_ndim(p->gate);
+    const int64_t *shape = fsdp_tensor_shape(p->gate);
+    const float *gate = fsdp_tensor_f32(p->gate), *up = fsdp_tensor_f32(p->up);
+    int64_t n = fsdp_tensor_numel(p->gate);
+    if (fsdp_nn_linear_compute(p->down_proj) == FSDP_DTYPE_BF16 && k->swiglu_forward_bf16) {
+        if (p->hidden) fsdp_tensor_release_storage(p->hidden); /* an f32 forward's, not needed */
+        FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &p->hidden16, FSDP_DTYPE_BF16, dev, nd, shape));
+        k->swiglu_forward_bf16(fsdp_tensor_data(p->hidden16), gate, up, n);
+        return fsdp_module_forward(ctx, p->down_proj, p->hidden16, out);
+    }
+    if (p->hidden16) fsdp_tensor_release_storage(p->hidden16);
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->hidden, dev, nd, shape));
+    k->swiglu_forward(fsdp_tensor_f32(p->hidden), gate, up, n);
     return fsdp_module_forward(ctx, p->down_proj, p->hidden, out);
 }
 

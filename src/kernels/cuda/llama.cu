@@ -5,6 +5,7 @@
  * backward and never storing a (T, T) block (the scratch argument is unused); the key/value
  * gradients are summed per key row over the query rows and heads of its group. */
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/llama_cuda.h"
 
 /* ---- embedding ---- */
@@ -273,6 +274,22 @@ extern "C" void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float 
     swiglu_backward_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         dgate, dup, dout, gate, up, n);
     FSDP_CUDA_LAUNCHED("swiglu_backward");
+}
+
+/* swiglu_op's value rounded as convert.cu's f32_to_bf16 rounds it (--fmad=false: the same
+ * f32 operations, so the same bits as swiglu_forward then f32_to_bf16) */
+__global__ void swiglu_forward_bf16_kernel(fsdp_bf16 *out, const float *gate, const float *up,
+                                           int64_t n) {
+    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride())
+        out[i] = bf16_from_bits(__float_as_uint(swiglu_op()(gate[i], up[i])));
+}
+
+extern "C" void fsdp_cuda_swiglu_forward_bf16(fsdp_bf16 *out, const float *gate, const float *up,
+                                              int64_t n) {
+    if (n <= 0) return;
+    swiglu_forward_bf16_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        out, gate, up, n);
+    FSDP_CUDA_LAUNCHED("swiglu_forward_bf16");
 }
 
 /* ---- cross-entropy with an ignored target ---- */

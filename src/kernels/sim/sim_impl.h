@@ -153,6 +153,7 @@ void sim_attention_backward(float *dq, float *dk, float *dv, float *scratch, con
 void sim_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
 void sim_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                          const float *up, int64_t n);
+void sim_swiglu_forward_bf16(fsdp_bf16 *out, const float *gate, const float *up, int64_t n);
 void sim_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
                               const int32_t *targets, int32_t ignore_index, int64_t rows,
                               int64_t classes);

@@ -627,6 +627,7 @@ static const fsdp_kernels_i sim_kernels = {
     .attention_backward = sim_attention_backward,
     .swiglu_forward = sim_swiglu_forward,
     .swiglu_backward = sim_swiglu_backward,
+    .swiglu_forward_bf16 = sim_swiglu_forward_bf16,
     .cross_entropy_ignore = sim_cross_entropy_ignore,
     .vocab_row_max = sim_vocab_row_max,
     .vocab_exp_sums = sim_vocab_exp_sums,
