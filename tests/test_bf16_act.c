@@ -31,89 +31,109 @@ static fsdp_module *llama(void) {
     return m;
 }
 
-/* ---- the path before bf16 storage, kept as hooks: down_proj's input replaced by the f32
- * SwiGLU of gate_proj's and up_proj's outputs (what the MLP handed it before), which down_proj
- * rounds into its own bf16 copy under the policy, as it did. ---- */
+/* ---- the path before bf16 storage, kept as hooks: gate_proj's and up_proj's outputs replaced
+ * by the f32 tensors the policy's Linear wrote before (a copy of its forward: the input and the
+ * weight rounded to bf16, gemm_bf16 into f32, the sum rounded to bf16 and widened back), so the
+ * MLP takes its f32 path: the f32 SwiGLU, and down_proj rounding its f32 input into its own bf16
+ * copy, as before. ---- */
 
-typedef struct f32_path {
-    const fsdp_tensor *gate, *up; /* the projections' outputs of this forward */
-    fsdp_tensor *hidden;          /* f32 silu(gate) * up, owned here */
-    int calls;                    /* down_proj inputs replaced */
-} f32_path;
+typedef struct f32_output {
+    const fsdp_tensor *input; /* this forward's */
+    fsdp_tensor *x16, *w16, *y16, *y;
+    int calls; /* outputs replaced */
+} f32_output;
 
-static void f32_path_free(void *user) {
-    f32_path *p = user;
-    fsdp_tensor_free(p->hidden);
-    free(p);
+static void f32_output_free(void *user) {
+    f32_output *o = user;
+    fsdp_tensor_free(o->x16), fsdp_tensor_free(o->w16), fsdp_tensor_free(o->y16);
+    fsdp_tensor_free(o->y);
+    free(o);
 }
 
-static fsdp_status keep_gate(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
-                             const fsdp_tensor **io, void *user) {
-    (void)ctx, (void)m, (void)point;
-    ((f32_path *)user)->gate = *io;
-    return FSDP_OK;
-}
-
-static fsdp_status keep_up(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
-                           const fsdp_tensor **io, void *user) {
-    (void)ctx, (void)m, (void)point;
-    ((f32_path *)user)->up = *io;
-    return FSDP_OK;
-}
-
-static fsdp_status f32_hidden(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+static fsdp_status keep_input(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                               const fsdp_tensor **io, void *user) {
-    (void)m, (void)point;
-    f32_path *p = user;
-    if (!p->gate || !p->up) return FSDP_ERR_INTERNAL;
-    fsdp_tensor_free(p->hidden);
-    p->hidden = NULL;
-    FSDP_TRY_AT(ctx, fsdp_tensor_create_like(ctx, p->gate, &p->hidden));
-    fsdp_kernels_for(fsdp_tensor_device(p->gate))
-        ->swiglu_forward(fsdp_tensor_f32(p->hidden), fsdp_tensor_f32(p->gate),
-                         fsdp_tensor_f32(p->up), fsdp_tensor_numel(p->gate));
-    *io = p->hidden;
-    p->calls++;
+    (void)ctx, (void)m, (void)point;
+    ((f32_output *)user)->input = *io;
     return FSDP_OK;
 }
 
-/* Puts the f32 path's hooks on every decoder layer's MLP; paths[i] is layer i's. */
-static void use_f32_path(fsdp_module *m, f32_path *paths[LAYERS]) {
+/* *t: a fresh tensor of dtype on dev (the last one freed) */
+static fsdp_status fresh(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_dtype dtype, fsdp_device dev,
+                         int64_t rows, int64_t cols) {
+    fsdp_tensor_free(*t);
+    *t = NULL;
+    return fsdp_tensor_create(ctx, dtype, dev, 2, (int64_t[]){rows, cols}, t);
+}
+
+static fsdp_status f32_output_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                 const fsdp_tensor **io, void *user) {
+    (void)point;
+    f32_output *o = user;
+    const fsdp_tensor *w = fsdp_param_data(fsdp_module_param(m, 0));
+    fsdp_device dev = fsdp_tensor_device(w);
+    int64_t OC = fsdp_tensor_dim(w, 0), C = fsdp_tensor_dim(w, 1);
+    int64_t rows = fsdp_tensor_numel(o->input) / C;
+    if (fsdp_tensor_dtype(o->input) != FSDP_DTYPE_F32) return FSDP_ERR_INTERNAL;
+    FSDP_TRY_AT(ctx, fresh(ctx, &o->x16, FSDP_DTYPE_BF16, dev, rows, C));
+    FSDP_TRY_AT(ctx, fresh(ctx, &o->w16, FSDP_DTYPE_BF16, dev, OC, C));
+    FSDP_TRY_AT(ctx, fresh(ctx, &o->y16, FSDP_DTYPE_BF16, dev, rows, OC));
+    fsdp_tensor_free(o->y); /* f32, of the output's shape */
+    o->y = NULL;
+    FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, fsdp_tensor_ndim(*io),
+                                        fsdp_tensor_shape(*io), &o->y));
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    k->f32_to_bf16(fsdp_tensor_data(o->x16), fsdp_tensor_f32(o->input), rows * C);
+    k->f32_to_bf16(fsdp_tensor_data(o->w16), fsdp_tensor_f32(w), OC * C);
+    k->gemm_bf16(false, true, rows, OC, C, 1.0f, fsdp_tensor_data(o->x16), C,
+                 fsdp_tensor_data(o->w16), C, 0.0f, fsdp_tensor_f32(o->y), OC);
+    k->f32_to_bf16(fsdp_tensor_data(o->y16), fsdp_tensor_f32(o->y), rows * OC);
+    k->bf16_to_f32(fsdp_tensor_f32(o->y), fsdp_tensor_data(o->y16), rows * OC);
+    *io = o->y;
+    o->calls++;
+    return FSDP_OK;
+}
+
+/* Puts the f32 path's hooks on gate_proj and up_proj of every decoder layer's MLP; outs[2 i]
+ * and outs[2 i + 1] are layer i's. */
+static void use_f32_path(fsdp_module *m, f32_output *outs[2 * LAYERS]) {
     fsdp_ctx *ctx = fsdp_test_ctx();
-    for (int i = 0; i < LAYERS; i++) {
+    for (int i = 0; i < 2 * LAYERS; i++) {
         char name[64];
-        f32_path *p = calloc(1, sizeof *p);
-        CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-        paths[i] = p;
-        snprintf(name, sizeof name, "model.layers.%d.mlp.gate_proj", i);
-        FSDP_TEST_OK(fsdp_module_add_hook(ctx, fsdp_module_find(m, name), FSDP_HOOK_POST_FORWARD,
-                                          keep_gate, p, NULL, NULL));
-        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj", i);
-        FSDP_TEST_OK(fsdp_module_add_hook(ctx, fsdp_module_find(m, name), FSDP_HOOK_POST_FORWARD,
-                                          keep_up, p, NULL, NULL));
-        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj", i);
-        FSDP_TEST_OK(fsdp_module_add_hook(ctx, fsdp_module_find(m, name), FSDP_HOOK_PRE_FORWARD,
-                                          f32_hidden, p, f32_path_free, NULL));
+        snprintf(name, sizeof name, "model.layers.%d.mlp.%s", i / 2,
+                 i % 2 ? "up_proj" : "gate_proj");
+        fsdp_module *lin = fsdp_module_find(m, name);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(lin);
+        f32_output *o = calloc(1, sizeof *o);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+        outs[i] = o;
+        FSDP_TEST_OK(
+            fsdp_module_add_hook(ctx, lin, FSDP_HOOK_PRE_FORWARD, keep_input, o, NULL, NULL));
+        FSDP_TEST_OK(fsdp_module_add_hook(ctx, lin, FSDP_HOOK_POST_FORWARD, f32_output_of, o,
+                                          f32_output_free, NULL));
     }
 }
 
-/* Counts the bf16 inputs down_proj receives (the new path is taken, so the comparison is not
+/* Counts the bf16 tensors passing a hook point (the new path is taken, so the comparison is not
  * of a path with itself). */
-static fsdp_status count_bf16_input(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
-                                    const fsdp_tensor **io, void *user) {
+static fsdp_status count_bf16(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                              const fsdp_tensor **io, void *user) {
     (void)ctx, (void)m, (void)point;
     *(int *)user += fsdp_tensor_dtype(*io) == FSDP_DTYPE_BF16;
     return FSDP_OK;
 }
 
-static void count_bf16_inputs(fsdp_module *m, int *count) {
-    for (int i = 0; i < LAYERS; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj", i);
-        FSDP_TEST_OK(fsdp_module_add_hook(fsdp_test_ctx(), fsdp_module_find(m, name),
-                                          FSDP_HOOK_PRE_FORWARD, count_bf16_input, count, NULL,
-                                          NULL));
-    }
+/* count: the bf16 outputs of gate_proj and up_proj and bf16 inputs of down_proj, every layer */
+static void count_bf16_tensors(fsdp_module *m, int *count) {
+    static const char *const proj[] = {"gate_proj", "up_proj", "down_proj"};
+    for (int i = 0; i < LAYERS; i++)
+        for (int j = 0; j < 3; j++) {
+            char name[64];
+            snprintf(name, sizeof name, "model.layers.%d.mlp.%s", i, proj[j]);
+            FSDP_TEST_OK(
+                fsdp_module_add_hook(fsdp_test_ctx(), fsdp_module_find(m, name),
+                                     j == 2 ? FSDP_HOOK_PRE_FORWARD : FSDP_HOOK_POST_FORWARD,
+                                     count_bf16, count, NULL, NULL));
+        }
 }
 
 /* ---- one training step's results on the host ---- */
@@ -176,57 +196,137 @@ static bool same_bits(const char *name, const float *a, const float *b, int64_t 
     return diff == 0;
 }
 
-/* ---- the kernel ---- */
+/* ---- the kernels ---- */
 
-/* swiglu_forward_bf16 against swiglu_forward then f32_to_bf16 on the same device, bit for bit:
- * 1500 values (not a multiple of the CPU's block of 512) over [-40, 40] where silu saturates,
- * with zeros, +-inf, NaN, f32's largest value and a subnormal among them. */
-static void check_kernel(fsdp_device dev) {
+/* A host array on dev (a copy) */
+static fsdp_tensor *on(fsdp_device dev, fsdp_dtype dtype, void *host, int64_t n) {
     fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *h = NULL, *d = NULL;
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, host, dtype, FSDP_CPU, 1, (int64_t[]){n}, &h));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, dtype, dev, 1, (int64_t[]){n}, &d));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, d, h));
+    fsdp_tensor_free(h);
+    return d;
+}
+
+/* d's n elements of `size` bytes copied to host */
+static void back(void *host, const fsdp_tensor *d) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *h = NULL;
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, host, fsdp_tensor_dtype(d), FSDP_CPU, 1,
+                                       (int64_t[]){fsdp_tensor_numel(d)}, &h));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, d));
+    fsdp_tensor_free(h);
+}
+
+static int64_t differ(const void *a, const void *b, int64_t n, size_t size) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++)
+        d += memcmp((const char *)a + i * size, (const char *)b + i * size, size) != 0;
+    return d;
+}
+
+/* swiglu_forward_bf16 and swiglu_backward_bf16 against the f32 entries on the widened inputs
+ * (the forward then f32_to_bf16) on the same device, bit for bit: 1500 values (not a multiple of
+ * the CPU's block of 512) over [-40, 40] where silu saturates, with zeros, +-inf, NaN, bf16's
+ * largest value and a subnormal among them. */
+static void check_swiglu(fsdp_device dev) {
     enum { N = 1500 };
-    float g[N], u[N];
+    static fsdp_bf16 g16[N], u16[N], want16[N], got16[N];
+    static float g[N], u[N], dy[N], r[4][N];
     for (int i = 0; i < N; i++) {
-        g[i] = -40.0f + 80.0f * (float)((i * 7919) % N) / N;
-        u[i] = -3.0f + 6.0f * (float)((i * 104729) % N) / N;
+        g16[i] = fsdp_bf16_from_f32(-40.0f + 80.0f * (float)((i * 7919) % N) / N);
+        u16[i] = fsdp_bf16_from_f32(-3.0f + 6.0f * (float)((i * 104729) % N) / N);
+        dy[i] = -1.0f + 2.0f * (float)((i * 31) % N) / N;
     }
-    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 3.4028235e38f, 1e-40f};
+    const fsdp_bf16 special[] = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0x7f7f, 0x0001};
     for (int i = 0; i < (int)(sizeof special / sizeof special[0]); i++)
-        g[i * 11] = special[i], u[i * 13 + 1] = special[i];
-    fsdp_tensor *gh, *uh, *gd, *ud, *y32, *r16, *y16;
-    int64_t shape[1] = {N};
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, g, FSDP_DTYPE_F32, FSDP_CPU, 1, shape, &gh));
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, u, FSDP_DTYPE_F32, FSDP_CPU, 1, shape, &uh));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 1, shape, &gd));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 1, shape, &ud));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, gd, gh));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, ud, uh));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 1, shape, &y32));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, dev, 1, shape, &r16));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, dev, 1, shape, &y16));
+        g16[i * 11] = special[i], u16[i * 13 + 1] = special[i];
+    for (int i = 0; i < N; i++) g[i] = fsdp_bf16_to_f32(g16[i]), u[i] = fsdp_bf16_to_f32(u16[i]);
+    fsdp_tensor *gd = on(dev, FSDP_DTYPE_BF16, g16, N), *ud = on(dev, FSDP_DTYPE_BF16, u16, N);
+    fsdp_tensor *gw = on(dev, FSDP_DTYPE_F32, g, N), *uw = on(dev, FSDP_DTYPE_F32, u, N);
+    fsdp_tensor *dyd = on(dev, FSDP_DTYPE_F32, dy, N);
+    fsdp_tensor *t[4], *y16 = on(dev, FSDP_DTYPE_BF16, got16, N),
+                       *w16 = on(dev, FSDP_DTYPE_BF16, got16, N);
+    for (int i = 0; i < 4; i++) t[i] = on(dev, FSDP_DTYPE_F32, r[i], N);
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(k->swiglu_forward_bf16);
-    k->swiglu_forward(fsdp_tensor_f32(y32), fsdp_tensor_f32(gd), fsdp_tensor_f32(ud), N);
-    k->f32_to_bf16(fsdp_tensor_data(r16), fsdp_tensor_f32(y32), N);
-    k->swiglu_forward_bf16(fsdp_tensor_data(y16), fsdp_tensor_f32(gd), fsdp_tensor_f32(ud), N);
-    fsdp_bf16 want[N], got[N];
-    fsdp_tensor *wh, *gth;
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, want, FSDP_DTYPE_BF16, FSDP_CPU, 1, shape, &wh));
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, got, FSDP_DTYPE_BF16, FSDP_CPU, 1, shape, &gth));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, wh, r16));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, gth, y16));
-    int64_t diff = 0, nan = 0;
-    for (int i = 0; i < N; i++) diff += got[i] != want[i], nan += (want[i] & 0x7fff) > 0x7f80;
-    printf("\n    %s: %lld of %d differ (%lld NaN)", fsdp_device_to_string(dev), (long long)diff, N,
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k->swiglu_forward_bf16 && k->swiglu_backward_bf16);
+    k->swiglu_forward(fsdp_tensor_f32(t[0]), fsdp_tensor_f32(gw), fsdp_tensor_f32(uw), N);
+    k->f32_to_bf16(fsdp_tensor_data(w16), fsdp_tensor_f32(t[0]), N);
+    k->swiglu_forward_bf16(fsdp_tensor_data(y16), fsdp_tensor_data(gd), fsdp_tensor_data(ud), N);
+    k->swiglu_backward(fsdp_tensor_f32(t[0]), fsdp_tensor_f32(t[1]), fsdp_tensor_f32(dyd),
+                       fsdp_tensor_f32(gw), fsdp_tensor_f32(uw), N);
+    k->swiglu_backward_bf16(fsdp_tensor_f32(t[2]), fsdp_tensor_f32(t[3]), fsdp_tensor_f32(dyd),
+                            fsdp_tensor_data(gd), fsdp_tensor_data(ud), N);
+    back(want16, w16), back(got16, y16);
+    for (int i = 0; i < 4; i++) back(r[i], t[i]);
+    int64_t nan = 0;
+    for (int i = 0; i < N; i++) nan += (want16[i] & 0x7fff) > 0x7f80;
+    int64_t df = differ(got16, want16, N, 2), dg = differ(r[2], r[0], N, 4),
+            du = differ(r[3], r[1], N, 4);
+    printf("\n    swiglu on %s: %lld, %lld, %lld of %d differ (forward, dgate, dup; %lld NaN)",
+           fsdp_device_to_string(dev), (long long)df, (long long)dg, (long long)du, N,
            (long long)nan);
-    CU_ASSERT_EQUAL(diff, 0);
+    CU_ASSERT_TRUE(df == 0 && dg == 0 && du == 0);
     CU_ASSERT_TRUE(nan > 0); /* the specials reached the rounding */
-    fsdp_tensor *all[] = {gh, uh, gd, ud, y32, r16, y16, wh, gth};
+    fsdp_tensor *all[] = {gd, ud, gw, uw, dyd, y16, w16, t[0], t[1], t[2], t[3]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i]);
 }
 
-static void test_kernel(void) {
-    check_kernel(FSDP_CPU);
-    check_kernel(fsdp_test_device());
+/* gemm_bf16_round against gemm_bf16 (alpha 1, beta 0) then f32_to_bf16 on the same device: bit
+ * for bit on the CPU and sim, for the four transpositions, M 45, N 150, K 300 (over the CPU's
+ * blocks of 32 rows, 128 columns and 128 of K, with partial ones), C's row stride 160, and K 0
+ * (zeros). On CUDA cuBLAS may sum in another order for a bf16 C: within one bf16 rounding. */
+static void check_gemm(fsdp_device dev) {
+    enum { M = 45, N = 150, K = 300, LDC = 160 };
+    static fsdp_bf16 A[M * K], B[K * N], want[M * LDC], got[M * LDC];
+    static float C32[M * LDC];
+    for (int i = 0; i < M * K; i++) A[i] = fsdp_bf16_from_f32(sinf((float)i * 0.37f) * 2.0f);
+    for (int i = 0; i < K * N; i++) B[i] = fsdp_bf16_from_f32(cosf((float)i * 0.11f));
+    fsdp_tensor *ad = on(dev, FSDP_DTYPE_BF16, A, M * K), *bd = on(dev, FSDP_DTYPE_BF16, B, K * N);
+    fsdp_tensor *c32 = on(dev, FSDP_DTYPE_F32, C32, M * LDC);
+    fsdp_tensor *w = on(dev, FSDP_DTYPE_BF16, want, M * LDC),
+                *g = on(dev, FSDP_DTYPE_BF16, got, M * LDC);
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k->gemm_bf16_round);
+    for (int t = 0; t < 5; t++) {
+        bool ta = t & 1, tb = t & 2;
+        int64_t kk = t == 4 ? 0 : K;
+        int64_t lda = ta ? M : K,
+                ldb = tb ? K : N; /* A, B read as (M, K) and (K, N) or transposed */
+        FSDP_TEST_OK(fsdp_tensor_fill(fsdp_test_ctx(), c32, 0.0f));
+        k->gemm_bf16(ta, tb, M, N, kk, 1.0f, fsdp_tensor_data(ad), lda, fsdp_tensor_data(bd), ldb,
+                     0.0f, fsdp_tensor_f32(c32), LDC);
+        k->f32_to_bf16(fsdp_tensor_data(w), fsdp_tensor_f32(c32), M * LDC);
+        FSDP_TEST_OK(fsdp_tensor_fill(fsdp_test_ctx(), g, 0.0f));
+        k->gemm_bf16_round(ta, tb, M, N, kk, fsdp_tensor_data(ad), lda, fsdp_tensor_data(bd), ldb,
+                           fsdp_tensor_data(g), LDC);
+        back(want, w), back(got, g);
+        int64_t d = 0, far = 0, nonzero = 0;
+        for (int r = 0; r < M; r++)
+            for (int c = 0; c < N; c++) {
+                float x = fsdp_bf16_to_f32(got[r * LDC + c]),
+                      y = fsdp_bf16_to_f32(want[r * LDC + c]);
+                d += got[r * LDC + c] != want[r * LDC + c];
+                far += fabsf(x - y) > 0x1p-7f * fabsf(y); /* beyond one bf16 spacing */
+                nonzero += y != 0.0f;
+            }
+        printf("\n    gemm_bf16_round on %s, %s%s K %lld: %lld of %d differ",
+               fsdp_device_to_string(dev), ta ? "A^T" : "A", tb ? " B^T" : " B", (long long)kk,
+               (long long)d, M * N);
+        bool cuda = fsdp_test_device_is_cuda() && dev.type != FSDP_DEVICE_CPU;
+        CU_ASSERT_EQUAL(cuda ? far : d, 0);
+        CU_ASSERT_TRUE(kk == 0 ? nonzero == 0 : nonzero > M * N / 2);
+    }
+    fsdp_tensor *all[] = {ad, bd, c32, w, g};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i]);
+}
+
+static void test_kernels(void) {
+    check_swiglu(FSDP_CPU);
+    check_swiglu(fsdp_test_device());
+    check_gemm(FSDP_CPU);
+    check_gemm(fsdp_test_device());
 }
 
 /* ---- the model, bitwise the path before ---- */
@@ -240,10 +340,11 @@ static void check_bitwise(fsdp_device dev) {
         FSDP_TEST_OK(fsdp_module_to(ctx, mb, dev));
         FSDP_TEST_OK(fsdp_module_to(ctx, mf, dev));
     }
-    f32_path *paths[LAYERS];
-    use_f32_path(mf, paths);
-    int bf16_inputs = 0;
-    count_bf16_inputs(mb, &bf16_inputs);
+    f32_output *outs[2 * LAYERS];
+    use_f32_path(mf, outs);
+    int bf16_tensors = 0, bf16_tensors_f = 0;
+    count_bf16_tensors(mb, &bf16_tensors);
+    count_bf16_tensors(mf, &bf16_tensors_f); /* after the f32 path's hooks: what the MLP saw */
     step_out *b = calloc(1, sizeof *b), *f = calloc(1, sizeof *f);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b && f);
     for (int s = 0; s < 2; s++) {
@@ -255,9 +356,11 @@ static void check_bitwise(fsdp_device dev) {
         CU_ASSERT_EQUAL_FATAL(b->n_grads, f->n_grads);
         CU_ASSERT_TRUE(same_bits("gradients", b->grads, f->grads, b->n_grads));
     }
-    /* both paths ran: bf16 inputs reached down_proj in one model, f32 ones in the other */
-    CU_ASSERT_EQUAL(bf16_inputs, 2 * LAYERS);
-    for (int i = 0; i < LAYERS; i++) CU_ASSERT_EQUAL(paths[i]->calls, 2);
+    /* each path ran: bf16 gate, up and SwiGLU output in one model (3 per layer and step), none
+     * in the other, whose 4 projections per step had their outputs replaced */
+    CU_ASSERT_EQUAL(bf16_tensors, 2 * 3 * LAYERS);
+    CU_ASSERT_EQUAL(bf16_tensors_f, 0);
+    for (int i = 0; i < 2 * LAYERS; i++) CU_ASSERT_EQUAL(outs[i]->calls, 2);
     free(b->grads), free(f->grads), free(b), free(f);
     fsdp_module_free(mb), fsdp_module_free(mf);
 }
@@ -273,21 +376,21 @@ static void test_bitwise_device(void) {
 /* ---- the activation bytes ---- */
 
 /* fsdp_module_activation_bytes of the policy's tiny Llama right after a forward, measured by
- * this suite's `step` on the code before bf16 storage (commit a9991fb: the SwiGLU output in f32,
- * down_proj's own bf16 copy of it), where one MLP held mlp_bytes + 4 R H = 28672: activation
- * bytes are sizes, the same on every machine. */
+ * this suite's `step` on the code before bf16 storage (commit a9991fb: gate_proj's, up_proj's
+ * and the SwiGLU's outputs in f32, down_proj's own bf16 copy of the last), where one MLP held
+ * mlp_bytes + 8 R H = 28672: activation bytes are sizes, the same on every machine. */
 static const int64_t BYTES_BEFORE = 142144;
 
 /* The MLP's activations under the policy (R rows, D dim, H hidden), each Linear holding its
- * output (f32), its weight's bf16 copy (2 out in) and its bf16 scratch (2 R max(out, in)), and
- * its input's bf16 copy (2 R in) unless the input is bf16:
- *   gate_proj, up_proj: 4 R H + 2 R D + 2 H D + 2 R max(H, D) each
+ * output, its weight's bf16 copy (2 out in), its bf16 scratch (2 R max(out, in)) and its input's
+ * bf16 copy (2 R in) unless the input is bf16:
+ *   gate_proj, up_proj: 2 R H (bf16 output; before 4 R H, f32) + 2 R D + 2 H D + 2 R max(H, D)
  *   SwiGLU output: 2 R H in bf16 (before: 4 R H in f32)
  *   down_proj: 4 R D + 2 D H + 2 R max(D, H) (before: + 2 R H, its copy of the SwiGLU output)
- * so each decoder layer holds 4 R H bytes fewer. */
+ * so each decoder layer holds 2 R H x 4 = 8 R H bytes fewer. */
 static int64_t mlp_bytes(int64_t R, int64_t D, int64_t H) {
     int64_t w = H > D ? H : D;
-    return 2 * (4 * R * H + 2 * R * D + 2 * H * D + 2 * R * w) + 2 * R * H +
+    return 2 * (2 * R * H + 2 * R * D + 2 * H * D + 2 * R * w) + 2 * R * H +
            (4 * R * D + 2 * D * H + 2 * R * w);
 }
 
@@ -296,24 +399,26 @@ static void test_activation_bytes(void) {
     fsdp_module *m = llama();
     step_out *o = calloc(1, sizeof *o);
     CU_ASSERT_PTR_NOT_NULL_FATAL(o);
-    int64_t bytes = 0, mlp = 0, saved = 4 * (int64_t)N_TOK * HIDDEN * LAYERS;
+    const int64_t R = N_TOK, H = HIDDEN, saved = 8 * R * H * LAYERS;
+    int64_t bytes = 0, mlp = 0;
     step(m, FSDP_CPU, o, &bytes);
     FSDP_TEST_OK(
         fsdp_module_activation_bytes(ctx, fsdp_module_find(m, "model.layers.0.mlp"), &mlp));
     printf("\n    activation bytes: %lld (before %lld, %lld fewer; derived %lld); one MLP %lld "
            "(derived %lld)",
            (long long)bytes, (long long)BYTES_BEFORE, (long long)(BYTES_BEFORE - bytes),
-           (long long)saved, (long long)mlp, (long long)mlp_bytes(N_TOK, DIM, HIDDEN));
-    CU_ASSERT_EQUAL(mlp, mlp_bytes(N_TOK, DIM, HIDDEN));
+           (long long)saved, (long long)mlp, (long long)mlp_bytes(R, DIM, H));
+    CU_ASSERT_EQUAL(mlp, mlp_bytes(R, DIM, H));
     CU_ASSERT_EQUAL(bytes, BYTES_BEFORE - saved);
-    /* the f32 path (down_proj copies its f32 input to bf16 again) holds that copy once more per
-     * layer: 2 R H bytes, the part of the saving that down_proj's copy made */
+    /* the f32 path (hooks replace gate's and up's outputs with f32 tensors they own, which are not
+     * counted) holds the f32 SwiGLU output (2 R H more than bf16) and down_proj's bf16 copy of it
+     * (2 R H) per layer */
     fsdp_module *mf = llama();
-    f32_path *paths[LAYERS];
-    use_f32_path(mf, paths);
+    f32_output *outs[2 * LAYERS];
+    use_f32_path(mf, outs);
     int64_t bytes_f = 0;
     step(mf, FSDP_CPU, o, &bytes_f);
-    CU_ASSERT_EQUAL(bytes_f - bytes, 2 * (int64_t)N_TOK * HIDDEN * LAYERS);
+    CU_ASSERT_EQUAL(bytes_f - bytes, 4 * R * H * LAYERS);
     free(o->grads), free(o);
     fsdp_module_free(m), fsdp_module_free(mf);
 }
@@ -343,7 +448,7 @@ static void test_bf16_input_refused(void) {
 
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
-        {"kernel", test_kernel},
+        {"kernels", test_kernels},
         {"bitwise_cpu", test_bitwise_cpu},
         {"bitwise_device", test_bitwise_device},
         {"activation_bytes", test_activation_bytes},

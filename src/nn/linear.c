@@ -11,21 +11,26 @@
 #include "nn/module_impl.h"
 
 typedef struct linear {
-    fsdp_param *weight;       /* (out, in) */
-    fsdp_param *bias;         /* (out), or NULL */
-    const fsdp_tensor *input; /* (rows, in), kept for backward: f32, or bf16 under the policy */
-    fsdp_tensor *output;      /* (rows, out) */
-    fsdp_tensor *dinput;      /* (rows, in) */
-    fsdp_dtype compute;       /* FSDP_DTYPE_F32, or FSDP_DTYPE_BF16: the GEMMs' inputs */
-    fsdp_dtype last_compute;  /* the policy the last forward ran (its backward follows it) */
-    fsdp_tensor *x16, *w16;   /* bf16: (rows, in) and (out, in), rounded in forward, kept; no
-                               * x16 when the input is bf16 already (it is read as is) */
-    fsdp_tensor *y16;         /* bf16: (rows, max(out, in)), the rounding of outputs and dy */
+    fsdp_param *weight;          /* (out, in) */
+    fsdp_param *bias;            /* (out), or NULL */
+    const fsdp_tensor *input;    /* (rows, in), kept for backward: f32, or bf16 under the policy */
+    fsdp_tensor *output;         /* (rows, out) */
+    fsdp_tensor *output16;       /* (rows, out) bf16: the output under the policy when bf16_out */
+    const fsdp_tensor *last_out; /* output or output16, of the last forward */
+    bool bf16_out; /* the parent keeps the policy's output in bf16 (fsdp_nn_linear_set_bf16_output)
+                    */
+    fsdp_tensor *dinput;     /* (rows, in) */
+    fsdp_dtype compute;      /* FSDP_DTYPE_F32, or FSDP_DTYPE_BF16: the GEMMs' inputs */
+    fsdp_dtype last_compute; /* the policy the last forward ran (its backward follows it) */
+    fsdp_tensor *x16, *w16;  /* bf16: (rows, in) and (out, in), rounded in forward, kept; no
+                              * x16 when the input is bf16 already (it is read as is) */
+    fsdp_tensor *y16;        /* bf16: (rows, max(out, in)), the rounding of outputs and dy */
 } linear;
 
 static void linear_free(void *impl) {
     linear *l = impl;
     fsdp_tensor_free(l->output);
+    fsdp_tensor_free(l->output16);
     fsdp_tensor_free(l->dinput);
     fsdp_tensor_free(l->x16);
     fsdp_tensor_free(l->w16);
@@ -60,10 +65,10 @@ static const fsdp_bf16 *kept_x16(const linear *l, const fsdp_tensor *in) {
 }
 
 /* y (rows, OC) = bf16(bf16(x) bf16(W)^T + b): x16 (or the bf16 input) and w16 are kept for
- * backward. */
+ * backward. With out16 (no bias) y is output16, written in bf16 by gemm_bf16_round. */
 static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *k,
                                 const fsdp_tensor *in, int64_t rows, int64_t OC, int64_t C,
-                                bool bias) {
+                                bool bias, bool out16) {
     fsdp_device dev = fsdp_tensor_device(in);
     if (fsdp_tensor_dtype(in) == FSDP_DTYPE_BF16) {
         if (l->x16) fsdp_tensor_release_storage(l->x16); /* an f32 input's copy, not needed now */
@@ -75,8 +80,13 @@ static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *
     FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->y16, dev, rows, OC > C ? OC : C));
     const fsdp_bf16 *x16 = kept_x16(l, in);
     fsdp_bf16 *w16 = fsdp_tensor_data(l->w16);
-    float *y = fsdp_tensor_f32(l->output);
     k->f32_to_bf16(w16, fsdp_tensor_f32(l->weight->data), OC * C);
+    if (out16) {
+        k->gemm_bf16_round(false, true, rows, OC, C, x16, C, w16, C, fsdp_tensor_data(l->output16),
+                           OC);
+        return FSDP_OK;
+    }
+    float *y = fsdp_tensor_f32(l->output);
     k->gemm_bf16(false, true, rows, OC, C, 1.0f, x16, C, w16, C, 0.0f, y, OC);
     if (bias) k->bias_add(y, fsdp_tensor_f32(l->bias->data), rows, OC);
     round_bf16(k, y, l->y16, rows * OC);
@@ -128,20 +138,26 @@ static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tens
     for (int i = 0; i < nd; i++) shape[i] = fsdp_tensor_dim(in, i);
     shape[nd - 1] = OC;
     fsdp_device dev = fsdp_tensor_device(in);
-    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &l->output, dev, nd, shape));
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
-    float *y = fsdp_tensor_f32(l->output);
+    bool out16 = l->compute == FSDP_DTYPE_BF16 && l->bf16_out && !l->bias && k->gemm_bf16_round;
+    fsdp_tensor **o = out16 ? &l->output16 : &l->output, *unused = out16 ? l->output : l->output16;
+    if (unused)
+        fsdp_tensor_release_storage(unused); /* the other storage's, of an earlier forward */
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, o, out16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32, dev, nd,
+                                          shape));
     bool bias = l->bias && !l->bias->hook_applied;
     l->last_compute = l->compute;
+    l->last_out = *o;
     if (l->compute == FSDP_DTYPE_BF16) {
-        FSDP_TRY_AT(ctx, bf16_forward(ctx, l, k, in, rows, OC, C, bias));
+        FSDP_TRY_AT(ctx, bf16_forward(ctx, l, k, in, rows, OC, C, bias, out16));
     } else {
+        float *y = fsdp_tensor_f32(l->output);
         k->gemm(false, true, rows, OC, C, 1.0f, fsdp_tensor_f32(in), C, fsdp_tensor_f32(w), C, 0.0f,
                 y, OC);
         if (bias) k->bias_add(y, fsdp_tensor_f32(l->bias->data), rows, OC);
     }
     l->input = in;
-    *out = l->output;
+    *out = l->last_out;
     return FSDP_OK;
 }
 
@@ -150,7 +166,7 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
     linear *l = m->impl;
     const fsdp_tensor *w = l->weight->data;
     int64_t OC = fsdp_tensor_dim(w, 0), C = fsdp_tensor_dim(w, 1);
-    if (!l->input || !l->output || !fsdp_tensor_same_shape(dout, l->output)) {
+    if (!l->input || !l->last_out || !fsdp_tensor_same_shape(dout, l->last_out)) {
         char desc[160];
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "%s: backward needs a forward first, and an output gradient of the "
@@ -191,6 +207,10 @@ fsdp_param *fsdp_nn_linear_weight(const fsdp_module *m) {
 
 fsdp_dtype fsdp_nn_linear_compute(const fsdp_module *m) {
     return fsdp_nn_is_linear(m) ? ((const linear *)m->impl)->compute : FSDP_DTYPE_F32;
+}
+
+void fsdp_nn_linear_set_bf16_output(fsdp_module *m, bool on) {
+    if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->bf16_out = on;
 }
 
 fsdp_status fsdp_nn_linear_create_tied(fsdp_ctx *ctx, fsdp_param *weight, fsdp_module **out) {

@@ -39,7 +39,10 @@ void fsdp_cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch
 void fsdp_cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
 void fsdp_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                               const float *up, int64_t n);
-void fsdp_cpu_swiglu_forward_bf16(fsdp_bf16 *out, const float *gate, const float *up, int64_t n);
+void fsdp_cpu_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *gate, const fsdp_bf16 *up,
+                                  int64_t n);
+void fsdp_cpu_swiglu_backward_bf16(float *dgate, float *dup, const float *dout,
+                                   const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
 
 /* loss.c */
 void fsdp_cpu_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,

@@ -1,8 +1,8 @@
 /* swiglu.c: the SwiGLU gate of the Llama feed-forward on the CPU, out = silu(gate) * up, and
- * its backward; and the forward rounded to bf16. Elementwise over n floats. */
+ * its backward; and both on bf16 gate and up, the forward rounded to bf16. Elementwise. */
 #include <math.h>
 
-#include "kernels/cpu/cpu.h" // defines: fsdp_cpu_f32_to_bf16
+#include "kernels/cpu/cpu.h" // defines: fsdp_cpu_f32_to_bf16, fsdp_cpu_bf16_to_f32
 #include "kernels/cpu/llama.h"
 
 /* sigmoid(x) from z = e^-|x| <= 1, so nothing overflows (as activation.c) */
@@ -29,14 +29,30 @@ void fsdp_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const
     }
 }
 
-/* Blocks of the f32 forward on the stack, each rounded by the table's own conversion: the bits
- * are those of swiglu_forward then f32_to_bf16 by construction, and nothing is allocated. */
-void fsdp_cpu_swiglu_forward_bf16(fsdp_bf16 *out, const float *gate, const float *up, int64_t n) {
-    enum { BLOCK = 512 };
-    float y[BLOCK];
+/* The bf16 entries widen blocks of gate and up on the stack (exactly) and run the f32 kernels
+ * on them, rounding the forward's block with the table's own conversion: the bits are those of
+ * the f32 entries on widened inputs (then f32_to_bf16) by construction; nothing is allocated. */
+enum { BLOCK = 512 };
+
+void fsdp_cpu_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *gate, const fsdp_bf16 *up,
+                                  int64_t n) {
+    float g[BLOCK], u[BLOCK], y[BLOCK];
     for (int64_t i = 0; i < n; i += BLOCK) {
         int64_t m = n - i < BLOCK ? n - i : BLOCK;
-        fsdp_cpu_swiglu_forward(y, gate + i, up + i, m);
+        fsdp_cpu_bf16_to_f32(g, gate + i, m);
+        fsdp_cpu_bf16_to_f32(u, up + i, m);
+        fsdp_cpu_swiglu_forward(y, g, u, m);
         fsdp_cpu_f32_to_bf16(out + i, y, m);
+    }
+}
+
+void fsdp_cpu_swiglu_backward_bf16(float *dgate, float *dup, const float *dout,
+                                   const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n) {
+    float g[BLOCK], u[BLOCK];
+    for (int64_t i = 0; i < n; i += BLOCK) {
+        int64_t m = n - i < BLOCK ? n - i : BLOCK;
+        fsdp_cpu_bf16_to_f32(g, gate + i, m);
+        fsdp_cpu_bf16_to_f32(u, up + i, m);
+        fsdp_cpu_swiglu_backward(dgate + i, dup + i, dout + i, g, u, m);
     }
 }

@@ -276,20 +276,44 @@ extern "C" void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float 
     FSDP_CUDA_LAUNCHED("swiglu_backward");
 }
 
-/* swiglu_op's value rounded as convert.cu's f32_to_bf16 rounds it (--fmad=false: the same
- * f32 operations, so the same bits as swiglu_forward then f32_to_bf16) */
-__global__ void swiglu_forward_bf16_kernel(fsdp_bf16 *out, const float *gate, const float *up,
-                                           int64_t n) {
-    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride())
-        out[i] = bf16_from_bits(__float_as_uint(swiglu_op()(gate[i], up[i])));
+/* The SwiGLU on bf16 gate and up: widened exactly, then swiglu_op and the backward's f32
+ * operations (--fmad=false: the same bits as the f32 kernels on widened inputs); the forward
+ * rounded as convert.cu's f32_to_bf16 rounds. */
+__device__ inline float bf16_widen(fsdp_bf16 x) {
+    return __uint_as_float((uint32_t)x << 16);
 }
 
-extern "C" void fsdp_cuda_swiglu_forward_bf16(fsdp_bf16 *out, const float *gate, const float *up,
-                                              int64_t n) {
+__global__ void swiglu_forward_bf16_kernel(fsdp_bf16 *out, const fsdp_bf16 *gate,
+                                           const fsdp_bf16 *up, int64_t n) {
+    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride())
+        out[i] =
+            bf16_from_bits(__float_as_uint(swiglu_op()(bf16_widen(gate[i]), bf16_widen(up[i]))));
+}
+
+extern "C" void fsdp_cuda_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *gate,
+                                              const fsdp_bf16 *up, int64_t n) {
     if (n <= 0) return;
     swiglu_forward_bf16_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         out, gate, up, n);
     FSDP_CUDA_LAUNCHED("swiglu_forward_bf16");
+}
+
+__global__ void swiglu_backward_bf16_kernel(float *dgate, float *dup, const float *dout,
+                                            const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n) {
+    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
+        float g = bf16_widen(gate[i]), u = bf16_widen(up[i]), dy = dout[i], s = sigmoid_f(g);
+        dgate[i] = dy * u * s * (1.0f + g * (1.0f - s));
+        dup[i] = dy * g * s;
+    }
+}
+
+extern "C" void fsdp_cuda_swiglu_backward_bf16(float *dgate, float *dup, const float *dout,
+                                               const fsdp_bf16 *gate, const fsdp_bf16 *up,
+                                               int64_t n) {
+    if (n <= 0) return;
+    swiglu_backward_bf16_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        dgate, dup, dout, gate, up, n);
+    FSDP_CUDA_LAUNCHED("swiglu_backward_bf16");
 }
 
 /* ---- cross-entropy with an ignored target ---- */

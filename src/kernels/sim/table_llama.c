@@ -287,25 +287,6 @@ void sim_swiglu_backward(float *dgate, float *dup, const float *dout, const floa
     sim_kernel_launch(dev, run_swiglu_backward, &call, sizeof call);
 }
 
-typedef struct swiglu_forward_bf16_args {
-    fsdp_bf16 *out;
-    const float *gate;
-    const float *up;
-    int64_t n;
-} swiglu_forward_bf16_args;
-
-static void run_swiglu_forward_bf16(void *arg) {
-    swiglu_forward_bf16_args *a = arg;
-    fsdp_kernels_cpu()->swiglu_forward_bf16(a->out, a->gate, a->up, a->n);
-}
-
-void sim_swiglu_forward_bf16(fsdp_bf16 *out, const float *gate, const float *up, int64_t n) {
-    int dev = sim_kernel_device(out, "swiglu_forward_bf16");
-    swiglu_forward_bf16_args call = {sim_kernel_ptr(dev, out), sim_kernel_ptr(dev, gate),
-                                     sim_kernel_ptr(dev, up), n};
-    sim_kernel_launch(dev, run_swiglu_forward_bf16, &call, sizeof call);
-}
-
 typedef struct cross_entropy_ignore_args {
     float *loss;
     float *dlogits;
