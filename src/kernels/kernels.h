@@ -206,8 +206,8 @@ typedef struct fsdp_kernels_i {
                                 int64_t n);
     /* swiglu_backward on bf16 gate and up: dgate, dup (n) f32, the bits swiglu_backward gives
      * on the widened inputs */
-    void (*swiglu_backward_bf16)(float *dgate, float *dup, const float *dout,
-                                 const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
+    void (*swiglu_backward_bf16)(float *dgate, float *dup, const float *dout, const fsdp_bf16 *gate,
+                                 const fsdp_bf16 *up, int64_t n);
     /* cross_entropy where rows whose target is ignore_index count for nothing (PyTorch's
      * ignore_index): loss = mean over the other rows (NaN when there are none, as PyTorch);
      * dlogits (may be NULL) = (softmax - onehot) / counted rows, 0 on ignored rows. Every
