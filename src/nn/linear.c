@@ -11,20 +11,22 @@
 #include "nn/module_impl.h"
 
 typedef struct linear {
-    fsdp_param *weight;          /* (out, in) */
-    fsdp_param *bias;            /* (out), or NULL */
-    const fsdp_tensor *input;    /* (rows, in), kept for backward: f32, or bf16 under the policy */
-    fsdp_tensor *output;         /* (rows, out) */
-    fsdp_tensor *output16;       /* (rows, out) bf16: the output under the policy when bf16_out */
-    const fsdp_tensor *last_out; /* output or output16, of the last forward */
-    bool bf16_out; /* the parent keeps the policy's output in bf16 (fsdp_nn_linear_set_bf16_output)
-                    */
-    fsdp_tensor *dinput;     /* (rows, in) */
-    fsdp_dtype compute;      /* FSDP_DTYPE_F32, or FSDP_DTYPE_BF16: the GEMMs' inputs */
-    fsdp_dtype last_compute; /* the policy the last forward ran (its backward follows it) */
-    fsdp_tensor *x16, *w16;  /* bf16: (rows, in) and (out, in), rounded in forward, kept; no
-                              * x16 when the input is bf16 already (it is read as is) */
-    fsdp_tensor *y16;        /* bf16: (rows, max(out, in)), the rounding of outputs and dy */
+    fsdp_param *weight;       /* (out, in) */
+    fsdp_param *bias;         /* (out), or NULL */
+    const fsdp_tensor *input; /* (rows, in), kept for backward */
+    fsdp_tensor *output;      /* (rows, out) */
+    fsdp_tensor *dinput;      /* (rows, in) */
+    fsdp_dtype compute;       /* FSDP_DTYPE_F32, or FSDP_DTYPE_BF16: the GEMMs' inputs */
+    fsdp_dtype last_compute;  /* the policy the last forward ran (its backward follows it) */
+    fsdp_tensor *x16, *w16;   /* bf16: (rows, in) and (out, in), rounded in forward, kept */
+    fsdp_tensor *y16;         /* bf16: (rows, max(out, in)), the rounding of outputs and dy */
+
+    /* bf16 storage under the policy: a bf16 input is kept as the GEMMs' copy (no x16); with
+     * bf16_out (the parent asks: fsdp_nn_linear_set_bf16_output) and no bias, the output is
+     * output16, a bf16 tensor. last_out: output or output16, of the last forward. */
+    bool bf16_out;
+    fsdp_tensor *output16;
+    const fsdp_tensor *last_out;
 } linear;
 
 static void linear_free(void *impl) {
@@ -141,8 +143,8 @@ static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tens
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     bool out16 = l->compute == FSDP_DTYPE_BF16 && l->bf16_out && !l->bias && k->gemm_bf16_round;
     fsdp_tensor **o = out16 ? &l->output16 : &l->output, *unused = out16 ? l->output : l->output16;
-    if (unused)
-        fsdp_tensor_release_storage(unused); /* the other storage's, of an earlier forward */
+    /* the other kind's storage, of an earlier forward, is not needed */
+    if (unused) fsdp_tensor_release_storage(unused);
     FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, o, out16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32, dev, nd,
                                           shape));
     bool bias = l->bias && !l->bias->hook_applied;
