@@ -1,11 +1,12 @@
-/* test_bf16_act.c: bf16 activation storage under the bf16 compute policy. The Llama MLP keeps
+/* test_bf16_act.c: bf16 activation storage under the bf16 compute policy. The Llama keeps q_proj's
+ * and k_proj's outputs (read by RoPE), and its MLP keeps
  * gate_proj's and up_proj's outputs and the SwiGLU's output (which down_proj reads as its bf16
- * copy) in bf16 tensors. Checked: the kernels that make them (gemm_bf16_round, the SwiGLU on bf16
- * gate and up) bit for bit against the f32 entries on the CPU and the run's device; the tiny Llama
- * under the policy bitwise equal to a copy of the f32-storage path, on the CPU and on the device
- * (sim, deferred streams: the CPU's bits), also with every decoder layer checkpointed; its
- * activation bytes, fewer by exactly the derived amount; a bf16 input refused by a Linear outside
- * the policy. */
+ * copy) in bf16 tensors. Checked: the kernels that make and read them (gemm_bf16_round, the
+ * SwiGLU on bf16 gate and up, RoPE on bf16 q and k) bit for bit against the f32 entries on the CPU
+ * and the run's device; the tiny Llama under the policy bitwise equal to a copy of the f32-storage
+ * path, on the CPU and on the device (sim, deferred streams: the CPU's bits), also with every
+ * decoder layer checkpointed; its activation bytes, fewer by exactly the derived amount; a bf16
+ * input refused by a Linear outside the policy. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,16 +95,26 @@ static fsdp_status f32_output_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
     return FSDP_OK;
 }
 
-/* Puts the f32 path's hooks on gate_proj and up_proj of every decoder layer's MLP; outs[2 i]
- * and outs[2 i + 1] are layer i's. */
-static void use_f32_path(fsdp_module *m, f32_output *outs[2 * LAYERS]) {
+/* The Linears whose outputs are bf16 tensors under the policy, per decoder layer, and
+ * down_proj, which takes the SwiGLU's bf16 output as its input (the last entry). */
+enum { KEPT16 = 4, PER_LAYER = KEPT16 + 1 };
+static const char *const BF16_PROJ[PER_LAYER] = {"self_attn.q_proj", "self_attn.k_proj",
+                                                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+
+static fsdp_module *proj(fsdp_module *m, int layer, int j) {
+    char name[64];
+    snprintf(name, sizeof name, "model.layers.%d.%s", layer, BF16_PROJ[j]);
+    fsdp_module *lin = fsdp_module_find(m, name);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(lin);
+    return lin;
+}
+
+/* Puts the f32 path's hooks on q_proj, k_proj, gate_proj and up_proj of every decoder layer;
+ * outs[KEPT16 i + j] is layer i's BF16_PROJ[j]. */
+static void use_f32_path(fsdp_module *m, f32_output *outs[KEPT16 * LAYERS]) {
     fsdp_ctx *ctx = fsdp_test_ctx();
-    for (int i = 0; i < 2 * LAYERS; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "model.layers.%d.mlp.%s", i / 2,
-                 i % 2 ? "up_proj" : "gate_proj");
-        fsdp_module *lin = fsdp_module_find(m, name);
-        CU_ASSERT_PTR_NOT_NULL_FATAL(lin);
+    for (int i = 0; i < KEPT16 * LAYERS; i++) {
+        fsdp_module *lin = proj(m, i / KEPT16, i % KEPT16);
         f32_output *o = calloc(1, sizeof *o);
         CU_ASSERT_PTR_NOT_NULL_FATAL(o);
         outs[i] = o;
@@ -123,18 +134,15 @@ static fsdp_status count_bf16(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point poi
     return FSDP_OK;
 }
 
-/* count: the bf16 outputs of gate_proj and up_proj and bf16 inputs of down_proj, every layer */
+/* count: the bf16 outputs of q_proj, k_proj, gate_proj and up_proj and bf16 inputs of
+ * down_proj, every layer (PER_LAYER a forward) */
 static void count_bf16_tensors(fsdp_module *m, int *count) {
-    static const char *const proj[] = {"gate_proj", "up_proj", "down_proj"};
     for (int i = 0; i < LAYERS; i++)
-        for (int j = 0; j < 3; j++) {
-            char name[64];
-            snprintf(name, sizeof name, "model.layers.%d.mlp.%s", i, proj[j]);
+        for (int j = 0; j < PER_LAYER; j++)
             FSDP_TEST_OK(
-                fsdp_module_add_hook(fsdp_test_ctx(), fsdp_module_find(m, name),
-                                     j == 2 ? FSDP_HOOK_PRE_FORWARD : FSDP_HOOK_POST_FORWARD,
+                fsdp_module_add_hook(fsdp_test_ctx(), proj(m, i, j),
+                                     j == KEPT16 ? FSDP_HOOK_PRE_FORWARD : FSDP_HOOK_POST_FORWARD,
                                      count_bf16, count, NULL, NULL));
-        }
 }
 
 /* ---- one training step's results on the host ---- */
@@ -323,7 +331,48 @@ static void check_gemm(fsdp_device dev) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i]);
 }
 
+/* rope_qk_forward_bf16 against rope_qk_forward on the widened q and k, on the same device, bit
+ * for bit: B 2, T 5, 4 query heads and 2 key/value heads of 8, angles of several turns, with
+ * infinities and NaN among the inputs. */
+static void check_rope(fsdp_device dev) {
+    enum { B = 2, T = 5, NH = 4, NKV = 2, D = 8, NQ = B * T * NH * D, NK = B * T * NKV * D };
+    static fsdp_bf16 q16[NQ], k16[NK];
+    static float q[NQ], k[NK], cs[2 * T * D / 2], r[4][NQ];
+    for (int i = 0; i < NQ; i++) q16[i] = fsdp_bf16_from_f32(sinf((float)i * 1.7f) * 3.0f);
+    for (int i = 0; i < NK; i++) k16[i] = fsdp_bf16_from_f32(cosf((float)i * 0.9f) * 2.0f);
+    q16[3] = 0x7f80, q16[17] = 0x7fc0, k16[5] = 0xff80;
+    for (int i = 0; i < NQ; i++) q[i] = fsdp_bf16_to_f32(q16[i]);
+    for (int i = 0; i < NK; i++) k[i] = fsdp_bf16_to_f32(k16[i]);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < D / 2; i++) {
+            float ang = (float)t * powf(10000.0f, -(float)(2 * i) / D) * 7.0f;
+            cs[t * D / 2 + i] = cosf(ang), cs[T * D / 2 + t * D / 2 + i] = sinf(ang);
+        }
+    fsdp_tensor *qd = on(dev, FSDP_DTYPE_BF16, q16, NQ), *kd = on(dev, FSDP_DTYPE_BF16, k16, NK);
+    fsdp_tensor *qw = on(dev, FSDP_DTYPE_F32, q, NQ), *kw = on(dev, FSDP_DTYPE_F32, k, NK);
+    fsdp_tensor *csd = on(dev, FSDP_DTYPE_F32, cs, 2 * T * D / 2), *t[4];
+    for (int i = 0; i < 4; i++) t[i] = on(dev, FSDP_DTYPE_F32, r[i], i % 2 ? NK : NQ);
+    const fsdp_kernels_i *kt = fsdp_kernels_for(dev);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(kt->rope_qk_forward_bf16);
+    const float *c = fsdp_tensor_f32(csd), *sn = c + T * D / 2;
+    kt->rope_qk_forward(fsdp_tensor_f32(t[0]), fsdp_tensor_f32(t[1]), fsdp_tensor_f32(qw),
+                        fsdp_tensor_f32(kw), c, sn, B, T, NH, NKV, D);
+    kt->rope_qk_forward_bf16(fsdp_tensor_f32(t[2]), fsdp_tensor_f32(t[3]), fsdp_tensor_data(qd),
+                             fsdp_tensor_data(kd), c, sn, B, T, NH, NKV, D);
+    for (int i = 0; i < 4; i++) back(r[i], t[i]);
+    int64_t dq = differ(r[2], r[0], NQ, 4), dk = differ(r[3], r[1], NK, 4), nan = 0;
+    for (int i = 0; i < NQ; i++) nan += isnan(r[0][i]);
+    printf("\n    rope on %s: %lld, %lld differ (q, k; %lld NaN)", fsdp_device_to_string(dev),
+           (long long)dq, (long long)dk, (long long)nan);
+    CU_ASSERT_TRUE(dq == 0 && dk == 0);
+    CU_ASSERT_TRUE(nan > 0);
+    fsdp_tensor *all[] = {qd, kd, qw, kw, csd, t[0], t[1], t[2], t[3]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i]);
+}
+
 static void test_kernels(void) {
+    check_rope(FSDP_CPU);
+    check_rope(fsdp_test_device());
     check_swiglu(FSDP_CPU);
     check_swiglu(fsdp_test_device());
     check_gemm(FSDP_CPU);
@@ -345,7 +394,7 @@ static void check_bitwise(fsdp_device dev) {
         FSDP_TEST_OK(fsdp_module_to(ctx, mb, dev));
         FSDP_TEST_OK(fsdp_module_to(ctx, mf, dev));
     }
-    f32_output *outs[2 * LAYERS];
+    f32_output *outs[KEPT16 * LAYERS];
     use_f32_path(mf, outs);
     int bf16_tensors = 0, bf16_tensors_f = 0;
     count_bf16_tensors(mb, &bf16_tensors);
@@ -369,11 +418,11 @@ static void check_bitwise(fsdp_device dev) {
                 fsdp_test_device_close("gradients", b->grads, f->grads, b->n_grads, 5e-2, 1e-3));
         }
     }
-    /* each path ran: bf16 gate, up and SwiGLU output in one model (3 per layer and step), none
-     * in the other, whose 4 projections per step had their outputs replaced */
-    CU_ASSERT_EQUAL(bf16_tensors, 2 * 3 * LAYERS);
+    /* each path ran: bf16 q, k, gate, up and SwiGLU output in one model (5 per layer and step),
+     * none in the other, whose 4 projections per layer had their outputs replaced each step */
+    CU_ASSERT_EQUAL(bf16_tensors, 2 * PER_LAYER * LAYERS);
     CU_ASSERT_EQUAL(bf16_tensors_f, 0);
-    for (int i = 0; i < 2 * LAYERS; i++) CU_ASSERT_EQUAL(outs[i]->calls, 2);
+    for (int i = 0; i < KEPT16 * LAYERS; i++) CU_ASSERT_EQUAL(outs[i]->calls, 2);
     free(b->grads), free(f->grads), free(b), free(f);
     fsdp_module_free(mb), fsdp_module_free(mf);
 }
@@ -415,8 +464,8 @@ static void test_checkpointed(void) {
            (long long)bytes_b);
     CU_ASSERT_TRUE(bytes_c < bytes_b);
     CU_ASSERT_EQUAL(mlp_c, 0); /* released after backward */
-    /* the bf16 path ran in the forwards and the recomputes: 3 tensors per layer, 2 runs a step */
-    CU_ASSERT_EQUAL(bf16_tensors, 2 * 2 * 3 * LAYERS);
+    /* the bf16 path ran in the forwards and the recomputes: 5 tensors per layer, 2 runs a step */
+    CU_ASSERT_EQUAL(bf16_tensors, 2 * 2 * PER_LAYER * LAYERS);
     free(b->grads), free(c->grads), free(b), free(c);
     fsdp_module_free(mb), fsdp_module_free(mc);
 }
@@ -426,7 +475,8 @@ static void test_checkpointed(void) {
 /* fsdp_module_activation_bytes of the policy's tiny Llama right after a forward, measured by
  * this suite's `step` on the code before bf16 storage (commit a9991fb: gate_proj's, up_proj's
  * and the SwiGLU's outputs in f32, down_proj's own bf16 copy of the last), where one MLP held
- * mlp_bytes + 8 R H = 28672: activation bytes are sizes, the same on every machine. */
+ * mlp_bytes + 8 R H = 28672: activation bytes are sizes, the same on every machine. The
+ * attention's q_proj and k_proj outputs were f32 too. */
 static const int64_t BYTES_BEFORE = 142144;
 
 /* The MLP's activations under the policy (R rows, D dim, H hidden), each Linear holding its
@@ -435,7 +485,8 @@ static const int64_t BYTES_BEFORE = 142144;
  *   gate_proj, up_proj: 2 R H (bf16 output; before 4 R H, f32) + 2 R D + 2 H D + 2 R max(H, D)
  *   SwiGLU output: 2 R H in bf16 (before: 4 R H in f32)
  *   down_proj: 4 R D + 2 D H + 2 R max(D, H) (before: + 2 R H, its copy of the SwiGLU output)
- * so each decoder layer holds 2 R H x 4 = 8 R H bytes fewer. */
+ * so each MLP holds 2 R H x 4 = 8 R H bytes fewer; and each attention 2 R (NH + NKV) hd fewer:
+ * q_proj's and k_proj's outputs, (R, NH hd) and (R, NKV hd), in bf16 instead of f32. */
 static int64_t mlp_bytes(int64_t R, int64_t D, int64_t H) {
     int64_t w = H > D ? H : D;
     return 2 * (2 * R * H + 2 * R * D + 2 * H * D + 2 * R * w) + 2 * R * H +
@@ -447,7 +498,8 @@ static void test_activation_bytes(void) {
     fsdp_module *m = llama();
     step_out *o = calloc(1, sizeof *o);
     CU_ASSERT_PTR_NOT_NULL_FATAL(o);
-    const int64_t R = N_TOK, H = HIDDEN, saved = 8 * R * H * LAYERS;
+    /* q_proj (R, NH hd) = (R, DIM) and k_proj (R, NKV hd) = (R, DIM / 2): 4 heads, 2 kv */
+    const int64_t R = N_TOK, H = HIDDEN, saved = (8 * R * H + 2 * R * (DIM + DIM / 2)) * LAYERS;
     int64_t bytes = 0, mlp = 0;
     step(m, FSDP_CPU, o, &bytes);
     FSDP_TEST_OK(
@@ -458,11 +510,11 @@ static void test_activation_bytes(void) {
            (long long)saved, (long long)mlp, (long long)mlp_bytes(R, DIM, H));
     CU_ASSERT_EQUAL(mlp, mlp_bytes(R, DIM, H));
     CU_ASSERT_EQUAL(bytes, BYTES_BEFORE - saved);
-    /* the f32 path (hooks replace gate's and up's outputs with f32 tensors they own, which are not
-     * counted) holds the f32 SwiGLU output (2 R H more than bf16) and down_proj's bf16 copy of it
-     * (2 R H) per layer */
+    /* the f32 path (hooks replace the projections' outputs with f32 tensors they own, which are
+     * not counted) holds the f32 SwiGLU output (2 R H more than bf16) and down_proj's bf16 copy
+     * of it (2 R H) per layer */
     fsdp_module *mf = llama();
-    f32_output *outs[2 * LAYERS];
+    f32_output *outs[KEPT16 * LAYERS];
     use_f32_path(mf, outs);
     int64_t bytes_f = 0;
     step(mf, FSDP_CPU, o, &bytes_f);

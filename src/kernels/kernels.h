@@ -172,6 +172,12 @@ typedef struct fsdp_kernels_i {
     void (*rope_qk_forward)(float *qo, float *ko, const float *q, const float *k, const float *cos,
                             const float *sin, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                             int64_t D);
+    /* rope_qk_forward on bf16 q and k (widened exactly): qo, ko f32, each element the bits
+     * rope_qk_forward gives it on the widened inputs (the bf16 compute policy's attention keeps
+     * q_proj's and k_proj's outputs in bf16) */
+    void (*rope_qk_forward_bf16)(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                 const float *cos, const float *sin, int64_t B, int64_t T,
+                                 int64_t NH, int64_t NKV, int64_t D);
     /* the same for rope_backward: dq (B, T, NH, D), dk (B, T, NKV, D) from dqo, dko */
     void (*rope_qk_backward)(float *dq, float *dk, const float *dqo, const float *dko,
                              const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,

@@ -45,8 +45,11 @@ static fsdp_status llama_mlp_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
                k->swiglu_backward_bf16;
     fsdp_nn_linear_set_bf16_output(p->gate_proj, b16);
     fsdp_nn_linear_set_bf16_output(p->up_proj, b16);
-    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, p->gate_proj, in, &p->gate));
-    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, p->up_proj, in, &p->up));
+    fsdp_status st = fsdp_module_forward(ctx, p->gate_proj, in, &p->gate);
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, p->up_proj, in, &p->up);
+    fsdp_nn_linear_set_bf16_output(p->gate_proj, false); /* for this call only */
+    fsdp_nn_linear_set_bf16_output(p->up_proj, false);
+    FSDP_TRY_AT(ctx, st);
     fsdp_dtype dt = fsdp_tensor_dtype(p->gate);
     if (!fsdp_tensor_same_shape(p->gate, p->up) || dt != fsdp_tensor_dtype(p->up) ||
         (dt == FSDP_DTYPE_BF16 && fsdp_nn_linear_compute(p->down_proj) != FSDP_DTYPE_BF16)) {

@@ -35,6 +35,10 @@ void fsdp_cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch
                                  const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                  int64_t D);
 
+void fsdp_cpu_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                   const float *cos, const float *sin, int64_t B, int64_t T,
+                                   int64_t NH, int64_t NKV, int64_t D);
+
 /* swiglu.c */
 void fsdp_cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
 void fsdp_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,

@@ -51,6 +51,7 @@ static const fsdp_kernels_i cpu_kernels = {
     .swiglu_forward = fsdp_cpu_swiglu_forward,
     .swiglu_backward = fsdp_cpu_swiglu_backward,
     .swiglu_forward_bf16 = fsdp_cpu_swiglu_forward_bf16,
+    .rope_qk_forward_bf16 = fsdp_cpu_rope_qk_forward_bf16,
     .swiglu_backward_bf16 = fsdp_cpu_swiglu_backward_bf16,
     .cross_entropy_ignore = fsdp_cpu_cross_entropy_ignore,
     .vocab_row_max = fsdp_cpu_vocab_row_max,

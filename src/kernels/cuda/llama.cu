@@ -115,6 +115,35 @@ extern "C" void fsdp_cuda_rope_qk_forward(float *qo, float *ko, const float *q, 
     rope_qk("rope_qk_forward", qo, ko, q, k, cos, sin, 1.0f, B, T, NH, NKV, D);
 }
 
+/* rope_qk_kernel's forward on bf16 q and k, widened exactly: the same f32 operations */
+__global__ void rope_qk_bf16_kernel(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                    const float *cos, const float *sin, int64_t B, int64_t T,
+                                    int64_t NH, int64_t NKV, int64_t D) {
+    int64_t h = D / 2, heads = NH + NKV, pairs = B * T * heads * h;
+    for (int64_t e = fsdp_tid(); e < pairs; e += fsdp_stride()) {
+        int64_t i = e % h, head = (e / h) % heads, row = e / (h * heads), t = row % T;
+        bool is_q = head < NH;
+        const fsdp_bf16 *x = is_q ? q + (row * NH + head) * D : k + (row * NKV + head - NH) * D;
+        float *y = is_q ? qo + (row * NH + head) * D : ko + (row * NKV + head - NH) * D;
+        float c = cos[t * h + i], s = sin[t * h + i];
+        float x1 = __uint_as_float((uint32_t)x[i] << 16),
+              x2 = __uint_as_float((uint32_t)x[i + h] << 16);
+        y[i] = x1 * c - x2 * s;
+        y[i + h] = x2 * c + x1 * s;
+    }
+}
+
+extern "C" void fsdp_cuda_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q,
+                                               const fsdp_bf16 *k, const float *cos,
+                                               const float *sin, int64_t B, int64_t T, int64_t NH,
+                                               int64_t NKV, int64_t D) {
+    int64_t pairs = B * T * (NH + NKV) * (D / 2);
+    if (pairs <= 0) return;
+    rope_qk_bf16_kernel<<<fsdp_grid(pairs), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        qo, ko, q, k, cos, sin, B, T, NH, NKV, D);
+    FSDP_CUDA_LAUNCHED("rope_qk_forward_bf16");
+}
+
 extern "C" void fsdp_cuda_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
                                            const float *cos, const float *sin, int64_t B, int64_t T,
                                            int64_t NH, int64_t NKV, int64_t D) {

@@ -47,6 +47,7 @@ static const fsdp_kernels_i cuda_kernels = {
     .swiglu_forward = fsdp_cuda_swiglu_forward,
     .swiglu_backward = fsdp_cuda_swiglu_backward,
     .swiglu_forward_bf16 = fsdp_cuda_swiglu_forward_bf16,
+    .rope_qk_forward_bf16 = fsdp_cuda_rope_qk_forward_bf16,
     .swiglu_backward_bf16 = fsdp_cuda_swiglu_backward_bf16,
     .cross_entropy_ignore = fsdp_cuda_cross_entropy_ignore,
     .vocab_row_max = fsdp_cuda_vocab_row_max,

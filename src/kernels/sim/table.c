@@ -629,6 +629,7 @@ static const fsdp_kernels_i sim_kernels = {
     .swiglu_forward = sim_swiglu_forward,
     .swiglu_backward = sim_swiglu_backward,
     .swiglu_forward_bf16 = sim_swiglu_forward_bf16,
+    .rope_qk_forward_bf16 = sim_rope_qk_forward_bf16,
     .swiglu_backward_bf16 = sim_swiglu_backward_bf16,
     .cross_entropy_ignore = sim_cross_entropy_ignore,
     .vocab_row_max = sim_vocab_row_max,

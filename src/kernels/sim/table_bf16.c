@@ -1,6 +1,6 @@
 /* table_bf16.c: the simulated GPU's entries with bf16 operands (table.c lists them): gemm_bf16,
- * gemm_bf16_round and the SwiGLU on bf16 gate and up, each the CPU entry run on the device's
- * stream over the shadow memory, as every other entry. */
+ * gemm_bf16_round, the SwiGLU on bf16 gate and up and RoPE on bf16 q and k, each the CPU entry run
+ * on the device's stream over the shadow memory, as every other entry. */
 #include "kernels/sim/sim_impl.h"
 
 typedef struct gemm_bf16_args {
@@ -112,4 +112,35 @@ void sim_swiglu_backward_bf16(float *dgate, float *dup, const float *dout, const
                              .up = sim_kernel_ptr(dev, up),
                              .n = n};
     sim_kernel_launch(dev, run_swiglu_backward_bf16, &call, sizeof call);
+}
+
+typedef struct rope_qk_forward_bf16_args {
+    float *qo, *ko;
+    const fsdp_bf16 *q, *k;
+    const float *cos, *sin;
+    int64_t B, T, NH, NKV, D;
+} rope_qk_forward_bf16_args;
+
+static void run_rope_qk_forward_bf16(void *arg) {
+    rope_qk_forward_bf16_args *a = arg;
+    fsdp_kernels_cpu()->rope_qk_forward_bf16(a->qo, a->ko, a->q, a->k, a->cos, a->sin, a->B, a->T,
+                                             a->NH, a->NKV, a->D);
+}
+
+void sim_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                              const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                              int64_t NKV, int64_t D) {
+    int dev = sim_kernel_device(qo, "rope_qk_forward_bf16");
+    rope_qk_forward_bf16_args call = {sim_kernel_ptr(dev, qo),
+                                      sim_kernel_ptr(dev, ko),
+                                      sim_kernel_ptr(dev, q),
+                                      sim_kernel_ptr(dev, k),
+                                      sim_kernel_ptr(dev, cos),
+                                      sim_kernel_ptr(dev, sin),
+                                      B,
+                                      T,
+                                      NH,
+                                      NKV,
+                                      D};
+    sim_kernel_launch(dev, run_rope_qk_forward_bf16, &call, sizeof call);
 }
