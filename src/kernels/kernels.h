@@ -99,6 +99,13 @@ typedef struct fsdp_kernels_i {
      * GEMM (cuBLASLt's BGRADB epilogue) where it can. */
     void (*gemm_bgrad)(float *dweight, float *dbias, const float *dout, const float *inp,
                        int64_t rows, int64_t C, int64_t OC);
+    /* C (M, N) bf16 = op(A) op(B) rounded to bf16 (nearest even), bf16 A and B: on the CPU (and
+     * sim) each element the bits of gemm_bf16 (alpha 1, beta 0) then f32_to_bf16, through the
+     * same blocks of K and cblas_sgemm calls; on CUDA cuBLAS writes bf16 (its f32 accumulation
+     * rounded once). What a layer that keeps its output in bf16 runs, with no f32 copy. */
+    void (*gemm_bf16_round)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                            const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb,
+                            fsdp_bf16 *C, int64_t ldc);
     /* out (rows, cols) += bias (cols) broadcast over rows */
     void (*bias_add)(float *out, const float *bias, int64_t rows, int64_t cols);
     /* dbias (cols) += sum over rows of dout (rows, cols) */
@@ -194,6 +201,12 @@ typedef struct fsdp_kernels_i {
     void (*rope_qk_forward)(float *qo, float *ko, const float *q, const float *k, const float *cos,
                             const float *sin, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                             int64_t D);
+    /* rope_qk_forward on bf16 q and k (widened exactly): qo, ko f32, each element the bits
+     * rope_qk_forward gives it on the widened inputs (the bf16 compute policy's attention keeps
+     * q_proj's and k_proj's outputs in bf16) */
+    void (*rope_qk_forward_bf16)(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                 const float *cos, const float *sin, int64_t B, int64_t T,
+                                 int64_t NH, int64_t NKV, int64_t D);
     /* the same for rope_backward: dq (B, T, NH, D), dk (B, T, NKV, D) from dqo, dko */
     void (*rope_qk_backward)(float *dq, float *dk, const float *dqo, const float *dko,
                              const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
@@ -221,6 +234,15 @@ typedef struct fsdp_kernels_i {
     /* dgate = dout * up * silu'(gate), dup = dout * silu(gate) (n each), written */
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, int64_t n);
+    /* swiglu_forward on bf16 gate and up (widened exactly) with out (n) rounded to bf16: each
+     * element the bits f32_to_bf16 gives swiglu_forward's value on the widened inputs (the bf16
+     * compute policy's MLP keeps gate and up in bf16; down_proj reads out as its bf16 input) */
+    void (*swiglu_forward_bf16)(fsdp_bf16 *out, const fsdp_bf16 *gate, const fsdp_bf16 *up,
+                                int64_t n);
+    /* swiglu_backward on bf16 gate and up: dgate, dup (n) f32, the bits swiglu_backward gives
+     * on the widened inputs */
+    void (*swiglu_backward_bf16)(float *dgate, float *dup, const float *dout, const fsdp_bf16 *gate,
+                                 const fsdp_bf16 *up, int64_t n);
     /* cross_entropy where rows whose target is ignore_index count for nothing (PyTorch's
      * ignore_index): loss = mean over the other rows (NaN when there are none, as PyTorch);
      * dlogits (may be NULL) = (softmax - onehot) / counted rows, 0 on ignored rows. Every

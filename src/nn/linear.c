@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "core/tensor_impl.h" // defines: fsdp_tensor_release_storage
 #include "fsdp/layers.h"
 #include "kernels/kernels.h"
 #include "nn/module_impl.h"
@@ -19,11 +20,19 @@ typedef struct linear {
     fsdp_dtype last_compute;  /* the policy the last forward ran (its backward follows it) */
     fsdp_tensor *x16, *w16;   /* bf16: (rows, in) and (out, in), rounded in forward, kept */
     fsdp_tensor *y16;         /* bf16: (rows, max(out, in)), the rounding of outputs and dy */
+
+    /* bf16 storage under the policy: a bf16 input is kept as the GEMMs' copy (no x16); with
+     * bf16_out (the parent asks: fsdp_nn_linear_set_bf16_output) and no bias, the output is
+     * output16, a bf16 tensor. last_out: output or output16, of the last forward. */
+    bool bf16_out;
+    fsdp_tensor *output16;
+    const fsdp_tensor *last_out;
 } linear;
 
 static void linear_free(void *impl) {
     linear *l = impl;
     fsdp_tensor_free(l->output);
+    fsdp_tensor_free(l->output16);
     fsdp_tensor_free(l->dinput);
     fsdp_tensor_free(l->x16);
     fsdp_tensor_free(l->w16);
@@ -35,7 +44,9 @@ static void linear_free(void *impl) {
  * f32 (gemm_bf16); its output is rounded to bf16 where a GPU writes a bf16 tensor (the output
  * and the input gradient), and the weight gradient is accumulated in f32 into the f32 gradient
  * (as Megatron's fused weight-gradient accumulation). The rounded values are stored widened in
- * the f32 tensors the other layers read, so they compute on exactly the GPU's inputs. ---- */
+ * the f32 tensors the other layers read, so they compute on exactly the GPU's inputs. A bf16
+ * input (a layer that rounds its output for this Linear, as LlamaMLP's SwiGLU) is the bf16 copy
+ * itself: read in forward and backward as is, with no x16 of its own. ---- */
 
 /* *t: a bf16 buffer of shape (rows, cols) on device (reused when large enough). */
 static fsdp_status bf16_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, int64_t rows,
@@ -50,18 +61,34 @@ static void round_bf16(const fsdp_kernels_i *k, float *y, fsdp_tensor *y16, int6
     k->bf16_to_f32(y, h, n);
 }
 
-/* y (rows, OC) = bf16(bf16(x) bf16(W)^T + b): x16 and w16 are kept for backward. */
+/* The bf16 copy of the input the GEMMs read: the input itself when it is bf16, else x16. */
+static const fsdp_bf16 *kept_x16(const linear *l, const fsdp_tensor *in) {
+    return fsdp_tensor_data(fsdp_tensor_dtype(in) == FSDP_DTYPE_BF16 ? in : l->x16);
+}
+
+/* y (rows, OC) = bf16(bf16(x) bf16(W)^T + b): x16 (or the bf16 input) and w16 are kept for
+ * backward. With out16 (no bias) y is output16, written in bf16 by gemm_bf16_round. */
 static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *k,
                                 const fsdp_tensor *in, int64_t rows, int64_t OC, int64_t C,
-                                bool bias) {
+                                bool bias, bool out16) {
     fsdp_device dev = fsdp_tensor_device(in);
-    FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->x16, dev, rows, C));
+    if (fsdp_tensor_dtype(in) == FSDP_DTYPE_BF16) {
+        if (l->x16) fsdp_tensor_release_storage(l->x16); /* an f32 input's copy, not needed now */
+    } else {
+        FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->x16, dev, rows, C));
+        k->f32_to_bf16(fsdp_tensor_data(l->x16), fsdp_tensor_f32(in), rows * C);
+    }
     FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->w16, dev, OC, C));
     FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->y16, dev, rows, OC > C ? OC : C));
-    fsdp_bf16 *x16 = fsdp_tensor_data(l->x16), *w16 = fsdp_tensor_data(l->w16);
-    float *y = fsdp_tensor_f32(l->output);
-    k->f32_to_bf16(x16, fsdp_tensor_f32(in), rows * C);
+    const fsdp_bf16 *x16 = kept_x16(l, in);
+    fsdp_bf16 *w16 = fsdp_tensor_data(l->w16);
     k->f32_to_bf16(w16, fsdp_tensor_f32(l->weight->data), OC * C);
+    if (out16) {
+        k->gemm_bf16_round(false, true, rows, OC, C, x16, C, w16, C, fsdp_tensor_data(l->output16),
+                           OC);
+        return FSDP_OK;
+    }
+    float *y = fsdp_tensor_f32(l->output);
     k->gemm_bf16_bias_act(y, NULL, x16, w16, bias ? fsdp_tensor_f32(l->bias->data) : NULL, rows, C,
                           OC, FSDP_GEMM_ACT_NONE);
     round_bf16(k, y, l->y16, rows * OC);
@@ -76,7 +103,7 @@ static fsdp_status bf16_backward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i 
                                  int64_t OC, int64_t C) {
     const float *dy = fsdp_tensor_f32(dout);
     fsdp_bf16 *dy16 = fsdp_tensor_data(l->y16);
-    const fsdp_bf16 *x16 = fsdp_tensor_data(l->x16), *w16 = fsdp_tensor_data(l->w16);
+    const fsdp_bf16 *x16 = kept_x16(l, l->input), *w16 = fsdp_tensor_data(l->w16);
     k->f32_to_bf16(dy16, dy, rows * OC);
     if (l->weight->requires_grad)
         k->gemm_bf16(true, false, OC, C, rows, 1.0f, dy16, OC, x16, C, 1.0f,
@@ -99,27 +126,40 @@ static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tens
     linear *l = m->impl;
     const fsdp_tensor *w = l->weight->data;
     int64_t OC = fsdp_tensor_dim(w, 0), C = fsdp_tensor_dim(w, 1);
-    FSDP_TRY_AT(ctx, fsdp_nn_check_input(ctx, m, in, C));
+    if (fsdp_tensor_dtype(in) == FSDP_DTYPE_BF16 && l->compute != FSDP_DTYPE_BF16) {
+        char desc[160];
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "%s: input is bf16, which a Linear reads only under the bf16 compute "
+                         "policy; set it with fsdp_module_set_autocast(ctx, m, FSDP_DTYPE_BF16), "
+                         "or pass an f32 input",
+                         fsdp_nn_describe(m, desc, sizeof desc));
+    }
+    FSDP_TRY_AT(ctx, fsdp_nn_check_input_bf16(ctx, m, in, C, l->compute == FSDP_DTYPE_BF16));
     int64_t rows = fsdp_tensor_numel(in) / (C ? C : 1);
     int64_t shape[FSDP_MAX_DIMS];
     int nd = fsdp_tensor_ndim(in);
     for (int i = 0; i < nd; i++) shape[i] = fsdp_tensor_dim(in, i);
     shape[nd - 1] = OC;
     fsdp_device dev = fsdp_tensor_device(in);
-    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &l->output, dev, nd, shape));
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
-    float *y = fsdp_tensor_f32(l->output);
+    bool out16 = l->compute == FSDP_DTYPE_BF16 && l->bf16_out && !l->bias && k->gemm_bf16_round;
+    fsdp_tensor **o = out16 ? &l->output16 : &l->output, *unused = out16 ? l->output : l->output16;
+    /* the other kind's storage, of an earlier forward, is not needed */
+    if (unused) fsdp_tensor_release_storage(unused);
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, o, out16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32, dev, nd,
+                                          shape));
     bool bias = l->bias && !l->bias->hook_applied;
     l->last_compute = l->compute;
+    l->last_out = *o;
     if (l->compute == FSDP_DTYPE_BF16) {
-        FSDP_TRY_AT(ctx, bf16_forward(ctx, l, k, in, rows, OC, C, bias));
+        FSDP_TRY_AT(ctx, bf16_forward(ctx, l, k, in, rows, OC, C, bias, out16));
     } else {
-        k->gemm_bias_act(y, NULL, fsdp_tensor_f32(in), fsdp_tensor_f32(w),
+        k->gemm_bias_act(fsdp_tensor_f32(l->output), NULL, fsdp_tensor_f32(in), fsdp_tensor_f32(w),
                          bias ? fsdp_tensor_f32(l->bias->data) : NULL, rows, C, OC,
                          FSDP_GEMM_ACT_NONE);
     }
     l->input = in;
-    *out = l->output;
+    *out = l->last_out;
     return FSDP_OK;
 }
 
@@ -128,7 +168,7 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
     linear *l = m->impl;
     const fsdp_tensor *w = l->weight->data;
     int64_t OC = fsdp_tensor_dim(w, 0), C = fsdp_tensor_dim(w, 1);
-    if (!l->input || !l->output || !fsdp_tensor_same_shape(dout, l->output)) {
+    if (!l->input || !l->last_out || !fsdp_tensor_same_shape(dout, l->last_out)) {
         char desc[160];
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "%s: backward needs a forward first, and an output gradient of the "
@@ -167,6 +207,14 @@ bool fsdp_nn_is_linear(const fsdp_module *m) {
 
 fsdp_param *fsdp_nn_linear_weight(const fsdp_module *m) {
     return fsdp_nn_is_linear(m) ? ((const linear *)m->impl)->weight : NULL;
+}
+
+fsdp_dtype fsdp_nn_linear_compute(const fsdp_module *m) {
+    return fsdp_nn_is_linear(m) ? ((const linear *)m->impl)->compute : FSDP_DTYPE_F32;
+}
+
+void fsdp_nn_linear_set_bf16_output(fsdp_module *m, bool on) {
+    if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->bf16_out = on;
 }
 
 fsdp_status fsdp_nn_linear_create_tied(fsdp_ctx *ctx, fsdp_param *weight, fsdp_module **out) {

@@ -1,7 +1,9 @@
 /* llama_attention.c: LlamaAttention: q, k, v projections, rotary embedding of q and k, causal
  * grouped-query softmax attention (one (T, T) score block at a time), o projection; backward
  * recomputes each block from the saved log-sum-exp. Head counts are read from the
- * projections' weights, so tensor parallelism can split heads across ranks. */
+ * projections' weights, so tensor parallelism can split heads across ranks. Under the bf16
+ * compute policy q_proj and k_proj give their outputs (bf16 values, read only by RoPE) as bf16
+ * tensors: the same bits in half the bytes. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -9,6 +11,7 @@
 #include "fsdp/layers.h"
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
+#include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output
 
 typedef struct llama_attention {
     int64_t n_heads, n_kv_heads; /* this rank's heads, from the last forward (all, without TP) */
@@ -130,8 +133,15 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
     FSDP_TRY_AT(ctx, read_heads(ctx, m, a));
     int64_t NH = a->n_heads, NKV = a->n_kv_heads;
     const fsdp_tensor *q, *kk;
-    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, a->q_proj, in, &q));
-    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, a->k_proj, in, &kk));
+    bool b16 = fsdp_nn_linear_compute(a->q_proj) == FSDP_DTYPE_BF16 &&
+               fsdp_nn_linear_compute(a->k_proj) == FSDP_DTYPE_BF16 && k->rope_qk_forward_bf16;
+    fsdp_nn_linear_set_bf16_output(a->q_proj, b16);
+    fsdp_nn_linear_set_bf16_output(a->k_proj, b16);
+    fsdp_status st = fsdp_module_forward(ctx, a->q_proj, in, &q);
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, a->k_proj, in, &kk);
+    fsdp_nn_linear_set_bf16_output(a->q_proj, false); /* for this call only */
+    fsdp_nn_linear_set_bf16_output(a->k_proj, false);
+    FSDP_TRY_AT(ctx, st);
     FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, a->v_proj, in, &a->v));
     FSDP_TRY_AT(ctx, make_rope(ctx, a, T, dev));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->q, dev, 3, (int64_t[]){B, T, NH * hd}));
@@ -140,8 +150,21 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->lse, dev, 3, (int64_t[]){B, NH, T}));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->scratch, dev, 3, (int64_t[]){2, T, T}));
     const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
-    k->rope_qk_forward(fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k), fsdp_tensor_f32(q),
-                       fsdp_tensor_f32(kk), cos, sin, B, T, NH, NKV, hd);
+    fsdp_dtype dq = fsdp_tensor_dtype(q), dk = fsdp_tensor_dtype(kk);
+    if (dq != dk) {
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "%s: q_proj gives %s and k_proj %s: RoPE takes both f32 or both bf16 "
+                         "(the bf16 compute policy on both: fsdp_module_set_autocast on the "
+                         "attention)",
+                         fsdp_nn_describe(m, desc, sizeof desc), fsdp_dtype_to_string(dq),
+                         fsdp_dtype_to_string(dk));
+    }
+    if (dq == FSDP_DTYPE_BF16)
+        k->rope_qk_forward_bf16(fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k), fsdp_tensor_data(q),
+                                fsdp_tensor_data(kk), cos, sin, B, T, NH, NKV, hd);
+    else
+        k->rope_qk_forward(fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k), fsdp_tensor_f32(q),
+                           fsdp_tensor_f32(kk), cos, sin, B, T, NH, NKV, hd);
     k->attention_forward(fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse),
                          fsdp_tensor_f32(a->scratch), fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k),
                          fsdp_tensor_f32(a->v), B, T, NH, NKV, hd);

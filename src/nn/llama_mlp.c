@@ -1,15 +1,24 @@
 /* llama_mlp.c: the Llama feed-forward (SwiGLU), down_proj(silu(gate_proj(x)) * up_proj(x)),
- * with Hugging Face's child names (Meta's w1 = gate_proj, w3 = up_proj, w2 = down_proj). */
+ * with Hugging Face's child names (Meta's w1 = gate_proj, w3 = up_proj, w2 = down_proj). When
+ * the three projections run the bf16 compute policy, the activations are kept in bf16 storage:
+ * gate_proj and up_proj give their outputs (bf16 values under the policy) as bf16 tensors, the
+ * SwiGLU reads them widened and writes its output rounded to bf16, which down_proj rounds to
+ * anyway and reads as its bf16 copy. The same bits as the f32 storage, in half the bytes, and
+ * without down_proj's own copy. */
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "core/tensor_impl.h" // defines: fsdp_tensor_release_storage
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
+#include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output
 
 typedef struct llama_mlp {
     fsdp_module *gate_proj, *up_proj, *down_proj;
-    const fsdp_tensor *gate, *up; /* (rows, hidden): the projections' outputs, for backward */
-    fsdp_tensor *hidden;          /* (rows, hidden) = silu(gate) * up */
+    const fsdp_tensor *gate, *up; /* (rows, hidden): the projections' outputs, for backward:
+                                   * f32, or bf16 under the policy */
+    fsdp_tensor *hidden;          /* (rows, hidden) = silu(gate) * up, f32 */
+    fsdp_tensor *hidden16;        /* (rows, hidden) the same rounded to bf16, under the policy */
     fsdp_tensor *dgate, *dup;     /* (rows, hidden) */
     fsdp_tensor *dinput;          /* (rows, dim) */
 } llama_mlp;
@@ -17,6 +26,7 @@ typedef struct llama_mlp {
 static void llama_mlp_free(void *impl) {
     llama_mlp *p = impl;
     fsdp_tensor_free(p->hidden);
+    fsdp_tensor_free(p->hidden16);
     fsdp_tensor_free(p->dgate);
     fsdp_tensor_free(p->dup);
     fsdp_tensor_free(p->dinput);
@@ -29,19 +39,46 @@ static fsdp_status llama_mlp_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
     fsdp_device dev = fsdp_tensor_device(in);
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, dev, swiglu_forward, k);
-    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, p->gate_proj, in, &p->gate));
-    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, p->up_proj, in, &p->up));
-    if (!fsdp_tensor_same_shape(p->gate, p->up)) {
+    bool b16 = fsdp_nn_linear_compute(p->gate_proj) == FSDP_DTYPE_BF16 &&
+               fsdp_nn_linear_compute(p->up_proj) == FSDP_DTYPE_BF16 &&
+               fsdp_nn_linear_compute(p->down_proj) == FSDP_DTYPE_BF16 && k->swiglu_forward_bf16 &&
+               k->swiglu_backward_bf16;
+    fsdp_nn_linear_set_bf16_output(p->gate_proj, b16);
+    fsdp_nn_linear_set_bf16_output(p->up_proj, b16);
+    fsdp_status st = fsdp_module_forward(ctx, p->gate_proj, in, &p->gate);
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, p->up_proj, in, &p->up);
+    fsdp_nn_linear_set_bf16_output(p->gate_proj, false); /* for this call only */
+    fsdp_nn_linear_set_bf16_output(p->up_proj, false);
+    FSDP_TRY_AT(ctx, st);
+    fsdp_dtype dt = fsdp_tensor_dtype(p->gate);
+    if (!fsdp_tensor_same_shape(p->gate, p->up) || dt != fsdp_tensor_dtype(p->up) ||
+        (dt == FSDP_DTYPE_BF16 && fsdp_nn_linear_compute(p->down_proj) != FSDP_DTYPE_BF16)) {
         char desc[160], a[64], b[64];
-        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: gate_proj gives %s but up_proj %s",
-                         fsdp_nn_describe(m, desc, sizeof desc),
+        return FSDP_FAIL(ctx,
+                         fsdp_tensor_same_shape(p->gate, p->up) ? FSDP_ERR_DTYPE : FSDP_ERR_SHAPE,
+                         "%s: gate_proj gives %s %s but up_proj %s %s: the SwiGLU takes two "
+                         "outputs of one shape, both f32 or both bf16 (the bf16 compute policy on "
+                         "all three projections: fsdp_module_set_autocast on the MLP)",
+                         fsdp_nn_describe(m, desc, sizeof desc), fsdp_dtype_to_string(dt),
                          fsdp_tensor_shape_string(p->gate, a, sizeof a),
+                         fsdp_dtype_to_string(fsdp_tensor_dtype(p->up)),
                          fsdp_tensor_shape_string(p->up, b, sizeof b));
     }
-    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->hidden, dev, fsdp_tensor_ndim(p->gate),
-                                    fsdp_tensor_shape(p->gate)));
+    int nd = fsdp_tensor_ndim(p->gate);
+    const int64_t *shape = fsdp_tensor_shape(p->gate);
+    int64_t n = fsdp_tensor_numel(p->gate);
+    /* the storage of the other kind, of an earlier forward under another policy, is not needed */
+    fsdp_tensor *unused = dt == FSDP_DTYPE_BF16 ? p->hidden : p->hidden16;
+    if (unused) fsdp_tensor_release_storage(unused);
+    if (dt == FSDP_DTYPE_BF16) {
+        FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &p->hidden16, FSDP_DTYPE_BF16, dev, nd, shape));
+        k->swiglu_forward_bf16(fsdp_tensor_data(p->hidden16), fsdp_tensor_data(p->gate),
+                               fsdp_tensor_data(p->up), n);
+        return fsdp_module_forward(ctx, p->down_proj, p->hidden16, out);
+    }
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->hidden, dev, nd, shape));
     k->swiglu_forward(fsdp_tensor_f32(p->hidden), fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up),
-                      fsdp_tensor_numel(p->gate));
+                      n);
     return fsdp_module_forward(ctx, p->down_proj, p->hidden, out);
 }
 
@@ -58,9 +95,13 @@ static fsdp_status llama_mlp_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
     const int64_t *shape = fsdp_tensor_shape(p->gate);
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->dgate, dev, nd, shape));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->dup, dev, nd, shape));
-    k->swiglu_backward(fsdp_tensor_f32(p->dgate), fsdp_tensor_f32(p->dup), fsdp_tensor_f32(dh),
-                       fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up),
-                       fsdp_tensor_numel(p->gate));
+    float *dg = fsdp_tensor_f32(p->dgate), *du = fsdp_tensor_f32(p->dup);
+    const float *dy = fsdp_tensor_f32(dh);
+    int64_t n = fsdp_tensor_numel(p->gate);
+    if (fsdp_tensor_dtype(p->gate) == FSDP_DTYPE_BF16)
+        k->swiglu_backward_bf16(dg, du, dy, fsdp_tensor_data(p->gate), fsdp_tensor_data(p->up), n);
+    else
+        k->swiglu_backward(dg, du, dy, fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up), n);
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, p->gate_proj, p->dgate, din ? &dxg : NULL));
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, p->up_proj, p->dup, din ? &dxu : NULL));
     if (!din) return FSDP_OK;

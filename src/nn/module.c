@@ -645,11 +645,16 @@ fsdp_status fsdp_nn_buffer_dtype(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_dtype dtyp
 
 fsdp_status fsdp_nn_check_input(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tensor *in,
                                 int64_t features) {
+    return fsdp_nn_check_input_bf16(ctx, m, in, features, false);
+}
+
+fsdp_status fsdp_nn_check_input_bf16(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tensor *in,
+                                     int64_t features, bool allow_bf16) {
     char desc[160], shape[64];
-    if (fsdp_tensor_dtype(in) != FSDP_DTYPE_F32)
+    fsdp_dtype dt = fsdp_tensor_dtype(in);
+    if (dt != FSDP_DTYPE_F32 && !(dt == FSDP_DTYPE_BF16 && allow_bf16))
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "%s: input is %s; layers compute on f32 tensors",
-                         fsdp_nn_describe(m, desc, sizeof desc),
-                         fsdp_dtype_to_string(fsdp_tensor_dtype(in)));
+                         fsdp_nn_describe(m, desc, sizeof desc), fsdp_dtype_to_string(dt));
     if (features >= 0 && (fsdp_tensor_ndim(in) < 1 || fsdp_tensor_dim(in, -1) != features))
         return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
                          "%s: input %s must have %lld features in its last dimension",

@@ -105,6 +105,10 @@ fsdp_status fsdp_nn_record_activation(fsdp_ctx *ctx, fsdp_tensor *t);
 /* Checks that a layer's input is f32 with `features` in its last dim; names the module. */
 fsdp_status fsdp_nn_check_input(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tensor *in,
                                 int64_t features);
+/* The same, where the layer also takes a bf16 input when allow_bf16 (a Linear under the bf16
+ * compute policy). */
+fsdp_status fsdp_nn_check_input_bf16(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tensor *in,
+                                     int64_t features, bool allow_bf16);
 
 /* Runs children[0..n) forward, each on the previous one's output (containers use this). */
 fsdp_status fsdp_nn_chain_forward(fsdp_ctx *ctx, fsdp_module *const *children, int n,

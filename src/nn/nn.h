@@ -75,6 +75,17 @@ fsdp_status fsdp_nn_linear_create_tied(fsdp_ctx *ctx, fsdp_param *weight, fsdp_m
 /* A Linear's weight: its own, or the tied one (then not among its parameters); NULL when m is
  * not a Linear. */
 fsdp_param *fsdp_nn_linear_weight(const fsdp_module *m);
+/* The compute dtype of Linear m's policy (fsdp_module_set_autocast): FSDP_DTYPE_BF16 when its
+ * next forward reads bf16 inputs (it then also takes a bf16 input tensor as is), else
+ * FSDP_DTYPE_F32 (also for a module that is not a Linear). */
+fsdp_dtype fsdp_nn_linear_compute(const fsdp_module *m);
+/* With on, Linear m's forwards under the bf16 compute policy give their output in a bf16 tensor
+ * (the values they round to bf16 anyway, without an f32 copy) when m has no bias and the
+ * device's table has gemm_bf16_round; otherwise, and outside the policy, an f32 tensor. For a
+ * parent that reads it, around its own call (LlamaMLP's gate_proj and up_proj, LlamaAttention's
+ * q_proj and k_proj: set on before, off after, so a direct call, as generation makes, gets f32).
+ * Nothing for other modules. */
+void fsdp_nn_linear_set_bf16_output(fsdp_module *m, bool on);
 /* Whether m is an Embedding (fsdp_embedding_create). */
 bool fsdp_nn_is_embedding(const fsdp_module *m);
 /* Embedding m's weight now holds the rows [start, start + its rows) of the vocabulary (TP's

@@ -83,6 +83,9 @@ void fsdp_cpu_adam_update(float *p, const float *g, float *m, float *v, float *v
 void fsdp_cpu_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                         const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb,
                         float beta, float *C, int64_t ldc);
+void fsdp_cpu_gemm_bf16_round(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                              const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb,
+                              fsdp_bf16 *C, int64_t ldc);
 void fsdp_cpu_adam_update_bf16(float *p, fsdp_bf16 *p_bf16, const float *g, float *m, float *v,
                                float *vmax, int64_t n, const fsdp_adam_step_args *a);
 

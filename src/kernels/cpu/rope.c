@@ -1,7 +1,8 @@
 /* rope.c: rotary position embedding on the CPU in Hugging Face Llama's rotate_half layout (the
  * two halves of each head rotate together, not interleaved pairs), and its transpose; for one
- * tensor, or for q and k in one pass. */
+ * tensor, or for q and k in one pass (also from bf16 q and k). */
 #include <stddef.h>
+#include <string.h>
 
 #include "kernels/cpu/llama.h"
 
@@ -56,4 +57,38 @@ void fsdp_cpu_rope_qk_backward(float *dq, float *dk, const float *dqo, const flo
                                const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
                                int64_t NKV, int64_t D) {
     rotate(dq, dk, dqo, dko, cos, sin, -1.0f, B, T, NH, NKV, D);
+}
+
+static float widen(fsdp_bf16 x) {
+    uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* rotate_heads by +angle from bf16 x: the same f32 operations on the widened values */
+static void rotate_heads_bf16(float *y, const fsdp_bf16 *x, const float *c, const float *s,
+                              int64_t H, int64_t D) {
+    int64_t h = D / 2;
+    for (int64_t hd = 0; hd < H; hd++, x += D, y += D) {
+        for (int64_t i = 0; i < h; i++) {
+            float x1 = widen(x[i]), x2 = widen(x[i + h]), si = s[i];
+            y[i] = x1 * c[i] - x2 * si;
+            y[i + h] = x2 * c[i] + x1 * si;
+        }
+    }
+}
+
+void fsdp_cpu_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                   const float *cos, const float *sin, int64_t B, int64_t T,
+                                   int64_t NH, int64_t NKV, int64_t D) {
+    int64_t h = D / 2;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < T; t++) {
+            const float *c = cos + t * h, *s = sin + t * h; // (h)
+            int64_t row = b * T + t;
+            rotate_heads_bf16(qo + row * NH * D, q + row * NH * D, c, s, NH, D);
+            rotate_heads_bf16(ko + row * NKV * D, k + row * NKV * D, c, s, NKV, D);
+        }
+    }
 }

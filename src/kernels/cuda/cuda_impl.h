@@ -190,6 +190,10 @@ void fsdp_cuda_adam_update(float *p, const float *g, float *m, float *v, float *
 void fsdp_cuda_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                          const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb,
                          float beta, float *C, int64_t ldc);
+/* gemm_bf16_round.c: the table's gemm_bf16_round (bf16 C written by cuBLAS) */
+void fsdp_cuda_gemm_bf16_round(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                               const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb,
+                               fsdp_bf16 *C, int64_t ldc);
 void fsdp_cuda_adam_update_bf16(float *p, fsdp_bf16 *p_bf16, const float *g, float *m, float *v,
                                 float *vmax, int64_t n, const fsdp_adam_step_args *a);
 

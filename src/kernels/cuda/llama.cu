@@ -5,6 +5,7 @@
  * backward and never storing a (T, T) block (the scratch argument is unused); the key/value
  * gradients are summed per key row over the query rows and heads of its group. */
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/llama_cuda.h"
 
 /* ---- embedding ---- */
@@ -112,6 +113,35 @@ extern "C" void fsdp_cuda_rope_qk_forward(float *qo, float *ko, const float *q, 
                                           const float *cos, const float *sin, int64_t B, int64_t T,
                                           int64_t NH, int64_t NKV, int64_t D) {
     rope_qk("rope_qk_forward", qo, ko, q, k, cos, sin, 1.0f, B, T, NH, NKV, D);
+}
+
+/* rope_qk_kernel's forward on bf16 q and k, widened exactly: the same f32 operations */
+__global__ void rope_qk_bf16_kernel(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                    const float *cos, const float *sin, int64_t B, int64_t T,
+                                    int64_t NH, int64_t NKV, int64_t D) {
+    int64_t h = D / 2, heads = NH + NKV, pairs = B * T * heads * h;
+    for (int64_t e = fsdp_tid(); e < pairs; e += fsdp_stride()) {
+        int64_t i = e % h, head = (e / h) % heads, row = e / (h * heads), t = row % T;
+        bool is_q = head < NH;
+        const fsdp_bf16 *x = is_q ? q + (row * NH + head) * D : k + (row * NKV + head - NH) * D;
+        float *y = is_q ? qo + (row * NH + head) * D : ko + (row * NKV + head - NH) * D;
+        float c = cos[t * h + i], s = sin[t * h + i];
+        float x1 = __uint_as_float((uint32_t)x[i] << 16),
+              x2 = __uint_as_float((uint32_t)x[i + h] << 16);
+        y[i] = x1 * c - x2 * s;
+        y[i + h] = x2 * c + x1 * s;
+    }
+}
+
+extern "C" void fsdp_cuda_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q,
+                                               const fsdp_bf16 *k, const float *cos,
+                                               const float *sin, int64_t B, int64_t T, int64_t NH,
+                                               int64_t NKV, int64_t D) {
+    int64_t pairs = B * T * (NH + NKV) * (D / 2);
+    if (pairs <= 0) return;
+    rope_qk_bf16_kernel<<<fsdp_grid(pairs), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        qo, ko, q, k, cos, sin, B, T, NH, NKV, D);
+    FSDP_CUDA_LAUNCHED("rope_qk_forward_bf16");
 }
 
 extern "C" void fsdp_cuda_rope_qk_backward(float *dq, float *dk, const float *dqo, const float *dko,
@@ -273,6 +303,46 @@ extern "C" void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float 
     swiglu_backward_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         dgate, dup, dout, gate, up, n);
     FSDP_CUDA_LAUNCHED("swiglu_backward");
+}
+
+/* The SwiGLU on bf16 gate and up: widened exactly, then swiglu_op and the backward's f32
+ * operations (--fmad=false: the same bits as the f32 kernels on widened inputs); the forward
+ * rounded as convert.cu's f32_to_bf16 rounds. */
+__device__ inline float bf16_widen(fsdp_bf16 x) {
+    return __uint_as_float((uint32_t)x << 16);
+}
+
+__global__ void swiglu_forward_bf16_kernel(fsdp_bf16 *out, const fsdp_bf16 *gate,
+                                           const fsdp_bf16 *up, int64_t n) {
+    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride())
+        out[i] =
+            bf16_from_bits(__float_as_uint(swiglu_op()(bf16_widen(gate[i]), bf16_widen(up[i]))));
+}
+
+extern "C" void fsdp_cuda_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *gate,
+                                              const fsdp_bf16 *up, int64_t n) {
+    if (n <= 0) return;
+    swiglu_forward_bf16_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        out, gate, up, n);
+    FSDP_CUDA_LAUNCHED("swiglu_forward_bf16");
+}
+
+__global__ void swiglu_backward_bf16_kernel(float *dgate, float *dup, const float *dout,
+                                            const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n) {
+    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
+        float g = bf16_widen(gate[i]), u = bf16_widen(up[i]), dy = dout[i], s = sigmoid_f(g);
+        dgate[i] = dy * u * s * (1.0f + g * (1.0f - s));
+        dup[i] = dy * g * s;
+    }
+}
+
+extern "C" void fsdp_cuda_swiglu_backward_bf16(float *dgate, float *dup, const float *dout,
+                                               const fsdp_bf16 *gate, const fsdp_bf16 *up,
+                                               int64_t n) {
+    if (n <= 0) return;
+    swiglu_backward_bf16_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        dgate, dup, dout, gate, up, n);
+    FSDP_CUDA_LAUNCHED("swiglu_backward_bf16");
 }
 
 /* ---- cross-entropy with an ignored target ---- */

@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "fsdp/tensor.h" // defines: fsdp_bf16
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -49,6 +51,13 @@ void fsdp_cuda_attention_backward_flash(float *dq, float *dk, float *dv, const f
 void fsdp_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
 void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                                const float *up, int64_t n);
+void fsdp_cuda_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                    const float *cos, const float *sin, int64_t B, int64_t T,
+                                    int64_t NH, int64_t NKV, int64_t D);
+void fsdp_cuda_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *gate, const fsdp_bf16 *up,
+                                   int64_t n);
+void fsdp_cuda_swiglu_backward_bf16(float *dgate, float *dup, const float *dout,
+                                    const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
 void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
                                     const int32_t *targets, int32_t ignore_index, int64_t rows,
                                     int64_t classes);

@@ -132,6 +132,15 @@ void sim_embedding_backward(float *dweight, const float *dout, const int32_t *to
 void sim_rope_forward(float *out, const float *inp, const float *cos, const float *sin, int64_t B,
                       int64_t T, int64_t H, int64_t D);
 /* table_bf16.c */
+void sim_gemm_bf16_round(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                         const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb,
+                         fsdp_bf16 *C, int64_t ldc);
+void sim_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
+void sim_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                              const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                              int64_t NKV, int64_t D);
+void sim_swiglu_backward_bf16(float *dgate, float *dup, const float *dout, const fsdp_bf16 *gate,
+                              const fsdp_bf16 *up, int64_t n);
 void sim_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                    const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb, float beta,
                    float *C, int64_t ldc);

@@ -1,5 +1,6 @@
-/* table_bf16.c: the simulated GPU's entries with bf16 operands (table.c lists them): the CPU
- * entry run on the device's stream over the shadow memory, as every other entry. */
+/* table_bf16.c: the simulated GPU's entries with bf16 operands (table.c lists them): gemm_bf16,
+ * gemm_bf16_round, the SwiGLU on bf16 gate and up and RoPE on bf16 q and k, each the CPU entry run
+ * on the device's stream over the shadow memory, as every other entry. */
 #include "kernels/sim/sim_impl.h"
 
 typedef struct gemm_bf16_args {
@@ -39,4 +40,107 @@ void sim_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
                            sim_kernel_ptr(dev, C),
                            ldc};
     sim_kernel_launch(dev, run_gemm_bf16, &call, sizeof call);
+}
+
+typedef struct gemm_bf16_round_args {
+    bool trans_a, trans_b;
+    int64_t M, N, K;
+    const fsdp_bf16 *A;
+    int64_t lda;
+    const fsdp_bf16 *B;
+    int64_t ldb;
+    fsdp_bf16 *C;
+    int64_t ldc;
+} gemm_bf16_round_args;
+
+static void run_gemm_bf16_round(void *arg) {
+    gemm_bf16_round_args *a = arg;
+    fsdp_kernels_cpu()->gemm_bf16_round(a->trans_a, a->trans_b, a->M, a->N, a->K, a->A, a->lda,
+                                        a->B, a->ldb, a->C, a->ldc);
+}
+
+void sim_gemm_bf16_round(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                         const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb,
+                         fsdp_bf16 *C, int64_t ldc) {
+    int dev = sim_kernel_device(C, "gemm_bf16_round");
+    gemm_bf16_round_args call = {trans_a, trans_b,
+                                 M,       N,
+                                 K,       sim_kernel_ptr(dev, A),
+                                 lda,     sim_kernel_ptr(dev, B),
+                                 ldb,     sim_kernel_ptr(dev, C),
+                                 ldc};
+    sim_kernel_launch(dev, run_gemm_bf16_round, &call, sizeof call);
+}
+
+typedef struct swiglu_bf16_args {
+    fsdp_bf16 *out;    /* forward */
+    float *dgate;      /* backward */
+    float *dup;        /* backward */
+    const float *dout; /* backward */
+    const fsdp_bf16 *gate;
+    const fsdp_bf16 *up;
+    int64_t n;
+} swiglu_bf16_args;
+
+static void run_swiglu_forward_bf16(void *arg) {
+    swiglu_bf16_args *a = arg;
+    fsdp_kernels_cpu()->swiglu_forward_bf16(a->out, a->gate, a->up, a->n);
+}
+
+void sim_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *gate, const fsdp_bf16 *up,
+                             int64_t n) {
+    int dev = sim_kernel_device(out, "swiglu_forward_bf16");
+    swiglu_bf16_args call = {.out = sim_kernel_ptr(dev, out),
+                             .gate = sim_kernel_ptr(dev, gate),
+                             .up = sim_kernel_ptr(dev, up),
+                             .n = n};
+    sim_kernel_launch(dev, run_swiglu_forward_bf16, &call, sizeof call);
+}
+
+static void run_swiglu_backward_bf16(void *arg) {
+    swiglu_bf16_args *a = arg;
+    fsdp_kernels_cpu()->swiglu_backward_bf16(a->dgate, a->dup, a->dout, a->gate, a->up, a->n);
+}
+
+void sim_swiglu_backward_bf16(float *dgate, float *dup, const float *dout, const fsdp_bf16 *gate,
+                              const fsdp_bf16 *up, int64_t n) {
+    int dev = sim_kernel_device(dgate, "swiglu_backward_bf16");
+    swiglu_bf16_args call = {.dgate = sim_kernel_ptr(dev, dgate),
+                             .dup = sim_kernel_ptr(dev, dup),
+                             .dout = sim_kernel_ptr(dev, dout),
+                             .gate = sim_kernel_ptr(dev, gate),
+                             .up = sim_kernel_ptr(dev, up),
+                             .n = n};
+    sim_kernel_launch(dev, run_swiglu_backward_bf16, &call, sizeof call);
+}
+
+typedef struct rope_qk_forward_bf16_args {
+    float *qo, *ko;
+    const fsdp_bf16 *q, *k;
+    const float *cos, *sin;
+    int64_t B, T, NH, NKV, D;
+} rope_qk_forward_bf16_args;
+
+static void run_rope_qk_forward_bf16(void *arg) {
+    rope_qk_forward_bf16_args *a = arg;
+    fsdp_kernels_cpu()->rope_qk_forward_bf16(a->qo, a->ko, a->q, a->k, a->cos, a->sin, a->B, a->T,
+                                             a->NH, a->NKV, a->D);
+}
+
+void sim_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                              const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
+                              int64_t NKV, int64_t D) {
+    int dev = sim_kernel_device(qo, "rope_qk_forward_bf16");
+    rope_qk_forward_bf16_args call = {sim_kernel_ptr(dev, qo),
+                                      sim_kernel_ptr(dev, ko),
+                                      sim_kernel_ptr(dev, q),
+                                      sim_kernel_ptr(dev, k),
+                                      sim_kernel_ptr(dev, cos),
+                                      sim_kernel_ptr(dev, sin),
+                                      B,
+                                      T,
+                                      NH,
+                                      NKV,
+                                      D};
+    sim_kernel_launch(dev, run_rope_qk_forward_bf16, &call, sizeof call);
 }

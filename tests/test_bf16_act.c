@@ -1,0 +1,560 @@
+/* test_bf16_act.c: bf16 activation storage under the bf16 compute policy. The Llama keeps q_proj's
+ * and k_proj's outputs (read by RoPE), and its MLP keeps
+ * gate_proj's and up_proj's outputs and the SwiGLU's output (which down_proj reads as its bf16
+ * copy) in bf16 tensors. Checked: the kernels that make and read them (gemm_bf16_round, the
+ * SwiGLU on bf16 gate and up, RoPE on bf16 q and k) bit for bit against the f32 entries on the CPU
+ * and the run's device; the tiny Llama under the policy bitwise equal to a copy of the f32-storage
+ * path, on the CPU and on the device (sim, deferred streams: the CPU's bits), also with every
+ * decoder layer checkpointed; its activation bytes, fewer by exactly the derived amount; a bf16
+ * input refused by a Linear outside the policy. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx, FSDP_TEST_OK
+#include "kernels/kernels.h" // defines: fsdp_kernels_for (the reference's f32 SwiGLU)
+#include "on_device.h"       // defines: fsdp_test_device
+
+enum { BATCH = 2, SEQ = 8, VOCAB = 64, N_TOK = BATCH * SEQ, LAYERS = 2, DIM = 32, HIDDEN = 48 };
+
+static fsdp_module *llama(void) {
+    fsdp_llama_config cfg = {.dim = DIM,
+                             .n_layers = LAYERS,
+                             .n_heads = 4,
+                             .n_kv_heads = 2,
+                             .vocab_size = VOCAB,
+                             .ffn_hidden = HIDDEN,
+                             .max_seq_len = 16,
+                             .init_std = 0.2f,
+                             .compute_dtype = FSDP_DTYPE_BF16};
+    fsdp_module *m = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(fsdp_test_ctx(), &cfg, &m));
+    return m;
+}
+
+/* ---- the path before bf16 storage, kept as hooks: gate_proj's and up_proj's outputs replaced
+ * by the f32 tensors the policy's Linear wrote before (a copy of its forward: the input and the
+ * weight rounded to bf16, gemm_bf16 into f32, the sum rounded to bf16 and widened back), so the
+ * MLP takes its f32 path: the f32 SwiGLU, and down_proj rounding its f32 input into its own bf16
+ * copy, as before. ---- */
+
+typedef struct f32_output {
+    const fsdp_tensor *input; /* this forward's */
+    fsdp_tensor *x16, *w16, *y16, *y;
+    int calls; /* outputs replaced */
+} f32_output;
+
+static void f32_output_free(void *user) {
+    f32_output *o = user;
+    fsdp_tensor_free(o->x16), fsdp_tensor_free(o->w16), fsdp_tensor_free(o->y16);
+    fsdp_tensor_free(o->y);
+    free(o);
+}
+
+static fsdp_status keep_input(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                              const fsdp_tensor **io, void *user) {
+    (void)ctx, (void)m, (void)point;
+    ((f32_output *)user)->input = *io;
+    return FSDP_OK;
+}
+
+/* *t: a fresh tensor of dtype on dev (the last one freed) */
+static fsdp_status fresh(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_dtype dtype, fsdp_device dev,
+                         int64_t rows, int64_t cols) {
+    fsdp_tensor_free(*t);
+    *t = NULL;
+    return fsdp_tensor_create(ctx, dtype, dev, 2, (int64_t[]){rows, cols}, t);
+}
+
+static fsdp_status f32_output_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                 const fsdp_tensor **io, void *user) {
+    (void)point;
+    f32_output *o = user;
+    const fsdp_tensor *w = fsdp_param_data(fsdp_module_param(m, 0));
+    fsdp_device dev = fsdp_tensor_device(w);
+    int64_t OC = fsdp_tensor_dim(w, 0), C = fsdp_tensor_dim(w, 1);
+    int64_t rows = fsdp_tensor_numel(o->input) / C;
+    if (fsdp_tensor_dtype(o->input) != FSDP_DTYPE_F32) return FSDP_ERR_INTERNAL;
+    FSDP_TRY_AT(ctx, fresh(ctx, &o->x16, FSDP_DTYPE_BF16, dev, rows, C));
+    FSDP_TRY_AT(ctx, fresh(ctx, &o->w16, FSDP_DTYPE_BF16, dev, OC, C));
+    FSDP_TRY_AT(ctx, fresh(ctx, &o->y16, FSDP_DTYPE_BF16, dev, rows, OC));
+    fsdp_tensor_free(o->y); /* f32, of the output's shape */
+    o->y = NULL;
+    FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, fsdp_tensor_ndim(*io),
+                                        fsdp_tensor_shape(*io), &o->y));
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    k->f32_to_bf16(fsdp_tensor_data(o->x16), fsdp_tensor_f32(o->input), rows * C);
+    k->f32_to_bf16(fsdp_tensor_data(o->w16), fsdp_tensor_f32(w), OC * C);
+    k->gemm_bf16(false, true, rows, OC, C, 1.0f, fsdp_tensor_data(o->x16), C,
+                 fsdp_tensor_data(o->w16), C, 0.0f, fsdp_tensor_f32(o->y), OC);
+    k->f32_to_bf16(fsdp_tensor_data(o->y16), fsdp_tensor_f32(o->y), rows * OC);
+    k->bf16_to_f32(fsdp_tensor_f32(o->y), fsdp_tensor_data(o->y16), rows * OC);
+    *io = o->y;
+    o->calls++;
+    return FSDP_OK;
+}
+
+/* The Linears whose outputs are bf16 tensors under the policy, per decoder layer, and
+ * down_proj, which takes the SwiGLU's bf16 output as its input (the last entry). */
+enum { KEPT16 = 4, PER_LAYER = KEPT16 + 1 };
+static const char *const BF16_PROJ[PER_LAYER] = {"self_attn.q_proj", "self_attn.k_proj",
+                                                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+
+static fsdp_module *proj(fsdp_module *m, int layer, int j) {
+    char name[64];
+    snprintf(name, sizeof name, "model.layers.%d.%s", layer, BF16_PROJ[j]);
+    fsdp_module *lin = fsdp_module_find(m, name);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(lin);
+    return lin;
+}
+
+/* Puts the f32 path's hooks on q_proj, k_proj, gate_proj and up_proj of every decoder layer;
+ * outs[KEPT16 i + j] is layer i's BF16_PROJ[j]. */
+static void use_f32_path(fsdp_module *m, f32_output *outs[KEPT16 * LAYERS]) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    for (int i = 0; i < KEPT16 * LAYERS; i++) {
+        fsdp_module *lin = proj(m, i / KEPT16, i % KEPT16);
+        f32_output *o = calloc(1, sizeof *o);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+        outs[i] = o;
+        FSDP_TEST_OK(
+            fsdp_module_add_hook(ctx, lin, FSDP_HOOK_PRE_FORWARD, keep_input, o, NULL, NULL));
+        FSDP_TEST_OK(fsdp_module_add_hook(ctx, lin, FSDP_HOOK_POST_FORWARD, f32_output_of, o,
+                                          f32_output_free, NULL));
+    }
+}
+
+/* Counts the bf16 tensors passing a hook point (the new path is taken, so the comparison is not
+ * of a path with itself). */
+static fsdp_status count_bf16(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                              const fsdp_tensor **io, void *user) {
+    (void)ctx, (void)m, (void)point;
+    *(int *)user += fsdp_tensor_dtype(*io) == FSDP_DTYPE_BF16;
+    return FSDP_OK;
+}
+
+/* count: the bf16 outputs of q_proj, k_proj, gate_proj and up_proj and bf16 inputs of
+ * down_proj, every layer (PER_LAYER a forward) */
+static void count_bf16_tensors(fsdp_module *m, int *count) {
+    for (int i = 0; i < LAYERS; i++)
+        for (int j = 0; j < PER_LAYER; j++)
+            FSDP_TEST_OK(
+                fsdp_module_add_hook(fsdp_test_ctx(), proj(m, i, j),
+                                     j == KEPT16 ? FSDP_HOOK_PRE_FORWARD : FSDP_HOOK_POST_FORWARD,
+                                     count_bf16, count, NULL, NULL));
+}
+
+/* ---- one training step's results on the host ---- */
+
+typedef struct step_out {
+    float loss;
+    float logits[N_TOK * VOCAB];
+    float *grads; /* every parameter's gradient, in visit order */
+    int64_t n_grads;
+} step_out;
+
+static fsdp_status copy_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)name;
+    step_out *o = user;
+    const fsdp_tensor *g = fsdp_param_grad(p);
+    fsdp_tensor *h = NULL;
+    FSDP_TRY_AT(ctx, fsdp_tensor_from_blob(ctx, o->grads + o->n_grads, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                           (int64_t[]){fsdp_tensor_numel(g)}, &h));
+    fsdp_status st = fsdp_tensor_copy(ctx, h, g);
+    fsdp_tensor_free(h);
+    o->n_grads += fsdp_tensor_numel(g);
+    return st;
+}
+
+/* Forward, cross-entropy and backward of a fixed batch on m (on dev); *bytes (may be NULL) the
+ * model's activation bytes right after the forward. */
+static void step(fsdp_module *m, fsdp_device dev, step_out *o, int64_t *bytes) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    int32_t tok[N_TOK], tgt[N_TOK];
+    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 37 + 11) % VOCAB);
+    for (int i = 0; i < N_TOK; i++) tgt[i] = i % SEQ == SEQ - 1 ? FSDP_IGNORE_INDEX : tok[i + 1];
+    fsdp_tensor *th = NULL, *td = NULL, *dl = NULL, *lh = NULL;
+    int64_t shape[2] = {BATCH, SEQ};
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, tok, FSDP_DTYPE_I32, FSDP_CPU, 2, shape, &th));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, shape, &td));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, td, th));
+    const fsdp_tensor *out = NULL;
+    FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, td, &out));
+    if (bytes) FSDP_TEST_OK(fsdp_module_activation_bytes(ctx, m, bytes));
+    FSDP_TEST_OK(fsdp_tensor_create_like(ctx, out, &dl));
+    FSDP_TEST_OK(fsdp_loss_cross_entropy_ignore(ctx, out, tgt, FSDP_IGNORE_INDEX, &o->loss, dl));
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dl, NULL));
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, o->logits, FSDP_DTYPE_F32, FSDP_CPU, 3,
+                                       (int64_t[]){BATCH, SEQ, VOCAB}, &lh));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, lh, out));
+    free(o->grads);
+    o->n_grads = 0;
+    o->grads = calloc((size_t)fsdp_module_param_count(m), sizeof(float));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o->grads);
+    FSDP_TEST_OK(fsdp_module_visit_params(ctx, m, copy_grad, o));
+    fsdp_tensor_free(th), fsdp_tensor_free(td), fsdp_tensor_free(dl), fsdp_tensor_free(lh);
+}
+
+/* Bit for bit, with the count of differing elements printed. */
+static bool same_bits(const char *name, const float *a, const float *b, int64_t n) {
+    int64_t diff = 0;
+    for (int64_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    printf("\n    %s: %lld of %lld elements differ", name, (long long)diff, (long long)n);
+    return diff == 0;
+}
+
+/* ---- the kernels ---- */
+
+/* A host array on dev (a copy) */
+static fsdp_tensor *on(fsdp_device dev, fsdp_dtype dtype, void *host, int64_t n) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *h = NULL, *d = NULL;
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, host, dtype, FSDP_CPU, 1, (int64_t[]){n}, &h));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, dtype, dev, 1, (int64_t[]){n}, &d));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, d, h));
+    fsdp_tensor_free(h);
+    return d;
+}
+
+/* d's n elements of `size` bytes copied to host */
+static void back(void *host, const fsdp_tensor *d) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *h = NULL;
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, host, fsdp_tensor_dtype(d), FSDP_CPU, 1,
+                                       (int64_t[]){fsdp_tensor_numel(d)}, &h));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, d));
+    fsdp_tensor_free(h);
+}
+
+static int64_t differ(const void *a, const void *b, int64_t n, size_t size) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++)
+        d += memcmp((const char *)a + i * size, (const char *)b + i * size, size) != 0;
+    return d;
+}
+
+/* swiglu_forward_bf16 and swiglu_backward_bf16 against the f32 entries on the widened inputs
+ * (the forward then f32_to_bf16) on the same device, bit for bit: 1500 values (not a multiple of
+ * the CPU's block of 512) over [-40, 40] where silu saturates, with zeros, +-inf, NaN, bf16's
+ * largest value and a subnormal among them. */
+static void check_swiglu(fsdp_device dev) {
+    enum { N = 1500 };
+    static fsdp_bf16 g16[N], u16[N], want16[N], got16[N];
+    static float g[N], u[N], dy[N], r[4][N];
+    for (int i = 0; i < N; i++) {
+        g16[i] = fsdp_bf16_from_f32(-40.0f + 80.0f * (float)((i * 7919) % N) / N);
+        u16[i] = fsdp_bf16_from_f32(-3.0f + 6.0f * (float)((i * 104729) % N) / N);
+        dy[i] = -1.0f + 2.0f * (float)((i * 31) % N) / N;
+    }
+    const fsdp_bf16 special[] = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0x7f7f, 0x0001};
+    for (int i = 0; i < (int)(sizeof special / sizeof special[0]); i++)
+        g16[i * 11] = special[i], u16[i * 13 + 1] = special[i];
+    for (int i = 0; i < N; i++) g[i] = fsdp_bf16_to_f32(g16[i]), u[i] = fsdp_bf16_to_f32(u16[i]);
+    fsdp_tensor *gd = on(dev, FSDP_DTYPE_BF16, g16, N), *ud = on(dev, FSDP_DTYPE_BF16, u16, N);
+    fsdp_tensor *gw = on(dev, FSDP_DTYPE_F32, g, N), *uw = on(dev, FSDP_DTYPE_F32, u, N);
+    fsdp_tensor *dyd = on(dev, FSDP_DTYPE_F32, dy, N);
+    fsdp_tensor *t[4], *y16 = on(dev, FSDP_DTYPE_BF16, got16, N),
+                       *w16 = on(dev, FSDP_DTYPE_BF16, got16, N);
+    for (int i = 0; i < 4; i++) t[i] = on(dev, FSDP_DTYPE_F32, r[i], N);
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k->swiglu_forward_bf16 && k->swiglu_backward_bf16);
+    k->swiglu_forward(fsdp_tensor_f32(t[0]), fsdp_tensor_f32(gw), fsdp_tensor_f32(uw), N);
+    k->f32_to_bf16(fsdp_tensor_data(w16), fsdp_tensor_f32(t[0]), N);
+    k->swiglu_forward_bf16(fsdp_tensor_data(y16), fsdp_tensor_data(gd), fsdp_tensor_data(ud), N);
+    k->swiglu_backward(fsdp_tensor_f32(t[0]), fsdp_tensor_f32(t[1]), fsdp_tensor_f32(dyd),
+                       fsdp_tensor_f32(gw), fsdp_tensor_f32(uw), N);
+    k->swiglu_backward_bf16(fsdp_tensor_f32(t[2]), fsdp_tensor_f32(t[3]), fsdp_tensor_f32(dyd),
+                            fsdp_tensor_data(gd), fsdp_tensor_data(ud), N);
+    back(want16, w16), back(got16, y16);
+    for (int i = 0; i < 4; i++) back(r[i], t[i]);
+    int64_t nan = 0;
+    for (int i = 0; i < N; i++) nan += (want16[i] & 0x7fff) > 0x7f80;
+    int64_t df = differ(got16, want16, N, 2), dg = differ(r[2], r[0], N, 4),
+            du = differ(r[3], r[1], N, 4);
+    printf("\n    swiglu on %s: %lld, %lld, %lld of %d differ (forward, dgate, dup; %lld NaN)",
+           fsdp_device_to_string(dev), (long long)df, (long long)dg, (long long)du, N,
+           (long long)nan);
+    CU_ASSERT_TRUE(df == 0 && dg == 0 && du == 0);
+    CU_ASSERT_TRUE(nan > 0); /* the specials reached the rounding */
+    fsdp_tensor *all[] = {gd, ud, gw, uw, dyd, y16, w16, t[0], t[1], t[2], t[3]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i]);
+}
+
+/* gemm_bf16_round against gemm_bf16 (alpha 1, beta 0) then f32_to_bf16 on the same device: bit
+ * for bit on the CPU and sim, for the four transpositions, M 45, N 150, K 300 (over the CPU's
+ * blocks of 32 rows, 128 columns and 128 of K, with partial ones), C's row stride 160, and K 0
+ * (zeros). On CUDA cuBLAS may sum in another order for a bf16 C: within one bf16 rounding. */
+static void check_gemm(fsdp_device dev) {
+    enum { M = 45, N = 150, K = 300, LDC = 160 };
+    static fsdp_bf16 A[M * K], B[K * N], want[M * LDC], got[M * LDC];
+    static float C32[M * LDC];
+    for (int i = 0; i < M * K; i++) A[i] = fsdp_bf16_from_f32(sinf((float)i * 0.37f) * 2.0f);
+    for (int i = 0; i < K * N; i++) B[i] = fsdp_bf16_from_f32(cosf((float)i * 0.11f));
+    fsdp_tensor *ad = on(dev, FSDP_DTYPE_BF16, A, M * K), *bd = on(dev, FSDP_DTYPE_BF16, B, K * N);
+    fsdp_tensor *c32 = on(dev, FSDP_DTYPE_F32, C32, M * LDC);
+    fsdp_tensor *w = on(dev, FSDP_DTYPE_BF16, want, M * LDC),
+                *g = on(dev, FSDP_DTYPE_BF16, got, M * LDC);
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k->gemm_bf16_round);
+    for (int t = 0; t < 5; t++) {
+        bool ta = t & 1, tb = t & 2;
+        int64_t kk = t == 4 ? 0 : K;
+        int64_t lda = ta ? M : K,
+                ldb = tb ? K : N; /* A, B read as (M, K) and (K, N) or transposed */
+        FSDP_TEST_OK(fsdp_tensor_fill(fsdp_test_ctx(), c32, 0.0f));
+        k->gemm_bf16(ta, tb, M, N, kk, 1.0f, fsdp_tensor_data(ad), lda, fsdp_tensor_data(bd), ldb,
+                     0.0f, fsdp_tensor_f32(c32), LDC);
+        k->f32_to_bf16(fsdp_tensor_data(w), fsdp_tensor_f32(c32), M * LDC);
+        FSDP_TEST_OK(fsdp_tensor_fill(fsdp_test_ctx(), g, 0.0f));
+        k->gemm_bf16_round(ta, tb, M, N, kk, fsdp_tensor_data(ad), lda, fsdp_tensor_data(bd), ldb,
+                           fsdp_tensor_data(g), LDC);
+        back(want, w), back(got, g);
+        int64_t d = 0, far = 0, nonzero = 0;
+        for (int r = 0; r < M; r++)
+            for (int c = 0; c < N; c++) {
+                float x = fsdp_bf16_to_f32(got[r * LDC + c]),
+                      y = fsdp_bf16_to_f32(want[r * LDC + c]);
+                d += got[r * LDC + c] != want[r * LDC + c];
+                far += fabsf(x - y) > 0x1p-7f * fabsf(y); /* beyond one bf16 spacing */
+                nonzero += y != 0.0f;
+            }
+        printf("\n    gemm_bf16_round on %s, %s%s K %lld: %lld of %d differ",
+               fsdp_device_to_string(dev), ta ? "A^T" : "A", tb ? " B^T" : " B", (long long)kk,
+               (long long)d, M * N);
+        bool cuda = fsdp_test_device_is_cuda() && dev.type != FSDP_DEVICE_CPU;
+        CU_ASSERT_EQUAL(cuda ? far : d, 0);
+        CU_ASSERT_TRUE(kk == 0 ? nonzero == 0 : nonzero > M * N / 2);
+    }
+    fsdp_tensor *all[] = {ad, bd, c32, w, g};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i]);
+}
+
+/* rope_qk_forward_bf16 against rope_qk_forward on the widened q and k, on the same device, bit
+ * for bit: B 2, T 5, 4 query heads and 2 key/value heads of 8, angles of several turns, with
+ * infinities and NaN among the inputs. */
+static void check_rope(fsdp_device dev) {
+    enum { B = 2, T = 5, NH = 4, NKV = 2, D = 8, NQ = B * T * NH * D, NK = B * T * NKV * D };
+    static fsdp_bf16 q16[NQ], k16[NK];
+    static float q[NQ], k[NK], cs[2 * T * D / 2], r[4][NQ];
+    for (int i = 0; i < NQ; i++) q16[i] = fsdp_bf16_from_f32(sinf((float)i * 1.7f) * 3.0f);
+    for (int i = 0; i < NK; i++) k16[i] = fsdp_bf16_from_f32(cosf((float)i * 0.9f) * 2.0f);
+    q16[3] = 0x7f80, q16[17] = 0x7fc0, k16[5] = 0xff80;
+    for (int i = 0; i < NQ; i++) q[i] = fsdp_bf16_to_f32(q16[i]);
+    for (int i = 0; i < NK; i++) k[i] = fsdp_bf16_to_f32(k16[i]);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < D / 2; i++) {
+            float ang = (float)t * powf(10000.0f, -(float)(2 * i) / D) * 7.0f;
+            cs[t * D / 2 + i] = cosf(ang), cs[T * D / 2 + t * D / 2 + i] = sinf(ang);
+        }
+    fsdp_tensor *qd = on(dev, FSDP_DTYPE_BF16, q16, NQ), *kd = on(dev, FSDP_DTYPE_BF16, k16, NK);
+    fsdp_tensor *qw = on(dev, FSDP_DTYPE_F32, q, NQ), *kw = on(dev, FSDP_DTYPE_F32, k, NK);
+    fsdp_tensor *csd = on(dev, FSDP_DTYPE_F32, cs, 2 * T * D / 2), *t[4];
+    for (int i = 0; i < 4; i++) t[i] = on(dev, FSDP_DTYPE_F32, r[i], i % 2 ? NK : NQ);
+    const fsdp_kernels_i *kt = fsdp_kernels_for(dev);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(kt->rope_qk_forward_bf16);
+    const float *c = fsdp_tensor_f32(csd), *sn = c + T * D / 2;
+    kt->rope_qk_forward(fsdp_tensor_f32(t[0]), fsdp_tensor_f32(t[1]), fsdp_tensor_f32(qw),
+                        fsdp_tensor_f32(kw), c, sn, B, T, NH, NKV, D);
+    kt->rope_qk_forward_bf16(fsdp_tensor_f32(t[2]), fsdp_tensor_f32(t[3]), fsdp_tensor_data(qd),
+                             fsdp_tensor_data(kd), c, sn, B, T, NH, NKV, D);
+    for (int i = 0; i < 4; i++) back(r[i], t[i]);
+    int64_t dq = differ(r[2], r[0], NQ, 4), dk = differ(r[3], r[1], NK, 4), nan = 0;
+    for (int i = 0; i < NQ; i++) nan += isnan(r[0][i]);
+    printf("\n    rope on %s: %lld, %lld differ (q, k; %lld NaN)", fsdp_device_to_string(dev),
+           (long long)dq, (long long)dk, (long long)nan);
+    CU_ASSERT_TRUE(dq == 0 && dk == 0);
+    CU_ASSERT_TRUE(nan > 0);
+    fsdp_tensor *all[] = {qd, kd, qw, kw, csd, t[0], t[1], t[2], t[3]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i]);
+}
+
+static void test_kernels(void) {
+    check_rope(FSDP_CPU);
+    check_rope(fsdp_test_device());
+    check_swiglu(FSDP_CPU);
+    check_swiglu(fsdp_test_device());
+    check_gemm(FSDP_CPU);
+    check_gemm(fsdp_test_device());
+}
+
+/* ---- the model, bitwise the path before ---- */
+
+/* Two steps of the policy's Llama (the second on the buffers of the first) against the same
+ * model on the f32 path's hooks, on dev: loss, logits and every gradient bit for bit on the CPU
+ * and sim. On CUDA cuBLAS may sum gate's and up's products in another order when it writes bf16
+ * (gemm_bf16_round) than into f32, and a sum near a rounding boundary then rounds to the
+ * neighbouring bf16 value (2^-7 relative), which later layers carry on: there within
+ * test_autocast's device tolerance, 5e-2 relative plus 1e-3. */
+static void check_bitwise(fsdp_device dev) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *mb = llama(), *mf = llama();
+    if (dev.type != FSDP_DEVICE_CPU) { /* moved before hooks are added (fsdp_module_to's rule) */
+        FSDP_TEST_OK(fsdp_module_to(ctx, mb, dev));
+        FSDP_TEST_OK(fsdp_module_to(ctx, mf, dev));
+    }
+    f32_output *outs[KEPT16 * LAYERS];
+    use_f32_path(mf, outs);
+    int bf16_tensors = 0, bf16_tensors_f = 0;
+    count_bf16_tensors(mb, &bf16_tensors);
+    count_bf16_tensors(mf, &bf16_tensors_f); /* after the f32 path's hooks: what the MLP saw */
+    step_out *b = calloc(1, sizeof *b), *f = calloc(1, sizeof *f);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b && f);
+    for (int s = 0; s < 2; s++) {
+        step(mb, dev, b, NULL), step(mf, dev, f, NULL);
+        printf("\n    %s step %d: loss %.9g, f32 path %.9g", fsdp_device_to_string(dev), s, b->loss,
+               f->loss);
+        CU_ASSERT_EQUAL_FATAL(b->n_grads, f->n_grads);
+        if (dev.type == FSDP_DEVICE_CPU) {
+            CU_ASSERT_TRUE(same_bits("loss", &b->loss, &f->loss, 1));
+            CU_ASSERT_TRUE(same_bits("logits", b->logits, f->logits, N_TOK * VOCAB));
+            CU_ASSERT_TRUE(same_bits("gradients", b->grads, f->grads, b->n_grads));
+        } else { /* bit for bit on sim */
+            CU_ASSERT_TRUE(fsdp_test_device_close("loss", &b->loss, &f->loss, 1, 5e-2, 0));
+            CU_ASSERT_TRUE(
+                fsdp_test_device_close("logits", b->logits, f->logits, N_TOK * VOCAB, 5e-2, 1e-3));
+            CU_ASSERT_TRUE(
+                fsdp_test_device_close("gradients", b->grads, f->grads, b->n_grads, 5e-2, 1e-3));
+        }
+    }
+    /* each path ran: bf16 q, k, gate, up and SwiGLU output in one model (5 per layer and step),
+     * none in the other, whose 4 projections per layer had their outputs replaced each step */
+    CU_ASSERT_EQUAL(bf16_tensors, 2 * PER_LAYER * LAYERS);
+    CU_ASSERT_EQUAL(bf16_tensors_f, 0);
+    for (int i = 0; i < KEPT16 * LAYERS; i++) CU_ASSERT_EQUAL(outs[i]->calls, 2);
+    free(b->grads), free(f->grads), free(b), free(f);
+    fsdp_module_free(mb), fsdp_module_free(mf);
+}
+
+static void test_bitwise_cpu(void) {
+    check_bitwise(FSDP_CPU);
+}
+
+static void test_bitwise_device(void) {
+    check_bitwise(fsdp_test_device());
+}
+
+/* Every decoder layer checkpointed: the bf16 buffers released after forward and recreated by
+ * the recompute give the same logits, loss and gradients bit for bit over two steps, and after
+ * forward only the layers' kept outputs remain, fewer bytes than without checkpointing. */
+static void test_checkpointed(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *mb = llama(), *mc = llama();
+    for (int i = 0; i < LAYERS; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "model.layers.%d", i);
+        FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(mc, name)));
+    }
+    int bf16_tensors = 0;
+    count_bf16_tensors(mc, &bf16_tensors);
+    step_out *b = calloc(1, sizeof *b), *c = calloc(1, sizeof *c);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b && c);
+    int64_t bytes_b = 0, bytes_c = 0, mlp_c = -1;
+    for (int s = 0; s < 2; s++) {
+        step(mb, FSDP_CPU, b, &bytes_b), step(mc, FSDP_CPU, c, &bytes_c);
+        CU_ASSERT_TRUE(same_bits("loss", &b->loss, &c->loss, 1));
+        CU_ASSERT_TRUE(same_bits("logits", b->logits, c->logits, N_TOK * VOCAB));
+        CU_ASSERT_EQUAL_FATAL(b->n_grads, c->n_grads);
+        CU_ASSERT_TRUE(same_bits("gradients", b->grads, c->grads, b->n_grads));
+    }
+    FSDP_TEST_OK(
+        fsdp_module_activation_bytes(ctx, fsdp_module_find(mc, "model.layers.0.mlp"), &mlp_c));
+    printf("\n    after forward: %lld bytes checkpointed, %lld not", (long long)bytes_c,
+           (long long)bytes_b);
+    CU_ASSERT_TRUE(bytes_c < bytes_b);
+    CU_ASSERT_EQUAL(mlp_c, 0); /* released after backward */
+    /* the bf16 path ran in the forwards and the recomputes: 5 tensors per layer, 2 runs a step */
+    CU_ASSERT_EQUAL(bf16_tensors, 2 * 2 * PER_LAYER * LAYERS);
+    free(b->grads), free(c->grads), free(b), free(c);
+    fsdp_module_free(mb), fsdp_module_free(mc);
+}
+
+/* ---- the activation bytes ---- */
+
+/* fsdp_module_activation_bytes of the policy's tiny Llama right after a forward, measured by
+ * this suite's `step` on the code before bf16 storage (commit a9991fb: gate_proj's, up_proj's
+ * and the SwiGLU's outputs in f32, down_proj's own bf16 copy of the last), where one MLP held
+ * mlp_bytes + 8 R H = 28672: activation bytes are sizes, the same on every machine. The
+ * attention's q_proj and k_proj outputs were f32 too. */
+static const int64_t BYTES_BEFORE = 142144;
+
+/* The MLP's activations under the policy (R rows, D dim, H hidden), each Linear holding its
+ * output, its weight's bf16 copy (2 out in), its bf16 scratch (2 R max(out, in)) and its input's
+ * bf16 copy (2 R in) unless the input is bf16:
+ *   gate_proj, up_proj: 2 R H (bf16 output; before 4 R H, f32) + 2 R D + 2 H D + 2 R max(H, D)
+ *   SwiGLU output: 2 R H in bf16 (before: 4 R H in f32)
+ *   down_proj: 4 R D + 2 D H + 2 R max(D, H) (before: + 2 R H, its copy of the SwiGLU output)
+ * so each MLP holds 2 R H x 4 = 8 R H bytes fewer; and each attention 2 R (NH + NKV) hd fewer:
+ * q_proj's and k_proj's outputs, (R, NH hd) and (R, NKV hd), in bf16 instead of f32. */
+static int64_t mlp_bytes(int64_t R, int64_t D, int64_t H) {
+    int64_t w = H > D ? H : D;
+    return 2 * (2 * R * H + 2 * R * D + 2 * H * D + 2 * R * w) + 2 * R * H +
+           (4 * R * D + 2 * D * H + 2 * R * w);
+}
+
+static void test_activation_bytes(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m = llama();
+    step_out *o = calloc(1, sizeof *o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    /* q_proj (R, NH hd) = (R, DIM) and k_proj (R, NKV hd) = (R, DIM / 2): 4 heads, 2 kv */
+    const int64_t R = N_TOK, H = HIDDEN, saved = (8 * R * H + 2 * R * (DIM + DIM / 2)) * LAYERS;
+    int64_t bytes = 0, mlp = 0;
+    step(m, FSDP_CPU, o, &bytes);
+    FSDP_TEST_OK(
+        fsdp_module_activation_bytes(ctx, fsdp_module_find(m, "model.layers.0.mlp"), &mlp));
+    printf("\n    activation bytes: %lld (before %lld, %lld fewer; derived %lld); one MLP %lld "
+           "(derived %lld)",
+           (long long)bytes, (long long)BYTES_BEFORE, (long long)(BYTES_BEFORE - bytes),
+           (long long)saved, (long long)mlp, (long long)mlp_bytes(R, DIM, H));
+    CU_ASSERT_EQUAL(mlp, mlp_bytes(R, DIM, H));
+    CU_ASSERT_EQUAL(bytes, BYTES_BEFORE - saved);
+    /* the f32 path (hooks replace the projections' outputs with f32 tensors they own, which are
+     * not counted) holds the f32 SwiGLU output (2 R H more than bf16) and down_proj's bf16 copy
+     * of it (2 R H) per layer */
+    fsdp_module *mf = llama();
+    f32_output *outs[KEPT16 * LAYERS];
+    use_f32_path(mf, outs);
+    int64_t bytes_f = 0;
+    step(mf, FSDP_CPU, o, &bytes_f);
+    CU_ASSERT_EQUAL(bytes_f - bytes, 4 * R * H * LAYERS);
+    free(o->grads), free(o);
+    fsdp_module_free(m), fsdp_module_free(mf);
+}
+
+/* ---- misuse ---- */
+
+/* A Linear outside the policy refuses a bf16 input, naming the policy; under it, takes it. */
+static void test_bf16_input_refused(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *lin = NULL;
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 8, 4, false, &lin));
+    fsdp_tensor *x = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 2, (int64_t[]){3, 8}, &x));
+    FSDP_TEST_OK(fsdp_tensor_fill(ctx, x, 0.5f));
+    const fsdp_tensor *y = NULL;
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, lin, x, &y), FSDP_ERR_DTYPE, "bf16",
+                    "fsdp_module_set_autocast", "FSDP_DTYPE_BF16");
+    FSDP_TEST_OK(fsdp_module_set_autocast(ctx, lin, FSDP_DTYPE_BF16));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, lin, x, &y));
+    CU_ASSERT_EQUAL(fsdp_tensor_dtype(y), FSDP_DTYPE_F32);
+    fsdp_tensor *bad = NULL; /* the shape is still checked */
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 2, (int64_t[]){3, 7}, &bad));
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, lin, bad, &y), FSDP_ERR_SHAPE, "8 features");
+    fsdp_tensor_free(x), fsdp_tensor_free(bad);
+    fsdp_module_free(lin);
+}
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"kernels", test_kernels},
+        {"bitwise_cpu", test_bitwise_cpu},
+        {"bitwise_device", test_bitwise_device},
+        {"checkpointed", test_checkpointed},
+        {"activation_bytes", test_activation_bytes},
+        {"bf16_input_refused", test_bf16_input_refused},
+    };
+    fsdp_test_device(); // chosen, and printed, before the first case
+    return fsdp_test_run(argc, argv, "bf16_act", cases, (int)(sizeof cases / sizeof cases[0]));
+}
