@@ -1297,6 +1297,240 @@ static void test_attention_flash(void) {
 #endif
 }
 
+/* ---- cuDNN's fused attention ---- */
+
+/* The loader (no GPU needed): a missing library and a library that is not cuDNN are refused
+ * with a message naming the library and the fix; the library in use is cuDNN 9. A build without
+ * cuDNN's headers says so, and the case skips after the negative checks. */
+static void test_cudnn_loader(void) {
+#ifndef FSDP_HAVE_CUDA
+    fsdp_test_skip("cuDNN is loaded by the CUDA device, which this build has not");
+#else
+    char why[512] = "";
+    CU_ASSERT_EQUAL(fsdp_cuda_cudnn_try_open("/nonexistent/libcudnn.so.9", why, sizeof why), 0);
+    printf("\n    missing library: %s", why);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "/nonexistent/libcudnn.so.9"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "FSDP_CUDNN_LIBRARY"));
+    size_t v = fsdp_cuda_cudnn_version(why, sizeof why);
+    if (v == 0) {
+        fsdp_test_skip("no cuDNN to load: %s", why);
+        return;
+    }
+    printf("\n    cuDNN %zu in use", v);
+    CU_ASSERT_EQUAL(v / 10000, 9);
+    CU_ASSERT_EQUAL(fsdp_cuda_cudnn_try_open("libm.so.6", why, sizeof why), 0);
+    printf("\n    not cuDNN: %s", why);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "has no cudnnGetVersion"));
+#endif
+}
+
+/* Every tensor and operation of the forward and backward graphs finalizes (cuDNN checks each
+ * one's attributes, shapes and types without a handle, so without a GPU): multi-head and
+ * grouped-query heads, odd T. The graph, its engine and plan need a GPU: attention_cudnn. */
+static void test_sdpa_graph_ops(void) {
+#ifndef FSDP_HAVE_CUDA
+    fsdp_test_skip("cuDNN is loaded by the CUDA device, which this build has not");
+#else
+    char why[512] = "";
+    if (fsdp_cuda_cudnn_version(why, sizeof why) == 0) {
+        fsdp_test_skip("no cuDNN to load: %s", why);
+        return;
+    }
+    const int64_t shapes[][5] = {
+        {2, 45, 3, 3, 64}, {2, 77, 6, 2, 64}, {1, 1024, 12, 4, 64}, {1, 33, 4, 1, 128}};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        for (int bwd = 0; bwd < 2; bwd++) {
+            const int64_t *s = shapes[i];
+            bool ok = fsdp_cuda_sdpa_check_ops(bwd, s[0], s[1], s[2], s[3], s[4], why, sizeof why);
+            printf("\n    %s B%lld T%lld NH%lld NKV%lld D%lld: %s", bwd ? "backward" : "forward",
+                   (long long)s[0], (long long)s[1], (long long)s[2], (long long)s[3],
+                   (long long)s[4], ok ? "every operation finalizes" : why);
+            CU_ASSERT_TRUE(ok);
+        }
+    /* a negative control: 3 query heads cannot share 2 key-value heads, and cuDNN's matmul
+     * refuses the broadcast of k's heads over q's when its operation is finalized */
+    for (int bwd = 0; bwd < 2; bwd++) {
+        bool ok = fsdp_cuda_sdpa_check_ops(bwd, 1, 16, 3, 2, 64, why, sizeof why);
+        printf("\n    %s with 3 query heads over 2 key-value heads: %s",
+               bwd ? "backward" : "forward", ok ? "accepted" : why);
+        CU_ASSERT_FALSE(ok);
+    }
+#endif
+}
+
+#ifdef FSDP_HAVE_CUDA
+static float round_bf16(float x) {
+    return fsdp_bf16_to_f32(fsdp_bf16_from_f32(x));
+}
+
+/* The attention in float64 on the host (the backward's softmax sum from `out`, the forward
+ * output the device's backward was given) with, per output element, the sum of the absolute
+ * values of the terms of the last product that forms it (mag): out_i = sum_j P_ij v_j (mag
+ * sum P_ij |v_j|), dv_j = sum_i P_ij dout_i, dk_j = scale sum_i dS_ij q_i, dq_i = scale sum_j
+ * dS_ij k_j (dk, dv also over the group's heads). ref and mag: out, lse, dq, dk, dv as
+ * attn_result's. */
+static void sdpa_reference(const attn_case *c, const float *q, const float *k, const float *v,
+                           const float *dout, const float *out, double *ref[5], double *mag[5]) {
+    int64_t T = c->T, NH = c->NH, NKV = c->NKV, D = c->D, n[5];
+    attn_sizes(c, n);
+    for (int i = 0; i < 5; i++) {
+        memset(ref[i], 0, (size_t)n[i] * sizeof(double));
+        memset(mag[i], 0, (size_t)n[i] * sizeof(double));
+    }
+    double scale = 1.0 / sqrt((double)D), *p = malloc((size_t)T * sizeof(double));
+    double *ds = malloc((size_t)T * sizeof(double));
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < NH; h++) {
+            int64_t g = h / (NH / NKV);
+#define QI(t, i) (((b * T + (t)) * NH + h) * D + (i))
+#define KI(t, i) (((b * T + (t)) * NKV + g) * D + (i))
+            for (int64_t i = 0; i < T; i++) {
+                double mx = -INFINITY, z = 0, rowdot = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double s = 0;
+                    for (int64_t e = 0; e < D; e++) s += (double)q[QI(i, e)] * k[KI(j, e)];
+                    p[j] = s * scale;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) z += exp(p[j] - mx);
+                for (int64_t j = 0; j <= i; j++) p[j] = exp(p[j] - mx) / z;
+                ref[1][(b * NH + h) * T + i] = mx + log(z);
+                for (int64_t e = 0; e < D; e++) {
+                    double o = 0, m = 0;
+                    for (int64_t j = 0; j <= i; j++) {
+                        o += p[j] * v[KI(j, e)];
+                        m += p[j] * fabs((double)v[KI(j, e)]);
+                    }
+                    ref[0][QI(i, e)] = o, mag[0][QI(i, e)] = m;
+                    rowdot += (double)out[QI(i, e)] * dout[QI(i, e)];
+                }
+                for (int64_t j = 0; j <= i; j++) {
+                    double dp = 0;
+                    for (int64_t e = 0; e < D; e++) dp += (double)dout[QI(i, e)] * v[KI(j, e)];
+                    ds[j] = p[j] * (dp - rowdot) * scale;
+                }
+                for (int64_t j = 0; j <= i; j++)
+                    for (int64_t e = 0; e < D; e++) {
+                        ref[2][QI(i, e)] += ds[j] * k[KI(j, e)];
+                        mag[2][QI(i, e)] += fabs(ds[j] * k[KI(j, e)]);
+                        ref[3][KI(j, e)] += ds[j] * q[QI(i, e)];
+                        mag[3][KI(j, e)] += fabs(ds[j] * q[QI(i, e)]);
+                        ref[4][KI(j, e)] += p[j] * dout[QI(i, e)];
+                        mag[4][KI(j, e)] += fabs(p[j] * dout[QI(i, e)]);
+                    }
+            }
+#undef QI
+#undef KI
+        }
+    free(p), free(ds);
+}
+#endif
+
+/* cuDNN's fused attention (fsdp_cuda_thread_set_attention CUDNN) against a float64 reference
+ * of the same bf16 inputs, forward and backward: multi-head and grouped-query heads (groups of
+ * 1, 3, 4, 8), T odd and not a multiple of 64, T 1, D 64 and 128; D 20 (not a multiple of 8) is
+ * refused and runs the tiled kernels, bit for bit; the plan cache hits on a repeated shape. */
+static void test_attention_cudnn(void) {
+    if (!cuda_only("cuDNN's fused attention (fsdp_cuda_thread_set_attention)")) return;
+#ifdef FSDP_HAVE_CUDA
+    char why[512] = "";
+    if (fsdp_cuda_cudnn_version(why, sizeof why) == 0) {
+        fsdp_test_skip("no cuDNN to load: %s", why);
+        return;
+    }
+    rng_seed(37);
+    const attn_case cases[] = {{2, 45, 3, 3, 64},  {2, 77, 6, 2, 64}, {3, 100, 8, 2, 128},
+                               {1, 33, 4, 1, 128}, {1, 1, 8, 1, 64},  {1, 130, 8, 8, 64},
+                               {1, 20, 2, 1, 20}};
+    const double ub = 0x1p-9, u = 0x1p-24; // bf16 and f32 unit roundoffs
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const attn_case *c = &cases[ci];
+        int64_t n[5], group = c->NH / c->NKV;
+        attn_sizes(c, n);
+        /* q, k, v and dout are bf16 values: the f32 entry's rounding of them is exact, so the
+         * reference sees what cuDNN sees (out, cuDNN's own, is bf16 values too) */
+        float *in[3] = {new_uniform(n[0], -1, 1), new_uniform(n[3], -1, 1),
+                        new_uniform(n[3], -1, 1)};
+        float *dout = new_uniform(n[0], -1, 1);
+        for (int t = 0; t < 3; t++)
+            for (int64_t e = 0; e < (t ? n[3] : n[0]); e++) in[t][e] = round_bf16(in[t][e]);
+        for (int64_t e = 0; e < n[0]; e++) dout[e] = round_bf16(dout[e]);
+        fsdp_cuda_sdpa_stats s0 = fsdp_cuda_sdpa_stats_get();
+        attn_result got = attn_on_device(c, FSDP_CUDA_ATTENTION_CUDNN, in[0], in[1], in[2], dout);
+        fsdp_cuda_sdpa_stats s1 = fsdp_cuda_sdpa_stats_get();
+        if (c->D % 8 != 0) { // refused: the tiled kernels ran it
+            attn_result flash =
+                attn_on_device(c, FSDP_CUDA_ATTENTION_FLASH, in[0], in[1], in[2], dout);
+            for (int i = 0; i < 5; i++)
+                CU_ASSERT_EQUAL(memcmp(got.t[i], flash.t[i], (size_t)n[i] * sizeof(float)), 0);
+            CU_ASSERT_EQUAL(s1.refusals, s0.refusals + 2);
+            attn_free(&flash), attn_free(&got);
+            for (int t = 0; t < 3; t++) free(in[t]);
+            free(dout);
+            continue;
+        }
+        CU_ASSERT_EQUAL(s1.refusals, s0.refusals);
+        double *ref[5], *mag[5];
+        for (int i = 0; i < 5; i++) {
+            ref[i] = malloc((size_t)n[i] * sizeof(double));
+            mag[i] = malloc((size_t)n[i] * sizeof(double));
+        }
+        sdpa_reference(c, in[0], in[1], in[2], dout, got.t[0], ref, mag);
+        /* Bounds, per element, with m the element's magnitude (mag) and r its reference. The
+         * inputs are bf16 values, so every product in cuDNN's f32 GEMMs is exact; its f32
+         * softmax and accumulations add at most (group T + D) u relative to the terms'
+         * magnitudes, taken 4 times (scores, softmax, the last GEMM, the conversions): f =
+         * 4 (group T + D) u (m + 1). The lse is f32 throughout, its terms at most sqrt(D):
+         * |lse - r| <= L = 4 (T + D) u (|r| + sqrt(D)). bf16 adds one rounding (ub relative) of
+         * each factor the engine rounds before the last GEMM (P for out), and of the output:
+         * out: ub m + ub |r| + f. The backward recomputes P from cuDNN's lse (within Lmax, a
+         * relative error of P), rounds dS (and P, from which dS is formed) to bf16 before the
+         * GEMMs of dq and dk, and P for dv: at most two roundings per term: 2 ub m + ub |r| +
+         * Lmax m + f. Errors of random sign add far less; a wrong mask, head or transpose gives
+         * errors of order 1e-1 of m. */
+        double lse_max = 0;
+        for (int64_t e = 0; e < n[1]; e++) lse_max = fmax(lse_max, fabs(ref[1][e]));
+        double Lmax = 4.0 * (double)(c->T + c->D) * u * (lse_max + sqrt((double)c->D));
+        const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+        for (int i = 0; i < 5; i++) {
+            double worst = 0, at_bound = 0;
+            int64_t bad = 0;
+            for (int64_t e = 0; e < n[i]; e++) {
+                double r = ref[i][e], m = mag[i][e], d = fabs((double)got.t[i][e] - r), bound;
+                double f = 4.0 * (double)(group * c->T + c->D) * u * (m + 1.0);
+                if (i == 1)
+                    bound = 4.0 * (double)(c->T + c->D) * u * (fabs(r) + sqrt((double)c->D));
+                else if (i == 0)
+                    bound = ub * m + ub * fabs(r) + f;
+                else
+                    bound = 2.0 * ub * m + ub * fabs(r) + Lmax * m + f;
+                if (!(d <= bound)) bad++;
+                if (d / bound > worst || isnan(d)) worst = d / bound, at_bound = bound;
+            }
+            printf("\n    cudnn B%lld T%lld NH%lld NKV%lld D%lld %s: worst |diff| / bound %.3g "
+                   "(bound there %.3g)%s",
+                   (long long)c->B, (long long)c->T, (long long)c->NH, (long long)c->NKV,
+                   (long long)c->D, names[i], worst, at_bound, bad ? "  FAILED" : "");
+            CU_ASSERT_EQUAL(bad, 0);
+        }
+        // the same shape again: both plans come from the cache
+        attn_result again = attn_on_device(c, FSDP_CUDA_ATTENTION_CUDNN, in[0], in[1], in[2], dout);
+        fsdp_cuda_sdpa_stats s2 = fsdp_cuda_sdpa_stats_get();
+        CU_ASSERT_EQUAL(s2.builds, s1.builds);
+        CU_ASSERT_TRUE(s2.hits >= s1.hits + 2);
+        attn_free(&again);
+        for (int i = 0; i < 5; i++) free(ref[i]), free(mag[i]);
+        attn_free(&got);
+        for (int t = 0; t < 3; t++) free(in[t]);
+        free(dout);
+    }
+    fsdp_cuda_sdpa_stats s = fsdp_cuda_sdpa_stats_get();
+    printf("\n    plan cache: %lld builds, %lld hits, %lld evictions, %lld refusals, %d slots",
+           (long long)s.builds, (long long)s.hits, (long long)s.evictions, (long long)s.refusals,
+           s.slots_used);
+#endif
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"table", test_table},
@@ -1324,6 +1558,9 @@ int main(int argc, char **argv) {
         {"gemm_lt", test_gemm_lt},
         {"gemm_lt_cache", test_gemm_lt_cache},
         {"attention_flash", test_attention_flash},
+        {"cudnn_loader", test_cudnn_loader},
+        {"sdpa_graph_ops", test_sdpa_graph_ops},
+        {"attention_cudnn", test_attention_cudnn},
     };
     fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "kernels_cuda", cases, sizeof cases / sizeof *cases);
