@@ -211,7 +211,8 @@ typedef struct sdpa_key {
 typedef struct sdpa_slot {
     sdpa_key key;
     uint64_t used_at;
-    bool refused; // cuDNN had no plan: the caller runs another path
+    bool refused;     // cuDNN had no plan: the caller runs another path
+    cudaEvent_t done; // recorded after each run of the plan (NULL before the first)
     fsdp_sdpa_plan plan;
 } sdpa_slot;
 
@@ -228,6 +229,16 @@ typedef struct sdpa_thread {
     sdpa_device *dev[FSDP_CUDA_MAX_DEVICES];
 } sdpa_thread;
 
+/* Frees a slot's plan after its last run (which may still be queued) has finished. */
+static void slot_clear(sdpa_slot *s) {
+    if (s->done) {
+        cudaEventSynchronize(s->done);
+        cudaEventDestroy(s->done);
+        s->done = NULL;
+    }
+    fsdp_sdpa_plan_free(&the_lib, &s->plan);
+}
+
 static void thread_release(void *state) {
     sdpa_thread *t = state;
     int keep = 0;
@@ -236,8 +247,7 @@ static void thread_release(void *state) {
         sdpa_device *sd = t->dev[d];
         if (!sd) continue;
         cudaSetDevice(d);
-        cudaStreamSynchronize(sd->on); // plans and handle may still serve queued work
-        for (int i = 0; i < sd->used; i++) fsdp_sdpa_plan_free(&the_lib, &sd->slot[i].plan);
+        for (int i = 0; i < sd->used; i++) slot_clear(&sd->slot[i]);
         if (sd->handle) the_lib.Destroy(sd->handle);
         free(sd);
     }
@@ -308,9 +318,7 @@ static sdpa_slot *slot_for(sdpa_device *sd, cudnnHandle_t handle, const sdpa_key
         at = 0;
         for (int i = 1; i < FSDP_CUDA_SDPA_CACHE_SLOTS; i++)
             if (sd->slot[i].used_at < sd->slot[at].used_at) at = i;
-        // its last run may still be queued; the plan must outlive it
-        FSDP_CUDA_CHECK(cudaStreamSynchronize(sd->on));
-        fsdp_sdpa_plan_free(&the_lib, &sd->slot[at].plan);
+        slot_clear(&sd->slot[at]);
         sd->stats.evictions++;
     } else {
         sd->used++;
@@ -353,24 +361,32 @@ fsdp_cuda_sdpa_stats fsdp_cuda_sdpa_stats_get(void) {
 
 /* ---- running a plan ---- */
 
-/* The plan of key on this thread's current device, or NULL (no cuDNN, or it refused). */
-static const fsdp_sdpa_plan *plan_of(const sdpa_key *key, sdpa_device **sd_out, int *device) {
-    if (key->B <= 0 || key->T <= 0 || key->NH <= 0 || key->NKV <= 0 || key->D <= 0) return NULL;
+/* Where a call runs: this thread's state on its current device and the slot of the call's key. */
+typedef struct sdpa_call {
+    sdpa_device *sd;
+    sdpa_slot *slot;
+    int device;
+} sdpa_call;
+
+/* The call of key, false where there is no plan (no cuDNN, or it refused the shape). */
+static bool call_of(const sdpa_key *key, sdpa_call *c) {
+    if (key->B <= 0 || key->T <= 0 || key->NH <= 0 || key->NKV <= 0 || key->D <= 0) return false;
     static pthread_once_t logged = PTHREAD_ONCE_INIT;
     if (!lib_get(NULL, 0)) {
         pthread_once(&logged, fsdp_cuda_sdpa_log_absent);
-        return NULL;
+        return false;
     }
-    FSDP_CUDA_CHECK(cudaGetDevice(device));
-    sdpa_device *sd = device_state(*device, fsdp_cuda_stream());
-    sdpa_slot *s = slot_for(sd, sd->handle, key);
-    *sd_out = sd;
-    return s->refused ? NULL : &s->plan;
+    FSDP_CUDA_CHECK(cudaGetDevice(&c->device));
+    c->sd = device_state(c->device, fsdp_cuda_stream());
+    c->slot = slot_for(c->sd, c->sd->handle, key);
+    return !c->slot->refused;
 }
 
-/* Runs the plan with the tensors (uids[i] at ptrs[i]) and a workspace from the allocator. */
-static void execute(sdpa_device *sd, int device, const fsdp_sdpa_plan *p, int n,
-                    const int64_t *uids, void **ptrs) {
+/* Runs the call's plan with the tensors (uids[i] at ptrs[i]) and a workspace from the
+ * allocator, on the thread's current stream. */
+static void execute(const sdpa_call *c, int n, const int64_t *uids, void **ptrs) {
+    const fsdp_sdpa_plan *p = &c->slot->plan;
+    int device = c->device;
     void *ws = NULL;
     if (p->workspace > 0 &&
         fsdp_cuda_block_alloc(NULL, device, (size_t)p->workspace, &ws) != FSDP_OK) {
@@ -392,7 +408,7 @@ static void execute(sdpa_device *sd, int device, const fsdp_sdpa_plan *p, int n,
         st = the_lib.BackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR,
                                          1, &ws);
     if (st == CUDNN_STATUS_SUCCESS) st = the_lib.BackendFinalize(vp);
-    if (st == CUDNN_STATUS_SUCCESS) st = the_lib.BackendExecute(sd->handle, p->plan, vp);
+    if (st == CUDNN_STATUS_SUCCESS) st = the_lib.BackendExecute(c->sd->handle, p->plan, vp);
     if (vp) the_lib.BackendDestroyDescriptor(vp);
     if (st != CUDNN_STATUS_SUCCESS) {
         char detail[256] = "";
@@ -402,20 +418,49 @@ static void execute(sdpa_device *sd, int device, const fsdp_sdpa_plan *p, int n,
         abort();
     }
     fsdp_cuda_block_free(device, ws); // after the run on this stream (the allocator's event)
+    if (!c->slot->done)
+        FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&c->slot->done, cudaEventDisableTiming));
+    FSDP_CUDA_CHECK(cudaEventRecord(c->slot->done, fsdp_cuda_stream()));
+}
+
+static void run_forward(const sdpa_call *c, fsdp_bf16 *out, float *lse, const fsdp_bf16 *q,
+                        const fsdp_bf16 *k, const fsdp_bf16 *v, int64_t D) {
+    float scale = 1.0f / sqrtf((float)D), neg = -FLT_MAX;
+    int64_t uids[] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_NEG};
+    void *ptrs[] = {(void *)q, (void *)k, (void *)v, out, lse, &scale, &neg};
+    execute(c, 7, uids, ptrs);
+}
+
+static void run_backward(const sdpa_call *c, fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *dv,
+                         const fsdp_bf16 *dout, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                         const fsdp_bf16 *v, const fsdp_bf16 *out, const float *lse,
+                         const sdpa_key *key) {
+    size_t acc_bytes = (size_t)(key->B * key->NH * key->T * key->D) * sizeof(float);
+    void *acc = NULL;
+    if (fsdp_cuda_block_alloc(NULL, c->device, acc_bytes, &acc) != FSDP_OK) {
+        fprintf(stderr,
+                "libfsdp: cannot allocate the attention backward's f32 dq (%zu bytes) on cuda:%d: "
+                "free device memory, or set FSDP_CUDA_ATTENTION=flash\n",
+                acc_bytes, c->device);
+        abort();
+    }
+    FSDP_CUDA_CHECK(cudaMemsetAsync(acc, 0, acc_bytes, fsdp_cuda_stream())); // accumulated into
+    float scale = 1.0f / sqrtf((float)key->D), neg = -FLT_MAX, one = 1.0f;
+    int64_t uids[] = {SDPA_Q,   SDPA_K,   SDPA_V,  SDPA_O,  SDPA_DO, SDPA_STATS,   SDPA_SCALE,
+                      SDPA_NEG, SDPA_ONE, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_DQ_ACCUM};
+    void *ptrs[] = {(void *)q, (void *)k, (void *)v, (void *)out, (void *)dout, (void *)lse, &scale,
+                    &neg,      &one,      dq,        dk,          dv,           acc};
+    execute(c, 13, uids, ptrs);
+    fsdp_cuda_block_free(c->device, acc);
 }
 
 bool fsdp_cuda_sdpa_forward_bf16(fsdp_bf16 *out, float *lse, const fsdp_bf16 *q, const fsdp_bf16 *k,
                                  const fsdp_bf16 *v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                  int64_t D) {
     sdpa_key key = {false, B, T, NH, NKV, D};
-    sdpa_device *sd;
-    int device;
-    const fsdp_sdpa_plan *p = plan_of(&key, &sd, &device);
-    if (!p) return false;
-    float scale = 1.0f / sqrtf((float)D), neg = -FLT_MAX;
-    int64_t uids[] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_NEG};
-    void *ptrs[] = {(void *)q, (void *)k, (void *)v, out, lse, &scale, &neg};
-    execute(sd, device, p, 7, uids, ptrs);
+    sdpa_call c;
+    if (!call_of(&key, &c)) return false;
+    run_forward(&c, out, lse, q, k, v, D);
     return true;
 }
 
@@ -424,27 +469,9 @@ bool fsdp_cuda_sdpa_backward_bf16(fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *dv,
                                   const fsdp_bf16 *v, const fsdp_bf16 *out, const float *lse,
                                   int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
     sdpa_key key = {true, B, T, NH, NKV, D};
-    sdpa_device *sd;
-    int device;
-    const fsdp_sdpa_plan *p = plan_of(&key, &sd, &device);
-    if (!p) return false;
-    size_t acc_bytes = (size_t)(B * NH * T * D) * sizeof(float);
-    void *acc = NULL;
-    if (fsdp_cuda_block_alloc(NULL, device, acc_bytes, &acc) != FSDP_OK) {
-        fprintf(stderr,
-                "libfsdp: cannot allocate the attention backward's f32 dq (%zu bytes) on cuda:%d: "
-                "free device memory, or set FSDP_CUDA_ATTENTION=flash\n",
-                acc_bytes, device);
-        abort();
-    }
-    FSDP_CUDA_CHECK(cudaMemsetAsync(acc, 0, acc_bytes, fsdp_cuda_stream())); // accumulated into
-    float scale = 1.0f / sqrtf((float)D), neg = -FLT_MAX, one = 1.0f;
-    int64_t uids[] = {SDPA_Q,   SDPA_K,   SDPA_V,  SDPA_O,  SDPA_DO, SDPA_STATS,   SDPA_SCALE,
-                      SDPA_NEG, SDPA_ONE, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_DQ_ACCUM};
-    void *ptrs[] = {(void *)q, (void *)k, (void *)v, (void *)out, (void *)dout, (void *)lse, &scale,
-                    &neg,      &one,      dq,        dk,          dv,           acc};
-    execute(sd, device, p, 13, uids, ptrs);
-    fsdp_cuda_block_free(device, acc);
+    sdpa_call c;
+    if (!call_of(&key, &c)) return false;
+    run_backward(&c, dq, dk, dv, dout, q, k, v, out, lse, &key);
     return true;
 }
 
@@ -481,16 +508,15 @@ static void block_release(void *block) {
 bool fsdp_cuda_sdpa_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                             int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
     sdpa_key key = {false, B, T, NH, NKV, D};
-    sdpa_device *sd;
-    int device;
-    if (!plan_of(&key, &sd, &device)) return false; // built and cached now, or refused
+    sdpa_call c;
+    if (!call_of(&key, &c)) return false; // no cuDNN, or it refused the shape
     int64_t nq = B * T * NH * D, nk = B * T * NKV * D, len[4] = {nq, nk, nk, nq};
     fsdp_bf16 *b[4];
     void *block = bf16_block(4, len, b);
     fsdp_cuda_f32_to_bf16(b[0], q, nq);
     fsdp_cuda_f32_to_bf16(b[1], k, nk);
     fsdp_cuda_f32_to_bf16(b[2], v, nk);
-    FSDP_ASSERT(fsdp_cuda_sdpa_forward_bf16(b[3], lse, b[0], b[1], b[2], B, T, NH, NKV, D));
+    run_forward(&c, b[3], lse, b[0], b[1], b[2], D);
     fsdp_cuda_bf16_to_f32(out, b[3], nq);
     block_release(block);
     return true;
@@ -500,9 +526,8 @@ bool fsdp_cuda_sdpa_backward(float *dq, float *dk, float *dv, const float *dout,
                              const float *k, const float *v, const float *out, const float *lse,
                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
     sdpa_key key = {true, B, T, NH, NKV, D};
-    sdpa_device *sd;
-    int device;
-    if (!plan_of(&key, &sd, &device)) return false;
+    sdpa_call c;
+    if (!call_of(&key, &c)) return false;
     int64_t nq = B * T * NH * D, nk = B * T * NKV * D;
     int64_t len[8] = {nq, nk, nk, nq, nq, nq, nk, nk}; // q k v out dout | dq dk dv
     fsdp_bf16 *b[8];
@@ -512,8 +537,7 @@ bool fsdp_cuda_sdpa_backward(float *dq, float *dk, float *dv, const float *dout,
     fsdp_cuda_f32_to_bf16(b[2], v, nk);
     fsdp_cuda_f32_to_bf16(b[3], out, nq);
     fsdp_cuda_f32_to_bf16(b[4], dout, nq);
-    FSDP_ASSERT(fsdp_cuda_sdpa_backward_bf16(b[5], b[6], b[7], b[4], b[0], b[1], b[2], b[3], lse, B,
-                                             T, NH, NKV, D));
+    run_backward(&c, b[5], b[6], b[7], b[4], b[0], b[1], b[2], b[3], lse, &key);
     fsdp_cuda_bf16_to_f32(dq, b[5], nq);
     fsdp_cuda_bf16_to_f32(dk, b[6], nk);
     fsdp_cuda_bf16_to_f32(dv, b[7], nk);

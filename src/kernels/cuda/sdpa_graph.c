@@ -148,7 +148,8 @@ static cudnnBackendDescriptor_t pw_f32(gb *g, cudnnPointwiseMode_t mode, cudnnBa
     return pw(g, mode, CUDNN_DATA_FLOAT, -1, x, b, NULL, virt(g, CUDNN_DATA_FLOAT, s, name), name);
 }
 
-/* y = the sum or maximum of x over the dimensions where y has size 1 */
+/* y = the sum or maximum of x onto y's shape (over the dimensions where y has size 1, or over
+ * each group of heads where y has fewer) */
 static cudnnBackendDescriptor_t reduce(gb *g, cudnnReduceTensorOp_t mode,
                                        cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y,
                                        const char *name) {
