@@ -1299,18 +1299,14 @@ static void test_attention_flash(void) {
 
 /* ---- cuDNN's fused attention ---- */
 
-/* The loader (no GPU needed): a missing library and a library that is not cuDNN are refused
- * with a message naming the library and the fix; the library in use is cuDNN 9. A build without
- * cuDNN's headers says so, and the case skips after the negative checks. */
+/* The loader (no GPU needed): the library in use is cuDNN 9; a missing library and a library
+ * that is not cuDNN are refused with a message naming the library and the fix. Where there is
+ * no cuDNN (a build without its headers, no library), the case skips, printing why. */
 static void test_cudnn_loader(void) {
 #ifndef FSDP_HAVE_CUDA
     fsdp_test_skip("cuDNN is loaded by the CUDA device, which this build has not");
 #else
     char why[512] = "";
-    CU_ASSERT_EQUAL(fsdp_cuda_cudnn_try_open("/nonexistent/libcudnn.so.9", why, sizeof why), 0);
-    printf("\n    missing library: %s", why);
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "/nonexistent/libcudnn.so.9"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(why, "FSDP_CUDNN_LIBRARY"));
     size_t v = fsdp_cuda_cudnn_version(why, sizeof why);
     if (v == 0) {
         fsdp_test_skip("no cuDNN to load: %s", why);
@@ -1318,6 +1314,10 @@ static void test_cudnn_loader(void) {
     }
     printf("\n    cuDNN %zu in use", v);
     CU_ASSERT_EQUAL(v / 10000, 9);
+    CU_ASSERT_EQUAL(fsdp_cuda_cudnn_try_open("/nonexistent/libcudnn.so.9", why, sizeof why), 0);
+    printf("\n    missing library: %s", why);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "/nonexistent/libcudnn.so.9"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "FSDP_CUDNN_LIBRARY"));
     CU_ASSERT_EQUAL(fsdp_cuda_cudnn_try_open("libm.so.6", why, sizeof why), 0);
     printf("\n    not cuDNN: %s", why);
     CU_ASSERT_PTR_NOT_NULL(strstr(why, "has no cudnnGetVersion"));
