@@ -218,6 +218,7 @@ typedef struct sdpa_slot {
 
 typedef struct sdpa_device {
     cudnnHandle_t handle;
+    bool unusable;   // cudnnCreate failed here: every call runs another path
     cudaStream_t on; // the stream the handle is bound to
     uint64_t clock;
     int used;
@@ -256,7 +257,8 @@ static void thread_release(void *state) {
     free(t);
 }
 
-/* This thread's state on the current device, its handle on `stream`. */
+/* This thread's state on the current device, its handle on `stream`; NULL where cuDNN cannot
+ * make a handle on the device (said once per thread and device). */
 static sdpa_device *device_state(int device, cudaStream_t stream) {
     void **slot = fsdp_cuda_thread_sdpa(thread_release);
     if (!*slot) {
@@ -269,12 +271,20 @@ static sdpa_device *device_state(int device, cudaStream_t stream) {
         FSDP_ASSERT(t->dev[device]);
     }
     sdpa_device *sd = t->dev[device];
+    if (sd->unusable) return NULL;
     if (!sd->handle) {
         cudnnStatus_t st = the_lib.Create(&sd->handle);
         if (st != CUDNN_STATUS_SUCCESS) {
-            fprintf(stderr, "libfsdp: cuDNN error: cudnnCreate on cuda:%d failed: %s\n", device,
-                    the_lib.GetErrorString(st));
-            abort();
+            char detail[256] = "";
+            the_lib.GetLastErrorString(detail, sizeof detail);
+            fprintf(stderr,
+                    "libfsdp: FSDP_CUDA_ATTENTION=cudnn: cudnnCreate on cuda:%d failed: %s (%s); "
+                    "the tiled attention runs instead\n",
+                    device, the_lib.GetErrorString(st), detail);
+            sd->handle = NULL;
+            sd->unusable = true;
+            (void)cudaGetLastError();
+            return NULL;
         }
         sd->on = NULL;
     }
@@ -378,6 +388,7 @@ static bool call_of(const sdpa_key *key, sdpa_call *c) {
     }
     FSDP_CUDA_CHECK(cudaGetDevice(&c->device));
     c->sd = device_state(c->device, fsdp_cuda_stream());
+    if (!c->sd) return false;
     c->slot = slot_for(c->sd, c->sd->handle, key);
     return !c->slot->refused;
 }
