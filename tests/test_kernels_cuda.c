@@ -1439,9 +1439,11 @@ static void test_attention_cudnn(void) {
         return;
     }
     rng_seed(37);
-    const attn_case cases[] = {{2, 45, 3, 3, 64},  {2, 77, 6, 2, 64}, {3, 100, 8, 2, 128},
-                               {1, 33, 4, 1, 128}, {1, 1, 8, 1, 64},  {1, 130, 8, 8, 64},
-                               {1, 20, 2, 1, 20}};
+    /* few shapes: each builds two plans, and cuDNN may compile its engines at run time */
+    const attn_case cases[] = {
+        {2, 45, 3, 3, 64}, {2, 77, 6, 2, 64}, {3, 100, 8, 2, 128},
+        {1, 1, 8, 1, 64},  {1, 20, 2, 1, 20},
+    };
     const double ub = 0x1p-9, u = 0x1p-24; // bf16 and f32 unit roundoffs
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         const attn_case *c = &cases[ci];
