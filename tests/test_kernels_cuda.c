@@ -1363,19 +1363,21 @@ static float round_bf16(float x) {
     return fsdp_bf16_to_f32(fsdp_bf16_from_f32(x));
 }
 
-/* The attention in float64 on the host (the backward's softmax sum from `out`, the forward
- * output the device's backward was given) with, per output element, the sum of the absolute
- * values of the terms of the last product that forms it (mag): out_i = sum_j P_ij v_j (mag
- * sum P_ij |v_j|), dv_j = sum_i P_ij dout_i, dk_j = scale sum_i dS_ij q_i, dq_i = scale sum_j
- * dS_ij k_j (dk, dv also over the group's heads). ref and mag: out, lse, dq, dk, dv as
- * attn_result's. */
+/* The attention in float64 on the host, the backward's softmax sum from `out` (the forward
+ * output the device's backward was given): ref, and per output element the sum of the absolute
+ * values of the terms of the last product that forms it, mag: out_i = sum_j P_ij v_j (mag
+ * sum_j P_ij |v_j|), dv_j = sum_i P_ij dout_i, dk_j = sum_i dS_ij q_i, dq_i = sum_j dS_ij k_j
+ * (dS with its factor scale; dk, dv also over the group's heads); pmag (dq and dk only) the
+ * same sums with P_ij scale in place of dS_ij. Each indexed as attn_result's tensors. */
 static void sdpa_reference(const attn_case *c, const float *q, const float *k, const float *v,
-                           const float *dout, const float *out, double *ref[5], double *mag[5]) {
+                           const float *dout, const float *out, double *ref[5], double *mag[5],
+                           double *pmag[5]) {
     int64_t T = c->T, NH = c->NH, NKV = c->NKV, D = c->D, n[5];
     attn_sizes(c, n);
     for (int i = 0; i < 5; i++) {
         memset(ref[i], 0, (size_t)n[i] * sizeof(double));
         memset(mag[i], 0, (size_t)n[i] * sizeof(double));
+        memset(pmag[i], 0, (size_t)n[i] * sizeof(double));
     }
     double scale = 1.0 / sqrt((double)D), *p = malloc((size_t)T * sizeof(double));
     double *ds = malloc((size_t)T * sizeof(double));
@@ -1413,8 +1415,10 @@ static void sdpa_reference(const attn_case *c, const float *q, const float *k, c
                     for (int64_t e = 0; e < D; e++) {
                         ref[2][QI(i, e)] += ds[j] * k[KI(j, e)];
                         mag[2][QI(i, e)] += fabs(ds[j] * k[KI(j, e)]);
+                        pmag[2][QI(i, e)] += p[j] * scale * fabs((double)k[KI(j, e)]);
                         ref[3][KI(j, e)] += ds[j] * q[QI(i, e)];
                         mag[3][KI(j, e)] += fabs(ds[j] * q[QI(i, e)]);
+                        pmag[3][KI(j, e)] += p[j] * scale * fabs((double)q[QI(i, e)]);
                         ref[4][KI(j, e)] += p[j] * dout[QI(i, e)];
                         mag[4][KI(j, e)] += fabs(p[j] * dout[QI(i, e)]);
                     }
@@ -1472,12 +1476,13 @@ static void test_attention_cudnn(void) {
             continue;
         }
         CU_ASSERT_EQUAL(s1.refusals, s0.refusals);
-        double *ref[5], *mag[5];
+        double *ref[5], *mag[5], *pmag[5];
         for (int i = 0; i < 5; i++) {
             ref[i] = malloc((size_t)n[i] * sizeof(double));
             mag[i] = malloc((size_t)n[i] * sizeof(double));
+            pmag[i] = malloc((size_t)n[i] * sizeof(double));
         }
-        sdpa_reference(c, in[0], in[1], in[2], dout, got.t[0], ref, mag);
+        sdpa_reference(c, in[0], in[1], in[2], dout, got.t[0], ref, mag, pmag);
         /* Bounds, per element, with m the element's magnitude (mag) and r its reference. The
          * inputs are bf16 values, so every product in cuDNN's f32 GEMMs is exact; its f32
          * softmax and accumulations add at most (group T + D) u relative to the terms'
@@ -1488,8 +1493,10 @@ static void test_attention_cudnn(void) {
          * out: ub m + ub |r| + f. The backward recomputes P from cuDNN's lse (within Lmax, a
          * relative error of P), rounds dS (and P, from which dS is formed) to bf16 before the
          * GEMMs of dq and dk, and P for dv: at most two roundings per term: 2 ub m + ub |r| +
-         * Lmax m + f. Errors of random sign add far less; a wrong mask, head or transpose gives
-         * errors of order 1e-1 of m. */
+         * Lmax m + f. dS_ij = P_ij (dout_i.v_j - dout_i.out_i) scale subtracts two f32 sums of
+         * D products each at most 1 in magnitude (D u D each), an absolute error 2 D^2 u of
+         * the bracket: dq and dk add 2 D^2 u pmag. Errors of random sign add far less; a wrong
+         * mask, head or transpose gives errors of order 1e-1 of m. */
         double lse_max = 0;
         for (int64_t e = 0; e < n[1]; e++) lse_max = fmax(lse_max, fabs(ref[1][e]));
         double Lmax = 4.0 * (double)(c->T + c->D) * u * (lse_max + sqrt((double)c->D));
@@ -1505,7 +1512,8 @@ static void test_attention_cudnn(void) {
                 else if (i == 0)
                     bound = ub * m + ub * fabs(r) + f;
                 else
-                    bound = 2.0 * ub * m + ub * fabs(r) + Lmax * m + f;
+                    bound = 2.0 * ub * m + ub * fabs(r) + Lmax * m + f +
+                            2.0 * (double)(c->D * c->D) * u * pmag[i][e];
                 if (!(d <= bound)) bad++;
                 if (d / bound > worst || isnan(d)) worst = d / bound, at_bound = bound;
             }
@@ -1521,7 +1529,7 @@ static void test_attention_cudnn(void) {
         CU_ASSERT_EQUAL(s2.builds, s1.builds);
         CU_ASSERT_TRUE(s2.hits >= s1.hits + 2);
         attn_free(&again);
-        for (int i = 0; i < 5; i++) free(ref[i]), free(mag[i]);
+        for (int i = 0; i < 5; i++) free(ref[i]), free(mag[i]), free(pmag[i]);
         attn_free(&got);
         for (int t = 0; t < 3; t++) free(in[t]);
         free(dout);
