@@ -4,8 +4,10 @@
  * shapes of the 134 M MLP's step. `bf16`: gemm_bf16 on cuBLASLt (fsdp_cuda_thread_set_gemm)
  * against cublasLtMatmul called directly (its heuristic asked once), and gemm_bf16 on cuBLAS
  * for reference, at the GEMMs of the Llama benchmark's shapes S and M; the last line is the
- * smallest ratio. No argument runs both. Built only with CUDA; prints why it skipped when no
- * GPU is usable. */
+ * smallest ratio. `epilogue`: the fused forward gemm_bf16_bias_act (bias, bias + GELU) on
+ * cuBLASLt against cublasLtMatmul called directly with the same epilogue (BIAS, GELU_BIAS), and
+ * on cuBLAS (the separate entries) for reference, at those shapes' forward GEMMs. No argument
+ * runs all three. Built only with CUDA; prints why it skipped when no GPU is usable. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <cublasLt.h>
@@ -108,6 +110,11 @@ typedef struct direct_lt {
     const fsdp_bf16 *A, *B;
     float *C;
     bool table; /* true: the table's gemm_bf16 instead */
+    /* epilogue mode: cuBLASLt's epilogue (0: none) with its f32 bias, and the activation the
+     * table's gemm_bf16_bias_act is asked for (the same operation) */
+    int epilogue;
+    const float *bias;
+    fsdp_gemm_act act;
 } direct_lt;
 
 static void direct_lt_init(direct_lt *d, const shape *s) {
@@ -121,6 +128,16 @@ static void direct_lt_init(direct_lt *d, const shape *s) {
     LT_OK(cublasLtMatrixLayoutCreate(&d->a, CUDA_R_16BF, s->ta ? s->m : s->k, s->ta ? s->k : s->m,
                                      lda));
     LT_OK(cublasLtMatrixLayoutCreate(&d->c, CUDA_R_32F, s->n, s->m, s->n));
+    if (d->epilogue) {
+        uint32_t epilogue = (uint32_t)d->epilogue;
+        int32_t type = CUDA_R_32F;
+        LT_OK(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                             sizeof epilogue));
+        LT_OK(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &d->bias,
+                                             sizeof d->bias));
+        LT_OK(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type,
+                                             sizeof type));
+    }
     cublasLtMatmulPreference_t pref;
     LT_OK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = FSDP_CUDA_LT_WORKSPACE;
@@ -147,7 +164,10 @@ static void run_bf16(void *arg) {
     const shape *s = d->s;
     int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n, ldc = s->n;
     float one = 1.0f, zero = 0.0f;
-    if (d->table)
+    if (d->table && d->epilogue) /* forward shapes: A is X (m, k), B is W (n, k) */
+        fsdp_kernels_for((fsdp_device){FSDP_DEVICE_CUDA, 0})
+            ->gemm_bf16_bias_act(d->C, NULL, d->A, d->B, d->bias, s->m, s->k, s->n, d->act);
+    else if (d->table)
         fsdp_kernels_for((fsdp_device){FSDP_DEVICE_CUDA, 0})
             ->gemm_bf16(s->ta, s->tb, s->m, s->n, s->k, 1.0f, d->A, lda, d->B, ldb, 0.0f, d->C,
                         ldc);
@@ -226,12 +246,80 @@ static void bench_bf16(void) {
     cudaFree(A), cudaFree(B), cudaFree(C), cudaFree(ws);
 }
 
+/* ---- epilogue: the fused forward (bias, bias + GELU) on cuBLASLt against cublasLtMatmul
+ * called directly with the same epilogue, at the Llama shapes' forward GEMMs ---- */
+
+static void bench_epilogue(void) {
+    size_t most_a = 0, most_b = 0, most_c = 0, most_n = 0;
+    for (size_t i = 0; i < sizeof llama_shapes / sizeof *llama_shapes; i++) {
+        const shape *s = &llama_shapes[i];
+        size_t a = (size_t)s->m * s->k, b = (size_t)s->k * s->n, c = (size_t)s->m * s->n;
+        most_a = a > most_a ? a : most_a, most_b = b > most_b ? b : most_b;
+        most_c = c > most_c ? c : most_c, most_n = (size_t)s->n > most_n ? (size_t)s->n : most_n;
+    }
+    fsdp_bf16 *A, *B;
+    float *C, *bias;
+    void *ws;
+    BENCH_CUDA_OK(cudaMalloc((void **)&A, most_a * 2));
+    BENCH_CUDA_OK(cudaMalloc((void **)&B, most_b * 2));
+    BENCH_CUDA_OK(cudaMalloc((void **)&C, most_c * sizeof(float)));
+    BENCH_CUDA_OK(cudaMalloc((void **)&bias, most_n * sizeof(float)));
+    BENCH_CUDA_OK(cudaMalloc(&ws, FSDP_CUDA_LT_WORKSPACE));
+    BENCH_CUDA_OK(cudaMemset(A, 0x3c, most_a * 2));
+    BENCH_CUDA_OK(cudaMemset(B, 0x3c, most_b * 2));
+    BENCH_CUDA_OK(cudaMemset(bias, 0x3c, most_n * sizeof(float)));
+    cublasLtHandle_t h;
+    LT_OK(cublasLtCreate(&h));
+    static const struct {
+        const char *name;
+        int epilogue;
+        fsdp_gemm_act act;
+    } epis[] = {{"bias", CUBLASLT_EPILOGUE_BIAS, FSDP_GEMM_ACT_NONE},
+                {"bias+gelu", CUBLASLT_EPILOGUE_GELU_BIAS, FSDP_GEMM_ACT_GELU}};
+    printf("%-16s %-10s %6s %6s %6s %12s %12s %8s %14s\n", "fused shape", "epilogue", "M", "N", "K",
+           "table-lt TF/s", "direct TF/s", "ratio", "table-cublas");
+    double worst = 1e30;
+    fsdp_cuda_gemm_lt_stats st0 = fsdp_cuda_gemm_lt_stats_get(0);
+    for (size_t i = 0; i < sizeof llama_shapes / sizeof *llama_shapes; i++) {
+        const shape *s = &llama_shapes[i];
+        if (s->ta || !s->tb) continue; /* forward GEMMs only: Y = X W^T + b */
+        double flop = 2.0 * s->m * s->n * (double)s->k;
+        for (size_t e = 0; e < sizeof epis / sizeof *epis; e++) {
+            direct_lt d = {.h = h, .ws = ws, .s = s, .A = A, .B = B, .C = C};
+            d.epilogue = epis[e].epilogue, d.bias = bias, d.act = epis[e].act;
+            direct_lt_init(&d, s);
+            double theirs = bench_cuda_median(run_bf16, &d, REPS);
+            d.table = true;
+            fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_LT);
+            double ours = bench_cuda_median(run_bf16, &d, REPS);
+            fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_CUBLAS); /* the separate entries */
+            double apart = bench_cuda_median(run_bf16, &d, REPS);
+            fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_DEFAULT);
+            double ratio = theirs / ours;
+            worst = ratio < worst ? ratio : worst;
+            printf("%-16s %-10s %6d %6d %6d %12.1f %12.1f %8.3f %14.1f\n", s->what, epis[e].name,
+                   s->m, s->n, s->k, flop / ours / 1e12, flop / theirs / 1e12, ratio,
+                   flop / apart / 1e12);
+            direct_lt_free(&d);
+        }
+    }
+    fsdp_cuda_gemm_lt_stats st = fsdp_cuda_gemm_lt_stats_get(0);
+    printf("lt epilogues: %lld queries, %lld fallbacks to the separate entries\n",
+           (long long)(st.queries - st0.queries), (long long)(st.fallbacks - st0.fallbacks));
+    printf("epilogue_ratio_min %.3f (fused table entry on cuBLASLt / cublasLtMatmul with the same "
+           "epilogue; goal >= 0.95)\n",
+           worst);
+    cublasLtDestroy(h);
+    cudaFree(A), cudaFree(B), cudaFree(C), cudaFree(bias), cudaFree(ws);
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "all";
     bool f32 = strcmp(mode, "all") == 0 || strcmp(mode, "f32") == 0;
     bool bf16 = strcmp(mode, "all") == 0 || strcmp(mode, "bf16") == 0;
-    if (argc > 2 || (!f32 && !bf16)) {
-        fprintf(stderr, "usage: bench_cuda_gemm [f32|bf16]  (no argument: both)\n");
+    bool epilogue = strcmp(mode, "all") == 0 || strcmp(mode, "epilogue") == 0;
+    if (argc > 2 || (!f32 && !bf16 && !epilogue)) {
+        fprintf(stderr, "usage: bench_cuda_gemm [f32|bf16|epilogue]  (no argument: all three)\n");
         return 2;
     }
     if (fsdp_device_count(FSDP_DEVICE_CUDA) == 0) {
@@ -240,5 +328,6 @@ int main(int argc, char **argv) {
     }
     if (f32) bench_f32();
     if (bf16) bench_bf16();
+    if (epilogue) bench_epilogue();
     return 0;
 }

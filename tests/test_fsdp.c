@@ -3,13 +3,16 @@
  * nested units, with and without CPU offload and use_orig_params, on 1, 2, 3 (padding) and 4
  * data-parallel ranks; the collectives of each strategy per phase; memory held against the
  * theoretical figure; summon_full_params and its options; no_sync accumulation (also under
- * offload); use_orig_params views; sync_module_states; wrapping errors. Pool blocks are
+ * offload); use_orig_params views; sync_module_states; wrapping errors; gradient reductions
+ * left in flight by their started collectives (under MPI the all_reduce is) against the blocking
+ * calls, bit for bit. Pool blocks are
  * poisoned with NaN when given back, and sharded parameters have no storage, so a missing
  * gather cannot pass unnoticed. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp/shard_impl.h" // defines: fsdp_shard_test_blocking_works, fsdp_shard_test_trace
 #include "harness.h"
 #include "stacked_batches.h"
 
@@ -763,6 +766,183 @@ static void test_fsdp_tp_extension_grad(void) {
     FSDP_TEST_OK(fsdp_test_run_world(4, 0, twod_rank, NULL));
 }
 
+/* ---- reductions left in flight (started collectives) against the blocking calls ---- */
+
+#define WORKS_MAX_VALUES (1 << 16)
+#define WORKS_MAX_RANKS  4
+
+/* One run of works_rank: per rank, every unit's flat shard and its gradient after each step,
+ * the comm-debug calls per op, and the reductions FSDP's hooks left in flight. */
+typedef struct works_run {
+    const fsdp_case *c;
+    float *values[WORKS_MAX_RANKS];
+    int64_t n[WORKS_MAX_RANKS];
+    int64_t calls[WORKS_MAX_RANKS][FSDP_COMM_OP_COUNT];
+    int in_flight[WORKS_MAX_RANKS];
+    bool ran[WORKS_MAX_RANKS];
+} works_run;
+
+static void count_in_flight(void *user, int unit_index, fsdp_prefetch_event ev, int in_flight) {
+    (void)unit_index, (void)in_flight;
+    if (ev == FSDP_REDUCE_IN_FLIGHT) ++*(int *)user;
+}
+
+static fsdp_status record_flat(fsdp_ctx *ctx, works_run *r, int rank, const fsdp_tensor *t) {
+    int64_t n = fsdp_tensor_numel(t);
+    FSDP_RANK_CHECK(ctx, r->n[rank] + n <= WORKS_MAX_VALUES, "more than %d values",
+                    WORKS_MAX_VALUES);
+    memcpy(r->values[rank] + r->n[rank], fsdp_tensor_data(t), (size_t)n * sizeof(float));
+    r->n[rank] += n;
+    return FSDP_OK;
+}
+
+static fsdp_status works_rank(fsdp_ctx *ctx, int rank, void *user) {
+    works_run *r = user;
+    const fsdp_case *c = r->c;
+    fsdp_module *m = NULL;
+    fsdp_sharded *sh = NULL;
+    fsdp_optimizer *opt = NULL;
+    fsdp_mesh *mesh = NULL;
+    fsdp_fully_shard_options o;
+    fsdp_sgd_options sgd = {.lr = 0.1, .momentum = 0.9};
+    FSDP_RANK_CHECK(ctx, rank < WORKS_MAX_RANKS, "rank %d", rank);
+    r->ran[rank] = true;
+    fsdp_status st = case_options(ctx, c, &mesh, &o);
+    if (st == FSDP_OK) st = build(ctx, &m);
+    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &o, &sh);
+    if (st == FSDP_OK) st = fsdp_sgd_create(ctx, fsdp_sharded_flat_params(sh), &sgd, &opt);
+    if (st == FSDP_OK) fsdp_shard_test_trace(sh, count_in_flight, &r->in_flight[rank]);
+    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
+    int64_t off, len;
+    fsdp_chunk_range(BATCH, c->world, rank, &off, &len);
+    for (int s = 0; st == FSDP_OK && s < c->steps; s++) {
+        st = step(ctx, m, opt, s, off, len, c->world);
+        for (int u = 0; st == FSDP_OK && u < fsdp_sharded_num_units(sh); u++) {
+            fsdp_param *flat = fsdp_sharded_unit_flat_param(sh, u);
+            st = record_flat(ctx, r, rank, fsdp_param_data(flat));
+            if (st == FSDP_OK) st = record_flat(ctx, r, rank, fsdp_param_grad(flat));
+        }
+    }
+    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+    for (int op = 0; st == FSDP_OK && op < FSDP_COMM_OP_COUNT; op++)
+        r->calls[rank][op] =
+            fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = (fsdp_comm_op)op}).calls;
+    fsdp_optimizer_free(opt);
+    fsdp_sharded_free(sh);
+    fsdp_module_free(m);
+    fsdp_mesh_free(mesh);
+    return st;
+}
+
+/* NO_SHARD (the gradient's all_reduce) and HYBRID_SHARD (the replicas' all_reduce after the
+ * reduce_scatter), nested units, 3 SGD steps, with the reductions' collectives started on
+ * works (the default) and with the blocking calls of the comm hook's separate passes
+ * (fsdp_shard_test_blocking_works): every shard and gradient equal bit for bit after every step,
+ * and the same collectives. Under MPI the all_reduce's start leaves it in flight (the backend's
+ * non-blocking all_reduce), so every unit's reduction is still in flight when its post-backward
+ * hook returns: the pool and the end of backward complete it. On rank threads a start on host
+ * tensors completes at once, so nothing is left in flight there. */
+static void test_reductions_in_flight(void) {
+    for (int k = 0; k < 4; k++) {
+        fsdp_case c = {
+            k < 3 ? 2 + k : 4, k < 3 ? FSDP_NO_SHARD : FSDP_HYBRID_SHARD, true, 3, false, false, 2};
+        works_run started = {.c = &c}, blocking = {.c = &c};
+        for (int i = 0; i < WORKS_MAX_RANKS; i++) {
+            started.values[i] = calloc(WORKS_MAX_VALUES, sizeof(float));
+            blocking.values[i] = calloc(WORKS_MAX_VALUES, sizeof(float));
+            CU_ASSERT_PTR_NOT_NULL_FATAL(started.values[i]);
+            CU_ASSERT_PTR_NOT_NULL_FATAL(blocking.values[i]);
+        }
+        FSDP_TEST_OK(fsdp_test_run_world(c.world, 0, works_rank, &started));
+        fsdp_shard_test_blocking_works(true);
+        fsdp_status st = fsdp_test_run_world(c.world, 0, works_rank, &blocking);
+        fsdp_shard_test_blocking_works(false);
+        FSDP_TEST_OK(st);
+        for (int i = 0; i < c.world; i++) {
+            CU_ASSERT_EQUAL(started.ran[i], blocking.ran[i]);
+            if (!started.ran[i]) continue;
+            CU_ASSERT_TRUE(started.n[i] > 0 && started.n[i] == blocking.n[i]);
+            CU_ASSERT_EQUAL(
+                memcmp(started.values[i], blocking.values[i], (size_t)started.n[i] * sizeof(float)),
+                0);
+            CU_ASSERT_EQUAL(memcmp(started.calls[i], blocking.calls[i], sizeof started.calls[i]),
+                            0);
+            /* every unit's reduction in every step, under MPI; none on rank threads */
+            int want = fsdp_test_mpi() ? LAYERS * c.steps : 0;
+            if (started.in_flight[i] != want)
+                printf("\n  %s on %d ranks, rank %d: %d reductions left in flight, want %d\n",
+                       fsdp_sharding_strategy_to_string(c.strategy), c.world, i,
+                       started.in_flight[i], want);
+            CU_ASSERT_EQUAL(started.in_flight[i], want);
+            CU_ASSERT_EQUAL(blocking.in_flight[i], 0);
+        }
+        for (int i = 0; i < WORKS_MAX_RANKS; i++) free(started.values[i]), free(blocking.values[i]);
+    }
+}
+
+/* A step whose FSDP hook fails (fsdp_shard_test_fail_hook: layers.1's pre-backward, after
+ * layers.2's reduction was started; under MPI its all_reduce is then in flight) returns that
+ * failure with its message, and leaves no work in flight (the hook completes every unit's works
+ * first); the group still works after it. */
+static fsdp_status failure_rank(fsdp_ctx *ctx, int rank, void *user) {
+    const fsdp_case *c = user;
+    fsdp_module *m = NULL;
+    fsdp_sharded *sh = NULL;
+    fsdp_optimizer *opt = NULL;
+    fsdp_mesh *mesh = NULL;
+    fsdp_fully_shard_options o;
+    fsdp_sgd_options sgd = {.lr = 0.1};
+    int in_flight = 0;
+    fsdp_status st = case_options(ctx, c, &mesh, &o);
+    if (st == FSDP_OK) st = build(ctx, &m);
+    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &o, &sh);
+    if (st == FSDP_OK) st = fsdp_sgd_create(ctx, fsdp_sharded_flat_params(sh), &sgd, &opt);
+    int64_t off, len;
+    fsdp_chunk_range(BATCH, c->world, rank, &off, &len);
+    if (st == FSDP_OK) st = step(ctx, m, opt, 0, off, len, c->world);
+    if (st == FSDP_OK) st = fsdp_optimizer_zero_grad(ctx, opt);
+    if (st == FSDP_OK) fsdp_shard_test_trace(sh, count_in_flight, &in_flight);
+    /* every rank has finished the good step before any rank's hooks may fail */
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    if (st == FSDP_OK) fsdp_shard_test_fail_hook(1, FSDP_HOOK_PRE_BACKWARD);
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, NULL);
+    if (st == FSDP_OK) {
+        fsdp_status failed = stacked_forward_backward(ctx, m, 1, off, len, c->world);
+        FSDP_RANK_CHECK(ctx, failed == FSDP_ERR_INTERNAL, "the step returned %s",
+                        fsdp_status_to_string(failed));
+        const char *needles[] = {"the failure a test asked for", NULL};
+        FSDP_RANK_CHECK(ctx, fsdp_test_message_has(fsdp_last_error(ctx), needles),
+                        "the step's message is '%s'", fsdp_last_error(ctx));
+        for (int u = 0; u < fsdp_sharded_num_units(sh); u++)
+            FSDP_RANK_CHECK(ctx,
+                            !fsdp_comm_work_pending(sh->units[u]->gather_work) &&
+                                !fsdp_comm_work_pending(sh->units[u]->reduce_work),
+                            "unit %d has a work in flight after the failed step", u);
+        /* under MPI layers.2's all_reduce was in flight when layers.1's hook failed */
+        FSDP_RANK_CHECK(ctx, in_flight == (fsdp_test_mpi() ? 1 : 0),
+                        "%d reductions in flight in the failed step", in_flight);
+        st = fsdp_barrier(ctx, NULL);
+    }
+    fsdp_shard_test_fail_hook(-1, FSDP_HOOK_PRE_BACKWARD);
+    fsdp_tensor *t = NULL;
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){1}, &t);
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, o.group, t, FSDP_REDUCE_SUM);
+    fsdp_tensor_free(t);
+    fsdp_optimizer_free(opt);
+    fsdp_sharded_free(sh);
+    fsdp_module_free(m);
+    fsdp_mesh_free(mesh);
+    return st;
+}
+
+static void test_failed_step(void) {
+    for (int world = 2; world <= 4; world++) {
+        fsdp_case c = {world, FSDP_NO_SHARD, true, 2, false, false, 2};
+        FSDP_TEST_OK(fsdp_test_run_world(world, 0, failure_rank, &c));
+    }
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"train_full_shard_root", test_train_full_shard_root},
@@ -778,6 +958,8 @@ int main(int argc, char **argv) {
         {"summon_and_no_sync", test_summon_and_no_sync},
         {"sync_module_states_and_errors", test_sync_module_states_and_errors},
         {"fsdp_tp_extension_grad", test_fsdp_tp_extension_grad},
+        {"reductions_in_flight", test_reductions_in_flight},
+        {"failed_step", test_failed_step},
     };
     return fsdp_test_run(argc, argv, "fsdp", cases, sizeof cases / sizeof cases[0]);
 }

@@ -252,10 +252,19 @@ static bool check_order(const spec *s, int rank, const rank_out *o, int *issued,
         printf("\n  %s rank %d: more than %d events\n", s->name, rank, MAX_LOG);
         return false;
     }
+    bool open[MAX_LAYERS] = {false}; /* a unit's started gather not waited for yet */
     for (int i = 0; i < o->n_log; i++) {
         int ev = o->log[i][0], u = o->log[i][1];
         if (ev == FSDP_PREFETCH_SKIPPED) ++*skipped;
+        if ((ev == FSDP_PREFETCH_ISSUED || ev == FSDP_PREFETCH_WAITED) &&
+            open[u] == (ev == FSDP_PREFETCH_ISSUED)) {
+            printf("\n  %s rank %d: unit %d's gather %s (event %d)\n", s->name, rank, u,
+                   open[u] ? "started again before its wait" : "waited for without a start", i);
+            return false;
+        }
+        if (ev == FSDP_PREFETCH_WAITED) open[u] = false;
         if (ev == FSDP_PREFETCH_ISSUED) {
+            open[u] = true;
             ++*issued;
             if (o->log[i][2] > *most) *most = o->log[i][2];
             if (s->limit && o->log[i][2] > FSDP_PREFETCH_LIMIT) {
@@ -295,7 +304,20 @@ static bool check_order(const spec *s, int rank, const rank_out *o, int *issued,
             return false;
         }
     }
+    for (int u = 0; u < MAX_LAYERS; u++)
+        if (open[u]) {
+            printf("\n  %s rank %d: unit %d's started gather is never waited for\n", s->name, rank,
+                   u);
+            return false;
+        }
     return true;
+}
+
+/* How many events ev the rank saw. */
+static int count_events(const rank_out *o, int ev) {
+    int n = 0;
+    for (int i = 0; i < o->n_log; i++) n += o->log[i][0] == ev;
+    return n;
 }
 
 /* ---- the model, its data and a step ---- */
@@ -855,7 +877,10 @@ static fsdp_status refuse_rank(fsdp_ctx *ctx, int rank, void *user) {
 
 /* A prefetch scenario on sim against the CPU run without prefetch, bitwise, and its order;
  * returns (through the pointers) rank 0's counts of issued and skipped prefetches and the most
- * units gathered after one. */
+ * units gathered after one. Every prefetched gather is a started collective: in f32 its work is
+ * still in flight when the prefetching hook returns (the device's all_gather is queued on the
+ * communication stream, and the compute stream's wait completes it); a mixed-precision one
+ * completes on the unshard stream at once, where its widening runs. */
 static void check_prefetch(const spec *s, int *issued, int *skipped, int *most) {
     run cpu, dev;
     run_init(&cpu, s, false);
@@ -872,6 +897,11 @@ static void check_prefetch(const spec *s, int *issued, int *skipped, int *most) 
         int i, k, m;
         CU_ASSERT_TRUE(check_order(s, r, &dev.out[r], &i, &k, &m));
         if (r == 0) *issued = i, *skipped = k, *most = m;
+        int in_flight = count_events(&dev.out[r], FSDP_GATHER_IN_FLIGHT);
+        if (in_flight != (s->param_dtype ? 0 : i))
+            printf("\n  %s rank %d: %d of %d prefetched gathers in flight after their start\n",
+                   s->name, r, in_flight, i);
+        CU_ASSERT_EQUAL(in_flight, s->param_dtype ? 0 : i);
     }
     run_free(&cpu);
     run_free(&dev);
@@ -1085,7 +1115,12 @@ static void test_prefetch_limit(void) {
 
 /* On the CPU prefetch only reorders the collectives: with and without it (also under CPU
  * offload, whose gathers copy each shard to the compute device first), bitwise the same
- * results and comm-debug counts, and the same order rules. */
+ * results and comm-debug counts, and the same order rules on the host path: unit k+1's gather
+ * started on its work before unit k computes, that work waited for (fsdp_comm_work_wait) before
+ * unit k+1 computes, every started gather waited for exactly once, and never more than
+ * FSDP_PREFETCH_LIMIT units gathered. On rank threads a start on host tensors completes at
+ * once, so no gather is in flight after its start (under MPI's non-blocking all_gather one would
+ * be, and the same order rules hold). */
 static void test_prefetch_cpu(void) {
     for (int offload = 0; offload < 2; offload++) {
         spec s = {.name = offload ? "prefetch on the CPU, offload" : "prefetch on the CPU",
@@ -1109,6 +1144,9 @@ static void test_prefetch_cpu(void) {
             int issued, skipped, most;
             CU_ASSERT_TRUE(check_order(&s, r, &ahead.out[r], &issued, &skipped, &most));
             CU_ASSERT_EQUAL(issued, 2 * (s.steps - 1) * 4);
+            CU_ASSERT_EQUAL(count_events(&ahead.out[r], FSDP_PREFETCH_WAITED), issued);
+            CU_ASSERT_EQUAL(count_events(&ahead.out[r], FSDP_GATHER_IN_FLIGHT), 0);
+            CU_ASSERT_TRUE(most <= FSDP_PREFETCH_LIMIT);
         }
         run_free(&plain);
         run_free(&ahead);

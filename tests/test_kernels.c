@@ -28,7 +28,7 @@ static void test_dispatch(void) {
                k->rmsnorm_forward && k->rmsnorm_backward && k->add && k->axpy && k->scale &&
                k->copy && k->fill && k->sum && k->sum_squares && k->max_abs && k->mse_loss &&
                k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->f32_to_f16 &&
-               k->f16_to_f32;
+               k->f16_to_f32 && k->gemm_bias_act && k->gemm_bf16_bias_act && k->gemm_bgrad;
     CU_ASSERT_TRUE(all);
 }
 
@@ -813,6 +813,85 @@ static void test_f16_from_f32(void) {
     free(x), free(got);
 }
 
+/* ---- fused GEMM epilogues: the separate entries' bits ---- */
+
+/* Counts the elements of the fused entries' results (gemm_bias_act and gemm_bf16_bias_act with
+ * every activation, with and without bias and pre, and gemm_bgrad with and without dbias) that
+ * differ in any bit from the separate entries run in kernels.h's order on the same inputs (out
+ * starting as NaN: beta 0 overwrites it). */
+static int64_t epilogue_mismatches(int64_t rows, int64_t C, int64_t OC) {
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    int64_t nx = rows * C, nw = OC * C, ny = rows * OC;
+    float *x = new_uniform(nx, -2, 2), *w = new_uniform(nw, -1, 1), *b = new_uniform(OC, -1, 1);
+    float *dy = new_uniform(ny, -1, 1), *g0 = new_uniform(nw, -1, 1), *db0 = new_uniform(OC, -1, 1);
+    fsdp_bf16 *x16 = malloc((size_t)nx * 2), *w16 = malloc((size_t)nw * 2);
+    k->f32_to_bf16(x16, x, nx), k->f32_to_bf16(w16, w, nw);
+    float *out[2], *pre[2], *dw[2], *db[2];
+    for (int i = 0; i < 2; i++) {
+        out[i] = new_floats(ny), pre[i] = new_floats(ny);
+        dw[i] = new_floats(nw), db[i] = new_floats(OC);
+    }
+    int64_t bad = 0;
+    for (int v = 0; v < 24; v++) {
+        bool bf16 = v & 1, with_bias = v & 2, with_pre = v & 4;
+        fsdp_gemm_act act = (fsdp_gemm_act)(v / 8);
+        const float *bias = with_bias ? b : NULL;
+        for (int i = 0; i < 2; i++)
+            for (int64_t j = 0; j < ny; j++) out[i][j] = NAN, pre[i][j] = -1.0f;
+        if (bf16) {
+            k->gemm_bf16_bias_act(out[0], with_pre ? pre[0] : NULL, x16, w16, bias, rows, C, OC,
+                                  act);
+            k->gemm_bf16(false, true, rows, OC, C, 1.0f, x16, C, w16, C, 0.0f, out[1], OC);
+        } else {
+            k->gemm_bias_act(out[0], with_pre ? pre[0] : NULL, x, w, bias, rows, C, OC, act);
+            k->gemm(false, true, rows, OC, C, 1.0f, x, C, w, C, 0.0f, out[1], OC);
+        }
+        if (bias) k->bias_add(out[1], bias, rows, OC);
+        if (with_pre) k->copy(pre[1], out[1], ny);
+        if (act == FSDP_GEMM_ACT_RELU) k->relu_forward(out[1], out[1], ny);
+        if (act == FSDP_GEMM_ACT_GELU) k->gelu_forward(out[1], out[1], ny);
+        for (int64_t j = 0; j < ny; j++)
+            bad += f32_bits(out[0][j]) != f32_bits(out[1][j]) ||
+                   f32_bits(pre[0][j]) != f32_bits(pre[1][j]);
+    }
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        for (int i = 0; i < 2; i++) {
+            memcpy(dw[i], g0, (size_t)nw * 4);
+            memcpy(db[i], db0, (size_t)OC * 4);
+        }
+        k->gemm_bgrad(dw[0], with_bias ? db[0] : NULL, dy, x, rows, C, OC);
+        k->gemm(true, false, OC, C, rows, 1.0f, dy, OC, x, C, 1.0f, dw[1], C);
+        if (with_bias) k->bias_backward(db[1], dy, rows, OC);
+        for (int64_t j = 0; j < nw; j++) bad += f32_bits(dw[0][j]) != f32_bits(dw[1][j]);
+        for (int64_t j = 0; j < OC; j++) bad += f32_bits(db[0][j]) != f32_bits(db[1][j]);
+    }
+    for (int i = 0; i < 2; i++) free(out[i]), free(pre[i]), free(dw[i]), free(db[i]);
+    free(x), free(w), free(b), free(dy), free(g0), free(db0), free(x16), free(w16);
+    return bad;
+}
+
+/* On this thread alone and split over 3 of the rank's threads (the entries split as the
+ * separate ones do), shapes from one element to above the split thresholds. Exact: the fused
+ * CPU entries are defined as the separate ones. */
+static void test_epilogue_bitwise(void) {
+    static const int64_t shapes[][3] = {{1, 1, 1}, {7, 33, 8}, {33, 7, 17}, {300, 129, 517}};
+    rng_seed(44);
+    CU_ASSERT_EQUAL(fsdp_kernels_cpu_threads_enter(1, 1), 1);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        CU_ASSERT_EQUAL(fsdp_kernels_cpu_workers_start(threads, -1), threads);
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            int64_t bad = epilogue_mismatches(shapes[s][0], shapes[s][1], shapes[s][2]);
+            printf("\n    %d thread(s), %lldx%lldx%lld: %lld elements differ from the separate "
+                   "entries",
+                   threads, (long long)shapes[s][0], (long long)shapes[s][1],
+                   (long long)shapes[s][2], (long long)bad);
+            CU_ASSERT_EQUAL(bad, 0);
+        }
+        fsdp_kernels_cpu_workers_stop();
+    }
+    fsdp_kernels_cpu_threads_leave();
+}
+
 /* ---- a rank's threads: split calls give bitwise the one-thread results ---- */
 
 /* Runs every entry the table splits once on this thread alone and once over `threads` threads
@@ -969,12 +1048,13 @@ static void test_profile_kernels(void) {
     k->scale(c, a, 2.0f, 64);
     fsdp_sgd_step_args sgd = {.sign = 1, .neg_lr = -1};
     k->sgd_update(c, b, NULL, 64, &sgd);
-    CU_ASSERT_EQUAL(c[3], 5.0f); /* 2 * 3 - 1 */
+    CU_ASSERT_EQUAL(c[3], 5.0f);           /* 2 * 3 - 1 */
+    k->gemm_bgrad(c, NULL, a, b, 8, 8, 8); /* a fused GEMM counts as one GEMM */
     CU_ASSERT_EQUAL(fsdp_profile_stop(ctx), FSDP_OK);
     CU_ASSERT_PTR_EQUAL(fsdp_kernels_cpu(), plain);
     plain->gemm(false, false, 8, 8, 8, 1.0f, a, 8, b, 8, 0.0f, c, 8); /* not counted */
     CU_ASSERT_EQUAL(fsdp_profile_read(ctx, &pr), FSDP_OK);
-    CU_ASSERT_EQUAL(pr.gemm_calls, 2);
+    CU_ASSERT_EQUAL(pr.gemm_calls, 3);
     CU_ASSERT_EQUAL(pr.elementwise_calls, 3);
     CU_ASSERT_EQUAL(pr.optimizer_calls, 1);
     CU_ASSERT(pr.gemm_s > 0 && pr.elementwise_s > 0 && pr.optimizer_s > 0);
@@ -1007,6 +1087,7 @@ int main(int argc, char **argv) {
         {"f16_round_trip", test_f16_round_trip},
         {"f16_from_f32", test_f16_from_f32},
         {"threads_split", test_threads_split},
+        {"epilogue_bitwise", test_epilogue_bitwise},
         {"profile_kernels", test_profile_kernels},
     };
     return fsdp_test_run(argc, argv, "kernels", cases, (int)(sizeof cases / sizeof cases[0]));

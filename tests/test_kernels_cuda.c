@@ -87,7 +87,7 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
                k->copy && k->fill && k->sum && k->sum_squares && k->max_abs && k->mse_loss &&
                k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->f32_to_f16 &&
                k->f16_to_f32 && k->sgd_update && k->adam_update && k->adam_update_bf16 &&
-               k->gemm_bf16;
+               k->gemm_bf16 && k->gemm_bias_act && k->gemm_bf16_bias_act && k->gemm_bgrad;
     CU_ASSERT_TRUE(all);
     const fsdp_device_i *s = fsdp_device_for(type);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
@@ -1163,6 +1163,167 @@ static void test_gemm_lt_cache(void) {
 #endif
 }
 
+/* ---- the fused GEMM epilogues ---- */
+
+/* The device's result (n) against the CPU's: on sim bit for bit (the sim runs the CPU's fused
+ * entry, itself the separate entries), on CUDA |got - want| <= tol[i] element by element. */
+static bool epi_close(const char *name, const float *d, const float *want, const double *tol,
+                      int64_t n) {
+    float *got = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    dev_get(got, d, (size_t)n * sizeof(float));
+    bool ok = true;
+    if (!fsdp_test_device_is_cuda()) {
+        ok = fsdp_test_device_close(name, got, want, n, 0, 0);
+    } else {
+        double worst = 0;
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double r = fabs((double)got[i] - want[i]) / (tol[i] + 1e-30);
+            worst = isnan(r) || r > worst ? r : worst;
+            bad += !(r <= 1.0);
+        }
+        printf("\n    %-44s error / bound %.3f, %lld outside", name, worst, (long long)bad);
+        ok = bad == 0;
+    }
+    free(got);
+    return ok;
+}
+
+/* One forward case, f32 or bf16 inputs (rounded to bf16 first, so both sides read the same
+ * values), against the CPU table's entry. The CUDA bound per element, from mag = sum_k |x w|
+ * (the products exact in bf16, rounded once in f32): each side's f32 sum of K products in its
+ * own order errs by at most (K + 1) 2^-24 mag, and adding the bias rounds once more, so the
+ * pre-activations differ by at most 2 (K + 2) 2^-24 (mag + |b|), taken 4 times (cuBLASLt's
+ * tensor-core order and split-K are its own; not yet run on a GPU). ReLU passes that on
+ * (1-Lipschitz); GELU multiplies it by at most 1.13 (max |GELU'|) and adds its own evaluation:
+ * a few f32 ulps of |out| for the separate kernel, and where cuBLASLt's epilogue evaluates tanh
+ * with the hardware's approximate tanh (relative error 2^-11, PTX tanh.approx.f32) 0.5 |pre|
+ * 2^-11. */
+static void run_epilogue_case(int64_t rows, int64_t C, int64_t OC, bool bf16, bool with_bias,
+                              bool with_pre, fsdp_gemm_act act) {
+    const fsdp_kernels_i *cpu = fsdp_kernels_cpu();
+    int64_t nx = rows * C, nw = OC * C, ny = rows * OC;
+    float *x = new_uniform(nx, -1, 1), *w = new_uniform(nw, -1, 1), *b = new_uniform(OC, -1, 1);
+    fsdp_bf16 *x16 = malloc((size_t)(nx + 1) * 2), *w16 = malloc((size_t)(nw + 1) * 2);
+    for (int64_t i = 0; i < nx; i++)
+        x16[i] = fsdp_bf16_from_f32(x[i]), x[i] = fsdp_bf16_to_f32(x16[i]);
+    for (int64_t i = 0; i < nw; i++)
+        w16[i] = fsdp_bf16_from_f32(w[i]), w[i] = fsdp_bf16_to_f32(w16[i]);
+    float *out = new_uniform(ny, 0, 0), *pre = new_uniform(ny, 0, 0), *nan = new_uniform(ny, 0, 0);
+    for (int64_t i = 0; i < ny; i++) nan[i] = NAN; // beta 0: whatever out held is overwritten
+    const float *bias = with_bias ? b : NULL;
+    if (bf16) // the CPU always saves pre (the bound reads it); out's bits do not depend on it
+        cpu->gemm_bf16_bias_act(out, pre, x16, w16, bias, rows, C, OC, act);
+    else
+        cpu->gemm_bias_act(out, pre, x, w, bias, rows, C, OC, act);
+    double *tol_pre = malloc((size_t)(ny + 1) * sizeof(double));
+    double *tol_out = malloc((size_t)(ny + 1) * sizeof(double));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < OC; o++) {
+            double mag = with_bias ? fabs(b[o]) : 0;
+            for (int64_t k = 0; k < C; k++) mag += fabs((double)x[r * C + k] * w[o * C + k]);
+            double t = 4 * 2 * (double)(C + 2) * 0x1p-24 * mag, p = fabs(pre[r * OC + o]);
+            int64_t i = r * OC + o;
+            tol_pre[i] = t;
+            tol_out[i] = act == FSDP_GEMM_ACT_GELU
+                             ? 1.13 * t + 0.5 * (p + t) * 0x1p-11 + 0x1p-20 * fabs(out[i])
+                             : t;
+        }
+    void *dx = dev_new(bf16 ? (const void *)x16 : x, (size_t)nx * (bf16 ? 2 : 4));
+    void *dw = dev_new(bf16 ? (const void *)w16 : w, (size_t)nw * (bf16 ? 2 : 4));
+    float *db = dev_floats(b, OC), *dout = dev_floats(nan, ny), *dpre = dev_floats(nan, ny);
+    if (bf16)
+        K()->gemm_bf16_bias_act(dout, with_pre ? dpre : NULL, dx, dw, with_bias ? db : NULL, rows,
+                                C, OC, act);
+    else
+        K()->gemm_bias_act(dout, with_pre ? dpre : NULL, dx, dw, with_bias ? db : NULL, rows, C, OC,
+                           act);
+    static const char *const acts[] = {"none", "relu", "gelu"};
+    char name[128];
+    snprintf(name, sizeof name, "%s %lldx%lldx%lld %s%s%s out", bf16 ? "bf16" : "f32",
+             (long long)rows, (long long)C, (long long)OC, acts[act], with_bias ? " bias" : "",
+             with_pre ? " pre" : "");
+    CU_ASSERT_TRUE(epi_close(name, dout, out, tol_out, ny));
+    if (with_pre) {
+        name[strlen(name) - 3] = 0;
+        strcat(name, "pre");
+        CU_ASSERT_TRUE(epi_close(name, dpre, pre, tol_pre, ny));
+    }
+    free(x), free(w), free(b), free(x16), free(w16), free(out), free(pre), free(nan);
+    free(tol_pre), free(tol_out);
+    dev_free(dx), dev_free(dw), dev_free(db), dev_free(dout), dev_free(dpre);
+}
+
+/* One weight-gradient case: dweight += dout^T inp and dbias += column sums, both starting from
+ * random values. CUDA bound: dweight as a GEMM of K = rows, 2 (rows + 2) 2^-24 (sum_r |dy x| +
+ * |dw0|), 4 times; dbias summed in double on the CPU (one rounding) and in f32 by cuBLASLt's
+ * epilogue or the column-sum kernel: 2 (rows + 2) 2^-24 (sum_r |dy| + |db0|), 4 times. */
+static void run_bgrad_case(int64_t rows, int64_t C, int64_t OC, bool with_bias) {
+    int64_t nx = rows * C, ny = rows * OC, nw = OC * C;
+    float *x = new_uniform(nx, -1, 1), *dy = new_uniform(ny, -1, 1);
+    float *dw = new_uniform(nw, -1, 1), *dbias = new_uniform(OC, -1, 1);
+    double *tol_w = malloc((size_t)(nw + 1) * sizeof(double));
+    double *tol_b = malloc((size_t)(OC + 1) * sizeof(double));
+    for (int64_t o = 0; o < OC; o++) {
+        double mb = fabs(dbias[o]);
+        for (int64_t r = 0; r < rows; r++) mb += fabs(dy[r * OC + o]);
+        tol_b[o] = 4 * 2 * (double)(rows + 2) * 0x1p-24 * mb;
+        for (int64_t c = 0; c < C; c++) {
+            double m = fabs(dw[o * C + c]);
+            for (int64_t r = 0; r < rows; r++) m += fabs((double)dy[r * OC + o] * x[r * C + c]);
+            tol_w[o * C + c] = 4 * 2 * (double)(rows + 2) * 0x1p-24 * m;
+        }
+    }
+    float *d_x = dev_floats(x, nx), *d_dy = dev_floats(dy, ny), *d_dw = dev_floats(dw, nw);
+    float *d_db = dev_floats(dbias, OC);
+    fsdp_kernels_cpu()->gemm_bgrad(dw, with_bias ? dbias : NULL, dy, x, rows, C, OC);
+    K()->gemm_bgrad(d_dw, with_bias ? d_db : NULL, d_dy, d_x, rows, C, OC);
+    char name[96];
+    snprintf(name, sizeof name, "bgrad %lldx%lldx%lld%s dweight", (long long)rows, (long long)C,
+             (long long)OC, with_bias ? " bias" : "");
+    CU_ASSERT_TRUE(epi_close(name, d_dw, dw, tol_w, nw));
+    snprintf(name, sizeof name, "bgrad %lldx%lldx%lld%s dbias", (long long)rows, (long long)C,
+             (long long)OC, with_bias ? " bias" : " (untouched)");
+    CU_ASSERT_TRUE(epi_close(name, d_db, dbias, tol_b, OC));
+    free(x), free(dy), free(dw), free(dbias), free(tol_w), free(tol_b);
+    dev_free(d_x), dev_free(d_dy), dev_free(d_dw), dev_free(d_db);
+}
+
+static void epilogue_cases(void) {
+    static const int64_t shapes[][3] = {{1, 1, 1}, {7, 33, 8}, {33, 7, 17}, {65, 130, 96}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t rows = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+        for (int v = 0; v < 24; v++)
+            run_epilogue_case(rows, C, OC, v & 1, v & 2, v & 4, (fsdp_gemm_act)(v / 8));
+        run_bgrad_case(rows, C, OC, true);
+        run_bgrad_case(rows, C, OC, false);
+    }
+}
+
+/* The fused entries (gemm_bias_act, gemm_bf16_bias_act, gemm_bgrad) against the CPU table's:
+ * every activation, with and without bias and pre-activation, f32 and bf16, shapes with
+ * OC a multiple of 8 (cuBLASLt saves GELU's input in the epilogue) and not. On sim bit for bit;
+ * on CUDA within the bounds above, once through cuBLASLt's epilogues (FSDP_CUDA_GEMM=lt) and
+ * once through the separate entries (cuBLAS). */
+static void test_epilogue(void) {
+    rng_seed(43);
+#ifdef FSDP_HAVE_CUDA
+    if (fsdp_test_device_is_cuda()) {
+        fsdp_cuda_gemm_lt_stats s0 = lt_stats();
+        fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_LT);
+        epilogue_cases();
+        fsdp_cuda_gemm_lt_stats s1 = lt_stats();
+        printf("\n    lt epilogues: %lld queries, %lld fallbacks to the separate entries",
+               (long long)(s1.queries - s0.queries), (long long)(s1.fallbacks - s0.fallbacks));
+        fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_CUBLAS);
+    }
+#endif
+    epilogue_cases();
+#ifdef FSDP_HAVE_CUDA
+    fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_DEFAULT);
+#endif
+}
+
 /* ---- the tiled attention (CUDA only) ---- */
 
 #ifdef FSDP_HAVE_CUDA
@@ -1647,6 +1808,7 @@ int main(int argc, char **argv) {
         {"gemm_bf16", test_gemm_bf16},
         {"gemm_lt", test_gemm_lt},
         {"gemm_lt_cache", test_gemm_lt_cache},
+        {"epilogue", test_epilogue},
         {"attention_flash", test_attention_flash},
         {"cudnn_loader", test_cudnn_loader},
         {"sdpa_graph_ops", test_sdpa_graph_ops},

@@ -1,6 +1,7 @@
 /* test_modules.c: the module tree (names, fully qualified names, PyTorch's parameter order),
  * hooks (order, replacement, scope and phase), backward against finite differences,
- * gradient accumulation, layout-independent initialisation, buffer reuse across steps, and
+ * gradient accumulation, layout-independent initialisation, buffer reuse across steps,
+ * Linear on the fused GEMM entries bit for bit the separate ones (CPU and sim, f32 and bf16), and
  * SGD's update equations. Layer numerics against PyTorch live in test_fixtures.c. */
 #include <math.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "core/tensor_impl.h"
 #include "harness.h"
+#include "kernels/kernels.h" // defines: fsdp_kernels_cpu
 
 typedef struct names {
     int n;
@@ -327,6 +329,105 @@ static void test_gradients_accumulate_and_frozen_params(void) {
     fsdp_module_free(m);
 }
 
+/* ---- Linear on the fused entries: the bits of the separate ones ---- */
+
+enum { LR = 13, LC = 37, LOC = 29 }; /* rows, in and out features */
+
+/* What Linear computed before its GEMMs took their epilogues (the separate entries, in the same
+ * order), on host arrays, for two forward and backward passes accumulating the gradients: y
+ * (LR, LOC), gw (LOC, LC), gb (LOC), dx (LR, LC). */
+static void linear_separate(bool bf16, const float *x, const float *w, const float *b,
+                            const float *dy, float *y, float *gw, float *gb, float *dx) {
+    const fsdp_kernels_i *k = fsdp_kernels_cpu();
+    static fsdp_bf16 x16[LR * LC], w16[LOC * LC], h[LR * LC];
+    memset(gw, 0, sizeof(float) * LOC * LC), memset(gb, 0, sizeof(float) * LOC);
+    for (int pass = 0; pass < 2; pass++) {
+        if (bf16) {
+            k->f32_to_bf16(x16, x, LR * LC), k->f32_to_bf16(w16, w, LOC * LC);
+            k->gemm_bf16(false, true, LR, LOC, LC, 1.0f, x16, LC, w16, LC, 0.0f, y, LOC);
+            k->bias_add(y, b, LR, LOC);
+            k->f32_to_bf16(h, y, LR * LOC), k->bf16_to_f32(y, h, LR * LOC);
+            k->f32_to_bf16(h, dy, LR * LOC); /* dy16 */
+            k->gemm_bf16(true, false, LOC, LC, LR, 1.0f, h, LOC, x16, LC, 1.0f, gw, LC);
+            k->bias_backward(gb, dy, LR, LOC);
+            k->gemm_bf16(false, false, LR, LC, LOC, 1.0f, h, LOC, w16, LC, 0.0f, dx, LC);
+            k->f32_to_bf16(h, dx, LR * LC), k->bf16_to_f32(dx, h, LR * LC);
+        } else {
+            k->gemm(false, true, LR, LOC, LC, 1.0f, x, LC, w, LC, 0.0f, y, LOC);
+            k->bias_add(y, b, LR, LOC);
+            k->gemm(true, false, LOC, LC, LR, 1.0f, dy, LOC, x, LC, 1.0f, gw, LC);
+            k->bias_backward(gb, dy, LR, LOC);
+            k->gemm(false, false, LR, LC, LOC, 1.0f, dy, LOC, w, LC, 0.0f, dx, LC);
+        }
+    }
+}
+
+/* n floats of t (any device) to the host */
+static void to_host(float *dst, const fsdp_tensor *t, int64_t n) {
+    fsdp_tensor *h = NULL;
+    FSDP_TEST_OK(fsdp_tensor_from_blob(fsdp_test_ctx(), dst, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                       (int64_t[]){n}, &h));
+    fsdp_tensor *flat = NULL;
+    FSDP_TEST_OK(fsdp_tensor_view(fsdp_test_ctx(), t, 0, 1, (int64_t[]){n}, &flat));
+    FSDP_TEST_OK(fsdp_tensor_copy(fsdp_test_ctx(), h, flat));
+    fsdp_tensor_free(flat), fsdp_tensor_free(h);
+}
+
+static int64_t bits_differ(const float *a, const float *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return d;
+}
+
+/* Linear(37, 29) with bias under the f32 and bf16 policies, on the CPU and on sim:0: two
+ * forward and backward passes (the gradients accumulate) give the output, the weight and bias
+ * gradients and the input gradient bit for bit as the separate entries give them. */
+static void test_linear_fused_bitwise(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    static float x[LR * LC], dy[LR * LOC], w[LOC * LC], b[LOC];
+    static float y0[LR * LOC], gw0[LOC * LC], gb0[LOC], dx0[LR * LC];
+    static float y1[LR * LOC], gw1[LOC * LC], gb1[LOC], dx1[LR * LC];
+    fsdp_tensor *xh = fsdp_test_random(2, (int64_t[]){LR, LC}, -2, 2, 50);
+    fsdp_tensor *dyh = fsdp_test_random(2, (int64_t[]){LR, LOC}, -1, 1, 51);
+    memcpy(x, fsdp_tensor_f32(xh), sizeof x), memcpy(dy, fsdp_tensor_f32(dyh), sizeof dy);
+    const fsdp_device devices[] = {FSDP_CPU, {FSDP_DEVICE_SIM, 0}};
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int d = 0; d < 2; d++) {
+            fsdp_module *m = NULL;
+            FSDP_TEST_OK(fsdp_linear_create(ctx, LC, LOC, true, &m));
+            memcpy(w, fsdp_tensor_f32(fsdp_param_data(fsdp_module_get_param(m, "weight"))),
+                   sizeof w);
+            memcpy(b, fsdp_tensor_f32(fsdp_param_data(fsdp_module_get_param(m, "bias"))), sizeof b);
+            linear_separate(bf16, x, w, b, dy, y0, gw0, gb0, dx0);
+            if (bf16) FSDP_TEST_OK(fsdp_module_set_autocast(ctx, m, FSDP_DTYPE_BF16));
+            FSDP_TEST_OK(fsdp_module_to(ctx, m, devices[d]));
+            fsdp_tensor *xd = NULL, *dyd = NULL;
+            FSDP_TEST_OK(
+                fsdp_tensor_create(ctx, FSDP_DTYPE_F32, devices[d], 2, (int64_t[]){LR, LC}, &xd));
+            FSDP_TEST_OK(
+                fsdp_tensor_create(ctx, FSDP_DTYPE_F32, devices[d], 2, (int64_t[]){LR, LOC}, &dyd));
+            FSDP_TEST_OK(fsdp_tensor_copy(ctx, xd, xh));
+            FSDP_TEST_OK(fsdp_tensor_copy(ctx, dyd, dyh));
+            FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
+            const fsdp_tensor *y = NULL, *dx = NULL;
+            for (int pass = 0; pass < 2; pass++) {
+                FSDP_TEST_OK(fsdp_module_forward(ctx, m, xd, &y));
+                FSDP_TEST_OK(fsdp_module_backward(ctx, m, dyd, &dx));
+            }
+            to_host(y1, y, LR * LOC), to_host(dx1, dx, LR * LC);
+            to_host(gw1, fsdp_param_grad(fsdp_module_get_param(m, "weight")), LOC * LC);
+            to_host(gb1, fsdp_param_grad(fsdp_module_get_param(m, "bias")), LOC);
+            int64_t diff = bits_differ(y0, y1, LR * LOC) + bits_differ(dx0, dx1, LR * LC) +
+                           bits_differ(gw0, gw1, LOC * LC) + bits_differ(gb0, gb1, LOC);
+            printf("\n    %s on %s: %lld elements differ from the separate entries",
+                   bf16 ? "bf16" : "f32", fsdp_device_to_string(devices[d]), (long long)diff);
+            CU_ASSERT_EQUAL(diff, 0);
+            fsdp_tensor_free(xd), fsdp_tensor_free(dyd);
+            fsdp_module_free(m);
+        }
+    fsdp_tensor_free(xh), fsdp_tensor_free(dyh);
+}
+
 /* Outputs and gradients live in buffers reused step after step: same addresses. */
 static void test_buffers_reused_across_steps(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
@@ -542,6 +643,7 @@ int main(int argc, char **argv) {
         {"backward_matches_finite_differences", test_backward_matches_finite_differences},
         {"gradients_accumulate_and_frozen_params", test_gradients_accumulate_and_frozen_params},
         {"buffers_reused_across_steps", test_buffers_reused_across_steps},
+        {"linear_fused_bitwise", test_linear_fused_bitwise},
         {"init_is_layout_independent", test_init_is_layout_independent},
         {"sgd_update_equations", test_sgd_update_equations},
         {"module_to_refusals", test_module_to_refusals},

@@ -24,7 +24,15 @@
 #include "harness.h"
 #include "numerics.h" // defines: fsdp_test_sum_tol, fsdp_test_adam_check
 
-#define DIM        2000
+/* Under ThreadSanitizer, which runs each access some 10 times slower (this suite took 181 s of
+ * the CI machine's TSan run at 2000), Net(400), as test_seeds_device does: the same code paths,
+ * rank threads and bucket logic; the seed's 3 buckets need its width (below), so there the
+ * bucket count is checked against the all_reduce count instead. */
+#ifdef UNDER_TSAN
+#define DIM 400
+#else
+#define DIM 2000
+#endif
 #define SEED002_LR 3e-5 /* seed 002's Adam */
 
 static int64_t count(fsdp_ctx *ctx, fsdp_comm_op op, const char *group, fsdp_comm_phase phase) {
@@ -100,8 +108,8 @@ static fsdp_status bucketing_run(fsdp_ctx *ctx, int rank, bool ckpt, float **gra
     if (st == FSDP_OK) {
         static const int want_params[3] = {2, 4, 2};
         int nb = fsdp_replicate_num_buckets(r);
-        bool ok = nb == 3;
-        for (int b = 0; ok && b < 3; b++)
+        bool ok = DIM != 2000 || nb == 3;
+        for (int b = 0; ok && DIM == 2000 && b < 3; b++)
             ok = fsdp_replicate_bucket_num_params(r, b) == want_params[b];
         FSDP_RANK_CHECK(ctx, ok, "Net%s: %d buckets (want 3 of 2, 4 and 2 parameters)",
                         ckpt ? " with fc1 checkpointed" : "", nb);
@@ -113,9 +121,11 @@ static fsdp_status bucketing_run(fsdp_ctx *ctx, int rank, bool ckpt, float **gra
     if (st == FSDP_OK) {
         int64_t ar = count(ctx, FSDP_COMM_ALL_REDUCE, NULL, FSDP_COMM_PHASE_BACKWARD);
         int64_t total = fsdp_comm_debug_total(ctx).calls;
-        FSDP_RANK_CHECK(ctx, ar == 3 && total == 3,
-                        "Net%s: %lld all_reduce in backward, %lld collectives (want 3 and 3)",
-                        ckpt ? " with fc1 checkpointed" : "", (long long)ar, (long long)total);
+        int64_t nb = fsdp_replicate_num_buckets(r); /* 3 at the seed's width (checked above) */
+        FSDP_RANK_CHECK(ctx, ar == nb && total == nb,
+                        "Net%s: %lld all_reduce in backward, %lld collectives (want %lld and %lld)",
+                        ckpt ? " with fc1 checkpointed" : "", (long long)ar, (long long)total,
+                        (long long)nb, (long long)nb);
         if (rank == 0)
             printf("\n    Net(%d)%s: %d buckets of %lld, %lld, %lld elements; %lld all_reduce per "
                    "backward",
@@ -164,7 +174,8 @@ static void test_seed004_bucketing(void) {
 
 /* Global batch of 4 rows over 2 ranks: rank r's samples are rows r and 2 + r. Replica A runs
  * them as two micro-batches, the first under no_sync (no collective), the second synchronising
- * (3 all_reduce); replica B runs them as one batch of 2. Their averaged gradients agree. */
+ * (3 all_reduce, one per bucket); replica B runs them as one batch of 2. Their averaged gradients
+ * agree. */
 static fsdp_status no_sync_rank(fsdp_ctx *ctx, int rank, void *user) {
     (void)user;
     fsdp_module *a = NULL, *b = NULL;
@@ -204,10 +215,13 @@ static fsdp_status no_sync_rank(fsdp_ctx *ctx, int rank, void *user) {
     }
     if (st == FSDP_OK) st = sum_step(ctx, a, x2, &dout, NULL);
     if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
-    if (st == FSDP_OK)
-        FSDP_RANK_CHECK(ctx, count(ctx, FSDP_COMM_ALL_REDUCE, NULL, FSDP_COMM_PHASE_BACKWARD) == 3,
-                        "no_sync: the synchronising backward made %lld all_reduce, want 3",
-                        (long long)count(ctx, FSDP_COMM_ALL_REDUCE, NULL, FSDP_COMM_PHASE_ANY));
+    if (st == FSDP_OK) /* one per bucket: 3 at the seed's width (seed004_bucketing) */
+        FSDP_RANK_CHECK(ctx,
+                        count(ctx, FSDP_COMM_ALL_REDUCE, NULL, FSDP_COMM_PHASE_BACKWARD) ==
+                            fsdp_replicate_num_buckets(ra),
+                        "no_sync: the synchronising backward made %lld all_reduce, want %d",
+                        (long long)count(ctx, FSDP_COMM_ALL_REDUCE, NULL, FSDP_COMM_PHASE_ANY),
+                        fsdp_replicate_num_buckets(ra));
     if (st == FSDP_OK) st = sum_step(ctx, b, xb, &dout, NULL);
     cmp c = {.dist = a, .grad = true, .tol = NET_GRAD_TOL, .stage = "no_sync vs one batch"};
     if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, b, compare_param, &c);

@@ -3,7 +3,8 @@
  * cross-stream reuse ordered by events, the FSDP_SIM_MEMORY cap), streams and events in every
  * mode, and the negative controls the device path relies on: a missing cross-stream wait reads
  * stale data in deferred mode (and is a ThreadSanitizer report in the TSan build), and a pinned
- * buffer changed before its copy ran is what the copy reads. The scenarios that must end a
+ * buffer changed before its copy ran is what the copy reads; the fused GEMM entries ordered by
+ * a cross-stream wait in deferred mode give the CPU's bits. The scenarios that must end a
  * process run in a child: this program started again with `--scenario NAME`. */
 #define _POSIX_C_SOURCE 200809L /* popen, setenv */
 #include <math.h>
@@ -461,6 +462,68 @@ static void test_thread_streams(void) {
     sim()->free(0, x);
 }
 
+/* ---- the fused GEMM entries on sim ---- */
+
+/* gemm_bias_act (GELU, pre saved), gemm_bf16_bias_act (ReLU) and gemm_bgrad queued on a second
+ * stream that waits for the first stream's uploads, in deferred mode (nothing runs before a
+ * wait asks for it): the host reads the CPU table's bits. */
+static void test_fused_gemm(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_sim_mode_set(FSDP_SIM_DEFERRED);
+    enum { R = 9, C = 21, OC = 16 };
+    static float x[R * C], w[OC * C], b[OC], dy[R * OC], gw[OC * C], gb[OC];
+    static float out[R * OC], pre[R * OC], out16[R * OC], got[R * OC * 3];
+    static fsdp_bf16 x16[R * C], w16[OC * C];
+    for (int i = 0; i < R * C; i++) x[i] = (float)((i * 7) % 23 - 11) / 8.0f;
+    for (int i = 0; i < OC * C; i++) w[i] = (float)((i * 5) % 19 - 9) / 16.0f;
+    for (int i = 0; i < OC; i++) b[i] = (float)(i - 8) / 4.0f, gb[i] = 0.5f;
+    for (int i = 0; i < R * OC; i++) dy[i] = (float)((i * 3) % 13 - 6) / 8.0f;
+    for (int i = 0; i < OC * C; i++) gw[i] = 0.25f;
+    const fsdp_kernels_i *cpu = fsdp_kernels_cpu(), *k = fsdp_kernels_for(SIM0);
+    cpu->f32_to_bf16(x16, x, R * C), cpu->f32_to_bf16(w16, w, OC * C);
+    float *dx = dev_alloc(R * C), *dw = dev_alloc(OC * C), *db = dev_alloc(OC);
+    float *ddy = dev_alloc(R * OC), *dgw = dev_alloc(OC * C), *dgb = dev_alloc(OC);
+    float *dout = dev_alloc(R * OC), *dpre = dev_alloc(R * OC), *dout16 = dev_alloc(R * OC);
+    fsdp_bf16 *dx16 = (fsdp_bf16 *)dev_alloc(R * C), *dw16 = (fsdp_bf16 *)dev_alloc(OC * C);
+    FSDP_TEST_OK(fsdp_device_synchronize(ctx, SIM0));
+    fsdp_stream a, s;
+    fsdp_event up;
+    FSDP_TEST_OK(fsdp_stream_create(ctx, SIM0, &a));
+    FSDP_TEST_OK(fsdp_stream_create(ctx, SIM0, &s));
+    FSDP_TEST_OK(fsdp_event_create(ctx, SIM0, &up));
+    fsdp_stream was = fsdp_stream_set_current(a);
+    dev_put(dx, x, R * C), dev_put(dw, w, OC * C), dev_put(db, b, OC), dev_put(ddy, dy, R * OC);
+    dev_put(dgw, gw, OC * C), dev_put(dgb, gb, OC);
+    FSDP_TEST_OK(sim()->copy(ctx, dx16, SIM0, x16, FSDP_CPU, sizeof x16));
+    FSDP_TEST_OK(sim()->copy(ctx, dw16, SIM0, w16, FSDP_CPU, sizeof w16));
+    FSDP_TEST_OK(fsdp_event_record(ctx, up, a));
+    fsdp_stream_set_current(s);
+    FSDP_TEST_OK(fsdp_stream_wait(ctx, s, up));
+    k->gemm_bias_act(dout, dpre, dx, dw, db, R, C, OC, FSDP_GEMM_ACT_GELU);
+    k->gemm_bf16_bias_act(dout16, NULL, dx16, dw16, db, R, C, OC, FSDP_GEMM_ACT_RELU);
+    k->gemm_bgrad(dgw, dgb, ddy, dx, R, C, OC);
+    cpu->gemm_bias_act(out, pre, x, w, b, R, C, OC, FSDP_GEMM_ACT_GELU);
+    cpu->gemm_bf16_bias_act(out16, NULL, x16, w16, b, R, C, OC, FSDP_GEMM_ACT_RELU);
+    cpu->gemm_bgrad(gw, gb, dy, x, R, C, OC);
+    dev_get(got, dout, R * OC), dev_get(got + R * OC, dpre, R * OC); // on s: waits for it
+    dev_get(got + 2 * R * OC, dout16, R * OC);
+    CU_ASSERT_EQUAL(memcmp(got, out, sizeof out), 0);
+    CU_ASSERT_EQUAL(memcmp(got + R * OC, pre, sizeof pre), 0);
+    CU_ASSERT_EQUAL(memcmp(got + 2 * R * OC, out16, sizeof out16), 0);
+    static float gw_got[OC * C], gb_got[OC];
+    dev_get(gw_got, dgw, OC * C), dev_get(gb_got, dgb, OC);
+    CU_ASSERT_EQUAL(memcmp(gw_got, gw, sizeof gw), 0);
+    CU_ASSERT_EQUAL(memcmp(gb_got, gb, sizeof gb), 0);
+    CU_ASSERT_TRUE(out[0] != 0.0f && gb[0] != 0.5f); // the entries did compute something
+    fsdp_stream_set_current(was);
+    FSDP_TEST_OK(fsdp_device_synchronize(ctx, SIM0));
+    fsdp_event_destroy(up);
+    fsdp_stream_destroy(a);
+    fsdp_stream_destroy(s);
+    float *all[] = {dx, dw, db, ddy, dgw, dgb, dout, dpre, dout16, (float *)dx16, (float *)dw16};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) sim()->free(0, all[i]);
+}
+
 /* A rank's context: its device, its compute stream and its own communication stream. */
 static void test_ctx_streams(void) {
     fsdp_ctx *ctx = NULL;
@@ -492,6 +555,7 @@ int main(int argc, char **argv) {
         {"pinned_reuse", test_pinned_reuse},
         {"thread_streams", test_thread_streams},
         {"ctx_streams", test_ctx_streams},
+        {"fused_gemm", test_fused_gemm},
     };
     return fsdp_test_run(argc, argv, "sim", cases, sizeof cases / sizeof cases[0]);
 }

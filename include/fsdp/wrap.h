@@ -123,10 +123,14 @@ typedef struct fsdp_fully_shard_options {
     fsdp_mixed_precision mixed_precision; /* default: everything f32 */
     /* Prefetch (FSDP1's forward_prefetch, backward_prefetch, limit_all_gathers): a unit's
      * pre-forward hook (forward_prefetch), pre-backward hook (FSDP_BACKWARD_PRE) or post-backward
-     * hook (FSDP_BACKWARD_POST) also issues the gather of the unit that runs next, in the order the
-     * hooks ran in the first step, before the unit computes. On a device the gather runs on a
-     * stream of its own while the unit computes, and the next unit's compute stream waits for it;
-     * on the CPU only the order changes. limit_all_gathers: a prefetch is not issued while
+     * hook (FSDP_BACKWARD_POST) also starts the gather of the unit that runs next (a started
+     * collective on a work of that unit), in the order the hooks ran in the first step, before
+     * the unit computes; that unit's own hook completes it before its parameters are read. On a
+     * device the gather runs on the communication stream while the unit computes, and the next
+     * unit's compute stream waits for it; on the host the next unit's hook waits for it (a start
+     * on rank threads completes at once, so there only the order changes). Gradient reductions
+     * are started collectives too (docs/fsdp.md, "Started collectives"), completed at the latest
+     * at the end of backward. limit_all_gathers: a prefetch is not issued while
      * FSDP_PREFETCH_LIMIT (2) non-root units hold gathered parameters (a unit's own gather is never
      * held back). Results are bitwise those without prefetch. Defaults: off. */
     bool forward_prefetch;

@@ -2,35 +2,16 @@
  * block before forward and backward (in param_dtype under mixed precision), free it after, and
  * after backward reduce the flat gradient over the data-parallel ranks into the shard the
  * optimizer steps, through the comm hook. */
-#include "core/ctx_impl.h" // defines: recompute_depth
+#include "comm/comm_device.h" // defines: fsdp_comm_work_wait_stream
+#include "core/ctx_impl.h"    // defines: recompute_depth
 #include "core/error.h"
 #include "core/tensor_impl.h"
-#include "dp/dp_impl.h"
 #include "dp/shard_impl.h"
-#include "kernels/kernels.h"
 
 /* FULL_SHARD and HYBRID_SHARD free non-root parameters after forward and after every
  * backward; the others keep them until the synchronising backward ends. */
 bool fsdp_shard_reshard_after_forward(const fsdp_sharded *sh) {
     return sh->opts.strategy == FSDP_FULL_SHARD || sh->opts.strategy == FSDP_HYBRID_SHARD;
-}
-
-/* Whether a unit's gradient is reduced in the fused pass: one fsdp_reduce_scatter_ex that
- * pre-divides, reduce_scatters over the group, post-divides and adds into the shard's gradient
- * (bitwise the separate passes, without the reduced buffer). The rule, from the strategy and
- * the options: fused exactly when
- *   - the strategy shards over more than one rank (not NO_SHARD, not a group of one),
- *   - and no replicate group of more than one rank follows (HYBRID_SHARD across replicas needs
- *     the all_reduce over replicas between the reduce_scatter and the post-divide),
- *   - and parameters are not offloaded (the add then goes through the shard's host stage),
- *   - and the comm hook is the default one,
- *   - reducing in f32 (no mixed-precision reduce_dtype).
- * Otherwise the comm hook's passes run (fsdp_dp_reduce, into pool blocks), then the add. */
-static bool reduces_fused(const fsdp_sharded *sh) {
-    const fsdp_fully_shard_options *o = &sh->opts;
-    return fsdp_shard_sharded_strategy(sh) && !sh->replicate && !o->offload_params &&
-           o->comm_hook.kind == FSDP_COMM_HOOK_DEFAULT &&
-           o->mixed_precision.reduce_dtype == FSDP_DTYPE_F32;
 }
 
 fsdp_status fsdp_shard_bind_params(fsdp_ctx *ctx, unit *u, const fsdp_tensor *base) {
@@ -45,16 +26,27 @@ void fsdp_shard_release_params(unit *u) {
         fsdp_tensor_release_storage(fsdp_param_data(u->params[i]));
 }
 
+/* The unit's all_gather: while a prefetch issues it, started on the unit's gather work (the
+ * prefetched unit's wait completes it, fsdp_prefetch_wait); otherwise the blocking call. */
+static fsdp_status unit_all_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full,
+                                   const fsdp_tensor *in) {
+    fsdp_sharded *sh = u->owner;
+    if (!sh->prefetching || fsdp_works_blocking())
+        return fsdp_all_gather(ctx, sh->group, full, in, 0);
+    return fsdp_all_gather_start(ctx, sh->group, full, in, 0, u->gather_work);
+}
+
 /* full <- the concatenation of every rank's shard. With offload the shard is in host memory:
- * it is copied to the device first, into this rank's chunk of full, and gathered in place. */
+ * it is copied to the device first, into this rank's chunk of full (u->mine, released by
+ * fsdp_shard_gather_finish), and gathered in place. */
 fsdp_status fsdp_shard_gather(fsdp_ctx *ctx, unit *u, fsdp_tensor *full, const fsdp_tensor *shard) {
     fsdp_sharded *sh = u->owner;
-    if (!sh->opts.offload_params) return fsdp_all_gather(ctx, sh->group, full, shard, 0);
+    if (!sh->opts.offload_params) return unit_all_gather(ctx, u, full, shard);
     FSDP_TRY_AT(
         ctx, fsdp_tensor_rebind(ctx, u->mine, full, (int64_t)fsdp_shard_rank(sh) * u->shard_numel));
     fsdp_status st = fsdp_tensor_copy(ctx, u->mine, shard);
-    if (st == FSDP_OK) st = fsdp_all_gather(ctx, sh->group, full, u->mine, 0);
-    fsdp_tensor_release_storage(u->mine);
+    if (st == FSDP_OK) st = unit_all_gather(ctx, u, full, u->mine);
+    if (st != FSDP_OK || !sh->prefetching) fsdp_tensor_release_storage(u->mine);
     return FSDP_PASS(ctx, st);
 }
 
@@ -88,22 +80,36 @@ static fsdp_status gather_low(fsdp_ctx *ctx, unit *u) {
         fsdp_pool_give(&sh->pool, u->low_full);
         return FSDP_PASS(ctx, st);
     }
+    u->gather_widen = true;      /* fsdp_shard_gather_finish widens and gives low_full back */
     if (fsdp_low_copy_take(u)) { /* the optimizer's rounding of the shard as it stands */
-        st = sharded ? fsdp_all_gather(ctx, sh->group, u->low_full, u->low_copy, 0)
+        st = sharded ? unit_all_gather(ctx, u, u->low_full, u->low_copy)
                      : fsdp_tensor_copy(ctx, u->low_full, u->low_copy);
     } else if (sharded) {
         st = fsdp_tensor_rebind(ctx, u->low_mine, u->low_full,
                                 (int64_t)fsdp_shard_rank(sh) * u->shard_numel);
         if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->low_mine, shard);
-        if (st == FSDP_OK) st = fsdp_all_gather(ctx, sh->group, u->low_full, u->low_mine, 0);
-        fsdp_tensor_release_storage(u->low_mine);
+        if (st == FSDP_OK) st = unit_all_gather(ctx, u, u->low_full, u->low_mine);
     } else {
         st = fsdp_tensor_copy(ctx, u->low_full, shard);
     }
-    if (shard == u->mine) fsdp_tensor_release_storage(u->mine);
-    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->full, u->low_full);
-    fsdp_pool_give(&sh->pool, u->low_full);
     return FSDP_PASS(ctx, st);
+}
+
+/* After a gather's collective was issued (st: how that went): finished at once unless a
+ * prefetch left it in flight. A prefetch on a device that widens after the collective completes
+ * it on the unshard stream (the widening is FSDP's own kernel there); on the host it is left to
+ * the prefetched unit's wait, as is an f32 gather on either. */
+static fsdp_status gather_issued(fsdp_ctx *ctx, unit *u, fsdp_status st) {
+    fsdp_sharded *sh = u->owner;
+    if (!sh->prefetching || st != FSDP_OK) return fsdp_shard_gather_finish(ctx, u, st);
+    if (!fsdp_comm_work_pending(u->gather_work)) return fsdp_shard_gather_finish(ctx, u, st);
+    if (sh->pool.device.type == FSDP_DEVICE_CPU) {
+        if (u->gather_widen) fsdp_pool_hold(&sh->pool, u->low_full);
+        return FSDP_OK;
+    }
+    if (!u->gather_widen) return FSDP_OK;
+    st = fsdp_comm_work_wait_stream(ctx, u->gather_work, fsdp_stream_current(sh->pool.device));
+    return fsdp_shard_gather_finish(ctx, u, st);
 }
 
 /* Rank threads, f32, sharded, without offload: the group's shards of the unit move side by
@@ -126,9 +132,10 @@ static fsdp_status gather_shared(fsdp_ctx *ctx, unit *u, bool *done) {
         FSDP_TRY_AT(ctx, fsdp_group_share_shards(ctx, sh->group, shard, &u->shared_full));
     }
     if (!u->shared_full) return FSDP_OK;
-    FSDP_TRY_AT(ctx, fsdp_all_gather(ctx, sh->group, u->shared_full, shard, 0));
+    FSDP_TRY_AT(ctx, gather_issued(ctx, u, unit_all_gather(ctx, u, u->shared_full, shard)));
     fsdp_status st = fsdp_shard_bind_params(ctx, u, u->shared_full);
     if (st != FSDP_OK) {
+        st = fsdp_works_drain(ctx, sh, st);
         fsdp_shard_release_params(u);
         return FSDP_PASS(ctx, st);
     }
@@ -151,8 +158,10 @@ static fsdp_status gather_params(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, bool 
                      : fsdp_shard_sharded_strategy(sh)
                          ? fsdp_shard_gather(ctx, u, u->full, fsdp_param_data(u->flat))
                          : fsdp_tensor_copy(ctx, u->full, fsdp_param_data(u->flat));
+    st = gather_issued(ctx, u, st);
     if (st == FSDP_OK) st = fsdp_shard_bind_params(ctx, u, u->full);
     if (st != FSDP_OK) {
+        st = fsdp_works_drain(ctx, sh, st); /* nothing left writing into the block */
         fsdp_shard_release_params(u);
         fsdp_pool_give(&sh->pool, u->full);
     }
@@ -178,6 +187,7 @@ fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, const c
 static fsdp_status prefetch_next(fsdp_ctx *ctx, unit *u, fsdp_prefetch_at at) {
     unit *v = fsdp_prefetch_pick(ctx, u, at);
     if (!v) return FSDP_OK;
+    FSDP_TRY_AT(ctx, fsdp_works_ready(ctx, v->owner));
     fsdp_stream compute;
     FSDP_TRY_AT(ctx, fsdp_prefetch_begin(ctx, v->owner, &compute));
     fsdp_status st = fsdp_shard_unshard(ctx, v, v->owner->param_dtype,
@@ -233,79 +243,19 @@ fsdp_status fsdp_shard_take_grads(fsdp_ctx *ctx, unit *u, const char *call) {
     return fsdp_shard_move(ctx, u, UNIT_TAKE_GRADS, call);
 }
 
-fsdp_status fsdp_shard_give_grads(fsdp_ctx *ctx, unit *u, const char *call) {
-    FSDP_TRY_AT(ctx, fsdp_shard_move(ctx, u, UNIT_REDUCED, call));
-    fsdp_shard_unbind_grads(u);
-    return FSDP_OK;
-}
-
-/* shard gradient += src. With offload src is copied to the host first and added there. */
-static fsdp_status accumulate(fsdp_ctx *ctx, unit *u, const fsdp_tensor *src) {
-    fsdp_tensor *g = fsdp_param_grad(u->flat);
-    if (u->owner->opts.offload_params) {
-        FSDP_TRY_AT(ctx, fsdp_tensor_copy(ctx, u->stage, src));
-        src = u->stage;
-    }
-    fsdp_kernels_for(fsdp_tensor_device(g))
-        ->axpy(fsdp_tensor_f32(g), 1.0f, fsdp_tensor_f32(src), fsdp_tensor_numel(g));
-    return FSDP_OK;
-}
-
-/* Averages the unit's full gradient over the data-parallel ranks into its shard's gradient
- * through the comm hook (comm_hook.c; the default: divide by the pre factor; reduce_scatter
- * over the group, all_reduce for NO_SHARD; all_reduce over the replicate group for
- * HYBRID_SHARD; divide by the post factor, in f32 or reduce_dtype); then adds the result to
- * the shard's gradient. */
-static fsdp_status reduce_grad(fsdp_ctx *ctx, unit *u) {
-    fsdp_sharded *sh = u->owner;
-    if (u->numel == 0) return FSDP_OK;
-    if (reduces_fused(sh)) {
-        fsdp_reduce_options o = {.pre_scale = fsdp_dp_inverse(sh->pre_factor),
-                                 .post_scale = fsdp_dp_inverse(sh->post_factor),
-                                 .accumulate = true};
-        return fsdp_reduce_scatter_ex(ctx, sh->group, fsdp_param_grad(u->flat), u->full_grad, 0,
-                                      FSDP_REDUCE_SUM, &o);
-    }
-    bool sharded = fsdp_shard_sharded_strategy(sh), low = sh->grad_dtype != FSDP_DTYPE_F32;
-    fsdp_status st = FSDP_OK;
-    if (sharded) st = fsdp_pool_take(ctx, &sh->pool, u->reduced);
-    if (st == FSDP_OK && low) st = fsdp_pool_take(ctx, &sh->pool, u->low_grad);
-    if (st == FSDP_OK && low && sharded) st = fsdp_pool_take(ctx, &sh->pool, u->low_reduced);
-    fsdp_dp_reduce_args a = {.hook = &sh->opts.comm_hook,
-                             .reduce_dtype = sh->opts.mixed_precision.reduce_dtype,
-                             .group = sh->group,
-                             .replicate = sh->replicate,
-                             .pre = sh->pre_factor,
-                             .post = sh->post_factor,
-                             .index = u->index,
-                             .grad = u->full_grad,
-                             .out = sharded ? u->reduced : NULL,
-                             .low_grad = u->low_grad,
-                             .low_out = u->low_reduced};
-    if (st == FSDP_OK) st = fsdp_dp_reduce(ctx, &a);
-    if (st == FSDP_OK) st = accumulate(ctx, u, sharded ? u->reduced : u->full_grad);
-    fsdp_pool_give(&sh->pool, u->low_reduced);
-    fsdp_pool_give(&sh->pool, u->low_grad);
-    if (sharded) fsdp_pool_give(&sh->pool, u->reduced);
-    return FSDP_PASS(ctx, st);
-}
-
 /* ---- hooks ---- */
 
-fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
-                                   const fsdp_tensor **io, void *user) {
-    (void)m, (void)point, (void)io;
-    unit *u = user;
+/* Each hook's body; the hooks (at the end) drain the works when it fails. */
+static fsdp_status pre_forward(fsdp_ctx *ctx, unit *u) {
+    /* a step that failed outside FSDP's hooks may have left a work in flight */
+    if (u->is_root && ctx->recompute_depth == 0) FSDP_TRY_AT(ctx, fsdp_works_settle(ctx, u->owner));
     FSDP_TRY_AT(ctx, fsdp_prefetch_note(ctx, u, false));
     FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-forward hook"));
     FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u));
     return prefetch_next(ctx, u, FSDP_PREFETCH_AT_FORWARD); /* before this unit computes */
 }
 
-fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
-                                    const fsdp_tensor **io, void *user) {
-    (void)m, (void)point, (void)io;
-    unit *u = user;
+static fsdp_status post_forward(fsdp_ctx *ctx, unit *u) {
     /* A checkpointed module re-running its forward inside backward: the unit's backward
      * follows at once, so the parameters gathered for the recompute stay (PyTorch's FSDP skips
      * its post-forward logic in the recomputed forward too). */
@@ -318,10 +268,7 @@ fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
     return FSDP_OK;
 }
 
-fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
-                                    const fsdp_tensor **io, void *user) {
-    (void)m, (void)point, (void)io;
-    unit *u = user;
+static fsdp_status pre_backward(fsdp_ctx *ctx, unit *u) {
     FSDP_TRY_AT(ctx, fsdp_prefetch_note(ctx, u, true));
     FSDP_TRY_AT(ctx, fsdp_shard_unshard(ctx, u, u->owner->param_dtype, "the pre-backward hook"));
     FSDP_TRY_AT(ctx, fsdp_prefetch_wait(ctx, u));
@@ -330,10 +277,7 @@ fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
     return fsdp_shard_take_grads(ctx, u, "the pre-backward hook");
 }
 
-fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
-                                     const fsdp_tensor **io, void *user) {
-    (void)m, (void)point, (void)io;
-    unit *u = user;
+static fsdp_status post_backward(fsdp_ctx *ctx, unit *u) {
     static const char call[] = "the post-backward hook";
     if (!u->owner->sync) {
         /* no_sync: the full gradient stays bound and accumulates; FULL_SHARD still frees the
@@ -347,9 +291,9 @@ fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_po
     FSDP_TRY_AT(ctx, fsdp_shard_check_move(ctx, u, UNIT_REDUCED, call));
     /* The reduction on the post-backward stream, under the next unit's backward. */
     fsdp_stream compute;
+    FSDP_TRY_AT(ctx, fsdp_works_ready(ctx, u->owner));
     FSDP_TRY_AT(ctx, fsdp_post_backward_begin(ctx, u->owner, &compute));
-    fsdp_status st = reduce_grad(ctx, u);
-    if (st == FSDP_OK) st = fsdp_shard_give_grads(ctx, u, call);
+    fsdp_status st = fsdp_post_backward_reduce(ctx, u, call);
     fsdp_post_backward_end(u->owner, compute);
     FSDP_TRY_AT(ctx, st);
     if (u->numel) fsdp_prefetch_trace(u, FSDP_REDUCE_ISSUED);
@@ -357,8 +301,42 @@ fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_po
     /* BACKWARD_POST: the next unit's gather, while what runs before its backward computes */
     FSDP_TRY_AT(ctx, prefetch_next(ctx, u, FSDP_PREFETCH_AT_POST_BACKWARD));
     if (!u->is_root) return FSDP_OK;
-    /* the end of backward: the gradients are complete on the compute stream; the optimizer
-     * may write the pinned shards next */
+    /* the end of backward: every work completed (on the host: waited for), the gradients are
+     * complete on the compute stream; the optimizer may write the pinned shards next */
+    FSDP_TRY_AT(ctx, fsdp_works_settle(ctx, u->owner));
+    FSDP_TRY_AT(ctx, fsdp_prefetch_join(ctx, u->owner));
     FSDP_TRY_AT(ctx, fsdp_post_backward_join(ctx, u->owner));
     return fsdp_offload_sync(ctx, u->owner);
+}
+
+fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                   const fsdp_tensor **io, void *user) {
+    (void)m, (void)io;
+    unit *u = user;
+    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
+    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : pre_forward(ctx, u));
+}
+
+fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                    const fsdp_tensor **io, void *user) {
+    (void)m, (void)io;
+    unit *u = user;
+    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
+    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : post_forward(ctx, u));
+}
+
+fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                    const fsdp_tensor **io, void *user) {
+    (void)m, (void)io;
+    unit *u = user;
+    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
+    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : pre_backward(ctx, u));
+}
+
+fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                     const fsdp_tensor **io, void *user) {
+    (void)m, (void)io;
+    unit *u = user;
+    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
+    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : post_backward(ctx, u));
 }

@@ -39,12 +39,17 @@ static bool settled(const fsdp_pool *pool, const fsdp_pool_block *b) {
     return false;
 }
 
+/* When b was given back, for ties: an open block (fsdp_pool_hold) is given back last. */
+static uint64_t given_at(const fsdp_pool_block *b) {
+    return b->open ? UINT64_MAX : b->given;
+}
+
 /* Whether b is a better fit than best (NULL: none yet): smaller, or as small and given back
  * earlier (its last user more likely done). */
 static bool better(const fsdp_pool_block *b, const fsdp_pool_block *best) {
     if (!best) return true;
     int64_t nb = fsdp_tensor_numel(b->buf), nbest = fsdp_tensor_numel(best->buf);
-    return nb < nbest || (nb == nbest && b->given < best->given);
+    return nb < nbest || (nb == nbest && given_at(b) < given_at(best));
 }
 
 fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
@@ -55,7 +60,8 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
     fsdp_pool_block *best = NULL, *other = NULL; /* on this stream; on another, settled */
     for (int i = 0; i < pool->n_blocks; i++) {
         fsdp_pool_block *b = &pool->blocks[i];
-        if (b->in_use || fsdp_tensor_dtype(b->buf) != dtype || fsdp_tensor_numel(b->buf) < n)
+        if ((b->in_use && !b->open) || fsdp_tensor_dtype(b->buf) != dtype ||
+            fsdp_tensor_numel(b->buf) < n)
             continue;
         if (b->last_on.handle == now.handle) {
             if (better(b, best)) best = b;
@@ -64,6 +70,11 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
         }
     }
     if (!best) best = other;
+    if (best && best->open) { /* its collective completes and gives it back, then it is free */
+        FSDP_ASSERT(pool->settle != NULL);
+        FSDP_TRY_AT(ctx, pool->settle(ctx, pool->settle_user));
+        FSDP_ASSERT(!best->in_use);
+    }
     if (!best) {
         if (!fsdp_array_reserve((void **)&pool->blocks, &pool->cap_blocks, pool->n_blocks + 1,
                                 sizeof *pool->blocks))
@@ -72,7 +83,7 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
         int64_t len = n > 0 ? n : 1;
         fsdp_status st = fsdp_tensor_create(ctx, dtype, pool->device, 1, &len, &best->buf);
         if (st != FSDP_OK) return FSDP_PASS(ctx, st);
-        best->in_use = false;
+        best->in_use = best->open = false;
         best->last_on = now;
         best->freed = (fsdp_event){pool->device, NULL};
         best->freed_set = false;
@@ -92,9 +103,15 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
     return FSDP_OK;
 }
 
+void fsdp_pool_hold(fsdp_pool *pool, const fsdp_tensor *t) {
+    fsdp_pool_block *b = t ? block_of(pool, t) : NULL;
+    if (b) b->open = true;
+}
+
 void fsdp_pool_give(fsdp_pool *pool, fsdp_tensor *t) {
     fsdp_pool_block *b = t ? block_of(pool, t) : NULL;
     if (!b) return;
+    b->open = false;
     pool->in_use_bytes -= fsdp_tensor_numel(t) * (int64_t)fsdp_dtype_size(fsdp_tensor_dtype(t));
     b->in_use = false;
     b->last_on = fsdp_stream_current(pool->device);

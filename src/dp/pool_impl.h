@@ -15,6 +15,7 @@
 typedef struct fsdp_pool_block {
     fsdp_tensor *buf;    /* 1-D, the block's memory, of the dtype of the first tensor bound to it */
     bool in_use;         /* a tensor is bound to it */
+    bool open;           /* in use by a collective left in flight on the host (fsdp_pool_hold) */
     fsdp_stream last_on; /* the current stream when it was given back (its last user's) */
     /* On a device: recorded on last_on when it was given back (after its last use there);
      * freed_set: that record succeeded. given: the pool's count of gives at its last give. */
@@ -38,6 +39,10 @@ typedef struct fsdp_pool {
      * not be recorded, for all the giver's stream has queued: this event). */
     fsdp_event cross;
     uint64_t gives;
+    /* Completes the collectives that hold open blocks (they give them back): called by a take
+     * whose best block is open, instead of allocating another (FSDP: fsdp_works_settle). */
+    fsdp_status (*settle)(fsdp_ctx *ctx, void *user);
+    void *settle_user;
 } fsdp_pool;
 
 /* Binds t (any dtype and shape, without storage or not) to the smallest free block of its
@@ -50,6 +55,11 @@ typedef struct fsdp_pool {
  * and size than a single stream needs, as CUDA's caching allocator allocates while an event
  * is pending. */
 fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t);
+/* Marks t's block (held) as open: a collective left in flight on the host still uses it, and
+ * whoever completes that collective gives it back. A take counts an open block as free: when it
+ * is the best fit, the take calls pool->settle first (so the blocks, and the memory held, are
+ * those of the blocking calls'). give clears the mark. */
+void fsdp_pool_hold(fsdp_pool *pool, const fsdp_tensor *t);
 /* Unbinds t (it is left without storage) and frees its block for the next take. A tensor not
  * bound to one of the pool's blocks, and NULL, are left alone. */
 void fsdp_pool_give(fsdp_pool *pool, fsdp_tensor *t);

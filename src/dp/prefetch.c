@@ -1,18 +1,22 @@
-/* prefetch.c: FSDP1's prefetch on the rank's streams: a unit's hook issues the gather of the
- * unit that runs after it (forward_prefetch: the next in forward order, before the unit
- * computes; BACKWARD_PRE: the next in backward order, before the unit computes; BACKWARD_POST:
- * the first unit in backward order whose backward has not started, after the unit's gradients
- * were reduced) on the state's unshard stream, so that on a device the gather runs while
- * computation goes on; the unit that was prefetched makes the
- * compute stream wait for the gather's event before its parameters are read.
+/* prefetch.c: FSDP1's prefetch: a unit's hook starts the gather of the unit that runs after it
+ * (forward_prefetch: the next in forward order, before the unit computes; BACKWARD_PRE: the
+ * next in backward order, before the unit computes; BACKWARD_POST: the first unit in backward
+ * order whose backward has not started, after the unit's gradients were reduced) on that unit's
+ * gather work, with the state's unshard stream current (FSDP's own copies and roundings before
+ * the collective queue there), so that the all_gather runs while computation goes on; the unit
+ * that was prefetched completes the work before its parameters are read: on a device the
+ * compute stream waits for it (and for the unshard stream's event), on the host
+ * fsdp_comm_work_wait.
  * limit_all_gathers holds the gathered units (the root excluded) to FSDP_PREFETCH_LIMIT when
  * prefetching. The order is the order the hooks first ran in (the first step's), as PyTorch
  * records it; nothing is prefetched before a unit has run once. */
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "core/ctx_impl.h" // defines: recompute_depth
+#include "comm/comm_device.h" // defines: fsdp_comm_work_wait_stream
+#include "core/ctx_impl.h"    // defines: recompute_depth
 #include "core/error.h"
+#include "core/tensor_impl.h" // defines: fsdp_tensor_release_storage
 #include "dp/shard_impl.h"
 
 static atomic_bool skip_wait;
@@ -109,6 +113,7 @@ fsdp_status fsdp_prefetch_end(fsdp_ctx *ctx, unit *v, fsdp_stream compute, fsdp_
     if (st == FSDP_OK) st = fsdp_event_record(ctx, v->gathered, sh->unshard);
     if (st != FSDP_OK) return FSDP_PASS(ctx, st);
     v->prefetched = true;
+    if (fsdp_comm_work_pending(v->gather_work)) fsdp_prefetch_trace(v, FSDP_GATHER_IN_FLIGHT);
     fsdp_prefetch_trace(v, FSDP_PREFETCH_ISSUED);
     return FSDP_OK;
 }
@@ -135,12 +140,33 @@ unit *fsdp_prefetch_pick(fsdp_ctx *ctx, unit *u, fsdp_prefetch_at at) {
     return v;
 }
 
+fsdp_status fsdp_shard_gather_finish(fsdp_ctx *ctx, unit *u, fsdp_status st) {
+    if (u->low_mine) fsdp_tensor_release_storage(u->low_mine);
+    if (u->mine) fsdp_tensor_release_storage(u->mine);
+    if (!u->gather_widen) return st;
+    u->gather_widen = false;
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, u->full, u->low_full);
+    fsdp_pool_give(&u->owner->pool, u->low_full);
+    return FSDP_PASS(ctx, st);
+}
+
 fsdp_status fsdp_prefetch_wait(fsdp_ctx *ctx, unit *u) {
     if (!u->prefetched) return FSDP_OK;
+    fsdp_sharded *sh = u->owner;
     u->prefetched = false;
     fsdp_prefetch_trace(u, FSDP_PREFETCH_WAITED);
-    if (atomic_load(&skip_wait)) return FSDP_OK;
-    return fsdp_stream_wait(ctx, fsdp_stream_current(u->owner->pool.device), u->gathered);
+    fsdp_status st;
+    if (sh->pool.device.type == FSDP_DEVICE_CPU) {
+        st = fsdp_comm_work_wait(ctx, u->gather_work);
+    } else if (atomic_load(&skip_wait)) { /* the work completes, but not for the compute stream */
+        st = fsdp_comm_work_wait_stream(ctx, u->gather_work, sh->unshard);
+    } else {
+        fsdp_stream compute = fsdp_stream_current(sh->pool.device);
+        st = fsdp_comm_work_wait_stream(ctx, u->gather_work, compute);
+        /* FSDP's own copies on the unshard stream (a gather without a collective has only these) */
+        if (st == FSDP_OK) st = fsdp_stream_wait(ctx, compute, u->gathered);
+    }
+    return fsdp_shard_gather_finish(ctx, u, st);
 }
 
 fsdp_status fsdp_prefetch_join(fsdp_ctx *ctx, fsdp_sharded *sh) {

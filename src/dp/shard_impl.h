@@ -9,6 +9,7 @@
 
 #include "core/stream.h"
 #include "dp/pool_impl.h"
+#include "fsdp/comm.h"
 #include "fsdp/wrap.h"
 
 /* The life of an FSDP unit: what its parameters and its full gradient are bound to. A unit
@@ -82,6 +83,18 @@ typedef struct unit {
      * BACKWARD_POST prefetches the first unit in backward order without it. */
     bool backward_started;
     fsdp_event gathered;
+    /* The unit's started collectives (works.c makes them with the state's first prefetch or
+     * reduction): a prefetched gather, completed by fsdp_prefetch_wait; the last collective of
+     * its gradient reduction, completed by fsdp_post_backward_finish. */
+    fsdp_comm_work *gather_work, *reduce_work;
+    /* Left for the gather's completion (fsdp_shard_gather_finish): widen low_full into full and
+     * give low_full back (mixed precision). */
+    bool gather_widen;
+    /* A reduction started and not finished (in flight on the host): after its wait, reduce_add
+     * (NULL: nothing, the fused reduce_scatter added) is added into the shard's gradient, and
+     * full_grad (and reduced, when it is reduce_add) go back to the pool. */
+    bool reduce_open;
+    fsdp_tensor *reduce_add;
 } unit;
 
 /* The hook that prefetches: a pre-forward, pre-backward or post-backward hook. */
@@ -98,7 +111,9 @@ typedef enum fsdp_prefetch_event {
     FSDP_PREFETCH_WAITED,  /* the compute stream made to wait for a prefetched gather */
     FSDP_PREFETCH_OWN,     /* a unit's gather issued by its own hook (or a summon) */
     FSDP_REDUCE_ISSUED,    /* a unit's gradient reduction issued on the post-backward stream */
-    FSDP_REDUCE_JOINED     /* the compute stream made to wait for the post-backward stream */
+    FSDP_REDUCE_JOINED,    /* the compute stream made to wait for the post-backward stream */
+    FSDP_GATHER_IN_FLIGHT, /* a prefetched gather's work still in flight after its start */
+    FSDP_REDUCE_IN_FLIGHT  /* a reduction's work still in flight on the host after its start */
 } fsdp_prefetch_event;
 /* in_flight: the non-root units holding gathered parameters after the event. */
 typedef void (*fsdp_prefetch_trace_fn)(void *user, int unit, fsdp_prefetch_event ev, int in_flight);
@@ -142,6 +157,7 @@ struct fsdp_sharded {
     fsdp_stream post;
     fsdp_event grads_done, reduced;
     bool post_ready;
+    bool works_ready; /* every unit's gather_work and reduce_work made */
     /* bf16 gathers of this rank's units (low_copy.c): those that took this rank's chunk from the
      * optimizer's bf16 copy, and those that rounded the f32 shard. */
     int64_t low_copy_used, low_copy_rounded;
@@ -198,10 +214,9 @@ fsdp_status fsdp_shard_unshard(fsdp_ctx *ctx, unit *u, fsdp_dtype dtype, const c
 /* Frees the gathered parameters (a resident unit keeps them): the reverse moves. */
 fsdp_status fsdp_shard_reshard(fsdp_ctx *ctx, unit *u, const char *call);
 /* Binds the parameter gradients to a zeroed full gradient block (GATHERED to BACKWARD; a unit
- * with pending gradients keeps them and enters BACKWARD) / gives the block back after the
- * reduction (BACKWARD to GATHERED). */
+ * with pending gradients keeps them and enters BACKWARD); fsdp_post_backward_reduce gives the
+ * block back after the reduction (BACKWARD to GATHERED). */
 fsdp_status fsdp_shard_take_grads(fsdp_ctx *ctx, unit *u, const char *call);
-fsdp_status fsdp_shard_give_grads(fsdp_ctx *ctx, unit *u, const char *call);
 
 /* The binding work alone, without a move (summon.c moves the unit itself): gather into a pool
  * block of this rank's own, always (what the caller writes there must not reach the peers'
@@ -233,6 +248,27 @@ fsdp_status fsdp_offload_sync(fsdp_ctx *ctx, const fsdp_sharded *sh);
 /* Tests: the negative control that drops that wait (every state, while on). */
 void fsdp_shard_test_skip_offload_sync(bool on);
 
+/* ---- the units' started collectives (works.c) ---- */
+
+/* Makes every unit's gather and reduce works (once) and hands the pool the settling below (the
+ * hooks call it before a prefetch or a reduction). */
+fsdp_status fsdp_works_ready(fsdp_ctx *ctx, fsdp_sharded *sh);
+/* Completes every work left in flight on the host (prefetched gathers, reductions), with what
+ * follows each (the widening, the add into the shard's gradient, the blocks given back): the
+ * pool calls it before it hands out a block such a work still holds, and the end of backward,
+ * summon_full_params and a failure call it. */
+fsdp_status fsdp_works_settle(fsdp_ctx *ctx, fsdp_sharded *sh);
+/* A hook's failure: every unit's work completed (on a device too) before st is returned, its
+ * message kept; FSDP_OK passes through. */
+fsdp_status fsdp_works_drain(fsdp_ctx *ctx, fsdp_sharded *sh, fsdp_status st);
+/* Tests: FSDP's hook at `point` of unit unit_index fails (FSDP_ERR_INTERNAL) before it does
+ * anything, in every state, until called with unit_index -1; fsdp_works_test_failure is that
+ * failure (FSDP_OK for every other hook). */
+void fsdp_shard_test_fail_hook(int unit_index, fsdp_hook_point point);
+fsdp_status fsdp_works_test_failure(fsdp_ctx *ctx, const unit *u, fsdp_hook_point point);
+/* Frees the works (none may be in flight: the hooks drain on failure). */
+void fsdp_works_release(fsdp_sharded *sh);
+
 /* ---- the post-backward stream (post_backward.c) ---- */
 
 /* Around a unit's gradient reduction: begin makes the post-backward stream wait for the
@@ -240,6 +276,15 @@ void fsdp_shard_test_skip_offload_sync(bool on);
  * on the CPU. */
 fsdp_status fsdp_post_backward_begin(fsdp_ctx *ctx, fsdp_sharded *sh, fsdp_stream *compute);
 void fsdp_post_backward_end(fsdp_sharded *sh, fsdp_stream compute);
+/* Reduces the unit's gradient (BACKWARD, on the post-backward stream where there is one): its
+ * last collective started on u->reduce_work, the unit moved to GATHERED and its parameters'
+ * gradients unbound; finished at once (fsdp_post_backward_finish) unless the work is in flight
+ * on the host, where it stays open until fsdp_works_settle. Fails with the unit still in
+ * BACKWARD when nothing was started. */
+fsdp_status fsdp_post_backward_reduce(fsdp_ctx *ctx, unit *u, const char *call);
+/* Completes an open reduction (the work's wait: on a device, of the current stream), adds its
+ * result into the shard's gradient and gives its blocks back; nothing when none is open. */
+fsdp_status fsdp_post_backward_finish(fsdp_ctx *ctx, unit *u);
 /* The end of backward: the current (compute) stream waits for every reduction queued, and the
  * pool's blocks given back on the post-backward stream become the compute stream's. */
 fsdp_status fsdp_post_backward_join(fsdp_ctx *ctx, fsdp_sharded *sh);
@@ -247,6 +292,11 @@ fsdp_status fsdp_post_backward_join(fsdp_ctx *ctx, fsdp_sharded *sh);
 void fsdp_post_backward_release(fsdp_sharded *sh);
 /* Tests: the negative control that drops the join (every state, while on). */
 void fsdp_shard_test_skip_reduce_join(bool on);
+/* Tests: every collective of the hooks blocking, as before the works (the prefetched gather,
+ * the reduction's last collective, and the reduction through the comm hook's separate passes
+ * instead of the fused options): every state, while on. */
+void fsdp_shard_test_blocking_works(bool on);
+bool fsdp_works_blocking(void);
 
 /* ---- prefetch (prefetch.c) ---- */
 
@@ -267,6 +317,10 @@ fsdp_status fsdp_prefetch_join(fsdp_ctx *ctx, fsdp_sharded *sh);
 /* The non-root units holding gathered parameters. */
 int fsdp_prefetch_in_flight(const fsdp_sharded *sh);
 void fsdp_prefetch_trace(const unit *u, fsdp_prefetch_event ev);
+/* What follows a unit's gather once its collective completed (at once, or after the prefetch's
+ * wait): the views of this rank's chunk released, under mixed precision the widening into full
+ * (unless st failed) and low_full given back. Returns st, or the widening's failure. */
+fsdp_status fsdp_shard_gather_finish(fsdp_ctx *ctx, unit *u, fsdp_status st);
 /* Waits for the unshard stream and frees it, the events and the orders. */
 void fsdp_prefetch_release(fsdp_sharded *sh);
 /* Tests: an observer of the prefetch events of sh (NULL: none); the negative control that

@@ -93,6 +93,7 @@ fsdp_status fsdp_summon_full_params(fsdp_ctx *ctx, fsdp_sharded *sh,
             return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                              "summon_full_params(with_grads): gradients of no_sync backwards "
                              "are not reduced yet; run a backward with sync on first");
+    FSDP_TRY_AT(ctx, fsdp_works_settle(ctx, sh));
     FSDP_TRY_AT(ctx, fsdp_prefetch_join(ctx, sh));
     FSDP_TRY_AT(ctx, fsdp_offload_sync(ctx, sh));
     sh->summon = o;

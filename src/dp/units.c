@@ -584,6 +584,7 @@ static void own_storage(fsdp_ctx *tmp, fsdp_tensor *t) {
 static void sharded_destroy(fsdp_sharded *sh) {
     fsdp_prefetch_release(sh); /* its stream's work ends before the blocks go */
     fsdp_post_backward_release(sh);
+    fsdp_works_release(sh);
     for (int i = 0; i < sh->n_units; i++) unit_free(sh->units[i]);
     free(sh->units);
     for (int i = 0; i < sh->n_segments; i++) free((char *)sh->segments[i].fqn);

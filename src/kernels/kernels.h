@@ -52,6 +52,15 @@ typedef struct fsdp_reduce_n_args {
     bool accumulate;
 } fsdp_reduce_n_args;
 
+/* The activation a fused GEMM epilogue applies (gemm_bias_act, gemm_bf16_bias_act): the
+ * table's own relu_forward and gelu_forward (GELU's tanh approximation, the form cuBLASLt's
+ * GELU epilogue computes). */
+typedef enum fsdp_gemm_act {
+    FSDP_GEMM_ACT_NONE = 0,
+    FSDP_GEMM_ACT_RELU,
+    FSDP_GEMM_ACT_GELU,
+} fsdp_gemm_act;
+
 /* The inputs one reduce_n takes at most (CUDA passes their pointers as a launch argument). */
 #define FSDP_REDUCE_N_MAX 256
 
@@ -70,6 +79,26 @@ typedef struct fsdp_kernels_i {
     void (*gemm_bf16)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb, float beta,
                       float *C, int64_t ldc);
+    /* Linear's forward GEMM with its epilogue: out (rows, OC) = act(inp (rows, C) weight (OC, C)^T
+     * + bias (OC)); bias may be NULL (none); pre (rows, OC) may be NULL, else it gets the
+     * pre-activation (what act's backward reads). The result is that of gemm (beta 0), bias_add,
+     * copy to pre, then act's forward in place, in that order: the CPU and sim run exactly those
+     * entries (bitwise); CUDA fuses them in cuBLASLt's epilogue where it can (docs/cuda.md) and
+     * agrees to the GEMM's rounding. */
+    void (*gemm_bias_act)(float *out, float *pre, const float *inp, const float *weight,
+                          const float *bias, int64_t rows, int64_t C, int64_t OC,
+                          fsdp_gemm_act act);
+    /* the same with bf16 inp and weight, as gemm_bf16 then the epilogue: f32 accumulation, f32
+     * bias, f32 out and pre (not rounded to bf16) */
+    void (*gemm_bf16_bias_act)(float *out, float *pre, const fsdp_bf16 *inp,
+                               const fsdp_bf16 *weight, const float *bias, int64_t rows, int64_t C,
+                               int64_t OC, fsdp_gemm_act act);
+    /* Linear's weight gradient with the bias gradient: dweight (OC, C) += dout (rows, OC)^T inp
+     * (rows, C); dbias (OC) += the column sums of dout (NULL: none). The result is that of gemm
+     * (beta 1) then bias_backward: bitwise on the CPU and sim; CUDA fuses the sums into the
+     * GEMM (cuBLASLt's BGRADB epilogue) where it can. */
+    void (*gemm_bgrad)(float *dweight, float *dbias, const float *dout, const float *inp,
+                       int64_t rows, int64_t C, int64_t OC);
     /* out (rows, cols) += bias (cols) broadcast over rows */
     void (*bias_add)(float *out, const float *bias, int64_t rows, int64_t cols);
     /* dbias (cols) += sum over rows of dout (rows, cols) */

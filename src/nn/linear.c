@@ -62,14 +62,15 @@ static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *
     float *y = fsdp_tensor_f32(l->output);
     k->f32_to_bf16(x16, fsdp_tensor_f32(in), rows * C);
     k->f32_to_bf16(w16, fsdp_tensor_f32(l->weight->data), OC * C);
-    k->gemm_bf16(false, true, rows, OC, C, 1.0f, x16, C, w16, C, 0.0f, y, OC);
-    if (bias) k->bias_add(y, fsdp_tensor_f32(l->bias->data), rows, OC);
+    k->gemm_bf16_bias_act(y, NULL, x16, w16, bias ? fsdp_tensor_f32(l->bias->data) : NULL, rows, C,
+                          OC, FSDP_GEMM_ACT_NONE);
     round_bf16(k, y, l->y16, rows * OC);
     return FSDP_OK;
 }
 
 /* dW (OC, C) += bf16(dy)^T x16 in f32; dx (rows, C) = bf16(bf16(dy) w16); the bias gradient
- * sums dy in f32. */
+ * sums dy in f32 (not bf16(dy), which is all a bias-gradient epilogue of the bf16 GEMM could
+ * read: so it stays a separate entry). */
 static fsdp_status bf16_backward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *k,
                                  const fsdp_tensor *dout, const fsdp_tensor **din, int64_t rows,
                                  int64_t OC, int64_t C) {
@@ -113,9 +114,9 @@ static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tens
     if (l->compute == FSDP_DTYPE_BF16) {
         FSDP_TRY_AT(ctx, bf16_forward(ctx, l, k, in, rows, OC, C, bias));
     } else {
-        k->gemm(false, true, rows, OC, C, 1.0f, fsdp_tensor_f32(in), C, fsdp_tensor_f32(w), C, 0.0f,
-                y, OC);
-        if (bias) k->bias_add(y, fsdp_tensor_f32(l->bias->data), rows, OC);
+        k->gemm_bias_act(y, NULL, fsdp_tensor_f32(in), fsdp_tensor_f32(w),
+                         bias ? fsdp_tensor_f32(l->bias->data) : NULL, rows, C, OC,
+                         FSDP_GEMM_ACT_NONE);
     }
     l->input = in;
     *out = l->output;
@@ -138,11 +139,13 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
     const fsdp_kernels_i *k = fsdp_kernels_for(fsdp_tensor_device(dout));
     if (l->last_compute == FSDP_DTYPE_BF16) return bf16_backward(ctx, l, k, dout, din, rows, OC, C);
     const float *dy = fsdp_tensor_f32(dout), *x = fsdp_tensor_f32(l->input);
-    if (l->weight->requires_grad) /* dW (OC, C) += dy^T (OC, rows) @ x (rows, C) */
-        k->gemm(true, false, OC, C, rows, 1.0f, dy, OC, x, C, 1.0f,
-                fsdp_tensor_f32(l->weight->grad), C);
-    if (l->bias && l->bias->requires_grad && !l->bias->hook_applied)
-        k->bias_backward(fsdp_tensor_f32(l->bias->grad), dy, rows, OC);
+    float *db = l->bias && l->bias->requires_grad && !l->bias->hook_applied
+                    ? fsdp_tensor_f32(l->bias->grad)
+                    : NULL;
+    if (l->weight->requires_grad) /* dW (OC, C) += dy^T (OC, rows) @ x (rows, C), db += sums */
+        k->gemm_bgrad(fsdp_tensor_f32(l->weight->grad), db, dy, x, rows, C, OC);
+    else if (db)
+        k->bias_backward(db, dy, rows, OC);
     if (din) { /* dx (rows, C) = dy (rows, OC) @ W (OC, C) */
         FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &l->dinput, fsdp_tensor_device(dout),
                                         fsdp_tensor_ndim(l->input), fsdp_tensor_shape(l->input)));

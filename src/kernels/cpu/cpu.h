@@ -16,6 +16,16 @@ void fsdp_cpu_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 void fsdp_cpu_bias_add(float *out, const float *bias, int64_t rows, int64_t cols);
 void fsdp_cpu_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols);
 
+/* epilogue.c */
+void fsdp_cpu_gemm_bias_act(float *out, float *pre, const float *inp, const float *weight,
+                            const float *bias, int64_t rows, int64_t C, int64_t OC,
+                            fsdp_gemm_act act);
+void fsdp_cpu_gemm_bf16_bias_act(float *out, float *pre, const fsdp_bf16 *inp,
+                                 const fsdp_bf16 *weight, const float *bias, int64_t rows,
+                                 int64_t C, int64_t OC, fsdp_gemm_act act);
+void fsdp_cpu_gemm_bgrad(float *dweight, float *dbias, const float *dout, const float *inp,
+                         int64_t rows, int64_t C, int64_t OC);
+
 /* activation.c */
 void fsdp_cpu_relu_forward(float *out, const float *inp, int64_t n);
 void fsdp_cpu_relu_backward(float *dinp, const float *inp, const float *dout, int64_t n);

@@ -38,6 +38,18 @@ TIMED_VOID(T_GEMM, gemm,
            (bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc),
            (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+/* the fused entries count as GEMMs (their epilogue's elementwise work included) */
+TIMED_VOID(T_GEMM, gemm_bias_act,
+           (float *o, float *pre, const float *x, const float *w, const float *b, int64_t r,
+            int64_t c, int64_t oc, fsdp_gemm_act act),
+           (o, pre, x, w, b, r, c, oc, act))
+TIMED_VOID(T_GEMM, gemm_bf16_bias_act,
+           (float *o, float *pre, const fsdp_bf16 *x, const fsdp_bf16 *w, const float *b, int64_t r,
+            int64_t c, int64_t oc, fsdp_gemm_act act),
+           (o, pre, x, w, b, r, c, oc, act))
+TIMED_VOID(T_GEMM, gemm_bgrad,
+           (float *dw, float *db, const float *d, const float *x, int64_t r, int64_t c, int64_t oc),
+           (dw, db, d, x, r, c, oc))
 TIMED_VOID(T_ELEMENTWISE, bias_add, (float *o, const float *b, int64_t r, int64_t c), (o, b, r, c))
 TIMED_VOID(T_ELEMENTWISE, bias_backward, (float *o, const float *d, int64_t r, int64_t c),
            (o, d, r, c))
@@ -95,6 +107,9 @@ const fsdp_kernels_i *fsdp_cpu_timed_table(const fsdp_kernels_i *untimed) {
             plain = untimed;
             timed = *untimed;
             timed.gemm = timed_gemm;
+            timed.gemm_bias_act = timed_gemm_bias_act;
+            timed.gemm_bf16_bias_act = timed_gemm_bf16_bias_act;
+            timed.gemm_bgrad = timed_gemm_bgrad;
             timed.bias_add = timed_bias_add;
             timed.bias_backward = timed_bias_backward;
             timed.relu_forward = timed_relu_forward;

@@ -106,6 +106,13 @@ typedef struct fsdp_cuda_gemm_args {
     float *C;
     cudaDataType_t ab_type;      // CUDA_R_32F or CUDA_R_16BF
     cublasComputeType_t compute; // CUBLAS_COMPUTE_32F or CUBLAS_COMPUTE_32F_FAST_TF32
+    /* cuBLASLt only (epilogue.c sets them, cuBLAS refuses them): a cublasLtEpilogue_t (0: none,
+     * as CUBLASLT_EPILOGUE_DEFAULT); its f32 bias (read) or bias gradient (written) vector; the
+     * f32 GELU input it saves (aux, row-major rows of aux_ld floats, aux_ld a multiple of 8). */
+    int epilogue;
+    float *bias;
+    float *aux;
+    int64_t aux_ld;
 } fsdp_cuda_gemm_args;
 void fsdp_cuda_gemm_cublas(const fsdp_cuda_gemm_args *g);
 /* gemm_lt.c: the same through cuBLASLt (its heuristic cached); false, having done nothing,
@@ -114,6 +121,16 @@ bool fsdp_cuda_gemm_lt(const fsdp_cuda_gemm_args *g);
 void fsdp_cuda_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                     int64_t ldc);
+/* epilogue.c: the fused entries, through cuBLASLt's epilogues when this thread runs its GEMMs
+ * there and cuBLASLt has an algorithm, else the separate entries */
+void fsdp_cuda_gemm_bias_act(float *out, float *pre, const float *inp, const float *weight,
+                             const float *bias, int64_t rows, int64_t C, int64_t OC,
+                             fsdp_gemm_act act);
+void fsdp_cuda_gemm_bf16_bias_act(float *out, float *pre, const fsdp_bf16 *inp,
+                                  const fsdp_bf16 *weight, const float *bias, int64_t rows,
+                                  int64_t C, int64_t OC, fsdp_gemm_act act);
+void fsdp_cuda_gemm_bgrad(float *dweight, float *dbias, const float *dout, const float *inp,
+                          int64_t rows, int64_t C, int64_t OC);
 /* bias.cu */
 void fsdp_cuda_bias_add(float *out, const float *bias, int64_t rows, int64_t cols);
 void fsdp_cuda_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols);

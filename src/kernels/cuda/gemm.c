@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_impl.h"
 
 void fsdp_cuda_gemm_cublas(const fsdp_cuda_gemm_args *g) {
+    FSDP_ASSERT(g->epilogue == 0); // cuBLAS has no epilogue: epilogue.c runs the separate entries
     FSDP_CUDA_CHECK_BLAS(cublasGemmEx(fsdp_cuda_blas(), g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                       g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)g->N, (int)g->M,
                                       (int)g->K, &g->alpha, g->B, g->ab_type, (int)g->ldb, g->A,

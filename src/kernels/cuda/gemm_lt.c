@@ -7,7 +7,7 @@
  * and two threads missing the same key both query and the second insert finds the first).
  * Handles and workspaces are per thread and device (rank threads sharing a GPU never share
  * either); a workspace comes once from the caching allocator and is handed back when the
- * thread exits. */
+ * thread exits. An epilogue (bias, activation, bias gradient: epilogue.c) is part of the key. */
 #include <cublasLt.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -127,6 +127,9 @@ typedef struct lt_key {
     int ab_type, compute;
     bool trans_a, trans_b;
     unsigned align_a, align_b, align_c; // bytes, a power of two up to 256
+    int epilogue;                       // 0: none; else the cublasLtEpilogue_t
+    int64_t aux_ld;
+    unsigned align_bias, align_aux; // the heuristic reads the vectors' alignment from them
 } lt_key;
 
 typedef struct lt_slot {
@@ -160,7 +163,8 @@ static bool key_equal(const lt_key *a, const lt_key *b) {
     return a->M == b->M && a->N == b->N && a->K == b->K && a->lda == b->lda && a->ldb == b->ldb &&
            a->ldc == b->ldc && a->ab_type == b->ab_type && a->compute == b->compute &&
            a->trans_a == b->trans_a && a->trans_b == b->trans_b && a->align_a == b->align_a &&
-           a->align_b == b->align_b && a->align_c == b->align_c;
+           a->align_b == b->align_b && a->align_c == b->align_c && a->epilogue == b->epilogue &&
+           a->aux_ld == b->aux_ld && a->align_bias == b->align_bias && a->align_aux == b->align_aux;
 }
 
 /* The largest power of two up to 256 that divides the address: cuBLASLt's algorithms need
@@ -225,6 +229,27 @@ typedef struct lt_desc {
     cublasLtMatrixLayoutOpaque_t b, a, c;
 } lt_desc;
 
+/* The epilogue's attributes: its kind, its f32 bias (or bias gradient) vector, and the GELU
+ * input it saves (column-major, the row-major (M, N) C's transpose: leading dimension aux_ld). */
+static void epilogue_init(lt_desc *d, const fsdp_cuda_gemm_args *g) {
+    uint32_t epilogue = (uint32_t)g->epilogue;
+    FSDP_CUDA_CHECK_LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                      &epilogue, sizeof epilogue));
+    if (g->bias) {
+        int32_t type = CUDA_R_32F;
+        FSDP_CUDA_CHECK_LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                          &g->bias, sizeof g->bias));
+        FSDP_CUDA_CHECK_LT(cublasLtMatmulDescSetAttribute(
+            &d->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof type));
+    }
+    if (g->aux) {
+        FSDP_CUDA_CHECK_LT(cublasLtMatmulDescSetAttribute(
+            &d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
+        FSDP_CUDA_CHECK_LT(cublasLtMatmulDescSetAttribute(
+            &d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g->aux_ld, sizeof g->aux_ld));
+    }
+}
+
 static void desc_init(lt_desc *d, const fsdp_cuda_gemm_args *g) {
     FSDP_CUDA_CHECK_LT(cublasLtMatmulDescInit(&d->op, g->compute, CUDA_R_32F));
     int32_t op_b = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -239,6 +264,7 @@ static void desc_init(lt_desc *d, const fsdp_cuda_gemm_args *g) {
     FSDP_CUDA_CHECK_LT(cublasLtMatrixLayoutInit(&d->a, g->ab_type, g->trans_a ? g->M : g->K,
                                                 g->trans_a ? g->K : g->M, g->lda));
     FSDP_CUDA_CHECK_LT(cublasLtMatrixLayoutInit(&d->c, CUDA_R_32F, g->N, g->M, g->ldc));
+    if (g->epilogue) epilogue_init(d, g);
 }
 
 /* Asks cuBLASLt for the best algorithm of the key within the workspace and alignments. */
@@ -286,7 +312,11 @@ bool fsdp_cuda_gemm_lt(const fsdp_cuda_gemm_args *g) {
                          .trans_b = g->trans_b,
                          .align_a = alignment(g->A),
                          .align_b = alignment(g->B),
-                         .align_c = alignment(g->C)}};
+                         .align_c = alignment(g->C),
+                         .epilogue = g->epilogue,
+                         .aux_ld = g->aux_ld,
+                         .align_bias = g->bias ? alignment(g->bias) : 0,
+                         .align_aux = g->aux ? alignment(g->aux) : 0}};
     lt_desc desc;
     desc_init(&desc, g);
     if (!cache_find(c, &s.key, &s)) {

@@ -135,6 +135,14 @@ void sim_rope_forward(float *out, const float *inp, const float *cos, const floa
 void sim_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                    const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb, float beta,
                    float *C, int64_t ldc);
+/* table_epilogue.c */
+void sim_gemm_bias_act(float *out, float *pre, const float *inp, const float *weight,
+                       const float *bias, int64_t rows, int64_t C, int64_t OC, fsdp_gemm_act act);
+void sim_gemm_bf16_bias_act(float *out, float *pre, const fsdp_bf16 *inp, const fsdp_bf16 *weight,
+                            const float *bias, int64_t rows, int64_t C, int64_t OC,
+                            fsdp_gemm_act act);
+void sim_gemm_bgrad(float *dweight, float *dbias, const float *dout, const float *inp, int64_t rows,
+                    int64_t C, int64_t OC);
 void sim_rope_qk_forward(float *qo, float *ko, const float *q, const float *k, const float *cos,
                          const float *sin, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                          int64_t D);

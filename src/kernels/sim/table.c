@@ -3,7 +3,7 @@
  * addresses) into a closure and queues the CPU table's entry on the calling thread's current
  * stream; the entries that hand a value to the host (sums, losses) wait for it, as CUDA's do. On
  * a stream's thread the CPU kernels run single-threaded. The Llama entries are in
- * table_llama.c. */
+ * table_llama.c, the fused GEMMs in table_epilogue.c. */
 #include "kernels/sim/sim_impl.h"
 
 typedef struct gemm_args {
@@ -617,6 +617,9 @@ static const fsdp_kernels_i sim_kernels = {
     .adam_update = sim_adam_update,
     .adam_update_bf16 = sim_adam_update_bf16,
     .gemm_bf16 = sim_gemm_bf16,
+    .gemm_bias_act = sim_gemm_bias_act,
+    .gemm_bf16_bias_act = sim_gemm_bf16_bias_act,
+    .gemm_bgrad = sim_gemm_bgrad,
     .embedding_forward = sim_embedding_forward,
     .embedding_backward = sim_embedding_backward,
     .rope_forward = sim_rope_forward,
