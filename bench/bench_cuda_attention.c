@@ -1,9 +1,14 @@
 /* bench_cuda_attention.c: the CUDA table's causal grouped-query attention, forward and backward,
- * with the plain kernels (one thread per score row) and the tiled ones (FlashAttention-2-class),
- * at the Llama benchmark's shapes: S (B 16, T 1024, NH 12, NKV 4, D 64) and M (B 4, T 2048,
- * NH 32, NKV 8, D 64). Per shape: the tiled results against the plain ones (norm-wise, with the
- * bound of test_kernels_cuda's attention_flash case) and the median time of a forward plus a
- * backward of each. Built only with CUDA; skips when no GPU is usable. */
+ * with the plain kernels (one thread per score row), the tiled ones (FlashAttention-2-class) and
+ * cuDNN's fused attention, at the Llama benchmark's shapes: S (B 16, T 1024, NH 12, NKV 4, D 64)
+ * and M (B 4, T 2048, NH 32, NKV 8, D 64). The inputs are bf16 values (uniform in [-1, 1],
+ * rounded), so every path sees the same numbers. Per shape: the tiled results against the plain
+ * ones (norm-wise, with the bound of test_kernels_cuda's attention_flash case), cuDNN's out and
+ * lse against the plain ones within a bf16 bound (its gradients' differences are printed; the
+ * test checks them per element), and the median time of a forward plus a backward of each:
+ * cuDNN through the table's f32 entries (cudnn-f32: the conversions to and from bf16 included)
+ * and on bf16 tensors directly (cudnn-bf16). Built only with CUDA; skips when no GPU is usable,
+ * and skips the cuDNN rows (saying why) where cuDNN cannot be loaded. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
@@ -43,7 +48,9 @@ static void fwd_bwd(void *arg) {
 static float *dev_random(int64_t n, unsigned *seed) {
     float *h = malloc((size_t)n * sizeof(float)), *d;
     if (!h) exit(1);
-    for (int64_t i = 0; i < n; i++) h[i] = 2.0f * (float)rand_r(seed) / (float)RAND_MAX - 1.0f;
+    for (int64_t i = 0; i < n; i++)
+        h[i] = fsdp_bf16_to_f32(
+            fsdp_bf16_from_f32(2.0f * (float)rand_r(seed) / (float)RAND_MAX - 1.0f));
     BENCH_CUDA_OK(cudaMalloc((void **)&d, (size_t)n * sizeof(float)));
     BENCH_CUDA_OK(cudaMemcpy(d, h, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
     free(h);
@@ -91,6 +98,78 @@ static int compare(const shape *s, float *flash[5], float *plain[5], const int64
     return bad;
 }
 
+/* cuDNN on bf16 tensors: the run's inputs and outputs as bf16 copies (out, dq, dk, dv), lse f32 */
+typedef struct bf16_run {
+    const attn_run *r;
+    fsdp_bf16 *in[4], *out[4]; // q, k, v, dout | out, dq, dk, dv
+    float *lse;
+} bf16_run;
+
+static void fwd_bwd_bf16(void *arg) {
+    const bf16_run *b = arg;
+    const shape *s = b->r->s;
+    bool ok =
+        fsdp_cuda_sdpa_forward_bf16(b->out[0], b->lse, b->in[0], b->in[1], b->in[2], s->B, s->T,
+                                    s->NH, s->NKV, s->D) &&
+        fsdp_cuda_sdpa_backward_bf16(b->out[1], b->out[2], b->out[3], b->in[3], b->in[0], b->in[1],
+                                     b->in[2], b->out[0], b->lse, s->B, s->T, s->NH, s->NKV, s->D);
+    if (!ok) {
+        fprintf(stderr, "bench_cuda_attention: cuDNN refused the shape it had accepted\n");
+        exit(1);
+    }
+}
+
+static double time_bf16(attn_run *r, int reps) {
+    const fsdp_kernels_i *K = fsdp_kernels_for((fsdp_device){FSDP_DEVICE_CUDA, 0});
+    bf16_run b = {.r = r};
+    const float *src[4] = {r->q, r->k, r->v, r->dout};
+    const int64_t len[4] = {r->n[0], r->n[3], r->n[3], r->n[0]},
+                  olen[4] = {r->n[0], r->n[2], r->n[3], r->n[4]};
+    for (int i = 0; i < 4; i++) {
+        BENCH_CUDA_OK(cudaMalloc((void **)&b.in[i], (size_t)len[i] * sizeof(fsdp_bf16)));
+        BENCH_CUDA_OK(cudaMalloc((void **)&b.out[i], (size_t)olen[i] * sizeof(fsdp_bf16)));
+        K->f32_to_bf16(b.in[i], src[i], len[i]);
+    }
+    BENCH_CUDA_OK(cudaMalloc((void **)&b.lse, (size_t)r->n[1] * sizeof(float)));
+    double t = bench_cuda_median(fwd_bwd_bf16, &b, reps);
+    for (int i = 0; i < 4; i++) cudaFree(b.in[i]), cudaFree(b.out[i]);
+    cudaFree(b.lse);
+    return t;
+}
+
+/* cuDNN's results against the plain kernels' on the same bf16 inputs. out: each weight P_ij is
+ * rounded to bf16 before P V (ub relative, ub = 2^-9) and out itself is rounded: |diff| <= 2 ub
+ * max(1, max|out|) (sum_j P_ij |v_j| <= 1), plus the f32 orders of the flash bound; lse: f32
+ * throughout, flash's bound. Returns 1 when out or lse is out of bound; the gradients'
+ * norm-wise differences are printed ("info"): their per-element bound needs the magnitudes
+ * test_kernels_cuda's attention_cudnn computes. */
+static int compare_cudnn(const shape *s, float *cudnn[5], float *plain[5], const int64_t n[5]) {
+    const double u = 0x1p-24, ub = 0x1p-9, D = (double)s->D, T = (double)s->T;
+    double ts = 2.0 * D * u * sqrt(D);
+    double tol[2] = {2 * ub + 3 * ts + 2.0 * (T + D) * u,
+                     ts + 2.0 * T * u * (1.0 + sqrt(D) + log(T + 1))};
+    int bad = 0;
+    for (int i = 0; i < 5; i++) {
+        double maxd = 0, maxw = 0;
+        for (int64_t e = 0; e < n[i]; e++) {
+            double dd = fabs((double)cudnn[i][e] - plain[i][e]);
+            if (!(dd <= maxd) && !isnan(maxd)) maxd = dd;
+            maxw = fmax(maxw, fabs((double)plain[i][e]));
+        }
+        if (i >= 2) {
+            printf("info %s %-3s max|cudnn-plain| %.3g max|plain| %.3g\n", s->name, names[i], maxd,
+                   maxw);
+            continue;
+        }
+        double bound = tol[i] * fmax(1.0, maxw);
+        int ok = maxd <= bound;
+        printf("compare %s %-3s max|cudnn-plain| %.3g max|plain| %.3g bound %.3g %s\n", s->name,
+               names[i], maxd, maxw, bound, ok ? "ok" : "FAIL");
+        bad |= !ok;
+    }
+    return bad;
+}
+
 static int bench_shape(const shape *s, int reps_flash, int reps_plain) {
     attn_run r = {.s = s};
     int64_t tq = s->B * s->T * s->NH * s->D, tk = s->B * s->T * s->NKV * s->D;
@@ -111,6 +190,30 @@ static int bench_shape(const shape *s, int reps_flash, int reps_plain) {
     printf("result %s plain %.3f ms %.2f TFLOP/s\n", s->name, 1e3 * tp, flops / tp * 1e-12);
     printf("result %s flash %.3f ms %.2f TFLOP/s\n", s->name, 1e3 * tf, flops / tf * 1e-12);
     printf("speedup %s flash/plain %.2fx\n", s->name, tp / tf);
+    char why[512];
+    if (fsdp_cuda_cudnn_version(why, sizeof why) == 0) {
+        printf("cudnn %s skipped: %s\n", s->name, why);
+    } else {
+        float *cudnn[5];
+        int64_t refused = fsdp_cuda_sdpa_stats_get().refusals;
+        double tc = run_path(&r, FSDP_CUDA_ATTENTION_CUDNN, reps_flash, cudnn);
+        if (fsdp_cuda_sdpa_stats_get().refusals > refused) {
+            printf("cudnn %s skipped: cuDNN refused the shape (its message above); the tiled "
+                   "kernels ran it\n",
+                   s->name);
+        } else {
+            bad |= compare_cudnn(s, cudnn, plain, n);
+            double tb = time_bf16(&r, reps_flash);
+            printf("result %s cudnn-f32 %.3f ms %.2f TFLOP/s\n", s->name, 1e3 * tc,
+                   flops / tc * 1e-12);
+            printf("result %s cudnn-bf16 %.3f ms %.2f TFLOP/s\n", s->name, 1e3 * tb,
+                   flops / tb * 1e-12);
+            printf("ratio %s cudnn-f32/flash %.2fx cudnn-bf16/flash %.2fx (above 1: cuDNN faster); "
+                   "the f32 boundary's conversions take %.3f ms\n",
+                   s->name, tf / tc, tf / tb, 1e3 * (tc - tb));
+        }
+        for (int i = 0; i < 5; i++) free(cudnn[i]);
+    }
     for (int i = 0; i < 5; i++) free(plain[i]), free(flash[i]), cudaFree(r.o[i]);
     cudaFree(r.q), cudaFree(r.k), cudaFree(r.v), cudaFree(r.dout);
     return bad;

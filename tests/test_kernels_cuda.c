@@ -1458,6 +1458,330 @@ static void test_attention_flash(void) {
 #endif
 }
 
+/* ---- cuDNN's fused attention ---- */
+
+/* The loader (no GPU needed): the library in use is cuDNN 9; a missing library and a library
+ * that is not cuDNN are refused with a message naming the library and the fix. Where there is
+ * no cuDNN (a build without its headers, no library), the case skips, printing why. */
+static void test_cudnn_loader(void) {
+#ifndef FSDP_HAVE_CUDA
+    fsdp_test_skip("cuDNN is loaded by the CUDA device, which this build has not");
+#else
+    char why[512] = "";
+    size_t v = fsdp_cuda_cudnn_version(why, sizeof why);
+    if (v == 0) {
+        fsdp_test_skip("no cuDNN to load: %s", why);
+        return;
+    }
+    printf("\n    cuDNN %zu in use", v);
+    CU_ASSERT_EQUAL(v / 10000, 9);
+    CU_ASSERT_EQUAL(fsdp_cuda_cudnn_try_open("/nonexistent/libcudnn.so.9", why, sizeof why), 0);
+    printf("\n    missing library: %s", why);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "/nonexistent/libcudnn.so.9"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "FSDP_CUDNN_LIBRARY"));
+    CU_ASSERT_EQUAL(fsdp_cuda_cudnn_try_open("libm.so.6", why, sizeof why), 0);
+    printf("\n    not cuDNN: %s", why);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "has no cudnnGetVersion"));
+#endif
+}
+
+/* Every tensor and operation of the forward and backward graphs finalizes (cuDNN checks each
+ * one's attributes, shapes and types without a handle, so without a GPU): multi-head and
+ * grouped-query heads, odd T. The graph, its engine and plan need a GPU: attention_cudnn. */
+static void test_sdpa_graph_ops(void) {
+#ifndef FSDP_HAVE_CUDA
+    fsdp_test_skip("cuDNN is loaded by the CUDA device, which this build has not");
+#else
+    char why[512] = "";
+    if (fsdp_cuda_cudnn_version(why, sizeof why) == 0) {
+        fsdp_test_skip("no cuDNN to load: %s", why);
+        return;
+    }
+    const int64_t shapes[][5] = {
+        {2, 45, 3, 3, 64}, {2, 77, 6, 2, 64}, {1, 1024, 12, 4, 64}, {1, 33, 4, 1, 128}};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        for (int bwd = 0; bwd < 2; bwd++) {
+            const int64_t *s = shapes[i];
+            bool ok = fsdp_cuda_sdpa_check_ops(bwd, s[0], s[1], s[2], s[3], s[4], why, sizeof why);
+            printf("\n    %s B%lld T%lld NH%lld NKV%lld D%lld: %s", bwd ? "backward" : "forward",
+                   (long long)s[0], (long long)s[1], (long long)s[2], (long long)s[3],
+                   (long long)s[4], ok ? "every operation finalizes" : why);
+            CU_ASSERT_TRUE(ok);
+        }
+    /* a negative control: 3 query heads cannot share 2 key-value heads, and cuDNN's matmul
+     * refuses the broadcast of k's heads over q's when its operation is finalized */
+    for (int bwd = 0; bwd < 2; bwd++) {
+        bool ok = fsdp_cuda_sdpa_check_ops(bwd, 1, 16, 3, 2, 64, why, sizeof why);
+        printf("\n    %s with 3 query heads over 2 key-value heads: %s",
+               bwd ? "backward" : "forward", ok ? "accepted" : why);
+        CU_ASSERT_FALSE(ok);
+    }
+#endif
+}
+
+#ifdef FSDP_HAVE_CUDA
+static float round_bf16(float x) {
+    return fsdp_bf16_to_f32(fsdp_bf16_from_f32(x));
+}
+
+/* The attention in float64 on the host, the backward's softmax sum from `out` (the forward
+ * output the device's backward was given): ref, and per output element the sum of the absolute
+ * values of the terms of the last product that forms it, mag: out_i = sum_j P_ij v_j (mag
+ * sum_j P_ij |v_j|), dv_j = sum_i P_ij dout_i, dk_j = sum_i dS_ij q_i, dq_i = sum_j dS_ij k_j
+ * (dS with its factor scale; dk, dv also over the group's heads); pmag (dq and dk only) the
+ * same sums with P_ij scale in place of dS_ij. Each indexed as attn_result's tensors. */
+static void sdpa_reference(const attn_case *c, const float *q, const float *k, const float *v,
+                           const float *dout, const float *out, double *ref[5], double *mag[5],
+                           double *pmag[5]) {
+    int64_t T = c->T, NH = c->NH, NKV = c->NKV, D = c->D, n[5];
+    attn_sizes(c, n);
+    for (int i = 0; i < 5; i++) {
+        memset(ref[i], 0, (size_t)n[i] * sizeof(double));
+        memset(mag[i], 0, (size_t)n[i] * sizeof(double));
+        memset(pmag[i], 0, (size_t)n[i] * sizeof(double));
+    }
+    double scale = 1.0 / sqrt((double)D), *p = malloc((size_t)T * sizeof(double));
+    double *ds = malloc((size_t)T * sizeof(double));
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < NH; h++) {
+            int64_t g = h / (NH / NKV);
+#define QI(t, i) (((b * T + (t)) * NH + h) * D + (i))
+#define KI(t, i) (((b * T + (t)) * NKV + g) * D + (i))
+            for (int64_t i = 0; i < T; i++) {
+                double mx = -INFINITY, z = 0, rowdot = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double s = 0;
+                    for (int64_t e = 0; e < D; e++) s += (double)q[QI(i, e)] * k[KI(j, e)];
+                    p[j] = s * scale;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) z += exp(p[j] - mx);
+                for (int64_t j = 0; j <= i; j++) p[j] = exp(p[j] - mx) / z;
+                ref[1][(b * NH + h) * T + i] = mx + log(z);
+                for (int64_t e = 0; e < D; e++) {
+                    double o = 0, m = 0;
+                    for (int64_t j = 0; j <= i; j++) {
+                        o += p[j] * v[KI(j, e)];
+                        m += p[j] * fabs((double)v[KI(j, e)]);
+                    }
+                    ref[0][QI(i, e)] = o, mag[0][QI(i, e)] = m;
+                    rowdot += (double)out[QI(i, e)] * dout[QI(i, e)];
+                }
+                for (int64_t j = 0; j <= i; j++) {
+                    double dp = 0;
+                    for (int64_t e = 0; e < D; e++) dp += (double)dout[QI(i, e)] * v[KI(j, e)];
+                    ds[j] = p[j] * (dp - rowdot) * scale;
+                }
+                for (int64_t j = 0; j <= i; j++)
+                    for (int64_t e = 0; e < D; e++) {
+                        ref[2][QI(i, e)] += ds[j] * k[KI(j, e)];
+                        mag[2][QI(i, e)] += fabs(ds[j] * k[KI(j, e)]);
+                        pmag[2][QI(i, e)] += p[j] * scale * fabs((double)k[KI(j, e)]);
+                        ref[3][KI(j, e)] += ds[j] * q[QI(i, e)];
+                        mag[3][KI(j, e)] += fabs(ds[j] * q[QI(i, e)]);
+                        pmag[3][KI(j, e)] += p[j] * scale * fabs((double)q[QI(i, e)]);
+                        ref[4][KI(j, e)] += p[j] * dout[QI(i, e)];
+                        mag[4][KI(j, e)] += fabs(p[j] * dout[QI(i, e)]);
+                    }
+            }
+#undef QI
+#undef KI
+        }
+    free(p), free(ds);
+}
+#endif
+
+#ifdef FSDP_HAVE_CUDA
+/* The shapes of the cuDNN checks, few: each builds two plans, and cuDNN may compile its engines
+ * at run time. The last, D 20, cuDNN refuses. */
+static const attn_case sdpa_cases[] = {
+    {2, 45, 3, 3, 64}, {2, 77, 6, 2, 64}, {3, 100, 8, 2, 128}, {1, 1, 8, 1, 64}, {1, 20, 2, 1, 20},
+};
+
+/* Random q, k, v (in[0..2]) and dout in [-1, 1], rounded to bf16 values: a rounding to bf16 of
+ * them is exact, so a float64 reference sees what a bf16 path sees. */
+static void sdpa_inputs(const attn_case *c, float *in[3], float **dout) {
+    int64_t n[5];
+    attn_sizes(c, n);
+    const int64_t len[4] = {n[0], n[3], n[3], n[0]};
+    for (int t = 0; t < 4; t++) {
+        float *x = new_uniform(len[t], -1, 1);
+        for (int64_t e = 0; e < len[t]; e++) x[e] = round_bf16(x[e]);
+        if (t < 3)
+            in[t] = x;
+        else
+            *dout = x;
+    }
+}
+
+/* Bounds, per element, with m the element's magnitude (mag) and r its reference. The inputs
+ * are bf16 values, so every product in cuDNN's f32 GEMMs is exact; its f32 softmax and
+ * accumulations add at most (group T + D) u relative to the terms' magnitudes, taken 4 times
+ * (scores, softmax, the last GEMM, the conversions): f = 4 (group T + D) u (m + 1). The lse is
+ * f32 throughout, its terms at most sqrt(D): |lse - r| <= 4 (T + D) u (|r| + sqrt(D)). bf16
+ * adds one rounding (ub relative) of each factor the engine rounds before the last GEMM (P for
+ * out), and of the output: out: ub m + ub |r| + f. The backward recomputes P from the given lse
+ * (within Lmax, the lse bound at the largest |lse|: a relative error of P), rounds dS (and P,
+ * from which dS is formed) to bf16 before the GEMMs of dq and dk, and P for dv: at most two
+ * roundings per term: 2 ub m + ub |r| + Lmax m + f. dS_ij = P_ij (dout_i.v_j - dout_i.out_i)
+ * scale subtracts two f32 sums of D products each at most 1 in magnitude (D u D each), an
+ * absolute error 2 D^2 u of the bracket: dq and dk add 2 D^2 u pmag. Errors of random sign add
+ * far less; a wrong mask, head or transpose gives errors of order 1e-1 of m. Returns the
+ * elements out of bound per tensor; prints the worst ratio of each. */
+static void sdpa_check(const char *what, const attn_case *c, const attn_result *got,
+                       double *const ref[5], double *const mag[5], double *const pmag[5],
+                       int64_t bad[5]) {
+    const double ub = 0x1p-9, u = 0x1p-24; // bf16 and f32 unit roundoffs
+    int64_t n[5], group = c->NH / c->NKV;
+    attn_sizes(c, n);
+    double lse_max = 0;
+    for (int64_t e = 0; e < n[1]; e++) lse_max = fmax(lse_max, fabs(ref[1][e]));
+    double Lmax = 4.0 * (double)(c->T + c->D) * u * (lse_max + sqrt((double)c->D));
+    for (int i = 0; i < 5; i++) {
+        double worst = 0, at_bound = 0;
+        bad[i] = 0;
+        for (int64_t e = 0; e < n[i]; e++) {
+            double r = ref[i][e], m = mag[i][e], d = fabs((double)got->t[i][e] - r), bound;
+            double f = 4.0 * (double)(group * c->T + c->D) * u * (m + 1.0);
+            if (i == 1)
+                bound = 4.0 * (double)(c->T + c->D) * u * (fabs(r) + sqrt((double)c->D));
+            else if (i == 0)
+                bound = ub * m + ub * fabs(r) + f;
+            else
+                bound = 2.0 * ub * m + ub * fabs(r) + Lmax * m + f +
+                        2.0 * (double)(c->D * c->D) * u * pmag[i][e];
+            if (!(d <= bound)) bad[i]++;
+            if (d / bound > worst || isnan(d)) worst = d / bound, at_bound = bound;
+        }
+        printf("\n    %s B%lld T%lld NH%lld NKV%lld D%lld %s: worst |diff| / bound %.3g (bound "
+               "there %.3g), %lld out of bound",
+               what, (long long)c->B, (long long)c->T, (long long)c->NH, (long long)c->NKV,
+               (long long)c->D, attn_names[i], worst, at_bound, (long long)bad[i]);
+    }
+}
+
+typedef struct sdpa_ref {
+    double *ref[5], *mag[5], *pmag[5];
+} sdpa_ref;
+
+static sdpa_ref sdpa_ref_make(const attn_case *c, float *const in[3], const float *dout,
+                              const float *out) {
+    int64_t n[5];
+    attn_sizes(c, n);
+    sdpa_ref r;
+    for (int i = 0; i < 5; i++) {
+        r.ref[i] = malloc((size_t)n[i] * sizeof(double));
+        r.mag[i] = malloc((size_t)n[i] * sizeof(double));
+        r.pmag[i] = malloc((size_t)n[i] * sizeof(double));
+        FSDP_ASSERT(r.ref[i] && r.mag[i] && r.pmag[i]);
+    }
+    sdpa_reference(c, in[0], in[1], in[2], dout, out, r.ref, r.mag, r.pmag);
+    return r;
+}
+
+static void sdpa_ref_free(sdpa_ref *r) {
+    for (int i = 0; i < 5; i++) free(r->ref[i]), free(r->mag[i]), free(r->pmag[i]);
+}
+#endif
+
+/* The float64 reference and the bound attention_cudnn judges cuDNN by, checked where there is
+ * no GPU: the CPU table (f32, on the same bf16 inputs) lies within the bound (its errors are
+ * the f32 part of it), and a negative control: one element of each result moved by a tenth of
+ * its magnitude is flagged. */
+static void test_attention_reference(void) {
+#ifndef FSDP_HAVE_CUDA
+    fsdp_test_skip("the reference serves the CUDA build's cuDNN check, which this build has not");
+#else
+    rng_seed(41);
+    for (size_t ci = 0; ci < sizeof sdpa_cases / sizeof *sdpa_cases; ci++) {
+        const attn_case *c = &sdpa_cases[ci];
+        int64_t n[5];
+        attn_sizes(c, n);
+        float *in[3], *dout;
+        sdpa_inputs(c, in, &dout);
+        float *scratch = new_uniform(2 * c->T * c->T, 0, 0);
+        attn_result cpu;
+        for (int i = 0; i < 5; i++) cpu.t[i] = new_uniform(n[i], 0, 0);
+        const fsdp_kernels_i *C = fsdp_kernels_for(FSDP_CPU);
+        C->attention_forward(cpu.t[0], cpu.t[1], scratch, in[0], in[1], in[2], c->B, c->T, c->NH,
+                             c->NKV, c->D);
+        C->attention_backward(cpu.t[2], cpu.t[3], cpu.t[4], scratch, dout, in[0], in[1], in[2],
+                              cpu.t[0], cpu.t[1], c->B, c->T, c->NH, c->NKV, c->D);
+        sdpa_ref r = sdpa_ref_make(c, in, dout, cpu.t[0]);
+        int64_t bad[5];
+        sdpa_check("cpu", c, &cpu, r.ref, r.mag, r.pmag, bad);
+        for (int i = 0; i < 5; i++) CU_ASSERT_EQUAL(bad[i], 0);
+        for (int i = 0; i < 5; i++) { // the control
+            int64_t e = n[i] / 2;
+            cpu.t[i][e] += (float)(0.1 * (r.mag[i][e] + fabs(r.ref[i][e]) + 1.0));
+        }
+        sdpa_check("cpu, one element moved", c, &cpu, r.ref, r.mag, r.pmag, bad);
+        for (int i = 0; i < 5; i++) CU_ASSERT_EQUAL(bad[i], 1);
+        sdpa_ref_free(&r);
+        attn_free(&cpu);
+        for (int t = 0; t < 3; t++) free(in[t]);
+        free(dout), free(scratch);
+    }
+#endif
+}
+
+/* cuDNN's fused attention (fsdp_cuda_thread_set_attention CUDNN) against the float64 reference
+ * of the same bf16 inputs within sdpa_check's bounds, forward and backward: multi-head and
+ * grouped-query heads (groups of 1, 3, 4, 8), T odd and not a multiple of 64, T 1, D 64 and
+ * 128; D 20 (not a multiple of 8) is refused and runs the tiled kernels, bit for bit; the plan
+ * cache hits on a repeated shape. */
+static void test_attention_cudnn(void) {
+    if (!cuda_only("cuDNN's fused attention (fsdp_cuda_thread_set_attention)")) return;
+#ifdef FSDP_HAVE_CUDA
+    char why[512] = "";
+    if (fsdp_cuda_cudnn_version(why, sizeof why) == 0) {
+        fsdp_test_skip("no cuDNN to load: %s", why);
+        return;
+    }
+    rng_seed(37);
+    for (size_t ci = 0; ci < sizeof sdpa_cases / sizeof *sdpa_cases; ci++) {
+        const attn_case *c = &sdpa_cases[ci];
+        int64_t n[5];
+        attn_sizes(c, n);
+        float *in[3], *dout;
+        sdpa_inputs(c, in, &dout);
+        fsdp_cuda_sdpa_stats s0 = fsdp_cuda_sdpa_stats_get();
+        attn_result got = attn_on_device(c, FSDP_CUDA_ATTENTION_CUDNN, in[0], in[1], in[2], dout);
+        fsdp_cuda_sdpa_stats s1 = fsdp_cuda_sdpa_stats_get();
+        if (c->D % 8 != 0) { // refused: the tiled kernels ran it
+            attn_result flash =
+                attn_on_device(c, FSDP_CUDA_ATTENTION_FLASH, in[0], in[1], in[2], dout);
+            for (int i = 0; i < 5; i++)
+                CU_ASSERT_EQUAL(memcmp(got.t[i], flash.t[i], (size_t)n[i] * sizeof(float)), 0);
+            CU_ASSERT_EQUAL(s1.refusals, s0.refusals + 2);
+            attn_free(&flash);
+        } else {
+            CU_ASSERT_EQUAL(s1.refusals, s0.refusals);
+            // the backward was given cuDNN's out (bf16 values): the reference's softmax sum too
+            sdpa_ref r = sdpa_ref_make(c, in, dout, got.t[0]);
+            int64_t bad[5];
+            sdpa_check("cudnn", c, &got, r.ref, r.mag, r.pmag, bad);
+            for (int i = 0; i < 5; i++) CU_ASSERT_EQUAL(bad[i], 0);
+            sdpa_ref_free(&r);
+            // the same shape again: both plans come from the cache
+            attn_result again =
+                attn_on_device(c, FSDP_CUDA_ATTENTION_CUDNN, in[0], in[1], in[2], dout);
+            fsdp_cuda_sdpa_stats s2 = fsdp_cuda_sdpa_stats_get();
+            CU_ASSERT_EQUAL(s2.builds, s1.builds);
+            CU_ASSERT_TRUE(s2.hits >= s1.hits + 2);
+            attn_free(&again);
+        }
+        attn_free(&got);
+        for (int t = 0; t < 3; t++) free(in[t]);
+        free(dout);
+    }
+    fsdp_cuda_sdpa_stats s = fsdp_cuda_sdpa_stats_get();
+    printf("\n    plan cache: %lld builds, %lld hits, %lld evictions, %lld refusals, %d slots",
+           (long long)s.builds, (long long)s.hits, (long long)s.evictions, (long long)s.refusals,
+           s.slots_used);
+#endif
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"table", test_table},
@@ -1486,6 +1810,10 @@ int main(int argc, char **argv) {
         {"gemm_lt_cache", test_gemm_lt_cache},
         {"epilogue", test_epilogue},
         {"attention_flash", test_attention_flash},
+        {"cudnn_loader", test_cudnn_loader},
+        {"sdpa_graph_ops", test_sdpa_graph_ops},
+        {"attention_reference", test_attention_reference},
+        {"attention_cudnn", test_attention_cudnn},
     };
     fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "kernels_cuda", cases, sizeof cases / sizeof *cases);

@@ -6,7 +6,8 @@
  * the diagonal are skipped. The backward runs two kernels without atomics: dq per query tile
  * over its key tiles, dk and dv per key-value head and key tile over the group's query heads and
  * query tiles, both recomputing probabilities from the saved lse (deterministic, at the price of
- * computing q k^T and dout v^T twice). */
+ * computing q k^T and dout v^T twice). FSDP_CUDA_ATTENTION=cudnn tries cuDNN's fused attention
+ * (sdpa.c) first and runs the tiled kernels where it cannot. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -322,15 +323,16 @@ extern "C" void fsdp_cuda_attention_backward_flash(float *dq, float *dk, float *
 
 /* ---- the choice ---- */
 
-/* FSDP_CUDA_ATTENTION, read once: plain (the default) or flash; anything else aborts. */
+/* FSDP_CUDA_ATTENTION, read once: plain (the default), flash or cudnn; anything else aborts. */
 static fsdp_cuda_attention env_attention(void) {
     static const fsdp_cuda_attention chosen = [] {
         const char *s = getenv("FSDP_CUDA_ATTENTION");
         if (!s || !*s || strcmp(s, "plain") == 0) return FSDP_CUDA_ATTENTION_PLAIN;
         if (strcmp(s, "flash") == 0) return FSDP_CUDA_ATTENTION_FLASH;
+        if (strcmp(s, "cudnn") == 0) return FSDP_CUDA_ATTENTION_CUDNN;
         fprintf(stderr,
-                "libfsdp: FSDP_CUDA_ATTENTION=%s is not an attention kernel: set it to plain "
-                "or flash, or unset it (plain)\n",
+                "libfsdp: FSDP_CUDA_ATTENTION=%s is not an attention kernel: set it to plain, "
+                "flash or cudnn, or unset it (plain)\n",
                 s);
         abort();
     }();
@@ -347,14 +349,20 @@ extern "C" fsdp_cuda_attention fsdp_cuda_thread_attention(void) {
     return thread_choice != FSDP_CUDA_ATTENTION_DEFAULT ? thread_choice : env_attention();
 }
 
-/* Whether this call takes the tiled path: chosen, and D within its register tiles. */
+/* Whether this call takes the tiled path: chosen (or cuDNN chosen and refused, which the
+ * caller has tried), and D within its register tiles. */
 static bool use_flash(int64_t D) {
-    return fsdp_cuda_thread_attention() == FSDP_CUDA_ATTENTION_FLASH && D <= FSDP_CUDA_FLASH_MAX_D;
+    return fsdp_cuda_thread_attention() != FSDP_CUDA_ATTENTION_PLAIN && D <= FSDP_CUDA_FLASH_MAX_D;
+}
+
+static bool use_cudnn(void) {
+    return fsdp_cuda_thread_attention() == FSDP_CUDA_ATTENTION_CUDNN;
 }
 
 extern "C" void fsdp_cuda_attention_forward(float *out, float *lse, float *scratch, const float *q,
                                             const float *k, const float *v, int64_t B, int64_t T,
                                             int64_t NH, int64_t NKV, int64_t D) {
+    if (use_cudnn() && fsdp_cuda_sdpa_forward(out, lse, q, k, v, B, T, NH, NKV, D)) return;
     if (use_flash(D))
         fsdp_cuda_attention_forward_flash(out, lse, q, k, v, B, T, NH, NKV, D);
     else
@@ -366,6 +374,9 @@ extern "C" void fsdp_cuda_attention_backward(float *dq, float *dk, float *dv, fl
                                              const float *v, const float *out, const float *lse,
                                              int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                              int64_t D) {
+    if (use_cudnn() &&
+        fsdp_cuda_sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, D))
+        return;
     if (use_flash(D))
         fsdp_cuda_attention_backward_flash(dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, D);
     else

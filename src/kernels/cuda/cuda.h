@@ -77,19 +77,69 @@ typedef struct fsdp_cuda_gemm_lt_stats {
 fsdp_cuda_gemm_lt_stats fsdp_cuda_gemm_lt_stats_get(int device);
 
 /* Which kernels this thread's attention_forward / attention_backward run: the plain ones (one
- * thread per score row) or the tiled FlashAttention-2-class ones (shared-memory tiles, online
+ * thread per score row), the tiled FlashAttention-2-class ones (shared-memory tiles, online
  * softmax, no scratch), which cover head dimensions up to FSDP_CUDA_FLASH_MAX_D (the plain ones
- * run above). DEFAULT follows the environment variable FSDP_CUDA_ATTENTION (plain or flash, read
- * once; unset means plain, since the tiled kernels have not run on a GPU yet; any other value
- * aborts with a message). */
+ * run above), or cuDNN's fused attention in bf16 (sdpa.c; where cuDNN is missing or refuses a
+ * shape, the tiled kernels run it, logged once per shape on stderr). DEFAULT follows the
+ * environment variable FSDP_CUDA_ATTENTION (plain, flash or cudnn, read once; unset means
+ * plain, since neither of the others has run on a GPU yet; any other value aborts with a
+ * message). */
 #define FSDP_CUDA_FLASH_MAX_D 128
 typedef enum fsdp_cuda_attention {
     FSDP_CUDA_ATTENTION_DEFAULT = 0,
     FSDP_CUDA_ATTENTION_PLAIN,
     FSDP_CUDA_ATTENTION_FLASH,
+    FSDP_CUDA_ATTENTION_CUDNN,
 } fsdp_cuda_attention;
 void fsdp_cuda_thread_set_attention(fsdp_cuda_attention kind);
 /* The path chosen for this thread (never DEFAULT). */
 fsdp_cuda_attention fsdp_cuda_thread_attention(void);
+
+/* ---- cuDNN's fused attention (sdpa.c) ---- */
+
+/* The cuDNN version in use (cudnnGetVersion(), 91900 for 9.19.0), opening libcudnn.so.9 on the
+ * first call (FSDP_CUDNN_LIBRARY, else the library the build found, else the loader's search
+ * path); 0 where it cannot be used (a build without cuDNN's headers, no library, not cuDNN 9),
+ * with the reason in why. Needs no GPU. */
+size_t fsdp_cuda_cudnn_version(char *why, size_t why_size);
+/* Opens the library at path as the loader would (it stays open): its version, or 0 and why. */
+size_t fsdp_cuda_cudnn_try_open(const char *path, char *why, size_t why_size);
+/* Builds the forward or backward graph's operations of a shape and finalizes each, without a
+ * handle (so without a GPU): false with the first failure in why. */
+bool fsdp_cuda_sdpa_check_ops(bool backward, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                              int64_t D, char *why, size_t why_size);
+/* Prints, on stderr, why cuDNN cannot be used (nothing when it can). */
+void fsdp_cuda_sdpa_log_absent(void);
+
+/* The causal grouped-query attention of the table (kernels.h) through cuDNN: the f32 entries
+ * round q, k, v (out, dout) to bf16 on the stream, run the bf16 graph (f32 softmax, f32 lse,
+ * bf16 out, dq, dk, dv) and widen the results; the _bf16 ones take and give bf16 tensors in the
+ * same layouts, lse f32 (B, NH, T). All return false, having done nothing, where cuDNN cannot
+ * run the shape (no cuDNN, D not a multiple of 8 or above 128, no engine): the caller runs
+ * another path. Execution plans are cached per thread and device, FSDP_CUDA_SDPA_CACHE_SLOTS
+ * shapes (forward and backward apart), the least recently used replaced. */
+#define FSDP_CUDA_SDPA_CACHE_SLOTS 16
+bool fsdp_cuda_sdpa_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                            int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+bool fsdp_cuda_sdpa_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                             const float *k, const float *v, const float *out, const float *lse,
+                             int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+bool fsdp_cuda_sdpa_forward_bf16(fsdp_bf16 *out, float *lse, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                 const fsdp_bf16 *v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                 int64_t D);
+bool fsdp_cuda_sdpa_backward_bf16(fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *dv,
+                                  const fsdp_bf16 *dout, const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                  const fsdp_bf16 *v, const fsdp_bf16 *out, const float *lse,
+                                  int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+
+/* This thread's plan cache on its current device. */
+typedef struct fsdp_cuda_sdpa_stats {
+    int64_t builds;    // graphs built (a plan made, or refused)
+    int64_t hits;      // calls that found their shape cached
+    int64_t evictions; // entries replaced by a newer shape
+    int64_t refusals;  // shapes cuDNN could not run (their calls ran another path)
+    int slots_used;    // entries held (<= FSDP_CUDA_SDPA_CACHE_SLOTS)
+} fsdp_cuda_sdpa_stats;
+fsdp_cuda_sdpa_stats fsdp_cuda_sdpa_stats_get(void);
 
 #endif

@@ -76,6 +76,8 @@ uint64_t fsdp_cuda_thread_serial(void);
  * it when the thread exits, before the rest of the thread's state goes: thread.c knows the
  * state only through it, so the thread's state does not depend on the GEMM code above it. */
 void **fsdp_cuda_thread_lt(void (*release)(void *state));
+/* The same for sdpa.c's cuDNN state (a handle and the execution plans per device). */
+void **fsdp_cuda_thread_sdpa(void (*release)(void *state));
 
 /* ---- the caching allocator (allocator.c) ---- */
 

@@ -84,6 +84,8 @@ typedef struct cuda_thread {
     cudaStream_t current[FSDP_CUDA_MAX_DEVICES]; // NULL: the thread's default stream
     void *lt;                                    // gemm_lt.c's, NULL until it sets it
     void (*lt_release)(void *);                  // how gemm_lt.c frees it
+    void *sdpa;                                  // sdpa.c's, NULL until it sets it
+    void (*sdpa_release)(void *);                // how sdpa.c frees it
 } cuda_thread;
 
 static pthread_key_t thread_key;
@@ -95,7 +97,8 @@ static atomic_uint_fast64_t next_serial = 1;
  * it: cuBLAS and cudaFree wait for it). */
 static void thread_release(void *arg) {
     cuda_thread *t = arg;
-    if (t->lt) t->lt_release(t->lt); // it reads the thread's streams: first
+    if (t->sdpa) t->sdpa_release(t->sdpa); // these read the thread's streams: first
+    if (t->lt) t->lt_release(t->lt);
     if (t->blas) {
         cudaSetDevice(t->blas_device);
         cublasDestroy(t->blas);
@@ -131,6 +134,12 @@ void **fsdp_cuda_thread_lt(void (*release)(void *state)) {
     cuda_thread *t = this_thread();
     t->lt_release = release;
     return &t->lt;
+}
+
+void **fsdp_cuda_thread_sdpa(void (*release)(void *state)) {
+    cuda_thread *t = this_thread();
+    t->sdpa_release = release;
+    return &t->sdpa;
 }
 
 void fsdp_cuda_thread_set_tf32(bool allow) {
