@@ -152,12 +152,16 @@ not_passed() {
 phase_gpu_tests() {
     local log rc=0
     log=$(own_log)
-    # One at a time: test_kernels_cuda exhausts the GPU's memory on purpose.
-    echo "+ FSDP_TEST_REQUIRE_DEVICE=cuda ctest --test-dir $build -L gpu --no-tests=error --output-on-failure"
-    FSDP_TEST_REQUIRE_DEVICE=cuda ctest --test-dir "$build" -L gpu --no-tests=error \
-        --output-on-failure || rc=$?
+    # test_kernels_cuda alone (it exhausts the GPU's memory on purpose), then the others four at
+    # a time: they share the GPU, and their CPU passes (rank threads) use the host's cores.
+    echo "+ FSDP_TEST_REQUIRE_DEVICE=cuda ctest --test-dir $build -L gpu -R '^test_kernels_cuda\$'"
+    FSDP_TEST_REQUIRE_DEVICE=cuda ctest --test-dir "$build" -L gpu -R '^test_kernels_cuda$' \
+        --no-tests=error --output-on-failure || rc=$?
+    echo "+ FSDP_TEST_REQUIRE_DEVICE=cuda ctest --test-dir $build -L gpu -E '^test_kernels_cuda\$' -j 4"
+    FSDP_TEST_REQUIRE_DEVICE=cuda ctest --test-dir "$build" -L gpu -E '^test_kernels_cuda$' -j 4 \
+        --no-tests=error --output-on-failure || rc=$?
     local line bad
-    line=$(grep -E 'tests passed' "$log" | tail -1) || true
+    line=$(grep -E 'tests passed' "$log" | paste -sd';' -) || true
     bad=$(not_passed "$log") || true
     if [ "$rc" -ne 0 ]; then
         result fail "${line:-ctest exit status $rc}: ${bad:-see gpu-tests.log}"
