@@ -545,8 +545,8 @@ static fsdp_status count_started(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
  * none has; both make the same 4 all_reduces, and give bitwise equal gradients and, after SGD,
  * parameters, step after step (local backend: each call made as it starts; MPI: in flight
  * until the root's post-backward hook waits). */
-static fsdp_status overlap_run(fsdp_ctx *ctx, int rank, fsdp_module **m, fsdp_optimizer **opt,
-                               fsdp_tensor **data) {
+static fsdp_status overlap_run(fsdp_ctx *ctx, int rank, const fsdp_replicate_options *how,
+                               fsdp_module **m, fsdp_optimizer **opt, fsdp_tensor **data) {
     int W = fsdp_world_size(fsdp_ctx_world(ctx));
     int64_t started[2] = {-1, -1}, off, len;
     fsdp_batch_range(ctx, NULL, 64, &off, &len);
@@ -554,7 +554,10 @@ static fsdp_status overlap_run(fsdp_ctx *ctx, int rank, fsdp_module **m, fsdp_op
     FSDP_TRY(dp_batch_block(ctx, 64, DP_OUT_DIM, 0, off, len, 2, &data[1]));
     for (int k = 0; k < 2; k++) {
         FSDP_TRY(dp_build_model(ctx, 0, DP_SEED + (uint64_t)rank, &m[k]));
-        fsdp_replicate_options o = {.bucket_bytes = 1, .reduce_after_backward = k == 1};
+        fsdp_replicate_options o = {.bucket_bytes = 1,
+                                    .reduce_after_backward = k == 1,
+                                    .comm_hook = how->comm_hook,
+                                    .mixed_precision = how->mixed_precision};
         fsdp_replicate *r;
         FSDP_TRY(fsdp_replicate_apply(ctx, m[k], &o, &r));
         FSDP_RANK_CHECK(ctx, fsdp_replicate_num_buckets(r) == 4, "%d buckets, want 4",
@@ -601,18 +604,27 @@ static fsdp_status overlap_run(fsdp_ctx *ctx, int rank, fsdp_module **m, fsdp_op
 }
 
 static fsdp_status overlap_rank(fsdp_ctx *ctx, int rank, void *user) {
-    (void)user;
     fsdp_module *m[2] = {0};
     fsdp_optimizer *opt[2] = {0};
     fsdp_tensor *data[4] = {0};
-    fsdp_status st = overlap_run(ctx, rank, m, opt, data);
+    fsdp_status st = overlap_run(ctx, rank, user, m, opt, data);
     for (int k = 0; k < 2; k++) fsdp_optimizer_free(opt[k]), fsdp_module_free(m[k]);
     for (int k = 0; k < 4; k++) fsdp_tensor_free(data[k]);
     return st;
 }
 
+/* The default hook in f32, and the 16-bit reductions started on the buckets' works (the bf16
+ * and fp16 hooks, reduce_dtype bf16), bitwise their blocking reduction after backward. */
 static void test_replicate_during_backward(void) {
-    for (int w = 1; w <= 4; w++) FSDP_TEST_OK(fsdp_test_run_world(w, 0, overlap_rank, NULL));
+    static const fsdp_replicate_options how[] = {
+        {0},
+        {.comm_hook.kind = FSDP_COMM_HOOK_BF16},
+        {.comm_hook.kind = FSDP_COMM_HOOK_FP16},
+        {.mixed_precision.reduce_dtype = FSDP_DTYPE_BF16},
+    };
+    for (size_t h = 0; h < sizeof how / sizeof how[0]; h++)
+        for (int w = 1; w <= 4; w++)
+            FSDP_TEST_OK(fsdp_test_run_world(w, 0, overlap_rank, (void *)&how[h]));
 }
 
 /* A root that runs only its first child, "used": "unused" never runs forward or backward (the

@@ -61,8 +61,8 @@ typedef struct fsdp_replicate_options {
     /* DDP's mixed_precision (comm_hook.h): param_dtype, the parameters forward and backward
      * compute with (rounded in place around the root's forward and backward, from an f32
      * master copy of the trainable parameters kept here); reduce_dtype, the dtype the buckets
-     * are all_reduced in (half the bytes for bf16/f16). A bucket in bf16 or f16 is reduced
-     * whole when it is ready. Default: f32 throughout. */
+     * are all_reduced in (half the bytes for bf16/f16; started like the f32 all_reduce
+     * below). Default: f32 throughout. */
     fsdp_mixed_precision mixed_precision;
     /* When the buckets are reduced. false (the default, DDP's way): each bucket's all_reduce
      * starts during backward, from the post-backward hook of the module that finalises its
@@ -70,13 +70,14 @@ typedef struct fsdp_replicate_options {
      * post-backward hook of another wrapper, such as TP's SequenceParallel), in bucket order
      * (a bucket waits for the ones before it); the root's post-backward hook starts those left
      * (the root's own parameters, those of modules that did not run) and waits for all. On the
-     * MPI backend the default hook's all_reduces are non-blocking (fsdp_all_reduce_start), so
-     * their data moves while the rest of backward runs; on the local backend, and with the
-     * bf16, fp16 and user hooks, each bucket is reduced whole when it starts.
-     * Every bucket has its own part of the flat buffer (as many elements as all trainable
-     * gradients). A module whose backward runs twice in one backward of the model is an error
-     * here. true: every bucket is reduced after backward, one at a time, through one buffer as
-     * large as the largest bucket. Both give the same bits and the same collectives. */
+     * MPI backend the built-in hooks' all_reduces (f32, or bf16/f16 for the bf16 and fp16
+     * hooks and a low reduce_dtype) are non-blocking (fsdp_all_reduce_start), so their data
+     * moves while the rest of backward runs; on the local backend, and with a user hook, each
+     * bucket is reduced whole when it starts. With a built-in hook every bucket has its own
+     * part of the flat buffer (as many elements as all trainable gradients; in 16 bits, a
+     * second such buffer). A module whose backward runs twice in one backward of the model is an
+     * error here. true: every bucket is reduced after backward, one at a time, through one buffer
+     * as large as the largest bucket. Both give the same bits and the same collectives. */
     bool reduce_after_backward;
 } fsdp_replicate_options;
 

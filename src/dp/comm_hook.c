@@ -69,6 +69,17 @@ static void divide(fsdp_tensor *t, double factor) {
                 fsdp_tensor_numel(t));
 }
 
+fsdp_status fsdp_dp_round(fsdp_ctx *ctx, fsdp_tensor *low, fsdp_tensor *grad, double pre) {
+    divide(grad, pre);
+    return FSDP_PASS(ctx, fsdp_tensor_copy(ctx, low, grad)); /* round once */
+}
+
+fsdp_status fsdp_dp_widen(fsdp_ctx *ctx, fsdp_tensor *res, const fsdp_tensor *low, double post) {
+    FSDP_TRY_AT(ctx, fsdp_tensor_copy(ctx, res, low)); /* exact */
+    divide(res, post);
+    return FSDP_OK;
+}
+
 /* The reduction of `in` over the group into `out` (reduce_scatter) or in place (all_reduce; a
  * group of one rank: nothing), then over the replicate group. Returns the tensor holding the
  * result in *res. */
@@ -90,17 +101,14 @@ fsdp_status fsdp_dp_reduce(fsdp_ctx *ctx, const fsdp_dp_reduce_args *a) {
         return a->hook->fn(ctx, &b, a->hook->user);
     }
     fsdp_dtype dtype = fsdp_dp_hook_dtype(a->hook->kind, a->reduce_dtype);
-    fsdp_tensor *res;
-    divide(a->grad, a->pre);
-    if (dtype == FSDP_DTYPE_F32) {
-        FSDP_TRY_AT(ctx, reduce_in(ctx, a, a->grad, a->out, &res));
-    } else {
-        fsdp_tensor *low;
-        FSDP_TRY_AT(ctx, fsdp_tensor_copy(ctx, a->low_grad, a->grad)); /* round once */
+    fsdp_tensor *res, *low;
+    if (dtype != FSDP_DTYPE_F32) {
+        FSDP_TRY_AT(ctx, fsdp_dp_round(ctx, a->low_grad, a->grad, a->pre));
         FSDP_TRY_AT(ctx, reduce_in(ctx, a, a->low_grad, a->out ? a->low_out : NULL, &low));
-        res = a->out ? a->out : a->grad;
-        FSDP_TRY_AT(ctx, fsdp_tensor_copy(ctx, res, low)); /* exact */
+        return FSDP_PASS(ctx, fsdp_dp_widen(ctx, a->out ? a->out : a->grad, low, a->post));
     }
+    divide(a->grad, a->pre);
+    FSDP_TRY_AT(ctx, reduce_in(ctx, a, a->grad, a->out, &res));
     divide(res, a->post);
     return FSDP_OK;
 }

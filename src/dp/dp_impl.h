@@ -80,5 +80,12 @@ typedef struct fsdp_dp_reduce_args {
 fsdp_status fsdp_dp_reduce(fsdp_ctx *ctx, const fsdp_dp_reduce_args *a);
 /* What the built-ins multiply by to divide by `factor` (1 / factor rounded to f32). */
 float fsdp_dp_inverse(double factor);
+/* A bf16/f16 built-in's passes before and after its collectives, for a caller that starts the
+ * collectives itself (FSDP's started reductions): grad /= pre in f32, then low = grad rounded
+ * once (low: the hook's dtype, numel(grad) elements, with storage); and res = low widened
+ * exactly, then res /= post in f32. fsdp_dp_reduce runs the same two around its collectives,
+ * so both ways give the same bits. */
+fsdp_status fsdp_dp_round(fsdp_ctx *ctx, fsdp_tensor *low, fsdp_tensor *grad, double pre);
+fsdp_status fsdp_dp_widen(fsdp_ctx *ctx, fsdp_tensor *res, const fsdp_tensor *low, double post);
 
 #endif

@@ -1,7 +1,9 @@
 /* post_backward.c: a unit's gradient reduction and the post-backward stream (PyTorch FSDP1's).
- * The reduction's last collective (the fused reduce_scatter, or the f32 default hook's
- * reduce_scatter or all_reduce with the divisions folded in) is started on the unit's reduce
- * work; it is finished (the add into the shard's gradient, the blocks given back) at once, or,
+ * The reduction's last collective (the fused reduce_scatter, the f32 default hook's
+ * reduce_scatter or all_reduce with the divisions folded in, or the bf16/fp16 hooks' and a low
+ * reduce_dtype's collective in that dtype) is started on the unit's reduce work; it is finished
+ * (a 16-bit result widened and divided, the add into the shard's gradient, the blocks given
+ * back) at once, or,
  * when the work is still in flight on the host, once the pool needs a block it holds and at the
  * latest at the end of backward (works.c). On a device it runs on a stream of the state's own,
  * after the compute stream's backward of the unit, so that the next unit's backward computes
@@ -110,8 +112,9 @@ static fsdp_status accumulate(fsdp_ctx *ctx, unit *u, const fsdp_tensor *src) {
 /* The reduction through the comm hook's separate blocking passes (comm_hook.c; the default:
  * divide by the pre factor; reduce_scatter over the group, all_reduce for NO_SHARD; all_reduce
  * over the replicate group for HYBRID_SHARD; divide by the post factor, in f32 or reduce_dtype),
- * then the add into the shard's gradient; the fused pass as one blocking call. A user hook, a
- * 16-bit reduction, and every reduction under the tests' blocking switch, run here. */
+ * then the add into the shard's gradient; the fused pass as one blocking call. A user hook (its
+ * function makes its own collectives), a reduction with no collective to start, and every
+ * reduction under the tests' blocking switch, run here. */
 static fsdp_status reduce_blocking(fsdp_ctx *ctx, unit *u) {
     fsdp_sharded *sh = u->owner;
     if (reduces_fused(sh)) {
@@ -145,28 +148,66 @@ static fsdp_status reduce_blocking(fsdp_ctx *ctx, unit *u) {
     return FSDP_PASS(ctx, st);
 }
 
+/* The 16-bit reduction (the bf16/fp16 hooks, a low reduce_dtype) with its last collective
+ * started on u->reduce_work: comm_hook.c's passes, split around it. Divide by the pre factor and
+ * round into low_grad (fsdp_dp_round); then the all_reduce of low_grad over `all` (unsharded),
+ * the reduce_scatter into low_reduced, or under HYBRID_SHARD that reduce_scatter blocking and
+ * the replicas' all_reduce of low_reduced started; the widening into reduced (full_grad
+ * unsharded) and the post-division wait for the work (fsdp_post_backward_finish). The blocks are
+ * taken and given back in reduce_blocking's order, so the pool sees the same sequence. */
+static fsdp_status reduce_start_low(fsdp_ctx *ctx, unit *u, fsdp_group *all) {
+    fsdp_sharded *sh = u->owner;
+    fsdp_comm_work *w = u->reduce_work;
+    bool sharded = fsdp_shard_sharded_strategy(sh);
+    fsdp_status st = FSDP_OK;
+    if (sharded) st = fsdp_pool_take(ctx, &sh->pool, u->reduced);
+    if (st == FSDP_OK) st = fsdp_pool_take(ctx, &sh->pool, u->low_grad);
+    if (st == FSDP_OK && sharded) st = fsdp_pool_take(ctx, &sh->pool, u->low_reduced);
+    if (st == FSDP_OK) st = fsdp_dp_round(ctx, u->low_grad, u->full_grad, sh->pre_factor);
+    if (st == FSDP_OK && !sharded) {
+        st = fsdp_all_reduce_start(ctx, all, u->low_grad, FSDP_REDUCE_SUM, w);
+    } else if (st == FSDP_OK && !sh->replicate) {
+        st = fsdp_reduce_scatter_start(ctx, sh->group, u->low_reduced, u->low_grad, 0,
+                                       FSDP_REDUCE_SUM, w);
+    } else if (st == FSDP_OK) {
+        st = fsdp_reduce_scatter(ctx, sh->group, u->low_reduced, u->low_grad, 0, FSDP_REDUCE_SUM);
+        if (st == FSDP_OK)
+            st = fsdp_all_reduce_start(ctx, sh->replicate, u->low_reduced, FSDP_REDUCE_SUM, w);
+    }
+    if (st != FSDP_OK) {
+        if (sharded) fsdp_pool_give(&sh->pool, u->low_reduced);
+        fsdp_pool_give(&sh->pool, u->low_grad);
+        if (sharded) fsdp_pool_give(&sh->pool, u->reduced);
+        return FSDP_PASS(ctx, st);
+    }
+    u->reduce_low = sharded ? u->low_reduced : u->low_grad;
+    u->reduce_add = sharded ? u->reduced : u->full_grad;
+    return FSDP_OK;
+}
+
 /* Starts the reduction's last collective on u->reduce_work and sets u->reduce_add (what is
  * added into the shard's gradient after it; NULL: nothing). With the default hook in f32 the
  * divisions fold into the collectives (fsdp_reduce_scatter_ex, fsdp_all_reduce_ex: element by
  * element the separate passes' bits): the fused reduce_scatter into the shard's gradient; with
  * offload a reduce_scatter into `reduced`; under HYBRID_SHARD the reduce_scatter (blocking)
  * and then the replicas' all_reduce of `reduced`; unsharded the all_reduce of the full
- * gradient (over the replicas when the shard group has one rank). Anything else runs blocking
- * (reduce_blocking, its add included). */
+ * gradient (over the replicas when the shard group has one rank). A bf16/fp16 hook or a low
+ * reduce_dtype: reduce_start_low. Anything else runs blocking (reduce_blocking, its add
+ * included). */
 static fsdp_status reduce_start(fsdp_ctx *ctx, unit *u) {
     fsdp_sharded *sh = u->owner;
     const fsdp_fully_shard_options *o = &sh->opts;
     fsdp_comm_work *w = u->reduce_work;
-    u->reduce_add = NULL;
+    u->reduce_add = u->reduce_low = NULL;
     if (u->numel == 0) return FSDP_OK;
     fsdp_reduce_options ro = {.pre_scale = fsdp_dp_inverse(sh->pre_factor),
                               .post_scale = fsdp_dp_inverse(sh->post_factor)};
     bool sharded = fsdp_shard_sharded_strategy(sh);
     fsdp_group *all = fsdp_group_size(sh->group) > 1 ? sh->group : sh->replicate;
-    if (fsdp_works_blocking() || o->comm_hook.kind != FSDP_COMM_HOOK_DEFAULT ||
-        o->mixed_precision.reduce_dtype != FSDP_DTYPE_F32 ||
+    if (fsdp_works_blocking() || o->comm_hook.kind == FSDP_COMM_HOOK_USER ||
         (!sharded && (!all || (sh->replicate && all == sh->group))))
         return reduce_blocking(ctx, u);
+    if (sh->grad_dtype != FSDP_DTYPE_F32) return reduce_start_low(ctx, u, all);
     if (reduces_fused(sh)) {
         ro.accumulate = true;
         return fsdp_reduce_scatter_start_ex(ctx, sh->group, fsdp_param_grad(u->flat), u->full_grad,
@@ -209,6 +250,9 @@ fsdp_status fsdp_post_backward_reduce(fsdp_ctx *ctx, unit *u, const char *call) 
         fsdp_comm_work_pending(u->reduce_work)) {
         fsdp_pool_hold(&sh->pool, u->full_grad);
         fsdp_pool_hold(&sh->pool, u->reduce_add);
+        if (u->reduce_low) fsdp_pool_hold(&sh->pool, u->low_grad);
+        if (u->reduce_low && u->reduce_low == u->low_reduced)
+            fsdp_pool_hold(&sh->pool, u->low_reduced);
         fsdp_prefetch_trace(u, FSDP_REDUCE_IN_FLIGHT);
         return FSDP_OK;
     }
@@ -224,9 +268,13 @@ fsdp_status fsdp_post_backward_finish(fsdp_ctx *ctx, unit *u) {
         sh->pool.device.type == FSDP_DEVICE_CPU
             ? fsdp_comm_work_wait(ctx, u->reduce_work)
             : fsdp_comm_work_wait_stream(ctx, u->reduce_work, fsdp_stream_current(sh->pool.device));
+    if (st == FSDP_OK && u->reduce_low)
+        st = fsdp_dp_widen(ctx, u->reduce_add, u->reduce_low, sh->post_factor);
     if (st == FSDP_OK && u->reduce_add) st = accumulate(ctx, u, u->reduce_add);
+    if (u->reduce_low && u->reduce_low == u->low_reduced) fsdp_pool_give(&sh->pool, u->low_reduced);
+    if (u->reduce_low) fsdp_pool_give(&sh->pool, u->low_grad);
     if (u->reduce_add == u->reduced) fsdp_pool_give(&sh->pool, u->reduced);
-    u->reduce_add = NULL;
+    u->reduce_add = u->reduce_low = NULL;
     if (u->numel) fsdp_pool_give(&sh->pool, u->full_grad);
     return FSDP_PASS(ctx, st);
 }

@@ -170,20 +170,22 @@ static void copy_out(fsdp_replicate *r, int b) {
         k->copy(fsdp_tensor_f32(fsdp_param_grad(r->params[i])), buf + r->offset[i], r->numel[i]);
 }
 
-/* Whether the buckets' reductions may run in the background: the default hook's all_reduce
- * has a non-blocking start; the compressing and user hooks run whole when a bucket is ready. */
+/* Whether the buckets' reductions may run in the background: the built-in hooks' all_reduce
+ * (f32, or the bf16/fp16 hooks' and a low reduce_dtype's in 16 bits) has a non-blocking start;
+ * a user hook (its own collectives) runs whole when a bucket is ready. */
 static bool overlaps(const fsdp_replicate *r) {
-    return r->hook.kind == FSDP_COMM_HOOK_DEFAULT && r->mp.reduce_dtype == FSDP_DTYPE_F32;
+    return r->hook.kind != FSDP_COMM_HOOK_USER;
 }
 
 /* Averages bucket b's gradients over the group through the comm hook: in (times 1/W for a
  * built-in hook, as DDP divides while copying; as they are for a user hook), the hook's
- * reduction (the default: all_reduce(sum) in f32), out. With a work (the default hook, during
- * backward) the all_reduce is only started on it; finish_bucket waits and copies out. */
+ * reduction (the default: all_reduce(sum) in f32), out. With a work (a built-in hook, during
+ * backward) the all_reduce is only started on it (in 16 bits: of the bucket rounded into its
+ * low bucket, fsdp_dp_round); finish_bucket waits, widens a 16-bit result and copies out. */
 static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b, fsdp_comm_work *work) {
     const fsdp_kernels_i *k = fsdp_kernels_for(r->dev);
     float *buf = fsdp_tensor_f32(r->bucket[b]);
-    bool user = r->hook.kind == FSDP_COMM_HOOK_USER;
+    bool user = r->hook.kind == FSDP_COMM_HOOK_USER, fold = work && !r->low_bucket;
     float inv = 1.0f / (float)r->world;
     for (int i = r->bucket_start[b]; i < r->bucket_start[b + 1]; i++) {
         fsdp_param *p = r->params[i];
@@ -197,16 +199,20 @@ static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b, fsdp_c
         /* With a work the division is the all_reduce's (below); a gradient that lives in its
          * bucket (bind_grads) is not copied at all (the copy kernel skips a copy onto
          * itself). */
-        if (user || work)
+        if (user || fold)
             k->copy(buf + r->offset[i], fsdp_tensor_f32(g), r->numel[i]);
         else
             k->scale(buf + r->offset[i], fsdp_tensor_f32(g), inv, r->numel[i]);
     }
     /* The default hook in f32: every element times 1/W as the all_reduce reads it, bitwise
      * the division before it (fsdp_all_reduce_ex), without a pass of its own. */
-    if (work)
+    if (fold)
         return fsdp_all_reduce_start_ex(ctx, r->group, r->bucket[b], FSDP_REDUCE_SUM,
                                         &(fsdp_reduce_options){.pre_scale = inv}, work);
+    if (work) {
+        FSDP_TRY_AT(ctx, fsdp_dp_round(ctx, r->low_bucket[b], r->bucket[b], 1.0));
+        return fsdp_all_reduce_start(ctx, r->group, r->low_bucket[b], FSDP_REDUCE_SUM, work);
+    }
     fsdp_dp_reduce_args a = {.hook = &r->hook,
                              .reduce_dtype = r->mp.reduce_dtype,
                              .group = r->group,
@@ -224,6 +230,7 @@ static fsdp_status reduce_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b, fsdp_c
  * it (the host does not), so the copies and whatever follows on that stream see the sums. */
 static fsdp_status finish_bucket(fsdp_ctx *ctx, fsdp_replicate *r, int b) {
     FSDP_TRY_AT(ctx, fsdp_comm_work_wait_stream(ctx, r->work[b], fsdp_stream_current(r->dev)));
+    if (r->low_bucket) FSDP_TRY_AT(ctx, fsdp_dp_widen(ctx, r->bucket[b], r->low_bucket[b], 1.0));
     copy_out(r, b);
     return FSDP_OK;
 }
@@ -455,8 +462,8 @@ static fsdp_status install_hooks(fsdp_ctx *ctx, fsdp_replicate *r) {
     return FSDP_PASS(ctx, st);
 }
 
-/* When every bucket has a place of its own in the stage (reduction during backward with the
- * default f32 hook), the gradients themselves live there, at their place in their bucket, as
+/* When every bucket has a place of its own in the stage (reduction during backward with a
+ * built-in hook), the gradients themselves live there, at their place in their bucket, as
  * DDP's gradient_as_bucket_view: backward accumulates into the bucket, which is divided in
  * place and all_reduced, and nothing is copied in or out. The values are bitwise those of the
  * copies (the same division, the same reduction). A gradient that is rebound elsewhere later
@@ -482,9 +489,9 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
     int64_t grad_max = 0, total = 0;
     FSDP_TRY_AT(ctx, layout_buckets(ctx, r, root, first, cap, &grad_max));
     for (int i = 0; i < r->n_params; i++) total += r->numel[i];
-    /* After backward, and with a hook that reduces a bucket whole, one bucket is reduced at a
-     * time; during backward with the default hook several are in flight (a group of one
-     * reduces nothing). */
+    /* After backward, and with a user hook, one bucket is reduced at a time; during backward
+     * with a built-in hook several are in flight, each in its own part of the stage (and of the
+     * low stage) (a group of one reduces nothing). */
     bool apart = !r->after_backward && r->world > 1 && overlaps(r);
     int64_t stage = apart ? total : grad_max, at = 0;
     FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, r->dev, 1, &stage, &r->stage));
@@ -497,13 +504,16 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
     if (apart) FSDP_TRY_AT(ctx, bind_grads(ctx, r));
     fsdp_dtype low = fsdp_dp_hook_dtype(r->hook.kind, r->mp.reduce_dtype);
     if (r->hook.kind != FSDP_COMM_HOOK_USER && low != FSDP_DTYPE_F32) {
-        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, low, r->dev, 1, &grad_max, &r->low_stage));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, low, r->dev, 1, &stage, &r->low_stage));
         r->low_bucket = calloc((size_t)r->n_buckets + 1, sizeof *r->low_bucket);
         if (!r->low_bucket)
             return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate buckets");
+        at = 0;
         for (int b = 0; b < r->n_buckets; b++) {
             int64_t n = fsdp_tensor_numel(r->bucket[b]);
-            FSDP_TRY_AT(ctx, fsdp_tensor_view(ctx, r->low_stage, 0, 1, &n, &r->low_bucket[b]));
+            FSDP_TRY_AT(
+                ctx, fsdp_tensor_view(ctx, r->low_stage, apart ? at : 0, 1, &n, &r->low_bucket[b]));
+            at += n;
         }
     }
     if (r->mp.param_dtype != FSDP_DTYPE_F32 && r->n_params > 0) {

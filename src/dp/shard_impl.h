@@ -90,11 +90,13 @@ typedef struct unit {
     /* Left for the gather's completion (fsdp_shard_gather_finish): widen low_full into full and
      * give low_full back (mixed precision). */
     bool gather_widen;
-    /* A reduction started and not finished (in flight on the host): after its wait, reduce_add
-     * (NULL: nothing, the fused reduce_scatter added) is added into the shard's gradient, and
-     * full_grad (and reduced, when it is reduce_add) go back to the pool. */
+    /* A reduction started and not finished (in flight on the host): after its wait, reduce_low
+     * (a 16-bit reduction's result, low_grad or low_reduced; NULL: none) is widened into
+     * reduce_add and divided by the post factor, reduce_add (NULL: nothing, the fused
+     * reduce_scatter added) is added into the shard's gradient, and the low blocks, full_grad
+     * (and reduced, when it is reduce_add) go back to the pool. */
     bool reduce_open;
-    fsdp_tensor *reduce_add;
+    fsdp_tensor *reduce_add, *reduce_low;
 } unit;
 
 /* The hook that prefetches: a pre-forward, pre-backward or post-backward hook. */
