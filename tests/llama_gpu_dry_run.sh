@@ -8,15 +8,9 @@
 set -euo pipefail
 script=$1 build=$2
 here=$(cd "$(dirname "$script")" && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() {
-    echo "llama_gpu_dry_run: $*" >&2
-    echo "--- output" >&2
-    cat "$tmp/out" >&2 || true
-    exit 1
-}
-expect() { grep -qF -- "$1" "$tmp/out" || fail "no '$1' in the output"; }
+name=llama_gpu_dry_run
+# shellcheck source-path=SCRIPTDIR source=dry_run_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/dry_run_lib.sh"
 
 rc=0
 bash "$script" --dry-run "$build" >"$tmp/out" 2>&1 || rc=$?
@@ -27,9 +21,7 @@ expect "MFU = tokens/s x (6N + 12 L d T) / peak"
 expect "llama_gpu: skipped: dry run (--dry-run)"
 
 # A machine without a GPU: an nvidia-smi that fails comes first on PATH.
-mkdir "$tmp/bin"
-printf '#!/bin/sh\necho "NVIDIA-SMI has failed" >&2\nexit 9\n' >"$tmp/bin/nvidia-smi"
-chmod +x "$tmp/bin/nvidia-smi"
+make_no_gpu
 rc=0
 PATH="$tmp/bin:$PATH" bash "$script" "$build" >"$tmp/out" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || fail "without a GPU it exited $rc, want 0"

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "llama_steps.h" // defines: llama_tp_build
 #include "numerics.h"
 
 #define SEED  11
@@ -402,36 +403,25 @@ static fsdp_status comm_check(fsdp_ctx *ctx, const fsdp_mesh *mesh) {
 static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
     (void)rank;
     layout_case *c = user;
-    fsdp_mesh *mesh = NULL, *tp = NULL;
-    fsdp_group *dp = NULL;
-    fsdp_module *m = NULL;
+    llama_tp l;
     fsdp_sharded *sh = NULL;
     fsdp_optimizer *opt = NULL;
     fsdp_tensor *tok = NULL, *dlogits = NULL, *lt = NULL;
-    fsdp_tp_plan_entry plan[FSDP_LLAMA_TP_PLAN_LEN];
-    int n = 0;
     static const char *const kinds[] = {"LlamaDecoderLayer"};
     fsdp_llama_config cfg = CFG;
     if (c->vocab) cfg.vocab_size = c->vocab;
-    fsdp_status st =
-        fsdp_mesh_create(ctx, 2, (int[]){c->dp, c->tp}, (const char *[]){"dp", "tp"}, &mesh);
-    if (st == FSDP_OK) st = fsdp_mesh_dim(ctx, mesh, "tp", &tp);
-    if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "dp", &dp);
-    if (st == FSDP_OK) st = fsdp_model_llama(ctx, &cfg, &m);
-    if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, SEED);
-    if (st == FSDP_OK) st = fsdp_llama_tp_plan(ctx, &cfg, c->tp, !c->plain_loss, plan, &n);
-    if (st == FSDP_OK) st = fsdp_tp_parallelize(ctx, m, tp, n, plan, NULL);
+    fsdp_status st = llama_tp_build(ctx, &cfg, c->dp, c->tp, !c->plain_loss, SEED, FSDP_CPU, &l);
     if (st == FSDP_OK)
         st = fsdp_fully_shard(
-            ctx, m,
+            ctx, l.m,
             &(fsdp_fully_shard_options){
-                .group = dp, .wrap_kinds = kinds, .n_wrap_kinds = 1, .poison_resharded = true},
+                .group = l.dp, .wrap_kinds = kinds, .n_wrap_kinds = 1, .poison_resharded = true},
             &sh);
     if (st == FSDP_OK)
         st = fsdp_adam_create(ctx, fsdp_sharded_flat_params(sh), &(fsdp_adam_options){.lr = LR},
                               &opt);
     int64_t off, len;
-    fsdp_chunk_range(BATCH, c->dp, fsdp_mesh_coordinate(mesh, 0), &off, &len);
+    fsdp_chunk_range(BATCH, c->dp, fsdp_mesh_coordinate(l.mesh, 0), &off, &len);
     int32_t tokens[BATCH * SEQ], targets[BATCH * SEQ];
     if (st == FSDP_OK)
         st = fsdp_tensor_from_blob(ctx, tokens + off * SEQ, FSDP_DTYPE_I32, FSDP_CPU, 2,
@@ -444,7 +434,7 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
         const fsdp_tensor *logits, *unused;
         if (c->count && s == STEPS - 1) st = fsdp_comm_debug_begin(ctx);
         if (st == FSDP_OK) st = fsdp_optimizer_zero_grad(ctx, opt);
-        if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, tok, &logits);
+        if (st == FSDP_OK) st = fsdp_module_forward(ctx, l.m, tok, &logits);
         if (st == FSDP_OK && !dlogits) st = fsdp_tensor_create_like(ctx, logits, &dlogits);
         if (st == FSDP_OK)
             st = c->plain_loss
@@ -452,7 +442,7 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
                                                       FSDP_IGNORE_INDEX, &loss, dlogits)
                      : fsdp_loss_parallel_cross_entropy(ctx, logits, targets + off * SEQ,
                                                         FSDP_IGNORE_INDEX, &loss, dlogits);
-        if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dlogits, &unused);
+        if (st == FSDP_OK) st = fsdp_module_backward(ctx, l.m, dlogits, &unused);
         if (st == FSDP_OK) st = fsdp_optimizer_step(ctx, opt);
         if (st == FSDP_OK && c->count && s == STEPS - 1) {
             st = fsdp_comm_debug_end(ctx);
@@ -460,11 +450,11 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
                 printf("\n  one (dp 2, tp 2) step, rank 0:\n");
                 st = fsdp_comm_debug_print(ctx, stdout);
             }
-            if (st == FSDP_OK) st = comm_check(ctx, mesh);
+            if (st == FSDP_OK) st = comm_check(ctx, l.mesh);
         }
         /* every dp replica scores the same number of targets, so the mean of the means is the
          * whole batch's mean */
-        if (st == FSDP_OK) st = fsdp_all_reduce(ctx, dp, lt, FSDP_REDUCE_AVG);
+        if (st == FSDP_OK) st = fsdp_all_reduce(ctx, l.dp, lt, FSDP_REDUCE_AVG);
         /* The loss of step s: the softmax sums run in double, so what differs is the logits,
          * from f32 GEMMs (K <= 48) in another order and the parameters' differences after s
          * steps (below); seen 1.1e-7 (2 u) at most under every kernel run. Bound 1e-5
@@ -484,7 +474,7 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
                                   .max_exceptions = MAX_EXCEPTIONS};
     if (st == FSDP_OK) st = fsdp_summon_full_params(ctx, sh, &(fsdp_summon_options){0});
     if (st == FSDP_OK) {
-        st = fsdp_test_adam_add_model(ctx, &check, ref_model, m);
+        st = fsdp_test_adam_add_model(ctx, &check, ref_model, l.m);
         fsdp_status r = fsdp_release_full_params(ctx, sh);
         if (st == FSDP_OK) st = r;
     }
@@ -498,8 +488,7 @@ static fsdp_status layout_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_tensor_free(tok);
     fsdp_optimizer_free(opt);
     fsdp_sharded_free(sh);
-    fsdp_module_free(m);
-    fsdp_mesh_free(mesh);
+    llama_tp_free(&l);
     return st;
 }
 

@@ -28,15 +28,13 @@
 #include "dp/shard_impl.h"   // defines: fsdp_shard_test_skip_prefetch_wait
 #include "harness.h"         // defines: fsdp_test_run_world, FSDP_TEST_OK, UNDER_TSAN
 #include "kernels/sim/sim.h" // defines: fsdp_sim_mode_get
+#include "llama_steps.h"     // defines: llama_tp_build, llama_record_steps
 #ifdef FSDP_TEST_NCCL_STANDIN
 #include "comm/nccl_impl.h" // defines: fsdp_nccl_library_use
 #endif
 
 #define SEED  11
-#define BATCH 4
-#define SEQ   8
-#define STEPS 3
-#define LR    1e-2
+#define STEPS LLAMA_STEPS
 
 /* test_llama_2d's model: grouped-query attention whose heads split at tp 2 and 4, as do the
  * vocabulary, the MLP width and the sequence. */
@@ -68,23 +66,6 @@ typedef struct layout_case {
     bool clip;       /* fsdp_sharded_clip_grad_norm(1.0) before each step, its norm recorded */
     bool bf16;       /* mixed_precision.param_dtype bf16 (reductions f32) */
 } layout_case;
-
-static uint64_t mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
-
-/* (BATCH, SEQ) tokens and next-token targets (-100 at each row's end), the same on every rank. */
-static void make_batch(int step, int64_t V, int32_t *tokens, int32_t *targets) {
-    for (int i = 0; i < BATCH * SEQ; i++)
-        tokens[i] = (int32_t)(mix(1000u * (uint64_t)step + (uint64_t)i) % (uint64_t)V);
-    for (int b = 0; b < BATCH; b++)
-        for (int t = 0; t < SEQ; t++)
-            targets[b * SEQ + t] = t + 1 < SEQ ? tokens[b * SEQ + t + 1] : FSDP_IGNORE_INDEX;
-}
 
 static fsdp_status put_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
     record *r = user;
@@ -121,34 +102,20 @@ static void on_prefetch(void *user, int index, fsdp_prefetch_event ev, int in_fl
 #define PREFETCHES ((STEPS - 1) * 4)
 
 /* The model with the plan over the (dp, tp) mesh's tp dim and FSDP over dp, on dev; STEPS Adam
- * steps (SGD on nccl) on this dp rank's rows of the batch (the tokens uploaded each step). */
+ * steps (SGD on nccl) on this dp rank's rows of the batch (llama_steps.h). */
 static fsdp_status layout_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const void *arg,
                                record *r) {
     (void)rank;
     const layout_case *c = arg;
-    fsdp_mesh *mesh = NULL, *tp = NULL;
-    fsdp_group *dp = NULL;
-    fsdp_module *m = NULL;
+    llama_tp l;
     fsdp_sharded *sh = NULL;
     fsdp_optimizer *opt = NULL;
-    fsdp_tensor *htok = NULL, *tok = NULL, *dlogits = NULL;
-    fsdp_tp_plan_entry plan[FSDP_LLAMA_TP_PLAN_LEN];
-    int n = 0;
     static const char *const kinds[] = {"LlamaDecoderLayer"};
     fsdp_llama_config cfg = CFG;
     if (c->vocab) cfg.vocab_size = c->vocab;
-    int32_t tokens[BATCH * SEQ], targets[BATCH * SEQ];
-    fsdp_status st =
-        fsdp_mesh_create(ctx, 2, (int[]){c->dp, c->tp}, (const char *[]){"dp", "tp"}, &mesh);
-    if (st == FSDP_OK) st = fsdp_mesh_dim(ctx, mesh, "tp", &tp);
-    if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "dp", &dp);
-    if (st == FSDP_OK) st = fsdp_model_llama(ctx, &cfg, &m);
-    if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, SEED);
-    if (st == FSDP_OK) st = fsdp_module_to(ctx, m, dev);
-    if (st == FSDP_OK) st = fsdp_llama_tp_plan(ctx, &cfg, c->tp, !c->plain_loss, plan, &n);
-    if (st == FSDP_OK) st = fsdp_tp_parallelize(ctx, m, tp, n, plan, NULL);
+    fsdp_status st = llama_tp_build(ctx, &cfg, c->dp, c->tp, !c->plain_loss, SEED, dev, &l);
     fsdp_fully_shard_options o = {
-        .group = dp,
+        .group = l.dp,
         .wrap_kinds = kinds,
         .n_wrap_kinds = 1,
         .poison_resharded = true, /* a stale read of a resharded buffer reads NaNs */
@@ -156,51 +123,18 @@ static fsdp_status layout_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const v
         .backward_prefetch = c->prefetch ? FSDP_BACKWARD_PRE : FSDP_BACKWARD_PREFETCH_NONE,
         .limit_all_gathers = c->prefetch,
         .mixed_precision = {.param_dtype = c->bf16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32}};
-    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, m, &o, &sh);
+    if (st == FSDP_OK) st = fsdp_fully_shard(ctx, l.m, &o, &sh);
     prefetch_count pf = {0, 0};
     if (st == FSDP_OK) fsdp_shard_test_trace(sh, on_prefetch, &pf);
-    /* On nccl SGD: Adam divides by sqrt(v), which turns the unordered sums' rounding into moves
-     * of up to lr (docs/testing.md "Bounds"); SGD carries it through unamplified. */
     fsdp_module *flat = sh ? fsdp_sharded_flat_params(sh) : NULL;
+    if (st == FSDP_OK) st = llama_record_optimizer(ctx, flat, &opt);
     if (st == FSDP_OK)
-        st = bounded() ? fsdp_sgd_create(ctx, flat, &(fsdp_sgd_options){.lr = 0.1}, &opt)
-                       : fsdp_adam_create(ctx, flat, &(fsdp_adam_options){.lr = LR}, &opt);
-    int64_t off, len; /* this dp rank's rows of the batch */
-    fsdp_chunk_range(BATCH, c->dp, mesh ? fsdp_mesh_coordinate(mesh, 0) : 0, &off, &len);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_from_blob(ctx, tokens + off * SEQ, FSDP_DTYPE_I32, FSDP_CPU, 2,
-                                   (int64_t[]){len, SEQ}, &htok);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, (int64_t[]){len, SEQ}, &tok);
-    for (int s = 0; st == FSDP_OK && s < STEPS; s++) {
-        make_batch(s, cfg.vocab_size, tokens, targets);
-        const fsdp_tensor *logits, *unused;
-        float loss = 0.0f;
-        if (s == STEPS - 1) st = fsdp_comm_debug_begin(ctx);
-        if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, tok, htok);
-        if (st == FSDP_OK) st = fsdp_optimizer_zero_grad(ctx, opt);
-        if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, tok, &logits);
-        if (st == FSDP_OK) st = put_tensor(ctx, r, "logits", logits);
-        if (st == FSDP_OK && !dlogits) st = fsdp_tensor_create_like(ctx, logits, &dlogits);
-        if (st == FSDP_OK)
-            st = c->plain_loss
-                     ? fsdp_loss_cross_entropy_ignore(ctx, logits, targets + off * SEQ,
-                                                      FSDP_IGNORE_INDEX, &loss, dlogits)
-                     : fsdp_loss_parallel_cross_entropy(ctx, logits, targets + off * SEQ,
-                                                        FSDP_IGNORE_INDEX, &loss, dlogits);
-        if (st == FSDP_OK) st = put_f32(ctx, r, "loss", &loss, 1);
-        if (st == FSDP_OK) st = put_tensor(ctx, r, "dlogits", dlogits);
-        if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dlogits, &unused);
-        double norm = 0.0;
-        if (st == FSDP_OK && c->clip) st = fsdp_sharded_clip_grad_norm(ctx, sh, 1.0, 2.0, &norm);
-        float normf = (float)norm; /* on cuda a number within the bound; else its bits */
-        if (st == FSDP_OK && c->clip)
-            st = on_cuda() ? put_f32(ctx, r, "clip norm", &normf, 1)
-                           : put(ctx, r, "clip norm", &norm, sizeof norm);
-        if (st == FSDP_OK) st = fsdp_optimizer_step(ctx, opt);
-        if (st == FSDP_OK && s == STEPS - 1) st = fsdp_comm_debug_end(ctx);
-    }
-    if (st == FSDP_OK) st = put_comm(ctx, r, "comm-debug");
+        st = llama_record_steps(ctx, &l, dev,
+                                &(llama_record_options){.vocab = cfg.vocab_size,
+                                                        .plain_loss = c->plain_loss,
+                                                        .clip = c->clip ? sh : NULL,
+                                                        .opt = opt},
+                                r);
     /* the run communicated on every mesh dim of more than one rank */
     if (st == FSDP_OK && c->tp > 1 && fsdp_comm_debug_count(ctx, FSDP_COMM_ANY, "tp").calls == 0)
         st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s: the last step made no collective on tp",
@@ -216,12 +150,10 @@ static fsdp_status layout_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const v
                       c->name, pf.issued, pf.waited, PREFETCHES);
     if (st == FSDP_OK) st = put(ctx, r, "prefetches", &pf, sizeof pf);
     if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, flat, put_param, r);
-    if (st == FSDP_OK) st = put_summoned(ctx, sh, m, r);
-    fsdp_tensor_free(htok), fsdp_tensor_free(tok), fsdp_tensor_free(dlogits);
+    if (st == FSDP_OK) st = put_summoned(ctx, sh, l.m, r);
     fsdp_optimizer_free(opt);
     fsdp_sharded_free(sh);
-    fsdp_module_free(m);
-    fsdp_mesh_free(mesh);
+    llama_tp_free(&l);
     return st;
 }
 

@@ -32,6 +32,7 @@
 #include "device_record.h"   // defines: record, put_tensor, put_comm, cpu_then_device
 #include "harness.h"         // defines: fsdp_test_run_world, FSDP_RANK_CHECK, FSDP_TEST_OK
 #include "kernels/sim/sim.h" // defines: fsdp_sim_mode_get
+#include "llama_steps.h"     // defines: llama_tp_build, llama_record_steps
 #ifdef FSDP_TEST_NCCL_STANDIN
 #include "comm/nccl_impl.h" // defines: fsdp_nccl_library_use
 #endif
@@ -384,9 +385,7 @@ static void test_dtensor_handover(void) {
 
 /* ---- the Llama with its TP plan ---- */
 
-#define BATCH 4
-#define SEQ   8
-#define STEPS 3
+#define STEPS LLAMA_STEPS
 /* On nccl the reordered sums per step on a value's path: the forward's (the embedding's
  * all_reduce, two per decoder layer, loss parallel's three), the backward's as many again, and
  * the norm weights' gradients' all_reduce. */
@@ -414,87 +413,35 @@ typedef struct llama_case {
     bool plain_loss; /* lm_head's output Replicate and the ordinary cross-entropy */
 } llama_case;
 
-/* (BATCH, SEQ) tokens and next-token targets (-100 at each row's end), the same on every rank. */
-static void make_batch(int step, int32_t *tokens, int32_t *targets) {
-    for (int i = 0; i < BATCH * SEQ; i++)
-        tokens[i] = (int32_t)(mix(1000u * (uint64_t)step + (uint64_t)i) % CFG.vocab_size);
-    for (int b = 0; b < BATCH; b++)
-        for (int t = 0; t < SEQ; t++)
-            targets[b * SEQ + t] = t + 1 < SEQ ? tokens[b * SEQ + t + 1] : FSDP_IGNORE_INDEX;
-}
-
 /* The model on dev with the plan over a (dp, tp) mesh's tp dim and replicate over dp when dp
- * is 2, STEPS Adam steps on this dp rank's rows of the batch (tokens uploaded each step), recording
- * each step's loss and logits and, at the end, the local parameters and gradients and the last
- * step's collectives. */
+ * is 2, STEPS Adam steps on this dp rank's rows of the batch (llama_steps.h: tokens uploaded each
+ * step, each step's loss and logits recorded, the last step's collectives), and at the end the
+ * local parameters and gradients. */
 static fsdp_status llama_pass(fsdp_ctx *ctx, int rank, fsdp_device dev, const void *arg,
                               record *r) {
     (void)rank;
     const llama_case *c = arg;
-    fsdp_mesh *mesh = NULL, *tp = NULL;
-    fsdp_module *m = NULL;
+    llama_tp l;
     fsdp_optimizer *opt = NULL;
-    fsdp_tensor *htok = NULL, *tok = NULL, *dlogits = NULL;
-    fsdp_tp_plan_entry plan[FSDP_LLAMA_TP_PLAN_LEN];
-    int n = 0, dp = c->dp > 1 ? c->dp : 1;
-    int32_t tokens[BATCH * SEQ], targets[BATCH * SEQ];
-    fsdp_group *dpg = NULL;
-    fsdp_status st =
-        fsdp_mesh_create(ctx, 2, (int[]){dp, c->tp}, (const char *[]){"dp", "tp"}, &mesh);
-    if (st == FSDP_OK) st = fsdp_mesh_dim(ctx, mesh, "tp", &tp);
-    if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, mesh, "dp", &dpg);
-    if (st == FSDP_OK) st = fsdp_model_llama(ctx, &CFG, &m);
-    if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, SEED);
-    if (st == FSDP_OK) st = fsdp_module_to(ctx, m, dev);
-    if (st == FSDP_OK) st = fsdp_llama_tp_plan(ctx, &CFG, c->tp, !c->plain_loss, plan, &n);
-    if (st == FSDP_OK) st = fsdp_tp_parallelize(ctx, m, tp, n, plan, NULL);
+    int dp = c->dp > 1 ? c->dp : 1;
+    fsdp_status st = llama_tp_build(ctx, &CFG, dp, c->tp, !c->plain_loss, SEED, dev, &l);
     if (st == FSDP_OK && dp > 1)
         st = fsdp_replicate_apply(
-            ctx, m, &(fsdp_replicate_options){.group = dpg, .src_rank = FSDP_NO_SRC_RANK}, NULL);
-    /* On nccl SGD: Adam divides by sqrt(v), which turns the unordered sums' rounding into moves
-     * of up to lr (docs/testing.md "Bounds"); SGD carries it through unamplified. */
+            ctx, l.m, &(fsdp_replicate_options){.group = l.dp, .src_rank = FSDP_NO_SRC_RANK}, NULL);
+    if (st == FSDP_OK) st = llama_record_optimizer(ctx, l.m, &opt);
     if (st == FSDP_OK)
-        st = bounded() ? fsdp_sgd_create(ctx, m, &(fsdp_sgd_options){.lr = 0.1}, &opt)
-                       : fsdp_adam_create(ctx, m, &(fsdp_adam_options){.lr = 1e-2}, &opt);
-    int64_t off, len; /* this dp rank's rows of the batch */
-    fsdp_chunk_range(BATCH, dp, fsdp_mesh_coordinate(mesh, 0), &off, &len);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_from_blob(ctx, tokens + off * SEQ, FSDP_DTYPE_I32, FSDP_CPU, 2,
-                                   (int64_t[]){len, SEQ}, &htok);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, (int64_t[]){len, SEQ}, &tok);
-    for (int s = 0; st == FSDP_OK && s < STEPS; s++) {
-        make_batch(s, tokens, targets);
-        const fsdp_tensor *logits, *unused;
-        float loss = 0.0f;
-        if (s == STEPS - 1) st = fsdp_comm_debug_begin(ctx);
-        if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, tok, htok);
-        if (st == FSDP_OK) st = fsdp_optimizer_zero_grad(ctx, opt);
-        if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, tok, &logits);
-        if (st == FSDP_OK) st = put_tensor(ctx, r, "logits", logits);
-        if (st == FSDP_OK && !dlogits) st = fsdp_tensor_create_like(ctx, logits, &dlogits);
-        if (st == FSDP_OK)
-            st = c->plain_loss
-                     ? fsdp_loss_cross_entropy_ignore(ctx, logits, targets + off * SEQ,
-                                                      FSDP_IGNORE_INDEX, &loss, dlogits)
-                     : fsdp_loss_parallel_cross_entropy(ctx, logits, targets + off * SEQ,
-                                                        FSDP_IGNORE_INDEX, &loss, dlogits);
-        if (st == FSDP_OK) st = put_f32(ctx, r, "loss", &loss, 1);
-        if (st == FSDP_OK) st = put_tensor(ctx, r, "dlogits", dlogits);
-        if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dlogits, &unused);
-        if (st == FSDP_OK) st = fsdp_optimizer_step(ctx, opt);
-        if (st == FSDP_OK && s == STEPS - 1) st = fsdp_comm_debug_end(ctx);
-    }
-    if (st == FSDP_OK) st = put_comm(ctx, r, "comm-debug");
+        st = llama_record_steps(ctx, &l, dev,
+                                &(llama_record_options){.vocab = CFG.vocab_size,
+                                                        .plain_loss = c->plain_loss,
+                                                        .opt = opt},
+                                r);
     if (st == FSDP_OK &&
         (fsdp_comm_debug_count(ctx, FSDP_COMM_ANY, "tp").calls == 0 ||
          (dp > 1 && fsdp_comm_debug_count(ctx, FSDP_COMM_ALL_REDUCE, "dp").calls == 0)))
         st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "the Llama step made no collective on tp or dp");
-    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, m, put_param, r);
-    fsdp_tensor_free(htok), fsdp_tensor_free(tok), fsdp_tensor_free(dlogits);
+    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, l.m, put_param, r);
     fsdp_optimizer_free(opt);
-    fsdp_module_free(m);
-    fsdp_mesh_free(mesh);
+    llama_tp_free(&l);
     return st;
 }
 

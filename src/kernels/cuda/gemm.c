@@ -34,30 +34,10 @@ static void gemm_run(const fsdp_cuda_gemm_args *g) {
         fsdp_cuda_gemm_cublas(g);
 }
 
-void fsdp_cuda_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                    int64_t ldc) {
-    gemm_run(&(fsdp_cuda_gemm_args){
-        .trans_a = trans_a,
-        .trans_b = trans_b,
-        .M = M,
-        .N = N,
-        .K = K,
-        .lda = lda,
-        .ldb = ldb,
-        .ldc = ldc,
-        .alpha = alpha,
-        .beta = beta,
-        .A = A,
-        .B = B,
-        .C = C,
-        .ab_type = CUDA_R_32F,
-        .compute = fsdp_cuda_thread_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F});
-}
-
-void fsdp_cuda_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                         const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb,
-                         float beta, float *C, int64_t ldc) {
+/* The two entries' arguments, A and B of ab_type, run with the given compute type. */
+static void gemm_entry(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
+                       int64_t ldc, cudaDataType_t ab_type, cublasComputeType_t compute) {
     gemm_run(&(fsdp_cuda_gemm_args){.trans_a = trans_a,
                                     .trans_b = trans_b,
                                     .M = M,
@@ -71,6 +51,20 @@ void fsdp_cuda_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
                                     .A = A,
                                     .B = B,
                                     .C = C,
-                                    .ab_type = CUDA_R_16BF,
-                                    .compute = CUBLAS_COMPUTE_32F});
+                                    .ab_type = ab_type,
+                                    .compute = compute});
+}
+
+void fsdp_cuda_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                    int64_t ldc) {
+    gemm_entry(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, CUDA_R_32F,
+               fsdp_cuda_thread_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+}
+
+void fsdp_cuda_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb,
+                         float beta, float *C, int64_t ldc) {
+    gemm_entry(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, CUDA_R_16BF,
+               CUBLAS_COMPUTE_32F);
 }
