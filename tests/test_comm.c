@@ -1308,9 +1308,10 @@ static void test_all_reduce_start(void) {
 /* Rank 2 starts an all_reduce and waits for it only 1.2 s later, past the 250 ms timeout:
  * under MPI ranks 0 and 1, whose data steps make no progress without it (nothing more comes
  * from it, or it takes nothing of theirs), fail with FSDP_ERR_TIMEOUT, and rank 2's wait then
- * fails on the poisoned group; on the local
- * backend the call completed in the start and everyone succeeds. Then rank 2 starts one and
- * returns without waiting: the others' waits fail at once naming it (MPI). */
+ * fails on the poisoned group; on the local backend the call completed in the start, and with
+ * the mpi backend's communication thread rank 2's thread moves it meanwhile: everyone
+ * succeeds. Then rank 2 starts one and returns without waiting: the others' waits fail at once
+ * naming it (MPI, with or without a thread: a rank's works are abandoned as it returns). */
 /* What rank 2 leaves in flight when it returns without waiting (MPI: one process per rank). */
 static fsdp_comm_work *left_behind_work;
 static fsdp_tensor *left_behind_tensor;
@@ -1337,7 +1338,8 @@ static fsdp_status late_wait_body(fsdp_ctx *ctx, int rank, void *user) {
         nanosleep(&(struct timespec){.tv_sec = 1, .tv_nsec = 200 * 1000000L}, NULL);
     if (st == FSDP_OK) {
         fsdp_status got = fsdp_comm_work_wait(ctx, w);
-        if (!mpi)
+        /* With a communication thread rank 2's call moves while it sleeps. */
+        if (!mpi || (!leave && fsdp_world_comm_thread(fsdp_ctx_world(ctx))))
             st = got;
         else if (leave)
             st = expect_failure(
@@ -1777,6 +1779,75 @@ static void test_gather_never_started(void) {
     FSDP_TEST_OK(fsdp_test_run_world(3, 250, gather_never_started_body, NULL));
 }
 
+/* With the communication thread (the mpi backend with comm_thread, or FSDP_COMM_THREAD=1 as
+ * CTest's test_comm_thread_mpi* entries set), a started all_gather of 4 MiB per rank and a fused
+ * reduce_scatter of as much complete while the rank sleeps and makes no call: the first
+ * fsdp_comm_work_test after the sleep reports both done. The outputs are bitwise the blocking
+ * calls' with or without a thread (without one, nothing moves during the sleep, and the test
+ * and wait move it afterwards). */
+#define MOVED_ELEMS (1 << 20)
+static fsdp_status thread_moves_data_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    const bool thread = fsdp_world_comm_thread(fsdp_ctx_world(ctx));
+    const fsdp_reduce_options fuse = {.pre_scale = 0.25f, .accumulate = true};
+    fsdp_tensor *g_in = NULL, *g_out = NULL, *r_in = NULL, *r_out = NULL;
+    fsdp_comm_work *w[2] = {0};
+    uint64_t want[2] = {0};
+    const int64_t zero[FSDP_MAX_DIMS] = {0}, piece[1] = {MOVED_ELEMS},
+                  whole[1] = {(int64_t)W * MOVED_ELEMS};
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, piece, &g_in);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, whole, &g_out);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, whole, &r_in);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, piece, &r_out);
+    for (int i = 0; i < 2 && st == FSDP_OK; i++) st = fsdp_comm_work_create(ctx, &w[i]);
+    for (int pass = 0; pass < 2 && st == FSDP_OK; pass++) {
+        fill_box(g_in, piece, zero, (uint64_t)rank + 3);
+        fill_box(r_in, whole, zero, (uint64_t)rank + 5);
+        fill_box(r_out, piece, zero, 9);
+        if (pass == 0) { /* the blocking calls */
+            st = fsdp_all_gather(ctx, NULL, g_out, g_in, 0);
+            if (st == FSDP_OK)
+                st = fsdp_reduce_scatter_ex(ctx, NULL, r_out, r_in, 0, FSDP_REDUCE_SUM, &fuse);
+            want[0] = hash_bytes(g_out), want[1] = hash_bytes(r_out);
+            continue;
+        }
+        st = fsdp_all_gather_start(ctx, NULL, g_out, g_in, 0, w[0]);
+        if (st == FSDP_OK)
+            st = fsdp_reduce_scatter_start_ex(ctx, NULL, r_out, r_in, 0, FSDP_REDUCE_SUM, &fuse,
+                                              w[1]);
+        if (st != FSDP_OK) break;
+        fsdp_test_sleep_ms(1000); /* computing: no call into the library */
+        bool done[2] = {false, false};
+        for (int i = 0; i < 2 && st == FSDP_OK; i++) st = fsdp_comm_work_test(ctx, w[i], &done[i]);
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, !thread || (done[0] && done[1]),
+                            "with the communication thread, 1 s after their starts: all_gather "
+                            "done %d, reduce_scatter done %d at the first test",
+                            (int)done[0], (int)done[1]);
+        for (int i = 0; i < 2 && st == FSDP_OK; i++) st = fsdp_comm_work_wait(ctx, w[i]);
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, hash_bytes(g_out) == want[0] && hash_bytes(r_out) == want[1],
+                            "started (thread %d): all_gather %s, reduce_scatter %s the blocking "
+                            "call's",
+                            (int)thread, hash_bytes(g_out) == want[0] ? "equals" : "differs from",
+                            hash_bytes(r_out) == want[1] ? "equals" : "differs from");
+    }
+    for (int i = 0; i < 2; i++) fsdp_comm_work_free(w[i]);
+    fsdp_tensor_free(g_in), fsdp_tensor_free(g_out), fsdp_tensor_free(r_in),
+        fsdp_tensor_free(r_out);
+    sh->ncases[rank] = 1;
+    return st;
+}
+
+static void test_thread_moves_data(void) {
+    shared *sh = calloc(1, sizeof *sh);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(sh);
+    for (int W = 1; W <= 3; W++)
+        FSDP_TEST_OK(fsdp_test_run_world(W, 0, thread_moves_data_body, sh));
+    free(sh);
+}
+
 static void test_all_reduce_start_timed(void) {
     for (int w = 1; w <= 3; w++) FSDP_TEST_OK(fsdp_test_run_world(w, 0, start_timed_body, NULL));
 }
@@ -1897,6 +1968,12 @@ static void test_integers_exact(void) {
 static void test_world_errors(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_world *w = NULL;
+    FSDP_TEST_FAILS(
+        fsdp_world_create(
+            ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_LOCAL, .comm_thread = true}, &w),
+        FSDP_ERR_INVALID_ARGUMENT, "comm_thread is on for the 'local' backend",
+        "only the 'mpi' backend", "leave comm_thread false");
+    CU_ASSERT_FALSE(fsdp_world_comm_thread(NULL));
     if (!fsdp_backend_available(FSDP_BACKEND_MPI)) {
         FSDP_TEST_FAILS(
             fsdp_world_create(ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_MPI}, &w),
@@ -2251,6 +2328,7 @@ int main(int argc, char **argv) {
         {"starts_in_flight", test_starts_in_flight},
         {"start_mismatch_gather", test_start_mismatch_gather},
         {"gather_never_started", test_gather_never_started},
+        {"thread_moves_data", test_thread_moves_data},
         {"broadcast", test_broadcast},
         {"all_to_all", test_all_to_all},
         {"barrier", test_barrier},

@@ -55,7 +55,10 @@ typedef enum fsdp_backend {
 #define FSDP_COMM_MIN_DEFAULT_GRACE_MS 10000 /* 10 s */
 /* The environment variable naming the directory of flight-recorder dumps for worlds whose
  * options leave trace_dir NULL (see fsdp_world_options.trace_dir). */
-#define FSDP_COMM_TRACE_DIR_ENV   "FSDP_COMM_TRACE_DIR"
+#define FSDP_COMM_TRACE_DIR_ENV "FSDP_COMM_TRACE_DIR"
+/* The environment variable that turns the mpi backend's communication thread on for worlds
+ * whose options leave comm_thread false (see fsdp_world_options.comm_thread): "1". */
+#define FSDP_COMM_THREAD_ENV      "FSDP_COMM_THREAD"
 #define FSDP_LOCAL_MAX_RANKS      1024 /* rank threads of one local world */
 #define FSDP_MAX_THREADS_PER_RANK 1024 /* fsdp_world_options.threads_per_rank */
 
@@ -101,6 +104,15 @@ typedef struct fsdp_world_options {
      * process's stderr goes its own way. Default (NULL): the FSDP_COMM_TRACE_DIR environment
      * variable when set and not empty, else no dumps. The string is copied. */
     const char *trace_dir;
+    /* mpi backend: a communication thread in each process, which advances the process's
+     * non-blocking calls in flight (the steps fsdp_comm_work_test would take) while its rank
+     * computes, so that their data move without the rank calling test or wait; results are
+     * bitwise the same. Every MPI call of the process is then made under one lock (MPI stays at
+     * MPI_THREAD_SERIALIZED); the thread stops when the world is freed. Default false: on when
+     * the FSDP_COMM_THREAD environment variable is "1" (other backends ignore the variable).
+     * Refused on the other backends (the local backend's host calls complete in their start;
+     * nccl and nccl-mpi leave their calls to NCCL's streams). */
+    bool comm_thread;
 } fsdp_world_options;
 
 /* Creates a world. opts may be NULL for all defaults. ctx (may be NULL) receives the message
@@ -156,6 +168,9 @@ bool fsdp_world_hosts_rank(const fsdp_world *world, int rank);
  * NULL. What waits on other ranks (a collective, or libfsdp's HDF5 lock) waits at most this. */
 int fsdp_world_timeout_ms(const fsdp_world *world);
 fsdp_backend fsdp_world_backend(const fsdp_world *world);
+/* Whether the world runs a communication thread (fsdp_world_options.comm_thread, or its
+ * environment variable, on the mpi backend); false for NULL. */
+bool fsdp_world_comm_thread(const fsdp_world *world);
 const char *fsdp_backend_to_string(fsdp_backend backend); /* "local", "mpi", "nccl" */
 /* How many rank threads that runs of this world left running after their grace period have
  * not returned yet (local; 0 under mpi). While any has not, it may hold locks (a stdio stream's,

@@ -81,7 +81,8 @@ void fsdp_mpi_works_detach(mpi_group *mg) {
 static void work_free_state(void *state) {
     mpi_work *w = state;
     if (!w) return;
-    if (w->mg) { /* still in flight: abandoned, and the group fails as after a timeout */
+    fsdp_mpi_lock(); /* the communication thread may be moving it */
+    if (w->mg) {     /* still in flight: abandoned, and the group fails as after a timeout */
         mpi_group *mg = w->mg;
         char msg[FSDP_ERROR_MAX];
         snprintf(msg, sizeof msg,
@@ -92,6 +93,7 @@ static void work_free_state(void *state) {
         fsdp_mpi_poison(mg, FSDP_ERR_STATE, msg);
         fail_all(mg, FSDP_ERR_STATE, msg);
     }
+    fsdp_mpi_unlock();
     fsdp_mpi_reqs_release(&w->rq);
     free(w->descs), free(w->calls), free(w->call_ptrs), free(w->srcs);
     free(w->buf);
@@ -178,6 +180,7 @@ fsdp_status fsdp_mpi_coll_start(fsdp_ctx *ctx, fsdp_group *g, const mpi_coll *c,
     while (*tail) tail = &(*tail)->next;
     *tail = w;
     work->pending = true;
+    fsdp_mpi_thread_wake(mg->mw);
     return FSDP_OK;
 }
 
@@ -255,10 +258,20 @@ fsdp_status fsdp_mpi_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) 
     return FSDP_OK;
 }
 
+fsdp_status fsdp_mpi_works_progress(fsdp_ctx *ctx, mpi_group *mg) {
+    return advance(ctx, mg, NULL, false);
+}
+
 fsdp_status fsdp_mpi_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
     mpi_work *w = work->state;
     FSDP_TRY_AT(ctx, check_live(ctx, w));
-    if (w->mg) FSDP_TRY_AT(ctx, advance(ctx, w->mg, w, true));
+    if (w->mg) {
+        mpi_group *mg = w->mg;
+        mg->waiting = true; /* its waits let go of the lock between polls */
+        fsdp_status st = advance(ctx, mg, w, true);
+        mg->waiting = false;
+        FSDP_TRY_AT(ctx, st);
+    }
     FSDP_TRY_AT(ctx, check_live(ctx, w));
     if (w->mg) /* advance waits for every step of w: a broken invariant, never a silent return */
         return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s on group %s: the wait returned in flight",

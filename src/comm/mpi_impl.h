@@ -6,6 +6,7 @@
 #define FSDP_COMM_MPI_IMPL_H
 
 #include <mpi.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
@@ -113,6 +114,12 @@ typedef struct mpi_world {
     double *finished;  /* per world rank: when its function returned */
     pending_send *sends;
     uint64_t trace_asks; /* queries this rank has sent (their ask_id) */
+    /* The communication thread (mpi_thread.c), while threaded: the state above and below is
+     * then read and written only under the process's MPI lock. */
+    bool threaded, stop;
+    pthread_t thread;
+    pthread_cond_t wake; /* a start wakes it; a stop too */
+    fsdp_ctx *thread_ctx;
 } mpi_world;
 
 struct mpi_group {
@@ -131,6 +138,7 @@ struct mpi_group {
     const void **srcs;   /* per member: its piece of a reduction */
     mpi_reqs rq;         /* the requests of the current step of a blocking call */
     mpi_work *works;     /* non-blocking calls not yet complete, in start order */
+    bool waiting;        /* the rank waits for one of them (the thread leaves them alone) */
     void *scratch;       /* received and packed pieces */
     int64_t scratch_cap; /* bytes */
     char msg[FSDP_ERROR_MAX];
@@ -195,6 +203,21 @@ fsdp_status fsdp_mpi_post_in(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, 
                              bool recv, int member, int kind, void *buf, size_t bytes);
 /* Between polls: spin, then yield, then sleep a little. */
 void fsdp_mpi_back_off(int polls, double waited);
+
+/* ---- mpi_thread.c: the communication thread and the process's MPI lock ---- */
+
+void fsdp_mpi_lock(void);
+void fsdp_mpi_unlock(void);
+/* Around a backend entry: takes and drops the lock when the world has a thread. */
+void fsdp_mpi_enter(const mpi_world *mw);
+void fsdp_mpi_leave(const mpi_world *mw);
+/* fsdp_mpi_back_off for a wait inside an entry: with a thread, without the lock. */
+void fsdp_mpi_pause(const mpi_world *mw, int polls, double waited);
+/* Starts the thread (fsdp_world_options.comm_thread); stops and joins it (nothing when none). */
+fsdp_status fsdp_mpi_thread_start(fsdp_ctx *ctx, mpi_world *mw);
+void fsdp_mpi_thread_stop(mpi_world *mw);
+/* A work was started: the thread, if idle, looks at once (under the lock). */
+void fsdp_mpi_thread_wake(mpi_world *mw);
 /* Waits until every posted request (of the group, or of rs) has completed, with the deadline
  * `kind` says. */
 fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
@@ -270,6 +293,9 @@ fsdp_status fsdp_mpi_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
 /* The group's state goes (a new run, or the world is freed): its works still pending are
  * abandoned and fail when waited for. */
 void fsdp_mpi_works_detach(mpi_group *mg);
+/* Moves every work of the group on as far as what has completed allows, without waiting (the
+ * communication thread's pass); a failure is recorded in the works it fails. */
+fsdp_status fsdp_mpi_works_progress(fsdp_ctx *ctx, mpi_group *mg);
 
 /* ---- mpi_collectives.c: the collectives that are blocking (a start completes them) ---- */
 
