@@ -324,15 +324,17 @@ fsdp_status fsdp_all_reduce_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
  * docs/device.md), and on host tensors it makes the whole call and the work is complete when
  * it returns (fsdp_comm_work_pending says which). The nccl backend leaves its NCCL calls on
  * device tensors in flight the same way (host tensors: as the backend below it). On the MPI
- * backend the all_reduce is truly non-blocking: the start waits for no one (it posts this
- * rank's part of the descriptor exchange), the steps of the call advance whenever
- * fsdp_comm_work_test or the wait finds the step before complete, and the data moves inside
- * MPI calls (the tests, the wait, other libfsdp calls on the backend); the wait has the
- * deadlines of a blocking call (timeout_ms for the peers to arrive and without data progress; a
- * member that returned or poisoned the group fails it at once) and reports a disagreement among
- * the ranks' calls as the blocking call does. Its other collectives' starts make the blocking
- * call (the work is complete at once). Several works may be in flight on one group; wait for
- * them in any order. */
+ * backend all_gather, reduce_scatter(_ex) and all_reduce(_ex) are truly non-blocking: the start
+ * waits for no one (it posts this rank's part of the descriptor exchange), the steps of the call
+ * (the blocking call's, so the bits are its) advance whenever fsdp_comm_work_test or the wait
+ * finds the step before complete, or, with the world's communication thread
+ * (fsdp_world_options.comm_thread), whenever that thread finds it, while the rank computes;
+ * without the thread the data moves inside MPI calls (the tests, the wait, other libfsdp calls
+ * on the backend). The wait has the deadlines of a blocking call (timeout_ms for the peers to
+ * arrive and without data progress; a member that returned or poisoned the group fails it at
+ * once) and reports a disagreement among the ranks' calls as the blocking call does. Its
+ * broadcast, all_to_all and barrier starts make the blocking call (the work is complete at
+ * once). Several works may be in flight on one group; wait for them in any order. */
 typedef struct fsdp_comm_work fsdp_comm_work;
 
 /* A new idle work; the caller owns it (fsdp_comm_work_free). */
