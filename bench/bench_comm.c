@@ -87,26 +87,23 @@ static void compute_for(double seconds) {
 /* One step: the gather blocking then the compute, or started, the compute, then the wait. */
 static fsdp_status overlap_step(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, fsdp_tensor *in,
                                 fsdp_comm_work *work, double compute_s) {
-    if (!work) {
-        FSDP_TRY(fsdp_all_gather(ctx, g, out, in, 0));
-        compute_for(compute_s);
-        return FSDP_OK;
-    }
-    FSDP_TRY(fsdp_all_gather_start(ctx, g, out, in, 0, work));
+    fsdp_status st = work ? fsdp_all_gather_start(ctx, g, out, in, 0, work)
+                          : fsdp_all_gather(ctx, g, out, in, 0);
+    if (st != FSDP_OK) return st;
     compute_for(compute_s);
-    return fsdp_comm_work_wait(ctx, work);
+    return work ? fsdp_comm_work_wait(ctx, work) : FSDP_OK;
 }
 
-/* Seconds per step of `steps` steps between barriers. */
+/* Seconds per step of OVERLAP_STEPS steps between barriers. */
 static fsdp_status overlap_time(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, fsdp_tensor *in,
                                 fsdp_comm_work *work, double compute_s, double *per_step) {
-    FSDP_TRY(fsdp_barrier(ctx, g));
+    fsdp_status st = fsdp_barrier(ctx, g);
     double t0 = bench_now();
-    for (int i = 0; i < OVERLAP_STEPS; i++)
-        FSDP_TRY(overlap_step(ctx, g, out, in, work, compute_s));
-    FSDP_TRY(fsdp_barrier(ctx, g));
+    for (int i = 0; i < OVERLAP_STEPS && st == FSDP_OK; i++)
+        st = overlap_step(ctx, g, out, in, work, compute_s);
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, g);
     *per_step = (bench_now() - t0) / OVERLAP_STEPS;
-    return FSDP_OK;
+    return st;
 }
 
 static fsdp_status overlap_rank(fsdp_ctx *ctx, int rank, void *user) {

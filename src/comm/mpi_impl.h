@@ -206,13 +206,11 @@ void fsdp_mpi_back_off(int polls, double waited);
 
 /* ---- mpi_thread.c: the communication thread and the process's MPI lock ---- */
 
+/* Around every backend entry (and a work's freeing); this thread may take it again inside. */
 void fsdp_mpi_lock(void);
 void fsdp_mpi_unlock(void);
-/* Around a backend entry: takes and drops the lock when the world has a thread. */
-void fsdp_mpi_enter(const mpi_world *mw);
-void fsdp_mpi_leave(const mpi_world *mw);
-/* fsdp_mpi_back_off for a wait inside an entry: with a thread, without the lock. */
-void fsdp_mpi_pause(const mpi_world *mw, int polls, double waited);
+/* fsdp_mpi_back_off for a wait: without the lock, if this thread holds it. */
+void fsdp_mpi_pause(int polls, double waited);
 /* Starts the thread (fsdp_world_options.comm_thread); stops and joins it (nothing when none). */
 fsdp_status fsdp_mpi_thread_start(fsdp_ctx *ctx, mpi_world *mw);
 void fsdp_mpi_thread_stop(mpi_world *mw);

@@ -1,9 +1,9 @@
 /* mpi_thread.c: the mpi backend's communication thread (fsdp_world_options.comm_thread) and the
- * process's MPI lock. With the thread on, every entry of the backend runs under the lock
- * (mpi_world.c's vtable), and the thread, holding it, advances the non-blocking calls in flight
- * (mpi_async.c) of every group whose works the rank is not waiting for; a blocking wait lets go
- * of the lock between its polls (fsdp_mpi_pause). MPI stays at MPI_THREAD_SERIALIZED: no two
- * threads of the process are ever inside MPI at once. */
+ * process's MPI lock. Every entry of the backend runs under the lock (mpi_world.c's vtable; with
+ * no thread it is never contended), and the thread, holding it, advances the non-blocking calls
+ * in flight (mpi_async.c) of every group whose works the rank is not waiting for; a blocking wait
+ * lets go of the lock between its polls (fsdp_mpi_pause). MPI stays at MPI_THREAD_SERIALIZED: no
+ * two threads of the process are ever inside MPI at once. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <time.h>
@@ -17,32 +17,30 @@
 /* While nothing is in flight the thread sleeps until a start wakes it, or this long (a stop). */
 #define THREAD_IDLE_MS 10
 
+/* The lock, and how deep this thread holds it (an entry may reach code that takes it again: a
+ * work freed inside a call). A pause lets go of it whatever the depth. */
 static pthread_mutex_t mpi_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local int depth;
 
 void fsdp_mpi_lock(void) {
-    pthread_mutex_lock(&mpi_mu);
+    if (depth++ == 0) pthread_mutex_lock(&mpi_mu);
 }
 
 void fsdp_mpi_unlock(void) {
-    pthread_mutex_unlock(&mpi_mu);
+    if (--depth == 0) pthread_mutex_unlock(&mpi_mu);
 }
 
-void fsdp_mpi_enter(const mpi_world *mw) {
-    if (mw->threaded) fsdp_mpi_lock();
-}
-
-void fsdp_mpi_leave(const mpi_world *mw) {
-    if (mw->threaded) fsdp_mpi_unlock();
-}
-
-void fsdp_mpi_pause(const mpi_world *mw, int polls, double waited) {
-    if (!mw->threaded) {
+void fsdp_mpi_pause(int polls, double waited) {
+    if (depth == 0) { /* a caller outside the entries (the nccl-mpi backend's arrival) */
         fsdp_mpi_back_off(polls, waited);
         return;
     }
-    fsdp_mpi_unlock();
+    const int held = depth;
+    depth = 0;
+    pthread_mutex_unlock(&mpi_mu);
     fsdp_mpi_back_off(polls, waited);
-    fsdp_mpi_lock();
+    pthread_mutex_lock(&mpi_mu);
+    depth = held;
 }
 
 void fsdp_mpi_thread_wake(mpi_world *mw) {

@@ -137,7 +137,7 @@ static void forensics(const fsdp_group *g, mpi_world *mw, const bool *missing, u
             polls = 0;
             continue;
         }
-        fsdp_mpi_pause(mw, polls, fsdp_clock_now() - start);
+        fsdp_mpi_pause(polls, fsdp_clock_now() - start);
     }
     fsdp_trace_forensics(buf, size, group_seq, g->desc, g->size, g->ranks, missing, views,
                          TRACE_ASK_MS);
@@ -439,7 +439,7 @@ fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
                 log_wait(ctx, g, mg, rs, op, kind, t - start);
             }
         }
-        fsdp_mpi_pause(mw, polls, t - progress);
+        fsdp_mpi_pause(polls, t - progress);
     }
     rs->n = 0;
     return FSDP_OK;

@@ -253,7 +253,7 @@ static void mpi_collect_results(fsdp_ctx *ctx, void *context) {
                      failed >= 0 ? " (some rank has failed: the job ends after the grace period)"
                                  : "");
         }
-        fsdp_mpi_pause(mw, polls, t - start);
+        fsdp_mpi_pause(polls, t - start);
     }
     int failures = 0;
     for (int r = 0; r < mw->size; r++) {
@@ -292,89 +292,83 @@ static void mpi_free(void *context) {
     free(mw);
 }
 
-/* ---- the entries, under the process's MPI lock when a communication thread runs ---- */
+/* ---- the entries, under the process's MPI lock (the communication thread's) ---- */
 
-static mpi_world *world_of(const fsdp_group *g) {
-    return ((const mpi_group *)g->state)->mw;
-}
-
-#define LOCKED(mw, call)                                                                           \
+#define LOCKED(call)                                                                               \
     do {                                                                                           \
-        mpi_world *mw_ = (mw);                                                                     \
-        fsdp_mpi_enter(mw_);                                                                       \
+        fsdp_mpi_lock();                                                                           \
         fsdp_status st_ = (call);                                                                  \
-        fsdp_mpi_leave(mw_);                                                                       \
+        fsdp_mpi_unlock();                                                                         \
         return st_;                                                                                \
     } while (0)
 
 static fsdp_status locked_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
                                 const char *agree, fsdp_group_info *out) {
-    LOCKED(world_of(parent), mpi_split(ctx, parent, color, key, agree, out));
+    LOCKED(mpi_split(ctx, parent, color, key, agree, out));
 }
 
 static fsdp_status locked_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                      const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
-    LOCKED(world_of(g), fsdp_mpi_all_gather(ctx, g, out, in, dim, work));
+    LOCKED(fsdp_mpi_all_gather(ctx, g, out, in, dim, work));
 }
 
 static fsdp_status locked_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                          const fsdp_tensor *in, int dim, fsdp_reduce_op op,
                                          const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
-    LOCKED(world_of(g), fsdp_mpi_reduce_scatter(ctx, g, out, in, dim, op, fuse, work));
+    LOCKED(fsdp_mpi_reduce_scatter(ctx, g, out, in, dim, op, fuse, work));
 }
 
 static fsdp_status locked_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
                                      fsdp_reduce_op op, const fsdp_reduce_options *fuse,
                                      fsdp_comm_work *work) {
-    LOCKED(world_of(g), fsdp_mpi_all_reduce(ctx, g, t, op, fuse, work));
+    LOCKED(fsdp_mpi_all_reduce(ctx, g, t, op, fuse, work));
 }
 
 static fsdp_status locked_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) {
-    LOCKED(work->group->world->backend.context, fsdp_mpi_work_test(ctx, work, done));
+    LOCKED(fsdp_mpi_work_test(ctx, work, done));
 }
 
 static fsdp_status locked_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
-    LOCKED(work->group->world->backend.context, fsdp_mpi_work_wait(ctx, work));
+    LOCKED(fsdp_mpi_work_wait(ctx, work));
 }
 
 static fsdp_status locked_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
                                     fsdp_comm_work *work) {
-    LOCKED(world_of(g), fsdp_mpi_broadcast(ctx, g, t, root, work));
+    LOCKED(fsdp_mpi_broadcast(ctx, g, t, root, work));
 }
 
 static fsdp_status locked_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                      const fsdp_tensor *in, int split_dim, int concat_dim,
                                      fsdp_comm_work *work) {
-    LOCKED(world_of(g), fsdp_mpi_all_to_all(ctx, g, out, in, split_dim, concat_dim, work));
+    LOCKED(fsdp_mpi_all_to_all(ctx, g, out, in, split_dim, concat_dim, work));
 }
 
 static fsdp_status locked_barrier(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_work *work) {
-    LOCKED(world_of(g), fsdp_mpi_barrier(ctx, g, work));
+    LOCKED(fsdp_mpi_barrier(ctx, g, work));
 }
 
 static void locked_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
-    mpi_world *mw = world_of(g);
-    fsdp_mpi_enter(mw);
+    fsdp_mpi_lock();
     fsdp_mpi_reject(ctx, g, op);
-    fsdp_mpi_leave(mw);
+    fsdp_mpi_unlock();
 }
 
 static void locked_reset(void *context) {
-    fsdp_mpi_enter(context);
+    fsdp_mpi_lock();
     mpi_reset(context);
-    fsdp_mpi_leave(context);
+    fsdp_mpi_unlock();
 }
 
 static void locked_rank_exited(void *context, int rank) {
-    fsdp_mpi_enter(context);
+    fsdp_mpi_lock();
     mpi_rank_exited(context, rank);
-    fsdp_mpi_leave(context);
+    fsdp_mpi_unlock();
 }
 
 static void locked_collect_results(fsdp_ctx *ctx, void *context) {
-    fsdp_mpi_enter(context);
+    fsdp_mpi_lock();
     mpi_collect_results(ctx, context);
-    fsdp_mpi_leave(context);
+    fsdp_mpi_unlock();
 }
 
 static const fsdp_comm_backend_i mpi_iface = {
