@@ -11,6 +11,7 @@
 #include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h> // open_memstream
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -1517,10 +1518,36 @@ static bool mpi_in_flight(int k) {
     return k <= 3 || k == 7;
 }
 
+/* This rank's newest flight-recorder record without its numbers and times: "all_gather on group
+ * 'world' (world ranks 0,1) of (3, 7) f32 ...: done" (into out). */
+static fsdp_status trace_last(fsdp_ctx *ctx, char *out, size_t size) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "open_memstream failed");
+    fsdp_status st = fsdp_comm_trace_print(ctx, 1, f);
+    fclose(f);
+    out[0] = '\0';
+    const char *call = buf ? strstr(buf, ": ") : NULL, *number = call ? strstr(call, " #") : NULL;
+    const char *state = buf ? strrchr(buf, ':') : NULL;
+    if (st == FSDP_OK && call && number && state && state > number) {
+        const char *rest = number + 2 + strspn(number + 2, "0123456789");
+        snprintf(out, size, "%.*s%.*s:%.*s", (int)(number - call - 2), call + 2,
+                 (int)(state - rest), rest, (int)strcspn(state + 1, "0123456789"), state + 1);
+    } else if (st == FSDP_OK) {
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "unexpected flight-recorder line: %s",
+                       buf ? buf : "(none)");
+    }
+    free(buf);
+    return st;
+}
+
 /* Collective k blocking or started, then tested and waited for. The output's bytes hash into
- * *hash; *pending: whether the work was in flight after the start. */
+ * *hash; *pending: whether the work was in flight after the start; its flight-recorder record
+ * (trace_last) into trace, when not NULL. */
 static fsdp_status started_call(fsdp_ctx *ctx, int k, int rank, int W, uint64_t salt,
-                                fsdp_comm_work *work, uint64_t *hash, bool *pending) {
+                                fsdp_comm_work *work, uint64_t *hash, bool *pending, char *trace,
+                                size_t trace_size) {
     started s;
     fsdp_status st = started_prepare(ctx, k, rank, W, salt, &s);
     *pending = false;
@@ -1534,12 +1561,14 @@ static fsdp_status started_call(fsdp_ctx *ctx, int k, int rank, int W, uint64_t 
             FSDP_RANK_CHECK(ctx, !fsdp_comm_work_pending(work), "a work waited for is pending");
     }
     if (st == FSDP_OK) *hash = hash_bytes(s.out);
+    if (st == FSDP_OK && trace) st = trace_last(ctx, trace, trace_size);
     started_free(&s);
     return st;
 }
 
 /* Every collective's start on host tensors against its blocking call with the same inputs:
- * the output bit for bit and the comm-debug counts of every op equal; the work is complete when
+ * the output bit for bit, the comm-debug counts of every op and the flight recorder's record
+ * (but its numbers and times) equal; the work is complete when
  * the start returns (the local backend's host calls, and the mpi backend's broadcast,
  * all_to_all and barrier), or in flight until tested or waited for (the mpi backend's
  * all_gather, reduce_scatter(_ex) and all_reduce(_ex)). Then, where a work is in flight (MPI),
@@ -1554,12 +1583,13 @@ static fsdp_status every_start_body(fsdp_ctx *ctx, int rank, void *user) {
     for (int k = 0; k < N_KINDS && st == FSDP_OK; k++) {
         uint64_t hash[2] = {0};
         bool pending[2] = {false};
+        char trace[2][FSDP_ERROR_MAX];
         fsdp_comm_count count[2][FSDP_COMM_OP_COUNT];
         for (int i = 0; i < 2 && st == FSDP_OK; i++) {
             st = fsdp_comm_debug_begin(ctx);
             if (st == FSDP_OK)
                 st = started_call(ctx, k, rank, W, (uint64_t)(rank * 11 + k + 1), i ? w : NULL,
-                                  &hash[i], &pending[i]);
+                                  &hash[i], &pending[i], trace[i], sizeof trace[i]);
             for (int op = 0; op < FSDP_COMM_OP_COUNT; op++)
                 count[i][op] = fsdp_comm_debug_count(ctx, (fsdp_comm_op)op, NULL);
             fsdp_status end = fsdp_comm_debug_end(ctx);
@@ -1570,6 +1600,9 @@ static fsdp_status every_start_body(fsdp_ctx *ctx, int rank, void *user) {
                         "collective %d: the start's output differs from "
                         "the blocking call's",
                         k);
+        FSDP_RANK_CHECK(ctx, strcmp(trace[0], trace[1]) == 0 && strstr(trace[0], ": done"),
+                        "collective %d: flight recorder \"%s\" blocking, \"%s\" started", k,
+                        trace[0], trace[1]);
         const bool in_flight = fsdp_test_mpi() && mpi_in_flight(k);
         FSDP_RANK_CHECK(ctx, pending[1] == in_flight,
                         "collective %d: the work was %spending after "
@@ -1655,7 +1688,7 @@ static fsdp_status starts_in_flight_body(fsdp_ctx *ctx, int rank, void *user) {
                             (int)fsdp_comm_work_pending(w[i]));
         bool pending = false, done = false;
         if (st == FSDP_OK && i == 2) /* a blocking call while works are in flight */
-            st = started_call(ctx, 7, rank, W, 77, NULL, &between, &pending);
+            st = started_call(ctx, 7, rank, W, 77, NULL, &between, &pending, NULL, 0);
         if (st == FSDP_OK && i == 3) st = fsdp_comm_work_test(ctx, w[0], &done);
     }
     for (int j = 0; j < N_MIXED && st == FSDP_OK; j++) {
@@ -1727,7 +1760,7 @@ static fsdp_status start_mismatch_gather_body(fsdp_ctx *ctx, int rank, void *use
     }
     uint64_t hash = 0;
     bool pending = false;
-    if (st == FSDP_OK) st = started_call(ctx, 0, rank, W, 5, w, &hash, &pending);
+    if (st == FSDP_OK) st = started_call(ctx, 0, rank, W, 5, w, &hash, &pending, NULL, 0);
     fsdp_comm_work_free(w);
     return st;
 }
