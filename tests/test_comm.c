@@ -1845,7 +1845,8 @@ static fsdp_status thread_moves_data_body(fsdp_ctx *ctx, int rank, void *user) {
             want[0] = hash_bytes(g_out), want[1] = hash_bytes(r_out);
             continue;
         }
-        st = fsdp_all_gather_start(ctx, NULL, g_out, g_in, 0, w[0]);
+        st = fsdp_barrier(ctx, NULL); /* the ranks start together (filling takes a while) */
+        if (st == FSDP_OK) st = fsdp_all_gather_start(ctx, NULL, g_out, g_in, 0, w[0]);
         if (st == FSDP_OK)
             st = fsdp_reduce_scatter_start_ex(ctx, NULL, r_out, r_in, 0, FSDP_REDUCE_SUM, &fuse,
                                               w[1]);
