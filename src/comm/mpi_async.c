@@ -72,8 +72,9 @@ void fsdp_mpi_works_detach(mpi_group *mg) {
     if (!mg->works) return;
     char msg[FSDP_ERROR_MAX];
     snprintf(msg, sizeof msg,
-             "a non-blocking %s on a group of %d ranks was still in flight when its run "
-             "ended or its world was freed; wait for it (fsdp_comm_work_wait) inside the run",
+             "a non-blocking %s on a group of %d ranks was still in flight when its rank "
+             "returned, its run ended or its world was freed; wait for it (fsdp_comm_work_wait) "
+             "before the rank's function returns",
              fsdp_call_op_name(mg->works->c.op), mg->size);
     fail_all(mg, FSDP_ERR_STATE, msg);
 }
