@@ -1,6 +1,7 @@
 /* mpi_impl.h: what the MPI backend's files share: message tags, the descriptor and note that
  * travel between ranks, the world and group states, and the entries of the waits
- * (mpi_wait.c) and collectives (mpi_collectives.c) that the world (mpi_world.c) builds on.
+ * (mpi_wait.c), the collectives (mpi_collectives.c, and their non-blocking form in mpi_async.c)
+ * and the lock and communication thread (mpi_thread.c) that the world (mpi_world.c) builds on.
  * Internal to the MPI backend; included only by src/comm/mpi_*.c. */
 #ifndef FSDP_COMM_MPI_IMPL_H
 #define FSDP_COMM_MPI_IMPL_H
@@ -204,18 +205,6 @@ fsdp_status fsdp_mpi_post_in(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, 
 /* Between polls: spin, then yield, then sleep a little. */
 void fsdp_mpi_back_off(int polls, double waited);
 
-/* ---- mpi_thread.c: the communication thread and the process's MPI lock ---- */
-
-/* Around every backend entry (and a work's freeing); this thread may take it again inside. */
-void fsdp_mpi_lock(void);
-void fsdp_mpi_unlock(void);
-/* fsdp_mpi_back_off for a wait: without the lock, if this thread holds it. */
-void fsdp_mpi_pause(int polls, double waited);
-/* Starts the thread (fsdp_world_options.comm_thread); stops and joins it (nothing when none). */
-fsdp_status fsdp_mpi_thread_start(fsdp_ctx *ctx, mpi_world *mw);
-void fsdp_mpi_thread_stop(mpi_world *mw);
-/* A work was started: the thread, if idle, looks at once (under the lock). */
-void fsdp_mpi_thread_wake(mpi_world *mw);
 /* Waits until every posted request (of the group, or of rs) has completed, with the deadline
  * `kind` says. */
 fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
@@ -304,5 +293,18 @@ fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                 fsdp_comm_work *work);
 fsdp_status fsdp_mpi_barrier(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_work *work);
 void fsdp_mpi_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op);
+
+/* ---- mpi_thread.c: the communication thread and the process's MPI lock ---- */
+
+/* Around every backend entry (and a work's freeing); this thread may take it again inside. */
+void fsdp_mpi_lock(void);
+void fsdp_mpi_unlock(void);
+/* fsdp_mpi_back_off for a wait: without the lock, if this thread holds it. */
+void fsdp_mpi_pause(int polls, double waited);
+/* Starts the thread (fsdp_world_options.comm_thread); stops and joins it (nothing when none). */
+fsdp_status fsdp_mpi_thread_start(fsdp_ctx *ctx, mpi_world *mw);
+void fsdp_mpi_thread_stop(mpi_world *mw);
+/* A work was started: the thread, if idle, looks at once (under the lock). */
+void fsdp_mpi_thread_wake(mpi_world *mw);
 
 #endif
