@@ -3,7 +3,10 @@
  * algbw = bytes / time, busbw = algbw * 2(n-1)/n for all_reduce and * (n-1)/n for all_gather
  * and reduce_scatter, where bytes is the full tensor (all_reduce: each rank's buffer;
  * all_gather: the gathered output; reduce_scatter: the input). The ceiling is this machine's
- * memcpy bandwidth, measured in the same run. */
+ * memcpy bandwidth, measured in the same run. With --overlap: instead, an all_gather started
+ * before a stretch of compute and waited for after it, against the blocking gather followed by
+ * the same compute (under mpirun, with the mpi backend's communication thread when
+ * FSDP_COMM_THREAD=1). */
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -63,6 +66,107 @@ static fsdp_status run_rank(fsdp_ctx *ctx, int rank, void *user) {
     return st;
 }
 
+/* ---- --overlap: a gather hidden under compute ---- */
+
+typedef struct overlap_run {
+    int64_t bytes;                                   /* the gathered output */
+    double gather_s, compute_s, serial_s, started_s; /* per step, rank 0's */
+} overlap_run;
+
+#define OVERLAP_STEPS 10
+
+/* Compute for `seconds`: arithmetic on registers, no call into the library (the core stays
+ * busy, as under a GEMM). */
+static void compute_for(double seconds) {
+    volatile double x = 1.0;
+    const double t0 = bench_now();
+    while (bench_now() - t0 < seconds)
+        for (int i = 0; i < 1000; i++) x = x * 1.0000001 + 1e-9;
+}
+
+/* One step: the gather blocking then the compute, or started, the compute, then the wait. */
+static fsdp_status overlap_step(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, fsdp_tensor *in,
+                                fsdp_comm_work *work, double compute_s) {
+    fsdp_status st = work ? fsdp_all_gather_start(ctx, g, out, in, 0, work)
+                          : fsdp_all_gather(ctx, g, out, in, 0);
+    if (st != FSDP_OK) return st;
+    compute_for(compute_s);
+    return work ? fsdp_comm_work_wait(ctx, work) : FSDP_OK;
+}
+
+/* Seconds per step of OVERLAP_STEPS steps between barriers. */
+static fsdp_status overlap_time(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out, fsdp_tensor *in,
+                                fsdp_comm_work *work, double compute_s, double *per_step) {
+    fsdp_status st = fsdp_barrier(ctx, g);
+    double t0 = bench_now();
+    for (int i = 0; i < OVERLAP_STEPS && st == FSDP_OK; i++)
+        st = overlap_step(ctx, g, out, in, work, compute_s);
+    if (st == FSDP_OK) st = fsdp_barrier(ctx, g);
+    *per_step = (bench_now() - t0) / OVERLAP_STEPS;
+    return st;
+}
+
+static fsdp_status overlap_rank(fsdp_ctx *ctx, int rank, void *user) {
+    overlap_run *r = user;
+    fsdp_group *g = fsdp_ctx_world_group(ctx);
+    int W = fsdp_group_size(g);
+    int64_t n = r->bytes / 4, len;
+    fsdp_chunk_range(n, W, rank, NULL, &len);
+    fsdp_tensor *out = NULL, *in = NULL, *t = NULL;
+    fsdp_comm_work *work = NULL;
+    double gather = 0, serial = 0, started = 0;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &n, &out);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &len, &in);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){1}, &t);
+    if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &work);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, in, 1e-3f);
+    if (st == FSDP_OK) st = overlap_step(ctx, g, out, in, NULL, 0); /* warm-up */
+    /* The compute lasts as long as the gather alone (the slowest rank's): the most there is to
+     * hide. */
+    if (st == FSDP_OK) st = overlap_time(ctx, g, out, in, NULL, 0, &gather);
+    if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, t, (float)gather);
+    if (st == FSDP_OK) st = fsdp_all_reduce(ctx, g, t, FSDP_REDUCE_MAX);
+    const double compute = st == FSDP_OK ? (double)fsdp_tensor_f32(t)[0] : 0;
+    if (st == FSDP_OK) st = overlap_time(ctx, g, out, in, NULL, compute, &serial);
+    if (st == FSDP_OK) st = overlap_time(ctx, g, out, in, work, compute, &started);
+    if (rank == 0)
+        *r = (overlap_run){.bytes = r->bytes,
+                           .gather_s = gather,
+                           .compute_s = compute,
+                           .serial_s = serial,
+                           .started_s = started};
+    fsdp_comm_work_free(work);
+    fsdp_tensor_free(out), fsdp_tensor_free(in), fsdp_tensor_free(t);
+    return st;
+}
+
+static int run_overlap(fsdp_ctx *ctx, fsdp_world *world, int rank, long long max_bytes) {
+    if (rank == 0) {
+        printf("bench_comm --overlap: %s backend, %d ranks, communication thread %s; all_gather "
+               "f32, %d steps each, compute as long as the gather alone\n\n",
+               fsdp_backend_to_string(fsdp_world_backend(world)), fsdp_world_size(world),
+               fsdp_world_comm_thread(world) ? "on" : "off", OVERLAP_STEPS);
+        printf("%12s %11s %11s %16s %17s %9s\n", "bytes", "gather ms", "compute ms",
+               "gather+compute", "started+compute", "hidden");
+    }
+    for (long long bytes = 1ll << 20; bytes <= max_bytes; bytes *= 4) {
+        overlap_run r = {.bytes = bytes};
+        if (fsdp_world_run(ctx, world, overlap_rank, &r) != FSDP_OK) {
+            fprintf(stderr, "bench_comm: %s\n", fsdp_last_error(ctx));
+            return 1;
+        }
+        if (rank != 0) continue;
+        /* hidden: the share of the gather the started form took off the serial step */
+        double hideable = r.gather_s < r.compute_s ? r.gather_s : r.compute_s;
+        printf("%12lld %11.2f %11.2f %13.2f ms %14.2f ms %8.0f%%\n", bytes, 1e3 * r.gather_s,
+               1e3 * r.compute_s, 1e3 * r.serial_s, 1e3 * r.started_s,
+               hideable > 0 ? 100 * (r.serial_s - r.started_s) / hideable : 0.0);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 /* memcpy GB/s over a buffer of `bytes`, median of 5. */
 static double memcpy_bandwidth(size_t bytes) {
     char *a = malloc(bytes), *b = malloc(bytes);
@@ -86,6 +190,7 @@ static double memcpy_bandwidth(size_t bytes) {
 int main(int argc, char **argv) {
     int ranks = 4;
     long long max_bytes = 256ll << 20;
+    bool overlap = false;
     /* Under mpirun (or with --mpi): the MPI backend, one rank per process. */
     bool mpi = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
     for (int i = 1; i < argc; i++) {
@@ -95,9 +200,11 @@ int main(int argc, char **argv) {
             max_bytes = atoll(argv[++i]);
         else if (strcmp(argv[i], "--mpi") == 0)
             mpi = true;
+        else if (strcmp(argv[i], "--overlap") == 0)
+            overlap = true;
         else {
             fprintf(stderr, "usage: bench_comm [--ranks N (default 4)] [--max-bytes B (default "
-                            "268435456)] [--mpi]\n"
+                            "268435456)] [--mpi] [--overlap]\n"
                             "       mpirun -np N bench_comm [--max-bytes B]   (the MPI backend; "
                             "--ranks is the process count)\n");
             return 2;
@@ -112,6 +219,12 @@ int main(int argc, char **argv) {
     int rank;
     if (!bench_world_open("bench_comm", mpi, ranks, &ctx, &world, &rank)) return 1;
     ranks = fsdp_world_size(world);
+    if (overlap) {
+        int orc = run_overlap(ctx, world, rank, max_bytes);
+        fsdp_world_free(world);
+        fsdp_ctx_free(ctx);
+        return orc;
+    }
     double ceiling = 0;
     if (rank == 0) {
         ceiling = memcpy_bandwidth((size_t)(max_bytes < (64ll << 20) ? (64ll << 20) : max_bytes));

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h> // open_memstream
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -1308,9 +1309,10 @@ static void test_all_reduce_start(void) {
 /* Rank 2 starts an all_reduce and waits for it only 1.2 s later, past the 250 ms timeout:
  * under MPI ranks 0 and 1, whose data steps make no progress without it (nothing more comes
  * from it, or it takes nothing of theirs), fail with FSDP_ERR_TIMEOUT, and rank 2's wait then
- * fails on the poisoned group; on the local
- * backend the call completed in the start and everyone succeeds. Then rank 2 starts one and
- * returns without waiting: the others' waits fail at once naming it (MPI). */
+ * fails on the poisoned group; on the local backend the call completed in the start, and with
+ * the mpi backend's communication thread rank 2's thread moves it meanwhile: everyone
+ * succeeds. Then rank 2 starts one and returns without waiting: the others' waits fail at once
+ * naming it (MPI, with or without a thread: a rank's works are abandoned as it returns). */
 /* What rank 2 leaves in flight when it returns without waiting (MPI: one process per rank). */
 static fsdp_comm_work *left_behind_work;
 static fsdp_tensor *left_behind_tensor;
@@ -1337,7 +1339,8 @@ static fsdp_status late_wait_body(fsdp_ctx *ctx, int rank, void *user) {
         nanosleep(&(struct timespec){.tv_sec = 1, .tv_nsec = 200 * 1000000L}, NULL);
     if (st == FSDP_OK) {
         fsdp_status got = fsdp_comm_work_wait(ctx, w);
-        if (!mpi)
+        /* With a communication thread rank 2's call moves while it sleeps. */
+        if (!mpi || (!leave && fsdp_world_comm_thread(fsdp_ctx_world(ctx))))
             st = got;
         else if (leave)
             st = expect_failure(
@@ -1448,56 +1451,107 @@ static fsdp_status start_timed_body(fsdp_ctx *ctx, int rank, void *user) {
 
 /* Collective k on host tensors of this rank (0: all_gather along dim 1, 1: reduce_scatter along
  * dim 1, 2: reduce_scatter_ex with pre_scale and accumulate, 3: all_reduce_ex with post_scale,
- * 4: broadcast from the last rank, 5: all_to_all, 6: barrier), filled from `salt`: blocking
- * (work NULL), or started on work, tested, then waited for. The output's bytes hash into
- * *hash; *pending: whether the work was in flight after the start. */
-#define N_STARTED 7
-static fsdp_status started_call(fsdp_ctx *ctx, int k, int rank, int W, uint64_t salt,
-                                fsdp_comm_work *work, uint64_t *hash, bool *pending) {
+ * 4: broadcast from the last rank, 5: all_to_all, 6: barrier, 7: all_gather along dim 0),
+ * its tensors filled from `salt` (started_prepare), made blocking (work NULL) or started on work
+ * (started_launch). */
+#define N_KINDS 8
+typedef struct started {
+    fsdp_tensor *in, *out;
+} started;
+
+static fsdp_status started_prepare(fsdp_ctx *ctx, int k, int rank, int W, uint64_t salt,
+                                   started *s) {
     const int64_t n = 2 * W + 1, zero[FSDP_MAX_DIMS] = {0};
-    int64_t len = 0, whole[2] = {3, n}, piece[2] = {3, 0}, a2a[2] = {2 * W, 3};
+    int64_t len = 0, whole[2] = {3, n}, piece[2] = {3, 0}, a2a[2] = {2 * W, 3}, rows[2] = {0, 5},
+            rows_all[2] = {n, 5};
     fsdp_chunk_range(n, W, rank, NULL, &len);
-    piece[1] = len;
-    const int64_t *in_shape = k == 0 ? piece : k == 5 ? a2a : whole;
-    const int64_t *out_shape = k == 1 || k == 2 ? piece : k == 5 ? a2a : whole;
+    piece[1] = rows[0] = len;
+    const int64_t *in_shape = k == 0 ? piece : k == 5 ? a2a : k == 7 ? rows : whole;
+    const int64_t *out_shape = k == 1 || k == 2 ? piece : k == 5 ? a2a : k == 7 ? rows_all : whole;
+    *s = (started){0};
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, in_shape, &s->in);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, out_shape, &s->out);
+    if (st == FSDP_OK)
+        fill_box(s->in, in_shape, zero, salt), fill_box(s->out, out_shape, zero, salt + 99);
+    return st;
+}
+
+static void started_free(started *s) {
+    fsdp_tensor_free(s->in), fsdp_tensor_free(s->out);
+    *s = (started){0};
+}
+
+static fsdp_status started_launch(fsdp_ctx *ctx, int k, int W, const started *s,
+                                  fsdp_comm_work *work) {
     const fsdp_reduce_options acc = {.pre_scale = 0.5f, .accumulate = true},
                               post = {.post_scale = 3};
-    fsdp_tensor *in = NULL, *out = NULL;
-    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, in_shape, &in);
-    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, out_shape, &out);
-    if (st == FSDP_OK)
-        fill_box(in, in_shape, zero, salt), fill_box(out, out_shape, zero, salt + 99);
+    fsdp_tensor *in = s->in, *out = s->out;
+    switch (k) {
+    case 0:
+    case 7:
+        return work ? fsdp_all_gather_start(ctx, NULL, out, in, k == 0, work)
+                    : fsdp_all_gather(ctx, NULL, out, in, k == 0);
+    case 1:
+        return work ? fsdp_reduce_scatter_start(ctx, NULL, out, in, 1, FSDP_REDUCE_SUM, work)
+                    : fsdp_reduce_scatter(ctx, NULL, out, in, 1, FSDP_REDUCE_SUM);
+    case 2:
+        return work ? fsdp_reduce_scatter_start_ex(ctx, NULL, out, in, 1, FSDP_REDUCE_AVG, &acc,
+                                                   work)
+                    : fsdp_reduce_scatter_ex(ctx, NULL, out, in, 1, FSDP_REDUCE_AVG, &acc);
+    case 3:
+        return work ? fsdp_all_reduce_start_ex(ctx, NULL, out, FSDP_REDUCE_SUM, &post, work)
+                    : fsdp_all_reduce_ex(ctx, NULL, out, FSDP_REDUCE_SUM, &post);
+    case 4:
+        return work ? fsdp_broadcast_start(ctx, NULL, out, W - 1, work)
+                    : fsdp_broadcast(ctx, NULL, out, W - 1);
+    case 5:
+        return work ? fsdp_all_to_all_start(ctx, NULL, out, in, 0, 0, work)
+                    : fsdp_all_to_all(ctx, NULL, out, in, 0, 0);
+    default:
+        return work ? fsdp_barrier_start(ctx, NULL, work) : fsdp_barrier(ctx, NULL);
+    }
+}
+
+/* Whether the mpi backend leaves collective k's start in flight (its non-blocking calls). */
+static bool mpi_in_flight(int k) {
+    return k <= 3 || k == 7;
+}
+
+/* This rank's newest flight-recorder record without its numbers and times: "all_gather on group
+ * 'world' (world ranks 0,1) of (3, 7) f32 ...: done" (into out). */
+static fsdp_status trace_last(fsdp_ctx *ctx, char *out, size_t size) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "open_memstream failed");
+    fsdp_status st = fsdp_comm_trace_print(ctx, 1, f);
+    fclose(f);
+    out[0] = '\0';
+    const char *call = buf ? strstr(buf, ": ") : NULL, *number = call ? strstr(call, " #") : NULL;
+    const char *state = buf ? strrchr(buf, ':') : NULL;
+    if (st == FSDP_OK && call && number && state && state > number) {
+        const char *rest = number + 2 + strspn(number + 2, "0123456789");
+        snprintf(out, size, "%.*s%.*s:%.*s", (int)(number - call - 2), call + 2,
+                 (int)(state - rest), rest, (int)strcspn(state + 1, "0123456789"), state + 1);
+    } else if (st == FSDP_OK) {
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "unexpected flight-recorder line: %s",
+                       buf ? buf : "(none)");
+    }
+    free(buf);
+    return st;
+}
+
+/* Collective k blocking or started, then tested and waited for. The output's bytes hash into
+ * *hash; *pending: whether the work was in flight after the start; its flight-recorder record
+ * (trace_last) into trace, when not NULL. */
+static fsdp_status started_call(fsdp_ctx *ctx, int k, int rank, int W, uint64_t salt,
+                                fsdp_comm_work *work, uint64_t *hash, bool *pending, char *trace,
+                                size_t trace_size) {
+    started s;
+    fsdp_status st = started_prepare(ctx, k, rank, W, salt, &s);
     *pending = false;
-    if (st == FSDP_OK) switch (k) {
-        case 0:
-            st = work ? fsdp_all_gather_start(ctx, NULL, out, in, 1, work)
-                      : fsdp_all_gather(ctx, NULL, out, in, 1);
-            break;
-        case 1:
-            st = work ? fsdp_reduce_scatter_start(ctx, NULL, out, in, 1, FSDP_REDUCE_SUM, work)
-                      : fsdp_reduce_scatter(ctx, NULL, out, in, 1, FSDP_REDUCE_SUM);
-            break;
-        case 2:
-            st = work ? fsdp_reduce_scatter_start_ex(ctx, NULL, out, in, 1, FSDP_REDUCE_AVG, &acc,
-                                                     work)
-                      : fsdp_reduce_scatter_ex(ctx, NULL, out, in, 1, FSDP_REDUCE_AVG, &acc);
-            break;
-        case 3:
-            st = work ? fsdp_all_reduce_start_ex(ctx, NULL, out, FSDP_REDUCE_SUM, &post, work)
-                      : fsdp_all_reduce_ex(ctx, NULL, out, FSDP_REDUCE_SUM, &post);
-            break;
-        case 4:
-            st = work ? fsdp_broadcast_start(ctx, NULL, out, W - 1, work)
-                      : fsdp_broadcast(ctx, NULL, out, W - 1);
-            break;
-        case 5:
-            st = work ? fsdp_all_to_all_start(ctx, NULL, out, in, 0, 0, work)
-                      : fsdp_all_to_all(ctx, NULL, out, in, 0, 0);
-            break;
-        default:
-            st = work ? fsdp_barrier_start(ctx, NULL, work) : fsdp_barrier(ctx, NULL);
-            break;
-        }
+    if (st == FSDP_OK) st = started_launch(ctx, k, W, &s, work);
     if (st == FSDP_OK && work) {
         bool done = false;
         *pending = fsdp_comm_work_pending(work);
@@ -1506,32 +1560,36 @@ static fsdp_status started_call(fsdp_ctx *ctx, int k, int rank, int W, uint64_t 
         if (st == FSDP_OK)
             FSDP_RANK_CHECK(ctx, !fsdp_comm_work_pending(work), "a work waited for is pending");
     }
-    if (st == FSDP_OK) *hash = hash_bytes(out);
-    fsdp_tensor_free(in), fsdp_tensor_free(out);
+    if (st == FSDP_OK) *hash = hash_bytes(s.out);
+    if (st == FSDP_OK && trace) st = trace_last(ctx, trace, trace_size);
+    started_free(&s);
     return st;
 }
 
 /* Every collective's start on host tensors against its blocking call with the same inputs:
- * the output bit for bit and the comm-debug counts of every op equal; the work is complete when
- * the start returns (the local backend's host calls, and the mpi backend's but its
- * all_reduce, which is in flight until waited for). Then, where a work is in flight (MPI), every
- * other start on it is refused naming the call in flight, on every rank alike, and the call
- * still completes right. */
+ * the output bit for bit, the comm-debug counts of every op and the flight recorder's record
+ * (but its numbers and times) equal; the work is complete when
+ * the start returns (the local backend's host calls, and the mpi backend's broadcast,
+ * all_to_all and barrier), or in flight until tested or waited for (the mpi backend's
+ * all_gather, reduce_scatter(_ex) and all_reduce(_ex)). Then, where a work is in flight (MPI),
+ * every other start on it is refused naming the call in flight, on every rank alike, and the
+ * call still completes right. */
 static fsdp_status every_start_body(fsdp_ctx *ctx, int rank, void *user) {
     shared *sh = user;
     const int W = fsdp_world_size(fsdp_ctx_world(ctx));
     fsdp_comm_work *w = NULL;
     FSDP_TRY(fsdp_comm_work_create(ctx, &w));
     fsdp_status st = FSDP_OK;
-    for (int k = 0; k < N_STARTED && st == FSDP_OK; k++) {
+    for (int k = 0; k < N_KINDS && st == FSDP_OK; k++) {
         uint64_t hash[2] = {0};
         bool pending[2] = {false};
+        char trace[2][FSDP_ERROR_MAX];
         fsdp_comm_count count[2][FSDP_COMM_OP_COUNT];
         for (int i = 0; i < 2 && st == FSDP_OK; i++) {
             st = fsdp_comm_debug_begin(ctx);
             if (st == FSDP_OK)
                 st = started_call(ctx, k, rank, W, (uint64_t)(rank * 11 + k + 1), i ? w : NULL,
-                                  &hash[i], &pending[i]);
+                                  &hash[i], &pending[i], trace[i], sizeof trace[i]);
             for (int op = 0; op < FSDP_COMM_OP_COUNT; op++)
                 count[i][op] = fsdp_comm_debug_count(ctx, (fsdp_comm_op)op, NULL);
             fsdp_status end = fsdp_comm_debug_end(ctx);
@@ -1542,7 +1600,10 @@ static fsdp_status every_start_body(fsdp_ctx *ctx, int rank, void *user) {
                         "collective %d: the start's output differs from "
                         "the blocking call's",
                         k);
-        const bool in_flight = fsdp_test_mpi() && k == 3;
+        FSDP_RANK_CHECK(ctx, strcmp(trace[0], trace[1]) == 0 && strstr(trace[0], ": done"),
+                        "collective %d: flight recorder \"%s\" blocking, \"%s\" started", k,
+                        trace[0], trace[1]);
+        const bool in_flight = fsdp_test_mpi() && mpi_in_flight(k);
         FSDP_RANK_CHECK(ctx, pending[1] == in_flight,
                         "collective %d: the work was %spending after "
                         "its start",
@@ -1565,6 +1626,13 @@ static fsdp_status every_start_body(fsdp_ctx *ctx, int rank, void *user) {
     if (st == FSDP_OK && fsdp_comm_work_pending(w)) {
         const char *says[] = {"still in flight", "a all_reduce on group", "fsdp_comm_work_wait",
                               NULL};
+        fsdp_tensor *u = NULL;
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){1}, &u);
+        if (st == FSDP_OK)
+            st = expect_failure(ctx,
+                                fsdp_reduce_scatter_start(ctx, NULL, u, t, 0, FSDP_REDUCE_SUM, w),
+                                FSDP_ERR_STATE, says);
+        fsdp_tensor_free(u);
         st =
             expect_failure(ctx, fsdp_all_gather_start(ctx, NULL, t, t, 0, w), FSDP_ERR_STATE, says);
         if (st == FSDP_OK)
@@ -1580,12 +1648,238 @@ static fsdp_status every_start_body(fsdp_ctx *ctx, int rank, void *user) {
                         (double)fsdp_tensor_f32(t)[i]);
     fsdp_tensor_free(t);
     fsdp_comm_work_free(w);
-    sh->ncases[rank] = N_STARTED;
+    sh->ncases[rank] = N_KINDS;
     return st;
 }
 
 static void test_every_start(void) {
     run_all_sizes(every_start_body, false);
+}
+
+/* Several non-blocking calls in flight on one group: all_gathers (along a contiguous dim and a
+ * strided one), reduce_scatters (plain and fused) and a fused all_reduce, started in turn with a
+ * blocking all_gather and a test of the first work between, then waited for out of start
+ * order; each output bit for bit its blocking call's with the same inputs (made first), and
+ * each work in flight after its start under MPI. */
+#define N_MIXED 6
+static const int mixed_kinds[N_MIXED] = {0, 1, 7, 3, 2, 0};
+static const int mixed_order[N_MIXED] = {3, 5, 0, 2, 4, 1};
+
+static fsdp_status starts_in_flight_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    uint64_t want[N_MIXED] = {0}, between = 0;
+    started s[N_MIXED] = {0};
+    fsdp_comm_work *w[N_MIXED] = {0};
+    fsdp_status st = FSDP_OK;
+    for (int i = 0; i < N_MIXED && st == FSDP_OK; i++) {
+        st = started_prepare(ctx, mixed_kinds[i], rank, W, (uint64_t)(rank * 7 + i + 1), &s[i]);
+        if (st == FSDP_OK) st = started_launch(ctx, mixed_kinds[i], W, &s[i], NULL);
+        if (st == FSDP_OK) want[i] = hash_bytes(s[i].out);
+        started_free(&s[i]);
+    }
+    for (int i = 0; i < N_MIXED && st == FSDP_OK; i++) {
+        st = started_prepare(ctx, mixed_kinds[i], rank, W, (uint64_t)(rank * 7 + i + 1), &s[i]);
+        if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &w[i]);
+        if (st == FSDP_OK) st = started_launch(ctx, mixed_kinds[i], W, &s[i], w[i]);
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, fsdp_comm_work_pending(w[i]) == fsdp_test_mpi(),
+                            "work %d (collective %d) pending %d after its start", i, mixed_kinds[i],
+                            (int)fsdp_comm_work_pending(w[i]));
+        bool pending = false, done = false;
+        if (st == FSDP_OK && i == 2) /* a blocking call while works are in flight */
+            st = started_call(ctx, 7, rank, W, 77, NULL, &between, &pending, NULL, 0);
+        if (st == FSDP_OK && i == 3) st = fsdp_comm_work_test(ctx, w[0], &done);
+    }
+    for (int j = 0; j < N_MIXED && st == FSDP_OK; j++) {
+        const int i = mixed_order[j];
+        st = fsdp_comm_work_wait(ctx, w[i]);
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, !fsdp_comm_work_pending(w[i]) && hash_bytes(s[i].out) == want[i],
+                            "work %d (collective %d), waited for %d-th: its output differs from "
+                            "the blocking call's",
+                            i, mixed_kinds[i], j);
+    }
+    for (int i = 0; i < N_MIXED; i++) fsdp_comm_work_free(w[i]), started_free(&s[i]);
+    sh->ncases[rank] = N_MIXED;
+    return st;
+}
+
+static void test_starts_in_flight(void) {
+    run_all_sizes(starts_in_flight_body, false);
+}
+
+/* Ranks disagree on a started all_gather: rank 1 starts a reduce_scatter instead, then gathers a
+ * piece of another shape; every rank fails with the message the blocking calls give (the same
+ * text from the group on; under MPI from its wait, the start having returned at once), and the
+ * group and the work stay usable. */
+static fsdp_status mismatched_gather(fsdp_ctx *ctx, int rank, int W, int round,
+                                     fsdp_comm_work *work) {
+    const bool odd = rank == 1;
+    const int64_t n = round == 1 && odd ? 3 : 2;
+    fsdp_tensor *in = NULL, *out = NULL;
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                        (const int64_t[]){round == 0 && odd ? n * W : n}, &in);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                (const int64_t[]){round == 0 && odd ? n : n * W}, &out);
+    if (st == FSDP_OK) {
+        if (round == 0 && odd)
+            st = work ? fsdp_reduce_scatter_start(ctx, NULL, out, in, 0, FSDP_REDUCE_SUM, work)
+                      : fsdp_reduce_scatter(ctx, NULL, out, in, 0, FSDP_REDUCE_SUM);
+        else
+            st = work ? fsdp_all_gather_start(ctx, NULL, out, in, 0, work)
+                      : fsdp_all_gather(ctx, NULL, out, in, 0);
+        if (st == FSDP_OK && work) st = fsdp_comm_work_wait(ctx, work);
+    }
+    fsdp_tensor_free(in), fsdp_tensor_free(out);
+    return st;
+}
+
+static fsdp_status start_mismatch_gather_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    const fsdp_status want[2] = {FSDP_ERR_COMM, FSDP_ERR_SHAPE};
+    const char *says[2] = {"rank 0 all_gather, rank 1 reduce_scatter, rank 2 all_gather",
+                           "rank 0 (6), rank 1 (9), rank 2 (6)"};
+    fsdp_comm_work *w = NULL;
+    FSDP_TRY(fsdp_comm_work_create(ctx, &w));
+    fsdp_status st = FSDP_OK;
+    for (int round = 0; round < 2 && st == FSDP_OK; round++) {
+        char blocking[FSDP_ERROR_MAX];
+        fsdp_status got = mismatched_gather(ctx, rank, W, round, NULL);
+        snprintf(blocking, sizeof blocking, "%s", fsdp_last_error(ctx));
+        st = expect_failure(ctx, got, want[round], (const char *[]){says[round], NULL});
+        if (st != FSDP_OK) break;
+        got = mismatched_gather(ctx, rank, W, round, w);
+        /* From the group on: the call named first may be any rank's on the local backend. */
+        const char *from = strstr(blocking, " on group ");
+        st = expect_failure(ctx, got, want[round], (const char *[]){from ? from : blocking, NULL});
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, !fsdp_comm_work_pending(w), "a failed work is pending");
+    }
+    uint64_t hash = 0;
+    bool pending = false;
+    if (st == FSDP_OK) st = started_call(ctx, 0, rank, W, 5, w, &hash, &pending, NULL, 0);
+    fsdp_comm_work_free(w);
+    return st;
+}
+
+static void test_start_mismatch_gather(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(3, 20000, start_mismatch_gather_body, NULL));
+}
+
+/* Rank 2 never starts the all_gather the others started (busy for longer than the 250 ms
+ * timeout): their waits (the local backend: their starts, which make the call) fail with
+ * FSDP_ERR_TIMEOUT naming the call and rank 2 instead of hanging; rank 2's start then fails at
+ * once on the poisoned group. */
+static fsdp_status gather_never_started_body(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    fsdp_tensor *in = NULL, *out = NULL;
+    fsdp_comm_work *w = NULL;
+    FSDP_TRY(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){64}, &in));
+    fsdp_status st =
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){64 * W}, &out);
+    if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &w);
+    const double t0 = fsdp_test_now();
+    if (st == FSDP_OK && rank == 2) {
+        fsdp_test_sleep_ms(1200);
+        st = expect_failure(ctx, fsdp_all_gather_start(ctx, NULL, out, in, 0, w), FSDP_ERR_TIMEOUT,
+                            (const char *[]){"all_gather", "failed earlier",
+                                             "timed out after 250 ms", "rank 2 did not arrive",
+                                             NULL});
+    } else if (st == FSDP_OK) {
+        fsdp_status got = fsdp_all_gather_start(ctx, NULL, out, in, 0, w);
+        if (got == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, fsdp_comm_work_pending(w) == fsdp_test_mpi(),
+                            "pending %d after the start", (int)fsdp_comm_work_pending(w));
+        if (got == FSDP_OK) got = fsdp_comm_work_wait(ctx, w);
+        st = expect_failure(ctx, got, FSDP_ERR_TIMEOUT,
+                            (const char *[]){"all_gather on group 'world' (world ranks 0,1,2)",
+                                             "timed out after 250 ms", "rank 2 did not arrive",
+                                             NULL});
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, fsdp_test_now() - t0 < 10.0, "waited %.1f s",
+                            fsdp_test_now() - t0);
+    }
+    fsdp_comm_work_free(w);
+    fsdp_tensor_free(in), fsdp_tensor_free(out);
+    return st;
+}
+
+static void test_gather_never_started(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(3, 250, gather_never_started_body, NULL));
+}
+
+/* With the communication thread (the mpi backend with comm_thread, or FSDP_COMM_THREAD=1 as
+ * CTest's test_comm_thread_mpi* entries set), a started all_gather of 4 MiB per rank and a fused
+ * reduce_scatter of as much complete while the rank sleeps and makes no call: the first
+ * fsdp_comm_work_test after the sleep reports both done. The outputs are bitwise the blocking
+ * calls' with or without a thread (without one, nothing moves during the sleep, and the test
+ * and wait move it afterwards). */
+#define MOVED_ELEMS (1 << 20)
+static fsdp_status thread_moves_data_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    const bool thread = fsdp_world_comm_thread(fsdp_ctx_world(ctx));
+    const fsdp_reduce_options fuse = {.pre_scale = 0.25f, .accumulate = true};
+    fsdp_tensor *g_in = NULL, *g_out = NULL, *r_in = NULL, *r_out = NULL;
+    fsdp_comm_work *w[2] = {0};
+    uint64_t want[2] = {0};
+    const int64_t zero[FSDP_MAX_DIMS] = {0}, piece[1] = {MOVED_ELEMS},
+                  whole[1] = {(int64_t)W * MOVED_ELEMS};
+    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, piece, &g_in);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, whole, &g_out);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, whole, &r_in);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, piece, &r_out);
+    for (int i = 0; i < 2 && st == FSDP_OK; i++) st = fsdp_comm_work_create(ctx, &w[i]);
+    for (int pass = 0; pass < 2 && st == FSDP_OK; pass++) {
+        fill_box(g_in, piece, zero, (uint64_t)rank + 3);
+        fill_box(r_in, whole, zero, (uint64_t)rank + 5);
+        fill_box(r_out, piece, zero, 9);
+        if (pass == 0) { /* the blocking calls */
+            st = fsdp_all_gather(ctx, NULL, g_out, g_in, 0);
+            if (st == FSDP_OK)
+                st = fsdp_reduce_scatter_ex(ctx, NULL, r_out, r_in, 0, FSDP_REDUCE_SUM, &fuse);
+            want[0] = hash_bytes(g_out), want[1] = hash_bytes(r_out);
+            continue;
+        }
+        st = fsdp_barrier(ctx, NULL); /* the ranks start together (filling takes a while) */
+        if (st == FSDP_OK) st = fsdp_all_gather_start(ctx, NULL, g_out, g_in, 0, w[0]);
+        if (st == FSDP_OK)
+            st = fsdp_reduce_scatter_start_ex(ctx, NULL, r_out, r_in, 0, FSDP_REDUCE_SUM, &fuse,
+                                              w[1]);
+        if (st != FSDP_OK) break;
+        fsdp_test_sleep_ms(1000); /* computing: no call into the library */
+        bool done[2] = {false, false};
+        for (int i = 0; i < 2 && st == FSDP_OK; i++) st = fsdp_comm_work_test(ctx, w[i], &done[i]);
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, !thread || (done[0] && done[1]),
+                            "with the communication thread, 1 s after their starts: all_gather "
+                            "done %d, reduce_scatter done %d at the first test",
+                            (int)done[0], (int)done[1]);
+        for (int i = 0; i < 2 && st == FSDP_OK; i++) st = fsdp_comm_work_wait(ctx, w[i]);
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, hash_bytes(g_out) == want[0] && hash_bytes(r_out) == want[1],
+                            "started (thread %d): all_gather %s, reduce_scatter %s the blocking "
+                            "call's",
+                            (int)thread, hash_bytes(g_out) == want[0] ? "equals" : "differs from",
+                            hash_bytes(r_out) == want[1] ? "equals" : "differs from");
+    }
+    for (int i = 0; i < 2; i++) fsdp_comm_work_free(w[i]);
+    fsdp_tensor_free(g_in), fsdp_tensor_free(g_out), fsdp_tensor_free(r_in),
+        fsdp_tensor_free(r_out);
+    sh->ncases[rank] = 1;
+    return st;
+}
+
+static void test_thread_moves_data(void) {
+    shared *sh = calloc(1, sizeof *sh);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(sh);
+    for (int W = 1; W <= 3; W++)
+        FSDP_TEST_OK(fsdp_test_run_world(W, 0, thread_moves_data_body, sh));
+    free(sh);
 }
 
 static void test_all_reduce_start_timed(void) {
@@ -1708,6 +2002,12 @@ static void test_integers_exact(void) {
 static void test_world_errors(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_world *w = NULL;
+    FSDP_TEST_FAILS(
+        fsdp_world_create(
+            ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_LOCAL, .comm_thread = true}, &w),
+        FSDP_ERR_INVALID_ARGUMENT, "comm_thread is on for the 'local' backend",
+        "only the 'mpi' backend", "leave comm_thread false");
+    CU_ASSERT_FALSE(fsdp_world_comm_thread(NULL));
     if (!fsdp_backend_available(FSDP_BACKEND_MPI)) {
         FSDP_TEST_FAILS(
             fsdp_world_create(ctx, &(fsdp_world_options){.backend = FSDP_BACKEND_MPI}, &w),
@@ -2059,6 +2359,10 @@ int main(int argc, char **argv) {
         {"all_reduce_start_timed", test_all_reduce_start_timed},
         {"work_wait_fails_not_hangs", test_work_wait_fails_not_hangs},
         {"every_start", test_every_start},
+        {"starts_in_flight", test_starts_in_flight},
+        {"start_mismatch_gather", test_start_mismatch_gather},
+        {"gather_never_started", test_gather_never_started},
+        {"thread_moves_data", test_thread_moves_data},
         {"broadcast", test_broadcast},
         {"all_to_all", test_all_to_all},
         {"barrier", test_barrier},

@@ -190,10 +190,11 @@ static void test_waiting_rank_logs(void) {
 
 /* ---- MPI processes ---- */
 
-/* The child (`test_comm_faults --child stop|kill DIR`, one per MPI process): every rank
- * writes its pid into DIR/pid.R, and the ranks meet in a barrier; then rank 2 stops itself
- * (SIGSTOP) or dies (SIGKILL), and the others time out in the next barrier, writing the time
- * (CLOCK_REALTIME) into DIR/failed.R as their function returns. */
+/* The child (`test_comm_faults --child stop|kill|kill-gather DIR`, one per MPI process): every
+ * rank writes its pid into DIR/pid.R, and the ranks meet in a barrier; then rank 2 stops itself
+ * (SIGSTOP) or dies (SIGKILL), and the others time out in the next barrier (kill-gather: in the
+ * wait of a started all_gather), writing the time (CLOCK_REALTIME) into DIR/failed.R as their
+ * function returns. */
 typedef struct child_job {
     const char *mode, *dir;
 } child_job;
@@ -208,12 +209,34 @@ static void child_note(const child_job *job, const char *what, int rank, const c
     fclose(f);
 }
 
+/* The survivors' call in "kill-gather" mode: a started all_gather, in flight (the mpi backend's
+ * non-blocking call) while rank 2 dies, then waited for. */
+static fsdp_status pending_gather(fsdp_ctx *ctx) {
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    fsdp_tensor *in = NULL, *out = NULL;
+    fsdp_comm_work *w = NULL;
+    fsdp_status st =
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (const int64_t[]){1 << 16}, &in);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                (const int64_t[]){(int64_t)W << 16}, &out);
+    if (st == FSDP_OK) st = fsdp_comm_work_create(ctx, &w);
+    if (st == FSDP_OK) st = fsdp_all_gather_start(ctx, NULL, out, in, 0, w);
+    if (st == FSDP_OK && !fsdp_comm_work_pending(w))
+        st = FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "the started all_gather was not in flight");
+    if (st == FSDP_OK) st = fsdp_comm_work_wait(ctx, w);
+    fsdp_comm_work_free(w);
+    fsdp_tensor_free(in), fsdp_tensor_free(out);
+    return st;
+}
+
 static fsdp_status child_body(fsdp_ctx *ctx, int rank, void *user) {
     const child_job *job = user;
+    const bool gather = strcmp(job->mode, "kill-gather") == 0;
     child_note(job, "pid", rank, "%.0f\n", (double)getpid());
     FSDP_TRY(fsdp_barrier(ctx, NULL));
     if (rank == 2) raise(strcmp(job->mode, "stop") == 0 ? SIGSTOP : SIGKILL);
-    fsdp_status st = fsdp_barrier(ctx, NULL);
+    fsdp_status st = gather ? pending_gather(ctx) : fsdp_barrier(ctx, NULL);
     child_note(job, "failed", rank, "%.6f\n", wall_now());
     return st;
 }
@@ -267,7 +290,7 @@ static bool process_alive(pid_t pid) {
  * HARD_LIMIT_S; checks that it ends with a message naming rank 2 within the grace period of
  * the first failure (and, with nonzero_exit, a failing exit status), and that no process of
  * the job is left. */
-static void run_mpi_fault(const char *env, const char *mode, bool nonzero_exit) {
+static void run_mpi_fault(const char *env, const char *mode, bool nonzero_exit, const char *call) {
     const char *mpirun = getenv(env);
     if (!mpirun || !*mpirun || !*FSDP_FAULTS_EXE) {
         fsdp_test_skip("%s is not set (CTest's test_comm_faults_mpi_* entries set it)", env);
@@ -347,22 +370,28 @@ static void run_mpi_fault(const char *env, const char *mode, bool nonzero_exit) 
     CU_ASSERT_TRUE(after >= 0 && after < 1e-3 * (CHILD_GRACE_MS + END_SLACK_MS));
     if (nonzero_exit) CU_ASSERT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     CU_ASSERT_TRUE(fsdp_test_message_has(
-        text, (const char *const[]){"rank 2 has not returned from its function",
-                                    "barrier on group 'world'", "rank 2 did not arrive",
-                                    "aborting the MPI job", NULL}));
+        text, (const char *const[]){"rank 2 has not returned from its function", call,
+                                    "rank 2 did not arrive", "aborting the MPI job", NULL}));
     /* The survivors' waits log under their own ranks. */
     CU_ASSERT_TRUE(fsdp_test_message_has(
         text, (const char *const[]){"[fsdp r0 warn]", "[fsdp r1 warn]", NULL}));
 }
 
 static void test_mpi_stopped_rank(void) {
-    run_mpi_fault("FSDP_FAULTS_MPIRUN", "stop", true);
+    run_mpi_fault("FSDP_FAULTS_MPIRUN", "stop", true, "barrier on group 'world'");
 }
 
 static void test_mpi_killed_rank(void) {
     /* Under --enable-recovery, Open MPI 4.1's mpirun exits 0 even when a process called
      * MPI_Abort: the job's end and the message are what is checked. */
-    run_mpi_fault("FSDP_FAULTS_MPIRUN_RECOVERY", "kill", false);
+    run_mpi_fault("FSDP_FAULTS_MPIRUN_RECOVERY", "kill", false, "barrier on group 'world'");
+}
+
+/* The same with the survivors in the wait of a started all_gather (in flight when rank 2 dies):
+ * they time out naming the all_gather, and the job ends within the grace period. */
+static void test_mpi_killed_during_gather(void) {
+    run_mpi_fault("FSDP_FAULTS_MPIRUN_RECOVERY", "kill-gather", false,
+                  "all_gather on group 'world'");
 }
 
 /* Every item of list is a whole rank below n, or a run "a-b" of them, or the "..." that ends a
@@ -413,6 +442,7 @@ int main(int argc, char **argv) {
         {"waiting_rank_logs", test_waiting_rank_logs},
         {"mpi_stopped_rank", test_mpi_stopped_rank},
         {"mpi_killed_rank", test_mpi_killed_rank},
+        {"mpi_killed_during_gather", test_mpi_killed_during_gather},
         {"rank_list_whole_numbers", test_rank_list_whole_numbers},
     };
     return fsdp_test_run(argc, argv, "comm_faults", cases, (int)(sizeof cases / sizeof cases[0]));

@@ -204,13 +204,16 @@ static fsdp_status compare(fsdp_ctx *ctx, int rank, int W, int k, const unsigned
 /* Whether a started case's work is in flight between its start and its wait: every collective
  * on device tensors but the barrier (the local backend's END, NCCL's end event); on host
  * tensors only the mpi backend's all_reduce (under mpirun, inside nccl-mpi). */
-static _Thread_local bool tl_on_device, tl_host_all_reduce_pends;
+static _Thread_local bool tl_on_device, tl_host_mpi_pends;
 static atomic_int starts_seen;
 
 static fsdp_status check_pending(fsdp_ctx *ctx, const coll_case *c, fsdp_comm_work *work) {
-    const bool all_reduce =
-        c->kind == K_ALL_REDUCE || c->kind == K_START_HOST || c->kind == K_START_STREAM;
-    const bool want = tl_on_device ? c->kind != K_BARRIER : all_reduce && tl_host_all_reduce_pends;
+    /* on host tensors, the mpi backend's non-blocking calls (all_gather, reduce_scatter,
+     * all_reduce) pend under nccl-mpi; the others complete in their start */
+    const bool mpi_non_blocking = c->kind == K_ALL_REDUCE || c->kind == K_START_HOST ||
+                                  c->kind == K_START_STREAM || c->kind == K_REDUCE_SCATTER ||
+                                  c->kind == K_ALL_GATHER;
+    const bool want = tl_on_device ? c->kind != K_BARRIER : mpi_non_blocking && tl_host_mpi_pends;
     atomic_fetch_add(&starts_seen, 1);
     FSDP_RANK_CHECK(ctx, fsdp_comm_work_pending(work) == want,
                     "a started %s on %s tensors: its work is %spending after the start",
@@ -222,7 +225,7 @@ static fsdp_status check_pending(fsdp_ctx *ctx, const coll_case *c, fsdp_comm_wo
 static fsdp_status all_cases_body(fsdp_ctx *ctx, int rank, void *user) {
     reference *ref = user;
     tl_on_device = true;
-    tl_host_all_reduce_pends = !ref->record && mpi_size > 0;
+    tl_host_mpi_pends = !ref->record && mpi_size > 0;
     const int W = fsdp_world_size(fsdp_ctx_world(ctx));
     const fsdp_device dev = rank_device(rank);
     FSDP_TRY(fsdp_ctx_set_device(ctx, dev));

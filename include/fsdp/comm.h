@@ -55,7 +55,10 @@ typedef enum fsdp_backend {
 #define FSDP_COMM_MIN_DEFAULT_GRACE_MS 10000 /* 10 s */
 /* The environment variable naming the directory of flight-recorder dumps for worlds whose
  * options leave trace_dir NULL (see fsdp_world_options.trace_dir). */
-#define FSDP_COMM_TRACE_DIR_ENV   "FSDP_COMM_TRACE_DIR"
+#define FSDP_COMM_TRACE_DIR_ENV "FSDP_COMM_TRACE_DIR"
+/* The environment variable that turns the mpi backend's communication thread on for worlds
+ * whose options leave comm_thread false (see fsdp_world_options.comm_thread): "1". */
+#define FSDP_COMM_THREAD_ENV      "FSDP_COMM_THREAD"
 #define FSDP_LOCAL_MAX_RANKS      1024 /* rank threads of one local world */
 #define FSDP_MAX_THREADS_PER_RANK 1024 /* fsdp_world_options.threads_per_rank */
 
@@ -101,6 +104,15 @@ typedef struct fsdp_world_options {
      * process's stderr goes its own way. Default (NULL): the FSDP_COMM_TRACE_DIR environment
      * variable when set and not empty, else no dumps. The string is copied. */
     const char *trace_dir;
+    /* mpi backend: a communication thread in each process, which advances the process's
+     * non-blocking calls in flight (the steps fsdp_comm_work_test would take) while its rank
+     * computes, so that their data move without the rank calling test or wait; results are
+     * bitwise the same. Every MPI call of the process is then made under one lock (MPI stays at
+     * MPI_THREAD_SERIALIZED); the thread stops when the world is freed. Default false: on when
+     * the FSDP_COMM_THREAD environment variable is "1" (other backends ignore the variable).
+     * Refused on the other backends (the local backend's host calls complete in their start;
+     * nccl and nccl-mpi leave their calls to NCCL's streams). */
+    bool comm_thread;
 } fsdp_world_options;
 
 /* Creates a world. opts may be NULL for all defaults. ctx (may be NULL) receives the message
@@ -156,6 +168,9 @@ bool fsdp_world_hosts_rank(const fsdp_world *world, int rank);
  * NULL. What waits on other ranks (a collective, or libfsdp's HDF5 lock) waits at most this. */
 int fsdp_world_timeout_ms(const fsdp_world *world);
 fsdp_backend fsdp_world_backend(const fsdp_world *world);
+/* Whether the world runs a communication thread (fsdp_world_options.comm_thread, or its
+ * environment variable, on the mpi backend); false for NULL. */
+bool fsdp_world_comm_thread(const fsdp_world *world);
 const char *fsdp_backend_to_string(fsdp_backend backend); /* "local", "mpi", "nccl" */
 /* How many rank threads that runs of this world left running after their grace period have
  * not returned yet (local; 0 under mpi). While any has not, it may hold locks (a stdio stream's,
@@ -309,15 +324,17 @@ fsdp_status fsdp_all_reduce_ex(fsdp_ctx *ctx, fsdp_group *group, fsdp_tensor *t,
  * docs/device.md), and on host tensors it makes the whole call and the work is complete when
  * it returns (fsdp_comm_work_pending says which). The nccl backend leaves its NCCL calls on
  * device tensors in flight the same way (host tensors: as the backend below it). On the MPI
- * backend the all_reduce is truly non-blocking: the start waits for no one (it posts this
- * rank's part of the descriptor exchange), the steps of the call advance whenever
- * fsdp_comm_work_test or the wait finds the step before complete, and the data moves inside
- * MPI calls (the tests, the wait, other libfsdp calls on the backend); the wait has the
- * deadlines of a blocking call (timeout_ms for the peers to arrive and without data progress; a
- * member that returned or poisoned the group fails it at once) and reports a disagreement among
- * the ranks' calls as the blocking call does. Its other collectives' starts make the blocking
- * call (the work is complete at once). Several works may be in flight on one group; wait for
- * them in any order. */
+ * backend all_gather, reduce_scatter(_ex) and all_reduce(_ex) are truly non-blocking: the start
+ * waits for no one (it posts this rank's part of the descriptor exchange), the steps of the call
+ * (the blocking call's, so the bits are its) advance whenever fsdp_comm_work_test or the wait
+ * finds the step before complete, or, with the world's communication thread
+ * (fsdp_world_options.comm_thread), whenever that thread finds it, while the rank computes;
+ * without the thread the data moves inside MPI calls (the tests, the wait, other libfsdp calls
+ * on the backend). The wait has the deadlines of a blocking call (timeout_ms for the peers to
+ * arrive and without data progress; a member that returned or poisoned the group fails it at
+ * once) and reports a disagreement among the ranks' calls as the blocking call does. Its
+ * broadcast, all_to_all and barrier starts make the blocking call (the work is complete at
+ * once). Several works may be in flight on one group; wait for them in any order. */
 typedef struct fsdp_comm_work fsdp_comm_work;
 
 /* A new idle work; the caller owns it (fsdp_comm_work_free). */

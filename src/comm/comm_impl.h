@@ -137,6 +137,7 @@ struct fsdp_world {
     int grace_ms;         /* after the first failure, how long a run waits for the other ranks */
     int threads_per_rank; /* fsdp_world_options.threads_per_rank */
     bool pin_threads;     /* fsdp_world_options.pin_threads */
+    bool comm_thread;     /* fsdp_world_options.comm_thread or its environment variable (mpi) */
     int rank_threads;     /* threads of each hosted rank in the current run */
     int first_hosted;     /* the first rank this process hosts, in the current run */
     int pin_slot0;        /* its place among the ranks on this machine (pinning) */

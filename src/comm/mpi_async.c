@@ -1,10 +1,12 @@
-/* mpi_async.c: the MPI backend's all_reduce entry and its non-blocking form. The start posts this
- * rank's descriptor and the receives of its peers' (the first half of every call's arrival) and
- * returns without waiting for anyone; a test or wait that finds the descriptors in judges them
- * as every call is judged and posts the exchange of every rank's pieces of each chunk; one that
- * finds that done reduces this rank's chunk in rank order and posts the gather of the reduced
- * chunks. The data steps and arithmetic are the blocking all_reduce's (mpi_collectives.c), so
- * the bits are too, and the waits are mpi_wait.c's, with their deadlines and failure notes. */
+/* mpi_async.c: the MPI backend's entries of all_gather, reduce_scatter and all_reduce, and their
+ * non-blocking form. The start posts this rank's descriptor and the receives of its peers' (the
+ * first half of every call's arrival) and returns without waiting for anyone; a test or wait
+ * that finds the descriptors in judges them as every call is judged and posts the call's first
+ * data step; one that finds a step done posts the next (all_reduce: the reduction in rank order
+ * and the gather of the reduced chunks), and one that finds the last done finishes the call
+ * (all_gather unpacks, reduce_scatter reduces in rank order). The steps and arithmetic are the
+ * blocking call's (mpi_collectives.c), so the bits are too, and the waits are mpi_wait.c's, with
+ * their deadlines and failure notes. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,18 +17,17 @@
 #include "core/error.h"
 #include "core/tensor_impl.h"
 
-/* A work's step: what its requests in flight are for. */
-enum { STEP_ARRIVE, STEP_EXCHANGE, STEP_GATHER };
+/* A work's step: what its requests in flight are for: the descriptors (0), then data step
+ * 1..steps of its call (fsdp_mpi_coll_post). Step s's messages have kind TAG_EXCHANGE (1) or
+ * TAG_GATHER (2), whatever the call. */
+enum { STEP_ARRIVE, STEP_LAST = 2 };
 
 struct mpi_work {
     mpi_work *next; /* the group's pending works, in start order */
     mpi_group *mg;  /* while pending; NULL once complete, failed or detached */
     const fsdp_group *g;
-    fsdp_tensor *t;
-    fsdp_reduce_op op;
-    bool fused; /* fsdp_all_reduce_start_ex's options, applied in the gather */
-    fsdp_reduce_options fuse;
-    int step;
+    mpi_coll c;
+    int step, steps;
     mpi_reqs rq;
     /* per member: its descriptor, decoded call, and piece of this rank's chunk */
     mpi_desc *descs;
@@ -34,13 +35,11 @@ struct mpi_work {
     const fsdp_call **call_ptrs;
     const void **srcs;
     int cap_members;
-    char *buf; /* the pieces received */
+    char *buf; /* the pieces received and packed (fsdp_mpi_coll_scratch) */
     int64_t cap_buf;
     fsdp_status failed; /* detached by a failure: its status and message */
     char msg[FSDP_ERROR_MAX];
 };
-
-static const int OP = FSDP_COMM_ALL_REDUCE;
 
 static void unlink_work(mpi_work *w) {
     if (!w->mg) return;
@@ -73,26 +72,29 @@ void fsdp_mpi_works_detach(mpi_group *mg) {
     if (!mg->works) return;
     char msg[FSDP_ERROR_MAX];
     snprintf(msg, sizeof msg,
-             "a non-blocking all_reduce on a group of %d ranks was still in flight when its run "
-             "ended or its world was freed; wait for it (fsdp_comm_work_wait) inside the run",
-             mg->size);
+             "a non-blocking %s on a group of %d ranks was still in flight when its rank "
+             "returned, its run ended or its world was freed; wait for it (fsdp_comm_work_wait) "
+             "before the rank's function returns",
+             fsdp_call_op_name(mg->works->c.op), mg->size);
     fail_all(mg, FSDP_ERR_STATE, msg);
 }
 
 static void work_free_state(void *state) {
     mpi_work *w = state;
     if (!w) return;
-    if (w->mg) { /* still in flight: abandoned, and the group fails as after a timeout */
+    fsdp_mpi_lock(); /* the communication thread may be moving it */
+    if (w->mg) {     /* still in flight: abandoned, and the group fails as after a timeout */
         mpi_group *mg = w->mg;
         char msg[FSDP_ERROR_MAX];
         snprintf(msg, sizeof msg,
-                 "all_reduce on group %s: its work was freed while the call was in flight; wait "
+                 "%s on group %s: its work was freed while the call was in flight; wait "
                  "for a work (fsdp_comm_work_wait) before freeing it",
-                 w->g->desc);
+                 fsdp_call_op_name(w->c.op), w->g->desc);
         fail_one(w, FSDP_ERR_STATE, msg);
         fsdp_mpi_poison(mg, FSDP_ERR_STATE, msg);
         fail_all(mg, FSDP_ERR_STATE, msg);
     }
+    fsdp_mpi_unlock();
     fsdp_mpi_reqs_release(&w->rq);
     free(w->descs), free(w->calls), free(w->call_ptrs), free(w->srcs);
     free(w->buf);
@@ -114,25 +116,44 @@ static bool reserve(mpi_work *w, int W, size_t bytes) {
     return fsdp_array_reserve((void **)&w->buf, &w->cap_buf, (int64_t)bytes, 1);
 }
 
-fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
-                                const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
-    if (work) return fsdp_mpi_all_reduce_start(ctx, g, t, op, fuse, work);
-    return fsdp_mpi_all_reduce_blocking(ctx, g, t, op, fuse);
+fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
+    mpi_coll c = {.op = FSDP_COMM_ALL_GATHER, .out = out, .in = in, .dim = dim};
+    return work ? fsdp_mpi_coll_start(ctx, g, &c, work) : fsdp_mpi_coll_run(ctx, g, &c);
 }
 
-fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
-                                      fsdp_reduce_op op, const fsdp_reduce_options *fuse,
-                                      fsdp_comm_work *work) {
+fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                    const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                    const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
+    mpi_coll c = {.op = FSDP_COMM_REDUCE_SCATTER,
+                  .out = out,
+                  .in = in,
+                  .dim = dim,
+                  .reduce = op,
+                  .fused = fuse != NULL};
+    if (fuse) c.fuse = *fuse;
+    return work ? fsdp_mpi_coll_start(ctx, g, &c, work) : fsdp_mpi_coll_run(ctx, g, &c);
+}
+
+fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
+                                const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
+    mpi_coll c = {
+        .op = FSDP_COMM_ALL_REDUCE, .out = t, .in = t, .reduce = op, .fused = fuse != NULL};
+    if (fuse) c.fuse = *fuse;
+    return work ? fsdp_mpi_coll_start(ctx, g, &c, work) : fsdp_mpi_coll_run(ctx, g, &c);
+}
+
+fsdp_status fsdp_mpi_coll_start(fsdp_ctx *ctx, fsdp_group *g, const mpi_coll *c,
+                                fsdp_comm_work *work) {
     mpi_group *mg = g->state;
+    const char *name = fsdp_call_op_name(c->op);
     if (work->state && work->free_state != work_free_state) {
         work->free_state(work->state); /* another backend's (the nccl backend's NCCL calls) */
         work->state = NULL;
         work->free_state = NULL;
     }
     mpi_work *w = work->state;
-    int64_t len;
-    fsdp_chunk_range(t->numel, g->size, g->rank, NULL, &len);
-    size_t bytes = (size_t)((g->size - 1) * len) * fsdp_dtype_size(t->dtype);
+    size_t bytes = fsdp_mpi_coll_scratch(g, c);
     if (!w && (w = calloc(1, sizeof *w)) != NULL) {
         work->state = w;
         work->free_state = work_free_state;
@@ -140,76 +161,80 @@ fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor 
     if (!w || !reserve(w, g->size, bytes)) {
         /* The peers fail at once instead of waiting for this rank's descriptor. */
         FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
-                  "all_reduce on group %s: cannot allocate %zu bytes for a non-blocking call",
+                  "%s on group %s: cannot allocate %zu bytes for a non-blocking call", name,
                   g->desc, bytes);
-        fsdp_mpi_reject(ctx, g, FSDP_COMM_ALL_REDUCE);
+        fsdp_mpi_reject(ctx, g, (fsdp_comm_op)c->op);
         return FSDP_ERR_OUT_OF_MEMORY;
     }
     w->g = g;
-    w->t = t;
-    w->op = op;
-    w->fused = fuse != NULL;
-    if (fuse) w->fuse = *fuse;
+    w->c = *c;
     w->step = STEP_ARRIVE;
+    w->steps = fsdp_mpi_coll_steps(c);
     w->failed = FSDP_OK;
     w->next = NULL;
     w->rq.group_seq = g->calls;
-    fsdp_call c = fsdp_call_all_reduce(t, op);
-    fsdp_status st = fsdp_mpi_arrive_post(ctx, g, mg, &w->rq, w->descs, &c);
+    fsdp_call call = fsdp_mpi_coll_call(c);
+    fsdp_status st = fsdp_mpi_arrive_post(ctx, g, mg, &w->rq, w->descs, &call);
     if (st != FSDP_OK) return mg->poisoned ? fail_all_with(ctx, mg, st) : st;
     w->mg = mg;
     mpi_work **tail = &mg->works;
     while (*tail) tail = &(*tail)->next;
     *tail = w;
     work->pending = true;
+    fsdp_mpi_thread_wake(mg->mw);
     return FSDP_OK;
 }
 
 /* Moves x on by one step once its current one has completed (with `block`, waits for it);
- * *moved says whether it did. A failure of the group fails every work and is returned; a
- * disagreement among the calls fails x alone (as a blocking call's leaves the group usable)
+ * *moved says whether it did. Once its last step has completed the call is finished and x
+ * leaves the group's works (complete). A failure of the group fails every work and is returned;
+ * a disagreement among the calls fails x alone (as a blocking call's leaves the group usable)
  * and is recorded in it, not returned. */
 static fsdp_status step_on(fsdp_ctx *ctx, mpi_group *mg, mpi_work *x, bool block, bool *moved) {
     bool done = true;
+    const int op = x->c.op;
     wait_kind kind = x->step == STEP_ARRIVE ? WAIT_ARRIVAL : WAIT_DATA;
-    fsdp_status st = block ? fsdp_mpi_wait_set(ctx, x->g, mg, &x->rq, OP, kind)
-                           : fsdp_mpi_test_set(ctx, x->g, mg, &x->rq, OP, &done);
+    fsdp_status st = block ? fsdp_mpi_wait_set(ctx, x->g, mg, &x->rq, op, kind)
+                           : fsdp_mpi_test_set(ctx, x->g, mg, &x->rq, op, &done);
     *moved = false;
     if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
     if (!done) return FSDP_OK;
+    *moved = true;
+    if (x->step == x->steps) { /* the call's data are all in */
+        fsdp_mpi_coll_finish(x->g, &x->c, x->buf, x->srcs);
+        unlink_work(x);
+        return FSDP_OK;
+    }
     if (x->step == STEP_ARRIVE) {
-        st = fsdp_mpi_arrive_judge(ctx, x->g, mg, x->descs, x->calls, x->call_ptrs, OP);
+        st = fsdp_mpi_arrive_judge(ctx, x->g, mg, x->descs, x->calls, x->call_ptrs, op);
         if (st != FSDP_OK && mg->poisoned) return fail_all_with(ctx, mg, st);
         if (st != FSDP_OK) {
             fail_one(x, st, fsdp_last_error(ctx));
             fsdp_clear_error(ctx);
             return FSDP_OK;
         }
-        st = fsdp_mpi_all_reduce_exchange(ctx, x->g, mg, &x->rq, x->t, x->srcs, x->buf,
-                                          TAG_EXCHANGE);
-    } else {
-        st = fsdp_mpi_all_reduce_gather(ctx, x->g, mg, &x->rq, x->t, x->op,
-                                        x->fused ? &x->fuse : NULL, x->srcs, TAG_GATHER);
     }
-    if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
     x->step++;
-    *moved = true;
+    st = fsdp_mpi_coll_post(ctx, x->g, mg, &x->rq, &x->c, x->step, x->buf, x->srcs,
+                            x->step == 1 ? TAG_EXCHANGE : TAG_GATHER);
+    if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
     return FSDP_OK;
 }
 
 /* Advances the group's works in start order up to `until` (NULL: all). The messages of each
- * data step share a tag, so every rank must post them in the same order: a work posts a step
- * only once every work started before it has posted that step. With `block` the works up to
- * `until` are waited for until `until` has posted its gather; otherwise each moves as far as
- * what has completed allows. */
+ * data step share a tag, so every rank must post them in the same order: a work posts step s
+ * only once every work started before it has posted its step s (or all of its steps). With
+ * `block` the works up to `until` are waited for until `until` is complete; otherwise each
+ * moves as far as what has completed allows. */
 static fsdp_status advance(fsdp_ctx *ctx, mpi_group *mg, const mpi_work *until, bool block) {
-    int floor = STEP_GATHER; /* the least step of the works before x */
+    int floor = STEP_LAST; /* the least step posted by the works before x */
     for (mpi_work *x = mg->works, *next; x; x = next) {
         next = x->next;
         bool last = x == until, moved = true;
-        while (moved && x->mg && x->step < STEP_GATHER && x->step + 1 <= floor)
-            FSDP_TRY_AT(ctx, step_on(ctx, mg, x, block, &moved));
-        if (x->mg && x->step < floor) floor = x->step;
+        while (moved && x->mg && (x->step == x->steps || x->step + 1 <= floor))
+            FSDP_TRY_AT(
+                ctx, step_on(ctx, mg, x, block && (!until || x->step < x->steps || last), &moved));
+        if (x->mg && x->step < x->steps && x->step < floor) floor = x->step;
         if (last) break;
     }
     return FSDP_OK;
@@ -217,36 +242,40 @@ static fsdp_status advance(fsdp_ctx *ctx, mpi_group *mg, const mpi_work *until, 
 
 /* The work failed earlier, or its group did: report it. */
 static fsdp_status check_live(fsdp_ctx *ctx, mpi_work *w) {
-    if (!w->mg)
-        return FSDP_FAIL(ctx, w->failed != FSDP_OK ? w->failed : FSDP_ERR_STATE, "%s", w->msg);
+    if (!w->mg) return w->failed == FSDP_OK ? FSDP_OK : FSDP_FAIL(ctx, w->failed, "%s", w->msg);
     if (!w->mg->poisoned) return FSDP_OK;
     mpi_group *mg = w->mg;
-    return fail_all_with(ctx, mg,
-                         fsdp_comm_fail_poisoned(ctx, w->g, OP, mg->poison_status, mg->poison_msg));
+    return fail_all_with(
+        ctx, mg, fsdp_comm_fail_poisoned(ctx, w->g, w->c.op, mg->poison_status, mg->poison_msg));
 }
 
 fsdp_status fsdp_mpi_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) {
     mpi_work *w = work->state;
     *done = false;
     FSDP_TRY_AT(ctx, check_live(ctx, w));
-    mpi_group *mg = w->mg;
-    FSDP_TRY_AT(ctx, advance(ctx, mg, NULL, false));
+    if (w->mg) FSDP_TRY_AT(ctx, advance(ctx, w->mg, NULL, false));
     FSDP_TRY_AT(ctx, check_live(ctx, w));
-    if (w->step != STEP_GATHER) return FSDP_OK;
-    fsdp_status st = fsdp_mpi_test_set(ctx, w->g, mg, &w->rq, OP, done);
-    if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
-    if (*done) unlink_work(w);
+    *done = w->mg == NULL;
     return FSDP_OK;
+}
+
+fsdp_status fsdp_mpi_works_progress(fsdp_ctx *ctx, mpi_group *mg) {
+    return advance(ctx, mg, NULL, false);
 }
 
 fsdp_status fsdp_mpi_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
     mpi_work *w = work->state;
     FSDP_TRY_AT(ctx, check_live(ctx, w));
-    mpi_group *mg = w->mg;
-    FSDP_TRY_AT(ctx, advance(ctx, mg, w, true));
+    if (w->mg) {
+        mpi_group *mg = w->mg;
+        mg->waiting = true; /* its waits let go of the lock between polls */
+        fsdp_status st = advance(ctx, mg, w, true);
+        mg->waiting = false;
+        FSDP_TRY_AT(ctx, st);
+    }
     FSDP_TRY_AT(ctx, check_live(ctx, w));
-    fsdp_status st = fsdp_mpi_wait_set(ctx, w->g, mg, &w->rq, OP, WAIT_DATA);
-    if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
-    unlink_work(w);
+    if (w->mg) /* advance waits for every step of w: a broken invariant, never a silent return */
+        return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s on group %s: the wait returned in flight",
+                         fsdp_call_op_name(w->c.op), w->g->desc);
     return FSDP_OK;
 }

@@ -1,6 +1,8 @@
 /* mpi_collectives.c: the MPI backend's collectives: after the descriptor exchange
  * (mpi_wait.c), the data moves point-to-point in torch.chunk pieces, and reductions run in
- * rank order with fsdp_reduce_run, bitwise equal to the local backend. */
+ * rank order with fsdp_reduce_run, bitwise equal to the local backend. all_gather,
+ * reduce_scatter and all_reduce are written as data steps (fsdp_mpi_coll_*), which the blocking
+ * call runs here and the non-blocking one (mpi_async.c) runs as its requests complete. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,74 +36,103 @@ static void outer_inner(const int64_t *shape, int ndim, int dim, int64_t *outer,
     for (int i = dim + 1; i < ndim; i++) *inner *= shape[i];
 }
 
-fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
-    (void)work; /* blocking: a start is complete when it returns */
-    fsdp_call c = fsdp_call_all_gather(out, in, dim);
-    FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
-    mpi_group *mg = g->state;
+fsdp_call fsdp_mpi_coll_call(const mpi_coll *c) {
+    if (c->op == FSDP_COMM_ALL_GATHER) return fsdp_call_all_gather(c->out, c->in, c->dim);
+    if (c->op == FSDP_COMM_REDUCE_SCATTER)
+        return fsdp_call_reduce_scatter(c->out, c->in, c->dim, c->reduce);
+    return fsdp_call_all_reduce(c->out, c->reduce);
+}
+
+int fsdp_mpi_coll_steps(const mpi_coll *c) {
+    return c->op == FSDP_COMM_ALL_REDUCE ? 2 : 1;
+}
+
+size_t fsdp_mpi_coll_scratch(const fsdp_group *g, const mpi_coll *c) {
+    const int W = g->size;
+    const size_t esize = fsdp_dtype_size(c->in->dtype);
+    int64_t outer, inner, len;
+    if (c->op == FSDP_COMM_ALL_REDUCE) {
+        fsdp_chunk_range(c->out->numel, W, g->rank, NULL, &len);
+        return (size_t)((W - 1) * len) * esize;
+    }
+    if (c->op ==
+        FSDP_COMM_REDUCE_SCATTER) { /* W-1 received pieces; with outer > 1 the packed input */
+        outer_inner(c->in->shape, c->in->ndim, c->dim, &outer, &inner);
+        const int64_t mine = outer * c->out->shape[c->dim] * inner;
+        return (size_t)((W - 1) * mine) * esize + (outer > 1 ? fsdp_tensor_nbytes(c->in) : 0);
+    }
+    /* all_gather: the others' pieces, packed, where they are not contiguous in out */
+    outer_inner(c->out->shape, c->out->ndim, c->dim, &outer, &inner);
+    if (outer == 1) return 0;
+    int64_t total = 0;
+    for (int m = 0; m < W; m++) {
+        fsdp_chunk_range(c->out->shape[c->dim], W, m, NULL, &len);
+        if (m != g->rank) total += outer * len * inner;
+    }
+    return (size_t)total * esize;
+}
+
+/* all_gather's step: every other member's piece is received (into out, or packed into buf), this
+ * rank's is sent to each and copied into its place. */
+static fsdp_status all_gather_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                                   const mpi_coll *c, char *buf, int kind) {
+    fsdp_tensor *out = c->out;
+    const fsdp_tensor *in = c->in;
+    const int dim = c->dim;
     const size_t esize = fsdp_dtype_size(out->dtype);
     int64_t outer, inner, n = out->shape[dim], off, len, at[FSDP_MAX_DIMS] = {0};
     outer_inner(out->shape, out->ndim, dim, &outer, &inner);
-    char *o = fsdp_tensor_data(out), *buf = NULL;
-    if (outer > 1) { /* the pieces are not contiguous in out: receive them packed */
-        int64_t total = 0;
-        for (int m = 0; m < g->size; m++) {
-            fsdp_chunk_range(n, g->size, m, NULL, &len);
-            if (m != g->rank) total += outer * len * inner;
-        }
-        FSDP_TRY_AT(ctx, scratch(ctx, g, mg, (size_t)total * esize, &buf));
-    }
+    char *o = fsdp_tensor_data(out);
     int64_t packed = 0;
     for (int m = 0; m < g->size; m++) {
         fsdp_chunk_range(n, g->size, m, &off, &len);
         if (m == g->rank) continue;
         size_t bytes = (size_t)(outer * len * inner) * esize;
         void *dst = outer > 1 ? buf + (size_t)packed * esize : o + (size_t)(off * inner) * esize;
-        FSDP_TRY_AT(ctx, fsdp_mpi_post(ctx, g, mg, true, m, TAG_DATA, dst, bytes));
+        FSDP_TRY_AT(ctx, fsdp_mpi_post_in(ctx, g, mg, rs, true, m, kind, dst, bytes));
         packed += outer * len * inner;
     }
     for (int m = 0; m < g->size; m++)
         if (m != g->rank)
-            FSDP_TRY_AT(ctx, fsdp_mpi_post(ctx, g, mg, false, m, TAG_DATA, fsdp_tensor_data(in),
-                                           fsdp_tensor_nbytes(in)));
+            FSDP_TRY_AT(ctx, fsdp_mpi_post_in(ctx, g, mg, rs, false, m, kind, fsdp_tensor_data(in),
+                                              fsdp_tensor_nbytes(in)));
     fsdp_chunk_range(n, g->size, g->rank, &at[dim], NULL);
     fsdp_box_copy(o, out->shape, at, fsdp_tensor_data(in), in->shape, zeros, in->shape, out->ndim,
                   esize);
-    FSDP_TRY_AT(ctx, fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
-    if (outer == 1) return FSDP_OK;
-    int64_t shape[FSDP_MAX_DIMS];
-    memcpy(shape, out->shape, sizeof shape);
-    packed = 0;
-    for (int m = 0; m < g->size; m++) {
-        fsdp_chunk_range(n, g->size, m, &at[dim], &shape[dim]);
-        if (m == g->rank) continue;
-        fsdp_box_copy(o, out->shape, at, buf + (size_t)packed * esize, shape, zeros, shape,
-                      out->ndim, esize);
-        packed += outer * shape[dim] * inner;
-    }
     return FSDP_OK;
 }
 
-fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
-                                    const fsdp_tensor *in, int dim, fsdp_reduce_op op,
-                                    const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
-    (void)work; /* blocking: a start is complete when it returns */
-    fsdp_call c = fsdp_call_reduce_scatter(out, in, dim, op);
-    FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
-    mpi_group *mg = g->state;
-    const int W = g->size, r = g->rank;
+/* all_gather's end: the packed pieces go to their places in out. */
+static void all_gather_unpack(const fsdp_group *g, const mpi_coll *c, const char *buf) {
+    fsdp_tensor *out = c->out;
+    const size_t esize = fsdp_dtype_size(out->dtype);
+    int64_t outer, inner, shape[FSDP_MAX_DIMS], at[FSDP_MAX_DIMS] = {0}, packed = 0;
+    outer_inner(out->shape, out->ndim, c->dim, &outer, &inner);
+    if (outer == 1) return;
+    memcpy(shape, out->shape, sizeof shape);
+    for (int m = 0; m < g->size; m++) {
+        fsdp_chunk_range(out->shape[c->dim], g->size, m, &at[c->dim], &shape[c->dim]);
+        if (m == g->rank) continue;
+        fsdp_box_copy(fsdp_tensor_data(out), out->shape, at, buf + (size_t)packed * esize, shape,
+                      zeros, shape, out->ndim, esize);
+        packed += outer * shape[c->dim] * inner;
+    }
+}
+
+/* reduce_scatter's step: every member's piece of this rank's chunk is received into buf (srcs[m]
+ * set to member m's, this rank's own in place), this rank's pieces of the others' chunks are sent
+ * (packed into buf first where they are not contiguous in the input). */
+static fsdp_status reduce_scatter_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
+                                       mpi_reqs *rs, const mpi_coll *c, char *buf,
+                                       const void **srcs, int kind) {
+    const fsdp_tensor *in = c->in;
+    const int W = g->size, r = g->rank, dim = c->dim;
     const size_t esize = fsdp_dtype_size(in->dtype);
     int64_t outer, inner, n = in->shape[dim], off, len;
     outer_inner(in->shape, in->ndim, dim, &outer, &inner);
     const char *x = fsdp_tensor_data(in);
-    /* Scratch: W-1 received pieces of this rank's chunk; with outer > 1 also every piece of
-     * this rank's input, packed (they are not contiguous in it). */
-    const int64_t mine = outer * out->shape[dim] * inner;
-    size_t recv_bytes = (size_t)((W - 1) * mine) * esize;
-    size_t bytes = recv_bytes + (outer > 1 ? fsdp_tensor_nbytes(in) : 0);
-    char *buf = NULL;
-    FSDP_TRY_AT(ctx, scratch(ctx, g, mg, bytes, &buf));
+    const int64_t mine = outer * c->out->shape[dim] * inner;
+    const size_t recv_bytes = (size_t)((W - 1) * mine) * esize;
     int64_t shape[FSDP_MAX_DIMS], at[FSDP_MAX_DIMS] = {0};
     memcpy(shape, in->shape, sizeof shape);
     for (int m = 0, slot = 0; m < W; m++) {
@@ -115,26 +146,27 @@ fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
             piece = p;
         }
         if (m == r) {
-            mg->srcs[m] = piece;
+            srcs[m] = piece;
             continue;
         }
-        mg->srcs[m] = buf + (size_t)(slot++ * mine) * esize;
-        FSDP_TRY_AT(ctx, fsdp_mpi_post(ctx, g, mg, false, m, TAG_DATA, (void *)piece,
-                                       (size_t)(outer * len * inner) * esize));
+        srcs[m] = buf + (size_t)(slot++ * mine) * esize;
+        FSDP_TRY_AT(ctx, fsdp_mpi_post_in(ctx, g, mg, rs, false, m, kind, (void *)piece,
+                                          (size_t)(outer * len * inner) * esize));
     }
     for (int m = 0; m < W; m++)
         if (m != r)
-            FSDP_TRY_AT(ctx, fsdp_mpi_post(ctx, g, mg, true, m, TAG_DATA, (void *)mg->srcs[m],
-                                           (size_t)mine * esize));
-    FSDP_TRY_AT(ctx, fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
-    if (mine > 0)
-        fsdp_reduce_run_fused(fsdp_tensor_data(out), mg->srcs, W, 0, mine, in->dtype, op, fuse);
+            FSDP_TRY_AT(ctx, fsdp_mpi_post_in(ctx, g, mg, rs, true, m, kind, (void *)srcs[m],
+                                              (size_t)mine * esize));
     return FSDP_OK;
 }
 
-fsdp_status fsdp_mpi_all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
-                                         mpi_reqs *rs, fsdp_tensor *t, const void **srcs, char *buf,
-                                         int kind) {
+/* all_reduce's two steps. The exchange: every rank's values of this rank's torch.chunk of the
+ * elements are received into buf ((W-1) x the chunk), and srcs[m] (W pointers) is set to
+ * member m's; this rank's pieces of the others' chunks are sent. The gather: the chunk is
+ * reduced in rank order into t, then sent to every member while theirs are received. */
+static fsdp_status all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
+                                       mpi_reqs *rs, fsdp_tensor *t, const void **srcs, char *buf,
+                                       int kind) {
     const int W = g->size, r = g->rank;
     const size_t esize = fsdp_dtype_size(t->dtype);
     char *x = fsdp_tensor_data(t);
@@ -155,10 +187,9 @@ fsdp_status fsdp_mpi_all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi
     return FSDP_OK;
 }
 
-fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
-                                       mpi_reqs *rs, fsdp_tensor *t, fsdp_reduce_op op,
-                                       const fsdp_reduce_options *fuse, const void **srcs,
-                                       int kind) {
+static fsdp_status all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
+                                     mpi_reqs *rs, fsdp_tensor *t, fsdp_reduce_op op,
+                                     const fsdp_reduce_options *fuse, const void **srcs, int kind) {
     const int W = g->size, r = g->rank;
     const size_t esize = fsdp_dtype_size(t->dtype);
     char *x = fsdp_tensor_data(t);
@@ -177,24 +208,47 @@ fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_g
     return FSDP_OK;
 }
 
-fsdp_status fsdp_mpi_all_reduce_blocking(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
-                                         fsdp_reduce_op op, const fsdp_reduce_options *fuse) {
-    fsdp_call c = fsdp_call_all_reduce(t, op);
-    FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &c));
+fsdp_status fsdp_mpi_coll_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                               const mpi_coll *c, int step, char *buf, const void **srcs,
+                               int kind) {
+    const fsdp_reduce_options *fuse = c->fused ? &c->fuse : NULL;
+    if (c->op == FSDP_COMM_ALL_GATHER) return all_gather_post(ctx, g, mg, rs, c, buf, kind);
+    if (c->op == FSDP_COMM_REDUCE_SCATTER)
+        return reduce_scatter_post(ctx, g, mg, rs, c, buf, srcs, kind);
+    /* all_reduce: 1, each rank gathers every rank's values of its chunk of the elements...
+     * 2, ...reduces them in rank order into its own tensor (reading its own block before
+     * writing it) and sends its reduced chunk to all (an all_gather of the chunks). */
+    if (step == 1) return all_reduce_exchange(ctx, g, mg, rs, c->out, srcs, buf, kind);
+    return all_reduce_gather(ctx, g, mg, rs, c->out, c->reduce, fuse, srcs, kind);
+}
+
+void fsdp_mpi_coll_finish(const fsdp_group *g, const mpi_coll *c, const char *buf,
+                          const void **srcs) {
+    if (c->op == FSDP_COMM_ALL_GATHER) {
+        all_gather_unpack(g, c, buf);
+    } else if (c->op == FSDP_COMM_REDUCE_SCATTER) {
+        int64_t outer, inner;
+        outer_inner(c->in->shape, c->in->ndim, c->dim, &outer, &inner);
+        const int64_t mine = outer * c->out->shape[c->dim] * inner;
+        if (mine > 0)
+            fsdp_reduce_run_fused(fsdp_tensor_data(c->out), srcs, g->size, 0, mine, c->in->dtype,
+                                  c->reduce, c->fused ? &c->fuse : NULL);
+    }
+}
+
+fsdp_status fsdp_mpi_coll_run(fsdp_ctx *ctx, fsdp_group *g, const mpi_coll *c) {
+    fsdp_call call = fsdp_mpi_coll_call(c);
+    FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &call));
     mpi_group *mg = g->state;
-    int64_t len;
-    fsdp_chunk_range(t->numel, g->size, g->rank, NULL, &len);
     char *buf = NULL;
-    FSDP_TRY_AT(
-        ctx, scratch(ctx, g, mg, (size_t)((g->size - 1) * len) * fsdp_dtype_size(t->dtype), &buf));
-    /* 1: each rank gathers every rank's values of its chunk of the elements and reduces them
-     * in rank order into its own tensor (reading its own block before writing it)... */
-    FSDP_TRY_AT(ctx, fsdp_mpi_all_reduce_exchange(ctx, g, mg, &mg->rq, t, mg->srcs, buf, TAG_DATA));
-    FSDP_TRY_AT(ctx, fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA));
-    /* 2: ...then every rank sends its reduced chunk to all (an all_gather of the chunks). */
-    FSDP_TRY_AT(ctx,
-                fsdp_mpi_all_reduce_gather(ctx, g, mg, &mg->rq, t, op, fuse, mg->srcs, TAG_DATA));
-    return fsdp_mpi_wait_all(ctx, g, mg, c.op, WAIT_DATA);
+    size_t bytes = fsdp_mpi_coll_scratch(g, c);
+    if (bytes > 0) FSDP_TRY_AT(ctx, scratch(ctx, g, mg, bytes, &buf));
+    for (int step = 1; step <= fsdp_mpi_coll_steps(c); step++) {
+        FSDP_TRY_AT(ctx, fsdp_mpi_coll_post(ctx, g, mg, &mg->rq, c, step, buf, mg->srcs, TAG_DATA));
+        FSDP_TRY_AT(ctx, fsdp_mpi_wait_all(ctx, g, mg, c->op, WAIT_DATA));
+    }
+    fsdp_mpi_coll_finish(g, c, buf, mg->srcs);
+    return FSDP_OK;
 }
 
 fsdp_status fsdp_mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,

@@ -1,11 +1,13 @@
 /* mpi_impl.h: what the MPI backend's files share: message tags, the descriptor and note that
  * travel between ranks, the world and group states, and the entries of the waits
- * (mpi_wait.c) and collectives (mpi_collectives.c) that the world (mpi_world.c) builds on.
+ * (mpi_wait.c), the collectives (mpi_collectives.c, and their non-blocking form in mpi_async.c)
+ * and the lock and communication thread (mpi_thread.c) that the world (mpi_world.c) builds on.
  * Internal to the MPI backend; included only by src/comm/mpi_*.c. */
 #ifndef FSDP_COMM_MPI_IMPL_H
 #define FSDP_COMM_MPI_IMPL_H
 
 #include <mpi.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
@@ -17,7 +19,7 @@
  * earlier run of the world (after a timeout) never match a later run's. The largest tag,
  * 32399, is below 32767, the least MPI_TAG_UB the standard allows. TAG_READY is the second
  * round of the calls that must not end differently on different ranks (split, barrier).
- * TAG_EXCHANGE and TAG_GATHER carry the two data steps of a non-blocking all_reduce
+ * TAG_EXCHANGE and TAG_GATHER carry the first and second data steps of a non-blocking call
  * (mpi_async.c), which a rank posts when it sees the step before complete, at a point that
  * differs from rank to rank: their own tags keep them from matching the data of calls made
  * meanwhile. TAG_TRACE_ASK and TAG_TRACE_ANSWER are the flight recorder's (trace.c): a rank
@@ -66,7 +68,7 @@ typedef struct mpi_group mpi_group;
 typedef struct mpi_work mpi_work;
 
 /* Requests posted together, with the member each talks to: a call's current step (the
- * group's), or a non-blocking all_reduce's (its work's). */
+ * group's), or a non-blocking call's (its work's). */
 typedef struct mpi_reqs {
     MPI_Request *reqs;
     int *member;
@@ -113,6 +115,12 @@ typedef struct mpi_world {
     double *finished;  /* per world rank: when its function returned */
     pending_send *sends;
     uint64_t trace_asks; /* queries this rank has sent (their ask_id) */
+    /* The communication thread (mpi_thread.c), while threaded: the state above and below is
+     * then read and written only under the process's MPI lock. */
+    bool threaded, stop;
+    pthread_t thread;
+    pthread_cond_t wake; /* a start wakes it; a stop too */
+    fsdp_ctx *thread_ctx;
 } mpi_world;
 
 struct mpi_group {
@@ -130,7 +138,8 @@ struct mpi_group {
     const fsdp_call **call_ptrs;
     const void **srcs;   /* per member: its piece of a reduction */
     mpi_reqs rq;         /* the requests of the current step of a blocking call */
-    mpi_work *works;     /* non-blocking all_reduces not yet complete, in start order */
+    mpi_work *works;     /* non-blocking calls not yet complete, in start order */
+    bool waiting;        /* the rank waits for one of them (the thread leaves them alone) */
     void *scratch;       /* received and packed pieces */
     int64_t scratch_cap; /* bytes */
     char msg[FSDP_ERROR_MAX];
@@ -195,6 +204,7 @@ fsdp_status fsdp_mpi_post_in(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, 
                              bool recv, int member, int kind, void *buf, size_t bytes);
 /* Between polls: spin, then yield, then sleep a little. */
 void fsdp_mpi_back_off(int polls, double waited);
+
 /* Waits until every posted request (of the group, or of rs) has completed, with the deadline
  * `kind` says. */
 fsdp_status fsdp_mpi_wait_all(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, int op,
@@ -220,47 +230,62 @@ fsdp_status fsdp_mpi_arrive_judge(fsdp_ctx *ctx, const fsdp_group *g, mpi_group 
 /* The second round of a call that moves no data (barrier, split). */
 fsdp_status fsdp_mpi_confirm(fsdp_ctx *ctx, const fsdp_group *g, int op);
 
-/* ---- mpi_collectives.c: the backend's collective entries ---- */
+/* ---- mpi_collectives.c: the backend's collectives ---- */
 
-/* A start's work (comm_impl.h) goes to the non-blocking all_reduce (mpi_async.c); the other
- * collectives make the blocking call and leave it complete. */
+/* all_gather, reduce_scatter (with reduce_scatter_ex's options) or all_reduce (in place: out is
+ * its tensor, in == out) as its data steps see it; the blocking call and the non-blocking one
+ * (mpi_async.c) run the same steps, so their bits agree. */
+typedef struct mpi_coll {
+    int op; /* FSDP_COMM_ALL_GATHER, FSDP_COMM_REDUCE_SCATTER or FSDP_COMM_ALL_REDUCE */
+    fsdp_tensor *out;
+    const fsdp_tensor *in;
+    int dim; /* all_gather, reduce_scatter */
+    fsdp_reduce_op reduce;
+    bool fused; /* the _ex options, applied where the reduction runs */
+    fsdp_reduce_options fuse;
+} mpi_coll;
+
+/* The call its descriptor carries. */
+fsdp_call fsdp_mpi_coll_call(const mpi_coll *c);
+/* Its data steps (1 or 2), each a round of messages that must complete before the next posts. */
+int fsdp_mpi_coll_steps(const mpi_coll *c);
+/* The bytes of buffer its steps need (received and packed pieces). */
+size_t fsdp_mpi_coll_scratch(const fsdp_group *g, const mpi_coll *c);
+/* Posts data step `step` (1-based) into rs, messages of kind `kind`: buf has
+ * fsdp_mpi_coll_scratch bytes; srcs (one per member) keeps where each member's piece of a
+ * reduction lies between the steps and the finish. */
+fsdp_status fsdp_mpi_coll_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
+                               const mpi_coll *c, int step, char *buf, const void **srcs, int kind);
+/* After the last step has completed: all_gather unpacks, reduce_scatter reduces in rank order. */
+void fsdp_mpi_coll_finish(const fsdp_group *g, const mpi_coll *c, const char *buf,
+                          const void **srcs);
+/* The blocking call: arrival, then every step posted and waited for, then the finish. */
+fsdp_status fsdp_mpi_coll_run(fsdp_ctx *ctx, fsdp_group *g, const mpi_coll *c);
+/* ---- mpi_async.c: the collective entries, and the non-blocking calls ---- */
+
+/* With a work, all_gather, reduce_scatter and all_reduce start the non-blocking call
+ * (fsdp_mpi_coll_start); without one, the blocking call (fsdp_mpi_coll_run). */
 fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                 const fsdp_tensor *in, int dim, fsdp_comm_work *work);
 fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                     const fsdp_tensor *in, int dim, fsdp_reduce_op op,
                                     const fsdp_reduce_options *fuse, fsdp_comm_work *work);
-/* The blocking all_reduce; the backend's entry is fsdp_mpi_all_reduce (mpi_async.c), which
- * starts the non-blocking one for a work. */
-fsdp_status fsdp_mpi_all_reduce_blocking(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
-                                         fsdp_reduce_op op, const fsdp_reduce_options *fuse);
-/* all_reduce's two steps, shared with the non-blocking one. The exchange: every rank's values
- * of this rank's torch.chunk of the elements are received into buf ((W-1) x the chunk), and
- * srcs[m] (W pointers) is set to member m's; this rank's pieces of the others' chunks are
- * sent. The gather: the chunk is reduced in rank order into t, then sent to every member
- * while theirs are received. Both post into rs, messages of kind `kind`. */
-fsdp_status fsdp_mpi_all_reduce_exchange(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
-                                         mpi_reqs *rs, fsdp_tensor *t, const void **srcs, char *buf,
-                                         int kind);
-fsdp_status fsdp_mpi_all_reduce_gather(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
-                                       mpi_reqs *rs, fsdp_tensor *t, fsdp_reduce_op op,
-                                       const fsdp_reduce_options *fuse, const void **srcs,
-                                       int kind);
-
-/* ---- mpi_async.c: the non-blocking all_reduce ---- */
-
-/* The backend's all_reduce entry: with a work, fsdp_mpi_all_reduce_start; else the blocking
- * call (mpi_collectives.c). */
 fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
                                 const fsdp_reduce_options *fuse, fsdp_comm_work *work);
-/* Starts the all_reduce on work, left pending. */
-fsdp_status fsdp_mpi_all_reduce_start(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
-                                      fsdp_reduce_op op, const fsdp_reduce_options *fuse,
-                                      fsdp_comm_work *work);
+/* Starts c on work, left pending. */
+fsdp_status fsdp_mpi_coll_start(fsdp_ctx *ctx, fsdp_group *g, const mpi_coll *c,
+                                fsdp_comm_work *work);
 fsdp_status fsdp_mpi_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done);
 fsdp_status fsdp_mpi_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
 /* The group's state goes (a new run, or the world is freed): its works still pending are
  * abandoned and fail when waited for. */
 void fsdp_mpi_works_detach(mpi_group *mg);
+/* Moves every work of the group on as far as what has completed allows, without waiting (the
+ * communication thread's pass); a failure is recorded in the works it fails. */
+fsdp_status fsdp_mpi_works_progress(fsdp_ctx *ctx, mpi_group *mg);
+
+/* ---- mpi_collectives.c: the collectives that are blocking (a start completes them) ---- */
+
 fsdp_status fsdp_mpi_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
                                fsdp_comm_work *work);
 fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
@@ -268,5 +293,18 @@ fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                 fsdp_comm_work *work);
 fsdp_status fsdp_mpi_barrier(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_work *work);
 void fsdp_mpi_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op);
+
+/* ---- mpi_thread.c: the communication thread and the process's MPI lock ---- */
+
+/* Around every backend entry (and a work's freeing); this thread may take it again inside. */
+void fsdp_mpi_lock(void);
+void fsdp_mpi_unlock(void);
+/* fsdp_mpi_back_off for a wait: without the lock, if this thread holds it. */
+void fsdp_mpi_pause(int polls, double waited);
+/* Starts the thread (fsdp_world_options.comm_thread); stops and joins it (nothing when none). */
+fsdp_status fsdp_mpi_thread_start(fsdp_ctx *ctx, mpi_world *mw);
+void fsdp_mpi_thread_stop(mpi_world *mw);
+/* A work was started: the thread, if idle, looks at once (under the lock). */
+void fsdp_mpi_thread_wake(mpi_world *mw);
 
 #endif

@@ -137,7 +137,7 @@ static void forensics(const fsdp_group *g, mpi_world *mw, const bool *missing, u
             polls = 0;
             continue;
         }
-        fsdp_mpi_back_off(polls, fsdp_clock_now() - start);
+        fsdp_mpi_pause(polls, fsdp_clock_now() - start);
     }
     fsdp_trace_forensics(buf, size, group_seq, g->desc, g->size, g->ranks, missing, views,
                          TRACE_ASK_MS);
@@ -418,7 +418,8 @@ fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
         }
         if (t >= next_check) {
             next_check = t + 1e-3;
-            if (receive_poison(mg)) {
+            /* (poisoned here: by the communication thread, between polls) */
+            if (receive_poison(mg) || mg->poisoned) {
                 fsdp_mpi_abandon(rs);
                 return fsdp_comm_fail_poisoned(ctx, g, op, mg->poison_status, mg->poison_msg);
             }
@@ -438,7 +439,7 @@ fsdp_status fsdp_mpi_wait_set(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg,
                 log_wait(ctx, g, mg, rs, op, kind, t - start);
             }
         }
-        fsdp_mpi_back_off(polls, t - progress);
+        fsdp_mpi_pause(polls, t - progress);
     }
     rs->n = 0;
     return FSDP_OK;

@@ -174,9 +174,12 @@ static void mpi_reset(void *context) {
     for (int r = 0; r < mw->size; r++) mw->noted[r] = false, mw->finished[r] = 0;
 }
 
-/* This process's rank has returned: tell every other rank, with its result. */
+/* This process's rank has returned: its calls still in flight are abandoned (the communication
+ * thread must not finish them for it), and every other rank is told, with its result. */
 static void mpi_rank_exited(void *context, int rank) {
     mpi_world *mw = context;
+    fsdp_mpi_works_detach(mw->world_group);
+    for (mpi_group *mg = mw->groups; mg; mg = mg->next) fsdp_mpi_works_detach(mg);
     const fsdp_rank_result *res = &mw->world->results[rank];
     mpi_note note = {.status = res->status, .finished = realtime_s()};
     snprintf(note.message, sizeof note.message, "%s", res->message);
@@ -250,7 +253,7 @@ static void mpi_collect_results(fsdp_ctx *ctx, void *context) {
                      failed >= 0 ? " (some rank has failed: the job ends after the grace period)"
                                  : "");
         }
-        fsdp_mpi_back_off(polls, t - start);
+        fsdp_mpi_pause(polls, t - start);
     }
     int failures = 0;
     for (int r = 0; r < mw->size; r++) {
@@ -270,6 +273,7 @@ static void mpi_collect_results(fsdp_ctx *ctx, void *context) {
 static void mpi_free(void *context) {
     mpi_world *mw = context;
     if (!mw) return;
+    fsdp_mpi_thread_stop(mw);
     free_run_groups(mw);
     group_state_free(mw->world_group);
     /* A note still in flight (never, in practice: notes are small enough to be sent eagerly)
@@ -288,24 +292,103 @@ static void mpi_free(void *context) {
     free(mw);
 }
 
+/* ---- the entries, under the process's MPI lock (the communication thread's) ---- */
+
+#define LOCKED(call)                                                                               \
+    do {                                                                                           \
+        fsdp_mpi_lock();                                                                           \
+        fsdp_status st_ = (call);                                                                  \
+        fsdp_mpi_unlock();                                                                         \
+        return st_;                                                                                \
+    } while (0)
+
+static fsdp_status locked_split(fsdp_ctx *ctx, fsdp_group *parent, int color, int key,
+                                const char *agree, fsdp_group_info *out) {
+    LOCKED(mpi_split(ctx, parent, color, key, agree, out));
+}
+
+static fsdp_status locked_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                     const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
+    LOCKED(fsdp_mpi_all_gather(ctx, g, out, in, dim, work));
+}
+
+static fsdp_status locked_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                         const fsdp_tensor *in, int dim, fsdp_reduce_op op,
+                                         const fsdp_reduce_options *fuse, fsdp_comm_work *work) {
+    LOCKED(fsdp_mpi_reduce_scatter(ctx, g, out, in, dim, op, fuse, work));
+}
+
+static fsdp_status locked_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t,
+                                     fsdp_reduce_op op, const fsdp_reduce_options *fuse,
+                                     fsdp_comm_work *work) {
+    LOCKED(fsdp_mpi_all_reduce(ctx, g, t, op, fuse, work));
+}
+
+static fsdp_status locked_work_test(fsdp_ctx *ctx, fsdp_comm_work *work, bool *done) {
+    LOCKED(fsdp_mpi_work_test(ctx, work, done));
+}
+
+static fsdp_status locked_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
+    LOCKED(fsdp_mpi_work_wait(ctx, work));
+}
+
+static fsdp_status locked_broadcast(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, int root,
+                                    fsdp_comm_work *work) {
+    LOCKED(fsdp_mpi_broadcast(ctx, g, t, root, work));
+}
+
+static fsdp_status locked_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
+                                     const fsdp_tensor *in, int split_dim, int concat_dim,
+                                     fsdp_comm_work *work) {
+    LOCKED(fsdp_mpi_all_to_all(ctx, g, out, in, split_dim, concat_dim, work));
+}
+
+static fsdp_status locked_barrier(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_work *work) {
+    LOCKED(fsdp_mpi_barrier(ctx, g, work));
+}
+
+static void locked_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op) {
+    fsdp_mpi_lock();
+    fsdp_mpi_reject(ctx, g, op);
+    fsdp_mpi_unlock();
+}
+
+static void locked_reset(void *context) {
+    fsdp_mpi_lock();
+    mpi_reset(context);
+    fsdp_mpi_unlock();
+}
+
+static void locked_rank_exited(void *context, int rank) {
+    fsdp_mpi_lock();
+    mpi_rank_exited(context, rank);
+    fsdp_mpi_unlock();
+}
+
+static void locked_collect_results(fsdp_ctx *ctx, void *context) {
+    fsdp_mpi_lock();
+    mpi_collect_results(ctx, context);
+    fsdp_mpi_unlock();
+}
+
 static const fsdp_comm_backend_i mpi_iface = {
     .name = "mpi",
     .device = FSDP_DEVICE_CPU,
     .hosted_ranks = mpi_hosted_ranks,
     .world_group = mpi_world_group,
-    .split = mpi_split,
-    .all_gather = fsdp_mpi_all_gather,
-    .reduce_scatter = fsdp_mpi_reduce_scatter,
-    .all_reduce = fsdp_mpi_all_reduce,
-    .work_test = fsdp_mpi_work_test,
-    .work_wait = fsdp_mpi_work_wait,
-    .broadcast = fsdp_mpi_broadcast,
-    .all_to_all = fsdp_mpi_all_to_all,
-    .barrier = fsdp_mpi_barrier,
-    .reject = fsdp_mpi_reject,
-    .reset = mpi_reset,
-    .rank_exited = mpi_rank_exited,
-    .collect_results = mpi_collect_results,
+    .split = locked_split,
+    .all_gather = locked_all_gather,
+    .reduce_scatter = locked_reduce_scatter,
+    .all_reduce = locked_all_reduce,
+    .work_test = locked_work_test,
+    .work_wait = locked_work_wait,
+    .broadcast = locked_broadcast,
+    .all_to_all = locked_all_to_all,
+    .barrier = locked_barrier,
+    .reject = locked_reject,
+    .reset = locked_reset,
+    .rank_exited = locked_rank_exited,
+    .collect_results = locked_collect_results,
     .free = mpi_free,
 };
 
@@ -376,5 +459,11 @@ fsdp_status fsdp_mpi_backend_create(fsdp_ctx *ctx, fsdp_world *world, int nranks
     mw->size = size;
     world->size = size;
     world->backend = (fsdp_comm_backend){.iface = mpi_iface, .context = mw};
+    st = world->comm_thread ? fsdp_mpi_thread_start(ctx, mw) : FSDP_OK;
+    if (st != FSDP_OK) {
+        mpi_free(mw);
+        world->backend = (fsdp_comm_backend){0};
+        return FSDP_PASS(ctx, st);
+    }
     return FSDP_OK;
 }

@@ -71,6 +71,12 @@ static int default_grace(int timeout_ms) {
                                                        : FSDP_COMM_MIN_DEFAULT_GRACE_MS;
 }
 
+/* Whether FSDP_COMM_THREAD_ENV asks for the mpi backend's communication thread. */
+static bool comm_thread_env(void) {
+    const char *env = getenv(FSDP_COMM_THREAD_ENV);
+    return env && strcmp(env, "1") == 0;
+}
+
 fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsdp_world **out) {
     FSDP_ARG_NOT_NULL(ctx, out);
     *out = NULL;
@@ -121,6 +127,12 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
                          "fsdp_world_create: threads_per_rank is %d; use 1 to %d, or 0 for "
                          "the cores shared out among the rank threads",
                          o.threads_per_rank, FSDP_MAX_THREADS_PER_RANK);
+    if (o.comm_thread && o.backend != FSDP_BACKEND_MPI)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_world_create: comm_thread is on for the '%s' backend, but only the "
+                         "'mpi' backend has a communication thread (the local backend completes "
+                         "calls on host tensors in their start); leave comm_thread false",
+                         fsdp_backend_to_string(o.backend));
     if ((int)o.ctx.log_level < 0 || o.ctx.log_level > FSDP_LOG_OFF)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "fsdp_world_create: unknown log level %d in the rank context options",
@@ -146,6 +158,7 @@ fsdp_status fsdp_world_create(fsdp_ctx *ctx, const fsdp_world_options *opts, fsd
     w->grace_ms = o.grace_ms ? o.grace_ms : default_grace(w->timeout_ms);
     w->threads_per_rank = o.threads_per_rank;
     w->pin_threads = o.pin_threads;
+    w->comm_thread = o.backend == FSDP_BACKEND_MPI && (o.comm_thread || comm_thread_env());
     w->ctx_options = o.ctx;
     const char *dir = o.trace_dir ? o.trace_dir : getenv(FSDP_COMM_TRACE_DIR_ENV);
     if (dir && *dir && !(w->trace_dir = strdup(dir))) {
@@ -224,6 +237,9 @@ bool fsdp_world_hosts_rank(const fsdp_world *world, int rank) {
 }
 int fsdp_world_timeout_ms(const fsdp_world *world) {
     return world ? world->timeout_ms : 0;
+}
+bool fsdp_world_comm_thread(const fsdp_world *world) {
+    return world && world->comm_thread;
 }
 fsdp_backend fsdp_world_backend(const fsdp_world *world) {
     return world->kind;
