@@ -1,8 +1,8 @@
 /* mpi_impl.h: what the MPI backend's files share: message tags, the descriptor and note that
  * travel between ranks, the world and group states, and the entries of the waits
  * (mpi_wait.c), the collectives (mpi_collectives.c, and their non-blocking form in mpi_async.c)
- * and the lock and communication thread (mpi_thread.c) that the world (mpi_world.c) builds on.
- * Internal to the MPI backend; included only by src/comm/mpi_*.c. */
+ * and the lock (mpi_lock.c) and communication thread (mpi_thread.c) that the world (mpi_world.c)
+ * builds on. Internal to the MPI backend; included only by src/comm/mpi_*.c. */
 #ifndef FSDP_COMM_MPI_IMPL_H
 #define FSDP_COMM_MPI_IMPL_H
 
@@ -294,17 +294,23 @@ fsdp_status fsdp_mpi_all_to_all(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
 fsdp_status fsdp_mpi_barrier(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_work *work);
 void fsdp_mpi_reject(fsdp_ctx *ctx, fsdp_group *g, fsdp_comm_op op);
 
-/* ---- mpi_thread.c: the communication thread and the process's MPI lock ---- */
+/* ---- mpi_lock.c: the process's MPI lock, below the rest of the backend ---- */
 
 /* Around every backend entry (and a work's freeing); this thread may take it again inside. */
 void fsdp_mpi_lock(void);
 void fsdp_mpi_unlock(void);
 /* fsdp_mpi_back_off for a wait: without the lock, if this thread holds it. */
 void fsdp_mpi_pause(int polls, double waited);
+/* A work was started: the thread, if idle, looks at once (under the lock). */
+void fsdp_mpi_thread_wake(mpi_world *mw);
+/* The communication thread's sleep: waits on cond until signalled or until, letting go of the
+ * lock (which the caller holds once) meanwhile. */
+void fsdp_mpi_lock_timedwait(pthread_cond_t *cond, const struct timespec *until);
+
+/* ---- mpi_thread.c: the communication thread ---- */
+
 /* Starts the thread (fsdp_world_options.comm_thread); stops and joins it (nothing when none). */
 fsdp_status fsdp_mpi_thread_start(fsdp_ctx *ctx, mpi_world *mw);
 void fsdp_mpi_thread_stop(mpi_world *mw);
-/* A work was started: the thread, if idle, looks at once (under the lock). */
-void fsdp_mpi_thread_wake(mpi_world *mw);
 
 #endif

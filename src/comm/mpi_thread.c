@@ -1,9 +1,9 @@
-/* mpi_thread.c: the mpi backend's communication thread (fsdp_world_options.comm_thread) and the
- * process's MPI lock. Every entry of the backend runs under the lock (mpi_world.c's vtable; with
- * no thread it is never contended), and the thread, holding it, advances the non-blocking calls
- * in flight (mpi_async.c) of every group whose works the rank is not waiting for; a blocking wait
- * lets go of the lock between its polls (fsdp_mpi_pause). MPI stays at MPI_THREAD_SERIALIZED: no
- * two threads of the process are ever inside MPI at once. */
+/* mpi_thread.c: the mpi backend's communication thread (fsdp_world_options.comm_thread), over
+ * the process's MPI lock (mpi_lock.c). Every entry of the backend runs under the lock
+ * (mpi_world.c's vtable; with no thread it is never contended), and the thread, holding it,
+ * advances the non-blocking calls in flight (mpi_async.c) of every group whose works the rank is
+ * not waiting for; a blocking wait lets go of the lock between its polls (fsdp_mpi_pause). MPI
+ * stays at MPI_THREAD_SERIALIZED: no two threads of the process are ever inside MPI at once. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <time.h>
@@ -17,39 +17,9 @@
 /* While nothing is in flight the thread sleeps until a start wakes it, or this long (a stop). */
 #define THREAD_IDLE_MS 10
 
-/* The lock, and how deep this thread holds it (an entry may reach code that takes it again: a
- * work freed inside a call). A pause lets go of it whatever the depth. */
-static pthread_mutex_t mpi_mu = PTHREAD_MUTEX_INITIALIZER;
-static _Thread_local int depth;
-
-void fsdp_mpi_lock(void) {
-    if (depth++ == 0) pthread_mutex_lock(&mpi_mu);
-}
-
-void fsdp_mpi_unlock(void) {
-    if (--depth == 0) pthread_mutex_unlock(&mpi_mu);
-}
-
-void fsdp_mpi_pause(int polls, double waited) {
-    if (depth == 0) { /* a caller outside the entries (the nccl-mpi backend's arrival) */
-        fsdp_mpi_back_off(polls, waited);
-        return;
-    }
-    const int held = depth;
-    depth = 0;
-    pthread_mutex_unlock(&mpi_mu);
-    fsdp_mpi_back_off(polls, waited);
-    pthread_mutex_lock(&mpi_mu);
-    depth = held;
-}
-
-void fsdp_mpi_thread_wake(mpi_world *mw) {
-    if (mw->threaded) pthread_cond_signal(&mw->wake);
-}
-
 /* One pass over a group's works; whether some are still in flight. A failure is recorded in
  * the works (their wait reports it), so the thread's own error is dropped. */
-static bool progress(mpi_world *mw, mpi_group *mg) {
+static bool pass_group(mpi_world *mw, mpi_group *mg) {
     if (!mg->works || mg->poisoned) return false;
     if (mg->waiting) return true; /* the rank advances them itself */
     (void)fsdp_mpi_works_progress(mw->thread_ctx, mg);
@@ -61,8 +31,8 @@ static void *thread_main(void *arg) {
     mpi_world *mw = arg;
     fsdp_mpi_lock();
     while (!mw->stop) {
-        bool busy = progress(mw, mw->world_group);
-        for (mpi_group *mg = mw->groups; mg; mg = mg->next) busy |= progress(mw, mg);
+        bool busy = pass_group(mw, mw->world_group);
+        for (mpi_group *mg = mw->groups; mg; mg = mg->next) busy |= pass_group(mw, mg);
         if (busy) {
             fsdp_mpi_unlock();
             nanosleep(&(struct timespec){.tv_nsec = THREAD_POLL_NS}, NULL);
@@ -73,7 +43,7 @@ static void *thread_main(void *arg) {
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_nsec += THREAD_IDLE_MS * 1000000L;
         if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(&mw->wake, &mpi_mu, &until);
+        fsdp_mpi_lock_timedwait(&mw->wake, &until);
     }
     fsdp_mpi_unlock();
     return NULL;

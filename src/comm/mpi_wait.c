@@ -2,7 +2,6 @@
  * (arrive), the confirmation round (confirm), posting and polling requests against their
  * deadlines, and failing: poison notes, timeouts, ranks that have returned. */
 #define _POSIX_C_SOURCE 200809L
-#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -346,17 +345,6 @@ fsdp_status fsdp_mpi_post_in(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, 
         rs->n++;
     }
     return FSDP_OK;
-}
-
-/* Between polls: spin first (latency), then yield the core, then sleep a little. */
-void fsdp_mpi_back_off(int polls, double waited) {
-    if (polls < 32) return;
-    if (waited < 0.002) {
-        sched_yield();
-        return;
-    }
-    long ns = waited < 0.05 ? 20000L : 200000L;
-    nanosleep(&(struct timespec){.tv_nsec = ns}, NULL);
 }
 
 /* Logs whom a wait that has lasted waited_s waits for: the members it has an open receive
