@@ -1174,7 +1174,8 @@ static void mpi_matches_local(const char *mpirun, int np, const char *const *ove
     snprintf(ranks, sizeof ranks, "parallel.ranks=%d", np);
     const char *all[8] = {ranks};
     int n = 1;
-    for (int i = 0; overrides[i] && n < 7; i++) all[n++] = overrides[i];
+    for (int i = 0; overrides[i] && n < 7; i++) /* the local run has no communication thread */
+        if (strcmp(overrides[i], "parallel.comm_thread=true") != 0) all[n++] = overrides[i];
     all[n] = NULL;
     if (!run_small(&local, all)) return;
     FILE *f = fopen(metrics, "r");
@@ -1243,6 +1244,8 @@ static void test_tool_exit_status(void) {
         {false, "--set log.comm_debug=2", "2>&1", 2, "[log] comm_debug: expected true or false"},
         {false, "--set log.progress=on", "2>&1", 2, "expected one of auto, bar, lines"},
         {false, "--set parallel.ranks=4096", "2>&1", 2, "the local backend runs at most 1024"},
+        {false, "--set parallel.comm_thread=true", "2>&1", 2,
+         "moves the mpi backend's started collectives, but [parallel] backend"},
         {false, "--set train.grad_accum=4 --set log.comm_debug=true --set log.progress=lines",
          "2>&1", 0, "comm_debug: the collectives of step 2 on rank 0\ncomm-debug, rank 0: 0"},
     };
@@ -1272,6 +1275,9 @@ static void test_mpi_matches_local(void) {
     if (np == 2) {
         mpi_matches_local(mpirun, np, SET("parallel.wrap=layer", "log.level=info"));
         mpi_matches_local(mpirun, np, SET("parallel.tp=2", "parallel.mode=replicate"));
+        /* FSDP's started gathers (backward prefetch) and gradient reductions moved by the
+         * communication thread: the same bits as the rank threads' run */
+        mpi_matches_local(mpirun, np, SET("parallel.wrap=layer", "parallel.comm_thread=true"));
     } else { /* (dp, tp) = (2, 2) with FSDP per Linear, and (4, 1) replicas */
         mpi_matches_local(mpirun, np, SET("parallel.tp=2", "parallel.wrap=layer"));
         mpi_matches_local(mpirun, np, SET("parallel.mode=replicate"));

@@ -175,6 +175,14 @@ static fsdp_status check_parallel(const train_config *cfg, char *err, size_t err
                      train_config_key_text(cfg, "parallel", "backend", a, sizeof a));
         return FSDP_ERR_CONFIG;
     }
+    if (cfg->parallel.comm_thread && train_config_backend(cfg) != TRAIN_BACKEND_MPI) {
+        snprintf(err, err_size,
+                 "%s moves the mpi backend's started collectives, but %s: rank threads and "
+                 "NCCL have no use for it; remove it, or run under mpirun with backend = mpi",
+                 train_config_key_text(cfg, "parallel", "comm_thread", a, sizeof a),
+                 train_config_key_text(cfg, "parallel", "backend", b, sizeof b));
+        return FSDP_ERR_CONFIG;
+    }
     if ((st = train_nccl_check(cfg, err, err_size)) != FSDP_OK) return st;
     return train_device_check(cfg, err, err_size); /* mpi, or a kind with no device here */
 }

@@ -193,6 +193,10 @@ static const train_key g_keys_last[] = {
               "default, 25 MiB with a first bucket of 1 MiB"),
     BOOL_KEY("parallel", "pin_threads", parallel.pin_threads, "false",
              "pin each rank thread (and its worker threads) to its own cores, in rank order"),
+    BOOL_KEY("parallel", "comm_thread", parallel.comm_thread, "false",
+             "backend = mpi: a communication thread per process that moves FSDP's started "
+             "gathers and gradient reductions while the rank computes "
+             "(fsdp_world_options.comm_thread); bitwise the same results"),
     ENUM_KEY("parallel", "device", parallel.device, "cpu", g_device_names, NULL,
              "where every rank computes: cpu, cuda (a GPU; rank r on GPU r mod the GPU count, "
              "so rank threads may share one) or sim (the simulated GPU: rank r on sim device r "

@@ -133,6 +133,7 @@ typedef struct train_config {
         fsdp_comm_hook_kind comm_hook; /* DEFAULT, BF16 or FP16 */
         double bucket_mb;              /* replicate: bucket cap in MiB; 0: DDP's default */
         bool pin_threads;
+        bool comm_thread;        /* the mpi backend's communication thread */
         fsdp_device_type device; /* the kind of device every rank computes on (train_device.h) */
     } parallel;
     struct {

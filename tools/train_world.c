@@ -117,6 +117,7 @@ static fsdp_status train_run_checked(fsdp_ctx *ctx, const train_config *cfg, FIL
                              .timeout_ms = (int)(cfg->parallel.timeout_s * 1000),
                              .threads_per_rank = (int)cfg->parallel.threads_per_rank,
                              .pin_threads = cfg->parallel.pin_threads,
+                             .comm_thread = cfg->parallel.comm_thread,
                              .ctx = train_config_ctx_options(cfg)};
     fsdp_world *world = NULL;
     if ((st = fsdp_world_create(ctx, &wo, &world)) != FSDP_OK) {
