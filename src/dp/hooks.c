@@ -309,34 +309,34 @@ static fsdp_status post_backward(fsdp_ctx *ctx, unit *u) {
     return fsdp_offload_sync(ctx, u->owner);
 }
 
+/* A hook's body, after the test-only failure switch; whatever it returns, no unit's work is
+ * left in flight on failure (fsdp_works_drain). */
+static fsdp_status run_hook(fsdp_ctx *ctx, unit *u, fsdp_hook_point point,
+                            fsdp_status (*body)(fsdp_ctx *, unit *)) {
+    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
+    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : body(ctx, u));
+}
+
 fsdp_status fsdp_shard_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                    const fsdp_tensor **io, void *user) {
     (void)m, (void)io;
-    unit *u = user;
-    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
-    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : pre_forward(ctx, u));
+    return run_hook(ctx, user, point, pre_forward);
 }
 
 fsdp_status fsdp_shard_post_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                     const fsdp_tensor **io, void *user) {
     (void)m, (void)io;
-    unit *u = user;
-    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
-    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : post_forward(ctx, u));
+    return run_hook(ctx, user, point, post_forward);
 }
 
 fsdp_status fsdp_shard_pre_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                     const fsdp_tensor **io, void *user) {
     (void)m, (void)io;
-    unit *u = user;
-    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
-    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : pre_backward(ctx, u));
+    return run_hook(ctx, user, point, pre_backward);
 }
 
 fsdp_status fsdp_shard_post_backward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                      const fsdp_tensor **io, void *user) {
     (void)m, (void)io;
-    unit *u = user;
-    fsdp_status st = fsdp_works_test_failure(ctx, u, point);
-    return fsdp_works_drain(ctx, u->owner, st != FSDP_OK ? st : post_backward(ctx, u));
+    return run_hook(ctx, user, point, post_backward);
 }
