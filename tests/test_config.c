@@ -523,8 +523,8 @@ static void test_help_and_write(void) {
     }
     /* every key but the empty-by-default model.tp_plan, model.checkpoint_activations, data.path,
      * optim.no_decay, checkpoint.dir, log.metrics */
-    CU_ASSERT_EQUAL(keys, 73); /* 65, llama's five rope_scaling keys, tie_embeddings, autocast,
-                                * device */
+    CU_ASSERT_EQUAL(keys, 74); /* 65, llama's five rope_scaling keys, tie_embeddings, autocast,
+                                * device, comm_thread */
 
     /* round trip through a file, with values different from the defaults */
     FSDP_TEST_OK(train_config_set(&g_cfg, "model.widths=3,5,7", err, sizeof err));
