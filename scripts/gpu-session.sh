@@ -326,10 +326,15 @@ phase_bench_fsdp() {
 phase_bench_llama() {
     local log rc=0
     log=$(own_log)
-    run bash "$repo/bench/llama_gpu.sh" --budget-s $((${GPU_SESSION_LIMIT:-200} - 10)) \
-        --libfsdp-shapes S "$build" || rc=$?
+    # libfsdp as a user would run it for speed: the tiled (flash-class) attention and the GEMMs on
+    # cuBLASLt, not the defaults (plain attention, cuBLAS) kept until a GPU has confirmed them;
+    # GPU_SESSION_ATTENTION / GPU_SESSION_GEMM choose otherwise (e.g. cudnn, cublas).
+    local attention=${GPU_SESSION_ATTENTION:-flash} gemm=${GPU_SESSION_GEMM:-lt}
+    echo "+ FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm"
+    FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm run bash "$repo/bench/llama_gpu.sh" \
+        --budget-s $((${GPU_SESSION_LIMIT:-200} - 10)) --libfsdp-shapes S "$build" || rc=$?
     if [ "$rc" -ne 0 ]; then
-        result fail "bench/llama_gpu.sh exit status $rc"
+        result fail "bench/llama_gpu.sh exit status $rc (attention $attention, gemm $gemm)"
         return 0
     fi
     # Each figure: who, shape, mode, ms/step and MFU; then the goals' verdicts.
@@ -339,7 +344,7 @@ phase_bench_llama() {
     if [ -z "$figures" ]; then
         result fail "no figure: $(grep -m1 -E 'skipped|not importable|exit status' "$log" || echo 'see bench-llama.log')"
     else
-        result ok "$figures${goals:+ | $goals}"
+        result ok "attention $attention, gemm $gemm: $figures${goals:+ | $goals}"
     fi
 }
 
