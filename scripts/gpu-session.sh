@@ -29,7 +29,9 @@
 #   echo /.debs/ >> .git/info/exclude; mkdir -p .debs
 #   (cd .debs && apt-get download libcunit1 libcunit1-dev libinih1 libinih-dev libinireader0)
 #
-# Environment: GPU_SESSION_BUDGET (seconds for the whole session, default 540),
+# Environment: GPU_SESSION_BUDGET (seconds for the whole session, default 540), GPU_SESSION_SKIP
+# (phases not to run, separated by spaces: e.g. "bench scaling"; the time kept for them goes to
+# the others),
 # GPU_SESSION_BUILD (the build directory, default build-gpu at the repository root), JOBS
 # (build parallelism, default all cores).
 set -euo pipefail
@@ -41,18 +43,18 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 budget=${GPU_SESSION_BUDGET:-540}
 if [ -d /usr/local/cuda/bin ]; then PATH="/usr/local/cuda/bin:$PATH"; fi
 
-PHASES=(deps env build gpu-tests bench-attention bench-gemm bench-fsdp nccl memcheck-kernels
+PHASES=(deps env build gpu-tests bench-attention bench-gemm nccl bench-fsdp memcheck-kernels
     memcheck-train memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama
     initcheck-llama bench-llama bench scaling)
 # The most seconds each phase may take; the session's budget may leave it less.
 declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [bench-attention]=60 [bench-gemm]=45
     [bench-fsdp]=75 [nccl]=90
     [memcheck-kernels]=90 [memcheck-train]=45 [memcheck-llama]=60 [racecheck-kernels]=90
-    [initcheck-kernels]=90 [racecheck-llama]=60 [initcheck-llama]=60 [bench-llama]=200 [bench]=120 [scaling]=150)
+    [initcheck-kernels]=90 [racecheck-llama]=60 [initcheck-llama]=60 [bench-llama]=240 [bench]=120 [scaling]=150)
 # The suite each sanitizer phase runs.
 declare -A SUITE=([kernels]=test_kernels_cuda [train]=test_cuda_train [llama]=test_llama_cuda)
 # Seconds a phase leaves to the benchmarks after it, and the least worth starting a phase with.
-RESERVE_LLAMA=150
+RESERVE_LLAMA=200
 RESERVE_BENCH=120
 RESERVE_SCALING=60
 MIN_PHASE=15
@@ -223,6 +225,12 @@ sanitize() {
     fi
     local log
     log=$(own_log)
+    # A device compute-sanitizer refuses (seen on gVisor machines: "Device not supported") is
+    # found by the first sanitizer phase; the later ones are skipped at once.
+    if [ -f "$GPU_SESSION_OUT/.no-sanitizer" ]; then
+        result skip "$(cat "$GPU_SESSION_OUT/.no-sanitizer")"
+        return 0
+    fi
     cd "$(dirname "$exe")"
     echo "+ FSDP_TEST_REQUIRE_DEVICE=cuda $san --tool $tool --error-exitcode 1 --report-api-errors no $exe"
     FSDP_TEST_REQUIRE_DEVICE=cuda "$san" --tool "$tool" --error-exitcode 1 \
@@ -230,6 +238,12 @@ sanitize() {
     local summary failed
     summary=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1 | sed 's/^=* *//') || true
     failed=$(grep -oE 'Test: [A-Za-z0-9_]+ \.\.\.FAILED' "$log" | cut -d' ' -f2 | paste -sd, -) || true
+    if [ "$rc" -ne 0 ] && grep -q 'Device not supported' "$log"; then
+        echo "compute-sanitizer does not support this device (Device not supported)" \
+            >"$GPU_SESSION_OUT/.no-sanitizer"
+        result skip "$(cat "$GPU_SESSION_OUT/.no-sanitizer")"
+        return 0
+    fi
     case $rc in
     0) result ok "$suite: ${summary:-no summary line}" ;;
     77) result fail "$suite: every case skipped, so the GPU was not exercised" ;;
@@ -402,10 +416,17 @@ record() {
     if [ "$2" = fail ] || [ "$2" = timeout ]; then failed=1; fi
 }
 
+# Whether GPU_SESSION_SKIP names the phase.
+skipped() { [[ " ${GPU_SESSION_SKIP:-} " == *" $1 "* ]]; }
+
+# The seconds kept for a later phase: its reserve, or 0 where GPU_SESSION_SKIP names it.
+keep() { if skipped "$1"; then echo 0; else echo "$2"; fi; }
+
 # Runs a phase under its timeout (its cap, less what the budget leaves after keeping `reserve`
 # seconds for later phases), or records it skipped for `reason` when that is not empty.
 session_phase() {
     local name=$1 reason=$2 reserve=$3
+    if [ -z "$reason" ] && skipped "$name"; then reason="GPU_SESSION_SKIP names it"; fi
     if [ -n "$reason" ]; then
         record "$name" skip 0.0 "$reason"
         return 0
@@ -484,20 +505,24 @@ main() {
     session_phase deps "$deps_reason" 0
     session_phase env "" 0
     local build_reason=${reason:+$reason; CI builds already compile the CUDA code}
+    local r_llama r_bench r_scaling
+    r_llama=$(keep bench-llama "$RESERVE_LLAMA")
+    r_bench=$(keep bench "$RESERVE_BENCH")
+    r_scaling=$(keep scaling "$RESERVE_SCALING")
     last_status=skip
-    session_phase build "$build_reason" $((RESERVE_LLAMA + RESERVE_BENCH + RESERVE_SCALING))
+    session_phase build "$build_reason" $((r_llama + r_bench + r_scaling))
     local after=$reason
     if [ -z "$after" ] && [ "$last_status" != ok ]; then
         after="the build phase did not succeed"
     fi
     local p
-    for p in gpu-tests bench-attention bench-gemm bench-fsdp nccl memcheck-kernels \
+    for p in gpu-tests bench-attention bench-gemm nccl bench-fsdp memcheck-kernels \
         memcheck-train memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama \
         initcheck-llama; do
-        session_phase "$p" "$after" $((RESERVE_LLAMA + RESERVE_BENCH + RESERVE_SCALING))
+        session_phase "$p" "$after" $((r_llama + r_bench + r_scaling))
     done
-    session_phase bench-llama "$after" $((RESERVE_BENCH + RESERVE_SCALING))
-    session_phase bench "$after" "$RESERVE_SCALING"
+    session_phase bench-llama "$after" $((r_bench + r_scaling))
+    session_phase bench "$after" "$r_scaling"
     session_phase scaling "$after" 0
     rm -f "$out"/.*.result
     echo "gpu-session: summary in $out/summary.tsv"
