@@ -91,7 +91,7 @@ typedef struct run_out {
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");
     char *text = calloc(1, 1 << 20);
-    if (f && text) fread(text, 1, (1 << 20) - 1, f);
+    if (f && text) text[fread(text, 1, (1 << 20) - 1, f)] = '\0';
     if (f) fclose(f);
     return text;
 }
