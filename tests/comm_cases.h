@@ -275,7 +275,7 @@ static wait_kind wait_of(const coll_case *c) {
  * not NULL. */
 static fsdp_status issue_call(fsdp_ctx *ctx, const coll_case *c, int W, fsdp_tensor *out,
                               fsdp_tensor *in, fsdp_comm_work *work) {
-    const int root = c->root < 0 ? W - 1 : c->root;
+    const int root = c->root < 0 ? W - 1 : c->root % W; // a world of one has root 0 only
     switch (c->kind) {
     case K_ALL_REDUCE:
     case K_START_HOST:

@@ -80,6 +80,11 @@ static fsdp_status all_cases_body(fsdp_ctx *ctx, int rank, void *user) {
     return FSDP_OK;
 }
 
+/* A world of one (as the real NCCL runs on one GPU): every case, the roots reduced to rank 0. */
+static void test_one_rank(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(1, 60000, all_cases_body, NULL));
+}
+
 static void test_two_ranks(void) {
     FSDP_TEST_OK(fsdp_test_run_world(2, 60000, all_cases_body, NULL));
 }
@@ -510,6 +515,7 @@ int main(int argc, char **argv) {
     setenv("FSDP_SIM_MEMORY", "256M", 1);
     unsetenv("FSDP_SIM_MODE"); /* deferred */
     static const fsdp_test_case tests[] = {
+        {"one_rank", test_one_rank},
         {"two_ranks", test_two_ranks},
         {"four_ranks", test_four_ranks},
         {"input_reuse", test_input_reuse},

@@ -762,10 +762,28 @@ static void test_bf16(void) {
     dev_free(d), dev_free(db);
 }
 
+/* Whether two elements of dtype hold the same bits, or are both NaN: a NaN's sign and payload
+ * are not results (an x86 CPU gives -NaN where a GPU gives its canonical +NaN). */
+static bool same_element(fsdp_dtype dtype, const void *a, const void *b) {
+    const size_t esize = fsdp_dtype_size(dtype);
+    if (memcmp(a, b, esize) == 0) return true;
+    if (dtype == FSDP_DTYPE_F32) {
+        float x, y;
+        memcpy(&x, a, 4), memcpy(&y, b, 4);
+        return isnan(x) && isnan(y);
+    }
+    uint16_t x, y;
+    memcpy(&x, a, 2), memcpy(&y, b, 2);
+    const uint16_t exp = dtype == FSDP_DTYPE_BF16 ? 0x7f80 : 0x7c00; // the all-ones exponent
+    const bool xn = (x & exp) == exp && (x & ~exp & 0x7fff),
+               yn = (y & exp) == exp && (y & ~exp & 0x7fff);
+    return xn && yn;
+}
+
 /* reduce_n (the collectives' fused reduction) equals the CPU's bits on every device: the inputs
  * combined in order, in f32 (bf16 and f16 widened, the result rounded once; CUDA without FMA
- * contraction), for sums, averages and maxima (NaN wins), 1 to 5 inputs, the f32 scales and
- * accumulate, and the output aliasing the first input. */
+ * contraction), for sums, averages and maxima (NaN wins, its sign and payload unchecked), 1 to
+ * 5 inputs, the f32 scales and accumulate, and the output aliasing the first input. */
 static void test_reduce_n(void) {
     const fsdp_dtype dtypes[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
     const fsdp_reduce_n_args variants[] = {
@@ -812,7 +830,7 @@ static void test_reduce_n(void) {
                     int64_t bad = 0;
                     for (int64_t i = 0; i < count; i++)
                         bad +=
-                            memcmp(got + (size_t)i * esize, want + (size_t)i * esize, esize) != 0;
+                            !same_element(dtype, got + (size_t)i * esize, want + (size_t)i * esize);
                     if (bad)
                         printf("\n    reduce_n %s variant %zu, %d inputs%s: %lld of %lld differ",
                                fsdp_dtype_to_string(dtype), v, n, alias ? " (aliased)" : "",
@@ -1096,22 +1114,9 @@ static void lt_f32(int64_t M, int64_t N, int64_t K, bool ta, bool tb, int64_t pa
     gemm_compare(&g, 1e-5, true);
 }
 
-/* The table's gemm_bf16 and gemm with this thread's GEMMs on cuBLASLt
- * (fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_LT)) against the CPU table: bf16 within
- * run_gemm_bf16_at's derived f32-accumulation bound ((K + 3) 2^-24 (|alpha| sum |a b| + |beta
- * c|), 4 times on CUDA), f32 within gemm_compare's; M, N, K over 1, 7, 33 and 1000, both
- * transposes, leading dimensions past the shape, beta 0 (over NaN) and 0.5, operands 2 or 4
- * bytes past an aligned address (a key of their own: the heuristic is told the alignment).
- * Elsewhere (sim) the same cases run through the device's own GEMM, bit for bit the CPU's. */
-static void test_gemm_lt(void) {
-#ifdef FSDP_HAVE_CUDA
-    if (fsdp_test_device_is_cuda()) {
-        const char *env = getenv("FSDP_CUDA_GEMM");
-        if (!env || !*env) CU_ASSERT_EQUAL(fsdp_cuda_thread_gemm(), FSDP_CUDA_GEMM_CUBLAS);
-        fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_LT);
-        CU_ASSERT_EQUAL(fsdp_cuda_thread_gemm(), FSDP_CUDA_GEMM_LT);
-    }
-#endif
+/* The cases of gemm_lt: M, N, K over 1, 7, 33 and 1000, both transposes, leading dimensions
+ * past the shape, beta 0 (over NaN) and 0.5, operands 2 or 4 bytes past an aligned address. */
+static void gemm_lt_cases(void) {
     rng_seed(37);
     static const int64_t dims[][3] = {{1, 1, 1},     {7, 7, 7},       {33, 7, 1},    {1, 33, 7},
                                       {7, 1, 33},    {1000, 33, 7},   {7, 1000, 33}, {33, 7, 1000},
@@ -1124,9 +1129,30 @@ static void test_gemm_lt(void) {
             lt_f32(M, N, K, t & 1, t & 2, t + 1, t < 2 ? 0.0f : -1.5f, off);
         }
     run_gemm_bf16_at(4, 6, 0, false, true, 0.5f, 0); // K = 0 scales C before either library
+}
+
+/* The table's gemm_bf16 and gemm with this thread's GEMMs on cuBLASLt
+ * (fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_LT), the default), then on cuBLAS, against the CPU
+ * table: bf16 within run_gemm_bf16_at's derived f32-accumulation bound ((K + 3) 2^-24 (|alpha|
+ * sum |a b| + |beta c|), 4 times on CUDA), f32 within gemm_compare's; gemm_lt_cases' shapes
+ * (an operand off alignment is a key of its own: the heuristic is told the alignment).
+ * Elsewhere (sim) the same cases run through the device's own GEMM, bit for bit the CPU's. */
+static void test_gemm_lt(void) {
 #ifdef FSDP_HAVE_CUDA
-    fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_DEFAULT);
+    if (fsdp_test_device_is_cuda()) {
+        const char *env = getenv("FSDP_CUDA_GEMM");
+        if (!env || !*env) CU_ASSERT_EQUAL(fsdp_cuda_thread_gemm(), FSDP_CUDA_GEMM_LT);
+        fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_LT);
+        CU_ASSERT_EQUAL(fsdp_cuda_thread_gemm(), FSDP_CUDA_GEMM_LT);
+        gemm_lt_cases();
+        fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_CUBLAS);
+        CU_ASSERT_EQUAL(fsdp_cuda_thread_gemm(), FSDP_CUDA_GEMM_CUBLAS);
+        gemm_lt_cases();
+        fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_DEFAULT);
+        return;
+    }
 #endif
+    gemm_lt_cases();
 }
 
 /* The heuristics' cache: a shape met twice asks the heuristic once and hits the second time
@@ -1344,17 +1370,20 @@ static void attn_sizes(const attn_case *c, int64_t n[5]) {
 }
 
 /* Forward and backward through this thread's CUDA attention path (kind) on host inputs. */
-static attn_result attn_on_device(const attn_case *c, fsdp_cuda_attention kind, const float *q,
-                                  const float *k, const float *v, const float *dout) {
+/* Forward and backward on the device with this thread's choice kind, through the f32 entries
+ * or the bf16 policy's (bf16); the five results copied back. */
+static attn_result attn_run(const attn_case *c, fsdp_cuda_attention kind, bool bf16, const float *q,
+                            const float *k, const float *v, const float *dout) {
     int64_t n[5];
     attn_sizes(c, n);
     float *dq_ = dev_floats(q, n[0]), *dk_ = dev_floats(k, n[3]), *dv_ = dev_floats(v, n[3]);
     float *ddo = dev_floats(dout, n[0]), *d[5];
     for (int i = 0; i < 5; i++) d[i] = dev_floats(NULL, n[i]);
     fsdp_cuda_thread_set_attention(kind);
-    K()->attention_forward(d[0], d[1], NULL, dq_, dk_, dv_, c->B, c->T, c->NH, c->NKV, c->D);
-    K()->attention_backward(d[2], d[3], d[4], NULL, ddo, dq_, dk_, dv_, d[0], d[1], c->B, c->T,
-                            c->NH, c->NKV, c->D);
+    (bf16 ? K()->attention_forward_bf16 : K()->attention_forward)(d[0], d[1], NULL, dq_, dk_, dv_,
+                                                                  c->B, c->T, c->NH, c->NKV, c->D);
+    (bf16 ? K()->attention_backward_bf16 : K()->attention_backward)(
+        d[2], d[3], d[4], NULL, ddo, dq_, dk_, dv_, d[0], d[1], c->B, c->T, c->NH, c->NKV, c->D);
     fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_DEFAULT);
     attn_result r;
     for (int i = 0; i < 5; i++) {
@@ -1364,6 +1393,11 @@ static attn_result attn_on_device(const attn_case *c, fsdp_cuda_attention kind, 
     }
     dev_free(dq_), dev_free(dk_), dev_free(dv_), dev_free(ddo);
     return r;
+}
+
+static attn_result attn_on_device(const attn_case *c, fsdp_cuda_attention kind, const float *q,
+                                  const float *k, const float *v, const float *dout) {
+    return attn_run(c, kind, false, q, k, v, dout);
 }
 
 static void attn_free(attn_result *r) {
@@ -1449,9 +1483,9 @@ static void test_attention_flash(void) {
         attn_free(&cpu), attn_free(&plain), attn_free(&flash);
         free(q), free(k), free(v), free(dout), free(scratch);
     }
-    /* The choice: unset FSDP_CUDA_ATTENTION means plain; a thread's choice stays its own. */
+    /* The choice: unset FSDP_CUDA_ATTENTION means auto; a thread's choice stays its own. */
     const char *env = getenv("FSDP_CUDA_ATTENTION");
-    if (!env || !*env) CU_ASSERT_EQUAL(fsdp_cuda_thread_attention(), FSDP_CUDA_ATTENTION_PLAIN);
+    if (!env || !*env) CU_ASSERT_EQUAL(fsdp_cuda_thread_attention(), FSDP_CUDA_ATTENTION_AUTO);
     fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_FLASH);
     CU_ASSERT_EQUAL(fsdp_cuda_thread_attention(), FSDP_CUDA_ATTENTION_FLASH);
     fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_DEFAULT);
@@ -1631,7 +1665,7 @@ static void sdpa_inputs(const attn_case *c, float *in[3], float **dout) {
 static void sdpa_check(const char *what, const attn_case *c, const attn_result *got,
                        double *const ref[5], double *const mag[5], double *const pmag[5],
                        int64_t bad[5]) {
-    const double ub = 0x1p-9, u = 0x1p-24; // bf16 and f32 unit roundoffs
+    const double ub = 0x1p-8, u = 0x1p-24; // bf16 (8-bit significand) and f32 unit roundoffs
     int64_t n[5], group = c->NH / c->NKV;
     attn_sizes(c, n);
     double lse_max = 0;
@@ -1770,6 +1804,22 @@ static void test_attention_cudnn(void) {
             CU_ASSERT_EQUAL(s2.builds, s1.builds);
             CU_ASSERT_TRUE(s2.hits >= s1.hits + 2);
             attn_free(&again);
+            // auto (the default): the bf16 policy's entries run cuDNN (its forward's bits, the
+            // gradients within the bound), the f32 entries the tiled kernels, bit for bit
+            attn_result ab = attn_run(c, FSDP_CUDA_ATTENTION_AUTO, true, in[0], in[1], in[2], dout);
+            attn_result af =
+                attn_run(c, FSDP_CUDA_ATTENTION_AUTO, false, in[0], in[1], in[2], dout);
+            attn_result fl =
+                attn_on_device(c, FSDP_CUDA_ATTENTION_FLASH, in[0], in[1], in[2], dout);
+            for (int i = 0; i < 2; i++)
+                CU_ASSERT_EQUAL(memcmp(ab.t[i], got.t[i], (size_t)n[i] * sizeof(float)), 0);
+            sdpa_ref ra = sdpa_ref_make(c, in, dout, ab.t[0]);
+            sdpa_check("auto, bf16 entries", c, &ab, ra.ref, ra.mag, ra.pmag, bad);
+            for (int i = 0; i < 5; i++) CU_ASSERT_EQUAL(bad[i], 0);
+            for (int i = 0; i < 5; i++)
+                CU_ASSERT_EQUAL(memcmp(af.t[i], fl.t[i], (size_t)n[i] * sizeof(float)), 0);
+            sdpa_ref_free(&ra);
+            attn_free(&ab), attn_free(&af), attn_free(&fl);
         }
         attn_free(&got);
         for (int t = 0; t < 3; t++) free(in[t]);

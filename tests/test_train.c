@@ -613,9 +613,10 @@ static bool step2_comm(const char *const *overrides, long long calls[5], long lo
 /* [parallel] mixed_precision, comm_hook and bucket_mb. On dp 2 x tp 2 (FSDP per Linear) bf16
  * and f16 parameters move half the bytes in all_gather (reduce_scatter too when they reduce in
  * them; f32 with ",f32") and track the f32 run's losses: 20 SGD steps with momentum stay
- * within 1e-2 relative (bf16 keeps 8 significant bits, 2^-9 = 2e-3 per rounding; measured
- * below), and are not the f32 run. The bf16/fp16 comm hooks halve the gradient reduction's
- * bytes under FSDP and replicate. bucket_mb splits replicate's single bucket into two. */
+ * within 1e-2 relative (bf16 keeps 8 significant bits: at most 2^-8 = 3.9e-3 relative per
+ * rounding; measured below), and are not the f32 run. The bf16/fp16 comm hooks halve the
+ * gradient reduction's bytes under FSDP and replicate. bucket_mb splits replicate's single
+ * bucket into two. */
 static void test_precision_keys(void) {
     long long c32[5], b32[5], c[5], b[5];
     train_result f32, res;

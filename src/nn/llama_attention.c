@@ -20,6 +20,7 @@ typedef struct llama_attention {
     fsdp_llama_rope_scaling rope_scaling;
     fsdp_module *q_proj, *k_proj, *v_proj, *o_proj;
     int64_t B, T;         /* of the last forward */
+    bool bf16;            /* the last forward ran the bf16 policy's attention entries */
     fsdp_tensor *rope;    /* (2, T, hd / 2): cos then sin of positions 0 .. T-1 */
     fsdp_tensor *q, *k;   /* (B, T, NH * hd), (B, T, NKV * hd): rotated */
     const fsdp_tensor *v; /* (B, T, NKV * hd): v_proj's output */
@@ -165,9 +166,11 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
     else
         k->rope_qk_forward(fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k), fsdp_tensor_f32(q),
                            fsdp_tensor_f32(kk), cos, sin, B, T, NH, NKV, hd);
-    k->attention_forward(fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse),
-                         fsdp_tensor_f32(a->scratch), fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k),
-                         fsdp_tensor_f32(a->v), B, T, NH, NKV, hd);
+    // under the bf16 policy the device may run the attention as autocast does (cuDNN's on CUDA)
+    a->bf16 = dq == FSDP_DTYPE_BF16 && k->attention_forward_bf16 && k->attention_backward_bf16;
+    (a->bf16 ? k->attention_forward_bf16 : k->attention_forward)(
+        fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse), fsdp_tensor_f32(a->scratch),
+        fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k), fsdp_tensor_f32(a->v), B, T, NH, NKV, hd);
     a->B = B, a->T = T;
     return fsdp_module_forward(ctx, a->o_proj, a->att, out);
 }
@@ -186,10 +189,10 @@ static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dk, dev, 3, (int64_t[]){B, T, NKV * hd}));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dv, dev, 3, (int64_t[]){B, T, NKV * hd}));
     float *dq = fsdp_tensor_f32(a->dq), *dk = fsdp_tensor_f32(a->dk);
-    k->attention_backward(dq, dk, fsdp_tensor_f32(a->dv), fsdp_tensor_f32(a->scratch),
-                          fsdp_tensor_f32(datt), fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k),
-                          fsdp_tensor_f32(a->v), fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse),
-                          B, T, NH, NKV, hd);
+    (a->bf16 ? k->attention_backward_bf16 : k->attention_backward)(
+        dq, dk, fsdp_tensor_f32(a->dv), fsdp_tensor_f32(a->scratch), fsdp_tensor_f32(datt),
+        fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k), fsdp_tensor_f32(a->v),
+        fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse), B, T, NH, NKV, hd);
     const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
     k->rope_qk_backward(dq, dk, dq, dk, cos, sin, B, T, NH, NKV, hd);
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->q_proj, a->dq, din ? &dxq : NULL));

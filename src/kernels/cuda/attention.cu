@@ -6,8 +6,9 @@
  * the diagonal are skipped. The backward runs two kernels without atomics: dq per query tile
  * over its key tiles, dk and dv per key-value head and key tile over the group's query heads and
  * query tiles, both recomputing probabilities from the saved lse (deterministic, at the price of
- * computing q k^T and dout v^T twice). FSDP_CUDA_ATTENTION=cudnn tries cuDNN's fused attention
- * (sdpa.c) first and runs the tiled kernels where it cannot. */
+ * computing q k^T and dout v^T twice). cuDNN's fused attention (sdpa.c) is tried first by the bf16
+ * policy's entries under FSDP_CUDA_ATTENTION=auto (the default) and by every entry under
+ * FSDP_CUDA_ATTENTION=cudnn; the tiled kernels run what it cannot. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -323,16 +324,18 @@ extern "C" void fsdp_cuda_attention_backward_flash(float *dq, float *dk, float *
 
 /* ---- the choice ---- */
 
-/* FSDP_CUDA_ATTENTION, read once: plain (the default), flash or cudnn; anything else aborts. */
+/* FSDP_CUDA_ATTENTION, read once: auto (the default), plain, flash or cudnn; anything else
+ * aborts. */
 static fsdp_cuda_attention env_attention(void) {
     static const fsdp_cuda_attention chosen = [] {
         const char *s = getenv("FSDP_CUDA_ATTENTION");
-        if (!s || !*s || strcmp(s, "plain") == 0) return FSDP_CUDA_ATTENTION_PLAIN;
+        if (!s || !*s || strcmp(s, "auto") == 0) return FSDP_CUDA_ATTENTION_AUTO;
+        if (strcmp(s, "plain") == 0) return FSDP_CUDA_ATTENTION_PLAIN;
         if (strcmp(s, "flash") == 0) return FSDP_CUDA_ATTENTION_FLASH;
         if (strcmp(s, "cudnn") == 0) return FSDP_CUDA_ATTENTION_CUDNN;
         fprintf(stderr,
-                "libfsdp: FSDP_CUDA_ATTENTION=%s is not an attention kernel: set it to plain, "
-                "flash or cudnn, or unset it (plain)\n",
+                "libfsdp: FSDP_CUDA_ATTENTION=%s is not an attention kernel: set it to auto, "
+                "plain, flash or cudnn, or unset it (auto)\n",
                 s);
         abort();
     }();
@@ -355,26 +358,27 @@ static bool use_flash(int64_t D) {
     return fsdp_cuda_thread_attention() != FSDP_CUDA_ATTENTION_PLAIN && D <= FSDP_CUDA_FLASH_MAX_D;
 }
 
-static bool use_cudnn(void) {
-    return fsdp_cuda_thread_attention() == FSDP_CUDA_ATTENTION_CUDNN;
+/* Whether this call tries cuDNN first: chosen, or AUTO on the bf16 policy's entries. */
+static bool use_cudnn(bool bf16) {
+    fsdp_cuda_attention c = fsdp_cuda_thread_attention();
+    return c == FSDP_CUDA_ATTENTION_CUDNN || (bf16 && c == FSDP_CUDA_ATTENTION_AUTO);
 }
 
-extern "C" void fsdp_cuda_attention_forward(float *out, float *lse, float *scratch, const float *q,
-                                            const float *k, const float *v, int64_t B, int64_t T,
-                                            int64_t NH, int64_t NKV, int64_t D) {
-    if (use_cudnn() && fsdp_cuda_sdpa_forward(out, lse, q, k, v, B, T, NH, NKV, D)) return;
+static void attention_forward(float *out, float *lse, float *scratch, const float *q,
+                              const float *k, const float *v, int64_t B, int64_t T, int64_t NH,
+                              int64_t NKV, int64_t D, bool bf16) {
+    if (use_cudnn(bf16) && fsdp_cuda_sdpa_forward(out, lse, q, k, v, B, T, NH, NKV, D)) return;
     if (use_flash(D))
         fsdp_cuda_attention_forward_flash(out, lse, q, k, v, B, T, NH, NKV, D);
     else
         fsdp_cuda_attention_forward_plain(out, lse, scratch, q, k, v, B, T, NH, NKV, D);
 }
 
-extern "C" void fsdp_cuda_attention_backward(float *dq, float *dk, float *dv, float *scratch,
-                                             const float *dout, const float *q, const float *k,
-                                             const float *v, const float *out, const float *lse,
-                                             int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                                             int64_t D) {
-    if (use_cudnn() &&
+static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                               int64_t D, bool bf16) {
+    if (use_cudnn(bf16) &&
         fsdp_cuda_sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, D))
         return;
     if (use_flash(D))
@@ -382,4 +386,33 @@ extern "C" void fsdp_cuda_attention_backward(float *dq, float *dk, float *dv, fl
     else
         fsdp_cuda_attention_backward_plain(dq, dk, dv, scratch, dout, q, k, v, out, lse, B, T, NH,
                                            NKV, D);
+}
+
+extern "C" void fsdp_cuda_attention_forward(float *out, float *lse, float *scratch, const float *q,
+                                            const float *k, const float *v, int64_t B, int64_t T,
+                                            int64_t NH, int64_t NKV, int64_t D) {
+    attention_forward(out, lse, scratch, q, k, v, B, T, NH, NKV, D, false);
+}
+
+extern "C" void fsdp_cuda_attention_forward_bf16(float *out, float *lse, float *scratch,
+                                                 const float *q, const float *k, const float *v,
+                                                 int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                                 int64_t D) {
+    attention_forward(out, lse, scratch, q, k, v, B, T, NH, NKV, D, true);
+}
+
+extern "C" void fsdp_cuda_attention_backward(float *dq, float *dk, float *dv, float *scratch,
+                                             const float *dout, const float *q, const float *k,
+                                             const float *v, const float *out, const float *lse,
+                                             int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                             int64_t D) {
+    attention_backward(dq, dk, dv, scratch, dout, q, k, v, out, lse, B, T, NH, NKV, D, false);
+}
+
+extern "C" void fsdp_cuda_attention_backward_bf16(float *dq, float *dk, float *dv, float *scratch,
+                                                  const float *dout, const float *q, const float *k,
+                                                  const float *v, const float *out,
+                                                  const float *lse, int64_t B, int64_t T,
+                                                  int64_t NH, int64_t NKV, int64_t D) {
+    attention_backward(dq, dk, dv, scratch, dout, q, k, v, out, lse, B, T, NH, NKV, D, true);
 }

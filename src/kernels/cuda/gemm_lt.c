@@ -21,17 +21,17 @@
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static fsdp_cuda_gemm_lib env_lib;
 
-/* FSDP_CUDA_GEMM, read once: cublas (the default) or lt; anything else aborts. */
+/* FSDP_CUDA_GEMM, read once: lt (the default) or cublas; anything else aborts. */
 static void read_env(void) {
     const char *s = getenv("FSDP_CUDA_GEMM");
-    if (!s || !*s || strcmp(s, "cublas") == 0) {
-        env_lib = FSDP_CUDA_GEMM_CUBLAS;
-    } else if (strcmp(s, "lt") == 0) {
+    if (!s || !*s || strcmp(s, "lt") == 0) {
         env_lib = FSDP_CUDA_GEMM_LT;
+    } else if (strcmp(s, "cublas") == 0) {
+        env_lib = FSDP_CUDA_GEMM_CUBLAS;
     } else {
         fprintf(stderr,
-                "libfsdp: FSDP_CUDA_GEMM=%s is not a GEMM library: set it to cublas or lt, or "
-                "unset it (cublas)\n",
+                "libfsdp: FSDP_CUDA_GEMM=%s is not a GEMM library: set it to lt or cublas, or "
+                "unset it (lt)\n",
                 s);
         abort();
     }

@@ -32,6 +32,15 @@ void fsdp_cuda_attention_backward(float *dq, float *dk, float *dv, float *scratc
                                   const float *dout, const float *q, const float *k, const float *v,
                                   const float *out, const float *lse, int64_t B, int64_t T,
                                   int64_t NH, int64_t NKV, int64_t D);
+/* The bf16 compute policy's entries: cuDNN's fused attention where the thread's choice allows
+ * it (AUTO or CUDNN), else as the f32 entries. */
+void fsdp_cuda_attention_forward_bf16(float *out, float *lse, float *scratch, const float *q,
+                                      const float *k, const float *v, int64_t B, int64_t T,
+                                      int64_t NH, int64_t NKV, int64_t D);
+void fsdp_cuda_attention_backward_bf16(float *dq, float *dk, float *dv, float *scratch,
+                                       const float *dout, const float *q, const float *k,
+                                       const float *v, const float *out, const float *lse,
+                                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
 /* The two attention paths behind the entries above (attention.cu chooses): the plain kernels
  * (llama.cu, one thread per score row) and the tiled ones (attention.cu, D <= 128, no scratch). */
 void fsdp_cuda_attention_forward_plain(float *out, float *lse, float *scratch, const float *q,

@@ -80,7 +80,7 @@ bool fsdp_cuda_sdpa_backward(float *dq, float *dk, float *dv, const float *dout,
 void fsdp_cuda_sdpa_log_absent(void) {
     char why[256];
     no_cudnn(why, sizeof why);
-    fprintf(stderr, "libfsdp: FSDP_CUDA_ATTENTION=cudnn: %s; the tiled attention runs instead\n",
+    fprintf(stderr, "libfsdp: cuDNN's fused attention: %s; the tiled attention runs instead\n",
             why);
 }
 
@@ -197,8 +197,8 @@ bool fsdp_cuda_sdpa_check_ops(bool backward, int64_t B, int64_t T, int64_t NH, i
 void fsdp_cuda_sdpa_log_absent(void) {
     char why[512];
     if (!lib_get(why, sizeof why))
-        fprintf(stderr,
-                "libfsdp: FSDP_CUDA_ATTENTION=cudnn: %s; the tiled attention runs instead\n", why);
+        fprintf(stderr, "libfsdp: cuDNN's fused attention: %s; the tiled attention runs instead\n",
+                why);
 }
 
 /* ---- this thread's handles and plans ---- */
@@ -278,7 +278,7 @@ static sdpa_device *device_state(int device, cudaStream_t stream) {
             char detail[256] = "";
             the_lib.GetLastErrorString(detail, sizeof detail);
             fprintf(stderr,
-                    "libfsdp: FSDP_CUDA_ATTENTION=cudnn: cudnnCreate on cuda:%d failed: %s (%s); "
+                    "libfsdp: cuDNN's fused attention: cudnnCreate on cuda:%d failed: %s (%s); "
                     "the tiled attention runs instead\n",
                     device, the_lib.GetErrorString(st), detail);
             sd->handle = NULL;
@@ -349,7 +349,7 @@ static sdpa_slot *slot_for(sdpa_device *sd, cudnnHandle_t handle, const sdpa_key
     s->refused = true;
     sd->stats.refusals++;
     fprintf(stderr,
-            "libfsdp: FSDP_CUDA_ATTENTION=cudnn: cuDNN refuses the attention %s of B %lld T %lld "
+            "libfsdp: cuDNN's fused attention: cuDNN refuses the attention %s of B %lld T %lld "
             "NH %lld NKV %lld D %lld (%s); the tiled attention runs it instead\n",
             key->backward ? "backward" : "forward", (long long)key->B, (long long)key->T,
             (long long)key->NH, (long long)key->NKV, (long long)key->D, why);
