@@ -6,6 +6,9 @@
 
 #include "harness.h" // defines: fsdp_test_close
 #include "on_device.h"
+#ifdef FSDP_HAVE_CUDA
+#include "kernels/cuda/cuda.h" // defines: fsdp_cuda_thread_set_attention
+#endif
 
 static bool chosen;
 static fsdp_device device;
@@ -71,4 +74,12 @@ bool fsdp_test_device_close(const char *name, const float *got, const float *wan
         printf("\n    %s: first at %lld: got %.9g want %.9g", name, (long long)first, got[first],
                want[first]);
     return bad == 0;
+}
+
+void fsdp_test_device_pin_f32_attention(bool pin) {
+#ifdef FSDP_HAVE_CUDA
+    fsdp_cuda_thread_set_attention(pin ? FSDP_CUDA_ATTENTION_FLASH : FSDP_CUDA_ATTENTION_DEFAULT);
+#else
+    (void)pin;
+#endif
 }

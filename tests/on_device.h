@@ -18,6 +18,12 @@ fsdp_device fsdp_test_device(void);
 /* Whether the run's device is a real GPU (CUDA), where the CUDA-only cases apply. */
 bool fsdp_test_device_is_cuda(void);
 
+/* Pins this thread's CUDA attention to the tiled f32 kernels (pin) or hands it back to the
+ * default (auto: cuDNN's bf16 attention for the bf16 policy's entries). A suite comparing a bf16
+ * policy run on CUDA element by element with the CPU's (whose attention is f32) pins it: the
+ * CPU emulates the policy's roundings, not cuDNN's. Nothing in a build without CUDA. */
+void fsdp_test_device_pin_f32_attention(bool pin);
+
 /* The tolerance of a result of the run's device against the CPU table's: `tol` on CUDA (GPU
  * arithmetic rounds and sums in other orders), 0 on sim, which runs the CPU's own kernels. */
 double fsdp_test_device_tol(double tol);
