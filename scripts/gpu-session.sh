@@ -23,11 +23,12 @@
 #
 # Test dependencies missing on the GPU machine (CUnit, inih): if a .debs/ directory exists at the
 # repository root, the first phase unpacks every .deb in it over / and runs ldconfig (as root).
-# To carry libcunit1, libcunit1-dev, libinih1, libinih-dev and libinireader0 there (packages of
+# To carry libcunit1, libcunit1-dev, libinih1, libinih-dev, libinireader0 and jansson there (packages of
 # the GPU machine's release), in a checkout (in a git worktree, use the file that
 # `git rev-parse --git-path info/exclude` names):
 #   echo /.debs/ >> .git/info/exclude; mkdir -p .debs
-#   (cd .debs && apt-get download libcunit1 libcunit1-dev libinih1 libinih-dev libinireader0)
+#   (cd .debs && apt-get download libcunit1 libcunit1-dev libinih1 libinih-dev libinireader0 \
+#       libjansson4 libjansson-dev)
 #
 # Environment: GPU_SESSION_BUDGET (seconds for the whole session, default 540), GPU_SESSION_SKIP
 # (phases not to run, separated by spaces: e.g. "bench scaling"; the time kept for them goes to
@@ -339,15 +340,15 @@ phase_bench_fsdp() {
 }
 
 # bench/llama_gpu.sh within this phase's limit (GPU_SESSION_LIMIT), less time to print the table.
-# libfsdp runs shape S only here: building M initialises 1.5 G parameters on the CPU, and its
-# f32 attention kernel (one thread per query row) would not give 12 steps of M in the time.
+# libfsdp runs shape S only here: building M initialises 1.5 G parameters on the CPU (about
+# 150 s; S took 12.6 s on the H200 machine).
 phase_bench_llama() {
     local log rc=0
     log=$(own_log)
-    # libfsdp as a user would run it for speed: the tiled (flash-class) attention and the GEMMs on
-    # cuBLASLt, not the defaults (plain attention, cuBLAS) kept until a GPU has confirmed them;
-    # GPU_SESSION_ATTENTION / GPU_SESSION_GEMM choose otherwise (e.g. cudnn, cublas).
-    local attention=${GPU_SESSION_ATTENTION:-flash} gemm=${GPU_SESSION_GEMM:-lt}
+    # libfsdp on the library's defaults (auto attention: the tiled kernels in f32 and TF32,
+    # cuDNN's in bf16; GEMMs on cuBLASLt); GPU_SESSION_ATTENTION / GPU_SESSION_GEMM choose
+    # otherwise (e.g. flash, cublas).
+    local attention=${GPU_SESSION_ATTENTION:-auto} gemm=${GPU_SESSION_GEMM:-lt}
     echo "+ FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm"
     FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm run bash "$repo/bench/llama_gpu.sh" \
         --budget-s $((${GPU_SESSION_LIMIT:-200} - 10)) --libfsdp-shapes S "$build" || rc=$?
