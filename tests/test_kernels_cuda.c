@@ -755,7 +755,27 @@ static void test_bf16(void) {
         for (int64_t i = 0; i < n - off; i++)
             bad += f32_bits(back[i]) != (uint32_t)want[i + off] << 16;
         CU_ASSERT_EQUAL(bad, 0);
-        free(back);
+        // round_bf16 in place: the bits of the narrowing then the widening, on the CPU and the
+        // device (every special value above, both paths of the kernel)
+        dev_put(d, x, (size_t)n * 4);
+        K()->round_bf16(d + off, n - off);
+        dev_get(back, d + off, (size_t)(n - off) * 4);
+        float *host = malloc((size_t)n * 4);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(host);
+        memcpy(host, x, (size_t)n * 4);
+        fsdp_kernels_for(FSDP_CPU)->round_bf16(host + off, n - off);
+        int64_t bad_cpu = 0;
+        bad = 0;
+        for (int64_t i = 0; i < n - off; i++) {
+            bad_cpu += f32_bits(host[i + off]) != (uint32_t)want[i + off] << 16;
+            bad += f32_bits(back[i]) != (uint32_t)want[i + off] << 16;
+        }
+        printf("\n    round_bf16 (offset %d): %lld CPU and %lld device elements unlike the "
+               "conversions'",
+               off, (long long)bad_cpu, (long long)bad);
+        CU_ASSERT_EQUAL(bad_cpu, 0);
+        CU_ASSERT_EQUAL(bad, 0);
+        free(back), free(host);
         dev_put(d, x, (size_t)n * 4);
     }
     free(x), free(want), free(got);

@@ -158,6 +158,9 @@ typedef struct fsdp_kernels_i {
      * fsdp_f16_from_f32's (subnormals, overflow to inf, NaN included); widening is exact */
     void (*f32_to_bf16)(fsdp_bf16 *dst, const float *src, int64_t n);
     void (*bf16_to_f32)(float *dst, const fsdp_bf16 *src, int64_t n);
+    /* x (n) rounded to bf16 values in place: each element the bits f32_to_bf16 then bf16_to_f32
+     * give it, in one pass (the bf16 compute policy rounds a Linear's f32 outputs so) */
+    void (*round_bf16)(float *x, int64_t n);
     void (*f32_to_f16)(fsdp_f16 *dst, const float *src, int64_t n);
     void (*f16_to_f32)(float *dst, const fsdp_f16 *src, int64_t n);
 

@@ -15,6 +15,18 @@ void fsdp_cpu_f32_to_bf16(fsdp_bf16 *restrict dst, const float *restrict src, in
     }
 }
 
+/* The narrowing above then the widening, in one pass. */
+void fsdp_cpu_round_bf16(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+        uint32_t nan = (bits >> 16) | 0x40u;
+        bits = ((bits & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded) << 16;
+        memcpy(&x[i], &bits, sizeof bits);
+    }
+}
+
 void fsdp_cpu_bf16_to_f32(float *restrict dst, const fsdp_bf16 *restrict src, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         uint32_t bits = (uint32_t)src[i] << 16;

@@ -33,6 +33,7 @@ static const fsdp_kernels_i cpu_kernels = {
     .cross_entropy = fsdp_cpu_cross_entropy,
     .f32_to_bf16 = fsdp_cpu_f32_to_bf16,
     .bf16_to_f32 = fsdp_cpu_bf16_to_f32,
+    .round_bf16 = fsdp_cpu_round_bf16,
     .f32_to_f16 = fsdp_cpu_f32_to_f16,
     .f16_to_f32 = fsdp_cpu_f16_to_f32,
     .sgd_update = fsdp_cpu_par_sgd_update,

@@ -84,6 +84,7 @@ TIMED_VOID(T_ELEMENTWISE, cross_entropy,
            (l, d, x, t, r, c))
 TIMED_VOID(T_ELEMENTWISE, f32_to_bf16, (fsdp_bf16 * d, const float *s, int64_t n), (d, s, n))
 TIMED_VOID(T_ELEMENTWISE, bf16_to_f32, (float *d, const fsdp_bf16 *s, int64_t n), (d, s, n))
+TIMED_VOID(T_ELEMENTWISE, round_bf16, (float *x, int64_t n), (x, n))
 TIMED_VOID(T_OPTIMIZER, sgd_update,
            (float *p, const float *g, float *b, int64_t n, const fsdp_sgd_step_args *a),
            (p, g, b, n, a))
@@ -132,6 +133,7 @@ const fsdp_kernels_i *fsdp_cpu_timed_table(const fsdp_kernels_i *untimed) {
             timed.cross_entropy = timed_cross_entropy;
             timed.f32_to_bf16 = timed_f32_to_bf16;
             timed.bf16_to_f32 = timed_bf16_to_f32;
+            timed.round_bf16 = timed_round_bf16;
             timed.sgd_update = timed_sgd_update;
             timed.adam_update = timed_adam_update;
             timed.adam_update_bf16 = timed_adam_update_bf16;

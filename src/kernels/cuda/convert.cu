@@ -54,6 +54,31 @@ extern "C" void fsdp_cuda_bf16_to_f32(float *dst, const fsdp_bf16 *src, int64_t 
     FSDP_CUDA_LAUNCHED("bf16_to_f32");
 }
 
+/* x rounded to bf16 values in place; vec: 16-byte aligned, four elements a thread */
+__global__ void round_bf16_kernel(float *x, int64_t n, bool vec) {
+    int64_t i = fsdp_tid(), stride = fsdp_stride(), done = 0;
+    if (vec) {
+        int64_t n4 = n / 4;
+        for (int64_t j = i; j < n4; j += stride) {
+            uint4 b = reinterpret_cast<const uint4 *>(x)[j];
+            reinterpret_cast<uint4 *>(x)[j] = make_uint4(
+                (uint32_t)bf16_from_bits(b.x) << 16, (uint32_t)bf16_from_bits(b.y) << 16,
+                (uint32_t)bf16_from_bits(b.z) << 16, (uint32_t)bf16_from_bits(b.w) << 16);
+        }
+        done = n4 * 4;
+    }
+    for (int64_t j = done + i; j < n; j += stride)
+        x[j] = __uint_as_float((uint32_t)bf16_from_bits(__float_as_uint(x[j])) << 16);
+}
+
+extern "C" void fsdp_cuda_round_bf16(float *x, int64_t n) {
+    if (n <= 0) return;
+    bool vec = FSDP_CUDA_ALIGNED16(x);
+    round_bf16_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        x, n, vec);
+    FSDP_CUDA_LAUNCHED("round_bf16");
+}
+
 __global__ void f32_to_f16_kernel(uint16_t *dst, const float *src, int64_t n) {
     for (int64_t j = fsdp_tid(); j < n; j += fsdp_stride())
         dst[j] = f16_from_bits(__float_as_uint(src[j]));

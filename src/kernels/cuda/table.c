@@ -28,6 +28,7 @@ static const fsdp_kernels_i cuda_kernels = {
     .mse_loss = fsdp_cuda_mse_loss,
     .cross_entropy = fsdp_cuda_cross_entropy,
     .f32_to_bf16 = fsdp_cuda_f32_to_bf16,
+    .round_bf16 = fsdp_cuda_round_bf16,
     .bf16_to_f32 = fsdp_cuda_bf16_to_f32,
     .f32_to_f16 = fsdp_cuda_f32_to_f16,
     .f16_to_f32 = fsdp_cuda_f16_to_f32,

@@ -480,6 +480,22 @@ static void sim_bf16_to_f32(float *dst, const fsdp_bf16 *src, int64_t n) {
     sim_kernel_launch(dev, run_bf16_to_f32, &call, sizeof call);
 }
 
+typedef struct round_bf16_args {
+    float *x;
+    int64_t n;
+} round_bf16_args;
+
+static void run_round_bf16(void *arg) {
+    round_bf16_args *a = arg;
+    fsdp_kernels_cpu()->round_bf16(a->x, a->n);
+}
+
+static void sim_round_bf16(float *x, int64_t n) {
+    int dev = sim_kernel_device(x, "round_bf16");
+    round_bf16_args call = {sim_kernel_ptr(dev, x), n};
+    sim_kernel_launch(dev, run_round_bf16, &call, sizeof call);
+}
+
 typedef struct f32_to_f16_args {
     fsdp_f16 *dst;
     const float *src;
@@ -611,6 +627,7 @@ static const fsdp_kernels_i sim_kernels = {
     .cross_entropy = sim_cross_entropy,
     .f32_to_bf16 = sim_f32_to_bf16,
     .bf16_to_f32 = sim_bf16_to_f32,
+    .round_bf16 = sim_round_bf16,
     .f32_to_f16 = sim_f32_to_f16,
     .f16_to_f32 = sim_f16_to_f32,
     .sgd_update = sim_sgd_update,
