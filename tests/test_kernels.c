@@ -1050,12 +1050,18 @@ static void test_profile_kernels(void) {
     k->sgd_update(c, b, NULL, 64, &sgd);
     CU_ASSERT_EQUAL(c[3], 5.0f);           /* 2 * 3 - 1 */
     k->gemm_bgrad(c, NULL, a, b, 8, 8, 8); /* a fused GEMM counts as one GEMM */
+    fsdp_bf16 a16[64], b16[64], c16[64];   /* the bf16 policy's GEMMs count too */
+    k->f32_to_bf16(a16, a, 64);
+    k->f32_to_bf16(b16, b, 64);
+    k->gemm_bf16(false, true, 8, 8, 8, 1.0f, a16, 8, b16, 8, 0.0f, c, 8);
+    CU_ASSERT_EQUAL(c[0], 28.0f);
+    k->gemm_bf16_round(false, true, 8, 8, 8, a16, 8, b16, 8, c16, 8);
     CU_ASSERT_EQUAL(fsdp_profile_stop(ctx), FSDP_OK);
     CU_ASSERT_PTR_EQUAL(fsdp_kernels_cpu(), plain);
     plain->gemm(false, false, 8, 8, 8, 1.0f, a, 8, b, 8, 0.0f, c, 8); /* not counted */
     CU_ASSERT_EQUAL(fsdp_profile_read(ctx, &pr), FSDP_OK);
-    CU_ASSERT_EQUAL(pr.gemm_calls, 3);
-    CU_ASSERT_EQUAL(pr.elementwise_calls, 3);
+    CU_ASSERT_EQUAL(pr.gemm_calls, 5);
+    CU_ASSERT_EQUAL(pr.elementwise_calls, 5);
     CU_ASSERT_EQUAL(pr.optimizer_calls, 1);
     CU_ASSERT(pr.gemm_s > 0 && pr.elementwise_s > 0 && pr.optimizer_s > 0);
     for (int op = 0; op < FSDP_COMM_OP_COUNT; op++) CU_ASSERT_EQUAL(pr.comm_calls[op], 0);

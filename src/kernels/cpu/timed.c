@@ -47,6 +47,14 @@ TIMED_VOID(T_GEMM, gemm_bf16_bias_act,
            (float *o, float *pre, const fsdp_bf16 *x, const fsdp_bf16 *w, const float *b, int64_t r,
             int64_t c, int64_t oc, fsdp_gemm_act act),
            (o, pre, x, w, b, r, c, oc, act))
+TIMED_VOID(T_GEMM, gemm_bf16,
+           (bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const fsdp_bf16 *A,
+            int64_t lda, const fsdp_bf16 *B, int64_t ldb, float beta, float *C, int64_t ldc),
+           (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+TIMED_VOID(T_GEMM, gemm_bf16_round,
+           (bool ta, bool tb, int64_t M, int64_t N, int64_t K, const fsdp_bf16 *A, int64_t lda,
+            const fsdp_bf16 *B, int64_t ldb, fsdp_bf16 *C, int64_t ldc),
+           (ta, tb, M, N, K, A, lda, B, ldb, C, ldc))
 TIMED_VOID(T_GEMM, gemm_bgrad,
            (float *dw, float *db, const float *d, const float *x, int64_t r, int64_t c, int64_t oc),
            (dw, db, d, x, r, c, oc))
@@ -111,6 +119,8 @@ const fsdp_kernels_i *fsdp_cpu_timed_table(const fsdp_kernels_i *untimed) {
             timed.gemm_bias_act = timed_gemm_bias_act;
             timed.gemm_bf16_bias_act = timed_gemm_bf16_bias_act;
             timed.gemm_bgrad = timed_gemm_bgrad;
+            timed.gemm_bf16 = timed_gemm_bf16;
+            timed.gemm_bf16_round = timed_gemm_bf16_round;
             timed.bias_add = timed_bias_add;
             timed.bias_backward = timed_bias_backward;
             timed.relu_forward = timed_relu_forward;
