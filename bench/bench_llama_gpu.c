@@ -62,13 +62,14 @@ static int usage(void) {
         "loss, 9 significant digits):\n"
         "  result libfsdp SHAPE MODE step_ms MS tokens_per_s TPS mfu X loss L\n"
         "  skip libfsdp SHAPE MODE: REASON\n"
-        "--breakdown: then N more steps (--breakdown-steps, default 3) that synchronise the\n"
-        "device at every hook point of the timed modules, and per part (embedding, input_norm,\n"
-        "attn_proj, attn_core, post_attn_norm, mlp_proj, mlp_rest, residual, final_norm,\n"
-        "lm_head, loss, optimizer, other) the median of its forward and backward time:\n"
+        "--breakdown: then N more steps (--breakdown-steps N, default 5; it implies --breakdown)\n"
+        "that synchronise the device at every hook point of the timed modules, and per part\n"
+        "(embedding, input_norm, attn_proj, attn_core, post_attn_norm, mlp_proj, mlp_rest,\n"
+        "residual, final_norm, lm_head, loss, optimizer, other) the median of its forward and\n"
+        "backward time (loss and optimizer: one call each, its time as fwd_ms):\n"
         "  breakdown libfsdp SHAPE MODE PART fwd_ms X bwd_ms Y share Z\n"
-        "  breakdown libfsdp SHAPE MODE total step_ms X parts_ms Y timed_step_ms Z steps N loss "
-        "L\n");
+        "  breakdown libfsdp SHAPE MODE total step_ms X parts_ms Y timed_step_ms Z steps N\n"
+        "    idle_sync_us S loss L   (one line)\n");
     return 2;
 }
 
@@ -98,7 +99,7 @@ static bool parse(int argc, char **argv, opts *o) {
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--breakdown")) {
-            o->breakdown_steps = o->breakdown_steps ? o->breakdown_steps : 3;
+            o->breakdown_steps = o->breakdown_steps ? o->breakdown_steps : 5;
             i--; /* a flag: no value */
             continue;
         }

@@ -30,6 +30,7 @@ struct llama_breakdown {
     int n_slots;
     double acc[LLAMA_BD_PARTS][2]; /* this step's module parts: forward, backward */
     double t[LLAMA_BD_MARKS];
+    double idle_sync_s;
     int next_mark, steps, max_steps;
     double *rec; /* (max_steps, REC_N) */
 };
@@ -111,6 +112,19 @@ static fsdp_status bd_find_all(fsdp_ctx *ctx, llama_breakdown *bd, fsdp_module *
     return FSDP_OK;
 }
 
+/* What one synchronize costs with nothing queued: every timed call holds one (its end). */
+static fsdp_status bd_time_idle_sync(fsdp_ctx *ctx, llama_breakdown *bd) {
+    double t[21];
+    FSDP_TRY_AT(ctx, fsdp_device_synchronize(ctx, bd->dev)); /* drains what was queued */
+    for (int i = 0; i < 21; i++) {
+        double t0 = bench_now();
+        FSDP_TRY_AT(ctx, fsdp_device_synchronize(ctx, bd->dev));
+        t[i] = bench_now() - t0;
+    }
+    bd->idle_sync_s = bench_median(t, 21);
+    return FSDP_OK;
+}
+
 fsdp_status llama_breakdown_attach(fsdp_ctx *ctx, fsdp_module *model, fsdp_device dev,
                                    int max_steps, llama_breakdown **out) {
     fsdp_module *layers = fsdp_module_find(model, "model.layers");
@@ -130,7 +144,8 @@ fsdp_status llama_breakdown_attach(fsdp_ctx *ctx, fsdp_module *model, fsdp_devic
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "llama breakdown: cannot allocate its state");
     }
     bd->dev = dev, bd->max_steps = max_steps;
-    fsdp_status st = bd_find_all(ctx, bd, model, layers, n_layers);
+    fsdp_status st = bd_time_idle_sync(ctx, bd);
+    if (st == FSDP_OK) st = bd_find_all(ctx, bd, model, layers, n_layers);
     if (st != FSDP_OK) {
         llama_breakdown_detach(ctx, bd); /* the failure's message stays the first one */
         return st;
@@ -180,7 +195,7 @@ static double bd_median_ms(const llama_breakdown *bd, int c, double *tmp) {
 }
 
 void llama_breakdown_report(const llama_breakdown *bd, llama_bd_report *out) {
-    *out = (llama_bd_report){.steps = bd->steps};
+    *out = (llama_bd_report){.steps = bd->steps, .idle_sync_us = 1e6 * bd->idle_sync_s};
     double *tmp = malloc((size_t)(bd->steps > 0 ? bd->steps : 1) * sizeof *tmp);
     if (!tmp || bd->steps == 0) {
         free(tmp);
@@ -207,8 +222,9 @@ void llama_breakdown_print(const llama_bd_report *r, const char *shape, const ch
                PART_NAMES[p], r->fwd_ms[p], r->bwd_ms[p],
                r->step_ms > 0 ? (r->fwd_ms[p] + r->bwd_ms[p]) / r->step_ms : 0.0);
     printf("breakdown libfsdp %s %s total step_ms %.3f parts_ms %.3f timed_step_ms %.3f steps %d "
-           "loss %.9g\n",
-           shape, mode, r->step_ms, r->parts_ms, timed_step_ms, r->steps, (double)loss);
+           "idle_sync_us %.1f loss %.9g\n",
+           shape, mode, r->step_ms, r->parts_ms, timed_step_ms, r->steps, r->idle_sync_us,
+           (double)loss);
 }
 
 fsdp_status llama_breakdown_detach(fsdp_ctx *ctx, llama_breakdown *bd) {

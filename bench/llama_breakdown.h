@@ -43,13 +43,14 @@ typedef struct llama_breakdown llama_breakdown;
 typedef struct llama_bd_report {
     double fwd_ms[LLAMA_BD_PARTS], bwd_ms[LLAMA_BD_PARTS];
     double step_ms, parts_ms;
+    double idle_sync_us; /* one device synchronize with nothing queued (median of 21) */
     int steps;
 } llama_bd_report;
 
-/* Hooks the timed modules of model (fsdp_model_llama's tree, Hugging Face's names) to
- * synchronise dev at each hook point, for up to max_steps steps. *out is the caller's: free it
- * with llama_breakdown_detach, which removes the hooks. A model without one of the names is
- * refused (FSDP_ERR_NOT_FOUND) with nothing left hooked. */
+/* Times an idle device synchronize, then hooks the timed modules of model (fsdp_model_llama's
+ * tree, Hugging Face's names) to synchronise dev at each hook point, for up to max_steps steps.
+ * *out is the caller's: free it with llama_breakdown_detach, which removes the hooks. A model
+ * without one of the names is refused (FSDP_ERR_NOT_FOUND) with nothing left hooked. */
 fsdp_status llama_breakdown_attach(fsdp_ctx *ctx, fsdp_module *model, fsdp_device dev,
                                    int max_steps, llama_breakdown **out);
 /* Synchronises the device and records the moment `mark` of the current step; the marks must
@@ -59,7 +60,8 @@ fsdp_status llama_breakdown_mark(fsdp_ctx *ctx, llama_breakdown *bd, llama_bd_ma
 void llama_breakdown_report(const llama_breakdown *bd, llama_bd_report *out);
 /* Prints the report of one shape and mode, one line per part then the total (bench/README.md):
  *   breakdown libfsdp SHAPE MODE PART fwd_ms X bwd_ms Y share Z
- *   breakdown libfsdp SHAPE MODE total step_ms X parts_ms Y timed_step_ms Z steps N loss L
+ *   breakdown libfsdp SHAPE MODE total step_ms X parts_ms Y timed_step_ms Z steps N
+ *     idle_sync_us S loss L
  * share: the part's fwd + bwd over the median step; loss: the last recorded step's, to 9
  * significant digits (a float's round trip, so runs compare bitwise). */
 void llama_breakdown_print(const llama_bd_report *r, const char *shape, const char *mode,
