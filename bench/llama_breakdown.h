@@ -12,7 +12,7 @@ typedef enum llama_bd_part {
     LLAMA_BD_EMBEDDING = 0, /* model.embed_tokens */
     LLAMA_BD_INPUT_NORM,    /* input_layernorm */
     LLAMA_BD_ATTN_PROJ,     /* self_attn.{q,k,v,o}_proj */
-    LLAMA_BD_ATTN_CORE,     /* self_attn less its projections: rotary, attention, head layout */
+    LLAMA_BD_ATTN_CORE,     /* self_attn less its projections: RoPE, the attention kernel */
     LLAMA_BD_POST_NORM,     /* post_attention_layernorm */
     LLAMA_BD_MLP_PROJ,      /* mlp.{gate,up,down}_proj */
     LLAMA_BD_MLP_REST,      /* mlp less its projections: the SwiGLU */
