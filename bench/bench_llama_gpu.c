@@ -4,7 +4,9 @@
  * Modes: f32, tf32 (CUDA only) and bf16 (the model's bf16 compute policy, fsdp_module_set_autocast:
  * bf16 GEMMs with f32 accumulation, f32 master weights and AdamW).
  * Shapes: S (dim 768, 12 layers), M (the Llama-3.2-1B shape) and tiny (for the CTest on sim).
- * A deadline (--budget-s) skips, with the reason, every run that would not finish before it. */
+ * A deadline (--budget-s) skips, with the reason, every run that would not finish before it.
+ * --breakdown adds, after each mode's timed steps, steps that time every part of the step
+ * (llama_breakdown.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 #include "bench_util.h" // defines: bench_now, bench_median
 #include "fsdp/cuda.h"  // defines: fsdp_cuda_set_allow_tf32
 #include "fsdp/fsdp.h"
+#include "llama_breakdown.h" // defines: llama_breakdown_attach, llama_breakdown_mark
 
 #define MAX_STEPS 1000
 
@@ -43,6 +46,7 @@ typedef struct opts {
     bool shape_on[N_SHAPES], mode_on[N_MODES];
     double peak_tflops[N_MODES]; /* 0: unknown, no MFU */
     int steps, warmup;
+    int breakdown_steps; /* 0: no breakdown */
     double budget_s;
 } opts;
 
@@ -52,10 +56,20 @@ static int usage(void) {
         "usage: bench_llama_gpu [--device cuda|sim] [--shapes S,M,tiny] [--modes f32,tf32,bf16]\n"
         "                       [--steps N] [--warmup W] [--budget-s SEC]\n"
         "                       [--peaks F32,TF32,BF16 (TFLOP/s, for MFU)]\n"
+        "                       [--breakdown] [--breakdown-steps N]\n"
         "Default: cuda, shapes S,M, modes f32,tf32,bf16, 2 warm-up and 10 timed steps, a\n"
-        "budget of 600 s, no MFU. Prints one line per run:\n"
+        "budget of 600 s, no MFU, no breakdown. Prints one line per run (L: the last step's\n"
+        "loss, 9 significant digits):\n"
         "  result libfsdp SHAPE MODE step_ms MS tokens_per_s TPS mfu X loss L\n"
-        "  skip libfsdp SHAPE MODE: REASON\n");
+        "  skip libfsdp SHAPE MODE: REASON\n"
+        "--breakdown: then N more steps (--breakdown-steps N, default 5; it implies --breakdown)\n"
+        "that synchronise the device at every hook point of the timed modules, and per part\n"
+        "(embedding, input_norm, attn_proj, attn_core, post_attn_norm, mlp_proj, mlp_rest,\n"
+        "residual, final_norm, lm_head, loss, optimizer, other) the median of its forward and\n"
+        "backward time (loss and optimizer: one call each, its time as fwd_ms):\n"
+        "  breakdown libfsdp SHAPE MODE PART fwd_ms X bwd_ms Y share Z\n"
+        "  breakdown libfsdp SHAPE MODE total step_ms X parts_ms Y timed_step_ms Z steps N\n"
+        "    idle_sync_us S loss L   (one line)\n");
     return 2;
 }
 
@@ -84,6 +98,11 @@ static bool parse(int argc, char **argv, opts *o) {
     for (int s = 0; s < N_SHAPES; s++) shape_names[s] = SHAPES[s].name;
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--breakdown")) {
+            o->breakdown_steps = o->breakdown_steps ? o->breakdown_steps : 5;
+            i--; /* a flag: no value */
+            continue;
+        }
         if (!v) return false;
         if (!strcmp(a, "--device")) {
             if (strcmp(v, "cuda") && strcmp(v, "sim")) return false;
@@ -96,6 +115,12 @@ static bool parse(int argc, char **argv, opts *o) {
             o->steps = atoi(v);
         } else if (!strcmp(a, "--warmup")) {
             o->warmup = atoi(v);
+        } else if (!strcmp(a, "--breakdown-steps")) {
+            o->breakdown_steps = atoi(v);
+            if (o->breakdown_steps < 1 || o->breakdown_steps > 100) {
+                fprintf(stderr, "bench_llama_gpu: --breakdown-steps %s: give 1..100\n", v);
+                return false;
+            }
         } else if (!strcmp(a, "--budget-s")) {
             o->budget_s = atof(v);
         } else if (!strcmp(a, "--peaks")) {
@@ -129,6 +154,7 @@ typedef struct run {
     fsdp_tensor *tokens, *dlogits;
     int32_t *targets; /* host: the next token, the last of each row ignored */
     float loss;
+    llama_breakdown *bd; /* while the breakdown's steps run */
 } run;
 
 static void run_free(run *r) {
@@ -177,19 +203,25 @@ static fsdp_status run_build(run *r, const shape *s) {
     return st;
 }
 
-/* One step, ended by a device synchronize; its seconds to *secs. */
+/* One step, ended by a device synchronize; its seconds to *secs. With r->bd its phases are
+ * marked (without, the marks do nothing). */
 static fsdp_status run_step(run *r, double *secs) {
     fsdp_ctx *ctx = r->ctx;
     double t0 = bench_now();
     const fsdp_tensor *logits;
+    TRY(llama_breakdown_mark(ctx, r->bd, LLAMA_BD_START));
     TRY(fsdp_optimizer_zero_grad(ctx, r->opt));
     TRY(fsdp_module_forward(ctx, r->model, r->tokens, &logits));
+    TRY(llama_breakdown_mark(ctx, r->bd, LLAMA_BD_FORWARD_DONE));
     if (!r->dlogits) TRY(fsdp_tensor_create_like(ctx, logits, &r->dlogits));
     TRY(fsdp_loss_cross_entropy_ignore(ctx, logits, r->targets, FSDP_IGNORE_INDEX, &r->loss,
                                        r->dlogits));
+    TRY(llama_breakdown_mark(ctx, r->bd, LLAMA_BD_LOSS_DONE));
     TRY(fsdp_module_backward(ctx, r->model, r->dlogits, NULL));
+    TRY(llama_breakdown_mark(ctx, r->bd, LLAMA_BD_BACKWARD_DONE));
     TRY(fsdp_optimizer_step(ctx, r->opt));
     TRY(fsdp_device_synchronize(ctx, r->dev));
+    TRY(llama_breakdown_mark(ctx, r->bd, LLAMA_BD_END));
     *secs = bench_now() - t0;
     return FSDP_OK;
 }
@@ -199,6 +231,30 @@ static const char *mode_unavailable(const opts *o, int mode) {
     if (mode == 1 && o->dev.type != FSDP_DEVICE_CUDA)
         return "TF32 is a CUDA tensor-core mode; this device has none";
     return NULL;
+}
+
+/* The breakdown's steps of one mode after its timed steps (a median step of `sec` seconds), or
+ * a skip line when they would pass the deadline: the hooks are removed after, also on failure. */
+static fsdp_status breakdown_mode(run *r, const opts *o, const shape *s, int mode, double deadline,
+                                  double sec) {
+    /* the synchronising hooks make a step slower: twice the timed one is the estimate */
+    double need = 2 * sec * o->breakdown_steps, left = deadline - bench_now();
+    if (need > left) {
+        printf("skip libfsdp %s %s breakdown: %d steps need about %.0f s; %.0f s of the budget "
+               "are left\n",
+               s->name, MODES[mode], o->breakdown_steps, need, left > 0 ? left : 0);
+        return FSDP_OK;
+    }
+    TRY(llama_breakdown_attach(r->ctx, r->model, r->dev, o->breakdown_steps, &r->bd));
+    fsdp_status st = FSDP_OK;
+    double secs;
+    for (int i = 0; st == FSDP_OK && i < o->breakdown_steps; i++) st = run_step(r, &secs);
+    llama_bd_report rep;
+    if (st == FSDP_OK) llama_breakdown_report(r->bd, &rep);
+    fsdp_status st_detach = llama_breakdown_detach(r->ctx, r->bd);
+    r->bd = NULL;
+    if (st == FSDP_OK) llama_breakdown_print(&rep, s->name, MODES[mode], 1e3 * sec, r->loss);
+    return st != FSDP_OK ? st : st_detach;
 }
 
 /* The warm-up, then the timed steps of one mode, or a skip line when they would pass the
@@ -223,9 +279,9 @@ static fsdp_status time_mode(run *r, const opts *o, const shape *s, int mode, do
     char mfu[32] = "n/a";
     if (peak > 0)
         snprintf(mfu, sizeof mfu, "%.4f", tps * flop_per_token(s, params) / (peak * 1e12));
-    printf("result libfsdp %s %s step_ms %.2f tokens_per_s %.1f mfu %s loss %.4f\n", s->name,
+    printf("result libfsdp %s %s step_ms %.2f tokens_per_s %.1f mfu %s loss %.9g\n", s->name,
            MODES[mode], 1e3 * sec, tps, mfu, (double)r->loss);
-    return FSDP_OK;
+    return o->breakdown_steps ? breakdown_mode(r, o, s, mode, deadline, sec) : FSDP_OK;
 }
 
 /* Every selected mode of one shape, on one model (the modes continue its training). */

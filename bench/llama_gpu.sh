@@ -6,7 +6,7 @@
 # bench/README.md, "llama_gpu.sh".
 #
 #   bench/llama_gpu.sh [--dry-run] [--budget-s SEC] [--steps N] [--shapes S,M] [--libfsdp-only]
-#                      [--libfsdp-shapes S] [BUILD_DIR]
+#                      [--libfsdp-shapes S] [--breakdown] [BUILD_DIR]
 #   bench/llama_gpu.sh --device sim --shapes tiny [BUILD_DIR]   (the plumbing, on no GPU)
 #
 # MFU = tokens/s x (6N + 12 L d T) / peak, N the parameters less the input embedding table,
@@ -16,10 +16,11 @@
 # CUDA it times libfsdp alone and says so. --device sim runs libfsdp on the simulated GPU and
 # PyTorch (when importable) on the CPU: a check of the script and drivers, not a measurement.
 # The budget (default 900 s) bounds the whole run: libfsdp gets up to 40% of it, PyTorch the
-# rest; a run that would not fit is skipped with the reason.
+# rest; a run that would not fit is skipped with the reason. --breakdown: bench_llama_gpu also
+# times each part of libfsdp's step (its 'breakdown' lines, printed as they come, not tabled).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=build budget=900 steps=10 shapes=S,M dry=0 device=cuda torch=1 our_shapes=""
+build=build budget=900 steps=10 shapes=S,M dry=0 device=cuda torch=1 our_shapes="" breakdown=()
 while [ $# -gt 0 ]; do
     case $1 in
     --dry-run) dry=1 ;;
@@ -29,7 +30,8 @@ while [ $# -gt 0 ]; do
     --libfsdp-shapes) our_shapes=$2 && shift ;;
     --device) device=$2 && shift ;;
     --libfsdp-only) torch=0 ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
+    --breakdown) breakdown=(--breakdown) ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
     -*) echo "llama_gpu.sh: unknown option $1 (see --help)" >&2 && exit 2 ;;
     *) build=$1 ;;
     esac
@@ -64,6 +66,7 @@ peaks=$(peaks_of "$gpu")
 echo "llama_gpu: plan: shapes $shapes (S: dim 768, 12 layers, 12/4 heads, ffn 2048, vocab 32000,"
 echo "  T 1024, B 16; M: dim 2048, 16 layers, 32/8 heads, ffn 8192, vocab 128256, T 2048, B 4),"
 if [ "$our_shapes" != "$shapes" ]; then echo "  libfsdp on shapes $our_shapes only (--libfsdp-shapes)"; fi
+if [ ${#breakdown[@]} -gt 0 ]; then echo "  libfsdp's step broken down by part (--breakdown)"; fi
 echo "  modes f32, tf32, bf16; libfsdp (bench_llama_gpu), PyTorch eager with SDPA and"
 echo "  torch.compile (llama_gpu.py); AdamW; median of $steps steps after warm-up; budget $budget s"
 echo "  MFU = tokens/s x (6N + 12 L d T) / peak, N = parameters less the input embedding"
@@ -87,7 +90,7 @@ left() { echo $((budget - ($(date +%s) - start))); }
 ours_budget=$((budget * 2 / 5))
 if [ -x "$build/bench/bench_llama_gpu" ]; then
     timeout -k 5 $((ours_budget + 30)) "$build/bench/bench_llama_gpu" --device "$device" --shapes "$our_shapes" \
-        --steps "$steps" --budget-s "$ours_budget" --peaks "$peaks" | tee "$out/ours" ||
+        --steps "$steps" --budget-s "$ours_budget" --peaks "$peaks" "${breakdown[@]}" | tee "$out/ours" ||
         echo "llama_gpu: bench_llama_gpu exit status $? (figures above, if any, stand)"
 else
     echo "llama_gpu: no $build/bench/bench_llama_gpu: build the benchmarks (FSDP_BUILD_BENCH=ON)" |
