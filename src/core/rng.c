@@ -64,9 +64,9 @@ static float uniform_from(uint32_t word) {
 }
 
 /* A standard normal from the first two words of a block (Box-Muller in double). */
-static float normal_from(const uint32_t r[4]) {
-    double u1 = ((double)r[0] + 1.0) * 0x1.0p-32; /* (0, 1]: log is finite */
-    double u2 = (double)r[1] * 0x1.0p-32;
+static float normal_from(uint32_t r0, uint32_t r1) {
+    double u1 = ((double)r0 + 1.0) * 0x1.0p-32; /* (0, 1]: log is finite */
+    double u2 = (double)r1 * 0x1.0p-32;
     return (float)(sqrt(-2.0 * log(u1)) * cos(TWO_PI * u2));
 }
 
@@ -79,16 +79,16 @@ float fsdp_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
 float fsdp_rng_normal(uint64_t seed, uint64_t stream, uint64_t index) {
     uint32_t r[4];
     draw(seed, stream, index, NORMAL_KEY_TWEAK, r);
-    return normal_from(r);
+    return normal_from(r[0], r[1]);
 }
 
 #define RUN   256 /* values drawn before they are stored */
-#define LANES 8   /* Philox blocks computed side by side (the compiler's vector lanes) */
+#define LANES 8   /* normal draws' Philox blocks computed together (two SSE2 registers) */
 
 /* fsdp_philox4x32 on LANES counters at once under one key: c[w][l] is word w of counter l
  * in, of block l out. The same integer operations as fsdp_philox4x32, so the same words; on
- * x86-64, four counters to an SSE2 register (compilers do not vectorise the 32 x 32 -> 64-bit
- * products themselves), which halves the cost of a normal draw's block. */
+ * x86-64, four counters to an SSE2 register (GCC 12 does not vectorise the 32 x 32 -> 64-bit
+ * products of the plain loop below by itself). */
 #if defined(__SSE2__)
 static __m128i mul_lo(__m128i even, __m128i odd) { /* low words of the 4 products */
     return _mm_or_si128(_mm_and_si128(even, _mm_set1_epi64x(0xffffffff)), _mm_slli_epi64(odd, 32));
@@ -167,7 +167,7 @@ static void init_values(const fsdp_init *init, uint64_t seed, uint64_t stream, u
     }
     case FSDP_INIT_NORMAL:
         for (int64_t k = 0; k < n; k += LANES) {
-            uint32_t c[4][LANES], w[4];
+            uint32_t c[4][LANES];
             for (int l = 0; l < LANES; l++) { /* draw's counter for element g + k + l */
                 uint64_t i = g + (uint64_t)(k + l);
                 c[0][l] = (uint32_t)i;
@@ -176,11 +176,8 @@ static void init_values(const fsdp_init *init, uint64_t seed, uint64_t stream, u
                 c[3][l] = (uint32_t)(stream >> 32);
             }
             philox_lanes(c, (uint32_t)seed, (uint32_t)(seed >> 32) ^ NORMAL_KEY_TWEAK);
-            for (int l = 0; l < LANES && k + l < n; l++) {
-                w[0] = c[0][l];
-                w[1] = c[1][l];
-                v[k + l] = init->a + init->b * normal_from(w);
-            }
+            for (int l = 0; l < LANES && k + l < n; l++)
+                v[k + l] = init->a + init->b * normal_from(c[0][l], c[1][l]);
         }
         return;
     }
