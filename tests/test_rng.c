@@ -182,27 +182,39 @@ static void test_threaded_fill_bitwise(void) {
         {1, {100003}, {100003}, {0}},
         {2, {211, 499}, {200, 487}, {11, 5}},
         {3, {3, 61, 257}, {2, 50, 255}, {1, 5, 1}},
+        {2, {4, 5}, {0, 5}, {2, 0}}, /* empty blocks: nothing filled, no thread */
+        {2, {4, 5}, {3, 0}, {1, 5}},
     };
     static const int split[][2] = {{2, -1}, {3, -1}, {7, -1}, {16, -1}, {4, 0}, {4, 1}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int d = 0; d < 3; d++)
             for (int k = 0; k < 3; k++) {
                 fsdp_tensor *serial, *split_t;
+                int64_t numel = 1;
+                for (int i = 0; i < cases[c].ndim; i++) numel *= cases[c].shape[i];
+                int started = -1;
                 FSDP_TEST_OK(fsdp_tensor_create(ctx, float_dtypes[d], FSDP_CPU, cases[c].ndim,
                                                 cases[c].shape, &serial));
                 FSDP_TEST_OK(fsdp_tensor_create(ctx, float_dtypes[d], FSDP_CPU, cases[c].ndim,
                                                 cases[c].shape, &split_t));
                 FSDP_TEST_OK(fsdp_init_block_threads(ctx, serial, &random_inits[k], 42, 99,
                                                      cases[c].ndim, cases[c].global, cases[c].at, 1,
-                                                     -1));
+                                                     -1, &started));
+                CU_ASSERT_EQUAL(started, 0);
                 CU_ASSERT_EQUAL(differs_from_scalar(serial, &random_inits[k], 42, 99,
                                                     cases[c].global, cases[c].at),
                                 0);
                 for (size_t s = 0; s < sizeof split / sizeof split[0]; s++) {
                     FSDP_TEST_OK(fsdp_tensor_fill(ctx, split_t, NAN));
-                    FSDP_TEST_OK(fsdp_init_block_threads(ctx, split_t, &random_inits[k], 42, 99,
-                                                         cases[c].ndim, cases[c].global,
-                                                         cases[c].at, split[s][0], split[s][1]));
+                    FSDP_TEST_OK(fsdp_init_block_threads(
+                        ctx, split_t, &random_inits[k], 42, 99, cases[c].ndim, cases[c].global,
+                        cases[c].at, split[s][0], split[s][1], &started));
+                    /* ranges past the element count are dropped; all ranges but the first
+                     * start a thread (this machine can start them), or as many as asked */
+                    int64_t ranges = numel == 0 ? 1 : split[s][0] < numel ? split[s][0] : numel;
+                    int64_t want =
+                        split[s][1] < 0 || split[s][1] > ranges - 1 ? ranges - 1 : split[s][1];
+                    CU_ASSERT_EQUAL(started, want);
                     int64_t bad = bits_differ(serial, split_t);
                     if (bad)
                         fprintf(stderr, "\n  case %zu dtype %d init %d, %d ranges: %lld differ\n",
@@ -215,7 +227,7 @@ static void test_threaded_fill_bitwise(void) {
     fsdp_tensor *t;
     FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){3}, &t));
     FSDP_TEST_FAILS(fsdp_init_block_threads(ctx, t, &random_inits[0], 0, 0, 1, (int64_t[]){3},
-                                            (int64_t[]){0}, 0, -1),
+                                            (int64_t[]){0}, 0, -1, NULL),
                     FSDP_ERR_INVALID_ARGUMENT, "0 threads", "pass 1 to 64");
     fsdp_tensor_free(t);
 }

@@ -248,15 +248,18 @@ static void *fill_main(void *arg) {
 }
 
 /* Splits the block into `parts` ranges of (nearly) equal size; the first and any past the
- * first `spawn` (or whose thread cannot be created) are filled on the calling thread. */
-static void fill_parallel(const fill_plan *p, int parts, int spawn) {
+ * first `spawn` (or whose thread cannot be created) are filled on the calling thread. Returns
+ * the threads started. */
+static int fill_parallel(const fill_plan *p, int parts, int spawn) {
+    int started = 0;
     fill_part part[FSDP_INIT_THREADS_MAX];
     int64_t numel = p->t->numel, each = numel / parts, extra = numel % parts, lo = 0;
     for (int k = 0; k < parts; k++) {
         part[k] = (fill_part){.plan = p, .lo = lo, .hi = lo + each + (k < extra)};
         lo = part[k].hi;
         if (k > 0 && k <= spawn)
-            part[k].started = pthread_create(&part[k].thread, NULL, fill_main, &part[k]) == 0;
+            started += part[k].started =
+                pthread_create(&part[k].thread, NULL, fill_main, &part[k]) == 0;
     }
     fill_range(p, 0, each + (extra > 0)); /* part 0 */
     for (int k = 1; k < parts; k++) {
@@ -265,6 +268,7 @@ static void fill_parallel(const fill_plan *p, int parts, int spawn) {
         else
             fill_range(p, part[k].lo, part[k].hi);
     }
+    return started;
 }
 
 fsdp_status fsdp_init_threads(fsdp_ctx *ctx, int64_t numel, int *threads) {
@@ -298,7 +302,7 @@ fsdp_status fsdp_init_threads(fsdp_ctx *ctx, int64_t numel, int *threads) {
 /* fsdp_init_block past its NULL checks; threads 0 chooses by fsdp_init_threads. */
 static fsdp_status init_block(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init, uint64_t seed,
                               uint64_t stream, int global_ndim, const int64_t *global_shape,
-                              const int64_t *block_start, int threads, int spawn) {
+                              const int64_t *block_start, int threads, int spawn, int *started) {
     if (init->kind < FSDP_INIT_ZEROS || init->kind > FSDP_INIT_NORMAL)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "fsdp_init_block: unknown init kind %d",
                          (int)init->kind);
@@ -328,9 +332,11 @@ static fsdp_status init_block(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *in
         stride *= global_shape[d];
     }
     if (threads == 0) FSDP_TRY(fsdp_init_threads(ctx, t->numel, &threads));
+    if (started) *started = 0;
     if (t->numel == 0) return FSDP_OK;
     if (threads > t->numel) threads = (int)t->numel;
-    fill_parallel(&plan, threads, spawn < 0 || spawn >= threads ? threads - 1 : spawn);
+    int n = fill_parallel(&plan, threads, spawn < 0 || spawn >= threads ? threads - 1 : spawn);
+    if (started) *started = n;
     return FSDP_OK;
 }
 
@@ -342,13 +348,14 @@ fsdp_status fsdp_init_block(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init
     FSDP_ARG_NOT_NULL(ctx, init);
     if (global_ndim > 0) FSDP_ARG_NOT_NULL(ctx, global_shape);
     if (global_ndim > 0) FSDP_ARG_NOT_NULL(ctx, block_start);
-    return init_block(ctx, t, init, seed, stream, global_ndim, global_shape, block_start, 0, -1);
+    return init_block(ctx, t, init, seed, stream, global_ndim, global_shape, block_start, 0, -1,
+                      NULL);
 }
 
 fsdp_status fsdp_init_block_threads(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init,
                                     uint64_t seed, uint64_t stream, int global_ndim,
                                     const int64_t *global_shape, const int64_t *block_start,
-                                    int threads, int spawn) {
+                                    int threads, int spawn, int *started) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, t);
     FSDP_ARG_NOT_NULL(ctx, init);
@@ -359,7 +366,7 @@ fsdp_status fsdp_init_block_threads(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_in
                          "fsdp_init_block_threads: %d threads; pass 1 to %d", threads,
                          FSDP_INIT_THREADS_MAX);
     return init_block(ctx, t, init, seed, stream, global_ndim, global_shape, block_start, threads,
-                      spawn);
+                      spawn, started);
 }
 
 fsdp_status fsdp_init_tensor(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init, uint64_t seed,

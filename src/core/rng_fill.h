@@ -25,10 +25,11 @@ fsdp_status fsdp_init_threads(fsdp_ctx *ctx, int64_t numel, int *threads);
 
 /* fsdp_init_block split into `threads` (1 to FSDP_INIT_THREADS_MAX) ranges whatever the
  * size, of which at most `spawn` run on new threads (negative: all but the first); the others
- * are filled on the calling thread, as when a thread cannot be created. */
+ * are filled on the calling thread, as when a thread cannot be created. *started (when not
+ * NULL) receives the threads started. */
 fsdp_status fsdp_init_block_threads(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init,
                                     uint64_t seed, uint64_t stream, int global_ndim,
                                     const int64_t *global_shape, const int64_t *block_start,
-                                    int threads, int spawn);
+                                    int threads, int spawn, int *started);
 
 #endif
