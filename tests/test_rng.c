@@ -1,8 +1,14 @@
 /* test_rng.c: Philox4x32-10 against the Random123 known-answer vectors, uniform and normal
  * statistics, and the determinism contract: a tensor initialised in blocks (as shards on
- * many ranks) equals the same tensor initialised whole. */
+ * many ranks) equals the same tensor initialised whole, and a fill split over threads equals
+ * the serial fill and the scalar draws bit for bit. */
+#define _POSIX_C_SOURCE 200809L /* setenv, strdup */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h> // defines: sysconf
 
+#include "core/rng_fill.h" // defines: fsdp_init_block_threads, fsdp_init_threads
 #include "harness.h"
 
 static void test_philox_known_answers(void) {
@@ -112,12 +118,220 @@ static void test_init_kinds_and_errors(void) {
     fsdp_tensor_free(t);
 }
 
+static const fsdp_dtype float_dtypes[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+static const fsdp_init random_inits[] = {{FSDP_INIT_UNIFORM, -0.3f, 0.3f},
+                                         {FSDP_INIT_NORMAL, 0.1f, 0.02f},
+                                         {FSDP_INIT_CONSTANT, 0.7f, 0.0f}};
+
+/* Elements of a and b (same dtype and size) whose bits differ. */
+static int64_t bits_differ(const fsdp_tensor *a, const fsdp_tensor *b) {
+    size_t size = fsdp_dtype_size(fsdp_tensor_dtype(a));
+    const unsigned char *x = fsdp_tensor_data(a), *y = fsdp_tensor_data(b);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < fsdp_tensor_numel(a); i++)
+        bad += memcmp(x + (size_t)i * size, y + (size_t)i * size, size) != 0;
+    return bad;
+}
+
+/* Elements of the block t (ndim 1 to 3) that differ from the scalar definition: the element
+ * at global index g holds a + (b - a) * fsdp_rng_uniform(g) or a + b * fsdp_rng_normal(g),
+ * rounded to t's dtype. An independent check of the fill's batched draws. */
+static int64_t differs_from_scalar(const fsdp_tensor *t, const fsdp_init *init, uint64_t seed,
+                                   uint64_t stream, const int64_t *global, const int64_t *at) {
+    int nd = fsdp_tensor_ndim(t);
+    int64_t shape[3] = {1, 1, 1}, gs[3] = {1, 1, 1}, st[3] = {0, 0, 0};
+    for (int d = 0; d < nd; d++) {
+        shape[3 - nd + d] = fsdp_tensor_shape(t)[d];
+        gs[3 - nd + d] = global[d];
+        st[3 - nd + d] = at[d];
+    }
+    fsdp_dtype dt = fsdp_tensor_dtype(t);
+    const void *data = fsdp_tensor_data(t);
+    int64_t bad = 0, i = 0;
+    for (int64_t a = 0; a < shape[0]; a++)
+        for (int64_t b = 0; b < shape[1]; b++)
+            for (int64_t c = 0; c < shape[2]; c++, i++) {
+                uint64_t g = (uint64_t)(((st[0] + a) * gs[1] + st[1] + b) * gs[2] + st[2] + c);
+                float want = init->kind == FSDP_INIT_UNIFORM
+                                 ? init->a + (init->b - init->a) * fsdp_rng_uniform(seed, stream, g)
+                             : init->kind == FSDP_INIT_NORMAL
+                                 ? init->a + init->b * fsdp_rng_normal(seed, stream, g)
+                                 : init->a;
+                if (dt == FSDP_DTYPE_F32)
+                    bad += memcmp(&want, (const float *)data + i, sizeof want) != 0;
+                else if (dt == FSDP_DTYPE_F16)
+                    bad += ((const fsdp_f16 *)data)[i] != fsdp_f16_from_f32(want);
+                else
+                    bad += ((const fsdp_bf16 *)data)[i] != fsdp_bf16_from_f32(want);
+            }
+    return bad;
+}
+
+/* Whole tensors and blocks at nonzero offsets of larger global shapes, odd sizes and sizes
+ * below the thread count: split into 2, 3, 7 and 16 ranges (and 4 ranges with none or one on a
+ * new thread, as when threads cannot be created), every result bitwise the 1-range fill, and
+ * that one bitwise the scalar draws. */
+static void test_threaded_fill_bitwise(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    static const struct {
+        int ndim;
+        int64_t global[3], shape[3], at[3];
+    } cases[] = {
+        {1, {1}, {1}, {0}},
+        {1, {7}, {7}, {0}},
+        {1, {100003}, {100003}, {0}},
+        {2, {211, 499}, {200, 487}, {11, 5}},
+        {3, {3, 61, 257}, {2, 50, 255}, {1, 5, 1}},
+        {2, {4, 5}, {0, 5}, {2, 0}}, /* empty blocks: nothing filled, no thread */
+        {2, {4, 5}, {3, 0}, {1, 5}},
+    };
+    static const int split[][2] = {{2, -1}, {3, -1}, {7, -1}, {16, -1}, {4, 0}, {4, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int d = 0; d < 3; d++)
+            for (int k = 0; k < 3; k++) {
+                fsdp_tensor *serial, *split_t;
+                int64_t numel = 1;
+                for (int i = 0; i < cases[c].ndim; i++) numel *= cases[c].shape[i];
+                int started = -1;
+                FSDP_TEST_OK(fsdp_tensor_create(ctx, float_dtypes[d], FSDP_CPU, cases[c].ndim,
+                                                cases[c].shape, &serial));
+                FSDP_TEST_OK(fsdp_tensor_create(ctx, float_dtypes[d], FSDP_CPU, cases[c].ndim,
+                                                cases[c].shape, &split_t));
+                FSDP_TEST_OK(fsdp_init_block_threads(ctx, serial, &random_inits[k], 42, 99,
+                                                     cases[c].ndim, cases[c].global, cases[c].at, 1,
+                                                     -1, &started));
+                CU_ASSERT_EQUAL(started, 0);
+                CU_ASSERT_EQUAL(differs_from_scalar(serial, &random_inits[k], 42, 99,
+                                                    cases[c].global, cases[c].at),
+                                0);
+                for (size_t s = 0; s < sizeof split / sizeof split[0]; s++) {
+                    FSDP_TEST_OK(fsdp_tensor_fill(ctx, split_t, NAN));
+                    FSDP_TEST_OK(fsdp_init_block_threads(
+                        ctx, split_t, &random_inits[k], 42, 99, cases[c].ndim, cases[c].global,
+                        cases[c].at, split[s][0], split[s][1], &started));
+                    /* ranges past the element count are dropped; all ranges but the first
+                     * start a thread (this machine can start them), or as many as asked */
+                    int64_t ranges = numel == 0 ? 1 : split[s][0] < numel ? split[s][0] : numel;
+                    int64_t want =
+                        split[s][1] < 0 || split[s][1] > ranges - 1 ? ranges - 1 : split[s][1];
+                    CU_ASSERT_EQUAL(started, want);
+                    int64_t bad = bits_differ(serial, split_t);
+                    if (bad)
+                        fprintf(stderr, "\n  case %zu dtype %d init %d, %d ranges: %lld differ\n",
+                                c, d, k, split[s][0], (long long)bad);
+                    CU_ASSERT_EQUAL(bad, 0);
+                }
+                fsdp_tensor_free(serial);
+                fsdp_tensor_free(split_t);
+            }
+    fsdp_tensor *t;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){3}, &t));
+    FSDP_TEST_FAILS(fsdp_init_block_threads(ctx, t, &random_inits[0], 0, 0, 1, (int64_t[]){3},
+                                            (int64_t[]){0}, 0, -1, NULL),
+                    FSDP_ERR_INVALID_ARGUMENT, "0 threads", "pass 1 to 64");
+    fsdp_tensor_free(t);
+}
+
+/* Sets FSDP_INIT_THREADS (NULL: unsets it). */
+static void set_init_threads(const char *value) {
+    if (value)
+        setenv("FSDP_INIT_THREADS", value, 1);
+    else
+        unsetenv("FSDP_INIT_THREADS");
+}
+
+/* The thread count: 1 below the threshold whatever the variable says; the variable above it;
+ * the online CPUs up to 16 when it is unset; malformed values refused, naming the variable
+ * and the range, also by fsdp_init_block. */
+static void test_init_threads_policy(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    const char *saved = getenv("FSDP_INIT_THREADS");
+    char *keep = saved ? strdup(saved) : NULL;
+    int n = 0;
+    set_init_threads(NULL);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = cpus < 1 ? 1 : cpus > 16 ? 16 : (int)cpus;
+    FSDP_TEST_OK(fsdp_init_threads(ctx, FSDP_INIT_SERIAL_BELOW - 1, &n));
+    CU_ASSERT_EQUAL(n, 1);
+    FSDP_TEST_OK(fsdp_init_threads(ctx, FSDP_INIT_SERIAL_BELOW, &n));
+    CU_ASSERT_EQUAL(n, want);
+    set_init_threads("5");
+    FSDP_TEST_OK(fsdp_init_threads(ctx, FSDP_INIT_SERIAL_BELOW - 1, &n));
+    CU_ASSERT_EQUAL(n, 1);
+    FSDP_TEST_OK(fsdp_init_threads(ctx, FSDP_INIT_SERIAL_BELOW, &n));
+    CU_ASSERT_EQUAL(n, 5);
+    set_init_threads("1");
+    FSDP_TEST_OK(fsdp_init_threads(ctx, INT64_C(1) << 40, &n));
+    CU_ASSERT_EQUAL(n, 1);
+    set_init_threads("64");
+    FSDP_TEST_OK(fsdp_init_threads(ctx, FSDP_INIT_SERIAL_BELOW, &n));
+    CU_ASSERT_EQUAL(n, 64);
+    static const char *const bad[] = {"0", "65", "-2", "abc", "3x", "", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        set_init_threads(bad[i]);
+        FSDP_TEST_FAILS(fsdp_init_threads(ctx, 10, &n), FSDP_ERR_INVALID_ARGUMENT,
+                        "FSDP_INIT_THREADS is '", "from 1 (fill on the calling thread) to 64",
+                        "unset it");
+    }
+    fsdp_tensor *t;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){3}, &t));
+    set_init_threads("many");
+    FSDP_TEST_FAILS(fsdp_init_tensor(ctx, t, &random_inits[0], 0, 0), FSDP_ERR_INVALID_ARGUMENT,
+                    "FSDP_INIT_THREADS is 'many'");
+    fsdp_tensor_free(t);
+    set_init_threads(keep);
+    free(keep);
+}
+
+/* Through fsdp_init_block as a model calls it: sizes just under and over the threshold (odd)
+ * and a block over it at a nonzero offset, filled with FSDP_INIT_THREADS=1 and =3 (and unset,
+ * for f32), bitwise equal; the large block also against the scalar draws. */
+static void test_threshold_fill_bitwise(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    const char *saved = getenv("FSDP_INIT_THREADS");
+    char *keep = saved ? strdup(saved) : NULL;
+    const int64_t below = FSDP_INIT_SERIAL_BELOW;
+    static const struct {
+        int ndim;
+        int64_t global[2], shape[2], at[2];
+    } cases[] = {
+        {1, {below - 1}, {below - 1}, {0}},
+        {1, {below + 1}, {below + 1}, {0}},
+        {2, {1100, 1001}, {1050, 999}, {37, 1}}, /* 1,048,950 elements, over the threshold */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int d = 0; d < 3; d++)
+            for (int k = 0; k < 2; k++) {
+                fsdp_tensor *t[3];
+                static const char *const env[] = {"1", "3", NULL};
+                int runs = d == 0 ? 3 : 2;
+                for (int e = 0; e < runs; e++) {
+                    FSDP_TEST_OK(fsdp_tensor_create(ctx, float_dtypes[d], FSDP_CPU, cases[c].ndim,
+                                                    cases[c].shape, &t[e]));
+                    set_init_threads(env[e]);
+                    FSDP_TEST_OK(fsdp_init_block(ctx, t[e], &random_inits[k], 7, 1234,
+                                                 cases[c].ndim, cases[c].global, cases[c].at));
+                }
+                for (int e = 1; e < runs; e++) CU_ASSERT_EQUAL(bits_differ(t[0], t[e]), 0);
+                if (c == 2)
+                    CU_ASSERT_EQUAL(differs_from_scalar(t[1], &random_inits[k], 7, 1234,
+                                                        cases[c].global, cases[c].at),
+                                    0);
+                for (int e = 0; e < runs; e++) fsdp_tensor_free(t[e]);
+            }
+    set_init_threads(keep);
+    free(keep);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"philox_known_answers", test_philox_known_answers},
         {"uniform_and_normal_statistics", test_uniform_and_normal_statistics},
         {"blocks_equal_whole", test_blocks_equal_whole},
         {"init_kinds_and_errors", test_init_kinds_and_errors},
+        {"threaded_fill_bitwise", test_threaded_fill_bitwise},
+        {"init_threads_policy", test_init_threads_policy},
+        {"threshold_fill_bitwise", test_threshold_fill_bitwise},
     };
     return fsdp_test_run(argc, argv, "rng", cases, sizeof cases / sizeof cases[0]);
 }

@@ -41,7 +41,9 @@ typedef struct fsdp_init {
  * (seed, stream). t's shape is the block's shape and has global_ndim dims. Pass
  * global_shape = t's shape and block_start = zeros (or use fsdp_init_tensor) for a whole
  * tensor. bf16 and f16 tensors receive the rounded f32 draw; other dtypes (i32) are refused
- * with FSDP_ERR_DTYPE. */
+ * with FSDP_ERR_DTYPE. A fill of 2^20 elements or more is split over threads (the online CPUs
+ * up to 16, or the environment variable FSDP_INIT_THREADS, 1 to 64) with the same bits; a
+ * malformed FSDP_INIT_THREADS is refused with FSDP_ERR_INVALID_ARGUMENT. */
 fsdp_status fsdp_init_block(fsdp_ctx *ctx, fsdp_tensor *t, const fsdp_init *init, uint64_t seed,
                             uint64_t stream, int global_ndim, const int64_t *global_shape,
                             const int64_t *block_start);
