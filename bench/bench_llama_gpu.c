@@ -314,7 +314,10 @@ static fsdp_status time_shape(fsdp_ctx *ctx, const opts *o, const shape *s, doub
                "%.1f s, FLOP/token 6N + 12 L d T = %.4g\n",
                s->name, (double)params / 1e6, s->batch, s->seq, fsdp_device_to_string(o->dev),
                o->dev.index, bench_now() - t0, flop_per_token(s, params));
-    for (int m = 0; st == FSDP_OK && m < N_MODES; m++)
+    /* bf16 first (the goals' mode), then TF32 and f32: a budget that runs out loses the least */
+    static const int order[N_MODES] = {2, 1, 0};
+    for (int i = 0; st == FSDP_OK && i < N_MODES; i++) {
+        int m = order[i];
         if (o->mode_on[m] && !mode_unavailable(o, m)) {
             if (bench_now() >= deadline)
                 printf("skip libfsdp %s %s: the budget of %.0f s is spent\n", s->name, MODES[m],
@@ -322,6 +325,7 @@ static fsdp_status time_shape(fsdp_ctx *ctx, const opts *o, const shape *s, doub
             else
                 st = time_mode(&r, o, s, m, deadline, params);
         }
+    }
     if (st == FSDP_ERR_OUT_OF_MEMORY) {
         printf("skip libfsdp %s: out of device memory: %s\n", s->name, fsdp_last_error(ctx));
         st = FSDP_OK;

@@ -340,9 +340,9 @@ phase_bench_fsdp() {
 }
 
 # bench/llama_gpu.sh within this phase's limit (GPU_SESSION_LIMIT), less time to print the table.
-# libfsdp runs shape S only here: building M initialises 1.5 G parameters on the CPU (about
-# 150 s; S took 12.6 s on the H200 machine). --breakdown: libfsdp's step per part (its
-# 'breakdown' lines are in the log, not the note).
+# libfsdp runs shapes S and M (bf16 first; building M initialises 1.5 G parameters on the CPU,
+# over up to 16 threads; what does not fit the budget is skipped with the reason). --breakdown:
+# libfsdp's step per part (its 'breakdown' lines are in the log, not the note).
 phase_bench_llama() {
     local log rc=0
     log=$(own_log)
@@ -352,7 +352,7 @@ phase_bench_llama() {
     local attention=${GPU_SESSION_ATTENTION:-auto} gemm=${GPU_SESSION_GEMM:-lt}
     echo "+ FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm"
     FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm run bash "$repo/bench/llama_gpu.sh" \
-        --budget-s $((${GPU_SESSION_LIMIT:-200} - 10)) --libfsdp-shapes S --breakdown "$build" || rc=$?
+        --budget-s $((${GPU_SESSION_LIMIT:-200} - 10)) --libfsdp-shapes S,M --breakdown "$build" || rc=$?
     if [ "$rc" -ne 0 ]; then
         result fail "bench/llama_gpu.sh exit status $rc (attention $attention, gemm $gemm)"
         return 0
