@@ -158,6 +158,15 @@ fsdp_status train_estimate_mlp_stacked(const train_config *cfg, const train_layo
 /* ---- the Llama ---------------------------------------------------------------------------------
  */
 
+/* The bytes a Linear (rows, in -> out, its local weight) keeps under the bf16 compute policy
+ * beyond its output (src/nn/linear.c, bf16_forward; each made with fsdp_nn_buffer_dtype, so
+ * fsdp_module_activation_bytes counts it): x16, its input rounded to bf16 (rows, in), unless
+ * the input is a bf16 tensor, which it keeps as that copy; w16, the weight rounded (out, in);
+ * y16, the scratch for the output's and the output gradient's roundings (rows, max(out, in)). */
+static int64_t bf16_linear(int64_t rows, int64_t in, int64_t out, bool bf16_input) {
+    return 2 * ((bf16_input ? 0 : rows * in) + out * in + rows * (out > in ? out : in));
+}
+
 /* torchtitan's plan (src/tp/llama_plan.c) on the decoder of fsdp_model_llama: per layer the norms
  * run on the sequence shard (SequenceParallel), attention and the MLP on the whole sequence with
  * their heads and hidden width split; the embedding and lm_head split the vocabulary; the loss
@@ -202,16 +211,31 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
     int64_t norm = B * Ts * C + B * Ts;
     int64_t attn = 2 * B * T * NH * hd + 3 * B * T * NKV * hd + B * T * NH * hd + B * NH * T +
                    2 * T * T + B * T * C;
-    int64_t layer = 2 * norm + attn + 2 * B * Ts * C + 3 * B * T * F + B * T * C;
-    int64_t root = B * T * C + norm + B * T * V; /* embedding, final norm, logits */
-    m->act_bytes = 4 * (root + c.n_layers * layer);
-    m->act_ckpt_bytes = 4 * root;
+    int64_t layer = 4 * (2 * norm + attn + 2 * B * Ts * C + 3 * B * T * F + B * T * C);
+    int64_t root = 4 * (B * T * C + norm + B * T * V); /* embedding, final norm, logits */
+    if (cfg->model.autocast) {
+        /* the bf16 policy (docs/models.md, "bf16 activation storage"), in bytes; every Linear
+         * sees B T rows (on tp its input is whole: the hooks gather the sequence) and its local
+         * shard of the weight: q, k, v, gate, up (in C) and lm_head colwise, o and down
+         * (out C) rowwise. q_proj's and k_proj's outputs, gate_proj's and up_proj's and the
+         * SwiGLU's are bf16 tensors (2 bytes an element, not 4), and down_proj reads the
+         * SwiGLU's as its own bf16 copy (no x16) */
+        int64_t R = B * T;
+        layer += bf16_linear(R, C, NH * hd, false) + 2 * bf16_linear(R, C, NKV * hd, false) +
+                 bf16_linear(R, NH * hd, C, false) - 2 * R * (NH + NKV) * hd;
+        layer += 2 * bf16_linear(R, C, F, false) + bf16_linear(R, F, C, true) - 3 * 2 * R * F;
+        root += bf16_linear(R, C, V, false); /* lm_head (tied or not: a Linear either way) */
+    }
+    m->act_bytes = root + c.n_layers * layer;
+    m->act_ckpt_bytes = root;
     char name[48];
     int64_t n_ckpt = 0;
     for (int64_t i = 0; i < c.n_layers; i++) {
         snprintf(name, sizeof name, "model.layers.%lld", (long long)i);
         bool ck = train_est_checkpointed(cfg, name, true);
-        m->act_ckpt_bytes += 4 * (ck ? B * Ts * C : layer); /* a copy of its output */
+        /* a checkpointed layer keeps a copy of its output (the f32 residual sum) only: its
+         * Linears' bf16 copies and scratch are released with the rest of its subtree */
+        m->act_ckpt_bytes += ck ? 4 * B * Ts * C : layer;
         n_ckpt += train_est_checkpointed(cfg, name, false);
     }
     m->activation_note = g_act_note;
