@@ -214,17 +214,20 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
     int64_t layer = 4 * (2 * norm + attn + 2 * B * Ts * C + 3 * B * T * F + B * T * C);
     int64_t root = 4 * (B * T * C + norm + B * T * V); /* embedding, final norm, logits */
     if (cfg->model.autocast) {
-        /* the bf16 policy (docs/models.md, "bf16 activation storage"), in bytes; every Linear
+        /* the bf16 policy (docs/models.md, "bf16 activation storage"), in bytes: every Linear
          * sees B T rows (on tp its input is whole: the hooks gather the sequence) and its local
-         * shard of the weight: q, k, v, gate, up (in C) and lm_head colwise, o and down
-         * (out C) rowwise. q_proj's and k_proj's outputs, gate_proj's and up_proj's and the
-         * SwiGLU's are bf16 tensors (2 bytes an element, not 4), and down_proj reads the
-         * SwiGLU's as its own bf16 copy (no x16) */
-        int64_t R = B * T;
-        layer += bf16_linear(R, C, NH * hd, false) + 2 * bf16_linear(R, C, NKV * hd, false) +
-                 bf16_linear(R, NH * hd, C, false) - 2 * R * (NH + NKV) * hd;
-        layer += 2 * bf16_linear(R, C, F, false) + bf16_linear(R, F, C, true) - 3 * 2 * R * F;
-        root += bf16_linear(R, C, V, false); /* lm_head (tied or not: a Linear either way) */
+         * shard of the weight (q, k, v, gate, up and lm_head colwise: out split; o and down
+         * rowwise: in split) */
+        int64_t R = B * T, q = NH * hd, kv = NKV * hd;
+        layer += bf16_linear(R, C, q, false)        /* q_proj */
+                 + 2 * bf16_linear(R, C, kv, false) /* k_proj, v_proj */
+                 + bf16_linear(R, q, C, false)      /* o_proj, on the attention's f32 output */
+                 - 2 * R * (q + kv)                 /* q_proj's, k_proj's outputs: bf16 tensors */
+                 + 2 * bf16_linear(R, C, F, false)  /* gate_proj, up_proj */
+                 + bf16_linear(R, F, C, true)       /* down_proj: reads the SwiGLU's bf16 output */
+                 - 2 * 2 * R * F                    /* gate_proj's, up_proj's outputs: bf16 */
+                 - 2 * R * F;                       /* the SwiGLU's output: bf16 (hidden16) */
+        root += bf16_linear(R, C, V, false);        /* lm_head (tied or not: a Linear either way) */
     }
     m->act_bytes = root + c.n_layers * layer;
     m->act_ckpt_bytes = root;
