@@ -448,6 +448,13 @@ static void test_llama_layouts(void) {
              "parallel.bucket_mb=0.015625")},
         {"llama (1, 2) tp, uneven vocabulary",
          SET("parallel.ranks=2", "parallel.tp=2", "model.vocab_size=257")},
+        /* the bf16 compute policy: each Linear's bf16 copies and scratch, the bf16 activations */
+        {"llama (2, 1) full_shard, bf16 policy", SET("parallel.ranks=2", "model.autocast=bf16")},
+        {"llama (2, 2) fsdp + tp, bf16 policy",
+         SET("parallel.ranks=4", "parallel.tp=2", "model.autocast=bf16")},
+        {"llama (1, 2) tp, bf16 policy, tied embeddings, uneven vocabulary",
+         SET("parallel.ranks=2", "parallel.tp=2", "model.vocab_size=257", "model.autocast=bf16",
+             "model.tie_embeddings=true")},
     };
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         CU_ASSERT_FATAL(configure(g_llama, layouts[i].set));

@@ -158,6 +158,15 @@ fsdp_status train_estimate_mlp_stacked(const train_config *cfg, const train_layo
 /* ---- the Llama ---------------------------------------------------------------------------------
  */
 
+/* The bytes a Linear (rows, in -> out, its local weight) keeps under the bf16 compute policy
+ * beyond its output (src/nn/linear.c, bf16_forward; each made with fsdp_nn_buffer_dtype, so
+ * fsdp_module_activation_bytes counts it): x16, its input rounded to bf16 (rows, in), unless
+ * the input is a bf16 tensor, which it keeps as that copy; w16, the weight rounded (out, in);
+ * y16, the scratch for the output's and the output gradient's roundings (rows, max(out, in)). */
+static int64_t bf16_linear(int64_t rows, int64_t in, int64_t out, bool bf16_input) {
+    return 2 * ((bf16_input ? 0 : rows * in) + out * in + rows * (out > in ? out : in));
+}
+
 /* torchtitan's plan (src/tp/llama_plan.c) on the decoder of fsdp_model_llama: per layer the norms
  * run on the sequence shard (SequenceParallel), attention and the MLP on the whole sequence with
  * their heads and hidden width split; the embedding and lm_head split the vocabulary; the loss
@@ -202,16 +211,34 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
     int64_t norm = B * Ts * C + B * Ts;
     int64_t attn = 2 * B * T * NH * hd + 3 * B * T * NKV * hd + B * T * NH * hd + B * NH * T +
                    2 * T * T + B * T * C;
-    int64_t layer = 2 * norm + attn + 2 * B * Ts * C + 3 * B * T * F + B * T * C;
-    int64_t root = B * T * C + norm + B * T * V; /* embedding, final norm, logits */
-    m->act_bytes = 4 * (root + c.n_layers * layer);
-    m->act_ckpt_bytes = 4 * root;
+    int64_t layer = 4 * (2 * norm + attn + 2 * B * Ts * C + 3 * B * T * F + B * T * C);
+    int64_t root = 4 * (B * T * C + norm + B * T * V); /* embedding, final norm, logits */
+    if (cfg->model.autocast) {
+        /* the bf16 policy (docs/models.md, "bf16 activation storage"), in bytes: every Linear
+         * sees B T rows (on tp its input is whole: the hooks gather the sequence) and its local
+         * shard of the weight (q, k, v, gate, up and lm_head colwise: out split; o and down
+         * rowwise: in split) */
+        int64_t R = B * T, q = NH * hd, kv = NKV * hd;
+        layer += bf16_linear(R, C, q, false)        /* q_proj */
+                 + 2 * bf16_linear(R, C, kv, false) /* k_proj, v_proj */
+                 + bf16_linear(R, q, C, false)      /* o_proj, on the attention's f32 output */
+                 - 2 * R * (q + kv)                 /* q_proj's, k_proj's outputs: bf16 tensors */
+                 + 2 * bf16_linear(R, C, F, false)  /* gate_proj, up_proj */
+                 + bf16_linear(R, F, C, true)       /* down_proj: reads the SwiGLU's bf16 output */
+                 - 2 * 2 * R * F                    /* gate_proj's, up_proj's outputs: bf16 */
+                 - 2 * R * F;                       /* the SwiGLU's output: bf16 (hidden16) */
+        root += bf16_linear(R, C, V, false);        /* lm_head (tied or not: a Linear either way) */
+    }
+    m->act_bytes = root + c.n_layers * layer;
+    m->act_ckpt_bytes = root;
     char name[48];
     int64_t n_ckpt = 0;
     for (int64_t i = 0; i < c.n_layers; i++) {
         snprintf(name, sizeof name, "model.layers.%lld", (long long)i);
         bool ck = train_est_checkpointed(cfg, name, true);
-        m->act_ckpt_bytes += 4 * (ck ? B * Ts * C : layer); /* a copy of its output */
+        /* a checkpointed layer keeps a copy of its output (the f32 residual sum) only: its
+         * Linears' bf16 copies and scratch are released with the rest of its subtree */
+        m->act_ckpt_bytes += ck ? 4 * B * Ts * C : layer;
         n_ckpt += train_est_checkpointed(cfg, name, false);
     }
     m->activation_note = g_act_note;
