@@ -219,6 +219,69 @@ static void test_config_defaults(void) {
     CU_ASSERT_EQUAL(c.init_std, 0.02f);
 }
 
+/* A parameter's values, appended to a host array (visit order). */
+typedef struct param_values {
+    float *v;
+    int64_t n, cap;
+} param_values;
+
+static fsdp_status take_values(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)ctx, (void)name;
+    param_values *pv = user;
+    const fsdp_tensor *t = fsdp_param_data(p);
+    int64_t n = fsdp_tensor_numel(t);
+    if (pv->n + n > pv->cap) return FSDP_ERR_INTERNAL;
+    memcpy(pv->v + pv->n, fsdp_tensor_f32(t), (size_t)n * sizeof(float));
+    pv->n += n;
+    return FSDP_OK;
+}
+
+static param_values values_of(fsdp_module *m) {
+    param_values pv = {.cap = fsdp_module_param_count(m)};
+    pv.v = malloc((size_t)pv.cap * sizeof(float));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(pv.v);
+    FSDP_TEST_OK(fsdp_module_visit_params(fsdp_test_ctx(), m, take_values, &pv));
+    CU_ASSERT_EQUAL(pv.n, pv.cap);
+    return pv;
+}
+
+/* fsdp_model_llama defers the layers' own fills on adding to its final reset (each element
+ * drawn once, not twice): the model's values are a reset's, bit for bit, untied and tied, and
+ * drawn (not the zeros a new tensor holds); a Linear made afterwards on the same context is
+ * filled at once again (the deferral ended: it would hold zeros). */
+static void test_build_deferred_fill(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    for (int tied = 0; tied < 2; tied++) {
+        fsdp_llama_config cfg = {.dim = 32,
+                                 .n_layers = 2,
+                                 .n_heads = 4,
+                                 .n_kv_heads = 2,
+                                 .ffn_hidden = 48,
+                                 .vocab_size = 61,
+                                 .max_seq_len = 16,
+                                 .tie_word_embeddings = tied};
+        fsdp_module *m = NULL;
+        FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+        param_values built = values_of(m);
+        FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, m, fsdp_ctx_seed(ctx)));
+        param_values reset = values_of(m);
+        CU_ASSERT_EQUAL(memcmp(built.v, reset.v, (size_t)built.n * sizeof(float)), 0);
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < built.n; i++) nonzero += built.v[i] != 0.0f;
+        CU_ASSERT_TRUE(nonzero > built.n / 2); // drawn, not left as made
+        free(built.v), free(reset.v);
+        fsdp_module_free(m);
+    }
+    fsdp_module *lin = NULL;
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 8, 8, false, &lin));
+    param_values w = values_of(lin);
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < w.n; i++) nonzero += w.v[i] != 0.0f;
+    CU_ASSERT_EQUAL(nonzero, w.n);
+    free(w.v);
+    fsdp_module_free(lin);
+}
+
 /* Bad shapes are refused naming the field and the rule. */
 static void test_config_refused(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
@@ -546,6 +609,7 @@ int main(int argc, char **argv) {
         {"rope3_matches_hf", test_rope3_matches_hf},
         {"tied_matches_hf", test_tied_matches_hf},
         {"config_defaults", test_config_defaults},
+        {"build_deferred_fill", test_build_deferred_fill},
         {"config_refused", test_config_refused},
         {"inputs_refused", test_inputs_refused},
         {"attention_heads_split", test_attention_heads_split},

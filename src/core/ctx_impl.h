@@ -19,6 +19,10 @@ typedef enum fsdp_phase { FSDP_PHASE_NONE = 0, FSDP_PHASE_FORWARD, FSDP_PHASE_BA
 
 struct fsdp_ctx {
     uint64_t seed;
+    /* Set while a model builder assembles a tree it resets as a whole at the end
+     * (fsdp_nn_defer_init): parameters and buffers are not filled when added, since the reset
+     * fills every one under its final name anyway. */
+    bool defer_param_init;
     int rank;
     fsdp_device device;      /* fsdp_ctx_set_device; the cpu by default */
     fsdp_stream comm_stream; /* on device, made by fsdp_ctx_comm_stream; handle NULL before */

@@ -7,6 +7,7 @@
 #include "fsdp/layers.h"
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
+#include "nn/nn.h" // defines: fsdp_nn_defer_init
 
 /* ---- LlamaDecoderLayer ---- */
 
@@ -169,7 +170,9 @@ fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_m
         return fsdp_llama_bad_config(ctx, "vocab_size", c.vocab_size, "the model needs >= 1");
     fsdp_module *root;
     FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &root));
+    bool deferred = fsdp_nn_defer_init(ctx, true); /* the reset below fills every parameter */
     fsdp_status st = build_llama(ctx, root, &c);
+    fsdp_nn_defer_init(ctx, deferred);
     if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, root, fsdp_ctx_seed(ctx));
     if (st == FSDP_OK) st = fsdp_module_set_autocast(ctx, root, c.compute_dtype);
     if (st != FSDP_OK) {

@@ -271,7 +271,8 @@ fsdp_status fsdp_module_add_param(fsdp_ctx *ctx, fsdp_module *m, const char *nam
         st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, ndim, shape, &p->grad);
     char fqn[512];
     member_fqn(m, name, fqn, sizeof fqn);
-    if (st == FSDP_OK) st = fsdp_init_tensor(ctx, p->data, &init, ctx->seed, fsdp_rng_stream(fqn));
+    if (st == FSDP_OK && !ctx->defer_param_init)
+        st = fsdp_init_tensor(ctx, p->data, &init, ctx->seed, fsdp_rng_stream(fqn));
     if (st != FSDP_OK) {
         param_free(p);
         return FSDP_PASS(ctx, st);
@@ -297,7 +298,8 @@ fsdp_status fsdp_module_add_buffer(fsdp_ctx *ctx, fsdp_module *m, const char *na
     char fqn[512];
     member_fqn(m, name, fqn, sizeof fqn);
     fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, ndim, shape, &b.data);
-    if (st == FSDP_OK) st = fsdp_init_tensor(ctx, b.data, &init, ctx->seed, fsdp_rng_stream(fqn));
+    if (st == FSDP_OK && !ctx->defer_param_init)
+        st = fsdp_init_tensor(ctx, b.data, &init, ctx->seed, fsdp_rng_stream(fqn));
     if (st != FSDP_OK) {
         fsdp_tensor_free(b.data);
         free(b.name);
@@ -402,6 +404,12 @@ static fsdp_status reset_module(fsdp_ctx *ctx, fsdp_module *m, void *user) {
                                           fsdp_rng_stream(fqn)));
     }
     return FSDP_OK;
+}
+
+bool fsdp_nn_defer_init(fsdp_ctx *ctx, bool on) {
+    bool was = ctx->defer_param_init;
+    ctx->defer_param_init = on;
+    return was;
 }
 
 fsdp_status fsdp_module_reset_parameters(fsdp_ctx *ctx, fsdp_module *m, uint64_t seed) {

@@ -15,6 +15,11 @@ fsdp_status fsdp_nn_add_hook_front(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poin
                                    fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id);
 /* fsdp_module_remove_hook without a context, for teardown: false when m has no hook `id`. */
 bool fsdp_nn_remove_hook(fsdp_module *m, int id);
+/* Whether parameters and buffers added on ctx are filled at once (off) or left to the
+ * fsdp_module_reset_parameters a model builder ends with (on); returns the previous setting. A
+ * builder turns it on, adds its tree, restores it, then resets the tree: the values are those
+ * of filling at once then resetting, each element drawn once instead of twice. */
+bool fsdp_nn_defer_init(fsdp_ctx *ctx, bool on);
 /* Whether m has a hook running fn at point: how a wrapper recognises its own hooks. */
 bool fsdp_nn_has_hook(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn);
 /* How many of m's hooks at point run a function other than fn. */
