@@ -269,7 +269,7 @@ static void cpu_against_sim(const char *name, const char *const *model, const ch
         CU_ASSERT_TRUE(worst == 0 && ck_worst == 0);
     /* the device is shown where the run is on one, and nothing changes on the cpu */
     char line[96], on[32], rec[48];
-    int count = fsdp_device_count(strcmp(g_dev, "cuda") == 0 ? FSDP_DEVICE_CUDA : FSDP_DEVICE_SIM);
+    int count = strcmp(g_dev, "cuda") == 0 ? fsdp_device_count(FSDP_DEVICE_CUDA) : g_sim_devices;
     snprintf(line, sizeof line, ", device %s:0 (rank r on %s:(r mod %d))\n", g_dev, g_dev, count);
     snprintf(on, sizeof on, "  on %s:0\n", g_dev);
     snprintf(rec, sizeof rec, "\"device\": \"%s:0\"", g_dev);
@@ -625,11 +625,12 @@ int main(int argc, char **argv) {
     record_cuda_model(CUDA_K, CUDA_DEPTH);
     g_cuda = on_cuda();
     const char *visible = getenv("CUDA_VISIBLE_DEVICES");
-    if (g_cuda) { /* one GPU for every rank thread: the first the process may use */
+    if (g_cuda && !(visible && !*visible)) { /* (set empty: no GPU, left so) */
+        /* one GPU for every rank thread, the first the process may use; before the first CUDA
+         * call reads the variable */
         char first[64] = "0";
-        if (visible && *visible)
-            snprintf(first, sizeof first, "%.*s", (int)strcspn(visible, ","), visible);
-        setenv("CUDA_VISIBLE_DEVICES", first, 1); /* before the first CUDA call reads it */
+        if (visible) snprintf(first, sizeof first, "%.*s", (int)strcspn(visible, ","), visible);
+        setenv("CUDA_VISIBLE_DEVICES", first, 1);
     }
     /* nccl: one per rank; cuda mode: one for all (its rehearsal's); else shared by the threads */
     g_sim_devices = g_nccl ? 4 : g_cuda ? 1 : 2;
