@@ -304,8 +304,8 @@ static void count_step_extras(const train_config *c, const train_layout *l,
  * all_reduced over dp in the reduction's dtype. The buckets' buffers (replicate.c's setup): with
  * the default f32 reduction during backward the gradients live in one buffer of every bucket
  * (nothing beyond them), else one as large as the largest bucket; a bf16/fp16 reduction adds
- * one of that size in its dtype; bf16/f16 parameters an f32 copy of all and a rounding buffer
- * of the largest. Returns the optimizer's elements. */
+ * one of that size in its dtype; bf16/f16 parameters an f32 copy of all, and f16 ones a
+ * rounding buffer of the largest (bf16 rounds in place). Returns the optimizer's elements. */
 static int64_t replicate_memory(const train_config *c, const train_layout *l,
                                 const train_est_model *m, train_est_rank *r) {
     int64_t first = FSDP_REPLICATE_FIRST_BUCKET_BYTES, cap = FSDP_REPLICATE_DEFAULT_BUCKET_BYTES;
@@ -329,7 +329,7 @@ static int64_t replicate_memory(const train_config *c, const train_layout *l,
     r->gathered_bytes = apart ? 0 : 4 * grad_max;
     if (g != FSDP_DTYPE_F32) r->gathered_bytes += dtype_bytes(g) * grad_max;
     if (mp.param_dtype != FSDP_DTYPE_F32 && m->n_params > 0)
-        r->gathered_bytes += 4 * total + dtype_bytes(mp.param_dtype) * largest;
+        r->gathered_bytes += 4 * total + (mp.param_dtype == FSDP_DTYPE_F16 ? 2 * largest : 0);
     r->device_bytes = r->param_bytes + r->grad_bytes + r->gathered_bytes;
     return total;
 }

@@ -287,8 +287,8 @@ static fsdp_status to_low(fsdp_ctx *ctx, fsdp_replicate *r) {
     if (!r->master || r->low) return FSDP_OK;
     const fsdp_kernels_i *k = fsdp_kernels_for(r->dev);
     float *master = fsdp_tensor_f32(r->master);
-    void *low = fsdp_tensor_data(r->round);
     bool bf16 = r->mp.param_dtype == FSDP_DTYPE_BF16;
+    void *low = bf16 ? NULL : fsdp_tensor_data(r->round);
     int64_t at = 0;
     for (int i = 0; i < r->n_params; i++) {
         fsdp_param *p = r->params[i];
@@ -305,8 +305,7 @@ static fsdp_status to_low(fsdp_ctx *ctx, fsdp_replicate *r) {
         int64_t n = r->numel[i];
         k->copy(master + at, v, n);
         if (bf16) {
-            k->f32_to_bf16(low, v, n);
-            k->bf16_to_f32(v, low, n);
+            k->round_bf16(v, n); /* in place: the scratch serves f16 only */
         } else {
             k->f32_to_f16(low, v, n);
             k->f16_to_f32(v, low, n);
@@ -521,8 +520,9 @@ static fsdp_status setup(fsdp_ctx *ctx, fsdp_replicate *r, fsdp_module *root,
         for (int i = 0; i < r->n_params; i++)
             largest = r->numel[i] > largest ? r->numel[i] : largest;
         FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_F32, r->dev, 1, &total, &r->master));
-        FSDP_TRY_AT(ctx,
-                    fsdp_tensor_create(ctx, r->mp.param_dtype, r->dev, 1, &largest, &r->round));
+        if (r->mp.param_dtype == FSDP_DTYPE_F16) /* bf16 rounds in place (round_bf16) */
+            FSDP_TRY_AT(ctx,
+                        fsdp_tensor_create(ctx, FSDP_DTYPE_F16, r->dev, 1, &largest, &r->round));
     }
     if (!r->after_backward) FSDP_TRY_AT(ctx, prepare_during(ctx, r));
     if (o->src_rank == FSDP_NO_SRC_RANK || r->world == 1) return FSDP_OK;

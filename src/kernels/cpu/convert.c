@@ -5,24 +5,23 @@
 
 #include "kernels/cpu/cpu.h"
 
+/* The bf16 bits of the f32 x: rounded to nearest even, a NaN kept a (quiet) NaN. */
+static inline uint32_t bf16_bits(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    uint32_t nan = (bits >> 16) | 0x40u;
+    return (bits & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded;
+}
+
 void fsdp_cpu_f32_to_bf16(fsdp_bf16 *restrict dst, const float *restrict src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, &src[i], sizeof bits);
-        uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-        uint32_t nan = (bits >> 16) | 0x40u;
-        dst[i] = (fsdp_bf16)((bits & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
-    }
+    for (int64_t i = 0; i < n; i++) dst[i] = (fsdp_bf16)bf16_bits(src[i]);
 }
 
 /* The narrowing above then the widening, in one pass. */
 void fsdp_cpu_round_bf16(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, &x[i], sizeof bits);
-        uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-        uint32_t nan = (bits >> 16) | 0x40u;
-        bits = ((bits & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded) << 16;
+        uint32_t bits = bf16_bits(x[i]) << 16;
         memcpy(&x[i], &bits, sizeof bits);
     }
 }
