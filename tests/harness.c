@@ -206,6 +206,33 @@ bool fsdp_test_message_has(const char *message, const char *const *needles) {
     return ok;
 }
 
+/* Appends a parameter's values to the array being filled. */
+typedef struct param_values {
+    float *v;
+    int64_t n, cap;
+} param_values;
+
+static fsdp_status take_values(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)ctx, (void)name;
+    param_values *pv = user;
+    const fsdp_tensor *t = fsdp_param_data(p);
+    int64_t n = fsdp_tensor_numel(t);
+    if (pv->n + n > pv->cap) return FSDP_ERR_INTERNAL;
+    memcpy(pv->v + pv->n, fsdp_tensor_f32(t), (size_t)n * sizeof(float));
+    pv->n += n;
+    return FSDP_OK;
+}
+
+float *fsdp_test_param_values(fsdp_module *m, int64_t *n) {
+    param_values pv = {.cap = fsdp_module_param_count(m)};
+    pv.v = malloc((size_t)(pv.cap ? pv.cap : 1) * sizeof(float));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(pv.v);
+    FSDP_TEST_OK(fsdp_module_visit_params(fsdp_test_ctx(), m, take_values, &pv));
+    CU_ASSERT_EQUAL(pv.n, pv.cap);
+    if (n) *n = pv.n;
+    return pv.v;
+}
+
 bool fsdp_test_close(const char *name, const float *got, const float *want, int64_t n, double rtol,
                      double atol) {
     double max_abs = 0, max_rel = 0;

@@ -80,6 +80,10 @@ bool fsdp_test_close(const char *name, const float *got, const float *want, int6
 #define FSDP_TEST_CLOSE(name, got, want, n, rtol, atol)                                            \
     CU_ASSERT_TRUE(fsdp_test_close((name), (got), (want), (n), (rtol), (atol)))
 
+/* The f32 values of m's parameters (CPU tensors) in visit order, in one new array of
+ * fsdp_module_param_count(m) floats (*n when n is given); the caller frees it. */
+float *fsdp_test_param_values(fsdp_module *m, int64_t *n);
+
 /* Runs fn on the n ranks of a fresh world (timeout_ms per collective wait; 0 for the
  * default); the first failing rank's message lands in the test context. Locally the ranks are
  * n threads of this process. Under MPI this process runs its own rank of an MPI world when

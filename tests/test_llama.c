@@ -219,32 +219,6 @@ static void test_config_defaults(void) {
     CU_ASSERT_EQUAL(c.init_std, 0.02f);
 }
 
-/* A parameter's values, appended to a host array (visit order). */
-typedef struct param_values {
-    float *v;
-    int64_t n, cap;
-} param_values;
-
-static fsdp_status take_values(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
-    (void)ctx, (void)name;
-    param_values *pv = user;
-    const fsdp_tensor *t = fsdp_param_data(p);
-    int64_t n = fsdp_tensor_numel(t);
-    if (pv->n + n > pv->cap) return FSDP_ERR_INTERNAL;
-    memcpy(pv->v + pv->n, fsdp_tensor_f32(t), (size_t)n * sizeof(float));
-    pv->n += n;
-    return FSDP_OK;
-}
-
-static param_values values_of(fsdp_module *m) {
-    param_values pv = {.cap = fsdp_module_param_count(m)};
-    pv.v = malloc((size_t)pv.cap * sizeof(float));
-    CU_ASSERT_PTR_NOT_NULL_FATAL(pv.v);
-    FSDP_TEST_OK(fsdp_module_visit_params(fsdp_test_ctx(), m, take_values, &pv));
-    CU_ASSERT_EQUAL(pv.n, pv.cap);
-    return pv;
-}
-
 /* fsdp_model_llama defers the layers' own fills on adding to its final reset (each element
  * drawn once, not twice): the model's values are a reset's, bit for bit, untied and tied, and
  * drawn (not the zeros a new tensor holds); a Linear made afterwards on the same context is
@@ -262,23 +236,25 @@ static void test_build_deferred_fill(void) {
                                  .tie_word_embeddings = tied};
         fsdp_module *m = NULL;
         FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
-        param_values built = values_of(m);
+        int64_t n;
+        float *built = fsdp_test_param_values(m, &n);
         FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, m, fsdp_ctx_seed(ctx)));
-        param_values reset = values_of(m);
-        CU_ASSERT_EQUAL(memcmp(built.v, reset.v, (size_t)built.n * sizeof(float)), 0);
+        float *reset = fsdp_test_param_values(m, NULL);
+        CU_ASSERT_EQUAL(memcmp(built, reset, (size_t)n * sizeof(float)), 0);
         int64_t nonzero = 0;
-        for (int64_t i = 0; i < built.n; i++) nonzero += built.v[i] != 0.0f;
-        CU_ASSERT_TRUE(nonzero > built.n / 2); // drawn, not left as made
-        free(built.v), free(reset.v);
+        for (int64_t i = 0; i < n; i++) nonzero += built[i] != 0.0f;
+        CU_ASSERT_TRUE(nonzero > n / 2); // drawn, not left as made
+        free(built), free(reset);
         fsdp_module_free(m);
     }
     fsdp_module *lin = NULL;
     FSDP_TEST_OK(fsdp_linear_create(ctx, 8, 8, false, &lin));
-    param_values w = values_of(lin);
+    int64_t n;
+    float *w = fsdp_test_param_values(lin, &n);
     int64_t nonzero = 0;
-    for (int64_t i = 0; i < w.n; i++) nonzero += w.v[i] != 0.0f;
-    CU_ASSERT_EQUAL(nonzero, w.n);
-    free(w.v);
+    for (int64_t i = 0; i < n; i++) nonzero += w[i] != 0.0f;
+    CU_ASSERT_EQUAL(nonzero, n);
+    free(w);
     fsdp_module_free(lin);
 }
 

@@ -489,6 +489,52 @@ static void test_init_is_layout_independent(void) {
     fsdp_module_free(c);
 }
 
+/* The seed models' builders defer the layers' fills on creation to their final reset (each
+ * element drawn once): every model's values are a reset's, bit for bit, and drawn (a new tensor
+ * holds zeros); the deferral ends with the builder (a Linear made afterwards is filled). */
+static void test_builders_fill_once(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    for (int kind = 0; kind < 5; kind++) {
+        fsdp_module *m = NULL;
+        switch (kind) {
+        case 0:
+            FSDP_TEST_OK(fsdp_model_mlp_module(ctx, &m));
+            break;
+        case 1:
+            FSDP_TEST_OK(fsdp_model_mlp_stacked(ctx, 2, &m));
+            break;
+        case 2:
+            FSDP_TEST_OK(fsdp_model_simple_mlp(ctx, &m));
+            break;
+        case 3:
+            FSDP_TEST_OK(fsdp_model_net(ctx, 8, &m));
+            break;
+        default:
+            FSDP_TEST_OK(fsdp_model_mlp(ctx, 3, (int64_t[]){4, 6, 2}, FSDP_ACT_RELU, &m));
+        }
+        CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+        int64_t n;
+        float *built = fsdp_test_param_values(m, &n);
+        FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, m, fsdp_ctx_seed(ctx)));
+        float *reset = fsdp_test_param_values(m, NULL);
+        CU_ASSERT_EQUAL(memcmp(built, reset, (size_t)n * sizeof(float)), 0);
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < n; i++) nonzero += built[i] != 0.0f;
+        CU_ASSERT_EQUAL(nonzero, n);
+        free(built), free(reset);
+        fsdp_module_free(m);
+    }
+    fsdp_module *lin = NULL;
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 4, 4, true, &lin));
+    int64_t n;
+    float *w = fsdp_test_param_values(lin, &n);
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < n; i++) nonzero += w[i] != 0.0f;
+    CU_ASSERT_EQUAL(nonzero, n);
+    free(w);
+    fsdp_module_free(lin);
+}
+
 /* ---- SGD ---- */
 
 /* PyTorch's SGD update rule (as include/fsdp/optim.h and docs/optim.md give it), written out
@@ -645,6 +691,7 @@ int main(int argc, char **argv) {
         {"buffers_reused_across_steps", test_buffers_reused_across_steps},
         {"linear_fused_bitwise", test_linear_fused_bitwise},
         {"init_is_layout_independent", test_init_is_layout_independent},
+        {"builders_fill_once", test_builders_fill_once},
         {"sgd_update_equations", test_sgd_update_equations},
         {"module_to_refusals", test_module_to_refusals},
         {"create_releases_impl", test_create_releases_impl},

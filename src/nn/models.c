@@ -12,6 +12,7 @@
 #include "fsdp/models.h"
 #include "kernels/kernels.h"
 #include "nn/module_impl.h"
+#include "nn/nn.h" // defines: fsdp_nn_defer_init
 
 /* A linear layer added to parent under `name`. */
 static fsdp_status add_linear(fsdp_ctx *ctx, fsdp_module *parent, const char *name, int64_t in,
@@ -27,8 +28,12 @@ static fsdp_status add_relu(fsdp_ctx *ctx, fsdp_module *parent, const char *name
     return fsdp_module_add_child(ctx, parent, name, r);
 }
 
-/* Finishes a model: parameters drawn from the ctx seed under their final names. */
-static fsdp_status finish(fsdp_ctx *ctx, fsdp_module *m, fsdp_status st, fsdp_module **out) {
+/* Finishes a model: parameters drawn from the ctx seed under their final names (the build ran
+ * with the fills on creation deferred, started by fsdp_nn_defer_init(ctx, true), which returned
+ * was: each parameter is filled once, here). */
+static fsdp_status finish(fsdp_ctx *ctx, fsdp_module *m, fsdp_status st, bool was,
+                          fsdp_module **out) {
+    fsdp_nn_defer_init(ctx, was);
     if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, m, fsdp_ctx_seed(ctx));
     if (st != FSDP_OK) {
         fsdp_module_free(m);
@@ -49,7 +54,9 @@ fsdp_status fsdp_model_mlp_module(fsdp_ctx *ctx, fsdp_module **out) {
     FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_module *m;
     FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &m));
-    return finish(ctx, m, build_mlp_module(ctx, m), out);
+    bool was = fsdp_nn_defer_init(ctx, true);
+    fsdp_status st = build_mlp_module(ctx, m);
+    return finish(ctx, m, st, was, out);
 }
 
 static fsdp_status build_mlp_stacked(fsdp_ctx *ctx, fsdp_module *m, int n_layers) {
@@ -73,7 +80,9 @@ fsdp_status fsdp_model_mlp_stacked(fsdp_ctx *ctx, int n_layers, fsdp_module **ou
                          "MLPStacked: n_layers is %d; it must be >= 1", n_layers);
     fsdp_module *m;
     FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &m));
-    return finish(ctx, m, build_mlp_stacked(ctx, m, n_layers), out);
+    bool was = fsdp_nn_defer_init(ctx, true);
+    fsdp_status st = build_mlp_stacked(ctx, m, n_layers);
+    return finish(ctx, m, st, was, out);
 }
 
 /* SimpleMLP: sigmoid(net2(relu(net1(x)))). */
@@ -130,10 +139,11 @@ fsdp_status fsdp_model_simple_mlp(fsdp_ctx *ctx, fsdp_module **out) {
     if (!s) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate SimpleMLP");
     fsdp_module *m;
     FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &simple_mlp_ops, s, &m));
+    bool was = fsdp_nn_defer_init(ctx, true);
     fsdp_status st = add_linear(ctx, m, "net1", 50, 32);
     if (st == FSDP_OK) st = add_relu(ctx, m, "relu");
     if (st == FSDP_OK) st = add_linear(ctx, m, "net2", 32, 8);
-    return finish(ctx, m, st, out);
+    return finish(ctx, m, st, was, out);
 }
 
 fsdp_status fsdp_model_simple_model(fsdp_ctx *ctx, fsdp_module **out) {
@@ -141,11 +151,12 @@ fsdp_status fsdp_model_simple_model(fsdp_ctx *ctx, fsdp_module **out) {
     FSDP_ARG_NOT_NULL(ctx, out);
     fsdp_module *m;
     FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &m));
+    bool was = fsdp_nn_defer_init(ctx, true);
     fsdp_status st = add_linear(ctx, m, "net1", 5, 8);
     if (st == FSDP_OK) st = add_relu(ctx, m, "relu");
     if (st == FSDP_OK) st = add_linear(ctx, m, "net2", 8, 4);
     if (st == FSDP_OK) st = add_linear(ctx, m, "net3", 4, 12);
-    return finish(ctx, m, st, out);
+    return finish(ctx, m, st, was, out);
 }
 
 fsdp_status fsdp_model_net(fsdp_ctx *ctx, int64_t dim, fsdp_module **out) {
@@ -156,13 +167,14 @@ fsdp_status fsdp_model_net(fsdp_ctx *ctx, int64_t dim, fsdp_module **out) {
                          (long long)dim);
     fsdp_module *m;
     FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &m));
+    bool was = fsdp_nn_defer_init(ctx, true);
     fsdp_status st = FSDP_OK;
     for (int i = 1; i <= 4 && st == FSDP_OK; i++) {
         char name[16];
         snprintf(name, sizeof name, "fc%d", i);
         st = add_linear(ctx, m, name, dim, dim);
     }
-    return finish(ctx, m, st, out);
+    return finish(ctx, m, st, was, out);
 }
 
 static const char *const activation_names[] = {"relu", "gelu", "sigmoid", "none"};
@@ -214,6 +226,7 @@ fsdp_status fsdp_model_mlp(fsdp_ctx *ctx, int n_widths, const int64_t *widths, f
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "MLP: unknown activation %d", (int)act);
     fsdp_module *m;
     FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &m));
+    bool was = fsdp_nn_defer_init(ctx, true);
     fsdp_status st = FSDP_OK;
     for (int i = 0; i + 1 < n_widths && st == FSDP_OK; i++) {
         fsdp_module *l;
@@ -221,5 +234,5 @@ fsdp_status fsdp_model_mlp(fsdp_ctx *ctx, int n_widths, const int64_t *widths, f
         if (st == FSDP_OK) st = fsdp_sequential_append(ctx, m, l);
         if (st == FSDP_OK && i + 2 < n_widths) st = append_activation(ctx, m, act);
     }
-    return finish(ctx, m, st, out);
+    return finish(ctx, m, st, was, out);
 }
