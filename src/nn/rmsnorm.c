@@ -16,10 +16,10 @@ typedef struct rmsnorm {
     fsdp_tensor *output;         /* (rows, C) */
     fsdp_tensor *output16;       /* (rows, C) bf16: the output when the parent asks (bf16_out) */
     const fsdp_tensor *last_out; /* output or output16, of the last forward */
-    bool bf16_out;
-    fsdp_tensor *rstd;         /* (rows) */
-    fsdp_tensor *dinput;       /* (rows, C) */
-    fsdp_tensor *dweight_sink; /* (C): where the weight grad goes when it is not wanted */
+    fsdp_tensor *rstd;           /* (rows) */
+    fsdp_tensor *dinput;         /* (rows, C) */
+    fsdp_tensor *dweight_sink;   /* (C): where the weight grad goes when it is not wanted */
+    bool bf16_out;               /* the parent asks for the output in bf16 (this call only) */
 } rmsnorm;
 
 static void rmsnorm_free(void *impl) {
