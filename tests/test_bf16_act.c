@@ -1,12 +1,15 @@
 /* test_bf16_act.c: bf16 activation storage under the bf16 compute policy. The Llama keeps q_proj's
  * and k_proj's outputs (read by RoPE), and its MLP keeps
  * gate_proj's and up_proj's outputs and the SwiGLU's output (which down_proj reads as its bf16
- * copy) in bf16 tensors. Checked: the kernels that make and read them (gemm_bf16_round, the
- * SwiGLU on bf16 gate and up, RoPE on bf16 q and k) bit for bit against the f32 entries on the CPU
- * and the run's device; the tiny Llama under the policy bitwise equal to a copy of the f32-storage
- * path, on the CPU and on the device (sim, deferred streams: the CPU's bits), also with every
- * decoder layer checkpointed; its activation bytes, fewer by exactly the derived amount; a bf16
- * input refused by a Linear outside the policy. */
+ * copy) in bf16 tensors; each decoder layer's norms give their outputs in bf16, which the
+ * projections reading them take as their bf16 copy. Checked: the kernels that make and read them
+ * (gemm_bf16_round, the SwiGLU on bf16 gate and up, RoPE on bf16 q and k, RMSNorm with a bf16
+ * output) bit for bit against the f32 entries on the CPU and the run's device; the tiny Llama
+ * under the policy bitwise equal to a copy of the f32-storage path, and to itself with the norms'
+ * f32 outputs (fsdp_nn_llama_set_bf16_norms off), on the CPU and on the device (sim, deferred
+ * streams: the CPU's bits), also at tp 2 and with every decoder layer checkpointed; its
+ * activation bytes, fewer by exactly the derived amount; a bf16 input refused by a Linear, an
+ * attention and an MLP outside the policy. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,22 +17,25 @@
 
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx, FSDP_TEST_OK
 #include "kernels/kernels.h" // defines: fsdp_kernels_for (the reference's f32 SwiGLU)
+#include "llama_steps.h"     // defines: llama_tp_build
+#include "nn/nn.h"           // defines: fsdp_nn_llama_set_bf16_norms
 #include "on_device.h"       // defines: fsdp_test_device
 
 enum { BATCH = 2, SEQ = 8, VOCAB = 64, N_TOK = BATCH * SEQ, LAYERS = 2, DIM = 32, HIDDEN = 48 };
 
+static const fsdp_llama_config CFG = {.dim = DIM,
+                                      .n_layers = LAYERS,
+                                      .n_heads = 4,
+                                      .n_kv_heads = 2,
+                                      .vocab_size = VOCAB,
+                                      .ffn_hidden = HIDDEN,
+                                      .max_seq_len = 16,
+                                      .init_std = 0.2f,
+                                      .compute_dtype = FSDP_DTYPE_BF16};
+
 static fsdp_module *llama(void) {
-    fsdp_llama_config cfg = {.dim = DIM,
-                             .n_layers = LAYERS,
-                             .n_heads = 4,
-                             .n_kv_heads = 2,
-                             .vocab_size = VOCAB,
-                             .ffn_hidden = HIDDEN,
-                             .max_seq_len = 16,
-                             .init_std = 0.2f,
-                             .compute_dtype = FSDP_DTYPE_BF16};
     fsdp_module *m = NULL;
-    FSDP_TEST_OK(fsdp_model_llama(fsdp_test_ctx(), &cfg, &m));
+    FSDP_TEST_OK(fsdp_model_llama(fsdp_test_ctx(), &CFG, &m));
     return m;
 }
 
@@ -134,15 +140,29 @@ static fsdp_status count_bf16(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point poi
     return FSDP_OK;
 }
 
+/* The decoder layer's norms, whose outputs are bf16 tensors under the policy. */
+enum { NORMS = 2 };
+static const char *const NORM_NAMES[NORMS] = {"input_layernorm", "post_attention_layernorm"};
+
 /* count: the bf16 outputs of q_proj, k_proj, gate_proj and up_proj and bf16 inputs of
- * down_proj, every layer (PER_LAYER a forward) */
-static void count_bf16_tensors(fsdp_module *m, int *count) {
-    for (int i = 0; i < LAYERS; i++)
+ * down_proj, every layer (PER_LAYER a forward); norms (may be NULL): the bf16 outputs of the
+ * norms, every layer (NORMS a forward) */
+static void count_bf16_tensors(fsdp_module *m, int *count, int *norms) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    for (int i = 0; i < LAYERS; i++) {
         for (int j = 0; j < PER_LAYER; j++)
-            FSDP_TEST_OK(
-                fsdp_module_add_hook(fsdp_test_ctx(), proj(m, i, j),
-                                     j == KEPT16 ? FSDP_HOOK_PRE_FORWARD : FSDP_HOOK_POST_FORWARD,
-                                     count_bf16, count, NULL, NULL));
+            FSDP_TEST_OK(fsdp_module_add_hook(
+                ctx, proj(m, i, j), j == KEPT16 ? FSDP_HOOK_PRE_FORWARD : FSDP_HOOK_POST_FORWARD,
+                count_bf16, count, NULL, NULL));
+        for (int j = 0; norms && j < NORMS; j++) {
+            char name[64];
+            snprintf(name, sizeof name, "model.layers.%d.%s", i, NORM_NAMES[j]);
+            fsdp_module *n = fsdp_module_find(m, name);
+            CU_ASSERT_PTR_NOT_NULL_FATAL(n);
+            FSDP_TEST_OK(fsdp_module_add_hook(ctx, n, FSDP_HOOK_POST_FORWARD, count_bf16, norms,
+                                              NULL, NULL));
+        }
+    }
 }
 
 /* ---- one training step's results on the host ---- */
@@ -168,33 +188,43 @@ static fsdp_status copy_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, voi
 }
 
 /* Forward, cross-entropy and backward of a fixed batch on m (on dev); *bytes (may be NULL) the
- * model's activation bytes right after the forward. */
-static void step(fsdp_module *m, fsdp_device dev, step_out *o, int64_t *bytes) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
+ * model's activation bytes right after the forward. A status, for rank threads too (the logits
+ * are whole: under TP the plan's plain-loss layout, lm_head's output Replicate). */
+static fsdp_status run_step(fsdp_ctx *ctx, fsdp_module *m, fsdp_device dev, step_out *o,
+                            int64_t *bytes) {
     int32_t tok[N_TOK], tgt[N_TOK];
     for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 37 + 11) % VOCAB);
     for (int i = 0; i < N_TOK; i++) tgt[i] = i % SEQ == SEQ - 1 ? FSDP_IGNORE_INDEX : tok[i + 1];
     fsdp_tensor *th = NULL, *td = NULL, *dl = NULL, *lh = NULL;
     int64_t shape[2] = {BATCH, SEQ};
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, tok, FSDP_DTYPE_I32, FSDP_CPU, 2, shape, &th));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, shape, &td));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, td, th));
     const fsdp_tensor *out = NULL;
-    FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
-    FSDP_TEST_OK(fsdp_module_forward(ctx, m, td, &out));
-    if (bytes) FSDP_TEST_OK(fsdp_module_activation_bytes(ctx, m, bytes));
-    FSDP_TEST_OK(fsdp_tensor_create_like(ctx, out, &dl));
-    FSDP_TEST_OK(fsdp_loss_cross_entropy_ignore(ctx, out, tgt, FSDP_IGNORE_INDEX, &o->loss, dl));
-    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dl, NULL));
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, o->logits, FSDP_DTYPE_F32, FSDP_CPU, 3,
-                                       (int64_t[]){BATCH, SEQ, VOCAB}, &lh));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, lh, out));
-    free(o->grads);
-    o->n_grads = 0;
-    o->grads = calloc((size_t)fsdp_module_param_count(m), sizeof(float));
-    CU_ASSERT_PTR_NOT_NULL_FATAL(o->grads);
-    FSDP_TEST_OK(fsdp_module_visit_params(ctx, m, copy_grad, o));
+    fsdp_status st = fsdp_tensor_from_blob(ctx, tok, FSDP_DTYPE_I32, FSDP_CPU, 2, shape, &th);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, shape, &td);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, td, th);
+    if (st == FSDP_OK) st = fsdp_module_zero_grad(ctx, m);
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, td, &out);
+    if (st == FSDP_OK && bytes) st = fsdp_module_activation_bytes(ctx, m, bytes);
+    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dl);
+    if (st == FSDP_OK)
+        st = fsdp_loss_cross_entropy_ignore(ctx, out, tgt, FSDP_IGNORE_INDEX, &o->loss, dl);
+    if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dl, NULL);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_from_blob(ctx, o->logits, FSDP_DTYPE_F32, FSDP_CPU, 3,
+                                   (int64_t[]){BATCH, SEQ, VOCAB}, &lh);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, lh, out);
+    if (st == FSDP_OK) {
+        free(o->grads);
+        o->n_grads = 0;
+        o->grads = calloc((size_t)fsdp_module_param_count(m), sizeof(float));
+        st = o->grads ? fsdp_module_visit_params(ctx, m, copy_grad, o)
+                      : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "the gradients' copy");
+    }
     fsdp_tensor_free(th), fsdp_tensor_free(td), fsdp_tensor_free(dl), fsdp_tensor_free(lh);
+    return st;
+}
+
+static void step(fsdp_module *m, fsdp_device dev, step_out *o, int64_t *bytes) {
+    FSDP_TEST_OK(run_step(fsdp_test_ctx(), m, dev, o, bytes));
 }
 
 /* Bit for bit, with the count of differing elements printed. */
@@ -370,7 +400,49 @@ static void check_rope(fsdp_device dev) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i]);
 }
 
+/* rmsnorm_forward_bf16 against rmsnorm_forward then f32_to_bf16 on the same device, bit for bit
+ * (the output's bf16 bits and rstd's f32 bits): 6 rows of 1100 (over the CPU's blocks of 512,
+ * with a partial one), a row of zeros, a row with an infinity (rstd 0: a NaN there, zeros
+ * elsewhere), a row with a NaN (a NaN row), and a weight of 3e38 in one column, whose products
+ * overflow bf16's range to infinity. */
+static void check_norm(fsdp_device dev) {
+    enum { R = 6, C = 1100, N = R * C };
+    static float x[N], w[C], y[N], rs[2][R];
+    static fsdp_bf16 want16[N], got16[N];
+    for (int i = 0; i < N; i++) x[i] = sinf((float)i * 0.731f) * (1.0f + (float)(i % 97));
+    for (int c = 0; c < C; c++) w[c] = 0.5f + cosf((float)c * 0.29f);
+    w[700] = 3e38f;
+    for (int c = 0; c < C; c++) x[C + c] = 0.0f;
+    x[2 * C + 5] = INFINITY, x[3 * C + 1099] = NAN;
+    fsdp_tensor *xd = on(dev, FSDP_DTYPE_F32, x, N), *wd = on(dev, FSDP_DTYPE_F32, w, C);
+    fsdp_tensor *yd = on(dev, FSDP_DTYPE_F32, y, N), *r0 = on(dev, FSDP_DTYPE_F32, rs[0], R),
+                *r1 = on(dev, FSDP_DTYPE_F32, rs[1], R);
+    fsdp_tensor *wantd = on(dev, FSDP_DTYPE_BF16, want16, N),
+                *gotd = on(dev, FSDP_DTYPE_BF16, got16, N);
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k->rmsnorm_forward_bf16);
+    k->rmsnorm_forward(fsdp_tensor_f32(yd), fsdp_tensor_f32(r0), fsdp_tensor_f32(xd),
+                       fsdp_tensor_f32(wd), 1e-5f, R, C);
+    k->f32_to_bf16(fsdp_tensor_data(wantd), fsdp_tensor_f32(yd), N);
+    k->rmsnorm_forward_bf16(fsdp_tensor_data(gotd), fsdp_tensor_f32(r1), fsdp_tensor_f32(xd),
+                            fsdp_tensor_f32(wd), 1e-5f, R, C);
+    back(want16, wantd), back(got16, gotd), back(rs[0], r0), back(rs[1], r1);
+    int64_t nan = 0, inf = 0;
+    for (int i = 0; i < N; i++)
+        nan += (want16[i] & 0x7fff) > 0x7f80, inf += (want16[i] & 0x7fff) == 0x7f80;
+    int64_t dy = differ(got16, want16, N, 2), dr = differ(rs[1], rs[0], R, 4);
+    printf("\n    rmsnorm on %s: %lld, %lld differ (out of %d, rstd of %d; %lld NaN, %lld inf)",
+           fsdp_device_to_string(dev), (long long)dy, (long long)dr, N, R, (long long)nan,
+           (long long)inf);
+    CU_ASSERT_TRUE(dy == 0 && dr == 0);
+    CU_ASSERT_TRUE(nan > C && inf > 0); /* the specials reached the rounding */
+    fsdp_tensor *all[] = {xd, wd, yd, r0, r1, wantd, gotd};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i]);
+}
+
 static void test_kernels(void) {
+    check_norm(FSDP_CPU);
+    check_norm(fsdp_test_device());
     check_rope(FSDP_CPU);
     check_rope(fsdp_test_device());
     check_swiglu(FSDP_CPU);
@@ -382,7 +454,8 @@ static void test_kernels(void) {
 /* ---- the model, bitwise the path before ---- */
 
 /* Two steps of the policy's Llama (the second on the buffers of the first) against the same
- * model on the f32 path's hooks, on dev: loss, logits and every gradient bit for bit on the CPU
+ * model on the f32 path's hooks with its norms' outputs in f32, on dev: loss, logits and every
+ * gradient bit for bit on the CPU
  * and sim. On CUDA cuBLAS may sum gate's and up's products in another order when it writes bf16
  * (gemm_bf16_round) than into f32, and a sum near a rounding boundary then rounds to the
  * neighbouring bf16 value (2^-7 relative), which later layers carry on: there within
@@ -398,10 +471,11 @@ static void check_bitwise(fsdp_device dev) {
         FSDP_TEST_OK(fsdp_module_to(ctx, mf, dev));
     }
     f32_output *outs[KEPT16 * LAYERS];
+    fsdp_nn_llama_set_bf16_norms(mf, false); /* the projections' inputs f32, as before */
     use_f32_path(mf, outs);
-    int bf16_tensors = 0, bf16_tensors_f = 0;
-    count_bf16_tensors(mb, &bf16_tensors);
-    count_bf16_tensors(mf, &bf16_tensors_f); /* after the f32 path's hooks: what the MLP saw */
+    int bf16_tensors = 0, bf16_tensors_f = 0, norms16 = 0, norms16_f = 0;
+    count_bf16_tensors(mb, &bf16_tensors, &norms16);
+    count_bf16_tensors(mf, &bf16_tensors_f, &norms16_f); /* after the f32 path's hooks */
     step_out *b = calloc(1, sizeof *b), *f = calloc(1, sizeof *f);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b && f);
     for (int s = 0; s < 2; s++) {
@@ -425,6 +499,8 @@ static void check_bitwise(fsdp_device dev) {
      * none in the other, whose 4 projections per layer had their outputs replaced each step */
     CU_ASSERT_EQUAL(bf16_tensors, 2 * PER_LAYER * LAYERS);
     CU_ASSERT_EQUAL(bf16_tensors_f, 0);
+    CU_ASSERT_EQUAL(norms16, 2 * NORMS * LAYERS);
+    CU_ASSERT_EQUAL(norms16_f, 0);
     for (int i = 0; i < KEPT16 * LAYERS; i++) CU_ASSERT_EQUAL(outs[i]->calls, 2);
     free(b->grads), free(f->grads), free(b), free(f);
     fsdp_module_free(mb), fsdp_module_free(mf);
@@ -450,8 +526,8 @@ static void test_checkpointed(void) {
         snprintf(name, sizeof name, "model.layers.%d", i);
         FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(mc, name)));
     }
-    int bf16_tensors = 0;
-    count_bf16_tensors(mc, &bf16_tensors);
+    int bf16_tensors = 0, norms16 = 0;
+    count_bf16_tensors(mc, &bf16_tensors, &norms16);
     step_out *b = calloc(1, sizeof *b), *c = calloc(1, sizeof *c);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b && c);
     int64_t bytes_b = 0, bytes_c = 0, mlp_c = -1;
@@ -468,10 +544,166 @@ static void test_checkpointed(void) {
            (long long)bytes_b);
     CU_ASSERT_TRUE(bytes_c < bytes_b);
     CU_ASSERT_EQUAL(mlp_c, 0); /* released after backward */
-    /* the bf16 path ran in the forwards and the recomputes: 5 tensors per layer, 2 runs a step */
+    /* the bf16 path ran in the forwards and the recomputes: 5 tensors and the 2 norms' outputs
+     * per layer, 2 runs a step */
     CU_ASSERT_EQUAL(bf16_tensors, 2 * 2 * PER_LAYER * LAYERS);
+    CU_ASSERT_EQUAL(norms16, 2 * 2 * NORMS * LAYERS);
     free(b->grads), free(c->grads), free(b), free(c);
     fsdp_module_free(mb), fsdp_module_free(mc);
+}
+
+/* ---- the norms' bf16 outputs, bitwise the path without them ---- */
+
+/* Two steps of the policy's Llama with its norms' outputs in bf16 (the default) against the
+ * same model with them in f32 (fsdp_nn_llama_set_bf16_norms off: each projection rounds the f32
+ * output into its own bf16 copy, the path before), on dev: loss, logits and every gradient bit
+ * for bit on the CPU and sim. The projections' GEMMs read the same bf16 values either way, so
+ * CUDA should agree bit for bit too (not run here: there within check_bitwise's bound); the
+ * attention pinned to the f32 kernels as there. */
+static void check_norms16(fsdp_device dev) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_test_device_pin_f32_attention(true);
+    fsdp_module *mb = llama(), *mo = llama();
+    if (dev.type != FSDP_DEVICE_CPU) {
+        FSDP_TEST_OK(fsdp_module_to(ctx, mb, dev));
+        FSDP_TEST_OK(fsdp_module_to(ctx, mo, dev));
+    }
+    fsdp_nn_llama_set_bf16_norms(mo, false);
+    int proj16 = 0, proj16_o = 0, norms16 = 0, norms16_o = 0;
+    count_bf16_tensors(mb, &proj16, &norms16);
+    count_bf16_tensors(mo, &proj16_o, &norms16_o);
+    step_out *b = calloc(1, sizeof *b), *o = calloc(1, sizeof *o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b && o);
+    for (int s = 0; s < 2; s++) {
+        step(mb, dev, b, NULL), step(mo, dev, o, NULL);
+        printf("\n    %s step %d: loss %.9g, norms in f32 %.9g", fsdp_device_to_string(dev), s,
+               b->loss, o->loss);
+        CU_ASSERT_EQUAL_FATAL(b->n_grads, o->n_grads);
+        if (dev.type == FSDP_DEVICE_CPU) {
+            CU_ASSERT_TRUE(same_bits("loss", &b->loss, &o->loss, 1));
+            CU_ASSERT_TRUE(same_bits("logits", b->logits, o->logits, N_TOK * VOCAB));
+            CU_ASSERT_TRUE(same_bits("gradients", b->grads, o->grads, b->n_grads));
+        } else { /* bit for bit on sim */
+            CU_ASSERT_TRUE(fsdp_test_device_close("loss", &b->loss, &o->loss, 1, 5e-2, 0));
+            CU_ASSERT_TRUE(
+                fsdp_test_device_close("logits", b->logits, o->logits, N_TOK * VOCAB, 5e-2, 1e-3));
+            CU_ASSERT_TRUE(
+                fsdp_test_device_close("gradients", b->grads, o->grads, b->n_grads, 5e-2, 1e-3));
+        }
+    }
+    /* each path ran: the norms' bf16 outputs (2 a layer and step) in one model only; the other
+     * projection-level bf16 tensors in both */
+    CU_ASSERT_EQUAL(norms16, 2 * NORMS * LAYERS);
+    CU_ASSERT_EQUAL(norms16_o, 0);
+    CU_ASSERT_EQUAL(proj16, 2 * PER_LAYER * LAYERS);
+    CU_ASSERT_EQUAL(proj16_o, 2 * PER_LAYER * LAYERS);
+    free(b->grads), free(o->grads), free(b), free(o);
+    fsdp_module_free(mb), fsdp_module_free(mo);
+    fsdp_test_device_pin_f32_attention(false);
+}
+
+static void test_norms16_cpu(void) {
+    check_norms16(FSDP_CPU);
+}
+
+static void test_norms16_device(void) {
+    check_norms16(fsdp_test_device());
+}
+
+/* ---- the same at tp 2 ---- */
+
+/* The projections that read a norm's output, per decoder layer. */
+enum { READERS = 5 };
+static const char *const READER_NAMES[READERS] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"};
+
+/* One step of the policy's Llama under the TP plan at tp 2 (lm_head's output Replicate, the
+ * plain loss) on dev, norms16 or not; *in16 counts the bf16 inputs reaching the readers (after
+ * the TP hooks' redistribution), *gathered the forward's all_gather bytes on tp. */
+static fsdp_status tp_step(fsdp_ctx *ctx, fsdp_device dev, bool norms16, step_out *o, int *in16,
+                           int64_t *gathered) {
+    llama_tp l = {0};
+    fsdp_status st = fsdp_ctx_set_device(ctx, dev);
+    if (st == FSDP_OK) st = llama_tp_build(ctx, &CFG, 1, 2, false, 99, dev, &l);
+    if (st == FSDP_OK) fsdp_nn_llama_set_bf16_norms(l.m, norms16);
+    for (int i = 0; st == FSDP_OK && i < LAYERS * READERS; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "model.layers.%d.%s", i / READERS, READER_NAMES[i % READERS]);
+        fsdp_module *p = fsdp_module_find(l.m, name);
+        st = p ? fsdp_module_add_hook(ctx, p, FSDP_HOOK_PRE_FORWARD, count_bf16, in16, NULL, NULL)
+               : FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "no %s", name);
+    }
+    if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
+    if (st == FSDP_OK) st = run_step(ctx, l.m, dev, o, NULL);
+    if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
+    if (st == FSDP_OK)
+        *gathered =
+            fsdp_comm_debug_query(ctx, &(fsdp_comm_filter){.op = FSDP_COMM_ALL_GATHER,
+                                                           .group = "tp",
+                                                           .phase = FSDP_COMM_PHASE_FORWARD})
+                .bytes;
+    llama_tp_free(&l);
+    return st;
+}
+
+/* Elements of a and b (n) that differ: bit for bit, or on CUDA beyond check_bitwise's bound. */
+static int64_t tp_differ(bool cuda, const float *a, const float *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++)
+        d += cuda ? !(fabsf(a[i] - b[i]) <= 1e-3f + 5e-2f * fabsf(b[i]))
+                  : memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return d;
+}
+
+/* On every rank, on the CPU then on the run's device: the step with the norms' bf16 outputs
+ * against the step without, loss, logits and this rank's gradients bit for bit (CUDA: within the
+ * bound). The bf16 outputs travel through SequenceParallel and the attention's and MLP's
+ * PrepareModuleInput (Shard(1) -> Replicate all_gathers, in bf16: each of the 2 a layer gathers
+ * (B, T, dim) at 2 bytes an element instead of 4) and reach all five readers as bf16. */
+static fsdp_status norms16_tp_rank(fsdp_ctx *ctx, int rank, void *user) {
+    (void)user;
+    fsdp_test_device_pin_f32_attention(true);
+    fsdp_device devs[2] = {FSDP_CPU, fsdp_test_device()};
+    step_out *run[2] = {calloc(1, sizeof(step_out)), calloc(1, sizeof(step_out))};
+    fsdp_status st = run[0] && run[1] ? FSDP_OK : FSDP_ERR_OUT_OF_MEMORY;
+    for (int d = 0; st == FSDP_OK && d < 2; d++) {
+        int in16[2] = {0, 0};
+        int64_t gathered[2] = {0, 0};
+        for (int r = 0; st == FSDP_OK && r < 2; r++)
+            st = tp_step(ctx, devs[d], r == 0, run[r], &in16[r], &gathered[r]);
+        if (st != FSDP_OK) break;
+        bool cuda = d == 1 && fsdp_test_device_is_cuda();
+        int64_t dl = tp_differ(cuda, &run[0]->loss, &run[1]->loss, 1),
+                dy = tp_differ(cuda, run[0]->logits, run[1]->logits, N_TOK * VOCAB),
+                dg = run[0]->n_grads == run[1]->n_grads
+                         ? tp_differ(cuda, run[0]->grads, run[1]->grads, run[0]->n_grads)
+                         : -1;
+        if (rank == 0)
+            printf("\n    tp 2 on %s, rank 0: %lld, %lld, %lld differ (loss, logits, %lld "
+                   "gradients); bf16 inputs %d and %d; forward all_gather %lld and %lld B",
+                   fsdp_device_to_string(devs[d]), (long long)dl, (long long)dy, (long long)dg,
+                   (long long)run[0]->n_grads, in16[0], in16[1], (long long)gathered[0],
+                   (long long)gathered[1]);
+        FSDP_RANK_CHECK(ctx, dl == 0 && dy == 0 && dg == 0,
+                        "rank %d on %s: the norms' bf16 outputs changed %lld, %lld, %lld of the "
+                        "loss, logits and gradients",
+                        rank, fsdp_device_to_string(devs[d]), (long long)dl, (long long)dy,
+                        (long long)dg);
+        FSDP_RANK_CHECK(ctx, in16[0] == READERS * LAYERS && in16[1] == 0,
+                        "rank %d: %d and %d bf16 inputs reached the projections (want %d and 0)",
+                        rank, in16[0], in16[1], READERS * LAYERS);
+        FSDP_RANK_CHECK(ctx, gathered[1] - gathered[0] == 2 * LAYERS * 2 * (int64_t)N_TOK * DIM,
+                        "rank %d: forward all_gather bytes %lld with bf16 norms, %lld without",
+                        rank, (long long)gathered[0], (long long)gathered[1]);
+    }
+    for (int r = 0; r < 2; r++)
+        if (run[r]) free(run[r]->grads), free(run[r]);
+    fsdp_test_device_pin_f32_attention(false);
+    return st;
+}
+
+static void test_norms16_tp(void) {
+    FSDP_TEST_OK(fsdp_test_run_world(2, 60000, norms16_tp_rank, NULL));
 }
 
 /* ---- the activation bytes ---- */
@@ -479,21 +711,24 @@ static void test_checkpointed(void) {
 /* fsdp_module_activation_bytes of the policy's tiny Llama right after a forward, measured by
  * this suite's `step` on the code before bf16 storage (commit a9991fb: gate_proj's, up_proj's
  * and the SwiGLU's outputs in f32, down_proj's own bf16 copy of the last), where one MLP held
- * mlp_bytes + 8 R H = 28672: activation bytes are sizes, the same on every machine. The
- * attention's q_proj and k_proj outputs were f32 too. */
+ * mlp_bytes + 8 R H + 4 R D = 28672: activation bytes are sizes, the same on every machine. The
+ * attention's q_proj and k_proj outputs were f32 too, and so were the norms' outputs. */
 static const int64_t BYTES_BEFORE = 142144;
 
 /* The MLP's activations under the policy (R rows, D dim, H hidden), each Linear holding its
  * output, its weight's bf16 copy (2 out in), its bf16 scratch (2 R max(out, in)) and its input's
- * bf16 copy (2 R in) unless the input is bf16:
- *   gate_proj, up_proj: 2 R H (bf16 output; before 4 R H, f32) + 2 R D + 2 H D + 2 R max(H, D)
+ * bf16 copy (2 R in) unless the input is bf16 (the norm's output):
+ *   gate_proj, up_proj: 2 R H (bf16 output; before 4 R H, f32) + 2 H D + 2 R max(H, D) (before
+ *     also + 2 R D, its copy of the norm's f32 output)
  *   SwiGLU output: 2 R H in bf16 (before: 4 R H in f32)
  *   down_proj: 4 R D + 2 D H + 2 R max(D, H) (before: + 2 R H, its copy of the SwiGLU output)
- * so each MLP holds 2 R H x 4 = 8 R H bytes fewer; and each attention 2 R (NH + NKV) hd fewer:
- * q_proj's and k_proj's outputs, (R, NH hd) and (R, NKV hd), in bf16 instead of f32. */
+ * so each MLP holds 2 R H x 4 = 8 R H bytes fewer, and 2 R D x 2 without gate's and up's copies;
+ * each attention 2 R (NH + NKV) hd fewer (q_proj's and k_proj's outputs, (R, NH hd) and
+ * (R, NKV hd), in bf16 instead of f32) and 2 R D x 3 (q's, k's and v's copies); each norm's
+ * output 2 R D (bf16 instead of f32). Per layer 14 R D for the norms' bf16 outputs. */
 static int64_t mlp_bytes(int64_t R, int64_t D, int64_t H) {
     int64_t w = H > D ? H : D;
-    return 2 * (2 * R * H + 2 * R * D + 2 * H * D + 2 * R * w) + 2 * R * H +
+    return 2 * (2 * R * H + 2 * H * D + 2 * R * w) + 2 * R * H +
            (4 * R * D + 2 * D * H + 2 * R * w);
 }
 
@@ -503,7 +738,8 @@ static void test_activation_bytes(void) {
     step_out *o = calloc(1, sizeof *o);
     CU_ASSERT_PTR_NOT_NULL_FATAL(o);
     /* q_proj (R, NH hd) = (R, DIM) and k_proj (R, NKV hd) = (R, DIM / 2): 4 heads, 2 kv */
-    const int64_t R = N_TOK, H = HIDDEN, saved = (8 * R * H + 2 * R * (DIM + DIM / 2)) * LAYERS;
+    const int64_t R = N_TOK, H = HIDDEN, norms = 14 * R * DIM,
+                  saved = (8 * R * H + 2 * R * (DIM + DIM / 2) + norms) * LAYERS;
     int64_t bytes = 0, mlp = 0;
     step(m, FSDP_CPU, o, &bytes);
     FSDP_TEST_OK(
@@ -514,17 +750,24 @@ static void test_activation_bytes(void) {
            (long long)saved, (long long)mlp, (long long)mlp_bytes(R, DIM, H));
     CU_ASSERT_EQUAL(mlp, mlp_bytes(R, DIM, H));
     CU_ASSERT_EQUAL(bytes, BYTES_BEFORE - saved);
+    /* the norms' f32 outputs: 14 R D more a layer */
+    fsdp_module *mn = llama();
+    fsdp_nn_llama_set_bf16_norms(mn, false);
+    int64_t bytes_n = 0;
+    step(mn, FSDP_CPU, o, &bytes_n);
+    CU_ASSERT_EQUAL(bytes_n - bytes, norms * LAYERS);
     /* the f32 path (hooks replace the projections' outputs with f32 tensors they own, which are
      * not counted) holds the f32 SwiGLU output (2 R H more than bf16) and down_proj's bf16 copy
-     * of it (2 R H) per layer */
+     * of it (2 R H) per layer, beside the norms' f32 outputs */
     fsdp_module *mf = llama();
     f32_output *outs[KEPT16 * LAYERS];
+    fsdp_nn_llama_set_bf16_norms(mf, false);
     use_f32_path(mf, outs);
     int64_t bytes_f = 0;
     step(mf, FSDP_CPU, o, &bytes_f);
-    CU_ASSERT_EQUAL(bytes_f - bytes, 4 * R * H * LAYERS);
+    CU_ASSERT_EQUAL(bytes_f - bytes_n, 4 * R * H * LAYERS);
     free(o->grads), free(o);
-    fsdp_module_free(m), fsdp_module_free(mf);
+    fsdp_module_free(m), fsdp_module_free(mn), fsdp_module_free(mf);
 }
 
 /* ---- misuse ---- */
@@ -550,14 +793,87 @@ static void test_bf16_input_refused(void) {
     fsdp_module_free(lin);
 }
 
+/* A LlamaAttention whose q_proj, k_proj and v_proj do not all run the policy, and a LlamaMLP
+ * whose gate_proj and up_proj do not, refuse a bf16 input naming the projections and the fix;
+ * under the policy both take it and give f32. */
+static void test_bf16_input_refused_llama(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_llama_config c = CFG;
+    c.compute_dtype = FSDP_DTYPE_F32;
+    fsdp_module *attn = NULL, *mlp = NULL;
+    FSDP_TEST_OK(fsdp_llama_attention_create(ctx, &c, &attn));
+    FSDP_TEST_OK(fsdp_llama_mlp_create(ctx, DIM, HIDDEN, &mlp));
+    fsdp_tensor *x = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 3, (int64_t[]){1, 4, DIM}, &x));
+    FSDP_TEST_OK(fsdp_tensor_fill(ctx, x, 0.5f));
+    const fsdp_tensor *y = NULL;
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, attn, x, &y), FSDP_ERR_DTYPE, "LlamaAttention", "bf16",
+                    "q_proj, k_proj and v_proj", "fsdp_module_set_autocast");
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, mlp, x, &y), FSDP_ERR_DTYPE, "LlamaMLP", "bf16",
+                    "gate_proj and up_proj", "fsdp_module_set_autocast");
+    FSDP_TEST_OK(fsdp_module_set_autocast(ctx, attn, FSDP_DTYPE_BF16));
+    FSDP_TEST_OK(fsdp_module_set_autocast(ctx, mlp, FSDP_DTYPE_BF16));
+    FSDP_TEST_OK(fsdp_module_set_autocast(ctx, fsdp_module_find(attn, "v_proj"), FSDP_DTYPE_F32));
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, attn, x, &y), FSDP_ERR_DTYPE,
+                    "q_proj, k_proj and "
+                    "v_proj");
+    FSDP_TEST_OK(fsdp_module_set_autocast(ctx, fsdp_module_find(attn, "v_proj"), FSDP_DTYPE_BF16));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, attn, x, &y));
+    CU_ASSERT_EQUAL(fsdp_tensor_dtype(y), FSDP_DTYPE_F32);
+    FSDP_TEST_OK(fsdp_module_forward(ctx, mlp, x, &y));
+    CU_ASSERT_EQUAL(fsdp_tensor_dtype(y), FSDP_DTYPE_F32);
+    fsdp_tensor_free(x);
+    fsdp_module_free(attn), fsdp_module_free(mlp);
+}
+
+/* A decoder layer asks each norm for bf16 only when the norm's readers run the policy: with
+ * layer 0's MLP in f32, its post_attention_layernorm gives f32 (and its input_layernorm, the
+ * other layer's norms, bf16); a Llama outside the policy gives none; and a norm called directly
+ * (as generation calls it) gives f32. */
+static void test_norms16_follow_policy(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m = llama();
+    FSDP_TEST_OK(
+        fsdp_module_set_autocast(ctx, fsdp_module_find(m, "model.layers.0.mlp"), FSDP_DTYPE_F32));
+    int proj16 = 0, norms16 = 0;
+    count_bf16_tensors(m, &proj16, &norms16);
+    step_out *o = calloc(1, sizeof *o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    step(m, FSDP_CPU, o, NULL);
+    CU_ASSERT_EQUAL(norms16, NORMS * LAYERS - 1);
+    fsdp_module *norm = fsdp_module_find(m, "model.layers.1.input_layernorm");
+    fsdp_tensor *x = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, (int64_t[]){1, 4, DIM}, &x));
+    FSDP_TEST_OK(fsdp_tensor_fill(ctx, x, 0.5f));
+    const fsdp_tensor *y = NULL;
+    FSDP_TEST_OK(fsdp_module_forward(ctx, norm, x, &y));
+    CU_ASSERT_EQUAL(fsdp_tensor_dtype(y), FSDP_DTYPE_F32);
+    fsdp_module_free(m);
+    fsdp_llama_config c = CFG;
+    c.compute_dtype = FSDP_DTYPE_F32;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &c, &m));
+    proj16 = 0, norms16 = 0;
+    count_bf16_tensors(m, &proj16, &norms16);
+    step(m, FSDP_CPU, o, NULL);
+    CU_ASSERT_EQUAL(norms16 + proj16, 0);
+    fsdp_tensor_free(x);
+    free(o->grads), free(o);
+    fsdp_module_free(m);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"kernels", test_kernels},
         {"bitwise_cpu", test_bitwise_cpu},
         {"bitwise_device", test_bitwise_device},
         {"checkpointed", test_checkpointed},
+        {"norms16_cpu", test_norms16_cpu},
+        {"norms16_device", test_norms16_device},
+        {"norms16_tp", test_norms16_tp},
         {"activation_bytes", test_activation_bytes},
         {"bf16_input_refused", test_bf16_input_refused},
+        {"bf16_input_refused_llama", test_bf16_input_refused_llama},
+        {"norms16_follow_policy", test_norms16_follow_policy},
     };
     fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "bf16_act", cases, (int)(sizeof cases / sizeof cases[0]));

@@ -217,17 +217,19 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
         /* the bf16 policy (docs/models.md, "bf16 activation storage"), in bytes: every Linear
          * sees B T rows (on tp its input is whole: the hooks gather the sequence) and its local
          * shard of the weight (q, k, v, gate, up and lm_head colwise: out split; o and down
-         * rowwise: in split) */
+         * rowwise: in split); q, k, v, gate and up read their norm's bf16 output (on tp the
+         * hooks' gathered copy of it) as their bf16 copy */
         int64_t R = B * T, q = NH * hd, kv = NKV * hd;
-        layer += bf16_linear(R, C, q, false)        /* q_proj */
-                 + 2 * bf16_linear(R, C, kv, false) /* k_proj, v_proj */
-                 + bf16_linear(R, q, C, false)      /* o_proj, on the attention's f32 output */
-                 - 2 * R * (q + kv)                 /* q_proj's, k_proj's outputs: bf16 tensors */
-                 + 2 * bf16_linear(R, C, F, false)  /* gate_proj, up_proj */
-                 + bf16_linear(R, F, C, true)       /* down_proj: reads the SwiGLU's bf16 output */
-                 - 2 * 2 * R * F                    /* gate_proj's, up_proj's outputs: bf16 */
-                 - 2 * R * F;                       /* the SwiGLU's output: bf16 (hidden16) */
-        root += bf16_linear(R, C, V, false);        /* lm_head (tied or not: a Linear either way) */
+        layer += bf16_linear(R, C, q, true)        /* q_proj */
+                 + 2 * bf16_linear(R, C, kv, true) /* k_proj, v_proj */
+                 + bf16_linear(R, q, C, false)     /* o_proj, on the attention's f32 output */
+                 - 2 * R * (q + kv)                /* q_proj's, k_proj's outputs: bf16 tensors */
+                 + 2 * bf16_linear(R, C, F, true)  /* gate_proj, up_proj */
+                 + bf16_linear(R, F, C, true)      /* down_proj: reads the SwiGLU's bf16 output */
+                 - 2 * 2 * R * F                   /* gate_proj's, up_proj's outputs: bf16 */
+                 - 2 * R * F                       /* the SwiGLU's output: bf16 (hidden16) */
+                 - 2 * 2 * B * Ts * C;             /* the two norms' outputs: bf16 */
+        root += bf16_linear(R, C, V, false);       /* lm_head (tied or not: a Linear either way) */
     }
     m->act_bytes = root + c.n_layers * layer;
     m->act_ckpt_bytes = root;
@@ -253,15 +255,18 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
      * (its rows are a shard of the sequence); a checkpointed layer's recompute repeats its
      * attention's and MLP's all_gather and reduce_scatter. */
     int64_t A = 4 * B * T * C, L = c.n_layers;
+    /* under the bf16 policy the attention's and MLP's gathered inputs are their norms' bf16
+     * outputs: half the bytes (lm_head's, the final norm's output, stays f32) */
+    int64_t G = cfg->model.autocast ? A / 2 : A;
     fsdp_comm_phase fw = FSDP_COMM_PHASE_FORWARD, bw = FSDP_COMM_PHASE_BACKWARD;
     train_est_comm_add(m, false, FSDP_COMM_REDUCE_SCATTER, fw, 1 + 2 * L, (1 + 2 * L) * A);
-    train_est_comm_add(m, false, FSDP_COMM_ALL_GATHER, fw, 2 * L + 1, (2 * L + 1) * A);
+    train_est_comm_add(m, false, FSDP_COMM_ALL_GATHER, fw, 2 * L + 1, 2 * L * G + A);
     train_est_comm_add(m, false, FSDP_COMM_ALL_REDUCE, FSDP_COMM_PHASE_NONE, 2, 12 * B * T);
     train_est_comm_add(m, false, FSDP_COMM_REDUCE_SCATTER, bw, 1, A);
     train_est_comm_add(m, false, FSDP_COMM_ALL_GATHER, bw, 2 * L + 1, (2 * L + 1) * A);
     train_est_comm_add(m, false, FSDP_COMM_ALL_REDUCE, bw, 5 * L, 5 * L * A);
     train_est_comm_add(m, false, FSDP_COMM_ALL_REDUCE, bw, 2 * L + 1, (2 * L + 1) * 4 * C);
-    train_est_comm_add(m, true, FSDP_COMM_ALL_GATHER, bw, 2 * n_ckpt, 2 * n_ckpt * A);
+    train_est_comm_add(m, true, FSDP_COMM_ALL_GATHER, bw, 2 * n_ckpt, 2 * n_ckpt * G);
     train_est_comm_add(m, true, FSDP_COMM_REDUCE_SCATTER, bw, 2 * n_ckpt, 2 * n_ckpt * A);
     return FSDP_OK;
 }

@@ -24,10 +24,10 @@ fsdp_status fsdp_linear_create(fsdp_ctx *ctx, int64_t in_features, int64_t out_f
  * softmax, losses) and the optimizer compute in f32 on what they receive. The same on every
  * device: the CPU and sim widen exactly and round where a GPU writes bf16, so sim gives the
  * CPU's bits. Under bf16 a Linear also takes a bf16 input tensor (read as its bf16 copy; without
- * the policy a bf16 input is FSDP_ERR_DTYPE), and the Llama's MLP and q/k keep their activations
- * in bf16 tensors (docs/models.md "bf16 activation storage"), bitwise the same results. Takes
- * effect at the next forward; a backward follows its forward's policy. FSDP_ERR_INVALID_ARGUMENT
- * for any other dtype. */
+ * the policy a bf16 input is FSDP_ERR_DTYPE), and the Llama's MLP, q/k and decoder-layer norms
+ * keep their activations in bf16 tensors (docs/models.md "bf16 activation storage"), bitwise the
+ * same results. Takes effect at the next forward; a backward follows its forward's policy.
+ * FSDP_ERR_INVALID_ARGUMENT for any other dtype. */
 fsdp_status fsdp_module_set_autocast(fsdp_ctx *ctx, fsdp_module *m, fsdp_dtype compute_dtype);
 /* y = x: the output is the input tensor itself and the input gradient is the output gradient. */
 fsdp_status fsdp_identity_create(fsdp_ctx *ctx, fsdp_module **out);

@@ -127,6 +127,12 @@ typedef struct fsdp_kernels_i {
     /* dinp (rows, cols) = written; dweight (cols) += */
     void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int64_t rows, int64_t cols);
+    /* rmsnorm_forward with out (rows, cols) in bf16, in one pass: each element the bits
+     * f32_to_bf16 gives rmsnorm_forward's f32 value, rstd rmsnorm_forward's (the Llama's norms
+     * under the bf16 compute policy, whose projections round the output anyway). A table may
+     * leave it NULL: RMSNorm then gives f32. */
+    void (*rmsnorm_forward_bf16)(fsdp_bf16 *out, float *rstd, const float *inp, const float *weight,
+                                 float eps, int64_t rows, int64_t cols);
 
     void (*add)(float *out, const float *a, const float *b, int64_t n);  /* out = a + b */
     void (*axpy)(float *y, float alpha, const float *x, int64_t n);      /* y += alpha * x */

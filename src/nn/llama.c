@@ -7,12 +7,15 @@
 #include "fsdp/layers.h"
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
-#include "nn/nn.h" // defines: fsdp_nn_defer_init
+#include "nn/nn.h" // defines: fsdp_nn_defer_init, fsdp_nn_rmsnorm_set_bf16_output
 
 /* ---- LlamaDecoderLayer ---- */
 
 typedef struct decoder_layer {
     fsdp_module *self_attn, *mlp, *input_layernorm, *post_attention_layernorm;
+    /* ask each norm for a bf16 output when its readers' projections run the bf16 policy (they
+     * round it anyway: one rounding, in the norm, instead of one per projection) */
+    bool bf16_norms;
     fsdp_tensor *h;      /* (B, T, C) = x + self_attn(input_layernorm(x)) */
     fsdp_tensor *output; /* (B, T, C) = h + mlp(post_attention_layernorm(h)) */
     fsdp_tensor *dh;     /* (B, T, C) */
@@ -41,15 +44,26 @@ static fsdp_status residual(fsdp_ctx *ctx, const fsdp_module *m, fsdp_tensor **d
     return fsdp_llama_sum_grads(ctx, dst, x, y, NULL);
 }
 
+/* norm's forward of x into *y, its output asked in bf16 for this call when bf16 */
+static fsdp_status norm_forward(fsdp_ctx *ctx, fsdp_module *norm, bool bf16, const fsdp_tensor *x,
+                                const fsdp_tensor **y) {
+    fsdp_nn_rmsnorm_set_bf16_output(norm, bf16);
+    fsdp_status st = fsdp_module_forward(ctx, norm, x, y);
+    fsdp_nn_rmsnorm_set_bf16_output(norm, false);
+    return FSDP_PASS(ctx, st);
+}
+
 static fsdp_status decoder_layer_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
                                          const fsdp_tensor **out) {
     decoder_layer *d = m->impl;
     const fsdp_tensor *n1, *a, *n2, *f;
     FSDP_TRY_AT(ctx, fsdp_nn_check_input(ctx, m, in, -1));
-    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, d->input_layernorm, in, &n1));
+    bool attn16 = d->bf16_norms && fsdp_llama_attention_reads_bf16(d->self_attn);
+    bool mlp16 = d->bf16_norms && fsdp_llama_mlp_reads_bf16(d->mlp);
+    FSDP_TRY_AT(ctx, norm_forward(ctx, d->input_layernorm, attn16, in, &n1));
     FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, d->self_attn, n1, &a));
     FSDP_TRY_AT(ctx, residual(ctx, m, &d->h, in, a));
-    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, d->post_attention_layernorm, d->h, &n2));
+    FSDP_TRY_AT(ctx, norm_forward(ctx, d->post_attention_layernorm, mlp16, d->h, &n2));
     FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, d->mlp, n2, &f));
     FSDP_TRY_AT(ctx, residual(ctx, m, &d->output, d->h, f));
     *out = d->output;
@@ -77,6 +91,12 @@ static const fsdp_module_ops decoder_layer_ops = {.kind = "LlamaDecoderLayer",
                                                   .forward = decoder_layer_forward,
                                                   .backward = decoder_layer_backward,
                                                   .free_impl = decoder_layer_free};
+
+void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on) {
+    if (!m) return;
+    if (m->ops == &decoder_layer_ops) ((decoder_layer *)m->impl)->bf16_norms = on;
+    for (int i = 0; i < m->n_children; i++) fsdp_nn_llama_set_bf16_norms(m->children[i], on);
+}
 
 bool fsdp_llama_decoder_layer_parts(const fsdp_module *m, fsdp_module *parts[4]) {
     if (!m || m->ops != &decoder_layer_ops) return false;
@@ -119,6 +139,7 @@ fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_conf
     FSDP_TRY_AT(ctx, fsdp_llama_config_resolve(ctx, cfg, &c));
     decoder_layer *d = calloc(1, sizeof *d);
     if (!d) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaDecoderLayer");
+    d->bf16_norms = true;
     fsdp_module *m;
     FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &decoder_layer_ops, d, &m));
     fsdp_status st = build_decoder_layer(ctx, m, d, &c);

@@ -3,7 +3,8 @@
  * recomputes each block from the saved log-sum-exp. Head counts are read from the
  * projections' weights, so tensor parallelism can split heads across ranks. Under the bf16
  * compute policy q_proj and k_proj give their outputs (bf16 values, read only by RoPE) as bf16
- * tensors: the same bits in half the bytes. */
+ * tensors: the same bits in half the bytes; and a bf16 input (the decoder layer's norm output,
+ * rounded once for the three projections) is passed to them as is. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -118,10 +119,18 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
                                            const fsdp_tensor **out) {
     llama_attention *a = m->impl;
     char desc[160], shape[64];
-    if (fsdp_tensor_ndim(in) != 3 || fsdp_tensor_dtype(in) != FSDP_DTYPE_F32)
-        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE, "%s: input %s %s must be f32 (B, T, dim)",
-                         fsdp_nn_describe(m, desc, sizeof desc),
-                         fsdp_dtype_to_string(fsdp_tensor_dtype(in)),
+    fsdp_dtype dt = fsdp_tensor_dtype(in);
+    if (dt == FSDP_DTYPE_BF16 && !fsdp_llama_attention_reads_bf16(m))
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "%s: input is bf16, which the attention takes only when q_proj, k_proj "
+                         "and v_proj run the bf16 compute policy (fsdp_module_set_autocast(ctx, "
+                         "m, FSDP_DTYPE_BF16) on it); pass an f32 input otherwise",
+                         fsdp_nn_describe(m, desc, sizeof desc));
+    if (fsdp_tensor_ndim(in) != 3 || (dt != FSDP_DTYPE_F32 && dt != FSDP_DTYPE_BF16))
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                         "%s: input %s %s must be f32 (B, T, dim) (or bf16 under the bf16 "
+                         "compute policy)",
+                         fsdp_nn_describe(m, desc, sizeof desc), fsdp_dtype_to_string(dt),
                          fsdp_tensor_shape_string(in, shape, sizeof shape));
     int64_t B = fsdp_tensor_dim(in, 0), T = fsdp_tensor_dim(in, 1), hd = a->head_dim;
     if (T > a->max_seq_len)
@@ -208,6 +217,14 @@ static const fsdp_module_ops llama_attention_ops = {.kind = "LlamaAttention",
                                                     .forward = llama_attention_forward,
                                                     .backward = llama_attention_backward,
                                                     .free_impl = llama_attention_free};
+
+bool fsdp_llama_attention_reads_bf16(const fsdp_module *m) {
+    if (!m || m->ops != &llama_attention_ops) return false;
+    const llama_attention *a = m->impl;
+    return fsdp_nn_linear_compute(a->q_proj) == FSDP_DTYPE_BF16 &&
+           fsdp_nn_linear_compute(a->k_proj) == FSDP_DTYPE_BF16 &&
+           fsdp_nn_linear_compute(a->v_proj) == FSDP_DTYPE_BF16;
+}
 
 bool fsdp_llama_attention_parts(const fsdp_module *m, fsdp_llama_attention_info *out) {
     if (!m || m->ops != &llama_attention_ops) return false;

@@ -35,6 +35,12 @@ fsdp_status fsdp_llama_sum_grads(fsdp_ctx *ctx, fsdp_tensor **dst, const fsdp_te
 /* fsdp_llama_mlp_create with the projections' weights ~ normal(0, std) (llama_mlp.c). */
 fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, float std,
                                  fsdp_module **out);
+/* Whether LlamaMLP m takes a bf16 input: gate_proj and up_proj run the bf16 compute policy
+ * (llama_mlp.c); false when m is not one. */
+bool fsdp_llama_mlp_reads_bf16(const fsdp_module *m);
+/* Whether LlamaAttention m takes a bf16 input: q_proj, k_proj and v_proj run the bf16 compute
+ * policy (llama_attention.c); false when m is not one. */
+bool fsdp_llama_attention_reads_bf16(const fsdp_module *m);
 
 /* cos (T, hd / 2) and sin (T, hd / 2) of positions t0 .. t0 + T - 1 times Llama's inverse
  * frequencies theta^(-2i / hd), scaled as `scaling` says (fsdp_llama_rope_scaling; NULL or

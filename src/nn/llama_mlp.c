@@ -4,7 +4,8 @@
  * gate_proj and up_proj give their outputs (bf16 values under the policy) as bf16 tensors, the
  * SwiGLU reads them widened and writes its output rounded to bf16, which down_proj rounds to
  * anyway and reads as its bf16 copy. The same bits as the f32 storage, in half the bytes, and
- * without down_proj's own copy. */
+ * without down_proj's own copy. A bf16 input (the decoder layer's norm output, rounded once for
+ * gate_proj and up_proj) is passed to both as is. */
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -36,6 +37,14 @@ static void llama_mlp_free(void *impl) {
 static fsdp_status llama_mlp_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
                                      const fsdp_tensor **out) {
     llama_mlp *p = m->impl;
+    if (fsdp_tensor_dtype(in) == FSDP_DTYPE_BF16 && !fsdp_llama_mlp_reads_bf16(m)) {
+        char desc[160];
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "%s: input is bf16, which the MLP takes only when gate_proj and up_proj "
+                         "run the bf16 compute policy (fsdp_module_set_autocast(ctx, m, "
+                         "FSDP_DTYPE_BF16) on it); pass an f32 input otherwise",
+                         fsdp_nn_describe(m, desc, sizeof desc));
+    }
     fsdp_device dev = fsdp_tensor_device(in);
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, dev, swiglu_forward, k);
@@ -114,6 +123,13 @@ static const fsdp_module_ops llama_mlp_ops = {.kind = "LlamaMLP",
                                               .forward = llama_mlp_forward,
                                               .backward = llama_mlp_backward,
                                               .free_impl = llama_mlp_free};
+
+bool fsdp_llama_mlp_reads_bf16(const fsdp_module *m) {
+    if (!m || m->ops != &llama_mlp_ops) return false;
+    const llama_mlp *p = m->impl;
+    return fsdp_nn_linear_compute(p->gate_proj) == FSDP_DTYPE_BF16 &&
+           fsdp_nn_linear_compute(p->up_proj) == FSDP_DTYPE_BF16;
+}
 
 /* Builds the MLP with its projections' weights ~ normal(0, std). */
 fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, float std,

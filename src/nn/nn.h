@@ -91,6 +91,18 @@ fsdp_dtype fsdp_nn_linear_compute(const fsdp_module *m);
  * q_proj and k_proj: set on before, off after, so a direct call, as generation makes, gets f32).
  * Nothing for other modules. */
 void fsdp_nn_linear_set_bf16_output(fsdp_module *m, bool on);
+/* With on, RMSNorm m's forwards give their output in a bf16 tensor, each element the bits
+ * f32_to_bf16 gives the f32 output, when the device's table has rmsnorm_forward_bf16; otherwise
+ * an f32 tensor. For a parent whose readers round the output to bf16 anyway, around its own call
+ * (LlamaDecoderLayer for projections under the bf16 compute policy: set on before, off after, so
+ * a direct call, as generation makes, gets f32). Backward is the same either way (it reads the
+ * input and 1/rms, not the output). Nothing for other modules. */
+void fsdp_nn_rmsnorm_set_bf16_output(fsdp_module *m, bool on);
+/* Whether the LlamaDecoderLayers of m's subtree ask their norms for bf16 outputs when the
+ * projections that read them run the bf16 compute policy (on: the default). Off gives the path
+ * before (f32 norm outputs that each projection rounds into its own bf16 copy), with the same
+ * bits: for tests that compare the two. */
+void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on);
 /* Whether m is an Embedding (fsdp_embedding_create). */
 bool fsdp_nn_is_embedding(const fsdp_module *m);
 /* Embedding m's weight now holds the rows [start, start + its rows) of the vocabulary (TP's

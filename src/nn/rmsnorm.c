@@ -1,24 +1,31 @@
-/* rmsnorm.c: RMSNorm, y = x / sqrt(mean(x^2) + eps) * weight over the last dimension. */
+/* rmsnorm.c: RMSNorm, y = x / sqrt(mean(x^2) + eps) * weight over the last dimension; for a
+ * parent that asks (fsdp_nn_rmsnorm_set_bf16_output), y rounded to bf16 in a bf16 tensor. */
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "core/tensor_impl.h" // defines: fsdp_tensor_release_storage
 #include "fsdp/layers.h"
 #include "kernels/kernels.h"
 #include "nn/module_impl.h"
+#include "nn/nn.h" // defines: fsdp_nn_rmsnorm_set_bf16_output
 
 typedef struct rmsnorm {
     float eps;
-    fsdp_param *weight;        /* (C) */
-    const fsdp_tensor *input;  /* (rows, C) */
-    fsdp_tensor *output;       /* (rows, C) */
-    fsdp_tensor *rstd;         /* (rows) */
-    fsdp_tensor *dinput;       /* (rows, C) */
-    fsdp_tensor *dweight_sink; /* (C): where the weight grad goes when it is not wanted */
+    fsdp_param *weight;          /* (C) */
+    const fsdp_tensor *input;    /* (rows, C) */
+    fsdp_tensor *output;         /* (rows, C) */
+    fsdp_tensor *output16;       /* (rows, C) bf16: the output when the parent asks (bf16_out) */
+    const fsdp_tensor *last_out; /* output or output16, of the last forward */
+    fsdp_tensor *rstd;           /* (rows) */
+    fsdp_tensor *dinput;         /* (rows, C) */
+    fsdp_tensor *dweight_sink;   /* (C): where the weight grad goes when it is not wanted */
+    bool bf16_out;               /* the parent asks for the output in bf16 (this call only) */
 } rmsnorm;
 
 static void rmsnorm_free(void *impl) {
     rmsnorm *r = impl;
     fsdp_tensor_free(r->output);
+    fsdp_tensor_free(r->output16);
     fsdp_tensor_free(r->rstd);
     fsdp_tensor_free(r->dinput);
     fsdp_tensor_free(r->dweight_sink);
@@ -32,21 +39,30 @@ static fsdp_status rmsnorm_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
     FSDP_TRY_AT(ctx, fsdp_nn_check_input(ctx, m, in, C));
     int64_t rows = fsdp_tensor_numel(in) / C;
     fsdp_device dev = fsdp_tensor_device(in);
-    FSDP_TRY_AT(ctx,
-                fsdp_nn_buffer(ctx, &r->output, dev, fsdp_tensor_ndim(in), fsdp_tensor_shape(in)));
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    bool out16 = r->bf16_out && k->rmsnorm_forward_bf16;
+    fsdp_tensor **o = out16 ? &r->output16 : &r->output, *unused = out16 ? r->output : r->output16;
+    /* the other kind's storage, of an earlier forward, is not needed */
+    if (unused) fsdp_tensor_release_storage(unused);
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, o, out16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32, dev,
+                                          fsdp_tensor_ndim(in), fsdp_tensor_shape(in)));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &r->rstd, dev, 1, &rows));
-    fsdp_kernels_for(dev)->rmsnorm_forward(fsdp_tensor_f32(r->output), fsdp_tensor_f32(r->rstd),
-                                           fsdp_tensor_f32(in), fsdp_tensor_f32(r->weight->data),
-                                           r->eps, rows, C);
+    const float *x = fsdp_tensor_f32(in), *w = fsdp_tensor_f32(r->weight->data);
+    float *rstd = fsdp_tensor_f32(r->rstd);
+    if (out16)
+        k->rmsnorm_forward_bf16(fsdp_tensor_data(*o), rstd, x, w, r->eps, rows, C);
+    else
+        k->rmsnorm_forward(fsdp_tensor_f32(*o), rstd, x, w, r->eps, rows, C);
     r->input = in;
-    *out = r->output;
+    r->last_out = *o;
+    *out = *o;
     return FSDP_OK;
 }
 
 static fsdp_status rmsnorm_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
                                     const fsdp_tensor **din) {
     rmsnorm *r = m->impl;
-    if (!r->input || !fsdp_tensor_same_shape(dout, r->output)) {
+    if (!r->input || !r->last_out || !fsdp_tensor_same_shape(dout, r->last_out)) {
         char desc[160];
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "%s: backward needs a forward first, and an output gradient of the "
@@ -76,6 +92,10 @@ static const fsdp_module_ops rmsnorm_ops = {.kind = "RMSNorm",
                                             .forward = rmsnorm_forward,
                                             .backward = rmsnorm_backward,
                                             .free_impl = rmsnorm_free};
+
+void fsdp_nn_rmsnorm_set_bf16_output(fsdp_module *m, bool on) {
+    if (m && m->ops == &rmsnorm_ops) ((rmsnorm *)m->impl)->bf16_out = on;
+}
 
 fsdp_status fsdp_rmsnorm_create(fsdp_ctx *ctx, int64_t dim, float eps, fsdp_module **out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);

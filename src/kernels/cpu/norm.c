@@ -1,18 +1,45 @@
 /* norm.c: RMSNorm on the CPU. Per row of (rows, cols): rstd = 1/sqrt(mean(x^2) + eps),
- * out = x * rstd * weight. Outputs must not overlap the inputs. */
+ * out = x * rstd * weight, in f32 or rounded to bf16. Outputs must not overlap the inputs. */
 #include <math.h>
 
-#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu.h" // defines: fsdp_cpu_sum_squares, fsdp_cpu_f32_to_bf16
+
+/* 1/sqrt(mean(x^2) + eps) of the row x (cols) */
+static float row_rstd(const float *x, int64_t cols, float eps) {
+    double ms = cols > 0 ? fsdp_cpu_sum_squares(x, cols) / (double)cols : 0.0;
+    return (float)(1.0 / sqrt(ms + (double)eps));
+}
+
+static void scale_row(float *restrict o, const float *restrict x, const float *restrict weight,
+                      float s, int64_t n) {
+    for (int64_t c = 0; c < n; c++) o[c] = x[c] * s * weight[c];
+}
 
 void fsdp_cpu_rmsnorm_forward(float *restrict out, float *restrict rstd, const float *restrict inp,
                               const float *restrict weight, float eps, int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; r++) {
-        const float *restrict x = inp + r * cols; // (cols)
-        float *restrict o = out + r * cols;       // (cols)
-        double ms = cols > 0 ? fsdp_cpu_sum_squares(x, cols) / (double)cols : 0.0;
-        float s = (float)(1.0 / sqrt(ms + (double)eps));
+        rstd[r] = row_rstd(inp + r * cols, cols, eps);
+        scale_row(out + r * cols, inp + r * cols, weight, rstd[r], cols);
+    }
+}
+
+/* Each row's values in blocks on the stack, rounded with the table's own conversion: the bits
+ * of the f32 entry then f32_to_bf16 by construction; nothing is allocated. */
+enum { BLOCK = 512 };
+
+void fsdp_cpu_rmsnorm_forward_bf16(fsdp_bf16 *restrict out, float *restrict rstd,
+                                   const float *restrict inp, const float *restrict weight,
+                                   float eps, int64_t rows, int64_t cols) {
+    float y[BLOCK];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = inp + r * cols; // (cols)
+        float s = row_rstd(x, cols, eps);
         rstd[r] = s;
-        for (int64_t c = 0; c < cols; c++) o[c] = x[c] * s * weight[c];
+        for (int64_t c = 0; c < cols; c += BLOCK) {
+            int64_t m = cols - c < BLOCK ? cols - c : BLOCK;
+            scale_row(y, x + c, weight + c, s, m);
+            fsdp_cpu_f32_to_bf16(out + r * cols + c, y, m);
+        }
     }
 }
 

@@ -20,6 +20,7 @@ static const fsdp_kernels_i cpu_kernels = {
     .gelu_backward = fsdp_cpu_par_gelu_backward,
     .rmsnorm_forward = fsdp_cpu_rmsnorm_forward,
     .rmsnorm_backward = fsdp_cpu_rmsnorm_backward,
+    .rmsnorm_forward_bf16 = fsdp_cpu_rmsnorm_forward_bf16,
     .add = fsdp_cpu_par_add,
     .axpy = fsdp_cpu_par_axpy,
     .scale = fsdp_cpu_par_scale,

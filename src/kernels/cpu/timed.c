@@ -73,6 +73,10 @@ TIMED_VOID(T_ELEMENTWISE, gelu_backward, (float *o, const float *i, const float 
 TIMED_VOID(T_ELEMENTWISE, rmsnorm_forward,
            (float *o, float *rs, const float *i, const float *w, float eps, int64_t r, int64_t c),
            (o, rs, i, w, eps, r, c))
+TIMED_VOID(T_ELEMENTWISE, rmsnorm_forward_bf16,
+           (fsdp_bf16 * o, float *rs, const float *i, const float *w, float eps, int64_t r,
+            int64_t c),
+           (o, rs, i, w, eps, r, c))
 TIMED_VOID(T_ELEMENTWISE, rmsnorm_backward,
            (float *di, float *dw, const float *d, const float *i, const float *w, const float *rs,
             int64_t r, int64_t c),
@@ -131,6 +135,7 @@ const fsdp_kernels_i *fsdp_cpu_timed_table(const fsdp_kernels_i *untimed) {
             timed.gelu_backward = timed_gelu_backward;
             timed.rmsnorm_forward = timed_rmsnorm_forward;
             timed.rmsnorm_backward = timed_rmsnorm_backward;
+            timed.rmsnorm_forward_bf16 = timed_rmsnorm_forward_bf16;
             timed.add = timed_add;
             timed.axpy = timed_axpy;
             timed.scale = timed_scale;

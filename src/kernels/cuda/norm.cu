@@ -1,21 +1,37 @@
 /* norm.cu: RMSNorm on the device, one block per row with the row's sums in double, as the CPU
- * (kernels/cpu/norm.c): rstd = 1/sqrt(mean(x^2) + eps), out = x * rstd * weight. */
+ * (kernels/cpu/norm.c): rstd = 1/sqrt(mean(x^2) + eps), out = x * rstd * weight, stored in f32
+ * or rounded to bf16 as convert.cu's f32_to_bf16 rounds. */
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dtype.cuh"
 
 #define NORM_MAX_BLOCKS 65535
 
-__global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp,
-                                       const float *weight, float eps, int64_t rows, int64_t cols) {
+/* how the forward stores one f32 value */
+struct store_f32 {
+    __device__ void operator()(float *o, float y) const { *o = y; }
+};
+struct store_bf16 {
+    __device__ void operator()(fsdp_bf16 *o, float y) const {
+        *o = bf16_from_bits(__float_as_uint(y));
+    }
+};
+
+/* One kernel body for both outputs: the same rstd and products (--fmad=false), so the bf16
+ * output is the f32 one rounded, bit for bit. */
+template <typename T, typename Store>
+__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const float *inp, const float *weight,
+                                       float eps, int64_t rows, int64_t cols) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *x = inp + r * cols; // (cols)
-        float *o = out + r * cols;       // (cols)
+        T *o = out + r * cols;           // (cols)
         double ss = 0.0;
         for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += (double)x[c] * (double)x[c];
         ss = fsdp_block_sum_all(ss);
         double ms = cols > 0 ? ss / (double)cols : 0.0;
         float s = (float)(1.0 / sqrt(ms + (double)eps));
         if (threadIdx.x == 0) rstd[r] = s;
-        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) o[c] = x[c] * s * weight[c];
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+            Store()(&o[c], x[c] * s * weight[c]);
     }
 }
 
@@ -24,9 +40,20 @@ extern "C" void fsdp_cuda_rmsnorm_forward(float *out, float *rstd, const float *
                                           int64_t cols) {
     if (rows <= 0) return;
     unsigned blocks = (unsigned)(rows < NORM_MAX_BLOCKS ? rows : NORM_MAX_BLOCKS);
-    rmsnorm_forward_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+    rmsnorm_forward_kernel<float, store_f32><<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         out, rstd, inp, weight, eps, rows, cols);
     FSDP_CUDA_LAUNCHED("rmsnorm_forward");
+}
+
+extern "C" void fsdp_cuda_rmsnorm_forward_bf16(fsdp_bf16 *out, float *rstd, const float *inp,
+                                               const float *weight, float eps, int64_t rows,
+                                               int64_t cols) {
+    if (rows <= 0) return;
+    unsigned blocks = (unsigned)(rows < NORM_MAX_BLOCKS ? rows : NORM_MAX_BLOCKS);
+    rmsnorm_forward_kernel<fsdp_bf16, store_bf16>
+        <<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(out, rstd, inp, weight, eps, rows,
+                                                               cols);
+    FSDP_CUDA_LAUNCHED("rmsnorm_forward_bf16");
 }
 
 /* dinp_j = rstd w_j dy_j - (rstd^3 / cols) x_j sum_k dy_k w_k x_k */

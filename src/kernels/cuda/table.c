@@ -16,6 +16,7 @@ static const fsdp_kernels_i cuda_kernels = {
     .gelu_backward = fsdp_cuda_gelu_backward,
     .rmsnorm_forward = fsdp_cuda_rmsnorm_forward,
     .rmsnorm_backward = fsdp_cuda_rmsnorm_backward,
+    .rmsnorm_forward_bf16 = fsdp_cuda_rmsnorm_forward_bf16,
     .add = fsdp_cuda_add,
     .axpy = fsdp_cuda_axpy,
     .scale = fsdp_cuda_scale,

@@ -136,6 +136,8 @@ void sim_gemm_bf16_round(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
                          const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb,
                          fsdp_bf16 *C, int64_t ldc);
 void sim_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
+void sim_rmsnorm_forward_bf16(fsdp_bf16 *out, float *rstd, const float *inp, const float *weight,
+                              float eps, int64_t rows, int64_t cols);
 void sim_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
                               const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
                               int64_t NKV, int64_t D);

@@ -614,6 +614,7 @@ static const fsdp_kernels_i sim_kernels = {
     .gelu_backward = sim_gelu_backward,
     .rmsnorm_forward = sim_rmsnorm_forward,
     .rmsnorm_backward = sim_rmsnorm_backward,
+    .rmsnorm_forward_bf16 = sim_rmsnorm_forward_bf16,
     .add = sim_add,
     .axpy = sim_axpy,
     .scale = sim_scale,

@@ -1,6 +1,7 @@
 /* table_bf16.c: the simulated GPU's entries with bf16 operands (table.c lists them): gemm_bf16,
- * gemm_bf16_round, the SwiGLU on bf16 gate and up and RoPE on bf16 q and k, each the CPU entry run
- * on the device's stream over the shadow memory, as every other entry. */
+ * gemm_bf16_round, the SwiGLU on bf16 gate and up, RoPE on bf16 q and k and RMSNorm with a bf16
+ * output, each the CPU entry run on the device's stream over the shadow memory, as every other
+ * entry. */
 #include "kernels/sim/sim_impl.h"
 
 typedef struct gemm_bf16_args {
@@ -143,4 +144,31 @@ void sim_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q, const fs
                                       NKV,
                                       D};
     sim_kernel_launch(dev, run_rope_qk_forward_bf16, &call, sizeof call);
+}
+
+typedef struct rmsnorm_forward_bf16_args {
+    fsdp_bf16 *out;
+    float *rstd;
+    const float *inp, *weight;
+    float eps;
+    int64_t rows, cols;
+} rmsnorm_forward_bf16_args;
+
+static void run_rmsnorm_forward_bf16(void *arg) {
+    rmsnorm_forward_bf16_args *a = arg;
+    fsdp_kernels_cpu()->rmsnorm_forward_bf16(a->out, a->rstd, a->inp, a->weight, a->eps, a->rows,
+                                             a->cols);
+}
+
+void sim_rmsnorm_forward_bf16(fsdp_bf16 *out, float *rstd, const float *inp, const float *weight,
+                              float eps, int64_t rows, int64_t cols) {
+    int dev = sim_kernel_device(out, "rmsnorm_forward_bf16");
+    rmsnorm_forward_bf16_args call = {.out = sim_kernel_ptr(dev, out),
+                                      .rstd = sim_kernel_ptr(dev, rstd),
+                                      .inp = sim_kernel_ptr(dev, inp),
+                                      .weight = sim_kernel_ptr(dev, weight),
+                                      .eps = eps,
+                                      .rows = rows,
+                                      .cols = cols};
+    sim_kernel_launch(dev, run_rmsnorm_forward_bf16, &call, sizeof call);
 }
