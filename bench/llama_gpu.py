@@ -12,6 +12,13 @@ the last of each row is ignored. Prints one line per run:
     skip torch-eager|torch-compile SHAPE MODE: REASON
 and, per shape and mode, the SDPA backend that ran. Runs that would pass --budget-s are
 skipped with the reason. --device cpu runs the tiny shape on the CPU (a check of the script).
+--breakdown: after each eager run's timed steps, --breakdown-steps more with hooks that
+synchronise the device at the start and end of every timed module's forward and backward, as
+bench_llama_gpu --breakdown does, and lines in its format (PyTorch's loss is inside the model's
+forward: its part is the forward after lm_head plus the backward before lm_head's):
+    breakdown torch-eager SHAPE MODE PART fwd_ms X bwd_ms Y share Z
+    breakdown torch-eager SHAPE MODE total step_ms X parts_ms Y timed_step_ms Z steps N
+        idle_sync_us S loss L   (one line)
 """
 import argparse
 import statistics
@@ -28,6 +35,9 @@ SHAPES = {  # dim, layers, heads, kv heads, ffn, vocab, seq, batch
     "tiny": (64, 2, 4, 2, 128, 256, 32, 2),
 }
 MODES = ("f32", "tf32", "bf16")
+# bench/llama_breakdown.h's parts, in its order.
+PARTS = ("embedding", "input_norm", "attn_proj", "attn_core", "post_attn_norm", "mlp_proj",
+         "mlp_rest", "residual", "final_norm", "lm_head", "loss", "optimizer", "other")
 
 
 class RMSNorm(nn.Module):
@@ -163,6 +173,115 @@ def autocast(mode, device):
     return torch.autocast(device, dtype=torch.bfloat16, enabled=mode == "bf16")
 
 
+class Breakdown:
+    """Per-part forward and backward time of eager steps: each timed module's time goes to its
+    part and comes out of its parent's (a layer's residual part is the layer less its four
+    children, attn_core the attention less its projections, mlp_rest the MLP less its
+    projections). The embedding's backward runs last and its inputs need no gradient (no
+    backward-end hook fires): it ends with the backward."""
+
+    def __init__(self, model, sync):
+        self.sync, self.handles, self.rec, self.mark = sync, [], [], {}
+        targets = [(model.embed_tokens, "embedding", None), (model.norm, "final_norm", None),
+                   (model.lm_head, "lm_head", None)]
+        for layer in model.layers:
+            a, f = layer.self_attn, layer.mlp
+            targets += [(layer, "residual", None), (layer.input_layernorm, "input_norm", "residual"),
+                        (a, "attn_core", "residual"), (a.q_proj, "attn_proj", "attn_core"),
+                        (a.k_proj, "attn_proj", "attn_core"), (a.v_proj, "attn_proj", "attn_core"),
+                        (a.o_proj, "attn_proj", "attn_core"),
+                        (layer.post_attention_layernorm, "post_attn_norm", "residual"),
+                        (f, "mlp_rest", "residual"), (f.gate_proj, "mlp_proj", "mlp_rest"),
+                        (f.up_proj, "mlp_proj", "mlp_rest"), (f.down_proj, "mlp_proj", "mlp_rest")]
+        for mod, add, sub in targets:
+            self._hook(mod, add, sub)
+        t = []
+        for _ in range(21):
+            t0 = time.perf_counter()
+            sync()
+            t.append(time.perf_counter() - t0)
+        self.idle_sync_us = 1e6 * statistics.median(t)
+
+    def _hook(self, mod, add, sub):
+        start = {}
+
+        def begin(phase):
+            def hook(*_):
+                self.sync()
+                start[phase] = time.perf_counter()
+                if mod is self.lm_head_of and phase == 1:
+                    self.mark["lm_head_bwd"] = start[phase]
+            return hook
+
+        def end(phase):
+            def hook(*_):
+                self.sync()
+                now = time.perf_counter()
+                self.acc[phase][add] += now - start[phase]
+                if sub:
+                    self.acc[phase][sub] -= now - start[phase]
+                if add == "lm_head" and phase == 0:
+                    self.mark["lm_head_fwd"] = now
+            return hook
+
+        if add == "lm_head":
+            self.lm_head_of = mod
+        self.handles += [mod.register_forward_pre_hook(begin(0)), mod.register_forward_hook(end(0)),
+                         mod.register_full_backward_pre_hook(begin(1))]
+        if add == "embedding":
+            self.embedding_start = start
+        else:
+            self.handles.append(mod.register_full_backward_hook(end(1)))
+
+    lm_head_of = None
+
+    def step(self, model, opt, ids, tgt, mode, device):
+        """One step with every part timed; returns the loss."""
+        self.acc = ({p: 0.0 for p in PARTS}, {p: 0.0 for p in PARTS})
+        self.sync()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        with autocast(mode, device):
+            loss = model(ids, tgt)
+        self.sync()
+        t_fwd = time.perf_counter()
+        loss.backward()
+        self.sync()
+        t_bwd = time.perf_counter()
+        opt.step()
+        self.sync()
+        t_end = time.perf_counter()
+        fwd, bwd = self.acc
+        bwd["embedding"] += t_bwd - self.embedding_start[1]
+        fwd["loss"] = t_fwd - self.mark["lm_head_fwd"]
+        bwd["loss"] = self.mark["lm_head_bwd"] - t_fwd
+        fwd["optimizer"] = t_end - t_bwd
+        self.rec.append((dict(fwd), dict(bwd), t_end - t0, t_fwd - t0))
+        return loss
+
+    def detach(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def print(self, tag, timed_ms, loss):
+        """As llama_breakdown_report: the median of each part, and other from the medians (the
+        forward phase less its parts, then the step less every part), so the shares sum to 1."""
+        med = lambda xs: 1e3 * statistics.median(xs)  # noqa: E731
+        step = med([r[2] for r in self.rec])
+        f = {p: med([r[0][p] for r in self.rec]) for p in PARTS[:-1]}
+        b = {p: med([r[1][p] for r in self.rec]) for p in PARTS[:-1]}
+        parts = sum(f.values()) + sum(b.values())
+        f["other"] = med([r[3] for r in self.rec]) - sum(f[p] for p in PARTS[:-2])
+        b["other"] = step - parts - f["other"]
+        for p in PARTS:
+            print(f"breakdown {tag} {p} fwd_ms {f[p]:.3f} bwd_ms {b[p]:.3f} "
+                  f"share {(f[p] + b[p]) / step if step > 0 else 0:.4f}")
+        print(f"breakdown {tag} total step_ms {step:.3f} parts_ms {parts:.3f} timed_step_ms "
+              f"{timed_ms:.3f} steps {len(self.rec)} idle_sync_us {self.idle_sync_us:.1f} "
+              f"loss {loss:.9g}", flush=True)
+
+
 class Runner:
     def __init__(self, a):
         self.a = a
@@ -225,6 +344,18 @@ class Runner:
         print(f"result {tag} step_ms {1e3 * sec:.2f} tokens_per_s {tps:.1f} mfu {mfu} "
               f"loss {times[-1][1].item():.4f} (warm-up {warm:.1f} s, {params / 1e6:.1f} M "
               f"parameters)", flush=True)
+        if a.breakdown_steps and execution == "eager":
+            if last * 2 * a.breakdown_steps > self.left():
+                print(f"skip breakdown {tag}: {max(self.left(), 0):.0f} s of the budget left",
+                      flush=True)
+                return
+            bd = Breakdown(model, self.sync)
+            try:
+                for _ in range(a.breakdown_steps):
+                    loss = bd.step(model, opt, ids, tgt, mode, self.device)
+            finally:
+                bd.detach()
+            bd.print(tag, 1e3 * sec, loss.item())
 
     def run(self, plan):
         self.backends = {}
@@ -255,7 +386,15 @@ def main():
                    help="the least budget left worth starting a torch.compile run with")
     p.add_argument("--peaks", default="0,0,0", help="TFLOP/s of f32, tf32, bf16 (for MFU)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--breakdown", action="store_true",
+                   help="time each part of the eager step after the timed steps")
+    p.add_argument("--breakdown-steps", type=int, default=0,
+                   help="the steps the breakdown times (default 5; implies --breakdown)")
     a = p.parse_args()
+    if a.breakdown and not a.breakdown_steps:
+        a.breakdown_steps = 5
+    if not 0 <= a.breakdown_steps <= 100:
+        p.error(f"--breakdown-steps {a.breakdown_steps}: give 1..100")
     a.peaks = [float(x) for x in a.peaks.split(",")]
     shapes, modes = a.shapes.split(","), a.modes.split(",")
     executions = a.executions.split(",")

@@ -16,8 +16,9 @@
 # CUDA it times libfsdp alone and says so. --device sim runs libfsdp on the simulated GPU and
 # PyTorch (when importable) on the CPU: a check of the script and drivers, not a measurement.
 # The budget (default 900 s) bounds the whole run: libfsdp gets up to 40% of it, PyTorch the
-# rest; a run that would not fit is skipped with the reason. --breakdown: bench_llama_gpu also
-# times each part of libfsdp's step (its 'breakdown' lines, printed as they come, not tabled).
+# rest; a run that would not fit is skipped with the reason. --breakdown: bench_llama_gpu and
+# llama_gpu.py (its eager runs) also time each part of the step ('breakdown' lines, printed as
+# they come), and a table per shape and mode puts the two side by side.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build budget=900 steps=10 shapes=S,M dry=0 device=cuda torch=1 our_shapes="" breakdown=()
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
     --device) device=$2 && shift ;;
     --libfsdp-only) torch=0 ;;
     --breakdown) breakdown=(--breakdown) ;;
-    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
     -*) echo "llama_gpu.sh: unknown option $1 (see --help)" >&2 && exit 2 ;;
     *) build=$1 ;;
     esac
@@ -66,7 +67,7 @@ peaks=$(peaks_of "$gpu")
 echo "llama_gpu: plan: shapes $shapes (S: dim 768, 12 layers, 12/4 heads, ffn 2048, vocab 32000,"
 echo "  T 1024, B 16; M: dim 2048, 16 layers, 32/8 heads, ffn 8192, vocab 128256, T 2048, B 4),"
 if [ "$our_shapes" != "$shapes" ]; then echo "  libfsdp on shapes $our_shapes only (--libfsdp-shapes)"; fi
-if [ ${#breakdown[@]} -gt 0 ]; then echo "  libfsdp's step broken down by part (--breakdown)"; fi
+if [ ${#breakdown[@]} -gt 0 ]; then echo "  libfsdp's and PyTorch eager's steps broken down by part (--breakdown)"; fi
 echo "  modes f32, tf32, bf16; libfsdp (bench_llama_gpu), PyTorch eager with SDPA and"
 echo "  torch.compile (llama_gpu.py); AdamW; median of $steps steps after warm-up; budget $budget s"
 echo "  MFU = tokens/s x (6N + 12 L d T) / peak, N = parameters less the input embedding"
@@ -108,7 +109,8 @@ elif [ "$theirs_budget" -lt 20 ]; then
     echo "llama_gpu: PyTorch not run: $(left) s of the budget left" | tee "$out/theirs"
 else
     timeout -k 5 $((theirs_budget + 40)) python3 "$here/llama_gpu.py" --shapes "$shapes" \
-        --steps "$steps" --budget-s "$theirs_budget" --peaks "$peaks" --device "$pydev" |
+        --steps "$steps" --budget-s "$theirs_budget" --peaks "$peaks" --device "$pydev" \
+        "${breakdown[@]}" |
         tee "$out/theirs" ||
         echo "llama_gpu: llama_gpu.py exit status $? (figures above, if any, stand)"
 fi
@@ -150,3 +152,27 @@ cat "$out/ours" "$out/theirs" | awk -v shapes="$shapes" '
         }
     }'
 grep -h '^skip\|^sdpa' "$out/ours" "$out/theirs" || true
+
+# ---- the breakdowns side by side: per shape and mode, each part's fwd + bwd ms ----
+if [ ${#breakdown[@]} -gt 0 ]; then
+    cat "$out/ours" "$out/theirs" | awk '
+        $1 == "breakdown" && $5 != "total" {
+            k = $3 " " $4; if (!(k in seen)) { seen[k] = 1; order[++n] = k }
+            if (!($5 in pseen)) { pseen[$5] = 1; parts[++np] = $5 }
+            t[$2 " " k " " $5] = $7 + $9
+        }
+        $1 == "breakdown" && $5 == "total" { step[$2 " " $3 " " $4] = $7 }
+        END {
+            for (i = 1; i <= n; i++) {
+                k = order[i]; o = "libfsdp " k; e = "torch-eager " k
+                if (!((o in step) && (e in step))) continue
+                printf "\n== breakdown %s (fwd + bwd ms per step, synchronised at every hook)\n", k
+                printf "%-15s %10s %12s %10s\n", "part", "libfsdp", "torch eager", "difference"
+                for (j = 1; j <= np; j++) {
+                    a = t[o " " parts[j]]; b = t[e " " parts[j]]
+                    printf "%-15s %10.3f %12.3f %+10.3f\n", parts[j], a, b, a - b
+                }
+                printf "%-15s %10.3f %12.3f %+10.3f\n", "step", step[o], step[e], step[o] - step[e]
+            }
+        }'
+fi

@@ -5,7 +5,8 @@
 # simulated GPU and its figure reaches the table; with --breakdown every part's line and the
 # total come out per mode, the shares sum to 1 and the parts stay within the step, and the
 # breakdown's steps give the same losses as plain steps, bitwise; a bad option exits 2. Where
-# torch is importable, llama_gpu.py runs the tiny shape on the CPU and prints its result line.
+# torch is importable, llama_gpu.py runs the tiny shape on the CPU and prints its result line,
+# and with --breakdown its eager parts pass the same checks and meet libfsdp's in one table.
 # Usage: tests/llama_gpu_dry_run.sh SCRIPT BUILD_DIR
 set -euo pipefail
 script=$1 build=$2
@@ -48,16 +49,19 @@ rc=0
 bash "$script" --device sim --shapes tiny --libfsdp-only --breakdown --budget-s 120 "$build" \
     >"$tmp/out" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || fail "--breakdown on sim exited $rc, want 0"
-expect "libfsdp's step broken down by part (--breakdown)"
+expect "libfsdp's and PyTorch eager's steps broken down by part (--breakdown)"
 num='-?[0-9]+\.[0-9]+' # other (the step less the parts) may come out below 0: see below
-for mode in f32 bf16; do
+# check_breakdown WHO MODE: WHO's (libfsdp, torch-eager) breakdown of the tiny shape in MODE, in
+# $tmp/out: every part's line and the total, shares summing to 1, parts within the step.
+check_breakdown() {
+    local who=$1 mode=$2 part
     for part in embedding input_norm attn_proj attn_core post_attn_norm mlp_proj mlp_rest residual \
         final_norm lm_head loss optimizer other; do
-        grep -qE "^breakdown libfsdp tiny $mode $part fwd_ms $num bwd_ms $num share $num\$" \
-            "$tmp/out" || fail "no breakdown line of part $part in tiny $mode"
+        grep -qE "^breakdown $who tiny $mode $part fwd_ms $num bwd_ms $num share $num\$" \
+            "$tmp/out" || fail "no $who breakdown line of part $part in tiny $mode"
     done
-    grep -qE "^breakdown libfsdp tiny $mode total step_ms $num parts_ms $num timed_step_ms $num steps 5 idle_sync_us $num loss [0-9.]+\$" \
-        "$tmp/out" || fail "no breakdown total line of tiny $mode"
+    grep -qE "^breakdown $who tiny $mode total step_ms $num parts_ms $num timed_step_ms $num steps 5 idle_sync_us $num loss [0-9.]+\$" \
+        "$tmp/out" || fail "no $who breakdown total line of tiny $mode"
     # The shares are (fwd + bwd) / step with other = step - parts, so they sum to 1 but for the
     # printing: 13 shares of 4 decimals each off by at most 5e-5, 6.5e-4 in all.
     # Each breakdown step's timed parts are disjoint intervals of it (a rest part, like
@@ -68,9 +72,9 @@ for mode in f32 bf16; do
     # attention projections left in attn_core as well (counted twice) passed it in bf16 (12%
     # over), though not in f32, where other's slack hid them. A rest part is a median of
     # intervals less their children's: never below 0, unless a child is subtracted twice.
-    awk -v mode="$mode" '
-        $1 == "breakdown" && $4 == mode && $5 != "total" { sum += $11; n++; v[$5] = $7 " " $9 }
-        $1 == "breakdown" && $4 == mode && $5 == "total" { step = $7; parts = $9 }
+    awk -v who="$who" -v mode="$mode" '
+        $1 == "breakdown" && $2 == who && $4 == mode && $5 != "total" { sum += $11; n++; v[$5] = $7 " " $9 }
+        $1 == "breakdown" && $2 == who && $4 == mode && $5 == "total" { step = $7; parts = $9 }
         END {
             if (n != 13) { printf "%d parts, want 13\n", n; exit 1 }
             if (sum < 1 - 6.5e-4 || sum > 1 + 6.5e-4) { printf "shares sum to %.5f\n", sum; exit 1 }
@@ -80,7 +84,10 @@ for mode in f32 bf16; do
                 split(v[rest[i]], fb, " ")
                 if (fb[1] < 0 || fb[2] < 0) { printf "%s below 0: %s\n", rest[i], v[rest[i]]; exit 1 }
             }
-        }' "$tmp/out" >"$tmp/why" || fail "breakdown of tiny $mode: $(cat "$tmp/why")"
+        }' "$tmp/out" >"$tmp/why" || fail "$who breakdown of tiny $mode: $(cat "$tmp/why")"
+}
+for mode in f32 bf16; do
+    check_breakdown libfsdp "$mode"
 done
 
 # The breakdown's hooks only synchronise: its steps train as ordinary ones, bitwise on sim. A
@@ -111,7 +118,17 @@ if python3 -c 'import torch' 2>/dev/null; then
     grep -qE '^result torch-eager tiny f32 step_ms [0-9.]+ tokens_per_s [0-9.]+ mfu n/a' "$tmp/out" ||
         fail "no result line of llama_gpu.py"
     expect "sdpa tiny f32: aten::_scaled_dot_product"
-    echo "llama_gpu_dry_run: llama_gpu.py ran the tiny shape on the CPU"
+    # --breakdown: PyTorch eager's parts as libfsdp's, and the two side by side in one table.
+    rc=0
+    bash "$script" --device sim --shapes tiny --breakdown --budget-s 150 "$build" >"$tmp/out" 2>&1 ||
+        rc=$?
+    [ "$rc" -eq 0 ] || fail "--device sim --breakdown with torch exited $rc"
+    for mode in f32 bf16; do
+        check_breakdown torch-eager "$mode"
+        expect "== breakdown tiny $mode (fwd + bwd ms per step, synchronised at every hook)"
+    done
+    grep -qE "^attn_core +$num +$num +[-+]$num\$" "$tmp/out" || fail "no attn_core row in the side-by-side table"
+    echo "llama_gpu_dry_run: llama_gpu.py ran the tiny shape on the CPU, with its breakdown"
 else
     echo "llama_gpu_dry_run: torch is not importable here: llama_gpu.py not run"
 fi
