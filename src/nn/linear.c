@@ -103,7 +103,7 @@ static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *
 /* dW (OC, C) += bf16(dy)^T x16 in f32; dx (rows, C) = bf16(bf16(dy) w16); the bias gradient
  * sums dy in f32 (not bf16(dy), which is all a bias-gradient epilogue of the bf16 GEMM could
  * read: so it stays a separate entry). A bf16 dout is bf16(dy) itself, read as is (no y16;
- * refused by linear_backward when a bias gradient would need the f32 dy). */
+ * check_dout refuses it when a bias gradient would need the f32 dy). */
 static fsdp_status bf16_backward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *k,
                                  const fsdp_tensor *dout, const fsdp_tensor **din, int64_t rows,
                                  int64_t OC, int64_t C) {
@@ -174,7 +174,8 @@ static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tens
     return FSDP_OK;
 }
 
-/* dout is f32, or bf16 under the bf16 compute policy when no bias gradient needs the f32 sums. */
+/* dout is f32, or bf16 under the bf16 compute policy when no bias gradient needs the f32 sums
+ * (the Linear's own, or a TP style's when it applies the bias: it sums the f32 gradient too). */
 static fsdp_status check_dout(fsdp_ctx *ctx, const fsdp_module *m, const linear *l,
                               const fsdp_tensor *dout) {
     fsdp_dtype dt = fsdp_tensor_dtype(dout);
@@ -185,7 +186,7 @@ static fsdp_status check_dout(fsdp_ctx *ctx, const fsdp_module *m, const linear 
                          "%s: the output gradient is %s; a Linear takes f32, or bf16 under the "
                          "bf16 compute policy (fsdp_module_set_autocast) that its last forward ran",
                          fsdp_nn_describe(m, desc, sizeof desc), fsdp_dtype_to_string(dt));
-    if (l->bias && l->bias->requires_grad && !l->bias->hook_applied)
+    if (l->bias && l->bias->requires_grad)
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
                          "%s: a bf16 output gradient is taken by a Linear without a bias gradient "
                          "(its sums read the f32 gradient); pass an f32 output gradient",
@@ -246,10 +247,6 @@ fsdp_dtype fsdp_nn_linear_compute(const fsdp_module *m) {
 
 void fsdp_nn_linear_set_bf16_output(fsdp_module *m, bool on) {
     if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->bf16_out = on;
-}
-
-bool fsdp_nn_linear_bf16_output(const fsdp_module *m) {
-    return fsdp_nn_is_linear(m) && ((const linear *)m->impl)->bf16_out;
 }
 
 void fsdp_nn_linear_set_bf16_grad(fsdp_module *m, bool on) {

@@ -91,9 +91,6 @@ fsdp_dtype fsdp_nn_linear_compute(const fsdp_module *m);
  * q_proj and k_proj: set on before, off after, so a direct call, as generation makes, gets f32).
  * Nothing for other modules. */
 void fsdp_nn_linear_set_bf16_output(fsdp_module *m, bool on);
-/* Whether Linear m's bf16 output is on (fsdp_nn_linear_set_bf16_output); false for other
- * modules. */
-bool fsdp_nn_linear_bf16_output(const fsdp_module *m);
 /* With on, Linear m expects a bf16 output gradient (bf16(dy), what its bf16 GEMMs read: the
  * Llama's lm_head with bf16 logits, whose loss writes one): a forward that gives a bf16 output
  * then allocates no bf16 scratch (y16, rows x max(out, in)) for rounding an f32 gradient; a
