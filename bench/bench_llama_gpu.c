@@ -2,7 +2,8 @@
  * cross-entropy, backward, AdamW) on one device, per shape and compute mode, as the median of
  * the timed steps, tokens/s and MFU. bench/llama_gpu.py times PyTorch on the same shapes.
  * Modes: f32, tf32 (CUDA only) and bf16 (the model's bf16 compute policy, fsdp_module_set_autocast:
- * bf16 GEMMs with f32 accumulation, f32 master weights and AdamW).
+ * bf16 GEMMs with f32 accumulation, f32 master weights and AdamW; bf16 logits and logit
+ * gradients, the cross-entropy's math in f32).
  * Shapes: S (dim 768, 12 layers), M (the Llama-3.2-1B shape) and tiny (for the CTest on sim).
  * A deadline (--budget-s) skips, with the reason, every run that would not finish before it.
  * --breakdown adds, after each mode's timed steps, steps that time every part of the step
@@ -175,7 +176,11 @@ static fsdp_status run_build(run *r, const shape *s) {
                              .n_kv_heads = s->kv_heads,
                              .vocab_size = s->vocab,
                              .ffn_hidden = s->ffn,
-                             .max_seq_len = s->seq};
+                             .max_seq_len = s->seq,
+                             /* bf16 logits in the bf16 mode (autocast's); time_mode sets each
+                              * mode's policy, and under f32 compute the logits are f32 */
+                             .compute_dtype = FSDP_DTYPE_BF16,
+                             .logits_dtype = FSDP_DTYPE_BF16};
     int64_t n = (int64_t)s->batch * s->seq;
     fsdp_tensor *host = NULL;
     r->targets = malloc((size_t)n * sizeof *r->targets);
@@ -213,6 +218,10 @@ static fsdp_status run_step(run *r, double *secs) {
     TRY(fsdp_optimizer_zero_grad(ctx, r->opt));
     TRY(fsdp_module_forward(ctx, r->model, r->tokens, &logits));
     TRY(llama_breakdown_mark(ctx, r->bd, LLAMA_BD_FORWARD_DONE));
+    if (r->dlogits && fsdp_tensor_dtype(r->dlogits) != fsdp_tensor_dtype(logits)) {
+        fsdp_tensor_free(r->dlogits); /* another mode's: the gradient's dtype is the logits' */
+        r->dlogits = NULL;
+    }
     if (!r->dlogits) TRY(fsdp_tensor_create_like(ctx, logits, &r->dlogits));
     TRY(fsdp_loss_cross_entropy_ignore(ctx, logits, r->targets, FSDP_IGNORE_INDEX, &r->loss,
                                        r->dlogits));

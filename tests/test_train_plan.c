@@ -455,6 +455,12 @@ static void test_llama_layouts(void) {
         {"llama (1, 2) tp, bf16 policy, tied embeddings, uneven vocabulary",
          SET("parallel.ranks=2", "parallel.tp=2", "model.vocab_size=257", "model.autocast=bf16",
              "model.tie_embeddings=true")},
+        /* bf16 logits (the policy at tp 1): the logits in bf16 and no scratch in lm_head, with a
+         * bf16 logit gradient above and an f32 one where the trainer rescales it (accumulated
+         * micro-batches) */
+        {"llama (2, 1) bf16 logits, tied embeddings, grad_accum 2",
+         SET("parallel.ranks=2", "model.autocast=bf16", "model.tie_embeddings=true",
+             "train.grad_accum=2")},
     };
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         CU_ASSERT_FATAL(configure(g_llama, layouts[i].set));

@@ -62,8 +62,10 @@ static const train_key g_keys[] = {
     ENUM_KEY("model", "autocast", model.autocast, "f32", g_autocasts, NULL,
              "the compute policy (fsdp_llama_config.compute_dtype): f32, or bf16 (every "
              "Linear's GEMMs on bf16 inputs with f32 accumulation, their outputs rounded to "
-             "bf16, the MLP's and q/k's activations kept in bf16 tensors; norms, attention, "
-             "loss and optimizer f32, master weights f32)"),
+             "bf16, the MLP's and q/k's activations kept in bf16 tensors, and at tp 1 the "
+             "logits (logits_dtype bf16: the loss computes in f32 on them and writes a bf16 "
+             "gradient, f32 where the trainer rescales it); norms, attention, loss and optimizer "
+             "f32, master weights f32)"),
 
 };
 

@@ -51,7 +51,10 @@ fsdp_llama_config train_llama_config(const train_config *cfg) {
                          .high_freq_factor = (float)cfg->model.rope_high_freq_factor,
                          .original_max_len = cfg->model.rope_original_max_len},
         .tie_word_embeddings = cfg->model.tie_embeddings,
-        .compute_dtype = cfg->model.autocast ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32};
+        .compute_dtype = cfg->model.autocast ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
+        /* bf16 logits under the bf16 policy, but for tp > 1: loss parallel reads f32 */
+        .logits_dtype =
+            cfg->model.autocast && cfg->parallel.tp <= 1 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32};
 }
 
 /* The config with its defaults filled in (the keys were checked by train_config_check). */
@@ -121,7 +124,13 @@ fsdp_status train_llama_create(fsdp_ctx *ctx, const train_config *cfg, const tra
     TRY(train_device_mirror(ctx, l->input, &l->dev));
     int64_t voff, vlen; /* lm_head's rows on this tp rank */
     fsdp_chunk_range(cfg->model.vocab_size, tp_size, tp_rank, &voff, &vlen);
-    return fsdp_tensor_create(ctx, FSDP_DTYPE_F32, fsdp_ctx_device(ctx), 3,
+    /* The gradient's dtype follows the logits', unless the trainer rescales it (train_step in
+     * trainer.c: by len dp / batch_size, 1 / grad_accum for a Llama, whose slices are even),
+     * which fsdp_loss_scale_grad does in f32: then f32, which lm_head rounds to bf16 after the
+     * scaling, as under f32 logits (the same bits either way). */
+    bool bf16 = train_llama_config(cfg).logits_dtype == FSDP_DTYPE_BF16 &&
+                (double)l->len * dp_size / (double)cfg->data.batch_size == 1.0;
+    return fsdp_tensor_create(ctx, bf16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32, fsdp_ctx_device(ctx), 3,
                               (int64_t[]){l->len, l->T, vlen}, dout);
 }
 

@@ -57,6 +57,16 @@ typedef struct fsdp_llama_config {
      * inputs with f32 accumulation and bf16 outputs; norms, attention, loss and optimizer f32.
      * Parameters, their gradients and the optimizer's state stay f32 either way. */
     fsdp_dtype compute_dtype;
+    /* The logits' dtype: FSDP_DTYPE_F32 (0, the default: an f32 tensor, as PyTorch's eager f32
+     * model) or FSDP_DTYPE_BF16, under compute_dtype FSDP_DTYPE_BF16 only (else refused):
+     * lm_head gives its output, the values the policy rounds to bf16 anyway, as a bf16 tensor
+     * (autocast's bf16 logits), and takes a bf16 output gradient, which
+     * fsdp_loss_cross_entropy_ignore writes for bf16 logits (its math f32 on the widened logits:
+     * the same loss and gradients, bit for bit, in half the bytes). An f32 output gradient is
+     * still taken. Tensor parallelism (fsdp_llama_tp_plan with tp > 1) refuses it: the
+     * vocabulary-sharded lm_head's redistribution and loss parallel read f32 logits
+     * (docs/models.md, "bf16 logits"). */
+    fsdp_dtype logits_dtype;
 } fsdp_llama_config;
 
 /* cfg with every zero field replaced by its default; FSDP_ERR_INVALID_ARGUMENT naming the

@@ -14,7 +14,11 @@ fsdp_status fsdp_loss_sum(fsdp_ctx *ctx, const fsdp_tensor *out, float *loss, fs
 /* loss = mean((out - target)^2) over all elements. */
 fsdp_status fsdp_loss_mse(fsdp_ctx *ctx, const fsdp_tensor *out, const fsdp_tensor *target,
                           float *loss, fsdp_tensor *dout);
-/* Cross-entropy of logits (N, C) against class indices targets[N] in [0, C), mean over N. */
+/* Cross-entropy of logits (N, C) against class indices targets[N] in [0, C), mean over N.
+ * Both cross-entropies take f32 or bf16 logits: bf16 ones are widened and the math is the f32
+ * one (the same loss bits as on f32 logits holding those values); dlogits is then f32, or bf16
+ * holding each f32 gradient element rounded to nearest even (a Llama with logits_dtype bf16,
+ * docs/models.md "bf16 logits"). A bf16 dlogits for f32 logits is refused (FSDP_ERR_DTYPE). */
 fsdp_status fsdp_loss_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *logits,
                                     const int32_t *targets, float *loss, fsdp_tensor *dlogits);
 
@@ -28,9 +32,10 @@ fsdp_status fsdp_loss_cross_entropy_ignore(fsdp_ctx *ctx, const fsdp_tensor *log
                                            const int32_t *targets, int32_t ignore_index,
                                            float *loss, fsdp_tensor *dlogits);
 
-/* dout *= factor (f32, with storage), on dout's device: a loss gradient rescaled where this
- * rank's share of the batch or the gradient accumulation makes its mean differ from the
- * batch's. Each element is one f32 product, the same on every device. */
+/* dout *= factor (f32, with storage; a bf16 gradient is refused: scale the f32 one), on dout's
+ * device: a loss gradient rescaled where this rank's share of the batch or the gradient
+ * accumulation makes its mean differ from the batch's. Each element is one f32 product, the same
+ * on every device. */
 fsdp_status fsdp_loss_scale_grad(fsdp_ctx *ctx, fsdp_tensor *dout, float factor);
 
 #ifdef __cplusplus

@@ -273,6 +273,14 @@ typedef struct fsdp_kernels_i {
     void (*cross_entropy_ignore)(float *loss, float *dlogits, const float *logits,
                                  const int32_t *targets, int32_t ignore_index, int64_t rows,
                                  int64_t classes);
+    /* cross_entropy_ignore over bf16 logits (rows, classes), each widened exactly: the loss the
+     * bits cross_entropy_ignore gives on the widened logits, and dlogits (may be NULL) its
+     * gradient, f32 (dlogits_dtype FSDP_DTYPE_F32: the same bits) or bf16 (FSDP_DTYPE_BF16:
+     * each element the bits f32_to_bf16 gives the f32 gradient), in one pass that reads the bf16
+     * row (the bf16 compute policy's lm_head keeps its logits in bf16: docs/models.md). */
+    void (*cross_entropy_ignore_bf16)(float *loss, void *dlogits, fsdp_dtype dlogits_dtype,
+                                      const fsdp_bf16 *logits, const int32_t *targets,
+                                      int32_t ignore_index, int64_t rows, int64_t classes);
 
     /* Cross-entropy over logits (rows, V) that hold the classes [start, start + V) of a
      * vocabulary sharded over ranks (loss parallel, src/tp/loss_parallel.c), in three steps

@@ -23,8 +23,10 @@ typedef struct linear {
 
     /* bf16 storage under the policy: a bf16 input is kept as the GEMMs' copy (no x16); with
      * bf16_out (the parent asks: fsdp_nn_linear_set_bf16_output) and no bias, the output is
-     * output16, a bf16 tensor. last_out: output or output16, of the last forward. */
-    bool bf16_out;
+     * output16, a bf16 tensor. last_out: output or output16, of the last forward. bf16_grad (the
+     * parent or the loss gives a bf16 output gradient: fsdp_nn_linear_set_bf16_grad): a forward
+     * with output16 makes no y16, which only an f32 output gradient needs. */
+    bool bf16_out, bf16_grad;
     fsdp_tensor *output16;
     const fsdp_tensor *last_out;
 } linear;
@@ -75,7 +77,8 @@ static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *
         k->f32_to_bf16(fsdp_tensor_data(l->x16), fsdp_tensor_f32(in), rows * C);
     }
     FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->w16, dev, OC, C));
-    FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->y16, dev, rows, OC > C ? OC : C));
+    if (!out16 || !l->bf16_grad) /* else a backward given an f32 gradient makes it */
+        FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->y16, dev, rows, OC > C ? OC : C));
     const fsdp_bf16 *x16 = kept_x16(l, in);
     fsdp_bf16 *w16 = fsdp_tensor_data(l->w16);
     k->f32_to_bf16(w16, fsdp_tensor_f32(l->weight->data), OC * C);
@@ -99,14 +102,21 @@ static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *
 
 /* dW (OC, C) += bf16(dy)^T x16 in f32; dx (rows, C) = bf16(bf16(dy) w16); the bias gradient
  * sums dy in f32 (not bf16(dy), which is all a bias-gradient epilogue of the bf16 GEMM could
- * read: so it stays a separate entry). */
+ * read: so it stays a separate entry). A bf16 dout is bf16(dy) itself, read as is (no y16;
+ * check_dout refuses it when a bias gradient would need the f32 dy). */
 static fsdp_status bf16_backward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *k,
                                  const fsdp_tensor *dout, const fsdp_tensor **din, int64_t rows,
                                  int64_t OC, int64_t C) {
-    const float *dy = fsdp_tensor_f32(dout);
-    fsdp_bf16 *dy16 = fsdp_tensor_data(l->y16);
     const fsdp_bf16 *x16 = kept_x16(l, l->input), *w16 = fsdp_tensor_data(l->w16);
-    k->f32_to_bf16(dy16, dy, rows * OC);
+    const fsdp_bf16 *dy16 = fsdp_tensor_data(dout);
+    const float *dy = NULL;
+    if (fsdp_tensor_dtype(dout) == FSDP_DTYPE_F32) {
+        FSDP_TRY_AT(ctx,
+                    bf16_buffer(ctx, &l->y16, fsdp_tensor_device(dout), rows, OC > C ? OC : C));
+        dy = fsdp_tensor_f32(dout);
+        k->f32_to_bf16(fsdp_tensor_data(l->y16), dy, rows * OC);
+        dy16 = fsdp_tensor_data(l->y16);
+    }
     if (l->weight->requires_grad)
         k->gemm_bf16(true, false, OC, C, rows, 1.0f, dy16, OC, x16, C, 1.0f,
                      fsdp_tensor_f32(l->weight->grad), C);
@@ -164,6 +174,26 @@ static fsdp_status linear_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tens
     return FSDP_OK;
 }
 
+/* dout is f32, or bf16 under the bf16 compute policy when no bias gradient needs the f32 sums
+ * (the Linear's own, or a TP style's when it applies the bias: it sums the f32 gradient too). */
+static fsdp_status check_dout(fsdp_ctx *ctx, const fsdp_module *m, const linear *l,
+                              const fsdp_tensor *dout) {
+    fsdp_dtype dt = fsdp_tensor_dtype(dout);
+    if (dt == FSDP_DTYPE_F32) return FSDP_OK;
+    char desc[160];
+    if (dt != FSDP_DTYPE_BF16 || l->last_compute != FSDP_DTYPE_BF16)
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "%s: the output gradient is %s; a Linear takes f32, or bf16 under the "
+                         "bf16 compute policy (fsdp_module_set_autocast) that its last forward ran",
+                         fsdp_nn_describe(m, desc, sizeof desc), fsdp_dtype_to_string(dt));
+    if (l->bias && l->bias->requires_grad)
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "%s: a bf16 output gradient is taken by a Linear without a bias gradient "
+                         "(its sums read the f32 gradient); pass an f32 output gradient",
+                         fsdp_nn_describe(m, desc, sizeof desc));
+    return FSDP_OK;
+}
+
 static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
                                    const fsdp_tensor **din) {
     linear *l = m->impl;
@@ -176,6 +206,7 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
                          "output's shape",
                          fsdp_nn_describe(m, desc, sizeof desc));
     }
+    FSDP_TRY_AT(ctx, check_dout(ctx, m, l, dout));
     int64_t rows = fsdp_tensor_numel(dout) / (OC ? OC : 1);
     const fsdp_kernels_i *k = fsdp_kernels_for(fsdp_tensor_device(dout));
     if (l->last_compute == FSDP_DTYPE_BF16) return bf16_backward(ctx, l, k, dout, din, rows, OC, C);
@@ -216,6 +247,10 @@ fsdp_dtype fsdp_nn_linear_compute(const fsdp_module *m) {
 
 void fsdp_nn_linear_set_bf16_output(fsdp_module *m, bool on) {
     if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->bf16_out = on;
+}
+
+void fsdp_nn_linear_set_bf16_grad(fsdp_module *m, bool on) {
+    if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->bf16_grad = on;
 }
 
 fsdp_status fsdp_nn_linear_create_tied(fsdp_ctx *ctx, fsdp_param *weight, fsdp_module **out) {

@@ -7,7 +7,8 @@
 #include "fsdp/layers.h"
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
-#include "nn/nn.h" // defines: fsdp_nn_defer_init, fsdp_nn_rmsnorm_set_bf16_output
+#include "nn/nn.h" // defines: fsdp_nn_defer_init, fsdp_nn_rmsnorm_set_bf16_output,
+                   // fsdp_nn_linear_set_bf16_output
 
 /* ---- LlamaDecoderLayer ---- */
 
@@ -196,6 +197,11 @@ fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_m
     fsdp_nn_defer_init(ctx, deferred);
     if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, root, fsdp_ctx_seed(ctx));
     if (st == FSDP_OK) st = fsdp_module_set_autocast(ctx, root, c.compute_dtype);
+    if (st == FSDP_OK && c.logits_dtype == FSDP_DTYPE_BF16) { /* bf16 logits, bf16 dlogits */
+        fsdp_module *lm_head = fsdp_module_find(root, "lm_head");
+        fsdp_nn_linear_set_bf16_output(lm_head, true);
+        fsdp_nn_linear_set_bf16_grad(lm_head, true);
+    }
     if (st != FSDP_OK) {
         fsdp_module_free(root);
         return FSDP_PASS(ctx, st);

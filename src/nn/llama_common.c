@@ -122,6 +122,15 @@ fsdp_status fsdp_llama_config_resolve(fsdp_ctx *ctx, const fsdp_llama_config *cf
     if (c.compute_dtype != FSDP_DTYPE_F32 && c.compute_dtype != FSDP_DTYPE_BF16)
         return fsdp_llama_bad_config(ctx, "compute_dtype", c.compute_dtype,
                                      "it must be FSDP_DTYPE_F32 or FSDP_DTYPE_BF16");
+    if (c.logits_dtype != FSDP_DTYPE_F32 && c.logits_dtype != FSDP_DTYPE_BF16)
+        return fsdp_llama_bad_config(ctx, "logits_dtype", c.logits_dtype,
+                                     "it must be FSDP_DTYPE_F32 (the default) or FSDP_DTYPE_BF16");
+    if (c.logits_dtype == FSDP_DTYPE_BF16 && c.compute_dtype != FSDP_DTYPE_BF16)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Llama config: logits_dtype = bf16 needs the bf16 compute policy "
+                         "(compute_dtype = FSDP_DTYPE_BF16), whose lm_head rounds its output to "
+                         "bf16; under f32 compute the logits are f32: set compute_dtype, or "
+                         "leave logits_dtype 0 (f32)");
     *out = c;
     return FSDP_OK;
 }

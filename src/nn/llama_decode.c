@@ -269,7 +269,13 @@ fsdp_status fsdp_llama_decode(fsdp_ctx *ctx, fsdp_llama_cache *cache, const int3
     FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, c->norm, c->x, &y));
     FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, c->lm_head, y, &out));
     c->len = p0 + n;
-    memcpy(c->logits, fsdp_tensor_f32(out) + (n - 1) * c->vocab, (size_t)c->vocab * sizeof(float));
+    if (fsdp_tensor_dtype(out) == FSDP_DTYPE_BF16) { /* a model with bf16 logits: widened */
+        const fsdp_bf16 *last = (const fsdp_bf16 *)fsdp_tensor_data(out) + (n - 1) * c->vocab;
+        for (int64_t i = 0; i < c->vocab; i++) c->logits[i] = fsdp_bf16_to_f32(last[i]);
+    } else {
+        memcpy(c->logits, fsdp_tensor_f32(out) + (n - 1) * c->vocab,
+               (size_t)c->vocab * sizeof(float));
+    }
     *logits = c->logits;
     return FSDP_OK;
 }

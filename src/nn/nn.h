@@ -103,6 +103,11 @@ void fsdp_nn_rmsnorm_set_bf16_output(fsdp_module *m, bool on);
  * before (f32 norm outputs that each projection rounds into its own bf16 copy), with the same
  * bits: for tests that compare the two. */
 void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on);
+/* With on, Linear m expects a bf16 output gradient (bf16(dy), what its bf16 GEMMs read: the
+ * Llama's lm_head with bf16 logits, whose loss writes one): a forward that gives a bf16 output
+ * then allocates no bf16 scratch (y16, rows x max(out, in)) for rounding an f32 gradient; a
+ * backward given an f32 gradient still works and allocates it then. Nothing for other modules. */
+void fsdp_nn_linear_set_bf16_grad(fsdp_module *m, bool on);
 /* Whether m is an Embedding (fsdp_embedding_create). */
 bool fsdp_nn_is_embedding(const fsdp_module *m);
 /* Embedding m's weight now holds the rows [start, start + its rows) of the vocabulary (TP's

@@ -15,6 +15,13 @@ fsdp_status fsdp_llama_tp_plan(fsdp_ctx *ctx, const fsdp_llama_config *cfg, int 
     if (tp_size < 1)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "Llama TP plan: tp size %d; it must be >= 1", tp_size);
+    if (tp_size > 1 && c.logits_dtype == FSDP_DTYPE_BF16)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "Llama TP plan: logits_dtype = bf16 with tp size %d: the "
+                         "vocabulary-sharded lm_head's redistribution and loss parallel's "
+                         "kernels read f32 logits; build the model with logits_dtype "
+                         "FSDP_DTYPE_F32 (the default) for tensor parallelism",
+                         tp_size);
     if (c.n_heads % tp_size || c.n_kv_heads % tp_size)
         return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
                          "Llama TP plan: n_heads = %d and n_kv_heads = %d must both be divisible "

@@ -107,8 +107,11 @@ fsdp_status fsdp_loss_parallel_cross_entropy(fsdp_ctx *ctx, const fsdp_tensor *l
     char a[64], b[64];
     fsdp_device dev = fsdp_tensor_device(logits);
     if (fsdp_tensor_dtype(logits) != FSDP_DTYPE_F32)
-        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE, "%s: f32 logits only (got %s on %s)", WHAT,
-                         fsdp_dtype_to_string(fsdp_tensor_dtype(logits)),
+        return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
+                         "%s: f32 logits only (got %s on %s): its vocab_* kernels read f32; a "
+                         "Llama sharded over the vocabulary keeps logits_dtype FSDP_DTYPE_F32 "
+                         "(the default)",
+                         WHAT, fsdp_dtype_to_string(fsdp_tensor_dtype(logits)),
                          fsdp_device_to_string(dev));
     if (dlogits &&
         (!fsdp_tensor_same_shape(dlogits, logits) || fsdp_tensor_dtype(dlogits) != FSDP_DTYPE_F32 ||

@@ -61,6 +61,7 @@ static const fsdp_kernels_i cpu_kernels = {
     .rope_qk_forward_bf16 = fsdp_cpu_rope_qk_forward_bf16,
     .swiglu_backward_bf16 = fsdp_cpu_swiglu_backward_bf16,
     .cross_entropy_ignore = fsdp_cpu_cross_entropy_ignore,
+    .cross_entropy_ignore_bf16 = fsdp_cpu_cross_entropy_ignore_bf16,
     .vocab_row_max = fsdp_cpu_vocab_row_max,
     .vocab_exp_sums = fsdp_cpu_vocab_exp_sums,
     .vocab_ce_grad = fsdp_cpu_vocab_ce_grad,

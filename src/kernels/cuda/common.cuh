@@ -4,6 +4,7 @@
 #define FSDP_KERNELS_CUDA_COMMON_CUH
 
 #include "kernels/cuda/cuda_impl.h"
+#include "kernels/cuda/dtype.cuh" // defines: bf16_from_bits
 
 /* Blocks of FSDP_CUDA_THREADS for `work` items, each thread striding over the rest. */
 static inline unsigned fsdp_grid(int64_t work) {
@@ -122,23 +123,47 @@ void fsdp_map2(const char *name, float *out, const float *a, const float *b, int
     FSDP_CUDA_LAUNCHED(name);
 }
 
+/* A logit read as f32: an f32 one as is, a bf16 one (fsdp_bf16, its bits) widened exactly. */
+__device__ inline float fsdp_ce_load(const float *x, int64_t c) {
+    return x[c];
+}
+__device__ inline float fsdp_ce_load(const fsdp_bf16 *x, int64_t c) {
+    return __uint_as_float((uint32_t)x[c] << 16);
+}
+/* A gradient element stored: f32 as is, bf16 rounded to nearest even (bf16_from_bits: the CPU's
+ * f32_to_bf16 bits). */
+__device__ inline void fsdp_ce_store(float *d, int64_t c, float v) {
+    d[c] = v;
+}
+__device__ inline void fsdp_ce_store(fsdp_bf16 *d, int64_t c, float v) {
+    d[c] = bf16_from_bits(__float_as_uint(v));
+}
+
 /* One cross-entropy row for the whole block: returns lse(x) - x[t] and, when d is not NULL,
- * writes d = (softmax(x) - onehot(t)) / n. Every read of x is done before the block sums (which
- * synchronize), so d may be x; the trailing barrier orders the row's writes before the next
- * row's shared sums. t must be in [0, classes). */
-__device__ inline double fsdp_cross_entropy_row(float *d, const float *x, int32_t t,
-                                                int64_t classes, double n) {
+ * writes d = (softmax(x) - onehot(t)) / n. x is f32 or bf16 (widened), d f32 or bf16 (each
+ * value rounded from the f32 one): the same f32 and double operations either way. Every read of
+ * x is done before the block sums (which synchronize), so d may be x (of one width); the
+ * trailing barrier orders the row's writes before the next row's shared sums. t must be in
+ * [0, classes). */
+template <class In, class Out>
+__device__ inline double fsdp_cross_entropy_row(Out *d, const In *x, int32_t t, int64_t classes,
+                                                double n) {
     float m = -INFINITY;
-    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) m = x[c] > m ? x[c] : m;
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
+        float v = fsdp_ce_load(x, c);
+        m = v > m ? v : m;
+    }
     m = fsdp_block_max_all(m);
-    double xt = (double)x[t], se = 0.0;
-    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) se += exp((double)x[c] - (double)m);
+    double xt = (double)fsdp_ce_load(x, t), se = 0.0;
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+        se += exp((double)fsdp_ce_load(x, c) - (double)m);
     se = fsdp_block_sum_all(se);
     double lse = (double)m + log(se);
     if (d) {
         for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-            d[c] =
-                c == t ? (float)((exp(xt - lse) - 1.0) / n) : (float)(exp((double)x[c] - lse) / n);
+            fsdp_ce_store(d, c,
+                          c == t ? (float)((exp(xt - lse) - 1.0) / n)
+                                 : (float)(exp((double)fsdp_ce_load(x, c) - lse) / n));
         __syncthreads();
     }
     return lse - xt;

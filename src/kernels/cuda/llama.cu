@@ -356,19 +356,22 @@ __global__ void count_kernel(double *partial, const int32_t *targets, int32_t ig
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-/* As loss.cu's cross_entropy_kernel over counted rows, divided by n; ignored rows get zero. */
-__global__ void cross_entropy_ignore_kernel(double *partial, double *bad, float *dlogits,
-                                            const float *logits, const int32_t *targets,
+/* As loss.cu's cross_entropy_kernel over counted rows, divided by n; ignored rows get zero. The
+ * logits In and the gradient Out are f32 or bf16 (fsdp_cross_entropy_row). */
+template <class In, class Out>
+__global__ void cross_entropy_ignore_kernel(double *partial, double *bad, Out *dlogits,
+                                            const In *logits, const int32_t *targets,
                                             int32_t ignore_index, int64_t rows, int64_t classes,
                                             double n) {
     double acc = 0.0;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float *x = logits + r * classes; // (classes)
-        float *d = dlogits ? dlogits + r * classes : NULL;
+        const In *x = logits + r * classes; // (classes)
+        Out *d = dlogits ? dlogits + r * classes : NULL;
         int32_t t = targets[r];
         if (t == ignore_index) {
             if (d)
-                for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) d[c] = 0.0f;
+                for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+                    fsdp_ce_store(d, c, 0.0f);
             continue;
         }
         if (t < 0 || t >= classes) {
@@ -380,9 +383,12 @@ __global__ void cross_entropy_ignore_kernel(double *partial, double *bad, float 
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-extern "C" void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
-                                               const int32_t *targets, int32_t ignore_index,
-                                               int64_t rows, int64_t classes) {
+/* The count of rows, then one block per row (loss and gradient in one pass over the row), then
+ * the loss's total, waited for: the f32 and the bf16 entries. */
+template <class In, class Out>
+static void cross_entropy_ignore(float *loss, Out *dlogits, const In *logits,
+                                 const int32_t *targets, int32_t ignore_index, int64_t rows,
+                                 int64_t classes) {
     if (rows <= 0) {
         *loss = NAN;
         return;
@@ -399,7 +405,7 @@ extern "C" void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, cons
     blocks = (unsigned)(rows < FSDP_CUDA_PARTIALS ? rows : FSDP_CUDA_PARTIALS);
     FSDP_CUDA_CHECK(
         cudaMemsetAsync(scratch + FSDP_CUDA_PARTIALS + 1, 0, sizeof(double), fsdp_cuda_stream()));
-    cross_entropy_ignore_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+    cross_entropy_ignore_kernel<In, Out><<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         scratch, scratch + FSDP_CUDA_PARTIALS + 1, dlogits, logits, targets, ignore_index, rows,
         classes, n);
     FSDP_CUDA_LAUNCHED("cross_entropy_ignore");
@@ -412,4 +418,23 @@ extern "C" void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, cons
     FSDP_CUDA_CHECK(cudaStreamSynchronize(fsdp_cuda_stream()));
     FSDP_ASSERT(host[1] == 0.0); // a target outside [0, classes), as the CPU asserts
     *loss = (float)(host[0] / n);
+}
+
+extern "C" void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
+                                               const int32_t *targets, int32_t ignore_index,
+                                               int64_t rows, int64_t classes) {
+    cross_entropy_ignore(loss, dlogits, logits, targets, ignore_index, rows, classes);
+}
+
+extern "C" void fsdp_cuda_cross_entropy_ignore_bf16(float *loss, void *dlogits,
+                                                    fsdp_dtype dlogits_dtype,
+                                                    const fsdp_bf16 *logits, const int32_t *targets,
+                                                    int32_t ignore_index, int64_t rows,
+                                                    int64_t classes) {
+    FSDP_ASSERT(dlogits_dtype == FSDP_DTYPE_F32 || dlogits_dtype == FSDP_DTYPE_BF16);
+    if (dlogits_dtype == FSDP_DTYPE_BF16)
+        cross_entropy_ignore(loss, (fsdp_bf16 *)dlogits, logits, targets, ignore_index, rows,
+                             classes);
+    else
+        cross_entropy_ignore(loss, (float *)dlogits, logits, targets, ignore_index, rows, classes);
 }

@@ -70,6 +70,9 @@ void fsdp_cuda_swiglu_backward_bf16(float *dgate, float *dup, const float *dout,
 void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
                                     const int32_t *targets, int32_t ignore_index, int64_t rows,
                                     int64_t classes);
+void fsdp_cuda_cross_entropy_ignore_bf16(float *loss, void *dlogits, fsdp_dtype dlogits_dtype,
+                                         const fsdp_bf16 *logits, const int32_t *targets,
+                                         int32_t ignore_index, int64_t rows, int64_t classes);
 void fsdp_cuda_vocab_row_max(float *mx, const float *logits, int64_t rows, int64_t V);
 void fsdp_cuda_vocab_exp_sums(float *se, float *xt, const float *logits, const float *mx,
                               const int32_t *targets, int32_t ignore_index, int64_t start,

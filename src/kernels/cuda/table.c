@@ -57,6 +57,7 @@ static const fsdp_kernels_i cuda_kernels = {
     .rope_qk_forward_bf16 = fsdp_cuda_rope_qk_forward_bf16,
     .swiglu_backward_bf16 = fsdp_cuda_swiglu_backward_bf16,
     .cross_entropy_ignore = fsdp_cuda_cross_entropy_ignore,
+    .cross_entropy_ignore_bf16 = fsdp_cuda_cross_entropy_ignore_bf16,
     .vocab_row_max = fsdp_cuda_vocab_row_max,
     .vocab_exp_sums = fsdp_cuda_vocab_exp_sums,
     .vocab_ce_grad = fsdp_cuda_vocab_ce_grad,

@@ -655,6 +655,7 @@ static const fsdp_kernels_i sim_kernels = {
     .rope_qk_forward_bf16 = sim_rope_qk_forward_bf16,
     .swiglu_backward_bf16 = sim_swiglu_backward_bf16,
     .cross_entropy_ignore = sim_cross_entropy_ignore,
+    .cross_entropy_ignore_bf16 = sim_cross_entropy_ignore_bf16,
     .vocab_row_max = sim_vocab_row_max,
     .vocab_exp_sums = sim_vocab_exp_sums,
     .vocab_ce_grad = sim_vocab_ce_grad,

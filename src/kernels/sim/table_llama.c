@@ -1,6 +1,6 @@
 /* table_llama.c: the Llama entries of the sim operator table (table.c): each queues the CPU
  * table's entry on the calling thread's current stream over shadow addresses;
- * cross_entropy_ignore waits for its loss. */
+ * cross_entropy_ignore (and its bf16 form) waits for its loss. */
 #include "kernels/sim/sim_impl.h"
 
 typedef struct embedding_forward_args {
@@ -315,6 +315,38 @@ void sim_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
                                       rows,
                                       classes};
     sim_kernel_call(dev, run_cross_entropy_ignore, &call, sizeof call);
+}
+
+typedef struct cross_entropy_ignore_bf16_args {
+    float *loss;
+    void *dlogits;
+    fsdp_dtype dlogits_dtype;
+    const fsdp_bf16 *logits;
+    const int32_t *targets;
+    int32_t ignore_index;
+    int64_t rows;
+    int64_t classes;
+} cross_entropy_ignore_bf16_args;
+
+static void run_cross_entropy_ignore_bf16(void *arg) {
+    cross_entropy_ignore_bf16_args *a = arg;
+    fsdp_kernels_cpu()->cross_entropy_ignore_bf16(a->loss, a->dlogits, a->dlogits_dtype, a->logits,
+                                                  a->targets, a->ignore_index, a->rows, a->classes);
+}
+
+void sim_cross_entropy_ignore_bf16(float *loss, void *dlogits, fsdp_dtype dlogits_dtype,
+                                   const fsdp_bf16 *logits, const int32_t *targets,
+                                   int32_t ignore_index, int64_t rows, int64_t classes) {
+    int dev = sim_kernel_device(logits, "cross_entropy_ignore_bf16");
+    cross_entropy_ignore_bf16_args call = {loss,
+                                           sim_kernel_ptr(dev, dlogits),
+                                           dlogits_dtype,
+                                           sim_kernel_ptr(dev, logits),
+                                           sim_kernel_ptr(dev, targets),
+                                           ignore_index,
+                                           rows,
+                                           classes};
+    sim_kernel_call(dev, run_cross_entropy_ignore_bf16, &call, sizeof call);
 }
 
 typedef struct vocab_args {
