@@ -10,7 +10,7 @@
 #include "fsdp/layers.h"
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
-#include "nn/nn.h" // defines: fsdp_nn_linear_can_leave_dx_unrounded, fsdp_nn_linear_set_dx_unrounded
+#include "nn/nn.h" // defines: fsdp_nn_linear_set_dx_unrounded
 
 /* ---- helpers ---- */
 
