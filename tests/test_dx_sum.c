@@ -8,10 +8,12 @@
  * unrounded for the attention's and MLP's rounding sums) and under f32 (the attention's three-input
  * add3) against the path before (fsdp_llama_test_sums old_path: every Linear rounds, two adds):
  * loss, logits and every gradient bit for bit, on the CPU and sim, with every decoder layer
- * checkpointed too, and at tp 2 under torchtitan's plan, where ColwiseParallel's post-backward hook
- * all_reduces each projection's input gradient: there the projections round before it (no fused sum
- * runs) and each rank's gradients are the path before's bits. Counters show which sums ran, so no
- * comparison is of a path with itself. */
+ * checkpointed too; at (dp, tp) = (1, 2) under torchtitan's plan, where ColwiseParallel's
+ * post-backward hook all_reduces each projection's input gradient: there the projections round
+ * before it (no rounding sum runs) and each rank's gradients are the path before's bits; and at
+ * (2, 1) under FSDP (a unit per decoder layer), where the rounding sums run and every rank's flat
+ * gradient shards are the path before's bits. Counters show which sums ran, so no comparison is
+ * of a path with itself. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,8 +217,10 @@ static fsdp_status copy_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, voi
     return st;
 }
 
-/* Forward, cross-entropy and backward of the fixed batch `s` on m (on dev), into o. */
-static fsdp_status step(fsdp_ctx *ctx, fsdp_module *m, fsdp_device dev, int s, step_out *o) {
+/* Forward, cross-entropy and backward of the fixed batch `s` on m (on dev), into o; the
+ * gradients of grads_of's parameters (m's, or FSDP's flat shards). */
+static fsdp_status step_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_module *grads_of, fsdp_device dev,
+                           int s, step_out *o) {
     int32_t tok[N_TOK], tgt[N_TOK];
     for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 37 + 11 + 5 * s) % VOCAB);
     for (int i = 0; i < N_TOK; i++) tgt[i] = i % SEQ == SEQ - 1 ? FSDP_IGNORE_INDEX : tok[i + 1];
@@ -226,7 +230,7 @@ static fsdp_status step(fsdp_ctx *ctx, fsdp_module *m, fsdp_device dev, int s, s
     fsdp_status st = fsdp_tensor_from_blob(ctx, tok, FSDP_DTYPE_I32, FSDP_CPU, 2, shape, &th);
     if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, shape, &td);
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, td, th);
-    if (st == FSDP_OK) st = fsdp_module_zero_grad(ctx, m);
+    if (st == FSDP_OK) st = fsdp_module_zero_grad(ctx, grads_of);
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, td, &out);
     if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dl);
     if (st == FSDP_OK)
@@ -238,11 +242,15 @@ static fsdp_status step(fsdp_ctx *ctx, fsdp_module *m, fsdp_device dev, int s, s
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, lh, out);
     free(o->grads);
     o->n_grads = 0;
-    o->grads = calloc((size_t)fsdp_module_param_count(m) + 1, sizeof(float));
+    o->grads = calloc((size_t)fsdp_module_param_count(grads_of) + 1, sizeof(float));
     if (st == FSDP_OK && !o->grads) st = FSDP_ERR_OUT_OF_MEMORY;
-    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, m, copy_grad, o);
+    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, grads_of, copy_grad, o);
     fsdp_tensor_free(th), fsdp_tensor_free(td), fsdp_tensor_free(dl), fsdp_tensor_free(lh);
     return st;
+}
+
+static fsdp_status step(fsdp_ctx *ctx, fsdp_module *m, fsdp_device dev, int s, step_out *o) {
+    return step_of(ctx, m, m, dev, s, o);
 }
 
 /* Two steps' results of both paths compared: bit for bit on the CPU and sim; on CUDA within
@@ -325,63 +333,98 @@ static void test_f32_device(void) {
     check_model(FSDP_DTYPE_F32, fsdp_test_device(), false);
 }
 
-/* ---- tensor parallelism ---- */
+/* ---- distributed layouts ---- */
 
-enum { TP = 2 };
+enum { WORLD = 2 };
 
-typedef struct tp_run {
+typedef struct world_run {
     fsdp_dtype compute;
-    step_out out[TP][2]; /* per rank: step 0 and 1 */
-} tp_run;
+    int dp, tp;             /* dp * tp = WORLD */
+    step_out out[WORLD][2]; /* per rank: step 0 and 1 */
+} world_run;
 
-/* The model under the plan at (dp, tp) = (1, TP) on the CPU, two steps of the same batches on
- * every rank (the plain loss: lm_head's output is Replicate), each rank's results kept. */
-static fsdp_status tp_rank(fsdp_ctx *ctx, int rank, void *user) {
-    tp_run *r = user;
+/* The model under the plan over tp (none at tp 1) and, at dp > 1, FSDP over dp (a unit per
+ * decoder layer and the root), on the CPU: two steps of the same batches on every rank (the plain
+ * loss: lm_head's output is Replicate), each rank's gradients kept (FSDP's: its flat shards,
+ * reduced). */
+static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
+    world_run *r = user;
     fsdp_llama_config cfg = config(r->compute);
     llama_tp l;
-    fsdp_status st = llama_tp_build(ctx, &cfg, 1, TP, false, 1234, FSDP_CPU, &l);
-    for (int s = 0; st == FSDP_OK && s < 2; s++) st = step(ctx, l.m, FSDP_CPU, s, &r->out[rank][s]);
+    fsdp_sharded *sh = NULL;
+    static const char *const kinds[] = {"LlamaDecoderLayer"};
+    fsdp_status st = FSDP_OK;
+    if (r->tp > 1) {
+        st = llama_tp_build(ctx, &cfg, r->dp, r->tp, false, 1234, FSDP_CPU, &l);
+    } else { /* no plan (as fsdp-train at tp 1): a dp mesh and the model */
+        l = (llama_tp){0};
+        st = fsdp_mesh_create(ctx, 1, (int[]){r->dp}, (const char *[]){"dp"}, &l.mesh);
+        if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, l.mesh, "dp", &l.dp);
+        if (st == FSDP_OK) st = fsdp_model_llama(ctx, &cfg, &l.m);
+        if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, l.m, 1234);
+    }
+    if (st == FSDP_OK && r->dp > 1)
+        st = fsdp_fully_shard(
+            ctx, l.m,
+            &(fsdp_fully_shard_options){.group = l.dp, .wrap_kinds = kinds, .n_wrap_kinds = 1},
+            &sh);
+    fsdp_module *grads_of = sh ? fsdp_sharded_flat_params(sh) : l.m;
+    for (int s = 0; st == FSDP_OK && s < 2; s++)
+        st = step_of(ctx, l.m, grads_of, FSDP_CPU, s, &r->out[rank][s]);
+    fsdp_sharded_free(sh);
     llama_tp_free(&l);
     return st;
 }
 
-static void check_tp(fsdp_dtype compute) {
-    tp_run *r = calloc(2, sizeof *r); /* 0: the new sums; 1: the path before */
+/* Both paths at (dp, tp), each rank's results compared. At tp > 1 every projection has
+ * ColwiseParallel's post-backward hook: each rounds its own input gradient before the
+ * all_reduce, so no rounding sum runs and only the attention's three-input add3 does; at tp 1
+ * (FSDP's hooks are on the decoder layers) the sums run as on one rank. */
+static void check_world(fsdp_dtype compute, int dp, int tp) {
+    world_run *r = calloc(2, sizeof *r); /* 0: the new sums; 1: the path before */
     CU_ASSERT_PTR_NOT_NULL_FATAL(r);
     int64_t fused[2], add3[2];
     for (int i = 0; i < 2; i++) {
-        r[i].compute = compute;
+        r[i].compute = compute, r[i].dp = dp, r[i].tp = tp;
         fsdp_llama_test_sums(i == 1, NULL, NULL);
-        FSDP_TEST_OK(fsdp_test_run_world(TP, 0, tp_rank, &r[i]));
+        FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, world_rank, &r[i]));
         fsdp_llama_test_sums(false, &fused[i], &add3[i]);
     }
-    int first = 0, hosted = fsdp_test_hosted_ranks(TP, &first);
-    printf("\n    tp %d, %s: %lld fused sums, %lld add3 (path before: %lld, %lld)", TP,
-           compute == FSDP_DTYPE_BF16 ? "bf16" : "f32", (long long)fused[0], (long long)add3[0],
+    int first = 0, hosted = fsdp_test_hosted_ranks(WORLD, &first);
+    bool b16 = compute == FSDP_DTYPE_BF16;
+    printf("\n    (dp, tp) = (%d, %d), %s: %lld fused sums, %lld add3 (path before: %lld, %lld)",
+           dp, tp, b16 ? "bf16" : "f32", (long long)fused[0], (long long)add3[0],
            (long long)fused[1], (long long)add3[1]);
     for (int rank = first; rank < first + hosted; rank++)
         for (int s = 0; s < 2; s++) {
             printf("\n    rank %d step %d:", rank, s);
             compare(FSDP_CPU, &r[0].out[rank][s], &r[1].out[rank][s]);
         }
-    /* every projection has ColwiseParallel's post-backward hook: each rounds its own input
-     * gradient before the all_reduce, and only the attention's f32 three-input add runs fused */
-    CU_ASSERT_EQUAL(fused[0], 0);
-    CU_ASSERT_EQUAL(add3[0], 2 * LAYERS * hosted);
+    int64_t per_rank = 2 * LAYERS; /* two steps */
+    bool fuse = b16 && tp == 1;
+    CU_ASSERT_EQUAL(fused[0], fuse ? 2 * per_rank * hosted : 0);
+    CU_ASSERT_EQUAL(add3[0], fuse ? 0 : per_rank * hosted);
     CU_ASSERT_TRUE(fused[1] == 0 && add3[1] == 0);
     for (int i = 0; i < 2; i++)
-        for (int rank = 0; rank < TP; rank++)
+        for (int rank = 0; rank < WORLD; rank++)
             for (int s = 0; s < 2; s++) free(r[i].out[rank][s].grads);
     free(r);
 }
 
 static void test_tp_bf16(void) {
-    check_tp(FSDP_DTYPE_BF16);
+    check_world(FSDP_DTYPE_BF16, 1, WORLD);
 }
 
 static void test_tp_f32(void) {
-    check_tp(FSDP_DTYPE_F32);
+    check_world(FSDP_DTYPE_F32, 1, WORLD);
+}
+
+static void test_fsdp_bf16(void) {
+    check_world(FSDP_DTYPE_BF16, WORLD, 1);
+}
+
+static void test_fsdp_f32(void) {
+    check_world(FSDP_DTYPE_F32, WORLD, 1);
 }
 
 int main(int argc, char **argv) {
@@ -396,6 +439,8 @@ int main(int argc, char **argv) {
         {"f32_device", test_f32_device},
         {"tp_bf16", test_tp_bf16},
         {"tp_f32", test_tp_f32},
+        {"fsdp_bf16", test_fsdp_bf16},
+        {"fsdp_f32", test_fsdp_f32},
     };
     fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "dx_sum", cases, (int)(sizeof cases / sizeof cases[0]));
