@@ -87,7 +87,8 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
                k->copy && k->fill && k->sum && k->sum_squares && k->max_abs && k->mse_loss &&
                k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->f32_to_f16 &&
                k->f16_to_f32 && k->sgd_update && k->adam_update && k->adam_update_bf16 &&
-               k->gemm_bf16 && k->gemm_bias_act && k->gemm_bf16_bias_act && k->gemm_bgrad;
+               k->gemm_bf16 && k->gemm_bias_act && k->gemm_bf16_bias_act && k->gemm_bgrad &&
+               k->add3 && k->add3_round_bf16;
     CU_ASSERT_TRUE(all);
     const fsdp_device_i *s = fsdp_device_for(type);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
@@ -608,6 +609,21 @@ static void dev_fill(float *out, const float *x, int64_t n) {
     K()->fill(out, 0.3f, n);
 }
 
+/* add3 and add3_round_bf16 with the first input again as the third, (a + b) + a (their bits
+ * against add and round_bf16 composed: test_dx_sum) */
+static void cpu_add3(float *out, const float *a, const float *b, int64_t n) {
+    fsdp_kernels_for(FSDP_CPU)->add3(out, a, b, a, n);
+}
+static void dev_add3(float *out, const float *a, const float *b, int64_t n) {
+    K()->add3(out, a, b, a, n);
+}
+static void cpu_add3_round_bf16(float *out, const float *a, const float *b, int64_t n) {
+    fsdp_kernels_for(FSDP_CPU)->add3_round_bf16(out, a, b, a, n);
+}
+static void dev_add3_round_bf16(float *out, const float *a, const float *b, int64_t n) {
+    K()->add3_round_bf16(out, a, b, a, n);
+}
+
 static void test_elementwise(void) {
     const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = K();
     rng_seed(14);
@@ -615,6 +631,9 @@ static void test_elementwise(void) {
         for (int64_t off = 0; off < 2; off++) {
             int64_t n = sizes[s];
             check_binary("add", c->add, g->add, n, off, -5, 5);
+            check_binary("add3", cpu_add3, dev_add3, n, off, -5, 5);
+            check_binary("add3_round_bf16", cpu_add3_round_bf16, dev_add3_round_bf16, n, off, -5,
+                         5);
             check_binary_at("axpy", cpu_axpy, dev_axpy, n, off, -5, 5, false);
             check_unary("scale", cpu_scale, dev_scale, n, off, -5, 5);
             check_unary("copy", c->copy, g->copy, n, off, -5, 5);

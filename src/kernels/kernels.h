@@ -134,7 +134,18 @@ typedef struct fsdp_kernels_i {
     void (*rmsnorm_forward_bf16)(fsdp_bf16 *out, float *rstd, const float *inp, const float *weight,
                                  float eps, int64_t rows, int64_t cols);
 
-    void (*add)(float *out, const float *a, const float *b, int64_t n);  /* out = a + b */
+    void (*add)(float *out, const float *a, const float *b, int64_t n); /* out = a + b */
+    /* out (n) = (a + b) + c in f32, in one pass: each element the bits of add(out, a, b) then
+     * add(out, out, c); c may be NULL (then add's bits). Where two NaN inputs meet the result is
+     * a NaN whose payload IEEE 754 leaves open (x86 takes an operand's by position, which the
+     * compiler may swap; GPUs give the canonical NaN), as in add. out may be one of the inputs
+     * (the same elements), else overlaps none. The sum of parallel branches' input gradients. */
+    void (*add3)(float *out, const float *a, const float *b, const float *c, int64_t n);
+    /* add3 on a, b and c each rounded to bf16 first (read, not written): each element the bits
+     * round_bf16 on every input then add3 give it, NaN, infinities and values that round up to
+     * infinity included. The bf16 compute policy's sum of the Linears' unrounded input
+     * gradients (as the GPU writes each in bf16 and sums the bf16 values in f32). */
+    void (*add3_round_bf16)(float *out, const float *a, const float *b, const float *c, int64_t n);
     void (*axpy)(float *y, float alpha, const float *x, int64_t n);      /* y += alpha * x */
     void (*scale)(float *out, const float *inp, float alpha, int64_t n); /* out = alpha * inp */
     void (*copy)(float *dst, const float *src, int64_t n);

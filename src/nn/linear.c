@@ -29,6 +29,9 @@ typedef struct linear {
     bool bf16_out, bf16_grad;
     fsdp_tensor *output16;
     const fsdp_tensor *last_out;
+    /* dx_unrounded: the parent sums the bf16-policy input gradient with a rounding kernel
+     * (fsdp_nn_linear_set_dx_unrounded), so backward leaves it unrounded */
+    bool dx_unrounded;
 } linear;
 
 static void linear_free(void *impl) {
@@ -100,13 +103,14 @@ static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *
     return FSDP_OK;
 }
 
-/* dW (OC, C) += bf16(dy)^T x16 in f32; dx (rows, C) = bf16(bf16(dy) w16); the bias gradient
- * sums dy in f32 (not bf16(dy), which is all a bias-gradient epilogue of the bf16 GEMM could
- * read: so it stays a separate entry). A bf16 dout is bf16(dy) itself, read as is (no y16;
- * check_dout refuses it when a bias gradient would need the f32 dy). */
+/* dW (OC, C) += bf16(dy)^T x16 in f32; dx (rows, C) = bf16(bf16(dy) w16), or unrounded when
+ * `unrounded` (the parent rounds it as it sums it); the bias gradient sums dy in f32 (not
+ * bf16(dy), which is all a bias-gradient epilogue of the bf16 GEMM could read: so it stays a
+ * separate entry). A bf16 dout is bf16(dy) itself, read as is (no y16; check_dout refuses it
+ * when a bias gradient would need the f32 dy). */
 static fsdp_status bf16_backward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *k,
                                  const fsdp_tensor *dout, const fsdp_tensor **din, int64_t rows,
-                                 int64_t OC, int64_t C) {
+                                 int64_t OC, int64_t C, bool unrounded) {
     const fsdp_bf16 *x16 = kept_x16(l, l->input), *w16 = fsdp_tensor_data(l->w16);
     const fsdp_bf16 *dy16 = fsdp_tensor_data(dout);
     const float *dy = NULL;
@@ -127,7 +131,8 @@ static fsdp_status bf16_backward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i 
                                     fsdp_tensor_ndim(l->input), fsdp_tensor_shape(l->input)));
     float *dx = fsdp_tensor_f32(l->dinput);
     k->gemm_bf16(false, false, rows, C, OC, 1.0f, dy16, OC, w16, C, 0.0f, dx, C);
-    k->round_bf16(dx, rows * C); /* in place: gemm_bf16_round would need a second scratch */
+    /* rounded in place (gemm_bf16_round would need a second scratch), unless the parent does */
+    if (!unrounded) k->round_bf16(dx, rows * C);
     *din = l->dinput;
     return FSDP_OK;
 }
@@ -209,7 +214,9 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
     FSDP_TRY_AT(ctx, check_dout(ctx, m, l, dout));
     int64_t rows = fsdp_tensor_numel(dout) / (OC ? OC : 1);
     const fsdp_kernels_i *k = fsdp_kernels_for(fsdp_tensor_device(dout));
-    if (l->last_compute == FSDP_DTYPE_BF16) return bf16_backward(ctx, l, k, dout, din, rows, OC, C);
+    if (l->last_compute == FSDP_DTYPE_BF16)
+        return bf16_backward(ctx, l, k, dout, din, rows, OC, C,
+                             l->dx_unrounded && fsdp_nn_linear_can_leave_dx_unrounded(m));
     const float *dy = fsdp_tensor_f32(dout), *x = fsdp_tensor_f32(l->input);
     float *db = l->bias && l->bias->requires_grad && !l->bias->hook_applied
                     ? fsdp_tensor_f32(l->bias->grad)
@@ -251,6 +258,15 @@ void fsdp_nn_linear_set_bf16_output(fsdp_module *m, bool on) {
 
 void fsdp_nn_linear_set_bf16_grad(fsdp_module *m, bool on) {
     if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->bf16_grad = on;
+}
+
+bool fsdp_nn_linear_can_leave_dx_unrounded(const fsdp_module *m) {
+    return fsdp_nn_is_linear(m) && ((const linear *)m->impl)->last_compute == FSDP_DTYPE_BF16 &&
+           m->n_hooks[FSDP_HOOK_POST_BACKWARD] == 0;
+}
+
+void fsdp_nn_linear_set_dx_unrounded(fsdp_module *m, bool on) {
+    if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->dx_unrounded = on;
 }
 
 fsdp_status fsdp_nn_linear_create_tied(fsdp_ctx *ctx, fsdp_param *weight, fsdp_module **out) {

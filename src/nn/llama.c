@@ -42,7 +42,7 @@ static fsdp_status residual(fsdp_ctx *ctx, const fsdp_module *m, fsdp_tensor **d
                          fsdp_tensor_shape_string(x, a, sizeof a),
                          fsdp_tensor_shape_string(y, b, sizeof b));
     }
-    return fsdp_llama_sum_grads(ctx, dst, x, y, NULL);
+    return fsdp_llama_sum_grads(ctx, dst, x, y, NULL, false);
 }
 
 /* norm's forward of x into *y, its output asked in bf16 for this call when bf16 */
@@ -79,11 +79,11 @@ static fsdp_status decoder_layer_backward(fsdp_ctx *ctx, fsdp_module *m, const f
     const fsdp_tensor *dn2, *dh_branch, *dn1, *dx_branch;
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->mlp, dout, &dn2));
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->post_attention_layernorm, dn2, &dh_branch));
-    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &d->dh, dout, dh_branch, NULL));
+    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &d->dh, dout, dh_branch, NULL, false));
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->self_attn, d->dh, &dn1));
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->input_layernorm, dn1, din ? &dx_branch : NULL));
     if (!din) return FSDP_OK;
-    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &d->dinput, d->dh, dx_branch, NULL));
+    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &d->dinput, d->dh, dx_branch, NULL, false));
     *din = d->dinput;
     return FSDP_OK;
 }

@@ -192,7 +192,7 @@ static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, dev, attention_backward, k);
     int64_t B = a->B, T = a->T, NH = a->n_heads, NKV = a->n_kv_heads, hd = a->head_dim;
-    const fsdp_tensor *datt, *dxq, *dxk, *dxv;
+    const fsdp_tensor *datt;
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->o_proj, dout, &datt));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dq, dev, 3, (int64_t[]){B, T, NH * hd}));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dk, dev, 3, (int64_t[]){B, T, NKV * hd}));
@@ -204,11 +204,13 @@ static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const
         fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse), B, T, NH, NKV, hd);
     const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
     k->rope_qk_backward(dq, dk, dq, dk, cos, sin, B, T, NH, NKV, hd);
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->q_proj, a->dq, din ? &dxq : NULL));
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->k_proj, a->dk, din ? &dxk : NULL));
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->v_proj, a->dv, din ? &dxv : NULL));
+    fsdp_module *const proj[3] = {a->q_proj, a->k_proj, a->v_proj};
+    const fsdp_tensor *const dproj[3] = {a->dq, a->dk, a->dv};
+    const fsdp_tensor *dx[3];
+    bool unrounded;
+    FSDP_TRY_AT(ctx, fsdp_llama_branch_grads(ctx, proj, dproj, 3, din != NULL, dx, &unrounded));
     if (!din) return FSDP_OK;
-    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &a->dinput, dxq, dxk, dxv));
+    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &a->dinput, dx[0], dx[1], dx[2], unrounded));
     *din = a->dinput;
     return FSDP_OK;
 }

@@ -1,6 +1,8 @@
 /* llama_common.c: what the Llama layers share (llama_common.h): the kernel table check, the
- * bias-free projections, branch gradient sums, and the configuration's defaults and checks. */
+ * bias-free projections, the branches' backward and their gradient sums, and the
+ * configuration's defaults and checks. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -8,6 +10,7 @@
 #include "fsdp/layers.h"
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
+#include "nn/nn.h" // defines: fsdp_nn_linear_set_dx_unrounded
 
 /* ---- helpers ---- */
 
@@ -31,16 +34,49 @@ fsdp_status fsdp_llama_add_proj(fsdp_ctx *ctx, fsdp_module *parent, const char *
     return FSDP_OK;
 }
 
+static atomic_bool old_sums;
+static atomic_llong fused_sums, add3_sums;
+
+void fsdp_llama_test_sums(bool old_path, int64_t *fused, int64_t *add3) {
+    atomic_store(&old_sums, old_path);
+    if (fused) *fused = atomic_exchange(&fused_sums, 0);
+    if (add3) *add3 = atomic_exchange(&add3_sums, 0);
+}
+
 fsdp_status fsdp_llama_sum_grads(fsdp_ctx *ctx, fsdp_tensor **dst, const fsdp_tensor *a,
-                                 const fsdp_tensor *b, const fsdp_tensor *c) {
+                                 const fsdp_tensor *b, const fsdp_tensor *c, bool round_bf16) {
     fsdp_device dev = fsdp_tensor_device(a);
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, dst, dev, fsdp_tensor_ndim(a), fsdp_tensor_shape(a)));
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     float *d = fsdp_tensor_f32(*dst);
+    const float *fc = c ? fsdp_tensor_f32(c) : NULL;
     int64_t n = fsdp_tensor_numel(a);
-    k->add(d, fsdp_tensor_f32(a), fsdp_tensor_f32(b), n);
-    if (c) k->add(d, d, fsdp_tensor_f32(c), n);
+    if (round_bf16) { /* fsdp_llama_branch_grads checked the entry */
+        k->add3_round_bf16(d, fsdp_tensor_f32(a), fsdp_tensor_f32(b), fc, n);
+        atomic_fetch_add(&fused_sums, 1);
+    } else if (fc && k->add3 && !atomic_load(&old_sums)) {
+        k->add3(d, fsdp_tensor_f32(a), fsdp_tensor_f32(b), fc, n);
+        atomic_fetch_add(&add3_sums, 1);
+    } else {
+        k->add(d, fsdp_tensor_f32(a), fsdp_tensor_f32(b), n);
+        if (fc) k->add(d, d, fc, n);
+    }
     return FSDP_OK;
+}
+
+fsdp_status fsdp_llama_branch_grads(fsdp_ctx *ctx, fsdp_module *const *branch,
+                                    const fsdp_tensor *const *dout, int n, bool din,
+                                    const fsdp_tensor **dx, bool *unrounded) {
+    const fsdp_kernels_i *k = fsdp_kernels_for(fsdp_tensor_device(dout[0]));
+    bool leave = din && k->add3_round_bf16 && !atomic_load(&old_sums);
+    for (int i = 0; i < n; i++) leave = leave && fsdp_nn_linear_can_leave_dx_unrounded(branch[i]);
+    for (int i = 0; i < n; i++) fsdp_nn_linear_set_dx_unrounded(branch[i], leave);
+    fsdp_status st = FSDP_OK;
+    for (int i = 0; i < n && st == FSDP_OK; i++)
+        st = fsdp_module_backward(ctx, branch[i], dout[i], din ? &dx[i] : NULL);
+    for (int i = 0; i < n; i++) fsdp_nn_linear_set_dx_unrounded(branch[i], false); /* this call */
+    *unrounded = leave;
+    return FSDP_PASS(ctx, st);
 }
 
 fsdp_status fsdp_llama_no_forward(fsdp_ctx *ctx, const fsdp_module *m) {

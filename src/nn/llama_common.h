@@ -27,10 +27,26 @@ const fsdp_kernels_i *fsdp_llama_kernels(fsdp_ctx *ctx, const fsdp_module *m, fs
 fsdp_status fsdp_llama_add_proj(fsdp_ctx *ctx, fsdp_module *parent, const char *name, int64_t in,
                                 int64_t out, float std, fsdp_module **child);
 
-/* Sums the input gradients of parallel branches: *dst (shaped like a) = a + b (+ c when not
- * NULL), a buffer of the caller's. */
+/* Sums the input gradients of parallel branches in one pass (add3): *dst (shaped like a) = (a +
+ * b) + c (c may be NULL), a buffer of the caller's; with round_bf16, each input rounded to bf16
+ * first (add3_round_bf16: the branches are bf16-policy Linears that left their input gradients
+ * unrounded, fsdp_llama_branch_grads). */
 fsdp_status fsdp_llama_sum_grads(fsdp_ctx *ctx, fsdp_tensor **dst, const fsdp_tensor *a,
-                                 const fsdp_tensor *b, const fsdp_tensor *c);
+                                 const fsdp_tensor *b, const fsdp_tensor *c, bool round_bf16);
+
+/* The backward of n (2 or 3) Linear branches that read one input: branch i from dout[i], each
+ * input gradient (when din) into dx[i]. Returns in *unrounded whether they are left unrounded
+ * for fsdp_llama_sum_grads to round: when the device has add3_round_bf16 and every branch can
+ * leave it so (fsdp_nn_linear_can_leave_dx_unrounded: the bf16 policy, no post-backward hook). */
+fsdp_status fsdp_llama_branch_grads(fsdp_ctx *ctx, fsdp_module *const *branch,
+                                    const fsdp_tensor *const *dout, int n, bool din,
+                                    const fsdp_tensor **dx, bool *unrounded);
+
+/* For tests (test_dx_sum, which includes this header): with old_path, the sums run as before add3
+ * (add, then add again for a third input) and the branches round their own input gradients; *fused
+ * (may be NULL) gets the sums that rounded their inputs (add3_round_bf16) since the last call,
+ * *add3 those that ran add3 on three inputs. Process-wide. */
+void fsdp_llama_test_sums(bool old_path, int64_t *fused, int64_t *add3);
 
 /* fsdp_llama_mlp_create with the projections' weights ~ normal(0, std) (llama_mlp.c). */
 fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, float std,

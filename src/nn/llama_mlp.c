@@ -98,7 +98,7 @@ static fsdp_status llama_mlp_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
     fsdp_device dev = fsdp_tensor_device(dout);
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, dev, swiglu_backward, k);
-    const fsdp_tensor *dh, *dxg, *dxu;
+    const fsdp_tensor *dh;
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, p->down_proj, dout, &dh));
     int nd = fsdp_tensor_ndim(p->gate);
     const int64_t *shape = fsdp_tensor_shape(p->gate);
@@ -111,10 +111,13 @@ static fsdp_status llama_mlp_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
         k->swiglu_backward_bf16(dg, du, dy, fsdp_tensor_data(p->gate), fsdp_tensor_data(p->up), n);
     else
         k->swiglu_backward(dg, du, dy, fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up), n);
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, p->gate_proj, p->dgate, din ? &dxg : NULL));
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, p->up_proj, p->dup, din ? &dxu : NULL));
+    fsdp_module *const proj[2] = {p->gate_proj, p->up_proj};
+    const fsdp_tensor *const dproj[2] = {p->dgate, p->dup};
+    const fsdp_tensor *dx[2];
+    bool unrounded;
+    FSDP_TRY_AT(ctx, fsdp_llama_branch_grads(ctx, proj, dproj, 2, din != NULL, dx, &unrounded));
     if (!din) return FSDP_OK;
-    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &p->dinput, dxg, dxu, NULL));
+    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &p->dinput, dx[0], dx[1], NULL, unrounded));
     *din = p->dinput;
     return FSDP_OK;
 }

@@ -108,6 +108,17 @@ void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on);
  * then allocates no bf16 scratch (y16, rows x max(out, in)) for rounding an f32 gradient; a
  * backward given an f32 gradient still works and allocates it then. Nothing for other modules. */
 void fsdp_nn_linear_set_bf16_grad(fsdp_module *m, bool on);
+/* Whether Linear m's next backward may leave its input gradient unrounded: m's last forward ran
+ * the bf16 compute policy and m has no post-backward hook. A hook reads the input gradient as the
+ * GPU writes it, in bf16 (tensor parallelism's ColwiseParallel all_reduces it there), so a Linear
+ * with one always rounds. false for other modules. */
+bool fsdp_nn_linear_can_leave_dx_unrounded(const fsdp_module *m);
+/* With on (and fsdp_nn_linear_can_leave_dx_unrounded), Linear m's backwards leave their input
+ * gradient under the bf16 policy unrounded (gemm_bf16's f32 sums): for a parent that sums the
+ * gradients of parallel branches with the table's add3_round_bf16, which rounds each as it reads
+ * it (the same bits, one pass fewer). Set on before the call and off after, as
+ * fsdp_nn_linear_set_bf16_output: a Linear used alone rounds. Nothing for other modules. */
+void fsdp_nn_linear_set_dx_unrounded(fsdp_module *m, bool on);
 /* Whether m is an Embedding (fsdp_embedding_create). */
 bool fsdp_nn_is_embedding(const fsdp_module *m);
 /* Embedding m's weight now holds the rows [start, start + its rows) of the vocabulary (TP's

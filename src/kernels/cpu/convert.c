@@ -1,6 +1,7 @@
-/* convert.c: f32 <-> bf16 and f32 <-> f16 on the CPU. bf16 is the top 16 bits of an f32;
- * narrowing rounds to nearest even and keeps NaN a (quiet) NaN, the same rule as
- * fsdp_bf16_from_f32. f16 uses core's rule (fsdp_f16_from_f32: subnormals, overflow to inf). */
+/* convert.c: f32 <-> bf16 and f32 <-> f16 on the CPU, and add3 of inputs rounded to bf16. bf16
+ * is the top 16 bits of an f32; narrowing rounds to nearest even and keeps NaN a (quiet) NaN, the
+ * same rule as fsdp_bf16_from_f32. f16 uses core's rule (fsdp_f16_from_f32: subnormals, overflow
+ * to inf). */
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
@@ -24,6 +25,24 @@ void fsdp_cpu_round_bf16(float *x, int64_t n) {
         uint32_t bits = bf16_bits(x[i]) << 16;
         memcpy(&x[i], &bits, sizeof bits);
     }
+}
+
+/* x rounded to a bf16 value, widened back */
+static inline float round_bf16(float x) {
+    uint32_t bits = bf16_bits(x) << 16;
+    float r;
+    memcpy(&r, &bits, sizeof r);
+    return r;
+}
+
+void fsdp_cpu_add3_round_bf16(float *out, const float *a, const float *b, const float *c,
+                              int64_t n) {
+    if (!c) {
+        for (int64_t i = 0; i < n; i++) out[i] = round_bf16(a[i]) + round_bf16(b[i]);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (round_bf16(a[i]) + round_bf16(b[i])) + round_bf16(c[i]);
 }
 
 void fsdp_cpu_bf16_to_f32(float *restrict dst, const fsdp_bf16 *restrict src, int64_t n) {

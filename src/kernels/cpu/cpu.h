@@ -44,6 +44,7 @@ void fsdp_cpu_rmsnorm_forward_bf16(fsdp_bf16 *out, float *rstd, const float *inp
 
 /* elementwise.c */
 void fsdp_cpu_add(float *out, const float *a, const float *b, int64_t n);
+void fsdp_cpu_add3(float *out, const float *a, const float *b, const float *c, int64_t n);
 void fsdp_cpu_axpy(float *y, float alpha, const float *x, int64_t n);
 void fsdp_cpu_scale(float *out, const float *inp, float alpha, int64_t n);
 void fsdp_cpu_copy(float *dst, const float *src, int64_t n);
@@ -75,6 +76,8 @@ void fsdp_cpu_cross_entropy(float *loss, float *dlogits, const float *logits,
 void fsdp_cpu_f32_to_bf16(fsdp_bf16 *dst, const float *src, int64_t n);
 void fsdp_cpu_bf16_to_f32(float *dst, const fsdp_bf16 *src, int64_t n);
 void fsdp_cpu_round_bf16(float *x, int64_t n);
+void fsdp_cpu_add3_round_bf16(float *out, const float *a, const float *b, const float *c,
+                              int64_t n);
 void fsdp_cpu_f32_to_f16(fsdp_f16 *dst, const float *src, int64_t n);
 void fsdp_cpu_f16_to_f32(float *dst, const fsdp_f16 *src, int64_t n);
 

@@ -1,4 +1,4 @@
-/* elementwise.c: add, axpy, scale, copy and fill over n floats on the CPU. out may be the
+/* elementwise.c: add, add3, axpy, scale, copy and fill over n floats on the CPU. out may be the
  * same array as an input (in place); otherwise arrays must not overlap. */
 #include <math.h> // defines: signbit
 #include <string.h>
@@ -7,6 +7,14 @@
 
 void fsdp_cpu_add(float *out, const float *a, const float *b, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void fsdp_cpu_add3(float *out, const float *a, const float *b, const float *c, int64_t n) {
+    if (!c) {
+        fsdp_cpu_add(out, a, b, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) out[i] = (a[i] + b[i]) + c[i];
 }
 
 void fsdp_cpu_axpy(float *y, float alpha, const float *x, int64_t n) {

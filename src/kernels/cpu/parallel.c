@@ -77,12 +77,12 @@ void fsdp_cpu_par_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 
 /* ---- elementwise ---- */
 
-/* One job shape serves every elementwise entry: up to three arrays and two scalars. */
+/* One job shape serves every elementwise entry: up to four arrays and two scalars. */
 typedef struct ew_job {
     int kind;
     int64_t n, cols;
     float *out;
-    const float *a, *b;
+    const float *a, *b, *c; /* c: add3's third input, or NULL */
     float s;
     const void *args;
     float *m, *v, *vmax;
@@ -91,6 +91,8 @@ typedef struct ew_job {
 
 enum {
     EW_ADD,
+    EW_ADD3,
+    EW_ADD3_ROUND_BF16,
     EW_AXPY,
     EW_SCALE,
     EW_COPY,
@@ -125,9 +127,16 @@ static void ew_part(void *arg, int part, int parts) {
     if (n <= 0) return;
     float *o = j->out ? j->out + b : NULL;
     const float *a = j->a ? j->a + b : NULL, *bb = j->b ? j->b + b : NULL;
+    const float *c = j->c ? j->c + b : NULL;
     switch (j->kind) {
     case EW_ADD:
         fsdp_cpu_add(o, a, bb, n);
+        break;
+    case EW_ADD3:
+        fsdp_cpu_add3(o, a, bb, c, n);
+        break;
+    case EW_ADD3_ROUND_BF16:
+        fsdp_cpu_add3_round_bf16(o, a, bb, c, n);
         break;
     case EW_AXPY:
         fsdp_cpu_axpy(o, j->s, a, n);
@@ -184,6 +193,21 @@ void fsdp_cpu_par_add(float *out, const float *a, const float *b, int64_t n) {
         return;
     }
     ew_run((ew_job){.kind = EW_ADD, .n = n, .out = out, .a = a, .b = b});
+}
+void fsdp_cpu_par_add3(float *out, const float *a, const float *b, const float *c, int64_t n) {
+    if (!worth(n)) {
+        fsdp_cpu_add3(out, a, b, c, n);
+        return;
+    }
+    ew_run((ew_job){.kind = EW_ADD3, .n = n, .out = out, .a = a, .b = b, .c = c});
+}
+void fsdp_cpu_par_add3_round_bf16(float *out, const float *a, const float *b, const float *c,
+                                  int64_t n) {
+    if (!worth(n)) {
+        fsdp_cpu_add3_round_bf16(out, a, b, c, n);
+        return;
+    }
+    ew_run((ew_job){.kind = EW_ADD3_ROUND_BF16, .n = n, .out = out, .a = a, .b = b, .c = c});
 }
 void fsdp_cpu_par_axpy(float *y, float alpha, const float *x, int64_t n) {
     if (!worth(n)) {

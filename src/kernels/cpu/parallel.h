@@ -14,6 +14,9 @@ void fsdp_cpu_par_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 void fsdp_cpu_par_bias_add(float *out, const float *bias, int64_t rows, int64_t cols);
 void fsdp_cpu_par_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols);
 void fsdp_cpu_par_add(float *out, const float *a, const float *b, int64_t n);
+void fsdp_cpu_par_add3(float *out, const float *a, const float *b, const float *c, int64_t n);
+void fsdp_cpu_par_add3_round_bf16(float *out, const float *a, const float *b, const float *c,
+                                  int64_t n);
 void fsdp_cpu_par_axpy(float *y, float alpha, const float *x, int64_t n);
 void fsdp_cpu_par_scale(float *out, const float *inp, float alpha, int64_t n);
 void fsdp_cpu_par_copy(float *dst, const float *src, int64_t n);

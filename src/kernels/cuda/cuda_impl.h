@@ -155,6 +155,9 @@ void fsdp_cuda_rmsnorm_forward_bf16(fsdp_bf16 *out, float *rstd, const float *in
 
 /* elementwise.cu */
 void fsdp_cuda_add(float *out, const float *a, const float *b, int64_t n);
+void fsdp_cuda_add3(float *out, const float *a, const float *b, const float *c, int64_t n);
+void fsdp_cuda_add3_round_bf16(float *out, const float *a, const float *b, const float *c,
+                               int64_t n);
 void fsdp_cuda_axpy(float *y, float alpha, const float *x, int64_t n);
 void fsdp_cuda_scale(float *out, const float *inp, float alpha, int64_t n);
 void fsdp_cuda_copy(float *dst, const float *src, int64_t n);

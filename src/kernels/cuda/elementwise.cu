@@ -1,6 +1,8 @@
-/* elementwise.cu: add, axpy, scale, copy and fill over n floats on the device (float4 when
- * aligned), and the 2- or 4-byte fill behind the storage interface. out may be an input. */
+/* elementwise.cu: add, add3 (its inputs rounded to bf16 or not), axpy, scale, copy and fill over
+ * n floats on the device (float4 when aligned), and the 2- or 4-byte fill behind the storage
+ * interface. out may be an input. */
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dtype.cuh"
 
 struct add_op {
     __device__ float operator()(float a, float b) const { return a + b; }
@@ -20,6 +22,66 @@ struct fill_op {
 
 extern "C" void fsdp_cuda_add(float *out, const float *a, const float *b, int64_t n) {
     fsdp_map2("add", out, a, b, n, add_op{});
+}
+
+/* x, or x rounded to bf16 and widened (round_bf16's bits: dtype.cuh's rule) */
+template <bool ROUND> __device__ inline float add3_in(float x) {
+    if (!ROUND) return x;
+    return __uint_as_float((uint32_t)bf16_from_bits(__float_as_uint(x)) << 16);
+}
+
+/* out[i] = (a[i] + b[i]) + c[i], each input rounded to bf16 first when ROUND (c may be NULL: a
+ * + b); out may be an input. Separate adds (__fadd_rn), as add's two passes compute them. */
+template <bool ROUND>
+__global__ void add3_kernel(float *out, const float *a, const float *b, const float *c, int64_t n,
+                            bool vec) {
+    int64_t i = fsdp_tid(), stride = fsdp_stride(), done = 0;
+    if (vec) {
+        int64_t n4 = n / 4;
+        for (int64_t j = i; j < n4; j += stride) {
+            float4 x = reinterpret_cast<const float4 *>(a)[j];
+            float4 y = reinterpret_cast<const float4 *>(b)[j];
+            float4 z = c ? reinterpret_cast<const float4 *>(c)[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+            float4 r;
+            r.x = __fadd_rn(add3_in<ROUND>(x.x), add3_in<ROUND>(y.x));
+            r.y = __fadd_rn(add3_in<ROUND>(x.y), add3_in<ROUND>(y.y));
+            r.z = __fadd_rn(add3_in<ROUND>(x.z), add3_in<ROUND>(y.z));
+            r.w = __fadd_rn(add3_in<ROUND>(x.w), add3_in<ROUND>(y.w));
+            if (c) {
+                r.x = __fadd_rn(r.x, add3_in<ROUND>(z.x));
+                r.y = __fadd_rn(r.y, add3_in<ROUND>(z.y));
+                r.z = __fadd_rn(r.z, add3_in<ROUND>(z.z));
+                r.w = __fadd_rn(r.w, add3_in<ROUND>(z.w));
+            }
+            reinterpret_cast<float4 *>(out)[j] = r;
+        }
+        done = n4 * 4;
+    }
+    for (int64_t j = done + i; j < n; j += stride) {
+        float r = __fadd_rn(add3_in<ROUND>(a[j]), add3_in<ROUND>(b[j]));
+        out[j] = c ? __fadd_rn(r, add3_in<ROUND>(c[j])) : r;
+    }
+}
+
+template <bool ROUND>
+static void add3(const char *name, float *out, const float *a, const float *b, const float *c,
+                 int64_t n) {
+    if (n <= 0) return;
+    bool vec = FSDP_CUDA_ALIGNED16(out) && FSDP_CUDA_ALIGNED16(a) && FSDP_CUDA_ALIGNED16(b) &&
+               (!c || FSDP_CUDA_ALIGNED16(c));
+    add3_kernel<ROUND><<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        out, a, b, c, n, vec);
+    FSDP_CUDA_LAUNCHED(name);
+}
+
+extern "C" void fsdp_cuda_add3(float *out, const float *a, const float *b, const float *c,
+                               int64_t n) {
+    add3<false>("add3", out, a, b, c, n);
+}
+
+extern "C" void fsdp_cuda_add3_round_bf16(float *out, const float *a, const float *b,
+                                          const float *c, int64_t n) {
+    add3<true>("add3_round_bf16", out, a, b, c, n);
 }
 
 extern "C" void fsdp_cuda_axpy(float *y, float alpha, const float *x, int64_t n) {

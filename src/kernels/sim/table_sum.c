@@ -1,0 +1,37 @@
+/* table_sum.c: the simulated GPU's sums of parallel branches' input gradients (table.c lists
+ * them): add3 and add3_round_bf16, each the CPU entry run on the device's stream over the shadow
+ * memory, as every other entry. */
+#include "kernels/sim/sim_impl.h"
+
+typedef struct add3_args {
+    float *out;
+    const float *a, *b, *c; /* c may be NULL */
+    int64_t n;
+} add3_args;
+
+static void run_add3(void *arg) {
+    add3_args *a = arg;
+    fsdp_kernels_cpu()->add3(a->out, a->a, a->b, a->c, a->n);
+}
+
+static void run_add3_round_bf16(void *arg) {
+    add3_args *a = arg;
+    fsdp_kernels_cpu()->add3_round_bf16(a->out, a->a, a->b, a->c, a->n);
+}
+
+/* The closure's arguments, every array translated to its shadow on out's device. */
+static void launch(void (*run)(void *), const char *name, float *out, const float *a,
+                   const float *b, const float *c, int64_t n) {
+    int dev = sim_kernel_device(out, name);
+    add3_args call = {sim_kernel_ptr(dev, out), sim_kernel_ptr(dev, a), sim_kernel_ptr(dev, b),
+                      sim_kernel_ptr(dev, c), n};
+    sim_kernel_launch(dev, run, &call, sizeof call);
+}
+
+void sim_add3(float *out, const float *a, const float *b, const float *c, int64_t n) {
+    launch(run_add3, "add3", out, a, b, c, n);
+}
+
+void sim_add3_round_bf16(float *out, const float *a, const float *b, const float *c, int64_t n) {
+    launch(run_add3_round_bf16, "add3_round_bf16", out, a, b, c, n);
+}

@@ -1,0 +1,447 @@
+/* test_dx_sum.c: the one-pass sums of the Llama's branch input gradients. The table's add3
+ * ((a + b) + c) and add3_round_bf16 (each input rounded to bf16 first) bit for bit against add
+ * and round_bf16 composed as before, on the CPU (one thread and split over workers) and the run's
+ * device, with NaN, infinities, values that round up to infinity, sums that overflow and
+ * subnormals among the inputs, in place and out of place (where two NaN inputs meet, both NaN:
+ * which payload propagates is the hardware's and the compiler's operand order's). Then the tiny
+ * Llama under the bf16 policy (q, k and v_proj, gate and up_proj leaving their input gradients
+ * unrounded for the attention's and MLP's rounding sums) and under f32 (the attention's three-input
+ * add3) against the path before (fsdp_llama_test_sums old_path: every Linear rounds, two adds):
+ * loss, logits and every gradient bit for bit, on the CPU and sim, with every decoder layer
+ * checkpointed too; at (dp, tp) = (1, 2) under torchtitan's plan, where ColwiseParallel's
+ * post-backward hook all_reduces each projection's input gradient: there the projections round
+ * before it (no rounding sum runs) and each rank's gradients are the path before's bits; and at
+ * (2, 1) under FSDP (a unit per decoder layer), where the rounding sums run and every rank's flat
+ * gradient shards are the path before's bits. Counters show which sums ran, so no comparison is
+ * of a path with itself. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx, fsdp_test_run_world
+#include "kernels/kernels.h" // defines: fsdp_kernels_for, fsdp_kernels_cpu_workers_start
+#include "llama_steps.h"     // defines: llama_tp_build, llama_tp_free
+#include "nn/llama_common.h" // defines: fsdp_llama_test_sums
+#include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_close
+
+enum { BATCH = 2, SEQ = 8, VOCAB = 64, N_TOK = BATCH * SEQ, LAYERS = 2, DIM = 32, HIDDEN = 48 };
+
+static fsdp_llama_config config(fsdp_dtype compute) {
+    return (fsdp_llama_config){.dim = DIM,
+                               .n_layers = LAYERS,
+                               .n_heads = 4,
+                               .n_kv_heads = 2,
+                               .vocab_size = VOCAB,
+                               .ffn_hidden = HIDDEN,
+                               .max_seq_len = 16,
+                               .init_std = 0.2f,
+                               .compute_dtype = compute};
+}
+
+static int64_t differ(const void *a, const void *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++)
+        d += memcmp((const char *)a + 4 * i, (const char *)b + 4 * i, 4) != 0;
+    return d;
+}
+
+/* Bit for bit, with the count of differing elements printed. */
+static bool same_bits(const char *name, const float *a, const float *b, int64_t n) {
+    int64_t d = differ(a, b, n);
+    printf("\n    %s: %lld of %lld elements differ", name, (long long)d, (long long)n);
+    return d == 0;
+}
+
+/* ---- the kernels ---- */
+
+static fsdp_tensor *on(fsdp_device dev, const float *host, int64_t n) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *h = NULL, *d = NULL;
+    FSDP_TEST_OK(
+        fsdp_tensor_from_blob(ctx, (void *)host, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){n}, &h));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 1, (int64_t[]){n}, &d));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, d, h));
+    fsdp_tensor_free(h);
+    return d;
+}
+
+static void back(float *host, const fsdp_tensor *d) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *h = NULL;
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, host, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                       (int64_t[]){fsdp_tensor_numel(d)}, &h));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, d));
+    fsdp_tensor_free(h);
+}
+
+static float from_bits(uint32_t b) {
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* n values over many binades and both signs, with specials in each of the three inputs (which
+ * one: `which`) at distinct places, so a special meets ordinary values and, at the shared
+ * places, the other inputs' specials. */
+static void fill_inputs(float *x, int64_t n, int which) {
+    for (int64_t i = 0; i < n; i++) {
+        float u = sinf((float)(i * (which + 3)) * 0.731f + (float)which);
+        x[i] = u * ldexpf(1.0f, (int)((i * 7 + which * 5) % 40) - 20);
+    }
+    static const uint32_t special[] = {
+        0x7fc00000u, /* quiet NaN */
+        0x7f800001u, /* signalling NaN: rounds to a quiet NaN */
+        0xffc12345u, /* negative NaN with a payload */
+        0x7f800000u, /* +inf */
+        0xff800000u, /* -inf */
+        0x7f7fffffu, /* FLT_MAX: rounds up to +inf */
+        0xff7f8000u, /* -(halfway above bf16's largest, odd): rounds to -inf */
+        0x7f7f7fffu, /* just below that halfway: rounds to bf16's largest */
+        0x7f7f0000u, /* bf16's largest: sums of two overflow */
+        0x00000001u, /* the smallest subnormal: rounds to 0 */
+        0x00008000u, /* a subnormal halfway: ties to even (0) */
+        0x80018000u, /* a negative subnormal halfway: ties to even (up) */
+        0x80000000u, /* -0 */
+        0x3f808000u, /* 1 + 2^-8: a tie to even (down) */
+        0x3f818000u, /* 1 + 3 2^-8: a tie to even (up) */
+    };
+    int ns = (int)(sizeof special / sizeof special[0]);
+    for (int s = 0; s < ns && 20 * s + 6 < n; s++) {
+        x[20 * s + 3 * which] = from_bits(special[s]);         /* alone among ordinary values */
+        x[20 * s + 10] = from_bits(special[(s + which) % ns]); /* meeting the others' */
+    }
+}
+
+/* The four sums on dev (offset: every array starts `off` floats in, unaligned for float4) against
+ * add and round_bf16 composed on the same device, bit for bit; with c (3 inputs) or without, in
+ * place (out is a) and not. */
+static void check_sums(fsdp_device dev, int64_t n, int64_t off) {
+    float *x[3], *want = calloc((size_t)n, 4), *got = calloc((size_t)n, 4);
+    for (int i = 0; i < 3; i++) {
+        x[i] = calloc((size_t)n, 4);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(x[i]);
+        fill_inputs(x[i], n, i);
+    }
+    CU_ASSERT_PTR_NOT_NULL_FATAL(want && got);
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k->add3 && k->add3_round_bf16);
+    fsdp_tensor *in[3], *r[3], *out = on(dev, want, n), *ref = on(dev, want, n);
+    for (int i = 0; i < 3; i++) in[i] = on(dev, x[i], n), r[i] = on(dev, x[i], n);
+    int64_t m = n - off;
+    const float *a = fsdp_tensor_f32(in[0]) + off, *b = fsdp_tensor_f32(in[1]) + off;
+    const float *c = fsdp_tensor_f32(in[2]) + off;
+    float *o = fsdp_tensor_f32(out) + off, *w = fsdp_tensor_f32(ref) + off;
+    float *ra = fsdp_tensor_f32(r[0]) + off, *rb = fsdp_tensor_f32(r[1]) + off;
+    float *rc = fsdp_tensor_f32(r[2]) + off;
+    k->round_bf16(ra, m), k->round_bf16(rb, m), k->round_bf16(rc, m);
+    int64_t nan = 0, inf = 0;
+    for (int t = 0; t < 8; t++) {
+        bool round = t & 1, three = t & 2, in_place = t & 4;
+        /* the path before: round_bf16 on each input (copies), add, add again */
+        k->add(w, round ? ra : a, round ? rb : b, m);
+        if (three) k->add(w, w, round ? rc : c, m);
+        float *dst = o;
+        if (in_place) { /* out is the first input: a fresh copy of it */
+            fsdp_tensor_free(out);
+            out = on(dev, x[0], n);
+            dst = fsdp_tensor_f32(out) + off;
+        }
+        const float *first = in_place ? dst : a;
+        (round ? k->add3_round_bf16 : k->add3)(dst, first, b, three ? c : NULL, m);
+        back(want, ref), back(got, out);
+        int64_t d = 0, met = 0;
+        for (int64_t i = off; i < n; i++) {
+            int nans = (isnan(x[0][i]) != 0) + (isnan(x[1][i]) != 0) + (three && isnan(x[2][i]));
+            if (nans >= 2) /* the NaN that propagates is unspecified (IEEE 754 6.2.3) */
+                met++, d += !isnan(got[i]) || !isnan(want[i]);
+            else
+                d += memcmp(&got[i], &want[i], 4) != 0;
+        }
+        printf("\n    %s on %s, %d inputs%s, offset %lld, n %lld: %lld differ (%lld where NaNs "
+               "meet: NaN both)",
+               round ? "add3_round_bf16" : "add3", fsdp_device_to_string(dev), three ? 3 : 2,
+               in_place ? ", in place" : "", (long long)off, (long long)m, (long long)d,
+               (long long)met);
+        CU_ASSERT_EQUAL(d, 0);
+        for (int64_t i = off; i < n; i++) nan += isnan(want[i]) != 0, inf += isinf(want[i]) != 0;
+    }
+    float *kept = calloc((size_t)n, 4); /* add3_round_bf16 reads its inputs, never writes them */
+    CU_ASSERT_PTR_NOT_NULL_FATAL(kept);
+    back(kept, in[1]);
+    CU_ASSERT_EQUAL(differ(kept, x[1], n), 0);
+    printf("\n    (%lld NaN, %lld inf)", (long long)nan, (long long)inf);
+    CU_ASSERT_TRUE(nan > 0 && inf > 0); /* the specials reached the sums */
+    free(kept), free(want), free(got);
+    for (int i = 0; i < 3; i++) free(x[i]), fsdp_tensor_free(in[i]), fsdp_tensor_free(r[i]);
+    fsdp_tensor_free(out), fsdp_tensor_free(ref);
+}
+
+static void test_kernels_cpu(void) {
+    check_sums(FSDP_CPU, 1500, 0);
+    check_sums(FSDP_CPU, 1501, 1);
+}
+
+/* Over 3 worker threads (the CPU table splits calls of 65536 elements and more), the same bits. */
+static void test_kernels_cpu_threads(void) {
+    int threads = fsdp_kernels_cpu_workers_start(3, -1);
+    printf("\n    %d threads", threads);
+    check_sums(FSDP_CPU, 200001, 1);
+    fsdp_kernels_cpu_workers_stop();
+}
+
+static void test_kernels_device(void) {
+    check_sums(fsdp_test_device(), 1500, 0);
+    check_sums(fsdp_test_device(), 1501, 1);
+}
+
+/* ---- one training step's results on the host ---- */
+
+typedef struct step_out {
+    float loss;
+    float logits[N_TOK * VOCAB];
+    float *grads; /* every parameter's (local) gradient, in visit order */
+    int64_t n_grads;
+} step_out;
+
+static fsdp_status copy_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)name;
+    step_out *o = user;
+    const fsdp_tensor *g = fsdp_param_grad(p);
+    fsdp_tensor *h = NULL;
+    FSDP_TRY_AT(ctx, fsdp_tensor_from_blob(ctx, o->grads + o->n_grads, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                           (int64_t[]){fsdp_tensor_numel(g)}, &h));
+    fsdp_status st = fsdp_tensor_copy(ctx, h, g);
+    fsdp_tensor_free(h);
+    o->n_grads += fsdp_tensor_numel(g);
+    return st;
+}
+
+/* Forward, cross-entropy and backward of the fixed batch `s` on m (on dev), into o; the
+ * gradients of grads_of's parameters (m's, or FSDP's flat shards). */
+static fsdp_status step_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_module *grads_of, fsdp_device dev,
+                           int s, step_out *o) {
+    int32_t tok[N_TOK], tgt[N_TOK];
+    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 37 + 11 + 5 * s) % VOCAB);
+    for (int i = 0; i < N_TOK; i++) tgt[i] = i % SEQ == SEQ - 1 ? FSDP_IGNORE_INDEX : tok[i + 1];
+    fsdp_tensor *th = NULL, *td = NULL, *dl = NULL, *lh = NULL;
+    int64_t shape[2] = {BATCH, SEQ};
+    const fsdp_tensor *out = NULL;
+    fsdp_status st = fsdp_tensor_from_blob(ctx, tok, FSDP_DTYPE_I32, FSDP_CPU, 2, shape, &th);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, shape, &td);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, td, th);
+    if (st == FSDP_OK) st = fsdp_module_zero_grad(ctx, grads_of);
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, td, &out);
+    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dl);
+    if (st == FSDP_OK)
+        st = fsdp_loss_cross_entropy_ignore(ctx, out, tgt, FSDP_IGNORE_INDEX, &o->loss, dl);
+    if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dl, NULL);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_from_blob(ctx, o->logits, FSDP_DTYPE_F32, FSDP_CPU, 3,
+                                   (int64_t[]){BATCH, SEQ, VOCAB}, &lh);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, lh, out);
+    free(o->grads);
+    o->n_grads = 0;
+    o->grads = calloc((size_t)fsdp_module_param_count(grads_of) + 1, sizeof(float));
+    if (st == FSDP_OK && !o->grads) st = FSDP_ERR_OUT_OF_MEMORY;
+    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, grads_of, copy_grad, o);
+    fsdp_tensor_free(th), fsdp_tensor_free(td), fsdp_tensor_free(dl), fsdp_tensor_free(lh);
+    return st;
+}
+
+static fsdp_status step(fsdp_ctx *ctx, fsdp_module *m, fsdp_device dev, int s, step_out *o) {
+    return step_of(ctx, m, m, dev, s, o);
+}
+
+/* Two steps' results of both paths compared: bit for bit on the CPU and sim; on CUDA within
+ * test_bf16_act's device tolerance (5e-2 relative plus 1e-3: the GEMMs are the same calls, but
+ * the attention's and cuBLAS's sums are not promised to repeat their order run to run). */
+static void compare(fsdp_device dev, const step_out *n, const step_out *o) {
+    CU_ASSERT_EQUAL_FATAL(n->n_grads, o->n_grads);
+    printf("\n    %s: loss %.9g, path before %.9g", fsdp_device_to_string(dev), n->loss, o->loss);
+    if (dev.type == FSDP_DEVICE_CPU) {
+        CU_ASSERT_TRUE(same_bits("loss", &n->loss, &o->loss, 1));
+        CU_ASSERT_TRUE(same_bits("logits", n->logits, o->logits, N_TOK * VOCAB));
+        CU_ASSERT_TRUE(same_bits("gradients", n->grads, o->grads, n->n_grads));
+        return;
+    }
+    CU_ASSERT_TRUE(fsdp_test_device_close("loss", &n->loss, &o->loss, 1, 5e-2, 0));
+    CU_ASSERT_TRUE(
+        fsdp_test_device_close("logits", n->logits, o->logits, N_TOK * VOCAB, 5e-2, 1e-3));
+    CU_ASSERT_TRUE(fsdp_test_device_close("gradients", n->grads, o->grads, n->n_grads, 5e-2, 1e-3));
+}
+
+/* The model under `compute` on dev (every decoder layer checkpointed when ckpt), two steps on the
+ * new sums and on the path before, compared; the fused sums counted (bf16: the attention's and
+ * the MLP's, each layer and step; f32: none) and the three-input add3s (f32: the attention's). */
+static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_llama_config cfg = config(compute);
+    fsdp_test_device_pin_f32_attention(true);
+    fsdp_module *m[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m[i]));
+        if (dev.type != FSDP_DEVICE_CPU) FSDP_TEST_OK(fsdp_module_to(ctx, m[i], dev));
+        for (int l = 0; ckpt && l < LAYERS; l++) {
+            char name[32];
+            snprintf(name, sizeof name, "model.layers.%d", l);
+            FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(m[i], name)));
+        }
+    }
+    step_out *o = calloc(2, sizeof *o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    int64_t fused[2], add3[2];
+    for (int s = 0; s < 2; s++) {
+        for (int i = 0; i < 2; i++) { /* i 0: the new sums; 1: the path before */
+            fsdp_llama_test_sums(i == 1, NULL, NULL);
+            FSDP_TEST_OK(step(ctx, m[i], dev, s, &o[i]));
+            fsdp_llama_test_sums(false, &fused[i], &add3[i]);
+        }
+        printf("\n    %s%s step %d: %lld fused sums, %lld add3 (path before: %lld, %lld)",
+               compute == FSDP_DTYPE_BF16 ? "bf16" : "f32", ckpt ? " checkpointed" : "", s,
+               (long long)fused[0], (long long)add3[0], (long long)fused[1], (long long)add3[1]);
+        compare(dev, &o[0], &o[1]);
+        bool b16 = compute == FSDP_DTYPE_BF16;
+        CU_ASSERT_EQUAL(fused[0], b16 ? 2 * LAYERS : 0);
+        CU_ASSERT_EQUAL(add3[0], b16 ? 0 : LAYERS);
+        CU_ASSERT_TRUE(fused[1] == 0 && add3[1] == 0);
+    }
+    free(o[0].grads), free(o[1].grads), free(o);
+    fsdp_module_free(m[0]), fsdp_module_free(m[1]);
+    fsdp_test_device_pin_f32_attention(false);
+}
+
+static void test_bf16_cpu(void) {
+    check_model(FSDP_DTYPE_BF16, FSDP_CPU, false);
+}
+
+static void test_f32_cpu(void) {
+    check_model(FSDP_DTYPE_F32, FSDP_CPU, false);
+}
+
+static void test_checkpointed_cpu(void) {
+    check_model(FSDP_DTYPE_BF16, FSDP_CPU, true);
+    check_model(FSDP_DTYPE_F32, FSDP_CPU, true);
+}
+
+static void test_bf16_device(void) {
+    check_model(FSDP_DTYPE_BF16, fsdp_test_device(), false);
+    check_model(FSDP_DTYPE_BF16, fsdp_test_device(), true);
+}
+
+static void test_f32_device(void) {
+    check_model(FSDP_DTYPE_F32, fsdp_test_device(), false);
+}
+
+/* ---- distributed layouts ---- */
+
+enum { WORLD = 2 };
+
+typedef struct world_run {
+    fsdp_dtype compute;
+    int dp, tp;             /* dp * tp = WORLD */
+    step_out out[WORLD][2]; /* per rank: step 0 and 1 */
+} world_run;
+
+/* The model under the plan over tp (none at tp 1) and, at dp > 1, FSDP over dp (a unit per
+ * decoder layer and the root), on the CPU: two steps of the same batches on every rank (the plain
+ * loss: lm_head's output is Replicate), each rank's gradients kept (FSDP's: its flat shards,
+ * reduced). */
+static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
+    world_run *r = user;
+    fsdp_llama_config cfg = config(r->compute);
+    llama_tp l;
+    fsdp_sharded *sh = NULL;
+    static const char *const kinds[] = {"LlamaDecoderLayer"};
+    fsdp_status st = FSDP_OK;
+    if (r->tp > 1) {
+        st = llama_tp_build(ctx, &cfg, r->dp, r->tp, false, 1234, FSDP_CPU, &l);
+    } else { /* no plan (as fsdp-train at tp 1): a dp mesh and the model */
+        l = (llama_tp){0};
+        st = fsdp_mesh_create(ctx, 1, (int[]){r->dp}, (const char *[]){"dp"}, &l.mesh);
+        if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, l.mesh, "dp", &l.dp);
+        if (st == FSDP_OK) st = fsdp_model_llama(ctx, &cfg, &l.m);
+        if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, l.m, 1234);
+    }
+    if (st == FSDP_OK && r->dp > 1)
+        st = fsdp_fully_shard(
+            ctx, l.m,
+            &(fsdp_fully_shard_options){.group = l.dp, .wrap_kinds = kinds, .n_wrap_kinds = 1},
+            &sh);
+    fsdp_module *grads_of = sh ? fsdp_sharded_flat_params(sh) : l.m;
+    for (int s = 0; st == FSDP_OK && s < 2; s++)
+        st = step_of(ctx, l.m, grads_of, FSDP_CPU, s, &r->out[rank][s]);
+    fsdp_sharded_free(sh);
+    llama_tp_free(&l);
+    return st;
+}
+
+/* Both paths at (dp, tp), each rank's results compared. At tp > 1 every projection has
+ * ColwiseParallel's post-backward hook: each rounds its own input gradient before the
+ * all_reduce, so no rounding sum runs and only the attention's three-input add3 does; at tp 1
+ * (FSDP's hooks are on the decoder layers) the sums run as on one rank. */
+static void check_world(fsdp_dtype compute, int dp, int tp) {
+    world_run *r = calloc(2, sizeof *r); /* 0: the new sums; 1: the path before */
+    CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+    int64_t fused[2], add3[2];
+    for (int i = 0; i < 2; i++) {
+        r[i].compute = compute, r[i].dp = dp, r[i].tp = tp;
+        fsdp_llama_test_sums(i == 1, NULL, NULL);
+        FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, world_rank, &r[i]));
+        fsdp_llama_test_sums(false, &fused[i], &add3[i]);
+    }
+    int first = 0, hosted = fsdp_test_hosted_ranks(WORLD, &first);
+    bool b16 = compute == FSDP_DTYPE_BF16;
+    printf("\n    (dp, tp) = (%d, %d), %s: %lld fused sums, %lld add3 (path before: %lld, %lld)",
+           dp, tp, b16 ? "bf16" : "f32", (long long)fused[0], (long long)add3[0],
+           (long long)fused[1], (long long)add3[1]);
+    for (int rank = first; rank < first + hosted; rank++)
+        for (int s = 0; s < 2; s++) {
+            printf("\n    rank %d step %d:", rank, s);
+            compare(FSDP_CPU, &r[0].out[rank][s], &r[1].out[rank][s]);
+        }
+    int64_t per_rank = 2 * LAYERS; /* two steps */
+    bool fuse = b16 && tp == 1;
+    CU_ASSERT_EQUAL(fused[0], fuse ? 2 * per_rank * hosted : 0);
+    CU_ASSERT_EQUAL(add3[0], fuse ? 0 : per_rank * hosted);
+    CU_ASSERT_TRUE(fused[1] == 0 && add3[1] == 0);
+    for (int i = 0; i < 2; i++)
+        for (int rank = 0; rank < WORLD; rank++)
+            for (int s = 0; s < 2; s++) free(r[i].out[rank][s].grads);
+    free(r);
+}
+
+static void test_tp_bf16(void) {
+    check_world(FSDP_DTYPE_BF16, 1, WORLD);
+}
+
+static void test_tp_f32(void) {
+    check_world(FSDP_DTYPE_F32, 1, WORLD);
+}
+
+static void test_fsdp_bf16(void) {
+    check_world(FSDP_DTYPE_BF16, WORLD, 1);
+}
+
+static void test_fsdp_f32(void) {
+    check_world(FSDP_DTYPE_F32, WORLD, 1);
+}
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"kernels_cpu", test_kernels_cpu},
+        {"kernels_cpu_threads", test_kernels_cpu_threads},
+        {"kernels_device", test_kernels_device},
+        {"bf16_cpu", test_bf16_cpu},
+        {"f32_cpu", test_f32_cpu},
+        {"checkpointed_cpu", test_checkpointed_cpu},
+        {"bf16_device", test_bf16_device},
+        {"f32_device", test_f32_device},
+        {"tp_bf16", test_tp_bf16},
+        {"tp_f32", test_tp_f32},
+        {"fsdp_bf16", test_fsdp_bf16},
+        {"fsdp_f32", test_fsdp_f32},
+    };
+    fsdp_test_device(); // chosen, and printed, before the first case
+    return fsdp_test_run(argc, argv, "dx_sum", cases, (int)(sizeof cases / sizeof cases[0]));
+}
