@@ -13,7 +13,11 @@
  * before it (no rounding sum runs) and each rank's gradients are the path before's bits; and at
  * (2, 1) under FSDP (a unit per decoder layer), where the rounding sums run and every rank's flat
  * gradient shards are the path before's bits. Counters show which sums ran, so no comparison is
- * of a path with itself. */
+ * of a path with itself. swiglu_backward_bf16_round and rope_qk_backward_round bit for bit
+ * against the f32 entries then f32_to_bf16 on the CPU and the device. The path before also gives
+ * q/k_proj and gate/up_proj f32 output gradients that they round themselves, where the new path's
+ * RoPE and SwiGLU backward write them rounded (fsdp_llama_grads16, counted too): the same
+ * comparisons cover that. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +26,7 @@
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx, fsdp_test_run_world
 #include "kernels/kernels.h" // defines: fsdp_kernels_for, fsdp_kernels_cpu_workers_start
 #include "llama_steps.h"     // defines: llama_tp_build, llama_tp_free
-#include "nn/llama_common.h" // defines: fsdp_llama_test_sums
+#include "nn/llama_common.h" // defines: fsdp_llama_test_sums, fsdp_llama_test_grads16
 #include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_close
 
 enum { BATCH = 2, SEQ = 8, VOCAB = 64, N_TOK = BATCH * SEQ, LAYERS = 2, DIM = 32, HIDDEN = 48 };
@@ -195,6 +199,108 @@ static void test_kernels_device(void) {
     check_sums(fsdp_test_device(), 1501, 1);
 }
 
+/* ---- the backward entries that write bf16 output gradients ---- */
+
+/* A device tensor of n elements of dtype dt holding host (or uninitialised when host is NULL). */
+static fsdp_tensor *on_dtype(fsdp_device dev, fsdp_dtype dt, const void *host, int64_t n) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *h = NULL, *d = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, dt, dev, 1, (int64_t[]){n}, &d));
+    if (host) {
+        FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, (void *)host, dt, FSDP_CPU, 1, (int64_t[]){n}, &h));
+        FSDP_TEST_OK(fsdp_tensor_copy(ctx, d, h));
+        fsdp_tensor_free(h);
+    }
+    return d;
+}
+
+/* The bf16 elements of d, as 16-bit words, into host. */
+static void back16(uint16_t *host, const fsdp_tensor *d) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *h = NULL;
+    int64_t n = fsdp_tensor_numel(d);
+    FSDP_TEST_OK(
+        fsdp_tensor_from_blob(ctx, host, FSDP_DTYPE_BF16, FSDP_CPU, 1, (int64_t[]){n}, &h));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, d));
+    fsdp_tensor_free(h);
+}
+
+/* swiglu_backward_bf16_round and rope_qk_backward_round on dev against swiglu_backward_bf16 and
+ * rope_qk_backward then f32_to_bf16 on the same device, bit for bit (the inputs carry the
+ * specials of fill_inputs: NaN, infinities, values rounding up to infinity, ties). */
+static void check_grads16(fsdp_device dev) {
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k->swiglu_backward_bf16_round && k->rope_qk_backward_round);
+    enum {
+        N = 1500,
+        B = 2,
+        T = 5,
+        NH = 4,
+        NKV = 2,
+        D = 6,
+        NQ = B * T * NH * D,
+        NK = B * T * NKV * D
+    };
+    float *x[3];
+    uint16_t *g16 = calloc(N, 2), *u16 = calloc(N, 2), *got = calloc(2 * N, 2),
+             *want = calloc(2 * N, 2);
+    for (int i = 0; i < 3; i++) x[i] = calloc(N, 4), fill_inputs(x[i], N, i);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(g16 && u16 && got && want && x[0] && x[1] && x[2]);
+    for (int64_t i = 0; i < N; i++)
+        g16[i] = fsdp_bf16_from_f32(x[1][i] * 0.25f), u16[i] = fsdp_bf16_from_f32(x[2][i]);
+    fsdp_tensor *dout = on(dev, x[0], N), *gate = on_dtype(dev, FSDP_DTYPE_BF16, g16, N),
+                *up = on_dtype(dev, FSDP_DTYPE_BF16, u16, N);
+    fsdp_tensor *r = on_dtype(dev, FSDP_DTYPE_BF16, NULL, 2 * N),
+                *w = on_dtype(dev, FSDP_DTYPE_BF16, NULL, 2 * N),
+                *f = on_dtype(dev, FSDP_DTYPE_F32, NULL, 2 * N);
+    fsdp_bf16 *r16 = fsdp_tensor_data(r), *w16 = fsdp_tensor_data(w);
+    float *f32 = fsdp_tensor_f32(f);
+    k->swiglu_backward_bf16_round(r16, r16 + N, fsdp_tensor_f32(dout), fsdp_tensor_data(gate),
+                                  fsdp_tensor_data(up), N);
+    k->swiglu_backward_bf16(f32, f32 + N, fsdp_tensor_f32(dout), fsdp_tensor_data(gate),
+                            fsdp_tensor_data(up), N);
+    k->f32_to_bf16(w16, f32, 2 * N);
+    back16(got, r), back16(want, w);
+    int64_t d = 0, nan = 0;
+    for (int64_t i = 0; i < 2 * N; i++) d += got[i] != want[i], nan += (want[i] & 0x7fff) > 0x7f80;
+    printf("\n    swiglu_backward_bf16_round on %s: %lld of %d differ (%lld NaN)",
+           fsdp_device_to_string(dev), (long long)d, 2 * N, (long long)nan);
+    CU_ASSERT_EQUAL(d, 0);
+    CU_ASSERT_TRUE(nan > 0);
+    /* RoPE: q and k gradients of (B, T, heads, D), a table of T positions */
+    float cs[2 * T * (D / 2)];
+    for (int i = 0; i < T * (D / 2); i++)
+        cs[i] = cosf(0.3f * i), cs[T * (D / 2) + i] = sinf(0.3f * i);
+    fsdp_tensor *tab = on(dev, cs, 2 * T * (D / 2)), *dq = on(dev, x[0], NQ),
+                *dk = on(dev, x[1] + 100, NK);
+    const float *c = fsdp_tensor_f32(tab), *sn = c + T * (D / 2);
+    k->rope_qk_backward_round(r16, r16 + NQ, fsdp_tensor_f32(dq), fsdp_tensor_f32(dk), c, sn, B, T,
+                              NH, NKV, D);
+    k->rope_qk_backward(f32, f32 + NQ, fsdp_tensor_f32(dq), fsdp_tensor_f32(dk), c, sn, B, T, NH,
+                        NKV, D);
+    k->f32_to_bf16(w16, f32, NQ + NK);
+    back16(got, r), back16(want, w);
+    d = 0, nan = 0;
+    for (int64_t i = 0; i < NQ + NK; i++)
+        d += got[i] != want[i], nan += (want[i] & 0x7fff) > 0x7f80;
+    printf("\n    rope_qk_backward_round on %s: %lld of %d differ (%lld NaN)",
+           fsdp_device_to_string(dev), (long long)d, NQ + NK, (long long)nan);
+    CU_ASSERT_EQUAL(d, 0);
+    CU_ASSERT_TRUE(nan > 0);
+    fsdp_tensor *all[] = {dout, gate, up, r, w, f, tab, dq, dk};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fsdp_tensor_free(all[i]);
+    for (int i = 0; i < 3; i++) free(x[i]);
+    free(g16), free(u16), free(got), free(want);
+}
+
+static void test_grads16_cpu(void) {
+    check_grads16(FSDP_CPU);
+}
+
+static void test_grads16_device(void) {
+    check_grads16(fsdp_test_device());
+}
+
 /* ---- one training step's results on the host ---- */
 
 typedef struct step_out {
@@ -290,12 +396,14 @@ static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
     }
     step_out *o = calloc(2, sizeof *o);
     CU_ASSERT_PTR_NOT_NULL_FATAL(o);
-    int64_t fused[2], add3[2];
+    int64_t fused[2], add3[2], g16[2];
     for (int s = 0; s < 2; s++) {
         for (int i = 0; i < 2; i++) { /* i 0: the new sums; 1: the path before */
             fsdp_llama_test_sums(i == 1, NULL, NULL);
+            fsdp_llama_test_grads16();
             FSDP_TEST_OK(step(ctx, m[i], dev, s, &o[i]));
             fsdp_llama_test_sums(false, &fused[i], &add3[i]);
+            g16[i] = fsdp_llama_test_grads16();
         }
         printf("\n    %s%s step %d: %lld fused sums, %lld add3 (path before: %lld, %lld)",
                compute == FSDP_DTYPE_BF16 ? "bf16" : "f32", ckpt ? " checkpointed" : "", s,
@@ -305,6 +413,9 @@ static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
         CU_ASSERT_EQUAL(fused[0], b16 ? 2 * LAYERS : 0);
         CU_ASSERT_EQUAL(add3[0], b16 ? 0 : LAYERS);
         CU_ASSERT_TRUE(fused[1] == 0 && add3[1] == 0);
+        /* RoPE's and the SwiGLU's backward gave q/k_proj and gate/up_proj bf16 gradients */
+        CU_ASSERT_EQUAL(g16[0], b16 ? 2 * LAYERS : 0);
+        CU_ASSERT_EQUAL(g16[1], 0);
     }
     free(o[0].grads), free(o[1].grads), free(o);
     fsdp_module_free(m[0]), fsdp_module_free(m[1]);
@@ -383,12 +494,14 @@ static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
 static void check_world(fsdp_dtype compute, int dp, int tp) {
     world_run *r = calloc(2, sizeof *r); /* 0: the new sums; 1: the path before */
     CU_ASSERT_PTR_NOT_NULL_FATAL(r);
-    int64_t fused[2], add3[2];
+    int64_t fused[2], add3[2], g16[2];
     for (int i = 0; i < 2; i++) {
         r[i].compute = compute, r[i].dp = dp, r[i].tp = tp;
         fsdp_llama_test_sums(i == 1, NULL, NULL);
+        fsdp_llama_test_grads16();
         FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, world_rank, &r[i]));
         fsdp_llama_test_sums(false, &fused[i], &add3[i]);
+        g16[i] = fsdp_llama_test_grads16();
     }
     int first = 0, hosted = fsdp_test_hosted_ranks(WORLD, &first);
     bool b16 = compute == FSDP_DTYPE_BF16;
@@ -405,6 +518,10 @@ static void check_world(fsdp_dtype compute, int dp, int tp) {
     CU_ASSERT_EQUAL(fused[0], fuse ? 2 * per_rank * hosted : 0);
     CU_ASSERT_EQUAL(add3[0], fuse ? 0 : per_rank * hosted);
     CU_ASSERT_TRUE(fused[1] == 0 && add3[1] == 0);
+    /* bf16 output gradients for q/k_proj and gate/up_proj at every layout (TP's Colwise hooks
+     * pass them through as they are), never on the path before */
+    CU_ASSERT_EQUAL(g16[0], b16 ? 2 * per_rank * hosted : 0);
+    CU_ASSERT_EQUAL(g16[1], 0);
     for (int i = 0; i < 2; i++)
         for (int rank = 0; rank < WORLD; rank++)
             for (int s = 0; s < 2; s++) free(r[i].out[rank][s].grads);
@@ -432,6 +549,8 @@ int main(int argc, char **argv) {
         {"kernels_cpu", test_kernels_cpu},
         {"kernels_cpu_threads", test_kernels_cpu_threads},
         {"kernels_device", test_kernels_device},
+        {"grads16_cpu", test_grads16_cpu},
+        {"grads16_device", test_grads16_device},
         {"bf16_cpu", test_bf16_cpu},
         {"f32_cpu", test_f32_cpu},
         {"checkpointed_cpu", test_checkpointed_cpu},

@@ -162,9 +162,12 @@ fsdp_status train_estimate_mlp_stacked(const train_config *cfg, const train_layo
  * beyond its output (src/nn/linear.c, bf16_forward; each made with fsdp_nn_buffer_dtype, so
  * fsdp_module_activation_bytes counts it): x16, its input rounded to bf16 (rows, in), unless
  * the input is a bf16 tensor, which it keeps as that copy; w16, the weight rounded (out, in);
- * y16, the scratch for the output's and the output gradient's roundings (rows, max(out, in)). */
-static int64_t bf16_linear(int64_t rows, int64_t in, int64_t out, bool bf16_input) {
-    return 2 * ((bf16_input ? 0 : rows * in) + out * in + rows * (out > in ? out : in));
+ * y16, the scratch for the output's and the output gradient's roundings (rows, max(out, in)),
+ * unless the Linear gives a bf16 output and is given a bf16 output gradient (no rounding of its
+ * own: q_proj, k_proj, gate_proj and up_proj, whose gradients RoPE's and the SwiGLU's backward
+ * write rounded). */
+static int64_t bf16_linear(int64_t rows, int64_t in, int64_t out, bool bf16_input, bool y16) {
+    return 2 * ((bf16_input ? 0 : rows * in) + out * in + (y16 ? rows * (out > in ? out : in) : 0));
 }
 
 /* torchtitan's plan (src/tp/llama_plan.c) on the decoder of fsdp_model_llama: per layer the norms
@@ -220,17 +223,18 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
          * rowwise: in split); q, k, v, gate and up read their norm's bf16 output (on tp the
          * hooks' gathered copy of it) as their bf16 copy */
         int64_t R = B * T, q = NH * hd, kv = NKV * hd;
-        layer += bf16_linear(R, C, q, true)        /* q_proj */
-                 + 2 * bf16_linear(R, C, kv, true) /* k_proj, v_proj */
-                 + bf16_linear(R, q, C, false)     /* o_proj, on the attention's f32 output */
-                 - 2 * R * (q + kv)                /* q_proj's, k_proj's outputs: bf16 tensors */
-                 + 2 * bf16_linear(R, C, F, true)  /* gate_proj, up_proj */
-                 + bf16_linear(R, F, C, true)      /* down_proj: reads the SwiGLU's bf16 output */
-                 - 2 * 2 * R * F                   /* gate_proj's, up_proj's outputs: bf16 */
-                 - 2 * R * F                       /* the SwiGLU's output: bf16 (hidden16) */
-                 - 2 * 2 * B * Ts * C;             /* the two norms' outputs: bf16 */
-        root += bf16_linear(R, C, V, false);       /* lm_head (tied or not: a Linear either way) */
-        if (c.logits_dtype == FSDP_DTYPE_BF16)     /* bf16 logits (tp 1), no y16 scratch */
+        layer += bf16_linear(R, C, q, true, false)    /* q_proj */
+                 + bf16_linear(R, C, kv, true, false) /* k_proj */
+                 + bf16_linear(R, C, kv, true, true)  /* v_proj */
+                 + bf16_linear(R, q, C, false, true)  /* o_proj, on the attention's f32 output */
+                 - 2 * R * (q + kv)                   /* q_proj's, k_proj's outputs: bf16 tensors */
+                 + 2 * bf16_linear(R, C, F, true, false) /* gate_proj, up_proj */
+                 + bf16_linear(R, F, C, true, true) /* down_proj: reads the SwiGLU's bf16 output */
+                 - 2 * 2 * R * F                    /* gate_proj's, up_proj's outputs: bf16 */
+                 - 2 * R * F                        /* the SwiGLU's output: bf16 (hidden16) */
+                 - 2 * 2 * B * Ts * C;              /* the two norms' outputs: bf16 */
+        root += bf16_linear(R, C, V, false, true);  /* lm_head (tied or not: a Linear either way) */
+        if (c.logits_dtype == FSDP_DTYPE_BF16)      /* bf16 logits (tp 1), no y16 scratch */
             root -= 2 * R * V + 2 * R * (V > C ? V : C);
     }
     m->act_bytes = root + c.n_layers * layer;

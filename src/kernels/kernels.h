@@ -231,6 +231,12 @@ typedef struct fsdp_kernels_i {
     void (*rope_qk_backward)(float *dq, float *dk, const float *dqo, const float *dko,
                              const float *cos, const float *sin, int64_t B, int64_t T, int64_t NH,
                              int64_t NKV, int64_t D);
+    /* rope_qk_backward with dq, dk rounded to bf16: each element the bits f32_to_bf16 gives
+     * rope_qk_backward's value (the bf16 compute policy's q_proj and k_proj read their output
+     * gradients so). (optional: NULL where the device has none) */
+    void (*rope_qk_backward_round)(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *dqo, const float *dko,
+                                   const float *cos, const float *sin, int64_t B, int64_t T,
+                                   int64_t NH, int64_t NKV, int64_t D);
     /* Causal attention with grouped-query heads. q (B, T, NH, D), k and v (B, T, NKV, D), NKV
      * divides NH: query head h reads key/value head h / (NH / NKV). Per (b, h):
      *   out (T, D) = softmax(q k^T / sqrt(D), keys j <= i only) v;
@@ -277,6 +283,11 @@ typedef struct fsdp_kernels_i {
      * on the widened inputs */
     void (*swiglu_backward_bf16)(float *dgate, float *dup, const float *dout, const fsdp_bf16 *gate,
                                  const fsdp_bf16 *up, int64_t n);
+    /* swiglu_backward_bf16 with dgate, dup rounded to bf16: each element the bits f32_to_bf16
+     * gives swiglu_backward_bf16's value (the bf16 compute policy's gate_proj and up_proj read
+     * their output gradients so). (optional) */
+    void (*swiglu_backward_bf16_round)(fsdp_bf16 *dgate, fsdp_bf16 *dup, const float *dout,
+                                       const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
     /* cross_entropy where rows whose target is ignore_index count for nothing (PyTorch's
      * ignore_index): loss = mean over the other rows (NaN when there are none, as PyTorch);
      * dlogits (may be NULL) = (softmax - onehot) / counted rows, 0 on ignored rows. Every

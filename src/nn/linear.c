@@ -260,6 +260,13 @@ void fsdp_nn_linear_set_bf16_grad(fsdp_module *m, bool on) {
     if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->bf16_grad = on;
 }
 
+bool fsdp_nn_linear_takes_bf16_grad(const fsdp_module *m, bool next) {
+    if (!fsdp_nn_is_linear(m)) return false;
+    const linear *l = m->impl;
+    return (next ? l->compute : l->last_compute) == FSDP_DTYPE_BF16 &&
+           !(l->bias && l->bias->requires_grad);
+}
+
 bool fsdp_nn_linear_can_leave_dx_unrounded(const fsdp_module *m) {
     return fsdp_nn_is_linear(m) && ((const linear *)m->impl)->last_compute == FSDP_DTYPE_BF16 &&
            m->n_hooks[FSDP_HOOK_POST_BACKWARD] == 0;

@@ -12,7 +12,7 @@
 #include "fsdp/layers.h"
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
-#include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output
+#include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output, fsdp_nn_linear_set_bf16_grad
 
 typedef struct llama_attention {
     int64_t n_heads, n_kv_heads; /* this rank's heads, from the last forward (all, without TP) */
@@ -29,13 +29,14 @@ typedef struct llama_attention {
     fsdp_tensor *lse;     /* (B, NH, T) */
     fsdp_tensor *scratch; /* (2, T, T): one score block (and backward's dO V^T block) */
     fsdp_tensor *dq, *dk, *dv;
-    fsdp_tensor *dinput; /* (B, T, dim) */
+    fsdp_tensor *dq16, *dk16; /* RoPE's backward rounded to bf16 for q_proj and k_proj (policy) */
+    fsdp_tensor *dinput;      /* (B, T, dim) */
 } llama_attention;
 
 static void llama_attention_free(void *impl) {
     llama_attention *a = impl;
-    fsdp_tensor *own[] = {a->rope,    a->q,  a->k,  a->att, a->lse,
-                          a->scratch, a->dq, a->dk, a->dv,  a->dinput};
+    fsdp_tensor *own[] = {a->rope, a->q,  a->k,  a->att,  a->lse,  a->scratch,
+                          a->dq,   a->dk, a->dv, a->dq16, a->dk16, a->dinput};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) fsdp_tensor_free(own[i]);
     free(a);
 }
@@ -145,12 +146,18 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
     const fsdp_tensor *q, *kk;
     bool b16 = fsdp_nn_linear_compute(a->q_proj) == FSDP_DTYPE_BF16 &&
                fsdp_nn_linear_compute(a->k_proj) == FSDP_DTYPE_BF16 && k->rope_qk_forward_bf16;
-    fsdp_nn_linear_set_bf16_output(a->q_proj, b16);
-    fsdp_nn_linear_set_bf16_output(a->k_proj, b16);
+    fsdp_module *const qk[2] = {a->q_proj, a->k_proj};
+    bool g16 = b16 && fsdp_llama_grads16(qk, 2, k->rope_qk_backward_round != NULL, true);
+    for (int i = 0; i < 2; i++) {
+        fsdp_nn_linear_set_bf16_output(qk[i], b16);
+        fsdp_nn_linear_set_bf16_grad(qk[i], g16); /* RoPE's backward rounds their dy */
+    }
     fsdp_status st = fsdp_module_forward(ctx, a->q_proj, in, &q);
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, a->k_proj, in, &kk);
-    fsdp_nn_linear_set_bf16_output(a->q_proj, false); /* for this call only */
-    fsdp_nn_linear_set_bf16_output(a->k_proj, false);
+    for (int i = 0; i < 2; i++) { /* for this call only */
+        fsdp_nn_linear_set_bf16_output(qk[i], false);
+        fsdp_nn_linear_set_bf16_grad(qk[i], false);
+    }
     FSDP_TRY_AT(ctx, st);
     FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, a->v_proj, in, &a->v));
     FSDP_TRY_AT(ctx, make_rope(ctx, a, T, dev));
@@ -203,9 +210,21 @@ static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const
         fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k), fsdp_tensor_f32(a->v),
         fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse), B, T, NH, NKV, hd);
     const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
-    k->rope_qk_backward(dq, dk, dq, dk, cos, sin, B, T, NH, NKV, hd);
     fsdp_module *const proj[3] = {a->q_proj, a->k_proj, a->v_proj};
-    const fsdp_tensor *const dproj[3] = {a->dq, a->dk, a->dv};
+    const fsdp_tensor *dproj[3] = {a->dq, a->dk, a->dv};
+    /* under the policy q_proj and k_proj read their output gradients rounded to bf16: RoPE's
+     * backward writes them so (2 bytes each instead of 4 in place, and no rounding pass) */
+    if (fsdp_llama_grads16(proj, 2, k->rope_qk_backward_round != NULL, false)) {
+        FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &a->dq16, FSDP_DTYPE_BF16, dev, 3,
+                                              (int64_t[]){B, T, NH * hd}));
+        FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &a->dk16, FSDP_DTYPE_BF16, dev, 3,
+                                              (int64_t[]){B, T, NKV * hd}));
+        k->rope_qk_backward_round(fsdp_tensor_data(a->dq16), fsdp_tensor_data(a->dk16), dq, dk, cos,
+                                  sin, B, T, NH, NKV, hd);
+        dproj[0] = a->dq16, dproj[1] = a->dk16;
+    } else {
+        k->rope_qk_backward(dq, dk, dq, dk, cos, sin, B, T, NH, NKV, hd);
+    }
     const fsdp_tensor *dx[3];
     bool unrounded;
     FSDP_TRY_AT(ctx, fsdp_llama_branch_grads(ctx, proj, dproj, 3, din != NULL, dx, &unrounded));

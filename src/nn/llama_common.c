@@ -10,7 +10,7 @@
 #include "fsdp/layers.h"
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
-#include "nn/nn.h" // defines: fsdp_nn_linear_set_dx_unrounded
+#include "nn/nn.h" // defines: fsdp_nn_linear_set_dx_unrounded, fsdp_nn_linear_takes_bf16_grad
 
 /* ---- helpers ---- */
 
@@ -35,12 +35,23 @@ fsdp_status fsdp_llama_add_proj(fsdp_ctx *ctx, fsdp_module *parent, const char *
 }
 
 static atomic_bool old_sums;
-static atomic_llong fused_sums, add3_sums;
+static atomic_llong fused_sums, add3_sums, grads16;
 
 void fsdp_llama_test_sums(bool old_path, int64_t *fused, int64_t *add3) {
     atomic_store(&old_sums, old_path);
     if (fused) *fused = atomic_exchange(&fused_sums, 0);
     if (add3) *add3 = atomic_exchange(&add3_sums, 0);
+}
+
+int64_t fsdp_llama_test_grads16(void) {
+    return atomic_exchange(&grads16, 0);
+}
+
+bool fsdp_llama_grads16(fsdp_module *const *branch, int n, bool entry, bool next) {
+    bool on = entry && !atomic_load(&old_sums);
+    for (int i = 0; i < n; i++) on = on && fsdp_nn_linear_takes_bf16_grad(branch[i], next);
+    if (on && !next) atomic_fetch_add(&grads16, 1);
+    return on;
 }
 
 fsdp_status fsdp_llama_sum_grads(fsdp_ctx *ctx, fsdp_tensor **dst, const fsdp_tensor *a,

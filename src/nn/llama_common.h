@@ -42,8 +42,20 @@ fsdp_status fsdp_llama_branch_grads(fsdp_ctx *ctx, fsdp_module *const *branch,
                                     const fsdp_tensor *const *dout, int n, bool din,
                                     const fsdp_tensor **dx, bool *unrounded);
 
+/* Whether the n Linear branches of a block take bf16 output gradients, which the block's
+ * backward then writes rounded with a device entry (`entry`: the table has it; the bits
+ * f32_to_bf16 gives the f32 gradient, which the Linear would round the same way): every branch
+ * takes one (fsdp_nn_linear_takes_bf16_grad: the bf16 policy, no bias gradient), and the test
+ * switch below is off. Counted for fsdp_llama_test_grads16. With next, whether they will in the
+ * backward of their next forward (not counted): a forward asks its branches for no bf16 scratch of
+ * their own for rounding an f32 gradient (fsdp_nn_linear_set_bf16_grad). */
+bool fsdp_llama_grads16(fsdp_module *const *branch, int n, bool entry, bool next);
+/* For tests: how many blocks gave their branches bf16 output gradients since the last call. */
+int64_t fsdp_llama_test_grads16(void);
+
 /* For tests (test_dx_sum, which includes this header): with old_path, the sums run as before add3
- * (add, then add again for a third input) and the branches round their own input gradients; *fused
+ * (add, then add again for a third input), the branches round their own input gradients and take
+ * f32 output gradients (fsdp_llama_grads16 is false); *fused
  * (may be NULL) gets the sums that rounded their inputs (add3_round_bf16) since the last call,
  * *add3 those that ran add3 on three inputs. Process-wide. */
 void fsdp_llama_test_sums(bool old_path, int64_t *fused, int64_t *add3);

@@ -12,7 +12,7 @@
 #include "core/tensor_impl.h" // defines: fsdp_tensor_release_storage
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
-#include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output
+#include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output, fsdp_nn_linear_set_bf16_grad
 
 typedef struct llama_mlp {
     fsdp_module *gate_proj, *up_proj, *down_proj;
@@ -20,7 +20,9 @@ typedef struct llama_mlp {
                                    * f32, or bf16 under the policy */
     fsdp_tensor *hidden;          /* (rows, hidden) = silu(gate) * up, f32 */
     fsdp_tensor *hidden16;        /* (rows, hidden) the same rounded to bf16, under the policy */
-    fsdp_tensor *dgate, *dup;     /* (rows, hidden) */
+    fsdp_tensor *dgate, *dup;     /* (rows, hidden), f32 */
+    fsdp_tensor *dgate16, *dup16; /* (rows, hidden), the same rounded to bf16 for the projections
+                                   * under the policy (fsdp_llama_grads16) */
     fsdp_tensor *dinput;          /* (rows, dim) */
 } llama_mlp;
 
@@ -30,6 +32,8 @@ static void llama_mlp_free(void *impl) {
     fsdp_tensor_free(p->hidden16);
     fsdp_tensor_free(p->dgate);
     fsdp_tensor_free(p->dup);
+    fsdp_tensor_free(p->dgate16);
+    fsdp_tensor_free(p->dup16);
     fsdp_tensor_free(p->dinput);
     free(p);
 }
@@ -52,12 +56,18 @@ static fsdp_status llama_mlp_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
                fsdp_nn_linear_compute(p->up_proj) == FSDP_DTYPE_BF16 &&
                fsdp_nn_linear_compute(p->down_proj) == FSDP_DTYPE_BF16 && k->swiglu_forward_bf16 &&
                k->swiglu_backward_bf16;
-    fsdp_nn_linear_set_bf16_output(p->gate_proj, b16);
-    fsdp_nn_linear_set_bf16_output(p->up_proj, b16);
+    fsdp_module *const proj[2] = {p->gate_proj, p->up_proj};
+    bool g16 = b16 && fsdp_llama_grads16(proj, 2, k->swiglu_backward_bf16_round != NULL, true);
+    for (int i = 0; i < 2; i++) {
+        fsdp_nn_linear_set_bf16_output(proj[i], b16);
+        fsdp_nn_linear_set_bf16_grad(proj[i], g16); /* the SwiGLU's backward rounds their dy */
+    }
     fsdp_status st = fsdp_module_forward(ctx, p->gate_proj, in, &p->gate);
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, p->up_proj, in, &p->up);
-    fsdp_nn_linear_set_bf16_output(p->gate_proj, false); /* for this call only */
-    fsdp_nn_linear_set_bf16_output(p->up_proj, false);
+    for (int i = 0; i < 2; i++) { /* for this call only */
+        fsdp_nn_linear_set_bf16_output(proj[i], false);
+        fsdp_nn_linear_set_bf16_grad(proj[i], false);
+    }
     FSDP_TRY_AT(ctx, st);
     fsdp_dtype dt = fsdp_tensor_dtype(p->gate);
     if (!fsdp_tensor_same_shape(p->gate, p->up) || dt != fsdp_tensor_dtype(p->up) ||
@@ -102,17 +112,30 @@ static fsdp_status llama_mlp_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, p->down_proj, dout, &dh));
     int nd = fsdp_tensor_ndim(p->gate);
     const int64_t *shape = fsdp_tensor_shape(p->gate);
-    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->dgate, dev, nd, shape));
-    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->dup, dev, nd, shape));
-    float *dg = fsdp_tensor_f32(p->dgate), *du = fsdp_tensor_f32(p->dup);
     const float *dy = fsdp_tensor_f32(dh);
     int64_t n = fsdp_tensor_numel(p->gate);
-    if (fsdp_tensor_dtype(p->gate) == FSDP_DTYPE_BF16)
-        k->swiglu_backward_bf16(dg, du, dy, fsdp_tensor_data(p->gate), fsdp_tensor_data(p->up), n);
-    else
-        k->swiglu_backward(dg, du, dy, fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up), n);
     fsdp_module *const proj[2] = {p->gate_proj, p->up_proj};
-    const fsdp_tensor *const dproj[2] = {p->dgate, p->dup};
+    bool b16 = fsdp_tensor_dtype(p->gate) == FSDP_DTYPE_BF16;
+    /* under the policy the projections read their output gradients rounded to bf16: the SwiGLU
+     * writes them so (2 bytes each instead of 4, and no rounding pass in each Linear) */
+    bool g16 = b16 && fsdp_llama_grads16(proj, 2, k->swiglu_backward_bf16_round != NULL, false);
+    fsdp_tensor **dgate = g16 ? &p->dgate16 : &p->dgate, **dup = g16 ? &p->dup16 : &p->dup;
+    fsdp_tensor *unused[2] = {g16 ? p->dgate : p->dgate16, g16 ? p->dup : p->dup16};
+    for (int i = 0; i < 2; i++) /* the other kind's, of an earlier backward */
+        if (unused[i]) fsdp_tensor_release_storage(unused[i]);
+    fsdp_dtype gt = g16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, dgate, gt, dev, nd, shape));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, dup, gt, dev, nd, shape));
+    if (g16)
+        k->swiglu_backward_bf16_round(fsdp_tensor_data(*dgate), fsdp_tensor_data(*dup), dy,
+                                      fsdp_tensor_data(p->gate), fsdp_tensor_data(p->up), n);
+    else if (b16)
+        k->swiglu_backward_bf16(fsdp_tensor_f32(*dgate), fsdp_tensor_f32(*dup), dy,
+                                fsdp_tensor_data(p->gate), fsdp_tensor_data(p->up), n);
+    else
+        k->swiglu_backward(fsdp_tensor_f32(*dgate), fsdp_tensor_f32(*dup), dy,
+                           fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up), n);
+    const fsdp_tensor *const dproj[2] = {*dgate, *dup};
     const fsdp_tensor *dx[2];
     bool unrounded;
     FSDP_TRY_AT(ctx, fsdp_llama_branch_grads(ctx, proj, dproj, 2, din != NULL, dx, &unrounded));

@@ -108,6 +108,10 @@ void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on);
  * then allocates no bf16 scratch (y16, rows x max(out, in)) for rounding an f32 gradient; a
  * backward given an f32 gradient still works and allocates it then. Nothing for other modules. */
 void fsdp_nn_linear_set_bf16_grad(fsdp_module *m, bool on);
+/* Whether Linear m takes a bf16 output gradient (bf16(dy), what its bf16 GEMMs read) in the
+ * backward of its last forward (next: of its next forward): that forward runs the bf16 compute
+ * policy and m has no bias gradient to sum (which reads the f32 dy). false for other modules. */
+bool fsdp_nn_linear_takes_bf16_grad(const fsdp_module *m, bool next);
 /* Whether Linear m's next backward may leave its input gradient unrounded: m's last forward ran
  * the bf16 compute policy and m has no post-backward hook. A hook reads the input gradient as the
  * GPU writes it, in bf16 (tensor parallelism's ColwiseParallel all_reduces it there), so a Linear

@@ -38,6 +38,9 @@ void fsdp_cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch
 void fsdp_cpu_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q, const fsdp_bf16 *k,
                                    const float *cos, const float *sin, int64_t B, int64_t T,
                                    int64_t NH, int64_t NKV, int64_t D);
+void fsdp_cpu_rope_qk_backward_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *dqo,
+                                     const float *dko, const float *cos, const float *sin,
+                                     int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
 
 /* swiglu.c */
 void fsdp_cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
@@ -47,6 +50,8 @@ void fsdp_cpu_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *gate, const f
                                   int64_t n);
 void fsdp_cpu_swiglu_backward_bf16(float *dgate, float *dup, const float *dout,
                                    const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
+void fsdp_cpu_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16 *dup, const float *dout,
+                                         const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
 
 /* loss.c */
 void fsdp_cpu_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,

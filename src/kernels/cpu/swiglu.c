@@ -1,5 +1,6 @@
 /* swiglu.c: the SwiGLU gate of the Llama feed-forward on the CPU, out = silu(gate) * up, and
- * its backward; and both on bf16 gate and up, the forward rounded to bf16. Elementwise. */
+ * its backward; and both on bf16 gate and up, the forward rounded to bf16 (and the backward's
+ * gradients too, in its _round form). Elementwise. */
 #include <math.h>
 
 #include "kernels/cpu/cpu.h" // defines: fsdp_cpu_f32_to_bf16, fsdp_cpu_bf16_to_f32
@@ -54,5 +55,18 @@ void fsdp_cpu_swiglu_backward_bf16(float *dgate, float *dup, const float *dout,
         fsdp_cpu_bf16_to_f32(g, gate + i, m);
         fsdp_cpu_bf16_to_f32(u, up + i, m);
         fsdp_cpu_swiglu_backward(dgate + i, dup + i, dout + i, g, u, m);
+    }
+}
+
+void fsdp_cpu_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16 *dup, const float *dout,
+                                         const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n) {
+    float g[BLOCK], u[BLOCK], dg[BLOCK], du[BLOCK];
+    for (int64_t i = 0; i < n; i += BLOCK) {
+        int64_t m = n - i < BLOCK ? n - i : BLOCK;
+        fsdp_cpu_bf16_to_f32(g, gate + i, m);
+        fsdp_cpu_bf16_to_f32(u, up + i, m);
+        fsdp_cpu_swiglu_backward(dg, du, dout + i, g, u, m);
+        fsdp_cpu_f32_to_bf16(dgate + i, dg, m);
+        fsdp_cpu_f32_to_bf16(dup + i, du, m);
     }
 }

@@ -150,6 +150,36 @@ extern "C" void fsdp_cuda_rope_qk_backward(float *dq, float *dk, const float *dq
     rope_qk("rope_qk_backward", dq, dk, dqo, dko, cos, sin, -1.0f, B, T, NH, NKV, D);
 }
 
+/* rope_qk_kernel's backward (rotation by -angle) with dq, dk rounded as convert.cu's
+ * f32_to_bf16 rounds: what q_proj's and k_proj's bf16 GEMMs read as their output gradients */
+__global__ void rope_qk_backward_round_kernel(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *dqo,
+                                              const float *dko, const float *cos, const float *sin,
+                                              int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                              int64_t D) {
+    int64_t h = D / 2, heads = NH + NKV, pairs = B * T * heads * h;
+    for (int64_t e = fsdp_tid(); e < pairs; e += fsdp_stride()) {
+        int64_t i = e % h, head = (e / h) % heads, row = e / (h * heads), t = row % T;
+        bool is_q = head < NH;
+        int64_t at = is_q ? (row * NH + head) * D : (row * NKV + head - NH) * D;
+        const float *x = (is_q ? dqo : dko) + at;
+        fsdp_bf16 *y = (is_q ? dq : dk) + at;
+        float c = cos[t * h + i], s = -1.0f * sin[t * h + i], x1 = x[i], x2 = x[i + h];
+        y[i] = bf16_from_bits(__float_as_uint(x1 * c - x2 * s));
+        y[i + h] = bf16_from_bits(__float_as_uint(x2 * c + x1 * s));
+    }
+}
+
+extern "C" void fsdp_cuda_rope_qk_backward_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *dqo,
+                                                 const float *dko, const float *cos,
+                                                 const float *sin, int64_t B, int64_t T, int64_t NH,
+                                                 int64_t NKV, int64_t D) {
+    int64_t pairs = B * T * (NH + NKV) * (D / 2);
+    if (pairs <= 0) return;
+    rope_qk_backward_round_kernel<<<fsdp_grid(pairs), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        dq, dk, dqo, dko, cos, sin, B, T, NH, NKV, D);
+    FSDP_CUDA_LAUNCHED("rope_qk_backward_round");
+}
+
 /* ---- attention ---- */
 
 __device__ inline float dot(const float *a, const float *b, int64_t D) {
@@ -343,6 +373,28 @@ extern "C" void fsdp_cuda_swiglu_backward_bf16(float *dgate, float *dup, const f
     swiglu_backward_bf16_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         dgate, dup, dout, gate, up, n);
     FSDP_CUDA_LAUNCHED("swiglu_backward_bf16");
+}
+
+/* swiglu_backward_bf16_kernel's gradients rounded as convert.cu's f32_to_bf16 rounds (what the
+ * projections' bf16 GEMMs read): 2 bytes written per gradient instead of 4, and no conversion
+ * pass of their own */
+__global__ void swiglu_backward_bf16_round_kernel(fsdp_bf16 *dgate, fsdp_bf16 *dup,
+                                                  const float *dout, const fsdp_bf16 *gate,
+                                                  const fsdp_bf16 *up, int64_t n) {
+    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
+        float g = bf16_widen(gate[i]), u = bf16_widen(up[i]), dy = dout[i], s = sigmoid_f(g);
+        dgate[i] = bf16_from_bits(__float_as_uint(dy * u * s * (1.0f + g * (1.0f - s))));
+        dup[i] = bf16_from_bits(__float_as_uint(dy * g * s));
+    }
+}
+
+extern "C" void fsdp_cuda_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16 *dup,
+                                                     const float *dout, const fsdp_bf16 *gate,
+                                                     const fsdp_bf16 *up, int64_t n) {
+    if (n <= 0) return;
+    swiglu_backward_bf16_round_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        dgate, dup, dout, gate, up, n);
+    FSDP_CUDA_LAUNCHED("swiglu_backward_bf16_round");
 }
 
 /* ---- cross-entropy with an ignored target ---- */

@@ -67,6 +67,11 @@ void fsdp_cuda_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *gate, const 
                                    int64_t n);
 void fsdp_cuda_swiglu_backward_bf16(float *dgate, float *dup, const float *dout,
                                     const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
+void fsdp_cuda_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16 *dup, const float *dout,
+                                          const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
+void fsdp_cuda_rope_qk_backward_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *dqo,
+                                      const float *dko, const float *cos, const float *sin,
+                                      int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
 void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
                                     const int32_t *targets, int32_t ignore_index, int64_t rows,
                                     int64_t classes);

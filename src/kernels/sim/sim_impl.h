@@ -143,6 +143,11 @@ void sim_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q, const fs
                               int64_t NKV, int64_t D);
 void sim_swiglu_backward_bf16(float *dgate, float *dup, const float *dout, const fsdp_bf16 *gate,
                               const fsdp_bf16 *up, int64_t n);
+void sim_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16 *dup, const float *dout,
+                                    const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
+void sim_rope_qk_backward_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *dqo, const float *dko,
+                                const float *cos, const float *sin, int64_t B, int64_t T,
+                                int64_t NH, int64_t NKV, int64_t D);
 void sim_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                    const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb, float beta,
                    float *C, int64_t ldc);

@@ -1,6 +1,7 @@
 /* table_bf16.c: the simulated GPU's entries with bf16 operands (table.c lists them): gemm_bf16,
- * gemm_bf16_round, the SwiGLU on bf16 gate and up, RoPE on bf16 q and k and RMSNorm with a bf16
- * output, each the CPU entry run on the device's stream over the shadow memory, as every other
+ * gemm_bf16_round, the SwiGLU on bf16 gate and up (its backward also into bf16 gradients), RoPE
+ * on bf16 q and k (and its backward into bf16 gradients) and RMSNorm with a bf16 output, each the
+ * CPU entry run on the device's stream over the shadow memory, as every other
  * entry. */
 #include "kernels/sim/sim_impl.h"
 
@@ -171,4 +172,58 @@ void sim_rmsnorm_forward_bf16(fsdp_bf16 *out, float *rstd, const float *inp, con
                                       .rows = rows,
                                       .cols = cols};
     sim_kernel_launch(dev, run_rmsnorm_forward_bf16, &call, sizeof call);
+}
+
+typedef struct swiglu_backward_round_args {
+    fsdp_bf16 *dgate, *dup;
+    const float *dout;
+    const fsdp_bf16 *gate, *up;
+    int64_t n;
+} swiglu_backward_round_args;
+
+static void run_swiglu_backward_bf16_round(void *arg) {
+    swiglu_backward_round_args *a = arg;
+    fsdp_kernels_cpu()->swiglu_backward_bf16_round(a->dgate, a->dup, a->dout, a->gate, a->up, a->n);
+}
+
+void sim_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16 *dup, const float *dout,
+                                    const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n) {
+    int dev = sim_kernel_device(dgate, "swiglu_backward_bf16_round");
+    swiglu_backward_round_args call = {.dgate = sim_kernel_ptr(dev, dgate),
+                                       .dup = sim_kernel_ptr(dev, dup),
+                                       .dout = sim_kernel_ptr(dev, dout),
+                                       .gate = sim_kernel_ptr(dev, gate),
+                                       .up = sim_kernel_ptr(dev, up),
+                                       .n = n};
+    sim_kernel_launch(dev, run_swiglu_backward_bf16_round, &call, sizeof call);
+}
+
+typedef struct rope_qk_backward_round_args {
+    fsdp_bf16 *dq, *dk;
+    const float *dqo, *dko, *cos, *sin;
+    int64_t B, T, NH, NKV, D;
+} rope_qk_backward_round_args;
+
+static void run_rope_qk_backward_round(void *arg) {
+    rope_qk_backward_round_args *a = arg;
+    fsdp_kernels_cpu()->rope_qk_backward_round(a->dq, a->dk, a->dqo, a->dko, a->cos, a->sin, a->B,
+                                               a->T, a->NH, a->NKV, a->D);
+}
+
+void sim_rope_qk_backward_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *dqo, const float *dko,
+                                const float *cos, const float *sin, int64_t B, int64_t T,
+                                int64_t NH, int64_t NKV, int64_t D) {
+    int dev = sim_kernel_device(dq, "rope_qk_backward_round");
+    rope_qk_backward_round_args call = {.dq = sim_kernel_ptr(dev, dq),
+                                        .dk = sim_kernel_ptr(dev, dk),
+                                        .dqo = sim_kernel_ptr(dev, dqo),
+                                        .dko = sim_kernel_ptr(dev, dko),
+                                        .cos = sim_kernel_ptr(dev, cos),
+                                        .sin = sim_kernel_ptr(dev, sin),
+                                        .B = B,
+                                        .T = T,
+                                        .NH = NH,
+                                        .NKV = NKV,
+                                        .D = D};
+    sim_kernel_launch(dev, run_rope_qk_backward_round, &call, sizeof call);
 }
