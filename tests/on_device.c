@@ -4,7 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h" // defines: fsdp_test_close
+#include "comm/local_impl.h" // defines: fsdp_local_test_skip_input_wait
+#include "harness.h"         // defines: fsdp_test_close, fsdp_test_run_world
 #include "on_device.h"
 #ifdef FSDP_HAVE_CUDA
 #include "kernels/cuda/cuda.h" // defines: fsdp_cuda_thread_set_attention
@@ -82,4 +83,22 @@ void fsdp_test_device_pin_f32_attention(bool pin) {
 #else
     (void)pin;
 #endif
+}
+
+bool fsdp_test_stale_without_input_wait(int n, int timeout_ms, fsdp_rank_fn body, bool *differs,
+                                        int tries) {
+    bool any = false;
+    int runs = 0;
+    fsdp_status st = FSDP_OK;
+    fsdp_local_test_skip_input_wait(true);
+    for (; st == FSDP_OK && !any && runs < tries; runs++) {
+        memset(differs, 0, (size_t)n * sizeof *differs);
+        st = fsdp_test_run_world(n, timeout_ms, body, differs);
+        for (int r = 0; r < n; r++) any = any || differs[r];
+    }
+    fsdp_local_test_skip_input_wait(false);
+    FSDP_TEST_OK(st);
+    printf("\n    without the wait, %d run(s): %s", runs,
+           any ? "stale in the last" : "never stale");
+    return any;
 }

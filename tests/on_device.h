@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "fsdp/comm.h" // defines: fsdp_rank_fn
 #include "fsdp/tensor.h"
 
 /* The device of this run, chosen at the first call (which prints it and why); exits the
@@ -33,5 +34,15 @@ double fsdp_test_device_tol(double tol);
  * |got - want| <= atol + rtol |want|. */
 bool fsdp_test_device_close(const char *name, const float *got, const float *want, int64_t n,
                             double rtol, double atol);
+
+/* A device suite's negative control: body on a world of n ranks (timeout_ms per collective wait)
+ * with the local backend's wait for the peers' inputs dropped (fsdp_local_test_skip_input_wait),
+ * body setting differs[rank] when its rank's results are not the CPU's. On sim's deferred streams
+ * the dropped wait leaves the read to race a peer's writes, and a peer's own waits can drive its
+ * stream past the input before the read: one run may miss the race though the wait matters. So
+ * the run is made up to `tries` times, until some rank differs (a wait that did not matter would
+ * never differ). Prints the runs made; returns whether some rank differed. */
+bool fsdp_test_stale_without_input_wait(int n, int timeout_ms, fsdp_rank_fn body, bool *differs,
+                                        int tries);
 
 #endif

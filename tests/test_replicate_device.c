@@ -22,11 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/local_impl.h" // defines: fsdp_local_test_skip_input_wait
 #include "device_record.h"   // defines: record, put_tensor, put_comm, cpu_then_device
 #include "dp_common.h"       // defines: dp_build_model, dp_batch_block
 #include "harness.h"         // defines: fsdp_test_run_world, FSDP_RANK_CHECK, FSDP_TEST_OK
 #include "kernels/sim/sim.h" // defines: fsdp_sim_mode_get
+#include "on_device.h"       // defines: fsdp_test_stale_without_input_wait
 #ifdef FSDP_TEST_NCCL_STANDIN
 #include "comm/nccl_impl.h" // defines: fsdp_nccl_library_use
 #endif
@@ -394,19 +394,10 @@ static void test_negative_control(void) {
 #endif
     CU_ASSERT_EQUAL_FATAL(fsdp_sim_mode_get(), FSDP_SIM_DEFERRED);
     for (int i = 0; i < 2; i++) {
-        bool with[2] = {true, true}, without[2] = {false, false};
+        bool with[2] = {true, true}, without[2];
         FSDP_TEST_OK(fsdp_test_run_world(2, 20000, control_body, with));
-        int tries = 0;
-        fsdp_status st = FSDP_OK;
-        fsdp_local_test_skip_input_wait(true);
-        for (; st == FSDP_OK && !(without[0] || without[1]) && tries < 4; tries++)
-            st = fsdp_test_run_world(2, 20000, control_body, without);
-        fsdp_local_test_skip_input_wait(false);
-        FSDP_TEST_OK(st);
-        printf("\n    without the wait, %d run(s): %s", tries,
-               without[0] || without[1] ? "stale in the last" : "never stale");
         CU_ASSERT_FALSE(with[0] || with[1]);
-        CU_ASSERT_TRUE(without[0] || without[1]);
+        CU_ASSERT_TRUE(fsdp_test_stale_without_input_wait(2, 20000, control_body, without, 4));
     }
 }
 
