@@ -721,15 +721,17 @@ static const int64_t BYTES_BEFORE = 142144;
  *   gate_proj, up_proj: 2 R H (bf16 output; before 4 R H, f32) + 2 H D + 2 R max(H, D) (before
  *     also + 2 R D, its copy of the norm's f32 output)
  *   SwiGLU output: 2 R H in bf16 (before: 4 R H in f32)
- *   down_proj: 4 R D + 2 D H + 2 R max(D, H) (before: + 2 R H, its copy of the SwiGLU output)
- * so each MLP holds 2 R H x 4 = 8 R H bytes fewer, and 2 R D x 2 without gate's and up's copies;
- * each attention 2 R (NH + NKV) hd fewer (q_proj's and k_proj's outputs, (R, NH hd) and
- * (R, NKV hd), in bf16 instead of f32) and 2 R D x 3 (q's, k's and v's copies); each norm's
- * output 2 R D (bf16 instead of f32). Per layer 14 R D for the norms' bf16 outputs. */
+ *   down_proj: 2 R D (bf16 output, read widened by the residual add; before 4 R D, f32) +
+ *     2 D H + 2 R max(D, H) (before: + 2 R H, its copy of the SwiGLU output)
+ * so each MLP holds 2 R H x 4 = 8 R H bytes fewer, 2 R D x 2 without gate's and up's copies and
+ * 2 R D for down_proj's bf16 output; each attention 2 R (NH + NKV) hd fewer (q_proj's and
+ * k_proj's outputs, (R, NH hd) and (R, NKV hd), in bf16 instead of f32), 2 R D x 3 (q's, k's and
+ * v's copies) and 2 R D (o_proj's bf16 output); each norm's output 2 R D (bf16 instead of f32).
+ * Per layer 14 R D for the norms' bf16 outputs, 4 R D for o_proj's and down_proj's. */
 static int64_t mlp_bytes(int64_t R, int64_t D, int64_t H) {
     int64_t w = H > D ? H : D;
     return 2 * (2 * R * H + 2 * H * D + 2 * R * w) + 2 * R * H +
-           (4 * R * D + 2 * D * H + 2 * R * w);
+           (2 * R * D + 2 * D * H + 2 * R * w);
 }
 
 static void test_activation_bytes(void) {
@@ -739,7 +741,7 @@ static void test_activation_bytes(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(o);
     /* q_proj (R, NH hd) = (R, DIM) and k_proj (R, NKV hd) = (R, DIM / 2): 4 heads, 2 kv */
     const int64_t R = N_TOK, H = HIDDEN, norms = 14 * R * DIM,
-                  saved = (8 * R * H + 2 * R * (DIM + DIM / 2) + norms) * LAYERS;
+                  saved = (8 * R * H + 2 * R * (DIM + DIM / 2) + norms + 4 * R * DIM) * LAYERS;
     int64_t bytes = 0, mlp = 0;
     step(m, FSDP_CPU, o, &bytes);
     FSDP_TEST_OK(
