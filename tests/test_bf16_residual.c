@@ -393,6 +393,63 @@ static void test_direct_calls_f32(void) {
     fsdp_module_free(m);
 }
 
+/* A post-forward hook that reads the output's dtype into *user. */
+static fsdp_status see_dtype(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                             const fsdp_tensor **io, void *user) {
+    (void)ctx, (void)m, (void)point;
+    *(fsdp_dtype *)user = fsdp_tensor_dtype(*io);
+    return FSDP_OK;
+}
+
+/* The rule the attention and the MLP ask by: a Linear gives a bf16 output for a reader that widens
+ * it only under the bf16 policy, without a bias and without a post-forward hook (which would read
+ * the bf16 tensor: RowwiseParallel's reduces it). The MLP of a policy Llama with a hook on
+ * down_proj, asked for a bf16 output, gives f32 (the hook sees f32); without the hook, bf16. */
+static void test_linear_rule(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *plain = NULL, *biased = NULL;
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 8, 4, false, &plain));
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 8, 4, true, &biased));
+    CU_ASSERT_FALSE(fsdp_nn_linear_can_give_bf16_output(plain)); /* f32 compute */
+    FSDP_TEST_OK(fsdp_module_set_autocast(ctx, plain, FSDP_DTYPE_BF16));
+    FSDP_TEST_OK(fsdp_module_set_autocast(ctx, biased, FSDP_DTYPE_BF16));
+    CU_ASSERT_TRUE(fsdp_nn_linear_can_give_bf16_output(plain));
+    CU_ASSERT_FALSE(fsdp_nn_linear_can_give_bf16_output(biased));
+    fsdp_dtype seen = FSDP_DTYPE_BF16;
+    int id = -1;
+    FSDP_TEST_OK(
+        fsdp_module_add_hook(ctx, plain, FSDP_HOOK_POST_FORWARD, see_dtype, &seen, NULL, &id));
+    CU_ASSERT_FALSE(fsdp_nn_linear_can_give_bf16_output(plain));
+    FSDP_TEST_OK(fsdp_module_remove_hook(ctx, plain, id));
+    CU_ASSERT_TRUE(fsdp_nn_linear_can_give_bf16_output(plain));
+    fsdp_module_free(plain), fsdp_module_free(biased);
+
+    fsdp_module *m = model(FSDP_DTYPE_BF16, FSDP_CPU, true, false);
+    fsdp_module *mlp = fsdp_module_find(m, "model.layers.0.mlp");
+    fsdp_module *down = fsdp_module_find(m, "model.layers.0.mlp.down_proj");
+    fsdp_tensor *x = NULL;
+    FSDP_TEST_OK(
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, (int64_t[]){BATCH, SEQ, DIM}, &x));
+    float *px = fsdp_tensor_f32(x);
+    for (int64_t i = 0; i < N_TOK * DIM; i++) px[i] = cosf((float)i * 0.29f);
+    const fsdp_tensor *f = NULL;
+    FSDP_TEST_OK(
+        fsdp_module_add_hook(ctx, down, FSDP_HOOK_POST_FORWARD, see_dtype, &seen, NULL, &id));
+    fsdp_llama_mlp_set_bf16_output(mlp, true);
+    FSDP_TEST_OK(fsdp_module_forward(ctx, mlp, x, &f));
+    printf("\n    asked, down_proj hooked: the hook sees %s, the MLP gives %s",
+           fsdp_dtype_to_string(seen), fsdp_dtype_to_string(fsdp_tensor_dtype(f)));
+    CU_ASSERT_EQUAL(seen, FSDP_DTYPE_F32);
+    CU_ASSERT_EQUAL(fsdp_tensor_dtype(f), FSDP_DTYPE_F32);
+    FSDP_TEST_OK(fsdp_module_remove_hook(ctx, down, id));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, mlp, x, &f));
+    fsdp_llama_mlp_set_bf16_output(mlp, false);
+    printf("; not hooked: %s", fsdp_dtype_to_string(fsdp_tensor_dtype(f)));
+    CU_ASSERT_EQUAL(fsdp_tensor_dtype(f), FSDP_DTYPE_BF16);
+    fsdp_tensor_free(x);
+    fsdp_module_free(m);
+}
+
 /* ---- distributed layouts ---- */
 
 enum { WORLD = 2 };
@@ -485,6 +542,7 @@ int main(int argc, char **argv) {
         {"bf16_device", test_bf16_device},
         {"activation_bytes", test_activation_bytes},
         {"direct_calls_f32", test_direct_calls_f32},
+        {"linear_rule", test_linear_rule},
         {"tp", test_tp},
         {"fsdp", test_fsdp},
     };
