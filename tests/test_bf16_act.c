@@ -721,17 +721,19 @@ static const int64_t BYTES_BEFORE = 142144;
  *   gate_proj, up_proj: 2 R H (bf16 output; before 4 R H, f32) + 2 H D + 2 R max(H, D) (before
  *     also + 2 R D, its copy of the norm's f32 output)
  *   SwiGLU output: 2 R H in bf16 (before: 4 R H in f32)
- *   down_proj: 4 R D + 2 D H + 2 R max(D, H) (before: + 2 R H, its copy of the SwiGLU output)
- * so each MLP holds 2 R H x 4 = 8 R H bytes fewer, and 2 R D x 2 without gate's and up's copies;
- * each attention 2 R (NH + NKV) hd fewer (q_proj's and k_proj's outputs, (R, NH hd) and
- * (R, NKV hd), in bf16 instead of f32) and 2 R D x 3 (q's, k's and v's copies); each norm's
- * output 2 R D (bf16 instead of f32). Per layer 14 R D for the norms' bf16 outputs. And
+ *   down_proj: 2 R D (bf16 output, read widened by the residual add; before 4 R D, f32) +
+ *     2 D H + 2 R max(D, H) (before: + 2 R H, its copy of the SwiGLU output)
+ * so each MLP holds 2 R H x 4 = 8 R H bytes fewer, 2 R D x 2 without gate's and up's copies and
+ * 2 R D for down_proj's bf16 output; each attention 2 R (NH + NKV) hd fewer (q_proj's and
+ * k_proj's outputs, (R, NH hd) and (R, NKV hd), in bf16 instead of f32), 2 R D x 3 (q's, k's and
+ * v's copies) and 2 R D (o_proj's bf16 output); each norm's output 2 R D (bf16 instead of f32).
+ * Per layer 14 R D for the norms' bf16 outputs, 4 R D for o_proj's and down_proj's. And
  * gate_proj, up_proj, q_proj and k_proj hold no bf16 scratch (2 R max(out, in) each): their output
  * gradients come rounded to bf16 from the SwiGLU's and RoPE's backward (swiglu_backward_bf16_round,
  * rope_qk_backward_round), so they round none of their own. */
 static int64_t mlp_bytes(int64_t R, int64_t D, int64_t H) {
     int64_t w = H > D ? H : D;
-    return 2 * (2 * R * H + 2 * H * D) + 2 * R * H + (4 * R * D + 2 * D * H + 2 * R * w);
+    return 2 * (2 * R * H + 2 * H * D) + 2 * R * H + (2 * R * D + 2 * D * H + 2 * R * w);
 }
 
 static void test_activation_bytes(void) {
@@ -742,7 +744,7 @@ static void test_activation_bytes(void) {
     /* q_proj (R, NH hd) = (R, DIM) and k_proj (R, NKV hd) = (R, DIM / 2): 4 heads, 2 kv */
     const int64_t R = N_TOK, H = HIDDEN, norms = 14 * R * DIM,
                   scratch = 2 * 2 * R * (H > DIM ? H : DIM) + 2 * 2 * R * DIM, /* gate, up; q, k */
-        saved = (8 * R * H + 2 * R * (DIM + DIM / 2) + norms + scratch) * LAYERS;
+        saved = (8 * R * H + 2 * R * (DIM + DIM / 2) + norms + 4 * R * DIM + scratch) * LAYERS;
     int64_t bytes = 0, mlp = 0;
     step(m, FSDP_CPU, o, &bytes);
     FSDP_TEST_OK(

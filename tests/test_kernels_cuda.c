@@ -88,7 +88,7 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
                k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->f32_to_f16 &&
                k->f16_to_f32 && k->sgd_update && k->adam_update && k->adam_update_bf16 &&
                k->gemm_bf16 && k->gemm_bias_act && k->gemm_bf16_bias_act && k->gemm_bgrad &&
-               k->add3 && k->add3_round_bf16 && k->swiglu_backward_bf16_round &&
+               k->add3 && k->add3_round_bf16 && k->add_bf16 && k->swiglu_backward_bf16_round &&
                k->rope_qk_backward_round;
     CU_ASSERT_TRUE(all);
     const fsdp_device_i *s = fsdp_device_for(type);
@@ -625,6 +625,22 @@ static void dev_add3_round_bf16(float *out, const float *a, const float *b, int6
     K()->add3_round_bf16(out, a, b, a, n);
 }
 
+/* add_bf16 with the second input rounded to bf16 first (f32_to_bf16 into a scratch), so both
+ * sides read the same bf16 values (its bits against add on widened values: test_bf16_residual) */
+static void cpu_add_bf16(float *out, const float *a, const float *b, int64_t n) {
+    fsdp_bf16 *b16 = malloc((size_t)(n > 0 ? n : 1) * sizeof *b16);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b16);
+    fsdp_kernels_for(FSDP_CPU)->f32_to_bf16(b16, b, n);
+    fsdp_kernels_for(FSDP_CPU)->add_bf16(out, a, b16, n);
+    free(b16);
+}
+static void dev_add_bf16(float *out, const float *a, const float *b, int64_t n) {
+    fsdp_bf16 *b16 = (fsdp_bf16 *)dev_floats(NULL, n); /* 4 n bytes hold n bf16 */
+    K()->f32_to_bf16(b16, b, n);
+    K()->add_bf16(out, a, b16, n);
+    dev_free(b16);
+}
+
 static void test_elementwise(void) {
     const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = K();
     rng_seed(14);
@@ -635,6 +651,7 @@ static void test_elementwise(void) {
             check_binary("add3", cpu_add3, dev_add3, n, off, -5, 5);
             check_binary("add3_round_bf16", cpu_add3_round_bf16, dev_add3_round_bf16, n, off, -5,
                          5);
+            check_binary("add_bf16", cpu_add_bf16, dev_add_bf16, n, off, -5, 5);
             check_binary_at("axpy", cpu_axpy, dev_axpy, n, off, -5, 5, false);
             check_unary("scale", cpu_scale, dev_scale, n, off, -5, 5);
             check_unary("copy", c->copy, g->copy, n, off, -5, 5);

@@ -233,8 +233,10 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
                  - 2 * 2 * R * F                    /* gate_proj's, up_proj's outputs: bf16 */
                  - 2 * R * F                        /* the SwiGLU's output: bf16 (hidden16) */
                  - 2 * 2 * B * Ts * C;              /* the two norms' outputs: bf16 */
-        root += bf16_linear(R, C, V, false, true);  /* lm_head (tied or not: a Linear either way) */
-        if (c.logits_dtype == FSDP_DTYPE_BF16)      /* bf16 logits (tp 1), no y16 scratch */
+        if (tp == 1) /* o_proj's, down_proj's outputs: bf16 (on tp Rowwise's hook keeps f32) */
+            layer -= 2 * 2 * R * C;
+        root += bf16_linear(R, C, V, false, true); /* lm_head (tied or not: a Linear either way) */
+        if (c.logits_dtype == FSDP_DTYPE_BF16)     /* bf16 logits (tp 1), no y16 scratch */
             root -= 2 * R * V + 2 * R * (V > C ? V : C);
     }
     m->act_bytes = root + c.n_layers * layer;

@@ -146,6 +146,12 @@ typedef struct fsdp_kernels_i {
      * infinity included. The bf16 compute policy's sum of the Linears' unrounded input
      * gradients (as the GPU writes each in bf16 and sums the bf16 values in f32). */
     void (*add3_round_bf16)(float *out, const float *a, const float *b, const float *c, int64_t n);
+    /* out (n) = a + b with b bf16, widened exactly as read: each element the bits of add(out, a,
+     * bf16_to_f32(b)) (NaN, infinities, subnormals included; where two NaNs meet, a NaN, as in
+     * add). out may be a (the same elements), else overlaps none. The bf16 compute policy's
+     * residual add of a bf16 branch (o_proj's and down_proj's outputs). A table may leave it
+     * NULL: the branch is then given in f32. */
+    void (*add_bf16)(float *out, const float *a, const fsdp_bf16 *b, int64_t n);
     void (*axpy)(float *y, float alpha, const float *x, int64_t n);      /* y += alpha * x */
     void (*scale)(float *out, const float *inp, float alpha, int64_t n); /* out = alpha * inp */
     void (*copy)(float *dst, const float *src, int64_t n);

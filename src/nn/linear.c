@@ -272,6 +272,11 @@ bool fsdp_nn_linear_can_leave_dx_unrounded(const fsdp_module *m) {
            m->n_hooks[FSDP_HOOK_POST_BACKWARD] == 0;
 }
 
+bool fsdp_nn_linear_can_give_bf16_output(const fsdp_module *m) {
+    return fsdp_nn_is_linear(m) && ((const linear *)m->impl)->compute == FSDP_DTYPE_BF16 &&
+           !((const linear *)m->impl)->bias && m->n_hooks[FSDP_HOOK_POST_FORWARD] == 0;
+}
+
 void fsdp_nn_linear_set_dx_unrounded(fsdp_module *m, bool on) {
     if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->dx_unrounded = on;
 }

@@ -1,5 +1,6 @@
 /* llama.c: LlamaDecoderLayer and LlamaForCausalLM with Hugging Face's module and parameter
  * names (the configuration and shared helpers are in llama_common.c). */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -8,7 +9,7 @@
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
 #include "nn/nn.h" // defines: fsdp_nn_defer_init, fsdp_nn_rmsnorm_set_bf16_output,
-                   // fsdp_nn_linear_set_bf16_output
+                   // fsdp_nn_linear_set_bf16_output, fsdp_nn_llama_set_bf16_branches
 
 /* ---- LlamaDecoderLayer ---- */
 
@@ -17,6 +18,9 @@ typedef struct decoder_layer {
     /* ask each norm for a bf16 output when its readers' projections run the bf16 policy (they
      * round it anyway: one rounding, in the norm, instead of one per projection) */
     bool bf16_norms;
+    /* ask the attention and the MLP for o_proj's and down_proj's bf16 outputs (bf16 values under
+     * the policy), which the residual adds widen as they read them (add_bf16) */
+    bool bf16_branches;
     fsdp_tensor *h;      /* (B, T, C) = x + self_attn(input_layernorm(x)) */
     fsdp_tensor *output; /* (B, T, C) = h + mlp(post_attention_layernorm(h)) */
     fsdp_tensor *dh;     /* (B, T, C) */
@@ -32,7 +36,14 @@ static void decoder_layer_free(void *impl) {
     free(d);
 }
 
-/* *dst = x + y, shaped like x, on x's device */
+static atomic_llong bf16_adds;
+
+void fsdp_llama_test_bf16_branches(int64_t *adds) {
+    int64_t n = atomic_exchange(&bf16_adds, 0);
+    if (adds) *adds = n;
+}
+
+/* *dst = x + y, shaped like x, on x's device; y f32, or bf16 (widened as read: add_bf16) */
 static fsdp_status residual(fsdp_ctx *ctx, const fsdp_module *m, fsdp_tensor **dst,
                             const fsdp_tensor *x, const fsdp_tensor *y) {
     if (!fsdp_tensor_same_shape(x, y)) {
@@ -42,7 +53,29 @@ static fsdp_status residual(fsdp_ctx *ctx, const fsdp_module *m, fsdp_tensor **d
                          fsdp_tensor_shape_string(x, a, sizeof a),
                          fsdp_tensor_shape_string(y, b, sizeof b));
     }
-    return fsdp_llama_sum_grads(ctx, dst, x, y, NULL, false);
+    if (fsdp_tensor_dtype(y) != FSDP_DTYPE_BF16)
+        return fsdp_llama_sum_grads(ctx, dst, x, y, NULL, false);
+    fsdp_device dev = fsdp_tensor_device(x);
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, dst, dev, fsdp_tensor_ndim(x), fsdp_tensor_shape(x)));
+    /* a bf16 branch is given only where the table has add_bf16 (branch_forward) */
+    fsdp_kernels_for(dev)->add_bf16(fsdp_tensor_f32(*dst), fsdp_tensor_f32(x), fsdp_tensor_data(y),
+                                    fsdp_tensor_numel(x));
+    atomic_fetch_add(&bf16_adds, 1);
+    return FSDP_OK;
+}
+
+/* branch's (the attention's or the MLP's) forward of x into *y, its output asked in bf16 for this
+ * call (set: its setter) when bf16, the device's table can add it widened, and no post-forward
+ * hook of the branch would read it */
+static fsdp_status branch_forward(fsdp_ctx *ctx, fsdp_module *branch,
+                                  void (*set)(fsdp_module *, bool), bool bf16, const fsdp_tensor *x,
+                                  const fsdp_tensor **y) {
+    bf16 = bf16 && fsdp_kernels_for(fsdp_tensor_device(x))->add_bf16 &&
+           branch->n_hooks[FSDP_HOOK_POST_FORWARD] == 0;
+    set(branch, bf16);
+    fsdp_status st = fsdp_module_forward(ctx, branch, x, y);
+    set(branch, false);
+    return FSDP_PASS(ctx, st);
 }
 
 /* norm's forward of x into *y, its output asked in bf16 for this call when bf16 */
@@ -62,10 +95,12 @@ static fsdp_status decoder_layer_forward(fsdp_ctx *ctx, fsdp_module *m, const fs
     bool attn16 = d->bf16_norms && fsdp_llama_attention_reads_bf16(d->self_attn);
     bool mlp16 = d->bf16_norms && fsdp_llama_mlp_reads_bf16(d->mlp);
     FSDP_TRY_AT(ctx, norm_forward(ctx, d->input_layernorm, attn16, in, &n1));
-    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, d->self_attn, n1, &a));
+    FSDP_TRY_AT(ctx, branch_forward(ctx, d->self_attn, fsdp_llama_attention_set_bf16_output,
+                                    d->bf16_branches, n1, &a));
     FSDP_TRY_AT(ctx, residual(ctx, m, &d->h, in, a));
     FSDP_TRY_AT(ctx, norm_forward(ctx, d->post_attention_layernorm, mlp16, d->h, &n2));
-    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, d->mlp, n2, &f));
+    FSDP_TRY_AT(
+        ctx, branch_forward(ctx, d->mlp, fsdp_llama_mlp_set_bf16_output, d->bf16_branches, n2, &f));
     FSDP_TRY_AT(ctx, residual(ctx, m, &d->output, d->h, f));
     *out = d->output;
     return FSDP_OK;
@@ -97,6 +132,12 @@ void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on) {
     if (!m) return;
     if (m->ops == &decoder_layer_ops) ((decoder_layer *)m->impl)->bf16_norms = on;
     for (int i = 0; i < m->n_children; i++) fsdp_nn_llama_set_bf16_norms(m->children[i], on);
+}
+
+void fsdp_nn_llama_set_bf16_branches(fsdp_module *m, bool on) {
+    if (!m) return;
+    if (m->ops == &decoder_layer_ops) ((decoder_layer *)m->impl)->bf16_branches = on;
+    for (int i = 0; i < m->n_children; i++) fsdp_nn_llama_set_bf16_branches(m->children[i], on);
 }
 
 bool fsdp_llama_decoder_layer_parts(const fsdp_module *m, fsdp_module *parts[4]) {
@@ -140,7 +181,7 @@ fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_conf
     FSDP_TRY_AT(ctx, fsdp_llama_config_resolve(ctx, cfg, &c));
     decoder_layer *d = calloc(1, sizeof *d);
     if (!d) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaDecoderLayer");
-    d->bf16_norms = true;
+    d->bf16_norms = true, d->bf16_branches = true;
     fsdp_module *m;
     FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &decoder_layer_ops, d, &m));
     fsdp_status st = build_decoder_layer(ctx, m, d, &c);

@@ -3,8 +3,9 @@
  * recomputes each block from the saved log-sum-exp. Head counts are read from the
  * projections' weights, so tensor parallelism can split heads across ranks. Under the bf16
  * compute policy q_proj and k_proj give their outputs (bf16 values, read only by RoPE) as bf16
- * tensors: the same bits in half the bytes; and a bf16 input (the decoder layer's norm output,
- * rounded once for the three projections) is passed to them as is. */
+ * tensors: the same bits in half the bytes; a bf16 input (the decoder layer's norm output,
+ * rounded once for the three projections) is passed to them as is; and when the decoder layer
+ * asks, o_proj's output is given as a bf16 tensor, which its residual add widens as it reads. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -12,7 +13,8 @@
 #include "fsdp/layers.h"
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
-#include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output, fsdp_nn_linear_set_bf16_grad
+#include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output,
+                   // fsdp_nn_linear_set_bf16_grad, fsdp_nn_linear_can_give_bf16_output
 
 typedef struct llama_attention {
     int64_t n_heads, n_kv_heads; /* this rank's heads, from the last forward (all, without TP) */
@@ -22,6 +24,7 @@ typedef struct llama_attention {
     fsdp_module *q_proj, *k_proj, *v_proj, *o_proj;
     int64_t B, T;         /* of the last forward */
     bool bf16;            /* the last forward ran the bf16 policy's attention entries */
+    bool bf16_out;        /* the parent asks for o_proj's output in bf16 (this call) */
     fsdp_tensor *rope;    /* (2, T, hd / 2): cos then sin of positions 0 .. T-1 */
     fsdp_tensor *q, *k;   /* (B, T, NH * hd), (B, T, NKV * hd): rotated */
     const fsdp_tensor *v; /* (B, T, NKV * hd): v_proj's output */
@@ -188,7 +191,11 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
         fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse), fsdp_tensor_f32(a->scratch),
         fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k), fsdp_tensor_f32(a->v), B, T, NH, NKV, hd);
     a->B = B, a->T = T;
-    return fsdp_module_forward(ctx, a->o_proj, a->att, out);
+    bool o16 = a->bf16_out && fsdp_nn_linear_can_give_bf16_output(a->o_proj);
+    fsdp_nn_linear_set_bf16_output(a->o_proj, o16);
+    st = fsdp_module_forward(ctx, a->o_proj, a->att, out);
+    fsdp_nn_linear_set_bf16_output(a->o_proj, false); /* for this call only */
+    return FSDP_PASS(ctx, st);
 }
 
 static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
@@ -245,6 +252,10 @@ bool fsdp_llama_attention_reads_bf16(const fsdp_module *m) {
     return fsdp_nn_linear_compute(a->q_proj) == FSDP_DTYPE_BF16 &&
            fsdp_nn_linear_compute(a->k_proj) == FSDP_DTYPE_BF16 &&
            fsdp_nn_linear_compute(a->v_proj) == FSDP_DTYPE_BF16;
+}
+
+void fsdp_llama_attention_set_bf16_output(fsdp_module *m, bool on) {
+    if (m && m->ops == &llama_attention_ops) ((llama_attention *)m->impl)->bf16_out = on;
 }
 
 bool fsdp_llama_attention_parts(const fsdp_module *m, fsdp_llama_attention_info *out) {

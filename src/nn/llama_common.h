@@ -60,6 +60,16 @@ int64_t fsdp_llama_test_grads16(void);
  * *add3 those that ran add3 on three inputs. Process-wide. */
 void fsdp_llama_test_sums(bool old_path, int64_t *fused, int64_t *add3);
 
+/* With on, LlamaAttention m's (LlamaMLP m's) forwards give o_proj's (down_proj's) output as a
+ * bf16 tensor when that Linear can (fsdp_nn_linear_can_give_bf16_output), for a parent that adds
+ * it widened (LlamaDecoderLayer's residual adds, add_bf16): set on before its call and off after,
+ * so a direct call, as generation makes, gets f32. Nothing for other modules. */
+void fsdp_llama_attention_set_bf16_output(fsdp_module *m, bool on);
+void fsdp_llama_mlp_set_bf16_output(fsdp_module *m, bool on);
+/* For tests: *adds (may be NULL) gets the residual adds that read a bf16 branch (add_bf16) since
+ * the last call, across the process (llama.c). */
+void fsdp_llama_test_bf16_branches(int64_t *adds);
+
 /* fsdp_llama_mlp_create with the projections' weights ~ normal(0, std) (llama_mlp.c). */
 fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, float std,
                                  fsdp_module **out);

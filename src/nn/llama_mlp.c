@@ -5,17 +5,20 @@
  * SwiGLU reads them widened and writes its output rounded to bf16, which down_proj rounds to
  * anyway and reads as its bf16 copy. The same bits as the f32 storage, in half the bytes, and
  * without down_proj's own copy. A bf16 input (the decoder layer's norm output, rounded once for
- * gate_proj and up_proj) is passed to both as is. */
+ * gate_proj and up_proj) is passed to both as is; and when the decoder layer asks, down_proj's
+ * output is given as a bf16 tensor, which its residual add widens as it reads. */
 #include <stdlib.h>
 
 #include "core/error.h"
 #include "core/tensor_impl.h" // defines: fsdp_tensor_release_storage
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
-#include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output, fsdp_nn_linear_set_bf16_grad
+#include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output,
+                   // fsdp_nn_linear_set_bf16_grad, fsdp_nn_linear_can_give_bf16_output
 
 typedef struct llama_mlp {
     fsdp_module *gate_proj, *up_proj, *down_proj;
+    bool bf16_out;                /* the parent asks for down_proj's output in bf16 (this call) */
     const fsdp_tensor *gate, *up; /* (rows, hidden): the projections' outputs, for backward:
                                    * f32, or bf16 under the policy */
     fsdp_tensor *hidden;          /* (rows, hidden) = silu(gate) * up, f32 */
@@ -36,6 +39,16 @@ static void llama_mlp_free(void *impl) {
     fsdp_tensor_free(p->dup16);
     fsdp_tensor_free(p->dinput);
     free(p);
+}
+
+/* down_proj's forward of x into *out, its output asked in bf16 when the parent asks and it can */
+static fsdp_status down_forward(fsdp_ctx *ctx, llama_mlp *p, const fsdp_tensor *x,
+                                const fsdp_tensor **out) {
+    bool o16 = p->bf16_out && fsdp_nn_linear_can_give_bf16_output(p->down_proj);
+    fsdp_nn_linear_set_bf16_output(p->down_proj, o16);
+    fsdp_status st = fsdp_module_forward(ctx, p->down_proj, x, out);
+    fsdp_nn_linear_set_bf16_output(p->down_proj, false); /* for this call only */
+    return FSDP_PASS(ctx, st);
 }
 
 static fsdp_status llama_mlp_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
@@ -93,12 +106,12 @@ static fsdp_status llama_mlp_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_t
         FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &p->hidden16, FSDP_DTYPE_BF16, dev, nd, shape));
         k->swiglu_forward_bf16(fsdp_tensor_data(p->hidden16), fsdp_tensor_data(p->gate),
                                fsdp_tensor_data(p->up), n);
-        return fsdp_module_forward(ctx, p->down_proj, p->hidden16, out);
+        return down_forward(ctx, p, p->hidden16, out);
     }
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &p->hidden, dev, nd, shape));
     k->swiglu_forward(fsdp_tensor_f32(p->hidden), fsdp_tensor_f32(p->gate), fsdp_tensor_f32(p->up),
                       n);
-    return fsdp_module_forward(ctx, p->down_proj, p->hidden, out);
+    return down_forward(ctx, p, p->hidden, out);
 }
 
 static fsdp_status llama_mlp_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
@@ -155,6 +168,10 @@ bool fsdp_llama_mlp_reads_bf16(const fsdp_module *m) {
     const llama_mlp *p = m->impl;
     return fsdp_nn_linear_compute(p->gate_proj) == FSDP_DTYPE_BF16 &&
            fsdp_nn_linear_compute(p->up_proj) == FSDP_DTYPE_BF16;
+}
+
+void fsdp_llama_mlp_set_bf16_output(fsdp_module *m, bool on) {
+    if (m && m->ops == &llama_mlp_ops) ((llama_mlp *)m->impl)->bf16_out = on;
 }
 
 /* Builds the MLP with its projections' weights ~ normal(0, std). */

@@ -103,6 +103,12 @@ void fsdp_nn_rmsnorm_set_bf16_output(fsdp_module *m, bool on);
  * before (f32 norm outputs that each projection rounds into its own bf16 copy), with the same
  * bits: for tests that compare the two. */
 void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on);
+/* Whether the LlamaDecoderLayers of m's subtree ask their attention and MLP for a bf16 output
+ * (o_proj's and down_proj's, fsdp_nn_linear_can_give_bf16_output) and read it widened in their
+ * residual adds (the table's add_bf16; on: the default). Off gives the path before (each of the
+ * two Linears widens its bf16 values into an f32 output), with the same bits: for tests that
+ * compare the two. */
+void fsdp_nn_llama_set_bf16_branches(fsdp_module *m, bool on);
 /* With on, Linear m expects a bf16 output gradient (bf16(dy), what its bf16 GEMMs read: the
  * Llama's lm_head with bf16 logits, whose loss writes one): a forward that gives a bf16 output
  * then allocates no bf16 scratch (y16, rows x max(out, in)) for rounding an f32 gradient; a
@@ -117,6 +123,12 @@ bool fsdp_nn_linear_takes_bf16_grad(const fsdp_module *m, bool next);
  * GPU writes it, in bf16 (tensor parallelism's ColwiseParallel all_reduces it there), so a Linear
  * with one always rounds. false for other modules. */
 bool fsdp_nn_linear_can_leave_dx_unrounded(const fsdp_module *m);
+/* Whether Linear m, asked (fsdp_nn_linear_set_bf16_output), gives its output as a bf16 tensor for
+ * a parent to pass on to a reader that widens it: m runs the bf16 compute policy, has no bias
+ * and no post-forward hook. A hook reads the output as the module gives it (tensor parallelism's
+ * RowwiseParallel reduces its Partial output there, which in bf16 would sum in bf16), so a
+ * Linear with one keeps its f32 output. false for other modules. */
+bool fsdp_nn_linear_can_give_bf16_output(const fsdp_module *m);
 /* With on (and fsdp_nn_linear_can_leave_dx_unrounded), Linear m's backwards leave their input
  * gradient under the bf16 policy unrounded (gemm_bf16's f32 sums): for a parent that sums the
  * gradients of parallel branches with the table's add3_round_bf16, which rounds each as it reads

@@ -1,4 +1,5 @@
-/* convert.c: f32 <-> bf16 and f32 <-> f16 on the CPU, and add3 of inputs rounded to bf16. bf16
+/* convert.c: f32 <-> bf16 and f32 <-> f16 on the CPU, add3 of inputs rounded to bf16 and an add
+ * of a widened bf16 array. bf16
  * is the top 16 bits of an f32; narrowing rounds to nearest even and keeps NaN a (quiet) NaN, the
  * same rule as fsdp_bf16_from_f32. f16 uses core's rule (fsdp_f16_from_f32: subnormals, overflow
  * to inf). */
@@ -43,6 +44,15 @@ void fsdp_cpu_add3_round_bf16(float *out, const float *a, const float *b, const 
     }
     for (int64_t i = 0; i < n; i++)
         out[i] = (round_bf16(a[i]) + round_bf16(b[i])) + round_bf16(c[i]);
+}
+
+void fsdp_cpu_add_bf16(float *out, const float *a, const fsdp_bf16 *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)b[i] << 16;
+        float w;
+        memcpy(&w, &bits, sizeof w);
+        out[i] = a[i] + w;
+    }
 }
 
 void fsdp_cpu_bf16_to_f32(float *restrict dst, const fsdp_bf16 *restrict src, int64_t n) {

@@ -78,6 +78,7 @@ void fsdp_cpu_bf16_to_f32(float *dst, const fsdp_bf16 *src, int64_t n);
 void fsdp_cpu_round_bf16(float *x, int64_t n);
 void fsdp_cpu_add3_round_bf16(float *out, const float *a, const float *b, const float *c,
                               int64_t n);
+void fsdp_cpu_add_bf16(float *out, const float *a, const fsdp_bf16 *b, int64_t n);
 void fsdp_cpu_f32_to_f16(fsdp_f16 *dst, const float *src, int64_t n);
 void fsdp_cpu_f16_to_f32(float *dst, const fsdp_f16 *src, int64_t n);
 

@@ -86,13 +86,15 @@ typedef struct ew_job {
     float s;
     const void *args;
     float *m, *v, *vmax;
-    fsdp_bf16 *lp; /* adam_update_bf16's copy */
+    fsdp_bf16 *lp;        /* adam_update_bf16's copy */
+    const fsdp_bf16 *b16; /* add_bf16's second input */
 } ew_job;
 
 enum {
     EW_ADD,
     EW_ADD3,
     EW_ADD3_ROUND_BF16,
+    EW_ADD_BF16,
     EW_AXPY,
     EW_SCALE,
     EW_COPY,
@@ -137,6 +139,9 @@ static void ew_part(void *arg, int part, int parts) {
         break;
     case EW_ADD3_ROUND_BF16:
         fsdp_cpu_add3_round_bf16(o, a, bb, c, n);
+        break;
+    case EW_ADD_BF16:
+        fsdp_cpu_add_bf16(o, a, j->b16 + b, n);
         break;
     case EW_AXPY:
         fsdp_cpu_axpy(o, j->s, a, n);
@@ -208,6 +213,13 @@ void fsdp_cpu_par_add3_round_bf16(float *out, const float *a, const float *b, co
         return;
     }
     ew_run((ew_job){.kind = EW_ADD3_ROUND_BF16, .n = n, .out = out, .a = a, .b = b, .c = c});
+}
+void fsdp_cpu_par_add_bf16(float *out, const float *a, const fsdp_bf16 *b, int64_t n) {
+    if (!worth(n)) {
+        fsdp_cpu_add_bf16(out, a, b, n);
+        return;
+    }
+    ew_run((ew_job){.kind = EW_ADD_BF16, .n = n, .out = out, .a = a, .b16 = b});
 }
 void fsdp_cpu_par_axpy(float *y, float alpha, const float *x, int64_t n) {
     if (!worth(n)) {

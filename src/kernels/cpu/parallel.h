@@ -17,6 +17,7 @@ void fsdp_cpu_par_add(float *out, const float *a, const float *b, int64_t n);
 void fsdp_cpu_par_add3(float *out, const float *a, const float *b, const float *c, int64_t n);
 void fsdp_cpu_par_add3_round_bf16(float *out, const float *a, const float *b, const float *c,
                                   int64_t n);
+void fsdp_cpu_par_add_bf16(float *out, const float *a, const fsdp_bf16 *b, int64_t n);
 void fsdp_cpu_par_axpy(float *y, float alpha, const float *x, int64_t n);
 void fsdp_cpu_par_scale(float *out, const float *inp, float alpha, int64_t n);
 void fsdp_cpu_par_copy(float *dst, const float *src, int64_t n);

@@ -24,6 +24,7 @@ static const fsdp_kernels_i cpu_kernels = {
     .add = fsdp_cpu_par_add,
     .add3 = fsdp_cpu_par_add3,
     .add3_round_bf16 = fsdp_cpu_par_add3_round_bf16,
+    .add_bf16 = fsdp_cpu_par_add_bf16,
     .axpy = fsdp_cpu_par_axpy,
     .scale = fsdp_cpu_par_scale,
     .copy = fsdp_cpu_par_copy,

@@ -86,6 +86,8 @@ TIMED_VOID(T_ELEMENTWISE, add3,
            (float *o, const float *a, const float *b, const float *c, int64_t n), (o, a, b, c, n))
 TIMED_VOID(T_ELEMENTWISE, add3_round_bf16,
            (float *o, const float *a, const float *b, const float *c, int64_t n), (o, a, b, c, n))
+TIMED_VOID(T_ELEMENTWISE, add_bf16, (float *o, const float *a, const fsdp_bf16 *b, int64_t n),
+           (o, a, b, n))
 TIMED_VOID(T_ELEMENTWISE, axpy, (float *y, float al, const float *x, int64_t n), (y, al, x, n))
 TIMED_VOID(T_ELEMENTWISE, scale, (float *o, const float *i, float al, int64_t n), (o, i, al, n))
 TIMED_VOID(T_ELEMENTWISE, copy, (float *d, const float *s, int64_t n), (d, s, n))
@@ -143,6 +145,7 @@ const fsdp_kernels_i *fsdp_cpu_timed_table(const fsdp_kernels_i *untimed) {
             timed.add = timed_add;
             timed.add3 = timed_add3;
             timed.add3_round_bf16 = timed_add3_round_bf16;
+            timed.add_bf16 = timed_add_bf16;
             timed.axpy = timed_axpy;
             timed.scale = timed_scale;
             timed.copy = timed_copy;

@@ -1,6 +1,6 @@
-/* elementwise.cu: add, add3 (its inputs rounded to bf16 or not), axpy, scale, copy and fill over
- * n floats on the device (float4 when aligned), and the 2- or 4-byte fill behind the storage
- * interface. out may be an input. */
+/* elementwise.cu: add, add3 (its inputs rounded to bf16 or not), add_bf16 (a bf16 second input
+ * widened), axpy, scale, copy and fill over n floats on the device (float4 when aligned), and the
+ * 2- or 4-byte fill behind the storage interface. out may be an input. */
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dtype.cuh"
 
@@ -82,6 +82,37 @@ extern "C" void fsdp_cuda_add3(float *out, const float *a, const float *b, const
 extern "C" void fsdp_cuda_add3_round_bf16(float *out, const float *a, const float *b,
                                           const float *c, int64_t n) {
     add3<true>("add3_round_bf16", out, a, b, c, n);
+}
+
+/* out[i] = a[i] + widen(b[i]) (b bf16: its bits the top half of an f32, exact); out may be a.
+ * Vectorised by 4 (a float4 and 8 bytes of b) when out and a are 16-byte aligned and b 8-byte. */
+__global__ void add_bf16_kernel(float *out, const float *a, const uint16_t *b, int64_t n,
+                                bool vec) {
+    int64_t i = fsdp_tid(), stride = fsdp_stride(), done = 0;
+    if (vec) {
+        int64_t n4 = n / 4;
+        for (int64_t j = i; j < n4; j += stride) {
+            float4 x = reinterpret_cast<const float4 *>(a)[j];
+            uint2 y = reinterpret_cast<const uint2 *>(b)[j];
+            float4 r;
+            r.x = __fadd_rn(x.x, __uint_as_float(y.x << 16));
+            r.y = __fadd_rn(x.y, __uint_as_float(y.x & 0xffff0000u));
+            r.z = __fadd_rn(x.z, __uint_as_float(y.y << 16));
+            r.w = __fadd_rn(x.w, __uint_as_float(y.y & 0xffff0000u));
+            reinterpret_cast<float4 *>(out)[j] = r;
+        }
+        done = n4 * 4;
+    }
+    for (int64_t j = done + i; j < n; j += stride)
+        out[j] = __fadd_rn(a[j], __uint_as_float((uint32_t)b[j] << 16));
+}
+
+extern "C" void fsdp_cuda_add_bf16(float *out, const float *a, const fsdp_bf16 *b, int64_t n) {
+    if (n <= 0) return;
+    bool vec = FSDP_CUDA_ALIGNED16(out) && FSDP_CUDA_ALIGNED16(a) && ((uintptr_t)b % 8) == 0;
+    add_bf16_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        out, a, reinterpret_cast<const uint16_t *>(b), n, vec);
+    FSDP_CUDA_LAUNCHED("add_bf16");
 }
 
 extern "C" void fsdp_cuda_axpy(float *y, float alpha, const float *x, int64_t n) {

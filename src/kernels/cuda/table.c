@@ -20,6 +20,7 @@ static const fsdp_kernels_i cuda_kernels = {
     .add = fsdp_cuda_add,
     .add3 = fsdp_cuda_add3,
     .add3_round_bf16 = fsdp_cuda_add3_round_bf16,
+    .add_bf16 = fsdp_cuda_add_bf16,
     .axpy = fsdp_cuda_axpy,
     .scale = fsdp_cuda_scale,
     .copy = fsdp_cuda_copy,

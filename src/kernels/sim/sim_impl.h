@@ -154,6 +154,7 @@ void sim_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 /* table_sum.c */
 void sim_add3(float *out, const float *a, const float *b, const float *c, int64_t n);
 void sim_add3_round_bf16(float *out, const float *a, const float *b, const float *c, int64_t n);
+void sim_add_bf16(float *out, const float *a, const fsdp_bf16 *b, int64_t n);
 /* table_epilogue.c */
 void sim_gemm_bias_act(float *out, float *pre, const float *inp, const float *weight,
                        const float *bias, int64_t rows, int64_t C, int64_t OC, fsdp_gemm_act act);

@@ -618,6 +618,7 @@ static const fsdp_kernels_i sim_kernels = {
     .add = sim_add,
     .add3 = sim_add3,
     .add3_round_bf16 = sim_add3_round_bf16,
+    .add_bf16 = sim_add_bf16,
     .axpy = sim_axpy,
     .scale = sim_scale,
     .copy = sim_copy,

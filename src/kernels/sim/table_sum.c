@@ -1,6 +1,6 @@
-/* table_sum.c: the simulated GPU's sums of parallel branches' input gradients (table.c lists
- * them): add3 and add3_round_bf16, each the CPU entry run on the device's stream over the shadow
- * memory, as every other entry. */
+/* table_sum.c: the simulated GPU's sums of parallel branches' input gradients and the residual
+ * add of a bf16 branch (table.c lists them): add3, add3_round_bf16 and add_bf16, each the CPU
+ * entry run on the device's stream over the shadow memory, as every other entry. */
 #include "kernels/sim/sim_impl.h"
 
 typedef struct add3_args {
@@ -34,4 +34,23 @@ void sim_add3(float *out, const float *a, const float *b, const float *c, int64_
 
 void sim_add3_round_bf16(float *out, const float *a, const float *b, const float *c, int64_t n) {
     launch(run_add3_round_bf16, "add3_round_bf16", out, a, b, c, n);
+}
+
+typedef struct add_bf16_args {
+    float *out;
+    const float *a;
+    const fsdp_bf16 *b;
+    int64_t n;
+} add_bf16_args;
+
+static void run_add_bf16(void *arg) {
+    add_bf16_args *a = arg;
+    fsdp_kernels_cpu()->add_bf16(a->out, a->a, a->b, a->n);
+}
+
+void sim_add_bf16(float *out, const float *a, const fsdp_bf16 *b, int64_t n) {
+    int dev = sim_kernel_device(out, "add_bf16");
+    add_bf16_args call = {sim_kernel_ptr(dev, out), sim_kernel_ptr(dev, a), sim_kernel_ptr(dev, b),
+                          n};
+    sim_kernel_launch(dev, run_add_bf16, &call, sizeof call);
 }

@@ -1,0 +1,551 @@
+/* test_bf16_residual.c: o_proj's and down_proj's outputs in bf16, read widened by the decoder
+ * layer's residual adds (issue 32). The table's add_bf16 (out = a + widen(b), b bf16) bit for bit
+ * against add on the widened values (bf16_to_f32 then add) on the CPU (one thread and split over
+ * workers) and the run's device, with NaN, infinities, subnormals and sums that overflow among the
+ * inputs, in place and out of place (where two NaNs meet, a NaN). Then the tiny Llama under the
+ * bf16 policy with the branches' bf16 outputs against the path before (fsdp_nn_llama_set_bf16_
+ * branches off: each Linear widens into an f32 output): loss, logits and every gradient bit for
+ * bit, on the CPU and sim, with every decoder layer checkpointed too; at (dp, tp) = (1, 2) under
+ * torchtitan's plan, where RowwiseParallel's post-forward hook on o_proj and down_proj reduces
+ * their Partial outputs, so they keep f32 (no bf16 add runs: counted); and at (2, 1) under FSDP.
+ * The activation bytes after a forward: 2 R D fewer per Linear (its output in bf16, 2 bytes an
+ * element instead of 4), 4 R D per layer; a direct call of the attention or the MLP gives f32. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx, fsdp_test_run_world
+#include "kernels/kernels.h" // defines: fsdp_kernels_for, fsdp_kernels_cpu_workers_start
+#include "llama_steps.h"     // defines: llama_tp_build, llama_tp_free
+#include "nn/llama_common.h" // defines: fsdp_llama_test_bf16_branches
+#include "nn/nn.h"           // defines: fsdp_nn_llama_set_bf16_branches
+#include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_close
+
+enum { BATCH = 2, SEQ = 8, VOCAB = 64, N_TOK = BATCH * SEQ, LAYERS = 2, DIM = 32, HIDDEN = 48 };
+
+static fsdp_llama_config config(fsdp_dtype compute) {
+    return (fsdp_llama_config){.dim = DIM,
+                               .n_layers = LAYERS,
+                               .n_heads = 4,
+                               .n_kv_heads = 2,
+                               .vocab_size = VOCAB,
+                               .ffn_hidden = HIDDEN,
+                               .max_seq_len = 16,
+                               .init_std = 0.2f,
+                               .compute_dtype = compute};
+}
+
+static int64_t differ(const void *a, const void *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++)
+        d += memcmp((const char *)a + 4 * i, (const char *)b + 4 * i, 4) != 0;
+    return d;
+}
+
+/* Bit for bit, with the count of differing elements printed. */
+static bool same_bits(const char *name, const float *a, const float *b, int64_t n) {
+    int64_t d = differ(a, b, n);
+    printf("\n    %s: %lld of %lld elements differ", name, (long long)d, (long long)n);
+    return d == 0;
+}
+
+/* ---- the kernel ---- */
+
+/* A tensor of n elements of dtype on dev holding host's bytes. */
+static fsdp_tensor *on(fsdp_device dev, fsdp_dtype dtype, const void *host, int64_t n) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *h = NULL, *d = NULL;
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, (void *)host, dtype, FSDP_CPU, 1, (int64_t[]){n}, &h));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, dtype, dev, 1, (int64_t[]){n}, &d));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, d, h));
+    fsdp_tensor_free(h);
+    return d;
+}
+
+static void back(float *host, const fsdp_tensor *d) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *h = NULL;
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, host, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                       (int64_t[]){fsdp_tensor_numel(d)}, &h));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, d));
+    fsdp_tensor_free(h);
+}
+
+static float from_bits(uint32_t b) {
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* x (f32) and y (bf16) over many binades and both signs, with specials in each at distinct
+ * places and, every 20 elements, at a shared place, so a special meets ordinary values and the
+ * other input's specials. */
+static void fill_inputs(float *x, fsdp_bf16 *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = sinf((float)i * 0.731f) * ldexpf(1.0f, (int)((i * 7) % 40) - 20);
+        float u = sinf((float)(i * 3) * 0.517f + 1.0f) * ldexpf(1.0f, (int)((i * 5) % 40) - 20);
+        uint32_t b;
+        memcpy(&b, &u, 4);
+        y[i] = (fsdp_bf16)(b >> 16); /* any bf16 pattern: truncation is enough here */
+    }
+    static const uint32_t fx[] = {
+        0x7fc00000u, 0x7f800001u, 0xffc12345u, 0x7f800000u, 0xff800000u, 0x7f7fffffu,
+        0x7f7f0000u, 0x00000001u, 0x80000001u, 0x00400000u, 0x80000000u, 0x3f800000u,
+    };
+    static const uint16_t fy[] = {
+        0x7fc0u, /* quiet NaN */
+        0x7f81u, /* signalling NaN */
+        0xffc1u, /* negative NaN with a payload */
+        0x7f80u, /* +inf */
+        0xff80u, /* -inf */
+        0x7f7fu, /* bf16's largest: sums with large f32 overflow */
+        0xff7fu, /* its negative */
+        0x0001u, /* the smallest bf16 subnormal */
+        0x8040u, /* a negative subnormal */
+        0x0000u, /* +0 */
+        0x8000u, /* -0 */
+        0x3f81u, /* 1 + 2^-7 */
+    };
+    int ns = (int)(sizeof fx / sizeof fx[0]);
+    for (int s = 0; s < ns && 20 * s + 12 < n; s++) {
+        x[20 * s + 2] = from_bits(fx[s]);  /* alone among ordinary values */
+        y[20 * s + 5] = fy[s];             /* alone */
+        x[20 * s + 11] = from_bits(fx[s]); /* meeting each other */
+        y[20 * s + 11] = fy[(s + 1) % ns];
+    }
+}
+
+/* add_bf16 on dev (every array `off` elements in: unaligned for the vector path) against add of
+ * the widened values on the same device, bit for bit; in place (out is a) and not. */
+static void check_add_bf16(fsdp_device dev, int64_t n, int64_t off) {
+    float *x = calloc((size_t)n, 4), *want = calloc((size_t)n, 4), *got = calloc((size_t)n, 4);
+    fsdp_bf16 *y = calloc((size_t)n, 2);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(x && want && got && y);
+    fill_inputs(x, y, n);
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k->add_bf16);
+    fsdp_tensor *a = on(dev, FSDP_DTYPE_F32, x, n), *b = on(dev, FSDP_DTYPE_BF16, y, n);
+    fsdp_tensor *wide = on(dev, FSDP_DTYPE_F32, want, n), *ref = on(dev, FSDP_DTYPE_F32, want, n);
+    fsdp_tensor *out = on(dev, FSDP_DTYPE_F32, want, n);
+    int64_t m = n - off;
+    const float *pa = fsdp_tensor_f32(a) + off;
+    const fsdp_bf16 *pb = (const fsdp_bf16 *)fsdp_tensor_data(b) + off;
+    float *pw = fsdp_tensor_f32(wide) + off, *pr = fsdp_tensor_f32(ref) + off;
+    k->bf16_to_f32(pw, pb, m); /* the path before: widen, then add */
+    k->add(pr, pa, pw, m);
+    int64_t nan = 0, inf = 0, sub = 0;
+    for (int in_place = 0; in_place < 2; in_place++) {
+        float *dst = fsdp_tensor_f32(out) + off;
+        if (in_place) {
+            fsdp_tensor_free(out);
+            out = on(dev, FSDP_DTYPE_F32, x, n);
+            dst = fsdp_tensor_f32(out) + off;
+        }
+        k->add_bf16(dst, in_place ? dst : pa, pb, m);
+        back(want, ref), back(got, out);
+        int64_t d = 0, met = 0;
+        for (int64_t i = off; i < n; i++) {
+            uint32_t wb = (uint32_t)y[i] << 16;
+            if (isnan(x[i]) && isnan(from_bits(wb))) /* the NaN that propagates is unspecified */
+                met++, d += !isnan(got[i]) || !isnan(want[i]);
+            else
+                d += memcmp(&got[i], &want[i], 4) != 0;
+        }
+        printf("\n    add_bf16 on %s%s, offset %lld, n %lld: %lld differ (%lld where NaNs meet: "
+               "NaN both)",
+               fsdp_device_to_string(dev), in_place ? ", in place" : "", (long long)off,
+               (long long)m, (long long)d, (long long)met);
+        CU_ASSERT_EQUAL(d, 0);
+    }
+    for (int64_t i = off; i < n; i++) {
+        nan += isnan(want[i]) != 0, inf += isinf(want[i]) != 0;
+        sub += want[i] != 0.0f && fabsf(want[i]) < 1.17549435e-38f;
+    }
+    printf("\n    (%lld NaN, %lld inf, %lld subnormal sums)", (long long)nan, (long long)inf,
+           (long long)sub);
+    CU_ASSERT_TRUE(nan > 0 && inf > 0 && sub > 0); /* the specials reached the sums */
+    free(x), free(want), free(got), free(y);
+    fsdp_tensor_free(a), fsdp_tensor_free(b), fsdp_tensor_free(wide), fsdp_tensor_free(ref);
+    fsdp_tensor_free(out);
+}
+
+static void test_kernel_cpu(void) {
+    check_add_bf16(FSDP_CPU, 1500, 0);
+    check_add_bf16(FSDP_CPU, 1501, 1);
+}
+
+/* Over 3 worker threads (the CPU table splits calls of 65536 elements and more), the same bits. */
+static void test_kernel_cpu_threads(void) {
+    int threads = fsdp_kernels_cpu_workers_start(3, -1);
+    printf("\n    %d threads", threads);
+    check_add_bf16(FSDP_CPU, 200001, 1);
+    fsdp_kernels_cpu_workers_stop();
+}
+
+static void test_kernel_device(void) {
+    check_add_bf16(fsdp_test_device(), 1500, 0);
+    check_add_bf16(fsdp_test_device(), 1501, 1);
+}
+
+/* ---- one training step's results on the host ---- */
+
+typedef struct step_out {
+    float loss;
+    float logits[N_TOK * VOCAB];
+    float *grads; /* every parameter's (local) gradient, in visit order */
+    int64_t n_grads;
+} step_out;
+
+static fsdp_status copy_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)name;
+    step_out *o = user;
+    const fsdp_tensor *g = fsdp_param_grad(p);
+    fsdp_tensor *h = NULL;
+    FSDP_TRY_AT(ctx, fsdp_tensor_from_blob(ctx, o->grads + o->n_grads, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                           (int64_t[]){fsdp_tensor_numel(g)}, &h));
+    fsdp_status st = fsdp_tensor_copy(ctx, h, g);
+    fsdp_tensor_free(h);
+    o->n_grads += fsdp_tensor_numel(g);
+    return st;
+}
+
+/* The tokens of batch s on dev, in *td (the caller frees it). */
+static fsdp_status tokens(fsdp_ctx *ctx, fsdp_device dev, int s, int32_t *tgt, fsdp_tensor **td) {
+    int32_t tok[N_TOK];
+    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 37 + 11 + 5 * s) % VOCAB);
+    for (int i = 0; tgt && i < N_TOK; i++)
+        tgt[i] = i % SEQ == SEQ - 1 ? FSDP_IGNORE_INDEX : tok[i + 1];
+    fsdp_tensor *th = NULL;
+    int64_t shape[2] = {BATCH, SEQ};
+    fsdp_status st = fsdp_tensor_from_blob(ctx, tok, FSDP_DTYPE_I32, FSDP_CPU, 2, shape, &th);
+    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, shape, td);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, *td, th);
+    fsdp_tensor_free(th);
+    return st;
+}
+
+/* Forward, cross-entropy and backward of the fixed batch `s` on m (on dev), into o; the
+ * gradients of grads_of's parameters (m's, or FSDP's flat shards). */
+static fsdp_status step_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_module *grads_of, fsdp_device dev,
+                           int s, step_out *o) {
+    int32_t tgt[N_TOK];
+    fsdp_tensor *td = NULL, *dl = NULL, *lh = NULL;
+    const fsdp_tensor *out = NULL;
+    fsdp_status st = tokens(ctx, dev, s, tgt, &td);
+    if (st == FSDP_OK) st = fsdp_module_zero_grad(ctx, grads_of);
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, td, &out);
+    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dl);
+    if (st == FSDP_OK)
+        st = fsdp_loss_cross_entropy_ignore(ctx, out, tgt, FSDP_IGNORE_INDEX, &o->loss, dl);
+    if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dl, NULL);
+    if (st == FSDP_OK)
+        st = fsdp_tensor_from_blob(ctx, o->logits, FSDP_DTYPE_F32, FSDP_CPU, 3,
+                                   (int64_t[]){BATCH, SEQ, VOCAB}, &lh);
+    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, lh, out);
+    free(o->grads);
+    o->n_grads = 0;
+    o->grads = calloc((size_t)fsdp_module_param_count(grads_of) + 1, sizeof(float));
+    if (st == FSDP_OK && !o->grads) st = FSDP_ERR_OUT_OF_MEMORY;
+    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, grads_of, copy_grad, o);
+    fsdp_tensor_free(td), fsdp_tensor_free(dl), fsdp_tensor_free(lh);
+    return st;
+}
+
+/* Two steps' results of both paths compared: bit for bit on the CPU and sim; on CUDA within
+ * test_bf16_act's device tolerance (5e-2 relative plus 1e-3: the GEMMs are the same calls, but
+ * the attention's and cuBLAS's sums are not promised to repeat their order run to run). */
+static void compare(fsdp_device dev, const step_out *n, const step_out *o) {
+    CU_ASSERT_EQUAL_FATAL(n->n_grads, o->n_grads);
+    printf("\n    %s: loss %.9g, path before %.9g", fsdp_device_to_string(dev), n->loss, o->loss);
+    if (dev.type == FSDP_DEVICE_CPU) {
+        CU_ASSERT_TRUE(same_bits("loss", &n->loss, &o->loss, 1));
+        CU_ASSERT_TRUE(same_bits("logits", n->logits, o->logits, N_TOK * VOCAB));
+        CU_ASSERT_TRUE(same_bits("gradients", n->grads, o->grads, n->n_grads));
+        return;
+    }
+    CU_ASSERT_TRUE(fsdp_test_device_close("loss", &n->loss, &o->loss, 1, 5e-2, 0));
+    CU_ASSERT_TRUE(
+        fsdp_test_device_close("logits", n->logits, o->logits, N_TOK * VOCAB, 5e-2, 1e-3));
+    CU_ASSERT_TRUE(fsdp_test_device_close("gradients", n->grads, o->grads, n->n_grads, 5e-2, 1e-3));
+}
+
+/* The tiny Llama under `compute` on dev, the bf16 branches on or off (every decoder layer
+ * checkpointed when ckpt). */
+static fsdp_module *model(fsdp_dtype compute, fsdp_device dev, bool branches16, bool ckpt) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_llama_config cfg = config(compute);
+    fsdp_module *m = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    fsdp_nn_llama_set_bf16_branches(m, branches16);
+    if (dev.type != FSDP_DEVICE_CPU) FSDP_TEST_OK(fsdp_module_to(ctx, m, dev));
+    for (int l = 0; ckpt && l < LAYERS; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "model.layers.%d", l);
+        FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(m, name)));
+    }
+    return m;
+}
+
+/* Two steps with the bf16 branches and on the path before, compared; the residual adds that read
+ * a bf16 branch counted (bf16: two a layer, twice more with checkpointed layers, whose recompute
+ * runs them again; f32: none; the path before: none). */
+static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_test_device_pin_f32_attention(true);
+    fsdp_module *m[2] = {model(compute, dev, true, ckpt), model(compute, dev, false, ckpt)};
+    step_out *o = calloc(2, sizeof *o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    bool b16 = compute == FSDP_DTYPE_BF16;
+    for (int s = 0; s < 2; s++) {
+        int64_t adds[2];
+        for (int i = 0; i < 2; i++) { /* i 0: the bf16 branches; 1: the path before */
+            fsdp_llama_test_bf16_branches(NULL);
+            FSDP_TEST_OK(step_of(ctx, m[i], m[i], dev, s, &o[i]));
+            fsdp_llama_test_bf16_branches(&adds[i]);
+        }
+        printf("\n    %s%s step %d: %lld bf16 residual adds (path before: %lld)",
+               b16 ? "bf16" : "f32", ckpt ? " checkpointed" : "", s, (long long)adds[0],
+               (long long)adds[1]);
+        compare(dev, &o[0], &o[1]);
+        CU_ASSERT_EQUAL(adds[0], b16 ? 2 * LAYERS * (ckpt ? 2 : 1) : 0);
+        CU_ASSERT_EQUAL(adds[1], 0);
+    }
+    free(o[0].grads), free(o[1].grads), free(o);
+    fsdp_module_free(m[0]), fsdp_module_free(m[1]);
+    fsdp_test_device_pin_f32_attention(false);
+}
+
+static void test_bf16_cpu(void) {
+    check_model(FSDP_DTYPE_BF16, FSDP_CPU, false);
+}
+
+static void test_f32_cpu(void) {
+    check_model(FSDP_DTYPE_F32, FSDP_CPU, false);
+}
+
+static void test_checkpointed_cpu(void) {
+    check_model(FSDP_DTYPE_BF16, FSDP_CPU, true);
+}
+
+static void test_bf16_device(void) {
+    check_model(FSDP_DTYPE_BF16, fsdp_test_device(), false);
+    check_model(FSDP_DTYPE_BF16, fsdp_test_device(), true);
+}
+
+/* ---- activation bytes, and the direct calls ---- */
+
+/* fsdp_module_activation_bytes of m after a forward of batch 0 on the CPU. */
+static int64_t forward_bytes(fsdp_module *m) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *td = NULL;
+    const fsdp_tensor *out = NULL;
+    int64_t bytes = -1;
+    FSDP_TEST_OK(tokens(ctx, FSDP_CPU, 0, NULL, &td));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, td, &out));
+    FSDP_TEST_OK(fsdp_module_activation_bytes(ctx, m, &bytes));
+    fsdp_tensor_free(td);
+    return bytes;
+}
+
+/* o_proj and down_proj each hold their output (R, D) in bf16 instead of f32: 2 R D bytes fewer
+ * a Linear (R = B T rows, D = dim), 4 R D a layer; their bf16 weight copy, input copy and
+ * scratch are the same either way. */
+static void test_activation_bytes(void) {
+    fsdp_module *mn = model(FSDP_DTYPE_BF16, FSDP_CPU, true, false);
+    fsdp_module *mo = model(FSDP_DTYPE_BF16, FSDP_CPU, false, false);
+    int64_t bn = forward_bytes(mn), bo = forward_bytes(mo), derived = 4 * N_TOK * DIM * LAYERS;
+    printf("\n    activation bytes %lld, path before %lld: %lld fewer (derived 4 R D x %d layers "
+           "= %lld)",
+           (long long)bn, (long long)bo, (long long)(bo - bn), LAYERS, (long long)derived);
+    CU_ASSERT_EQUAL(bo - bn, derived);
+    fsdp_module_free(mn), fsdp_module_free(mo);
+}
+
+/* The attention and the MLP called directly (as generation calls them), and a decoder layer's
+ * output: f32, as before; only the decoder layer's own call of its branches gives bf16. */
+static void test_direct_calls_f32(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m = model(FSDP_DTYPE_BF16, FSDP_CPU, true, false);
+    fsdp_module *parts[4];
+    CU_ASSERT_TRUE_FATAL(
+        fsdp_llama_decoder_layer_parts(fsdp_module_find(m, "model.layers.0"), parts));
+    fsdp_tensor *x = NULL;
+    FSDP_TEST_OK(
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, (int64_t[]){BATCH, SEQ, DIM}, &x));
+    float *px = fsdp_tensor_f32(x);
+    for (int64_t i = 0; i < N_TOK * DIM; i++) px[i] = sinf((float)i * 0.37f);
+    const fsdp_tensor *a = NULL, *f = NULL, *y = NULL;
+    FSDP_TEST_OK(fsdp_module_forward(ctx, parts[1], x, &a));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, parts[3], x, &f));
+    CU_ASSERT_EQUAL(fsdp_tensor_dtype(a), FSDP_DTYPE_F32);
+    CU_ASSERT_EQUAL(fsdp_tensor_dtype(f), FSDP_DTYPE_F32);
+    fsdp_llama_test_bf16_branches(NULL);
+    FSDP_TEST_OK(fsdp_module_forward(ctx, fsdp_module_find(m, "model.layers.0"), x, &y));
+    int64_t adds = 0;
+    fsdp_llama_test_bf16_branches(&adds);
+    CU_ASSERT_EQUAL(fsdp_tensor_dtype(y), FSDP_DTYPE_F32);
+    CU_ASSERT_EQUAL(adds, 2);
+    printf("\n    direct: attention %s, MLP %s; the layer %s after %lld bf16 adds",
+           fsdp_dtype_to_string(fsdp_tensor_dtype(a)), fsdp_dtype_to_string(fsdp_tensor_dtype(f)),
+           fsdp_dtype_to_string(fsdp_tensor_dtype(y)), (long long)adds);
+    fsdp_tensor_free(x);
+    fsdp_module_free(m);
+}
+
+/* A post-forward hook that reads the output's dtype into *user. */
+static fsdp_status see_dtype(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                             const fsdp_tensor **io, void *user) {
+    (void)ctx, (void)m, (void)point;
+    *(fsdp_dtype *)user = fsdp_tensor_dtype(*io);
+    return FSDP_OK;
+}
+
+/* The rule the attention and the MLP ask by: a Linear gives a bf16 output for a reader that widens
+ * it only under the bf16 policy, without a bias and without a post-forward hook (which would read
+ * the bf16 tensor: RowwiseParallel's reduces it). The MLP of a policy Llama with a hook on
+ * down_proj, asked for a bf16 output, gives f32 (the hook sees f32); without the hook, bf16. */
+static void test_linear_rule(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *plain = NULL, *biased = NULL;
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 8, 4, false, &plain));
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 8, 4, true, &biased));
+    CU_ASSERT_FALSE(fsdp_nn_linear_can_give_bf16_output(plain)); /* f32 compute */
+    FSDP_TEST_OK(fsdp_module_set_autocast(ctx, plain, FSDP_DTYPE_BF16));
+    FSDP_TEST_OK(fsdp_module_set_autocast(ctx, biased, FSDP_DTYPE_BF16));
+    CU_ASSERT_TRUE(fsdp_nn_linear_can_give_bf16_output(plain));
+    CU_ASSERT_FALSE(fsdp_nn_linear_can_give_bf16_output(biased));
+    fsdp_dtype seen = FSDP_DTYPE_BF16;
+    int id = -1;
+    FSDP_TEST_OK(
+        fsdp_module_add_hook(ctx, plain, FSDP_HOOK_POST_FORWARD, see_dtype, &seen, NULL, &id));
+    CU_ASSERT_FALSE(fsdp_nn_linear_can_give_bf16_output(plain));
+    FSDP_TEST_OK(fsdp_module_remove_hook(ctx, plain, id));
+    CU_ASSERT_TRUE(fsdp_nn_linear_can_give_bf16_output(plain));
+    fsdp_module_free(plain), fsdp_module_free(biased);
+
+    fsdp_module *m = model(FSDP_DTYPE_BF16, FSDP_CPU, true, false);
+    fsdp_module *mlp = fsdp_module_find(m, "model.layers.0.mlp");
+    fsdp_module *down = fsdp_module_find(m, "model.layers.0.mlp.down_proj");
+    fsdp_tensor *x = NULL;
+    FSDP_TEST_OK(
+        fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 3, (int64_t[]){BATCH, SEQ, DIM}, &x));
+    float *px = fsdp_tensor_f32(x);
+    for (int64_t i = 0; i < N_TOK * DIM; i++) px[i] = cosf((float)i * 0.29f);
+    const fsdp_tensor *f = NULL;
+    FSDP_TEST_OK(
+        fsdp_module_add_hook(ctx, down, FSDP_HOOK_POST_FORWARD, see_dtype, &seen, NULL, &id));
+    fsdp_llama_mlp_set_bf16_output(mlp, true);
+    FSDP_TEST_OK(fsdp_module_forward(ctx, mlp, x, &f));
+    printf("\n    asked, down_proj hooked: the hook sees %s, the MLP gives %s",
+           fsdp_dtype_to_string(seen), fsdp_dtype_to_string(fsdp_tensor_dtype(f)));
+    CU_ASSERT_EQUAL(seen, FSDP_DTYPE_F32);
+    CU_ASSERT_EQUAL(fsdp_tensor_dtype(f), FSDP_DTYPE_F32);
+    FSDP_TEST_OK(fsdp_module_remove_hook(ctx, down, id));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, mlp, x, &f));
+    fsdp_llama_mlp_set_bf16_output(mlp, false);
+    printf("; not hooked: %s", fsdp_dtype_to_string(fsdp_tensor_dtype(f)));
+    CU_ASSERT_EQUAL(fsdp_tensor_dtype(f), FSDP_DTYPE_BF16);
+    fsdp_tensor_free(x);
+    fsdp_module_free(m);
+}
+
+/* ---- distributed layouts ---- */
+
+enum { WORLD = 2 };
+
+typedef struct world_run {
+    bool branches16;
+    int dp, tp;             /* dp * tp = WORLD */
+    step_out out[WORLD][2]; /* per rank: step 0 and 1 */
+} world_run;
+
+/* The bf16-policy model under the plan over tp (none at tp 1) and, at dp > 1, FSDP over dp (a
+ * unit per decoder layer and the root), on the CPU: two steps of the same batches on every rank,
+ * each rank's gradients kept (FSDP's: its flat shards, reduced). */
+static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
+    world_run *r = user;
+    fsdp_llama_config cfg = config(FSDP_DTYPE_BF16);
+    llama_tp l;
+    fsdp_sharded *sh = NULL;
+    static const char *const kinds[] = {"LlamaDecoderLayer"};
+    fsdp_status st = FSDP_OK;
+    if (r->tp > 1) {
+        st = llama_tp_build(ctx, &cfg, r->dp, r->tp, false, 1234, FSDP_CPU, &l);
+    } else { /* no plan (as fsdp-train at tp 1): a dp mesh and the model */
+        l = (llama_tp){0};
+        st = fsdp_mesh_create(ctx, 1, (int[]){r->dp}, (const char *[]){"dp"}, &l.mesh);
+        if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, l.mesh, "dp", &l.dp);
+        if (st == FSDP_OK) st = fsdp_model_llama(ctx, &cfg, &l.m);
+        if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, l.m, 1234);
+    }
+    if (st == FSDP_OK) fsdp_nn_llama_set_bf16_branches(l.m, r->branches16);
+    if (st == FSDP_OK && r->dp > 1)
+        st = fsdp_fully_shard(
+            ctx, l.m,
+            &(fsdp_fully_shard_options){.group = l.dp, .wrap_kinds = kinds, .n_wrap_kinds = 1},
+            &sh);
+    fsdp_module *grads_of = sh ? fsdp_sharded_flat_params(sh) : l.m;
+    for (int s = 0; st == FSDP_OK && s < 2; s++)
+        st = step_of(ctx, l.m, grads_of, FSDP_CPU, s, &r->out[rank][s]);
+    fsdp_sharded_free(sh);
+    llama_tp_free(&l);
+    return st;
+}
+
+/* Both paths at (dp, tp), each rank's results compared. At tp > 1 o_proj and down_proj carry
+ * RowwiseParallel's post-forward hook (its Partial output reduced in f32): they keep f32 outputs
+ * and no bf16 residual add runs; at tp 1 (FSDP's hooks are on the decoder layers) they run as on
+ * one rank: two a layer and step on every rank. */
+static void check_world(int dp, int tp) {
+    world_run *r = calloc(2, sizeof *r); /* 0: the bf16 branches; 1: the path before */
+    CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+    int64_t adds[2];
+    for (int i = 0; i < 2; i++) {
+        r[i].branches16 = i == 0, r[i].dp = dp, r[i].tp = tp;
+        fsdp_llama_test_bf16_branches(NULL);
+        FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, world_rank, &r[i]));
+        fsdp_llama_test_bf16_branches(&adds[i]);
+    }
+    int first = 0, hosted = fsdp_test_hosted_ranks(WORLD, &first);
+    printf("\n    (dp, tp) = (%d, %d): %lld bf16 residual adds (path before: %lld)", dp, tp,
+           (long long)adds[0], (long long)adds[1]);
+    for (int rank = first; rank < first + hosted; rank++)
+        for (int s = 0; s < 2; s++) {
+            printf("\n    rank %d step %d:", rank, s);
+            compare(FSDP_CPU, &r[0].out[rank][s], &r[1].out[rank][s]);
+        }
+    CU_ASSERT_EQUAL(adds[0], tp == 1 ? 2 * LAYERS * 2 * hosted : 0);
+    CU_ASSERT_EQUAL(adds[1], 0);
+    for (int i = 0; i < 2; i++)
+        for (int rank = 0; rank < WORLD; rank++)
+            for (int s = 0; s < 2; s++) free(r[i].out[rank][s].grads);
+    free(r);
+}
+
+static void test_tp(void) {
+    check_world(1, WORLD);
+}
+
+static void test_fsdp(void) {
+    check_world(WORLD, 1);
+}
+
+int main(int argc, char **argv) {
+    static const fsdp_test_case cases[] = {
+        {"kernel_cpu", test_kernel_cpu},
+        {"kernel_cpu_threads", test_kernel_cpu_threads},
+        {"kernel_device", test_kernel_device},
+        {"bf16_cpu", test_bf16_cpu},
+        {"f32_cpu", test_f32_cpu},
+        {"checkpointed_cpu", test_checkpointed_cpu},
+        {"bf16_device", test_bf16_device},
+        {"activation_bytes", test_activation_bytes},
+        {"direct_calls_f32", test_direct_calls_f32},
+        {"linear_rule", test_linear_rule},
+        {"tp", test_tp},
+        {"fsdp", test_fsdp},
+    };
+    fsdp_test_device(); // chosen, and printed, before the first case
+    return fsdp_test_run(argc, argv, "bf16_residual", cases, (int)(sizeof cases / sizeof cases[0]));
+}
