@@ -63,7 +63,7 @@ static fsdp_status profile_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point p
 
 static fsdp_status add_profile_hooks(fsdp_ctx *ctx, fsdp_module *m, void *user) {
     for (int pt = 0; pt < FSDP_HOOK_POINT_COUNT; pt++)
-        if (fsdp_module_add_hook(ctx, m, (fsdp_hook_point)pt, profile_hook, user, NULL, NULL))
+        if (fsdp_module_add_observer(ctx, m, (fsdp_hook_point)pt, profile_hook, user, NULL, NULL))
             return fsdp_last_status(ctx);
     return FSDP_OK;
 }

@@ -107,8 +107,9 @@ static fsdp_status bd_find_all(fsdp_ctx *ctx, llama_breakdown *bd, fsdp_module *
             FSDP_TRY_AT(ctx, bd_find(ctx, bd, fsdp_module_child(layers, l), &LAYER[i]));
     for (int s = 0; s < bd->n_slots; s++)
         for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++)
-            FSDP_TRY_AT(ctx, fsdp_module_add_hook(ctx, bd->slots[s].m, (fsdp_hook_point)p, bd_hook,
-                                                  &bd->slots[s], NULL, &bd->slots[s].ids[p]));
+            FSDP_TRY_AT(ctx,
+                        fsdp_module_add_observer(ctx, bd->slots[s].m, (fsdp_hook_point)p, bd_hook,
+                                                 &bd->slots[s], NULL, &bd->slots[s].ids[p]));
     return FSDP_OK;
 }
 

@@ -303,6 +303,9 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_module_add_hook, "ctx m fn",                                                         \
          fsdp_module_add_hook(C, A(1, f->model), FSDP_HOOK_PRE_FORWARD, A(2, hook_noop), NULL,     \
                               NULL, NULL))                                                         \
+    CALL(fsdp_module_add_observer, "ctx m fn",                                                     \
+         fsdp_module_add_observer(C, A(1, f->model), FSDP_HOOK_PRE_FORWARD, A(2, hook_noop), NULL, \
+                                  NULL, NULL))                                                     \
     CALL(fsdp_module_remove_hook, "ctx m", fsdp_module_remove_hook(C, A(1, f->model), 12345))      \
     CALL(fsdp_checkpoint_wrap, "ctx m", fsdp_checkpoint_wrap(C, A(1, f->model)))                   \
     CALL(fsdp_module_activation_bytes, "ctx m bytes",                                              \
@@ -450,6 +453,9 @@ static const struct {
     {"fsdp_module_add_hook", "user", "passed to fn as it is"},
     {"fsdp_module_add_hook", "free_user", "user is not released"},
     {"fsdp_module_add_hook", "id", "no id wanted"},
+    {"fsdp_module_add_observer", "user", "passed to fn as it is"},
+    {"fsdp_module_add_observer", "free_user", "user is not released"},
+    {"fsdp_module_add_observer", "id", "no id wanted"},
     {"fsdp_module_backward", "din", "the input gradient is not computed"},
     {"fsdp_module_create", "impl", "a kind without state"},
     {"fsdp_module_visit", "user", "passed to fn as it is"},

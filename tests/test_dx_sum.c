@@ -26,7 +26,8 @@
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx, fsdp_test_run_world
 #include "kernels/kernels.h" // defines: fsdp_kernels_for, fsdp_kernels_cpu_workers_start
 #include "llama_steps.h"     // defines: llama_tp_build, llama_tp_free
-#include "nn/llama_common.h" // defines: fsdp_llama_test_sums, fsdp_llama_test_grads16
+#include "nn/llama_common.h" // defines: fsdp_llama_test_sums, fsdp_llama_test_grads16,
+                             // fsdp_llama_test_bf16_branches
 #include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_close
 
 enum { BATCH = 2, SEQ = 8, VOCAB = 64, N_TOK = BATCH * SEQ, LAYERS = 2, DIM = 32, HIDDEN = 48 };
@@ -435,6 +436,60 @@ static void test_checkpointed_cpu(void) {
     check_model(FSDP_DTYPE_F32, FSDP_CPU, true);
 }
 
+/* Observers (fsdp_module_add_observer, as bench_llama_gpu --breakdown adds on every timed
+ * module) at every point of every module leave the policy's paths as they are: the rounding sums,
+ * the bf16 gradients and the bf16 branches all run, and the results are an unobserved model's
+ * bits. (With acting hooks there the fused paths stand down: the path before.) */
+static fsdp_status observe(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                           const fsdp_tensor **io, void *user) {
+    (void)ctx, (void)m, (void)point, (void)io;
+    ++*(int64_t *)user;
+    return FSDP_OK;
+}
+
+static fsdp_status add_observers(fsdp_ctx *ctx, fsdp_module *m, void *user) {
+    for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++)
+        FSDP_TRY_AT(
+            ctx, fsdp_module_add_observer(ctx, m, (fsdp_hook_point)p, observe, user, NULL, NULL));
+    return FSDP_OK;
+}
+
+static void test_observed_cpu(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_llama_config cfg = config(FSDP_DTYPE_BF16);
+    fsdp_module *m[2] = {NULL, NULL};
+    int64_t calls = 0;
+    for (int i = 0; i < 2; i++) FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m[i]));
+    FSDP_TEST_OK(fsdp_module_visit(ctx, m[0], add_observers, &calls));
+    step_out *o = calloc(2, sizeof *o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    for (int s = 0; s < 2; s++) {
+        int64_t fused, add3, branches; /* the counters zeroed first */
+        fsdp_llama_test_sums(false, &fused, &add3);
+        fsdp_llama_test_grads16();
+        fsdp_llama_test_bf16_branches(&branches);
+        FSDP_TEST_OK(step(ctx, m[0], FSDP_CPU, s, &o[0]));
+        fsdp_llama_test_sums(false, &fused, &add3);
+        int64_t g16 = fsdp_llama_test_grads16();
+        fsdp_llama_test_bf16_branches(&branches);
+        FSDP_TEST_OK(step(ctx, m[1], FSDP_CPU, s, &o[1]));
+        printf("\n    observed step %d: %lld observer calls, %lld fused sums, %lld bf16 gradients, "
+               "%lld bf16 branches",
+               s, (long long)calls, (long long)fused, (long long)g16, (long long)branches);
+        CU_ASSERT_EQUAL(fused, 2 * LAYERS);
+        CU_ASSERT_EQUAL(g16, 2 * LAYERS);
+        CU_ASSERT_EQUAL(branches, 2 * LAYERS);
+        compare(FSDP_CPU, &o[0], &o[1]);
+    }
+    CU_ASSERT_TRUE(calls > 0);
+    int64_t rest[3]; /* the counters left zero for the cases after */
+    fsdp_llama_test_sums(false, &rest[0], &rest[1]);
+    fsdp_llama_test_grads16();
+    fsdp_llama_test_bf16_branches(&rest[2]);
+    free(o[0].grads), free(o[1].grads), free(o);
+    fsdp_module_free(m[0]), fsdp_module_free(m[1]);
+}
+
 static void test_bf16_device(void) {
     check_model(FSDP_DTYPE_BF16, fsdp_test_device(), false);
     check_model(FSDP_DTYPE_BF16, fsdp_test_device(), true);
@@ -554,6 +609,7 @@ int main(int argc, char **argv) {
         {"bf16_cpu", test_bf16_cpu},
         {"f32_cpu", test_f32_cpu},
         {"checkpointed_cpu", test_checkpointed_cpu},
+        {"observed_cpu", test_observed_cpu},
         {"bf16_device", test_bf16_device},
         {"f32_device", test_f32_device},
         {"tp_bf16", test_tp_bf16},

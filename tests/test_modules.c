@@ -12,6 +12,7 @@
 #include "core/tensor_impl.h"
 #include "harness.h"
 #include "kernels/kernels.h" // defines: fsdp_kernels_cpu
+#include "nn/nn.h" // defines: fsdp_nn_linear_can_give_bf16_output, fsdp_nn_linear_can_leave_dx_unrounded
 
 typedef struct names {
     int n;
@@ -189,6 +190,59 @@ static void test_hooks_order_scope_and_replacement(void) {
     fsdp_tensor_free(zeros);
     fsdp_tensor_free(x);
     fsdp_tensor_free(dy);
+    fsdp_module_free(m);
+}
+
+/* An observer (fsdp_module_add_observer) runs in order with the hooks and sees what passes, but a
+ * replacement it makes is dropped: with the pre-forward swap of the test above as an observer,
+ * the output is x's, not the swapped input's. The layers' rules for keeping a tensor in bf16 count
+ * acting hooks only: a bf16-policy Linear still gives a bf16 output and leaves its input gradient
+ * to its parent with observers at every point, and does not with an acting hook there. */
+static void test_observer_hooks(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m;
+    FSDP_TEST_OK(fsdp_model_mlp_module(ctx, &m));
+    fsdp_module *net1 = fsdp_module_find(m, "net1");
+    fsdp_tensor *x = fsdp_test_random(2, (int64_t[]){4, 10}, -1, 1, 2), *zeros;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){4, 10}, &zeros));
+    const fsdp_tensor *y;
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y));
+    float plain[40];
+    memcpy(plain, fsdp_tensor_f32(y), sizeof plain);
+    hook_log swap = {.replacement = zeros};
+    int id;
+    FSDP_TEST_OK(
+        fsdp_module_add_observer(ctx, net1, FSDP_HOOK_PRE_FORWARD, record_hook, &swap, NULL, &id));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y));
+    CU_ASSERT_EQUAL(swap.n, 1); /* it ran, and saw the input */
+    CU_ASSERT_STRING_EQUAL(swap.events[0], "pre_fwd:net1 scope=net1 phase=1 io=set");
+    CU_ASSERT_EQUAL(memcmp(plain, fsdp_tensor_f32(y), sizeof plain), 0);
+    FSDP_TEST_OK(fsdp_module_remove_hook(ctx, net1, id));
+
+    fsdp_module *lin;
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 10, 6, false, &lin));
+    FSDP_TEST_OK(fsdp_module_set_autocast(ctx, lin, FSDP_DTYPE_BF16));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, lin, x, &y)); /* its last forward ran the policy */
+    hook_log seen = {0};
+    int ids[FSDP_HOOK_POINT_COUNT];
+    for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++)
+        FSDP_TEST_OK(fsdp_module_add_observer(ctx, lin, (fsdp_hook_point)p, record_hook, &seen,
+                                              NULL, &ids[p]));
+    CU_ASSERT_TRUE(fsdp_nn_linear_can_give_bf16_output(lin));
+    CU_ASSERT_TRUE(fsdp_nn_linear_can_leave_dx_unrounded(lin));
+    int acting[2];
+    FSDP_TEST_OK(fsdp_module_add_hook(ctx, lin, FSDP_HOOK_POST_FORWARD, record_hook, &seen, NULL,
+                                      &acting[0]));
+    FSDP_TEST_OK(fsdp_module_add_hook(ctx, lin, FSDP_HOOK_POST_BACKWARD, record_hook, &seen, NULL,
+                                      &acting[1]));
+    CU_ASSERT_FALSE(fsdp_nn_linear_can_give_bf16_output(lin));
+    CU_ASSERT_FALSE(fsdp_nn_linear_can_leave_dx_unrounded(lin));
+    FSDP_TEST_FAILS(
+        fsdp_module_add_observer(ctx, lin, FSDP_HOOK_POINT_COUNT, record_hook, &seen, NULL, NULL),
+        FSDP_ERR_INVALID_ARGUMENT, "fsdp_module_add_observer", "hook point");
+    fsdp_module_free(lin);
+    fsdp_tensor_free(zeros);
+    fsdp_tensor_free(x);
     fsdp_module_free(m);
 }
 
@@ -685,6 +739,7 @@ int main(int argc, char **argv) {
         {"tree_errors", test_tree_errors},
         {"input_shape_error_names_module", test_input_shape_error_names_module},
         {"hooks_order_scope_and_replacement", test_hooks_order_scope_and_replacement},
+        {"observer_hooks", test_observer_hooks},
         {"hook_failure_and_free", test_hook_failure_and_free},
         {"backward_matches_finite_differences", test_backward_matches_finite_differences},
         {"gradients_accumulate_and_frozen_params", test_gradients_accumulate_and_frozen_params},

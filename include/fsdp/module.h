@@ -171,6 +171,15 @@ typedef fsdp_status (*fsdp_hook_fn)(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_poi
  * *id (may be NULL) identifies the hook for fsdp_module_remove_hook. */
 fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                  fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id);
+/* Adds an observer: a hook that reads and never changes, for timing and inspection (profilers,
+ * bench_llama_gpu --breakdown). It runs in its point's order with the hooks, and a replacement it
+ * makes of *io is ignored. A layer that keeps a tensor in a cheaper form when no hook would read
+ * it as its consumers do (the Llama's bf16 storage under the bf16 compute policy) ignores
+ * observers, so observing does not change what runs: *io may then be a bf16 tensor. Removed with
+ * fsdp_module_remove_hook; arguments as fsdp_module_add_hook's. */
+fsdp_status fsdp_module_add_observer(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                     fsdp_hook_fn fn, void *user, void (*free_user)(void *),
+                                     int *id);
 fsdp_status fsdp_module_remove_hook(fsdp_ctx *ctx, fsdp_module *m, int id);
 
 #ifdef __cplusplus

@@ -269,12 +269,13 @@ bool fsdp_nn_linear_takes_bf16_grad(const fsdp_module *m, bool next) {
 
 bool fsdp_nn_linear_can_leave_dx_unrounded(const fsdp_module *m) {
     return fsdp_nn_is_linear(m) && ((const linear *)m->impl)->last_compute == FSDP_DTYPE_BF16 &&
-           m->n_hooks[FSDP_HOOK_POST_BACKWARD] == 0;
+           fsdp_nn_num_acting_hooks(m, FSDP_HOOK_POST_BACKWARD) == 0;
 }
 
 bool fsdp_nn_linear_can_give_bf16_output(const fsdp_module *m) {
     return fsdp_nn_is_linear(m) && ((const linear *)m->impl)->compute == FSDP_DTYPE_BF16 &&
-           !((const linear *)m->impl)->bias && m->n_hooks[FSDP_HOOK_POST_FORWARD] == 0;
+           !((const linear *)m->impl)->bias &&
+           fsdp_nn_num_acting_hooks(m, FSDP_HOOK_POST_FORWARD) == 0;
 }
 
 void fsdp_nn_linear_set_dx_unrounded(fsdp_module *m, bool on) {

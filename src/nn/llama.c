@@ -71,7 +71,7 @@ static fsdp_status branch_forward(fsdp_ctx *ctx, fsdp_module *branch,
                                   void (*set)(fsdp_module *, bool), bool bf16, const fsdp_tensor *x,
                                   const fsdp_tensor **y) {
     bf16 = bf16 && fsdp_kernels_for(fsdp_tensor_device(x))->add_bf16 &&
-           branch->n_hooks[FSDP_HOOK_POST_FORWARD] == 0;
+           fsdp_nn_num_acting_hooks(branch, FSDP_HOOK_POST_FORWARD) == 0;
     set(branch, bf16);
     fsdp_status st = fsdp_module_forward(ctx, branch, x, y);
     set(branch, false);

@@ -487,15 +487,14 @@ fsdp_status fsdp_nn_check_unmanaged(fsdp_ctx *ctx, fsdp_module *m, const char *w
 
 /* ---- hooks and the forward / backward wrappers ---- */
 
-fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
-                                 fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id) {
-    FSDP_ARG_NOT_NULL(ctx, ctx);
-    FSDP_ARG_NOT_NULL(ctx, m);
-    FSDP_ARG_NOT_NULL(ctx, fn);
+/* Adds a hook (an observer when observer) for fsdp_module_add_hook / _add_observer (`what`). */
+static fsdp_status add_hook(fsdp_ctx *ctx, const char *what, fsdp_module *m, fsdp_hook_point point,
+                            fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id,
+                            bool observer) {
     if ((int)point < 0 || point >= FSDP_HOOK_POINT_COUNT) {
         if (free_user) free_user(user);
-        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
-                         "fsdp_module_add_hook: hook point %d or function invalid", (int)point);
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT, "%s: hook point %d or function invalid",
+                         what, (int)point);
     }
     if (!fsdp_array_reserve((void **)&m->hooks[point], &m->cap_hooks[point], m->n_hooks[point] + 1,
                             sizeof(fsdp_hook))) {
@@ -503,10 +502,27 @@ fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point 
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot add a hook");
     }
     int hook_id = ++m->next_hook_id;
-    m->hooks[point][m->n_hooks[point]++] =
-        (fsdp_hook){.id = hook_id, .fn = fn, .user = user, .free_user = free_user};
+    m->hooks[point][m->n_hooks[point]++] = (fsdp_hook){
+        .id = hook_id, .fn = fn, .user = user, .free_user = free_user, .observer = observer};
     if (id) *id = hook_id;
     return FSDP_OK;
+}
+
+fsdp_status fsdp_module_add_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                 fsdp_hook_fn fn, void *user, void (*free_user)(void *), int *id) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, fn);
+    return add_hook(ctx, __func__, m, point, fn, user, free_user, id, false);
+}
+
+fsdp_status fsdp_module_add_observer(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
+                                     fsdp_hook_fn fn, void *user, void (*free_user)(void *),
+                                     int *id) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, m);
+    FSDP_ARG_NOT_NULL(ctx, fn);
+    return add_hook(ctx, __func__, m, point, fn, user, free_user, id, true);
 }
 
 fsdp_status fsdp_nn_add_hook_front(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
@@ -550,6 +566,12 @@ bool fsdp_nn_has_hook(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn 
     return false;
 }
 
+int fsdp_nn_num_acting_hooks(const fsdp_module *m, fsdp_hook_point point) {
+    int n = 0;
+    for (int i = 0; i < m->n_hooks[point]; i++) n += !m->hooks[point][i].observer;
+    return n;
+}
+
 int fsdp_nn_num_hooks_other_than(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn) {
     if ((int)point < 0 || point >= FSDP_HOOK_POINT_COUNT) return 0;
     int n = 0;
@@ -559,8 +581,11 @@ int fsdp_nn_num_hooks_other_than(const fsdp_module *m, fsdp_hook_point point, fs
 
 static fsdp_status run_hooks(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                              const fsdp_tensor **io) {
-    for (int i = 0; i < m->n_hooks[point]; i++)
-        FSDP_TRY_AT(ctx, m->hooks[point][i].fn(ctx, m, point, io, m->hooks[point][i].user));
+    for (int i = 0; i < m->n_hooks[point]; i++) {
+        const fsdp_hook *h = &m->hooks[point][i];
+        const fsdp_tensor *seen = *io; /* an observer's replacement is dropped */
+        FSDP_TRY_AT(ctx, h->fn(ctx, m, point, h->observer ? &seen : io, h->user));
+    }
     return FSDP_OK;
 }
 

@@ -32,6 +32,7 @@ typedef struct fsdp_hook {
     fsdp_hook_fn fn;
     void *user;
     void (*free_user)(void *);
+    bool observer; /* fsdp_module_add_observer: reads, never replaces */
 } fsdp_hook;
 
 /* Where a checkpointed module stands between its forward and backward. */

@@ -22,6 +22,10 @@ bool fsdp_nn_remove_hook(fsdp_module *m, int id);
 bool fsdp_nn_defer_init(fsdp_ctx *ctx, bool on);
 /* Whether m has a hook running fn at point: how a wrapper recognises its own hooks. */
 bool fsdp_nn_has_hook(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn);
+/* How many of m's hooks at point may act on what passes (every hook but observers,
+ * fsdp_module_add_observer): what a layer asks before keeping a tensor in a form a hook would
+ * not read as its consumers do. */
+int fsdp_nn_num_acting_hooks(const fsdp_module *m, fsdp_hook_point point);
 /* How many of m's hooks at point run a function other than fn. */
 int fsdp_nn_num_hooks_other_than(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn);
 
