@@ -6,7 +6,10 @@
  * attention over ordinary values (a NaN would reach every element after it), with grouped-query
  * heads and more than one batch. On CUDA the attention's check pins the tiled f32 kernels
  * (fsdp_test_device_pin_f32_attention), so the widening path is what is compared bit for bit;
- * test_kernels_cuda checks cuDNN's path within its bound. */
+ * test_kernels_cuda checks cuDNN's path within its bound. Then the tiny Llama under the policy:
+ * its attention takes the path (counted, every layer every forward; not with the test switch
+ * off, whose results differ: the new roundings), on the device the CPU's bits (sim) for loss,
+ * logits and every gradient. Its numerics against the f32 run: test_autocast. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +17,7 @@
 
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx
 #include "kernels/kernels.h" // defines: fsdp_kernels_for, FSDP_ATTENTION_BF16_SCRATCH
+#include "nn/llama_common.h" // defines: fsdp_llama_test_attention16
 #include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_pin_f32_attention
 
 /* A device tensor of n elements of dtype dt holding host (uninitialised when host is NULL). */
@@ -176,12 +180,116 @@ static void test_attention_device(void) {
     fsdp_test_device_pin_f32_attention(false);
 }
 
+/* ---- the tiny Llama under the policy ---- */
+
+enum { BATCH = 2, SEQ = 8, VOCAB = 64, N_TOK = BATCH * SEQ, LAYERS = 2 };
+
+typedef struct step_out {
+    float loss;
+    float logits[N_TOK * VOCAB];
+    float grads[40000]; /* every parameter's gradient, in visit order */
+    int64_t n_grads;
+} step_out;
+
+static fsdp_status copy_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    (void)name;
+    step_out *o = user;
+    const fsdp_tensor *g = fsdp_param_grad(p);
+    int64_t n = fsdp_tensor_numel(g);
+    if (o->n_grads + n > (int64_t)(sizeof o->grads / sizeof o->grads[0])) return FSDP_ERR_INTERNAL;
+    fsdp_tensor *h = NULL;
+    FSDP_TRY_AT(ctx, fsdp_tensor_from_blob(ctx, o->grads + o->n_grads, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                           (int64_t[]){n}, &h));
+    fsdp_status st = fsdp_tensor_copy(ctx, h, g);
+    fsdp_tensor_free(h);
+    o->n_grads += n;
+    return st;
+}
+
+/* The policy's tiny Llama (the same initialisation every call) on dev: one forward, loss and
+ * backward of a fixed batch into o, with the test switch off or not (on again after); *ran the
+ * forwards whose attention ran on bf16 tensors. */
+static void run_model(fsdp_device dev, bool off, step_out *o, int64_t *ran) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_llama_config cfg = {.dim = 32,
+                             .n_layers = LAYERS,
+                             .n_heads = 4,
+                             .n_kv_heads = 2,
+                             .vocab_size = VOCAB,
+                             .ffn_hidden = 48,
+                             .max_seq_len = 16,
+                             .init_std = 0.2f,
+                             .compute_dtype = FSDP_DTYPE_BF16};
+    fsdp_module *m = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    if (dev.type != FSDP_DEVICE_CPU) FSDP_TEST_OK(fsdp_module_to(ctx, m, dev));
+    int32_t tok[N_TOK], tgt[N_TOK];
+    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 37 + 11) % VOCAB);
+    for (int i = 0; i < N_TOK; i++) tgt[i] = i % SEQ == SEQ - 1 ? -100 : tok[i + 1];
+    fsdp_tensor *th = NULL, *td = NULL, *dl = NULL, *lh = NULL;
+    FSDP_TEST_OK(
+        fsdp_tensor_from_blob(ctx, tok, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){BATCH, SEQ}, &th));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, (int64_t[]){BATCH, SEQ}, &td));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, td, th));
+    const fsdp_tensor *out = NULL;
+    fsdp_llama_test_attention16(off, NULL); /* the count from here */
+    FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, td, &out));
+    FSDP_TEST_OK(fsdp_tensor_create_like(ctx, out, &dl));
+    FSDP_TEST_OK(fsdp_loss_cross_entropy_ignore(ctx, out, tgt, -100, &o->loss, dl));
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dl, NULL));
+    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, o->logits, FSDP_DTYPE_F32, FSDP_CPU, 1,
+                                       (int64_t[]){N_TOK * VOCAB}, &lh));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, lh, out));
+    o->n_grads = 0;
+    FSDP_TEST_OK(fsdp_module_visit_params(ctx, m, copy_grad, o));
+    fsdp_llama_test_attention16(false, ran);
+    fsdp_tensor_free(th), fsdp_tensor_free(td), fsdp_tensor_free(dl), fsdp_tensor_free(lh);
+    fsdp_module_free(m);
+}
+
+static int64_t differ(const float *a, const float *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
+    return d;
+}
+
+static void test_model(void) {
+    step_out *c = calloc(1, sizeof *c), *d = calloc(1, sizeof *d), *off = calloc(1, sizeof *off);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c && d && off);
+    fsdp_device dev = fsdp_test_device();
+    int64_t ran_c = -1, ran_d = -1, ran_off = -1;
+    run_model(FSDP_CPU, false, c, &ran_c);
+    fsdp_test_device_pin_f32_attention(true); /* on CUDA: the widening path, bitwise */
+    run_model(dev, false, d, &ran_d);
+    fsdp_test_device_pin_f32_attention(false);
+    run_model(FSDP_CPU, true, off, &ran_off); /* the attention on f32 tensors, as before */
+    printf(
+        "\n    on bf16 tensors: cpu %lld forwards, %s %lld, loss %.9g / %.9g; switched off: %lld, "
+        "loss %.9g; %lld of %lld gradients differ from it",
+        (long long)ran_c, fsdp_device_to_string(dev), (long long)ran_d, c->loss, d->loss,
+        (long long)ran_off, off->loss, (long long)differ(c->grads, off->grads, c->n_grads),
+        (long long)c->n_grads);
+    CU_ASSERT_EQUAL(ran_c, LAYERS);
+    CU_ASSERT_EQUAL(ran_d, LAYERS);
+    CU_ASSERT_EQUAL(ran_off, 0);
+    CU_ASSERT_TRUE(differ(c->grads, off->grads, c->n_grads) > 0);
+    if (!fsdp_test_device_is_cuda()) { /* sim: the CPU's bits */
+        CU_ASSERT_EQUAL(differ(&c->loss, &d->loss, 1), 0);
+        CU_ASSERT_EQUAL(differ(c->logits, d->logits, N_TOK * VOCAB), 0);
+        CU_ASSERT_EQUAL(c->n_grads, d->n_grads);
+        CU_ASSERT_EQUAL(differ(c->grads, d->grads, c->n_grads), 0);
+    }
+    free(c), free(d), free(off);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"rope_cpu", test_rope_cpu},
         {"rope_device", test_rope_device},
         {"attention_cpu", test_attention_cpu},
         {"attention_device", test_attention_device},
+        {"model", test_model},
     };
     fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "attn16", cases, (int)(sizeof cases / sizeof cases[0]));
