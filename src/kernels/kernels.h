@@ -260,13 +260,14 @@ typedef struct fsdp_kernels_i {
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                int64_t D);
-    /* attention_forward and attention_backward as the bf16 compute policy runs them (the
-     * Llama's attention when q_proj and k_proj compute in bf16): the same tensors, but the device
-     * may compute as autocast's bf16 attention does. CUDA: cuDNN's fused attention where it loads
-     * and takes the shape (q, k, v and dout rounded to bf16, the probabilities rounded before the
-     * products that read them, f32 softmax and accumulation: the per-element bound of
-     * test_kernels_cuda's attention_cudnn), else the tiled kernels. The CPU and sim run the f32
-     * entries, whose results lie within that bound. */
+    /* attention_forward and attention_backward as the bf16 compute policy runs them on f32
+     * tensors (the Llama's attention when q_proj and k_proj compute in bf16 and the bf16-tensor
+     * entries below do not apply): the same tensors, but the device may compute as autocast's
+     * bf16 attention does. CUDA: cuDNN's fused attention where it loads and takes the shape
+     * (q, k, v and dout rounded to bf16, the probabilities rounded before the products that read
+     * them, f32 softmax and accumulation: the per-element bound of test_kernels_cuda's
+     * attention_cudnn), else the tiled kernels. The CPU and sim run the f32 entries, whose
+     * results lie within that bound. */
     void (*attention_forward_bf16)(float *out, float *lse, float *scratch, const float *q,
                                    const float *k, const float *v, int64_t B, int64_t T, int64_t NH,
                                    int64_t NKV, int64_t D);
