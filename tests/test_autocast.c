@@ -169,11 +169,15 @@ static void batch(int32_t tokens[N_TOK], int32_t targets[N_TOK]) {
  * to bf16 moves it by at most U16 |z|, and so the loss by at most U16 |z dL/dz| to first
  * order, where dL/dz is the gradient through that use of z only. Each Linear rounds its input
  * x (dL/dx: its own input gradient), its weight w (dL/dw: its weight's gradient, untied) and
- * its output y (dL/dy); S sums |z dL/dz| over all of them. Recorded by hooks on every Linear. */
+ * its output y (dL/dy); S sums |z dL/dz| over all of them. Recorded by hooks on every Linear.
+ * The attention rounds q_proj's and k_proj's outputs once more after RoPE, z = R y with R a
+ * rotation per position (orthogonal) and dL/dz = R dL/dy: sum |z dL/dz| <= ||R y|| ||R dL/dy|| =
+ * ||y|| ||dL/dy|| (Cauchy-Schwarz), which S adds for them. */
 typedef struct lin_rec {
     fsdp_module *m;
     float *x, *y; /* the forward's input and output */
     int64_t nx, ny;
+    bool rotated; /* q_proj or k_proj: RoPE's output rounded too */
     double s;
 } lin_rec;
 
@@ -197,6 +201,10 @@ static double dot_abs(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+static double norm2(const float *a, int64_t n) {
+    return sqrt(dot_abs(a, a, n));
+}
+
 static fsdp_status record_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
                                const fsdp_tensor **io, void *user) {
     (void)ctx, (void)m;
@@ -208,6 +216,7 @@ static fsdp_status record_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point po
         return keep(&r->y, &r->ny, *io);
     case FSDP_HOOK_PRE_BACKWARD:
         r->s += dot_abs(r->y, fsdp_tensor_f32(*io), r->ny);
+        if (r->rotated) r->s += norm2(r->y, r->ny) * norm2(fsdp_tensor_f32(*io), r->ny);
         break;
     default:
         if (!*io) return FSDP_ERR_INTERNAL; /* every Linear of the Llama makes its dx */
@@ -222,6 +231,8 @@ static fsdp_status add_recorder(fsdp_ctx *ctx, fsdp_module *m, void *user) {
     if (rs->n == MAX_LIN) return FSDP_ERR_INTERNAL;
     lin_rec *r = &rs->lin[rs->n++];
     r->m = m;
+    const char *name = fsdp_module_name(m);
+    r->rotated = name && (strcmp(name, "q_proj") == 0 || strcmp(name, "k_proj") == 0);
     for (int p = 0; p < FSDP_HOOK_POINT_COUNT; p++)
         FSDP_TRY_AT(ctx,
                     fsdp_module_add_hook(ctx, m, (fsdp_hook_point)p, record_hook, r, NULL, NULL));
@@ -283,10 +294,11 @@ static fsdp_module *llama(fsdp_dtype compute) {
 
 /* The bf16 roundings between the loss and the deepest parameter (model.embed_tokens): in
  * backward lm_head's dy and dx (2), per layer the MLP's down_proj dy and dx and gate/up's dy and
- * dx (4) and the attention's o_proj dy and dx and q/k/v's dy and dx (4); in forward the same
- * path's activations, each Linear's input, weight and output (3 per Linear on the path: 3 +
- * 2 x 12). 2 + 2 x 8 + 27 = 45. */
-static const double ROUNDINGS = 45;
+ * dx (4) and the attention's o_proj dy and dx, its dq and dk before RoPE's backward and q/k/v's
+ * dy and dx (5); in forward the same path's activations, each Linear's input, weight and output
+ * (3 per Linear on the path: 3 + 2 x 12) and per layer q and k after RoPE (2 x 1).
+ * 2 + 2 x 9 + 27 + 2 = 49. */
+static const double ROUNDINGS = 49;
 
 struct grad_cmp {
     fsdp_module *other;

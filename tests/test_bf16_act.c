@@ -18,6 +18,7 @@
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx, FSDP_TEST_OK
 #include "kernels/kernels.h" // defines: fsdp_kernels_for (the reference's f32 SwiGLU)
 #include "llama_steps.h"     // defines: llama_tp_build
+#include "nn/llama_common.h" // defines: fsdp_llama_test_attention16
 #include "nn/nn.h"           // defines: fsdp_nn_llama_set_bf16_norms
 #include "on_device.h"       // defines: fsdp_test_device
 
@@ -465,6 +466,9 @@ static void test_kernels(void) {
 static void check_bitwise(fsdp_device dev) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_test_device_pin_f32_attention(true);
+    /* the attention on f32 q, k, v and output in both (the f32-storage path cannot run it on
+     * bf16 tensors, which rounds q and k after RoPE: test_attn16 and test_autocast cover that) */
+    fsdp_llama_test_attention16(true, NULL);
     fsdp_module *mb = llama(), *mf = llama();
     if (dev.type != FSDP_DEVICE_CPU) { /* moved before hooks are added (fsdp_module_to's rule) */
         FSDP_TEST_OK(fsdp_module_to(ctx, mb, dev));
@@ -504,6 +508,9 @@ static void check_bitwise(fsdp_device dev) {
     for (int i = 0; i < KEPT16 * LAYERS; i++) CU_ASSERT_EQUAL(outs[i]->calls, 2);
     free(b->grads), free(f->grads), free(b), free(f);
     fsdp_module_free(mb), fsdp_module_free(mf);
+    int64_t ran = -1;
+    fsdp_llama_test_attention16(false, &ran);
+    CU_ASSERT_EQUAL(ran, 0);
     fsdp_test_device_pin_f32_attention(false);
 }
 
@@ -730,7 +737,17 @@ static const int64_t BYTES_BEFORE = 142144;
  * Per layer 14 R D for the norms' bf16 outputs, 4 R D for o_proj's and down_proj's. And
  * gate_proj, up_proj, q_proj and k_proj hold no bf16 scratch (2 R max(out, in) each): their output
  * gradients come rounded to bf16 from the SwiGLU's and RoPE's backward (swiglu_backward_bf16_round,
- * rope_qk_backward_round), so they round none of their own. */
+ * rope_qk_backward_round), so they round none of their own. The attention on bf16 tensors
+ * (docs/models.md) holds per layer 2 R kv fewer for v_proj's bf16 output (kv = NKV hd), 2 R
+ * (2 q + kv) for the rotated q, k and its output in bf16 (q = NH hd), 2 R q without o_proj's
+ * copy of its input and 2 R max(kv, D) without v_proj's scratch (its output gradient comes in
+ * bf16 from the attention), and 16 T (NH + NKV) hd more for its larger scratch (one batch's
+ * tensors widened, FSDP_ATTENTION_BF16_SCRATCH). */
+static int64_t attention16_saved(int64_t R, int64_t T) {
+    const int64_t q = DIM, kv = DIM / 2; /* 4 heads and 2 kv heads of 8 */
+    return 2 * R * kv + 2 * R * (2 * q + kv) + 2 * R * q + 2 * R * (kv > DIM ? kv : DIM) -
+           16 * T * (q + kv);
+}
 static int64_t mlp_bytes(int64_t R, int64_t D, int64_t H) {
     int64_t w = H > D ? H : D;
     return 2 * (2 * R * H + 2 * H * D) + 2 * R * H + (2 * R * D + 2 * D * H + 2 * R * w);
@@ -744,7 +761,10 @@ static void test_activation_bytes(void) {
     /* q_proj (R, NH hd) = (R, DIM) and k_proj (R, NKV hd) = (R, DIM / 2): 4 heads, 2 kv */
     const int64_t R = N_TOK, H = HIDDEN, norms = 14 * R * DIM,
                   scratch = 2 * 2 * R * (H > DIM ? H : DIM) + 2 * 2 * R * DIM, /* gate, up; q, k */
-        saved = (8 * R * H + 2 * R * (DIM + DIM / 2) + norms + 4 * R * DIM + scratch) * LAYERS;
+        att16 = attention16_saved(R, SEQ),
+                  saved = (8 * R * H + 2 * R * (DIM + DIM / 2) + norms + 4 * R * DIM + scratch +
+                           att16) *
+                          LAYERS;
     int64_t bytes = 0, mlp = 0;
     step(m, FSDP_CPU, o, &bytes);
     FSDP_TEST_OK(
@@ -763,14 +783,17 @@ static void test_activation_bytes(void) {
     CU_ASSERT_EQUAL(bytes_n - bytes, norms * LAYERS);
     /* the f32 path (hooks replace the projections' outputs with f32 tensors they own, which are
      * not counted) holds the f32 SwiGLU output (2 R H more than bf16) and down_proj's bf16 copy
-     * of it (2 R H) per layer, beside the norms' f32 outputs */
+     * of it (2 R H) per layer, beside the norms' f32 outputs, and the attention on f32 tensors
+     * (att16 more) */
     fsdp_module *mf = llama();
     f32_output *outs[KEPT16 * LAYERS];
     fsdp_nn_llama_set_bf16_norms(mf, false);
     use_f32_path(mf, outs);
     int64_t bytes_f = 0;
+    fsdp_llama_test_attention16(true, NULL); /* f32 q and k: the attention on f32 tensors */
     step(mf, FSDP_CPU, o, &bytes_f);
-    CU_ASSERT_EQUAL(bytes_f - bytes_n, 4 * R * H * LAYERS);
+    fsdp_llama_test_attention16(false, NULL);
+    CU_ASSERT_EQUAL(bytes_f - bytes_n, (4 * R * H + att16) * LAYERS);
     free(o->grads), free(o);
     fsdp_module_free(m), fsdp_module_free(mn), fsdp_module_free(mf);
 }

@@ -89,7 +89,9 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
                k->f16_to_f32 && k->sgd_update && k->adam_update && k->adam_update_bf16 &&
                k->gemm_bf16 && k->gemm_bias_act && k->gemm_bf16_bias_act && k->gemm_bgrad &&
                k->add3 && k->add3_round_bf16 && k->add_bf16 && k->swiglu_backward_bf16_round &&
-               k->rope_qk_backward_round;
+               k->rope_qk_backward_round && k->rope_qk_forward_bf16_round &&
+               k->rope_qk_backward_bf16_round && k->attention_forward_bf16_round &&
+               k->attention_backward_bf16_round;
     CU_ASSERT_TRUE(all);
     const fsdp_device_i *s = fsdp_device_for(type);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
@@ -1452,6 +1454,51 @@ static attn_result attn_run(const attn_case *c, fsdp_cuda_attention kind, bool b
     return r;
 }
 
+/* The bf16-tensor entries (attention_forward_bf16_round, attention_backward_bf16_round) under
+ * kind on the same inputs (bf16 values, converted exactly), their results widened: out, lse,
+ * dq, dk, dv as attn_run gives them. */
+static attn_result attn_run16(const attn_case *c, fsdp_cuda_attention kind, const float *q,
+                              const float *k, const float *v, const float *dout) {
+    int64_t n[5];
+    attn_sizes(c, n);
+    /* q, k, v, dout, out, dq, dk, dv */
+    const int64_t len[8] = {n[0], n[3], n[3], n[0], n[0], n[0], n[3], n[3]};
+    fsdp_bf16 *b[8];
+    const float *host[4] = {q, k, v, dout};
+    for (int i = 0; i < 8; i++) {
+        b[i] = dev_new(NULL, (size_t)len[i] * sizeof(fsdp_bf16));
+        if (i < 4) {
+            float *f = dev_floats(host[i], len[i]);
+            K()->f32_to_bf16(b[i], f, len[i]);
+            dev_free(f);
+        }
+    }
+    float *lse = dev_floats(NULL, n[1]);
+    float *scratch = dev_floats(NULL, FSDP_ATTENTION_BF16_SCRATCH(c->T, c->NH, c->NKV, c->D));
+    fsdp_cuda_thread_set_attention(kind);
+    K()->attention_forward_bf16_round(b[4], lse, scratch, b[0], b[1], b[2], c->B, c->T, c->NH,
+                                      c->NKV, c->D);
+    K()->attention_backward_bf16_round(b[5], b[6], b[7], scratch, b[3], b[0], b[1], b[2], b[4], lse,
+                                       c->B, c->T, c->NH, c->NKV, c->D);
+    fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_DEFAULT);
+    attn_result r;
+    const int from[5] = {4, -1, 5, 6, 7};
+    for (int i = 0; i < 5; i++) {
+        r.t[i] = new_uniform(n[i], 0, 0);
+        if (from[i] < 0) {
+            dev_get(r.t[i], lse, (size_t)n[i] * sizeof(float));
+            continue;
+        }
+        float *f = dev_floats(NULL, n[i]);
+        K()->bf16_to_f32(f, b[from[i]], n[i]);
+        dev_get(r.t[i], f, (size_t)n[i] * sizeof(float));
+        dev_free(f);
+    }
+    for (int i = 0; i < 8; i++) dev_free(b[i]);
+    dev_free(lse), dev_free(scratch);
+    return r;
+}
+
 static attn_result attn_on_device(const attn_case *c, fsdp_cuda_attention kind, const float *q,
                                   const float *k, const float *v, const float *dout) {
     return attn_run(c, kind, false, q, k, v, dout);
@@ -1820,7 +1867,9 @@ static void test_attention_reference(void) {
  * of the same bf16 inputs within sdpa_check's bounds, forward and backward: multi-head and
  * grouped-query heads (groups of 1, 3, 4, 8), T odd and not a multiple of 64, T 1, D 64 and
  * 128; D 20 (not a multiple of 8) is refused and runs the tiled kernels, bit for bit; the plan
- * cache hits on a repeated shape. */
+ * cache hits on a repeated shape. The bf16-tensor entries (attention_forward_bf16_round,
+ * attention_backward_bf16_round) on the same inputs: cuDNN's forward bits where it runs, the
+ * tiled forward's rounded where it refuses, the gradients within the same bounds. */
 static void test_attention_cudnn(void) {
     if (!cuda_only("cuDNN's fused attention (fsdp_cuda_thread_set_attention)")) return;
 #ifdef FSDP_HAVE_CUDA
@@ -1845,6 +1894,19 @@ static void test_attention_cudnn(void) {
             for (int i = 0; i < 5; i++)
                 CU_ASSERT_EQUAL(memcmp(got.t[i], flash.t[i], (size_t)n[i] * sizeof(float)), 0);
             CU_ASSERT_EQUAL(s1.refusals, s0.refusals + 2);
+            // the bf16-tensor entries, refused too: the tiled kernels on batches widened in
+            // scratch, their forward the tiled one's rounded (bits), the rest within the bound
+            attn_result a16 = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout);
+            int64_t off = 0;
+            for (int64_t e = 0; e < n[0]; e++) off += a16.t[0][e] != round_bf16(flash.t[0][e]);
+            CU_ASSERT_EQUAL(off, 0);
+            CU_ASSERT_EQUAL(memcmp(a16.t[1], flash.t[1], (size_t)n[1] * sizeof(float)), 0);
+            sdpa_ref r16 = sdpa_ref_make(c, in, dout, a16.t[0]);
+            int64_t bad16[5];
+            sdpa_check("refused, bf16-tensor entries", c, &a16, r16.ref, r16.mag, r16.pmag, bad16);
+            for (int i = 0; i < 5; i++) CU_ASSERT_EQUAL(bad16[i], 0);
+            sdpa_ref_free(&r16);
+            attn_free(&a16);
             attn_free(&flash);
         } else {
             CU_ASSERT_EQUAL(s1.refusals, s0.refusals);
@@ -1876,6 +1938,16 @@ static void test_attention_cudnn(void) {
             for (int i = 0; i < 5; i++)
                 CU_ASSERT_EQUAL(memcmp(af.t[i], fl.t[i], (size_t)n[i] * sizeof(float)), 0);
             sdpa_ref_free(&ra);
+            // the bf16-tensor entries under auto: cuDNN on the tensors as they are, its forward's
+            // bits (the f32 entries' conversions were exact), the gradients within the bound
+            attn_result a16 = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout);
+            for (int i = 0; i < 2; i++)
+                CU_ASSERT_EQUAL(memcmp(a16.t[i], got.t[i], (size_t)n[i] * sizeof(float)), 0);
+            sdpa_ref r16 = sdpa_ref_make(c, in, dout, a16.t[0]);
+            sdpa_check("auto, bf16-tensor entries", c, &a16, r16.ref, r16.mag, r16.pmag, bad);
+            for (int i = 0; i < 5; i++) CU_ASSERT_EQUAL(bad[i], 0);
+            sdpa_ref_free(&r16);
+            attn_free(&a16);
             attn_free(&ab), attn_free(&af), attn_free(&fl);
         }
         attn_free(&got);

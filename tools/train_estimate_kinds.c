@@ -225,9 +225,12 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
         int64_t R = B * T, q = NH * hd, kv = NKV * hd;
         layer += bf16_linear(R, C, q, true, false)    /* q_proj */
                  + bf16_linear(R, C, kv, true, false) /* k_proj */
-                 + bf16_linear(R, C, kv, true, true)  /* v_proj */
-                 + bf16_linear(R, q, C, false, true)  /* o_proj, on the attention's f32 output */
-                 - 2 * R * (q + kv)                   /* q_proj's, k_proj's outputs: bf16 tensors */
+                 + bf16_linear(R, C, kv, true, false) /* v_proj */
+                 + bf16_linear(R, q, C, true, true)   /* o_proj, on the attention's bf16 output */
+                 - 2 * R * (q + 2 * kv)        /* q_proj's, k_proj's, v_proj's outputs: bf16 */
+                 - 2 * R * (2 * q + kv)        /* the rotated q, k and the output: bf16 */
+                 + 4 * 4 * T * (NH + NKV) * hd /* its scratch: one batch widened beyond (2, T, T)
+                                                  (kernels.h, FSDP_ATTENTION_BF16_SCRATCH) */
                  + 2 * bf16_linear(R, C, F, true, false) /* gate_proj, up_proj */
                  + bf16_linear(R, F, C, true, true) /* down_proj: reads the SwiGLU's bf16 output */
                  - 2 * 2 * R * F                    /* gate_proj's, up_proj's outputs: bf16 */

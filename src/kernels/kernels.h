@@ -64,6 +64,11 @@ typedef enum fsdp_gemm_act {
 /* The inputs one reduce_n takes at most (CUDA passes their pointers as a launch argument). */
 #define FSDP_REDUCE_N_MAX 256
 
+/* The floats of scratch the bf16-tensor attention entries take (attention_forward_bf16_round,
+ * attention_backward_bf16_round): the (2, T, T) score blocks, then one batch's widened tensors
+ * (the backward's dout, q, out, dq (T, NH, D) and k, v, dk, dv (T, NKV, D)). */
+#define FSDP_ATTENTION_BF16_SCRATCH(T, NH, NKV, D) (2 * (T) * (T) + 4 * (T) * ((NH) + (NKV)) * (D))
+
 typedef struct fsdp_kernels_i {
     const char *name; /* "cpu", "cuda" */
 
@@ -261,13 +266,14 @@ typedef struct fsdp_kernels_i {
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                int64_t D);
-    /* attention_forward and attention_backward as the bf16 compute policy runs them (the
-     * Llama's attention when q_proj and k_proj compute in bf16): the same tensors, but the device
-     * may compute as autocast's bf16 attention does. CUDA: cuDNN's fused attention where it loads
-     * and takes the shape (q, k, v and dout rounded to bf16, the probabilities rounded before the
-     * products that read them, f32 softmax and accumulation: the per-element bound of
-     * test_kernels_cuda's attention_cudnn), else the tiled kernels. The CPU and sim run the f32
-     * entries, whose results lie within that bound. */
+    /* attention_forward and attention_backward as the bf16 compute policy runs them on f32
+     * tensors (the Llama's attention when q_proj and k_proj compute in bf16 and the bf16-tensor
+     * entries below do not apply): the same tensors, but the device may compute as autocast's
+     * bf16 attention does. CUDA: cuDNN's fused attention where it loads and takes the shape
+     * (q, k, v and dout rounded to bf16, the probabilities rounded before the products that read
+     * them, f32 softmax and accumulation: the per-element bound of test_kernels_cuda's
+     * attention_cudnn), else the tiled kernels. The CPU and sim run the f32 entries, whose
+     * results lie within that bound. */
     void (*attention_forward_bf16)(float *out, float *lse, float *scratch, const float *q,
                                    const float *k, const float *v, int64_t B, int64_t T, int64_t NH,
                                    int64_t NKV, int64_t D);
@@ -275,6 +281,35 @@ typedef struct fsdp_kernels_i {
                                     const float *dout, const float *q, const float *k,
                                     const float *v, const float *out, const float *lse, int64_t B,
                                     int64_t T, int64_t NH, int64_t NKV, int64_t D);
+    /* The bf16 compute policy's attention on bf16 tensors (the Llama's attention when q_proj,
+     * k_proj and v_proj compute in bf16; optional: NULL where the device has none, and the
+     * attention then runs the entries above). Each bf16 result is rounded once, to nearest
+     * even, from an f32 value:
+     * rope_qk_forward_bf16_round: qo, ko the bits f32_to_bf16 gives rope_qk_forward_bf16's
+     * values; rope_qk_backward_bf16_round: dq, dk the bits rope_qk_backward_round gives on the
+     * widened dqo, dko. qo may be q, ko k, dq dqo and dk dko. */
+    void (*rope_qk_forward_bf16_round)(fsdp_bf16 *qo, fsdp_bf16 *ko, const fsdp_bf16 *q,
+                                       const fsdp_bf16 *k, const float *cos, const float *sin,
+                                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+    void (*rope_qk_backward_bf16_round)(fsdp_bf16 *dq, fsdp_bf16 *dk, const fsdp_bf16 *dqo,
+                                        const fsdp_bf16 *dko, const float *cos, const float *sin,
+                                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+    /* attention_forward_bf16 on bf16 q, k, v: out (bf16) and lse (f32), and
+     * attention_backward_bf16 on bf16 dout, q, k, v, out (lse f32): dq, dk, dv (bf16; dk, dv
+     * summed over a group in f32, then rounded). The CPU and sim: each element the bits
+     * f32_to_bf16 gives the f32 entry's value on the widened tensors (lse its bits), computed
+     * batch by batch in scratch, FSDP_ATTENTION_BF16_SCRATCH(T, NH, NKV, D) floats of the
+     * caller's (nothing allocated). CUDA: cuDNN's fused attention directly on the tensors where
+     * it loads and takes the shape (attention_forward_bf16's bound), else the same batch by
+     * batch widening in scratch around the f32 kernels. */
+    void (*attention_forward_bf16_round)(fsdp_bf16 *out, float *lse, float *scratch,
+                                         const fsdp_bf16 *q, const fsdp_bf16 *k, const fsdp_bf16 *v,
+                                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+    void (*attention_backward_bf16_round)(fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *dv,
+                                          float *scratch, const fsdp_bf16 *dout, const fsdp_bf16 *q,
+                                          const fsdp_bf16 *k, const fsdp_bf16 *v,
+                                          const fsdp_bf16 *out, const float *lse, int64_t B,
+                                          int64_t T, int64_t NH, int64_t NKV, int64_t D);
     /* out (n) = silu(gate) * up, silu(x) = x sigmoid(x); out may be gate or up */
     void (*swiglu_forward)(float *out, const float *gate, const float *up, int64_t n);
     /* dgate = dout * up * silu'(gate), dup = dout * silu(gate) (n each), written */

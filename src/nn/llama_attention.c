@@ -2,10 +2,13 @@
  * grouped-query softmax attention (one (T, T) score block at a time), o projection; backward
  * recomputes each block from the saved log-sum-exp. Head counts are read from the
  * projections' weights, so tensor parallelism can split heads across ranks. Under the bf16
- * compute policy q_proj and k_proj give their outputs (bf16 values, read only by RoPE) as bf16
- * tensors: the same bits in half the bytes; a bf16 input (the decoder layer's norm output,
- * rounded once for the three projections) is passed to them as is; and when the decoder layer
- * asks, o_proj's output is given as a bf16 tensor, which its residual add widens as it reads. */
+ * compute policy a bf16 input (the decoder layer's norm output, rounded once for the three
+ * projections) is passed to them as is, and the attention runs on bf16 tensors (forward16,
+ * backward16: q, k, v, its output and the gradients in bf16, rounded where cuDNN rounds) when
+ * the four projections and the device allow it; else q_proj and k_proj give bf16 outputs and
+ * the rest is f32, as before (also the tests' path: fsdp_llama_test_attention16). When the
+ * decoder layer asks, o_proj's output is given as a bf16 tensor, which its residual add widens
+ * as it reads. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -25,6 +28,7 @@ typedef struct llama_attention {
     int64_t B, T;         /* of the last forward */
     bool bf16;            /* the last forward ran the bf16 policy's attention entries */
     bool bf16_out;        /* the parent asks for o_proj's output in bf16 (this call) */
+    bool io16;            /* ... on bf16 tensors (the _bf16_round entries, fields *16 below) */
     fsdp_tensor *rope;    /* (2, T, hd / 2): cos then sin of positions 0 .. T-1 */
     fsdp_tensor *q, *k;   /* (B, T, NH * hd), (B, T, NKV * hd): rotated */
     const fsdp_tensor *v; /* (B, T, NKV * hd): v_proj's output */
@@ -33,13 +37,18 @@ typedef struct llama_attention {
     fsdp_tensor *scratch; /* (2, T, T): one score block (and backward's dO V^T block) */
     fsdp_tensor *dq, *dk, *dv;
     fsdp_tensor *dq16, *dk16; /* RoPE's backward rounded to bf16 for q_proj and k_proj (policy) */
-    fsdp_tensor *dinput;      /* (B, T, dim) */
+    /* io16: q, k rotated, att (the attention's output), datt (o_proj's dx rounded) and dv in
+     * bf16; v is v_proj's bf16 output */
+    fsdp_tensor *q16, *k16, *att16, *datt16, *dv16;
+    fsdp_tensor *v32;    /* v_proj's bf16 output widened when q or k came f32 (not io16) */
+    fsdp_tensor *dinput; /* (B, T, dim) */
 } llama_attention;
 
 static void llama_attention_free(void *impl) {
     llama_attention *a = impl;
-    fsdp_tensor *own[] = {a->rope, a->q,  a->k,  a->att,  a->lse,  a->scratch,
-                          a->dq,   a->dk, a->dv, a->dq16, a->dk16, a->dinput};
+    fsdp_tensor *own[] = {a->rope, a->q,   a->k,     a->att,    a->lse,  a->scratch,
+                          a->dq,   a->dk,  a->dv,    a->dq16,   a->dk16, a->dinput,
+                          a->q16,  a->k16, a->att16, a->datt16, a->dv16, a->v32};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) fsdp_tensor_free(own[i]);
     free(a);
 }
@@ -119,6 +128,78 @@ static fsdp_status read_heads(fsdp_ctx *ctx, fsdp_module *m, llama_attention *a)
     return FSDP_OK;
 }
 
+/* o_proj's forward of the attention's output att, its output given in bf16 for this call when
+ * the parent asks (bf16_out) and o_proj can (fsdp_nn_linear_can_give_bf16_output). */
+static fsdp_status o_proj_forward(fsdp_ctx *ctx, llama_attention *a, const fsdp_tensor *att,
+                                  const fsdp_tensor **out) {
+    bool o16 = a->bf16_out && fsdp_nn_linear_can_give_bf16_output(a->o_proj);
+    fsdp_nn_linear_set_bf16_output(a->o_proj, o16);
+    fsdp_status st = fsdp_module_forward(ctx, a->o_proj, att, out);
+    fsdp_nn_linear_set_bf16_output(a->o_proj, false); /* for this call only */
+    return FSDP_PASS(ctx, st);
+}
+
+/* The forward on bf16 tensors: RoPE from q_proj's and k_proj's bf16 outputs into bf16 q16, k16
+ * (rounded once), the attention on them and v_proj's bf16 output into a bf16 att16 (rounded
+ * once) that o_proj reads as its bf16 input. */
+static fsdp_status forward16(fsdp_ctx *ctx, llama_attention *a, const fsdp_kernels_i *k,
+                             const fsdp_tensor *q, const fsdp_tensor *kk, const fsdp_tensor **out) {
+    int64_t B = a->B, T = a->T, NH = a->n_heads, NKV = a->n_kv_heads, hd = a->head_dim;
+    fsdp_device dev = fsdp_tensor_device(q);
+    fsdp_dtype bf = FSDP_DTYPE_BF16;
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &a->q16, bf, dev, 3, (int64_t[]){B, T, NH * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &a->k16, bf, dev, 3, (int64_t[]){B, T, NKV * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &a->att16, bf, dev, 3, (int64_t[]){B, T, NH * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->lse, dev, 3, (int64_t[]){B, NH, T}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->scratch, dev, 1,
+                                    (int64_t[]){FSDP_ATTENTION_BF16_SCRATCH(T, NH, NKV, hd)}));
+    const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
+    fsdp_bf16 *q16 = fsdp_tensor_data(a->q16), *k16 = fsdp_tensor_data(a->k16);
+    k->rope_qk_forward_bf16_round(q16, k16, fsdp_tensor_data(q), fsdp_tensor_data(kk), cos, sin, B,
+                                  T, NH, NKV, hd);
+    k->attention_forward_bf16_round(fsdp_tensor_data(a->att16), fsdp_tensor_f32(a->lse),
+                                    fsdp_tensor_f32(a->scratch), q16, k16, fsdp_tensor_data(a->v),
+                                    B, T, NH, NKV, hd);
+    fsdp_llama_attention16_ran();
+    return o_proj_forward(ctx, a, a->att16, out);
+}
+
+/* The backward on bf16 tensors: o_proj's input gradient rounded to bf16 (datt16, as cuDNN reads
+ * it), the attention's bf16 dq, dk, dv, RoPE's backward on dq, dk in place (rounded once more);
+ * the projections take them as is, or (the test path of fsdp_llama_grads16) widened. */
+static fsdp_status backward16(fsdp_ctx *ctx, llama_attention *a, const fsdp_kernels_i *k,
+                              const fsdp_tensor *datt, const fsdp_tensor *dproj[3]) {
+    int64_t B = a->B, T = a->T, NH = a->n_heads, NKV = a->n_kv_heads, hd = a->head_dim;
+    fsdp_device dev = fsdp_tensor_device(datt);
+    fsdp_dtype bf = FSDP_DTYPE_BF16;
+    int64_t nq = B * T * NH * hd, nk = B * T * NKV * hd;
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &a->datt16, bf, dev, 3, (int64_t[]){B, T, NH * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &a->dq16, bf, dev, 3, (int64_t[]){B, T, NH * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &a->dk16, bf, dev, 3, (int64_t[]){B, T, NKV * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &a->dv16, bf, dev, 3, (int64_t[]){B, T, NKV * hd}));
+    fsdp_bf16 *d16 = fsdp_tensor_data(a->datt16), *dq = fsdp_tensor_data(a->dq16),
+              *dk = fsdp_tensor_data(a->dk16), *dv = fsdp_tensor_data(a->dv16);
+    k->f32_to_bf16(d16, fsdp_tensor_f32(datt), nq);
+    k->attention_backward_bf16_round(dq, dk, dv, fsdp_tensor_f32(a->scratch), d16,
+                                     fsdp_tensor_data(a->q16), fsdp_tensor_data(a->k16),
+                                     fsdp_tensor_data(a->v), fsdp_tensor_data(a->att16),
+                                     fsdp_tensor_f32(a->lse), B, T, NH, NKV, hd);
+    const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
+    k->rope_qk_backward_bf16_round(dq, dk, dq, dk, cos, sin, B, T, NH, NKV, hd);
+    fsdp_module *const proj[3] = {a->q_proj, a->k_proj, a->v_proj};
+    dproj[0] = a->dq16, dproj[1] = a->dk16, dproj[2] = a->dv16;
+    if (fsdp_llama_grads16(proj, 3, true, false)) return FSDP_OK;
+    /* the path before: f32 output gradients the projections round themselves (the same bits) */
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dq, dev, 3, (int64_t[]){B, T, NH * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dk, dev, 3, (int64_t[]){B, T, NKV * hd}));
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dv, dev, 3, (int64_t[]){B, T, NKV * hd}));
+    k->bf16_to_f32(fsdp_tensor_f32(a->dq), dq, nq);
+    k->bf16_to_f32(fsdp_tensor_f32(a->dk), dk, nk);
+    k->bf16_to_f32(fsdp_tensor_f32(a->dv), dv, nk);
+    dproj[0] = a->dq, dproj[1] = a->dk, dproj[2] = a->dv;
+    return FSDP_OK;
+}
+
 static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
                                            const fsdp_tensor **out) {
     llama_attention *a = m->impl;
@@ -149,21 +230,38 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
     const fsdp_tensor *q, *kk;
     bool b16 = fsdp_nn_linear_compute(a->q_proj) == FSDP_DTYPE_BF16 &&
                fsdp_nn_linear_compute(a->k_proj) == FSDP_DTYPE_BF16 && k->rope_qk_forward_bf16;
-    fsdp_module *const qk[2] = {a->q_proj, a->k_proj};
-    bool g16 = b16 && fsdp_llama_grads16(qk, 2, k->rope_qk_backward_round != NULL, true);
-    for (int i = 0; i < 2; i++) {
-        fsdp_nn_linear_set_bf16_output(qk[i], b16);
-        fsdp_nn_linear_set_bf16_grad(qk[i], g16); /* RoPE's backward rounds their dy */
+    fsdp_module *const qkv[3] = {a->q_proj, a->k_proj, a->v_proj};
+    /* on bf16 tensors: v_proj and o_proj under the policy too, each projection taking a bf16
+     * output gradient (fsdp_nn_linear_takes_bf16_grad), the table's entries */
+    bool io16 = b16 && fsdp_nn_linear_compute(a->v_proj) == FSDP_DTYPE_BF16 &&
+                fsdp_nn_linear_compute(a->o_proj) == FSDP_DTYPE_BF16 &&
+                fsdp_llama_attention16_on(
+                    k->rope_qk_forward_bf16_round && k->rope_qk_backward_bf16_round &&
+                    k->attention_forward_bf16_round && k->attention_backward_bf16_round &&
+                    fsdp_nn_linear_takes_bf16_grad(qkv[0], true) &&
+                    fsdp_nn_linear_takes_bf16_grad(qkv[1], true) &&
+                    fsdp_nn_linear_takes_bf16_grad(qkv[2], true));
+    int n16 = io16 ? 3 : 2; /* the projections giving bf16 outputs */
+    bool g16 = b16 && fsdp_llama_grads16(qkv, n16, io16 || k->rope_qk_backward_round, true);
+    for (int i = 0; i < n16; i++) {
+        fsdp_nn_linear_set_bf16_output(qkv[i], b16);
+        fsdp_nn_linear_set_bf16_grad(qkv[i], g16); /* RoPE's (the attention's) backward rounds */
     }
     fsdp_status st = fsdp_module_forward(ctx, a->q_proj, in, &q);
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, a->k_proj, in, &kk);
-    for (int i = 0; i < 2; i++) { /* for this call only */
-        fsdp_nn_linear_set_bf16_output(qk[i], false);
-        fsdp_nn_linear_set_bf16_grad(qk[i], false);
+    if (st == FSDP_OK) st = fsdp_module_forward(ctx, a->v_proj, in, &a->v);
+    for (int i = 0; i < n16; i++) { /* for this call only */
+        fsdp_nn_linear_set_bf16_output(qkv[i], false);
+        fsdp_nn_linear_set_bf16_grad(qkv[i], false);
     }
     FSDP_TRY_AT(ctx, st);
-    FSDP_TRY_AT(ctx, fsdp_module_forward(ctx, a->v_proj, in, &a->v));
     FSDP_TRY_AT(ctx, make_rope(ctx, a, T, dev));
+    a->B = B, a->T = T;
+    /* a projection with a bias (or a device without gemm_bf16_round) gave f32: as before */
+    a->io16 = io16 && fsdp_tensor_dtype(q) == FSDP_DTYPE_BF16 &&
+              fsdp_tensor_dtype(kk) == FSDP_DTYPE_BF16 &&
+              fsdp_tensor_dtype(a->v) == FSDP_DTYPE_BF16;
+    if (a->io16) return forward16(ctx, a, k, q, kk, out);
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->q, dev, 3, (int64_t[]){B, T, NH * hd}));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->k, dev, 3, (int64_t[]){B, T, NKV * hd}));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->att, dev, 3, (int64_t[]){B, T, NH * hd}));
@@ -171,6 +269,11 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->scratch, dev, 3, (int64_t[]){2, T, T}));
     const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
     fsdp_dtype dq = fsdp_tensor_dtype(q), dk = fsdp_tensor_dtype(kk);
+    if (fsdp_tensor_dtype(a->v) == FSDP_DTYPE_BF16) { /* q or k came f32 (a hook's): widened */
+        FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->v32, dev, 3, (int64_t[]){B, T, NKV * hd}));
+        k->bf16_to_f32(fsdp_tensor_f32(a->v32), fsdp_tensor_data(a->v), B * T * NKV * hd);
+        a->v = a->v32;
+    }
     if (dq != dk) {
         return FSDP_FAIL(ctx, FSDP_ERR_DTYPE,
                          "%s: q_proj gives %s and k_proj %s: RoPE takes both f32 or both bf16 "
@@ -190,12 +293,19 @@ static fsdp_status llama_attention_forward(fsdp_ctx *ctx, fsdp_module *m, const 
     (a->bf16 ? k->attention_forward_bf16 : k->attention_forward)(
         fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse), fsdp_tensor_f32(a->scratch),
         fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k), fsdp_tensor_f32(a->v), B, T, NH, NKV, hd);
-    a->B = B, a->T = T;
-    bool o16 = a->bf16_out && fsdp_nn_linear_can_give_bf16_output(a->o_proj);
-    fsdp_nn_linear_set_bf16_output(a->o_proj, o16);
-    st = fsdp_module_forward(ctx, a->o_proj, a->att, out);
-    fsdp_nn_linear_set_bf16_output(a->o_proj, false); /* for this call only */
-    return FSDP_PASS(ctx, st);
+    return o_proj_forward(ctx, a, a->att, out);
+}
+
+/* The three projections' backward from their output gradients, their input gradients summed. */
+static fsdp_status branches(fsdp_ctx *ctx, llama_attention *a, fsdp_module *const *proj,
+                            const fsdp_tensor *const *dproj, const fsdp_tensor **din) {
+    const fsdp_tensor *dx[3];
+    bool unrounded;
+    FSDP_TRY_AT(ctx, fsdp_llama_branch_grads(ctx, proj, dproj, 3, din != NULL, dx, &unrounded));
+    if (!din) return FSDP_OK;
+    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &a->dinput, dx[0], dx[1], dx[2], unrounded));
+    *din = a->dinput;
+    return FSDP_OK;
 }
 
 static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
@@ -208,6 +318,12 @@ static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const
     int64_t B = a->B, T = a->T, NH = a->n_heads, NKV = a->n_kv_heads, hd = a->head_dim;
     const fsdp_tensor *datt;
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->o_proj, dout, &datt));
+    fsdp_module *const proj[3] = {a->q_proj, a->k_proj, a->v_proj};
+    const fsdp_tensor *dproj[3] = {a->dq, a->dk, a->dv};
+    if (a->io16) {
+        FSDP_TRY_AT(ctx, backward16(ctx, a, k, datt, dproj));
+        return branches(ctx, a, proj, dproj, din);
+    }
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dq, dev, 3, (int64_t[]){B, T, NH * hd}));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dk, dev, 3, (int64_t[]){B, T, NKV * hd}));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &a->dv, dev, 3, (int64_t[]){B, T, NKV * hd}));
@@ -217,8 +333,7 @@ static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const
         fsdp_tensor_f32(a->q), fsdp_tensor_f32(a->k), fsdp_tensor_f32(a->v),
         fsdp_tensor_f32(a->att), fsdp_tensor_f32(a->lse), B, T, NH, NKV, hd);
     const float *cos = fsdp_tensor_f32(a->rope), *sin = cos + T * (hd / 2);
-    fsdp_module *const proj[3] = {a->q_proj, a->k_proj, a->v_proj};
-    const fsdp_tensor *dproj[3] = {a->dq, a->dk, a->dv};
+    dproj[0] = a->dq, dproj[1] = a->dk, dproj[2] = a->dv;
     /* under the policy q_proj and k_proj read their output gradients rounded to bf16: RoPE's
      * backward writes them so (2 bytes each instead of 4 in place, and no rounding pass) */
     if (fsdp_llama_grads16(proj, 2, k->rope_qk_backward_round != NULL, false)) {
@@ -232,13 +347,7 @@ static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const
     } else {
         k->rope_qk_backward(dq, dk, dq, dk, cos, sin, B, T, NH, NKV, hd);
     }
-    const fsdp_tensor *dx[3];
-    bool unrounded;
-    FSDP_TRY_AT(ctx, fsdp_llama_branch_grads(ctx, proj, dproj, 3, din != NULL, dx, &unrounded));
-    if (!din) return FSDP_OK;
-    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &a->dinput, dx[0], dx[1], dx[2], unrounded));
-    *din = a->dinput;
-    return FSDP_OK;
+    return branches(ctx, a, proj, dproj, din);
 }
 
 static const fsdp_module_ops llama_attention_ops = {.kind = "LlamaAttention",

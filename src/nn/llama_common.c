@@ -43,6 +43,22 @@ void fsdp_llama_test_sums(bool old_path, int64_t *fused, int64_t *add3) {
     if (add3) *add3 = atomic_exchange(&add3_sums, 0);
 }
 
+static atomic_bool attention16_off;
+static atomic_llong attention16_ran;
+
+void fsdp_llama_test_attention16(bool off, int64_t *ran) {
+    atomic_store(&attention16_off, off);
+    if (ran) *ran = atomic_exchange(&attention16_ran, 0);
+}
+
+bool fsdp_llama_attention16_on(bool entries) {
+    return entries && !atomic_load(&attention16_off);
+}
+
+void fsdp_llama_attention16_ran(void) {
+    atomic_fetch_add(&attention16_ran, 1);
+}
+
 int64_t fsdp_llama_test_grads16(void) {
     return atomic_exchange(&grads16, 0);
 }

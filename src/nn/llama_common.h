@@ -69,6 +69,16 @@ void fsdp_llama_mlp_set_bf16_output(fsdp_module *m, bool on);
 /* For tests: *adds (may be NULL) gets the residual adds that read a bf16 branch (add_bf16) since
  * the last call, across the process (llama.c). */
 void fsdp_llama_test_bf16_branches(int64_t *adds);
+/* Whether a LlamaAttention forward under the bf16 policy runs on bf16 tensors (the table's
+ * _bf16_round attention entries: `entries`, the device has them and the projections allow it);
+ * false while the test switch below is off. A forward that then ran so counts itself with
+ * fsdp_llama_attention16_ran. */
+bool fsdp_llama_attention16_on(bool entries);
+void fsdp_llama_attention16_ran(void);
+/* For tests: with off, the bf16 policy's attention runs as before (f32 q, k, v and out through
+ * attention_forward_bf16); *ran (may be NULL) gets the forwards that ran on bf16 tensors since
+ * the last call. Process-wide. */
+void fsdp_llama_test_attention16(bool off, int64_t *ran);
 
 /* fsdp_llama_mlp_create with the projections' weights ~ normal(0, std) (llama_mlp.c). */
 fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, float std,

@@ -2,11 +2,12 @@
  * backward, one (T, T) score block per (batch, head) at a time in the caller's scratch: the
  * forward keeps only each row's log-sum-exp, and the backward recomputes the probabilities
  * from it (as FlashAttention does), so no (B, NH, T, T) tensor is ever held.
- * Layouts: q, out (B, T, NH, D); k, v (B, T, NKV, D); lse (B, NH, T). */
+ * Also on bf16 tensors, widened batch by batch. Layouts: q, out (B, T, NH, D); k, v (B, T, NKV,
+ * D); lse (B, NH, T). */
 #include <math.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu.h" // defines: fsdp_cpu_gemm
+#include "kernels/cpu/cpu.h" // defines: fsdp_cpu_gemm, fsdp_cpu_bf16_to_f32, fsdp_cpu_f32_to_bf16
 #include "kernels/cpu/llama.h"
 
 /* The (b, h) head's view of a (B, T, heads, D) array: row t is at base + t * heads * D. */
@@ -92,5 +93,46 @@ void fsdp_cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch
             fsdp_cpu_gemm(false, false, T, D, T, scale, P, T, kg, NKV * D, 0.0f, dq + qo, NH * D);
             fsdp_cpu_gemm(true, false, T, D, T, scale, P, T, qh, NH * D, 1.0f, dk + ko, NKV * D);
         }
+    }
+}
+
+/* ---- on bf16 tensors: batch b widened into scratch after the (2, T, T) blocks, the f32 entry
+ * run on it (B = 1: the same per-head computations), its results rounded ---- */
+
+void fsdp_cpu_attention_forward_bf16_round(fsdp_bf16 *out, float *lse, float *scratch,
+                                           const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                           const fsdp_bf16 *v, int64_t B, int64_t T, int64_t NH,
+                                           int64_t NKV, int64_t D) {
+    int64_t nq = T * NH * D, nk = T * NKV * D; /* one batch's */
+    float *qf = scratch + 2 * T * T, *of = qf + nq, *kf = of + nq, *vf = kf + nk;
+    for (int64_t b = 0; b < B; b++) {
+        fsdp_cpu_bf16_to_f32(qf, q + b * nq, nq);
+        fsdp_cpu_bf16_to_f32(kf, k + b * nk, nk);
+        fsdp_cpu_bf16_to_f32(vf, v + b * nk, nk);
+        fsdp_cpu_attention_forward(of, lse + b * NH * T, scratch, qf, kf, vf, 1, T, NH, NKV, D);
+        fsdp_cpu_f32_to_bf16(out + b * nq, of, nq);
+    }
+}
+
+void fsdp_cpu_attention_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *dv,
+                                            float *scratch, const fsdp_bf16 *dout,
+                                            const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                            const fsdp_bf16 *v, const fsdp_bf16 *out,
+                                            const float *lse, int64_t B, int64_t T, int64_t NH,
+                                            int64_t NKV, int64_t D) {
+    int64_t nq = T * NH * D, nk = T * NKV * D; /* one batch's */
+    float *dof = scratch + 2 * T * T, *qf = dof + nq, *of = qf + nq, *dqf = of + nq;
+    float *kf = dqf + nq, *vf = kf + nk, *dkf = vf + nk, *dvf = dkf + nk;
+    for (int64_t b = 0; b < B; b++) {
+        fsdp_cpu_bf16_to_f32(dof, dout + b * nq, nq);
+        fsdp_cpu_bf16_to_f32(qf, q + b * nq, nq);
+        fsdp_cpu_bf16_to_f32(of, out + b * nq, nq);
+        fsdp_cpu_bf16_to_f32(kf, k + b * nk, nk);
+        fsdp_cpu_bf16_to_f32(vf, v + b * nk, nk);
+        fsdp_cpu_attention_backward(dqf, dkf, dvf, scratch, dof, qf, kf, vf, of, lse + b * NH * T,
+                                    1, T, NH, NKV, D);
+        fsdp_cpu_f32_to_bf16(dq + b * nq, dqf, nq);
+        fsdp_cpu_f32_to_bf16(dk + b * nk, dkf, nk);
+        fsdp_cpu_f32_to_bf16(dv + b * nk, dvf, nk);
     }
 }

@@ -42,6 +42,23 @@ void fsdp_cpu_rope_qk_backward_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *
                                      const float *dko, const float *cos, const float *sin,
                                      int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
 
+void fsdp_cpu_rope_qk_forward_bf16_round(fsdp_bf16 *qo, fsdp_bf16 *ko, const fsdp_bf16 *q,
+                                         const fsdp_bf16 *k, const float *cos, const float *sin,
+                                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+void fsdp_cpu_rope_qk_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const fsdp_bf16 *dqo,
+                                          const fsdp_bf16 *dko, const float *cos, const float *sin,
+                                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+void fsdp_cpu_attention_forward_bf16_round(fsdp_bf16 *out, float *lse, float *scratch,
+                                           const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                           const fsdp_bf16 *v, int64_t B, int64_t T, int64_t NH,
+                                           int64_t NKV, int64_t D);
+void fsdp_cpu_attention_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *dv,
+                                            float *scratch, const fsdp_bf16 *dout,
+                                            const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                            const fsdp_bf16 *v, const fsdp_bf16 *out,
+                                            const float *lse, int64_t B, int64_t T, int64_t NH,
+                                            int64_t NKV, int64_t D);
+
 /* swiglu.c */
 void fsdp_cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
 void fsdp_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,

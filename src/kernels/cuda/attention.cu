@@ -8,7 +8,8 @@
  * query tiles, both recomputing probabilities from the saved lse (deterministic, at the price of
  * computing q k^T and dout v^T twice). cuDNN's fused attention (sdpa.c) is tried first by the bf16
  * policy's entries under FSDP_CUDA_ATTENTION=auto (the default) and by every entry under
- * FSDP_CUDA_ATTENTION=cudnn; the tiled kernels run what it cannot. */
+ * FSDP_CUDA_ATTENTION=cudnn; the tiled kernels run what it cannot (on bf16 tensors: widened
+ * batch by batch in the caller's scratch). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,4 +416,49 @@ extern "C" void fsdp_cuda_attention_backward_bf16(float *dq, float *dk, float *d
                                                   const float *lse, int64_t B, int64_t T,
                                                   int64_t NH, int64_t NKV, int64_t D) {
     attention_backward(dq, dk, dv, scratch, dout, q, k, v, out, lse, B, T, NH, NKV, D, true);
+}
+
+/* ---- on bf16 tensors: cuDNN directly where it takes them, else batch b widened into scratch
+ * after its (2, T, T) blocks and the f32 path above run on it (as the CPU does) ---- */
+
+extern "C" void fsdp_cuda_attention_forward_bf16_round(fsdp_bf16 *out, float *lse, float *scratch,
+                                                       const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                                       const fsdp_bf16 *v, int64_t B, int64_t T,
+                                                       int64_t NH, int64_t NKV, int64_t D) {
+    if (use_cudnn(true) && fsdp_cuda_sdpa_forward_bf16(out, lse, q, k, v, B, T, NH, NKV, D)) return;
+    int64_t nq = T * NH * D, nk = T * NKV * D; /* one batch's */
+    float *qf = scratch + 2 * T * T, *of = qf + nq, *kf = of + nq, *vf = kf + nk;
+    for (int64_t b = 0; b < B; b++) {
+        fsdp_cuda_bf16_to_f32(qf, q + b * nq, nq);
+        fsdp_cuda_bf16_to_f32(kf, k + b * nk, nk);
+        fsdp_cuda_bf16_to_f32(vf, v + b * nk, nk);
+        attention_forward(of, lse + b * NH * T, scratch, qf, kf, vf, 1, T, NH, NKV, D, false);
+        fsdp_cuda_f32_to_bf16(out + b * nq, of, nq);
+    }
+}
+
+extern "C" void fsdp_cuda_attention_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *dv,
+                                                        float *scratch, const fsdp_bf16 *dout,
+                                                        const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                                        const fsdp_bf16 *v, const fsdp_bf16 *out,
+                                                        const float *lse, int64_t B, int64_t T,
+                                                        int64_t NH, int64_t NKV, int64_t D) {
+    if (use_cudnn(true) &&
+        fsdp_cuda_sdpa_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, D))
+        return;
+    int64_t nq = T * NH * D, nk = T * NKV * D; /* one batch's */
+    float *dof = scratch + 2 * T * T, *qf = dof + nq, *of = qf + nq, *dqf = of + nq;
+    float *kf = dqf + nq, *vf = kf + nk, *dkf = vf + nk, *dvf = dkf + nk;
+    for (int64_t b = 0; b < B; b++) {
+        fsdp_cuda_bf16_to_f32(dof, dout + b * nq, nq);
+        fsdp_cuda_bf16_to_f32(qf, q + b * nq, nq);
+        fsdp_cuda_bf16_to_f32(of, out + b * nq, nq);
+        fsdp_cuda_bf16_to_f32(kf, k + b * nk, nk);
+        fsdp_cuda_bf16_to_f32(vf, v + b * nk, nk);
+        attention_backward(dqf, dkf, dvf, scratch, dof, qf, kf, vf, of, lse + b * NH * T, 1, T, NH,
+                           NKV, D, false);
+        fsdp_cuda_f32_to_bf16(dq + b * nq, dqf, nq);
+        fsdp_cuda_f32_to_bf16(dk + b * nk, dkf, nk);
+        fsdp_cuda_f32_to_bf16(dv + b * nk, dvf, nk);
+    }
 }

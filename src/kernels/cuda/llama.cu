@@ -180,6 +180,53 @@ extern "C" void fsdp_cuda_rope_qk_backward_round(fsdp_bf16 *dq, fsdp_bf16 *dk, c
     FSDP_CUDA_LAUNCHED("rope_qk_backward_round");
 }
 
+/* rope_qk_kernel from bf16 x into bf16 y (y may be x), by sign * angle: the same f32
+ * operations on the widened values, each result rounded as convert.cu's f32_to_bf16 rounds */
+__global__ void rope_qk_b16_kernel(fsdp_bf16 *qo, fsdp_bf16 *ko, const fsdp_bf16 *q,
+                                   const fsdp_bf16 *k, const float *cos, const float *sin,
+                                   float sign, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                   int64_t D) {
+    int64_t h = D / 2, heads = NH + NKV, pairs = B * T * heads * h;
+    for (int64_t e = fsdp_tid(); e < pairs; e += fsdp_stride()) {
+        int64_t i = e % h, head = (e / h) % heads, row = e / (h * heads), t = row % T;
+        bool is_q = head < NH;
+        int64_t at = is_q ? (row * NH + head) * D : (row * NKV + head - NH) * D;
+        const fsdp_bf16 *x = (is_q ? q : k) + at;
+        fsdp_bf16 *y = (is_q ? qo : ko) + at;
+        float c = cos[t * h + i], s = sign * sin[t * h + i];
+        float x1 = __uint_as_float((uint32_t)x[i] << 16),
+              x2 = __uint_as_float((uint32_t)x[i + h] << 16);
+        y[i] = bf16_from_bits(__float_as_uint(x1 * c - x2 * s));
+        y[i + h] = bf16_from_bits(__float_as_uint(x2 * c + x1 * s));
+    }
+}
+
+static void rope_qk_b16(const char *name, fsdp_bf16 *qo, fsdp_bf16 *ko, const fsdp_bf16 *q,
+                        const fsdp_bf16 *k, const float *cos, const float *sin, float sign,
+                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
+    int64_t pairs = B * T * (NH + NKV) * (D / 2);
+    if (pairs <= 0) return;
+    rope_qk_b16_kernel<<<fsdp_grid(pairs), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        qo, ko, q, k, cos, sin, sign, B, T, NH, NKV, D);
+    FSDP_CUDA_LAUNCHED(name);
+}
+
+extern "C" void fsdp_cuda_rope_qk_forward_bf16_round(fsdp_bf16 *qo, fsdp_bf16 *ko,
+                                                     const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                                     const float *cos, const float *sin, int64_t B,
+                                                     int64_t T, int64_t NH, int64_t NKV,
+                                                     int64_t D) {
+    rope_qk_b16("rope_qk_forward_bf16_round", qo, ko, q, k, cos, sin, 1.0f, B, T, NH, NKV, D);
+}
+
+extern "C" void fsdp_cuda_rope_qk_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk,
+                                                      const fsdp_bf16 *dqo, const fsdp_bf16 *dko,
+                                                      const float *cos, const float *sin, int64_t B,
+                                                      int64_t T, int64_t NH, int64_t NKV,
+                                                      int64_t D) {
+    rope_qk_b16("rope_qk_backward_bf16_round", dq, dk, dqo, dko, cos, sin, -1.0f, B, T, NH, NKV, D);
+}
+
 /* ---- attention ---- */
 
 __device__ inline float dot(const float *a, const float *b, int64_t D) {

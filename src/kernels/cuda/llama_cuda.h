@@ -72,6 +72,25 @@ void fsdp_cuda_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16 *dup, cons
 void fsdp_cuda_rope_qk_backward_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *dqo,
                                       const float *dko, const float *cos, const float *sin,
                                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+void fsdp_cuda_rope_qk_forward_bf16_round(fsdp_bf16 *qo, fsdp_bf16 *ko, const fsdp_bf16 *q,
+                                          const fsdp_bf16 *k, const float *cos, const float *sin,
+                                          int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+void fsdp_cuda_rope_qk_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const fsdp_bf16 *dqo,
+                                           const fsdp_bf16 *dko, const float *cos, const float *sin,
+                                           int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                           int64_t D);
+/* The bf16-tensor attention (attention.cu): cuDNN's where the thread's choice allows it and it
+ * takes the shape, else the f32 path on batches widened in scratch */
+void fsdp_cuda_attention_forward_bf16_round(fsdp_bf16 *out, float *lse, float *scratch,
+                                            const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                            const fsdp_bf16 *v, int64_t B, int64_t T, int64_t NH,
+                                            int64_t NKV, int64_t D);
+void fsdp_cuda_attention_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *dv,
+                                             float *scratch, const fsdp_bf16 *dout,
+                                             const fsdp_bf16 *q, const fsdp_bf16 *k,
+                                             const fsdp_bf16 *v, const fsdp_bf16 *out,
+                                             const float *lse, int64_t B, int64_t T, int64_t NH,
+                                             int64_t NKV, int64_t D);
 void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
                                     const int32_t *targets, int32_t ignore_index, int64_t rows,
                                     int64_t classes);

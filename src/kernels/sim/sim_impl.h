@@ -148,6 +148,20 @@ void sim_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16 *dup, const floa
 void sim_rope_qk_backward_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *dqo, const float *dko,
                                 const float *cos, const float *sin, int64_t B, int64_t T,
                                 int64_t NH, int64_t NKV, int64_t D);
+void sim_rope_qk_forward_bf16_round(fsdp_bf16 *qo, fsdp_bf16 *ko, const fsdp_bf16 *q,
+                                    const fsdp_bf16 *k, const float *cos, const float *sin,
+                                    int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+void sim_rope_qk_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const fsdp_bf16 *dqo,
+                                     const fsdp_bf16 *dko, const float *cos, const float *sin,
+                                     int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+void sim_attention_forward_bf16_round(fsdp_bf16 *out, float *lse, float *scratch,
+                                      const fsdp_bf16 *q, const fsdp_bf16 *k, const fsdp_bf16 *v,
+                                      int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
+void sim_attention_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *dv, float *scratch,
+                                       const fsdp_bf16 *dout, const fsdp_bf16 *q,
+                                       const fsdp_bf16 *k, const fsdp_bf16 *v, const fsdp_bf16 *out,
+                                       const float *lse, int64_t B, int64_t T, int64_t NH,
+                                       int64_t NKV, int64_t D);
 void sim_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                    const fsdp_bf16 *A, int64_t lda, const fsdp_bf16 *B, int64_t ldb, float beta,
                    float *C, int64_t ldc);

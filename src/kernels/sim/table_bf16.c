@@ -1,8 +1,8 @@
 /* table_bf16.c: the simulated GPU's entries with bf16 operands (table.c lists them): gemm_bf16,
  * gemm_bf16_round, the SwiGLU on bf16 gate and up (its backward also into bf16 gradients), RoPE
- * on bf16 q and k (and its backward into bf16 gradients) and RMSNorm with a bf16 output, each the
- * CPU entry run on the device's stream over the shadow memory, as every other
- * entry. */
+ * on bf16 q and k (and its backward into bf16 gradients, and bf16 to bf16 both ways), the
+ * attention on bf16 tensors and RMSNorm with a bf16 output, each the CPU entry run on the device's
+ * stream over the shadow memory, as every other entry. */
 #include "kernels/sim/sim_impl.h"
 
 typedef struct gemm_bf16_args {
@@ -226,4 +226,112 @@ void sim_rope_qk_backward_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *dqo, 
                                         .NKV = NKV,
                                         .D = D};
     sim_kernel_launch(dev, run_rope_qk_backward_round, &call, sizeof call);
+}
+
+typedef struct rope_b16_args {
+    fsdp_bf16 *qo, *ko;
+    const fsdp_bf16 *q, *k;
+    const float *cos, *sin;
+    int64_t B, T, NH, NKV, D;
+    bool backward;
+} rope_b16_args;
+
+static void run_rope_b16(void *arg) {
+    rope_b16_args *a = arg;
+    const fsdp_kernels_i *cpu = fsdp_kernels_cpu();
+    (a->backward ? cpu->rope_qk_backward_bf16_round : cpu->rope_qk_forward_bf16_round)(
+        a->qo, a->ko, a->q, a->k, a->cos, a->sin, a->B, a->T, a->NH, a->NKV, a->D);
+}
+
+static void rope_b16(const char *name, bool backward, fsdp_bf16 *qo, fsdp_bf16 *ko,
+                     const fsdp_bf16 *q, const fsdp_bf16 *k, const float *cos, const float *sin,
+                     int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
+    int dev = sim_kernel_device(qo, name);
+    rope_b16_args call = {.qo = sim_kernel_ptr(dev, qo),
+                          .ko = sim_kernel_ptr(dev, ko),
+                          .q = sim_kernel_ptr(dev, q),
+                          .k = sim_kernel_ptr(dev, k),
+                          .cos = sim_kernel_ptr(dev, cos),
+                          .sin = sim_kernel_ptr(dev, sin),
+                          .B = B,
+                          .T = T,
+                          .NH = NH,
+                          .NKV = NKV,
+                          .D = D,
+                          .backward = backward};
+    sim_kernel_launch(dev, run_rope_b16, &call, sizeof call);
+}
+
+void sim_rope_qk_forward_bf16_round(fsdp_bf16 *qo, fsdp_bf16 *ko, const fsdp_bf16 *q,
+                                    const fsdp_bf16 *k, const float *cos, const float *sin,
+                                    int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
+    rope_b16("rope_qk_forward_bf16_round", false, qo, ko, q, k, cos, sin, B, T, NH, NKV, D);
+}
+
+void sim_rope_qk_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const fsdp_bf16 *dqo,
+                                     const fsdp_bf16 *dko, const float *cos, const float *sin,
+                                     int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
+    rope_b16("rope_qk_backward_bf16_round", true, dq, dk, dqo, dko, cos, sin, B, T, NH, NKV, D);
+}
+
+typedef struct attention_b16_args {
+    fsdp_bf16 *out, *dq, *dk, *dv; /* the forward's out; the backward's gradients */
+    float *lse, *scratch;
+    const fsdp_bf16 *dout, *q, *k, *v, *o;
+    int64_t B, T, NH, NKV, D;
+} attention_b16_args;
+
+static void run_attention_forward_b16(void *arg) {
+    attention_b16_args *a = arg;
+    fsdp_kernels_cpu()->attention_forward_bf16_round(a->out, a->lse, a->scratch, a->q, a->k, a->v,
+                                                     a->B, a->T, a->NH, a->NKV, a->D);
+}
+
+void sim_attention_forward_bf16_round(fsdp_bf16 *out, float *lse, float *scratch,
+                                      const fsdp_bf16 *q, const fsdp_bf16 *k, const fsdp_bf16 *v,
+                                      int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
+    int dev = sim_kernel_device(out, "attention_forward_bf16_round");
+    attention_b16_args call = {.out = sim_kernel_ptr(dev, out),
+                               .lse = sim_kernel_ptr(dev, lse),
+                               .scratch = sim_kernel_ptr(dev, scratch),
+                               .q = sim_kernel_ptr(dev, q),
+                               .k = sim_kernel_ptr(dev, k),
+                               .v = sim_kernel_ptr(dev, v),
+                               .B = B,
+                               .T = T,
+                               .NH = NH,
+                               .NKV = NKV,
+                               .D = D};
+    sim_kernel_launch(dev, run_attention_forward_b16, &call, sizeof call);
+}
+
+static void run_attention_backward_b16(void *arg) {
+    attention_b16_args *a = arg;
+    fsdp_kernels_cpu()->attention_backward_bf16_round(a->dq, a->dk, a->dv, a->scratch, a->dout,
+                                                      a->q, a->k, a->v, a->o, a->lse, a->B, a->T,
+                                                      a->NH, a->NKV, a->D);
+}
+
+void sim_attention_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *dv, float *scratch,
+                                       const fsdp_bf16 *dout, const fsdp_bf16 *q,
+                                       const fsdp_bf16 *k, const fsdp_bf16 *v, const fsdp_bf16 *out,
+                                       const float *lse, int64_t B, int64_t T, int64_t NH,
+                                       int64_t NKV, int64_t D) {
+    int dev = sim_kernel_device(dq, "attention_backward_bf16_round");
+    attention_b16_args call = {.dq = sim_kernel_ptr(dev, dq),
+                               .dk = sim_kernel_ptr(dev, dk),
+                               .dv = sim_kernel_ptr(dev, dv),
+                               .scratch = sim_kernel_ptr(dev, scratch),
+                               .dout = sim_kernel_ptr(dev, dout),
+                               .q = sim_kernel_ptr(dev, q),
+                               .k = sim_kernel_ptr(dev, k),
+                               .v = sim_kernel_ptr(dev, v),
+                               .o = sim_kernel_ptr(dev, out),
+                               .lse = sim_kernel_ptr(dev, lse),
+                               .B = B,
+                               .T = T,
+                               .NH = NH,
+                               .NKV = NKV,
+                               .D = D};
+    sim_kernel_launch(dev, run_attention_backward_b16, &call, sizeof call);
 }
