@@ -397,14 +397,14 @@ static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
     }
     step_out *o = calloc(2, sizeof *o);
     CU_ASSERT_PTR_NOT_NULL_FATAL(o);
-    int64_t fused[2], add3[2], g16[2];
+    int64_t fused[2], add3[2], g16[2], dx16[2];
     for (int s = 0; s < 2; s++) {
         for (int i = 0; i < 2; i++) { /* i 0: the new sums; 1: the path before */
             fsdp_llama_test_sums(i == 1, NULL, NULL);
-            fsdp_llama_test_grads16();
+            fsdp_llama_test_grads16(), fsdp_llama_test_dx16();
             FSDP_TEST_OK(step(ctx, m[i], dev, s, &o[i]));
             fsdp_llama_test_sums(false, &fused[i], &add3[i]);
-            g16[i] = fsdp_llama_test_grads16();
+            g16[i] = fsdp_llama_test_grads16(), dx16[i] = fsdp_llama_test_dx16();
         }
         printf("\n    %s%s step %d: %lld fused sums, %lld add3 (path before: %lld, %lld)",
                compute == FSDP_DTYPE_BF16 ? "bf16" : "f32", ckpt ? " checkpointed" : "", s,
@@ -417,6 +417,9 @@ static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
         /* RoPE's and the SwiGLU's backward gave q/k_proj and gate/up_proj bf16 gradients */
         CU_ASSERT_EQUAL(g16[0], b16 ? 2 * LAYERS : 0);
         CU_ASSERT_EQUAL(g16[1], 0);
+        /* o_proj wrote its input gradient in bf16 for the attention on bf16 tensors */
+        CU_ASSERT_EQUAL(dx16[0], b16 ? LAYERS : 0);
+        CU_ASSERT_EQUAL(dx16[1], 0);
     }
     free(o[0].grads), free(o[1].grads), free(o);
     fsdp_module_free(m[0]), fsdp_module_free(m[1]);
@@ -549,14 +552,14 @@ static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
 static void check_world(fsdp_dtype compute, int dp, int tp) {
     world_run *r = calloc(2, sizeof *r); /* 0: the new sums; 1: the path before */
     CU_ASSERT_PTR_NOT_NULL_FATAL(r);
-    int64_t fused[2], add3[2], g16[2];
+    int64_t fused[2], add3[2], g16[2], dx16[2];
     for (int i = 0; i < 2; i++) {
         r[i].compute = compute, r[i].dp = dp, r[i].tp = tp;
         fsdp_llama_test_sums(i == 1, NULL, NULL);
-        fsdp_llama_test_grads16();
+        fsdp_llama_test_grads16(), fsdp_llama_test_dx16();
         FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, world_rank, &r[i]));
         fsdp_llama_test_sums(false, &fused[i], &add3[i]);
-        g16[i] = fsdp_llama_test_grads16();
+        g16[i] = fsdp_llama_test_grads16(), dx16[i] = fsdp_llama_test_dx16();
     }
     int first = 0, hosted = fsdp_test_hosted_ranks(WORLD, &first);
     bool b16 = compute == FSDP_DTYPE_BF16;
@@ -577,6 +580,12 @@ static void check_world(fsdp_dtype compute, int dp, int tp) {
      * pass them through as they are), never on the path before */
     CU_ASSERT_EQUAL(g16[0], b16 ? 2 * per_rank * hosted : 0);
     CU_ASSERT_EQUAL(g16[1], 0);
+    /* o_proj's bf16 input gradient: at tp 1 (under FSDP too); RowwiseParallel's post-backward
+     * hook on o_proj reads it, so at tp > 1 it stays f32 */
+    printf("\n    o_proj's bf16 input gradients: %lld (path before: %lld)", (long long)dx16[0],
+           (long long)dx16[1]);
+    CU_ASSERT_EQUAL(dx16[0], b16 && tp == 1 ? per_rank * hosted : 0);
+    CU_ASSERT_EQUAL(dx16[1], 0);
     for (int i = 0; i < 2; i++)
         for (int rank = 0; rank < WORLD; rank++)
             for (int s = 0; s < 2; s++) free(r[i].out[rank][s].grads);

@@ -30,15 +30,22 @@ typedef struct linear {
     fsdp_tensor *output16;
     const fsdp_tensor *last_out;
     /* dx_unrounded: the parent sums the bf16-policy input gradient with a rounding kernel
-     * (fsdp_nn_linear_set_dx_unrounded), so backward leaves it unrounded */
-    bool dx_unrounded;
+     * (fsdp_nn_linear_set_dx_unrounded), so backward leaves it unrounded; dx16: the parent reads
+     * it as a bf16 tensor (fsdp_nn_linear_set_bf16_dx), dinput16, written by gemm_bf16_round */
+    bool dx_unrounded, dx16;
+    fsdp_tensor *dinput16;
 } linear;
+
+/* The bf16 policy's input gradient: rounded in place (f32), left unrounded for the parent's
+ * rounding sum, or written in bf16 */
+typedef enum dx_form { DX_ROUNDED, DX_UNROUNDED, DX_BF16 } dx_form;
 
 static void linear_free(void *impl) {
     linear *l = impl;
     fsdp_tensor_free(l->output);
     fsdp_tensor_free(l->output16);
     fsdp_tensor_free(l->dinput);
+    fsdp_tensor_free(l->dinput16);
     fsdp_tensor_free(l->x16);
     fsdp_tensor_free(l->w16);
     fsdp_tensor_free(l->y16);
@@ -110,7 +117,7 @@ static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *
  * when a bias gradient would need the f32 dy). */
 static fsdp_status bf16_backward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *k,
                                  const fsdp_tensor *dout, const fsdp_tensor **din, int64_t rows,
-                                 int64_t OC, int64_t C, bool unrounded) {
+                                 int64_t OC, int64_t C, dx_form form) {
     const fsdp_bf16 *x16 = kept_x16(l, l->input), *w16 = fsdp_tensor_data(l->w16);
     const fsdp_bf16 *dy16 = fsdp_tensor_data(dout);
     const float *dy = NULL;
@@ -127,12 +134,21 @@ static fsdp_status bf16_backward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i 
     if (l->bias && l->bias->requires_grad && !l->bias->hook_applied)
         k->bias_backward(fsdp_tensor_f32(l->bias->grad), dy, rows, OC);
     if (!din) return FSDP_OK;
-    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &l->dinput, fsdp_tensor_device(dout),
-                                    fsdp_tensor_ndim(l->input), fsdp_tensor_shape(l->input)));
+    fsdp_device dev = fsdp_tensor_device(dout);
+    int nd = fsdp_tensor_ndim(l->input);
+    const int64_t *shape = fsdp_tensor_shape(l->input);
+    if (form == DX_BF16) { /* the GEMM's f32 sums rounded as they are stored: 2 bytes, one pass */
+        FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &l->dinput16, FSDP_DTYPE_BF16, dev, nd, shape));
+        k->gemm_bf16_round(false, false, rows, C, OC, dy16, OC, w16, C,
+                           fsdp_tensor_data(l->dinput16), C);
+        *din = l->dinput16;
+        return FSDP_OK;
+    }
+    FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &l->dinput, dev, nd, shape));
     float *dx = fsdp_tensor_f32(l->dinput);
     k->gemm_bf16(false, false, rows, C, OC, 1.0f, dy16, OC, w16, C, 0.0f, dx, C);
     /* rounded in place (gemm_bf16_round would need a second scratch), unless the parent does */
-    if (!unrounded) k->round_bf16(dx, rows * C);
+    if (form == DX_ROUNDED) k->round_bf16(dx, rows * C);
     *din = l->dinput;
     return FSDP_OK;
 }
@@ -214,9 +230,14 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
     FSDP_TRY_AT(ctx, check_dout(ctx, m, l, dout));
     int64_t rows = fsdp_tensor_numel(dout) / (OC ? OC : 1);
     const fsdp_kernels_i *k = fsdp_kernels_for(fsdp_tensor_device(dout));
-    if (l->last_compute == FSDP_DTYPE_BF16)
-        return bf16_backward(ctx, l, k, dout, din, rows, OC, C,
-                             l->dx_unrounded && fsdp_nn_linear_can_leave_dx_unrounded(m));
+    if (l->last_compute == FSDP_DTYPE_BF16) {
+        /* both read a hook-free post-backward (an acting hook reads dx as the GPU writes it) */
+        bool free_dx = fsdp_nn_linear_can_leave_dx_unrounded(m);
+        dx_form form = l->dx16 && free_dx && k->gemm_bf16_round ? DX_BF16
+                       : l->dx_unrounded && free_dx             ? DX_UNROUNDED
+                                                                : DX_ROUNDED;
+        return bf16_backward(ctx, l, k, dout, din, rows, OC, C, form);
+    }
     const float *dy = fsdp_tensor_f32(dout), *x = fsdp_tensor_f32(l->input);
     float *db = l->bias && l->bias->requires_grad && !l->bias->hook_applied
                     ? fsdp_tensor_f32(l->bias->grad)
@@ -280,6 +301,10 @@ bool fsdp_nn_linear_can_give_bf16_output(const fsdp_module *m) {
 
 void fsdp_nn_linear_set_dx_unrounded(fsdp_module *m, bool on) {
     if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->dx_unrounded = on;
+}
+
+void fsdp_nn_linear_set_bf16_dx(fsdp_module *m, bool on) {
+    if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->dx16 = on;
 }
 
 fsdp_status fsdp_nn_linear_create_tied(fsdp_ctx *ctx, fsdp_param *weight, fsdp_module **out) {

@@ -17,7 +17,8 @@
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
 #include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output,
-                   // fsdp_nn_linear_set_bf16_grad, fsdp_nn_linear_can_give_bf16_output
+                   // fsdp_nn_linear_set_bf16_grad, fsdp_nn_linear_can_give_bf16_output,
+                   // fsdp_nn_linear_set_bf16_dx
 
 typedef struct llama_attention {
     int64_t n_heads, n_kv_heads; /* this rank's heads, from the last forward (all, without TP) */
@@ -164,9 +165,10 @@ static fsdp_status forward16(fsdp_ctx *ctx, llama_attention *a, const fsdp_kerne
     return o_proj_forward(ctx, a, a->att16, out);
 }
 
-/* The backward on bf16 tensors: o_proj's input gradient rounded to bf16 (datt16, as cuDNN reads
- * it), the attention's bf16 dq, dk, dv, RoPE's backward on dq, dk in place (rounded once more);
- * the projections take them as is, or (the test path of fsdp_llama_grads16) widened. */
+/* The backward on bf16 tensors: o_proj's input gradient in bf16 (as o_proj writes it, or
+ * rounded into datt16; as cuDNN reads it), the attention's bf16 dq, dk, dv, RoPE's backward on dq,
+ * dk in place (rounded once more); the projections take them as is, or (the test path of
+ * fsdp_llama_grads16) widened. */
 static fsdp_status backward16(fsdp_ctx *ctx, llama_attention *a, const fsdp_kernels_i *k,
                               const fsdp_tensor *datt, const fsdp_tensor *dproj[3]) {
     int64_t B = a->B, T = a->T, NH = a->n_heads, NKV = a->n_kv_heads, hd = a->head_dim;
@@ -179,7 +181,10 @@ static fsdp_status backward16(fsdp_ctx *ctx, llama_attention *a, const fsdp_kern
     FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, &a->dv16, bf, dev, 3, (int64_t[]){B, T, NKV * hd}));
     fsdp_bf16 *d16 = fsdp_tensor_data(a->datt16), *dq = fsdp_tensor_data(a->dq16),
               *dk = fsdp_tensor_data(a->dk16), *dv = fsdp_tensor_data(a->dv16);
-    k->f32_to_bf16(d16, fsdp_tensor_f32(datt), nq);
+    if (fsdp_tensor_dtype(datt) == FSDP_DTYPE_BF16) /* o_proj wrote it in bf16 (the same bits) */
+        d16 = fsdp_tensor_data(datt);
+    else
+        k->f32_to_bf16(d16, fsdp_tensor_f32(datt), nq);
     k->attention_backward_bf16_round(dq, dk, dv, fsdp_tensor_f32(a->scratch), d16,
                                      fsdp_tensor_data(a->q16), fsdp_tensor_data(a->k16),
                                      fsdp_tensor_data(a->v), fsdp_tensor_data(a->att16),
@@ -317,7 +322,14 @@ static fsdp_status llama_attention_backward(fsdp_ctx *ctx, fsdp_module *m, const
     LLAMA_KERNELS(ctx, m, dev, attention_backward, k);
     int64_t B = a->B, T = a->T, NH = a->n_heads, NKV = a->n_kv_heads, hd = a->head_dim;
     const fsdp_tensor *datt;
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, a->o_proj, dout, &datt));
+    /* on bf16 tensors the attention reads o_proj's input gradient in bf16: o_proj writes it so
+     * (not on the tests' path before: fsdp_llama_test_sums) */
+    bool dx16 = a->io16 && fsdp_llama_fused_on();
+    fsdp_nn_linear_set_bf16_dx(a->o_proj, dx16);
+    fsdp_status st = fsdp_module_backward(ctx, a->o_proj, dout, &datt);
+    fsdp_nn_linear_set_bf16_dx(a->o_proj, false); /* for this call only */
+    FSDP_TRY_AT(ctx, st);
+    if (fsdp_tensor_dtype(datt) == FSDP_DTYPE_BF16) fsdp_llama_dx16_ran();
     fsdp_module *const proj[3] = {a->q_proj, a->k_proj, a->v_proj};
     const fsdp_tensor *dproj[3] = {a->dq, a->dk, a->dv};
     if (a->io16) {

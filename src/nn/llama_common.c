@@ -35,7 +35,7 @@ fsdp_status fsdp_llama_add_proj(fsdp_ctx *ctx, fsdp_module *parent, const char *
 }
 
 static atomic_bool old_sums;
-static atomic_llong fused_sums, add3_sums, grads16;
+static atomic_llong fused_sums, add3_sums, grads16, dx16;
 
 void fsdp_llama_test_sums(bool old_path, int64_t *fused, int64_t *add3) {
     atomic_store(&old_sums, old_path);
@@ -57,6 +57,18 @@ bool fsdp_llama_attention16_on(bool entries) {
 
 void fsdp_llama_attention16_ran(void) {
     atomic_fetch_add(&attention16_ran, 1);
+}
+
+bool fsdp_llama_fused_on(void) {
+    return !atomic_load(&old_sums);
+}
+
+void fsdp_llama_dx16_ran(void) {
+    atomic_fetch_add(&dx16, 1);
+}
+
+int64_t fsdp_llama_test_dx16(void) {
+    return atomic_exchange(&dx16, 0);
 }
 
 int64_t fsdp_llama_test_grads16(void) {

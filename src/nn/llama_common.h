@@ -52,6 +52,13 @@ fsdp_status fsdp_llama_branch_grads(fsdp_ctx *ctx, fsdp_module *const *branch,
 bool fsdp_llama_grads16(fsdp_module *const *branch, int n, bool entry, bool next);
 /* For tests: how many blocks gave their branches bf16 output gradients since the last call. */
 int64_t fsdp_llama_test_grads16(void);
+/* Whether the fused paths run (false on the test switch's path before, fsdp_llama_test_sums): a
+ * block that asks a child for a cheaper form of a gradient asks only then. */
+bool fsdp_llama_fused_on(void);
+/* A block read a child's input gradient written in bf16 (fsdp_nn_linear_set_bf16_dx): counted
+ * for tests, which read and zero the count with fsdp_llama_test_dx16. */
+void fsdp_llama_dx16_ran(void);
+int64_t fsdp_llama_test_dx16(void);
 
 /* For tests (test_dx_sum, which includes this header): with old_path, the sums run as before add3
  * (add, then add again for a third input), the branches round their own input gradients and take

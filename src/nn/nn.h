@@ -139,6 +139,12 @@ bool fsdp_nn_linear_can_give_bf16_output(const fsdp_module *m);
  * it (the same bits, one pass fewer). Set on before the call and off after, as
  * fsdp_nn_linear_set_bf16_output: a Linear used alone rounds. Nothing for other modules. */
 void fsdp_nn_linear_set_dx_unrounded(fsdp_module *m, bool on);
+/* With on (under the same rule), Linear m's backwards under the bf16 policy give their input
+ * gradient as a bf16 tensor written by gemm_bf16_round (each element the bits round_bf16 gives
+ * the f32 one: what the rounded f32 gradient holds, in 2 bytes and no pass of its own), for a
+ * parent that reads it in bf16 (LlamaAttention's attention on bf16 tensors, for o_proj). Set on
+ * before the call and off after. Nothing for other modules. */
+void fsdp_nn_linear_set_bf16_dx(fsdp_module *m, bool on);
 /* Whether m is an Embedding (fsdp_embedding_create). */
 bool fsdp_nn_is_embedding(const fsdp_module *m);
 /* Embedding m's weight now holds the rows [start, start + its rows) of the vocabulary (TP's
