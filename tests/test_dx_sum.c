@@ -268,6 +268,24 @@ static void check_grads16(fsdp_device dev) {
            fsdp_device_to_string(dev), (long long)d, 2 * N, (long long)nan);
     CU_ASSERT_EQUAL(d, 0);
     CU_ASSERT_TRUE(nan > 0);
+    /* the same from a bf16 dout: swiglu_backward_bf16io against swiglu_backward_bf16_round on the
+     * widened dout */
+    uint16_t *dout16 = calloc(N, 2);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dout16 && k->swiglu_backward_bf16io);
+    for (int64_t i = 0; i < N; i++) dout16[i] = fsdp_bf16_from_f32(x[0][i]);
+    fsdp_tensor *d16 = on_dtype(dev, FSDP_DTYPE_BF16, dout16, N);
+    k->bf16_to_f32(f32, fsdp_tensor_data(d16), N);
+    k->swiglu_backward_bf16io(r16, r16 + N, fsdp_tensor_data(d16), fsdp_tensor_data(gate),
+                              fsdp_tensor_data(up), N);
+    k->swiglu_backward_bf16_round(w16, w16 + N, f32, fsdp_tensor_data(gate), fsdp_tensor_data(up),
+                                  N);
+    back16(got, r), back16(want, w);
+    d = 0;
+    for (int64_t i = 0; i < 2 * N; i++) d += got[i] != want[i];
+    printf("\n    swiglu_backward_bf16io on %s: %lld of %d differ", fsdp_device_to_string(dev),
+           (long long)d, 2 * N);
+    CU_ASSERT_EQUAL(d, 0);
+    fsdp_tensor_free(d16), free(dout16);
     /* RoPE: q and k gradients of (B, T, heads, D), a table of T positions */
     float cs[2 * T * (D / 2)];
     for (int i = 0; i < T * (D / 2); i++)
@@ -417,8 +435,9 @@ static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
         /* RoPE's and the SwiGLU's backward gave q/k_proj and gate/up_proj bf16 gradients */
         CU_ASSERT_EQUAL(g16[0], b16 ? 2 * LAYERS : 0);
         CU_ASSERT_EQUAL(g16[1], 0);
-        /* o_proj wrote its input gradient in bf16 for the attention on bf16 tensors */
-        CU_ASSERT_EQUAL(dx16[0], b16 ? LAYERS : 0);
+        /* o_proj wrote its input gradient in bf16 for the attention on bf16 tensors, down_proj
+         * for the SwiGLU's backward */
+        CU_ASSERT_EQUAL(dx16[0], b16 ? 2 * LAYERS : 0);
         CU_ASSERT_EQUAL(dx16[1], 0);
     }
     free(o[0].grads), free(o[1].grads), free(o);
@@ -580,11 +599,11 @@ static void check_world(fsdp_dtype compute, int dp, int tp) {
      * pass them through as they are), never on the path before */
     CU_ASSERT_EQUAL(g16[0], b16 ? 2 * per_rank * hosted : 0);
     CU_ASSERT_EQUAL(g16[1], 0);
-    /* o_proj's bf16 input gradient: at tp 1 (under FSDP too); RowwiseParallel's post-backward
-     * hook on o_proj reads it, so at tp > 1 it stays f32 */
-    printf("\n    o_proj's bf16 input gradients: %lld (path before: %lld)", (long long)dx16[0],
-           (long long)dx16[1]);
-    CU_ASSERT_EQUAL(dx16[0], b16 && tp == 1 ? per_rank * hosted : 0);
+    /* o_proj's and down_proj's bf16 input gradients: at tp 1 (under FSDP too); RowwiseParallel's
+     * post-backward hooks on them read them, so at tp > 1 they stay f32 */
+    printf("\n    o_proj's and down_proj's bf16 input gradients: %lld (path before: %lld)",
+           (long long)dx16[0], (long long)dx16[1]);
+    CU_ASSERT_EQUAL(dx16[0], b16 && tp == 1 ? 2 * per_rank * hosted : 0);
     CU_ASSERT_EQUAL(dx16[1], 0);
     for (int i = 0; i < 2; i++)
         for (int rank = 0; rank < WORLD; rank++)

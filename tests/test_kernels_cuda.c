@@ -89,9 +89,9 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
                k->f16_to_f32 && k->sgd_update && k->adam_update && k->adam_update_bf16 &&
                k->gemm_bf16 && k->gemm_bias_act && k->gemm_bf16_bias_act && k->gemm_bgrad &&
                k->add3 && k->add3_round_bf16 && k->add_bf16 && k->swiglu_backward_bf16_round &&
-               k->rope_qk_backward_round && k->rope_qk_forward_bf16_round &&
-               k->rope_qk_backward_bf16_round && k->attention_forward_bf16_round &&
-               k->attention_backward_bf16_round;
+               k->swiglu_backward_bf16io && k->rope_qk_backward_round &&
+               k->rope_qk_forward_bf16_round && k->rope_qk_backward_bf16_round &&
+               k->attention_forward_bf16_round && k->attention_backward_bf16_round;
     CU_ASSERT_TRUE(all);
     const fsdp_device_i *s = fsdp_device_for(type);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded

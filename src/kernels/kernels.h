@@ -329,6 +329,11 @@ typedef struct fsdp_kernels_i {
      * their output gradients so). (optional) */
     void (*swiglu_backward_bf16_round)(fsdp_bf16 *dgate, fsdp_bf16 *dup, const float *dout,
                                        const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
+    /* swiglu_backward_bf16_round on a bf16 dout (widened exactly: down_proj's input gradient
+     * written in bf16): each element the bits swiglu_backward_bf16_round gives on the widened
+     * dout. (optional) */
+    void (*swiglu_backward_bf16io)(fsdp_bf16 *dgate, fsdp_bf16 *dup, const fsdp_bf16 *dout,
+                                   const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
     /* cross_entropy where rows whose target is ignore_index count for nothing (PyTorch's
      * ignore_index): loss = mean over the other rows (NaN when there are none, as PyTorch);
      * dlogits (may be NULL) = (softmax - onehot) / counted rows, 0 on ignored rows. Every

@@ -14,7 +14,8 @@
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
 #include "nn/nn.h" // defines: fsdp_nn_linear_compute, fsdp_nn_linear_set_bf16_output,
-                   // fsdp_nn_linear_set_bf16_grad, fsdp_nn_linear_can_give_bf16_output
+                   // fsdp_nn_linear_set_bf16_grad, fsdp_nn_linear_can_give_bf16_output,
+                   // fsdp_nn_linear_set_bf16_dx
 
 typedef struct llama_mlp {
     fsdp_module *gate_proj, *up_proj, *down_proj;
@@ -121,17 +122,24 @@ static fsdp_status llama_mlp_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
     fsdp_device dev = fsdp_tensor_device(dout);
     const fsdp_kernels_i *k;
     LLAMA_KERNELS(ctx, m, dev, swiglu_backward, k);
-    const fsdp_tensor *dh;
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, p->down_proj, dout, &dh));
-    int nd = fsdp_tensor_ndim(p->gate);
-    const int64_t *shape = fsdp_tensor_shape(p->gate);
-    const float *dy = fsdp_tensor_f32(dh);
-    int64_t n = fsdp_tensor_numel(p->gate);
     fsdp_module *const proj[2] = {p->gate_proj, p->up_proj};
     bool b16 = fsdp_tensor_dtype(p->gate) == FSDP_DTYPE_BF16;
     /* under the policy the projections read their output gradients rounded to bf16: the SwiGLU
-     * writes them so (2 bytes each instead of 4, and no rounding pass in each Linear) */
+     * writes them so (2 bytes each instead of 4, and no rounding pass in each Linear); and it
+     * reads down_proj's input gradient in bf16 when down_proj can write it so */
     bool g16 = b16 && fsdp_llama_grads16(proj, 2, k->swiglu_backward_bf16_round != NULL, false);
+    bool dx16 = g16 && k->swiglu_backward_bf16io && fsdp_llama_fused_on();
+    const fsdp_tensor *dh;
+    fsdp_nn_linear_set_bf16_dx(p->down_proj, dx16);
+    fsdp_status st = fsdp_module_backward(ctx, p->down_proj, dout, &dh);
+    fsdp_nn_linear_set_bf16_dx(p->down_proj, false); /* for this call only */
+    FSDP_TRY_AT(ctx, st);
+    bool dh16 = fsdp_tensor_dtype(dh) == FSDP_DTYPE_BF16;
+    if (dh16) fsdp_llama_dx16_ran();
+    int nd = fsdp_tensor_ndim(p->gate);
+    const int64_t *shape = fsdp_tensor_shape(p->gate);
+    const float *dy = fsdp_tensor_f32(dh); /* NULL when dh16 */
+    int64_t n = fsdp_tensor_numel(p->gate);
     fsdp_tensor **dgate = g16 ? &p->dgate16 : &p->dgate, **dup = g16 ? &p->dup16 : &p->dup;
     fsdp_tensor *unused[2] = {g16 ? p->dgate : p->dgate16, g16 ? p->dup : p->dup16};
     for (int i = 0; i < 2; i++) /* the other kind's, of an earlier backward */
@@ -139,7 +147,11 @@ static fsdp_status llama_mlp_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_
     fsdp_dtype gt = g16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
     FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, dgate, gt, dev, nd, shape));
     FSDP_TRY_AT(ctx, fsdp_nn_buffer_dtype(ctx, dup, gt, dev, nd, shape));
-    if (g16)
+    if (dh16) /* only asked when g16 */
+        k->swiglu_backward_bf16io(fsdp_tensor_data(*dgate), fsdp_tensor_data(*dup),
+                                  fsdp_tensor_data(dh), fsdp_tensor_data(p->gate),
+                                  fsdp_tensor_data(p->up), n);
+    else if (g16)
         k->swiglu_backward_bf16_round(fsdp_tensor_data(*dgate), fsdp_tensor_data(*dup), dy,
                                       fsdp_tensor_data(p->gate), fsdp_tensor_data(p->up), n);
     else if (b16)

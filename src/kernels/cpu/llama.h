@@ -67,6 +67,8 @@ void fsdp_cpu_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *gate, const f
                                   int64_t n);
 void fsdp_cpu_swiglu_backward_bf16(float *dgate, float *dup, const float *dout,
                                    const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
+void fsdp_cpu_swiglu_backward_bf16io(fsdp_bf16 *dgate, fsdp_bf16 *dup, const fsdp_bf16 *dout,
+                                     const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
 void fsdp_cpu_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16 *dup, const float *dout,
                                          const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
 

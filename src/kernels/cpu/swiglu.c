@@ -70,3 +70,13 @@ void fsdp_cpu_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16 *dup, const
         fsdp_cpu_f32_to_bf16(dup + i, du, m);
     }
 }
+
+void fsdp_cpu_swiglu_backward_bf16io(fsdp_bf16 *dgate, fsdp_bf16 *dup, const fsdp_bf16 *dout,
+                                     const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n) {
+    float dy[BLOCK];
+    for (int64_t i = 0; i < n; i += BLOCK) {
+        int64_t m = n - i < BLOCK ? n - i : BLOCK;
+        fsdp_cpu_bf16_to_f32(dy, dout + i, m);
+        fsdp_cpu_swiglu_backward_bf16_round(dgate + i, dup + i, dy, gate + i, up + i, m);
+    }
+}

@@ -69,6 +69,7 @@ static const fsdp_kernels_i cpu_kernels = {
     .attention_backward_bf16_round = fsdp_cpu_attention_backward_bf16_round,
     .swiglu_backward_bf16 = fsdp_cpu_swiglu_backward_bf16,
     .swiglu_backward_bf16_round = fsdp_cpu_swiglu_backward_bf16_round,
+    .swiglu_backward_bf16io = fsdp_cpu_swiglu_backward_bf16io,
     .cross_entropy_ignore = fsdp_cpu_cross_entropy_ignore,
     .cross_entropy_ignore_bf16 = fsdp_cpu_cross_entropy_ignore_bf16,
     .vocab_row_max = fsdp_cpu_vocab_row_max,

@@ -444,6 +444,27 @@ extern "C" void fsdp_cuda_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16
     FSDP_CUDA_LAUNCHED("swiglu_backward_bf16_round");
 }
 
+/* swiglu_backward_bf16_round_kernel on a bf16 dout, widened exactly (down_proj's bf16 dx) */
+__global__ void swiglu_backward_bf16io_kernel(fsdp_bf16 *dgate, fsdp_bf16 *dup,
+                                              const fsdp_bf16 *dout, const fsdp_bf16 *gate,
+                                              const fsdp_bf16 *up, int64_t n) {
+    for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
+        float g = bf16_widen(gate[i]), u = bf16_widen(up[i]), dy = bf16_widen(dout[i]),
+              s = sigmoid_f(g);
+        dgate[i] = bf16_from_bits(__float_as_uint(dy * u * s * (1.0f + g * (1.0f - s))));
+        dup[i] = bf16_from_bits(__float_as_uint(dy * g * s));
+    }
+}
+
+extern "C" void fsdp_cuda_swiglu_backward_bf16io(fsdp_bf16 *dgate, fsdp_bf16 *dup,
+                                                 const fsdp_bf16 *dout, const fsdp_bf16 *gate,
+                                                 const fsdp_bf16 *up, int64_t n) {
+    if (n <= 0) return;
+    swiglu_backward_bf16io_kernel<<<fsdp_grid(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        dgate, dup, dout, gate, up, n);
+    FSDP_CUDA_LAUNCHED("swiglu_backward_bf16io");
+}
+
 /* ---- cross-entropy with an ignored target ---- */
 
 /* partial[block] = rows whose target is not ignore_index */

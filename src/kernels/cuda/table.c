@@ -65,6 +65,7 @@ static const fsdp_kernels_i cuda_kernels = {
     .attention_backward_bf16_round = fsdp_cuda_attention_backward_bf16_round,
     .swiglu_backward_bf16 = fsdp_cuda_swiglu_backward_bf16,
     .swiglu_backward_bf16_round = fsdp_cuda_swiglu_backward_bf16_round,
+    .swiglu_backward_bf16io = fsdp_cuda_swiglu_backward_bf16io,
     .cross_entropy_ignore = fsdp_cuda_cross_entropy_ignore,
     .cross_entropy_ignore_bf16 = fsdp_cuda_cross_entropy_ignore_bf16,
     .vocab_row_max = fsdp_cuda_vocab_row_max,

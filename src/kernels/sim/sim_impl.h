@@ -143,6 +143,8 @@ void sim_rope_qk_forward_bf16(float *qo, float *ko, const fsdp_bf16 *q, const fs
                               int64_t NKV, int64_t D);
 void sim_swiglu_backward_bf16(float *dgate, float *dup, const float *dout, const fsdp_bf16 *gate,
                               const fsdp_bf16 *up, int64_t n);
+void sim_swiglu_backward_bf16io(fsdp_bf16 *dgate, fsdp_bf16 *dup, const fsdp_bf16 *dout,
+                                const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
 void sim_swiglu_backward_bf16_round(fsdp_bf16 *dgate, fsdp_bf16 *dup, const float *dout,
                                     const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n);
 void sim_rope_qk_backward_round(fsdp_bf16 *dq, fsdp_bf16 *dk, const float *dqo, const float *dko,

@@ -663,6 +663,7 @@ static const fsdp_kernels_i sim_kernels = {
     .attention_backward_bf16_round = sim_attention_backward_bf16_round,
     .swiglu_backward_bf16 = sim_swiglu_backward_bf16,
     .swiglu_backward_bf16_round = sim_swiglu_backward_bf16_round,
+    .swiglu_backward_bf16io = sim_swiglu_backward_bf16io,
     .cross_entropy_ignore = sim_cross_entropy_ignore,
     .cross_entropy_ignore_bf16 = sim_cross_entropy_ignore_bf16,
     .vocab_row_max = sim_vocab_row_max,

@@ -335,3 +335,26 @@ void sim_attention_backward_bf16_round(fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *
                                .D = D};
     sim_kernel_launch(dev, run_attention_backward_b16, &call, sizeof call);
 }
+
+typedef struct swiglu_backward_io_args {
+    fsdp_bf16 *dgate, *dup;
+    const fsdp_bf16 *dout, *gate, *up;
+    int64_t n;
+} swiglu_backward_io_args;
+
+static void run_swiglu_backward_bf16io(void *arg) {
+    swiglu_backward_io_args *a = arg;
+    fsdp_kernels_cpu()->swiglu_backward_bf16io(a->dgate, a->dup, a->dout, a->gate, a->up, a->n);
+}
+
+void sim_swiglu_backward_bf16io(fsdp_bf16 *dgate, fsdp_bf16 *dup, const fsdp_bf16 *dout,
+                                const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n) {
+    int dev = sim_kernel_device(dgate, "swiglu_backward_bf16io");
+    swiglu_backward_io_args call = {.dgate = sim_kernel_ptr(dev, dgate),
+                                    .dup = sim_kernel_ptr(dev, dup),
+                                    .dout = sim_kernel_ptr(dev, dout),
+                                    .gate = sim_kernel_ptr(dev, gate),
+                                    .up = sim_kernel_ptr(dev, up),
+                                    .n = n};
+    sim_kernel_launch(dev, run_swiglu_backward_bf16io, &call, sizeof call);
+}
