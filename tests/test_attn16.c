@@ -19,48 +19,20 @@
 #include "kernels/kernels.h" // defines: fsdp_kernels_for, FSDP_ATTENTION_BF16_SCRATCH
 #include "nn/llama_common.h" // defines: fsdp_llama_test_attention16
 #include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_pin_f32_attention
-
-/* A device tensor of n elements of dtype dt holding host (uninitialised when host is NULL). */
-static fsdp_tensor *on(fsdp_device dev, fsdp_dtype dt, const void *host, int64_t n) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_tensor *h = NULL, *d = NULL;
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, dt, dev, 1, (int64_t[]){n}, &d));
-    if (host) {
-        FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, (void *)host, dt, FSDP_CPU, 1, (int64_t[]){n}, &h));
-        FSDP_TEST_OK(fsdp_tensor_copy(ctx, d, h));
-        fsdp_tensor_free(h);
-    }
-    return d;
-}
-
-/* d's elements (4 or 2 bytes each) into host. */
-static void back(void *host, const fsdp_tensor *d) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_tensor *h = NULL;
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, host, fsdp_tensor_dtype(d), FSDP_CPU, 1,
-                                       (int64_t[]){fsdp_tensor_numel(d)}, &h));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, d));
-    fsdp_tensor_free(h);
-}
+#include "tiny_llama.h"      // defines: tiny_on, tiny_back, tiny_differ, tiny_from_bits
 
 /* The two tensors' bytes equal, element by element (size bytes each), the count printed. */
 static bool same(const char *what, fsdp_device dev, const fsdp_tensor *a, const fsdp_tensor *b) {
     int64_t n = fsdp_tensor_numel(a), size = fsdp_dtype_size(fsdp_tensor_dtype(a));
     char *ha = malloc((size_t)(n * size)), *hb = malloc((size_t)(n * size));
     CU_ASSERT_PTR_NOT_NULL_FATAL(ha && hb);
-    back(ha, a), back(hb, b);
+    tiny_back(ha, a), tiny_back(hb, b);
     int64_t d = 0;
     for (int64_t i = 0; i < n; i++) d += memcmp(ha + i * size, hb + i * size, (size_t)size) != 0;
     printf("\n    %s on %s: %lld of %lld differ", what, fsdp_device_to_string(dev), (long long)d,
            (long long)n);
     free(ha), free(hb);
     return d == 0;
-}
-
-static float from_bits(uint32_t b) {
-    float f;
-    memcpy(&f, &b, sizeof f);
-    return f;
 }
 
 /* n bf16 values of magnitude about scale (varied over a few binades, both signs, seeded by
@@ -73,7 +45,7 @@ static void fill16(uint16_t *x, int64_t n, int which, float scale, bool specials
     static const uint32_t special[] = {0x7fc00000u, 0x7f800000u, 0xff800000u,
                                        0x80000000u, 0x7f7f0000u, 0x3f810000u};
     for (int s = 0; specials && s < 6 && 17 * s + which < n; s++)
-        x[17 * s + which] = fsdp_bf16_from_f32(from_bits(special[s]));
+        x[17 * s + which] = fsdp_bf16_from_f32(tiny_from_bits(special[s]));
 }
 
 enum { B = 3, T = 7, NH = 4, NKV = 2, D = 8, NQ = B * T * NH * D, NK = B * T * NKV * D };
@@ -88,11 +60,11 @@ static void check_rope(fsdp_device dev) {
     for (int i = 0; i < T * (D / 2); i++)
         cs[i] = cosf(0.3f * i), cs[T * (D / 2) + i] = sinf(0.3f * i);
     fill16(h16, NQ + NK, 1, 3.0f, true);
-    fsdp_tensor *tab = on(dev, FSDP_DTYPE_F32, cs, 2 * T * (D / 2)),
-                *x = on(dev, FSDP_DTYPE_BF16, h16, NQ + NK),
-                *got = on(dev, FSDP_DTYPE_BF16, NULL, NQ + NK),
-                *want = on(dev, FSDP_DTYPE_BF16, NULL, NQ + NK),
-                *f = on(dev, FSDP_DTYPE_F32, NULL, NQ + NK);
+    fsdp_tensor *tab = tiny_on(dev, FSDP_DTYPE_F32, cs, 2 * T * (D / 2)),
+                *x = tiny_on(dev, FSDP_DTYPE_BF16, h16, NQ + NK),
+                *got = tiny_on(dev, FSDP_DTYPE_BF16, NULL, NQ + NK),
+                *want = tiny_on(dev, FSDP_DTYPE_BF16, NULL, NQ + NK),
+                *f = tiny_on(dev, FSDP_DTYPE_F32, NULL, NQ + NK);
     const float *c = fsdp_tensor_f32(tab), *sn = c + T * (D / 2);
     const fsdp_bf16 *xs = fsdp_tensor_data(x);
     fsdp_bf16 *g = fsdp_tensor_data(got), *w = fsdp_tensor_data(want);
@@ -129,14 +101,16 @@ static void check_attention(fsdp_device dev) {
     enum { N16 = 3 * NQ + 2 * NK }; /* q, k, v, dout, (spare) */
     uint16_t *h16 = calloc(N16, 2);
     fill16(h16, N16, 2, 1.0f, false);
-    fsdp_tensor *in = on(dev, FSDP_DTYPE_BF16, h16, N16),
-                *scr = on(dev, FSDP_DTYPE_F32, NULL, FSDP_ATTENTION_BF16_SCRATCH(T, NH, NKV, D)),
-                *f = on(dev, FSDP_DTYPE_F32, NULL, 4 * NQ + 4 * NK),
-                *lse_g = on(dev, FSDP_DTYPE_F32, NULL, B * NH * T),
-                *lse_w = on(dev, FSDP_DTYPE_F32, NULL, B * NH * T),
-                *og = on(dev, FSDP_DTYPE_BF16, NULL, NQ), *ow = on(dev, FSDP_DTYPE_BF16, NULL, NQ),
-                *gg = on(dev, FSDP_DTYPE_BF16, NULL, NQ + 2 * NK),
-                *gw = on(dev, FSDP_DTYPE_BF16, NULL, NQ + 2 * NK);
+    fsdp_tensor *in = tiny_on(dev, FSDP_DTYPE_BF16, h16, N16),
+                *scr =
+                    tiny_on(dev, FSDP_DTYPE_F32, NULL, FSDP_ATTENTION_BF16_SCRATCH(T, NH, NKV, D)),
+                *f = tiny_on(dev, FSDP_DTYPE_F32, NULL, 4 * NQ + 4 * NK),
+                *lse_g = tiny_on(dev, FSDP_DTYPE_F32, NULL, B * NH * T),
+                *lse_w = tiny_on(dev, FSDP_DTYPE_F32, NULL, B * NH * T),
+                *og = tiny_on(dev, FSDP_DTYPE_BF16, NULL, NQ),
+                *ow = tiny_on(dev, FSDP_DTYPE_BF16, NULL, NQ),
+                *gg = tiny_on(dev, FSDP_DTYPE_BF16, NULL, NQ + 2 * NK),
+                *gw = tiny_on(dev, FSDP_DTYPE_BF16, NULL, NQ + 2 * NK);
     const fsdp_bf16 *q = fsdp_tensor_data(in), *kk = q + NQ, *v = kk + NK, *dout = v + NK;
     float *s = fsdp_tensor_f32(scr), *ff = fsdp_tensor_f32(f);
     float *qf = ff, *kf = qf + NQ, *vf = kf + NK, *dof = vf + NK, *of = dof + NQ, *dqf = of + NQ;
@@ -248,12 +222,6 @@ static void run_model(fsdp_device dev, bool off, step_out *o, int64_t *ran) {
     fsdp_module_free(m);
 }
 
-static int64_t differ(const float *a, const float *b, int64_t n) {
-    int64_t d = 0;
-    for (int64_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
-    return d;
-}
-
 static void test_model(void) {
     step_out *c = calloc(1, sizeof *c), *d = calloc(1, sizeof *d), *off = calloc(1, sizeof *off);
     CU_ASSERT_PTR_NOT_NULL_FATAL(c && d && off);
@@ -268,17 +236,17 @@ static void test_model(void) {
         "\n    on bf16 tensors: cpu %lld forwards, %s %lld, loss %.9g / %.9g; switched off: %lld, "
         "loss %.9g; %lld of %lld gradients differ from it",
         (long long)ran_c, fsdp_device_to_string(dev), (long long)ran_d, c->loss, d->loss,
-        (long long)ran_off, off->loss, (long long)differ(c->grads, off->grads, c->n_grads),
+        (long long)ran_off, off->loss, (long long)tiny_differ(c->grads, off->grads, c->n_grads),
         (long long)c->n_grads);
     CU_ASSERT_EQUAL(ran_c, LAYERS);
     CU_ASSERT_EQUAL(ran_d, LAYERS);
     CU_ASSERT_EQUAL(ran_off, 0);
-    CU_ASSERT_TRUE(differ(c->grads, off->grads, c->n_grads) > 0);
+    CU_ASSERT_TRUE(tiny_differ(c->grads, off->grads, c->n_grads) > 0);
     if (!fsdp_test_device_is_cuda()) { /* sim: the CPU's bits */
-        CU_ASSERT_EQUAL(differ(&c->loss, &d->loss, 1), 0);
-        CU_ASSERT_EQUAL(differ(c->logits, d->logits, N_TOK * VOCAB), 0);
+        CU_ASSERT_EQUAL(tiny_differ(&c->loss, &d->loss, 1), 0);
+        CU_ASSERT_EQUAL(tiny_differ(c->logits, d->logits, N_TOK * VOCAB), 0);
         CU_ASSERT_EQUAL(c->n_grads, d->n_grads);
-        CU_ASSERT_EQUAL(differ(c->grads, d->grads, c->n_grads), 0);
+        CU_ASSERT_EQUAL(tiny_differ(c->grads, d->grads, c->n_grads), 0);
     }
     free(c), free(d), free(off);
 }

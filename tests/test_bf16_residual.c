@@ -20,63 +20,21 @@
 #include "llama_steps.h"     // defines: llama_tp_build, llama_tp_free
 #include "nn/llama_common.h" // defines: fsdp_llama_test_bf16_branches
 #include "nn/nn.h"           // defines: fsdp_nn_llama_set_bf16_branches
-#include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_close
+#include "on_device.h"       // defines: fsdp_test_device
+#include "tiny_llama.h" // defines: tiny_llama_config, tiny_step_of, tiny_compare, tiny_on, tiny_back
 
-enum { BATCH = 2, SEQ = 8, VOCAB = 64, N_TOK = BATCH * SEQ, LAYERS = 2, DIM = 32, HIDDEN = 48 };
-
-static fsdp_llama_config config(fsdp_dtype compute) {
-    return (fsdp_llama_config){.dim = DIM,
-                               .n_layers = LAYERS,
-                               .n_heads = 4,
-                               .n_kv_heads = 2,
-                               .vocab_size = VOCAB,
-                               .ffn_hidden = HIDDEN,
-                               .max_seq_len = 16,
-                               .init_std = 0.2f,
-                               .compute_dtype = compute};
-}
-
-static int64_t differ(const void *a, const void *b, int64_t n) {
-    int64_t d = 0;
-    for (int64_t i = 0; i < n; i++)
-        d += memcmp((const char *)a + 4 * i, (const char *)b + 4 * i, 4) != 0;
-    return d;
-}
-
-/* Bit for bit, with the count of differing elements printed. */
-static bool same_bits(const char *name, const float *a, const float *b, int64_t n) {
-    int64_t d = differ(a, b, n);
-    printf("\n    %s: %lld of %lld elements differ", name, (long long)d, (long long)n);
-    return d == 0;
-}
+enum {
+    BATCH = TINY_BATCH,
+    SEQ = TINY_SEQ,
+    VOCAB = TINY_VOCAB,
+    N_TOK = TINY_TOKENS,
+    LAYERS = TINY_LAYERS,
+    DIM = TINY_DIM,
+    HIDDEN = TINY_HIDDEN
+};
+typedef tiny_step step_out;
 
 /* ---- the kernel ---- */
-
-/* A tensor of n elements of dtype on dev holding host's bytes. */
-static fsdp_tensor *on(fsdp_device dev, fsdp_dtype dtype, const void *host, int64_t n) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_tensor *h = NULL, *d = NULL;
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, (void *)host, dtype, FSDP_CPU, 1, (int64_t[]){n}, &h));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, dtype, dev, 1, (int64_t[]){n}, &d));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, d, h));
-    fsdp_tensor_free(h);
-    return d;
-}
-
-static void back(float *host, const fsdp_tensor *d) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_tensor *h = NULL;
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, host, FSDP_DTYPE_F32, FSDP_CPU, 1,
-                                       (int64_t[]){fsdp_tensor_numel(d)}, &h));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, d));
-    fsdp_tensor_free(h);
-}
-
-static float from_bits(uint32_t b) {
-    float f;
-    memcpy(&f, &b, sizeof f);
-    return f;
-}
 
 /* x (f32) and y (bf16) over many binades and both signs, with specials in each at distinct
  * places and, every 20 elements, at a shared place, so a special meets ordinary values and the
@@ -109,9 +67,9 @@ static void fill_inputs(float *x, fsdp_bf16 *y, int64_t n) {
     };
     int ns = (int)(sizeof fx / sizeof fx[0]);
     for (int s = 0; s < ns && 20 * s + 12 < n; s++) {
-        x[20 * s + 2] = from_bits(fx[s]);  /* alone among ordinary values */
-        y[20 * s + 5] = fy[s];             /* alone */
-        x[20 * s + 11] = from_bits(fx[s]); /* meeting each other */
+        x[20 * s + 2] = tiny_from_bits(fx[s]);  /* alone among ordinary values */
+        y[20 * s + 5] = fy[s];                  /* alone */
+        x[20 * s + 11] = tiny_from_bits(fx[s]); /* meeting each other */
         y[20 * s + 11] = fy[(s + 1) % ns];
     }
 }
@@ -125,9 +83,10 @@ static void check_add_bf16(fsdp_device dev, int64_t n, int64_t off) {
     fill_inputs(x, y, n);
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     CU_ASSERT_PTR_NOT_NULL_FATAL(k->add_bf16);
-    fsdp_tensor *a = on(dev, FSDP_DTYPE_F32, x, n), *b = on(dev, FSDP_DTYPE_BF16, y, n);
-    fsdp_tensor *wide = on(dev, FSDP_DTYPE_F32, want, n), *ref = on(dev, FSDP_DTYPE_F32, want, n);
-    fsdp_tensor *out = on(dev, FSDP_DTYPE_F32, want, n);
+    fsdp_tensor *a = tiny_on(dev, FSDP_DTYPE_F32, x, n), *b = tiny_on(dev, FSDP_DTYPE_BF16, y, n);
+    fsdp_tensor *wide = tiny_on(dev, FSDP_DTYPE_F32, want, n),
+                *ref = tiny_on(dev, FSDP_DTYPE_F32, want, n);
+    fsdp_tensor *out = tiny_on(dev, FSDP_DTYPE_F32, want, n);
     int64_t m = n - off;
     const float *pa = fsdp_tensor_f32(a) + off;
     const fsdp_bf16 *pb = (const fsdp_bf16 *)fsdp_tensor_data(b) + off;
@@ -139,15 +98,16 @@ static void check_add_bf16(fsdp_device dev, int64_t n, int64_t off) {
         float *dst = fsdp_tensor_f32(out) + off;
         if (in_place) {
             fsdp_tensor_free(out);
-            out = on(dev, FSDP_DTYPE_F32, x, n);
+            out = tiny_on(dev, FSDP_DTYPE_F32, x, n);
             dst = fsdp_tensor_f32(out) + off;
         }
         k->add_bf16(dst, in_place ? dst : pa, pb, m);
-        back(want, ref), back(got, out);
+        tiny_back(want, ref), tiny_back(got, out);
         int64_t d = 0, met = 0;
         for (int64_t i = off; i < n; i++) {
             uint32_t wb = (uint32_t)y[i] << 16;
-            if (isnan(x[i]) && isnan(from_bits(wb))) /* the NaN that propagates is unspecified */
+            if (isnan(x[i]) &&
+                isnan(tiny_from_bits(wb))) /* the NaN that propagates is unspecified */
                 met++, d += !isnan(got[i]) || !isnan(want[i]);
             else
                 d += memcmp(&got[i], &want[i], 4) != 0;
@@ -190,91 +150,11 @@ static void test_kernel_device(void) {
 
 /* ---- one training step's results on the host ---- */
 
-typedef struct step_out {
-    float loss;
-    float logits[N_TOK * VOCAB];
-    float *grads; /* every parameter's (local) gradient, in visit order */
-    int64_t n_grads;
-} step_out;
-
-static fsdp_status copy_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
-    (void)name;
-    step_out *o = user;
-    const fsdp_tensor *g = fsdp_param_grad(p);
-    fsdp_tensor *h = NULL;
-    FSDP_TRY_AT(ctx, fsdp_tensor_from_blob(ctx, o->grads + o->n_grads, FSDP_DTYPE_F32, FSDP_CPU, 1,
-                                           (int64_t[]){fsdp_tensor_numel(g)}, &h));
-    fsdp_status st = fsdp_tensor_copy(ctx, h, g);
-    fsdp_tensor_free(h);
-    o->n_grads += fsdp_tensor_numel(g);
-    return st;
-}
-
-/* The tokens of batch s on dev, in *td (the caller frees it). */
-static fsdp_status tokens(fsdp_ctx *ctx, fsdp_device dev, int s, int32_t *tgt, fsdp_tensor **td) {
-    int32_t tok[N_TOK];
-    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 37 + 11 + 5 * s) % VOCAB);
-    for (int i = 0; tgt && i < N_TOK; i++)
-        tgt[i] = i % SEQ == SEQ - 1 ? FSDP_IGNORE_INDEX : tok[i + 1];
-    fsdp_tensor *th = NULL;
-    int64_t shape[2] = {BATCH, SEQ};
-    fsdp_status st = fsdp_tensor_from_blob(ctx, tok, FSDP_DTYPE_I32, FSDP_CPU, 2, shape, &th);
-    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, shape, td);
-    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, *td, th);
-    fsdp_tensor_free(th);
-    return st;
-}
-
-/* Forward, cross-entropy and backward of the fixed batch `s` on m (on dev), into o; the
- * gradients of grads_of's parameters (m's, or FSDP's flat shards). */
-static fsdp_status step_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_module *grads_of, fsdp_device dev,
-                           int s, step_out *o) {
-    int32_t tgt[N_TOK];
-    fsdp_tensor *td = NULL, *dl = NULL, *lh = NULL;
-    const fsdp_tensor *out = NULL;
-    fsdp_status st = tokens(ctx, dev, s, tgt, &td);
-    if (st == FSDP_OK) st = fsdp_module_zero_grad(ctx, grads_of);
-    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, td, &out);
-    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dl);
-    if (st == FSDP_OK)
-        st = fsdp_loss_cross_entropy_ignore(ctx, out, tgt, FSDP_IGNORE_INDEX, &o->loss, dl);
-    if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dl, NULL);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_from_blob(ctx, o->logits, FSDP_DTYPE_F32, FSDP_CPU, 3,
-                                   (int64_t[]){BATCH, SEQ, VOCAB}, &lh);
-    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, lh, out);
-    free(o->grads);
-    o->n_grads = 0;
-    o->grads = calloc((size_t)fsdp_module_param_count(grads_of) + 1, sizeof(float));
-    if (st == FSDP_OK && !o->grads) st = FSDP_ERR_OUT_OF_MEMORY;
-    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, grads_of, copy_grad, o);
-    fsdp_tensor_free(td), fsdp_tensor_free(dl), fsdp_tensor_free(lh);
-    return st;
-}
-
-/* Two steps' results of both paths compared: bit for bit on the CPU and sim; on CUDA within
- * test_bf16_act's device tolerance (5e-2 relative plus 1e-3: the GEMMs are the same calls, but
- * the attention's and cuBLAS's sums are not promised to repeat their order run to run). */
-static void compare(fsdp_device dev, const step_out *n, const step_out *o) {
-    CU_ASSERT_EQUAL_FATAL(n->n_grads, o->n_grads);
-    printf("\n    %s: loss %.9g, path before %.9g", fsdp_device_to_string(dev), n->loss, o->loss);
-    if (dev.type == FSDP_DEVICE_CPU) {
-        CU_ASSERT_TRUE(same_bits("loss", &n->loss, &o->loss, 1));
-        CU_ASSERT_TRUE(same_bits("logits", n->logits, o->logits, N_TOK * VOCAB));
-        CU_ASSERT_TRUE(same_bits("gradients", n->grads, o->grads, n->n_grads));
-        return;
-    }
-    CU_ASSERT_TRUE(fsdp_test_device_close("loss", &n->loss, &o->loss, 1, 5e-2, 0));
-    CU_ASSERT_TRUE(
-        fsdp_test_device_close("logits", n->logits, o->logits, N_TOK * VOCAB, 5e-2, 1e-3));
-    CU_ASSERT_TRUE(fsdp_test_device_close("gradients", n->grads, o->grads, n->n_grads, 5e-2, 1e-3));
-}
-
 /* The tiny Llama under `compute` on dev, the bf16 branches on or off (every decoder layer
  * checkpointed when ckpt). */
 static fsdp_module *model(fsdp_dtype compute, fsdp_device dev, bool branches16, bool ckpt) {
     fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_llama_config cfg = config(compute);
+    fsdp_llama_config cfg = tiny_llama_config(compute);
     fsdp_module *m = NULL;
     FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
     fsdp_nn_llama_set_bf16_branches(m, branches16);
@@ -301,13 +181,13 @@ static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
         int64_t adds[2];
         for (int i = 0; i < 2; i++) { /* i 0: the bf16 branches; 1: the path before */
             fsdp_llama_test_bf16_branches(NULL);
-            FSDP_TEST_OK(step_of(ctx, m[i], m[i], dev, s, &o[i]));
+            FSDP_TEST_OK(tiny_step_of(ctx, m[i], m[i], dev, s, &o[i]));
             fsdp_llama_test_bf16_branches(&adds[i]);
         }
         printf("\n    %s%s step %d: %lld bf16 residual adds (path before: %lld)",
                b16 ? "bf16" : "f32", ckpt ? " checkpointed" : "", s, (long long)adds[0],
                (long long)adds[1]);
-        compare(dev, &o[0], &o[1]);
+        tiny_compare(dev, &o[0], &o[1]);
         CU_ASSERT_EQUAL(adds[0], b16 ? 2 * LAYERS * (ckpt ? 2 : 1) : 0);
         CU_ASSERT_EQUAL(adds[1], 0);
     }
@@ -341,7 +221,7 @@ static int64_t forward_bytes(fsdp_module *m) {
     fsdp_tensor *td = NULL;
     const fsdp_tensor *out = NULL;
     int64_t bytes = -1;
-    FSDP_TEST_OK(tokens(ctx, FSDP_CPU, 0, NULL, &td));
+    FSDP_TEST_OK(tiny_tokens(ctx, FSDP_CPU, 0, NULL, &td));
     FSDP_TEST_OK(fsdp_module_forward(ctx, m, td, &out));
     FSDP_TEST_OK(fsdp_module_activation_bytes(ctx, m, &bytes));
     fsdp_tensor_free(td);
@@ -465,7 +345,7 @@ typedef struct world_run {
  * each rank's gradients kept (FSDP's: its flat shards, reduced). */
 static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
     world_run *r = user;
-    fsdp_llama_config cfg = config(FSDP_DTYPE_BF16);
+    fsdp_llama_config cfg = tiny_llama_config(FSDP_DTYPE_BF16);
     llama_tp l;
     fsdp_sharded *sh = NULL;
     static const char *const kinds[] = {"LlamaDecoderLayer"};
@@ -487,7 +367,7 @@ static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
             &sh);
     fsdp_module *grads_of = sh ? fsdp_sharded_flat_params(sh) : l.m;
     for (int s = 0; st == FSDP_OK && s < 2; s++)
-        st = step_of(ctx, l.m, grads_of, FSDP_CPU, s, &r->out[rank][s]);
+        st = tiny_step_of(ctx, l.m, grads_of, FSDP_CPU, s, &r->out[rank][s]);
     fsdp_sharded_free(sh);
     llama_tp_free(&l);
     return st;
@@ -513,7 +393,7 @@ static void check_world(int dp, int tp) {
     for (int rank = first; rank < first + hosted; rank++)
         for (int s = 0; s < 2; s++) {
             printf("\n    rank %d step %d:", rank, s);
-            compare(FSDP_CPU, &r[0].out[rank][s], &r[1].out[rank][s]);
+            tiny_compare(FSDP_CPU, &r[0].out[rank][s], &r[1].out[rank][s]);
         }
     CU_ASSERT_EQUAL(adds[0], tp == 1 ? 2 * LAYERS * 2 * hosted : 0);
     CU_ASSERT_EQUAL(adds[1], 0);

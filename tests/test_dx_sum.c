@@ -28,63 +28,21 @@
 #include "llama_steps.h"     // defines: llama_tp_build, llama_tp_free
 #include "nn/llama_common.h" // defines: fsdp_llama_test_sums, fsdp_llama_test_grads16,
                              // fsdp_llama_test_bf16_branches
-#include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_close
+#include "on_device.h"       // defines: fsdp_test_device
+#include "tiny_llama.h" // defines: tiny_llama_config, tiny_step_of, tiny_compare, tiny_on, tiny_back
 
-enum { BATCH = 2, SEQ = 8, VOCAB = 64, N_TOK = BATCH * SEQ, LAYERS = 2, DIM = 32, HIDDEN = 48 };
-
-static fsdp_llama_config config(fsdp_dtype compute) {
-    return (fsdp_llama_config){.dim = DIM,
-                               .n_layers = LAYERS,
-                               .n_heads = 4,
-                               .n_kv_heads = 2,
-                               .vocab_size = VOCAB,
-                               .ffn_hidden = HIDDEN,
-                               .max_seq_len = 16,
-                               .init_std = 0.2f,
-                               .compute_dtype = compute};
-}
-
-static int64_t differ(const void *a, const void *b, int64_t n) {
-    int64_t d = 0;
-    for (int64_t i = 0; i < n; i++)
-        d += memcmp((const char *)a + 4 * i, (const char *)b + 4 * i, 4) != 0;
-    return d;
-}
-
-/* Bit for bit, with the count of differing elements printed. */
-static bool same_bits(const char *name, const float *a, const float *b, int64_t n) {
-    int64_t d = differ(a, b, n);
-    printf("\n    %s: %lld of %lld elements differ", name, (long long)d, (long long)n);
-    return d == 0;
-}
+enum {
+    BATCH = TINY_BATCH,
+    SEQ = TINY_SEQ,
+    VOCAB = TINY_VOCAB,
+    N_TOK = TINY_TOKENS,
+    LAYERS = TINY_LAYERS,
+    DIM = TINY_DIM,
+    HIDDEN = TINY_HIDDEN
+};
+typedef tiny_step step_out;
 
 /* ---- the kernels ---- */
-
-static fsdp_tensor *on(fsdp_device dev, const float *host, int64_t n) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_tensor *h = NULL, *d = NULL;
-    FSDP_TEST_OK(
-        fsdp_tensor_from_blob(ctx, (void *)host, FSDP_DTYPE_F32, FSDP_CPU, 1, (int64_t[]){n}, &h));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 1, (int64_t[]){n}, &d));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, d, h));
-    fsdp_tensor_free(h);
-    return d;
-}
-
-static void back(float *host, const fsdp_tensor *d) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_tensor *h = NULL;
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, host, FSDP_DTYPE_F32, FSDP_CPU, 1,
-                                       (int64_t[]){fsdp_tensor_numel(d)}, &h));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, d));
-    fsdp_tensor_free(h);
-}
-
-static float from_bits(uint32_t b) {
-    float f;
-    memcpy(&f, &b, sizeof f);
-    return f;
-}
 
 /* n values over many binades and both signs, with specials in each of the three inputs (which
  * one: `which`) at distinct places, so a special meets ordinary values and, at the shared
@@ -113,8 +71,8 @@ static void fill_inputs(float *x, int64_t n, int which) {
     };
     int ns = (int)(sizeof special / sizeof special[0]);
     for (int s = 0; s < ns && 20 * s + 6 < n; s++) {
-        x[20 * s + 3 * which] = from_bits(special[s]);         /* alone among ordinary values */
-        x[20 * s + 10] = from_bits(special[(s + which) % ns]); /* meeting the others' */
+        x[20 * s + 3 * which] = tiny_from_bits(special[s]); /* alone among ordinary values */
+        x[20 * s + 10] = tiny_from_bits(special[(s + which) % ns]); /* meeting the others' */
     }
 }
 
@@ -131,8 +89,10 @@ static void check_sums(fsdp_device dev, int64_t n, int64_t off) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(want && got);
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     CU_ASSERT_PTR_NOT_NULL_FATAL(k->add3 && k->add3_round_bf16);
-    fsdp_tensor *in[3], *r[3], *out = on(dev, want, n), *ref = on(dev, want, n);
-    for (int i = 0; i < 3; i++) in[i] = on(dev, x[i], n), r[i] = on(dev, x[i], n);
+    fsdp_tensor *in[3], *r[3], *out = tiny_on(dev, FSDP_DTYPE_F32, want, n),
+                               *ref = tiny_on(dev, FSDP_DTYPE_F32, want, n);
+    for (int i = 0; i < 3; i++)
+        in[i] = tiny_on(dev, FSDP_DTYPE_F32, x[i], n), r[i] = tiny_on(dev, FSDP_DTYPE_F32, x[i], n);
     int64_t m = n - off;
     const float *a = fsdp_tensor_f32(in[0]) + off, *b = fsdp_tensor_f32(in[1]) + off;
     const float *c = fsdp_tensor_f32(in[2]) + off;
@@ -149,12 +109,12 @@ static void check_sums(fsdp_device dev, int64_t n, int64_t off) {
         float *dst = o;
         if (in_place) { /* out is the first input: a fresh copy of it */
             fsdp_tensor_free(out);
-            out = on(dev, x[0], n);
+            out = tiny_on(dev, FSDP_DTYPE_F32, x[0], n);
             dst = fsdp_tensor_f32(out) + off;
         }
         const float *first = in_place ? dst : a;
         (round ? k->add3_round_bf16 : k->add3)(dst, first, b, three ? c : NULL, m);
-        back(want, ref), back(got, out);
+        tiny_back(want, ref), tiny_back(got, out);
         int64_t d = 0, met = 0;
         for (int64_t i = off; i < n; i++) {
             int nans = (isnan(x[0][i]) != 0) + (isnan(x[1][i]) != 0) + (three && isnan(x[2][i]));
@@ -173,8 +133,8 @@ static void check_sums(fsdp_device dev, int64_t n, int64_t off) {
     }
     float *kept = calloc((size_t)n, 4); /* add3_round_bf16 reads its inputs, never writes them */
     CU_ASSERT_PTR_NOT_NULL_FATAL(kept);
-    back(kept, in[1]);
-    CU_ASSERT_EQUAL(differ(kept, x[1], n), 0);
+    tiny_back(kept, in[1]);
+    CU_ASSERT_EQUAL(tiny_differ(kept, x[1], n), 0);
     printf("\n    (%lld NaN, %lld inf)", (long long)nan, (long long)inf);
     CU_ASSERT_TRUE(nan > 0 && inf > 0); /* the specials reached the sums */
     free(kept), free(want), free(got);
@@ -202,30 +162,6 @@ static void test_kernels_device(void) {
 
 /* ---- the backward entries that write bf16 output gradients ---- */
 
-/* A device tensor of n elements of dtype dt holding host (or uninitialised when host is NULL). */
-static fsdp_tensor *on_dtype(fsdp_device dev, fsdp_dtype dt, const void *host, int64_t n) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_tensor *h = NULL, *d = NULL;
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, dt, dev, 1, (int64_t[]){n}, &d));
-    if (host) {
-        FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, (void *)host, dt, FSDP_CPU, 1, (int64_t[]){n}, &h));
-        FSDP_TEST_OK(fsdp_tensor_copy(ctx, d, h));
-        fsdp_tensor_free(h);
-    }
-    return d;
-}
-
-/* The bf16 elements of d, as 16-bit words, into host. */
-static void back16(uint16_t *host, const fsdp_tensor *d) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_tensor *h = NULL;
-    int64_t n = fsdp_tensor_numel(d);
-    FSDP_TEST_OK(
-        fsdp_tensor_from_blob(ctx, host, FSDP_DTYPE_BF16, FSDP_CPU, 1, (int64_t[]){n}, &h));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, d));
-    fsdp_tensor_free(h);
-}
-
 /* swiglu_backward_bf16_round and rope_qk_backward_round on dev against swiglu_backward_bf16 and
  * rope_qk_backward then f32_to_bf16 on the same device, bit for bit (the inputs carry the
  * specials of fill_inputs: NaN, infinities, values rounding up to infinity, ties). */
@@ -249,11 +185,12 @@ static void check_grads16(fsdp_device dev) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(g16 && u16 && got && want && x[0] && x[1] && x[2]);
     for (int64_t i = 0; i < N; i++)
         g16[i] = fsdp_bf16_from_f32(x[1][i] * 0.25f), u16[i] = fsdp_bf16_from_f32(x[2][i]);
-    fsdp_tensor *dout = on(dev, x[0], N), *gate = on_dtype(dev, FSDP_DTYPE_BF16, g16, N),
-                *up = on_dtype(dev, FSDP_DTYPE_BF16, u16, N);
-    fsdp_tensor *r = on_dtype(dev, FSDP_DTYPE_BF16, NULL, 2 * N),
-                *w = on_dtype(dev, FSDP_DTYPE_BF16, NULL, 2 * N),
-                *f = on_dtype(dev, FSDP_DTYPE_F32, NULL, 2 * N);
+    fsdp_tensor *dout = tiny_on(dev, FSDP_DTYPE_F32, x[0], N),
+                *gate = tiny_on(dev, FSDP_DTYPE_BF16, g16, N),
+                *up = tiny_on(dev, FSDP_DTYPE_BF16, u16, N);
+    fsdp_tensor *r = tiny_on(dev, FSDP_DTYPE_BF16, NULL, 2 * N),
+                *w = tiny_on(dev, FSDP_DTYPE_BF16, NULL, 2 * N),
+                *f = tiny_on(dev, FSDP_DTYPE_F32, NULL, 2 * N);
     fsdp_bf16 *r16 = fsdp_tensor_data(r), *w16 = fsdp_tensor_data(w);
     float *f32 = fsdp_tensor_f32(f);
     k->swiglu_backward_bf16_round(r16, r16 + N, fsdp_tensor_f32(dout), fsdp_tensor_data(gate),
@@ -261,7 +198,7 @@ static void check_grads16(fsdp_device dev) {
     k->swiglu_backward_bf16(f32, f32 + N, fsdp_tensor_f32(dout), fsdp_tensor_data(gate),
                             fsdp_tensor_data(up), N);
     k->f32_to_bf16(w16, f32, 2 * N);
-    back16(got, r), back16(want, w);
+    tiny_back(got, r), tiny_back(want, w);
     int64_t d = 0, nan = 0;
     for (int64_t i = 0; i < 2 * N; i++) d += got[i] != want[i], nan += (want[i] & 0x7fff) > 0x7f80;
     printf("\n    swiglu_backward_bf16_round on %s: %lld of %d differ (%lld NaN)",
@@ -273,13 +210,13 @@ static void check_grads16(fsdp_device dev) {
     uint16_t *dout16 = calloc(N, 2);
     CU_ASSERT_PTR_NOT_NULL_FATAL(dout16 && k->swiglu_backward_bf16io);
     for (int64_t i = 0; i < N; i++) dout16[i] = fsdp_bf16_from_f32(x[0][i]);
-    fsdp_tensor *d16 = on_dtype(dev, FSDP_DTYPE_BF16, dout16, N);
+    fsdp_tensor *d16 = tiny_on(dev, FSDP_DTYPE_BF16, dout16, N);
     k->bf16_to_f32(f32, fsdp_tensor_data(d16), N);
     k->swiglu_backward_bf16io(r16, r16 + N, fsdp_tensor_data(d16), fsdp_tensor_data(gate),
                               fsdp_tensor_data(up), N);
     k->swiglu_backward_bf16_round(w16, w16 + N, f32, fsdp_tensor_data(gate), fsdp_tensor_data(up),
                                   N);
-    back16(got, r), back16(want, w);
+    tiny_back(got, r), tiny_back(want, w);
     d = 0;
     for (int64_t i = 0; i < 2 * N; i++) d += got[i] != want[i];
     printf("\n    swiglu_backward_bf16io on %s: %lld of %d differ", fsdp_device_to_string(dev),
@@ -290,15 +227,16 @@ static void check_grads16(fsdp_device dev) {
     float cs[2 * T * (D / 2)];
     for (int i = 0; i < T * (D / 2); i++)
         cs[i] = cosf(0.3f * i), cs[T * (D / 2) + i] = sinf(0.3f * i);
-    fsdp_tensor *tab = on(dev, cs, 2 * T * (D / 2)), *dq = on(dev, x[0], NQ),
-                *dk = on(dev, x[1] + 100, NK);
+    fsdp_tensor *tab = tiny_on(dev, FSDP_DTYPE_F32, cs, 2 * T * (D / 2)),
+                *dq = tiny_on(dev, FSDP_DTYPE_F32, x[0], NQ),
+                *dk = tiny_on(dev, FSDP_DTYPE_F32, x[1] + 100, NK);
     const float *c = fsdp_tensor_f32(tab), *sn = c + T * (D / 2);
     k->rope_qk_backward_round(r16, r16 + NQ, fsdp_tensor_f32(dq), fsdp_tensor_f32(dk), c, sn, B, T,
                               NH, NKV, D);
     k->rope_qk_backward(f32, f32 + NQ, fsdp_tensor_f32(dq), fsdp_tensor_f32(dk), c, sn, B, T, NH,
                         NKV, D);
     k->f32_to_bf16(w16, f32, NQ + NK);
-    back16(got, r), back16(want, w);
+    tiny_back(got, r), tiny_back(want, w);
     d = 0, nan = 0;
     for (int64_t i = 0; i < NQ + NK; i++)
         d += got[i] != want[i], nan += (want[i] & 0x7fff) > 0x7f80;
@@ -322,78 +260,8 @@ static void test_grads16_device(void) {
 
 /* ---- one training step's results on the host ---- */
 
-typedef struct step_out {
-    float loss;
-    float logits[N_TOK * VOCAB];
-    float *grads; /* every parameter's (local) gradient, in visit order */
-    int64_t n_grads;
-} step_out;
-
-static fsdp_status copy_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
-    (void)name;
-    step_out *o = user;
-    const fsdp_tensor *g = fsdp_param_grad(p);
-    fsdp_tensor *h = NULL;
-    FSDP_TRY_AT(ctx, fsdp_tensor_from_blob(ctx, o->grads + o->n_grads, FSDP_DTYPE_F32, FSDP_CPU, 1,
-                                           (int64_t[]){fsdp_tensor_numel(g)}, &h));
-    fsdp_status st = fsdp_tensor_copy(ctx, h, g);
-    fsdp_tensor_free(h);
-    o->n_grads += fsdp_tensor_numel(g);
-    return st;
-}
-
-/* Forward, cross-entropy and backward of the fixed batch `s` on m (on dev), into o; the
- * gradients of grads_of's parameters (m's, or FSDP's flat shards). */
-static fsdp_status step_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_module *grads_of, fsdp_device dev,
-                           int s, step_out *o) {
-    int32_t tok[N_TOK], tgt[N_TOK];
-    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 37 + 11 + 5 * s) % VOCAB);
-    for (int i = 0; i < N_TOK; i++) tgt[i] = i % SEQ == SEQ - 1 ? FSDP_IGNORE_INDEX : tok[i + 1];
-    fsdp_tensor *th = NULL, *td = NULL, *dl = NULL, *lh = NULL;
-    int64_t shape[2] = {BATCH, SEQ};
-    const fsdp_tensor *out = NULL;
-    fsdp_status st = fsdp_tensor_from_blob(ctx, tok, FSDP_DTYPE_I32, FSDP_CPU, 2, shape, &th);
-    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, shape, &td);
-    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, td, th);
-    if (st == FSDP_OK) st = fsdp_module_zero_grad(ctx, grads_of);
-    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, td, &out);
-    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dl);
-    if (st == FSDP_OK)
-        st = fsdp_loss_cross_entropy_ignore(ctx, out, tgt, FSDP_IGNORE_INDEX, &o->loss, dl);
-    if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dl, NULL);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_from_blob(ctx, o->logits, FSDP_DTYPE_F32, FSDP_CPU, 3,
-                                   (int64_t[]){BATCH, SEQ, VOCAB}, &lh);
-    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, lh, out);
-    free(o->grads);
-    o->n_grads = 0;
-    o->grads = calloc((size_t)fsdp_module_param_count(grads_of) + 1, sizeof(float));
-    if (st == FSDP_OK && !o->grads) st = FSDP_ERR_OUT_OF_MEMORY;
-    if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, grads_of, copy_grad, o);
-    fsdp_tensor_free(th), fsdp_tensor_free(td), fsdp_tensor_free(dl), fsdp_tensor_free(lh);
-    return st;
-}
-
 static fsdp_status step(fsdp_ctx *ctx, fsdp_module *m, fsdp_device dev, int s, step_out *o) {
-    return step_of(ctx, m, m, dev, s, o);
-}
-
-/* Two steps' results of both paths compared: bit for bit on the CPU and sim; on CUDA within
- * test_bf16_act's device tolerance (5e-2 relative plus 1e-3: the GEMMs are the same calls, but
- * the attention's and cuBLAS's sums are not promised to repeat their order run to run). */
-static void compare(fsdp_device dev, const step_out *n, const step_out *o) {
-    CU_ASSERT_EQUAL_FATAL(n->n_grads, o->n_grads);
-    printf("\n    %s: loss %.9g, path before %.9g", fsdp_device_to_string(dev), n->loss, o->loss);
-    if (dev.type == FSDP_DEVICE_CPU) {
-        CU_ASSERT_TRUE(same_bits("loss", &n->loss, &o->loss, 1));
-        CU_ASSERT_TRUE(same_bits("logits", n->logits, o->logits, N_TOK * VOCAB));
-        CU_ASSERT_TRUE(same_bits("gradients", n->grads, o->grads, n->n_grads));
-        return;
-    }
-    CU_ASSERT_TRUE(fsdp_test_device_close("loss", &n->loss, &o->loss, 1, 5e-2, 0));
-    CU_ASSERT_TRUE(
-        fsdp_test_device_close("logits", n->logits, o->logits, N_TOK * VOCAB, 5e-2, 1e-3));
-    CU_ASSERT_TRUE(fsdp_test_device_close("gradients", n->grads, o->grads, n->n_grads, 5e-2, 1e-3));
+    return tiny_step_of(ctx, m, m, dev, s, o);
 }
 
 /* The model under `compute` on dev (every decoder layer checkpointed when ckpt), two steps on the
@@ -401,7 +269,7 @@ static void compare(fsdp_device dev, const step_out *n, const step_out *o) {
  * the MLP's, each layer and step; f32: none) and the three-input add3s (f32: the attention's). */
 static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
     fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_llama_config cfg = config(compute);
+    fsdp_llama_config cfg = tiny_llama_config(compute);
     fsdp_test_device_pin_f32_attention(true);
     fsdp_module *m[2] = {NULL, NULL};
     for (int i = 0; i < 2; i++) {
@@ -427,7 +295,7 @@ static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
         printf("\n    %s%s step %d: %lld fused sums, %lld add3 (path before: %lld, %lld)",
                compute == FSDP_DTYPE_BF16 ? "bf16" : "f32", ckpt ? " checkpointed" : "", s,
                (long long)fused[0], (long long)add3[0], (long long)fused[1], (long long)add3[1]);
-        compare(dev, &o[0], &o[1]);
+        tiny_compare(dev, &o[0], &o[1]);
         bool b16 = compute == FSDP_DTYPE_BF16;
         CU_ASSERT_EQUAL(fused[0], b16 ? 2 * LAYERS : 0);
         CU_ASSERT_EQUAL(add3[0], b16 ? 0 : LAYERS);
@@ -478,7 +346,7 @@ static fsdp_status add_observers(fsdp_ctx *ctx, fsdp_module *m, void *user) {
 
 static void test_observed_cpu(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_llama_config cfg = config(FSDP_DTYPE_BF16);
+    fsdp_llama_config cfg = tiny_llama_config(FSDP_DTYPE_BF16);
     fsdp_module *m[2] = {NULL, NULL};
     int64_t calls = 0;
     for (int i = 0; i < 2; i++) FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m[i]));
@@ -501,7 +369,7 @@ static void test_observed_cpu(void) {
         CU_ASSERT_EQUAL(fused, 2 * LAYERS);
         CU_ASSERT_EQUAL(g16, 2 * LAYERS);
         CU_ASSERT_EQUAL(branches, 2 * LAYERS);
-        compare(FSDP_CPU, &o[0], &o[1]);
+        tiny_compare(FSDP_CPU, &o[0], &o[1]);
     }
     CU_ASSERT_TRUE(calls > 0);
     int64_t rest[3]; /* the counters left zero for the cases after */
@@ -537,7 +405,7 @@ typedef struct world_run {
  * reduced). */
 static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
     world_run *r = user;
-    fsdp_llama_config cfg = config(r->compute);
+    fsdp_llama_config cfg = tiny_llama_config(r->compute);
     llama_tp l;
     fsdp_sharded *sh = NULL;
     static const char *const kinds[] = {"LlamaDecoderLayer"};
@@ -558,7 +426,7 @@ static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
             &sh);
     fsdp_module *grads_of = sh ? fsdp_sharded_flat_params(sh) : l.m;
     for (int s = 0; st == FSDP_OK && s < 2; s++)
-        st = step_of(ctx, l.m, grads_of, FSDP_CPU, s, &r->out[rank][s]);
+        st = tiny_step_of(ctx, l.m, grads_of, FSDP_CPU, s, &r->out[rank][s]);
     fsdp_sharded_free(sh);
     llama_tp_free(&l);
     return st;
@@ -588,7 +456,7 @@ static void check_world(fsdp_dtype compute, int dp, int tp) {
     for (int rank = first; rank < first + hosted; rank++)
         for (int s = 0; s < 2; s++) {
             printf("\n    rank %d step %d:", rank, s);
-            compare(FSDP_CPU, &r[0].out[rank][s], &r[1].out[rank][s]);
+            tiny_compare(FSDP_CPU, &r[0].out[rank][s], &r[1].out[rank][s]);
         }
     int64_t per_rank = 2 * LAYERS; /* two steps */
     bool fuse = b16 && tp == 1;
