@@ -288,10 +288,13 @@ static bool receive_poison(mpi_group *mg) {
     return true;
 }
 
-/* The world rank of a member this rank still waits for whose function has returned, or -1. */
+/* The world rank of a member this rank still waits for whose function has returned, or -1: a
+ * receive from it, or a send to it (its works were abandoned as it returned, so nothing will
+ * take the data: with a communication thread it may have sent its part and returned before
+ * taking ours). */
 static int gone_member(const fsdp_group *g, const mpi_group *mg, const mpi_reqs *rs) {
     for (int i = 0; i < rs->n; i++) {
-        if (rs->reqs[i] == MPI_REQUEST_NULL || !rs->recv[i]) continue;
+        if (rs->reqs[i] == MPI_REQUEST_NULL) continue;
         int r = g->ranks[rs->member[i]];
         if (mg->mw->noted[r]) return r;
     }
