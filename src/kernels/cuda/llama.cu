@@ -356,6 +356,14 @@ __device__ inline float sigmoid_f(float x) {
     return x >= 0.0f ? s : z * s;
 }
 
+/* swiglu_backward's two gradients of one element, in its f32 operations (one body for every
+ * variant: f32, bf16 inputs, rounded outputs) */
+__device__ inline void swiglu_grads(float g, float u, float dy, float *dg, float *du) {
+    float s = sigmoid_f(g);
+    *dg = dy * u * s * (1.0f + g * (1.0f - s));
+    *du = dy * g * s;
+}
+
 struct swiglu_op {
     __device__ float operator()(float g, float u) const { return g * sigmoid_f(g) * u; }
 };
@@ -368,9 +376,7 @@ extern "C" void fsdp_cuda_swiglu_forward(float *out, const float *gate, const fl
 __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout,
                                        const float *gate, const float *up, int64_t n) {
     for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
-        float g = gate[i], u = up[i], dy = dout[i], s = sigmoid_f(g);
-        dgate[i] = dy * u * s * (1.0f + g * (1.0f - s));
-        dup[i] = dy * g * s;
+        swiglu_grads(gate[i], up[i], dout[i], &dgate[i], &dup[i]);
     }
 }
 
@@ -407,9 +413,7 @@ extern "C" void fsdp_cuda_swiglu_forward_bf16(fsdp_bf16 *out, const fsdp_bf16 *g
 __global__ void swiglu_backward_bf16_kernel(float *dgate, float *dup, const float *dout,
                                             const fsdp_bf16 *gate, const fsdp_bf16 *up, int64_t n) {
     for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
-        float g = bf16_widen(gate[i]), u = bf16_widen(up[i]), dy = dout[i], s = sigmoid_f(g);
-        dgate[i] = dy * u * s * (1.0f + g * (1.0f - s));
-        dup[i] = dy * g * s;
+        swiglu_grads(bf16_widen(gate[i]), bf16_widen(up[i]), dout[i], &dgate[i], &dup[i]);
     }
 }
 
@@ -429,9 +433,10 @@ __global__ void swiglu_backward_bf16_round_kernel(fsdp_bf16 *dgate, fsdp_bf16 *d
                                                   const float *dout, const fsdp_bf16 *gate,
                                                   const fsdp_bf16 *up, int64_t n) {
     for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
-        float g = bf16_widen(gate[i]), u = bf16_widen(up[i]), dy = dout[i], s = sigmoid_f(g);
-        dgate[i] = bf16_from_bits(__float_as_uint(dy * u * s * (1.0f + g * (1.0f - s))));
-        dup[i] = bf16_from_bits(__float_as_uint(dy * g * s));
+        float dg, du;
+        swiglu_grads(bf16_widen(gate[i]), bf16_widen(up[i]), dout[i], &dg, &du);
+        dgate[i] = bf16_from_bits(__float_as_uint(dg));
+        dup[i] = bf16_from_bits(__float_as_uint(du));
     }
 }
 
@@ -449,10 +454,10 @@ __global__ void swiglu_backward_bf16io_kernel(fsdp_bf16 *dgate, fsdp_bf16 *dup,
                                               const fsdp_bf16 *dout, const fsdp_bf16 *gate,
                                               const fsdp_bf16 *up, int64_t n) {
     for (int64_t i = fsdp_tid(); i < n; i += fsdp_stride()) {
-        float g = bf16_widen(gate[i]), u = bf16_widen(up[i]), dy = bf16_widen(dout[i]),
-              s = sigmoid_f(g);
-        dgate[i] = bf16_from_bits(__float_as_uint(dy * u * s * (1.0f + g * (1.0f - s))));
-        dup[i] = bf16_from_bits(__float_as_uint(dy * g * s));
+        float dg, du;
+        swiglu_grads(bf16_widen(gate[i]), bf16_widen(up[i]), bf16_widen(dout[i]), &dg, &du);
+        dgate[i] = bf16_from_bits(__float_as_uint(dg));
+        dup[i] = bf16_from_bits(__float_as_uint(du));
     }
 }
 
