@@ -434,6 +434,33 @@ static void test_rank_list_whole_numbers(void) {
     CU_ASSERT_STRING_EQUAL(buf, "4,5,9");
 }
 
+/* A data step's timeout names whom the rank waited for: the members whose data had not come
+ * or, when only its sends were left open, the members that had not taken its data (before, that
+ * case named nobody: "waiting for data from rank  for 10.0 s"). */
+static void test_data_timeout_names_peers(void) {
+    int ranks[3] = {4, 5, 9};
+    bool missing[3] = {false, true, false};
+    fsdp_comm_failure f = {.kind = FSDP_FAILURE_DATA,
+                           .op = FSDP_COMM_ALL_REDUCE,
+                           .group_desc = "'world'",
+                           .timeout_ms = 100,
+                           .n_members = 3,
+                           .ranks = ranks,
+                           .missing = missing};
+    char msg[FSDP_ERROR_MAX];
+    CU_ASSERT_EQUAL(fsdp_comm_failure_format(&f, msg, sizeof msg), FSDP_ERR_TIMEOUT);
+    printf("\n    %s", msg);
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, "nothing more came from rank 5."));
+    f.unsent = true;
+    CU_ASSERT_EQUAL(fsdp_comm_failure_format(&f, msg, sizeof msg), FSDP_ERR_TIMEOUT);
+    printf("\n    %s", msg);
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, "rank 5 did not take this rank's data."));
+    CU_ASSERT_PTR_NULL(strstr(msg, "came from"));
+    missing[0] = true;
+    CU_ASSERT_EQUAL(fsdp_comm_failure_format(&f, msg, sizeof msg), FSDP_ERR_TIMEOUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, "ranks 4,5 did not take this rank's data."));
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--child") == 0) return child_main(argv[2], argv[3]);
     static const fsdp_test_case cases[] = {
@@ -444,6 +471,7 @@ int main(int argc, char **argv) {
         {"mpi_killed_rank", test_mpi_killed_rank},
         {"mpi_killed_during_gather", test_mpi_killed_during_gather},
         {"rank_list_whole_numbers", test_rank_list_whole_numbers},
+        {"data_timeout_names_peers", test_data_timeout_names_peers},
     };
     return fsdp_test_run(argc, argv, "comm_faults", cases, (int)(sizeof cases / sizeof cases[0]));
 }

@@ -329,11 +329,14 @@ typedef enum fsdp_comm_failure_kind {
 typedef struct fsdp_comm_failure {
     fsdp_comm_failure_kind kind;
     int op;
-    const char *group_desc;       /* fsdp_group.desc */
-    int timeout_ms;               /* ARRIVAL, DATA */
-    int n_members;                /* ARRIVAL, DATA: the group's size, */
-    const int *ranks;             /* its world ranks, */
-    const bool *missing;          /* and per member whether it is missing (NULL: none) */
+    const char *group_desc; /* fsdp_group.desc */
+    int timeout_ms;         /* ARRIVAL, DATA */
+    int n_members;          /* ARRIVAL, DATA: the group's size, */
+    const int *ranks;       /* its world ranks, */
+    const bool *missing;    /* and per member whether it is missing (NULL: none) */
+    /* DATA: `missing` are the members that have not taken this rank's data (its sends are all
+     * that is left open), not those whose data has not come */
+    bool unsent;
     int gone_rank;                /* GONE: the world rank that returned, */
     const fsdp_rank_result *gone; /* and its result */
     uint64_t group_id, group_seq; /* GONE: the group's id and this rank's call number on it */
@@ -351,13 +354,17 @@ static inline double fsdp_comm_log_every_s(int timeout_ms) {
     return s < 1.0 ? 1.0 : s > 10.0 ? 10.0 : s;
 }
 
+/* What a long wait waits for: members to arrive, data from members (every member arrived), or
+ * members to take this rank's data (every member arrived, and only its sends are open). */
+typedef enum { FSDP_WAIT_LOG_ARRIVAL, FSDP_WAIT_LOG_DATA, FSDP_WAIT_LOG_UNSENT } fsdp_wait_log_kind;
+
 /* Logs (a warning on ctx, under its rank) that a wait of `op` on a group has lasted waited_s:
- * the members it waits for (missing[m]; world ranks ranks[m]) and those that have arrived;
- * `data`: every member arrived and the wait is for their data. forensics (may be NULL): what
- * the missing members do instead (fsdp_trace_forensics), appended. */
+ * the members it waits for (missing[m]; world ranks ranks[m]) and those that have arrived, as
+ * `kind` says. forensics (may be NULL): what the missing members do instead
+ * (fsdp_trace_forensics), appended. */
 void fsdp_comm_wait_log(fsdp_ctx *ctx, int op, const char *group_desc, int n_members,
-                        const int *ranks, const bool *missing, bool data, double waited_s,
-                        int timeout_ms, const char *forensics);
+                        const int *ranks, const bool *missing, fsdp_wait_log_kind kind,
+                        double waited_s, int timeout_ms, const char *forensics);
 
 /* Writes the message of f into msg ("all_reduce on group 'world' (world ranks 0,1,2,3) timed
  * out after 100 ms: rank 3 did not arrive (arrived: 0,1,2). ..."); returns its status

@@ -80,7 +80,14 @@ fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size
                  op, f->group_desc, f->timeout_ms, s, missing, arrived);
         return FSDP_ERR_TIMEOUT;
     case FSDP_FAILURE_DATA:
-        if (n > 0)
+        if (n > 0 && f->unsent)
+            snprintf(msg, size,
+                     "%s on group %s timed out after %d ms without progress while moving data "
+                     "(every rank had arrived, and this rank had its data): rank%s %s did not "
+                     "take this rank's data. If a transfer may stall that long, raise "
+                     "fsdp_world_options.timeout_ms",
+                     op, f->group_desc, f->timeout_ms, s, missing);
+        else if (n > 0)
             snprintf(msg, size,
                      "%s on group %s timed out after %d ms without progress while moving data "
                      "(every rank had arrived): nothing more came from rank%s %s. If a transfer "
@@ -122,20 +129,27 @@ fsdp_status fsdp_comm_failure_format(const fsdp_comm_failure *f, char *msg, size
 }
 
 void fsdp_comm_wait_log(fsdp_ctx *ctx, int op, const char *group_desc, int n_members,
-                        const int *ranks, const bool *missing, bool data, double waited_s,
-                        int timeout_ms, const char *forensics) {
+                        const int *ranks, const bool *missing, fsdp_wait_log_kind kind,
+                        double waited_s, int timeout_ms, const char *forensics) {
     char late[256] = "", arrived[256] = "";
     int n = fsdp_comm_rank_list(ranks, missing, n_members, true, late, sizeof late);
     fsdp_comm_rank_list(ranks, missing, n_members, false, arrived, sizeof arrived);
-    if (data)
+    const char *s = n > 1 ? "s" : "";
+    if (kind == FSDP_WAIT_LOG_DATA)
         fsdp_log(ctx, FSDP_LOG_WARN,
                  "%s on group %s: waiting for data from rank%s %s for %.1f s (every rank "
                  "arrived); it fails after %d ms without progress",
-                 fsdp_call_op_name(op), group_desc, n > 1 ? "s" : "", late, waited_s, timeout_ms);
+                 fsdp_call_op_name(op), group_desc, s, late, waited_s, timeout_ms);
+    else if (kind == FSDP_WAIT_LOG_UNSENT)
+        fsdp_log(ctx, FSDP_LOG_WARN,
+                 "%s on group %s: waiting for rank%s %s to take this rank's data for %.1f s "
+                 "(every rank arrived, and this rank has its data); it fails after %d ms "
+                 "without progress",
+                 fsdp_call_op_name(op), group_desc, s, late, waited_s, timeout_ms);
     else
         fsdp_log(ctx, FSDP_LOG_WARN,
                  "%s on group %s: waiting for rank%s %s (arrived: %s) for %.1f s; it fails "
                  "after %d ms.%s",
-                 fsdp_call_op_name(op), group_desc, n > 1 ? "s" : "", late, arrived, waited_s,
-                 timeout_ms, forensics ? forensics : "");
+                 fsdp_call_op_name(op), group_desc, s, late, arrived, waited_s, timeout_ms,
+                 forensics ? forensics : "");
 }

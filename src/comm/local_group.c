@@ -292,8 +292,8 @@ static void log_wait(fsdp_ctx *ctx, const fsdp_group *g, const local_group *lg, 
     for (int r = 0; r < lg->size; r++) missing[r] = lg->entered[r] < target;
     char why[FSDP_ERROR_MAX];
     forensics(g, lg, missing, why, sizeof why);
-    fsdp_comm_wait_log(ctx, op, g->desc, lg->size, lg->ranks, missing, false, waited_s,
-                       lg->lw->world->timeout_ms, why);
+    fsdp_comm_wait_log(ctx, op, g->desc, lg->size, lg->ranks, missing, FSDP_WAIT_LOG_ARRIVAL,
+                       waited_s, lg->lw->world->timeout_ms, why);
 }
 
 /* Waits (holding lg->mu) until every member has entered stage `target`; logs whom it waits

@@ -189,13 +189,30 @@ fsdp_status fsdp_mpi_fail_and_poison(fsdp_ctx *ctx, mpi_group *mg, fsdp_status s
     return fsdp_mpi_fail_and_poison_set(ctx, mg, &mg->rq, status, msg);
 }
 
-/* Per member: whether this rank still has an open receive from it (it has not sent its part
- * of the step). Returns a calloc'd array, NULL when out of memory. */
-static bool *open_members(const mpi_group *mg, const mpi_reqs *rs) {
+/* Per member whether this rank still has an open receive from it (recv: it has not sent its
+ * part of the step) or an open send to it (it has not taken this rank's part). Returns a
+ * calloc'd array, NULL when out of memory. */
+static bool *members_with_open(const mpi_group *mg, const mpi_reqs *rs, bool recv) {
     bool *open = calloc((size_t)mg->size, sizeof *open);
     for (int i = 0; open && i < rs->n; i++)
-        if (rs->reqs[i] != MPI_REQUEST_NULL && rs->recv[i]) open[rs->member[i]] = true;
+        if (rs->reqs[i] != MPI_REQUEST_NULL && rs->recv[i] == recv) open[rs->member[i]] = true;
     return open;
+}
+
+static bool *open_members(const mpi_group *mg, const mpi_reqs *rs) {
+    return members_with_open(mg, rs, true);
+}
+
+/* The members this rank waits for: those it has an open receive from or, when none (*unsent),
+ * those whose sends from this rank have not completed: they have not taken its data. */
+static bool *waited_members(const mpi_group *mg, const mpi_reqs *rs, bool *unsent) {
+    bool *open = members_with_open(mg, rs, true);
+    *unsent = false;
+    for (int m = 0; open && m < mg->size; m++)
+        if (open[m]) return open;
+    free(open);
+    *unsent = true;
+    return members_with_open(mg, rs, false);
 }
 
 /* The wait failed (f: what went wrong): open requests are dropped and the group is
@@ -209,7 +226,8 @@ static fsdp_status fail_wait(fsdp_ctx *ctx, mpi_group *mg, mpi_reqs *rs,
 
 static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, mpi_reqs *rs,
                                 int op, bool arrival) {
-    bool *open = open_members(mg, rs);
+    bool unsent = false;
+    bool *open = arrival ? open_members(mg, rs) : waited_members(mg, rs, &unsent);
     char why[FSDP_ERROR_MAX] = "";
     if (arrival && open)
         forensics(g, mg->mw, open, rs->group_seq ? rs->group_seq : g->calls, why, sizeof why);
@@ -220,6 +238,7 @@ static fsdp_status fail_timeout(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *m
                            .n_members = mg->size,
                            .ranks = g->ranks,
                            .missing = open,
+                           .unsent = unsent,
                            .forensics = why};
     fsdp_status st = fail_wait(ctx, mg, rs, &f);
     free(open);
@@ -351,10 +370,12 @@ fsdp_status fsdp_mpi_post_in(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg, 
 }
 
 /* Logs whom a wait that has lasted waited_s waits for: the members it has an open receive
- * from; for an arrival, with what they do meanwhile (asked, as at a timeout). */
+ * from (for data: those it has an open send to when there are none); for an arrival, with what
+ * they do meanwhile (asked, as at a timeout). */
 static void log_wait(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, const mpi_reqs *rs,
                      int op, wait_kind kind, double waited_s) {
-    bool *late = open_members(mg, rs);
+    bool unsent = false;
+    bool *late = kind == WAIT_DATA ? waited_members(mg, rs, &unsent) : open_members(mg, rs);
     if (!late) return;
     if (kind == WAIT_CONFIRM) {
         char missing[256] = "";
@@ -367,7 +388,10 @@ static void log_wait(fsdp_ctx *ctx, const fsdp_group *g, const mpi_group *mg, co
         char why[FSDP_ERROR_MAX] = "";
         if (kind == WAIT_ARRIVAL)
             forensics(g, mg->mw, late, rs->group_seq ? rs->group_seq : g->calls, why, sizeof why);
-        fsdp_comm_wait_log(ctx, op, g->desc, mg->size, g->ranks, late, kind == WAIT_DATA, waited_s,
+        fsdp_wait_log_kind lk = kind != WAIT_DATA ? FSDP_WAIT_LOG_ARRIVAL
+                                : unsent          ? FSDP_WAIT_LOG_UNSENT
+                                                  : FSDP_WAIT_LOG_DATA;
+        fsdp_comm_wait_log(ctx, op, g->desc, mg->size, g->ranks, late, lk, waited_s,
                            mg->mw->world->timeout_ms, why);
     }
     free(late);
