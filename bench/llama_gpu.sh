@@ -6,7 +6,7 @@
 # bench/README.md, "llama_gpu.sh".
 #
 #   bench/llama_gpu.sh [--dry-run] [--budget-s SEC] [--steps N] [--shapes S,M] [--libfsdp-only]
-#                      [--libfsdp-shapes S] [--breakdown] [BUILD_DIR]
+#                      [--libfsdp-shapes S] [--modes bf16,tf32,f32] [--breakdown] [BUILD_DIR]
 #   bench/llama_gpu.sh --device sim --shapes tiny [BUILD_DIR]   (the plumbing, on no GPU)
 #
 # MFU = tokens/s x (6N + 12 L d T) / peak, N the parameters less the input embedding table,
@@ -16,23 +16,26 @@
 # CUDA it times libfsdp alone and says so. --device sim runs libfsdp on the simulated GPU and
 # PyTorch (when importable) on the CPU: a check of the script and drivers, not a measurement.
 # The budget (default 900 s) bounds the whole run: libfsdp gets up to 40% of it, PyTorch the
-# rest; a run that would not fit is skipped with the reason. --breakdown: bench_llama_gpu and
-# llama_gpu.py (its eager runs) also time each part of the step ('breakdown' lines, printed as
-# they come), and a table per shape and mode puts the two side by side.
+# rest; a run that would not fit is skipped with the reason. --modes: the modes both time
+# (default all three, bf16 first); the table shows '-' for the others. --breakdown:
+# bench_llama_gpu and llama_gpu.py (its eager runs) also time each part of the step ('breakdown'
+# lines, printed as they come), and a table per shape and mode puts the two side by side.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=build budget=900 steps=10 shapes=S,M dry=0 device=cuda torch=1 our_shapes="" breakdown=()
+build=build budget=900 steps=10 shapes=S,M modes=bf16,tf32,f32 dry=0 device=cuda torch=1 our_shapes=""
+breakdown=()
 while [ $# -gt 0 ]; do
     case $1 in
     --dry-run) dry=1 ;;
     --budget-s) budget=$2 && shift ;;
     --steps) steps=$2 && shift ;;
     --shapes) shapes=$2 && shift ;;
+    --modes) modes=$2 && shift ;;
     --libfsdp-shapes) our_shapes=$2 && shift ;;
     --device) device=$2 && shift ;;
     --libfsdp-only) torch=0 ;;
     --breakdown) breakdown=(--breakdown) ;;
-    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
     -*) echo "llama_gpu.sh: unknown option $1 (see --help)" >&2 && exit 2 ;;
     *) build=$1 ;;
     esac
@@ -43,6 +46,8 @@ done
 [[ "$steps" =~ ^[0-9]+$ ]] && [ "$steps" -ge 10 ] ||
     { echo "llama_gpu.sh: --steps $steps: the median needs at least 10 steps" >&2 && exit 2; }
 our_shapes=${our_shapes:-$shapes}
+[[ "$modes" =~ ^(f32|tf32|bf16)(,(f32|tf32|bf16))*$ ]] ||
+    { echo "llama_gpu.sh: --modes $modes: a list of f32, tf32, bf16 (for example bf16,tf32)" >&2 && exit 2; }
 case $device in cuda | sim) ;; *) echo "llama_gpu.sh: --device $device: cuda or sim" >&2 && exit 2 ;; esac
 start=$(date +%s)
 
@@ -68,7 +73,7 @@ echo "llama_gpu: plan: shapes $shapes (S: dim 768, 12 layers, 12/4 heads, ffn 20
 echo "  T 1024, B 16; M: dim 2048, 16 layers, 32/8 heads, ffn 8192, vocab 128256, T 2048, B 4),"
 if [ "$our_shapes" != "$shapes" ]; then echo "  libfsdp on shapes $our_shapes only (--libfsdp-shapes)"; fi
 if [ ${#breakdown[@]} -gt 0 ]; then echo "  libfsdp's and PyTorch eager's steps broken down by part (--breakdown)"; fi
-echo "  modes f32, tf32, bf16; libfsdp (bench_llama_gpu), PyTorch eager with SDPA and"
+echo "  modes $modes; libfsdp (bench_llama_gpu), PyTorch eager with SDPA and"
 echo "  torch.compile (llama_gpu.py); AdamW; median of $steps steps after warm-up; budget $budget s"
 echo "  MFU = tokens/s x (6N + 12 L d T) / peak, N = parameters less the input embedding"
 echo "  peaks (TFLOP/s, f32,tf32,bf16) for '${gpu:-no GPU}': $peaks"
@@ -91,7 +96,8 @@ left() { echo $((budget - ($(date +%s) - start))); }
 ours_budget=$((budget * 2 / 5))
 if [ -x "$build/bench/bench_llama_gpu" ]; then
     timeout -k 5 $((ours_budget + 30)) "$build/bench/bench_llama_gpu" --device "$device" --shapes "$our_shapes" \
-        --steps "$steps" --budget-s "$ours_budget" --peaks "$peaks" "${breakdown[@]}" | tee "$out/ours" ||
+        --modes "$modes" --steps "$steps" --budget-s "$ours_budget" --peaks "$peaks" "${breakdown[@]}" |
+        tee "$out/ours" ||
         echo "llama_gpu: bench_llama_gpu exit status $? (figures above, if any, stand)"
 else
     echo "llama_gpu: no $build/bench/bench_llama_gpu: build the benchmarks (FSDP_BUILD_BENCH=ON)" |
@@ -109,7 +115,7 @@ elif [ "$theirs_budget" -lt 20 ]; then
     echo "llama_gpu: PyTorch not run: $(left) s of the budget left" | tee "$out/theirs"
 else
     timeout -k 5 $((theirs_budget + 40)) python3 "$here/llama_gpu.py" --shapes "$shapes" \
-        --steps "$steps" --budget-s "$theirs_budget" --peaks "$peaks" --device "$pydev" \
+        --modes "$modes" --steps "$steps" --budget-s "$theirs_budget" --peaks "$peaks" --device "$pydev" \
         "${breakdown[@]}" |
         tee "$out/theirs" ||
         echo "llama_gpu: llama_gpu.py exit status $? (figures above, if any, stand)"

@@ -33,8 +33,9 @@
 # Environment: GPU_SESSION_BUDGET (seconds for the whole session, default 540), GPU_SESSION_SKIP
 # (phases not to run, separated by spaces: e.g. "bench scaling"; the time kept for them goes to
 # the others), GPU_SESSION_WERROR (the build's FSDP_WERROR, default OFF),
-# GPU_SESSION_BUILD (the build directory, default build-gpu at the repository root), JOBS
-# (build parallelism, default all cores).
+# GPU_SESSION_BUILD (the build directory, default build-gpu at the repository root),
+# GPU_SESSION_LLAMA_MODES (bench-llama's modes, default bf16), JOBS (build parallelism, default
+# all cores).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -340,8 +341,10 @@ phase_bench_fsdp() {
 }
 
 # bench/llama_gpu.sh within this phase's limit (GPU_SESSION_LIMIT), less time to print the table.
-# libfsdp runs shapes S and M (bf16 first; building M initialises 1.5 G parameters on the CPU,
-# over up to 16 threads; what does not fit the budget is skipped with the reason). --breakdown:
+# libfsdp runs shapes S and M (building M initialises 1.5 G parameters on the CPU, over up to 16
+# threads; what does not fit the budget is skipped with the reason), in the goals' mode, bf16,
+# only: the f32 and TF32 figures are on record (bench/README.md), and the phase's minutes go to
+# M and the breakdowns (GPU_SESSION_LLAMA_MODES, e.g. bf16,tf32,f32, times more). --breakdown:
 # libfsdp's step per part (its 'breakdown' lines are in the log, not the note).
 phase_bench_llama() {
     local log rc=0
@@ -350,9 +353,11 @@ phase_bench_llama() {
     # cuDNN's in bf16; GEMMs on cuBLASLt); GPU_SESSION_ATTENTION / GPU_SESSION_GEMM choose
     # otherwise (e.g. flash, cublas).
     local attention=${GPU_SESSION_ATTENTION:-auto} gemm=${GPU_SESSION_GEMM:-lt}
+    local modes=${GPU_SESSION_LLAMA_MODES:-bf16}
     echo "+ FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm"
     FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm run bash "$repo/bench/llama_gpu.sh" \
-        --budget-s $((${GPU_SESSION_LIMIT:-200} - 10)) --libfsdp-shapes S,M --breakdown "$build" || rc=$?
+        --budget-s $((${GPU_SESSION_LIMIT:-200} - 10)) --libfsdp-shapes S,M --modes "$modes" \
+        --breakdown "$build" || rc=$?
     if [ "$rc" -ne 0 ]; then
         result fail "bench/llama_gpu.sh exit status $rc (attention $attention, gemm $gemm)"
         return 0

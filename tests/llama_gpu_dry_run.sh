@@ -19,7 +19,7 @@ rc=0
 bash "$script" --dry-run "$build" >"$tmp/out" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || fail "--dry-run exited $rc, want 0"
 expect "llama_gpu: plan: shapes S,M"
-expect "modes f32, tf32, bf16"
+expect "modes bf16,tf32,f32;"
 expect "MFU = tokens/s x (6N + 12 L d T) / peak"
 expect "llama_gpu: skipped: dry run (--dry-run)"
 
@@ -43,6 +43,19 @@ grep -qE '^result libfsdp tiny bf16 step_ms [0-9.]+ tokens_per_s [0-9.]+ mfu n/a
     "$tmp/out" || fail "no result line of libfsdp tiny bf16 (the bf16 compute policy)"
 expect "skip libfsdp tiny tf32: TF32 is a CUDA tensor-core mode"
 expect "goal tiny bf16: faster than eager SDPA: no eager figure; MFU n/a (goal 0.40)"
+
+# --modes reaches bench_llama_gpu: bf16 alone times no f32 step; a mode it does not know fails.
+rc=0
+bash "$script" --device sim --shapes tiny --libfsdp-only --modes bf16 --budget-s 120 "$build" \
+    >"$tmp/out" 2>&1 || rc=$?
+[ "$rc" -eq 0 ] || fail "--modes bf16 on sim exited $rc, want 0"
+expect "modes bf16;"
+grep -qE '^result libfsdp tiny bf16 step_ms ' "$tmp/out" || fail "--modes bf16: no bf16 result"
+grep -qE '^result libfsdp tiny f32 ' "$tmp/out" && fail "--modes bf16 timed f32"
+rc=0
+bash "$script" --dry-run --modes bf16,fp8 "$build" >"$tmp/out" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || fail "--modes bf16,fp8 exited $rc, want 2"
+expect "a list of f32, tf32, bf16"
 
 # --breakdown on sim: after each mode's timed steps, every part of libfsdp's step and the total.
 rc=0
