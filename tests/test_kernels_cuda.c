@@ -511,8 +511,10 @@ static void test_gemm_tf32(void) {
 
 static void test_bias(void) {
     rng_seed(12);
-    const int64_t shapes[][2] = {{37, 70}, {1000, 33}, {1, 1}};
-    for (int s = 0; s < 3; s++) {
+    /* 5000 x 33 and 20000 x 3: the column sums split the rows into chunks (few columns, many
+     * rows), summed per chunk and then over the chunks */
+    const int64_t shapes[][2] = {{37, 70}, {1000, 33}, {1, 1}, {5000, 33}, {20000, 3}};
+    for (int s = 0; s < 5; s++) {
         int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
         float *out = new_uniform(n, -1, 1), *bias = new_uniform(cols, -1, 1);
         float *db = new_uniform(cols, -1, 1);
@@ -663,8 +665,9 @@ static void test_elementwise(void) {
 
 static void test_rmsnorm(void) {
     rng_seed(15);
-    const int64_t shapes[][2] = {{17, 1000}, {3, 4097}, {300, 64}, {1, 1}};
-    for (int s = 0; s < 4; s++) {
+    /* 4096 x 96: the weight gradient's column sums split the rows into chunks */
+    const int64_t shapes[][2] = {{17, 1000}, {3, 4097}, {300, 64}, {1, 1}, {4096, 96}};
+    for (int s = 0; s < 5; s++) {
         int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
         float *x = new_uniform(n, -2, 2), *w = new_uniform(cols, 0.5f, 1.5f);
         float *dy = new_uniform(n, -1, 1), *dw = new_uniform(cols, -1, 1);

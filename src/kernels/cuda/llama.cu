@@ -1,49 +1,12 @@
 /* llama.cu: the Llama layers' kernels on the device, with the CPU's semantics
- * (kernels/cpu/llama.h). Straightforward first versions, deterministic (no atomics): the
- * embedding gradient adds rows in token order per column; the plain attention (attention.cu
+ * (kernels/cpu/llama.h; the embedding's are in embedding.cu). Straightforward first versions,
+ * deterministic (no atomics): the plain attention (attention.cu
  * chooses it or the tiled one) runs one thread per score row, recomputing scores from q and k in
  * backward and never storing a (T, T) block (the scratch argument is unused); the key/value
  * gradients are summed per key row over the query rows and heads of its group. */
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/llama_cuda.h"
-
-/* ---- embedding ---- */
-
-__global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *weight,
-                                         int64_t n, int64_t C, int64_t start, int64_t rows) {
-    for (int64_t e = fsdp_tid(); e < n * C; e += fsdp_stride()) {
-        int64_t r = (int64_t)tokens[e / C] - start;
-        out[e] = r >= 0 && r < rows ? weight[r * C + e % C] : 0.0f;
-    }
-}
-
-extern "C" void fsdp_cuda_embedding_forward(float *out, const int32_t *tokens, const float *weight,
-                                            int64_t n, int64_t C, int64_t start, int64_t rows) {
-    if (n <= 0 || C <= 0) return;
-    embedding_forward_kernel<<<fsdp_grid(n * C), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        out, tokens, weight, n, C, start, rows);
-    FSDP_CUDA_LAUNCHED("embedding_forward");
-}
-
-/* one thread per column, rows in token order: the CPU's order of additions */
-__global__ void embedding_backward_kernel(float *dweight, const float *dout, const int32_t *tokens,
-                                          int64_t n, int64_t C, int64_t start, int64_t rows) {
-    for (int64_t c = fsdp_tid(); c < C; c += fsdp_stride())
-        for (int64_t i = 0; i < n; i++) {
-            int64_t r = (int64_t)tokens[i] - start;
-            if (r >= 0 && r < rows) dweight[r * C + c] += dout[i * C + c];
-        }
-}
-
-extern "C" void fsdp_cuda_embedding_backward(float *dweight, const float *dout,
-                                             const int32_t *tokens, int64_t n, int64_t C,
-                                             int64_t start, int64_t rows) {
-    if (n <= 0 || C <= 0) return;
-    embedding_backward_kernel<<<fsdp_grid(C), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        dweight, dout, tokens, n, C, start, rows);
-    FSDP_CUDA_LAUNCHED("embedding_backward");
-}
 
 /* ---- rotary embedding ---- */
 

@@ -63,18 +63,29 @@ extern "C" double fsdp_cuda_max_abs(const float *x, int64_t n) {
     return (double)best;
 }
 
-/* Column sums: a block takes 32 columns; its 8 rows of threads take every 8th row each, and
- * their 8 partials are added in order. */
-#define COL_X 32
-#define COL_Y 8
+/* Column sums: a block takes 32 columns and one chunk of the rows; its 8 rows of threads take
+ * every 8th row of the chunk each, and their 8 partials are added in order. One chunk (a short
+ * matrix, or no scratch memory) adds straight into dst; several write their sums to a scratch
+ * block, which one thread per column then adds in chunk order: a fixed order either way, so the
+ * same bits every run. Chunks keep the GPU busy when the columns are few: RMSNorm's weight
+ * gradient at dim 768 has 24 blocks of columns for 16384 rows, which one chunk ran on 24 SMs,
+ * each thread over 2048 rows in turn. */
+#define COL_X          32
+#define COL_Y          8
+#define COL_BLOCKS     1024 /* the blocks worth aiming for: several per SM on any GPU */
+#define COL_MIN_ROWS   256  /* rows a chunk has at least */
+#define COL_MAX_CHUNKS 65535
 
-__global__ void column_sum_kernel(float *dst, const float *a, const float *b, const float *scale,
-                                  int64_t rows, int64_t cols) {
+__global__ void column_sum_kernel(float *dst, double *chunk_sums, const float *a, const float *b,
+                                  const float *scale, int64_t rows, int64_t cols,
+                                  int64_t chunk_rows) {
     __shared__ double part[COL_Y][COL_X];
     int64_t c = (int64_t)blockIdx.x * COL_X + threadIdx.x;
+    int64_t first = (int64_t)blockIdx.y * chunk_rows;
+    int64_t end = first + chunk_rows < rows ? first + chunk_rows : rows;
     double acc = 0.0;
     if (c < cols) {
-        for (int64_t r = threadIdx.y; r < rows; r += COL_Y) {
+        for (int64_t r = first + threadIdx.y; r < end; r += COL_Y) {
             if (b) {
                 double s = scale ? (double)scale[r] : 1.0;
                 acc += (double)a[r * cols + c] * (double)b[r * cols + c] * s;
@@ -88,6 +99,19 @@ __global__ void column_sum_kernel(float *dst, const float *a, const float *b, co
     if (threadIdx.y == 0 && c < cols) {
         double total = 0.0;
         for (int y = 0; y < COL_Y; y++) total += part[y][threadIdx.x];
+        if (chunk_sums)
+            chunk_sums[(int64_t)blockIdx.y * cols + c] = total;
+        else
+            dst[c] = (float)((double)dst[c] + total);
+    }
+}
+
+/* dst[c] += the chunks' sums of column c, in chunk order */
+__global__ void column_chunks_kernel(float *dst, const double *chunk_sums, int64_t chunks,
+                                     int64_t cols) {
+    for (int64_t c = fsdp_tid(); c < cols; c += fsdp_stride()) {
+        double total = 0.0;
+        for (int64_t k = 0; k < chunks; k++) total += chunk_sums[k * cols + c];
         dst[c] = (float)((double)dst[c] + total);
     }
 }
@@ -95,8 +119,32 @@ __global__ void column_sum_kernel(float *dst, const float *a, const float *b, co
 extern "C" void fsdp_cuda_column_sum(float *dst, const float *a, const float *b, const float *scale,
                                      int64_t rows, int64_t cols) {
     if (cols <= 0) return;
-    dim3 block(COL_X, COL_Y);
-    column_sum_kernel<<<(unsigned)((cols + COL_X - 1) / COL_X), block, 0, fsdp_cuda_stream()>>>(
-        dst, a, b, scale, rows, cols);
+    int64_t col_blocks = (cols + COL_X - 1) / COL_X, chunks = 1;
+    if (col_blocks < COL_BLOCKS && rows >= 2 * COL_MIN_ROWS) {
+        chunks = (COL_BLOCKS + col_blocks - 1) / col_blocks;
+        if (chunks > rows / COL_MIN_ROWS) chunks = rows / COL_MIN_ROWS;
+        if (chunks > COL_MAX_CHUNKS) chunks = COL_MAX_CHUNKS;
+    }
+    int64_t chunk_rows = (rows + chunks - 1) / chunks;
+    if (chunk_rows < 1) chunk_rows = 1;
+    chunks = rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 1;
+    void *sums = NULL;
+    int device = 0;
+    if (chunks > 1) {
+        FSDP_CUDA_CHECK(cudaGetDevice(&device));
+        if (fsdp_cuda_block_alloc(NULL, device, (size_t)(chunks * cols) * sizeof(double), &sums) !=
+            FSDP_OK) {
+            chunks = 1; // one chunk needs no memory: slower, the same sums
+            chunk_rows = rows > 0 ? rows : 1;
+        }
+    }
+    dim3 block(COL_X, COL_Y), grid((unsigned)col_blocks, (unsigned)chunks);
+    column_sum_kernel<<<grid, block, 0, fsdp_cuda_stream()>>>(dst, (double *)sums, a, b, scale,
+                                                              rows, cols, chunk_rows);
     FSDP_CUDA_LAUNCHED("column_sum");
+    if (!sums) return;
+    column_chunks_kernel<<<fsdp_grid(cols), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        dst, (const double *)sums, chunks, cols);
+    FSDP_CUDA_LAUNCHED("column_sum (chunks)");
+    fsdp_cuda_block_free(device, sums); // after the kernels on this stream (the allocator's event)
 }
