@@ -1,39 +1,54 @@
-/* vocab_loss.cu: loss parallel's per-row pieces on the device, with the CPU's semantics and
- * order (kernels/cpu/vocab_loss.c): one thread per row for the maxima and the sums (each row's
- * classes in order, in double), one per element for the gradient. Deterministic (no atomics). */
+/* vocab_loss.cu: loss parallel's per-row pieces on the device, with the CPU's semantics
+ * (kernels/cpu/vocab_loss.c): one block per row for the maxima and the sums (its threads over the
+ * classes, then across the block in a fixed order: the maxima the CPU's, the sums in double in
+ * another order than the CPU's class order, the same bits every run), one thread per element for
+ * the gradient. Deterministic (no atomics). Before, one thread per row walked its classes in
+ * turn, neighbouring threads V floats apart. */
 #include <math.h>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/llama_cuda.h"
 
+#define VOCAB_MAX_BLOCKS 65535
+
+static unsigned row_blocks(int64_t rows) {
+    return (unsigned)(rows < VOCAB_MAX_BLOCKS ? rows : VOCAB_MAX_BLOCKS);
+}
+
 __global__ void vocab_row_max_kernel(float *mx, const float *logits, int64_t rows, int64_t V) {
-    for (int64_t r = fsdp_tid(); r < rows; r += fsdp_stride()) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *x = logits + r * V; // (V)
         float m = -INFINITY;
-        for (int64_t c = 0; c < V; c++) m = x[c] > m ? x[c] : m;
-        mx[r] = m;
+        for (int64_t c = threadIdx.x; c < V; c += blockDim.x) m = x[c] > m ? x[c] : m;
+        m = fsdp_block_max_all(m);
+        if (threadIdx.x == 0) mx[r] = m;
     }
 }
 
 extern "C" void fsdp_cuda_vocab_row_max(float *mx, const float *logits, int64_t rows, int64_t V) {
     if (rows <= 0) return;
-    vocab_row_max_kernel<<<fsdp_grid(rows), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(mx, logits,
-                                                                                        rows, V);
+    vocab_row_max_kernel<<<row_blocks(rows), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(mx, logits,
+                                                                                         rows, V);
     FSDP_CUDA_LAUNCHED("vocab_row_max");
 }
 
 __global__ void vocab_exp_sums_kernel(float *se, float *xt, const float *logits, const float *mx,
                                       const int32_t *targets, int32_t ignore_index, int64_t start,
                                       int64_t rows, int64_t V) {
-    for (int64_t r = fsdp_tid(); r < rows; r += fsdp_stride()) {
-        const float *x = logits + r * V; // (V)
-        se[r] = 0.0f, xt[r] = 0.0f;
-        if (targets[r] == ignore_index) continue;
-        double s = 0.0;
-        for (int64_t c = 0; c < V; c++) s += exp((double)x[c] - (double)mx[r]);
-        se[r] = (float)s;
-        int64_t t = (int64_t)targets[r] - start;
-        if (t >= 0 && t < V) xt[r] = x[t];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *x = logits + r * V;  // (V)
+        if (targets[r] == ignore_index) { // the same for the whole block
+            if (threadIdx.x == 0) se[r] = 0.0f, xt[r] = 0.0f;
+            continue;
+        }
+        double m = (double)mx[r], s = 0.0;
+        for (int64_t c = threadIdx.x; c < V; c += blockDim.x) s += exp((double)x[c] - m);
+        s = fsdp_block_sum_all(s);
+        if (threadIdx.x == 0) {
+            se[r] = (float)s;
+            int64_t t = (int64_t)targets[r] - start;
+            xt[r] = t >= 0 && t < V ? x[t] : 0.0f;
+        }
     }
 }
 
@@ -41,7 +56,7 @@ extern "C" void fsdp_cuda_vocab_exp_sums(float *se, float *xt, const float *logi
                                          const int32_t *targets, int32_t ignore_index,
                                          int64_t start, int64_t rows, int64_t V) {
     if (rows <= 0) return;
-    vocab_exp_sums_kernel<<<fsdp_grid(rows), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+    vocab_exp_sums_kernel<<<row_blocks(rows), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         se, xt, logits, mx, targets, ignore_index, start, rows, V);
     FSDP_CUDA_LAUNCHED("vocab_exp_sums");
 }
