@@ -450,8 +450,8 @@ template <class In, class Out>
 __global__ void cross_entropy_ignore_kernel(double *partial, double *bad, Out *dlogits,
                                             const In *logits, const int32_t *targets,
                                             int32_t ignore_index, int64_t rows, int64_t classes,
-                                            double n) {
-    double acc = 0.0;
+                                            const double *count) {
+    double acc = 0.0, n = *count;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const In *x = logits + r * classes; // (classes)
         Out *d = dlogits ? dlogits + r * classes : NULL;
@@ -471,8 +471,11 @@ __global__ void cross_entropy_ignore_kernel(double *partial, double *bad, Out *d
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-/* The count of rows, then one block per row (loss and gradient in one pass over the row), then
- * the loss's total, waited for: the f32 and the bf16 entries. */
+/* The count of rows, then one block per row (loss and gradient in one pass over the row, divided
+ * by the count, which the kernel reads from the device), then the loss's total: the f32 and the
+ * bf16 entries. The host waits once, for the total, the count and the bad-target flag together
+ * (before, it also waited for the count, between the forward's kernels and this one). Scratch:
+ * the partials, then [PARTIALS] the total, [+1] the flag, [+2] the count. */
 template <class In, class Out>
 static void cross_entropy_ignore(float *loss, Out *dlogits, const In *logits,
                                  const int32_t *targets, int32_t ignore_index, int64_t rows,
@@ -481,31 +484,28 @@ static void cross_entropy_ignore(float *loss, Out *dlogits, const In *logits,
         *loss = NAN;
         return;
     }
-    double *scratch = fsdp_cuda_scratch();
+    double *scratch = fsdp_cuda_scratch(), *total = scratch + FSDP_CUDA_PARTIALS;
     unsigned blocks = fsdp_partial_blocks(rows);
     count_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(scratch, targets,
                                                                        ignore_index, rows);
     FSDP_CUDA_LAUNCHED("cross_entropy_ignore (count)");
-    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        scratch + FSDP_CUDA_PARTIALS, scratch, (int)blocks);
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(total + 2, scratch,
+                                                                              (int)blocks);
     FSDP_CUDA_LAUNCHED("cross_entropy_ignore (count total)");
-    double n = fsdp_cuda_fetch_double(scratch + FSDP_CUDA_PARTIALS);
     blocks = (unsigned)(rows < FSDP_CUDA_PARTIALS ? rows : FSDP_CUDA_PARTIALS);
-    FSDP_CUDA_CHECK(
-        cudaMemsetAsync(scratch + FSDP_CUDA_PARTIALS + 1, 0, sizeof(double), fsdp_cuda_stream()));
+    FSDP_CUDA_CHECK(cudaMemsetAsync(total + 1, 0, sizeof(double), fsdp_cuda_stream()));
     cross_entropy_ignore_kernel<In, Out><<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        scratch, scratch + FSDP_CUDA_PARTIALS + 1, dlogits, logits, targets, ignore_index, rows,
-        classes, n);
+        scratch, total + 1, dlogits, logits, targets, ignore_index, rows, classes, total + 2);
     FSDP_CUDA_LAUNCHED("cross_entropy_ignore");
-    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        scratch + FSDP_CUDA_PARTIALS, scratch, (int)blocks);
+    fsdp_sum_partials_kernel<<<1, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(total, scratch,
+                                                                              (int)blocks);
     FSDP_CUDA_LAUNCHED("cross_entropy_ignore (total)");
-    double host[2];
-    FSDP_CUDA_CHECK(cudaMemcpyAsync(host, scratch + FSDP_CUDA_PARTIALS, sizeof host,
-                                    cudaMemcpyDeviceToHost, fsdp_cuda_stream()));
+    double host[3];
+    FSDP_CUDA_CHECK(
+        cudaMemcpyAsync(host, total, sizeof host, cudaMemcpyDeviceToHost, fsdp_cuda_stream()));
     FSDP_CUDA_CHECK(cudaStreamSynchronize(fsdp_cuda_stream()));
     FSDP_ASSERT(host[1] == 0.0); // a target outside [0, classes), as the CPU asserts
-    *loss = (float)(host[0] / n);
+    *loss = (float)(host[0] / host[2]);
 }
 
 extern "C" void fsdp_cuda_cross_entropy_ignore(float *loss, float *dlogits, const float *logits,
