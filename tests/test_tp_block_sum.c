@@ -9,6 +9,7 @@
  * without a style, PrepareModuleInput's use_local_output yes) each Colwise all_reduces its own
  * gradient, as before. The backward's collectives on tp are pinned for each case. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,12 +114,19 @@ static fsdp_status copy_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, vo
     return fsdp_tensor_copy(ctx, fsdp_param_data(q), fsdp_param_data(p));
 }
 
+typedef struct grad_cmp {
+    fsdp_module *tp;
+    double *max_abs;
+} grad_cmp;
+
 static fsdp_status compare_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
+    const grad_cmp *g = user;
     fsdp_tensor *full;
-    FSDP_TRY(fsdp_param_full_tensor(ctx, fsdp_module_get_param(user, name), true, &full));
+    FSDP_TRY(fsdp_param_full_tensor(ctx, fsdp_module_get_param(g->tp, name), true, &full));
     char what[64];
     snprintf(what, sizeof what, "%s.grad", name);
-    fsdp_status st = fsdp_test_rank_close(ctx, what, full, fsdp_param_grad(p), 0, BOUND, NULL);
+    fsdp_status st =
+        fsdp_test_rank_close(ctx, what, full, fsdp_param_grad(p), 0, BOUND, g->max_abs);
     fsdp_tensor_free(full);
     return st;
 }
@@ -223,6 +231,7 @@ static fsdp_status block_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_mesh *mesh = NULL;
     fsdp_module *ref = NULL, *tp = NULL;
     fsdp_tensor *x = NULL, *xs = NULL, *dout = NULL, *dref = NULL;
+    double maxd = 0.0; /* the largest difference from the reference */
     fsdp_status st = fsdp_mesh_create(ctx, 1, (int[]){n}, (const char *[]){"tp"}, &mesh);
     if (st == FSDP_OK) st = fork_create(ctx, c->declare, &ref);
     if (st == FSDP_OK) st = fork_create(ctx, c->declare, &tp);
@@ -243,7 +252,7 @@ static fsdp_status block_rank(fsdp_ctx *ctx, int rank, void *user) {
         if (st == FSDP_OK) st = fsdp_module_backward(ctx, ref, dout, &dx_ref);
         if (st == FSDP_OK) st = fsdp_module_forward(ctx, tp, xs, &y);
         if (st == FSDP_OK && !c->bf16)
-            st = fsdp_test_rank_close(ctx, "output", y, y_ref, 0, BOUND, NULL);
+            st = fsdp_test_rank_close(ctx, "output", y, y_ref, 0, BOUND, &maxd);
         if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
         if (st == FSDP_OK) st = fsdp_module_backward(ctx, tp, dout, &dx);
         if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
@@ -253,8 +262,9 @@ static fsdp_status block_rank(fsdp_ctx *ctx, int rank, void *user) {
         if (st == FSDP_OK)
             st = shard_of(ctx, mesh, c->bf16 ? dref : dx_ref, !c->replicate_in, &dref);
         if (st == FSDP_OK)
-            st = fsdp_test_rank_close(ctx, "input gradient", dx, dref, 0, BOUND, NULL);
-        if (st == FSDP_OK && !c->bf16) st = fsdp_module_visit_params(ctx, ref, compare_grad, tp);
+            st = fsdp_test_rank_close(ctx, "input gradient", dx, dref, 0, BOUND, &maxd);
+        if (st == FSDP_OK && !c->bf16)
+            st = fsdp_module_visit_params(ctx, ref, compare_grad, &(grad_cmp){tp, &maxd});
         if (st == FSDP_OK) { /* after the values: a wrong gradient says more */
             int64_t rs = bwd_calls(ctx, FSDP_COMM_REDUCE_SCATTER),
                     ar = bwd_calls(ctx, FSDP_COMM_ALL_REDUCE),
@@ -267,6 +277,9 @@ static fsdp_status block_rank(fsdp_ctx *ctx, int rank, void *user) {
                             c->reduce_scatter, c->all_reduce, c->all_gather);
         }
     }
+    if (st == FSDP_OK && rank == 0)
+        printf("\n    %s on %d ranks: largest difference %.2g (%.3f of the bound)", c->name, n,
+               maxd, maxd / BOUND);
     fsdp_tensor_free(x), fsdp_tensor_free(xs), fsdp_tensor_free(dout);
     fsdp_tensor_free(dref);
     fsdp_module_free(tp);
