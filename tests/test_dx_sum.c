@@ -8,9 +8,10 @@
  * unrounded for the attention's and MLP's rounding sums) and under f32 (the attention's three-input
  * add3) against the path before (fsdp_llama_test_sums old_path: every Linear rounds, two adds):
  * loss, logits and every gradient bit for bit, on the CPU and sim, with every decoder layer
- * checkpointed too; at (dp, tp) = (1, 2) under torchtitan's plan, where ColwiseParallel's
- * post-backward hook all_reduces each projection's input gradient: there the projections round
- * before it (no rounding sum runs) and each rank's gradients are the path before's bits; and at
+ * checkpointed too; at (dp, tp) = (1, 2) under torchtitan's plan, where each projection's input
+ * gradient is a Partial addend that the attention (MLP) sums and reduces once: there the
+ * projections leave it in f32, unrounded, on both paths (no rounding sum runs) and each rank's
+ * gradients are the path before's bits; and at
  * (2, 1) under FSDP (a unit per decoder layer), where the rounding sums run and every rank's flat
  * gradient shards are the path before's bits. Counters show which sums ran, so no comparison is
  * of a path with itself. swiglu_backward_bf16_round and rope_qk_backward_round bit for bit

@@ -340,15 +340,17 @@ typedef struct layout_case {
     float loss[STEPS];
 } layout_case;
 
-/* The collectives of one training step at (dp 2, tp 2) on every rank (41), as (mesh dim, phase,
+/* The collectives of one training step at (dp 2, tp 2) on every rank (35), as (mesh dim, phase,
  * op, calls), with L = 2 decoder layers. Forward, tp: the embedding's reduce_scatter (Partial ->
  * Shard(1)); per layer an all_gather into self_attn and into mlp (Shard(1) -> Replicate) and a
  * reduce_scatter out of o_proj and down_proj; the all_gather into lm_head. The loss's two
  * all_reduces (row max, then sum-exp with the target logits) run outside forward and backward.
  * Backward, tp: lm_head's input gradient Partial -> Shard(1) (reduce_scatter); per layer the
- * all_gathers of o_proj's and down_proj's Shard(1) output gradients, the input gradients of
- * q, k, v, gate and up all_reduced from Partial (5), and one all_reduce per SequenceParallel
- * norm weight (2 per layer and model.norm); the embedding's output gradient all_gathered. The
+ * all_gathers of o_proj's and down_proj's Shard(1) output gradients, one reduce_scatter
+ * (Partial -> Shard(1)) of self_attn's and of mlp's input gradient, the sum of q, k and v's
+ * (gate and up's) Partial gradients (PyTorch's one reduction per block: src/tp/block_sum.c),
+ * and one all_reduce per SequenceParallel norm weight (2 per layer and model.norm); the
+ * embedding's output gradient all_gathered. The
  * embedding and projection weight gradients are Shard: no collective. dp: FSDP FULL_SHARD over
  * 3 units (root and 2 layers; the root keeps its parameters for backward). */
 typedef struct comm_pin {
@@ -362,9 +364,9 @@ static const comm_pin PINNED[] = {
     {"tp", FSDP_COMM_PHASE_FORWARD, FSDP_COMM_ALL_GATHER, 2 * 2 + 1},
     {"tp", FSDP_COMM_PHASE_FORWARD, FSDP_COMM_REDUCE_SCATTER, 2 * 2 + 1},
     {"tp", FSDP_COMM_PHASE_NONE, FSDP_COMM_ALL_REDUCE, 2},
-    {"tp", FSDP_COMM_PHASE_BACKWARD, FSDP_COMM_REDUCE_SCATTER, 1},
+    {"tp", FSDP_COMM_PHASE_BACKWARD, FSDP_COMM_REDUCE_SCATTER, 1 + 2 * 2},
     {"tp", FSDP_COMM_PHASE_BACKWARD, FSDP_COMM_ALL_GATHER, 2 * 2 + 1},
-    {"tp", FSDP_COMM_PHASE_BACKWARD, FSDP_COMM_ALL_REDUCE, 2 * (5 + 2) + 1},
+    {"tp", FSDP_COMM_PHASE_BACKWARD, FSDP_COMM_ALL_REDUCE, 2 * 2 + 1},
     {"dp", FSDP_COMM_PHASE_FORWARD, FSDP_COMM_ALL_GATHER, 3},
     {"dp", FSDP_COMM_PHASE_BACKWARD, FSDP_COMM_ALL_GATHER, 2},
     {"dp", FSDP_COMM_PHASE_BACKWARD, FSDP_COMM_REDUCE_SCATTER, 3},

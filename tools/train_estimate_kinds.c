@@ -261,8 +261,10 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
      * rowwise projection's Partial -> Shard(1) reduce_scatter, each attention's, MLP's and
      * lm_head's Shard(1) -> Replicate all_gather, the parallel loss's two all_reduces (per row
      * a max, then a sum and the target's logit); backward the adjoints (lm_head's input
-     * gradient reduce_scattered, the rowwise projections' and the embedding's all_gathered), the
-     * colwise projections' input gradients all_reduced, each norm's weight gradient all_reduced
+     * gradient reduce_scattered, the rowwise projections' and the embedding's all_gathered), each
+     * attention's and MLP's input gradient reduce_scattered once (the sum of its colwise
+     * projections' Partial gradients, in f32 under the bf16 policy too: src/tp/block_sum.c),
+     * each norm's weight gradient all_reduced
      * (its rows are a shard of the sequence); a checkpointed layer's recompute repeats its
      * attention's and MLP's all_gather and reduce_scatter. */
     int64_t A = 4 * B * T * C, L = c.n_layers;
@@ -273,9 +275,8 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
     train_est_comm_add(m, false, FSDP_COMM_REDUCE_SCATTER, fw, 1 + 2 * L, (1 + 2 * L) * A);
     train_est_comm_add(m, false, FSDP_COMM_ALL_GATHER, fw, 2 * L + 1, 2 * L * G + A);
     train_est_comm_add(m, false, FSDP_COMM_ALL_REDUCE, FSDP_COMM_PHASE_NONE, 2, 12 * B * T);
-    train_est_comm_add(m, false, FSDP_COMM_REDUCE_SCATTER, bw, 1, A);
+    train_est_comm_add(m, false, FSDP_COMM_REDUCE_SCATTER, bw, 1 + 2 * L, (1 + 2 * L) * A);
     train_est_comm_add(m, false, FSDP_COMM_ALL_GATHER, bw, 2 * L + 1, (2 * L + 1) * A);
-    train_est_comm_add(m, false, FSDP_COMM_ALL_REDUCE, bw, 5 * L, 5 * L * A);
     train_est_comm_add(m, false, FSDP_COMM_ALL_REDUCE, bw, 2 * L + 1, (2 * L + 1) * 4 * C);
     train_est_comm_add(m, true, FSDP_COMM_ALL_GATHER, bw, 2 * n_ckpt, 2 * n_ckpt * G);
     train_est_comm_add(m, true, FSDP_COMM_REDUCE_SCATTER, bw, 2 * n_ckpt, 2 * n_ckpt * A);

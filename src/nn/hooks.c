@@ -88,6 +88,13 @@ bool fsdp_nn_has_hook(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn 
     return false;
 }
 
+void *fsdp_nn_hook_user(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn) {
+    if (!m || (int)point < 0 || point >= FSDP_HOOK_POINT_COUNT) return NULL;
+    for (int i = 0; i < m->n_hooks[point]; i++)
+        if (m->hooks[point][i].fn == fn) return m->hooks[point][i].user;
+    return NULL;
+}
+
 int fsdp_nn_num_acting_hooks(const fsdp_module *m, fsdp_hook_point point) {
     int n = 0;
     for (int i = 0; i < m->n_hooks[point]; i++) n += !m->hooks[point][i].observer;

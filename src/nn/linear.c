@@ -34,6 +34,9 @@ typedef struct linear {
      * it as a bf16 tensor (fsdp_nn_linear_set_bf16_dx), dinput16, written by gemm_bf16_round */
     bool dx_unrounded, dx16;
     fsdp_tensor *dinput16;
+    /* dx_partial: the input gradient is a Partial addend a layer above sums over ranks
+     * (fsdp_nn_linear_set_dx_partial): under the policy it is left in f32, unrounded */
+    bool dx_partial;
 } linear;
 
 /* The bf16 policy's input gradient: rounded in place (f32), left unrounded for the parent's
@@ -233,9 +236,10 @@ static fsdp_status linear_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_ten
     if (l->last_compute == FSDP_DTYPE_BF16) {
         /* both read a hook-free post-backward (an acting hook reads dx as the GPU writes it) */
         bool free_dx = fsdp_nn_linear_can_leave_dx_unrounded(m);
-        dx_form form = l->dx16 && free_dx && k->gemm_bf16_round ? DX_BF16
-                       : l->dx_unrounded && free_dx             ? DX_UNROUNDED
-                                                                : DX_ROUNDED;
+        dx_form form = l->dx_partial                              ? DX_UNROUNDED
+                       : l->dx16 && free_dx && k->gemm_bf16_round ? DX_BF16
+                       : l->dx_unrounded && free_dx               ? DX_UNROUNDED
+                                                                  : DX_ROUNDED;
         return bf16_backward(ctx, l, k, dout, din, rows, OC, C, form);
     }
     const float *dy = fsdp_tensor_f32(dout), *x = fsdp_tensor_f32(l->input);
@@ -301,6 +305,10 @@ bool fsdp_nn_linear_can_give_bf16_output(const fsdp_module *m) {
 
 void fsdp_nn_linear_set_dx_unrounded(fsdp_module *m, bool on) {
     if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->dx_unrounded = on;
+}
+
+void fsdp_nn_linear_set_dx_partial(fsdp_module *m, bool on) {
+    if (fsdp_nn_is_linear(m)) ((linear *)m->impl)->dx_partial = on;
 }
 
 void fsdp_nn_linear_set_bf16_dx(fsdp_module *m, bool on) {

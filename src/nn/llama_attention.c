@@ -416,6 +416,9 @@ fsdp_status fsdp_llama_attention_create(fsdp_ctx *ctx, const fsdp_llama_config *
         st = fsdp_llama_add_proj(ctx, m, "v_proj", c.dim, c.n_kv_heads * hd, std, &a->v_proj);
     if (st == FSDP_OK)
         st = fsdp_llama_add_proj(ctx, m, "o_proj", c.n_heads * hd, c.dim, std, &a->o_proj);
+    /* forward hands the input to q, k and v only; backward sums their input gradients */
+    fsdp_module *const readers[3] = {a->q_proj, a->k_proj, a->v_proj};
+    if (st == FSDP_OK) st = fsdp_nn_set_input_readers(ctx, m, readers, 3);
     if (st == FSDP_OK) st = fsdp_module_set_autocast(ctx, m, c.compute_dtype);
     if (st != FSDP_OK) {
         fsdp_module_free(m);

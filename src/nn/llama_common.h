@@ -37,7 +37,10 @@ fsdp_status fsdp_llama_sum_grads(fsdp_ctx *ctx, fsdp_tensor **dst, const fsdp_te
 /* The backward of n (2 or 3) Linear branches that read one input: branch i from dout[i], each
  * input gradient (when din) into dx[i]. Returns in *unrounded whether they are left unrounded
  * for fsdp_llama_sum_grads to round: when the device has add3_round_bf16 and every branch can
- * leave it so (fsdp_nn_linear_can_leave_dx_unrounded: the bf16 policy, no post-backward hook). */
+ * leave it so (fsdp_nn_linear_can_leave_dx_unrounded: the bf16 policy, no post-backward hook).
+ * Branches whose gradients are Partial addends (tensor parallelism, fsdp_nn_linear_set_dx_partial)
+ * have a post-backward hook: *unrounded is false and the sum of their f32 gradients stays f32,
+ * unrounded, for the reduction over ranks that follows. */
 fsdp_status fsdp_llama_branch_grads(fsdp_ctx *ctx, fsdp_module *const *branch,
                                     const fsdp_tensor *const *dout, int n, bool din,
                                     const fsdp_tensor **dx, bool *unrounded);

@@ -201,6 +201,9 @@ fsdp_status fsdp_llama_mlp_build(fsdp_ctx *ctx, int64_t dim, int64_t hidden, flo
     if (st == FSDP_OK) st = fsdp_llama_add_proj(ctx, m, "up_proj", dim, hidden, std, &p->up_proj);
     if (st == FSDP_OK)
         st = fsdp_llama_add_proj(ctx, m, "down_proj", hidden, dim, std, &p->down_proj);
+    /* forward hands the input to gate and up only; backward sums their input gradients */
+    fsdp_module *const readers[2] = {p->gate_proj, p->up_proj};
+    if (st == FSDP_OK) st = fsdp_nn_set_input_readers(ctx, m, readers, 2);
     if (st != FSDP_OK) {
         fsdp_module_free(m);
         return FSDP_PASS(ctx, st);

@@ -107,6 +107,35 @@ fsdp_module *fsdp_module_child(const fsdp_module *m, int i) {
     return i >= 0 && i < m->n_children ? m->children[i] : NULL;
 }
 
+fsdp_status fsdp_nn_set_input_readers(fsdp_ctx *ctx, fsdp_module *m, fsdp_module *const *readers,
+                                      int n) {
+    char desc[160];
+    if (n < 0 || n > FSDP_NN_MAX_INPUT_READERS || (n > 0 && !readers))
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "%s: %d input readers; a module declares 0 to %d",
+                         fsdp_nn_describe(m, desc, sizeof desc), n, FSDP_NN_MAX_INPUT_READERS);
+    for (int i = 0; i < n; i++) {
+        bool twice = false;
+        for (int j = 0; j < i; j++) twice = twice || readers[j] == readers[i];
+        if (!readers[i] || readers[i]->parent != m || twice)
+            return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                             "%s: input reader %d is %s; the readers are distinct children of "
+                             "the module",
+                             fsdp_nn_describe(m, desc, sizeof desc), i,
+                             !readers[i] ? "NULL"
+                             : twice     ? "named twice"
+                                         : "not its child");
+    }
+    for (int i = 0; i < n; i++) m->input_readers[i] = readers[i];
+    m->n_input_readers = n;
+    return FSDP_OK;
+}
+
+int fsdp_nn_input_readers(const fsdp_module *m, fsdp_module *const **readers) {
+    if (readers) *readers = m && m->n_input_readers ? m->input_readers : NULL;
+    return m ? m->n_input_readers : 0;
+}
+
 const char *fsdp_nn_describe(const fsdp_module *m, char *buf, size_t size) {
     if (m->fqn[0])
         snprintf(buf, size, "%s '%s'", m->ops->kind, m->fqn);

@@ -84,6 +84,9 @@ struct fsdp_module {
     int n_acts;
     int64_t cap_acts;
     fsdp_ckpt ckpt; /* activation checkpointing (checkpoint.c) */
+    /* The children its kind declares read its input (fsdp_nn_set_input_readers). */
+    fsdp_module *input_readers[FSDP_NN_MAX_INPUT_READERS];
+    int n_input_readers;
 };
 
 /* Makes *t a tensor of the given shape on `device`, reusing its storage when large enough:

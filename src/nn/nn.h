@@ -28,6 +28,26 @@ bool fsdp_nn_has_hook(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn 
 int fsdp_nn_num_acting_hooks(const fsdp_module *m, fsdp_hook_point point);
 /* How many of m's hooks at point run a function other than fn. */
 int fsdp_nn_num_hooks_other_than(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn);
+/* The user pointer of m's first hook at point that runs fn, or NULL when it has none: how a
+ * layer finds the state of its own hook on another module (a TP style on an ancestor). */
+void *fsdp_nn_hook_user(const fsdp_module *m, fsdp_hook_point point, fsdp_hook_fn fn);
+
+/* ---- who reads a module's input ---- */
+
+#define FSDP_NN_MAX_INPUT_READERS 4
+/* A kind declares (at build time) that its forward hands its input, as it came, to each of
+ * readers[0..n) (children of m, n <= FSDP_NN_MAX_INPUT_READERS), once each; that nothing else
+ * reads the input (not the module's own code, no other child); and that its backward's input
+ * gradient is the plain sum of the readers' input gradients. LlamaAttention declares q_proj,
+ * k_proj and v_proj; LlamaMLP gate_proj and up_proj. A layer above may then hand the readers an
+ * input whose gradient it reduces once, after the sum (tensor parallelism: one reduce_scatter
+ * of a Partial sum per block, docs/tp.md). n = 0 clears the declaration.
+ * FSDP_ERR_INVALID_ARGUMENT for a reader that is not a child of m or is named twice. */
+fsdp_status fsdp_nn_set_input_readers(fsdp_ctx *ctx, fsdp_module *m, fsdp_module *const *readers,
+                                      int n);
+/* m's declared readers (borrowed, *readers may be NULL when 0) and their count; 0 when m
+ * declares none. */
+int fsdp_nn_input_readers(const fsdp_module *m, fsdp_module *const **readers);
 
 /* m's ops, the vtable of its kind: the layer that defines a kind recognises its modules by
  * comparing this with its own ops, never by the kind's name. */
@@ -125,7 +145,8 @@ bool fsdp_nn_linear_takes_bf16_grad(const fsdp_module *m, bool next);
 /* Whether Linear m's next backward may leave its input gradient unrounded: m's last forward ran
  * the bf16 compute policy and m has no post-backward hook. A hook reads the input gradient as the
  * GPU writes it, in bf16 (tensor parallelism's ColwiseParallel all_reduces it there), so a Linear
- * with one always rounds. false for other modules. */
+ * with one rounds, unless its gradient is a Partial addend (fsdp_nn_linear_set_dx_partial: f32,
+ * unrounded, for a parent that sums it in f32 too). false for other modules. */
 bool fsdp_nn_linear_can_leave_dx_unrounded(const fsdp_module *m);
 /* Whether Linear m, asked (fsdp_nn_linear_set_bf16_output), gives its output as a bf16 tensor for
  * a parent to pass on to a reader that widens it: m runs the bf16 compute policy, has no bias
@@ -139,6 +160,13 @@ bool fsdp_nn_linear_can_give_bf16_output(const fsdp_module *m);
  * it (the same bits, one pass fewer). Set on before the call and off after, as
  * fsdp_nn_linear_set_bf16_output: a Linear used alone rounds. Nothing for other modules. */
 void fsdp_nn_linear_set_dx_unrounded(fsdp_module *m, bool on);
+/* With on, Linear m's input gradient is a Partial addend: each rank's part of a value that a
+ * layer above sums over ranks after m's parent has added its readers' gradients (tensor
+ * parallelism's one reduction per block). Under the bf16 policy it is then left in f32,
+ * unrounded (never rounded nor bf16, whatever the parent asks): rounding an addend is not
+ * rounding the sum, and would add one rounding per rank. Set on before m's backward and off
+ * after (ColwiseParallel's pre- and post-backward hooks). Nothing for other modules. */
+void fsdp_nn_linear_set_dx_partial(fsdp_module *m, bool on);
 /* With on (under the same rule), Linear m's backwards under the bf16 policy give their input
  * gradient as a bf16 tensor written by gemm_bf16_round (each element the bits round_bf16 gives
  * the f32 one: what the rounded f32 gradient holds, in 2 bytes and no pass of its own), for a
