@@ -9,6 +9,7 @@
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
 #include "nn/nn.h" // defines: fsdp_nn_defer_init, fsdp_nn_rmsnorm_set_bf16_output,
+                   // fsdp_nn_rmsnorm_set_grad_residual, fsdp_nn_num_acting_hooks,
                    // fsdp_nn_linear_set_bf16_output, fsdp_nn_llama_set_bf16_branches
 
 /* ---- LlamaDecoderLayer ---- */
@@ -23,8 +24,8 @@ typedef struct decoder_layer {
     bool bf16_branches;
     fsdp_tensor *h;      /* (B, T, C) = x + self_attn(input_layernorm(x)) */
     fsdp_tensor *output; /* (B, T, C) = h + mlp(post_attention_layernorm(h)) */
-    fsdp_tensor *dh;     /* (B, T, C) */
-    fsdp_tensor *dinput; /* (B, T, C) */
+    fsdp_tensor *dh;     /* (B, T, C): dL/dh, when the norm does not add it (norm_backward_add) */
+    fsdp_tensor *dinput; /* (B, T, C): dL/dx, the same */
 } decoder_layer;
 
 static void decoder_layer_free(void *impl) {
@@ -106,21 +107,52 @@ static fsdp_status decoder_layer_forward(fsdp_ctx *ctx, fsdp_module *m, const fs
     return FSDP_OK;
 }
 
+static atomic_bool norm_sums_off;
+static atomic_llong norm_sums;
+
+void fsdp_llama_test_norm_sums(bool old_path, int64_t *fused) {
+    atomic_store(&norm_sums_off, old_path);
+    int64_t n = atomic_exchange(&norm_sums, 0);
+    if (fused) *fused = n;
+}
+
+/* *dsum = dres + norm's input gradient for dy (the residual stream's gradient and the branch's).
+ * The norm adds dres in its backward's pass (fsdp_nn_rmsnorm_set_grad_residual, for this call)
+ * when the device's table has rmsnorm_backward_add and no acting post-backward hook of the norm
+ * would read the sum instead of its own gradient (TP's SequenceParallel has one); otherwise its
+ * backward, then the sum into *buf (the path before, the same bits). */
+static fsdp_status norm_backward_add(fsdp_ctx *ctx, fsdp_module *norm, const fsdp_tensor *dy,
+                                     const fsdp_tensor *dres, fsdp_tensor **buf,
+                                     const fsdp_tensor **dsum) {
+    bool fuse = fsdp_kernels_for(fsdp_tensor_device(dy))->rmsnorm_backward_add &&
+                fsdp_nn_num_acting_hooks(norm, FSDP_HOOK_POST_BACKWARD) == 0 &&
+                !atomic_load(&norm_sums_off);
+    const fsdp_tensor *dx;
+    fsdp_nn_rmsnorm_set_grad_residual(norm, fuse ? dres : NULL);
+    fsdp_status st = fsdp_module_backward(ctx, norm, dy, &dx);
+    fsdp_nn_rmsnorm_set_grad_residual(norm, NULL);
+    FSDP_TRY_AT(ctx, st);
+    if (fuse) {
+        atomic_fetch_add(&norm_sums, 1);
+        *dsum = dx;
+        return FSDP_OK;
+    }
+    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, buf, dres, dx, NULL, false));
+    *dsum = *buf;
+    return FSDP_OK;
+}
+
 static fsdp_status decoder_layer_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
                                           const fsdp_tensor **din) {
     decoder_layer *d = m->impl;
     if (!d->output || !fsdp_tensor_same_shape(dout, d->output))
         return fsdp_llama_no_forward(ctx, m);
-    const fsdp_tensor *dn2, *dh_branch, *dn1, *dx_branch;
+    const fsdp_tensor *dn2, *dh, *dn1;
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->mlp, dout, &dn2));
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->post_attention_layernorm, dn2, &dh_branch));
-    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &d->dh, dout, dh_branch, NULL, false));
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->self_attn, d->dh, &dn1));
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->input_layernorm, dn1, din ? &dx_branch : NULL));
-    if (!din) return FSDP_OK;
-    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &d->dinput, d->dh, dx_branch, NULL, false));
-    *din = d->dinput;
-    return FSDP_OK;
+    FSDP_TRY_AT(ctx, norm_backward_add(ctx, d->post_attention_layernorm, dn2, dout, &d->dh, &dh));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->self_attn, dh, &dn1));
+    if (!din) return fsdp_module_backward(ctx, d->input_layernorm, dn1, NULL);
+    return norm_backward_add(ctx, d->input_layernorm, dn1, dh, &d->dinput, din);
 }
 
 static const fsdp_module_ops decoder_layer_ops = {.kind = "LlamaDecoderLayer",

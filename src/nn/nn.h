@@ -102,6 +102,14 @@ void fsdp_nn_linear_set_bf16_output(fsdp_module *m, bool on);
  * a direct call, as generation makes, gets f32). Backward is the same either way (it reads the
  * input and 1/rms, not the output). Nothing for other modules. */
 void fsdp_nn_rmsnorm_set_bf16_output(fsdp_module *m, bool on);
+/* With dres (NULL: none), RMSNorm m's backwards that give an input gradient give dres + that
+ * gradient instead (dres f32, shaped like the output gradient), in the backward's own pass (the
+ * table's rmsnorm_backward_add: each element the bits of the plain backward then add; a table
+ * without it runs those two). For a parent that sums the norm's input gradient with another
+ * (LlamaDecoderLayer: the residual stream's), around its own call: set before, NULL after. Its
+ * post-backward hooks then see the sum, so a parent asks only when m has no acting one
+ * (fsdp_nn_num_acting_hooks; an observer sees the sum). Nothing for other modules. */
+void fsdp_nn_rmsnorm_set_grad_residual(fsdp_module *m, const fsdp_tensor *dres);
 /* Whether the LlamaDecoderLayers of m's subtree ask their norms for bf16 outputs when the
  * projections that read them run the bf16 compute policy (on: the default). Off gives the path
  * before (f32 norm outputs that each projection rounds into its own bf16 copy), with the same
