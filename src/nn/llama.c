@@ -160,12 +160,6 @@ static const fsdp_module_ops decoder_layer_ops = {.kind = "LlamaDecoderLayer",
                                                   .backward = decoder_layer_backward,
                                                   .free_impl = decoder_layer_free};
 
-void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on) {
-    if (!m) return;
-    if (m->ops == &decoder_layer_ops) ((decoder_layer *)m->impl)->bf16_norms = on;
-    for (int i = 0; i < m->n_children; i++) fsdp_nn_llama_set_bf16_norms(m->children[i], on);
-}
-
 void fsdp_nn_llama_set_bf16_branches(fsdp_module *m, bool on) {
     if (!m) return;
     if (m->ops == &decoder_layer_ops) ((decoder_layer *)m->impl)->bf16_branches = on;
@@ -228,8 +222,63 @@ fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_conf
 
 /* ---- LlamaForCausalLM ---- */
 
-/* model (embed_tokens, layers, norm) then lm_head: Sequentials run them in that order. */
+/* model (a Sequential: embed_tokens, layers, norm), then lm_head. */
+typedef struct causal_lm {
+    fsdp_module *model, *norm, *lm_head;
+    /* ask model.norm for a bf16 output when lm_head reads bf16 (fsdp_nn_llama_set_bf16_norms) */
+    bool bf16_norm;
+} causal_lm;
+
+static atomic_llong final_norms16;
+
+int64_t fsdp_llama_test_final_norm16(void) {
+    return atomic_exchange(&final_norms16, 0);
+}
+
+/* Whether model.norm's output may be bf16 for lm_head: lm_head runs the bf16 policy (it rounds
+ * its input to bf16 anyway: one rounding, in the norm, and no copy of its own) and no acting hook
+ * would see the bf16 tensor where it saw f32 (model.norm's or model's post-forward, lm_head's
+ * pre-forward: tensor parallelism's SequenceParallel and Colwise have them). */
+static bool final_norm16(const causal_lm *c) {
+    return c->bf16_norm && fsdp_nn_linear_compute(c->lm_head) == FSDP_DTYPE_BF16 &&
+           fsdp_nn_num_acting_hooks(c->norm, FSDP_HOOK_POST_FORWARD) == 0 &&
+           fsdp_nn_num_acting_hooks(c->model, FSDP_HOOK_POST_FORWARD) == 0 &&
+           fsdp_nn_num_acting_hooks(c->lm_head, FSDP_HOOK_PRE_FORWARD) == 0;
+}
+
+static fsdp_status causal_lm_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                     const fsdp_tensor **out) {
+    causal_lm *c = m->impl;
+    const fsdp_tensor *h;
+    bool norm16 = final_norm16(c);
+    fsdp_nn_rmsnorm_set_bf16_output(c->norm, norm16); /* for model's call only */
+    fsdp_status st = fsdp_module_forward(ctx, c->model, in, &h);
+    fsdp_nn_rmsnorm_set_bf16_output(c->norm, false);
+    FSDP_TRY_AT(ctx, st);
+    if (fsdp_tensor_dtype(h) == FSDP_DTYPE_BF16) atomic_fetch_add(&final_norms16, 1);
+    return fsdp_module_forward(ctx, c->lm_head, h, out);
+}
+
+static fsdp_status causal_lm_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                      const fsdp_tensor **din) {
+    return fsdp_nn_chain_backward(ctx, m->children, m->n_children, dout, din);
+}
+
+static const fsdp_module_ops causal_lm_ops = {.kind = "LlamaForCausalLM",
+                                              .forward = causal_lm_forward,
+                                              .backward = causal_lm_backward,
+                                              .free_impl = free};
+
+void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on) {
+    if (!m) return;
+    if (m->ops == &decoder_layer_ops) ((decoder_layer *)m->impl)->bf16_norms = on;
+    if (m->ops == &causal_lm_ops) ((causal_lm *)m->impl)->bf16_norm = on;
+    for (int i = 0; i < m->n_children; i++) fsdp_nn_llama_set_bf16_norms(m->children[i], on);
+}
+
+/* model (embed_tokens, layers, norm) then lm_head, the root's children in that order. */
 static fsdp_status build_llama(fsdp_ctx *ctx, fsdp_module *root, const fsdp_llama_config *c) {
+    causal_lm *lm = root->impl;
     fsdp_module *model, *embed, *layers, *lm_head;
     FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &model));
     FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, root, "model", model));
@@ -243,13 +292,15 @@ static fsdp_status build_llama(fsdp_ctx *ctx, fsdp_module *root, const fsdp_llam
         FSDP_TRY_AT(ctx, fsdp_llama_decoder_layer_create(ctx, c, &layer));
         FSDP_TRY_AT(ctx, fsdp_sequential_append(ctx, layers, layer));
     }
-    FSDP_TRY_AT(ctx, add_norm(ctx, model, "norm", c, NULL));
+    FSDP_TRY_AT(ctx, add_norm(ctx, model, "norm", c, &lm->norm));
+    lm->model = model;
     if (!c->tie_word_embeddings)
         return fsdp_llama_add_proj(ctx, root, "lm_head", c->dim, c->vocab_size, c->init_std,
-                                   &lm_head);
+                                   &lm->lm_head);
     FSDP_TRY_AT(ctx, fsdp_nn_linear_create_tied(ctx, embed->params[0], &lm_head));
     fsdp_status st = fsdp_module_add_child(ctx, root, "lm_head", lm_head);
     if (st != FSDP_OK) fsdp_module_free(lm_head);
+    lm->lm_head = lm_head;
     return FSDP_PASS(ctx, st);
 }
 
@@ -263,8 +314,11 @@ fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_m
         return fsdp_llama_bad_config(ctx, "n_layers", c.n_layers, "the model needs >= 1");
     if (c.vocab_size < 1)
         return fsdp_llama_bad_config(ctx, "vocab_size", c.vocab_size, "the model needs >= 1");
+    causal_lm *lm = calloc(1, sizeof *lm);
+    if (!lm) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaForCausalLM");
+    lm->bf16_norm = true;
     fsdp_module *root;
-    FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &root));
+    FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &causal_lm_ops, lm, &root));
     bool deferred = fsdp_nn_defer_init(ctx, true); /* the reset below fills every parameter */
     fsdp_status st = build_llama(ctx, root, &c);
     fsdp_nn_defer_init(ctx, deferred);
