@@ -152,17 +152,8 @@ static void test_kernel_device(void) {
 /* The tiny Llama under `compute` on dev, the bf16 branches on or off (every decoder layer
  * checkpointed when ckpt). */
 static fsdp_module *model(fsdp_dtype compute, fsdp_device dev, bool branches16, bool ckpt) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_llama_config cfg = tiny_llama_config(compute);
-    fsdp_module *m = NULL;
-    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    fsdp_module *m = tiny_model(compute, dev, ckpt);
     fsdp_nn_llama_set_bf16_branches(m, branches16);
-    if (dev.type != FSDP_DEVICE_CPU) FSDP_TEST_OK(fsdp_module_to(ctx, m, dev));
-    for (int l = 0; ckpt && l < LAYERS; l++) {
-        char name[32];
-        snprintf(name, sizeof name, "model.layers.%d", l);
-        FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(m, name)));
-    }
     return m;
 }
 

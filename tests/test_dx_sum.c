@@ -268,18 +268,8 @@ static fsdp_status step(fsdp_ctx *ctx, fsdp_module *m, fsdp_device dev, int s, s
  * the MLP's, each layer and step; f32: none) and the three-input add3s (f32: the attention's). */
 static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
     fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_llama_config cfg = tiny_llama_config(compute);
     fsdp_test_device_pin_f32_attention(true);
-    fsdp_module *m[2] = {NULL, NULL};
-    for (int i = 0; i < 2; i++) {
-        FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m[i]));
-        if (dev.type != FSDP_DEVICE_CPU) FSDP_TEST_OK(fsdp_module_to(ctx, m[i], dev));
-        for (int l = 0; ckpt && l < LAYERS; l++) {
-            char name[32];
-            snprintf(name, sizeof name, "model.layers.%d", l);
-            FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(m[i], name)));
-        }
-    }
+    fsdp_module *m[2] = {tiny_model(compute, dev, ckpt), tiny_model(compute, dev, ckpt)};
     step_out *o = calloc(2, sizeof *o);
     CU_ASSERT_PTR_NOT_NULL_FATAL(o);
     int64_t fused[2], add3[2], g16[2], dx16[2];

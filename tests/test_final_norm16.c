@@ -22,17 +22,8 @@ enum { R = TINY_TOKENS, D = TINY_DIM, LAYERS = TINY_LAYERS };
 /* The tiny Llama under compute on dev, its norms' bf16 outputs on or off, every decoder layer
  * checkpointed when ckpt. */
 static fsdp_module *model(fsdp_dtype compute, fsdp_device dev, bool norms16, bool ckpt) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_llama_config cfg = tiny_llama_config(compute);
-    fsdp_module *m = NULL;
-    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    fsdp_module *m = tiny_model(compute, dev, ckpt);
     fsdp_nn_llama_set_bf16_norms(m, norms16);
-    if (dev.type != FSDP_DEVICE_CPU) FSDP_TEST_OK(fsdp_module_to(ctx, m, dev));
-    for (int l = 0; ckpt && l < LAYERS; l++) {
-        char name[32];
-        snprintf(name, sizeof name, "model.layers.%d", l);
-        FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(m, name)));
-    }
     return m;
 }
 

@@ -121,21 +121,6 @@ static void test_entry_device(void) {
 
 /* ---- the model ---- */
 
-/* The tiny Llama under compute on dev, every decoder layer checkpointed when ckpt. */
-static fsdp_module *model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_llama_config cfg = tiny_llama_config(compute);
-    fsdp_module *m = NULL;
-    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
-    if (dev.type != FSDP_DEVICE_CPU) FSDP_TEST_OK(fsdp_module_to(ctx, m, dev));
-    for (int l = 0; ckpt && l < LAYERS; l++) {
-        char name[32];
-        snprintf(name, sizeof name, "model.layers.%d", l);
-        FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(m, name)));
-    }
-    return m;
-}
-
 /* Two steps of m[0] with the norms adding and of m[1] on the path before, compared; the norm
  * adds counted: each step, `want` on the new path (two a layer unless hooks stop some), none on
  * the path before. */
@@ -161,7 +146,7 @@ static void compare_paths(fsdp_module *m[2], fsdp_device dev, int64_t want, cons
 
 static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
     fsdp_test_device_pin_f32_attention(true);
-    fsdp_module *m[2] = {model(compute, dev, ckpt), model(compute, dev, ckpt)};
+    fsdp_module *m[2] = {tiny_model(compute, dev, ckpt), tiny_model(compute, dev, ckpt)};
     char what[64];
     snprintf(what, sizeof what, "%s%s", compute == FSDP_DTYPE_BF16 ? "bf16" : "f32",
              ckpt ? " checkpointed" : "");
@@ -230,8 +215,8 @@ static fsdp_status look(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
 static void test_hooks(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     for (int observer = 0; observer < 2; observer++) {
-        fsdp_module *m[2] = {model(FSDP_DTYPE_BF16, FSDP_CPU, false),
-                             model(FSDP_DTYPE_BF16, FSDP_CPU, false)};
+        fsdp_module *m[2] = {tiny_model(FSDP_DTYPE_BF16, FSDP_CPU, false),
+                             tiny_model(FSDP_DTYPE_BF16, FSDP_CPU, false)};
         seen s[2] = {{0, 0.0f}, {0, 0.0f}};
         for (int i = 0; i < 2; i++) {
             fsdp_module *norm = fsdp_module_find(m[i], "model.layers.0.input_layernorm");

@@ -22,6 +22,20 @@ fsdp_llama_config tiny_llama_config(fsdp_dtype compute) {
                                .compute_dtype = compute};
 }
 
+fsdp_module *tiny_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_llama_config cfg = tiny_llama_config(compute);
+    fsdp_module *m = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    if (dev.type != FSDP_DEVICE_CPU) FSDP_TEST_OK(fsdp_module_to(ctx, m, dev));
+    for (int l = 0; ckpt && l < TINY_LAYERS; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "model.layers.%d", l);
+        FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(m, name)));
+    }
+    return m;
+}
+
 int64_t tiny_differ(const void *a, const void *b, int64_t n) {
     int64_t d = 0;
     for (int64_t i = 0; i < n; i++)

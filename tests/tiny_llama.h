@@ -23,6 +23,10 @@ enum {
 /* The tiny Llama's configuration under `compute` (4 heads, 2 key/value heads, init_std 0.2). */
 fsdp_llama_config tiny_llama_config(fsdp_dtype compute);
 
+/* A new tiny Llama under `compute` on dev (moved there from the CPU), every decoder layer
+ * checkpointed when ckpt; asserts (CUnit) that each step succeeded. The caller frees it. */
+fsdp_module *tiny_model(fsdp_dtype compute, fsdp_device dev, bool ckpt);
+
 /* The 4-byte elements of a and b (n each) that differ in their bits. */
 int64_t tiny_differ(const void *a, const void *b, int64_t n);
 /* Bit for bit, with the count of differing elements printed. */
