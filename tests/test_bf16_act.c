@@ -734,7 +734,9 @@ static const int64_t BYTES_BEFORE = 142144;
  * 2 R D for down_proj's bf16 output; each attention 2 R (NH + NKV) hd fewer (q_proj's and
  * k_proj's outputs, (R, NH hd) and (R, NKV hd), in bf16 instead of f32), 2 R D x 3 (q's, k's and
  * v's copies) and 2 R D (o_proj's bf16 output); each norm's output 2 R D (bf16 instead of f32).
- * Per layer 14 R D for the norms' bf16 outputs, 4 R D for o_proj's and down_proj's. And
+ * Per layer 14 R D for the norms' bf16 outputs, 4 R D for o_proj's and down_proj's; and once,
+ * 4 R D for the final norm's (model.norm's bf16 output, 2 R D, which lm_head reads as its bf16
+ * copy, 2 R D). And
  * gate_proj, up_proj, q_proj and k_proj hold no bf16 scratch (2 R max(out, in) each): their output
  * gradients come rounded to bf16 from the SwiGLU's and RoPE's backward (swiglu_backward_bf16_round,
  * rope_qk_backward_round), so they round none of their own. The attention on bf16 tensors
@@ -759,12 +761,13 @@ static void test_activation_bytes(void) {
     step_out *o = calloc(1, sizeof *o);
     CU_ASSERT_PTR_NOT_NULL_FATAL(o);
     /* q_proj (R, NH hd) = (R, DIM) and k_proj (R, NKV hd) = (R, DIM / 2): 4 heads, 2 kv */
-    const int64_t R = N_TOK, H = HIDDEN, norms = 14 * R * DIM,
+    const int64_t R = N_TOK, H = HIDDEN, norms = 14 * R * DIM, final_norm = 4 * R * DIM,
                   scratch = 2 * 2 * R * (H > DIM ? H : DIM) + 2 * 2 * R * DIM, /* gate, up; q, k */
         att16 = attention16_saved(R, SEQ),
                   saved = (8 * R * H + 2 * R * (DIM + DIM / 2) + norms + 4 * R * DIM + scratch +
                            att16) *
-                          LAYERS;
+                              LAYERS +
+                          final_norm;
     int64_t bytes = 0, mlp = 0;
     step(m, FSDP_CPU, o, &bytes);
     FSDP_TEST_OK(
@@ -775,12 +778,12 @@ static void test_activation_bytes(void) {
            (long long)saved, (long long)mlp, (long long)mlp_bytes(R, DIM, H));
     CU_ASSERT_EQUAL(mlp, mlp_bytes(R, DIM, H));
     CU_ASSERT_EQUAL(bytes, BYTES_BEFORE - saved);
-    /* the norms' f32 outputs: 14 R D more a layer */
+    /* the norms' f32 outputs: 14 R D more a layer, and 4 R D the final norm's */
     fsdp_module *mn = llama();
     fsdp_nn_llama_set_bf16_norms(mn, false);
     int64_t bytes_n = 0;
     step(mn, FSDP_CPU, o, &bytes_n);
-    CU_ASSERT_EQUAL(bytes_n - bytes, norms * LAYERS);
+    CU_ASSERT_EQUAL(bytes_n - bytes, norms * LAYERS + final_norm);
     /* the f32 path (hooks replace the projections' outputs with f32 tensors they own, which are
      * not counted) holds the f32 SwiGLU output (2 R H more than bf16) and down_proj's bf16 copy
      * of it (2 R H) per layer, beside the norms' f32 outputs, and the attention on f32 tensors

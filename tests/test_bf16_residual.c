@@ -15,13 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx, fsdp_test_run_world
+#include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx
 #include "kernels/kernels.h" // defines: fsdp_kernels_for, fsdp_kernels_cpu_workers_start
-#include "llama_steps.h"     // defines: llama_tp_build, llama_tp_free
 #include "nn/llama_common.h" // defines: fsdp_llama_test_bf16_branches
 #include "nn/nn.h"           // defines: fsdp_nn_llama_set_bf16_branches
 #include "on_device.h"       // defines: fsdp_test_device
-#include "tiny_llama.h" // defines: tiny_llama_config, tiny_step_of, tiny_compare, tiny_on, tiny_back
+#include "tiny_llama.h"      // defines: tiny_llama_config, tiny_step_of, tiny_on, tiny_world
 
 enum {
     BATCH = TINY_BATCH,
@@ -153,17 +152,8 @@ static void test_kernel_device(void) {
 /* The tiny Llama under `compute` on dev, the bf16 branches on or off (every decoder layer
  * checkpointed when ckpt). */
 static fsdp_module *model(fsdp_dtype compute, fsdp_device dev, bool branches16, bool ckpt) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_llama_config cfg = tiny_llama_config(compute);
-    fsdp_module *m = NULL;
-    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    fsdp_module *m = tiny_model(compute, dev, ckpt);
     fsdp_nn_llama_set_bf16_branches(m, branches16);
-    if (dev.type != FSDP_DEVICE_CPU) FSDP_TEST_OK(fsdp_module_to(ctx, m, dev));
-    for (int l = 0; ckpt && l < LAYERS; l++) {
-        char name[32];
-        snprintf(name, sizeof name, "model.layers.%d", l);
-        FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(m, name)));
-    }
     return m;
 }
 
@@ -332,83 +322,40 @@ static void test_linear_rule(void) {
 
 /* ---- distributed layouts ---- */
 
-enum { WORLD = 2 };
-
-typedef struct world_run {
-    bool branches16;
-    int dp, tp;             /* dp * tp = WORLD */
-    step_out out[WORLD][2]; /* per rank: step 0 and 1 */
-} world_run;
-
-/* The bf16-policy model under the plan over tp (none at tp 1) and, at dp > 1, FSDP over dp (a
- * unit per decoder layer and the root), on the CPU: two steps of the same batches on every rank,
- * each rank's gradients kept (FSDP's: its flat shards, reduced). */
-static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
-    world_run *r = user;
-    fsdp_llama_config cfg = tiny_llama_config(FSDP_DTYPE_BF16);
-    llama_tp l;
-    fsdp_sharded *sh = NULL;
-    static const char *const kinds[] = {"LlamaDecoderLayer"};
-    fsdp_status st = FSDP_OK;
-    if (r->tp > 1) {
-        st = llama_tp_build(ctx, &cfg, r->dp, r->tp, false, 1234, FSDP_CPU, &l);
-    } else { /* no plan (as fsdp-train at tp 1): a dp mesh and the model */
-        l = (llama_tp){0};
-        st = fsdp_mesh_create(ctx, 1, (int[]){r->dp}, (const char *[]){"dp"}, &l.mesh);
-        if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, l.mesh, "dp", &l.dp);
-        if (st == FSDP_OK) st = fsdp_model_llama(ctx, &cfg, &l.m);
-        if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, l.m, 1234);
-    }
-    if (st == FSDP_OK) fsdp_nn_llama_set_bf16_branches(l.m, r->branches16);
-    if (st == FSDP_OK && r->dp > 1)
-        st = fsdp_fully_shard(
-            ctx, l.m,
-            &(fsdp_fully_shard_options){.group = l.dp, .wrap_kinds = kinds, .n_wrap_kinds = 1},
-            &sh);
-    fsdp_module *grads_of = sh ? fsdp_sharded_flat_params(sh) : l.m;
-    for (int s = 0; st == FSDP_OK && s < 2; s++)
-        st = tiny_step_of(ctx, l.m, grads_of, FSDP_CPU, s, &r->out[rank][s]);
-    fsdp_sharded_free(sh);
-    llama_tp_free(&l);
-    return st;
-}
-
-/* Both paths at (dp, tp), each rank's results compared. At tp > 1 o_proj and down_proj carry
- * RowwiseParallel's post-forward hook (its Partial output reduced in f32): they keep f32 outputs
- * and no bf16 residual add runs; at tp 1 (FSDP's hooks are on the decoder layers) they run as on
- * one rank: two a layer and step on every rank. */
+/* Both paths at (dp, tp) under the bf16 policy (tiny_world, the branches switched by
+ * fsdp_nn_llama_set_bf16_branches), each rank's results compared. At tp > 1 o_proj and down_proj
+ * carry RowwiseParallel's post-forward hook (its Partial output reduced in f32): they keep f32
+ * outputs and no bf16 residual add runs; at tp 1 (FSDP's hooks are on the decoder layers) they
+ * run as on one rank: two a layer and step on every rank. */
 static void check_world(int dp, int tp) {
-    world_run *r = calloc(2, sizeof *r); /* 0: the bf16 branches; 1: the path before */
+    tiny_world *r = calloc(2, sizeof *r); /* 0: the bf16 branches; 1: the path before */
     CU_ASSERT_PTR_NOT_NULL_FATAL(r);
     int64_t adds[2];
     for (int i = 0; i < 2; i++) {
-        r[i].branches16 = i == 0, r[i].dp = dp, r[i].tp = tp;
+        r[i] = (tiny_world){.compute = FSDP_DTYPE_BF16,
+                            .dp = dp,
+                            .tp = tp,
+                            .prepare = fsdp_nn_llama_set_bf16_branches,
+                            .on = i == 0};
         fsdp_llama_test_bf16_branches(NULL);
-        FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, world_rank, &r[i]));
+        tiny_world_run(&r[i]);
         fsdp_llama_test_bf16_branches(&adds[i]);
     }
-    int first = 0, hosted = fsdp_test_hosted_ranks(WORLD, &first);
     printf("\n    (dp, tp) = (%d, %d): %lld bf16 residual adds (path before: %lld)", dp, tp,
            (long long)adds[0], (long long)adds[1]);
-    for (int rank = first; rank < first + hosted; rank++)
-        for (int s = 0; s < 2; s++) {
-            printf("\n    rank %d step %d:", rank, s);
-            tiny_compare(FSDP_CPU, &r[0].out[rank][s], &r[1].out[rank][s]);
-        }
+    int hosted = tiny_world_compare(&r[0], &r[1]);
     CU_ASSERT_EQUAL(adds[0], tp == 1 ? 2 * LAYERS * 2 * hosted : 0);
     CU_ASSERT_EQUAL(adds[1], 0);
-    for (int i = 0; i < 2; i++)
-        for (int rank = 0; rank < WORLD; rank++)
-            for (int s = 0; s < 2; s++) free(r[i].out[rank][s].grads);
+    tiny_world_free(&r[0]), tiny_world_free(&r[1]);
     free(r);
 }
 
 static void test_tp(void) {
-    check_world(1, WORLD);
+    check_world(1, TINY_WORLD);
 }
 
 static void test_fsdp(void) {
-    check_world(WORLD, 1);
+    check_world(TINY_WORLD, 1);
 }
 
 int main(int argc, char **argv) {

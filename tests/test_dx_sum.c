@@ -24,13 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx, fsdp_test_run_world
+#include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx
 #include "kernels/kernels.h" // defines: fsdp_kernels_for, fsdp_kernels_cpu_workers_start
-#include "llama_steps.h"     // defines: llama_tp_build, llama_tp_free
 #include "nn/llama_common.h" // defines: fsdp_llama_test_sums, fsdp_llama_test_grads16,
                              // fsdp_llama_test_bf16_branches
 #include "on_device.h"       // defines: fsdp_test_device
-#include "tiny_llama.h" // defines: tiny_llama_config, tiny_step_of, tiny_compare, tiny_on, tiny_back
+#include "tiny_llama.h"      // defines: tiny_llama_config, tiny_step_of, tiny_on, tiny_world
 
 enum {
     BATCH = TINY_BATCH,
@@ -270,18 +269,8 @@ static fsdp_status step(fsdp_ctx *ctx, fsdp_module *m, fsdp_device dev, int s, s
  * the MLP's, each layer and step; f32: none) and the three-input add3s (f32: the attention's). */
 static void check_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
     fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_llama_config cfg = tiny_llama_config(compute);
     fsdp_test_device_pin_f32_attention(true);
-    fsdp_module *m[2] = {NULL, NULL};
-    for (int i = 0; i < 2; i++) {
-        FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m[i]));
-        if (dev.type != FSDP_DEVICE_CPU) FSDP_TEST_OK(fsdp_module_to(ctx, m[i], dev));
-        for (int l = 0; ckpt && l < LAYERS; l++) {
-            char name[32];
-            snprintf(name, sizeof name, "model.layers.%d", l);
-            FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(m[i], name)));
-        }
-    }
+    fsdp_module *m[2] = {tiny_model(compute, dev, ckpt), tiny_model(compute, dev, ckpt)};
     step_out *o = calloc(2, sizeof *o);
     CU_ASSERT_PTR_NOT_NULL_FATAL(o);
     int64_t fused[2], add3[2], g16[2], dx16[2];
@@ -392,73 +381,28 @@ static void test_f32_device(void) {
 
 /* ---- distributed layouts ---- */
 
-enum { WORLD = 2 };
-
-typedef struct world_run {
-    fsdp_dtype compute;
-    int dp, tp;             /* dp * tp = WORLD */
-    step_out out[WORLD][2]; /* per rank: step 0 and 1 */
-} world_run;
-
-/* The model under the plan over tp (none at tp 1) and, at dp > 1, FSDP over dp (a unit per
- * decoder layer and the root), on the CPU: two steps of the same batches on every rank (the plain
- * loss: lm_head's output is Replicate), each rank's gradients kept (FSDP's: its flat shards,
- * reduced). */
-static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
-    world_run *r = user;
-    fsdp_llama_config cfg = tiny_llama_config(r->compute);
-    llama_tp l;
-    fsdp_sharded *sh = NULL;
-    static const char *const kinds[] = {"LlamaDecoderLayer"};
-    fsdp_status st = FSDP_OK;
-    if (r->tp > 1) {
-        st = llama_tp_build(ctx, &cfg, r->dp, r->tp, false, 1234, FSDP_CPU, &l);
-    } else { /* no plan (as fsdp-train at tp 1): a dp mesh and the model */
-        l = (llama_tp){0};
-        st = fsdp_mesh_create(ctx, 1, (int[]){r->dp}, (const char *[]){"dp"}, &l.mesh);
-        if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, l.mesh, "dp", &l.dp);
-        if (st == FSDP_OK) st = fsdp_model_llama(ctx, &cfg, &l.m);
-        if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, l.m, 1234);
-    }
-    if (st == FSDP_OK && r->dp > 1)
-        st = fsdp_fully_shard(
-            ctx, l.m,
-            &(fsdp_fully_shard_options){.group = l.dp, .wrap_kinds = kinds, .n_wrap_kinds = 1},
-            &sh);
-    fsdp_module *grads_of = sh ? fsdp_sharded_flat_params(sh) : l.m;
-    for (int s = 0; st == FSDP_OK && s < 2; s++)
-        st = tiny_step_of(ctx, l.m, grads_of, FSDP_CPU, s, &r->out[rank][s]);
-    fsdp_sharded_free(sh);
-    llama_tp_free(&l);
-    return st;
-}
-
-/* Both paths at (dp, tp), each rank's results compared. At tp > 1 every projection has
- * ColwiseParallel's post-backward hook: each rounds its own input gradient before the
- * all_reduce, so no rounding sum runs and only the attention's three-input add3 does; at tp 1
- * (FSDP's hooks are on the decoder layers) the sums run as on one rank. */
+/* Both paths at (dp, tp) (tiny_world: the plain loss, lm_head's output is Replicate), each rank's
+ * results compared. At tp > 1 every projection has ColwiseParallel's post-backward hook: each
+ * rounds its own input gradient before the all_reduce, so no rounding sum runs and only the
+ * attention's three-input add3 does; at tp 1 (FSDP's hooks are on the decoder layers) the sums
+ * run as on one rank. */
 static void check_world(fsdp_dtype compute, int dp, int tp) {
-    world_run *r = calloc(2, sizeof *r); /* 0: the new sums; 1: the path before */
+    tiny_world *r = calloc(2, sizeof *r); /* 0: the new sums; 1: the path before */
     CU_ASSERT_PTR_NOT_NULL_FATAL(r);
     int64_t fused[2], add3[2], g16[2], dx16[2];
     for (int i = 0; i < 2; i++) {
         r[i].compute = compute, r[i].dp = dp, r[i].tp = tp;
         fsdp_llama_test_sums(i == 1, NULL, NULL);
         fsdp_llama_test_grads16(), fsdp_llama_test_dx16();
-        FSDP_TEST_OK(fsdp_test_run_world(WORLD, 0, world_rank, &r[i]));
+        tiny_world_run(&r[i]);
         fsdp_llama_test_sums(false, &fused[i], &add3[i]);
         g16[i] = fsdp_llama_test_grads16(), dx16[i] = fsdp_llama_test_dx16();
     }
-    int first = 0, hosted = fsdp_test_hosted_ranks(WORLD, &first);
     bool b16 = compute == FSDP_DTYPE_BF16;
     printf("\n    (dp, tp) = (%d, %d), %s: %lld fused sums, %lld add3 (path before: %lld, %lld)",
            dp, tp, b16 ? "bf16" : "f32", (long long)fused[0], (long long)add3[0],
            (long long)fused[1], (long long)add3[1]);
-    for (int rank = first; rank < first + hosted; rank++)
-        for (int s = 0; s < 2; s++) {
-            printf("\n    rank %d step %d:", rank, s);
-            tiny_compare(FSDP_CPU, &r[0].out[rank][s], &r[1].out[rank][s]);
-        }
+    int hosted = tiny_world_compare(&r[0], &r[1]);
     int64_t per_rank = 2 * LAYERS; /* two steps */
     bool fuse = b16 && tp == 1;
     CU_ASSERT_EQUAL(fused[0], fuse ? 2 * per_rank * hosted : 0);
@@ -474,26 +418,24 @@ static void check_world(fsdp_dtype compute, int dp, int tp) {
            (long long)dx16[0], (long long)dx16[1]);
     CU_ASSERT_EQUAL(dx16[0], b16 && tp == 1 ? 2 * per_rank * hosted : 0);
     CU_ASSERT_EQUAL(dx16[1], 0);
-    for (int i = 0; i < 2; i++)
-        for (int rank = 0; rank < WORLD; rank++)
-            for (int s = 0; s < 2; s++) free(r[i].out[rank][s].grads);
+    tiny_world_free(&r[0]), tiny_world_free(&r[1]);
     free(r);
 }
 
 static void test_tp_bf16(void) {
-    check_world(FSDP_DTYPE_BF16, 1, WORLD);
+    check_world(FSDP_DTYPE_BF16, 1, TINY_WORLD);
 }
 
 static void test_tp_f32(void) {
-    check_world(FSDP_DTYPE_F32, 1, WORLD);
+    check_world(FSDP_DTYPE_F32, 1, TINY_WORLD);
 }
 
 static void test_fsdp_bf16(void) {
-    check_world(FSDP_DTYPE_BF16, WORLD, 1);
+    check_world(FSDP_DTYPE_BF16, TINY_WORLD, 1);
 }
 
 static void test_fsdp_f32(void) {
-    check_world(FSDP_DTYPE_F32, WORLD, 1);
+    check_world(FSDP_DTYPE_F32, TINY_WORLD, 1);
 }
 
 int main(int argc, char **argv) {

@@ -28,7 +28,8 @@ static void test_dispatch(void) {
                k->rmsnorm_forward && k->rmsnorm_backward && k->add && k->axpy && k->scale &&
                k->copy && k->fill && k->sum && k->sum_squares && k->max_abs && k->mse_loss &&
                k->cross_entropy && k->f32_to_bf16 && k->bf16_to_f32 && k->f32_to_f16 &&
-               k->f16_to_f32 && k->gemm_bias_act && k->gemm_bf16_bias_act && k->gemm_bgrad;
+               k->f16_to_f32 && k->gemm_bias_act && k->gemm_bf16_bias_act && k->gemm_bgrad &&
+               k->rmsnorm_backward_add;
     CU_ASSERT_TRUE(all);
 }
 

@@ -91,7 +91,8 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
                k->add3 && k->add3_round_bf16 && k->add_bf16 && k->swiglu_backward_bf16_round &&
                k->swiglu_backward_bf16io && k->rope_qk_backward_round &&
                k->rope_qk_forward_bf16_round && k->rope_qk_backward_bf16_round &&
-               k->attention_forward_bf16_round && k->attention_backward_bf16_round;
+               k->attention_forward_bf16_round && k->attention_backward_bf16_round &&
+               k->rmsnorm_backward_add;
     CU_ASSERT_TRUE(all);
     const fsdp_device_i *s = fsdp_device_for(type);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
@@ -685,9 +686,17 @@ static void test_rmsnorm(void) {
         K()->rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, d_rstd, rows, cols);
         DEV_CLOSE("rmsnorm_backward dinp", d_dx, dx, n, 1e-5, 1e-6);
         DEV_CLOSE("rmsnorm_backward dweight (+=)", d_dw, dw, cols, 1e-5, 1e-6);
-        free(x), free(w), free(dy), free(dw), free(out), free(rstd), free(dx);
+        /* with a residual gradient added: dres + dinp, one correctly rounded add after dinp on
+         * both, so dinp's difference is carried as is; the bound's absolute term covers a sum
+         * that cancels (|dres|, |dinp| of order 1 here) */
+        float *dres = new_uniform(n, -1, 1), *d_dres = dev_floats(dres, n);
+        c->rmsnorm_backward_add(dx, dw, dy, dres, x, w, rstd, rows, cols);
+        K()->rmsnorm_backward_add(d_dx, d_dw, d_dy, d_dres, d_x, d_w, d_rstd, rows, cols);
+        DEV_CLOSE("rmsnorm_backward_add dinp", d_dx, dx, n, 1e-5, 1e-6);
+        DEV_CLOSE("rmsnorm_backward_add dweight (+=)", d_dw, dw, cols, 1e-5, 1e-6);
+        free(x), free(w), free(dy), free(dw), free(out), free(rstd), free(dx), free(dres);
         dev_free(d_x), dev_free(d_w), dev_free(d_dy), dev_free(d_dw), dev_free(d_out);
-        dev_free(d_rstd), dev_free(d_dx);
+        dev_free(d_rstd), dev_free(d_dx), dev_free(d_dres);
     }
 }
 

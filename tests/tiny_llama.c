@@ -1,13 +1,14 @@
-/* tiny_llama.c: the bf16-policy suites' tiny Llama, its steps and their comparison
- * (tiny_llama.h). */
+/* tiny_llama.c: the bf16-policy suites' tiny Llama, its steps and their comparison, on one rank
+ * and on two rank threads (tiny_llama.h). */
 #include "tiny_llama.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"   // defines: fsdp_test_ctx, FSDP_TEST_OK
-#include "on_device.h" // defines: fsdp_test_device_close
+#include "harness.h"     // defines: fsdp_test_ctx, FSDP_TEST_OK, fsdp_test_run_world
+#include "llama_steps.h" // defines: llama_tp_build, llama_tp_free
+#include "on_device.h"   // defines: fsdp_test_device_close
 
 fsdp_llama_config tiny_llama_config(fsdp_dtype compute) {
     return (fsdp_llama_config){.dim = TINY_DIM,
@@ -19,6 +20,20 @@ fsdp_llama_config tiny_llama_config(fsdp_dtype compute) {
                                .max_seq_len = 16,
                                .init_std = 0.2f,
                                .compute_dtype = compute};
+}
+
+fsdp_module *tiny_model(fsdp_dtype compute, fsdp_device dev, bool ckpt) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_llama_config cfg = tiny_llama_config(compute);
+    fsdp_module *m = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+    if (dev.type != FSDP_DEVICE_CPU) FSDP_TEST_OK(fsdp_module_to(ctx, m, dev));
+    for (int l = 0; ckpt && l < TINY_LAYERS; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "model.layers.%d", l);
+        FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(m, name)));
+    }
+    return m;
 }
 
 int64_t tiny_differ(const void *a, const void *b, int64_t n) {
@@ -127,4 +142,53 @@ void tiny_compare(fsdp_device dev, const tiny_step *n, const tiny_step *o) {
     CU_ASSERT_TRUE(fsdp_test_device_close("loss", &n->loss, &o->loss, 1, 5e-2, 0));
     CU_ASSERT_TRUE(fsdp_test_device_close("logits", n->logits, o->logits, nl, 5e-2, 1e-3));
     CU_ASSERT_TRUE(fsdp_test_device_close("gradients", n->grads, o->grads, n->n_grads, 5e-2, 1e-3));
+}
+
+static fsdp_status world_rank(fsdp_ctx *ctx, int rank, void *user) {
+    tiny_world *r = user;
+    fsdp_llama_config cfg = tiny_llama_config(r->compute);
+    llama_tp l;
+    fsdp_sharded *sh = NULL;
+    static const char *const kinds[] = {"LlamaDecoderLayer"};
+    fsdp_status st = FSDP_OK;
+    if (r->tp > 1) {
+        st = llama_tp_build(ctx, &cfg, r->dp, r->tp, false, 1234, FSDP_CPU, &l);
+    } else { /* no plan (as fsdp-train at tp 1): a dp mesh and the model */
+        l = (llama_tp){0};
+        st = fsdp_mesh_create(ctx, 1, (int[]){r->dp}, (const char *[]){"dp"}, &l.mesh);
+        if (st == FSDP_OK) st = fsdp_mesh_get_group(ctx, l.mesh, "dp", &l.dp);
+        if (st == FSDP_OK) st = fsdp_model_llama(ctx, &cfg, &l.m);
+        if (st == FSDP_OK) st = fsdp_module_reset_parameters(ctx, l.m, 1234);
+    }
+    if (st == FSDP_OK && r->prepare) r->prepare(l.m, r->on);
+    if (st == FSDP_OK && r->dp > 1)
+        st = fsdp_fully_shard(
+            ctx, l.m,
+            &(fsdp_fully_shard_options){.group = l.dp, .wrap_kinds = kinds, .n_wrap_kinds = 1},
+            &sh);
+    fsdp_module *grads_of = sh ? fsdp_sharded_flat_params(sh) : l.m;
+    for (int s = 0; st == FSDP_OK && s < 2; s++)
+        st = tiny_step_of(ctx, l.m, grads_of, FSDP_CPU, s, &r->out[rank][s]);
+    fsdp_sharded_free(sh);
+    llama_tp_free(&l);
+    return st;
+}
+
+void tiny_world_run(tiny_world *w) {
+    FSDP_TEST_OK(fsdp_test_run_world(TINY_WORLD, 0, world_rank, w));
+}
+
+int tiny_world_compare(const tiny_world *a, const tiny_world *b) {
+    int first = 0, hosted = fsdp_test_hosted_ranks(TINY_WORLD, &first);
+    for (int rank = first; rank < first + hosted; rank++)
+        for (int s = 0; s < 2; s++) {
+            printf("\n    rank %d step %d:", rank, s);
+            tiny_compare(FSDP_CPU, &a->out[rank][s], &b->out[rank][s]);
+        }
+    return hosted;
+}
+
+void tiny_world_free(tiny_world *w) {
+    for (int rank = 0; rank < TINY_WORLD; rank++)
+        for (int s = 0; s < 2; s++) free(w->out[rank][s].grads), w->out[rank][s].grads = NULL;
 }

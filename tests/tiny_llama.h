@@ -1,6 +1,7 @@
 /* tiny_llama.h: the tiny Llama the bf16-policy suites step on two paths and compare bit for bit
- * (test_dx_sum, test_bf16_residual): its configuration and batches, one step's results on the
- * host, the comparison of two steps' results; and small host/device copies (also test_attn16's). */
+ * (test_dx_sum, test_bf16_residual, test_norm_sums): its configuration and batches, one step's
+ * results on the host, the comparison of two steps' results, the same over two rank threads at a
+ * (dp, tp) layout; and small host/device copies (also test_attn16's). */
 #ifndef FSDP_TESTS_TINY_LLAMA_H
 #define FSDP_TESTS_TINY_LLAMA_H
 
@@ -21,6 +22,10 @@ enum {
 
 /* The tiny Llama's configuration under `compute` (4 heads, 2 key/value heads, init_std 0.2). */
 fsdp_llama_config tiny_llama_config(fsdp_dtype compute);
+
+/* A new tiny Llama under `compute` on dev (moved there from the CPU), every decoder layer
+ * checkpointed when ckpt; asserts (CUnit) that each step succeeded. The caller frees it. */
+fsdp_module *tiny_model(fsdp_dtype compute, fsdp_device dev, bool ckpt);
 
 /* The 4-byte elements of a and b (n each) that differ in their bits. */
 int64_t tiny_differ(const void *a, const void *b, int64_t n);
@@ -53,5 +58,30 @@ fsdp_status tiny_step_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_module *grads_of, f
  * device tolerance (5e-2 relative plus 1e-3: the GEMMs are the same calls, but the attention's
  * and cuBLAS's sums are not promised to repeat their order run to run). */
 void tiny_compare(fsdp_device dev, const tiny_step *n, const tiny_step *o);
+
+/* ---- two rank threads at a (dp, tp) layout ---- */
+
+enum { TINY_WORLD = 2 };
+
+/* One run of tiny_world_run: the tiny Llama under `compute` with torchtitan's plan over tp (none
+ * at tp 1, as fsdp-train) and, at dp > 1, FSDP over dp (a unit per decoder layer and the root),
+ * on the CPU: two steps of the same batches on every rank, each rank's gradients kept (FSDP's:
+ * its flat shards, reduced). prepare (may be NULL) is called with `on` on each rank's model before
+ * FSDP wraps it (a path's switch, as fsdp_nn_llama_set_bf16_branches). */
+typedef struct tiny_world {
+    fsdp_dtype compute;
+    int dp, tp; /* dp * tp = TINY_WORLD */
+    void (*prepare)(fsdp_module *m, bool on);
+    bool on;
+    tiny_step out[TINY_WORLD][2]; /* per rank: step 0 and 1 */
+} tiny_world;
+
+/* w's run on TINY_WORLD rank threads (fsdp_test_run_world), asserted to succeed. */
+void tiny_world_run(tiny_world *w);
+/* Every rank this process hosts: its two steps in a and b compared (tiny_compare). Returns the
+ * number of hosted ranks (fsdp_test_hosted_ranks). */
+int tiny_world_compare(const tiny_world *a, const tiny_world *b);
+/* Frees the gradients w's steps hold. */
+void tiny_world_free(tiny_world *w);
 
 #endif

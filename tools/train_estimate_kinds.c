@@ -238,8 +238,11 @@ fsdp_status train_estimate_llama(const train_config *cfg, const train_layout *l,
                  - 2 * 2 * B * Ts * C;              /* the two norms' outputs: bf16 */
         if (tp == 1) /* o_proj's, down_proj's outputs: bf16 (on tp Rowwise's hook keeps f32) */
             layer -= 2 * 2 * R * C;
-        root += bf16_linear(R, C, V, false, true); /* lm_head (tied or not: a Linear either way) */
-        if (c.logits_dtype == FSDP_DTYPE_BF16)     /* bf16 logits (tp 1), no y16 scratch */
+        /* lm_head (tied or not: a Linear either way); at tp 1 it reads the final norm's bf16
+         * output as its copy (on tp SequenceParallel's and Colwise's hooks keep it f32) */
+        root += bf16_linear(R, C, V, tp == 1, true);
+        if (tp == 1) root -= 2 * R * C;        /* the final norm's output: bf16 */
+        if (c.logits_dtype == FSDP_DTYPE_BF16) /* bf16 logits (tp 1), no y16 scratch */
             root -= 2 * R * V + 2 * R * (V > C ? V : C);
     }
     m->act_bytes = root + c.n_layers * layer;

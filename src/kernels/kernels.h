@@ -138,6 +138,14 @@ typedef struct fsdp_kernels_i {
      * leave it NULL: RMSNorm then gives f32. */
     void (*rmsnorm_forward_bf16)(fsdp_bf16 *out, float *rstd, const float *inp, const float *weight,
                                  float eps, int64_t rows, int64_t cols);
+    /* rmsnorm_backward with a residual's gradient added, in one pass: dinp (rows, cols) = dres +
+     * the input gradient rmsnorm_backward writes, each element the bits of rmsnorm_backward then
+     * add(dinp, dres, dinp); dweight (cols) += as rmsnorm_backward. dinp overlaps no input. The
+     * Llama decoder layer's norms, whose input gradient joins the residual stream's (no f32 pass
+     * of its own). A table may leave it NULL: the norm then runs rmsnorm_backward and add. */
+    void (*rmsnorm_backward_add)(float *dinp, float *dweight, const float *dout, const float *dres,
+                                 const float *inp, const float *weight, const float *rstd,
+                                 int64_t rows, int64_t cols);
 
     void (*add)(float *out, const float *a, const float *b, int64_t n); /* out = a + b */
     /* out (n) = (a + b) + c in f32, in one pass: each element the bits of add(out, a, b) then

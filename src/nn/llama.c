@@ -9,6 +9,7 @@
 #include "nn/llama_common.h"
 #include "nn/module_impl.h"
 #include "nn/nn.h" // defines: fsdp_nn_defer_init, fsdp_nn_rmsnorm_set_bf16_output,
+                   // fsdp_nn_rmsnorm_set_grad_residual, fsdp_nn_num_acting_hooks,
                    // fsdp_nn_linear_set_bf16_output, fsdp_nn_llama_set_bf16_branches
 
 /* ---- LlamaDecoderLayer ---- */
@@ -23,8 +24,8 @@ typedef struct decoder_layer {
     bool bf16_branches;
     fsdp_tensor *h;      /* (B, T, C) = x + self_attn(input_layernorm(x)) */
     fsdp_tensor *output; /* (B, T, C) = h + mlp(post_attention_layernorm(h)) */
-    fsdp_tensor *dh;     /* (B, T, C) */
-    fsdp_tensor *dinput; /* (B, T, C) */
+    fsdp_tensor *dh;     /* (B, T, C): dL/dh, when the norm does not add it (norm_backward_add) */
+    fsdp_tensor *dinput; /* (B, T, C): dL/dx, the same */
 } decoder_layer;
 
 static void decoder_layer_free(void *impl) {
@@ -106,33 +107,58 @@ static fsdp_status decoder_layer_forward(fsdp_ctx *ctx, fsdp_module *m, const fs
     return FSDP_OK;
 }
 
+static atomic_bool norm_sums_off;
+static atomic_llong norm_sums;
+
+void fsdp_llama_test_norm_sums(bool old_path, int64_t *fused) {
+    atomic_store(&norm_sums_off, old_path);
+    int64_t n = atomic_exchange(&norm_sums, 0);
+    if (fused) *fused = n;
+}
+
+/* *dsum = dres + norm's input gradient for dy (the residual stream's gradient and the branch's).
+ * The norm adds dres in its backward's pass (fsdp_nn_rmsnorm_set_grad_residual, for this call)
+ * when the device's table has rmsnorm_backward_add and no acting post-backward hook of the norm
+ * would read the sum instead of its own gradient (TP's SequenceParallel has one); otherwise its
+ * backward, then the sum into *buf (the path before, the same bits). */
+static fsdp_status norm_backward_add(fsdp_ctx *ctx, fsdp_module *norm, const fsdp_tensor *dy,
+                                     const fsdp_tensor *dres, fsdp_tensor **buf,
+                                     const fsdp_tensor **dsum) {
+    bool fuse = fsdp_kernels_for(fsdp_tensor_device(dy))->rmsnorm_backward_add &&
+                fsdp_nn_num_acting_hooks(norm, FSDP_HOOK_POST_BACKWARD) == 0 &&
+                !atomic_load(&norm_sums_off);
+    const fsdp_tensor *dx;
+    fsdp_nn_rmsnorm_set_grad_residual(norm, fuse ? dres : NULL);
+    fsdp_status st = fsdp_module_backward(ctx, norm, dy, &dx);
+    fsdp_nn_rmsnorm_set_grad_residual(norm, NULL);
+    FSDP_TRY_AT(ctx, st);
+    if (fuse) {
+        atomic_fetch_add(&norm_sums, 1);
+        *dsum = dx;
+        return FSDP_OK;
+    }
+    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, buf, dres, dx, NULL, false));
+    *dsum = *buf;
+    return FSDP_OK;
+}
+
 static fsdp_status decoder_layer_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
                                           const fsdp_tensor **din) {
     decoder_layer *d = m->impl;
     if (!d->output || !fsdp_tensor_same_shape(dout, d->output))
         return fsdp_llama_no_forward(ctx, m);
-    const fsdp_tensor *dn2, *dh_branch, *dn1, *dx_branch;
+    const fsdp_tensor *dn2, *dh, *dn1;
     FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->mlp, dout, &dn2));
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->post_attention_layernorm, dn2, &dh_branch));
-    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &d->dh, dout, dh_branch, NULL, false));
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->self_attn, d->dh, &dn1));
-    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->input_layernorm, dn1, din ? &dx_branch : NULL));
-    if (!din) return FSDP_OK;
-    FSDP_TRY_AT(ctx, fsdp_llama_sum_grads(ctx, &d->dinput, d->dh, dx_branch, NULL, false));
-    *din = d->dinput;
-    return FSDP_OK;
+    FSDP_TRY_AT(ctx, norm_backward_add(ctx, d->post_attention_layernorm, dn2, dout, &d->dh, &dh));
+    FSDP_TRY_AT(ctx, fsdp_module_backward(ctx, d->self_attn, dh, &dn1));
+    if (!din) return fsdp_module_backward(ctx, d->input_layernorm, dn1, NULL);
+    return norm_backward_add(ctx, d->input_layernorm, dn1, dh, &d->dinput, din);
 }
 
 static const fsdp_module_ops decoder_layer_ops = {.kind = "LlamaDecoderLayer",
                                                   .forward = decoder_layer_forward,
                                                   .backward = decoder_layer_backward,
                                                   .free_impl = decoder_layer_free};
-
-void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on) {
-    if (!m) return;
-    if (m->ops == &decoder_layer_ops) ((decoder_layer *)m->impl)->bf16_norms = on;
-    for (int i = 0; i < m->n_children; i++) fsdp_nn_llama_set_bf16_norms(m->children[i], on);
-}
 
 void fsdp_nn_llama_set_bf16_branches(fsdp_module *m, bool on) {
     if (!m) return;
@@ -196,8 +222,63 @@ fsdp_status fsdp_llama_decoder_layer_create(fsdp_ctx *ctx, const fsdp_llama_conf
 
 /* ---- LlamaForCausalLM ---- */
 
-/* model (embed_tokens, layers, norm) then lm_head: Sequentials run them in that order. */
+/* model (a Sequential: embed_tokens, layers, norm), then lm_head. */
+typedef struct causal_lm {
+    fsdp_module *model, *norm, *lm_head;
+    /* ask model.norm for a bf16 output when lm_head reads bf16 (fsdp_nn_llama_set_bf16_norms) */
+    bool bf16_norm;
+} causal_lm;
+
+static atomic_llong final_norms16;
+
+int64_t fsdp_llama_test_final_norm16(void) {
+    return atomic_exchange(&final_norms16, 0);
+}
+
+/* Whether model.norm's output may be bf16 for lm_head: lm_head runs the bf16 policy (it rounds
+ * its input to bf16 anyway: one rounding, in the norm, and no copy of its own) and no acting hook
+ * would see the bf16 tensor where it saw f32 (model.norm's or model's post-forward, lm_head's
+ * pre-forward: tensor parallelism's SequenceParallel and Colwise have them). */
+static bool final_norm16(const causal_lm *c) {
+    return c->bf16_norm && fsdp_nn_linear_compute(c->lm_head) == FSDP_DTYPE_BF16 &&
+           fsdp_nn_num_acting_hooks(c->norm, FSDP_HOOK_POST_FORWARD) == 0 &&
+           fsdp_nn_num_acting_hooks(c->model, FSDP_HOOK_POST_FORWARD) == 0 &&
+           fsdp_nn_num_acting_hooks(c->lm_head, FSDP_HOOK_PRE_FORWARD) == 0;
+}
+
+static fsdp_status causal_lm_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
+                                     const fsdp_tensor **out) {
+    causal_lm *c = m->impl;
+    const fsdp_tensor *h;
+    bool norm16 = final_norm16(c);
+    fsdp_nn_rmsnorm_set_bf16_output(c->norm, norm16); /* for model's call only */
+    fsdp_status st = fsdp_module_forward(ctx, c->model, in, &h);
+    fsdp_nn_rmsnorm_set_bf16_output(c->norm, false);
+    FSDP_TRY_AT(ctx, st);
+    if (fsdp_tensor_dtype(h) == FSDP_DTYPE_BF16) atomic_fetch_add(&final_norms16, 1);
+    return fsdp_module_forward(ctx, c->lm_head, h, out);
+}
+
+static fsdp_status causal_lm_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *dout,
+                                      const fsdp_tensor **din) {
+    return fsdp_nn_chain_backward(ctx, m->children, m->n_children, dout, din);
+}
+
+static const fsdp_module_ops causal_lm_ops = {.kind = "LlamaForCausalLM",
+                                              .forward = causal_lm_forward,
+                                              .backward = causal_lm_backward,
+                                              .free_impl = free};
+
+void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on) {
+    if (!m) return;
+    if (m->ops == &decoder_layer_ops) ((decoder_layer *)m->impl)->bf16_norms = on;
+    if (m->ops == &causal_lm_ops) ((causal_lm *)m->impl)->bf16_norm = on;
+    for (int i = 0; i < m->n_children; i++) fsdp_nn_llama_set_bf16_norms(m->children[i], on);
+}
+
+/* model (embed_tokens, layers, norm) then lm_head, the root's children in that order. */
 static fsdp_status build_llama(fsdp_ctx *ctx, fsdp_module *root, const fsdp_llama_config *c) {
+    causal_lm *lm = root->impl;
     fsdp_module *model, *embed, *layers, *lm_head;
     FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &model));
     FSDP_TRY_AT(ctx, fsdp_module_add_child(ctx, root, "model", model));
@@ -211,13 +292,15 @@ static fsdp_status build_llama(fsdp_ctx *ctx, fsdp_module *root, const fsdp_llam
         FSDP_TRY_AT(ctx, fsdp_llama_decoder_layer_create(ctx, c, &layer));
         FSDP_TRY_AT(ctx, fsdp_sequential_append(ctx, layers, layer));
     }
-    FSDP_TRY_AT(ctx, add_norm(ctx, model, "norm", c, NULL));
+    FSDP_TRY_AT(ctx, add_norm(ctx, model, "norm", c, &lm->norm));
+    lm->model = model;
     if (!c->tie_word_embeddings)
         return fsdp_llama_add_proj(ctx, root, "lm_head", c->dim, c->vocab_size, c->init_std,
-                                   &lm_head);
+                                   &lm->lm_head);
     FSDP_TRY_AT(ctx, fsdp_nn_linear_create_tied(ctx, embed->params[0], &lm_head));
     fsdp_status st = fsdp_module_add_child(ctx, root, "lm_head", lm_head);
     if (st != FSDP_OK) fsdp_module_free(lm_head);
+    lm->lm_head = lm_head;
     return FSDP_PASS(ctx, st);
 }
 
@@ -231,8 +314,11 @@ fsdp_status fsdp_model_llama(fsdp_ctx *ctx, const fsdp_llama_config *cfg, fsdp_m
         return fsdp_llama_bad_config(ctx, "n_layers", c.n_layers, "the model needs >= 1");
     if (c.vocab_size < 1)
         return fsdp_llama_bad_config(ctx, "vocab_size", c.vocab_size, "the model needs >= 1");
+    causal_lm *lm = calloc(1, sizeof *lm);
+    if (!lm) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a LlamaForCausalLM");
+    lm->bf16_norm = true;
     fsdp_module *root;
-    FSDP_TRY_AT(ctx, fsdp_sequential_create(ctx, &root));
+    FSDP_TRY_AT(ctx, fsdp_module_create(ctx, &causal_lm_ops, lm, &root));
     bool deferred = fsdp_nn_defer_init(ctx, true); /* the reset below fills every parameter */
     fsdp_status st = build_llama(ctx, root, &c);
     fsdp_nn_defer_init(ctx, deferred);

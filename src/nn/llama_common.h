@@ -79,6 +79,14 @@ void fsdp_llama_mlp_set_bf16_output(fsdp_module *m, bool on);
 /* For tests: *adds (may be NULL) gets the residual adds that read a bf16 branch (add_bf16) since
  * the last call, across the process (llama.c). */
 void fsdp_llama_test_bf16_branches(int64_t *adds);
+/* For tests: with old_path, LlamaDecoderLayer sums its norms' input gradients with the
+ * residual stream's as before (the norm's backward, then add into a buffer of its own) instead of
+ * asking the norm to add it in its pass (rmsnorm_backward_add); *fused (may be NULL) gets the
+ * norm backwards that added it since the last call (llama.c). Process-wide. */
+void fsdp_llama_test_norm_sums(bool old_path, int64_t *fused);
+/* For tests: the forwards of LlamaForCausalLM whose model.norm gave lm_head a bf16 output since
+ * the last call, across the process (llama.c). */
+int64_t fsdp_llama_test_final_norm16(void);
 /* Whether a LlamaAttention forward under the bf16 policy runs on bf16 tensors (the table's
  * _bf16_round attention entries: `entries`, the device has them and the projections allow it);
  * false while the test switch below is off. A forward that then ran so counts itself with

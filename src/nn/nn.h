@@ -118,14 +118,23 @@ void fsdp_nn_linear_set_bf16_output(fsdp_module *m, bool on);
 /* With on, RMSNorm m's forwards give their output in a bf16 tensor, each element the bits
  * f32_to_bf16 gives the f32 output, when the device's table has rmsnorm_forward_bf16; otherwise
  * an f32 tensor. For a parent whose readers round the output to bf16 anyway, around its own call
- * (LlamaDecoderLayer for projections under the bf16 compute policy: set on before, off after, so
- * a direct call, as generation makes, gets f32). Backward is the same either way (it reads the
- * input and 1/rms, not the output). Nothing for other modules. */
+ * (LlamaDecoderLayer for projections under the bf16 compute policy, LlamaForCausalLM for lm_head:
+ * set on before, off after, so a direct call, as generation makes, gets f32). Backward is the same
+ * either way (it reads the input and 1/rms, not the output). Nothing for other modules. */
 void fsdp_nn_rmsnorm_set_bf16_output(fsdp_module *m, bool on);
+/* With dres (NULL: none), RMSNorm m's backwards that give an input gradient give dres + that
+ * gradient instead (dres f32, shaped like the output gradient), in the backward's own pass (the
+ * table's rmsnorm_backward_add: each element the bits of the plain backward then add; a table
+ * without it runs those two). For a parent that sums the norm's input gradient with another
+ * (LlamaDecoderLayer: the residual stream's), around its own call: set before, NULL after. Its
+ * post-backward hooks then see the sum, so a parent asks only when m has no acting one
+ * (fsdp_nn_num_acting_hooks; an observer sees the sum). Nothing for other modules. */
+void fsdp_nn_rmsnorm_set_grad_residual(fsdp_module *m, const fsdp_tensor *dres);
 /* Whether the LlamaDecoderLayers of m's subtree ask their norms for bf16 outputs when the
- * projections that read them run the bf16 compute policy (on: the default). Off gives the path
- * before (f32 norm outputs that each projection rounds into its own bf16 copy), with the same
- * bits: for tests that compare the two. */
+ * projections that read them run the bf16 compute policy, and a LlamaForCausalLM (the root of
+ * fsdp_model_llama) its model.norm when lm_head does and no acting hook would see the bf16 tensor
+ * (on: the default). Off gives the path before (f32 norm outputs that each projection rounds
+ * into its own bf16 copy), with the same bits: for tests that compare the two. */
 void fsdp_nn_llama_set_bf16_norms(fsdp_module *m, bool on);
 /* Whether the LlamaDecoderLayers of m's subtree ask their attention and MLP for a bf16 output
  * (o_proj's and down_proj's, fsdp_nn_linear_can_give_bf16_output) and read it widened in their

@@ -1,5 +1,7 @@
 /* rmsnorm.c: RMSNorm, y = x / sqrt(mean(x^2) + eps) * weight over the last dimension; for a
- * parent that asks (fsdp_nn_rmsnorm_set_bf16_output), y rounded to bf16 in a bf16 tensor. */
+ * parent that asks, y rounded to bf16 in a bf16 tensor (fsdp_nn_rmsnorm_set_bf16_output), and a
+ * residual's gradient added to the input gradient in the backward's pass
+ * (fsdp_nn_rmsnorm_set_grad_residual). */
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -20,6 +22,7 @@ typedef struct rmsnorm {
     fsdp_tensor *dinput;         /* (rows, C) */
     fsdp_tensor *dweight_sink;   /* (C): where the weight grad goes when it is not wanted */
     bool bf16_out;               /* the parent asks for the output in bf16 (this call only) */
+    const fsdp_tensor *dres;     /* (rows, C): the parent asks for dinput + dres (this call) */
 } rmsnorm;
 
 static void rmsnorm_free(void *impl) {
@@ -80,10 +83,25 @@ static fsdp_status rmsnorm_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_te
         FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &r->dweight_sink, dev, 1, &C));
         dweight = r->dweight_sink;
     }
-    fsdp_kernels_for(dev)->rmsnorm_backward(fsdp_tensor_f32(r->dinput), fsdp_tensor_f32(dweight),
-                                            fsdp_tensor_f32(dout), fsdp_tensor_f32(r->input),
-                                            fsdp_tensor_f32(r->weight->data),
-                                            fsdp_tensor_f32(r->rstd), rows, C);
+    const fsdp_tensor *dres = din ? r->dres : NULL;
+    if (dres &&
+        (fsdp_tensor_dtype(dres) != FSDP_DTYPE_F32 || !fsdp_tensor_same_shape(dres, dout))) {
+        char desc[160];
+        return FSDP_FAIL(ctx, FSDP_ERR_SHAPE,
+                         "%s: the residual gradient to add must be f32 and shaped like the output "
+                         "gradient",
+                         fsdp_nn_describe(m, desc, sizeof desc));
+    }
+    const fsdp_kernels_i *k = fsdp_kernels_for(dev);
+    float *dx = fsdp_tensor_f32(r->dinput), *dw = fsdp_tensor_f32(dweight);
+    const float *dy = fsdp_tensor_f32(dout), *x = fsdp_tensor_f32(r->input);
+    const float *w = fsdp_tensor_f32(r->weight->data), *rstd = fsdp_tensor_f32(r->rstd);
+    if (dres && k->rmsnorm_backward_add) {
+        k->rmsnorm_backward_add(dx, dw, dy, fsdp_tensor_f32(dres), x, w, rstd, rows, C);
+    } else {
+        k->rmsnorm_backward(dx, dw, dy, x, w, rstd, rows, C);
+        if (dres) k->add(dx, fsdp_tensor_f32(dres), dx, rows * C); /* the same bits */
+    }
     if (din) *din = r->dinput;
     return FSDP_OK;
 }
@@ -95,6 +113,10 @@ static const fsdp_module_ops rmsnorm_ops = {.kind = "RMSNorm",
 
 void fsdp_nn_rmsnorm_set_bf16_output(fsdp_module *m, bool on) {
     if (m && m->ops == &rmsnorm_ops) ((rmsnorm *)m->impl)->bf16_out = on;
+}
+
+void fsdp_nn_rmsnorm_set_grad_residual(fsdp_module *m, const fsdp_tensor *dres) {
+    if (m && m->ops == &rmsnorm_ops) ((rmsnorm *)m->impl)->dres = dres;
 }
 
 fsdp_status fsdp_rmsnorm_create(fsdp_ctx *ctx, int64_t dim, float eps, fsdp_module **out) {

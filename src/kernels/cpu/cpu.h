@@ -41,6 +41,9 @@ void fsdp_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, c
                                const float *weight, const float *rstd, int64_t rows, int64_t cols);
 void fsdp_cpu_rmsnorm_forward_bf16(fsdp_bf16 *out, float *rstd, const float *inp,
                                    const float *weight, float eps, int64_t rows, int64_t cols);
+void fsdp_cpu_rmsnorm_backward_add(float *dinp, float *dweight, const float *dout,
+                                   const float *dres, const float *inp, const float *weight,
+                                   const float *rstd, int64_t rows, int64_t cols);
 
 /* elementwise.c */
 void fsdp_cpu_add(float *out, const float *a, const float *b, int64_t n);

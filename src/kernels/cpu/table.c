@@ -21,6 +21,7 @@ static const fsdp_kernels_i cpu_kernels = {
     .rmsnorm_forward = fsdp_cpu_rmsnorm_forward,
     .rmsnorm_backward = fsdp_cpu_rmsnorm_backward,
     .rmsnorm_forward_bf16 = fsdp_cpu_rmsnorm_forward_bf16,
+    .rmsnorm_backward_add = fsdp_cpu_rmsnorm_backward_add,
     .add = fsdp_cpu_par_add,
     .add3 = fsdp_cpu_par_add3,
     .add3_round_bf16 = fsdp_cpu_par_add3_round_bf16,

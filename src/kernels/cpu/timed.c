@@ -81,6 +81,10 @@ TIMED_VOID(T_ELEMENTWISE, rmsnorm_backward,
            (float *di, float *dw, const float *d, const float *i, const float *w, const float *rs,
             int64_t r, int64_t c),
            (di, dw, d, i, w, rs, r, c))
+TIMED_VOID(T_ELEMENTWISE, rmsnorm_backward_add,
+           (float *di, float *dw, const float *d, const float *dr, const float *i, const float *w,
+            const float *rs, int64_t r, int64_t c),
+           (di, dw, d, dr, i, w, rs, r, c))
 TIMED_VOID(T_ELEMENTWISE, add, (float *o, const float *a, const float *b, int64_t n), (o, a, b, n))
 TIMED_VOID(T_ELEMENTWISE, add3,
            (float *o, const float *a, const float *b, const float *c, int64_t n), (o, a, b, c, n))
@@ -142,6 +146,7 @@ const fsdp_kernels_i *fsdp_cpu_timed_table(const fsdp_kernels_i *untimed) {
             timed.rmsnorm_forward = timed_rmsnorm_forward;
             timed.rmsnorm_backward = timed_rmsnorm_backward;
             timed.rmsnorm_forward_bf16 = timed_rmsnorm_forward_bf16;
+            timed.rmsnorm_backward_add = timed_rmsnorm_backward_add;
             timed.add = timed_add;
             timed.add3 = timed_add3;
             timed.add3_round_bf16 = timed_add3_round_bf16;

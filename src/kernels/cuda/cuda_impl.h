@@ -152,6 +152,9 @@ void fsdp_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, 
                                 const float *weight, const float *rstd, int64_t rows, int64_t cols);
 void fsdp_cuda_rmsnorm_forward_bf16(fsdp_bf16 *out, float *rstd, const float *inp,
                                     const float *weight, float eps, int64_t rows, int64_t cols);
+void fsdp_cuda_rmsnorm_backward_add(float *dinp, float *dweight, const float *dout,
+                                    const float *dres, const float *inp, const float *weight,
+                                    const float *rstd, int64_t rows, int64_t cols);
 
 /* elementwise.cu */
 void fsdp_cuda_add(float *out, const float *a, const float *b, int64_t n);

@@ -1,6 +1,7 @@
 /* norm.cu: RMSNorm on the device, one block per row with the row's sums in double, as the CPU
  * (kernels/cpu/norm.c): rstd = 1/sqrt(mean(x^2) + eps), out = x * rstd * weight, stored in f32
- * or rounded to bf16 as convert.cu's f32_to_bf16 rounds. */
+ * or rounded to bf16 as convert.cu's f32_to_bf16 rounds; the backward, with a residual's
+ * gradient added to the input gradient or not. */
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dtype.cuh"
 
@@ -56,10 +57,12 @@ extern "C" void fsdp_cuda_rmsnorm_forward_bf16(fsdp_bf16 *out, float *rstd, cons
     FSDP_CUDA_LAUNCHED("rmsnorm_forward_bf16");
 }
 
-/* dinp_j = rstd w_j dy_j - (rstd^3 / cols) x_j sum_k dy_k w_k x_k */
-__global__ void rmsnorm_backward_kernel(float *dinp, const float *dout, const float *inp,
-                                        const float *weight, const float *rstd, int64_t rows,
-                                        int64_t cols) {
+/* dinp_j = rstd w_j dy_j - (rstd^3 / cols) x_j sum_k dy_k w_k x_k, plus dres_j when ADD: that
+ * f32 value then one add (--fmad=false), the bits of the plain kernel then add's */
+template <bool ADD>
+__global__ void rmsnorm_backward_kernel(float *dinp, const float *dout, const float *dres,
+                                        const float *inp, const float *weight, const float *rstd,
+                                        int64_t rows, int64_t cols) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *x = inp + r * cols;   // (cols)
         const float *dy = dout + r * cols; // (cols)
@@ -71,18 +74,41 @@ __global__ void rmsnorm_backward_kernel(float *dinp, const float *dout, const fl
         double s = (double)rstd[r];
         float coef = (float)(s * s * s * dot / (double)cols);
         float sf = rstd[r];
-        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-            dx[c] = sf * weight[c] * dy[c] - coef * x[c];
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+            float g = sf * weight[c] * dy[c] - coef * x[c];
+            dx[c] = ADD ? dres[r * cols + c] + g : g;
+        }
     }
+}
+
+/* the input gradient (plus dres when given) by one block per row, then the weight gradient */
+static void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *dres,
+                             const float *inp, const float *weight, const float *rstd,
+                             int64_t rows, int64_t cols) {
+    unsigned blocks = (unsigned)(rows < NORM_MAX_BLOCKS ? rows : NORM_MAX_BLOCKS);
+    if (dres) {
+        rmsnorm_backward_kernel<true><<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+            dinp, dout, dres, inp, weight, rstd, rows, cols);
+        FSDP_CUDA_LAUNCHED("rmsnorm_backward_add");
+    } else {
+        rmsnorm_backward_kernel<false><<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+            dinp, dout, NULL, inp, weight, rstd, rows, cols);
+        FSDP_CUDA_LAUNCHED("rmsnorm_backward");
+    }
+    fsdp_cuda_column_sum(dweight, dout, inp, rstd, rows, cols);
 }
 
 extern "C" void fsdp_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
                                            const float *inp, const float *weight, const float *rstd,
                                            int64_t rows, int64_t cols) {
     if (rows <= 0 || cols <= 0) return;
-    unsigned blocks = (unsigned)(rows < NORM_MAX_BLOCKS ? rows : NORM_MAX_BLOCKS);
-    rmsnorm_backward_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        dinp, dout, inp, weight, rstd, rows, cols);
-    FSDP_CUDA_LAUNCHED("rmsnorm_backward");
-    fsdp_cuda_column_sum(dweight, dout, inp, rstd, rows, cols);
+    rmsnorm_backward(dinp, dweight, dout, NULL, inp, weight, rstd, rows, cols);
+}
+
+extern "C" void fsdp_cuda_rmsnorm_backward_add(float *dinp, float *dweight, const float *dout,
+                                               const float *dres, const float *inp,
+                                               const float *weight, const float *rstd,
+                                               int64_t rows, int64_t cols) {
+    if (rows <= 0 || cols <= 0) return;
+    rmsnorm_backward(dinp, dweight, dout, dres, inp, weight, rstd, rows, cols);
 }

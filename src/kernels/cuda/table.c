@@ -17,6 +17,7 @@ static const fsdp_kernels_i cuda_kernels = {
     .rmsnorm_forward = fsdp_cuda_rmsnorm_forward,
     .rmsnorm_backward = fsdp_cuda_rmsnorm_backward,
     .rmsnorm_forward_bf16 = fsdp_cuda_rmsnorm_forward_bf16,
+    .rmsnorm_backward_add = fsdp_cuda_rmsnorm_backward_add,
     .add = fsdp_cuda_add,
     .add3 = fsdp_cuda_add3,
     .add3_round_bf16 = fsdp_cuda_add3_round_bf16,

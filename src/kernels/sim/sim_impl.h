@@ -171,6 +171,9 @@ void sim_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 void sim_add3(float *out, const float *a, const float *b, const float *c, int64_t n);
 void sim_add3_round_bf16(float *out, const float *a, const float *b, const float *c, int64_t n);
 void sim_add_bf16(float *out, const float *a, const fsdp_bf16 *b, int64_t n);
+void sim_rmsnorm_backward_add(float *dinp, float *dweight, const float *dout, const float *dres,
+                              const float *inp, const float *weight, const float *rstd,
+                              int64_t rows, int64_t cols);
 /* table_epilogue.c */
 void sim_gemm_bias_act(float *out, float *pre, const float *inp, const float *weight,
                        const float *bias, int64_t rows, int64_t C, int64_t OC, fsdp_gemm_act act);

@@ -615,6 +615,7 @@ static const fsdp_kernels_i sim_kernels = {
     .rmsnorm_forward = sim_rmsnorm_forward,
     .rmsnorm_backward = sim_rmsnorm_backward,
     .rmsnorm_forward_bf16 = sim_rmsnorm_forward_bf16,
+    .rmsnorm_backward_add = sim_rmsnorm_backward_add,
     .add = sim_add,
     .add3 = sim_add3,
     .add3_round_bf16 = sim_add3_round_bf16,
