@@ -1,11 +1,12 @@
 /* devices.c: the device kinds this build has, each registered as one record (memory, queues,
- * kernels: core/device.h) when the library loads, and fsdp_kernels_for, the operator table of a
- * tensor's device read from its record. The only place that lists the kinds. */
+ * kernels: core/device.h) when the library loads, fsdp_kernels_for, the operator table of a
+ * tensor's device read from its record, and the launch and host-wait counts of a device, asked
+ * of its kind. The only place that lists the kinds. */
 #include "core/device.h"     // defines: fsdp_device_register, fsdp_device_cpu_memory
 #include "kernels/kernels.h" // defines: fsdp_kernels_cpu
-#include "kernels/sim/sim.h" // defines: fsdp_device_sim
+#include "kernels/sim/sim.h" // defines: fsdp_device_sim, fsdp_sim_counts_get
 #ifdef FSDP_HAVE_CUDA
-#include "kernels/cuda/cuda.h" // defines: fsdp_cuda_device
+#include "kernels/cuda/cuda.h" // defines: fsdp_cuda_device, fsdp_cuda_counts_get
 #endif
 
 static fsdp_device_i cpu_record;
@@ -24,4 +25,19 @@ __attribute__((constructor)) static void register_devices(void) {
 const fsdp_kernels_i *fsdp_kernels_for(fsdp_device device) {
     const fsdp_device_i *d = fsdp_device_for(device.type);
     return d && d->kernels ? d->kernels() : NULL;
+}
+
+fsdp_launch_counts fsdp_kernels_counts(fsdp_device device) {
+    if (device.type == FSDP_DEVICE_SIM) return fsdp_sim_counts_get(device.index);
+#ifdef FSDP_HAVE_CUDA
+    if (device.type == FSDP_DEVICE_CUDA) return fsdp_cuda_counts_get(device.index);
+#endif
+    return (fsdp_launch_counts){0};
+}
+
+void fsdp_kernels_counts_reset(fsdp_device device) {
+    if (device.type == FSDP_DEVICE_SIM) fsdp_sim_counts_reset(device.index);
+#ifdef FSDP_HAVE_CUDA
+    if (device.type == FSDP_DEVICE_CUDA) fsdp_cuda_counts_reset(device.index);
+#endif
 }

@@ -381,6 +381,19 @@ typedef struct fsdp_kernels_i {
 /* The table for a device, or NULL when this build has none for it. */
 const fsdp_kernels_i *fsdp_kernels_for(fsdp_device device);
 
+/* What a device has been asked to do, counted since its last reset (docs/device.md "Launches
+ * and host waits"; sim.h and cuda.h say what each kind counts). Relaxed atomics, over every
+ * thread using the device; counting changes no result. */
+typedef struct fsdp_launch_counts {
+    int64_t launches;   /* work queued on its streams: kernels, library calls, memsets, copies */
+    int64_t host_waits; /* times a host thread blocked until work of the device had finished */
+} fsdp_launch_counts;
+
+/* The counts of a device (kernels/devices.c asks its kind: sim or CUDA), and their reset;
+ * zeroes for the CPU, a kind this build lacks or an index out of range. */
+fsdp_launch_counts fsdp_kernels_counts(fsdp_device device);
+void fsdp_kernels_counts_reset(fsdp_device device);
+
 /* The CPU table (src/kernels/cpu/). The CUDA table is fsdp_kernels_cuda() in
  * kernels/cuda/cuda.h, in builds with CUDA. */
 const fsdp_kernels_i *fsdp_kernels_cpu(void);

@@ -108,6 +108,7 @@ static void release_cached(int device) {
         block *b = list;
         list = b->next;
         if (b->freed) {
+            fsdp_cuda_count_host_wait(device);
             cudaEventSynchronize(b->freed);
             cudaEventDestroy(b->freed);
         }

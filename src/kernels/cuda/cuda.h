@@ -1,8 +1,8 @@
 /* cuda.h: what the CUDA device offers beyond its record (core/device.h) and its operator table:
- * the probe that tests skip on, the caching allocator's counters, TF32 and the library of this
- * thread's GEMMs (cuBLAS or cuBLASLt, with the cuBLASLt heuristics' cache counters) and its
- * attention kernels. Internal to libfsdp (tests and benchmarks read it); it includes no
- * CUDA header, so any C file can include it. */
+ * the probe that tests skip on, the caching allocator's counters, the launch and host-wait
+ * counts, TF32 and the library of this thread's GEMMs (cuBLAS or cuBLASLt, with the cuBLASLt
+ * heuristics' cache counters) and its attention kernels. Internal to libfsdp (tests and benchmarks
+ * read it); it includes no CUDA header, so any C file can include it. */
 #ifndef FSDP_KERNELS_CUDA_H
 #define FSDP_KERNELS_CUDA_H
 
@@ -37,6 +37,22 @@ fsdp_cuda_memory_stats fsdp_cuda_memory_stats_get(int device);
 
 /* Returns the cached (free) blocks of a device to CUDA, after the work that last used them. */
 void fsdp_cuda_empty_cache(int device);
+
+/* The launches and host waits of one device since its last reset (counts.c; zeroes for an index
+ * out of range), all threads together, counted where libfsdp calls CUDA:
+ *   launches:   each kernel launch, each cuBLAS, cuBLASLt or cuDNN execution and CUB sort call
+ *               (one, whatever it launches inside), each memset and each copy (cudaMemcpy*Async);
+ *               so an entry of the operator table may count a few (a reduction: two kernels
+ *               and the copy of its value), where sim counts it once;
+ *   host_waits: each cudaStreamSynchronize and cudaEventSynchronize: an event or stream
+ *               synchronize, a copy to host memory, a table entry that hands a value to the host,
+ *               the allocator's return of its cache and the release of a cached cuDNN plan.
+ *               Not counted: cudaEventQuery (no block), cudaStreamWaitEvent (the device waits),
+ *               a copy from pageable host memory (the runtime stages it and returns, though a
+ *               large one can wait for staging space), and the implicit synchronisation of
+ *               cudaMalloc and cudaFree (the allocator's cache avoids them in a steady step). */
+fsdp_launch_counts fsdp_cuda_counts_get(int device);
+void fsdp_cuda_counts_reset(int device);
 
 /* Whether this thread's f32 GEMMs may use TF32 tensor cores (10-bit mantissa inputs, f32
  * accumulation; about 1e-3 relative). Off by default: GEMMs are exact f32. */

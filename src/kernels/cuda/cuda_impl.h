@@ -39,8 +39,16 @@ void fsdp_cuda_check_blas(cublasStatus_t st, const char *file, int line, const c
 /* The same for a cuBLASLt call: the message names cuBLASLt and the status. */
 void fsdp_cuda_check_lt(cublasStatus_t st, const char *file, int line, const char *what);
 #define FSDP_CUDA_CHECK_LT(call) fsdp_cuda_check_lt((call), __FILE__, __LINE__, #call)
-/* After a kernel launch: checks that it was launched. */
-#define FSDP_CUDA_LAUNCHED(name) fsdp_cuda_check(cudaGetLastError(), __FILE__, __LINE__, (name))
+/* After a kernel launch: counts it and checks that it was launched. */
+#define FSDP_CUDA_LAUNCHED(name)                                                                   \
+    (fsdp_cuda_count_launch(-1), fsdp_cuda_check(cudaGetLastError(), __FILE__, __LINE__, (name)))
+
+/* ---- launch and host-wait counts (counts.c; cuda.h says what counts) ----
+ * Called after each piece of work queued on a stream (a kernel, through FSDP_CUDA_LAUNCHED; a
+ * cuBLAS, cuBLASLt, cuDNN or CUB call; a memset; a copy) and at each call that blocks the host
+ * on the device (a stream or event synchronize), for `device`, or the current one when -1. */
+void fsdp_cuda_count_launch(int device);
+void fsdp_cuda_count_host_wait(int device);
 
 /* ---- this thread's state (thread.c) ---- */
 

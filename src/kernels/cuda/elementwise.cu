@@ -127,6 +127,7 @@ extern "C" void fsdp_cuda_copy(float *dst, const float *src, int64_t n) {
     if (n <= 0 || dst == src) return;
     FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice,
                                     fsdp_cuda_stream()));
+    fsdp_cuda_count_launch(-1);
 }
 
 extern "C" void fsdp_cuda_fill(float *out, float value, int64_t n) {

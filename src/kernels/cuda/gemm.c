@@ -15,6 +15,7 @@ void fsdp_cuda_gemm_cublas(const fsdp_cuda_gemm_args *g) {
                                       (int)g->K, &g->alpha, g->B, g->ab_type, (int)g->ldb, g->A,
                                       g->ab_type, (int)g->lda, &g->beta, g->C, CUDA_R_32F,
                                       (int)g->ldc, g->compute, CUBLAS_GEMM_DEFAULT));
+    fsdp_cuda_count_launch(-1);
 }
 
 /* Checks the arguments and runs the GEMM through this thread's library. K == 0: op(A) op(B)

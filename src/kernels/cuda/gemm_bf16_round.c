@@ -17,6 +17,7 @@ void fsdp_cuda_gemm_bf16_round(bool trans_a, bool trans_b, int64_t M, int64_t N,
         size_t row = sizeof(fsdp_bf16);
         FSDP_CUDA_CHECK(cudaMemset2DAsync(C, (size_t)ldc * row, 0, (size_t)N * row, (size_t)M,
                                           fsdp_cuda_stream()));
+        fsdp_cuda_count_launch(-1);
         return;
     }
     const float one = 1.0f, zero = 0.0f;
@@ -24,4 +25,5 @@ void fsdp_cuda_gemm_bf16_round(bool trans_a, bool trans_b, int64_t M, int64_t N,
         fsdp_cuda_blas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
         (int)N, (int)M, (int)K, &one, B, CUDA_R_16BF, (int)ldb, A, CUDA_R_16BF, (int)lda, &zero, C,
         CUDA_R_16BF, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    fsdp_cuda_count_launch(-1);
 }

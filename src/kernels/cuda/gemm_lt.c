@@ -332,6 +332,7 @@ bool fsdp_cuda_gemm_lt(const fsdp_cuda_gemm_args *g) {
     FSDP_CUDA_CHECK_LT(cublasLtMatmul(d->handle, &desc.op, &g->alpha, g->B, &desc.b, g->A, &desc.a,
                                       &g->beta, g->C, &desc.c, g->C, &desc.c, &s.algo, d->workspace,
                                       FSDP_CUDA_LT_WORKSPACE, stream));
+    fsdp_cuda_count_launch(-1);
     if (stream != cudaStreamPerThread) {
         if (!d->done) FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&d->done, cudaEventDisableTiming));
         FSDP_CUDA_CHECK(cudaEventRecord(d->done, stream));

@@ -494,6 +494,7 @@ static void cross_entropy_ignore(float *loss, Out *dlogits, const In *logits,
     FSDP_CUDA_LAUNCHED("cross_entropy_ignore (count total)");
     blocks = (unsigned)(rows < FSDP_CUDA_PARTIALS ? rows : FSDP_CUDA_PARTIALS);
     FSDP_CUDA_CHECK(cudaMemsetAsync(total + 1, 0, sizeof(double), fsdp_cuda_stream()));
+    fsdp_cuda_count_launch(-1);
     cross_entropy_ignore_kernel<In, Out><<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         scratch, total + 1, dlogits, logits, targets, ignore_index, rows, classes, total + 2);
     FSDP_CUDA_LAUNCHED("cross_entropy_ignore");
@@ -503,6 +504,8 @@ static void cross_entropy_ignore(float *loss, Out *dlogits, const In *logits,
     double host[3];
     FSDP_CUDA_CHECK(
         cudaMemcpyAsync(host, total, sizeof host, cudaMemcpyDeviceToHost, fsdp_cuda_stream()));
+    fsdp_cuda_count_launch(-1);
+    fsdp_cuda_count_host_wait(-1);
     FSDP_CUDA_CHECK(cudaStreamSynchronize(fsdp_cuda_stream()));
     FSDP_ASSERT(host[1] == 0.0); // a target outside [0, classes), as the CPU asserts
     *loss = (float)(host[0] / host[2]);

@@ -62,6 +62,7 @@ extern "C" void fsdp_cuda_cross_entropy(float *loss, float *dlogits, const float
     unsigned blocks = (unsigned)(rows < FSDP_CUDA_PARTIALS ? rows : FSDP_CUDA_PARTIALS);
     FSDP_CUDA_CHECK(
         cudaMemsetAsync(scratch + FSDP_CUDA_PARTIALS + 1, 0, sizeof(double), fsdp_cuda_stream()));
+    fsdp_cuda_count_launch(-1);
     cross_entropy_kernel<<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         scratch, scratch + FSDP_CUDA_PARTIALS + 1, dlogits, logits, targets, rows, classes);
     FSDP_CUDA_LAUNCHED("cross_entropy");
@@ -71,6 +72,8 @@ extern "C" void fsdp_cuda_cross_entropy(float *loss, float *dlogits, const float
     double host[2];
     FSDP_CUDA_CHECK(cudaMemcpyAsync(host, scratch + FSDP_CUDA_PARTIALS, sizeof host,
                                     cudaMemcpyDeviceToHost, fsdp_cuda_stream()));
+    fsdp_cuda_count_launch(-1);
+    fsdp_cuda_count_host_wait(-1);
     FSDP_CUDA_CHECK(cudaStreamSynchronize(fsdp_cuda_stream()));
     FSDP_ASSERT(host[1] == 0.0); // a target outside [0, classes), as the CPU asserts
     *loss = (float)(host[0] / (double)rows);

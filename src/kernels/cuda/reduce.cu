@@ -51,12 +51,15 @@ extern "C" double fsdp_cuda_max_abs(const float *x, int64_t n) {
     double *scratch = fsdp_cuda_scratch();
     unsigned int *bits = (unsigned int *)scratch;
     FSDP_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof *bits, fsdp_cuda_stream()));
+    fsdp_cuda_count_launch(-1);
     max_abs_kernel<<<fsdp_partial_blocks(n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(bits, x,
                                                                                          n);
     FSDP_CUDA_LAUNCHED("max_abs");
     unsigned int m = 0;
     FSDP_CUDA_CHECK(
         cudaMemcpyAsync(&m, bits, sizeof m, cudaMemcpyDeviceToHost, fsdp_cuda_stream()));
+    fsdp_cuda_count_launch(-1);
+    fsdp_cuda_count_host_wait(-1);
     FSDP_CUDA_CHECK(cudaStreamSynchronize(fsdp_cuda_stream()));
     float best;
     memcpy(&best, &m, sizeof best);

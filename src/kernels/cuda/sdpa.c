@@ -233,6 +233,7 @@ typedef struct sdpa_thread {
 /* Frees a slot's plan after its last run (which may still be queued) has finished. */
 static void slot_clear(sdpa_slot *s) {
     if (s->done) {
+        fsdp_cuda_count_host_wait(-1);
         cudaEventSynchronize(s->done);
         cudaEventDestroy(s->done);
         s->done = NULL;
@@ -420,6 +421,7 @@ static void execute(const sdpa_call *c, int n, const int64_t *uids, void **ptrs)
                                          1, &ws);
     if (st == CUDNN_STATUS_SUCCESS) st = the_lib.BackendFinalize(vp);
     if (st == CUDNN_STATUS_SUCCESS) st = the_lib.BackendExecute(c->sd->handle, p->plan, vp);
+    if (st == CUDNN_STATUS_SUCCESS) fsdp_cuda_count_launch(c->device);
     if (vp) the_lib.BackendDestroyDescriptor(vp);
     if (st != CUDNN_STATUS_SUCCESS) {
         char detail[256] = "";
@@ -456,6 +458,7 @@ static void run_backward(const sdpa_call *c, fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_
         abort();
     }
     FSDP_CUDA_CHECK(cudaMemsetAsync(acc, 0, acc_bytes, fsdp_cuda_stream())); // accumulated into
+    fsdp_cuda_count_launch(c->device);
     float scale = 1.0f / sqrtf((float)key->D), neg = -FLT_MAX, one = 1.0f;
     int64_t uids[] = {SDPA_Q,   SDPA_K,   SDPA_V,  SDPA_O,  SDPA_DO, SDPA_STATS,   SDPA_SCALE,
                       SDPA_NEG, SDPA_ONE, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_DQ_ACCUM};

@@ -28,6 +28,7 @@ static fsdp_status cuda_alloc(fsdp_ctx *ctx, int index, size_t nbytes, void **ou
     void *p = NULL;
     FSDP_TRY_AT(ctx, fsdp_cuda_block_alloc(ctx, index, nbytes, &p));
     cudaError_t err = cudaMemsetAsync(p, 0, nbytes, fsdp_cuda_stream());
+    fsdp_cuda_count_launch(index);
     if (err != cudaSuccess) {
         fsdp_cuda_block_free(index, p);
         return fsdp_cuda_fail(ctx, err, __FILE__, __LINE__, "cudaMemsetAsync (zeroing)");
@@ -45,6 +46,16 @@ static int copy_device(fsdp_device dst_dev, fsdp_device src_dev) {
     return dst_dev.type == FSDP_DEVICE_CUDA ? dst_dev.index : src_dev.index;
 }
 
+/* After a copy queued on the current device's stream: counts it and, to the host, waits for it
+ * (the host reads right after). */
+static fsdp_status copied(fsdp_ctx *ctx, fsdp_device dst_dev) {
+    fsdp_cuda_count_launch(-1);
+    if (dst_dev.type != FSDP_DEVICE_CPU) return FSDP_OK;
+    fsdp_cuda_count_host_wait(-1);
+    FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(fsdp_cuda_stream()));
+    return FSDP_OK;
+}
+
 /* Device to host waits for the copy (the host reads right after). Host to device from pageable
  * memory returns once the runtime has staged the bytes, so the caller may reuse its buffer at
  * once; from pinned memory (host_alloc) it is asynchronous (core/device.h). Device to
@@ -54,9 +65,7 @@ static fsdp_status cuda_copy(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, cons
     if (nbytes == 0 || dst == src) return FSDP_OK;
     FSDP_TRY_AT(ctx, use_device(ctx, copy_device(dst_dev, src_dev)));
     FSDP_CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, fsdp_cuda_stream()));
-    if (dst_dev.type == FSDP_DEVICE_CPU)
-        FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(fsdp_cuda_stream()));
-    return FSDP_OK;
+    return copied(ctx, dst_dev);
 }
 
 static fsdp_status cuda_copy_2d(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, size_t dst_pitch,
@@ -69,9 +78,7 @@ static fsdp_status cuda_copy_2d(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, s
     else
         FSDP_CUDA_TRY(ctx, cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
                                              cudaMemcpyDefault, fsdp_cuda_stream()));
-    if (dst_dev.type == FSDP_DEVICE_CPU)
-        FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(fsdp_cuda_stream()));
-    return FSDP_OK;
+    return copied(ctx, dst_dev);
 }
 
 static fsdp_status cuda_fill(fsdp_ctx *ctx, int index, void *dst, const void *value,
@@ -90,6 +97,7 @@ static fsdp_status cuda_fill(fsdp_ctx *ctx, int index, void *dst, const void *va
     if (n <= 0) return FSDP_OK;
     FSDP_TRY_AT(ctx, use_device(ctx, index));
     FSDP_CUDA_TRY(ctx, fsdp_cuda_fill_bits(dst, bits, elem_size, n));
+    fsdp_cuda_count_launch(index);
     return FSDP_OK;
 }
 
@@ -118,6 +126,7 @@ static fsdp_status cuda_convert(fsdp_ctx *ctx, int index, void *dst, fsdp_dtype 
 
 static fsdp_status cuda_synchronize(fsdp_ctx *ctx, int index) {
     FSDP_TRY_AT(ctx, use_device(ctx, index));
+    fsdp_cuda_count_host_wait(index);
     FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(fsdp_cuda_stream()));
     return FSDP_OK;
 }
@@ -174,6 +183,7 @@ static cudaStream_t stream_of(int index, void *handle) {
 
 static fsdp_status cuda_stream_synchronize(fsdp_ctx *ctx, int index, void *stream) {
     FSDP_TRY_AT(ctx, use_device(ctx, index));
+    fsdp_cuda_count_host_wait(index);
     FSDP_CUDA_TRY(ctx, cudaStreamSynchronize(stream_of(index, stream)));
     return FSDP_OK;
 }
@@ -204,7 +214,7 @@ static fsdp_status cuda_stream_wait_event(fsdp_ctx *ctx, int index, void *stream
 }
 
 static fsdp_status cuda_event_synchronize(fsdp_ctx *ctx, int index, void *event) {
-    (void)index;
+    fsdp_cuda_count_host_wait(index);
     FSDP_CUDA_TRY(ctx, cudaEventSynchronize(event));
     return FSDP_OK;
 }

@@ -222,6 +222,8 @@ double *fsdp_cuda_scratch(void) {
 double fsdp_cuda_fetch_double(const double *dev) {
     double v = 0.0;
     FSDP_CUDA_CHECK(cudaMemcpyAsync(&v, dev, sizeof v, cudaMemcpyDeviceToHost, fsdp_cuda_stream()));
+    fsdp_cuda_count_launch(-1);
+    fsdp_cuda_count_host_wait(-1);
     FSDP_CUDA_CHECK(cudaStreamSynchronize(fsdp_cuda_stream()));
     return v;
 }

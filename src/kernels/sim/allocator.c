@@ -163,8 +163,8 @@ fsdp_status sim_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void **out
     sim_fault_track(b->ptr, b->size, nbytes, device);
     if (nbytes < b->size) {
         guard_args g = {(unsigned char *)sim_shadow(b->ptr) + nbytes, b->size - nbytes, {0}};
-        sim_launch(sim_stream_of(device, sim_stream_current_handle(device)), run_guard_set, &g,
-                   sizeof g);
+        sim_launch_unseen(sim_stream_of(device, sim_stream_current_handle(device)), run_guard_set,
+                          &g, sizeof g);
     }
     *out = b->ptr;
     return FSDP_OK;
@@ -194,7 +194,7 @@ void sim_block_free(int device, void *ptr) {
     if (g.site.asked < b->size) {
         g.tail = (unsigned char *)sim_shadow(ptr) + g.site.asked;
         g.n = b->size - g.site.asked;
-        sim_launch(now, run_guard_check, &g, sizeof g);
+        sim_launch_unseen(now, run_guard_check, &g, sizeof g);
     }
     if (!b->freed) b->freed = sim_event_new(device);
     FSDP_ASSERT(b->freed);

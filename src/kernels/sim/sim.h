@@ -1,5 +1,6 @@
 /* sim.h: what the simulated GPU offers beyond its device record (core/device.h): its record,
- * its operator table, the stream modes and the caching allocator's counters. Internal to
+ * its operator table, the stream modes, the caching allocator's counters and the launch and
+ * host-wait counts. Internal to
  * libfsdp (tests and benchmarks read it). The design and its settings (FSDP_SIM_DEVICES,
  * FSDP_SIM_MEMORY, FSDP_SIM_MODE, FSDP_SIM_SEED) are in docs/device.md. */
 #ifndef FSDP_KERNELS_SIM_H
@@ -52,5 +53,24 @@ size_t fsdp_sim_pinned_bytes(void);
 
 /* Returns the cached blocks of a device to its memory, after the work that last used them. */
 void fsdp_sim_empty_cache(int device);
+
+/* The launches and host waits of one sim device since its last reset (counts.c; zeroes for an
+ * index out of range), all threads together:
+ *   launches:   every piece of work queued on one of its streams for the caller: each operator
+ *               table entry (one, where CUDA's may launch a few), fill, conversion, the zeroing
+ *               of a new allocation, and each copy to, from or on it. Not counted: event records
+ *               and stream waits on events (markers, no work), and the allocator's guard bytes
+ *               (a check of the simulation that a GPU does not run);
+ *   host_waits: every time a host thread blocks until work of the device has run: an event or
+ *               stream synchronize, a copy to host memory (the host reads it next), a table entry
+ *               that hands a value to the host (sums, norms, losses) and the allocator's return
+ *               of its cache to the device (fsdp_sim_empty_cache, or an allocation that finds
+ *               the device full). Counted per call, whether or not the work had already run.
+ *               Not a host wait: an event query (it does not block), a stream waiting on an
+ *               event (the device waits, as when the allocator hands a block freed on another
+ *               stream to this one), a copy from host memory (taken at once, or read from
+ *               pinned memory in stream order), a stream's end at its thread's exit. */
+fsdp_launch_counts fsdp_sim_counts_get(int device);
+void fsdp_sim_counts_reset(int device);
 
 #endif

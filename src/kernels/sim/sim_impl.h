@@ -1,7 +1,7 @@
 /* sim_impl.h: what the files of src/kernels/sim share and nothing outside reads: the address
  * window (memory.c), the table of live allocations that the fault handler reads (fault.c), the
- * streams and events (stream.c), the caching allocator (allocator.c) and the ThreadSanitizer
- * annotations the streams publish their real edges with. */
+ * streams and events (stream.c), their counts (counts.c), the caching allocator (allocator.c)
+ * and the ThreadSanitizer annotations the streams publish their real edges with. */
 #ifndef FSDP_KERNELS_SIM_IMPL_H
 #define FSDP_KERNELS_SIM_IMPL_H
 
@@ -85,20 +85,29 @@ int sim_stream_device(const sim_stream *s);
 uint64_t sim_stream_serial(const sim_stream *s);
 
 /* Queues run(arg copy) on s: `size` bytes at arg are copied now (a launch copies its
- * arguments), and run sees the copy when the stream reaches it. */
+ * arguments), and run sees the copy when the stream reaches it. Counted as a launch
+ * (counts.c); sim_launch_unseen is not: the simulation's own checks, which no GPU runs. */
 void sim_launch(sim_stream *s, void (*run)(void *arg), const void *arg, size_t size);
-/* Waits until s has run everything queued so far. */
+void sim_launch_unseen(sim_stream *s, void (*run)(void *arg), const void *arg, size_t size);
+/* Waits until s has run everything queued so far (a host wait, as sim_event_sync). */
 void sim_stream_sync(sim_stream *s);
 
 sim_event *sim_event_new(int device);
 void sim_event_free(sim_event *e);
 void sim_event_record(sim_event *e, sim_stream *s);
 void sim_stream_wait_event(sim_stream *s, sim_event *e);
+/* Blocks the host until e's latest record has been passed: counted as a host wait of e's
+ * device. sim_event_done asks without blocking, and is not. */
 void sim_event_sync(sim_event *e);
 bool sim_event_done(sim_event *e);
 
 /* Runs and joins every stream still alive (the threads' default streams included), at exit. */
 void sim_streams_release(void);
+
+/* ---- launch and host-wait counts (counts.c, sim.h says what counts) ---- */
+
+void sim_count_launch(int device);
+void sim_count_host_wait(int device);
 
 /* ---- the caching allocator (allocator.c) ---- */
 

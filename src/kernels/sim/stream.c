@@ -268,6 +268,11 @@ static op *op_new(op_kind kind, size_t size) {
 }
 
 void sim_launch(sim_stream *s, void (*run)(void *arg), const void *arg, size_t size) {
+    if (s) sim_count_launch(s->device);
+    sim_launch_unseen(s, run, arg, size);
+}
+
+void sim_launch_unseen(sim_stream *s, void (*run)(void *arg), const void *arg, size_t size) {
     if (!s) { // after exit released the streams
         unsigned char *copy = malloc(size ? size : 1);
         FSDP_ASSERT(copy);
@@ -356,6 +361,7 @@ void sim_stream_wait_event(sim_stream *s, sim_event *e) {
 void sim_event_sync(sim_event *e) {
     SIM_HIDE_BEGIN();
     pthread_mutex_lock(&mu);
+    sim_count_host_wait(e->device);
     uint64_t gen = e->recorded;
     while (!passed(e, gen)) {
         demand(e->on, e->on_seq);
