@@ -16,6 +16,7 @@
 #include "bench_util.h" // defines: bench_now, bench_median
 #include "fsdp/cuda.h"  // defines: fsdp_cuda_set_allow_tf32
 #include "fsdp/fsdp.h"
+#include "kernels/kernels.h" // defines: fsdp_kernels_counts
 #include "llama_breakdown.h" // defines: llama_breakdown_attach, llama_breakdown_mark
 
 #define MAX_STEPS 1000
@@ -62,6 +63,8 @@ static int usage(void) {
         "budget of 600 s, no MFU, no breakdown. Prints one line per run (L: the last step's\n"
         "loss, 9 significant digits):\n"
         "  result libfsdp SHAPE MODE step_ms MS tokens_per_s TPS mfu X loss L\n"
+        "  counts libfsdp SHAPE MODE step launches N host_waits W   (the last timed step's,\n"
+        "    before the synchronize that ends it: docs/device.md 'Launches and host waits')\n"
         "  skip libfsdp SHAPE MODE: REASON\n"
         "--breakdown: then N more steps (--breakdown-steps N, default 5; it implies --breakdown)\n"
         "that synchronise the device at every hook point of the timed modules, and per part\n"
@@ -70,7 +73,11 @@ static int usage(void) {
         "backward time (loss and optimizer: one call each, its time as fwd_ms):\n"
         "  breakdown libfsdp SHAPE MODE PART fwd_ms X bwd_ms Y share Z\n"
         "  breakdown libfsdp SHAPE MODE total step_ms X parts_ms Y timed_step_ms Z steps N\n"
-        "    idle_sync_us S loss L   (one line)\n");
+        "    idle_sync_us S loss L   (one line)\n"
+        "and the launches of the last breakdown step per part, and its launches and host waits\n"
+        "less the breakdown's own synchronizes (the same as a timed step's):\n"
+        "  counts libfsdp SHAPE MODE PART launches_fwd X launches_bwd Y\n"
+        "  counts libfsdp SHAPE MODE breakdown_step launches N host_waits W\n");
     return 2;
 }
 
@@ -155,7 +162,8 @@ typedef struct run {
     fsdp_tensor *tokens, *dlogits;
     int32_t *targets; /* host: the next token, the last of each row ignored */
     float loss;
-    llama_breakdown *bd; /* while the breakdown's steps run */
+    fsdp_launch_counts counts; /* the last step's, before its closing synchronize */
+    llama_breakdown *bd;       /* while the breakdown's steps run */
 } run;
 
 static void run_free(run *r) {
@@ -208,11 +216,13 @@ static fsdp_status run_build(run *r, const shape *s) {
     return st;
 }
 
-/* One step, ended by a device synchronize; its seconds to *secs. With r->bd its phases are
- * marked (without, the marks do nothing). */
+/* One step, ended by a device synchronize; its seconds to *secs, its launches and host waits
+ * before that synchronize to r->counts. With r->bd its phases are marked (without, the marks do
+ * nothing). */
 static fsdp_status run_step(run *r, double *secs) {
     fsdp_ctx *ctx = r->ctx;
     double t0 = bench_now();
+    fsdp_launch_counts c0 = fsdp_kernels_counts(r->dev);
     const fsdp_tensor *logits;
     TRY(llama_breakdown_mark(ctx, r->bd, LLAMA_BD_START));
     TRY(fsdp_optimizer_zero_grad(ctx, r->opt));
@@ -229,6 +239,8 @@ static fsdp_status run_step(run *r, double *secs) {
     TRY(fsdp_module_backward(ctx, r->model, r->dlogits, NULL));
     TRY(llama_breakdown_mark(ctx, r->bd, LLAMA_BD_BACKWARD_DONE));
     TRY(fsdp_optimizer_step(ctx, r->opt));
+    fsdp_launch_counts c1 = fsdp_kernels_counts(r->dev);
+    r->counts = (fsdp_launch_counts){c1.launches - c0.launches, c1.host_waits - c0.host_waits};
     TRY(fsdp_device_synchronize(ctx, r->dev));
     TRY(llama_breakdown_mark(ctx, r->bd, LLAMA_BD_END));
     *secs = bench_now() - t0;
@@ -262,7 +274,10 @@ static fsdp_status breakdown_mode(run *r, const opts *o, const shape *s, int mod
     if (st == FSDP_OK) llama_breakdown_report(r->bd, &rep);
     fsdp_status st_detach = llama_breakdown_detach(r->ctx, r->bd);
     r->bd = NULL;
-    if (st == FSDP_OK) llama_breakdown_print(&rep, s->name, MODES[mode], 1e3 * sec, r->loss);
+    if (st == FSDP_OK) {
+        llama_breakdown_print(&rep, s->name, MODES[mode], 1e3 * sec, r->loss);
+        llama_breakdown_print_counts(&rep, s->name, MODES[mode], r->counts);
+    }
     return st != FSDP_OK ? st : st_detach;
 }
 
@@ -290,6 +305,8 @@ static fsdp_status time_mode(run *r, const opts *o, const shape *s, int mode, do
         snprintf(mfu, sizeof mfu, "%.4f", tps * flop_per_token(s, params) / (peak * 1e12));
     printf("result libfsdp %s %s step_ms %.2f tokens_per_s %.1f mfu %s loss %.9g\n", s->name,
            MODES[mode], 1e3 * sec, tps, mfu, (double)r->loss);
+    printf("counts libfsdp %s %s step launches %lld host_waits %lld\n", s->name, MODES[mode],
+           (long long)r->counts.launches, (long long)r->counts.host_waits);
     return o->breakdown_steps ? breakdown_mode(r, o, s, mode, deadline, sec) : FSDP_OK;
 }
 

@@ -1,6 +1,7 @@
 /* llama_breakdown.c: bench_llama_gpu --breakdown: hooks that synchronise the device and read
- * the clock at the four hook points of every timed module of a Llama, the step's phase marks,
- * and the report (median per part, "other" the step's total less the parts). */
+ * the clock and the launch count at the four hook points of every timed module of a Llama, the
+ * step's phase marks, and the report (median time and last step's launches per part, "other"
+ * the step's total less the parts). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@ typedef struct bd_slot {
     int add, sub;
     int ids[FSDP_HOOK_POINT_COUNT]; /* 0: not added */
     double start;
+    int64_t launched; /* the device's launches at the pre hook */
 } bd_slot;
 
 /* A recorded step: fwd[part], bwd[part], then the forward phase and the total, in seconds. */
@@ -30,6 +32,10 @@ struct llama_breakdown {
     int n_slots;
     double acc[LLAMA_BD_PARTS][2]; /* this step's module parts: forward, backward */
     double t[LLAMA_BD_MARKS];
+    int64_t lacc[LLAMA_BD_PARTS][2]; /* this step's module parts' launches */
+    int64_t tl[LLAMA_BD_MARKS];      /* the device's launches at each mark */
+    int64_t syncs;                   /* this step's synchronizes, before its END mark */
+    int64_t last[LLAMA_BD_PARTS][2], last_forward, last_syncs; /* the last recorded step's */
     double idle_sync_s;
     int next_mark, steps, max_steps;
     double *rec; /* (max_steps, REC_N) */
@@ -75,13 +81,20 @@ static fsdp_status bd_hook(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
     bd_slot *s = user;
     FSDP_TRY_AT(ctx, fsdp_device_synchronize(ctx, s->bd->dev));
     double now = bench_now();
+    int64_t launched = fsdp_kernels_counts(s->bd->dev).launches;
+    s->bd->syncs++;
     if (point == FSDP_HOOK_PRE_FORWARD || point == FSDP_HOOK_PRE_BACKWARD) {
         s->start = now;
+        s->launched = launched;
         return FSDP_OK;
     }
     int phase = point == FSDP_HOOK_POST_BACKWARD;
     s->bd->acc[s->add][phase] += now - s->start;
-    if (s->sub >= 0) s->bd->acc[s->sub][phase] -= now - s->start;
+    s->bd->lacc[s->add][phase] += launched - s->launched;
+    if (s->sub >= 0) {
+        s->bd->acc[s->sub][phase] -= now - s->start;
+        s->bd->lacc[s->sub][phase] -= launched - s->launched;
+    }
     return FSDP_OK;
 }
 
@@ -167,6 +180,12 @@ static void bd_record(llama_breakdown *bd) {
     r[LLAMA_BD_OPTIMIZER] = t[LLAMA_BD_END] - t[LLAMA_BD_BACKWARD_DONE];
     r[REC_FWD_PHASE] = t[LLAMA_BD_FORWARD_DONE] - t[LLAMA_BD_START];
     r[REC_TOTAL] = t[LLAMA_BD_END] - t[LLAMA_BD_START];
+    memcpy(bd->last, bd->lacc, sizeof bd->last);
+    const int64_t *tl = bd->tl;
+    bd->last[LLAMA_BD_LOSS][0] = tl[LLAMA_BD_LOSS_DONE] - tl[LLAMA_BD_FORWARD_DONE];
+    bd->last[LLAMA_BD_OPTIMIZER][0] = tl[LLAMA_BD_END] - tl[LLAMA_BD_BACKWARD_DONE];
+    bd->last_forward = tl[LLAMA_BD_FORWARD_DONE] - tl[LLAMA_BD_START];
+    bd->last_syncs = bd->syncs;
 }
 
 fsdp_status llama_breakdown_mark(fsdp_ctx *ctx, llama_breakdown *bd, llama_bd_mark mark) {
@@ -183,7 +202,13 @@ fsdp_status llama_breakdown_mark(fsdp_ctx *ctx, llama_breakdown *bd, llama_bd_ma
                          bd->max_steps);
     FSDP_TRY_AT(ctx, fsdp_device_synchronize(ctx, bd->dev));
     bd->t[mark] = bench_now();
-    if (mark == LLAMA_BD_START) memset(bd->acc, 0, sizeof bd->acc);
+    bd->tl[mark] = fsdp_kernels_counts(bd->dev).launches;
+    if (mark == LLAMA_BD_START) {
+        memset(bd->acc, 0, sizeof bd->acc);
+        memset(bd->lacc, 0, sizeof bd->lacc);
+        bd->syncs = 0;
+    }
+    if (mark != LLAMA_BD_END) bd->syncs++; /* END's comes after the step's closing one */
     bd->next_mark = (mark + 1) % LLAMA_BD_MARKS;
     if (mark == LLAMA_BD_END) bd_record(bd);
     return FSDP_OK;
@@ -196,7 +221,11 @@ static double bd_median_ms(const llama_breakdown *bd, int c, double *tmp) {
 }
 
 void llama_breakdown_report(const llama_breakdown *bd, llama_bd_report *out) {
-    *out = (llama_bd_report){.steps = bd->steps, .idle_sync_us = 1e6 * bd->idle_sync_s};
+    *out = (llama_bd_report){.steps = bd->steps,
+                             .idle_sync_us = 1e6 * bd->idle_sync_s,
+                             .forward_launches = bd->last_forward,
+                             .syncs = bd->last_syncs};
+    memcpy(out->launches, bd->last, sizeof out->launches);
     double *tmp = malloc((size_t)(bd->steps > 0 ? bd->steps : 1) * sizeof *tmp);
     if (!tmp || bd->steps == 0) {
         free(tmp);
@@ -226,6 +255,24 @@ void llama_breakdown_print(const llama_bd_report *r, const char *shape, const ch
            "idle_sync_us %.1f loss %.9g\n",
            shape, mode, r->step_ms, r->parts_ms, timed_step_ms, r->steps, r->idle_sync_us,
            (double)loss);
+}
+
+void llama_breakdown_print_counts(const llama_bd_report *r, const char *shape, const char *mode,
+                                  fsdp_launch_counts step) {
+    int64_t parts = 0, module_fwd = 0;
+    for (int p = 0; p < LLAMA_BD_OTHER; p++) {
+        parts += r->launches[p][0] + r->launches[p][1];
+        if (p < LLAMA_BD_LOSS) module_fwd += r->launches[p][0];
+    }
+    int64_t other_fwd = r->forward_launches - module_fwd;
+    for (int p = 0; p < LLAMA_BD_PARTS; p++) {
+        bool other = p == LLAMA_BD_OTHER;
+        printf("counts libfsdp %s %s %s launches_fwd %lld launches_bwd %lld\n", shape, mode,
+               PART_NAMES[p], (long long)(other ? other_fwd : r->launches[p][0]),
+               (long long)(other ? step.launches - parts - other_fwd : r->launches[p][1]));
+    }
+    printf("counts libfsdp %s %s breakdown_step launches %lld host_waits %lld\n", shape, mode,
+           (long long)step.launches, (long long)(step.host_waits - r->syncs));
 }
 
 fsdp_status llama_breakdown_detach(fsdp_ctx *ctx, llama_breakdown *bd) {

@@ -6,6 +6,7 @@
 #define FSDP_BENCH_LLAMA_BREAKDOWN_H
 
 #include "fsdp/fsdp.h"
+#include "kernels/kernels.h" // defines: fsdp_launch_counts
 
 /* The parts, in the order they are printed. Per decoder layer parts are summed over layers. */
 typedef enum llama_bd_part {
@@ -45,6 +46,11 @@ typedef struct llama_bd_report {
     double step_ms, parts_ms;
     double idle_sync_us; /* one device synchronize with nothing queued (median of 21) */
     int steps;
+    /* The last recorded step's launches per part (forward, backward; loss and optimizer in
+     * forward; other's left to llama_breakdown_print_counts), the launches of its forward
+     * phase, and the synchronizes the breakdown made in it before its END mark. */
+    int64_t launches[LLAMA_BD_PARTS][2];
+    int64_t forward_launches, syncs;
 } llama_bd_report;
 
 /* Times an idle device synchronize, then hooks the timed modules of model (fsdp_model_llama's
@@ -66,6 +72,13 @@ void llama_breakdown_report(const llama_breakdown *bd, llama_bd_report *out);
  * significant digits (a float's round trip, so runs compare bitwise). */
 void llama_breakdown_print(const llama_bd_report *r, const char *shape, const char *mode,
                            double timed_step_ms, float loss);
+/* Prints the last recorded step's launches per part, "other" the step's (`step`: its launches
+ * and host waits, the breakdown's synchronizes included) less the parts, and the step's launches
+ * and host waits less the breakdown's own synchronizes (bench/README.md):
+ *   counts libfsdp SHAPE MODE PART launches_fwd X launches_bwd Y
+ *   counts libfsdp SHAPE MODE breakdown_step launches N host_waits W */
+void llama_breakdown_print_counts(const llama_bd_report *r, const char *shape, const char *mode,
+                                  fsdp_launch_counts step);
 /* "embedding", "attn_proj", ... (NULL out of range). */
 const char *llama_breakdown_part_name(int part);
 /* Removes every hook and frees bd; NULL does nothing. Returns the first removal's failure. */

@@ -4,7 +4,8 @@
 # they skipped and exit 0; --device sim --shapes tiny --libfsdp-only runs bench_llama_gpu on the
 # simulated GPU and its figure reaches the table; with --breakdown every part's line and the
 # total come out per mode, the shares sum to 1 and the parts stay within the step, and the
-# breakdown's steps give the same losses as plain steps, bitwise; a bad option exits 2. Where
+# breakdown's steps give the same losses as plain steps, bitwise, and the same launches and host
+# waits (one a step) as a timed step, its parts' launches adding up; a bad option exits 2. Where
 # torch is importable, llama_gpu.py runs the tiny shape on the CPU and prints its result line,
 # and with --breakdown its eager parts pass the same checks and meet libfsdp's in one table.
 # Usage: tests/llama_gpu_dry_run.sh SCRIPT BUILD_DIR
@@ -101,6 +102,26 @@ check_breakdown() {
 }
 for mode in f32 bf16; do
     check_breakdown libfsdp "$mode"
+done
+
+# The launch and host-wait counts (docs/device.md): the timed step waits once (its loss), the
+# breakdown's last step, less the breakdown's own synchronizes, is the same step (the hooks add
+# waits, not launches), and its parts' launches add up to it with none below 0.
+for mode in f32 bf16; do
+    grep -qE "^counts libfsdp tiny $mode step launches [0-9]+ host_waits 1\$" "$tmp/out" ||
+        fail "no counts line of tiny $mode with one host wait"
+    awk -v mode="$mode" '
+        $1 == "counts" && $4 == mode && $5 == "step" { step = $7 }
+        $1 == "counts" && $4 == mode && $5 == "breakdown_step" { bd = $7; bdw = $9 }
+        $1 == "counts" && $4 == mode && $6 == "launches_fwd" {
+            n++; sum += $7 + $9
+            if ($7 < 0 || $9 < 0) { printf "%s launches below 0\n", $5; exit 1 }
+        }
+        END {
+            if (n != 13) { printf "%d parts counted, want 13\n", n; exit 1 }
+            if (bd != step || bdw != 1) { printf "breakdown step %s/%s, timed step %s/1\n", bd, bdw, step; exit 1 }
+            if (sum != step) { printf "parts %d launches, step %d\n", sum, step; exit 1 }
+        }' "$tmp/out" >"$tmp/why" || fail "counts of tiny $mode: $(cat "$tmp/why")"
 done
 
 # The breakdown's hooks only synchronise: its steps train as ordinary ones, bitwise on sim. A
