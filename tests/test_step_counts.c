@@ -10,13 +10,11 @@
  * printed. Two observers show that the counts see what a layer adds: one that synchronizes the
  * device after every decoder layer's forward, one that fills a scratch tensor there. */
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx, fsdp_test_run_world
 #include "kernels/kernels.h" // defines: fsdp_kernels_counts, fsdp_kernels_counts_reset
 #include "kernels/sim/sim.h" // defines: fsdp_sim_memory_stats_get
-#include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_is_cuda
+#include "on_device.h"       // defines: fsdp_test_device
 #include "stacked_batches.h" // defines: stacked_batch_rows, STACKED_BATCH
 #include "tiny_llama.h"      // defines: tiny_model, tiny_tokens, TINY_*
 
@@ -300,7 +298,7 @@ static void test_mlp_fsdp(void) {
     FSDP_TEST_OK(fsdp_test_run_world(MLP_WORLD, 60000, mlp_rank, &w));
     int first = 0, hosted = fsdp_test_hosted_ranks(MLP_WORLD, &first);
     for (int rank = first; rank < first + hosted; rank++) {
-        char what[32];
+        char what[48];
         snprintf(what, sizeof what, "rank %d on sim:%d", rank, rank);
         print_counts(what, &w.out[rank]);
         CU_ASSERT_TRUE(same_counts(&w.out[rank], &MLP_PINNED, true));

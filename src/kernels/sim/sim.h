@@ -58,9 +58,10 @@ void fsdp_sim_empty_cache(int device);
  * index out of range), all threads together:
  *   launches:   every piece of work queued on one of its streams for the caller: each operator
  *               table entry (one, where CUDA's may launch a few), fill, conversion, the zeroing
- *               of a new allocation, and each copy to, from or on it. Not counted: event records
- *               and stream waits on events (markers, no work), and the allocator's guard bytes
- *               (a check of the simulation that a GPU does not run);
+ *               of a new allocation, and each copy to, from or on it (a 2-d copy from pageable
+ *               host memory one per row, as it is made). Not counted: event records and stream
+ *               waits on events (markers, no work), and the allocator's guard bytes (a check of
+ *               the simulation that a GPU does not run);
  *   host_waits: every time a host thread blocks until work of the device has run: an event or
  *               stream synchronize, a copy to host memory (the host reads it next), a table entry
  *               that hands a value to the host (sums, norms, losses) and the allocator's return
