@@ -92,7 +92,7 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
                k->swiglu_backward_bf16io && k->rope_qk_backward_round &&
                k->rope_qk_forward_bf16_round && k->rope_qk_backward_bf16_round &&
                k->attention_forward_bf16_round && k->attention_backward_bf16_round &&
-               k->rmsnorm_backward_add;
+               k->rmsnorm_backward_add && k->adam_update_multi && k->fill_multi;
     CU_ASSERT_TRUE(all);
     const fsdp_device_i *s = fsdp_device_for(type);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s); // registered when the library loaded
@@ -1095,6 +1095,101 @@ static void test_adam_bf16(void) {
         for (int64_t off = 0; off < 2; off++) run_adam_bf16_case(ns[s], off, s % 2 == 1);
 }
 
+/* adam_update_multi and fill_multi over 101 tensors (three chunks of FSDP_ADAM_MULTI_CHUNK,
+ * one of FSDP_FILL_MULTI_CHUNK) of odd sizes (0 and 1 elements among them, one beyond
+ * 256 x 4096 elements, so its blocks stride) at odd offsets of one allocation, every third with
+ * vmax, every fourth with a bf16 copy: each tensor's p, m, v, vmax and p_bf16 against the CPU's
+ * per-tensor adam_update or adam_update_bf16 after three AdamW steps (bitwise expected: the same
+ * element function; CUDA is checked to 1e-6 relative as run_optim_case, and the elements that
+ * differ are counted), the fill bitwise, and the launches on sim: one per chunk. */
+#define MULTI_TENSORS 101
+static void test_adam_multi(void) {
+    rng_seed(29);
+    int64_t off[MULTI_TENSORS + 1], len = 0;
+    fsdp_adam_tensor h[MULTI_TENSORS], d[MULTI_TENSORS];
+    for (int i = 0; i < MULTI_TENSORS; i++) {
+        int64_t n = i == 5 ? (1 << 20) + 77 : i % 7 == 0 ? 0 : i % 5 == 1 ? 1 : 3 * i + i % 4;
+        off[i] = len + 1, len = off[i] + n; /* odd: unaligned starts */
+        h[i].n = n;
+    }
+    float *p = new_uniform(len, -1, 1), *m = new_uniform(len, 0, 0), *v = new_uniform(len, 0, 0);
+    float *x = new_uniform(len, 0, 0), *g = new_uniform(len, -1, 1), *got = new_uniform(len, 0, 0);
+    fsdp_bf16 *lp = calloc((size_t)len, 2), *dlp_host = calloc((size_t)len, 2);
+    CU_ASSERT_FATAL(lp && dlp_host);
+    float *dp = dev_floats(p, len), *dm = dev_floats(m, len), *dv = dev_floats(v, len);
+    float *dx = dev_floats(x, len), *dg = dev_floats(NULL, len);
+    fsdp_bf16 *dlp = dev_new(lp, (size_t)len * 2); /* zeros, as lp */
+    for (int i = 0; i < MULTI_TENSORS; i++) {
+        int64_t o = off[i];
+        bool amsgrad = i % 3 == 0, low = i % 4 == 0;
+        h[i] = (fsdp_adam_tensor){
+            p + o, g + o, m + o, v + o, amsgrad ? x + o : NULL, low ? lp + o : NULL, h[i].n};
+        d[i] = (fsdp_adam_tensor){
+            dp + o, dg + o, dm + o, dv + o, amsgrad ? dx + o : NULL, low ? dlp + o : NULL, h[i].n};
+    }
+    const fsdp_kernels_i *cpu = fsdp_kernels_cpu();
+    int64_t launches = 0;
+    for (int step = 1; step <= 3; step++) {
+        for (int64_t i = 0; i < len; i++) g[i] = rng_uniform(-1, 1);
+        dev_put(dg, g, (size_t)len * 4);
+        fsdp_adam_step_args a = {.sign = step == 2 ? -1.0f : 1.0f,
+                                 .l2 = 0,
+                                 .shrink = 0.9999f,
+                                 .w1 = 0.1f,
+                                 .beta2 = 0.999f,
+                                 .w2 = 0.001f,
+                                 .eps = 1e-8f,
+                                 .neg_step_size = -1e-3f / (float)step,
+                                 .bc2_sqrt = sqrtf(1.0f - powf(0.999f, (float)step))};
+        for (int i = 0; i < MULTI_TENSORS; i++) {
+            const fsdp_adam_tensor *t = &h[i];
+            if (t->p_bf16)
+                cpu->adam_update_bf16(t->p, t->p_bf16, t->g, t->m, t->v, t->vmax, t->n, &a);
+            else
+                cpu->adam_update(t->p, t->g, t->m, t->v, t->vmax, t->n, &a);
+        }
+        fsdp_launch_counts c0 = fsdp_kernels_counts(dev());
+        K()->adam_update_multi(d, MULTI_TENSORS, &a);
+        launches += fsdp_kernels_counts(dev()).launches - c0.launches;
+    }
+    int64_t bad_lp = 0;
+    dev_get(dlp_host, dlp, (size_t)len * 2);
+    for (int64_t i = 0; i < len; i++) bad_lp += dlp_host[i] != lp[i];
+    printf("\n    adam_update_multi (%d tensors, %lld elements): %lld launches in 3 steps, %lld "
+           "bf16 copies differ",
+           MULTI_TENSORS, (long long)len, (long long)launches, (long long)bad_lp);
+    CU_ASSERT_EQUAL(launches,
+                    3 * ((MULTI_TENSORS + FSDP_ADAM_MULTI_CHUNK - 1) / FSDP_ADAM_MULTI_CHUNK));
+    CU_ASSERT_EQUAL(bad_lp, 0);
+    /* the gaps between tensors are never written: they stay the values they started with */
+    const float *dev_of[4] = {dp, dm, dv, dx}, *want[4] = {p, m, v, x};
+    const char *names[4] = {"  p", "  m", "  v", "  vmax"};
+    for (int k = 0; k < 4; k++) {
+        dev_get(got, dev_of[k], (size_t)len * 4);
+        int64_t diff = 0;
+        for (int64_t i = 0; i < len; i++) diff += f32_bits(got[i]) != f32_bits(want[k][i]);
+        printf(", %s %lld differ", names[k] + 2, (long long)diff);
+        CU_ASSERT_TRUE(fsdp_test_device_close(names[k], got, want[k], len, 1e-6, 0));
+    }
+    /* fill_multi: every tensor's p to 0.5, the gaps kept */
+    float *outs[MULTI_TENSORS];
+    int64_t ns[MULTI_TENSORS];
+    for (int i = 0; i < MULTI_TENSORS; i++) {
+        outs[i] = dp + off[i], ns[i] = h[i].n;
+        for (int64_t j = 0; j < h[i].n; j++) p[off[i] + j] = 0.5f;
+    }
+    fsdp_launch_counts c0 = fsdp_kernels_counts(dev());
+    K()->fill_multi(outs, ns, MULTI_TENSORS, 0.5f);
+    int64_t fills = fsdp_kernels_counts(dev()).launches - c0.launches, diff = 0;
+    dev_get(got, dp, (size_t)len * 4);
+    for (int64_t i = 0; i < len; i++) diff += f32_bits(got[i]) != f32_bits(p[i]);
+    printf(", fill_multi: %lld launches, %lld elements differ", (long long)fills, (long long)diff);
+    CU_ASSERT_EQUAL(fills, (MULTI_TENSORS + FSDP_FILL_MULTI_CHUNK - 1) / FSDP_FILL_MULTI_CHUNK);
+    CU_ASSERT_EQUAL(diff, 0);
+    free(p), free(m), free(v), free(x), free(g), free(got), free(lp), free(dlp_host);
+    dev_free(dp), dev_free(dm), dev_free(dv), dev_free(dx), dev_free(dg), dev_free(dlp);
+}
+
 /* gemm_bf16 against a float64 reference of the same bf16 inputs: the products are exact (8-bit
  * significands), so the only error is the f32 accumulation of K terms, the alpha multiply and
  * the beta term: |C - ref| <= (K + 3) 2^-24 (|alpha| sum_k |a b| + |beta c|) (the classical
@@ -1996,6 +2091,7 @@ int main(int argc, char **argv) {
         {"reduce_n", test_reduce_n},
         {"optim", test_optim},
         {"adam_bf16", test_adam_bf16},
+        {"adam_multi", test_adam_multi},
         {"gemm_bf16", test_gemm_bf16},
         {"gemm_lt", test_gemm_lt},
         {"gemm_lt_cache", test_gemm_lt_cache},

@@ -49,8 +49,10 @@ typedef struct llama_pin {
  * Launches are regression pins, read from a run (the sim counts one per table entry, fill,
  * conversion, allocation's zeroing and copy): a change that fuses or adds kernels changes them,
  * and updates them here on purpose, saying why in its commit. What they hold now:
- * - zero_grad: one fill per parameter's gradient, 21 (the embedding, 9 per decoder layer, the
- *   final norm, lm_head); the optimizer: one AdamW update per parameter, 21;
+ * - zero_grad and the optimizer: one launch each, a multi-tensor fill_multi and
+ *   adam_update_multi over the 21 parameters (the embedding, 9 per decoder layer, the final
+ *   norm, lm_head: one device, one group, under FSDP_ADAM_MULTI_CHUNK); the per-tensor entries
+ *   took 21 each;
  * - loss: 3, the entry, and the targets (host memory) staged on the device each call: a fresh
  *   tensor (its zeroing) and the copy;
  * - forward and backward: the layers' kernels; under the bf16 policy the forward also converts
@@ -63,10 +65,10 @@ typedef struct llama_pin {
         .launches = {l0, l1, l2, l3, l4}, .host_waits = { 0, 0, 1, 0, 0 }                          \
     }
 static const llama_pin LLAMA_PINNED[] = {
-    {"bf16", FSDP_DTYPE_BF16, false, PIN(21, 47, 3, 52, 21)},
-    {"bf16 checkpointed", FSDP_DTYPE_BF16, true, PIN(21, 107, 3, 150, 21)},
-    {"f32", FSDP_DTYPE_F32, false, PIN(21, 31, 3, 46, 21)},
-    {"f32 checkpointed", FSDP_DTYPE_F32, true, PIN(21, 73, 3, 112, 21)},
+    {"bf16", FSDP_DTYPE_BF16, false, PIN(1, 47, 3, 52, 1)},
+    {"bf16 checkpointed", FSDP_DTYPE_BF16, true, PIN(1, 107, 3, 150, 1)},
+    {"f32", FSDP_DTYPE_F32, false, PIN(1, 31, 3, 46, 1)},
+    {"f32 checkpointed", FSDP_DTYPE_F32, true, PIN(1, 73, 3, 112, 1)},
 };
 #define N_LLAMA (int)(sizeof LLAMA_PINNED / sizeof LLAMA_PINNED[0])
 
@@ -233,8 +235,9 @@ enum { MLP_LAYERS = 3, MLP_WORLD = 2, MLP_ROWS = STACKED_BATCH / MLP_WORLD };
  * host). FSDP's all_gathers and reduce_scatters on the local backend wait on the device, not on
  * the host: each reader's stream waits on its peers' events and the work completes in stream
  * order (docs/device.md). Launches (regression pins, as the Llama's): zero_grad and the optimizer
- * one each per unit's flat gradient and shard (3 units, one per layer; the root holds none). */
-static const phase_counts MLP_PINNED = PIN(3, 15, 1, 32, 3);
+ * one each, a multi-tensor call over the units' flat gradients and shards (3 units, one per
+ * layer; the root holds none), which took one per unit before. */
+static const phase_counts MLP_PINNED = PIN(1, 15, 1, 32, 1);
 
 typedef struct mlp_world {
     phase_counts out[MLP_WORLD];

@@ -34,6 +34,23 @@ typedef struct fsdp_adam_step_args {
     float sign, l2, shrink, w1, beta2, w2, eps, neg_step_size, bc2_sqrt;
 } fsdp_adam_step_args;
 
+/* One tensor of a multi-tensor Adam/AdamW step (adam_update_multi): p, g, m, v (n) each, this
+ * device's memory; vmax (n) or NULL (no amsgrad); p_bf16 (n) or NULL (no bf16 copy). */
+typedef struct fsdp_adam_tensor {
+    float *p;
+    const float *g;
+    float *m, *v, *vmax;
+    fsdp_bf16 *p_bf16;
+    int64_t n;
+} fsdp_adam_tensor;
+
+/* The tensors one launch of adam_update_multi and fill_multi takes at most: CUDA passes the
+ * list by value in the kernel's parameters (4 KiB on every architecture, kernels/cuda/optim.cu
+ * checks the size), so a longer list is split into chunks of these; the sim splits it alike,
+ * so that both count the same launches. */
+#define FSDP_ADAM_MULTI_CHUNK 48
+#define FSDP_FILL_MULTI_CHUNK 160
+
 /* How reduce_n combines its inputs: the collectives' reductions. */
 typedef enum fsdp_reduce_kind {
     FSDP_REDUCE_KIND_SUM = 0,
@@ -212,6 +229,16 @@ typedef struct fsdp_kernels_i {
      * read of the state. p, m, v and vmax get adam_update's bits. */
     void (*adam_update_bf16)(float *p, fsdp_bf16 *p_bf16, const float *g, float *m, float *v,
                              float *vmax, int64_t n, const fsdp_adam_step_args *args);
+    /* Multi-tensor forms, one launch per chunk of tensors (FSDP_*_MULTI_CHUNK) where per-tensor
+     * entries launch one per tensor; t, out and n are host arrays of count entries, any count
+     * (0: nothing), each tensor on this device and overlapping no other. adam_update_multi: each
+     * tensor t[i] gets the bits adam_update (p_bf16 NULL) or adam_update_bf16 (p_bf16 set)
+     * gives it alone, with the same args for all. fill_multi: out[i] (n[i]) = value, fill's bits.
+     * (optional: NULL where the device has none; the optimizer then runs the per-tensor
+     * entries) */
+    void (*adam_update_multi)(const fsdp_adam_tensor *t, int count,
+                              const fsdp_adam_step_args *args);
+    void (*fill_multi)(float *const *out, const int64_t *n, int count, float value);
 
     /* ---- the Llama layers (docs/models.md). A table may leave them NULL: the layers then
      * refuse tensors of its device. ---- */

@@ -52,6 +52,12 @@ struct fsdp_optimizer {
     int n_slots;
     int n_states; /* state tensors over all slots */
     int64_t steps;
+    /* n_slots each: a step's list for adam_update_multi and the FSDP params whose bf16 copy
+     * it writes (or NULL); zero_grad's list for fill_multi */
+    fsdp_adam_tensor *batch;
+    fsdp_param **batch_low;
+    float **fill_out;
+    int64_t *fill_n;
 };
 
 static fsdp_status count_param(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
@@ -76,6 +82,10 @@ void fsdp_optimizer_free(fsdp_optimizer *opt) {
     for (int g = 0; g < opt->n_groups; g++) free(opt->groups[g].pattern);
     free(opt->groups);
     free(opt->slots);
+    free(opt->batch);
+    free(opt->batch_low);
+    free(opt->fill_out);
+    free(opt->fill_n);
     free(opt);
 }
 
@@ -244,7 +254,13 @@ static fsdp_status optimizer_new(fsdp_ctx *ctx, fsdp_module *m, optim_kind kind,
     fsdp_optimizer *opt = calloc(1, sizeof *opt);
     if (opt) opt->slots = calloc((size_t)(n ? n : 1), sizeof *opt->slots);
     if (opt) opt->groups = calloc((size_t)n_groups + 1, sizeof *opt->groups);
-    if (!opt || !opt->slots || !opt->groups) {
+    size_t lists = (size_t)(n ? n : 1);
+    if (opt) opt->batch = calloc(lists, sizeof *opt->batch);
+    if (opt) opt->batch_low = calloc(lists, sizeof *opt->batch_low);
+    if (opt) opt->fill_out = calloc(lists, sizeof *opt->fill_out);
+    if (opt) opt->fill_n = calloc(lists, sizeof *opt->fill_n);
+    if (!opt || !opt->slots || !opt->groups || !opt->batch || !opt->batch_low || !opt->fill_out ||
+        !opt->fill_n) {
         fsdp_optimizer_free(opt);
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an optimizer");
     }
@@ -314,73 +330,155 @@ fsdp_status fsdp_adamw_create(fsdp_ctx *ctx, fsdp_module *m, const fsdp_adam_opt
 
 /* ---- stepping ---- */
 
-/* One fused pass over a slot's parameter with its group's options. */
-static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const optim_slot *s) {
-    int64_t n = fsdp_tensor_numel(fsdp_param_data(s->param));
-    if (n == 0) return FSDP_OK; /* e.g. an FSDP shard view that holds none of the parameter */
-    float *data = fsdp_tensor_f32(fsdp_param_data(s->param));
-    float *grad = fsdp_tensor_f32(fsdp_param_grad(s->param));
-    fsdp_device dev = fsdp_tensor_device(fsdp_param_data(s->param));
-    if (!data || !grad)
+/* A slot's arrays for a step, checked; n 0: nothing to update (e.g. an FSDP shard view that
+ * holds none of the parameter). */
+typedef struct slot_arrays {
+    fsdp_device dev;
+    float *p, *g, *st[MAX_STATE];
+    int64_t n;
+} slot_arrays;
+
+static fsdp_status slot_check(fsdp_ctx *ctx, const optim_slot *s, slot_arrays *a) {
+    *a = (slot_arrays){.n = fsdp_tensor_numel(fsdp_param_data(s->param))};
+    if (a->n == 0) return FSDP_OK;
+    a->p = fsdp_tensor_f32(fsdp_param_data(s->param));
+    a->g = fsdp_tensor_f32(fsdp_param_grad(s->param));
+    a->dev = fsdp_tensor_device(fsdp_param_data(s->param));
+    if (!a->p || !a->g)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED, "optimizer: parameter '%s' must be f32",
                          s->name);
     fsdp_device gdev = fsdp_tensor_device(fsdp_param_grad(s->param));
-    if (gdev.type != dev.type || gdev.index != dev.index)
+    if (gdev.type != a->dev.type || gdev.index != a->dev.index)
         return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
                          "optimizer: parameter '%s' is on %s:%d but its gradient on %s:%d", s->name,
-                         fsdp_device_to_string(dev), dev.index, fsdp_device_to_string(gdev),
+                         fsdp_device_to_string(a->dev), a->dev.index, fsdp_device_to_string(gdev),
                          gdev.index);
-    if (s->n_state > 0 && fsdp_tensor_numel(s->state[0]) != n)
+    if (s->n_state > 0 && fsdp_tensor_numel(s->state[0]) != a->n)
         return FSDP_FAIL(ctx, FSDP_ERR_STATE,
                          "optimizer: parameter '%s' has %lld elements but its state was made "
                          "for %lld; create the optimizer after parallelizing or sharding "
                          "the model",
-                         s->name, (long long)n, (long long)fsdp_tensor_numel(s->state[0]));
-    float *st[MAX_STATE] = {NULL};
-    for (int k = 0; k < s->n_state; k++) st[k] = fsdp_tensor_f32(s->state[k]);
+                         s->name, (long long)a->n, (long long)fsdp_tensor_numel(s->state[0]));
+    for (int k = 0; k < s->n_state; k++) a->st[k] = fsdp_tensor_f32(s->state[k]);
+    return FSDP_OK;
+}
+
+/* One fused pass over a slot's parameter with its group's options. */
+static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const optim_slot *s) {
+    slot_arrays a;
+    FSDP_TRY_AT(ctx, slot_check(ctx, s, &a));
+    if (a.n == 0) return FSDP_OK;
     const optim_group *g = &opt->groups[s->group];
     if (opt->kind == OPTIM_SGD) {
-        fsdp_sgd_update(dev, data, grad, st[0], n, &g->sgd, opt->steps == 0);
+        fsdp_sgd_update(a.dev, a.p, a.g, a.st[0], a.n, &g->sgd, opt->steps == 0);
         return FSDP_OK;
     }
     /* An FSDP flat shard gathered in bf16: its rounding written in the same pass. */
     fsdp_bf16 *low;
     FSDP_TRY_AT(ctx, fsdp_flat_low_copy(ctx, s->param, &low));
     if (low) {
-        fsdp_adam_update_bf16(dev, data, low, grad, st[0], st[1], st[2], n, &g->adam,
+        fsdp_adam_update_bf16(a.dev, a.p, low, a.g, a.st[0], a.st[1], a.st[2], a.n, &g->adam,
                               opt->kind == OPTIM_ADAMW, opt->steps + 1);
         fsdp_flat_low_copy_written(s->param);
     } else {
-        fsdp_adam_update(dev, data, grad, st[0], st[1], st[2], n, &g->adam,
+        fsdp_adam_update(a.dev, a.p, a.g, a.st[0], a.st[1], a.st[2], a.n, &g->adam,
                          opt->kind == OPTIM_ADAMW, opt->steps + 1);
     }
     return FSDP_OK;
 }
 
+static _Atomic bool per_tensor; /* fsdp_optimizer_test_per_tensor */
+
+void fsdp_optimizer_test_per_tensor(bool on) {
+    per_tensor = on;
+}
+
+static bool same_device(fsdp_device a, fsdp_device b) {
+    return a.type == b.type && a.index == b.index;
+}
+
+/* The pending run of Adam slots (opt->batch[0 .. n), one device and group) in one call. */
+static void adam_flush(fsdp_optimizer *opt, fsdp_device dev, int group, int n) {
+    if (n == 0) return;
+    fsdp_adam_update_multi(dev, opt->batch, n, &opt->groups[group].adam, opt->kind == OPTIM_ADAMW,
+                           opt->steps + 1);
+    for (int k = 0; k < n; k++)
+        if (opt->batch_low[k]) fsdp_flat_low_copy_written(opt->batch_low[k]);
+}
+
+/* Adam and AdamW: consecutive slots of one device and group share one multi-tensor update
+ * (the same scalars: the group's options and the step); a slot that fails its checks ends the
+ * step after the slots before it are updated, as the per-slot loop would. */
+static fsdp_status step_adam(fsdp_ctx *ctx, fsdp_optimizer *opt) {
+    fsdp_status st = FSDP_OK;
+    fsdp_device dev = {0};
+    int group = 0, n = 0;
+    for (int i = 0; i < opt->n_slots; i++) {
+        const optim_slot *s = &opt->slots[i];
+        slot_arrays a;
+        fsdp_bf16 *low = NULL;
+        st = slot_check(ctx, s, &a);
+        if (st == FSDP_OK && a.n > 0) st = fsdp_flat_low_copy(ctx, s->param, &low);
+        if (st != FSDP_OK) break;
+        if (a.n == 0) continue;
+        if (n > 0 && (!same_device(a.dev, dev) || s->group != group)) {
+            adam_flush(opt, dev, group, n);
+            n = 0;
+        }
+        dev = a.dev, group = s->group;
+        opt->batch[n] = (fsdp_adam_tensor){a.p, a.g, a.st[0], a.st[1], a.st[2], low, a.n};
+        opt->batch_low[n++] = low ? s->param : NULL;
+    }
+    adam_flush(opt, dev, group, n);
+    return FSDP_PASS(ctx, st);
+}
+
 fsdp_status fsdp_optimizer_step(fsdp_ctx *ctx, fsdp_optimizer *opt) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, opt);
-    for (int i = 0; i < opt->n_slots; i++) FSDP_TRY_AT(ctx, step_slot(ctx, opt, &opt->slots[i]));
+    if (opt->kind != OPTIM_SGD && !per_tensor)
+        FSDP_TRY_AT(ctx, step_adam(ctx, opt));
+    else
+        for (int i = 0; i < opt->n_slots; i++)
+            FSDP_TRY_AT(ctx, step_slot(ctx, opt, &opt->slots[i]));
     opt->steps++;
     return FSDP_OK;
 }
 
-/* An f32 gradient on the CPU is zeroed by the kernel table, which spreads a large fill over
- * the rank's threads; anything else by fsdp_tensor_fill. */
-static fsdp_status zero_grad(fsdp_ctx *ctx, fsdp_tensor *g) {
-    if (fsdp_tensor_dtype(g) == FSDP_DTYPE_F32 && fsdp_tensor_device(g).type == FSDP_DEVICE_CPU &&
-        fsdp_tensor_numel(g) > 0 && fsdp_tensor_data(g)) {
-        fsdp_kernels_cpu()->fill(fsdp_tensor_f32(g), 0.0f, fsdp_tensor_numel(g));
-        return FSDP_OK;
-    }
-    return fsdp_tensor_fill(ctx, g, 0.0f);
+/* Whether a gradient can join a multi-tensor zero fill: f32 with elements and data. */
+static bool fills_f32(const fsdp_tensor *g) {
+    return fsdp_tensor_dtype(g) == FSDP_DTYPE_F32 && fsdp_tensor_numel(g) > 0 &&
+           fsdp_tensor_data(g) && fsdp_kernels_for(fsdp_tensor_device(g)) &&
+           fsdp_kernels_for(fsdp_tensor_device(g))->fill_multi;
 }
 
+/* f32 gradients are zeroed by the kernel table, consecutive ones of a device in one fill_multi
+ * (one launch per chunk on a GPU; on the CPU each large fill spreads over the rank's threads);
+ * anything else by fsdp_tensor_fill. */
 fsdp_status fsdp_optimizer_zero_grad(fsdp_ctx *ctx, fsdp_optimizer *opt) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, opt);
-    for (int i = 0; i < opt->n_slots; i++)
-        FSDP_TRY_AT(ctx, zero_grad(ctx, fsdp_param_grad(opt->slots[i].param)));
+    fsdp_device dev = {0};
+    int n = 0;
+    for (int i = 0; i <= opt->n_slots; i++) {
+        fsdp_tensor *g = i < opt->n_slots ? fsdp_param_grad(opt->slots[i].param) : NULL;
+        bool joins = g && fills_f32(g) && !per_tensor;
+        if (n > 0 && (!joins || !same_device(fsdp_tensor_device(g), dev))) {
+            fsdp_kernels_for(dev)->fill_multi(opt->fill_out, opt->fill_n, n, 0.0f);
+            n = 0;
+        }
+        if (!g) continue;
+        if (joins) {
+            dev = fsdp_tensor_device(g);
+            opt->fill_out[n] = fsdp_tensor_f32(g);
+            opt->fill_n[n++] = fsdp_tensor_numel(g);
+        } else if (fsdp_tensor_dtype(g) == FSDP_DTYPE_F32 && fsdp_tensor_numel(g) > 0 &&
+                   fsdp_tensor_data(g) && fsdp_tensor_device(g).type == FSDP_DEVICE_CPU) {
+            fsdp_kernels_cpu()->fill(fsdp_tensor_f32(g), 0.0f, fsdp_tensor_numel(g));
+        } else {
+            FSDP_TRY_AT(ctx, fsdp_tensor_fill(ctx, g, 0.0f));
+        }
+    }
     return FSDP_OK;
 }
 

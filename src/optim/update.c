@@ -50,3 +50,20 @@ void fsdp_adam_update_bf16(fsdp_device device, float *p, fsdp_bf16 *p_bf16, cons
     const fsdp_adam_step_args a = adam_args(o, decoupled, step);
     fsdp_kernels_for(device)->adam_update_bf16(p, p_bf16, g, m, v, vmax, n, &a);
 }
+
+void fsdp_adam_update_multi(fsdp_device device, const fsdp_adam_tensor *t, int count,
+                            const fsdp_adam_options *o, bool decoupled, int64_t step) {
+    const fsdp_adam_step_args a = adam_args(o, decoupled, step);
+    const fsdp_kernels_i *k = fsdp_kernels_for(device);
+    if (k->adam_update_multi) {
+        k->adam_update_multi(t, count, &a);
+        return;
+    }
+    for (int i = 0; i < count; i++) {
+        if (t[i].n <= 0) continue;
+        if (t[i].p_bf16)
+            k->adam_update_bf16(t[i].p, t[i].p_bf16, t[i].g, t[i].m, t[i].v, t[i].vmax, t[i].n, &a);
+        else
+            k->adam_update(t[i].p, t[i].g, t[i].m, t[i].v, t[i].vmax, t[i].n, &a);
+    }
+}

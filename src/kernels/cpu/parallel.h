@@ -34,5 +34,9 @@ void fsdp_cpu_par_adam_update(float *p, const float *g, float *m, float *v, floa
                               const fsdp_adam_step_args *args);
 void fsdp_cpu_par_adam_update_bf16(float *p, fsdp_bf16 *p_bf16, const float *g, float *m, float *v,
                                    float *vmax, int64_t n, const fsdp_adam_step_args *args);
+/* multi.c: the multi-tensor entries, the ones above tensor by tensor */
+void fsdp_cpu_par_adam_update_multi(const fsdp_adam_tensor *t, int count,
+                                    const fsdp_adam_step_args *args);
+void fsdp_cpu_par_fill_multi(float *const *out, const int64_t *n, int count, float value);
 
 #endif

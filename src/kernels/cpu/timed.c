@@ -118,6 +118,10 @@ TIMED_VOID(T_OPTIMIZER, adam_update_bf16,
            (float *p, fsdp_bf16 *lp, const float *g, float *m, float *v, float *vm, int64_t n,
             const fsdp_adam_step_args *a),
            (p, lp, g, m, v, vm, n, a))
+TIMED_VOID(T_OPTIMIZER, adam_update_multi,
+           (const fsdp_adam_tensor *t, int c, const fsdp_adam_step_args *a), (t, c, a))
+TIMED_VOID(T_ELEMENTWISE, fill_multi, (float *const *o, const int64_t *n, int c, float v),
+           (o, n, c, v))
 
 const fsdp_kernels_i *fsdp_cpu_timed_table(const fsdp_kernels_i *untimed) {
     static fsdp_kernels_i timed;
@@ -166,6 +170,8 @@ const fsdp_kernels_i *fsdp_cpu_timed_table(const fsdp_kernels_i *untimed) {
             timed.sgd_update = timed_sgd_update;
             timed.adam_update = timed_adam_update;
             timed.adam_update_bf16 = timed_adam_update_bf16;
+            timed.adam_update_multi = timed_adam_update_multi;
+            timed.fill_multi = timed_fill_multi;
             __atomic_store_n(&made, true, __ATOMIC_RELEASE);
         }
         __atomic_clear(&lock, __ATOMIC_RELEASE);

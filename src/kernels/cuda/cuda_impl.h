@@ -216,6 +216,9 @@ void fsdp_cuda_gemm_bf16_round(bool trans_a, bool trans_b, int64_t M, int64_t N,
                                fsdp_bf16 *C, int64_t ldc);
 void fsdp_cuda_adam_update_bf16(float *p, fsdp_bf16 *p_bf16, const float *g, float *m, float *v,
                                 float *vmax, int64_t n, const fsdp_adam_step_args *a);
+void fsdp_cuda_adam_update_multi(const fsdp_adam_tensor *t, int count,
+                                 const fsdp_adam_step_args *a);
+void fsdp_cuda_fill_multi(float *const *out, const int64_t *n, int count, float value);
 
 #ifdef __cplusplus
 }

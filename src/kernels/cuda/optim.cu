@@ -2,7 +2,8 @@
  * loads when every array is 16-byte aligned. Each element takes the CPU loop's IEEE f32
  * operations in its order (kernels/cpu/optim.c), spelled as _rn intrinsics so that no
  * compiler flag can contract or approximate them: the bits equal the CPU's. Adam can also
- * write the updated parameters rounded to bf16 in the same pass (adam_update_bf16). */
+ * write the updated parameters rounded to bf16 in the same pass (adam_update_bf16). The
+ * multi-tensor forms (adam_update_multi, fill_multi) take a chunk of tensors per launch. */
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dtype.cuh"
 
@@ -115,4 +116,112 @@ extern "C" void fsdp_cuda_adam_update_bf16(float *p, uint16_t *p_bf16, const flo
     adam_kernel<true><<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         p, p_bf16, g, m, v, vmax, n, vec, *a);
     FSDP_CUDA_LAUNCHED("adam_update_bf16");
+}
+
+/* ---- multi-tensor forms: one launch per chunk of tensors (kernels.h FSDP_*_MULTI_CHUNK) ----
+ * The chunk travels by value in the kernel's parameters, as PyTorch's multi_tensor_apply passes
+ * its list: 4 KiB of parameters is the limit on every architecture and CUDA version we build
+ * for (CUDA 12.1 raised it to 32 KiB on Volta and later only). Tensor k owns the blocks
+ * [first_block[k], first_block[k + 1]), at most MULTI_MAX_BLOCKS, which stride over its
+ * elements; the block finds its tensor by a binary search of the prefix. Tensors without
+ * elements are left out of the chunk. Each element runs adam_element (the per-tensor kernels'
+ * function), so the bits are adam_update's. */
+#define MULTI_MAX_BLOCKS  4096 /* per tensor: enough to fill the device for one large tensor */
+#define MULTI_PARAM_LIMIT 4096
+
+struct adam_multi_chunk {
+    fsdp_adam_step_args a;
+    int count;
+    int first_block[FSDP_ADAM_MULTI_CHUNK + 1];
+    fsdp_adam_tensor t[FSDP_ADAM_MULTI_CHUNK];
+};
+static_assert(sizeof(adam_multi_chunk) <= MULTI_PARAM_LIMIT, "adam_multi_chunk exceeds 4 KiB");
+
+struct fill_multi_chunk {
+    float value;
+    int count;
+    int first_block[FSDP_FILL_MULTI_CHUNK + 1];
+    float *out[FSDP_FILL_MULTI_CHUNK];
+    int64_t n[FSDP_FILL_MULTI_CHUNK];
+};
+static_assert(sizeof(fill_multi_chunk) <= MULTI_PARAM_LIMIT, "fill_multi_chunk exceeds 4 KiB");
+
+/* The tensor k whose blocks hold block b: the last with first_block[k] <= b. */
+__device__ inline int multi_tensor_of(const int *first_block, int count, int b) {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (first_block[mid] <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+__global__ void adam_multi_kernel(adam_multi_chunk c) {
+    int b = (int)blockIdx.x, k = multi_tensor_of(c.first_block, c.count, b);
+    float *p = c.t[k].p, *m = c.t[k].m, *v = c.t[k].v, *vmax = c.t[k].vmax;
+    const float *g = c.t[k].g;
+    uint16_t *lp = c.t[k].p_bf16;
+    int64_t n = c.t[k].n, blocks = c.first_block[k + 1] - c.first_block[k];
+    int64_t stride = blocks * blockDim.x;
+    for (int64_t j = (int64_t)(b - c.first_block[k]) * blockDim.x + threadIdx.x; j < n;
+         j += stride) {
+        adam_element(p[j], g[j], m[j], v[j], vmax ? vmax + j : vmax, c.a);
+        if (lp) lp[j] = bf16_from_bits(__float_as_uint(p[j]));
+    }
+}
+
+__global__ void fill_multi_kernel(fill_multi_chunk c) {
+    int b = (int)blockIdx.x, k = multi_tensor_of(c.first_block, c.count, b);
+    float *out = c.out[k];
+    int64_t n = c.n[k], blocks = c.first_block[k + 1] - c.first_block[k];
+    int64_t stride = blocks * blockDim.x;
+    for (int64_t j = (int64_t)(b - c.first_block[k]) * blockDim.x + threadIdx.x; j < n; j += stride)
+        out[j] = c.value;
+}
+
+/* The blocks of a tensor of n > 0 elements. */
+static int multi_blocks(int64_t n) {
+    int64_t b = (n + FSDP_CUDA_THREADS - 1) / FSDP_CUDA_THREADS;
+    return (int)(b < MULTI_MAX_BLOCKS ? b : MULTI_MAX_BLOCKS);
+}
+
+extern "C" void fsdp_cuda_adam_update_multi(const fsdp_adam_tensor *t, int count,
+                                            const fsdp_adam_step_args *a) {
+    for (int start = 0; start < count; start += FSDP_ADAM_MULTI_CHUNK) {
+        adam_multi_chunk c;
+        c.a = *a;
+        c.count = 0;
+        c.first_block[0] = 0;
+        for (int i = start; i < count && i < start + FSDP_ADAM_MULTI_CHUNK; i++) {
+            if (t[i].n <= 0) continue;
+            c.t[c.count] = t[i];
+            c.first_block[c.count + 1] = c.first_block[c.count] + multi_blocks(t[i].n);
+            c.count++;
+        }
+        if (c.count == 0) continue;
+        adam_multi_kernel<<<c.first_block[c.count], FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(c);
+        FSDP_CUDA_LAUNCHED("adam_update_multi");
+    }
+}
+
+extern "C" void fsdp_cuda_fill_multi(float *const *out, const int64_t *n, int count, float value) {
+    for (int start = 0; start < count; start += FSDP_FILL_MULTI_CHUNK) {
+        fill_multi_chunk c;
+        c.value = value;
+        c.count = 0;
+        c.first_block[0] = 0;
+        for (int i = start; i < count && i < start + FSDP_FILL_MULTI_CHUNK; i++) {
+            if (n[i] <= 0) continue;
+            c.out[c.count] = out[i];
+            c.n[c.count] = n[i];
+            c.first_block[c.count + 1] = c.first_block[c.count] + multi_blocks(n[i]);
+            c.count++;
+        }
+        if (c.count == 0) continue;
+        fill_multi_kernel<<<c.first_block[c.count], FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(c);
+        FSDP_CUDA_LAUNCHED("fill_multi");
+    }
 }

@@ -183,6 +183,9 @@ void sim_add_bf16(float *out, const float *a, const fsdp_bf16 *b, int64_t n);
 void sim_rmsnorm_backward_add(float *dinp, float *dweight, const float *dout, const float *dres,
                               const float *inp, const float *weight, const float *rstd,
                               int64_t rows, int64_t cols);
+/* table_multi.c */
+void sim_adam_update_multi(const fsdp_adam_tensor *t, int count, const fsdp_adam_step_args *args);
+void sim_fill_multi(float *const *out, const int64_t *n, int count, float value);
 /* table_epilogue.c */
 void sim_gemm_bias_act(float *out, float *pre, const float *inp, const float *weight,
                        const float *bias, int64_t rows, int64_t C, int64_t OC, fsdp_gemm_act act);
