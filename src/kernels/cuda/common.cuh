@@ -13,6 +13,13 @@ static inline unsigned fsdp_grid(int64_t work) {
     return (unsigned)(b < FSDP_CUDA_MAX_BLOCKS ? b : FSDP_CUDA_MAX_BLOCKS);
 }
 
+/* One block per row (or run) for `rows` of them, at most 65535 blocks, each striding over the
+ * rest: the row-wise kernels' grid (RMSNorm, loss parallel's rows, the embedding's runs). */
+#define FSDP_CUDA_ROW_BLOCKS 65535
+static inline unsigned fsdp_row_blocks(int64_t rows) {
+    return (unsigned)(rows < FSDP_CUDA_ROW_BLOCKS ? (rows > 0 ? rows : 1) : FSDP_CUDA_ROW_BLOCKS);
+}
+
 __device__ inline int64_t fsdp_tid() {
     return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 }

@@ -102,9 +102,8 @@ static bool backward_sorted(float *dweight, const float *dout, const int32_t *to
     FSDP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_scratch, sort_bytes, keys, sorted_keys,
                                                     pos, sorted_pos, (int)n, 0, end_bit, stream));
     fsdp_cuda_count_launch(device);
-    unsigned blocks = (unsigned)(n < 65535 ? n : 65535);
-    embedding_runs_kernel<<<blocks, FSDP_CUDA_THREADS, 0, stream>>>(dweight, dout, sorted_keys,
-                                                                    sorted_pos, n, C, rows);
+    embedding_runs_kernel<<<fsdp_row_blocks(n), FSDP_CUDA_THREADS, 0, stream>>>(
+        dweight, dout, sorted_keys, sorted_pos, n, C, rows);
     FSDP_CUDA_LAUNCHED("embedding_backward (runs)");
     fsdp_cuda_block_free(device,
                          scratch); // after the kernels on this stream (the allocator's event)

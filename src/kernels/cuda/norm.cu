@@ -5,8 +5,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dtype.cuh"
 
-#define NORM_MAX_BLOCKS 65535
-
 /* how the forward stores one f32 value */
 struct store_f32 {
     __device__ void operator()(float *o, float y) const { *o = y; }
@@ -40,7 +38,7 @@ extern "C" void fsdp_cuda_rmsnorm_forward(float *out, float *rstd, const float *
                                           const float *weight, float eps, int64_t rows,
                                           int64_t cols) {
     if (rows <= 0) return;
-    unsigned blocks = (unsigned)(rows < NORM_MAX_BLOCKS ? rows : NORM_MAX_BLOCKS);
+    unsigned blocks = fsdp_row_blocks(rows);
     rmsnorm_forward_kernel<float, store_f32><<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         out, rstd, inp, weight, eps, rows, cols);
     FSDP_CUDA_LAUNCHED("rmsnorm_forward");
@@ -50,7 +48,7 @@ extern "C" void fsdp_cuda_rmsnorm_forward_bf16(fsdp_bf16 *out, float *rstd, cons
                                                const float *weight, float eps, int64_t rows,
                                                int64_t cols) {
     if (rows <= 0) return;
-    unsigned blocks = (unsigned)(rows < NORM_MAX_BLOCKS ? rows : NORM_MAX_BLOCKS);
+    unsigned blocks = fsdp_row_blocks(rows);
     rmsnorm_forward_kernel<fsdp_bf16, store_bf16>
         <<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(out, rstd, inp, weight, eps, rows,
                                                                cols);
@@ -83,9 +81,9 @@ __global__ void rmsnorm_backward_kernel(float *dinp, const float *dout, const fl
 
 /* the input gradient (plus dres when given) by one block per row, then the weight gradient */
 static void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *dres,
-                             const float *inp, const float *weight, const float *rstd,
-                             int64_t rows, int64_t cols) {
-    unsigned blocks = (unsigned)(rows < NORM_MAX_BLOCKS ? rows : NORM_MAX_BLOCKS);
+                             const float *inp, const float *weight, const float *rstd, int64_t rows,
+                             int64_t cols) {
+    unsigned blocks = fsdp_row_blocks(rows);
     if (dres) {
         rmsnorm_backward_kernel<true><<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
             dinp, dout, dres, inp, weight, rstd, rows, cols);
@@ -107,8 +105,8 @@ extern "C" void fsdp_cuda_rmsnorm_backward(float *dinp, float *dweight, const fl
 
 extern "C" void fsdp_cuda_rmsnorm_backward_add(float *dinp, float *dweight, const float *dout,
                                                const float *dres, const float *inp,
-                                               const float *weight, const float *rstd,
-                                               int64_t rows, int64_t cols) {
+                                               const float *weight, const float *rstd, int64_t rows,
+                                               int64_t cols) {
     if (rows <= 0 || cols <= 0) return;
     rmsnorm_backward(dinp, dweight, dout, dres, inp, weight, rstd, rows, cols);
 }

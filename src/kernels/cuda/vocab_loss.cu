@@ -9,12 +9,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/llama_cuda.h"
 
-#define VOCAB_MAX_BLOCKS 65535
-
-static unsigned row_blocks(int64_t rows) {
-    return (unsigned)(rows < VOCAB_MAX_BLOCKS ? rows : VOCAB_MAX_BLOCKS);
-}
-
 __global__ void vocab_row_max_kernel(float *mx, const float *logits, int64_t rows, int64_t V) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *x = logits + r * V; // (V)
@@ -27,8 +21,8 @@ __global__ void vocab_row_max_kernel(float *mx, const float *logits, int64_t row
 
 extern "C" void fsdp_cuda_vocab_row_max(float *mx, const float *logits, int64_t rows, int64_t V) {
     if (rows <= 0) return;
-    vocab_row_max_kernel<<<row_blocks(rows), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(mx, logits,
-                                                                                         rows, V);
+    vocab_row_max_kernel<<<fsdp_row_blocks(rows), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        mx, logits, rows, V);
     FSDP_CUDA_LAUNCHED("vocab_row_max");
 }
 
@@ -56,7 +50,7 @@ extern "C" void fsdp_cuda_vocab_exp_sums(float *se, float *xt, const float *logi
                                          const int32_t *targets, int32_t ignore_index,
                                          int64_t start, int64_t rows, int64_t V) {
     if (rows <= 0) return;
-    vocab_exp_sums_kernel<<<row_blocks(rows), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+    vocab_exp_sums_kernel<<<fsdp_row_blocks(rows), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
         se, xt, logits, mx, targets, ignore_index, start, rows, V);
     FSDP_CUDA_LAUNCHED("vocab_exp_sums");
 }
