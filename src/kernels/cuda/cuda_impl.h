@@ -185,6 +185,9 @@ double fsdp_cuda_max_abs(const float *x, int64_t n);
  * fsdp_cpu_column_sum; b and scale may be NULL (read as 1). */
 void fsdp_cuda_column_sum(float *dst, const float *a, const float *b, const float *scale,
                           int64_t rows, int64_t cols);
+/* dst (cols) += the sum over k < chunks of chunk_sums[k * cols + c], in k's order (the second
+ * pass of fsdp_cuda_column_sum, and of RMSNorm's fused weight gradient) */
+void fsdp_cuda_column_chunks(float *dst, const double *chunk_sums, int64_t chunks, int64_t cols);
 
 /* reduce_n.cu */
 void fsdp_cuda_reduce_n(void *out, const void *const *in, int n, int64_t count, fsdp_dtype dtype,

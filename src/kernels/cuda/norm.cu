@@ -1,7 +1,8 @@
 /* norm.cu: RMSNorm on the device, one block per row with the row's sums in double, as the CPU
  * (kernels/cpu/norm.c): rstd = 1/sqrt(mean(x^2) + eps), out = x * rstd * weight, stored in f32
  * or rounded to bf16 as convert.cu's f32_to_bf16 rounds; the backward, with a residual's
- * gradient added to the input gradient or not. */
+ * gradient added to the input gradient or not, and the weight gradient's column sums in the same
+ * pass over dy and x where they fit a block's shared memory. */
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dtype.cuh"
 
@@ -79,10 +80,84 @@ __global__ void rmsnorm_backward_kernel(float *dinp, const float *dout, const fl
     }
 }
 
-/* the input gradient (plus dres when given) by one block per row, then the weight gradient */
+/* The fused backward: a block takes a chunk of consecutive rows and, per row, computes the input
+ * gradient as rmsnorm_backward_kernel does, while each thread adds dy x rstd (in double, the
+ * column sums' term) for its own columns (threadIdx.x + k blockDim.x) into its own slots of a
+ * shared array, row after row. The chunk's sums go to chunk_sums[chunk][c], which
+ * fsdp_cuda_column_chunks adds in chunk order: a fixed order, the same bits every run. dy and x
+ * are read once from global memory for both gradients; the two-pass form (the kernel above,
+ * then fsdp_cuda_column_sum) reads them again for the weight gradient: 2 x 50 MB per norm at
+ * shape S (16384 rows of 768), 25 norms a step. */
+template <bool ADD>
+__global__ void rmsnorm_backward_fused_kernel(float *dinp, double *chunk_sums, const float *dout,
+                                              const float *dres, const float *inp,
+                                              const float *weight, const float *rstd, int64_t rows,
+                                              int64_t cols, int64_t chunk_rows) {
+    extern __shared__ double dw_acc[]; // (cols): thread t owns the slots c with c % blockDim == t
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dw_acc[c] = 0.0;
+    int64_t first = (int64_t)blockIdx.x * chunk_rows;
+    int64_t end = first + chunk_rows < rows ? first + chunk_rows : rows;
+    for (int64_t r = first; r < end; r++) { // the same bounds for every thread of the block
+        const float *x = inp + r * cols;    // (cols)
+        const float *dy = dout + r * cols;  // (cols)
+        float *dx = dinp + r * cols;        // (cols)
+        double dot = 0.0;
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+            dot += (double)dy[c] * (double)weight[c] * (double)x[c];
+        dot = fsdp_block_sum_all(dot);
+        double s = (double)rstd[r];
+        float coef = (float)(s * s * s * dot / (double)cols);
+        float sf = rstd[r];
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+            float g = sf * weight[c] * dy[c] - coef * x[c];
+            dx[c] = ADD ? dres[r * cols + c] + g : g;
+            dw_acc[c] += (double)dy[c] * (double)x[c] * s;
+        }
+    }
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+        chunk_sums[(int64_t)blockIdx.x * cols + c] = dw_acc[c];
+}
+
+#define NORM_CHUNKS          1024        /* blocks worth aiming for: several per SM on any GPU */
+#define NORM_FUSED_MAX_BYTES (48 * 1024) /* the shared memory a block gets without opting in */
+
+/* The fused backward where the weight gradient's per-column sums fit a block's shared memory
+ * (cols <= 6144) and the allocator gives the chunk sums; false (nothing launched) otherwise. */
+static bool rmsnorm_backward_fused(float *dinp, float *dweight, const float *dout,
+                                   const float *dres, const float *inp, const float *weight,
+                                   const float *rstd, int64_t rows, int64_t cols) {
+    size_t smem = (size_t)cols * sizeof(double);
+    if (smem > NORM_FUSED_MAX_BYTES) return false;
+    int64_t chunk_rows = (rows + NORM_CHUNKS - 1) / NORM_CHUNKS;
+    int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+    int device = 0;
+    void *sums = NULL;
+    FSDP_CUDA_CHECK(cudaGetDevice(&device));
+    if (fsdp_cuda_block_alloc(NULL, device, (size_t)(chunks * cols) * sizeof(double), &sums) !=
+        FSDP_OK)
+        return false;
+    if (dres) {
+        rmsnorm_backward_fused_kernel<true>
+            <<<(unsigned)chunks, FSDP_CUDA_THREADS, smem, fsdp_cuda_stream()>>>(
+                dinp, (double *)sums, dout, dres, inp, weight, rstd, rows, cols, chunk_rows);
+        FSDP_CUDA_LAUNCHED("rmsnorm_backward_add");
+    } else {
+        rmsnorm_backward_fused_kernel<false>
+            <<<(unsigned)chunks, FSDP_CUDA_THREADS, smem, fsdp_cuda_stream()>>>(
+                dinp, (double *)sums, dout, NULL, inp, weight, rstd, rows, cols, chunk_rows);
+        FSDP_CUDA_LAUNCHED("rmsnorm_backward");
+    }
+    fsdp_cuda_column_chunks(dweight, (const double *)sums, chunks, cols);
+    fsdp_cuda_block_free(device, sums); // after the kernels on this stream (the allocator's event)
+    return true;
+}
+
+/* The fused form where it fits; else the input gradient (plus dres when given) by one block per
+ * row, then the weight gradient's column sums. */
 static void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *dres,
                              const float *inp, const float *weight, const float *rstd, int64_t rows,
                              int64_t cols) {
+    if (rmsnorm_backward_fused(dinp, dweight, dout, dres, inp, weight, rstd, rows, cols)) return;
     unsigned blocks = fsdp_row_blocks(rows);
     if (dres) {
         rmsnorm_backward_kernel<true><<<blocks, FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(

@@ -119,6 +119,14 @@ __global__ void column_chunks_kernel(float *dst, const double *chunk_sums, int64
     }
 }
 
+extern "C" void fsdp_cuda_column_chunks(float *dst, const double *chunk_sums, int64_t chunks,
+                                        int64_t cols) {
+    if (cols <= 0) return;
+    column_chunks_kernel<<<fsdp_grid(cols), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        dst, chunk_sums, chunks, cols);
+    FSDP_CUDA_LAUNCHED("column_sum (chunks)");
+}
+
 extern "C" void fsdp_cuda_column_sum(float *dst, const float *a, const float *b, const float *scale,
                                      int64_t rows, int64_t cols) {
     if (cols <= 0) return;
@@ -146,8 +154,6 @@ extern "C" void fsdp_cuda_column_sum(float *dst, const float *a, const float *b,
                                                               rows, cols, chunk_rows);
     FSDP_CUDA_LAUNCHED("column_sum");
     if (!sums) return;
-    column_chunks_kernel<<<fsdp_grid(cols), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
-        dst, (const double *)sums, chunks, cols);
-    FSDP_CUDA_LAUNCHED("column_sum (chunks)");
+    fsdp_cuda_column_chunks(dst, (const double *)sums, chunks, cols);
     fsdp_cuda_block_free(device, sums); // after the kernels on this stream (the allocator's event)
 }
