@@ -1,9 +1,11 @@
 /* bench_cuda_attention.c: the CUDA table's causal grouped-query attention, forward and backward,
- * with the plain kernels (one thread per score row), the tiled ones (FlashAttention-2-class) and
- * cuDNN's fused attention, at the Llama benchmark's shapes: S (B 16, T 1024, NH 12, NKV 4, D 64)
- * and M (B 4, T 2048, NH 32, NKV 8, D 64). The inputs are bf16 values (uniform in [-1, 1],
- * rounded), so every path sees the same numbers. Per shape: the tiled results against the plain
- * ones (norm-wise, with the bound of test_kernels_cuda's attention_flash case), cuDNN's out and
+ * with the plain kernels (one thread per score row), the tiled ones (FlashAttention-2-class), the
+ * GEMM path (cuBLAS GEMMs over (T, T) score blocks, in f32 and in TF32) and cuDNN's fused
+ * attention, at the Llama benchmark's shapes: S (B 16, T 1024, NH 12, NKV 4, D 64) and M (B 4,
+ * T 2048, NH 32, NKV 8, D 64). The inputs are bf16 values (uniform in [-1, 1], rounded), so every
+ * path sees the same numbers. Per shape: the tiled and the f32 GEMM results against the plain
+ * ones (norm-wise, with the bound of test_kernels_cuda's attention_flash case; the TF32 GEMM
+ * path's differences printed, not judged), cuDNN's out and
  * lse against the plain ones within a bf16 bound (its gradients' differences are printed; the
  * test checks them per element), and the median time of a forward plus a backward of each:
  * cuDNN through the table's f32 entries (cudnn-f32: the conversions to and from bf16 included)
@@ -17,7 +19,7 @@
 #include <string.h>
 
 #include "bench_cuda_util.h"   // defines: BENCH_CUDA_OK, bench_cuda_median
-#include "kernels/cuda/cuda.h" // defines: fsdp_cuda_thread_set_attention
+#include "kernels/cuda/cuda.h" // defines: fsdp_cuda_thread_set_attention, fsdp_cuda_thread_set_tf32
 #include "kernels/kernels.h"   // defines: fsdp_kernels_for
 
 typedef struct shape {
@@ -74,8 +76,10 @@ static double run_path(attn_run *r, fsdp_cuda_attention kind, int reps, float *h
     return t;
 }
 
-/* Returns 1 when a tensor is out of its bound (test_kernels_cuda's, for inputs in [-1, 1]). */
-static int compare(const shape *s, float *flash[5], float *plain[5], const int64_t n[5]) {
+/* Returns 1 when a tensor of path `what` is out of its bound (test_kernels_cuda's, for inputs in
+ * [-1, 1]); with judge false, prints the differences as "info" and returns 0. */
+static int compare(const shape *s, const char *what, bool judge, float *got[5], float *plain[5],
+                   const int64_t n[5]) {
     const double u = 0x1p-24, D = (double)s->D, T = (double)s->T;
     double ts = 2.0 * D * u * sqrt(D), group = (double)(s->NH / s->NKV);
     double bwd = 6 * ts + 4.0 * (group * T + D) * u;
@@ -85,14 +89,19 @@ static int compare(const shape *s, float *flash[5], float *plain[5], const int64
     for (int i = 0; i < 5; i++) {
         double maxd = 0, maxw = 0;
         for (int64_t e = 0; e < n[i]; e++) {
-            double dd = fabs((double)flash[i][e] - plain[i][e]);
+            double dd = fabs((double)got[i][e] - plain[i][e]);
             if (!(dd <= maxd) && !isnan(maxd)) maxd = dd; // a NaN stays
             maxw = fmax(maxw, fabs((double)plain[i][e]));
         }
+        if (!judge) {
+            printf("info %s %-3s max|%s-plain| %.3g max|plain| %.3g\n", s->name, names[i], what,
+                   maxd, maxw);
+            continue;
+        }
         double bound = tol[i] * fmax(1.0, maxw);
         int ok = maxd <= bound; // NaN fails
-        printf("compare %s %-3s max|flash-plain| %.3g max|plain| %.3g bound %.3g %s\n", s->name,
-               names[i], maxd, maxw, bound, ok ? "ok" : "FAIL");
+        printf("compare %s %-3s max|%s-plain| %.3g max|plain| %.3g bound %.3g %s\n", s->name,
+               names[i], what, maxd, maxw, bound, ok ? "ok" : "FAIL");
         bad |= !ok;
     }
     return bad;
@@ -180,16 +189,26 @@ static int bench_shape(const shape *s, int reps_flash, int reps_plain) {
     r.dout = dev_random(tq, &seed);
     for (int i = 0; i < 5; i++)
         BENCH_CUDA_OK(cudaMalloc((void **)&r.o[i], (size_t)n[i] * sizeof(float)));
-    float *plain[5], *flash[5];
+    float *plain[5], *flash[5], *gemm[5], *gemm_tf32[5];
     double tp = run_path(&r, FSDP_CUDA_ATTENTION_PLAIN, reps_plain, plain);
     double tf = run_path(&r, FSDP_CUDA_ATTENTION_FLASH, reps_flash, flash);
-    int bad = compare(s, flash, plain, n);
+    double tg = run_path(&r, FSDP_CUDA_ATTENTION_GEMM, reps_flash, gemm);
+    fsdp_cuda_thread_set_tf32(true);
+    double tt = run_path(&r, FSDP_CUDA_ATTENTION_GEMM, reps_flash, gemm_tf32);
+    fsdp_cuda_thread_set_tf32(false);
+    int bad = compare(s, "flash", true, flash, plain, n);
+    bad |= compare(s, "gemm", true, gemm, plain, n);
+    compare(s, "gemm-tf32", false, gemm_tf32, plain, n);
     /* causal attention: 4 T^2 D / 2 flops forward (two GEMMs, half the scores), 10 T^2 D / 2
      * backward (five GEMMs), per (b, h) */
     double flops = 7.0 * (double)(s->B * s->NH) * (double)s->T * (double)s->T * (double)s->D;
     printf("result %s plain %.3f ms %.2f TFLOP/s\n", s->name, 1e3 * tp, flops / tp * 1e-12);
     printf("result %s flash %.3f ms %.2f TFLOP/s\n", s->name, 1e3 * tf, flops / tf * 1e-12);
+    printf("result %s gemm %.3f ms %.2f TFLOP/s\n", s->name, 1e3 * tg, flops / tg * 1e-12);
+    printf("result %s gemm-tf32 %.3f ms %.2f TFLOP/s\n", s->name, 1e3 * tt, flops / tt * 1e-12);
     printf("speedup %s flash/plain %.2fx\n", s->name, tp / tf);
+    printf("speedup %s gemm/flash %.2fx\n", s->name, tf / tg);
+    printf("speedup %s gemm-tf32/flash %.2fx\n", s->name, tf / tt);
     char why[512];
     if (fsdp_cuda_cudnn_version(why, sizeof why) == 0) {
         printf("cudnn %s skipped: %s\n", s->name, why);
@@ -214,7 +233,8 @@ static int bench_shape(const shape *s, int reps_flash, int reps_plain) {
         }
         for (int i = 0; i < 5; i++) free(cudnn[i]);
     }
-    for (int i = 0; i < 5; i++) free(plain[i]), free(flash[i]), cudaFree(r.o[i]);
+    for (int i = 0; i < 5; i++)
+        free(plain[i]), free(flash[i]), free(gemm[i]), free(gemm_tf32[i]), cudaFree(r.o[i]);
     cudaFree(r.q), cudaFree(r.k), cudaFree(r.v), cudaFree(r.dout);
     return bad;
 }

@@ -1640,10 +1640,41 @@ static void attn_check(const char *what, const attn_case *c, const attn_result *
 }
 #endif
 
+#ifdef FSDP_HAVE_CUDA
+/* The GEMM path (fsdp_cuda_thread_set_attention GEMM, TF32 off: pure f32) on one case, against
+ * the CPU within the tiled kernels' bound tol (the same sums in other orders: the CPU's and
+ * cuBLAS's GEMMs, the row sums in double on both): with the default scratch bound (one chunk
+ * here), again (the same bits: no atomics, a fixed order), with the bound at three pairs'
+ * backward blocks (the backward in chunks of at most 3 pairs, so dk and dv add a group's heads
+ * across chunks and across runs split inside a chunk), and with a bound below one pair's blocks
+ * (every call falls back: the tiled kernels' bits, or the plain ones' above D = 128). */
+static void attn_gemm_cases(const attn_case *c, const float *q, const float *k, const float *v,
+                            const float *dout, const attn_result *cpu, const attn_result *flash,
+                            const double tol[5]) {
+    int64_t n[5];
+    attn_sizes(c, n);
+    attn_result gemm = attn_on_device(c, FSDP_CUDA_ATTENTION_GEMM, q, k, v, dout);
+    attn_check("gemm vs cpu", c, &gemm, cpu, tol);
+    attn_result again = attn_on_device(c, FSDP_CUDA_ATTENTION_GEMM, q, k, v, dout);
+    for (int i = 0; i < 5; i++)
+        CU_ASSERT_EQUAL(memcmp(again.t[i], gemm.t[i], (size_t)n[i] * sizeof(float)), 0);
+    fsdp_cuda_thread_set_attention_scratch((size_t)(3 * 2 * c->T * c->T) * sizeof(float));
+    attn_result chunked = attn_on_device(c, FSDP_CUDA_ATTENTION_GEMM, q, k, v, dout);
+    attn_check("gemm chunked vs cpu", c, &chunked, cpu, tol);
+    fsdp_cuda_thread_set_attention_scratch(1);
+    attn_result fallback = attn_on_device(c, FSDP_CUDA_ATTENTION_GEMM, q, k, v, dout);
+    fsdp_cuda_thread_set_attention_scratch(0);
+    for (int i = 0; i < 5; i++)
+        CU_ASSERT_EQUAL(memcmp(fallback.t[i], flash->t[i], (size_t)n[i] * sizeof(float)), 0);
+    attn_free(&gemm), attn_free(&again), attn_free(&chunked), attn_free(&fallback);
+}
+#endif
+
 /* The tiled kernels (fsdp_cuda_thread_set_attention FLASH) against the CPU table and against
  * the plain CUDA kernels, on ragged tiles (T not a multiple of 32), groups of 1, 3 and 4 query
  * heads per key-value head, D = 64 and 128 and D not a multiple of 16; above D = 128 the flash
- * choice runs the plain kernels (equal bit for bit). Inputs uniform in [-1, 1]. */
+ * choice runs the plain kernels (equal bit for bit). The GEMM path on the same cases
+ * (attn_gemm_cases). Inputs uniform in [-1, 1]. */
 static void test_attention_flash(void) {
     if (!cuda_only("the tiled attention kernels (fsdp_cuda_thread_set_attention)")) return;
 #ifdef FSDP_HAVE_CUDA
@@ -1693,6 +1724,7 @@ static void test_attention_flash(void) {
             attn_check("flash vs plain", c, &flash, &plain, tol);
         }
         attn_check("plain vs cpu", c, &plain, &cpu, tol);
+        attn_gemm_cases(c, q, k, v, dout, &cpu, &flash, tol);
         attn_free(&cpu), attn_free(&plain), attn_free(&flash);
         free(q), free(k), free(v), free(dout), free(scratch);
     }
@@ -1701,6 +1733,8 @@ static void test_attention_flash(void) {
     if (!env || !*env) CU_ASSERT_EQUAL(fsdp_cuda_thread_attention(), FSDP_CUDA_ATTENTION_AUTO);
     fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_FLASH);
     CU_ASSERT_EQUAL(fsdp_cuda_thread_attention(), FSDP_CUDA_ATTENTION_FLASH);
+    fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_GEMM);
+    CU_ASSERT_EQUAL(fsdp_cuda_thread_attention(), FSDP_CUDA_ATTENTION_GEMM);
     fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_DEFAULT);
 #endif
 }

@@ -287,8 +287,11 @@ typedef struct fsdp_kernels_i {
      * divides NH: query head h reads key/value head h / (NH / NKV). Per (b, h):
      *   out (T, D) = softmax(q k^T / sqrt(D), keys j <= i only) v;
      *   lse (B, NH, T) = each score row's log-sum-exp, saved for backward.
-     * scratch (T, T) holds one score block at a time on the CPU (and sim); CUDA's kernels, the
-     * plain and the tiled (FlashAttention-2-class) ones, leave it unused. */
+     * scratch (T, T) holds one score block at a time on the CPU (and sim); CUDA leaves it
+     * unused: the plain and the tiled (FlashAttention-2-class) kernels need none, and the GEMM
+     * path (FSDP_CUDA_ATTENTION=gemm) takes its (T, T) score blocks, one per (b, h) pair, from
+     * the caching allocator, at most 1 GiB at once (pairs in chunks; the tiled kernels run it
+     * where not even one pair's block can be had). */
     void (*attention_forward)(float *out, float *lse, float *scratch, const float *q,
                               const float *k, const float *v, int64_t B, int64_t T, int64_t NH,
                               int64_t NKV, int64_t D);
@@ -296,7 +299,8 @@ typedef struct fsdp_kernels_i {
      * group), from dout and the forward's q, k, v, out and lse. Each (b, h) probability block is
      * recomputed from q, k and lse in scratch (2, T, T), one block at a time, beside the block
      * dout v^T (the CPU computes both with GEMMs); CUDA leaves scratch unused (it recomputes
-     * probabilities per row, or per tile in shared memory). */
+     * probabilities per row, or per tile in shared memory, or, on the GEMM path, into two
+     * (T, T) blocks per (b, h) pair from the caching allocator, at most 1 GiB at once). */
     void (*attention_backward)(float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,

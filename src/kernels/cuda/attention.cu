@@ -1,6 +1,7 @@
 /* attention.cu: the tiled (FlashAttention-2-class) causal grouped-query attention of the CUDA
- * table, f32 in and out with f32 accumulation, and the choice between it and the plain
- * row-per-thread kernels of llama.cu (fsdp_cuda_thread_set_attention, FSDP_CUDA_ATTENTION).
+ * table, f32 in and out with f32 accumulation, and the choice between it, the plain
+ * row-per-thread kernels of llama.cu and the cuBLAS GEMM path of attention_gemm.cu
+ * (fsdp_cuda_thread_set_attention, FSDP_CUDA_ATTENTION).
  * Query and key tiles of FA_TILE rows live in shared memory; the forward keeps a running row
  * maximum and sum (online softmax) and never stores a score block in global memory; tiles above
  * the diagonal are skipped. The backward runs two kernels without atomics: dq per query tile
@@ -9,7 +10,8 @@
  * computing q k^T and dout v^T twice). cuDNN's fused attention (sdpa.c) is tried first by the bf16
  * policy's entries under FSDP_CUDA_ATTENTION=auto (the default) and by every entry under
  * FSDP_CUDA_ATTENTION=cudnn; the tiled kernels run what it cannot (on bf16 tensors: widened
- * batch by batch in the caller's scratch). */
+ * batch by batch in the caller's scratch). FSDP_CUDA_ATTENTION=gemm runs the GEMM path for
+ * every entry, the tiled kernels where its score blocks cannot be allocated. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -325,8 +327,8 @@ extern "C" void fsdp_cuda_attention_backward_flash(float *dq, float *dk, float *
 
 /* ---- the choice ---- */
 
-/* FSDP_CUDA_ATTENTION, read once: auto (the default), plain, flash or cudnn; anything else
- * aborts. */
+/* FSDP_CUDA_ATTENTION, read once: auto (the default), plain, flash, cudnn or gemm; anything
+ * else aborts. */
 static fsdp_cuda_attention env_attention(void) {
     static const fsdp_cuda_attention chosen = [] {
         const char *s = getenv("FSDP_CUDA_ATTENTION");
@@ -334,9 +336,10 @@ static fsdp_cuda_attention env_attention(void) {
         if (strcmp(s, "plain") == 0) return FSDP_CUDA_ATTENTION_PLAIN;
         if (strcmp(s, "flash") == 0) return FSDP_CUDA_ATTENTION_FLASH;
         if (strcmp(s, "cudnn") == 0) return FSDP_CUDA_ATTENTION_CUDNN;
+        if (strcmp(s, "gemm") == 0) return FSDP_CUDA_ATTENTION_GEMM;
         fprintf(stderr,
                 "libfsdp: FSDP_CUDA_ATTENTION=%s is not an attention kernel: set it to auto, "
-                "plain, flash or cudnn, or unset it (auto)\n",
+                "plain, flash, cudnn or gemm, or unset it (auto)\n",
                 s);
         abort();
     }();
@@ -353,8 +356,8 @@ extern "C" fsdp_cuda_attention fsdp_cuda_thread_attention(void) {
     return thread_choice != FSDP_CUDA_ATTENTION_DEFAULT ? thread_choice : env_attention();
 }
 
-/* Whether this call takes the tiled path: chosen (or cuDNN chosen and refused, which the
- * caller has tried), and D within its register tiles. */
+/* Whether this call takes the tiled path: chosen (or cuDNN or the GEMM path chosen and
+ * refused, which the caller has tried), and D within its register tiles. */
 static bool use_flash(int64_t D) {
     return fsdp_cuda_thread_attention() != FSDP_CUDA_ATTENTION_PLAIN && D <= FSDP_CUDA_FLASH_MAX_D;
 }
@@ -369,6 +372,9 @@ static void attention_forward(float *out, float *lse, float *scratch, const floa
                               const float *k, const float *v, int64_t B, int64_t T, int64_t NH,
                               int64_t NKV, int64_t D, bool bf16) {
     if (use_cudnn(bf16) && fsdp_cuda_sdpa_forward(out, lse, q, k, v, B, T, NH, NKV, D)) return;
+    if (fsdp_cuda_thread_attention() == FSDP_CUDA_ATTENTION_GEMM &&
+        fsdp_cuda_attention_forward_gemm(out, lse, q, k, v, B, T, NH, NKV, D))
+        return;
     if (use_flash(D))
         fsdp_cuda_attention_forward_flash(out, lse, q, k, v, B, T, NH, NKV, D);
     else
@@ -381,6 +387,9 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                                int64_t D, bool bf16) {
     if (use_cudnn(bf16) &&
         fsdp_cuda_sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, D))
+        return;
+    if (fsdp_cuda_thread_attention() == FSDP_CUDA_ATTENTION_GEMM &&
+        fsdp_cuda_attention_backward_gemm(dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, D))
         return;
     if (use_flash(D))
         fsdp_cuda_attention_backward_flash(dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, D);

@@ -100,10 +100,14 @@ fsdp_cuda_gemm_lt_stats fsdp_cuda_gemm_lt_stats_get(int device);
  * cuDNN's fused attention in bf16 (sdpa.c; where cuDNN is missing or refuses a shape, the tiled
  * kernels run it, logged once on stderr). AUTO: the tiled kernels for the f32 entries, cuDNN's
  * for the bf16 policy's (attention_forward_bf16, attention_backward_bf16); PLAIN, FLASH and
- * CUDNN run that path for both. DEFAULT follows the environment variable FSDP_CUDA_ATTENTION
- * (auto, plain, flash or cudnn, read once; unset means auto; any other value aborts with a
- * message). Measured on an H200 (bench_cuda_attention, shape S forward plus backward): plain
- * 1071 ms, tiled 17.5 ms, cuDNN 0.41 ms. */
+ * CUDNN run that path for both. GEMM: f32 (TF32 where this thread's GEMMs may use it) through
+ * cuBLAS batched GEMMs and row kernels over (T, T) score blocks (attention_gemm.cu, PyTorch's
+ * "math" SDPA), for both kinds of entry, any D; where the caching allocator cannot give one
+ * (b, h) pair's blocks, the tiled kernels run it (the plain ones above FSDP_CUDA_FLASH_MAX_D).
+ * DEFAULT follows the environment variable FSDP_CUDA_ATTENTION (auto, plain, flash, cudnn or
+ * gemm, read once; unset means auto; any other value aborts with a message). Measured on an
+ * H200 (bench_cuda_attention, shape S forward plus backward): plain 1071 ms, tiled 17.5 ms,
+ * cuDNN 0.41 ms; GEMM not yet measured. */
 #define FSDP_CUDA_FLASH_MAX_D 128
 typedef enum fsdp_cuda_attention {
     FSDP_CUDA_ATTENTION_DEFAULT = 0,
@@ -111,10 +115,17 @@ typedef enum fsdp_cuda_attention {
     FSDP_CUDA_ATTENTION_FLASH,
     FSDP_CUDA_ATTENTION_CUDNN,
     FSDP_CUDA_ATTENTION_AUTO,
+    FSDP_CUDA_ATTENTION_GEMM,
 } fsdp_cuda_attention;
 void fsdp_cuda_thread_set_attention(fsdp_cuda_attention kind);
 /* The path chosen for this thread (never DEFAULT). */
 fsdp_cuda_attention fsdp_cuda_thread_attention(void);
+/* The GEMM path's score blocks held at once, at most (bytes, from the caching allocator; the
+ * pairs run in chunks that fit): FSDP_CUDA_ATTENTION_GEMM_SCRATCH, or what this thread set
+ * (0: the default again; a bound below one pair's blocks sends every call to the tiled
+ * kernels, as an allocator failure does). */
+#define FSDP_CUDA_ATTENTION_GEMM_SCRATCH ((size_t)1 << 30)
+void fsdp_cuda_thread_set_attention_scratch(size_t bytes);
 
 /* ---- cuDNN's fused attention (sdpa.c) ---- */
 

@@ -3,6 +3,7 @@
 #ifndef FSDP_KERNELS_CUDA_LLAMA_H
 #define FSDP_KERNELS_CUDA_LLAMA_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "fsdp/tensor.h" // defines: fsdp_bf16
@@ -41,8 +42,9 @@ void fsdp_cuda_attention_backward_bf16(float *dq, float *dk, float *dv, float *s
                                        const float *dout, const float *q, const float *k,
                                        const float *v, const float *out, const float *lse,
                                        int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);
-/* The two attention paths behind the entries above (attention.cu chooses): the plain kernels
- * (llama.cu, one thread per score row) and the tiled ones (attention.cu, D <= 128, no scratch). */
+/* The attention paths behind the entries above (attention.cu chooses): the plain kernels
+ * (llama.cu, one thread per score row), the tiled ones (attention.cu, D <= 128, no scratch) and
+ * the GEMM one (below). */
 void fsdp_cuda_attention_forward_plain(float *out, float *lse, float *scratch, const float *q,
                                        const float *k, const float *v, int64_t B, int64_t T,
                                        int64_t NH, int64_t NKV, int64_t D);
@@ -57,6 +59,15 @@ void fsdp_cuda_attention_backward_flash(float *dq, float *dk, float *dv, const f
                                         const float *q, const float *k, const float *v,
                                         const float *out, const float *lse, int64_t B, int64_t T,
                                         int64_t NH, int64_t NKV, int64_t D);
+/* The GEMM path (attention_gemm.cu, any D): false, having done nothing, where the caching
+ * allocator cannot give one (b, h) pair's score blocks (the caller runs another path). */
+bool fsdp_cuda_attention_forward_gemm(float *out, float *lse, const float *q, const float *k,
+                                      const float *v, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                      int64_t D);
+bool fsdp_cuda_attention_backward_gemm(float *dq, float *dk, float *dv, const float *dout,
+                                       const float *q, const float *k, const float *v,
+                                       const float *out, const float *lse, int64_t B, int64_t T,
+                                       int64_t NH, int64_t NKV, int64_t D);
 void fsdp_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
 void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                                const float *up, int64_t n);
