@@ -1563,24 +1563,26 @@ static attn_result attn_run(const attn_case *c, fsdp_cuda_attention kind, bool b
 
 /* The bf16-tensor entries (attention_forward_bf16_round, attention_backward_bf16_round) under
  * kind on the same inputs (bf16 values, converted exactly), their results widened: out, lse,
- * dq, dk, dv as attn_run gives them. */
+ * dq, dk, dv as attn_run gives them. Every tensor the entries see starts `off` elements after
+ * an allocation's start (0: aligned as the allocator aligns, 1: off 16-byte alignment). */
 static attn_result attn_run16(const attn_case *c, fsdp_cuda_attention kind, const float *q,
-                              const float *k, const float *v, const float *dout) {
+                              const float *k, const float *v, const float *dout, int off) {
     int64_t n[5];
     attn_sizes(c, n);
     /* q, k, v, dout, out, dq, dk, dv */
     const int64_t len[8] = {n[0], n[3], n[3], n[0], n[0], n[0], n[3], n[3]};
-    fsdp_bf16 *b[8];
+    fsdp_bf16 *b[8], *base[8];
     const float *host[4] = {q, k, v, dout};
     for (int i = 0; i < 8; i++) {
-        b[i] = dev_new(NULL, (size_t)len[i] * sizeof(fsdp_bf16));
+        base[i] = dev_new(NULL, (size_t)(len[i] + off) * sizeof(fsdp_bf16));
+        b[i] = base[i] + off;
         if (i < 4) {
             float *f = dev_floats(host[i], len[i]);
             K()->f32_to_bf16(b[i], f, len[i]);
             dev_free(f);
         }
     }
-    float *lse = dev_floats(NULL, n[1]);
+    float *lse_base = dev_floats(NULL, n[1] + off), *lse = lse_base + off;
     float *scratch = dev_floats(NULL, FSDP_ATTENTION_BF16_SCRATCH(c->T, c->NH, c->NKV, c->D));
     fsdp_cuda_thread_set_attention(kind);
     K()->attention_forward_bf16_round(b[4], lse, scratch, b[0], b[1], b[2], c->B, c->T, c->NH,
@@ -1601,8 +1603,8 @@ static attn_result attn_run16(const attn_case *c, fsdp_cuda_attention kind, cons
         dev_get(r.t[i], f, (size_t)n[i] * sizeof(float));
         dev_free(f);
     }
-    for (int i = 0; i < 8; i++) dev_free(b[i]);
-    dev_free(lse), dev_free(scratch);
+    for (int i = 0; i < 8; i++) dev_free(base[i]);
+    dev_free(lse_base), dev_free(scratch);
     return r;
 }
 
@@ -2003,7 +2005,7 @@ static void test_attention_cudnn(void) {
             CU_ASSERT_EQUAL(s1.refusals, s0.refusals + 2);
             // the bf16-tensor entries, refused too: the tiled kernels on batches widened in
             // scratch, their forward the tiled one's rounded (bits), the rest within the bound
-            attn_result a16 = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout);
+            attn_result a16 = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout, 0);
             int64_t off = 0;
             for (int64_t e = 0; e < n[0]; e++) off += a16.t[0][e] != round_bf16(flash.t[0][e]);
             CU_ASSERT_EQUAL(off, 0);
@@ -2047,7 +2049,7 @@ static void test_attention_cudnn(void) {
             sdpa_ref_free(&ra);
             // the bf16-tensor entries under auto: cuDNN on the tensors as they are, its forward's
             // bits (the f32 entries' conversions were exact), the gradients within the bound
-            attn_result a16 = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout);
+            attn_result a16 = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout, 0);
             for (int i = 0; i < 2; i++)
                 CU_ASSERT_EQUAL(memcmp(a16.t[i], got.t[i], (size_t)n[i] * sizeof(float)), 0);
             sdpa_ref r16 = sdpa_ref_make(c, in, dout, a16.t[0]);
@@ -2056,6 +2058,18 @@ static void test_attention_cudnn(void) {
             sdpa_ref_free(&r16);
             attn_free(&a16);
             attn_free(&ab), attn_free(&af), attn_free(&fl);
+            // the same on tensors one element off 16-byte alignment (views at an offset): the
+            // plans assume it, so no plan runs (nor is built) and the calls run the tiled kernels
+            // on the widened batches, the bits of the aligned tensors under the tiled choice
+            fsdp_cuda_sdpa_stats s3 = fsdp_cuda_sdpa_stats_get();
+            attn_result un = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout, 1);
+            fsdp_cuda_sdpa_stats s4 = fsdp_cuda_sdpa_stats_get();
+            attn_result tiled =
+                attn_run16(c, FSDP_CUDA_ATTENTION_FLASH, in[0], in[1], in[2], dout, 0);
+            CU_ASSERT_TRUE(s4.builds == s3.builds && s4.hits == s3.hits);
+            for (int i = 0; i < 5; i++)
+                CU_ASSERT_EQUAL(memcmp(un.t[i], tiled.t[i], (size_t)n[i] * sizeof(float)), 0);
+            attn_free(&un), attn_free(&tiled);
         }
         attn_free(&got);
         for (int t = 0; t < 3; t++) free(in[t]);
