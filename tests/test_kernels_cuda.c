@@ -765,6 +765,137 @@ static void test_losses(void) {
     }
 }
 
+/* Two device arrays of nbytes hold the same bytes (on every device: a contract between two
+ * entries of the device's own table); prints how many bytes differ. */
+static bool dev_same(const char *name, const void *a, const void *b, size_t nbytes) {
+    unsigned char *x = malloc(nbytes ? nbytes : 1), *y = malloc(nbytes ? nbytes : 1);
+    CU_ASSERT_FATAL(x != NULL && y != NULL);
+    dev_get(x, a, nbytes), dev_get(y, b, nbytes);
+    size_t bad = 0;
+    for (size_t i = 0; i < nbytes; i++) bad += x[i] != y[i];
+    printf("\n    %-40s %zu of %zu bytes differ", name, bad, nbytes);
+    free(x), free(y);
+    return bad == 0;
+}
+
+/* The row-wise kernels past their grids. CUDA gives each row (or each run of a row's tokens) a
+ * block, at most 65535 of them (fsdp_row_blocks), and the cross-entropy with ignored rows at most
+ * 1024, each block then striding over the rest; the benchmark shapes (16384 and 8192 rows) never
+ * take those strides, 70001 rows of few columns do, in a few MB. RMSNorm forward (f32, and the
+ * bf16 output bit for bit the device's f32 one rounded, with its rstd), backward (CUDA's
+ * fused form: 1015 chunks of 69 rows) and backward_add; the cross-entropy with a fifth
+ * of the rows ignored, over f32 logits and over bf16 ones (f32 and bf16 gradients: the bits of
+ * the device's f32 entry on the widened logits, then rounded); loss parallel's row maxima, sums
+ * and gradient over a shard [3, 10) of a 13-class vocabulary; the embedding backward of 70001
+ * tokens over 50000 rows (more run starts than blocks), a frequent token among them, over the
+ * table and over a vocabulary range. Against the CPU table: bit for bit on sim; on CUDA within
+ * test_rmsnorm's, test_losses' and test_llama_cuda's tolerances (the same arithmetic, the sums
+ * in double in another order), the maxima, target logits and embedding bit for bit. */
+static void test_row_grids(void) {
+    enum { R = 70001, C = 16, V = 7, TABLE = 50000, EC = 3 };
+    const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = K();
+    CU_ASSERT_TRUE_FATAL(g->rmsnorm_forward_bf16 && g->rmsnorm_backward_add &&
+                         g->cross_entropy_ignore && g->cross_entropy_ignore_bf16 &&
+                         g->vocab_row_max && g->vocab_exp_sums && g->vocab_ce_grad &&
+                         g->embedding_backward);
+    rng_seed(38);
+    const int64_t n = (int64_t)R * C;
+    /* RMSNorm */
+    float *x = new_uniform(n, -2, 2), *w = new_uniform(C, 0.5f, 1.5f), *dy = new_uniform(n, -1, 1);
+    float *dres = new_uniform(n, -1, 1), *dw = new_uniform(C, -1, 1), *out = new_uniform(n, 0, 0);
+    float *rstd = new_uniform(R, 0, 0), *dx = new_uniform(n, 0, 0);
+    float *d_x = dev_floats(x, n), *d_w = dev_floats(w, C), *d_dy = dev_floats(dy, n);
+    float *d_dres = dev_floats(dres, n), *d_dw = dev_floats(dw, C), *d_out = dev_floats(NULL, n);
+    float *d_rstd = dev_floats(NULL, R), *d_rstd16 = dev_floats(NULL, R);
+    float *d_dx = dev_floats(NULL, n);
+    fsdp_bf16 *d_o16 = dev_new(NULL, (size_t)n * 2), *d_r16 = dev_new(NULL, (size_t)n * 2);
+    c->rmsnorm_forward(out, rstd, x, w, 1e-5f, R, C);
+    g->rmsnorm_forward(d_out, d_rstd, d_x, d_w, 1e-5f, R, C);
+    DEV_CLOSE("rmsnorm_forward out", d_out, out, n, 1e-5, 1e-6);
+    DEV_CLOSE("rmsnorm_forward rstd", d_rstd, rstd, R, 1e-5, 0);
+    g->rmsnorm_forward_bf16(d_o16, d_rstd16, d_x, d_w, 1e-5f, R, C);
+    g->f32_to_bf16(d_r16, d_out, n);
+    CU_ASSERT_TRUE(dev_same("rmsnorm_forward_bf16 out", d_o16, d_r16, (size_t)n * 2));
+    CU_ASSERT_TRUE(dev_same("rmsnorm_forward_bf16 rstd", d_rstd16, d_rstd, (size_t)R * 4));
+    c->rmsnorm_backward(dx, dw, dy, x, w, rstd, R, C);
+    g->rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, d_rstd, R, C);
+    DEV_CLOSE("rmsnorm_backward dinp", d_dx, dx, n, 1e-5, 1e-6);
+    DEV_CLOSE("rmsnorm_backward dweight (+=)", d_dw, dw, C, 1e-5, 1e-6);
+    c->rmsnorm_backward_add(dx, dw, dy, dres, x, w, rstd, R, C);
+    g->rmsnorm_backward_add(d_dx, d_dw, d_dy, d_dres, d_x, d_w, d_rstd, R, C);
+    DEV_CLOSE("rmsnorm_backward_add dinp", d_dx, dx, n, 1e-5, 1e-6);
+    DEV_CLOSE("rmsnorm_backward_add dweight (+=)", d_dw, dw, C, 1e-5, 1e-6);
+    free(x), free(w), free(dy), free(dres), free(dw), free(out), free(rstd), free(dx);
+    dev_free(d_x), dev_free(d_w), dev_free(d_dy), dev_free(d_dres), dev_free(d_dw);
+    dev_free(d_out), dev_free(d_rstd), dev_free(d_rstd16), dev_free(d_dx), dev_free(d_o16);
+    dev_free(d_r16);
+
+    /* the cross-entropy with ignored rows, and loss parallel's pieces */
+    const int64_t nl = (int64_t)R * V;
+    int32_t *t = malloc(R * sizeof *t), *ts = malloc(R * sizeof *ts);
+    CU_ASSERT_FATAL(t != NULL && ts != NULL);
+    int64_t counted = 0;
+    for (int64_t r = 0; r < R; r++) {
+        bool ignored = r % 5 == 1;
+        t[r] = ignored ? -100 : (int32_t)(rng_u32() % V);
+        ts[r] = ignored ? -100 : (int32_t)(rng_u32() % (V + 6)); /* the shard holds [3, 3 + V) */
+        counted += !ignored;
+    }
+    float *lg = new_uniform(nl, -4, 4), *dl = new_uniform(nl, 0, 0), lc = 0, ld = 0, lb = 0;
+    float *d_lg = dev_floats(lg, nl), *d_dl = dev_floats(NULL, nl), *d_lw = dev_floats(NULL, nl);
+    float *d_db = dev_floats(NULL, nl);
+    fsdp_bf16 *d_l16 = dev_new(NULL, (size_t)nl * 2), *d_d16 = dev_new(NULL, (size_t)nl * 2);
+    fsdp_bf16 *d_w16 = dev_new(NULL, (size_t)nl * 2);
+    int32_t *d_t = dev_new(t, R * sizeof *t), *d_ts = dev_new(ts, R * sizeof *ts);
+    c->cross_entropy_ignore(&lc, dl, lg, t, -100, R, V);
+    g->cross_entropy_ignore(&ld, d_dl, d_lg, d_t, -100, R, V);
+    CLOSE_S("cross_entropy_ignore", ld, lc, 1e-6);
+    DEV_CLOSE("cross_entropy_ignore dlogits", d_dl, dl, nl, 1e-5, 1e-8);
+    /* over bf16 logits: the f32 entry's bits on the widened logits, gradients f32 and bf16 */
+    g->f32_to_bf16(d_l16, d_lg, nl);
+    g->bf16_to_f32(d_lw, d_l16, nl);
+    g->cross_entropy_ignore(&ld, d_dl, d_lw, d_t, -100, R, V);
+    g->cross_entropy_ignore_bf16(&lb, d_db, FSDP_DTYPE_F32, d_l16, d_t, -100, R, V);
+    CU_ASSERT_EQUAL(memcmp(&lb, &ld, sizeof lb), 0);
+    CU_ASSERT_TRUE(dev_same("cross_entropy_ignore_bf16 dlogits", d_db, d_dl, (size_t)nl * 4));
+    g->cross_entropy_ignore_bf16(&lb, d_d16, FSDP_DTYPE_BF16, d_l16, d_t, -100, R, V);
+    g->f32_to_bf16(d_w16, d_dl, nl);
+    CU_ASSERT_EQUAL(memcmp(&lb, &ld, sizeof lb), 0);
+    CU_ASSERT_TRUE(
+        dev_same("cross_entropy_ignore_bf16 dlogits (bf16)", d_d16, d_w16, (size_t)nl * 2));
+    /* loss parallel: mx, se, xt in vs (3 R), the gradient over the counted rows */
+    float *vs = new_uniform(3 * R, 0, 0), *d_vs = dev_floats(NULL, 3 * R);
+    c->vocab_row_max(vs, lg, R, V);
+    g->vocab_row_max(d_vs, d_lg, R, V);
+    c->vocab_exp_sums(vs + R, vs + 2 * R, lg, vs, ts, -100, 3, R, V);
+    g->vocab_exp_sums(d_vs + R, d_vs + 2 * R, d_lg, d_vs, d_ts, -100, 3, R, V);
+    DEV_CLOSE("vocab_row_max", d_vs, vs, R, 0, 0);
+    DEV_CLOSE("vocab_exp_sums se", d_vs + R, vs + R, R, 1e-6, 0);
+    DEV_CLOSE("vocab_exp_sums xt", d_vs + 2 * R, vs + 2 * R, R, 0, 0);
+    c->vocab_ce_grad(dl, lg, vs, vs + R, ts, -100, 3, R, V, counted);
+    g->vocab_ce_grad(d_dl, d_lg, d_vs, d_vs + R, d_ts, -100, 3, R, V, counted);
+    DEV_CLOSE("vocab_ce_grad", d_dl, dl, nl, 1e-5, 1e-8);
+    free(t), free(ts), free(lg), free(dl), free(vs);
+    dev_free(d_lg), dev_free(d_dl), dev_free(d_lw), dev_free(d_db), dev_free(d_l16);
+    dev_free(d_d16), dev_free(d_w16), dev_free(d_t), dev_free(d_ts), dev_free(d_vs);
+
+    /* the embedding backward: each row's token rows added in token order on both, bit for bit */
+    int32_t *tok = malloc(R * sizeof *tok);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tok);
+    for (int64_t i = 0; i < R; i++) tok[i] = i % 9 == 0 ? 7 : (int32_t)(rng_u32() % TABLE);
+    float *ey = new_uniform((int64_t)R * EC, -1, 1), *ew = new_uniform((int64_t)TABLE * EC, -1, 1);
+    float *d_ey = dev_floats(ey, (int64_t)R * EC), *d_ew = dev_floats(ew, (int64_t)TABLE * EC);
+    int32_t *d_tok = dev_new(tok, R * sizeof *tok);
+    c->embedding_backward(ew, ey, tok, R, EC, 0, TABLE);
+    g->embedding_backward(d_ew, d_ey, d_tok, R, EC, 0, TABLE);
+    DEV_CLOSE("embedding_backward", d_ew, ew, (int64_t)TABLE * EC, 0, 0);
+    c->embedding_backward(ew + 1000 * EC, ey, tok, R, EC, 1000, 30000);
+    g->embedding_backward(d_ew + 1000 * EC, d_ey, d_tok, R, EC, 1000, 30000);
+    DEV_CLOSE("embedding_backward of a vocabulary range", d_ew, ew, (int64_t)TABLE * EC, 0, 0);
+    free(tok), free(ey), free(ew);
+    dev_free(d_ey), dev_free(d_ew), dev_free(d_tok);
+}
+
 static uint32_t f32_bits(float x) {
     uint32_t b;
     memcpy(&b, &x, 4);
@@ -1565,24 +1696,26 @@ static attn_result attn_run(const attn_case *c, fsdp_cuda_attention kind, bool b
 
 /* The bf16-tensor entries (attention_forward_bf16_round, attention_backward_bf16_round) under
  * kind on the same inputs (bf16 values, converted exactly), their results widened: out, lse,
- * dq, dk, dv as attn_run gives them. */
+ * dq, dk, dv as attn_run gives them. Every tensor the entries see starts `off` elements after
+ * an allocation's start (0: aligned as the allocator aligns, 1: off 16-byte alignment). */
 static attn_result attn_run16(const attn_case *c, fsdp_cuda_attention kind, const float *q,
-                              const float *k, const float *v, const float *dout) {
+                              const float *k, const float *v, const float *dout, int off) {
     int64_t n[5];
     attn_sizes(c, n);
     /* q, k, v, dout, out, dq, dk, dv */
     const int64_t len[8] = {n[0], n[3], n[3], n[0], n[0], n[0], n[3], n[3]};
-    fsdp_bf16 *b[8];
+    fsdp_bf16 *b[8], *base[8];
     const float *host[4] = {q, k, v, dout};
     for (int i = 0; i < 8; i++) {
-        b[i] = dev_new(NULL, (size_t)len[i] * sizeof(fsdp_bf16));
+        base[i] = dev_new(NULL, (size_t)(len[i] + off) * sizeof(fsdp_bf16));
+        b[i] = base[i] + off;
         if (i < 4) {
             float *f = dev_floats(host[i], len[i]);
             K()->f32_to_bf16(b[i], f, len[i]);
             dev_free(f);
         }
     }
-    float *lse = dev_floats(NULL, n[1]);
+    float *lse_base = dev_floats(NULL, n[1] + off), *lse = lse_base + off;
     float *scratch = dev_floats(NULL, FSDP_ATTENTION_BF16_SCRATCH(c->T, c->NH, c->NKV, c->D));
     fsdp_cuda_thread_set_attention(kind);
     K()->attention_forward_bf16_round(b[4], lse, scratch, b[0], b[1], b[2], c->B, c->T, c->NH,
@@ -1603,8 +1736,8 @@ static attn_result attn_run16(const attn_case *c, fsdp_cuda_attention kind, cons
         dev_get(r.t[i], f, (size_t)n[i] * sizeof(float));
         dev_free(f);
     }
-    for (int i = 0; i < 8; i++) dev_free(b[i]);
-    dev_free(lse), dev_free(scratch);
+    for (int i = 0; i < 8; i++) dev_free(base[i]);
+    dev_free(lse_base), dev_free(scratch);
     return r;
 }
 
@@ -2039,7 +2172,7 @@ static void test_attention_cudnn(void) {
             CU_ASSERT_EQUAL(s1.refusals, s0.refusals + 2);
             // the bf16-tensor entries, refused too: the tiled kernels on batches widened in
             // scratch, their forward the tiled one's rounded (bits), the rest within the bound
-            attn_result a16 = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout);
+            attn_result a16 = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout, 0);
             int64_t off = 0;
             for (int64_t e = 0; e < n[0]; e++) off += a16.t[0][e] != round_bf16(flash.t[0][e]);
             CU_ASSERT_EQUAL(off, 0);
@@ -2083,7 +2216,7 @@ static void test_attention_cudnn(void) {
             sdpa_ref_free(&ra);
             // the bf16-tensor entries under auto: cuDNN on the tensors as they are, its forward's
             // bits (the f32 entries' conversions were exact), the gradients within the bound
-            attn_result a16 = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout);
+            attn_result a16 = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout, 0);
             for (int i = 0; i < 2; i++)
                 CU_ASSERT_EQUAL(memcmp(a16.t[i], got.t[i], (size_t)n[i] * sizeof(float)), 0);
             sdpa_ref r16 = sdpa_ref_make(c, in, dout, a16.t[0]);
@@ -2092,6 +2225,18 @@ static void test_attention_cudnn(void) {
             sdpa_ref_free(&r16);
             attn_free(&a16);
             attn_free(&ab), attn_free(&af), attn_free(&fl);
+            // the same on tensors one element off 16-byte alignment (views at an offset): the
+            // plans assume it, so no plan runs (nor is built) and the calls run the tiled kernels
+            // on the widened batches, the bits of the aligned tensors under the tiled choice
+            fsdp_cuda_sdpa_stats s3 = fsdp_cuda_sdpa_stats_get();
+            attn_result un = attn_run16(c, FSDP_CUDA_ATTENTION_AUTO, in[0], in[1], in[2], dout, 1);
+            fsdp_cuda_sdpa_stats s4 = fsdp_cuda_sdpa_stats_get();
+            attn_result tiled =
+                attn_run16(c, FSDP_CUDA_ATTENTION_FLASH, in[0], in[1], in[2], dout, 0);
+            CU_ASSERT_TRUE(s4.builds == s3.builds && s4.hits == s3.hits);
+            for (int i = 0; i < 5; i++)
+                CU_ASSERT_EQUAL(memcmp(un.t[i], tiled.t[i], (size_t)n[i] * sizeof(float)), 0);
+            attn_free(&un), attn_free(&tiled);
         }
         attn_free(&got);
         for (int t = 0; t < 3; t++) free(in[t]);
@@ -2122,6 +2267,7 @@ int main(int argc, char **argv) {
         {"rmsnorm", test_rmsnorm},
         {"reductions", test_reductions},
         {"losses", test_losses},
+        {"row_grids", test_row_grids},
         {"bf16", test_bf16},
         {"f16", test_f16},
         {"reduce_n", test_reduce_n},

@@ -147,9 +147,10 @@ void fsdp_cuda_sdpa_log_absent(void);
  * round q, k, v (out, dout) to bf16 on the stream, run the bf16 graph (f32 softmax, f32 lse,
  * bf16 out, dq, dk, dv) and widen the results; the _bf16 ones take and give bf16 tensors in the
  * same layouts, lse f32 (B, NH, T). All return false, having done nothing, where cuDNN cannot
- * run the shape (no cuDNN, D not a multiple of 8 or above 128, no engine): the caller runs
- * another path. Execution plans are cached per thread and device, FSDP_CUDA_SDPA_CACHE_SLOTS
- * shapes (forward and backward apart), the least recently used replaced. */
+ * run the call (no cuDNN, D not a multiple of 8 or above 128, no engine, or a tensor cuDNN would
+ * be handed not 16-byte aligned, which the plans assume): the caller runs another path. Execution
+ * plans are cached per thread and device, FSDP_CUDA_SDPA_CACHE_SLOTS shapes (forward and backward
+ * apart), the least recently used replaced. */
 #define FSDP_CUDA_SDPA_CACHE_SLOTS 16
 bool fsdp_cuda_sdpa_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                             int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D);

@@ -394,6 +394,26 @@ static bool call_of(const sdpa_key *key, sdpa_call *c) {
     return !c->slot->refused;
 }
 
+static void log_unaligned(void) {
+    fprintf(stderr,
+            "libfsdp: cuDNN's fused attention: a tensor is not %d-byte aligned, which its "
+            "plans assume; the tiled attention runs such calls instead\n",
+            SDPA_ALIGN);
+}
+
+/* Whether the n device pointers a call would hand cuDNN are all SDPA_ALIGN-byte aligned: the
+ * plan cache's key has no alignment, every plan assumes it. Where one is not (a view at an
+ * offset), the call runs another path, said once per process. */
+static bool aligned(int n, const void *const *ptr) {
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)ptr[i] % SDPA_ALIGN != 0) {
+            static pthread_once_t logged = PTHREAD_ONCE_INIT;
+            pthread_once(&logged, log_unaligned);
+            return false;
+        }
+    return true;
+}
+
 /* Runs the call's plan with the tensors (uids[i] at ptrs[i]) and a workspace from the
  * allocator, on the thread's current stream. */
 static void execute(const sdpa_call *c, int n, const int64_t *uids, void **ptrs) {
@@ -473,7 +493,8 @@ bool fsdp_cuda_sdpa_forward_bf16(fsdp_bf16 *out, float *lse, const fsdp_bf16 *q,
                                  int64_t D) {
     sdpa_key key = {false, B, T, NH, NKV, D};
     sdpa_call c;
-    if (!call_of(&key, &c)) return false;
+    const void *t[] = {out, lse, q, k, v};
+    if (!aligned(5, t) || !call_of(&key, &c)) return false;
     run_forward(&c, out, lse, q, k, v, D);
     return true;
 }
@@ -484,7 +505,8 @@ bool fsdp_cuda_sdpa_backward_bf16(fsdp_bf16 *dq, fsdp_bf16 *dk, fsdp_bf16 *dv,
                                   int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
     sdpa_key key = {true, B, T, NH, NKV, D};
     sdpa_call c;
-    if (!call_of(&key, &c)) return false;
+    const void *t[] = {dq, dk, dv, dout, q, k, v, out, lse};
+    if (!aligned(9, t) || !call_of(&key, &c)) return false;
     run_backward(&c, dq, dk, dv, dout, q, k, v, out, lse, &key);
     return true;
 }
@@ -523,7 +545,8 @@ bool fsdp_cuda_sdpa_forward(float *out, float *lse, const float *q, const float 
                             int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
     sdpa_key key = {false, B, T, NH, NKV, D};
     sdpa_call c;
-    if (!call_of(&key, &c)) return false; // no cuDNN, or it refused the shape
+    const void *t[] = {lse}; // the other tensors cuDNN sees are this call's aligned copies
+    if (!aligned(1, t) || !call_of(&key, &c)) return false; // or no cuDNN, or it refused the shape
     int64_t nq = B * T * NH * D, nk = B * T * NKV * D, len[4] = {nq, nk, nk, nq};
     fsdp_bf16 *b[4];
     void *block = bf16_block(4, len, b);
@@ -541,7 +564,8 @@ bool fsdp_cuda_sdpa_backward(float *dq, float *dk, float *dv, const float *dout,
                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t D) {
     sdpa_key key = {true, B, T, NH, NKV, D};
     sdpa_call c;
-    if (!call_of(&key, &c)) return false;
+    const void *t[] = {lse};
+    if (!aligned(1, t) || !call_of(&key, &c)) return false;
     int64_t nq = B * T * NH * D, nk = B * T * NKV * D;
     int64_t len[8] = {nq, nk, nk, nq, nq, nq, nk, nk}; // q k v out dout | dq dk dv
     fsdp_bf16 *b[8];

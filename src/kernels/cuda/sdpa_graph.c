@@ -87,7 +87,7 @@ static cudnnBackendDescriptor_t tensor(gb *g, int64_t uid, cudnnDataType_t type,
     cudnnBackendDescriptor_t t = gb_new(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR, name);
     bool is_virtual = uid == 0;
     if (is_virtual) uid = g->next_uid++;
-    int64_t align = 16;
+    int64_t align = SDPA_ALIGN;
     gb_set(g, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type, name);
     gb_set(g, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, s.dim, name);
     gb_set(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, s.stride, name);

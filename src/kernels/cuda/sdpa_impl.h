@@ -53,6 +53,10 @@ enum {
     SDPA_VIRTUAL,  // the first id of the graphs' virtual tensors
 };
 
+/* The byte alignment the graphs declare for every tensor (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT): a
+ * plan may assume it, so a run hands cuDNN no pointer less aligned (sdpa.c checks each call's). */
+#define SDPA_ALIGN 16
+
 /* The most descriptors one graph keeps alive (tensors, operations, the graph, its plan). */
 #define SDPA_MAX_DESCS 160
 
