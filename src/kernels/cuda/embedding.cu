@@ -50,16 +50,43 @@ __global__ void embedding_keys_kernel(int32_t *keys, int32_t *pos, const int32_t
     }
 }
 
+/* The end of the run of row r that starts at sorted position j: the block probes the keys after
+ * j a window of blockDim at a time. The keys are sorted, so "key != r" holds from the run's end
+ * on: the first window where some thread sees it holds the end, at the count of threads before
+ * it. Block-uniform (every thread takes the same windows and gets the same end). */
+__device__ inline int64_t embedding_run_end(const int32_t *keys, int64_t j, int64_t n, int64_t r) {
+    for (int64_t base = j + 1; base < n; base += blockDim.x) {
+        int64_t k = base + threadIdx.x;
+        bool stop = k < n && keys[k] != r;
+        if (__syncthreads_or(stop)) return base + __syncthreads_count(k < n && !stop);
+    }
+    return n;
+}
+
+#define EMB_UNROLL 8 /* gradient rows whose loads a thread has in flight at once */
+
 /* Over the sorted keys: the block of position j, when j starts a run of one row, adds the run's
- * gradient rows (pos[j], pos[j + 1], ...: token order) into that row, a thread per column. */
+ * gradient rows (pos[j], pos[j + 1], ...: token order) into that row, a thread per column. The
+ * run's end is found first, so a thread issues the loads of EMB_UNROLL rows before adding them
+ * one by one in order (the same additions as a loop of one row at a time): a long run (a
+ * frequent token, padding) is bound by bandwidth, not by one load's latency per row. */
 __global__ void embedding_runs_kernel(float *dweight, const float *dout, const int32_t *keys,
                                       const int32_t *pos, int64_t n, int64_t C, int64_t rows) {
     for (int64_t j = blockIdx.x; j < n; j += gridDim.x) {
         int64_t r = keys[j];
         if (r >= rows || (j > 0 && keys[j - 1] == keys[j])) continue; // the same for the block
+        int64_t end = embedding_run_end(keys, j, n, r);
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
             float acc = dweight[r * C + c];
-            for (int64_t k = j; k < n && keys[k] == r; k++) acc += dout[(int64_t)pos[k] * C + c];
+            int64_t k = j;
+            for (; k + EMB_UNROLL <= end; k += EMB_UNROLL) {
+                float v[EMB_UNROLL];
+#pragma unroll
+                for (int u = 0; u < EMB_UNROLL; u++) v[u] = dout[(int64_t)pos[k + u] * C + c];
+#pragma unroll
+                for (int u = 0; u < EMB_UNROLL; u++) acc += v[u];
+            }
+            for (; k < end; k++) acc += dout[(int64_t)pos[k] * C + c];
             dweight[r * C + c] = acc;
         }
     }
