@@ -182,7 +182,8 @@ double fsdp_cuda_sum(const float *x, int64_t n);
 double fsdp_cuda_sum_squares(const float *x, int64_t n);
 double fsdp_cuda_max_abs(const float *x, int64_t n);
 /* dst (cols) += sum over rows r of a[r, c] * b[r, c] * scale[r] in double, as
- * fsdp_cpu_column_sum; b and scale may be NULL (read as 1). */
+ * fsdp_cpu_column_sum does, in another fixed order (interleaved partials per chunk of rows, then
+ * the chunks): the same bits every run, not the CPU's bits; b and scale may be NULL (read as 1). */
 void fsdp_cuda_column_sum(float *dst, const float *a, const float *b, const float *scale,
                           int64_t rows, int64_t cols);
 /* dst (cols) += the sum over k < chunks of chunk_sums[k * cols + c], in k's order (the second

@@ -12,6 +12,9 @@
 struct reduce_n_ptrs {
     const void *in[FSDP_REDUCE_N_MAX];
 };
+/* kernel parameters: 4 KiB on every architecture and CUDA version the build targets */
+static_assert(sizeof(reduce_n_ptrs) + sizeof(fsdp_reduce_n_args) + 64 <= 4096,
+              "reduce_n's kernel parameters exceed 4 KiB");
 
 __device__ inline float load_widened(const void *p, fsdp_dtype dtype, int64_t i) {
     if (dtype == FSDP_DTYPE_F32) return ((const float *)p)[i];
