@@ -153,9 +153,11 @@ if python3 -c 'import torch' 2>/dev/null; then
         fail "no result line of llama_gpu.py"
     expect "sdpa tiny f32: aten::_scaled_dot_product"
     # --breakdown: PyTorch eager's parts as libfsdp's, and the two side by side in one table.
+    # The modes checked below, f32 and bf16: TF32 (on the CPU PyTorch's f32 path, and skipped
+    # by libfsdp on sim) would add only its eager and torch.compile runs, unchecked.
     rc=0
-    bash "$script" --device sim --shapes tiny --breakdown --budget-s 150 "$build" >"$tmp/out" 2>&1 ||
-        rc=$?
+    bash "$script" --device sim --shapes tiny --modes bf16,f32 --breakdown --budget-s 150 "$build" \
+        >"$tmp/out" 2>&1 || rc=$?
     [ "$rc" -eq 0 ] || fail "--device sim --breakdown with torch exited $rc"
     for mode in f32 bf16; do
         check_breakdown torch-eager "$mode"
