@@ -56,29 +56,48 @@ extern "C" void fsdp_cuda_rmsnorm_forward_bf16(fsdp_bf16 *out, float *rstd, cons
     FSDP_CUDA_LAUNCHED("rmsnorm_forward_bf16");
 }
 
-/* dinp_j = rstd w_j dy_j - (rstd^3 / cols) x_j sum_k dy_k w_k x_k, plus dres_j when ADD: that
- * f32 value then one add (--fmad=false), the bits of the plain kernel then add's */
+/* One row's input gradient, dinp_j = rstd w_j dy_j - (rstd^3 / cols) x_j sum_k dy_k w_k x_k,
+ * plus dres_j when ADD: that f32 value then one add (--fmad=false), the bits of the plain
+ * kernel then add's. The whole block takes the row (a block sum); each thread also hands
+ * each of its columns' (c, dy_c, x_c) to `col` (the fused weight gradient's term). */
+template <bool ADD, typename Col>
+__device__ inline void rmsnorm_backward_row(float *dx, const float *dy, const float *dres_row,
+                                            const float *x, const float *weight, float sf,
+                                            int64_t cols, Col col) {
+    double dot = 0.0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+        dot += (double)dy[c] * (double)weight[c] * (double)x[c];
+    dot = fsdp_block_sum_all(dot);
+    double s = (double)sf;
+    float coef = (float)(s * s * s * dot / (double)cols);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        float g = sf * weight[c] * dy[c] - coef * x[c];
+        dx[c] = ADD ? dres_row[c] + g : g;
+        col(c, dy[c], x[c]);
+    }
+}
+
+struct no_col {
+    __device__ void operator()(int64_t, float, float) const {}
+};
+
 template <bool ADD>
 __global__ void rmsnorm_backward_kernel(float *dinp, const float *dout, const float *dres,
                                         const float *inp, const float *weight, const float *rstd,
                                         int64_t rows, int64_t cols) {
-    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float *x = inp + r * cols;   // (cols)
-        const float *dy = dout + r * cols; // (cols)
-        float *dx = dinp + r * cols;       // (cols)
-        double dot = 0.0;
-        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-            dot += (double)dy[c] * (double)weight[c] * (double)x[c];
-        dot = fsdp_block_sum_all(dot);
-        double s = (double)rstd[r];
-        float coef = (float)(s * s * s * dot / (double)cols);
-        float sf = rstd[r];
-        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-            float g = sf * weight[c] * dy[c] - coef * x[c];
-            dx[c] = ADD ? dres[r * cols + c] + g : g;
-        }
-    }
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+        rmsnorm_backward_row<ADD>(dinp + r * cols, dout + r * cols, ADD ? dres + r * cols : NULL,
+                                  inp + r * cols, weight, rstd[r], cols, no_col{});
 }
+
+/* the fused weight gradient's term of a row: dw_acc[c] += dy_c x_c rstd in double */
+struct dw_col {
+    double *acc;
+    double s;
+    __device__ void operator()(int64_t c, float dy, float x) const {
+        acc[c] += (double)dy * (double)x * s;
+    }
+};
 
 /* The fused backward: a block takes a chunk of consecutive rows and, per row, computes the input
  * gradient as rmsnorm_backward_kernel does, while each thread adds dy x rstd (in double, the
@@ -97,23 +116,10 @@ __global__ void rmsnorm_backward_fused_kernel(float *dinp, double *chunk_sums, c
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dw_acc[c] = 0.0;
     int64_t first = (int64_t)blockIdx.x * chunk_rows;
     int64_t end = first + chunk_rows < rows ? first + chunk_rows : rows;
-    for (int64_t r = first; r < end; r++) { // the same bounds for every thread of the block
-        const float *x = inp + r * cols;    // (cols)
-        const float *dy = dout + r * cols;  // (cols)
-        float *dx = dinp + r * cols;        // (cols)
-        double dot = 0.0;
-        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-            dot += (double)dy[c] * (double)weight[c] * (double)x[c];
-        dot = fsdp_block_sum_all(dot);
-        double s = (double)rstd[r];
-        float coef = (float)(s * s * s * dot / (double)cols);
-        float sf = rstd[r];
-        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-            float g = sf * weight[c] * dy[c] - coef * x[c];
-            dx[c] = ADD ? dres[r * cols + c] + g : g;
-            dw_acc[c] += (double)dy[c] * (double)x[c] * s;
-        }
-    }
+    for (int64_t r = first; r < end; r++) // the same bounds for every thread of the block
+        rmsnorm_backward_row<ADD>(dinp + r * cols, dout + r * cols, ADD ? dres + r * cols : NULL,
+                                  inp + r * cols, weight, rstd[r], cols,
+                                  dw_col{dw_acc, (double)rstd[r]});
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
         chunk_sums[(int64_t)blockIdx.x * cols + c] = dw_acc[c];
 }
