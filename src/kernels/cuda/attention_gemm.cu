@@ -155,6 +155,14 @@ static void ag_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
     fsdp_cuda_count_launch(-1);
 }
 
+/* The score blocks S = q k^T scale of pairs p0 .. p0 + n - 1 (one batched GEMM): the forward's,
+ * and the backward's recomputation. */
+static void ag_scores(void **a, int64_t pairs, int64_t p0, int64_t n, int64_t T, int64_t NH,
+                      int64_t NKV, int64_t D, float scale) {
+    ag_gemm(false, true, T, T, D, scale, a + AQ * pairs + p0, NH * D, a + AK * pairs + p0, NKV * D,
+            0.0f, a + AS * pairs + p0, T, n);
+}
+
 static thread_local size_t scratch_bound = 0; // 0: FSDP_CUDA_ATTENTION_GEMM_SCRATCH
 
 extern "C" void fsdp_cuda_thread_set_attention_scratch(size_t bytes) {
@@ -233,8 +241,7 @@ extern "C" bool fsdp_cuda_attention_forward_gemm(float *out, float *lse, const f
     float scale = 1.0f / sqrtf((float)D);
     for (int64_t p0 = 0; p0 < pairs; p0 += sc.chunk) {
         int64_t n = pairs - p0 < sc.chunk ? pairs - p0 : sc.chunk;
-        ag_gemm(false, true, T, T, D, scale, a + AQ * pairs + p0, NH * D, a + AK * pairs + p0,
-                NKV * D, 0.0f, a + AS * pairs + p0, T, n);
+        ag_scores(a, pairs, p0, n, T, NH, NKV, D, scale);
         ag_softmax_kernel<<<ag_row_grid(n, T), AG_WARPS * 32, 0, fsdp_cuda_stream()>>>(
             lse, sc.blocks, p0, n, sc.chunk, B, T, NH, NKV);
         FSDP_CUDA_LAUNCHED("attention_forward (gemm softmax)");
@@ -261,8 +268,7 @@ extern "C" bool fsdp_cuda_attention_backward_gemm(float *dq, float *dk, float *d
     float scale = 1.0f / sqrtf((float)D);
     for (int64_t p0 = 0; p0 < pairs; p0 += sc.chunk) {
         int64_t n = pairs - p0 < sc.chunk ? pairs - p0 : sc.chunk;
-        ag_gemm(false, true, T, T, D, scale, a + AQ * pairs + p0, NH * D, a + AK * pairs + p0,
-                NKV * D, 0.0f, a + AS * pairs + p0, T, n);
+        ag_scores(a, pairs, p0, n, T, NH, NKV, D, scale);
         ag_gemm(false, true, T, T, D, 1.0f, a + AO * pairs + p0, NH * D, a + AV * pairs + p0,
                 NKV * D, 0.0f, a + ADP * pairs + p0, T, n);
         ag_grad_rows_kernel<<<ag_row_grid(n, T), AG_WARPS * 32, 0, fsdp_cuda_stream()>>>(
