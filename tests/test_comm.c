@@ -1709,6 +1709,62 @@ static void test_starts_in_flight(void) {
     run_all_sizes(starts_in_flight_body, false);
 }
 
+/* Some ranks start a call and the others make it blocking, as PyTorch lets one rank pass
+ * async_op=True where another does not: all_gather (along dims 1 and 0), reduce_scatter (plain
+ * and fused) and a fused all_reduce. Round 0: every rank blocking (the reference); round 1: rank
+ * 0 starts each call and waits for it at once; round 2: rank 0 starts them all, then waits in
+ * reverse order; round 3: every rank but rank 0 does that, rank 0 blocking. Each output bit for
+ * bit round 0's with the same inputs. (Under MPI a blocking call and a started one must move
+ * their data with the same messages, or they wait for each other until the timeout.) */
+#define N_MEET 5
+static const int meet_kinds[N_MEET] = {0, 7, 1, 2, 3};
+
+static fsdp_status start_meets_blocking_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    uint64_t want[N_MEET] = {0};
+    started s[N_MEET] = {0};
+    fsdp_comm_work *w[N_MEET] = {0};
+    fsdp_status st = FSDP_OK;
+    for (int i = 0; i < N_MEET && st == FSDP_OK; i++) st = fsdp_comm_work_create(ctx, &w[i]);
+    for (int round = 0; round < 4 && st == FSDP_OK; round++) {
+        const bool starts = round == 1 || round == 2 ? rank == 0 : round == 3 && rank != 0;
+        for (int i = 0; i < N_MEET && st == FSDP_OK; i++) {
+            const int k = meet_kinds[i];
+            st = started_prepare(ctx, k, rank, W, (uint64_t)(rank * 5 + i + 1), &s[i]);
+            if (st == FSDP_OK) st = started_launch(ctx, k, W, &s[i], starts ? w[i] : NULL);
+            if (st == FSDP_OK && starts && round == 1) st = fsdp_comm_work_wait(ctx, w[i]);
+        }
+        for (int i = N_MEET - 1; i >= 0 && st == FSDP_OK; i--) {
+            if (starts && round >= 2) st = fsdp_comm_work_wait(ctx, w[i]);
+            if (st == FSDP_OK && round == 0) want[i] = hash_bytes(s[i].out);
+            if (st == FSDP_OK)
+                FSDP_RANK_CHECK(ctx, hash_bytes(s[i].out) == want[i],
+                                "round %d, collective %d (%s on this rank): its output differs "
+                                "from the all-blocking call's",
+                                round, meet_kinds[i], starts ? "started" : "blocking");
+        }
+        for (int i = 0; i < N_MEET; i++) started_free(&s[i]);
+    }
+    for (int i = 0; i < N_MEET; i++) fsdp_comm_work_free(w[i]), started_free(&s[i]);
+    sh->ncases[rank] = N_MEET;
+    return st;
+}
+
+static void test_start_meets_blocking(void) {
+    shared *sh = calloc(1, sizeof *sh);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(sh);
+    for (int i = 0; i < N_WORLD_SIZES; i++) {
+        const int W = world_sizes[i];
+        memset(sh, 0, sizeof *sh);
+        /* 20 s: a wait that ends by the timeout is the failure this case guards against */
+        FSDP_TEST_OK(fsdp_test_run_world(W, 20000, start_meets_blocking_body, sh));
+        int first = 0, count = fsdp_test_hosted_ranks(W, &first);
+        for (int me = first; me < first + count; me++) CU_ASSERT_EQUAL(sh->ncases[me], N_MEET);
+    }
+    free(sh);
+}
+
 /* Ranks disagree on a started all_gather: rank 1 starts a reduce_scatter instead, then gathers a
  * piece of another shape; every rank fails with the message the blocking calls give (the same
  * text from the group on; under MPI from its wait, the start having returned at once), and the
@@ -2360,6 +2416,7 @@ int main(int argc, char **argv) {
         {"work_wait_fails_not_hangs", test_work_wait_fails_not_hangs},
         {"every_start", test_every_start},
         {"starts_in_flight", test_starts_in_flight},
+        {"start_meets_blocking", test_start_meets_blocking},
         {"start_mismatch_gather", test_start_mismatch_gather},
         {"gather_never_started", test_gather_never_started},
         {"thread_moves_data", test_thread_moves_data},
