@@ -1713,11 +1713,39 @@ static void test_starts_in_flight(void) {
  * async_op=True where another does not: all_gather (along dims 1 and 0), reduce_scatter (plain
  * and fused) and a fused all_reduce. Round 0: every rank blocking (the reference); round 1: rank
  * 0 starts each call and waits for it at once; round 2: rank 0 starts them all, then waits in
- * reverse order; round 3: every rank but rank 0 does that, rank 0 blocking. Each output bit for
- * bit round 0's with the same inputs. (Under MPI a blocking call and a started one must move
+ * reverse order; round 3: every rank but rank 0 does that, rank 0 blocking; round 4: blocking
+ * calls while works are in flight (meet_in_between). Each output bit for bit round 0's with the
+ * same inputs. (Under MPI a blocking call and a started one must move
  * their data with the same messages, or they wait for each other until the timeout.) */
 #define N_MEET 5
 static const int meet_kinds[N_MEET] = {0, 7, 1, 2, 3};
+
+/* Round 4: every rank starts call i; rank 0 waits for it at once, the others first make call
+ * i+1 (mod N_MEET) blocking, then wait. (Under MPI rank 0's wait moves call i's data while the
+ * others' blocking call must move call i's before its own, as every rank posts the data of one
+ * group's calls in start order.) */
+static fsdp_status meet_in_between(fsdp_ctx *ctx, int rank, int W, fsdp_comm_work **w,
+                                   const uint64_t *want) {
+    fsdp_status st = FSDP_OK;
+    for (int i = 0; i < N_MEET && st == FSDP_OK; i++) {
+        const int j = (i + 1) % N_MEET;
+        started a, b = {0};
+        st = started_prepare(ctx, meet_kinds[i], rank, W, (uint64_t)(rank * 5 + i + 1), &a);
+        if (st == FSDP_OK) st = started_launch(ctx, meet_kinds[i], W, &a, w[i]);
+        if (st == FSDP_OK && rank == 0) st = fsdp_comm_work_wait(ctx, w[i]);
+        if (st == FSDP_OK)
+            st = started_prepare(ctx, meet_kinds[j], rank, W, (uint64_t)(rank * 5 + j + 1), &b);
+        if (st == FSDP_OK) st = started_launch(ctx, meet_kinds[j], W, &b, NULL);
+        if (st == FSDP_OK && rank != 0) st = fsdp_comm_work_wait(ctx, w[i]);
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, hash_bytes(a.out) == want[i] && hash_bytes(b.out) == want[j],
+                            "round 4, collectives %d (started) and %d (blocking): an output "
+                            "differs from the all-blocking call's",
+                            meet_kinds[i], meet_kinds[j]);
+        started_free(&a), started_free(&b);
+    }
+    return st;
+}
 
 static fsdp_status start_meets_blocking_body(fsdp_ctx *ctx, int rank, void *user) {
     shared *sh = user;
@@ -1746,6 +1774,7 @@ static fsdp_status start_meets_blocking_body(fsdp_ctx *ctx, int rank, void *user
         }
         for (int i = 0; i < N_MEET; i++) started_free(&s[i]);
     }
+    if (st == FSDP_OK) st = meet_in_between(ctx, rank, W, w, want);
     for (int i = 0; i < N_MEET; i++) fsdp_comm_work_free(w[i]), started_free(&s[i]);
     sh->ncases[rank] = N_MEET;
     return st;
