@@ -1824,6 +1824,91 @@ static void test_starts_in_flight(void) {
     run_all_sizes(starts_in_flight_body, false, REFS_NONE);
 }
 
+/* Some ranks start a call and the others make it blocking, as PyTorch lets one rank pass
+ * async_op=True where another does not: all_gather (along dims 1 and 0), reduce_scatter (plain
+ * and fused) and a fused all_reduce. Round 0: every rank blocking (the reference); round 1: rank
+ * 0 starts each call and waits for it at once; round 2: rank 0 starts them all, then waits in
+ * reverse order; round 3: every rank but rank 0 does that, rank 0 blocking; round 4: blocking
+ * calls while works are in flight (meet_in_between). Each output bit for bit round 0's with the
+ * same inputs. (Under MPI a blocking call and a started one must move
+ * their data with the same messages, or they wait for each other until the timeout.) */
+#define N_MEET 5
+static const int meet_kinds[N_MEET] = {0, 7, 1, 2, 3};
+
+/* Round 4: every rank starts call i; rank 0 waits for it at once, the others first make call
+ * i+1 (mod N_MEET) blocking, then wait. (Under MPI rank 0's wait moves call i's data while the
+ * others' blocking call must move call i's before its own, as every rank posts the data of one
+ * group's calls in start order.) */
+static fsdp_status meet_in_between(fsdp_ctx *ctx, int rank, int W, fsdp_comm_work **w,
+                                   const uint64_t *want) {
+    fsdp_status st = FSDP_OK;
+    for (int i = 0; i < N_MEET && st == FSDP_OK; i++) {
+        const int j = (i + 1) % N_MEET;
+        started a, b = {0};
+        st = started_prepare(ctx, meet_kinds[i], rank, W, (uint64_t)(rank * 5 + i + 1), &a);
+        if (st == FSDP_OK) st = started_launch(ctx, meet_kinds[i], W, &a, w[i]);
+        if (st == FSDP_OK && rank == 0) st = fsdp_comm_work_wait(ctx, w[i]);
+        if (st == FSDP_OK)
+            st = started_prepare(ctx, meet_kinds[j], rank, W, (uint64_t)(rank * 5 + j + 1), &b);
+        if (st == FSDP_OK) st = started_launch(ctx, meet_kinds[j], W, &b, NULL);
+        if (st == FSDP_OK && rank != 0) st = fsdp_comm_work_wait(ctx, w[i]);
+        if (st == FSDP_OK)
+            FSDP_RANK_CHECK(ctx, hash_bytes(a.out) == want[i] && hash_bytes(b.out) == want[j],
+                            "round 4, collectives %d (started) and %d (blocking): an output "
+                            "differs from the all-blocking call's",
+                            meet_kinds[i], meet_kinds[j]);
+        started_free(&a), started_free(&b);
+    }
+    return st;
+}
+
+static fsdp_status start_meets_blocking_body(fsdp_ctx *ctx, int rank, void *user) {
+    shared *sh = user;
+    const int W = fsdp_world_size(fsdp_ctx_world(ctx));
+    uint64_t want[N_MEET] = {0};
+    started s[N_MEET] = {0};
+    fsdp_comm_work *w[N_MEET] = {0};
+    fsdp_status st = FSDP_OK;
+    for (int i = 0; i < N_MEET && st == FSDP_OK; i++) st = fsdp_comm_work_create(ctx, &w[i]);
+    for (int round = 0; round < 4 && st == FSDP_OK; round++) {
+        const bool starts = round == 1 || round == 2 ? rank == 0 : round == 3 && rank != 0;
+        for (int i = 0; i < N_MEET && st == FSDP_OK; i++) {
+            const int k = meet_kinds[i];
+            st = started_prepare(ctx, k, rank, W, (uint64_t)(rank * 5 + i + 1), &s[i]);
+            if (st == FSDP_OK) st = started_launch(ctx, k, W, &s[i], starts ? w[i] : NULL);
+            if (st == FSDP_OK && starts && round == 1) st = fsdp_comm_work_wait(ctx, w[i]);
+        }
+        for (int i = N_MEET - 1; i >= 0 && st == FSDP_OK; i--) {
+            if (starts && round >= 2) st = fsdp_comm_work_wait(ctx, w[i]);
+            if (st == FSDP_OK && round == 0) want[i] = hash_bytes(s[i].out);
+            if (st == FSDP_OK)
+                FSDP_RANK_CHECK(ctx, hash_bytes(s[i].out) == want[i],
+                                "round %d, collective %d (%s on this rank): its output differs "
+                                "from the all-blocking call's",
+                                round, meet_kinds[i], starts ? "started" : "blocking");
+        }
+        for (int i = 0; i < N_MEET; i++) started_free(&s[i]);
+    }
+    if (st == FSDP_OK) st = meet_in_between(ctx, rank, W, w, want);
+    for (int i = 0; i < N_MEET; i++) fsdp_comm_work_free(w[i]), started_free(&s[i]);
+    sh->ncases[rank] = N_MEET;
+    return st;
+}
+
+static void test_start_meets_blocking(void) {
+    shared *sh = calloc(1, sizeof *sh);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(sh);
+    for (int i = 0; i < N_WORLD_SIZES; i++) {
+        const int W = world_sizes[i];
+        memset(sh, 0, sizeof *sh);
+        /* 20 s: a wait that ends by the timeout is the failure this case guards against */
+        FSDP_TEST_OK(fsdp_test_run_world(W, 20000, start_meets_blocking_body, sh));
+        int first = 0, count = fsdp_test_hosted_ranks(W, &first);
+        for (int me = first; me < first + count; me++) CU_ASSERT_EQUAL(sh->ncases[me], N_MEET);
+    }
+    free(sh);
+}
+
 /* Ranks disagree on a started all_gather: rank 1 starts a reduce_scatter instead, then gathers a
  * piece of another shape; every rank fails with the message the blocking calls give (the same
  * text from the group on; under MPI from its wait, the start having returned at once), and the
@@ -2477,6 +2562,7 @@ int main(int argc, char **argv) {
         {"work_wait_fails_not_hangs", test_work_wait_fails_not_hangs},
         {"every_start", test_every_start},
         {"starts_in_flight", test_starts_in_flight},
+        {"start_meets_blocking", test_start_meets_blocking},
         {"start_mismatch_gather", test_start_mismatch_gather},
         {"gather_never_started", test_gather_never_started},
         {"thread_moves_data", test_thread_moves_data},

@@ -18,8 +18,8 @@
 #include "core/tensor_impl.h"
 
 /* A work's step: what its requests in flight are for: the descriptors (0), then data step
- * 1..steps of its call (fsdp_mpi_coll_post). Step s's messages have kind TAG_EXCHANGE (1) or
- * TAG_GATHER (2), whatever the call. */
+ * 1..steps of its call (fsdp_mpi_coll_post), whose messages have kind fsdp_mpi_step_kind(s), as
+ * the blocking call's. */
 enum { STEP_ARRIVE, STEP_LAST = 2 };
 
 struct mpi_work {
@@ -216,7 +216,7 @@ static fsdp_status step_on(fsdp_ctx *ctx, mpi_group *mg, mpi_work *x, bool block
     }
     x->step++;
     st = fsdp_mpi_coll_post(ctx, x->g, mg, &x->rq, &x->c, x->step, x->buf, x->srcs,
-                            x->step == 1 ? TAG_EXCHANGE : TAG_GATHER);
+                            fsdp_mpi_step_kind(x->step));
     if (st != FSDP_OK) return fail_all_with(ctx, mg, st);
     return FSDP_OK;
 }
@@ -263,16 +263,23 @@ fsdp_status fsdp_mpi_works_progress(fsdp_ctx *ctx, mpi_group *mg) {
     return advance(ctx, mg, NULL, false);
 }
 
+/* Waits for the group's works up to `until` (NULL: all) to complete. */
+static fsdp_status wait_works(fsdp_ctx *ctx, mpi_group *mg, const mpi_work *until) {
+    mg->waiting = true; /* its waits let go of the lock between polls */
+    fsdp_status st = advance(ctx, mg, until, true);
+    mg->waiting = false;
+    return st;
+}
+
+fsdp_status fsdp_mpi_works_complete(fsdp_ctx *ctx, mpi_group *mg) {
+    if (!mg->works || mg->poisoned) return FSDP_OK; /* poisoned: the call fails as it arrives */
+    return wait_works(ctx, mg, NULL);
+}
+
 fsdp_status fsdp_mpi_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work) {
     mpi_work *w = work->state;
     FSDP_TRY_AT(ctx, check_live(ctx, w));
-    if (w->mg) {
-        mpi_group *mg = w->mg;
-        mg->waiting = true; /* its waits let go of the lock between polls */
-        fsdp_status st = advance(ctx, mg, w, true);
-        mg->waiting = false;
-        FSDP_TRY_AT(ctx, st);
-    }
+    if (w->mg) FSDP_TRY_AT(ctx, wait_works(ctx, w->mg, w));
     FSDP_TRY_AT(ctx, check_live(ctx, w));
     if (w->mg) /* advance waits for every step of w: a broken invariant, never a silent return */
         return FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "%s on group %s: the wait returned in flight",

@@ -237,14 +237,18 @@ void fsdp_mpi_coll_finish(const fsdp_group *g, const mpi_coll *c, const char *bu
 }
 
 fsdp_status fsdp_mpi_coll_run(fsdp_ctx *ctx, fsdp_group *g, const mpi_coll *c) {
+    mpi_group *mg = g->state;
+    /* Its steps share the started calls' tags (a peer may have started this call), so the
+     * works started before it post theirs first, as on every rank: it waits for them. */
+    FSDP_TRY_AT(ctx, fsdp_mpi_works_complete(ctx, mg));
     fsdp_call call = fsdp_mpi_coll_call(c);
     FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &call));
-    mpi_group *mg = g->state;
     char *buf = NULL;
     size_t bytes = fsdp_mpi_coll_scratch(g, c);
     if (bytes > 0) FSDP_TRY_AT(ctx, scratch(ctx, g, mg, bytes, &buf));
     for (int step = 1; step <= fsdp_mpi_coll_steps(c); step++) {
-        FSDP_TRY_AT(ctx, fsdp_mpi_coll_post(ctx, g, mg, &mg->rq, c, step, buf, mg->srcs, TAG_DATA));
+        FSDP_TRY_AT(ctx, fsdp_mpi_coll_post(ctx, g, mg, &mg->rq, c, step, buf, mg->srcs,
+                                            fsdp_mpi_step_kind(step)));
         FSDP_TRY_AT(ctx, fsdp_mpi_wait_all(ctx, g, mg, c->op, WAIT_DATA));
     }
     fsdp_mpi_coll_finish(g, c, buf, mg->srcs);

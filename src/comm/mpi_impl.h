@@ -19,12 +19,15 @@
  * earlier run of the world (after a timeout) never match a later run's. The largest tag,
  * 32399, is below 32767, the least MPI_TAG_UB the standard allows. TAG_READY is the second
  * round of the calls that must not end differently on different ranks (split, barrier).
- * TAG_EXCHANGE and TAG_GATHER carry the first and second data steps of a non-blocking call
- * (mpi_async.c), which a rank posts when it sees the step before complete, at a point that
- * differs from rank to rank: their own tags keep them from matching the data of calls made
- * meanwhile. TAG_TRACE_ASK and TAG_TRACE_ANSWER are the flight recorder's (trace.c): a rank
- * whose wait for members timed out asks each missing one, on the world's communicator, for
- * its recent collectives; a rank answers while it waits in a collective. */
+ * TAG_EXCHANGE and TAG_GATHER carry the first and second data steps of all_gather,
+ * reduce_scatter and all_reduce, blocking or not: a non-blocking call (mpi_async.c) posts a step
+ * when a rank sees the step before complete, at a point that differs from rank to rank, and a
+ * peer may make the same call blocking. Their own tags keep them from matching the data of the
+ * other calls (TAG_DATA: broadcast, all_to_all); a blocking call first waits for the group's
+ * works started before it, so that every rank posts them in start order. TAG_TRACE_ASK and
+ * TAG_TRACE_ANSWER are the flight recorder's (trace.c): a rank whose wait for members timed out
+ * asks each missing one, on the world's communicator, for its recent collectives; a rank answers
+ * while it waits in a collective. */
 enum {
     TAG_DESC,
     TAG_DATA,
@@ -38,6 +41,11 @@ enum {
     TAG_KINDS
 };
 #define RUN_TAGS 3600
+
+/* The kind of data step `step` (1-based) of all_gather, reduce_scatter and all_reduce. */
+static inline int fsdp_mpi_step_kind(int step) {
+    return step == 1 ? TAG_EXCHANGE : TAG_GATHER;
+}
 
 #define SEGMENT_BYTES (1 << 30) /* MPI counts are int: larger pieces go as several messages */
 #define GONE_GRACE_S  0.1   /* how long to wait for a message of a rank known to have returned */
@@ -259,7 +267,8 @@ fsdp_status fsdp_mpi_coll_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg
 /* After the last step has completed: all_gather unpacks, reduce_scatter reduces in rank order. */
 void fsdp_mpi_coll_finish(const fsdp_group *g, const mpi_coll *c, const char *buf,
                           const void **srcs);
-/* The blocking call: arrival, then every step posted and waited for, then the finish. */
+/* The blocking call: the group's works completed (fsdp_mpi_works_complete), then arrival, then
+ * every step posted and waited for, then the finish. */
 fsdp_status fsdp_mpi_coll_run(fsdp_ctx *ctx, fsdp_group *g, const mpi_coll *c);
 /* ---- mpi_async.c: the collective entries, and the non-blocking calls ---- */
 
@@ -280,6 +289,11 @@ fsdp_status fsdp_mpi_work_wait(fsdp_ctx *ctx, fsdp_comm_work *work);
 /* The group's state goes (a new run, or the world is freed): its works still pending are
  * abandoned and fail when waited for. */
 void fsdp_mpi_works_detach(mpi_group *mg);
+/* Waits for every pending work of the group to complete (a blocking all_gather,
+ * reduce_scatter or all_reduce, whose data steps have the works' tags, before it arrives);
+ * nothing when the group is poisoned (the call fails at its arrival, as before any call). A
+ * failure of the group is returned; a disagreement fails its work alone. */
+fsdp_status fsdp_mpi_works_complete(fsdp_ctx *ctx, mpi_group *mg);
 /* Moves every work of the group on as far as what has completed allows, without waiting (the
  * communication thread's pass); a failure is recorded in the works it fails. */
 fsdp_status fsdp_mpi_works_progress(fsdp_ctx *ctx, mpi_group *mg);
