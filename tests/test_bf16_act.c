@@ -718,18 +718,21 @@ static void test_norms16_tp(void) {
 /* fsdp_module_activation_bytes of the policy's tiny Llama right after a forward, measured by
  * this suite's `step` on the code before bf16 storage (commit a9991fb: gate_proj's, up_proj's
  * and the SwiGLU's outputs in f32, down_proj's own bf16 copy of the last), where one MLP held
- * mlp_bytes + 8 R H + 4 R D = 28672: activation bytes are sizes, the same on every machine. The
- * attention's q_proj and k_proj outputs were f32 too, and so were the norms' outputs. */
+ * mlp_bytes + 8 R H + 4 R D + 6 H D (its weights' copies, now mirrors) = 28672: activation bytes
+ * are sizes, the same on every machine. The attention's q_proj and k_proj outputs were f32 too, and
+ * so were the norms' outputs. */
 static const int64_t BYTES_BEFORE = 142144;
 
 /* The MLP's activations under the policy (R rows, D dim, H hidden), each Linear holding its
- * output, its weight's bf16 copy (2 out in), its bf16 scratch (2 R max(out, in)) and its input's
- * bf16 copy (2 R in) unless the input is bf16 (the norm's output):
- *   gate_proj, up_proj: 2 R H (bf16 output; before 4 R H, f32) + 2 H D + 2 R max(H, D) (before
- *     also + 2 R D, its copy of the norm's f32 output)
+ * output, its bf16 scratch (2 R max(out, in)) and its input's bf16 copy (2 R in) unless the input
+ * is bf16 (the norm's output); its weight's bf16 copy (2 out in) is no activation now but the
+ * weight's mirror (src/nn/mirror.c, parameter state the optimizer writes), 2 out in fewer for
+ * every Linear (the 15 of the model: weights in all):
+ *   gate_proj, up_proj: 2 R H (bf16 output; before 4 R H, f32) (before also + 2 R D, its
+ *     copy of the norm's f32 output, and + 2 H D, its weight's copy; no scratch: below)
  *   SwiGLU output: 2 R H in bf16 (before: 4 R H in f32)
  *   down_proj: 2 R D (bf16 output, read widened by the residual add; before 4 R D, f32) +
- *     2 D H + 2 R max(D, H) (before: + 2 R H, its copy of the SwiGLU output)
+ *     2 R max(D, H) (before: + 2 R H, its copy of the SwiGLU output, and + 2 D H)
  * so each MLP holds 2 R H x 4 = 8 R H bytes fewer, 2 R D x 2 without gate's and up's copies and
  * 2 R D for down_proj's bf16 output; each attention 2 R (NH + NKV) hd fewer (q_proj's and
  * k_proj's outputs, (R, NH hd) and (R, NKV hd), in bf16 instead of f32), 2 R D x 3 (q's, k's and
@@ -752,7 +755,7 @@ static int64_t attention16_saved(int64_t R, int64_t T) {
 }
 static int64_t mlp_bytes(int64_t R, int64_t D, int64_t H) {
     int64_t w = H > D ? H : D;
-    return 2 * (2 * R * H + 2 * H * D) + 2 * R * H + (2 * R * D + 2 * D * H + 2 * R * w);
+    return 2 * (2 * R * H) + 2 * R * H + (2 * R * D + 2 * R * w);
 }
 
 static void test_activation_bytes(void) {
@@ -764,10 +767,12 @@ static void test_activation_bytes(void) {
     const int64_t R = N_TOK, H = HIDDEN, norms = 14 * R * DIM, final_norm = 4 * R * DIM,
                   scratch = 2 * 2 * R * (H > DIM ? H : DIM) + 2 * 2 * R * DIM, /* gate, up; q, k */
         att16 = attention16_saved(R, SEQ),
+                  /* the weights' mirrors: q, o (D, D), k, v (D / 2, D), gate, up, down (H D) */
+        mirrors = 2 * (3 * DIM * DIM + 3 * H * DIM),
                   saved = (8 * R * H + 2 * R * (DIM + DIM / 2) + norms + 4 * R * DIM + scratch +
-                           att16) *
+                           att16 + mirrors) *
                               LAYERS +
-                          final_norm;
+                          final_norm + 2 * VOCAB * DIM /* lm_head's mirror */;
     int64_t bytes = 0, mlp = 0;
     step(m, FSDP_CPU, o, &bytes);
     FSDP_TEST_OK(

@@ -55,18 +55,23 @@ typedef struct llama_pin {
  *   took 21 each;
  * - loss: 3, the entry, and the targets (host memory) staged on the device each call: a fresh
  *   tensor (its zeroing) and the copy;
- * - forward and backward: the layers' kernels; under the bf16 policy the forward also converts
- *   the 15 Linears' f32 weights to bf16, among its 16 launches more than in f32;
+ * - forward and backward: the layers' kernels. Under the bf16 policy the 15 Linears read their
+ *   weights' bf16 mirrors, which AdamW's step wrote in its pass (src/nn/mirror.c): the forward
+ *   converts no weight (it converted all 15 before mirrors, 47 launches), 1 launch more than in
+ *   f32;
  * - checkpointed: the forward releases a layer's activations, so it and the backward's recompute
  *   allocate them again, each allocation zeroed (a memset on CUDA): the forward's 42 (f32) and
- *   60 (bf16) launches more are 40 and 58 allocations and one copy of each layer's output. */
+ *   46 (bf16) launches more are 40 and 44 allocations and one copy of each layer's output. A
+ *   mirror is the parameter's, not an activation: before mirrors the 14 layer Linears' weight
+ *   copies were released too, allocated and converted again in the forward and the recompute
+ *   (bf16 forward 107, backward 150). */
 #define PIN(l0, l1, l2, l3, l4)                                                                    \
     {                                                                                              \
         .launches = {l0, l1, l2, l3, l4}, .host_waits = { 0, 0, 1, 0, 0 }                          \
     }
 static const llama_pin LLAMA_PINNED[] = {
-    {"bf16", FSDP_DTYPE_BF16, false, PIN(1, 47, 3, 52, 1)},
-    {"bf16 checkpointed", FSDP_DTYPE_BF16, true, PIN(1, 107, 3, 150, 1)},
+    {"bf16", FSDP_DTYPE_BF16, false, PIN(1, 32, 3, 52, 1)},
+    {"bf16 checkpointed", FSDP_DTYPE_BF16, true, PIN(1, 78, 3, 122, 1)},
     {"f32", FSDP_DTYPE_F32, false, PIN(1, 31, 3, 46, 1)},
     {"f32 checkpointed", FSDP_DTYPE_F32, true, PIN(1, 73, 3, 112, 1)},
 };

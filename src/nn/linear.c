@@ -19,7 +19,11 @@ typedef struct linear {
     fsdp_dtype compute;       /* FSDP_DTYPE_F32, or FSDP_DTYPE_BF16: the GEMMs' inputs */
     fsdp_dtype last_compute;  /* the policy the last forward ran (its backward follows it) */
     fsdp_tensor *x16, *w16;   /* bf16: (rows, in) and (out, in), rounded in forward, kept */
-    fsdp_tensor *y16;         /* bf16: (rows, max(out, in)), the rounding of outputs and dy */
+    /* The weight's bf16 copy the last forward read: the weight's mirror (mirror.c), rounded
+     * only when the mirror is not current (an AdamW step writes it), or w16 when the weight
+     * can carry none (FSDP manages it). Not owned. */
+    const fsdp_tensor *w16_read;
+    fsdp_tensor *y16; /* bf16: (rows, max(out, in)), the rounding of outputs and dy */
 
     /* bf16 storage under the policy: a bf16 input is kept as the GEMMs' copy (no x16); with
      * bf16_out (the parent asks: fsdp_nn_linear_set_bf16_output) and no bias, the output is
@@ -74,8 +78,9 @@ static const fsdp_bf16 *kept_x16(const linear *l, const fsdp_tensor *in) {
     return fsdp_tensor_data(fsdp_tensor_dtype(in) == FSDP_DTYPE_BF16 ? in : l->x16);
 }
 
-/* y (rows, OC) = bf16(bf16(x) bf16(W)^T + b): x16 (or the bf16 input) and w16 are kept for
- * backward. With out16 (no bias) y is output16, written in bf16 by gemm_bf16_round; without a
+/* y (rows, OC) = bf16(bf16(x) bf16(W)^T + b): x16 (or the bf16 input) and the weight's copy
+ * (w16_read) are kept for backward; the copy is not rounded again while the weight's mirror is
+ * current. With out16 (no bias) y is output16, written in bf16 by gemm_bf16_round; without a
  * bias the f32 y is that written into y16 and widened (2 + 6 bytes an element moved, against 4
  * for an f32 GEMM output and 8 more to round it in place); with a bias, the f32 GEMM and bias
  * epilogue, then the rounding in place (round_bf16). The same bits every way. */
@@ -89,12 +94,20 @@ static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *
         FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->x16, dev, rows, C));
         k->f32_to_bf16(fsdp_tensor_data(l->x16), fsdp_tensor_f32(in), rows * C);
     }
-    FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->w16, dev, OC, C));
+    fsdp_tensor *mirror;
+    bool current;
+    FSDP_TRY_AT(ctx, fsdp_nn_param_mirror(ctx, l->weight, &mirror, &current));
+    if (mirror && l->w16) fsdp_tensor_release_storage(l->w16); /* the copy before a mirror */
+    if (!mirror) FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->w16, dev, OC, C));
+    l->w16_read = mirror ? mirror : l->w16;
     if (!out16 || !l->bf16_grad) /* else a backward given an f32 gradient makes it */
         FSDP_TRY_AT(ctx, bf16_buffer(ctx, &l->y16, dev, rows, OC > C ? OC : C));
     const fsdp_bf16 *x16 = kept_x16(l, in);
-    fsdp_bf16 *w16 = fsdp_tensor_data(l->w16);
-    k->f32_to_bf16(w16, fsdp_tensor_f32(l->weight->data), OC * C);
+    fsdp_bf16 *w16 = fsdp_tensor_data(l->w16_read);
+    if (!current) {
+        k->f32_to_bf16(w16, fsdp_tensor_f32(l->weight->data), OC * C);
+        if (mirror) fsdp_nn_param_mirror_written(l->weight); /* after the pointer was taken */
+    }
     if (out16) {
         k->gemm_bf16_round(false, true, rows, OC, C, x16, C, w16, C, fsdp_tensor_data(l->output16),
                            OC);
@@ -121,7 +134,7 @@ static fsdp_status bf16_forward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *
 static fsdp_status bf16_backward(fsdp_ctx *ctx, linear *l, const fsdp_kernels_i *k,
                                  const fsdp_tensor *dout, const fsdp_tensor **din, int64_t rows,
                                  int64_t OC, int64_t C, dx_form form) {
-    const fsdp_bf16 *x16 = kept_x16(l, l->input), *w16 = fsdp_tensor_data(l->w16);
+    const fsdp_bf16 *x16 = kept_x16(l, l->input), *w16 = fsdp_tensor_data(l->w16_read);
     const fsdp_bf16 *dy16 = fsdp_tensor_data(dout);
     const float *dy = NULL;
     if (fsdp_tensor_dtype(dout) == FSDP_DTYPE_F32) {

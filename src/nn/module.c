@@ -54,6 +54,7 @@ static void param_free(fsdp_param *p) {
     if (p->free_dist) p->free_dist(p->dist);
     fsdp_tensor_free(p->data);
     fsdp_tensor_free(p->grad);
+    fsdp_tensor_free(p->mirror);
     free(p->name);
     free(p);
 }

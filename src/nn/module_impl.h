@@ -19,6 +19,11 @@ struct fsdp_param {
     void *dist;                /* placement spec set by tensor parallelism; NULL when plain */
     void (*free_dist)(void *); /* (optional) releases dist */
     const char *manager;       /* a wrapper that holds the values elsewhere (FSDP); NULL */
+    /* The bf16 mirror of data (mirror.c; a Linear under the bf16 policy registers it), owned:
+     * current while data's storage is mirror_storage at write generation mirror_gen. */
+    fsdp_tensor *mirror;
+    const void *mirror_storage; /* NULL: not current */
+    uint64_t mirror_gen;
 };
 
 typedef struct fsdp_buffer {
@@ -120,5 +125,17 @@ fsdp_status fsdp_nn_chain_forward(fsdp_ctx *ctx, fsdp_module *const *children, i
 /* Runs children[0..n) backward in reverse; the first child's input gradient only if din. */
 fsdp_status fsdp_nn_chain_backward(fsdp_ctx *ctx, fsdp_module *const *children, int n,
                                    const fsdp_tensor *dout, const fsdp_tensor **din);
+
+/* A layer's bf16 copy of p under the bf16 policy (mirror.c): *mirror is p's mirror, made or
+ * remade to p's data's shape and device, and *current whether it holds p's values rounded (then
+ * the layer reads it as is; else it rounds p into it and calls fsdp_nn_param_mirror_written).
+ * NULL when p may carry none (FSDP manages it, or the test switch is off): the layer keeps its
+ * own copy. */
+fsdp_status fsdp_nn_param_mirror(fsdp_ctx *ctx, fsdp_param *p, fsdp_tensor **mirror, bool *current);
+/* Tests only: off, no parameter carries a mirror (every layer rounds its own copy each forward,
+ * the path before mirrors); the forwards that found a mirror current and that rounded, since the
+ * last reset. */
+void fsdp_nn_test_param_mirror(bool on);
+void fsdp_nn_test_param_mirror_counts(int64_t *used, int64_t *rounded, bool reset);
 
 #endif

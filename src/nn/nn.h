@@ -68,6 +68,14 @@ fsdp_tensor *fsdp_nn_param_swap_grad(fsdp_param *p, fsdp_tensor *g);
 /* A hook applies p and accumulates its gradient, so the layer leaves it out. */
 void fsdp_nn_param_set_hook_applied(fsdp_param *p, bool on);
 
+/* p's bf16 mirror (src/nn/mirror.c), for an optimizer that writes it in its update's pass:
+ * the mirror's memory when p has one of its data's size on its device (and FSDP does not
+ * manage p), marked not current; else NULL. After the update wrote p and that memory in one
+ * pass, fsdp_nn_param_mirror_written records p's storage and write generation: the mirror is
+ * current until anything takes a pointer to p's values again. */
+fsdp_bf16 *fsdp_nn_param_mirror_target(fsdp_param *p);
+void fsdp_nn_param_mirror_written(fsdp_param *p);
+
 /* A wrapper that keeps p's values and gradient elsewhere (FSDP's flat shards) marks it with
  * the text that tells a user where to go instead ("FSDP: ..."); NULL clears the mark. A
  * managed parameter's gradient is not zeroed by fsdp_module_zero_grad (refused, naming this

@@ -52,10 +52,11 @@ struct fsdp_optimizer {
     int n_slots;
     int n_states; /* state tensors over all slots */
     int64_t steps;
-    /* n_slots each: a step's list for adam_update_multi and the FSDP params whose bf16 copy
-     * it writes (or NULL); zero_grad's list for fill_multi */
+    /* n_slots each: a step's list for adam_update_multi and the params whose bf16 copy it
+     * writes (an FSDP shard's or a parameter's mirror; or NULL); zero_grad's list for fill_multi */
     fsdp_adam_tensor *batch;
     fsdp_param **batch_low;
+    bool *batch_mirror; /* the copy batch_low[k] has is its mirror, not an FSDP shard's */
     float **fill_out;
     int64_t *fill_n;
 };
@@ -84,6 +85,7 @@ void fsdp_optimizer_free(fsdp_optimizer *opt) {
     free(opt->slots);
     free(opt->batch);
     free(opt->batch_low);
+    free(opt->batch_mirror);
     free(opt->fill_out);
     free(opt->fill_n);
     free(opt);
@@ -257,10 +259,11 @@ static fsdp_status optimizer_new(fsdp_ctx *ctx, fsdp_module *m, optim_kind kind,
     size_t lists = (size_t)(n ? n : 1);
     if (opt) opt->batch = calloc(lists, sizeof *opt->batch);
     if (opt) opt->batch_low = calloc(lists, sizeof *opt->batch_low);
+    if (opt) opt->batch_mirror = calloc(lists, sizeof *opt->batch_mirror);
     if (opt) opt->fill_out = calloc(lists, sizeof *opt->fill_out);
     if (opt) opt->fill_n = calloc(lists, sizeof *opt->fill_n);
-    if (!opt || !opt->slots || !opt->groups || !opt->batch || !opt->batch_low || !opt->fill_out ||
-        !opt->fill_n) {
+    if (!opt || !opt->slots || !opt->groups || !opt->batch || !opt->batch_low ||
+        !opt->batch_mirror || !opt->fill_out || !opt->fill_n) {
         fsdp_optimizer_free(opt);
         return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate an optimizer");
     }
@@ -363,6 +366,22 @@ static fsdp_status slot_check(fsdp_ctx *ctx, const optim_slot *s, slot_arrays *a
     return FSDP_OK;
 }
 
+/* The bf16 copy an Adam step writes in its pass for p, or NULL: an FSDP flat shard's copy its
+ * gathers take (dp/low_copy.c), else p's mirror its Linear reads (nn/mirror.c; *mirror set). */
+static fsdp_status low_copy(fsdp_ctx *ctx, fsdp_param *p, fsdp_bf16 **low, bool *mirror) {
+    FSDP_TRY_AT(ctx, fsdp_flat_low_copy(ctx, p, low));
+    *mirror = !*low && (*low = fsdp_nn_param_mirror_target(p)) != NULL;
+    return FSDP_OK;
+}
+
+/* The step wrote p and its copy: the copy is current (an FSDP shard's or p's mirror). */
+static void low_written(fsdp_param *p, bool mirror) {
+    if (mirror)
+        fsdp_nn_param_mirror_written(p);
+    else
+        fsdp_flat_low_copy_written(p);
+}
+
 /* One fused pass over a slot's parameter with its group's options. */
 static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const optim_slot *s) {
     slot_arrays a;
@@ -373,13 +392,14 @@ static fsdp_status step_slot(fsdp_ctx *ctx, const fsdp_optimizer *opt, const opt
         fsdp_sgd_update(a.dev, a.p, a.g, a.st[0], a.n, &g->sgd, opt->steps == 0);
         return FSDP_OK;
     }
-    /* An FSDP flat shard gathered in bf16: its rounding written in the same pass. */
+    /* A bf16 copy read next (an FSDP shard's, a mirror): its rounding written in the same pass. */
     fsdp_bf16 *low;
-    FSDP_TRY_AT(ctx, fsdp_flat_low_copy(ctx, s->param, &low));
+    bool mirror = false;
+    FSDP_TRY_AT(ctx, low_copy(ctx, s->param, &low, &mirror));
     if (low) {
         fsdp_adam_update_bf16(a.dev, a.p, low, a.g, a.st[0], a.st[1], a.st[2], a.n, &g->adam,
                               opt->kind == OPTIM_ADAMW, opt->steps + 1);
-        fsdp_flat_low_copy_written(s->param);
+        low_written(s->param, mirror);
     } else {
         fsdp_adam_update(a.dev, a.p, a.g, a.st[0], a.st[1], a.st[2], a.n, &g->adam,
                          opt->kind == OPTIM_ADAMW, opt->steps + 1);
@@ -403,7 +423,7 @@ static void adam_flush(fsdp_optimizer *opt, fsdp_device dev, int group, int n) {
     fsdp_adam_update_multi(dev, opt->batch, n, &opt->groups[group].adam, opt->kind == OPTIM_ADAMW,
                            opt->steps + 1);
     for (int k = 0; k < n; k++)
-        if (opt->batch_low[k]) fsdp_flat_low_copy_written(opt->batch_low[k]);
+        if (opt->batch_low[k]) low_written(opt->batch_low[k], opt->batch_mirror[k]);
 }
 
 /* Adam and AdamW: consecutive slots of one device and group share one multi-tensor update
@@ -417,8 +437,9 @@ static fsdp_status step_adam(fsdp_ctx *ctx, fsdp_optimizer *opt) {
         const optim_slot *s = &opt->slots[i];
         slot_arrays a;
         fsdp_bf16 *low = NULL;
+        bool mirror = false;
         st = slot_check(ctx, s, &a);
-        if (st == FSDP_OK && a.n > 0) st = fsdp_flat_low_copy(ctx, s->param, &low);
+        if (st == FSDP_OK && a.n > 0) st = low_copy(ctx, s->param, &low, &mirror);
         if (st != FSDP_OK) break;
         if (a.n == 0) continue;
         if (n > 0 && (!same_device(a.dev, dev) || s->group != group)) {
@@ -427,6 +448,7 @@ static fsdp_status step_adam(fsdp_ctx *ctx, fsdp_optimizer *opt) {
         }
         dev = a.dev, group = s->group;
         opt->batch[n] = (fsdp_adam_tensor){a.p, a.g, a.st[0], a.st[1], a.st[2], low, a.n};
+        opt->batch_mirror[n] = mirror;
         opt->batch_low[n++] = low ? s->param : NULL;
     }
     adam_flush(opt, dev, group, n);
