@@ -43,7 +43,12 @@ fsdp_status fsdp_nn_param_mirror(fsdp_ctx *ctx, fsdp_param *p, fsdp_tensor **mir
                                  bool *current) {
     *mirror = NULL;
     *current = false;
-    if (!mirrorable(p)) return FSDP_OK;
+    if (!mirrorable(p)) { /* e.g. FSDP wrapped the model after a forward made one: let it go */
+        fsdp_tensor_free(p->mirror);
+        p->mirror = NULL;
+        p->mirror_storage = NULL;
+        return FSDP_OK;
+    }
     if (!fits(p)) {
         fsdp_tensor *t;
         FSDP_TRY_AT(ctx,
