@@ -116,10 +116,20 @@ static bool reserve(mpi_work *w, int W, size_t bytes) {
     return fsdp_array_reserve((void **)&w->buf, &w->cap_buf, (int64_t)bytes, 1);
 }
 
+/* With a work, the non-blocking call; without one, the blocking call, once the group's works
+ * started before it have completed: its steps share their tags (a peer may have started this
+ * call), so those works post theirs first, as on every rank. */
+static fsdp_status coll_call(fsdp_ctx *ctx, fsdp_group *g, const mpi_coll *c,
+                             fsdp_comm_work *work) {
+    if (work) return fsdp_mpi_coll_start(ctx, g, c, work);
+    FSDP_TRY_AT(ctx, fsdp_mpi_works_complete(ctx, g->state));
+    return fsdp_mpi_coll_run(ctx, g, c);
+}
+
 fsdp_status fsdp_mpi_all_gather(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
                                 const fsdp_tensor *in, int dim, fsdp_comm_work *work) {
     mpi_coll c = {.op = FSDP_COMM_ALL_GATHER, .out = out, .in = in, .dim = dim};
-    return work ? fsdp_mpi_coll_start(ctx, g, &c, work) : fsdp_mpi_coll_run(ctx, g, &c);
+    return coll_call(ctx, g, &c, work);
 }
 
 fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *out,
@@ -132,7 +142,7 @@ fsdp_status fsdp_mpi_reduce_scatter(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *o
                   .reduce = op,
                   .fused = fuse != NULL};
     if (fuse) c.fuse = *fuse;
-    return work ? fsdp_mpi_coll_start(ctx, g, &c, work) : fsdp_mpi_coll_run(ctx, g, &c);
+    return coll_call(ctx, g, &c, work);
 }
 
 fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fsdp_reduce_op op,
@@ -140,7 +150,7 @@ fsdp_status fsdp_mpi_all_reduce(fsdp_ctx *ctx, fsdp_group *g, fsdp_tensor *t, fs
     mpi_coll c = {
         .op = FSDP_COMM_ALL_REDUCE, .out = t, .in = t, .reduce = op, .fused = fuse != NULL};
     if (fuse) c.fuse = *fuse;
-    return work ? fsdp_mpi_coll_start(ctx, g, &c, work) : fsdp_mpi_coll_run(ctx, g, &c);
+    return coll_call(ctx, g, &c, work);
 }
 
 fsdp_status fsdp_mpi_coll_start(fsdp_ctx *ctx, fsdp_group *g, const mpi_coll *c,

@@ -238,9 +238,6 @@ void fsdp_mpi_coll_finish(const fsdp_group *g, const mpi_coll *c, const char *bu
 
 fsdp_status fsdp_mpi_coll_run(fsdp_ctx *ctx, fsdp_group *g, const mpi_coll *c) {
     mpi_group *mg = g->state;
-    /* Its steps share the started calls' tags (a peer may have started this call), so the
-     * works started before it post theirs first, as on every rank: it waits for them. */
-    FSDP_TRY_AT(ctx, fsdp_mpi_works_complete(ctx, mg));
     fsdp_call call = fsdp_mpi_coll_call(c);
     FSDP_TRY_AT(ctx, fsdp_mpi_arrive(ctx, g, &call));
     char *buf = NULL;

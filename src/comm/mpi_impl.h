@@ -267,8 +267,8 @@ fsdp_status fsdp_mpi_coll_post(fsdp_ctx *ctx, const fsdp_group *g, mpi_group *mg
 /* After the last step has completed: all_gather unpacks, reduce_scatter reduces in rank order. */
 void fsdp_mpi_coll_finish(const fsdp_group *g, const mpi_coll *c, const char *buf,
                           const void **srcs);
-/* The blocking call: the group's works completed (fsdp_mpi_works_complete), then arrival, then
- * every step posted and waited for, then the finish. */
+/* The blocking call (its caller, mpi_async.c, first completes the group's works:
+ * fsdp_mpi_works_complete): arrival, then every step posted and waited for, then the finish. */
 fsdp_status fsdp_mpi_coll_run(fsdp_ctx *ctx, fsdp_group *g, const mpi_coll *c);
 /* ---- mpi_async.c: the collective entries, and the non-blocking calls ---- */
 
