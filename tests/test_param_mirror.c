@@ -163,30 +163,31 @@ static const scenario PLAIN = {.name = "plain"}, CKPT = {.name = "checkpointed",
                                          .per_tensor = true},
                       SGD = {.name = "SGD", .sgd = true};
 
+/* The scenario on the CPU and on the test device (sim, or the GPU where FSDP_TEST_DEVICE says) */
+static void check_both(const scenario *sc) {
+    check(sc, FSDP_CPU);
+    check(sc, fsdp_test_device());
+}
+
 static void test_plain(void) {
-    check(&PLAIN, FSDP_CPU);
-    check(&PLAIN, fsdp_test_device());
+    check_both(&PLAIN);
 }
 
 static void test_checkpointed(void) {
-    check(&CKPT, FSDP_CPU);
-    check(&CKPT, fsdp_test_device());
+    check_both(&CKPT);
 }
 
 static void test_tied(void) {
-    check(&TIED, FSDP_CPU);
-    check(&TIED, fsdp_test_device());
+    check_both(&TIED);
 }
 
 static void test_per_tensor(void) {
-    check(&PER_TENSOR, FSDP_CPU);
-    check(&PER_TENSOR, fsdp_test_device());
+    check_both(&PER_TENSOR);
     check(&CKPT_PER_TENSOR, fsdp_test_device());
 }
 
 static void test_sgd(void) {
-    check(&SGD, FSDP_CPU);
-    check(&SGD, fsdp_test_device());
+    check_both(&SGD);
 }
 
 int main(int argc, char **argv) {

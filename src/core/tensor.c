@@ -392,12 +392,14 @@ void *fsdp_tensor_data(const fsdp_tensor *t) {
     return (char *)t->storage->data + (size_t)t->offset * fsdp_dtype_size(t->dtype);
 }
 
-uint64_t fsdp_tensor_write_gen(const fsdp_tensor *t) {
-    return atomic_load_explicit(&t->storage->write_gen, memory_order_relaxed);
+fsdp_tensor_stamp fsdp_tensor_stamp_of(const fsdp_tensor *t) {
+    return (fsdp_tensor_stamp){t->storage,
+                               atomic_load_explicit(&t->storage->write_gen, memory_order_relaxed)};
 }
 
-const void *fsdp_tensor_storage_id(const fsdp_tensor *t) {
-    return t->storage;
+bool fsdp_tensor_stamp_holds(fsdp_tensor_stamp s, const fsdp_tensor *t) {
+    return s.storage && s.storage == (const void *)t->storage &&
+           s.gen == atomic_load_explicit(&t->storage->write_gen, memory_order_relaxed);
 }
 
 float *fsdp_tensor_f32(const fsdp_tensor *t) {

@@ -21,7 +21,7 @@ typedef struct fsdp_storage {
     /* Bumped each time a pointer into the memory is handed out (fsdp_tensor_data, so
      * fsdp_tensor_f32 and every copy, fill and kernel call too) and when the memory moves: a
      * value that changes whenever the values may have been written (read with
-     * fsdp_tensor_write_gen). It starts at a per-storage base (a count of storages made, in the
+     * fsdp_tensor_stamp_of). It starts at a per-storage base (a count of storages made, in the
      * high 32 bits). Atomic: peers' rank threads may read a shared block. */
     atomic_uint_least64_t write_gen;
 } fsdp_storage;
@@ -83,11 +83,18 @@ fsdp_status fsdp_tensor_create_unbound(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_dev
 /* Elements t can hold from its offset to the end of its storage. */
 int64_t fsdp_tensor_capacity(const fsdp_tensor *t);
 
-/* The write generation of t's storage (fsdp_storage.write_gen) and the storage's identity:
- * while both read the same as at some moment, nothing can have written t's values since
- * through libfsdp (only through a raw pointer taken before that moment). Neither bumps it. */
-uint64_t fsdp_tensor_write_gen(const fsdp_tensor *t);
-const void *fsdp_tensor_storage_id(const fsdp_tensor *t);
+/* t's storage and its write generation (fsdp_storage.write_gen) at a moment: while
+ * fsdp_tensor_stamp_holds, nothing can have written t's values since through libfsdp (only
+ * through a raw pointer taken before that moment). Taking or checking one bumps nothing; a
+ * zeroed stamp (FSDP_TENSOR_NO_STAMP) holds for no tensor. The rule behind the bf16 copies an
+ * Adam step writes beside its values (dp/low_copy.c's shards, nn/mirror.c's weights). */
+typedef struct fsdp_tensor_stamp {
+    const void *storage;
+    uint64_t gen;
+} fsdp_tensor_stamp;
+#define FSDP_TENSOR_NO_STAMP ((fsdp_tensor_stamp){NULL, 0})
+fsdp_tensor_stamp fsdp_tensor_stamp_of(const fsdp_tensor *t);
+bool fsdp_tensor_stamp_holds(fsdp_tensor_stamp s, const fsdp_tensor *t);
 
 /* numel of a shape; -1 when a dim is negative or ndim out of range. */
 int64_t fsdp_shape_numel(int ndim, const int64_t *shape);

@@ -5,7 +5,7 @@
 #include <stdatomic.h>
 
 #include "core/error.h"
-#include "core/tensor_impl.h" // defines: fsdp_tensor_write_gen, fsdp_tensor_storage_id
+#include "core/tensor_impl.h" // defines: fsdp_tensor_stamp_of, fsdp_tensor_stamp_holds
 #include "dp/flat.h"
 #include "dp/shard_impl.h"
 
@@ -42,7 +42,7 @@ fsdp_status fsdp_flat_low_copy(fsdp_ctx *ctx, fsdp_param *p, fsdp_bf16 **out) {
         FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, fsdp_tensor_device(shard), 1, &n,
                                             &u->low_copy));
     }
-    u->low_copy_storage = NULL; /* not current until the step says it wrote it */
+    u->low_copy_stamp = FSDP_TENSOR_NO_STAMP; /* not current until the step says it wrote it */
     *out = fsdp_tensor_data(u->low_copy);
     return FSDP_OK;
 }
@@ -51,8 +51,7 @@ void fsdp_flat_low_copy_written(fsdp_param *p) {
     unit *u = unit_of(p);
     if (!u || !u->low_copy) return;
     const fsdp_tensor *shard = fsdp_param_data(p);
-    u->low_copy_storage = fsdp_tensor_storage_id(shard);
-    u->low_copy_gen = fsdp_tensor_write_gen(shard);
+    u->low_copy_stamp = fsdp_tensor_stamp_of(shard);
 }
 
 bool fsdp_low_copy_take(unit *u) {
@@ -60,10 +59,9 @@ bool fsdp_low_copy_take(unit *u) {
     const fsdp_tensor *shard = fsdp_param_data(u->flat);
     int mode = atomic_load(&test_mode);
     bool take =
-        u->low_copy && u->low_copy_storage && sh->param_dtype == FSDP_DTYPE_BF16 &&
+        u->low_copy && u->low_copy_stamp.storage && sh->param_dtype == FSDP_DTYPE_BF16 &&
         !sh->opts.offload_params && mode != FSDP_LOW_COPY_OFF &&
-        (mode == FSDP_LOW_COPY_UNCHECKED || (u->low_copy_storage == fsdp_tensor_storage_id(shard) &&
-                                             u->low_copy_gen == fsdp_tensor_write_gen(shard)));
+        (mode == FSDP_LOW_COPY_UNCHECKED || fsdp_tensor_stamp_holds(u->low_copy_stamp, shard));
     if (take)
         sh->low_copy_used++;
     else

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "core/stream.h"
+#include "core/tensor_impl.h" // defines: fsdp_tensor_stamp
 #include "dp/pool_impl.h"
 #include "fsdp/comm.h"
 #include "fsdp/wrap.h"
@@ -72,8 +73,7 @@ typedef struct unit {
      * wrote both in one pass (low_copy.c); current while the shard's storage and write
      * generation are still the ones recorded when it was written. */
     fsdp_tensor *low_copy;
-    const void *low_copy_storage;
-    uint64_t low_copy_gen;
+    fsdp_tensor_stamp low_copy_stamp; /* the shard's, when the copy was written */
     int hook_ids[4];
     /* Prefetch (prefetch.c): the gather was issued ahead of the unit's own hook, on the state's
      * unshard stream; `gathered` fires when it is done, and the compute stream waits for it

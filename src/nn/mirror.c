@@ -9,7 +9,7 @@
 #include <stdatomic.h>
 
 #include "core/error.h"
-#include "core/tensor_impl.h" // defines: fsdp_tensor_write_gen, fsdp_tensor_storage_id
+#include "core/tensor_impl.h" // defines: fsdp_tensor_stamp_of, fsdp_tensor_stamp_holds
 #include "nn/module_impl.h"
 
 static atomic_bool test_off;               /* fsdp_nn_test_param_mirror */
@@ -46,7 +46,7 @@ fsdp_status fsdp_nn_param_mirror(fsdp_ctx *ctx, fsdp_param *p, fsdp_tensor **mir
     if (!mirrorable(p)) { /* e.g. FSDP wrapped the model after a forward made one: let it go */
         fsdp_tensor_free(p->mirror);
         p->mirror = NULL;
-        p->mirror_storage = NULL;
+        p->mirror_stamp = FSDP_TENSOR_NO_STAMP;
         return FSDP_OK;
     }
     if (!fits(p)) {
@@ -56,10 +56,9 @@ fsdp_status fsdp_nn_param_mirror(fsdp_ctx *ctx, fsdp_param *p, fsdp_tensor **mir
                                        fsdp_tensor_ndim(p->data), fsdp_tensor_shape(p->data), &t));
         fsdp_tensor_free(p->mirror);
         p->mirror = t;
-        p->mirror_storage = NULL;
+        p->mirror_stamp = FSDP_TENSOR_NO_STAMP;
     }
-    *current = p->mirror_storage && p->mirror_storage == fsdp_tensor_storage_id(p->data) &&
-               p->mirror_gen == fsdp_tensor_write_gen(p->data);
+    *current = fsdp_tensor_stamp_holds(p->mirror_stamp, p->data);
     atomic_fetch_add(*current ? &used : &rounded, 1);
     *mirror = p->mirror;
     return FSDP_OK;
@@ -67,12 +66,11 @@ fsdp_status fsdp_nn_param_mirror(fsdp_ctx *ctx, fsdp_param *p, fsdp_tensor **mir
 
 fsdp_bf16 *fsdp_nn_param_mirror_target(fsdp_param *p) {
     if (!mirrorable(p) || !fits(p)) return NULL;
-    p->mirror_storage = NULL; /* not current until the update says it wrote it */
+    p->mirror_stamp = FSDP_TENSOR_NO_STAMP; /* not current until the update says it wrote it */
     return fsdp_tensor_data(p->mirror);
 }
 
 void fsdp_nn_param_mirror_written(fsdp_param *p) {
     if (!p->mirror) return;
-    p->mirror_storage = fsdp_tensor_storage_id(p->data);
-    p->mirror_gen = fsdp_tensor_write_gen(p->data);
+    p->mirror_stamp = fsdp_tensor_stamp_of(p->data);
 }

@@ -3,6 +3,7 @@
 #ifndef FSDP_NN_MODULE_IMPL_H
 #define FSDP_NN_MODULE_IMPL_H
 
+#include "core/tensor_impl.h" // defines: fsdp_tensor_stamp
 #include "fsdp/module.h"
 #include "nn/nn.h"
 
@@ -20,10 +21,9 @@ struct fsdp_param {
     void (*free_dist)(void *); /* (optional) releases dist */
     const char *manager;       /* a wrapper that holds the values elsewhere (FSDP); NULL */
     /* The bf16 mirror of data (mirror.c; a Linear under the bf16 policy registers it), owned:
-     * current while data's storage is mirror_storage at write generation mirror_gen. */
+     * current while mirror_stamp (data's, when the mirror was written) holds. */
     fsdp_tensor *mirror;
-    const void *mirror_storage; /* NULL: not current */
-    uint64_t mirror_gen;
+    fsdp_tensor_stamp mirror_stamp;
 };
 
 typedef struct fsdp_buffer {
