@@ -338,6 +338,9 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_ctx_set_device, "ctx", fsdp_ctx_set_device(C, FSDP_CPU))                             \
     CALL(fsdp_tensor_create, "ctx shape out",                                                      \
          fsdp_tensor_create(C, FSDP_DTYPE_F32, FSDP_CPU, 2, A(1, f->shape), A(2, &f->made_t)))     \
+    CALL(fsdp_tensor_create_uninit, "ctx shape out",                                               \
+         fsdp_tensor_create_uninit(C, FSDP_DTYPE_F32, FSDP_CPU, 2, A(1, f->shape),                 \
+                                   A(2, &f->made_t)))                                              \
     CALL(fsdp_tensor_create_like, "ctx src out",                                                   \
          fsdp_tensor_create_like(C, A(1, f->t), A(2, &f->made_t)))                                 \
     CALL(fsdp_tensor_from_blob, "ctx data shape out",                                              \

@@ -203,7 +203,9 @@ static void test_overrun_dies(void) {
     if (st == 0 || !strstr(out, "past the end")) printf("\n    child said: %s", out);
 }
 
-/* Fresh blocks hold NaNs (uninitialised device memory); alloc and tensors hand out zeros. */
+/* Fresh blocks hold NaNs (uninitialised device memory); alloc and tensors hand out zeros,
+ * alloc_uninit and fsdp_tensor_create_uninit the 0xFF pattern even where the block held data
+ * (a GPU would hand over the stale bytes), without a counted launch. */
 static void test_fresh_blocks(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     void *raw = NULL;
@@ -219,12 +221,31 @@ static void test_fresh_blocks(void) {
     FSDP_TEST_OK(sim()->copy(ctx, host, FSDP_CPU, raw, SIM1, sizeof host));
     CU_ASSERT_TRUE(all_equal(host, 3 * 1024, 0.0f));
     sim()->free(1, raw);
+    int64_t launches = fsdp_kernels_counts(SIM1).launches;
+    FSDP_TEST_OK(sim()->alloc_uninit(ctx, 1, 3 * 4096, &raw)); // the same block, zeros in it
+    CU_ASSERT_EQUAL(fsdp_kernels_counts(SIM1).launches, launches);
+    FSDP_TEST_OK(sim()->copy(ctx, bits, FSDP_CPU, raw, SIM1, sizeof bits));
+    nan = true;
+    for (int i = 0; i < 3 * 1024; i++) nan = nan && bits[i] == 0xffffffffu;
+    CU_ASSERT_TRUE(nan);
+    sim()->free(1, raw);
+    fsdp_tensor *t = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create_uninit(ctx, FSDP_DTYPE_BF16, SIM1, 1, (int64_t[]){6144}, &t));
+    fsdp_tensor *h = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_BF16, FSDP_CPU, 1, (int64_t[]){6144}, &h));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, t));
+    nan = true;
+    for (int i = 0; i < 6144; i++)
+        nan = nan && isnan(fsdp_bf16_to_f32(((const fsdp_bf16 *)fsdp_tensor_data(h))[i]));
+    CU_ASSERT_TRUE(nan);
+    fsdp_tensor_free(h);
+    fsdp_tensor_free(t);
     fsdp_sim_empty_cache(1);
     fsdp_sim_memory_stats s = fsdp_sim_memory_stats_get(1);
     CU_ASSERT_EQUAL(s.in_use, 0);
     CU_ASSERT_EQUAL(s.reserved, 0);
     CU_ASSERT_EQUAL(s.device_allocs, 1);
-    CU_ASSERT_EQUAL(s.cache_hits, 1);
+    CU_ASSERT_EQUAL(s.cache_hits, 3);
 }
 
 static void test_cache_and_cap(void) {

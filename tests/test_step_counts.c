@@ -53,15 +53,17 @@ typedef struct llama_pin {
  *   adam_update_multi over the 21 parameters (the embedding, 9 per decoder layer, the final
  *   norm, lm_head: one device, one group, under FSDP_ADAM_MULTI_CHUNK); the per-tensor entries
  *   took 21 each;
- * - loss: 3, the entry, and the targets (host memory) staged on the device each call: a fresh
- *   tensor (its zeroing) and the copy;
+ * - loss: 2, the entry, and the copy that stages the targets (host memory) on the device each
+ *   call into a fresh tensor (fsdp_tensor_create_uninit: not zeroed, the copy writes it whole);
  * - forward and backward: the layers' kernels. Under the bf16 policy the 15 Linears read their
  *   weights' bf16 mirrors, which AdamW's step wrote in its pass (src/nn/mirror.c): the forward
  *   converts no weight (it converted all 15 before mirrors, 47 launches), 1 launch more than in
  *   f32;
  * - checkpointed: the forward releases a layer's activations, so it and the backward's recompute
- *   allocate them again, each allocation zeroed (a memset on CUDA): the forward's 42 (f32) and
- *   46 (bf16) launches more are 40 and 44 allocations and one copy of each layer's output. A
+ *   allocate them again (40 allocations in the f32 forward, 44 in bf16), not zeroed (the layers
+ *   write their buffers whole: fsdp_nn_buffer); the forward's 2 launches more are one copy of
+ *   each layer's output, the backward's 28 the two layers' recomputed forwards. Each allocation
+ *   was zeroed before (a memset on CUDA: forward 73 f32 and 78 bf16, backward 112 and 122). A
  *   mirror is the parameter's, not an activation: before mirrors the 14 layer Linears' weight
  *   copies were released too, allocated and converted again in the forward and the recompute
  *   (bf16 forward 107, backward 150). */
@@ -70,10 +72,10 @@ typedef struct llama_pin {
         .launches = {l0, l1, l2, l3, l4}, .host_waits = { 0, 0, 1, 0, 0 }                          \
     }
 static const llama_pin LLAMA_PINNED[] = {
-    {"bf16", FSDP_DTYPE_BF16, false, PIN(1, 32, 3, 52, 1)},
-    {"bf16 checkpointed", FSDP_DTYPE_BF16, true, PIN(1, 78, 3, 122, 1)},
-    {"f32", FSDP_DTYPE_F32, false, PIN(1, 31, 3, 46, 1)},
-    {"f32 checkpointed", FSDP_DTYPE_F32, true, PIN(1, 73, 3, 112, 1)},
+    {"bf16", FSDP_DTYPE_BF16, false, PIN(1, 32, 2, 52, 1)},
+    {"bf16 checkpointed", FSDP_DTYPE_BF16, true, PIN(1, 34, 2, 80, 1)},
+    {"f32", FSDP_DTYPE_F32, false, PIN(1, 31, 2, 46, 1)},
+    {"f32 checkpointed", FSDP_DTYPE_F32, true, PIN(1, 33, 2, 74, 1)},
 };
 #define N_LLAMA (int)(sizeof LLAMA_PINNED / sizeof LLAMA_PINNED[0])
 

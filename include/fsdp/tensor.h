@@ -84,6 +84,12 @@ float fsdp_f16_to_f32(fsdp_f16 x);
  * ndim is 0 (a scalar) to FSDP_MAX_DIMS. */
 fsdp_status fsdp_tensor_create(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device, int ndim,
                                const int64_t *shape, fsdp_tensor **out);
+/* fsdp_tensor_create without the zero fill (torch.empty): the elements are unspecified until
+ * written, so write every element before reading any. On a GPU this saves a memset pass over
+ * the memory; the simulated device fills it with 0xFF bytes (NaN in the float dtypes, -1 in
+ * i32) so that a read before the write shows. */
+fsdp_status fsdp_tensor_create_uninit(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device, int ndim,
+                                      const int64_t *shape, fsdp_tensor **out);
 /* A new zero-filled tensor with src's dtype, device and shape. */
 fsdp_status fsdp_tensor_create_like(fsdp_ctx *ctx, const fsdp_tensor *src, fsdp_tensor **out);
 /* Wraps caller memory (not copied, never freed by libfsdp). */

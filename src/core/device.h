@@ -28,6 +28,12 @@ typedef struct fsdp_device_i {
     /* nbytes (> 0) of zeroed memory on device `index`, aligned to at least 64 bytes. The
      * zeroing is queued on the calling thread's current stream of that device. */
     fsdp_status (*alloc)(fsdp_ctx *ctx, int index, size_t nbytes, void **out);
+    /* alloc without the zeroing, for memory the caller writes whole before it reads any of it
+     * (optional: NULL makes core call alloc). A device that runs asynchronously fills it with a
+     * pattern the caller cannot mistake for data if it can (sim: 0xFF bytes, a NaN in f32, bf16
+     * and f16, -1 in i32), a debugging aid queued like any work but not counted as a launch,
+     * so that a read before the write shows where a GPU would read stale bytes. */
+    fsdp_status (*alloc_uninit)(fsdp_ctx *ctx, int index, size_t nbytes, void **out);
     /* NULL does nothing. The memory may be handed out again at once: work queued on the
      * thread's current stream before the free still sees it (the allocator orders reuse by
      * events, as CUDA's caching allocator does). */

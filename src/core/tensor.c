@@ -68,13 +68,16 @@ static uint64_t first_write_gen(void) {
     return (uint64_t)atomic_fetch_add_explicit(&storages, 1, memory_order_relaxed) << 32;
 }
 
-static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device,
+/* Zeroed memory unless `uninit` (core/device.h alloc_uninit, where the device has it). */
+static fsdp_status storage_new(fsdp_ctx *ctx, size_t nbytes, fsdp_device device, bool uninit,
                                fsdp_storage **out) {
     fsdp_storage *s = calloc(1, sizeof *s);
     if (!s) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate a tensor handle");
+    const fsdp_device_i *d = fsdp_device_for(device.type);
+    fsdp_status (*alloc)(fsdp_ctx *, int, size_t, void **) =
+        uninit && d->alloc_uninit ? d->alloc_uninit : d->alloc;
     /* never a NULL data pointer, even for an empty tensor */
-    fsdp_status st =
-        fsdp_device_for(device.type)->alloc(ctx, device.index, nbytes ? nbytes : 1, &s->data);
+    fsdp_status st = alloc(ctx, device.index, nbytes ? nbytes : 1, &s->data);
     if (st != FSDP_OK) {
         free(s);
         return FSDP_PASS(ctx, st);
@@ -143,21 +146,35 @@ static fsdp_status tensor_new(fsdp_ctx *ctx, fsdp_storage *s, int64_t offset, fs
     return FSDP_OK;
 }
 
+/* After the caller checked its arguments (messages name the public function). */
+static fsdp_status create(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device, int ndim,
+                          const int64_t *shape, bool uninit, const char *what, fsdp_tensor **out) {
+    *out = NULL;
+    FSDP_TRY_AT(ctx, check_shape(ctx, ndim, shape, what));
+    FSDP_TRY_AT(ctx, check_dtype_device(ctx, dtype, device));
+    fsdp_storage *s;
+    FSDP_TRY_AT(ctx,
+                storage_new(ctx, (size_t)fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype),
+                            device, uninit, &s));
+    fsdp_status st = tensor_new(ctx, s, 0, dtype, ndim, shape, out);
+    if (st != FSDP_OK) storage_release(s);
+    return FSDP_PASS(ctx, st);
+}
+
 fsdp_status fsdp_tensor_create(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device, int ndim,
                                const int64_t *shape, fsdp_tensor **out) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
     FSDP_ARG_NOT_NULL(ctx, out);
-    *out = NULL;
-    FSDP_TRY_AT(ctx, check_shape(ctx, ndim, shape, "fsdp_tensor_create"));
-    FSDP_TRY_AT(ctx, check_dtype_device(ctx, dtype, device));
-    fsdp_storage *s;
-    FSDP_TRY_AT(ctx,
-                storage_new(ctx, (size_t)fsdp_shape_numel(ndim, shape) * fsdp_dtype_size(dtype),
-                            device, &s));
-    fsdp_status st = tensor_new(ctx, s, 0, dtype, ndim, shape, out);
-    if (st != FSDP_OK) storage_release(s);
-    return FSDP_PASS(ctx, st);
+    return create(ctx, dtype, device, ndim, shape, false, "fsdp_tensor_create", out);
+}
+
+fsdp_status fsdp_tensor_create_uninit(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device, int ndim,
+                                      const int64_t *shape, fsdp_tensor **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    return create(ctx, dtype, device, ndim, shape, true, "fsdp_tensor_create_uninit", out);
 }
 
 fsdp_status fsdp_tensor_create_like(fsdp_ctx *ctx, const fsdp_tensor *src, fsdp_tensor **out) {
@@ -317,8 +334,8 @@ fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const in
             "not owned, so it cannot be reallocated; resize the owner instead",
             (long long)numel);
     fsdp_storage *s;
-    FSDP_TRY_AT(
-        ctx, storage_new(ctx, (size_t)numel * fsdp_dtype_size(t->dtype), t->storage->device, &s));
+    FSDP_TRY_AT(ctx, storage_new(ctx, (size_t)numel * fsdp_dtype_size(t->dtype), t->storage->device,
+                                 false, &s));
     storage_release(t->storage);
     t->storage = s;
     t->offset = 0;
@@ -343,7 +360,7 @@ fsdp_status fsdp_tensor_move(fsdp_ctx *ctx, fsdp_tensor *t, fsdp_device device) 
                          fsdp_device_to_string(device), device.index);
     fsdp_storage *s;
     size_t nbytes = fsdp_tensor_nbytes(t);
-    FSDP_TRY_AT(ctx, storage_new(ctx, nbytes, device, &s));
+    FSDP_TRY_AT(ctx, storage_new(ctx, nbytes, device, true, &s)); // the copy writes it whole
     fsdp_status st = fsdp_device_between(device, from)
                          ->copy(ctx, s->data, device, fsdp_tensor_data(t), from, nbytes);
     if (st != FSDP_OK) {

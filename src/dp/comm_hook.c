@@ -148,9 +148,11 @@ fsdp_status fsdp_comm_hook_run(fsdp_ctx *ctx, fsdp_comm_hook_kind kind,
     fsdp_status st = FSDP_OK;
     fsdp_device dev = fsdp_tensor_device(b->grad);
     if (dtype != FSDP_DTYPE_F32) {
-        st = fsdp_tensor_create(ctx, dtype, dev, 1, &n, &a.low_grad);
+        /* written whole: the gradient rounded into low_grad, the reduction into low_out */
+        st = fsdp_tensor_create_uninit(ctx, dtype, dev, 1, &n, &a.low_grad);
         int64_t m = n / W;
-        if (st == FSDP_OK && b->output) st = fsdp_tensor_create(ctx, dtype, dev, 1, &m, &a.low_out);
+        if (st == FSDP_OK && b->output)
+            st = fsdp_tensor_create_uninit(ctx, dtype, dev, 1, &m, &a.low_out);
     }
     if (st == FSDP_OK) st = fsdp_dp_reduce(ctx, &a);
     fsdp_tensor_free(a.low_grad);

@@ -81,7 +81,7 @@ fsdp_status fsdp_pool_take(fsdp_ctx *ctx, fsdp_pool *pool, fsdp_tensor *t) {
             return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "FSDP pool: cannot grow");
         best = &pool->blocks[pool->n_blocks];
         int64_t len = n > 0 ? n : 1;
-        fsdp_status st = fsdp_tensor_create(ctx, dtype, pool->device, 1, &len, &best->buf);
+        fsdp_status st = fsdp_tensor_create_uninit(ctx, dtype, pool->device, 1, &len, &best->buf);
         if (st != FSDP_OK) return FSDP_PASS(ctx, st);
         best->in_use = best->open = false;
         best->last_on = now;

@@ -46,7 +46,8 @@ typedef struct fsdp_pool {
 } fsdp_pool;
 
 /* Binds t (any dtype and shape, without storage or not) to the smallest free block of its
- * dtype that holds it, allocating a block of exactly t's size when none does. Blocks last used
+ * dtype that holds it, allocating a block of exactly t's size when none does (not zeroed: a
+ * block's contents are whatever its last user or the allocation left). Blocks last used
  * on the current stream come first; a block given back on another stream is taken only when
  * that stream has given back another block since (so its last user is not the work just
  * queued there, which the taker would otherwise wait for: a reduce_scatter still reading the

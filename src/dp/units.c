@@ -280,7 +280,7 @@ static fsdp_status unit_build(fsdp_ctx *ctx, fsdp_sharded *sh, unit *u) {
     const fsdp_device dev = sh->pool.device;
     u->shard_numel = sharded ? (u->numel + W - 1) / W : u->numel;
     u->padded = sharded ? u->shard_numel * W : u->numel;
-    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 1, &u->padded, &u->full);
+    fsdp_status st = fsdp_tensor_create_uninit(ctx, FSDP_DTYPE_F32, dev, 1, &u->padded, &u->full);
     if (st == FSDP_OK) st = low_handles(ctx, sh, u, sharded);
     if (st == FSDP_OK) st = fsdp_tensor_fill(ctx, u->full, 0.0f);
     if (st == FSDP_OK) st = empty_handle(ctx, sh, u->padded, &u->full_grad);

@@ -44,8 +44,9 @@ static fsdp_status keep_output(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor 
     }
     if (!*o || !fsdp_tensor_has_storage(*o) || fsdp_tensor_capacity(*o) < fsdp_tensor_numel(y)) {
         fsdp_tensor *fresh;
-        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, fsdp_tensor_dtype(y), fsdp_tensor_device(y),
-                                            fsdp_tensor_ndim(y), fsdp_tensor_shape(y), &fresh));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create_uninit(ctx, fsdp_tensor_dtype(y), fsdp_tensor_device(y),
+                                                   fsdp_tensor_ndim(y), fsdp_tensor_shape(y),
+                                                   &fresh)); // the copy below writes it whole
         if (*o) {
             fsdp_tensor_alias(*o, fresh);
             fsdp_tensor_free(fresh);

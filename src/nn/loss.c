@@ -62,7 +62,7 @@ static fsdp_status stage_targets(fsdp_ctx *ctx, const int32_t *targets, int64_t 
     fsdp_tensor *host;
     FSDP_TRY_AT(ctx, fsdp_tensor_from_blob(ctx, (void *)targets, FSDP_DTYPE_F32, FSDP_CPU, 1, &rows,
                                            &host));
-    fsdp_status st = fsdp_tensor_create(ctx, FSDP_DTYPE_F32, dev, 1, &rows, out);
+    fsdp_status st = fsdp_tensor_create_uninit(ctx, FSDP_DTYPE_F32, dev, 1, &rows, out);
     if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, *out, host);
     fsdp_tensor_free(host);
     if (st != FSDP_OK) {

@@ -536,11 +536,11 @@ fsdp_status fsdp_nn_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, i
 fsdp_status fsdp_nn_buffer_dtype(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_dtype dtype,
                                  fsdp_device device, int ndim, const int64_t *shape) {
     if (!*t) {
-        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, dtype, device, ndim, shape, t));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create_uninit(ctx, dtype, device, ndim, shape, t));
     } else if (!fsdp_tensor_has_storage(*t)) {
         /* Released by activation checkpointing: new storage under the same handle. */
         fsdp_tensor *fresh;
-        FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, dtype, device, ndim, shape, &fresh));
+        FSDP_TRY_AT(ctx, fsdp_tensor_create_uninit(ctx, dtype, device, ndim, shape, &fresh));
         fsdp_tensor_alias(*t, fresh);
         fsdp_tensor_free(fresh);
     } else {

@@ -95,7 +95,9 @@ struct fsdp_module {
 };
 
 /* Makes *t a tensor of the given shape on `device`, reusing its storage when large enough:
- * the way layers keep activation buffers without allocating in steady state. */
+ * the way layers keep activation buffers without allocating in steady state. Its elements are
+ * unspecified (what the last forward left, or new memory not zeroed: fsdp_tensor_create_uninit,
+ * a NaN pattern on sim), so a layer writes every element before it reads any, or fills it. */
 fsdp_status fsdp_nn_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, int ndim,
                            const int64_t *shape);
 /* fsdp_nn_buffer of another dtype (a buffer keeps the dtype it was made with). */

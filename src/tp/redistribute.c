@@ -130,8 +130,8 @@ fsdp_status tp_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_dtype dtype, fsdp_dev
     if (*t && (*t)->dtype == dtype && fsdp_tensor_device(*t).type == device.type &&
         fsdp_tensor_device(*t).index == device.index && numel <= fsdp_tensor_capacity(*t))
         return fsdp_tensor_resize(ctx, *t, ndim, shape);
-    fsdp_tensor *fresh;
-    FSDP_TRY_AT(ctx, fsdp_tensor_create(ctx, dtype, device, ndim, shape, &fresh));
+    fsdp_tensor *fresh; // each step's collective or copy writes it whole, as a reused one
+    FSDP_TRY_AT(ctx, fsdp_tensor_create_uninit(ctx, dtype, device, ndim, shape, &fresh));
     fsdp_tensor_free(*t);
     *t = fresh;
     return FSDP_OK;

@@ -29,8 +29,8 @@ fsdp_status tp_spec_init(fsdp_ctx *ctx, fsdp_dtensor_spec *spec, const fsdp_mesh
 void tp_spec_block(const fsdp_dtensor_spec *spec, int64_t *offset, int64_t *length);
 
 /* Makes *t a tensor of dtype/shape on device, reusing its storage when it is large enough;
- * otherwise a new tensor replaces *t (the old handle is freed; storage others still view
- * stays alive through its reference count). */
+ * otherwise a new tensor, not zeroed, replaces *t (the old handle is freed; storage others
+ * still view stays alive through its reference count). The caller writes it whole. */
 fsdp_status tp_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_dtype dtype, fsdp_device device,
                       int ndim, const int64_t *shape);
 

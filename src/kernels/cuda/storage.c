@@ -37,6 +37,12 @@ static fsdp_status cuda_alloc(fsdp_ctx *ctx, int index, size_t nbytes, void **ou
     return FSDP_OK;
 }
 
+/* A block of the cache as it is: no memset, no launch (core/device.h). */
+static fsdp_status cuda_alloc_uninit(fsdp_ctx *ctx, int index, size_t nbytes, void **out) {
+    FSDP_TRY_AT(ctx, use_device(ctx, index));
+    return fsdp_cuda_block_alloc(ctx, index, nbytes, out);
+}
+
 static void cuda_free(int index, void *ptr) {
     fsdp_cuda_block_free(index, ptr);
 }
@@ -231,6 +237,7 @@ static const fsdp_device_i cuda_record = {
     .device_count = cuda_device_count,
     .count_note = "is the driver loaded and the device visible? CUDA_VISIBLE_DEVICES selects them",
     .alloc = cuda_alloc,
+    .alloc_uninit = cuda_alloc_uninit,
     .free = cuda_free,
     .copy = cuda_copy,
     .copy_2d = cuda_copy_2d,

@@ -218,6 +218,23 @@ static fsdp_status sim_alloc(fsdp_ctx *ctx, int index, size_t nbytes, void **out
     return FSDP_OK;
 }
 
+static void run_poison(void *arg) {
+    bytes_args *a = arg;
+    memset(a->dst, 0xFF, a->n);
+}
+
+/* Not zeroed: filled with 0xFF bytes (core/device.h), unseen by the launch counts, as a GPU
+ * would hand the block over as it is. */
+static fsdp_status sim_alloc_uninit(fsdp_ctx *ctx, int index, size_t nbytes, void **out) {
+    FSDP_TRY_AT(ctx, begin(ctx, index));
+    void *p = NULL;
+    FSDP_TRY_AT(ctx, sim_block_alloc(ctx, index, nbytes, &p));
+    bytes_args a = {sim_shadow(p), NULL, nbytes};
+    sim_launch_unseen(current(index), run_poison, &a, sizeof a);
+    *out = p;
+    return FSDP_OK;
+}
+
 static void sim_free(int index, void *ptr) {
     sim_block_free(index, ptr);
 }
@@ -420,6 +437,7 @@ static const fsdp_device_i sim_record = {
     .device_count = sim_count,
     .count_note = "FSDP_SIM_DEVICES sets how many, up to " SIM_STR(SIM_MAX_DEVICES),
     .alloc = sim_alloc,
+    .alloc_uninit = sim_alloc_uninit,
     .free = sim_free,
     .copy = sim_copy,
     .copy_2d = sim_copy_2d,
