@@ -9,11 +9,11 @@
  * f32 outputs (fsdp_nn_llama_set_bf16_norms off), on the CPU and on the device (sim, deferred
  * streams: the CPU's bits), also at tp 2 and with every decoder layer checkpointed; its
  * activation bytes, fewer by exactly the derived amount; a bf16 input refused by a Linear, an
- * attention and an MLP outside the policy. */
+ * attention and an MLP outside the policy. The model, its batch and the comparison of two steps
+ * are tests/tiny_llama.c's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_ctx, FSDP_TEST_OK
 #include "kernels/kernels.h" // defines: fsdp_kernels_for (the reference's f32 SwiGLU)
@@ -21,24 +21,9 @@
 #include "nn/llama_common.h" // defines: fsdp_llama_test_attention16
 #include "nn/nn.h"           // defines: fsdp_nn_llama_set_bf16_norms
 #include "on_device.h"       // defines: fsdp_test_device
+#include "tiny_llama.h"      // defines: tiny_model, tiny_step_of, tiny_compare, tiny_on, TINY_*
 
-enum { BATCH = 2, SEQ = 8, VOCAB = 64, N_TOK = BATCH * SEQ, LAYERS = 2, DIM = 32, HIDDEN = 48 };
-
-static const fsdp_llama_config CFG = {.dim = DIM,
-                                      .n_layers = LAYERS,
-                                      .n_heads = 4,
-                                      .n_kv_heads = 2,
-                                      .vocab_size = VOCAB,
-                                      .ffn_hidden = HIDDEN,
-                                      .max_seq_len = 16,
-                                      .init_std = 0.2f,
-                                      .compute_dtype = FSDP_DTYPE_BF16};
-
-static fsdp_module *llama(void) {
-    fsdp_module *m = NULL;
-    FSDP_TEST_OK(fsdp_model_llama(fsdp_test_ctx(), &CFG, &m));
-    return m;
-}
+enum { LAYERS = TINY_LAYERS, DIM = TINY_DIM, HIDDEN = TINY_HIDDEN };
 
 /* ---- the path before bf16 storage, kept as hooks: gate_proj's and up_proj's outputs replaced
  * by the f32 tensors the policy's Linear wrote before (a copy of its forward: the input and the
@@ -166,105 +151,25 @@ static void count_bf16_tensors(fsdp_module *m, int *count, int *norms) {
     }
 }
 
-/* ---- one training step's results on the host ---- */
-
-typedef struct step_out {
-    float loss;
-    float logits[N_TOK * VOCAB];
-    float *grads; /* every parameter's gradient, in visit order */
-    int64_t n_grads;
-} step_out;
-
-static fsdp_status copy_grad(fsdp_ctx *ctx, fsdp_param *p, const char *name, void *user) {
-    (void)name;
-    step_out *o = user;
-    const fsdp_tensor *g = fsdp_param_grad(p);
-    fsdp_tensor *h = NULL;
-    FSDP_TRY_AT(ctx, fsdp_tensor_from_blob(ctx, o->grads + o->n_grads, FSDP_DTYPE_F32, FSDP_CPU, 1,
-                                           (int64_t[]){fsdp_tensor_numel(g)}, &h));
-    fsdp_status st = fsdp_tensor_copy(ctx, h, g);
-    fsdp_tensor_free(h);
-    o->n_grads += fsdp_tensor_numel(g);
-    return st;
-}
-
-/* Forward, cross-entropy and backward of a fixed batch on m (on dev); *bytes (may be NULL) the
- * model's activation bytes right after the forward. A status, for rank threads too (the logits
- * are whole: under TP the plan's plain-loss layout, lm_head's output Replicate). */
-static fsdp_status run_step(fsdp_ctx *ctx, fsdp_module *m, fsdp_device dev, step_out *o,
-                            int64_t *bytes) {
-    int32_t tok[N_TOK], tgt[N_TOK];
-    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 37 + 11) % VOCAB);
-    for (int i = 0; i < N_TOK; i++) tgt[i] = i % SEQ == SEQ - 1 ? FSDP_IGNORE_INDEX : tok[i + 1];
-    fsdp_tensor *th = NULL, *td = NULL, *dl = NULL, *lh = NULL;
-    int64_t shape[2] = {BATCH, SEQ};
-    const fsdp_tensor *out = NULL;
-    fsdp_status st = fsdp_tensor_from_blob(ctx, tok, FSDP_DTYPE_I32, FSDP_CPU, 2, shape, &th);
-    if (st == FSDP_OK) st = fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, shape, &td);
-    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, td, th);
-    if (st == FSDP_OK) st = fsdp_module_zero_grad(ctx, m);
-    if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, td, &out);
-    if (st == FSDP_OK && bytes) st = fsdp_module_activation_bytes(ctx, m, bytes);
-    if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dl);
-    if (st == FSDP_OK)
-        st = fsdp_loss_cross_entropy_ignore(ctx, out, tgt, FSDP_IGNORE_INDEX, &o->loss, dl);
-    if (st == FSDP_OK) st = fsdp_module_backward(ctx, m, dl, NULL);
-    if (st == FSDP_OK)
-        st = fsdp_tensor_from_blob(ctx, o->logits, FSDP_DTYPE_F32, FSDP_CPU, 3,
-                                   (int64_t[]){BATCH, SEQ, VOCAB}, &lh);
-    if (st == FSDP_OK) st = fsdp_tensor_copy(ctx, lh, out);
-    if (st == FSDP_OK) {
-        free(o->grads);
-        o->n_grads = 0;
-        o->grads = calloc((size_t)fsdp_module_param_count(m), sizeof(float));
-        st = o->grads ? fsdp_module_visit_params(ctx, m, copy_grad, o)
-                      : FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "the gradients' copy");
+/* Two steps of a and b on dev, both on batch 0 (the second on the buffers of the first), their
+ * results compared after each (tiny_compare: loss, logits and every gradient bit for bit on the
+ * CPU and sim; on CUDA within 5e-2 relative plus 1e-3); bytes (may be NULL) the models'
+ * activation bytes right after the last forward. */
+static void step_both(fsdp_device dev, fsdp_module *a, fsdp_module *b, int64_t bytes[2]) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    tiny_step *o = calloc(2, sizeof *o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    for (int s = 0; s < 2; s++) {
+        FSDP_TEST_OK(tiny_step_of(ctx, a, a, dev, 0, &o[0]));
+        FSDP_TEST_OK(tiny_step_of(ctx, b, b, dev, 0, &o[1]));
+        printf("\n    step %d:", s);
+        tiny_compare(dev, &o[0], &o[1]);
     }
-    fsdp_tensor_free(th), fsdp_tensor_free(td), fsdp_tensor_free(dl), fsdp_tensor_free(lh);
-    return st;
-}
-
-static void step(fsdp_module *m, fsdp_device dev, step_out *o, int64_t *bytes) {
-    FSDP_TEST_OK(run_step(fsdp_test_ctx(), m, dev, o, bytes));
-}
-
-/* Bit for bit, with the count of differing elements printed. */
-static bool same_bits(const char *name, const float *a, const float *b, int64_t n) {
-    int64_t diff = 0;
-    for (int64_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
-    printf("\n    %s: %lld of %lld elements differ", name, (long long)diff, (long long)n);
-    return diff == 0;
+    if (bytes) bytes[0] = o[0].forward_bytes, bytes[1] = o[1].forward_bytes;
+    free(o[0].grads), free(o[1].grads), free(o);
 }
 
 /* ---- the kernels ---- */
-
-/* A host array on dev (a copy) */
-static fsdp_tensor *on(fsdp_device dev, fsdp_dtype dtype, void *host, int64_t n) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_tensor *h = NULL, *d = NULL;
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, host, dtype, FSDP_CPU, 1, (int64_t[]){n}, &h));
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, dtype, dev, 1, (int64_t[]){n}, &d));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, d, h));
-    fsdp_tensor_free(h);
-    return d;
-}
-
-/* d's n elements of `size` bytes copied to host */
-static void back(void *host, const fsdp_tensor *d) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_tensor *h = NULL;
-    FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, host, fsdp_tensor_dtype(d), FSDP_CPU, 1,
-                                       (int64_t[]){fsdp_tensor_numel(d)}, &h));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, h, d));
-    fsdp_tensor_free(h);
-}
-
-static int64_t differ(const void *a, const void *b, int64_t n, size_t size) {
-    int64_t d = 0;
-    for (int64_t i = 0; i < n; i++)
-        d += memcmp((const char *)a + i * size, (const char *)b + i * size, size) != 0;
-    return d;
-}
 
 /* swiglu_forward_bf16 and swiglu_backward_bf16 against the f32 entries on the widened inputs
  * (the forward then f32_to_bf16) on the same device, bit for bit: 1500 values (not a multiple of
@@ -283,12 +188,13 @@ static void check_swiglu(fsdp_device dev) {
     for (int i = 0; i < (int)(sizeof special / sizeof special[0]); i++)
         g16[i * 11] = special[i], u16[i * 13 + 1] = special[i];
     for (int i = 0; i < N; i++) g[i] = fsdp_bf16_to_f32(g16[i]), u[i] = fsdp_bf16_to_f32(u16[i]);
-    fsdp_tensor *gd = on(dev, FSDP_DTYPE_BF16, g16, N), *ud = on(dev, FSDP_DTYPE_BF16, u16, N);
-    fsdp_tensor *gw = on(dev, FSDP_DTYPE_F32, g, N), *uw = on(dev, FSDP_DTYPE_F32, u, N);
-    fsdp_tensor *dyd = on(dev, FSDP_DTYPE_F32, dy, N);
-    fsdp_tensor *t[4], *y16 = on(dev, FSDP_DTYPE_BF16, got16, N),
-                       *w16 = on(dev, FSDP_DTYPE_BF16, got16, N);
-    for (int i = 0; i < 4; i++) t[i] = on(dev, FSDP_DTYPE_F32, r[i], N);
+    fsdp_tensor *gd = tiny_on(dev, FSDP_DTYPE_BF16, g16, N),
+                *ud = tiny_on(dev, FSDP_DTYPE_BF16, u16, N);
+    fsdp_tensor *gw = tiny_on(dev, FSDP_DTYPE_F32, g, N), *uw = tiny_on(dev, FSDP_DTYPE_F32, u, N);
+    fsdp_tensor *dyd = tiny_on(dev, FSDP_DTYPE_F32, dy, N);
+    fsdp_tensor *t[4], *y16 = tiny_on(dev, FSDP_DTYPE_BF16, NULL, N),
+                       *w16 = tiny_on(dev, FSDP_DTYPE_BF16, NULL, N);
+    for (int i = 0; i < 4; i++) t[i] = tiny_on(dev, FSDP_DTYPE_F32, NULL, N);
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     CU_ASSERT_PTR_NOT_NULL_FATAL(k->swiglu_forward_bf16 && k->swiglu_backward_bf16);
     k->swiglu_forward(fsdp_tensor_f32(t[0]), fsdp_tensor_f32(gw), fsdp_tensor_f32(uw), N);
@@ -298,12 +204,10 @@ static void check_swiglu(fsdp_device dev) {
                        fsdp_tensor_f32(gw), fsdp_tensor_f32(uw), N);
     k->swiglu_backward_bf16(fsdp_tensor_f32(t[2]), fsdp_tensor_f32(t[3]), fsdp_tensor_f32(dyd),
                             fsdp_tensor_data(gd), fsdp_tensor_data(ud), N);
-    back(want16, w16), back(got16, y16);
-    for (int i = 0; i < 4; i++) back(r[i], t[i]);
-    int64_t nan = 0;
-    for (int i = 0; i < N; i++) nan += (want16[i] & 0x7fff) > 0x7f80;
-    int64_t df = differ(got16, want16, N, 2), dg = differ(r[2], r[0], N, 4),
-            du = differ(r[3], r[1], N, 4);
+    tiny_back(want16, w16), tiny_back(got16, y16);
+    for (int i = 0; i < 4; i++) tiny_back(r[i], t[i]);
+    int64_t nan = 0, df = 0, dg = tiny_differ(r[2], r[0], N), du = tiny_differ(r[3], r[1], N);
+    for (int i = 0; i < N; i++) nan += (want16[i] & 0x7fff) > 0x7f80, df += got16[i] != want16[i];
     printf("\n    swiglu on %s: %lld, %lld, %lld of %d differ (forward, dgate, dup; %lld NaN)",
            fsdp_device_to_string(dev), (long long)df, (long long)dg, (long long)du, N,
            (long long)nan);
@@ -320,13 +224,13 @@ static void check_swiglu(fsdp_device dev) {
 static void check_gemm(fsdp_device dev) {
     enum { M = 45, N = 150, K = 300, LDC = 160 };
     static fsdp_bf16 A[M * K], B[K * N], want[M * LDC], got[M * LDC];
-    static float C32[M * LDC];
     for (int i = 0; i < M * K; i++) A[i] = fsdp_bf16_from_f32(sinf((float)i * 0.37f) * 2.0f);
     for (int i = 0; i < K * N; i++) B[i] = fsdp_bf16_from_f32(cosf((float)i * 0.11f));
-    fsdp_tensor *ad = on(dev, FSDP_DTYPE_BF16, A, M * K), *bd = on(dev, FSDP_DTYPE_BF16, B, K * N);
-    fsdp_tensor *c32 = on(dev, FSDP_DTYPE_F32, C32, M * LDC);
-    fsdp_tensor *w = on(dev, FSDP_DTYPE_BF16, want, M * LDC),
-                *g = on(dev, FSDP_DTYPE_BF16, got, M * LDC);
+    fsdp_tensor *ad = tiny_on(dev, FSDP_DTYPE_BF16, A, M * K),
+                *bd = tiny_on(dev, FSDP_DTYPE_BF16, B, K * N);
+    fsdp_tensor *c32 = tiny_on(dev, FSDP_DTYPE_F32, NULL, M * LDC);
+    fsdp_tensor *w = tiny_on(dev, FSDP_DTYPE_BF16, NULL, M * LDC),
+                *g = tiny_on(dev, FSDP_DTYPE_BF16, NULL, M * LDC);
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     CU_ASSERT_PTR_NOT_NULL_FATAL(k->gemm_bf16_round);
     for (int t = 0; t < 5; t++) {
@@ -341,7 +245,7 @@ static void check_gemm(fsdp_device dev) {
         FSDP_TEST_OK(fsdp_tensor_fill(fsdp_test_ctx(), g, 0.0f));
         k->gemm_bf16_round(ta, tb, M, N, kk, fsdp_tensor_data(ad), lda, fsdp_tensor_data(bd), ldb,
                            fsdp_tensor_data(g), LDC);
-        back(want, w), back(got, g);
+        tiny_back(want, w), tiny_back(got, g);
         int64_t d = 0, far = 0, nonzero = 0;
         for (int r = 0; r < M; r++)
             for (int c = 0; c < N; c++) {
@@ -379,10 +283,12 @@ static void check_rope(fsdp_device dev) {
             float ang = (float)t * powf(10000.0f, -(float)(2 * i) / D) * 7.0f;
             cs[t * D / 2 + i] = cosf(ang), cs[T * D / 2 + t * D / 2 + i] = sinf(ang);
         }
-    fsdp_tensor *qd = on(dev, FSDP_DTYPE_BF16, q16, NQ), *kd = on(dev, FSDP_DTYPE_BF16, k16, NK);
-    fsdp_tensor *qw = on(dev, FSDP_DTYPE_F32, q, NQ), *kw = on(dev, FSDP_DTYPE_F32, k, NK);
-    fsdp_tensor *csd = on(dev, FSDP_DTYPE_F32, cs, 2 * T * D / 2), *t[4];
-    for (int i = 0; i < 4; i++) t[i] = on(dev, FSDP_DTYPE_F32, r[i], i % 2 ? NK : NQ);
+    fsdp_tensor *qd = tiny_on(dev, FSDP_DTYPE_BF16, q16, NQ),
+                *kd = tiny_on(dev, FSDP_DTYPE_BF16, k16, NK);
+    fsdp_tensor *qw = tiny_on(dev, FSDP_DTYPE_F32, q, NQ),
+                *kw = tiny_on(dev, FSDP_DTYPE_F32, k, NK);
+    fsdp_tensor *csd = tiny_on(dev, FSDP_DTYPE_F32, cs, 2 * T * D / 2), *t[4];
+    for (int i = 0; i < 4; i++) t[i] = tiny_on(dev, FSDP_DTYPE_F32, NULL, i % 2 ? NK : NQ);
     const fsdp_kernels_i *kt = fsdp_kernels_for(dev);
     CU_ASSERT_PTR_NOT_NULL_FATAL(kt->rope_qk_forward_bf16);
     const float *c = fsdp_tensor_f32(csd), *sn = c + T * D / 2;
@@ -390,8 +296,8 @@ static void check_rope(fsdp_device dev) {
                         fsdp_tensor_f32(kw), c, sn, B, T, NH, NKV, D);
     kt->rope_qk_forward_bf16(fsdp_tensor_f32(t[2]), fsdp_tensor_f32(t[3]), fsdp_tensor_data(qd),
                              fsdp_tensor_data(kd), c, sn, B, T, NH, NKV, D);
-    for (int i = 0; i < 4; i++) back(r[i], t[i]);
-    int64_t dq = differ(r[2], r[0], NQ, 4), dk = differ(r[3], r[1], NK, 4), nan = 0;
+    for (int i = 0; i < 4; i++) tiny_back(r[i], t[i]);
+    int64_t dq = tiny_differ(r[2], r[0], NQ), dk = tiny_differ(r[3], r[1], NK), nan = 0;
     for (int i = 0; i < NQ; i++) nan += isnan(r[0][i]);
     printf("\n    rope on %s: %lld, %lld differ (q, k; %lld NaN)", fsdp_device_to_string(dev),
            (long long)dq, (long long)dk, (long long)nan);
@@ -408,18 +314,19 @@ static void check_rope(fsdp_device dev) {
  * overflow bf16's range to infinity. */
 static void check_norm(fsdp_device dev) {
     enum { R = 6, C = 1100, N = R * C };
-    static float x[N], w[C], y[N], rs[2][R];
+    static float x[N], w[C], rs[2][R];
     static fsdp_bf16 want16[N], got16[N];
     for (int i = 0; i < N; i++) x[i] = sinf((float)i * 0.731f) * (1.0f + (float)(i % 97));
     for (int c = 0; c < C; c++) w[c] = 0.5f + cosf((float)c * 0.29f);
     w[700] = 3e38f;
     for (int c = 0; c < C; c++) x[C + c] = 0.0f;
     x[2 * C + 5] = INFINITY, x[3 * C + 1099] = NAN;
-    fsdp_tensor *xd = on(dev, FSDP_DTYPE_F32, x, N), *wd = on(dev, FSDP_DTYPE_F32, w, C);
-    fsdp_tensor *yd = on(dev, FSDP_DTYPE_F32, y, N), *r0 = on(dev, FSDP_DTYPE_F32, rs[0], R),
-                *r1 = on(dev, FSDP_DTYPE_F32, rs[1], R);
-    fsdp_tensor *wantd = on(dev, FSDP_DTYPE_BF16, want16, N),
-                *gotd = on(dev, FSDP_DTYPE_BF16, got16, N);
+    fsdp_tensor *xd = tiny_on(dev, FSDP_DTYPE_F32, x, N), *wd = tiny_on(dev, FSDP_DTYPE_F32, w, C);
+    fsdp_tensor *yd = tiny_on(dev, FSDP_DTYPE_F32, NULL, N),
+                *r0 = tiny_on(dev, FSDP_DTYPE_F32, NULL, R),
+                *r1 = tiny_on(dev, FSDP_DTYPE_F32, NULL, R);
+    fsdp_tensor *wantd = tiny_on(dev, FSDP_DTYPE_BF16, NULL, N),
+                *gotd = tiny_on(dev, FSDP_DTYPE_BF16, NULL, N);
     const fsdp_kernels_i *k = fsdp_kernels_for(dev);
     CU_ASSERT_PTR_NOT_NULL_FATAL(k->rmsnorm_forward_bf16);
     k->rmsnorm_forward(fsdp_tensor_f32(yd), fsdp_tensor_f32(r0), fsdp_tensor_f32(xd),
@@ -427,11 +334,11 @@ static void check_norm(fsdp_device dev) {
     k->f32_to_bf16(fsdp_tensor_data(wantd), fsdp_tensor_f32(yd), N);
     k->rmsnorm_forward_bf16(fsdp_tensor_data(gotd), fsdp_tensor_f32(r1), fsdp_tensor_f32(xd),
                             fsdp_tensor_f32(wd), 1e-5f, R, C);
-    back(want16, wantd), back(got16, gotd), back(rs[0], r0), back(rs[1], r1);
-    int64_t nan = 0, inf = 0;
+    tiny_back(want16, wantd), tiny_back(got16, gotd), tiny_back(rs[0], r0), tiny_back(rs[1], r1);
+    int64_t nan = 0, inf = 0, dy = 0, dr = tiny_differ(rs[1], rs[0], R);
     for (int i = 0; i < N; i++)
-        nan += (want16[i] & 0x7fff) > 0x7f80, inf += (want16[i] & 0x7fff) == 0x7f80;
-    int64_t dy = differ(got16, want16, N, 2), dr = differ(rs[1], rs[0], R, 4);
+        nan += (want16[i] & 0x7fff) > 0x7f80, inf += (want16[i] & 0x7fff) == 0x7f80,
+            dy += got16[i] != want16[i];
     printf("\n    rmsnorm on %s: %lld, %lld differ (out of %d, rstd of %d; %lld NaN, %lld inf)",
            fsdp_device_to_string(dev), (long long)dy, (long long)dr, N, R, (long long)nan,
            (long long)inf);
@@ -454,9 +361,8 @@ static void test_kernels(void) {
 
 /* ---- the model, bitwise the path before ---- */
 
-/* Two steps of the policy's Llama (the second on the buffers of the first) against the same
- * model on the f32 path's hooks with its norms' outputs in f32, on dev: loss, logits and every
- * gradient bit for bit on the CPU
+/* Two steps of the policy's Llama (step_both) against the same model on the f32 path's hooks
+ * with its norms' outputs in f32, on dev: loss, logits and every gradient bit for bit on the CPU
  * and sim. On CUDA cuBLAS may sum gate's and up's products in another order when it writes bf16
  * (gemm_bf16_round) than into f32, and a sum near a rounding boundary then rounds to the
  * neighbouring bf16 value (2^-7 relative), which later layers carry on: there within
@@ -464,41 +370,20 @@ static void test_kernels(void) {
  * kernels: by default CUDA runs the bf16 q and k of the storage path on cuDNN's bf16 attention
  * and the f32 path's on the f32 kernels, which is not the difference this compares. */
 static void check_bitwise(fsdp_device dev) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_test_device_pin_f32_attention(true);
     /* the attention on f32 q, k, v and output in both (the f32-storage path cannot run it on
      * bf16 tensors, which rounds q and k after RoPE: test_attn16 and test_autocast cover that) */
     fsdp_llama_test_attention16(true, NULL);
-    fsdp_module *mb = llama(), *mf = llama();
-    if (dev.type != FSDP_DEVICE_CPU) { /* moved before hooks are added (fsdp_module_to's rule) */
-        FSDP_TEST_OK(fsdp_module_to(ctx, mb, dev));
-        FSDP_TEST_OK(fsdp_module_to(ctx, mf, dev));
-    }
+    /* moved to dev before hooks are added (fsdp_module_to's rule) */
+    fsdp_module *mb = tiny_model(FSDP_DTYPE_BF16, dev, false),
+                *mf = tiny_model(FSDP_DTYPE_BF16, dev, false);
     f32_output *outs[KEPT16 * LAYERS];
     fsdp_nn_llama_set_bf16_norms(mf, false); /* the projections' inputs f32, as before */
     use_f32_path(mf, outs);
     int bf16_tensors = 0, bf16_tensors_f = 0, norms16 = 0, norms16_f = 0;
     count_bf16_tensors(mb, &bf16_tensors, &norms16);
     count_bf16_tensors(mf, &bf16_tensors_f, &norms16_f); /* after the f32 path's hooks */
-    step_out *b = calloc(1, sizeof *b), *f = calloc(1, sizeof *f);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(b && f);
-    for (int s = 0; s < 2; s++) {
-        step(mb, dev, b, NULL), step(mf, dev, f, NULL);
-        printf("\n    %s step %d: loss %.9g, f32 path %.9g", fsdp_device_to_string(dev), s, b->loss,
-               f->loss);
-        CU_ASSERT_EQUAL_FATAL(b->n_grads, f->n_grads);
-        if (dev.type == FSDP_DEVICE_CPU) {
-            CU_ASSERT_TRUE(same_bits("loss", &b->loss, &f->loss, 1));
-            CU_ASSERT_TRUE(same_bits("logits", b->logits, f->logits, N_TOK * VOCAB));
-            CU_ASSERT_TRUE(same_bits("gradients", b->grads, f->grads, b->n_grads));
-        } else { /* bit for bit on sim */
-            CU_ASSERT_TRUE(fsdp_test_device_close("loss", &b->loss, &f->loss, 1, 5e-2, 0));
-            CU_ASSERT_TRUE(
-                fsdp_test_device_close("logits", b->logits, f->logits, N_TOK * VOCAB, 5e-2, 1e-3));
-            CU_ASSERT_TRUE(
-                fsdp_test_device_close("gradients", b->grads, f->grads, b->n_grads, 5e-2, 1e-3));
-        }
-    }
+    step_both(dev, mb, mf, NULL);
     /* each path ran: bf16 q, k, gate, up and SwiGLU output in one model (5 per layer and step),
      * none in the other, whose 4 projections per layer had their outputs replaced each step */
     CU_ASSERT_EQUAL(bf16_tensors, 2 * PER_LAYER * LAYERS);
@@ -506,7 +391,6 @@ static void check_bitwise(fsdp_device dev) {
     CU_ASSERT_EQUAL(norms16, 2 * NORMS * LAYERS);
     CU_ASSERT_EQUAL(norms16_f, 0);
     for (int i = 0; i < KEPT16 * LAYERS; i++) CU_ASSERT_EQUAL(outs[i]->calls, 2);
-    free(b->grads), free(f->grads), free(b), free(f);
     fsdp_module_free(mb), fsdp_module_free(mf);
     int64_t ran = -1;
     fsdp_llama_test_attention16(false, &ran);
@@ -527,35 +411,22 @@ static void test_bitwise_device(void) {
  * forward only the layers' kept outputs remain, fewer bytes than without checkpointing. */
 static void test_checkpointed(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_module *mb = llama(), *mc = llama();
-    for (int i = 0; i < LAYERS; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "model.layers.%d", i);
-        FSDP_TEST_OK(fsdp_checkpoint_wrap(ctx, fsdp_module_find(mc, name)));
-    }
+    fsdp_module *mb = tiny_model(FSDP_DTYPE_BF16, FSDP_CPU, false),
+                *mc = tiny_model(FSDP_DTYPE_BF16, FSDP_CPU, true);
     int bf16_tensors = 0, norms16 = 0;
     count_bf16_tensors(mc, &bf16_tensors, &norms16);
-    step_out *b = calloc(1, sizeof *b), *c = calloc(1, sizeof *c);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(b && c);
-    int64_t bytes_b = 0, bytes_c = 0, mlp_c = -1;
-    for (int s = 0; s < 2; s++) {
-        step(mb, FSDP_CPU, b, &bytes_b), step(mc, FSDP_CPU, c, &bytes_c);
-        CU_ASSERT_TRUE(same_bits("loss", &b->loss, &c->loss, 1));
-        CU_ASSERT_TRUE(same_bits("logits", b->logits, c->logits, N_TOK * VOCAB));
-        CU_ASSERT_EQUAL_FATAL(b->n_grads, c->n_grads);
-        CU_ASSERT_TRUE(same_bits("gradients", b->grads, c->grads, b->n_grads));
-    }
+    int64_t bytes[2] = {0, 0}, mlp_c = -1; /* after forward: not checkpointed, checkpointed */
+    step_both(FSDP_CPU, mb, mc, bytes);
     FSDP_TEST_OK(
         fsdp_module_activation_bytes(ctx, fsdp_module_find(mc, "model.layers.0.mlp"), &mlp_c));
-    printf("\n    after forward: %lld bytes checkpointed, %lld not", (long long)bytes_c,
-           (long long)bytes_b);
-    CU_ASSERT_TRUE(bytes_c < bytes_b);
+    printf("\n    after forward: %lld bytes checkpointed, %lld not", (long long)bytes[1],
+           (long long)bytes[0]);
+    CU_ASSERT_TRUE(bytes[1] < bytes[0]);
     CU_ASSERT_EQUAL(mlp_c, 0); /* released after backward */
     /* the bf16 path ran in the forwards and the recomputes: 5 tensors and the 2 norms' outputs
      * per layer, 2 runs a step */
     CU_ASSERT_EQUAL(bf16_tensors, 2 * 2 * PER_LAYER * LAYERS);
     CU_ASSERT_EQUAL(norms16, 2 * 2 * NORMS * LAYERS);
-    free(b->grads), free(c->grads), free(b), free(c);
     fsdp_module_free(mb), fsdp_module_free(mc);
 }
 
@@ -568,43 +439,20 @@ static void test_checkpointed(void) {
  * CUDA should agree bit for bit too (not run here: there within check_bitwise's bound); the
  * attention pinned to the f32 kernels as there. */
 static void check_norms16(fsdp_device dev) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_test_device_pin_f32_attention(true);
-    fsdp_module *mb = llama(), *mo = llama();
-    if (dev.type != FSDP_DEVICE_CPU) {
-        FSDP_TEST_OK(fsdp_module_to(ctx, mb, dev));
-        FSDP_TEST_OK(fsdp_module_to(ctx, mo, dev));
-    }
+    fsdp_module *mb = tiny_model(FSDP_DTYPE_BF16, dev, false),
+                *mo = tiny_model(FSDP_DTYPE_BF16, dev, false);
     fsdp_nn_llama_set_bf16_norms(mo, false);
     int proj16 = 0, proj16_o = 0, norms16 = 0, norms16_o = 0;
     count_bf16_tensors(mb, &proj16, &norms16);
     count_bf16_tensors(mo, &proj16_o, &norms16_o);
-    step_out *b = calloc(1, sizeof *b), *o = calloc(1, sizeof *o);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(b && o);
-    for (int s = 0; s < 2; s++) {
-        step(mb, dev, b, NULL), step(mo, dev, o, NULL);
-        printf("\n    %s step %d: loss %.9g, norms in f32 %.9g", fsdp_device_to_string(dev), s,
-               b->loss, o->loss);
-        CU_ASSERT_EQUAL_FATAL(b->n_grads, o->n_grads);
-        if (dev.type == FSDP_DEVICE_CPU) {
-            CU_ASSERT_TRUE(same_bits("loss", &b->loss, &o->loss, 1));
-            CU_ASSERT_TRUE(same_bits("logits", b->logits, o->logits, N_TOK * VOCAB));
-            CU_ASSERT_TRUE(same_bits("gradients", b->grads, o->grads, b->n_grads));
-        } else { /* bit for bit on sim */
-            CU_ASSERT_TRUE(fsdp_test_device_close("loss", &b->loss, &o->loss, 1, 5e-2, 0));
-            CU_ASSERT_TRUE(
-                fsdp_test_device_close("logits", b->logits, o->logits, N_TOK * VOCAB, 5e-2, 1e-3));
-            CU_ASSERT_TRUE(
-                fsdp_test_device_close("gradients", b->grads, o->grads, b->n_grads, 5e-2, 1e-3));
-        }
-    }
+    step_both(dev, mb, mo, NULL);
     /* each path ran: the norms' bf16 outputs (2 a layer and step) in one model only; the other
      * projection-level bf16 tensors in both */
     CU_ASSERT_EQUAL(norms16, 2 * NORMS * LAYERS);
     CU_ASSERT_EQUAL(norms16_o, 0);
     CU_ASSERT_EQUAL(proj16, 2 * PER_LAYER * LAYERS);
     CU_ASSERT_EQUAL(proj16_o, 2 * PER_LAYER * LAYERS);
-    free(b->grads), free(o->grads), free(b), free(o);
     fsdp_module_free(mb), fsdp_module_free(mo);
     fsdp_test_device_pin_f32_attention(false);
 }
@@ -627,11 +475,12 @@ static const char *const READER_NAMES[READERS] = {
 /* One step of the policy's Llama under the TP plan at tp 2 (lm_head's output Replicate, the
  * plain loss) on dev, norms16 or not; *in16 counts the bf16 inputs reaching the readers (after
  * the TP hooks' redistribution), *gathered the forward's all_gather bytes on tp. */
-static fsdp_status tp_step(fsdp_ctx *ctx, fsdp_device dev, bool norms16, step_out *o, int *in16,
+static fsdp_status tp_step(fsdp_ctx *ctx, fsdp_device dev, bool norms16, tiny_step *o, int *in16,
                            int64_t *gathered) {
+    fsdp_llama_config cfg = tiny_llama_config(FSDP_DTYPE_BF16);
     llama_tp l = {0};
     fsdp_status st = fsdp_ctx_set_device(ctx, dev);
-    if (st == FSDP_OK) st = llama_tp_build(ctx, &CFG, 1, 2, false, 99, dev, &l);
+    if (st == FSDP_OK) st = llama_tp_build(ctx, &cfg, 1, 2, false, 99, dev, &l);
     if (st == FSDP_OK) fsdp_nn_llama_set_bf16_norms(l.m, norms16);
     for (int i = 0; st == FSDP_OK && i < LAYERS * READERS; i++) {
         char name[64];
@@ -641,7 +490,7 @@ static fsdp_status tp_step(fsdp_ctx *ctx, fsdp_device dev, bool norms16, step_ou
                : FSDP_FAIL(ctx, FSDP_ERR_INTERNAL, "no %s", name);
     }
     if (st == FSDP_OK) st = fsdp_comm_debug_begin(ctx);
-    if (st == FSDP_OK) st = run_step(ctx, l.m, dev, o, NULL);
+    if (st == FSDP_OK) st = tiny_step_of(ctx, l.m, l.m, dev, 0, o);
     if (st == FSDP_OK) st = fsdp_comm_debug_end(ctx);
     if (st == FSDP_OK)
         *gathered =
@@ -655,10 +504,9 @@ static fsdp_status tp_step(fsdp_ctx *ctx, fsdp_device dev, bool norms16, step_ou
 
 /* Elements of a and b (n) that differ: bit for bit, or on CUDA beyond check_bitwise's bound. */
 static int64_t tp_differ(bool cuda, const float *a, const float *b, int64_t n) {
+    if (!cuda) return tiny_differ(a, b, n);
     int64_t d = 0;
-    for (int64_t i = 0; i < n; i++)
-        d += cuda ? !(fabsf(a[i] - b[i]) <= 1e-3f + 5e-2f * fabsf(b[i]))
-                  : memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    for (int64_t i = 0; i < n; i++) d += !(fabsf(a[i] - b[i]) <= 1e-3f + 5e-2f * fabsf(b[i]));
     return d;
 }
 
@@ -671,7 +519,7 @@ static fsdp_status norms16_tp_rank(fsdp_ctx *ctx, int rank, void *user) {
     (void)user;
     fsdp_test_device_pin_f32_attention(true);
     fsdp_device devs[2] = {FSDP_CPU, fsdp_test_device()};
-    step_out *run[2] = {calloc(1, sizeof(step_out)), calloc(1, sizeof(step_out))};
+    tiny_step *run[2] = {calloc(1, sizeof(tiny_step)), calloc(1, sizeof(tiny_step))};
     fsdp_status st = run[0] && run[1] ? FSDP_OK : FSDP_ERR_OUT_OF_MEMORY;
     for (int d = 0; st == FSDP_OK && d < 2; d++) {
         int in16[2] = {0, 0};
@@ -681,7 +529,7 @@ static fsdp_status norms16_tp_rank(fsdp_ctx *ctx, int rank, void *user) {
         if (st != FSDP_OK) break;
         bool cuda = d == 1 && fsdp_test_device_is_cuda();
         int64_t dl = tp_differ(cuda, &run[0]->loss, &run[1]->loss, 1),
-                dy = tp_differ(cuda, run[0]->logits, run[1]->logits, N_TOK * VOCAB),
+                dy = tp_differ(cuda, run[0]->logits, run[1]->logits, TINY_TOKENS * TINY_VOCAB),
                 dg = run[0]->n_grads == run[1]->n_grads
                          ? tp_differ(cuda, run[0]->grads, run[1]->grads, run[0]->n_grads)
                          : -1;
@@ -699,7 +547,8 @@ static fsdp_status norms16_tp_rank(fsdp_ctx *ctx, int rank, void *user) {
         FSDP_RANK_CHECK(ctx, in16[0] == READERS * LAYERS && in16[1] == 0,
                         "rank %d: %d and %d bf16 inputs reached the projections (want %d and 0)",
                         rank, in16[0], in16[1], READERS * LAYERS);
-        FSDP_RANK_CHECK(ctx, gathered[1] - gathered[0] == 2 * LAYERS * 2 * (int64_t)N_TOK * DIM,
+        FSDP_RANK_CHECK(ctx,
+                        gathered[1] - gathered[0] == 2 * LAYERS * 2 * (int64_t)TINY_TOKENS * DIM,
                         "rank %d: forward all_gather bytes %lld with bf16 norms, %lld without",
                         rank, (long long)gathered[0], (long long)gathered[1]);
     }
@@ -760,21 +609,18 @@ static int64_t mlp_bytes(int64_t R, int64_t D, int64_t H) {
 
 static void test_activation_bytes(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_module *m = llama();
-    step_out *o = calloc(1, sizeof *o);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    fsdp_module *m = tiny_model(FSDP_DTYPE_BF16, FSDP_CPU, false);
     /* q_proj (R, NH hd) = (R, DIM) and k_proj (R, NKV hd) = (R, DIM / 2): 4 heads, 2 kv */
-    const int64_t R = N_TOK, H = HIDDEN, norms = 14 * R * DIM, final_norm = 4 * R * DIM,
+    const int64_t R = TINY_TOKENS, H = HIDDEN, norms = 14 * R * DIM, final_norm = 4 * R * DIM,
                   scratch = 2 * 2 * R * (H > DIM ? H : DIM) + 2 * 2 * R * DIM, /* gate, up; q, k */
-        att16 = attention16_saved(R, SEQ),
+        att16 = attention16_saved(R, TINY_SEQ),
                   /* the weights' mirrors: q, o (D, D), k, v (D / 2, D), gate, up, down (H D) */
         mirrors = 2 * (3 * DIM * DIM + 3 * H * DIM),
                   saved = (8 * R * H + 2 * R * (DIM + DIM / 2) + norms + 4 * R * DIM + scratch +
                            att16 + mirrors) *
                               LAYERS +
-                          final_norm + 2 * VOCAB * DIM /* lm_head's mirror */;
-    int64_t bytes = 0, mlp = 0;
-    step(m, FSDP_CPU, o, &bytes);
+                          final_norm + 2 * TINY_VOCAB * DIM /* lm_head's mirror */;
+    int64_t bytes = tiny_forward_bytes(m), mlp = 0; /* the MLP's after the step */
     FSDP_TEST_OK(
         fsdp_module_activation_bytes(ctx, fsdp_module_find(m, "model.layers.0.mlp"), &mlp));
     printf("\n    activation bytes: %lld (before %lld, %lld fewer; derived %lld); one MLP %lld "
@@ -784,25 +630,22 @@ static void test_activation_bytes(void) {
     CU_ASSERT_EQUAL(mlp, mlp_bytes(R, DIM, H));
     CU_ASSERT_EQUAL(bytes, BYTES_BEFORE - saved);
     /* the norms' f32 outputs: 14 R D more a layer, and 4 R D the final norm's */
-    fsdp_module *mn = llama();
+    fsdp_module *mn = tiny_model(FSDP_DTYPE_BF16, FSDP_CPU, false);
     fsdp_nn_llama_set_bf16_norms(mn, false);
-    int64_t bytes_n = 0;
-    step(mn, FSDP_CPU, o, &bytes_n);
+    int64_t bytes_n = tiny_forward_bytes(mn);
     CU_ASSERT_EQUAL(bytes_n - bytes, norms * LAYERS + final_norm);
     /* the f32 path (hooks replace the projections' outputs with f32 tensors they own, which are
      * not counted) holds the f32 SwiGLU output (2 R H more than bf16) and down_proj's bf16 copy
      * of it (2 R H) per layer, beside the norms' f32 outputs, and the attention on f32 tensors
      * (att16 more) */
-    fsdp_module *mf = llama();
+    fsdp_module *mf = tiny_model(FSDP_DTYPE_BF16, FSDP_CPU, false);
     f32_output *outs[KEPT16 * LAYERS];
     fsdp_nn_llama_set_bf16_norms(mf, false);
     use_f32_path(mf, outs);
-    int64_t bytes_f = 0;
     fsdp_llama_test_attention16(true, NULL); /* f32 q and k: the attention on f32 tensors */
-    step(mf, FSDP_CPU, o, &bytes_f);
+    int64_t bytes_f = tiny_forward_bytes(mf);
     fsdp_llama_test_attention16(false, NULL);
     CU_ASSERT_EQUAL(bytes_f - bytes_n, (4 * R * H + att16) * LAYERS);
-    free(o->grads), free(o);
     fsdp_module_free(m), fsdp_module_free(mn), fsdp_module_free(mf);
 }
 
@@ -834,8 +677,7 @@ static void test_bf16_input_refused(void) {
  * under the policy both take it and give f32. */
 static void test_bf16_input_refused_llama(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_llama_config c = CFG;
-    c.compute_dtype = FSDP_DTYPE_F32;
+    fsdp_llama_config c = tiny_llama_config(FSDP_DTYPE_F32);
     fsdp_module *attn = NULL, *mlp = NULL;
     FSDP_TEST_OK(fsdp_llama_attention_create(ctx, &c, &attn));
     FSDP_TEST_OK(fsdp_llama_mlp_create(ctx, DIM, HIDDEN, &mlp));
@@ -868,14 +710,13 @@ static void test_bf16_input_refused_llama(void) {
  * (as generation calls it) gives f32. */
 static void test_norms16_follow_policy(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_module *m = llama();
+    fsdp_module *m = tiny_model(FSDP_DTYPE_BF16, FSDP_CPU, false);
     FSDP_TEST_OK(
         fsdp_module_set_autocast(ctx, fsdp_module_find(m, "model.layers.0.mlp"), FSDP_DTYPE_F32));
     int proj16 = 0, norms16 = 0;
     count_bf16_tensors(m, &proj16, &norms16);
-    step_out *o = calloc(1, sizeof *o);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
-    step(m, FSDP_CPU, o, NULL);
+    tiny_step o = {0};
+    FSDP_TEST_OK(tiny_step_of(ctx, m, m, FSDP_CPU, 0, &o));
     CU_ASSERT_EQUAL(norms16, NORMS * LAYERS - 1);
     fsdp_module *norm = fsdp_module_find(m, "model.layers.1.input_layernorm");
     fsdp_tensor *x = NULL;
@@ -885,15 +726,13 @@ static void test_norms16_follow_policy(void) {
     FSDP_TEST_OK(fsdp_module_forward(ctx, norm, x, &y));
     CU_ASSERT_EQUAL(fsdp_tensor_dtype(y), FSDP_DTYPE_F32);
     fsdp_module_free(m);
-    fsdp_llama_config c = CFG;
-    c.compute_dtype = FSDP_DTYPE_F32;
-    FSDP_TEST_OK(fsdp_model_llama(ctx, &c, &m));
+    m = tiny_model(FSDP_DTYPE_F32, FSDP_CPU, false);
     proj16 = 0, norms16 = 0;
     count_bf16_tensors(m, &proj16, &norms16);
-    step(m, FSDP_CPU, o, NULL);
+    FSDP_TEST_OK(tiny_step_of(ctx, m, m, FSDP_CPU, 0, &o));
     CU_ASSERT_EQUAL(norms16 + proj16, 0);
     fsdp_tensor_free(x);
-    free(o->grads), free(o);
+    free(o.grads);
     fsdp_module_free(m);
 }
 

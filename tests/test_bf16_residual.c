@@ -205,26 +205,14 @@ static void test_bf16_device(void) {
 
 /* ---- activation bytes, and the direct calls ---- */
 
-/* fsdp_module_activation_bytes of m after a forward of batch 0 on the CPU. */
-static int64_t forward_bytes(fsdp_module *m) {
-    fsdp_ctx *ctx = fsdp_test_ctx();
-    fsdp_tensor *td = NULL;
-    const fsdp_tensor *out = NULL;
-    int64_t bytes = -1;
-    FSDP_TEST_OK(tiny_tokens(ctx, FSDP_CPU, 0, NULL, &td));
-    FSDP_TEST_OK(fsdp_module_forward(ctx, m, td, &out));
-    FSDP_TEST_OK(fsdp_module_activation_bytes(ctx, m, &bytes));
-    fsdp_tensor_free(td);
-    return bytes;
-}
-
 /* o_proj and down_proj each hold their output (R, D) in bf16 instead of f32: 2 R D bytes fewer
  * a Linear (R = B T rows, D = dim), 4 R D a layer; their bf16 weight copy, input copy and
  * scratch are the same either way. */
 static void test_activation_bytes(void) {
     fsdp_module *mn = model(FSDP_DTYPE_BF16, FSDP_CPU, true, false);
     fsdp_module *mo = model(FSDP_DTYPE_BF16, FSDP_CPU, false, false);
-    int64_t bn = forward_bytes(mn), bo = forward_bytes(mo), derived = 4 * N_TOK * DIM * LAYERS;
+    int64_t bn = tiny_forward_bytes(mn), bo = tiny_forward_bytes(mo),
+            derived = 4 * N_TOK * DIM * LAYERS;
     printf("\n    activation bytes %lld, path before %lld: %lld fewer (derived 4 R D x %d layers "
            "= %lld)",
            (long long)bn, (long long)bo, (long long)(bo - bn), LAYERS, (long long)derived);

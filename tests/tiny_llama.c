@@ -112,6 +112,7 @@ fsdp_status tiny_step_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_module *grads_of, f
     fsdp_status st = tiny_tokens(ctx, dev, s, tgt, &td);
     if (st == FSDP_OK) st = fsdp_module_zero_grad(ctx, grads_of);
     if (st == FSDP_OK) st = fsdp_module_forward(ctx, m, td, &out);
+    if (st == FSDP_OK) st = fsdp_module_activation_bytes(ctx, m, &o->forward_bytes);
     if (st == FSDP_OK) st = fsdp_tensor_create_like(ctx, out, &dl);
     if (st == FSDP_OK)
         st = fsdp_loss_cross_entropy_ignore(ctx, out, tgt, FSDP_IGNORE_INDEX, &o->loss, dl);
@@ -127,6 +128,13 @@ fsdp_status tiny_step_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_module *grads_of, f
     if (st == FSDP_OK) st = fsdp_module_visit_params(ctx, grads_of, copy_grad, o);
     fsdp_tensor_free(td), fsdp_tensor_free(dl), fsdp_tensor_free(lh);
     return st;
+}
+
+int64_t tiny_forward_bytes(fsdp_module *m) {
+    tiny_step o = {0};
+    FSDP_TEST_OK(tiny_step_of(fsdp_test_ctx(), m, m, FSDP_CPU, 0, &o));
+    free(o.grads);
+    return o.forward_bytes;
 }
 
 void tiny_compare(fsdp_device dev, const tiny_step *n, const tiny_step *o) {

@@ -1,7 +1,8 @@
 /* tiny_llama.h: the tiny Llama the bf16-policy suites step on two paths and compare bit for bit
- * (test_dx_sum, test_bf16_residual, test_norm_sums): its configuration and batches, one step's
- * results on the host, the comparison of two steps' results, the same over two rank threads at a
- * (dp, tp) layout; and small host/device copies (also test_attn16's). */
+ * (test_bf16_act, test_dx_sum, test_bf16_residual, test_norm_sums, test_final_norm16,
+ * test_param_mirror; test_step_counts counts its launches): its configuration and batches, one
+ * step's results on the host, the comparison of two steps' results, the same over two rank
+ * threads at a (dp, tp) layout; and small host/device copies (also test_attn16's). */
 #ifndef FSDP_TESTS_TINY_LLAMA_H
 #define FSDP_TESTS_TINY_LLAMA_H
 
@@ -45,6 +46,7 @@ typedef struct tiny_step {
     float logits[TINY_TOKENS * TINY_VOCAB];
     float *grads; /* every parameter's (local) gradient, in visit order (tiny_step_of allocates) */
     int64_t n_grads;
+    int64_t forward_bytes; /* the model's fsdp_module_activation_bytes right after the forward */
 } tiny_step;
 
 /* The tokens of batch s on dev in *td (the caller frees it) and, when tgt is not NULL, their
@@ -54,6 +56,9 @@ fsdp_status tiny_tokens(fsdp_ctx *ctx, fsdp_device dev, int s, int32_t *tgt, fsd
  * grads_of's parameters (m's, or FSDP's flat shards). */
 fsdp_status tiny_step_of(fsdp_ctx *ctx, fsdp_module *m, fsdp_module *grads_of, fsdp_device dev,
                          int s, tiny_step *o);
+/* fsdp_module_activation_bytes of m right after the forward of a step on batch 0 on the CPU
+ * (tiny_step_of: the step runs whole). */
+int64_t tiny_forward_bytes(fsdp_module *m);
 /* Two steps' results compared: bit for bit on the CPU and sim; on CUDA within test_bf16_act's
  * device tolerance (5e-2 relative plus 1e-3: the GEMMs are the same calls, but the attention's
  * and cuBLAS's sums are not promised to repeat their order run to run). */
