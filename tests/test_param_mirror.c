@@ -10,11 +10,15 @@
  * steps; between two steps two weights are written (fsdp_tensor_fill, fsdp_tensor_copy), which
  * the next forward must round again. The forwards that read a current mirror and that rounded
  * are counted and pinned, so a run that never used one cannot pass. SGD writes no mirror: every
- * forward rounds, the same bits. */
+ * forward rounds, the same bits. A checkpoint load (fsdp_ckpt_load, as fsdp-train resumes) writes
+ * the weights: trained on past its save and then loaded, the model's next two steps equal, bit
+ * for bit, those of a fresh model loaded from the same save, the first forward after the load
+ * rounding every weight in both. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "ckpt_common.h"    // defines: ckpt_test_tmp_root, ckpt_test_latest, ckpt_test_remove_tree
 #include "harness.h"        // defines: fsdp_test_run, fsdp_test_ctx, FSDP_TEST_OK
 #include "nn/module_impl.h" // defines: fsdp_nn_test_param_mirror, fsdp_nn_test_param_mirror_counts
 #include "on_device.h"      // defines: fsdp_test_device, fsdp_test_device_close
@@ -26,6 +30,8 @@ enum {
     WRITE_AFTER = 2, /* the weights written after this step's update, before the next forward */
     LINEARS = 7 * TINY_LAYERS + 1 /* q, k, v, o, gate, up, down per layer; lm_head */
 };
+
+static const fsdp_adam_options ADAMW = {.lr = 1e-2, .weight_decay = 0.01};
 
 typedef struct scenario {
     const char *name;
@@ -99,8 +105,7 @@ static void run_steps(const scenario *s, fsdp_device dev, bool mirrors, run *r) 
         FSDP_TEST_OK(
             fsdp_sgd_create(ctx, m, &(fsdp_sgd_options){.lr = 0.05, .momentum = 0.9}, &opt));
     else
-        FSDP_TEST_OK(fsdp_adamw_create(
-            ctx, m, &(fsdp_adam_options){.lr = 1e-2, .weight_decay = 0.01}, &opt));
+        FSDP_TEST_OK(fsdp_adamw_create(ctx, m, &ADAMW, &opt));
     for (int i = 0; i < STEPS; i++) {
         FSDP_TEST_OK(tiny_step_of(ctx, m, m, dev, i, &r->out[i]));
         FSDP_TEST_OK(fsdp_optimizer_step(ctx, opt));
@@ -190,11 +195,94 @@ static void test_sgd(void) {
     check_both(&SGD);
 }
 
+/* ---- a checkpoint load ---- */
+
+enum { SAVE_AFTER = 2, LOAD_AFTER = 4 }; /* saved after 2 steps, loaded after 4 */
+
+/* m's and opt's state by name (the parameters, AdamW's moments and step count), as fsdp-train
+ * saves and resumes it; the caller frees it. */
+static fsdp_state *state_of(fsdp_module *m, fsdp_optimizer *opt) {
+    fsdp_state *st = NULL;
+    FSDP_TEST_OK(fsdp_state_create(fsdp_test_ctx(),
+                                   &(fsdp_state_sources){.model = m, .optimizer = opt}, &st));
+    return st;
+}
+
+static void save(fsdp_module *m, fsdp_optimizer *opt, const char *dir, int64_t step) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_state *st = state_of(m, opt);
+    fsdp_ckpt_writer *w = NULL;
+    FSDP_TEST_OK(fsdp_ckpt_writer_create(ctx, dir, NULL, &w));
+    FSDP_TEST_OK(fsdp_ckpt_save(ctx, w, st, &(fsdp_ckpt_meta){.step = step}));
+    fsdp_ckpt_writer_free(ctx, w);
+    fsdp_state_free(st);
+}
+
+static void load(fsdp_module *m, fsdp_optimizer *opt, const char *path) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_state *st = state_of(m, opt);
+    fsdp_ckpt *ck = NULL;
+    FSDP_TEST_OK(fsdp_ckpt_open(ctx, path, &ck));
+    FSDP_TEST_OK(fsdp_ckpt_load(ctx, ck, st, NULL));
+    fsdp_ckpt_close(ck);
+    fsdp_state_free(st);
+}
+
+/* The tiny Llama and AdamW on dev, mirrors on: model 0 trained SAVE_AFTER steps, saved, trained
+ * on to LOAD_AFTER (its mirrors current, written by the last update) and loaded; model 1 fresh and
+ * loaded from the same save. Their next two steps (batches SAVE_AFTER on, as a resumed run's)
+ * compared bit for bit (tiny_compare); the forwards that rounded a weight counted: every Linear's
+ * in the first step after the load in both (model 0's mirrors are stale: the load wrote the
+ * weights), none in the second (AdamW's update wrote them). */
+static void check_load(fsdp_device dev) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    printf("\n  checkpoint load on %s:", fsdp_device_to_string(dev));
+    char *dir = ckpt_test_tmp_root();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(dir);
+    fsdp_module *m[2] = {build(&PLAIN, dev), build(&PLAIN, dev)};
+    fsdp_optimizer *opt[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) FSDP_TEST_OK(fsdp_adamw_create(ctx, m[i], &ADAMW, &opt[i]));
+    tiny_step *o = calloc(2, sizeof *o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    for (int s = 0; s < LOAD_AFTER; s++) {
+        if (s == SAVE_AFTER) save(m[0], opt[0], dir, s);
+        FSDP_TEST_OK(tiny_step_of(ctx, m[0], m[0], dev, s, &o[0]));
+        FSDP_TEST_OK(fsdp_optimizer_step(ctx, opt[0]));
+    }
+    char *path = ckpt_test_latest(dir);
+    for (int i = 0; i < 2; i++) load(m[i], opt[i], path);
+    for (int s = SAVE_AFTER; s < SAVE_AFTER + 2; s++) {
+        int64_t used[2], rounded[2];
+        for (int i = 0; i < 2; i++) {
+            fsdp_nn_test_param_mirror_counts(&used[i], &rounded[i], true);
+            FSDP_TEST_OK(tiny_step_of(ctx, m[i], m[i], dev, s, &o[i]));
+            fsdp_nn_test_param_mirror_counts(&used[i], &rounded[i], true);
+            FSDP_TEST_OK(fsdp_optimizer_step(ctx, opt[i]));
+        }
+        printf("\n    step %d: %lld and %lld forwards rounded (loaded after training on; fresh)", s,
+               (long long)rounded[0], (long long)rounded[1]);
+        tiny_compare(dev, &o[0], &o[1]);
+        for (int i = 0; i < 2; i++) {
+            CU_ASSERT_EQUAL(rounded[i], s == SAVE_AFTER ? LINEARS : 0);
+            CU_ASSERT_EQUAL(used[i], s == SAVE_AFTER ? 0 : LINEARS);
+        }
+    }
+    free(o[0].grads), free(o[1].grads), free(o);
+    for (int i = 0; i < 2; i++) fsdp_optimizer_free(opt[i]), fsdp_module_free(m[i]);
+    ckpt_test_remove_tree(dir);
+    free(path), free(dir);
+}
+
+static void test_checkpoint_load(void) {
+    check_load(FSDP_CPU);
+    check_load(fsdp_test_device());
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {.name = "plain", test_plain}, {.name = "checkpointed", test_checkpointed},
         {.name = "tied", test_tied},   {"per_tensor", test_per_tensor},
-        {.name = "sgd", test_sgd},
+        {.name = "sgd", test_sgd},     {"checkpoint_load", test_checkpoint_load},
     };
     fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "param_mirror", cases, (int)(sizeof cases / sizeof cases[0]));
