@@ -2389,10 +2389,11 @@ static void test_stale_outputs(void) {
 }
 
 /* Fills the caching allocator's cache with blocks whose every byte is `byte`: two of each size
- * from 512 bytes to 64 MiB in steps of 5/4 (a block serves requests down to 3/4 of its size,
+ * from 512 bytes to 16 MiB in steps of 5/4 (a block serves requests down to 3/4 of its size,
  * so every request in that range finds one; blocks under 1 MiB serve only requests under it,
- * so the largest such block is one of them), after emptying it. CUDA only: sim's table takes
- * no scratch memory of its own. */
+ * so the largest such block is one of them), about 160 MiB, after emptying it. The entries
+ * below take under 1 MiB of scratch at their shapes (cuDNN's workspace: what its plan asks).
+ * CUDA only: sim's table takes no scratch memory of its own. */
 static void fill_cache(unsigned char byte) {
 #ifdef FSDP_HAVE_CUDA
     if (!fsdp_test_device_is_cuda()) return;
@@ -2402,7 +2403,7 @@ static void fill_cache(unsigned char byte) {
     uint32_t bits = 0x01010101u * byte;
     for (int k = 0; nb + 2 <= 2 * 64; k++) { /* first the largest small block (1 MiB - 512) */
         double size = k == 0 ? (double)((1 << 20) - 512) : 512.0 * pow(1.25, k - 1);
-        if (size > 64.0 * (1 << 20)) break;
+        if (size > 16.0 * (1 << 20)) break;
         for (int twice = 0; twice < 2; twice++) {
             size_t bytes = (size_t)size & ~(size_t)3;
             blocks[nb] = dev_zeros(bytes);
