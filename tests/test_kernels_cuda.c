@@ -165,11 +165,30 @@ static void dev_put(void *d, const void *host, size_t nbytes) {
     FSDP_TEST_OK(storage()->copy(fsdp_test_ctx(), d, dev(), host, FSDP_CPU, nbytes));
 }
 
-/* nbytes of device memory holding a copy of host (zeroed when host is NULL). */
-static void *dev_new(const void *host, size_t nbytes) {
+/* nbytes of zeroed device memory. */
+static void *dev_zeros(size_t nbytes) {
     void *d = NULL;
     FSDP_TEST_OK(storage()->alloc(fsdp_test_ctx(), dev().index, nbytes ? nbytes : 4, &d));
-    if (host && nbytes) dev_put(d, host, nbytes);
+    return d;
+}
+
+/* nbytes of device memory holding a copy of host, or when host is NULL every byte 0xFF (NaN in
+ * every float dtype), as a block that the caching allocator hands out again holds what its last
+ * user left (fsdp_tensor_create_uninit's memory; sim fills it so): an entry that leaves an
+ * element of its output unwritten leaves a NaN, which no comparison with the CPU passes. An
+ * output the case reads before writing (an accumulating entry's) is given values or zeros. */
+static void *dev_new(const void *host, size_t nbytes) {
+    void *d = dev_zeros(nbytes);
+    if (!nbytes) return d;
+    if (host) {
+        dev_put(d, host, nbytes);
+        return d;
+    }
+    unsigned char *stale = malloc(nbytes);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(stale);
+    memset(stale, 0xFF, nbytes);
+    dev_put(d, stale, nbytes);
+    free(stale);
     return d;
 }
 
@@ -214,13 +233,13 @@ static void test_alloc_reuse(void) {
     const size_t sizes[] = {1, 700, 4096, (1u << 20) + 1, 3u << 20};
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
         size_t n = sizes[k];
-        void *a = dev_new(NULL, n);
+        void *a = dev_zeros(n);
         unsigned char *junk = malloc(n);
         memset(junk, 0xAB, n);
         FSDP_TEST_OK(storage()->copy(ctx, a, dev(), junk, FSDP_CPU, n));
         dev_free(a);
         alloc_counters before = counters();
-        void *b = dev_new(NULL, n); // the same size again: from the cache, zeroed
+        void *b = dev_zeros(n); // the same size again: from the cache, zeroed
         alloc_counters after = counters();
         printf("\n    %zu bytes: device allocations %lld -> %lld, cache hits %lld -> %lld", n,
                (long long)before.device_allocs, (long long)after.device_allocs,
@@ -452,6 +471,9 @@ static double gemm_compare(const gemm_case *g, double rtol, bool check) {
     int64_t off = g->off;
     float *A = new_uniform(ar * lda, -1, 1), *B = new_uniform(br * ldb, -1, 1);
     float *C = new_uniform(g->M * ldc, -1, 1);
+    if (g->beta == 0.0f) /* C is not read: NaN stays out of the result (its padding is kept) */
+        for (int64_t i = 0; i < g->M; i++)
+            for (int64_t j = 0; j < g->N; j++) C[i * ldc + j] = NAN;
     float *dA = dev_floats(NULL, ar * lda + off), *dB = dev_floats(NULL, br * ldb + off);
     float *dC = dev_floats(NULL, g->M * ldc + off);
     dev_put(dA + off, A, (size_t)(ar * lda) * 4), dev_put(dB + off, B, (size_t)(br * ldb) * 4);
@@ -1093,8 +1115,9 @@ static void run_optim_case(const char *name, bool adam, bool decoupled, bool wit
     float *s1 = new_uniform(n + off, 0, 0), *s2 = new_uniform(n + off, 0, 0);
     float *g = new_uniform(n + off, -1, 1);
     float *dp = dev_floats(p, n + off), *dg = dev_floats(NULL, n + off);
-    float *d0 = dev_floats(NULL, n + off), *d1 = dev_floats(NULL, n + off);
-    float *d2 = dev_floats(NULL, n + off);
+    /* the state starts at zeros, as the optimizers make it (the steps read it) */
+    float *d0 = dev_zeros((size_t)(n + off) * 4), *d1 = dev_zeros((size_t)(n + off) * 4);
+    float *d2 = dev_zeros((size_t)(n + off) * 4);
     fsdp_sgd_options so = {
         .lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01, .nesterov = true};
     fsdp_adam_options ao = {.lr = 1e-3,
@@ -1167,9 +1190,9 @@ static void run_adam_bf16_case(int64_t n, int64_t off, bool amsgrad) {
         memcpy(p[r], p0, (size_t)len * 4);
     }
     fsdp_bf16 *lp = calloc((size_t)len, 2), *dlp_host = calloc((size_t)len, 2);
-    float *dp = dev_floats(p0, len), *dg = dev_floats(NULL, len), *dm = dev_floats(NULL, len);
-    float *dv = dev_floats(NULL, len), *dx = dev_floats(NULL, len);
-    fsdp_bf16 *dlp = dev_new(NULL, (size_t)len * 2);
+    float *dp = dev_floats(p0, len), *dg = dev_floats(NULL, len), *dm = dev_zeros((size_t)len * 4);
+    float *dv = dev_zeros((size_t)len * 4), *dx = dev_zeros((size_t)len * 4); /* the state */
+    fsdp_bf16 *dlp = dev_new(NULL, (size_t)len * 2); /* written whole each step */
     const float lr = 1e-3f, wd = 0.1f, b1 = 0.9f, b2 = 0.999f;
     int64_t bad_cpu = 0, bad_lp = 0, bad_dlp = 0;
     for (int step = 1; step <= 3; step++) {
@@ -2249,6 +2272,237 @@ static void test_attention_cudnn(void) {
 #endif
 }
 
+/* ---- outputs and scratch that start stale ---- */
+
+/* A device bf16 result (n) widened, against the CPU's bf16 result: the bits on sim; on CUDA
+ * within 2^-7 relative (an f32 value one rounding off the CPU's may round to the neighbouring
+ * bf16, 2^-8 relative away) and 1e-6 absolute. A NaN where the CPU has a number fails. */
+static bool dev_close16(const char *name, const fsdp_bf16 *d, const fsdp_bf16 *want, int64_t n) {
+    fsdp_bf16 *got = malloc((size_t)(n > 0 ? n : 1) * 2);
+    float *gw = malloc((size_t)(n > 0 ? n : 1) * 4), *ww = malloc((size_t)(n > 0 ? n : 1) * 4);
+    CU_ASSERT_FATAL(got && gw && ww);
+    dev_get(got, d, (size_t)n * 2);
+    for (int64_t i = 0; i < n; i++)
+        gw[i] = fsdp_bf16_to_f32(got[i]), ww[i] = fsdp_bf16_to_f32(want[i]);
+    bool ok = fsdp_test_device_close(name, gw, ww, n, 0x1p-7, 1e-6);
+    free(got), free(gw), free(ww);
+    return ok;
+}
+
+static fsdp_bf16 *bf16_uniform(int64_t n, float lo, float hi) {
+    fsdp_bf16 *p = malloc((size_t)(n > 0 ? n : 1) * 2);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    for (int64_t i = 0; i < n; i++) p[i] = fsdp_bf16_from_f32(rng_uniform(lo, hi));
+    return p;
+}
+
+/* The entries with bf16 outputs or inputs that the cases above do not run (the Llama's RoPE
+ * and SwiGLU under the bf16 policy, gemm_bf16_round), and SGD's first step with momentum,
+ * each on device outputs that start as NaN (dev_new) against the CPU's into zeroed memory: an
+ * element an entry leaves unwritten fails. Odd sizes (tails past the vector loops), and the
+ * SGD buffer, which the first step writes without reading (`first`), NaN on both sides. */
+static void test_stale_outputs(void) {
+    const fsdp_kernels_i *c = fsdp_kernels_for(FSDP_CPU), *g = K();
+    rng_seed(43);
+    enum { B = 2, T = 5, NH = 6, NKV = 2, D = 10 };
+    const int64_t nq = B * T * NH * D, nk = B * T * NKV * D, h = D / 2;
+    float *cs = new_uniform(2 * T * h, -1, 1), *dcs = dev_floats(cs, 2 * T * h);
+    const float *sn = cs + T * h, *dsn = dcs + T * h;
+    fsdp_bf16 *q16 = bf16_uniform(nq + nk, -2, 2), *dq16 = dev_new(q16, (size_t)(nq + nk) * 2);
+    float *qf = new_uniform(nq + nk, -2, 2), *dqf = dev_floats(qf, nq + nk);
+    /* rope_qk_forward_bf16 (f32 out), rope_qk_backward_round (bf16 out from f32) */
+    float *of = calloc((size_t)(nq + nk), 4), *dof = dev_floats(NULL, nq + nk);
+    fsdp_bf16 *o16 = calloc((size_t)(nq + nk), 2), *do16 = dev_new(NULL, (size_t)(nq + nk) * 2);
+    CU_ASSERT_FATAL(of && o16);
+    c->rope_qk_forward_bf16(of, of + nq, q16, q16 + nq, cs, sn, B, T, NH, NKV, D);
+    g->rope_qk_forward_bf16(dof, dof + nq, dq16, dq16 + nq, dcs, dsn, B, T, NH, NKV, D);
+    DEV_CLOSE("rope_qk_forward_bf16", dof, of, nq + nk, 1e-6, 1e-7);
+    c->rope_qk_backward_round(o16, o16 + nq, qf, qf + nq, cs, sn, B, T, NH, NKV, D);
+    g->rope_qk_backward_round(do16, do16 + nq, dqf, dqf + nq, dcs, dsn, B, T, NH, NKV, D);
+    CU_ASSERT_TRUE(dev_close16("rope_qk_backward_round", do16, o16, nq + nk));
+    /* rope_qk_forward_bf16_round and rope_qk_backward_bf16_round, bf16 to bf16 */
+    for (int back = 0; back < 2; back++) {
+        fsdp_bf16 *d = dev_new(NULL, (size_t)(nq + nk) * 2);
+        memset(o16, 0, (size_t)(nq + nk) * 2);
+        (back ? c->rope_qk_backward_bf16_round : c->rope_qk_forward_bf16_round)(
+            o16, o16 + nq, q16, q16 + nq, cs, sn, B, T, NH, NKV, D);
+        (back ? g->rope_qk_backward_bf16_round : g->rope_qk_forward_bf16_round)(
+            d, d + nq, dq16, dq16 + nq, dcs, dsn, B, T, NH, NKV, D);
+        CU_ASSERT_TRUE(dev_close16(
+            back ? "rope_qk_backward_bf16_round" : "rope_qk_forward_bf16_round", d, o16, nq + nk));
+        dev_free(d);
+    }
+    free(of), free(o16), dev_free(dof), dev_free(do16);
+    /* SwiGLU's bf16 entries over n = 1001 (gate, up: gu's two halves; dout f32 and bf16) */
+    const int64_t n = 1001;
+    fsdp_bf16 *gu = bf16_uniform(2 * n, -3, 3), *dgu = dev_new(gu, (size_t)(2 * n) * 2);
+    float *dy = new_uniform(n, -1, 1), *ddy = dev_floats(dy, n);
+    fsdp_bf16 *dy16 = bf16_uniform(n, -1, 1), *ddy16 = dev_new(dy16, (size_t)n * 2);
+    float *f2 = calloc((size_t)(2 * n), 4), *df2 = dev_floats(NULL, 2 * n);
+    fsdp_bf16 *b2 = calloc((size_t)(2 * n), 2), *db2 = dev_new(NULL, (size_t)(2 * n) * 2);
+    CU_ASSERT_FATAL(f2 && b2);
+    c->swiglu_forward_bf16(b2, gu, gu + n, n);
+    g->swiglu_forward_bf16(db2, dgu, dgu + n, n);
+    CU_ASSERT_TRUE(dev_close16("swiglu_forward_bf16", db2, b2, n));
+    c->swiglu_backward_bf16(f2, f2 + n, dy, gu, gu + n, n);
+    g->swiglu_backward_bf16(df2, df2 + n, ddy, dgu, dgu + n, n);
+    DEV_CLOSE("swiglu_backward_bf16", df2, f2, 2 * n, 1e-6, 1e-7);
+    dev_free(db2), db2 = dev_new(NULL, (size_t)(2 * n) * 2);
+    c->swiglu_backward_bf16_round(b2, b2 + n, dy, gu, gu + n, n);
+    g->swiglu_backward_bf16_round(db2, db2 + n, ddy, dgu, dgu + n, n);
+    CU_ASSERT_TRUE(dev_close16("swiglu_backward_bf16_round", db2, b2, 2 * n));
+    dev_free(db2), db2 = dev_new(NULL, (size_t)(2 * n) * 2);
+    c->swiglu_backward_bf16io(b2, b2 + n, dy16, gu, gu + n, n);
+    g->swiglu_backward_bf16io(db2, db2 + n, ddy16, dgu, dgu + n, n);
+    CU_ASSERT_TRUE(dev_close16("swiglu_backward_bf16io", db2, b2, 2 * n));
+    free(gu), free(dy), free(dy16), free(f2), free(b2), dev_free(dgu);
+    dev_free(ddy), dev_free(ddy16), dev_free(df2), dev_free(db2);
+    /* gemm_bf16_round: C (M, N) = A (M, K) B^T; K = 0 writes zeros */
+    const int64_t M = 37, N = 29;
+    for (int64_t K = 0; K <= 45; K += 45) {
+        fsdp_bf16 *A = bf16_uniform(M * K, -1, 1), *Bm = bf16_uniform(N * K, -1, 1);
+        fsdp_bf16 *C = calloc((size_t)(M * N), 2), *dA = dev_new(A, (size_t)(M * K) * 2);
+        fsdp_bf16 *dB = dev_new(Bm, (size_t)(N * K) * 2), *dC = dev_new(NULL, (size_t)(M * N) * 2);
+        CU_ASSERT_FATAL(C != NULL);
+        c->gemm_bf16_round(false, true, M, N, K, A, K, Bm, K, C, N);
+        g->gemm_bf16_round(false, true, M, N, K, dA, K, dB, K, dC, N);
+        CU_ASSERT_TRUE(dev_close16(K ? "gemm_bf16_round" : "gemm_bf16_round K = 0", dC, C, M * N));
+        free(A), free(Bm), free(C), dev_free(dA), dev_free(dB), dev_free(dC);
+    }
+    /* SGD's first step with momentum: buf = d, not read (NaN on both sides before) */
+    float *p = new_uniform(n, -1, 1), *gr = new_uniform(n, -1, 1), *buf = new_uniform(n, 0, 0);
+    for (int64_t i = 0; i < n; i++) buf[i] = NAN;
+    float *dp = dev_floats(p, n), *dgr = dev_floats(gr, n), *dbuf = dev_floats(NULL, n);
+    fsdp_sgd_step_args a = {.sign = 1,
+                            .weight_decay = 0.01f,
+                            .momentum = 0.9f,
+                            .keep = 0.9f,
+                            .neg_lr = -0.1f,
+                            .nesterov = true,
+                            .first = true};
+    c->sgd_update(p, gr, buf, n, &a);
+    g->sgd_update(dp, dgr, dbuf, n, &a);
+    DEV_CLOSE("sgd_update first step: p", dp, p, n, 1e-6, 1e-7);
+    DEV_CLOSE("sgd_update first step: buf", dbuf, buf, n, 1e-6, 1e-7);
+    free(p), free(gr), free(buf), dev_free(dp), dev_free(dgr), dev_free(dbuf);
+    free(cs), free(q16), free(qf), dev_free(dcs), dev_free(dq16), dev_free(dqf);
+}
+
+/* Fills the caching allocator's cache with blocks whose every byte is `byte`: two of each size
+ * from 512 bytes to 16 MiB in steps of 5/4 (a block serves requests down to 3/4 of its size,
+ * so every request in that range finds one; blocks under 1 MiB serve only requests under it,
+ * so the largest such block is one of them), about 160 MiB, after emptying it. The entries
+ * below take under 1 MiB of scratch at their shapes (cuDNN's workspace: what its plan asks).
+ * CUDA only: sim's table takes no scratch memory of its own. */
+static void fill_cache(unsigned char byte) {
+#ifdef FSDP_HAVE_CUDA
+    if (!fsdp_test_device_is_cuda()) return;
+    empty_cache();
+    void *blocks[2 * 64];
+    int nb = 0;
+    uint32_t bits = 0x01010101u * byte;
+    for (int k = 0; nb + 2 <= 2 * 64; k++) { /* first the largest small block (1 MiB - 512) */
+        double size = k == 0 ? (double)((1 << 20) - 512) : 512.0 * pow(1.25, k - 1);
+        if (size > 16.0 * (1 << 20)) break;
+        for (int twice = 0; twice < 2; twice++) {
+            size_t bytes = (size_t)size & ~(size_t)3;
+            blocks[nb] = dev_zeros(bytes);
+            FSDP_TEST_OK(storage()->fill(fsdp_test_ctx(), dev().index, blocks[nb], &bits, 4,
+                                         (int64_t)(bytes / 4)));
+            nb++;
+        }
+    }
+    for (int i = 0; i < nb; i++) dev_free(blocks[i]);
+#else
+    (void)byte;
+#endif
+}
+
+/* Runs the entries that take scratch memory from the caching allocator (the chunked column
+ * sums of the bias and RMSNorm weight gradients, cuBLASLt's bias-gradient vector, the
+ * embedding backward's sort, the GEMM and cuDNN attention paths' blocks and workspaces) with
+ * the cache filled with `byte`; their results copied to out (floats, in order). */
+static int64_t scratch_entries(unsigned char byte, float *out) {
+    const fsdp_kernels_i *g = K();
+    enum { R = 4096, C = 96, OC = 40, V = 300, NT = 1000, EC = 24 };
+    enum { B = 2, T = 70, NH = 4, NKV = 2, D = 64 };
+    rng_seed(44); /* the same inputs for every byte */
+    float *x = new_uniform(R * C, -1, 1), *y = new_uniform(R * OC, -1, 1);
+    float *w = new_uniform(C, 0.5f, 1.5f);
+    int32_t tok[NT];
+    for (int i = 0; i < NT; i++) tok[i] = i % 7 == 0 ? 5 : (int32_t)(rng_u32() % (V + 20));
+    const int64_t nq = B * T * NH * D, nk = B * T * NKV * D;
+    float *qkv = new_uniform(nq + 2 * nk, -1, 1), *dout = new_uniform(nq, -1, 1);
+    float *dx = dev_floats(x, R * C), *dy = dev_floats(y, R * OC), *dw = dev_floats(w, C);
+    float *dtok = (float *)dev_new(tok, sizeof tok), *dqkv = dev_floats(qkv, nq + 2 * nk);
+    float *ddout = dev_floats(dout, nq);
+    /* outputs: accumulated into start at zero; written ones start as NaN */
+    const int64_t len[] = {C,  OC * C, OC, C,  R * C,      R,  V * EC, nq, B * NH * T,
+                           nq, nk,     nk, nq, B * NH * T, nq, nk,     nk};
+    enum { N_OUT = sizeof len / sizeof *len };
+    float *o[N_OUT];
+    for (int i = 0; i < N_OUT; i++)
+        o[i] = i < 4 || i == 6 ? dev_zeros((size_t)len[i] * 4) : dev_floats(NULL, len[i]);
+    fill_cache(byte);
+    g->bias_backward(o[0], dx, R, C); /* column sums over 16 chunks */
+#ifdef FSDP_HAVE_CUDA
+    if (fsdp_test_device_is_cuda()) fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_LT);
+#endif
+    g->gemm_bgrad(o[1], o[2], dy, dx, R, C, OC); /* BGRADB's vector from the cache */
+    g->rmsnorm_forward(o[4], o[5], dx, dw, 1e-5f, R, C);
+    float *dxx = dev_floats(NULL, R * C);
+    g->rmsnorm_backward(dxx, o[3], dx, dx, dw, o[5], R, C); /* the fused form's chunk sums */
+    dev_free(dxx);
+    g->embedding_backward(o[6], dx, (const int32_t *)dtok, NT, EC, 0, V);             /* the sort */
+    float *q = dqkv, *k = dqkv + nq, *v = k + nk, *scr = dev_floats(NULL, 2 * T * T); /* sim's */
+    for (int path = 0; path < 2; path++) { /* the GEMM attention, then cuDNN's (or the tiled) */
+#ifdef FSDP_HAVE_CUDA
+        if (fsdp_test_device_is_cuda())
+            fsdp_cuda_thread_set_attention(path ? FSDP_CUDA_ATTENTION_CUDNN
+                                                : FSDP_CUDA_ATTENTION_GEMM);
+#endif
+        float **a = o + 7 + 5 * path; /* out, lse, dq, dk, dv */
+        g->attention_forward(a[0], a[1], scr, q, k, v, B, T, NH, NKV, D);
+        g->attention_backward(a[2], a[3], a[4], scr, ddout, q, k, v, a[0], a[1], B, T, NH, NKV, D);
+    }
+    dev_free(scr);
+#ifdef FSDP_HAVE_CUDA
+    fsdp_cuda_thread_set_attention(FSDP_CUDA_ATTENTION_DEFAULT);
+    fsdp_cuda_thread_set_gemm(FSDP_CUDA_GEMM_DEFAULT);
+#endif
+    int64_t at = 0;
+    for (int i = 0; i < N_OUT; i++) {
+        if (out) dev_get(out + at, o[i], (size_t)len[i] * 4);
+        at += len[i];
+        dev_free(o[i]);
+    }
+    free(x), free(y), free(w), free(qkv), free(dout);
+    dev_free(dx), dev_free(dy), dev_free(dw), dev_free(dtok), dev_free(dqkv), dev_free(ddout);
+    return at;
+}
+
+/* The scratch-taking entries with the caching allocator's cache full of NaN (0xFF bytes, what a
+ * block may hold from its last user) and then of zeros: the same bits both times (each entry is
+ * deterministic), and no NaN: none reads scratch memory it did not write. On sim (no scratch)
+ * the same comparison, trivially. */
+static void test_stale_scratch(void) {
+    int64_t n = scratch_entries(0, NULL);
+    float *nan_run = malloc((size_t)n * 4), *zero_run = malloc((size_t)n * 4);
+    CU_ASSERT_FATAL(nan_run && zero_run);
+    scratch_entries(0xFF, nan_run);
+    scratch_entries(0x00, zero_run);
+    int64_t nans = 0, differ = 0;
+    for (int64_t i = 0; i < n; i++) {
+        nans += isnan(nan_run[i]);
+        differ += memcmp(&nan_run[i], &zero_run[i], 4) != 0;
+    }
+    printf("\n    %lld results: %lld NaN, %lld differ between a cache of NaN and one of zeros",
+           (long long)n, (long long)nans, (long long)differ);
+    CU_ASSERT_EQUAL(nans, 0);
+    CU_ASSERT_EQUAL(differ, 0);
+    free(nan_run), free(zero_run);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"table", test_table},
@@ -2283,6 +2537,8 @@ int main(int argc, char **argv) {
         {"sdpa_graph_ops", test_sdpa_graph_ops},
         {"attention_reference", test_attention_reference},
         {"attention_cudnn", test_attention_cudnn},
+        {"stale_outputs", test_stale_outputs},
+        {"stale_scratch", test_stale_scratch},
     };
     fsdp_test_device(); // chosen, and printed, before the first case
     return fsdp_test_run(argc, argv, "kernels_cuda", cases, sizeof cases / sizeof *cases);

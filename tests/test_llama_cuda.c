@@ -24,12 +24,15 @@ typedef struct dbuf {
     int64_t n;
 } dbuf;
 
-/* a device copy of n elements of dtype at host (zeros when host is NULL) */
+/* a device copy of n elements of dtype at host; when host is NULL an output, every element NaN
+ * (an f32 one), as a reused block of the caching allocator holds what its last user left: an
+ * entry that leaves an element unwritten leaves a NaN, which no comparison with the CPU passes */
 static dbuf up(const void *host, fsdp_dtype dtype, int64_t n) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     dbuf b = {NULL, n};
     int64_t shape[1] = {n > 0 ? n : 1};
     FSDP_TEST_OK(fsdp_tensor_create(ctx, dtype, dev(), 1, shape, &b.t));
+    if (!host && dtype == FSDP_DTYPE_F32) FSDP_TEST_OK(fsdp_tensor_fill(ctx, b.t, NAN));
     if (host) {
         fsdp_tensor *h = NULL;
         FSDP_TEST_OK(fsdp_tensor_from_blob(ctx, (void *)host, dtype, FSDP_CPU, 1, shape, &h));

@@ -383,6 +383,42 @@ static void test_gradients_accumulate_and_frozen_params(void) {
     fsdp_module_free(m);
 }
 
+/* A frozen RMSNorm weight: the backward still gives the input gradient, the bits of the
+ * unfrozen run's, twice (its weight gradient goes to a sink made once, which nothing reads),
+ * and leaves the weight's gradient at zeros. */
+static void test_frozen_norm_weight(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_module *m, *layer;
+    FSDP_TEST_OK(fsdp_sequential_create(ctx, &m));
+    FSDP_TEST_OK(fsdp_rmsnorm_create(ctx, 5, 1e-6f, &layer));
+    FSDP_TEST_OK(fsdp_sequential_append(ctx, m, layer));
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 5, 3, true, &layer));
+    FSDP_TEST_OK(fsdp_sequential_append(ctx, m, layer));
+    FSDP_TEST_OK(fsdp_module_reset_parameters(ctx, m, 7));
+    fsdp_tensor *x = fsdp_test_random(2, (int64_t[]){4, 5}, -2, 2, 30);
+    fsdp_tensor *r = fsdp_test_random(2, (int64_t[]){4, 3}, -1, 1, 31);
+    fsdp_param *nw = fsdp_module_get_param(m, "0.weight");
+    float want[20], got[20];
+    const fsdp_tensor *y, *dx;
+    FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y));
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, r, &dx));
+    memcpy(want, fsdp_tensor_f32(dx), sizeof want);
+    fsdp_param_set_requires_grad(nw, false);
+    FSDP_TEST_OK(fsdp_module_zero_grad(ctx, m));
+    for (int pass = 0; pass < 2; pass++) {
+        FSDP_TEST_OK(fsdp_module_forward(ctx, m, x, &y));
+        FSDP_TEST_OK(fsdp_module_backward(ctx, m, r, &dx));
+        memcpy(got, fsdp_tensor_f32(dx), sizeof got);
+        CU_ASSERT_EQUAL(memcmp(got, want, sizeof got), 0);
+    }
+    const float *g = fsdp_tensor_f32(fsdp_param_grad(nw));
+    for (int i = 0; i < 5; i++) CU_ASSERT_EQUAL(g[i], 0.0f);
+    fsdp_tensor_free(x);
+    fsdp_tensor_free(r);
+    fsdp_module_free(m);
+}
+
 /* ---- Linear on the fused entries: the bits of the separate ones ---- */
 
 enum { LR = 13, LC = 37, LOC = 29 }; /* rows, in and out features */
@@ -743,6 +779,7 @@ int main(int argc, char **argv) {
         {"hook_failure_and_free", test_hook_failure_and_free},
         {"backward_matches_finite_differences", test_backward_matches_finite_differences},
         {"gradients_accumulate_and_frozen_params", test_gradients_accumulate_and_frozen_params},
+        {"frozen_norm_weight", test_frozen_norm_weight},
         {"buffers_reused_across_steps", test_buffers_reused_across_steps},
         {"linear_fused_bitwise", test_linear_fused_bitwise},
         {"init_is_layout_independent", test_init_is_layout_independent},

@@ -80,7 +80,11 @@ static fsdp_status rmsnorm_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_te
     if (!r->weight->requires_grad && !din) return FSDP_OK;
     fsdp_tensor *dweight = r->weight->grad;
     if (!r->weight->requires_grad) { /* input gradient only: the weight grad goes to a sink */
+        /* never read, but added into: zeroed when new, so that no kernel reads memory no one
+         * wrote (a fresh buffer is not zeroed: compute-sanitizer's initcheck would say so) */
+        bool fresh = !r->dweight_sink || !fsdp_tensor_has_storage(r->dweight_sink);
         FSDP_TRY_AT(ctx, fsdp_nn_buffer(ctx, &r->dweight_sink, dev, 1, &C));
+        if (fresh) FSDP_TRY_AT(ctx, fsdp_tensor_fill(ctx, r->dweight_sink, 0.0f));
         dweight = r->dweight_sink;
     }
     const fsdp_tensor *dres = din ? r->dres : NULL;

@@ -15,10 +15,6 @@ struct scale_op {
     float alpha;
     __device__ float operator()(float x) const { return alpha * x; }
 };
-struct fill_op {
-    float value;
-    __device__ float operator()(float) const { return value; }
-};
 
 extern "C" void fsdp_cuda_add(float *out, const float *a, const float *b, int64_t n) {
     fsdp_map2("add", out, a, b, n, add_op{});
@@ -130,8 +126,25 @@ extern "C" void fsdp_cuda_copy(float *dst, const float *src, int64_t n) {
     fsdp_cuda_count_launch(-1);
 }
 
+/* out[i] = value: stores only (a map over out would load it first, and out may be memory no
+ * one has written: a fresh block of the caching allocator) */
+__global__ void fill_kernel(float *out, float value, int64_t n, bool vec) {
+    int64_t i = fsdp_tid(), stride = fsdp_stride(), done = 0;
+    if (vec) {
+        int64_t n4 = n / 4;
+        for (int64_t j = i; j < n4; j += stride)
+            reinterpret_cast<float4 *>(out)[j] = make_float4(value, value, value, value);
+        done = n4 * 4;
+    }
+    for (int64_t j = done + i; j < n; j += stride) out[j] = value;
+}
+
 extern "C" void fsdp_cuda_fill(float *out, float value, int64_t n) {
-    fsdp_map1("fill", out, out, n, fill_op{value});
+    if (n <= 0) return;
+    bool vec = FSDP_CUDA_ALIGNED16(out);
+    fill_kernel<<<fsdp_grid(vec ? n / 4 : n), FSDP_CUDA_THREADS, 0, fsdp_cuda_stream()>>>(
+        out, value, n, vec);
+    FSDP_CUDA_LAUNCHED("fill");
 }
 
 template <class T> __global__ void fill_bits_kernel(T *dst, T bits, int64_t n) {
