@@ -317,10 +317,9 @@ int64_t fsdp_tensor_capacity(const fsdp_tensor *t) {
     return (int64_t)(t->storage->nbytes / fsdp_dtype_size(t->dtype)) - t->offset;
 }
 
-fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const int64_t *shape) {
-    FSDP_ARG_NOT_NULL(ctx, ctx);
-    FSDP_ARG_NOT_NULL(ctx, t);
-    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
+/* After the caller checked its arguments (messages name the public function). */
+static fsdp_status resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const int64_t *shape,
+                          bool uninit) {
     FSDP_TRY_AT(ctx, check_shape(ctx, ndim, shape, "fsdp_tensor_resize"));
     int64_t numel = fsdp_shape_numel(ndim, shape);
     if (fits(t->storage, t->dtype, t->offset, numel)) {
@@ -335,12 +334,27 @@ fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const in
             (long long)numel);
     fsdp_storage *s;
     FSDP_TRY_AT(ctx, storage_new(ctx, (size_t)numel * fsdp_dtype_size(t->dtype), t->storage->device,
-                                 false, &s));
+                                 uninit, &s));
     storage_release(t->storage);
     t->storage = s;
     t->offset = 0;
     set_shape(t, ndim, shape);
     return FSDP_OK;
+}
+
+fsdp_status fsdp_tensor_resize(fsdp_ctx *ctx, fsdp_tensor *t, int ndim, const int64_t *shape) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
+    return resize(ctx, t, ndim, shape, false);
+}
+
+fsdp_status fsdp_tensor_resize_uninit(fsdp_ctx *ctx, fsdp_tensor *t, int ndim,
+                                      const int64_t *shape) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, t);
+    if (ndim > 0) FSDP_ARG_NOT_NULL(ctx, shape);
+    return resize(ctx, t, ndim, shape, true);
 }
 
 fsdp_status fsdp_tensor_move(fsdp_ctx *ctx, fsdp_tensor *t, fsdp_device device) {

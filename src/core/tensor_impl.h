@@ -76,6 +76,10 @@ fsdp_status fsdp_tensor_over(fsdp_ctx *ctx, void *data, fsdp_dtype dtype, int nd
 fsdp_status fsdp_tensor_relocatable(fsdp_ctx *ctx, const fsdp_tensor *t, const char *what);
 void fsdp_tensor_relocate(fsdp_tensor *t, void *data, fsdp_storage_release_fn release, void *arg);
 
+/* fsdp_tensor_resize whose new storage, when it needs one, is not zeroed
+ * (fsdp_tensor_create_uninit): for buffers the caller writes whole (fsdp_nn_buffer). */
+fsdp_status fsdp_tensor_resize_uninit(fsdp_ctx *ctx, fsdp_tensor *t, int ndim,
+                                      const int64_t *shape);
 /* A tensor of the given shape without storage, for fsdp_tensor_rebind to bind later. */
 fsdp_status fsdp_tensor_create_unbound(fsdp_ctx *ctx, fsdp_dtype dtype, fsdp_device device,
                                        int ndim, const int64_t *shape, fsdp_tensor **out);

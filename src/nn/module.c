@@ -544,7 +544,7 @@ fsdp_status fsdp_nn_buffer_dtype(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_dtype dtyp
         fsdp_tensor_alias(*t, fresh);
         fsdp_tensor_free(fresh);
     } else {
-        FSDP_TRY_AT(ctx, fsdp_tensor_resize(ctx, *t, ndim, shape));
+        FSDP_TRY_AT(ctx, fsdp_tensor_resize_uninit(ctx, *t, ndim, shape));
     }
     return fsdp_nn_record_activation(ctx, *t);
 }
