@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
     --widths) widths=$2 && shift ;;
     --batch) batch=$2 && shift ;;
     --device) device=$2 && shift ;;
-    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
+    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
     -*) echo "fsdp_gpu.sh: unknown option $1 (see --help)" >&2 && exit 2 ;;
     *) build=$1 ;;
     esac

@@ -34,8 +34,9 @@
 # (phases not to run, separated by spaces: e.g. "bench scaling"; the time kept for them goes to
 # the others), GPU_SESSION_WERROR (the build's FSDP_WERROR, default OFF),
 # GPU_SESSION_BUILD (the build directory, default build-gpu at the repository root),
-# GPU_SESSION_LLAMA_MODES (bench-llama's modes, default bf16), JOBS (build parallelism, default
-# all cores).
+# GPU_SESSION_LLAMA_MODES (bench-llama's modes, default bf16), GPU_SESSION_ATTENTION and
+# GPU_SESSION_GEMM (bench-llama's FSDP_CUDA_ATTENTION and FSDP_CUDA_GEMM, default auto and lt),
+# JOBS (build parallelism, default all cores).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

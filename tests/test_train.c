@@ -70,7 +70,7 @@ static fsdp_status run(fsdp_ctx *ctx, train_result *res, char *err) {
     return st;
 }
 
-/* examples/mlp.ini, the run `make train` does, learns its teacher. */
+/* examples/mlp.ini (`make train CONFIG=examples/mlp.ini`) learns its teacher. */
 static void test_example_learns(void) {
 #ifdef FSDP_TEST_TSAN
     fsdp_test_skip("under ThreadSanitizer: one rank, 5000 steps (minutes there)");

@@ -342,7 +342,7 @@ static const char *const usage_export =
     "adds the optimizer state (optim/<param>/<kind>).\n"
     "  .h5           one dataset per tensor with its global shape ('/' in a name makes\n"
     "                groups); f32 as float32, bf16 as uint16 with attribute dtype=bf16;\n"
-    "                --compress zstd uses filter 32015 (other programs need libh5zstd.so)\n"
+    "                --compress none (default) or zstd: filter 32015 (others need libh5zstd.so)\n"
     "  .safetensors  the safetensors format (F32, BF16); no compression\n"
     "--format hf writes a Hugging Face model directory OUTDIR (created when missing):\n"
     "config.json and model.safetensors, which transformers' LlamaForCausalLM.from_pretrained\n"
