@@ -2,7 +2,9 @@
 # help_check.sh: CTest's check that every program and script answers --help and -h with its
 # usage and does nothing else, and refuses an unknown option: fsdp-train, fsdp-ckpt and each of
 # its commands, every benchmark program the build made (BUILD/bench/bench_*), every bench/*.sh
-# and scripts/*.sh. Each run happens in a fresh empty folder, with apt-get, sudo, dpkg-query,
+# and scripts/*.sh, and the Python scripts of bench/ and tools/ whose imports this machine has
+# (--help and the unknown option).
+# Each run happens in a fresh empty folder, with apt-get, sudo, dpkg-query,
 # cmake, ctest, make, nvidia-smi, mpirun, python3 and pip replaced by stubs that note the call:
 #   --help, -h: exit 0, usage on stdout, nothing created, no stub called;
 #   --no-such-option: exit 2, the problem and usage on stderr, nothing on stdout, nothing
@@ -27,21 +29,29 @@ fail() {
     failures=$((failures + 1))
 }
 
-# check WANT_RC ARG CMD...: runs CMD ARG in a fresh folder and checks what --help or an unknown
-# option must do (WANT_RC 0: usage on stdout; 2: problem on stderr).
-check() {
-    local want=$1 arg=$2
-    shift 2
-    local name="$* $arg" dir
+# run ARG CMD...: runs CMD ARG in a fresh folder; its stdout, stderr and exit status in $tmp/out,
+# $tmp/err and $rc, what it created and called in $created and $called.
+run() {
+    local arg=$1 dir
+    shift
     dir=$(mktemp -d "$tmp/run.XXXXXX")
     : >"$tmp/calls"
-    local rc=0
+    rc=0
     (
         cd "$dir" || exit 99
         ulimit -f 10240
         PATH="$tmp/stubs:$PATH" exec timeout -k 5 60 "$@" "$arg" </dev/null
     ) >"$tmp/out" 2>"$tmp/err" || rc=$?
     runs=$((runs + 1))
+    created=$(ls -A "$dir" | head -5 | tr '\n' ' ')
+    called=$(head -3 "$tmp/calls" | tr '\n' ';')
+    rm -rf "$dir"
+}
+
+# verify WANT_RC NAME: what the last run must have done for --help or -h (WANT_RC 0: usage on
+# stdout) or an unknown option (2: the problem on stderr, nothing on stdout).
+verify() {
+    local want=$1 name=$2
     [ "$rc" -eq "$want" ] || fail "$name: exit status $rc, want $want; stderr: $(head -c 300 "$tmp/err")"
     if [ "$want" -eq 0 ]; then
         [ -s "$tmp/out" ] || fail "$name: printed nothing on stdout"
@@ -49,9 +59,15 @@ check() {
         [ -s "$tmp/err" ] || fail "$name: printed nothing on stderr"
         [ ! -s "$tmp/out" ] || fail "$name: printed on stdout: $(head -c 200 "$tmp/out")"
     fi
-    [ -z "$(ls -A "$dir")" ] || fail "$name: created $(ls -A "$dir" | head -5 | tr '\n' ' ')"
-    [ ! -s "$tmp/calls" ] || fail "$name: called $(head -3 "$tmp/calls" | tr '\n' ';')"
-    rm -rf "$dir"
+    [ -z "$created" ] || fail "$name: created $created"
+    [ -z "$called" ] || fail "$name: called $called"
+}
+
+check() {
+    local want=$1 arg=$2
+    shift 2
+    run "$arg" "$@"
+    verify "$want" "$* $arg"
 }
 
 check_all() {
@@ -85,6 +101,26 @@ for script in "$src"/bench/*.sh "$src"/scripts/*.sh; do
 done
 [ "$n_scripts" -ge 9 ] || fail "only $n_scripts scripts found under $src/bench and $src/scripts"
 
+# The Python scripts of bench/ and tools/ (argparse's --help and exit status 2), with the real
+# interpreter; one whose imports are missing here (torch, transformers, h5py: not dependencies of
+# the build) is named as not checked.
+# Each takes 5 s to import torch on a loaded machine: --help and the unknown option only (-h is
+# argparse's same option).
+py=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null || true)
+n_py=0 unchecked=""
+for script in "$src"/bench/*.py "$src"/tools/*.py; do
+    [ -n "$py" ] || break
+    run --help "$py" "$script"
+    if [ "$rc" -ne 0 ] && grep -q "ModuleNotFoundError" "$tmp/err"; then
+        unchecked="$unchecked $(basename "$script")"
+        continue
+    fi
+    n_py=$((n_py + 1))
+    verify 0 "$script --help"
+    check 2 --no-such-option "$py" "$script"
+done
+
 echo "help_check: $runs runs: fsdp-train, fsdp-ckpt and its commands ($(echo $commands)), $n_bench" \
-    "benchmark programs of this build, $n_scripts scripts; $failures failed"
+    "benchmark programs of this build, $n_scripts scripts, $n_py Python scripts" \
+    "(${py:-no python3}; not checked for a missing module:${unchecked:- none}); $failures failed"
 [ "$failures" -eq 0 ]
