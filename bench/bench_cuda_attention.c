@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_cli.h"         // defines: bench_cli_help, bench_cli_fail, bench_cli_int
 #include "bench_cuda_util.h"   // defines: BENCH_CUDA_OK, bench_cuda_median
 #include "kernels/cuda/cuda.h" // defines: fsdp_cuda_thread_set_attention, fsdp_cuda_thread_set_tf32
 #include "kernels/kernels.h"   // defines: fsdp_kernels_for
@@ -239,28 +240,45 @@ static int bench_shape(const shape *s, int reps_flash, int reps_plain) {
     return bad;
 }
 
+#define NAME "bench_cuda_attention"
+static const char usage[] =
+    "usage: bench_cuda_attention [--shapes SM] [--reps N] [--plain-reps N]\n"
+    "Causal grouped-query attention, forward and backward, on cuda:0: the plain kernels, the\n"
+    "tiled ones, the GEMM path (f32 and TF32) and cuDNN's fused attention (f32 entries and bf16),\n"
+    "at shape S (B 16, T 1024, NH 12, NKV 4, D 64) and M (B 4, T 2048, NH 32, NKV 8, D 64).\n"
+    "options:\n"
+    "  --shapes SM       the shapes, letters S and M (default SM)\n"
+    "  --reps N          timed runs of the fast paths, median (default 10, 1 to 100)\n"
+    "  --plain-reps N    timed runs of the plain kernels (default 3, 1 to 100)\n"
+    "  --help, -h        prints this help\n"
+    "prints: per shape each path's differences from the plain kernels and its verdict, and the\n"
+    "median ms of a forward plus a backward of each; a line saying why when it skips (no usable\n"
+    "CUDA device; the cuDNN rows when cuDNN cannot be loaded). Writes no file.\n"
+    "exit status: 0 done or skipped; 1 a result out of its bound or a CUDA call failed; 2 bad\n"
+    "command line\n";
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); // each line reaches the log before a timeout's kill
     const char *which = "SM";
     int reps_flash = 10, reps_plain = 3;
+    bench_cli_help(argc, argv, usage);
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--shapes") && i + 1 < argc)
-            which = argv[++i];
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps_flash = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--plain-reps") && i + 1 < argc)
-            reps_plain = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: bench_cuda_attention [--shapes SM] [--reps N (10)] "
-                            "[--plain-reps N (3)]\n");
-            return 2;
+        const char *a = argv[i];
+        if (!strcmp(a, "--shapes")) {
+            which = bench_cli_value(NAME, usage, argc, argv, &i);
+            if (!which[0] || which[strspn(which, "SM")])
+                bench_cli_fail(NAME, usage, "--shapes takes the letters S and M, got '%s'", which);
+        } else if (!strcmp(a, "--reps")) {
+            reps_flash =
+                (int)bench_cli_int(NAME, usage, a, bench_cli_value(NAME, usage, argc, argv, &i), 1,
+                                   BENCH_CUDA_MAX_REPS);
+        } else if (!strcmp(a, "--plain-reps")) {
+            reps_plain =
+                (int)bench_cli_int(NAME, usage, a, bench_cli_value(NAME, usage, argc, argv, &i), 1,
+                                   BENCH_CUDA_MAX_REPS);
+        } else {
+            bench_cli_fail(NAME, usage, "unknown argument '%s'", a);
         }
-    }
-    if (reps_flash < 1 || reps_flash > BENCH_CUDA_MAX_REPS || reps_plain < 1 ||
-        reps_plain > BENCH_CUDA_MAX_REPS) {
-        fprintf(stderr, "bench_cuda_attention: --reps and --plain-reps take 1 to %d\n",
-                BENCH_CUDA_MAX_REPS);
-        return 2;
     }
     if (fsdp_device_count(FSDP_DEVICE_CUDA) == 0) {
         printf("bench_cuda_attention: skipped: no usable CUDA device\n");

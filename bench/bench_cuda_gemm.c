@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_cli.h"         // defines: bench_cli_help, bench_cli_fail
 #include "bench_cuda_util.h"   // defines: BENCH_CUDA_OK, bench_cuda_median
 #include "kernels/cuda/cuda.h" // defines: fsdp_cuda_thread_set_tf32
 #include "kernels/kernels.h"   // defines: fsdp_kernels_for
@@ -313,15 +314,30 @@ static void bench_epilogue(void) {
     cudaFree(A), cudaFree(B), cudaFree(C), cudaFree(bias), cudaFree(ws);
 }
 
+#define NAME "bench_cuda_gemm"
+static const char usage[] =
+    "usage: bench_cuda_gemm [f32|bf16|epilogue]\n"
+    "The CUDA table's GEMMs against the libraries called directly with the same operation and\n"
+    "compute type, in the same run, on cuda:0.\n"
+    "arguments (no argument: all three):\n"
+    "  f32         gemm, f32 and TF32, against cublasGemmEx: square shapes and the 134 M MLP's\n"
+    "  bf16        gemm_bf16 on cuBLASLt against cublasLtMatmul, and on cuBLAS, at the Llama\n"
+    "              benchmark's GEMMs (shapes S and M)\n"
+    "  epilogue    the fused gemm_bf16_bias_act (bias, bias + GELU) against cublasLtMatmul\n"
+    "              with the same epilogue, and the separate entries on cuBLAS\n"
+    "  --help, -h  prints this help\n"
+    "prints: TFLOP/s of each and their ratio per shape, then the smallest ratio; a line saying\n"
+    "it skipped when no CUDA device is usable. Writes no file.\n"
+    "exit status: 0 done or skipped; 1 a CUDA or cuBLAS call failed; 2 bad command line\n";
+
 int main(int argc, char **argv) {
+    bench_cli_help(argc, argv, usage);
+    if (argc > 2) bench_cli_fail(NAME, usage, "unexpected argument '%s'", argv[2]);
     const char *mode = argc > 1 ? argv[1] : "all";
     bool f32 = strcmp(mode, "all") == 0 || strcmp(mode, "f32") == 0;
     bool bf16 = strcmp(mode, "all") == 0 || strcmp(mode, "bf16") == 0;
     bool epilogue = strcmp(mode, "all") == 0 || strcmp(mode, "epilogue") == 0;
-    if (argc > 2 || (!f32 && !bf16 && !epilogue)) {
-        fprintf(stderr, "usage: bench_cuda_gemm [f32|bf16|epilogue]  (no argument: all three)\n");
-        return 2;
-    }
+    if (!f32 && !bf16 && !epilogue) bench_cli_fail(NAME, usage, "unknown argument '%s'", mode);
     if (fsdp_device_count(FSDP_DEVICE_CUDA) == 0) {
         printf("bench_cuda_gemm: skipped: no usable CUDA device\n");
         return 0;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_cli.h"  // defines: bench_cli_help, bench_cli_fail, bench_cli_int
 #include "bench_util.h" // defines: bench_now, bench_median
 #include "fsdp/cuda.h"  // defines: fsdp_cuda_set_allow_tf32
 #include "fsdp/fsdp.h"
@@ -32,31 +33,51 @@ typedef struct args {
     const char *mode;
 } args;
 
+#define NAME "bench_cuda_mlp"
+static const char usage[] =
+    "usage: bench_cuda_mlp [--widths a,b,c,...] [--batch N] [--steps N] [--mode f32|tf32|all]\n"
+    "One training step of an MLP on cuda:0 (forward, MSE loss, backward, AdamW step, zero_grad),\n"
+    "f32 and TF32: the model, batch and optimizer bench/cuda_mlp.py times in PyTorch\n"
+    "(bench/cuda_mlp.sh prints their ratio).\n"
+    "options:\n"
+    "  --widths a,b,...  the layer widths, 2 to 16 (default 4096,8192,8192,4096: 134 M\n"
+    "                    parameters, ReLU between)\n"
+    "  --batch N         rows per step (default 8192)\n"
+    "  --steps N         timed steps after 3 warm-up steps, median (default 20, 1 to 200)\n"
+    "  --mode M          f32, tf32 or all (default all)\n"
+    "  --help, -h        prints this help\n"
+    "prints: a line naming the model, then per mode\n"
+    "  libfsdp MODE MS ms/step  (last loss L)\n"
+    "or a line saying it skipped when no CUDA device is usable. Writes no file.\n"
+    "exit status: 0 done or skipped; 1 a library call failed; 2 bad command line\n";
+
 static void parse(int argc, char **argv, args *a) {
     *a = (args){.n_widths = 4,
                 .widths = {4096, 8192, 8192, 4096},
                 .batch = 8192,
                 .steps = 20,
                 .mode = "all"};
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--widths")) {
-            a->n_widths = 0;
-            for (char *s = argv[i + 1]; *s && a->n_widths < MAX_WIDTHS; s += *s == ',')
-                a->widths[a->n_widths++] = strtoll(s, &s, 10);
-        } else if (!strcmp(argv[i], "--batch")) {
-            a->batch = strtoll(argv[i + 1], NULL, 10);
-        } else if (!strcmp(argv[i], "--steps")) {
-            a->steps = atoi(argv[i + 1]);
-        } else if (!strcmp(argv[i], "--mode")) {
-            a->mode = argv[i + 1];
+    bench_cli_help(argc, argv, usage);
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "--widths")) {
+            long long w[MAX_WIDTHS];
+            a->n_widths = bench_cli_widths(
+                NAME, usage, o, bench_cli_value(NAME, usage, argc, argv, &i), w, 2, MAX_WIDTHS);
+            for (int k = 0; k < a->n_widths; k++) a->widths[k] = w[k];
+        } else if (!strcmp(o, "--batch")) {
+            a->batch = bench_cli_int(NAME, usage, o, bench_cli_value(NAME, usage, argc, argv, &i),
+                                     1, 1 << 24);
+        } else if (!strcmp(o, "--steps")) {
+            a->steps = (int)bench_cli_int(
+                NAME, usage, o, bench_cli_value(NAME, usage, argc, argv, &i), 1, MAX_STEPS);
+        } else if (!strcmp(o, "--mode")) {
+            a->mode = bench_cli_value(NAME, usage, argc, argv, &i);
+            if (strcmp(a->mode, "f32") && strcmp(a->mode, "tf32") && strcmp(a->mode, "all"))
+                bench_cli_fail(NAME, usage, "--mode takes f32, tf32 or all, got '%s'", a->mode);
         } else {
-            fprintf(stderr, "bench_cuda_mlp: unknown option %s\n", argv[i]);
-            exit(2);
+            bench_cli_fail(NAME, usage, "unknown argument '%s'", o);
         }
-    }
-    if (a->n_widths < 2 || a->batch <= 0 || a->steps <= 0 || a->steps > MAX_STEPS) {
-        fprintf(stderr, "bench_cuda_mlp: need >= 2 widths, batch > 0, 1..%d steps\n", MAX_STEPS);
-        exit(2);
     }
 }
 

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_cli.h"  // defines: bench_cli_help, bench_cli_fail, bench_cli_int
 #include "bench_util.h" // defines: bench_now, bench_median
 #include "fsdp/fsdp.h"
 
@@ -42,14 +43,33 @@ typedef struct args {
     int steps, warmup;
 } args;
 
-static int usage(void) {
-    fprintf(stderr, "usage: bench_fsdp_gpu [--device cuda|sim] [--mode mp|overlap|all]\n"
-                    "                      [--widths a,b,...] [--batch N] [--steps N] "
-                    "[--warmup N]\n");
-    return 2;
-}
+#define NAME "bench_fsdp_gpu"
+static const char usage[] =
+    "usage: bench_fsdp_gpu [--device cuda|sim] [--mode mp|overlap|all] [--widths a,b,...]\n"
+    "                      [--batch N] [--steps N] [--warmup N]\n"
+    "FSDP on one device, libfsdp's side of bench/fsdp_gpu.sh: an MLP (ReLU, MSE, AdamW) with\n"
+    "every Linear its own FULL_SHARD unit, bf16 mixed precision and the bf16 compute policy.\n"
+    "  mp       one rank: the median ms per step\n"
+    "  overlap  two rank threads sharing the device, half the batch each: the step without\n"
+    "           prefetch, with forward_prefetch, BACKWARD_PRE and limit_all_gathers, and the\n"
+    "           step's all_gathers alone; hidden = (without - with) / gathers alone\n"
+    "options:\n"
+    "  --device D        cuda or sim (default cuda)\n"
+    "  --mode M          mp, overlap or all (default all)\n"
+    "  --widths a,b,...  the layer widths, 2 to 16 (default 4096,8192,8192,4096: 134 M\n"
+    "                    parameters)\n"
+    "  --batch N         rows per step, at least 2 (default 8192)\n"
+    "  --steps N         timed steps, median (default 10, 1 to 200)\n"
+    "  --warmup N        warm-up steps (default 3)\n"
+    "  --help, -h        prints this help\n"
+    "prints: a line naming the model, then\n"
+    "  result libfsdp mp step_ms X\n"
+    "  result libfsdp overlap off_ms A on_ms B gathers_ms G hidden H (unclamped R)\n"
+    "(H is R clamped to [0, 1]), or \"skip libfsdp: REASON\" when the device is missing.\n"
+    "Writes no file.\n"
+    "exit status: 0 done or skipped; 1 a library call failed; 2 bad command line\n";
 
-static bool parse(int argc, char **argv, args *a) {
+static void parse(int argc, char **argv, args *a) {
     *a = (args){.type = FSDP_DEVICE_CUDA,
                 .mode = "all",
                 .n_widths = 4,
@@ -57,41 +77,37 @@ static bool parse(int argc, char **argv, args *a) {
                 .batch = 8192,
                 .steps = 10,
                 .warmup = 3};
-    for (int i = 1; i < argc; i += 2) {
-        if (i + 1 >= argc) return false;
-        const char *k = argv[i], *v = argv[i + 1];
+    bench_cli_help(argc, argv, usage);
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i];
         if (!strcmp(k, "--device")) {
-            if (!strcmp(v, "cuda"))
-                a->type = FSDP_DEVICE_CUDA;
-            else if (!strcmp(v, "sim"))
-                a->type = FSDP_DEVICE_SIM;
-            else
-                return false;
+            const char *v = bench_cli_value(NAME, usage, argc, argv, &i);
+            if (strcmp(v, "cuda") && strcmp(v, "sim"))
+                bench_cli_fail(NAME, usage, "--device takes cuda or sim, got '%s'", v);
+            a->type = strcmp(v, "sim") ? FSDP_DEVICE_CUDA : FSDP_DEVICE_SIM;
         } else if (!strcmp(k, "--mode")) {
-            if (strcmp(v, "mp") && strcmp(v, "overlap") && strcmp(v, "all")) return false;
+            const char *v = bench_cli_value(NAME, usage, argc, argv, &i);
+            if (strcmp(v, "mp") && strcmp(v, "overlap") && strcmp(v, "all"))
+                bench_cli_fail(NAME, usage, "--mode takes mp, overlap or all, got '%s'", v);
             a->mode = v;
         } else if (!strcmp(k, "--widths")) {
-            a->n_widths = 0;
-            for (const char *s = v; *s && a->n_widths < MAX_WIDTHS;) {
-                char *end;
-                long long w = strtoll(s, &end, 10);
-                if (end == s || w <= 0) return false;
-                a->widths[a->n_widths++] = w;
-                s = *end == ',' ? end + 1 : end;
-                if (*end && *end != ',') return false;
-            }
+            long long w[MAX_WIDTHS];
+            a->n_widths = bench_cli_widths(
+                NAME, usage, k, bench_cli_value(NAME, usage, argc, argv, &i), w, 2, MAX_WIDTHS);
+            for (int j = 0; j < a->n_widths; j++) a->widths[j] = w[j];
         } else if (!strcmp(k, "--batch")) {
-            a->batch = strtoll(v, NULL, 10);
+            a->batch = bench_cli_int(NAME, usage, k, bench_cli_value(NAME, usage, argc, argv, &i),
+                                     RANKS, 1 << 24);
         } else if (!strcmp(k, "--steps")) {
-            a->steps = atoi(v);
+            a->steps = (int)bench_cli_int(
+                NAME, usage, k, bench_cli_value(NAME, usage, argc, argv, &i), 1, MAX_STEPS);
         } else if (!strcmp(k, "--warmup")) {
-            a->warmup = atoi(v);
+            a->warmup = (int)bench_cli_int(NAME, usage, k,
+                                           bench_cli_value(NAME, usage, argc, argv, &i), 0, 1000);
         } else {
-            return false;
+            bench_cli_fail(NAME, usage, "unknown argument '%s'", k);
         }
     }
-    return a->n_widths >= 2 && a->batch >= RANKS && a->steps > 0 && a->steps <= MAX_STEPS &&
-           a->warmup >= 0;
 }
 
 /* One rank's model, optimizer and data on its device. */
@@ -252,7 +268,7 @@ static bool run_world(fsdp_ctx *ctx, int ranks, fsdp_rank_fn fn, run *rn) {
 
 int main(int argc, char **argv) {
     args a;
-    if (!parse(argc, argv, &a)) return usage();
+    parse(argc, argv, &a);
     const char *dname = a.type == FSDP_DEVICE_CUDA ? "cuda" : "sim";
     if (fsdp_device_count(a.type) == 0) {
         printf("skip libfsdp: no %s device in this build or on this machine\n", dname);

@@ -3,10 +3,10 @@
  * repetitions of each, interleaved. GFLOP/s = 2 M N K / time; ratio = table / direct. */
 
 #include <cblas.h> // defines: cblas_sgemm, openblas_get_num_threads, openblas_get_config
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 
+#include "bench_cli.h"  // defines: bench_cli_help, bench_cli_fail, bench_cli_int
 #include "bench_util.h" // defines: bench_now, bench_median
 #include <stdlib.h>
 #include <string.h>
@@ -101,23 +101,29 @@ static void bench_shape(const gemm_shape *s, int reps) {
     free(o.A), free(o.B), free(o.C), free(C_direct), free(t_table);
 }
 
+#define NAME "bench_gemm"
+static const char usage[] =
+    "usage: bench_gemm [--reps N]\n"
+    "sgemm through the CPU kernel table (fsdp_kernels_cpu()->gemm) against cblas_sgemm called\n"
+    "directly, in the same run, on OpenBLAS's threads: NN, NT, TN, TT at 512^3 and NN at\n"
+    "1024^3, 4096x64x512 and 64^3; 3 warm-up calls, then N timed repetitions of each,\n"
+    "interleaved.\n"
+    "options:\n"
+    "  --reps N    timed repetitions, median (default 21, 1 to 100000)\n"
+    "  --help, -h  prints this help\n"
+    "prints: per shape GFLOP/s (2 M N K / time) of each, their ratio (table / direct), the\n"
+    "direct call's ms and the largest difference between the two results. Writes no file.\n"
+    "exit status: 0 done; 1 out of memory; 2 bad command line\n";
+
 static int parse_reps(int argc, char **argv) {
     int reps = 21;
+    bench_cli_help(argc, argv, usage);
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
-            char *end;
-            errno = 0;
-            long v = strtol(argv[++i], &end, 10);
-            if (errno || *end || v < 1 || v > 100000) {
-                fprintf(stderr, "bench_gemm: --reps wants an integer in [1, 100000], got '%s'\n",
-                        argv[i]);
-                exit(2);
-            }
-            reps = (int)v;
-        } else {
-            fprintf(stderr, "usage: %s [--reps N]   (default 21)\n", argv[0]);
-            exit(strcmp(argv[i], "--help") == 0 ? 0 : 2);
-        }
+        if (strcmp(argv[i], "--reps") == 0)
+            reps = (int)bench_cli_int(NAME, usage, argv[i],
+                                      bench_cli_value(NAME, usage, argc, argv, &i), 1, 100000);
+        else
+            bench_cli_fail(NAME, usage, "unknown argument '%s'", argv[i]);
     }
     return reps;
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_cli.h"  // defines: bench_cli_help, bench_cli_fail, bench_cli_int
 #include "bench_util.h" // defines: bench_now, bench_median
 #include "fsdp/fsdp.h"
 
@@ -70,18 +71,30 @@ static fsdp_status add_profile_hooks(fsdp_ctx *ctx, fsdp_module *m, void *user) 
 
 /* ---- the run ---- */
 
-static int usage(void) {
-    fprintf(stderr,
-            "usage: bench_llama [--batch B] [--seq T] [--steps N] [--warmup W] [--threads N]\n"
-            "                   [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F]\n"
-            "                   [--vocab V] [--big] [--no-profile]\n"
-            "Default: dim 768, 8 layers, 12 heads, 4 kv heads, ffn 2048, vocab 32000 (~100 M\n"
-            "parameters), batch 2, seq 64, 2 warm-up and 5 timed steps, all of OpenBLAS's\n"
-            "threads. --big: batch 4, seq 512.\n");
-    return 2;
-}
+#define NAME "bench_llama"
+static const char usage[] =
+    "usage: bench_llama [--batch B] [--seq T] [--steps N] [--warmup W] [--threads N]\n"
+    "                   [--dim D] [--layers L] [--heads H] [--kv-heads K] [--ffn F]\n"
+    "                   [--vocab V] [--big] [--no-profile]\n"
+    "One training step (forward, cross-entropy, backward, AdamW) of a Llama on the CPU, on one\n"
+    "rank; bench/llama.sh runs it beside bench/llama_cpu.py and prints the ratio.\n"
+    "options (each number 1 to 2^30):\n"
+    "  --batch B, --seq T   sequences per step and their length (default 2 x 64)\n"
+    "  --steps N            timed steps (default 5), --warmup W warm-up steps (default 2)\n"
+    "  --threads N          OpenBLAS threads (default: all of OpenBLAS's)\n"
+    "  --dim D, --layers L, --heads H, --kv-heads K, --ffn F, --vocab V\n"
+    "                       the model (default 768, 8, 12, 4, 2048, 32000: ~100 M parameters)\n"
+    "  --big                batch 4, seq 512\n"
+    "  --no-profile         no time by module kind (no module hooks)\n"
+    "  --help, -h           prints this help\n"
+    "prints: the model, the loss after the last step, the step split into its phases, the time\n"
+    "by module kind (exclusive of children), then\n"
+    "  libfsdp fwd_bwd_ms X (...)\n"
+    "  libfsdp step_ms X tokens_per_s Y\n"
+    "Writes no file.\n"
+    "exit status: 0 done; 1 a library call failed; 2 bad command line\n";
 
-static bool parse(int argc, char **argv, opts *o) {
+static void parse(int argc, char **argv, opts *o) {
     *o = (opts){.cfg = {.dim = 768,
                         .n_layers = 8,
                         .n_heads = 12,
@@ -94,9 +107,9 @@ static bool parse(int argc, char **argv, opts *o) {
                 .steps = 5,
                 .warmup = 2,
                 .profile = true};
+    bench_cli_help(argc, argv, usage);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long n = v ? strtol(v, NULL, 10) : 0;
+        const char *a = argv[i];
         if (!strcmp(a, "--big")) {
             o->batch = 4, o->seq = 512;
             continue;
@@ -105,35 +118,28 @@ static bool parse(int argc, char **argv, opts *o) {
             o->profile = false;
             continue;
         }
-        if (!v || n < 1 || n > (1L << 30)) return false;
-        i++;
-        if (!strcmp(a, "--batch"))
-            o->batch = (int)n;
-        else if (!strcmp(a, "--seq"))
-            o->seq = (int)n;
-        else if (!strcmp(a, "--steps"))
-            o->steps = (int)n;
-        else if (!strcmp(a, "--warmup"))
-            o->warmup = (int)n;
-        else if (!strcmp(a, "--threads"))
-            o->threads = (int)n;
-        else if (!strcmp(a, "--dim"))
-            o->cfg.dim = n;
-        else if (!strcmp(a, "--layers"))
-            o->cfg.n_layers = (int)n;
-        else if (!strcmp(a, "--heads"))
-            o->cfg.n_heads = (int)n;
-        else if (!strcmp(a, "--kv-heads"))
-            o->cfg.n_kv_heads = (int)n;
-        else if (!strcmp(a, "--ffn"))
-            o->cfg.ffn_hidden = n;
-        else if (!strcmp(a, "--vocab"))
-            o->cfg.vocab_size = n;
+        int *ip = !strcmp(a, "--batch")      ? &o->batch
+                  : !strcmp(a, "--seq")      ? &o->seq
+                  : !strcmp(a, "--steps")    ? &o->steps
+                  : !strcmp(a, "--warmup")   ? &o->warmup
+                  : !strcmp(a, "--threads")  ? &o->threads
+                  : !strcmp(a, "--layers")   ? &o->cfg.n_layers
+                  : !strcmp(a, "--heads")    ? &o->cfg.n_heads
+                  : !strcmp(a, "--kv-heads") ? &o->cfg.n_kv_heads
+                                             : NULL;
+        int64_t *lp = !strcmp(a, "--dim")     ? &o->cfg.dim
+                      : !strcmp(a, "--ffn")   ? &o->cfg.ffn_hidden
+                      : !strcmp(a, "--vocab") ? &o->cfg.vocab_size
+                                              : NULL;
+        if (!ip && !lp) bench_cli_fail(NAME, usage, "unknown argument '%s'", a);
+        long long n = bench_cli_int(NAME, usage, a, bench_cli_value(NAME, usage, argc, argv, &i), 1,
+                                    1L << 30);
+        if (ip)
+            *ip = (int)n;
         else
-            return false;
+            *lp = n;
     }
     if (o->seq > o->cfg.max_seq_len) o->cfg.max_seq_len = o->seq;
-    return true;
 }
 
 enum { PH_FWD, PH_LOSS, PH_BWD, PH_OPT, PH_COUNT };
@@ -146,7 +152,7 @@ static const char *const phase_names[PH_COUNT] = {"forward", "loss", "backward",
 
 int main(int argc, char **argv) {
     opts o;
-    if (!parse(argc, argv, &o)) return usage();
+    parse(argc, argv, &o);
     if (o.threads) openblas_set_num_threads(o.threads);
     fsdp_ctx *ctx = NULL;
     if (fsdp_ctx_create(&(fsdp_ctx_options){.seed = 1}, &ctx) != FSDP_OK) return 1;

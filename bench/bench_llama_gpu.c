@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_cli.h"  // defines: bench_cli_help, bench_cli_fail, bench_cli_int
 #include "bench_util.h" // defines: bench_now, bench_median
 #include "fsdp/cuda.h"  // defines: fsdp_cuda_set_allow_tf32
 #include "fsdp/fsdp.h"
@@ -52,99 +53,95 @@ typedef struct opts {
     double budget_s;
 } opts;
 
-static int usage(void) {
-    fprintf(
-        stderr,
-        "usage: bench_llama_gpu [--device cuda|sim] [--shapes S,M,tiny] [--modes f32,tf32,bf16]\n"
-        "                       [--steps N] [--warmup W] [--budget-s SEC]\n"
-        "                       [--peaks F32,TF32,BF16 (TFLOP/s, for MFU)]\n"
-        "                       [--breakdown] [--breakdown-steps N]\n"
-        "Default: cuda, shapes S,M, modes f32,tf32,bf16, 2 warm-up and 10 timed steps, a\n"
-        "budget of 600 s, no MFU, no breakdown. Prints one line per run (L: the last step's\n"
-        "loss, 9 significant digits):\n"
-        "  result libfsdp SHAPE MODE step_ms MS tokens_per_s TPS mfu X loss L\n"
-        "  counts libfsdp SHAPE MODE step launches N host_waits W   (the last timed step's,\n"
-        "    before the synchronize that ends it: docs/device.md 'Launches and host waits')\n"
-        "  skip libfsdp SHAPE MODE: REASON\n"
-        "--breakdown: then N more steps (--breakdown-steps N, default 5; it implies --breakdown)\n"
-        "that synchronise the device at every hook point of the timed modules, and per part\n"
-        "(embedding, input_norm, attn_proj, attn_core, post_attn_norm, mlp_proj, mlp_rest,\n"
-        "residual, final_norm, lm_head, loss, optimizer, other) the median of its forward and\n"
-        "backward time (loss and optimizer: one call each, its time as fwd_ms):\n"
-        "  breakdown libfsdp SHAPE MODE PART fwd_ms X bwd_ms Y share Z\n"
-        "  breakdown libfsdp SHAPE MODE total step_ms X parts_ms Y timed_step_ms Z steps N\n"
-        "    idle_sync_us S loss L   (one line)\n"
-        "and the launches of the last breakdown step per part, and its launches and host waits\n"
-        "less the breakdown's own synchronizes (the same as a timed step's):\n"
-        "  counts libfsdp SHAPE MODE PART launches_fwd X launches_bwd Y\n"
-        "  counts libfsdp SHAPE MODE breakdown_step launches N host_waits W\n");
-    return 2;
-}
+#define NAME "bench_llama_gpu"
+static const char usage[] =
+    "usage: bench_llama_gpu [--device cuda|sim] [--shapes S,M,tiny] [--modes f32,tf32,bf16]\n"
+    "                       [--steps N] [--warmup W] [--budget-s SEC]\n"
+    "                       [--peaks F32,TF32,BF16 (TFLOP/s, for MFU)]\n"
+    "                       [--breakdown] [--breakdown-steps N]\n"
+    "One Llama training step (forward, cross-entropy, backward, AdamW) on one device per shape\n"
+    "and compute mode, libfsdp's side of bench/llama_gpu.sh. --help, -h prints this help.\n"
+    "Default: cuda, shapes S,M, modes f32,tf32,bf16, 2 warm-up and 10 timed steps, a\n"
+    "budget of 600 s, no MFU, no breakdown. Prints one line per run (L: the last step's\n"
+    "loss, 9 significant digits):\n"
+    "  result libfsdp SHAPE MODE step_ms MS tokens_per_s TPS mfu X loss L\n"
+    "  counts libfsdp SHAPE MODE step launches N host_waits W   (the last timed step's,\n"
+    "    before the synchronize that ends it: docs/device.md 'Launches and host waits')\n"
+    "  skip libfsdp SHAPE MODE: REASON\n"
+    "--breakdown: then N more steps (--breakdown-steps N, default 5; it implies --breakdown)\n"
+    "that synchronise the device at every hook point of the timed modules, and per part\n"
+    "(embedding, input_norm, attn_proj, attn_core, post_attn_norm, mlp_proj, mlp_rest,\n"
+    "residual, final_norm, lm_head, loss, optimizer, other) the median of its forward and\n"
+    "backward time (loss and optimizer: one call each, its time as fwd_ms):\n"
+    "  breakdown libfsdp SHAPE MODE PART fwd_ms X bwd_ms Y share Z\n"
+    "  breakdown libfsdp SHAPE MODE total step_ms X parts_ms Y timed_step_ms Z steps N\n"
+    "    idle_sync_us S loss L   (one line)\n"
+    "and the launches of the last breakdown step per part, and its launches and host waits\n"
+    "less the breakdown's own synchronizes (the same as a timed step's):\n"
+    "  counts libfsdp SHAPE MODE PART launches_fwd X launches_bwd Y\n"
+    "  counts libfsdp SHAPE MODE breakdown_step launches N host_waits W\n"
+    "or a line saying it skipped when the device is missing. Writes no file.\n"
+    "exit status: 0 done or skipped; 1 a library call failed; 2 bad command line\n";
 
 /* Sets on[i] for each comma-separated name of names[] in list; false on an unknown name. */
-static bool parse_list(const char *list, const char *const *names, int n, bool *on) {
+static void parse_list(const char *list, const char *const *names, int n, bool *on) {
     memset(on, 0, (size_t)n * sizeof *on);
     char buf[256];
     snprintf(buf, sizeof buf, "%s", list);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         int i = 0;
         while (i < n && strcmp(tok, names[i])) i++;
-        if (i == n) {
-            fprintf(stderr, "bench_llama_gpu: unknown name '%s' in '%s'\n", tok, list);
-            return false;
-        }
+        if (i == n) bench_cli_fail(NAME, usage, "unknown name '%s' in '%s'", tok, list);
         on[i] = true;
     }
-    return true;
 }
 
-static bool parse(int argc, char **argv, opts *o) {
+static void parse(int argc, char **argv, opts *o) {
     *o = (opts){.dev = {FSDP_DEVICE_CUDA, 0}, .steps = 10, .warmup = 2, .budget_s = 600};
     o->shape_on[0] = o->shape_on[1] = true;
     for (int m = 0; m < N_MODES; m++) o->mode_on[m] = true;
     const char *shape_names[N_SHAPES];
     for (int s = 0; s < N_SHAPES; s++) shape_names[s] = SHAPES[s].name;
-    for (int i = 1; i < argc; i += 2) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    bench_cli_help(argc, argv, usage);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
         if (!strcmp(a, "--breakdown")) {
             o->breakdown_steps = o->breakdown_steps ? o->breakdown_steps : 5;
-            i--; /* a flag: no value */
             continue;
         }
-        if (!v) return false;
+        bool known = !strcmp(a, "--device") || !strcmp(a, "--shapes") || !strcmp(a, "--modes") ||
+                     !strcmp(a, "--steps") || !strcmp(a, "--warmup") ||
+                     !strcmp(a, "--breakdown-steps") || !strcmp(a, "--budget-s") ||
+                     !strcmp(a, "--peaks");
+        if (!known) bench_cli_fail(NAME, usage, "unknown argument '%s'", a);
+        const char *v = bench_cli_value(NAME, usage, argc, argv, &i);
         if (!strcmp(a, "--device")) {
-            if (strcmp(v, "cuda") && strcmp(v, "sim")) return false;
+            if (strcmp(v, "cuda") && strcmp(v, "sim"))
+                bench_cli_fail(NAME, usage, "--device takes cuda or sim, got '%s'", v);
             o->dev.type = strcmp(v, "sim") ? FSDP_DEVICE_CUDA : FSDP_DEVICE_SIM;
         } else if (!strcmp(a, "--shapes")) {
-            if (!parse_list(v, shape_names, N_SHAPES, o->shape_on)) return false;
+            parse_list(v, shape_names, N_SHAPES, o->shape_on);
         } else if (!strcmp(a, "--modes")) {
-            if (!parse_list(v, MODES, N_MODES, o->mode_on)) return false;
+            parse_list(v, MODES, N_MODES, o->mode_on);
         } else if (!strcmp(a, "--steps")) {
-            o->steps = atoi(v);
+            o->steps = (int)bench_cli_int(NAME, usage, a, v, 1, MAX_STEPS);
         } else if (!strcmp(a, "--warmup")) {
-            o->warmup = atoi(v);
+            o->warmup = (int)bench_cli_int(NAME, usage, a, v, 1, 100);
         } else if (!strcmp(a, "--breakdown-steps")) {
-            o->breakdown_steps = atoi(v);
-            if (o->breakdown_steps < 1 || o->breakdown_steps > 100) {
-                fprintf(stderr, "bench_llama_gpu: --breakdown-steps %s: give 1..100\n", v);
-                return false;
-            }
+            o->breakdown_steps = (int)bench_cli_int(NAME, usage, a, v, 1, 100);
         } else if (!strcmp(a, "--budget-s")) {
-            o->budget_s = atof(v);
-        } else if (!strcmp(a, "--peaks")) {
-            double *p = o->peak_tflops;
-            if (sscanf(v, "%lf,%lf,%lf", &p[0], &p[1], &p[2]) != 3) return false;
+            char *end;
+            o->budget_s = strtod(v, &end);
+            if (end == v || *end || !(o->budget_s > 0))
+                bench_cli_fail(NAME, usage, "--budget-s wants seconds > 0, got '%s'", v);
         } else {
-            return false;
+            double *p = o->peak_tflops;
+            char tail;
+            if (sscanf(v, "%lf,%lf,%lf%c", &p[0], &p[1], &p[2], &tail) != 3)
+                bench_cli_fail(NAME, usage, "--peaks wants three numbers F32,TF32,BF16, got '%s'",
+                               v);
         }
     }
-    if (o->steps < 1 || o->steps > MAX_STEPS || o->warmup < 1 || o->warmup > 100 ||
-        !(o->budget_s > 0)) {
-        fprintf(stderr, "bench_llama_gpu: need 1..%d steps, 1..100 warm-up steps, a budget > 0\n",
-                MAX_STEPS);
-        return false;
-    }
-    return true;
 }
 
 /* FLOP per token of one training step: 6N + 12 L d T, N the parameters less the input
@@ -362,7 +359,7 @@ static fsdp_status time_shape(fsdp_ctx *ctx, const opts *o, const shape *s, doub
 
 int main(int argc, char **argv) {
     opts o;
-    if (!parse(argc, argv, &o)) return usage();
+    parse(argc, argv, &o);
     double deadline = bench_now() + o.budget_s;
     setvbuf(stdout, NULL, _IOLBF, 0); /* each line out as it is made: a timeout keeps them */
     if (fsdp_device_count(o.dev.type) == 0) {

@@ -16,6 +16,7 @@
 #include <time.h> // defines: clock_gettime (the process's CPU time)
 #include <unistd.h>
 
+#include "bench_cli.h" // defines: bench_cli_help, bench_cli_fail, bench_cli_int
 #include "bench_util.h"
 #include "fsdp/fsdp.h"
 
@@ -192,44 +193,43 @@ static void print_profile(const run *r) {
     printf("  idle %5.1f\n", step - known * per);
 }
 
-static bool parse_widths(const char *s, bench_cfg *c) {
-    c->n_widths = 0;
-    while (*s && c->n_widths < MAX_WIDTHS) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v <= 0) return false;
-        c->widths[c->n_widths++] = v;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return false;
-    }
-    return c->n_widths >= 3 && !*s;
-}
+#define NAME "bench_scaling"
+static const char usage[] =
+    "usage: bench_scaling [--widths a,b,c,...] [--batch N] [--steps N] [--warmup N]\n"
+    "                     [--profile] [--pin] [--quick] [--only LAYOUT RANKS THREADS]\n"
+    "How a training step (MLP, ReLU, MSE, SGD) scales over the cores of one machine: FULL_SHARD,\n"
+    "SHARD_GRAD_OP, replicate and 2x2 TP+FSDP on rank threads, and one rank with several\n"
+    "threads, each against one rank on one thread measured in the same run.\n"
+    "options:\n"
+    "  --widths   MLP widths (default 1024,4096,4096,1024; 3 to 8, the\n"
+    "             first two Linear layers are the TP pair)\n"
+    "  --batch    global batch rows, a multiple of 4 (default 256)\n"
+    "  --steps    timed steps per layout (default 5; median), --warmup N (default 1)\n"
+    "  --profile  the step split into GEMM, elementwise, optimizer, each collective\n"
+    "             (copy and wait) and idle, per layout at 1, 2 and 4 ranks\n"
+    "  --pin      pin rank threads to cores (fsdp_world_options.pin_threads)\n"
+    "  --quick    2 timed steps, no warm-up: a smoke run\n"
+    "  --only LAYOUT RANKS THREADS  one layout alone (none, full, grad_op,\n"
+    "             replicate, tp; none needs 1 rank, tp 4; ranks 1 to 16), e.g. under perf\n"
+    "  --help, -h prints this help\n"
+    "prints: per layout ms/step, speed-up, fraction of linear in the cores used, CPU ms per step\n"
+    "and the baseline's CPU time against it (--only: one line, \"LAYOUT RxT: X ms/step\").\n"
+    "Writes no file.\n"
+    "exit status: 0 done; 1 a library call failed; 2 bad command line\n";
 
-/* --only LAYOUT RANKS THREADS */
-static bool parse_only(char **v, bench_cfg *c) {
+/* --only LAYOUT RANKS THREADS (v[0..2]) into c. */
+static void parse_only(char **v, bench_cfg *c) {
     static const char *const keys[] = {"none", "full", "grad_op", "replicate", "tp"};
-    for (int k = 0; k < 5; k++) {
-        if (strcmp(v[0], keys[k])) continue;
-        c->only_kind = k, c->only_ranks = atoi(v[1]), c->only_threads = atoi(v[2]);
-        return c->only_ranks >= 1 && c->only_ranks <= MAX_RANKS && c->only_threads >= 1 &&
-               (k != L_TP || c->only_ranks == 4) && (k == L_NONE ? c->only_ranks == 1 : true);
-    }
-    return false;
-}
-
-static void usage(FILE *f) {
-    fprintf(f, "usage: bench_scaling [--widths a,b,c,...] [--batch N] [--steps N] [--warmup N]\n"
-               "                     [--profile] [--pin] [--quick]\n"
-               "  --widths   MLP widths (default 1024,4096,4096,1024; at least 3, the\n"
-               "             first two Linear layers are the TP pair)\n"
-               "  --batch    global batch rows (default 256)\n"
-               "  --steps    timed steps per layout (default 5; median), --warmup N (default 1)\n"
-               "  --profile  the step split into GEMM, elementwise, optimizer, each collective\n"
-               "             (copy and wait) and idle, per layout at 1, 2 and 4 ranks\n"
-               "  --pin      pin rank threads to cores (fsdp_world_options.pin_threads)\n"
-               "  --quick    2 timed steps, no warm-up: a smoke run\n"
-               "  --only LAYOUT RANKS THREADS  one layout alone (none, full, grad_op,\n"
-               "             replicate, tp; tp needs 4 ranks), e.g. under perf\n");
+    int k = 0;
+    while (k < 5 && strcmp(v[0], keys[k])) k++;
+    if (k == 5)
+        bench_cli_fail(NAME, usage, "--only takes none, full, grad_op, replicate or tp, got '%s'",
+                       v[0]);
+    c->only_kind = k;
+    c->only_ranks = (int)bench_cli_int(NAME, usage, "--only RANKS", v[1], 1, MAX_RANKS);
+    c->only_threads = (int)bench_cli_int(NAME, usage, "--only THREADS", v[2], 1, 1024);
+    if ((k == L_TP && c->only_ranks != 4) || (k == L_NONE && c->only_ranks != 1))
+        bench_cli_fail(NAME, usage, "--only %s takes %d ranks", v[0], k == L_TP ? 4 : 1);
 }
 
 int main(int argc, char **argv) {
@@ -239,32 +239,39 @@ int main(int argc, char **argv) {
                    .steps = 5,
                    .warmup = 1,
                    .only_kind = -1};
+    bench_cli_help(argc, argv, usage);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--widths") && v && parse_widths(v, &c))
-            i++;
-        else if (!strcmp(a, "--batch") && v && atoll(v) > 0)
-            c.batch = atoll(v), i++;
-        else if (!strcmp(a, "--steps") && v && atoi(v) > 0)
-            c.steps = atoi(v), i++;
-        else if (!strcmp(a, "--warmup") && v && atoi(v) >= 0)
-            c.warmup = atoi(v), i++;
-        else if (!strcmp(a, "--profile"))
+        const char *a = argv[i];
+        if (!strcmp(a, "--widths")) {
+            long long w[MAX_WIDTHS];
+            c.n_widths = bench_cli_widths(
+                NAME, usage, a, bench_cli_value(NAME, usage, argc, argv, &i), w, 3, MAX_WIDTHS);
+            for (int k = 0; k < c.n_widths; k++) c.widths[k] = w[k];
+        } else if (!strcmp(a, "--batch")) {
+            c.batch = bench_cli_int(NAME, usage, a, bench_cli_value(NAME, usage, argc, argv, &i), 1,
+                                    1 << 24);
+            if (c.batch % 4)
+                bench_cli_fail(NAME, usage, "--batch must divide by 4 (the most ranks), got %lld",
+                               (long long)c.batch);
+        } else if (!strcmp(a, "--steps")) {
+            c.steps = (int)bench_cli_int(NAME, usage, a,
+                                         bench_cli_value(NAME, usage, argc, argv, &i), 1, 1000);
+        } else if (!strcmp(a, "--warmup")) {
+            c.warmup = (int)bench_cli_int(NAME, usage, a,
+                                          bench_cli_value(NAME, usage, argc, argv, &i), 0, 1000);
+        } else if (!strcmp(a, "--profile")) {
             c.profile = true;
-        else if (!strcmp(a, "--pin"))
+        } else if (!strcmp(a, "--pin")) {
             c.pin = true;
-        else if (!strcmp(a, "--quick"))
+        } else if (!strcmp(a, "--quick")) {
             c.steps = 2, c.warmup = 0;
-        else if (!strcmp(a, "--only") && i + 3 < argc && parse_only(argv + i + 1, &c))
+        } else if (!strcmp(a, "--only")) {
+            if (i + 3 >= argc) bench_cli_fail(NAME, usage, "--only needs LAYOUT RANKS THREADS");
+            parse_only(argv + i + 1, &c);
             i += 3;
-        else if (!strcmp(a, "--help") || !strcmp(a, "-h"))
-            return usage(stdout), 0;
-        else
-            return usage(stderr), 2;
-    }
-    if (c.batch % 4) {
-        fprintf(stderr, "bench_scaling: --batch must divide by 4 (the most ranks)\n");
-        return 2;
+        } else {
+            bench_cli_fail(NAME, usage, "unknown argument '%s'", a);
+        }
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int64_t params = 0;

@@ -40,7 +40,8 @@ def step_time(widths, batch, steps, mode):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--widths", default="4096,8192,8192,4096")
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=20)

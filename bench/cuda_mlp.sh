@@ -2,12 +2,36 @@
 # cuda_mlp.sh: the GPU training-step benchmark, libfsdp against PyTorch on the same machine in
 # the same run: bench_cuda_mlp (libfsdp) then cuda_mlp.py (PyTorch, when importable), then the
 # ratio per mode (PyTorch ms / libfsdp ms: above 1 means libfsdp is faster).
-# Usage: bench/cuda_mlp.sh [BUILD_DIR] [-- options for both, e.g. --batch 4096]
+#
+# Usage: bench/cuda_mlp.sh [BUILD_DIR] [-- OPTIONS]
+#   BUILD_DIR  the build holding bench/bench_cuda_mlp (default: build)
+#   OPTIONS    go to both bench_cuda_mlp and cuda_mlp.py, e.g. --batch 4096 --steps 10
+#              (bench_cuda_mlp --help lists them)
+#   -h, --help prints this help
+# Prints bench_cuda_mlp's report (or its line saying it skipped: no GPU), cuda_mlp.py's, then
+# per mode libfsdp ms, PyTorch ms and their ratio; without PyTorch with CUDA only libfsdp's,
+# and says so. Writes no file.
+# Exit status: 0 done (also skipped, or without PyTorch); 2 bad command line or BUILD_DIR
+# without bench_cuda_mlp; otherwise the failing program's status.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=${1:-build}
-shift || true
-[ "${1:-}" = "--" ] && shift
+usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
+bad() { echo "cuda_mlp.sh: $1" >&2 && usage >&2 && exit 2; }
+build=build
+case ${1:-} in
+-h | --help) usage && exit 0 ;;
+-- | "") ;;
+-*) bad "unknown option '$1'" ;;
+*) build=$1 && shift ;;
+esac
+case ${1:-} in
+"") ;;
+--) shift ;;
+-h | --help) usage && exit 0 ;;
+*) bad "unexpected argument '$1' (options for the programs go after --)" ;;
+esac
+[ -x "$build/bench/bench_cuda_mlp" ] ||
+    bad "$build/bench/bench_cuda_mlp is missing; build first (cmake --build $build)"
 ours=$("$build/bench/bench_cuda_mlp" "$@")
 echo "$ours"
 if ! python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then

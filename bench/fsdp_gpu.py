@@ -27,7 +27,8 @@ def free_port():
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--widths", default="4096,8192,8192,4096")
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=10)

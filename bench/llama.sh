@@ -3,12 +3,37 @@
 # machine in the same run: bench_llama (libfsdp) then llama_cpu.py (PyTorch, when importable),
 # with the same options and thread count, then tokens/s of both and their ratio (libfsdp /
 # PyTorch: above 1 means libfsdp is faster). bench/README.md, "bench_llama".
-# Usage: bench/llama.sh [BUILD_DIR] [-- options for both, e.g. --big or --batch 4 --seq 256]
+#
+# Usage: bench/llama.sh [BUILD_DIR] [-- OPTIONS]
+#   BUILD_DIR  the build holding bench/bench_llama (default: build)
+#   OPTIONS    go to both bench_llama and llama_cpu.py, e.g. --big or --batch 4 --seq 256
+#              (bench_llama --help lists them); --threads N also sets OPENBLAS_NUM_THREADS
+#              (default: every online core)
+#   -h, --help prints this help
+# Prints bench_llama's report, llama_cpu.py's, then tokens/s of both and their ratio, and
+# forward+backward ms of both; without torch and transformers only libfsdp's, and says so.
+# Writes no file.
+# Exit status: 0 done (also without PyTorch); 2 bad command line or BUILD_DIR without
+# bench_llama; otherwise the failing program's status.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=${1:-build}
-shift || true
-[ "${1:-}" = "--" ] && shift
+usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
+bad() { echo "llama.sh: $1" >&2 && usage >&2 && exit 2; }
+build=build
+case ${1:-} in
+-h | --help) usage && exit 0 ;;
+-- | "") ;;
+-*) bad "unknown option '$1'" ;;
+*) build=$1 && shift ;;
+esac
+case ${1:-} in
+"") ;;
+--) shift ;;
+-h | --help) usage && exit 0 ;;
+*) bad "unexpected argument '$1' (options for the programs go after --)" ;;
+esac
+[ -x "$build/bench/bench_llama" ] ||
+    bad "$build/bench/bench_llama is missing; build first (cmake --build $build)"
 threads=$(nproc)
 for arg in "$@"; do [ "${prev:-}" = "--threads" ] && threads=$arg; prev=$arg; done
 ours=$(OPENBLAS_NUM_THREADS=$threads "$build/bench/bench_llama" --threads "$threads" "$@")

@@ -11,11 +11,11 @@ import statistics
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, default in [("batch", 2), ("seq", 64), ("steps", 5), ("warmup", 2), ("threads", 0),
                           ("dim", 768), ("layers", 8), ("heads", 12), ("kv-heads", 4),
                           ("ffn", 2048), ("vocab", 32000)]:
@@ -23,6 +23,8 @@ def main():
     p.add_argument("--big", action="store_true", help="batch 4, seq 512")
     p.add_argument("--no-profile", action="store_true", help="accepted, for the same options")
     a = p.parse_args()
+    from transformers import LlamaConfig, LlamaForCausalLM  # after --help, which needs none
+
     if a.big:
         a.batch, a.seq = 4, 512
     if a.threads:

@@ -20,11 +20,36 @@
 # (default all three, bf16 first); the table shows '-' for the others. --breakdown:
 # bench_llama_gpu and llama_gpu.py (its eager runs) also time each part of the step ('breakdown'
 # lines, printed as they come), and a table per shape and mode puts the two side by side.
+#
+# Options (defaults in brackets):
+#   --dry-run              print the plan and stop
+#   --budget-s SEC         the whole run's bound, whole seconds >= 10 [900]
+#   --steps N              timed steps per run, >= 10 [10]
+#   --shapes LIST          S, M (and tiny, for sim) [S,M]
+#   --libfsdp-shapes LIST  libfsdp's shapes, when other than --shapes [--shapes]
+#   --modes LIST           f32, tf32, bf16 [bf16,tf32,f32]
+#   --device cuda|sim      [cuda]
+#   --libfsdp-only         do not run PyTorch
+#   --breakdown            the per-part breakdown, both sides
+#   BUILD_DIR              the build holding bench/bench_llama_gpu [build]
+#   -h, --help             prints this help
+# Prints the plan, both programs' lines, the table and the goals. Writes no file (its
+# temporary folder is removed).
+# Exit status: 0 done or skipped (a failing program is reported in the output, its figures
+# kept); 2 bad command line.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build budget=900 steps=10 shapes=S,M modes=bf16,tf32,f32 dry=0 device=cuda torch=1 our_shapes=""
 breakdown=()
+usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
+bad() { echo "llama_gpu.sh: $1" >&2 && usage >&2 && exit 2; }
+for arg in "$@"; do case $arg in -h | --help) usage && exit 0 ;; esac; done
+build_given=0
 while [ $# -gt 0 ]; do
+    case $1 in
+    --budget-s | --steps | --shapes | --modes | --libfsdp-shapes | --device)
+        [ $# -ge 2 ] || bad "$1 needs a value" ;;
+    esac
     case $1 in
     --dry-run) dry=1 ;;
     --budget-s) budget=$2 && shift ;;
@@ -35,20 +60,20 @@ while [ $# -gt 0 ]; do
     --device) device=$2 && shift ;;
     --libfsdp-only) torch=0 ;;
     --breakdown) breakdown=(--breakdown) ;;
-    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
-    -*) echo "llama_gpu.sh: unknown option $1 (see --help)" >&2 && exit 2 ;;
-    *) build=$1 ;;
+    -*) bad "unknown option '$1'" ;;
+    *) [ "$build_given" = 0 ] || bad "unexpected argument '$1' (BUILD_DIR is '$build')"
+       build=$1 build_given=1 ;;
     esac
     shift
 done
 [[ "$budget" =~ ^[0-9]+$ ]] && [ "$budget" -ge 10 ] ||
-    { echo "llama_gpu.sh: --budget-s $budget: give whole seconds, at least 10" >&2 && exit 2; }
+    bad "--budget-s $budget: give whole seconds, at least 10"
 [[ "$steps" =~ ^[0-9]+$ ]] && [ "$steps" -ge 10 ] ||
-    { echo "llama_gpu.sh: --steps $steps: the median needs at least 10 steps" >&2 && exit 2; }
+    bad "--steps $steps: the median needs at least 10 steps"
 our_shapes=${our_shapes:-$shapes}
 [[ "$modes" =~ ^(f32|tf32|bf16)(,(f32|tf32|bf16))*$ ]] ||
-    { echo "llama_gpu.sh: --modes $modes: a list of f32, tf32, bf16 (for example bf16,tf32)" >&2 && exit 2; }
-case $device in cuda | sim) ;; *) echo "llama_gpu.sh: --device $device: cuda or sim" >&2 && exit 2 ;; esac
+    bad "--modes $modes: a list of f32, tf32, bf16 (for example bf16,tf32)"
+case $device in cuda | sim) ;; *) bad "--device $device: cuda or sim" ;; esac
 start=$(date +%s)
 
 # Dense peaks in TFLOP/s of f32, TF32 and bf16 (NVIDIA's data sheets, without sparsity).

@@ -9,18 +9,34 @@
 #      is not importable);
 #   3. bench_comm at 4 rank threads up to 64 MiB: busbw as a fraction of memcpy;
 #   4. the goals of issue 19 against those figures.
-# Usage: bench/scaling.sh [BUILD_DIR] [-- options for bench_scaling and scaling_torch.py,
-#        e.g. --steps 10 --batch 512]
+#
+# Usage: bench/scaling.sh [BUILD_DIR] [-- OPTIONS]
+#   BUILD_DIR  the build holding bench/bench_scaling and bench/bench_comm (default: build)
+#   OPTIONS    go to bench_scaling (bench_scaling --help lists them), and its --widths,
+#              --batch, --steps and --warmup to scaling_torch.py, e.g. --steps 10 --batch 512
+#   -h, --help prints this help
+# Prints the four parts above, each under a "== N." heading. Writes no file.
+# Exit status: 0 done (also without PyTorch); 2 bad command line or BUILD_DIR without the
+# programs; otherwise the failing program's status.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=${1:-build}
-shift || true
-[ "${1:-}" = "--" ] && shift
+usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
+bad() { echo "scaling.sh: $1" >&2 && usage >&2 && exit 2; }
+build=build
+case ${1:-} in
+-h | --help) usage && exit 0 ;;
+-- | "") ;;
+-*) bad "unknown option '$1'" ;;
+*) build=$1 && shift ;;
+esac
+case ${1:-} in
+"") ;;
+--) shift ;;
+-h | --help) usage && exit 0 ;;
+*) bad "unexpected argument '$1' (options for the programs go after --)" ;;
+esac
 for b in bench_scaling bench_comm; do
-    if [ ! -x "$build/bench/$b" ]; then
-        echo "scaling.sh: $build/bench/$b is missing; build first (cmake --build $build)" >&2
-        exit 2
-    fi
+    [ -x "$build/bench/$b" ] || bad "$build/bench/$b is missing; build first (cmake --build $build)"
 done
 
 echo "== 1. scaling on this machine's cores (libfsdp)"

@@ -3,7 +3,8 @@
 # (default 5) under AddressSanitizer and UndefinedBehaviorSanitizer: the libFuzzer target when
 # clang is installed, else the standalone driver with a seeded random campaign.
 #
-#   scripts/fuzz-ckpt.sh [MINUTES]
+#   scripts/fuzz-ckpt.sh [MINUTES]     (a positive whole number; default 5)
+#   scripts/fuzz-ckpt.sh -h | --help   (prints this help)
 #
 # Environment: RAW=PERCENT adds raw byte flips of the files (libFuzzer: to every input when
 # non-zero; standalone: to PERCENT of the inputs; default 0), SEED (standalone; default: the
@@ -12,9 +13,23 @@
 # A finding stops the run with the sanitizer's report: libFuzzer leaves the input as crash-* in
 # the build folder, the standalone driver prints its seed; replay an input with
 # `<build>/tests/fuzz_ckpt_reader FILE` (or the libFuzzer binary with FILE).
+# It configures and builds BUILD, and libFuzzer keeps its corpus in BUILD/fuzz-corpus.
+# Exit status: 0 no finding; 2 bad command line; otherwise the failing step's (a finding: the
+# fuzzer's, non-zero).
 set -eu
 
+usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
+bad() {
+    echo "fuzz-ckpt: $1" >&2
+    usage >&2
+    exit 2
+}
+for arg in "$@"; do
+    case $arg in -h | --help) usage && exit 0 ;; -*) bad "unknown option '$arg'" ;; esac
+done
+[ $# -le 1 ] || bad "unexpected argument '$2'"
 MINUTES=${1:-5}
+case $MINUTES in '' | *[!0-9]* | 0) bad "MINUTES '$MINUTES': give a positive whole number" ;; esac
 RAW=${RAW:-0}
 JOBS=${JOBS:-2}
 SEED=${SEED:-$(date +%s)}

@@ -10,6 +10,7 @@
 #
 #   scripts/gpu-session.sh [--dry-run] OUT_DIR
 #   scripts/gpu-session.sh --list-phases
+#   scripts/gpu-session.sh --help        (or -h: prints this help)
 #
 # Each phase runs under its own timeout, writes OUT_DIR/<phase>.log and, as soon as it ends,
 # appends a line to OUT_DIR/summary.tsv (after a header line), so a session cut short still
@@ -62,8 +63,12 @@ RESERVE_BENCH=120
 RESERVE_SCALING=60
 MIN_PHASE=15
 
-usage() {
-    echo "usage: scripts/gpu-session.sh [--dry-run] OUT_DIR | --list-phases" >&2
+# The comment block at the top of this file.
+usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$self"; }
+# A bad command line: the problem in one line, then the usage, on stderr; exit 2.
+bad() {
+    echo "gpu-session.sh: $1" >&2
+    usage >&2
     exit 2
 }
 
@@ -484,19 +489,23 @@ main() {
             exit 0
             ;;
         --phase)
-            [ $# -eq 2 ] || usage
+            [ $# -eq 2 ] || bad "--phase takes one NAME and nothing after it"
             run_phase_body "$2"
             exit 0
             ;;
-        -*) usage ;;
+        -h | --help)
+            usage
+            exit 0
+            ;;
+        -*) bad "unknown option '$1'" ;;
         *)
-            [ -z "$out_arg" ] || usage
+            [ -z "$out_arg" ] || bad "unexpected argument '$1' (OUT_DIR is '$out_arg')"
             out_arg=$1
             ;;
         esac
         shift
     done
-    [ -n "$out_arg" ] || usage
+    [ -n "$out_arg" ] || bad "needs OUT_DIR"
     mkdir -p "$out_arg"
     out=$(cd "$out_arg" && pwd)
     printf 'phase\tstatus\tseconds\tnote\n' >"$out/summary.tsv"

@@ -5,9 +5,30 @@
 # Families: Prescott (SSE3, the dynamic build's generic x86-64 kernel), Sandybridge (AVX),
 # Haswell and Zen (AVX2 + FMA), SkylakeX (AVX-512). The mpirun entries are left out: both comm
 # backends give bitwise the same results, so they add no numerical case.
+#
+#   BUILD       the build folder, holding fsdp-train and the suites (default: build)
+#   JOBS        ctest's parallelism, a positive integer (default: 2)
+#   -h, --help  prints this help
+# Prints which kernel OpenBLAS picks here, then ctest's output per family (or a line saying why
+# nothing runs: not x86-64 with SSE3, or an OpenBLAS without DYNAMIC_ARCH) and the time taken.
+# Writes only what ctest writes in BUILD.
+# Exit status: 0 every family passed (or there is one family, which make test ran); 1 a suite
+# failed under some family; 2 bad command line (also: no BUILD/fsdp-train).
 set -eu
+usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
+bad() {
+    echo "test-coretypes: $1" >&2
+    usage >&2
+    exit 2
+}
+for arg in "$@"; do
+    case $arg in -h | --help) usage && exit 0 ;; -*) bad "unknown option '$arg'" ;; esac
+done
+[ $# -le 2 ] || bad "unexpected argument '$3'"
 build=${1:-build}
 jobs=${2:-2}
+case $jobs in '' | *[!0-9]* | 0) bad "JOBS '$jobs': give a positive integer" ;; esac
+[ -x "$build/fsdp-train" ] || bad "no $build/fsdp-train: build first (make build), or name the build folder"
 
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2 || true)
 has() {

@@ -457,6 +457,7 @@ static void test_cli(void) {
     CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("missing --config FILE")));
     CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path, "--frobnicate")), FSDP_ERR_CONFIG);
     CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("unknown argument '--frobnicate'")));
+    CU_ASSERT_EQUAL(action, TRAIN_CLI_BAD_USAGE);
     CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path, "--set")), FSDP_ERR_CONFIG);
     CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("--set needs a value")));
     CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path, "--config", path)),
@@ -465,6 +466,7 @@ static void test_cli(void) {
     CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path, "--set", "optim.lr=-1")),
                     FSDP_ERR_CONFIG);
     CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("--set optim.lr=-1", "a float > 0")));
+    CU_ASSERT_NOT_EQUAL(action, TRAIN_CLI_BAD_USAGE); /* the config's error: no usage */
     CU_ASSERT_EQUAL(
         cli(&action, err,
             NEEDLES("--config", path, "--set", "optim.momentum=0", "--set", "optim.nesterov=on")),

@@ -22,6 +22,7 @@
 
 static const char *const usage_main =
     "usage: fsdp-ckpt COMMAND [ARGS]\n"
+    "       fsdp-ckpt --help | -h     (this help; COMMAND --help: the command's)\n"
     "\n"
     "Commands (each takes --help):\n"
     "  inspect DIR          metadata and the tensors with their stored sizes\n"
@@ -466,7 +467,7 @@ static int flushed(int rc, const char *cmd) {
 
 int main(int argc, char **argv) {
     tool_exit_begin();
-    if (argc < 2) return fprintf(stderr, "%s", usage_main), EXIT_USAGE;
+    if (argc < 2) return fprintf(stderr, "fsdp-ckpt: needs a COMMAND\n%s", usage_main), EXIT_USAGE;
     if (ckpt_is_help(argv[1])) return printf("%s", usage_main), flushed(EXIT_OK, "--help");
     static const struct {
         const char *name;

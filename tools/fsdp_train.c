@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "fsdp/fsdp.h"
-#include "tool_exit.h"    // defines: tool_exit_begin, tool_exit
-#include "train_config.h" // defines: train_cli_parse, train_config_print_help
+#include "tool_exit.h" // defines: tool_exit_begin, tool_exit
+#include "train_config.h" // defines: train_cli_parse, train_config_print_help, train_config_print_usage
 #include "trainer.h"      // defines: train_run
 
 #include "train_estimate.h" // defines: train_estimate_main
@@ -94,6 +94,7 @@ int main(int argc, char **argv) {
     train_cli_action action;
     if (train_cli_parse(argc, argv, &cfg, &action, err, sizeof err) != FSDP_OK) {
         fprintf(stderr, "fsdp-train: %s\n", err);
+        if (action == TRAIN_CLI_BAD_USAGE) train_config_print_usage(stderr);
         return EXIT_USAGE;
     }
     if (action == TRAIN_CLI_HELP) {

@@ -13,6 +13,7 @@ plus CommDebugMode's per-module forward/backward attribution over fwd+post+bwd.
 Reference only: used to derive expected comm counts for libfsdp's C port.
 Usage: python3 tools/tp_comm_counts.py
 """
+import argparse
 import json
 import os
 import socket
@@ -294,6 +295,10 @@ REGIONS = ["parallelize", "forward", "post", "backward", "optim"]
 
 
 def main():
+    argparse.ArgumentParser(
+        description=__doc__ + "\nPrints one line per test, region and collective with its count, "
+        "then whether every rank agrees; exits 0 (2: a bad command line).",
+        formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     outdir = tempfile.mkdtemp(prefix="tp_comm_")
     mp.spawn(worker, args=(free_port(), outdir), nprocs=WORLD, join=True)
     R = []

@@ -411,18 +411,23 @@ fsdp_status train_config_compare_saved(const train_config *cfg, const char *save
 /* Writes the usage, the options and every section and key with type, default and meaning. */
 void train_config_print_help(FILE *f);
 
+/* Writes the usage lines alone (the first lines of the help), for a bad command line. */
+void train_config_print_usage(FILE *f);
+
 typedef enum train_cli_action {
     TRAIN_CLI_RUN = 0,
     TRAIN_CLI_HELP,
     TRAIN_CLI_VERSION,
-    TRAIN_CLI_PLAN,     /* --plan: the estimate of the run (train_estimate.h), no training */
-    TRAIN_CLI_PLAN_JSON /* --plan --json */
+    TRAIN_CLI_PLAN,      /* --plan: the estimate of the run (train_estimate.h), no training */
+    TRAIN_CLI_PLAN_JSON, /* --plan --json */
+    TRAIN_CLI_BAD_USAGE  /* the error is the command line's (fsdp-train prints the usage) */
 } train_cli_action;
 
 /* Parses fsdp-train's arguments (argv[0] is the program): --config FILE, --set A (repeatable,
  * applied after the file in the order given), --plan [--json], --help, --version. For
  * TRAIN_CLI_RUN and the plans, cfg holds the checked configuration. Errors (FSDP_ERR_CONFIG or
- * FSDP_ERR_IO) are written into err. */
+ * FSDP_ERR_IO) are written into err; *action is TRAIN_CLI_BAD_USAGE when the command line
+ * itself is wrong (an unknown argument, a missing value or --config, --json without --plan). */
 fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_action *action,
                             char *err, size_t err_size);
 

@@ -63,11 +63,16 @@ static void print_key(FILE *f, int i) {
     print_wrapped(f, 6, 6, text);
 }
 
+void train_config_print_usage(FILE *f) {
+    fprintf(f, "usage: fsdp-train --config FILE [--set section.key=value ...] [--plan [--json]]\n"
+               "       fsdp-train --help | --version\n");
+}
+
 void train_config_print_help(FILE *f) {
     train_kinds_register(); /* the kinds' keys join the list */
+    train_config_print_usage(f);
     fprintf(f,
-            "usage: fsdp-train --config FILE [--set section.key=value ...] [--plan [--json]]\n"
-            "       fsdp-train --help | --version\n\n"
+            "\n"
             "Trains the model a config file describes and prints its progress.\n\n"
             "options:\n"
             "  --config FILE            the run's configuration, an INI file\n"
@@ -81,7 +86,7 @@ void train_config_print_help(FILE *f) {
             "                           comm-debug counts them; estimated from the\n"
             "                           configuration, without running a rank\n"
             "  --json                   with --plan: the same as one JSON object\n"
-            "  --help                   prints this help\n"
+            "  --help, -h               prints this help\n"
             "  --version                prints the version\n\n"
             "exit status: 0 success; 1 the run failed (a library call, a loss that is\n"
             "not finite, output that cannot be written, MPI ranks with different\n"

@@ -386,6 +386,12 @@ static bool is_option(const char *arg, const char *opt) {
     return strncmp(arg, opt, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
+/* A command line that is wrong in itself: fsdp-train adds the usage to the error. */
+static fsdp_status bad_usage(train_cli_action *action) {
+    *action = TRAIN_CLI_BAD_USAGE;
+    return FSDP_ERR_CONFIG;
+}
+
 fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_action *action,
                             char *err, size_t err_size) {
     *action = TRAIN_CLI_RUN;
@@ -407,26 +413,26 @@ fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_
             json = true;
         } else if (is_option(argv[i], "--config")) {
             const char *v = option_value(argc, argv, &i, "--config", err, err_size);
-            if (!v) return FSDP_ERR_CONFIG;
+            if (!v) return bad_usage(action);
             if (config) {
                 snprintf(err, err_size, "--config given twice ('%s' and '%s')", config, v);
-                return FSDP_ERR_CONFIG;
+                return bad_usage(action);
             }
             config = v;
         } else if (is_option(argv[i], "--set")) {
-            if (!option_value(argc, argv, &i, "--set", err, err_size)) return FSDP_ERR_CONFIG;
+            if (!option_value(argc, argv, &i, "--set", err, err_size)) return bad_usage(action);
         } else {
             snprintf(err, err_size, "unknown argument '%s'; see fsdp-train --help", argv[i]);
-            return FSDP_ERR_CONFIG;
+            return bad_usage(action);
         }
     }
     if (!config) {
         snprintf(err, err_size, "missing --config FILE; see fsdp-train --help");
-        return FSDP_ERR_CONFIG;
+        return bad_usage(action);
     }
     if (json && !plan) {
         snprintf(err, err_size, "--json goes with --plan (the plan as JSON); add --plan");
-        return FSDP_ERR_CONFIG;
+        return bad_usage(action);
     }
     if (plan) *action = json ? TRAIN_CLI_PLAN_JSON : TRAIN_CLI_PLAN;
     train_config_init(cfg);
