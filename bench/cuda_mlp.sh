@@ -15,23 +15,9 @@
 # without bench_cuda_mlp; otherwise the failing program's status.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
-bad() { echo "cuda_mlp.sh: $1" >&2 && usage >&2 && exit 2; }
-build=build
-case ${1:-} in
--h | --help) usage && exit 0 ;;
--- | "") ;;
--*) bad "unknown option '$1'" ;;
-*) build=$1 && shift ;;
-esac
-case ${1:-} in
-"") ;;
---) shift ;;
--h | --help) usage && exit 0 ;;
-*) bad "unexpected argument '$1' (options for the programs go after --)" ;;
-esac
-[ -x "$build/bench/bench_cuda_mlp" ] ||
-    bad "$build/bench/bench_cuda_mlp is missing; build first (cmake --build $build)"
+. "$here/cli.bash"
+bench_cli cuda_mlp.sh "bench_cuda_mlp" "$@"
+set -- ${prog_args[@]+"${prog_args[@]}"}
 ours=$("$build/bench/bench_cuda_mlp" "$@")
 echo "$ours"
 if ! python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then

@@ -17,23 +17,9 @@
 # bench_llama; otherwise the failing program's status.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
-bad() { echo "llama.sh: $1" >&2 && usage >&2 && exit 2; }
-build=build
-case ${1:-} in
--h | --help) usage && exit 0 ;;
--- | "") ;;
--*) bad "unknown option '$1'" ;;
-*) build=$1 && shift ;;
-esac
-case ${1:-} in
-"") ;;
---) shift ;;
--h | --help) usage && exit 0 ;;
-*) bad "unexpected argument '$1' (options for the programs go after --)" ;;
-esac
-[ -x "$build/bench/bench_llama" ] ||
-    bad "$build/bench/bench_llama is missing; build first (cmake --build $build)"
+. "$here/cli.bash"
+bench_cli llama.sh "bench_llama" "$@"
+set -- ${prog_args[@]+"${prog_args[@]}"}
 threads=$(nproc)
 for arg in "$@"; do [ "${prev:-}" = "--threads" ] && threads=$arg; prev=$arg; done
 ours=$(OPENBLAS_NUM_THREADS=$threads "$build/bench/bench_llama" --threads "$threads" "$@")

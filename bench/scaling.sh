@@ -20,24 +20,9 @@
 # programs; otherwise the failing program's status.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
-bad() { echo "scaling.sh: $1" >&2 && usage >&2 && exit 2; }
-build=build
-case ${1:-} in
--h | --help) usage && exit 0 ;;
--- | "") ;;
--*) bad "unknown option '$1'" ;;
-*) build=$1 && shift ;;
-esac
-case ${1:-} in
-"") ;;
---) shift ;;
--h | --help) usage && exit 0 ;;
-*) bad "unexpected argument '$1' (options for the programs go after --)" ;;
-esac
-for b in bench_scaling bench_comm; do
-    [ -x "$build/bench/$b" ] || bad "$build/bench/$b is missing; build first (cmake --build $build)"
-done
+. "$here/cli.bash"
+bench_cli scaling.sh "bench_scaling bench_comm" "$@"
+set -- ${prog_args[@]+"${prog_args[@]}"}
 
 echo "== 1. scaling on this machine's cores (libfsdp)"
 ours=$("$build/bench/bench_scaling" --profile "$@")
