@@ -139,8 +139,9 @@ static int sim_count(void) {
 /* The pieces of work the memory face queues; pointers are shadow or host addresses. */
 typedef struct bytes_args {
     void *dst;
-    const void *src; // NULL: zeroes
+    const void *src; // NULL: n bytes of `fill`
     size_t n;
+    unsigned char fill;
 } bytes_args;
 
 static void run_bytes(void *arg) {
@@ -148,7 +149,7 @@ static void run_bytes(void *arg) {
     if (a->src)
         memmove(a->dst, a->src, a->n);
     else
-        memset(a->dst, 0, a->n);
+        memset(a->dst, a->fill, a->n);
 }
 
 /* A copy from pageable host memory carries the bytes with it (taken at the call). */
@@ -207,32 +208,26 @@ static void run_convert(void *arg) {
         cpu->f16_to_f32(a->dst, a->src, a->n);
 }
 
-/* Zeroed on the current stream: the zeros come before any later work of the thread. */
+/* A block of the caching allocator, filled on the current stream (the bytes come before any
+ * later work of the thread): zeros, counted as a launch (a memset on CUDA); or, `uninit`,
+ * 0xFF bytes unseen by the launch counts (core/device.h), as a GPU would hand the block over
+ * as it is. */
+static fsdp_status alloc_filled(fsdp_ctx *ctx, int index, size_t nbytes, bool uninit, void **out) {
+    FSDP_TRY_AT(ctx, begin(ctx, index));
+    void *p = NULL;
+    FSDP_TRY_AT(ctx, sim_block_alloc(ctx, index, nbytes, &p));
+    bytes_args a = {.dst = sim_shadow(p), .n = nbytes, .fill = uninit ? 0xFF : 0};
+    (uninit ? sim_launch_unseen : sim_launch)(current(index), run_bytes, &a, sizeof a);
+    *out = p;
+    return FSDP_OK;
+}
+
 static fsdp_status sim_alloc(fsdp_ctx *ctx, int index, size_t nbytes, void **out) {
-    FSDP_TRY_AT(ctx, begin(ctx, index));
-    void *p = NULL;
-    FSDP_TRY_AT(ctx, sim_block_alloc(ctx, index, nbytes, &p));
-    bytes_args a = {sim_shadow(p), NULL, nbytes};
-    sim_launch(current(index), run_bytes, &a, sizeof a);
-    *out = p;
-    return FSDP_OK;
+    return alloc_filled(ctx, index, nbytes, false, out);
 }
 
-static void run_poison(void *arg) {
-    bytes_args *a = arg;
-    memset(a->dst, 0xFF, a->n);
-}
-
-/* Not zeroed: filled with 0xFF bytes (core/device.h), unseen by the launch counts, as a GPU
- * would hand the block over as it is. */
 static fsdp_status sim_alloc_uninit(fsdp_ctx *ctx, int index, size_t nbytes, void **out) {
-    FSDP_TRY_AT(ctx, begin(ctx, index));
-    void *p = NULL;
-    FSDP_TRY_AT(ctx, sim_block_alloc(ctx, index, nbytes, &p));
-    bytes_args a = {sim_shadow(p), NULL, nbytes};
-    sim_launch_unseen(current(index), run_poison, &a, sizeof a);
-    *out = p;
-    return FSDP_OK;
+    return alloc_filled(ctx, index, nbytes, true, out);
 }
 
 static void sim_free(int index, void *ptr) {
@@ -267,13 +262,13 @@ static fsdp_status sim_copy(fsdp_ctx *ctx, void *dst, fsdp_device dst_dev, const
         if (!a)
             return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
                              "cannot stage %zu bytes for a copy to sim:%d", nbytes, index);
-        *a = (bytes_args){d, NULL, nbytes};
+        *a = (bytes_args){.dst = d, .n = nbytes};
         memcpy(a + 1, src, nbytes);
         sim_launch(s, run_staged, a, sizeof *a + nbytes);
         free(a);
         return FSDP_OK;
     }
-    bytes_args a = {d, from_host ? src : sim_shadow(src), nbytes};
+    bytes_args a = {.dst = d, .src = from_host ? src : sim_shadow(src), .n = nbytes};
     sim_launch(s, run_bytes, &a, sizeof a);
     if (to_host) sim_stream_sync(s);
     return FSDP_OK;
