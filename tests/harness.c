@@ -5,6 +5,7 @@
 #include "harness.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,12 +34,36 @@ fsdp_ctx *fsdp_test_ctx(void) {
     return g_ctx;
 }
 
+static pthread_t g_case_thread; /* the thread that runs the cases */
+
+fsdp_test_record fsdp_test_record_take(void) {
+    fsdp_test_record r = {0};
+    if (!g_ctx || !pthread_equal(pthread_self(), g_case_thread)) return r;
+    r.taken = true;
+    r.status = fsdp_last_status(g_ctx);
+    snprintf(r.text, sizeof r.text, "%.300s (trail %.200s)", fsdp_last_error(g_ctx),
+             fsdp_last_error_trail(g_ctx));
+    return r;
+}
+
+void fsdp_test_record_check(const fsdp_test_record *before, const char *expr, const char *file,
+                            int line) {
+    if (!before->taken) return;
+    fsdp_test_record after = fsdp_test_record_take();
+    bool same = after.status == before->status && strcmp(after.text, before->text) == 0;
+    if (after.status == FSDP_OK || same) return;
+    fprintf(stderr, "\n  %s:%d: %s returned FSDP_OK but left a failure on the context: %s: %s\n",
+            file, line, expr, fsdp_status_to_string(after.status), after.text);
+    CU_FAIL("a successful call recorded a failure on the context");
+}
+
 bool fsdp_test_mpi(void) {
     return g_mpi.on;
 }
 
 static int setup_case(void) {
     fsdp_ctx_options opts = {.seed = 1234};
+    g_case_thread = pthread_self();
     g_mpi.records_before = CU_get_number_of_failure_records();
     g_case.skips = g_case.worlds = 0;
     return fsdp_ctx_create(&opts, &g_ctx) == FSDP_OK ? 0 : 1;

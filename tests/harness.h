@@ -44,14 +44,33 @@ int fsdp_test_run(int argc, char **argv, const char *suite, const fsdp_test_case
 /* The context of the running test (created before, freed after each case; seed 1234). */
 fsdp_ctx *fsdp_test_ctx(void);
 
-/* Asserts that expr returns FSDP_OK; otherwise fails the test with the library's message. */
+/* The failure the case's context holds (fsdp_test_ctx: status, message and trail), as
+ * FSDP_TEST_OK takes it before its call; `taken` is false off the case's own thread, where
+ * another thread may be using that context. */
+typedef struct fsdp_test_record {
+    bool taken;
+    fsdp_status status;
+    char text[512];
+} fsdp_test_record;
+fsdp_test_record fsdp_test_record_take(void);
+/* Fails the case when a call that returned FSDP_OK left a failure on the case's context that
+ * was not there before (a successful call must not record one: fsdp_last_error would report a
+ * failure that did not happen, and a rank that returns a failure of its own would be reported
+ * with that message). */
+void fsdp_test_record_check(const fsdp_test_record *before, const char *expr, const char *file,
+                            int line);
+
+/* Asserts that expr returns FSDP_OK, and that it left no failure on the case's context;
+ * otherwise fails the test with the library's message. */
 #define FSDP_TEST_OK(expr)                                                                         \
     do {                                                                                           \
+        fsdp_test_record before_ = fsdp_test_record_take();                                        \
         fsdp_status st_ = (expr);                                                                  \
         if (st_ != FSDP_OK)                                                                        \
             fprintf(stderr, "\n  %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,                \
                     fsdp_status_to_string(st_), fsdp_last_error(fsdp_test_ctx()));                 \
         CU_ASSERT_EQUAL_FATAL(st_, FSDP_OK);                                                       \
+        fsdp_test_record_check(&before_, #expr, __FILE__, __LINE__);                               \
     } while (0)
 
 /* Asserts that expr fails with `want`, and that the message names every string in the

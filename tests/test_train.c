@@ -143,8 +143,14 @@ static void test_variants(void) {
 static void test_metrics_file(void) {
     char err[TRAIN_ERROR_SIZE] = "", path[1024], line[512], assignment[1100];
     train_result res;
-    snprintf(path, sizeof path, "%s/test_train_metrics.jsonl", FSDP_BINARY_DIR);
+    /* in folders that do not exist yet: the run makes them */
+    char dir[900];
+    snprintf(dir, sizeof dir, "%s/test_train_metrics/runs", FSDP_BINARY_DIR);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     remove(path);
+    rmdir(dir);
+    *strrchr(dir, '/') = '\0';
+    rmdir(dir);
     train_config_init(&g_cfg);
     set("train.steps=250");
     set("train.log_every=100");
@@ -1075,11 +1081,13 @@ static void test_multi_rank_failures(void) {
     train_config_init(&g_cfg);
     for (int i = 0; i < N_SMALL; i++) set(g_small[i]);
     set("parallel.ranks=2");
-    set("log.metrics=" FSDP_BINARY_DIR "/no-such-directory/metrics.jsonl");
+    /* a folder cannot be made where a file is (a missing one is made) */
+    set("log.metrics=" FSDP_BINARY_DIR "/CMakeCache.txt/metrics.jsonl");
     CU_ASSERT_EQUAL(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err), FSDP_ERR_IO);
     printf("\n    %s", err);
-    CU_ASSERT_TRUE(fsdp_test_message_has(
-        err, SET("rank 0: cannot open metrics file", "no-such-directory", "[log] metrics")));
+    CU_ASSERT_TRUE(
+        fsdp_test_message_has(err, SET("rank 0: cannot open metrics file", "CMakeCache.txt",
+                                       "[log] metrics", "Not a directory")));
 }
 
 /* train_config_agree on rank threads, each with its own configuration (fsdp-train's rank

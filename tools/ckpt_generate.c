@@ -122,9 +122,12 @@ static bool load_model(fsdp_ctx *ctx, const char *cmd, const char *arg, loaded *
         return loaded_free(m), false;
     fsdp_ckpt *ck = ckpt_open_arg(ctx, cmd, path);
     char *newest = NULL; /* a run's directory: its newest checkpoint, which ck is */
-    if (ck && !ckpt_file_exists(path, "metadata.h5") &&
-        fsdp_ckpt_latest(ctx, path, &newest) == FSDP_OK)
-        snprintf(m->path, sizeof m->path, "%s", newest);
+    if (ck && !ckpt_file_exists(path, "metadata.h5")) {
+        if (fsdp_ckpt_latest(ctx, path, &newest) == FSDP_OK)
+            snprintf(m->path, sizeof m->path, "%s", newest);
+        else
+            fsdp_clear_error(ctx); /* ck is there: the search's failure was none */
+    }
     free(newest);
     bool ok = ck && load_llama(ctx, cmd, arg, ck, m, build);
     if (ok && !(m->config = strdup(fsdp_ckpt_config(ck)))) {

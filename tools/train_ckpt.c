@@ -102,6 +102,7 @@ static fsdp_status checkpoint_path(fsdp_ctx *ctx, const char *path, char *out, s
     fsdp_ckpt *ck = NULL;
     fsdp_status st = fsdp_ckpt_open(ctx, out, &ck);
     fsdp_ckpt_close(ck);
+    if (st == FSDP_OK) fsdp_clear_error(ctx); /* the search's "none under it" was no failure */
     return st;
 }
 
@@ -116,7 +117,8 @@ static fsdp_status resolve_resume(fsdp_ctx *ctx, const train_config *cfg, train_
         char *latest = NULL;
         fsdp_status st =
             stat(dir, &sb) == 0 ? fsdp_ckpt_latest(ctx, dir, &latest) : FSDP_ERR_NOT_FOUND;
-        if (st == FSDP_ERR_NOT_FOUND) {
+        if (st == FSDP_ERR_NOT_FOUND) { /* a fresh start, not a failure */
+            fsdp_clear_error(ctx);
             snprintf(src->note, sizeof src->note,
                      "resume: no checkpoint in '%s' yet: starting from step 0", dir);
             return FSDP_OK;

@@ -321,9 +321,9 @@ static const train_key g_keys_last[] = {
              "debug and info print progress lines (debug also the effective config); warn, "
              "error and off print only problems"),
     STRING_KEY("log", "metrics", log.metrics, "",
-               "path of a JSON-lines file to append one record per logged step to (with the "
-               "steps' compute and communication seconds, rank 0's collectives per op and, on a "
-               "device, its peak memory); empty for none"),
+               "path of a JSON-lines file (its folders made when missing) to append one record "
+               "per logged step to (with the steps' compute and communication seconds, rank 0's "
+               "collectives per op and, on a device, its peak memory); empty for none"),
     STRING_KEY("log", "tensorboard", log.tensorboard, "",
                "directory (made when missing) of a TensorBoard event file that rank 0 writes the "
                "metrics records' scalars to, at the same steps: train/loss, train/lr, "

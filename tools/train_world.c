@@ -29,6 +29,12 @@ static fsdp_status rank_main(fsdp_ctx *ctx, int rank, void *user) {
     char *err = job->messages + (size_t)rank * TRAIN_ERROR_SIZE;
     fsdp_status st = train_rank(ctx, job->cfg, &job->layout, job->src, job->input,
                                 rank == 0 ? job->out : NULL, &res, err, TRAIN_ERROR_SIZE);
+    /* A failure of the trainer's own (a file, a diverged loss) goes on the context too, so
+     * that the world tells the other ranks this one's message; a library failure is there
+     * already, with its trail, and the message holds it. */
+    if (st != FSDP_OK && err[0] &&
+        (fsdp_last_status(ctx) != st || !strstr(err, fsdp_last_error(ctx))))
+        fsdp_ctx_set_error(ctx, st, "%s", err);
     if (rank == 0 || job->mpi) {
         job->result = res;
         job->my_rank = rank;

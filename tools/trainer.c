@@ -452,15 +452,19 @@ static void make_dirs(const char *path) {
     mkdir(dir, 0755);
 }
 
-/* Rank 0's metrics file, opened for appending. A file inside [checkpoint] dir may come
- * before the first checkpoint: the dir is made then. */
+/* Rank 0's metrics file, opened for appending; the directories leading to it are made when
+ * missing (one inside [checkpoint] dir may come before the first checkpoint). */
 static fsdp_status open_metrics(const train_config *cfg, train_state *s, char *err,
                                 size_t err_size) {
     snprintf(s->metrics_name, sizeof s->metrics_name, "metrics file '%s' ([log] metrics, %s)",
              cfg->log.metrics, train_config_origin(cfg, "log", "metrics"));
-    size_t n = strlen(cfg->checkpoint.dir);
-    if (n && strncmp(cfg->log.metrics, cfg->checkpoint.dir, n) == 0 && cfg->log.metrics[n] == '/')
-        make_dirs(cfg->checkpoint.dir);
+    char dir[TRAIN_MAX_STRING];
+    snprintf(dir, sizeof dir, "%s", cfg->log.metrics);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        make_dirs(dir);
+    }
     if ((s->metrics = fopen(cfg->log.metrics, "a"))) return FSDP_OK;
     snprintf(err, err_size, "cannot open %s: %s", s->metrics_name, strerror(errno));
     return FSDP_ERR_IO;

@@ -46,7 +46,8 @@ int fsdp_ctx_rank(const fsdp_ctx *ctx);
 /* The message of the most recent failure on this context ("" if none): what went wrong
  * and, where there is one, what to do about it. Valid until the next failing call. */
 const char *fsdp_last_error(const fsdp_ctx *ctx);
-/* The status of the most recent failure (FSDP_OK if none). */
+/* The status of the most recent failure (FSDP_OK if none). A call that succeeds leaves the
+ * record as it was (also where it tried something that failed on the way). */
 fsdp_status fsdp_last_status(const fsdp_ctx *ctx);
 /* Where in libfsdp the most recent failure was raised ("src/core/tensor.c:88"), for bug reports;
  * "" for a failure recorded with fsdp_ctx_set_error. */

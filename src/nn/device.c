@@ -40,16 +40,26 @@ static bool same_device(fsdp_device a, fsdp_device b) {
     return a.type == b.type && a.index == b.index;
 }
 
-/* FSDP_ERR_STATE (no message: a signal) when some tensor of m is not on the device yet. */
-static fsdp_status find_elsewhere(fsdp_ctx *ctx, fsdp_module *m, void *user) {
-    (void)ctx;
+/* Whether `found` holds for m or a module under it, in fsdp_module_visit's order (stopping at
+ * the first). A search records nothing on a context, where a visit stopped by a failure
+ * would leave that failure behind after a call that then succeeds. */
+static bool search(const fsdp_module *m, bool (*found)(const fsdp_module *m, void *user),
+                   void *user) {
+    if (found(m, user)) return true;
+    for (int i = 0; i < m->n_children; i++)
+        if (search(m->children[i], found, user)) return true;
+    return false;
+}
+
+/* Some tensor of m is not on the device yet. */
+static bool elsewhere(const fsdp_module *m, void *user) {
     const move_args *a = user;
     for (int i = 0; i < m->n_params; i++)
         if (!on_device(m->params[i]->data, a->device) || !on_device(m->params[i]->grad, a->device))
-            return FSDP_ERR_STATE;
+            return true;
     for (int i = 0; i < m->n_buffers; i++)
-        if (!on_device(m->buffers[i].data, a->device)) return FSDP_ERR_STATE;
-    return FSDP_OK;
+        if (!on_device(m->buffers[i].data, a->device)) return true;
+    return false;
 }
 
 static fsdp_status move_module(fsdp_ctx *ctx, fsdp_module *m, void *user) {
@@ -67,7 +77,7 @@ fsdp_status fsdp_module_to(fsdp_ctx *ctx, fsdp_module *m, fsdp_device device) {
     FSDP_ARG_NOT_NULL(ctx, ctx);
     FSDP_ARG_NOT_NULL(ctx, m);
     move_args a = {device};
-    if (fsdp_module_visit(ctx, m, find_elsewhere, &a) == FSDP_OK) return FSDP_OK; /* all there */
+    if (!search(m, elsewhere, &a)) return FSDP_OK; /* all there */
     FSDP_TRY_AT(ctx, fsdp_nn_check_unmanaged(ctx, m, "fsdp_module_to"));
     FSDP_TRY_AT(ctx, fsdp_module_visit(ctx, m, check_movable, NULL));
     return fsdp_module_visit(ctx, m, move_module, &a);
@@ -89,27 +99,24 @@ static bool found_off_cpu(cpu_check *c, const fsdp_module *m, const char *kind, 
     return true;
 }
 
-/* FSDP_ERR_DEVICE (no message: a signal that stops the walk) at the first tensor of m that is
- * not on the CPU, described in *user. */
-static fsdp_status find_off_cpu(fsdp_ctx *ctx, fsdp_module *m, void *user) {
-    (void)ctx;
+/* At the first tensor of m that is not on the CPU, described in *user. */
+static bool off_cpu(const fsdp_module *m, void *user) {
     cpu_check *c = user;
     for (int i = 0; i < m->n_params; i++) {
         const fsdp_param *p = m->params[i];
         if (found_off_cpu(c, m, "parameter", p->name, p->data) ||
             found_off_cpu(c, m, "gradient of parameter", p->name, p->grad))
-            return FSDP_ERR_DEVICE;
+            return true;
     }
     for (int i = 0; i < m->n_buffers; i++)
-        if (found_off_cpu(c, m, "buffer", m->buffers[i].name, m->buffers[i].data))
-            return FSDP_ERR_DEVICE;
-    return FSDP_OK;
+        if (found_off_cpu(c, m, "buffer", m->buffers[i].name, m->buffers[i].data)) return true;
+    return false;
 }
 
 fsdp_status fsdp_nn_check_on_cpu(fsdp_ctx *ctx, fsdp_module *m, const char *who, const char *layer,
                                  const char *before) {
     cpu_check c = {0};
-    if (fsdp_module_visit(ctx, m, find_off_cpu, &c) == FSDP_OK || !c.module) return FSDP_OK;
+    if (!search(m, off_cpu, &c)) return FSDP_OK;
     const char *fqn = c.module->fqn;
     return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
                      "%s: %s '%s%s%s' is on %s:%d, and %s does not take device tensors yet (it "
@@ -141,21 +148,19 @@ static bool found_elsewhere(one_device *o, const fsdp_module *m, const char *kin
     return true;
 }
 
-/* FSDP_ERR_DEVICE (no message: a signal) at the first tensor of m on another device than the
- * first tensor seen, described in *user. */
-static fsdp_status find_second_device(fsdp_ctx *ctx, fsdp_module *m, void *user) {
-    (void)ctx;
+/* At the first tensor of m on another device than the first tensor seen, described in
+ * *user. */
+static bool second_device(const fsdp_module *m, void *user) {
     one_device *o = user;
     for (int i = 0; i < m->n_params; i++) {
         const fsdp_param *p = m->params[i];
         if (found_elsewhere(o, m, "parameter", p->name, p->data) ||
             found_elsewhere(o, m, "gradient of parameter", p->name, p->grad))
-            return FSDP_ERR_DEVICE;
+            return true;
     }
     for (int i = 0; i < m->n_buffers; i++)
-        if (found_elsewhere(o, m, "buffer", m->buffers[i].name, m->buffers[i].data))
-            return FSDP_ERR_DEVICE;
-    return FSDP_OK;
+        if (found_elsewhere(o, m, "buffer", m->buffers[i].name, m->buffers[i].data)) return true;
+    return false;
 }
 
 fsdp_status fsdp_nn_check_one_device(fsdp_ctx *ctx, fsdp_module *m, const char *who,
@@ -163,7 +168,7 @@ fsdp_status fsdp_nn_check_one_device(fsdp_ctx *ctx, fsdp_module *m, const char *
     one_device o = {0};
     o.want = FSDP_CPU;
     *device = FSDP_CPU;
-    if (fsdp_module_visit(ctx, m, find_second_device, &o) == FSDP_OK || !o.found.module) {
+    if (!search(m, second_device, &o)) {
         *device = o.want;
         return FSDP_OK;
     }
