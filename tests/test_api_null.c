@@ -24,6 +24,7 @@ typedef struct fx {
     const char *mesh_names[1];
     uint64_t u64_in[1], u64_out[1];
     int64_t i64;
+    fsdp_device_memory mem;
     float loss;
     fsdp_log_level level;
     fsdp_activation act;
@@ -336,6 +337,10 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     /* tensor.h */                                                                                 \
     CALL(fsdp_device_synchronize, "ctx", fsdp_device_synchronize(C, FSDP_CPU))                     \
     CALL(fsdp_ctx_set_device, "ctx", fsdp_ctx_set_device(C, FSDP_CPU))                             \
+    CALL(fsdp_device_memory_stats, "ctx out",                                                      \
+         fsdp_device_memory_stats(C, FSDP_CPU, A(1, &f->mem)))                                     \
+    CALL(fsdp_device_reset_peak_memory, "ctx", fsdp_device_reset_peak_memory(C, FSDP_CPU))         \
+    CALL(fsdp_device_empty_cache, "ctx", fsdp_device_empty_cache(C, FSDP_CPU))                     \
     CALL(fsdp_tensor_create, "ctx shape out",                                                      \
          fsdp_tensor_create(C, FSDP_DTYPE_F32, FSDP_CPU, 2, A(1, f->shape), A(2, &f->made_t)))     \
     CALL(fsdp_tensor_create_uninit, "ctx shape out",                                               \

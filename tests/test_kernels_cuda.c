@@ -13,11 +13,11 @@
 #include "harness.h"         // defines: fsdp_test_run, fsdp_test_close, FSDP_TEST_OK
 #include "kernel_rng.h"      // defines: rng_seed, rng_u32, rng_uniform
 #include "kernels/kernels.h" // defines: fsdp_kernels_i, fsdp_kernels_for
-#include "kernels/sim/sim.h" // defines: fsdp_sim_memory_stats_get, fsdp_sim_empty_cache
+#include "kernels/sim/sim.h" // defines: fsdp_kernels_sim, fsdp_device_sim
 #include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_close
 #include "optim/update.h"    // defines: fsdp_sgd_update, fsdp_adam_update
 #ifdef FSDP_HAVE_CUDA
-#include "kernels/cuda/cuda.h" // defines: fsdp_cuda_device_count, fsdp_cuda_memory_stats_get
+#include "kernels/cuda/cuda.h" // defines: fsdp_cuda_device_count, fsdp_cuda_device
 #endif
 
 /* ---- the device of the run ---- */
@@ -42,33 +42,16 @@ static bool cuda_only(const char *what) {
     return false;
 }
 
-/* The caching allocator's counters of the run's device (fsdp_cuda_memory_stats or
- * fsdp_sim_memory_stats), and its cache emptied. */
-typedef struct alloc_counters {
-    int64_t device_allocs; // blocks taken from the device: cudaMalloc calls on CUDA
-    int64_t cache_hits;
-    size_t reserved, in_use, peak_in_use;
-} alloc_counters;
-
-static alloc_counters counters(void) {
-#ifdef FSDP_HAVE_CUDA
-    if (fsdp_test_device_is_cuda()) {
-        fsdp_cuda_memory_stats s = fsdp_cuda_memory_stats_get(dev().index);
-        return (alloc_counters){s.malloc_calls, s.cache_hits, s.reserved, s.in_use, s.peak_in_use};
-    }
-#endif
-    fsdp_sim_memory_stats s = fsdp_sim_memory_stats_get(dev().index);
-    return (alloc_counters){s.device_allocs, s.cache_hits, s.reserved, s.in_use, s.peak_in_use};
+/* The caching allocator's counters of the run's device (fsdp_device_memory_stats), and its
+ * cache emptied (fsdp_device_empty_cache). */
+static fsdp_device_memory counters(void) {
+    fsdp_device_memory s = {0};
+    FSDP_TEST_OK(fsdp_device_memory_stats(fsdp_test_ctx(), dev(), &s));
+    return s;
 }
 
 static void empty_cache(void) {
-#ifdef FSDP_HAVE_CUDA
-    if (fsdp_test_device_is_cuda()) {
-        fsdp_cuda_empty_cache(dev().index);
-        return;
-    }
-#endif
-    fsdp_sim_empty_cache(dev().index);
+    FSDP_TEST_OK(fsdp_device_empty_cache(fsdp_test_ctx(), dev()));
 }
 
 /* ---- table and registration ---- */
@@ -99,7 +82,8 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
     CU_ASSERT_PTR_EQUAL(s, record);
     CU_ASSERT_STRING_EQUAL(s->name, fsdp_device_to_string(d));
     CU_ASSERT_TRUE(s->alloc && s->free && s->copy && s->copy_2d && s->fill && s->convert &&
-                   s->synchronize && s->device_count && s->host_alloc && s->host_free);
+                   s->synchronize && s->device_count && s->host_alloc && s->host_free &&
+                   s->alloc_uninit && s->memory_stats && s->memory_reset_peak && s->empty_cache);
     CU_ASSERT_EQUAL(s->device_count(), fsdp_device_count(type));
 }
 
@@ -238,16 +222,16 @@ static void test_alloc_reuse(void) {
         memset(junk, 0xAB, n);
         FSDP_TEST_OK(storage()->copy(ctx, a, dev(), junk, FSDP_CPU, n));
         dev_free(a);
-        alloc_counters before = counters();
+        fsdp_device_memory before = counters();
         void *b = dev_zeros(n); // the same size again: from the cache, zeroed
-        alloc_counters after = counters();
+        fsdp_device_memory after = counters();
         printf("\n    %zu bytes: device allocations %lld -> %lld, cache hits %lld -> %lld", n,
                (long long)before.device_allocs, (long long)after.device_allocs,
                (long long)before.cache_hits, (long long)after.cache_hits);
         CU_ASSERT_EQUAL(after.device_allocs, before.device_allocs);
         CU_ASSERT_EQUAL(after.cache_hits, before.cache_hits + 1);
         CU_ASSERT_PTR_EQUAL(b, a);
-        CU_ASSERT_TRUE(after.in_use >= n && after.reserved >= after.in_use);
+        CU_ASSERT_TRUE(after.in_use >= (int64_t)n && after.reserved >= after.in_use);
         CU_ASSERT_TRUE(after.peak_in_use >= after.in_use);
         dev_get(junk, b, n);
         bool zero = true;
@@ -258,7 +242,7 @@ static void test_alloc_reuse(void) {
         free(junk);
     }
     empty_cache();
-    alloc_counters s = counters();
+    fsdp_device_memory s = counters();
     CU_ASSERT_EQUAL(s.reserved, s.in_use);
 }
 

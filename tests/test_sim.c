@@ -241,7 +241,7 @@ static void test_fresh_blocks(void) {
     fsdp_tensor_free(h);
     fsdp_tensor_free(t);
     fsdp_sim_empty_cache(1);
-    fsdp_sim_memory_stats s = fsdp_sim_memory_stats_get(1);
+    fsdp_device_memory s = fsdp_sim_memory_stats_get(1);
     CU_ASSERT_EQUAL(s.in_use, 0);
     CU_ASSERT_EQUAL(s.reserved, 0);
     CU_ASSERT_EQUAL(s.device_allocs, 1);
@@ -251,8 +251,8 @@ static void test_fresh_blocks(void) {
 static void test_cache_and_cap(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     fsdp_sim_empty_cache(0);
-    fsdp_sim_memory_stats before = fsdp_sim_memory_stats_get(0);
-    CU_ASSERT_EQUAL(before.capacity, (size_t)CAP_MB << 20);
+    fsdp_device_memory before = fsdp_sim_memory_stats_get(0);
+    CU_ASSERT_EQUAL(before.capacity, (int64_t)CAP_MB << 20);
     void *a = NULL, *b = NULL, *c = NULL;
     size_t big = (size_t)40 << 20; // two do not fit under the cap
     FSDP_TEST_OK(sim()->alloc(ctx, 0, big, &a));
@@ -262,10 +262,10 @@ static void test_cache_and_cap(void) {
     sim()->free(0, a);
     FSDP_TEST_OK(sim()->alloc(ctx, 0, big, &c)); // the cached block comes back
     CU_ASSERT_PTR_EQUAL(c, a);
-    fsdp_sim_memory_stats s = fsdp_sim_memory_stats_get(0);
+    fsdp_device_memory s = fsdp_sim_memory_stats_get(0);
     CU_ASSERT_EQUAL(s.device_allocs - before.device_allocs, 1);
     CU_ASSERT_EQUAL(s.cache_hits - before.cache_hits, 1);
-    CU_ASSERT_EQUAL(s.in_use, before.in_use + big);
+    CU_ASSERT_EQUAL(s.in_use, before.in_use + (int64_t)big);
     // A smaller request does not take the big cached block (it would waste more than a quarter),
     // and with the cache full the device frees its cache before it gives up.
     sim()->free(0, c);
@@ -274,6 +274,61 @@ static void test_cache_and_cap(void) {
     sim()->free(0, b);
     fsdp_sim_empty_cache(0);
     CU_ASSERT_EQUAL(fsdp_sim_memory_stats_get(0).reserved, before.reserved);
+}
+
+/* The public allocator figures (fsdp_device_memory_stats and its two companions) on tensors:
+ * in_use and reserved move by the rounded block, the peaks hold until reset, empty_cache gives
+ * the cached blocks back; the CPU has no allocator to report on, and a missing device is named. */
+static void test_memory_stats(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_device sim0 = {FSDP_DEVICE_SIM, 0};
+    const int64_t block = (int64_t)4 << 20; // 3 MiB asked, rounded to a multiple of 2 MiB
+    FSDP_TEST_OK(fsdp_device_empty_cache(ctx, sim0));
+    FSDP_TEST_OK(fsdp_device_reset_peak_memory(ctx, sim0));
+    fsdp_device_memory m0, m;
+    FSDP_TEST_OK(fsdp_device_memory_stats(ctx, sim0, &m0));
+    CU_ASSERT_EQUAL(m0.capacity, (int64_t)CAP_MB << 20);
+    CU_ASSERT_EQUAL(m0.reserved, m0.in_use); // nothing cached
+    CU_ASSERT_EQUAL(m0.peak_in_use, m0.in_use);
+    CU_ASSERT_EQUAL(m0.peak_reserved, m0.reserved);
+
+    fsdp_tensor *t = NULL;
+    int64_t n = (3 << 20) / 4;
+    FSDP_TEST_OK(fsdp_tensor_create_uninit(ctx, FSDP_DTYPE_F32, sim0, 1, &n, &t));
+    FSDP_TEST_OK(fsdp_device_memory_stats(ctx, sim0, &m));
+    CU_ASSERT_EQUAL(m.in_use - m0.in_use, block);
+    CU_ASSERT_EQUAL(m.reserved - m0.reserved, block);
+    CU_ASSERT_EQUAL(m.device_allocs - m0.device_allocs, 1);
+    CU_ASSERT_EQUAL(m.peak_in_use, m.in_use);
+    fsdp_tensor_free(t);
+    FSDP_TEST_OK(fsdp_device_memory_stats(ctx, sim0, &m));
+    CU_ASSERT_EQUAL(m.in_use, m0.in_use);
+    CU_ASSERT_EQUAL(m.reserved - m0.reserved, block); // cached, not given back
+    CU_ASSERT_EQUAL(m.peak_in_use - m0.in_use, block);
+    CU_ASSERT_EQUAL(m.peak_reserved - m0.reserved, block);
+
+    t = NULL; // the same size again comes from the cache
+    FSDP_TEST_OK(fsdp_tensor_create_uninit(ctx, FSDP_DTYPE_F32, sim0, 1, &n, &t));
+    fsdp_tensor_free(t);
+    FSDP_TEST_OK(fsdp_device_memory_stats(ctx, sim0, &m));
+    CU_ASSERT_EQUAL(m.device_allocs - m0.device_allocs, 1);
+    CU_ASSERT_EQUAL(m.cache_hits - m0.cache_hits, 1);
+
+    FSDP_TEST_OK(fsdp_device_reset_peak_memory(ctx, sim0));
+    FSDP_TEST_OK(fsdp_device_memory_stats(ctx, sim0, &m));
+    CU_ASSERT_EQUAL(m.peak_in_use, m0.in_use);
+    CU_ASSERT_EQUAL(m.peak_reserved, m0.reserved + block);
+    FSDP_TEST_OK(fsdp_device_empty_cache(ctx, sim0));
+    FSDP_TEST_OK(fsdp_device_memory_stats(ctx, sim0, &m));
+    CU_ASSERT_EQUAL(m.reserved, m0.reserved);
+    CU_ASSERT_EQUAL(m.peak_reserved, m0.reserved + block); // a peak outlives the release
+
+    FSDP_TEST_FAILS(fsdp_device_memory_stats(ctx, FSDP_CPU, &m), FSDP_ERR_UNSUPPORTED,
+                    "fsdp_device_memory_stats", "cpu:0", "no caching allocator");
+    FSDP_TEST_FAILS(fsdp_device_reset_peak_memory(ctx, FSDP_CPU), FSDP_ERR_UNSUPPORTED, "cpu:0");
+    FSDP_TEST_FAILS(fsdp_device_empty_cache(ctx, FSDP_CPU), FSDP_ERR_UNSUPPORTED, "cpu:0");
+    FSDP_TEST_FAILS(fsdp_device_memory_stats(ctx, (fsdp_device){FSDP_DEVICE_SIM, 99}, &m),
+                    FSDP_ERR_DEVICE, "sim:99");
 }
 
 /* A block freed on stream a with a's write still queued, then taken on stream b: b's zeroing
@@ -568,6 +623,7 @@ int main(int argc, char **argv) {
         {"overrun_dies", test_overrun_dies},
         {"fresh_blocks", test_fresh_blocks},
         {"cache_and_cap", test_cache_and_cap},
+        {"memory_stats", test_memory_stats},
         {"cross_stream_reuse", test_cross_stream_reuse},
         {"streams_order", test_streams_order},
         {"missing_wait_is_caught", test_missing_wait_is_caught},

@@ -24,7 +24,8 @@ static const char *const PHASE_NAMES[PHASES] = {"zero_grad", "forward", "loss", 
 
 typedef struct phase_counts {
     int64_t launches[PHASES], host_waits[PHASES];
-    int64_t allocs[PHASES]; /* on sim: allocations (fsdp_sim_memory_stats), printed, not pinned */
+    int64_t
+        allocs[PHASES]; /* on sim: allocations (fsdp_sim_memory_stats_get), printed, not pinned */
 } phase_counts;
 
 /* ---- the tiny Llama on one device ---- */
@@ -82,7 +83,7 @@ static const llama_pin LLAMA_PINNED[] = {
 /* The allocations made on dev so far (sim only; 0 elsewhere). */
 static int64_t allocs_of(fsdp_device dev) {
     if (dev.type != FSDP_DEVICE_SIM) return 0;
-    fsdp_sim_memory_stats m = fsdp_sim_memory_stats_get(dev.index);
+    fsdp_device_memory m = fsdp_sim_memory_stats_get(dev.index);
     return m.device_allocs + m.cache_hits;
 }
 

@@ -248,6 +248,23 @@ static bool ckpt_close(const char *a, const char *b, double tol, double *worst) 
     return ok;
 }
 
+/* Every progress record of a device run has the allocator's figures, each peak above 0 and
+ * at most the reserved bytes (reserved does not shrink during a run: nothing empties the
+ * cache), and the progress lines name the device's memory. */
+static bool memory_recorded(const char *metrics) {
+    int records = 0;
+    bool ok = metrics != NULL;
+    for (const char *p = metrics; ok && (p = strstr(p, "\"mem_peak_bytes\": ")); records++) {
+        long long peak = 0, reserved = 0;
+        ok = sscanf(p, "\"mem_peak_bytes\": %lld, \"mem_reserved_bytes\": %lld", &peak,
+                    &reserved) == 2 &&
+             peak > 0 && peak <= reserved;
+        if (!ok) printf("\n    bad memory figures: %.80s", p);
+        p++;
+    }
+    return ok && records > 0;
+}
+
 /* The run on cpu and on the device (sim; cuda in the cuda mode): every loss and the final
  * checkpoint bit for bit (within g_bound in the cuda mode), the comm-debug table equal; the
  * device in the device run's lines and records only. */
@@ -271,7 +288,7 @@ static void cpu_against_sim(const char *name, const char *const *model, const ch
     char line[96], on[32], rec[48];
     int count = strcmp(g_dev, "cuda") == 0 ? fsdp_device_count(FSDP_DEVICE_CUDA) : g_sim_devices;
     snprintf(line, sizeof line, ", device %s:0 (rank r on %s:(r mod %d))\n", g_dev, g_dev, count);
-    snprintf(on, sizeof on, "  on %s:0\n", g_dev);
+    snprintf(on, sizeof on, "  on %s:0  mem ", g_dev);
     snprintf(rec, sizeof rec, "\"device\": \"%s:0\"", g_dev);
     CU_ASSERT_PTR_NOT_NULL(strstr(s.text, line));
     /* the backend that ran: the parallel line's "(nccl)" or "(local)" */
@@ -279,7 +296,10 @@ static void cpu_against_sim(const char *name, const char *const *model, const ch
     CU_ASSERT_PTR_NOT_NULL(strstr(c.text, " ranks (local): "));
     CU_ASSERT_PTR_NOT_NULL(strstr(s.text, on));
     CU_ASSERT_PTR_NOT_NULL(s.metrics && strstr(s.metrics, rec));
+    CU_ASSERT_TRUE(memory_recorded(s.metrics));
     CU_ASSERT_PTR_NULL(strstr(c.text, "device"));
+    CU_ASSERT_PTR_NULL(strstr(c.text, " mem "));
+    CU_ASSERT_PTR_NULL(c.metrics ? strstr(c.metrics, "mem_peak_bytes") : "no metrics");
     CU_ASSERT_PTR_NULL(c.metrics ? strstr(c.metrics, "device") : "no metrics");
     if (g_bound > 0)
         printf("\n    %s: %lld steps, loss %.6f -> %.6f, %s within %.3g of the cpu: %s (largest "

@@ -155,3 +155,16 @@ fsdp_status train_device_to_host(fsdp_ctx *ctx, const fsdp_tensor *t, fsdp_tenso
     if (st == FSDP_OK) *host = *scratch;
     return st;
 }
+
+fsdp_status train_device_memory(fsdp_ctx *ctx, train_report *r) {
+    fsdp_device dev = fsdp_ctx_device(ctx);
+    if (dev.type == FSDP_DEVICE_CPU) return FSDP_OK;
+    fsdp_device_memory m;
+    fsdp_status st = fsdp_device_memory_stats(ctx, dev, &m);
+    if (st == FSDP_OK) st = fsdp_device_reset_peak_memory(ctx, dev);
+    if (st != FSDP_OK) return st;
+    r->mem_peak = m.peak_in_use;
+    r->mem_reserved = m.reserved;
+    r->mem_capacity = m.capacity;
+    return FSDP_OK;
+}

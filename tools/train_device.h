@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "train_config.h"
+#include "train_metrics.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,6 +41,10 @@ const char *train_device_rule(const train_config *cfg, char *buf, size_t size);
 
 /* "sim:0", "cuda:1", "cpu" into buf; returns buf. */
 const char *train_device_name(fsdp_device device, char *buf, size_t size);
+
+/* Rank 0's device's allocator figures into r (mem_peak, mem_reserved, mem_capacity), its peak
+ * restarted so that the next progress step reports its own interval; nothing on the CPU. */
+fsdp_status train_device_memory(fsdp_ctx *ctx, train_report *r);
 
 /* *dev <- a copy of host tensor `host` on the ctx's device (fsdp_ctx_device), owned by the
  * caller; NULL when the ctx computes on the CPU (the host tensor serves). */

@@ -62,7 +62,12 @@ static int fill(json_t *o, int64_t step, const train_report *r, int64_t per_samp
         if (per_sample) rc |= set_real(o, "tokens_per_s", r->samples_per_s * (double)per_sample, 1);
         rc |= set_real(o, "lr", r->lr, -1);
         if (!isnan(r->grad_norm)) rc |= set_real(o, "grad_norm", r->grad_norm, -1);
-        if (r->device) rc |= json_object_set_new(o, "device", json_string(r->device));
+        if (r->device) {
+            rc |= json_object_set_new(o, "device", json_string(r->device));
+            rc |= json_object_set_new(o, "mem_peak_bytes", json_integer((json_int_t)r->mem_peak));
+            rc |= json_object_set_new(o, "mem_reserved_bytes",
+                                      json_integer((json_int_t)r->mem_reserved));
+        }
         if (r->comm) {
             rc |= set_real(o, "compute_s", train_comm_compute_seconds(r->comm), 6);
             rc |= set_real(o, "comm_s", train_comm_seconds(r->comm), 6);

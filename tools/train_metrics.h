@@ -30,6 +30,9 @@ typedef struct train_report {
     double eval_accuracy;   /* NAN for regression */
     const train_comm *comm; /* progress with counting on: the steps' collectives, else NULL */
     const char *device;     /* rank 0's device ("sim:0") on a progress step; NULL on the CPU */
+    /* With device: its caching allocator's peak bytes in use since the previous progress step
+     * (all ranks on it together), its reserved bytes now and its capacity. */
+    int64_t mem_peak, mem_reserved, mem_capacity;
 } train_report;
 
 /* The seconds of the steps in collectives, and the rest of the steps' wall time. */

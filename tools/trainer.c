@@ -374,7 +374,12 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
         if (r->comm) /* the steps' time since the last line, split */
             fprintf(s->out, "  compute %.3fs  comm %.3fs", train_comm_compute_seconds(r->comm),
                     train_comm_seconds(r->comm));
-        if (r->device) fprintf(s->out, "  on %s", r->device);
+        if (r->device) {
+            double gib = (double)r->mem_peak / (1 << 30);
+            fprintf(s->out, "  on %s  mem %.*f %s (%.1f%%)", r->device, gib < 1 ? 1 : 2,
+                    gib < 1 ? gib * 1024 : gib, gib < 1 ? "MiB" : "GiB",
+                    100.0 * (double)r->mem_peak / fmax((double)r->mem_capacity, 1));
+        }
         fputc('\n', s->out);
     }
     if (s->out && r->eval) {
@@ -654,6 +659,8 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
             res->eval_accuracy = r.eval_accuracy;
             if (res->n_evals < TRAIN_TRACE_STEPS) res->eval_step[res->n_evals++] = step;
         }
+        if (r.progress && r.device && fsdp_ctx_rank(ctx) == 0)
+            TRAIN_TRY(train_device_memory(ctx, &r));
         if (r.progress || r.eval) {
             double t = now_seconds();
             r.loss = prog->loss_sum / (double)prog->since;

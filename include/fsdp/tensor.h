@@ -59,6 +59,36 @@ int fsdp_device_count(fsdp_device_type type);
  * the CPU. For timing and for handing device memory to code outside libfsdp. */
 fsdp_status fsdp_device_synchronize(fsdp_ctx *ctx, fsdp_device device);
 
+/* The caching allocator of a GPU (or simulated GPU), over every thread of the process that
+ * uses the device: what torch.cuda.memory_allocated, max_memory_allocated, memory_reserved and
+ * max_memory_reserved report. Bytes are the allocator's rounded blocks (under 1 MiB a multiple
+ * of 512 bytes, from 1 MiB a multiple of 2 MiB), so in_use is at least the bytes asked for.
+ * Tensors, layers' buffers and scratch, FSDP's gathered parameters, communication buffers and
+ * cuBLASLt's and cuDNN's workspaces all come from it; not counted: what CUDA, cuBLAS, cuDNN or
+ * NCCL allocate themselves (their contexts and internal buffers) and pinned host memory. */
+typedef struct fsdp_device_memory {
+    int64_t in_use;        /* bytes handed out and not yet freed */
+    int64_t peak_in_use;   /* the most in_use since the process began or the last reset */
+    int64_t reserved;      /* bytes held from the device: in use plus cached for reuse */
+    int64_t peak_reserved; /* the most reserved since the process began or the last reset */
+    int64_t device_allocs; /* blocks taken from the device (cudaMalloc calls that succeeded) */
+    int64_t cache_hits;    /* allocations served from the cache */
+    int64_t capacity;      /* the device's memory (a GPU's total; sim: FSDP_SIM_MEMORY) */
+} fsdp_device_memory;
+
+/* The allocator figures of a cuda or sim device (zeros but capacity before its first use).
+ * The CPU keeps none: FSDP_ERR_UNSUPPORTED; a device this build or machine lacks:
+ * FSDP_ERR_DEVICE. */
+fsdp_status fsdp_device_memory_stats(fsdp_ctx *ctx, fsdp_device device, fsdp_device_memory *out);
+/* Starts the peaks over from the present in_use and reserved (torch.cuda.
+ * reset_peak_memory_stats), e.g. before the part of a run to measure. Errors as above. */
+fsdp_status fsdp_device_reset_peak_memory(fsdp_ctx *ctx, fsdp_device device);
+/* Gives the device's cached free blocks back to it once the work that last used them has
+ * finished (torch.cuda.empty_cache): reserved drops to in_use, and the memory is free for other
+ * processes and libraries. In-use memory is untouched; later allocations are slower until the
+ * cache fills again. Errors as above. */
+fsdp_status fsdp_device_empty_cache(fsdp_ctx *ctx, fsdp_device device);
+
 /* The device a rank computes on (default: the cpu). Setting it checks that the device exists
  * and gives the rank its streams there: its compute stream (the calling thread's default stream
  * of the device, where its kernels run) and a communication stream of its own, made on first

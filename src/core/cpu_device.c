@@ -154,6 +154,45 @@ fsdp_status fsdp_device_synchronize(fsdp_ctx *ctx, fsdp_device device) {
     return s->synchronize ? s->synchronize(ctx, device.index) : FSDP_OK;
 }
 
+/* The record of a device whose allocator the memory calls ask: *out, or an error naming why
+ * there is none. */
+static fsdp_status memory_record(fsdp_ctx *ctx, const char *fn, fsdp_device device,
+                                 const fsdp_device_i **out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_TRY_AT(ctx, fsdp_device_check(ctx, device));
+    const fsdp_device_i *s = fsdp_device_for(device.type);
+    if (!s->memory_stats)
+        return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED,
+                         "%s: %s:%d has no caching allocator to report on (its tensors are the "
+                         "process's heap memory); ask a cuda or sim device",
+                         fn, fsdp_device_to_string(device), device.index);
+    *out = s;
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_device_memory_stats(fsdp_ctx *ctx, fsdp_device device, fsdp_device_memory *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    const fsdp_device_i *s = NULL;
+    FSDP_TRY_AT(ctx, memory_record(ctx, __func__, device, &s));
+    s->memory_stats(device.index, out);
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_device_reset_peak_memory(fsdp_ctx *ctx, fsdp_device device) {
+    const fsdp_device_i *s = NULL;
+    FSDP_TRY_AT(ctx, memory_record(ctx, __func__, device, &s));
+    s->memory_reset_peak(device.index);
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_device_empty_cache(fsdp_ctx *ctx, fsdp_device device) {
+    const fsdp_device_i *s = NULL;
+    FSDP_TRY_AT(ctx, memory_record(ctx, __func__, device, &s));
+    s->empty_cache(device.index);
+    return FSDP_OK;
+}
+
 fsdp_status fsdp_device_check(fsdp_ctx *ctx, fsdp_device device) {
     const fsdp_device_i *s = fsdp_device_for(device.type);
     if (!s)

@@ -63,6 +63,13 @@ typedef struct fsdp_device_i {
      * queued work (optional: NULL for devices that never run asynchronously). */
     fsdp_status (*synchronize)(fsdp_ctx *ctx, int index);
 
+    /* The caching allocator's figures of device `index`, every thread together, and its
+     * peaks restarted, its cached blocks given back (optional as a group: NULL on the CPU,
+     * which keeps no allocator). */
+    void (*memory_stats)(int index, fsdp_device_memory *out);
+    void (*memory_reset_peak)(int index);
+    void (*empty_cache)(int index);
+
     /* nbytes (> 0) of zeroed page-locked host memory, which copies to and from this kind of
      * device read and write asynchronously; host_free releases it (NULL does nothing). The CPU
      * hands out plain memory. */

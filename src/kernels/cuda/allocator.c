@@ -35,7 +35,7 @@ typedef struct device_pool {
     pthread_mutex_t mu;
     block *cached;             // free blocks
     block *used[USED_BUCKETS]; // blocks handed out, hashed by address
-    fsdp_cuda_memory_stats stats;
+    fsdp_device_memory stats;  // capacity aside
 } device_pool;
 
 static device_pool pools[MAX_DEVICES];
@@ -80,7 +80,7 @@ static void add_used(device_pool *p, block *b) {
     size_t h = bucket_of(b->ptr);
     b->next = p->used[h];
     p->used[h] = b;
-    p->stats.in_use += b->size;
+    p->stats.in_use += (int64_t)b->size;
     if (p->stats.in_use > p->stats.peak_in_use) p->stats.peak_in_use = p->stats.in_use;
 }
 
@@ -89,7 +89,7 @@ static block *remove_used(device_pool *p, void *ptr) {
         if ((*b)->ptr == ptr) {
             block *found = *b;
             *b = found->next;
-            p->stats.in_use -= found->size;
+            p->stats.in_use -= (int64_t)found->size;
             return found;
         }
     return NULL;
@@ -118,7 +118,7 @@ static void release_cached(int device) {
     }
     (void)cudaGetLastError();
     pthread_mutex_lock(&p->mu);
-    p->stats.reserved -= released;
+    p->stats.reserved -= (int64_t)released;
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -157,16 +157,18 @@ fsdp_status fsdp_cuda_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void
     if (err != cudaSuccess) {
         free(b);
         (void)cudaGetLastError();
-        fsdp_cuda_memory_stats s = fsdp_cuda_memory_stats_get(device);
+        fsdp_device_memory s = fsdp_cuda_memory_stats_get(device);
         return FSDP_FAIL(
             ctx, err == cudaErrorMemoryAllocation ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_DEVICE,
-            "CUDA: cannot allocate %zu bytes on cuda:%d (libfsdp holds %zu bytes in "
-            "use, %zu reserved): cudaMalloc: %s (%s)",
-            nbytes, device, s.in_use, s.reserved, cudaGetErrorString(err), cudaGetErrorName(err));
+            "CUDA: cannot allocate %zu bytes on cuda:%d (libfsdp holds %lld bytes in "
+            "use, %lld reserved, of %lld): cudaMalloc: %s (%s)",
+            nbytes, device, (long long)s.in_use, (long long)s.reserved, (long long)s.capacity,
+            cudaGetErrorString(err), cudaGetErrorName(err));
     }
     pthread_mutex_lock(&p->mu);
-    p->stats.malloc_calls++;
-    p->stats.reserved += size;
+    p->stats.device_allocs++;
+    p->stats.reserved += (int64_t)size;
+    if (p->stats.reserved > p->stats.peak_reserved) p->stats.peak_reserved = p->stats.reserved;
     add_used(p, b);
     pthread_mutex_unlock(&p->mu);
     *out = b->ptr;
@@ -196,14 +198,37 @@ void fsdp_cuda_block_free(int device, void *ptr) {
     pthread_mutex_unlock(&p->mu);
 }
 
-fsdp_cuda_memory_stats fsdp_cuda_memory_stats_get(int device) {
-    fsdp_cuda_memory_stats s = {0};
+/* The device's total memory, asked once (no context is made for it). */
+static int64_t capacity_of(int device) {
+    static _Atomic int64_t known[MAX_DEVICES];
+    int64_t c = known[device];
+    if (c) return c;
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return known[device] = (int64_t)prop.totalGlobalMem;
+}
+
+fsdp_device_memory fsdp_cuda_memory_stats_get(int device) {
+    fsdp_device_memory s = {0};
     if (device < 0 || device >= MAX_DEVICES) return s;
     device_pool *p = pool_of(device);
     pthread_mutex_lock(&p->mu);
     s = p->stats;
     pthread_mutex_unlock(&p->mu);
+    s.capacity = capacity_of(device);
     return s;
+}
+
+void fsdp_cuda_memory_reset_peak(int device) {
+    if (device < 0 || device >= MAX_DEVICES) return;
+    device_pool *p = pool_of(device);
+    pthread_mutex_lock(&p->mu);
+    p->stats.peak_in_use = p->stats.in_use;
+    p->stats.peak_reserved = p->stats.reserved;
+    pthread_mutex_unlock(&p->mu);
 }
 
 void fsdp_cuda_empty_cache(int device) {

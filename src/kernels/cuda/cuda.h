@@ -22,18 +22,12 @@ const fsdp_device_i *fsdp_cuda_device(void);
  * ...") to why. Asked once per process; leaves no CUDA error behind. */
 int fsdp_cuda_device_count(char *why, size_t why_size);
 
-/* The caching allocator of one device (all threads together). Sizes are of the rounded blocks:
- * under 1 MiB a multiple of 512 bytes, from 1 MiB a multiple of 2 MiB. */
-typedef struct fsdp_cuda_memory_stats {
-    int64_t malloc_calls; /* cudaMalloc calls that succeeded */
-    int64_t cache_hits;   /* allocations served from the cache */
-    size_t reserved;      /* bytes held from cudaMalloc: in use plus cached */
-    size_t in_use;        /* bytes handed out and not yet freed */
-    size_t peak_in_use;   /* highest in_use so far */
-} fsdp_cuda_memory_stats;
-
-/* Zeroes when the device index is out of range or the device was never used. */
-fsdp_cuda_memory_stats fsdp_cuda_memory_stats_get(int device);
+/* The caching allocator of one device (all threads together), as fsdp_device_memory_stats
+ * reports it: zeroes (capacity aside) when the device was never used; zeroes when the index is
+ * out of range. The device's capacity is its total memory. */
+fsdp_device_memory fsdp_cuda_memory_stats_get(int device);
+/* Restarts the peaks from the present in_use and reserved. */
+void fsdp_cuda_memory_reset_peak(int device);
 
 /* Returns the cached (free) blocks of a device to CUDA, after the work that last used them. */
 void fsdp_cuda_empty_cache(int device);

@@ -232,6 +232,10 @@ static bool cuda_event_query(int index, void *event) {
     return err == cudaSuccess;
 }
 
+static void cuda_memory_stats(int index, fsdp_device_memory *out) {
+    *out = fsdp_cuda_memory_stats_get(index);
+}
+
 static const fsdp_device_i cuda_record = {
     .name = "cuda",
     .device_count = cuda_device_count,
@@ -244,6 +248,9 @@ static const fsdp_device_i cuda_record = {
     .fill = cuda_fill,
     .convert = cuda_convert,
     .synchronize = cuda_synchronize,
+    .memory_stats = cuda_memory_stats,
+    .memory_reset_peak = fsdp_cuda_memory_reset_peak,
+    .empty_cache = fsdp_cuda_empty_cache,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .stream_create = cuda_stream_create,

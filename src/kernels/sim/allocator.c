@@ -28,9 +28,9 @@ typedef struct block {
 
 typedef struct pool {
     pthread_mutex_t mu;
-    block *cached;        // free blocks
-    block *used[BUCKETS]; // blocks handed out, hashed by address
-    fsdp_sim_memory_stats stats;
+    block *cached;            // free blocks
+    block *used[BUCKETS];     // blocks handed out, hashed by address
+    fsdp_device_memory stats; // capacity aside
 } pool;
 
 #define GUARD_BYTE 0xcd
@@ -97,7 +97,7 @@ static void release_cached(int device) {
     pthread_mutex_lock(&p->mu);
     block *list = p->cached;
     p->cached = NULL;
-    for (block *b = list; b; b = b->next) p->stats.reserved -= b->size;
+    for (block *b = list; b; b = b->next) p->stats.reserved -= (int64_t)b->size;
     pthread_mutex_unlock(&p->mu);
     while (list) {
         block *b = list;
@@ -110,12 +110,13 @@ static void release_cached(int device) {
 }
 
 static fsdp_status out_of_memory(fsdp_ctx *ctx, int device, size_t size) {
-    fsdp_sim_memory_stats s = fsdp_sim_memory_stats_get(device);
+    fsdp_device_memory s = fsdp_sim_memory_stats_get(device);
     return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY,
-                     "sim:%d is out of memory: tried to allocate %zu bytes with %zu of %zu bytes "
-                     "in use (%zu held); the simulated device has FSDP_SIM_MEMORY=%zu bytes: "
-                     "raise it, or use less memory (smaller batch or model, more sharding)",
-                     device, size, s.in_use, s.capacity, s.reserved, s.capacity);
+                     "sim:%d is out of memory: tried to allocate %zu bytes with %lld of %lld "
+                     "bytes in use (%lld held); the simulated device has FSDP_SIM_MEMORY=%lld "
+                     "bytes: raise it, or use less memory (smaller batch or model, more sharding)",
+                     device, size, (long long)s.in_use, (long long)s.capacity,
+                     (long long)s.reserved, (long long)s.capacity);
 }
 
 fsdp_status sim_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void **out) {
@@ -152,12 +153,13 @@ fsdp_status sim_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void **out
     pthread_mutex_lock(&p->mu);
     if (fresh) {
         p->stats.device_allocs++;
-        p->stats.reserved += size;
+        p->stats.reserved += (int64_t)size;
+        if (p->stats.reserved > p->stats.peak_reserved) p->stats.peak_reserved = p->stats.reserved;
     }
     size_t k = bucket_of(b->ptr);
     b->next = p->used[k];
     p->used[k] = b;
-    p->stats.in_use += b->size;
+    p->stats.in_use += (int64_t)b->size;
     if (p->stats.in_use > p->stats.peak_in_use) p->stats.peak_in_use = p->stats.in_use;
     pthread_mutex_unlock(&p->mu);
     sim_fault_track(b->ptr, b->size, nbytes, device);
@@ -181,7 +183,7 @@ void sim_block_free(int device, void *ptr) {
             *at = b->next;
             break;
         }
-    if (b) p->stats.in_use -= b->size;
+    if (b) p->stats.in_use -= (int64_t)b->size;
     pthread_mutex_unlock(&p->mu);
     if (!b) {
         fprintf(stderr, "libfsdp: sim:%d: free of %p, which this device did not hand out\n", device,
@@ -206,14 +208,23 @@ void sim_block_free(int device, void *ptr) {
     pthread_mutex_unlock(&p->mu);
 }
 
-fsdp_sim_memory_stats fsdp_sim_memory_stats_get(int device) {
-    if (device < 0 || device >= sim_device_count()) return (fsdp_sim_memory_stats){0};
+fsdp_device_memory fsdp_sim_memory_stats_get(int device) {
+    if (device < 0 || device >= sim_device_count()) return (fsdp_device_memory){0};
     pool *p = &pools[device];
     pthread_mutex_lock(&p->mu);
-    fsdp_sim_memory_stats s = p->stats;
+    fsdp_device_memory s = p->stats;
     pthread_mutex_unlock(&p->mu);
-    s.capacity = sim_capacity();
+    s.capacity = (int64_t)sim_capacity();
     return s;
+}
+
+void fsdp_sim_memory_reset_peak(int device) {
+    if (device < 0 || device >= sim_device_count()) return;
+    pool *p = &pools[device];
+    pthread_mutex_lock(&p->mu);
+    p->stats.peak_in_use = p->stats.in_use;
+    p->stats.peak_reserved = p->stats.reserved;
+    pthread_mutex_unlock(&p->mu);
 }
 
 void fsdp_sim_empty_cache(int device) {

@@ -34,18 +34,12 @@ typedef enum fsdp_sim_mode {
 fsdp_sim_mode fsdp_sim_mode_get(void);
 void fsdp_sim_mode_set(fsdp_sim_mode mode);
 
-/* The caching allocator of one sim device, as fsdp_cuda_memory_stats. */
-typedef struct fsdp_sim_memory_stats {
-    int64_t device_allocs; /* blocks taken from the device's memory (the cudaMalloc calls) */
-    int64_t cache_hits;    /* allocations served from the cache */
-    size_t reserved;       /* bytes held from the device: in use plus cached */
-    size_t in_use;         /* bytes handed out and not yet freed */
-    size_t peak_in_use;    /* highest in_use so far */
-    size_t capacity;       /* the device's memory (FSDP_SIM_MEMORY) */
-} fsdp_sim_memory_stats;
-
-/* Zeroes when the device index is out of range or the device was never used. */
-fsdp_sim_memory_stats fsdp_sim_memory_stats_get(int device);
+/* The caching allocator of one sim device, as fsdp_device_memory_stats reports it: zeroes
+ * (capacity aside) when the device was never used; zeroes when the index is out of range. The
+ * capacity is FSDP_SIM_MEMORY. */
+fsdp_device_memory fsdp_sim_memory_stats_get(int device);
+/* Restarts the peaks from the present in_use and reserved. */
+void fsdp_sim_memory_reset_peak(int device);
 
 /* Bytes of pinned host memory (host_alloc) handed out and not yet freed, over every sim
  * device. */

@@ -427,6 +427,10 @@ static bool sim_event_query(int index, void *event) {
     return sim_event_done(event);
 }
 
+static void sim_memory_stats(int index, fsdp_device_memory *out) {
+    *out = fsdp_sim_memory_stats_get(index);
+}
+
 static const fsdp_device_i sim_record = {
     .name = "sim",
     .device_count = sim_count,
@@ -439,6 +443,9 @@ static const fsdp_device_i sim_record = {
     .fill = sim_fill,
     .convert = sim_convert,
     .synchronize = sim_synchronize,
+    .memory_stats = sim_memory_stats,
+    .memory_reset_peak = fsdp_sim_memory_reset_peak,
+    .empty_cache = fsdp_sim_empty_cache,
     .host_alloc = sim_host_alloc,
     .host_free = sim_host_free,
     .stream_create = sim_stream_create,
