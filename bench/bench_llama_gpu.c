@@ -67,7 +67,9 @@ static const char usage[] =
     "Default: cuda, shapes S,M, modes f32,tf32,bf16, 2 warm-up and 10 timed steps, a\n"
     "budget of 600 s, no MFU, no breakdown. Prints one line per run (L: the last step's\n"
     "loss, 9 significant digits):\n"
-    "  result libfsdp SHAPE MODE step_ms MS tokens_per_s TPS mfu X loss L\n"
+    "  result libfsdp SHAPE MODE step_ms MS tokens_per_s TPS mfu X peak_mib P loss L\n"
+    "    (P: the device allocator's most bytes in use over the mode's warm-up and timed\n"
+    "    steps in MiB, fsdp_device_memory_stats' peak_in_use after a reset before them)\n"
     "  counts libfsdp SHAPE MODE step launches N host_waits W   (the last timed step's,\n"
     "    before the synchronize that ends it: docs/device.md 'Launches and host waits')\n"
     "  skip libfsdp SHAPE MODE: REASON\n"
@@ -321,6 +323,8 @@ static fsdp_status time_mode(run *r, const opts *o, const shape *s, int mode, do
     if (r->dev.type == FSDP_DEVICE_CUDA) TRY(fsdp_cuda_set_allow_tf32(ctx, mode == 1));
     TRY(fsdp_module_set_autocast(ctx, r->model, mode == 2 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32));
     double t[MAX_STEPS], last = 0;
+    /* the peak over this mode's warm-up and timed steps (torch.cuda.reset_peak_memory_stats) */
+    TRY(fsdp_device_reset_peak_memory(ctx, r->dev));
     for (int w = 0; w < o->warmup; w++) TRY(run_step(r, &last));
     double left = deadline - bench_now();
     if (last * o->steps > left) {
@@ -335,8 +339,11 @@ static fsdp_status time_mode(run *r, const opts *o, const shape *s, int mode, do
     char mfu[32] = "n/a";
     if (peak > 0)
         snprintf(mfu, sizeof mfu, "%.4f", tps * flop_per_token(s, params) / (peak * 1e12));
-    printf("result libfsdp %s %s step_ms %.2f tokens_per_s %.1f mfu %s loss %.9g\n", s->name,
-           mode_name(o, mode), 1e3 * sec, tps, mfu, (double)r->loss);
+    fsdp_device_memory mem;
+    TRY(fsdp_device_memory_stats(ctx, r->dev, &mem));
+    printf("result libfsdp %s %s step_ms %.2f tokens_per_s %.1f mfu %s peak_mib %.1f loss %.9g\n",
+           s->name, mode_name(o, mode), 1e3 * sec, tps, mfu, (double)mem.peak_in_use / (1 << 20),
+           (double)r->loss);
     printf("counts libfsdp %s %s step launches %lld host_waits %lld\n", s->name, mode_name(o, mode),
            (long long)r->counts.launches, (long long)r->counts.host_waits);
     return o->breakdown_steps ? breakdown_mode(r, o, s, mode, deadline, sec) : FSDP_OK;

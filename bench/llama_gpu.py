@@ -359,7 +359,7 @@ class Runner:
         mfu = f"{tps * flop_per_token(shape, params) / (peak * 1e12):.4f}" if peak > 0 else "n/a"
         mib = "n/a"
         if self.device == "cuda":
-            mib = f"{torch.cuda.max_memory_allocated() / 2**20:.0f}"
+            mib = f"{torch.cuda.max_memory_allocated() / 2**20:.1f}"
         print(f"result {tag} step_ms {1e3 * sec:.2f} tokens_per_s {tps:.1f} mfu {mfu} "
               f"peak_mib {mib} loss {times[-1][1].item():.9g} (warm-up {warm:.1f} s, "
               f"{params / 1e6:.1f} M parameters)", flush=True)

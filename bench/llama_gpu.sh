@@ -171,11 +171,11 @@ cat "$out/ours" "$out/theirs" | awk -v shapes="$shapes" -v sfx="$sfx" '
         mib[k] = $11 == "peak_mib" ? $12 : "-"
     }
     function cell(k) {
-        if (!(k in ms)) return sprintf("%31s", "-")
-        return sprintf("%8.1f %9.0f %6s %6s", ms[k], tps[k], mfu[k], mib[k])
+        if (!(k in ms)) return sprintf("%33s", "-")
+        return sprintf("%8.1f %9.0f %6s %8s", ms[k], tps[k], mfu[k], mib[k])
     }
     END {
-        printf "%-5s %-9s %31s %31s %31s %14s\n", "shape", "mode", "libfsdp", "torch eager",
+        printf "%-5s %-9s %33s %33s %33s %14s\n", "shape", "mode", "libfsdp", "torch eager",
             "torch compile", "eager/libfsdp"
         n = split(shapes, sh, ",")
         split("f32 tf32 bf16", md, " ")
