@@ -377,7 +377,7 @@ phase_bench_llama() {
     if [ "$left" -ge "$LLAMA_CKPT_MIN" ]; then
         FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm run bash "$repo/bench/llama_gpu.sh" \
             --budget-s "$left" --shapes S --modes bf16 --checkpoint "$build" || rc=$?
-        ckpt="checkpointed S bf16 run in $left s"
+        ckpt="checkpointed S bf16 run (budget $left s)"
         if [ "$rc" -ne 0 ]; then
             result fail "bench/llama_gpu.sh --checkpoint exit status $rc (attention $attention, gemm $gemm)"
             return 0

@@ -198,8 +198,9 @@ if python3 -c 'import torch' 2>/dev/null; then
     [ "$rc" -eq 0 ] || fail "--device sim --breakdown with torch exited $rc"
     # The same 12 steps (2 warm-up, 10 timed) of a fresh model: checkpointed, the same loss.
     loss=$(awk '$1 == "result" && $2 == "torch-eager" && $4 == "f32" { print $14 }' "$tmp/out")
-    [ -n "$loss" ] && [ "$loss" = "$ckpt_loss" ] ||
+    if [ -z "$loss" ] || [ "$loss" != "$ckpt_loss" ]; then
         fail "llama_gpu.py f32 loss ${loss:-missing}, with --checkpoint $ckpt_loss"
+    fi
     for mode in f32 bf16; do
         check_breakdown torch-eager "$mode"
         expect "== breakdown tiny $mode (fwd + bwd ms per step, synchronised at every hook)"
