@@ -7,7 +7,8 @@
  * Shapes: S (dim 768, 12 layers), M (the Llama-3.2-1B shape) and tiny (for the CTest on sim).
  * A deadline (--budget-s) skips, with the reason, every run that would not finish before it.
  * --breakdown adds, after each mode's timed steps, steps that time every part of the step
- * (llama_breakdown.c). */
+ * (llama_breakdown.c). --checkpoint checkpoints every decoder layer (fsdp_checkpoint_wrap, as
+ * PyTorch's checkpoint_wrapper); its modes are written MODE+ckpt. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,7 @@ static const shape SHAPES[] = {
 #define N_SHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
 
 static const char *const MODES[] = {"f32", "tf32", "bf16"};
+static const char *const MODES_CKPT[] = {"f32+ckpt", "tf32+ckpt", "bf16+ckpt"};
 #define N_MODES 3
 
 typedef struct opts {
@@ -50,6 +52,7 @@ typedef struct opts {
     double peak_tflops[N_MODES]; /* 0: unknown, no MFU */
     int steps, warmup;
     int breakdown_steps; /* 0: no breakdown */
+    bool checkpoint;     /* every decoder layer checkpointed */
     double budget_s;
 } opts;
 
@@ -58,13 +61,15 @@ static const char usage[] =
     "usage: bench_llama_gpu [--device cuda|sim] [--shapes S,M,tiny] [--modes f32,tf32,bf16]\n"
     "                       [--steps N] [--warmup W] [--budget-s SEC]\n"
     "                       [--peaks F32,TF32,BF16 (TFLOP/s, for MFU)]\n"
-    "                       [--breakdown] [--breakdown-steps N]\n"
+    "                       [--breakdown] [--breakdown-steps N] [--checkpoint]\n"
     "One Llama training step (forward, cross-entropy, backward, AdamW) on one device per shape\n"
     "and compute mode, libfsdp's side of bench/llama_gpu.sh. --help, -h prints this help.\n"
     "Default: cuda, shapes S,M, modes f32,tf32,bf16, 2 warm-up and 10 timed steps, a\n"
     "budget of 600 s, no MFU, no breakdown. Prints one line per run (L: the last step's\n"
     "loss, 9 significant digits):\n"
-    "  result libfsdp SHAPE MODE step_ms MS tokens_per_s TPS mfu X loss L\n"
+    "  result libfsdp SHAPE MODE step_ms MS tokens_per_s TPS mfu X peak_mib P loss L\n"
+    "    (P: the device allocator's most bytes in use over the mode's warm-up and timed\n"
+    "    steps in MiB, fsdp_device_memory_stats' peak_in_use after a reset before them)\n"
     "  counts libfsdp SHAPE MODE step launches N host_waits W   (the last timed step's,\n"
     "    before the synchronize that ends it: docs/device.md 'Launches and host waits')\n"
     "  skip libfsdp SHAPE MODE: REASON\n"
@@ -80,8 +85,17 @@ static const char usage[] =
     "less the breakdown's own synchronizes (the same as a timed step's):\n"
     "  counts libfsdp SHAPE MODE PART launches_fwd X launches_bwd Y\n"
     "  counts libfsdp SHAPE MODE breakdown_step launches N host_waits W\n"
-    "or a line saying it skipped when the device is missing. Writes no file.\n"
+    "or a line saying it skipped when the device is missing. --checkpoint: every decoder\n"
+    "layer checkpointed (fsdp_checkpoint_wrap: its activations freed after its forward and\n"
+    "recomputed in its backward); MODE is then written f32+ckpt, tf32+ckpt, bf16+ckpt.\n"
+    "--checkpoint with --breakdown is refused (exit 2): the breakdown's hooks would time each\n"
+    "layer's recompute, which runs in backward, as forward time. Writes no file.\n"
     "exit status: 0 done or skipped; 1 a library call failed; 2 bad command line\n";
+
+/* The mode as the output lines write it. */
+static const char *mode_name(const opts *o, int mode) {
+    return o->checkpoint ? MODES_CKPT[mode] : MODES[mode];
+}
 
 /* Sets on[i] for each comma-separated name of names[] in list; false on an unknown name. */
 static void parse_list(const char *list, const char *const *names, int n, bool *on) {
@@ -107,6 +121,10 @@ static void parse(int argc, char **argv, opts *o) {
         const char *a = argv[i];
         if (!strcmp(a, "--breakdown")) {
             o->breakdown_steps = o->breakdown_steps ? o->breakdown_steps : 5;
+            continue;
+        }
+        if (!strcmp(a, "--checkpoint")) {
+            o->checkpoint = true;
             continue;
         }
         bool known = !strcmp(a, "--device") || !strcmp(a, "--shapes") || !strcmp(a, "--modes") ||
@@ -142,6 +160,11 @@ static void parse(int argc, char **argv, opts *o) {
                                v);
         }
     }
+    if (o->checkpoint && o->breakdown_steps)
+        bench_cli_fail(NAME, usage,
+                       "--checkpoint with --breakdown is not supported: the breakdown's hooks "
+                       "would time each layer's recompute, which runs in backward, as forward "
+                       "time; run them separately");
 }
 
 /* FLOP per token of one training step: 6N + 12 L d T, N the parameters less the input
@@ -172,8 +195,21 @@ static void run_free(run *r) {
     *r = (run){.ctx = r->ctx, .dev = r->dev};
 }
 
-/* The model (initialised on the CPU, then moved), its AdamW and a batch of tokens on r->dev. */
-static fsdp_status run_build(run *r, const shape *s) {
+/* Checkpoints every decoder layer of the model ("model.layers.N", Hugging Face's names). */
+static fsdp_status checkpoint_layers(fsdp_ctx *ctx, fsdp_module *model) {
+    fsdp_module *layers = fsdp_module_find(model, "model.layers");
+    int n = layers ? fsdp_module_num_children(layers) : 0;
+    if (n < 1) {
+        fprintf(stderr, "bench_llama_gpu: the model has no decoder layers under 'model.layers'\n");
+        return FSDP_ERR_NOT_FOUND;
+    }
+    for (int l = 0; l < n; l++) TRY(fsdp_checkpoint_wrap(ctx, fsdp_module_child(layers, l)));
+    return FSDP_OK;
+}
+
+/* The model (initialised on the CPU, then moved; its decoder layers checkpointed when
+ * checkpoint), its AdamW and a batch of tokens on r->dev. */
+static fsdp_status run_build(run *r, const shape *s, bool checkpoint) {
     fsdp_ctx *ctx = r->ctx;
     fsdp_llama_config cfg = {.dim = s->dim,
                              .n_layers = s->layers,
@@ -195,6 +231,7 @@ static fsdp_status run_build(run *r, const shape *s) {
     }
     TRY(fsdp_model_llama(ctx, &cfg, &r->model));
     TRY(fsdp_module_to(ctx, r->model, r->dev));
+    if (checkpoint) TRY(checkpoint_layers(ctx, r->model));
     TRY(fsdp_adamw_create(ctx, r->model, &(fsdp_adam_options){.lr = 1e-4, .weight_decay = 0.01},
                           &r->opt));
     int64_t shp[2] = {s->batch, s->seq};
@@ -260,7 +297,7 @@ static fsdp_status breakdown_mode(run *r, const opts *o, const shape *s, int mod
     if (need > left) {
         printf("skip libfsdp %s %s breakdown: %d steps need about %.0f s; %.0f s of the budget "
                "are left\n",
-               s->name, MODES[mode], o->breakdown_steps, need, left > 0 ? left : 0);
+               s->name, mode_name(o, mode), o->breakdown_steps, need, left > 0 ? left : 0);
         return FSDP_OK;
     }
     TRY(llama_breakdown_attach(r->ctx, r->model, r->dev, o->breakdown_steps, &r->bd));
@@ -272,8 +309,8 @@ static fsdp_status breakdown_mode(run *r, const opts *o, const shape *s, int mod
     fsdp_status st_detach = llama_breakdown_detach(r->ctx, r->bd);
     r->bd = NULL;
     if (st == FSDP_OK) {
-        llama_breakdown_print(&rep, s->name, MODES[mode], 1e3 * sec, r->loss);
-        llama_breakdown_print_counts(&rep, s->name, MODES[mode], r->counts);
+        llama_breakdown_print(&rep, s->name, mode_name(o, mode), 1e3 * sec, r->loss);
+        llama_breakdown_print_counts(&rep, s->name, mode_name(o, mode), r->counts);
     }
     return st != FSDP_OK ? st : st_detach;
 }
@@ -286,12 +323,14 @@ static fsdp_status time_mode(run *r, const opts *o, const shape *s, int mode, do
     if (r->dev.type == FSDP_DEVICE_CUDA) TRY(fsdp_cuda_set_allow_tf32(ctx, mode == 1));
     TRY(fsdp_module_set_autocast(ctx, r->model, mode == 2 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32));
     double t[MAX_STEPS], last = 0;
+    /* the peak over this mode's warm-up and timed steps (torch.cuda.reset_peak_memory_stats) */
+    TRY(fsdp_device_reset_peak_memory(ctx, r->dev));
     for (int w = 0; w < o->warmup; w++) TRY(run_step(r, &last));
     double left = deadline - bench_now();
     if (last * o->steps > left) {
         printf("skip libfsdp %s %s: a step takes %.2f s, so %d steps need %.0f s; %.0f s of the "
                "budget are left\n",
-               s->name, MODES[mode], last, o->steps, last * o->steps, left > 0 ? left : 0);
+               s->name, mode_name(o, mode), last, o->steps, last * o->steps, left > 0 ? left : 0);
         return FSDP_OK;
     }
     for (int i = 0; i < o->steps; i++) TRY(run_step(r, &t[i]));
@@ -300,9 +339,12 @@ static fsdp_status time_mode(run *r, const opts *o, const shape *s, int mode, do
     char mfu[32] = "n/a";
     if (peak > 0)
         snprintf(mfu, sizeof mfu, "%.4f", tps * flop_per_token(s, params) / (peak * 1e12));
-    printf("result libfsdp %s %s step_ms %.2f tokens_per_s %.1f mfu %s loss %.9g\n", s->name,
-           MODES[mode], 1e3 * sec, tps, mfu, (double)r->loss);
-    printf("counts libfsdp %s %s step launches %lld host_waits %lld\n", s->name, MODES[mode],
+    fsdp_device_memory mem;
+    TRY(fsdp_device_memory_stats(ctx, r->dev, &mem));
+    printf("result libfsdp %s %s step_ms %.2f tokens_per_s %.1f mfu %s peak_mib %.1f loss %.9g\n",
+           s->name, mode_name(o, mode), 1e3 * sec, tps, mfu, (double)mem.peak_in_use / (1 << 20),
+           (double)r->loss);
+    printf("counts libfsdp %s %s step launches %lld host_waits %lld\n", s->name, mode_name(o, mode),
            (long long)r->counts.launches, (long long)r->counts.host_waits);
     return o->breakdown_steps ? breakdown_mode(r, o, s, mode, deadline, sec) : FSDP_OK;
 }
@@ -314,7 +356,7 @@ static fsdp_status time_shape(fsdp_ctx *ctx, const opts *o, const shape *s, doub
     for (int m = 0; m < N_MODES; m++) {
         if (!o->mode_on[m]) continue;
         const char *why = mode_unavailable(o, m);
-        if (why) printf("skip libfsdp %s %s: %s\n", s->name, MODES[m], why);
+        if (why) printf("skip libfsdp %s %s: %s\n", s->name, mode_name(o, m), why);
         any |= !why;
     }
     if (!any) return FSDP_OK;
@@ -324,7 +366,7 @@ static fsdp_status time_shape(fsdp_ctx *ctx, const opts *o, const shape *s, doub
                deadline - t0 > 0 ? deadline - t0 : 0);
         return FSDP_OK;
     }
-    fsdp_status st = run_build(&r, s);
+    fsdp_status st = run_build(&r, s, o->checkpoint);
     if (st == FSDP_ERR_OUT_OF_MEMORY) {
         printf("skip libfsdp %s: out of device memory building it: %s\n", s->name,
                fsdp_last_error(ctx));
@@ -343,8 +385,8 @@ static fsdp_status time_shape(fsdp_ctx *ctx, const opts *o, const shape *s, doub
         int m = order[i];
         if (o->mode_on[m] && !mode_unavailable(o, m)) {
             if (bench_now() >= deadline)
-                printf("skip libfsdp %s %s: the budget of %.0f s is spent\n", s->name, MODES[m],
-                       o->budget_s);
+                printf("skip libfsdp %s %s: the budget of %.0f s is spent\n", s->name,
+                       mode_name(o, m), o->budget_s);
             else
                 st = time_mode(&r, o, s, m, deadline, params);
         }
@@ -370,8 +412,9 @@ int main(int argc, char **argv) {
     fsdp_ctx *ctx;
     if (fsdp_ctx_create(&(fsdp_ctx_options){.seed = 1}, &ctx) != FSDP_OK) return 1;
     printf("libfsdp llama on %s:%d: AdamW (lr 1e-4, weight decay 0.01), %d warm-up + median of %d "
-           "timed steps, budget %.0f s\n",
-           fsdp_device_to_string(o.dev), o.dev.index, o.warmup, o.steps, o.budget_s);
+           "timed steps, budget %.0f s%s\n",
+           fsdp_device_to_string(o.dev), o.dev.index, o.warmup, o.steps, o.budget_s,
+           o.checkpoint ? ", every decoder layer checkpointed" : "");
     fsdp_status st = FSDP_OK;
     for (int s = 0; st == FSDP_OK && s < N_SHAPES; s++)
         if (o.shape_on[s]) st = time_shape(ctx, &o, &SHAPES[s], deadline);

@@ -8,8 +8,15 @@ biases, untied lm_head), every projection and the embedding ~ normal(0, 0.02), n
 Modes: f32 (TF32 off), tf32 (matmul and cuDNN TF32 on), bf16 (autocast to bfloat16 over f32
 master weights, the loss in f32). The batch is libfsdp's: token i of a row predicts token i+1,
 the last of each row is ignored. Prints one line per run:
-    result torch-eager|torch-compile SHAPE MODE step_ms MS tokens_per_s TPS mfu X loss L
+    result torch-eager|torch-compile SHAPE MODE step_ms MS tokens_per_s TPS mfu X peak_mib P
+        loss L (warm-up W s, N M parameters)   (one line)
     skip torch-eager|torch-compile SHAPE MODE: REASON
+P: torch.cuda.max_memory_allocated() in MiB over the run's warm-up and timed steps (the
+caching allocator's peak in use; its statistics reset after the model and optimizer are
+built), n/a on the CPU.
+--checkpoint: every decoder layer under torch.utils.checkpoint.checkpoint(use_reentrant=False)
+(checkpoint_wrapper's non-reentrant checkpointing: the layer's activations are recomputed in
+backward); MODE is then written f32+ckpt, tf32+ckpt, bf16+ckpt. Not with --breakdown.
 and, per shape and mode, the SDPA backend that ran. Runs that would pass --budget-s are
 skipped with the reason. --device cpu runs the tiny shape on the CPU (a check of the script).
 --breakdown: after each eager run's timed steps, --breakdown-steps more with hooks that
@@ -28,6 +35,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 SHAPES = {  # dim, layers, heads, kv heads, ffn, vocab, seq, batch
     "S": (768, 12, 12, 4, 2048, 32000, 1024, 16),
@@ -107,8 +115,9 @@ class Layer(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, dim, layers, heads, kv_heads, ffn, vocab, seq, gqa):
+    def __init__(self, dim, layers, heads, kv_heads, ffn, vocab, seq, gqa, ckpt=False):
         super().__init__()
+        self.ckpt = ckpt
         self.embed_tokens = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList(Layer(dim, heads, kv_heads, ffn, gqa) for _ in range(layers))
         self.norm = RMSNorm(dim)
@@ -128,7 +137,10 @@ class Llama(nn.Module):
         T = ids.shape[1]
         cos, sin = self.cos[:T], self.sin[:T]
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            if self.ckpt:
+                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin)
         logits = self.lm_head(self.norm(x))
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1),
                                ignore_index=-100)
@@ -308,14 +320,16 @@ class Runner:
 
     def one(self, shape, mode, execution):
         """Times one (shape, mode, execution); prints its result or skip line."""
-        a, tag = self.a, f"torch-{execution} {shape} {mode}"
+        a = self.a
+        tag = f"torch-{execution} {shape} {mode}{'+ckpt' if a.checkpoint else ''}"
         if self.left() < (a.min_compile_s if execution == "compile" else 5):
             print(f"skip {tag}: {max(self.left(), 0):.0f} s of the budget left", flush=True)
             return
         set_mode(mode)
         torch.manual_seed(1)
         dim, layers, heads, kv, ffn, vocab, seq, bsz = SHAPES[shape]
-        model = Llama(dim, layers, heads, kv, ffn, vocab, seq, self.gqa).to(self.device)
+        model = Llama(dim, layers, heads, kv, ffn, vocab, seq, self.gqa,
+                      a.checkpoint).to(self.device)
         params = sum(p.numel() for p in model.parameters())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
                                 fused=self.device == "cuda")
@@ -326,6 +340,8 @@ class Runner:
                   f"({'enable_gqa' if self.gqa else 'k, v repeated to the query heads'})",
                   flush=True)
         run = torch.compile(model) if execution == "compile" else model
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         last = 0.0
         for _ in range(a.warmup + (1 if execution == "compile" else 0)):
@@ -341,9 +357,12 @@ class Runner:
         tps = bsz * seq / sec
         peak = a.peaks[MODES.index(mode)]
         mfu = f"{tps * flop_per_token(shape, params) / (peak * 1e12):.4f}" if peak > 0 else "n/a"
+        mib = "n/a"
+        if self.device == "cuda":
+            mib = f"{torch.cuda.max_memory_allocated() / 2**20:.1f}"
         print(f"result {tag} step_ms {1e3 * sec:.2f} tokens_per_s {tps:.1f} mfu {mfu} "
-              f"loss {times[-1][1].item():.4f} (warm-up {warm:.1f} s, {params / 1e6:.1f} M "
-              f"parameters)", flush=True)
+              f"peak_mib {mib} loss {times[-1][1].item():.9g} (warm-up {warm:.1f} s, "
+              f"{params / 1e6:.1f} M parameters)", flush=True)
         if a.breakdown_steps and execution == "eager":
             if last * 2 * a.breakdown_steps > self.left():
                 print(f"skip breakdown {tag}: {max(self.left(), 0):.0f} s of the budget left",
@@ -390,11 +409,16 @@ def main():
                    help="time each part of the eager step after the timed steps")
     p.add_argument("--breakdown-steps", type=int, default=0,
                    help="the steps the breakdown times (default 5; implies --breakdown)")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="checkpoint every decoder layer (non-reentrant); modes written MODE+ckpt")
     a = p.parse_args()
     if a.breakdown and not a.breakdown_steps:
         a.breakdown_steps = 5
     if not 0 <= a.breakdown_steps <= 100:
         p.error(f"--breakdown-steps {a.breakdown_steps}: give 1..100")
+    if a.checkpoint and a.breakdown_steps:
+        p.error("--checkpoint with --breakdown is not supported: the breakdown's hooks would time "
+                "each layer's recompute, which runs in backward, as forward time")
     a.peaks = [float(x) for x in a.peaks.split(",")]
     shapes, modes = a.shapes.split(","), a.modes.split(",")
     executions = a.executions.split(",")
@@ -408,7 +432,8 @@ def main():
     where = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"
     print(f"pytorch {torch.__version__} on {where}: fused AdamW (lr 1e-4, weight decay 0.01), "
           f"{a.warmup} warm-up (+1 for compile) + median of {a.steps} timed steps, "
-          f"budget {a.budget_s:.0f} s", flush=True)
+          f"budget {a.budget_s:.0f} s"
+          f"{', every decoder layer checkpointed' if a.checkpoint else ''}", flush=True)
     # Every eager run, then every compile run, each in the order of --modes then --shapes: by
     # default bf16 first (the goals), then the modes libfsdp has, and the compiles (the slowest
     # to start) last, so a short budget loses the least.

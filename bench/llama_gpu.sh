@@ -2,11 +2,13 @@
 # llama_gpu.sh: the GPU Llama training-step benchmark, libfsdp against PyTorch on the same card
 # in the same run: bench_llama_gpu (libfsdp), then llama_gpu.py (PyTorch eager with SDPA, and
 # torch.compile), on shapes S and M in modes f32, TF32 and bf16, each the median of the timed
-# steps after a warm-up; then one table of ms/step, tokens/s and MFU, and the goals.
+# steps after a warm-up, and each run's peak device memory; then one table of ms/step,
+# tokens/s, MFU and peak MiB, and the goals.
 # bench/README.md, "llama_gpu.sh".
 #
 #   bench/llama_gpu.sh [--dry-run] [--budget-s SEC] [--steps N] [--shapes S,M] [--libfsdp-only]
-#                      [--libfsdp-shapes S] [--modes bf16,tf32,f32] [--breakdown] [BUILD_DIR]
+#                      [--libfsdp-shapes S] [--modes bf16,tf32,f32] [--breakdown | --checkpoint]
+#                      [BUILD_DIR]
 #   bench/llama_gpu.sh --device sim --shapes tiny [BUILD_DIR]   (the plumbing, on no GPU)
 #
 # MFU = tokens/s x (6N + 12 L d T) / peak, N the parameters less the input embedding table,
@@ -20,6 +22,12 @@
 # (default all three, bf16 first); the table shows '-' for the others. --breakdown:
 # bench_llama_gpu and llama_gpu.py (its eager runs) also time each part of the step ('breakdown'
 # lines, printed as they come), and a table per shape and mode puts the two side by side.
+# --checkpoint: both sides checkpoint every decoder layer (libfsdp's fsdp_checkpoint_wrap,
+# PyTorch's non-reentrant torch.utils.checkpoint), the modes written f32+ckpt, tf32+ckpt,
+# bf16+ckpt, and the goals are not judged; not with --breakdown (which would time the recompute
+# as forward). Peak MiB: the caching allocator's most bytes in use over a run's warm-up and timed
+# steps, on both sides (libfsdp's fsdp_device_memory_stats peak_in_use, PyTorch's
+# torch.cuda.max_memory_allocated): parameters, gradients, AdamW's state and activations.
 #
 # Options (defaults in brackets):
 #   --dry-run              print the plan and stop
@@ -31,6 +39,7 @@
 #   --device cuda|sim      [cuda]
 #   --libfsdp-only         do not run PyTorch
 #   --breakdown            the per-part breakdown, both sides
+#   --checkpoint           every decoder layer checkpointed, both sides
 #   BUILD_DIR              the build holding bench/bench_llama_gpu [build]
 #   -h, --help             prints this help
 # Prints the plan, both programs' lines, the table and the goals. Writes no file (its
@@ -40,7 +49,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build budget=900 steps=10 shapes=S,M modes=bf16,tf32,f32 dry=0 device=cuda torch=1 our_shapes=""
-breakdown=()
+breakdown=() checkpoint=()
 usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
 bad() { echo "llama_gpu.sh: $1" >&2 && usage >&2 && exit 2; }
 for arg in "$@"; do case $arg in -h | --help) usage && exit 0 ;; esac; done
@@ -60,6 +69,7 @@ while [ $# -gt 0 ]; do
     --device) device=$2 && shift ;;
     --libfsdp-only) torch=0 ;;
     --breakdown) breakdown=(--breakdown) ;;
+    --checkpoint) checkpoint=(--checkpoint) ;;
     -*) bad "unknown option '$1'" ;;
     *) [ "$build_given" = 0 ] || bad "unexpected argument '$1' (BUILD_DIR is '$build')"
        build=$1 build_given=1 ;;
@@ -74,6 +84,8 @@ our_shapes=${our_shapes:-$shapes}
 [[ "$modes" =~ ^(f32|tf32|bf16)(,(f32|tf32|bf16))*$ ]] ||
     bad "--modes $modes: a list of f32, tf32, bf16 (for example bf16,tf32)"
 case $device in cuda | sim) ;; *) bad "--device $device: cuda or sim" ;; esac
+[ ${#breakdown[@]} -eq 0 ] || [ ${#checkpoint[@]} -eq 0 ] ||
+    bad "--breakdown with --checkpoint is not supported: the breakdown's hooks would time each layer's recompute, which runs in backward, as forward time"
 start=$(date +%s)
 
 # Dense peaks in TFLOP/s of f32, TF32 and bf16 (NVIDIA's data sheets, without sparsity).
@@ -98,6 +110,7 @@ echo "llama_gpu: plan: shapes $shapes (S: dim 768, 12 layers, 12/4 heads, ffn 20
 echo "  T 1024, B 16; M: dim 2048, 16 layers, 32/8 heads, ffn 8192, vocab 128256, T 2048, B 4),"
 if [ "$our_shapes" != "$shapes" ]; then echo "  libfsdp on shapes $our_shapes only (--libfsdp-shapes)"; fi
 if [ ${#breakdown[@]} -gt 0 ]; then echo "  libfsdp's and PyTorch eager's steps broken down by part (--breakdown)"; fi
+if [ ${#checkpoint[@]} -gt 0 ]; then echo "  every decoder layer checkpointed on both sides (--checkpoint: modes MODE+ckpt)"; fi
 echo "  modes $modes; libfsdp (bench_llama_gpu), PyTorch eager with SDPA and"
 echo "  torch.compile (llama_gpu.py); AdamW; median of $steps steps after warm-up; budget $budget s"
 echo "  MFU = tokens/s x (6N + 12 L d T) / peak, N = parameters less the input embedding"
@@ -121,7 +134,8 @@ left() { echo $((budget - ($(date +%s) - start))); }
 ours_budget=$((budget * 2 / 5))
 if [ -x "$build/bench/bench_llama_gpu" ]; then
     timeout -k 5 $((ours_budget + 30)) "$build/bench/bench_llama_gpu" --device "$device" --shapes "$our_shapes" \
-        --modes "$modes" --steps "$steps" --budget-s "$ours_budget" --peaks "$peaks" "${breakdown[@]}" |
+        --modes "$modes" --steps "$steps" --budget-s "$ours_budget" --peaks "$peaks" \
+        "${breakdown[@]}" "${checkpoint[@]}" |
         tee "$out/ours" ||
         echo "llama_gpu: bench_llama_gpu exit status $? (figures above, if any, stand)"
 else
@@ -141,33 +155,43 @@ elif [ "$theirs_budget" -lt 20 ]; then
 else
     timeout -k 5 $((theirs_budget + 40)) python3 "$here/llama_gpu.py" --shapes "$shapes" \
         --modes "$modes" --steps "$steps" --budget-s "$theirs_budget" --peaks "$peaks" --device "$pydev" \
-        "${breakdown[@]}" |
+        "${breakdown[@]}" "${checkpoint[@]}" |
         tee "$out/theirs" ||
         echo "llama_gpu: llama_gpu.py exit status $? (figures above, if any, stand)"
 fi
 
 # ---- the table: one row per shape and mode ----
+sfx="" # the modes' suffix in the result lines
+if [ ${#checkpoint[@]} -gt 0 ]; then sfx=+ckpt; fi
 echo
-echo "== llama_gpu on $gpu (ms/step, tokens/s, MFU; eager/libfsdp above 1: libfsdp faster)"
-cat "$out/ours" "$out/theirs" | awk -v shapes="$shapes" '
-    $1 == "result" { k = $2 " " $3 " " $4; ms[k] = $6; tps[k] = $8; mfu[k] = $10 }
+echo "== llama_gpu on $gpu (ms/step, tokens/s, MFU, peak MiB; eager/libfsdp above 1: libfsdp faster)"
+cat "$out/ours" "$out/theirs" | awk -v shapes="$shapes" -v sfx="$sfx" '
+    $1 == "result" {
+        k = $2 " " $3 " " $4; ms[k] = $6; tps[k] = $8; mfu[k] = $10
+        mib[k] = $11 == "peak_mib" ? $12 : "-"
+    }
     function cell(k) {
-        if (!(k in ms)) return sprintf("%24s", "-")
-        return sprintf("%8.1f %9.0f %5s", ms[k], tps[k], mfu[k])
+        if (!(k in ms)) return sprintf("%33s", "-")
+        return sprintf("%8.1f %9.0f %6s %8s", ms[k], tps[k], mfu[k], mib[k])
     }
     END {
-        printf "%-5s %-5s %24s %24s %24s %14s\n", "shape", "mode", "libfsdp", "torch eager",
+        printf "%-5s %-9s %33s %33s %33s %14s\n", "shape", "mode", "libfsdp", "torch eager",
             "torch compile", "eager/libfsdp"
         n = split(shapes, sh, ",")
         split("f32 tf32 bf16", md, " ")
         for (i = 1; i <= n; i++) {
             for (j = 1; j <= 3; j++) {
-                o = "libfsdp " sh[i] " " md[j]; e = "torch-eager " sh[i] " " md[j]
+                m = md[j] sfx
+                o = "libfsdp " sh[i] " " m; e = "torch-eager " sh[i] " " m
                 r = "-"
                 if ((o in ms) && (e in ms)) r = sprintf("%.3f", ms[e] / ms[o])
-                printf "%-5s %-5s %s %s %s %14s\n", sh[i], md[j], cell(o), cell(e),
-                    cell("torch-compile " sh[i] " " md[j]), r
+                printf "%-5s %-9s %s %s %s %14s\n", sh[i], m, cell(o), cell(e),
+                    cell("torch-compile " sh[i] " " m), r
             }
+        }
+        if (sfx != "") {
+            print "goals not judged: the steps are checkpointed (--checkpoint)"
+            exit
         }
         # The goals (bench/README.md): bf16 at S faster than eager and MFU >= 0.40; M >= 0.45.
         for (i = 1; i <= n; i++) {

@@ -352,9 +352,13 @@ phase_bench_fsdp() {
 # threads; what does not fit the budget is skipped with the reason), in the goals' mode, bf16,
 # only: the f32 and TF32 figures are on record (bench/README.md), and the phase's minutes go to
 # M and the breakdowns (GPU_SESSION_LLAMA_MODES, e.g. bf16,tf32,f32, times more). --breakdown:
-# libfsdp's step per part (its 'breakdown' lines are in the log, not the note).
+# libfsdp's step per part (its 'breakdown' lines are in the log, not the note). Then, only when
+# at least LLAMA_CKPT_MIN s of the phase are left, S bf16 again with every decoder layer
+# checkpointed (--checkpoint, both sides, within what is left): its step time and peak memory
+# against the plain run's (the figures in the note have each run's peak MiB).
+LLAMA_CKPT_MIN=90
 phase_bench_llama() {
-    local log rc=0
+    local log rc=0 limit=${GPU_SESSION_LIMIT:-200} start=$SECONDS
     log=$(own_log)
     # libfsdp on the library's defaults (auto attention: the tiled kernels in f32 and TF32,
     # cuDNN's in bf16; GEMMs on cuBLASLt); GPU_SESSION_ATTENTION / GPU_SESSION_GEMM choose
@@ -363,20 +367,36 @@ phase_bench_llama() {
     local modes=${GPU_SESSION_LLAMA_MODES:-bf16}
     echo "+ FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm"
     FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm run bash "$repo/bench/llama_gpu.sh" \
-        --budget-s $((${GPU_SESSION_LIMIT:-200} - 10)) --libfsdp-shapes S,M --modes "$modes" \
+        --budget-s $((limit - 10)) --libfsdp-shapes S,M --modes "$modes" \
         --breakdown "$build" || rc=$?
     if [ "$rc" -ne 0 ]; then
         result fail "bench/llama_gpu.sh exit status $rc (attention $attention, gemm $gemm)"
         return 0
     fi
-    # Each figure: who, shape, mode, ms/step and MFU; then the goals' verdicts.
+    local left=$((limit - (SECONDS - start) - 10)) ckpt
+    if [ "$left" -ge "$LLAMA_CKPT_MIN" ]; then
+        FSDP_CUDA_ATTENTION=$attention FSDP_CUDA_GEMM=$gemm run bash "$repo/bench/llama_gpu.sh" \
+            --budget-s "$left" --shapes S --modes bf16 --checkpoint "$build" || rc=$?
+        ckpt="checkpointed S bf16 run (budget $left s)"
+        if [ "$rc" -ne 0 ]; then
+            result fail "bench/llama_gpu.sh --checkpoint exit status $rc (attention $attention, gemm $gemm)"
+            return 0
+        fi
+    else
+        ckpt="S bf16 --checkpoint not run: $left s of the phase left, under $LLAMA_CKPT_MIN"
+    fi
+    echo "bench-llama: $ckpt"
+    # Each figure: who, shape, mode, ms/step, MFU and peak MiB; then the goals' verdicts.
     local figures goals
-    figures=$(awk '$1 == "result" {printf "%s%s %s %s %s ms mfu %s", s, $2, $3, $4, $6, $10; s = "; "}' "$log")
+    figures=$(awk '$1 == "result" {
+        printf "%s%s %s %s %s ms mfu %s%s", s, $2, $3, $4, $6, $10, $11 == "peak_mib" ? " " $12 " MiB" : ""
+        s = "; "
+    }' "$log")
     goals=$(grep '^goal ' "$log" | paste -sd';' -) || true
     if [ -z "$figures" ]; then
         result fail "no figure: $(grep -m1 -E 'skipped|not importable|exit status' "$log" || echo 'see bench-llama.log')"
     else
-        result ok "attention $attention, gemm $gemm: $figures${goals:+ | $goals}"
+        result ok "attention $attention, gemm $gemm: $figures${goals:+ | $goals} | $ckpt"
     fi
 }
 

@@ -5,9 +5,12 @@
 # simulated GPU and its figure reaches the table; with --breakdown every part's line and the
 # total come out per mode, the shares sum to 1 and the parts stay within the step, and the
 # breakdown's steps give the same losses as plain steps, bitwise, and the same launches and host
-# waits (one a step) as a timed step, its parts' launches adding up; a bad option exits 2. Where
-# torch is importable, llama_gpu.py runs the tiny shape on the CPU and prints its result line,
-# and with --breakdown its eager parts pass the same checks and meet libfsdp's in one table.
+# waits (one a step) as a timed step, its parts' launches adding up; --checkpoint reaches
+# bench_llama_gpu (MODE+ckpt lines and table rows), whose checkpointed steps give the plain
+# steps' losses bitwise with a lower peak of device memory; --checkpoint with --breakdown and a
+# bad option exit 2. Where torch is importable, llama_gpu.py runs the tiny shape on the CPU
+# with --checkpoint and prints its result line, its loss the plain run's bitwise, and with
+# --breakdown its eager parts pass the same checks and meet libfsdp's in one table.
 # Usage: tests/llama_gpu_dry_run.sh SCRIPT BUILD_DIR
 set -euo pipefail
 script=$1 build=$2
@@ -37,22 +40,34 @@ rc=0
 bash "$script" --device sim --shapes tiny --libfsdp-only --budget-s 120 "$build" >"$tmp/out" 2>&1 ||
     rc=$?
 [ "$rc" -eq 0 ] || fail "--device sim exited $rc, want 0"
-grep -qE '^result libfsdp tiny f32 step_ms [0-9.]+ tokens_per_s [0-9.]+ mfu n/a loss [0-9.]+$' \
+grep -qE '^result libfsdp tiny f32 step_ms [0-9.]+ tokens_per_s [0-9.]+ mfu n/a peak_mib [0-9.]+ loss [0-9.]+$' \
     "$tmp/out" || fail "no result line of libfsdp tiny f32"
-grep -qE '^tiny +f32 +[0-9.]+ +[0-9]+ +n/a +-' "$tmp/out" || fail "no table row with libfsdp's figure"
-grep -qE '^result libfsdp tiny bf16 step_ms [0-9.]+ tokens_per_s [0-9.]+ mfu n/a loss [0-9.]+$' \
+grep -qE '^tiny +f32 +[0-9.]+ +[0-9]+ +n/a +[0-9.]+ +-' "$tmp/out" ||
+    fail "no table row with libfsdp's figure and peak"
+grep -qE '^result libfsdp tiny bf16 step_ms [0-9.]+ tokens_per_s [0-9.]+ mfu n/a peak_mib [0-9.]+ loss [0-9.]+$' \
     "$tmp/out" || fail "no result line of libfsdp tiny bf16 (the bf16 compute policy)"
 expect "skip libfsdp tiny tf32: TF32 is a CUDA tensor-core mode"
 expect "goal tiny bf16: faster than eager SDPA: no eager figure; MFU n/a (goal 0.40)"
 
-# --modes reaches bench_llama_gpu: bf16 alone times no f32 step; a mode it does not know fails.
+# --modes and --checkpoint reach bench_llama_gpu: bf16 alone times no f32 step, checkpointed
+# (bf16+ckpt in its lines and the table, the goals left unjudged); a mode it does not know fails,
+# and so does --checkpoint with --breakdown.
 rc=0
-bash "$script" --device sim --shapes tiny --libfsdp-only --modes bf16 --budget-s 120 "$build" \
-    >"$tmp/out" 2>&1 || rc=$?
-[ "$rc" -eq 0 ] || fail "--modes bf16 on sim exited $rc, want 0"
+bash "$script" --device sim --shapes tiny --libfsdp-only --modes bf16 --checkpoint --budget-s 120 \
+    "$build" >"$tmp/out" 2>&1 || rc=$?
+[ "$rc" -eq 0 ] || fail "--modes bf16 --checkpoint on sim exited $rc, want 0"
 expect "modes bf16;"
-grep -qE '^result libfsdp tiny bf16 step_ms ' "$tmp/out" || fail "--modes bf16: no bf16 result"
-grep -qE '^result libfsdp tiny f32 ' "$tmp/out" && fail "--modes bf16 timed f32"
+expect "every decoder layer checkpointed on both sides (--checkpoint: modes MODE+ckpt)"
+grep -qE '^result libfsdp tiny bf16\+ckpt step_ms [0-9.]+ tokens_per_s [0-9.]+ mfu n/a peak_mib [0-9.]+ loss [0-9.]+$' \
+    "$tmp/out" || fail "--modes bf16 --checkpoint: no bf16+ckpt result"
+grep -qE '^tiny +bf16\+ckpt +[0-9.]+ +[0-9]+ +n/a +[0-9.]+ +-' "$tmp/out" ||
+    fail "no table row of bf16+ckpt with libfsdp's figure"
+grep -qE '^result libfsdp tiny f32' "$tmp/out" && fail "--modes bf16 timed f32"
+expect "goals not judged: the steps are checkpointed (--checkpoint)"
+rc=0
+bash "$script" --device sim --checkpoint --breakdown "$build" >"$tmp/out" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || fail "--checkpoint --breakdown exited $rc, want 2"
+expect "--breakdown with --checkpoint is not supported"
 rc=0
 bash "$script" --dry-run --modes bf16,fp8 "$build" >"$tmp/out" 2>&1 || rc=$?
 [ "$rc" -eq 2 ] || fail "--modes bf16,fp8 exited $rc, want 2"
@@ -139,6 +154,27 @@ awk '$1 == "result" { print $4, $NF }' "$tmp/out" >"$tmp/plain"
 cmp -s "$tmp/hooked" "$tmp/plain" ||
     fail "losses with the breakdown's hooks ($(paste -sd' ' "$tmp/hooked")) differ from plain steps' ($(paste -sd' ' "$tmp/plain"))"
 
+# Activation checkpointing: the recompute replays each layer's forward, so the same steps give
+# the same losses, bitwise; and the layers' activations are freed between forward and backward,
+# so the peak of the device allocator (sim's counts blocks as CUDA's does) is lower, per mode.
+mv "$tmp/out" "$tmp/plain_out"
+"$bench" --device sim --shapes tiny --modes f32,bf16 --warmup 1 --steps 6 --checkpoint \
+    >"$tmp/out" 2>&1 || fail "bench_llama_gpu --checkpoint exited $?"
+awk '$1 == "result" { sub(/\+ckpt$/, "", $4); print $4, $NF }' "$tmp/out" >"$tmp/ckpt"
+[ "$(wc -l <"$tmp/ckpt")" -eq 2 ] || fail "--checkpoint: want 2 result lines (f32+ckpt, bf16+ckpt)"
+cmp -s "$tmp/ckpt" "$tmp/plain" ||
+    fail "checkpointed losses ($(paste -sd' ' "$tmp/ckpt")) differ from plain steps' ($(paste -sd' ' "$tmp/plain"))"
+awk '$1 == "result" && $11 == "peak_mib" {
+        m = $4; c = sub(/\+ckpt$/, "", m); peak[m, c] = $12
+    }
+    END {
+        for (i = split("f32 bf16", md, " "); i > 0; i--) {
+            p = peak[md[i], 0]; q = peak[md[i], 1]
+            if (p == "" || q == "") { printf "no peak of %s\n", md[i]; exit 1 }
+            if (!(q + 0 < p + 0)) { printf "%s: checkpointed %s MiB, plain %s MiB\n", md[i], q, p; exit 1 }
+        }
+    }' "$tmp/plain_out" "$tmp/out" >"$tmp/why" || fail "checkpointed peak not below plain: $(cat "$tmp/why")"
+
 rc=0
 bash "$script" --steps 3 "$build" >"$tmp/out" 2>&1 || rc=$?
 [ "$rc" -eq 2 ] || fail "--steps 3 exited $rc, want 2 (the median needs 10)"
@@ -147,11 +183,12 @@ expect "the median needs at least 10 steps"
 if python3 -c 'import torch' 2>/dev/null; then
     rc=0
     python3 "$here/llama_gpu.py" --device cpu --shapes tiny --modes f32 --executions eager \
-        --budget-s 120 >"$tmp/out" 2>&1 || rc=$?
-    [ "$rc" -eq 0 ] || fail "llama_gpu.py on the CPU exited $rc"
-    grep -qE '^result torch-eager tiny f32 step_ms [0-9.]+ tokens_per_s [0-9.]+ mfu n/a' "$tmp/out" ||
-        fail "no result line of llama_gpu.py"
+        --checkpoint --budget-s 120 >"$tmp/out" 2>&1 || rc=$?
+    [ "$rc" -eq 0 ] || fail "llama_gpu.py --checkpoint on the CPU exited $rc"
+    grep -qE '^result torch-eager tiny f32\+ckpt step_ms [0-9.]+ tokens_per_s [0-9.]+ mfu n/a peak_mib n/a loss [0-9.]+ ' \
+        "$tmp/out" || fail "no result line of llama_gpu.py --checkpoint"
     expect "sdpa tiny f32: aten::_scaled_dot_product"
+    ckpt_loss=$(awk '$1 == "result" { print $14 }' "$tmp/out")
     # --breakdown: PyTorch eager's parts as libfsdp's, and the two side by side in one table.
     # The modes checked below, f32 and bf16: TF32 (on the CPU PyTorch's f32 path, and skipped
     # by libfsdp on sim) would add only its eager and torch.compile runs, unchecked.
@@ -159,13 +196,18 @@ if python3 -c 'import torch' 2>/dev/null; then
     bash "$script" --device sim --shapes tiny --modes bf16,f32 --breakdown --budget-s 150 "$build" \
         >"$tmp/out" 2>&1 || rc=$?
     [ "$rc" -eq 0 ] || fail "--device sim --breakdown with torch exited $rc"
+    # The same 12 steps (2 warm-up, 10 timed) of a fresh model: checkpointed, the same loss.
+    loss=$(awk '$1 == "result" && $2 == "torch-eager" && $4 == "f32" { print $14 }' "$tmp/out")
+    if [ -z "$loss" ] || [ "$loss" != "$ckpt_loss" ]; then
+        fail "llama_gpu.py f32 loss ${loss:-missing}, with --checkpoint $ckpt_loss"
+    fi
     for mode in f32 bf16; do
         check_breakdown torch-eager "$mode"
         expect "== breakdown tiny $mode (fwd + bwd ms per step, synchronised at every hook)"
     done
     grep -qE "^attn_core +$num +$num +[-+]$num\$" "$tmp/out" || fail "no attn_core row in the side-by-side table"
-    echo "llama_gpu_dry_run: llama_gpu.py ran the tiny shape on the CPU, with its breakdown"
+    echo "llama_gpu_dry_run: llama_gpu.py ran the tiny shape on the CPU, checkpointed and with its breakdown"
 else
     echo "llama_gpu_dry_run: torch is not importable here: llama_gpu.py not run"
 fi
-echo "llama_gpu_dry_run: dry run, no-GPU skip, sim figure, breakdown and option check passed"
+echo "llama_gpu_dry_run: dry run, no-GPU skip, sim figure, checkpoint, breakdown and option check passed"
