@@ -599,6 +599,75 @@ static void test_buffers_grow_unzeroed(void) {
     fsdp_tensor_free(xh), fsdp_tensor_free(dyh);
 }
 
+/* A model that ran on the CPU, moved to sim:0 and back: its layers' buffers (outputs, saved
+ * activations, gradients' scratch) follow it to each device, so each pass gives the bits of a
+ * model that never moved. */
+static void test_buffers_follow_a_move(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    const fsdp_device sim0 = {FSDP_DEVICE_SIM, 0};
+    fsdp_tensor *xh = fsdp_test_random(2, (int64_t[]){8, 10}, -1, 1, 35);
+    fsdp_tensor *dyh = fsdp_test_random(2, (int64_t[]){8, 10}, -1, 1, 36);
+    fsdp_module *moved = NULL, *still = NULL;
+    FSDP_TEST_OK(fsdp_model_mlp_stacked(ctx, 2, &moved));
+    FSDP_TEST_OK(fsdp_model_mlp_stacked(ctx, 2, &still));
+    static float y_want[80], dx_want[80], y[80], dx[80];
+    int64_t differ = 0;
+    const fsdp_device route[] = {FSDP_CPU, sim0, FSDP_CPU, sim0};
+    for (int i = 0; i < 4; i++) {
+        FSDP_TEST_OK(fsdp_module_to(ctx, moved, route[i]));
+        mlp_pass(moved, route[i], xh, dyh, 8, y, dx);
+        mlp_pass(still, FSDP_CPU, xh, dyh, 8, y_want, dx_want); // the gradients accumulate alike
+        for (int k = 0; k < 80; k++)
+            differ += memcmp(&y[k], &y_want[k], 4) != 0 || memcmp(&dx[k], &dx_want[k], 4) != 0;
+    }
+    printf("\n    cpu -> sim -> cpu -> sim: %lld of 640 elements differ from a model that stayed",
+           (long long)differ);
+    CU_ASSERT_EQUAL(differ, 0);
+    fsdp_module_free(moved), fsdp_module_free(still);
+    fsdp_tensor_free(xh), fsdp_tensor_free(dyh);
+}
+
+/* The same for a small Llama under the bf16 policy (its RoPE tables, attention and bf16
+ * copies included): the logits of a model moved cpu -> sim -> cpu are a stayed model's bits. */
+static void test_llama_follows_a_move(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    const fsdp_device sim0 = {FSDP_DEVICE_SIM, 0};
+    fsdp_llama_config cfg = {.dim = 16,
+                             .n_layers = 2,
+                             .n_heads = 4,
+                             .n_kv_heads = 2,
+                             .vocab_size = 32,
+                             .ffn_hidden = 24,
+                             .max_seq_len = 8,
+                             .compute_dtype = FSDP_DTYPE_BF16};
+    fsdp_module *moved = NULL, *still = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &moved));
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &still));
+    fsdp_tensor *ids = NULL, *ids_dev = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){2, 8}, &ids));
+    for (int i = 0; i < 16; i++) ((int32_t *)fsdp_tensor_data(ids))[i] = (i * 7 + 3) % 32;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, sim0, 2, (int64_t[]){2, 8}, &ids_dev));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, ids_dev, ids));
+    static float want[2 * 8 * 32], got[2 * 8 * 32];
+    const fsdp_tensor *logits = NULL;
+    FSDP_TEST_OK(fsdp_module_forward(ctx, still, ids, &logits));
+    to_host(want, logits, 2 * 8 * 32);
+    int64_t differ = 0;
+    const fsdp_device route[] = {FSDP_CPU, sim0, FSDP_CPU, sim0};
+    for (int i = 0; i < 4; i++) {
+        FSDP_TEST_OK(fsdp_module_to(ctx, moved, route[i]));
+        FSDP_TEST_OK(fsdp_module_forward(ctx, moved, route[i].type ? ids_dev : ids, &logits));
+        to_host(got, logits, 2 * 8 * 32);
+        for (int k = 0; k < 2 * 8 * 32; k++) differ += memcmp(&got[k], &want[k], 4) != 0;
+    }
+    printf("\n    Llama cpu -> sim -> cpu -> sim: %lld of 2048 logits differ from a model that "
+           "stayed",
+           (long long)differ);
+    CU_ASSERT_EQUAL(differ, 0);
+    fsdp_module_free(moved), fsdp_module_free(still);
+    fsdp_tensor_free(ids), fsdp_tensor_free(ids_dev);
+}
+
 /* Initialisation depends on (seed, fully qualified name) only. */
 static void test_init_is_layout_independent(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
@@ -835,6 +904,8 @@ int main(int argc, char **argv) {
         {"frozen_norm_weight", test_frozen_norm_weight},
         {"buffers_reused_across_steps", test_buffers_reused_across_steps},
         {"buffers_grow_unzeroed", test_buffers_grow_unzeroed},
+        {"buffers_follow_a_move", test_buffers_follow_a_move},
+        {"llama_follows_a_move", test_llama_follows_a_move},
         {"linear_fused_bitwise", test_linear_fused_bitwise},
         {"init_is_layout_independent", test_init_is_layout_independent},
         {"builders_fill_once", test_builders_fill_once},

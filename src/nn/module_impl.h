@@ -94,7 +94,8 @@ struct fsdp_module {
     int n_input_readers;
 };
 
-/* Makes *t a tensor of the given shape on `device`, reusing its storage when large enough:
+/* Makes *t a tensor of the given shape on `device`, reusing its storage when large enough
+ * and on that device (a buffer left on another one by fsdp_module_to gets new storage there):
  * the way layers keep activation buffers without allocating in steady state. Its elements are
  * unspecified (what the last forward left, or new memory not zeroed: fsdp_tensor_create_uninit,
  * a NaN pattern on sim), so a layer writes every element before it reads any, or fills it. */
