@@ -5,6 +5,7 @@
  * groups that interleave, Adam and AdamW, amsgrad on and off, maximize, weight decay, four
  * steps; each step's parameters and every state compared, and on a GPU kind the launches of a
  * step counted: one per chunk of each run. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -161,6 +162,56 @@ static void run_case(fsdp_device dev, bool adamw, bool amsgrad, bool maximize) {
     for (int k = 0; k < 2; k++) fsdp_optimizer_free(opt[k]), fsdp_module_free(m[k]);
 }
 
+/* An optimizer made (and stepped once) while the model was on the CPU, the model then moved
+ * to dev: its state follows the parameters at the next step, values kept, and the three steps
+ * after the move give the bits of a model that stayed on the CPU (on a GPU within 1e-6: each
+ * step moves a parameter by at most lr (1 + weight_decay) = 1.05e-3, and a GPU's fused
+ * multiply-adds may round that update differently by some 1e-7 of it); every state ends on
+ * dev. */
+static void test_state_follows_a_move(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_device dev = fsdp_test_device();
+    fsdp_module *m[2] = {make_model(FSDP_CPU), make_model(FSDP_CPU)}; /* [0] moves */
+    fsdp_adam_options o = {.lr = 1e-3, .weight_decay = 0.05, .amsgrad = true};
+    fsdp_optimizer *opt[2];
+    for (int k = 0; k < 2; k++) FSDP_TEST_OK(fsdp_adamw_create(ctx, m[k], &o, &opt[k]));
+    bool exact = dev.type != FSDP_DEVICE_CUDA;
+    double worst = 0;
+    int64_t bad = 0;
+    for (int step = 1; step <= STEPS; step++) {
+        if (step == 2) FSDP_TEST_OK(fsdp_module_to(ctx, m[0], dev));
+        for (int k = 0; k < 2; k++) {
+            set_grads(m[k], step, false);
+            FSDP_TEST_OK(fsdp_optimizer_step(ctx, opt[k]));
+        }
+    }
+    for (int i = 0; i < PARAMS; i++) {
+        static float x[PARAMS * 17 + 8], y[PARAMS * 17 + 8];
+        const fsdp_tensor *a = fsdp_param_data(fsdp_module_param(m[0], i));
+        to_host(a, x), to_host(fsdp_param_data(fsdp_module_param(m[1], i)), y);
+        for (int64_t j = 0; j < fsdp_tensor_numel(a); j++) {
+            double d = fabs((double)x[j] - y[j]);
+            worst = d > worst ? d : worst;
+            bad += exact ? memcmp(&x[j], &y[j], 4) != 0 : !(d <= 1e-6);
+        }
+    }
+    int on_dev = 0, n_states = fsdp_optimizer_num_states(opt[0]);
+    for (int s = 0; s < n_states; s++) {
+        fsdp_optim_state a, b;
+        FSDP_TEST_OK(fsdp_optimizer_get_state(ctx, opt[0], s, &a));
+        FSDP_TEST_OK(fsdp_optimizer_get_state(ctx, opt[1], s, &b));
+        fsdp_device at = fsdp_tensor_device(a.value);
+        on_dev += at.type == dev.type && at.index == dev.index;
+        if (exact) bad += differ(a.value, b.value);
+    }
+    printf("\n    AdamW amsgrad, moved to %s:%d after step 1: %lld elements unlike the model that "
+           "stayed (largest parameter difference %.3g); %d of %d states on the device",
+           fsdp_device_to_string(dev), dev.index, (long long)bad, worst, on_dev, n_states);
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT_EQUAL(on_dev, n_states);
+    for (int k = 0; k < 2; k++) fsdp_optimizer_free(opt[k]), fsdp_module_free(m[k]);
+}
+
 static void run_all(fsdp_device dev) {
     run_case(dev, false, false, false);
     run_case(dev, false, true, true);
@@ -177,6 +228,8 @@ static void test_device(void) {
 }
 
 int main(int argc, char **argv) {
-    static const fsdp_test_case cases[] = {{"cpu", test_cpu}, {"device", test_device}};
+    static const fsdp_test_case cases[] = {{"cpu", test_cpu},
+                                           {"device", test_device},
+                                           {"state_follows_a_move", test_state_follows_a_move}};
     return fsdp_test_run(argc, argv, "optim_multi", cases, sizeof cases / sizeof cases[0]);
 }

@@ -13,8 +13,9 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "dp/flat.h"         // defines: fsdp_flat_low_copy, fsdp_flat_low_copy_written
-#include "kernels/kernels.h" // defines: fsdp_kernels_cpu
+#include "core/tensor_impl.h" // defines: fsdp_tensor_move
+#include "dp/flat.h"          // defines: fsdp_flat_low_copy, fsdp_flat_low_copy_written
+#include "kernels/kernels.h"  // defines: fsdp_kernels_cpu
 #include "nn/nn.h"
 #include "optim/update.h"
 
@@ -341,12 +342,21 @@ typedef struct slot_arrays {
     int64_t n;
 } slot_arrays;
 
+static bool same_device(fsdp_device a, fsdp_device b) {
+    return a.type == b.type && a.index == b.index;
+}
+
 static fsdp_status slot_check(fsdp_ctx *ctx, const optim_slot *s, slot_arrays *a) {
-    *a = (slot_arrays){.n = fsdp_tensor_numel(fsdp_param_data(s->param))};
+    *a = (slot_arrays){.n = fsdp_tensor_numel(fsdp_param_data(s->param)),
+                       .dev = fsdp_tensor_device(fsdp_param_data(s->param))};
+    /* The state follows its parameter (made before fsdp_module_to moved the model): moved
+     * with its values, once, as the parameter was. */
+    for (int k = 0; k < s->n_state; k++)
+        if (!same_device(fsdp_tensor_device(s->state[k]), a->dev))
+            FSDP_TRY_AT(ctx, fsdp_tensor_move(ctx, s->state[k], a->dev));
     if (a->n == 0) return FSDP_OK;
     a->p = fsdp_tensor_f32(fsdp_param_data(s->param));
     a->g = fsdp_tensor_f32(fsdp_param_grad(s->param));
-    a->dev = fsdp_tensor_device(fsdp_param_data(s->param));
     if (!a->p || !a->g)
         return FSDP_FAIL(ctx, FSDP_ERR_UNSUPPORTED, "optimizer: parameter '%s' must be f32",
                          s->name);
@@ -411,10 +421,6 @@ static _Atomic bool per_tensor; /* fsdp_optimizer_test_per_tensor */
 
 void fsdp_optimizer_test_per_tensor(bool on) {
     per_tensor = on;
-}
-
-static bool same_device(fsdp_device a, fsdp_device b) {
-    return a.type == b.type && a.index == b.index;
 }
 
 /* The pending run of Adam slots (opt->batch[0 .. n), one device and group) in one call. */
