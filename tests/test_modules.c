@@ -627,8 +627,33 @@ static void test_buffers_follow_a_move(void) {
     fsdp_tensor_free(xh), fsdp_tensor_free(dyh);
 }
 
-/* The same for a small Llama under the bf16 policy (its RoPE tables, attention and bf16
- * copies included): the logits of a model moved cpu -> sim -> cpu are a stayed model's bits. */
+/* One AdamW training step of a Llama on its current device (tokens and targets from the
+ * host): the loss. */
+static float llama_step(fsdp_module *m, fsdp_optimizer *opt, fsdp_device dev) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_tensor *ids = NULL, *dlogits = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, dev, 2, (int64_t[]){2, 8}, &ids));
+    int32_t host[16], targets[16];
+    for (int i = 0; i < 16; i++) host[i] = (i * 7 + 3) % 32, targets[i] = (i * 5 + 1) % 32;
+    fsdp_tensor *h = NULL;
+    FSDP_TEST_OK(
+        fsdp_tensor_from_blob(ctx, host, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){2, 8}, &h));
+    FSDP_TEST_OK(fsdp_tensor_copy(ctx, ids, h));
+    const fsdp_tensor *logits = NULL;
+    float loss = NAN;
+    FSDP_TEST_OK(fsdp_optimizer_zero_grad(ctx, opt));
+    FSDP_TEST_OK(fsdp_module_forward(ctx, m, ids, &logits));
+    FSDP_TEST_OK(fsdp_tensor_create_like(ctx, logits, &dlogits));
+    FSDP_TEST_OK(fsdp_loss_cross_entropy_ignore(ctx, logits, targets, -100, &loss, dlogits));
+    FSDP_TEST_OK(fsdp_module_backward(ctx, m, dlogits, NULL));
+    FSDP_TEST_OK(fsdp_optimizer_step(ctx, opt));
+    fsdp_tensor_free(ids), fsdp_tensor_free(h), fsdp_tensor_free(dlogits);
+    return loss;
+}
+
+/* The same for a small Llama under the bf16 policy with bf16 logits (RoPE tables, attention,
+ * the weights' bf16 mirrors, the loss) and its AdamW, made on the CPU: trained a step at a
+ * time on cpu, sim:0, cpu, sim:0, its losses are the bits of a model that stayed. */
 static void test_llama_follows_a_move(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     const fsdp_device sim0 = {FSDP_DEVICE_SIM, 0};
@@ -639,33 +664,26 @@ static void test_llama_follows_a_move(void) {
                              .vocab_size = 32,
                              .ffn_hidden = 24,
                              .max_seq_len = 8,
-                             .compute_dtype = FSDP_DTYPE_BF16};
-    fsdp_module *moved = NULL, *still = NULL;
-    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &moved));
-    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &still));
-    fsdp_tensor *ids = NULL, *ids_dev = NULL;
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){2, 8}, &ids));
-    for (int i = 0; i < 16; i++) ((int32_t *)fsdp_tensor_data(ids))[i] = (i * 7 + 3) % 32;
-    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, sim0, 2, (int64_t[]){2, 8}, &ids_dev));
-    FSDP_TEST_OK(fsdp_tensor_copy(ctx, ids_dev, ids));
-    static float want[2 * 8 * 32], got[2 * 8 * 32];
-    const fsdp_tensor *logits = NULL;
-    FSDP_TEST_OK(fsdp_module_forward(ctx, still, ids, &logits));
-    to_host(want, logits, 2 * 8 * 32);
-    int64_t differ = 0;
-    const fsdp_device route[] = {FSDP_CPU, sim0, FSDP_CPU, sim0};
-    for (int i = 0; i < 4; i++) {
-        FSDP_TEST_OK(fsdp_module_to(ctx, moved, route[i]));
-        FSDP_TEST_OK(fsdp_module_forward(ctx, moved, route[i].type ? ids_dev : ids, &logits));
-        to_host(got, logits, 2 * 8 * 32);
-        for (int k = 0; k < 2 * 8 * 32; k++) differ += memcmp(&got[k], &want[k], 4) != 0;
+                             .compute_dtype = FSDP_DTYPE_BF16,
+                             .logits_dtype = FSDP_DTYPE_BF16};
+    fsdp_module *m[2] = {NULL, NULL}; /* [0] moves */
+    fsdp_optimizer *opt[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m[k]));
+        FSDP_TEST_OK(fsdp_adamw_create(ctx, m[k], &(fsdp_adam_options){.lr = 1e-2}, &opt[k]));
     }
-    printf("\n    Llama cpu -> sim -> cpu -> sim: %lld of 2048 logits differ from a model that "
-           "stayed",
-           (long long)differ);
+    const fsdp_device route[] = {FSDP_CPU, sim0, FSDP_CPU, sim0};
+    int differ = 0;
+    for (int i = 0; i < 4; i++) {
+        FSDP_TEST_OK(fsdp_module_to(ctx, m[0], route[i]));
+        float moved = llama_step(m[0], opt[0], route[i]);
+        float stayed = llama_step(m[1], opt[1], FSDP_CPU);
+        printf("\n    step %d on %s:%d: loss %.9g, the model that stayed %.9g", i + 1,
+               fsdp_device_to_string(route[i]), route[i].index, moved, stayed);
+        differ += memcmp(&moved, &stayed, sizeof moved) != 0;
+    }
     CU_ASSERT_EQUAL(differ, 0);
-    fsdp_module_free(moved), fsdp_module_free(still);
-    fsdp_tensor_free(ids), fsdp_tensor_free(ids_dev);
+    for (int k = 0; k < 2; k++) fsdp_optimizer_free(opt[k]), fsdp_module_free(m[k]);
 }
 
 /* Initialisation depends on (seed, fully qualified name) only. */
