@@ -307,12 +307,13 @@ REGIONS = ["parallelize", "forward", "post", "backward", "optim"]
 
 
 def main():
-    outdir = tempfile.mkdtemp(prefix="tp_comm_")
-    mp.spawn(worker, args=(free_port(), outdir), nprocs=WORLD, join=True)
-    R = []
-    for r in range(WORLD):
-        with open(os.path.join(outdir, f"rank{r}.json")) as f:
-            R.append(json.load(f))
+    # The ranks' results pass through a folder removed at the end, also when a rank fails.
+    with tempfile.TemporaryDirectory(prefix="tp_comm_") as outdir:
+        mp.spawn(worker, args=(free_port(), outdir), nprocs=WORLD, join=True)
+        R = []
+        for r in range(WORLD):
+            with open(os.path.join(outdir, f"rank{r}.json")) as f:
+                R.append(json.load(f))
     ok_all = True
     print(f"{'test':40s} {'region':11s} {'op':28s} count")
     for name in TESTS:
