@@ -3,8 +3,10 @@
  * writing and reading back the same number of raw bytes with write/fsync and read. Prints the
  * stored/raw ratio, save and load MB/s (load at the saving layout and at dp 4), the time an
  * async save blocks the caller against a sync save, and the growth of the process's peak RSS
- * during a sync save per rank. Usage: bench_ckpt [DIR] (default: a new directory under /tmp). */
+ * during a sync save per rank. Usage: bench_ckpt [DIR] (default: a new directory under $TMPDIR,
+ * or /tmp). */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -216,6 +218,25 @@ static int64_t dir_bytes(const char *path) {
     return n;
 }
 
+/* Makes a new directory "$TMPDIR/fsdp-bench-ckpt-XXXXXX" (/tmp when TMPDIR is unset or empty)
+ * into out (size bytes) and returns out; NULL, with a message, when it cannot. Its path goes to
+ * the shell quoted with '...', so a TMPDIR holding a quote is refused. */
+static const char *make_scratch_dir(char *out, size_t size) {
+    const char *base = getenv("TMPDIR");
+    if (!base || !*base) base = "/tmp";
+    const char *why = NULL;
+    int n = snprintf(out, size, "%s/fsdp-bench-ckpt-XXXXXX", base);
+    if (strchr(base, '\''))
+        why = "it holds a quote";
+    else if (n < 0 || (size_t)n >= size)
+        why = "the name is too long";
+    else if (!mkdtemp(out))
+        why = strerror(errno);
+    if (!why) return out;
+    fprintf(stderr, "bench_ckpt: cannot make a directory under '%s' (TMPDIR): %s\n", base, why);
+    return NULL;
+}
+
 static const char usage[] =
     "usage: bench_ckpt [DIR]\n"
     "Checkpoint save and load of a 100 M-parameter MLP with Adam on 4 rank threads (dp 2 x tp 2,\n"
@@ -224,8 +245,8 @@ static const char usage[] =
     "arguments:\n"
     "  DIR         where it writes, about 3 GB at the peak: the checkpoints DIR/sync and\n"
     "              DIR/async, left in place, and the disk test's files, removed; default: a\n"
-    "              new directory under /tmp, removed at the end. A DIR starting with '-' is\n"
-    "              refused (write ./-name).\n"
+    "              new directory under $TMPDIR (/tmp when TMPDIR is unset or empty), removed\n"
+    "              at the end. A DIR starting with '-' is refused (write ./-name).\n"
     "  --help, -h  prints this help\n"
     "prints: the stored/raw ratio, save and load MB/s against the disk's (load at the saving\n"
     "layout and at dp 4), the time an async save blocks the caller against a sync save, and the\n"
@@ -237,8 +258,8 @@ int main(int argc, char **argv) {
     if (argc > 2) bench_cli_fail("bench_ckpt", usage, "unexpected argument '%s'", argv[2]);
     if (argc == 2 && argv[1][0] == '-')
         bench_cli_fail("bench_ckpt", usage, "unknown option '%s'", argv[1]);
-    char tmpl[] = "/tmp/fsdp-bench-ckpt-XXXXXX";
-    const char *dir = argc > 1 ? argv[1] : mkdtemp(tmpl);
+    char scratch[1024];
+    const char *dir = argc > 1 ? argv[1] : make_scratch_dir(scratch, sizeof scratch);
     fsdp_world *world;
     fsdp_ctx *ctx;
     fsdp_ctx_create(NULL, &ctx);

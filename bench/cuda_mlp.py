@@ -10,10 +10,10 @@ import argparse
 import statistics
 import time
 
-import torch
-
 
 def step_time(widths, batch, steps, mode):
+    import torch
+
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     torch.manual_seed(0)
     layers = []
@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--mode", default="all", choices=["f32", "tf32", "bf16", "all"])
     a = ap.parse_args()
+    import torch  # after --help, which needs none
+
     widths = [int(w) for w in a.widths.split(",")]
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name(0)}")
     for mode in ["f32", "tf32", "bf16"]:

@@ -16,9 +16,6 @@ import socket
 import statistics
 import time
 
-import torch
-import torch.distributed as dist
-
 
 def free_port():
     with socket.socket() as s:
@@ -35,6 +32,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     a = ap.parse_args()
+    import torch  # after --help, which needs none
+    import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     widths = [int(w) for w in a.widths.split(",")]

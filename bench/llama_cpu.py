@@ -10,8 +10,6 @@ import argparse
 import statistics
 import time
 
-import torch
-
 
 def main():
     p = argparse.ArgumentParser(description=__doc__,
@@ -23,7 +21,8 @@ def main():
     p.add_argument("--big", action="store_true", help="batch 4, seq 512")
     p.add_argument("--no-profile", action="store_true", help="accepted, for the same options")
     a = p.parse_args()
-    from transformers import LlamaConfig, LlamaForCausalLM  # after --help, which needs none
+    import torch  # after --help, which needs none
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     if a.big:
         a.batch, a.seq = 4, 512

@@ -32,11 +32,6 @@ import statistics
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.checkpoint import checkpoint
-
 SHAPES = {  # dim, layers, heads, kv heads, ffn, vocab, seq, batch
     "S": (768, 12, 12, 4, 2048, 32000, 1024, 16),
     "M": (2048, 16, 32, 8, 8192, 128256, 2048, 4),
@@ -46,6 +41,52 @@ MODES = ("f32", "tf32", "bf16")
 # bench/llama_breakdown.h's parts, in its order.
 PARTS = ("embedding", "input_norm", "attn_proj", "attn_core", "post_attn_norm", "mlp_proj",
          "mlp_rest", "residual", "final_norm", "lm_head", "loss", "optimizer", "other")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", default="S,M")
+    p.add_argument("--modes", default="bf16,tf32,f32")
+    p.add_argument("--executions", default="eager,compile")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--budget-s", type=float, default=600)
+    p.add_argument("--min-compile-s", type=float, default=60,
+                   help="the least budget left worth starting a torch.compile run with")
+    p.add_argument("--peaks", default="0,0,0", help="TFLOP/s of f32, tf32, bf16 (for MFU)")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--breakdown", action="store_true",
+                   help="time each part of the eager step after the timed steps")
+    p.add_argument("--breakdown-steps", type=int, default=0,
+                   help="the steps the breakdown times (default 5; implies --breakdown)")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="checkpoint every decoder layer (non-reentrant); modes written MODE+ckpt")
+    a = p.parse_args()
+    if a.breakdown and not a.breakdown_steps:
+        a.breakdown_steps = 5
+    if not 0 <= a.breakdown_steps <= 100:
+        p.error(f"--breakdown-steps {a.breakdown_steps}: give 1..100")
+    if a.checkpoint and a.breakdown_steps:
+        p.error("--checkpoint with --breakdown is not supported: the breakdown's hooks would time "
+                "each layer's recompute, which runs in backward, as forward time")
+    a.peaks = [float(x) for x in a.peaks.split(",")]
+    a.shapes, a.modes = a.shapes.split(","), a.modes.split(",")
+    a.executions = a.executions.split(",")
+    bad = [s for s in a.shapes if s not in SHAPES] + [m for m in a.modes if m not in MODES] + \
+        [e for e in a.executions if e not in ("eager", "compile")]
+    if bad or len(a.peaks) != 3 or a.steps < 1 or a.warmup < 1:
+        p.error(f"unknown names {bad} or bad --peaks/--steps/--warmup")
+    return a
+
+
+# The command line is read before torch's import (seconds), which --help and a bad option
+# need not wait for.
+ARGS = parse_args() if __name__ == "__main__" else None
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 
 class RMSNorm(nn.Module):
@@ -393,39 +434,7 @@ class Runner:
                 torch.cuda.empty_cache()
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--shapes", default="S,M")
-    p.add_argument("--modes", default="bf16,tf32,f32")
-    p.add_argument("--executions", default="eager,compile")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--budget-s", type=float, default=600)
-    p.add_argument("--min-compile-s", type=float, default=60,
-                   help="the least budget left worth starting a torch.compile run with")
-    p.add_argument("--peaks", default="0,0,0", help="TFLOP/s of f32, tf32, bf16 (for MFU)")
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--breakdown", action="store_true",
-                   help="time each part of the eager step after the timed steps")
-    p.add_argument("--breakdown-steps", type=int, default=0,
-                   help="the steps the breakdown times (default 5; implies --breakdown)")
-    p.add_argument("--checkpoint", action="store_true",
-                   help="checkpoint every decoder layer (non-reentrant); modes written MODE+ckpt")
-    a = p.parse_args()
-    if a.breakdown and not a.breakdown_steps:
-        a.breakdown_steps = 5
-    if not 0 <= a.breakdown_steps <= 100:
-        p.error(f"--breakdown-steps {a.breakdown_steps}: give 1..100")
-    if a.checkpoint and a.breakdown_steps:
-        p.error("--checkpoint with --breakdown is not supported: the breakdown's hooks would time "
-                "each layer's recompute, which runs in backward, as forward time")
-    a.peaks = [float(x) for x in a.peaks.split(",")]
-    shapes, modes = a.shapes.split(","), a.modes.split(",")
-    executions = a.executions.split(",")
-    bad = [s for s in shapes if s not in SHAPES] + [m for m in modes if m not in MODES] + \
-        [e for e in executions if e not in ("eager", "compile")]
-    if bad or len(a.peaks) != 3 or a.steps < 1 or a.warmup < 1:
-        p.error(f"unknown names {bad} or bad --peaks/--steps/--warmup")
+def main(a):
     if a.device == "cuda" and not torch.cuda.is_available():
         print("llama_gpu.py: skipped: torch.cuda.is_available() is False")
         return 0
@@ -437,10 +446,10 @@ def main():
     # Every eager run, then every compile run, each in the order of --modes then --shapes: by
     # default bf16 first (the goals), then the modes libfsdp has, and the compiles (the slowest
     # to start) last, so a short budget loses the least.
-    plan = [(s, m, e) for e in executions for m in modes for s in shapes]
+    plan = [(s, m, e) for e in a.executions for m in a.modes for s in a.shapes]
     Runner(a).run(plan)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(ARGS))

@@ -7,7 +7,8 @@
 # bench/README.md, "llama_gpu.sh".
 #
 #   bench/llama_gpu.sh [--dry-run] [--budget-s SEC] [--steps N] [--shapes S,M] [--libfsdp-only]
-#                      [--libfsdp-shapes S] [--modes bf16,tf32,f32] [--breakdown | --checkpoint]
+#                      [--eager-only] [--libfsdp-shapes S] [--modes bf16,tf32,f32]
+#                      [--breakdown | --checkpoint]
 #                      [BUILD_DIR]
 #   bench/llama_gpu.sh --device sim --shapes tiny [BUILD_DIR]   (the plumbing, on no GPU)
 #
@@ -38,6 +39,7 @@
 #   --modes LIST           f32, tf32, bf16 [bf16,tf32,f32]
 #   --device cuda|sim      [cuda]
 #   --libfsdp-only         do not run PyTorch
+#   --eager-only           PyTorch eager only, no torch.compile ('-' in the table)
 #   --breakdown            the per-part breakdown, both sides
 #   --checkpoint           every decoder layer checkpointed, both sides
 #   BUILD_DIR              the build holding bench/bench_llama_gpu [build]
@@ -49,6 +51,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build budget=900 steps=10 shapes=S,M modes=bf16,tf32,f32 dry=0 device=cuda torch=1 our_shapes=""
+executions=eager,compile
 breakdown=() checkpoint=()
 usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
 bad() { echo "llama_gpu.sh: $1" >&2 && usage >&2 && exit 2; }
@@ -68,6 +71,7 @@ while [ $# -gt 0 ]; do
     --libfsdp-shapes) our_shapes=$2 && shift ;;
     --device) device=$2 && shift ;;
     --libfsdp-only) torch=0 ;;
+    --eager-only) executions=eager ;;
     --breakdown) breakdown=(--breakdown) ;;
     --checkpoint) checkpoint=(--checkpoint) ;;
     -*) bad "unknown option '$1'" ;;
@@ -111,6 +115,7 @@ echo "  T 1024, B 16; M: dim 2048, 16 layers, 32/8 heads, ffn 8192, vocab 128256
 if [ "$our_shapes" != "$shapes" ]; then echo "  libfsdp on shapes $our_shapes only (--libfsdp-shapes)"; fi
 if [ ${#breakdown[@]} -gt 0 ]; then echo "  libfsdp's and PyTorch eager's steps broken down by part (--breakdown)"; fi
 if [ ${#checkpoint[@]} -gt 0 ]; then echo "  every decoder layer checkpointed on both sides (--checkpoint: modes MODE+ckpt)"; fi
+if [ "$executions" = eager ]; then echo "  PyTorch eager only, no torch.compile (--eager-only)"; fi
 echo "  modes $modes; libfsdp (bench_llama_gpu), PyTorch eager with SDPA and"
 echo "  torch.compile (llama_gpu.py); AdamW; median of $steps steps after warm-up; budget $budget s"
 echo "  MFU = tokens/s x (6N + 12 L d T) / peak, N = parameters less the input embedding"
@@ -155,7 +160,7 @@ elif [ "$theirs_budget" -lt 20 ]; then
 else
     timeout -k 5 $((theirs_budget + 40)) python3 "$here/llama_gpu.py" --shapes "$shapes" \
         --modes "$modes" --steps "$steps" --budget-s "$theirs_budget" --peaks "$peaks" --device "$pydev" \
-        "${breakdown[@]}" "${checkpoint[@]}" |
+        --executions "$executions" "${breakdown[@]}" "${checkpoint[@]}" |
         tee "$out/theirs" ||
         echo "llama_gpu: llama_gpu.py exit status $? (figures above, if any, stand)"
 fi

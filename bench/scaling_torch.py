@@ -9,8 +9,6 @@ import argparse
 import statistics
 import time
 
-import torch
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -20,6 +18,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", default="1,2,4")
     a = ap.parse_args()
+    import torch  # after --help, which needs none
+
     widths = [int(w) for w in a.widths.split(",")]
     torch.manual_seed(0)
     layers = []

@@ -2,8 +2,8 @@
 # help_check.sh: CTest's check that every program and script answers --help and -h with its
 # usage and does nothing else, and refuses an unknown option: fsdp-train, fsdp-ckpt and each of
 # its commands, every benchmark program the build made (BUILD/bench/bench_*), every bench/*.sh
-# and scripts/*.sh, and the Python scripts of bench/ and tools/ whose imports this machine has
-# (--help only).
+# and scripts/*.sh, and the Python scripts of bench/ and tools/, which must read their command
+# line before they import torch, transformers, h5py or numpy (seconds each).
 # Each run happens in a fresh empty folder, with apt-get, sudo, dpkg-query,
 # cmake, ctest, make, nvidia-smi, mpirun, python3 and pip replaced by stubs that note the call:
 #   --help, -h: exit 0, usage on stdout, nothing created, no stub called;
@@ -13,7 +13,7 @@
 # something else fails here instead of running its benchmark.
 # Usage: tests/help_check.sh SOURCE_DIR BUILD_DIR FSDP_TRAIN FSDP_CKPT [--no-python]
 # --no-python leaves the Python scripts out: the sanitizer builds' entries pass it, since the
-# scripts run the same interpreter whatever the build (and take a torch import each).
+# scripts run the same interpreter whatever the build.
 set -uo pipefail
 src=$1 build=$2 train=$3 ckpt=$4 python=${5:-}
 tmp=$(mktemp -d)
@@ -103,23 +103,33 @@ for script in "$src"/bench/*.sh "$src"/scripts/*.sh; do
 done
 [ "$n_scripts" -ge 9 ] || fail "only $n_scripts scripts found under $src/bench and $src/scripts"
 
-# The Python scripts of bench/ and tools/ (argparse's --help and exit status 2), with the real
-# interpreter; one whose imports are missing here (torch, transformers, h5py: not dependencies of
-# the build) is named as not checked.
-# Each takes 3-7 s to import torch: --help only (-h is argparse's same option, and an unknown
-# option argparse's exit status 2, the same in every script).
+# The Python scripts of bench/ and tools/ (argparse's --help, -h and exit status 2), with the
+# real interpreter and, first on its path, stand-ins for torch, transformers, h5py and numpy whose
+# import fails: a script reads its command line before it imports them (3-7 s for torch), so its
+# --help needs none of them, here or where they are missing. One that imports another module this
+# machine lacks before its command line is named as not checked.
 py=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null || true)
 [ "$python" = --no-python ] && py=
+for module in torch transformers h5py numpy; do
+    mkdir -p "$tmp/pystubs/$module"
+    printf 'raise ImportError("help_check: %s imported before the command line was read")\n' \
+        "$module" >"$tmp/pystubs/$module/__init__.py"
+done
+pyrun=(env PYTHONPATH="$tmp/pystubs" PYTHONDONTWRITEBYTECODE=1 "$py")
 n_py=0 unchecked=""
 for script in "$src"/bench/*.py "$src"/tools/*.py; do
     [ -n "$py" ] || break
-    run --help "$py" "$script"
+    run --help "${pyrun[@]}" "$script"
     if [ "$rc" -ne 0 ] && grep -q "ModuleNotFoundError" "$tmp/err"; then
         unchecked="$unchecked $(basename "$script")"
         continue
     fi
     n_py=$((n_py + 1))
     verify 0 "$script --help"
+    run -h "${pyrun[@]}" "$script"
+    verify 0 "$script -h"
+    run --no-such-option "${pyrun[@]}" "$script"
+    verify 2 "$script --no-such-option"
 done
 
 echo "help_check: $runs runs: fsdp-train, fsdp-ckpt and its commands ($(echo $commands)), $n_bench" \

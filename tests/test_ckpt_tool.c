@@ -3,7 +3,7 @@
  * byte; diff finds no difference with itself and one with more training; export to .h5 (read
  * back by h5dump when installed) and to .safetensors (parsed here) holds fsdp_ckpt_read's
  * values; output that cannot be written (a full disk, a missing directory, stdout on
- * /dev/full) fails the command. */
+ * /dev/full) fails the command; an option whose value is forgotten is refused. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, strdup, popen, symlink */
 #include <stdarg.h>
 #include <stdio.h>
@@ -364,6 +364,44 @@ static void test_output_errors(void) {
     free(root);
 }
 
+/* An option's value in the next argument that is an option ("--..." or "-h": a forgotten
+ * value) is refused before anything runs: exit 2, the option and the argument named, and the
+ * command's usage (before, getopt_long took it as the value: an import into a directory "-h").
+ * --name=VALUE takes any value. */
+static void test_option_values(void) {
+    char *root = ckpt_test_tmp_root(), *out;
+    static const struct {
+        const char *args, *want;
+    } refused[] = {
+        {"import '%s/none.safetensors' --out -h",
+         "import: --out needs a value, got the option '-h'"},
+        {"export '%s/none' --out --with-optim",
+         "export: --out needs a value, got the option '--with-optim'; to give a value that "
+         "starts with '-', write --out=--with-optim"},
+        {"diff '%s/a' '%s/a' --rtol --atol 1",
+         "diff: --rtol needs a value, got the option '--atol'"},
+        {"generate '%s/none' --prompt --ids",
+         "generate: --prompt needs a value, got the option '--ids'"},
+        {"eval '%s/none' '%s/t' --batch --seq 4",
+         "eval: --batch needs a value, got the option '--seq'"},
+    };
+    for (int i = 0; i < (int)(sizeof refused / sizeof refused[0]); i++) {
+        char args[1600];
+        snprintf(args, sizeof args, refused[i].args, root, root);
+        CU_ASSERT_EQUAL(tool(&out, "%s", args), 2);
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, refused[i].want));
+        CU_ASSERT_PTR_NOT_NULL(strstr(out, "usage: fsdp-ckpt "));
+        if (!strstr(out, refused[i].want)) fprintf(stderr, "\n  %s said: %s", args, out);
+        free(out);
+    }
+    /* --out=--x.h5 is taken as the file: the command goes on to the missing checkpoint */
+    CU_ASSERT_EQUAL(tool(&out, "export '%s/none' --out=--x.h5", root), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "is neither a checkpoint"));
+    free(out);
+    ckpt_test_remove_tree(root);
+    free(root);
+}
+
 int main(int argc, char **argv) {
     static const fsdp_test_case cases[] = {
         {"inspect", test_inspect},
@@ -372,6 +410,7 @@ int main(int argc, char **argv) {
         {"export_h5", test_export_h5},
         {"export_safetensors", test_export_safetensors},
         {"output_errors", test_output_errors},
+        {"option_values", test_option_values},
     };
     return fsdp_test_run(argc, argv, "ckpt_tool", cases, sizeof cases / sizeof cases[0]);
 }

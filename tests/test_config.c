@@ -463,6 +463,25 @@ static void test_cli(void) {
     CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path, "--config", path)),
                     FSDP_ERR_CONFIG);
     CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("--config given twice")));
+    /* a forgotten value: the next argument is an option ("--..." or "-h"), refused as a bad
+     * command line (before: --plan read as the config file's name); --config=--plan is taken */
+    CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", "--plan")), FSDP_ERR_CONFIG);
+    CU_ASSERT_EQUAL(action, TRAIN_CLI_BAD_USAGE);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, NEEDLES("--config needs a FILE, got the option '--plan'; to name a file that starts "
+                     "with '-', write ./--plan")));
+    CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--set", "--config", path)), FSDP_ERR_CONFIG);
+    CU_ASSERT_EQUAL(action, TRAIN_CLI_BAD_USAGE);
+    CU_ASSERT_TRUE(fsdp_test_message_has(
+        err, NEEDLES("--set needs section.key=value, got the option '--config'")));
+    CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path, "--set", "--json", "--plan")),
+                    FSDP_ERR_CONFIG);
+    CU_ASSERT_EQUAL(action, TRAIN_CLI_BAD_USAGE);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("--set needs", "got the option '--json'")));
+    CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config=--plan")), FSDP_ERR_IO);
+    CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("cannot open config '--plan'")));
+    FSDP_TEST_OK(cli(&action, err, NEEDLES("--config", "-h"))); /* -h anywhere: the help */
+    CU_ASSERT_EQUAL(action, TRAIN_CLI_HELP);
     CU_ASSERT_EQUAL(cli(&action, err, NEEDLES("--config", path, "--set", "optim.lr=-1")),
                     FSDP_ERR_CONFIG);
     CU_ASSERT_TRUE(fsdp_test_message_has(err, NEEDLES("--set optim.lr=-1", "a float > 0")));

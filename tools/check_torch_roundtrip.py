@@ -27,12 +27,29 @@ import subprocess
 import sys
 import tempfile
 
-import h5py
-import torch
-from safetensors.torch import save_file
-from torch import nn
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--layout", default="2x2", choices=["1x1", "2x2"])
+    ap.add_argument("--rtol", type=float, default=1e-4)
+    return ap.parse_args()
+
+
+# The command line is read before the imports of torch and h5py (seconds), which --help and a
+# bad option need not wait for.
+ARGS = parse_args() if __name__ == "__main__" else None
+
+import h5py  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from torch import nn  # noqa: E402
+
 sys.path.insert(0, HERE)
 from check_safetensors import load_model  # noqa: E402
 from gen_fixtures import MLPStacked  # noqa: E402
@@ -56,15 +73,7 @@ def diff(name, got, want):
     return rel
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--layout", default="2x2", choices=["1x1", "2x2"])
-    ap.add_argument("--rtol", type=float, default=1e-4)
-    args = ap.parse_args()
+def main(args):
     tool = os.path.join(args.build, "fsdp-ckpt")
     finetune = os.path.join(args.build, "finetune_ckpt")
     for exe in (tool, finetune):
@@ -109,4 +118,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(ARGS))

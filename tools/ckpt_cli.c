@@ -32,12 +32,19 @@ static void refused_argument(int c, char **argv, const opt_spec *specs, char *wh
         snprintf(what, size, "unexpected argument '%s'", argv[optind - 1]);
 }
 
+/* Whether a, given as an option's value in the next argument, is an option instead ("--..."
+ * or "-h"): a forgotten value, as in --out --with-optim, which getopt_long would take. */
+static bool looks_like_option(const char *a) {
+    return !strncmp(a, "--", 2) || !strcmp(a, "-h");
+}
+
 /* Parses the arguments of cmd (argv[0] is the command's name) with getopt_long: --help or -h,
  * the n_specs options of specs (also as --name=VALUE), and at most max_pos positional
  * arguments, into pos[0..] in their order (those not given stay as they were). Options and
- * positional arguments mix in any order; after "--" every argument is positional. Returns -1
- * when the command goes on, EXIT_OK after printing usage for --help, EXIT_USAGE after
- * printing the problem and usage. */
+ * positional arguments mix in any order; after "--" every argument is positional. A value in
+ * the next argument may not start with "--" or be "-h" (--name=VALUE may). Returns -1 when the
+ * command goes on, EXIT_OK after printing usage for --help, EXIT_USAGE after printing the
+ * problem and usage. */
 int ckpt_parse_args(const char *cmd, const char *usage, int argc, char **argv,
                     const opt_spec *specs, int n_specs, const char **pos, int max_pos) {
     assert(n_specs <= MAX_OPTS);
@@ -48,7 +55,7 @@ int ckpt_parse_args(const char *cmd, const char *usage, int argc, char **argv,
             .has_arg = specs[i].value ? required_argument : no_argument,
             .val = OPT_BASE + i,
         };
-    char what[300];
+    char what[600];
     int n_pos = 0, c;
     optind = 1;
     /* "-": positional arguments come back in their place as code 1, whatever POSIXLY_CORRECT
@@ -57,6 +64,13 @@ int ckpt_parse_args(const char *cmd, const char *usage, int argc, char **argv,
         if (c == 'h') return printf("%s", usage), EXIT_OK;
         if (c >= OPT_BASE && c < OPT_BASE + n_specs) {
             const opt_spec *o = &specs[c - OPT_BASE];
+            if (o->value && optarg == argv[optind - 1] && looks_like_option(optarg)) {
+                snprintf(what, sizeof what,
+                         "--%s needs a value, got the option '%s'; to give a value that starts "
+                         "with '-', write --%s=%s",
+                         o->name, optarg, o->name, optarg);
+                return ckpt_usage_error(cmd, usage, what);
+            }
             if (o->value)
                 *o->value = optarg;
             else

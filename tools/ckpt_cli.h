@@ -30,8 +30,9 @@ int ckpt_usage_error(const char *cmd, const char *usage, const char *problem);
  * the n_specs (at most MAX_OPTS) options of specs (also as --name=VALUE), and at most max_pos
  * positional arguments, into pos[0..] in their order (those not given stay as they were).
  * Options and positional arguments mix in any order; after "--" every argument is positional.
- * Returns -1 when the command goes on, EXIT_OK after printing usage for --help, EXIT_USAGE
- * after printing the problem and usage. */
+ * A value in the next argument may not start with "--" or be "-h" (a forgotten value: --out
+ * --with-optim); --name=VALUE may. Returns -1 when the command goes on, EXIT_OK after printing
+ * usage for --help, EXIT_USAGE after printing the problem and usage. */
 int ckpt_parse_args(const char *cmd, const char *usage, int argc, char **argv,
                     const opt_spec *specs, int n_specs, const char **pos, int max_pos);
 

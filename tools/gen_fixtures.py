@@ -32,6 +32,79 @@ import sys
 import warnings
 import zlib
 
+# The cases, in the order they run (CASES below maps each name to its function): their names
+# and options are plain data, before torch's import, so that --help, which lists them, needs no
+# torch. A layer, model or loss case runs case_<name>().
+LAYER_CASES = (
+    "linear", "linear_3d", "linear_nobias", "relu", "sigmoid", "gelu", "rmsnorm", "sequential",
+    "mlp_module", "mlp_stacked", "simple_mlp", "simple_model", "net_small", "loss_sum", "loss_mse",
+    "loss_cross_entropy", "convert_f16",
+)
+
+# Optimizer trajectories: two parameters (a (4, 3) weight and a (4,) bias) updated for
+# OPTIM_STEPS steps from stored gradients, so the C test checks the update rule alone.
+# `options` (float64, PyTorch's own Python floats) is
+# [kind (0 SGD, 1 Adam, 2 AdamW), lr, momentum, dampening, weight_decay, nesterov, maximize,
+#  beta1, beta2, eps, amsgrad].
+OPTIM_STEPS = 20
+OPTIM_CONFIGS = {
+    "sgd": ("sgd", dict(lr=0.1)),
+    "sgd_momentum": ("sgd", dict(lr=0.1, momentum=0.9)),
+    "sgd_dampening": ("sgd", dict(lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.01)),
+    "sgd_nesterov": ("sgd", dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.1)),
+    "sgd_maximize": ("sgd", dict(lr=0.02, momentum=0.5, maximize=True)),
+    "adam": ("adam", dict(lr=0.01)),
+    "adam_weight_decay": ("adam", dict(lr=0.01, weight_decay=0.1)),
+    "adam_amsgrad": ("adam", dict(lr=0.02, betas=(0.8, 0.95), eps=1e-6, amsgrad=True)),
+    "adam_maximize": ("adam", dict(lr=0.01, maximize=True, weight_decay=0.05)),
+    "adamw": ("adamw", dict(lr=0.01, weight_decay=0.1)),
+    "adamw_amsgrad": ("adamw", dict(lr=0.005, weight_decay=0.2, amsgrad=True)),
+}
+
+
+# Option groups (PyTorch's param_groups): five parameters with module paths, net1 = Linear(3, 4),
+# norm.weight (4,), net2 = Linear(4, 2), each taking the first group whose fnmatch pattern
+# matches its name (libfsdp's fsdp_param_group rule; Python's fnmatch lets '*' match '.' as
+# POSIX fnmatch without flags does) and the optimizer's own options otherwise. The learning
+# rate follows LambdaLR(1 / (1 + 0.2 * step)), which scales every group's initial lr. Stored:
+# init.<p>, grad.<step>.<p>, param.<step>.<p> as in the trajectories above; group.<p> (i32, the
+# group index, -1 for none); lr.<step> (f64, the lr of the optimizer's own options and then of
+# each group, as PyTorch used it in that step). tests/test_optim.c holds the same options.
+GROUP_STEPS = 10
+GROUP_CONFIGS = {
+    "sgd": ("sgd", dict(lr=0.1, momentum=0.9, weight_decay=0.01),
+            [("*.bias", dict(weight_decay=0.0, momentum=0.0)),
+             ("norm.*", dict(lr=0.05, dampening=0.5, weight_decay=0.0))]),
+    "adamw": ("adamw", dict(lr=0.01, weight_decay=0.1),
+              [("*.bias", dict(weight_decay=0.0)),
+               ("norm.*", dict(lr=0.003, weight_decay=0.0)),
+               ("net2.*", dict(betas=(0.8, 0.95), eps=1e-6))]),
+}
+
+
+CLIP_CONFIGS = {"clip_norm2": (1.5, 2.0), "clip_norm_inf": (0.7, float("inf")),
+                "clip_norm2_unclipped": (100.0, 2.0)}
+
+
+CASE_NAMES = (list(LAYER_CASES) + [f"optim_{name}" for name in OPTIM_CONFIGS]
+              + [f"optim_groups_{name}" for name in GROUP_CONFIGS] + list(CLIP_CONFIGS))
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                               "fixtures")
+    parser.add_argument("--out", default=os.path.normpath(default_out),
+                        help="output folder (default: tests/fixtures of this repository)")
+    parser.add_argument("--only", action="append", choices=sorted(CASE_NAMES),
+                        help="generate only this case (repeatable)")
+    return parser.parse_args()
+
+
+# The command line is read before torch's import (seconds), which --help and a bad option
+# need not wait for.
+ARGS = parse_args() if __name__ == "__main__" else None
+
 # torch warns at import when numpy is missing; this script does not use numpy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 import torch  # noqa: E402
@@ -294,27 +367,6 @@ def case_loss_cross_entropy():
     return loss_tensors([("x", logits), ("targets", targets)], loss, logits)
 
 
-# Optimizer trajectories: two parameters (a (4, 3) weight and a (4,) bias) updated for
-# OPTIM_STEPS steps from stored gradients, so the C test checks the update rule alone.
-# `options` (float64, PyTorch's own Python floats) is
-# [kind (0 SGD, 1 Adam, 2 AdamW), lr, momentum, dampening, weight_decay, nesterov, maximize,
-#  beta1, beta2, eps, amsgrad].
-OPTIM_STEPS = 20
-OPTIM_CONFIGS = {
-    "sgd": ("sgd", dict(lr=0.1)),
-    "sgd_momentum": ("sgd", dict(lr=0.1, momentum=0.9)),
-    "sgd_dampening": ("sgd", dict(lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.01)),
-    "sgd_nesterov": ("sgd", dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.1)),
-    "sgd_maximize": ("sgd", dict(lr=0.02, momentum=0.5, maximize=True)),
-    "adam": ("adam", dict(lr=0.01)),
-    "adam_weight_decay": ("adam", dict(lr=0.01, weight_decay=0.1)),
-    "adam_amsgrad": ("adam", dict(lr=0.02, betas=(0.8, 0.95), eps=1e-6, amsgrad=True)),
-    "adam_maximize": ("adam", dict(lr=0.01, maximize=True, weight_decay=0.05)),
-    "adamw": ("adamw", dict(lr=0.01, weight_decay=0.1)),
-    "adamw_amsgrad": ("adamw", dict(lr=0.005, weight_decay=0.2, amsgrad=True)),
-}
-
-
 def optim_case(kind, kw):
     weight = nn.Parameter(torch.randn(4, 3))
     bias = nn.Parameter(torch.randn(4))
@@ -341,26 +393,6 @@ def optim_case(kind, kw):
         opt.step()
         tensors += [(f"param.{step}.{n}", p.detach().clone()) for n, p in params]
     return tensors
-
-
-# Option groups (PyTorch's param_groups): five parameters with module paths, net1 = Linear(3, 4),
-# norm.weight (4,), net2 = Linear(4, 2), each taking the first group whose fnmatch pattern
-# matches its name (libfsdp's fsdp_param_group rule; Python's fnmatch lets '*' match '.' as
-# POSIX fnmatch without flags does) and the optimizer's own options otherwise. The learning
-# rate follows LambdaLR(1 / (1 + 0.2 * step)), which scales every group's initial lr. Stored:
-# init.<p>, grad.<step>.<p>, param.<step>.<p> as in the trajectories above; group.<p> (i32, the
-# group index, -1 for none); lr.<step> (f64, the lr of the optimizer's own options and then of
-# each group, as PyTorch used it in that step). tests/test_optim.c holds the same options.
-GROUP_STEPS = 10
-GROUP_CONFIGS = {
-    "sgd": ("sgd", dict(lr=0.1, momentum=0.9, weight_decay=0.01),
-            [("*.bias", dict(weight_decay=0.0, momentum=0.0)),
-             ("norm.*", dict(lr=0.05, dampening=0.5, weight_decay=0.0))]),
-    "adamw": ("adamw", dict(lr=0.01, weight_decay=0.1),
-              [("*.bias", dict(weight_decay=0.0)),
-               ("norm.*", dict(lr=0.003, weight_decay=0.0)),
-               ("net2.*", dict(betas=(0.8, 0.95), eps=1e-6))]),
-}
 
 
 class GroupModel(nn.Module):
@@ -414,34 +446,12 @@ def clip_case(max_norm, norm_type):
     return tensors
 
 
-CLIP_CONFIGS = {"clip_norm2": (1.5, 2.0), "clip_norm_inf": (0.7, float("inf")),
-                "clip_norm2_unclipped": (100.0, 2.0)}
-
-
 def optim_cases():
     return {f"optim_{name}": (lambda k=kind, kw=kw: optim_case(k, kw))
             for name, (kind, kw) in OPTIM_CONFIGS.items()}
 
 
-CASES = {
-    "linear": case_linear,
-    "linear_3d": case_linear_3d,
-    "linear_nobias": case_linear_nobias,
-    "relu": case_relu,
-    "sigmoid": case_sigmoid,
-    "gelu": case_gelu,
-    "rmsnorm": case_rmsnorm,
-    "sequential": case_sequential,
-    "mlp_module": case_mlp_module,
-    "mlp_stacked": case_mlp_stacked,
-    "simple_mlp": case_simple_mlp,
-    "simple_model": case_simple_model,
-    "net_small": case_net_small,
-    "loss_sum": case_loss_sum,
-    "loss_mse": case_loss_mse,
-    "loss_cross_entropy": case_loss_cross_entropy,
-    "convert_f16": case_convert_f16,
-}
+CASES = {name: globals()["case_" + name] for name in LAYER_CASES}
 CASES.update(optim_cases())
 CASES.update({f"optim_groups_{name}": (lambda a=a: optim_groups_case(*a))
               for name, a in GROUP_CONFIGS.items()})
@@ -459,16 +469,7 @@ def case_seed(case):
     return zlib.crc32(case.encode("utf-8"))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
-                               "fixtures")
-    parser.add_argument("--out", default=os.path.normpath(default_out),
-                        help="output folder (default: tests/fixtures of this repository)")
-    parser.add_argument("--only", action="append", choices=sorted(CASES),
-                        help="generate only this case (repeatable)")
-    args = parser.parse_args(argv)
-
+def main(args):
     torch.set_num_threads(1)  # one summation order, run to run
     os.makedirs(args.out, exist_ok=True)
     total = 0
@@ -486,4 +487,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(ARGS))

@@ -32,6 +32,18 @@ import sys
 import warnings
 import zlib
 
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures"))
+    return ap.parse_args()
+
+
+# The command line is read before torch's import (seconds), which --help and a bad option
+# need not wait for.
+ARGS = parse_args() if __name__ == "__main__" else None
+
 warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
@@ -70,11 +82,7 @@ def build(tie):
     return model
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures"))
-    args = ap.parse_args(argv)
+def main(args):
     for name, tie in (("hf_llama_init", False), ("hf_llama_tied", True)):
         write_case(name, tie, args.out)
 
@@ -114,4 +122,4 @@ def write_case(name, tie, out_dir):
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

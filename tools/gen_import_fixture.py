@@ -34,11 +34,23 @@ import argparse
 import os
 import sys
 
-import h5py
-import numpy as np
-import torch
-from safetensors.torch import save_file
-from torch import nn
+
+def parse_args():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.normpath(os.path.join(here, "..", "tests", "fixtures")))
+    return ap.parse_args()
+
+
+# The command line is read before the imports of torch and h5py (seconds), which --help and a
+# bad option need not wait for.
+ARGS = parse_args() if __name__ == "__main__" else None
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from torch import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_fixtures import MLPStacked, write_fixture  # noqa: E402
@@ -79,11 +91,7 @@ def train_mlp(out):
             f[k] = v.numpy()
 
 
-def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.normpath(os.path.join(here, "..", "tests", "fixtures")))
-    args = ap.parse_args()
+def main(args):
     train_mlp(args.out)
     torch.manual_seed(1414)
     model = MLPStacked(2)
@@ -124,4 +132,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -40,12 +40,6 @@ import sys
 import warnings
 import zlib
 
-warnings.filterwarnings("ignore")
-import torch  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_fixtures import write_fixture  # noqa: E402
-
 DIM, LAYERS, HEADS, KV_HEADS, VOCAB, FFN, MAX_SEQ = 32, 2, 4, 2, 64, 48, 16
 EPS, THETA = 1e-5, 5000.0
 B, T = 2, 8
@@ -53,6 +47,25 @@ B, T = 2, 8
 
 ROPE3 = (8.0, 1.0, 4.0, 64)  # factor, low_freq_factor, high_freq_factor, original max
 CASES = ("llama_tiny", "llama_rope3", "llama_tied")
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures"))
+    ap.add_argument("--only", choices=list(CASES))
+    return ap.parse_args()
+
+
+# The command line is read before torch's import (seconds), which --help and a bad option
+# need not wait for.
+ARGS = parse_args() if __name__ == "__main__" else None
+
+warnings.filterwarnings("ignore")
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_fixtures import write_fixture  # noqa: E402
 
 
 def build(rope_scaling=None, tie=False):
@@ -83,12 +96,7 @@ def build(rope_scaling=None, tie=False):
     return model
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures"))
-    ap.add_argument("--only", choices=list(CASES))
-    args = ap.parse_args(argv)
+def main(args):
     for case in CASES:
         if args.only in (None, case):
             write_case(case, args.out)
@@ -155,4 +163,4 @@ def write_case(case, out_dir):
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

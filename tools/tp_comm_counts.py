@@ -22,14 +22,26 @@ import tempfile
 from collections import OrderedDict, defaultdict
 from copy import deepcopy
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.debug import CommDebugMode
-from torch.distributed.tensor.parallel import (
+
+def parse_args():
+    return argparse.ArgumentParser(
+        description=__doc__ + "\nPrints one line per test, region and collective with its count, "
+        "then whether every rank agrees; exits 0 (2: a bad command line).",
+        formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+
+
+# The command line is read before torch's import (seconds), which --help and a bad option
+# need not wait for; the ranks mp.spawn starts import this file as __mp_main__ and skip it.
+ARGS = parse_args() if __name__ == "__main__" else None
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
+from torch.distributed.tensor.debug import CommDebugMode  # noqa: E402
+from torch.distributed.tensor.parallel import (  # noqa: E402
     ColwiseParallel,
     PrepareModuleInput,
     PrepareModuleOutput,
@@ -295,16 +307,13 @@ REGIONS = ["parallelize", "forward", "post", "backward", "optim"]
 
 
 def main():
-    argparse.ArgumentParser(
-        description=__doc__ + "\nPrints one line per test, region and collective with its count, "
-        "then whether every rank agrees; exits 0 (2: a bad command line).",
-        formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    outdir = tempfile.mkdtemp(prefix="tp_comm_")
-    mp.spawn(worker, args=(free_port(), outdir), nprocs=WORLD, join=True)
-    R = []
-    for r in range(WORLD):
-        with open(os.path.join(outdir, f"rank{r}.json")) as f:
-            R.append(json.load(f))
+    # The ranks' results pass through a folder removed at the end, also when a rank fails.
+    with tempfile.TemporaryDirectory(prefix="tp_comm_") as outdir:
+        mp.spawn(worker, args=(free_port(), outdir), nprocs=WORLD, join=True)
+        R = []
+        for r in range(WORLD):
+            with open(os.path.join(outdir, f"rank{r}.json")) as f:
+                R.append(json.load(f))
     ok_all = True
     print(f"{'test':40s} {'region':11s} {'op':28s} count")
     for name in TESTS:

@@ -371,13 +371,27 @@ fsdp_status train_config_adopt_init(train_config *cfg, bool *changed, char *err,
 
 /* ---- the command line ----------------------------------------------------------------------- */
 
-/* The option's value: "--opt=VALUE" or the next argument. NULL (and err) when missing. */
-static const char *option_value(int argc, char **argv, int *i, const char *opt, char *err,
-                                size_t err_size) {
+/* The option's value: "--opt=VALUE" or the next argument, which may not be an option ("--..."
+ * or "-h": a forgotten value, as in --config --plan; --help and -h anywhere print the help
+ * before this runs). file: the value names a file (the message says how to name one that
+ * starts with '-'), else it is section.key=value. NULL (and err) when missing or an option. */
+static const char *option_value(int argc, char **argv, int *i, const char *opt, bool file,
+                                char *err, size_t err_size) {
     size_t n = strlen(opt);
     if (argv[*i][n] == '=') return argv[*i] + n + 1;
-    if (*i + 1 < argc) return argv[++*i];
-    snprintf(err, err_size, "%s needs a value; see fsdp-train --help", opt);
+    if (*i + 1 >= argc) {
+        snprintf(err, err_size, "%s needs a value; see fsdp-train --help", opt);
+        return NULL;
+    }
+    const char *v = argv[*i + 1];
+    if (strncmp(v, "--", 2) && strcmp(v, "-h")) return argv[++*i];
+    if (file)
+        snprintf(err, err_size,
+                 "%s needs a FILE, got the option '%s'; to name a file that starts with '-', "
+                 "write ./%s",
+                 opt, v, v);
+    else
+        snprintf(err, err_size, "%s needs section.key=value, got the option '%s'", opt, v);
     return NULL;
 }
 
@@ -412,7 +426,7 @@ fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_
         } else if (strcmp(argv[i], "--json") == 0) {
             json = true;
         } else if (is_option(argv[i], "--config")) {
-            const char *v = option_value(argc, argv, &i, "--config", err, err_size);
+            const char *v = option_value(argc, argv, &i, "--config", true, err, err_size);
             if (!v) return bad_usage(action);
             if (config) {
                 snprintf(err, err_size, "--config given twice ('%s' and '%s')", config, v);
@@ -420,7 +434,8 @@ fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_
             }
             config = v;
         } else if (is_option(argv[i], "--set")) {
-            if (!option_value(argc, argv, &i, "--set", err, err_size)) return bad_usage(action);
+            if (!option_value(argc, argv, &i, "--set", false, err, err_size))
+                return bad_usage(action);
         } else {
             snprintf(err, err_size, "unknown argument '%s'; see fsdp-train --help", argv[i]);
             return bad_usage(action);
@@ -440,9 +455,9 @@ fsdp_status train_cli_parse(int argc, char **argv, train_config *cfg, train_cli_
     if (st != FSDP_OK) return st;
     for (int i = 1; i < argc; i++) {
         if (is_option(argv[i], "--config")) {
-            option_value(argc, argv, &i, "--config", err, err_size);
+            option_value(argc, argv, &i, "--config", true, err, err_size);
         } else if (is_option(argv[i], "--set")) {
-            const char *v = option_value(argc, argv, &i, "--set", err, err_size);
+            const char *v = option_value(argc, argv, &i, "--set", false, err, err_size);
             st = train_config_set(cfg, v, err, err_size);
             if (st != FSDP_OK) return st;
         }
