@@ -686,6 +686,51 @@ static void test_llama_follows_a_move(void) {
     for (int k = 0; k < 2; k++) fsdp_optimizer_free(opt[k]), fsdp_module_free(m[k]);
 }
 
+/* An input or output gradient on another device than the layer's parameters is refused with
+ * FSDP_ERR_DEVICE naming the layer, both devices and the fix (a layer handed one device's
+ * kernels the other's memory before: sim ended the process), and a later call with the right
+ * tensors works: a Linear on sim:0 given cpu tensors, a Llama on sim:0 given cpu token ids (its
+ * embedding is the layer that refuses). */
+static void test_wrong_device_refused(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    const fsdp_device sim0 = {FSDP_DEVICE_SIM, 0};
+    fsdp_module *lin = NULL;
+    FSDP_TEST_OK(fsdp_linear_create(ctx, 8, 4, true, &lin));
+    FSDP_TEST_OK(fsdp_module_to(ctx, lin, sim0));
+    fsdp_tensor *x_cpu = NULL, *x_dev = NULL, *dy_cpu = NULL, *dy_dev = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){3, 8}, &x_cpu));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, sim0, 2, (int64_t[]){3, 8}, &x_dev));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, FSDP_CPU, 2, (int64_t[]){3, 4}, &dy_cpu));
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_F32, sim0, 2, (int64_t[]){3, 4}, &dy_dev));
+    const fsdp_tensor *y = NULL;
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, lin, x_cpu, &y), FSDP_ERR_DEVICE, "Linear",
+                    "the input is on cpu:0 and the parameters on sim:0", "fsdp_tensor_copy");
+    FSDP_TEST_OK(fsdp_module_forward(ctx, lin, x_dev, &y));
+    FSDP_TEST_FAILS(fsdp_module_backward(ctx, lin, dy_cpu, NULL), FSDP_ERR_DEVICE,
+                    "the output gradient is on cpu:0 and the parameters on sim:0");
+    FSDP_TEST_OK(fsdp_module_backward(ctx, lin, dy_dev, NULL));
+    fsdp_module_free(lin);
+    fsdp_tensor_free(x_cpu), fsdp_tensor_free(x_dev), fsdp_tensor_free(dy_cpu),
+        fsdp_tensor_free(dy_dev);
+
+    fsdp_llama_config cfg = {.dim = 16,
+                             .n_layers = 1,
+                             .n_heads = 4,
+                             .n_kv_heads = 2,
+                             .vocab_size = 32,
+                             .ffn_hidden = 24,
+                             .max_seq_len = 8};
+    fsdp_module *llama = NULL;
+    FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &llama));
+    FSDP_TEST_OK(fsdp_module_to(ctx, llama, sim0));
+    fsdp_tensor *ids = NULL;
+    FSDP_TEST_OK(fsdp_tensor_create(ctx, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){1, 8}, &ids));
+    FSDP_TEST_FAILS(fsdp_module_forward(ctx, llama, ids, &y), FSDP_ERR_DEVICE, "model.embed_tokens",
+                    "the input is on cpu:0 and the parameters on sim:0");
+    fsdp_tensor_free(ids);
+    fsdp_module_free(llama);
+}
+
 /* Initialisation depends on (seed, fully qualified name) only. */
 static void test_init_is_layout_independent(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
@@ -924,6 +969,7 @@ int main(int argc, char **argv) {
         {"buffers_grow_unzeroed", test_buffers_grow_unzeroed},
         {"buffers_follow_a_move", test_buffers_follow_a_move},
         {"llama_follows_a_move", test_llama_follows_a_move},
+        {"wrong_device_refused", test_wrong_device_refused},
         {"linear_fused_bitwise", test_linear_fused_bitwise},
         {"init_is_layout_independent", test_init_is_layout_independent},
         {"builders_fill_once", test_builders_fill_once},

@@ -118,6 +118,23 @@ static fsdp_status run_hooks(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point poin
     return FSDP_OK;
 }
 
+/* t (the input, or the output gradient) where m's own parameters are once its hooks bound them
+ * (FSDP's gathers, TP's local shards): a layer would otherwise hand one device's kernels the
+ * other's memory (a GPU faults on it; sim ends the process). Modules without parameters of
+ * their own pass it on to their children. */
+static fsdp_status check_device(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tensor *t,
+                                const char *what) {
+    if (m->n_params == 0 || !t) return FSDP_OK;
+    fsdp_device a = fsdp_tensor_device(t), b = fsdp_tensor_device(m->params[0]->data);
+    if (a.type == b.type && a.index == b.index) return FSDP_OK;
+    char desc[160];
+    return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                     "%s: the %s is on %s:%d and the parameters on %s:%d; copy the %s to the "
+                     "model's device (fsdp_tensor_copy) first",
+                     fsdp_nn_describe(m, desc, sizeof desc), what, fsdp_device_to_string(a),
+                     a.index, fsdp_device_to_string(b), b.index, what);
+}
+
 fsdp_status fsdp_nn_run_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,
                                 const fsdp_tensor **out, bool post_hooks) {
     fsdp_phase outer = ctx->phase;
@@ -127,6 +144,7 @@ fsdp_status fsdp_nn_run_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor
     fsdp_ctx_scope_push(ctx, m->fqn);
     const fsdp_tensor *x = in, *y = NULL;
     fsdp_status st = run_hooks(ctx, m, FSDP_HOOK_PRE_FORWARD, &x);
+    if (st == FSDP_OK) st = check_device(ctx, m, x, "input");
     ctx->running_module = m;
     if (st == FSDP_OK) st = m->ops->forward(ctx, m, x, &y);
     ctx->running_module = outer_module;
@@ -154,6 +172,7 @@ fsdp_status fsdp_nn_run_backward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     fsdp_ctx_scope_push(ctx, m->fqn);
     const fsdp_tensor *dy = dout, *dx = NULL;
     fsdp_status st = run_hooks(ctx, m, FSDP_HOOK_PRE_BACKWARD, &dy);
+    if (st == FSDP_OK) st = check_device(ctx, m, dy, "output gradient");
     if (st == FSDP_OK) st = m->ops->backward(ctx, m, dy, din ? &dx : NULL);
     if (st == FSDP_OK) st = run_hooks(ctx, m, FSDP_HOOK_POST_BACKWARD, &dx);
     fsdp_ctx_scope_pop(ctx);
