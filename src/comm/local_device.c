@@ -23,13 +23,9 @@ void fsdp_local_test_skip_input_wait(bool on) {
 
 /* ---- events ---- */
 
-static bool same_device(fsdp_device a, fsdp_device b) {
-    return a.type == b.type && a.index == b.index;
-}
-
 /* This member's events, made on dev (the earlier ones retired when its device changed). */
 static fsdp_status events_on(fsdp_ctx *ctx, local_events *mine, fsdp_device dev) {
-    if (mine->ev[0].handle && same_device(mine->ev[0].device, dev)) return FSDP_OK;
+    if (mine->ev[0].handle && fsdp_device_same(mine->ev[0].device, dev)) return FSDP_OK;
     if (mine->ev[0].handle) {
         local_retired_events *old = malloc(sizeof *old);
         if (!old) return FSDP_FAIL(ctx, FSDP_ERR_OUT_OF_MEMORY, "cannot allocate event records");
@@ -161,7 +157,7 @@ static fsdp_status work_event(fsdp_ctx *ctx, fsdp_comm_work *work, fsdp_device d
         work->state = w;
         work->free_state = local_work_free;
     }
-    if (!w->end.handle || !same_device(w->end.device, dev)) {
+    if (!w->end.handle || !fsdp_device_same(w->end.device, dev)) {
         fsdp_event_destroy(w->end);
         w->end = (fsdp_event){dev, NULL};
         FSDP_TRY_AT(ctx, fsdp_event_create(ctx, dev, &w->end));
@@ -227,7 +223,7 @@ static fsdp_status stage_alloc(const dev_call *d, size_t bytes, char **out) {
 static int remote_inputs(const dev_call *d) {
     int m = 0;
     for (int r = 0; r < d->g->size; r++)
-        m += !same_device(fsdp_tensor_device(d->lg->calls[r]->in), d->dev);
+        m += !fsdp_device_same(fsdp_tensor_device(d->lg->calls[r]->in), d->dev);
     return m;
 }
 
@@ -244,7 +240,7 @@ static fsdp_status reduce_run(const dev_call *d, void *dst, int64_t offset, int6
         const char *src = (const char *)fsdp_tensor_data(t) + (size_t)offset * esize;
         fsdp_device on = fsdp_tensor_device(t);
         in[r] = src;
-        if (same_device(on, d->dev)) continue;
+        if (fsdp_device_same(on, d->dev)) continue;
         char *copy = staging + (size_t)k++ * bytes;
         FSDP_TRY_AT(d->ctx, d->rec->copy(d->ctx, copy, d->dev, src, on, bytes));
         in[r] = copy;

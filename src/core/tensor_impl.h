@@ -7,6 +7,11 @@
 
 #include "fsdp/tensor.h"
 
+/* Whether a and b name the same device (kind and index). */
+static inline bool fsdp_device_same(fsdp_device a, fsdp_device b) {
+    return a.type == b.type && a.index == b.index;
+}
+
 /* Releases memory a storage does not own (fsdp_tensor_over, fsdp_tensor_relocate). */
 typedef void (*fsdp_storage_release_fn)(void *arg);
 

@@ -32,12 +32,7 @@ static fsdp_status check_movable(fsdp_ctx *ctx, fsdp_module *m, void *user) {
 }
 
 static bool on_device(const fsdp_tensor *t, fsdp_device d) {
-    fsdp_device at = fsdp_tensor_device(t);
-    return at.type == d.type && at.index == d.index;
-}
-
-static bool same_device(fsdp_device a, fsdp_device b) {
-    return a.type == b.type && a.index == b.index;
+    return fsdp_device_same(fsdp_tensor_device(t), d);
 }
 
 /* Whether `found` holds for m or a module under it, in fsdp_module_visit's order (stopping at
@@ -143,7 +138,7 @@ static bool found_elsewhere(one_device *o, const fsdp_module *m, const char *kin
         o->want = d;
         return false;
     }
-    if (same_device(d, o->want)) return false;
+    if (fsdp_device_same(d, o->want)) return false;
     o->found = (cpu_check){kind, m, name, d};
     return true;
 }

@@ -6,6 +6,7 @@
 #include "core/array.h"
 #include "core/ctx_impl.h"
 #include "core/error.h"
+#include "core/tensor_impl.h" // defines: fsdp_device_same
 #include "nn/module_impl.h"
 #include "nn/nn.h"
 
@@ -118,6 +119,19 @@ static fsdp_status run_hooks(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point poin
     return FSDP_OK;
 }
 
+fsdp_status fsdp_nn_check_device(fsdp_ctx *ctx, const fsdp_module *m, const char *style,
+                                 const fsdp_param *p, const fsdp_tensor *t, const char *what) {
+    fsdp_device a = fsdp_tensor_device(t), b = fsdp_tensor_device(p->data);
+    if (fsdp_device_same(a, b)) return FSDP_OK;
+    char desc[160];
+    return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
+                     "%s%s%s: the %s is on %s:%d and the parameters on %s:%d; copy the %s to the "
+                     "model's device (fsdp_tensor_copy) first",
+                     style ? style : "", style ? " on " : "",
+                     fsdp_nn_describe(m, desc, sizeof desc), what, fsdp_device_to_string(a),
+                     a.index, fsdp_device_to_string(b), b.index, what);
+}
+
 /* t (the input, or the output gradient) where m's own parameters are once its hooks bound them
  * (FSDP's gathers, TP's local shards): a layer would otherwise hand one device's kernels the
  * other's memory (a GPU faults on it; sim ends the process). Modules without parameters of
@@ -125,14 +139,7 @@ static fsdp_status run_hooks(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point poin
 static fsdp_status check_device(fsdp_ctx *ctx, const fsdp_module *m, const fsdp_tensor *t,
                                 const char *what) {
     if (m->n_params == 0 || !t) return FSDP_OK;
-    fsdp_device a = fsdp_tensor_device(t), b = fsdp_tensor_device(m->params[0]->data);
-    if (a.type == b.type && a.index == b.index) return FSDP_OK;
-    char desc[160];
-    return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
-                     "%s: the %s is on %s:%d and the parameters on %s:%d; copy the %s to the "
-                     "model's device (fsdp_tensor_copy) first",
-                     fsdp_nn_describe(m, desc, sizeof desc), what, fsdp_device_to_string(a),
-                     a.index, fsdp_device_to_string(b), b.index, what);
+    return fsdp_nn_check_device(ctx, m, NULL, m->params[0], t, what);
 }
 
 fsdp_status fsdp_nn_run_forward(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tensor *in,

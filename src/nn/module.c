@@ -533,15 +533,11 @@ fsdp_status fsdp_nn_buffer(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_device device, i
     return fsdp_nn_buffer_dtype(ctx, t, FSDP_DTYPE_F32, device, ndim, shape);
 }
 
-static bool same_device(fsdp_device a, fsdp_device b) {
-    return a.type == b.type && a.index == b.index;
-}
-
 fsdp_status fsdp_nn_buffer_dtype(fsdp_ctx *ctx, fsdp_tensor **t, fsdp_dtype dtype,
                                  fsdp_device device, int ndim, const int64_t *shape) {
     if (!*t) {
         FSDP_TRY_AT(ctx, fsdp_tensor_create_uninit(ctx, dtype, device, ndim, shape, t));
-    } else if (!fsdp_tensor_has_storage(*t) || !same_device(fsdp_tensor_device(*t), device)) {
+    } else if (!fsdp_tensor_has_storage(*t) || !fsdp_device_same(fsdp_tensor_device(*t), device)) {
         /* Released by activation checkpointing, or on the device the module was on before
          * fsdp_module_to: new storage under the same handle. */
         fsdp_tensor *fresh;

@@ -53,6 +53,13 @@ int fsdp_nn_input_readers(const fsdp_module *m, fsdp_module *const **readers);
  * comparing this with its own ops, never by the kind's name. */
 const fsdp_module_ops *fsdp_nn_module_ops(const fsdp_module *m);
 
+/* t (an input or output gradient, `what`) on parameter p's device, or FSDP_ERR_DEVICE naming
+ * m (after "<style> on " when style is not NULL), both devices and fsdp_tensor_copy: the check
+ * every module with parameters gets before its forward and backward, and TP's styles before
+ * they redistribute an input. */
+fsdp_status fsdp_nn_check_device(fsdp_ctx *ctx, const fsdp_module *m, const char *style,
+                                 const fsdp_param *p, const fsdp_tensor *t, const char *what);
+
 /* The module's name for messages, written into buf: "Linear 'net1'" or "Linear (root)". */
 const char *fsdp_nn_describe(const fsdp_module *m, char *buf, size_t size);
 

@@ -342,17 +342,13 @@ typedef struct slot_arrays {
     int64_t n;
 } slot_arrays;
 
-static bool same_device(fsdp_device a, fsdp_device b) {
-    return a.type == b.type && a.index == b.index;
-}
-
 static fsdp_status slot_check(fsdp_ctx *ctx, const optim_slot *s, slot_arrays *a) {
     *a = (slot_arrays){.n = fsdp_tensor_numel(fsdp_param_data(s->param)),
                        .dev = fsdp_tensor_device(fsdp_param_data(s->param))};
     /* The state follows its parameter (made before fsdp_module_to moved the model): moved
      * with its values, once, as the parameter was. */
     for (int k = 0; k < s->n_state; k++)
-        if (!same_device(fsdp_tensor_device(s->state[k]), a->dev))
+        if (!fsdp_device_same(fsdp_tensor_device(s->state[k]), a->dev))
             FSDP_TRY_AT(ctx, fsdp_tensor_move(ctx, s->state[k], a->dev));
     if (a->n == 0) return FSDP_OK;
     a->p = fsdp_tensor_f32(fsdp_param_data(s->param));
@@ -448,7 +444,7 @@ static fsdp_status step_adam(fsdp_ctx *ctx, fsdp_optimizer *opt) {
         if (st == FSDP_OK && a.n > 0) st = low_copy(ctx, s->param, &low, &mirror);
         if (st != FSDP_OK) break;
         if (a.n == 0) continue;
-        if (n > 0 && (!same_device(a.dev, dev) || s->group != group)) {
+        if (n > 0 && (!fsdp_device_same(a.dev, dev) || s->group != group)) {
             adam_flush(opt, dev, group, n);
             n = 0;
         }
@@ -491,7 +487,7 @@ fsdp_status fsdp_optimizer_zero_grad(fsdp_ctx *ctx, fsdp_optimizer *opt) {
     for (int i = 0; i <= opt->n_slots; i++) {
         fsdp_tensor *g = i < opt->n_slots ? fsdp_param_grad(opt->slots[i].param) : NULL;
         bool joins = g && fills_f32(g) && !per_tensor;
-        if (n > 0 && (!joins || !same_device(fsdp_tensor_device(g), dev))) {
+        if (n > 0 && (!joins || !fsdp_device_same(fsdp_tensor_device(g), dev))) {
             fsdp_kernels_for(dev)->fill_multi(opt->fill_out, opt->fill_n, n, 0.0f);
             n = 0;
         }

@@ -115,15 +115,7 @@ static fsdp_status check_input_device(fsdp_ctx *ctx, const fsdp_module *m, const
                                       const fsdp_tensor *x) {
     const fsdp_param *p = s->weight ? s->weight : s->n_params ? s->params[0] : NULL;
     if (!p) return FSDP_OK; /* PrepareModuleInput/Output own no parameters */
-    fsdp_device a = fsdp_tensor_device(x), b = fsdp_tensor_device(fsdp_param_data(p));
-    if (a.type == b.type && a.index == b.index) return FSDP_OK;
-    char where[200];
-    return FSDP_FAIL(ctx, FSDP_ERR_DEVICE,
-                     "%s on %s: the input is on %s:%d and the parameters on %s:%d; copy the input "
-                     "to the model's device (fsdp_tensor_copy) first",
-                     fsdp_tp_style_kind_to_string(s->style.kind),
-                     fsdp_nn_describe(m, where, sizeof where), fsdp_device_to_string(a), a.index,
-                     fsdp_device_to_string(b), b.index);
+    return fsdp_nn_check_device(ctx, m, fsdp_tp_style_kind_to_string(s->style.kind), p, x, "input");
 }
 
 fsdp_status tp_style_pre_forward(fsdp_ctx *ctx, fsdp_module *m, fsdp_hook_point point,
