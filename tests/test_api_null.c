@@ -25,6 +25,7 @@ typedef struct fx {
     uint64_t u64_in[1], u64_out[1];
     int64_t i64;
     fsdp_device_memory mem;
+    fsdp_device_properties props;
     float loss;
     fsdp_log_level level;
     fsdp_activation act;
@@ -339,6 +340,8 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_ctx_set_device, "ctx", fsdp_ctx_set_device(C, FSDP_CPU))                             \
     CALL(fsdp_device_memory_stats, "ctx out",                                                      \
          fsdp_device_memory_stats(C, FSDP_CPU, A(1, &f->mem)))                                     \
+    CALL(fsdp_device_get_properties, "ctx out",                                                    \
+         fsdp_device_get_properties(C, FSDP_CPU, A(1, &f->props)))                                 \
     CALL(fsdp_device_reset_peak_memory, "ctx", fsdp_device_reset_peak_memory(C, FSDP_CPU))         \
     CALL(fsdp_device_empty_cache, "ctx", fsdp_device_empty_cache(C, FSDP_CPU))                     \
     CALL(fsdp_tensor_create, "ctx shape out",                                                      \

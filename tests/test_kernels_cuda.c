@@ -8,14 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/device.h"     // defines: fsdp_device_for, fsdp_device_i
-#include "core/stream.h"     // defines: fsdp_host_alloc, fsdp_host_free
-#include "harness.h"         // defines: fsdp_test_run, fsdp_test_close, FSDP_TEST_OK
-#include "kernel_rng.h"      // defines: rng_seed, rng_u32, rng_uniform
-#include "kernels/kernels.h" // defines: fsdp_kernels_i, fsdp_kernels_for
-#include "kernels/sim/sim.h" // defines: fsdp_kernels_sim, fsdp_device_sim
-#include "on_device.h"       // defines: fsdp_test_device, fsdp_test_device_close
-#include "optim/update.h"    // defines: fsdp_sgd_update, fsdp_adam_update
+#include "core/device.h"       // defines: fsdp_device_for, fsdp_device_i
+#include "core/stream.h"       // defines: fsdp_host_alloc, fsdp_host_free
+#include "harness.h"           // defines: fsdp_test_run, fsdp_test_close, FSDP_TEST_OK
+#include "kernel_rng.h"        // defines: rng_seed, rng_u32, rng_uniform
+#include "kernels/gpu_peaks.h" // defines: fsdp_gpu_peaks
+#include "kernels/kernels.h"   // defines: fsdp_kernels_i, fsdp_kernels_for
+#include "kernels/sim/sim.h"   // defines: fsdp_kernels_sim, fsdp_device_sim
+#include "on_device.h"         // defines: fsdp_test_device, fsdp_test_device_close
+#include "optim/update.h"      // defines: fsdp_sgd_update, fsdp_adam_update
 #ifdef FSDP_HAVE_CUDA
 #include "kernels/cuda/cuda.h" // defines: fsdp_cuda_device_count, fsdp_cuda_device
 #endif
@@ -83,7 +84,8 @@ static void check_registered(fsdp_device_type type, const fsdp_kernels_i *table,
     CU_ASSERT_STRING_EQUAL(s->name, fsdp_device_to_string(d));
     CU_ASSERT_TRUE(s->alloc && s->free && s->copy && s->copy_2d && s->fill && s->convert &&
                    s->synchronize && s->device_count && s->host_alloc && s->host_free &&
-                   s->alloc_uninit && s->memory_stats && s->memory_reset_peak && s->empty_cache);
+                   s->alloc_uninit && s->memory_stats && s->memory_reset_peak && s->empty_cache &&
+                   s->properties);
     CU_ASSERT_EQUAL(s->device_count(), fsdp_device_count(type));
 }
 
@@ -244,6 +246,22 @@ static void test_alloc_reuse(void) {
     empty_cache();
     fsdp_device_memory s = counters();
     CU_ASSERT_EQUAL(s.reserved, s.in_use);
+
+    /* what the device is: its memory the allocator's capacity; on CUDA a name, an sm_80 or
+     * later, and the peaks of that name (zeros for a card outside the table) */
+    fsdp_device_properties p;
+    FSDP_TEST_OK(fsdp_device_get_properties(fsdp_test_ctx(), dev(), &p));
+    printf("\n    %s: %lld bytes, sm_%d%d, %d SMs, peaks %g / %g / %g TFLOP/s", p.name,
+           (long long)p.total_memory, p.major, p.minor, p.multiprocessors, p.peak_tflops_f32,
+           p.peak_tflops_tf32, p.peak_tflops_bf16);
+    CU_ASSERT_EQUAL(p.total_memory, s.capacity);
+    if (fsdp_test_device_is_cuda()) {
+        double f32, tf32, bf16;
+        fsdp_gpu_peaks(p.name, &f32, &tf32, &bf16);
+        CU_ASSERT_TRUE(p.name[0] != '\0' && p.major >= 8 && p.multiprocessors > 0);
+        CU_ASSERT_TRUE(p.peak_tflops_f32 == f32 && p.peak_tflops_tf32 == tf32 &&
+                       p.peak_tflops_bf16 == bf16);
+    }
 }
 
 /* More memory than the device has: out of memory, naming the device and what ran out. */

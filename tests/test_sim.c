@@ -17,6 +17,7 @@
 #include "core/device.h"          // defines: fsdp_device_for
 #include "core/stream.h"          // defines: fsdp_stream_create, fsdp_event_record, fsdp_host_alloc
 #include "harness.h"              // defines: fsdp_test_run, fsdp_test_ctx, FSDP_TEST_OK
+#include "kernels/gpu_peaks.h"    // defines: fsdp_gpu_peaks
 #include "kernels/kernels.h"      // defines: fsdp_kernels_for
 #include "kernels/sim/sim_impl.h" // defines: sim_block_alloc, fsdp_sim_mode_set
 
@@ -331,6 +332,49 @@ static void test_memory_stats(void) {
                     FSDP_ERR_DEVICE, "sim:99");
 }
 
+/* fsdp_device_get_properties: sim's name and memory and no peaks, the CPU's name alone, a
+ * missing device named; and the GPU table behind a cuda device's peaks, by the names CUDA
+ * gives the cards (the NVL parts and unknown cards get none). */
+static void test_device_properties(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    fsdp_device_properties p;
+    memset(&p, 0x5a, sizeof p);
+    FSDP_TEST_OK(fsdp_device_get_properties(ctx, (fsdp_device){FSDP_DEVICE_SIM, 1}, &p));
+    CU_ASSERT_STRING_EQUAL(p.name, "sim");
+    CU_ASSERT_EQUAL(p.total_memory, (int64_t)CAP_MB << 20);
+    CU_ASSERT(p.major == 0 && p.minor == 0 && p.multiprocessors == 0);
+    CU_ASSERT(p.peak_tflops_f32 == 0 && p.peak_tflops_tf32 == 0 && p.peak_tflops_bf16 == 0);
+    memset(&p, 0x5a, sizeof p);
+    FSDP_TEST_OK(fsdp_device_get_properties(ctx, FSDP_CPU, &p));
+    CU_ASSERT_STRING_EQUAL(p.name, "cpu");
+    CU_ASSERT(p.total_memory == 0 && p.major == 0 && p.peak_tflops_bf16 == 0);
+    FSDP_TEST_FAILS(fsdp_device_get_properties(ctx, (fsdp_device){FSDP_DEVICE_SIM, 99}, &p),
+                    FSDP_ERR_DEVICE, "sim:99");
+
+    static const struct {
+        const char *name;
+        double f32, tf32, bf16;
+    } cards[] = {
+        {"NVIDIA H100 80GB HBM3", 66.9, 494.7, 989.0},
+        {"NVIDIA H100 PCIe", 51.2, 378.0, 756.0},
+        {"NVIDIA H100 NVL", 0, 0, 0},
+        {"NVIDIA H200", 66.9, 494.7, 989.0},
+        {"NVIDIA GH200 480GB", 66.9, 494.7, 989.0},
+        {"NVIDIA H200 NVL", 0, 0, 0},
+        {"NVIDIA A100-SXM4-80GB", 19.5, 156.0, 312.0},
+        {"NVIDIA A100 80GB PCIe", 19.5, 156.0, 312.0},
+        {"NVIDIA L40S", 0, 0, 0},
+        {"", 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cards / sizeof cards[0]; i++) {
+        double f32 = -1, tf32 = -1, bf16 = -1;
+        fsdp_gpu_peaks(cards[i].name, &f32, &tf32, &bf16);
+        bool right = f32 == cards[i].f32 && tf32 == cards[i].tf32 && bf16 == cards[i].bf16;
+        if (!right) printf("\n    '%s': peaks %g / %g / %g", cards[i].name, f32, tf32, bf16);
+        CU_ASSERT_TRUE(right);
+    }
+}
+
 /* A block freed on stream a with a's write still queued, then taken on stream b: b's zeroing
  * waits for a's write (deferred mode leaves a's work unrun until someone waits for it), so the
  * block reads zeros now and after a has drained. */
@@ -624,6 +668,7 @@ int main(int argc, char **argv) {
         {"fresh_blocks", test_fresh_blocks},
         {"cache_and_cap", test_cache_and_cap},
         {"memory_stats", test_memory_stats},
+        {"device_properties", test_device_properties},
         {"cross_stream_reuse", test_cross_stream_reuse},
         {"streams_order", test_streams_order},
         {"missing_wait_is_caught", test_missing_wait_is_caught},

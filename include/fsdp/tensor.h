@@ -89,6 +89,25 @@ fsdp_status fsdp_device_reset_peak_memory(fsdp_ctx *ctx, fsdp_device device);
  * cache fills again. Errors as above. */
 fsdp_status fsdp_device_empty_cache(fsdp_ctx *ctx, fsdp_device device);
 
+/* What a device is (torch.cuda.get_device_properties), and the dense peak throughputs of its
+ * GEMMs that model-FLOP utilisation (MFU) is measured against. */
+typedef struct fsdp_device_properties {
+    char name[256];       /* a GPU's name as CUDA gives it ("NVIDIA H200"); "sim"; "cpu" */
+    int64_t total_memory; /* bytes of device memory (sim: FSDP_SIM_MEMORY); 0 on the CPU */
+    int major, minor;     /* CUDA compute capability (9, 0 on an H100); 0 elsewhere */
+    int multiprocessors;  /* CUDA's streaming multiprocessors; 0 elsewhere */
+    /* Dense peak TFLOP/s from the maker's data sheet (without sparsity) of f32 GEMMs, of f32
+     * GEMMs on TF32 tensor cores (fsdp_cuda_set_allow_tf32) and of bf16 GEMMs with f32
+     * accumulation; 0 where this libfsdp keeps no figure for the device (sim, the CPU, a GPU
+     * outside its table: A100, H100 SXM and PCIe, H200, GH200). */
+    double peak_tflops_f32, peak_tflops_tf32, peak_tflops_bf16;
+} fsdp_device_properties;
+
+/* *out <- the device's properties. Works for every device this build and machine have (the
+ * CPU: name "cpu", nothing else known); another: FSDP_ERR_DEVICE. */
+fsdp_status fsdp_device_get_properties(fsdp_ctx *ctx, fsdp_device device,
+                                       fsdp_device_properties *out);
+
 /* The device a rank computes on (default: the cpu). Setting it checks that the device exists
  * and gives the rank its streams there: its compute stream (the calling thread's default stream
  * of the device, where its kernels run) and a communication stream of its own, made on first

@@ -2,6 +2,7 @@
  * aligned host memory, memmove, element fill and the f32 <-> bf16 and f32 <-> f16
  * conversions. The CPU runs everything at once: it has no queues. */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -190,6 +191,20 @@ fsdp_status fsdp_device_empty_cache(fsdp_ctx *ctx, fsdp_device device) {
     const fsdp_device_i *s = NULL;
     FSDP_TRY_AT(ctx, memory_record(ctx, __func__, device, &s));
     s->empty_cache(device.index);
+    return FSDP_OK;
+}
+
+fsdp_status fsdp_device_get_properties(fsdp_ctx *ctx, fsdp_device device,
+                                       fsdp_device_properties *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    FSDP_TRY_AT(ctx, fsdp_device_check(ctx, device));
+    const fsdp_device_i *s = fsdp_device_for(device.type);
+    *out = (fsdp_device_properties){0};
+    if (s->properties)
+        s->properties(device.index, out);
+    else
+        snprintf(out->name, sizeof out->name, "%s", s->name);
     return FSDP_OK;
 }
 

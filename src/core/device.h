@@ -69,6 +69,9 @@ typedef struct fsdp_device_i {
     void (*memory_stats)(int index, fsdp_device_memory *out);
     void (*memory_reset_peak)(int index);
     void (*empty_cache)(int index);
+    /* *out <- what device `index` is, name included (optional: NULL gives the record's name
+     * and zeros). */
+    void (*properties)(int index, fsdp_device_properties *out);
 
     /* nbytes (> 0) of zeroed page-locked host memory, which copies to and from this kind of
      * device read and write asynchronously; host_free releases it (NULL does nothing). The CPU

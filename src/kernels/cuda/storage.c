@@ -2,9 +2,11 @@
  * copies, fills and conversions queued on the calling thread's default stream (its rank's
  * compute stream), and pinned host memory. Every CUDA failure becomes a status with CUDA's
  * message. */
+#include <stdio.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_impl.h"
+#include "kernels/gpu_peaks.h"
 
 /* Makes `index` the calling thread's device, after checking that it exists. */
 static fsdp_status use_device(fsdp_ctx *ctx, int index) {
@@ -236,6 +238,24 @@ static void cuda_memory_stats(int index, fsdp_device_memory *out) {
     *out = fsdp_cuda_memory_stats_get(index);
 }
 
+/* What CUDA says of the device, and the peaks of its name (kernels/gpu_peaks.c); a device CUDA
+ * cannot describe keeps the zeros, named "cuda". */
+static void cuda_properties(int index, fsdp_device_properties *out) {
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(out->name, sizeof out->name, "cuda");
+        return;
+    }
+    snprintf(out->name, sizeof out->name, "%.*s", (int)sizeof prop.name, prop.name);
+    out->total_memory = (int64_t)prop.totalGlobalMem;
+    out->major = prop.major;
+    out->minor = prop.minor;
+    out->multiprocessors = prop.multiProcessorCount;
+    fsdp_gpu_peaks(out->name, &out->peak_tflops_f32, &out->peak_tflops_tf32,
+                   &out->peak_tflops_bf16);
+}
+
 static const fsdp_device_i cuda_record = {
     .name = "cuda",
     .device_count = cuda_device_count,
@@ -251,6 +271,7 @@ static const fsdp_device_i cuda_record = {
     .memory_stats = cuda_memory_stats,
     .memory_reset_peak = fsdp_cuda_memory_reset_peak,
     .empty_cache = fsdp_cuda_empty_cache,
+    .properties = cuda_properties,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .stream_create = cuda_stream_create,

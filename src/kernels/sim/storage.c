@@ -3,6 +3,7 @@
  * the shadow addresses, pinned host memory whose copies read it late (as a GPU's DMA does),
  * streams and events, and the exit that runs and joins every stream and frees the bookkeeping. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -431,6 +432,13 @@ static void sim_memory_stats(int index, fsdp_device_memory *out) {
     *out = fsdp_sim_memory_stats_get(index);
 }
 
+/* A simulated GPU: its name and memory; no peaks (its speed is the host's). */
+static void sim_properties(int index, fsdp_device_properties *out) {
+    (void)index;
+    snprintf(out->name, sizeof out->name, "sim");
+    out->total_memory = (int64_t)sim_capacity();
+}
+
 static const fsdp_device_i sim_record = {
     .name = "sim",
     .device_count = sim_count,
@@ -446,6 +454,7 @@ static const fsdp_device_i sim_record = {
     .memory_stats = sim_memory_stats,
     .memory_reset_peak = fsdp_sim_memory_reset_peak,
     .empty_cache = fsdp_sim_empty_cache,
+    .properties = sim_properties,
     .host_alloc = sim_host_alloc,
     .host_free = sim_host_free,
     .stream_create = sim_stream_create,
