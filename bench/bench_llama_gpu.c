@@ -167,13 +167,6 @@ static void parse(int argc, char **argv, opts *o) {
                        "time; run them separately");
 }
 
-/* FLOP per token of one training step: 6N + 12 L d T, N the parameters less the input
- * embedding table (a lookup does no multiply-adds; lm_head is a GEMM and counts). */
-static double flop_per_token(const shape *s, int64_t params) {
-    double n = (double)(params - s->vocab * s->dim);
-    return 6.0 * n + 12.0 * s->layers * (double)s->dim * s->seq;
-}
-
 typedef struct run {
     fsdp_ctx *ctx;
     fsdp_device dev;
@@ -182,6 +175,7 @@ typedef struct run {
     fsdp_tensor *tokens, *dlogits;
     int32_t *targets; /* host: the next token, the last of each row ignored */
     float loss;
+    double flops;              /* per token of a step (fsdp_llama_flops_per_token: 6N + 12 L d T) */
     fsdp_launch_counts counts; /* the last step's, before its closing synchronize */
     llama_breakdown *bd;       /* while the breakdown's steps run */
 } run;
@@ -230,6 +224,7 @@ static fsdp_status run_build(run *r, const shape *s, bool checkpoint) {
         return FSDP_ERR_INTERNAL;
     }
     TRY(fsdp_model_llama(ctx, &cfg, &r->model));
+    TRY(fsdp_llama_flops_per_token(ctx, &cfg, s->seq, &r->flops));
     TRY(fsdp_module_to(ctx, r->model, r->dev));
     if (checkpoint) TRY(checkpoint_layers(ctx, r->model));
     TRY(fsdp_adamw_create(ctx, r->model, &(fsdp_adam_options){.lr = 1e-4, .weight_decay = 0.01},
@@ -317,8 +312,7 @@ static fsdp_status breakdown_mode(run *r, const opts *o, const shape *s, int mod
 
 /* The warm-up, then the timed steps of one mode, or a skip line when they would pass the
  * deadline. Returns non-OK only for a failure of the library. */
-static fsdp_status time_mode(run *r, const opts *o, const shape *s, int mode, double deadline,
-                             int64_t params) {
+static fsdp_status time_mode(run *r, const opts *o, const shape *s, int mode, double deadline) {
     fsdp_ctx *ctx = r->ctx;
     if (r->dev.type == FSDP_DEVICE_CUDA) TRY(fsdp_cuda_set_allow_tf32(ctx, mode == 1));
     TRY(fsdp_module_set_autocast(ctx, r->model, mode == 2 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32));
@@ -337,8 +331,7 @@ static fsdp_status time_mode(run *r, const opts *o, const shape *s, int mode, do
     double sec = bench_median(t, o->steps), tps = (double)s->batch * s->seq / sec;
     double peak = o->peak_tflops[mode];
     char mfu[32] = "n/a";
-    if (peak > 0)
-        snprintf(mfu, sizeof mfu, "%.4f", tps * flop_per_token(s, params) / (peak * 1e12));
+    if (peak > 0) snprintf(mfu, sizeof mfu, "%.4f", tps * r->flops / (peak * 1e12));
     fsdp_device_memory mem;
     TRY(fsdp_device_memory_stats(ctx, r->dev, &mem));
     printf("result libfsdp %s %s step_ms %.2f tokens_per_s %.1f mfu %s peak_mib %.1f loss %.9g\n",
@@ -378,7 +371,7 @@ static fsdp_status time_shape(fsdp_ctx *ctx, const opts *o, const shape *s, doub
         printf("libfsdp %s: %.1f M parameters, batch %d x seq %d, built and moved to %s:%d in "
                "%.1f s, FLOP/token 6N + 12 L d T = %.4g\n",
                s->name, (double)params / 1e6, s->batch, s->seq, fsdp_device_to_string(o->dev),
-               o->dev.index, bench_now() - t0, flop_per_token(s, params));
+               o->dev.index, bench_now() - t0, r.flops);
     /* bf16 first (the goals' mode), then TF32 and f32: a budget that runs out loses the least */
     static const int order[N_MODES] = {2, 1, 0};
     for (int i = 0; st == FSDP_OK && i < N_MODES; i++) {
@@ -388,7 +381,7 @@ static fsdp_status time_shape(fsdp_ctx *ctx, const opts *o, const shape *s, doub
                 printf("skip libfsdp %s %s: the budget of %.0f s is spent\n", s->name,
                        mode_name(o, m), o->budget_s);
             else
-                st = time_mode(&r, o, s, m, deadline, params);
+                st = time_mode(&r, o, s, m, deadline);
         }
     }
     if (st == FSDP_ERR_OUT_OF_MEMORY) {

@@ -26,6 +26,7 @@ typedef struct fx {
     int64_t i64;
     fsdp_device_memory mem;
     fsdp_device_properties props;
+    double flops;
     float loss;
     fsdp_log_level level;
     fsdp_activation act;
@@ -252,6 +253,8 @@ static fsdp_status backward_noop(fsdp_ctx *ctx, fsdp_module *m, const fsdp_tenso
     CALL(fsdp_model_simple_model, "ctx out", fsdp_model_simple_model(C, A(1, &f->made_m)))         \
     CALL(fsdp_llama_config_resolve, "ctx cfg out",                                                 \
          fsdp_llama_config_resolve(C, A(1, &f->llama), A(2, &f->llama_out)))                       \
+    CALL(fsdp_llama_flops_per_token, "ctx cfg out",                                                \
+         fsdp_llama_flops_per_token(C, A(1, &f->llama), 8, A(2, &f->flops)))                       \
     CALL(fsdp_embedding_create, "ctx out", fsdp_embedding_create(C, 4, 2, A(1, &f->made_m)))       \
     CALL(fsdp_llama_attention_create, "ctx cfg out",                                               \
          fsdp_llama_attention_create(C, A(1, &f->llama), A(2, &f->made_m)))                        \

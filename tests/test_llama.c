@@ -219,6 +219,49 @@ static void test_config_defaults(void) {
     CU_ASSERT_EQUAL(c.init_std, 0.02f);
 }
 
+/* fsdp_llama_flops_per_token against the model built: 6 N + 12 L d T with N the built model's
+ * parameters less the embedding table (untied), or all of them (tied: lm_head's GEMM reads the
+ * embedding's weight, counted once); shape S's figure; a seq outside [1, max_seq_len] and a bad
+ * config refused. */
+static void test_flops_per_token(void) {
+    fsdp_ctx *ctx = fsdp_test_ctx();
+    for (int tied = 0; tied < 2; tied++) {
+        fsdp_llama_config cfg = {.dim = 32,
+                                 .n_layers = 3,
+                                 .n_heads = 4,
+                                 .n_kv_heads = 2,
+                                 .ffn_hidden = 48,
+                                 .vocab_size = 61,
+                                 .max_seq_len = 16,
+                                 .tie_word_embeddings = tied};
+        fsdp_module *m = NULL;
+        FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
+        int64_t n = fsdp_module_param_count(m) - (tied ? 0 : 61 * 32);
+        double f = 0;
+        FSDP_TEST_OK(fsdp_llama_flops_per_token(ctx, &cfg, 10, &f));
+        CU_ASSERT_EQUAL(f, 6.0 * (double)n + 12.0 * 3 * 32 * 10);
+        fsdp_module_free(m);
+    }
+    /* shape S of bench/llama_gpu.sh: 124.7 M parameters, 100.1 M of them in the GEMMs */
+    fsdp_llama_config s = {.dim = 768,
+                           .n_layers = 12,
+                           .n_heads = 12,
+                           .n_kv_heads = 4,
+                           .ffn_hidden = 2048,
+                           .vocab_size = 32000,
+                           .max_seq_len = 1024};
+    double f = 0;
+    FSDP_TEST_OK(fsdp_llama_flops_per_token(ctx, &s, 1024, &f));
+    CU_ASSERT_EQUAL(f, 6.0 * 100092672 + 12.0 * 12 * 768 * 1024);
+    FSDP_TEST_FAILS(fsdp_llama_flops_per_token(ctx, &s, 1025, &f), FSDP_ERR_INVALID_ARGUMENT,
+                    "seq = 1025", "max_seq_len = 1024");
+    FSDP_TEST_FAILS(fsdp_llama_flops_per_token(ctx, &s, 0, &f), FSDP_ERR_INVALID_ARGUMENT,
+                    "seq = 0");
+    s.n_kv_heads = 5;
+    FSDP_TEST_FAILS(fsdp_llama_flops_per_token(ctx, &s, 8, &f), FSDP_ERR_INVALID_ARGUMENT,
+                    "n_kv_heads");
+}
+
 /* fsdp_model_llama defers the layers' own fills on adding to its final reset (each element
  * drawn once, not twice): the model's values are a reset's, bit for bit, untied and tied, and
  * drawn (not the zeros a new tensor holds); a Linear made afterwards on the same context is
@@ -585,6 +628,7 @@ int main(int argc, char **argv) {
         {"rope3_matches_hf", test_rope3_matches_hf},
         {"tied_matches_hf", test_tied_matches_hf},
         {"config_defaults", test_config_defaults},
+        {"flops_per_token", test_flops_per_token},
         {"build_deferred_fill", test_build_deferred_fill},
         {"config_refused", test_config_refused},
         {"inputs_refused", test_inputs_refused},

@@ -75,6 +75,17 @@ typedef struct fsdp_llama_config {
 fsdp_status fsdp_llama_config_resolve(fsdp_ctx *ctx, const fsdp_llama_config *cfg,
                                       fsdp_llama_config *out);
 
+/* *out <- the model FLOPs of one token of a training step (forward and backward; not an
+ * activation checkpoint's recompute) of the Llama of cfg on sequences of seq tokens (1 ..
+ * max_seq_len): 6 N + 12 L d seq, the count PaLM (appendix B), llm.c and torchtitan measure
+ * model-FLOP utilisation (MFU) by. N: the weights the GEMMs read, every parameter but the
+ * embedding table's lookup (norm weights too, a rounding), lm_head's (vocab, dim) counted also
+ * when it is tied to the embedding; 12 L d seq: the attention's q k^T and P v over the whole
+ * (seq, seq) square, as those counts take it (the causal half a kernel skips is counted).
+ * Errors: cfg's (fsdp_llama_config_resolve), and a seq outside its range. */
+fsdp_status fsdp_llama_flops_per_token(fsdp_ctx *ctx, const fsdp_llama_config *cfg, int64_t seq,
+                                       double *out);
+
 /* nn.Embedding: input i32 token ids in [0, num_embeddings) of shape (...) (up to 3 dims),
  * output (..., dim) f32. Parameter "weight" (num_embeddings, dim) ~ normal(0, 1) as PyTorch.
  * Token ids have no gradient: backward only accumulates the weight gradient and hands back no

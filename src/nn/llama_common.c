@@ -209,3 +209,23 @@ fsdp_status fsdp_llama_config_resolve(fsdp_ctx *ctx, const fsdp_llama_config *cf
     *out = c;
     return FSDP_OK;
 }
+
+fsdp_status fsdp_llama_flops_per_token(fsdp_ctx *ctx, const fsdp_llama_config *cfg, int64_t seq,
+                                       double *out) {
+    FSDP_ARG_NOT_NULL(ctx, ctx);
+    FSDP_ARG_NOT_NULL(ctx, cfg);
+    FSDP_ARG_NOT_NULL(ctx, out);
+    fsdp_llama_config c;
+    FSDP_TRY_AT(ctx, fsdp_llama_config_resolve(ctx, cfg, &c));
+    if (seq < 1 || seq > c.max_seq_len)
+        return FSDP_FAIL(ctx, FSDP_ERR_INVALID_ARGUMENT,
+                         "fsdp_llama_flops_per_token: seq = %lld; it must be in [1, max_seq_len = "
+                         "%lld]",
+                         (long long)seq, (long long)c.max_seq_len);
+    double d = (double)c.dim, kv = d / c.n_heads * c.n_kv_heads;
+    /* q_proj and o_proj (d, d), k_proj and v_proj (kv, d), three (ffn, d), two norms */
+    double layer = 2 * d * d + 2 * kv * d + 3 * (double)c.ffn_hidden * d + 2 * d;
+    double n = c.n_layers * layer + d + (double)c.vocab_size * d; /* the final norm, lm_head */
+    *out = 6 * n + 12.0 * c.n_layers * d * (double)seq;
+    return FSDP_OK;
+}
