@@ -544,8 +544,8 @@ static void test_help_and_write(void) {
     }
     /* every key but the empty-by-default model.tp_plan, model.checkpoint_activations, data.path,
      * optim.no_decay, checkpoint.dir, log.metrics */
-    CU_ASSERT_EQUAL(keys, 74); /* 65, llama's five rope_scaling keys, tie_embeddings, autocast,
-                                * device, comm_thread */
+    CU_ASSERT_EQUAL(keys, 76); /* 65, llama's five rope_scaling keys, tie_embeddings, autocast,
+                                * device, comm_thread, allow_tf32, peak_tflops */
 
     /* round trip through a file, with values different from the defaults */
     FSDP_TEST_OK(train_config_set(&g_cfg, "model.widths=3,5,7", err, sizeof err));

@@ -301,6 +301,9 @@ static void cpu_against_sim(const char *name, const char *const *model, const ch
     CU_ASSERT_PTR_NULL(strstr(c.text, " mem "));
     CU_ASSERT_PTR_NULL(c.metrics ? strstr(c.metrics, "mem_peak_bytes") : "no metrics");
     CU_ASSERT_PTR_NULL(c.metrics ? strstr(c.metrics, "device") : "no metrics");
+    /* no peak figure on the cpu or sim, so no mfu (a GPU in the table has one) */
+    CU_ASSERT_PTR_NULL(strstr(c.text, "mfu"));
+    if (strcmp(g_dev, "sim") == 0) CU_ASSERT_PTR_NULL(strstr(s.text, "mfu"));
     if (g_bound > 0)
         printf("\n    %s: %lld steps, loss %.6f -> %.6f, %s within %.3g of the cpu: %s (largest "
                "relative difference %.2g, checkpoint %.2g)",
@@ -371,6 +374,58 @@ static void test_mlp_full_shard(void) {
 static void test_llama_fsdp_tp(void) {
     cpu_against_sim("llama_2x2", g_llama,
                     SET("parallel.ranks=4", "parallel.tp=2", "parallel.wrap=layer"));
+}
+
+/* Every record's mfu against tokens/s x the FLOPs of a token (counted here from g_llama's
+ * shape) over the peak and the devices: within the records' rounding (tokens/s to 0.1, mfu to
+ * 4 decimals). Returns the records checked. */
+static int mfu_recorded(const char *metrics, double peak_tflops, int devices) {
+    /* dim 32, 2 layers, 4 heads of 8 (2 key/value), ffn 64, vocab 256 (the default), T 16 */
+    const double d = 32, kv = 2 * 8, ffn = 64, vocab = 256, T = 16, L = 2;
+    double n = L * (2 * d * d + 2 * kv * d + 3 * ffn * d + 2 * d) + d + vocab * d;
+    double per_token = 6 * n + 12 * L * d * T, rate = per_token / (peak_tflops * 1e12 * devices);
+    int records = 0;
+    for (const char *p = metrics; p && (p = strstr(p, "\"tokens_per_s\": ")); p++) {
+        double tps = 0, mfu = -1;
+        bool ok = sscanf(p, "\"tokens_per_s\": %lf, \"mfu\": %lf", &tps, &mfu) == 2 &&
+                  fabs(mfu - tps * rate) <= 5e-5 + 0.05 * rate * 1.01;
+        if (!ok) printf("\n    mfu %.4f, want %.4f: %.80s", mfu, tps * rate, p);
+        records += ok ? 1 : -1000;
+    }
+    return records;
+}
+
+/* [log] peak_tflops and [parallel] allow_tf32: the banner's count and peak (f32 on sim and the
+ * cpu, tf32 on a GPU; bf16 under autocast whatever allow_tf32 says), the devices (sim's 2 for 4
+ * rank threads, a rank each on the cpu) and each progress record's mfu. */
+static void test_mfu(void) {
+    const char *const runs[][4] = {
+        {"mfu_dev", "f32", "parallel.allow_tf32=true", "model.autocast=f32"},
+        {"mfu_cpu", "cpu", "parallel.allow_tf32=true", "model.autocast=bf16"},
+    };
+    for (int i = 0; i < 2; i++) {
+        bool on_cpu = strcmp(runs[i][1], "cpu") == 0, cuda = !on_cpu && strcmp(g_dev, "cuda") == 0;
+        int count = cuda ? fsdp_device_count(FSDP_DEVICE_CUDA) : g_sim_devices;
+        int devices = on_cpu ? 4 : count < 4 ? count : 4;
+        const char *mode = on_cpu ? "bf16" : cuda ? "tf32" : "f32";
+        run_out o = {0};
+        FSDP_TEST_OK(run(runs[i][0], g_llama,
+                         SET("parallel.ranks=4", "parallel.tp=2", "log.peak_tflops=0.002",
+                             runs[i][2], runs[i][3]),
+                         on_cpu ? "cpu" : g_dev, &o));
+        char banner[200];
+        snprintf(banner, sizeof banner,
+                 "mfu: 2.768e+06 FLOP per sequence (6N + 12 L d T per token) against 0.002 "
+                 "TFLOP/s (%s, [log] peak_tflops) x %d device%s\n",
+                 mode, devices, devices == 1 ? "" : "s");
+        CU_ASSERT_PTR_NOT_NULL(o.text && strstr(o.text, banner));
+        CU_ASSERT_PTR_NOT_NULL(o.text && strstr(o.text, "  mfu "));
+        int records = mfu_recorded(o.metrics, 0.002, devices);
+        printf("\n    %s: %d records' mfu as counted", runs[i][0], records);
+        CU_ASSERT_EQUAL(records, 2); /* steps 2 and 4 */
+        if (!o.text || !strstr(o.text, banner)) printf("\n    want %s in:\n%s", banner, o.text);
+        free(o.text), free(o.metrics);
+    }
 }
 
 /* (2, 1) FULL_SHARD over the whole Llama. */
@@ -621,6 +676,7 @@ int main(int argc, char **argv) {
         {"llama_fsdp_tp", test_llama_fsdp_tp},
         {"llama_full_shard", test_llama_full_shard},
         {"resume_other_device", test_resume_other_device},
+        {"mfu", test_mfu},
         {"refusals", test_refusals},
         {"bounded_control", test_bounded_control},
         {"nccl_refusals", test_nccl_refusals},

@@ -174,6 +174,14 @@ static int64_t llama_tokens_per_sample(const train_config *cfg) {
     return cfg->model.max_seq_len;
 }
 
+/* A sequence of max_seq_len tokens at fsdp_llama_flops_per_token's count each. */
+static fsdp_status llama_flops_per_sample(fsdp_ctx *ctx, const train_config *cfg, double *out) {
+    fsdp_llama_config c = train_llama_config(cfg);
+    TRAIN_TRY(fsdp_llama_flops_per_token(ctx, &c, cfg->model.max_seq_len, out));
+    *out *= (double)cfg->model.max_seq_len;
+    return FSDP_OK;
+}
+
 /* shape_only: the same layers at the smallest sizes. */
 static fsdp_status llama_build(fsdp_ctx *ctx, const train_config *cfg, bool shape_only,
                                fsdp_module **out) {
@@ -324,6 +332,7 @@ const train_kind train_kind_llama = {
     .data_kinds = 1u << TRAIN_DATA_TOKENS,
     .data_advice = "a Llama model trains on a token file; set [data] kind = tokens and [data] path",
     .tokens_per_sample = llama_tokens_per_sample,
+    .flops_per_sample = llama_flops_per_sample,
     .adopt_init = train_llama_adopt_init,
     .state_advice = "Hugging Face's LlamaForCausalLM names (model.embed_tokens.weight, "
                     "model.layers.<i>.self_attn.q_proj.weight, ..., model.norm.weight, "

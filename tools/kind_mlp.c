@@ -174,6 +174,16 @@ static void mlp_banner(const train_config *cfg, const void *feed, FILE *out) {
     train_samples_banner(cfg, feed, out);
 }
 
+/* 6 N, N the Linear layers' weights (2 N multiply-adds forward, 4 N backward). */
+static fsdp_status mlp_flops_per_sample(fsdp_ctx *ctx, const train_config *cfg, double *out) {
+    (void)ctx;
+    const train_int_list *w = &cfg->model.widths;
+    double n = 0;
+    for (int i = 0; i + 1 < w->n; i++) n += (double)w->v[i] * (double)w->v[i + 1];
+    *out = 6 * n;
+    return FSDP_OK;
+}
+
 const train_kind train_kind_mlp = {
     .name = "mlp",
     .help = "Linear layers over widths, with an activation between them",
@@ -197,5 +207,6 @@ const train_kind train_kind_mlp = {
     .loss = train_samples_loss,
     .banner = mlp_banner,
     .done = train_samples_done,
+    .flops_per_sample = mlp_flops_per_sample,
     .estimate = train_estimate_mlp,
 };

@@ -89,6 +89,13 @@ static void stacked_banner(const train_config *cfg, const void *feed, FILE *out)
     train_samples_banner(cfg, feed, out);
 }
 
+/* 6 N, N the blocks' weights: net1 (HIDDEN, WIDTH) and net2 (WIDTH, HIDDEN) each. */
+static fsdp_status stacked_flops_per_sample(fsdp_ctx *ctx, const train_config *cfg, double *out) {
+    (void)ctx;
+    *out = 6.0 * (double)cfg->model.n_layers * 2 * WIDTH * HIDDEN;
+    return FSDP_OK;
+}
+
 const train_kind train_kind_mlp_stacked = {
     .name = "mlp_stacked",
     .help = "the seed's MLPStacked: n_layers blocks layers.<i> of net1 Linear(10, 16), relu, "
@@ -114,5 +121,6 @@ const train_kind train_kind_mlp_stacked = {
     .loss = train_samples_loss,
     .banner = stacked_banner,
     .done = train_samples_done,
+    .flops_per_sample = stacked_flops_per_sample,
     .estimate = train_estimate_mlp_stacked,
 };

@@ -203,6 +203,10 @@ static const train_key g_keys_last[] = {
              "mod FSDP_SIM_DEVICES, bitwise the CPU's results). Not with backend = mpi. With "
              "backend = nccl one device per rank: rank r's (under mpirun: the node-local "
              "rank's)"),
+    BOOL_KEY("parallel", "allow_tf32", parallel.allow_tf32, "false",
+             "device = cuda: f32 GEMMs on TF32 tensor cores (fsdp_cuda_set_allow_tf32, PyTorch's "
+             "torch.backends.cuda.matmul.allow_tf32), faster at 10 mantissa bits per product; "
+             "false: exact f32. The cpu and sim compute exact f32 either way"),
 
     ENUM_KEY("data", "kind", data.kind, "synthetic", g_data_kind_names, NULL,
              "where the samples come from: synthetic (inputs from the counter RNG, targets from "
@@ -333,6 +337,11 @@ static const train_key g_keys_last[] = {
              "print rank 0's collectives of one step (the run's second) as a table (op, group, "
              "phase, calls, bytes, module), from the comm-debug layer; the progress lines then "
              "split the steps' time into compute and comm"),
+    FLOAT_KEY("log", "peak_tflops", log.peak_tflops, "0", 0, INCL, 1e6, INCL,
+              "the dense peak TFLOP/s of one rank's device in the run's compute mode, which the "
+              "progress lines' mfu (model-FLOP utilisation) is measured against; 0: the "
+              "device's own figure (fsdp_device_get_properties: A100, H100, H200 and GH200 "
+              "known), and no mfu on the cpu, sim or another card"),
     ENUM_KEY("log", "progress", log.progress, "auto", g_progress_names, NULL,
              "between the log lines: auto (a progress bar when stdout is a terminal and the "
              "ranks are threads, not under mpirun; nothing else), bar (always the bar, redrawn "

@@ -134,6 +134,7 @@ typedef struct train_config {
         double bucket_mb;              /* replicate: bucket cap in MiB; 0: DDP's default */
         bool pin_threads;
         bool comm_thread;        /* the mpi backend's communication thread */
+        bool allow_tf32;         /* cuda: f32 GEMMs on TF32 tensor cores */
         fsdp_device_type device; /* the kind of device every rank computes on (train_device.h) */
     } parallel;
     struct {
@@ -184,6 +185,7 @@ typedef struct train_config {
         char metrics[TRAIN_MAX_STRING];     /* "" for none */
         char tensorboard[TRAIN_MAX_STRING]; /* event file directory; "" for none */
         bool comm_debug;                    /* print rank 0's collectives of a step */
+        double peak_tflops;                 /* one device's peak for mfu; 0: its own figure */
         train_progress_style progress;
     } log;
     /* Where each key's value came from, by table index: "default", "run.ini:12" or

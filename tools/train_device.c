@@ -168,3 +168,57 @@ fsdp_status train_device_memory(fsdp_ctx *ctx, train_report *r) {
     r->mem_capacity = m.capacity;
     return FSDP_OK;
 }
+
+fsdp_status train_device_tf32(fsdp_ctx *ctx, const train_config *cfg, bool on) {
+    if (!cfg->parallel.allow_tf32 || fsdp_ctx_device(ctx).type != FSDP_DEVICE_CUDA) return FSDP_OK;
+    return fsdp_cuda_set_allow_tf32(ctx, on);
+}
+
+/* The devices the world computes on: a rank's own (the CPU's cores, or a GPU per process under
+ * nccl-mpi), or rank threads sharing the device kind's count here. */
+static int devices_of(const train_config *cfg) {
+    int world = train_config_world_size(cfg);
+    fsdp_device_type type = cfg->parallel.device;
+    if (type == FSDP_DEVICE_CPU || train_config_backend(cfg) == TRAIN_BACKEND_NCCL_MPI)
+        return world;
+    int count = fsdp_device_count(type);
+    return count > 0 && count < world ? count : world;
+}
+
+fsdp_status train_device_mfu(fsdp_ctx *ctx, const train_config *cfg, const train_kind *kind,
+                             train_mfu *mfu) {
+    *mfu = (train_mfu){.devices = devices_of(cfg)};
+    bool bf16 = cfg->model.kind == TRAIN_MODEL_LLAMA && cfg->model.autocast == 1;
+    bool tf32 = !bf16 && cfg->parallel.allow_tf32 && cfg->parallel.device == FSDP_DEVICE_CUDA;
+    mfu->mode = bf16 ? "bf16" : tf32 ? "tf32" : "f32";
+    if (kind->flops_per_sample) TRAIN_TRY(kind->flops_per_sample(ctx, cfg, &mfu->flops_per_sample));
+    if (cfg->log.peak_tflops > 0) {
+        mfu->peak_tflops = cfg->log.peak_tflops;
+        snprintf(mfu->source, sizeof mfu->source, "[log] peak_tflops");
+        return FSDP_OK;
+    }
+    fsdp_device_properties p;
+    TRAIN_TRY(fsdp_device_get_properties(ctx, fsdp_ctx_device(ctx), &p));
+    mfu->peak_tflops = bf16 ? p.peak_tflops_bf16 : tf32 ? p.peak_tflops_tf32 : p.peak_tflops_f32;
+    snprintf(mfu->source, sizeof mfu->source, "%s", p.name);
+    return FSDP_OK;
+}
+
+double train_mfu_of(const train_mfu *mfu, double samples_per_s) {
+    if (!(mfu->flops_per_sample > 0 && mfu->peak_tflops > 0)) return 0;
+    return samples_per_s * mfu->flops_per_sample / (mfu->peak_tflops * 1e12 * mfu->devices);
+}
+
+void train_mfu_describe(const train_config *cfg, const train_mfu *mfu, FILE *out) {
+    if (mfu->flops_per_sample > 0 && mfu->peak_tflops > 0)
+        fprintf(out, "mfu: %.4g FLOP per %s (%s) against %g TFLOP/s (%s, %s) x %d device%s\n",
+                mfu->flops_per_sample, cfg->model.kind == TRAIN_MODEL_LLAMA ? "sequence" : "sample",
+                cfg->model.kind == TRAIN_MODEL_LLAMA ? "6N + 12 L d T per token" : "6N",
+                mfu->peak_tflops, mfu->mode, mfu->source, mfu->devices,
+                mfu->devices == 1 ? "" : "s");
+    else if (mfu->flops_per_sample > 0 && cfg->parallel.device == FSDP_DEVICE_CUDA)
+        fprintf(out,
+                "mfu: none, libfsdp has no peak figure for '%s' in %s; set [log] peak_tflops "
+                "to its dense peak TFLOP/s\n",
+                mfu->source, mfu->mode);
+}

@@ -5,8 +5,10 @@
 #define FSDP_TOOLS_TRAIN_DEVICE_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "train_config.h"
+#include "train_kind.h"
 #include "train_metrics.h"
 
 #ifdef __cplusplus
@@ -45,6 +47,29 @@ const char *train_device_name(fsdp_device device, char *buf, size_t size);
 /* Rank 0's device's allocator figures into r (mem_peak, mem_reserved, mem_capacity), its peak
  * restarted so that the next progress step reports its own interval; nothing on the CPU. */
 fsdp_status train_device_memory(fsdp_ctx *ctx, train_report *r);
+
+/* What the progress lines' mfu (model-FLOP utilisation) is measured against: the model FLOPs
+ * of a sample, one device's dense peak in the run's compute mode and the devices the world
+ * computes on (ranks sharing a device count it once). */
+typedef struct train_mfu {
+    double flops_per_sample; /* the kind's count; 0: none */
+    double peak_tflops;      /* [log] peak_tflops, or the device's figure; 0: none known */
+    const char *mode;        /* the peak's compute mode: "f32", "tf32" or "bf16" */
+    int devices;
+    char source[256]; /* where the peak came from: the card's name, or "[log] peak_tflops" */
+} train_mfu;
+
+/* The rank's compute settings on its device, after fsdp_ctx_set_device: [parallel] allow_tf32
+ * on a GPU (on = false undoes it, when the rank is done); and *mfu. */
+fsdp_status train_device_tf32(fsdp_ctx *ctx, const train_config *cfg, bool on);
+fsdp_status train_device_mfu(fsdp_ctx *ctx, const train_config *cfg, const train_kind *kind,
+                             train_mfu *mfu);
+/* The utilisation of a step rate: samples/s x FLOPs of a sample over devices x peak; 0 when
+ * either count is missing. */
+double train_mfu_of(const train_mfu *mfu, double samples_per_s);
+/* The banner's line about mfu, or nothing: the count and the peak, or on a GPU without a
+ * figure what sets one. */
+void train_mfu_describe(const train_config *cfg, const train_mfu *mfu, FILE *out);
 
 /* *dev <- a copy of host tensor `host` on the ctx's device (fsdp_ctx_device), owned by the
  * caller; NULL when the ctx computes on the CPU (the host tensor serves). */

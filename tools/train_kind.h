@@ -56,6 +56,10 @@ typedef struct train_kind {
     /* Language model: its samples are sequences of tokens_per_sample(cfg) targets; progress
      * counts tokens and evaluations report perplexity. NULL: samples. (optional) */
     int64_t (*tokens_per_sample)(const train_config *cfg);
+    /* *out <- the model FLOPs of one sample's forward and backward (no activation
+     * checkpoint's recompute), which the progress lines' mfu counts; a failure is the ctx's.
+     * (optional: a kind without it gets no mfu) */
+    fsdp_status (*flops_per_sample)(fsdp_ctx *ctx, const train_config *cfg, double *out);
 
     /* When [model] init names a description of the model's shape (a Hugging Face directory's
      * config.json), its [model] keys left at their defaults take the described values and

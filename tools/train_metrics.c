@@ -60,6 +60,7 @@ static int fill(json_t *o, int64_t step, const train_report *r, int64_t per_samp
         rc |= set_real(o, "samples_per_s", r->samples_per_s, 1);
         rc |= set_real(o, "time_s", r->elapsed, 6);
         if (per_sample) rc |= set_real(o, "tokens_per_s", r->samples_per_s * (double)per_sample, 1);
+        if (r->mfu > 0) rc |= set_real(o, "mfu", r->mfu, 4);
         rc |= set_real(o, "lr", r->lr, -1);
         if (!isnan(r->grad_norm)) rc |= set_real(o, "grad_norm", r->grad_norm, -1);
         if (r->device) {

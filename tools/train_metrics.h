@@ -33,6 +33,7 @@ typedef struct train_report {
     /* With device: its caching allocator's peak bytes in use since the previous progress step
      * (all ranks on it together), its reserved bytes now and its capacity. */
     int64_t mem_peak, mem_reserved, mem_capacity;
+    double mfu; /* progress: model-FLOP utilisation since the last line (train_mfu_of); 0: none */
 } train_report;
 
 /* The seconds of the steps in collectives, and the rest of the steps' wall time. */

@@ -73,6 +73,7 @@ typedef struct train_state {
 
     /* [parallel] device */
     char device[32]; /* this rank's device ("sim:1") */
+    train_mfu mfu;   /* what the progress lines' mfu counts */
 } train_state;
 
 static void train_state_free(fsdp_ctx *ctx, train_state *s) {
@@ -186,7 +187,9 @@ static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const voi
     fsdp_device dev = train_device_of(cfg, fsdp_ctx_rank(ctx));
     train_device_name(dev, s->device, sizeof s->device);
     *what = "choosing the device";
-    if ((st = fsdp_ctx_set_device(ctx, dev))) return st;
+    if ((st = fsdp_ctx_set_device(ctx, dev)) || (st = train_device_tf32(ctx, cfg, true))) return st;
+    *what = "counting the model's FLOPs";
+    if ((st = train_device_mfu(ctx, cfg, s->kind, &s->mfu))) return st;
     *what = "creating the device mesh";
     if ((st = setup_mesh(ctx, cfg, s))) return st;
     *what = "building the model";
@@ -340,6 +343,7 @@ static fsdp_status write_tb(const train_config *cfg, train_state *s, int64_t ste
         {r->progress, "train/samples_per_s", r->samples_per_s},
         {r->progress && s->per_sample, "train/tokens_per_s",
          r->samples_per_s * (double)s->per_sample},
+        {r->progress && r->mfu > 0, "train/mfu", r->mfu},
         {r->progress, "train/lr", r->lr},
         {r->progress && !isnan(r->grad_norm), "train/grad_norm", r->grad_norm},
         {r->eval, "eval/loss", r->eval_loss},
@@ -371,6 +375,7 @@ static fsdp_status report(const train_config *cfg, train_state *s, int64_t step,
                     r->elapsed);
         else
             fprintf(s->out, "  samples/s %.0f  time %.2fs", r->samples_per_s, r->elapsed);
+        if (r->mfu > 0) fprintf(s->out, "  mfu %.1f%%", 100 * r->mfu);
         if (r->comm) /* the steps' time since the last line, split */
             fprintf(s->out, "  compute %.3fs  comm %.3fs", train_comm_compute_seconds(r->comm),
                     train_comm_seconds(r->comm));
@@ -424,7 +429,9 @@ static void print_banner(const train_config *cfg, train_state *s) {
     char rule[96];
     if (cfg->parallel.device != FSDP_DEVICE_CPU)
         fprintf(s->out, ", device %s (%s)", s->device, train_device_rule(cfg, rule, sizeof rule));
+    if (strcmp(s->mfu.mode, "tf32") == 0) fprintf(s->out, ", allow_tf32");
     fprintf(s->out, "\n");
+    train_mfu_describe(cfg, &s->mfu, s->out);
     if (cfg->log.level == FSDP_LOG_DEBUG) train_config_write(cfg, s->out);
 }
 
@@ -669,6 +676,7 @@ static fsdp_status train_loop(fsdp_ctx *ctx, const train_config *cfg, train_stat
             double t = now_seconds();
             r.loss = prog->loss_sum / (double)prog->since;
             r.samples_per_s = (double)(since_line * cfg->data.batch_size) / fmax(t - t_last, 1e-9);
+            r.mfu = train_mfu_of(&s->mfu, r.samples_per_s);
             r.elapsed = t - t0;
             TRAIN_TRY(report(cfg, s, step, &r, err, err_size));
             if (r.progress) {
@@ -836,5 +844,6 @@ fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layou
     }
     if (st != FSDP_OK && !err[0]) snprintf(err, err_size, "%s: %s", what, fsdp_last_error(ctx));
     train_state_free(ctx, &s);
+    if (st == FSDP_OK) st = train_device_tf32(ctx, cfg, false); /* the thread's setting as it was */
     return st;
 }
