@@ -128,12 +128,16 @@ __global__ void rmsnorm_backward_fused_kernel(float *dinp, double *chunk_sums, c
 #define NORM_FUSED_MAX_BYTES (48 * 1024) /* the shared memory a block gets without opting in */
 
 /* The fused backward where the weight gradient's per-column sums fit a block's shared memory
- * (cols <= 6144) and the allocator gives the chunk sums; false (nothing launched) otherwise. */
+ * beside the kernel's own (the block sums': 272 bytes, so cols <= 6110) and the allocator gives
+ * the chunk sums; false (nothing launched) otherwise. */
 static bool rmsnorm_backward_fused(float *dinp, float *dweight, const float *dout,
                                    const float *dres, const float *inp, const float *weight,
                                    const float *rstd, int64_t rows, int64_t cols) {
     size_t smem = (size_t)cols * sizeof(double);
-    if (smem > NORM_FUSED_MAX_BYTES) return false;
+    cudaFuncAttributes attr;
+    FSDP_CUDA_CHECK(cudaFuncGetAttributes(&attr, dres ? rmsnorm_backward_fused_kernel<true>
+                                                      : rmsnorm_backward_fused_kernel<false>));
+    if (smem + attr.sharedSizeBytes > NORM_FUSED_MAX_BYTES) return false;
     int64_t chunk_rows = (rows + NORM_CHUNKS - 1) / NORM_CHUNKS;
     int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
     int device = 0;
