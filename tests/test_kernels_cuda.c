@@ -691,10 +691,12 @@ static void test_elementwise(void) {
 static void test_rmsnorm(void) {
     rng_seed(15);
     /* CUDA's backward: 4096 x 96 and 2000 x 768 (shape S's width) in the fused form, 1024 and
-     * 1000 chunks of rows; 5 x 7000 past its shared memory (cols > 6144), the two-pass form */
-    const int64_t shapes[][2] = {{17, 1000}, {3, 4097},   {300, 64}, {1, 1},
-                                 {4096, 96}, {2000, 768}, {5, 7000}};
-    for (int s = 0; s < 7; s++) {
+     * 1000 chunks of rows; the widths at its shared-memory limit (a double per column beside the
+     * kernel's 272 bytes of block sums within 48 KiB): 6110 fused, 6144 and 5 x 7000 the
+     * two-pass form */
+    const int64_t shapes[][2] = {{17, 1000},  {3, 4097}, {300, 64}, {1, 1},   {4096, 96},
+                                 {2000, 768}, {5, 7000}, {3, 6110}, {3, 6144}};
+    for (int s = 0; s < 9; s++) {
         int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
         float *x = new_uniform(n, -2, 2), *w = new_uniform(cols, 0.5f, 1.5f);
         float *dy = new_uniform(n, -1, 1), *dw = new_uniform(cols, -1, 1);
