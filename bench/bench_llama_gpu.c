@@ -54,6 +54,7 @@ typedef struct opts {
     int breakdown_steps; /* 0: no breakdown */
     bool checkpoint;     /* every decoder layer checkpointed */
     double budget_s;
+    bool peaks_given; /* --peaks: else the device's own */
 } opts;
 
 #define NAME "bench_llama_gpu"
@@ -65,7 +66,9 @@ static const char usage[] =
     "One Llama training step (forward, cross-entropy, backward, AdamW) on one device per shape\n"
     "and compute mode, libfsdp's side of bench/llama_gpu.sh. --help, -h prints this help.\n"
     "Default: cuda, shapes S,M, modes f32,tf32,bf16, 2 warm-up and 10 timed steps, a\n"
-    "budget of 600 s, no MFU, no breakdown. Prints one line per run (L: the last step's\n"
+    "budget of 600 s, no breakdown, the device's own peaks for MFU (fsdp_device_get_properties:\n"
+    "none on sim or a card outside libfsdp's table: mfu n/a; --peaks gives them). Prints one\n"
+    "line per run (L: the last step's\n"
     "loss, 9 significant digits):\n"
     "  result libfsdp SHAPE MODE step_ms MS tokens_per_s TPS mfu X peak_mib P loss L\n"
     "    (P: the device allocator's most bytes in use over the mode's warm-up and timed\n"
@@ -155,6 +158,7 @@ static void parse(int argc, char **argv, opts *o) {
         } else {
             double *p = o->peak_tflops;
             char tail;
+            o->peaks_given = true;
             if (sscanf(v, "%lf,%lf,%lf%c", &p[0], &p[1], &p[2], &tail) != 3)
                 bench_cli_fail(NAME, usage, "--peaks wants three numbers F32,TF32,BF16, got '%s'",
                                v);
@@ -409,6 +413,14 @@ int main(int argc, char **argv) {
            fsdp_device_to_string(o.dev), o.dev.index, o.warmup, o.steps, o.budget_s,
            o.checkpoint ? ", every decoder layer checkpointed" : "");
     fsdp_status st = FSDP_OK;
+    double *peaks = o.peak_tflops;
+    if (!o.peaks_given) { /* the device's own figures (zeros where libfsdp has none) */
+        fsdp_device_properties p;
+        st = fsdp_device_get_properties(ctx, o.dev, &p);
+        peaks[0] = p.peak_tflops_f32, peaks[1] = p.peak_tflops_tf32, peaks[2] = p.peak_tflops_bf16;
+        printf("peaks of %s (TFLOP/s f32,tf32,bf16): %g,%g,%g\n", p.name, peaks[0], peaks[1],
+               peaks[2]);
+    }
     for (int s = 0; st == FSDP_OK && s < N_SHAPES; s++)
         if (o.shape_on[s]) st = time_shape(ctx, &o, &SHAPES[s], deadline);
     if (st != FSDP_OK) fprintf(stderr, "bench_llama_gpu: %s\n", fsdp_last_error(ctx));
