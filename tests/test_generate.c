@@ -551,7 +551,28 @@ static void tool_layouts(void) {
                mpi ? "mpirun -np 2 " : "", extra, got, one, rel);
         CU_ASSERT_TRUE(rel <= 1e-5);
     }
-    char *out = NULL;
+    /* --device sim: the same loss as the cpu at the same layout, to the last digit printed */
+    static const char *const on_sim[][2] = {{"", "--device sim"},
+                                            {"--world 4 --tp 2", "--world 4 --tp 2 --device sim"}};
+    for (int i = 0; i < 2; i++) {
+        double cpu = layout_loss("", path, on_sim[i][0]), sim = layout_loss("", path, on_sim[i][1]);
+        printf("\n  eval %s: loss %.9g, on the cpu %.9g", on_sim[i][1], sim, cpu);
+        CU_ASSERT_TRUE(isfinite(sim) && sim == cpu);
+    }
+    char *out = NULL, on[64];
+    snprintf(on, sizeof on, "\non sim:0 (rank r on sim:(r mod %d))\n",
+             fsdp_device_count(FSDP_DEVICE_SIM));
+    CU_ASSERT_EQUAL(tool(&out, "eval '%s' '%s' --world 2 --device sim", g_run, path), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, on));
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "eval '%s' '%s' --device gpu", g_run, path), 2);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "--device 'gpu': give cpu, cuda or sim"));
+    free(out);
+    if (fsdp_device_count(FSDP_DEVICE_CUDA) == 0) {
+        CU_ASSERT_EQUAL(tool(&out, "eval '%s' '%s' --device cuda", g_run, path), 2);
+        CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "no GPU is usable here"));
+        free(out);
+    }
     int rc = tool(&out, "eval '%s' '%s' --world 3 --tp 2", g_run, path);
     if (rc != 2) // once seen under a loaded sanitizer run: say what the tool did
         printf("\n  eval --world 3 --tp 2: exit status %d, output:\n%s", rc, out ? out : "");

@@ -272,7 +272,7 @@ static void test_alloc_errors(void) {
     char name[32];
     snprintf(name, sizeof name, "%s:%d", fsdp_device_to_string(dev()), dev().index);
     FSDP_TEST_FAILS(storage()->alloc(ctx, dev().index, (size_t)1 << 50, &p), FSDP_ERR_OUT_OF_MEMORY,
-                    name, what);
+                    name, what, "use less memory");
     CU_ASSERT_PTR_NULL(p);
     float x = 3.0f, y = 0.0f; // the failure leaves no error behind
     float *d = dev_floats(&x, 1);

@@ -22,12 +22,15 @@ fsdp_status ckpt_eval_batches(fsdp_ctx *ctx, fsdp_module *model, const ckpt_eval
                               int64_t first, int64_t stride, float *losses) {
     int64_t B = d->B, T = d->T, nb = d->n_seq / d->B;
     int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
-    fsdp_tensor *x = NULL;
+    fsdp_tensor *x = NULL, *xd = NULL; /* the batch's ids on the host, and on the device */
+    fsdp_device dev = fsdp_ctx_device(ctx);
     fsdp_status st = in && tg ? fsdp_tensor_from_blob(ctx, in, FSDP_DTYPE_I32, FSDP_CPU, 2,
                                                       (int64_t[]){B, T}, &x)
                               : fsdp_ctx_set_error(ctx, FSDP_ERR_OUT_OF_MEMORY,
                                                    "out of memory for a batch of %lld x %lld",
                                                    (long long)B, (long long)T);
+    if (st == FSDP_OK && dev.type != FSDP_DEVICE_CPU)
+        st = fsdp_tensor_create_uninit(ctx, FSDP_DTYPE_I32, dev, 2, (int64_t[]){B, T}, &xd);
     for (int64_t b = first; st == FSDP_OK && b < nb; b += stride) {
         for (int64_t r = 0; r < B; r++)
             for (int64_t t = 0; t < T; t++) {
@@ -35,17 +38,28 @@ fsdp_status ckpt_eval_batches(fsdp_ctx *ctx, fsdp_module *model, const ckpt_eval
                 tg[r * T + t] = d->ids[(b * B + r) * T + t + 1];
             }
         const fsdp_tensor *logits;
-        st = fsdp_module_forward(ctx, model, x, &logits);
+        if (xd) st = fsdp_tensor_copy(ctx, xd, x);
+        if (st == FSDP_OK) st = fsdp_module_forward(ctx, model, xd ? xd : x, &logits);
         /* Plain logits go to fsdp_loss_cross_entropy_ignore; a vocabulary-sharded DTensor's
          * (loss parallel) are reduced over tp, the same loss on every tp rank. */
         if (st == FSDP_OK)
             st = fsdp_loss_parallel_cross_entropy(ctx, logits, tg, FSDP_IGNORE_INDEX, &losses[b],
                                                   NULL);
     }
+    fsdp_tensor_free(xd);
     fsdp_tensor_free(x);
     free(in);
     free(tg);
     return st;
+}
+
+fsdp_status ckpt_eval_to_device(fsdp_ctx *ctx, fsdp_device_type type, int rank,
+                                fsdp_module *model) {
+    if (type == FSDP_DEVICE_CPU) return FSDP_OK;
+    int count = fsdp_device_count(type);
+    fsdp_device dev = {type, count > 0 ? rank % count : 0};
+    EVAL_TRY(fsdp_ctx_set_device(ctx, dev));
+    return fsdp_module_to(ctx, model, dev);
 }
 
 double ckpt_eval_mean(const ckpt_eval_data *d, const float *losses) {
@@ -69,6 +83,8 @@ typedef struct eval_job {
 static fsdp_status load_part(fsdp_ctx *ctx, const ckpt_eval_layout *l, const fsdp_mesh *mesh,
                              bool loss_parallel, fsdp_module **model) {
     EVAL_TRY(fsdp_model_llama(ctx, l->cfg, model));
+    /* before TP, as fsdp-train moves it: the load then fills the device tensors */
+    EVAL_TRY(ckpt_eval_to_device(ctx, l->device, fsdp_ctx_rank(ctx), *model));
     if (l->tp > 1) {
         fsdp_tp_plan_entry plan[FSDP_LLAMA_TP_PLAN_LEN];
         int n = 0;

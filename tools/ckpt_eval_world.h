@@ -16,8 +16,8 @@ typedef struct ckpt_eval_data {
 } ckpt_eval_data;
 
 /* Computes the loss of batches first, first + stride, ... (< n_seq / B) with model (plain, or
- * tensor-parallel with loss parallel: every tp rank calls it with the same batches) into
- * losses[b]; the other entries are left alone. */
+ * tensor-parallel with loss parallel: every tp rank calls it with the same batches; on the ctx's
+ * device) into losses[b]; the other entries are left alone. */
 fsdp_status ckpt_eval_batches(fsdp_ctx *ctx, fsdp_module *model, const ckpt_eval_data *d,
                               int64_t first, int64_t stride, float *losses);
 
@@ -30,9 +30,14 @@ typedef struct ckpt_eval_layout {
     const char *ckpt; /* a checkpoint directory (metadata.h5), already checked */
     const char *arg;  /* as the user named it, for messages */
     const fsdp_llama_config *cfg;
-    int world; /* rank threads; 0 under mpirun (the job's processes) */
-    int tp;    /* tensor-parallel size; dp = world / tp */
+    int world;               /* rank threads; 0 under mpirun (the job's processes) */
+    int tp;                  /* tensor-parallel size; dp = world / tp */
+    fsdp_device_type device; /* where the ranks compute: the CPU, or rank r on device r mod count */
 } ckpt_eval_layout;
+
+/* The model moved to device r mod the count of kind `type` here, which becomes the ctx's device
+ * (nothing for the CPU): fsdp-ckpt eval --device. */
+fsdp_status ckpt_eval_to_device(fsdp_ctx *ctx, fsdp_device_type type, int rank, fsdp_module *model);
 
 /* Runs the evaluation on a world of l->world rank threads (or, when this process runs under
  * mpirun, one rank per process), each loading its part of the Llama from the checkpoint (the

@@ -411,6 +411,7 @@ int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
 
 static const char *const usage_eval =
     "usage: fsdp-ckpt eval DIR TOKENS [--batch B] [--seq T] [--world N] [--tp T]\n"
+    "                      [--device cpu|cuda|sim]\n"
     "\n"
     "The loss (mean cross-entropy of each next token, nats per token) and the perplexity\n"
     "(e^loss) of the Llama of DIR (a checkpoint, a run's directory or a Hugging Face Llama\n"
@@ -431,7 +432,42 @@ static const char *const usage_eval =
     "  --tp T      tensor-parallel size (default 1; alone: a world of T ranks): the model is\n"
     "              split over tp with fsdp-train's Llama plan and loss parallel, the batches\n"
     "              dealt over dp = ranks / tp; each rank loads only its part of the checkpoint.\n"
-    "              The loss equals one rank's to float32 rounding (docs/checkpoint.md)\n";
+    "              The loss equals one rank's to float32 rounding (docs/checkpoint.md)\n"
+    "  --device D  where the ranks compute (default cpu): cuda (a GPU; rank r on GPU r mod the\n"
+    "              GPU count, so rank threads may share one) or sim (the simulated GPU, the\n"
+    "              cpu's bits); not under mpirun, whose ranks move host tensors\n";
+
+/* --device: cpu, cuda or sim, a kind this build and machine have, not under mpirun. */
+static bool parse_device(const char *v, fsdp_device_type *out) {
+    static const struct {
+        const char *name;
+        fsdp_device_type type;
+    } kinds[] = {{"cpu", FSDP_DEVICE_CPU}, {"cuda", FSDP_DEVICE_CUDA}, {"sim", FSDP_DEVICE_SIM}};
+    int i = 0;
+    while (i < COUNT(kinds) && strcmp(v, kinds[i].name)) i++;
+    if (i == COUNT(kinds)) {
+        fprintf(stderr, "fsdp-ckpt eval: --device '%s': give cpu, cuda or sim\n", v);
+        return false;
+    }
+    *out = kinds[i].type;
+    if (*out != FSDP_DEVICE_CPU && ckpt_under_mpirun()) {
+        fprintf(stderr,
+                "fsdp-ckpt eval: --device %s under mpirun: the processes' collectives move host "
+                "tensors; run rank threads instead (--world N, without mpirun), or leave out "
+                "--device\n",
+                v);
+        return false;
+    }
+    if (fsdp_device_count(*out) == 0) {
+        fprintf(stderr, "fsdp-ckpt eval: --device %s, but %s; use --device cpu%s\n", v,
+                *out == FSDP_DEVICE_CUDA ? "no GPU is usable here (a build without CUDA, or the "
+                                           "driver sees none)"
+                                         : "FSDP_SIM_DEVICES = 0 leaves no simulated device",
+                *out == FSDP_DEVICE_CUDA ? " or sim" : "");
+        return false;
+    }
+    return true;
+}
 
 /* The [data] batch_size of a training configuration text (INI). */
 static int batch_key(void *user, const char *section, const char *name, const char *value) {
@@ -555,9 +591,13 @@ static fsdp_status eval_loss(fsdp_ctx *ctx, fsdp_module *model, const ckpt_eval_
 }
 
 int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
-    const char *pos[2] = {NULL, NULL}, *batch = NULL, *seq = NULL, *world = NULL, *tp = NULL;
-    const opt_spec specs[] = {
-        {"batch", &batch, NULL}, {"seq", &seq, NULL}, {"world", &world, NULL}, {"tp", &tp, NULL}};
+    const char *pos[2] = {NULL, NULL}, *batch = NULL, *seq = NULL, *world = NULL, *tp = NULL,
+               *device = NULL;
+    const opt_spec specs[] = {{"batch", &batch, NULL},
+                              {"seq", &seq, NULL},
+                              {"world", &world, NULL},
+                              {"tp", &tp, NULL},
+                              {"device", &device, NULL}};
     int rc = ckpt_parse_args("eval", usage_eval, argc, argv, specs, COUNT(specs), pos, 2);
     if (rc >= 0) return rc;
     if (!pos[1]) return ckpt_usage_error("eval", usage_eval, "needs DIR and TOKENS");
@@ -566,9 +606,16 @@ int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
     if (seq && !parse_i64("eval", "--seq", seq, 1, 1 << 24, &T)) return EXIT_USAGE;
     ckpt_eval_layout lay = {.arg = pos[0]};
     if (!parse_layout("eval", world, tp, &lay)) return EXIT_USAGE;
+    if (device && !parse_device(device, &lay.device)) return EXIT_USAGE;
     bool on_world = lay.world > 0 || ckpt_under_mpirun(), printer = true;
     loaded m;
     if (!load_model(ctx, "eval", pos[0], &m, !on_world)) return EXIT_FAILED;
+    if (!on_world && ckpt_eval_to_device(ctx, lay.device, 0, m.model) != FSDP_OK) {
+        fprintf(stderr, "fsdp-ckpt eval: moving the model to the device: %s\n",
+                fsdp_last_error(ctx));
+        loaded_free(&m);
+        return EXIT_FAILED;
+    }
     int32_t *ids = NULL;
     rc = EXIT_FAILED;
     if (!B) ini_parse_string(m.config, batch_key, &B);
@@ -598,6 +645,11 @@ int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
         if (rc == EXIT_OK && printer) {
             printf("sequences %lld of %lld tokens, batch %lld (%lld of %lld tokens scored)\n",
                    (long long)n, (long long)T, (long long)B, (long long)(n * T), (long long)count);
+            if (lay.device != FSDP_DEVICE_CPU) /* rank 0's device, as fsdp-train's banner */
+                printf("on %s:0 (rank r on %s:(r mod %d))\n",
+                       fsdp_device_to_string((fsdp_device){lay.device, 0}),
+                       fsdp_device_to_string((fsdp_device){lay.device, 0}),
+                       fsdp_device_count(lay.device));
             printf("loss %.9g nats per token\nperplexity %.9g\n", loss, exp(loss));
         }
     }

@@ -392,7 +392,8 @@ typedef struct fsdp_kernels_i {
     /* Cross-entropy over logits (rows, V) that hold the classes [start, start + V) of a
      * vocabulary sharded over ranks (loss parallel, src/tp/loss_parallel.c), in three steps
      * with collectives between; targets (rows) are this device's memory, each ignore_index or
-     * a class of the whole vocabulary. Sums run in double per row, in class order.
+     * a class of the whole vocabulary. Sums run in double per row (the CPU's in class order,
+     * a device's in a fixed order of its own: the same bits every run).
      * mx (rows) = each row's largest logit (-inf when V is 0). */
     void (*vocab_row_max)(float *mx, const float *logits, int64_t rows, int64_t V);
     /* With mx the rows' maxima over every shard: se (rows) = sum over c of exp(x[c] - mx), in

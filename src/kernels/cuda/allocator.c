@@ -158,12 +158,17 @@ fsdp_status fsdp_cuda_block_alloc(fsdp_ctx *ctx, int device, size_t nbytes, void
         free(b);
         (void)cudaGetLastError();
         fsdp_device_memory s = fsdp_cuda_memory_stats_get(device);
+        bool oom = err == cudaErrorMemoryAllocation;
         return FSDP_FAIL(
-            ctx, err == cudaErrorMemoryAllocation ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_DEVICE,
+            ctx, oom ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_DEVICE,
             "CUDA: cannot allocate %zu bytes on cuda:%d (libfsdp holds %lld bytes in "
-            "use, %lld reserved, of %lld): cudaMalloc: %s (%s)",
+            "use, %lld reserved, of %lld): cudaMalloc: %s (%s)%s",
             nbytes, device, (long long)s.in_use, (long long)s.reserved, (long long)s.capacity,
-            cudaGetErrorString(err), cudaGetErrorName(err));
+            cudaGetErrorString(err), cudaGetErrorName(err),
+            oom ? "; use less memory: a smaller batch, activation checkpointing "
+                  "(fsdp_checkpoint_wrap), more sharding (FSDP full_shard, CPU offload), or "
+                  "fewer processes on this GPU"
+                : "");
     }
     pthread_mutex_lock(&p->mu);
     p->stats.device_allocs++;
