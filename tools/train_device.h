@@ -59,9 +59,11 @@ typedef struct train_mfu {
     char source[256]; /* where the peak came from: the card's name, or "[log] peak_tflops" */
 } train_mfu;
 
-/* The rank's compute settings on its device, after fsdp_ctx_set_device: [parallel] allow_tf32
- * on a GPU (on = false undoes it, when the rank is done); and *mfu. */
+/* [parallel] allow_tf32 on the rank's GPU, after fsdp_ctx_set_device (on = false sets the
+ * thread back to exact f32 when the rank is done); nothing on another device. */
 fsdp_status train_device_tf32(fsdp_ctx *ctx, const train_config *cfg, bool on);
+/* *mfu for the run: the kind's count, the peak ([log] peak_tflops, or the properties of the
+ * ctx's device) in the run's compute mode, the devices. */
 fsdp_status train_device_mfu(fsdp_ctx *ctx, const train_config *cfg, const train_kind *kind,
                              train_mfu *mfu);
 /* The utilisation of a step rate: samples/s x FLOPs of a sample over devices x peak; 0 when

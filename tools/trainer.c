@@ -429,7 +429,8 @@ static void print_banner(const train_config *cfg, train_state *s) {
     char rule[96];
     if (cfg->parallel.device != FSDP_DEVICE_CPU)
         fprintf(s->out, ", device %s (%s)", s->device, train_device_rule(cfg, rule, sizeof rule));
-    if (strcmp(s->mfu.mode, "tf32") == 0) fprintf(s->out, ", allow_tf32");
+    if (cfg->parallel.allow_tf32 && cfg->parallel.device == FSDP_DEVICE_CUDA)
+        fprintf(s->out, ", allow_tf32");
     fprintf(s->out, "\n");
     train_mfu_describe(cfg, &s->mfu, s->out);
     if (cfg->log.level == FSDP_LOG_DEBUG) train_config_write(cfg, s->out);
@@ -844,6 +845,6 @@ fsdp_status train_rank(fsdp_ctx *ctx, const train_config *cfg, const train_layou
     }
     if (st != FSDP_OK && !err[0]) snprintf(err, err_size, "%s: %s", what, fsdp_last_error(ctx));
     train_state_free(ctx, &s);
-    if (st == FSDP_OK) st = train_device_tf32(ctx, cfg, false); /* the thread's setting as it was */
-    return st;
+    fsdp_status off = train_device_tf32(ctx, cfg, false); /* the thread's default again */
+    return st == FSDP_OK ? off : st;
 }
