@@ -914,6 +914,40 @@ static void test_example(void) {
     train_tokens_free(&t);
 }
 
+/* examples/llama-gpu.ini: the GPU example's settings, valid with its device on sim (no GPU
+ * here), and shrunk (2 layers of dim 64, sequences of 32, its other keys as they are) it trains 4
+ * steps there under its bf16 policy, TF32 switch and FSDP unit per layer, with a finite
+ * held-out loss and a checkpoint. Its full size is timed where a GPU is (docs/train.md). */
+static void test_example_gpu(void) {
+    char err[TRAIN_ERROR_SIZE] = "";
+    train_config_init(&g_cfg);
+    FSDP_TEST_OK(
+        train_config_load(&g_cfg, FSDP_SOURCE_DIR "/examples/llama-gpu.ini", err, sizeof err));
+    CU_ASSERT_TRUE(g_cfg.parallel.device == FSDP_DEVICE_CUDA && g_cfg.parallel.allow_tf32 &&
+                   g_cfg.model.autocast == 1 && g_cfg.model.dim == 768 &&
+                   g_cfg.model.n_layers == 12 && g_cfg.model.max_seq_len == 1024);
+    set("parallel.device=sim");
+    set("data.path=" FSDP_SOURCE_DIR "/examples/data/austen-pride.tok");
+    FSDP_TEST_OK(train_config_check(&g_cfg, err, sizeof err));
+    if (err[0]) printf("\n    %s", err);
+    static const char *const shrink[] = {
+        "model.dim=64",       "model.n_layers=2",     "model.n_heads=4",
+        "model.n_kv_heads=2", "model.ffn_hidden=128", "model.max_seq_len=32",
+        "train.steps=4",      "train.log_every=2",    "train.eval_every=4",
+        "checkpoint.every=4", "optim.warmup_steps=1", "log.metrics="};
+    for (size_t i = 0; i < sizeof shrink / sizeof shrink[0]; i++) set(shrink[i]);
+    char dir[1200];
+    snprintf(dir, sizeof dir, "checkpoint.dir=%s", scratch("example-gpu"));
+    set(dir);
+    train_result res;
+    FSDP_TEST_OK(train_run(fsdp_test_ctx(), &g_cfg, NULL, &res, err, sizeof err));
+    if (err[0]) printf("\n    %s", err);
+    printf("\n    shrunk on sim: loss %.4f -> %.4f, held-out %.4f", res.first_loss, res.last_loss,
+           res.eval_loss);
+    CU_ASSERT_EQUAL(res.steps, 4);
+    CU_ASSERT_TRUE(isfinite(res.last_loss) && isfinite(res.eval_loss) && res.saved[0]);
+}
+
 static int setup(void) {
     char tmpl[] = "/tmp/test_train_llama-XXXXXX";
     if (!mkdtemp(tmpl)) return -1;
@@ -937,6 +971,7 @@ int main(int argc, char **argv) {
         {"hf_export", test_hf_export},
         {"hf_init", test_hf_init},
         {"example", test_example},
+        {"example_gpu", test_example_gpu},
     };
     if (setup() != 0) return 2;
     int rc = fsdp_test_run(argc, argv, "train_llama", cases, (int)(sizeof cases / sizeof cases[0]));
