@@ -47,12 +47,12 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 budget=${GPU_SESSION_BUDGET:-540}
 if [ -d /usr/local/cuda/bin ]; then PATH="/usr/local/cuda/bin:$PATH"; fi
 
-PHASES=(deps env build gpu-tests bench-attention bench-gemm nccl bench-fsdp memcheck-kernels
+PHASES=(deps env build gpu-tests bench-attention bench-gemm nccl bench-fsdp train-example memcheck-kernels
     memcheck-train memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama
     initcheck-llama bench-llama bench scaling)
 # The most seconds each phase may take; the session's budget may leave it less.
 declare -A CAP=([deps]=60 [env]=90 [build]=240 [gpu-tests]=120 [bench-attention]=60 [bench-gemm]=45
-    [bench-fsdp]=75 [nccl]=90
+    [bench-fsdp]=75 [nccl]=90 [train-example]=45
     [memcheck-kernels]=90 [memcheck-train]=45 [memcheck-llama]=60 [racecheck-kernels]=90
     [initcheck-kernels]=90 [racecheck-llama]=60 [initcheck-llama]=60 [bench-llama]=240 [bench]=120 [scaling]=150)
 # The suite each sanitizer phase runs.
@@ -347,6 +347,25 @@ phase_bench_fsdp() {
     fi
 }
 
+# fsdp-train itself on the GPU: examples/llama-gpu.ini (85 M parameters, bf16, one rank) for
+# 40 steps, no checkpoint; the note has the last progress line's tokens/s, mfu and memory.
+phase_train_example() {
+    local log rc=0
+    log=$(own_log)
+    (cd "$repo" && run "$build/fsdp-train" --config examples/llama-gpu.ini --set train.steps=40 \
+        --set train.log_every=10 --set train.eval_every=0 --set optim.warmup_steps=5 \
+        --set checkpoint.dir= --set log.metrics= --set log.progress=lines) || rc=$?
+    local last
+    last=$(grep '^step ' "$log" | tail -1 | grep -oE 'tokens/s [0-9]+.*' || true)
+    if [ "$rc" -ne 0 ]; then
+        result fail "fsdp-train exit status $rc: $(grep -m1 'fsdp-train:' "$log" || echo 'see train-example.log')"
+    elif [ -z "$last" ]; then
+        result fail "no progress line: see train-example.log"
+    else
+        result ok "examples/llama-gpu.ini, 40 steps: $last"
+    fi
+}
+
 # bench/llama_gpu.sh within this phase's limit (GPU_SESSION_LIMIT), less time to print the table.
 # libfsdp runs shapes S and M (building M initialises 1.5 G parameters on the CPU, over up to 16
 # threads; what does not fit the budget is skipped with the reason), in the goals' mode, bf16,
@@ -434,6 +453,7 @@ run_phase_body() {
     bench-attention) phase_bench_attention ;;
     bench-gemm) phase_bench_gemm ;;
     bench-fsdp) phase_bench_fsdp ;;
+    train-example) phase_train_example ;;
     bench-llama) phase_bench_llama ;;
     bench) phase_bench ;;
     scaling) phase_scaling ;;
@@ -558,7 +578,7 @@ main() {
         after="the build phase did not succeed"
     fi
     local p
-    for p in gpu-tests bench-attention bench-gemm nccl bench-fsdp memcheck-kernels \
+    for p in gpu-tests bench-attention bench-gemm nccl bench-fsdp train-example memcheck-kernels \
         memcheck-train memcheck-llama racecheck-kernels initcheck-kernels racecheck-llama \
         initcheck-llama; do
         session_phase "$p" "$after" $((r_llama + r_bench + r_scaling))
