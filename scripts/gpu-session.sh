@@ -3,7 +3,8 @@
 # the environment, a build for sm_90, the GPU suites, the attention kernels (tiled against plain,
 # timed at the Llama benchmark's shapes), the bf16 GEMM on cuBLASLt against cublasLtMatmul
 # called directly (the Llama shapes' GEMMs), FSDP at world 1 against PyTorch FSDP2 and
-# prefetch's overlap with two rank threads (bench/fsdp_gpu.sh), the real NCCL at world size 1 (and two
+# prefetch's overlap with two rank threads (bench/fsdp_gpu.sh), fsdp-train on examples/llama-gpu.ini
+# for 40 steps, the real NCCL at world size 1 (and two
 # ranks on the GPU where NCCL is 2.30 or newer), compute-sanitizer (memcheck, racecheck,
 # initcheck) on the CUDA suites, the Llama and MLP GPU benchmarks against PyTorch, and the
 # scaling benchmark.
