@@ -476,14 +476,15 @@ static char *layout_ids(const char *prefix, const char *extra) {
     return out;
 }
 
-/* fsdp-ckpt generate on rank threads at tp 2, dp 2 x tp 2 and dp 3 (and under mpirun with
- * FSDP_CKPT_MPIRUN at tp 2), greedy and sampled with a seed: the same tokens as one rank with
- * its key/value cache. Each token comes from a full forward of the padded sequence over the
- * split model, whose logits differ from one rank's by float32 rounding (the eval bound above);
- * only a near tie could pick another token, and none does on this run. */
+/* fsdp-ckpt generate on rank threads at tp 2, dp 2 x tp 2 and dp 3, on sim (one rank, and dp 2
+ * x tp 2) and under mpirun with FSDP_CKPT_MPIRUN at tp 2, greedy and sampled with a seed: the
+ * same tokens as one rank with its key/value cache. Each token comes from a full forward of the
+ * padded sequence over the split model, whose logits differ from one rank's by float32 rounding
+ * (the eval bound above); only a near tie could pick another token, and none does on this run. */
 static void generate_layouts(void) {
     static const char *const modes[] = {"", "--temperature 0.8 --top-k 20 --seed 3"};
-    static const char *const layouts[] = {"--tp 2", "--world 4 --tp 2", "--world 3"};
+    static const char *const layouts[] = {"--tp 2", "--world 4 --tp 2", "--world 3", "--device sim",
+                                          "--world 4 --tp 2 --device sim"};
     const char *mpirun = getenv("FSDP_CKPT_MPIRUN");
     char extra[300];
     for (size_t m = 0; m < 2; m++) {

@@ -201,12 +201,21 @@ static fsdp_status gen_rank(fsdp_ctx *ctx, int rank, void *user) {
     int shape[2] = {world / l->tp, l->tp};
     const char *names[2] = {"dp", "tp"};
     int64_t V = l->cfg->vocab_size, total = pad_to(job->n + job->max_new, l->tp);
+    int64_t padded = pad_to(job->n + job->max_new - 1, l->tp);
     int32_t *seq = calloc((size_t)total, sizeof *seq);
     fsdp_mesh *mesh = NULL;
     fsdp_module *model = NULL;
+    /* on a device: the ids' copy there, and the host copy of the logits of a position */
+    fsdp_tensor *xd = NULL, *row = NULL;
+    fsdp_device dev = fsdp_ctx_device(ctx);
     fsdp_status s = seq ? fsdp_mesh_create(ctx, 2, shape, names, &mesh)
                         : fsdp_ctx_set_error(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
     if (s == FSDP_OK) s = load_part(ctx, l, mesh, false, &model); /* logits gathered over tp */
+    dev = fsdp_ctx_device(ctx);                                   /* load_part set it */
+    if (s == FSDP_OK && dev.type != FSDP_DEVICE_CPU)
+        s = fsdp_tensor_create_uninit(ctx, FSDP_DTYPE_I32, dev, 2, (int64_t[]){1, padded}, &xd);
+    if (s == FSDP_OK && dev.type != FSDP_DEVICE_CPU)
+        s = fsdp_tensor_create_uninit(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &V, &row);
     if (seq) memcpy(seq, job->prompt, (size_t)job->n * sizeof *seq);
     for (int64_t i = 0, len = job->n; s == FSDP_OK && i < job->max_new; i++, len++) {
         fsdp_tensor *x = NULL;
@@ -216,19 +225,29 @@ static fsdp_status gen_rank(fsdp_ctx *ctx, int rank, void *user) {
          * their first shape: every forward is padded on the right with token 0 to the longest
          * one's length (a multiple of tp), which causal attention keeps from the earlier
          * positions; the logits of position len - 1 are read. */
-        int64_t padded = pad_to(job->n + job->max_new - 1, l->tp);
         for (int64_t p = len; p < padded; p++) seq[p] = 0;
         s = fsdp_tensor_from_blob(ctx, seq, FSDP_DTYPE_I32, FSDP_CPU, 2, (int64_t[]){1, padded},
                                   &x);
-        if (s == FSDP_OK) s = fsdp_module_forward(ctx, model, x, &logits);
-        if (s == FSDP_OK)
-            s = fsdp_sample_logits(ctx, (const float *)fsdp_tensor_data(logits) + (len - 1) * V, V,
-                                   job->so, (uint64_t)i, &tok);
+        if (s == FSDP_OK && xd) s = fsdp_tensor_copy(ctx, xd, x);
+        if (s == FSDP_OK) s = fsdp_module_forward(ctx, model, xd ? xd : x, &logits);
+        const float *at = NULL; /* position len - 1's logits, on the host */
+        if (s == FSDP_OK && row) {
+            fsdp_tensor *last = NULL;
+            s = fsdp_tensor_view(ctx, logits, (len - 1) * V, 1, &V, &last);
+            if (s == FSDP_OK) s = fsdp_tensor_copy(ctx, row, last);
+            fsdp_tensor_free(last);
+            at = fsdp_tensor_data(row);
+        } else if (s == FSDP_OK) {
+            at = (const float *)fsdp_tensor_data(logits) + (len - 1) * V;
+        }
+        if (s == FSDP_OK) s = fsdp_sample_logits(ctx, at, V, job->so, (uint64_t)i, &tok);
         fsdp_tensor_free(x);
         if (s == FSDP_OK) seq[len] = tok;
         if (s == FSDP_OK && rank == 0 && !job->emit(job->user, i, tok))
             s = fsdp_ctx_set_error(ctx, FSDP_ERR_IO, "writing the generated tokens failed");
     }
+    fsdp_tensor_free(row);
+    fsdp_tensor_free(xd);
     fsdp_module_free(model);
     fsdp_mesh_free(mesh);
     free(seq);

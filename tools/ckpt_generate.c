@@ -183,6 +183,10 @@ static const char *const usage_generate =
     "                        each rank loading its part; every token from a full forward of the\n"
     "                        sequence so far (no key/value cache), the same tokens as one rank\n"
     "                        up to float32 rounding at near ties\n"
+    "  --device D            where the ranks compute (default cpu): cuda (rank r on GPU r mod the\n"
+    "                        GPU count) or sim (the simulated GPU); every token from a full\n"
+    "                        forward as on a world (one rank unless --world or --tp say more);\n"
+    "                        not under mpirun\n"
     "\n"
     "A model whose vocabulary is not 256 has no tokenizer in libfsdp: it takes --prompt-ids and\n"
     "prints token ids (decode them with the tokenizer it was trained with).\n";
@@ -277,6 +281,39 @@ static bool parse_layout(const char *cmd, const char *world, const char *tp, ckp
     return true;
 }
 
+/* --device of command cmd: cpu, cuda or sim, a kind this build and machine have, not under
+ * mpirun. */
+static bool parse_device(const char *cmd, const char *v, fsdp_device_type *out) {
+    static const struct {
+        const char *name;
+        fsdp_device_type type;
+    } kinds[] = {{"cpu", FSDP_DEVICE_CPU}, {"cuda", FSDP_DEVICE_CUDA}, {"sim", FSDP_DEVICE_SIM}};
+    int i = 0;
+    while (i < COUNT(kinds) && strcmp(v, kinds[i].name)) i++;
+    if (i == COUNT(kinds)) {
+        fprintf(stderr, "fsdp-ckpt %s: --device '%s': give cpu, cuda or sim\n", cmd, v);
+        return false;
+    }
+    *out = kinds[i].type;
+    if (*out != FSDP_DEVICE_CPU && ckpt_under_mpirun()) {
+        fprintf(stderr,
+                "fsdp-ckpt %s: --device %s under mpirun: the processes' collectives move host "
+                "tensors; run rank threads instead (--world N, without mpirun), or leave out "
+                "--device\n",
+                cmd, v);
+        return false;
+    }
+    if (fsdp_device_count(*out) == 0) {
+        fprintf(stderr, "fsdp-ckpt %s: --device %s, but %s; use --device cpu%s\n", cmd, v,
+                *out == FSDP_DEVICE_CUDA ? "no GPU is usable here (a build without CUDA, or the "
+                                           "driver sees none)"
+                                         : "FSDP_SIM_DEVICES = 0 leaves no simulated device",
+                *out == FSDP_DEVICE_CUDA ? " or sim" : "");
+        return false;
+    }
+    return true;
+}
+
 /* Prints one generated token as text (a byte) or an id, and flushes. */
 static bool emit(const gen_args *g, bool bytes, int64_t i, int32_t tok) {
     if (bytes && !g->ids)
@@ -356,8 +393,9 @@ done:
 int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
     gen_args g = {0};
     const char *max_new = NULL, *temp = NULL, *top_k = NULL, *seed = NULL, *world = NULL,
-               *tp = NULL;
+               *tp = NULL, *device = NULL;
     const opt_spec specs[] = {{"prompt", &g.prompt, NULL},
+                              {"device", &device, NULL},
                               {"world", &world, NULL},
                               {"tp", &tp, NULL},
                               {"prompt-ids", &g.prompt_ids, NULL},
@@ -380,6 +418,9 @@ int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
         return EXIT_USAGE;
     if (seed && !parse_i64("generate", "--seed", seed, 0, INT64_MAX, &g.seed)) return EXIT_USAGE;
     if (!parse_layout("generate", world, tp, &g.lay)) return EXIT_USAGE;
+    if (device && !parse_device("generate", device, &g.lay.device)) return EXIT_USAGE;
+    /* a device: the world's full forwards (the key/value cache is host memory), one rank */
+    if (g.lay.device != FSDP_DEVICE_CPU && !g.lay.world) g.lay.world = 1;
     g.on_world = g.lay.world > 0 || ckpt_under_mpirun();
     g.lay.arg = g.dir;
     if (temp) {
@@ -436,38 +477,6 @@ static const char *const usage_eval =
     "  --device D  where the ranks compute (default cpu): cuda (a GPU; rank r on GPU r mod the\n"
     "              GPU count, so rank threads may share one) or sim (the simulated GPU, the\n"
     "              cpu's bits); not under mpirun, whose ranks move host tensors\n";
-
-/* --device: cpu, cuda or sim, a kind this build and machine have, not under mpirun. */
-static bool parse_device(const char *v, fsdp_device_type *out) {
-    static const struct {
-        const char *name;
-        fsdp_device_type type;
-    } kinds[] = {{"cpu", FSDP_DEVICE_CPU}, {"cuda", FSDP_DEVICE_CUDA}, {"sim", FSDP_DEVICE_SIM}};
-    int i = 0;
-    while (i < COUNT(kinds) && strcmp(v, kinds[i].name)) i++;
-    if (i == COUNT(kinds)) {
-        fprintf(stderr, "fsdp-ckpt eval: --device '%s': give cpu, cuda or sim\n", v);
-        return false;
-    }
-    *out = kinds[i].type;
-    if (*out != FSDP_DEVICE_CPU && ckpt_under_mpirun()) {
-        fprintf(stderr,
-                "fsdp-ckpt eval: --device %s under mpirun: the processes' collectives move host "
-                "tensors; run rank threads instead (--world N, without mpirun), or leave out "
-                "--device\n",
-                v);
-        return false;
-    }
-    if (fsdp_device_count(*out) == 0) {
-        fprintf(stderr, "fsdp-ckpt eval: --device %s, but %s; use --device cpu%s\n", v,
-                *out == FSDP_DEVICE_CUDA ? "no GPU is usable here (a build without CUDA, or the "
-                                           "driver sees none)"
-                                         : "FSDP_SIM_DEVICES = 0 leaves no simulated device",
-                *out == FSDP_DEVICE_CUDA ? " or sim" : "");
-        return false;
-    }
-    return true;
-}
 
 /* The [data] batch_size of a training configuration text (INI). */
 static int batch_key(void *user, const char *section, const char *name, const char *value) {
@@ -606,7 +615,7 @@ int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
     if (seq && !parse_i64("eval", "--seq", seq, 1, 1 << 24, &T)) return EXIT_USAGE;
     ckpt_eval_layout lay = {.arg = pos[0]};
     if (!parse_layout("eval", world, tp, &lay)) return EXIT_USAGE;
-    if (device && !parse_device(device, &lay.device)) return EXIT_USAGE;
+    if (device && !parse_device("eval", device, &lay.device)) return EXIT_USAGE;
     bool on_world = lay.world > 0 || ckpt_under_mpirun(), printer = true;
     loaded m;
     if (!load_model(ctx, "eval", pos[0], &m, !on_world)) return EXIT_FAILED;
