@@ -555,8 +555,24 @@ static void test_command_line(void) {
         CU_ASSERT_EQUAL(json_array_size(json_object_get(x, "collectives")),
                         (size_t)e.ranks[r].n_comm);
     }
+    /* the model FLOPs of a step: 6 x the Linear weights (8 x 16 + 16 x 4) x batch_size 8, no
+     * peak on the cpu; the 2 ranks are 2 devices */
+    CU_ASSERT_EQUAL(json_real_value(json_object_get(root, "flops_per_step")), 6.0 * 192 * 8);
+    CU_ASSERT_EQUAL(json_real_value(json_object_get(root, "peak_tflops")), 0.0);
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(root, "devices")), 2);
     train_estimate_free(&e);
     json_decref(root);
+    free(text);
+    /* with a peak, the text's line gives the step's time at full and 40% utilisation */
+    char set_err[TRAIN_ERROR_SIZE] = "";
+    CU_ASSERT(train_config_set(&cfg, "log.peak_tflops=0.001", set_err, sizeof set_err) == FSDP_OK);
+    mem = open_memstream(&text, &len);
+    CU_ASSERT_EQUAL(train_estimate_main(&cfg, false, mem), 0);
+    fclose(mem);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "plan: 9216 model FLOP per step (6N); at 0.001 TFLOP/s "
+                                        "(f32, [log] peak_tflops) x 2 devices: 0.004608 ms a "
+                                        "step at 100% mfu, 0.01152 at 40%\n"));
+    if (!strstr(text, "0.004608 ms")) printf("\n%s", text);
     free(text);
 
     /* the binary: --plan --json on stdout (status 0), the same figures; --json alone: status 2 */

@@ -207,15 +207,14 @@ static fsdp_status gen_rank(fsdp_ctx *ctx, int rank, void *user) {
     fsdp_module *model = NULL;
     /* on a device: the ids' copy there, and the host copy of the logits of a position */
     fsdp_tensor *xd = NULL, *row = NULL;
-    fsdp_device dev = fsdp_ctx_device(ctx);
     fsdp_status s = seq ? fsdp_mesh_create(ctx, 2, shape, names, &mesh)
                         : fsdp_ctx_set_error(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
     if (s == FSDP_OK) s = load_part(ctx, l, mesh, false, &model); /* logits gathered over tp */
-    dev = fsdp_ctx_device(ctx);                                   /* load_part set it */
-    if (s == FSDP_OK && dev.type != FSDP_DEVICE_CPU)
+    fsdp_device dev = fsdp_ctx_device(ctx);                       /* load_part set it */
+    if (s == FSDP_OK && dev.type != FSDP_DEVICE_CPU) {
         s = fsdp_tensor_create_uninit(ctx, FSDP_DTYPE_I32, dev, 2, (int64_t[]){1, padded}, &xd);
-    if (s == FSDP_OK && dev.type != FSDP_DEVICE_CPU)
-        s = fsdp_tensor_create_uninit(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &V, &row);
+        if (s == FSDP_OK) s = fsdp_tensor_create_uninit(ctx, FSDP_DTYPE_F32, FSDP_CPU, 1, &V, &row);
+    }
     if (seq) memcpy(seq, job->prompt, (size_t)job->n * sizeof *seq);
     for (int64_t i = 0, len = job->n; s == FSDP_OK && i < job->max_new; i++, len++) {
         fsdp_tensor *x = NULL;

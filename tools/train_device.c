@@ -186,7 +186,7 @@ static int devices_of(const train_config *cfg) {
 }
 
 fsdp_status train_device_mfu(fsdp_ctx *ctx, const train_config *cfg, const train_kind *kind,
-                             train_mfu *mfu) {
+                             fsdp_device device, train_mfu *mfu) {
     *mfu = (train_mfu){.devices = devices_of(cfg)};
     bool bf16 = cfg->model.kind == TRAIN_MODEL_LLAMA && cfg->model.autocast == 1;
     bool tf32 = !bf16 && cfg->parallel.allow_tf32 && cfg->parallel.device == FSDP_DEVICE_CUDA;
@@ -198,7 +198,7 @@ fsdp_status train_device_mfu(fsdp_ctx *ctx, const train_config *cfg, const train
         return FSDP_OK;
     }
     fsdp_device_properties p;
-    TRAIN_TRY(fsdp_device_get_properties(ctx, fsdp_ctx_device(ctx), &p));
+    TRAIN_TRY(fsdp_device_get_properties(ctx, device, &p));
     mfu->peak_tflops = bf16 ? p.peak_tflops_bf16 : tf32 ? p.peak_tflops_tf32 : p.peak_tflops_f32;
     snprintf(mfu->source, sizeof mfu->source, "%s", p.name);
     return FSDP_OK;
@@ -209,12 +209,15 @@ double train_mfu_of(const train_mfu *mfu, double samples_per_s) {
     return samples_per_s * mfu->flops_per_sample / (mfu->peak_tflops * 1e12 * mfu->devices);
 }
 
+const char *train_mfu_count(const train_config *cfg) {
+    return cfg->model.kind == TRAIN_MODEL_LLAMA ? "6N + 12 L d T per token" : "6N";
+}
+
 void train_mfu_describe(const train_config *cfg, const train_mfu *mfu, FILE *out) {
     if (mfu->flops_per_sample > 0 && mfu->peak_tflops > 0)
         fprintf(out, "mfu: %.4g FLOP per %s (%s) against %g TFLOP/s (%s, %s) x %d device%s\n",
                 mfu->flops_per_sample, cfg->model.kind == TRAIN_MODEL_LLAMA ? "sequence" : "sample",
-                cfg->model.kind == TRAIN_MODEL_LLAMA ? "6N + 12 L d T per token" : "6N",
-                mfu->peak_tflops, mfu->mode, mfu->source, mfu->devices,
+                train_mfu_count(cfg), mfu->peak_tflops, mfu->mode, mfu->source, mfu->devices,
                 mfu->devices == 1 ? "" : "s");
     else if (mfu->flops_per_sample > 0 && cfg->parallel.device == FSDP_DEVICE_CUDA)
         fprintf(out,

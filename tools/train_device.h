@@ -62,10 +62,12 @@ typedef struct train_mfu {
 /* [parallel] allow_tf32 on the rank's GPU, after fsdp_ctx_set_device (on = false sets the
  * thread back to exact f32 when the rank is done); nothing on another device. */
 fsdp_status train_device_tf32(fsdp_ctx *ctx, const train_config *cfg, bool on);
-/* *mfu for the run: the kind's count, the peak ([log] peak_tflops, or the properties of the
- * ctx's device) in the run's compute mode, the devices. */
+/* *mfu for the run: the kind's count, the peak ([log] peak_tflops, or the properties of
+ * `device`: none for the CPU) in the run's compute mode, the devices. */
 fsdp_status train_device_mfu(fsdp_ctx *ctx, const train_config *cfg, const train_kind *kind,
-                             train_mfu *mfu);
+                             fsdp_device device, train_mfu *mfu);
+/* What the count is, for a line: "6N + 12 L d T per token" or "6N". */
+const char *train_mfu_count(const train_config *cfg);
 /* The utilisation of a step rate: samples/s x FLOPs of a sample over devices x peak; 0 when
  * either count is missing. */
 double train_mfu_of(const train_mfu *mfu, double samples_per_s);

@@ -404,6 +404,22 @@ static fsdp_status estimate_rank(const train_config *cfg, const train_kind *kind
     return FSDP_ERR_OUT_OF_MEMORY;
 }
 
+/* The run's mfu basis (train_device_mfu) on a context of its own: the peak of the configured
+ * device's first where this machine has one. */
+static fsdp_status estimate_flops(const train_config *cfg, const train_kind *kind, train_mfu *mfu,
+                                  char *err, size_t err_size) {
+    fsdp_ctx *ctx = NULL;
+    fsdp_status st = fsdp_ctx_create(&(fsdp_ctx_options){.seed = 1}, &ctx);
+    fsdp_device_type type = cfg->parallel.device;
+    fsdp_device dev = fsdp_device_count(type) > 0 ? (fsdp_device){type, 0} : FSDP_CPU;
+    if (st == FSDP_OK) st = train_device_mfu(ctx, cfg, kind, dev, mfu);
+    if (st != FSDP_OK)
+        snprintf(err, err_size, "--plan: counting the model's FLOPs: %s",
+                 ctx ? fsdp_last_error(ctx) : "cannot make a context");
+    fsdp_ctx_free(ctx);
+    return st;
+}
+
 fsdp_status train_estimate_make(const train_config *cfg, int world, train_estimate *out, char *err,
                                 size_t err_size) {
     memset(out, 0, sizeof *out);
@@ -430,6 +446,7 @@ fsdp_status train_estimate_make(const train_config *cfg, int world, train_estima
     for (int r = 0; r < world && st == FSDP_OK; r++)
         st = estimate_rank(cfg, kind, &out->layout, r, out->micro, &out->ranks[r],
                            &out->activation_note, err, err_size);
+    if (st == FSDP_OK) st = estimate_flops(cfg, kind, &out->mfu, err, err_size);
     if (st != FSDP_OK) train_estimate_free(out);
     return st;
 }

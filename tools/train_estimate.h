@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "train_config.h"
+#include "train_device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -107,6 +108,9 @@ typedef struct train_estimate {
     int64_t micro; /* samples (sequences) of a micro-batch */
     const char *activation_note;
     train_est_rank *ranks; /* layout.world of them; owned: train_estimate_free */
+    /* the model FLOPs of a sample and the peak they would be measured against: fsdp-train's
+     * mfu, with the device's figure where this machine has the configured device */
+    train_mfu mfu;
 } train_estimate;
 
 /* The estimate of cfg's run on a world of `world` ranks (0: train_config_world_size, or under

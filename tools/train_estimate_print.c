@@ -65,6 +65,20 @@ void train_estimate_print(const train_config *cfg, const train_estimate *e, FILE
             "plan: micro-batch of %" PRId64 " samples (batch_size %" PRId64 " / grad_accum %" PRId64
             "), split over dp %d; estimated, nothing ran\n",
             e->micro, cfg->data.batch_size, cfg->train.grad_accum, e->layout.dp);
+    const train_mfu *m = &e->mfu;
+    if (m->flops_per_sample > 0) {
+        double step = m->flops_per_sample * (double)cfg->data.batch_size;
+        fprintf(f, "plan: %.4g model FLOP per step (%s)", step, train_mfu_count(cfg));
+        if (m->peak_tflops > 0) {
+            double ms = 1e3 * step / (m->peak_tflops * 1e12 * m->devices);
+            fprintf(
+                f,
+                "; at %g TFLOP/s (%s, %s) x %d device%s: %.4g ms a step at 100%% mfu, %.4g at 40%%",
+                m->peak_tflops, m->mode, m->source, m->devices, m->devices == 1 ? "" : "s", ms,
+                ms / 0.4);
+        }
+        fputc('\n', f);
+    }
     fprintf(f, "\nmemory per rank%s:\n",
             cfg->parallel.offload ? " (params, grads, optimizer on the host: offload)" : "");
     fprintf(f, "%-28s %10s %10s %10s %10s %10s %11s %11s %10s\n", "ranks", "params", "grads",
@@ -127,10 +141,12 @@ void train_estimate_write_json(const train_config *cfg, const train_estimate *e,
     for (int r = 0; ranks && r < e->layout.world; r++)
         json_array_append_new(ranks, rank_json(&e->ranks[r]));
     json_t *root = json_pack(
-        "{s:s, s:i, s:i, s:i, s:I, s:I, s:b, s:s, s:o}", "layout", layout, "world", e->layout.world,
-        "dp", e->layout.dp, "tp", e->layout.tp, "micro_batch", (json_int_t)e->micro, "grad_accum",
-        (json_int_t)cfg->train.grad_accum, "offload", cfg->parallel.offload, "activations_counted",
-        e->activation_note ? e->activation_note : "", "ranks", ranks);
+        "{s:s, s:i, s:i, s:i, s:I, s:I, s:b, s:s, s:f, s:f, s:i, s:o}", "layout", layout, "world",
+        e->layout.world, "dp", e->layout.dp, "tp", e->layout.tp, "micro_batch",
+        (json_int_t)e->micro, "grad_accum", (json_int_t)cfg->train.grad_accum, "offload",
+        cfg->parallel.offload, "activations_counted", e->activation_note ? e->activation_note : "",
+        "flops_per_step", e->mfu.flops_per_sample * (double)cfg->data.batch_size, "peak_tflops",
+        e->mfu.peak_tflops, "devices", e->mfu.devices, "ranks", ranks);
     if (root) json_dumpf(root, f, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     fputc('\n', f);
     json_decref(root);

@@ -189,7 +189,7 @@ static fsdp_status train_setup(fsdp_ctx *ctx, const train_config *cfg, const voi
     *what = "choosing the device";
     if ((st = fsdp_ctx_set_device(ctx, dev)) || (st = train_device_tf32(ctx, cfg, true))) return st;
     *what = "counting the model's FLOPs";
-    if ((st = train_device_mfu(ctx, cfg, s->kind, &s->mfu))) return st;
+    if ((st = train_device_mfu(ctx, cfg, s->kind, dev, &s->mfu))) return st;
     *what = "creating the device mesh";
     if ((st = setup_mesh(ctx, cfg, s))) return st;
     *what = "building the model";
