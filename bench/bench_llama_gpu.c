@@ -55,6 +55,7 @@ typedef struct opts {
     bool checkpoint;     /* every decoder layer checkpointed */
     double budget_s;
     bool peaks_given; /* --peaks: else the device's own */
+    bool print_peaks; /* --print-peaks: that line, nothing timed */
 } opts;
 
 #define NAME "bench_llama_gpu"
@@ -63,6 +64,7 @@ static const char usage[] =
     "                       [--steps N] [--warmup W] [--budget-s SEC]\n"
     "                       [--peaks F32,TF32,BF16 (TFLOP/s, for MFU)]\n"
     "                       [--breakdown] [--breakdown-steps N] [--checkpoint]\n"
+    "       bench_llama_gpu [--device cuda|sim] --print-peaks   (the peaks line alone)\n"
     "One Llama training step (forward, cross-entropy, backward, AdamW) on one device per shape\n"
     "and compute mode, libfsdp's side of bench/llama_gpu.sh. --help, -h prints this help.\n"
     "Default: cuda, shapes S,M, modes f32,tf32,bf16, 2 warm-up and 10 timed steps, a\n"
@@ -122,6 +124,10 @@ static void parse(int argc, char **argv, opts *o) {
     bench_cli_help(argc, argv, usage);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (!strcmp(a, "--print-peaks")) {
+            o->print_peaks = true;
+            continue;
+        }
         if (!strcmp(a, "--breakdown")) {
             o->breakdown_steps = o->breakdown_steps ? o->breakdown_steps : 5;
             continue;
@@ -420,6 +426,10 @@ int main(int argc, char **argv) {
         peaks[0] = p.peak_tflops_f32, peaks[1] = p.peak_tflops_tf32, peaks[2] = p.peak_tflops_bf16;
         printf("peaks of %s (TFLOP/s f32,tf32,bf16): %g,%g,%g\n", p.name, peaks[0], peaks[1],
                peaks[2]);
+    }
+    if (o.print_peaks) {
+        fsdp_ctx_free(ctx);
+        return st == FSDP_OK ? 0 : 1;
     }
     for (int s = 0; st == FSDP_OK && s < N_SHAPES; s++)
         if (o.shape_on[s]) st = time_shape(ctx, &o, &SHAPES[s], deadline);

@@ -14,8 +14,8 @@
 #
 # MFU = tokens/s x (6N + 12 L d T) / peak, N the parameters less the input embedding table,
 # L layers, d the model width, T the sequence length; the peak is the card's dense figure for
-# the mode (peaks_of below; an unknown card gets no MFU). Without a GPU (nvidia-smi fails), or
-# with --dry-run, it prints the plan, says why it skipped and exits 0; without PyTorch with
+# the mode (libfsdp's table, peaks_of_device below; an unknown card gets no MFU). Without a
+# GPU (nvidia-smi fails), or with --dry-run, it prints the plan, says why it skipped and exits 0; without PyTorch with
 # CUDA it times libfsdp alone and says so. --device sim runs libfsdp on the simulated GPU and
 # PyTorch (when importable) on the CPU: a check of the script and drivers, not a measurement.
 # The budget (default 900 s) bounds the whole run: libfsdp gets up to 40% of it, PyTorch the
@@ -92,15 +92,16 @@ case $device in cuda | sim) ;; *) bad "--device $device: cuda or sim" ;; esac
     bad "--breakdown with --checkpoint is not supported: the breakdown's hooks would time each layer's recompute, which runs in backward, as forward time"
 start=$(date +%s)
 
-# Dense peaks in TFLOP/s of f32, TF32 and bf16 (NVIDIA's data sheets, without sparsity).
-peaks_of() {
-    case $1 in
-    *H100*PCIe*) echo 51.2,378,756 ;;
-    *H100*NVL*) echo 0,0,0 ;; # other clocks than SXM: no figure kept here, so no MFU
-    *H100* | *H200* | *GH200*) echo 66.9,494.7,989 ;; # SXM / HBM3 and HBM3e: the same peaks
-    *A100*) echo 19.5,156,312 ;;
-    *) echo 0,0,0 ;;
-    esac
+# Dense peaks in TFLOP/s of f32, TF32 and bf16: libfsdp's own table of NVIDIA's data-sheet
+# figures (fsdp_device_get_properties, src/kernels/gpu_peaks.c), as bench_llama_gpu prints it;
+# 0,0,0 for a card outside it, and without the build.
+peaks_of_device() {
+    local line=""
+    if [ -x "$build/bench/bench_llama_gpu" ]; then
+        line=$(timeout 60 "$build/bench/bench_llama_gpu" --device "$device" --print-peaks \
+            2>/dev/null | sed -n 's/^peaks of .*: \([0-9.e+,]*\)$/\1/p') || line=""
+    fi
+    echo "${line:-0,0,0}"
 }
 
 gpu=""
@@ -109,7 +110,8 @@ if [ "$device" = sim ]; then
 elif [ "$dry" = 0 ]; then
     gpu=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) || gpu=""
 fi
-peaks=$(peaks_of "$gpu")
+peaks=0,0,0
+if [ -n "$gpu" ]; then peaks=$(peaks_of_device); fi
 echo "llama_gpu: plan: shapes $shapes (S: dim 768, 12 layers, 12/4 heads, ffn 2048, vocab 32000,"
 echo "  T 1024, B 16; M: dim 2048, 16 layers, 32/8 heads, ffn 8192, vocab 128256, T 2048, B 4),"
 if [ "$our_shapes" != "$shapes" ]; then echo "  libfsdp on shapes $our_shapes only (--libfsdp-shapes)"; fi
