@@ -257,7 +257,34 @@ static int64_t make_text(uint16_t *ids, int64_t n) {
     return k;
 }
 
-/* fsdp-train trains the byte-level Llama (vocab 256) 30 AdamW steps on one rank, once. */
+/* fsdp-train trains the byte-level Llama (vocab 256) 30 AdamW steps on one rank on g_tokens
+ * into g_root/NAME under [model] autocast (f32 or bf16); its last "eval" line into eval_line.
+ * The exit status. */
+static int train_run_named(const char *name, const char *autocast, char *eval_line, size_t size) {
+    char ini[800], cmd[2000], *out = NULL;
+    snprintf(ini, sizeof ini, "%s/%s.ini", g_root, name);
+    FILE *f = fopen(ini, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fprintf(f,
+            "[model]\nkind = llama\ndim = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\n"
+            "vocab_size = 256\nffn_hidden = 64\nmax_seq_len = %d\nautocast = %s\n"
+            "[parallel]\nranks = 1\n"
+            "[data]\nkind = tokens\npath = %s\neval_fraction = 0.1\nbatch_size = %d\nseed = 1\n"
+            "[optim]\nname = adamw\nlr = 0.01\n"
+            "[train]\nsteps = 30\nlog_every = 10\n"
+            "[checkpoint]\ndir = %s/%s\nevery = 30\n",
+            RUN_T, autocast, g_tokens, RUN_B, g_root, name);
+    CU_ASSERT_EQUAL(fclose(f), 0);
+    snprintf(cmd, sizeof cmd, "'%s' --config '%s' 2>&1", FSDP_TRAIN_EXE, ini);
+    int rc = fsdp_test_shell(cmd, &out);
+    if (rc != 0) printf("\n%s", out);
+    for (const char *l = out; l && (l = strstr(l, "eval ")); l++)
+        if (l == out || l[-1] == '\n') snprintf(eval_line, size, "%.*s", (int)strcspn(l, "\n"), l);
+    free(out);
+    return rc;
+}
+
+/* The f32 run (train_run_named "run"), once. */
 static bool trained_run(void) {
     if (g_root) return g_run[0] != '\0';
     g_root = ckpt_test_tmp_root();
@@ -265,28 +292,7 @@ static bool trained_run(void) {
     int64_t n = make_text(ids, 6000);
     snprintf(g_tokens, sizeof g_tokens, "%s/text.tok", g_root);
     write_tokens(g_tokens, ids, n, 256);
-    char ini[800], cmd[2000], *out = NULL;
-    snprintf(ini, sizeof ini, "%s/run.ini", g_root);
-    FILE *f = fopen(ini, "w");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fprintf(f,
-            "[model]\nkind = llama\ndim = 32\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\n"
-            "vocab_size = 256\nffn_hidden = 64\nmax_seq_len = %d\n"
-            "[parallel]\nranks = 1\n"
-            "[data]\nkind = tokens\npath = %s\neval_fraction = 0.1\nbatch_size = %d\nseed = 1\n"
-            "[optim]\nname = adamw\nlr = 0.01\n"
-            "[train]\nsteps = 30\nlog_every = 10\n"
-            "[checkpoint]\ndir = %s/run\nevery = 30\n",
-            RUN_T, g_tokens, RUN_B, g_root);
-    CU_ASSERT_EQUAL(fclose(f), 0);
-    snprintf(cmd, sizeof cmd, "'%s' --config '%s' 2>&1", FSDP_TRAIN_EXE, ini);
-    int rc = fsdp_test_shell(cmd, &out);
-    if (rc != 0) printf("\n%s", out);
-    for (const char *l = out; l && (l = strstr(l, "eval ")); l++)
-        if (l == out || l[-1] == '\n')
-            snprintf(g_eval_line, sizeof g_eval_line, "%.*s", (int)strcspn(l, "\n"), l);
-    free(out);
-    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_EQUAL_FATAL(train_run_named("run", "f32", g_eval_line, sizeof g_eval_line), 0);
     snprintf(g_run, sizeof g_run, "%s/run", g_root);
     return true;
 }
@@ -396,6 +402,47 @@ static double full_forward_loss(fsdp_module *m, const uint16_t *ids, int64_t cou
     return share;
 }
 
+/* The loss (6 decimals, as fsdp-train prints it) in `fsdp-ckpt eval` ARGS' output into loss;
+ * the output into *out (the caller frees it). */
+static void eval_6(const char *args, char loss[64], char **out) {
+    CU_ASSERT_EQUAL(tool(out, "eval %s", args), 0);
+    const char *at = *out ? strstr(*out, "\nloss ") : NULL;
+    snprintf(loss, 64, "%.6f", at ? strtod(at + 6, NULL) : NAN);
+}
+
+/* A run trained under [model] autocast = bf16: eval computes as its evaluation did (the run's
+ * policy, read from the checkpoint's configuration), so its held-out tokens (held) give its last
+ * eval line's loss, on one rank and at dp 2; --autocast f32 gives another loss (the
+ * policy matters, so the comparison can fail), and a bad --autocast is refused. */
+static void eval_bf16_run(const char *held) {
+    char line[200] = "", run[800], args[2000], want[64], got[64], f32[64], *out = NULL;
+    CU_ASSERT_EQUAL_FATAL(train_run_named("run16", "bf16", line, sizeof line), 0);
+    snprintf(run, sizeof run, "%s/run16", g_root);
+    const char *at = strstr(line, "loss ");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+    snprintf(want, sizeof want, "%.6f", strtod(at + 5, NULL));
+    /* dp only: tp would round each rank's partial sums to bf16 (0.989038 against 0.988863 here,
+     * beyond the f32 layouts' bound), as PyTorch's bf16 tensor parallelism does */
+    static const char *const layouts[] = {"", "--world 2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "'%s' '%s' %s", run, held, layouts[i]);
+        eval_6(args, got, &out);
+        printf("\n  bf16 run: \"%s\"; eval %s: loss %s", line, layouts[i], got);
+        CU_ASSERT_STRING_EQUAL(got, want);
+        CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "bf16 compute (the run's autocast)"));
+        free(out);
+    }
+    snprintf(args, sizeof args, "'%s' '%s' --autocast f32", run, held);
+    eval_6(args, f32, &out);
+    printf("; --autocast f32: loss %s", f32);
+    CU_ASSERT_STRING_NOT_EQUAL(f32, want);
+    CU_ASSERT_PTR_NULL(out ? strstr(out, "bf16 compute") : "no output");
+    free(out);
+    CU_ASSERT_EQUAL(tool(&out, "eval '%s' '%s' --autocast fp8", run, held), 2);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "--autocast 'fp8': give f32 or bf16"));
+    free(out);
+}
+
 /* `eval` prints want (to 9 digits, as it prints). */
 static void check_eval(const char *args, double want) {
     char *out = NULL, line[64];
@@ -462,6 +509,7 @@ static void tool_eval(void) {
     printf("\n  fsdp-train: \"%s\"; eval of its held-out tokens: loss %s", g_eval_line, mine);
     CU_ASSERT_STRING_EQUAL(mine, want);
     free(out);
+    eval_bf16_run(path);
 }
 
 /* The ids `fsdp-ckpt generate` prints for g_run (malloc'ed; NULL on failure), under prefix. */

@@ -452,7 +452,7 @@ int ckpt_cmd_generate(fsdp_ctx *ctx, int argc, char **argv) {
 
 static const char *const usage_eval =
     "usage: fsdp-ckpt eval DIR TOKENS [--batch B] [--seq T] [--world N] [--tp T]\n"
-    "                      [--device cpu|cuda|sim]\n"
+    "                      [--autocast f32|bf16] [--device cpu|cuda|sim]\n"
     "\n"
     "The loss (mean cross-entropy of each next token, nats per token) and the perplexity\n"
     "(e^loss) of the Llama of DIR (a checkpoint, a run's directory or a Hugging Face Llama\n"
@@ -474,6 +474,8 @@ static const char *const usage_eval =
     "              split over tp with fsdp-train's Llama plan and loss parallel, the batches\n"
     "              dealt over dp = ranks / tp; each rank loads only its part of the checkpoint.\n"
     "              The loss equals one rank's to float32 rounding (docs/checkpoint.md)\n"
+    "  --autocast P  f32 or bf16, the compute policy (default: the run's [model] autocast,\n"
+    "              as its evaluation computed; f32 for a checkpoint without a configuration)\n"
     "  --device D  where the ranks compute (default cpu): cuda (a GPU; rank r on GPU r mod the\n"
     "              GPU count, so rank threads may share one) or sim (the simulated GPU, the\n"
     "              cpu's bits); not under mpirun, whose ranks move host tensors\n";
@@ -485,6 +487,13 @@ static int batch_key(void *user, const char *section, const char *name, const ch
         long long v = strtoll(value, &end, 10);
         if (end != value && !*end && v >= 1 && v <= INT32_MAX) *(int64_t *)user = v;
     }
+    return 1;
+}
+
+/* [model] autocast = bf16 of a training configuration text: *(bool *)user. */
+static int autocast_key(void *user, const char *section, const char *name, const char *value) {
+    if (!strcmp(section, "model") && !strcmp(name, "autocast"))
+        *(bool *)user = !strcmp(value, "bf16");
     return 1;
 }
 
@@ -601,12 +610,10 @@ static fsdp_status eval_loss(fsdp_ctx *ctx, fsdp_module *model, const ckpt_eval_
 
 int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
     const char *pos[2] = {NULL, NULL}, *batch = NULL, *seq = NULL, *world = NULL, *tp = NULL,
-               *device = NULL;
-    const opt_spec specs[] = {{"batch", &batch, NULL},
-                              {"seq", &seq, NULL},
-                              {"world", &world, NULL},
-                              {"tp", &tp, NULL},
-                              {"device", &device, NULL}};
+               *device = NULL, *autocast = NULL;
+    const opt_spec specs[] = {{"batch", &batch, NULL},   {"seq", &seq, NULL},
+                              {"world", &world, NULL},   {"tp", &tp, NULL},
+                              {"device", &device, NULL}, {"autocast", &autocast, NULL}};
     int rc = ckpt_parse_args("eval", usage_eval, argc, argv, specs, COUNT(specs), pos, 2);
     if (rc >= 0) return rc;
     if (!pos[1]) return ckpt_usage_error("eval", usage_eval, "needs DIR and TOKENS");
@@ -616,12 +623,23 @@ int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
     ckpt_eval_layout lay = {.arg = pos[0]};
     if (!parse_layout("eval", world, tp, &lay)) return EXIT_USAGE;
     if (device && !parse_device("eval", device, &lay.device)) return EXIT_USAGE;
+    if (autocast && strcmp(autocast, "f32") && strcmp(autocast, "bf16")) {
+        fprintf(stderr, "fsdp-ckpt eval: --autocast '%s': give f32 or bf16\n", autocast);
+        return EXIT_USAGE;
+    }
     bool on_world = lay.world > 0 || ckpt_under_mpirun(), printer = true;
     loaded m;
     if (!load_model(ctx, "eval", pos[0], &m, !on_world)) return EXIT_FAILED;
-    if (!on_world && ckpt_eval_to_device(ctx, lay.device, 0, m.model) != FSDP_OK) {
-        fprintf(stderr, "fsdp-ckpt eval: moving the model to the device: %s\n",
-                fsdp_last_error(ctx));
+    /* the run's policy, so that its held-out tokens give its evaluation's loss */
+    bool bf16 = false;
+    if (autocast)
+        bf16 = !strcmp(autocast, "bf16");
+    else
+        ini_parse_string(m.config, autocast_key, &bf16);
+    if (bf16) m.cfg.compute_dtype = FSDP_DTYPE_BF16; /* the world's ranks build with it */
+    if (!on_world && ((bf16 && fsdp_module_set_autocast(ctx, m.model, FSDP_DTYPE_BF16)) ||
+                      ckpt_eval_to_device(ctx, lay.device, 0, m.model) != FSDP_OK)) {
+        fprintf(stderr, "fsdp-ckpt eval: preparing the model: %s\n", fsdp_last_error(ctx));
         loaded_free(&m);
         return EXIT_FAILED;
     }
@@ -654,6 +672,7 @@ int ckpt_cmd_eval(fsdp_ctx *ctx, int argc, char **argv) {
         if (rc == EXIT_OK && printer) {
             printf("sequences %lld of %lld tokens, batch %lld (%lld of %lld tokens scored)\n",
                    (long long)n, (long long)T, (long long)B, (long long)(n * T), (long long)count);
+            if (bf16) printf("bf16 compute (%s)\n", autocast ? "--autocast" : "the run's autocast");
             if (lay.device != FSDP_DEVICE_CPU) /* rank 0's device, as fsdp-train's banner */
                 printf("on %s:0 (rank r on %s:(r mod %d))\n",
                        fsdp_device_to_string((fsdp_device){lay.device, 0}),
