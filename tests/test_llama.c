@@ -219,6 +219,19 @@ static void test_config_defaults(void) {
     CU_ASSERT_EQUAL(c.init_std, 0.02f);
 }
 
+/* A small Llama of n_layers of dim 32 (4 query, 2 key/value heads, ffn 48, vocabulary 61,
+ * sequences up to 16), its embedding tied to lm_head or not. */
+static fsdp_llama_config small_llama(int n_layers, bool tied) {
+    return (fsdp_llama_config){.dim = 32,
+                               .n_layers = n_layers,
+                               .n_heads = 4,
+                               .n_kv_heads = 2,
+                               .ffn_hidden = 48,
+                               .vocab_size = 61,
+                               .max_seq_len = 16,
+                               .tie_word_embeddings = tied};
+}
+
 /* fsdp_llama_flops_per_token against the model built: 6 N + 12 L d T with N the built model's
  * parameters less the embedding table (untied), or all of them (tied: lm_head's GEMM reads the
  * embedding's weight, counted once); shape S's figure; a seq outside [1, max_seq_len] and a bad
@@ -226,14 +239,7 @@ static void test_config_defaults(void) {
 static void test_flops_per_token(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     for (int tied = 0; tied < 2; tied++) {
-        fsdp_llama_config cfg = {.dim = 32,
-                                 .n_layers = 3,
-                                 .n_heads = 4,
-                                 .n_kv_heads = 2,
-                                 .ffn_hidden = 48,
-                                 .vocab_size = 61,
-                                 .max_seq_len = 16,
-                                 .tie_word_embeddings = tied};
+        fsdp_llama_config cfg = small_llama(3, tied);
         fsdp_module *m = NULL;
         FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
         int64_t n = fsdp_module_param_count(m) - (tied ? 0 : 61 * 32);
@@ -269,14 +275,7 @@ static void test_flops_per_token(void) {
 static void test_build_deferred_fill(void) {
     fsdp_ctx *ctx = fsdp_test_ctx();
     for (int tied = 0; tied < 2; tied++) {
-        fsdp_llama_config cfg = {.dim = 32,
-                                 .n_layers = 2,
-                                 .n_heads = 4,
-                                 .n_kv_heads = 2,
-                                 .ffn_hidden = 48,
-                                 .vocab_size = 61,
-                                 .max_seq_len = 16,
-                                 .tie_word_embeddings = tied};
+        fsdp_llama_config cfg = small_llama(2, tied);
         fsdp_module *m = NULL;
         FSDP_TEST_OK(fsdp_model_llama(ctx, &cfg, &m));
         int64_t n;
