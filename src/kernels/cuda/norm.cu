@@ -3,6 +3,7 @@
  * or rounded to bf16 as convert.cu's f32_to_bf16 rounds; the backward, with a residual's
  * gradient added to the input gradient or not, and the weight gradient's column sums in the same
  * pass over dy and x where they fit a block's shared memory. */
+#include <atomic>
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dtype.cuh"
 
@@ -134,10 +135,17 @@ static bool rmsnorm_backward_fused(float *dinp, float *dweight, const float *dou
                                    const float *dres, const float *inp, const float *weight,
                                    const float *rstd, int64_t rows, int64_t cols) {
     size_t smem = (size_t)cols * sizeof(double);
-    cudaFuncAttributes attr;
-    FSDP_CUDA_CHECK(cudaFuncGetAttributes(&attr, dres ? rmsnorm_backward_fused_kernel<true>
-                                                      : rmsnorm_backward_fused_kernel<false>));
-    if (smem + attr.sharedSizeBytes > NORM_FUSED_MAX_BYTES) return false;
+    /* the kernels' static shared memory, asked once per variant (not in every backward) */
+    static std::atomic<size_t> static_smem[2]; /* 0: not asked yet; bytes + 1 once asked */
+    size_t known = static_smem[dres != NULL].load(std::memory_order_relaxed);
+    if (!known) {
+        cudaFuncAttributes attr;
+        FSDP_CUDA_CHECK(cudaFuncGetAttributes(&attr, dres ? rmsnorm_backward_fused_kernel<true>
+                                                          : rmsnorm_backward_fused_kernel<false>));
+        known = attr.sharedSizeBytes + 1;
+        static_smem[dres != NULL].store(known, std::memory_order_relaxed);
+    }
+    if (smem + (known - 1) > NORM_FUSED_MAX_BYTES) return false;
     int64_t chunk_rows = (rows + NORM_CHUNKS - 1) / NORM_CHUNKS;
     int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
     int device = 0;
