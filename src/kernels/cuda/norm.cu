@@ -4,6 +4,7 @@
  * gradient added to the input gradient or not, and the weight gradient's column sums in the same
  * pass over dy and x where they fit a block's shared memory. */
 #include <atomic>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dtype.cuh"
 
